@@ -1,0 +1,102 @@
+//! The `Communicator` interface: the collectives every backend (threads, TCP, NCCL) provides.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{Buf, BufMut, CommError, DType, ReduceOp};
+
+/// Which implementation runs the collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Ranks are threads of one process.
+    InProcess,
+    /// Ranks are processes on one or many hosts; TCP data plane (shared memory on one host).
+    Cpu,
+    /// NCCL on CUDA devices.
+    Nccl,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::InProcess => "in-process",
+            Backend::Cpu => "cpu",
+            Backend::Nccl => "nccl",
+        })
+    }
+}
+
+/// A shared handle to a communicator.
+pub type SharedComm = Arc<dyn Communicator>;
+
+/// A group of ranks that run collectives together.
+///
+/// Contract, for every backend:
+/// - Ranks inside a communicator are `0..size()`; `world_ranks()[i]` is the world rank of
+///   member `i`. All counts are in elements of `dtype`; buffer lengths are checked against
+///   counts (`CommError::BufferSize`) before anything is sent.
+/// - Every member calls the same collectives in the same order (SPMD); a member that does not
+///   arrive within the communicator's timeout makes the others fail with
+///   `CommError::Timeout`/`PeerLost` naming it. No call blocks forever.
+/// - `*_v` variants take per-member counts (zero allowed) and lay pieces out in member order.
+/// - Buffers may be host or device memory as the backend supports (`CommError::Unsupported`
+///   otherwise); send and receive buffers never alias.
+pub trait Communicator: Send + Sync {
+    /// This member's index, `0..size()`.
+    fn rank(&self) -> usize;
+    /// Number of members.
+    fn size(&self) -> usize;
+    /// World rank of each member, in member order.
+    fn world_ranks(&self) -> &[usize];
+    fn backend(&self) -> Backend;
+
+    /// In place: every member ends with `op` over all members' buffers.
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+    /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
+    fn all_gather_v(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, counts: &[usize]) -> Result<(), CommError>;
+    /// `send` holds `sum(counts)` elements; member i receives `op` over all members of the
+    /// i-th chunk (`counts[i]` elements).
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+    /// `send` holds `send_counts[j]` elements for member j, in member order; `recv` receives
+    /// `recv_counts[i]` elements from member i, in member order.
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError>;
+    /// In place: every member ends with `root`'s buffer.
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
+    /// In place: `root` ends with `op` over all buffers; the others' buffers are unspecified.
+    fn reduce(&self, dtype: DType, buf: BufMut<'_>, root: usize, op: ReduceOp) -> Result<(), CommError>;
+    /// Point to point; matched in order with the peer's `recv`.
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError>;
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError>;
+    fn barrier(&self) -> Result<(), CommError>;
+    /// The communicator of `members` (indices into this communicator, distinct, in the order
+    /// that becomes the sub-communicator's member order). Called by the members only, all with
+    /// the same list; cached, so asking twice is cheap.
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError>;
+
+    /// All-gather with equal counts: `recv.len() == size() * send.len()`.
+    fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
+        let n = send.len_bytes() / dtype.size();
+        let counts = vec![n; self.size()];
+        self.all_gather_v(dtype, send, recv, &counts)
+    }
+    /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
+    fn reduce_scatter(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let n = recv.len_bytes() / dtype.size();
+        let counts = vec![n; self.size()];
+        self.reduce_scatter_v(dtype, send, recv, &counts, op)
+    }
+}

@@ -1,0 +1,14 @@
+//! Collectives: the `Communicator` interface every backend implements (in-process threads, TCP
+//! processes, NCCL), the gRPC rendezvous store, and launch-environment discovery.
+
+mod buffer;
+mod communicator;
+mod dtype;
+mod error;
+mod reduce;
+
+pub use buffer::{Buf, BufMut, DevicePtr};
+pub use communicator::{Backend, Communicator, SharedComm};
+pub use dtype::{DType, Element};
+pub use error::CommError;
+pub use reduce::{reduce_into, ReduceOp};

@@ -1,0 +1,2 @@
+//! oflaunch entry point.
+fn main() {}

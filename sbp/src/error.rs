@@ -1,0 +1,28 @@
+//! Typed errors of the SBP algebra and signature inference.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SbpError {
+    #[error("nd-SBP {nd_sbp} has {got} entries but placement {placement} has {expected} mesh axes")]
+    NdLengthMismatch {
+        nd_sbp: String,
+        placement: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{sbp} in nd-SBP {nd_sbp} splits dim {dim}, out of range for shape {shape} ({ndim} dims)")]
+    SplitDimOutOfRange {
+        sbp: String,
+        nd_sbp: String,
+        dim: usize,
+        ndim: usize,
+        shape: String,
+    },
+    #[error("cannot parse SBP {text:?}: {detail}")]
+    Parse { text: String, detail: String },
+    #[error("{op}: {detail}")]
+    Infer { op: String, detail: String },
+    #[error(transparent)]
+    Placement(#[from] oxiflow_placement::PlacementError),
+}

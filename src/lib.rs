@@ -1,0 +1,1 @@
+//! OxiFlow facade.

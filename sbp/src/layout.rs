@@ -53,7 +53,8 @@ impl GlobalLayout {
         for (axis, sbp) in self.nd_sbp.iter().enumerate() {
             if let Sbp::Split(d) = sbp {
                 let r = &region[d];
-                let part = BalancedSplitter::new(r.len(), self.placement.shape()[axis]).range(coord[axis]);
+                let part =
+                    BalancedSplitter::new(r.len(), self.placement.shape()[axis]).range(coord[axis]);
                 region[d] = r.start + part.start..r.start + part.end;
             }
         }
@@ -73,7 +74,8 @@ impl GlobalLayout {
 
     /// Local shape of `rank`; None when the rank is outside the placement.
     pub fn local_shape(&self, rank: usize) -> Option<Shape> {
-        self.region_of(rank).map(|r| Shape::new(r.iter().map(|x| x.len())))
+        self.region_of(rank)
+            .map(|r| Shape::new(r.iter().map(|x| x.len())))
     }
 
     /// Whether the rank at `coord` holds the "real" value on every P axis, i.e. its coordinate

@@ -1,14 +1,19 @@
 //! The SBP algebra: shapes, `Sbp`/`NdSbp`, the balanced splitter, global layouts (which piece of
-//! the global index space each rank holds), and signature inference for ops.
+//! the global index space each rank holds), the byte cost model of transitions, and signature
+//! inference for ops.
 
+pub mod cost;
 mod error;
+pub mod infer;
 mod layout;
 mod nd_sbp;
 mod sbp;
 mod shape;
 mod splitter;
 
+pub use cost::{axis_group_bytes, transition_cost, transition_cost_1d};
 pub use error::SbpError;
+pub use infer::{BinaryOp, Dims, InferEngine, OpKind, ReduceKind, Signature, SignatureCache};
 pub use layout::{check_nd_sbp, GlobalLayout, Region};
 pub use nd_sbp::NdSbp;
 pub use sbp::{ReduceOp, Sbp};

@@ -1,0 +1,140 @@
+//! Candidate tables of element-wise ops and numpy broadcasting: unary, binary, broadcast-to and
+//! its gradient reduce-to-shape.
+
+use super::{Rules, PARTIALS};
+use crate::{BinaryOp, ReduceOp, Sbp, Shape};
+
+const B: Sbp = Sbp::Broadcast;
+const P: Sbp = Sbp::P;
+const PMAX: Sbp = Sbp::Partial(ReduceOp::Max);
+const PMIN: Sbp = Sbp::Partial(ReduceOp::Min);
+
+/// S(i)->S(i), B->B; P->P only when linear.
+pub(super) fn unary(x: &Shape, linear: bool) -> Rules {
+    let mut r = Rules::new(vec![x.clone()]);
+    for i in 0..x.ndim() {
+        r.push(&[Sbp::S(i)], &[Sbp::S(i)]);
+    }
+    r.push(&[B], &[B]);
+    if linear {
+        r.push(&[P], &[P]);
+    }
+    r
+}
+
+/// The numpy broadcast of two shapes.
+pub(crate) fn broadcast_shape(a: &Shape, b: &Shape) -> Option<Shape> {
+    let n = a.ndim().max(b.ndim());
+    let mut dims = vec![0; n];
+    for (o, d) in dims.iter_mut().enumerate() {
+        let x = dim_or_one(a, o, n);
+        let y = dim_or_one(b, o, n);
+        *d = match (x, y) {
+            _ if x == y => x,
+            (1, _) => y,
+            (_, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(Shape::new(dims))
+}
+
+/// Size of the input dim that lines up with output dim `o` of an `n`-dim output (1 if missing).
+fn dim_or_one(x: &Shape, o: usize, n: usize) -> usize {
+    let off = n - x.ndim();
+    if o < off {
+        1
+    } else {
+        x.dim(o - off)
+    }
+}
+
+/// The SBP an operand takes when output dim `o` is split: its own matching dim when it has the
+/// output's size there, otherwise (size 1 or missing) B.
+fn split_through(x: &Shape, out: &Shape, o: usize) -> Sbp {
+    let off = out.ndim() - x.ndim();
+    if o >= off && x.dim(o - off) == out.dim(o) {
+        Sbp::S(o - off)
+    } else {
+        B
+    }
+}
+
+/// Broadcasting binary op: S(o) of the output maps to each operand's matching dim (size-1 or
+/// missing dims take B); B,B->B; add/sub P,P->P; mul P,B and B,P -> P; div P,B -> P; adding a B
+/// keeps P(max)/P(min), and subtracting a P(max) from a B gives P(min) (and the reverse).
+pub(super) fn binary(op: BinaryOp, a: &Shape, b: &Shape) -> Result<Rules, String> {
+    let out =
+        broadcast_shape(a, b).ok_or_else(|| format!("shapes {a} and {b} do not broadcast"))?;
+    let mut r = Rules::new(vec![out.clone()]);
+    for o in 0..out.ndim() {
+        r.push(
+            &[split_through(a, &out, o), split_through(b, &out, o)],
+            &[Sbp::S(o)],
+        );
+    }
+    r.push(&[B, B], &[B]);
+    match op {
+        BinaryOp::Add => {
+            r.push(&[P, P], &[P]);
+            for m in [PMAX, PMIN] {
+                r.push(&[m, B], &[m]);
+                r.push(&[B, m], &[m]);
+            }
+        }
+        BinaryOp::Sub => {
+            r.push(&[P, P], &[P]);
+            for (m, flipped) in [(PMAX, PMIN), (PMIN, PMAX)] {
+                r.push(&[m, B], &[m]);
+                r.push(&[B, m], &[flipped]);
+            }
+        }
+        BinaryOp::Mul => {
+            r.push(&[P, B], &[P]);
+            r.push(&[B, P], &[P]);
+        }
+        BinaryOp::Div => r.push(&[P, B], &[P]),
+    }
+    Ok(r)
+}
+
+/// Broadcast x to `shape`: S(i) of a dim that keeps its size -> S(i + offset); B->B; any P->P.
+pub(super) fn broadcast_to(x: &Shape, shape: &Shape) -> Result<Rules, String> {
+    if broadcast_shape(x, shape).as_ref() != Some(shape) {
+        return Err(format!("cannot broadcast {x} to {shape}"));
+    }
+    let off = shape.ndim() - x.ndim();
+    let mut r = Rules::new(vec![shape.clone()]);
+    for i in 0..x.ndim() {
+        if x.dim(i) == shape.dim(i + off) {
+            r.push(&[Sbp::S(i)], &[Sbp::S(i + off)]);
+        }
+    }
+    r.push(&[B], &[B]);
+    for m in PARTIALS {
+        r.push(&[m], &[m]);
+    }
+    Ok(r)
+}
+
+/// Sum x down to `shape` (which broadcasts to x): a split of a summed dim gives P, a split of a
+/// kept dim stays split; B->B; P->P.
+pub(super) fn reduce_to_shape(x: &Shape, shape: &Shape) -> Result<Rules, String> {
+    if broadcast_shape(shape, x).as_ref() != Some(x) {
+        return Err(format!(
+            "cannot sum {x} down to {shape}: {shape} does not broadcast to {x}"
+        ));
+    }
+    let off = x.ndim() - shape.ndim();
+    let mut r = Rules::new(vec![shape.clone()]);
+    for i in 0..x.ndim() {
+        if i >= off && shape.dim(i - off) == x.dim(i) {
+            r.push(&[Sbp::S(i)], &[Sbp::S(i - off)]);
+        } else {
+            r.push(&[Sbp::S(i)], &[P]);
+        }
+    }
+    r.push(&[B], &[B]);
+    r.push(&[P], &[P]);
+    Ok(r)
+}

@@ -1,0 +1,54 @@
+//! Candidate table of reductions (sum, mean, max, min over a set of dims, with keepdim).
+
+use super::Rules;
+use crate::{ReduceKind, ReduceOp, Sbp, Shape};
+
+/// S(d) over a reduced dim -> P (sum/mean), P(max) (max), P(min) (min); S(i) over a kept dim ->
+/// S(i') (i' after removing the reduced dims unless keepdim); B->B; P->P of the same reduction.
+pub(super) fn reduce(
+    kind: ReduceKind,
+    dims: &[usize],
+    keepdim: bool,
+    x: &Shape,
+) -> Result<Rules, String> {
+    if dims.is_empty() {
+        return Err(format!("needs at least one dim to reduce (input {x})"));
+    }
+    if dims.windows(2).any(|w| w[0] >= w[1]) || dims.iter().any(|&d| d >= x.ndim()) {
+        return Err(format!(
+            "reduce dims {dims:?} must be sorted, distinct and below the input's {} dims (input {x})",
+            x.ndim()
+        ));
+    }
+    let out: Vec<usize> = if keepdim {
+        (0..x.ndim())
+            .map(|i| if dims.contains(&i) { 1 } else { x.dim(i) })
+            .collect()
+    } else {
+        (0..x.ndim())
+            .filter(|i| !dims.contains(i))
+            .map(|i| x.dim(i))
+            .collect()
+    };
+    let partial = Sbp::Partial(match kind {
+        ReduceKind::Sum | ReduceKind::Mean => ReduceOp::Sum,
+        ReduceKind::Max => ReduceOp::Max,
+        ReduceKind::Min => ReduceOp::Min,
+    });
+    let mut r = Rules::new(vec![Shape::new(out)]);
+    for i in 0..x.ndim() {
+        if dims.contains(&i) {
+            r.push(&[Sbp::S(i)], &[partial]);
+        } else {
+            let j = if keepdim {
+                i
+            } else {
+                i - dims.iter().filter(|&&d| d < i).count()
+            };
+            r.push(&[Sbp::S(i)], &[Sbp::S(j)]);
+        }
+    }
+    r.push(&[Sbp::Broadcast], &[Sbp::Broadcast]);
+    r.push(&[partial], &[partial]);
+    Ok(r)
+}

@@ -1,2 +1,216 @@
-//! oflaunch entry point.
-fn main() {}
+//! oflaunch entry point: parse the command line, join the rendezvous, then start, supervise and
+//! (up to --max-restarts times) restart the local workers; exit with the first failure's code.
+
+mod cli;
+mod error;
+mod node;
+mod output;
+mod rendezvous_join;
+mod resolve;
+mod signals;
+mod spawn;
+mod summary;
+mod supervise;
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use nix::sys::signal::{killpg, Signal};
+
+use cli::{BackendArg, Cli};
+use error::LaunchError;
+use output::OutputConfig;
+use rendezvous_join::{JoinSpec, Rendezvous};
+use signals::SignalPipe;
+use spawn::{spawn_worker, JobEnv, Worker};
+use summary::{ExitKind, Failure};
+use supervise::{supervise, Outcome, Supervision};
+
+/// Exit code for oflaunch's own errors (bad options, rendezvous refused).
+const LAUNCH_ERROR_CODE: i32 = 2;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OFLAUNCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("oflaunch: error: {e}");
+            LAUNCH_ERROR_CODE
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(mut cli: Cli) -> Result<i32, LaunchError> {
+    if cli.token.is_none() {
+        cli.token = std::env::var("OXIFLOW_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+    }
+    cli.validate()?;
+    let gpus = node::count_gpus();
+    let cpus = node::count_cpus();
+    let nproc = cli::nproc_per_node(&cli.nproc_per_node, gpus, cpus)?;
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()));
+    let program =
+        resolve::resolve_program(&cli.program, exe_dir.as_deref(), std::env::var_os("PATH"))?;
+    let backend = match cli.backend {
+        BackendArg::Nccl => "nccl",
+        BackendArg::Cpu => "cpu",
+        BackendArg::Auto if gpus > 0 => "nccl",
+        BackendArg::Auto => "cpu",
+    };
+    let output = OutputConfig {
+        log_dir: cli.log_dir.clone(),
+        console: cli.log_dir.is_none() || cli.tee,
+        ranks_filter: cli
+            .ranks_filter
+            .as_deref()
+            .map(cli::parse_ranks_filter)
+            .transpose()?,
+    };
+    if let Some(dir) = &cli.log_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LaunchError::io(format!("creating --log-dir {}", dir.display()), e))?;
+    }
+    let host = summary::hostname();
+    let signals = SignalPipe::install()?;
+
+    let rdzv = Rendezvous::start(JoinSpec {
+        master_addr: cli.master_addr.clone(),
+        master_port: cli.master_port.unwrap_or(0),
+        nnodes: cli.nnodes,
+        node_rank: cli.node_rank,
+        nproc_per_node: nproc,
+        token: cli.token.clone(),
+        timeout: cli.timeout(),
+        host: host.clone(),
+    })?;
+    rdzv.join()?;
+
+    let world_size = cli.nnodes * nproc;
+    tracing::info!(
+        "node {}/{}: starting {nproc} worker(s) of {world_size}: {} (backend {backend})",
+        cli.node_rank,
+        cli.nnodes,
+        program.display()
+    );
+    let mut generation: u32 = 0;
+    loop {
+        let job = JobEnv {
+            master_addr: cli.master_addr.clone(),
+            master_port: rdzv.port,
+            world_size,
+            nproc_per_node: nproc,
+            node_rank: cli.node_rank,
+            nnodes: cli.nnodes,
+            token: rdzv.token.clone(),
+            backend: backend.into(),
+            timeout_secs: cli.timeout,
+            generation,
+            gpus,
+            cpus,
+        };
+        let workers = spawn_all(&program, &cli.args, &job, &output, cli.grace_period())?;
+        let watch = rdzv.watch_failures(generation)?;
+        let remote = || watch.failure();
+        let outcome = supervise(
+            workers,
+            &Supervision {
+                signals: &signals,
+                grace: cli.grace_period(),
+                node_rank: cli.node_rank,
+                host: host.clone(),
+                remote_failure: &remote,
+            },
+        );
+        drop(watch);
+        let failure = match outcome {
+            Outcome::Success => match rdzv.finish(generation)? {
+                None => {
+                    tracing::info!("all workers finished successfully");
+                    return Ok(0);
+                }
+                Some(f) => {
+                    eprint!("{}", f.summary(true));
+                    return Ok(f.exit.shell_code());
+                }
+            },
+            Outcome::Interrupted(sig) => {
+                let f = Failure {
+                    rank: cli.node_rank * nproc,
+                    node_rank: cli.node_rank,
+                    host: host.clone(),
+                    pid: std::process::id() as i32,
+                    exit: ExitKind::Signal(sig as i32),
+                    tail: vec![format!("oflaunch on node {} received {sig}", cli.node_rank)],
+                };
+                rdzv.report_failure(generation, &f);
+                eprintln!("oflaunch: interrupted by {sig}; workers stopped");
+                return Ok(128 + sig as i32);
+            }
+            Outcome::Failed(f) => {
+                rdzv.report_failure(generation, &f);
+                eprint!("{}", f.summary(false));
+                f
+            }
+            Outcome::Remote(f) => {
+                eprint!("{}", f.summary(true));
+                f
+            }
+        };
+        if generation >= cli.max_restarts {
+            if cli.max_restarts > 0 {
+                eprintln!("oflaunch: giving up after {} restart(s)", cli.max_restarts);
+            }
+            return Ok(failure.exit.shell_code());
+        }
+        rdzv.restart_barrier(generation)?;
+        generation += 1;
+        eprintln!(
+            "oflaunch: restarting the workers ({generation}/{})",
+            cli.max_restarts
+        );
+    }
+}
+
+/// Starts every local worker; if one cannot start, kills the ones already running.
+fn spawn_all(
+    program: &std::path::Path,
+    args: &[String],
+    job: &JobEnv,
+    output: &OutputConfig,
+    grace: Duration,
+) -> Result<Vec<Worker>, LaunchError> {
+    let mut workers = Vec::with_capacity(job.nproc_per_node);
+    for local_rank in 0..job.nproc_per_node {
+        match spawn_worker(program, args, job, local_rank, output) {
+            Ok(w) => workers.push(w),
+            Err(e) => {
+                for w in &workers {
+                    let _ = killpg(w.pid, Signal::SIGKILL);
+                }
+                let deadline = Instant::now() + grace.max(Duration::from_secs(5));
+                for w in &mut workers {
+                    while matches!(w.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(workers)
+}

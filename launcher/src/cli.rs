@@ -1,0 +1,242 @@
+//! Command line of `oflaunch` (clap), with torchrun's underscore spellings as aliases.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::error::LaunchError;
+
+/// Which collective backend the workers should use (exported as `OXIFLOW_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// NCCL when this node has GPUs, else the CPU backend.
+    Auto,
+    Nccl,
+    Cpu,
+}
+
+/// `oflaunch [OPTIONS] PROGRAM [ARGS...]`: start and supervise the ranks of an OxiFlow job.
+///
+/// Ranks are numbered `node_rank * nproc_per_node + local_rank`; every node must run the same
+/// number of workers.
+#[derive(Debug, Parser)]
+#[command(name = "oflaunch", version, about, trailing_var_arg = true)]
+pub struct Cli {
+    /// Workers on this node: a count, `auto` (number of GPUs, else 1), `gpu` (number of GPUs,
+    /// error if none) or `cpu` (number of CPUs).
+    #[arg(long, alias = "nproc_per_node", default_value = "1")]
+    pub nproc_per_node: String,
+
+    /// Number of nodes (one oflaunch per node).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+
+    /// This node's rank in 0..nnodes; node 0 serves the rendezvous store.
+    #[arg(long, alias = "node_rank", default_value_t = 0)]
+    pub node_rank: usize,
+
+    /// Address of the rendezvous store (node 0 binds exactly this address).
+    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
+    pub master_addr: String,
+
+    /// Port of the rendezvous store; 0 or absent on a single node picks a free port.
+    #[arg(long, alias = "master_port")]
+    pub master_port: Option<u16>,
+
+    /// Collective backend exported to the workers.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+
+    /// Write each rank's output to DIR/rank_N.stdout and DIR/rank_N.stderr (console stays quiet
+    /// unless --tee).
+    #[arg(long, alias = "log_dir")]
+    pub log_dir: Option<PathBuf>,
+
+    /// With --log-dir: also print the (rank-prefixed) output to the console.
+    #[arg(long)]
+    pub tee: bool,
+
+    /// Only show these global ranks on the console, e.g. `0,2` or `0-3,7` (log files get all).
+    #[arg(long, alias = "ranks_filter")]
+    pub ranks_filter: Option<String>,
+
+    /// Seconds to wait for the rendezvous (nodes joining, end-of-job skew between nodes);
+    /// exported to the workers as OXIFLOW_TIMEOUT.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout: f64,
+
+    /// Restart the whole local group up to K times after a failure.
+    #[arg(long, alias = "max_restarts", default_value_t = 0)]
+    pub max_restarts: u32,
+
+    /// Seconds between SIGTERM and SIGKILL when tearing the workers down.
+    #[arg(long, alias = "grace_period", default_value_t = 10.0)]
+    pub grace_period: f64,
+
+    /// Job token for the rendezvous store (multi-node: give every node the same one; also read
+    /// from OXIFLOW_TOKEN). Node 0 generates one when absent.
+    #[arg(long)]
+    pub token: Option<String>,
+
+    /// The worker program: a path, the name of a binary or example built beside oflaunch, or a
+    /// name on PATH.
+    #[arg(required = true)]
+    pub program: String,
+
+    /// Arguments passed to every worker.
+    #[arg(allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+impl Cli {
+    /// Checks the option values that do not need the machine (ranges, durations).
+    pub fn validate(&self) -> Result<(), LaunchError> {
+        if self.nnodes == 0 {
+            return Err(LaunchError::Usage("--nnodes must be at least 1".into()));
+        }
+        if self.node_rank >= self.nnodes {
+            return Err(LaunchError::Usage(format!(
+                "--node-rank {} is out of range for --nnodes {}",
+                self.node_rank, self.nnodes
+            )));
+        }
+        seconds("--timeout", self.timeout)?;
+        seconds("--grace-period", self.grace_period)?;
+        if self.nnodes > 1 && self.master_port.unwrap_or(0) == 0 {
+            return Err(LaunchError::Usage(
+                "--master-port is required (non-zero) with --nnodes > 1: every node must know \
+                 where node 0's store listens"
+                    .into(),
+            ));
+        }
+        if self.nnodes > 1 && self.node_rank > 0 && self.token.is_none() {
+            return Err(LaunchError::Usage(
+                "nodes other than node 0 need the job token: pass --token or set OXIFLOW_TOKEN \
+                 (the same one node 0 uses)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout)
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs_f64(self.grace_period)
+    }
+}
+
+fn seconds(name: &str, value: f64) -> Result<(), LaunchError> {
+    if value.is_finite() && value > 0.0 && value < 1.0e9 {
+        Ok(())
+    } else {
+        Err(LaunchError::Usage(format!(
+            "{name} must be a positive number of seconds, got {value}"
+        )))
+    }
+}
+
+/// Resolves `--nproc-per-node` to a count, given this node's GPU and CPU counts.
+pub fn nproc_per_node(spec: &str, gpus: usize, cpus: usize) -> Result<usize, LaunchError> {
+    let n = match spec {
+        "auto" => gpus.max(1),
+        "gpu" => {
+            if gpus == 0 {
+                return Err(LaunchError::Usage(
+                    "--nproc-per-node gpu: no GPU found (looked for /dev/nvidia[0-9]* and \
+                     `nvidia-smi -L`)"
+                        .into(),
+                ));
+            }
+            gpus
+        }
+        "cpu" => cpus.max(1),
+        other => other.parse::<usize>().map_err(|_| {
+            LaunchError::Usage(format!(
+                "--nproc-per-node {other:?}: expected a positive count, auto, gpu or cpu"
+            ))
+        })?,
+    };
+    if n == 0 {
+        return Err(LaunchError::Usage(
+            "--nproc-per-node must be at least 1".into(),
+        ));
+    }
+    Ok(n)
+}
+
+/// Parses `--ranks-filter` (`0,2`, `1-3`, or both mixed) into a sorted list of ranks.
+pub fn parse_ranks_filter(spec: &str) -> Result<Vec<usize>, LaunchError> {
+    let bad = |part: &str| {
+        LaunchError::Usage(format!(
+            "--ranks-filter {spec:?}: cannot read {part:?} (expected ranks like 0,2 or 0-3)"
+        ))
+    };
+    let mut ranks = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((a, b)) = part.split_once('-') {
+            let a: usize = a.trim().parse().map_err(|_| bad(part))?;
+            let b: usize = b.trim().parse().map_err(|_| bad(part))?;
+            if a > b {
+                return Err(bad(part));
+            }
+            ranks.extend(a..=b);
+        } else {
+            ranks.push(part.parse().map_err(|_| bad(part))?);
+        }
+    }
+    ranks.sort_unstable();
+    ranks.dedup();
+    Ok(ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn underscore_and_dash_spellings() {
+        let a = Cli::try_parse_from([
+            "oflaunch",
+            "--nproc_per_node",
+            "4",
+            "--master_port=0",
+            "--grace_period",
+            "2",
+            "prog",
+            "--lr",
+            "0.1",
+        ])
+        .unwrap();
+        assert_eq!(a.nproc_per_node, "4");
+        assert_eq!(a.master_port, Some(0));
+        assert_eq!(a.program, "prog");
+        assert_eq!(a.args, vec!["--lr", "0.1"]);
+        let b = Cli::try_parse_from(["oflaunch", "--nproc-per-node", "2", "--node-rank", "0", "p"])
+            .unwrap();
+        assert_eq!(b.nproc_per_node, "2");
+        assert_eq!(b.grace_period, 10.0);
+    }
+
+    #[test]
+    fn nproc_specs() {
+        assert_eq!(nproc_per_node("auto", 0, 8).unwrap(), 1);
+        assert_eq!(nproc_per_node("auto", 4, 8).unwrap(), 4);
+        assert_eq!(nproc_per_node("cpu", 0, 8).unwrap(), 8);
+        assert_eq!(nproc_per_node("3", 0, 8).unwrap(), 3);
+        assert!(nproc_per_node("gpu", 0, 8).is_err());
+        assert!(nproc_per_node("0", 0, 8).is_err());
+        assert!(nproc_per_node("x", 0, 8).is_err());
+    }
+
+    #[test]
+    fn ranks_filter() {
+        assert_eq!(parse_ranks_filter("0,2").unwrap(), vec![0, 2]);
+        assert_eq!(parse_ranks_filter("3-5, 1").unwrap(), vec![1, 3, 4, 5]);
+        assert!(parse_ranks_filter("a").is_err());
+        assert!(parse_ranks_filter("5-3").is_err());
+    }
+}

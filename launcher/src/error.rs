@@ -1,0 +1,32 @@
+//! The launcher's one error type.
+
+use thiserror::Error;
+
+use oxiflow_collectives::CommError;
+
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    #[error("usage: {0}")]
+    Usage(String),
+    #[error("cannot find program {program:?}; looked in: {looked}")]
+    ProgramNotFound { program: String, looked: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rendezvous store: {0}")]
+    Store(#[from] CommError),
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+}
+
+impl LaunchError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        LaunchError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! What this node offers: its GPU count (for `--nproc-per-node auto|gpu` and device binding)
+//! and its CPU count.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Counts GPUs: the `/dev/nvidia<N>` device files, else the `GPU ` lines of `nvidia-smi -L`
+/// (given at most 10 s), else 0.
+pub fn count_gpus() -> usize {
+    let devices = std::fs::read_dir("/dev")
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.strip_prefix("nvidia").is_some_and(|rest| {
+                        !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
+                    })
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    if devices > 0 {
+        return devices;
+    }
+    nvidia_smi_count(Duration::from_secs(10)).unwrap_or(0)
+}
+
+fn nvidia_smi_count(timeout: Duration) -> Option<usize> {
+    let mut child = Command::new("nvidia-smi")
+        .arg("-L")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(_)) | Err(_) => return None,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tracing::warn!("`nvidia-smi -L` did not answer within {timeout:?}");
+                return None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let mut out = String::new();
+    use std::io::Read;
+    child.stdout.take()?.read_to_string(&mut out).ok()?;
+    Some(out.lines().filter(|l| l.starts_with("GPU ")).count())
+}
+
+/// CPUs this process may use.
+pub fn count_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

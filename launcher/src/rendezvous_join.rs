@@ -1,0 +1,356 @@
+//! The job's rendezvous: node 0 serves the store (on exactly --master-addr, port 0 = a free
+//! port picked by the bind itself); every node joins through it before spawning workers.
+//!
+//! Keys (all under `oflaunch/`):
+//! - `config`: node 0's `nnodes nproc`, read by the other nodes to check their own options.
+//! - `claim/<node>`: counter; a second oflaunch claiming the same node rank is refused.
+//! - `node/<node>`: `nnodes nproc host` registered by each non-zero node.
+//! - `verdict/<node>`: node 0's answer, `ok` or the reason the job was refused.
+//! - `failed/g<gen>`: the first failure of generation `gen` (see `Failure::encode`); every
+//!   node polls it, so a failure anywhere stops the workers everywhere.
+//! - `restart/g<gen>`: barrier of all nodes before restarting.
+//! - `done/<node>`: set when a node's workers all succeeded; node 0 keeps the store up until
+//!   every node is done (or failed, or `--timeout` passed).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oxiflow_collectives::rendezvous::{generate_token, StoreClient, StoreServer};
+use oxiflow_collectives::CommError;
+
+use crate::error::LaunchError;
+use crate::summary::Failure;
+
+/// How long one poll of the store waits before checking the local state again.
+const POLL: Duration = Duration::from_millis(500);
+
+/// What a node knows about the job's shape.
+#[derive(Debug, Clone)]
+pub struct JoinSpec {
+    pub master_addr: String,
+    pub master_port: u16,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    pub nproc_per_node: usize,
+    pub token: Option<String>,
+    pub timeout: Duration,
+    pub host: String,
+}
+
+/// This node's handle on the job's rendezvous.
+pub struct Rendezvous {
+    spec: JoinSpec,
+    /// Node 0 only: the store (stops when dropped).
+    _server: Option<StoreServer>,
+    /// Multi-node only: this oflaunch's own connection to the store.
+    client: Option<StoreClient>,
+    /// `host:port` of the store.
+    endpoint: String,
+    pub port: u16,
+    pub token: String,
+}
+
+impl Rendezvous {
+    /// Node 0: binds the store. Other nodes: connect to it (retrying until `timeout`).
+    pub fn start(spec: JoinSpec) -> Result<Rendezvous, LaunchError> {
+        if spec.node_rank == 0 {
+            let ip = resolve_ip(&spec.master_addr, spec.master_port)?;
+            let token = match spec.token.clone() {
+                Some(t) => t,
+                None => generate_token()?,
+            };
+            let server = StoreServer::bind(SocketAddr::new(ip, spec.master_port), token.clone())
+                .map_err(|e| {
+                    LaunchError::Rendezvous(format!(
+                        "node 0 cannot serve the store on {}:{}: {e}",
+                        spec.master_addr, spec.master_port
+                    ))
+                })?;
+            let port = server.local_addr().port();
+            let endpoint = join_host_port(&spec.master_addr, port);
+            tracing::info!("rendezvous store listening on {}", server.local_addr());
+            let client = if spec.nnodes > 1 {
+                Some(connect(&endpoint, &token, spec.timeout)?)
+            } else {
+                None
+            };
+            Ok(Rendezvous {
+                spec,
+                _server: Some(server),
+                client,
+                endpoint,
+                port,
+                token,
+            })
+        } else {
+            let token = spec.token.clone().ok_or_else(|| {
+                LaunchError::Usage("node rank > 0 needs --token or OXIFLOW_TOKEN".into())
+            })?;
+            let endpoint = join_host_port(&spec.master_addr, spec.master_port);
+            let client = connect(&endpoint, &token, spec.timeout)?;
+            Ok(Rendezvous {
+                port: spec.master_port,
+                spec,
+                _server: None,
+                client: Some(client),
+                endpoint,
+                token,
+            })
+        }
+    }
+
+    /// Checks that every node agrees on the job's shape and waits for all of them.
+    pub fn join(&self) -> Result<(), LaunchError> {
+        let Some(client) = &self.client else {
+            return Ok(());
+        };
+        let s = &self.spec;
+        let claims = client.add(&format!("oflaunch/claim/{}", s.node_rank), 1)?;
+        if claims != 1 {
+            return Err(LaunchError::Rendezvous(format!(
+                "node rank {} is already taken by another oflaunch of this job",
+                s.node_rank
+            )));
+        }
+        let mine = format!("{} {} {}", s.nnodes, s.nproc_per_node, s.host);
+        if s.node_rank == 0 {
+            client.set("oflaunch/config", mine.as_bytes())?;
+            self.judge_nodes(client)
+        } else {
+            let config = wait_string(client, "oflaunch/config", s.timeout)?;
+            // Register even when our options differ, so node 0 can say so too.
+            client.set(&format!("oflaunch/node/{}", s.node_rank), mine.as_bytes())?;
+            let (nnodes, nproc) = parse_shape(&config).ok_or_else(|| {
+                LaunchError::Rendezvous(format!("node 0 published a bad config {config:?}"))
+            })?;
+            if nnodes != s.nnodes || nproc != s.nproc_per_node {
+                return Err(LaunchError::Rendezvous(format!(
+                    "refused: node 0 runs --nnodes {nnodes} --nproc-per-node {nproc}, but this \
+                     node (rank {}) has --nnodes {} --nproc-per-node {}; every node must use \
+                     the same values",
+                    s.node_rank, s.nnodes, s.nproc_per_node
+                )));
+            }
+            let key = format!("oflaunch/verdict/{}", s.node_rank);
+            let verdict = wait_string(client, &key, s.timeout)?;
+            if verdict == "ok" {
+                Ok(())
+            } else {
+                Err(LaunchError::Rendezvous(verdict))
+            }
+        }
+    }
+
+    /// Node 0: waits for every node's registration and writes each one's verdict.
+    fn judge_nodes(&self, client: &StoreClient) -> Result<(), LaunchError> {
+        let s = &self.spec;
+        let keys: Vec<String> = (1..s.nnodes)
+            .map(|r| format!("oflaunch/node/{r}"))
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Err(e) = client.wait(&key_refs, s.timeout) {
+            let mut missing = Vec::new();
+            for (r, key) in (1..s.nnodes).zip(&keys) {
+                if client.get(key).ok().flatten().is_none() {
+                    missing.push(r);
+                }
+            }
+            return Err(LaunchError::Rendezvous(format!(
+                "timed out after {:?} waiting for node(s) {missing:?} to join at {} ({e}); a \
+                 node with a wrong token or that cannot reach this address cannot join",
+                s.timeout, self.endpoint
+            )));
+        }
+        let mut problems = Vec::new();
+        for (r, key) in (1..s.nnodes).zip(&keys) {
+            let reg = get_string(client, key)?;
+            match parse_shape(&reg) {
+                Some((nnodes, nproc)) if nnodes == s.nnodes && nproc == s.nproc_per_node => {}
+                Some((nnodes, nproc)) => problems.push(format!(
+                    "node {r} ({}) brought --nnodes {nnodes} --nproc-per-node {nproc}, expected \
+                     --nnodes {} --nproc-per-node {}",
+                    reg.split(' ').nth(2).unwrap_or("?"),
+                    s.nnodes,
+                    s.nproc_per_node
+                )),
+                None => problems.push(format!("node {r} registered garbage {reg:?}")),
+            }
+        }
+        let verdict = if problems.is_empty() {
+            "ok".to_string()
+        } else {
+            format!("refused by node 0: {}", problems.join("; "))
+        };
+        for r in 1..s.nnodes {
+            client.set(&format!("oflaunch/verdict/{r}"), verdict.as_bytes())?;
+        }
+        if problems.is_empty() {
+            tracing::info!("all {} nodes joined", s.nnodes);
+            Ok(())
+        } else {
+            Err(LaunchError::Rendezvous(verdict))
+        }
+    }
+
+    /// Starts polling `failed/g<generation>` (multi-node only).
+    pub fn watch_failures(&self, generation: u32) -> Result<FailureWatch, LaunchError> {
+        let seen = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(client) = self.client.clone() {
+            let key = failed_key(generation);
+            let (seen2, stop2) = (seen.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("oflaunch-failwatch".into())
+                .spawn(move || {
+                    while !stop2.load(Ordering::Relaxed) {
+                        if let Ok(v) = client.wait(&[key.as_str()], POLL) {
+                            let f = v
+                                .first()
+                                .and_then(|v| Failure::decode(&String::from_utf8_lossy(v)));
+                            if let (Some(f), Ok(mut slot)) = (f, seen2.lock()) {
+                                *slot = Some(f);
+                            }
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| LaunchError::io("starting the failure watcher", e))?;
+        }
+        Ok(FailureWatch { seen, stop })
+    }
+
+    /// Publishes this node's first failure of `generation` (the first node to report wins).
+    pub fn report_failure(&self, generation: u32, failure: &Failure) {
+        let Some(client) = &self.client else { return };
+        let first = client.add(&format!("oflaunch/failcount/g{generation}"), 1);
+        if matches!(first, Ok(1)) {
+            if let Err(e) = client.set(&failed_key(generation), failure.encode().as_bytes()) {
+                tracing::error!("could not tell the other nodes about the failure: {e}");
+            }
+        }
+    }
+
+    /// Waits for every node before restarting generation `generation + 1`.
+    pub fn restart_barrier(&self, generation: u32) -> Result<(), LaunchError> {
+        let Some(client) = &self.client else {
+            return Ok(());
+        };
+        client.barrier(
+            &format!("oflaunch/restart/g{generation}"),
+            self.spec.nnodes,
+            self.spec.timeout,
+        )?;
+        Ok(())
+    }
+
+    /// After this node's workers all succeeded: records it; node 0 then keeps the store up
+    /// until every node is done. Returns a failure another node reported meanwhile.
+    pub fn finish(&self, generation: u32) -> Result<Option<Failure>, LaunchError> {
+        let Some(client) = &self.client else {
+            return Ok(None);
+        };
+        let s = &self.spec;
+        client.set(&format!("oflaunch/done/{}", s.node_rank), b"1")?;
+        if s.node_rank != 0 {
+            return Ok(None);
+        }
+        let keys: Vec<String> = (0..s.nnodes)
+            .map(|r| format!("oflaunch/done/{r}"))
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let failed = failed_key(generation);
+        let deadline = Instant::now() + s.timeout;
+        loop {
+            if client.wait(&key_refs, POLL).is_ok() {
+                return Ok(None);
+            }
+            if let Some(v) = client.get(&failed)? {
+                return Ok(Failure::decode(&String::from_utf8_lossy(&v)));
+            }
+            if Instant::now() >= deadline {
+                return Err(LaunchError::Rendezvous(format!(
+                    "this node's workers finished, but other nodes did not report done within \
+                     {:?}",
+                    s.timeout
+                )));
+            }
+        }
+    }
+}
+
+/// A running poll of the store's failure key.
+pub struct FailureWatch {
+    seen: Arc<Mutex<Option<Failure>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FailureWatch {
+    pub fn failure(&self) -> Option<Failure> {
+        self.seen.lock().ok().and_then(|s| s.clone())
+    }
+}
+
+impl Drop for FailureWatch {
+    fn drop(&mut self) {
+        // The thread notices within one poll and exits.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn failed_key(generation: u32) -> String {
+    format!("oflaunch/failed/g{generation}")
+}
+
+fn parse_shape(s: &str) -> Option<(usize, usize)> {
+    let mut it = s.split(' ');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+fn get_string(client: &StoreClient, key: &str) -> Result<String, LaunchError> {
+    match client.get(key)? {
+        Some(v) => Ok(String::from_utf8_lossy(&v).into_owned()),
+        None => Err(LaunchError::Rendezvous(format!("store key {key} vanished"))),
+    }
+}
+
+fn wait_string(client: &StoreClient, key: &str, timeout: Duration) -> Result<String, LaunchError> {
+    let values = client.wait(&[key], timeout).map_err(|e| {
+        LaunchError::Rendezvous(format!("waiting {timeout:?} for node 0's {key}: {e}"))
+    })?;
+    let v = values.into_iter().next().unwrap_or_default();
+    Ok(String::from_utf8_lossy(&v).into_owned())
+}
+
+fn resolve_ip(addr: &str, port: u16) -> Result<std::net::IpAddr, LaunchError> {
+    (addr, port)
+        .to_socket_addrs()
+        .map_err(|e| LaunchError::io(format!("resolving --master-addr {addr}"), e))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| LaunchError::Usage(format!("--master-addr {addr} resolves to nothing")))
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Connects to the store (the client retries until `timeout` while it is not up yet); a
+/// refused token fails at once.
+fn connect(endpoint: &str, token: &str, timeout: Duration) -> Result<StoreClient, LaunchError> {
+    match StoreClient::connect(endpoint, token, timeout) {
+        Ok(c) => Ok(c),
+        Err(CommError::Unauthenticated(m)) => Err(LaunchError::Rendezvous(format!(
+            "refused: the store at {endpoint} rejected this node's token ({m}); pass node 0's \
+             token with --token or OXIFLOW_TOKEN"
+        ))),
+        Err(e) => Err(LaunchError::Rendezvous(format!(
+            "cannot reach the store at {endpoint} within {timeout:?}: {e}"
+        ))),
+    }
+}

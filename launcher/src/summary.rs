@@ -1,0 +1,176 @@
+//! How a worker ended, and the failure summary oflaunch prints (rank, host, code or signal,
+//! the tail of its stderr).
+
+use std::fmt;
+use std::process::ExitStatus;
+
+/// How one worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitKind {
+    pub fn from_status(status: ExitStatus) -> ExitKind {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => ExitKind::Code(c),
+            (None, Some(s)) => ExitKind::Signal(s),
+            // Neither code nor signal (stopped/continued is never reported by wait here).
+            (None, None) => ExitKind::Code(1),
+        }
+    }
+
+    pub fn is_success(self) -> bool {
+        self == ExitKind::Code(0)
+    }
+
+    /// The shell convention: the code, or 128 + signal number.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitKind::Code(c) => c,
+            ExitKind::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl fmt::Display for ExitKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ExitKind::Code(c) => write!(f, "exit code {c}"),
+            ExitKind::Signal(s) => {
+                let name = nix::sys::signal::Signal::try_from(s)
+                    .map(|sig| sig.as_str().to_string())
+                    .unwrap_or_else(|_| format!("signal {s}"));
+                write!(f, "killed by {name} (signal {s}, exit {})", 128 + s)
+            }
+        }
+    }
+}
+
+/// The first failure of a job, local or reported by another node.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub rank: usize,
+    pub node_rank: usize,
+    pub host: String,
+    pub pid: i32,
+    pub exit: ExitKind,
+    /// Last lines of the rank's stderr.
+    pub tail: Vec<String>,
+}
+
+impl Failure {
+    /// The human summary printed by oflaunch.
+    pub fn summary(&self, remote: bool) -> String {
+        let mut s = String::new();
+        s.push_str("oflaunch: job failed\n");
+        s.push_str(&format!(
+            "  first failure: rank {} (node {}, host {}, pid {}): {}{}\n",
+            self.rank,
+            self.node_rank,
+            self.host,
+            self.pid,
+            self.exit,
+            if remote {
+                " [reported by that node]"
+            } else {
+                ""
+            }
+        ));
+        if self.tail.is_empty() {
+            s.push_str(&format!("  rank {} wrote nothing to stderr\n", self.rank));
+        } else {
+            s.push_str(&format!(
+                "  last {} line(s) of rank {}'s stderr:\n",
+                self.tail.len(),
+                self.rank
+            ));
+            for line in &self.tail {
+                s.push_str("    | ");
+                s.push_str(line);
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    /// A one-value encoding for the store's "job failed" key.
+    pub fn encode(&self) -> String {
+        let (kind, n) = match self.exit {
+            ExitKind::Code(c) => ("code", c),
+            ExitKind::Signal(s) => ("signal", s),
+        };
+        let mut s = format!(
+            "{}\n{}\n{}\n{}\n{kind} {n}\n",
+            self.rank, self.node_rank, self.host, self.pid
+        );
+        for line in &self.tail {
+            s.push_str(line);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Reads [`Failure::encode`]'s output; None when malformed.
+    pub fn decode(s: &str) -> Option<Failure> {
+        let mut lines = s.lines();
+        let rank = lines.next()?.parse().ok()?;
+        let node_rank = lines.next()?.parse().ok()?;
+        let host = lines.next()?.to_string();
+        let pid = lines.next()?.parse().ok()?;
+        let (kind, n) = lines.next()?.split_once(' ')?;
+        let n: i32 = n.parse().ok()?;
+        let exit = match kind {
+            "code" => ExitKind::Code(n),
+            "signal" => ExitKind::Signal(n),
+            _ => return None,
+        };
+        Some(Failure {
+            rank,
+            node_rank,
+            host,
+            pid,
+            exit,
+            tail: lines.map(str::to_string).collect(),
+        })
+    }
+}
+
+/// This machine's host name (for summaries).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_roundtrip_and_codes() {
+        let f = Failure {
+            rank: 5,
+            node_rank: 1,
+            host: "h1".into(),
+            pid: 42,
+            exit: ExitKind::Signal(9),
+            tail: vec!["boom".into(), "bang".into()],
+        };
+        let g = Failure::decode(&f.encode()).unwrap();
+        assert_eq!(g.rank, 5);
+        assert_eq!(g.exit, ExitKind::Signal(9));
+        assert_eq!(g.tail, f.tail);
+        assert_eq!(g.exit.shell_code(), 137);
+        assert!(f.summary(true).contains("rank 5"));
+        assert!(f.summary(true).contains("SIGKILL"));
+        assert!(Failure::decode("x").is_none());
+    }
+}

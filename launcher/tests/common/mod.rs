@@ -1,0 +1,178 @@
+//! Helpers shared by oflaunch's integration tests: running oflaunch with a deadline, scratch
+//! directories, pid liveness checks.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub const OFLAUNCH: &str = env!("CARGO_BIN_EXE_oflaunch");
+pub const WORKER: &str = env!("CARGO_BIN_EXE_oflaunch_testworker");
+
+/// A fresh, empty scratch directory.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "oflaunch_test_{}_{}_{}",
+        name,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A running oflaunch (or any command) whose output is collected by threads.
+pub struct Running {
+    pub child: Child,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+/// The end of a run.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub ended: Instant,
+    /// When the process was seen to exit, in ms since the Unix epoch.
+    pub ended_ms: u128,
+}
+
+impl Finished {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+}
+
+pub fn start(mut cmd: Command) -> Running {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start command");
+    let mut o = child.stdout.take().unwrap();
+    let mut e = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = o.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = e.read_to_string(&mut s);
+        s
+    });
+    Running {
+        child,
+        out: Some(out),
+        err: Some(err),
+    }
+}
+
+impl Running {
+    /// Waits up to `timeout`; on timeout kills the process and fails the test.
+    pub fn finish(mut self, timeout: Duration) -> Finished {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("command still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let ended = Instant::now();
+        let ended_ms = now_ms();
+        let stdout = self.out.take().unwrap().join().unwrap();
+        let stderr = self.err.take().unwrap().join().unwrap();
+        Finished {
+            status,
+            stdout,
+            stderr,
+            ended,
+            ended_ms,
+        }
+    }
+}
+
+/// `oflaunch ARGS` with a deadline.
+pub fn oflaunch(args: &[&str], timeout: Duration) -> Finished {
+    let mut cmd = Command::new(OFLAUNCH);
+    cmd.args(args);
+    start(cmd).finish(timeout)
+}
+
+/// Reads a `KEY=VALUE` file.
+pub fn read_kv(path: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Pids recorded by test workers as `pid_<rank>` in `dir`.
+pub fn recorded_pids(dir: &Path) -> Vec<i32> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pid_"))
+        .map(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Whether a process with this pid exists (kill(pid, 0) succeeds).
+pub fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Waits until `n` pid files exist in `dir` (workers started), up to `timeout`.
+pub fn wait_for_pids(dir: &Path, n: usize, timeout: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pids = recorded_pids(dir);
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} workers started",
+            pids.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -1,10 +1,12 @@
 //! Collectives: the `Communicator` interface every backend implements (in-process threads, TCP
 //! processes, NCCL), the gRPC rendezvous store, and launch-environment discovery.
 
+mod algorithms;
 mod buffer;
 mod communicator;
 mod dtype;
 mod error;
+pub mod inprocess;
 mod reduce;
 
 pub use buffer::{Buf, BufMut, DevicePtr};
@@ -12,3 +14,4 @@ pub use communicator::{Backend, Communicator, SharedComm};
 pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use reduce::{reduce_into, ReduceOp};
+pub use inprocess::{InProcessComm, InProcessWorld};

@@ -1,0 +1,164 @@
+//! Local argument checks every backend runs before it communicates (buffer sizes, counts, ranks).
+
+use crate::{Backend, Buf, BufMut, CommError, DType};
+
+/// The host bytes of a read buffer, or `Unsupported` for device memory.
+pub(crate) fn host<'a>(op: &str, backend: Backend, b: Buf<'a>) -> Result<&'a [u8], CommError> {
+    match b {
+        Buf::Host(s) => Ok(s),
+        Buf::Device(d) => Err(CommError::Unsupported {
+            op: op.to_string(),
+            backend: backend.to_string(),
+            detail: format!(
+                "device buffer ({} bytes on device {}); host buffers only",
+                d.bytes, d.device
+            ),
+        }),
+    }
+}
+
+/// The host bytes of a write buffer, or `Unsupported` for device memory.
+pub(crate) fn host_mut<'a>(
+    op: &str,
+    backend: Backend,
+    b: BufMut<'a>,
+) -> Result<&'a mut [u8], CommError> {
+    match b {
+        BufMut::Host(s) => Ok(s),
+        BufMut::Device(d) => Err(CommError::Unsupported {
+            op: op.to_string(),
+            backend: backend.to_string(),
+            detail: format!(
+                "device buffer ({} bytes on device {}); host buffers only",
+                d.bytes, d.device
+            ),
+        }),
+    }
+}
+
+/// `got` bytes must hold exactly `elems` elements of `dtype`.
+pub(crate) fn check_len(
+    op: &str,
+    what: &str,
+    dtype: DType,
+    got: usize,
+    elems: usize,
+) -> Result<(), CommError> {
+    let expected = elems
+        .checked_mul(dtype.size())
+        .ok_or_else(|| CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!("{what}: {elems} elements of {dtype} overflow usize"),
+        })?;
+    if got != expected {
+        return Err(CommError::BufferSize {
+            op: op.to_string(),
+            expected,
+            got,
+            detail: format!("{what}: {elems} elements of {dtype}"),
+        });
+    }
+    Ok(())
+}
+
+/// A whole number of elements of `dtype`; returns the element count.
+pub(crate) fn elems_of(op: &str, what: &str, dtype: DType, got: usize) -> Result<usize, CommError> {
+    if !got.is_multiple_of(dtype.size()) {
+        return Err(CommError::BufferSize {
+            op: op.to_string(),
+            expected: got - got % dtype.size(),
+            got,
+            detail: format!("{what}: not a whole number of {dtype} elements"),
+        });
+    }
+    Ok(got / dtype.size())
+}
+
+/// One count per member; returns their sum.
+pub(crate) fn check_counts(
+    op: &str,
+    what: &str,
+    counts: &[usize],
+    size: usize,
+) -> Result<usize, CommError> {
+    if counts.len() != size {
+        return Err(CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!(
+                "{what} has {} entries for a group of {size} members",
+                counts.len()
+            ),
+        });
+    }
+    counts
+        .iter()
+        .try_fold(0usize, |acc, &c| acc.checked_add(c))
+        .ok_or_else(|| CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!("{what} {counts:?} overflow usize"),
+        })
+}
+
+/// A member index below `size`.
+pub(crate) fn check_member(
+    op: &str,
+    what: &str,
+    member: usize,
+    size: usize,
+) -> Result<(), CommError> {
+    if member >= size {
+        return Err(CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!("{what} {member} is not a member of a group of {size}"),
+        });
+    }
+    Ok(())
+}
+
+/// Distinct member indices below `size`, not empty, containing `me`.
+pub(crate) fn check_sub_group(
+    members: &[usize],
+    size: usize,
+    me: usize,
+) -> Result<usize, CommError> {
+    let op = "sub_group";
+    if members.is_empty() {
+        return Err(CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: "empty member list".to_string(),
+        });
+    }
+    let mut seen = vec![false; size];
+    for &m in members {
+        check_member(op, "member", m, size)?;
+        if seen[m] {
+            return Err(CommError::InvalidArgument {
+                op: op.to_string(),
+                detail: format!("member {m} listed twice in {members:?}"),
+            });
+        }
+        seen[m] = true;
+    }
+    members
+        .iter()
+        .position(|&m| m == me)
+        .ok_or_else(|| CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!(
+                "called by member {me}, which is not in {members:?} (only members may call it)"
+            ),
+        })
+}
+
+/// Exclusive prefix sums of `counts`, scaled to bytes.
+pub(crate) fn byte_offsets(
+    counts: &[usize],
+    dtype: DType,
+) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let sz = dtype.size();
+    counts.iter().scan(0usize, move |off, &c| {
+        let start = *off;
+        *off += c * sz;
+        Some((start, c * sz))
+    })
+}

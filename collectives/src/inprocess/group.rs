@@ -1,0 +1,298 @@
+//! Shared state of one in-process group: a timed barrier that names missing members, the
+//! per-member slots through which ranks publish their buffers, and point-to-point mailboxes.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::{CommError, DType, ReduceOp};
+
+/// Which collective a member is in (checked across members before any data moves).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    AllReduce,
+    AllGatherV,
+    ReduceScatterV,
+    AllToAllV,
+    Broadcast,
+    Reduce,
+    Barrier,
+}
+
+/// A borrowed byte range of some member, published for the duration of one collective.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Raw {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// A borrowed count list of some member.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawCounts {
+    pub ptr: *const usize,
+    pub len: usize,
+}
+
+impl Raw {
+    pub const EMPTY: Raw = Raw {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    };
+    /// # Safety
+    /// The owner must still be inside the collective that published it, and nobody may write
+    /// `range` at the same time.
+    pub unsafe fn slice<'a>(&self, start: usize, len: usize) -> &'a [u8] {
+        if len == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(self.ptr.add(start), len)
+    }
+    /// # Safety
+    /// As `slice`, and nobody else may read or write the range at the same time.
+    pub unsafe fn slice_mut<'a>(&self, start: usize, len: usize) -> &'a mut [u8] {
+        if len == 0 {
+            return &mut [];
+        }
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+}
+
+impl RawCounts {
+    pub const EMPTY: RawCounts = RawCounts {
+        ptr: std::ptr::null(),
+        len: 0,
+    };
+    pub fn of(c: &[usize]) -> Self {
+        RawCounts {
+            ptr: c.as_ptr(),
+            len: c.len(),
+        }
+    }
+    /// # Safety
+    /// The owner must still be inside the collective that published it.
+    pub unsafe fn get<'a>(&self) -> &'a [usize] {
+        if self.len == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(self.ptr, self.len)
+    }
+}
+
+/// What one member publishes when it enters a collective.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    pub kind: Kind,
+    pub dtype: DType,
+    pub op: Option<ReduceOp>,
+    pub root: usize,
+    pub send: Raw,
+    pub recv: Raw,
+    pub counts: RawCounts,
+    pub counts2: RawCounts,
+}
+
+// SAFETY: the raw pointers in a slot are only dereferenced between the barriers that bracket the
+// collective that published them, while the publishing thread is blocked inside that collective.
+unsafe impl Send for Slot {}
+
+impl Slot {
+    pub fn new(kind: Kind, dtype: DType) -> Self {
+        Slot {
+            kind,
+            dtype,
+            op: None,
+            root: 0,
+            send: Raw::EMPTY,
+            recv: Raw::EMPTY,
+            counts: RawCounts::EMPTY,
+            counts2: RawCounts::EMPTY,
+        }
+    }
+}
+
+struct SyncState {
+    arrived: Vec<bool>,
+    count: usize,
+    generation: u64,
+    /// Set when a member timed out: (op, world ranks that were missing). Every later call fails.
+    poison: Option<(String, Vec<usize>)>,
+}
+
+struct Mailbox {
+    queue: Mutex<VecDeque<Vec<u8>>>,
+    ready: Condvar,
+    spare: Mutex<Vec<Vec<u8>>>,
+}
+
+/// State shared by all members of one group (keyed by its world ranks in member order).
+pub(crate) struct Group {
+    pub world_ranks: Vec<usize>,
+    pub timeout: Duration,
+    sync: Mutex<SyncState>,
+    cv: Condvar,
+    slots: Vec<Mutex<Slot>>,
+    mail: Vec<Mailbox>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another rank thread panicked; the state stays consistent
+    // because every critical section here is panic-free.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Group {
+    pub fn new(world_ranks: Vec<usize>, timeout: Duration) -> Self {
+        let n = world_ranks.len();
+        Group {
+            sync: Mutex::new(SyncState {
+                arrived: vec![false; n],
+                count: 0,
+                generation: 0,
+                poison: None,
+            }),
+            cv: Condvar::new(),
+            slots: (0..n)
+                .map(|_| Mutex::new(Slot::new(Kind::Barrier, DType::F32)))
+                .collect(),
+            mail: (0..n * n)
+                .map(|_| Mailbox {
+                    queue: Mutex::new(VecDeque::new()),
+                    ready: Condvar::new(),
+                    spare: Mutex::new(Vec::new()),
+                })
+                .collect(),
+            world_ranks,
+            timeout,
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        self.world_ranks.len()
+    }
+
+    pub fn op_name(&self, op: &str) -> String {
+        format!("{op} on ranks {:?}", self.world_ranks)
+    }
+
+    pub fn publish(&self, me: usize, slot: Slot) {
+        *lock(&self.slots[me]) = slot;
+    }
+
+    pub fn slot(&self, member: usize) -> Slot {
+        *lock(&self.slots[member])
+    }
+
+    /// Waits until every member arrived, at most the group's timeout from now. On timeout the
+    /// group is poisoned and every member (now and later) fails naming the missing ranks.
+    pub fn barrier(&self, me: usize, op: &str) -> Result<(), CommError> {
+        let mut st = lock(&self.sync);
+        if let Some((pop, missing)) = &st.poison {
+            return Err(CommError::Timeout {
+                op: format!("{} (group broken earlier in {pop})", self.op_name(op)),
+                timeout: self.timeout,
+                missing: missing.clone(),
+            });
+        }
+        let n = self.size();
+        st.arrived[me] = true;
+        st.count += 1;
+        if st.count == n {
+            st.arrived.iter_mut().for_each(|a| *a = false);
+            st.count = 0;
+            st.generation = st.generation.wrapping_add(1);
+            drop(st);
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let gen = st.generation;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..n)
+                    .filter(|&m| !st.arrived[m])
+                    .map(|m| self.world_ranks[m])
+                    .collect();
+                st.arrived[me] = false;
+                st.count -= 1;
+                st.poison = Some((op.to_string(), missing.clone()));
+                drop(st);
+                self.cv.notify_all();
+                return Err(CommError::Timeout {
+                    op: self.op_name(op),
+                    timeout: self.timeout,
+                    missing,
+                });
+            }
+            let (g, _) = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner());
+            st = g;
+            if st.generation != gen {
+                return Ok(());
+            }
+            if let Some((pop, missing)) = &st.poison {
+                return Err(CommError::Timeout {
+                    op: format!("{} (member timed out in {pop})", self.op_name(op)),
+                    timeout: self.timeout,
+                    missing: missing.clone(),
+                });
+            }
+        }
+    }
+
+    /// Buffered send: copies `data` into the (src -> dst) mailbox and returns.
+    pub fn post(&self, src: usize, dst: usize, data: &[u8]) {
+        let mb = &self.mail[src * self.size() + dst];
+        let mut v = lock(&mb.spare).pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(data);
+        lock(&mb.queue).push_back(v);
+        mb.ready.notify_all();
+    }
+
+    /// Takes the next message of (src -> dst) into `out`, waiting at most the timeout.
+    pub fn take(&self, src: usize, dst: usize, out: &mut [u8], op: &str) -> Result<(), CommError> {
+        let mb = &self.mail[src * self.size() + dst];
+        let deadline = Instant::now() + self.timeout;
+        let mut q = lock(&mb.queue);
+        let msg = loop {
+            if let Some(m) = q.pop_front() {
+                break m;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    op: self.op_name(op),
+                    timeout: self.timeout,
+                    missing: vec![self.world_ranks[src]],
+                });
+            }
+            let (g, _) = mb
+                .ready
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|e| e.into_inner());
+            q = g;
+        };
+        drop(q);
+        let res = if msg.len() == out.len() {
+            out.copy_from_slice(&msg);
+            Ok(())
+        } else {
+            Err(CommError::Mismatch {
+                op: self.op_name(op),
+                detail: format!(
+                    "member {dst} expects {} bytes from member {src}, which sent {} bytes",
+                    out.len(),
+                    msg.len()
+                ),
+            })
+        };
+        let mut spare = lock(&mb.spare);
+        if spare.len() < 4 {
+            spare.push(msg);
+        }
+        res
+    }
+}

@@ -1,0 +1,470 @@
+//! In-process backend: the ranks of a world are threads of one process. Members publish their
+//! buffers in shared slots, meet at timed barriers, and copy/reduce straight out of each
+//! other's memory (each member works on its own chunk, so big buffers use every thread).
+
+mod group;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::algorithms::args;
+use crate::{
+    reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
+};
+use group::{Group, Kind, Raw, RawCounts, Slot};
+
+const BACKEND: Backend = Backend::InProcess;
+
+/// Groups of one world, keyed by their world ranks in member order.
+struct WorldShared {
+    timeout: Duration,
+    groups: Mutex<HashMap<Vec<usize>, Arc<Group>>>,
+}
+
+/// Builds the communicators of an in-process world.
+pub struct InProcessWorld;
+
+impl InProcessWorld {
+    /// One communicator per rank (index = rank), to be moved into the rank threads. Every
+    /// blocking wait gives up after `timeout`, naming the ranks that did not arrive.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(n: usize, timeout: Duration) -> Vec<SharedComm> {
+        let ranks: Vec<usize> = (0..n).collect();
+        let group = Arc::new(Group::new(ranks.clone(), timeout));
+        let mut groups = HashMap::new();
+        groups.insert(ranks, group.clone());
+        let world = Arc::new(WorldShared {
+            timeout,
+            groups: Mutex::new(groups),
+        });
+        (0..n)
+            .map(|me| {
+                Arc::new(InProcessComm {
+                    world: world.clone(),
+                    group: group.clone(),
+                    me,
+                    subs: Mutex::new(HashMap::new()),
+                }) as SharedComm
+            })
+            .collect()
+    }
+}
+
+/// One member's handle on an in-process group. Use it from one thread at a time.
+pub struct InProcessComm {
+    world: Arc<WorldShared>,
+    group: Arc<Group>,
+    me: usize,
+    subs: Mutex<HashMap<Vec<usize>, SharedComm>>,
+}
+
+/// Balanced split of `count` elements into `n` chunks: (start, len) in bytes of chunk `i`.
+fn chunk(count: usize, n: usize, i: usize, sz: usize) -> (usize, usize) {
+    let base = count / n;
+    let r = count % n;
+    let start = i * base + i.min(r);
+    let len = base + usize::from(i < r);
+    (start * sz, len * sz)
+}
+
+fn mismatch(g: &Group, op: &str, detail: String) -> CommError {
+    CommError::Mismatch {
+        op: g.op_name(op),
+        detail,
+    }
+}
+
+impl InProcessComm {
+    fn n(&self) -> usize {
+        self.group.size()
+    }
+
+    /// Publishes `slot`, meets the others, checks that every member called the same thing
+    /// (`agree` compares a member's slot with member 0's), runs `body`, and meets again so no
+    /// published buffer is released while someone may still read it.
+    fn collective(
+        &self,
+        name: &'static str,
+        slot: Slot,
+        agree: impl Fn(&Slot, &Slot) -> Option<String>,
+        body: impl FnOnce(&[Slot]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let g = &*self.group;
+        g.publish(self.me, slot);
+        g.barrier(self.me, name)?;
+        let slots: Vec<Slot> = (0..self.n()).map(|k| g.slot(k)).collect();
+        let s0 = &slots[0];
+        let mut verdict = Ok(());
+        for (k, s) in slots.iter().enumerate().skip(1) {
+            let problem = if s.kind != s0.kind {
+                Some(format!(
+                    "member 0 called {:?}, member {k} called {:?}",
+                    s0.kind, s.kind
+                ))
+            } else if s.dtype != s0.dtype {
+                Some(format!(
+                    "member 0 uses {}, member {k} uses {}",
+                    s0.dtype, s.dtype
+                ))
+            } else if s.op != s0.op || s.root != s0.root {
+                Some(format!(
+                    "member 0 uses op {:?} root {}, member {k} uses op {:?} root {}",
+                    s0.op, s0.root, s.op, s.root
+                ))
+            } else {
+                agree(s0, s).map(|d| format!("member 0 vs member {k}: {d}"))
+            };
+            if let Some(p) = problem {
+                verdict = Err(mismatch(g, name, p));
+                break;
+            }
+        }
+        let res = verdict.and_then(|()| body(&slots));
+        g.barrier(self.me, name)?;
+        res
+    }
+}
+
+fn same_len(a: &Slot, b: &Slot) -> Option<String> {
+    (a.recv.len != b.recv.len)
+        .then(|| format!("buffer of {} bytes vs {} bytes", a.recv.len, b.recv.len))
+}
+
+fn same_counts(a: &Slot, b: &Slot) -> Option<String> {
+    // SAFETY: both owners are inside this collective (between its two barriers).
+    let (x, y) = unsafe { (a.counts.get(), b.counts.get()) };
+    (x != y).then(|| format!("counts {x:?} vs {y:?}"))
+}
+
+impl Communicator for InProcessComm {
+    fn rank(&self) -> usize {
+        self.me
+    }
+    fn size(&self) -> usize {
+        self.n()
+    }
+    fn world_ranks(&self) -> &[usize] {
+        &self.group.world_ranks
+    }
+    fn backend(&self) -> Backend {
+        BACKEND
+    }
+
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let name = "all_reduce";
+        let b = args::host_mut(name, BACKEND, buf)?;
+        let count = args::elems_of(name, "buffer", dtype, b.len())?;
+        let n = self.n();
+        if n == 1 {
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::AllReduce, dtype);
+        slot.op = Some(op);
+        slot.recv = Raw {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        };
+        let me = self.me;
+        let sz = dtype.size();
+        self.collective(name, slot, same_len, |slots| {
+            // Phase 1: member `me` reduces chunk `me` into its own buffer.
+            let (s, l) = chunk(count, n, me, sz);
+            // SAFETY: chunk `me` of every buffer is touched only by member `me` in this phase.
+            let acc = unsafe { slots[me].recv.slice_mut(s, l) };
+            for (k, other) in slots.iter().enumerate() {
+                if k != me {
+                    reduce_into(dtype, acc, unsafe { other.recv.slice(s, l) }, op);
+                }
+            }
+            self.group.barrier(me, name)?;
+            // Phase 2: copy every other member's finished chunk.
+            for (k, other) in slots.iter().enumerate() {
+                if k != me {
+                    let (s, l) = chunk(count, n, k, sz);
+                    // SAFETY: chunk k of member k is final and only read now; chunk k of my
+                    // buffer is written only by me.
+                    unsafe {
+                        slots[me]
+                            .recv
+                            .slice_mut(s, l)
+                            .copy_from_slice(other.recv.slice(s, l))
+                    };
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_gather_v";
+        let n = self.n();
+        let total = args::check_counts(name, "counts", counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), counts[self.me])?;
+        args::check_len(name, "receive buffer", dtype, r.len(), total)?;
+        if n == 1 {
+            r.copy_from_slice(s);
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::AllGatherV, dtype);
+        slot.send = Raw {
+            ptr: s.as_ptr() as *mut u8,
+            len: s.len(),
+        };
+        slot.counts = RawCounts::of(counts);
+        let me = self.me;
+        self.collective(name, slot, same_counts, |slots| {
+            for (k, (off, len)) in args::byte_offsets(counts, dtype).enumerate() {
+                let src = if k == me {
+                    s
+                } else {
+                    unsafe { slots[k].send.slice(0, len) }
+                };
+                r[off..off + len].copy_from_slice(src);
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce_scatter_v";
+        let n = self.n();
+        let total = args::check_counts(name, "counts", counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), total)?;
+        args::check_len(name, "receive buffer", dtype, r.len(), counts[self.me])?;
+        if n == 1 {
+            r.copy_from_slice(s);
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::ReduceScatterV, dtype);
+        slot.op = Some(op);
+        slot.send = Raw {
+            ptr: s.as_ptr() as *mut u8,
+            len: s.len(),
+        };
+        slot.counts = RawCounts::of(counts);
+        let me = self.me;
+        self.collective(name, slot, same_counts, |slots| {
+            let (off, len) = args::byte_offsets(counts, dtype).nth(me).unwrap_or((0, 0));
+            r.copy_from_slice(&s[off..off + len]);
+            for (k, other) in slots.iter().enumerate() {
+                if k != me {
+                    reduce_into(dtype, r, unsafe { other.send.slice(off, len) }, op);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v";
+        let n = self.n();
+        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
+        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), stotal)?;
+        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
+        if n == 1 {
+            if send_counts != recv_counts {
+                return Err(mismatch(
+                    &self.group,
+                    name,
+                    format!("send_counts {send_counts:?} vs recv_counts {recv_counts:?}"),
+                ));
+            }
+            r.copy_from_slice(s);
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::AllToAllV, dtype);
+        slot.send = Raw {
+            ptr: s.as_ptr() as *mut u8,
+            len: s.len(),
+        };
+        slot.counts = RawCounts::of(send_counts);
+        slot.counts2 = RawCounts::of(recv_counts);
+        let me = self.me;
+        let sz = dtype.size();
+        let g = self.group.clone();
+        self.collective(
+            name,
+            slot,
+            |_, _| None,
+            |slots| {
+                // Every member checks every pair, so all reach the same verdict.
+                for (i, si) in slots.iter().enumerate() {
+                    let sc = unsafe { si.counts.get() };
+                    for (j, sj) in slots.iter().enumerate() {
+                        let rc = unsafe { sj.counts2.get() };
+                        if sc[j] != rc[i] {
+                            return Err(mismatch(
+                                &g,
+                                name,
+                                format!(
+                                    "member {i} sends {} elements to member {j}, which expects {}",
+                                    sc[j], rc[i]
+                                ),
+                            ));
+                        }
+                    }
+                }
+                for (k, (off, len)) in args::byte_offsets(recv_counts, dtype).enumerate() {
+                    let kc = unsafe { slots[k].counts.get() };
+                    let src_off: usize = kc[..me].iter().sum::<usize>() * sz;
+                    let src = if k == me {
+                        &s[src_off..src_off + len]
+                    } else {
+                        unsafe { slots[k].send.slice(src_off, len) }
+                    };
+                    r[off..off + len].copy_from_slice(src);
+                }
+                Ok(())
+            },
+        )
+    }
+
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        let name = "broadcast";
+        let n = self.n();
+        args::check_member(name, "root", root, n)?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        if n == 1 {
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::Broadcast, dtype);
+        slot.root = root;
+        slot.recv = Raw {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        };
+        let me = self.me;
+        self.collective(name, slot, same_len, |slots| {
+            if me != root {
+                let len = slots[me].recv.len;
+                // SAFETY: the root's buffer is only read during this phase.
+                unsafe {
+                    slots[me]
+                        .recv
+                        .slice_mut(0, len)
+                        .copy_from_slice(slots[root].recv.slice(0, len))
+                };
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce";
+        let n = self.n();
+        args::check_member(name, "root", root, n)?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        let count = args::elems_of(name, "buffer", dtype, b.len())?;
+        if n == 1 {
+            return Ok(());
+        }
+        let mut slot = Slot::new(Kind::Reduce, dtype);
+        slot.root = root;
+        slot.op = Some(op);
+        slot.recv = Raw {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        };
+        let me = self.me;
+        let sz = dtype.size();
+        self.collective(name, slot, same_len, |slots| {
+            // Member `me` reduces chunk `me` into the root's buffer; the others stay unchanged.
+            let (s, l) = chunk(count, n, me, sz);
+            let acc = unsafe { slots[root].recv.slice_mut(s, l) };
+            for (k, other) in slots.iter().enumerate() {
+                if k != root {
+                    reduce_into(dtype, acc, unsafe { other.recv.slice(s, l) }, op);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "send";
+        args::check_member(name, "peer", peer, self.n())?;
+        let b = args::host(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        self.group.post(self.me, peer, b);
+        Ok(())
+    }
+
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "recv";
+        args::check_member(name, "peer", peer, self.n())?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        self.group.take(peer, self.me, b, name)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        if self.n() == 1 {
+            return Ok(());
+        }
+        self.collective(
+            "barrier",
+            Slot::new(Kind::Barrier, DType::F32),
+            |_, _| None,
+            |_| Ok(()),
+        )
+    }
+
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+        let me = args::check_sub_group(members, self.n(), self.me)?;
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = subs.get(members) {
+            return Ok(c.clone());
+        }
+        let ranks: Vec<usize> = members.iter().map(|&m| self.group.world_ranks[m]).collect();
+        let group = {
+            let mut groups = self.world.groups.lock().unwrap_or_else(|e| e.into_inner());
+            groups
+                .entry(ranks.clone())
+                .or_insert_with(|| Arc::new(Group::new(ranks, self.world.timeout)))
+                .clone()
+        };
+        let comm: SharedComm = Arc::new(InProcessComm {
+            world: self.world.clone(),
+            group,
+            me,
+            subs: Mutex::new(HashMap::new()),
+        });
+        subs.insert(members.to_vec(), comm.clone());
+        Ok(comm)
+    }
+}

@@ -1,0 +1,186 @@
+//! In-process backend: random collective sequences on random sub-groups match a sequential
+//! reference; timeouts name the missing ranks; bad buffers fail before anything blocks.
+
+mod multiprocess_common;
+
+use std::time::{Duration, Instant};
+
+use multiprocess_common::{dtype_of, run_rank, Case};
+use oxiflow_collectives::{
+    Buf, BufMut, CommError, DType, DevicePtr, InProcessWorld, ReduceOp, SharedComm,
+};
+use proptest::prelude::*;
+
+fn run_threads<T: Send + 'static>(
+    comms: Vec<SharedComm>,
+    f: impl Fn(SharedComm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let f = f.clone();
+            std::thread::spawn(move || f(c))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_collectives_match_reference(seed in any::<u64>(), world in 1usize..=8, dt in 0usize..3) {
+        let case = Case::generate(seed, world, dtype_of(dt), 8, 40);
+        let comms = InProcessWorld::new(world, Duration::from_secs(20));
+        let c2 = case.clone();
+        let results = run_threads(comms, move |c| run_rank(&c, &c2));
+        for r in results {
+            prop_assert!(r.is_ok(), "{:?} in case {:?}", r, case);
+        }
+    }
+}
+
+#[test]
+fn large_all_reduce_uses_every_member() {
+    let n = 4;
+    let count = 1 << 18;
+    let comms = InProcessWorld::new(n, Duration::from_secs(20));
+    let out = run_threads(comms, move |c| {
+        let mut v: Vec<f64> = (0..count)
+            .map(|i| (i % 97) as f64 + c.rank() as f64)
+            .collect();
+        c.all_reduce(
+            DType::F64,
+            bytemuck::cast_slice_mut::<f64, u8>(&mut v).into(),
+            ReduceOp::Sum,
+        )
+        .unwrap();
+        v
+    });
+    for v in out {
+        for (i, x) in v.iter().enumerate().step_by(1013) {
+            assert_eq!(*x, 4.0 * (i % 97) as f64 + 6.0);
+        }
+    }
+}
+
+#[test]
+fn missing_rank_is_named_within_timeout() {
+    let comms = InProcessWorld::new(3, Duration::from_millis(300));
+    let start = Instant::now();
+    let out = run_threads(comms, |c| {
+        if c.rank() == 2 {
+            return None; // never arrives
+        }
+        let mut b = vec![0u8; 64];
+        Some(c.all_reduce(DType::F32, (&mut b[..]).into(), ReduceOp::Sum))
+    });
+    assert!(start.elapsed() < Duration::from_secs(5));
+    for r in out.into_iter().flatten() {
+        match r {
+            Err(CommError::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
+            other => panic!("expected a timeout naming rank 2, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn recv_from_silent_peer_times_out_naming_it() {
+    let comms = InProcessWorld::new(2, Duration::from_millis(200));
+    let mut b = vec![0u8; 8];
+    match comms[0].recv(DType::F64, (&mut b[..]).into(), 1) {
+        Err(CommError::Timeout { missing, .. }) => assert_eq!(missing, vec![1]),
+        other => panic!("expected timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_member() {
+    let comms = InProcessWorld::new(2, Duration::from_secs(5));
+    let out = run_threads(comms, |c| {
+        let mut b = vec![0u8; if c.rank() == 0 { 16 } else { 32 }];
+        c.all_reduce(DType::F32, (&mut b[..]).into(), ReduceOp::Sum)
+    });
+    for r in out {
+        assert!(matches!(r, Err(CommError::Mismatch { .. })), "{r:?}");
+    }
+}
+
+#[test]
+fn bad_buffers_fail_before_blocking() {
+    let comms = InProcessWorld::new(2, Duration::from_secs(30));
+    let c = &comms[0];
+    let start = Instant::now();
+    let send = [0u8; 8];
+    let mut recv = [0u8; 12];
+    let e = c.all_gather_v(
+        DType::F32,
+        Buf::Host(&send),
+        BufMut::Host(&mut recv),
+        &[2, 2],
+    );
+    assert!(
+        matches!(
+            e,
+            Err(CommError::BufferSize {
+                expected: 16,
+                got: 12,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = c.all_gather_v(DType::F32, Buf::Host(&send), BufMut::Host(&mut recv), &[2]);
+    assert!(matches!(e, Err(CommError::InvalidArgument { .. })), "{e:?}");
+    let mut odd = [0u8; 6];
+    let e = c.all_reduce(DType::F32, BufMut::Host(&mut odd), ReduceOp::Sum);
+    assert!(matches!(e, Err(CommError::BufferSize { .. })), "{e:?}");
+    let dev = unsafe { DevicePtr::new(0x1000, 16, 0) };
+    let e = c.all_reduce(DType::F32, BufMut::Device(dev), ReduceOp::Sum);
+    assert!(matches!(e, Err(CommError::Unsupported { .. })), "{e:?}");
+    let e = c.broadcast(DType::F32, BufMut::Host(&mut recv), 5);
+    assert!(matches!(e, Err(CommError::InvalidArgument { .. })), "{e:?}");
+    let e = c.sub_group(&[1]).err();
+    assert!(
+        matches!(e, Some(CommError::InvalidArgument { .. })),
+        "{e:?}"
+    );
+    let e = c.sub_group(&[0, 0]).err();
+    assert!(
+        matches!(e, Some(CommError::InvalidArgument { .. })),
+        "{e:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn sub_groups_are_cached_and_tiny_ops_are_fast() {
+    let comms = InProcessWorld::new(4, Duration::from_secs(20));
+    let a = comms[1].sub_group(&[3, 1]).unwrap();
+    let b = comms[1].sub_group(&[3, 1]).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    assert_eq!(
+        (a.rank(), a.size(), a.world_ranks()),
+        (1, 2, &[3usize, 1][..])
+    );
+    let iters = 2000;
+    let start = Instant::now();
+    run_threads(comms, move |c| {
+        let mut v = [c.rank() as f32; 4];
+        for _ in 0..iters {
+            c.all_reduce(
+                DType::F32,
+                bytemuck::cast_slice_mut::<f32, u8>(&mut v).into(),
+                ReduceOp::Max,
+            )
+            .unwrap();
+        }
+        assert_eq!(v, [3.0; 4]);
+    });
+    let per_op = start.elapsed() / iters;
+    eprintln!("in-process 4-rank tiny all_reduce: {per_op:?} per op");
+    assert!(
+        per_op < Duration::from_millis(2),
+        "{per_op:?} per tiny all_reduce"
+    );
+}

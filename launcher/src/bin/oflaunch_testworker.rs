@@ -8,7 +8,8 @@
 //! - `sleep [ignore-term]`: record the pid and sleep 60 s (optionally ignoring SIGTERM).
 //! - `print N`: print N numbered lines to stdout and one to stderr, exit 0.
 //! - `store`: connect to the store, publish RANK, wait for every rank's value, check them,
-//!   check that a wrong token is refused, and write OUTDIR/rank_R.store ("ok ...").
+//!   check that a wrong token is refused, and write OUTDIR/rank_R.store ("ok ...") besides
+//!   the `env` mode's file.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -117,6 +118,7 @@ fn fail_mode(dir: &Path, args: &[String]) -> i32 {
 }
 
 fn store_mode(dir: &Path) -> i32 {
+    env_mode(dir);
     let addr = format!("{}:{}", var("MASTER_ADDR"), var("MASTER_PORT"));
     let token = var("OXIFLOW_TOKEN");
     let world: usize = var("WORLD_SIZE").parse().unwrap_or(0);

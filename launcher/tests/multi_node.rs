@@ -1,0 +1,273 @@
+//! Several oflaunch "nodes" on one machine: two network namespaces joined by a veth pair (the
+//! store bound to the namespace's address), and loopback pairs for the refusal and failure
+//! propagation paths.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(90);
+const TOKEN: &str = "multinode-test-token-0123456789abcdef";
+
+/// Two network namespaces joined by a veth pair: `a` has 10.77.0.1, `b` has 10.77.0.2.
+/// Deleted on drop.
+pub struct NetPair {
+    pub a: String,
+    pub b: String,
+}
+
+pub const ADDR_A: &str = "10.77.0.1";
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl NetPair {
+    pub fn create() -> Result<NetPair, String> {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let tag = format!(
+            "{}{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let pair = NetPair {
+            a: format!("ofl{tag}a"),
+            b: format!("ofl{tag}b"),
+        };
+        ip(&["netns", "add", &pair.a])?;
+        ip(&["netns", "add", &pair.b])?;
+        ip(&[
+            "link", "add", "veth-a", "netns", &pair.a, "type", "veth", "peer", "name", "veth-b",
+            "netns", &pair.b,
+        ])?;
+        for (ns, dev, addr) in [
+            (&pair.a, "veth-a", "10.77.0.1/24"),
+            (&pair.b, "veth-b", "10.77.0.2/24"),
+        ] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(pair)
+    }
+
+    /// `ip netns exec NS oflaunch ARGS`.
+    pub fn oflaunch_in(ns: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, OFLAUNCH]).args(args);
+        cmd
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn node_args<'a>(node: &'a str, nproc: &'a str, addr: &'a str, port: &'a str) -> Vec<&'a str> {
+    vec![
+        "--nnodes",
+        "2",
+        "--node-rank",
+        node,
+        "--nproc-per-node",
+        nproc,
+        "--master-addr",
+        addr,
+        "--master-port",
+        port,
+        "--backend",
+        "cpu",
+    ]
+}
+
+#[test]
+fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
+    let pair = match NetPair::create() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("SKIP two_nodes_in_network_namespaces: cannot create namespaces: {e}");
+            return;
+        }
+    };
+    let dir = scratch("netns");
+    let d = dir.to_str().unwrap();
+    let mut a = node_args("0", "2", ADDR_A, "29500");
+    a.extend(["--token", TOKEN, "--timeout", "30", WORKER, "store", d]);
+    let mut b = node_args("1", "2", ADDR_A, "29500");
+    b.extend(["--timeout", "30", WORKER, "store", d]);
+    let node0 = start(NetPair::oflaunch_in(&pair.a, &a));
+    let mut cmd_b = NetPair::oflaunch_in(&pair.b, &b);
+    cmd_b.env("OXIFLOW_TOKEN", TOKEN); // the token from the environment this time
+    let node1 = start(cmd_b);
+    let r1 = node1.finish(T);
+    let r0 = node0.finish(T);
+    assert_eq!(r0.code(), 0, "node 0:\n{}", r0.stderr);
+    assert_eq!(r1.code(), 0, "node 1:\n{}", r1.stderr);
+    for rank in 0..4 {
+        let v = std::fs::read_to_string(dir.join(format!("rank_{rank}.store"))).unwrap();
+        assert_eq!(v.trim(), "ok values=4 wrong_token_refused=true");
+        let kv = read_kv(&dir.join(format!("rank_{rank}.env")));
+        assert_eq!(kv["RANK"], rank.to_string());
+        assert_eq!(kv["WORLD_SIZE"], "4");
+        assert_eq!(kv["LOCAL_RANK"], (rank % 2).to_string());
+        assert_eq!(kv["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(kv["NODE_RANK"], (rank / 2).to_string());
+        assert_eq!(kv["MASTER_ADDR"], ADDR_A);
+        assert_eq!(kv["MASTER_PORT"], "29500");
+        assert_eq!(kv["OXIFLOW_TOKEN"], TOKEN);
+    }
+}
+
+#[test]
+fn a_failure_on_one_node_stops_the_other_node() {
+    let dir = scratch("propagate");
+    let d = dir.to_str().unwrap();
+    let port = free_port().to_string();
+    // Rank 3 (node 1, local rank 1) exits 7; everyone else would sleep 60 s.
+    let mut a = node_args("0", "2", "127.0.0.1", &port);
+    a.extend([
+        "--token",
+        TOKEN,
+        "--timeout",
+        "30",
+        WORKER,
+        "fail",
+        d,
+        "3",
+        "7",
+    ]);
+    let mut b = node_args("1", "2", "127.0.0.1", &port);
+    b.extend([
+        "--token",
+        TOKEN,
+        "--timeout",
+        "30",
+        WORKER,
+        "fail",
+        d,
+        "3",
+        "7",
+    ]);
+    let mut c0 = Command::new(OFLAUNCH);
+    c0.args(&a);
+    let mut c1 = Command::new(OFLAUNCH);
+    c1.args(&b);
+    let node0 = start(c0);
+    let node1 = start(c1);
+    let r1 = node1.finish(T);
+    let r0 = node0.finish(T);
+    assert_eq!(r1.code(), 7, "node 1:\n{}", r1.stderr);
+    assert!(r1.stderr.contains("first failure: rank 3"), "{}", r1.stderr);
+    assert_eq!(r0.code(), 7, "node 0:\n{}", r0.stderr);
+    assert!(
+        r0.stderr.contains("first failure: rank 3 (node 1"),
+        "{}",
+        r0.stderr
+    );
+    assert!(
+        r0.stderr.contains("| the failure reason is 7"),
+        "{}",
+        r0.stderr
+    );
+    let failed_at: u128 = std::fs::read_to_string(dir.join("failed_at_ms"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let took = r0.ended_ms.saturating_sub(failed_at);
+    assert!(took < 5000, "node 0 took {took} ms to stop");
+    let pids = recorded_pids(&dir);
+    assert_eq!(pids.len(), 4);
+    for pid in pids {
+        assert!(!alive(pid), "worker {pid} survived");
+    }
+}
+
+#[test]
+fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
+    let dir = scratch("wrongnproc");
+    let d = dir.to_str().unwrap();
+    let port = free_port().to_string();
+    let mut a = node_args("0", "2", "127.0.0.1", &port);
+    a.extend(["--token", TOKEN, "--timeout", "20", WORKER, "env", d]);
+    let mut b = node_args("1", "3", "127.0.0.1", &port);
+    b.extend(["--token", TOKEN, "--timeout", "20", WORKER, "env", d]);
+    let mut c0 = Command::new(OFLAUNCH);
+    c0.args(&a);
+    let mut c1 = Command::new(OFLAUNCH);
+    c1.args(&b);
+    let node0 = start(c0);
+    let node1 = start(c1);
+    let r1 = node1.finish(T);
+    let r0 = node0.finish(T);
+    assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
+    assert!(r1.stderr.contains("refused"), "{}", r1.stderr);
+    assert!(r1.stderr.contains("--nproc-per-node 3"), "{}", r1.stderr);
+    assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
+    assert!(r0.stderr.contains("node 1"), "{}", r0.stderr);
+    assert!(
+        r0.stderr.contains("--nproc-per-node 3, expected"),
+        "{}",
+        r0.stderr
+    );
+    // No worker was started anywhere.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+#[test]
+fn a_node_with_the_wrong_token_is_refused() {
+    let dir = scratch("wrongtoken");
+    let d = dir.to_str().unwrap();
+    let port = free_port().to_string();
+    let mut a = node_args("0", "2", "127.0.0.1", &port);
+    a.extend(["--token", TOKEN, "--timeout", "4", WORKER, "env", d]);
+    let mut b = node_args("1", "2", "127.0.0.1", &port);
+    b.extend([
+        "--token",
+        "not-the-job-token",
+        "--timeout",
+        "20",
+        WORKER,
+        "env",
+        d,
+    ]);
+    let mut c0 = Command::new(OFLAUNCH);
+    c0.args(&a);
+    let mut c1 = Command::new(OFLAUNCH);
+    c1.args(&b);
+    let node0 = start(c0);
+    let node1 = start(c1);
+    let r1 = node1.finish(T);
+    let r0 = node0.finish(T);
+    assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
+    assert!(
+        r1.stderr.contains("rejected this node's token"),
+        "{}",
+        r1.stderr
+    );
+    assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
+    assert!(
+        r0.stderr.contains("waiting for node(s) [1] to join"),
+        "{}",
+        r0.stderr
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}

@@ -1,0 +1,197 @@
+//! The executor: validates a rank's piece against a plan (before any communication), then runs
+//! the plan's steps on it through the communicator's sub-groups.
+
+use oxiflow_collectives::{CommError, DType, SharedComm};
+use oxiflow_sbp::{GlobalLayout, ReduceOp};
+use smallvec::SmallVec;
+
+use crate::piece::LocalPiece;
+use crate::plan::{Plan, Step, StepKind};
+use crate::strategy::{
+    all_gather, all_reduce, all_to_all, device_copy, group_region, local_slice, p2p_intersections,
+    partial_zero, reduce_scatter, AxisCtx,
+};
+use crate::{BoxingError, BoxingPlanner};
+
+/// Maps a partial reduction to the communicator's reduce op.
+pub(crate) fn comm_op(op: ReduceOp) -> oxiflow_collectives::ReduceOp {
+    match op {
+        ReduceOp::Sum => oxiflow_collectives::ReduceOp::Sum,
+        ReduceOp::Max => oxiflow_collectives::ReduceOp::Max,
+        ReduceOp::Min => oxiflow_collectives::ReduceOp::Min,
+    }
+}
+
+pub(crate) fn comm_err(step: &Step) -> impl FnOnce(CommError) -> BoxingError + '_ {
+    move |source| BoxingError::Comm {
+        step: step.describe(),
+        source,
+    }
+}
+
+/// Member index in `world` of each world rank, or the rank that is missing.
+fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize; 16]>, usize> {
+    let wr = world.world_ranks();
+    let identity = wr.iter().enumerate().all(|(i, &r)| i == r);
+    ranks
+        .iter()
+        .map(|&r| {
+            if identity {
+                (r < wr.len()).then_some(r).ok_or(r)
+            } else {
+                wr.iter().position(|&x| x == r).ok_or(r)
+            }
+        })
+        .collect()
+}
+
+/// The communicator of `ranks` (world ranks, in that member order); `world` itself when equal.
+pub(crate) fn sub_comm(world: &SharedComm, ranks: &[usize], step: &Step) -> Result<SharedComm, BoxingError> {
+    let idx = member_indices(world, ranks).map_err(|rank| BoxingError::RankOutsideWorld {
+        from: step.before.to_string(),
+        to: step.after.to_string(),
+        placement: step.before.placement().to_string(),
+        rank,
+        world: world.world_ranks().to_vec(),
+    })?;
+    if idx.len() == world.size() && idx.iter().enumerate().all(|(i, &x)| i == x) {
+        return Ok(world.clone());
+    }
+    world.sub_group(&idx).map_err(comm_err(step))
+}
+
+/// Checks everything about `plan`, `world` and this rank's piece that can be checked without
+/// communicating. Placement checks give the same answer on every rank.
+pub fn check<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<&P>) -> Result<usize, BoxingError> {
+    let (from, to) = (&plan.from, &plan.to);
+    for pl in [from.placement(), to.placement()] {
+        if let Err(rank) = member_indices(world, pl.ranks()) {
+            return Err(BoxingError::RankOutsideWorld {
+                from: from.to_string(),
+                to: to.to_string(),
+                placement: pl.to_string(),
+                rank,
+                world: world.world_ranks().to_vec(),
+            });
+        }
+    }
+    for dev in [from.placement().device(), to.placement().device()] {
+        if !P::supports_device(dev) {
+            return Err(BoxingError::UnsupportedDevice {
+                op: format!("boxing {from} -> {to}"),
+                device: dev.to_string(),
+            });
+        }
+    }
+    let me = world.world_ranks().get(world.rank()).copied().unwrap_or(world.rank());
+    let piece_err = |detail: String| BoxingError::Piece {
+        from: from.to_string(),
+        to: to.to_string(),
+        rank: me,
+        detail,
+    };
+    match (from.local_shape(me), piece) {
+        (None, None) => {}
+        (None, Some(_)) => return Err(piece_err(format!("rank is outside {} but was given a piece", from.placement()))),
+        (Some(_), None) => return Err(piece_err(format!("rank is in {} but was given no piece", from.placement()))),
+        (Some(expected), Some(p)) => {
+            if p.dtype() != plan.dtype {
+                return Err(BoxingError::DTypeMismatch {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    rank: me,
+                    expected: plan.dtype,
+                    got: p.dtype(),
+                });
+            }
+            if *p.shape() != expected {
+                return Err(BoxingError::LocalShape {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    rank: me,
+                    expected: expected.to_string(),
+                    got: p.shape().to_string(),
+                });
+            }
+            if p.device() != from.placement().device() {
+                return Err(piece_err(format!(
+                    "piece lives on {}, the placement on {}",
+                    p.device(),
+                    from.placement().device()
+                )));
+            }
+        }
+    }
+    Ok(me)
+}
+
+/// Runs `plan` on this rank's piece (None for ranks outside the source placement). Returns the
+/// target piece, None for ranks outside the target placement.
+pub fn execute<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<P>) -> Result<Option<P>, BoxingError> {
+    let me = check(plan, world, piece.as_ref())?;
+    let mut piece = piece;
+    for step in &plan.steps {
+        piece = run_step(step, world, me, plan.dtype, piece)?;
+    }
+    Ok(piece)
+}
+
+/// Plans (through the cache) and executes in one call.
+pub fn boxing<P: LocalPiece>(
+    planner: &BoxingPlanner,
+    world: &SharedComm,
+    from: &GlobalLayout,
+    to: &GlobalLayout,
+    dtype: DType,
+    piece: Option<P>,
+) -> Result<Option<P>, BoxingError> {
+    let plan = planner.plan(from, to, dtype)?;
+    execute(&plan, world, piece)
+}
+
+fn run_step<P: LocalPiece>(
+    step: &Step,
+    world: &SharedComm,
+    me: usize,
+    dtype: DType,
+    piece: Option<P>,
+) -> Result<Option<P>, BoxingError> {
+    match &step.kind {
+        StepKind::P2p(p) => return p2p_intersections::run(p, step, world, me, dtype, piece),
+        StepKind::DeviceCopy { to, .. } => return device_copy::run(*to, piece),
+        StepKind::Relabel => return Ok(piece),
+        _ => {}
+    }
+    let Some(piece) = piece else {
+        return Ok(None);
+    };
+    let (Some(axis), Some((from_sbp, _))) = (step.axis, step.axis_sbps()) else {
+        return Err(BoxingError::Local {
+            op: step.describe(),
+            detail: "per-axis step without an axis".into(),
+        });
+    };
+    let placement = step.before.placement();
+    let coord = placement.coord_of(me).ok_or_else(|| BoxingError::Local {
+        op: step.describe(),
+        detail: format!("rank {me} holds a piece but is outside {placement}"),
+    })?;
+    let communicates = !matches!(step.kind, StepKind::LocalSlice { .. } | StepKind::PartialZero { .. });
+    let comm = if communicates {
+        let group = placement.axis_group_of(me, axis)?.unwrap_or_default();
+        Some(sub_comm(world, &group, step)?)
+    } else {
+        None
+    };
+    let ctx = AxisCtx::new(comm, coord[axis], placement.shape()[axis], &group_region(&step.before, axis, &coord));
+    let out = match step.kind {
+        StepKind::AllGather { dim } => all_gather::run(&ctx, step, dim, piece)?,
+        StepKind::AllReduce { op } => all_reduce::run(&ctx, step, op, piece)?,
+        StepKind::ReduceScatter { dim, op } => reduce_scatter::run(&ctx, step, dim, op, piece)?,
+        StepKind::AllToAll { from_dim, to_dim } => all_to_all::run(&ctx, step, from_dim, to_dim, piece)?,
+        StepKind::LocalSlice { dim } => local_slice::run(&ctx, dim, piece)?,
+        StepKind::PartialZero { op } => partial_zero::run(&ctx, from_sbp, op, piece)?,
+        StepKind::P2p(_) | StepKind::DeviceCopy { .. } | StepKind::Relabel => piece,
+    };
+    Ok(Some(out))
+}

@@ -1,0 +1,308 @@
+//! The local-piece seam: `LocalPiece`, the few local operations the executor needs, and
+//! `HostPiece`, its row-major host-memory implementation. A device piece implements the same
+//! trait in the crate that owns device memory.
+
+use std::ops::Range;
+
+use oxiflow_collectives::{reduce_into, Buf, BufMut, DType, ReduceOp};
+use oxiflow_placement::DeviceType;
+use oxiflow_sbp::Shape;
+use rayon::prelude::*;
+
+use crate::region::{fits, numel, Runs};
+use crate::BoxingError;
+
+/// How a freshly made piece is filled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// All zeros (also the sum identity).
+    Zero,
+    /// The identity of a reduction: 0 for sum, the lowest value for max, the highest for min.
+    Identity(ReduceOp),
+}
+
+/// One rank's local piece of a global tensor: a dense row-major array of one dtype on one
+/// device. The executor only ever uses these operations, so any memory (host, CUDA) can box.
+pub trait LocalPiece: Sized + Send {
+    fn dtype(&self) -> DType;
+    fn shape(&self) -> &Shape;
+    fn device(&self) -> DeviceType;
+    /// Whether this piece type can live on `device` (checked before any communication).
+    fn supports_device(device: DeviceType) -> bool;
+    /// A new piece of `shape` on `device`, filled as asked.
+    fn filled(shape: &Shape, dtype: DType, device: DeviceType, fill: Fill) -> Result<Self, BoxingError>;
+    /// A new piece whose every element the caller overwrites (may skip the fill).
+    fn alloc(shape: &Shape, dtype: DType, device: DeviceType) -> Result<Self, BoxingError> {
+        Self::filled(shape, dtype, device, Fill::Zero)
+    }
+    /// The same elements under another shape of equal element count.
+    fn reshape(self, shape: Shape) -> Result<Self, BoxingError>;
+    /// Copies the elements of each of `regions` (boxes in this piece's index space), one after
+    /// another in row-major order, into `dst`'s flat storage starting at element `dst_offset`.
+    fn pack(&self, regions: &[&[Range<usize>]], dst: &mut Self, dst_offset: usize) -> Result<(), BoxingError>;
+    /// The inverse of `pack`: reads consecutive elements of `src` from `src_offset` into each of
+    /// `regions` of this piece; with `op` they are reduced into the present values instead.
+    fn unpack(
+        &mut self,
+        regions: &[&[Range<usize>]],
+        src: &Self,
+        src_offset: usize,
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError>;
+    /// A copy of this piece on `device`.
+    fn to_device(self, device: DeviceType) -> Result<Self, BoxingError>;
+    /// The storage as a communicator buffer.
+    fn as_buf(&self) -> Buf<'_>;
+    fn as_buf_mut(&mut self) -> BufMut<'_>;
+
+    /// A new piece holding a copy of one box of this one.
+    fn slice(&self, region: &[Range<usize>]) -> Result<Self, BoxingError> {
+        let shape = crate::region::shape_of(region);
+        let mut out = Self::alloc(&shape, self.dtype(), self.device())?;
+        self.pack(&[region], &mut out, 0)?;
+        Ok(out)
+    }
+    /// Writes all of `src` into the box `at` of this piece (optionally reducing).
+    fn write_region(&mut self, at: &[Range<usize>], src: &Self, op: Option<ReduceOp>) -> Result<(), BoxingError> {
+        self.unpack(&[at], src, 0, op)
+    }
+}
+
+/// Host storage of a `HostPiece`, row-major and contiguous.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+}
+
+impl HostData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::I64(_) => DType::I64,
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F64(v) => v.len(),
+            HostData::I64(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HostData::F32(v) => bytemuck::cast_slice(v),
+            HostData::F64(v) => bytemuck::cast_slice(v),
+            HostData::I64(v) => bytemuck::cast_slice(v),
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            HostData::F32(v) => bytemuck::cast_slice_mut(v),
+            HostData::F64(v) => bytemuck::cast_slice_mut(v),
+            HostData::I64(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+}
+
+/// A local piece in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostPiece {
+    pub shape: Shape,
+    pub data: HostData,
+}
+
+/// Copies of at least this many bytes are split over the rayon pool.
+const PAR_BYTES: usize = 4 << 20;
+
+impl HostPiece {
+    /// A piece from data; errors when the element count does not match the shape.
+    pub fn new(shape: impl Into<Shape>, data: HostData) -> Result<Self, BoxingError> {
+        let shape = shape.into();
+        if shape.numel() != data.len() {
+            return Err(BoxingError::Local {
+                op: "HostPiece::new".into(),
+                detail: format!("shape {shape} needs {} elements, data has {}", shape.numel(), data.len()),
+            });
+        }
+        Ok(HostPiece { shape, data })
+    }
+
+    fn check_same(&self, other: &HostPiece, op: &str) -> Result<(), BoxingError> {
+        if self.data.dtype() != other.data.dtype() {
+            return Err(BoxingError::Local {
+                op: op.into(),
+                detail: format!("dtype {} vs {}", self.data.dtype(), other.data.dtype()),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_regions(&self, regions: &[&[Range<usize>]], flat_offset: usize, flat_len: usize, op: &str) -> Result<usize, BoxingError> {
+        let mut total = 0;
+        for r in regions {
+            if !fits(&self.shape, r) {
+                return Err(BoxingError::Local {
+                    op: op.into(),
+                    detail: format!("box {r:?} lies outside a piece of shape {}", self.shape),
+                });
+            }
+            total += numel(r);
+        }
+        if flat_offset + total > flat_len {
+            return Err(BoxingError::Local {
+                op: op.into(),
+                detail: format!(
+                    "{total} elements at offset {flat_offset} overrun a buffer of {flat_len} elements"
+                ),
+            });
+        }
+        Ok(total)
+    }
+}
+
+/// Copies `len` bytes, in parallel when large.
+fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    if dst.len() >= PAR_BYTES && rayon::current_num_threads() > 1 {
+        let chunk = dst.len().div_ceil(rayon::current_num_threads()).max(1 << 20);
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl LocalPiece for HostPiece {
+    fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    fn device(&self) -> DeviceType {
+        DeviceType::Cpu
+    }
+    fn supports_device(device: DeviceType) -> bool {
+        device == DeviceType::Cpu
+    }
+    fn filled(shape: &Shape, dtype: DType, device: DeviceType, fill: Fill) -> Result<Self, BoxingError> {
+        if device != DeviceType::Cpu {
+            return Err(BoxingError::UnsupportedDevice {
+                op: "HostPiece::filled".into(),
+                device: device.to_string(),
+            });
+        }
+        let n = shape.numel();
+        let data = match (dtype, fill) {
+            (DType::F32, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F32(vec![0.0; n]),
+            (DType::F32, Fill::Identity(ReduceOp::Max)) => HostData::F32(vec![f32::NEG_INFINITY; n]),
+            (DType::F32, Fill::Identity(ReduceOp::Min)) => HostData::F32(vec![f32::INFINITY; n]),
+            (DType::F64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F64(vec![0.0; n]),
+            (DType::F64, Fill::Identity(ReduceOp::Max)) => HostData::F64(vec![f64::NEG_INFINITY; n]),
+            (DType::F64, Fill::Identity(ReduceOp::Min)) => HostData::F64(vec![f64::INFINITY; n]),
+            (DType::I64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::I64(vec![0; n]),
+            (DType::I64, Fill::Identity(ReduceOp::Max)) => HostData::I64(vec![i64::MIN; n]),
+            (DType::I64, Fill::Identity(ReduceOp::Min)) => HostData::I64(vec![i64::MAX; n]),
+        };
+        Ok(HostPiece { shape: shape.clone(), data })
+    }
+    fn reshape(mut self, shape: Shape) -> Result<Self, BoxingError> {
+        if shape.numel() != self.data.len() {
+            return Err(BoxingError::Local {
+                op: "reshape".into(),
+                detail: format!("cannot view {} elements of shape {} as {shape}", self.data.len(), self.shape),
+            });
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+    fn pack(&self, regions: &[&[Range<usize>]], dst: &mut Self, dst_offset: usize) -> Result<(), BoxingError> {
+        self.check_same(dst, "pack")?;
+        self.check_regions(regions, dst_offset, dst.data.len(), "pack")?;
+        let es = self.dtype().size();
+        let src = self.data.bytes();
+        let out = dst.data.bytes_mut();
+        let mut at = dst_offset * es;
+        for r in regions {
+            for (off, len) in Runs::new(&self.shape, r) {
+                let (o, l) = (off * es, len * es);
+                copy_bytes(&mut out[at..at + l], &src[o..o + l]);
+                at += l;
+            }
+        }
+        Ok(())
+    }
+    fn unpack(
+        &mut self,
+        regions: &[&[Range<usize>]],
+        src: &Self,
+        src_offset: usize,
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError> {
+        self.check_same(src, "unpack")?;
+        let shape = self.shape.clone();
+        self.check_regions(regions, src_offset, src.data.len(), "unpack")?;
+        let dtype = self.dtype();
+        let es = dtype.size();
+        let input = src.data.bytes();
+        let out = self.data.bytes_mut();
+        let mut at = src_offset * es;
+        for r in regions {
+            for (off, len) in Runs::new(&shape, r) {
+                let (o, l) = (off * es, len * es);
+                let d = &mut out[o..o + l];
+                let s = &input[at..at + l];
+                match op {
+                    None => copy_bytes(d, s),
+                    Some(op) => reduce_into(dtype, d, s, op),
+                }
+                at += l;
+            }
+        }
+        Ok(())
+    }
+    fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
+        if device == DeviceType::Cpu {
+            Ok(self)
+        } else {
+            Err(BoxingError::UnsupportedDevice {
+                op: "HostPiece::to_device".into(),
+                device: device.to_string(),
+            })
+        }
+    }
+    fn as_buf(&self) -> Buf<'_> {
+        Buf::Host(self.data.bytes())
+    }
+    fn as_buf_mut(&mut self) -> BufMut<'_> {
+        BufMut::Host(self.data.bytes_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxiflow_sbp::Region;
+
+    #[test]
+    fn pack_unpack_roundtrip() {
+        let p = HostPiece::new([3, 4], HostData::F64((0..12).map(f64::from).collect())).unwrap();
+        let r: Region = [1..3, 1..3].into_iter().collect();
+        let s = p.slice(&r).unwrap();
+        assert_eq!(s.data, HostData::F64(vec![5.0, 6.0, 9.0, 10.0]));
+        let mut z = HostPiece::filled(&Shape::from([3, 4]), DType::F64, DeviceType::Cpu, Fill::Zero).unwrap();
+        z.write_region(&r, &s, None).unwrap();
+        z.write_region(&r, &s, Some(ReduceOp::Sum)).unwrap();
+        let HostData::F64(v) = &z.data else { panic!() };
+        assert_eq!(v[5], 10.0);
+        assert_eq!(v[0], 0.0);
+        let bad: Region = [2..4, 0..1].into_iter().collect();
+        assert!(p.slice(&bad).is_err());
+    }
+}

@@ -1,0 +1,49 @@
+//! S(a) -> S(b) on a mesh axis: all-to-all(-v). Member i sends member j the part j of dim b of
+//! its piece and receives part i of dim b of member j's piece, placed at part j of dim a. Send
+//! is direct when dim b is outermost in the piece (else packed); receive is direct when dim a
+//! is outermost in the result (else unpacked from staging).
+
+use std::ops::Range;
+
+use oxiflow_sbp::Shape;
+
+use crate::execute::comm_err;
+use crate::piece::LocalPiece;
+use crate::plan::Step;
+use crate::region::{numel, outer};
+use crate::strategy::AxisCtx;
+use crate::BoxingError;
+
+pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, a: usize, b: usize, piece: P) -> Result<P, BoxingError> {
+    let (dtype, dev) = (piece.dtype(), piece.device());
+    let in_shape = piece.shape().clone();
+    let out_shape = ctx.group_shape.with_dim(b, ctx.split(b).size(ctx.me));
+    let send_boxes: Vec<_> = (0..ctx.p).map(|j| ctx.part_box(&in_shape, b, j)).collect();
+    let recv_boxes: Vec<_> = (0..ctx.p).map(|j| ctx.part_box(&out_shape, a, j)).collect();
+    let send_counts: Vec<usize> = send_boxes.iter().map(|r| numel(r)).collect();
+    let recv_counts: Vec<usize> = recv_boxes.iter().map(|r| numel(r)).collect();
+    let comm = ctx.comm()?;
+
+    let packed;
+    let send_piece = if outer(&in_shape, b) == 1 {
+        &piece
+    } else {
+        let refs: Vec<&[Range<usize>]> = send_boxes.iter().map(|r| r.as_slice()).collect();
+        let mut s = P::alloc(&Shape::new([in_shape.numel()]), dtype, dev)?;
+        piece.pack(&refs, &mut s, 0)?;
+        packed = s;
+        &packed
+    };
+    let mut out = P::alloc(&out_shape, dtype, dev)?;
+    if outer(&out_shape, a) == 1 {
+        comm.all_to_all_v(dtype, send_piece.as_buf(), &send_counts, out.as_buf_mut(), &recv_counts)
+            .map_err(comm_err(step))?;
+        return Ok(out);
+    }
+    let mut staging = P::alloc(&Shape::new([out_shape.numel()]), dtype, dev)?;
+    comm.all_to_all_v(dtype, send_piece.as_buf(), &send_counts, staging.as_buf_mut(), &recv_counts)
+        .map_err(comm_err(step))?;
+    let refs: Vec<&[Range<usize>]> = recv_boxes.iter().map(|r| r.as_slice()).collect();
+    out.unpack(&refs, &staging, 0, None)?;
+    Ok(out)
+}

@@ -1,0 +1,221 @@
+//! The general strategy: move slice intersections point to point, for different placements
+//! (overlapping or disjoint rank sets, 1 <-> n ranks, other mesh shapes) and as the fallback on
+//! one placement. Runs as one all-to-all-v on the communicator of the union of both rank sets:
+//! each rank packs what it sends to each destination in plan order; receivers unpack, reducing
+//! the contributions of the source's P components. B copies: one source per region, the
+//! receiver itself when it holds one. Target P(sum) axes: the rank at coordinate 0 on every
+//! such axis holds the value, the others zeros; target P(max)/P(min) axes hold copies.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp, Shape};
+
+use crate::execute::{comm_err, comm_op, sub_comm};
+use crate::piece::{Fill, LocalPiece};
+use crate::plan::{partial_op, Step, StepKind};
+use crate::region::{intersect, numel, relative};
+use crate::BoxingError;
+
+/// One piece of data moving from `src` to `dst` (world ranks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub src: usize,
+    pub dst: usize,
+    /// Global index ranges moved.
+    pub region: Region,
+    /// Reduce into the destination (a later P component) rather than write.
+    pub accumulate: bool,
+}
+
+/// The data movement of a point-to-point step.
+#[derive(Clone, Debug)]
+pub struct P2pPlan {
+    /// World ranks of both placements, ascending: the communicator's member order.
+    pub union: Vec<usize>,
+    /// Ordered by destination (target mesh order), then P component, then source tile.
+    pub transfers: Vec<Transfer>,
+    /// The source's partial reduction, if any.
+    pub reduce: Option<ReduceOp>,
+    /// Whether any transfer crosses ranks (else no communication at all).
+    pub needs_comm: bool,
+}
+
+/// Whether the target rank at `coord` holds the value: coordinate 0 on every P(sum) axis.
+pub(crate) fn value_holder(layout: &GlobalLayout, coord: &[usize]) -> bool {
+    layout
+        .nd_sbp()
+        .iter()
+        .enumerate()
+        .all(|(a, s)| s != Sbp::Partial(ReduceOp::Sum) || coord[a] == 0)
+}
+
+pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> Step {
+    let (fp, tp) = (from.placement(), to.placement());
+    let fnd = from.nd_sbp();
+    // Source ranks grouped by (P coordinates, S coordinates); B coordinates vary in a group.
+    let mut tiles: BTreeMap<(Vec<usize>, Vec<usize>), Vec<usize>> = BTreeMap::new();
+    for idx in 0..fp.num_ranks() {
+        let coord = fp.coord_of_index(idx);
+        let pk: Vec<usize> = fnd.iter().zip(&coord).filter(|(s, _)| s.is_partial()).map(|(_, &c)| c).collect();
+        let sk: Vec<usize> = fnd.iter().zip(&coord).filter(|(s, _)| s.is_split()).map(|(_, &c)| c).collect();
+        tiles.entry((pk, sk)).or_default().push(fp.ranks()[idx]);
+    }
+    let first_pk = tiles.keys().next().map(|k| k.0.clone()).unwrap_or_default();
+    let src_regions: Vec<(usize, Region)> = fp
+        .ranks()
+        .iter()
+        .map(|&r| (r, from.region_of(r).unwrap_or_default()))
+        .collect();
+    let region_of_src = |r: usize| -> &Region {
+        // Every candidate comes from fp, so the lookup succeeds.
+        &src_regions[fp.index_of(r).unwrap_or(0)].1
+    };
+
+    let mut transfers = Vec::new();
+    for (ti, &t) in tp.ranks().iter().enumerate() {
+        let coord = tp.coord_of_index(ti);
+        if !value_holder(to, &coord) {
+            continue;
+        }
+        let rt = to.region_at(&coord);
+        if numel(&rt) == 0 {
+            continue;
+        }
+        for ((pk, _), cands) in &tiles {
+            let src = if cands.contains(&t) { t } else { cands[ti % cands.len()] };
+            if let Some(region) = intersect(region_of_src(src), &rt) {
+                transfers.push(Transfer {
+                    src,
+                    dst: t,
+                    region,
+                    accumulate: *pk != first_pk,
+                });
+            }
+        }
+    }
+    let mut union: Vec<usize> = fp.ranks().iter().chain(tp.ranks()).copied().collect();
+    union.sort_unstable();
+    union.dedup();
+    let es = dtype.size() as u64;
+    let mut recv: BTreeMap<usize, u64> = BTreeMap::new();
+    for t in transfers.iter().filter(|t| t.src != t.dst) {
+        *recv.entry(t.dst).or_default() += numel(&t.region) as u64 * es;
+    }
+    let needs_comm = transfers.iter().any(|t| t.src != t.dst);
+    Step {
+        kind: StepKind::P2p(Box::new(P2pPlan {
+            union: union.clone(),
+            transfers,
+            reduce: partial_op(fnd).ok().flatten(),
+            needs_comm,
+        })),
+        axis: None,
+        groups: vec![union],
+        before: from.clone(),
+        after: to.clone(),
+        bytes_max: recv.values().copied().max().unwrap_or(0),
+        bytes_total: recv.values().sum(),
+    }
+}
+
+/// Runs a point-to-point step on world rank `me`; returns the target piece (None when `me` is
+/// not in the target placement).
+pub(crate) fn run<P: LocalPiece>(
+    plan: &P2pPlan,
+    step: &Step,
+    world: &oxiflow_collectives::SharedComm,
+    me: usize,
+    dtype: DType,
+    piece: Option<P>,
+) -> Result<Option<P>, BoxingError> {
+    let Ok(my_member) = plan.union.binary_search(&me) else {
+        return Ok(None);
+    };
+    let (from, to) = (&step.before, &step.after);
+    let dev = to.placement().device();
+    let src_dev = from.placement().device();
+    let my_src_region = from.region_of(me);
+    let mut recv_offsets: Vec<usize> = vec![usize::MAX; plan.transfers.len()];
+    let mut staging_recv = None;
+    if plan.needs_comm {
+        let n = plan.union.len();
+        let mut send_counts = vec![0usize; n];
+        let mut recv_counts = vec![0usize; n];
+        let mut send_boxes: Vec<Region> = Vec::new();
+        for (j, &dst) in plan.union.iter().enumerate() {
+            if dst == me {
+                continue;
+            }
+            for t in plan.transfers.iter().filter(|t| t.src == me && t.dst == dst) {
+                let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
+                send_boxes.push(relative(&t.region, origin));
+                send_counts[j] += numel(&t.region);
+            }
+        }
+        let mut at = 0;
+        for (i, &src) in plan.union.iter().enumerate() {
+            if src == me {
+                continue;
+            }
+            for (k, t) in plan.transfers.iter().enumerate() {
+                if t.src == src && t.dst == me {
+                    recv_offsets[k] = at;
+                    at += numel(&t.region);
+                    recv_counts[i] += numel(&t.region);
+                }
+            }
+        }
+        let total_send: usize = send_counts.iter().sum();
+        let mut send = P::alloc(&Shape::new([total_send]), dtype, src_dev)?;
+        if total_send > 0 {
+            let src = piece.as_ref().ok_or_else(|| missing(step, me))?;
+            let refs: Vec<&[Range<usize>]> = send_boxes.iter().map(|b| b.as_slice()).collect();
+            src.pack(&refs, &mut send, 0)?;
+        }
+        let mut recv = P::alloc(&Shape::new([at]), dtype, src_dev)?;
+        let comm = sub_comm(world, &plan.union, step)?;
+        debug_assert_eq!(comm.rank(), my_member);
+        comm.all_to_all_v(dtype, send.as_buf(), &send_counts, recv.as_buf_mut(), &recv_counts)
+            .map_err(comm_err(step))?;
+        staging_recv = Some(recv);
+    }
+    let _ = my_member;
+    let Some(coord) = to.placement().coord_of(me) else {
+        return Ok(None);
+    };
+    let out_shape = to.local_shape_at(&coord);
+    if !value_holder(to, &coord) {
+        return P::filled(&out_shape, dtype, dev, Fill::Zero).map(Some);
+    }
+    let my_dst_region = to.region_at(&coord);
+    let mut out = P::alloc(&out_shape, dtype, dev)?;
+    let op = plan.reduce.map(comm_op);
+    for (k, t) in plan.transfers.iter().enumerate() {
+        if t.dst != me {
+            continue;
+        }
+        let at = relative(&t.region, &my_dst_region);
+        let red = if t.accumulate { op } else { None };
+        if t.src == me {
+            let src = piece.as_ref().ok_or_else(|| missing(step, me))?;
+            let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
+            let part = src.slice(&relative(&t.region, origin))?;
+            out.write_region(&at, &part, red)?;
+        } else {
+            let recv = staging_recv.as_ref().ok_or_else(|| missing(step, me))?;
+            out.unpack(&[&at], recv, recv_offsets[k], red)?;
+        }
+    }
+    Ok(Some(out))
+}
+
+fn missing(step: &Step, me: usize) -> BoxingError {
+    BoxingError::Piece {
+        from: step.before.to_string(),
+        to: step.after.to_string(),
+        rank: me,
+        detail: "the plan has this rank send data but it holds no source piece".into(),
+    }
+}

@@ -1,0 +1,64 @@
+//! OneFlow's exhaustive boxing check on 2-d meshes: all pairs of 2-d nd-SBPs over
+//! {S(0), S(1), B, P}^2 on [2,2], [2,3] and [4,2] meshes, random even and uneven shapes.
+
+mod common;
+
+use common::*;
+use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
+use proptest::prelude::*;
+
+fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), String> {
+    let n = mesh[0] * mesh[1];
+    let mut rng = Rng(seed);
+    // Ranks in a shuffled order, so mesh order differs from rank order.
+    let mut ranks: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        ranks.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let pl = cpu(&mesh, &ranks);
+    let shape = Shape::from([d0, d1]);
+    let global = random_global(&shape, &mut rng);
+    let mut nds = Vec::new();
+    for a in sbps_2d() {
+        for b in sbps_2d() {
+            nds.push(NdSbp::new([a, b]));
+        }
+    }
+    let mut cases = Vec::new();
+    for x in &nds {
+        for y in &nds {
+            cases.push(Case {
+                from: GlobalLayout::new(shape.clone(), &pl, x.clone()).unwrap(),
+                to: GlobalLayout::new(shape.clone(), &pl, y.clone()).unwrap(),
+                dtype: dtype_of(rng.next()),
+                global: global.clone(),
+                seed: rng.next(),
+            });
+        }
+    }
+    run_cases(n, cases)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+    #[test]
+    fn every_pair_2x2(d0 in 0usize..=9, d1 in 1usize..=9, seed in any::<u64>()) {
+        if let Err(e) = all_pairs([2, 2], d0, d1, seed) { prop_assert!(false, "{}", e); }
+    }
+    #[test]
+    fn every_pair_2x3(d0 in 1usize..=9, d1 in 1usize..=9, seed in any::<u64>()) {
+        if let Err(e) = all_pairs([2, 3], d0, d1, seed) { prop_assert!(false, "{}", e); }
+    }
+    #[test]
+    fn every_pair_4x2(d0 in 1usize..=11, d1 in 1usize..=9, seed in any::<u64>()) {
+        if let Err(e) = all_pairs([4, 2], d0, d1, seed) { prop_assert!(false, "{}", e); }
+    }
+}
+
+/// Even shapes too, explicitly (proptest may not draw them).
+#[test]
+fn even_shapes() {
+    all_pairs([2, 2], 8, 4, 1).unwrap();
+    all_pairs([2, 3], 6, 12, 2).unwrap();
+    all_pairs([4, 2], 8, 8, 3).unwrap();
+}

@@ -1,0 +1,511 @@
+//! Launch-environment discovery: rank, world size, local rank, the store's address, token,
+//! timeout and backend, from torchrun's names, then Open MPI's, then MPICH/PMI's, then Slurm's.
+//! Together with the launcher, this is the only code that reads environment variables.
+//!
+//! Rules (the launch contract of design.md, made precise):
+//! - The first launcher family whose rank *or* size variable is set supplies rank and world
+//!   size; a family with only one of the two set is an error naming the missing variable.
+//!   Families: torchrun/oflaunch (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`),
+//!   Open MPI (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`), MPICH/Hydra (`PMI_RANK`,
+//!   `PMI_SIZE`, `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`,
+//!   `SLURM_LOCALID`, local size from `SLURM_STEP_TASKS_PER_NODE`/`SLURM_TASKS_PER_NODE` at
+//!   `SLURM_NODEID`). No family at all: a single process (rank 0 of 1).
+//! - Local rank and local size come from the same family; when it gives neither, the job is
+//!   taken to run on one node (local = global). Giving only one of them is an error.
+//! - Node rank: `NODE_RANK` (oflaunch) or `GROUP_RANK` (torchrun), which must agree; for
+//!   Slurm also `SLURM_NODEID`. Absent: `None`.
+//! - Contradictions: torchrun names set by hand (no `NODE_RANK`, `GROUP_RANK` or
+//!   `TORCHELASTIC_RUN_ID`, i.e. no per-node launcher) must agree with any MPI/PMI/Slurm family
+//!   describing a job of the same size; a stale exported `RANK` under `srun` is caught this way.
+//!   When the sizes differ, the outer launcher started one launcher per node (torchrun under
+//!   srun) and the torchrun names win. MPI launched inside a Slurm allocation is not checked
+//!   against Slurm (the batch step's `SLURM_PROCID` says nothing about MPI ranks).
+//! - `MASTER_ADDR`: required unless every rank is on this node (world size equal to local
+//!   size), where it defaults to 127.0.0.1. `MASTER_PORT`: required (non-zero) when the world
+//!   size exceeds 1; 0 (pick a free port) for a single process.
+//! - `OXIFLOW_TOKEN` (optional here; the store needs it for more than one rank),
+//!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu.
+//!
+//! Errors (`CommError::Env`) name the variable and its value (never the token's value).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::rendezvous::validate_token;
+use crate::CommError;
+
+/// Rendezvous and collective timeout when `OXIFLOW_TIMEOUT` is unset.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The backend the user asked for through `OXIFLOW_BACKEND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendChoice {
+    /// NCCL when GPUs are usable, else the CPU backend.
+    #[default]
+    Auto,
+    Nccl,
+    Cpu,
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Nccl => "nccl",
+            BackendChoice::Cpu => "cpu",
+        })
+    }
+}
+
+impl FromStr for BackendChoice {
+    type Err = CommError;
+    fn from_str(s: &str) -> Result<Self, CommError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "nccl" => Ok(BackendChoice::Nccl),
+            "cpu" => Ok(BackendChoice::Cpu),
+            _ => Err(CommError::Env(format!(
+                "backend {s:?} is not one of auto, nccl, cpu"
+            ))),
+        }
+    }
+}
+
+/// What the launcher told this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    pub node_rank: Option<usize>,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub token: Option<String>,
+    pub timeout: Duration,
+    pub backend: BackendChoice,
+}
+
+/// The variable names of one launcher family.
+struct Family {
+    name: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: Option<&'static str>,
+}
+
+const TORCHRUN: Family = Family {
+    name: "torchrun",
+    rank: "RANK",
+    size: "WORLD_SIZE",
+    local_rank: "LOCAL_RANK",
+    local_size: Some("LOCAL_WORLD_SIZE"),
+};
+const OPEN_MPI: Family = Family {
+    name: "Open MPI",
+    rank: "OMPI_COMM_WORLD_RANK",
+    size: "OMPI_COMM_WORLD_SIZE",
+    local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+    local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+};
+const PMI: Family = Family {
+    name: "MPICH/PMI",
+    rank: "PMI_RANK",
+    size: "PMI_SIZE",
+    local_rank: "MPI_LOCALRANKID",
+    local_size: Some("MPI_LOCALNRANKS"),
+};
+const SLURM: Family = Family {
+    name: "Slurm",
+    rank: "SLURM_PROCID",
+    size: "SLURM_NTASKS",
+    local_rank: "SLURM_LOCALID",
+    local_size: None,
+};
+const FAMILIES: [&Family; 4] = [&TORCHRUN, &OPEN_MPI, &PMI, &SLURM];
+
+/// Variables whose presence shows that a per-node launcher (oflaunch, torchrun) set the torchrun
+/// names, so an outer launcher's variables may legitimately differ.
+const PER_NODE_LAUNCHER_MARKERS: [&str; 3] = ["NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID"];
+
+fn env_err(msg: String) -> CommError {
+    CommError::Env(msg)
+}
+
+/// Reads variables through a lookup function, with parsing that names the variable.
+struct Vars<F: Fn(&str) -> Option<String>> {
+    get: F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn raw(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+    }
+
+    fn usize(&self, name: &str) -> Result<Option<usize>, CommError> {
+        match self.raw(name) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|_| env_err(format!("{name}={v:?} is not a non-negative integer"))),
+        }
+    }
+
+    fn required_usize(&self, name: &str, because: &str) -> Result<usize, CommError> {
+        self.usize(name)?
+            .ok_or_else(|| env_err(format!("{name} is missing ({because})")))
+    }
+}
+
+/// Rank, size and local layout as one family reports them.
+struct Reading {
+    family: &'static Family,
+    rank: usize,
+    size: usize,
+    local: Option<(usize, usize)>,
+    node_rank: Option<usize>,
+    local_size_var: String,
+}
+
+fn read_family<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    fam: &'static Family,
+) -> Result<Option<Reading>, CommError> {
+    let has_rank = vars.raw(fam.rank).is_some();
+    let has_size = vars.raw(fam.size).is_some();
+    if !has_rank && !has_size {
+        return Ok(None);
+    }
+    let rank = vars.required_usize(
+        fam.rank,
+        &format!(
+            "{} is set, a {} launch",
+            if has_size { fam.size } else { fam.rank },
+            fam.name
+        ),
+    )?;
+    let size = vars.required_usize(
+        fam.size,
+        &format!("{} is set, a {} launch", fam.rank, fam.name),
+    )?;
+    let local_rank = vars.usize(fam.local_rank)?;
+    let (local_size, local_size_var, node_rank) = match fam.local_size {
+        Some(var) => (vars.usize(var)?, var.to_string(), None),
+        None => slurm_local_size(vars)?,
+    };
+    let local = match (local_rank, local_size) {
+        (Some(r), Some(s)) => Some((r, s)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(env_err(format!(
+                "{local_size_var} is missing ({} is set, a {} launch)",
+                fam.local_rank, fam.name
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(env_err(format!(
+                "{} is missing ({local_size_var} is set, a {} launch)",
+                fam.local_rank, fam.name
+            )))
+        }
+    };
+    Ok(Some(Reading {
+        family: fam,
+        rank,
+        size,
+        local,
+        node_rank,
+        local_size_var,
+    }))
+}
+
+/// Slurm's tasks on this node: `SLURM_STEP_TASKS_PER_NODE` (or `SLURM_TASKS_PER_NODE`), a
+/// list like `2(x3),1`, at index `SLURM_NODEID`. Returns (local size, the variable, node id).
+fn slurm_local_size<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+) -> Result<(Option<usize>, String, Option<usize>), CommError> {
+    let node_id = vars.usize("SLURM_NODEID")?;
+    let Some((var, list)) = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
+        .iter()
+        .find_map(|v| vars.raw(v).map(|l| (v.to_string(), l)))
+    else {
+        return Ok((None, "SLURM_STEP_TASKS_PER_NODE".into(), node_id));
+    };
+    let per_node = parse_tasks_per_node(&list).ok_or_else(|| {
+        env_err(format!(
+            "{var}={list:?} is not a Slurm task count list like \"2(x3),1\""
+        ))
+    })?;
+    let local = match node_id {
+        Some(id) => Some(*per_node.get(id).ok_or_else(|| {
+            env_err(format!(
+                "SLURM_NODEID={id} is outside the {} node(s) listed in {var}={list:?}",
+                per_node.len()
+            ))
+        })?),
+        // Without a node id only a uniform list tells the local size.
+        None if per_node.windows(2).all(|w| w[0] == w[1]) => per_node.first().copied(),
+        None => None,
+    };
+    Ok((local, var, node_id))
+}
+
+/// Parses `2(x3),1` into `[2, 2, 2, 1]` (at most 1 << 20 nodes).
+fn parse_tasks_per_node(list: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in list.trim().split(',') {
+        let (count, repeat) = match part.split_once("(x") {
+            Some((c, r)) => (c, r.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (part, 1),
+        };
+        let count = count.parse::<usize>().ok()?;
+        if out.len() + repeat > 1 << 20 {
+            return None;
+        }
+        out.extend(std::iter::repeat(count).take(repeat));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+impl LaunchEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<LaunchEnv, CommError> {
+        LaunchEnv::from_vars(|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// Reads through `get` (a variable's value, or `None` when unset): tests pass a map.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, CommError> {
+        let vars = Vars { get };
+        let mut readings = Vec::new();
+        for fam in FAMILIES {
+            // Only the chosen (first) family must be complete; later ones are read for the
+            // contradiction check, where an incomplete or malformed one is ignored.
+            match read_family(&vars, fam) {
+                Ok(Some(r)) => readings.push(r),
+                Ok(None) => {}
+                Err(e) if readings.is_empty() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let chosen = readings.first();
+        let (rank, world_size, local, family_node_rank, names) = match chosen {
+            Some(r) => (
+                r.rank,
+                r.size,
+                r.local,
+                r.node_rank,
+                Some((r.family, r.local_size_var.clone())),
+            ),
+            None => (0, 1, None, None, None),
+        };
+        let (rank_var, size_var) = names
+            .as_ref()
+            .map_or(("RANK", "WORLD_SIZE"), |(f, _)| (f.rank, f.size));
+        if world_size == 0 {
+            return Err(env_err(format!(
+                "{size_var}=0: a job needs at least one rank"
+            )));
+        }
+        if rank >= world_size {
+            return Err(env_err(format!(
+                "{rank_var}={rank} is not below {size_var}={world_size}"
+            )));
+        }
+        let (local_rank, local_world_size) = match local {
+            Some((lr, ls)) => {
+                let (lr_var, ls_var) = names
+                    .as_ref()
+                    .map_or(("LOCAL_RANK", "LOCAL_WORLD_SIZE".to_string()), |(f, v)| {
+                        (f.local_rank, v.clone())
+                    });
+                if ls == 0 || ls > world_size {
+                    return Err(env_err(format!(
+                        "{ls_var}={ls} must be in 1..={world_size} ({size_var}={world_size})"
+                    )));
+                }
+                if lr >= ls {
+                    return Err(env_err(format!("{lr_var}={lr} is not below {ls_var}={ls}")));
+                }
+                (lr, ls)
+            }
+            None => (rank, world_size),
+        };
+        if let Some(r) = chosen {
+            check_contradictions(&vars, r, &readings[1..])?;
+        }
+        let node_rank = node_rank(&vars, family_node_rank, world_size)?;
+
+        let master_addr = match vars.raw("MASTER_ADDR") {
+            Some(a) if a.trim().is_empty() || a.trim().chars().any(char::is_whitespace) => {
+                return Err(env_err(format!(
+                    "MASTER_ADDR={a:?} is not a host name or address"
+                )))
+            }
+            Some(a) => a.trim().to_string(),
+            None if local_world_size == world_size => "127.0.0.1".to_string(),
+            None => {
+                return Err(env_err(format!(
+                    "MASTER_ADDR is missing: the {world_size} ranks span several nodes \
+                     ({local_world_size} on this one), so every rank must be told the store's host"
+                )))
+            }
+        };
+        let master_port = match vars.raw("MASTER_PORT") {
+            Some(p) => {
+                let port = p
+                    .trim()
+                    .parse::<u16>()
+                    .map_err(|_| env_err(format!("MASTER_PORT={p:?} is not a port number (0..=65535)")))?;
+                if port == 0 && world_size > 1 {
+                    return Err(env_err(format!(
+                        "MASTER_PORT=0 with {size_var}={world_size}: every rank must know the store's port"
+                    )));
+                }
+                port
+            }
+            None if world_size == 1 => 0,
+            None => {
+                return Err(env_err(format!(
+                    "MASTER_PORT is missing ({size_var}={world_size}: the ranks meet at MASTER_ADDR:MASTER_PORT)"
+                )))
+            }
+        };
+        let token = match vars.raw("OXIFLOW_TOKEN") {
+            None => None,
+            Some(t) => {
+                validate_token(&t, "OXIFLOW_TOKEN").map_err(|e| {
+                    let detail = match e {
+                        CommError::InvalidArgument { detail, .. } => detail,
+                        other => other.to_string(),
+                    };
+                    env_err(format!("OXIFLOW_TOKEN is unusable: {detail}"))
+                })?;
+                Some(t)
+            }
+        };
+        let timeout = match vars.raw("OXIFLOW_TIMEOUT") {
+            None => DEFAULT_TIMEOUT,
+            Some(t) => t
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s <= 1e9)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    env_err(format!(
+                        "OXIFLOW_TIMEOUT={t:?} is not a positive number of seconds"
+                    ))
+                })?,
+        };
+        let backend = match vars.raw("OXIFLOW_BACKEND") {
+            None => BackendChoice::Auto,
+            Some(b) => b.parse().map_err(|_| {
+                env_err(format!(
+                    "OXIFLOW_BACKEND={b:?} is not one of auto, nccl, cpu"
+                ))
+            })?,
+        };
+        tracing::debug!(
+            family = chosen.map_or("none (single process)", |r| r.family.name),
+            rank,
+            world_size,
+            "launch environment"
+        );
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            node_rank,
+            master_addr,
+            master_port,
+            token,
+            timeout,
+            backend,
+        })
+    }
+
+    /// The store's address as `host:port` (IPv6 literals in brackets).
+    pub fn store_addr(&self) -> String {
+        if self.master_addr.contains(':') && !self.master_addr.starts_with('[') {
+            format!("[{}]:{}", self.master_addr, self.master_port)
+        } else {
+            format!("{}:{}", self.master_addr, self.master_port)
+        }
+    }
+
+    /// The token, or an error naming `OXIFLOW_TOKEN` when the launcher gave none.
+    pub fn require_token(&self) -> Result<&str, CommError> {
+        self.token.as_deref().ok_or_else(|| {
+            env_err(format!(
+                "OXIFLOW_TOKEN is missing: the rendezvous store of a {}-rank job requires the job's token \
+                 (oflaunch sets it; under other launchers export OXIFLOW_TOKEN=<secret> to every rank)",
+                self.world_size
+            ))
+        })
+    }
+}
+
+/// Hand-set torchrun names must agree with an MPI/PMI/Slurm family of the same job size.
+fn check_contradictions<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    chosen: &Reading,
+    others: &[Reading],
+) -> Result<(), CommError> {
+    if !std::ptr::eq(chosen.family, &TORCHRUN)
+        || PER_NODE_LAUNCHER_MARKERS
+            .iter()
+            .any(|m| vars.raw(m).is_some())
+    {
+        return Ok(());
+    }
+    for other in others.iter().filter(|o| o.size == chosen.size) {
+        let (c, o) = (chosen.family, other.family);
+        if other.rank != chosen.rank {
+            return Err(env_err(format!(
+                "{}={} contradicts {}={} ({} and {} both describe a job of {} ranks); unset the stale variables",
+                c.rank, chosen.rank, o.rank, other.rank, c.name, o.name, chosen.size
+            )));
+        }
+        if let (Some((lr, _)), Some((olr, _))) = (chosen.local, other.local) {
+            if lr != olr {
+                return Err(env_err(format!(
+                    "{}={lr} contradicts {}={olr} ({} and {} both describe a job of {} ranks); unset the stale variables",
+                    c.local_rank, o.local_rank, c.name, o.name, chosen.size
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `NODE_RANK` / `GROUP_RANK` (must agree), else the family's own (Slurm's `SLURM_NODEID`).
+fn node_rank<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    family: Option<usize>,
+    world_size: usize,
+) -> Result<Option<usize>, CommError> {
+    let node = vars.usize("NODE_RANK")?;
+    let group = vars.usize("GROUP_RANK")?;
+    let value = match (node, group) {
+        (Some(n), Some(g)) if n != g => {
+            return Err(env_err(format!("NODE_RANK={n} contradicts GROUP_RANK={g}")));
+        }
+        (Some(n), _) => Some((n, "NODE_RANK")),
+        (None, Some(g)) => Some((g, "GROUP_RANK")),
+        (None, None) => family.map(|n| (n, "SLURM_NODEID")),
+    };
+    match value {
+        Some((n, var)) if n >= world_size => Err(env_err(format!(
+            "{var}={n} is not below the world size {world_size}"
+        ))),
+        Some((n, _)) => Ok(Some(n)),
+        None => Ok(None),
+    }
+}

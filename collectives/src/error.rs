@@ -33,6 +33,15 @@ pub enum CommError {
     },
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// A rendezvous-store wait that ran out of time; `missing_keys` lists the keys (or barrier
+    /// members) still absent, `detail` says what had arrived.
+    #[error("{op}: timed out after {timeout:?}: {detail}")]
+    StoreTimeout {
+        op: String,
+        timeout: Duration,
+        missing_keys: Vec<String>,
+        detail: String,
+    },
     #[error("rendezvous refused the connection: {0}")]
     Unauthenticated(String),
     #[error("launch environment: {0}")]

@@ -5,9 +5,11 @@ mod algorithms;
 mod buffer;
 mod communicator;
 mod dtype;
+pub mod env;
 mod error;
 pub mod inprocess;
 mod reduce;
+pub mod rendezvous;
 
 pub use buffer::{Buf, BufMut, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};

@@ -125,7 +125,7 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
         };
         let workers = spawn_all(&program, &cli.args, &job, &output, cli.grace_period())?;
         let watch = rdzv.watch_failures(generation)?;
-        let remote = || watch.failure();
+        let remote = || watch.event();
         let outcome = supervise(
             workers,
             &Supervision {
@@ -133,7 +133,7 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
                 grace: cli.grace_period(),
                 node_rank: cli.node_rank,
                 host: host.clone(),
-                remote_failure: &remote,
+                remote: &remote,
             },
         );
         drop(watch);
@@ -158,6 +158,7 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
                     tail: vec![format!("oflaunch on node {} received {sig}", cli.node_rank)],
                 };
                 rdzv.report_failure(generation, &f);
+                rdzv.settle_failure(generation);
                 eprintln!("oflaunch: interrupted by {sig}; workers stopped");
                 return Ok(128 + sig as i32);
             }
@@ -170,8 +171,13 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
                 eprint!("{}", f.summary(true));
                 f
             }
+            Outcome::StoreLost(msg) => {
+                eprintln!("oflaunch: {msg}; workers stopped");
+                return Ok(1);
+            }
         };
         if generation >= cli.max_restarts {
+            rdzv.settle_failure(generation);
             if cli.max_restarts > 0 {
                 eprintln!("oflaunch: giving up after {} restart(s)", cli.max_restarts);
             }

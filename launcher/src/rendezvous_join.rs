@@ -8,6 +8,9 @@
 //! - `verdict/<node>`: node 0's answer, `ok` or the reason the job was refused.
 //! - `failed/g<gen>`: the first failure of generation `gen` (see `Failure::encode`); every
 //!   node polls it, so a failure anywhere stops the workers everywhere.
+//! - `failack/g<gen>/<node>`: a node saw that failure; node 0 keeps the store up (a bounded
+//!   while) until every node has seen it, so nobody learns of it only as a lost store.
+//! - `verdict_ack/<node>`: a node read a refusing verdict (same purpose).
 //! - `restart/g<gen>`: barrier of all nodes before restarting.
 //! - `done/<node>`: set when a node's workers all succeeded; node 0 keeps the store up until
 //!   every node is done (or failed, or `--timeout` passed).
@@ -135,6 +138,7 @@ impl Rendezvous {
             }
             let key = format!("oflaunch/verdict/{}", s.node_rank);
             let verdict = wait_string(client, &key, s.timeout)?;
+            let _ = client.set(&format!("oflaunch/verdict_ack/{}", s.node_rank), b"1");
             if verdict == "ok" {
                 Ok(())
             } else {
@@ -188,37 +192,90 @@ impl Rendezvous {
         }
         if problems.is_empty() {
             tracing::info!("all {} nodes joined", s.nnodes);
-            Ok(())
-        } else {
-            Err(LaunchError::Rendezvous(verdict))
+            return Ok(());
         }
+        // Keep the store up until the refused nodes have read why (bounded).
+        let acks: Vec<String> = (1..s.nnodes)
+            .map(|r| format!("oflaunch/verdict_ack/{r}"))
+            .collect();
+        let refs: Vec<&str> = acks.iter().map(String::as_str).collect();
+        let _ = client.wait(&refs, Duration::from_secs(5));
+        Err(LaunchError::Rendezvous(verdict))
     }
 
-    /// Starts polling `failed/g<generation>` (multi-node only).
+    /// Starts polling `failed/g<generation>` (multi-node only). A store that stays unreachable
+    /// for `min(--timeout, 15 s)` is reported as lost.
     pub fn watch_failures(&self, generation: u32) -> Result<FailureWatch, LaunchError> {
         let seen = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(client) = self.client.clone() {
             let key = failed_key(generation);
+            let ack = format!("oflaunch/failack/g{generation}/{}", self.spec.node_rank);
+            let lost_after = self.spec.timeout.min(Duration::from_secs(15));
+            let endpoint = self.endpoint.clone();
             let (seen2, stop2) = (seen.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("oflaunch-failwatch".into())
                 .spawn(move || {
-                    while !stop2.load(Ordering::Relaxed) {
-                        if let Ok(v) = client.wait(&[key.as_str()], POLL) {
-                            let f = v
-                                .first()
-                                .and_then(|v| Failure::decode(&String::from_utf8_lossy(v)));
-                            if let (Some(f), Ok(mut slot)) = (f, seen2.lock()) {
-                                *slot = Some(f);
-                            }
+                    let mut lost_since: Option<Instant> = None;
+                    let event = loop {
+                        if stop2.load(Ordering::Relaxed) {
                             return;
                         }
+                        match client.wait(&[key.as_str()], POLL) {
+                            Ok(v) => {
+                                let _ = client.set(&ack, b"1");
+                                let text =
+                                    String::from_utf8_lossy(v.first().map_or(&[][..], |v| v));
+                                match Failure::decode(&text) {
+                                    Some(f) => break RemoteEvent::Failed(f),
+                                    None => {
+                                        break RemoteEvent::StoreLost(format!(
+                                            "unreadable failure report {text:?} in the store"
+                                        ))
+                                    }
+                                }
+                            }
+                            Err(CommError::StoreTimeout { .. }) => lost_since = None,
+                            Err(e) => {
+                                let since = *lost_since.get_or_insert_with(Instant::now);
+                                if since.elapsed() >= lost_after {
+                                    break RemoteEvent::StoreLost(format!(
+                                        "lost contact with the rendezvous store at {endpoint} \
+                                         for {lost_after:?} (node 0 gone?): {e}"
+                                    ));
+                                }
+                                std::thread::sleep(POLL);
+                            }
+                        }
+                    };
+                    if let Ok(mut slot) = seen2.lock() {
+                        *slot = Some(event);
                     }
                 })
                 .map_err(|e| LaunchError::io("starting the failure watcher", e))?;
         }
         Ok(FailureWatch { seen, stop })
+    }
+
+    /// After a failure ends the job: records that this node saw it; node 0 then waits (at most
+    /// 10 s) until every node has, so none of them finds the store gone instead.
+    pub fn settle_failure(&self, generation: u32) {
+        let Some(client) = &self.client else { return };
+        let s = &self.spec;
+        let _ = client.set(
+            &format!("oflaunch/failack/g{generation}/{}", s.node_rank),
+            b"1",
+        );
+        if s.node_rank == 0 {
+            let keys: Vec<String> = (0..s.nnodes)
+                .map(|r| format!("oflaunch/failack/g{generation}/{r}"))
+                .collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            if let Err(e) = client.wait(&refs, Duration::from_secs(10)) {
+                tracing::warn!("not every node acknowledged the failure: {e}");
+            }
+        }
     }
 
     /// Publishes this node's first failure of `generation` (the first node to report wins).
@@ -282,12 +339,21 @@ impl Rendezvous {
 
 /// A running poll of the store's failure key.
 pub struct FailureWatch {
-    seen: Arc<Mutex<Option<Failure>>>,
+    seen: Arc<Mutex<Option<RemoteEvent>>>,
     stop: Arc<AtomicBool>,
 }
 
+/// What the failure watcher learned from the store.
+#[derive(Debug, Clone)]
+pub enum RemoteEvent {
+    /// Another node (or this one) published the generation's first failure.
+    Failed(Failure),
+    /// The store could not be reached for too long.
+    StoreLost(String),
+}
+
 impl FailureWatch {
-    pub fn failure(&self) -> Option<Failure> {
+    pub fn event(&self) -> Option<RemoteEvent> {
         self.seen.lock().ok().and_then(|s| s.clone())
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 
+use crate::rendezvous_join::RemoteEvent;
 use crate::signals::SignalPipe;
 use crate::spawn::Worker;
 use crate::summary::{ExitKind, Failure};
@@ -26,6 +27,8 @@ pub enum Outcome {
     Failed(Failure),
     /// Another node reported a failure first.
     Remote(Failure),
+    /// The rendezvous store became unreachable (node 0 gone).
+    StoreLost(String),
     /// oflaunch received this signal (and forwarded it).
     Interrupted(Signal),
 }
@@ -36,8 +39,8 @@ pub struct Supervision<'a> {
     pub grace: Duration,
     pub node_rank: usize,
     pub host: String,
-    /// Polled every tick: a failure reported by another node, if any.
-    pub remote_failure: &'a dyn Fn() -> Option<Failure>,
+    /// Polled every tick: a failure reported through the store, if any.
+    pub remote: &'a dyn Fn() -> Option<RemoteEvent>,
 }
 
 struct Teardown {
@@ -127,15 +130,23 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
 
         // Another node failed.
         if outcome.is_none() {
-            if let Some(f) = (sup.remote_failure)() {
-                tracing::error!(
-                    "rank {} on node {} ({}) failed: {}; stopping the local workers",
-                    f.rank,
-                    f.node_rank,
-                    f.host,
-                    f.exit
-                );
-                outcome = Some(Outcome::Remote(f));
+            if let Some(event) = (sup.remote)() {
+                outcome = Some(match event {
+                    RemoteEvent::Failed(f) => {
+                        tracing::error!(
+                            "rank {} on node {} ({}) failed: {}; stopping the local workers",
+                            f.rank,
+                            f.node_rank,
+                            f.host,
+                            f.exit
+                        );
+                        Outcome::Remote(f)
+                    }
+                    RemoteEvent::StoreLost(msg) => {
+                        tracing::error!("{msg}; stopping the local workers");
+                        Outcome::StoreLost(msg)
+                    }
+                });
                 signal_all(&workers, Signal::SIGTERM);
                 teardown = Some(Teardown {
                     killed_at: Instant::now(),

@@ -137,68 +137,81 @@ fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
     }
 }
 
-#[test]
-fn a_failure_on_one_node_stops_the_other_node() {
-    let dir = scratch("propagate");
-    let d = dir.to_str().unwrap();
+/// Runs node 0 and node 1 (2 workers each) on loopback with the same trailing arguments.
+fn two_loopback_nodes(tail: &[&str]) -> (Finished, Finished) {
     let port = free_port().to_string();
-    // Rank 3 (node 1, local rank 1) exits 7; everyone else would sleep 60 s.
-    let mut a = node_args("0", "2", "127.0.0.1", &port);
-    a.extend([
-        "--token",
-        TOKEN,
-        "--timeout",
-        "30",
-        WORKER,
-        "fail",
-        d,
-        "3",
-        "7",
-    ]);
-    let mut b = node_args("1", "2", "127.0.0.1", &port);
-    b.extend([
-        "--token",
-        TOKEN,
-        "--timeout",
-        "30",
-        WORKER,
-        "fail",
-        d,
-        "3",
-        "7",
-    ]);
-    let mut c0 = Command::new(OFLAUNCH);
-    c0.args(&a);
-    let mut c1 = Command::new(OFLAUNCH);
-    c1.args(&b);
-    let node0 = start(c0);
-    let node1 = start(c1);
+    let start_node = |node: &str| {
+        let mut args = node_args(node, "2", "127.0.0.1", &port);
+        args.extend(["--token", TOKEN, "--timeout", "30"]);
+        args.extend(tail);
+        let mut cmd = Command::new(OFLAUNCH);
+        cmd.args(&args);
+        start(cmd)
+    };
+    let node0 = start_node("0");
+    let node1 = start_node("1");
     let r1 = node1.finish(T);
     let r0 = node0.finish(T);
-    assert_eq!(r1.code(), 7, "node 1:\n{}", r1.stderr);
-    assert!(r1.stderr.contains("first failure: rank 3"), "{}", r1.stderr);
-    assert_eq!(r0.code(), 7, "node 0:\n{}", r0.stderr);
-    assert!(
-        r0.stderr.contains("first failure: rank 3 (node 1"),
-        "{}",
-        r0.stderr
-    );
-    assert!(
-        r0.stderr.contains("| the failure reason is 7"),
-        "{}",
-        r0.stderr
-    );
+    (r0, r1)
+}
+
+fn failure_propagates(failing_rank: usize) {
+    let dir = scratch("propagate");
+    let d = dir.to_str().unwrap();
+    // `failing_rank` exits 7 after 0.5 s; everyone else would sleep 60 s.
+    let rank = failing_rank.to_string();
+    let (r0, r1) = two_loopback_nodes(&[WORKER, "fail", d, &rank, "7"]);
+    let failing_node = failing_rank / 2;
+    let want = format!("first failure: rank {failing_rank} (node {failing_node}");
+    for (node, r) in [(0, &r0), (1, &r1)] {
+        assert_eq!(r.code(), 7, "node {node}:\n{}", r.stderr);
+        assert!(r.stderr.contains(&want), "node {node}:\n{}", r.stderr);
+        assert!(
+            r.stderr.contains("| the failure reason is 7"),
+            "{}",
+            r.stderr
+        );
+    }
     let failed_at: u128 = std::fs::read_to_string(dir.join("failed_at_ms"))
         .unwrap()
         .parse()
         .unwrap();
-    let took = r0.ended_ms.saturating_sub(failed_at);
-    assert!(took < 5000, "node 0 took {took} ms to stop");
+    let other = if failing_node == 0 { &r1 } else { &r0 };
+    let took = other.ended_ms.saturating_sub(failed_at);
+    assert!(took < 5000, "the other node took {took} ms to stop");
     let pids = recorded_pids(&dir);
     assert_eq!(pids.len(), 4);
     for pid in pids {
         assert!(!alive(pid), "worker {pid} survived");
     }
+}
+
+#[test]
+fn a_failure_on_node_1_stops_node_0() {
+    failure_propagates(3);
+}
+
+#[test]
+fn a_failure_on_node_0_stops_node_1() {
+    failure_propagates(0);
+}
+
+#[test]
+fn both_nodes_restart_together() {
+    let dir = scratch("mnrestart");
+    let d = dir.to_str().unwrap();
+    let script = format!(
+        "echo $RANK >> {d}/gen_$OXIFLOW_RESTART_COUNT; \
+         if [ \"$OXIFLOW_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 2 ]; then exit 5; fi; \
+         if [ \"$OXIFLOW_RESTART_COUNT\" = 0 ]; then sleep 30; fi; exit 0"
+    );
+    let (r0, r1) = two_loopback_nodes(&["--max-restarts", "1", "sh", "-c", &script]);
+    assert_eq!(r0.code(), 0, "node 0:\n{}", r0.stderr);
+    assert_eq!(r1.code(), 0, "node 1:\n{}", r1.stderr);
+    let gen1 = std::fs::read_to_string(dir.join("gen_1")).unwrap();
+    let mut ranks: Vec<&str> = gen1.lines().collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, ["0", "1", "2", "3"]);
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod error;
 pub mod inprocess;
 mod reduce;
 pub mod rendezvous;
+pub mod tcp;
 
 pub use buffer::{Buf, BufMut, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};
@@ -17,3 +18,4 @@ pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use reduce::{reduce_into, ReduceOp};
 pub use inprocess::{InProcessComm, InProcessWorld};
+pub use tcp::{init_world, TcpComm};

@@ -1,0 +1,366 @@
+//! The `Communicator` implementation of the TCP backend: argument checks, then the exchanges.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use super::engine::{RecvOp, SendOp, Tag};
+use super::{
+    balanced, group_state, lock, no_progress, ordered_reduce, split, TcpComm, BACKEND,
+    SMALL_ALL_REDUCE,
+};
+use crate::algorithms::args;
+use crate::{
+    reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
+};
+
+impl Communicator for TcpComm {
+    fn rank(&self) -> usize {
+        self.me
+    }
+    fn size(&self) -> usize {
+        self.ranks.len()
+    }
+    fn world_ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+    fn backend(&self) -> Backend {
+        BACKEND
+    }
+
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let name = "all_reduce";
+        let b = args::host_mut(name, BACKEND, buf)?;
+        let count = args::elems_of(name, "buffer", dtype, b.len())?;
+        let n = self.size();
+        if n == 1 {
+            return Ok(());
+        }
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let mut links = lock(&self.world.links);
+        let mut scratch = lock(&self.world.scratch);
+        if b.len() <= SMALL_ALL_REDUCE || count < n {
+            // One round: everyone sends its whole buffer to everyone, then reduces in member order.
+            let len = b.len();
+            scratch.resize(len * n, 0);
+            let mut slots = split(&mut scratch[..], std::iter::repeat(len).take(n));
+            slots[self.me].copy_from_slice(b);
+            let tag = self.tag(seq, 0);
+            {
+                let (lo, rest) = slots.split_at_mut(self.me);
+                let (mine, hi) =
+                    rest.split_first_mut()
+                        .ok_or_else(|| CommError::InvalidArgument {
+                            op: self.name(name),
+                            detail: "member index out of range".into(),
+                        })?;
+                let mine: &[u8] = mine;
+                let mut sends: Vec<SendOp<'_>> = self
+                    .peers()
+                    .map(|(_, r)| SendOp::new(r, tag, mine))
+                    .collect();
+                let mut recvs: Vec<RecvOp<'_>> = lo
+                    .iter_mut()
+                    .enumerate()
+                    .chain(hi.iter_mut().enumerate().map(|(i, c)| (i + self.me + 1, c)))
+                    .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+                    .collect();
+                self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)?;
+            }
+            b.copy_from_slice(slots[0]);
+            for s in &slots[1..] {
+                reduce_into(dtype, b, s, op);
+            }
+            return Ok(());
+        }
+        let mut chunks = split(b, balanced(count, n, dtype.size()));
+        self.reduce_scatter_in_place(
+            &mut links,
+            &mut scratch,
+            name,
+            self.tag(seq, 0),
+            dtype,
+            op,
+            &mut chunks,
+        )?;
+        self.all_gather_in_place(&mut links, name, self.tag(seq, 1), &mut chunks)
+    }
+
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_gather_v";
+        let n = self.size();
+        let total = args::check_counts(name, "counts", counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), counts[self.me])?;
+        args::check_len(name, "receive buffer", dtype, r.len(), total)?;
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let mut chunks = split(r, counts.iter().map(|c| c * dtype.size()));
+        chunks[self.me].copy_from_slice(s);
+        if n == 1 {
+            return Ok(());
+        }
+        let mut links = lock(&self.world.links);
+        self.all_gather_in_place(&mut links, name, self.tag(seq, 0), &mut chunks)
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce_scatter_v";
+        let n = self.size();
+        let total = args::check_counts(name, "counts", counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), total)?;
+        args::check_len(name, "receive buffer", dtype, r.len(), counts[self.me])?;
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let sz = dtype.size();
+        let off: usize = counts[..self.me].iter().sum::<usize>() * sz;
+        r.copy_from_slice(&s[off..off + r.len()]);
+        if n == 1 {
+            return Ok(());
+        }
+        let tag = self.tag(seq, 0);
+        let mut links = lock(&self.world.links);
+        let mut scratch = lock(&self.world.scratch);
+        let mine = r.len();
+        scratch.resize(mine * (n - 1), 0);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(n);
+        let mut o = 0;
+        for c in counts {
+            pieces.push(&s[o..o + c * sz]);
+            o += c * sz;
+        }
+        let mut sends: Vec<SendOp<'_>> = self
+            .peers()
+            .map(|(k, rk)| SendOp::new(rk, tag, pieces[k]))
+            .collect();
+        let mut recvs: Vec<RecvOp<'_>> = self
+            .peers()
+            .zip(split(&mut scratch[..], std::iter::repeat(mine).take(n - 1)))
+            .map(|((_, rk), t)| RecvOp::new(rk, tag, t))
+            .collect();
+        let mut done = vec![0usize; n - 1];
+        self.run(&mut links, name, &mut sends, &mut recvs, &mut |rs| {
+            ordered_reduce(dtype, op, r, rs, &mut done);
+            Ok(())
+        })?;
+        ordered_reduce(dtype, op, r, &recvs, &mut done);
+        Ok(())
+    }
+
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v";
+        let n = self.size();
+        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
+        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+        let s = args::host(name, BACKEND, send)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "send buffer", dtype, s.len(), stotal)?;
+        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
+        let sz = dtype.size();
+        if send_counts[self.me] != recv_counts[self.me] {
+            return Err(CommError::Mismatch {
+                op: self.name(name),
+                detail: format!(
+                    "member {} sends itself {} elements but expects {}",
+                    self.me, send_counts[self.me], recv_counts[self.me]
+                ),
+            });
+        }
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(n);
+        let mut o = 0;
+        for c in send_counts {
+            pieces.push(&s[o..o + c * sz]);
+            o += c * sz;
+        }
+        let mut chunks = split(r, recv_counts.iter().map(|c| c * sz));
+        chunks[self.me].copy_from_slice(pieces[self.me]);
+        if n == 1 {
+            return Ok(());
+        }
+        let tag = self.tag(seq, 0);
+        let mut sends: Vec<SendOp<'_>> = self
+            .peers()
+            .map(|(k, rk)| SendOp::new(rk, tag, pieces[k]))
+            .collect();
+        let mut recvs: Vec<RecvOp<'_>> = chunks
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| *k != self.me)
+            .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+            .collect();
+        let mut links = lock(&self.world.links);
+        self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)
+    }
+
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        let name = "broadcast";
+        let n = self.size();
+        args::check_member(name, "root", root, n)?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        if n == 1 {
+            return Ok(());
+        }
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let tag = self.tag(seq, 0);
+        let mut links = lock(&self.world.links);
+        if self.me == root {
+            let mut sends: Vec<SendOp<'_>> = self
+                .peers()
+                .map(|(_, rk)| SendOp::new(rk, tag, b))
+                .collect();
+            self.run(&mut links, name, &mut sends, &mut [], &mut no_progress)
+        } else {
+            let mut recvs = [RecvOp::new(self.ranks[root], tag, b)];
+            self.run(&mut links, name, &mut [], &mut recvs, &mut no_progress)
+        }
+    }
+
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce";
+        let n = self.size();
+        args::check_member(name, "root", root, n)?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        let count = args::elems_of(name, "buffer", dtype, b.len())?;
+        if n == 1 {
+            return Ok(());
+        }
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let mut links = lock(&self.world.links);
+        let mut scratch = lock(&self.world.scratch);
+        let mut chunks = split(b, balanced(count, n, dtype.size()));
+        self.reduce_scatter_in_place(
+            &mut links,
+            &mut scratch,
+            name,
+            self.tag(seq, 0),
+            dtype,
+            op,
+            &mut chunks,
+        )?;
+        // Gather the reduced chunks at the root.
+        let tag = self.tag(seq, 1);
+        if self.me == root {
+            let mut recvs: Vec<RecvOp<'_>> = chunks
+                .into_iter()
+                .enumerate()
+                .filter(|(k, _)| *k != root)
+                .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+                .collect();
+            self.run(&mut links, name, &mut [], &mut recvs, &mut no_progress)
+        } else {
+            let mut sends = [SendOp::new(self.ranks[root], tag, chunks[self.me])];
+            self.run(&mut links, name, &mut sends, &mut [], &mut no_progress)
+        }
+    }
+
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "send";
+        args::check_member(name, "peer", peer, self.size())?;
+        let b = args::host(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        let seq = {
+            let mut s = lock(&self.group.p2p_send);
+            s[peer] += 1;
+            s[peer] - 1
+        };
+        let tag = Tag {
+            group: self.group.id,
+            seq,
+            p2p: true,
+        };
+        lock(&self.world.links).post(&self.name(name), self.ranks[peer], tag, b)
+    }
+
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "recv";
+        args::check_member(name, "peer", peer, self.size())?;
+        let b = args::host_mut(name, BACKEND, buf)?;
+        args::elems_of(name, "buffer", dtype, b.len())?;
+        let seq = {
+            let mut s = lock(&self.group.p2p_recv);
+            s[peer] += 1;
+            s[peer] - 1
+        };
+        let tag = Tag {
+            group: self.group.id,
+            seq,
+            p2p: true,
+        };
+        let mut recvs = [RecvOp::new(self.ranks[peer], tag, b)];
+        let mut links = lock(&self.world.links);
+        self.run(&mut links, name, &mut [], &mut recvs, &mut no_progress)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        let name = "barrier";
+        if self.size() == 1 {
+            return Ok(());
+        }
+        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let tag = self.tag(seq, 0);
+        let mut sink: Vec<[u8; 0]> = vec![[]; self.size()];
+        let mut sends: Vec<SendOp<'_>> = self
+            .peers()
+            .map(|(_, rk)| SendOp::new(rk, tag, &[]))
+            .collect();
+        let mut recvs: Vec<RecvOp<'_>> = self
+            .peers()
+            .zip(sink.iter_mut())
+            .map(|((_, rk), s)| RecvOp::new(rk, tag, &mut s[..]))
+            .collect();
+        let mut links = lock(&self.world.links);
+        self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)
+    }
+
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+        let me = args::check_sub_group(members, self.size(), self.me)?;
+        let mut subs = lock(&self.subs);
+        if let Some(c) = subs.get(members) {
+            return Ok(c.clone());
+        }
+        let ranks: Vec<usize> = members.iter().map(|&m| self.ranks[m]).collect();
+        let group = lock(&self.world.groups)
+            .entry(ranks.clone())
+            .or_insert_with(|| group_state(&ranks))
+            .clone();
+        let comm: SharedComm = Arc::new(TcpComm {
+            world: self.world.clone(),
+            group,
+            ranks,
+            me,
+            subs: Mutex::new(HashMap::new()),
+        });
+        subs.insert(members.to_vec(), comm.clone());
+        Ok(comm)
+    }
+}

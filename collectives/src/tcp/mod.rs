@@ -1,0 +1,290 @@
+//! CPU multi-process backend: ranks are processes connected by a full mesh of TCP connections
+//! (bootstrapped through the rendezvous store). Collectives use direct exchanges, which on a
+//! full mesh move the bandwidth-optimal byte count: all-reduce is reduce-scatter + all-gather
+//! (2(n-1)/n of the buffer per rank) above `SMALL_ALL_REDUCE`, one all-to-all-of-everything
+//! round below it; every exchange overlaps all sends and receives in one poll loop, and
+//! reductions consume bytes as they arrive, in member order (results are bitwise the same on
+//! every rank). Sub-groups reuse the world's connections; messages carry (group, sequence).
+
+mod engine;
+mod launch;
+mod mesh;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::algorithms::args;
+use crate::rendezvous::{StoreClient, StoreServer};
+use crate::{reduce_into, Backend, CommError, DType, ReduceOp, SharedComm};
+use engine::{Link, Links, RecvOp, SendOp, Tag};
+pub use launch::init_world;
+
+const BACKEND: Backend = Backend::Cpu;
+/// All-reduces of at most this many bytes exchange whole buffers in one round.
+const SMALL_ALL_REDUCE: usize = 64 << 10;
+
+/// Per-process state shared by the world and its sub-groups.
+struct World {
+    links: Mutex<Links>,
+    scratch: Mutex<Vec<u8>>,
+    timeout: Duration,
+    groups: Mutex<HashMap<Vec<usize>, Arc<GroupState>>>,
+    /// The store this process serves (rank 0 when no launcher does); lives as long as the world.
+    _store: Option<StoreServer>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let t = self.timeout.min(Duration::from_secs(10));
+        lock(&self.links).drain(t);
+    }
+}
+
+/// Sequence counters of one group (shared by every handle on the same ranks).
+struct GroupState {
+    id: u64,
+    seq: AtomicU64,
+    p2p_send: Mutex<Vec<u64>>,
+    p2p_recv: Mutex<Vec<u64>>,
+}
+
+/// This process's member of a TCP group (the world or a sub-group). Calls on one world are
+/// serialised; use it from one thread at a time for a meaningful collective order.
+pub struct TcpComm {
+    world: Arc<World>,
+    group: Arc<GroupState>,
+    ranks: Vec<usize>,
+    me: usize,
+    subs: Mutex<HashMap<Vec<usize>, SharedComm>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// FNV-1a of the world ranks: the same id on every member, without communication.
+fn group_id(ranks: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &r in ranks {
+        for b in (r as u64).to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn group_state(ranks: &[usize]) -> Arc<GroupState> {
+    Arc::new(GroupState {
+        id: group_id(ranks),
+        seq: AtomicU64::new(0),
+        p2p_send: Mutex::new(vec![0; ranks.len()]),
+        p2p_recv: Mutex::new(vec![0; ranks.len()]),
+    })
+}
+
+/// Splits `buf` into consecutive pieces of the given byte lengths.
+fn split<'a>(mut buf: &'a mut [u8], lens: impl Iterator<Item = usize>) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::new();
+    for l in lens {
+        let (a, b) = std::mem::take(&mut buf).split_at_mut(l);
+        out.push(a);
+        buf = b;
+    }
+    out
+}
+
+/// Balanced split of `count` elements into `n` byte lengths.
+fn balanced(count: usize, n: usize, sz: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| (count / n + usize::from(i < count % n)) * sz)
+}
+
+/// Reduces into `acc` the prefixes of `pieces` (in order) that have arrived, each only where
+/// every earlier piece is already in, so the order of operations is fixed.
+fn ordered_reduce(
+    dtype: DType,
+    op: ReduceOp,
+    acc: &mut [u8],
+    recvs: &[RecvOp<'_>],
+    done: &mut [usize],
+) {
+    let sz = dtype.size();
+    let mut limit = acc.len();
+    for (r, d) in recvs.iter().zip(done.iter_mut()) {
+        let f = r.filled();
+        let upto = (f.len() / sz * sz).min(limit);
+        if upto > *d {
+            reduce_into(dtype, &mut acc[*d..upto], &f[*d..upto], op);
+            *d = upto;
+        }
+        limit = *d;
+    }
+}
+
+fn no_progress(_: &[RecvOp<'_>]) -> Result<(), CommError> {
+    Ok(())
+}
+
+impl TcpComm {
+    /// Builds the TCP world of `world_size` ranks: listens on an ephemeral port of `bind_host`,
+    /// publishes it in `store`, connects to every other rank and verifies each connection.
+    pub fn connect(
+        store: &StoreClient,
+        rank: usize,
+        world_size: usize,
+        bind_host: &str,
+        timeout: Duration,
+    ) -> Result<SharedComm, CommError> {
+        TcpComm::connect_serving(store, rank, world_size, bind_host, timeout, None)
+    }
+
+    pub(crate) fn connect_serving(
+        store: &StoreClient,
+        rank: usize,
+        world_size: usize,
+        bind_host: &str,
+        timeout: Duration,
+        server: Option<StoreServer>,
+    ) -> Result<SharedComm, CommError> {
+        args::check_member("tcp connect", "rank", rank, world_size)?;
+        let streams = if world_size == 1 {
+            vec![None]
+        } else {
+            mesh::build(store, rank, world_size, bind_host, timeout)?
+        };
+        Ok(TcpComm::from_streams(streams, rank, timeout, server))
+    }
+
+    fn from_streams(
+        streams: Vec<Option<std::net::TcpStream>>,
+        rank: usize,
+        timeout: Duration,
+        server: Option<StoreServer>,
+    ) -> SharedComm {
+        let ranks: Vec<usize> = (0..streams.len()).collect();
+        let group = group_state(&ranks);
+        let mut groups = HashMap::new();
+        groups.insert(ranks.clone(), group.clone());
+        let world = Arc::new(World {
+            links: Mutex::new(Links {
+                links: streams.into_iter().map(|s| s.map(Link::new)).collect(),
+                broken: None,
+            }),
+            scratch: Mutex::new(Vec::new()),
+            timeout,
+            groups: Mutex::new(groups),
+            _store: server,
+        });
+        Arc::new(TcpComm {
+            world,
+            group,
+            ranks,
+            me: rank,
+            subs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn name(&self, op: &str) -> String {
+        format!("{op} on ranks {:?}", self.ranks)
+    }
+
+    fn tag(&self, seq: u64, phase: u64) -> Tag {
+        Tag {
+            group: self.group.id,
+            seq: seq * 8 + phase,
+            p2p: false,
+        }
+    }
+
+    fn run(
+        &self,
+        links: &mut Links,
+        name: &str,
+        sends: &mut [SendOp<'_>],
+        recvs: &mut [RecvOp<'_>],
+        progress: &mut dyn FnMut(&[RecvOp<'_>]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        links.run(&self.name(name), sends, recvs, self.world.timeout, progress)
+    }
+
+    fn peers(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let me = self.me;
+        self.ranks
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(move |&(k, _)| k != me)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// Reduce-scatter of `buf` in place: chunk `me` (of `lens`) ends reduced over all members.
+    fn reduce_scatter_in_place(
+        &self,
+        links: &mut Links,
+        scratch: &mut Vec<u8>,
+        name: &str,
+        tag: Tag,
+        dtype: DType,
+        op: ReduceOp,
+        chunks: &mut [&mut [u8]],
+    ) -> Result<(), CommError> {
+        let mine = chunks[self.me].len();
+        let n = self.ranks.len();
+        scratch.resize(mine * (n - 1), 0);
+        let (lo, rest) = chunks.split_at_mut(self.me);
+        let (acc, hi) = rest
+            .split_first_mut()
+            .ok_or_else(|| CommError::InvalidArgument {
+                op: self.name(name),
+                detail: "member index outside the chunk list".into(),
+            })?;
+        let mut sends: Vec<SendOp<'_>> = lo
+            .iter()
+            .enumerate()
+            .chain(hi.iter().enumerate().map(|(i, c)| (i + self.me + 1, c)))
+            .map(|(k, c)| SendOp::new(self.ranks[k], tag, c))
+            .collect();
+        let mut recvs: Vec<RecvOp<'_>> = self
+            .peers()
+            .zip(split(&mut scratch[..], std::iter::repeat(mine).take(n - 1)))
+            .map(|((_, r), t)| RecvOp::new(r, tag, t))
+            .collect();
+        let mut done = vec![0usize; recvs.len()];
+        self.run(links, name, &mut sends, &mut recvs, &mut |rs| {
+            ordered_reduce(dtype, op, acc, rs, &mut done);
+            Ok(())
+        })?;
+        ordered_reduce(dtype, op, acc, &recvs, &mut done);
+        Ok(())
+    }
+
+    /// All-gather in place: every member's chunk `k` comes from member k.
+    fn all_gather_in_place(
+        &self,
+        links: &mut Links,
+        name: &str,
+        tag: Tag,
+        chunks: &mut [&mut [u8]],
+    ) -> Result<(), CommError> {
+        let (lo, rest) = chunks.split_at_mut(self.me);
+        let Some((mine, hi)) = rest.split_first_mut() else {
+            return Ok(());
+        };
+        let mine: &[u8] = mine;
+        let mut sends: Vec<SendOp<'_>> = self
+            .peers()
+            .map(|(_, r)| SendOp::new(r, tag, mine))
+            .collect();
+        let mut recvs: Vec<RecvOp<'_>> = lo
+            .iter_mut()
+            .enumerate()
+            .chain(hi.iter_mut().enumerate().map(|(i, c)| (i + self.me + 1, c)))
+            .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+            .collect();
+        self.run(links, name, &mut sends, &mut recvs, &mut no_progress)
+    }
+}
+
+mod collectives;

@@ -1,0 +1,237 @@
+//! TCP backend with real processes on loopback: this test binary re-runs itself as the ranks
+//! (the `worker_entry` test, selected by `OXF_MP_ROLE=worker`), with the launch contract's
+//! variables set and the rendezvous store served by the test process. Random collective
+//! sequences must match the reference; a rank that dies or never arrives must be named.
+
+mod multiprocess_common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use multiprocess_common::{dtype_of, run_rank, Case};
+use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
+use oxiflow_collectives::{init_world, CommError, DType, ReduceOp};
+use proptest::prelude::*;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+/// What a worker does once connected (chosen by `OXF_MP_MODE`).
+fn worker() -> Result<(), String> {
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let victim: usize = var("OXF_MP_VICTIM").parse().unwrap_or(usize::MAX);
+    let comm = init_world(&env);
+    let mode = var("OXF_MP_MODE");
+    if mode == "absent-bootstrap" {
+        // The victim was never started: everyone must fail naming it.
+        return match comm {
+            Err(CommError::Timeout { missing, .. }) if missing.contains(&victim) => Ok(()),
+            other => Err(format!(
+                "expected a bootstrap timeout naming {victim}, got {:?}",
+                other.err()
+            )),
+        };
+    }
+    let comm = comm.map_err(|e| format!("init_world: {e}"))?;
+    match mode.as_str() {
+        "case" => {
+            let case = Case::generate(
+                var("OXF_MP_SEED").parse().unwrap(),
+                env.world_size,
+                dtype_of(var("OXF_MP_DTYPE").parse().unwrap()),
+                var("OXF_MP_STEPS").parse().unwrap(),
+                var("OXF_MP_MAX").parse().unwrap(),
+            );
+            run_rank(&comm, &case)
+        }
+        "die" | "absent" => {
+            // A first collective succeeds; then the victim exits (or stalls) mid-job.
+            let mut b = vec![1u8; 1 << 20];
+            comm.all_reduce(DType::I64, (&mut b[..]).into(), ReduceOp::Max)
+                .map_err(|e| e.to_string())?;
+            if env.rank == victim {
+                if mode == "die" {
+                    std::process::exit(0);
+                }
+                std::thread::sleep(env.timeout * 3);
+                return Ok(());
+            }
+            let start = Instant::now();
+            let mut big = vec![0u8; 8 << 20];
+            let r = comm.all_reduce(DType::F32, (&mut big[..]).into(), ReduceOp::Sum);
+            let took = start.elapsed();
+            match r {
+                Err(CommError::PeerLost { rank, .. }) if rank == victim && mode == "die" => Ok(()),
+                Err(CommError::Timeout { missing, .. })
+                    if missing == vec![victim] && took < env.timeout * 2 =>
+                {
+                    Ok(())
+                }
+                other => Err(format!(
+                    "rank {}: expected an error naming {victim}, got {other:?} after {took:?}",
+                    env.rank
+                )),
+            }
+        }
+        m => Err(format!("unknown mode {m:?}")),
+    }
+}
+
+#[test]
+fn worker_entry() {
+    if var("OXF_MP_ROLE") == "worker" {
+        if let Err(e) = worker() {
+            eprintln!("WORKER FAILED: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    // Not a worker: a world of one process must run a case without any peers.
+    let env = LaunchEnv::from_vars(|_| None).unwrap();
+    let comm = init_world(&env).unwrap();
+    run_rank(&comm, &Case::generate(7, 1, DType::F64, 10, 30)).unwrap();
+}
+
+/// Starts `world` ranks (skipping `skip`) with the launch variables and `extra`, and waits.
+fn spawn_world(
+    world: usize,
+    skip: Option<usize>,
+    timeout_s: f64,
+    extra: &[(&str, String)],
+) -> Vec<(usize, Output)> {
+    let token = generate_token().unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
+    let port = server.local_addr().port();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..world)
+        .filter(|r| Some(*r) != skip)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
+                .env("OXF_MP_ROLE", "worker")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("OXIFLOW_TOKEN", &token)
+                .env("OXIFLOW_TIMEOUT", timeout_s.to_string())
+                .env("OXIFLOW_BACKEND", "cpu")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            for (k, v) in extra {
+                c.env(k, v);
+            }
+            (r, c.spawn().unwrap())
+        })
+        .collect();
+    let out = children
+        .into_iter()
+        .map(|(r, c)| (r, c.wait_with_output().unwrap()))
+        .collect();
+    drop(server);
+    out
+}
+
+fn assert_all_ok(outs: &[(usize, Output)], what: &str) {
+    for (r, o) in outs {
+        assert!(
+            o.status.success(),
+            "{what}: rank {r} failed ({:?}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+    #[test]
+    fn processes_match_reference(seed in any::<u64>(), world in 1usize..=6, dt in 0usize..3) {
+        let outs = spawn_world(world, None, 30.0, &[
+            ("OXF_MP_MODE", "case".into()),
+            ("OXF_MP_SEED", seed.to_string()),
+            ("OXF_MP_DTYPE", dt.to_string()),
+            ("OXF_MP_STEPS", "10".into()),
+            ("OXF_MP_MAX", "3000".into()),
+        ]);
+        assert_all_ok(&outs, &format!("seed {seed} world {world} dtype {dt}"));
+    }
+}
+
+#[test]
+fn large_pieces_across_processes() {
+    // Large counts exercise the reduce-scatter + all-gather path and socket back-pressure.
+    let outs = spawn_world(
+        3,
+        None,
+        60.0,
+        &[
+            ("OXF_MP_MODE", "case".into()),
+            ("OXF_MP_SEED", "11".into()),
+            ("OXF_MP_DTYPE", "0".into()),
+            ("OXF_MP_STEPS", "12".into()),
+            ("OXF_MP_MAX", "400000".into()),
+        ],
+    );
+    assert_all_ok(&outs, "large pieces");
+}
+
+#[test]
+fn a_rank_that_dies_is_named() {
+    let start = Instant::now();
+    let outs = spawn_world(
+        4,
+        None,
+        5.0,
+        &[("OXF_MP_MODE", "die".into()), ("OXF_MP_VICTIM", "2".into())],
+    );
+    assert_all_ok(&outs, "die");
+    assert!(start.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_rank_that_stalls_is_named_within_the_timeout() {
+    let outs = spawn_world(
+        3,
+        None,
+        1.5,
+        &[
+            ("OXF_MP_MODE", "absent".into()),
+            ("OXF_MP_VICTIM", "1".into()),
+        ],
+    );
+    assert_all_ok(&outs, "absent");
+}
+
+#[test]
+fn a_rank_that_never_starts_is_named() {
+    let start = Instant::now();
+    let outs = spawn_world(
+        3,
+        Some(2),
+        1.5,
+        &[
+            ("OXF_MP_MODE", "absent-bootstrap".into()),
+            ("OXF_MP_VICTIM", "2".into()),
+        ],
+    );
+    assert_all_ok(&outs, "absent at bootstrap");
+    assert!(start.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn worker_failures_reach_the_parent() {
+    // Guards the harness itself: a worker that fails must show up as a failed process.
+    let outs = spawn_world(2, None, 5.0, &[("OXF_MP_MODE", "no-such-mode".into())]);
+    for (r, o) in &outs {
+        assert!(!o.status.success(), "rank {r} should have failed");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("unknown mode"),
+            "rank {r}"
+        );
+    }
+}

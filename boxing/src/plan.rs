@@ -6,8 +6,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
 use oxiflow_collectives::DType;
-use oxiflow_placement::DeviceType;
-use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::search::axis_plan;
@@ -313,6 +313,20 @@ impl BoxingPlanner {
         }
         bucket.push(plan.clone());
         Ok(plan)
+    }
+
+    /// Validates the parts of both layouts (nd-SBP length, split dims against the shape) and
+    /// plans; every error is a `BoxingError`.
+    pub fn plan_parts(
+        &self,
+        shape: &Shape,
+        from: (&Placement, &NdSbp),
+        to: (&Placement, &NdSbp),
+        dtype: DType,
+    ) -> Result<Arc<Plan>, BoxingError> {
+        let f = GlobalLayout::new(shape.clone(), from.0, from.1.clone())?;
+        let t = GlobalLayout::new(shape.clone(), to.0, to.1.clone())?;
+        self.plan(&f, &t, dtype)
     }
 
     /// Number of cached plans.

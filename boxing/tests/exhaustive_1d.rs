@@ -12,7 +12,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
     #[test]
     fn every_pair_1d(n in 1usize..=8, d0 in 0usize..=10, d1 in 1usize..=9, seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix(seed);
         let shape = Shape::from([d0, d1]);
         let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
         let global = random_global(&shape, &mut rng);
@@ -35,7 +35,7 @@ proptest! {
 
     #[test]
     fn max_min_partials_1d(n in 2usize..=5, d0 in 1usize..=7, d1 in 1usize..=5, seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix(seed);
         let shape = Shape::from([d0, d1]);
         let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
         let global = random_global(&shape, &mut rng);
@@ -66,7 +66,7 @@ proptest! {
 /// 1-d tensors and scalars: only S(0), B, P apply.
 #[test]
 fn vectors_and_scalars() {
-    let mut rng = Rng(7);
+    let mut rng = SplitMix(7);
     for n in [1usize, 3, 4] {
         let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
         let mut cases = Vec::new();

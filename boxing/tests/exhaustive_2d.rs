@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), String> {
     let n = mesh[0] * mesh[1];
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
     // Ranks in a shuffled order, so mesh order differs from rank order.
     let mut ranks: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {

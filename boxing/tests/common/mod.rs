@@ -13,8 +13,8 @@ use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 
 /// A tiny deterministic generator (splitmix64) so tests need no extra dependency.
-pub struct Rng(pub u64);
-impl Rng {
+pub struct SplitMix(pub u64);
+impl SplitMix {
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -116,7 +116,7 @@ fn op_of(nd: &NdSbp) -> Option<ReduceOp> {
 
 /// The local piece of every rank of `layout` for the global array `global`: S/B as sliced; P
 /// components carry random integer noise that reduces back to `global`.
-pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mut Rng) -> BTreeMap<usize, HostPiece> {
+pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mut SplitMix) -> BTreeMap<usize, HostPiece> {
     let shape = layout.shape();
     let pl = layout.placement();
     let nd = layout.nd_sbp();
@@ -238,7 +238,7 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
             .plan(&c.from, &c.to, c.dtype)
             .map_err(|e| format!("plan {} -> {}: {e}", c.from, c.to))?;
         plans.push(plan);
-        inputs.push(make_pieces(&c.from, &c.global, c.dtype, &mut Rng(c.seed)));
+        inputs.push(make_pieces(&c.from, &c.global, c.dtype, &mut SplitMix(c.seed)));
     }
     let comms = InProcessWorld::new(world, Duration::from_secs(30));
     let inputs = Arc::new(inputs);
@@ -296,7 +296,7 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
     Ok(())
 }
 
-pub fn random_global(shape: &Shape, rng: &mut Rng) -> Vec<f64> {
+pub fn random_global(shape: &Shape, rng: &mut SplitMix) -> Vec<f64> {
     (0..shape.numel()).map(|_| rng.val()).collect()
 }
 

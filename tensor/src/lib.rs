@@ -1,1 +1,51 @@
-//! placeholder
+//! Tensors for OxiFlow: one `Tensor` type, local or global (a local piece + `GlobalLayout` +
+//! the rank's runtime `Context`), CPU storage on ndarray (rayon kernels, matrixmultiply), a
+//! device seam for CUDA storage, eager op dispatch with SBP signature inference and boxing, and
+//! counter-based random creation ops.
+//!
+//! ```text
+//! Tensor::randn_global([4, 5], seed, F32, &placement, Sbp::S(0))?   // each rank fills its rows
+//!     .matmul(&w)?                                                 // infer, box, kernel
+//!     .to_global(&placement, Sbp::B)?                              // boxing
+//!     .to_ndarray::<f32>()?                                        // whole value on the host
+//! ```
+
+pub mod autograd;
+mod autograd_slot;
+pub mod checkpoint;
+mod context;
+mod creation;
+mod device;
+mod dispatch;
+mod element;
+mod error;
+mod global;
+mod init;
+mod inprocess;
+pub mod kernels;
+pub mod nn;
+mod op;
+pub mod optim;
+mod ops;
+pub mod rng;
+mod sig;
+mod storage;
+mod tensor;
+
+pub use autograd::{no_grad, is_grad_enabled, set_grad_enabled, GradModeGuard};
+pub use autograd_slot::{set_dispatch_hook, AutogradMeta, DispatchHook, GradFn};
+pub use context::{Context, ContextGuard};
+pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
+pub use dispatch::dispatch;
+pub use element::{FloatElement, TensorElement};
+pub use error::{Result, TensorError};
+pub use init::{init_from_env, init_with_world};
+pub use inprocess::run_ranks;
+pub use op::{BinaryOp, Dims, F64Bits, Op, ScalarOp, UnaryOp};
+pub use sig::meta::broadcast_shapes;
+pub use storage::{CpuArray, Storage};
+pub use tensor::{Tensor, TensorImpl};
+
+pub use oxiflow_collectives::DType;
+pub use oxiflow_placement::{DeviceType, Placement};
+pub use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};

@@ -1,0 +1,266 @@
+//! Creation ops, local and global: zeros, ones, full, arange, rand, randn. A global creation op
+//! fills only this rank's region (`GlobalLayout::region_of`) from the global element index, so
+//! the value never depends on placement or SBP; on P axes the root coordinate gets the value and
+//! the other ranks zeros.
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_collectives::DType;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Region, Shape};
+use rayon::prelude::*;
+
+use crate::context::Context;
+use crate::element::TensorElement;
+use crate::kernels::elementwise::PAR_THRESHOLD;
+use crate::rng;
+use crate::storage::{CpuArray, Storage};
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// How element `i` (global row-major index) of a created tensor is computed.
+#[derive(Clone, Copy, Debug)]
+enum Init {
+    Full(f64),
+    Arange { start: f64, step: f64 },
+    Rand(u64),
+    Randn(u64),
+}
+
+impl Init {
+    #[inline]
+    fn at(self, i: u64) -> f64 {
+        match self {
+            Init::Full(v) => v,
+            Init::Arange { start, step } => start + step * i as f64,
+            Init::Rand(seed) => rng::uniform(seed, i),
+            Init::Randn(seed) => rng::normal(seed, i),
+        }
+    }
+}
+
+/// The values of `region` of a tensor of `shape`, row-major.
+fn fill<T: TensorElement>(init: Init, shape: &Shape, region: &Region, zero: bool) -> ArrayD<T> {
+    let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+    let n: usize = local.iter().product();
+    if zero {
+        return ArrayD::zeros(IxDyn(&local));
+    }
+    let strides = shape.strides();
+    let value = |l: usize| -> T {
+        let (mut rem, mut g) = (l, 0usize);
+        for d in (0..local.len()).rev() {
+            let i = rem % local[d];
+            rem /= local[d];
+            g += (region[d].start + i) * strides[d];
+        }
+        T::from_f64(init.at(g as u64))
+    };
+    let data: Vec<T> = if n >= PAR_THRESHOLD {
+        (0..n).into_par_iter().map(value).collect()
+    } else {
+        (0..n).map(value).collect()
+    };
+    ArrayD::from_shape_vec(IxDyn(&local), data).unwrap_or_else(|_| ArrayD::zeros(IxDyn(&local)))
+}
+
+fn fill_any(init: Init, dtype: DType, shape: &Shape, region: &Region, zero: bool) -> CpuArray {
+    match dtype {
+        DType::F32 => CpuArray::F32(fill(init, shape, region, zero)),
+        DType::F64 => CpuArray::F64(fill(init, shape, region, zero)),
+        DType::I64 => CpuArray::I64(fill(init, shape, region, zero)),
+    }
+}
+
+fn local(init: Init, shape: Shape, dtype: DType) -> Tensor {
+    let region: Region = shape.dims().iter().map(|&n| 0..n).collect();
+    Tensor::from_storage(Storage::Cpu(fill_any(init, dtype, &shape, &region, false)))
+}
+
+fn global(
+    op: &'static str,
+    init: Init,
+    shape: Shape,
+    dtype: DType,
+    placement: &Placement,
+    nd_sbp: NdSbp,
+) -> Result<Tensor> {
+    let ctx = Context::current_for(op)?;
+    placement
+        .check_world(ctx.world_size())
+        .map_err(|e| TensorError::World {
+            op,
+            placement: placement.to_string(),
+            world_size: ctx.world_size(),
+            detail: e.to_string(),
+        })?;
+    if placement.device() != oxiflow_placement::DeviceType::Cpu {
+        // Created on the host, then moved by the device backend.
+        let host = global(
+            op,
+            init,
+            shape,
+            dtype,
+            &placement.with_device(oxiflow_placement::DeviceType::Cpu),
+            nd_sbp.clone(),
+        )?;
+        return host.to_global(placement, nd_sbp);
+    }
+    let sbp_error = |e| TensorError::Sbp {
+        op,
+        shapes: shape.to_string(),
+        sbps: nd_sbp.to_string(),
+        placement: placement.to_string(),
+        detail: format!("{e}"),
+    };
+    check_nd_sbp(&shape, placement, &nd_sbp).map_err(sbp_error)?;
+    let layout = GlobalLayout::new(shape.clone(), placement, nd_sbp.clone()).map_err(sbp_error)?;
+    let piece = placement.coord_of(ctx.rank()).map(|coord| {
+        let region = layout.region_at(&coord);
+        Storage::Cpu(fill_any(
+            init,
+            dtype,
+            &shape,
+            &region,
+            !layout.is_partial_root(&coord),
+        ))
+    });
+    Ok(Tensor::global_from_piece(piece, layout, dtype, ctx))
+}
+
+impl Tensor {
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        local(Init::Full(0.0), shape.into(), dtype)
+    }
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        local(Init::Full(1.0), shape.into(), dtype)
+    }
+    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Tensor {
+        local(Init::Full(value), shape.into(), dtype)
+    }
+    /// `[start, start + step, ...]` below `end` (1-d).
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+        Ok(local(
+            Init::Arange { start, step },
+            arange_shape(start, end, step)?,
+            dtype,
+        ))
+    }
+    /// Uniform in [0, 1), counter-based (Philox keyed by `seed`).
+    pub fn rand(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
+        local(Init::Rand(seed), shape.into(), dtype)
+    }
+    /// Standard normal, counter-based (Philox keyed by `seed`, Box-Muller).
+    pub fn randn(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
+        local(Init::Randn(seed), shape.into(), dtype)
+    }
+
+    pub fn zeros_global(
+        shape: impl Into<Shape>,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        global(
+            "zeros",
+            Init::Full(0.0),
+            shape.into(),
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+    pub fn ones_global(
+        shape: impl Into<Shape>,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        global(
+            "ones",
+            Init::Full(1.0),
+            shape.into(),
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+    pub fn full_global(
+        shape: impl Into<Shape>,
+        value: f64,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        global(
+            "full",
+            Init::Full(value),
+            shape.into(),
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+    pub fn arange_global(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        let shape = arange_shape(start, end, step)?;
+        global(
+            "arange",
+            Init::Arange { start, step },
+            shape,
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+    pub fn rand_global(
+        shape: impl Into<Shape>,
+        seed: u64,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        global(
+            "rand",
+            Init::Rand(seed),
+            shape.into(),
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+    pub fn randn_global(
+        shape: impl Into<Shape>,
+        seed: u64,
+        dtype: DType,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        global(
+            "randn",
+            Init::Randn(seed),
+            shape.into(),
+            dtype,
+            placement,
+            nd_sbp.into(),
+        )
+    }
+}
+
+fn arange_shape(start: f64, end: f64, step: f64) -> Result<Shape> {
+    if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+        return Err(TensorError::Shape {
+            op: "arange",
+            shapes: "-".into(),
+            sbps: "-".into(),
+            detail: format!("bad range {start}..{end} step {step}"),
+        });
+    }
+    let n = ((end - start) / step).ceil().max(0.0) as usize;
+    Ok(Shape::new([n]))
+}

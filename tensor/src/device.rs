@@ -1,0 +1,122 @@
+//! The device seam: `Device`, the `DeviceStorage`/`DeviceBackend` traits a non-CPU backend
+//! (CUDA, in `cuda/`) implements, and the process-wide backend registry.
+//!
+//! # Contract for a device backend (CUDA)
+//!
+//! A backend provides two things:
+//! 1. A storage type implementing [`DeviceStorage`]: one contiguous, row-major local piece on one
+//!    device ordinal, with a fixed dtype and local shape. It is immutable once built (tensors are
+//!    shared through `Arc`), must be `Send + Sync`, and can copy itself to the host
+//!    (`to_host`, a `CpuArray` of the same dtype and shape). `comm_buf` exposes the device
+//!    memory for collectives (`Buf::Device`) when the backend's communicator can use it.
+//! 2. A [`DeviceBackend`] registered once per process with [`register_device_backend`]. It uploads
+//!    host arrays (`from_host`) and runs local kernels (`run`): `op` is the op *with local
+//!    attributes* (e.g. a reshape's local target shape, a mean's global divisor), `inputs` are the
+//!    local pieces (all on this backend's device; the dispatcher never mixes devices), `out_shape`
+//!    and `out_dtype` are what the dispatcher expects back; the result must have exactly that
+//!    shape and dtype. An op the backend cannot run returns `TensorError::Device` naming the op.
+//!
+//! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing, output
+//! layout) identically for every device. Boxing moves device pieces through the host unless the
+//! backend's storage hands out device buffers the communicator accepts.
+//!
+//! Wiring: the CUDA helper adds `mod cuda;` to `lib.rs`, implements both traits there, and calls
+//! `register_device_backend(DeviceType::Cuda, Arc::new(...))` from its init function.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use oxiflow_collectives::DType;
+use oxiflow_placement::DeviceType;
+use oxiflow_sbp::Shape;
+
+use crate::op::Op;
+use crate::storage::{CpuArray, Storage};
+use crate::{Result, TensorError};
+
+/// Where a local piece lives: the host, or a CUDA device by ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn device_type(self) -> DeviceType {
+        match self {
+            Device::Cpu => DeviceType::Cpu,
+            Device::Cuda(_) => DeviceType::Cuda,
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// One local piece in device memory (see the module docs for the contract).
+pub trait DeviceStorage: Send + Sync + fmt::Debug {
+    fn device(&self) -> Device;
+    fn dtype(&self) -> DType;
+    /// Local shape (row-major, contiguous).
+    fn shape(&self) -> &Shape;
+    /// Copies the piece to the host.
+    fn to_host(&self) -> Result<CpuArray>;
+    /// Downcasting hook for the backend's own kernels.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Kernels and transfers of one device type (see the module docs for the contract).
+pub trait DeviceBackend: Send + Sync {
+    /// Uploads a host array to device `ordinal`.
+    fn from_host(&self, array: &CpuArray, ordinal: usize) -> Result<Arc<dyn DeviceStorage>>;
+    /// Runs the local kernel of `op` on `inputs`, returning a piece of `out_shape`/`out_dtype`.
+    fn run(
+        &self,
+        op: &Op,
+        inputs: &[&Storage],
+        out_shape: &Shape,
+        out_dtype: DType,
+    ) -> Result<Storage>;
+}
+
+static CUDA_BACKEND: RwLock<Option<Arc<dyn DeviceBackend>>> = RwLock::new(None);
+
+/// Registers the backend of a device type (only `Cuda` can be registered; CPU is built in).
+pub fn register_device_backend(device: DeviceType, backend: Arc<dyn DeviceBackend>) -> Result<()> {
+    match device {
+        DeviceType::Cuda => {
+            if let Ok(mut g) = CUDA_BACKEND.write() {
+                *g = Some(backend);
+            }
+            Ok(())
+        }
+        DeviceType::Cpu => Err(TensorError::Device {
+            op: "register_device_backend",
+            devices: "cpu".into(),
+            shapes: String::new(),
+            detail: "the CPU backend is built in".into(),
+        }),
+    }
+}
+
+/// The registered backend of `device`, or a typed error naming `op`.
+pub(crate) fn backend_for(op: &'static str, device: Device) -> Result<Arc<dyn DeviceBackend>> {
+    let found = match device {
+        Device::Cpu => None,
+        Device::Cuda(_) => CUDA_BACKEND.read().ok().and_then(|g| g.clone()),
+    };
+    found.ok_or_else(|| TensorError::Device {
+        op,
+        devices: device.to_string(),
+        shapes: String::new(),
+        detail: format!("no backend registered for {device}"),
+    })
+}

@@ -1,0 +1,448 @@
+//! Eager dispatch, the one path every op takes: metadata checks, then for global operands the
+//! cached (signature, boxing plans, local attributes) of the call, boxing of the inputs, the
+//! local kernel, and the output's layout; finally the autograd hook.
+//!
+//! Ops on global tensors of different placements fail with `TensorError::Placement` naming both
+//! placements (move one explicitly with `to_global(&placement, sbp)`); mixing local and global
+//! operands fails with `TensorError::Mixed`. All checks use metadata only and run before any
+//! communication, so every rank raises the same error.
+
+use std::sync::Arc;
+
+use oxiflow_boxing::{execute, HostData, HostPiece, Plan, Strategy};
+use oxiflow_collectives::DType;
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_sbp::{GlobalLayout, NdSbp, SbpError, Shape};
+use smallvec::SmallVec;
+
+use crate::autograd_slot::run_hook;
+use crate::context::Context;
+use crate::device::{backend_for, Device};
+use crate::kernels::run_cpu;
+use crate::op::Op;
+use crate::sig::meta::{infer_meta, MetaError};
+use crate::sig::op_kind;
+use crate::storage::{CpuArray, Storage};
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// Cache key of a global op call: op with attributes, each input's (shape, nd-SBP, dtype), and
+/// the placement. The context holding the cache fixes the rank.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct DispatchKey {
+    op: Op,
+    inputs: SmallVec<[(Shape, NdSbp, DType); 3]>,
+    placement: Placement,
+}
+
+/// What a cached global op call does on this rank.
+pub(crate) struct DispatchPlan {
+    /// Boxing plan of each input; None when the input already has the signature's layout.
+    boxing: SmallVec<[Option<Arc<Plan>>; 3]>,
+    /// The op with this rank's local attributes.
+    local_op: Op,
+    out_layout: GlobalLayout,
+    out_dtype: DType,
+    /// This rank's output piece shape; None outside the placement.
+    out_local: Option<Shape>,
+}
+
+pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| t.shape().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| {
+            t.nd_sbp()
+                .map_or_else(|| "local".to_string(), |s| s.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
+    match e {
+        MetaError::Shape(detail) => TensorError::Shape {
+            op: op.name(),
+            shapes: shapes_text(inputs),
+            sbps: sbps_text(inputs),
+            detail,
+        },
+        MetaError::DType(detail) => TensorError::DType {
+            op: op.name(),
+            dtypes: inputs
+                .iter()
+                .map(|t| t.dtype().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            shapes: shapes_text(inputs),
+            sbps: sbps_text(inputs),
+            detail,
+        },
+    }
+}
+
+pub(crate) fn sbp_err(
+    op: &'static str,
+    e: SbpError,
+    inputs: &[&Tensor],
+    placement: &Placement,
+) -> TensorError {
+    TensorError::Sbp {
+        op,
+        shapes: shapes_text(inputs),
+        sbps: sbps_text(inputs),
+        placement: placement.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+/// Runs `op` on `inputs` (all local or all global) and returns its output.
+pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let Some(first) = inputs.first() else {
+        return Err(TensorError::Shape {
+            op: op.name(),
+            shapes: String::new(),
+            sbps: String::new(),
+            detail: "no inputs".into(),
+        });
+    };
+    let global = first.is_global();
+    if inputs.iter().any(|t| t.is_global() != global) {
+        return Err(TensorError::Mixed {
+            op: op.name(),
+            kinds: inputs
+                .iter()
+                .map(|t| if t.is_global() { "global" } else { "local" })
+                .collect::<Vec<_>>()
+                .join(", "),
+            shapes: shapes_text(inputs),
+        });
+    }
+    let out = if global {
+        dispatch_global(&op, inputs)?
+    } else {
+        dispatch_local(&op, inputs)?
+    };
+    run_hook(&op, inputs, &out);
+    Ok(out)
+}
+
+fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
+    let dev = inputs[0].device();
+    if inputs.iter().any(|t| t.device() != dev) {
+        return Err(TensorError::Device {
+            op: op.name(),
+            devices: inputs
+                .iter()
+                .map(|t| t.device().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            shapes: shapes_text(inputs),
+            detail: "operands live on different devices".into(),
+        });
+    }
+    Ok(dev)
+}
+
+/// Runs the local kernel of `op` on pieces (one device) expecting `out_shape`/`out_dtype`.
+pub(crate) fn run_kernel(
+    op: &Op,
+    pieces: &[&Storage],
+    device: Device,
+    out_shape: &Shape,
+    out_dtype: DType,
+) -> Result<Storage> {
+    if device == Device::Cpu {
+        let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
+        for p in pieces {
+            host.push(p.cpu(op.name())?);
+        }
+        return Ok(Storage::Cpu(run_cpu(op, &host)?));
+    }
+    backend_for(op.name(), device)?.run(op, pieces, out_shape, out_dtype)
+}
+
+fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let device = check_devices(op, inputs)?;
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
+    let (out_shape, out_dtype) =
+        infer_meta(op, &shapes, &dtypes).map_err(|e| meta_err(op, e, inputs))?;
+    let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
+    for t in inputs {
+        match t.storage() {
+            Some(s) => pieces.push(s),
+            None => {
+                return Err(TensorError::Kernel {
+                    op: op.name(),
+                    detail: "local tensor without storage".into(),
+                })
+            }
+        }
+    }
+    let out = run_kernel(op, &pieces, device, &out_shape, out_dtype)?;
+    Ok(Tensor::from_storage(out))
+}
+
+/// The op with this rank's local attributes, given the chosen layouts.
+fn local_op(op: &Op, in_shapes: &[&Shape], out_local: Option<&Shape>) -> Op {
+    match (op, out_local) {
+        (Op::Mean { dims, keepdim, .. }, _) => Op::Mean {
+            dims: dims.clone(),
+            keepdim: *keepdim,
+            count: dims
+                .iter()
+                .map(|&d| in_shapes[0].dim(d))
+                .product::<usize>()
+                .max(1),
+        },
+        (Op::Reshape { .. }, Some(s)) => Op::Reshape { shape: s.clone() },
+        (Op::SumToShape { .. }, Some(s)) => Op::SumToShape { shape: s.clone() },
+        (Op::EmbeddingBackward { .. }, Some(s)) => Op::EmbeddingBackward { num: s.dim(0) },
+        _ => op.clone(),
+    }
+}
+
+fn build_plan(
+    op: &Op,
+    inputs: &[&Tensor],
+    ctx: &Context,
+    placement: &Placement,
+) -> Result<DispatchPlan> {
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
+    let (out_shape, out_dtype) =
+        infer_meta(op, &shapes, &dtypes).map_err(|e| meta_err(op, e, inputs))?;
+    let kind = op_kind(op);
+    let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
+    let sig_in: SmallVec<[(&Shape, &NdSbp); 3]> =
+        layouts.iter().map(|l| (l.shape(), l.nd_sbp())).collect();
+    let elem = dtypes.iter().map(|d| d.size()).max().unwrap_or(4);
+    let sig = ctx
+        .infer_engine()
+        .infer(&kind, &sig_in, placement, elem)
+        .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
+    let out_nd = sig
+        .outputs
+        .first()
+        .cloned()
+        .ok_or_else(|| TensorError::Sbp {
+            op: op.name(),
+            shapes: shapes_text(inputs),
+            sbps: sbps_text(inputs),
+            placement: placement.to_string(),
+            detail: "signature has no output".into(),
+        })?;
+    let out_layout = GlobalLayout::new(out_shape, placement, out_nd)
+        .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
+    let mut boxing = SmallVec::new();
+    for (i, l) in layouts.iter().enumerate() {
+        let target = &sig.inputs[i];
+        if target == l.nd_sbp() {
+            boxing.push(None);
+            continue;
+        }
+        let to = l
+            .with_nd_sbp(target.clone())
+            .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
+        let plan = ctx
+            .planner()
+            .plan(l, &to, dtypes[i])
+            .map_err(|e| TensorError::Boxing {
+                op: op.name(),
+                from: l.to_string(),
+                to: to.to_string(),
+                detail: e.to_string(),
+            })?;
+        boxing.push(if plan.strategy == Strategy::Identity {
+            None
+        } else {
+            Some(plan)
+        });
+    }
+    let out_local = out_layout.local_shape(ctx.rank());
+    Ok(DispatchPlan {
+        boxing,
+        local_op: local_op(op, &shapes, out_local.as_ref()),
+        out_layout,
+        out_dtype,
+        out_local,
+    })
+}
+
+/// Host piece of a storage (a copy; device pieces come through the host).
+pub(crate) fn to_host_piece(s: &Storage) -> Result<HostPiece> {
+    let host = s.to_host()?.into_standard();
+    let shape = Shape::from(host.shape());
+    let data = match host {
+        CpuArray::F32(a) => HostData::F32(a.into_raw_vec_and_offset().0),
+        CpuArray::F64(a) => HostData::F64(a.into_raw_vec_and_offset().0),
+        CpuArray::I64(a) => HostData::I64(a.into_raw_vec_and_offset().0),
+    };
+    Ok(HostPiece { shape, data })
+}
+
+/// Storage of a host piece on `device`.
+pub(crate) fn from_host_piece(p: HostPiece, device: Device) -> Result<Storage> {
+    let dims = ndarray::IxDyn(p.shape.dims());
+    let bad = |e: ndarray::ShapeError| TensorError::Kernel {
+        op: "boxing",
+        detail: e.to_string(),
+    };
+    let a = match p.data {
+        HostData::F32(v) => CpuArray::F32(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        HostData::F64(v) => CpuArray::F64(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        HostData::I64(v) => CpuArray::I64(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+    };
+    match device {
+        Device::Cpu => Ok(Storage::Cpu(a)),
+        Device::Cuda(i) => Ok(Storage::Device(
+            backend_for("boxing", device)?.from_host(&a, i)?,
+        )),
+    }
+}
+
+/// Runs a boxing plan on a tensor's piece; returns the new piece (None outside the target).
+pub(crate) fn run_boxing(
+    op: &'static str,
+    plan: &Plan,
+    ctx: &Context,
+    piece: Option<&Storage>,
+    device: Device,
+) -> Result<Option<Storage>> {
+    let host = piece.map(to_host_piece).transpose()?;
+    let out = execute(plan, ctx.world(), host).map_err(|e| TensorError::Boxing {
+        op,
+        from: plan.from.to_string(),
+        to: plan.to.to_string(),
+        detail: e.to_string(),
+    })?;
+    let target_device = match plan.to.placement().device() {
+        DeviceType::Cpu => Device::Cpu,
+        DeviceType::Cuda => match device {
+            Device::Cuda(i) => Device::Cuda(i),
+            Device::Cpu => Device::Cuda(0),
+        },
+    };
+    out.map(|p| from_host_piece(p, target_device)).transpose()
+}
+
+fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let (Some(placement), Some(ctx)) = (inputs[0].placement(), inputs[0].context()) else {
+        return Err(TensorError::Kernel {
+            op: op.name(),
+            detail: "global tensor without layout".into(),
+        });
+    };
+    let dev = placement.device();
+    if inputs
+        .iter()
+        .any(|t| t.placement().is_some_and(|p| p.device() != dev))
+    {
+        return Err(TensorError::Device {
+            op: op.name(),
+            devices: inputs
+                .iter()
+                .map(|t| t.placement().map_or_else(String::new, |p| p.to_string()))
+                .collect::<Vec<_>>()
+                .join(" vs "),
+            shapes: shapes_text(inputs),
+            detail: format!(
+                "operands are on different device types (nd-SBPs {})",
+                sbps_text(inputs)
+            ),
+        });
+    }
+    if inputs.iter().any(|t| t.placement() != Some(placement)) {
+        return Err(TensorError::Placement {
+            op: op.name(),
+            placements: inputs
+                .iter()
+                .map(|t| t.placement().map_or_else(String::new, |p| p.to_string()))
+                .collect::<Vec<_>>()
+                .join(" vs "),
+            shapes: shapes_text(inputs),
+            sbps: sbps_text(inputs),
+        });
+    }
+    let key = DispatchKey {
+        op: op.clone(),
+        inputs: inputs
+            .iter()
+            .filter_map(|t| {
+                t.layout()
+                    .map(|l| (l.shape().clone(), l.nd_sbp().clone(), t.dtype()))
+            })
+            .collect(),
+        placement: placement.clone(),
+    };
+    let cached = ctx.cache().get(&key).cloned();
+    let plan = match cached {
+        Some(p) => p,
+        None => {
+            let p = Arc::new(build_plan(op, inputs, ctx, placement)?);
+            ctx.cache().insert(key, p.clone());
+            p
+        }
+    };
+    let device = inputs[0].device();
+    // Box the inputs that need it.
+    let mut boxed: SmallVec<[Option<Storage>; 3]> = SmallVec::new();
+    for (t, b) in inputs.iter().zip(&plan.boxing) {
+        boxed.push(match b {
+            Some(bp) => run_boxing(op.name(), bp, ctx, t.storage(), device)?,
+            None => None,
+        });
+    }
+    let out_piece = match &plan.out_local {
+        None => None,
+        Some(out_local) => {
+            let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
+            for (t, b) in inputs.iter().zip(&boxed) {
+                let piece = match b {
+                    Some(s) => Some(s),
+                    None => t.storage(),
+                };
+                match piece {
+                    Some(p) => pieces.push(p),
+                    None => {
+                        return Err(TensorError::Kernel {
+                            op: op.name(),
+                            detail: format!(
+                                "rank {} has no local piece of input {}",
+                                ctx.rank(),
+                                t.describe()
+                            ),
+                        })
+                    }
+                }
+            }
+            let out = run_kernel(&plan.local_op, &pieces, device, out_local, plan.out_dtype)?;
+            if out.shape() != *out_local {
+                return Err(TensorError::Kernel {
+                    op: op.name(),
+                    detail: format!(
+                        "local kernel gave {} but layout {} expects {} on rank {}",
+                        out.shape(),
+                        plan.out_layout,
+                        out_local,
+                        ctx.rank()
+                    ),
+                });
+            }
+            Some(out)
+        }
+    };
+    Ok(Tensor::global_from_piece(
+        out_piece,
+        plan.out_layout.clone(),
+        plan.out_dtype,
+        ctx.clone(),
+    ))
+}

@@ -1,0 +1,278 @@
+//! Local <-> global conversions: `to_global` from a local tensor (the locals are the pieces) or
+//! from a global one (boxing, also to another placement), `to_global_checked` (metadata agreed
+//! across ranks, handles uneven pieces), `to_local`, and gathering the whole value (`to_ndarray`).
+
+use ndarray::ArrayD;
+use oxiflow_collectives::{Buf, BufMut, DType};
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Shape};
+
+use crate::context::Context;
+use crate::device::{backend_for, Device};
+use crate::dispatch::{run_boxing, sbp_err};
+use crate::element::TensorElement;
+use crate::storage::{CpuArray, Storage};
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// Most dims `to_global_checked` exchanges.
+const MAX_DIMS: usize = 16;
+
+fn world_check(op: &'static str, ctx: &Context, placement: &Placement) -> Result<()> {
+    placement
+        .check_world(ctx.world_size())
+        .map_err(|e| TensorError::World {
+            op,
+            placement: placement.to_string(),
+            world_size: ctx.world_size(),
+            detail: e.to_string(),
+        })
+}
+
+/// The piece moved to the placement's device type.
+fn piece_on(op: &'static str, s: &Storage, placement: &Placement) -> Result<Storage> {
+    match (placement.device(), s.device()) {
+        (DeviceType::Cpu, Device::Cpu) | (DeviceType::Cuda, Device::Cuda(_)) => Ok(s.clone()),
+        (DeviceType::Cpu, Device::Cuda(_)) => Ok(Storage::Cpu(s.to_host()?)),
+        (DeviceType::Cuda, Device::Cpu) => {
+            // One device per process: ordinal 0 of the devices the process sees (the CUDA
+            // backend maps LOCAL_RANK to a visible device when it initialises).
+            let dev = Device::Cuda(0);
+            Ok(Storage::Device(
+                backend_for(op, dev)?.from_host(&s.to_host()?, 0)?,
+            ))
+        }
+    }
+}
+
+impl Tensor {
+    /// A global tensor on `placement` with `nd_sbp`. From a local tensor: this rank's tensor is
+    /// its piece and the global shape is derived assuming every rank's piece has this rank's
+    /// shape (even splits; use `to_global_checked` for uneven pieces). From a global tensor:
+    /// boxing to the new (placement, nd-SBP), the same value. Ranks outside the placement pass
+    /// any tensor (its data is ignored).
+    pub fn to_global(&self, placement: &Placement, nd_sbp: impl Into<NdSbp>) -> Result<Tensor> {
+        let nd_sbp = nd_sbp.into();
+        let out = self.to_global_untracked(placement, &nd_sbp)?;
+        crate::autograd::record_to_global(self, &out, &nd_sbp);
+        Ok(out)
+    }
+
+    fn to_global_untracked(&self, placement: &Placement, nd_sbp: &NdSbp) -> Result<Tensor> {
+        let nd_sbp = nd_sbp.clone();
+        if self.is_global() {
+            return self.box_to(placement, nd_sbp);
+        }
+        let ctx = Context::current_for("to_global")?;
+        world_check("to_global", &ctx, placement)?;
+        check_nd_sbp(self.shape(), placement, &nd_sbp)
+            .map_err(|e| sbp_err("to_global", e, &[self], placement))?;
+        let n = placement.num_ranks();
+        let locals = vec![self.shape().clone(); n];
+        let global = GlobalLayout::global_shape_from_locals(&locals, placement, &nd_sbp)
+            .map_err(|e| sbp_err("to_global", e, &[self], placement))?;
+        self.local_to_global(&ctx, placement, nd_sbp, global, "to_global")
+    }
+
+    /// Like `to_global` from a local tensor, but all ranks of the world exchange their local
+    /// shapes and dtypes first (every world rank must call it): the global shape is derived
+    /// exactly from the pieces (uneven splits work) and disagreements are a typed error on every
+    /// rank.
+    pub fn to_global_checked(
+        &self,
+        placement: &Placement,
+        nd_sbp: impl Into<NdSbp>,
+    ) -> Result<Tensor> {
+        let op = "to_global_checked";
+        let nd_sbp = nd_sbp.into();
+        if self.is_global() {
+            return self.box_to(placement, nd_sbp);
+        }
+        let ctx = Context::current_for(op)?;
+        world_check(op, &ctx, placement)?;
+        let shape = self.shape();
+        if shape.ndim() > MAX_DIMS {
+            return Err(TensorError::Shape {
+                op,
+                shapes: shape.to_string(),
+                sbps: nd_sbp.to_string(),
+                detail: format!("at most {MAX_DIMS} dims"),
+            });
+        }
+        let width = MAX_DIMS + 2;
+        let mut mine = vec![0i64; width];
+        mine[0] = shape.ndim() as i64;
+        mine[1] = match self.dtype() {
+            DType::F32 => 0,
+            DType::F64 => 1,
+            DType::I64 => 2,
+        };
+        for (i, &d) in shape.dims().iter().enumerate() {
+            mine[2 + i] = d as i64;
+        }
+        let world = ctx.world();
+        let mut all = vec![0i64; width * world.size()];
+        world
+            .all_gather(
+                DType::I64,
+                Buf::Host(bytemuck::cast_slice(&mine)),
+                BufMut::Host(bytemuck::cast_slice_mut(&mut all)),
+            )
+            .map_err(|source| TensorError::Comm { op, source })?;
+        let ranks = world.world_ranks().to_vec();
+        let mut locals = Vec::with_capacity(placement.num_ranks());
+        for &r in placement.ranks() {
+            let m = ranks.iter().position(|&x| x == r).unwrap_or(r);
+            let row = &all[m * width..(m + 1) * width];
+            if row[0] != mine[0] || row[1] != mine[1] {
+                return Err(TensorError::Mismatch {
+                    op,
+                    detail: format!(
+                        "rank {r} has {} dims and dtype code {}, rank {} has {} dims and dtype code {}",
+                        row[0], row[1], ctx.rank(), mine[0], mine[1]
+                    ),
+                });
+            }
+            locals.push(Shape::new(
+                row[2..2 + shape.ndim()].iter().map(|&d| d as usize),
+            ));
+        }
+        check_nd_sbp(shape, placement, &nd_sbp).map_err(|e| sbp_err(op, e, &[self], placement))?;
+        let global = GlobalLayout::global_shape_from_locals(&locals, placement, &nd_sbp)
+            .map_err(|e| sbp_err(op, e, &[self], placement))?;
+        let layout = GlobalLayout::new(global.clone(), placement, nd_sbp.clone())
+            .map_err(|e| sbp_err(op, e, &[self], placement))?;
+        for (idx, &r) in placement.ranks().iter().enumerate() {
+            let expect = layout.local_shape_at(&placement.coord_of_index(idx));
+            if expect != locals[idx] {
+                return Err(TensorError::Mismatch {
+                    op,
+                    detail: format!(
+                        "rank {r} holds a piece of shape {} but {} needs {expect} there",
+                        locals[idx], layout
+                    ),
+                });
+            }
+        }
+        self.local_to_global(&ctx, placement, nd_sbp, global, op)
+    }
+
+    fn local_to_global(
+        &self,
+        ctx: &Context,
+        placement: &Placement,
+        nd_sbp: NdSbp,
+        global: Shape,
+        op: &'static str,
+    ) -> Result<Tensor> {
+        let layout = GlobalLayout::new(global, placement, nd_sbp)
+            .map_err(|e| sbp_err(op, e, &[self], placement))?;
+        let piece = match layout.local_shape(ctx.rank()) {
+            None => None,
+            Some(expect) => {
+                if &expect != self.shape() {
+                    return Err(TensorError::Shape {
+                        op,
+                        shapes: self.shape().to_string(),
+                        sbps: layout.nd_sbp().to_string(),
+                        detail: format!(
+                            "rank {} holds a piece of shape {} but {} needs {expect} (uneven pieces need to_global_checked)",
+                            ctx.rank(),
+                            self.shape(),
+                            layout
+                        ),
+                    });
+                }
+                match self.storage() {
+                    Some(s) => Some(piece_on(op, s, placement)?),
+                    None => None,
+                }
+            }
+        };
+        Ok(Tensor::global_from_piece(
+            piece,
+            layout,
+            self.dtype(),
+            ctx.clone(),
+        ))
+    }
+
+    /// Boxing of a global tensor to another (placement, nd-SBP): same shape and value.
+    fn box_to(&self, placement: &Placement, nd_sbp: NdSbp) -> Result<Tensor> {
+        let op = "to_global";
+        let (Some(from), Some(ctx)) = (self.layout(), self.context()) else {
+            return Err(TensorError::Kernel {
+                op,
+                detail: "global tensor without layout".into(),
+            });
+        };
+        world_check(op, ctx, placement)?;
+        let to = GlobalLayout::new(from.shape().clone(), placement, nd_sbp)
+            .map_err(|e| sbp_err(op, e, &[self], placement))?;
+        if &to == from {
+            return Ok(self.clone());
+        }
+        let plan =
+            ctx.planner()
+                .plan(from, &to, self.dtype())
+                .map_err(|e| TensorError::Boxing {
+                    op,
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    detail: e.to_string(),
+                })?;
+        let piece = run_boxing(op, &plan, ctx, self.storage(), self.device())?;
+        Ok(Tensor::global_from_piece(
+            piece,
+            to,
+            self.dtype(),
+            ctx.clone(),
+        ))
+    }
+
+    /// This rank's piece as a local tensor (shares the data). A local tensor returns itself;
+    /// ranks outside the placement get an empty tensor.
+    pub fn to_local(&self) -> Tensor {
+        if self.is_local() {
+            return self.clone();
+        }
+        match &self.0.piece {
+            Some(s) => Tensor::from_shared(s.clone()),
+            None => Tensor::from_storage(Storage::Cpu(CpuArray::zeros(
+                self.dtype(),
+                self.local_shape().dims(),
+            ))),
+        }
+    }
+
+    /// The whole value as a host array. Local: a copy. Global: every rank of the placement must
+    /// call it (it boxes to all-B on the placement); ranks outside the placement get an error
+    /// without communicating.
+    pub fn to_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        let Some(layout) = self.layout() else {
+            return self.local_ndarray();
+        };
+        let placement = layout.placement().clone();
+        let Some(ctx) = self.context() else {
+            return self.local_ndarray();
+        };
+        if !placement.contains(ctx.rank()) {
+            return Err(TensorError::World {
+                op: "to_ndarray",
+                placement: placement.to_string(),
+                world_size: ctx.world_size(),
+                detail: format!(
+                    "rank {} is outside the placement and holds no part of the value",
+                    ctx.rank()
+                ),
+            });
+        }
+        let b = self.to_global(&placement, NdSbp::broadcast(placement.ndim()))?;
+        b.local_ndarray()
+    }
+
+    /// The whole value as a row-major vector (see `to_ndarray`).
+    pub fn to_vec<T: TensorElement>(&self) -> Result<Vec<T>> {
+        Ok(self.to_ndarray::<T>()?.into_raw_vec_and_offset().0)
+    }
+}

@@ -1,0 +1,137 @@
+//! Storage of one local piece: `CpuArray` (ndarray, row-major contiguous) or a device piece.
+
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_collectives::DType;
+use oxiflow_sbp::Shape;
+
+use crate::device::{Device, DeviceStorage};
+use crate::element::TensorElement;
+use crate::{Result, TensorError};
+
+/// A host array of one of the supported dtypes. Always standard (row-major contiguous) layout.
+#[derive(Clone, Debug)]
+pub enum CpuArray {
+    F32(ArrayD<f32>),
+    F64(ArrayD<f64>),
+    I64(ArrayD<i64>),
+}
+
+/// Applies `$body` to the array inside a `CpuArray`, binding it as `$a` (generic over the type).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_array {
+    ($s:expr, $a:ident => $body:expr) => {
+        match $s {
+            $crate::CpuArray::F32($a) => $body,
+            $crate::CpuArray::F64($a) => $body,
+            $crate::CpuArray::I64($a) => $body,
+        }
+    };
+}
+
+impl CpuArray {
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuArray::F32(_) => DType::F32,
+            CpuArray::F64(_) => DType::F64,
+            CpuArray::I64(_) => DType::I64,
+        }
+    }
+    pub fn shape(&self) -> &[usize] {
+        with_array!(self, a => a.shape())
+    }
+    /// An array of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> CpuArray {
+        let sh = IxDyn(shape);
+        match dtype {
+            DType::F32 => CpuArray::F32(ArrayD::zeros(sh)),
+            DType::F64 => CpuArray::F64(ArrayD::zeros(sh)),
+            DType::I64 => CpuArray::I64(ArrayD::zeros(sh)),
+        }
+    }
+    /// Makes the layout standard (row-major contiguous), copying only when needed.
+    pub fn into_standard(self) -> CpuArray {
+        fn std<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
+            if a.is_standard_layout() {
+                a
+            } else {
+                a.as_standard_layout().into_owned()
+            }
+        }
+        match self {
+            CpuArray::F32(a) => CpuArray::F32(std(a)),
+            CpuArray::F64(a) => CpuArray::F64(std(a)),
+            CpuArray::I64(a) => CpuArray::I64(std(a)),
+        }
+    }
+    /// The array of type `T`, or None for another dtype.
+    pub fn as_array<T: TensorElement>(&self) -> Option<&ArrayD<T>> {
+        T::view(self)
+    }
+    /// Converts every element to `dtype` (float -> i64 truncates toward zero).
+    pub fn cast(&self, dtype: DType) -> CpuArray {
+        fn conv<S: TensorElement, T: TensorElement>(a: &ArrayD<S>) -> ArrayD<T> {
+            a.mapv(|v| T::from_f64(v.to_f64()))
+        }
+        match (self, dtype) {
+            (CpuArray::F32(a), DType::F64) => CpuArray::F64(a.mapv(f64::from)),
+            (CpuArray::F32(a), DType::I64) => CpuArray::I64(conv(a)),
+            (CpuArray::F64(a), DType::F32) => CpuArray::F32(a.mapv(|v| v as f32)),
+            (CpuArray::F64(a), DType::I64) => CpuArray::I64(conv(a)),
+            (CpuArray::I64(a), DType::F32) => CpuArray::F32(conv(a)),
+            (CpuArray::I64(a), DType::F64) => CpuArray::F64(conv(a)),
+            (s, _) => s.clone(),
+        }
+    }
+}
+
+/// The storage of a local piece.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    Cpu(CpuArray),
+    /// A piece on a non-CPU device, implemented by that device's backend (see `device`).
+    Device(Arc<dyn DeviceStorage>),
+}
+
+impl Storage {
+    pub fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Device(d) => d.device(),
+        }
+    }
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::Cpu(a) => a.dtype(),
+            Storage::Device(d) => d.dtype(),
+        }
+    }
+    /// The local shape.
+    pub fn shape(&self) -> Shape {
+        match self {
+            Storage::Cpu(a) => Shape::from(a.shape()),
+            Storage::Device(d) => d.shape().clone(),
+        }
+    }
+    /// The host array (a copy for device storage).
+    pub fn to_host(&self) -> Result<CpuArray> {
+        match self {
+            Storage::Cpu(a) => Ok(a.clone()),
+            Storage::Device(d) => d.to_host(),
+        }
+    }
+    /// The host array by reference; device storage is an error naming `op`.
+    pub fn cpu(&self, op: &'static str) -> Result<&CpuArray> {
+        match self {
+            Storage::Cpu(a) => Ok(a),
+            Storage::Device(d) => Err(TensorError::Device {
+                op,
+                devices: d.device().to_string(),
+                shapes: d.shape().to_string(),
+                detail: "expected host storage".into(),
+            }),
+        }
+    }
+}

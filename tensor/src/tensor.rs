@@ -1,0 +1,254 @@
+//! `Tensor`: a cheap-to-clone handle (Arc) to a local tensor or to this rank's view of a global
+//! tensor (local piece + `GlobalLayout` + runtime context), plus autograd metadata.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_collectives::DType;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
+
+use crate::autograd_slot::AutogradMeta;
+use crate::context::Context;
+use crate::device::Device;
+use crate::element::TensorElement;
+use crate::storage::{CpuArray, Storage};
+use crate::{Result, TensorError};
+
+/// The global part of a tensor: its layout and the rank's runtime context.
+#[derive(Clone)]
+pub(crate) struct GlobalMeta {
+    pub layout: GlobalLayout,
+    pub ctx: Context,
+}
+
+/// Everything a tensor holds. Autograd (issue 6) uses `autograd` and wraps dispatch through the
+/// hook in `autograd_slot`; op signatures never change for it.
+pub struct TensorImpl {
+    /// The local piece; None on ranks outside a global tensor's placement.
+    pub(crate) piece: Option<Arc<Storage>>,
+    /// Shape of the local piece (all-zero dims when `piece` is None).
+    pub(crate) local_shape: Shape,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+    pub(crate) global: Option<GlobalMeta>,
+    pub(crate) autograd: AutogradMeta,
+}
+
+/// A local or global tensor. Cloning shares the data.
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorImpl>);
+
+impl Tensor {
+    /// A local tensor from storage.
+    pub fn from_storage(storage: Storage) -> Tensor {
+        let local_shape = storage.shape();
+        let (dtype, device) = (storage.dtype(), storage.device());
+        Tensor(Arc::new(TensorImpl {
+            piece: Some(Arc::new(storage)),
+            local_shape,
+            dtype,
+            device,
+            global: None,
+            autograd: AutogradMeta::default(),
+        }))
+    }
+
+    /// A local tensor sharing a piece's storage.
+    pub(crate) fn from_shared(piece: Arc<Storage>) -> Tensor {
+        let local_shape = piece.shape();
+        let (dtype, device) = (piece.dtype(), piece.device());
+        Tensor(Arc::new(TensorImpl {
+            piece: Some(piece),
+            local_shape,
+            dtype,
+            device,
+            global: None,
+            autograd: AutogradMeta::default(),
+        }))
+    }
+
+    /// A local tensor from a host array (made row-major contiguous).
+    pub fn from_array<T: TensorElement>(a: ArrayD<T>) -> Tensor {
+        Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()))
+    }
+
+    /// A local tensor from row-major data and a shape.
+    pub fn from_vec<T: TensorElement>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = data.len();
+        ArrayD::from_shape_vec(IxDyn(shape.dims()), data)
+            .map(Tensor::from_array)
+            .map_err(|_| TensorError::Shape {
+                op: "from_vec",
+                shapes: shape.to_string(),
+                sbps: "-".into(),
+                detail: format!("{n} elements do not fill shape {shape}"),
+            })
+    }
+
+    /// A 0-d local tensor.
+    pub fn scalar<T: TensorElement>(v: T) -> Tensor {
+        Tensor::from_array(ArrayD::from_elem(IxDyn(&[]), v))
+    }
+
+    /// A global tensor from this rank's piece (None outside the placement). Checks the local
+    /// shape against the layout (a kernel bug otherwise).
+    pub(crate) fn global_from_piece(
+        piece: Option<Storage>,
+        layout: GlobalLayout,
+        dtype: DType,
+        ctx: Context,
+    ) -> Tensor {
+        let device = match &piece {
+            Some(s) => s.device(),
+            None => Device::Cpu,
+        };
+        let local_shape = match &piece {
+            Some(s) => s.shape(),
+            None => Shape::new(std::iter::repeat(0).take(layout.shape().ndim())),
+        };
+        debug_assert!(
+            piece.is_none() || layout.local_shape(ctx.rank()).as_ref() == Some(&local_shape),
+            "local piece {local_shape} does not match layout {layout} on rank {}",
+            ctx.rank()
+        );
+        Tensor(Arc::new(TensorImpl {
+            piece: piece.map(Arc::new),
+            local_shape,
+            dtype,
+            device,
+            global: Some(GlobalMeta { layout, ctx }),
+            autograd: AutogradMeta::default(),
+        }))
+    }
+
+    /// The logical shape: the global shape of a global tensor, the shape of a local one.
+    pub fn shape(&self) -> &Shape {
+        match &self.0.global {
+            Some(g) => g.layout.shape(),
+            None => &self.0.local_shape,
+        }
+    }
+    /// The shape of this rank's piece (equal to `shape()` for local tensors).
+    pub fn local_shape(&self) -> &Shape {
+        &self.0.local_shape
+    }
+    pub fn ndim(&self) -> usize {
+        self.shape().ndim()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape().numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    /// The device of the local piece.
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    pub fn is_global(&self) -> bool {
+        self.0.global.is_some()
+    }
+    pub fn is_local(&self) -> bool {
+        self.0.global.is_none()
+    }
+    /// The placement of a global tensor.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.0.global.as_ref().map(|g| g.layout.placement())
+    }
+    /// The nd-SBP of a global tensor.
+    pub fn nd_sbp(&self) -> Option<&NdSbp> {
+        self.0.global.as_ref().map(|g| g.layout.nd_sbp())
+    }
+    /// Alias of `nd_sbp`.
+    pub fn sbp(&self) -> Option<&NdSbp> {
+        self.nd_sbp()
+    }
+    /// The global layout (shape, placement, nd-SBP) of a global tensor.
+    pub fn layout(&self) -> Option<&GlobalLayout> {
+        self.0.global.as_ref().map(|g| &g.layout)
+    }
+    /// The runtime context a global tensor was made in.
+    pub fn context(&self) -> Option<&Context> {
+        self.0.global.as_ref().map(|g| &g.ctx)
+    }
+    /// The local piece's storage (None on ranks outside a global tensor's placement).
+    pub fn storage(&self) -> Option<&Storage> {
+        self.0.piece.as_deref()
+    }
+    /// Autograd metadata (requires_grad, grad, grad_fn).
+    pub fn autograd(&self) -> &AutogradMeta {
+        &self.0.autograd
+    }
+    pub fn requires_grad(&self) -> bool {
+        self.0.autograd.requires_grad()
+    }
+    /// Marks the tensor as a leaf that wants a gradient; returns it for chaining.
+    pub fn requires_grad_(self, v: bool) -> Tensor {
+        if v {
+            crate::autograd::enable();
+        }
+        self.0.autograd.set_requires_grad(v);
+        self
+    }
+    /// Whether both handles share one tensor.
+    pub fn same(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The local piece as a host array of `T` (a copy). For a global tensor this is the rank's
+    /// piece; use `to_ndarray` for the whole value.
+    pub fn local_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        let host = match self.storage() {
+            Some(s) => s.to_host()?,
+            None => CpuArray::zeros(self.dtype(), self.local_shape().dims()),
+        };
+        let dt = host.dtype();
+        T::unwrap(host).ok_or_else(|| TensorError::DType {
+            op: "to_ndarray",
+            dtypes: dt.to_string(),
+            shapes: self.shape().to_string(),
+            sbps: self.nd_sbp().map_or("-".into(), |s| s.to_string()),
+            detail: format!("asked for {}", T::DTYPE),
+        })
+    }
+
+    /// Short description for messages: `[4, 5] f32 (S(0) on cpu:[0, 1])` or `[4, 5] f32 local`.
+    pub fn describe(&self) -> String {
+        match &self.0.global {
+            Some(g) => format!(
+                "{} {} ({} on {})",
+                self.shape(),
+                self.dtype(),
+                g.layout.nd_sbp(),
+                g.layout.placement()
+            ),
+            None => format!(
+                "{} {} local on {}",
+                self.shape(),
+                self.dtype(),
+                self.device()
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({})", self.describe())
+    }
+}
+
+impl fmt::Display for Tensor {
+    /// The local piece's values (global tensors print their piece and layout).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "tensor {}", self.describe())?;
+        match self.storage() {
+            Some(Storage::Cpu(a)) => crate::with_array!(a, x => write!(f, "{x}")),
+            Some(Storage::Device(d)) => write!(f, "<{} piece on {}>", d.shape(), d.device()),
+            None => f.write_str("<no piece on this rank>"),
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Checkpoints in safetensors: a directory with one file per writing rank
+//! (`rank-00003.safetensors`, holding that rank's pieces) and `manifest.json` (every tensor's
+//! shape, dtype and the global region of each saved piece; free-form metadata).
+//!
+//! Saving (a collective: every rank of the world calls it) writes each distinct piece once:
+//! partial-sum axes are reduced first, and of the copies along broadcast axes only mesh
+//! coordinate 0 writes. With `SaveOptions::gathered`, the first rank of each placement writes
+//! the whole value instead. Loading needs no communication: each rank reads the regions its
+//! own layout needs from the files that hold them, so a checkpoint saved under one parallel
+//! layout (DP=4) loads under another (TP=2). Writes are atomic (see `atomic`): a crash at any
+//! point leaves the previous checkpoint loadable.
+
+mod atomic;
+mod load;
+mod pieces;
+mod save;
+
+use std::collections::BTreeMap;
+
+pub use load::{load, load_tensors, read_manifest_names};
+pub use save::{save, save_tensors};
+
+/// Points of a save where `SaveOptions::stage_hook` is called (a test hook: a crash there
+/// must leave the previous checkpoint loadable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveStage {
+    /// Half of this rank's file is written.
+    MidFile,
+    /// Every file and the manifest are written under `<path>.partial`, nothing published yet.
+    BeforePublish,
+    /// The previous checkpoint was moved to `<path>.old`; the new one is not in place yet.
+    BetweenRenames,
+}
+
+/// How to save.
+#[derive(Clone, Copy, Default)]
+pub struct SaveOptions {
+    /// The first rank of each placement writes whole tensors (instead of every rank its pieces).
+    pub gathered: bool,
+    /// Called at each `SaveStage` (tests use it to crash a save on purpose).
+    pub stage_hook: Option<fn(SaveStage)>,
+}
+
+impl std::fmt::Debug for SaveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaveOptions").field("gathered", &self.gathered).finish()
+    }
+}
+
+/// Free-form string metadata stored in the manifest (e.g. the training step).
+pub type Metadata = BTreeMap<String, String>;
+
+/// Name of the checkpoint entry of an optimizer state slot.
+pub fn optim_key(param: &str, slot: &str) -> String {
+    format!("optim/{param}/{slot}")
+}

@@ -1,0 +1,122 @@
+//! Pieces as bytes: host arrays to little-endian bytes and back, safetensors dtypes, and the
+//! copy of a region intersection from a saved piece into a piece being loaded.
+
+use std::ops::Range;
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_collectives::DType;
+use safetensors::Dtype;
+
+use crate::storage::CpuArray;
+
+pub(crate) fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::I64 => Dtype::I64,
+    }
+}
+
+pub(crate) fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I64 => "i64",
+    }
+}
+
+pub(crate) fn dtype_from_name(s: &str) -> Option<DType> {
+    match s {
+        "f32" => Some(DType::F32),
+        "f64" => Some(DType::F64),
+        "i64" => Some(DType::I64),
+        _ => None,
+    }
+}
+
+/// Row-major little-endian bytes of a standard-layout array.
+pub(crate) fn to_bytes(a: &CpuArray) -> Vec<u8> {
+    match a {
+        CpuArray::F32(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        CpuArray::F64(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        CpuArray::I64(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// A host array of `dtype` and `shape` from little-endian bytes (length already checked).
+pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Option<CpuArray> {
+    let sh = IxDyn(shape);
+    Some(match dtype {
+        DType::F32 => CpuArray::F32(
+            ArrayD::from_shape_vec(sh, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).ok()?,
+        ),
+        DType::F64 => CpuArray::F64(
+            ArrayD::from_shape_vec(sh, bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+                .ok()?,
+        ),
+        DType::I64 => CpuArray::I64(
+            ArrayD::from_shape_vec(sh, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+                .ok()?,
+        ),
+    })
+}
+
+/// The intersection of two regions (None when empty).
+pub(crate) fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Option<Vec<Range<usize>>> {
+    if a.len() != b.len() {
+        return None;
+    }
+    let r: Vec<Range<usize>> = a.iter().zip(b).map(|(x, y)| x.start.max(y.start)..x.end.min(y.end)).collect();
+    r.iter().all(|x| x.start < x.end).then_some(r)
+}
+
+fn strides(region: &[Range<usize>]) -> Vec<usize> {
+    let mut s = vec![1usize; region.len()];
+    for d in (0..region.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * region[d + 1].len();
+    }
+    s
+}
+
+/// Copies the elements of `inter` from `src` (bytes of region `src_region`) into `dst` (bytes
+/// of region `dst_region`), `es` bytes per element, one contiguous run per last-dim row.
+pub(crate) fn copy_region(
+    src: &[u8],
+    src_region: &[Range<usize>],
+    dst: &mut [u8],
+    dst_region: &[Range<usize>],
+    inter: &[Range<usize>],
+    es: usize,
+) {
+    let nd = inter.len();
+    if nd == 0 {
+        let n = es.min(src.len()).min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
+        return;
+    }
+    let (ss, ds) = (strides(src_region), strides(dst_region));
+    let run = inter[nd - 1].len();
+    let outer: Vec<usize> = inter[..nd - 1].iter().map(|r| r.len()).collect();
+    let rows: usize = outer.iter().product();
+    let mut idx = vec![0usize; nd - 1];
+    for _ in 0..rows {
+        let (mut so, mut dof) = (0usize, 0usize);
+        for d in 0..nd {
+            let g = if d < nd - 1 { inter[d].start + idx[d] } else { inter[d].start };
+            so += (g - src_region[d].start) * ss[d];
+            dof += (g - dst_region[d].start) * ds[d];
+        }
+        let (a, b) = (so * es, dof * es);
+        let n = run * es;
+        if a + n <= src.len() && b + n <= dst.len() {
+            dst[b..b + n].copy_from_slice(&src[a..a + n]);
+        }
+        for d in (0..nd - 1).rev() {
+            idx[d] += 1;
+            if idx[d] < outer[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}

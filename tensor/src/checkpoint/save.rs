@@ -1,0 +1,201 @@
+//! Saving: which rank writes which piece, the per-rank safetensors files, the manifest, and the
+//! atomic publish (every rank calls; barriers order the phases).
+
+use std::path::Path;
+
+use oxiflow_sbp::{NdSbp, Region, Sbp, Shape};
+use safetensors::tensor::TensorView;
+use serde_json::{json, Map, Value};
+
+use crate::autograd::no_grad;
+use crate::context::Context;
+use crate::nn::Parameter;
+use crate::optim::Optimizer;
+use crate::storage::CpuArray;
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+use super::atomic::{fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST};
+use super::pieces::{dtype_name, st_dtype, to_bytes};
+use super::{optim_key, Metadata, SaveOptions, SaveStage};
+
+/// One saved piece: the writing rank and the global region it covers.
+struct PieceInfo {
+    writer: usize,
+    region: Region,
+}
+
+fn file_name(rank: usize) -> String {
+    format!("rank-{rank:05}.safetensors")
+}
+
+fn full_region(shape: &Shape) -> Region {
+    shape.dims().iter().map(|&n| 0..n).collect()
+}
+
+fn host_piece(t: &Tensor) -> Result<CpuArray> {
+    match t.storage() {
+        Some(s) => Ok(s.to_host()?.into_standard()),
+        None => Ok(CpuArray::zeros(t.dtype(), t.local_shape().dims())),
+    }
+}
+
+/// The pieces of `t` and, for the ones this rank writes, their data.
+fn plan_tensor(t: &Tensor, rank: usize, gathered: bool, mine: &mut Vec<CpuArray>) -> Result<Vec<PieceInfo>> {
+    let Some(layout) = t.layout() else {
+        if rank == 0 {
+            mine.push(host_piece(t)?);
+        }
+        return Ok(vec![PieceInfo { writer: 0, region: full_region(t.shape()) }]);
+    };
+    let placement = layout.placement().clone();
+    if gathered {
+        let b = t.to_global(&placement, NdSbp::broadcast(placement.ndim()))?;
+        let writer = placement.ranks().first().copied().unwrap_or(0);
+        if rank == writer {
+            mine.push(host_piece(&b)?);
+        }
+        return Ok(vec![PieceInfo { writer, region: full_region(t.shape()) }]);
+    }
+    let nd = layout.nd_sbp();
+    let t2 = if nd.has_partial() {
+        let reduced = NdSbp::new(nd.iter().map(|s| if s.is_partial() { Sbp::B } else { s }));
+        t.to_global(&placement, reduced)?
+    } else {
+        t.clone()
+    };
+    let Some(layout2) = t2.layout() else {
+        return Err(TensorError::Kernel {
+            op: "checkpoint save",
+            detail: "boxing lost the layout".into(),
+        });
+    };
+    let sbps: Vec<Sbp> = layout2.nd_sbp().iter().collect();
+    let mut out = Vec::new();
+    for (idx, &r) in placement.ranks().iter().enumerate() {
+        let coord = placement.coord_of_index(idx);
+        if sbps.iter().zip(&coord).any(|(s, &c)| s.is_broadcast() && c != 0) {
+            continue;
+        }
+        let region = layout2.region_at(&coord);
+        if region.iter().any(|x| x.is_empty()) && !region.is_empty() {
+            continue;
+        }
+        if r == rank {
+            mine.push(host_piece(&t2)?);
+        }
+        out.push(PieceInfo { writer: r, region });
+    }
+    Ok(out)
+}
+
+/// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
+/// Every rank of the world must call it with the same names and layouts.
+pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: &Metadata, opts: &SaveOptions) -> Result<()> {
+    let _ng = no_grad();
+    for (i, (n, _)) in tensors.iter().enumerate() {
+        if tensors[..i].iter().any(|(m, _)| m == n) {
+            return Err(io_err("checkpoint save", path, format!("duplicate tensor name {n}")));
+        }
+    }
+    let ctx = tensors.iter().find_map(|(_, t)| t.context().cloned()).or_else(Context::current);
+    let rank = ctx.as_ref().map_or(0, Context::rank);
+    let barrier = |stage: &str| -> Result<()> {
+        match &ctx {
+            Some(c) => c
+                .world()
+                .barrier()
+                .map_err(|e| io_err("checkpoint save", path, format!("barrier {stage}: {e}"))),
+            None => Ok(()),
+        }
+    };
+    let hook = |s: SaveStage| {
+        if let Some(h) = opts.stage_hook {
+            h(s)
+        }
+    };
+    // Plan every tensor (collective boxing of partial sums / gathers happens here).
+    let mut mine_data: Vec<CpuArray> = Vec::new();
+    let mut mine_names: Vec<String> = Vec::new();
+    let mut entries = Map::new();
+    let mut writers: Vec<usize> = Vec::new();
+    for (name, t) in tensors {
+        let before = mine_data.len();
+        let pieces = plan_tensor(t, rank, opts.gathered, &mut mine_data)?;
+        for _ in before..mine_data.len() {
+            mine_names.push(name.clone());
+        }
+        let list: Vec<Value> = pieces
+            .iter()
+            .map(|p| {
+                if !writers.contains(&p.writer) {
+                    writers.push(p.writer);
+                }
+                json!({
+                    "file": file_name(p.writer),
+                    "region": p.region.iter().map(|r| json!([r.start, r.end])).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        entries.insert(
+            name.clone(),
+            json!({"shape": t.shape().dims(), "dtype": dtype_name(t.dtype()), "pieces": list}),
+        );
+    }
+    writers.sort_unstable();
+    let manifest = json!({
+        "format": "oxiflow-checkpoint",
+        "version": 1,
+        "files": writers.iter().map(|&w| file_name(w)).collect::<Vec<_>>(),
+        "metadata": metadata,
+        "tensors": Value::Object(entries),
+    });
+    if rank == 0 {
+        recover(path)?;
+        fresh_partial(path)?;
+    }
+    barrier("before writing")?;
+    let partial = sibling(path, ".partial");
+    if !mine_data.is_empty() {
+        let bytes: Vec<Vec<u8>> = mine_data.iter().map(to_bytes).collect();
+        let mut views = Vec::with_capacity(bytes.len());
+        for ((name, a), b) in mine_names.iter().zip(&mine_data).zip(&bytes) {
+            let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
+                .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
+            views.push((name.clone(), v));
+        }
+        let data = safetensors::tensor::serialize(views, &None).map_err(|e| io_err("checkpoint save", path, e))?;
+        write_file(&partial.join(file_name(rank)), &data, &hook)?;
+    }
+    barrier("after writing")?;
+    if rank == 0 {
+        for f in &writers {
+            let p = partial.join(file_name(*f));
+            if !p.is_file() {
+                return Err(io_err("checkpoint save", &p, "a rank's file is missing"));
+            }
+        }
+        let text = serde_json::to_vec_pretty(&manifest).map_err(|e| io_err("checkpoint save", path, e))?;
+        write_file(&partial.join(MANIFEST), &text, &|_| {})?;
+        publish(path, &hook)?;
+    }
+    barrier("after publishing")
+}
+
+/// Saves parameters (by name) and, optionally, an optimizer's state (`optim/<param>/<slot>`
+/// tensors and its step count in the metadata as `optim.step_count`).
+pub fn save(path: &Path, params: &[Parameter], optim: Option<&dyn Optimizer>, metadata: &Metadata, opts: &SaveOptions) -> Result<()> {
+    let mut tensors: Vec<(String, Tensor)> = params.iter().map(|p| (p.name().to_string(), p.value())).collect();
+    let mut meta = metadata.clone();
+    if let Some(o) = optim {
+        for (i, p) in o.params().iter().enumerate() {
+            for slot in o.slot_names() {
+                if let Some(t) = o.state(i, slot) {
+                    tensors.push((optim_key(p.name(), slot), t));
+                }
+            }
+        }
+        meta.insert("optim.step_count".into(), o.step_count().to_string());
+    }
+    save_tensors(path, &tensors, &meta, opts)
+}

@@ -1,0 +1,39 @@
+//! `LayerNorm` over the last dim with a learned scale and shift.
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::Shape;
+
+use crate::tensor::Tensor;
+use crate::Result;
+
+use super::init::{Init, ParamPlacement};
+use super::param::{Module, Parameter};
+
+/// Layer norm over the last dim of size `dim`: `name.weight` (ones) and `name.bias` (zeros).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Parameter,
+    pub bias: Parameter,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(name: &str, dim: usize, eps: f64, dtype: DType, at: &ParamPlacement) -> Result<LayerNorm> {
+        let w = Init::Ones.build(Shape::new([dim]), dtype, at)?;
+        let b = Init::Zeros.build(Shape::new([dim]), dtype, at)?;
+        Ok(LayerNorm {
+            weight: Parameter::new(format!("{name}.weight"), &w),
+            bias: Parameter::new(format!("{name}.bias"), &b),
+            eps,
+        })
+    }
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight.value(), &self.bias.value(), self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+}

@@ -1,0 +1,127 @@
+//! `Linear`: y = x W + b with W `[in, out]`; replicated, column-parallel (W split on its output
+//! features over a mesh axis, Megatron's first MLP layer) or row-parallel (split on its input
+//! features, the second layer; its output is a partial sum that inference reduces lazily).
+
+use oxiflow_collectives::DType;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{NdSbp, Sbp, Shape};
+
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+use super::init::{param_seed, Init, ParamPlacement};
+use super::param::{Module, Parameter};
+
+/// How a layer's weight is split over the tensor-parallel mesh axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Parallel {
+    /// Every rank holds the whole weight (B on every axis).
+    #[default]
+    Replicated,
+    /// Split the output features over mesh axis `axis`: W `S(1)`, bias `S(0)`.
+    Column(usize),
+    /// Split the input features over mesh axis `axis`: W `S(0)`, bias `B`.
+    Row(usize),
+}
+
+/// Options of a `Linear` (see `Default`: f32, bias, seed 0, local, replicated).
+#[derive(Clone, Debug)]
+pub struct LinearOptions {
+    pub bias: bool,
+    pub seed: u64,
+    pub dtype: DType,
+    /// None: local parameters; Some: global parameters on this placement.
+    pub placement: Option<Placement>,
+    pub parallel: Parallel,
+}
+
+impl Default for LinearOptions {
+    fn default() -> Self {
+        LinearOptions {
+            bias: true,
+            seed: 0,
+            dtype: DType::F32,
+            placement: None,
+            parallel: Parallel::Replicated,
+        }
+    }
+}
+
+/// nd-SBP that is B on every axis but `axis`, where it is `sbp`.
+fn on_axis(placement: &Placement, axis: Option<usize>, sbp: Sbp) -> NdSbp {
+    let mut s = NdSbp::broadcast(placement.ndim());
+    if let Some(a) = axis {
+        s.set(a, sbp);
+    }
+    s
+}
+
+/// y = x W + b, W `[in, out]`, initialised uniform in ±1/sqrt(in) (bias zeros).
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub weight: Parameter,
+    pub bias: Option<Parameter>,
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+impl Linear {
+    /// A linear layer named `name` (parameters `name.weight`, `name.bias`).
+    pub fn new(name: &str, in_features: usize, out_features: usize, o: &LinearOptions) -> Result<Linear> {
+        let (wp, bp) = match &o.placement {
+            None => (ParamPlacement::Local, ParamPlacement::Local),
+            Some(p) => {
+                let (ws, bs) = match o.parallel {
+                    Parallel::Replicated => (on_axis(p, None, Sbp::B), on_axis(p, None, Sbp::B)),
+                    Parallel::Column(a) | Parallel::Row(a) if a >= p.ndim() => {
+                        return Err(TensorError::Sbp {
+                            op: "Linear::new",
+                            shapes: format!("[{in_features}, {out_features}]"),
+                            sbps: format!("{:?}", o.parallel),
+                            placement: p.to_string(),
+                            detail: format!("mesh axis {a} out of range"),
+                        })
+                    }
+                    Parallel::Column(a) => (on_axis(p, Some(a), Sbp::S(1)), on_axis(p, Some(a), Sbp::S(0))),
+                    Parallel::Row(a) => (on_axis(p, Some(a), Sbp::S(0)), on_axis(p, None, Sbp::B)),
+                };
+                (
+                    ParamPlacement::Global { placement: p.clone(), nd_sbp: ws },
+                    ParamPlacement::Global { placement: p.clone(), nd_sbp: bs },
+                )
+            }
+        };
+        let wname = format!("{name}.weight");
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        let w = Init::Uniform { seed: param_seed(o.seed, &wname), bound }.build(Shape::new([in_features, out_features]), o.dtype, &wp)?;
+        let bias = if o.bias {
+            let b = Init::Zeros.build(Shape::new([out_features]), o.dtype, &bp)?;
+            Some(Parameter::new(format!("{name}.bias"), &b))
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: Parameter::new(wname, &w),
+            bias,
+            in_features,
+            out_features,
+        })
+    }
+
+    /// x `[.., in]` -> `[.., out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.weight.value())?;
+        match &self.bias {
+            Some(b) => y.add(&b.value()),
+            None => Ok(y),
+        }
+    }
+}
+
+impl Module for Linear {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut v = vec![self.weight.clone()];
+        v.extend(self.bias.clone());
+        v
+    }
+}

@@ -1,0 +1,119 @@
+//! `Parameter` (a named, replaceable leaf tensor), the `Module` trait and `ParamRegistry`.
+
+use std::sync::{Arc, RwLock};
+
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+struct ParamInner {
+    name: String,
+    value: RwLock<Tensor>,
+}
+
+/// A named trainable tensor. Cloning shares it. Tensors are immutable, so an update replaces
+/// the leaf (`set_value`); layers read the current value on every forward.
+#[derive(Clone)]
+pub struct Parameter(Arc<ParamInner>);
+
+impl Parameter {
+    /// A parameter holding `value` (detached, marked `requires_grad`).
+    pub fn new(name: impl Into<String>, value: &Tensor) -> Parameter {
+        Parameter(Arc::new(ParamInner {
+            name: name.into(),
+            value: RwLock::new(value.detach().requires_grad_(true)),
+        }))
+    }
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    /// The current value (a leaf requiring grad).
+    pub fn value(&self) -> Tensor {
+        self.0.value.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// The gradient accumulated into the current value.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.value().grad()
+    }
+    pub fn zero_grad(&self) {
+        self.value().zero_grad()
+    }
+    /// Replaces the value by `t` (same shape, dtype and layout); the new leaf has no gradient.
+    pub fn set_value(&self, t: &Tensor) -> Result<()> {
+        let cur = self.value();
+        if t.shape() != cur.shape() || t.dtype() != cur.dtype() || t.layout() != cur.layout() {
+            return Err(TensorError::Shape {
+                op: "Parameter::set_value",
+                shapes: format!("{}, {}", cur.shape(), t.shape()),
+                sbps: format!("{:?}, {:?}", cur.nd_sbp(), t.nd_sbp()),
+                detail: format!("parameter {} is {} but the new value is {}", self.name(), cur.describe(), t.describe()),
+            });
+        }
+        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = t.detach().requires_grad_(true);
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Parameter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Parameter({}: {})", self.name(), self.value().describe())
+    }
+}
+
+/// Anything with parameters.
+pub trait Module {
+    /// The parameters, in a fixed order, with unique names.
+    fn parameters(&self) -> Vec<Parameter>;
+    /// A registry of the parameters (fails on duplicate names).
+    fn registry(&self) -> Result<ParamRegistry> {
+        ParamRegistry::new(self.parameters())
+    }
+    /// Clears every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+}
+
+/// Named parameters in registration order: what optimizers update and checkpoints save.
+#[derive(Clone, Debug, Default)]
+pub struct ParamRegistry {
+    params: Vec<Parameter>,
+}
+
+impl ParamRegistry {
+    /// A registry; names must be unique.
+    pub fn new(params: Vec<Parameter>) -> Result<ParamRegistry> {
+        let mut r = ParamRegistry::default();
+        for p in params {
+            r.add(p)?;
+        }
+        Ok(r)
+    }
+    pub fn add(&mut self, p: Parameter) -> Result<()> {
+        if self.get(p.name()).is_some() {
+            return Err(TensorError::Autograd {
+                op: "ParamRegistry::add",
+                detail: format!("duplicate parameter name {}", p.name()),
+            });
+        }
+        self.params.push(p);
+        Ok(())
+    }
+    pub fn get(&self, name: &str) -> Option<&Parameter> {
+        self.params.iter().find(|p| p.name() == name)
+    }
+    pub fn params(&self) -> &[Parameter] {
+        &self.params
+    }
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+    /// Total number of (logical) elements.
+    pub fn numel(&self) -> usize {
+        self.params.iter().map(|p| p.value().numel()).sum()
+    }
+}

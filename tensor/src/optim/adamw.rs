@@ -1,0 +1,130 @@
+//! AdamW (decoupled weight decay), as torch.optim.AdamW:
+//! p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+//! p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+
+use crate::autograd::no_grad;
+use crate::nn::Parameter;
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+use super::{check_state, grad_in_layout, Optimizer};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWOptions {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWOptions {
+    fn default() -> Self {
+        AdamWOptions {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// AdamW; both moment estimates live in the parameter's layout.
+pub struct AdamW {
+    params: Vec<Parameter>,
+    opts: AdamWOptions,
+    m: Vec<Option<Tensor>>,
+    v: Vec<Option<Tensor>>,
+    steps: u64,
+}
+
+impl AdamW {
+    pub fn new(params: Vec<Parameter>, opts: AdamWOptions) -> AdamW {
+        let n = params.len();
+        AdamW {
+            params,
+            opts,
+            m: vec![None; n],
+            v: vec![None; n],
+            steps: 0,
+        }
+    }
+}
+
+const SLOTS: &[&str] = &["exp_avg", "exp_avg_sq"];
+
+impl Optimizer for AdamW {
+    fn step(&mut self) -> Result<()> {
+        let _ng = no_grad();
+        let o = self.opts;
+        let t = (self.steps + 1) as i32;
+        let (bc1, bc2) = (1.0 - o.beta1.powi(t), 1.0 - o.beta2.powi(t));
+        for (i, p) in self.params.iter().enumerate() {
+            let v0 = p.value();
+            let Some(g) = grad_in_layout(&v0)? else { continue };
+            let m = match self.m[i].take() {
+                Some(m) => m.mul_scalar(o.beta1)?.add(&g.mul_scalar(1.0 - o.beta1)?)?,
+                None => g.mul_scalar(1.0 - o.beta1)?,
+            };
+            let g2 = g.square()?;
+            let v = match self.v[i].take() {
+                Some(v) => v.mul_scalar(o.beta2)?.add(&g2.mul_scalar(1.0 - o.beta2)?)?,
+                None => g2.mul_scalar(1.0 - o.beta2)?,
+            };
+            let denom = v.mul_scalar(1.0 / bc2)?.sqrt()?.add_scalar(o.eps)?;
+            let upd = m.mul_scalar(o.lr / bc1)?.div(&denom)?;
+            let decayed = if o.weight_decay != 0.0 { v0.mul_scalar(1.0 - o.lr * o.weight_decay)? } else { v0 };
+            p.set_value(&decayed.sub(&upd)?)?;
+            self.m[i] = Some(m);
+            self.v[i] = Some(v);
+        }
+        self.steps += 1;
+        Ok(())
+    }
+    fn params(&self) -> &[Parameter] {
+        &self.params
+    }
+    fn slot_names(&self) -> &'static [&'static str] {
+        SLOTS
+    }
+    fn state(&self, index: usize, slot: &str) -> Option<Tensor> {
+        match slot {
+            "exp_avg" => self.m.get(index).cloned().flatten(),
+            "exp_avg_sq" => self.v.get(index).cloned().flatten(),
+            _ => None,
+        }
+    }
+    fn set_state(&mut self, index: usize, slot: &str, t: Tensor) -> Result<()> {
+        let Some(p) = self.params.get(index) else {
+            return Err(TensorError::Kernel {
+                op: "AdamW::set_state",
+                detail: format!("no parameter {index}"),
+            });
+        };
+        check_state("AdamW::set_state", p, slot, &t)?;
+        match slot {
+            "exp_avg" => self.m[index] = Some(t.detach()),
+            "exp_avg_sq" => self.v[index] = Some(t.detach()),
+            _ => {
+                return Err(TensorError::Kernel {
+                    op: "AdamW::set_state",
+                    detail: format!("no state slot {slot}"),
+                })
+            }
+        }
+        Ok(())
+    }
+    fn step_count(&self) -> u64 {
+        self.steps
+    }
+    fn set_step_count(&mut self, n: u64) {
+        self.steps = n;
+    }
+    fn lr(&self) -> f64 {
+        self.opts.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.opts.lr = lr;
+    }
+}

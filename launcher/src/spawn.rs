@@ -132,7 +132,15 @@ pub fn spawn_worker(
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let pipes = match (stdout, stderr) {
-        (Some(o), Some(e)) => Some(Pipes::start(output, rank, o, e, job.generation > 0)?),
+        (Some(o), Some(e)) => match Pipes::start(output, rank, o, e, job.generation > 0) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                // Do not leave it running unsupervised. SIGKILL is prompt; wait() is bounded.
+                let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = child.wait();
+                return Err(err);
+            }
+        },
         _ => None,
     };
     tracing::debug!(rank, local_rank, pid = pid.as_raw(), "started worker");

@@ -326,3 +326,33 @@ fn max_restarts_restarts_the_group() {
         r.stderr
     );
 }
+
+#[test]
+fn workers_die_with_a_sigkilled_oflaunch() {
+    let dir = scratch("orphans");
+    let d = dir.to_str().unwrap();
+    let mut cmd = Command::new(OFLAUNCH);
+    cmd.args(["--nproc-per-node", "3", WORKER, "sleep", d, "ignore-term"]);
+    let run = start(cmd);
+    let pids = wait_for_pids(&dir, 3, T);
+    // SAFETY: signalling the child we started.
+    unsafe {
+        libc::kill(run.child.id() as i32, libc::SIGKILL);
+    }
+    let r = run.finish(T);
+    assert_eq!(
+        r.status.code(),
+        None,
+        "oflaunch should have died by SIGKILL"
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for pid in pids {
+        assert!(
+            !alive(pid),
+            "worker {pid} outlived oflaunch (parent-death signal)"
+        );
+    }
+}

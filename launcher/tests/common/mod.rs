@@ -137,10 +137,20 @@ pub fn recorded_pids(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
-/// Whether a process with this pid exists (kill(pid, 0) succeeds).
+/// Whether a process with this pid runs: kill(pid, 0) succeeds and it is not a zombie (once
+/// oflaunch has exited, its reparented children are reaped by init, which in a container may
+/// not reap at all).
 pub fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid, 0) == 0 }
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some(Some('Z')) | Some(Some('X')))
 }
 
 /// Waits until `n` pid files exist in `dir` (workers started), up to `timeout`.

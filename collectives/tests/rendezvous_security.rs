@@ -1,0 +1,285 @@
+//! Rendezvous store under hostile or broken input: wrong and missing tokens, oversized
+//! messages and values, a full store, garbage bytes on the port, idle connections, the
+//! connection cap, and binding only the address asked for. After each, a good client works.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use oxiflow_collectives::rendezvous::proto::store_client::StoreClient as RawClient;
+use oxiflow_collectives::rendezvous::proto::SetRequest;
+use oxiflow_collectives::rendezvous::{
+    constant_time_eq, generate_token, ClientOptions, StoreClient, StoreConfig, StoreServer,
+    TOKEN_METADATA_KEY,
+};
+use oxiflow_collectives::CommError;
+
+const T: Duration = Duration::from_secs(10);
+
+fn start_with(config: StoreConfig) -> (StoreServer, String) {
+    let token = generate_token().unwrap();
+    let server =
+        StoreServer::bind_with("127.0.0.1:0".parse().unwrap(), token.clone(), config).unwrap();
+    (server, token)
+}
+
+fn start() -> (StoreServer, String) {
+    start_with(StoreConfig::default())
+}
+
+/// A good client still gets answers.
+fn assert_alive(server: &StoreServer, token: &str) {
+    let c = StoreClient::connect(&server.local_addr().to_string(), token, T).unwrap();
+    c.set("alive", b"yes").unwrap();
+    assert_eq!(c.get("alive").unwrap(), Some(b"yes".to_vec()));
+}
+
+#[test]
+fn tokens_are_64_hex_digits_and_distinct() {
+    let a = generate_token().unwrap();
+    let b = generate_token().unwrap();
+    assert_eq!(a.len(), 64);
+    assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+    assert!(constant_time_eq(a.as_bytes(), a.clone().as_bytes()));
+    assert!(!constant_time_eq(a.as_bytes(), b.as_bytes()));
+    assert!(!constant_time_eq(b"abc", b"abcd"));
+}
+
+#[test]
+fn wrong_token_is_refused_with_a_clear_error() {
+    let (server, token) = start();
+    let addr = server.local_addr().to_string();
+    let t0 = Instant::now();
+    let err = StoreClient::connect(&addr, "not-the-job-token", T).unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "a wrong token must fail at once, not retry"
+    );
+    assert!(matches!(err, CommError::Unauthenticated(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("wrong or missing token") && msg.contains(&addr),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains(&token),
+        "the error must not leak the real token: {msg}"
+    );
+    // A token that differs only in its last character is refused too.
+    let mut near = token.clone();
+    near.pop();
+    near.push(if token.ends_with('0') { '1' } else { '0' });
+    assert!(matches!(
+        StoreClient::connect(&addr, &near, T),
+        Err(CommError::Unauthenticated(_))
+    ));
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn requests_without_or_with_a_wrong_token_are_refused_per_rpc() {
+    let (server, token) = start();
+    let url = format!("http://{}", server.local_addr());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut raw = RawClient::connect(url).await.unwrap();
+        let req = || SetRequest {
+            key: "k".into(),
+            value: b"v".to_vec(),
+        };
+        let status = raw.set(req()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(
+            status.message().contains("wrong or missing token"),
+            "{}",
+            status.message()
+        );
+        let mut bad = tonic::Request::new(req());
+        bad.metadata_mut()
+            .insert(TOKEN_METADATA_KEY, "0".repeat(64).parse().unwrap());
+        assert_eq!(
+            raw.set(bad).await.unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        let mut good = tonic::Request::new(req());
+        good.metadata_mut()
+            .insert(TOKEN_METADATA_KEY, token.parse().unwrap());
+        raw.set(good).await.unwrap();
+    });
+    // The refused requests stored nothing; the accepted one did.
+    let c = StoreClient::connect(&server.local_addr().to_string(), &token, T).unwrap();
+    assert_eq!(c.get("k").unwrap(), Some(b"v".to_vec()));
+}
+
+#[test]
+fn unusable_tokens_are_refused_locally() {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    for bad in ["", "has space", "tab\there", &"x".repeat(2000)] {
+        assert!(StoreServer::bind(addr, bad.to_string()).is_err(), "{bad:?}");
+        assert!(
+            StoreClient::connect("127.0.0.1:1", bad, T).is_err(),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn oversized_message_is_refused_and_the_server_survives() {
+    let (server, token) = start();
+    // A client whose own cap allows 32 MiB sends a 20 MiB value to a 16 MiB server.
+    let big_client = StoreClient::connect_with(
+        &server.local_addr().to_string(),
+        &token,
+        T,
+        ClientOptions {
+            max_message_bytes: 32 << 20,
+            ..ClientOptions::default()
+        },
+    )
+    .unwrap();
+    let err = big_client.set("huge", &vec![7u8; 20 << 20]).unwrap_err();
+    assert!(matches!(err, CommError::InvalidArgument { .. }), "{err:?}");
+    assert!(err.to_string().contains("too large"), "{err}");
+    // The default client refuses before sending.
+    let c = StoreClient::connect(&server.local_addr().to_string(), &token, T).unwrap();
+    let err = c.set("huge", &vec![7u8; 17 << 20]).unwrap_err();
+    assert!(
+        err.to_string().contains("does not fit the message cap"),
+        "{err}"
+    );
+    assert_eq!(c.get("huge").unwrap(), None);
+    // Just under the value cap is fine.
+    c.set("large", &vec![1u8; 8 << 20]).unwrap();
+    assert_eq!(c.get("large").unwrap().map(|v| v.len()), Some(8 << 20));
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn value_key_and_store_limits_are_enforced() {
+    let (server, token) = start_with(StoreConfig {
+        max_value_bytes: 1024,
+        max_total_bytes: 8 * 1024,
+        max_keys_per_wait: 4,
+        ..StoreConfig::default()
+    });
+    let c = StoreClient::connect(&server.local_addr().to_string(), &token, T).unwrap();
+    let err = c.set("v", &[0u8; 1025]).unwrap_err();
+    assert!(
+        err.to_string().contains("exceeds the limit of 1024 bytes"),
+        "{err}"
+    );
+    for i in 0..8 {
+        c.set(&format!("fill{i}"), &[0u8; 1000]).unwrap();
+    }
+    let err = c.set("one-too-many", &[0u8; 1000]).unwrap_err();
+    assert!(
+        err.to_string().contains("would exceed the store's limit"),
+        "{err}"
+    );
+    // Replacing a value reuses its room; deleting frees it.
+    c.set("fill0", &[1u8; 1000]).unwrap();
+    assert!(c.delete("fill1").unwrap());
+    c.set("one-too-many", &[0u8; 1000]).unwrap();
+    let err = c.wait(&["a", "b", "c", "d", "e"], T).unwrap_err();
+    assert!(
+        err.to_string().contains("5 keys exceed the limit of 4"),
+        "{err}"
+    );
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn garbage_bytes_and_idle_connections_do_not_take_the_server_down() {
+    let (server, token) = start();
+    let addr = server.local_addr();
+    // Random bytes.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..65536)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let _ = s.write_all(&noise);
+    drop(s);
+    // Plain HTTP/1.1.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 512];
+    let _ = s.read(&mut buf);
+    drop(s);
+    // A valid HTTP/2 preface, then a frame header announcing a 16 MiB frame, then junk.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    let _ = s.write_all(&[0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    let _ = s.write_all(&noise[..4096]);
+    drop(s);
+    // Connections that say nothing and stay open.
+    let idle: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // Half a request: the preface and then silence.
+    let mut half = TcpStream::connect(addr).unwrap();
+    let _ = half.write_all(b"PRI * HTTP/2.0\r\n");
+    assert_alive(&server, &token);
+    drop(idle);
+    drop(half);
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn connections_beyond_the_cap_are_closed() {
+    let (server, token) = start_with(StoreConfig {
+        max_connections: 4,
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let holders: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // The fifth connection is accepted by the kernel and closed by the server at once.
+    let err =
+        StoreClient::connect(&addr.to_string(), &token, Duration::from_millis(600)).unwrap_err();
+    assert!(
+        err.to_string().contains("no rendezvous store answered"),
+        "{err}"
+    );
+    drop(holders);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_alive(&server, &token);
+}
+
+/// An address of this host that is not loopback, if it has one (no packet is sent).
+fn non_loopback_ip() -> Option<IpAddr> {
+    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("10.255.255.254:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn binding_127_0_0_1_listens_on_that_address_only() {
+    let (server, token) = start();
+    let addr = server.local_addr();
+    assert_eq!(addr.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    assert_ne!(addr.port(), 0);
+    // 127.0.0.2 is also this host's loopback, but not the address bound.
+    let other = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), addr.port());
+    assert!(TcpStream::connect_timeout(&other, Duration::from_secs(1)).is_err());
+    if let Some(ip) = non_loopback_ip() {
+        let other = SocketAddr::new(ip, addr.port());
+        assert!(
+            TcpStream::connect_timeout(&other, Duration::from_secs(1)).is_err(),
+            "the store answered on {other}"
+        );
+    }
+    assert_alive(&server, &token);
+    // Binding a busy port is an error naming the address.
+    let err = StoreServer::bind(addr, token.clone()).unwrap_err();
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+}

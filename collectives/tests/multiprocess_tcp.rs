@@ -62,6 +62,9 @@ fn worker() -> Result<(), String> {
             let mut big = vec![0u8; 8 << 20];
             let r = comm.all_reduce(DType::F32, (&mut big[..]).into(), ReduceOp::Sum);
             let took = start.elapsed();
+            // Stay alive a moment so this rank's own exit is not what the others observe
+            // (a failing rank closing its sockets is a second, later fault).
+            std::thread::sleep(Duration::from_millis(1500));
             match r {
                 Err(CommError::PeerLost { rank, .. }) if rank == victim && mode == "die" => Ok(()),
                 Err(CommError::Timeout { missing, .. })

@@ -44,7 +44,7 @@ impl Communicator for TcpComm {
             // One round: everyone sends its whole buffer to everyone, then reduces in member order.
             let len = b.len();
             scratch.resize(len * n, 0);
-            let mut slots = split(&mut scratch[..], std::iter::repeat(len).take(n));
+            let mut slots = split(&mut scratch[..], std::iter::repeat_n(len, n));
             slots[self.me].copy_from_slice(b);
             let tag = self.tag(seq, 0);
             {
@@ -150,7 +150,7 @@ impl Communicator for TcpComm {
             .collect();
         let mut recvs: Vec<RecvOp<'_>> = self
             .peers()
-            .zip(split(&mut scratch[..], std::iter::repeat(mine).take(n - 1)))
+            .zip(split(&mut scratch[..], std::iter::repeat_n(mine, n - 1)))
             .map(|((_, rk), t)| RecvOp::new(rk, tag, t))
             .collect();
         let mut done = vec![0usize; n - 1];

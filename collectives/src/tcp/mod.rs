@@ -86,7 +86,7 @@ fn group_state(ranks: &[usize]) -> Arc<GroupState> {
 }
 
 /// Splits `buf` into consecutive pieces of the given byte lengths.
-fn split<'a>(mut buf: &'a mut [u8], lens: impl Iterator<Item = usize>) -> Vec<&'a mut [u8]> {
+fn split(mut buf: &mut [u8], lens: impl Iterator<Item = usize>) -> Vec<&mut [u8]> {
     let mut out = Vec::new();
     for l in lens {
         let (a, b) = std::mem::take(&mut buf).split_at_mut(l);
@@ -248,7 +248,7 @@ impl TcpComm {
             .collect();
         let mut recvs: Vec<RecvOp<'_>> = self
             .peers()
-            .zip(split(&mut scratch[..], std::iter::repeat(mine).take(n - 1)))
+            .zip(split(&mut scratch[..], std::iter::repeat_n(mine, n - 1)))
             .map(|((_, r), t)| RecvOp::new(r, tag, t))
             .collect();
         let mut done = vec![0usize; recvs.len()];

@@ -1,0 +1,333 @@
+//! The reference ops on plain arrays, written from their definitions (no SBP knowledge).
+
+use oxiflow_sbp::{BinaryOp, OpKind, ReduceKind};
+
+use super::arr::{numel, unravel, Arr};
+
+/// The linear and the non-linear unary function the tests use for `Unary`.
+pub fn unary_fn(linear: bool) -> fn(f64) -> f64 {
+    if linear {
+        |x| -1.5 * x
+    } else {
+        |x| x.tanh() + x * x
+    }
+}
+
+/// Runs `op` on `inputs`. `out_shapes` are the shapes the outputs must have (on a rank: its
+/// local output shapes; reshape-like ops take their target from them) and `global_in` the
+/// global input shapes (mean divides by the global count).
+pub fn run(
+    op: &OpKind,
+    x: &[Arr],
+    out_shapes: &[Vec<usize>],
+    global_in: &[Vec<usize>],
+) -> Result<Vec<Arr>, String> {
+    let one = |a: Arr| Ok(vec![a]);
+    match op {
+        OpKind::MatMul | OpKind::BatchMatMul => one(matmul(&x[0], &x[1])),
+        OpKind::Unary { linear } => one(x[0].map(unary_fn(*linear))),
+        OpKind::Binary(b) => {
+            let f: fn(f64, f64) -> f64 = match b {
+                BinaryOp::Add => |a, b| a + b,
+                BinaryOp::Sub => |a, b| a - b,
+                BinaryOp::Mul => |a, b| a * b,
+                BinaryOp::Div => |a, b| a / b,
+            };
+            one(broadcast_zip(&x[0], &x[1], f))
+        }
+        OpKind::Reduce {
+            kind,
+            dims,
+            keepdim,
+        } => {
+            let count: usize = dims.iter().map(|&d| global_in[0][d]).product();
+            one(reduce(&x[0], *kind, dims, *keepdim, count))
+        }
+        OpKind::ReduceToShape { .. } => one(reduce_to_shape(&x[0], &out_shapes[0])),
+        OpKind::BroadcastTo { .. } => one(broadcast_to(&x[0], &out_shapes[0])),
+        OpKind::Softmax { dim } => one(softmax(&x[0], *dim, false)),
+        OpKind::LogSoftmax { dim } => one(softmax(&x[0], *dim, true)),
+        OpKind::SoftmaxBackward { dim } => {
+            // dx = y * (dy - sum(dy * y))
+            let s = sum_keep(&x[1].zip(&x[0], |a, b| a * b)?, *dim);
+            let t = broadcast_zip(&x[1], &s, |a, b| a - b);
+            one(x[0].zip(&t, |a, b| a * b)?)
+        }
+        OpKind::LogSoftmaxBackward { dim } => {
+            // dx = dy - exp(y) * sum(dy)
+            let s = sum_keep(&x[1], *dim);
+            let t = broadcast_zip(&x[0].map(f64::exp), &s, |a, b| a * b);
+            one(x[1].zip(&t, |a, b| a - b)?)
+        }
+        OpKind::Permute { perm } => one(permute(&x[0], perm)),
+        OpKind::Reshape { .. } => {
+            if numel(&out_shapes[0]) != x[0].data.len() {
+                return Err(format!(
+                    "local reshape of {:?} to {:?}",
+                    x[0].shape, out_shapes[0]
+                ));
+            }
+            one(Arr::new(out_shapes[0].clone(), x[0].data.clone()))
+        }
+        OpKind::Concat { dim } => one(super::arr::concat(x, *dim)?),
+        OpKind::Slice { dim, start, end } => one(x[0].narrow(*dim, *start..*end)),
+        OpKind::Embedding => one(embedding(&x[0], &x[1])),
+        OpKind::EmbeddingBackward { .. } => one(embedding_backward(&x[0], &x[1], &out_shapes[0])),
+        OpKind::LayerNorm { normalized_dims } => {
+            one(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
+        }
+        OpKind::LayerNormBackward { normalized_dims } => {
+            Ok(layer_norm_backward(&x[0], &x[1], &x[2], *normalized_dims))
+        }
+        OpKind::CrossEntropy => one(cross_entropy(&x[0], &x[1])),
+        OpKind::CrossEntropyBackward => one(cross_entropy_backward(&x[0], &x[1], &x[2])),
+    }
+}
+
+/// `[..batch, m, k] @ [..batch, k, n]`.
+fn matmul(a: &Arr, b: &Arr) -> Arr {
+    let n = a.ndim();
+    let (m, k, nn) = (a.shape[n - 2], a.shape[n - 1], b.shape[n - 1]);
+    let mut shape = a.shape[..n - 2].to_vec();
+    shape.extend([m, nn]);
+    let batch = numel(&a.shape[..n - 2]);
+    let mut out = Vec::with_capacity(numel(&shape));
+    for bt in 0..batch {
+        for i in 0..m {
+            for j in 0..nn {
+                let s: f64 = (0..k)
+                    .map(|l| a.data[bt * m * k + i * k + l] * b.data[bt * k * nn + l * nn + j])
+                    .sum();
+                out.push(s);
+            }
+        }
+    }
+    Arr::new(shape, out)
+}
+
+/// Index into `x` for output index `idx` under numpy broadcasting.
+fn bcast_index(x: &Arr, idx: &[usize]) -> Vec<usize> {
+    let off = idx.len() - x.ndim();
+    (0..x.ndim())
+        .map(|i| if x.shape[i] == 1 { 0 } else { idx[i + off] })
+        .collect()
+}
+
+fn broadcast_zip(a: &Arr, b: &Arr, f: fn(f64, f64) -> f64) -> Arr {
+    let n = a.ndim().max(b.ndim());
+    let dim = |x: &Arr, o: usize| {
+        if o < n - x.ndim() {
+            1
+        } else {
+            x.shape[o - (n - x.ndim())]
+        }
+    };
+    let shape: Vec<usize> = (0..n)
+        .map(|o| if dim(a, o) == 1 { dim(b, o) } else { dim(a, o) })
+        .collect();
+    let data = (0..numel(&shape))
+        .map(|fl| {
+            let idx = unravel(fl, &shape);
+            f(a.at(&bcast_index(a, &idx)), b.at(&bcast_index(b, &idx)))
+        })
+        .collect();
+    Arr::new(shape, data)
+}
+
+fn broadcast_to(x: &Arr, shape: &[usize]) -> Arr {
+    let data = (0..numel(shape))
+        .map(|fl| x.at(&bcast_index(x, &unravel(fl, shape))))
+        .collect();
+    Arr::new(shape.to_vec(), data)
+}
+
+/// Reduce `dims` with keepdim; mean divides by `count`.
+fn reduce(x: &Arr, kind: ReduceKind, dims: &[usize], keepdim: bool, count: usize) -> Arr {
+    let kept: Vec<usize> = (0..x.ndim())
+        .map(|i| if dims.contains(&i) { 1 } else { x.shape[i] })
+        .collect();
+    let init = match kind {
+        ReduceKind::Sum | ReduceKind::Mean => 0.0,
+        ReduceKind::Max => f64::NEG_INFINITY,
+        ReduceKind::Min => f64::INFINITY,
+    };
+    let mut acc = Arr::full(&kept, init);
+    for fl in 0..x.data.len() {
+        let idx = unravel(fl, &x.shape);
+        let o: Vec<usize> = idx
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if dims.contains(&i) { 0 } else { v })
+            .collect();
+        let off = acc.offset(&o);
+        let v = x.data[fl];
+        acc.data[off] = match kind {
+            ReduceKind::Sum | ReduceKind::Mean => acc.data[off] + v,
+            ReduceKind::Max => acc.data[off].max(v),
+            ReduceKind::Min => acc.data[off].min(v),
+        };
+    }
+    if kind == ReduceKind::Mean {
+        acc = acc.map(|v| v / count as f64);
+    }
+    if !keepdim {
+        acc.shape = (0..x.ndim())
+            .filter(|i| !dims.contains(i))
+            .map(|i| x.shape[i])
+            .collect();
+    }
+    acc
+}
+
+fn sum_keep(x: &Arr, dim: usize) -> Arr {
+    reduce(x, ReduceKind::Sum, &[dim], true, 1)
+}
+
+/// Sum `x` down to `shape` (which broadcasts to x's shape).
+fn reduce_to_shape(x: &Arr, shape: &[usize]) -> Arr {
+    let off = x.ndim() - shape.len();
+    let mut out = Arr::full(shape, 0.0);
+    for fl in 0..x.data.len() {
+        let idx = unravel(fl, &x.shape);
+        let o: Vec<usize> = (0..shape.len())
+            .map(|j| if shape[j] == 1 { 0 } else { idx[j + off] })
+            .collect();
+        let p = out.offset(&o);
+        out.data[p] += x.data[fl];
+    }
+    out
+}
+
+fn softmax(x: &Arr, dim: usize, log: bool) -> Arr {
+    let m = reduce(x, ReduceKind::Max, &[dim], true, 1);
+    let e = broadcast_zip(x, &m, |a, b| (a - b).exp());
+    let s = sum_keep(&e, dim);
+    if log {
+        let lse = m
+            .zip(&s, |a, b| a + b.ln())
+            .unwrap_or_else(|e| panic!("{e}"));
+        broadcast_zip(x, &lse, |a, b| a - b)
+    } else {
+        broadcast_zip(&e, &s, |a, b| a / b)
+    }
+}
+
+fn permute(x: &Arr, perm: &[usize]) -> Arr {
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let data = (0..numel(&shape))
+        .map(|fl| {
+            let o = unravel(fl, &shape);
+            let mut i = vec![0; x.ndim()];
+            for (k, &p) in perm.iter().enumerate() {
+                i[p] = o[k];
+            }
+            x.at(&i)
+        })
+        .collect();
+    Arr::new(shape, data)
+}
+
+fn embedding(ids: &Arr, w: &Arr) -> Arr {
+    let d = w.shape[1];
+    let mut shape = ids.shape.clone();
+    shape.push(d);
+    let data = ids
+        .data
+        .iter()
+        .flat_map(|&id| (0..d).map(move |j| w.data[id as usize * d + j]))
+        .collect();
+    Arr::new(shape, data)
+}
+
+fn embedding_backward(ids: &Arr, dy: &Arr, out: &[usize]) -> Arr {
+    let d = out[1];
+    let mut g = Arr::full(out, 0.0);
+    for (r, &id) in ids.data.iter().enumerate() {
+        for j in 0..d {
+            g.data[id as usize * d + j] += dy.data[r * d + j];
+        }
+    }
+    g
+}
+
+const EPS: f64 = 1e-5;
+
+/// Rows of the normalised block: (number of rows, row length).
+fn rows(x: &Arr, k: usize) -> (usize, usize) {
+    let len = numel(&x.shape[x.ndim() - k..]);
+    (numel(&x.shape[..x.ndim() - k]), len)
+}
+
+/// Per row: (mean, 1 / sigma, xhat row).
+fn normalise(row: &[f64]) -> (f64, Vec<f64>) {
+    let n = row.len() as f64;
+    let mu = row.iter().sum::<f64>() / n;
+    let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n;
+    let rs = 1.0 / (var + EPS).sqrt();
+    (rs, row.iter().map(|v| (v - mu) * rs).collect())
+}
+
+fn layer_norm(x: &Arr, w: &Arr, b: &Arr, k: usize) -> Arr {
+    let (nr, len) = rows(x, k);
+    let mut out = Vec::with_capacity(x.data.len());
+    for r in 0..nr {
+        let (_, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        out.extend(
+            xh.iter()
+                .enumerate()
+                .map(|(j, v)| v * w.data[j] + b.data[j]),
+        );
+    }
+    Arr::new(x.shape.clone(), out)
+}
+
+fn layer_norm_backward(x: &Arr, w: &Arr, dy: &Arr, k: usize) -> Vec<Arr> {
+    let (nr, len) = rows(x, k);
+    let mut dx = Vec::with_capacity(x.data.len());
+    let mut dw = Arr::full(&w.shape, 0.0);
+    let mut db = Arr::full(&w.shape, 0.0);
+    for r in 0..nr {
+        let (rs, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        let g = &dy.data[r * len..(r + 1) * len];
+        let dxh: Vec<f64> = (0..len).map(|j| g[j] * w.data[j]).collect();
+        let m1 = dxh.iter().sum::<f64>() / len as f64;
+        let m2 = dxh.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / len as f64;
+        dx.extend((0..len).map(|j| rs * (dxh[j] - m1 - xh[j] * m2)));
+        for j in 0..len {
+            dw.data[j] += g[j] * xh[j];
+            db.data[j] += g[j];
+        }
+    }
+    vec![Arr::new(x.shape.clone(), dx), dw, db]
+}
+
+fn cross_entropy(logits: &Arr, labels: &Arr) -> Arr {
+    let c = logits.shape[1];
+    let data = labels
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &y)| {
+            let row = &logits.data[i * c..(i + 1) * c];
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            lse - row[y as usize]
+        })
+        .collect();
+    Arr::new(labels.shape.clone(), data)
+}
+
+fn cross_entropy_backward(logits: &Arr, labels: &Arr, dloss: &Arr) -> Arr {
+    let c = logits.shape[1];
+    let mut out = Vec::with_capacity(logits.data.len());
+    for (i, &y) in labels.data.iter().enumerate() {
+        let row = &logits.data[i * c..(i + 1) * c];
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        for (j, v) in row.iter().enumerate() {
+            let onehot = if j == y as usize { 1.0 } else { 0.0 };
+            out.push(((v - m).exp() / s - onehot) * dloss.data[i]);
+        }
+    }
+    Arr::new(logits.shape.clone(), out)
+}

@@ -25,7 +25,9 @@ pub enum BoxingError {
         from_shape: String,
         to_shape: String,
     },
-    #[error("boxing {layout}: nd-SBP {nd_sbp} mixes partial reductions; use one reduce op per tensor")]
+    #[error(
+        "boxing {layout}: nd-SBP {nd_sbp} mixes partial reductions; use one reduce op per tensor"
+    )]
     MixedPartial { layout: String, nd_sbp: String },
     #[error("boxing {from} -> {to}: placement {placement} names world rank {rank}, which is not a member of the communicator (world ranks {world:?})")]
     RankOutsideWorld {

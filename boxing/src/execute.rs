@@ -46,7 +46,11 @@ fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize
 }
 
 /// The communicator of `ranks` (world ranks, in that member order); `world` itself when equal.
-pub(crate) fn sub_comm(world: &SharedComm, ranks: &[usize], step: &Step) -> Result<SharedComm, BoxingError> {
+pub(crate) fn sub_comm(
+    world: &SharedComm,
+    ranks: &[usize],
+    step: &Step,
+) -> Result<SharedComm, BoxingError> {
     let idx = member_indices(world, ranks).map_err(|rank| BoxingError::RankOutsideWorld {
         from: step.before.to_string(),
         to: step.after.to_string(),
@@ -62,7 +66,11 @@ pub(crate) fn sub_comm(world: &SharedComm, ranks: &[usize], step: &Step) -> Resu
 
 /// Checks everything about `plan`, `world` and this rank's piece that can be checked without
 /// communicating. Placement checks give the same answer on every rank.
-pub fn check<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<&P>) -> Result<usize, BoxingError> {
+pub fn check<P: LocalPiece>(
+    plan: &Plan,
+    world: &SharedComm,
+    piece: Option<&P>,
+) -> Result<usize, BoxingError> {
     let (from, to) = (&plan.from, &plan.to);
     for pl in [from.placement(), to.placement()] {
         if let Err(rank) = member_indices(world, pl.ranks()) {
@@ -83,7 +91,11 @@ pub fn check<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<&P>) 
             });
         }
     }
-    let me = world.world_ranks().get(world.rank()).copied().unwrap_or(world.rank());
+    let me = world
+        .world_ranks()
+        .get(world.rank())
+        .copied()
+        .unwrap_or(world.rank());
     let piece_err = |detail: String| BoxingError::Piece {
         from: from.to_string(),
         to: to.to_string(),
@@ -92,8 +104,18 @@ pub fn check<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<&P>) 
     };
     match (from.local_shape(me), piece) {
         (None, None) => {}
-        (None, Some(_)) => return Err(piece_err(format!("rank is outside {} but was given a piece", from.placement()))),
-        (Some(_), None) => return Err(piece_err(format!("rank is in {} but was given no piece", from.placement()))),
+        (None, Some(_)) => {
+            return Err(piece_err(format!(
+                "rank is outside {} but was given a piece",
+                from.placement()
+            )))
+        }
+        (Some(_), None) => {
+            return Err(piece_err(format!(
+                "rank is in {} but was given no piece",
+                from.placement()
+            )))
+        }
         (Some(expected), Some(p)) => {
             if p.dtype() != plan.dtype {
                 return Err(BoxingError::DTypeMismatch {
@@ -127,7 +149,11 @@ pub fn check<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<&P>) 
 
 /// Runs `plan` on this rank's piece (None for ranks outside the source placement). Returns the
 /// target piece, None for ranks outside the target placement.
-pub fn execute<P: LocalPiece>(plan: &Plan, world: &SharedComm, piece: Option<P>) -> Result<Option<P>, BoxingError> {
+pub fn execute<P: LocalPiece>(
+    plan: &Plan,
+    world: &SharedComm,
+    piece: Option<P>,
+) -> Result<Option<P>, BoxingError> {
     let me = check(plan, world, piece.as_ref())?;
     let mut piece = piece;
     for step in &plan.steps {
@@ -176,19 +202,29 @@ fn run_step<P: LocalPiece>(
         op: step.describe(),
         detail: format!("rank {me} holds a piece but is outside {placement}"),
     })?;
-    let communicates = !matches!(step.kind, StepKind::LocalSlice { .. } | StepKind::PartialZero { .. });
+    let communicates = !matches!(
+        step.kind,
+        StepKind::LocalSlice { .. } | StepKind::PartialZero { .. }
+    );
     let comm = if communicates {
         let group = placement.axis_group_of(me, axis)?.unwrap_or_default();
         Some(sub_comm(world, &group, step)?)
     } else {
         None
     };
-    let ctx = AxisCtx::new(comm, coord[axis], placement.shape()[axis], &group_region(&step.before, axis, &coord));
+    let ctx = AxisCtx::new(
+        comm,
+        coord[axis],
+        placement.shape()[axis],
+        &group_region(&step.before, axis, &coord),
+    );
     let out = match step.kind {
         StepKind::AllGather { dim } => all_gather::run(&ctx, step, dim, piece)?,
         StepKind::AllReduce { op } => all_reduce::run(&ctx, step, op, piece)?,
         StepKind::ReduceScatter { dim, op } => reduce_scatter::run(&ctx, step, dim, op, piece)?,
-        StepKind::AllToAll { from_dim, to_dim } => all_to_all::run(&ctx, step, from_dim, to_dim, piece)?,
+        StepKind::AllToAll { from_dim, to_dim } => {
+            all_to_all::run(&ctx, step, from_dim, to_dim, piece)?
+        }
         StepKind::LocalSlice { dim } => local_slice::run(&ctx, dim, piece)?,
         StepKind::PartialZero { op } => partial_zero::run(&ctx, from_sbp, op, piece)?,
         StepKind::P2p(_) | StepKind::DeviceCopy { .. } | StepKind::Relabel => piece,

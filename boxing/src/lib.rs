@@ -13,5 +13,7 @@ mod strategy;
 pub use error::BoxingError;
 pub use execute::{boxing, check, execute};
 pub use piece::{Fill, HostData, HostPiece, LocalPiece};
-pub use plan::{build_plan, validate, BoxingPlanner, Plan, Step, StepKind, Strategy};
+pub use plan::{
+    build_plan, build_plan_with, validate, BoxingPlanner, Plan, Step, StepKind, Strategy,
+};
 pub use strategy::p2p_intersections::{P2pPlan, Transfer};

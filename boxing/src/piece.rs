@@ -30,16 +30,33 @@ pub trait LocalPiece: Sized + Send {
     /// Whether this piece type can live on `device` (checked before any communication).
     fn supports_device(device: DeviceType) -> bool;
     /// A new piece of `shape` on `device`, filled as asked.
-    fn filled(shape: &Shape, dtype: DType, device: DeviceType, fill: Fill) -> Result<Self, BoxingError>;
+    fn filled(
+        shape: &Shape,
+        dtype: DType,
+        device: DeviceType,
+        fill: Fill,
+    ) -> Result<Self, BoxingError>;
     /// A new piece whose every element the caller overwrites (may skip the fill).
     fn alloc(shape: &Shape, dtype: DType, device: DeviceType) -> Result<Self, BoxingError> {
         Self::filled(shape, dtype, device, Fill::Zero)
     }
+    /// A flat staging buffer of `len` elements whose every element the caller overwrites;
+    /// implementations may hand out recycled memory (see `recycle`).
+    fn scratch(len: usize, dtype: DType, device: DeviceType) -> Result<Self, BoxingError> {
+        Self::alloc(&Shape::new([len]), dtype, device)
+    }
+    /// Returns a staging buffer from `scratch` for reuse (the default drops it).
+    fn recycle(self) {}
     /// The same elements under another shape of equal element count.
     fn reshape(self, shape: Shape) -> Result<Self, BoxingError>;
     /// Copies the elements of each of `regions` (boxes in this piece's index space), one after
     /// another in row-major order, into `dst`'s flat storage starting at element `dst_offset`.
-    fn pack(&self, regions: &[&[Range<usize>]], dst: &mut Self, dst_offset: usize) -> Result<(), BoxingError>;
+    fn pack(
+        &self,
+        regions: &[&[Range<usize>]],
+        dst: &mut Self,
+        dst_offset: usize,
+    ) -> Result<(), BoxingError>;
     /// The inverse of `pack`: reads consecutive elements of `src` from `src_offset` into each of
     /// `regions` of this piece; with `op` they are reduced into the present values instead.
     fn unpack(
@@ -63,7 +80,12 @@ pub trait LocalPiece: Sized + Send {
         Ok(out)
     }
     /// Writes all of `src` into the box `at` of this piece (optionally reducing).
-    fn write_region(&mut self, at: &[Range<usize>], src: &Self, op: Option<ReduceOp>) -> Result<(), BoxingError> {
+    fn write_region(
+        &mut self,
+        at: &[Range<usize>],
+        src: &Self,
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError> {
         self.unpack(&[at], src, 0, op)
     }
 }
@@ -117,6 +139,15 @@ pub struct HostPiece {
     pub data: HostData,
 }
 
+/// Staging buffers kept per thread for reuse, and the largest one kept: reused memory is
+/// already mapped, so staging costs no page faults on the hot path.
+const POOL_ENTRIES: usize = 4;
+const POOL_MAX_BYTES: usize = 1 << 30;
+
+thread_local! {
+    static POOL: std::cell::RefCell<Vec<HostData>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Copies of at least this many bytes are split over the rayon pool.
 const PAR_BYTES: usize = 4 << 20;
 
@@ -127,7 +158,11 @@ impl HostPiece {
         if shape.numel() != data.len() {
             return Err(BoxingError::Local {
                 op: "HostPiece::new".into(),
-                detail: format!("shape {shape} needs {} elements, data has {}", shape.numel(), data.len()),
+                detail: format!(
+                    "shape {shape} needs {} elements, data has {}",
+                    shape.numel(),
+                    data.len()
+                ),
             });
         }
         Ok(HostPiece { shape, data })
@@ -143,7 +178,13 @@ impl HostPiece {
         Ok(())
     }
 
-    fn check_regions(&self, regions: &[&[Range<usize>]], flat_offset: usize, flat_len: usize, op: &str) -> Result<usize, BoxingError> {
+    fn check_regions(
+        &self,
+        regions: &[&[Range<usize>]],
+        flat_offset: usize,
+        flat_len: usize,
+        op: &str,
+    ) -> Result<usize, BoxingError> {
         let mut total = 0;
         for r in regions {
             if !fits(&self.shape, r) {
@@ -169,7 +210,10 @@ impl HostPiece {
 /// Copies `len` bytes, in parallel when large.
 fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     if dst.len() >= PAR_BYTES && rayon::current_num_threads() > 1 {
-        let chunk = dst.len().div_ceil(rayon::current_num_threads()).max(1 << 20);
+        let chunk = dst
+            .len()
+            .div_ceil(rayon::current_num_threads())
+            .max(1 << 20);
         dst.par_chunks_mut(chunk)
             .zip(src.par_chunks(chunk))
             .for_each(|(d, s)| d.copy_from_slice(s));
@@ -191,7 +235,12 @@ impl LocalPiece for HostPiece {
     fn supports_device(device: DeviceType) -> bool {
         device == DeviceType::Cpu
     }
-    fn filled(shape: &Shape, dtype: DType, device: DeviceType, fill: Fill) -> Result<Self, BoxingError> {
+    fn filled(
+        shape: &Shape,
+        dtype: DType,
+        device: DeviceType,
+        fill: Fill,
+    ) -> Result<Self, BoxingError> {
         if device != DeviceType::Cpu {
             return Err(BoxingError::UnsupportedDevice {
                 op: "HostPiece::filled".into(),
@@ -201,28 +250,90 @@ impl LocalPiece for HostPiece {
         let n = shape.numel();
         let data = match (dtype, fill) {
             (DType::F32, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F32(vec![0.0; n]),
-            (DType::F32, Fill::Identity(ReduceOp::Max)) => HostData::F32(vec![f32::NEG_INFINITY; n]),
+            (DType::F32, Fill::Identity(ReduceOp::Max)) => {
+                HostData::F32(vec![f32::NEG_INFINITY; n])
+            }
             (DType::F32, Fill::Identity(ReduceOp::Min)) => HostData::F32(vec![f32::INFINITY; n]),
             (DType::F64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F64(vec![0.0; n]),
-            (DType::F64, Fill::Identity(ReduceOp::Max)) => HostData::F64(vec![f64::NEG_INFINITY; n]),
+            (DType::F64, Fill::Identity(ReduceOp::Max)) => {
+                HostData::F64(vec![f64::NEG_INFINITY; n])
+            }
             (DType::F64, Fill::Identity(ReduceOp::Min)) => HostData::F64(vec![f64::INFINITY; n]),
             (DType::I64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::I64(vec![0; n]),
             (DType::I64, Fill::Identity(ReduceOp::Max)) => HostData::I64(vec![i64::MIN; n]),
             (DType::I64, Fill::Identity(ReduceOp::Min)) => HostData::I64(vec![i64::MAX; n]),
         };
-        Ok(HostPiece { shape: shape.clone(), data })
+        Ok(HostPiece {
+            shape: shape.clone(),
+            data,
+        })
+    }
+    fn scratch(len: usize, dtype: DType, device: DeviceType) -> Result<Self, BoxingError> {
+        if device == DeviceType::Cpu {
+            let reused = POOL.with(|p| {
+                let mut pool = p.borrow_mut();
+                // The smallest pooled buffer of this dtype that is long enough.
+                let best = pool
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| d.dtype() == dtype && d.len() >= len)
+                    .min_by_key(|(_, d)| d.len())
+                    .map(|(i, _)| i);
+                best.map(|i| pool.swap_remove(i))
+            });
+            if let Some(mut data) = reused {
+                match &mut data {
+                    HostData::F32(v) => v.truncate(len),
+                    HostData::F64(v) => v.truncate(len),
+                    HostData::I64(v) => v.truncate(len),
+                }
+                return Ok(HostPiece {
+                    shape: Shape::new([len]),
+                    data,
+                });
+            }
+        }
+        Self::alloc(&Shape::new([len]), dtype, device)
+    }
+    fn recycle(self) {
+        let bytes = self.data.len() * self.data.dtype().size();
+        if bytes == 0 || bytes > POOL_MAX_BYTES {
+            return;
+        }
+        POOL.with(|p| {
+            let mut pool = p.borrow_mut();
+            if pool.len() >= POOL_ENTRIES {
+                // Keep the larger buffers.
+                if let Some((i, _)) = pool.iter().enumerate().min_by_key(|(_, d)| d.len()) {
+                    if pool[i].len() >= self.data.len() {
+                        return;
+                    }
+                    pool.swap_remove(i);
+                }
+            }
+            pool.push(self.data);
+        });
     }
     fn reshape(mut self, shape: Shape) -> Result<Self, BoxingError> {
         if shape.numel() != self.data.len() {
             return Err(BoxingError::Local {
                 op: "reshape".into(),
-                detail: format!("cannot view {} elements of shape {} as {shape}", self.data.len(), self.shape),
+                detail: format!(
+                    "cannot view {} elements of shape {} as {shape}",
+                    self.data.len(),
+                    self.shape
+                ),
             });
         }
         self.shape = shape;
         Ok(self)
     }
-    fn pack(&self, regions: &[&[Range<usize>]], dst: &mut Self, dst_offset: usize) -> Result<(), BoxingError> {
+    fn pack(
+        &self,
+        regions: &[&[Range<usize>]],
+        dst: &mut Self,
+        dst_offset: usize,
+    ) -> Result<(), BoxingError> {
         self.check_same(dst, "pack")?;
         self.check_regions(regions, dst_offset, dst.data.len(), "pack")?;
         let es = self.dtype().size();
@@ -296,7 +407,13 @@ mod tests {
         let r: Region = [1..3, 1..3].into_iter().collect();
         let s = p.slice(&r).unwrap();
         assert_eq!(s.data, HostData::F64(vec![5.0, 6.0, 9.0, 10.0]));
-        let mut z = HostPiece::filled(&Shape::from([3, 4]), DType::F64, DeviceType::Cpu, Fill::Zero).unwrap();
+        let mut z = HostPiece::filled(
+            &Shape::from([3, 4]),
+            DType::F64,
+            DeviceType::Cpu,
+            Fill::Zero,
+        )
+        .unwrap();
         z.write_region(&r, &s, None).unwrap();
         z.write_region(&r, &s, Some(ReduceOp::Sum)).unwrap();
         let HostData::F64(v) = &z.data else { panic!() };

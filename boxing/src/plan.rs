@@ -72,19 +72,21 @@ pub struct Step {
 impl Step {
     /// SBP of the step's axis before and after (per-axis steps only).
     pub fn axis_sbps(&self) -> Option<(Sbp, Sbp)> {
-        self.axis.map(|a| (self.before.nd_sbp()[a], self.after.nd_sbp()[a]))
+        self.axis
+            .map(|a| (self.before.nd_sbp()[a], self.after.nd_sbp()[a]))
     }
     /// A one-line description (used in errors and `explain`).
     pub fn describe(&self) -> String {
         match (&self.kind, self.axis_sbps()) {
-            (StepKind::P2p(_), _) => format!(
-                "{} {} -> {}",
-                self.kind.name(),
-                self.before,
-                self.after
-            ),
+            (StepKind::P2p(_), _) => {
+                format!("{} {} -> {}", self.kind.name(), self.before, self.after)
+            }
             (StepKind::DeviceCopy { from, to }, _) => format!("device-copy {from} -> {to}"),
-            (k, Some((a, b))) => format!("{} {a} -> {b} on mesh axis {}", k.name(), self.axis.unwrap_or(0)),
+            (k, Some((a, b))) => format!(
+                "{} {a} -> {b} on mesh axis {}",
+                k.name(),
+                self.axis.unwrap_or(0)
+            ),
             (k, None) => k.name().to_string(),
         }
     }
@@ -215,7 +217,11 @@ pub(crate) fn partial_op(nd: &NdSbp) -> Result<Option<ReduceOp>, ()> {
 }
 
 /// Builds a plan without the cache.
-pub fn build_plan(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> Result<Plan, BoxingError> {
+pub fn build_plan(
+    from: &GlobalLayout,
+    to: &GlobalLayout,
+    dtype: DType,
+) -> Result<Plan, BoxingError> {
     validate(from, to)?;
     let mut steps = Vec::new();
     let (fd, td) = (from.placement().device(), to.placement().device());
@@ -224,15 +230,61 @@ pub fn build_plan(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> Resul
         strategy = plan_same_device(from, to, dtype, &mut steps)?;
     } else if td == DeviceType::Cuda {
         // Copy first so the communication runs on the device.
-        let moved = GlobalLayout::new(from.shape().clone(), &from.placement().with_device(td), from.nd_sbp().clone())?;
+        let moved = GlobalLayout::new(
+            from.shape().clone(),
+            &from.placement().with_device(td),
+            from.nd_sbp().clone(),
+        )?;
         steps.push(crate::strategy::device_copy::plan(from, &moved, dtype));
         strategy = plan_same_device(&moved, to, dtype, &mut steps)?;
     } else {
-        let staged = GlobalLayout::new(to.shape().clone(), &to.placement().with_device(fd), to.nd_sbp().clone())?;
+        let staged = GlobalLayout::new(
+            to.shape().clone(),
+            &to.placement().with_device(fd),
+            to.nd_sbp().clone(),
+        )?;
         strategy = plan_same_device(from, &staged, dtype, &mut steps)?;
         steps.push(crate::strategy::device_copy::plan(&staged, to, dtype));
     }
-    let strategy = if steps.is_empty() { Strategy::Identity } else { strategy };
+    let strategy = if steps.is_empty() {
+        Strategy::Identity
+    } else {
+        strategy
+    };
+    Ok(Plan {
+        from: from.clone(),
+        to: to.clone(),
+        dtype,
+        strategy,
+        steps,
+    })
+}
+
+/// A plan forced to one strategy on one placement (tests and benchmarks compare strategies):
+/// `PerAxis` is the searched per-axis plan, `PointToPoint` the intersection plan. Errors when
+/// the placements or devices differ.
+pub fn build_plan_with(
+    from: &GlobalLayout,
+    to: &GlobalLayout,
+    dtype: DType,
+    strategy: Strategy,
+) -> Result<Plan, BoxingError> {
+    validate(from, to)?;
+    if from.placement() != to.placement() {
+        return Err(BoxingError::Local {
+            op: format!("build_plan_with({strategy:?})"),
+            detail: format!(
+                "{} and {} are different placements",
+                from.placement(),
+                to.placement()
+            ),
+        });
+    }
+    let steps = match strategy {
+        Strategy::Identity => Vec::new(),
+        Strategy::PerAxis => axis_plan(from, to.nd_sbp(), dtype)?,
+        Strategy::PointToPoint => vec![plan_p2p(from, to, dtype)],
+    };
     Ok(Plan {
         from: from.clone(),
         to: to.clone(),
@@ -289,7 +341,12 @@ impl BoxingPlanner {
     }
 
     /// The plan for `from -> to` of `dtype`, from the cache when present.
-    pub fn plan(&self, from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> Result<Arc<Plan>, BoxingError> {
+    pub fn plan(
+        &self,
+        from: &GlobalLayout,
+        to: &GlobalLayout,
+        dtype: DType,
+    ) -> Result<Arc<Plan>, BoxingError> {
         let h = key_hash(from, to, dtype);
         {
             let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());

@@ -156,7 +156,10 @@ mod tests {
         assert_eq!(Runs::new(&s, &r).count(), 4);
         let r: Region = [0..4, 1..1, 0..5].into_iter().collect();
         assert_eq!(Runs::new(&s, &r).count(), 0);
-        assert_eq!(Runs::new(&Shape::scalar(), &[]).collect::<Vec<_>>(), vec![(0, 1)]);
+        assert_eq!(
+            Runs::new(&Shape::scalar(), &[]).collect::<Vec<_>>(),
+            vec![(0, 1)]
+        );
     }
 
     #[test]

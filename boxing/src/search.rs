@@ -8,11 +8,11 @@ use oxiflow_collectives::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp};
 use rustc_hash::FxHashMap;
 
-use oxiflow_sbp::transition_cost_1d;
 use crate::plan::{partial_op, Step, StepKind};
 use crate::region::numel;
 use crate::strategy::group_region;
 use crate::BoxingError;
+use oxiflow_sbp::transition_cost_1d;
 
 /// The kind of a single-axis step from `a` to `b` on an axis of extent `p`; None when there is
 /// no direct step (a change of partial reduction goes through B).
@@ -27,7 +27,10 @@ fn axis_kind(a: Sbp, b: Sbp, p: usize) -> Option<StepKind> {
         (Sbp::Split(d), Sbp::Broadcast) => StepKind::AllGather { dim: d },
         (Sbp::Partial(op), Sbp::Broadcast) => StepKind::AllReduce { op },
         (Sbp::Partial(op), Sbp::Split(d)) => StepKind::ReduceScatter { dim: d, op },
-        (Sbp::Split(f), Sbp::Split(t)) => StepKind::AllToAll { from_dim: f, to_dim: t },
+        (Sbp::Split(f), Sbp::Split(t)) => StepKind::AllToAll {
+            from_dim: f,
+            to_dim: t,
+        },
         (Sbp::Broadcast, Sbp::Split(d)) => StepKind::LocalSlice { dim: d },
         (Sbp::Broadcast | Sbp::Split(_), Sbp::Partial(op)) => StepKind::PartialZero { op },
         (Sbp::Partial(_), Sbp::Partial(_)) | (Sbp::Broadcast, Sbp::Broadcast) => return None,
@@ -44,7 +47,12 @@ fn valid(state: &NdSbp, axis: usize, to: Sbp) -> bool {
 }
 
 /// Builds the single-axis step `axis: before[axis] -> to` with its groups and bytes.
-pub(crate) fn axis_step(before: &GlobalLayout, axis: usize, to: Sbp, dtype: DType) -> Result<Option<Step>, BoxingError> {
+pub(crate) fn axis_step(
+    before: &GlobalLayout,
+    axis: usize,
+    to: Sbp,
+    dtype: DType,
+) -> Result<Option<Step>, BoxingError> {
     let from = before.nd_sbp()[axis];
     let placement = before.placement();
     let p = placement.shape()[axis];
@@ -73,7 +81,11 @@ pub(crate) fn axis_step(before: &GlobalLayout, axis: usize, to: Sbp, dtype: DTyp
 }
 
 /// The cheapest per-axis plan from `from` to nd-SBP `target` on `from`'s placement.
-pub(crate) fn axis_plan(from: &GlobalLayout, target: &NdSbp, dtype: DType) -> Result<Vec<Step>, BoxingError> {
+pub(crate) fn axis_plan(
+    from: &GlobalLayout,
+    target: &NdSbp,
+    dtype: DType,
+) -> Result<Vec<Step>, BoxingError> {
     let ndim = from.shape().ndim();
     let m = from.placement().ndim();
     // Candidate SBPs for an axis: every split, B, and the target's own SBP on that axis.

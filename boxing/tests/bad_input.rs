@@ -16,7 +16,11 @@ use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 /// the slowest rank's time.
 fn on_all<F>(f: F) -> (Vec<Result<Option<HostPiece>, BoxingError>>, Duration)
 where
-    F: Fn(usize, &oxiflow_collectives::SharedComm, &BoxingPlanner) -> Result<Option<HostPiece>, BoxingError>
+    F: Fn(
+            usize,
+            &oxiflow_collectives::SharedComm,
+            &BoxingPlanner,
+        ) -> Result<Option<HostPiece>, BoxingError>
         + Send
         + Sync
         + 'static,
@@ -46,8 +50,15 @@ fn piece(shape: &[usize], dtype: DType) -> HostPiece {
     HostPiece::new(shape.to_vec(), data).unwrap()
 }
 
-fn all_err(res: &[Result<Option<HostPiece>, BoxingError>], t: Duration, want: impl Fn(&BoxingError) -> bool) {
-    assert!(t < Duration::from_secs(2), "ranks took {t:?}: someone waited in a collective");
+fn all_err(
+    res: &[Result<Option<HostPiece>, BoxingError>],
+    t: Duration,
+    want: impl Fn(&BoxingError) -> bool,
+) {
+    assert!(
+        t < Duration::from_secs(2),
+        "ranks took {t:?}: someone waited in a collective"
+    );
     for (r, x) in res.iter().enumerate() {
         match x {
             Err(e) if want(e) => println!("rank {r}: {e}"),
@@ -61,15 +72,27 @@ fn target_sbp_that_does_not_fit_the_shape() {
     let (res, t) = on_all(|r, w, planner| {
         let pl = cpu(&[4], &[0, 1, 2, 3]);
         let shape = Shape::from([8]);
-        let plan = planner.plan_parts(&shape, (&pl, &Sbp::S(0).into()), (&pl, &Sbp::S(1).into()), DType::F32)?;
+        let plan = planner.plan_parts(
+            &shape,
+            (&pl, &Sbp::S(0).into()),
+            (&pl, &Sbp::S(1).into()),
+            DType::F32,
+        )?;
         boxing_plan(&plan, w, Some(piece(&[2], DType::F32)), r)
     });
-    all_err(&res, t, |e| matches!(e, BoxingError::Layout(_)) && e.to_string().contains("S(1)"));
+    all_err(&res, t, |e| {
+        matches!(e, BoxingError::Layout(_)) && e.to_string().contains("S(1)")
+    });
     let (res, t) = on_all(|r, w, planner| {
         let pl = cpu(&[2, 2], &[0, 1, 2, 3]);
         let shape = Shape::from([8]);
         // nd-SBP of the wrong length for the mesh.
-        let plan = planner.plan_parts(&shape, (&pl, &NdSbp::new([Sbp::S(0), Sbp::B])), (&pl, &Sbp::B.into()), DType::F32)?;
+        let plan = planner.plan_parts(
+            &shape,
+            (&pl, &NdSbp::new([Sbp::S(0), Sbp::B])),
+            (&pl, &Sbp::B.into()),
+            DType::F32,
+        )?;
         boxing_plan(&plan, w, Some(piece(&[4], DType::F32)), r)
     });
     all_err(&res, t, |e| matches!(e, BoxingError::Layout(_)));
@@ -88,11 +111,24 @@ fn boxing_plan(
 fn placement_naming_ranks_outside_the_world() {
     let (res, t) = on_all(|r, w, planner| {
         let from = GlobalLayout::new([8], &cpu(&[4], &[0, 1, 2, 3]), Sbp::S(0))?;
-        let to = GlobalLayout::new([8], &cpu(&[2, 2], &[0, 1, 2, 7]), NdSbp::new([Sbp::S(0), Sbp::B]))?;
+        let to = GlobalLayout::new(
+            [8],
+            &cpu(&[2, 2], &[0, 1, 2, 7]),
+            NdSbp::new([Sbp::S(0), Sbp::B]),
+        )?;
         let _ = r;
-        boxing(planner, w, &from, &to, DType::F32, Some(piece(&[2], DType::F32)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::F32,
+            Some(piece(&[2], DType::F32)),
+        )
     });
-    all_err(&res, t, |e| matches!(e, BoxingError::RankOutsideWorld { rank: 7, .. }));
+    all_err(&res, t, |e| {
+        matches!(e, BoxingError::RankOutsideWorld { rank: 7, .. })
+    });
 }
 
 #[test]
@@ -101,14 +137,28 @@ fn mixed_partial_and_shape_mismatch() {
         let pl = cpu(&[2, 2], &[0, 1, 2, 3]);
         let from = GlobalLayout::new([4], &pl, NdSbp::new([Sbp::P, Sbp::Partial(ReduceOp::Max)]))?;
         let to = GlobalLayout::new([4], &pl, NdSbp::new([Sbp::B, Sbp::B]))?;
-        boxing(planner, w, &from, &to, DType::I64, Some(piece(&[4], DType::I64)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::I64,
+            Some(piece(&[4], DType::I64)),
+        )
     });
     all_err(&res, t, |e| matches!(e, BoxingError::MixedPartial { .. }));
     let (res, t) = on_all(|_, w, planner| {
         let pl = cpu(&[4], &[0, 1, 2, 3]);
         let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
         let to = GlobalLayout::new([8, 1], &pl, Sbp::B)?;
-        boxing(planner, w, &from, &to, DType::F32, Some(piece(&[2], DType::F32)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::F32,
+            Some(piece(&[2], DType::F32)),
+        )
     });
     all_err(&res, t, |e| matches!(e, BoxingError::ShapeMismatch { .. }));
 }
@@ -120,7 +170,14 @@ fn piece_not_matching_the_plan() {
         let pl = cpu(&[4], &[0, 1, 2, 3]);
         let from = GlobalLayout::new([8], &pl, Sbp::P)?;
         let to = GlobalLayout::new([8], &pl, Sbp::B)?;
-        boxing(planner, w, &from, &to, DType::F32, Some(piece(&[8], DType::I64)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::F32,
+            Some(piece(&[8], DType::I64)),
+        )
     });
     all_err(&res, t, |e| matches!(e, BoxingError::DTypeMismatch { .. }));
     // Every rank hands the full shape where the layout gives it a slice.
@@ -128,7 +185,14 @@ fn piece_not_matching_the_plan() {
         let pl = cpu(&[4], &[0, 1, 2, 3]);
         let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
         let to = GlobalLayout::new([8], &pl, Sbp::B)?;
-        boxing(planner, w, &from, &to, DType::F32, Some(piece(&[8], DType::F32)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::F32,
+            Some(piece(&[8], DType::F32)),
+        )
     });
     all_err(&res, t, |e| matches!(e, BoxingError::LocalShape { .. }));
     // A cuda placement cannot be boxed with host pieces.
@@ -137,9 +201,18 @@ fn piece_not_matching_the_plan() {
         let gpu = pl.with_device(oxiflow_placement::DeviceType::Cuda);
         let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
         let to = GlobalLayout::new([8], &gpu, Sbp::B)?;
-        boxing(planner, w, &from, &to, DType::F32, Some(piece(&[2], DType::F32)))
+        boxing(
+            planner,
+            w,
+            &from,
+            &to,
+            DType::F32,
+            Some(piece(&[2], DType::F32)),
+        )
     });
-    all_err(&res, t, |e| matches!(e, BoxingError::UnsupportedDevice { .. }));
+    all_err(&res, t, |e| {
+        matches!(e, BoxingError::UnsupportedDevice { .. })
+    });
 }
 
 #[test]
@@ -153,7 +226,9 @@ fn harness_detects_wrong_values() {
     if let Some(HostData::F64(v)) = pieces.get_mut(&1).map(|p| &mut p.data) {
         v[3] += 1.0;
     }
-    assert!(reassemble(&layout, &pieces).unwrap_err().contains("disagree"));
+    assert!(reassemble(&layout, &pieces)
+        .unwrap_err()
+        .contains("disagree"));
     let p = GlobalLayout::new(shape, &pl, Sbp::P).unwrap();
     let pieces = make_pieces(&p, &global, DType::F64, &mut SplitMix(2));
     assert_ne!(pieces[&0], pieces[&1]);

@@ -5,11 +5,12 @@
 mod common;
 
 use common::*;
+use oxiflow_boxing::Strategy;
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Sbp, Shape};
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]
     fn every_pair_1d(n in 1usize..=8, d0 in 0usize..=10, d1 in 1usize..=9, seed in any::<u64>()) {
         let mut rng = SplitMix(seed);
@@ -25,6 +26,15 @@ proptest! {
                     dtype: dtype_of(seed.wrapping_add((i * 4 + j) as u64)),
                     global: global.clone(),
                     seed: seed ^ (i * 4 + j) as u64,
+                    force: None,
+                });
+                cases.push(Case {
+                    from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
+                    to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
+                    dtype: dtype_of(seed.wrapping_add((i * 4 + j) as u64)),
+                    global: global.clone(),
+                    seed: seed ^ (i * 4 + j) as u64,
+                    force: Some(Strategy::PointToPoint),
                 });
             }
         }
@@ -54,6 +64,7 @@ proptest! {
                     dtype: dtype_of(rng.next()),
                     global: global.clone(),
                     seed: rng.next(),
+                    force: None,
                 });
             }
         }
@@ -85,6 +96,7 @@ fn vectors_and_scalars() {
                         dtype: dtype_of(rng.next()),
                         global: global.clone(),
                         seed: rng.next(),
+                        force: None,
                     });
                 }
             }

@@ -1,9 +1,11 @@
 //! OneFlow's exhaustive boxing check on 2-d meshes: all pairs of 2-d nd-SBPs over
-//! {S(0), S(1), B, P}^2 on [2,2], [2,3] and [4,2] meshes, random even and uneven shapes.
+//! {S(0), S(1), B, P}^2 on [2,2], [2,3] and [4,2] meshes, random even and uneven shapes; each
+//! pair runs the planner's choice and, forced, both the per-axis and the point-to-point plan.
 
 mod common;
 
 use common::*;
+use oxiflow_boxing::Strategy;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 use proptest::prelude::*;
 
@@ -27,20 +29,23 @@ fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), St
     let mut cases = Vec::new();
     for x in &nds {
         for y in &nds {
-            cases.push(Case {
-                from: GlobalLayout::new(shape.clone(), &pl, x.clone()).unwrap(),
-                to: GlobalLayout::new(shape.clone(), &pl, y.clone()).unwrap(),
-                dtype: dtype_of(rng.next()),
-                global: global.clone(),
-                seed: rng.next(),
-            });
+            for force in [None, Some(Strategy::PerAxis), Some(Strategy::PointToPoint)] {
+                cases.push(Case {
+                    from: GlobalLayout::new(shape.clone(), &pl, x.clone()).unwrap(),
+                    to: GlobalLayout::new(shape.clone(), &pl, y.clone()).unwrap(),
+                    dtype: dtype_of(rng.next()),
+                    global: global.clone(),
+                    seed: rng.next(),
+                    force,
+                });
+            }
         }
     }
     run_cases(n, cases)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(6))]
+    #![proptest_config(ProptestConfig::with_cases(16))]
     #[test]
     fn every_pair_2x2(d0 in 0usize..=9, d1 in 1usize..=9, seed in any::<u64>()) {
         if let Err(e) = all_pairs([2, 2], d0, d1, seed) { prop_assert!(false, "{}", e); }

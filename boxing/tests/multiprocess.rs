@@ -27,7 +27,9 @@ fn gen_cases(seed: u64) -> Vec<Case> {
     let p2 = cpu(&[2, 2], &[3, 1, 0, 2]);
     let p3 = cpu(&[3], &[1, 2, 3]);
     let p4 = cpu(&[1], &[0]);
-    let l = |pl: &oxiflow_placement::Placement, nd: NdSbp| GlobalLayout::new(shape.clone(), pl, nd).unwrap();
+    let l = |pl: &oxiflow_placement::Placement, nd: NdSbp| {
+        GlobalLayout::new(shape.clone(), pl, nd).unwrap()
+    };
     for a in sbps {
         for b in sbps {
             out.push((l(&p1, a.into()), l(&p1, b.into())));
@@ -39,9 +41,18 @@ fn gen_cases(seed: u64) -> Vec<Case> {
         let b = NdSbp::new([pick(&mut rng), pick(&mut rng)]);
         out.push((l(&p2, a), l(&p2, b)));
     }
-    out.push((l(&p2, NdSbp::new([Sbp::S(0), Sbp::P])), l(&p3, Sbp::S(1).into())));
-    out.push((l(&p3, Sbp::Partial(ReduceOp::Max).into()), l(&p4, Sbp::B.into())));
-    out.push((l(&p4, Sbp::B.into()), l(&p2, NdSbp::new([Sbp::S(1), Sbp::S(0)]))));
+    out.push((
+        l(&p2, NdSbp::new([Sbp::S(0), Sbp::P])),
+        l(&p3, Sbp::S(1).into()),
+    ));
+    out.push((
+        l(&p3, Sbp::Partial(ReduceOp::Max).into()),
+        l(&p4, Sbp::B.into()),
+    ));
+    out.push((
+        l(&p4, Sbp::B.into()),
+        l(&p2, NdSbp::new([Sbp::S(1), Sbp::S(0)])),
+    ));
     out.push((l(&p1, Sbp::S(0).into()), l(&p3, Sbp::P.into())));
     out.into_iter()
         .enumerate()
@@ -51,6 +62,7 @@ fn gen_cases(seed: u64) -> Vec<Case> {
             dtype: dtype_of(seed.wrapping_add(i as u64)),
             global: global.clone(),
             seed: seed ^ i as u64,
+            force: None,
         })
         .collect()
 }
@@ -62,8 +74,15 @@ fn write_piece(dir: &Path, case: usize, rank: usize, p: &HostPiece) {
 
 fn read_piece(dir: &Path, case: usize, rank: usize, layout: &GlobalLayout) -> Option<HostPiece> {
     let bytes = std::fs::read(dir.join(format!("c{case}_r{rank}"))).ok()?;
-    let v: Vec<f64> = bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
-    Some(to_host(layout.local_shape(rank)?, v, oxiflow_collectives::DType::F64))
+    let v: Vec<f64> = bytes
+        .chunks(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    Some(to_host(
+        layout.local_shape(rank)?,
+        v,
+        oxiflow_collectives::DType::F64,
+    ))
 }
 
 /// The worker side: runs only inside a spawned process.
@@ -119,7 +138,11 @@ fn real_processes_box_correctly() {
             .collect();
         for (r, c) in children.into_iter().enumerate() {
             let o = c.wait_with_output().unwrap();
-            assert!(o.status.success(), "rank {r}: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "rank {r}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         drop(server);
         for (i, c) in gen_cases(seed).iter().enumerate() {
@@ -129,9 +152,20 @@ fn real_processes_box_correctly() {
                     pieces.insert(r, p);
                 }
             }
-            let got = reassemble(&c.to, &pieces).unwrap_or_else(|e| panic!("case {i} {} -> {}: {e}", c.from, c.to));
+            assert_eq!(
+                pieces.len(),
+                c.to.placement().num_ranks(),
+                "case {i}: missing target pieces"
+            );
+            let got = reassemble(&c.to, &pieces)
+                .unwrap_or_else(|e| panic!("case {i} {} -> {}: {e}", c.from, c.to));
             assert_eq!(got, c.global, "case {i} {} -> {}", c.from, c.to);
         }
+        let files = std::fs::read_dir(&dir).unwrap().count();
+        println!(
+            "seed {seed}: {} cases, {files} target pieces from {WORLD} processes",
+            gen_cases(seed).len()
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

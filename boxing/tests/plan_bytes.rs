@@ -26,7 +26,13 @@ fn table(from: Sbp, to: Sbp, t: u64, p: u64) -> u64 {
 
 #[test]
 fn one_d_bytes_equal_table_minimum() {
-    let sbps = [Sbp::S(0), Sbp::S(1), Sbp::B, Sbp::P, Sbp::Partial(ReduceOp::Max)];
+    let sbps = [
+        Sbp::S(0),
+        Sbp::S(1),
+        Sbp::B,
+        Sbp::P,
+        Sbp::Partial(ReduceOp::Max),
+    ];
     for p in 1..=8usize {
         let pl = cpu(&[p], &(0..p).collect::<Vec<_>>());
         // Even: every dim divisible by p and p^2.
@@ -40,7 +46,11 @@ fn one_d_bytes_equal_table_minimum() {
                 if a.is_partial() && b.is_partial() && a != b {
                     // Not in design.md's table; the planner finds reduce-scatter then a local
                     // identity fill, cheaper than the all-reduce route the cost model prices.
-                    assert!(plan.bytes_max() <= table(a, b, t, p as u64), "{a} -> {b}:\n{}", plan.explain());
+                    assert!(
+                        plan.bytes_max() <= table(a, b, t, p as u64),
+                        "{a} -> {b}:\n{}",
+                        plan.explain()
+                    );
                     continue;
                 }
                 assert_eq!(
@@ -50,7 +60,12 @@ fn one_d_bytes_equal_table_minimum() {
                     plan.explain()
                 );
                 if a != b && p > 1 {
-                    assert_eq!(plan.strategy, Strategy::PerAxis, "{a} -> {b}:\n{}", plan.explain());
+                    assert_eq!(
+                        plan.strategy,
+                        Strategy::PerAxis,
+                        "{a} -> {b}:\n{}",
+                        plan.explain()
+                    );
                     assert_eq!(plan.steps.len(), 1, "{a} -> {b}:\n{}", plan.explain());
                 }
             }
@@ -74,7 +89,10 @@ fn two_d_transitions_route_through_intermediates() {
     // A single reduce-scatter on axis 1 of the 4x8 group tensor: (2-1)/2 * 128 bytes.
     assert_eq!(plan.strategy, Strategy::PerAxis);
     assert_eq!(plan.steps.len(), 1);
-    assert!(matches!(plan.steps[0].kind, StepKind::ReduceScatter { dim: 0, .. }));
+    assert!(matches!(
+        plan.steps[0].kind,
+        StepKind::ReduceScatter { dim: 0, .. }
+    ));
     assert_eq!(plan.bytes_max(), 64);
 
     // (S(0), S(0)) -> (S(1), S(0)): axis 0 cannot change first (axis 1 splits dim 0).
@@ -126,7 +144,8 @@ fn planning_errors_are_typed() {
         Err(BoxingError::ShapeMismatch { .. })
     ));
     let pl2 = cpu(&[2, 1], &[0, 1]);
-    let mixed = GlobalLayout::new([4], &pl2, NdSbp::new([Sbp::P, Sbp::Partial(ReduceOp::Max)])).unwrap();
+    let mixed =
+        GlobalLayout::new([4], &pl2, NdSbp::new([Sbp::P, Sbp::Partial(ReduceOp::Max)])).unwrap();
     let b = GlobalLayout::new([4], &pl2, [Sbp::B, Sbp::B]).unwrap();
     let err = build_plan(&mixed, &b, DType::F32).unwrap_err();
     assert!(matches!(err, BoxingError::MixedPartial { .. }), "{err}");

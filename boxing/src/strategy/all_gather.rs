@@ -2,8 +2,6 @@
 //! result when the parts of dim d are contiguous (d outermost), else into a staging buffer that
 //! is then rearranged.
 
-use oxiflow_sbp::Shape;
-
 use crate::execute::comm_err;
 use crate::piece::LocalPiece;
 use crate::plan::Step;
@@ -11,7 +9,12 @@ use crate::region::outer;
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 
-pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, dim: usize, piece: P) -> Result<P, BoxingError> {
+pub(crate) fn run<P: LocalPiece>(
+    ctx: &AxisCtx,
+    step: &Step,
+    dim: usize,
+    piece: P,
+) -> Result<P, BoxingError> {
     let g = &ctx.group_shape;
     let counts = ctx.counts(dim);
     let (dtype, dev) = (piece.dtype(), piece.device());
@@ -22,7 +25,7 @@ pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, dim: usize, piece: 
             .map_err(comm_err(step))?;
         return Ok(out);
     }
-    let mut staging = P::alloc(&Shape::new([g.numel()]), dtype, dev)?;
+    let mut staging = P::scratch(g.numel(), dtype, dev)?;
     comm.all_gather_v(dtype, piece.as_buf(), staging.as_buf_mut(), &counts)
         .map_err(comm_err(step))?;
     drop(piece);
@@ -30,5 +33,6 @@ pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, dim: usize, piece: 
     let refs: Vec<&[std::ops::Range<usize>]> = boxes.iter().map(|b| b.as_slice()).collect();
     let mut out = P::alloc(g, dtype, dev)?;
     out.unpack(&refs, &staging, 0, None)?;
+    staging.recycle();
     Ok(out)
 }

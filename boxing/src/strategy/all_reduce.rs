@@ -8,7 +8,12 @@ use crate::plan::Step;
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 
-pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, op: ReduceOp, mut piece: P) -> Result<P, BoxingError> {
+pub(crate) fn run<P: LocalPiece>(
+    ctx: &AxisCtx,
+    step: &Step,
+    op: ReduceOp,
+    mut piece: P,
+) -> Result<P, BoxingError> {
     let dtype = piece.dtype();
     ctx.comm()?
         .all_reduce(dtype, piece.as_buf_mut(), comm_op(op))

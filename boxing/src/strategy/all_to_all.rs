@@ -5,8 +5,6 @@
 
 use std::ops::Range;
 
-use oxiflow_sbp::Shape;
-
 use crate::execute::comm_err;
 use crate::piece::LocalPiece;
 use crate::plan::Step;
@@ -14,7 +12,13 @@ use crate::region::{numel, outer};
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 
-pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, a: usize, b: usize, piece: P) -> Result<P, BoxingError> {
+pub(crate) fn run<P: LocalPiece>(
+    ctx: &AxisCtx,
+    step: &Step,
+    a: usize,
+    b: usize,
+    piece: P,
+) -> Result<P, BoxingError> {
     let (dtype, dev) = (piece.dtype(), piece.device());
     let in_shape = piece.shape().clone();
     let out_shape = ctx.group_shape.with_dim(b, ctx.split(b).size(ctx.me));
@@ -24,26 +28,41 @@ pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, step: &Step, a: usize, b: usize,
     let recv_counts: Vec<usize> = recv_boxes.iter().map(|r| numel(r)).collect();
     let comm = ctx.comm()?;
 
-    let packed;
-    let send_piece = if outer(&in_shape, b) == 1 {
-        &piece
+    let packed = if outer(&in_shape, b) == 1 {
+        None
     } else {
         let refs: Vec<&[Range<usize>]> = send_boxes.iter().map(|r| r.as_slice()).collect();
-        let mut s = P::alloc(&Shape::new([in_shape.numel()]), dtype, dev)?;
+        let mut s = P::scratch(in_shape.numel(), dtype, dev)?;
         piece.pack(&refs, &mut s, 0)?;
-        packed = s;
-        &packed
+        Some(s)
     };
+    let send_piece = packed.as_ref().unwrap_or(&piece);
     let mut out = P::alloc(&out_shape, dtype, dev)?;
     if outer(&out_shape, a) == 1 {
-        comm.all_to_all_v(dtype, send_piece.as_buf(), &send_counts, out.as_buf_mut(), &recv_counts)
-            .map_err(comm_err(step))?;
-        return Ok(out);
-    }
-    let mut staging = P::alloc(&Shape::new([out_shape.numel()]), dtype, dev)?;
-    comm.all_to_all_v(dtype, send_piece.as_buf(), &send_counts, staging.as_buf_mut(), &recv_counts)
+        comm.all_to_all_v(
+            dtype,
+            send_piece.as_buf(),
+            &send_counts,
+            out.as_buf_mut(),
+            &recv_counts,
+        )
         .map_err(comm_err(step))?;
-    let refs: Vec<&[Range<usize>]> = recv_boxes.iter().map(|r| r.as_slice()).collect();
-    out.unpack(&refs, &staging, 0, None)?;
+    } else {
+        let mut staging = P::scratch(out_shape.numel(), dtype, dev)?;
+        comm.all_to_all_v(
+            dtype,
+            send_piece.as_buf(),
+            &send_counts,
+            staging.as_buf_mut(),
+            &recv_counts,
+        )
+        .map_err(comm_err(step))?;
+        let refs: Vec<&[Range<usize>]> = recv_boxes.iter().map(|r| r.as_slice()).collect();
+        out.unpack(&refs, &staging, 0, None)?;
+        staging.recycle();
+    }
+    if let Some(s) = packed {
+        s.recycle();
+    }
     Ok(out)
 }

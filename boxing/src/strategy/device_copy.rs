@@ -29,6 +29,9 @@ pub(crate) fn plan(before: &GlobalLayout, after: &GlobalLayout, dtype: DType) ->
     }
 }
 
-pub(crate) fn run<P: LocalPiece>(to: DeviceType, piece: Option<P>) -> Result<Option<P>, BoxingError> {
+pub(crate) fn run<P: LocalPiece>(
+    to: DeviceType,
+    piece: Option<P>,
+) -> Result<Option<P>, BoxingError> {
     piece.map(|p| p.to_device(to)).transpose()
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp, Shape};
+use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
 
 use crate::execute::{comm_err, comm_op, sub_comm};
 use crate::piece::{Fill, LocalPiece};
@@ -58,8 +58,18 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
     let mut tiles: BTreeMap<(Vec<usize>, Vec<usize>), Vec<usize>> = BTreeMap::new();
     for idx in 0..fp.num_ranks() {
         let coord = fp.coord_of_index(idx);
-        let pk: Vec<usize> = fnd.iter().zip(&coord).filter(|(s, _)| s.is_partial()).map(|(_, &c)| c).collect();
-        let sk: Vec<usize> = fnd.iter().zip(&coord).filter(|(s, _)| s.is_split()).map(|(_, &c)| c).collect();
+        let pk: Vec<usize> = fnd
+            .iter()
+            .zip(&coord)
+            .filter(|(s, _)| s.is_partial())
+            .map(|(_, &c)| c)
+            .collect();
+        let sk: Vec<usize> = fnd
+            .iter()
+            .zip(&coord)
+            .filter(|(s, _)| s.is_split())
+            .map(|(_, &c)| c)
+            .collect();
         tiles.entry((pk, sk)).or_default().push(fp.ranks()[idx]);
     }
     let first_pk = tiles.keys().next().map(|k| k.0.clone()).unwrap_or_default();
@@ -84,7 +94,11 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
             continue;
         }
         for ((pk, _), cands) in &tiles {
-            let src = if cands.contains(&t) { t } else { cands[ti % cands.len()] };
+            let src = if cands.contains(&t) {
+                t
+            } else {
+                cands[ti % cands.len()]
+            };
             if let Some(region) = intersect(region_of_src(src), &rt) {
                 transfers.push(Transfer {
                     src,
@@ -148,7 +162,11 @@ pub(crate) fn run<P: LocalPiece>(
             if dst == me {
                 continue;
             }
-            for t in plan.transfers.iter().filter(|t| t.src == me && t.dst == dst) {
+            for t in plan
+                .transfers
+                .iter()
+                .filter(|t| t.src == me && t.dst == dst)
+            {
                 let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
                 send_boxes.push(relative(&t.region, origin));
                 send_counts[j] += numel(&t.region);
@@ -168,17 +186,24 @@ pub(crate) fn run<P: LocalPiece>(
             }
         }
         let total_send: usize = send_counts.iter().sum();
-        let mut send = P::alloc(&Shape::new([total_send]), dtype, src_dev)?;
+        let mut send = P::scratch(total_send, dtype, src_dev)?;
         if total_send > 0 {
             let src = piece.as_ref().ok_or_else(|| missing(step, me))?;
             let refs: Vec<&[Range<usize>]> = send_boxes.iter().map(|b| b.as_slice()).collect();
             src.pack(&refs, &mut send, 0)?;
         }
-        let mut recv = P::alloc(&Shape::new([at]), dtype, src_dev)?;
+        let mut recv = P::scratch(at, dtype, src_dev)?;
         let comm = sub_comm(world, &plan.union, step)?;
         debug_assert_eq!(comm.rank(), my_member);
-        comm.all_to_all_v(dtype, send.as_buf(), &send_counts, recv.as_buf_mut(), &recv_counts)
-            .map_err(comm_err(step))?;
+        comm.all_to_all_v(
+            dtype,
+            send.as_buf(),
+            &send_counts,
+            recv.as_buf_mut(),
+            &recv_counts,
+        )
+        .map_err(comm_err(step))?;
+        send.recycle();
         staging_recv = Some(recv);
     }
     let _ = my_member;
@@ -207,6 +232,9 @@ pub(crate) fn run<P: LocalPiece>(
             let recv = staging_recv.as_ref().ok_or_else(|| missing(step, me))?;
             out.unpack(&[&at], recv, recv_offsets[k], red)?;
         }
+    }
+    if let Some(r) = staging_recv {
+        r.recycle();
     }
     Ok(Some(out))
 }

@@ -8,7 +8,12 @@ use crate::piece::{Fill, LocalPiece};
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 
-pub(crate) fn run<P: LocalPiece>(ctx: &AxisCtx, from: Sbp, op: ReduceOp, piece: P) -> Result<P, BoxingError> {
+pub(crate) fn run<P: LocalPiece>(
+    ctx: &AxisCtx,
+    from: Sbp,
+    op: ReduceOp,
+    piece: P,
+) -> Result<P, BoxingError> {
     let (dtype, dev) = (piece.dtype(), piece.device());
     match from {
         Sbp::Split(d) => {

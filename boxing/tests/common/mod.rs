@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxiflow_boxing::{execute, BoxingError, BoxingPlanner, HostData, HostPiece, Plan};
+use oxiflow_boxing::{
+    build_plan_with, execute, BoxingError, BoxingPlanner, HostData, HostPiece, Plan, Strategy,
+};
 use oxiflow_collectives::{DType, InProcessWorld};
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
@@ -107,7 +109,11 @@ pub fn from_host(p: &HostPiece) -> Vec<f64> {
 }
 
 fn partial_key(nd: &NdSbp, coord: &[usize]) -> Vec<usize> {
-    nd.iter().zip(coord).filter(|(s, _)| s.is_partial()).map(|(_, &c)| c).collect()
+    nd.iter()
+        .zip(coord)
+        .filter(|(s, _)| s.is_partial())
+        .map(|(_, &c)| c)
+        .collect()
 }
 
 fn op_of(nd: &NdSbp) -> Option<ReduceOp> {
@@ -116,7 +122,12 @@ fn op_of(nd: &NdSbp) -> Option<ReduceOp> {
 
 /// The local piece of every rank of `layout` for the global array `global`: S/B as sliced; P
 /// components carry random integer noise that reduces back to `global`.
-pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mut SplitMix) -> BTreeMap<usize, HostPiece> {
+pub fn make_pieces(
+    layout: &GlobalLayout,
+    global: &[f64],
+    dtype: DType,
+    rng: &mut SplitMix,
+) -> BTreeMap<usize, HostPiece> {
     let shape = layout.shape();
     let pl = layout.placement();
     let nd = layout.nd_sbp();
@@ -124,7 +135,9 @@ pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mu
     // One global array per P component.
     let mut comps: BTreeMap<Vec<usize>, Vec<f64>> = BTreeMap::new();
     for idx in 0..pl.num_ranks() {
-        comps.entry(partial_key(nd, &pl.coord_of_index(idx))).or_default();
+        comps
+            .entry(partial_key(nd, &pl.coord_of_index(idx)))
+            .or_default();
     }
     let keys: Vec<Vec<usize>> = comps.keys().cloned().collect();
     match op_of(nd) {
@@ -150,7 +163,13 @@ pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mu
                 } else {
                     global
                         .iter()
-                        .map(|&x| if op == ReduceOp::Max { x - rng.below(5) as f64 } else { x + rng.below(5) as f64 })
+                        .map(|&x| {
+                            if op == ReduceOp::Max {
+                                x - rng.below(5) as f64
+                            } else {
+                                x + rng.below(5) as f64
+                            }
+                        })
                         .collect()
                 };
                 comps.insert(k.clone(), v);
@@ -162,14 +181,24 @@ pub fn make_pieces(layout: &GlobalLayout, global: &[f64], dtype: DType, rng: &mu
         let coord = pl.coord_of_index(idx);
         let comp = &comps[&partial_key(nd, &coord)];
         let region = layout.region_at(&coord);
-        out.insert(r, to_host(layout.local_shape_at(&coord), extract(comp, shape, &region), dtype));
+        out.insert(
+            r,
+            to_host(
+                layout.local_shape_at(&coord),
+                extract(comp, shape, &region),
+                dtype,
+            ),
+        );
     }
     out
 }
 
 /// Reassembles the global value of `layout` from its pieces. Errors (as text) when a piece is
 /// missing or has the wrong shape, or when B copies disagree.
-pub fn reassemble(layout: &GlobalLayout, pieces: &BTreeMap<usize, HostPiece>) -> Result<Vec<f64>, String> {
+pub fn reassemble(
+    layout: &GlobalLayout,
+    pieces: &BTreeMap<usize, HostPiece>,
+) -> Result<Vec<f64>, String> {
     let shape = layout.shape();
     let pl = layout.placement();
     let nd = layout.nd_sbp();
@@ -177,17 +206,29 @@ pub fn reassemble(layout: &GlobalLayout, pieces: &BTreeMap<usize, HostPiece>) ->
     let mut comps: BTreeMap<Vec<usize>, Vec<Option<f64>>> = BTreeMap::new();
     for (idx, &r) in pl.ranks().iter().enumerate() {
         let coord = pl.coord_of_index(idx);
-        let piece = pieces.get(&r).ok_or(format!("rank {r} has no target piece"))?;
+        let piece = pieces
+            .get(&r)
+            .ok_or(format!("rank {r} has no target piece"))?;
         let expect = layout.local_shape_at(&coord);
         if piece.shape != expect {
-            return Err(format!("rank {r}: piece shape {} expected {}", piece.shape, expect));
+            return Err(format!(
+                "rank {r}: piece shape {} expected {}",
+                piece.shape, expect
+            ));
         }
         let vals = from_host(piece);
-        let comp = comps.entry(partial_key(nd, &coord)).or_insert_with(|| vec![None; n]);
+        let comp = comps
+            .entry(partial_key(nd, &coord))
+            .or_insert_with(|| vec![None; n]);
         let region = layout.region_at(&coord);
         let mut err = None;
         for_each_in(shape, &region, |off, i| match comp[off] {
-            Some(v) if v != vals[i] => err = Some(format!("rank {r}: B copies disagree at {off}: {v} vs {}", vals[i])),
+            Some(v) if v != vals[i] => {
+                err = Some(format!(
+                    "rank {r}: B copies disagree at {off}: {v} vs {}",
+                    vals[i]
+                ))
+            }
             _ => comp[off] = Some(vals[i]),
         });
         if let Some(e) = err {
@@ -225,6 +266,8 @@ pub struct Case {
     pub dtype: DType,
     pub global: Vec<f64>,
     pub seed: u64,
+    /// Force a strategy (same placement only) instead of the planner's choice.
+    pub force: Option<Strategy>,
 }
 
 /// Runs every case in sequence on an in-process world of `world` ranks (one thread per rank,
@@ -234,11 +277,18 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
     let mut plans: Vec<Arc<Plan>> = Vec::new();
     let mut inputs: Vec<BTreeMap<usize, HostPiece>> = Vec::new();
     for c in &cases {
-        let plan = planner
-            .plan(&c.from, &c.to, c.dtype)
-            .map_err(|e| format!("plan {} -> {}: {e}", c.from, c.to))?;
+        let plan = match c.force {
+            None => planner.plan(&c.from, &c.to, c.dtype),
+            Some(s) => build_plan_with(&c.from, &c.to, c.dtype, s).map(Arc::new),
+        }
+        .map_err(|e| format!("plan {} -> {}: {e}", c.from, c.to))?;
         plans.push(plan);
-        inputs.push(make_pieces(&c.from, &c.global, c.dtype, &mut SplitMix(c.seed)));
+        inputs.push(make_pieces(
+            &c.from,
+            &c.global,
+            c.dtype,
+            &mut SplitMix(c.seed),
+        ));
     }
     let comms = InProcessWorld::new(world, Duration::from_secs(30));
     let inputs = Arc::new(inputs);
@@ -263,13 +313,23 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
             })
         })
         .collect();
-    let results: Vec<Vec<_>> = handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect();
+    let results: Vec<Vec<_>> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect();
     for (i, c) in cases.iter().enumerate() {
         let mut target = BTreeMap::new();
         for (r, res) in results.iter().enumerate() {
             match res.get(i) {
-                None => return Err(format!("case {i} {} -> {}: rank {r} stopped early", c.from, c.to)),
-                Some(Err(e)) => return Err(format!("case {i} {} -> {}: rank {r}: {e}", c.from, c.to)),
+                None => {
+                    return Err(format!(
+                        "case {i} {} -> {}: rank {r} stopped early",
+                        c.from, c.to
+                    ))
+                }
+                Some(Err(e)) => {
+                    return Err(format!("case {i} {} -> {}: rank {r}: {e}", c.from, c.to))
+                }
                 Some(Ok(Some(p))) => {
                     if !c.to.placement().contains(r) {
                         return Err(format!("case {i}: rank {r} outside the target got a piece"));
@@ -279,8 +339,15 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
                 Some(Ok(None)) => {}
             }
         }
-        let got = reassemble(&c.to, &target)
-            .map_err(|e| format!("case {i} {} -> {} ({}):\n{}\n{e}", c.from, c.to, c.dtype, plans[i].explain()))?;
+        let got = reassemble(&c.to, &target).map_err(|e| {
+            format!(
+                "case {i} {} -> {} ({}):\n{}\n{e}",
+                c.from,
+                c.to,
+                c.dtype,
+                plans[i].explain()
+            )
+        })?;
         if got != c.global {
             return Err(format!(
                 "case {i} {} -> {} ({}): value changed\n{}\nwant {:?}\ngot  {:?}",

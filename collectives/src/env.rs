@@ -85,6 +85,9 @@ pub struct LaunchEnv {
     pub token: Option<String>,
     pub timeout: Duration,
     pub backend: BackendChoice,
+    /// Whether ranks of one host may exchange data through shared memory (`OXIFLOW_SHM=0`
+    /// turns it off; default on).
+    pub shm: bool,
 }
 
 /// The variable names of one launcher family.
@@ -266,7 +269,7 @@ fn parse_tasks_per_node(list: &str) -> Option<Vec<usize>> {
         if out.len() + repeat > 1 << 20 {
             return None;
         }
-        out.extend(std::iter::repeat(count).take(repeat));
+        out.extend(std::iter::repeat_n(count, repeat));
     }
     (!out.is_empty()).then_some(out)
 }
@@ -411,6 +414,15 @@ impl LaunchEnv {
                 ))
             })?,
         };
+        let shm = match vars.raw("OXIFLOW_SHM").as_deref().map(str::trim) {
+            None | Some("1") | Some("true") | Some("on") | Some("") => true,
+            Some("0") | Some("false") | Some("off") => false,
+            Some(v) => {
+                return Err(env_err(format!(
+                    "OXIFLOW_SHM={v:?} is not one of 0, 1, true, false, on, off"
+                )))
+            }
+        };
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -428,6 +440,7 @@ impl LaunchEnv {
             token,
             timeout,
             backend,
+            shm,
         })
     }
 

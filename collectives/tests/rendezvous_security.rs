@@ -283,3 +283,23 @@ fn binding_127_0_0_1_listens_on_that_address_only() {
     let err = StoreServer::bind(addr, token.clone()).unwrap_err();
     assert!(err.to_string().contains(&addr.to_string()), "{err}");
 }
+
+#[test]
+fn silent_connections_are_closed_and_free_their_slots() {
+    let (server, token) = start_with(StoreConfig {
+        max_connections: 4,
+        first_byte_timeout: Duration::from_millis(300),
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(800));
+    // The server closed them: reads see end-of-file.
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+    }
+    // Their slots are free although the sockets are still open on this side.
+    assert_alive(&server, &token);
+}

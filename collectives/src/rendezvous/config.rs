@@ -30,6 +30,9 @@ pub struct StoreConfig {
     pub max_wait: Duration,
     /// Most simultaneous TCP connections; further ones are closed at once.
     pub max_connections: usize,
+    /// A new connection that sends nothing for this long is closed (so silent sockets cannot
+    /// hold the connection slots).
+    pub first_byte_timeout: Duration,
 }
 
 impl Default for StoreConfig {
@@ -43,6 +46,7 @@ impl Default for StoreConfig {
             max_total_bytes: 1 << 30,
             max_wait: Duration::from_secs(30),
             max_connections: 4096,
+            first_byte_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -76,8 +80,8 @@ impl StoreConfig {
         if self.max_entries == 0 || self.max_total_bytes == 0 || self.max_connections == 0 {
             return bad("max_entries, max_total_bytes and max_connections must be positive".into());
         }
-        if self.max_wait.is_zero() {
-            return bad("max_wait must be positive".into());
+        if self.max_wait.is_zero() || self.first_byte_timeout.is_zero() {
+            return bad("max_wait and first_byte_timeout must be positive".into());
         }
         Ok(())
     }

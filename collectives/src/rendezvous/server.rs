@@ -133,7 +133,12 @@ async fn serve(
         }
     };
     let (conn_tx, conn_rx) = mpsc::channel::<io::Result<LimitedStream>>(64);
-    let accept = tokio::spawn(accept_loop(listener, conn_tx, config.max_connections));
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        conn_tx,
+        config.max_connections,
+        config.first_byte_timeout,
+    ));
 
     let cap = config.max_message_bytes;
     let grpc = GrpcStoreServer::new(StoreService::new(Arc::clone(&state)))
@@ -168,11 +173,13 @@ async fn serve(
     accept.abort();
 }
 
-/// Accepts connections, closing at once those beyond `max_connections`.
+/// Accepts connections, closing at once those beyond `max_connections`, and those that send
+/// nothing within `first_byte_timeout`.
 async fn accept_loop(
     listener: TcpListener,
     tx: mpsc::Sender<io::Result<LimitedStream>>,
     max_connections: usize,
+    first_byte_timeout: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(max_connections));
     loop {
@@ -191,16 +198,22 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        if tx
-            .send(Ok(LimitedStream {
-                inner: stream,
-                _permit: permit,
-            }))
-            .await
-            .is_err()
-        {
-            return;
-        }
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(first_byte_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    let conn = LimitedStream {
+                        inner: stream,
+                        _permit: permit,
+                    };
+                    let _ = tx.send(Ok(conn)).await;
+                }
+                _ => {
+                    tracing::debug!(%peer, "rendezvous store: closing a connection that sent nothing")
+                }
+            }
+        });
     }
 }
 

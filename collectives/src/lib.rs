@@ -4,12 +4,15 @@
 mod algorithms;
 mod buffer;
 mod communicator;
+pub mod cuda_libs;
 mod dtype;
 pub mod env;
 mod error;
 pub mod inprocess;
+pub mod nccl;
 mod reduce;
 pub mod rendezvous;
+mod shm;
 pub mod tcp;
 
 pub use buffer::{Buf, BufMut, DevicePtr};

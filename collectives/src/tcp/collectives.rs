@@ -7,10 +7,11 @@ use std::sync::Mutex;
 
 use super::engine::{RecvOp, SendOp, Tag};
 use super::{
-    balanced, group_state, lock, no_progress, ordered_reduce, split, TcpComm, BACKEND,
-    SMALL_ALL_REDUCE,
+    balanced, group_state, lock, no_progress, ordered_reduce, split, split_ref, TcpComm, BACKEND,
+    SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
 use crate::algorithms::args;
+use crate::shm::OpCode;
 use crate::{
     reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
 };
@@ -38,6 +39,17 @@ impl Communicator for TcpComm {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let check = [b.len(), dtype as usize, op as usize];
+        let sz = dtype.size();
+        if let Some(r) = self.shm_run(name, seq, OpCode::AllReduce, &check, |c| {
+            if b.len() <= SHM_SMALL_ALL_REDUCE || count < n {
+                c.all_reduce_small(dtype, op, b)
+            } else {
+                c.all_reduce(dtype, op, &mut split(b, balanced(count, n, sz)))
+            }
+        }) {
+            return r;
+        }
         let mut links = lock(&self.world.links);
         let mut scratch = lock(&self.world.scratch);
         if b.len() <= SMALL_ALL_REDUCE || count < n {
@@ -107,6 +119,12 @@ impl Communicator for TcpComm {
         if n == 1 {
             return Ok(());
         }
+        let check = [total, dtype as usize];
+        if let Some(r) = self.shm_run(name, seq, OpCode::AllGather, &check, |c| {
+            c.all_gather(&mut chunks)
+        }) {
+            return r;
+        }
         let mut links = lock(&self.world.links);
         self.all_gather_in_place(&mut links, name, self.tag(seq, 0), &mut chunks)
     }
@@ -132,6 +150,13 @@ impl Communicator for TcpComm {
         r.copy_from_slice(&s[off..off + r.len()]);
         if n == 1 {
             return Ok(());
+        }
+        let check = [total, dtype as usize, op as usize];
+        if let Some(res) = self.shm_run(name, seq, OpCode::ReduceScatter, &check, |c| {
+            let pieces = split_ref(s, counts.iter().map(|c| c * sz));
+            c.reduce_scatter(dtype, op, &pieces, r)
+        }) {
+            return res;
         }
         let tag = self.tag(seq, 0);
         let mut links = lock(&self.world.links);
@@ -200,6 +225,11 @@ impl Communicator for TcpComm {
         if n == 1 {
             return Ok(());
         }
+        if let Some(r) = self.shm_run(name, seq, OpCode::AllToAll, &[dtype as usize], |c| {
+            c.all_to_all(&pieces, &mut chunks)
+        }) {
+            return r;
+        }
         let tag = self.tag(seq, 0);
         let mut sends: Vec<SendOp<'_>> = self
             .peers()
@@ -225,6 +255,12 @@ impl Communicator for TcpComm {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let check = [b.len(), root];
+        if let Some(r) = self.shm_run(name, seq, OpCode::Broadcast, &check, |c| {
+            c.broadcast(b, root)
+        }) {
+            return r;
+        }
         let tag = self.tag(seq, 0);
         let mut links = lock(&self.world.links);
         if self.me == root {
@@ -255,6 +291,12 @@ impl Communicator for TcpComm {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let check = [b.len(), root, dtype as usize, op as usize];
+        if let Some(r) = self.shm_run(name, seq, OpCode::Reduce, &check, |c| {
+            c.reduce(dtype, op, b, root)
+        }) {
+            return r;
+        }
         let mut links = lock(&self.world.links);
         let mut scratch = lock(&self.world.scratch);
         let mut chunks = split(b, balanced(count, n, dtype.size()));
@@ -327,6 +369,9 @@ impl Communicator for TcpComm {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = self.shm_run(name, seq, OpCode::Barrier, &[], |c| c.barrier()) {
+            return r;
+        }
         let tag = self.tag(seq, 0);
         let mut sink: Vec<[u8; 0]> = vec![[]; self.size()];
         let mut sends: Vec<SendOp<'_>> = self

@@ -77,11 +77,19 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
     }
     let store = StoreClient::connect(&addr, token, env.timeout)?;
     let host = local_host_towards(master);
-    TcpComm::connect_serving(&store, env.rank, env.world_size, &host, env.timeout, server)
+    TcpComm::connect_serving(
+        &store,
+        env.rank,
+        env.world_size,
+        &host,
+        env.timeout,
+        env.shm,
+        server,
+    )
 }
 
 impl TcpComm {
     fn connect_serving_solo(timeout: Duration) -> Result<SharedComm, CommError> {
-        Ok(TcpComm::from_streams(vec![None], 0, timeout, None))
+        Ok(TcpComm::from_streams(vec![None], 0, timeout, None, None))
     }
 }

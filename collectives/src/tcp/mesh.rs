@@ -1,7 +1,8 @@
 //! Bootstrap of the TCP data plane: every rank listens on an ephemeral port of the given host,
 //! publishes `host:port` in the rendezvous store, and the ranks build a full mesh (rank i
 //! connects to every lower rank and accepts every higher one), each connection verified by a
-//! handshake carrying the job nonce, the world size and the rank.
+//! handshake carrying the job nonce (returned: it also names the shared-memory segments), the
+//! world size and the rank.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -12,7 +13,7 @@ use crate::rendezvous::StoreClient;
 use crate::CommError;
 
 const HELLO_MAGIC: &[u8; 8] = b"OXFMESH1";
-const NONCE: usize = 16;
+pub(crate) const NONCE: usize = 16;
 const HELLO: usize = 8 + NONCE + 8;
 const SOCKET_BUFFER: libc::c_int = 4 << 20;
 pub(crate) const KEY_PREFIX: &str = "oxiflow/tcp";
@@ -78,7 +79,7 @@ pub(crate) fn build(
     world: usize,
     bind_host: &str,
     timeout: Duration,
-) -> Result<Vec<Option<TcpStream>>, CommError> {
+) -> Result<(Vec<Option<TcpStream>>, [u8; NONCE]), CommError> {
     let op = "tcp bootstrap";
     let deadline = Instant::now() + timeout;
     let bind: SocketAddr = (bind_host, 0)
@@ -226,5 +227,5 @@ pub(crate) fn build(
         s.set_nonblocking(true)
             .map_err(io(format!("{op}: nonblocking stream")))?;
     }
-    Ok(streams)
+    Ok((streams, nonce))
 }

@@ -5,18 +5,23 @@
 //! round below it; every exchange overlaps all sends and receives in one poll loop, and
 //! reductions consume bytes as they arrive, in member order (results are bitwise the same on
 //! every rank). Sub-groups reuse the world's connections; messages carry (group, sequence).
+//! Groups whose members all share this host run through the shared-memory plane (`crate::shm`)
+//! instead, unless disabled at connect time; TCP then stays the liveness channel and carries
+//! point-to-point messages.
 
 mod engine;
 mod launch;
 mod mesh;
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::algorithms::args;
 use crate::rendezvous::{StoreClient, StoreServer};
+use crate::shm::{self, Call, OpCode, ShmWorld};
 use crate::{reduce_into, Backend, CommError, DType, ReduceOp, SharedComm};
 use engine::{Link, Links, RecvOp, SendOp, Tag};
 pub use launch::init_world;
@@ -24,6 +29,8 @@ pub use launch::init_world;
 const BACKEND: Backend = Backend::Cpu;
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const SMALL_ALL_REDUCE: usize = 64 << 10;
+/// On shared memory, all-reduces of at most this many bytes read every member's whole buffer.
+const SHM_SMALL_ALL_REDUCE: usize = 128 << 10;
 
 /// Per-process state shared by the world and its sub-groups.
 struct World {
@@ -31,6 +38,8 @@ struct World {
     scratch: Mutex<Vec<u8>>,
     timeout: Duration,
     groups: Mutex<HashMap<Vec<usize>, Arc<GroupState>>>,
+    /// Segments of the same-host ranks, when shared memory is in use.
+    shm: Option<ShmWorld>,
     /// The store this process serves (rank 0 when no launcher does); lives as long as the world.
     _store: Option<StoreServer>,
 }
@@ -96,6 +105,17 @@ fn split(mut buf: &mut [u8], lens: impl Iterator<Item = usize>) -> Vec<&mut [u8]
     out
 }
 
+/// Splits `buf` into consecutive read-only pieces of the given byte lengths.
+fn split_ref(mut buf: &[u8], lens: impl Iterator<Item = usize>) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    for l in lens {
+        let (a, b) = buf.split_at(l);
+        out.push(a);
+        buf = b;
+    }
+    out
+}
+
 /// Balanced split of `count` elements into `n` byte lengths.
 fn balanced(count: usize, n: usize, sz: usize) -> impl Iterator<Item = usize> {
     (0..n).map(move |i| (count / n + usize::from(i < count % n)) * sz)
@@ -137,7 +157,21 @@ impl TcpComm {
         bind_host: &str,
         timeout: Duration,
     ) -> Result<SharedComm, CommError> {
-        TcpComm::connect_serving(store, rank, world_size, bind_host, timeout, None)
+        TcpComm::connect_with(store, rank, world_size, bind_host, timeout, true)
+    }
+
+    /// As `connect`, choosing whether ranks of this host exchange data through shared memory
+    /// (`shm`; every rank of a host should pass the same value, a rank passing false makes its
+    /// host-mates reach it over TCP).
+    pub fn connect_with(
+        store: &StoreClient,
+        rank: usize,
+        world_size: usize,
+        bind_host: &str,
+        timeout: Duration,
+        shm: bool,
+    ) -> Result<SharedComm, CommError> {
+        TcpComm::connect_serving(store, rank, world_size, bind_host, timeout, shm, None)
     }
 
     pub(crate) fn connect_serving(
@@ -146,21 +180,29 @@ impl TcpComm {
         world_size: usize,
         bind_host: &str,
         timeout: Duration,
+        shm: bool,
         server: Option<StoreServer>,
     ) -> Result<SharedComm, CommError> {
         args::check_member("tcp connect", "rank", rank, world_size)?;
-        let streams = if world_size == 1 {
-            vec![None]
-        } else {
-            mesh::build(store, rank, world_size, bind_host, timeout)?
-        };
-        Ok(TcpComm::from_streams(streams, rank, timeout, server))
+        if world_size == 1 {
+            return Ok(TcpComm::from_streams(
+                vec![None],
+                rank,
+                timeout,
+                None,
+                server,
+            ));
+        }
+        let (streams, nonce) = mesh::build(store, rank, world_size, bind_host, timeout)?;
+        let plane = shm::setup(store, rank, world_size, &nonce, shm, timeout)?;
+        Ok(TcpComm::from_streams(streams, rank, timeout, plane, server))
     }
 
     fn from_streams(
         streams: Vec<Option<std::net::TcpStream>>,
         rank: usize,
         timeout: Duration,
+        shm: Option<ShmWorld>,
         server: Option<StoreServer>,
     ) -> SharedComm {
         let ranks: Vec<usize> = (0..streams.len()).collect();
@@ -175,6 +217,7 @@ impl TcpComm {
             scratch: Mutex::new(Vec::new()),
             timeout,
             groups: Mutex::new(groups),
+            shm,
             _store: server,
         });
         Arc::new(TcpComm {
@@ -196,6 +239,53 @@ impl TcpComm {
             seq: seq * 8 + phase,
             p2p: false,
         }
+    }
+
+    /// Runs `f` on the shared-memory plane when every member is on this host (`None`
+    /// otherwise). Calls are serialised with the TCP ones; a failure breaks the world as there.
+    fn shm_run(
+        &self,
+        name: &str,
+        seq: u64,
+        op: OpCode,
+        check: &[usize],
+        f: impl FnOnce(&mut Call<'_>) -> Result<(), CommError>,
+    ) -> Option<Result<(), CommError>> {
+        let plane = self.world.shm.as_ref()?;
+        if !plane.covers(&self.ranks) {
+            return None;
+        }
+        let mut links = lock(&self.world.links);
+        if let Some(b) = &links.broken {
+            return Some(Err(CommError::Mismatch {
+                op: self.name(name),
+                detail: format!("the connections are unusable after an earlier failure: {b}"),
+            }));
+        }
+        let fds = links
+            .links
+            .iter()
+            .map(|l| l.as_ref().map(|l| l.stream.as_raw_fd()))
+            .collect();
+        let mut st = plane.state();
+        let mut call = Call::new(
+            plane,
+            &mut st,
+            &self.ranks,
+            self.me,
+            self.group.id,
+            seq,
+            op,
+            group_id(check),
+            self.name(name),
+            self.world.timeout,
+            fds,
+        );
+        let r = f(&mut call);
+        if let Err(e) = &r {
+            links.broken = Some(e.to_string());
+        }
+        Some(r)
     }
 
     fn run(

@@ -1,0 +1,240 @@
+//! One rank's shared-memory segment: a file under /dev/shm named with the job nonce (unlinked
+//! once every same-host peer has mapped it), holding a doorbell (futex word), two slot headers
+//! (post words, tag info, per-reader acks) and two data slots, each with a metadata area.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::CommError;
+
+/// Payload bytes of one slot (two per rank, so a rank's slots fit in L3 next to its peers').
+pub(crate) const SLOT_BYTES: usize = 2 << 20;
+const MAGIC: u64 = u64::from_le_bytes(*b"OXFSHM01");
+const LINE: usize = 64;
+const PAGE: usize = 4096;
+const DOORBELL: usize = 64;
+const HEADERS: usize = 128;
+const ACKS: usize = 256;
+
+fn align_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// Byte layout of a segment for a world of `world` ranks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    world: usize,
+    meta: usize,
+    data: usize,
+    slot_stride: usize,
+    pub len: usize,
+}
+
+impl Layout {
+    pub fn new(world: usize) -> Layout {
+        let acks_end = ACKS + 2 * world * LINE;
+        let meta = align_up(acks_end, PAGE);
+        let meta_len = align_up(world * 8, PAGE);
+        let data = meta + 2 * meta_len;
+        let slot_stride = SLOT_BYTES;
+        Layout {
+            world,
+            meta,
+            data,
+            slot_stride,
+            len: data + 2 * slot_stride,
+        }
+    }
+}
+
+/// A mapped segment (ours or a peer's).
+pub(crate) struct Segment {
+    ptr: *mut u8,
+    layout: Layout,
+    /// Set on the owner's mapping until the name is unlinked.
+    path: Option<CString>,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics (headers) or under the
+// post/ack protocol (data); the pointer itself is never reassigned.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+fn io(context: String) -> CommError {
+    CommError::Io {
+        context,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// The file name of `rank`'s segment in the job with `nonce`.
+pub(crate) fn path_of(nonce: &[u8], rank: usize) -> String {
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!("/dev/shm/oxiflow-{hex}-{rank}")
+}
+
+impl Segment {
+    /// Creates (exclusively) and maps this rank's segment.
+    pub fn create(path: &str, world: usize, rank: usize) -> Result<Segment, CommError> {
+        let layout = Layout::new(world);
+        let c = CString::new(path).map_err(|_| CommError::InvalidArgument {
+            op: "shm setup".into(),
+            detail: format!("segment path {path:?} contains a NUL byte"),
+        })?;
+        // SAFETY: valid C string; flags create a new private (0600) file.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io(format!("shm setup: create {path}")));
+        }
+        // From here on the guard unlinks the name on any failure.
+        let mut seg = Segment {
+            ptr: std::ptr::null_mut(),
+            layout,
+            path: Some(c),
+        };
+        // SAFETY: fd is open; len fits in off_t for any sane world size.
+        let rc = unsafe { libc::ftruncate(fd, layout.len as libc::off_t) };
+        if rc != 0 {
+            let e = io(format!("shm setup: size {path} to {} bytes", layout.len));
+            // SAFETY: closing our own fd.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        let mapped = map(fd, layout.len, path);
+        // SAFETY: closing our own fd; the mapping keeps the file alive.
+        unsafe { libc::close(fd) };
+        seg.ptr = mapped?;
+        seg.u64_at(0).store(MAGIC, Ordering::Relaxed);
+        seg.u64_at(8).store(world as u64, Ordering::Relaxed);
+        seg.u64_at(16).store(rank as u64, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Maps a peer's segment and checks its header.
+    pub fn open(path: &str, world: usize, rank: usize) -> Result<Segment, CommError> {
+        let layout = Layout::new(world);
+        let c = CString::new(path).map_err(|_| CommError::InvalidArgument {
+            op: "shm setup".into(),
+            detail: format!("segment path {path:?} contains a NUL byte"),
+        })?;
+        // SAFETY: valid C string.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io(format!("shm setup: open {path}")));
+        }
+        // SAFETY: fstat into a zeroed struct on an open fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize == layout.len;
+        let mapped = if ok {
+            map(fd, layout.len, path)
+        } else {
+            Err(CommError::Mismatch {
+                op: "shm setup".into(),
+                detail: format!("{path} has {} bytes, expected {}", st.st_size, layout.len),
+            })
+        };
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        let seg = Segment {
+            ptr: mapped?,
+            layout,
+            path: None,
+        };
+        let (m, w, r) = (
+            seg.u64_at(0).load(Ordering::Acquire),
+            seg.u64_at(8).load(Ordering::Acquire),
+            seg.u64_at(16).load(Ordering::Acquire),
+        );
+        if m != MAGIC || w != world as u64 || r != rank as u64 {
+            return Err(CommError::Mismatch {
+                op: "shm setup".into(),
+                detail: format!("{path} is not rank {rank}'s segment of a {world}-rank world"),
+            });
+        }
+        Ok(seg)
+    }
+
+    /// Removes the name (the memory lives on while mapped); idempotent.
+    pub fn unlink(&mut self) {
+        if let Some(p) = self.path.take() {
+            // SAFETY: valid C string.
+            unsafe { libc::unlink(p.as_ptr()) };
+        }
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.layout.len);
+        // SAFETY: in bounds, 8-aligned (the mapping is page-aligned), shared memory that is
+        // only accessed atomically at this offset.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    /// The futex word a waiting owner sleeps on, and the count of sleepers.
+    pub fn doorbell(&self) -> (&AtomicU32, &AtomicU32) {
+        // SAFETY: in bounds and 4-aligned; accessed atomically only.
+        unsafe {
+            (
+                &*(self.ptr.add(DOORBELL) as *const AtomicU32),
+                &*(self.ptr.add(DOORBELL + 4) as *const AtomicU32),
+            )
+        }
+    }
+
+    /// Slot `s`'s post word (tag hash << 8 | phase), then its info words (group, seq, op,
+    /// round, check).
+    pub fn post(&self, s: usize) -> &AtomicU64 {
+        self.u64_at(HEADERS + s * LINE)
+    }
+    pub fn info(&self, s: usize, i: usize) -> &AtomicU64 {
+        self.u64_at(HEADERS + s * LINE + 8 + 8 * i)
+    }
+    /// What world rank `reader` last consumed from slot `s` (a post word).
+    pub fn ack(&self, s: usize, reader: usize) -> &AtomicU64 {
+        self.u64_at(ACKS + (s * self.layout.world + reader) * LINE)
+    }
+    /// Per-member metadata word `k` of slot `s` (piece lengths, for checks).
+    pub fn meta(&self, s: usize, k: usize) -> &AtomicU64 {
+        let meta_len = align_up(self.layout.world * 8, PAGE);
+        self.u64_at(self.layout.meta + s * meta_len + 8 * k)
+    }
+    /// Start of slot `s`'s payload (`SLOT_BYTES`, page-aligned).
+    pub fn data(&self, s: usize) -> *mut u8 {
+        // SAFETY: the offset is inside the mapping.
+        unsafe { self.ptr.add(self.layout.data + s * self.layout.slot_stride) }
+    }
+}
+
+fn map(fd: libc::c_int, len: usize, path: &str) -> Result<*mut u8, CommError> {
+    // SAFETY: mapping `len` bytes of an open file that has that size.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io(format!("shm setup: map {path}")));
+    }
+    Ok(p as *mut u8)
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.unlink();
+        if !self.ptr.is_null() {
+            // SAFETY: unmapping our own mapping of `len` bytes.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.layout.len) };
+        }
+    }
+}

@@ -1,0 +1,995 @@
+//! `NcclComm`: the `Communicator` on CUDA device buffers through NCCL, with stream ordering and
+//! an error watchdog.
+//!
+//! Streams: each communicator owns a comm stream. Every collective makes the comm stream wait
+//! (an event) for the work already queued on the *compute stream* (the stream the tensor layer
+//! launches its kernels on; the context's default stream unless set), queues the NCCL calls,
+//! and makes the compute stream wait for their end. Kernels and collectives therefore run in
+//! program order with no host synchronisation. In [`Completion::Blocking`] (the default) the
+//! call also waits for the collective to finish; in [`Completion::Async`] it returns once the
+//! work is queued and errors surface at the next call or at [`NcclComm::synchronize`].
+//!
+//! Watchdog: a thread per communicator polls `ncclCommGetAsyncError` and the completion events
+//! of queued collectives. An async error, or a collective still running `timeout` after it was
+//! queued (a dead or absent peer), aborts the NCCL communicator (`ncclCommAbort`, which also
+//! stops its kernels) and turns every later call into a `CommError`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr as _};
+
+use super::exchange::IdExchange;
+use super::ffi::{self, nccl_dtype, nccl_op, Nccl, Stream, UniqueId};
+use crate::cuda_libs::{self, LibSearch};
+use crate::{Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm};
+
+/// Whether a collective call waits for the device to finish it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Wait (with the watchdog's timeout) before returning.
+    Blocking,
+    /// Return once queued; ordering with the compute stream is kept by events.
+    Async,
+}
+
+struct RawComm(ffi::NcclComm);
+// SAFETY: the handle is only used under `Inner::calls` (plus ncclCommAbort/GetAsyncError,
+// which NCCL documents as callable from another thread, by the watchdog).
+unsafe impl Send for RawComm {}
+unsafe impl Sync for RawComm {}
+
+#[derive(Default)]
+struct Watch {
+    failure: Mutex<Option<String>>,
+    pending: Mutex<VecDeque<(Arc<CudaEvent>, Instant, &'static str)>>,
+    stop: AtomicBool,
+    aborted: AtomicBool,
+    timed_out: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dev_err(op: &str, e: impl std::fmt::Display) -> CommError {
+    CommError::Device(format!("{op}: CUDA driver: {e}"))
+}
+
+struct Inner {
+    nccl: &'static Nccl,
+    raw: RawComm,
+    ctx: Arc<CudaContext>,
+    comm_stream: Arc<CudaStream>,
+    compute: Mutex<Arc<CudaStream>>,
+    rank: usize,
+    size: usize,
+    world_ranks: Vec<usize>,
+    device: usize,
+    timeout: Duration,
+    exchange: Arc<dyn IdExchange>,
+    key: String,
+    completion: Mutex<Completion>,
+    calls: Mutex<()>,
+    /// Sub-communicators in creation order: dropped (ncclCommDestroy) in that order, which is
+    /// the same on every member, so destroys that wait for peers cannot deadlock.
+    subs: Mutex<Vec<(Vec<usize>, SharedComm)>>,
+    scratch: Mutex<Option<CudaSlice<f32>>>,
+    watch: Arc<Watch>,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A communicator of NCCL ranks, one CUDA device each.
+#[derive(Clone)]
+pub struct NcclComm {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .field("device", &self.inner.device)
+            .field("key", &self.inner.key)
+            .finish()
+    }
+}
+
+/// Parameters of [`NcclComm::init_with`].
+#[derive(Clone, Debug)]
+pub struct NcclOptions {
+    /// Names the job in exchange keys, so jobs sharing a store do not meet.
+    pub job: String,
+    pub timeout: Duration,
+    pub completion: Completion,
+    pub libs: LibSearch,
+}
+
+impl Default for NcclOptions {
+    fn default() -> Self {
+        NcclOptions {
+            job: "oxiflow".into(),
+            timeout: Duration::from_secs(300),
+            completion: Completion::Blocking,
+            libs: LibSearch::default(),
+        }
+    }
+}
+
+impl NcclComm {
+    /// The world communicator: `rank` of `world`, on CUDA device `device`, meeting the others
+    /// through `store`. Fails with a typed error when CUDA or NCCL is missing or a peer does
+    /// not arrive within `timeout`.
+    pub fn init(
+        store: Arc<dyn IdExchange>,
+        rank: usize,
+        world: usize,
+        device: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm, CommError> {
+        let opts = NcclOptions {
+            timeout,
+            ..NcclOptions::default()
+        };
+        Self::init_with(store, rank, world, device, &opts)
+    }
+
+    /// [`NcclComm::init`] with every option.
+    pub fn init_with(
+        store: Arc<dyn IdExchange>,
+        rank: usize,
+        world: usize,
+        device: usize,
+        opts: &NcclOptions,
+    ) -> Result<NcclComm, CommError> {
+        if world == 0 || rank >= world {
+            return Err(CommError::InvalidArgument {
+                op: "nccl init".into(),
+                detail: format!("rank {rank} of world {world}"),
+            });
+        }
+        cuda_libs::ensure_driver(&opts.libs).map_err(|e| CommError::Device(e.to_string()))?;
+        let nccl = ffi::nccl(&opts.libs)?;
+        let ndev = cuda_libs::device_count(&opts.libs).map_err(CommError::Device)?;
+        if device >= ndev {
+            return Err(CommError::InvalidArgument {
+                op: "nccl init".into(),
+                detail: format!("device {device} requested, {ndev} CUDA device(s) visible"),
+            });
+        }
+        let ctx = CudaContext::new(device).map_err(|e| dev_err("nccl init: context", e))?;
+        // OxiFlow orders streams itself (events below); cudarc's per-slice tracking would add
+        // host-side waits.
+        // SAFETY: called before any slice of this context is shared across streams.
+        unsafe { ctx.disable_event_tracking() };
+        let compute = ctx.default_stream();
+        let key = format!("{}/nccl/world", opts.job);
+        let world_ranks = (0..world).collect();
+        Self::create(
+            nccl,
+            ctx,
+            compute,
+            store,
+            key,
+            rank,
+            world_ranks,
+            opts.timeout,
+            opts.completion,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        nccl: &'static Nccl,
+        ctx: Arc<CudaContext>,
+        compute: Arc<CudaStream>,
+        exchange: Arc<dyn IdExchange>,
+        key: String,
+        rank: usize,
+        world_ranks: Vec<usize>,
+        timeout: Duration,
+        completion: Completion,
+    ) -> Result<NcclComm, CommError> {
+        let size = world_ranks.len();
+        let op = format!("nccl init of {key} (rank {rank} of {size})");
+        // Liveness first: every member announces itself, so a missing peer is a timeout here
+        // rather than a hang inside ncclCommInitRank.
+        exchange.set(&format!("{key}/alive/{rank}"), b"1")?;
+        let alive: Vec<String> = (0..size).map(|r| format!("{key}/alive/{r}")).collect();
+        let alive_refs: Vec<&str> = alive.iter().map(String::as_str).collect();
+        exchange
+            .wait(&alive_refs, timeout)
+            .map_err(|e| CommError::Timeout {
+                op: format!("{op}: waiting for peers ({e})"),
+                timeout,
+                missing: vec![],
+            })?;
+        let uid_key = format!("{key}/uid");
+        let uid = if rank == 0 {
+            let mut id = UniqueId { internal: [0; 128] };
+            // SAFETY: writes one ncclUniqueId.
+            nccl.check(&op, std::ptr::null_mut(), unsafe {
+                (nccl.get_unique_id)(&mut id)
+            })?;
+            exchange.set(&uid_key, &id.internal)?;
+            id
+        } else {
+            let v = exchange.wait(&[&uid_key], timeout)?;
+            let bytes = v.into_iter().next().unwrap_or_default();
+            let internal: [u8; 128] =
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| CommError::Mismatch {
+                        op: op.clone(),
+                        detail: format!("unique id of {} bytes, expected 128", bytes.len()),
+                    })?;
+            UniqueId { internal }
+        };
+        ctx.bind_to_thread().map_err(|e| dev_err(&op, e))?;
+        let mut raw: ffi::NcclComm = std::ptr::null_mut();
+        // SAFETY: raw receives a new communicator; the device is current on this thread.
+        nccl.check(&op, std::ptr::null_mut(), unsafe {
+            (nccl.comm_init_rank)(&mut raw, size as i32, uid, rank as i32)
+        })?;
+        let comm_stream = ctx.new_stream().map_err(|e| dev_err(&op, e))?;
+        let watch = Arc::new(Watch::default());
+        let device = ctx.ordinal();
+        let inner = Arc::new(Inner {
+            nccl,
+            raw: RawComm(raw),
+            ctx,
+            comm_stream,
+            compute: Mutex::new(compute),
+            rank,
+            size,
+            world_ranks,
+            device,
+            timeout,
+            exchange,
+            key,
+            completion: Mutex::new(completion),
+            calls: Mutex::new(()),
+            subs: Mutex::new(Vec::new()),
+            scratch: Mutex::new(None),
+            watch,
+            watchdog: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let handle = std::thread::Builder::new()
+            .name(format!("nccl-watchdog-{}", inner.rank))
+            .spawn(move || watchdog(weak))
+            .map_err(|source| CommError::Io {
+                context: "nccl: starting the watchdog thread".into(),
+                source,
+            })?;
+        *lock(&inner.watchdog) = Some(handle);
+        Ok(NcclComm { inner })
+    }
+
+    /// The CUDA context (device) of this communicator.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The device ordinal.
+    pub fn device(&self) -> usize {
+        self.inner.device
+    }
+
+    /// The stream NCCL runs on.
+    pub fn comm_stream(&self) -> &Arc<CudaStream> {
+        &self.inner.comm_stream
+    }
+
+    /// The stream collectives are ordered after (and before): where the caller's kernels run.
+    pub fn compute_stream(&self) -> Arc<CudaStream> {
+        lock(&self.inner.compute).clone()
+    }
+
+    /// Sets the compute stream (must belong to this communicator's context).
+    pub fn set_compute_stream(&self, stream: Arc<CudaStream>) {
+        *lock(&self.inner.compute) = stream;
+    }
+
+    pub fn set_completion(&self, c: Completion) {
+        *lock(&self.inner.completion) = c;
+    }
+
+    /// NCCL's version code and the library path it was loaded from.
+    pub fn library(&self) -> (i32, String) {
+        (
+            self.inner.nccl.version().unwrap_or(0),
+            self.inner.nccl.path.clone(),
+        )
+    }
+
+    /// Waits (with the timeout) until every queued collective finished.
+    pub fn synchronize(&self) -> Result<(), CommError> {
+        let last = lock(&self.inner.watch.pending)
+            .back()
+            .map(|(e, t, op)| (e.clone(), *t, *op));
+        match last {
+            Some((ev, t, op)) => self.inner.wait_event(op, &ev, t),
+            None => self.inner.check_failed("synchronize"),
+        }
+    }
+
+    /// The raw `ncclComm_t` and comm stream, for a tight loop of bare NCCL calls (benchmarks).
+    ///
+    /// # Safety
+    /// The caller must not use the handle concurrently with this communicator's calls, after
+    /// it is dropped, or after an abort.
+    pub unsafe fn raw_handle(&self) -> (&'static Nccl, ffi::NcclComm, Stream) {
+        (
+            self.inner.nccl,
+            self.inner.raw.0,
+            self.inner.comm_stream.cu_stream() as Stream,
+        )
+    }
+
+    /// Runs raw NCCL calls on the comm stream with the ordering and watchdog of every
+    /// collective (for benchmarks of the bare library and for callers needing a call the
+    /// trait lacks). `f` gets the raw `ncclComm_t` and `cudaStream_t`.
+    ///
+    /// # Safety
+    /// `f` must only queue valid NCCL work on that comm and stream.
+    pub unsafe fn raw_call(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.inner.run(op, |n, c, s| f(n, c, s))
+    }
+}
+
+impl Inner {
+    fn check_failed(&self, op: &str) -> Result<(), CommError> {
+        match lock(&self.watch.failure).as_ref() {
+            None => Ok(()),
+            Some(msg) => {
+                if self.watch.timed_out.load(Ordering::Acquire) {
+                    Err(CommError::Timeout {
+                        op: format!("{op} on nccl comm {} ({msg})", self.key),
+                        timeout: self.timeout,
+                        missing: vec![],
+                    })
+                } else {
+                    Err(CommError::PeerLost {
+                        op: op.to_string(),
+                        rank: self.rank,
+                        detail: format!("nccl comm {} failed: {msg}", self.key),
+                    })
+                }
+            }
+        }
+    }
+
+    fn abort(&self, why: String, timed_out: bool) {
+        let mut f = lock(&self.watch.failure);
+        if f.is_none() {
+            *f = Some(why);
+            self.watch.timed_out.store(timed_out, Ordering::Release);
+        }
+        drop(f);
+        if !self.watch.aborted.swap(true, Ordering::AcqRel) {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: abort is documented as callable while operations hang.
+            unsafe { (self.nccl.comm_abort)(self.raw.0) };
+        }
+    }
+
+    fn poll_async_error(&self) -> Option<String> {
+        if self.watch.aborted.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut e = ffi::NCCL_SUCCESS;
+        // SAFETY: reads the comm's async error.
+        let r = unsafe { (self.nccl.comm_get_async_error)(self.raw.0, &mut e) };
+        if r != ffi::NCCL_SUCCESS {
+            return Some(self.nccl.describe(self.raw.0, r));
+        }
+        if e != ffi::NCCL_SUCCESS && e != ffi::NCCL_IN_PROGRESS {
+            return Some(self.nccl.describe(self.raw.0, e));
+        }
+        None
+    }
+
+    /// Waits for `ev` (queued at `t`), polling errors, until `t + timeout`.
+    fn wait_event(&self, op: &str, ev: &CudaEvent, t: Instant) -> Result<(), CommError> {
+        self.ctx.bind_to_thread().map_err(|e| dev_err(op, e))?;
+        let mut spins = 0u32;
+        loop {
+            self.check_failed(op)?;
+            match ev.try_is_complete() {
+                Ok(true) => return self.check_failed(op),
+                Ok(false) => {}
+                Err(e) => return Err(dev_err(op, e)),
+            }
+            if let Some(msg) = self.poll_async_error() {
+                self.abort(msg, false);
+                continue;
+            }
+            if t.elapsed() > self.timeout {
+                self.abort(format!("{op} still running after {:?}", self.timeout), true);
+                continue;
+            }
+            spins += 1;
+            if spins < 2000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn run(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.check_failed(op)?;
+        let _g = lock(&self.calls);
+        self.ctx.bind_to_thread().map_err(|e| dev_err(op, e))?;
+        let compute = lock(&self.compute).clone();
+        let same = compute.cu_stream() == self.comm_stream.cu_stream();
+        if !same {
+            let ev_in = compute.record_event(None).map_err(|e| dev_err(op, e))?;
+            self.comm_stream.wait(&ev_in).map_err(|e| dev_err(op, e))?;
+        }
+        f(
+            self.nccl,
+            self.raw.0,
+            self.comm_stream.cu_stream() as Stream,
+        )?;
+        let ev_out = Arc::new(
+            self.comm_stream
+                .record_event(None)
+                .map_err(|e| dev_err(op, e))?,
+        );
+        if !same {
+            compute.wait(&ev_out).map_err(|e| dev_err(op, e))?;
+        }
+        let t = Instant::now();
+        lock(&self.watch.pending).push_back((ev_out.clone(), t, op));
+        if *lock(&self.completion) == Completion::Blocking {
+            self.wait_event(op, &ev_out, t)?;
+        }
+        Ok(())
+    }
+
+    fn group(
+        &self,
+        op: &str,
+        body: impl FnOnce() -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let n = self.nccl;
+        // SAFETY: group calls bracket the point-to-point calls of `body`.
+        n.check(op, self.raw.0, unsafe { (n.group_start)() })?;
+        let r = body();
+        // Always close the group, even when a call inside failed.
+        let e = unsafe { (n.group_end)() };
+        r?;
+        n.check(op, self.raw.0, e)
+    }
+}
+
+fn watchdog(weak: Weak<Inner>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(5));
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.watch.stop.load(Ordering::Acquire) || inner.watch.aborted.load(Ordering::Acquire) {
+            return;
+        }
+        if inner.ctx.bind_to_thread().is_err() {
+            continue;
+        }
+        if let Some(msg) = inner.poll_async_error() {
+            inner.abort(msg, false);
+            return;
+        }
+        let mut p = lock(&inner.watch.pending);
+        while let Some((ev, t, op)) = p.front() {
+            if ev.is_complete() {
+                p.pop_front();
+                continue;
+            }
+            if t.elapsed() > inner.timeout {
+                let msg = format!(
+                    "{op} still running after {:?} (peer dead or absent?)",
+                    inner.timeout
+                );
+                drop(p);
+                inner.abort(msg, true);
+                return;
+            }
+            break;
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watch.stop.store(true, Ordering::Release);
+        // The watchdog holds only a Weak; it exits at its next tick.
+        let _ = self.ctx.bind_to_thread();
+        if self.watch.aborted.load(Ordering::Acquire) {
+            return;
+        }
+        let last = lock(&self.watch.pending)
+            .back()
+            .map(|(e, t, _)| (e.clone(), *t));
+        let clean = match last {
+            Some((ev, t)) => self.wait_event("drop", &ev, t).is_ok(),
+            None => true,
+        };
+        if clean && !self.watch.aborted.load(Ordering::Acquire) {
+            // SAFETY: no work is pending on the comm.
+            unsafe { (self.nccl.comm_destroy)(self.raw.0) };
+        } else if !self.watch.aborted.swap(true, Ordering::AcqRel) {
+            // SAFETY: abort of a comm with hung work.
+            unsafe { (self.nccl.comm_abort)(self.raw.0) };
+        }
+    }
+}
+
+/// A device pointer checked against this communicator's device and an expected size.
+fn dev_ptr(
+    op: &str,
+    inner: &Inner,
+    b: Buf<'_>,
+    expected: usize,
+    what: &str,
+) -> Result<u64, CommError> {
+    match b {
+        Buf::Host(_) => Err(CommError::Unsupported {
+            op: op.into(),
+            backend: Backend::Nccl.to_string(),
+            detail: format!("{what} is host memory; the NCCL backend takes device buffers"),
+        }),
+        Buf::Device(d) => {
+            if d.device != inner.device {
+                return Err(CommError::InvalidArgument {
+                    op: op.into(),
+                    detail: format!(
+                        "{what} lives on device {}, the communicator on device {}",
+                        d.device, inner.device
+                    ),
+                });
+            }
+            if d.bytes != expected {
+                return Err(CommError::BufferSize {
+                    op: op.into(),
+                    expected,
+                    got: d.bytes,
+                    detail: what.into(),
+                });
+            }
+            Ok(d.ptr)
+        }
+    }
+}
+
+fn check_counts(op: &str, inner: &Inner, counts: &[usize], what: &str) -> Result<(), CommError> {
+    if counts.len() != inner.size {
+        return Err(CommError::InvalidArgument {
+            op: op.into(),
+            detail: format!(
+                "{what} has {} entries for {} members",
+                counts.len(),
+                inner.size
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn offsets(counts: &[usize], esz: usize) -> Vec<usize> {
+    let mut o = Vec::with_capacity(counts.len());
+    let mut acc = 0;
+    for c in counts {
+        o.push(acc);
+        acc += c * esz;
+    }
+    o
+}
+
+fn root_check(op: &str, inner: &Inner, root: usize) -> Result<(), CommError> {
+    if root >= inner.size {
+        return Err(CommError::InvalidArgument {
+            op: op.into(),
+            detail: format!("root {root} of {} members", inner.size),
+        });
+    }
+    Ok(())
+}
+
+type P = *mut std::ffi::c_void;
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.inner.rank
+    }
+    fn size(&self) -> usize {
+        self.inner.size
+    }
+    fn world_ranks(&self) -> &[usize] {
+        &self.inner.world_ranks
+    }
+    fn backend(&self) -> Backend {
+        Backend::Nccl
+    }
+
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let bytes = buf.len_bytes();
+        if !bytes.is_multiple_of(dtype.size()) {
+            return Err(CommError::BufferSize {
+                op: "all_reduce".into(),
+                expected: bytes / dtype.size() * dtype.size(),
+                got: bytes,
+                detail: format!("not a whole number of {dtype}"),
+            });
+        }
+        let p = dev_ptr("all_reduce", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("all_reduce", |nc, c, s| {
+            // SAFETY: in-place all-reduce of n elements of a checked device buffer.
+            nc.check("all_reduce", c, unsafe {
+                (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s)
+            })
+        })
+    }
+
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_gather_v";
+        check_counts(op, i, counts, "counts")?;
+        let esz = dtype.size();
+        let total: usize = counts.iter().sum();
+        let sp = dev_ptr(op, i, send, counts[i.rank] * esz, "send")?;
+        let rp = dev_ptr(op, i, recv.as_buf(), total * esz, "recv")?;
+        let equal = counts.iter().all(|&c| c == counts[0]);
+        let offs = offsets(counts, esz);
+        i.run(op, |nc, c, s| {
+            if equal {
+                // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
+                return nc.check(op, c, unsafe {
+                    (nc.all_gather)(sp as P, rp as P, counts[0], nccl_dtype(dtype), c, s)
+                });
+            }
+            i.group(op, || {
+                for (root, &cnt) in counts.iter().enumerate() {
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let dst = rp + offs[root] as u64;
+                    let src = if root == i.rank { sp } else { dst };
+                    // SAFETY: broadcast of root's piece into its slot of recv.
+                    nc.check(op, c, unsafe {
+                        (nc.broadcast)(
+                            src as P,
+                            dst as P,
+                            cnt,
+                            nccl_dtype(dtype),
+                            root as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        rop: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "reduce_scatter_v";
+        check_counts(op, i, counts, "counts")?;
+        let esz = dtype.size();
+        let total: usize = counts.iter().sum();
+        let sp = dev_ptr(op, i, send, total * esz, "send")?;
+        let rp = dev_ptr(op, i, recv.as_buf(), counts[i.rank] * esz, "recv")?;
+        let equal = counts.iter().all(|&c| c == counts[0]);
+        let offs = offsets(counts, esz);
+        i.run(op, |nc, c, s| {
+            if equal {
+                // SAFETY: checked buffers.
+                return nc.check(op, c, unsafe {
+                    (nc.reduce_scatter)(
+                        sp as P,
+                        rp as P,
+                        counts[0],
+                        nccl_dtype(dtype),
+                        nccl_op(rop),
+                        c,
+                        s,
+                    )
+                });
+            }
+            i.group(op, || {
+                for (root, &cnt) in counts.iter().enumerate() {
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let src = sp + offs[root] as u64;
+                    let dst = if root == i.rank { rp } else { src };
+                    // SAFETY: reduce of chunk `root` to its owner; non-roots' recvbuff unused.
+                    nc.check(op, c, unsafe {
+                        (nc.reduce)(
+                            src as P,
+                            dst as P,
+                            cnt,
+                            nccl_dtype(dtype),
+                            nccl_op(rop),
+                            root as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_to_all_v";
+        check_counts(op, i, send_counts, "send_counts")?;
+        check_counts(op, i, recv_counts, "recv_counts")?;
+        if send_counts[i.rank] != recv_counts[i.rank] {
+            return Err(CommError::Mismatch {
+                op: op.into(),
+                detail: format!(
+                    "member {} sends {} elements to itself but expects {}",
+                    i.rank, send_counts[i.rank], recv_counts[i.rank]
+                ),
+            });
+        }
+        let esz = dtype.size();
+        let sp = dev_ptr(op, i, send, send_counts.iter().sum::<usize>() * esz, "send")?;
+        let rp = dev_ptr(
+            op,
+            i,
+            recv.as_buf(),
+            recv_counts.iter().sum::<usize>() * esz,
+            "recv",
+        )?;
+        let so = offsets(send_counts, esz);
+        let ro = offsets(recv_counts, esz);
+        i.run(op, |nc, c, s| {
+            let me = i.rank;
+            if send_counts[me] > 0 {
+                // SAFETY: copy of the own piece between checked buffers on the comm stream.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        rp + ro[me] as u64,
+                        sp + so[me] as u64,
+                        send_counts[me] * esz,
+                        s as cudarc::driver::sys::CUstream,
+                    )
+                }
+                .map_err(|e| dev_err(op, e))?;
+            }
+            i.group(op, || {
+                for peer in 0..i.size {
+                    if peer == me {
+                        continue;
+                    }
+                    if send_counts[peer] > 0 {
+                        // SAFETY: send of a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.send)(
+                                (sp + so[peer] as u64) as P,
+                                send_counts[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                    if recv_counts[peer] > 0 {
+                        // SAFETY: recv into a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.recv)(
+                                (rp + ro[peer] as u64) as P,
+                                recv_counts[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("broadcast", i, root)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("broadcast", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("broadcast", |nc, c, s| {
+            // SAFETY: in-place broadcast.
+            nc.check("broadcast", c, unsafe {
+                (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s)
+            })
+        })
+    }
+
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        rop: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("reduce", i, root)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("reduce", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("reduce", |nc, c, s| {
+            // SAFETY: in-place reduce.
+            nc.check("reduce", c, unsafe {
+                (nc.reduce)(
+                    p as P,
+                    p as P,
+                    n,
+                    nccl_dtype(dtype),
+                    nccl_op(rop),
+                    root as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("send", i, peer)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("send", i, buf, bytes, "buffer")?;
+        i.run("send", |nc, c, s| {
+            // SAFETY: send of a checked buffer.
+            nc.check("send", c, unsafe {
+                (nc.send)(
+                    p as P,
+                    bytes / dtype.size(),
+                    nccl_dtype(dtype),
+                    peer as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("recv", i, peer)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("recv", i, buf.as_buf(), bytes, "buffer")?;
+        i.run("recv", |nc, c, s| {
+            // SAFETY: recv into a checked buffer.
+            nc.check("recv", c, unsafe {
+                (nc.recv)(
+                    p as P,
+                    bytes / dtype.size(),
+                    nccl_dtype(dtype),
+                    peer as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let ptr = {
+            let mut g = lock(&i.scratch);
+            if g.is_none() {
+                let s = i
+                    .comm_stream
+                    .alloc_zeros::<f32>(1)
+                    .map_err(|e| dev_err("barrier", e))?;
+                *g = Some(s);
+            }
+            match g.as_ref() {
+                Some(s) => s.device_ptr(&i.comm_stream).0,
+                None => return Err(CommError::Device("barrier: no scratch buffer".into())),
+            }
+        };
+        let saved = *lock(&i.completion);
+        *lock(&i.completion) = Completion::Blocking;
+        let r = i.run("barrier", |nc, c, s| {
+            // SAFETY: all-reduce of one element of the comm's scratch buffer.
+            nc.check("barrier", c, unsafe {
+                (nc.all_reduce)(ptr as P, ptr as P, 1, nccl_dtype(DType::F32), 0, c, s)
+            })
+        });
+        *lock(&i.completion) = saved;
+        r
+    }
+
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+        let i = &*self.inner;
+        let op = "sub_group";
+        let mut seen = vec![false; i.size];
+        for &m in members {
+            if m >= i.size || seen[m] {
+                return Err(CommError::InvalidArgument {
+                    op: op.into(),
+                    detail: format!("members {members:?} must be distinct and < {}", i.size),
+                });
+            }
+            seen[m] = true;
+        }
+        let Some(me) = members.iter().position(|&m| m == i.rank) else {
+            return Err(CommError::InvalidArgument {
+                op: op.into(),
+                detail: format!("member {} is not in {members:?}", i.rank),
+            });
+        };
+        if let Some((_, c)) = lock(&i.subs).iter().find(|(m, _)| m == members) {
+            return Ok(c.clone());
+        }
+        let world: Vec<usize> = members.iter().map(|&m| i.world_ranks[m]).collect();
+        let key = format!(
+            "{}/sub[{}]",
+            i.key,
+            world
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let sub = NcclComm::create(
+            i.nccl,
+            i.ctx.clone(),
+            lock(&i.compute).clone(),
+            i.exchange.clone(),
+            key,
+            me,
+            world,
+            i.timeout,
+            *lock(&i.completion),
+        )?;
+        let shared: SharedComm = Arc::new(sub);
+        lock(&i.subs).push((members.to_vec(), shared.clone()));
+        Ok(shared)
+    }
+}

@@ -1,0 +1,189 @@
+//! `train`: an MLP classifier on a deterministic synthetic dataset (Gaussian clusters from the
+//! seed), data parallel, tensor parallel or both on a mesh `[dp, tp]` of the launched ranks.
+//!
+//! ```text
+//! ./target/release/oflaunch --nproc-per-node 4 train                 # DP=4
+//! ./target/release/oflaunch --nproc-per-node 4 train --dp 2 --tp 2   # DP=2 x TP=2
+//! ./target/release/examples/train                                    # 1 rank, no launcher
+//! ```
+//! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
+//! mean loss of the last 10 steps).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use oxiflow::checkpoint::SaveOptions;
+use oxiflow::collectives::env::LaunchEnv;
+use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
+use oxiflow::prelude::*;
+use oxiflow::Context;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Opt {
+    Sgd,
+    Adamw,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Precision {
+    F32,
+    F64,
+}
+
+/// Train an MLP classifier on synthetic Gaussian clusters with global tensors.
+#[derive(Parser, Debug)]
+#[command(name = "train")]
+struct Args {
+    /// Data-parallel degree (mesh axis 0). Default: world size / tp.
+    #[arg(long)]
+    dp: Option<usize>,
+    /// Tensor-parallel degree (mesh axis 1).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    #[arg(long, default_value_t = 200)]
+    steps: u64,
+    /// Global batch size (split over the data-parallel axis).
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 64)]
+    hidden: usize,
+    #[arg(long, default_value_t = 16)]
+    features: usize,
+    #[arg(long, default_value_t = 4)]
+    classes: usize,
+    #[arg(long, default_value_t = 0.05)]
+    lr: f64,
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    #[arg(long, value_enum, default_value_t = Opt::Sgd)]
+    optimizer: Opt,
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    dtype: Precision,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Save a checkpoint (directory) here at the end (and every --save-every steps).
+    #[arg(long)]
+    save: Option<PathBuf>,
+    #[arg(long)]
+    save_every: Option<u64>,
+    /// Rank 0 writes whole tensors instead of every rank its pieces.
+    #[arg(long)]
+    save_gathered: bool,
+    /// Resume from a checkpoint saved under any layout; continues its step count up to --steps.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    #[arg(long, default_value_t = 10)]
+    log_every: u64,
+}
+
+fn init() -> Result<Context, Box<dyn std::error::Error>> {
+    match oxiflow::init_from_env() {
+        Ok(ctx) => Ok(ctx),
+        Err(first) => {
+            // The tensor crate may not join multi-process worlds itself yet: build the TCP world.
+            let env = LaunchEnv::from_env().map_err(|e| format!("{first}; {e}"))?;
+            let world = oxiflow::collectives::init_world(&env).map_err(|e| format!("{first}; {e}"))?;
+            Ok(oxiflow::init_with_world(world))
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = init()?;
+    let world = ctx.world_size();
+    let tp = args.tp.max(1);
+    let dp = args.dp.unwrap_or(world / tp);
+    if dp * tp != world {
+        return Err(format!("--dp {dp} x --tp {tp} must equal the world size {world}").into());
+    }
+    let cfg = TrainConfig {
+        mesh: Some((dp, tp)),
+        batch_size: args.batch_size,
+        features: args.features,
+        classes: args.classes,
+        hidden: args.hidden,
+        lr: args.lr,
+        momentum: args.momentum,
+        optimizer: match args.optimizer {
+            Opt::Sgd => OptimizerKind::Sgd,
+            Opt::Adamw => OptimizerKind::AdamW,
+        },
+        seed: args.seed,
+        dtype: match args.dtype {
+            Precision::F32 => DType::F32,
+            Precision::F64 => DType::F64,
+        },
+        ..TrainConfig::default()
+    };
+    let mut clf = Classifier::new(&cfg)?;
+    if let Some(p) = &args.resume {
+        clf.resume(p)?;
+    }
+    let lead = ctx.rank() == 0;
+    let bar = (lead && std::io::stdout().is_terminal()).then(|| {
+        let b = ProgressBar::new(args.steps);
+        b.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_position(clf.step);
+        b
+    });
+    let say = |line: String| match &bar {
+        Some(b) => b.println(line),
+        None => println!("{line}"),
+    };
+    if lead {
+        say(format!("train: mesh [dp {dp}, tp {tp}] world {world} batch {} hidden {} lr {} seed {} from step {}", cfg.batch_size, cfg.hidden, cfg.lr, cfg.seed, clf.step));
+    }
+    let save_opts = SaveOptions {
+        gathered: args.save_gathered,
+        ..SaveOptions::default()
+    };
+    let start = Instant::now();
+    let first = clf.step;
+    let mut last = f64::NAN;
+    let mut recent: std::collections::VecDeque<f64> = std::collections::VecDeque::new();
+    while clf.step < args.steps {
+        last = clf.train_step()?;
+        recent.push_back(last);
+        if recent.len() > 10 {
+            recent.pop_front();
+        }
+        let n = clf.step;
+        if lead && (n % args.log_every.max(1) == 0 || n == args.steps) {
+            say(format!("step {n} loss {last:.8}"));
+        }
+        if let Some(b) = &bar {
+            b.set_position(n);
+            b.set_message(format!("loss {last:.4}"));
+        }
+        if let (Some(p), Some(every)) = (&args.save, args.save_every) {
+            if every > 0 && n % every == 0 && n < args.steps {
+                clf.save(p, &save_opts)?;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(p) = &args.save {
+        clf.save(p, &save_opts)?;
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if lead {
+        let sps = (clf.step - first) as f64 / secs.max(1e-9);
+        // The final loss is the mean over the last (up to) 10 steps: one batch is noisy.
+        let fin = if recent.is_empty() { last } else { recent.iter().sum::<f64>() / recent.len() as f64 };
+        println!("final loss {fin:.8} steps/s {sps:.2}");
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("train: {e}");
+        std::process::exit(1);
+    }
+}

@@ -16,4 +16,4 @@ pub use piece::{Fill, HostData, HostPiece, LocalPiece};
 pub use plan::{
     build_plan, build_plan_with, validate, BoxingPlanner, Plan, Step, StepKind, Strategy,
 };
-pub use strategy::p2p_intersections::{P2pPlan, Transfer};
+pub use strategy::p2p_intersections::{P2pPlan, RankIo, Transfer};

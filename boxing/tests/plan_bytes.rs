@@ -151,3 +151,46 @@ fn planning_errors_are_typed() {
     assert!(matches!(err, BoxingError::MixedPartial { .. }), "{err}");
     assert!(err.to_string().contains("(P, P(max))"));
 }
+
+#[test]
+fn forced_per_axis_routes_and_device_change() {
+    let pl = cpu(&[2, 2], &[0, 1, 2, 3]);
+    for (a, b) in [
+        ([Sbp::S(0), Sbp::S(1)], [Sbp::S(1), Sbp::S(0)]),
+        ([Sbp::S(0), Sbp::S(0)], [Sbp::S(1), Sbp::S(0)]),
+    ] {
+        let from = GlobalLayout::new([8, 8], &pl, a).unwrap();
+        let to = GlobalLayout::new([8, 8], &pl, b).unwrap();
+        let plan =
+            oxiflow_boxing::build_plan_with(&from, &to, DType::F32, Strategy::PerAxis).unwrap();
+        println!("{}", plan.explain());
+        // Every step is a valid single-axis step and the chain ends at the target.
+        assert_eq!(plan.steps.last().unwrap().after.nd_sbp(), to.nd_sbp());
+        for w in plan.steps.windows(2) {
+            assert_eq!(w[0].after.nd_sbp(), w[1].before.nd_sbp());
+        }
+        // The planner's choice is never dearer than the per-axis plan.
+        assert!(build_plan(&from, &to, DType::F32).unwrap().bytes_max() <= plan.bytes_max());
+    }
+    // (S(0), S(0)) -> (S(1), S(0)) must go through an intermediate: 3 steps via (S(0), B).
+    let from = GlobalLayout::new([8, 8], &pl, [Sbp::S(0), Sbp::S(0)]).unwrap();
+    let to = GlobalLayout::new([8, 8], &pl, [Sbp::S(1), Sbp::S(0)]).unwrap();
+    let plan = oxiflow_boxing::build_plan_with(&from, &to, DType::F32, Strategy::PerAxis).unwrap();
+    assert_eq!(
+        plan.steps[0].after.nd_sbp(),
+        &NdSbp::new([Sbp::S(0), Sbp::B])
+    );
+
+    let gpu = pl.with_device(oxiflow_placement::DeviceType::Cuda);
+    let from = GlobalLayout::new([8, 8], &pl, [Sbp::S(0), Sbp::B]).unwrap();
+    let to = GlobalLayout::new([8, 8], &gpu, [Sbp::B, Sbp::B]).unwrap();
+    let plan = build_plan(&from, &to, DType::F32).unwrap();
+    println!("{}", plan.explain());
+    assert!(matches!(plan.steps[0].kind, StepKind::DeviceCopy { .. }));
+    assert!(matches!(plan.steps[1].kind, StepKind::AllGather { dim: 0 }));
+    let back = build_plan(&to, &from, DType::F32).unwrap();
+    assert!(matches!(
+        back.steps.last().unwrap().kind,
+        StepKind::DeviceCopy { .. }
+    ));
+}

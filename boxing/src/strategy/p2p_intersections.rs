@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
+use rustc_hash::FxHashMap;
 
 use crate::execute::{comm_err, comm_op, sub_comm};
 use crate::piece::{Fill, LocalPiece};
@@ -40,6 +41,17 @@ pub struct P2pPlan {
     pub reduce: Option<ReduceOp>,
     /// Whether any transfer crosses ranks (else no communication at all).
     pub needs_comm: bool,
+    /// Per world rank: indices into `transfers` it sends to other ranks, ordered by the
+    /// destination's member index (then plan order), and those it receives from other ranks,
+    /// ordered by the source's member index. Precomputed so execution is linear in its own data.
+    pub io: FxHashMap<usize, RankIo>,
+}
+
+/// The remote transfers of one rank, in the order the all-to-all-v lays them out.
+#[derive(Clone, Debug, Default)]
+pub struct RankIo {
+    pub sends: Vec<usize>,
+    pub recvs: Vec<usize>,
 }
 
 /// Whether the target rank at `coord` holds the value: coordinate 0 on every P(sum) axis.
@@ -109,21 +121,33 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
             }
         }
     }
-    let mut union: Vec<usize> = fp.ranks().iter().chain(tp.ranks()).copied().collect();
-    union.sort_unstable();
-    union.dedup();
     let es = dtype.size() as u64;
     let mut recv: BTreeMap<usize, u64> = BTreeMap::new();
     for t in transfers.iter().filter(|t| t.src != t.dst) {
         *recv.entry(t.dst).or_default() += numel(&t.region) as u64 * es;
     }
+    let mut union: Vec<usize> = fp.ranks().iter().chain(tp.ranks()).copied().collect();
+    union.sort_unstable();
+    union.dedup();
     let needs_comm = transfers.iter().any(|t| t.src != t.dst);
+    let member = |r: usize| union.binary_search(&r).unwrap_or(usize::MAX);
+    let mut io: FxHashMap<usize, RankIo> = FxHashMap::default();
+    for (k, t) in transfers.iter().enumerate().filter(|(_, t)| t.src != t.dst) {
+        io.entry(t.src).or_default().sends.push(k);
+        io.entry(t.dst).or_default().recvs.push(k);
+    }
+    for r in io.values_mut() {
+        // Stable sorts keep plan order within one peer.
+        r.sends.sort_by_key(|&k| member(transfers[k].dst));
+        r.recvs.sort_by_key(|&k| member(transfers[k].src));
+    }
     Step {
         kind: StepKind::P2p(Box::new(P2pPlan {
             union: union.clone(),
             transfers,
             reduce: partial_op(fnd).ok().flatten(),
             needs_comm,
+            io,
         })),
         axis: None,
         groups: vec![union],
@@ -157,33 +181,21 @@ pub(crate) fn run<P: LocalPiece>(
         let n = plan.union.len();
         let mut send_counts = vec![0usize; n];
         let mut recv_counts = vec![0usize; n];
-        let mut send_boxes: Vec<Region> = Vec::new();
-        for (j, &dst) in plan.union.iter().enumerate() {
-            if dst == me {
-                continue;
-            }
-            for t in plan
-                .transfers
-                .iter()
-                .filter(|t| t.src == me && t.dst == dst)
-            {
-                let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
-                send_boxes.push(relative(&t.region, origin));
-                send_counts[j] += numel(&t.region);
-            }
+        let empty = RankIo::default();
+        let io = plan.io.get(&me).unwrap_or(&empty);
+        let mut send_boxes: Vec<Region> = Vec::with_capacity(io.sends.len());
+        for &k in &io.sends {
+            let t = &plan.transfers[k];
+            let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
+            send_boxes.push(relative(&t.region, origin));
+            send_counts[plan.union.binary_search(&t.dst).unwrap_or(0)] += numel(&t.region);
         }
         let mut at = 0;
-        for (i, &src) in plan.union.iter().enumerate() {
-            if src == me {
-                continue;
-            }
-            for (k, t) in plan.transfers.iter().enumerate() {
-                if t.src == src && t.dst == me {
-                    recv_offsets[k] = at;
-                    at += numel(&t.region);
-                    recv_counts[i] += numel(&t.region);
-                }
-            }
+        for &k in &io.recvs {
+            let t = &plan.transfers[k];
+            recv_offsets[k] = at;
+            at += numel(&t.region);
+            recv_counts[plan.union.binary_search(&t.src).unwrap_or(0)] += numel(&t.region);
         }
         let total_send: usize = send_counts.iter().sum();
         let mut send = P::scratch(total_send, dtype, src_dev)?;

@@ -1,0 +1,159 @@
+//! Both data planes of the CPU backend with real processes: same-host ranks over shared memory
+//! (the default), TCP only (`OXIFLOW_SHM=0`), and a mixed world where one rank opts out (its
+//! groups fall back to TCP while the others keep shared memory). Workers check which plane is
+//! mapped (/proc/self/maps) and run random collective cases against the reference; afterwards
+//! no segment may be left in /dev/shm.
+
+mod multiprocess_common;
+
+use std::process::{Command, Output, Stdio};
+
+use multiprocess_common::{dtype_of, run_rank, Case};
+use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::init_world;
+use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn mapped_segments() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("/dev/shm/oxiflow-"))
+        .count()
+}
+
+fn worker() -> Result<(), String> {
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let comm = init_world(&env).map_err(|e| format!("init_world: {e}"))?;
+    let want: usize = var("OXF_SHM_EXPECT_MAPS").parse().unwrap();
+    let got = mapped_segments();
+    if got != want {
+        return Err(format!(
+            "rank {}: {got} shared segments mapped, expected {want}",
+            env.rank
+        ));
+    }
+    let case = Case::generate(
+        var("OXF_MP_SEED").parse().unwrap(),
+        env.world_size,
+        dtype_of(var("OXF_MP_DTYPE").parse().unwrap()),
+        var("OXF_MP_STEPS").parse().unwrap(),
+        var("OXF_MP_MAX").parse().unwrap(),
+    );
+    run_rank(&comm, &case)
+}
+
+/// Starts `world` ranks; `shm_off` lists ranks started with OXIFLOW_SHM=0, `maps[r]` the
+/// number of segments rank r must have mapped.
+fn spawn(
+    world: usize,
+    shm_off: &[usize],
+    maps: &[usize],
+    seed: u64,
+    max: usize,
+) -> Vec<(usize, Output)> {
+    let token = generate_token().unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
+    let port = server.local_addr().port();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..world)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args([
+                "shm_worker_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("OXF_SHM_ROLE", "worker")
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_WORLD_SIZE", world.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("OXIFLOW_TOKEN", &token)
+            .env("OXIFLOW_TIMEOUT", "30")
+            .env("OXIFLOW_BACKEND", "cpu")
+            .env("OXIFLOW_SHM", if shm_off.contains(&r) { "0" } else { "1" })
+            .env("OXF_SHM_EXPECT_MAPS", maps[r].to_string())
+            .env("OXF_MP_SEED", seed.to_string())
+            .env("OXF_MP_DTYPE", (seed % 3).to_string())
+            .env("OXF_MP_STEPS", "14")
+            .env("OXF_MP_MAX", max.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+            (r, c.spawn().unwrap())
+        })
+        .collect();
+    let out = children
+        .into_iter()
+        .map(|(r, c)| (r, c.wait_with_output().unwrap()))
+        .collect();
+    drop(server);
+    out
+}
+
+fn assert_ok(outs: &[(usize, Output)], what: &str) {
+    for (r, o) in outs {
+        assert!(
+            o.status.success(),
+            "{what}: rank {r} failed ({:?}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+fn leftovers() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("oxiflow-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn shm_worker_entry() {
+    if var("OXF_SHM_ROLE") == "worker" {
+        if let Err(e) = worker() {
+            eprintln!("WORKER FAILED: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// One test, so the scenarios run one after the other and the /dev/shm check sees them all.
+#[test]
+fn shm_and_tcp_planes_match_the_reference_and_leave_nothing() {
+    let before = leftovers();
+    // Shared memory (default): every rank maps all segments of its world.
+    for (seed, world) in [(1u64, 2usize), (2, 3), (3, 4), (4, 5)] {
+        let outs = spawn(world, &[], &vec![world; world], seed, 3000);
+        assert_ok(&outs, &format!("shm seed {seed} world {world}"));
+    }
+    // Large pieces: many rounds through the two slots.
+    let outs = spawn(3, &[], &[3; 3], 11, 1_500_000);
+    assert_ok(&outs, "shm large pieces");
+    // TCP only.
+    for (seed, world) in [(5u64, 2usize), (6, 4)] {
+        let outs = spawn(world, &[0, 1, 2, 3], &[0; 4], seed, 3000);
+        assert_ok(&outs, &format!("tcp seed {seed} world {world}"));
+    }
+    // Mixed: rank 1 opts out; 0, 2, 3 share memory, groups with rank 1 go over TCP.
+    for seed in [7u64, 8] {
+        let outs = spawn(4, &[1], &[3, 0, 3, 3], seed, 3000);
+        assert_ok(&outs, &format!("mixed seed {seed}"));
+    }
+    let after: Vec<String> = leftovers()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert!(after.is_empty(), "segments left in /dev/shm: {after:?}");
+}

@@ -79,6 +79,43 @@ pub fn transition_cost(layout_from: &GlobalLayout, to: &NdSbp, elem_size: usize)
     )
 }
 
+/// The cost signature inference ranks candidates by: `transition_cost` plus, for every mesh axis
+/// where an input goes from S to P, the reduce-scatter that later turns the partial back into a
+/// split ((p-1)/p of the axis group's bytes). S -> P itself moves no bytes, but it defers a
+/// reduction of the full tensor; without this term an uneven reshape of an S input would pick a
+/// zero-padded P instead of boxing to B.
+pub fn inference_cost(layout_from: &GlobalLayout, to: &NdSbp, elem_size: usize) -> u64 {
+    inference_cost_parts(
+        layout_from.shape(),
+        layout_from.placement().shape(),
+        layout_from.nd_sbp(),
+        to,
+        elem_size,
+    )
+}
+
+/// `inference_cost` on the parts of a layout.
+pub(crate) fn inference_cost_parts(
+    shape: &Shape,
+    mesh: &[usize],
+    from: &NdSbp,
+    to: &NdSbp,
+    elem_size: usize,
+) -> u64 {
+    let base = transition_cost_parts(shape, mesh, from, to, elem_size);
+    if base == u64::MAX {
+        return base;
+    }
+    from.iter()
+        .zip(to.iter())
+        .enumerate()
+        .filter(|(_, (f, t))| f.is_split() && t.is_partial())
+        .fold(base, |acc, (a, (f, _))| {
+            let bytes = axis_group_bytes(shape, mesh, from, a, elem_size);
+            acc.saturating_add(transition_cost_1d(Sbp::P, f, bytes, mesh[a]))
+        })
+}
+
 /// `transition_cost` on the parts of a layout (no layout needs to be built).
 pub(crate) fn transition_cost_parts(
     shape: &Shape,

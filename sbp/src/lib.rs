@@ -11,7 +11,7 @@ mod sbp;
 mod shape;
 mod splitter;
 
-pub use cost::{axis_group_bytes, transition_cost, transition_cost_1d};
+pub use cost::{axis_group_bytes, inference_cost, transition_cost, transition_cost_1d};
 pub use error::SbpError;
 pub use infer::{BinaryOp, Dims, InferEngine, OpKind, ReduceKind, Signature, SignatureCache};
 pub use layout::{check_nd_sbp, GlobalLayout, Region};

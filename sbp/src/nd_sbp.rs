@@ -17,7 +17,7 @@ impl NdSbp {
     }
     /// The same SBP on each of `ndim` axes.
     pub fn uniform(sbp: Sbp, ndim: usize) -> Self {
-        NdSbp(std::iter::repeat(sbp).take(ndim).collect())
+        NdSbp(std::iter::repeat_n(sbp, ndim).collect())
     }
     pub fn broadcast(ndim: usize) -> Self {
         Self::uniform(Sbp::Broadcast, ndim)
@@ -51,7 +51,7 @@ impl NdSbp {
     }
     /// Whether some axis splits tensor dim `dim`.
     pub fn splits_dim(&self, dim: usize) -> bool {
-        self.0.iter().any(|s| *s == Sbp::Split(dim))
+        self.0.contains(&Sbp::Split(dim))
     }
 }
 

@@ -9,11 +9,12 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::{nd_product, rules, OpKind, Rules};
-use crate::cost::transition_cost_parts;
+use crate::cost::inference_cost_parts;
 use crate::{check_nd_sbp, NdSbp, SbpError, Shape};
 
-/// The chosen nd-SBP of every input and output of one op call, the output shapes, and the
-/// bytes (per rank, estimated by `transition_cost`) it takes to box the inputs to it.
+/// The chosen nd-SBP of every input and output of one op call, the output shapes, and its cost:
+/// the sum over inputs of `inference_cost` (per-rank bytes of boxing the input to it, as
+/// `transition_cost` estimates, plus the deferred reduction of any S -> P).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Signature {
     pub inputs: Vec<NdSbp>,
@@ -154,8 +155,10 @@ impl InferEngine {
     }
 
     /// The signature of `op` on `inputs` (shape and current nd-SBP of each) over `placement`:
-    /// the candidate whose input boxing costs the fewest bytes (elements of `elem_size` bytes),
-    /// ties broken by fewer boxed (input, mesh axis) pairs, then by candidate order. Cached.
+    /// the candidate whose input boxing costs the fewest bytes (`inference_cost`, elements of
+    /// `elem_size` bytes), ties broken by fewer boxed (input, mesh axis) pairs, then by
+    /// candidate order; so inputs that already fit a candidate are never touched, and every
+    /// rank picks the same signature. Cached.
     pub fn infer(
         &self,
         op: &OpKind,
@@ -194,7 +197,7 @@ impl InferEngine {
             let mut cost = 0u64;
             let mut steps = 0usize;
             for ((shape, from), to) in inputs.iter().zip(&ins) {
-                cost = cost.saturating_add(transition_cost_parts(shape, mesh, from, to, elem_size));
+                cost = cost.saturating_add(inference_cost_parts(shape, mesh, from, to, elem_size));
                 steps += from.iter().zip(to.iter()).filter(|(a, b)| a != b).count();
             }
             if best.as_ref().is_none_or(|(k, _)| (cost, steps) < *k) {

@@ -69,8 +69,8 @@ impl Rules {
     }
     /// Appends the same SBP on every input and every output.
     pub fn push_uniform(&mut self, n_in: usize, n_out: usize, sbp: Sbp) {
-        let ins: SbpList = std::iter::repeat(sbp).take(n_in).collect();
-        let outs: SbpList = std::iter::repeat(sbp).take(n_out).collect();
+        let ins: SbpList = std::iter::repeat_n(sbp, n_in).collect();
+        let outs: SbpList = std::iter::repeat_n(sbp, n_out).collect();
         self.push(&ins, &outs);
     }
 }

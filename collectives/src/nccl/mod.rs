@@ -5,7 +5,9 @@ mod comm;
 mod devbuf;
 mod exchange;
 pub mod ffi;
+mod launch;
 
 pub use comm::{Completion, NcclComm, NcclOptions};
 pub use devbuf::DeviceBytes;
 pub use exchange::{FileExchange, IdExchange};
+pub use launch::{init_world, init_world_nccl, nccl_unavailable};

@@ -1,0 +1,64 @@
+//! Building the world communicator from the launch contract: `nccl` explicitly, or `auto`
+//! (NCCL when the CUDA driver, NCCL and one GPU per local rank are present, else the CPU world).
+
+use std::sync::Arc;
+
+use super::comm::{NcclComm, NcclOptions};
+use crate::cuda_libs::{self, LibSearch};
+use crate::env::{BackendChoice, LaunchEnv};
+use crate::rendezvous::StoreClient;
+use crate::{CommError, SharedComm};
+
+/// Why `auto` would not pick NCCL on this machine (`None`: it would).
+pub fn nccl_unavailable(env: &LaunchEnv, libs: &LibSearch) -> Option<String> {
+    match cuda_libs::probe(libs).nccl_ready() {
+        Err(reason) => Some(reason),
+        Ok(n) if n < env.local_world_size => Some(format!(
+            "{n} CUDA device(s) for {} local ranks",
+            env.local_world_size
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// The NCCL world: rank `env.rank` on device `env.local_rank`, bootstrapped through the job's
+/// rendezvous store (`MASTER_ADDR:MASTER_PORT`, `OXIFLOW_TOKEN`).
+pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, CommError> {
+    let token = env.require_token()?;
+    let store = StoreClient::connect(&env.store_addr(), token, env.timeout)?;
+    let opts = NcclOptions {
+        timeout: env.timeout,
+        libs: libs.clone(),
+        ..NcclOptions::default()
+    };
+    NcclComm::init_with(
+        Arc::new(store),
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        &opts,
+    )
+}
+
+/// `--backend nccl|cpu|auto`: NCCL when asked (an error if it cannot start), the CPU world
+/// when asked, and for `auto` NCCL when [`nccl_unavailable`] finds nothing missing.
+pub fn init_world(env: &LaunchEnv, libs: &LibSearch) -> Result<SharedComm, CommError> {
+    let use_nccl = match env.backend {
+        BackendChoice::Nccl => true,
+        BackendChoice::Cpu => false,
+        BackendChoice::Auto => {
+            let why = nccl_unavailable(env, libs);
+            if let Some(w) = &why {
+                tracing::info!("backend auto: CPU world ({w})");
+            }
+            why.is_none()
+        }
+    };
+    if use_nccl {
+        Ok(Arc::new(init_world_nccl(env, libs)?))
+    } else {
+        let mut cpu_env = env.clone();
+        cpu_env.backend = BackendChoice::Cpu;
+        crate::tcp::init_world(&cpu_env)
+    }
+}

@@ -1,6 +1,19 @@
 //! Boxing: plans a transition between (placement, nd-SBP) layouts of one global shape and
 //! dtype as steps (per-axis collectives, local slice/zero, point-to-point moves of slice
 //! intersections, device copies), caches plans, and executes them on a rank's local piece.
+//!
+//! ```text
+//! let planner = BoxingPlanner::new();                    // one per process, shared
+//! let plan = planner.plan(&from, &to, DType::F32)?;      // pure, cached, same on every rank
+//! println!("{}", plan.explain());
+//! let out = execute(&plan, &world, my_piece)?;           // Option<P> in, Option<P> out
+//! ```
+//!
+//! Planning: on one placement, a Dijkstra search over nd-SBP states whose edges are valid
+//! single-axis steps (design.md's 1-d table on the axis groups, priced with
+//! `sbp::transition_cost_1d` on the group tensor), compared with the point-to-point plan; the
+//! cheaper wins, ties to the collectives. Across placements or rank sets: point-to-point.
+//! Across device types: a device copy first (to CUDA) or last (from CUDA).
 
 mod error;
 mod execute;

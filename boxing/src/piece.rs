@@ -195,7 +195,10 @@ impl HostPiece {
             }
             total += numel(r);
         }
-        if flat_offset + total > flat_len {
+        if flat_offset
+            .checked_add(total)
+            .is_none_or(|end| end > flat_len)
+        {
             return Err(BoxingError::Local {
                 op: op.into(),
                 detail: format!(

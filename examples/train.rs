@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use oxiflow::checkpoint::SaveOptions;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use oxiflow::checkpoint::{SaveOptions, SaveStage};
 use oxiflow::collectives::env::LaunchEnv;
 use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::prelude::*;
@@ -25,6 +27,29 @@ use oxiflow::Context;
 enum Opt {
     Sgd,
     Adamw,
+}
+
+/// Test hook: where to abort the process during the second save (crash-safety tests).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CrashStage {
+    MidFile,
+    BeforePublish,
+    BetweenRenames,
+}
+
+static SAVES: AtomicUsize = AtomicUsize::new(0);
+static CRASH_AT: AtomicUsize = AtomicUsize::new(0);
+
+/// Aborts (like a kill) at the chosen stage of the second and later saves.
+fn crash_hook(stage: SaveStage) {
+    let code = match stage {
+        SaveStage::MidFile => 1,
+        SaveStage::BeforePublish => 2,
+        SaveStage::BetweenRenames => 3,
+    };
+    if SAVES.load(Ordering::SeqCst) >= 2 && CRASH_AT.load(Ordering::SeqCst) == code {
+        std::process::abort();
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -77,6 +102,9 @@ struct Args {
     resume: Option<PathBuf>,
     #[arg(long, default_value_t = 10)]
     log_every: u64,
+    /// Test hook: abort the process at this stage of the second save.
+    #[arg(long, value_enum, hide = true)]
+    crash_during_save: Option<CrashStage>,
 }
 
 fn init() -> Result<Context, Box<dyn std::error::Error>> {
@@ -136,9 +164,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if lead {
         say(format!("train: mesh [dp {dp}, tp {tp}] world {world} batch {} hidden {} lr {} seed {} from step {}", cfg.batch_size, cfg.hidden, cfg.lr, cfg.seed, clf.step));
     }
+    if let Some(c) = args.crash_during_save {
+        CRASH_AT.store(c as usize + 1, Ordering::SeqCst);
+    }
     let save_opts = SaveOptions {
         gathered: args.save_gathered,
-        ..SaveOptions::default()
+        stage_hook: Some(crash_hook),
     };
     let start = Instant::now();
     let first = clf.step;
@@ -160,12 +191,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let (Some(p), Some(every)) = (&args.save, args.save_every) {
             if every > 0 && n % every == 0 && n < args.steps {
+                SAVES.fetch_add(1, Ordering::SeqCst);
                 clf.save(p, &save_opts)?;
             }
         }
     }
     let secs = start.elapsed().as_secs_f64();
     if let Some(p) = &args.save {
+        SAVES.fetch_add(1, Ordering::SeqCst);
         clf.save(p, &save_opts)?;
     }
     if let Some(b) = &bar {

@@ -16,7 +16,7 @@ fn random_placement(world: usize, rng: &mut SplitMix) -> Placement {
     }
     let k = 1 + rng.below(world as u64) as usize;
     ranks.truncate(k);
-    let divisors: Vec<usize> = (1..=k).filter(|d| k % d == 0).collect();
+    let divisors: Vec<usize> = (1..=k).filter(|d| k.is_multiple_of(*d)).collect();
     let rows = divisors[rng.below(divisors.len() as u64) as usize];
     let mesh = if rng.below(2) == 0 || rows == 1 || rows == k {
         vec![k]

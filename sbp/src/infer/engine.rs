@@ -8,7 +8,7 @@ use oxiflow_placement::Placement;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::{nd_product, rules, OpKind, Rules};
+use super::{for_each_nd, rules, OpKind, Rules};
 use crate::cost::inference_cost_parts;
 use crate::{check_nd_sbp, NdSbp, SbpError, Shape};
 
@@ -192,25 +192,22 @@ impl InferEngine {
         let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|(s, _)| *s).collect();
         let r = op_rules(op, &shapes, Some(inputs), placement)?;
         let mesh = placement.shape();
-        let mut best: Option<((u64, usize), Signature)> = None;
-        for (ins, outs) in nd_product(op, &shapes, &r, placement) {
+        let mut best: Option<(u64, usize, Vec<NdSbp>, Vec<NdSbp>)> = None;
+        for_each_nd(op, &shapes, &r, placement, |ins, outs| {
             let mut cost = 0u64;
             let mut steps = 0usize;
-            for ((shape, from), to) in inputs.iter().zip(&ins) {
+            for ((shape, from), to) in inputs.iter().zip(ins) {
                 cost = cost.saturating_add(inference_cost_parts(shape, mesh, from, to, elem_size));
                 steps += from.iter().zip(to.iter()).filter(|(a, b)| a != b).count();
+                if best.as_ref().is_some_and(|b| cost > b.0) {
+                    return;
+                }
             }
-            if best.as_ref().is_none_or(|(k, _)| (cost, steps) < *k) {
-                let sig = Signature {
-                    inputs: ins,
-                    outputs: outs,
-                    output_shapes: r.out_shapes.clone(),
-                    cost,
-                };
-                best = Some(((cost, steps), sig));
+            if best.as_ref().is_none_or(|b| (cost, steps) < (b.0, b.1)) {
+                best = Some((cost, steps, ins.to_vec(), outs.to_vec()));
             }
-        }
-        best.map(|(_, s)| s).ok_or_else(|| {
+        });
+        let (cost, _, inputs_nd, outputs) = best.ok_or_else(|| {
             op_error(
                 op,
                 &shapes,
@@ -218,6 +215,12 @@ impl InferEngine {
                 placement,
                 "no candidate signature",
             )
+        })?;
+        Ok(Signature {
+            inputs: inputs_nd,
+            outputs,
+            output_shapes: r.out_shapes,
+            cost,
         })
     }
 
@@ -229,15 +232,16 @@ impl InferEngine {
         placement: &Placement,
     ) -> Result<Vec<Signature>, SbpError> {
         let r = op_rules(op, shapes, None, placement)?;
-        Ok(nd_product(op, shapes, &r, placement)
-            .into_iter()
-            .map(|(inputs, outputs)| Signature {
-                inputs,
-                outputs,
+        let mut out = Vec::new();
+        for_each_nd(op, shapes, &r, placement, |ins, outs| {
+            out.push(Signature {
+                inputs: ins.to_vec(),
+                outputs: outs.to_vec(),
                 output_shapes: r.out_shapes.clone(),
                 cost: 0,
             })
-            .collect())
+        });
+        Ok(out)
     }
 
     /// Output shapes of `op` for these input shapes (shape inference alone).

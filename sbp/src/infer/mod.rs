@@ -142,46 +142,53 @@ pub(crate) fn nd_ok(
     }
 }
 
-/// All n-d candidates in order: the product of the per-axis candidates over the mesh axes,
-/// axis 0 outermost, filtered by `nd_ok`. Each item is (input nd-SBPs, output nd-SBPs).
-pub(crate) fn nd_product(
+/// Visits all n-d candidates in order: the product of the per-axis candidates over the mesh
+/// axes, axis 0 outermost (the last axis varies fastest), filtered by `nd_ok`. `visit` gets the
+/// input and output nd-SBPs of each, in buffers reused between calls (no allocation per
+/// candidate).
+pub(crate) fn for_each_nd(
     op: &OpKind,
     shapes: &[&Shape],
     rules: &Rules,
     placement: &Placement,
-) -> Vec<(Vec<NdSbp>, Vec<NdSbp>)> {
+    mut visit: impl FnMut(&[NdSbp], &[NdSbp]),
+) {
     let axes = placement.ndim();
     let k = rules.axis.len();
-    let n_in = shapes.len();
-    let n_out = rules.out_shapes.len();
-    let total = k.checked_pow(axes as u32).unwrap_or(usize::MAX);
-    let mut out = Vec::with_capacity(total.min(4096));
-    let mut idx = vec![0usize; axes];
     if k == 0 {
-        return out;
+        return;
     }
+    let first = &rules.axis[0];
+    let mut ins: SmallVec<[NdSbp; 3]> =
+        first.ins.iter().map(|&s| NdSbp::uniform(s, axes)).collect();
+    let mut outs: SmallVec<[NdSbp; 3]> = first
+        .outs
+        .iter()
+        .map(|&s| NdSbp::uniform(s, axes))
+        .collect();
+    let mut idx: SmallVec<[usize; 4]> = SmallVec::from_elem(0, axes);
     loop {
-        let ins: Vec<NdSbp> = (0..n_in)
-            .map(|i| NdSbp::new(idx.iter().map(|&c| rules.axis[c].ins[i])))
-            .collect();
-        let outs: Vec<NdSbp> = (0..n_out)
-            .map(|o| NdSbp::new(idx.iter().map(|&c| rules.axis[c].outs[o])))
-            .collect();
         if nd_ok(op, shapes, rules, placement, &ins, &outs) {
-            out.push((ins, outs));
+            visit(&ins, &outs);
         }
-        // Next index, last axis fastest.
+        // Next index, last axis fastest; refresh the axes that changed.
         let mut a = axes;
         loop {
             if a == 0 {
-                return out;
+                return;
             }
             a -= 1;
-            idx[a] += 1;
-            if idx[a] < k {
+            idx[a] = (idx[a] + 1) % k;
+            let c = &rules.axis[idx[a]];
+            for (nd, &s) in ins.iter_mut().zip(&c.ins) {
+                nd.set(a, s);
+            }
+            for (nd, &s) in outs.iter_mut().zip(&c.outs) {
+                nd.set(a, s);
+            }
+            if idx[a] != 0 {
                 break;
             }
-            idx[a] = 0;
         }
     }
 }

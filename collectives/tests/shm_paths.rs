@@ -98,7 +98,14 @@ fn spawn(
 }
 
 fn assert_ok(outs: &[(usize, Output)], what: &str) {
+    let all: String = outs
+        .iter()
+        .map(|(r, o)| format!("rank {r}: {}\n", String::from_utf8_lossy(&o.stderr)))
+        .collect();
     for (r, o) in outs {
+        if !o.status.success() {
+            eprintln!("{what}:\n{all}");
+        }
         assert!(
             o.status.success(),
             "{what}: rank {r} failed ({:?}): {}",

@@ -126,6 +126,11 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// Whether peers' memory can be read directly (cross-memory attach).
+    pub fn cma(&self) -> bool {
+        self.w.cma
+    }
+
     pub fn n(&self) -> usize {
         self.ranks.len()
     }

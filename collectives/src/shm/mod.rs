@@ -6,6 +6,7 @@
 //! out of the writer's slot into their buffers and acknowledge. TCP stays the liveness channel.
 
 mod call;
+mod direct;
 mod ops;
 mod segment;
 
@@ -28,6 +29,8 @@ pub(crate) struct SlotState {
 pub(crate) struct ShmWorld {
     segs: Vec<Option<Segment>>,
     state: Mutex<SlotState>,
+    /// Every shm rank of this host can read its peers' memory directly (process_vm_readv).
+    cma: bool,
 }
 
 impl ShmWorld {
@@ -136,7 +139,13 @@ pub(crate) fn setup(
             }
         }
     }
-    store.set(&key("mapped", rank), if ok { b"1" } else { b"0" })?;
+    let cma = ok && segs.iter().flatten().all(Segment::probe_cma);
+    let status: &[u8] = match (ok, cma) {
+        (true, true) => b"2",
+        (true, false) => b"1",
+        _ => b"0",
+    };
+    store.set(&key("mapped", rank), status)?;
     let keys: Vec<String> = local.iter().map(|&r| key("mapped", r)).collect();
     let mapped = wait_all(store, &keys, deadline, timeout, rank_of)?;
     let mut own = match own {
@@ -150,7 +159,7 @@ pub(crate) fn setup(
     segs[rank] = Some(own);
     let mut usable = 0;
     for (&r, (m, g)) in local.iter().zip(made.iter().zip(&mapped)) {
-        if m != b"1" || g != b"1" {
+        if m != b"1" || g.as_slice() == b"0" {
             segs[r] = None;
         } else {
             usable += 1;
@@ -159,8 +168,14 @@ pub(crate) fn setup(
     if usable < 2 {
         return Ok(None);
     }
+    let cma = local
+        .iter()
+        .zip(made.iter().zip(&mapped))
+        .filter(|(_, (m, g))| m.as_slice() == b"1" && g.as_slice() != b"0")
+        .all(|(_, (_, g))| g.as_slice() == b"2");
     Ok(Some(ShmWorld {
         segs,
+        cma,
         state: Mutex::new(SlotState::default()),
     }))
 }

@@ -34,7 +34,7 @@ impl Layout {
     pub fn new(world: usize) -> Layout {
         let acks_end = ACKS + 2 * world * LINE;
         let meta = align_up(acks_end, PAGE);
-        let meta_len = align_up(world * 8, PAGE);
+        let meta_len = align_up(world * 16, PAGE);
         let data = meta + 2 * meta_len;
         let slot_stride = SLOT_BYTES;
         Layout {
@@ -113,6 +113,10 @@ impl Segment {
         seg.ptr = mapped?;
         seg.u64_at(0).store(MAGIC, Ordering::Relaxed);
         seg.u64_at(8).store(world as u64, Ordering::Relaxed);
+        // SAFETY: getpid has no preconditions.
+        seg.u64_at(24)
+            .store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
+        seg.u64_at(32).store(seg.ptr as u64, Ordering::Relaxed);
         seg.u64_at(16).store(rank as u64, Ordering::Release);
         Ok(seg)
     }
@@ -161,6 +165,21 @@ impl Segment {
         Ok(seg)
     }
 
+    /// The owner's process id and the address of this segment in the owner's address space.
+    pub fn owner(&self) -> (libc::pid_t, u64) {
+        (
+            self.u64_at(24).load(Ordering::Relaxed) as libc::pid_t,
+            self.u64_at(32).load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether this process can read the owner's memory directly (cross-memory attach).
+    pub fn probe_cma(&self) -> bool {
+        let (pid, addr) = self.owner();
+        let mut v = [0u8; 8];
+        cma_read(pid, addr, &mut v).is_ok() && u64::from_le_bytes(v) == MAGIC
+    }
+
     /// Removes the name (the memory lives on while mapped); idempotent.
     pub fn unlink(&mut self) {
         if let Some(p) = self.path.take() {
@@ -201,7 +220,7 @@ impl Segment {
     }
     /// Per-member metadata word `k` of slot `s` (piece lengths, for checks).
     pub fn meta(&self, s: usize, k: usize) -> &AtomicU64 {
-        let meta_len = align_up(self.layout.world * 8, PAGE);
+        let meta_len = align_up(self.layout.world * 16, PAGE);
         self.u64_at(self.layout.meta + s * meta_len + 8 * k)
     }
     /// Start of slot `s`'s payload (`SLOT_BYTES`, page-aligned).
@@ -237,4 +256,37 @@ impl Drop for Segment {
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.layout.len) };
         }
     }
+}
+
+/// Copies `dst.len()` bytes at `addr` of process `pid` into `dst` (process_vm_readv).
+pub(crate) fn cma_read(pid: libc::pid_t, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr() as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done as u64) as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        // SAFETY: one local iovec over our own writable buffer; the remote range is checked by
+        // the kernel (an invalid one fails with EFAULT).
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "process_vm_readv read nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use super::engine::{RecvOp, SendOp, Tag};
 use super::{
     balanced, group_state, lock, no_progress, ordered_reduce, split, split_ref, TcpComm, BACKEND,
-    SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
+    SHM_DIRECT_MIN, SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
 use crate::algorithms::args;
 use crate::shm::OpCode;
@@ -121,7 +121,11 @@ impl Communicator for TcpComm {
         }
         let check = [total, dtype as usize];
         if let Some(r) = self.shm_run(name, seq, OpCode::AllGather, &check, |c| {
-            c.all_gather(&mut chunks)
+            if c.cma() && total * dtype.size() >= SHM_DIRECT_MIN {
+                c.all_gather_direct(&mut chunks)
+            } else {
+                c.all_gather(&mut chunks)
+            }
         }) {
             return r;
         }
@@ -226,7 +230,11 @@ impl Communicator for TcpComm {
             return Ok(());
         }
         if let Some(r) = self.shm_run(name, seq, OpCode::AllToAll, &[dtype as usize], |c| {
-            c.all_to_all(&pieces, &mut chunks)
+            if c.cma() {
+                c.all_to_all_direct(&pieces, &mut chunks)
+            } else {
+                c.all_to_all(&pieces, &mut chunks)
+            }
         }) {
             return r;
         }

@@ -31,6 +31,9 @@ const BACKEND: Backend = Backend::Cpu;
 const SMALL_ALL_REDUCE: usize = 64 << 10;
 /// On shared memory, all-reduces of at most this many bytes read every member's whole buffer.
 const SHM_SMALL_ALL_REDUCE: usize = 128 << 10;
+/// On shared memory with cross-memory attach, all-gathers of at least this many bytes (in
+/// total) copy straight from the peers' buffers.
+const SHM_DIRECT_MIN: usize = 256 << 10;
 
 /// Per-process state shared by the world and its sub-groups.
 struct World {

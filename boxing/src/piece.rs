@@ -66,6 +66,19 @@ pub trait LocalPiece: Sized + Send {
         src_offset: usize,
         op: Option<ReduceOp>,
     ) -> Result<(), BoxingError>;
+    /// Copies the box `src_box` of `src` into the box `at` of this piece (equal extents),
+    /// optionally reducing. The default goes through a temporary; implementations copy
+    /// directly.
+    fn copy_box(
+        &mut self,
+        at: &[Range<usize>],
+        src: &Self,
+        src_box: &[Range<usize>],
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError> {
+        let part = src.slice(src_box)?;
+        self.write_region(at, &part, op)
+    }
     /// A copy of this piece on `device`.
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError>;
     /// The storage as a communicator buffer.
@@ -381,6 +394,42 @@ impl LocalPiece for HostPiece {
         }
         Ok(())
     }
+    fn copy_box(
+        &mut self,
+        at: &[Range<usize>],
+        src: &Self,
+        src_box: &[Range<usize>],
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError> {
+        self.check_same(src, "copy_box")?;
+        let same_extent =
+            at.len() == src_box.len() && at.iter().zip(src_box).all(|(a, b)| a.len() == b.len());
+        if !same_extent || !fits(&self.shape, at) || !fits(&src.shape, src_box) {
+            return Err(BoxingError::Local {
+                op: "copy_box".into(),
+                detail: format!(
+                    "box {src_box:?} of a piece of shape {} does not match box {at:?} of a piece of shape {}",
+                    src.shape, self.shape
+                ),
+            });
+        }
+        let k = Runs::first_dim(&self.shape, at).max(Runs::first_dim(&src.shape, src_box));
+        let dtype = self.dtype();
+        let es = dtype.size();
+        let input = src.data.bytes();
+        let dst_shape = self.shape.clone();
+        let out = self.data.bytes_mut();
+        let pairs = Runs::from_dim(&dst_shape, at, k).zip(Runs::from_dim(&src.shape, src_box, k));
+        for ((d_off, len), (s_off, _)) in pairs {
+            let d = &mut out[d_off * es..(d_off + len) * es];
+            let s = &input[s_off * es..(s_off + len) * es];
+            match op {
+                None => copy_bytes(d, s),
+                Some(op) => reduce_into(dtype, d, s, op),
+            }
+        }
+        Ok(())
+    }
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
         if device == DeviceType::Cpu {
             Ok(self)
@@ -422,6 +471,16 @@ mod tests {
         let HostData::F64(v) = &z.data else { panic!() };
         assert_eq!(v[5], 10.0);
         assert_eq!(v[0], 0.0);
+        let mut y = HostPiece::filled(
+            &Shape::from([2, 2]),
+            DType::F64,
+            DeviceType::Cpu,
+            Fill::Zero,
+        )
+        .unwrap();
+        let all: Region = [0..2, 0..2].into_iter().collect();
+        y.copy_box(&all, &p, &r, None).unwrap();
+        assert_eq!(y, s);
         let bad: Region = [2..4, 0..1].into_iter().collect();
         assert!(p.slice(&bad).is_err());
     }

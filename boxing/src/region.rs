@@ -72,10 +72,29 @@ pub struct Runs {
 
 impl Runs {
     pub fn new(shape: &Shape, region: &[Range<usize>]) -> Runs {
+        Runs::from_dim(shape, region, Runs::first_dim(shape, region))
+    }
+
+    /// The dim each run starts at: the smallest k such that the region covers every dim after
+    /// k fully (0 for scalars).
+    pub fn first_dim(shape: &Shape, region: &[Range<usize>]) -> usize {
         let nd = shape.ndim();
+        if nd == 0 {
+            return 0;
+        }
+        let mut k = nd - 1;
+        while k > 0 && region[k].start == 0 && region[k].end == shape.dims()[k] {
+            k -= 1;
+        }
+        k
+    }
+
+    /// Runs that start at dim `k`, which must be at least `first_dim(shape, region)`: two
+    /// boxes of equal extents iterated with the same `k` give runs of equal lengths.
+    pub fn from_dim(shape: &Shape, region: &[Range<usize>], k: usize) -> Runs {
         let strides = shape.strides();
         let total = numel(region);
-        if nd == 0 {
+        if shape.ndim() == 0 {
             return Runs {
                 strides,
                 region: Region::new(),
@@ -84,10 +103,6 @@ impl Runs {
                 idx: Default::default(),
                 remaining: 1,
             };
-        }
-        let mut k = nd - 1;
-        while k > 0 && region[k].start == 0 && region[k].end == shape.dims()[k] {
-            k -= 1;
         }
         let run = region[k].len() * strides[k];
         let remaining = if total == 0 { 0 } else { total / run };

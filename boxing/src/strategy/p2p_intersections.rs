@@ -238,8 +238,7 @@ pub(crate) fn run<P: LocalPiece>(
         if t.src == me {
             let src = piece.as_ref().ok_or_else(|| missing(step, me))?;
             let origin = my_src_region.as_ref().ok_or_else(|| missing(step, me))?;
-            let part = src.slice(&relative(&t.region, origin))?;
-            out.write_region(&at, &part, red)?;
+            out.copy_box(&at, src, &relative(&t.region, origin), red)?;
         } else {
             let recv = staging_recv.as_ref().ok_or_else(|| missing(step, me))?;
             out.unpack(&[&at], recv, recv_offsets[k], red)?;

@@ -53,6 +53,12 @@ fn crash_hook(stage: SaveStage) {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum Dev {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Precision {
     F32,
     F64,
@@ -87,6 +93,9 @@ struct Args {
     optimizer: Opt,
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     dtype: Precision,
+    /// Device of the mesh placement: cpu, or cuda (one GPU per rank; use --backend nccl).
+    #[arg(long, value_enum, default_value_t = Dev::Cpu)]
+    device: Dev,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Save a checkpoint (directory) here at the end (and every --save-every steps).
@@ -113,7 +122,8 @@ fn init() -> Result<Context, Box<dyn std::error::Error>> {
         Err(first) => {
             // The tensor crate may not join multi-process worlds itself yet: build the TCP world.
             let env = LaunchEnv::from_env().map_err(|e| format!("{first}; {e}"))?;
-            let world = oxiflow::collectives::init_world(&env).map_err(|e| format!("{first}; {e}"))?;
+            let world =
+                oxiflow::collectives::init_world(&env).map_err(|e| format!("{first}; {e}"))?;
             Ok(oxiflow::init_with_world(world))
         }
     }
@@ -144,6 +154,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Precision::F32 => DType::F32,
             Precision::F64 => DType::F64,
         },
+        device: match args.device {
+            Dev::Cpu => DeviceType::Cpu,
+            Dev::Cuda => DeviceType::Cuda,
+        },
         ..TrainConfig::default()
     };
     let mut clf = Classifier::new(&cfg)?;
@@ -153,7 +167,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let lead = ctx.rank() == 0;
     let bar = (lead && std::io::stdout().is_terminal()).then(|| {
         let b = ProgressBar::new(args.steps);
-        b.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         b.set_position(clf.step);
         b
     });
@@ -207,7 +224,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if lead {
         let sps = (clf.step - first) as f64 / secs.max(1e-9);
         // The final loss is the mean over the last (up to) 10 steps: one batch is noisy.
-        let fin = if recent.is_empty() { last } else { recent.iter().sum::<f64>() / recent.len() as f64 };
+        let fin = if recent.is_empty() {
+            last
+        } else {
+            recent.iter().sum::<f64>() / recent.len() as f64
+        };
         println!("final loss {fin:.8} steps/s {sps:.2}");
     }
     Ok(())

@@ -13,11 +13,21 @@ fn vals(x: &Tensor) -> Vec<f64> {
 }
 
 fn close(a: &[f64], b: &[f64]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * (1.0 + y.abs()))
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-9 * (1.0 + y.abs()))
 }
 
 /// The graph: loss = mean(cross_entropy(tanh(x w1 + b) boxed to `mid`, w2)) + sum(x w1)/10.
-fn graph(x: &Tensor, w1: &Tensor, b: &Tensor, w2: &Tensor, labels: &Tensor, mid: Option<(&Placement, NdSbp)>) -> Tensor {
+fn graph(
+    x: &Tensor,
+    w1: &Tensor,
+    b: &Tensor,
+    w2: &Tensor,
+    labels: &Tensor,
+    mid: Option<(&Placement, NdSbp)>,
+) -> Tensor {
     let h = x.matmul(w1).unwrap().add(b).unwrap().tanh().unwrap();
     let h = match mid {
         Some((p, s)) => h.to_global(p, s).unwrap(),
@@ -25,7 +35,15 @@ fn graph(x: &Tensor, w1: &Tensor, b: &Tensor, w2: &Tensor, labels: &Tensor, mid:
     };
     let logits = h.matmul(w2).unwrap();
     let ce = logits.cross_entropy(labels).unwrap().mean_all().unwrap();
-    ce.add(&x.matmul(w1).unwrap().sum_all().unwrap().mul_scalar(0.1).unwrap()).unwrap()
+    ce.add(
+        &x.matmul(w1)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .mul_scalar(0.1)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 fn labels_local() -> Tensor {
@@ -38,8 +56,13 @@ fn reference() -> Vec<Vec<f64>> {
     let w1 = Tensor::randn([6, 4], 2, F).requires_grad_(true);
     let b = Tensor::randn([4], 3, F).requires_grad_(true);
     let w2 = Tensor::randn([4, 3], 4, F).requires_grad_(true);
-    graph(&x, &w1, &b, &w2, &labels_local(), None).backward().unwrap();
-    [&w1, &b, &w2].iter().map(|t| vals(&t.grad().unwrap())).collect()
+    graph(&x, &w1, &b, &w2, &labels_local(), None)
+        .backward()
+        .unwrap();
+    [&w1, &b, &w2]
+        .iter()
+        .map(|t| vals(&t.grad().unwrap()))
+        .collect()
 }
 
 fn sbp_options(shape_dims: usize) -> Vec<Sbp> {
@@ -56,14 +79,31 @@ fn data_parallel_weight_gradient_is_partial_and_correct() {
     let got = oxiflow_tensor::run_ranks(4, Duration::from_secs(30), |_| {
         let p = Placement::new_1d(DeviceType::Cpu, [0, 1, 2, 3]).unwrap();
         let x = Tensor::randn_global([8, 6], 1, F, &p, Sbp::S(0)).unwrap();
-        let w1 = Tensor::randn_global([6, 4], 2, F, &p, Sbp::B).unwrap().requires_grad_(true);
-        let b = Tensor::randn_global([4], 3, F, &p, Sbp::B).unwrap().requires_grad_(true);
-        let w2 = Tensor::randn_global([4, 3], 4, F, &p, Sbp::B).unwrap().requires_grad_(true);
-        let labels = labels_local().to_global(&p, Sbp::B).unwrap().to_global(&p, Sbp::S(0)).unwrap();
+        let w1 = Tensor::randn_global([6, 4], 2, F, &p, Sbp::B)
+            .unwrap()
+            .requires_grad_(true);
+        let b = Tensor::randn_global([4], 3, F, &p, Sbp::B)
+            .unwrap()
+            .requires_grad_(true);
+        let w2 = Tensor::randn_global([4, 3], 4, F, &p, Sbp::B)
+            .unwrap()
+            .requires_grad_(true);
+        let labels = labels_local()
+            .to_global(&p, Sbp::B)
+            .unwrap()
+            .to_global(&p, Sbp::S(0))
+            .unwrap();
         graph(&x, &w1, &b, &w2, &labels, None).backward().unwrap();
         let g = w1.grad().unwrap();
-        assert_eq!(g.nd_sbp().unwrap(), &NdSbp::new([Sbp::P]), "B weight x S(0) data -> P gradient");
-        [&w1, &b, &w2].iter().map(|t| vals(&t.grad().unwrap())).collect::<Vec<_>>()
+        assert_eq!(
+            g.nd_sbp().unwrap(),
+            &NdSbp::new([Sbp::P]),
+            "B weight x S(0) data -> P gradient"
+        );
+        [&w1, &b, &w2]
+            .iter()
+            .map(|t| vals(&t.grad().unwrap()))
+            .collect::<Vec<_>>()
     });
     for r in got {
         for (g, w) in r.iter().zip(&want) {

@@ -28,7 +28,9 @@ fn program(ops: &[u8], a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Tensor
             5 => h.log_softmax(-1).unwrap(),
             6 => h.layer_norm(c, d, 1e-5).unwrap(),
             7 => h.sub(&h.mean(&[-1], true).unwrap()).unwrap(),
-            8 => h.div(&h.square().unwrap().add_scalar(1.0).unwrap()).unwrap(),
+            8 => h
+                .div(&h.square().unwrap().add_scalar(1.0).unwrap())
+                .unwrap(),
             9 => h.transpose(0, 1).unwrap().reshape([2, 3]).unwrap(),
             10 => {
                 let l = h.narrow(1, 0, 1).unwrap().exp().unwrap();
@@ -36,17 +38,38 @@ fn program(ops: &[u8], a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Tensor
                 Tensor::concat(&[&l, &rr], 1).unwrap()
             }
             11 => a.mul(&h.sum(&[0], false).unwrap()).unwrap(),
-            12 => h.square().unwrap().add_scalar(1.0).unwrap().rdiv_scalar(1.0).unwrap(),
-            13 => h.reshape([1, 2, 3]).unwrap().bmm(&b.reshape([1, 3, 3]).unwrap()).unwrap().reshape([2, 3]).unwrap(),
+            12 => h
+                .square()
+                .unwrap()
+                .add_scalar(1.0)
+                .unwrap()
+                .rdiv_scalar(1.0)
+                .unwrap(),
+            13 => h
+                .reshape([1, 2, 3])
+                .unwrap()
+                .bmm(&b.reshape([1, 3, 3]).unwrap())
+                .unwrap()
+                .reshape([2, 3])
+                .unwrap(),
             14 => h.gelu().unwrap().mul_scalar(1.5).unwrap().sub(c).unwrap(),
-            _ => h.mul(&h.exp().unwrap().pow_scalar(0.5).unwrap()).unwrap().neg().unwrap(),
+            _ => h
+                .mul(&h.exp().unwrap().pow_scalar(0.5).unwrap())
+                .unwrap()
+                .neg()
+                .unwrap(),
         };
     }
     h.mul(&r).unwrap().sum_all().unwrap()
 }
 
 /// Central finite differences of `f` at `x` (the leaf index `which`).
-fn fd(leaves: &[Vec<f64>], shapes: &[&[usize]], which: usize, f: &dyn Fn(&[Tensor]) -> Tensor) -> Vec<f64> {
+fn fd(
+    leaves: &[Vec<f64>],
+    shapes: &[&[usize]],
+    which: usize,
+    f: &dyn Fn(&[Tensor]) -> Tensor,
+) -> Vec<f64> {
     let eps = 1e-6;
     let _ng = no_grad();
     (0..leaves[which].len())
@@ -72,13 +95,23 @@ fn fd(leaves: &[Vec<f64>], shapes: &[&[usize]], which: usize, f: &dyn Fn(&[Tenso
 }
 
 fn check_grads(leaves: &[Vec<f64>], shapes: &[&[usize]], f: &dyn Fn(&[Tensor]) -> Tensor) {
-    let ts: Vec<Tensor> = leaves.iter().zip(shapes).map(|(v, s)| t(v, s).requires_grad_(true)).collect();
+    let ts: Vec<Tensor> = leaves
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| t(v, s).requires_grad_(true))
+        .collect();
     f(&ts).backward().unwrap();
     for (i, x) in ts.iter().enumerate() {
         let want = fd(leaves, shapes, i, f);
-        let got = x.grad().map(|g| vals(&g)).unwrap_or_else(|| vec![0.0; want.len()]);
+        let got = x
+            .grad()
+            .map(|g| vals(&g))
+            .unwrap_or_else(|| vec![0.0; want.len()]);
         for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "leaf {i}: autograd {got:?} vs finite differences {want:?}");
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "leaf {i}: autograd {got:?} vs finite differences {want:?}"
+            );
         }
     }
 }
@@ -107,7 +140,12 @@ fn cross_entropy_and_embedding_gradients() {
     let shapes: [&[usize]; 2] = [&[3, 3], &[5, 3]];
     check_grads(&[logits, w], &shapes, &|x| {
         let ce = x[0].cross_entropy(&labels).unwrap().mean_all().unwrap();
-        let e = Tensor::embedding(&ids, &x[1]).unwrap().tanh().unwrap().sum_all().unwrap();
+        let e = Tensor::embedding(&ids, &x[1])
+            .unwrap()
+            .tanh()
+            .unwrap()
+            .sum_all()
+            .unwrap();
         ce.add(&e).unwrap()
     });
 }
@@ -115,7 +153,12 @@ fn cross_entropy_and_embedding_gradients() {
 #[test]
 fn max_gradient_goes_to_the_maxima() {
     let x = t(&[1.0, 5.0, 3.0, 2.0, 2.0, -1.0], &[2, 3]).requires_grad_(true);
-    x.max(&[1], false).unwrap().sum_all().unwrap().backward().unwrap();
+    x.max(&[1], false)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     let g = vals(&x.grad().unwrap());
     assert_eq!(g, vec![0.0, 1.0, 0.0, 0.5, 0.5, 0.0]);
 }
@@ -159,5 +202,12 @@ fn layer_norm_parameter_gradients() {
     let b: Vec<f64> = vec![0.1, 0.2, 0.3, 0.4];
     let r = Tensor::randn([2, 4], 5, F);
     let shapes: [&[usize]; 3] = [&[2, 4], &[4], &[4]];
-    check_grads(&[x, w, b], &shapes, &|v| v[0].layer_norm(&v[1], &v[2], 1e-5).unwrap().mul(&r).unwrap().sum_all().unwrap());
+    check_grads(&[x, w, b], &shapes, &|v| {
+        v[0].layer_norm(&v[1], &v[2], 1e-5)
+            .unwrap()
+            .mul(&r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    });
 }

@@ -23,13 +23,29 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn cfg(mesh: Option<(usize, usize)>, opt: OptimizerKind) -> TrainConfig {
-    let lr = if opt == OptimizerKind::AdamW { 0.01 } else { 0.05 };
-    TrainConfig { mesh, seed: 11, optimizer: opt, lr, ..TrainConfig::default() }
+    let lr = if opt == OptimizerKind::AdamW {
+        0.01
+    } else {
+        0.05
+    };
+    TrainConfig {
+        mesh,
+        seed: 11,
+        optimizer: opt,
+        lr,
+        ..TrainConfig::default()
+    }
 }
 
 /// Runs `steps` more steps on every rank of `mesh` (None: local), optionally resuming from and
 /// saving to a checkpoint; returns rank 0's losses.
-fn run(mesh: Option<(usize, usize)>, opt: OptimizerKind, resume: Option<&Path>, steps: usize, save: Option<(&Path, bool)>) -> Vec<f64> {
+fn run(
+    mesh: Option<(usize, usize)>,
+    opt: OptimizerKind,
+    resume: Option<&Path>,
+    steps: usize,
+    save: Option<(&Path, bool)>,
+) -> Vec<f64> {
     let c = cfg(mesh, opt);
     let body = |_rank: usize| {
         let mut clf = Classifier::new(&c).unwrap();
@@ -38,7 +54,14 @@ fn run(mesh: Option<(usize, usize)>, opt: OptimizerKind, resume: Option<&Path>, 
         }
         let losses: Vec<f64> = (0..steps).map(|_| clf.train_step().unwrap()).collect();
         if let Some((p, gathered)) = save {
-            clf.save(p, &SaveOptions { gathered, ..SaveOptions::default() }).unwrap();
+            clf.save(
+                p,
+                &SaveOptions {
+                    gathered,
+                    ..SaveOptions::default()
+                },
+            )
+            .unwrap();
         }
         losses
     };
@@ -56,7 +79,10 @@ fn assert_curves_match(a: &[f64], b: &[f64]) {
 }
 
 fn files_in(p: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -65,10 +91,19 @@ fn files_in(p: &Path) -> Vec<String> {
 fn save_dp4_resume_tp2_continues_the_curve() {
     let full = run(None, OptimizerKind::Sgd, None, 30, None);
     let p = dir("dp4-tp2");
-    let first = run(Some((4, 1)), OptimizerKind::Sgd, None, 15, Some((&p, false)));
+    let first = run(
+        Some((4, 1)),
+        OptimizerKind::Sgd,
+        None,
+        15,
+        Some((&p, false)),
+    );
     assert_curves_match(&first, &full[..15]);
     // DP=4 with replicated weights: rank 0 alone writes every piece.
-    assert_eq!(files_in(&p), vec!["manifest.json", "rank-00000.safetensors"]);
+    assert_eq!(
+        files_in(&p),
+        vec!["manifest.json", "rank-00000.safetensors"]
+    );
     let rest = run(Some((1, 2)), OptimizerKind::Sgd, Some(&p), 15, None);
     assert_curves_match(&rest, &full[15..]);
 }
@@ -77,15 +112,33 @@ fn save_dp4_resume_tp2_continues_the_curve() {
 fn save_tp4_sharded_resume_dp2_tp2_and_gathered_resume_local_adamw() {
     let full = run(None, OptimizerKind::AdamW, None, 24, None);
     let p = dir("tp4");
-    run(Some((1, 4)), OptimizerKind::AdamW, None, 8, Some((&p, false)));
+    run(
+        Some((1, 4)),
+        OptimizerKind::AdamW,
+        None,
+        8,
+        Some((&p, false)),
+    );
     // Column/row-parallel weights are split over 4 ranks: every rank writes its pieces.
     assert_eq!(files_in(&p).len(), 5, "{:?}", files_in(&p));
     let names = checkpoint::read_manifest_names(&p).unwrap();
-    assert!(names.iter().any(|n| n == "optim/mlp.fc1.weight/exp_avg_sq"), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "optim/mlp.fc1.weight/exp_avg_sq"),
+        "{names:?}"
+    );
     let g = dir("gathered");
-    let mid = run(Some((2, 2)), OptimizerKind::AdamW, Some(&p), 8, Some((&g, true)));
+    let mid = run(
+        Some((2, 2)),
+        OptimizerKind::AdamW,
+        Some(&p),
+        8,
+        Some((&g, true)),
+    );
     assert_curves_match(&mid, &full[8..16]);
-    assert_eq!(files_in(&g), vec!["manifest.json", "rank-00000.safetensors"]);
+    assert_eq!(
+        files_in(&g),
+        vec!["manifest.json", "rank-00000.safetensors"]
+    );
     let rest = run(None, OptimizerKind::AdamW, Some(&g), 8, None);
     assert_curves_match(&rest, &full[16..]);
 }
@@ -113,12 +166,19 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
             clf.train_step().unwrap();
         }
         clf.save(&p, &SaveOptions::default()).unwrap();
-        let saved: Vec<Vec<f32>> = clf.parameters().iter().map(|q| q.value().to_vec::<f32>().unwrap()).collect();
+        let saved: Vec<Vec<f32>> = clf
+            .parameters()
+            .iter()
+            .map(|q| q.value().to_vec::<f32>().unwrap())
+            .collect();
         for _ in 0..3 {
             clf.train_step().unwrap();
         }
         CRASH_AT.store(stage, Ordering::SeqCst);
-        let opts = SaveOptions { stage_hook: Some(crash_hook), ..SaveOptions::default() };
+        let opts = SaveOptions {
+            stage_hook: Some(crash_hook),
+            ..SaveOptions::default()
+        };
         let r = catch_unwind(AssertUnwindSafe(|| clf.save(&p, &opts)));
         CRASH_AT.store(0, Ordering::SeqCst);
         assert!(r.is_err(), "stage {stage}: the hook crashed the save");
@@ -126,7 +186,11 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
         let mut back = Classifier::new(&c).unwrap();
         back.resume(&p).unwrap();
         assert_eq!(back.step, 5, "stage {stage}");
-        let loaded: Vec<Vec<f32>> = back.parameters().iter().map(|q| q.value().to_vec::<f32>().unwrap()).collect();
+        let loaded: Vec<Vec<f32>> = back
+            .parameters()
+            .iter()
+            .map(|q| q.value().to_vec::<f32>().unwrap())
+            .collect();
         assert_eq!(loaded, saved, "stage {stage}");
         // The next save recovers from the leftovers and publishes step 8.
         clf.save(&p, &SaveOptions::default()).unwrap();

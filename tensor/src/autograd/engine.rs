@@ -19,10 +19,15 @@ fn node_of(t: &Tensor) -> Option<Arc<dyn GradFn>> {
 }
 
 fn as_node(f: &Arc<dyn GradFn>) -> Result<&Node> {
-    f.as_any().downcast_ref::<Node>().ok_or_else(|| TensorError::Autograd {
-        op: "backward",
-        detail: format!("grad_fn {} was not recorded by this autograd engine", f.name()),
-    })
+    f.as_any()
+        .downcast_ref::<Node>()
+        .ok_or_else(|| TensorError::Autograd {
+            op: "backward",
+            detail: format!(
+                "grad_fn {} was not recorded by this autograd engine",
+                f.name()
+            ),
+        })
 }
 
 fn key(f: &Arc<dyn GradFn>) -> usize {
@@ -59,7 +64,11 @@ fn topo_order(root: &Arc<dyn GradFn>) -> Result<Vec<Arc<dyn GradFn>>> {
     while let Some((f, i)) = stack.pop() {
         let node = as_node(&f)?;
         if i < node.inputs.len() {
-            let next = if node.needs[i] { node_of(&node.inputs[i]) } else { None };
+            let next = if node.needs[i] {
+                node_of(&node.inputs[i])
+            } else {
+                None
+            };
             stack.push((f.clone(), i + 1));
             if let Some(n) = next {
                 if seen.insert(key(&n)) {
@@ -80,7 +89,11 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
             if s.shape() != root.shape() {
                 return Err(TensorError::Autograd {
                     op: "backward",
-                    detail: format!("seed gradient {} does not match the tensor {}", s.describe(), root.describe()),
+                    detail: format!(
+                        "seed gradient {} does not match the tensor {}",
+                        s.describe(),
+                        root.describe()
+                    ),
                 });
             }
             s.detach()
@@ -97,7 +110,10 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
         }
         return Err(TensorError::Autograd {
             op: "backward",
-            detail: format!("{} does not require grad and has no autograd history", root.describe()),
+            detail: format!(
+                "{} does not require grad and has no autograd history",
+                root.describe()
+            ),
         });
     };
     let _ctx_guard = root.context().map(Context::install);
@@ -114,7 +130,9 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
         let node = as_node(f)?;
         let dxs = rules::backward(node, &dy)?;
         for ((input, need), dx) in node.inputs.iter().zip(&node.needs).zip(dxs) {
-            let (true, Some(dx)) = (*need, dx) else { continue };
+            let (true, Some(dx)) = (*need, dx) else {
+                continue;
+            };
             if dx.shape() != input.shape() {
                 return Err(TensorError::Autograd {
                     op: "backward",

@@ -54,7 +54,10 @@ fn is_float(d: DType) -> bool {
 }
 
 fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor) {
-    let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad() && is_float(t.dtype())).collect();
+    let needs: Vec<bool> = inputs
+        .iter()
+        .map(|t| t.requires_grad() && is_float(t.dtype()))
+        .collect();
     if !needs.iter().any(|&b| b) || !is_float(output.dtype()) {
         return;
     }
@@ -81,7 +84,9 @@ impl DispatchHook for Recorder {
 
 pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) {
     if is_grad_enabled() && !input.same(output) {
-        let kind = NodeKind::ToGlobal { nd_sbp: nd_sbp.clone() };
+        let kind = NodeKind::ToGlobal {
+            nd_sbp: nd_sbp.clone(),
+        };
         attach(kind, &[input], output);
     }
 }

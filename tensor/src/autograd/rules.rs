@@ -33,12 +33,21 @@ fn zeros_like(like: &Tensor) -> Result<Tensor> {
 
 /// `dy` of a reduction over `dims` (without keepdim) reshaped to the keepdim shape.
 fn keepdim_shape(x: &Shape, dims: &[usize]) -> Shape {
-    Shape::new(x.dims().iter().enumerate().map(|(i, &d)| if dims.contains(&i) { 1 } else { d }))
+    Shape::new(
+        x.dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if dims.contains(&i) { 1 } else { d }),
+    )
 }
 
 /// `dy` broadcast back to `x`'s shape (the gradient of a reduction over `dims`).
 fn expand_reduced(dy: &Tensor, x: &Tensor, dims: &[usize], keepdim: bool) -> Result<Tensor> {
-    let dyk = if keepdim { dy.clone() } else { dy.reshape(keepdim_shape(x.shape(), dims))? };
+    let dyk = if keepdim {
+        dy.clone()
+    } else {
+        dy.reshape(keepdim_shape(x.shape(), dims))?
+    };
     zeros_like(x)?.add(&dyk)
 }
 
@@ -64,7 +73,9 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
     let need = |i: usize| node.needs.get(i).copied().unwrap_or(false);
     let out = &node.output;
     let op = match &node.kind {
-        NodeKind::ToGlobal { nd_sbp, .. } => return Ok(vec![Some(to_global_backward(&x[0], dy, nd_sbp)?)]),
+        NodeKind::ToGlobal { nd_sbp, .. } => {
+            return Ok(vec![Some(to_global_backward(&x[0], dy, nd_sbp)?)])
+        }
         NodeKind::Op(op) => op,
     };
     let one = |g: Tensor| Ok(vec![Some(g)]);
@@ -85,25 +96,36 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
         Op::Binary(b) => {
             let (a, bb) = (&x[0], &x[1]);
             let (ga, gb) = match b {
-                BinaryOp::Add => (
+                BinaryOp::Add => (need(0).then(|| dy.clone()), need(1).then(|| dy.clone())),
+                BinaryOp::Sub => (
                     need(0).then(|| dy.clone()),
-                    need(1).then(|| dy.clone()),
+                    if need(1) { Some(dy.neg()?) } else { None },
                 ),
-                BinaryOp::Sub => (need(0).then(|| dy.clone()), if need(1) { Some(dy.neg()?) } else { None }),
                 BinaryOp::Mul => (
                     if need(0) { Some(dy.mul(bb)?) } else { None },
                     if need(1) { Some(dy.mul(a)?) } else { None },
                 ),
                 BinaryOp::Div => (
                     if need(0) { Some(dy.div(bb)?) } else { None },
-                    if need(1) { Some(dy.mul(out)?.div(bb)?.neg()?) } else { None },
+                    if need(1) {
+                        Some(dy.mul(out)?.div(bb)?.neg()?)
+                    } else {
+                        None
+                    },
                 ),
             };
-            Ok(vec![ga.map(|g| sum_to(g, a)).transpose()?, gb.map(|g| sum_to(g, bb)).transpose()?])
+            Ok(vec![
+                ga.map(|g| sum_to(g, a)).transpose()?,
+                gb.map(|g| sum_to(g, bb)).transpose()?,
+            ])
         }
         Op::MatMul => {
             let (a, b) = (&x[0], &x[1]);
-            let ga = if need(0) { Some(dy.matmul(&t(b)?)?) } else { None };
+            let ga = if need(0) {
+                Some(dy.matmul(&t(b)?)?)
+            } else {
+                None
+            };
             let gb = if need(1) {
                 let k = b.shape().dim(0);
                 let n = b.shape().dim(1);
@@ -127,19 +149,34 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
         }
         Op::Sum { dims, keepdim } => one(expand_reduced(dy, &x[0], dims, *keepdim)?),
         Op::Mean { dims, keepdim, .. } => {
-            let count: usize = dims.iter().map(|&d| x[0].shape().dim(d)).product::<usize>().max(1);
+            let count: usize = dims
+                .iter()
+                .map(|&d| x[0].shape().dim(d))
+                .product::<usize>()
+                .max(1);
             one(expand_reduced(dy, &x[0], dims, *keepdim)?.mul_scalar(1.0 / count as f64)?)
         }
         Op::Max { dims, keepdim } => {
             // Gradient split evenly among the maxima: mask = (x == max) as 1 - sign(x - max)^2.
             let xs = &x[0];
-            let yk = if *keepdim { out.clone() } else { out.reshape(keepdim_shape(xs.shape(), dims))? };
+            let yk = if *keepdim {
+                out.clone()
+            } else {
+                out.reshape(keepdim_shape(xs.shape(), dims))?
+            };
             let diff = xs.sub(&yk)?;
             let ones = zeros_like(xs)?.add_scalar(1.0)?;
-            let mask = ones.unary_backward(UnaryOp::Abs, &diff)?.square()?.rsub_scalar(1.0)?;
+            let mask = ones
+                .unary_backward(UnaryOp::Abs, &diff)?
+                .square()?
+                .rsub_scalar(1.0)?;
             let dimsi: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
             let count = mask.sum(&dimsi, true)?;
-            let dyk = if *keepdim { dy.clone() } else { dy.reshape(keepdim_shape(xs.shape(), dims))? };
+            let dyk = if *keepdim {
+                dy.clone()
+            } else {
+                dy.reshape(keepdim_shape(xs.shape(), dims))?
+            };
             one(mask.mul(&dyk.div(&count)?)?)
         }
         Op::Softmax { dim } => one(Tensor::softmax_backward(out, dy, *dim as isize)?),
@@ -157,7 +194,11 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
             let mut gs = Vec::with_capacity(x.len());
             for (i, xi) in x.iter().enumerate() {
                 let len = xi.shape().dim(*dim);
-                gs.push(if need(i) { Some(dy.narrow(*dim as isize, start, len)?) } else { None });
+                gs.push(if need(i) {
+                    Some(dy.narrow(*dim as isize, start, len)?)
+                } else {
+                    None
+                });
                 start += len;
             }
             Ok(gs)
@@ -177,15 +218,26 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
             parts.extend(before.as_ref());
             parts.push(dy);
             parts.extend(after.as_ref());
-            one(if parts.len() == 1 { dy.clone() } else { Tensor::concat(&parts, *dim as isize)? })
+            one(if parts.len() == 1 {
+                dy.clone()
+            } else {
+                Tensor::concat(&parts, *dim as isize)?
+            })
         }
         Op::Embedding => {
             let num = x[1].shape().dim(0);
-            Ok(vec![None, Some(Tensor::embedding_backward(&x[0], dy, num)?)])
+            Ok(vec![
+                None,
+                Some(Tensor::embedding_backward(&x[0], dy, num)?),
+            ])
         }
         Op::LayerNorm { eps } => {
             let (xs, w, b) = (&x[0], &x[1], &x[2]);
-            let gx = if need(0) { Some(Tensor::layer_norm_backward(xs, w, dy, eps.get())?) } else { None };
+            let gx = if need(0) {
+                Some(Tensor::layer_norm_backward(xs, w, dy, eps.get())?)
+            } else {
+                None
+            };
             let gw = if need(1) {
                 let ones = zeros_like(w)?.add_scalar(1.0)?;
                 let xhat = xs.layer_norm(&ones, &zeros_like(b)?, eps.get())?;
@@ -193,10 +245,17 @@ pub(crate) fn backward(node: &Node, dy: &Tensor) -> Result<Vec<Option<Tensor>>> 
             } else {
                 None
             };
-            let gb = if need(2) { Some(sum_to(dy.clone(), b)?) } else { None };
+            let gb = if need(2) {
+                Some(sum_to(dy.clone(), b)?)
+            } else {
+                None
+            };
             Ok(vec![gx, gw, gb])
         }
-        Op::CrossEntropy => Ok(vec![Some(Tensor::cross_entropy_backward(&x[0], &x[1], dy)?), None]),
+        Op::CrossEntropy => Ok(vec![
+            Some(Tensor::cross_entropy_backward(&x[0], &x[1], dy)?),
+            None,
+        ]),
         Op::Cast(_) => one(dy.cast(x[0].dtype())?),
         Op::UnaryBackward(_)
         | Op::SoftmaxBackward { .. }
@@ -221,6 +280,10 @@ fn to_global_backward(x: &Tensor, dy: &Tensor, target: &NdSbp) -> Result<Tensor>
     let Some(p) = dy.placement() else {
         return Ok(dy.clone());
     };
-    let piece_sbp = NdSbp::new(target.iter().map(|s| if s.is_partial() { Sbp::B } else { s }));
+    let piece_sbp = NdSbp::new(
+        target
+            .iter()
+            .map(|s| if s.is_partial() { Sbp::B } else { s }),
+    );
     Ok(dy.to_global(p, piece_sbp)?.to_local())
 }

@@ -37,7 +37,9 @@ pub(crate) fn has_manifest(dir: &Path) -> bool {
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_err("checkpoint fsync", dir, e))
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_err("checkpoint fsync", dir, e))
 }
 
 fn parent_of(path: &Path) -> PathBuf {
@@ -53,11 +55,14 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8], hook: &dyn Fn(SaveStage)) ->
     let tmp = sibling(path, ".tmp");
     let mut f = File::create(&tmp).map_err(|e| io_err("checkpoint write", &tmp, e))?;
     let half = bytes.len() / 2;
-    f.write_all(&bytes[..half]).map_err(|e| io_err("checkpoint write", &tmp, e))?;
+    f.write_all(&bytes[..half])
+        .map_err(|e| io_err("checkpoint write", &tmp, e))?;
     f.flush().map_err(|e| io_err("checkpoint write", &tmp, e))?;
     hook(SaveStage::MidFile);
-    f.write_all(&bytes[half..]).map_err(|e| io_err("checkpoint write", &tmp, e))?;
-    f.sync_all().map_err(|e| io_err("checkpoint fsync", &tmp, e))?;
+    f.write_all(&bytes[half..])
+        .map_err(|e| io_err("checkpoint write", &tmp, e))?;
+    f.sync_all()
+        .map_err(|e| io_err("checkpoint fsync", &tmp, e))?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| io_err("checkpoint rename", path, e))?;
     fsync_dir(&parent_of(path))

@@ -33,9 +33,15 @@ fn bad(path: &Path, detail: impl Into<String>) -> TensorError {
 }
 
 fn read_manifest(path: &Path) -> Result<Manifest> {
-    let dir = resolve_for_load(path).ok_or_else(|| bad(path, "no complete checkpoint (no manifest.json here or in <path>.old)"))?;
+    let dir = resolve_for_load(path).ok_or_else(|| {
+        bad(
+            path,
+            "no complete checkpoint (no manifest.json here or in <path>.old)",
+        )
+    })?;
     let text = std::fs::read(dir.join(MANIFEST)).map_err(|e| io_err("checkpoint load", &dir, e))?;
-    let json: Value = serde_json::from_slice(&text).map_err(|e| bad(&dir, format!("bad manifest: {e}")))?;
+    let json: Value =
+        serde_json::from_slice(&text).map_err(|e| bad(&dir, format!("bad manifest: {e}")))?;
     if json.get("format").and_then(Value::as_str) != Some("oxiflow-checkpoint") {
         return Err(bad(&dir, "not an oxiflow checkpoint manifest"));
     }
@@ -56,7 +62,11 @@ fn metadata_of(m: &Manifest) -> Metadata {
     m.json
         .get("metadata")
         .and_then(Value::as_object)
-        .map(|o| o.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect())
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -71,7 +81,12 @@ fn region_of_json(v: &Value) -> Option<Vec<Range<usize>>> {
 }
 
 /// Reads the value of `name` into `like`'s layout (shape, dtype, placement, nd-SBP).
-fn load_one(m: &Manifest, files: &mut HashMap<String, Vec<u8>>, name: &str, like: &Tensor) -> Result<Tensor> {
+fn load_one(
+    m: &Manifest,
+    files: &mut HashMap<String, Vec<u8>>,
+    name: &str,
+    like: &Tensor,
+) -> Result<Tensor> {
     let dir = &m.dir;
     let entry = m
         .json
@@ -81,7 +96,11 @@ fn load_one(m: &Manifest, files: &mut HashMap<String, Vec<u8>>, name: &str, like
     let shape: Vec<usize> = entry
         .get("shape")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d.as_u64().map(|d| d as usize))
+                .collect()
+        })
         .ok_or_else(|| bad(dir, format!("{name}: no shape")))?;
     let dtype = entry
         .get("dtype")
@@ -91,7 +110,15 @@ fn load_one(m: &Manifest, files: &mut HashMap<String, Vec<u8>>, name: &str, like
     if shape != like.shape().dims() || dtype != like.dtype() {
         return Err(bad(
             dir,
-            format!("{name} is [{}] {dtype} in the checkpoint but the target is {}", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "), like.describe()),
+            format!(
+                "{name} is [{}] {dtype} in the checkpoint but the target is {}",
+                shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                like.describe()
+            ),
         ));
     }
     // The region this rank needs; None: outside the placement; zero: a non-root P coordinate.
@@ -111,21 +138,42 @@ fn load_one(m: &Manifest, files: &mut HashMap<String, Vec<u8>>, name: &str, like
             let mut buf = vec![0u8; n * es];
             let mut covered = 0usize;
             if !zero && n > 0 {
-                let pieces = entry.get("pieces").and_then(Value::as_array).ok_or_else(|| bad(dir, format!("{name}: no pieces")))?;
+                let pieces = entry
+                    .get("pieces")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad(dir, format!("{name}: no pieces")))?;
                 for p in pieces {
-                    let file = p.get("file").and_then(Value::as_str).ok_or_else(|| bad(dir, format!("{name}: piece without file")))?;
-                    let region = p.get("region").and_then(region_of_json).ok_or_else(|| bad(dir, format!("{name}: bad region")))?;
-                    let Some(inter) = intersect(&region, &need) else { continue };
+                    let file = p
+                        .get("file")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(dir, format!("{name}: piece without file")))?;
+                    let region = p
+                        .get("region")
+                        .and_then(region_of_json)
+                        .ok_or_else(|| bad(dir, format!("{name}: bad region")))?;
+                    let Some(inter) = intersect(&region, &need) else {
+                        continue;
+                    };
                     if !files.contains_key(file) {
-                        let bytes = std::fs::read(dir.join(file)).map_err(|e| io_err("checkpoint load", &dir.join(file), e))?;
+                        let bytes = std::fs::read(dir.join(file))
+                            .map_err(|e| io_err("checkpoint load", &dir.join(file), e))?;
                         files.insert(file.to_string(), bytes);
                     }
                     let bytes = files.get(file).map(Vec::as_slice).unwrap_or(&[]);
-                    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(&dir.join(file), e.to_string()))?;
-                    let view = st.tensor(name).map_err(|e| bad(&dir.join(file), format!("{name}: {e}")))?;
+                    let st = SafeTensors::deserialize(bytes)
+                        .map_err(|e| bad(&dir.join(file), e.to_string()))?;
+                    let view = st
+                        .tensor(name)
+                        .map_err(|e| bad(&dir.join(file), format!("{name}: {e}")))?;
                     let plen: usize = region.iter().map(|r| r.len()).product::<usize>() * es;
                     if view.data().len() != plen {
-                        return Err(bad(&dir.join(file), format!("{name}: piece has {} bytes, expected {plen}", view.data().len())));
+                        return Err(bad(
+                            &dir.join(file),
+                            format!(
+                                "{name}: piece has {} bytes, expected {plen}",
+                                view.data().len()
+                            ),
+                        ));
                     }
                     copy_region(view.data(), &region, &mut buf, &need, &inter, es);
                     covered += inter.iter().map(|r| r.len()).product::<usize>();
@@ -134,12 +182,18 @@ fn load_one(m: &Manifest, files: &mut HashMap<String, Vec<u8>>, name: &str, like
                     return Err(bad(dir, format!("{name}: the saved pieces cover {covered} of the {n} elements this rank needs")));
                 }
             }
-            let arr = from_bytes(dtype, &local, &buf).ok_or_else(|| bad(dir, format!("{name}: bad piece data")))?;
+            let arr = from_bytes(dtype, &local, &buf)
+                .ok_or_else(|| bad(dir, format!("{name}: bad piece data")))?;
             Some(Storage::Cpu(arr))
         }
     };
     match (like.layout(), like.context()) {
-        (Some(l), Some(ctx)) => Ok(Tensor::global_from_piece(piece, l.clone(), dtype, ctx.clone())),
+        (Some(l), Some(ctx)) => Ok(Tensor::global_from_piece(
+            piece,
+            l.clone(),
+            dtype,
+            ctx.clone(),
+        )),
         _ => match piece {
             Some(s) => Ok(Tensor::from_storage(s)),
             None => Err(bad(dir, format!("{name}: no data"))),
@@ -161,7 +215,11 @@ pub fn load_tensors(path: &Path, targets: &[(String, Tensor)]) -> Result<(Vec<Te
 
 /// Loads parameters (each into its current layout) and, optionally, the optimizer state
 /// saved by `save`. Returns the checkpoint's metadata.
-pub fn load(path: &Path, params: &[Parameter], optim: Option<&mut dyn Optimizer>) -> Result<Metadata> {
+pub fn load(
+    path: &Path,
+    params: &[Parameter],
+    optim: Option<&mut dyn Optimizer>,
+) -> Result<Metadata> {
     let m = read_manifest(path)?;
     let mut files = HashMap::new();
     for p in params {
@@ -170,7 +228,12 @@ pub fn load(path: &Path, params: &[Parameter], optim: Option<&mut dyn Optimizer>
     }
     let meta = metadata_of(&m);
     if let Some(o) = optim {
-        let names: Vec<(usize, String, Tensor)> = o.params().iter().enumerate().map(|(i, p)| (i, p.name().to_string(), p.value())).collect();
+        let names: Vec<(usize, String, Tensor)> = o
+            .params()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i, p.name().to_string(), p.value()))
+            .collect();
         let has = |k: &str| m.json.get("tensors").and_then(|t| t.get(k)).is_some();
         for (i, pname, like) in names {
             for slot in o.slot_names() {

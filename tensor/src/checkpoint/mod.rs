@@ -43,7 +43,9 @@ pub struct SaveOptions {
 
 impl std::fmt::Debug for SaveOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SaveOptions").field("gathered", &self.gathered).finish()
+        f.debug_struct("SaveOptions")
+            .field("gathered", &self.gathered)
+            .finish()
     }
 }
 

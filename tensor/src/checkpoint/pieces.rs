@@ -48,15 +48,34 @@ pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Option<
     let sh = IxDyn(shape);
     Some(match dtype {
         DType::F32 => CpuArray::F32(
-            ArrayD::from_shape_vec(sh, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).ok()?,
+            ArrayD::from_shape_vec(
+                sh,
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+            .ok()?,
         ),
         DType::F64 => CpuArray::F64(
-            ArrayD::from_shape_vec(sh, bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
-                .ok()?,
+            ArrayD::from_shape_vec(
+                sh,
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
+            )
+            .ok()?,
         ),
         DType::I64 => CpuArray::I64(
-            ArrayD::from_shape_vec(sh, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
-                .ok()?,
+            ArrayD::from_shape_vec(
+                sh,
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
+            )
+            .ok()?,
         ),
     })
 }
@@ -66,7 +85,11 @@ pub(crate) fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Option<Vec<Ra
     if a.len() != b.len() {
         return None;
     }
-    let r: Vec<Range<usize>> = a.iter().zip(b).map(|(x, y)| x.start.max(y.start)..x.end.min(y.end)).collect();
+    let r: Vec<Range<usize>> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.start.max(y.start)..x.end.min(y.end))
+        .collect();
     r.iter().all(|x| x.start < x.end).then_some(r)
 }
 
@@ -102,7 +125,11 @@ pub(crate) fn copy_region(
     for _ in 0..rows {
         let (mut so, mut dof) = (0usize, 0usize);
         for d in 0..nd {
-            let g = if d < nd - 1 { inter[d].start + idx[d] } else { inter[d].start };
+            let g = if d < nd - 1 {
+                inter[d].start + idx[d]
+            } else {
+                inter[d].start
+            };
             so += (g - src_region[d].start) * ss[d];
             dof += (g - dst_region[d].start) * ds[d];
         }

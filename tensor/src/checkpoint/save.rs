@@ -41,12 +41,20 @@ fn host_piece(t: &Tensor) -> Result<CpuArray> {
 }
 
 /// The pieces of `t` and, for the ones this rank writes, their data.
-fn plan_tensor(t: &Tensor, rank: usize, gathered: bool, mine: &mut Vec<CpuArray>) -> Result<Vec<PieceInfo>> {
+fn plan_tensor(
+    t: &Tensor,
+    rank: usize,
+    gathered: bool,
+    mine: &mut Vec<CpuArray>,
+) -> Result<Vec<PieceInfo>> {
     let Some(layout) = t.layout() else {
         if rank == 0 {
             mine.push(host_piece(t)?);
         }
-        return Ok(vec![PieceInfo { writer: 0, region: full_region(t.shape()) }]);
+        return Ok(vec![PieceInfo {
+            writer: 0,
+            region: full_region(t.shape()),
+        }]);
     };
     let placement = layout.placement().clone();
     if gathered {
@@ -55,7 +63,10 @@ fn plan_tensor(t: &Tensor, rank: usize, gathered: bool, mine: &mut Vec<CpuArray>
         if rank == writer {
             mine.push(host_piece(&b)?);
         }
-        return Ok(vec![PieceInfo { writer, region: full_region(t.shape()) }]);
+        return Ok(vec![PieceInfo {
+            writer,
+            region: full_region(t.shape()),
+        }]);
     }
     let nd = layout.nd_sbp();
     let t2 = if nd.has_partial() {
@@ -74,7 +85,11 @@ fn plan_tensor(t: &Tensor, rank: usize, gathered: bool, mine: &mut Vec<CpuArray>
     let mut out = Vec::new();
     for (idx, &r) in placement.ranks().iter().enumerate() {
         let coord = placement.coord_of_index(idx);
-        if sbps.iter().zip(&coord).any(|(s, &c)| s.is_broadcast() && c != 0) {
+        if sbps
+            .iter()
+            .zip(&coord)
+            .any(|(s, &c)| s.is_broadcast() && c != 0)
+        {
             continue;
         }
         let region = layout2.region_at(&coord);
@@ -91,14 +106,26 @@ fn plan_tensor(t: &Tensor, rank: usize, gathered: bool, mine: &mut Vec<CpuArray>
 
 /// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
 /// Every rank of the world must call it with the same names and layouts.
-pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: &Metadata, opts: &SaveOptions) -> Result<()> {
+pub fn save_tensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &Metadata,
+    opts: &SaveOptions,
+) -> Result<()> {
     let _ng = no_grad();
     for (i, (n, _)) in tensors.iter().enumerate() {
         if tensors[..i].iter().any(|(m, _)| m == n) {
-            return Err(io_err("checkpoint save", path, format!("duplicate tensor name {n}")));
+            return Err(io_err(
+                "checkpoint save",
+                path,
+                format!("duplicate tensor name {n}"),
+            ));
         }
     }
-    let ctx = tensors.iter().find_map(|(_, t)| t.context().cloned()).or_else(Context::current);
+    let ctx = tensors
+        .iter()
+        .find_map(|(_, t)| t.context().cloned())
+        .or_else(Context::current);
     let rank = ctx.as_ref().map_or(0, Context::rank);
     let barrier = |stage: &str| -> Result<()> {
         match &ctx {
@@ -164,7 +191,8 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: &Metada
                 .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
             views.push((name.clone(), v));
         }
-        let data = safetensors::tensor::serialize(views, &None).map_err(|e| io_err("checkpoint save", path, e))?;
+        let data = safetensors::tensor::serialize(views, &None)
+            .map_err(|e| io_err("checkpoint save", path, e))?;
         write_file(&partial.join(file_name(rank)), &data, &hook)?;
     }
     barrier("after writing")?;
@@ -175,7 +203,8 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: &Metada
                 return Err(io_err("checkpoint save", &p, "a rank's file is missing"));
             }
         }
-        let text = serde_json::to_vec_pretty(&manifest).map_err(|e| io_err("checkpoint save", path, e))?;
+        let text =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| io_err("checkpoint save", path, e))?;
         write_file(&partial.join(MANIFEST), &text, &|_| {})?;
         publish(path, &hook)?;
     }
@@ -184,8 +213,17 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: &Metada
 
 /// Saves parameters (by name) and, optionally, an optimizer's state (`optim/<param>/<slot>`
 /// tensors and its step count in the metadata as `optim.step_count`).
-pub fn save(path: &Path, params: &[Parameter], optim: Option<&dyn Optimizer>, metadata: &Metadata, opts: &SaveOptions) -> Result<()> {
-    let mut tensors: Vec<(String, Tensor)> = params.iter().map(|p| (p.name().to_string(), p.value())).collect();
+pub fn save(
+    path: &Path,
+    params: &[Parameter],
+    optim: Option<&dyn Optimizer>,
+    metadata: &Metadata,
+    opts: &SaveOptions,
+) -> Result<()> {
+    let mut tensors: Vec<(String, Tensor)> = params
+        .iter()
+        .map(|p| (p.name().to_string(), p.value()))
+        .collect();
     let mut meta = metadata.clone();
     if let Some(o) = optim {
         for (i, p) in o.params().iter().enumerate() {

@@ -45,6 +45,8 @@ pub struct TrainConfig {
     pub dtype: DType,
     /// Standard deviation of the noise around each class centre.
     pub noise: f64,
+    /// Device type of the mesh placement (cpu, or cuda: one GPU per rank).
+    pub device: DeviceType,
 }
 
 impl Default for TrainConfig {
@@ -61,6 +63,7 @@ impl Default for TrainConfig {
             seed: 0,
             dtype: DType::F32,
             noise: 1.0,
+            device: DeviceType::Cpu,
         }
     }
 }
@@ -78,15 +81,28 @@ impl ClusterData {
         let shape = Shape::new([cfg.classes, cfg.features]);
         let seed = param_seed(cfg.seed, "data.centers");
         let (centers, at) = match placement {
-            None => (Init::Normal { seed, std: 1.0 }.build(shape, cfg.dtype, &ParamPlacement::Local)?, None),
+            None => (
+                Init::Normal { seed, std: 1.0 }.build(shape, cfg.dtype, &ParamPlacement::Local)?,
+                None,
+            ),
             Some(p) => {
                 let b = NdSbp::broadcast(p.ndim());
-                let at = ParamPlacement::Global { placement: p.clone(), nd_sbp: b };
+                let at = ParamPlacement::Global {
+                    placement: p.clone(),
+                    nd_sbp: b,
+                };
                 let data_sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
-                (Init::Normal { seed, std: 1.0 }.build(shape, cfg.dtype, &at)?, Some((p.clone(), data_sbp)))
+                (
+                    Init::Normal { seed, std: 1.0 }.build(shape, cfg.dtype, &at)?,
+                    Some((p.clone(), data_sbp)),
+                )
             }
         };
-        Ok(ClusterData { centers, cfg: cfg.clone(), at })
+        Ok(ClusterData {
+            centers,
+            cfg: cfg.clone(),
+            at,
+        })
     }
 
     /// Features `[batch, features]` and labels `[batch]` (i64) of step `step`.
@@ -97,9 +113,18 @@ impl ClusterData {
         let s_noise = param_seed(c.seed, &format!("data.noise.{step}"));
         let (n, f) = (c.batch_size, c.features);
         let (u, noise) = match &self.at {
-            None => (Tensor::rand([n], s_lab, DType::F64), Tensor::randn([n, f], s_noise, c.dtype)),
+            None => (
+                Tensor::rand([n], s_lab, DType::F64),
+                Tensor::randn([n, f], s_noise, c.dtype),
+            ),
             Some((p, s)) => (
-                Tensor::rand_global([n], s_lab, DType::F64, p, NdSbp::new([s.as_slice()[0], Sbp::B]))?,
+                Tensor::rand_global(
+                    [n],
+                    s_lab,
+                    DType::F64,
+                    p,
+                    NdSbp::new([s.as_slice()[0], Sbp::B]),
+                )?,
                 Tensor::randn_global([n, f], s_noise, c.dtype, p, s.clone())?,
             ),
         };
@@ -135,9 +160,22 @@ pub fn mesh_placement(dp: usize, tp: usize) -> Result<Placement> {
 impl Classifier {
     /// Builds the model and optimizer (global runs need an installed context).
     pub fn new(cfg: &TrainConfig) -> Result<Classifier> {
-        let placement = cfg.mesh.map(|(d, t)| mesh_placement(d, t)).transpose()?;
+        let placement = cfg
+            .mesh
+            .map(|(d, t)| mesh_placement(d, t).map(|p| p.with_device(cfg.device)))
+            .transpose()?;
         let tp_axis = placement.as_ref().map(|_| 1);
-        let model = Mlp::new("mlp", cfg.features, cfg.hidden, cfg.classes, Activation::Relu, cfg.seed, cfg.dtype, placement.as_ref(), tp_axis)?;
+        let model = Mlp::new(
+            "mlp",
+            cfg.features,
+            cfg.hidden,
+            cfg.classes,
+            Activation::Relu,
+            cfg.seed,
+            cfg.dtype,
+            placement.as_ref(),
+            tp_axis,
+        )?;
         let params = model.parameters();
         let optimizer: Box<dyn Optimizer> = match cfg.optimizer {
             OptimizerKind::Sgd => Box::new(Sgd::new(
@@ -196,7 +234,13 @@ impl Classifier {
         let mut meta = Metadata::new();
         meta.insert("step".into(), self.step.to_string());
         meta.insert("seed".into(), self.cfg.seed.to_string());
-        checkpoint::save(path, &self.parameters(), Some(self.optimizer.as_ref()), &meta, opts)
+        checkpoint::save(
+            path,
+            &self.parameters(),
+            Some(self.optimizer.as_ref()),
+            &meta,
+            opts,
+        )
     }
 
     /// Loads a checkpoint saved under any layout into this run's layout; continues its step.

@@ -16,10 +16,23 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn new(name: &str, num: usize, dim: usize, seed: u64, dtype: DType, at: &ParamPlacement) -> Result<Embedding> {
+    pub fn new(
+        name: &str,
+        num: usize,
+        dim: usize,
+        seed: u64,
+        dtype: DType,
+        at: &ParamPlacement,
+    ) -> Result<Embedding> {
         let wname = format!("{name}.weight");
-        let w = Init::Normal { seed: param_seed(seed, &wname), std: 1.0 }.build(Shape::new([num, dim]), dtype, at)?;
-        Ok(Embedding { weight: Parameter::new(wname, &w) })
+        let w = Init::Normal {
+            seed: param_seed(seed, &wname),
+            std: 1.0,
+        }
+        .build(Shape::new([num, dim]), dtype, at)?;
+        Ok(Embedding {
+            weight: Parameter::new(wname, &w),
+        })
     }
     /// ids `[..]` (i64) -> `[.., dim]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {

@@ -22,9 +22,15 @@ pub enum Init {
     Zeros,
     Ones,
     /// Normal(0, std^2).
-    Normal { seed: u64, std: f64 },
+    Normal {
+        seed: u64,
+        std: f64,
+    },
     /// Uniform in [-bound, bound).
-    Uniform { seed: u64, bound: f64 },
+    Uniform {
+        seed: u64,
+        bound: f64,
+    },
 }
 
 /// A seed for parameter `name` of a model seeded with `seed` (FNV-1a of the name, mixed).
@@ -46,14 +52,23 @@ impl Init {
                 Init::Zeros => Tensor::zeros(shape, dtype),
                 Init::Ones => Tensor::ones(shape, dtype),
                 Init::Normal { seed, std } => Tensor::randn(shape, seed, dtype).scale(std)?,
-                Init::Uniform { seed, bound } => Tensor::rand(shape, seed, dtype).scale(2.0 * bound)?.sub_scalar(bound)?,
+                Init::Uniform { seed, bound } => Tensor::rand(shape, seed, dtype)
+                    .scale(2.0 * bound)?
+                    .sub_scalar(bound)?,
             },
-            ParamPlacement::Global { placement: p, nd_sbp: s } => match self {
+            ParamPlacement::Global {
+                placement: p,
+                nd_sbp: s,
+            } => match self {
                 Init::Zeros => Tensor::zeros_global(shape, dtype, p, s.clone())?,
                 Init::Ones => Tensor::ones_global(shape, dtype, p, s.clone())?,
-                Init::Normal { seed, std } => Tensor::randn_global(shape, seed, dtype, p, s.clone())?.scale(std)?,
+                Init::Normal { seed, std } => {
+                    Tensor::randn_global(shape, seed, dtype, p, s.clone())?.scale(std)?
+                }
                 Init::Uniform { seed, bound } => {
-                    Tensor::rand_global(shape, seed, dtype, p, s.clone())?.scale(2.0 * bound)?.sub_scalar(bound)?
+                    Tensor::rand_global(shape, seed, dtype, p, s.clone())?
+                        .scale(2.0 * bound)?
+                        .sub_scalar(bound)?
                 }
             },
         };

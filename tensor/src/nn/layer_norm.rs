@@ -18,7 +18,13 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    pub fn new(name: &str, dim: usize, eps: f64, dtype: DType, at: &ParamPlacement) -> Result<LayerNorm> {
+    pub fn new(
+        name: &str,
+        dim: usize,
+        eps: f64,
+        dtype: DType,
+        at: &ParamPlacement,
+    ) -> Result<LayerNorm> {
         let w = Init::Ones.build(Shape::new([dim]), dtype, at)?;
         let b = Init::Zeros.build(Shape::new([dim]), dtype, at)?;
         Ok(LayerNorm {

@@ -67,7 +67,12 @@ pub struct Linear {
 
 impl Linear {
     /// A linear layer named `name` (parameters `name.weight`, `name.bias`).
-    pub fn new(name: &str, in_features: usize, out_features: usize, o: &LinearOptions) -> Result<Linear> {
+    pub fn new(
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        o: &LinearOptions,
+    ) -> Result<Linear> {
         let (wp, bp) = match &o.placement {
             None => (ParamPlacement::Local, ParamPlacement::Local),
             Some(p) => {
@@ -82,18 +87,31 @@ impl Linear {
                             detail: format!("mesh axis {a} out of range"),
                         })
                     }
-                    Parallel::Column(a) => (on_axis(p, Some(a), Sbp::S(1)), on_axis(p, Some(a), Sbp::S(0))),
+                    Parallel::Column(a) => (
+                        on_axis(p, Some(a), Sbp::S(1)),
+                        on_axis(p, Some(a), Sbp::S(0)),
+                    ),
                     Parallel::Row(a) => (on_axis(p, Some(a), Sbp::S(0)), on_axis(p, None, Sbp::B)),
                 };
                 (
-                    ParamPlacement::Global { placement: p.clone(), nd_sbp: ws },
-                    ParamPlacement::Global { placement: p.clone(), nd_sbp: bs },
+                    ParamPlacement::Global {
+                        placement: p.clone(),
+                        nd_sbp: ws,
+                    },
+                    ParamPlacement::Global {
+                        placement: p.clone(),
+                        nd_sbp: bs,
+                    },
                 )
             }
         };
         let wname = format!("{name}.weight");
         let bound = 1.0 / (in_features.max(1) as f64).sqrt();
-        let w = Init::Uniform { seed: param_seed(o.seed, &wname), bound }.build(Shape::new([in_features, out_features]), o.dtype, &wp)?;
+        let w = Init::Uniform {
+            seed: param_seed(o.seed, &wname),
+            bound,
+        }
+        .build(Shape::new([in_features, out_features]), o.dtype, &wp)?;
         let bias = if o.bias {
             let b = Init::Zeros.build(Shape::new([out_features]), o.dtype, &bp)?;
             Some(Parameter::new(format!("{name}.bias"), &b))

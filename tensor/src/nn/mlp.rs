@@ -53,9 +53,29 @@ impl Mlp {
             Some(a) if placement.is_some() => (Parallel::Column(a), Parallel::Row(a)),
             _ => (Parallel::Replicated, Parallel::Replicated),
         };
-        let fc1 = Linear::new(&format!("{name}.fc1"), d_in, hidden, &LinearOptions { parallel: p1, ..base.clone() })?;
-        let fc2 = Linear::new(&format!("{name}.fc2"), hidden, d_out, &LinearOptions { parallel: p2, ..base })?;
-        Ok(Mlp { fc1, fc2, activation })
+        let fc1 = Linear::new(
+            &format!("{name}.fc1"),
+            d_in,
+            hidden,
+            &LinearOptions {
+                parallel: p1,
+                ..base.clone()
+            },
+        )?;
+        let fc2 = Linear::new(
+            &format!("{name}.fc2"),
+            hidden,
+            d_out,
+            &LinearOptions {
+                parallel: p2,
+                ..base
+            },
+        )?;
+        Ok(Mlp {
+            fc1,
+            fc2,
+            activation,
+        })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.fc1.forward(x)?;

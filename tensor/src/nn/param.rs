@@ -28,7 +28,11 @@ impl Parameter {
     }
     /// The current value (a leaf requiring grad).
     pub fn value(&self) -> Tensor {
-        self.0.value.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .value
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     /// The gradient accumulated into the current value.
     pub fn grad(&self) -> Option<Tensor> {
@@ -45,7 +49,12 @@ impl Parameter {
                 op: "Parameter::set_value",
                 shapes: format!("{}, {}", cur.shape(), t.shape()),
                 sbps: format!("{:?}, {:?}", cur.nd_sbp(), t.nd_sbp()),
-                detail: format!("parameter {} is {} but the new value is {}", self.name(), cur.describe(), t.describe()),
+                detail: format!(
+                    "parameter {} is {} but the new value is {}",
+                    self.name(),
+                    cur.describe(),
+                    t.describe()
+                ),
             });
         }
         *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = t.detach().requires_grad_(true);

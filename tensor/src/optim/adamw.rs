@@ -62,7 +62,9 @@ impl Optimizer for AdamW {
         let (bc1, bc2) = (1.0 - o.beta1.powi(t), 1.0 - o.beta2.powi(t));
         for (i, p) in self.params.iter().enumerate() {
             let v0 = p.value();
-            let Some(g) = grad_in_layout(&v0)? else { continue };
+            let Some(g) = grad_in_layout(&v0)? else {
+                continue;
+            };
             let m = match self.m[i].take() {
                 Some(m) => m.mul_scalar(o.beta1)?.add(&g.mul_scalar(1.0 - o.beta1)?)?,
                 None => g.mul_scalar(1.0 - o.beta1)?,
@@ -74,7 +76,11 @@ impl Optimizer for AdamW {
             };
             let denom = v.mul_scalar(1.0 / bc2)?.sqrt()?.add_scalar(o.eps)?;
             let upd = m.mul_scalar(o.lr / bc1)?.div(&denom)?;
-            let decayed = if o.weight_decay != 0.0 { v0.mul_scalar(1.0 - o.lr * o.weight_decay)? } else { v0 };
+            let decayed = if o.weight_decay != 0.0 {
+                v0.mul_scalar(1.0 - o.lr * o.weight_decay)?
+            } else {
+                v0
+            };
             p.set_value(&decayed.sub(&upd)?)?;
             self.m[i] = Some(m);
             self.v[i] = Some(v);

@@ -42,7 +42,9 @@ pub trait Optimizer {
 /// The gradient of a parameter value boxed to its layout, or None when it has none.
 pub(crate) fn grad_in_layout(value: &Tensor) -> Result<Option<Tensor>> {
     let _ng = no_grad();
-    let Some(g) = value.grad() else { return Ok(None) };
+    let Some(g) = value.grad() else {
+        return Ok(None);
+    };
     Ok(Some(match (value.placement(), value.nd_sbp()) {
         (Some(pl), Some(s)) => g.to_global(pl, s.clone())?,
         _ => g,
@@ -57,7 +59,12 @@ pub(crate) fn check_state(op: &'static str, p: &Parameter, slot: &str, t: &Tenso
             op,
             shapes: format!("{}, {}", v.shape(), t.shape()),
             sbps: format!("{:?}, {:?}", v.nd_sbp(), t.nd_sbp()),
-            detail: format!("state {slot} of {} must be {} but is {}", p.name(), v.describe(), t.describe()),
+            detail: format!(
+                "state {slot} of {} must be {} but is {}",
+                p.name(),
+                v.describe(),
+                t.describe()
+            ),
         });
     }
     Ok(())

@@ -38,7 +38,12 @@ pub struct Sgd {
 impl Sgd {
     pub fn new(params: Vec<Parameter>, opts: SgdOptions) -> Sgd {
         let bufs = vec![None; params.len()];
-        Sgd { params, opts, bufs, steps: 0 }
+        Sgd {
+            params,
+            opts,
+            bufs,
+            steps: 0,
+        }
     }
 }
 
@@ -50,13 +55,17 @@ impl Optimizer for Sgd {
         let o = self.opts;
         for (p, buf) in self.params.iter().zip(self.bufs.iter_mut()) {
             let v = p.value();
-            let Some(mut g) = grad_in_layout(&v)? else { continue };
+            let Some(mut g) = grad_in_layout(&v)? else {
+                continue;
+            };
             if o.weight_decay != 0.0 {
                 g = g.add(&v.mul_scalar(o.weight_decay)?)?;
             }
             let d = if o.momentum != 0.0 {
                 let b = match buf.take() {
-                    Some(b) => b.mul_scalar(o.momentum)?.add(&g.mul_scalar(1.0 - o.dampening)?)?,
+                    Some(b) => b
+                        .mul_scalar(o.momentum)?
+                        .add(&g.mul_scalar(1.0 - o.dampening)?)?,
                     None => g,
                 };
                 *buf = Some(b.clone());
@@ -76,7 +85,9 @@ impl Optimizer for Sgd {
         SLOTS
     }
     fn state(&self, index: usize, slot: &str) -> Option<Tensor> {
-        (slot == SLOTS[0]).then(|| self.bufs.get(index).cloned().flatten()).flatten()
+        (slot == SLOTS[0])
+            .then(|| self.bufs.get(index).cloned().flatten())
+            .flatten()
     }
     fn set_state(&mut self, index: usize, slot: &str, t: Tensor) -> Result<()> {
         let (Some(p), true) = (self.params.get(index), slot == SLOTS[0]) else {

@@ -78,7 +78,7 @@ fn random_3d(mesh: [usize; 3], dims: [usize; 3], seed: u64) -> Result<(), String
     let shape = Shape::from(dims);
     let global = random_global(&shape, &mut rng);
     let sbps = [Sbp::S(0), Sbp::S(1), Sbp::S(2), Sbp::B, Sbp::P];
-    let mut pick = |rng: &mut SplitMix| NdSbp::new((0..3).map(|_| sbps[rng.below(5) as usize]));
+    let pick = |rng: &mut SplitMix| NdSbp::new((0..3).map(|_| sbps[rng.below(5) as usize]));
     let mut cases = Vec::new();
     for _ in 0..10 {
         let (x, y) = (pick(&mut rng), pick(&mut rng));

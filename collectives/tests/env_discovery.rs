@@ -451,3 +451,11 @@ fn backend_names_parse_case_insensitively() {
         assert_eq!(b.to_string().parse::<BackendChoice>().unwrap(), b);
     }
 }
+
+#[test]
+fn shared_memory_switch() {
+    assert!(ok(&[]).shm, "on by default");
+    assert!(!ok(&[("OXIFLOW_SHM", "0")]).shm);
+    assert!(ok(&[("OXIFLOW_SHM", "on")]).shm);
+    err(&[("OXIFLOW_SHM", "maybe")], &["OXIFLOW_SHM=\"maybe\""]);
+}

@@ -90,6 +90,15 @@ fn ceil_ms(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// A failure of the connection rather than an answer of the store.
+fn is_transient(status: &Status) -> bool {
+    match status.code() {
+        Code::Unavailable => !status.message().contains("shutting down"),
+        Code::Unknown => status.message().contains("transport error"),
+        _ => false,
+    }
+}
+
 fn status_error(op: &str, addr: &str, status: &Status) -> CommError {
     let msg = status.message();
     match status.code() {
@@ -222,24 +231,52 @@ impl StoreClient {
         req
     }
 
-    /// Runs one RPC with a client-side deadline as well as the gRPC one.
-    fn call<T, F, Fut>(&self, op: &str, timeout: Duration, f: F) -> Result<T, CommError>
+    /// Runs one RPC with a client-side deadline as well as the gRPC one. With `retry` (for
+    /// idempotent calls), a transient transport failure (a connection that broke, a store that
+    /// restarted) is retried a few times within the deadline.
+    fn call<M, T, F, Fut>(
+        &self,
+        op: &str,
+        timeout: Duration,
+        retry: bool,
+        msg: M,
+        f: F,
+    ) -> Result<T, CommError>
     where
-        F: FnOnce(GrpcClient<Channel>) -> Fut + Send,
+        M: Clone + Send + Sync,
+        F: Fn(GrpcClient<Channel>, Request<M>) -> Fut + Send + Sync,
         Fut: Future<Output = Result<tonic::Response<T>, Status>> + Send,
         T: Send,
     {
-        let grpc = self.inner.grpc.clone();
         let rt = self.inner.runtime.as_ref().ok_or_else(|| {
             CommError::Rendezvous(format!(
                 "{op} at {}: the client is shut down",
                 self.inner.addr
             ))
         })?;
-        let result = block_on(
-            rt,
-            async move { tokio::time::timeout(timeout, f(grpc)).await },
-        );
+        let attempts = if retry { 4 } else { 1 };
+        let result = block_on(rt, async {
+            let deadline = Instant::now() + timeout;
+            let mut backoff = Duration::from_millis(25);
+            let mut attempt = 1;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let req = self.request(msg.clone(), left);
+                let out = tokio::time::timeout(left, f(self.inner.grpc.clone(), req)).await;
+                match out {
+                    Ok(Err(status)) if attempt < attempts && is_transient(&status) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left <= backoff {
+                            return Ok(Err(status));
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                        attempt += 1;
+                    }
+                    other => return other,
+                }
+            }
+        });
         match result {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) => Err(status_error(op, &self.inner.addr, &status)),
@@ -265,27 +302,33 @@ impl StoreClient {
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), CommError> {
         self.check_value_size("set", key, value.len())?;
         let t = self.inner.options.rpc_timeout;
-        let req = self.request(
-            proto::SetRequest {
-                key: key.to_string(),
-                value: value.to_vec(),
-            },
+        let msg = proto::SetRequest {
+            key: key.to_string(),
+            value: value.to_vec(),
+        };
+        self.call(
+            "set",
             t,
-        );
-        self.call("set", t, |mut g| async move { g.set(req).await })?;
+            true,
+            msg,
+            |mut g, r| async move { g.set(r).await },
+        )?;
         Ok(())
     }
 
     /// The value under `key`, if any; does not wait.
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, CommError> {
         let t = self.inner.options.rpc_timeout;
-        let req = self.request(
-            proto::GetRequest {
-                key: key.to_string(),
-            },
+        let msg = proto::GetRequest {
+            key: key.to_string(),
+        };
+        let resp = self.call(
+            "get",
             t,
-        );
-        let resp = self.call("get", t, |mut g| async move { g.get(req).await })?;
+            true,
+            msg,
+            |mut g, r| async move { g.get(r).await },
+        )?;
         Ok(resp.found.then_some(resp.value))
     }
 
@@ -301,18 +344,13 @@ impl StoreClient {
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = left.min(self.inner.server_max_wait);
             let rpc_deadline = slice + self.inner.options.rpc_timeout.min(Duration::from_secs(10));
-            let req = self.request(
-                proto::WaitRequest {
-                    keys: owned.clone(),
-                    timeout_ms: ceil_ms(slice),
-                },
-                rpc_deadline,
-            );
-            let resp = self.call(
-                "wait",
-                rpc_deadline,
-                |mut g| async move { g.wait(req).await },
-            )?;
+            let msg = proto::WaitRequest {
+                keys: owned.clone(),
+                timeout_ms: ceil_ms(slice),
+            };
+            let resp = self.call("wait", rpc_deadline, true, msg, |mut g, r| async move {
+                g.wait(r).await
+            })?;
             if resp.done {
                 if resp.values.len() != keys.len() {
                     return Err(CommError::Rendezvous(format!(
@@ -343,29 +381,31 @@ impl StoreClient {
     /// returns the new value; the value is stored as its decimal text.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64, CommError> {
         let t = self.inner.options.rpc_timeout;
-        let req = self.request(
-            proto::AddRequest {
-                key: key.to_string(),
-                delta,
-            },
-            t,
-        );
+        let msg = proto::AddRequest {
+            key: key.to_string(),
+            delta,
+        };
         Ok(self
-            .call("add", t, |mut g| async move { g.add(req).await })?
+            .call(
+                "add",
+                t,
+                false,
+                msg,
+                |mut g, r| async move { g.add(r).await },
+            )?
             .value)
     }
 
     /// Removes `key`; returns whether it existed.
     pub fn delete(&self, key: &str) -> Result<bool, CommError> {
         let t = self.inner.options.rpc_timeout;
-        let req = self.request(
-            proto::DeleteRequest {
-                key: key.to_string(),
-            },
-            t,
-        );
+        let msg = proto::DeleteRequest {
+            key: key.to_string(),
+        };
         Ok(self
-            .call("delete", t, |mut g| async move { g.delete(req).await })?
+            .call("delete", t, true, msg, |mut g, r| async move {
+                g.delete(r).await
+            })?
             .existed)
     }
 
@@ -379,20 +419,15 @@ impl StoreClient {
     ) -> Result<(bool, Option<Vec<u8>>), CommError> {
         self.check_value_size("compare_set", key, desired.len())?;
         let t = self.inner.options.rpc_timeout;
-        let req = self.request(
-            proto::CompareSetRequest {
-                key: key.to_string(),
-                expected_absent: expected.is_none(),
-                expected: expected.map(<[u8]>::to_vec).unwrap_or_default(),
-                desired: desired.to_vec(),
-            },
-            t,
-        );
-        let resp = self.call(
-            "compare_set",
-            t,
-            |mut g| async move { g.compare_set(req).await },
-        )?;
+        let msg = proto::CompareSetRequest {
+            key: key.to_string(),
+            expected_absent: expected.is_none(),
+            expected: expected.map(<[u8]>::to_vec).unwrap_or_default(),
+            desired: desired.to_vec(),
+        };
+        let resp = self.call("compare_set", t, false, msg, |mut g, r| async move {
+            g.compare_set(r).await
+        })?;
         Ok((resp.swapped, resp.found.then_some(resp.value)))
     }
 
@@ -441,19 +476,16 @@ impl StoreClient {
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = left.min(self.inner.server_max_wait);
             let rpc_deadline = slice + self.inner.options.rpc_timeout.min(Duration::from_secs(10));
-            let req = self.request(
-                proto::BarrierRequest {
-                    name: name.to_string(),
-                    n: n32,
-                    arrival_id: arrival_id.clone(),
-                    has_rank: rank32.is_some(),
-                    rank: rank32.unwrap_or(0),
-                    timeout_ms: ceil_ms(slice),
-                },
-                rpc_deadline,
-            );
-            let resp = self.call("barrier", rpc_deadline, |mut g| async move {
-                g.barrier(req).await
+            let msg = proto::BarrierRequest {
+                name: name.to_string(),
+                n: n32,
+                arrival_id: arrival_id.clone(),
+                has_rank: rank32.is_some(),
+                rank: rank32.unwrap_or(0),
+                timeout_ms: ceil_ms(slice),
+            };
+            let resp = self.call("barrier", rpc_deadline, true, msg, |mut g, r| async move {
+                g.barrier(r).await
             })?;
             if resp.done {
                 return Ok(());

@@ -88,6 +88,15 @@ pub struct LaunchEnv {
     /// Whether ranks of one host may exchange data through shared memory (`OXIFLOW_SHM=0`
     /// turns it off; default on).
     pub shm: bool,
+    /// Prefix of every rendezvous key this job uses (`OXIFLOW_STORE_PREFIX`, set by oflaunch
+    /// per restart generation); empty when unset.
+    pub store_prefix: String,
+    /// The GPU this rank is bound to (`OXIFLOW_DEVICE`, set by oflaunch from LOCAL_RANK);
+    /// None: use `local_rank`.
+    pub device: Option<usize>,
+    /// Extra folders to search for the CUDA and NCCL libraries (`OXIFLOW_CUDA_LIB_DIRS`,
+    /// colon-separated), searched before the standard ones.
+    pub cuda_lib_dirs: Vec<std::path::PathBuf>,
 }
 
 /// The variable names of one launcher family.
@@ -423,6 +432,23 @@ impl LaunchEnv {
                 )))
             }
         };
+        let store_prefix = vars.raw("OXIFLOW_STORE_PREFIX").unwrap_or_default();
+        let device =
+            match vars.raw("OXIFLOW_DEVICE").as_deref().map(str::trim) {
+                None | Some("") => None,
+                Some(v) => Some(v.parse::<usize>().map_err(|_| {
+                    env_err(format!("OXIFLOW_DEVICE={v:?} is not a device ordinal"))
+                })?),
+            };
+        let cuda_lib_dirs = vars
+            .raw("OXIFLOW_CUDA_LIB_DIRS")
+            .map(|v| {
+                v.split(':')
+                    .filter(|d| !d.trim().is_empty())
+                    .map(std::path::PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default();
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -441,7 +467,23 @@ impl LaunchEnv {
             timeout,
             backend,
             shm,
+            store_prefix,
+            device,
+            cuda_lib_dirs,
         })
+    }
+
+    /// The GPU ordinal this rank uses: `OXIFLOW_DEVICE` when set, else the local rank.
+    pub fn device_ordinal(&self) -> usize {
+        self.device.unwrap_or(self.local_rank)
+    }
+
+    /// Connects to the job's rendezvous store with the job token and this job's key prefix.
+    pub fn connect_store(&self) -> Result<crate::rendezvous::StoreClient, CommError> {
+        let token = self.require_token()?;
+        let client =
+            crate::rendezvous::StoreClient::connect(&self.store_addr(), token, self.timeout)?;
+        Ok(client.with_prefix(&self.store_prefix))
     }
 
     /// The store's address as `host:port` (IPv6 literals in brackets).

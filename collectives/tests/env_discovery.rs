@@ -459,3 +459,45 @@ fn shared_memory_switch() {
     assert!(ok(&[("OXIFLOW_SHM", "on")]).shm);
     err(&[("OXIFLOW_SHM", "maybe")], &["OXIFLOW_SHM=\"maybe\""]);
 }
+
+#[test]
+fn oflaunch_extras_prefix_device_and_library_folders() {
+    let e = ok(&with(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("OXIFLOW_STORE_PREFIX", "job/g3/"),
+        ("OXIFLOW_DEVICE", "5"),
+        ("OXIFLOW_CUDA_LIB_DIRS", "/opt/a::/opt/b"),
+    ]));
+    assert_eq!(e.store_prefix, "job/g3/");
+    assert_eq!(e.device_ordinal(), 5);
+    assert_eq!(
+        e.cuda_lib_dirs,
+        vec![
+            std::path::PathBuf::from("/opt/a"),
+            std::path::PathBuf::from("/opt/b")
+        ]
+    );
+    let plain = ok(&with(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+    ]));
+    assert_eq!(plain.store_prefix, "");
+    assert_eq!(
+        plain.device_ordinal(),
+        1,
+        "without OXIFLOW_DEVICE the local rank picks the GPU"
+    );
+    err(
+        &with(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("OXIFLOW_DEVICE", "gpu0"),
+        ]),
+        &["OXIFLOW_DEVICE", "gpu0"],
+    );
+}

@@ -324,3 +324,27 @@ fn client_works_from_inside_a_tokio_runtime() {
         drop(c);
     });
 }
+
+#[test]
+fn prefixed_handles_are_separate_key_spaces() {
+    let (server, token) = start();
+    let plain = client(&server, &token);
+    let g0 = plain.with_prefix("job/g0/");
+    let g1 = plain.with_prefix("job/g1/");
+    g0.set("addr/0", b"old").unwrap();
+    assert_eq!(
+        g1.get("addr/0").unwrap(),
+        None,
+        "a restart must not see the last generation"
+    );
+    assert_eq!(plain.get("job/g0/addr/0").unwrap(), Some(b"old".to_vec()));
+    g1.set("addr/0", b"new").unwrap();
+    assert_eq!(g1.wait(&["addr/0"], T).unwrap(), vec![b"new".to_vec()]);
+    assert_eq!(g0.add("n", 2).unwrap(), 2);
+    assert_eq!(g1.add("n", 5).unwrap(), 5);
+    assert_eq!(g1.with_prefix("sub/").prefix(), "job/g1/sub/");
+    let e = g1
+        .wait(&["missing"], Duration::from_millis(200))
+        .unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+}

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use super::comm::{NcclComm, NcclOptions};
 use crate::cuda_libs::{self, LibSearch};
 use crate::env::{BackendChoice, LaunchEnv};
-use crate::rendezvous::StoreClient;
 use crate::{CommError, SharedComm};
 
 /// Why `auto` would not pick NCCL on this machine (`None`: it would).
@@ -21,21 +20,22 @@ pub fn nccl_unavailable(env: &LaunchEnv, libs: &LibSearch) -> Option<String> {
     }
 }
 
-/// The NCCL world: rank `env.rank` on device `env.local_rank`, bootstrapped through the job's
+/// The NCCL world: rank `env.rank` on device `env.device_ordinal()`, bootstrapped through the job's
 /// rendezvous store (`MASTER_ADDR:MASTER_PORT`, `OXIFLOW_TOKEN`).
 pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, CommError> {
-    let token = env.require_token()?;
-    let store = StoreClient::connect(&env.store_addr(), token, env.timeout)?;
+    let store = env.connect_store()?;
+    let mut libs = libs.clone();
+    libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());
     let opts = NcclOptions {
         timeout: env.timeout,
-        libs: libs.clone(),
+        libs,
         ..NcclOptions::default()
     };
     NcclComm::init_with(
         Arc::new(store),
         env.rank,
         env.world_size,
-        env.local_rank,
+        env.device_ordinal(),
         &opts,
     )
 }

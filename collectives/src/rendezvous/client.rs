@@ -58,6 +58,8 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct StoreClient {
     inner: Arc<Inner>,
+    /// Prepended to every key and barrier name (see `with_prefix`); empty by default.
+    prefix: Arc<str>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -215,7 +217,31 @@ impl StoreClient {
                 options,
                 server_max_wait,
             }),
+            prefix: Arc::from(""),
         })
+    }
+
+    /// A handle on the same connection whose keys and barrier names all start with `prefix`
+    /// (added to this handle's own prefix). oflaunch gives each restart generation its own
+    /// prefix (`OXIFLOW_STORE_PREFIX`), so a restarted job never reads the last one's keys.
+    pub fn with_prefix(&self, prefix: &str) -> StoreClient {
+        StoreClient {
+            inner: Arc::clone(&self.inner),
+            prefix: Arc::from(format!("{}{prefix}", self.prefix)),
+        }
+    }
+
+    /// The prefix this handle puts before every key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}{key}", self.prefix)
+        }
     }
 
     /// The address this client talks to.
@@ -303,7 +329,7 @@ impl StoreClient {
         self.check_value_size("set", key, value.len())?;
         let t = self.inner.options.rpc_timeout;
         let msg = proto::SetRequest {
-            key: key.to_string(),
+            key: self.full_key(key),
             value: value.to_vec(),
         };
         self.call(
@@ -320,7 +346,7 @@ impl StoreClient {
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, CommError> {
         let t = self.inner.options.rpc_timeout;
         let msg = proto::GetRequest {
-            key: key.to_string(),
+            key: self.full_key(key),
         };
         let resp = self.call(
             "get",
@@ -339,7 +365,7 @@ impl StoreClient {
             return Ok(Vec::new());
         }
         let deadline = Instant::now() + timeout;
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let owned: Vec<String> = keys.iter().map(|k| self.full_key(k)).collect();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = left.min(self.inner.server_max_wait);
@@ -382,7 +408,7 @@ impl StoreClient {
     pub fn add(&self, key: &str, delta: i64) -> Result<i64, CommError> {
         let t = self.inner.options.rpc_timeout;
         let msg = proto::AddRequest {
-            key: key.to_string(),
+            key: self.full_key(key),
             delta,
         };
         Ok(self
@@ -400,7 +426,7 @@ impl StoreClient {
     pub fn delete(&self, key: &str) -> Result<bool, CommError> {
         let t = self.inner.options.rpc_timeout;
         let msg = proto::DeleteRequest {
-            key: key.to_string(),
+            key: self.full_key(key),
         };
         Ok(self
             .call("delete", t, true, msg, |mut g, r| async move {
@@ -420,7 +446,7 @@ impl StoreClient {
         self.check_value_size("compare_set", key, desired.len())?;
         let t = self.inner.options.rpc_timeout;
         let msg = proto::CompareSetRequest {
-            key: key.to_string(),
+            key: self.full_key(key),
             expected_absent: expected.is_none(),
             expected: expected.map(<[u8]>::to_vec).unwrap_or_default(),
             desired: desired.to_vec(),
@@ -477,7 +503,7 @@ impl StoreClient {
             let slice = left.min(self.inner.server_max_wait);
             let rpc_deadline = slice + self.inner.options.rpc_timeout.min(Duration::from_secs(10));
             let msg = proto::BarrierRequest {
-                name: name.to_string(),
+                name: self.full_key(name),
                 n: n32,
                 arrival_id: arrival_id.clone(),
                 has_rank: rank32.is_some(),

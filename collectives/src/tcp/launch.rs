@@ -9,14 +9,6 @@ use crate::env::{BackendChoice, LaunchEnv};
 use crate::rendezvous::{StoreClient, StoreServer};
 use crate::{CommError, SharedComm};
 
-fn store_addr(env: &LaunchEnv) -> String {
-    if env.master_addr.contains(':') && !env.master_addr.starts_with('[') {
-        format!("[{}]:{}", env.master_addr, env.master_port)
-    } else {
-        format!("{}:{}", env.master_addr, env.master_port)
-    }
-}
-
 /// The local address from which this host reaches `master` (no packet is sent).
 fn local_host_towards(master: SocketAddr) -> String {
     if master.ip().is_loopback() {
@@ -52,7 +44,7 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
             env.world_size
         ))
     })?;
-    let addr = store_addr(env);
+    let addr = env.store_addr();
     let master: SocketAddr = addr
         .to_socket_addrs()
         .map_err(|source| CommError::Io {
@@ -75,7 +67,7 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
             Err(e) => return Err(e),
         }
     }
-    let store = StoreClient::connect(&addr, token, env.timeout)?;
+    let store = StoreClient::connect(&addr, token, env.timeout)?.with_prefix(&env.store_prefix);
     let host = local_host_towards(master);
     TcpComm::connect_serving(
         &store,

@@ -18,10 +18,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oxiflow::checkpoint::{SaveOptions, SaveStage};
-use oxiflow::collectives::env::LaunchEnv;
 use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::prelude::*;
-use oxiflow::Context;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Opt {
@@ -116,21 +114,8 @@ struct Args {
     crash_during_save: Option<CrashStage>,
 }
 
-fn init() -> Result<Context, Box<dyn std::error::Error>> {
-    match oxiflow::init_from_env() {
-        Ok(ctx) => Ok(ctx),
-        Err(first) => {
-            // The tensor crate may not join multi-process worlds itself yet: build the TCP world.
-            let env = LaunchEnv::from_env().map_err(|e| format!("{first}; {e}"))?;
-            let world =
-                oxiflow::collectives::init_world(&env).map_err(|e| format!("{first}; {e}"))?;
-            Ok(oxiflow::init_with_world(world))
-        }
-    }
-}
-
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = init()?;
+    let ctx = oxiflow::init_from_env()?;
     let world = ctx.world_size();
     let tp = args.tp.max(1);
     let dp = args.dp.unwrap_or(world / tp);

@@ -6,14 +6,23 @@ cd "$(dirname "$0")/../.."
 CARRY=.carry
 rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
 cargo build --release -p oxiflow-collectives --bin nccl_bench
-cp target/release/nccl_bench "$CARRY/bin/"
-exe=$(cargo test --release -p oxiflow-collectives --test gpu_nccl --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import sys, json
+cargo build --release -p oxiflow-tensor --bin gpu_boxing_bench
+cargo build --release -p oxiflow-launcher --bin oflaunch
+cargo build --release --example train
+cp target/release/nccl_bench target/release/gpu_boxing_bench target/release/oflaunch "$CARRY/bin/"
+cp target/release/examples/train "$CARRY/bin/"
+# Test executables (custom harnesses): gpu_nccl (collectives), gpu_tensor (tensor).
+for spec in "oxiflow-collectives gpu_nccl" "oxiflow-tensor gpu_tensor"; do
+  set -- $spec
+  exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import sys, json
+name = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_nccl":
-        print(m["executable"])')
-cp "$exe" "$CARRY/bin/gpu_nccl"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
+        print(m["executable"])' "$2")
+  cp "$exe" "$CARRY/bin/$2"
+done
 strip "$CARRY"/bin/*
 du -sh "$CARRY"
 ls -la "$CARRY/bin"

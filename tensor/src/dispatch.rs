@@ -316,6 +316,9 @@ pub(crate) fn run_boxing(
     piece: Option<&Storage>,
     device: Device,
 ) -> Result<Option<Storage>> {
+    if let Some(out) = crate::cuda::run_boxing_cuda(op, plan, ctx, piece) {
+        return out;
+    }
     let host = piece.map(to_host_piece).transpose()?;
     let out = execute(plan, ctx.world(), host).map_err(|e| TensorError::Boxing {
         op,

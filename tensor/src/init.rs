@@ -1,7 +1,9 @@
 //! Process start-up: the default runtime context from the launch environment
-//! (`LaunchEnv` -> world communicator), or from a communicator the caller already has.
+//! (`LaunchEnv` -> TCP world, or NCCL when `OXIFLOW_BACKEND=nccl`), or from a communicator the
+//! caller already has.
 
-use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::cuda_libs::LibSearch;
+use oxiflow_collectives::env::{BackendChoice, LaunchEnv};
 use oxiflow_collectives::SharedComm;
 
 use crate::context::Context;
@@ -15,26 +17,15 @@ pub fn init_with_world(world: SharedComm) -> Context {
 }
 
 /// Reads the launch environment (torchrun/oflaunch names, see `collectives::env`), joins the
-/// world through the rendezvous store, and installs the process-wide default context.
+/// world through the rendezvous store, and installs the process-wide default context. The CPU
+/// (TCP) world serves `auto` and `cpu`; `nccl` builds the NCCL world (for CUDA placements).
 pub fn init_from_env() -> Result<Context> {
-    let env = LaunchEnv::from_env().map_err(|source| TensorError::Comm {
-        op: "init_from_env",
-        source,
-    })?;
-    let world = if env.world_size == 1 {
-        oxiflow_collectives::InProcessWorld::new(1, env.timeout)
-            .into_iter()
-            .next()
-    } else {
-        None
-    };
-    match world {
-        Some(w) => Ok(init_with_world(w)),
-        None => Err(TensorError::World {
-            op: "init_from_env",
-            placement: "-".into(),
-            world_size: env.world_size,
-            detail: "the multi-process (TCP) world is not available in this build".into(),
-        }),
+    let op = "init_from_env";
+    let env = LaunchEnv::from_env().map_err(|source| TensorError::Comm { op, source })?;
+    let world = match env.backend {
+        BackendChoice::Nccl => oxiflow_collectives::nccl::init_world(&env, &LibSearch::default()),
+        BackendChoice::Auto | BackendChoice::Cpu => oxiflow_collectives::init_world(&env),
     }
+    .map_err(|source| TensorError::Comm { op, source })?;
+    Ok(init_with_world(world))
 }

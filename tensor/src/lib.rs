@@ -15,6 +15,7 @@ mod autograd_slot;
 pub mod checkpoint;
 mod context;
 mod creation;
+pub mod cuda;
 mod device;
 mod dispatch;
 mod element;

@@ -1,0 +1,209 @@
+//! CUDA storage and kernels for the tensor crate: a per-device runtime (context, compute
+//! stream, caching allocator, cuBLAS handle, NVRTC kernels compiled once per process),
+//! `CudaStorage` behind the device seam, the `CudaBackend` that runs every dispatched op on
+//! device pieces, and `CudaPiece`, the boxing executor's local piece on CUDA memory.
+//!
+//! One device per process: the runtime is bound once (`init_cuda`, or `init_cuda_on` with the
+//! NCCL communicator's context) and every `Device::Cuda(_)` request of this process maps to
+//! it. CUDA libraries are found through `collectives::cuda_libs` before cudarc touches them,
+//! so a missing library is a typed error, never a panic. Kernels launch on the runtime's
+//! compute stream; an `NcclComm` given that stream (`set_compute_stream`) orders its
+//! collectives after and before them without host synchronisation.
+
+mod alloc;
+mod backend;
+mod boxing;
+mod kernels;
+mod piece;
+mod storage;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream};
+use oxiflow_collectives::cuda_libs::{self, LibSearch};
+use oxiflow_placement::DeviceType;
+
+use crate::device::register_device_backend;
+use crate::{Result, TensorError};
+
+pub use backend::CudaBackend;
+pub use kernels::philox_words_device;
+pub use piece::CudaPiece;
+pub use storage::CudaStorage;
+
+pub use alloc::Block;
+pub(crate) use alloc::Pool;
+pub(crate) use boxing::run_boxing_cuda;
+pub(crate) use kernels::Kernels;
+
+/// A typed device error naming `op`.
+pub(crate) fn derr(op: &'static str, detail: impl std::fmt::Display) -> TensorError {
+    TensorError::Device {
+        op,
+        devices: "cuda".into(),
+        shapes: String::new(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Everything one process needs on its CUDA device.
+pub struct CudaRuntime {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: Mutex<Option<CudaBlas>>,
+    kernels: OnceLock<std::result::Result<Kernels, String>>,
+    pool: Pool,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaRuntime(cuda:{})", self.ordinal)
+    }
+}
+
+static RUNTIME: Mutex<Option<Arc<CudaRuntime>>> = Mutex::new(None);
+
+impl CudaRuntime {
+    fn new(ctx: Arc<CudaContext>) -> Result<Arc<CudaRuntime>> {
+        // OxiFlow orders its one compute stream itself; cudarc's per-slice events would add
+        // host waits. SAFETY: no slice of this context object exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| derr("cuda init", format!("new stream: {e}")))?;
+        Ok(Arc::new(CudaRuntime {
+            ordinal: ctx.ordinal(),
+            ctx,
+            stream,
+            blas: Mutex::new(None),
+            kernels: OnceLock::new(),
+            pool: Pool::default(),
+        }))
+    }
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The stream every kernel and copy of this runtime runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// Makes this device current on the calling thread.
+    pub(crate) fn bind(&self, op: &'static str) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| derr(op, format!("binding cuda:{}: {e}", self.ordinal)))
+    }
+    /// The NVRTC kernels (compiled on first use, once per process).
+    pub(crate) fn kernels(&self, op: &'static str) -> Result<&Kernels> {
+        let k = self
+            .kernels
+            .get_or_init(|| Kernels::compile(&self.ctx).map_err(|e| e.to_string()));
+        k.as_ref().map_err(|e| derr(op, e))
+    }
+    /// Runs `f` with the cuBLAS handle (created on first use, on the compute stream).
+    pub(crate) fn with_blas<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&CudaBlas) -> Result<R>,
+    ) -> Result<R> {
+        let mut g = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            cuda_libs::ensure_cublas(&LibSearch::default()).map_err(|e| derr(op, e))?;
+            let b =
+                CudaBlas::new(self.stream.clone()).map_err(|e| derr(op, format!("cuBLAS: {e}")))?;
+            *g = Some(b);
+        }
+        match g.as_ref() {
+            Some(b) => f(b),
+            None => Err(derr(op, "cuBLAS handle missing")),
+        }
+    }
+    /// Waits for everything queued on the compute stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| derr("cuda synchronize", e))
+    }
+    /// Bytes held in the allocator's free lists.
+    pub fn cached_bytes(&self) -> usize {
+        self.pool.cached_bytes()
+    }
+}
+
+/// Why CUDA cannot be used in this process (`None`: a driver and at least one device exist).
+pub fn cuda_unavailable() -> Option<String> {
+    match cuda_libs::device_count(&LibSearch::default()) {
+        Ok(0) => Some("no CUDA device visible".into()),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    }
+}
+
+fn install(rt: Arc<CudaRuntime>) -> Result<Arc<CudaRuntime>> {
+    let mut g = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(old) = g.as_ref() {
+        if old.ordinal != rt.ordinal {
+            return Err(derr(
+                "cuda init",
+                format!(
+                    "this process is bound to cuda:{} and cannot also bind cuda:{}",
+                    old.ordinal, rt.ordinal
+                ),
+            ));
+        }
+        return Ok(old.clone());
+    }
+    // Compile the kernels and create the cuBLAS handle now, so errors surface at start-up and
+    // no op pays for them.
+    rt.kernels("cuda init")?;
+    rt.with_blas("cuda init", |_| Ok(()))?;
+    *g = Some(rt.clone());
+    register_device_backend(DeviceType::Cuda, Arc::new(CudaBackend))?;
+    Ok(rt)
+}
+
+/// Binds this process to CUDA device `ordinal` and registers the CUDA backend. Idempotent for
+/// the same ordinal; a missing driver or device is a typed error.
+pub fn init_cuda(ordinal: usize) -> Result<Arc<CudaRuntime>> {
+    if let Some(rt) = bound_runtime() {
+        if rt.ordinal == ordinal {
+            return Ok(rt);
+        }
+    }
+    let libs = LibSearch::default();
+    cuda_libs::ensure_driver(&libs).map_err(|e| derr("cuda init", e))?;
+    let n = cuda_libs::device_count(&libs).map_err(|e| derr("cuda init", e))?;
+    if ordinal >= n {
+        return Err(derr(
+            "cuda init",
+            format!("device {ordinal} requested, {n} CUDA device(s) visible"),
+        ));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| derr("cuda init", e))?;
+    install(CudaRuntime::new(ctx)?)
+}
+
+/// Binds this process to the device of `ctx` (e.g. an `NcclComm`'s context).
+pub fn init_cuda_on(ctx: Arc<CudaContext>) -> Result<Arc<CudaRuntime>> {
+    if let Some(rt) = bound_runtime() {
+        if rt.ordinal == ctx.ordinal() {
+            return Ok(rt);
+        }
+    }
+    install(CudaRuntime::new(ctx)?)
+}
+
+/// The runtime this process is bound to, if any.
+pub fn bound_runtime() -> Option<Arc<CudaRuntime>> {
+    RUNTIME.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The bound runtime or a typed error naming `op`.
+pub(crate) fn runtime(op: &'static str) -> Result<Arc<CudaRuntime>> {
+    bound_runtime().ok_or_else(|| derr(op, "no CUDA device bound in this process (init_cuda)"))
+}

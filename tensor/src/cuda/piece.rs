@@ -1,0 +1,404 @@
+//! `CudaPiece`: the boxing executor's `LocalPiece` for CUDA placements. A piece lives on the
+//! host (before a host -> CUDA device copy, after CUDA -> host) or in a device block; device
+//! pieces pack, unpack and reduce through the strided-copy kernel and hand collectives
+//! `BufMut::Device` views, so global tensors on cuda placements box through NCCL directly.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use oxiflow_boxing::region::{fits, numel};
+use oxiflow_boxing::{BoxingError, Fill, HostData, HostPiece, LocalPiece};
+use oxiflow_collectives::{Buf, BufMut, DType, DevicePtr, ReduceOp};
+use oxiflow_placement::DeviceType;
+use oxiflow_sbp::Shape;
+
+use super::backend::{copy_nd, fill};
+use super::kernels::strides;
+use super::storage::{download, upload, CudaStorage};
+use super::{runtime, Block, CudaRuntime};
+
+/// A local piece on the host or on this process's CUDA device.
+#[derive(Debug)]
+pub enum CudaPiece {
+    Host(HostPiece),
+    Device {
+        block: Arc<Block>,
+        dtype: DType,
+        shape: Shape,
+    },
+}
+
+fn lerr(op: &str, e: impl std::fmt::Display) -> BoxingError {
+    BoxingError::Local {
+        op: op.into(),
+        detail: e.to_string(),
+    }
+}
+
+fn rt(op: &'static str) -> Result<Arc<CudaRuntime>, BoxingError> {
+    runtime(op).map_err(|e| lerr(op, e))
+}
+
+fn reduce_code(op: Option<ReduceOp>) -> i32 {
+    match op {
+        None => 0,
+        Some(ReduceOp::Sum) => 1,
+        Some(ReduceOp::Max) => 2,
+        Some(ReduceOp::Min) => 3,
+    }
+}
+
+impl CudaPiece {
+    /// A device piece of `shape` whose elements the caller writes.
+    fn alloc_device(shape: &Shape, dtype: DType) -> Result<CudaPiece, BoxingError> {
+        let r = rt("CudaPiece::alloc")?;
+        let block = Block::alloc(&r, shape.numel() * dtype.size())
+            .map_err(|e| lerr("CudaPiece::alloc", e))?;
+        Ok(CudaPiece::Device {
+            block: Arc::new(block),
+            dtype,
+            shape: shape.clone(),
+        })
+    }
+
+    /// A piece over a tensor's device storage; with `exclusive` the data is copied first so the
+    /// executor may write into it without touching the (immutable, shared) tensor.
+    pub fn from_storage(s: &CudaStorage, exclusive: bool) -> Result<CudaPiece, BoxingError> {
+        if !exclusive || Arc::strong_count(&s.block) == 1 {
+            return Ok(CudaPiece::Device {
+                block: s.block.clone(),
+                dtype: s.dtype,
+                shape: s.shape.clone(),
+            });
+        }
+        let mut out = Self::alloc_device(&s.shape, s.dtype)?;
+        let src = CudaPiece::Device {
+            block: s.block.clone(),
+            dtype: s.dtype,
+            shape: s.shape.clone(),
+        };
+        let full: Vec<Range<usize>> = s.shape.dims().iter().map(|&n| 0..n).collect();
+        src.pack(&[&full], &mut out, 0)?;
+        Ok(out)
+    }
+
+    /// The device storage of a device piece (None for a host piece).
+    pub fn into_storage(self) -> Result<CudaStorage, CudaPiece> {
+        match self {
+            CudaPiece::Device {
+                block,
+                dtype,
+                shape,
+            } => Ok(CudaStorage {
+                block,
+                dtype,
+                shape,
+            }),
+            h => Err(h),
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        match self {
+            CudaPiece::Device { block, .. } => block.ptr(),
+            CudaPiece::Host(_) => 0,
+        }
+    }
+
+    fn check(
+        &self,
+        other: &CudaPiece,
+        regions: &[&[Range<usize>]],
+        flat_off: usize,
+        op: &str,
+    ) -> Result<(), BoxingError> {
+        if self.dtype() != other.dtype() {
+            return Err(lerr(
+                op,
+                format!("dtype {} vs {}", self.dtype(), other.dtype()),
+            ));
+        }
+        let mut total = 0usize;
+        for r in regions {
+            if !fits(self.shape(), r) {
+                return Err(lerr(
+                    op,
+                    format!("box {r:?} lies outside a piece of shape {}", self.shape()),
+                ));
+            }
+            total += numel(r);
+        }
+        if flat_off
+            .checked_add(total)
+            .is_none_or(|e| e > other.shape().numel())
+        {
+            return Err(lerr(
+                op,
+                format!(
+                    "{total} elements at offset {flat_off} overrun a buffer of {} elements",
+                    other.shape().numel()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Strided copies between each box of this piece and consecutive elements of `flat`.
+    fn boxes(
+        &self,
+        regions: &[&[Range<usize>]],
+        flat: &CudaPiece,
+        flat_off: usize,
+        to_flat: bool,
+        op: Option<ReduceOp>,
+        name: &'static str,
+    ) -> Result<(), BoxingError> {
+        let r = rt(name)?;
+        let dt = self.dtype();
+        let st = strides(self.shape().dims());
+        let mut at = flat_off;
+        for reg in regions {
+            let bx: Vec<usize> = reg.iter().map(|x| x.len()).collect();
+            let off: usize = reg
+                .iter()
+                .zip(&st)
+                .map(|(x, &s)| x.start * s as usize)
+                .sum();
+            let cst = strides(&bx);
+            let res = if to_flat {
+                copy_nd(
+                    &r,
+                    name,
+                    dt,
+                    &bx,
+                    self.ptr(),
+                    off,
+                    &st,
+                    flat.ptr(),
+                    at,
+                    &cst,
+                    0,
+                )
+            } else {
+                copy_nd(
+                    &r,
+                    name,
+                    dt,
+                    &bx,
+                    flat.ptr(),
+                    at,
+                    &cst,
+                    self.ptr(),
+                    off,
+                    &st,
+                    reduce_code(op),
+                )
+            };
+            res.map_err(|e| lerr(name, e))?;
+            at += bx.iter().product::<usize>();
+        }
+        Ok(())
+    }
+}
+
+fn host_data_upload(r: &CudaRuntime, ptr: u64, d: &HostData) -> Result<(), BoxingError> {
+    let op = "boxing to cuda";
+    match d {
+        HostData::F32(v) => upload(r, ptr, v, op),
+        HostData::F64(v) => upload(r, ptr, v, op),
+        HostData::I64(v) => upload(r, ptr, v, op),
+    }
+    .map_err(|e| lerr(op, e))
+}
+
+impl LocalPiece for CudaPiece {
+    fn dtype(&self) -> DType {
+        match self {
+            CudaPiece::Host(h) => h.dtype(),
+            CudaPiece::Device { dtype, .. } => *dtype,
+        }
+    }
+    fn shape(&self) -> &Shape {
+        match self {
+            CudaPiece::Host(h) => &h.shape,
+            CudaPiece::Device { shape, .. } => shape,
+        }
+    }
+    fn device(&self) -> DeviceType {
+        match self {
+            CudaPiece::Host(_) => DeviceType::Cpu,
+            CudaPiece::Device { .. } => DeviceType::Cuda,
+        }
+    }
+    fn supports_device(_device: DeviceType) -> bool {
+        true
+    }
+    fn filled(
+        shape: &Shape,
+        dtype: DType,
+        device: DeviceType,
+        f: Fill,
+    ) -> Result<Self, BoxingError> {
+        if device == DeviceType::Cpu {
+            return HostPiece::filled(shape, dtype, device, f).map(CudaPiece::Host);
+        }
+        let p = Self::alloc_device(shape, dtype)?;
+        let (v, vi) = match f {
+            Fill::Zero | Fill::Identity(ReduceOp::Sum) => (0.0, 0),
+            Fill::Identity(ReduceOp::Max) => (f64::NEG_INFINITY, i64::MIN),
+            Fill::Identity(ReduceOp::Min) => (f64::INFINITY, i64::MAX),
+        };
+        let r = rt("CudaPiece::filled")?;
+        fill(
+            &r,
+            "CudaPiece::filled",
+            dtype,
+            p.ptr(),
+            shape.numel(),
+            v,
+            vi,
+        )
+        .map_err(|e| lerr("CudaPiece::filled", e))?;
+        Ok(p)
+    }
+    fn alloc(shape: &Shape, dtype: DType, device: DeviceType) -> Result<Self, BoxingError> {
+        if device == DeviceType::Cpu {
+            return HostPiece::alloc(shape, dtype, device).map(CudaPiece::Host);
+        }
+        Self::alloc_device(shape, dtype)
+    }
+    fn reshape(self, shape: Shape) -> Result<Self, BoxingError> {
+        match self {
+            CudaPiece::Host(h) => h.reshape(shape).map(CudaPiece::Host),
+            CudaPiece::Device {
+                block,
+                dtype,
+                shape: old,
+            } => {
+                if shape.numel() != old.numel() {
+                    return Err(lerr("reshape", format!("cannot view {old} as {shape}")));
+                }
+                Ok(CudaPiece::Device {
+                    block,
+                    dtype,
+                    shape,
+                })
+            }
+        }
+    }
+    fn pack(
+        &self,
+        regions: &[&[Range<usize>]],
+        dst: &mut Self,
+        dst_offset: usize,
+    ) -> Result<(), BoxingError> {
+        match (self, &mut *dst) {
+            (CudaPiece::Host(s), CudaPiece::Host(d)) => s.pack(regions, d, dst_offset),
+            (CudaPiece::Device { .. }, CudaPiece::Device { .. }) => {
+                self.check(dst, regions, dst_offset, "pack")?;
+                self.boxes(regions, dst, dst_offset, true, None, "pack")
+            }
+            _ => Err(lerr(
+                "pack",
+                "source and destination are on different devices",
+            )),
+        }
+    }
+    fn unpack(
+        &mut self,
+        regions: &[&[Range<usize>]],
+        src: &Self,
+        src_offset: usize,
+        op: Option<ReduceOp>,
+    ) -> Result<(), BoxingError> {
+        match (&mut *self, src) {
+            (CudaPiece::Host(d), CudaPiece::Host(s)) => d.unpack(regions, s, src_offset, op),
+            (CudaPiece::Device { .. }, CudaPiece::Device { .. }) => {
+                self.check(src, regions, src_offset, "unpack")?;
+                self.boxes(regions, src, src_offset, false, op, "unpack")
+            }
+            _ => Err(lerr(
+                "unpack",
+                "source and destination are on different devices",
+            )),
+        }
+    }
+    fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
+        match (self, device) {
+            (p @ CudaPiece::Host(_), DeviceType::Cpu)
+            | (p @ CudaPiece::Device { .. }, DeviceType::Cuda) => Ok(p),
+            (CudaPiece::Host(h), DeviceType::Cuda) => {
+                let p = Self::alloc_device(&h.shape, h.dtype())?;
+                let r = rt("boxing to cuda")?;
+                host_data_upload(&r, p.ptr(), &h.data)?;
+                Ok(p)
+            }
+            (
+                CudaPiece::Device {
+                    block,
+                    dtype,
+                    shape,
+                },
+                DeviceType::Cpu,
+            ) => {
+                let op = "boxing to host";
+                let r = rt(op)?;
+                let n = shape.numel();
+                let data = match dtype {
+                    DType::F32 => {
+                        let mut v = vec![0f32; n];
+                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::F32(v))
+                    }
+                    DType::F64 => {
+                        let mut v = vec![0f64; n];
+                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::F64(v))
+                    }
+                    DType::I64 => {
+                        let mut v = vec![0i64; n];
+                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::I64(v))
+                    }
+                }
+                .map_err(|e| lerr(op, e))?;
+                Ok(CudaPiece::Host(HostPiece { shape, data }))
+            }
+        }
+    }
+    fn as_buf(&self) -> Buf<'_> {
+        match self {
+            CudaPiece::Host(h) => h.as_buf(),
+            CudaPiece::Device {
+                block,
+                dtype,
+                shape,
+            } => {
+                // SAFETY: the block outlives the borrow and holds numel * size bytes.
+                Buf::Device(unsafe {
+                    DevicePtr::new(
+                        block.ptr(),
+                        shape.numel() * dtype.size(),
+                        block.runtime().ordinal(),
+                    )
+                })
+            }
+        }
+    }
+    fn as_buf_mut(&mut self) -> BufMut<'_> {
+        match self {
+            CudaPiece::Host(h) => h.as_buf_mut(),
+            CudaPiece::Device {
+                block,
+                dtype,
+                shape,
+            } => {
+                // SAFETY: as above; the executor writes only pieces it owns (see from_storage).
+                BufMut::Device(unsafe {
+                    DevicePtr::new(
+                        block.ptr(),
+                        shape.numel() * dtype.size(),
+                        block.runtime().ordinal(),
+                    )
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,303 @@
+// OxiFlow CUDA kernels (compiled once per process with NVRTC; see kernels.rs).
+// Every kernel is instantiated for the dtypes the tensor crate uses: f32, f64, i64.
+typedef long long i64;
+#define MAXD 8
+
+struct Nd {
+    int ndim; int pad;
+    i64 shape[MAXD];
+    i64 s0[MAXD];
+    i64 s1[MAXD];
+};
+
+__device__ __forceinline__ float  m_exp(float x)  { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float  m_log(float x)  { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float  m_tanh(float x)  { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float  m_sqrt(float x)  { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float  m_pow(float x, float c)   { return powf(x, c); }
+__device__ __forceinline__ double m_pow(double x, double c) { return pow(x, c); }
+__device__ __forceinline__ float  m_lowest(float)  { return -3.402823466e+38f; }
+__device__ __forceinline__ double m_lowest(double) { return -1.7976931348623157e+308; }
+__device__ __forceinline__ i64    m_lowest(i64)    { return (i64)0x8000000000000000LL; }
+__device__ __forceinline__ float  m_nan(float)  { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ double m_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
+
+template <typename T> __device__ T un_f(int op, T x) {
+    const T zero = (T)0, one = (T)1, half = (T)0.5;
+    const T c = (T)0.7978845608028654, k = (T)0.044715;
+    switch (op) {
+        case 0: return -x;
+        case 1: return x > zero ? x : zero;
+        case 2: return half * x * (one + m_tanh(c * (x + k * x * x * x)));
+        case 3: return m_exp(x);
+        case 4: return m_log(x);
+        case 5: return m_tanh(x);
+        case 6: return one / (one + m_exp(-x));
+        case 7: return m_sqrt(x);
+        case 8: return x < zero ? -x : x;
+        default: return x * x;
+    }
+}
+__device__ i64 un_i(int op, i64 x) {
+    switch (op) {
+        case 0: return (i64)(0ULL - (unsigned long long)x);
+        case 1: return x > 0 ? x : 0;
+        case 8: return x < 0 ? (i64)(0ULL - (unsigned long long)x) : x;
+        default: return (i64)((unsigned long long)x * (unsigned long long)x);
+    }
+}
+template <typename T> __device__ T unb_f(int op, T g, T x) {
+    const T zero = (T)0, one = (T)1, half = (T)0.5, two = (T)2;
+    const T c = (T)0.7978845608028654, k = (T)0.044715, k3 = (T)(3.0 * 0.044715);
+    switch (op) {
+        case 0: return -g;
+        case 1: return x > zero ? g : zero;
+        case 2: { T t = m_tanh(c * (x + k * x * x * x));
+                  return g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x)); }
+        case 3: return g * m_exp(x);
+        case 4: return g / x;
+        case 5: { T t = m_tanh(x); return g * (one - t * t); }
+        case 6: { T s = one / (one + m_exp(-x)); return g * s * (one - s); }
+        case 7: return g * half / m_sqrt(x);
+        case 8: return x > zero ? g : (x < zero ? -g : zero);
+        default: return g * two * x;
+    }
+}
+
+#define GRID_LOOP(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+template <typename T> __device__ void unary_t(i64 n, int op, const T* x, T* y) { GRID_LOOP(i, n) y[i] = un_f<T>(op, x[i]); }
+template <typename T> __device__ void unary_bw_t(i64 n, int op, const T* g, const T* x, T* y) { GRID_LOOP(i, n) y[i] = unb_f<T>(op, g[i], x[i]); }
+template <typename T> __device__ void scalar_t(i64 n, int op, double cd, const T* x, T* y) {
+    T c = (T)cd;
+    GRID_LOOP(i, n) {
+        T v = x[i];
+        switch (op) {
+            case 0: y[i] = v + c; break;
+            case 1: y[i] = v * c; break;
+            case 2: y[i] = c - v; break;
+            case 3: y[i] = c / v; break;
+            default: y[i] = m_pow(v, c); break;
+        }
+    }
+}
+__device__ void scalar_i(i64 n, int op, double cd, const i64* x, i64* y) {
+    unsigned long long c = (unsigned long long)(i64)cd;
+    GRID_LOOP(i, n) {
+        unsigned long long v = (unsigned long long)x[i];
+        y[i] = op == 0 ? (i64)(v + c) : op == 1 ? (i64)(v * c) : (i64)(c - v);
+    }
+}
+
+// Broadcasting binary op: output contiguous of `p.shape`, inputs read through strides s0/s1.
+template <typename T> __device__ void binary_t(i64 n, int op, Nd p, const T* a, const T* b, T* y) {
+    GRID_LOOP(i, n) {
+        i64 rem = i, ia = 0, ib = 0;
+        for (int d = p.ndim - 1; d >= 0; --d) {
+            i64 c = rem % p.shape[d]; rem /= p.shape[d];
+            ia += c * p.s0[d]; ib += c * p.s1[d];
+        }
+        T u = a[ia], v = b[ib];
+        y[i] = op == 0 ? u + v : op == 1 ? u - v : op == 2 ? u * v : u / v;
+    }
+}
+
+// Strided copy of a box: element i (row-major over p.shape) goes from src[src_off + idx.s0]
+// to dst[dst_off + idx.s1]; op 0 copies, 1/2/3 reduce (sum/max/min) into dst.
+template <typename T> __device__ void copy_nd_t(i64 n, int op, Nd p, const T* src, i64 src_off, T* dst, i64 dst_off) {
+    GRID_LOOP(i, n) {
+        i64 rem = i, is = src_off, id = dst_off;
+        for (int d = p.ndim - 1; d >= 0; --d) {
+            i64 c = rem % p.shape[d]; rem /= p.shape[d];
+            is += c * p.s0[d]; id += c * p.s1[d];
+        }
+        T v = src[is];
+        if (op == 0) dst[id] = v;
+        else if (op == 1) dst[id] = dst[id] + v;
+        else if (op == 2) { T o = dst[id]; dst[id] = v > o ? v : o; }
+        else { T o = dst[id]; dst[id] = v < o ? v : o; }
+    }
+}
+
+template <typename T> __device__ void fill_t(i64 n, T v, T* y) { GRID_LOOP(i, n) y[i] = v; }
+
+// Row reduction of a contiguous [rows, len] array: one block per row (grid-stride over rows).
+template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int is_max, double scale, const T* x, T* y) {
+    __shared__ T sh[256];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        T acc = is_max ? m_lowest((T)0) : (T)0;
+        const T* row = x + r * len;
+        for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
+            T v = row[j];
+            acc = is_max ? (v > acc ? v : acc) : acc + v;
+        }
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                T o = sh[threadIdx.x + s], m = sh[threadIdx.x];
+                sh[threadIdx.x] = is_max ? (o > m ? o : m) : m + o;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) y[r] = scale == 1.0 ? sh[0] : (T)(sh[0] * (T)scale);
+        __syncthreads();
+    }
+}
+
+// Softmax family over a dim of size n: lanes are (outer, inner) pairs, stride `inner`.
+template <typename T> __device__ void softmax_t(i64 lanes, i64 n, i64 inner, int log_, const T* x, T* y) {
+    GRID_LOOP(l, lanes) {
+        i64 base = (l / inner) * n * inner + (l % inner);
+        T m = m_lowest((T)0);
+        for (i64 j = 0; j < n; ++j) { T v = x[base + j * inner]; m = v > m ? v : m; }
+        if (m == m_lowest((T)0)) m = (T)0;
+        T s = (T)0;
+        for (i64 j = 0; j < n; ++j) s += m_exp(x[base + j * inner] - m);
+        if (log_) { T ls = m_log(s) + m; for (i64 j = 0; j < n; ++j) y[base + j * inner] = x[base + j * inner] - ls; }
+        else { T inv = (T)1 / s; for (i64 j = 0; j < n; ++j) y[base + j * inner] = m_exp(x[base + j * inner] - m) * inv; }
+    }
+}
+template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, int log_, const T* yv, const T* g, T* dx) {
+    GRID_LOOP(l, lanes) {
+        i64 base = (l / inner) * n * inner + (l % inner);
+        T s = (T)0;
+        if (log_) {
+            for (i64 j = 0; j < n; ++j) s += g[base + j * inner];
+            for (i64 j = 0; j < n; ++j) { i64 q = base + j * inner; dx[q] = g[q] - m_exp(yv[q]) * s; }
+        } else {
+            for (i64 j = 0; j < n; ++j) { i64 q = base + j * inner; s += g[q] * yv[q]; }
+            for (i64 j = 0; j < n; ++j) { i64 q = base + j * inner; dx[q] = yv[q] * (g[q] - s); }
+        }
+    }
+}
+
+template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y) {
+    GRID_LOOP(r, rows) {
+        const T* xr = x + r * h; T* yr = y + r * h;
+        T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
+        for (i64 j = 0; j < h; ++j) mean += xr[j];
+        mean = mean / n;
+        for (i64 j = 0; j < h; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+        T rstd = (T)1 / m_sqrt(var / n + eps);
+        for (i64 j = 0; j < h; ++j) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+    }
+}
+template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* g, T* dx) {
+    GRID_LOOP(r, rows) {
+        const T* xr = x + r * h; const T* gr = g + r * h; T* dr = dx + r * h;
+        T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
+        for (i64 j = 0; j < h; ++j) mean += xr[j];
+        mean = mean / n;
+        for (i64 j = 0; j < h; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+        T rstd = (T)1 / m_sqrt(var / n + eps);
+        T sg = (T)0, sgx = (T)0;
+        for (i64 j = 0; j < h; ++j) { T gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
+        T mg = sg / n, mgx = sgx / n;
+        for (i64 j = 0; j < h; ++j) { T xh = (xr[j] - mean) * rstd; dr[j] = rstd * (gr[j] * w[j] - mg - xh * mgx); }
+    }
+}
+
+template <typename T> __device__ T row_lse(const T* r, i64 c) {
+    T m = m_lowest((T)0);
+    for (i64 j = 0; j < c; ++j) m = r[j] > m ? r[j] : m;
+    if (m == m_lowest((T)0)) m = (T)0;
+    T s = (T)0;
+    for (i64 j = 0; j < c; ++j) s += m_exp(r[j] - m);
+    return m_log(s) + m;
+}
+// Out-of-range labels give NaN (the CPU kernel's typed error cannot be raised without a sync).
+template <typename T> __device__ void cross_entropy_t(i64 rows, i64 c, const T* x, const i64* lab, T* y) {
+    GRID_LOOP(r, rows) {
+        i64 t = lab[r];
+        const T* xr = x + r * c;
+        y[r] = (t < 0 || t >= c) ? m_nan((T)0) : row_lse(xr, c) - xr[t];
+    }
+}
+template <typename T> __device__ void cross_entropy_bw_t(i64 rows, i64 c, const T* x, const i64* lab, const T* g, T* dx) {
+    GRID_LOOP(r, rows) {
+        i64 t = lab[r];
+        const T* xr = x + r * c; T* dr = dx + r * c;
+        T s = row_lse(xr, c), gv = g[r];
+        for (i64 j = 0; j < c; ++j) dr[j] = m_exp(xr[j] - s) * gv;
+        if (t >= 0 && t < c) dr[t] = dr[t] - gv; else for (i64 j = 0; j < c; ++j) dr[j] = m_nan((T)0);
+    }
+}
+
+template <typename T> __device__ void embedding_t(i64 n, i64 h, i64 v, const i64* ids, const T* w, T* y) {
+    GRID_LOOP(i, n * h) {
+        i64 id = ids[i / h];
+        y[i] = (id < 0 || id >= v) ? m_nan((T)0) : w[id * h + (i % h)];
+    }
+}
+template <typename T> __device__ void embedding_bw_t(i64 n, i64 h, i64 v, const i64* ids, const T* g, T* dw) {
+    GRID_LOOP(i, n * h) {
+        i64 id = ids[i / h];
+        if (id >= 0 && id < v) atomicAdd(&dw[id * h + (i % h)], g[i]);
+    }
+}
+
+// Plain matmul for i64 (cuBLAS covers f32/f64): y[b, m, n] = sum_k a[b, m, k] x[b, k, n].
+__device__ void matmul_i(i64 batch, i64 m, i64 k, i64 n, i64 sb, const i64* a, const i64* b, i64* y) {
+    GRID_LOOP(i, batch * m * n) {
+        i64 bi = i / (m * n), r = (i / n) % m, c = i % n;
+        const i64* ar = a + bi * m * k + r * k; const i64* bc = b + bi * sb + c;
+        unsigned long long acc = 0;
+        for (i64 j = 0; j < k; ++j) acc += (unsigned long long)ar[j] * (unsigned long long)bc[j * n];
+        y[i] = (i64)acc;
+    }
+}
+
+template <typename S, typename D> __device__ void cast_t(i64 n, const S* x, D* y) { GRID_LOOP(i, n) y[i] = (D)x[i]; }
+
+// Philox4x32-10 counter-based RNG, bit for bit as tensor/src/rng.rs: block `i` of counter
+// (c0 + i, c1, c2, c3) under key (k0, k1) writes 4 u32 words.
+__device__ void philox_u32(i64 nblocks, unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1, unsigned* out) {
+    GRID_LOOP(i, nblocks) {
+        unsigned long long base = ((unsigned long long)c1 << 32 | c0) + (unsigned long long)i;
+        unsigned x0 = (unsigned)base, x1 = (unsigned)(base >> 32), x2 = c2, x3 = c3, a = k0, b = k1;
+        for (int r = 0; r < 10; ++r) {
+            unsigned long long p0 = 0xD2511F53ULL * x0, p1 = 0xCD9E8D57ULL * x2;
+            unsigned n0 = (unsigned)(p1 >> 32) ^ x1 ^ a, n2 = (unsigned)(p0 >> 32) ^ x3 ^ b;
+            x1 = (unsigned)p1; x3 = (unsigned)p0; x0 = n0; x2 = n2;
+            a += 0x9E3779B9u; b += 0xBB67AE85u;
+        }
+        out[4 * i] = x0; out[4 * i + 1] = x1; out[4 * i + 2] = x2; out[4 * i + 3] = x3;
+    }
+}
+
+#define INST(NAME, T) \
+extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
+extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \
+extern "C" __global__ void softmax_bw_##NAME(i64 l, i64 n, i64 inner, int lg, const T* yv, const T* g, T* dx) { softmax_bw_t<T>(l, n, inner, lg, yv, g, dx); } \
+extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y) { layer_norm_t<T>(r, h, e, x, w, b, y); } \
+extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* g, T* dx) { layer_norm_bw_t<T>(r, h, e, x, w, g, dx); } \
+extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
+extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
+extern "C" __global__ void embedding_##NAME(i64 n, i64 h, i64 v, const i64* ids, const T* w, T* y) { embedding_t<T>(n, h, v, ids, w, y); } \
+extern "C" __global__ void embedding_bw_##NAME(i64 n, i64 h, i64 v, const i64* ids, const T* g, T* dw) { embedding_bw_t<T>(n, h, v, ids, g, dw); } \
+extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary_t<T>(n, op, x, y); } \
+extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); }
+
+#define INST_ALL(NAME, T) \
+extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const T* b, T* y) { binary_t<T>(n, op, p, a, b, y); } \
+extern "C" __global__ void copy_nd_##NAME(i64 n, int op, Nd p, const T* s, i64 so, T* d, i64 dof) { copy_nd_t<T>(n, op, p, s, so, d, dof); } \
+extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); } \
+extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); }
+
+INST(f32, float)
+INST(f64, double)
+INST_ALL(f32, float)
+INST_ALL(f64, double)
+INST_ALL(i64, i64)
+extern "C" __global__ void unary_i64(i64 n, int op, const i64* x, i64* y) { GRID_LOOP(i, n) y[i] = un_i(op, x[i]); }
+extern "C" __global__ void scalar_i64(i64 n, int op, double c, const i64* x, i64* y) { scalar_i(n, op, c, x, y); }
+extern "C" __global__ void matmul_i64(i64 bt, i64 m, i64 k, i64 n, i64 sb, const i64* a, const i64* b, i64* y) { matmul_i(bt, m, k, n, sb, a, b, y); }
+extern "C" __global__ void philox(i64 nb, unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1, unsigned* out) { philox_u32(nb, c0, c1, c2, c3, k0, k1, out); }
+#define CAST(SN, S, DN, D) extern "C" __global__ void cast_##SN##_##DN(i64 n, const S* x, D* y) { cast_t<S, D>(n, x, y); }
+CAST(f32, float, f64, double) CAST(f32, float, i64, i64) CAST(f64, double, f32, float)
+CAST(f64, double, i64, i64) CAST(i64, i64, f32, float) CAST(i64, i64, f64, double)

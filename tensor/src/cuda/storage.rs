@@ -1,0 +1,130 @@
+//! `CudaStorage`: one immutable, row-major local piece in a pooled device block, and the host
+//! <-> device copies on the compute stream.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_collectives::DType;
+use oxiflow_sbp::Shape;
+
+use super::{derr, runtime, Block, CudaRuntime};
+use crate::device::{Device, DeviceStorage};
+use crate::storage::CpuArray;
+use crate::Result;
+
+/// A local piece on the process's CUDA device. Reshapes share the block.
+#[derive(Clone, Debug)]
+pub struct CudaStorage {
+    pub(crate) block: Arc<Block>,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Shape,
+}
+
+/// Queues a host -> device copy of `src` to `dst`.
+pub(crate) fn upload<T: Copy>(
+    rt: &CudaRuntime,
+    dst: u64,
+    src: &[T],
+    op: &'static str,
+) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    rt.bind(op)?;
+    // SAFETY: dst holds at least size_of_val(src) bytes; a pageable source is staged by the
+    // driver before the call returns.
+    unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, rt.stream().cu_stream()) }
+        .map_err(|e| derr(op, format!("host to device copy: {e}")))
+}
+
+/// Copies device memory at `src` into `dst` (waits for the compute stream).
+pub(crate) fn download<T: Copy>(
+    rt: &CudaRuntime,
+    src: u64,
+    dst: &mut [T],
+    op: &'static str,
+) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    rt.bind(op)?;
+    // SAFETY: src holds at least size_of_val(dst) bytes; we wait before reading dst.
+    unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, rt.stream().cu_stream()) }
+        .map_err(|e| derr(op, format!("device to host copy: {e}")))?;
+    rt.stream()
+        .synchronize()
+        .map_err(|e| derr(op, format!("waiting for the device: {e}")))
+}
+
+impl CudaStorage {
+    /// An uninitialised piece (every element is written by the caller before it is read).
+    pub(crate) fn alloc(rt: &Arc<CudaRuntime>, dtype: DType, shape: Shape) -> Result<CudaStorage> {
+        let block = Block::alloc(rt, shape.numel() * dtype.size())?;
+        Ok(CudaStorage {
+            block: Arc::new(block),
+            dtype,
+            shape,
+        })
+    }
+    /// Uploads a host array.
+    pub fn from_host(array: &CpuArray) -> Result<CudaStorage> {
+        let op = "to cuda";
+        let rt = runtime(op)?;
+        let a = array.clone().into_standard();
+        let s = CudaStorage::alloc(&rt, a.dtype(), Shape::from(a.shape()))?;
+        let p = s.ptr();
+        match &a {
+            CpuArray::F32(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
+            CpuArray::F64(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
+            CpuArray::I64(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
+        }
+        Ok(s)
+    }
+    pub(crate) fn ptr(&self) -> u64 {
+        self.block.ptr()
+    }
+    pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
+        self.block.runtime()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+    /// The same elements under another shape (no copy).
+    pub(crate) fn reshaped(&self, shape: Shape) -> CudaStorage {
+        CudaStorage {
+            block: self.block.clone(),
+            dtype: self.dtype,
+            shape,
+        }
+    }
+}
+
+fn host<T: Copy + Default>(s: &CudaStorage, op: &'static str) -> Result<ArrayD<T>> {
+    let mut v = vec![T::default(); s.numel()];
+    download(s.runtime(), s.ptr(), &mut v, op)?;
+    ArrayD::from_shape_vec(IxDyn(s.shape.dims()), v).map_err(|e| derr(op, e))
+}
+
+impl DeviceStorage for CudaStorage {
+    fn device(&self) -> Device {
+        Device::Cuda(self.block.runtime().ordinal())
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    fn to_host(&self) -> Result<CpuArray> {
+        let op = "to host";
+        Ok(match self.dtype {
+            DType::F32 => CpuArray::F32(host(self, op)?),
+            DType::F64 => CpuArray::F64(host(self, op)?),
+            DType::I64 => CpuArray::I64(host(self, op)?),
+        })
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

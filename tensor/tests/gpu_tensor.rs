@@ -1,0 +1,575 @@
+//! GPU suite of the CUDA tensor backend: on 2 and 4 GPU ranks (one process per GPU, NCCL world
+//! from `init_from_env`, real rendezvous store), (a) proptest-generated global ops on cuda
+//! placements compared with the same ops on local CPU tensors (f32 tolerance), including
+//! autograd, and (b) boxing between random (placement, nd-SBP) pairs of cuda placements
+//! (exact), plus the device Philox generator against `rng::philox4x32_10`.
+//! Prints "skipped: no CUDA (...)" where there is no GPU.
+//!
+//! A custom harness (`harness = false`): the parent re-runs this binary once per rank.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use oxiflow_collectives::cuda_libs::{self, LibSearch};
+use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
+use oxiflow_tensor::{
+    cuda, init_from_env, DType, DeviceType, NdSbp, Placement, Result, Sbp, Shape, Tensor, UnaryOp,
+};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+#[derive(Clone, Debug)]
+struct OpCase {
+    kind: usize,
+    r: usize,
+    c: usize,
+    k: usize,
+    sa: usize,
+    sb: usize,
+    v: usize,
+    seed: u64,
+}
+
+fn op_strategy() -> impl Strategy<Value = OpCase> {
+    (
+        0..10usize,
+        1..24usize,
+        2..24usize,
+        1..20usize,
+        0..3usize,
+        0..4usize,
+        0..8usize,
+        0..1000u64,
+    )
+        .prop_map(|(kind, r, c, k, sa, sb, v, seed)| OpCase {
+            kind,
+            r,
+            c,
+            k,
+            sa,
+            sb,
+            v,
+            seed,
+        })
+}
+
+/// Makes an input: (shape, seed, 1-d sbp index: 0 S(0), 1 S(1), 2 B).
+type Make<'a> = dyn Fn(&[usize], u64, usize) -> Result<Tensor> + 'a;
+
+fn sbp_of(i: usize, ndim: usize) -> Sbp {
+    match i {
+        0 => Sbp::S(0),
+        1 if ndim > 1 => Sbp::S(1),
+        _ => Sbp::B,
+    }
+}
+
+/// The op of a case on inputs built by `mk` (local CPU or global CUDA); returns the outputs.
+fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
+    let s = c.seed * 10;
+    let x = || mk(&[c.r, c.c], s, c.sa);
+    Ok(match c.kind {
+        0 => {
+            let u = [
+                UnaryOp::Relu,
+                UnaryOp::Gelu,
+                UnaryOp::Exp,
+                UnaryOp::Tanh,
+                UnaryOp::Sigmoid,
+                UnaryOp::Neg,
+                UnaryOp::Square,
+                UnaryOp::Abs,
+            ][c.v];
+            vec![
+                x()?.unary(u)?,
+                x()?.abs()?.add_scalar(0.5)?.unary(UnaryOp::Log)?,
+            ]
+        }
+        1 => {
+            let y = mk(&[c.c], s + 1, c.sb % 3)?.abs()?.add_scalar(0.5)?;
+            let a = x()?;
+            vec![
+                a.add(&y)?,
+                a.sub(&y)?,
+                a.mul(&y)?,
+                a.div(&y)?,
+                a.mul_scalar(3.0)?.pow_scalar(2.0)?,
+            ]
+        }
+        2 => {
+            // (x sbp, w sbp) in {(S0,B), (B,S1), (S1,S0) -> P, (B,B)}
+            let (xa, wa) = [(0, 2), (2, 1), (1, 0), (2, 2)][c.sb];
+            let a = mk(&[c.r, c.k], s, xa)?;
+            let w = mk(&[c.k, c.c], s + 1, wa)?;
+            let b = mk(&[3, c.r, c.k], s + 2, c.sa % 2)?;
+            let bw = mk(&[3, c.k, c.c], s + 3, c.sa % 2)?;
+            vec![a.matmul(&w)?, b.bmm(&bw)?]
+        }
+        3 => {
+            let d = (c.v % 2) as isize;
+            let keep = c.v >= 4;
+            let a = x()?;
+            vec![
+                a.sum(&[d], keep)?,
+                a.mean(&[d], keep)?,
+                a.max(&[d], keep)?,
+                a.sum_all()?,
+                a.mean_all()?,
+            ]
+        }
+        4 => {
+            let d = (c.v % 2) as isize;
+            let a = x()?;
+            vec![a.softmax(d)?, a.log_softmax(d)?]
+        }
+        5 => {
+            let a = x()?;
+            let t = a.transpose(0, 1)?;
+            vec![
+                t.clone(),
+                a.narrow(1, 1, c.c - 1)?,
+                Tensor::concat(&[&a, &a.neg()?], 1)?,
+                t.reshape([c.c * c.r])?,
+            ]
+        }
+        6 => {
+            let w = mk(&[c.c], s + 1, 2)?;
+            let b = mk(&[c.c], s + 2, 2)?;
+            vec![x()?.layer_norm(&w, &b, 1e-5)?]
+        }
+        7 => {
+            let a = x()?;
+            let lab = mk(&[c.r], s + 1, c.sa % 3)?
+                .abs()?
+                .mul_scalar(1000.0)?
+                .cast(DType::I64)?;
+            let lab = lab.sub(
+                &lab.cast(DType::F64)?
+                    .mul_scalar(1.0 / c.c as f64)?
+                    .cast(DType::I64)?
+                    .mul_scalar(c.c as f64)?,
+            )?;
+            let table = mk(&[c.c, c.k], s + 2, 2)?;
+            vec![
+                a.cross_entropy(&lab)?,
+                Tensor::embedding(&lab, &table)?,
+                lab.cast(DType::F32)?,
+            ]
+        }
+        _ => {
+            // autograd through matmul, gelu, softmax, layer norm and cross-entropy
+            let a = x()?.requires_grad_(true);
+            let w = mk(&[c.c, c.k + 1], s + 1, [2, 1, 0][c.sa])?.requires_grad_(true);
+            let g = mk(&[c.k + 1], s + 2, 2)?.requires_grad_(true);
+            let bb = mk(&[c.k + 1], s + 3, 2)?.requires_grad_(true);
+            let h = a.matmul(&w)?.gelu()?.layer_norm(&g, &bb, 1e-5)?;
+            let lab = mk(&[c.r], s + 4, 2)?
+                .abs()?
+                .mul_scalar(0.0)?
+                .cast(DType::I64)?;
+            let loss = h
+                .cross_entropy(&lab)?
+                .mean_all()?
+                .add(&h.softmax(1)?.square()?.mean_all()?)?;
+            loss.backward()?;
+            let grads = [&a, &w, &g, &bb]
+                .iter()
+                .filter_map(|t| t.grad())
+                .collect::<Vec<_>>();
+            let mut out = vec![loss];
+            out.extend(grads);
+            out
+        }
+    })
+}
+
+fn close(a: &[f64], b: &[f64]) -> std::result::Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("lengths {} vs {}", a.len(), b.len()));
+    }
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = (x - y).abs() <= 2e-4 * (1.0 + y.abs()) || (x.is_nan() && y.is_nan());
+        if !ok {
+            return Err(format!("element {i}: gpu {x} vs cpu {y}"));
+        }
+    }
+    Ok(())
+}
+
+fn values(t: &Tensor) -> Result<Vec<f64>> {
+    t.cast(DType::F64)?.to_vec::<f64>()
+}
+
+fn child_ops(world: usize, cases: u32, dev: DeviceType) -> std::result::Result<usize, String> {
+    let placement =
+        Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+    let local = |shape: &[usize], seed: u64, _s: usize| -> Result<Tensor> {
+        Ok(Tensor::randn(Shape::from(shape), seed, DType::F32))
+    };
+    let global = |shape: &[usize], seed: u64, s: usize| -> Result<Tensor> {
+        Tensor::randn_global(
+            Shape::from(shape),
+            seed,
+            DType::F32,
+            &placement,
+            NdSbp::new([sbp_of(s, shape.len())]),
+        )
+    };
+    let mut runner = TestRunner::new_with_rng(
+        Config::with_cases(cases),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let strat = op_strategy();
+    let mut done = 0;
+    for i in 0..cases {
+        let case = strat
+            .new_tree(&mut runner)
+            .map_err(|e| e.to_string())?
+            .current();
+        let want = run_case(&case, &local).map_err(|e| format!("case {i} {case:?} cpu: {e}"))?;
+        let got = run_case(&case, &global).map_err(|e| format!("case {i} {case:?} gpu: {e}"))?;
+        if got.len() != want.len() {
+            return Err(format!(
+                "case {i} {case:?}: {} outputs vs {}",
+                got.len(),
+                want.len()
+            ));
+        }
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            if g.shape() != w.shape() {
+                return Err(format!(
+                    "case {i} {case:?} output {j}: shape {} vs {}",
+                    g.shape(),
+                    w.shape()
+                ));
+            }
+            let (gv, wv) = (
+                values(g).map_err(|e| e.to_string())?,
+                values(w).map_err(|e| e.to_string())?,
+            );
+            close(&gv, &wv)
+                .map_err(|e| format!("case {i} {case:?} output {j} ({}): {e}", g.describe()))?;
+            if g.placement().is_some_and(|p| p.device() != dev) {
+                return Err(format!("case {i} output {j} left the {dev} placement"));
+            }
+        }
+        done += 1;
+    }
+    Ok(done)
+}
+
+#[derive(Clone, Debug)]
+struct BoxCase {
+    dims: Vec<usize>,
+    dtype: usize,
+    from_pl: usize,
+    to_pl: usize,
+    from: Vec<usize>,
+    to: Vec<usize>,
+    seed: u64,
+}
+
+fn box_strategy() -> impl Strategy<Value = BoxCase> {
+    (
+        prop::collection::vec(1..13usize, 1..4),
+        0..3usize,
+        0..3usize,
+        0..3usize,
+        prop::collection::vec(0..5usize, 2),
+        prop::collection::vec(0..5usize, 2),
+        0..1000u64,
+    )
+        .prop_map(|(dims, dtype, from_pl, to_pl, from, to, seed)| BoxCase {
+            dims,
+            dtype,
+            from_pl,
+            to_pl,
+            from,
+            to,
+            seed,
+        })
+}
+
+fn placements(world: usize, dev: DeviceType) -> Vec<Placement> {
+    let all: Vec<usize> = (0..world).collect();
+    let mut v = vec![Placement::new_1d(dev, all.clone()).expect("1-d")];
+    if world == 4 {
+        v.push(
+            Placement::new_1d(dev, all)
+                .expect("p")
+                .reshaped([2, 2])
+                .expect("2-d"),
+        );
+        v.push(Placement::new_1d(dev, vec![3, 1]).expect("sub"));
+    } else {
+        v.push(Placement::new_1d(dev, vec![1, 0]).expect("rev"));
+    }
+    v
+}
+
+/// Per mesh axis: 0..3 split of dim (i mod ndim), 3 B, 4 P.
+fn nd(codes: &[usize], p: &Placement, ndim: usize, dtype: DType) -> NdSbp {
+    NdSbp::new((0..p.ndim()).map(|a| match codes[a] {
+        3 => Sbp::B,
+        4 if dtype != DType::I64 => Sbp::P,
+        4 => Sbp::B,
+        i => Sbp::S(i % ndim),
+    }))
+}
+
+fn child_boxing(
+    world: usize,
+    rank: usize,
+    cases: u32,
+    dev: DeviceType,
+) -> std::result::Result<usize, String> {
+    let pls = placements(world, dev);
+    let mut runner = TestRunner::new_with_rng(
+        Config::with_cases(cases),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[9; 32]),
+    );
+    let strat = box_strategy();
+    let mut done = 0;
+    for i in 0..cases {
+        let c = strat
+            .new_tree(&mut runner)
+            .map_err(|e| e.to_string())?
+            .current();
+        let dtype = [DType::F32, DType::F64, DType::I64][c.dtype];
+        let (pf, pt) = (&pls[c.from_pl % pls.len()], &pls[c.to_pl % pls.len()]);
+        let shape = Shape::from(c.dims.as_slice());
+        let (sf, st) = (
+            nd(&c.from, pf, c.dims.len(), dtype),
+            nd(&c.to, pt, c.dims.len(), dtype),
+        );
+        let mk = |t: Tensor| -> Result<Tensor> { t.mul_scalar(100.0)?.cast(dtype) };
+        let want = values(
+            &mk(Tensor::randn(shape.clone(), c.seed, DType::F32)).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+        let run = || -> Result<Option<Vec<f64>>> {
+            let b = mk(Tensor::randn_global(
+                shape.clone(),
+                c.seed,
+                DType::F32,
+                pf,
+                NdSbp::broadcast(pf.ndim()),
+            )?)?;
+            let x = b.to_global(pf, sf.clone())?;
+            let y = x.to_global(pt, st.clone())?;
+            if !pt.contains(rank) {
+                return Ok(None);
+            }
+            Ok(Some(values(&y)?))
+        };
+        let got = run().map_err(|e| format!("box case {i} {c:?} ({pf} {sf} -> {pt} {st}): {e}"))?;
+        if let Some(g) = got {
+            if g != want {
+                return Err(format!(
+                    "box case {i} {c:?} ({pf} {sf} -> {pt} {st}): values differ"
+                ));
+            }
+        }
+        done += 1;
+    }
+    Ok(done)
+}
+
+fn child(world: usize, rank: usize, cases: u32) -> i32 {
+    let ctx = match init_from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rank {rank}: init_from_env: {e}");
+            return 2;
+        }
+    };
+    if rank == 0 {
+        println!(
+            "gpu_tensor: world {world}: backend {:?}, cuda:{}",
+            ctx.world().backend(),
+            cuda::bound_runtime().map_or(usize::MAX, |r| r.ordinal())
+        );
+    }
+    let t = Instant::now();
+    if rank == 0 {
+        // Device Philox against the host reference.
+        match cuda::philox_words_device(0x1234_5678_9abc, (1 << 32) - 3, 1000) {
+            Ok(w) => {
+                let bad = (0..1000u64).find(|&i| {
+                    let idx = (1u64 << 32) - 3 + i;
+                    w[i as usize]
+                        != oxiflow_tensor::rng::philox4x32_10(
+                            [idx as u32, (idx >> 32) as u32, 0, 0],
+                            [0x5678_9abc, 0x1234],
+                        )
+                });
+                if let Some(i) = bad {
+                    eprintln!("philox: word {i} differs from the host generator");
+                    return 3;
+                }
+                println!("gpu_tensor: philox 1000 blocks equal to rng::philox4x32_10");
+            }
+            Err(e) => {
+                eprintln!("philox: {e}");
+                return 3;
+            }
+        }
+    }
+    match child_ops(world, cases, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} op cases equal to CPU ({:.1?})",
+            t.elapsed()
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: ops: {e}");
+            return 4;
+        }
+    }
+    let t = Instant::now();
+    match child_boxing(world, rank, cases, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} boxing cases exact ({:.1?})",
+            t.elapsed()
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: boxing: {e}");
+            return 5;
+        }
+    }
+    if rank == 0 {
+        if let Some(rt) = cuda::bound_runtime() {
+            println!(
+                "gpu_tensor: allocator caches {} MiB",
+                rt.cached_bytes() >> 20
+            );
+        }
+    }
+    0
+}
+
+/// Without GPUs: the same case generators on a CPU placement (4 in-process ranks) against the
+/// local reference, so the suite's cases themselves stay valid where CI runs.
+fn cpu_self_check() {
+    let res = oxiflow_tensor::run_ranks(4, Duration::from_secs(120), |rank| {
+        child_ops(4, 16, DeviceType::Cpu)
+            .and_then(|a| child_boxing(4, rank, 16, DeviceType::Cpu).map(|b| (a, b)))
+    });
+    for (rank, r) in res.iter().enumerate() {
+        if let Err(e) = r {
+            panic!("cpu self-check rank {rank}: {e}");
+        }
+    }
+    println!(
+        "gpu_tensor: cpu self-check of the case generators: {:?}",
+        res[0]
+    );
+}
+
+fn wait_all(mut kids: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
+    let t = Instant::now();
+    let mut codes = vec![None; kids.len()];
+    let mut done = vec![false; kids.len()];
+    while done.iter().any(|d| !d) {
+        for (i, k) in kids.iter_mut().enumerate() {
+            if !done[i] {
+                if let Ok(Some(s)) = k.try_wait() {
+                    codes[i] = s.code();
+                    done[i] = true;
+                }
+            }
+        }
+        if t.elapsed() > limit {
+            for (i, k) in kids.iter_mut().enumerate() {
+                if !done[i] {
+                    let _ = k.kill();
+                    let _ = k.wait();
+                    done[i] = true;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    codes
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() >= 5 && args[1] == "child" {
+        let (rank, world, cases) = (
+            args[2].parse().unwrap_or(0),
+            args[3].parse().unwrap_or(0),
+            args[4].parse().unwrap_or(0),
+        );
+        std::process::exit(child(world, rank, cases));
+    }
+    let ndev = match cuda_libs::probe(&LibSearch::default()).nccl_ready() {
+        Ok(n) => n,
+        Err(reason) => {
+            println!("gpu_tensor: skipped: no CUDA ({reason})");
+            cpu_self_check();
+            return;
+        }
+    };
+    if ndev < 2 {
+        println!("gpu_tensor: skipped: no CUDA (needs 2 GPUs, {ndev} visible)");
+        return;
+    }
+    let cases: u32 = std::env::var("OXIFLOW_GPU_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let token = generate_token().expect("token");
+    let server =
+        StoreServer::bind("127.0.0.1:0".parse().expect("addr"), token.clone()).expect("store");
+    let addr = server.local_addr();
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut failed = Vec::new();
+    for world in [2usize, 4] {
+        if world > ndev {
+            println!(
+                "gpu_tensor: world {world}: skipped: no CUDA (needs {world} GPUs, {ndev} visible)"
+            );
+            continue;
+        }
+        let t = Instant::now();
+        let kids = (0..world)
+            .map(|r| {
+                Command::new(&exe)
+                    .args([
+                        "child",
+                        &r.to_string(),
+                        &world.to_string(),
+                        &cases.to_string(),
+                    ])
+                    .env("RANK", r.to_string())
+                    .env("WORLD_SIZE", world.to_string())
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("LOCAL_WORLD_SIZE", world.to_string())
+                    .env("MASTER_ADDR", addr.ip().to_string())
+                    .env("MASTER_PORT", addr.port().to_string())
+                    .env("OXIFLOW_TOKEN", &token)
+                    .env("OXIFLOW_BACKEND", "nccl")
+                    .env("OXIFLOW_TIMEOUT", "120")
+                    .env("NCCL_NVLS_ENABLE", "0")
+                    .spawn()
+                    .expect("spawn rank")
+            })
+            .collect();
+        let codes = wait_all(kids, Duration::from_secs(300));
+        println!(
+            "gpu_tensor: world {world}: exit codes {codes:?} in {:.1?}",
+            t.elapsed()
+        );
+        if codes.iter().any(|c| *c != Some(0)) {
+            failed.push(world);
+        }
+    }
+    if !failed.is_empty() {
+        println!("gpu_tensor: FAILED in worlds {failed:?}");
+        std::process::exit(1);
+    }
+    println!("gpu_tensor: all GPU scenarios passed");
+}

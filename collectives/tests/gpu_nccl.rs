@@ -97,6 +97,9 @@ impl Rank {
     }
 }
 
+/// (expected, got) bytes of one rank's result.
+type Expected = (Vec<u8>, Vec<u8>);
+
 /// Runs one case on `c` (rank `me` of `w`) and returns (expected, got) for this rank, or None
 /// when this rank has nothing to check.
 fn run_case(
@@ -104,7 +107,7 @@ fn run_case(
     c: &dyn Communicator,
     ci: usize,
     case: &Case,
-) -> Result<Option<(Vec<u8>, Vec<u8>)>, CommError> {
+) -> Result<Option<Expected>, CommError> {
     let me = c.rank();
     let w = c.size();
     let dt = case.dtype;
@@ -172,7 +175,7 @@ fn run_case(
             let prev = (me + w - 1) % w;
             let s = r.up(&data(dt, ci, me, n));
             let mut o = DeviceBytes::zeros(&r.stream, n * esz)?;
-            if me % 2 == 0 {
+            if me.is_multiple_of(2) {
                 c.send(dt, s.as_buf(), next)?;
                 c.recv(dt, o.as_buf_mut(), prev)?;
             } else {
@@ -386,7 +389,9 @@ fn so2_only(found: &std::path::Path) -> Result<String, String> {
     let f = lib.symbol("ncclGetVersion").ok_or("no ncclGetVersion")?;
     let mut v = 0i32;
     // SAFETY: ncclGetVersion(int*).
-    let r = unsafe { std::mem::transmute::<_, extern "C" fn(*mut i32) -> i32>(f)(&mut v) };
+    let r = unsafe {
+        std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn(*mut i32) -> i32>(f)(&mut v)
+    };
     let _ = std::fs::remove_dir_all(&dir);
     if r != 0 {
         return Err(format!("ncclGetVersion returned {r}"));

@@ -72,7 +72,7 @@ fn missing_rank_is_named_within_timeout() {
         if c.rank() == 2 {
             return None; // never arrives
         }
-        let mut b = vec![0u8; 64];
+        let mut b = [0u8; 64];
         Some(c.all_reduce(DType::F32, (&mut b[..]).into(), ReduceOp::Sum))
     });
     assert!(start.elapsed() < Duration::from_secs(5));
@@ -87,7 +87,7 @@ fn missing_rank_is_named_within_timeout() {
 #[test]
 fn recv_from_silent_peer_times_out_naming_it() {
     let comms = InProcessWorld::new(2, Duration::from_millis(200));
-    let mut b = vec![0u8; 8];
+    let mut b = [0u8; 8];
     match comms[0].recv(DType::F64, (&mut b[..]).into(), 1) {
         Err(CommError::Timeout { missing, .. }) => assert_eq!(missing, vec![1]),
         other => panic!("expected timeout, got {other:?}"),

@@ -46,6 +46,35 @@ fn worker() -> Result<(), String> {
             );
             run_rank(&comm, &case)
         }
+        "early" => {
+            // Member 0 receives everything; rank 1 finishes its part (posting or sending its
+            // piece) and exits at once, while rank 2 arrives late. Rank 1 leaving is no failure.
+            let n = 4096;
+            let counts = [n, 0, 0];
+            let send: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + env.rank as f32).collect();
+            let send: Vec<u8> = send.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let mut recv = vec![0u8; if env.rank == 0 { n * 4 } else { 0 }];
+            if env.rank == 2 {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            comm.reduce_scatter_v(
+                DType::F32,
+                (&send[..]).into(),
+                (&mut recv[..]).into(),
+                &counts,
+                ReduceOp::Sum,
+            )
+            .map_err(|e| format!("rank {}: {e}", env.rank))?;
+            if env.rank == 0 {
+                let want: Vec<u8> = (0..n)
+                    .flat_map(|i| (3.0 * (i % 7) as f32 + 3.0).to_ne_bytes())
+                    .collect();
+                if recv != want {
+                    return Err("rank 0: wrong reduce-scatter result".into());
+                }
+            }
+            Ok(())
+        }
         "die" | "absent" => {
             // A first collective succeeds; then the victim exits (or stalls) mid-job.
             let mut b = vec![1u8; 1 << 20];
@@ -181,6 +210,21 @@ fn large_pieces_across_processes() {
         ],
     );
     assert_all_ok(&outs, "large pieces");
+}
+
+#[test]
+fn a_rank_that_finishes_early_is_not_lost() {
+    // Rank 1 exits right after its part while rank 0 still waits for rank 2: its closed
+    // connection must not be taken for a lost peer (shared memory and TCP planes).
+    for shm in ["1", "0"] {
+        let outs = spawn_world(
+            3,
+            None,
+            5.0,
+            &[("OXF_MP_MODE", "early".into()), ("OXIFLOW_SHM", shm.into())],
+        );
+        assert_all_ok(&outs, &format!("early exit (OXIFLOW_SHM={shm})"));
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (the default), TCP only (`OXIFLOW_SHM=0`), and a mixed world where one rank opts out (its
 //! groups fall back to TCP while the others keep shared memory). Workers check which plane is
 //! mapped (/proc/self/maps) and run random collective cases against the reference; afterwards
-//! no segment may be left in /dev/shm.
+//! no segment of these workers may be left in /dev/shm.
 
 mod multiprocess_common;
 
@@ -54,6 +54,7 @@ fn spawn(
     maps: &[usize],
     seed: u64,
     max: usize,
+    pids: &mut Vec<u32>,
 ) -> Vec<(usize, Output)> {
     let token = generate_token().unwrap();
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
@@ -86,7 +87,9 @@ fn spawn(
             .env("OXF_MP_MAX", max.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-            (r, c.spawn().unwrap())
+            let child = c.spawn().unwrap();
+            pids.push(child.id());
+            (r, child)
         })
         .collect();
     let out = children
@@ -115,12 +118,22 @@ fn assert_ok(outs: &[(usize, Output)], what: &str) {
     }
 }
 
-fn leftovers() -> Vec<String> {
+/// Segments in /dev/shm created by one of `pids` (a segment's header holds its creator's pid
+/// at byte 24), so that jobs of other tests or test runs on this host are not counted.
+fn leftovers(pids: &[u32]) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("oxiflow-"))
+                .filter(|e| {
+                    let mut h = [0u8; 32];
+                    std::fs::File::open(e.path())
+                        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut h))
+                        .is_ok()
+                        && pids
+                            .contains(&(u64::from_le_bytes(h[24..32].try_into().unwrap()) as u32))
+                })
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("oxiflow-"))
                 .collect()
         })
         .unwrap_or_default()
@@ -139,28 +152,25 @@ fn shm_worker_entry() {
 /// One test, so the scenarios run one after the other and the /dev/shm check sees them all.
 #[test]
 fn shm_and_tcp_planes_match_the_reference_and_leave_nothing() {
-    let before = leftovers();
+    let mut pids = Vec::new();
     // Shared memory (default): every rank maps all segments of its world.
     for (seed, world) in [(1u64, 2usize), (2, 3), (3, 4), (4, 5)] {
-        let outs = spawn(world, &[], &vec![world; world], seed, 3000);
+        let outs = spawn(world, &[], &vec![world; world], seed, 3000, &mut pids);
         assert_ok(&outs, &format!("shm seed {seed} world {world}"));
     }
     // Large pieces: many rounds through the two slots.
-    let outs = spawn(3, &[], &[3; 3], 11, 1_500_000);
+    let outs = spawn(3, &[], &[3; 3], 11, 1_500_000, &mut pids);
     assert_ok(&outs, "shm large pieces");
     // TCP only.
     for (seed, world) in [(5u64, 2usize), (6, 4)] {
-        let outs = spawn(world, &[0, 1, 2, 3], &[0; 4], seed, 3000);
+        let outs = spawn(world, &[0, 1, 2, 3], &[0; 4], seed, 3000, &mut pids);
         assert_ok(&outs, &format!("tcp seed {seed} world {world}"));
     }
     // Mixed: rank 1 opts out; 0, 2, 3 share memory, groups with rank 1 go over TCP.
     for seed in [7u64, 8] {
-        let outs = spawn(4, &[1], &[3, 0, 3, 3], seed, 3000);
+        let outs = spawn(4, &[1], &[3, 0, 3, 3], seed, 3000, &mut pids);
         assert_ok(&outs, &format!("mixed seed {seed}"));
     }
-    let after: Vec<String> = leftovers()
-        .into_iter()
-        .filter(|n| !before.contains(n))
-        .collect();
+    let after = leftovers(&pids);
     assert!(after.is_empty(), "segments left in /dev/shm: {after:?}");
 }

@@ -116,6 +116,20 @@ struct SyncState {
     generation: u64,
     /// Set when a member timed out: (op, world ranks that were missing). Every later call fails.
     poison: Option<(String, Vec<usize>)>,
+    /// Members between the entry and the exit barrier of the current collective: they may
+    /// still read the others' published buffers, so nobody leaves with an error before it is 0.
+    in_body: usize,
+}
+
+/// Which barrier of a collective a member is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Meet {
+    /// Entry: once everyone is here, every member may read the others' buffers.
+    Enter,
+    /// Between phases of the body.
+    Middle,
+    /// Exit: this member no longer reads the others' buffers.
+    Leave,
 }
 
 struct Mailbox {
@@ -149,6 +163,7 @@ impl Group {
                 count: 0,
                 generation: 0,
                 poison: None,
+                in_body: 0,
             }),
             cv: Condvar::new(),
             slots: (0..n)
@@ -184,22 +199,42 @@ impl Group {
 
     /// Waits until every member arrived, at most the group's timeout from now. On timeout the
     /// group is poisoned and every member (now and later) fails naming the missing ranks.
-    pub fn barrier(&self, me: usize, op: &str) -> Result<(), CommError> {
+    /// `at` says which barrier of a collective this is: a member that fails at the `Leave`
+    /// barrier returns only once no member is still inside the body (a straggler may be reading
+    /// this member's buffer; bodies never block, so that wait ends). A failure at a `Middle`
+    /// barrier ends the body, and the member then fails at `Leave`.
+    pub fn barrier(&self, me: usize, op: &str, at: Meet) -> Result<(), CommError> {
         let mut st = lock(&self.sync);
+        if at == Meet::Leave {
+            st.in_body = st.in_body.saturating_sub(1);
+            if st.in_body == 0 {
+                self.cv.notify_all();
+            }
+        }
+        let n = self.size();
+        let fail = |st: MutexGuard<'_, SyncState>, e: CommError| -> Result<(), CommError> {
+            if at == Meet::Leave {
+                self.drain(st);
+            }
+            Err(e)
+        };
         if let Some((pop, missing)) = &st.poison {
-            return Err(CommError::Timeout {
+            let e = CommError::Timeout {
                 op: format!("{} (group broken earlier in {pop})", self.op_name(op)),
                 timeout: self.timeout,
                 missing: missing.clone(),
-            });
+            };
+            return fail(st, e);
         }
-        let n = self.size();
         st.arrived[me] = true;
         st.count += 1;
         if st.count == n {
             st.arrived.iter_mut().for_each(|a| *a = false);
             st.count = 0;
             st.generation = st.generation.wrapping_add(1);
+            if at == Meet::Enter {
+                st.in_body = n;
+            }
             drop(st);
             self.cv.notify_all();
             return Ok(());
@@ -216,13 +251,13 @@ impl Group {
                 st.arrived[me] = false;
                 st.count -= 1;
                 st.poison = Some((op.to_string(), missing.clone()));
-                drop(st);
                 self.cv.notify_all();
-                return Err(CommError::Timeout {
+                let e = CommError::Timeout {
                     op: self.op_name(op),
                     timeout: self.timeout,
                     missing,
-                });
+                };
+                return fail(st, e);
             }
             let (g, _) = self
                 .cv
@@ -233,12 +268,28 @@ impl Group {
                 return Ok(());
             }
             if let Some((pop, missing)) = &st.poison {
-                return Err(CommError::Timeout {
+                let e = CommError::Timeout {
                     op: format!("{} (member timed out in {pop})", self.op_name(op)),
                     timeout: self.timeout,
                     missing: missing.clone(),
-                });
+                };
+                return fail(st, e);
             }
+        }
+    }
+
+    /// Waits (the group being poisoned) until no member is inside a collective's body any more,
+    /// so buffers this member published are no longer read once it returns.
+    fn drain(&self, mut st: MutexGuard<'_, SyncState>) {
+        // Not bounded by the timeout on purpose: returning earlier would free memory a
+        // straggler still reads. Bodies only copy and reduce (they never block), so the
+        // stragglers get here once scheduled; a member failing in a body also counts down.
+        while st.in_body > 0 {
+            let (g, _) = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner());
+            st = g;
         }
     }
 

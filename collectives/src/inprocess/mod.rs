@@ -12,7 +12,7 @@ use crate::algorithms::args;
 use crate::{
     reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
 };
-use group::{Group, Kind, Raw, RawCounts, Slot};
+use group::{Group, Kind, Meet, Raw, RawCounts, Slot};
 
 const BACKEND: Backend = Backend::InProcess;
 
@@ -92,7 +92,7 @@ impl InProcessComm {
     ) -> Result<(), CommError> {
         let g = &*self.group;
         g.publish(self.me, slot);
-        g.barrier(self.me, name)?;
+        g.barrier(self.me, name, Meet::Enter)?;
         let slots: Vec<Slot> = (0..self.n()).map(|k| g.slot(k)).collect();
         let s0 = &slots[0];
         let mut verdict = Ok(());
@@ -121,7 +121,7 @@ impl InProcessComm {
             }
         }
         let res = verdict.and_then(|()| body(&slots));
-        g.barrier(self.me, name)?;
+        g.barrier(self.me, name, Meet::Leave)?;
         res
     }
 }
@@ -177,7 +177,7 @@ impl Communicator for InProcessComm {
                     reduce_into(dtype, acc, unsafe { other.recv.slice(s, l) }, op);
                 }
             }
-            self.group.barrier(me, name)?;
+            self.group.barrier(me, name, Meet::Middle)?;
             // Phase 2: copy every other member's finished chunk.
             for (k, other) in slots.iter().enumerate() {
                 if k != me {

@@ -27,6 +27,9 @@ const INFO_SEQ: usize = 1;
 const INFO_OP: usize = 2;
 const INFO_ROUND: usize = 3;
 const INFO_CHECK: usize = 4;
+/// Hash of the other info words, written last: a reader that sees info words of two different
+/// posts (the writer being between its stores) sees a seal that does not match and ignores them.
+const INFO_SEAL: usize = 5;
 const SLEEP: Duration = Duration::from_millis(5);
 const LIVENESS_EVERY: Duration = Duration::from_millis(2);
 
@@ -188,15 +191,17 @@ impl<'a> Call<'a> {
         readers: &[usize],
     ) -> Result<(), CommError> {
         let own = self.seg(self.me)?;
-        for (i, v) in [
-            (INFO_GROUP, self.group),
-            (INFO_SEQ, self.seq),
-            (INFO_OP, self.op as u64),
-            (INFO_ROUND, round as u64),
-            (INFO_CHECK, self.check),
-        ] {
+        let info = [
+            self.group,
+            self.seq,
+            self.op as u64,
+            round as u64,
+            self.check,
+        ];
+        for (i, v) in info.into_iter().enumerate() {
             own.info(s, i).store(v, Ordering::Relaxed);
         }
+        own.info(s, INFO_SEAL).store(fnv(&info), Ordering::Release);
         let word = self.word(round, phase);
         own.post(s).store(word, Ordering::Release);
         self.st.last_post[s] = word;
@@ -304,6 +309,10 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
+    /// Fails if member `k`'s slot `s` holds a post of this group that cannot precede the one
+    /// awaited (a later call, or this call with another op or arguments): the members disagree.
+    /// Only a consistent snapshot of the info words counts (see `INFO_SEAL`); a torn one, read
+    /// while the writer is between its stores, is ignored (the next check sees it whole).
     fn check_mismatch(
         &self,
         seg: &Segment,
@@ -311,11 +320,14 @@ impl<'a> Call<'a> {
         k: usize,
         round: usize,
     ) -> Result<(), CommError> {
-        let info = |i| seg.info(s, i).load(Ordering::Relaxed);
-        if info(INFO_GROUP) != self.group {
+        let seal = seg.info(s, INFO_SEAL).load(Ordering::Acquire);
+        let info: Vec<u64> = (INFO_GROUP..=INFO_CHECK)
+            .map(|i| seg.info(s, i).load(Ordering::Relaxed))
+            .collect();
+        if fnv(&info) != seal || info[INFO_GROUP] != self.group {
             return Ok(());
         }
-        let (seq, op, check) = (info(INFO_SEQ), info(INFO_OP), info(INFO_CHECK));
+        let (seq, op, check) = (info[INFO_SEQ], info[INFO_OP], info[INFO_CHECK]);
         let bad =
             seq > self.seq || (seq == self.seq && (op != self.op as u64 || check != self.check));
         if bad {
@@ -324,7 +336,7 @@ impl<'a> Call<'a> {
                 detail: format!(
                     "rank {} posted call {seq} (op {op}, check {check:#x}, round {}); this member is in call {} ({:?}, check {:#x}, round {round})",
                     self.ranks[k],
-                    info(INFO_ROUND),
+                    info[INFO_ROUND],
                     self.seq,
                     self.op,
                     self.check
@@ -334,11 +346,12 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
-    /// Fails with `PeerLost` if a member's TCP connection has closed (its process is gone).
-    fn liveness(&self) -> Result<(), CommError> {
+    /// The members among `ranks` (world ranks) whose TCP connection has closed: their process
+    /// exited (after finishing its part, or crashed).
+    fn closed(&self, ranks: &[usize]) -> Vec<usize> {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut who = Vec::new();
-        for &r in self.ranks {
+        for &r in ranks {
             if let Some(Some(fd)) = self.fds.get(r) {
                 fds.push(libc::pollfd {
                     fd: *fd,
@@ -350,18 +363,47 @@ impl<'a> Call<'a> {
         }
         // SAFETY: a valid array of pollfds; zero timeout.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if rc > 0 {
-            for (f, r) in fds.iter().zip(who) {
-                if f.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
-                    return Err(CommError::PeerLost {
-                        op: self.name.clone(),
-                        rank: r,
-                        detail: "connection closed (the process exited or crashed)".into(),
-                    });
-                }
-            }
+        if rc <= 0 {
+            return Vec::new();
         }
-        Ok(())
+        fds.iter()
+            .zip(who)
+            .filter(|(f, _)| f.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    /// Fails with `PeerLost` if a member this wait still needs something from has exited. A
+    /// member that exits after posting (or acknowledging) everything awaited from it has just
+    /// finished its part of the job before us: its closed connection is no failure. `ready`
+    /// is checked again after the connections, since the member may have posted and exited
+    /// between the caller's last check and the poll.
+    fn liveness(
+        &self,
+        ready: &mut dyn FnMut() -> Result<bool, CommError>,
+        missing: &dyn Fn() -> Vec<usize>,
+    ) -> Result<bool, CommError> {
+        let closed = self.closed(&missing());
+        if closed.is_empty() {
+            return Ok(false);
+        }
+        // The member's stores into shared memory precede its exit, which precedes the hang-up
+        // the poll reported; fence so the re-check below reads them.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if ready()? {
+            return Ok(true);
+        }
+        let still = missing();
+        match closed.into_iter().find(|r| still.contains(r)) {
+            Some(r) => Err(CommError::PeerLost {
+                op: self.name.clone(),
+                rank: r,
+                detail: "connection closed (the process exited or crashed) before it posted \
+                         or acknowledged what this member waits for"
+                    .into(),
+            }),
+            None => Ok(false),
+        }
     }
 
     /// Waits until `ready`, spinning briefly, then yielding, then sleeping on this rank's
@@ -403,7 +445,9 @@ impl<'a> Call<'a> {
             let now = Instant::now();
             if now.duration_since(checked) >= LIVENESS_EVERY {
                 checked = now;
-                self.liveness()?;
+                if self.liveness(ready, missing)? {
+                    return Ok(());
+                }
             }
             if now >= deadline {
                 return Err(CommError::Timeout {

@@ -39,11 +39,21 @@ fn reduce_members(dtype: DType, op: ReduceOp, out: &mut [u8], srcs: &[&[u8]]) {
 }
 
 impl Call<'_> {
-    fn own_slot(&self, s: usize) -> Result<&mut [u8], CommError> {
+    /// Copies `src` into our slot `s` at byte `off`. Callers hold the slot (`acquire(s)`, and
+    /// no post since, or only posts whose readers read other ranges of it).
+    fn fill_own(&self, s: usize, off: usize, src: &[u8]) -> Result<(), CommError> {
         let seg = self.seg(self.me)?;
-        // SAFETY: our slot `s` is SLOT bytes of shared memory that only this process writes,
-        // and only after `acquire(s)` (no reader still uses its previous content).
-        Ok(unsafe { std::slice::from_raw_parts_mut(seg.data(s), SLOT) })
+        if off.checked_add(src.len()).is_none_or(|e| e > SLOT) {
+            return Err(CommError::InvalidArgument {
+                op: self.name.clone(),
+                detail: format!("{} bytes at {off} overflow a {SLOT}-byte slot", src.len()),
+            });
+        }
+        // SAFETY: the range is inside our slot `s` (checked above); only this process writes
+        // it, and no reader reads it now (see above); `src` is process-private memory, so the
+        // ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), seg.data(s).add(off), src.len()) };
+        Ok(())
     }
 
     fn peer_slot(&self, k: usize, s: usize) -> Result<&[u8], CommError> {
@@ -73,7 +83,7 @@ impl Call<'_> {
             let w = win(lens[self.me], r, SLOT);
             if !w.is_empty() {
                 self.acquire(s)?;
-                self.own_slot(s)?[..w.len()].copy_from_slice(&chunks[self.me][w.clone()]);
+                self.fill_own(s, 0, &chunks[self.me][w.clone()])?;
                 self.set_meta(s, 0, lens[self.me])?;
                 self.post(s, r, 0, &peers)?;
             }
@@ -108,18 +118,15 @@ impl Call<'_> {
             let s = r % 2;
             self.acquire(s)?;
             let mut readers = Vec::new();
-            {
-                let slot = self.own_slot(s)?;
-                for &k in &peers {
-                    let w = win(lens[k], r, b);
-                    if !w.is_empty() {
-                        slot[k * b..k * b + w.len()].copy_from_slice(&pieces[k][w]);
-                        readers.push(k);
-                    }
+            for &k in &peers {
+                let w = win(lens[k], r, b);
+                if !w.is_empty() {
+                    self.fill_own(s, k * b, &pieces[k][w])?;
+                    readers.push(k);
                 }
             }
-            for k in 0..n {
-                self.set_meta(s, k, lens[k])?;
+            for (k, &l) in lens.iter().enumerate() {
+                self.set_meta(s, k, l)?;
             }
             self.post(s, r, 0, &readers)?;
             let w = win(lens[self.me], r, b);
@@ -128,9 +135,9 @@ impl Call<'_> {
             }
             self.wait_posts(&peers, s, r, 0)?;
             let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
-            for k in 0..n {
+            for (k, piece) in pieces.iter().enumerate() {
                 if k == self.me {
-                    srcs.push(&pieces[k][w.clone()]);
+                    srcs.push(&piece[w.clone()]);
                 } else {
                     let seg = self.seg(k)?;
                     self.check_meta(seg, s, k, self.me, lens[self.me])?;
@@ -165,23 +172,30 @@ impl Call<'_> {
             let mine = win(lens[me], r, b);
             self.acquire(s)?;
             let mut readers = Vec::new();
-            {
-                let slot = self.own_slot(s)?;
-                for &k in &peers {
-                    let w = win(lens[k], r, b);
-                    if !w.is_empty() || !mine.is_empty() {
-                        readers.push(k);
-                    }
-                    if !w.is_empty() {
-                        slot[k * b..k * b + w.len()].copy_from_slice(&chunks[k][w]);
-                    }
+            for &k in &peers {
+                let w = win(lens[k], r, b);
+                if !w.is_empty() || !mine.is_empty() {
+                    readers.push(k);
+                }
+                if !w.is_empty() {
+                    self.fill_own(s, k * b, &chunks[k][w])?;
                 }
             }
             self.post(s, r, 0, &readers)?;
             if !mine.is_empty() {
                 self.wait_posts(&peers, s, r, 0)?;
-                let own = self.own_slot(s)?;
-                let res = &mut own[me * b..me * b + mine.len()];
+                let own = self.seg(me)?;
+                if me * b + mine.len() > SLOT {
+                    return Err(CommError::InvalidArgument {
+                        op: self.name.clone(),
+                        detail: format!("member {me}'s window overflows the slot"),
+                    });
+                }
+                // SAFETY: range `me` of our slot `s` (in bounds, checked above) is written only
+                // by this process, and peers read it only after our phase-1 post below; the
+                // phase-0 readers read the other members' ranges. Nothing else aliases it here.
+                let res: &mut [u8] =
+                    unsafe { std::slice::from_raw_parts_mut(own.data(s).add(me * b), mine.len()) };
                 {
                     let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
                     for k in 0..n {
@@ -221,7 +235,7 @@ impl Call<'_> {
     ) -> Result<(), CommError> {
         let peers = self.peers();
         self.acquire(0)?;
-        self.own_slot(0)?[..buf.len()].copy_from_slice(buf);
+        self.fill_own(0, 0, buf)?;
         self.post(0, 0, 0, &peers)?;
         self.wait_posts(&peers, 0, 0, 0)?;
         let mut srcs: Vec<&[u8]> = Vec::with_capacity(self.n());
@@ -260,14 +274,11 @@ impl Call<'_> {
             if r < r_w {
                 self.acquire(s)?;
                 let mut readers = Vec::new();
-                {
-                    let slot = self.own_slot(s)?;
-                    for &j in &peers {
-                        let w = win(pieces[j].len(), r, b);
-                        if !w.is_empty() {
-                            slot[j * b..j * b + w.len()].copy_from_slice(&pieces[j][w]);
-                            readers.push(j);
-                        }
+                for &j in &peers {
+                    let w = win(pieces[j].len(), r, b);
+                    if !w.is_empty() {
+                        self.fill_own(s, j * b, &pieces[j][w])?;
+                        readers.push(j);
                     }
                 }
                 for (j, p) in pieces.iter().enumerate() {
@@ -298,7 +309,7 @@ impl Call<'_> {
             let w = win(buf.len(), r, SLOT);
             if self.me == root {
                 self.acquire(s)?;
-                self.own_slot(s)?[..w.len()].copy_from_slice(&buf[w]);
+                self.fill_own(s, 0, &buf[w])?;
                 self.set_meta(s, 0, buf.len())?;
                 self.post(s, r, 0, &peers)?;
             } else {
@@ -326,7 +337,7 @@ impl Call<'_> {
             let w = win(buf.len(), r, SLOT);
             if self.me != root {
                 self.acquire(s)?;
-                self.own_slot(s)?[..w.len()].copy_from_slice(&buf[w]);
+                self.fill_own(s, 0, &buf[w])?;
                 self.set_meta(s, 0, buf.len())?;
                 self.post(s, r, 0, &[root])?;
                 continue;

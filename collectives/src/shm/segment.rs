@@ -189,7 +189,7 @@ impl Segment {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.layout.len);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.layout.len);
         // SAFETY: in bounds, 8-aligned (the mapping is page-aligned), shared memory that is
         // only accessed atomically at this offset.
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
@@ -207,7 +207,7 @@ impl Segment {
     }
 
     /// Slot `s`'s post word (tag hash << 8 | phase), then its info words (group, seq, op,
-    /// round, check).
+    /// round, check, seal).
     pub fn post(&self, s: usize) -> &AtomicU64 {
         self.u64_at(HEADERS + s * LINE)
     }

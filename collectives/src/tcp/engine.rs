@@ -308,8 +308,8 @@ impl Links {
                 }
             }
             let mut all_done = true;
-            for p in 0..np {
-                let Some(l) = self.links[p].as_mut() else {
+            for (p, slot) in self.links.iter_mut().enumerate() {
+                let Some(l) = slot.as_mut() else {
                     continue;
                 };
                 while let Some(r) = recvs.iter_mut().find(|r| r.peer == p && !r.done()) {

@@ -1,0 +1,105 @@
+//! Helpers shared by the root end-to-end tests: building and locating `oflaunch` and the
+//! `train` example, running jobs, and reading rank 0's loss lines.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// (oflaunch, train): built once with the same cargo, release profile.
+pub fn binaries() -> &'static (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cargo = env!("CARGO");
+        for args in [
+            &[
+                "build",
+                "--release",
+                "-p",
+                "oxiflow-launcher",
+                "--bin",
+                "oflaunch",
+            ][..],
+            &["build", "--release", "--example", "train"][..],
+        ] {
+            let st = Command::new(cargo)
+                .args(args)
+                .current_dir(root)
+                .status()
+                .expect("run cargo");
+            assert!(st.success(), "cargo {args:?} failed");
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let target = if target.is_absolute() {
+            target
+        } else {
+            root.join(target)
+        };
+        let rel = target.join("release");
+        (rel.join("oflaunch"), rel.join("examples").join("train"))
+    })
+}
+
+pub fn launch(nproc: usize, args: &[&str]) -> Output {
+    let (oflaunch, train) = binaries();
+    Command::new(oflaunch)
+        .arg("--nproc-per-node")
+        .arg(nproc.to_string())
+        .arg("--backend")
+        .arg("cpu")
+        .arg(train)
+        .args(args)
+        .output()
+        .expect("run oflaunch")
+}
+
+pub fn ok(out: Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "oflaunch failed: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Rank 0's `step N loss L` lines as (N, L).
+pub fn curve(text: &str) -> Vec<(u64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches("[rank 0]").trim();
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next(), w.next()) {
+                (Some("step"), Some(n), Some("loss"), Some(v)) => {
+                    Some((n.parse().ok()?, v.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// (final loss, steps/s) from the `final loss L steps/s S` line.
+pub fn final_line(text: &str) -> (f64, f64) {
+    let l = text
+        .lines()
+        .find_map(|l| l.split("final loss ").nth(1))
+        .expect("final line");
+    let w: Vec<&str> = l.split_whitespace().collect();
+    (w[0].parse().unwrap(), w[2].parse().unwrap())
+}
+
+pub fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    a.iter()
+        .zip(b)
+        .map(|((na, x), (nb, y))| {
+            assert_eq!(na, nb);
+            (x - y).abs() / x.abs().max(1e-12)
+        })
+        .fold(0.0, f64::max)
+}

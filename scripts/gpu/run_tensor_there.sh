@@ -15,17 +15,17 @@ STEPS=${2:-200}
 SIZES=${SIZES:-1,4,16,64,256,1024}
 status=0
 # 1. The tensor suite WITHOUT LD_LIBRARY_PATH: cuda_libs must find CUDA 13 by itself.
-env -u LD_LIBRARY_PATH "$B/gpu_tensor" 2>&1 | tee "$OUT/gpu_tensor.log"
+timeout "${T_SUITE:-300}" env -u LD_LIBRARY_PATH "$B/gpu_tensor" 2>&1 | tee "$OUT/gpu_tensor.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 # 2. S(0)->S(1) through the boxing executor on CudaPiece, vs the bare all-to-all.
-env -u LD_LIBRARY_PATH "$B/gpu_boxing_bench" --worlds "$(echo $WORLDS | tr ' ' ,)" --sizes-mib "$SIZES" 2>&1 | tee "$OUT/boxing_bench.md"
+timeout "${T_BENCH:-300}" env -u LD_LIBRARY_PATH "$B/gpu_boxing_bench" --worlds "$(echo $WORLDS | tr ' ' ,)" --sizes-mib "$SIZES" 2>&1 | tee "$OUT/boxing_bench.md"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 # 3. train: NCCL + cuda placement vs CPU backend + cpu placement (same flags), then DDP.
 for w in $WORLDS; do
   common="--steps $STEPS --log-every 10"
-  "$B/oflaunch" --nproc-per-node "$w" --backend nccl "$B/train" --device cuda $common > "$OUT/train_cuda_w$w.log" 2>&1 || status=1
-  "$B/oflaunch" --nproc-per-node "$w" --backend cpu "$B/train" --device cpu $common > "$OUT/train_cpu_w$w.log" 2>&1 || status=1
-  python3 -m torch.distributed.run --standalone --nproc-per-node "$w" scripts/gpu/ddp_mlp.py --steps "$STEPS" \
+  timeout "${T_TRAIN:-120}" "$B/oflaunch" --nproc-per-node "$w" --backend nccl "$B/train" --device cuda $common > "$OUT/train_cuda_w$w.log" 2>&1 || status=1
+  timeout "${T_TRAIN:-120}" "$B/oflaunch" --nproc-per-node "$w" --backend cpu "$B/train" --device cpu $common > "$OUT/train_cpu_w$w.log" 2>&1 || status=1
+  timeout "${T_TRAIN:-120}" python3 -m torch.distributed.run --standalone --nproc-per-node "$w" scripts/gpu/ddp_mlp.py --steps "$STEPS" \
     2>&1 | grep -v "^W.*OMP_NUM_THREADS\|^\*\*\*\*" > "$OUT/ddp_w$w.log" || status=1
   python3 - "$OUT/train_cuda_w$w.log" "$OUT/train_cpu_w$w.log" "$OUT/ddp_w$w.log" "$w" <<'PY' 2>&1 | tee -a "$OUT/train_summary.txt"
 import re, sys

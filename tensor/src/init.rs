@@ -1,9 +1,18 @@
 //! Process start-up: the default runtime context from the launch environment
-//! (`LaunchEnv` -> TCP world, or NCCL when `OXIFLOW_BACKEND=nccl`), or from a communicator the
-//! caller already has.
+//! (`LaunchEnv` -> TCP world, or NCCL with the CUDA backend bound to the same device), or from a
+//! communicator the caller already has.
+//!
+//! Backend choice (`OXIFLOW_BACKEND`, set by `oflaunch --backend`): `nccl` builds the NCCL world
+//! on the device of the local rank and binds the CUDA backend to that device and to the stream
+//! NCCL orders against; `cpu` the CPU (TCP) world; `auto` picks NCCL when the CUDA driver, NCCL
+//! and one GPU per local rank are present (multi-rank jobs), else the CPU world. An NCCL world
+//! moves device pieces only: programs on cpu placements should ask for `--backend cpu`.
+
+use std::sync::Arc;
 
 use oxiflow_collectives::cuda_libs::LibSearch;
 use oxiflow_collectives::env::{BackendChoice, LaunchEnv};
+use oxiflow_collectives::nccl::{init_world_nccl, nccl_unavailable, Completion};
 use oxiflow_collectives::SharedComm;
 
 use crate::context::Context;
@@ -17,15 +26,29 @@ pub fn init_with_world(world: SharedComm) -> Context {
 }
 
 /// Reads the launch environment (torchrun/oflaunch names, see `collectives::env`), joins the
-/// world through the rendezvous store, and installs the process-wide default context. The CPU
-/// (TCP) world serves `auto` and `cpu`; `nccl` builds the NCCL world (for CUDA placements).
+/// world through the rendezvous store, and installs the process-wide default context.
 pub fn init_from_env() -> Result<Context> {
     let op = "init_from_env";
     let env = LaunchEnv::from_env().map_err(|source| TensorError::Comm { op, source })?;
-    let world = match env.backend {
-        BackendChoice::Nccl => oxiflow_collectives::nccl::init_world(&env, &LibSearch::default()),
-        BackendChoice::Auto | BackendChoice::Cpu => oxiflow_collectives::init_world(&env),
+    let libs = LibSearch::default();
+    let use_nccl = match env.backend {
+        BackendChoice::Nccl => true,
+        BackendChoice::Cpu => false,
+        BackendChoice::Auto => env.world_size > 1 && nccl_unavailable(&env, &libs).is_none(),
+    };
+    if use_nccl {
+        let comm =
+            init_world_nccl(&env, &libs).map_err(|source| TensorError::Comm { op, source })?;
+        let rt = crate::cuda::init_cuda_on(comm.context().clone())?;
+        // Kernels and collectives share one order: NCCL waits for the compute stream and the
+        // compute stream for NCCL, with no host synchronisation.
+        comm.set_compute_stream(rt.stream().clone());
+        comm.set_completion(Completion::Async);
+        return Ok(init_with_world(Arc::new(comm)));
     }
-    .map_err(|source| TensorError::Comm { op, source })?;
+    let mut cpu = env.clone();
+    cpu.backend = BackendChoice::Cpu;
+    let world =
+        oxiflow_collectives::init_world(&cpu).map_err(|source| TensorError::Comm { op, source })?;
     Ok(init_with_world(world))
 }

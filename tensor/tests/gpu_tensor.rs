@@ -222,41 +222,67 @@ fn child_ops(world: usize, cases: u32, dev: DeviceType) -> std::result::Result<u
     );
     let strat = op_strategy();
     let mut done = 0;
+    // Keep going after a failing case (every rank runs the same cases, so collectives stay
+    // matched) and report the first few failures.
+    let mut failures: Vec<String> = Vec::new();
     for i in 0..cases {
         let case = strat
             .new_tree(&mut runner)
             .map_err(|e| e.to_string())?
             .current();
         let want = run_case(&case, &local).map_err(|e| format!("case {i} {case:?} cpu: {e}"))?;
-        let got = run_case(&case, &global).map_err(|e| format!("case {i} {case:?} gpu: {e}"))?;
+        let got = match run_case(&case, &global) {
+            Ok(g) => g,
+            Err(e) => {
+                failures.push(format!("case {i} {case:?} gpu: {e}"));
+                continue;
+            }
+        };
         if got.len() != want.len() {
-            return Err(format!(
+            failures.push(format!(
                 "case {i} {case:?}: {} outputs vs {}",
                 got.len(),
                 want.len()
             ));
+            continue;
         }
+        let mut ok = true;
         for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-            if g.shape() != w.shape() {
-                return Err(format!(
-                    "case {i} {case:?} output {j}: shape {} vs {}",
-                    g.shape(),
-                    w.shape()
+            let check = || -> std::result::Result<(), String> {
+                if g.shape() != w.shape() {
+                    return Err(format!("shape {} vs {}", g.shape(), w.shape()));
+                }
+                if g.placement().is_some_and(|p| p.device() != dev) {
+                    return Err(format!("left the {dev} placement"));
+                }
+                let gv = values(g).map_err(|e| e.to_string())?;
+                let wv = values(w).map_err(|e| e.to_string())?;
+                close(&gv, &wv)
+            };
+            if let Err(e) = check() {
+                failures.push(format!(
+                    "case {i} {case:?} output {j} ({}): {e}",
+                    g.describe()
                 ));
-            }
-            let (gv, wv) = (
-                values(g).map_err(|e| e.to_string())?,
-                values(w).map_err(|e| e.to_string())?,
-            );
-            close(&gv, &wv)
-                .map_err(|e| format!("case {i} {case:?} output {j} ({}): {e}", g.describe()))?;
-            if g.placement().is_some_and(|p| p.device() != dev) {
-                return Err(format!("case {i} output {j} left the {dev} placement"));
+                ok = false;
             }
         }
-        done += 1;
+        done += ok as usize;
     }
-    Ok(done)
+    if failures.is_empty() {
+        Ok(done)
+    } else {
+        Err(format!(
+            "{} of {cases} op cases failed; first:\n  {}",
+            cases as usize - done,
+            failures
+                .iter()
+                .take(6)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        ))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -325,6 +351,7 @@ fn child_boxing(
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
     let pls = placements(world, dev);
+    let mut failures: Vec<String> = Vec::new();
     let mut runner = TestRunner::new_with_rng(
         Config::with_cases(cases),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[9; 32]),
@@ -363,17 +390,34 @@ fn child_boxing(
             }
             Ok(Some(values(&y)?))
         };
-        let got = run().map_err(|e| format!("box case {i} {c:?} ({pf} {sf} -> {pt} {st}): {e}"))?;
-        if let Some(g) = got {
-            if g != want {
-                return Err(format!(
-                    "box case {i} {c:?} ({pf} {sf} -> {pt} {st}): values differ"
-                ));
+        match run() {
+            Err(e) => failures.push(format!("box case {i} {c:?} ({pf} {sf} -> {pt} {st}): {e}")),
+            Ok(Some(g)) if g != want => {
+                let bad = g.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                failures.push(format!(
+                    "box case {i} {c:?} ({pf} {sf} -> {pt} {st}): element {bad} of {}: {:?} vs {:?}",
+                    want.len(),
+                    g.get(bad),
+                    want.get(bad)
+                ))
             }
+            Ok(_) => done += 1,
         }
-        done += 1;
     }
-    Ok(done)
+    if failures.is_empty() {
+        Ok(done)
+    } else {
+        Err(format!(
+            "{} of {cases} boxing cases failed; first:\n  {}",
+            failures.len(),
+            failures
+                .iter()
+                .take(6)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        ))
+    }
 }
 
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
@@ -392,6 +436,7 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         );
     }
     let t = Instant::now();
+    let mut code = 0;
     if rank == 0 {
         // Device Philox against the host reference.
         match cuda::philox_words_device(0x1234_5678_9abc, (1 << 32) - 3, 1000) {
@@ -406,13 +451,14 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
                 });
                 if let Some(i) = bad {
                     eprintln!("philox: word {i} differs from the host generator");
-                    return 3;
+                    code = 3;
+                } else {
+                    println!("gpu_tensor: philox 1000 blocks equal to rng::philox4x32_10");
                 }
-                println!("gpu_tensor: philox 1000 blocks equal to rng::philox4x32_10");
             }
             Err(e) => {
                 eprintln!("philox: {e}");
-                return 3;
+                code = 3;
             }
         }
     }
@@ -424,7 +470,7 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         Ok(_) => {}
         Err(e) => {
             eprintln!("rank {rank}: ops: {e}");
-            return 4;
+            code = 4;
         }
     }
     let t = Instant::now();
@@ -436,7 +482,7 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         Ok(_) => {}
         Err(e) => {
             eprintln!("rank {rank}: boxing: {e}");
-            return 5;
+            code = 5;
         }
     }
     if rank == 0 {
@@ -447,7 +493,7 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             );
         }
     }
-    0
+    code
 }
 
 /// Without GPUs: the same case generators on a CPU placement (4 in-process ranks) against the
@@ -552,7 +598,7 @@ fn main() {
                     .env("MASTER_PORT", addr.port().to_string())
                     .env("OXIFLOW_TOKEN", &token)
                     .env("OXIFLOW_BACKEND", "nccl")
-                    .env("OXIFLOW_TIMEOUT", "120")
+                    .env("OXIFLOW_TIMEOUT", "30")
                     .env("NCCL_NVLS_ENABLE", "0")
                     .spawn()
                     .expect("spawn rank")

@@ -374,6 +374,15 @@ impl DeviceBackend for CudaBackend {
                     return Err(derr(name, format!("dtypes {} and {}", dt, x[1].dtype)));
                 }
                 let od = out_shape.dims();
+                if a.shape.ndim() > od.len() || x[1].shape.ndim() > od.len() {
+                    return Err(derr(
+                        name,
+                        format!(
+                            "{} and {} do not broadcast to {out_shape}",
+                            a.shape, x[1].shape
+                        ),
+                    ));
+                }
                 let bstr = |s: &CudaStorage| -> Vec<i64> {
                     let sd = s.shape.dims();
                     let st = strides(sd);

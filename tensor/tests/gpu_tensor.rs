@@ -567,10 +567,6 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
-    let token = generate_token().expect("token");
-    let server =
-        StoreServer::bind("127.0.0.1:0".parse().expect("addr"), token.clone()).expect("store");
-    let addr = server.local_addr();
     let exe = std::env::current_exe().expect("current_exe");
     let mut failed = Vec::new();
     for world in [2usize, 4] {
@@ -580,6 +576,12 @@ fn main() {
             );
             continue;
         }
+        // A fresh store per world: NCCL's id exchange keys are per job, so a second world on
+        // the same store could read the first world's stale unique id.
+        let token = generate_token().expect("token");
+        let server =
+            StoreServer::bind("127.0.0.1:0".parse().expect("addr"), token.clone()).expect("store");
+        let addr = server.local_addr();
         let t = Instant::now();
         let kids = (0..world)
             .map(|r| {

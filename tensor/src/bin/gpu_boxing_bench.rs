@@ -134,18 +134,6 @@ fn main() {
             return;
         }
     };
-    let (token, server) = match generate_token().map_err(|e| e.to_string()).and_then(|t| {
-        StoreServer::bind(([127, 0, 0, 1], 0).into(), t.clone())
-            .map(|s| (t, s))
-            .map_err(|e| e.to_string())
-    }) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("gpu_boxing_bench: store: {e}");
-            std::process::exit(1);
-        }
-    };
-    let addr = server.local_addr();
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -161,6 +149,20 @@ fn main() {
             println!("gpu_boxing_bench: world {world}: skipped: no CUDA ({ndev} GPUs)");
             continue;
         }
+        // A fresh store per world (NCCL id keys are per job; see gpu_tensor).
+        let (token, server) = match generate_token().map_err(|e| e.to_string()).and_then(|t| {
+            StoreServer::bind(([127, 0, 0, 1], 0).into(), t.clone())
+                .map(|s| (t, s))
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("gpu_boxing_bench: store: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let addr = server.local_addr();
         let kids: Vec<_> = (0..world)
             .filter_map(|r| {
                 Command::new(&exe)

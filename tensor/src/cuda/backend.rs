@@ -187,11 +187,12 @@ fn float_only(op: &'static str, d: DType) -> Result<()> {
 /// (outer, n, inner) of `dim` in `shape`.
 fn lanes(shape: &Shape, dim: usize) -> (usize, usize, usize) {
     let d = shape.dims();
-    let outer: usize = d[..dim].iter().product();
-    let inner: usize = d[dim + 1..].iter().product();
+    let outer: usize = d.iter().take(dim).product();
+    let inner: usize = d.iter().skip(dim + 1).product();
     (outer, d.get(dim).copied().unwrap_or(1), inner)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn matmul(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
@@ -438,11 +439,9 @@ impl DeviceBackend for CudaBackend {
                         ),
                     ));
                 }
-                let m = if k == 0 {
-                    out_shape.numel() / bd[1].max(1)
-                } else {
-                    n / k
-                };
+                let m = n
+                    .checked_div(k)
+                    .unwrap_or_else(|| out_shape.numel() / bd[1].max(1));
                 matmul(&rt, name, a, x[1], 1, m, k, bd[1], out_shape, false)?
             }
             Op::BatchMatMul => {

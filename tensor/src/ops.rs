@@ -102,12 +102,12 @@ impl Tensor {
     }
 
     /// Matrix product. `b` 2-d: `self [.., k] @ b [k, n]`; otherwise batch matmul with equal
-    /// batch dims. (A global `self` with more than 2 dims goes through a reshape to 2-d.)
+    /// batch dims. (A global `self` of other than 2 dims goes through a reshape to 2-d.)
     pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
         if b.ndim() != 2 {
             return dispatch(Op::BatchMatMul, &[self, b]);
         }
-        if self.is_global() && self.ndim() > 2 {
+        if self.is_global() && self.ndim() != 2 && self.ndim() > 0 {
             let dims = self.shape().dims();
             let k = dims[dims.len() - 1];
             let m: usize = dims[..dims.len() - 1].iter().product();

@@ -18,7 +18,23 @@ fn apply(x: &Tensor, id: u8, param: u64, make: &dyn Fn(&[usize], u64) -> Tensor)
     let nd = shape.len();
     let d = (param % nd as u64) as usize;
     let di = d as isize;
-    match id % 17 {
+    let as_2d = |t: &Tensor| -> Tensor {
+        let s = t.shape().dims().to_vec();
+        let last = s[s.len() - 1];
+        t.reshape([s.iter().product::<usize>() / last.max(1), last])
+            .unwrap()
+    };
+    // Integer ids in 0..n from a float operand (sigmoid in (0, 1), scaled, truncated).
+    let ids = |s: &[usize], n: usize, param: u64| -> Tensor {
+        make(s, param)
+            .sigmoid()
+            .unwrap()
+            .scale(n as f64 - 0.01)
+            .unwrap()
+            .cast(DType::I64)
+            .unwrap()
+    };
+    match id % 26 {
         0 => x.relu().unwrap(),
         1 => x.gelu().unwrap(),
         2 => x.tanh().unwrap().scale(1.5).unwrap(),
@@ -55,9 +71,45 @@ fn apply(x: &Tensor, id: u8, param: u64, make: &dyn Fn(&[usize], u64) -> Tensor)
         }
         16 => {
             let h = shape[nd - 1];
-            x.layer_norm(&make(&[h], param), &make(&[h], param + 1), 1e-5)
+            x.layer_norm(&make(&[h], param), &make(&[h], param + 1), 0.1)
                 .unwrap()
         }
+        // Re-box to another nd-SBP (the identity on the value).
+        17 => match x.placement().cloned() {
+            Some(p) => x.to_global(&p, nd_sbp(p.ndim(), nd, param, true)).unwrap(),
+            None => x.clone(),
+        },
+        18 => make(&shape, param)
+            .unary_backward(UnaryOp::Gelu, x)
+            .unwrap(),
+        19 => Tensor::softmax_backward(&x.softmax(di).unwrap(), &make(&shape, param), di).unwrap(),
+        20 if d > 0 => x.sum_to_shape(shape[d..].to_vec()).unwrap(),
+        21 => {
+            let l = as_2d(x);
+            let (n, c) = (l.shape().dim(0), l.shape().dim(1));
+            l.cross_entropy(&ids(&[n], c, param)).unwrap()
+        }
+        22 => {
+            let lead = &shape[..nd - 1];
+            let i = ids(if lead.is_empty() { &shape } else { lead }, 5, param);
+            Tensor::embedding(&i, &make(&[5, 3], param)).unwrap()
+        }
+        23 if nd > 1 => {
+            let i = ids(&shape[..nd - 1], 4, param);
+            Tensor::embedding_backward(&i, x, 4).unwrap()
+        }
+        24 => {
+            let h = shape[nd - 1];
+            Tensor::layer_norm_backward(x, &make(&[h], param), &make(&shape, param + 1), 0.1)
+                .unwrap()
+        }
+        25 => {
+            let l = as_2d(x);
+            let (n, c) = (l.shape().dim(0), l.shape().dim(1));
+            Tensor::cross_entropy_backward(&l, &ids(&[n], c, param), &make(&[n], param + 3))
+                .unwrap()
+        }
+        _ if nd == 3 => x.bmm(&make(&[shape[0], shape[2], 2], param)).unwrap(),
         _ => x.unary(UnaryOp::Abs).unwrap(),
     }
 }
@@ -76,13 +128,21 @@ fn run_case(c: &Case) {
     let world = p.num_ranks() + usize::from(c.extra_rank);
     let in_nd: NdSbp = nd_sbp(p.ndim(), c.shape.len(), c.sbp_seed, true);
     // Reference: the whole input (the sum of the rank summands for P inputs) and the chain on it.
-    let results = run_ranks(world, Duration::from_secs(20), |rank| {
+    let results = run_ranks(world, Duration::from_secs(5), |rank| {
         // Each rank's local summand/piece; its shape is what the layout gives this rank.
         let layout = oxiflow_tensor::GlobalLayout::new(c.shape.clone(), &p, in_nd.clone()).unwrap();
         let local_shape = layout
             .local_shape(rank)
             .unwrap_or_else(|| oxiflow_tensor::Shape::new(vec![1; c.shape.len()]));
-        let mine = Tensor::randn(local_shape, 1000 + rank as u64, DType::F32);
+        // Pieces differ along S and P axes and are equal copies along B axes.
+        let coord = p.coord_of(rank).unwrap_or_default();
+        let seed = coord
+            .iter()
+            .zip(in_nd.iter())
+            .fold(1000u64, |acc, (&c, s)| {
+                acc * 16 + if s.is_broadcast() { 0 } else { c as u64 + 1 }
+            });
+        let mine = Tensor::randn(local_shape, seed, DType::F32);
         let x = mine.to_global_checked(&p, in_nd.clone()).unwrap();
         let sbp_seed = c.sbp_seed;
         let make_global = |s: &[usize], param: u64| -> Tensor {
@@ -112,8 +172,8 @@ fn run_case(c: &Case) {
         }
         let want = y.to_ndarray::<f32>().unwrap();
         let what = format!(
-            "rank {rank}: {:?} on {p} input {in_nd} shape {:?} -> out {sbp:?}",
-            c.ops, c.shape
+            "rank {rank}: {:?} on {p} input {in_nd} shape {:?} sbp_seed {} -> out {sbp:?}",
+            c.ops, c.shape, c.sbp_seed
         );
         assert_close(&got, &want, &what);
         if first.is_none() {
@@ -137,7 +197,7 @@ fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 64, ..ProptestConfig::default() })]
     #[test]
     fn chains_match_single_rank(
         mesh in mesh_strategy(),
@@ -182,4 +242,18 @@ fn matmul_s0_by_b_gives_s0_and_reuses_cache() {
             .unwrap();
         assert_close(&m, &wm, "mean");
     });
+}
+
+#[test]
+fn regression_embedding_then_reshape() {
+    for mesh in [vec![2], vec![3]] {
+        run_case(&Case {
+            mesh,
+            perm: 0,
+            extra_rank: false,
+            shape: vec![2, 2, 5],
+            sbp_seed: 0,
+            ops: vec![(126, 7145810785902933612), (38, 17526325042091489005)],
+        });
+    }
 }

@@ -13,9 +13,9 @@ fn kerr(op: &'static str, detail: String) -> TensorError {
 }
 
 fn rows<F: FloatElement>(a: &ArrayD<F>) -> Option<ArrayView2<'_, F>> {
-    let h = *a.shape().last()?;
+    let (&h, lead) = a.shape().split_last()?;
     a.view()
-        .into_shape_with_order((a.len().checked_div(h).unwrap_or(0), h))
+        .into_shape_with_order((lead.iter().product::<usize>(), h))
         .ok()
 }
 
@@ -98,7 +98,7 @@ fn layer_norm_t<F: FloatElement>(
         .shape()
         .last()
         .ok_or_else(|| kerr("layer_norm", "needs a dim".into()))?;
-    let n = out.len().checked_div(h).unwrap_or(0);
+    let n: usize = x.shape()[..x.ndim() - 1].iter().product();
     let mut o2 = out
         .view_mut()
         .into_shape_with_order((n, h))

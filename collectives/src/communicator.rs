@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{Buf, BufMut, CommError, DType, ReduceOp};
+use crate::strided::{check_layout, pack};
+use crate::{Buf, BufMut, CommError, DType, ReduceOp, StridedBlock};
 
 /// Which implementation runs the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,7 +54,13 @@ pub trait Communicator: Send + Sync {
     /// In place: every member ends with `op` over all members' buffers.
     fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
     /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
-    fn all_gather_v(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, counts: &[usize]) -> Result<(), CommError>;
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError>;
     /// `send` holds `sum(counts)` elements; member i receives `op` over all members of the
     /// i-th chunk (`counts[i]` elements).
     fn reduce_scatter_v(
@@ -77,7 +84,13 @@ pub trait Communicator: Send + Sync {
     /// In place: every member ends with `root`'s buffer.
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
     /// In place: `root` ends with `op` over all buffers; the others' buffers are unspecified.
-    fn reduce(&self, dtype: DType, buf: BufMut<'_>, root: usize, op: ReduceOp) -> Result<(), CommError>;
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
     /// Point to point; matched in order with the peer's `recv`.
     fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError>;
     fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError>;
@@ -93,8 +106,40 @@ pub trait Communicator: Send + Sync {
         let counts = vec![n; self.size()];
         self.all_gather_v(dtype, send, recv, &counts)
     }
+    /// All-to-all-v whose send pieces need not be contiguous: member j receives the elements
+    /// of `send_layout[j]` (runs at a stride, in run order) as if they had been packed into
+    /// `send_counts[j] = send_layout[j].count()` consecutive elements; `recv` is as in
+    /// `all_to_all_v`. Interoperates with `all_to_all_v` (members may mix the two in one call).
+    /// This default packs into a scratch buffer (host memory only) and calls `all_to_all_v`;
+    /// backends that can copy runs straight from the send buffer override it.
+    fn all_to_all_v_strided(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_layout: &[StridedBlock],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v_strided";
+        let counts = check_layout(name, dtype, send.len_bytes(), send_layout, self.size())?;
+        let Buf::Host(s) = send else {
+            return Err(CommError::Unsupported {
+                op: name.into(),
+                backend: self.backend().to_string(),
+                detail: "strided device buffers; pack them and call all_to_all_v".into(),
+            });
+        };
+        let packed = pack(s, send_layout, dtype);
+        self.all_to_all_v(dtype, Buf::Host(&packed), &counts, recv, recv_counts)
+    }
     /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
-    fn reduce_scatter(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let n = recv.len_bytes() / dtype.size();
         let counts = vec![n; self.size()];
         self.reduce_scatter_v(dtype, send, recv, &counts, op)

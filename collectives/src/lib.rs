@@ -13,6 +13,7 @@ pub mod nccl;
 mod reduce;
 pub mod rendezvous;
 mod shm;
+mod strided;
 pub mod tcp;
 
 pub use buffer::{Buf, BufMut, DevicePtr};
@@ -20,5 +21,6 @@ pub use communicator::{Backend, Communicator, SharedComm};
 pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use reduce::{reduce_into, ReduceOp};
+pub use strided::StridedBlock;
 pub use inprocess::{InProcessComm, InProcessWorld};
 pub use tcp::{init_world, TcpComm};

@@ -6,21 +6,22 @@
 use std::ops::Range;
 
 use super::call::{Call, SLOT};
+use crate::strided::Runs;
 use crate::{reduce_into, CommError, DType, ReduceOp};
 
 /// Reduction block: sources and destination stay in L1/L2 while a block is combined.
 const BLOCK: usize = 32 << 10;
 
 /// Per-member sub-slot size (64-byte aligned) when a slot is split among `n` members.
-fn sub(n: usize) -> usize {
+pub(super) fn sub(n: usize) -> usize {
     (SLOT / n.max(1)) & !63
 }
 
-fn win(len: usize, r: usize, b: usize) -> Range<usize> {
+pub(super) fn win(len: usize, r: usize, b: usize) -> Range<usize> {
     (r * b).min(len)..((r + 1) * b).min(len)
 }
 
-fn rounds(len: usize, b: usize) -> usize {
+pub(super) fn rounds(len: usize, b: usize) -> usize {
     len.div_ceil(b)
 }
 
@@ -56,7 +57,33 @@ impl Call<'_> {
         Ok(())
     }
 
-    fn peer_slot(&self, k: usize, s: usize) -> Result<&[u8], CommError> {
+    /// Copies logical bytes `w` of `src` (runs at a stride) into our slot `s` at byte `off`,
+    /// under the same rules as `fill_own`.
+    pub(super) fn fill_own_runs(
+        &self,
+        s: usize,
+        off: usize,
+        src: &Runs<'_>,
+        w: Range<usize>,
+    ) -> Result<(), CommError> {
+        let seg = self.seg(self.me)?;
+        if off.checked_add(w.len()).is_none_or(|e| e > SLOT) || w.end > src.len() {
+            return Err(CommError::InvalidArgument {
+                op: self.name.clone(),
+                detail: format!(
+                    "bytes {w:?} of a {}-byte piece at {off} overflow a {SLOT}-byte slot",
+                    src.len()
+                ),
+            });
+        }
+        // SAFETY: the range is inside our slot `s` (checked above); only this process writes
+        // it, and no reader reads it now (see `fill_own`); `src` is process-private memory.
+        let dst = unsafe { std::slice::from_raw_parts_mut(seg.data(s).add(off), w.len()) };
+        src.copy_to(w.start, dst);
+        Ok(())
+    }
+
+    pub(super) fn peer_slot(&self, k: usize, s: usize) -> Result<&[u8], CommError> {
         let seg = self.seg(k)?;
         // SAFETY: member k's slot `s`, which k does not rewrite before we acknowledge it.
         Ok(unsafe { std::slice::from_raw_parts(seg.data(s), SLOT) })
@@ -66,7 +93,7 @@ impl Call<'_> {
         (0..self.n()).filter(|&k| k != self.me).collect()
     }
 
-    fn set_meta(&self, s: usize, j: usize, v: usize) -> Result<(), CommError> {
+    pub(super) fn set_meta(&self, s: usize, j: usize, v: usize) -> Result<(), CommError> {
         self.seg(self.me)?
             .meta(s, j)
             .store(v as u64, std::sync::atomic::Ordering::Relaxed);
@@ -249,10 +276,11 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// All-to-all: `pieces[j]` goes to member j, `chunks[i]` comes from member i.
+    /// All-to-all: `pieces[j]` (runs at a stride) goes to member j, `chunks[i]` comes from
+    /// member i.
     pub fn all_to_all(
         &mut self,
-        pieces: &[&[u8]],
+        pieces: &[Runs<'_>],
         chunks: &mut [&mut [u8]],
     ) -> Result<(), CommError> {
         let n = self.n();
@@ -277,7 +305,7 @@ impl Call<'_> {
                 for &j in &peers {
                     let w = win(pieces[j].len(), r, b);
                     if !w.is_empty() {
-                        self.fill_own(s, j * b, &pieces[j][w])?;
+                        self.fill_own_runs(s, j * b, &pieces[j], w)?;
                         readers.push(j);
                     }
                 }

@@ -15,6 +15,9 @@ const PAGE: usize = 4096;
 const DOORBELL: usize = 64;
 const HEADERS: usize = 128;
 const ACKS: usize = 256;
+/// Metadata bytes per rank and slot: four words (a strided all-to-all piece's length,
+/// address, run and stride).
+const META_BYTES: usize = 32;
 
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
@@ -34,7 +37,7 @@ impl Layout {
     pub fn new(world: usize) -> Layout {
         let acks_end = ACKS + 2 * world * LINE;
         let meta = align_up(acks_end, PAGE);
-        let meta_len = align_up(world * 16, PAGE);
+        let meta_len = align_up(world * META_BYTES, PAGE);
         let data = meta + 2 * meta_len;
         let slot_stride = SLOT_BYTES;
         Layout {
@@ -218,9 +221,9 @@ impl Segment {
     pub fn ack(&self, s: usize, reader: usize) -> &AtomicU64 {
         self.u64_at(ACKS + (s * self.layout.world + reader) * LINE)
     }
-    /// Per-member metadata word `k` of slot `s` (piece lengths, for checks).
+    /// Metadata word `k < 4 * world` of slot `s` (piece lengths, for checks; addresses).
     pub fn meta(&self, s: usize, k: usize) -> &AtomicU64 {
-        let meta_len = align_up(self.layout.world * 16, PAGE);
+        let meta_len = align_up(self.layout.world * META_BYTES, PAGE);
         self.u64_at(self.layout.meta + s * meta_len + 8 * k)
     }
     /// Start of slot `s`'s payload (`SLOT_BYTES`, page-aligned).
@@ -258,21 +261,67 @@ impl Drop for Segment {
     }
 }
 
+/// Most remote iovecs one process_vm_readv takes (IOV_MAX).
+const IOV_MAX: usize = 1024;
+
 /// Copies `dst.len()` bytes at `addr` of process `pid` into `dst` (process_vm_readv).
 pub(crate) fn cma_read(pid: libc::pid_t, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    cma_read_runs(pid, addr, dst.len(), dst.len(), dst)
+}
+
+/// Copies into `dst` the `dst.len()` bytes of process `pid` that are laid out as runs of
+/// `run` bytes, `stride` apart, from `addr`: one copy, straight into `dst`, up to `IOV_MAX`
+/// runs per system call.
+pub(crate) fn cma_read_runs(
+    pid: libc::pid_t,
+    addr: u64,
+    run: usize,
+    stride: usize,
+    dst: &mut [u8],
+) -> std::io::Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    if run == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "runs of zero bytes",
+        ));
+    }
     let mut done = 0;
+    let mut remote: Vec<libc::iovec> = Vec::with_capacity(IOV_MAX.min(dst.len().div_ceil(run)));
     while done < dst.len() {
+        remote.clear();
+        let mut p = done;
+        while p < dst.len() && remote.len() < IOV_MAX {
+            let (i, o) = (p / run, p % run);
+            let l = (run - o).min(dst.len() - p);
+            let at = (i as u64)
+                .checked_mul(stride as u64)
+                .and_then(|x| x.checked_add(addr + o as u64))
+                .ok_or_else(|| std::io::Error::other("remote address overflows"))?;
+            remote.push(libc::iovec {
+                iov_base: at as *mut libc::c_void,
+                iov_len: l,
+            });
+            p += l;
+        }
         let local = libc::iovec {
             iov_base: dst[done..].as_mut_ptr() as *mut libc::c_void,
-            iov_len: dst.len() - done,
+            iov_len: p - done,
         };
-        let remote = libc::iovec {
-            iov_base: (addr + done as u64) as *mut libc::c_void,
-            iov_len: dst.len() - done,
+        // SAFETY: one local iovec over our own writable buffer (`p - done` bytes of it); the
+        // remote ranges are checked by the kernel (an invalid one fails with EFAULT).
+        let n = unsafe {
+            libc::process_vm_readv(
+                pid,
+                &local,
+                1,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
         };
-        // SAFETY: one local iovec over our own writable buffer; the remote range is checked by
-        // the kernel (an invalid one fails with EFAULT).
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {

@@ -12,8 +12,10 @@ use super::{
 };
 use crate::algorithms::args;
 use crate::shm::OpCode;
+use crate::strided::{check_layout, Runs};
 use crate::{
     reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
+    StridedBlock,
 };
 
 impl Communicator for TcpComm {
@@ -207,50 +209,30 @@ impl Communicator for TcpComm {
         let r = args::host_mut(name, BACKEND, recv)?;
         args::check_len(name, "send buffer", dtype, s.len(), stotal)?;
         args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
-        let sz = dtype.size();
-        if send_counts[self.me] != recv_counts[self.me] {
-            return Err(CommError::Mismatch {
-                op: self.name(name),
-                detail: format!(
-                    "member {} sends itself {} elements but expects {}",
-                    self.me, send_counts[self.me], recv_counts[self.me]
-                ),
-            });
-        }
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(n);
-        let mut o = 0;
-        for c in send_counts {
-            pieces.push(&s[o..o + c * sz]);
-            o += c * sz;
-        }
-        let mut chunks = split(r, recv_counts.iter().map(|c| c * sz));
-        chunks[self.me].copy_from_slice(pieces[self.me]);
-        if n == 1 {
-            return Ok(());
-        }
-        if let Some(r) = self.shm_run(name, seq, OpCode::AllToAll, &[dtype as usize], |c| {
-            if c.cma() {
-                c.all_to_all_direct(&pieces, &mut chunks)
-            } else {
-                c.all_to_all(&pieces, &mut chunks)
-            }
-        }) {
-            return r;
-        }
-        let tag = self.tag(seq, 0);
-        let mut sends: Vec<SendOp<'_>> = self
-            .peers()
-            .map(|(k, rk)| SendOp::new(rk, tag, pieces[k]))
-            .collect();
-        let mut recvs: Vec<RecvOp<'_>> = chunks
+        let pieces: Vec<Runs<'_>> = split_ref(s, send_counts.iter().map(|c| c * dtype.size()))
             .into_iter()
-            .enumerate()
-            .filter(|(k, _)| *k != self.me)
-            .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+            .map(Runs::contiguous)
             .collect();
-        let mut links = lock(&self.world.links);
-        self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)
+        self.all_to_all_runs(name, dtype, &pieces, r, recv_counts)
+    }
+
+    fn all_to_all_v_strided(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_layout: &[StridedBlock],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v_strided";
+        let n = self.size();
+        let s = args::host(name, BACKEND, send)?;
+        check_layout(name, dtype, s.len(), send_layout, n)?;
+        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+        let r = args::host_mut(name, BACKEND, recv)?;
+        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
+        let pieces: Vec<Runs<'_>> = send_layout.iter().map(|b| Runs::of(s, b, dtype)).collect();
+        self.all_to_all_runs(name, dtype, &pieces, r, recv_counts)
     }
 
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {

@@ -9,9 +9,12 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::strided::Runs;
 use crate::CommError;
 
 pub(crate) const HEADER: usize = 32;
+/// Most slices one vectored write of a strided message gathers.
+const MAX_SLICES: usize = 64;
 const MAGIC: u32 = 0x4f58_4631; // "OXF1"
 
 /// What a message belongs to: the group (hash of its world ranks), the call's sequence number
@@ -51,16 +54,20 @@ fn parse(h: &[u8; HEADER]) -> (u32, Tag, u64) {
     )
 }
 
-/// One outgoing message of a call.
+/// One outgoing message of a call: its bytes may be runs at a stride (gathered by vectored
+/// writes straight from the caller's buffer).
 pub(crate) struct SendOp<'a> {
     peer: usize,
     hdr: [u8; HEADER],
-    data: &'a [u8],
+    data: Runs<'a>,
     pos: usize,
 }
 
 impl<'a> SendOp<'a> {
     pub fn new(peer: usize, tag: Tag, data: &'a [u8]) -> Self {
+        SendOp::runs(peer, tag, Runs::contiguous(data))
+    }
+    pub fn runs(peer: usize, tag: Tag, data: Runs<'a>) -> Self {
         SendOp {
             peer,
             hdr: header(tag, data.len()),
@@ -159,11 +166,26 @@ fn flush_pending(l: &mut Link, op: &str, peer: usize) -> Result<bool, CommError>
 fn push(l: &mut Link, s: &mut SendOp<'_>, op: &str) -> Result<bool, CommError> {
     let mut progressed = false;
     while !s.done() {
-        let r = if s.pos < HEADER {
-            let bufs = [IoSlice::new(&s.hdr[s.pos..]), IoSlice::new(s.data)];
-            l.stream.write_vectored(&bufs)
+        let mut bufs = [IoSlice::new(&[]); MAX_SLICES];
+        let mut k = 0;
+        if s.pos < HEADER {
+            bufs[0] = IoSlice::new(&s.hdr[s.pos..]);
+            k = 1;
+        }
+        let data = s.data;
+        data.segments(
+            s.pos.saturating_sub(HEADER),
+            usize::MAX,
+            MAX_SLICES - k,
+            |seg| {
+                bufs[k] = IoSlice::new(seg);
+                k += 1;
+            },
+        );
+        let r = if k == 1 {
+            l.stream.write(&bufs[0])
         } else {
-            l.stream.write(&s.data[s.pos - HEADER..])
+            l.stream.write_vectored(&bufs[..k])
         };
         match r {
             Ok(0) => return Err(lost(op, s.peer, "connection closed while sending".into())),

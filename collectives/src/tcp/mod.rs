@@ -9,6 +9,7 @@
 //! instead, unless disabled at connect time; TCP then stays the liveness channel and carries
 //! point-to-point messages.
 
+mod all_to_all;
 mod engine;
 mod launch;
 mod mesh;

@@ -10,7 +10,9 @@ use clap::Parser;
 use oxiflow_boxing::{boxing, BoxingPlanner, HostData, HostPiece, LocalPiece};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
-use oxiflow_collectives::{init_world, Buf, BufMut, DType, InProcessWorld, ReduceOp, SharedComm};
+use oxiflow_collectives::{
+    init_world, Buf, BufMut, DType, InProcessWorld, ReduceOp, SharedComm, StridedBlock,
+};
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, Sbp};
 
@@ -105,6 +107,35 @@ fn bare_pack_all_to_all(
     Ok(out)
 }
 
+/// The strided all-to-all called by hand: each column block described as strided runs.
+fn bare_strided_all_to_all(
+    comm: &SharedComm,
+    piece: &HostPiece,
+    out_numel: usize,
+) -> Result<Vec<f32>, String> {
+    let p = comm.size();
+    let (rows, cols) = (piece.shape.dim(0), piece.shape.dim(1));
+    let w = cols / p;
+    let layout: Vec<StridedBlock> = (0..p)
+        .map(|j| StridedBlock {
+            offset: j * w,
+            run_len: w,
+            stride: cols,
+            runs: rows,
+        })
+        .collect();
+    let mut out = vec![0f32; out_numel];
+    comm.all_to_all_v_strided(
+        DType::F32,
+        piece.as_buf(),
+        &layout,
+        BufMut::Host(bytemuck::cast_slice_mut(&mut out)),
+        &vec![rows * w; p],
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 fn bare(
     comm: &SharedComm,
     op: Op,
@@ -162,7 +193,7 @@ fn bench_rank(comm: SharedComm, args: &Args) -> Result<Option<String>, String> {
             HostData::F32((0..local.numel()).map(|i| ((i + me) % 17) as f32).collect()),
         )
         .map_err(|e| e.to_string())?;
-        let (mut tb, mut tc, mut tp) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tb, mut tc, mut tp, mut ts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut packed = vec![
             0f32;
             if matches!(op, Op::SToS) {
@@ -172,7 +203,7 @@ fn bench_rank(comm: SharedComm, args: &Args) -> Result<Option<String>, String> {
             }
         ];
         let variants: &[usize] = if matches!(op, Op::SToS) {
-            &[0, 1, 2]
+            &[0, 1, 2, 3]
         } else {
             &[0, 1]
         };
@@ -189,6 +220,8 @@ fn bench_rank(comm: SharedComm, args: &Args) -> Result<Option<String>, String> {
                     std::hint::black_box(out);
                 } else if variant == 1 {
                     std::hint::black_box(bare(&comm, op, piece, out_numel)?);
+                } else if variant == 3 {
+                    std::hint::black_box(bare_strided_all_to_all(&comm, &piece, out_numel)?);
                 } else {
                     std::hint::black_box(bare_pack_all_to_all(
                         &comm,
@@ -206,7 +239,7 @@ fn bench_rank(comm: SharedComm, args: &Args) -> Result<Option<String>, String> {
                 )
                 .map_err(|e| e.to_string())?;
                 if it > 0 {
-                    [&mut tb, &mut tc, &mut tp][variant].push(t[0]);
+                    [&mut tb, &mut tc, &mut tp, &mut ts][variant].push(t[0]);
                 }
             }
         }
@@ -227,6 +260,16 @@ fn bench_rank(comm: SharedComm, args: &Args) -> Result<Option<String>, String> {
                 mb * 1e3,
                 mp * 1e3,
                 mb / mp
+            ));
+        }
+        if !ts.is_empty() {
+            let ms = median(&mut ts);
+            report.push_str(&format!(
+                "{:<12} boxing {:>9.3} ms   bare strided a2a_v {:>9.3} ms   ratio {:.3}\n",
+                format!("{a}->{b}"),
+                mb * 1e3,
+                ms * 1e3,
+                mb / ms
             ));
         }
         if me == 0 && op as u8 == 0 {

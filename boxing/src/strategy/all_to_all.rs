@@ -1,9 +1,13 @@
 //! S(a) -> S(b) on a mesh axis: all-to-all(-v). Member i sends member j the part j of dim b of
 //! its piece and receives part i of dim b of member j's piece, placed at part j of dim a. Send
-//! is direct when dim b is outermost in the piece (else packed); receive is direct when dim a
-//! is outermost in the result (else unpacked from staging).
+//! is direct when dim b is outermost in the piece; else host pieces go through the strided
+//! all-to-all (each part is runs at a constant stride, which the CPU backend sends without
+//! packing) and device pieces are packed. Receive is direct when dim a is outermost in the
+//! result (else unpacked from staging).
 
 use std::ops::Range;
+
+use oxiflow_collectives::{Buf, BufMut, StridedBlock};
 
 use crate::execute::comm_err;
 use crate::piece::LocalPiece;
@@ -28,7 +32,27 @@ pub(crate) fn run<P: LocalPiece>(
     let recv_counts: Vec<usize> = recv_boxes.iter().map(|r| numel(r)).collect();
     let comm = ctx.comm()?;
 
-    let packed = if outer(&in_shape, b) == 1 {
+    // Host pieces whose send parts are strided go out through the strided all-to-all (the
+    // CPU backend copies the runs without packing); device pieces are packed here.
+    let strided = outer(&in_shape, b) > 1 && matches!(piece.as_buf(), Buf::Host(_));
+    let layout: Vec<StridedBlock> = if strided {
+        let inner: usize = in_shape.dims()[b + 1..].iter().product();
+        let split = ctx.split(b);
+        (0..ctx.p)
+            .map(|j| {
+                let r = split.range(j);
+                StridedBlock {
+                    offset: r.start * inner,
+                    run_len: r.len() * inner,
+                    stride: in_shape.dim(b) * inner,
+                    runs: outer(&in_shape, b),
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let packed = if outer(&in_shape, b) == 1 || strided {
         None
     } else {
         let refs: Vec<&[Range<usize>]> = send_boxes.iter().map(|r| r.as_slice()).collect();
@@ -37,26 +61,20 @@ pub(crate) fn run<P: LocalPiece>(
         Some(s)
     };
     let send_piece = packed.as_ref().unwrap_or(&piece);
+    let exchange = |recv: BufMut<'_>| {
+        if strided {
+            comm.all_to_all_v_strided(dtype, piece.as_buf(), &layout, recv, &recv_counts)
+        } else {
+            comm.all_to_all_v(dtype, send_piece.as_buf(), &send_counts, recv, &recv_counts)
+        }
+        .map_err(comm_err(step))
+    };
     let mut out = P::alloc(&out_shape, dtype, dev)?;
     if outer(&out_shape, a) == 1 {
-        comm.all_to_all_v(
-            dtype,
-            send_piece.as_buf(),
-            &send_counts,
-            out.as_buf_mut(),
-            &recv_counts,
-        )
-        .map_err(comm_err(step))?;
+        exchange(out.as_buf_mut())?;
     } else {
         let mut staging = P::scratch(out_shape.numel(), dtype, dev)?;
-        comm.all_to_all_v(
-            dtype,
-            send_piece.as_buf(),
-            &send_counts,
-            staging.as_buf_mut(),
-            &recv_counts,
-        )
-        .map_err(comm_err(step))?;
+        exchange(staging.as_buf_mut())?;
         let refs: Vec<&[Range<usize>]> = recv_boxes.iter().map(|r| r.as_slice()).collect();
         out.unpack(&refs, &staging, 0, None)?;
         staging.recycle();

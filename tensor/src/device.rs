@@ -76,6 +76,7 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
 /// Kernels and transfers of one device type (see the module docs for the contract).
 pub trait DeviceBackend: Send + Sync {
     /// Uploads a host array to device `ordinal`.
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, array: &CpuArray, ordinal: usize) -> Result<Arc<dyn DeviceStorage>>;
     /// Runs the local kernel of `op` on `inputs`, returning a piece of `out_shape`/`out_dtype`.
     fn run(

@@ -107,7 +107,7 @@ impl Tensor {
         };
         let local_shape = match &piece {
             Some(s) => s.shape(),
-            None => Shape::new(std::iter::repeat(0).take(layout.shape().ndim())),
+            None => Shape::new(std::iter::repeat_n(0, layout.shape().ndim())),
         };
         debug_assert!(
             piece.is_none() || layout.local_shape(ctx.rank()).as_ref() == Some(&local_shape),

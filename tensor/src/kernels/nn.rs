@@ -110,7 +110,7 @@ fn layer_norm_t<F: FloatElement>(
         for (j, v) in row.iter_mut().enumerate() {
             let mut y = (*v - mean) * rstd;
             if let Some(w) = &w {
-                y = y * w[[j]];
+                y *= w[[j]];
             }
             if let Some(b) = &b {
                 y += b[[j]];
@@ -171,7 +171,7 @@ fn layer_norm_backward_t<F: FloatElement>(
         let (mean, rstd) = moments(x, eps);
         if let Some(w) = &w {
             for (j, v) in g.iter_mut().enumerate() {
-                *v = *v * w[[j]];
+                *v *= w[[j]];
             }
         }
         let (mut sg, mut sgx) = (F::from_f64(0.0), F::from_f64(0.0));
@@ -246,8 +246,8 @@ fn cross_entropy_t<F: FloatElement>(logits: &ArrayD<F>, labels: &ArrayD<i64>) ->
         .zip(labels.iter())
         .map(|(r, &y)| lse(r) - r[y as usize])
         .collect();
-    Ok(ArrayD::from_shape_vec(IxDyn(&[out.len()]), out)
-        .map_err(|e| kerr("cross_entropy", e.to_string()))?)
+    ArrayD::from_shape_vec(IxDyn(&[out.len()]), out)
+        .map_err(|e| kerr("cross_entropy", e.to_string()))
 }
 
 /// Per-sample loss of logits [N, C] against labels [N].

@@ -66,7 +66,7 @@ pub(crate) fn check_layout(
         });
     }
     let elems = send_bytes / dtype.size();
-    if send_bytes % dtype.size() != 0 {
+    if !send_bytes.is_multiple_of(dtype.size()) {
         return Err(CommError::BufferSize {
             op: op.to_string(),
             expected: elems * dtype.size(),

@@ -2,6 +2,11 @@
 //! f32 tensor (default 64 MiB, `--kib` to change) on 4 ranks of the CPU backend: TCP processes (the binary starts
 //! itself once per rank, with a rendezvous store it serves) or in-process threads. Prints the
 //! median time of each and their ratio. Both sides allocate their output as boxing does.
+//! Allocations of 16 MiB outputs dominate at 64 MiB: glibc's dynamic mmap threshold decides
+//! whether they page-fault on every call, from the process's allocation history, so compare
+//! binaries in a pinned regime (workers inherit the environment): no faults with
+//! `MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=4000000000`, faults on every call
+//! with `MALLOC_MMAP_THRESHOLD_=131072`.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -18,6 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oxiflow::checkpoint::{SaveOptions, SaveStage};
+use oxiflow::collectives::Backend;
 use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::prelude::*;
 
@@ -52,6 +53,8 @@ fn crash_hook(stage: SaveStage) {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Dev {
+    /// cuda when the world runs on NCCL (oflaunch --backend auto on a GPU machine), else cpu.
+    Auto,
     Cpu,
     Cuda,
 }
@@ -91,8 +94,9 @@ struct Args {
     optimizer: Opt,
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     dtype: Precision,
-    /// Device of the mesh placement: cpu, or cuda (one GPU per rank; use --backend nccl).
-    #[arg(long, value_enum, default_value_t = Dev::Cpu)]
+    /// Device of the mesh placement: auto (cuda when the world runs on NCCL, else cpu), cpu,
+    /// or cuda (one GPU per rank; needs the NCCL backend).
+    #[arg(long, value_enum, default_value_t = Dev::Auto)]
     device: Dev,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -142,6 +146,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         device: match args.device {
             Dev::Cpu => DeviceType::Cpu,
             Dev::Cuda => DeviceType::Cuda,
+            Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
+            Dev::Auto => DeviceType::Cpu,
         },
         ..TrainConfig::default()
     };

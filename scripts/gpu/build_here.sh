@@ -5,11 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 CARRY=.carry
 rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
-cargo build --release -p oxiflow-collectives --bin nccl_bench
+cargo build --release -p oxiflow-collectives --bin nccl_bench --bin collectives_bench
+cargo build --release -p oxiflow-tensor --bin dispatch_bench
 cargo build --release -p oxiflow-tensor --bin gpu_boxing_bench
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train
 cp target/release/nccl_bench target/release/gpu_boxing_bench target/release/oflaunch "$CARRY/bin/"
+cp target/release/collectives_bench target/release/dispatch_bench "$CARRY/bin/"
 cp target/release/examples/train "$CARRY/bin/"
 # Test executables (custom harnesses): gpu_nccl (collectives), gpu_tensor (tensor).
 for spec in "oxiflow-collectives gpu_nccl" "oxiflow-tensor gpu_tensor"; do

@@ -167,10 +167,11 @@ fn anchor_script() -> Result<PathBuf, String> {
     if p.exists() {
         return Ok(p);
     }
-    let local = PathBuf::from("mpi_anchor.py");
-    local
-        .exists()
-        .then_some(local)
+    // Run from a copy of the repository elsewhere (e.g. the GPU machines): its root or here.
+    ["collectives/bench/mpi_anchor.py", "mpi_anchor.py"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|c| c.exists())
         .ok_or_else(|| format!("{} not found", p.display()))
 }
 

@@ -1,0 +1,461 @@
+//! `Communicator` for `NcclComm`: argument checks, device pointers, and each collective as
+//! NCCL calls (grouped send/recv and broadcasts/reduces for uneven counts) on the comm stream.
+
+use super::*;
+
+/// A device pointer checked against this communicator's device and an expected size.
+fn dev_ptr(
+    op: &str,
+    inner: &Inner,
+    b: Buf<'_>,
+    expected: usize,
+    what: &str,
+) -> Result<u64, CommError> {
+    match b {
+        Buf::Host(_) => Err(CommError::Unsupported {
+            op: op.into(),
+            backend: Backend::Nccl.to_string(),
+            detail: format!("{what} is host memory; the NCCL backend takes device buffers"),
+        }),
+        Buf::Device(d) => {
+            if d.device != inner.device {
+                return Err(CommError::InvalidArgument {
+                    op: op.into(),
+                    detail: format!(
+                        "{what} lives on device {}, the communicator on device {}",
+                        d.device, inner.device
+                    ),
+                });
+            }
+            if d.bytes != expected {
+                return Err(CommError::BufferSize {
+                    op: op.into(),
+                    expected,
+                    got: d.bytes,
+                    detail: what.into(),
+                });
+            }
+            Ok(d.ptr)
+        }
+    }
+}
+
+fn check_counts(op: &str, inner: &Inner, counts: &[usize], what: &str) -> Result<(), CommError> {
+    if counts.len() != inner.size {
+        return Err(CommError::InvalidArgument {
+            op: op.into(),
+            detail: format!(
+                "{what} has {} entries for {} members",
+                counts.len(),
+                inner.size
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn offsets(counts: &[usize], esz: usize) -> Vec<usize> {
+    let mut o = Vec::with_capacity(counts.len());
+    let mut acc = 0;
+    for c in counts {
+        o.push(acc);
+        acc += c * esz;
+    }
+    o
+}
+
+fn root_check(op: &str, inner: &Inner, root: usize) -> Result<(), CommError> {
+    if root >= inner.size {
+        return Err(CommError::InvalidArgument {
+            op: op.into(),
+            detail: format!("root {root} of {} members", inner.size),
+        });
+    }
+    Ok(())
+}
+
+type P = *mut std::ffi::c_void;
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.inner.rank
+    }
+    fn size(&self) -> usize {
+        self.inner.size
+    }
+    fn world_ranks(&self) -> &[usize] {
+        &self.inner.world_ranks
+    }
+    fn backend(&self) -> Backend {
+        Backend::Nccl
+    }
+
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let bytes = buf.len_bytes();
+        if !bytes.is_multiple_of(dtype.size()) {
+            return Err(CommError::BufferSize {
+                op: "all_reduce".into(),
+                expected: bytes / dtype.size() * dtype.size(),
+                got: bytes,
+                detail: format!("not a whole number of {dtype}"),
+            });
+        }
+        let p = dev_ptr("all_reduce", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("all_reduce", |nc, c, s| {
+            // SAFETY: in-place all-reduce of n elements of a checked device buffer.
+            nc.check("all_reduce", c, unsafe {
+                (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s)
+            })
+        })
+    }
+
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_gather_v";
+        check_counts(op, i, counts, "counts")?;
+        let esz = dtype.size();
+        let total: usize = counts.iter().sum();
+        let sp = dev_ptr(op, i, send, counts[i.rank] * esz, "send")?;
+        let rp = dev_ptr(op, i, recv.as_buf(), total * esz, "recv")?;
+        let equal = counts.iter().all(|&c| c == counts[0]);
+        let offs = offsets(counts, esz);
+        i.run(op, |nc, c, s| {
+            if equal {
+                // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
+                return nc.check(op, c, unsafe {
+                    (nc.all_gather)(sp as P, rp as P, counts[0], nccl_dtype(dtype), c, s)
+                });
+            }
+            i.group(op, || {
+                for (root, &cnt) in counts.iter().enumerate() {
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let dst = rp + offs[root] as u64;
+                    let src = if root == i.rank { sp } else { dst };
+                    // SAFETY: broadcast of root's piece into its slot of recv.
+                    nc.check(op, c, unsafe {
+                        (nc.broadcast)(
+                            src as P,
+                            dst as P,
+                            cnt,
+                            nccl_dtype(dtype),
+                            root as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        rop: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "reduce_scatter_v";
+        check_counts(op, i, counts, "counts")?;
+        let esz = dtype.size();
+        let total: usize = counts.iter().sum();
+        let sp = dev_ptr(op, i, send, total * esz, "send")?;
+        let rp = dev_ptr(op, i, recv.as_buf(), counts[i.rank] * esz, "recv")?;
+        let equal = counts.iter().all(|&c| c == counts[0]);
+        let offs = offsets(counts, esz);
+        i.run(op, |nc, c, s| {
+            if equal {
+                // SAFETY: checked buffers.
+                return nc.check(op, c, unsafe {
+                    (nc.reduce_scatter)(
+                        sp as P,
+                        rp as P,
+                        counts[0],
+                        nccl_dtype(dtype),
+                        nccl_op(rop),
+                        c,
+                        s,
+                    )
+                });
+            }
+            i.group(op, || {
+                for (root, &cnt) in counts.iter().enumerate() {
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let src = sp + offs[root] as u64;
+                    let dst = if root == i.rank { rp } else { src };
+                    // SAFETY: reduce of chunk `root` to its owner; non-roots' recvbuff unused.
+                    nc.check(op, c, unsafe {
+                        (nc.reduce)(
+                            src as P,
+                            dst as P,
+                            cnt,
+                            nccl_dtype(dtype),
+                            nccl_op(rop),
+                            root as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_to_all_v";
+        check_counts(op, i, send_counts, "send_counts")?;
+        check_counts(op, i, recv_counts, "recv_counts")?;
+        if send_counts[i.rank] != recv_counts[i.rank] {
+            return Err(CommError::Mismatch {
+                op: op.into(),
+                detail: format!(
+                    "member {} sends {} elements to itself but expects {}",
+                    i.rank, send_counts[i.rank], recv_counts[i.rank]
+                ),
+            });
+        }
+        let esz = dtype.size();
+        let sp = dev_ptr(op, i, send, send_counts.iter().sum::<usize>() * esz, "send")?;
+        let rp = dev_ptr(
+            op,
+            i,
+            recv.as_buf(),
+            recv_counts.iter().sum::<usize>() * esz,
+            "recv",
+        )?;
+        let so = offsets(send_counts, esz);
+        let ro = offsets(recv_counts, esz);
+        i.run(op, |nc, c, s| {
+            let me = i.rank;
+            if send_counts[me] > 0 {
+                // SAFETY: copy of the own piece between checked buffers on the comm stream.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        rp + ro[me] as u64,
+                        sp + so[me] as u64,
+                        send_counts[me] * esz,
+                        s as cudarc::driver::sys::CUstream,
+                    )
+                }
+                .map_err(|e| dev_err(op, e))?;
+            }
+            i.group(op, || {
+                for peer in 0..i.size {
+                    if peer == me {
+                        continue;
+                    }
+                    if send_counts[peer] > 0 {
+                        // SAFETY: send of a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.send)(
+                                (sp + so[peer] as u64) as P,
+                                send_counts[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                    if recv_counts[peer] > 0 {
+                        // SAFETY: recv into a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.recv)(
+                                (rp + ro[peer] as u64) as P,
+                                recv_counts[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("broadcast", i, root)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("broadcast", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("broadcast", |nc, c, s| {
+            // SAFETY: in-place broadcast.
+            nc.check("broadcast", c, unsafe {
+                (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s)
+            })
+        })
+    }
+
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        rop: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("reduce", i, root)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("reduce", i, buf.as_buf(), bytes, "buffer")?;
+        let n = bytes / dtype.size();
+        i.run("reduce", |nc, c, s| {
+            // SAFETY: in-place reduce.
+            nc.check("reduce", c, unsafe {
+                (nc.reduce)(
+                    p as P,
+                    p as P,
+                    n,
+                    nccl_dtype(dtype),
+                    nccl_op(rop),
+                    root as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("send", i, peer)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("send", i, buf, bytes, "buffer")?;
+        i.run("send", |nc, c, s| {
+            // SAFETY: send of a checked buffer.
+            nc.check("send", c, unsafe {
+                (nc.send)(
+                    p as P,
+                    bytes / dtype.size(),
+                    nccl_dtype(dtype),
+                    peer as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+        let i = &*self.inner;
+        root_check("recv", i, peer)?;
+        let bytes = buf.len_bytes();
+        let p = dev_ptr("recv", i, buf.as_buf(), bytes, "buffer")?;
+        i.run("recv", |nc, c, s| {
+            // SAFETY: recv into a checked buffer.
+            nc.check("recv", c, unsafe {
+                (nc.recv)(
+                    p as P,
+                    bytes / dtype.size(),
+                    nccl_dtype(dtype),
+                    peer as i32,
+                    c,
+                    s,
+                )
+            })
+        })
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let ptr = {
+            let mut g = lock(&i.scratch);
+            if g.is_none() {
+                let s = i
+                    .comm_stream
+                    .alloc_zeros::<f32>(1)
+                    .map_err(|e| dev_err("barrier", e))?;
+                *g = Some(s);
+            }
+            match g.as_ref() {
+                Some(s) => s.device_ptr(&i.comm_stream).0,
+                None => return Err(CommError::Device("barrier: no scratch buffer".into())),
+            }
+        };
+        let saved = *lock(&i.completion);
+        *lock(&i.completion) = Completion::Blocking;
+        let r = i.run("barrier", |nc, c, s| {
+            // SAFETY: all-reduce of one element of the comm's scratch buffer.
+            nc.check("barrier", c, unsafe {
+                (nc.all_reduce)(ptr as P, ptr as P, 1, nccl_dtype(DType::F32), 0, c, s)
+            })
+        });
+        *lock(&i.completion) = saved;
+        r
+    }
+
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+        let i = &*self.inner;
+        let op = "sub_group";
+        let mut seen = vec![false; i.size];
+        for &m in members {
+            if m >= i.size || seen[m] {
+                return Err(CommError::InvalidArgument {
+                    op: op.into(),
+                    detail: format!("members {members:?} must be distinct and < {}", i.size),
+                });
+            }
+            seen[m] = true;
+        }
+        let Some(me) = members.iter().position(|&m| m == i.rank) else {
+            return Err(CommError::InvalidArgument {
+                op: op.into(),
+                detail: format!("member {} is not in {members:?}", i.rank),
+            });
+        };
+        if let Some((_, c)) = lock(&i.subs).iter().find(|(m, _)| m == members) {
+            return Ok(c.clone());
+        }
+        let world: Vec<usize> = members.iter().map(|&m| i.world_ranks[m]).collect();
+        let key = format!(
+            "{}/sub[{}]",
+            i.key,
+            world
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let sub = NcclComm::create(
+            i.nccl,
+            i.ctx.clone(),
+            lock(&i.compute).clone(),
+            i.exchange.clone(),
+            key,
+            me,
+            world,
+            i.timeout,
+            *lock(&i.completion),
+        )?;
+        let shared: SharedComm = Arc::new(sub);
+        lock(&i.subs).push((members.to_vec(), shared.clone()));
+        Ok(shared)
+    }
+}

@@ -54,7 +54,13 @@ pub trait Communicator: Send + Sync {
     /// In place: every member ends with `op` over all members' buffers.
     fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
     /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
-    fn all_gather_v(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, counts: &[usize]) -> Result<(), CommError>;
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError>;
     /// `send` holds `sum(counts)` elements; member i receives `op` over all members of the
     /// i-th chunk (`counts[i]` elements).
     fn reduce_scatter_v(
@@ -78,7 +84,13 @@ pub trait Communicator: Send + Sync {
     /// In place: every member ends with `root`'s buffer.
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
     /// In place: `root` ends with `op` over all buffers; the others' buffers are unspecified.
-    fn reduce(&self, dtype: DType, buf: BufMut<'_>, root: usize, op: ReduceOp) -> Result<(), CommError>;
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
     /// Point to point; matched in order with the peer's `recv`.
     fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError>;
     fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError>;
@@ -121,7 +133,13 @@ pub trait Communicator: Send + Sync {
         self.all_to_all_v(dtype, Buf::Host(&packed), &counts, recv, recv_counts)
     }
     /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
-    fn reduce_scatter(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let n = recv.len_bytes() / dtype.size();
         let counts = vec![n; self.size()];
         self.reduce_scatter_v(dtype, send, recv, &counts, op)

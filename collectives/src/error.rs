@@ -13,7 +13,11 @@ pub enum CommError {
         missing: Vec<usize>,
     },
     #[error("{op}: lost rank {rank}: {detail}")]
-    PeerLost { op: String, rank: usize, detail: String },
+    PeerLost {
+        op: String,
+        rank: usize,
+        detail: String,
+    },
     #[error("{op}: buffer of {got} bytes, expected {expected} bytes ({detail})")]
     BufferSize {
         op: String,

@@ -20,7 +20,7 @@ pub use buffer::{Buf, BufMut, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};
 pub use dtype::{DType, Element};
 pub use error::CommError;
+pub use inprocess::{InProcessComm, InProcessWorld};
 pub use reduce::{reduce_into, ReduceOp};
 pub use strided::StridedBlock;
-pub use inprocess::{InProcessComm, InProcessWorld};
 pub use tcp::{init_world, TcpComm};

@@ -31,8 +31,14 @@ fn reduce_typed<T: Element>(acc: &mut [u8], src: &[u8], op: ReduceOp) {
     ) {
         (Ok(a), Ok(s)) => match op {
             ReduceOp::Sum => a.iter_mut().zip(s).for_each(|(x, y)| *x = x.add(*y)),
-            ReduceOp::Max => a.iter_mut().zip(s).for_each(|(x, y)| *x = Element::max(*x, *y)),
-            ReduceOp::Min => a.iter_mut().zip(s).for_each(|(x, y)| *x = Element::min(*x, *y)),
+            ReduceOp::Max => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = Element::max(*x, *y)),
+            ReduceOp::Min => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = Element::min(*x, *y)),
         },
         _ => {
             let sz = std::mem::size_of::<T>();

@@ -38,5 +38,8 @@ pub enum PlacementError {
         placement: String,
     },
     #[error("mesh coordinate {coord:?} out of range for mesh shape {shape:?}")]
-    CoordOutOfRange { coord: Vec<usize>, shape: Vec<usize> },
+    CoordOutOfRange {
+        coord: Vec<usize>,
+        shape: Vec<usize>,
+    },
 }

@@ -26,7 +26,10 @@ const ABSENT: u32 = u32::MAX;
 
 impl Placement {
     /// A 1-d placement over `ranks`, in the order given.
-    pub fn new_1d(device: DeviceType, ranks: impl Into<Vec<usize>>) -> Result<Self, PlacementError> {
+    pub fn new_1d(
+        device: DeviceType,
+        ranks: impl Into<Vec<usize>>,
+    ) -> Result<Self, PlacementError> {
         let ranks = ranks.into();
         let n = ranks.len();
         Self::new(device, vec![n], ranks)
@@ -153,7 +156,7 @@ impl Placement {
         let st = self.0.strides[axis];
         let mut groups = Vec::with_capacity(self.num_ranks() / n);
         for idx in 0..self.num_ranks() {
-            if (idx / st) % n == 0 {
+            if (idx / st).is_multiple_of(n) {
                 groups.push((0..n).map(|k| self.0.ranks[idx + k * st]).collect());
             }
         }
@@ -161,7 +164,11 @@ impl Placement {
     }
 
     /// The group along mesh `axis` that contains `rank` (None when the rank is outside).
-    pub fn axis_group_of(&self, rank: usize, axis: usize) -> Result<Option<Vec<usize>>, PlacementError> {
+    pub fn axis_group_of(
+        &self,
+        rank: usize,
+        axis: usize,
+    ) -> Result<Option<Vec<usize>>, PlacementError> {
         self.check_axis(axis)?;
         let Some(idx) = self.index_of(rank) else {
             return Ok(None);
@@ -306,7 +313,10 @@ mod tests {
             p.axis_groups(0).unwrap(),
             vec![vec![5, 3], vec![1, 4], vec![2, 0]]
         );
-        assert_eq!(p.axis_groups(1).unwrap(), vec![vec![5, 1, 2], vec![3, 4, 0]]);
+        assert_eq!(
+            p.axis_groups(1).unwrap(),
+            vec![vec![5, 1, 2], vec![3, 4, 0]]
+        );
         assert_eq!(p.axis_group_of(4, 0).unwrap(), Some(vec![1, 4]));
         assert_eq!(p.axis_group_of(4, 1).unwrap(), Some(vec![3, 4, 0]));
         assert_eq!(p.sub_mesh(0, 1).unwrap().ranks(), &[3, 4, 0]);

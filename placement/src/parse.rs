@@ -69,7 +69,12 @@ impl<'a> Parser<'a> {
 }
 
 /// Shape of a nested list, checking that it is rectangular.
-fn shape_of(n: &Nested, text: &str, out: &mut Vec<usize>, ranks: &mut Vec<usize>) -> Result<(), PlacementError> {
+fn shape_of(
+    n: &Nested,
+    text: &str,
+    out: &mut Vec<usize>,
+    ranks: &mut Vec<usize>,
+) -> Result<(), PlacementError> {
     fn walk(
         n: &Nested,
         depth: usize,
@@ -82,7 +87,10 @@ fn shape_of(n: &Nested, text: &str, out: &mut Vec<usize>, ranks: &mut Vec<usize>
                 if depth != shape.len() {
                     return Err(PlacementError::Ragged {
                         text: text.to_string(),
-                        detail: format!("rank {r} at nesting depth {depth}, expected depth {}", shape.len()),
+                        detail: format!(
+                            "rank {r} at nesting depth {depth}, expected depth {}",
+                            shape.len()
+                        ),
                     });
                 }
                 ranks.push(*r);
@@ -170,7 +178,11 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        for t in ["cuda:[[0, 1], [2, 3]]", "cpu:[3, 1, 2]", "cpu:[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]"] {
+        for t in [
+            "cuda:[[0, 1], [2, 3]]",
+            "cpu:[3, 1, 2]",
+            "cpu:[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]",
+        ] {
             let p: Placement = t.parse().unwrap();
             assert_eq!(p.to_string(), t);
         }

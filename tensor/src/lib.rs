@@ -26,14 +26,14 @@ mod inprocess;
 pub mod kernels;
 pub mod nn;
 mod op;
-pub mod optim;
 mod ops;
+pub mod optim;
 pub mod rng;
 mod sig;
 mod storage;
 mod tensor;
 
-pub use autograd::{no_grad, is_grad_enabled, set_grad_enabled, GradModeGuard};
+pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use autograd_slot::{set_dispatch_hook, AutogradMeta, DispatchHook, GradFn};
 pub use context::{Context, ContextGuard};
 pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};

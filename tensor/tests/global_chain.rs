@@ -45,9 +45,9 @@ fn apply(x: &Tensor, id: u8, param: u64, make: &dyn Fn(&[usize], u64) -> Tensor)
             let tail = &shape[d..];
             x.mul(&make(tail, param)).unwrap()
         }
-        6 if nd > 1 => x.sum(&[di], param % 2 == 0).unwrap(),
+        6 if nd > 1 => x.sum(&[di], param.is_multiple_of(2)).unwrap(),
         7 if nd > 1 => x.mean(&[di], param % 2 == 1).unwrap(),
-        8 if nd > 1 => x.max(&[di], param % 2 == 0).unwrap(),
+        8 if nd > 1 => x.max(&[di], param.is_multiple_of(2)).unwrap(),
         9 => x.softmax(di).unwrap(),
         10 => x.log_softmax(di).unwrap(),
         11 if nd > 1 => x.transpose(0, -1).unwrap(),

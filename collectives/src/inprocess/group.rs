@@ -38,6 +38,20 @@ impl Raw {
         ptr: std::ptr::null_mut(),
         len: 0,
     };
+    /// A range this member only reads from (send buffers); never written through.
+    pub fn of(b: &[u8]) -> Self {
+        Raw {
+            ptr: b.as_ptr() as *mut u8,
+            len: b.len(),
+        }
+    }
+    /// A range this member lets the group write (receive buffers).
+    pub fn of_mut(b: &mut [u8]) -> Self {
+        Raw {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        }
+    }
     /// # Safety
     /// The owner must still be inside the collective that published it, and nobody may write
     /// `range` at the same time.

@@ -161,22 +161,14 @@ impl Communicator for InProcessComm {
         }
         let mut slot = Slot::new(Kind::AllReduce, dtype);
         slot.op = Some(op);
-        slot.recv = Raw {
-            ptr: b.as_mut_ptr(),
-            len: b.len(),
-        };
+        slot.recv = Raw::of_mut(b);
         let me = self.me;
         let sz = dtype.size();
         self.collective(name, slot, same_len, |slots| {
             // Phase 1: member `me` reduces chunk `me` into its own buffer.
             let (s, l) = chunk(count, n, me, sz);
             // SAFETY: chunk `me` of every buffer is touched only by member `me` in this phase.
-            let acc = unsafe { slots[me].recv.slice_mut(s, l) };
-            for (k, other) in slots.iter().enumerate() {
-                if k != me {
-                    reduce_into(dtype, acc, unsafe { other.recv.slice(s, l) }, op);
-                }
-            }
+            unsafe { reduce_chunk_into(slots, me, s, l, dtype, op) };
             self.group.barrier(me, name, Meet::Middle)?;
             // Phase 2: copy every other member's finished chunk.
             for (k, other) in slots.iter().enumerate() {
@@ -215,10 +207,7 @@ impl Communicator for InProcessComm {
             return Ok(());
         }
         let mut slot = Slot::new(Kind::AllGatherV, dtype);
-        slot.send = Raw {
-            ptr: s.as_ptr() as *mut u8,
-            len: s.len(),
-        };
+        slot.send = Raw::of(s);
         slot.counts = RawCounts::of(counts);
         let me = self.me;
         self.collective(name, slot, same_counts, |slots| {
@@ -255,10 +244,7 @@ impl Communicator for InProcessComm {
         }
         let mut slot = Slot::new(Kind::ReduceScatterV, dtype);
         slot.op = Some(op);
-        slot.send = Raw {
-            ptr: s.as_ptr() as *mut u8,
-            len: s.len(),
-        };
+        slot.send = Raw::of(s);
         slot.counts = RawCounts::of(counts);
         let me = self.me;
         self.collective(name, slot, same_counts, |slots| {
@@ -301,10 +287,7 @@ impl Communicator for InProcessComm {
             return Ok(());
         }
         let mut slot = Slot::new(Kind::AllToAllV, dtype);
-        slot.send = Raw {
-            ptr: s.as_ptr() as *mut u8,
-            len: s.len(),
-        };
+        slot.send = Raw::of(s);
         slot.counts = RawCounts::of(send_counts);
         slot.counts2 = RawCounts::of(recv_counts);
         let me = self.me;
@@ -358,10 +341,7 @@ impl Communicator for InProcessComm {
         }
         let mut slot = Slot::new(Kind::Broadcast, dtype);
         slot.root = root;
-        slot.recv = Raw {
-            ptr: b.as_mut_ptr(),
-            len: b.len(),
-        };
+        slot.recv = Raw::of_mut(b);
         let me = self.me;
         self.collective(name, slot, same_len, |slots| {
             if me != root {
@@ -396,21 +376,14 @@ impl Communicator for InProcessComm {
         let mut slot = Slot::new(Kind::Reduce, dtype);
         slot.root = root;
         slot.op = Some(op);
-        slot.recv = Raw {
-            ptr: b.as_mut_ptr(),
-            len: b.len(),
-        };
+        slot.recv = Raw::of_mut(b);
         let me = self.me;
         let sz = dtype.size();
         self.collective(name, slot, same_len, |slots| {
             // Member `me` reduces chunk `me` into the root's buffer; the others stay unchanged.
             let (s, l) = chunk(count, n, me, sz);
-            let acc = unsafe { slots[root].recv.slice_mut(s, l) };
-            for (k, other) in slots.iter().enumerate() {
-                if k != root {
-                    reduce_into(dtype, acc, unsafe { other.recv.slice(s, l) }, op);
-                }
-            }
+            // SAFETY: chunk `me` of the root's buffer is written only by member `me` here.
+            unsafe { reduce_chunk_into(slots, root, s, l, dtype, op) };
             Ok(())
         })
     }
@@ -466,5 +439,27 @@ impl Communicator for InProcessComm {
         });
         subs.insert(members.to_vec(), comm.clone());
         Ok(comm)
+    }
+}
+
+/// Reduces bytes `[start, start + len)` of every other member's receive buffer into the same
+/// range of member `target`'s receive buffer, in member order.
+///
+/// # Safety
+/// Every slot's receive buffer must be published for the current collective, and no other
+/// member may touch that range of any buffer while this runs.
+unsafe fn reduce_chunk_into(
+    slots: &[Slot],
+    target: usize,
+    start: usize,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+) {
+    let acc = slots[target].recv.slice_mut(start, len);
+    for (k, other) in slots.iter().enumerate() {
+        if k != target {
+            reduce_into(dtype, acc, other.recv.slice(start, len), op);
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::sync::Mutex;
 
-use super::engine::{RecvOp, SendOp, Tag};
+use super::engine::{RecvOp, SendOp};
 use super::{
     balanced, group_state, lock, no_progress, ordered_reduce, split, split_ref, TcpComm, BACKEND,
     SHM_DIRECT_MIN, SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
@@ -320,16 +320,7 @@ impl Communicator for TcpComm {
         args::check_member(name, "peer", peer, self.size())?;
         let b = args::host(name, BACKEND, buf)?;
         args::elems_of(name, "buffer", dtype, b.len())?;
-        let seq = {
-            let mut s = lock(&self.group.p2p_send);
-            s[peer] += 1;
-            s[peer] - 1
-        };
-        let tag = Tag {
-            group: self.group.id,
-            seq,
-            p2p: true,
-        };
+        let tag = self.p2p_tag(&self.group.p2p_send, peer);
         lock(&self.world.links).post(&self.name(name), self.ranks[peer], tag, b)
     }
 
@@ -338,16 +329,7 @@ impl Communicator for TcpComm {
         args::check_member(name, "peer", peer, self.size())?;
         let b = args::host_mut(name, BACKEND, buf)?;
         args::elems_of(name, "buffer", dtype, b.len())?;
-        let seq = {
-            let mut s = lock(&self.group.p2p_recv);
-            s[peer] += 1;
-            s[peer] - 1
-        };
-        let tag = Tag {
-            group: self.group.id,
-            seq,
-            p2p: true,
-        };
+        let tag = self.p2p_tag(&self.group.p2p_recv, peer);
         let mut recvs = [RecvOp::new(self.ranks[peer], tag, b)];
         let mut links = lock(&self.world.links);
         self.run(&mut links, name, &mut [], &mut recvs, &mut no_progress)

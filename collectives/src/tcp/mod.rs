@@ -152,6 +152,20 @@ fn no_progress(_: &[RecvOp<'_>]) -> Result<(), CommError> {
 }
 
 impl TcpComm {
+    /// The tag of the next point-to-point message to or from `peer`: per-direction sequence
+    /// numbers (`counters` is the group's send or receive list), so sends and receives pair up
+    /// in order.
+    fn p2p_tag(&self, counters: &Mutex<Vec<u64>>, peer: usize) -> Tag {
+        let mut c = lock(counters);
+        let seq = c[peer];
+        c[peer] += 1;
+        Tag {
+            group: self.group.id,
+            seq,
+            p2p: true,
+        }
+    }
+
     /// Builds the TCP world of `world_size` ranks: listens on an ephemeral port of `bind_host`,
     /// publishes it in `store`, connects to every other rank and verifies each connection.
     pub fn connect(

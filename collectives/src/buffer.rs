@@ -1,10 +1,23 @@
 //! Buffers a collective reads and writes: host bytes now, device memory through `DevicePtr`.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::CudaEvent;
+
+/// The owner of a device buffer, ordering its own later uses after a collective. A device
+/// communicator that finds a fence on every buffer of a call does not make the caller's stream
+/// wait for the call; it hands each fence the event that completes with the call instead, and
+/// the owner makes its stream wait for that event before it next reads, writes or frees the
+/// memory. Buffers without a fence keep the eager order (the caller's stream waits at once).
+pub trait DeviceFence: Send + Sync {
+    /// `done` completes when the collective that read or wrote this memory has finished.
+    fn after_collective(&self, done: &Arc<CudaEvent>);
+}
 
 /// A region of device memory, borrowed for the duration of one call. Built by the tensor
 /// layer from memory it owns; the communicator only passes the pointer to its device library.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct DevicePtr<'a> {
     /// Raw device address (e.g. a CUdeviceptr).
     pub ptr: u64,
@@ -12,10 +25,23 @@ pub struct DevicePtr<'a> {
     pub bytes: usize,
     /// Device ordinal the memory lives on.
     pub device: usize,
+    /// Where the end of a collective on this memory is reported (see [`DeviceFence`]).
+    pub fence: Option<&'a dyn DeviceFence>,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
-impl DevicePtr<'_> {
+impl std::fmt::Debug for DevicePtr<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePtr")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .field("device", &self.device)
+            .field("fenced", &self.fence.is_some())
+            .finish()
+    }
+}
+
+impl<'a> DevicePtr<'a> {
     /// # Safety
     /// `ptr` must point to `bytes` bytes of device memory on `device` that stay valid (and, for
     /// writes, unaliased) for the borrow's lifetime.
@@ -24,7 +50,17 @@ impl DevicePtr<'_> {
             ptr,
             bytes,
             device,
+            fence: None,
             _borrow: PhantomData,
+        }
+    }
+
+    /// The same region, with the owner's fence: a collective on it reports its end there
+    /// instead of making the caller's stream wait.
+    pub fn with_fence(self, fence: &'a dyn DeviceFence) -> Self {
+        DevicePtr {
+            fence: Some(fence),
+            ..self
         }
     }
 }

@@ -16,7 +16,7 @@ mod shm;
 mod strided;
 pub mod tcp;
 
-pub use buffer::{Buf, BufMut, DevicePtr};
+pub use buffer::{Buf, BufMut, DeviceFence, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};
 pub use dtype::{DType, Element};
 pub use error::CommError;

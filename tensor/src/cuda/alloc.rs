@@ -1,12 +1,21 @@
-//! The caching device allocator: size-bucketed free lists per device runtime. Blocks return
-//! to their bucket on drop; every use of a block is queued on the one compute stream, so a
-//! block reused from the list is ordered after the last kernel that touched it.
+//! The caching device allocator: size-bucketed free lists per device runtime, and the fences
+//! that order the compute stream after collectives on other streams.
+//!
+//! Every kernel and copy of the tensor layer runs on the runtime's one compute stream. NCCL
+//! runs on comm streams; a collective on a block does not make the compute stream wait (see
+//! `oxiflow_collectives::DeviceFence`) but leaves its end event on the block. The compute
+//! stream waits for those events when the block's address is next taken (`Block::ptr`), and a
+//! freed block keeps them in the free list: it is handed out again once they completed, or,
+//! when a bucket already has `MAX_IN_FLIGHT` such blocks, after the compute stream waits for
+//! the oldest one. So a block is never touched by the compute stream, reused or freed while a
+//! collective may still read or write it, and no host thread waits for a collective to end.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaSlice, DevicePtr as _};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr as _};
+use oxiflow_collectives::DeviceFence;
 
 use super::{derr, CudaRuntime};
 use crate::Result;
@@ -24,9 +33,40 @@ fn bucket(bytes: usize) -> usize {
     }
 }
 
+/// Freed blocks of one bucket whose collectives may still run, beyond which the compute stream
+/// waits for the oldest instead of allocating more (bounds memory when the host runs ahead).
+const MAX_IN_FLIGHT: usize = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes `stream` wait for `events` (a failed wait falls back to waiting on the host).
+fn order_after(stream: &CudaStream, events: &[Arc<CudaEvent>]) {
+    for ev in events {
+        if stream.wait(ev).is_err() {
+            // The context is broken: the next launch on it reports the error.
+            let _ = ev.synchronize();
+        }
+    }
+}
+
+/// A free block and the end events of collectives that may still use it.
+struct Cached {
+    slice: CudaSlice<u8>,
+    fences: Vec<Arc<CudaEvent>>,
+}
+
+impl Cached {
+    fn idle(&mut self) -> bool {
+        self.fences.retain(|e| !e.is_complete());
+        self.fences.is_empty()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Pool {
-    free: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    free: Mutex<HashMap<usize, Vec<Cached>>>,
     cached: AtomicUsize,
 }
 
@@ -34,23 +74,40 @@ impl Pool {
     pub(crate) fn cached_bytes(&self) -> usize {
         self.cached.load(Ordering::Relaxed)
     }
-    fn take(&self, cap: usize) -> Option<CudaSlice<u8>> {
-        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let s = g.get_mut(&cap)?.pop()?;
+    /// A free block of `cap` bytes that `stream` may use now: an idle one, else (with
+    /// `MAX_IN_FLIGHT` busy ones waiting) the oldest after `stream` waits for it.
+    fn take(&self, cap: usize, stream: &CudaStream) -> Option<CudaSlice<u8>> {
+        let mut g = lock(&self.free);
+        let list = g.get_mut(&cap)?;
+        let pick = match list.iter_mut().position(Cached::idle) {
+            Some(i) => i,
+            None if list.len() >= MAX_IN_FLIGHT => 0,
+            None => return None,
+        };
+        let c = list.remove(pick);
+        drop(g);
+        order_after(stream, &c.fences);
         self.cached.fetch_sub(cap, Ordering::Relaxed);
-        Some(s)
+        Some(c.slice)
     }
-    fn put(&self, cap: usize, s: CudaSlice<u8>) {
+    fn put(&self, cap: usize, slice: CudaSlice<u8>, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
         if self.cached.load(Ordering::Relaxed) + cap > MAX_CACHED {
-            return; // dropped: freed on its stream
+            // Freed on the compute stream, after the collectives that may still use it.
+            order_after(&rt.stream, &fences);
+            return;
         }
         self.cached.fetch_add(cap, Ordering::Relaxed);
-        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        g.entry(cap).or_default().push(s);
+        lock(&self.free)
+            .entry(cap)
+            .or_default()
+            .push(Cached { slice, fences });
     }
-    fn release_all(&self) {
-        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        g.clear();
+    fn release_all(&self, rt: &CudaRuntime) {
+        let all: Vec<Cached> = lock(&self.free).drain().flat_map(|(_, v)| v).collect();
+        for c in &all {
+            order_after(&rt.stream, &c.fences);
+        }
+        drop(all);
         self.cached.store(0, Ordering::Relaxed);
     }
 }
@@ -62,6 +119,8 @@ pub struct Block {
     bytes: usize,
     cap: usize,
     rt: Arc<CudaRuntime>,
+    /// End events of collectives on this block the compute stream has not waited for yet.
+    fences: Mutex<Vec<Arc<CudaEvent>>>,
 }
 
 impl std::fmt::Debug for Block {
@@ -78,7 +137,7 @@ impl Block {
     /// An uninitialised block (the caller writes every byte it reads).
     pub(crate) fn alloc(rt: &Arc<CudaRuntime>, bytes: usize) -> Result<Block> {
         let cap = bucket(bytes);
-        let slice = match rt.pool.take(cap) {
+        let slice = match rt.pool.take(cap, &rt.stream) {
             Some(s) => s,
             None => {
                 rt.bind("cuda alloc")?;
@@ -87,7 +146,7 @@ impl Block {
                     Ok(s) => s,
                     Err(_) => {
                         // Out of memory: give the cached blocks back and try once more.
-                        rt.pool.release_all();
+                        rt.pool.release_all(rt);
                         rt.synchronize()?;
                         unsafe { rt.stream.alloc::<u8>(cap) }.map_err(|e| {
                             derr(
@@ -106,9 +165,17 @@ impl Block {
             bytes,
             cap,
             rt: rt.clone(),
+            fences: Mutex::new(Vec::new()),
         })
     }
+    /// The address, for work queued on the compute stream next: the stream first waits for
+    /// the collectives that touched the block since it last did.
     pub(crate) fn ptr(&self) -> u64 {
+        let mut f = lock(&self.fences);
+        if !f.is_empty() {
+            order_after(&self.rt.stream, &f);
+            f.clear();
+        }
         self.ptr
     }
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
@@ -116,10 +183,17 @@ impl Block {
     }
 }
 
+impl DeviceFence for Block {
+    fn after_collective(&self, done: &Arc<CudaEvent>) {
+        lock(&self.fences).push(done.clone());
+    }
+}
+
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(s) = self.slice.take() {
-            self.rt.pool.put(self.cap, s);
+            let fences = std::mem::take(&mut *lock(&self.fences));
+            self.rt.pool.put(self.cap, s, fences, &self.rt);
         }
     }
 }

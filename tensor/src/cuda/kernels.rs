@@ -94,6 +94,22 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// 256-thread blocks over `batch` x `rows` runs of `run` items: x along a run (a warp
+/// multiple, at most 256), y across rows, z across batches; grid-stride in all three.
+pub(crate) fn rows_grid(batch: usize, rows: usize, run: usize) -> LaunchConfig {
+    let bx = run.div_ceil(32).clamp(1, 8) * 32;
+    let by = 256 / bx;
+    LaunchConfig {
+        grid_dim: (
+            run.div_ceil(bx).clamp(1, 1024) as u32,
+            rows.div_ceil(by).clamp(1, 65535) as u32,
+            batch.clamp(1, 65535) as u32,
+        ),
+        block_dim: (bx as u32, by as u32, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One block of 256 threads per row (grid-stride over rows).
 pub(crate) fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig {
@@ -146,11 +162,17 @@ fn names() -> Vec<String> {
         }
     }
     for t in ["f32", "f64", "i64"] {
-        for k in ["binary", "copy_nd", "fill", "reduce_rows"] {
+        for k in ["binary", "copy_nd", "copy_rows", "fill", "reduce_rows"] {
             v.push(format!("{k}_{t}"));
         }
     }
-    for k in ["unary_i64", "scalar_i64", "matmul_i64", "philox"] {
+    for k in [
+        "unary_i64",
+        "scalar_i64",
+        "matmul_i64",
+        "philox",
+        "copy_rows_v16",
+    ] {
         v.push(k.to_string());
     }
     for (a, b) in [

@@ -8,7 +8,9 @@
 //! it. CUDA libraries are found through `collectives::cuda_libs` before cudarc touches them,
 //! so a missing library is a typed error, never a panic. Kernels launch on the runtime's
 //! compute stream; an `NcclComm` given that stream (`set_compute_stream`) orders its
-//! collectives after and before them without host synchronisation.
+//! collectives after them, and blocks touched by a collective carry its end event, which the
+//! compute stream waits for before it next uses them (see `alloc`): no host synchronisation,
+//! and a kernel that does not use a collective's buffers overlaps it.
 
 mod alloc;
 mod backend;
@@ -123,10 +125,14 @@ impl CudaRuntime {
             None => Err(derr(op, "cuBLAS handle missing")),
         }
     }
-    /// Waits for everything queued on the compute stream.
+    /// Waits for everything queued on this device: the compute stream and the collectives
+    /// still running on comm streams (their watchdogs abort a collective that hangs, which
+    /// ends this wait with an error).
     pub fn synchronize(&self) -> Result<()> {
+        self.bind("cuda synchronize")?;
         self.stream
             .synchronize()
+            .and_then(|_| self.ctx.synchronize())
             .map_err(|e| derr("cuda synchronize", e))
     }
     /// Bytes held in the allocator's free lists.

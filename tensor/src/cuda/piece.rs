@@ -156,6 +156,26 @@ impl CudaPiece {
         let r = rt(name)?;
         let dt = self.dtype();
         let st = strides(self.shape().dims());
+        // Equal boxes at evenly spaced offsets (the parts of an even split): one launch, with
+        // the series as a leading dim.
+        if let Some((bx, first, step)) = box_series(regions, &st) {
+            let mut shape = vec![regions.len()];
+            shape.extend(&bx);
+            let mut pst = vec![step];
+            pst.extend(&st);
+            let mut fst = vec![bx.iter().product::<usize>() as i64];
+            fst.extend(strides(&bx));
+            let (src, dst) = if to_flat {
+                ((self.ptr(), first, &pst), (flat.ptr(), flat_off, &fst))
+            } else {
+                ((flat.ptr(), flat_off, &fst), (self.ptr(), first, &pst))
+            };
+            let code = if to_flat { 0 } else { reduce_code(op) };
+            return copy_nd(
+                &r, name, dt, &shape, src.0, src.1, src.2, dst.0, dst.1, dst.2, code,
+            )
+            .map_err(|e| lerr(name, e));
+        }
         let mut at = flat_off;
         for reg in regions {
             let bx: Vec<usize> = reg.iter().map(|x| x.len()).collect();
@@ -199,6 +219,30 @@ impl CudaPiece {
         }
         Ok(())
     }
+}
+
+/// The flat offset of a box's first element in a row-major piece of `strides`.
+fn box_offset(reg: &[Range<usize>], strides: &[i64]) -> i64 {
+    reg.iter()
+        .zip(strides)
+        .map(|(x, &s)| x.start as i64 * s)
+        .sum()
+}
+
+/// When `regions` (two or more) are boxes of one shape whose offsets in a piece of `strides`
+/// step evenly: (box extents, first offset, step).
+fn box_series(regions: &[&[Range<usize>]], strides: &[i64]) -> Option<(Vec<usize>, usize, i64)> {
+    let [first, second, ..] = regions else {
+        return None;
+    };
+    let bx: Vec<usize> = first.iter().map(|x| x.len()).collect();
+    let start = box_offset(first, strides);
+    let step = box_offset(second, strides) - start;
+    let series = regions.iter().enumerate().all(|(i, reg)| {
+        reg.iter().map(|x| x.len()).eq(bx.iter().copied())
+            && box_offset(reg, strides) == start + i as i64 * step
+    });
+    series.then_some((bx, start as usize, step))
 }
 
 fn host_data_upload(r: &CudaRuntime, ptr: u64, d: &HostData) -> Result<(), BoxingError> {
@@ -371,14 +415,18 @@ impl LocalPiece for CudaPiece {
                 dtype,
                 shape,
             } => {
-                // SAFETY: the block outlives the borrow and holds numel * size bytes.
-                Buf::Device(unsafe {
-                    DevicePtr::new(
-                        block.ptr(),
-                        shape.numel() * dtype.size(),
-                        block.runtime().ordinal(),
-                    )
-                })
+                // SAFETY: the block outlives the borrow and holds numel * size bytes. A
+                // collective on it leaves its end event on the block (no compute-stream wait).
+                Buf::Device(
+                    unsafe {
+                        DevicePtr::new(
+                            block.ptr(),
+                            shape.numel() * dtype.size(),
+                            block.runtime().ordinal(),
+                        )
+                    }
+                    .with_fence(&**block),
+                )
             }
         }
     }
@@ -391,14 +439,51 @@ impl LocalPiece for CudaPiece {
                 shape,
             } => {
                 // SAFETY: as above; the executor writes only pieces it owns (see from_storage).
-                BufMut::Device(unsafe {
-                    DevicePtr::new(
-                        block.ptr(),
-                        shape.numel() * dtype.size(),
-                        block.runtime().ordinal(),
-                    )
-                })
+                BufMut::Device(
+                    unsafe {
+                        DevicePtr::new(
+                            block.ptr(),
+                            shape.numel() * dtype.size(),
+                            block.runtime().ordinal(),
+                        )
+                    }
+                    .with_fence(&**block),
+                )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn even_column_parts_are_one_series() {
+        // [6, 12] split into 3 column parts of 4: offsets 0, 4, 8.
+        let st = strides(&[6, 12]);
+        let parts = [[0..6, 0..4], [0..6, 4..8], [0..6, 8..12]];
+        let refs: Vec<&[Range<usize>]> = parts.iter().map(|p| p.as_slice()).collect();
+        assert_eq!(box_series(&refs, &st), Some((vec![6, 4], 0, 4)));
+    }
+
+    #[test]
+    fn uneven_or_irregular_boxes_are_not() {
+        let st = strides(&[6, 10]);
+        // Uneven split 4/3/3.
+        let parts = [[0..6, 0..4], [0..6, 4..7], [0..6, 7..10]];
+        let refs: Vec<&[Range<usize>]> = parts.iter().map(|p| p.as_slice()).collect();
+        assert_eq!(box_series(&refs, &st), None);
+        // Equal boxes, uneven spacing.
+        let parts = [[0..2, 0..2], [0..2, 3..5], [0..2, 5..7]];
+        let refs: Vec<&[Range<usize>]> = parts.iter().map(|p| p.as_slice()).collect();
+        assert_eq!(box_series(&refs, &st), None);
+        // A single box is left to the plain path.
+        let refs: Vec<&[Range<usize>]> = vec![&parts[0]];
+        assert_eq!(box_series(&refs, &st), None);
+        // Row parts of a [6, 10] piece: offsets 0, 20, 40.
+        let parts = [[0..2, 0..10], [2..4, 0..10], [4..6, 0..10]];
+        let refs: Vec<&[Range<usize>]> = parts.iter().map(|p| p.as_slice()).collect();
+        assert_eq!(box_series(&refs, &st), Some((vec![2, 10], 0, 20)));
     }
 }

@@ -123,6 +123,31 @@ template <typename T> __device__ void copy_nd_t(i64 n, int op, Nd p, const T* sr
     }
 }
 
+// `batch` x `rows` runs of `run` elements: src runs `ss` apart within a batch and `bs` apart
+// across batches, dst runs `ds` / `bd` apart (a box whose inner dims are contiguous on both
+// sides, or a series of equal boxes: the packs and unpacks of boxing). threadIdx.x walks a
+// run, threadIdx.y a row, blockIdx.z a batch, all grid-stride.
+#define ROWS_LOOP(b, r, c) \
+    for (i64 b = blockIdx.z; b < batch; b += gridDim.z) \
+    for (i64 r = (i64)blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += (i64)gridDim.y * blockDim.y) \
+    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < run; c += (i64)gridDim.x * blockDim.x)
+template <typename T> __device__ void copy_rows_t(i64 batch, i64 rows, i64 run, int op, const T* s, i64 so, i64 bs, i64 ss, T* d, i64 dof, i64 bd, i64 ds) {
+    ROWS_LOOP(b, r, c) {
+        T v = s[so + b * bs + r * ss + c];
+        T* o = d + dof + b * bd + r * ds + c;
+        if (op == 0) *o = v;
+        else if (op == 1) *o = *o + v;
+        else if (op == 2) *o = v > *o ? v : *o;
+        else *o = v < *o ? v : *o;
+    }
+}
+
+// The plain copy of copy_rows_t in 16-byte units (every offset, stride and run a multiple of 16
+// bytes; the caller checks).
+extern "C" __global__ void copy_rows_v16(i64 batch, i64 rows, i64 run, const uint4* s, i64 so, i64 bs, i64 ss, uint4* d, i64 dof, i64 bd, i64 ds) {
+    ROWS_LOOP(b, r, c) d[dof + b * bd + r * ds + c] = s[so + b * bs + r * ss + c];
+}
+
 template <typename T> __device__ void fill_t(i64 n, T v, T* y) { GRID_LOOP(i, n) y[i] = v; }
 
 // Row reduction of a contiguous [rows, len] array: one block per row (grid-stride over rows).
@@ -286,6 +311,7 @@ extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T*
 #define INST_ALL(NAME, T) \
 extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const T* b, T* y) { binary_t<T>(n, op, p, a, b, y); } \
 extern "C" __global__ void copy_nd_##NAME(i64 n, int op, Nd p, const T* s, i64 so, T* d, i64 dof) { copy_nd_t<T>(n, op, p, s, so, d, dof); } \
+extern "C" __global__ void copy_rows_##NAME(i64 batch, i64 rows, i64 run, int op, const T* s, i64 so, i64 bs, i64 ss, T* d, i64 dof, i64 bd, i64 ds) { copy_rows_t<T>(batch, rows, run, op, s, so, bs, ss, d, dof, bd, ds); } \
 extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); } \
 extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); }
 

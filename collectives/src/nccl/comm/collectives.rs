@@ -76,6 +76,16 @@ fn root_check(op: &str, inner: &Inner, root: usize) -> Result<(), CommError> {
 
 type P = *mut std::ffi::c_void;
 
+/// The fences of a call's buffers when every one of them has a fence (see `Inner::run`).
+fn fences<'a>(bufs: &[Buf<'a>]) -> Option<Vec<&'a dyn crate::DeviceFence>> {
+    bufs.iter()
+        .map(|b| match b {
+            Buf::Device(d) => d.fence,
+            Buf::Host(_) => None,
+        })
+        .collect()
+}
+
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.inner.rank
@@ -103,7 +113,8 @@ impl Communicator for NcclComm {
         }
         let p = dev_ptr("all_reduce", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        i.run("all_reduce", |nc, c, s| {
+        let fs = fences(&[buf.as_buf()]);
+        i.run("all_reduce", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place all-reduce of n elements of a checked device buffer.
             nc.check("all_reduce", c, unsafe {
                 (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s)
@@ -127,7 +138,8 @@ impl Communicator for NcclComm {
         let rp = dev_ptr(op, i, recv.as_buf(), total * esz, "recv")?;
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        i.run(op, |nc, c, s| {
+        let fs = fences(&[send, recv.as_buf()]);
+        i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
                 return nc.check(op, c, unsafe {
@@ -176,7 +188,8 @@ impl Communicator for NcclComm {
         let rp = dev_ptr(op, i, recv.as_buf(), counts[i.rank] * esz, "recv")?;
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        i.run(op, |nc, c, s| {
+        let fs = fences(&[send, recv.as_buf()]);
+        i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers.
                 return nc.check(op, c, unsafe {
@@ -249,7 +262,8 @@ impl Communicator for NcclComm {
         )?;
         let so = offsets(send_counts, esz);
         let ro = offsets(recv_counts, esz);
-        i.run(op, |nc, c, s| {
+        let fs = fences(&[send, recv.as_buf()]);
+        i.run(op, fs.as_deref(), |nc, c, s| {
             let me = i.rank;
             if send_counts[me] > 0 {
                 // SAFETY: copy of the own piece between checked buffers on the comm stream.
@@ -306,7 +320,8 @@ impl Communicator for NcclComm {
         let bytes = buf.len_bytes();
         let p = dev_ptr("broadcast", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        i.run("broadcast", |nc, c, s| {
+        let fs = fences(&[buf.as_buf()]);
+        i.run("broadcast", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place broadcast.
             nc.check("broadcast", c, unsafe {
                 (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s)
@@ -326,7 +341,8 @@ impl Communicator for NcclComm {
         let bytes = buf.len_bytes();
         let p = dev_ptr("reduce", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        i.run("reduce", |nc, c, s| {
+        let fs = fences(&[buf.as_buf()]);
+        i.run("reduce", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place reduce.
             nc.check("reduce", c, unsafe {
                 (nc.reduce)(
@@ -348,7 +364,8 @@ impl Communicator for NcclComm {
         root_check("send", i, peer)?;
         let bytes = buf.len_bytes();
         let p = dev_ptr("send", i, buf, bytes, "buffer")?;
-        i.run("send", |nc, c, s| {
+        let fs = fences(&[buf]);
+        i.run("send", fs.as_deref(), |nc, c, s| {
             // SAFETY: send of a checked buffer.
             nc.check("send", c, unsafe {
                 (nc.send)(
@@ -368,7 +385,8 @@ impl Communicator for NcclComm {
         root_check("recv", i, peer)?;
         let bytes = buf.len_bytes();
         let p = dev_ptr("recv", i, buf.as_buf(), bytes, "buffer")?;
-        i.run("recv", |nc, c, s| {
+        let fs = fences(&[buf.as_buf()]);
+        i.run("recv", fs.as_deref(), |nc, c, s| {
             // SAFETY: recv into a checked buffer.
             nc.check("recv", c, unsafe {
                 (nc.recv)(
@@ -401,7 +419,7 @@ impl Communicator for NcclComm {
         };
         let saved = *lock(&i.completion);
         *lock(&i.completion) = Completion::Blocking;
-        let r = i.run("barrier", |nc, c, s| {
+        let r = i.run("barrier", None, |nc, c, s| {
             // SAFETY: all-reduce of one element of the comm's scratch buffer.
             nc.check("barrier", c, unsafe {
                 (nc.all_reduce)(ptr as P, ptr as P, 1, nccl_dtype(DType::F32), 0, c, s)

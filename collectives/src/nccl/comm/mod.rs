@@ -343,7 +343,7 @@ impl NcclComm {
         op: &'static str,
         f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        self.inner.run(op, |n, c, s| f(n, c, s))
+        self.inner.run(op, None, |n, c, s| f(n, c, s))
     }
 }
 
@@ -427,9 +427,14 @@ impl Inner {
         }
     }
 
+    /// Queues `f` on the comm stream after the compute stream's queued work. With `fences`
+    /// (every buffer of the call is fenced, see [`crate::DeviceFence`]) the compute stream
+    /// does not wait for the call: each fence gets its end event. Otherwise the compute stream
+    /// waits for it at once.
     fn run(
         &self,
         op: &'static str,
+        fences: Option<&[&dyn crate::DeviceFence]>,
         f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         self.check_failed(op)?;
@@ -451,8 +456,14 @@ impl Inner {
                 .record_event(None)
                 .map_err(|e| dev_err(op, e))?,
         );
-        if !same {
-            compute.wait(&ev_out).map_err(|e| dev_err(op, e))?;
+        match fences {
+            Some(fs) if !fs.is_empty() => {
+                for fence in fs {
+                    fence.after_collective(&ev_out);
+                }
+            }
+            _ if !same => compute.wait(&ev_out).map_err(|e| dev_err(op, e))?,
+            _ => {}
         }
         let t = Instant::now();
         lock(&self.watch.pending).push_back((ev_out.clone(), t, op));

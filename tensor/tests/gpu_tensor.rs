@@ -2,7 +2,9 @@
 //! from `init_from_env`, real rendezvous store), (a) proptest-generated global ops on cuda
 //! placements compared with the same ops on local CPU tensors (f32 tolerance), including
 //! autograd, and (b) boxing between random (placement, nd-SBP) pairs of cuda placements
-//! (exact), plus the device Philox generator against `rng::philox4x32_10`.
+//! (exact), (c) pipelined boxing: 30 iterations of boxing chains (1-d, and a [2, 2] mesh on 4
+//! ranks) queued with no synchronisation, results kept alive or dropped, then compared with
+//! the same chains on CPU; plus the device Philox generator against `rng::philox4x32_10`.
 //! Prints "skipped: no CUDA (...)" where there is no GPU.
 //!
 //! A custom harness (`harness = false`): the parent re-runs this binary once per rank.
@@ -420,6 +422,145 @@ fn child_boxing(
     }
 }
 
+/// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
+type Boxer<'a> = dyn Fn(&Tensor, &[Sbp]) -> Result<Tensor> + 'a;
+/// Makes a randn input of (shape, seed, nd-SBP).
+type Maker<'a> = dyn Fn(&[usize], u64, &[Sbp]) -> Result<Tensor> + 'a;
+
+/// Iteration `i` of the pipelined chain on a 1-d placement: S(0) -> S(1), + B bias, -> S(0)
+/// -> B -> S(1), matmul with an S(0) weight ((S1,S0) -> P), P -> S(0) and P -> B. Uneven
+/// [37+i, 29+2i] shapes so every iteration allocates different sizes.
+fn chain_1d(i: usize, mk: &Maker, bx: &Boxer) -> Result<Vec<Tensor>> {
+    let (r, c, k) = (37 + i, 29 + 2 * i, 3 + i % 5);
+    let seed = 100 * i as u64;
+    let x = mk(&[r, c], seed, &[Sbp::S(0)])?;
+    let a = bx(&x, &[Sbp::S(1)])?;
+    let a2 = a.add(&mk(&[c], seed + 1, &[Sbp::B])?)?;
+    let b = bx(&a2, &[Sbp::S(0)])?;
+    let bb = bx(&b, &[Sbp::B])?;
+    let s1 = bx(&bb, &[Sbp::S(1)])?;
+    let m = s1.matmul(&mk(&[c, k], seed + 2, &[Sbp::S(0)])?)?;
+    let out = bx(&m, &[Sbp::S(0)])?;
+    let out_b = bx(&m, &[Sbp::B])?;
+    Ok(vec![a2, bb, out, out_b])
+}
+
+/// Iteration `i` on the [2, 2] mesh: (S(0),S(1)) -> (S(1),B) -> (B,S(0)), + (B,B) bias,
+/// -> (B,S(1)), matmul with a (B,S(0)) weight -> (B,P), -> (S(0),B). Each mesh axis boxes on
+/// its own sub-communicator.
+fn chain_2d(i: usize, mk: &Maker, bx: &Boxer) -> Result<Vec<Tensor>> {
+    let (r, c, k) = (37 + i, 29 + 2 * i, 3 + i % 5);
+    let seed = 100 * i as u64 + 50;
+    let x = mk(&[r, c], seed, &[Sbp::S(0), Sbp::S(1)])?;
+    let y1 = bx(&x, &[Sbp::S(1), Sbp::B])?;
+    let y2 = bx(&y1, &[Sbp::B, Sbp::S(0)])?;
+    let y3 = y2.add(&mk(&[c], seed + 1, &[Sbp::B, Sbp::B])?)?;
+    let z = bx(&y3, &[Sbp::B, Sbp::S(1)])?;
+    let m = z.matmul(&mk(&[c, k], seed + 2, &[Sbp::B, Sbp::S(0)])?)?;
+    let out = bx(&m, &[Sbp::S(0), Sbp::B])?;
+    Ok(vec![y1, y2, out])
+}
+
+/// Pipelined boxing: 30 iterations of `chain_1d` (and `chain_2d` on 4 ranks) queued with no
+/// synchronisation between them; two of every three iterations' results are kept alive, the
+/// third's dropped at once (so the allocator reuses blocks while collectives may still be in
+/// flight). Then every kept result is compared with the same chain on local CPU tensors.
+/// Returns (iterations, iterations kept and checked, milliseconds of the queued loop + sync).
+fn child_pipelined(
+    world: usize,
+    dev: DeviceType,
+) -> std::result::Result<(usize, usize, f64), String> {
+    const ITERS: usize = 30;
+    let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
+    let pl1 = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl2 = if world == 4 {
+        Some(pl1.reshaped([2, 2]).map_err(|x| x.to_string())?)
+    } else {
+        None
+    };
+    let global = |pl: &Placement| {
+        let pl = pl.clone();
+        move |shape: &[usize], seed: u64, sbp: &[Sbp]| -> Result<Tensor> {
+            Tensor::randn_global(
+                Shape::from(shape),
+                seed,
+                DType::F32,
+                &pl,
+                NdSbp::new(sbp.iter().copied()),
+            )
+        }
+    };
+    let boxer = |pl: &Placement| {
+        let pl = pl.clone();
+        move |t: &Tensor, sbp: &[Sbp]| -> Result<Tensor> {
+            t.to_global(&pl, NdSbp::new(sbp.iter().copied()))
+        }
+    };
+    let local = |shape: &[usize], seed: u64, _: &[Sbp]| -> Result<Tensor> {
+        Ok(Tensor::randn(Shape::from(shape), seed, DType::F32))
+    };
+    let same = |t: &Tensor, _: &[Sbp]| -> Result<Tensor> { Ok(t.clone()) };
+    let t = Instant::now();
+    // (iteration, mesh, results) of the kept iterations.
+    let mut kept: Vec<(usize, usize, Vec<Tensor>)> = Vec::new();
+    for i in 0..ITERS {
+        let one = chain_1d(i, &global(&pl1), &boxer(&pl1)).map_err(|x| e("1-d chain", x))?;
+        let two = match &pl2 {
+            Some(p) => Some(chain_2d(i, &global(p), &boxer(p)).map_err(|x| e("2-d chain", x))?),
+            None => None,
+        };
+        if i % 3 != 0 {
+            kept.push((i, 1, one));
+            if let Some(two) = two {
+                kept.push((i, 2, two));
+            }
+        }
+    }
+    if let Some(rt) = cuda::bound_runtime() {
+        rt.synchronize().map_err(|x| e("synchronize", x))?;
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    // Every rank gathers every kept result (collectives stay matched); the first few value
+    // mismatches are reported after all are compared.
+    let mut iters_checked = std::collections::BTreeSet::new();
+    let mut failures: Vec<String> = Vec::new();
+    for (i, mesh, got) in &kept {
+        let want = if *mesh == 1 {
+            chain_1d(*i, &local, &same)
+        } else {
+            chain_2d(*i, &local, &same)
+        }
+        .map_err(|x| e("cpu chain", x))?;
+        if got.len() != want.len() {
+            return Err(format!(
+                "iteration {i} mesh {mesh}: {} results vs {}",
+                got.len(),
+                want.len()
+            ));
+        }
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            let what = format!("iteration {i} {mesh}-d mesh result {j} ({})", g.describe());
+            if g.shape() != w.shape() {
+                return Err(format!("{what}: shape {} vs {}", g.shape(), w.shape()));
+            }
+            let gv = values(g).map_err(|x| e(&what, x))?;
+            let wv = values(w).map_err(|x| e(&what, x))?;
+            if let Err(x) = close(&gv, &wv) {
+                failures.push(format!("{what}: {x}"));
+            }
+        }
+        iters_checked.insert(*i);
+    }
+    if !failures.is_empty() {
+        return Err(format!(
+            "{} kept results differ from CPU; first:\n  {}",
+            failures.len(),
+            failures[..failures.len().min(6)].join("\n  ")
+        ));
+    }
+    Ok((ITERS, iters_checked.len(), ms))
+}
+
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
     let ctx = match init_from_env() {
         Ok(c) => c,
@@ -485,6 +626,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 5;
         }
     }
+    match child_pipelined(world, DeviceType::Cuda) {
+        Ok((n, k, ms)) if rank == 0 => println!(
+            "gpu_tensor: world {world}: pipelined boxing: {n} iterations ({k} kept) equal to CPU ({ms:.1}ms queued + synchronized)"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: pipelined boxing: {e}");
+            code = 6;
+        }
+    }
     if rank == 0 {
         if let Some(rt) = cuda::bound_runtime() {
             println!(
@@ -502,6 +653,7 @@ fn cpu_self_check() {
     let res = oxiflow_tensor::run_ranks(4, Duration::from_secs(120), |rank| {
         child_ops(4, 16, DeviceType::Cpu)
             .and_then(|a| child_boxing(4, rank, 16, DeviceType::Cpu).map(|b| (a, b)))
+            .and_then(|ab| child_pipelined(4, DeviceType::Cpu).map(|(_, p, _)| (ab, p)))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

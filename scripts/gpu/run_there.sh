@@ -18,7 +18,7 @@ suite=${PIPESTATUS[0]}
 # 2. Benchmarks (the CUDA 13 folder on the path as well, as for any CUDA program there).
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 #    The table: gpu_boxing_bench (Tensor::to_global + bare collective) and DTensor per world;
-#    nccl_bench (Communicator calls vs raw NCCL) is logged only.
+#    nccl_bench gives the raw-NCCL column (the library called directly, no OxiFlow code).
 for w in $WORLDS; do
   "$B/gpu_boxing_bench" --worlds "$w" --sizes-mib "$SIZES" --out "$OUT/boxing_w$w.json" 2>&1 | tee -a "$OUT/bench.log"
   echo "gpu_boxing_bench world $w exit code: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
@@ -26,7 +26,7 @@ for w in $WORLDS; do
   python3 -m torch.distributed.run --standalone --nproc-per-node "$w" scripts/gpu/dtensor_bench.py \
     --sizes-mib "$SIZES" --out "$OUT/dtensor_w$w.json" 2>&1 | grep -v "^W.*OMP_NUM_THREADS\|^\*\*\*\*" | tee -a "$OUT/bench.log"
 done
-python3 scripts/gpu/report.py "$OUT"/boxing_w*.json "$OUT"/dtensor_w*.json > "$OUT/report.md"
+python3 scripts/gpu/report.py "$OUT"/boxing_w*.json "$OUT"/nccl_bench_w*.json "$OUT"/dtensor_w*.json > "$OUT/report.md"
 cat "$OUT/report.md"
 echo "gpu suite exit code: $suite"
 exit "$suite"

@@ -47,6 +47,12 @@ pub trait LocalPiece: Sized + Send {
     }
     /// Returns a staging buffer from `scratch` for reuse (the default drops it).
     fn recycle(self) {}
+    /// Whether the piece's memory is also someone else's (e.g. a tensor's immutable storage),
+    /// so the executor must not write into it: an all-reduce then goes out of place. The
+    /// default (pieces that own their memory) is false.
+    fn is_shared(&self) -> bool {
+        false
+    }
     /// The same elements under another shape of equal element count.
     fn reshape(self, shape: Shape) -> Result<Self, BoxingError>;
     /// Copies the elements of each of `regions` (boxes in this piece's index space), one after

@@ -53,6 +53,37 @@ pub trait Communicator: Send + Sync {
 
     /// In place: every member ends with `op` over all members' buffers.
     fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+    /// Out of place: `recv` (as long as `send`) gets `op` over all members' `send`; `send` is
+    /// left as it was. This default copies host memory into `recv` and reduces in place;
+    /// device backends override it (a device buffer here is `Unsupported`).
+    fn all_reduce_into(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "all_reduce_into";
+        if send.len_bytes() != recv.len_bytes() {
+            return Err(CommError::BufferSize {
+                op: name.into(),
+                expected: send.len_bytes(),
+                got: recv.len_bytes(),
+                detail: "recv must be as long as send".into(),
+            });
+        }
+        match (send, recv) {
+            (Buf::Host(s), BufMut::Host(r)) => {
+                r.copy_from_slice(s);
+                self.all_reduce(dtype, BufMut::Host(r), op)
+            }
+            _ => Err(CommError::Unsupported {
+                op: name.into(),
+                backend: self.backend().to_string(),
+                detail: "device buffers".into(),
+            }),
+        }
+    }
     /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
     fn all_gather_v(
         &self,

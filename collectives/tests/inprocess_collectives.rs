@@ -184,3 +184,33 @@ fn sub_groups_are_cached_and_tiny_ops_are_fast() {
         "{per_op:?} per tiny all_reduce"
     );
 }
+
+#[test]
+fn all_reduce_into_leaves_send_unchanged() {
+    let comms = InProcessWorld::new(3, Duration::from_secs(20));
+    let out = run_threads(comms, |c| {
+        let send: Vec<f32> = (0..5).map(|i| (c.rank() * 10 + i) as f32).collect();
+        let before = send.clone();
+        let mut recv = vec![0f32; 5];
+        c.all_reduce_into(
+            DType::F32,
+            Buf::Host(bytemuck::cast_slice(&send)),
+            BufMut::Host(bytemuck::cast_slice_mut(&mut recv)),
+            ReduceOp::Sum,
+        )
+        .unwrap();
+        assert_eq!(send, before);
+        let mut short = vec![0f32; 4];
+        let e = c.all_reduce_into(
+            DType::F32,
+            Buf::Host(bytemuck::cast_slice(&send)),
+            BufMut::Host(bytemuck::cast_slice_mut(&mut short)),
+            ReduceOp::Sum,
+        );
+        assert!(matches!(e, Err(CommError::BufferSize { .. })), "{e:?}");
+        recv
+    });
+    for r in out {
+        assert_eq!(r, vec![30.0, 33.0, 36.0, 39.0, 42.0]);
+    }
+}

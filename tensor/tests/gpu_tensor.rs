@@ -561,6 +561,50 @@ fn child_pipelined(
     Ok((ITERS, iters_checked.len(), ms))
 }
 
+/// Boxing never writes into its input: a P tensor boxed to B several times, then to S(0),
+/// keeps its pieces, and both results equal the sum of the pieces (each rank's piece is
+/// `randn(seed + rank)`, so every rank knows them all).
+fn child_inputs_unchanged(
+    world: usize,
+    rank: usize,
+    dev: DeviceType,
+) -> std::result::Result<(), String> {
+    let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
+    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let shape = [3 * world + 1, 33];
+    let piece = |r: usize| Tensor::randn(Shape::from(&shape[..]), 77 + r as u64, DType::F32);
+    let p = piece(rank)
+        .to_global(&pl, Sbp::P)
+        .map_err(|x| e("to_global P", x))?;
+    let before = values(&p.to_local()).map_err(|x| e("P piece", x))?;
+    let mut bs = Vec::new();
+    for _ in 0..5 {
+        bs.push(p.to_global(&pl, Sbp::B).map_err(|x| e("P->B", x))?);
+    }
+    let s = p.to_global(&pl, Sbp::S(0)).map_err(|x| e("P->S", x))?;
+    let after = values(&p.to_local()).map_err(|x| e("P piece", x))?;
+    if before != after {
+        return Err("boxing P->B changed its input tensor's piece".into());
+    }
+    let mut sum = vec![0f64; shape[0] * shape[1]];
+    for r in 0..world {
+        for (a, v) in sum
+            .iter_mut()
+            .zip(values(&piece(r)).map_err(|x| e("host piece", x))?)
+        {
+            *a += v;
+        }
+    }
+    for (k, b) in bs.iter().enumerate() {
+        let got = values(&b.to_local()).map_err(|x| e("B piece", x))?;
+        close(&got, &sum).map_err(|x| format!("P->B result {k}: {x}"))?;
+    }
+    let rows = oxiflow_sbp::BalancedSplitter::new(shape[0], world).range(rank);
+    let got = values(&s.to_local()).map_err(|x| e("S piece", x))?;
+    close(&got, &sum[rows.start * shape[1]..rows.end * shape[1]])
+        .map_err(|x| format!("P->S result: {x}"))
+}
+
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
     let ctx = match init_from_env() {
         Ok(c) => c,
@@ -636,6 +680,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 6;
         }
     }
+    match child_inputs_unchanged(world, rank, DeviceType::Cuda) {
+        Ok(()) if rank == 0 => println!(
+            "gpu_tensor: world {world}: P->B x5 then P->S leave the P input unchanged; results equal the host sum"
+        ),
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: inputs unchanged: {e}");
+            code = 7;
+        }
+    }
     if rank == 0 {
         if let Some(rt) = cuda::bound_runtime() {
             println!(
@@ -654,6 +708,7 @@ fn cpu_self_check() {
         child_ops(4, 16, DeviceType::Cpu)
             .and_then(|a| child_boxing(4, rank, 16, DeviceType::Cpu).map(|b| (a, b)))
             .and_then(|ab| child_pipelined(4, DeviceType::Cpu).map(|(_, p, _)| (ab, p)))
+            .and_then(|abp| child_inputs_unchanged(4, rank, DeviceType::Cpu).map(|_| abp))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -1,4 +1,5 @@
-//! P -> B on a mesh axis: all-reduce of the piece, in place.
+//! P -> B on a mesh axis: all-reduce of the piece, in place, or into a new piece when the
+//! piece's memory is shared (a tensor's storage, which must not change).
 
 use oxiflow_sbp::ReduceOp;
 
@@ -15,8 +16,14 @@ pub(crate) fn run<P: LocalPiece>(
     mut piece: P,
 ) -> Result<P, BoxingError> {
     let dtype = piece.dtype();
-    ctx.comm()?
-        .all_reduce(dtype, piece.as_buf_mut(), comm_op(op))
+    let comm = ctx.comm()?;
+    if piece.is_shared() {
+        let mut out = P::alloc(piece.shape(), dtype, piece.device())?;
+        comm.all_reduce_into(dtype, piece.as_buf(), out.as_buf_mut(), comm_op(op))
+            .map_err(comm_err(step))?;
+        return Ok(out);
+    }
+    comm.all_reduce(dtype, piece.as_buf_mut(), comm_op(op))
         .map_err(comm_err(step))?;
     Ok(piece)
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use oxiflow_boxing::{execute, LocalPiece, Plan, StepKind};
+use oxiflow_boxing::{execute, LocalPiece, Plan};
 use oxiflow_collectives::Backend;
 
 use super::backend::cuda_of;
@@ -40,17 +40,10 @@ fn run(
         to: plan.to.to_string(),
         detail,
     };
-    // Only an all-reduce writes into the input piece; tensors are immutable and shared, so
-    // that case works on a copy.
-    let in_place = plan
-        .steps
-        .iter()
-        .any(|s| matches!(s.kind, StepKind::AllReduce { .. }));
+    // Device pieces share the tensor's block (the executor never writes into a shared piece).
     let input = match piece {
         None => None,
-        Some(s @ Storage::Device(_)) => Some(
-            CudaPiece::from_storage(cuda_of(op, s)?, in_place).map_err(|e| berr(e.to_string()))?,
-        ),
+        Some(s @ Storage::Device(_)) => Some(CudaPiece::from_storage(cuda_of(op, s)?)),
         Some(s @ Storage::Cpu(_)) => Some(CudaPiece::Host(to_host_piece(s)?)),
     };
     let out = execute(plan, ctx.world(), input).map_err(|e| berr(e.to_string()))?;

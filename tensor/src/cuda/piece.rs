@@ -61,25 +61,14 @@ impl CudaPiece {
         })
     }
 
-    /// A piece over a tensor's device storage; with `exclusive` the data is copied first so the
-    /// executor may write into it without touching the (immutable, shared) tensor.
-    pub fn from_storage(s: &CudaStorage, exclusive: bool) -> Result<CudaPiece, BoxingError> {
-        if !exclusive || Arc::strong_count(&s.block) == 1 {
-            return Ok(CudaPiece::Device {
-                block: s.block.clone(),
-                dtype: s.dtype,
-                shape: s.shape.clone(),
-            });
-        }
-        let mut out = Self::alloc_device(&s.shape, s.dtype)?;
-        let src = CudaPiece::Device {
+    /// A piece over a tensor's device storage, sharing its block: the executor never writes
+    /// into it (`is_shared`; an all-reduce then goes out of place).
+    pub fn from_storage(s: &CudaStorage) -> CudaPiece {
+        CudaPiece::Device {
             block: s.block.clone(),
             dtype: s.dtype,
             shape: s.shape.clone(),
-        };
-        let full: Vec<Range<usize>> = s.shape.dims().iter().map(|&n| 0..n).collect();
-        src.pack(&[&full], &mut out, 0)?;
-        Ok(out)
+        }
     }
 
     /// The device storage of a device piece (None for a host piece).
@@ -276,6 +265,13 @@ impl LocalPiece for CudaPiece {
     }
     fn supports_device(_device: DeviceType) -> bool {
         true
+    }
+    fn is_shared(&self) -> bool {
+        match self {
+            CudaPiece::Host(_) => false,
+            // Blocks the executor allocated have one owner; a tensor's block has two or more.
+            CudaPiece::Device { block, .. } => Arc::strong_count(block) > 1,
+        }
     }
     fn filled(
         shape: &Shape,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (no Rust there): the CUDA tensor suite, the S(0)->S(1) boxing bench
-# through the executor, and `oflaunch train` on cuda vs cpu placements next to PyTorch DDP.
+# Runs on the GPU machine (no Rust there): the CUDA tensor suite and `oflaunch train` on cuda vs
+# cpu placements next to PyTorch DDP (the boxing benchmarks are in run_there.sh).
 # Usage: scripts/gpu/run_tensor_there.sh [worlds] [steps]   (binaries from build_here.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,15 +12,11 @@ mkdir -p "$OUT"
 B=$PWD/.carry/bin
 WORLDS=${1:-"2 4"}
 STEPS=${2:-200}
-SIZES=${SIZES:-1,4,16,64,256,1024}
 status=0
 # 1. The tensor suite WITHOUT LD_LIBRARY_PATH: cuda_libs must find CUDA 13 by itself.
 timeout "${T_SUITE:-300}" env -u LD_LIBRARY_PATH "$B/gpu_tensor" 2>&1 | tee "$OUT/gpu_tensor.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-# 2. S(0)->S(1) through the boxing executor on CudaPiece, vs the bare all-to-all.
-timeout "${T_BENCH:-300}" env -u LD_LIBRARY_PATH "$B/gpu_boxing_bench" --worlds "$(echo $WORLDS | tr ' ' ,)" --sizes-mib "$SIZES" 2>&1 | tee "$OUT/boxing_bench.md"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-# 3. train: NCCL + cuda placement vs CPU backend + cpu placement (same flags), then DDP.
+# 2. train: NCCL + cuda placement vs CPU backend + cpu placement (same flags), then DDP.
 for w in $WORLDS; do
   common="--steps $STEPS --log-every 10"
   timeout "${T_TRAIN:-120}" "$B/oflaunch" --nproc-per-node "$w" --backend nccl "$B/train" --device cuda $common > "$OUT/train_cuda_w$w.log" 2>&1 || status=1

@@ -35,7 +35,7 @@ fn bucket(bytes: usize) -> usize {
 
 /// Freed blocks of one bucket whose collectives may still run, beyond which the compute stream
 /// waits for the oldest instead of allocating more (bounds memory when the host runs ahead).
-const MAX_IN_FLIGHT: usize = 2;
+const MAX_IN_FLIGHT: usize = 6;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

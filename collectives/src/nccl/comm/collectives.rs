@@ -122,6 +122,36 @@ impl Communicator for NcclComm {
         })
     }
 
+    fn all_reduce_into(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        rop: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_reduce_into";
+        let bytes = send.len_bytes();
+        if !bytes.is_multiple_of(dtype.size()) {
+            return Err(CommError::BufferSize {
+                op: op.into(),
+                expected: bytes / dtype.size() * dtype.size(),
+                got: bytes,
+                detail: format!("send is not a whole number of {dtype}"),
+            });
+        }
+        let sp = dev_ptr(op, i, send, bytes, "send")?;
+        let rp = dev_ptr(op, i, recv.as_buf(), bytes, "recv")?;
+        let n = bytes / dtype.size();
+        let fs = fences(&[send, recv.as_buf()]);
+        i.run(op, fs.as_deref(), |nc, c, s| {
+            // SAFETY: out-of-place all-reduce of n elements between checked buffers.
+            nc.check(op, c, unsafe {
+                (nc.all_reduce)(sp as P, rp as P, n, nccl_dtype(dtype), nccl_op(rop), c, s)
+            })
+        })
+    }
+
     fn all_gather_v(
         &self,
         dtype: DType,
@@ -264,24 +294,10 @@ impl Communicator for NcclComm {
         let ro = offsets(recv_counts, esz);
         let fs = fences(&[send, recv.as_buf()]);
         i.run(op, fs.as_deref(), |nc, c, s| {
-            let me = i.rank;
-            if send_counts[me] > 0 {
-                // SAFETY: copy of the own piece between checked buffers on the comm stream.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        rp + ro[me] as u64,
-                        sp + so[me] as u64,
-                        send_counts[me] * esz,
-                        s as cudarc::driver::sys::CUstream,
-                    )
-                }
-                .map_err(|e| dev_err(op, e))?;
-            }
+            // The own part goes through NCCL too (a copy inside the group's kernel, overlapping
+            // the transfers), as in a raw grouped all-to-all.
             i.group(op, || {
                 for peer in 0..i.size {
-                    if peer == me {
-                        continue;
-                    }
                     if send_counts[peer] > 0 {
                         // SAFETY: send of a checked sub-range.
                         nc.check(op, c, unsafe {

@@ -1,7 +1,7 @@
 //! `NcclComm`: the `Communicator` on CUDA device buffers through NCCL, with stream ordering and
 //! an error watchdog.
 //!
-//! Streams: each communicator owns a comm stream. Every collective makes the comm stream wait
+//! Streams: each communicator owns a comm stream (highest priority). Every collective makes the comm stream wait
 //! (an event) for the work already queued on the *compute stream* (the stream the tensor layer
 //! launches its kernels on; the context's default stream unless set), queues the NCCL calls,
 //! and makes the compute stream wait for their end. Kernels and collectives therefore run in
@@ -236,7 +236,14 @@ impl NcclComm {
         nccl.check(&op, std::ptr::null_mut(), unsafe {
             (nccl.comm_init_rank)(&mut raw, size as i32, uid, rank as i32)
         })?;
-        let comm_stream = ctx.new_stream().map_err(|e| dev_err(&op, e))?;
+        // The comm stream has the highest priority: a collective's blocks are scheduled ahead
+        // of queued compute blocks, so a kernel launched while a collective runs (the pack of
+        // the next transfer) overlaps it instead of delaying its start.
+        let (_, highest) =
+            cudarc::driver::result::stream::get_priority_range().map_err(|e| dev_err(&op, e))?;
+        let comm_stream = ctx
+            .new_stream_with_priority(highest)
+            .map_err(|e| dev_err(&op, e))?;
         let watch = Arc::new(Watch::default());
         let device = ctx.ordinal();
         let inner = Arc::new(Inner {

@@ -137,6 +137,75 @@ pub trait Communicator: Send + Sync {
         let counts = vec![n; self.size()];
         self.all_gather_v(dtype, send, recv, &counts)
     }
+    /// All-to-all-v without the member's own part, which the caller copies locally (e.g. from
+    /// a strided piece straight into its place): `send` holds only the parts for the other
+    /// members, in member order; `recv` has the full layout of `recv_counts`, and its own
+    /// region (`recv_counts[me]` elements after the earlier members') is left as it was.
+    /// `send_counts[me]` must equal `recv_counts[me]`. Interoperates with `all_to_all_v`. This
+    /// default (host memory only) rebuilds the full send buffer and calls `all_to_all_v`;
+    /// device backends override it.
+    fn all_to_all_v_others(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v_others";
+        let me = self.rank();
+        let esz = dtype.size();
+        if send_counts.len() != self.size() || recv_counts.len() != self.size() {
+            return Err(CommError::InvalidArgument {
+                op: name.into(),
+                detail: format!(
+                    "{} send and {} recv counts for {} members",
+                    send_counts.len(),
+                    recv_counts.len(),
+                    self.size()
+                ),
+            });
+        }
+        if send_counts[me] != recv_counts[me] {
+            return Err(CommError::Mismatch {
+                op: name.into(),
+                detail: format!(
+                    "member {me} keeps {} elements but expects {}",
+                    send_counts[me], recv_counts[me]
+                ),
+            });
+        }
+        let (Buf::Host(s), BufMut::Host(r)) = (send, recv) else {
+            return Err(CommError::Unsupported {
+                op: name.into(),
+                backend: self.backend().to_string(),
+                detail: "device buffers".into(),
+            });
+        };
+        let before: usize = send_counts[..me].iter().sum::<usize>() * esz;
+        let own = send_counts[me] * esz;
+        let r_own: usize = recv_counts[..me].iter().sum::<usize>() * esz;
+        let expected = send_counts.iter().sum::<usize>() * esz - own;
+        if s.len() != expected || r.len() != recv_counts.iter().sum::<usize>() * esz {
+            return Err(CommError::BufferSize {
+                op: name.into(),
+                expected,
+                got: s.len(),
+                detail: "send holds the other members' parts; recv the full layout".into(),
+            });
+        }
+        let mut full = Vec::with_capacity(s.len() + own);
+        full.extend_from_slice(&s[..before]);
+        full.extend_from_slice(&r[r_own..r_own + own]);
+        full.extend_from_slice(&s[before..]);
+        self.all_to_all_v(
+            dtype,
+            Buf::Host(&full),
+            send_counts,
+            BufMut::Host(r),
+            recv_counts,
+        )
+    }
     /// All-to-all-v whose send pieces need not be contiguous: member j receives the elements
     /// of `send_layout[j]` (runs at a stride, in run order) as if they had been packed into
     /// `send_counts[j] = send_layout[j].count()` consecutive elements; `recv` is as in

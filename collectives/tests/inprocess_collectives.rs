@@ -214,3 +214,44 @@ fn all_reduce_into_leaves_send_unchanged() {
         assert_eq!(r, vec![30.0, 33.0, 36.0, 39.0, 42.0]);
     }
 }
+
+#[test]
+fn all_to_all_v_others_skips_the_own_part() {
+    let comms = InProcessWorld::new(3, Duration::from_secs(20));
+    let out = run_threads(comms, |c| {
+        let me = c.rank();
+        // Member i sends j (i + j + 1) elements of value 10 i + j; its own part stays local.
+        let counts_to = |i: usize| -> Vec<usize> { (0..3).map(|j| i + j + 1).collect() };
+        let send_counts = counts_to(me);
+        let recv_counts: Vec<usize> = (0..3).map(|i| counts_to(i)[me]).collect();
+        let send: Vec<i64> = (0..3)
+            .filter(|&j| j != me)
+            .flat_map(|j| vec![(10 * me + j) as i64; send_counts[j]])
+            .collect();
+        let mut recv = vec![-1i64; recv_counts.iter().sum()];
+        c.all_to_all_v_others(
+            DType::I64,
+            Buf::Host(bytemuck::cast_slice(&send)),
+            &send_counts,
+            BufMut::Host(bytemuck::cast_slice_mut(&mut recv)),
+            &recv_counts,
+        )
+        .unwrap();
+        let want: Vec<i64> = (0..3)
+            .flat_map(|i| {
+                let v = if i == me { -1 } else { (10 * i + me) as i64 };
+                vec![v; recv_counts[i]]
+            })
+            .collect();
+        assert_eq!(recv, want, "member {me}");
+        let e = c.all_to_all_v_others(
+            DType::I64,
+            Buf::Host(bytemuck::cast_slice(&send[1..])),
+            &send_counts,
+            BufMut::Host(bytemuck::cast_slice_mut(&mut recv)),
+            &recv_counts,
+        );
+        assert!(matches!(e, Err(CommError::BufferSize { .. })), "{e:?}");
+    });
+    assert_eq!(out.len(), 3);
+}

@@ -2,8 +2,9 @@
 //! its piece and receives part i of dim b of member j's piece, placed at part j of dim a. Send
 //! is direct when dim b is outermost in the piece; else host pieces go through the strided
 //! all-to-all (each part is runs at a constant stride, which the CPU backend sends without
-//! packing) and device pieces are packed. Receive is direct when dim a is outermost in the
-//! result (else unpacked from staging).
+//! packing) and device pieces are packed (the own part then goes straight into the result when
+//! the receive is direct). Receive is direct when dim a is outermost in the result (else
+//! unpacked from staging).
 
 use std::ops::Range;
 
@@ -52,6 +53,31 @@ pub(crate) fn run<P: LocalPiece>(
     } else {
         Vec::new()
     };
+    // Device pieces with a direct receive: the other members' parts are packed and sent, and
+    // the own part goes straight from the piece into its place in the result (no pack and no
+    // self-transfer for it).
+    if !strided && outer(&in_shape, b) > 1 && outer(&out_shape, a) == 1 {
+        let me = ctx.me;
+        let others: Vec<&[Range<usize>]> = (0..ctx.p)
+            .filter(|&j| j != me)
+            .map(|j| send_boxes[j].as_slice())
+            .collect();
+        let mut s = P::scratch(in_shape.numel() - send_counts[me], dtype, dev)?;
+        piece.pack(&others, &mut s, 0)?;
+        let mut out = P::alloc(&out_shape, dtype, dev)?;
+        let own_at: usize = recv_counts[..me].iter().sum();
+        piece.pack(&[send_boxes[me].as_slice()], &mut out, own_at)?;
+        comm.all_to_all_v_others(
+            dtype,
+            s.as_buf(),
+            &send_counts,
+            out.as_buf_mut(),
+            &recv_counts,
+        )
+        .map_err(comm_err(step))?;
+        s.recycle();
+        return Ok(out);
+    }
     let packed = if outer(&in_shape, b) == 1 || strided {
         None
     } else {

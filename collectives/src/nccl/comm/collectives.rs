@@ -330,6 +330,78 @@ impl Communicator for NcclComm {
         })
     }
 
+    fn all_to_all_v_others(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let op = "all_to_all_v_others";
+        check_counts(op, i, send_counts, "send_counts")?;
+        check_counts(op, i, recv_counts, "recv_counts")?;
+        let me = i.rank;
+        if send_counts[me] != recv_counts[me] {
+            return Err(CommError::Mismatch {
+                op: op.into(),
+                detail: format!(
+                    "member {me} keeps {} elements but expects {}",
+                    send_counts[me], recv_counts[me]
+                ),
+            });
+        }
+        let esz = dtype.size();
+        let others: Vec<usize> = (0..i.size)
+            .map(|j| if j == me { 0 } else { send_counts[j] })
+            .collect();
+        let sp = dev_ptr(op, i, send, others.iter().sum::<usize>() * esz, "send")?;
+        let rp = dev_ptr(
+            op,
+            i,
+            recv.as_buf(),
+            recv_counts.iter().sum::<usize>() * esz,
+            "recv",
+        )?;
+        let so = offsets(&others, esz);
+        let ro = offsets(recv_counts, esz);
+        let fs = fences(&[send, recv.as_buf()]);
+        i.run(op, fs.as_deref(), |nc, c, s| {
+            i.group(op, || {
+                for peer in (0..i.size).filter(|&p| p != me) {
+                    if others[peer] > 0 {
+                        // SAFETY: send of a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.send)(
+                                (sp + so[peer] as u64) as P,
+                                others[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                    if recv_counts[peer] > 0 {
+                        // SAFETY: recv into a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            (nc.recv)(
+                                (rp + ro[peer] as u64) as P,
+                                recv_counts[peer],
+                                nccl_dtype(dtype),
+                                peer as i32,
+                                c,
+                                s,
+                            )
+                        })?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
         let i = &*self.inner;
         root_check("broadcast", i, root)?;

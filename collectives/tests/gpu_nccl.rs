@@ -118,7 +118,18 @@ fn run_case(
             let parts: Vec<_> = (0..w).map(|q| data(dt, ci, q, n)).collect();
             let mut b = r.up(&parts[me]);
             c.all_reduce(dt, b.as_buf_mut(), case.op)?;
-            Ok(Some((reduced(dt, case.op, &parts), b.to_host()?)))
+            let want = reduced(dt, case.op, &parts);
+            let mut got = b.to_host()?;
+            // Out of place: the result lands in another buffer and the input stays.
+            let s = r.up(&parts[me]);
+            let mut o = DeviceBytes::zeros(&r.stream, n * esz)?;
+            c.all_reduce_into(dt, s.as_buf(), o.as_buf_mut(), case.op)?;
+            got.extend(o.to_host()?);
+            got.extend(s.to_host()?);
+            Ok(Some((
+                [want.clone(), want, parts[me].clone()].concat(),
+                got,
+            )))
         }
         1 => {
             let parts: Vec<_> = (0..w).map(|q| data(dt, ci, q, case.counts[q])).collect();
@@ -156,7 +167,20 @@ fn run_case(
             let s = r.up(&parts[me]);
             let mut o = DeviceBytes::zeros(&r.stream, expect.len())?;
             c.all_to_all_v(dt, s.as_buf(), &m[me], o.as_buf_mut(), &recv_counts)?;
-            Ok(Some((expect, o.to_host()?)))
+            let mut got = o.to_host()?;
+            // Without the own part: it is not sent, and its region of recv stays as it was.
+            let own_s = m[me][..me].iter().sum::<usize>() * esz;
+            let own_n = m[me][me] * esz;
+            let others = [&parts[me][..own_s], &parts[me][own_s + own_n..]].concat();
+            let keep = data(dt, ci + 7, me, expect.len() / esz);
+            let own_r = recv_counts[..me].iter().sum::<usize>() * esz;
+            let mut want = expect.clone();
+            want[own_r..own_r + own_n].copy_from_slice(&keep[own_r..own_r + own_n]);
+            let s2 = r.up(&others);
+            let mut o2 = r.up(&keep);
+            c.all_to_all_v_others(dt, s2.as_buf(), &m[me], o2.as_buf_mut(), &recv_counts)?;
+            got.extend(o2.to_host()?);
+            Ok(Some(([expect, want].concat(), got)))
         }
         4 => {
             let mut b = r.up(&data(dt, ci, me, n));
@@ -277,7 +301,7 @@ fn child_cases(rank: usize, world: usize, addr: &str, token: &str, cases: u32) {
     r.comm.synchronize().expect("synchronize");
     r.comm.barrier().expect("barrier");
     if rank == 0 {
-        println!("world {world}: {cases} cases passed (per kind {per_kind:?}: all_reduce, all_gather_v, reduce_scatter_v, all_to_all_v, broadcast, reduce, send/recv, sub_group)");
+        println!("world {world}: {cases} cases passed (per kind {per_kind:?}: all_reduce + all_reduce_into, all_gather_v, reduce_scatter_v, all_to_all_v + all_to_all_v_others, broadcast, reduce, send/recv, sub_group)");
     }
 }
 

@@ -10,6 +10,7 @@ use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Region, Shape};
 use rayon::prelude::*;
 
 use crate::context::Context;
+use crate::device::{backend_for, Device};
 use crate::element::TensorElement;
 use crate::kernels::elementwise::PAR_THRESHOLD;
 use crate::rng;
@@ -17,29 +18,39 @@ use crate::storage::{CpuArray, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
-/// How element `i` (global row-major index) of a created tensor is computed.
+/// How element `i` (global row-major index) of a created tensor is computed (device backends
+/// compute the same values; see `DeviceBackend::create`).
 #[derive(Clone, Copy, Debug)]
-enum Init {
+pub enum ElementInit {
+    /// Every element `v`.
     Full(f64),
+    /// `start + step * i`.
     Arange { start: f64, step: f64 },
+    /// `rng::uniform(seed, i)`.
     Rand(u64),
+    /// `rng::normal(seed, i)`.
     Randn(u64),
 }
 
-impl Init {
+impl ElementInit {
     #[inline]
     fn at(self, i: u64) -> f64 {
         match self {
-            Init::Full(v) => v,
-            Init::Arange { start, step } => start + step * i as f64,
-            Init::Rand(seed) => rng::uniform(seed, i),
-            Init::Randn(seed) => rng::normal(seed, i),
+            ElementInit::Full(v) => v,
+            ElementInit::Arange { start, step } => start + step * i as f64,
+            ElementInit::Rand(seed) => rng::uniform(seed, i),
+            ElementInit::Randn(seed) => rng::normal(seed, i),
         }
     }
 }
 
 /// The values of `region` of a tensor of `shape`, row-major.
-fn fill<T: TensorElement>(init: Init, shape: &Shape, region: &Region, zero: bool) -> ArrayD<T> {
+fn fill<T: TensorElement>(
+    init: ElementInit,
+    shape: &Shape,
+    region: &Region,
+    zero: bool,
+) -> ArrayD<T> {
     let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
     let n: usize = local.iter().product();
     if zero {
@@ -63,7 +74,13 @@ fn fill<T: TensorElement>(init: Init, shape: &Shape, region: &Region, zero: bool
     ArrayD::from_shape_vec(IxDyn(&local), data).unwrap_or_else(|_| ArrayD::zeros(IxDyn(&local)))
 }
 
-fn fill_any(init: Init, dtype: DType, shape: &Shape, region: &Region, zero: bool) -> CpuArray {
+fn fill_any(
+    init: ElementInit,
+    dtype: DType,
+    shape: &Shape,
+    region: &Region,
+    zero: bool,
+) -> CpuArray {
     match dtype {
         DType::F32 => CpuArray::F32(fill(init, shape, region, zero)),
         DType::F64 => CpuArray::F64(fill(init, shape, region, zero)),
@@ -71,14 +88,14 @@ fn fill_any(init: Init, dtype: DType, shape: &Shape, region: &Region, zero: bool
     }
 }
 
-fn local(init: Init, shape: Shape, dtype: DType) -> Tensor {
+fn local(init: ElementInit, shape: Shape, dtype: DType) -> Tensor {
     let region: Region = shape.dims().iter().map(|&n| 0..n).collect();
     Tensor::from_storage(Storage::Cpu(fill_any(init, dtype, &shape, &region, false)))
 }
 
 fn global(
     op: &'static str,
-    init: Init,
+    init: ElementInit,
     shape: Shape,
     dtype: DType,
     placement: &Placement,
@@ -93,7 +110,17 @@ fn global(
             world_size: ctx.world_size(),
             detail: e.to_string(),
         })?;
-    if placement.device() != oxiflow_placement::DeviceType::Cpu {
+    let on_device = placement.device() != oxiflow_placement::DeviceType::Cpu;
+    // A device backend that creates the values itself (counter-based, so the same values as
+    // on the host); otherwise they are created on the host and moved.
+    let backend = if on_device {
+        backend_for(op, Device::Cuda(0))
+            .ok()
+            .filter(|b| b.creates(init, dtype))
+    } else {
+        None
+    };
+    if on_device && backend.is_none() {
         // Created on the host, then moved by the device backend.
         let host = global(
             op,
@@ -114,44 +141,45 @@ fn global(
     };
     check_nd_sbp(&shape, placement, &nd_sbp).map_err(sbp_error)?;
     let layout = GlobalLayout::new(shape.clone(), placement, nd_sbp.clone()).map_err(sbp_error)?;
-    let piece = placement.coord_of(ctx.rank()).map(|coord| {
-        let region = layout.region_at(&coord);
-        Storage::Cpu(fill_any(
-            init,
-            dtype,
-            &shape,
-            &region,
-            !layout.is_partial_root(&coord),
-        ))
-    });
+    let piece = match placement.coord_of(ctx.rank()) {
+        None => None,
+        Some(coord) => {
+            let region = layout.region_at(&coord);
+            let zero = !layout.is_partial_root(&coord);
+            Some(match &backend {
+                Some(b) => Storage::Device(b.create(init, dtype, &shape, &region, zero, 0)?),
+                None => Storage::Cpu(fill_any(init, dtype, &shape, &region, zero)),
+            })
+        }
+    };
     Ok(Tensor::global_from_piece(piece, layout, dtype, ctx))
 }
 
 impl Tensor {
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
-        local(Init::Full(0.0), shape.into(), dtype)
+        local(ElementInit::Full(0.0), shape.into(), dtype)
     }
     pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
-        local(Init::Full(1.0), shape.into(), dtype)
+        local(ElementInit::Full(1.0), shape.into(), dtype)
     }
     pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Tensor {
-        local(Init::Full(value), shape.into(), dtype)
+        local(ElementInit::Full(value), shape.into(), dtype)
     }
     /// `[start, start + step, ...]` below `end` (1-d).
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
         Ok(local(
-            Init::Arange { start, step },
+            ElementInit::Arange { start, step },
             arange_shape(start, end, step)?,
             dtype,
         ))
     }
     /// Uniform in [0, 1), counter-based (Philox keyed by `seed`).
     pub fn rand(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
-        local(Init::Rand(seed), shape.into(), dtype)
+        local(ElementInit::Rand(seed), shape.into(), dtype)
     }
     /// Standard normal, counter-based (Philox keyed by `seed`, Box-Muller).
     pub fn randn(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
-        local(Init::Randn(seed), shape.into(), dtype)
+        local(ElementInit::Randn(seed), shape.into(), dtype)
     }
 
     pub fn zeros_global(
@@ -162,7 +190,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         global(
             "zeros",
-            Init::Full(0.0),
+            ElementInit::Full(0.0),
             shape.into(),
             dtype,
             placement,
@@ -177,7 +205,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         global(
             "ones",
-            Init::Full(1.0),
+            ElementInit::Full(1.0),
             shape.into(),
             dtype,
             placement,
@@ -193,7 +221,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         global(
             "full",
-            Init::Full(value),
+            ElementInit::Full(value),
             shape.into(),
             dtype,
             placement,
@@ -211,7 +239,7 @@ impl Tensor {
         let shape = arange_shape(start, end, step)?;
         global(
             "arange",
-            Init::Arange { start, step },
+            ElementInit::Arange { start, step },
             shape,
             dtype,
             placement,
@@ -227,7 +255,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         global(
             "rand",
-            Init::Rand(seed),
+            ElementInit::Rand(seed),
             shape.into(),
             dtype,
             placement,
@@ -243,7 +271,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         global(
             "randn",
-            Init::Randn(seed),
+            ElementInit::Randn(seed),
             shape.into(),
             dtype,
             placement,

@@ -29,8 +29,9 @@ use std::sync::{Arc, RwLock};
 
 use oxiflow_collectives::DType;
 use oxiflow_placement::DeviceType;
-use oxiflow_sbp::Shape;
+use oxiflow_sbp::{Region, Shape};
 
+use crate::creation::ElementInit;
 use crate::op::Op;
 use crate::storage::{CpuArray, Storage};
 use crate::{Result, TensorError};
@@ -78,6 +79,31 @@ pub trait DeviceBackend: Send + Sync {
     /// Uploads a host array to device `ordinal`.
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, array: &CpuArray, ordinal: usize) -> Result<Arc<dyn DeviceStorage>>;
+    /// Whether `create` computes `init` for `dtype` on the device (the default: no, so
+    /// creation ops compute on the host and upload).
+    fn creates(&self, _init: ElementInit, _dtype: DType) -> bool {
+        false
+    }
+    /// The elements of `region` of a tensor of `shape` (zeros with `zero`), element `i` of
+    /// the tensor from `init` exactly as the host computes it, on device `ordinal`. Called only
+    /// where `creates` is true.
+    fn create(
+        &self,
+        init: ElementInit,
+        dtype: DType,
+        shape: &Shape,
+        region: &Region,
+        zero: bool,
+        ordinal: usize,
+    ) -> Result<Arc<dyn DeviceStorage>> {
+        let _ = (init, shape, region, zero, ordinal);
+        Err(TensorError::Device {
+            op: "create",
+            devices: "device".into(),
+            shapes: String::new(),
+            detail: format!("this backend does not create {dtype} values"),
+        })
+    }
     /// Runs the local kernel of `op` on `inputs`, returning a piece of `out_shape`/`out_dtype`.
     fn run(
         &self,

@@ -36,6 +36,7 @@ mod tensor;
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use autograd_slot::{set_dispatch_hook, AutogradMeta, DispatchHook, GradFn};
 pub use context::{Context, ContextGuard};
+pub use creation::ElementInit;
 pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
 pub use dispatch::dispatch;
 pub use element::{FloatElement, TensorElement};

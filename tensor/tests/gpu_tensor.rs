@@ -605,6 +605,91 @@ fn child_inputs_unchanged(
         .map_err(|x| format!("P->S result: {x}"))
 }
 
+/// Creation ops on cuda placements run on the device (the pieces are device storage) and give
+/// the host's values: full, arange and rand bit for bit, randn within 4 ulp (the device's
+/// `log`/`cos` may round differently), for every dtype, on 1-d and 2-d meshes incl. P.
+fn child_creation(world: usize) -> std::result::Result<usize, String> {
+    let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
+    let pl1 = Placement::new_1d(DeviceType::Cuda, (0..world).collect::<Vec<_>>())
+        .map_err(|x| x.to_string())?;
+    let mut layouts: Vec<(Placement, NdSbp)> = [Sbp::S(0), Sbp::S(1), Sbp::B, Sbp::P]
+        .into_iter()
+        .map(|s| (pl1.clone(), NdSbp::new([s])))
+        .collect();
+    if world == 4 {
+        let pl2 = pl1.reshaped([2, 2]).map_err(|x| x.to_string())?;
+        layouts.push((pl2.clone(), NdSbp::new([Sbp::S(0), Sbp::S(1)])));
+        layouts.push((pl2, NdSbp::new([Sbp::P, Sbp::S(0)])));
+    }
+    let shape = Shape::new([13, 7]);
+    let mut checked = 0;
+    for (pl, sbp) in &layouts {
+        let host_pl = pl.with_device(DeviceType::Cpu);
+        for dtype in [DType::F32, DType::F64, DType::I64] {
+            for kind in 0..4 {
+                let make = |p: &Placement| -> Result<Tensor> {
+                    let sh = shape.clone();
+                    match kind {
+                        0 => Tensor::full_global(sh, 2.5, dtype, p, sbp.clone()),
+                        1 => Tensor::arange_global(-3.0, 88.0, 1.0, dtype, p, sbp.clone()),
+                        2 => Tensor::rand_global(sh, 41, dtype, p, sbp.clone()),
+                        _ => Tensor::randn_global(sh, 42, dtype, p, sbp.clone()),
+                    }
+                };
+                // arange is 1-d: no S(1).
+                if kind == 1 && sbp.iter().any(|s| s == Sbp::S(1)) {
+                    continue;
+                }
+                let what = format!("creation kind {kind} {dtype} on {pl} {sbp}");
+                let dev = make(pl).map_err(|x| e(&what, x))?.to_local();
+                let host = make(&host_pl).map_err(|x| e(&what, x))?.to_local();
+                if !matches!(dev.device(), oxiflow_tensor::Device::Cuda(_)) {
+                    return Err(format!(
+                        "{what}: piece on {}, not created on the device",
+                        dev.device()
+                    ));
+                }
+                let (d, h) = match dtype {
+                    DType::F32 => {
+                        let (d, h) = (dev.to_vec::<f32>(), host.to_vec::<f32>());
+                        let (d, h) = (d.map_err(|x| e(&what, x))?, h.map_err(|x| e(&what, x))?);
+                        let ulp = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+                        let tol = if kind == 3 { 1 } else { 0 };
+                        if let Some(i) = (0..d.len()).find(|&i| ulp(d[i], h[i]) > tol) {
+                            return Err(format!("{what}: element {i}: {} vs host {}", d[i], h[i]));
+                        }
+                        (d.len(), h.len())
+                    }
+                    DType::F64 => {
+                        let (d, h) = (dev.to_vec::<f64>(), host.to_vec::<f64>());
+                        let (d, h) = (d.map_err(|x| e(&what, x))?, h.map_err(|x| e(&what, x))?);
+                        let ulp =
+                            |a: f64, b: f64| (a.to_bits() as i128 - b.to_bits() as i128).abs();
+                        let tol = if kind == 3 { 4 } else { 0 };
+                        if let Some(i) = (0..d.len()).find(|&i| ulp(d[i], h[i]) > tol) {
+                            return Err(format!("{what}: element {i}: {} vs host {}", d[i], h[i]));
+                        }
+                        (d.len(), h.len())
+                    }
+                    DType::I64 => {
+                        let (d, h) = (dev.to_vec::<i64>(), host.to_vec::<i64>());
+                        let (d, h) = (d.map_err(|x| e(&what, x))?, h.map_err(|x| e(&what, x))?);
+                        if d != h {
+                            return Err(format!("{what}: {d:?} vs host {h:?}"));
+                        }
+                        (d.len(), h.len())
+                    }
+                };
+                if d != h {
+                    return Err(format!("{what}: {d} elements vs host {h}"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    Ok(checked)
+}
+
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
     let ctx = match init_from_env() {
         Ok(c) => c,
@@ -678,6 +763,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         Err(e) => {
             eprintln!("rank {rank}: pipelined boxing: {e}");
             code = 6;
+        }
+    }
+    match child_creation(world) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} creation cases made on the device equal the host's (randn within 1 f32 / 4 f64 ulp)"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: device creation: {e}");
+            code = 8;
         }
     }
     match child_inputs_unchanged(world, rank, DeviceType::Cuda) {

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
 use oxiflow_collectives::DType;
-use oxiflow_sbp::Shape;
+use oxiflow_sbp::{Region, Shape};
 
 use super::kernels::{grid, launch, per_row, rows_grid, sfx, strides, Nd};
 use super::storage::CudaStorage;
 use super::{derr, runtime, CudaRuntime};
+use crate::creation::ElementInit;
 use crate::device::{DeviceBackend, DeviceStorage};
 use crate::op::{BinaryOp, Op, ScalarOp, UnaryOp};
 use crate::storage::{CpuArray, Storage};
@@ -347,6 +348,22 @@ impl DeviceBackend for CudaBackend {
     fn from_host(&self, array: &CpuArray, _ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
         // One device per process: every ordinal maps to the bound device.
         Ok(Arc::new(CudaStorage::from_host(array)?))
+    }
+
+    fn creates(&self, _init: ElementInit, _dtype: DType) -> bool {
+        true
+    }
+
+    fn create(
+        &self,
+        init: ElementInit,
+        dtype: DType,
+        shape: &Shape,
+        region: &Region,
+        zero: bool,
+        _ordinal: usize,
+    ) -> Result<Arc<dyn DeviceStorage>> {
+        super::create::create(init, dtype, shape, region, zero)
     }
 
     fn run(

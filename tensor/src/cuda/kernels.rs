@@ -162,7 +162,14 @@ fn names() -> Vec<String> {
         }
     }
     for t in ["f32", "f64", "i64"] {
-        for k in ["binary", "copy_nd", "copy_rows", "fill", "reduce_rows"] {
+        for k in [
+            "binary",
+            "copy_nd",
+            "copy_rows",
+            "fill",
+            "create",
+            "reduce_rows",
+        ] {
             v.push(format!("{k}_{t}"));
         }
     }

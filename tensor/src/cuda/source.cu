@@ -279,19 +279,55 @@ __device__ void matmul_i(i64 batch, i64 m, i64 k, i64 n, i64 sb, const i64* a, c
 
 template <typename S, typename D> __device__ void cast_t(i64 n, const S* x, D* y) { GRID_LOOP(i, n) y[i] = (D)x[i]; }
 
-// Philox4x32-10 counter-based RNG, bit for bit as tensor/src/rng.rs: block `i` of counter
-// (c0 + i, c1, c2, c3) under key (k0, k1) writes 4 u32 words.
+// Philox4x32-10 counter-based RNG, bit for bit as tensor/src/rng.rs: counter x under key
+// (k0, k1), in place.
+__device__ __forceinline__ void philox4(unsigned x[4], unsigned a, unsigned b) {
+    for (int r = 0; r < 10; ++r) {
+        unsigned long long p0 = 0xD2511F53ULL * x[0], p1 = 0xCD9E8D57ULL * x[2];
+        unsigned n0 = (unsigned)(p1 >> 32) ^ x[1] ^ a, n2 = (unsigned)(p0 >> 32) ^ x[3] ^ b;
+        x[1] = (unsigned)p1; x[3] = (unsigned)p0; x[0] = n0; x[2] = n2;
+        a += 0x9E3779B9u; b += 0xBB67AE85u;
+    }
+}
+
+// Block `i` of counter (c0 + i, c1, c2, c3) under key (k0, k1) writes 4 u32 words.
 __device__ void philox_u32(i64 nblocks, unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1, unsigned* out) {
     GRID_LOOP(i, nblocks) {
         unsigned long long base = ((unsigned long long)c1 << 32 | c0) + (unsigned long long)i;
-        unsigned x0 = (unsigned)base, x1 = (unsigned)(base >> 32), x2 = c2, x3 = c3, a = k0, b = k1;
-        for (int r = 0; r < 10; ++r) {
-            unsigned long long p0 = 0xD2511F53ULL * x0, p1 = 0xCD9E8D57ULL * x2;
-            unsigned n0 = (unsigned)(p1 >> 32) ^ x1 ^ a, n2 = (unsigned)(p0 >> 32) ^ x3 ^ b;
-            x1 = (unsigned)p1; x3 = (unsigned)p0; x0 = n0; x2 = n2;
-            a += 0x9E3779B9u; b += 0xBB67AE85u;
+        unsigned x[4] = {(unsigned)base, (unsigned)(base >> 32), c2, c3};
+        philox4(x, k0, k1);
+        out[4 * i] = x[0]; out[4 * i + 1] = x[1]; out[4 * i + 2] = x[2]; out[4 * i + 3] = x[3];
+    }
+}
+
+// Creation ops on the device, as tensor/src/creation.rs computes them on the host: element `l`
+// of a region (extents p.shape, global strides p.s0) of a tensor, from its global row-major
+// index g = base + sum(coord * s0): kind 0 full (a), 1 arange (a + b g), 2 uniform and
+// 3 normal (Philox of counter (g, g >> 32, 0, 0) under key (k0, k1); rng::uniform, rng::normal).
+template <typename T> __device__ void create_t(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) {
+    GRID_LOOP(l, n) {
+        i64 rem = l, g = base;
+        for (int d = p.ndim - 1; d >= 0; --d) {
+            i64 c = rem % p.shape[d]; rem /= p.shape[d];
+            g += c * p.s0[d];
         }
-        out[4 * i] = x0; out[4 * i + 1] = x1; out[4 * i + 2] = x2; out[4 * i + 3] = x3;
+        double v;
+        if (kind == 0) v = a;
+        else if (kind == 1) v = a + b * (double)g;
+        else {
+            unsigned long long u = (unsigned long long)g;
+            unsigned x[4] = {(unsigned)u, (unsigned)(u >> 32), 0u, 0u};
+            philox4(x, k0, k1);
+            if (kind == 2) {
+                unsigned long long bits = ((unsigned long long)x[0] << 21) ^ (unsigned long long)(x[1] >> 11);
+                v = (double)(bits & ((1ULL << 53) - 1)) * (1.0 / 9007199254740992.0);
+            } else {
+                double u1 = ((double)x[0] + 1.0) / 4294967296.0;
+                double u2 = (double)x[1] / 4294967296.0;
+                v = sqrt(-2.0 * log(u1)) * cos(2.0 * 3.141592653589793 * u2);
+            }
+        }
+        y[l] = (T)v;
     }
 }
 
@@ -313,6 +349,7 @@ extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const 
 extern "C" __global__ void copy_nd_##NAME(i64 n, int op, Nd p, const T* s, i64 so, T* d, i64 dof) { copy_nd_t<T>(n, op, p, s, so, d, dof); } \
 extern "C" __global__ void copy_rows_##NAME(i64 batch, i64 rows, i64 run, int op, const T* s, i64 so, i64 bs, i64 ss, T* d, i64 dof, i64 bd, i64 ds) { copy_rows_t<T>(batch, rows, run, op, s, so, bs, ss, d, dof, bd, ds); } \
 extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); } \
+extern "C" __global__ void create_##NAME(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) { create_t<T>(n, kind, a, b, k0, k1, base, p, y); } \
 extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); }
 
 INST(f32, float)

@@ -1,0 +1,58 @@
+//! Creation ops on the device: the `create` kernel fills a region of a tensor from the global
+//! element index (full, arange, Philox uniform and normal), the values `creation.rs` computes
+//! on the host, so large random tensors need no host generation and upload.
+
+use std::sync::Arc;
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{Region, Shape};
+
+use super::backend::fill;
+use super::kernels::{grid, launch, sfx, strides, Nd};
+use super::storage::CudaStorage;
+use super::{derr, runtime};
+use crate::creation::ElementInit;
+use crate::device::DeviceStorage;
+use crate::Result;
+
+/// The elements of `region` of a tensor of `shape` (zeros with `zero`) from `init`.
+pub(crate) fn create(
+    init: ElementInit,
+    dtype: DType,
+    shape: &Shape,
+    region: &Region,
+    zero: bool,
+) -> Result<Arc<dyn DeviceStorage>> {
+    let op = "create";
+    let rt = runtime(op)?;
+    let extents: Vec<usize> = region.iter().map(|r| r.len()).collect();
+    let out = CudaStorage::alloc(&rt, dtype, Shape::from(extents.as_slice()))?;
+    let n = out.numel();
+    if n == 0 {
+        return Ok(Arc::new(out));
+    }
+    if zero {
+        fill(&rt, op, dtype, out.ptr(), n, 0.0, 0)?;
+        return Ok(Arc::new(out));
+    }
+    let global = shape.strides();
+    let gst: Vec<i64> = global.iter().map(|&s| s as i64).collect();
+    let base: i64 = region
+        .iter()
+        .zip(&gst)
+        .map(|(r, &s)| r.start as i64 * s)
+        .sum();
+    // Dims contiguous both in the tensor and in the region collapse.
+    let p = Nd::new(&extents, &gst, &strides(&extents))
+        .ok_or_else(|| derr(op, format!("region {region:?} has too many dims")))?;
+    let (kind, a, b, seed) = match init {
+        ElementInit::Full(v) => (0i32, v, 0.0, 0u64),
+        ElementInit::Arange { start, step } => (1, start, step, 0),
+        ElementInit::Rand(seed) => (2, 0.0, 0.0, seed),
+        ElementInit::Randn(seed) => (3, 0.0, 0.0, seed),
+    };
+    let (nn, k0, k1, y) = (n as i64, seed as u32, (seed >> 32) as u32, out.ptr());
+    let name = format!("create_{}", sfx(dtype));
+    launch!(rt, op, name, grid(n); nn, kind, a, b, k0, k1, base, p, y)?;
+    Ok(Arc::new(out))
+}

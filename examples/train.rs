@@ -65,6 +65,13 @@ enum Precision {
     F64,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Matmul {
+    F32,
+    /// bf16 inputs, f32 accumulation (cuda only).
+    Bf16,
+}
+
 /// Train an MLP classifier on synthetic Gaussian clusters with global tensors.
 #[derive(Parser, Debug)]
 #[command(name = "train")]
@@ -94,6 +101,9 @@ struct Args {
     optimizer: Opt,
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     dtype: Precision,
+    /// Precision of f32 matrix products on GPUs.
+    #[arg(long, value_enum, default_value_t = Matmul::F32)]
+    matmul: Matmul,
     /// Device of the mesh placement: auto (cuda when the world runs on NCCL, else cpu), cpu,
     /// or cuda (one GPU per rank; needs the NCCL backend).
     #[arg(long, value_enum, default_value_t = Dev::Auto)]
@@ -151,6 +161,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         ..TrainConfig::default()
     };
+    if let (Matmul::Bf16, DeviceType::Cuda) = (args.matmul, cfg.device) {
+        let rt = oxiflow::tensor::cuda::bound_runtime()
+            .ok_or("--matmul bf16 needs a CUDA device bound to this process")?;
+        rt.set_matmul_precision(oxiflow::tensor::cuda::MatmulPrecision::Bf16);
+    }
     let mut clf = Classifier::new(&cfg)?;
     if let Some(p) = &args.resume {
         clf.resume(p)?;

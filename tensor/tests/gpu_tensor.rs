@@ -690,6 +690,64 @@ fn child_creation(world: usize) -> std::result::Result<usize, String> {
     Ok(checked)
 }
 
+/// Round to the nearest bf16 (even), as the device's f32 -> bf16 conversion.
+fn bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    f32::from_bits((b.wrapping_add(0x7fff + ((b >> 16) & 1))) & 0xffff_0000)
+}
+
+/// `MatmulPrecision::Bf16`: a global matmul (S(0) x B, and a batched one) on the device equals
+/// the product of the bf16-rounded inputs accumulated in f64 (within f32 accumulation error)
+/// and differs from the f32 product by bf16 rounding; F32 restores the f32 product.
+fn child_bf16(world: usize) -> std::result::Result<f64, String> {
+    let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
+    let rt = cuda::bound_runtime().ok_or("no CUDA runtime")?;
+    let pl = Placement::new_1d(DeviceType::Cuda, (0..world).collect::<Vec<_>>())
+        .map_err(|x| x.to_string())?;
+    let (m, k, n) = (37, 300, 29);
+    let a = Tensor::randn_global([m, k], 5, DType::F32, &pl, Sbp::S(0)).map_err(|x| e("a", x))?;
+    let b = Tensor::randn_global([k, n], 6, DType::F32, &pl, Sbp::B).map_err(|x| e("b", x))?;
+    let av = a.to_vec::<f32>().map_err(|x| e("a", x))?;
+    let bv = b.to_vec::<f32>().map_err(|x| e("b", x))?;
+    let reference = |round: bool| -> Vec<f64> {
+        let r = |x: f32| if round { bf16(x) as f64 } else { x as f64 };
+        let mut c = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|l| r(av[i * k + l]) * r(bv[l * n + j])).sum();
+            }
+        }
+        c
+    };
+    let worst = |got: &[f32], want: &[f64]| {
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| (g as f64 - w).abs() / (1.0 + w.abs()))
+            .fold(0f64, f64::max)
+    };
+    rt.set_matmul_precision(cuda::MatmulPrecision::Bf16);
+    let low = a.matmul(&b).and_then(|c| c.to_vec::<f32>());
+    rt.set_matmul_precision(cuda::MatmulPrecision::F32);
+    let low = low.map_err(|x| e("bf16 matmul", x))?;
+    let full = a
+        .matmul(&b)
+        .and_then(|c| c.to_vec::<f32>())
+        .map_err(|x| e("f32 matmul", x))?;
+    let (rb, rf) = (reference(true), reference(false));
+    let (err_low, err_full, gap) = (worst(&low, &rb), worst(&full, &rf), worst(&low, &rf));
+    if err_low > 1e-5 || err_full > 1e-5 {
+        return Err(format!(
+            "bf16 product off its reference by {err_low:.2e}, f32 product by {err_full:.2e}"
+        ));
+    }
+    if gap < 1e-4 {
+        return Err(format!(
+            "bf16 product within {gap:.2e} of the f32 one: the inputs were not rounded"
+        ));
+    }
+    Ok(gap)
+}
+
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
     let ctx = match init_from_env() {
         Ok(c) => c,
@@ -763,6 +821,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         Err(e) => {
             eprintln!("rank {rank}: pipelined boxing: {e}");
             code = 6;
+        }
+    }
+    match child_bf16(world) {
+        Ok(gap) if rank == 0 => println!(
+            "gpu_tensor: world {world}: bf16 matmul equals the bf16-rounded product (f32 accumulation), {gap:.1e} from the f32 one"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: bf16 matmul: {e}");
+            code = 9;
         }
     }
     match child_creation(world) {

@@ -8,6 +8,7 @@ use oxiflow_collectives::DType;
 use oxiflow_sbp::{Region, Shape};
 
 use super::kernels::{grid, launch, per_row, rows_grid, sfx, strides, Nd};
+use super::precision::{gemm_bf16, MatmulPrecision};
 use super::storage::CudaStorage;
 use super::{derr, runtime, CudaRuntime};
 use crate::creation::ElementInit;
@@ -284,6 +285,9 @@ fn matmul(
                 out.ptr(),
             );
             launch!(rt, op, "matmul_i64", grid(batch * m * n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
+        }
+        DType::F32 if rt.matmul_precision() == MatmulPrecision::Bf16 => {
+            gemm_bf16(rt, op, a, b, &out, [batch, m, k, n], (sa, sb, sc))?
         }
         // Row-major C = A B is column-major C^T = B^T A^T: gemm(n, m, k, B, A).
         DType::F32 => rt.with_blas(op, |h| {

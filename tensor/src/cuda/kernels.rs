@@ -179,6 +179,7 @@ fn names() -> Vec<String> {
         "matmul_i64",
         "philox",
         "copy_rows_v16",
+        "f32_to_bf16",
     ] {
         v.push(k.to_string());
     }

@@ -18,8 +18,10 @@ mod boxing;
 mod create;
 mod kernels;
 mod piece;
+mod precision;
 mod storage;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
@@ -33,6 +35,7 @@ use crate::{Result, TensorError};
 pub use backend::CudaBackend;
 pub use kernels::philox_words_device;
 pub use piece::CudaPiece;
+pub use precision::MatmulPrecision;
 pub use storage::CudaStorage;
 
 pub use alloc::Block;
@@ -58,6 +61,8 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     pool: Pool,
+    /// f32 matrix products in bf16 (see `MatmulPrecision`).
+    matmul_bf16: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -83,6 +88,7 @@ impl CudaRuntime {
             blas: Mutex::new(None),
             kernels: OnceLock::new(),
             pool: Pool::default(),
+            matmul_bf16: AtomicBool::new(false),
         }))
     }
     pub fn ordinal(&self) -> usize {
@@ -135,6 +141,19 @@ impl CudaRuntime {
             .synchronize()
             .and_then(|_| self.ctx.synchronize())
             .map_err(|e| derr("cuda synchronize", e))
+    }
+    /// How f32 matrix products run from now on, in this process.
+    pub fn set_matmul_precision(&self, p: MatmulPrecision) {
+        self.matmul_bf16
+            .store(p == MatmulPrecision::Bf16, Ordering::Relaxed);
+    }
+    /// How f32 matrix products run.
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        if self.matmul_bf16.load(Ordering::Relaxed) {
+            MatmulPrecision::Bf16
+        } else {
+            MatmulPrecision::F32
+        }
     }
     /// Bytes held in the allocator's free lists.
     pub fn cached_bytes(&self) -> usize {

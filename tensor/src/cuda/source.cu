@@ -331,6 +331,15 @@ template <typename T> __device__ void create_t(i64 n, int kind, double a, double
     }
 }
 
+// f32 -> bf16 bits, round to nearest even (NaN stays NaN).
+extern "C" __global__ void f32_to_bf16(i64 n, const unsigned* x, unsigned short* y) {
+    GRID_LOOP(i, n) {
+        unsigned b = x[i];
+        y[i] = (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
+                                               : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+
 #define INST(NAME, T) \
 extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
 extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \

@@ -86,6 +86,87 @@ fn fences<'a>(bufs: &[Buf<'a>]) -> Option<Vec<&'a dyn crate::DeviceFence>> {
         .collect()
 }
 
+/// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
+/// in `send` and goes through the group; without, `send` holds only the other members' parts
+/// and the own region of `recv` is left as it was (`all_to_all_v_others`).
+#[allow(clippy::too_many_arguments)]
+fn grouped_all_to_all(
+    comm: &NcclComm,
+    op: &'static str,
+    own: bool,
+    dtype: DType,
+    send: Buf<'_>,
+    send_counts: &[usize],
+    recv: BufMut<'_>,
+    recv_counts: &[usize],
+) -> Result<(), CommError> {
+    let i = &*comm.inner;
+    check_counts(op, i, send_counts, "send_counts")?;
+    check_counts(op, i, recv_counts, "recv_counts")?;
+    let me = i.rank;
+    if send_counts[me] != recv_counts[me] {
+        return Err(CommError::Mismatch {
+            op: op.into(),
+            detail: format!(
+                "member {me} keeps {} elements of its own but expects {}",
+                send_counts[me], recv_counts[me]
+            ),
+        });
+    }
+    let esz = dtype.size();
+    // What this member sends to each peer from `send` (nothing to itself without `own`).
+    let sent: Vec<usize> = (0..i.size)
+        .map(|j| if j == me && !own { 0 } else { send_counts[j] })
+        .collect();
+    let received: Vec<usize> = (0..i.size)
+        .map(|j| if j == me && !own { 0 } else { recv_counts[j] })
+        .collect();
+    let sp = dev_ptr(op, i, send, sent.iter().sum::<usize>() * esz, "send")?;
+    let rp = dev_ptr(
+        op,
+        i,
+        recv.as_buf(),
+        recv_counts.iter().sum::<usize>() * esz,
+        "recv",
+    )?;
+    let so = offsets(&sent, esz);
+    let ro = offsets(recv_counts, esz);
+    let fs = fences(&[send, recv.as_buf()]);
+    i.run(op, fs.as_deref(), |nc, c, s| {
+        i.group(op, || {
+            for peer in 0..i.size {
+                if sent[peer] > 0 {
+                    // SAFETY: send of a checked sub-range.
+                    nc.check(op, c, unsafe {
+                        (nc.send)(
+                            (sp + so[peer] as u64) as P,
+                            sent[peer],
+                            nccl_dtype(dtype),
+                            peer as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+                if received[peer] > 0 {
+                    // SAFETY: recv into a checked sub-range.
+                    nc.check(op, c, unsafe {
+                        (nc.recv)(
+                            (rp + ro[peer] as u64) as P,
+                            received[peer],
+                            nccl_dtype(dtype),
+                            peer as i32,
+                            c,
+                            s,
+                        )
+                    })?;
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.inner.rank
@@ -268,66 +349,18 @@ impl Communicator for NcclComm {
         recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let op = "all_to_all_v";
-        check_counts(op, i, send_counts, "send_counts")?;
-        check_counts(op, i, recv_counts, "recv_counts")?;
-        if send_counts[i.rank] != recv_counts[i.rank] {
-            return Err(CommError::Mismatch {
-                op: op.into(),
-                detail: format!(
-                    "member {} sends {} elements to itself but expects {}",
-                    i.rank, send_counts[i.rank], recv_counts[i.rank]
-                ),
-            });
-        }
-        let esz = dtype.size();
-        let sp = dev_ptr(op, i, send, send_counts.iter().sum::<usize>() * esz, "send")?;
-        let rp = dev_ptr(
-            op,
-            i,
-            recv.as_buf(),
-            recv_counts.iter().sum::<usize>() * esz,
-            "recv",
-        )?;
-        let so = offsets(send_counts, esz);
-        let ro = offsets(recv_counts, esz);
-        let fs = fences(&[send, recv.as_buf()]);
-        i.run(op, fs.as_deref(), |nc, c, s| {
-            // The own part goes through NCCL too (a copy inside the group's kernel, overlapping
-            // the transfers), as in a raw grouped all-to-all.
-            i.group(op, || {
-                for peer in 0..i.size {
-                    if send_counts[peer] > 0 {
-                        // SAFETY: send of a checked sub-range.
-                        nc.check(op, c, unsafe {
-                            (nc.send)(
-                                (sp + so[peer] as u64) as P,
-                                send_counts[peer],
-                                nccl_dtype(dtype),
-                                peer as i32,
-                                c,
-                                s,
-                            )
-                        })?;
-                    }
-                    if recv_counts[peer] > 0 {
-                        // SAFETY: recv into a checked sub-range.
-                        nc.check(op, c, unsafe {
-                            (nc.recv)(
-                                (rp + ro[peer] as u64) as P,
-                                recv_counts[peer],
-                                nccl_dtype(dtype),
-                                peer as i32,
-                                c,
-                                s,
-                            )
-                        })?;
-                    }
-                }
-                Ok(())
-            })
-        })
+        // The own part goes through NCCL too (a copy inside the group's kernel, overlapping
+        // the transfers), as in a raw grouped all-to-all.
+        grouped_all_to_all(
+            self,
+            "all_to_all_v",
+            true,
+            dtype,
+            send,
+            send_counts,
+            recv,
+            recv_counts,
+        )
     }
 
     fn all_to_all_v_others(
@@ -338,68 +371,8 @@ impl Communicator for NcclComm {
         recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
         let op = "all_to_all_v_others";
-        check_counts(op, i, send_counts, "send_counts")?;
-        check_counts(op, i, recv_counts, "recv_counts")?;
-        let me = i.rank;
-        if send_counts[me] != recv_counts[me] {
-            return Err(CommError::Mismatch {
-                op: op.into(),
-                detail: format!(
-                    "member {me} keeps {} elements but expects {}",
-                    send_counts[me], recv_counts[me]
-                ),
-            });
-        }
-        let esz = dtype.size();
-        let others: Vec<usize> = (0..i.size)
-            .map(|j| if j == me { 0 } else { send_counts[j] })
-            .collect();
-        let sp = dev_ptr(op, i, send, others.iter().sum::<usize>() * esz, "send")?;
-        let rp = dev_ptr(
-            op,
-            i,
-            recv.as_buf(),
-            recv_counts.iter().sum::<usize>() * esz,
-            "recv",
-        )?;
-        let so = offsets(&others, esz);
-        let ro = offsets(recv_counts, esz);
-        let fs = fences(&[send, recv.as_buf()]);
-        i.run(op, fs.as_deref(), |nc, c, s| {
-            i.group(op, || {
-                for peer in (0..i.size).filter(|&p| p != me) {
-                    if others[peer] > 0 {
-                        // SAFETY: send of a checked sub-range.
-                        nc.check(op, c, unsafe {
-                            (nc.send)(
-                                (sp + so[peer] as u64) as P,
-                                others[peer],
-                                nccl_dtype(dtype),
-                                peer as i32,
-                                c,
-                                s,
-                            )
-                        })?;
-                    }
-                    if recv_counts[peer] > 0 {
-                        // SAFETY: recv into a checked sub-range.
-                        nc.check(op, c, unsafe {
-                            (nc.recv)(
-                                (rp + ro[peer] as u64) as P,
-                                recv_counts[peer],
-                                nccl_dtype(dtype),
-                                peer as i32,
-                                c,
-                                s,
-                            )
-                        })?;
-                    }
-                }
-                Ok(())
-            })
-        })
+        grouped_all_to_all(self, op, false, dtype, send, send_counts, recv, recv_counts)
     }
 
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {

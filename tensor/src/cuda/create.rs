@@ -7,7 +7,7 @@ use std::sync::Arc;
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{Region, Shape};
 
-use super::backend::fill;
+use super::copy::fill;
 use super::kernels::{grid, launch, sfx, strides, Nd};
 use super::storage::CudaStorage;
 use super::{derr, runtime};

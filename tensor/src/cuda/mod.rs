@@ -15,6 +15,7 @@
 mod alloc;
 mod backend;
 mod boxing;
+mod copy;
 mod create;
 mod kernels;
 mod piece;

@@ -12,7 +12,7 @@ use oxiflow_collectives::{Buf, BufMut, DType, DevicePtr, ReduceOp};
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
-use super::backend::{copy_nd, fill};
+use super::copy::{copy_nd, fill};
 use super::kernels::strides;
 use super::storage::{download, upload, CudaStorage};
 use super::{runtime, Block, CudaRuntime};

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::algorithms::args;
 use crate::strided::{check_layout, pack};
 use crate::{Buf, BufMut, CommError, DType, ReduceOp, StridedBlock};
 
@@ -64,25 +65,12 @@ pub trait Communicator: Send + Sync {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "all_reduce_into";
-        if send.len_bytes() != recv.len_bytes() {
-            return Err(CommError::BufferSize {
-                op: name.into(),
-                expected: send.len_bytes(),
-                got: recv.len_bytes(),
-                detail: "recv must be as long as send".into(),
-            });
-        }
-        match (send, recv) {
-            (Buf::Host(s), BufMut::Host(r)) => {
-                r.copy_from_slice(s);
-                self.all_reduce(dtype, BufMut::Host(r), op)
-            }
-            _ => Err(CommError::Unsupported {
-                op: name.into(),
-                backend: self.backend().to_string(),
-                detail: "device buffers".into(),
-            }),
-        }
+        let s = args::host(name, self.backend(), send)?;
+        let r = args::host_mut(name, self.backend(), recv)?;
+        let n = args::elems_of(name, "send", dtype, s.len())?;
+        args::check_len(name, "recv (as long as send)", dtype, r.len(), n)?;
+        r.copy_from_slice(s);
+        self.all_reduce(dtype, BufMut::Host(r), op)
     }
     /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
     fn all_gather_v(
@@ -153,47 +141,24 @@ pub trait Communicator: Send + Sync {
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let name = "all_to_all_v_others";
-        let me = self.rank();
-        let esz = dtype.size();
-        if send_counts.len() != self.size() || recv_counts.len() != self.size() {
-            return Err(CommError::InvalidArgument {
-                op: name.into(),
-                detail: format!(
-                    "{} send and {} recv counts for {} members",
-                    send_counts.len(),
-                    recv_counts.len(),
-                    self.size()
-                ),
-            });
-        }
-        if send_counts[me] != recv_counts[me] {
-            return Err(CommError::Mismatch {
-                op: name.into(),
-                detail: format!(
-                    "member {me} keeps {} elements but expects {}",
-                    send_counts[me], recv_counts[me]
-                ),
-            });
-        }
-        let (Buf::Host(s), BufMut::Host(r)) = (send, recv) else {
-            return Err(CommError::Unsupported {
-                op: name.into(),
-                backend: self.backend().to_string(),
-                detail: "device buffers".into(),
-            });
-        };
+        let (me, n, esz) = (self.rank(), self.size(), dtype.size());
+        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
+        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+        args::check_own(name, me, send_counts, recv_counts)?;
+        let s = args::host(name, self.backend(), send)?;
+        let r = args::host_mut(name, self.backend(), recv)?;
+        let others = stotal - send_counts[me];
+        args::check_len(
+            name,
+            "send (the other members' parts)",
+            dtype,
+            s.len(),
+            others,
+        )?;
+        args::check_len(name, "recv", dtype, r.len(), rtotal)?;
         let before: usize = send_counts[..me].iter().sum::<usize>() * esz;
         let own = send_counts[me] * esz;
         let r_own: usize = recv_counts[..me].iter().sum::<usize>() * esz;
-        let expected = send_counts.iter().sum::<usize>() * esz - own;
-        if s.len() != expected || r.len() != recv_counts.iter().sum::<usize>() * esz {
-            return Err(CommError::BufferSize {
-                op: name.into(),
-                expected,
-                got: s.len(),
-                detail: "send holds the other members' parts; recv the full layout".into(),
-            });
-        }
         let mut full = Vec::with_capacity(s.len() + own);
         full.extend_from_slice(&s[..before]);
         full.extend_from_slice(&r[r_own..r_own + own]);

@@ -162,3 +162,22 @@ pub(crate) fn byte_offsets(
         Some((start, c * sz))
     })
 }
+
+/// An all-to-all member's part for itself: what it sends itself must be what it expects.
+pub(crate) fn check_own(
+    op: &str,
+    me: usize,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+) -> Result<(), CommError> {
+    if send_counts[me] != recv_counts[me] {
+        return Err(CommError::Mismatch {
+            op: op.to_string(),
+            detail: format!(
+                "member {me} keeps {} elements of its own but expects {}",
+                send_counts[me], recv_counts[me]
+            ),
+        });
+    }
+    Ok(())
+}

@@ -168,11 +168,7 @@ impl CudaPiece {
         let mut at = flat_off;
         for reg in regions {
             let bx: Vec<usize> = reg.iter().map(|x| x.len()).collect();
-            let off: usize = reg
-                .iter()
-                .zip(&st)
-                .map(|(x, &s)| x.start * s as usize)
-                .sum();
+            let off = box_offset(reg, &st) as usize;
             let cst = strides(&bx);
             let res = if to_flat {
                 copy_nd(

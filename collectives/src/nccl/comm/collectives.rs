@@ -104,15 +104,7 @@ fn grouped_all_to_all(
     check_counts(op, i, send_counts, "send_counts")?;
     check_counts(op, i, recv_counts, "recv_counts")?;
     let me = i.rank;
-    if send_counts[me] != recv_counts[me] {
-        return Err(CommError::Mismatch {
-            op: op.into(),
-            detail: format!(
-                "member {me} keeps {} elements of its own but expects {}",
-                send_counts[me], recv_counts[me]
-            ),
-        });
-    }
+    crate::algorithms::args::check_own(op, me, send_counts, recv_counts)?;
     let esz = dtype.size();
     // What this member sends to each peer from `send` (nothing to itself without `own`).
     let sent: Vec<usize> = (0..i.size)

@@ -89,11 +89,24 @@ fn reduced(dtype: DType, op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
 struct Rank {
     comm: NcclComm,
     stream: Arc<cudarc::driver::CudaStream>,
+    /// Buffers from NCCL's allocator (registered with each comm on first use).
+    nccl_memory: bool,
 }
 
 impl Rank {
     fn up(&self, host: &[u8]) -> DeviceBytes {
-        DeviceBytes::from_host(&self.stream, host).expect("upload")
+        if self.nccl_memory {
+            DeviceBytes::from_host_nccl(&self.stream, host).expect("upload")
+        } else {
+            DeviceBytes::from_host(&self.stream, host).expect("upload")
+        }
+    }
+    fn zeros(&self, len: usize) -> Result<DeviceBytes, CommError> {
+        if self.nccl_memory {
+            DeviceBytes::zeros_nccl(&self.stream, len)
+        } else {
+            DeviceBytes::zeros(&self.stream, len)
+        }
     }
 }
 
@@ -122,7 +135,7 @@ fn run_case(
             let mut got = b.to_host()?;
             // Out of place: the result lands in another buffer and the input stays.
             let s = r.up(&parts[me]);
-            let mut o = DeviceBytes::zeros(&r.stream, n * esz)?;
+            let mut o = r.zeros(n * esz)?;
             c.all_reduce_into(dt, s.as_buf(), o.as_buf_mut(), case.op)?;
             got.extend(o.to_host()?);
             got.extend(s.to_host()?);
@@ -134,7 +147,7 @@ fn run_case(
         1 => {
             let parts: Vec<_> = (0..w).map(|q| data(dt, ci, q, case.counts[q])).collect();
             let s = r.up(&parts[me]);
-            let mut o = DeviceBytes::zeros(&r.stream, case.counts.iter().sum::<usize>() * esz)?;
+            let mut o = r.zeros(case.counts.iter().sum::<usize>() * esz)?;
             c.all_gather_v(dt, s.as_buf(), o.as_buf_mut(), &case.counts)?;
             Ok(Some((parts.concat(), o.to_host()?)))
         }
@@ -147,7 +160,7 @@ fn run_case(
                 .map(|p| p[off..off + case.counts[me] * esz].to_vec())
                 .collect();
             let s = r.up(&parts[me]);
-            let mut o = DeviceBytes::zeros(&r.stream, case.counts[me] * esz)?;
+            let mut o = r.zeros(case.counts[me] * esz)?;
             c.reduce_scatter_v(dt, s.as_buf(), o.as_buf_mut(), &case.counts, case.op)?;
             Ok(Some((reduced(dt, case.op, &mine), o.to_host()?)))
         }
@@ -165,7 +178,7 @@ fn run_case(
             }
             let recv_counts: Vec<usize> = (0..w).map(|q| m[q][me]).collect();
             let s = r.up(&parts[me]);
-            let mut o = DeviceBytes::zeros(&r.stream, expect.len())?;
+            let mut o = r.zeros(expect.len())?;
             c.all_to_all_v(dt, s.as_buf(), &m[me], o.as_buf_mut(), &recv_counts)?;
             let mut got = o.to_host()?;
             // Without the own part: it is not sent, and its region of recv stays as it was.
@@ -198,7 +211,7 @@ fn run_case(
             let next = (me + 1) % w;
             let prev = (me + w - 1) % w;
             let s = r.up(&data(dt, ci, me, n));
-            let mut o = DeviceBytes::zeros(&r.stream, n * esz)?;
+            let mut o = r.zeros(n * esz)?;
             if me.is_multiple_of(2) {
                 c.send(dt, s.as_buf(), next)?;
                 c.recv(dt, o.as_buf_mut(), prev)?;
@@ -230,7 +243,7 @@ fn run_case(
                 .map(|(i, &q)| data(dt, ci + 1, q, counts[i]))
                 .collect();
             let s = r.up(&gparts[sub.rank()]);
-            let mut o = DeviceBytes::zeros(&r.stream, counts.iter().sum::<usize>() * esz)?;
+            let mut o = r.zeros(counts.iter().sum::<usize>() * esz)?;
             sub.all_gather_v(dt, s.as_buf(), o.as_buf_mut(), &counts)?;
             expect.extend(gparts.concat());
             got.extend(o.to_host()?);
@@ -259,8 +272,9 @@ fn init(
     NcclComm::init_with(connect(addr, token), rank, world, rank, &opts).expect("nccl init")
 }
 
-fn child_cases(rank: usize, world: usize, addr: &str, token: &str, cases: u32) {
-    let comm = init("cases", rank, world, addr, token, Duration::from_secs(60));
+fn child_cases(rank: usize, world: usize, addr: &str, token: &str, cases: u32, nccl_memory: bool) {
+    let scenario = if nccl_memory { "registered" } else { "cases" };
+    let comm = init(scenario, rank, world, addr, token, Duration::from_secs(60));
     let (ver, path) = comm.library();
     if rank == 0 {
         println!("nccl {ver} from {path}; world {world}");
@@ -268,6 +282,7 @@ fn child_cases(rank: usize, world: usize, addr: &str, token: &str, cases: u32) {
     let r = Rank {
         stream: comm.compute_stream(),
         comm: comm.clone(),
+        nccl_memory,
     };
     let mut runner = TestRunner::new_with_rng(
         Config::with_cases(cases),
@@ -301,7 +316,12 @@ fn child_cases(rank: usize, world: usize, addr: &str, token: &str, cases: u32) {
     r.comm.synchronize().expect("synchronize");
     r.comm.barrier().expect("barrier");
     if rank == 0 {
-        println!("world {world}: {cases} cases passed (per kind {per_kind:?}: all_reduce + all_reduce_into, all_gather_v, reduce_scatter_v, all_to_all_v + all_to_all_v_others, broadcast, reduce, send/recv, sub_group)");
+        let mem = if nccl_memory {
+            " on registered NCCL memory"
+        } else {
+            ""
+        };
+        println!("world {world}: {cases} cases passed{mem} (per kind {per_kind:?}: all_reduce + all_reduce_into, all_gather_v, reduce_scatter_v, all_to_all_v + all_to_all_v_others, broadcast, reduce, send/recv, sub_group)");
     }
 }
 
@@ -434,7 +454,8 @@ fn main() {
         let world: usize = args[4].parse().expect("world");
         let cases: u32 = args[7].parse().expect("cases");
         match args[2].as_str() {
-            "cases" => child_cases(rank, world, &args[5], &args[6], cases),
+            "cases" => child_cases(rank, world, &args[5], &args[6], cases, false),
+            "registered" => child_cases(rank, world, &args[5], &args[6], cases, true),
             "dead" => child_dead_peer(rank, world, &args[5], &args[6]),
             s => panic!("unknown scenario {s}"),
         }
@@ -481,17 +502,21 @@ fn main() {
             );
             continue;
         }
-        let t = Instant::now();
-        let codes = wait_all(
-            spawn_all("cases", world, &addr, &token, cases),
-            Duration::from_secs(240),
-        );
-        println!(
-            "gpu_nccl: world {world} cases: exit codes {codes:?} in {:.1?}",
-            t.elapsed()
-        );
-        if codes.iter().any(|c| *c != Some(0)) {
-            failed.push(format!("cases world {world}: {codes:?}"));
+        // The same cases on plain driver memory, then (half as many) on memory from NCCL's
+        // allocator, which each comm registers on first use (zero-copy transfers).
+        for (scenario, n) in [("cases", cases), ("registered", cases.div_ceil(2))] {
+            let t = Instant::now();
+            let codes = wait_all(
+                spawn_all(scenario, world, &addr, &token, n),
+                Duration::from_secs(240),
+            );
+            println!(
+                "gpu_nccl: world {world} {scenario}: exit codes {codes:?} in {:.1?}",
+                t.elapsed()
+            );
+            if codes.iter().any(|c| *c != Some(0)) {
+                failed.push(format!("{scenario} world {world}: {codes:?}"));
+            }
         }
     }
     let t = Instant::now();

@@ -1,7 +1,10 @@
 //! Benchmark of the boxing collectives on GPUs: S->B (all-gather), P->B (all-reduce), P->S
 //! (reduce-scatter) and S(0)->S(1) (NVRTC pack kernel + all-to-all) of f32 tensors, through
 //! `NcclComm`'s `Communicator` calls next to a tight loop of the bare NCCL call, busbw by the
-//! nccl-tests rules. One process per GPU, meeting through the rendezvous store.
+//! nccl-tests rules. One process per GPU, meeting through the rendezvous store. For S(0)->S(1)
+//! also: the bare loop on `ncclMemAlloc` buffers registered with the comm (`nccl-registered`),
+//! and the pack of each call overlapping the previous all-to-all on registered or plain buffer
+//! pairs (`pack+registered`, `pack+plain`).
 //!
 //! `nccl_bench --world 4 --sizes-mib 1,4,16,64,256,1024 --out results.json`
 
@@ -15,7 +18,7 @@ use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_collectives::nccl::ffi::{nccl_dtype, nccl_op};
 use oxiflow_collectives::nccl::{Completion, DeviceBytes, NcclComm, NcclOptions};
 use oxiflow_collectives::rendezvous::{generate_token, StoreClient, StoreServer};
-use oxiflow_collectives::{Communicator, DType, ReduceOp};
+use oxiflow_collectives::{Buf, BufMut, Communicator, DType, DeviceFence, DevicePtr, ReduceOp};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void fill(float* out, unsigned long long n, unsigned int seed) {
@@ -77,7 +80,21 @@ fn pack(
     cols: u64,
     p: u64,
 ) {
-    let (a, b) = (src.ptr(), dst.ptr());
+    pack_ptrs(k, s, src.ptr(), dst.ptr(), rp, cols, p);
+}
+
+/// The end event of the last collective on a buffer pair (the pack waits for it).
+#[derive(Default)]
+struct LastEvent(std::sync::Mutex<Option<Arc<cudarc::driver::CudaEvent>>>);
+
+impl DeviceFence for LastEvent {
+    fn after_collective(&self, done: &Arc<cudarc::driver::CudaEvent>) {
+        *self.0.lock().unwrap() = Some(done.clone());
+    }
+}
+
+/// `pack` between raw device pointers.
+fn pack_ptrs(k: &Kernels, s: &Arc<CudaStream>, a: u64, b: u64, rp: u64, cols: u64, p: u64) {
     let cols4 = cols / 4;
     let cp4 = cols / p / 4;
     // SAFETY: both buffers hold rp*cols floats; cols divisible by 4p.
@@ -230,17 +247,70 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
                 .expect("all_to_all_v")
             });
             out("S(0)->S(1) all-to-all", "oxiflow", nl * 4, t, pf);
-            let (sp, rcp) = (packed.ptr(), recv.ptr());
             let c = nl / p;
-            let t = time(&ms, iters, trials, &sync, &mut || unsafe {
-                (nc.group_start)();
-                for j in 0..p {
-                    (nc.send)((sp + (j * c * 4) as u64) as _, c, f32t, j as i32, raw, rs);
-                    (nc.recv)((rcp + (j * c * 4) as u64) as _, c, f32t, j as i32, raw, rs);
+            let bare_a2a = |name: &str, sp: u64, rcp: u64| {
+                let t = time(&ms, iters, trials, &sync, &mut || unsafe {
+                    (nc.group_start)();
+                    for j in 0..p {
+                        (nc.send)((sp + (j * c * 4) as u64) as _, c, f32t, j as i32, raw, rs);
+                        (nc.recv)((rcp + (j * c * 4) as u64) as _, c, f32t, j as i32, raw, rs);
+                    }
+                    (nc.group_end)();
+                });
+                out("S(0)->S(1) all-to-all", name, nl * 4, t, pf);
+            };
+            bare_a2a("nccl", packed.ptr(), recv.ptr());
+            // Buffers from NCCL's allocator: one Communicator call registers them with the
+            // comm (by address), then the same bare loop runs on them.
+            let reg: Vec<DeviceBytes> = (0..4)
+                .map(|_| DeviceBytes::zeros_nccl(&cs, nl * 4).expect("ncclMemAlloc"))
+                .collect();
+            let plain: Vec<DeviceBytes> = (0..4)
+                .map(|_| DeviceBytes::zeros(&cs, nl * 4).expect("alloc"))
+                .collect();
+            let a2a = |s_: u64, r_: u64, f: Option<&LastEvent>| {
+                let dev = comm.device();
+                // SAFETY: both are live device buffers of nl * 4 bytes.
+                let (mut sb, mut rb) = unsafe {
+                    (
+                        DevicePtr::new(s_, nl * 4, dev),
+                        DevicePtr::new(r_, nl * 4, dev),
+                    )
+                };
+                if let Some(f) = f {
+                    (sb, rb) = (sb.with_fence(f), rb.with_fence(f));
                 }
-                (nc.group_end)();
-            });
-            out("S(0)->S(1) all-to-all", "nccl", nl * 4, t, pf);
+                comm.all_to_all_v(
+                    DType::F32,
+                    Buf::Device(sb),
+                    &counts,
+                    BufMut::Device(rb),
+                    &counts,
+                )
+                .expect("all_to_all_v")
+            };
+            a2a(reg[0].ptr(), reg[1].ptr(), None);
+            a2a(reg[2].ptr(), reg[3].ptr(), None);
+            bare_a2a("nccl-registered", reg[0].ptr(), reg[1].ptr());
+            // The pack of each call overlapping the previous all-to-all, on two buffer pairs
+            // (as the tensor pool rotates blocks): registered, then plain.
+            for (name, b) in [("pack+registered", &reg), ("pack+plain", &plain)] {
+                let bufs = [(b[0].ptr(), b[1].ptr()), (b[2].ptr(), b[3].ptr())];
+                let fences = [LastEvent::default(), LastEvent::default()];
+                let mut flip = 0usize;
+                let t = time(&cs, iters, trials, &sync, &mut || {
+                    flip ^= 1;
+                    let (s_, r_) = bufs[flip];
+                    let f = &fences[flip];
+                    if let Some(e) = f.0.lock().unwrap().take() {
+                        cs.wait(&e).expect("wait fence");
+                    }
+                    pack_ptrs(&k, &cs, local.ptr(), s_, rp as u64, cols as u64, p as u64);
+                    a2a(s_, r_, Some(f))
+                });
+                out("S(0)->S(1) all-to-all", name, nl * 4, t, pf);
+                sync();
+            }
             if mib == sizes[0] {
                 check_s0_s1(&comm, &k, &cs, rank, p, cols, rows);
             }

@@ -1,15 +1,24 @@
 //! `DeviceBytes`: an owned device allocation that lends `Buf::Device`/`BufMut::Device` views,
-//! for tests, benchmarks and callers that have no tensor storage of their own.
+//! for tests, benchmarks and callers that have no tensor storage of their own; from the
+//! driver's allocator, or from NCCL's (`NcclMemory`, registered by the collectives that use it).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _};
 
+use super::comm::NcclMemory;
 use crate::{Buf, BufMut, CommError, DevicePtr};
+
+/// Where the bytes live.
+enum Storage {
+    Driver(CudaSlice<u8>),
+    /// Freed after the stream's queued work (`NcclMemory` is not freed in stream order).
+    Nccl(NcclMemory),
+}
 
 /// `len` bytes on one device (at least one byte is allocated, so empty buffers are valid).
 pub struct DeviceBytes {
-    slice: CudaSlice<u8>,
+    slice: Storage,
     stream: Arc<CudaStream>,
     len: usize,
 }
@@ -28,9 +37,41 @@ impl DeviceBytes {
         }
         .map_err(|e| err("device buffer upload", e))?;
         Ok(DeviceBytes {
-            slice,
+            slice: Storage::Driver(slice),
             stream: stream.clone(),
             len: host.len(),
+        })
+    }
+
+    /// `from_host` into memory from NCCL's allocator.
+    pub fn from_host_nccl(stream: &Arc<CudaStream>, host: &[u8]) -> Result<Self, CommError> {
+        let b = Self::zeros_nccl(stream, host.len())?;
+        if !host.is_empty() {
+            // SAFETY: the allocation holds at least host.len() bytes; the host slice outlives
+            // the copy, which the synchronize below waits for.
+            unsafe { cudarc::driver::result::memcpy_htod_async(b.ptr(), host, stream.cu_stream()) }
+                .and_then(|_| stream.synchronize())
+                .map_err(|e| err("device buffer upload", e))?;
+        }
+        Ok(b)
+    }
+
+    /// `zeros` in memory from NCCL's allocator.
+    pub fn zeros_nccl(stream: &Arc<CudaStream>, len: usize) -> Result<Self, CommError> {
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| err("device buffer allocation", e))?;
+        let m = NcclMemory::alloc(len.max(1))?;
+        // SAFETY: sets the allocation's own bytes, on the stream that owns it.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(m.ptr(), 0, len.max(1), stream.cu_stream())
+        }
+        .map_err(|e| err("device buffer allocation", e))?;
+        Ok(DeviceBytes {
+            slice: Storage::Nccl(m),
+            stream: stream.clone(),
+            len,
         })
     }
 
@@ -40,7 +81,7 @@ impl DeviceBytes {
             .alloc_zeros::<u8>(len.max(1))
             .map_err(|e| err("device buffer allocation", e))?;
         Ok(DeviceBytes {
-            slice,
+            slice: Storage::Driver(slice),
             stream: stream.clone(),
             len,
         })
@@ -55,7 +96,10 @@ impl DeviceBytes {
 
     /// The raw device address.
     pub fn ptr(&self) -> u64 {
-        self.slice.device_ptr(&self.stream).0
+        match &self.slice {
+            Storage::Driver(s) => s.device_ptr(&self.stream).0,
+            Storage::Nccl(m) => m.ptr(),
+        }
     }
 
     pub fn device(&self) -> usize {
@@ -64,10 +108,25 @@ impl DeviceBytes {
 
     /// Copies the contents back (waits for the stream's queued work first).
     pub fn to_host(&self) -> Result<Vec<u8>, CommError> {
-        let mut v = self
-            .stream
-            .clone_dtoh(&self.slice)
-            .map_err(|e| err("device buffer download", e))?;
+        let mut v = match &self.slice {
+            Storage::Driver(s) => self.stream.clone_dtoh(s).map_err(|e| e.to_string()),
+            Storage::Nccl(m) => {
+                let mut v = vec![0u8; self.len];
+                // SAFETY: the allocation holds `len` bytes; the synchronize below waits for
+                // the copy before `v` is read or dropped.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        &mut v,
+                        m.ptr(),
+                        self.stream.cu_stream(),
+                    )
+                }
+                .and_then(|_| self.stream.synchronize())
+                .map(|_| v)
+                .map_err(|e| e.to_string())
+            }
+        }
+        .map_err(|e| err("device buffer download", e))?;
         v.truncate(self.len);
         Ok(v)
     }
@@ -80,5 +139,14 @@ impl DeviceBytes {
     pub fn as_buf_mut(&mut self) -> BufMut<'_> {
         // SAFETY: exclusive borrow of an allocation with `len` valid bytes.
         BufMut::Device(unsafe { DevicePtr::new(self.ptr(), self.len, self.device()) })
+    }
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        if matches!(self.slice, Storage::Nccl(_)) {
+            // NCCL memory is unmapped at once: the stream's work on it must be done.
+            let _ = self.stream.synchronize();
+        }
     }
 }

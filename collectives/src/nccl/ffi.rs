@@ -73,6 +73,11 @@ type FnSend =
     unsafe extern "C" fn(*const c_void, usize, c_int, c_int, NcclComm, Stream) -> NcclResult;
 type FnRecv =
     unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, NcclComm, Stream) -> NcclResult;
+type FnMemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> NcclResult;
+type FnMemFree = unsafe extern "C" fn(*mut c_void) -> NcclResult;
+type FnRegister =
+    unsafe extern "C" fn(NcclComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
+type FnDeregister = unsafe extern "C" fn(NcclComm, *mut c_void) -> NcclResult;
 
 /// The bound NCCL entry points.
 pub struct Nccl {
@@ -94,6 +99,12 @@ pub struct Nccl {
     pub reduce: FnReduce,
     pub send: FnSend,
     pub recv: FnRecv,
+    /// Buffer registration (NCCL >= 2.19): `ncclMemAlloc`, `ncclMemFree`, `ncclCommRegister`,
+    /// `ncclCommDeregister`.
+    pub mem_alloc: Option<FnMemAlloc>,
+    pub mem_free: Option<FnMemFree>,
+    pub comm_register: Option<FnRegister>,
+    pub comm_deregister: Option<FnDeregister>,
 }
 
 fn sym<T: Copy>(lib: &LoadedLib, name: &str) -> Result<T, CommError> {
@@ -138,6 +149,10 @@ fn bind(search: &LibSearch) -> Result<Nccl, CommError> {
         reduce: sym(lib, "ncclReduce")?,
         send: sym(lib, "ncclSend")?,
         recv: sym(lib, "ncclRecv")?,
+        mem_alloc: sym(lib, "ncclMemAlloc").ok(),
+        mem_free: sym(lib, "ncclMemFree").ok(),
+        comm_register: sym(lib, "ncclCommRegister").ok(),
+        comm_deregister: sym(lib, "ncclCommDeregister").ok(),
     })
 }
 

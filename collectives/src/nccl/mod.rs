@@ -7,7 +7,7 @@ mod exchange;
 pub mod ffi;
 mod launch;
 
-pub use comm::{Completion, NcclComm, NcclOptions};
+pub use comm::{Completion, NcclComm, NcclMemory, NcclOptions};
 pub use devbuf::DeviceBytes;
 pub use exchange::{FileExchange, IdExchange};
 pub use launch::{init_world, init_world_nccl, nccl_unavailable};

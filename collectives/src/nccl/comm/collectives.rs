@@ -76,14 +76,27 @@ fn root_check(op: &str, inner: &Inner, root: usize) -> Result<(), CommError> {
 
 type P = *mut std::ffi::c_void;
 
-/// The fences of a call's buffers when every one of them has a fence (see `Inner::run`).
-fn fences<'a>(bufs: &[Buf<'a>]) -> Option<Vec<&'a dyn crate::DeviceFence>> {
-    bufs.iter()
+/// Readies a call's buffers: registers those in `NcclMemory` with the communicator, and
+/// returns their fences when every one of them has a fence (see `Inner::run`).
+fn prepare<'a>(
+    inner: &Arc<Inner>,
+    op: &str,
+    bufs: &[Buf<'a>],
+) -> Result<Option<Vec<&'a dyn crate::DeviceFence>>, CommError> {
+    for b in bufs {
+        if let Buf::Device(d) = b {
+            if d.bytes > 0 {
+                memory::ensure_registered(inner, op, d.ptr)?;
+            }
+        }
+    }
+    Ok(bufs
+        .iter()
         .map(|b| match b {
             Buf::Device(d) => d.fence,
             Buf::Host(_) => None,
         })
-        .collect()
+        .collect())
 }
 
 /// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
@@ -123,7 +136,7 @@ fn grouped_all_to_all(
     )?;
     let so = offsets(&sent, esz);
     let ro = offsets(recv_counts, esz);
-    let fs = fences(&[send, recv.as_buf()]);
+    let fs = prepare(&comm.inner, op, &[send, recv.as_buf()])?;
     i.run(op, fs.as_deref(), |nc, c, s| {
         i.group(op, || {
             for peer in 0..i.size {
@@ -186,7 +199,7 @@ impl Communicator for NcclComm {
         }
         let p = dev_ptr("all_reduce", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        let fs = fences(&[buf.as_buf()]);
+        let fs = prepare(&self.inner, "all_reduce", &[buf.as_buf()])?;
         i.run("all_reduce", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place all-reduce of n elements of a checked device buffer.
             nc.check("all_reduce", c, unsafe {
@@ -216,7 +229,7 @@ impl Communicator for NcclComm {
         let sp = dev_ptr(op, i, send, bytes, "send")?;
         let rp = dev_ptr(op, i, recv.as_buf(), bytes, "recv")?;
         let n = bytes / dtype.size();
-        let fs = fences(&[send, recv.as_buf()]);
+        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             // SAFETY: out-of-place all-reduce of n elements between checked buffers.
             nc.check(op, c, unsafe {
@@ -241,7 +254,7 @@ impl Communicator for NcclComm {
         let rp = dev_ptr(op, i, recv.as_buf(), total * esz, "recv")?;
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        let fs = fences(&[send, recv.as_buf()]);
+        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
@@ -291,7 +304,7 @@ impl Communicator for NcclComm {
         let rp = dev_ptr(op, i, recv.as_buf(), counts[i.rank] * esz, "recv")?;
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        let fs = fences(&[send, recv.as_buf()]);
+        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers.
@@ -373,7 +386,7 @@ impl Communicator for NcclComm {
         let bytes = buf.len_bytes();
         let p = dev_ptr("broadcast", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        let fs = fences(&[buf.as_buf()]);
+        let fs = prepare(&self.inner, "broadcast", &[buf.as_buf()])?;
         i.run("broadcast", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place broadcast.
             nc.check("broadcast", c, unsafe {
@@ -394,7 +407,7 @@ impl Communicator for NcclComm {
         let bytes = buf.len_bytes();
         let p = dev_ptr("reduce", i, buf.as_buf(), bytes, "buffer")?;
         let n = bytes / dtype.size();
-        let fs = fences(&[buf.as_buf()]);
+        let fs = prepare(&self.inner, "reduce", &[buf.as_buf()])?;
         i.run("reduce", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place reduce.
             nc.check("reduce", c, unsafe {
@@ -417,7 +430,7 @@ impl Communicator for NcclComm {
         root_check("send", i, peer)?;
         let bytes = buf.len_bytes();
         let p = dev_ptr("send", i, buf, bytes, "buffer")?;
-        let fs = fences(&[buf]);
+        let fs = prepare(&self.inner, "send", &[buf])?;
         i.run("send", fs.as_deref(), |nc, c, s| {
             // SAFETY: send of a checked buffer.
             nc.check("send", c, unsafe {
@@ -438,7 +451,7 @@ impl Communicator for NcclComm {
         root_check("recv", i, peer)?;
         let bytes = buf.len_bytes();
         let p = dev_ptr("recv", i, buf.as_buf(), bytes, "buffer")?;
-        let fs = fences(&[buf.as_buf()]);
+        let fs = prepare(&self.inner, "recv", &[buf.as_buf()])?;
         i.run("recv", fs.as_deref(), |nc, c, s| {
             // SAFETY: recv into a checked buffer.
             nc.check("recv", c, unsafe {

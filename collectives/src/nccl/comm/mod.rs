@@ -545,6 +545,7 @@ impl Drop for Inner {
             Some((ev, t)) => self.wait_event("drop", &ev, t).is_ok(),
             None => true,
         };
+        memory::forget_comm(self, clean && !self.watch.aborted.load(Ordering::Acquire));
         if clean && !self.watch.aborted.load(Ordering::Acquire) {
             // SAFETY: no work is pending on the comm.
             unsafe { (self.nccl.comm_destroy)(self.raw.0) };
@@ -556,3 +557,6 @@ impl Drop for Inner {
 }
 
 mod collectives;
+mod memory;
+
+pub use memory::NcclMemory;

@@ -40,6 +40,8 @@ pub fn init_from_env() -> Result<Context> {
         let comm =
             init_world_nccl(&env, &libs).map_err(|source| TensorError::Comm { op, source })?;
         let rt = crate::cuda::init_cuda_on(comm.context().clone())?;
+        // Device blocks from NCCL's allocator: collectives move them zero-copy.
+        rt.set_nccl_memory(true);
         // Kernels and collectives share one order: NCCL waits for the compute stream and the
         // compute stream for NCCL, with no host synchronisation.
         comm.set_compute_stream(rt.stream().clone());

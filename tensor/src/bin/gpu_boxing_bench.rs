@@ -14,7 +14,7 @@
 //! reports bytes = the local piece with factor (n-1)/n (as dtensor_bench and nccl_bench, so
 //! `scripts/gpu/report.py` merges rows by (world, op, whole size)).
 //!
-//! Timing: throughput of back-to-back calls (3 warm-up calls, then 3 trials of `iters` calls,
+//! Timing: throughput of back-to-back calls (one untimed trial, then 3 trials of `iters` calls,
 //! `iters = clamp(4 GiB / bytes, 10, 200)`, host clock with a device synchronize before and
 //! after each trial only; the median trial), results dropped each call. `to_global` also gets a
 //! latency figure: the median of 20 single calls each followed by a synchronize. Before timing,
@@ -27,6 +27,8 @@
 //! markdown table at the end.
 //!
 //! Usage: gpu_boxing_bench [--worlds 2,4] [--sizes-mib 1,4,16,64,256,1024] [--out FILE] [--cpu]
+//! [--ops SUBSTRING] (only the ops whose name contains it)
+//! [--nccl-memory on|off] (device blocks from NCCL's allocator, registered: on by default)
 //! Prints "skipped: no CUDA (...)" without GPUs. `--cpu` runs the same program on a cpu
 //! placement over the TCP world (host buffers): a self-check of the bench's own logic
 //! (references, counts, output) where there is no GPU; its figures mean nothing.
@@ -64,9 +66,12 @@ fn sync(rt: &Option<Arc<CudaRuntime>>) -> R<()> {
     Ok(())
 }
 
-/// Seconds per call of back-to-back calls: 3 warm-up, the median of 3 trials of `iters`.
+/// Seconds per call of back-to-back calls: one untimed warm-up trial, then the median of 3
+/// trials of `iters`. The warm-up trial runs as far ahead as a timed one, so the caching
+/// allocator holds every block a trial keeps in flight (in an NCCL world each new block is
+/// also registered with NCCL and mapped by the peers on first use, milliseconds each).
 fn throughput(rt: &Option<Arc<CudaRuntime>>, iters: usize, f: &mut dyn FnMut() -> R<()>) -> R<f64> {
-    for _ in 0..3 {
+    for _ in 0..iters.max(8) {
         f()?;
     }
     let mut trials = Vec::new();
@@ -220,12 +225,15 @@ fn bare(
     })
 }
 
-fn child(rank: usize, world: usize, sizes: &[usize], dev: DeviceType) -> R<bool> {
+fn child(rank: usize, world: usize, sizes: &[usize], dev: DeviceType, opts: &Opts) -> R<bool> {
     let ctx = init_from_env()?;
     let rt = match dev {
         DeviceType::Cuda => Some(cuda::bound_runtime().ok_or("no CUDA runtime after init")?),
         _ => None,
     };
+    if let Some(r) = &rt {
+        r.set_nccl_memory(opts.nccl_memory);
+    }
     let comm = ctx.world().clone();
     let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>())?;
     let pf = (world - 1) as f64 / world as f64;
@@ -249,8 +257,13 @@ fn child(rank: usize, world: usize, sizes: &[usize], dev: DeviceType) -> R<bool>
         // Host references: the S tensor's whole value, and the sum of every rank's P piece
         // (rank q's piece is randn(seed + 1 + q)); the device inputs come from the same
         // counter-based generator.
-        let xr = Tensor::randn(shape.clone(), seed, DType::F32).to_vec::<f32>()?;
-        let x = Tensor::randn_global(shape.clone(), seed, DType::F32, &pl, Sbp::S(0))?;
+        // The S input is the host tensor itself, uploaded whole on every rank (B) and sliced to
+        // S(0) locally: device randn may differ from the host's by an ulp, and S checks are
+        // exact.
+        let xh = Tensor::randn(shape.clone(), seed, DType::F32);
+        let xr = xh.to_vec::<f32>()?;
+        let x = xh.to_global(&pl, Sbp::B)?.to_global(&pl, Sbp::S(0))?;
+        drop(xh);
         let mut psum = vec![0f32; n];
         let mut mine = None;
         for q in 0..world {
@@ -304,7 +317,10 @@ fn child(rank: usize, world: usize, sizes: &[usize], dev: DeviceType) -> R<bool>
             },
         ];
         let mut size_ok = true;
-        for c in &cases {
+        for c in cases
+            .iter()
+            .filter(|c| opts.ops.as_ref().is_none_or(|o| c.op.contains(o.as_str())))
+        {
             // Correctness first, on every rank; all ranks agree before timing.
             let y = c.input.to_global(&pl, c.to)?;
             let region = y
@@ -417,8 +433,44 @@ fn wait_all(kids: &mut [Child], limit: Duration) -> bool {
     codes.iter().all(|c| *c == Some(true))
 }
 
+/// Options every child gets: which ops run, and where device blocks come from.
+struct Opts {
+    ops: Option<String>,
+    /// Device blocks from NCCL's allocator, registered (the default of an NCCL world).
+    nccl_memory: bool,
+}
+
+impl Opts {
+    fn parse(args: &[String]) -> Result<Opts, String> {
+        let nccl_memory = match arg(args, "--nccl-memory").unwrap_or("on") {
+            "on" => true,
+            "off" => false,
+            s => return Err(format!("--nccl-memory {s}: expected on or off")),
+        };
+        Ok(Opts {
+            ops: arg(args, "--ops").map(str::to_string),
+            nccl_memory,
+        })
+    }
+    /// The same options as child arguments.
+    fn args(args: &[String]) -> Vec<String> {
+        ["--ops", "--nccl-memory"]
+            .iter()
+            .filter_map(|k| arg(args, k).map(|v| [k.to_string(), v.to_string()]))
+            .flatten()
+            .collect()
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let opts = match Opts::parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("gpu_boxing_bench: {e}");
+            std::process::exit(2);
+        }
+    };
     let cpu = args.iter().any(|a| a == "--cpu");
     let dev = if cpu {
         DeviceType::Cpu
@@ -428,7 +480,7 @@ fn main() {
     let sizes = list(arg(&args, "--sizes-mib").unwrap_or("1,4,16,64,256,1024"));
     if args.len() >= 4 && args[1] == "child" {
         let (rank, world) = (args[2].parse().unwrap_or(0), args[3].parse().unwrap_or(0));
-        match child(rank, world, &sizes, dev) {
+        match child(rank, world, &sizes, dev, &opts) {
             Ok(true) => {}
             Ok(false) => std::process::exit(1),
             Err(e) => {
@@ -488,6 +540,7 @@ fn main() {
             let mut cmd = Command::new(&exe);
             cmd.args(["child", &r.to_string(), &world.to_string()])
                 .args(["--sizes-mib", &sizes_arg])
+                .args(Opts::args(&args))
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_RANK", r.to_string())

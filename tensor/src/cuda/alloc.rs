@@ -9,12 +9,20 @@
 //! when a bucket already has `MAX_IN_FLIGHT` such blocks, after the compute stream waits for
 //! the oldest one. So a block is never touched by the compute stream, reused or freed while a
 //! collective may still read or write it, and no host thread waits for a collective to end.
+//!
+//! In an NCCL world the blocks come from NCCL's allocator (`NcclMemory`), which collectives
+//! register for zero-copy transfers; blocks under `SLAB` bytes are carved from `SLAB`-byte
+//! allocations (NCCL's allocator rounds every request up to the VMM granularity). Every block
+//! of every rank is then registered memory, as NCCL requires of both sides of a transfer.
+//! `NcclMemory` is freed at once (not ordered on a stream), so the pool waits for the compute
+//! stream before it lets one go.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr as _};
+use oxiflow_collectives::nccl::NcclMemory;
 use oxiflow_collectives::DeviceFence;
 
 use super::{derr, CudaRuntime};
@@ -51,9 +59,32 @@ fn order_after(stream: &CudaStream, events: &[Arc<CudaEvent>]) {
     }
 }
 
+/// NCCL allocations are at least this large; smaller blocks are carved from one.
+const SLAB: usize = 2 << 20;
+
+/// Where a block's bytes live.
+enum Memory {
+    /// `cuMemAllocAsync` on the compute stream (freed in stream order).
+    Driver(CudaSlice<u8>),
+    /// Bytes `offset..` of an NCCL allocation (shared by the blocks carved from one slab).
+    Nccl(Arc<NcclMemory>, usize),
+}
+
+impl Memory {
+    fn ptr(&self, stream: &CudaStream) -> u64 {
+        match self {
+            Memory::Driver(s) => s.device_ptr(stream).0,
+            Memory::Nccl(m, off) => m.ptr() + *off as u64,
+        }
+    }
+    fn is_nccl(&self) -> bool {
+        matches!(self, Memory::Nccl(..))
+    }
+}
+
 /// A free block and the end events of collectives that may still use it.
 struct Cached {
-    slice: CudaSlice<u8>,
+    slice: Memory,
     fences: Vec<Arc<CudaEvent>>,
 }
 
@@ -68,6 +99,8 @@ impl Cached {
 pub(crate) struct Pool {
     free: Mutex<HashMap<usize, Vec<Cached>>>,
     cached: AtomicUsize,
+    /// New blocks come from NCCL's allocator (see the module doc).
+    nccl: AtomicBool,
 }
 
 impl Pool {
@@ -76,7 +109,7 @@ impl Pool {
     }
     /// A free block of `cap` bytes that `stream` may use now: an idle one, else (with
     /// `MAX_IN_FLIGHT` busy ones waiting) the oldest after `stream` waits for it.
-    fn take(&self, cap: usize, stream: &CudaStream) -> Option<CudaSlice<u8>> {
+    fn take(&self, cap: usize, stream: &CudaStream) -> Option<Memory> {
         let mut g = lock(&self.free);
         let list = g.get_mut(&cap)?;
         let pick = match list.iter_mut().position(Cached::idle) {
@@ -90,10 +123,14 @@ impl Pool {
         self.cached.fetch_sub(cap, Ordering::Relaxed);
         Some(c.slice)
     }
-    fn put(&self, cap: usize, slice: CudaSlice<u8>, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
+    fn put(&self, cap: usize, slice: Memory, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
         if self.cached.load(Ordering::Relaxed) + cap > MAX_CACHED {
-            // Freed on the compute stream, after the collectives that may still use it.
+            // Freed on the compute stream, after the collectives that may still use it (NCCL
+            // memory once the stream got there).
             order_after(&rt.stream, &fences);
+            if slice.is_nccl() {
+                let _ = rt.stream.synchronize();
+            }
             return;
         }
         self.cached.fetch_add(cap, Ordering::Relaxed);
@@ -107,14 +144,45 @@ impl Pool {
         for c in &all {
             order_after(&rt.stream, &c.fences);
         }
+        if all.iter().any(|c| c.slice.is_nccl()) {
+            let _ = rt.stream.synchronize();
+        }
         drop(all);
         self.cached.store(0, Ordering::Relaxed);
+    }
+    /// Whether new blocks come from NCCL's allocator; a change gives the cached blocks back.
+    pub(crate) fn set_nccl(&self, on: bool, rt: &CudaRuntime) {
+        if self.nccl.swap(on, Ordering::AcqRel) != on {
+            self.release_all(rt);
+        }
+    }
+    pub(crate) fn nccl(&self) -> bool {
+        self.nccl.load(Ordering::Acquire)
+    }
+    /// A new block of `cap` bytes from NCCL's allocator; under `SLAB` bytes, one of the blocks
+    /// carved from a new slab (the others go to the free list).
+    fn nccl_block(&self, cap: usize) -> std::result::Result<Memory, String> {
+        let m = Arc::new(NcclMemory::alloc(cap.max(SLAB)).map_err(|e| e.to_string())?);
+        if cap >= SLAB {
+            return Ok(Memory::Nccl(m, 0));
+        }
+        let n = SLAB / cap;
+        let mut g = lock(&self.free);
+        let list = g.entry(cap).or_default();
+        for i in 1..n {
+            list.push(Cached {
+                slice: Memory::Nccl(m.clone(), i * cap),
+                fences: Vec::new(),
+            });
+        }
+        self.cached.fetch_add((n - 1) * cap, Ordering::Relaxed);
+        Ok(Memory::Nccl(m, 0))
     }
 }
 
 /// One device allocation of at least `bytes` bytes, back to the pool on drop.
 pub struct Block {
-    slice: Option<CudaSlice<u8>>,
+    slice: Option<Memory>,
     ptr: u64,
     bytes: usize,
     cap: usize,
@@ -141,14 +209,13 @@ impl Block {
             Some(s) => s,
             None => {
                 rt.bind("cuda alloc")?;
-                // SAFETY: memory is written before it is read (callers' contract).
-                match unsafe { rt.stream.alloc::<u8>(cap) } {
+                match fresh(rt, cap) {
                     Ok(s) => s,
                     Err(_) => {
                         // Out of memory: give the cached blocks back and try once more.
                         rt.pool.release_all(rt);
                         rt.synchronize()?;
-                        unsafe { rt.stream.alloc::<u8>(cap) }.map_err(|e| {
+                        fresh(rt, cap).map_err(|e| {
                             derr(
                                 "cuda alloc",
                                 format!("{bytes} bytes on cuda:{}: {e}", rt.ordinal),
@@ -158,7 +225,7 @@ impl Block {
                 }
             }
         };
-        let ptr = slice.device_ptr(&rt.stream).0;
+        let ptr = slice.ptr(&rt.stream);
         Ok(Block {
             slice: Some(slice),
             ptr,
@@ -181,6 +248,17 @@ impl Block {
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
         &self.rt
     }
+}
+
+/// A new allocation of `cap` bytes from the pool's source (the runtime's context is bound).
+fn fresh(rt: &CudaRuntime, cap: usize) -> std::result::Result<Memory, String> {
+    if rt.pool.nccl() {
+        return rt.pool.nccl_block(cap);
+    }
+    // SAFETY: memory is written before it is read (callers' contract).
+    unsafe { rt.stream.alloc::<u8>(cap) }
+        .map(Memory::Driver)
+        .map_err(|e| e.to_string())
 }
 
 impl DeviceFence for Block {

@@ -156,6 +156,17 @@ impl CudaRuntime {
             MatmulPrecision::F32
         }
     }
+    /// Whether new device blocks come from NCCL's allocator, which collectives register for
+    /// zero-copy transfers (on in an NCCL world, set by `init_from_env`). NCCL requires both
+    /// sides of a transfer to agree, so every rank must choose the same; a change gives the
+    /// cached blocks back.
+    pub fn set_nccl_memory(&self, on: bool) {
+        self.pool.set_nccl(on, self);
+    }
+    /// Whether new device blocks come from NCCL's allocator.
+    pub fn nccl_memory(&self) -> bool {
+        self.pool.nccl()
+    }
     /// Bytes held in the allocator's free lists.
     pub fn cached_bytes(&self) -> usize {
         self.pool.cached_bytes()

@@ -18,7 +18,7 @@ enum Storage {
 
 /// `len` bytes on one device (at least one byte is allocated, so empty buffers are valid).
 pub struct DeviceBytes {
-    slice: Storage,
+    storage: Storage,
     stream: Arc<CudaStream>,
     len: usize,
 }
@@ -37,7 +37,7 @@ impl DeviceBytes {
         }
         .map_err(|e| err("device buffer upload", e))?;
         Ok(DeviceBytes {
-            slice: Storage::Driver(slice),
+            storage: Storage::Driver(slice),
             stream: stream.clone(),
             len: host.len(),
         })
@@ -69,7 +69,7 @@ impl DeviceBytes {
         }
         .map_err(|e| err("device buffer allocation", e))?;
         Ok(DeviceBytes {
-            slice: Storage::Nccl(m),
+            storage: Storage::Nccl(m),
             stream: stream.clone(),
             len,
         })
@@ -81,7 +81,7 @@ impl DeviceBytes {
             .alloc_zeros::<u8>(len.max(1))
             .map_err(|e| err("device buffer allocation", e))?;
         Ok(DeviceBytes {
-            slice: Storage::Driver(slice),
+            storage: Storage::Driver(slice),
             stream: stream.clone(),
             len,
         })
@@ -96,7 +96,7 @@ impl DeviceBytes {
 
     /// The raw device address.
     pub fn ptr(&self) -> u64 {
-        match &self.slice {
+        match &self.storage {
             Storage::Driver(s) => s.device_ptr(&self.stream).0,
             Storage::Nccl(m) => m.ptr(),
         }
@@ -108,7 +108,7 @@ impl DeviceBytes {
 
     /// Copies the contents back (waits for the stream's queued work first).
     pub fn to_host(&self) -> Result<Vec<u8>, CommError> {
-        let mut v = match &self.slice {
+        let mut v = match &self.storage {
             Storage::Driver(s) => self.stream.clone_dtoh(s).map_err(|e| e.to_string()),
             Storage::Nccl(m) => {
                 let mut v = vec![0u8; self.len];
@@ -144,7 +144,7 @@ impl DeviceBytes {
 
 impl Drop for DeviceBytes {
     fn drop(&mut self) {
-        if matches!(self.slice, Storage::Nccl(_)) {
+        if matches!(self.storage, Storage::Nccl(_)) {
             // NCCL memory is unmapped at once: the stream's work on it must be done.
             let _ = self.stream.synchronize();
         }

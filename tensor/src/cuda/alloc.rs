@@ -84,7 +84,7 @@ impl Memory {
 
 /// A free block and the end events of collectives that may still use it.
 struct Cached {
-    slice: Memory,
+    mem: Memory,
     fences: Vec<Arc<CudaEvent>>,
 }
 
@@ -121,14 +121,14 @@ impl Pool {
         drop(g);
         order_after(stream, &c.fences);
         self.cached.fetch_sub(cap, Ordering::Relaxed);
-        Some(c.slice)
+        Some(c.mem)
     }
-    fn put(&self, cap: usize, slice: Memory, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
+    fn put(&self, cap: usize, mem: Memory, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
         if self.cached.load(Ordering::Relaxed) + cap > MAX_CACHED {
             // Freed on the compute stream, after the collectives that may still use it (NCCL
             // memory once the stream got there).
             order_after(&rt.stream, &fences);
-            if slice.is_nccl() {
+            if mem.is_nccl() {
                 let _ = rt.stream.synchronize();
             }
             return;
@@ -137,14 +137,14 @@ impl Pool {
         lock(&self.free)
             .entry(cap)
             .or_default()
-            .push(Cached { slice, fences });
+            .push(Cached { mem, fences });
     }
     fn release_all(&self, rt: &CudaRuntime) {
         let all: Vec<Cached> = lock(&self.free).drain().flat_map(|(_, v)| v).collect();
         for c in &all {
             order_after(&rt.stream, &c.fences);
         }
-        if all.iter().any(|c| c.slice.is_nccl()) {
+        if all.iter().any(|c| c.mem.is_nccl()) {
             let _ = rt.stream.synchronize();
         }
         drop(all);
@@ -171,7 +171,7 @@ impl Pool {
         let list = g.entry(cap).or_default();
         for i in 1..n {
             list.push(Cached {
-                slice: Memory::Nccl(m.clone(), i * cap),
+                mem: Memory::Nccl(m.clone(), i * cap),
                 fences: Vec::new(),
             });
         }
@@ -182,7 +182,7 @@ impl Pool {
 
 /// One device allocation of at least `bytes` bytes, back to the pool on drop.
 pub struct Block {
-    slice: Option<Memory>,
+    mem: Option<Memory>,
     ptr: u64,
     bytes: usize,
     cap: usize,
@@ -205,7 +205,7 @@ impl Block {
     /// An uninitialised block (the caller writes every byte it reads).
     pub(crate) fn alloc(rt: &Arc<CudaRuntime>, bytes: usize) -> Result<Block> {
         let cap = bucket(bytes);
-        let slice = match rt.pool.take(cap, &rt.stream) {
+        let mem = match rt.pool.take(cap, &rt.stream) {
             Some(s) => s,
             None => {
                 rt.bind("cuda alloc")?;
@@ -225,9 +225,9 @@ impl Block {
                 }
             }
         };
-        let ptr = slice.ptr(&rt.stream);
+        let ptr = mem.ptr(&rt.stream);
         Ok(Block {
-            slice: Some(slice),
+            mem: Some(mem),
             ptr,
             bytes,
             cap,
@@ -269,7 +269,7 @@ impl DeviceFence for Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if let Some(s) = self.slice.take() {
+        if let Some(s) = self.mem.take() {
             let fences = std::mem::take(&mut *lock(&self.fences));
             self.rt.pool.put(self.cap, s, fences, &self.rt);
         }

@@ -13,7 +13,10 @@ mod splitter;
 
 pub use cost::{axis_group_bytes, inference_cost, transition_cost, transition_cost_1d};
 pub use error::SbpError;
-pub use infer::{BinaryOp, Dims, InferEngine, OpKind, ReduceKind, Signature, SignatureCache};
+pub use infer::{
+    rules, BinaryOp, Dims, InferEngine, OpKind, ReduceKind, RuleMode, Rules, Signature,
+    SignatureCache,
+};
 pub use layout::{check_nd_sbp, GlobalLayout, Region};
 pub use nd_sbp::NdSbp;
 pub use sbp::{ReduceOp, Sbp};

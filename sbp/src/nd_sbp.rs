@@ -46,6 +46,18 @@ impl NdSbp {
     pub fn has_partial(&self) -> bool {
         self.0.iter().any(|s| s.is_partial())
     }
+    /// Whether two mesh axes hold different partial reductions (e.g. `(P, P(max))`), a layout
+    /// no boxing can produce or consume.
+    pub fn mixes_partials(&self) -> bool {
+        let mut ops = self.0.iter().filter_map(|s| match s {
+            Sbp::Partial(op) => Some(*op),
+            _ => None,
+        });
+        match ops.next() {
+            Some(first) => ops.any(|op| op != first),
+            None => false,
+        }
+    }
     pub fn is_all_broadcast(&self) -> bool {
         self.0.iter().all(|s| s.is_broadcast())
     }

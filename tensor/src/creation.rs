@@ -10,9 +10,9 @@ use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Region, Shape};
 use rayon::prelude::*;
 
 use crate::context::Context;
+use crate::cpu::PAR_THRESHOLD;
 use crate::device::{backend_for, Device};
 use crate::element::TensorElement;
-use crate::kernels::elementwise::PAR_THRESHOLD;
 use crate::rng;
 use crate::storage::{CpuArray, Storage};
 use crate::tensor::Tensor;

@@ -12,16 +12,16 @@
 //! 2. A [`DeviceBackend`] registered once per process with [`register_device_backend`]. It uploads
 //!    host arrays (`from_host`) and runs local kernels (`run`): `op` is the op *with local
 //!    attributes* (e.g. a reshape's local target shape, a mean's global divisor), `inputs` are the
-//!    local pieces (all on this backend's device; the dispatcher never mixes devices), `out_shape`
-//!    and `out_dtype` are what the dispatcher expects back; the result must have exactly that
-//!    shape and dtype. An op the backend cannot run returns `TensorError::Device` naming the op.
+//!    local pieces (all on this backend's device; the dispatcher never mixes devices; their count
+//!    already checked against the op's arity), `out` is the shape and dtype the dispatcher
+//!    expects back. A backend runs an op through `Op::run` on its implementation of every op
+//!    family's kernel trait (`op::Backend`), so it cannot lack a kernel.
 //!
 //! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing, output
 //! layout) identically for every device. Boxing moves device pieces through the host unless the
 //! backend's storage hands out device buffers the communicator accepts.
 //!
-//! Wiring: the CUDA helper adds `mod cuda;` to `lib.rs`, implements both traits there, and calls
-//! `register_device_backend(DeviceType::Cuda, Arc::new(...))` from its init function.
+//! The CUDA backend (`cuda/`) implements both traits and registers itself from `init_cuda_on`.
 
 use std::any::Any;
 use std::fmt;
@@ -32,7 +32,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 
 use crate::creation::ElementInit;
-use crate::op::Op;
+use crate::op::{Op, OutSpec};
 use crate::storage::{CpuArray, Storage};
 use crate::{Result, TensorError};
 
@@ -104,14 +104,8 @@ pub trait DeviceBackend: Send + Sync {
             detail: format!("this backend does not create {dtype} values"),
         })
     }
-    /// Runs the local kernel of `op` on `inputs`, returning a piece of `out_shape`/`out_dtype`.
-    fn run(
-        &self,
-        op: &Op,
-        inputs: &[&Storage],
-        out_shape: &Shape,
-        out_dtype: DType,
-    ) -> Result<Storage>;
+    /// Runs the local kernel of `op` on `inputs`, returning a piece of `out`'s shape and dtype.
+    fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage>;
 }
 
 static CUDA_BACKEND: RwLock<Option<Arc<dyn DeviceBackend>>> = RwLock::new(None);

@@ -15,13 +15,13 @@ use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, SbpError, Shape};
 use smallvec::SmallVec;
 
-use crate::autograd_slot::run_hook;
+use oxiflow_sbp::{InferEngine, RuleMode};
+
+use crate::autograd;
 use crate::context::Context;
+use crate::cpu::CpuBackend;
 use crate::device::{backend_for, Device};
-use crate::kernels::run_cpu;
-use crate::op::Op;
-use crate::sig::meta::{infer_meta, MetaError};
-use crate::sig::op_kind;
+use crate::op::{Inferred, MetaError, Op, OutSpec};
 use crate::storage::{CpuArray, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -42,9 +42,9 @@ pub(crate) struct DispatchPlan {
     /// The op with this rank's local attributes.
     local_op: Op,
     out_layout: GlobalLayout,
+    /// This rank's output piece shape and dtype; None outside the placement.
+    out_local: Option<OutSpec>,
     out_dtype: DType,
-    /// This rank's output piece shape; None outside the placement.
-    out_local: Option<Shape>,
 }
 
 pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
@@ -124,13 +124,30 @@ pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
             shapes: shapes_text(inputs),
         });
     }
+    let (lo, hi) = op.arity();
+    if inputs.len() < lo || inputs.len() > hi {
+        return Err(TensorError::Shape {
+            op: op.name(),
+            shapes: shapes_text(inputs),
+            sbps: sbps_text(inputs),
+            detail: format!("takes {lo}..={hi} inputs, got {}", inputs.len()),
+        });
+    }
     let out = if global {
         dispatch_global(&op, inputs)?
     } else {
         dispatch_local(&op, inputs)?
     };
-    run_hook(&op, inputs, &out);
+    autograd::record(op, inputs, &out);
     Ok(out)
+}
+
+/// Shape, dtype and (in `Candidates` mode) SBP rules of `op` on `inputs`.
+fn infer(op: &Op, inputs: &[&Tensor], mode: RuleMode) -> Result<Inferred> {
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
+    op.infer(&shapes, &dtypes, mode)
+        .map_err(|e| meta_err(op, e, inputs))
 }
 
 fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
@@ -150,30 +167,36 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     Ok(dev)
 }
 
-/// Runs the local kernel of `op` on pieces (one device) expecting `out_shape`/`out_dtype`.
+/// Runs the local kernel of `op` (local attributes) on pieces of one device.
 pub(crate) fn run_kernel(
     op: &Op,
     pieces: &[&Storage],
     device: Device,
-    out_shape: &Shape,
-    out_dtype: DType,
+    out: &OutSpec,
 ) -> Result<Storage> {
     if device == Device::Cpu {
         let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
         for p in pieces {
             host.push(p.cpu(op.name())?);
         }
-        return Ok(Storage::Cpu(run_cpu(op, &host)?));
+        return Ok(Storage::Cpu(op.run(&CpuBackend, &host, out)?));
     }
-    backend_for(op.name(), device)?.run(op, pieces, out_shape, out_dtype)
+    backend_for(op.name(), device)?.run(op, pieces, out)
 }
 
 fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let device = check_devices(op, inputs)?;
-    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
-    let (out_shape, out_dtype) =
-        infer_meta(op, &shapes, &dtypes).map_err(|e| meta_err(op, e, inputs))?;
+    let inferred = infer(op, inputs, RuleMode::ShapesOnly)?;
+    let Some(shape) = inferred.rules.into_out_shape(0) else {
+        return Err(TensorError::Kernel {
+            op: op.name(),
+            detail: "op has no output".into(),
+        });
+    };
+    let out = OutSpec {
+        shape,
+        dtype: inferred.dtype,
+    };
     let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
     for t in inputs {
         match t.storage() {
@@ -186,27 +209,10 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
             }
         }
     }
-    let out = run_kernel(op, &pieces, device, &out_shape, out_dtype)?;
-    Ok(Tensor::from_storage(out))
-}
-
-/// The op with this rank's local attributes, given the chosen layouts.
-fn local_op(op: &Op, in_shapes: &[&Shape], out_local: Option<&Shape>) -> Op {
-    match (op, out_local) {
-        (Op::Mean { dims, keepdim, .. }, _) => Op::Mean {
-            dims: dims.clone(),
-            keepdim: *keepdim,
-            count: dims
-                .iter()
-                .map(|&d| in_shapes[0].dim(d))
-                .product::<usize>()
-                .max(1),
-        },
-        (Op::Reshape { .. }, Some(s)) => Op::Reshape { shape: s.clone() },
-        (Op::SumToShape { .. }, Some(s)) => Op::SumToShape { shape: s.clone() },
-        (Op::EmbeddingBackward { .. }, Some(s)) => Op::EmbeddingBackward { num: s.dim(0) },
-        _ => op.clone(),
-    }
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+    let local = op.local(&shapes, &out.shape);
+    let storage = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
+    Ok(Tensor::from_storage(storage))
 }
 
 fn build_plan(
@@ -215,31 +221,23 @@ fn build_plan(
     ctx: &Context,
     placement: &Placement,
 ) -> Result<DispatchPlan> {
-    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
-    let (out_shape, out_dtype) =
-        infer_meta(op, &shapes, &dtypes).map_err(|e| meta_err(op, e, inputs))?;
-    let kind = op_kind(op);
+    let Inferred { rules, dtype } = infer(op, inputs, RuleMode::Candidates)?;
     let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
     let sig_in: SmallVec<[(&Shape, &NdSbp); 3]> =
         layouts.iter().map(|l| (l.shape(), l.nd_sbp())).collect();
-    let elem = dtypes.iter().map(|d| d.size()).max().unwrap_or(4);
-    let sig = ctx
-        .infer_engine()
-        .infer(&kind, &sig_in, placement, elem)
+    let elem = inputs.iter().map(|t| t.dtype().size()).max().unwrap_or(4);
+    let sig = InferEngine::choose(op.name(), rules, &sig_in, placement, elem)
         .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
-    let out_nd = sig
-        .outputs
-        .first()
-        .cloned()
-        .ok_or_else(|| TensorError::Sbp {
+    let (Some(out_nd), Some(out_shape)) = (sig.outputs.first(), sig.output_shapes.first()) else {
+        return Err(TensorError::Sbp {
             op: op.name(),
             shapes: shapes_text(inputs),
             sbps: sbps_text(inputs),
             placement: placement.to_string(),
             detail: "signature has no output".into(),
-        })?;
-    let out_layout = GlobalLayout::new(out_shape, placement, out_nd)
+        });
+    };
+    let out_layout = GlobalLayout::new(out_shape.clone(), placement, out_nd.clone())
         .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
     let mut boxing = SmallVec::new();
     for (i, l) in layouts.iter().enumerate() {
@@ -251,15 +249,15 @@ fn build_plan(
         let to = l
             .with_nd_sbp(target.clone())
             .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
-        let plan = ctx
-            .planner()
-            .plan(l, &to, dtypes[i])
-            .map_err(|e| TensorError::Boxing {
-                op: op.name(),
-                from: l.to_string(),
-                to: to.to_string(),
-                detail: e.to_string(),
-            })?;
+        let plan =
+            ctx.planner()
+                .plan(l, &to, inputs[i].dtype())
+                .map_err(|e| TensorError::Boxing {
+                    op: op.name(),
+                    from: l.to_string(),
+                    to: to.to_string(),
+                    detail: e.to_string(),
+                })?;
         boxing.push(if plan.strategy == Strategy::Identity {
             None
         } else {
@@ -267,12 +265,17 @@ fn build_plan(
         });
     }
     let out_local = out_layout.local_shape(ctx.rank());
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+    let local_op = out_local
+        .as_ref()
+        .and_then(|s| op.local(&shapes, s))
+        .unwrap_or_else(|| op.clone());
     Ok(DispatchPlan {
         boxing,
-        local_op: local_op(op, &shapes, out_local.as_ref()),
+        local_op,
         out_layout,
-        out_dtype,
-        out_local,
+        out_local: out_local.map(|shape| OutSpec { shape, dtype }),
+        out_dtype: dtype,
     })
 }
 
@@ -426,15 +429,15 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
                     }
                 }
             }
-            let out = run_kernel(&plan.local_op, &pieces, device, out_local, plan.out_dtype)?;
-            if out.shape() != *out_local {
+            let out = run_kernel(&plan.local_op, &pieces, device, out_local)?;
+            if out.shape() != out_local.shape {
                 return Err(TensorError::Kernel {
                     op: op.name(),
                     detail: format!(
                         "local kernel gave {} but layout {} expects {} on rank {}",
                         out.shape(),
                         plan.out_layout,
-                        out_local,
+                        out_local.shape,
                         ctx.rank()
                     ),
                 });

@@ -71,7 +71,7 @@ impl Tensor {
         let locals = vec![self.shape().clone(); n];
         let global = GlobalLayout::global_shape_from_locals(&locals, placement, &nd_sbp)
             .map_err(|e| sbp_err("to_global", e, &[self], placement))?;
-        self.local_to_global(&ctx, placement, nd_sbp, global, "to_global")
+        self.local_to_global(&ctx, placement, nd_sbp, global, self.dtype(), "to_global")
     }
 
     /// Like `to_global` from a local tensor, but all ranks of the world exchange their local
@@ -119,29 +119,59 @@ impl Tensor {
                 BufMut::Host(bytemuck::cast_slice_mut(&mut all)),
             )
             .map_err(|source| TensorError::Comm { op, source })?;
-        let ranks = world.world_ranks().to_vec();
+        // Every rank checks the placement's members against its first member's row, so all
+        // ranks (those outside the placement too, whatever they hold) reach the same verdict.
+        let ranks = world.world_ranks();
+        let row_of = |r: usize| -> Result<&[i64]> {
+            let m = ranks
+                .iter()
+                .position(|&x| x == r)
+                .ok_or(TensorError::Mismatch {
+                    op,
+                    detail: format!("placement rank {r} is not in the world {ranks:?}"),
+                })?;
+            Ok(&all[m * width..(m + 1) * width])
+        };
+        let first = placement.ranks()[0];
+        let reference = row_of(first)?;
+        let (ndim, dtype) = (reference[0], reference[1]);
+        let dtype = match dtype {
+            0 => DType::F32,
+            1 => DType::F64,
+            _ => DType::I64,
+        };
         let mut locals = Vec::with_capacity(placement.num_ranks());
         for &r in placement.ranks() {
-            let m = ranks.iter().position(|&x| x == r).unwrap_or(r);
-            let row = &all[m * width..(m + 1) * width];
-            if row[0] != mine[0] || row[1] != mine[1] {
+            let row = row_of(r)?;
+            if row[0] != reference[0] || row[1] != reference[1] {
                 return Err(TensorError::Mismatch {
                     op,
                     detail: format!(
-                        "rank {r} has {} dims and dtype code {}, rank {} has {} dims and dtype code {}",
-                        row[0], row[1], ctx.rank(), mine[0], mine[1]
+                        "rank {r} has {} dims and dtype code {}, rank {first} has {} dims and dtype code {}",
+                        row[0], row[1], reference[0], reference[1]
                     ),
                 });
             }
             locals.push(Shape::new(
-                row[2..2 + shape.ndim()].iter().map(|&d| d as usize),
+                row[2..2 + ndim as usize].iter().map(|&d| d as usize),
             ));
         }
-        check_nd_sbp(shape, placement, &nd_sbp).map_err(|e| sbp_err(op, e, &[self], placement))?;
+        let layout_err = |e: oxiflow_sbp::SbpError| TensorError::Sbp {
+            op,
+            shapes: locals
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            sbps: nd_sbp.to_string(),
+            placement: placement.to_string(),
+            detail: e.to_string(),
+        };
+        check_nd_sbp(&locals[0], placement, &nd_sbp).map_err(layout_err)?;
         let global = GlobalLayout::global_shape_from_locals(&locals, placement, &nd_sbp)
-            .map_err(|e| sbp_err(op, e, &[self], placement))?;
-        let layout = GlobalLayout::new(global.clone(), placement, nd_sbp.clone())
-            .map_err(|e| sbp_err(op, e, &[self], placement))?;
+            .map_err(layout_err)?;
+        let layout =
+            GlobalLayout::new(global.clone(), placement, nd_sbp.clone()).map_err(layout_err)?;
         for (idx, &r) in placement.ranks().iter().enumerate() {
             let expect = layout.local_shape_at(&placement.coord_of_index(idx));
             if expect != locals[idx] {
@@ -154,7 +184,7 @@ impl Tensor {
                 });
             }
         }
-        self.local_to_global(&ctx, placement, nd_sbp, global, op)
+        self.local_to_global(&ctx, placement, nd_sbp, global, dtype, op)
     }
 
     fn local_to_global(
@@ -163,6 +193,7 @@ impl Tensor {
         placement: &Placement,
         nd_sbp: NdSbp,
         global: Shape,
+        dtype: DType,
         op: &'static str,
     ) -> Result<Tensor> {
         let layout = GlobalLayout::new(global, placement, nd_sbp)
@@ -189,12 +220,7 @@ impl Tensor {
                 }
             }
         };
-        Ok(Tensor::global_from_piece(
-            piece,
-            layout,
-            self.dtype(),
-            ctx.clone(),
-        ))
+        Ok(Tensor::global_from_piece(piece, layout, dtype, ctx.clone()))
     }
 
     /// Boxing of a global tensor to another (placement, nd-SBP): same shape and value.

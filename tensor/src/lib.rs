@@ -11,9 +11,9 @@
 //! ```
 
 pub mod autograd;
-mod autograd_slot;
 pub mod checkpoint;
 mod context;
+mod cpu;
 mod creation;
 pub mod cuda;
 mod device;
@@ -23,18 +23,14 @@ mod error;
 mod global;
 mod init;
 mod inprocess;
-pub mod kernels;
 pub mod nn;
 mod op;
-mod ops;
 pub mod optim;
 pub mod rng;
-mod sig;
 mod storage;
 mod tensor;
 
-pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
-pub use autograd_slot::{set_dispatch_hook, AutogradMeta, DispatchHook, GradFn};
+pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, AutogradMeta, GradModeGuard};
 pub use context::{Context, ContextGuard};
 pub use creation::ElementInit;
 pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
@@ -43,8 +39,10 @@ pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
 pub use init::{init_from_env, init_with_world};
 pub use inprocess::run_ranks;
-pub use op::{BinaryOp, Dims, F64Bits, Op, ScalarOp, UnaryOp};
-pub use sig::meta::broadcast_shapes;
+pub use op::{
+    broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LossOp,
+    MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
+};
 pub use storage::{CpuArray, Storage};
 pub use tensor::{Tensor, TensorImpl};
 

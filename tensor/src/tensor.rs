@@ -9,7 +9,7 @@ use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 
-use crate::autograd_slot::AutogradMeta;
+use crate::autograd::AutogradMeta;
 use crate::context::Context;
 use crate::device::Device;
 use crate::element::TensorElement;
@@ -23,8 +23,7 @@ pub(crate) struct GlobalMeta {
     pub ctx: Context,
 }
 
-/// Everything a tensor holds. Autograd (issue 6) uses `autograd` and wraps dispatch through the
-/// hook in `autograd_slot`; op signatures never change for it.
+/// Everything a tensor holds: the local piece, its layout, and the autograd state.
 pub struct TensorImpl {
     /// The local piece; None on ranks outside a global tensor's placement.
     pub(crate) piece: Option<Arc<Storage>>,
@@ -187,9 +186,6 @@ impl Tensor {
     }
     /// Marks the tensor as a leaf that wants a gradient; returns it for chaining.
     pub fn requires_grad_(self, v: bool) -> Tensor {
-        if v {
-            crate::autograd::enable();
-        }
         self.0.autograd.set_requires_grad(v);
         self
     }

@@ -1,10 +1,10 @@
 //! Candidate tables of concat and slice (narrow): ops that select along one dim.
 
-use super::{Rules, PARTIALS};
+use super::{RuleMode, Rules, PARTIALS};
 use crate::{Sbp, Shape};
 
 /// Concat along `dim`: S(i != dim) on all inputs -> S(i); all B -> B; all P(op) -> P(op).
-pub(super) fn concat(dim: usize, xs: &[&Shape]) -> Result<Rules, String> {
+pub fn concat(dim: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
     let first = xs[0];
     let n = first.ndim();
     if dim >= n {
@@ -20,7 +20,7 @@ pub(super) fn concat(dim: usize, xs: &[&Shape]) -> Result<Rules, String> {
     }
     let total: usize = xs.iter().map(|x| x.dim(dim)).sum();
     let k = xs.len();
-    let mut r = Rules::new(vec![first.with_dim(dim, total)]);
+    let mut r = Rules::new(mode, [first.with_dim(dim, total)]);
     for i in (0..n).filter(|&i| i != dim) {
         let ins = vec![Sbp::S(i); k];
         r.push(&ins, &[Sbp::S(i)]);
@@ -33,7 +33,13 @@ pub(super) fn concat(dim: usize, xs: &[&Shape]) -> Result<Rules, String> {
 }
 
 /// Keep `start..end` of `dim`: S(i != dim) -> S(i); B->B; any P->P.
-pub(super) fn slice(dim: usize, start: usize, end: usize, x: &Shape) -> Result<Rules, String> {
+pub fn slice(
+    dim: usize,
+    start: usize,
+    end: usize,
+    x: &Shape,
+    mode: RuleMode,
+) -> Result<Rules, String> {
     if dim >= x.ndim() {
         return Err(format!("dim {dim} out of range for input {x}"));
     }
@@ -43,7 +49,7 @@ pub(super) fn slice(dim: usize, start: usize, end: usize, x: &Shape) -> Result<R
             x.dim(dim)
         ));
     }
-    let mut r = Rules::new(vec![x.with_dim(dim, end - start)]);
+    let mut r = Rules::new(mode, [x.with_dim(dim, end - start)]);
     for i in (0..x.ndim()).filter(|&i| i != dim) {
         r.push(&[Sbp::S(i)], &[Sbp::S(i)]);
     }

@@ -1,7 +1,7 @@
 //! Candidate tables of element-wise ops and numpy broadcasting: unary, binary, broadcast-to and
 //! its gradient reduce-to-shape.
 
-use super::{Rules, PARTIALS};
+use super::{RuleMode, Rules, PARTIALS};
 use crate::{BinaryOp, ReduceOp, Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
@@ -10,8 +10,8 @@ const PMAX: Sbp = Sbp::Partial(ReduceOp::Max);
 const PMIN: Sbp = Sbp::Partial(ReduceOp::Min);
 
 /// S(i)->S(i), B->B; P->P only when linear.
-pub(super) fn unary(x: &Shape, linear: bool) -> Rules {
-    let mut r = Rules::new(vec![x.clone()]);
+pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [x.clone()]);
     for i in 0..x.ndim() {
         r.push(&[Sbp::S(i)], &[Sbp::S(i)]);
     }
@@ -63,10 +63,10 @@ fn split_through(x: &Shape, out: &Shape, o: usize) -> Sbp {
 /// Broadcasting binary op: S(o) of the output maps to each operand's matching dim (size-1 or
 /// missing dims take B); B,B->B; add/sub P,P->P; mul P,B and B,P -> P; div P,B -> P; adding a B
 /// keeps P(max)/P(min), and subtracting a P(max) from a B gives P(min) (and the reverse).
-pub(super) fn binary(op: BinaryOp, a: &Shape, b: &Shape) -> Result<Rules, String> {
+pub fn binary(op: BinaryOp, a: &Shape, b: &Shape, mode: RuleMode) -> Result<Rules, String> {
     let out =
         broadcast_shape(a, b).ok_or_else(|| format!("shapes {a} and {b} do not broadcast"))?;
-    let mut r = Rules::new(vec![out.clone()]);
+    let mut r = Rules::new(mode, [out.clone()]);
     for o in 0..out.ndim() {
         r.push(
             &[split_through(a, &out, o), split_through(b, &out, o)],
@@ -99,12 +99,12 @@ pub(super) fn binary(op: BinaryOp, a: &Shape, b: &Shape) -> Result<Rules, String
 }
 
 /// Broadcast x to `shape`: S(i) of a dim that keeps its size -> S(i + offset); B->B; any P->P.
-pub(super) fn broadcast_to(x: &Shape, shape: &Shape) -> Result<Rules, String> {
+pub fn broadcast_to(x: &Shape, shape: &Shape, mode: RuleMode) -> Result<Rules, String> {
     if broadcast_shape(x, shape).as_ref() != Some(shape) {
         return Err(format!("cannot broadcast {x} to {shape}"));
     }
     let off = shape.ndim() - x.ndim();
-    let mut r = Rules::new(vec![shape.clone()]);
+    let mut r = Rules::new(mode, [shape.clone()]);
     for i in 0..x.ndim() {
         if x.dim(i) == shape.dim(i + off) {
             r.push(&[Sbp::S(i)], &[Sbp::S(i + off)]);
@@ -119,14 +119,14 @@ pub(super) fn broadcast_to(x: &Shape, shape: &Shape) -> Result<Rules, String> {
 
 /// Sum x down to `shape` (which broadcasts to x): a split of a summed dim gives P, a split of a
 /// kept dim stays split; B->B; P->P.
-pub(super) fn reduce_to_shape(x: &Shape, shape: &Shape) -> Result<Rules, String> {
+pub fn reduce_to_shape(x: &Shape, shape: &Shape, mode: RuleMode) -> Result<Rules, String> {
     if broadcast_shape(shape, x).as_ref() != Some(x) {
         return Err(format!(
             "cannot sum {x} down to {shape}: {shape} does not broadcast to {x}"
         ));
     }
     let off = x.ndim() - shape.ndim();
-    let mut r = Rules::new(vec![shape.clone()]);
+    let mut r = Rules::new(mode, [shape.clone()]);
     for i in 0..x.ndim() {
         if i >= off && shape.dim(i - off) == x.dim(i) {
             r.push(&[Sbp::S(i)], &[Sbp::S(i - off)]);

@@ -1,6 +1,6 @@
 //! Candidate tables of embedding lookup and its backward (scatter-add into the weight).
 
-use super::{Rules, PARTIALS};
+use super::{RuleMode, Rules, PARTIALS};
 use crate::{Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
@@ -9,14 +9,14 @@ const P: Sbp = Sbp::P;
 /// (ids [..r], weight [V, D]) -> [..r, D]: (S(i), B)->S(i); (B, S(1))->S(r); (B, P(op))->P(op);
 /// (B, B)->B. A vocabulary split of the weight (S(0)) is not offered: its local kernel would
 /// need the shard offset to mask ids.
-pub(super) fn forward(ids: &Shape, weight: &Shape) -> Result<Rules, String> {
+pub fn forward(ids: &Shape, weight: &Shape, mode: RuleMode) -> Result<Rules, String> {
     if weight.ndim() != 2 {
         return Err(format!("weight must be [V, D], got {weight} (ids {ids})"));
     }
     let rk = ids.ndim();
     let mut dims = ids.to_vec();
     dims.push(weight.dim(1));
-    let mut r = Rules::new(vec![Shape::new(dims)]);
+    let mut r = Rules::new(mode, [Shape::new(dims)]);
     for i in 0..rk {
         r.push(&[Sbp::S(i), B], &[Sbp::S(i)]);
     }
@@ -30,14 +30,19 @@ pub(super) fn forward(ids: &Shape, weight: &Shape) -> Result<Rules, String> {
 
 /// (ids [..r], dy [..r, D]) -> dweight [V, D]: (S(i), S(i))->P (each rank scatter-adds its
 /// rows); (B, S(r))->S(1); (B, P)->P; (B, B)->B.
-pub(super) fn backward(num_embeddings: usize, ids: &Shape, dy: &Shape) -> Result<Rules, String> {
+pub fn backward(
+    num_embeddings: usize,
+    ids: &Shape,
+    dy: &Shape,
+    mode: RuleMode,
+) -> Result<Rules, String> {
     let rk = ids.ndim();
     if dy.ndim() != rk + 1 || dy.dims()[..rk] != *ids.dims() {
         return Err(format!(
             "dy must be ids' shape plus [D]: ids {ids}, dy {dy}"
         ));
     }
-    let mut r = Rules::new(vec![Shape::from([num_embeddings, dy.dim(rk)])]);
+    let mut r = Rules::new(mode, [Shape::from([num_embeddings, dy.dim(rk)])]);
     for i in 0..rk {
         r.push(&[Sbp::S(i), Sbp::S(i)], &[P]);
     }

@@ -182,18 +182,29 @@ impl InferEngine {
         placement: &Placement,
         elem_size: usize,
     ) -> Result<Signature, SbpError> {
-        for (index, (shape, nd)) in inputs.iter().enumerate() {
-            check_nd_sbp(shape, placement, nd).map_err(|e| SbpError::Input {
-                op: op.to_string(),
-                index,
-                source: Box::new(e),
-            })?;
-        }
+        let name = op.to_string();
+        check_inputs(&name, inputs, placement)?;
         let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|(s, _)| *s).collect();
         let r = op_rules(op, &shapes, Some(inputs), placement)?;
+        Self::choose(&name, r, inputs, placement, elem_size)
+    }
+
+    /// The signature among `rules`' candidates (built in `RuleMode::Candidates` by the op's
+    /// rule builder for these input shapes; all-B is added when missing) whose input boxing
+    /// costs the fewest bytes, with the tie-breaks of `infer`. Uncached: callers that cache
+    /// their own plans use this. `op` names the op in errors.
+    pub fn choose(
+        op: &str,
+        mut rules: Rules,
+        inputs: &[(&Shape, &NdSbp)],
+        placement: &Placement,
+        elem_size: usize,
+    ) -> Result<Signature, SbpError> {
+        check_inputs(op, inputs, placement)?;
+        rules.push_all_broadcast(inputs.len());
         let mesh = placement.shape();
         let mut best: Option<(u64, usize, Vec<NdSbp>, Vec<NdSbp>)> = None;
-        for_each_nd(op, &shapes, &r, placement, |ins, outs| {
+        for_each_nd(&rules, placement, |ins, outs| {
             let mut cost = 0u64;
             let mut steps = 0usize;
             for ((shape, from), to) in inputs.iter().zip(ins) {
@@ -207,6 +218,7 @@ impl InferEngine {
                 best = Some((cost, steps, ins.to_vec(), outs.to_vec()));
             }
         });
+        let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|(s, _)| *s).collect();
         let (cost, _, inputs_nd, outputs) = best.ok_or_else(|| {
             op_error(
                 op,
@@ -219,7 +231,7 @@ impl InferEngine {
         Ok(Signature {
             inputs: inputs_nd,
             outputs,
-            output_shapes: r.out_shapes,
+            output_shapes: rules.out_shapes().to_vec(),
             cost,
         })
     }
@@ -233,11 +245,11 @@ impl InferEngine {
     ) -> Result<Vec<Signature>, SbpError> {
         let r = op_rules(op, shapes, None, placement)?;
         let mut out = Vec::new();
-        for_each_nd(op, shapes, &r, placement, |ins, outs| {
+        for_each_nd(&r, placement, |ins, outs| {
             out.push(Signature {
                 inputs: ins.to_vec(),
                 outputs: outs.to_vec(),
-                output_shapes: r.out_shapes.clone(),
+                output_shapes: r.out_shapes().to_vec(),
                 cost: 0,
             })
         });
@@ -247,7 +259,7 @@ impl InferEngine {
     /// Output shapes of `op` for these input shapes (shape inference alone).
     pub fn output_shapes(op: &OpKind, shapes: &[&Shape]) -> Result<Vec<Shape>, SbpError> {
         rules(op, shapes)
-            .map(|r| r.out_shapes)
+            .map(|r| r.out_shapes().to_vec())
             .map_err(|detail| SbpError::Op {
                 op: op.to_string(),
                 detail,
@@ -264,7 +276,24 @@ fn op_rules(
     inputs: Option<&[(&Shape, &NdSbp)]>,
     placement: &Placement,
 ) -> Result<Rules, SbpError> {
-    rules(op, shapes).map_err(|detail| op_error(op, shapes, inputs, placement, &detail))
+    rules(op, shapes)
+        .map_err(|detail| op_error(&op.to_string(), shapes, inputs, placement, &detail))
+}
+
+/// Each input's nd-SBP fits its shape and the placement.
+fn check_inputs(
+    op: &str,
+    inputs: &[(&Shape, &NdSbp)],
+    placement: &Placement,
+) -> Result<(), SbpError> {
+    for (index, (shape, nd)) in inputs.iter().enumerate() {
+        check_nd_sbp(shape, placement, nd).map_err(|e| SbpError::Input {
+            op: op.to_string(),
+            index,
+            source: Box::new(e),
+        })?;
+    }
+    Ok(())
 }
 
 fn shape_list(shapes: &[&Shape]) -> String {
@@ -273,7 +302,7 @@ fn shape_list(shapes: &[&Shape]) -> String {
 }
 
 fn op_error(
-    op: &OpKind,
+    op: &str,
     shapes: &[&Shape],
     inputs: Option<&[(&Shape, &NdSbp)]>,
     placement: &Placement,

@@ -1,6 +1,6 @@
 //! Candidate tables of the cross-entropy loss (per sample) and its backward.
 
-use super::Rules;
+use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
@@ -17,9 +17,9 @@ fn check(logits: &Shape, labels: &Shape) -> Result<(), String> {
 
 /// (logits [N, C], labels [N]) -> per-sample loss [N]: (S(0), S(0))->S(0); (B, B)->B.
 /// Splitting the classes would need a collective inside the op, so it is not offered.
-pub(super) fn forward(logits: &Shape, labels: &Shape) -> Result<Rules, String> {
+pub fn forward(logits: &Shape, labels: &Shape, mode: RuleMode) -> Result<Rules, String> {
     check(logits, labels)?;
-    let mut r = Rules::new(vec![labels.clone()]);
+    let mut r = Rules::new(mode, [labels.clone()]);
     r.push(&[Sbp::S(0), Sbp::S(0)], &[Sbp::S(0)]);
     r.push(&[B, B], &[B]);
     Ok(r)
@@ -27,7 +27,7 @@ pub(super) fn forward(logits: &Shape, labels: &Shape) -> Result<Rules, String> {
 
 /// (logits, labels, dloss [N]) -> dlogits [N, C]: S(0) on all -> S(0); (B, B, P)->P (linear
 /// in dloss); all B -> B.
-pub(super) fn backward(xs: &[&Shape]) -> Result<Rules, String> {
+pub fn backward(xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
     check(xs[0], xs[1])?;
     if xs[2] != xs[1] {
         return Err(format!(
@@ -35,7 +35,7 @@ pub(super) fn backward(xs: &[&Shape]) -> Result<Rules, String> {
             xs[2], xs[1]
         ));
     }
-    let mut r = Rules::new(vec![xs[0].clone()]);
+    let mut r = Rules::new(mode, [xs[0].clone()]);
     r.push(&[Sbp::S(0), Sbp::S(0), Sbp::S(0)], &[Sbp::S(0)]);
     r.push(&[B, B, P], &[P]);
     r.push(&[B, B, B], &[B]);

@@ -1,25 +1,38 @@
 //! Candidate tables of matmul and batch matmul.
 
-use super::Rules;
+use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
 const P: Sbp = Sbp::P;
 
-/// `a [m, k] @ b [k, n]`: (S(0),B)->S(0); (B,S(1))->S(1); (S(1),S(0))->P; (P,B)->P; (B,P)->P;
-/// (B,B)->B.
-pub(super) fn matmul(a: &Shape, b: &Shape) -> Result<Rules, String> {
-    if a.ndim() != 2 || b.ndim() != 2 || a.dim(1) != b.dim(0) {
-        return Err(format!("needs a [m, k] and b [k, n], got a {a} and b {b}"));
+/// `a [.., m, k] @ b [k, n] -> [.., m, n]`: (S(i), B)->S(i) for every dim i of `a` but k;
+/// (B, S(1))->S(last); (S(last), S(0))->P; (P,B)->P; (B,P)->P; (B,B)->B.
+pub fn matmul(a: &Shape, b: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    if a.ndim() < 1 || b.ndim() != 2 || a.dim(a.ndim() - 1) != b.dim(0) {
+        return Err(format!("needs a [.., k] and b [k, n], got a {a} and b {b}"));
     }
-    let mut r = Rules::new(vec![Shape::from([a.dim(0), b.dim(1)])]);
-    push_matmul(&mut r, 0);
+    let last = a.ndim() - 1;
+    let mut r = Rules::new(mode, [a.with_dim(last, b.dim(1))]);
+    for i in 0..last.saturating_sub(1) {
+        r.push(&[Sbp::S(i), B], &[Sbp::S(i)]);
+    }
+    if last == 0 {
+        // a [k]: only the contraction and the columns of b can be split.
+        r.push(&[B, Sbp::S(1)], &[Sbp::S(0)]);
+        r.push(&[Sbp::S(0), Sbp::S(0)], &[P]);
+        r.push(&[P, B], &[P]);
+        r.push(&[B, P], &[P]);
+        r.push(&[B, B], &[B]);
+    } else {
+        push_matmul(&mut r, last - 1, 0);
+    }
     Ok(r)
 }
 
 /// `a [..batch, m, k] @ b [..batch, k, n]`: S(batch) on both -> S(batch), then the matmul
 /// table on the last two dims.
-pub(super) fn batch_matmul(a: &Shape, b: &Shape) -> Result<Rules, String> {
+pub fn batch_matmul(a: &Shape, b: &Shape, mode: RuleMode) -> Result<Rules, String> {
     let n = a.ndim();
     if n < 2
         || b.ndim() != n
@@ -33,20 +46,22 @@ pub(super) fn batch_matmul(a: &Shape, b: &Shape) -> Result<Rules, String> {
     let mut dims = a.dims()[..n - 2].to_vec();
     dims.push(a.dim(n - 2));
     dims.push(b.dim(n - 1));
-    let mut r = Rules::new(vec![Shape::new(dims)]);
+    let mut r = Rules::new(mode, [Shape::new(dims)]);
     for i in 0..n - 2 {
         r.push(&[Sbp::S(i), Sbp::S(i)], &[Sbp::S(i)]);
     }
-    push_matmul(&mut r, n - 2);
+    push_matmul(&mut r, n - 2, n - 2);
     Ok(r)
 }
 
-/// The 2-d matmul table on dims `m = base`, `k`/`n = base + 1` of both operands.
-fn push_matmul(r: &mut Rules, base: usize) {
+/// The 2-d matmul table on dims `m = base`, `k = base + 1` of `a` and `k`/`n` of `b` (its last
+/// two dims), the output's `m`/`n` at `base`/`base + 1`.
+fn push_matmul(r: &mut Rules, base: usize, b_base: usize) {
     let (d0, d1) = (Sbp::S(base), Sbp::S(base + 1));
+    let (bk, bn) = (Sbp::S(b_base), Sbp::S(b_base + 1));
     r.push(&[d0, B], &[d0]);
-    r.push(&[B, d1], &[d1]);
-    r.push(&[d1, d0], &[P]);
+    r.push(&[B, bn], &[d1]);
+    r.push(&[d1, bk], &[P]);
     r.push(&[P, B], &[P]);
     r.push(&[B, P], &[P]);
     r.push(&[B, B], &[B]);

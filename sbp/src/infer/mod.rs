@@ -25,6 +25,22 @@ use smallvec::SmallVec;
 use crate::{NdSbp, ReduceOp, Sbp, Shape};
 
 pub use engine::{InferEngine, Signature, SignatureCache};
+
+/// The rule builders, one function per op (grouped by family): each checks the input shapes and
+/// returns the output shapes with the op's SBP candidates.
+pub mod rules {
+    pub use super::concat::{concat, slice};
+    pub use super::elementwise::{binary, broadcast_to, reduce_to_shape, unary};
+    pub use super::embedding::{backward as embedding_backward, forward as embedding};
+    pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
+    pub use super::matmul::{batch_matmul, matmul};
+    pub use super::norm::{backward as layer_norm_backward, forward as layer_norm};
+    pub use super::permute::permute;
+    pub use super::reduce::reduce;
+    pub use super::reshape::reshape;
+    pub use super::softmax::{backward as softmax_backward, forward as softmax};
+    pub use super::{RuleMode, Rules};
+}
 pub use op::{BinaryOp, Dims, OpKind, ReduceKind};
 
 /// SBPs of the inputs (or outputs) of one op.
@@ -37,10 +53,24 @@ pub(crate) struct AxisCand {
     pub outs: SbpList,
 }
 
-/// What an op family says about one call: output shapes and per-axis candidates in order.
-pub(crate) struct Rules {
-    pub out_shapes: Vec<Shape>,
-    pub axis: Vec<AxisCand>,
+/// What a rule builder produces: output shapes alone (for ops on local tensors, which need no
+/// candidates), or output shapes and SBP candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuleMode {
+    ShapesOnly,
+    Candidates,
+}
+
+/// What an op's rule builder says about one call: output shapes and, in
+/// `RuleMode::Candidates`, its per-axis candidates in order. Built by the functions of
+/// [`rules`](crate::rules) (one per op family), read by [`InferEngine::choose`].
+#[derive(Clone, Debug)]
+pub struct Rules {
+    out_shapes: SmallVec<[Shape; 1]>,
+    pub(crate) axis: Vec<AxisCand>,
+    mode: RuleMode,
+    /// A reshape's input shape: its n-d candidates need the nested-split check of `reshape`.
+    pub(crate) reshape_from: Option<Shape>,
 }
 
 /// The three partial reductions, in candidate order.
@@ -51,14 +81,27 @@ pub(crate) const PARTIALS: [Sbp; 3] = [
 ];
 
 impl Rules {
-    pub fn new(out_shapes: Vec<Shape>) -> Self {
+    pub fn new(mode: RuleMode, out_shapes: impl IntoIterator<Item = Shape>) -> Self {
         Rules {
-            out_shapes,
+            out_shapes: out_shapes.into_iter().collect(),
             axis: Vec::new(),
+            mode,
+            reshape_from: None,
         }
     }
-    /// Appends a per-axis candidate unless it is already listed.
+    /// The output shapes (one per output).
+    pub fn out_shapes(&self) -> &[Shape] {
+        &self.out_shapes
+    }
+    /// Output `i`'s shape, moved out.
+    pub fn into_out_shape(mut self, i: usize) -> Option<Shape> {
+        (i < self.out_shapes.len()).then(|| self.out_shapes.swap_remove(i))
+    }
+    /// Appends a per-axis candidate unless it is already listed (nothing in `ShapesOnly`).
     pub fn push(&mut self, ins: &[Sbp], outs: &[Sbp]) {
+        if self.mode == RuleMode::ShapesOnly {
+            return;
+        }
         let c = AxisCand {
             ins: ins.iter().copied().collect(),
             outs: outs.iter().copied().collect(),
@@ -73,6 +116,11 @@ impl Rules {
         let outs: SbpList = std::iter::repeat_n(sbp, n_out).collect();
         self.push(&ins, &outs);
     }
+    /// Appends all-B, which every op accepts, as the last candidate.
+    pub(crate) fn push_all_broadcast(&mut self, n_in: usize) {
+        let n_out = self.out_shapes.len();
+        self.push_uniform(n_in, n_out, Sbp::Broadcast);
+    }
 }
 
 /// Output shapes and per-axis candidates of `op` for these input shapes, or a detail message
@@ -85,60 +133,54 @@ pub(crate) fn rules(op: &OpKind, shapes: &[&Shape]) -> Result<Rules, String> {
     } else if shapes.is_empty() {
         return Err("takes at least one input, got none".into());
     }
+    let m = RuleMode::Candidates;
     let mut r = match op {
-        OpKind::MatMul => matmul::matmul(shapes[0], shapes[1])?,
-        OpKind::BatchMatMul => matmul::batch_matmul(shapes[0], shapes[1])?,
-        OpKind::Unary { linear } => elementwise::unary(shapes[0], *linear),
-        OpKind::Binary(b) => elementwise::binary(*b, shapes[0], shapes[1])?,
-        OpKind::BroadcastTo { shape } => elementwise::broadcast_to(shapes[0], shape)?,
-        OpKind::ReduceToShape { shape } => elementwise::reduce_to_shape(shapes[0], shape)?,
+        OpKind::MatMul => matmul::matmul(shapes[0], shapes[1], m)?,
+        OpKind::BatchMatMul => matmul::batch_matmul(shapes[0], shapes[1], m)?,
+        OpKind::Unary { linear } => elementwise::unary(shapes[0], *linear, m),
+        OpKind::Binary(b) => elementwise::binary(*b, shapes[0], shapes[1], m)?,
+        OpKind::BroadcastTo { shape } => elementwise::broadcast_to(shapes[0], shape, m)?,
+        OpKind::ReduceToShape { shape } => elementwise::reduce_to_shape(shapes[0], shape, m)?,
         OpKind::Reduce {
             kind,
             dims,
             keepdim,
-        } => reduce::reduce(*kind, dims, *keepdim, shapes[0])?,
-        OpKind::Softmax { dim } | OpKind::LogSoftmax { dim } => softmax::forward(*dim, shapes[0])?,
+        } => reduce::reduce(*kind, dims, *keepdim, shapes[0], m)?,
+        OpKind::Softmax { dim } | OpKind::LogSoftmax { dim } => {
+            softmax::forward(*dim, shapes[0], m)?
+        }
         OpKind::SoftmaxBackward { dim } | OpKind::LogSoftmaxBackward { dim } => {
-            softmax::backward(*dim, shapes[0], shapes[1])?
+            softmax::backward(*dim, shapes[0], shapes[1], m)?
         }
-        OpKind::Permute { perm } => permute::permute(perm, shapes[0])?,
-        OpKind::Reshape { shape } => reshape::reshape(shapes[0], shape)?,
-        OpKind::Concat { dim } => concat::concat(*dim, shapes)?,
-        OpKind::Slice { dim, start, end } => concat::slice(*dim, *start, *end, shapes[0])?,
-        OpKind::Embedding => embedding::forward(shapes[0], shapes[1])?,
+        OpKind::Permute { perm } => permute::permute(perm, shapes[0], m)?,
+        OpKind::Reshape { shape } => reshape::reshape(shapes[0], shape, m)?,
+        OpKind::Concat { dim } => concat::concat(*dim, shapes, m)?,
+        OpKind::Slice { dim, start, end } => concat::slice(*dim, *start, *end, shapes[0], m)?,
+        OpKind::Embedding => embedding::forward(shapes[0], shapes[1], m)?,
         OpKind::EmbeddingBackward { num_embeddings } => {
-            embedding::backward(*num_embeddings, shapes[0], shapes[1])?
+            embedding::backward(*num_embeddings, shapes[0], shapes[1], m)?
         }
-        OpKind::LayerNorm { normalized_dims } => norm::forward(*normalized_dims, shapes)?,
-        OpKind::LayerNormBackward { normalized_dims } => norm::backward(*normalized_dims, shapes)?,
-        OpKind::CrossEntropy => loss::forward(shapes[0], shapes[1])?,
-        OpKind::CrossEntropyBackward => loss::backward(shapes)?,
+        OpKind::LayerNorm { normalized_dims } => norm::forward(*normalized_dims, shapes, m)?,
+        OpKind::LayerNormBackward { normalized_dims } => {
+            norm::backward(*normalized_dims, shapes, m)?
+        }
+        OpKind::CrossEntropy => loss::forward(shapes[0], shapes[1], m)?,
+        OpKind::CrossEntropyBackward => loss::backward(shapes, m)?,
     };
-    // All-B is always a candidate.
-    let n_out = r.out_shapes.len();
-    r.push_uniform(shapes.len(), n_out, Sbp::Broadcast);
+    r.push_all_broadcast(shapes.len());
     Ok(r)
 }
 
 /// Whether an n-d candidate (one per-axis candidate index per mesh axis) is valid beyond what
-/// the per-axis tables say. Only reshape depends on the sizes each nested split sees.
-pub(crate) fn nd_ok(
-    op: &OpKind,
-    shapes: &[&Shape],
-    rules: &Rules,
-    placement: &Placement,
-    ins: &[NdSbp],
-    outs: &[NdSbp],
-) -> bool {
-    match op {
-        OpKind::Reshape { .. } => reshape::nd_ok(
-            shapes[0],
-            &rules.out_shapes[0],
-            placement,
-            &ins[0],
-            &outs[0],
-        ),
-        _ => true,
+/// the per-axis tables say: no tensor mixes partial reductions over its mesh axes (boxing runs
+/// one reduce op per tensor), and a reshape's nested splits line up.
+pub(crate) fn nd_ok(rules: &Rules, placement: &Placement, ins: &[NdSbp], outs: &[NdSbp]) -> bool {
+    if ins.iter().chain(outs).any(NdSbp::mixes_partials) {
+        return false;
+    }
+    match &rules.reshape_from {
+        Some(x) => reshape::nd_ok(x, &rules.out_shapes[0], placement, &ins[0], &outs[0]),
+        None => true,
     }
 }
 
@@ -147,8 +189,6 @@ pub(crate) fn nd_ok(
 /// input and output nd-SBPs of each, in buffers reused between calls (no allocation per
 /// candidate).
 pub(crate) fn for_each_nd(
-    op: &OpKind,
-    shapes: &[&Shape],
     rules: &Rules,
     placement: &Placement,
     mut visit: impl FnMut(&[NdSbp], &[NdSbp]),
@@ -168,7 +208,7 @@ pub(crate) fn for_each_nd(
         .collect();
     let mut idx: SmallVec<[usize; 4]> = SmallVec::from_elem(0, axes);
     loop {
-        if nd_ok(op, shapes, rules, placement, &ins, &outs) {
+        if nd_ok(rules, placement, &ins, &outs) {
             visit(&ins, &outs);
         }
         // Next index, last axis fastest; refresh the axes that changed.

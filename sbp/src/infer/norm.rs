@@ -1,6 +1,6 @@
 //! Candidate tables of layer normalisation and its backward.
 
-use super::Rules;
+use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
@@ -41,9 +41,9 @@ fn check(
 
 /// (x, weight, bias) -> y: (S(i), B, B)->S(i) for a leading (not normalised) dim i;
 /// (B, B, B)->B.
-pub(super) fn forward(k: usize, xs: &[&Shape]) -> Result<Rules, String> {
+pub fn forward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
     let lead = check(k, xs[0], xs[1], xs[2], "bias")?;
-    let mut r = Rules::new(vec![xs[0].clone()]);
+    let mut r = Rules::new(mode, [xs[0].clone()]);
     for i in 0..lead {
         r.push(&[Sbp::S(i), B, B], &[Sbp::S(i)]);
     }
@@ -53,9 +53,9 @@ pub(super) fn forward(k: usize, xs: &[&Shape]) -> Result<Rules, String> {
 
 /// (x, weight, dy) -> (dx, dweight, dbias): (S(i), B, S(i))->(S(i), P, P); (B, B, P)->(P, P, P)
 /// (all three are linear in dy); (B, B, B)->(B, B, B).
-pub(super) fn backward(k: usize, xs: &[&Shape]) -> Result<Rules, String> {
+pub fn backward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
     let lead = check(k, xs[0], xs[1], xs[2], "dy")?;
-    let mut r = Rules::new(vec![xs[0].clone(), xs[1].clone(), xs[1].clone()]);
+    let mut r = Rules::new(mode, [xs[0].clone(), xs[1].clone(), xs[1].clone()]);
     for i in 0..lead {
         r.push(&[Sbp::S(i), B, Sbp::S(i)], &[Sbp::S(i), P, P]);
     }

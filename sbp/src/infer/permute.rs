@@ -1,10 +1,10 @@
 //! Candidate table of permute (transpose is a permute).
 
-use super::{Rules, PARTIALS};
+use super::{RuleMode, Rules, PARTIALS};
 use crate::{Sbp, Shape};
 
 /// Output dim i is input dim perm[i]: S(perm[i]) -> S(i); B->B; any P->P.
-pub(super) fn permute(perm: &[usize], x: &Shape) -> Result<Rules, String> {
+pub fn permute(perm: &[usize], x: &Shape, mode: RuleMode) -> Result<Rules, String> {
     let n = x.ndim();
     let mut seen = vec![false; n];
     let valid = perm.len() == n
@@ -20,7 +20,7 @@ pub(super) fn permute(perm: &[usize], x: &Shape) -> Result<Rules, String> {
             "{perm:?} is not a permutation of the {n} dims of input {x}"
         ));
     }
-    let mut r = Rules::new(vec![Shape::new(perm.iter().map(|&p| x.dim(p)))]);
+    let mut r = Rules::new(mode, [Shape::new(perm.iter().map(|&p| x.dim(p)))]);
     for (i, &p) in perm.iter().enumerate() {
         r.push(&[Sbp::S(p)], &[Sbp::S(i)]);
     }

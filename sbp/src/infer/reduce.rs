@@ -1,19 +1,18 @@
 //! Candidate table of reductions (sum, mean, max, min over a set of dims, with keepdim).
 
-use super::Rules;
+use super::{RuleMode, Rules};
 use crate::{ReduceKind, ReduceOp, Sbp, Shape};
 
 /// S(d) over a reduced dim -> P (sum/mean), P(max) (max), P(min) (min); S(i) over a kept dim ->
 /// S(i') (i' after removing the reduced dims unless keepdim); B->B; P->P of the same reduction.
-pub(super) fn reduce(
+/// No dims (the reduction of a 0-d tensor, or over nothing) is the identity.
+pub fn reduce(
     kind: ReduceKind,
     dims: &[usize],
     keepdim: bool,
     x: &Shape,
+    mode: RuleMode,
 ) -> Result<Rules, String> {
-    if dims.is_empty() {
-        return Err(format!("needs at least one dim to reduce (input {x})"));
-    }
     if dims.windows(2).any(|w| w[0] >= w[1]) || dims.iter().any(|&d| d >= x.ndim()) {
         return Err(format!(
             "reduce dims {dims:?} must be sorted, distinct and below the input's {} dims (input {x})",
@@ -35,7 +34,7 @@ pub(super) fn reduce(
         ReduceKind::Max => ReduceOp::Max,
         ReduceKind::Min => ReduceOp::Min,
     });
-    let mut r = Rules::new(vec![Shape::new(out)]);
+    let mut r = Rules::new(mode, [Shape::new(out)]);
     for i in 0..x.ndim() {
         if dims.contains(&i) {
             r.push(&[Sbp::S(i)], &[partial]);

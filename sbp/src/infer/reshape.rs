@@ -4,7 +4,7 @@
 use oxiflow_placement::Placement;
 use smallvec::SmallVec;
 
-use super::{Rules, PARTIALS};
+use super::{RuleMode, Rules, PARTIALS};
 use crate::{BalancedSplitter, NdSbp, Sbp, Shape};
 
 /// A dim pair that may carry a split through a reshape: input dim `a` and output dim `b` lead
@@ -58,7 +58,7 @@ fn pairs(x: &Shape, y: &Shape) -> SmallVec<[Pair; 6]> {
 }
 
 /// S(a) -> S(b) for the leading dims of each group; B->B; any P->P.
-pub(super) fn reshape(x: &Shape, shape: &Shape) -> Result<Rules, String> {
+pub fn reshape(x: &Shape, shape: &Shape, mode: RuleMode) -> Result<Rules, String> {
     if x.numel() != shape.numel() {
         return Err(format!(
             "cannot reshape {x} ({} elements) to {shape} ({} elements)",
@@ -66,7 +66,8 @@ pub(super) fn reshape(x: &Shape, shape: &Shape) -> Result<Rules, String> {
             shape.numel()
         ));
     }
-    let mut r = Rules::new(vec![shape.clone()]);
+    let mut r = Rules::new(mode, [shape.clone()]);
+    r.reshape_from = Some(x.clone());
     for p in pairs(x, shape) {
         r.push(&[Sbp::S(p.a)], &[Sbp::S(p.b)]);
     }

@@ -6,32 +6,19 @@ use std::sync::Arc;
 use oxiflow_sbp::NdSbp;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::autograd_slot::GradFn;
 use crate::context::Context;
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
+use super::no_grad;
 use super::node::Node;
-use super::{no_grad, rules};
 
-fn node_of(t: &Tensor) -> Option<Arc<dyn GradFn>> {
+fn node_of(t: &Tensor) -> Option<Arc<Node>> {
     t.autograd().grad_fn()
 }
 
-fn as_node(f: &Arc<dyn GradFn>) -> Result<&Node> {
-    f.as_any()
-        .downcast_ref::<Node>()
-        .ok_or_else(|| TensorError::Autograd {
-            op: "backward",
-            detail: format!(
-                "grad_fn {} was not recorded by this autograd engine",
-                f.name()
-            ),
-        })
-}
-
-fn key(f: &Arc<dyn GradFn>) -> usize {
-    Arc::as_ptr(f) as *const () as usize
+fn key(f: &Arc<Node>) -> usize {
+    Arc::as_ptr(f) as usize
 }
 
 /// Ones with `t`'s shape, dtype and placement (the default seed gradient).
@@ -55,14 +42,14 @@ pub(crate) fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
 }
 
 /// Nodes reachable from `root`, each once, in reverse topological order (consumers first).
-fn topo_order(root: &Arc<dyn GradFn>) -> Result<Vec<Arc<dyn GradFn>>> {
-    let mut post: Vec<Arc<dyn GradFn>> = Vec::new();
+fn topo_order(root: &Arc<Node>) -> Result<Vec<Arc<Node>>> {
+    let mut post: Vec<Arc<Node>> = Vec::new();
     let mut seen: FxHashSet<usize> = FxHashSet::default();
     // (node, next input index to visit)
-    let mut stack: Vec<(Arc<dyn GradFn>, usize)> = vec![(root.clone(), 0)];
+    let mut stack: Vec<(Arc<Node>, usize)> = vec![(root.clone(), 0)];
     seen.insert(key(root));
     while let Some((f, i)) = stack.pop() {
-        let node = as_node(&f)?;
+        let node = &f;
         if i < node.inputs.len() {
             let next = if node.needs[i] {
                 node_of(&node.inputs[i])
@@ -127,8 +114,8 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
         let Some(dy) = grads.remove(&key(f)).flatten() else {
             continue;
         };
-        let node = as_node(f)?;
-        let dxs = rules::backward(node, &dy)?;
+        let node = f;
+        let dxs = node.backward(&dy)?;
         for ((input, need), dx) in node.inputs.iter().zip(&node.needs).zip(dxs) {
             let (true, Some(dx)) = (*need, dx) else {
                 continue;

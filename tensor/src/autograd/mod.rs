@@ -1,9 +1,9 @@
-//! Reverse-mode autograd for local and global tensors, recorded through the dispatch hook.
+//! Reverse-mode autograd for local and global tensors.
 //!
-//! Every op goes through `dispatch`, which calls the installed hook; the [`Recorder`] hook gives
-//! the output a [`Node`] (its `grad_fn`) when an input requires a gradient and grad mode is on.
-//! `backward()` walks the nodes once each in reverse topological order and runs each node's
-//! backward rule, built from ordinary ops (`sum_to_shape`, `unary_backward`, matmuls, ...), so
+//! Every op goes through `dispatch`, which calls [`record`]: the output gets a [`Node`] (its
+//! `grad_fn`) when an input requires a gradient and grad mode is on. `backward()` walks the
+//! nodes once each in reverse topological order and runs each node's backward rule (defined
+//! with its op in `op/`), built from ordinary ops (`sum_to_shape`, `unary_backward`, ...), so
 //! the gradients of global tensors get their nd-SBP by the same signature inference as the
 //! forward: the gradient of a B weight used with S(0) data comes out P. `to_global` (boxing) is
 //! the identity on values; its backward boxes the gradient back to the input's layout.
@@ -16,17 +16,18 @@
 //! ```
 
 mod engine;
+mod meta;
 mod node;
-mod rules;
 
 use std::cell::Cell;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use oxiflow_sbp::NdSbp;
 
+pub use meta::AutogradMeta;
 pub use node::Node;
 
-use crate::autograd_slot::set_dispatch_hook;
+use crate::op::Op;
 use crate::tensor::{Tensor, TensorImpl};
 use crate::Result;
 
@@ -63,12 +64,10 @@ pub fn set_grad_enabled(on: bool) -> GradModeGuard {
     GradModeGuard { prev }
 }
 
-static INSTALL: Once = Once::new();
-
-/// Installs the recording hook (idempotent). `requires_grad_(true)` calls it, so programs
-/// normally never need to.
-pub fn enable() {
-    INSTALL.call_once(|| set_dispatch_hook(Some(Arc::new(node::Recorder))));
+/// Records a dispatched op (global attributes) as `output`'s node when an input requires a
+/// gradient and grad mode is on. Called by `dispatch` after every op.
+pub(crate) fn record(op: Op, inputs: &[&Tensor], output: &Tensor) {
+    node::record_op(op, inputs, output)
 }
 
 /// Records a `to_global` (boxing or local -> global) of `input` into `output`, when `input`

@@ -1,15 +1,14 @@
-//! Backward-graph nodes and the dispatch hook that records them.
+//! Backward-graph nodes: how they are recorded and how each runs its backward rule.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::NdSbp;
+use oxiflow_sbp::{NdSbp, Sbp};
 
-use crate::autograd_slot::{DispatchHook, GradFn};
-use crate::op::Op;
+use crate::op::{Grad, Op};
 use crate::tensor::Tensor;
+use crate::Result;
 
 use super::is_grad_enabled;
 
@@ -37,15 +36,21 @@ impl fmt::Debug for Node {
     }
 }
 
-impl GradFn for Node {
-    fn name(&self) -> &str {
+impl Node {
+    /// The op the node differentiates.
+    pub fn name(&self) -> &str {
         match &self.kind {
             NodeKind::Op(op) => op.name(),
             NodeKind::ToGlobal { .. } => "to_global",
         }
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    /// Input gradients given the gradient `dy` of the output (None where not needed).
+    pub(crate) fn backward(&self, dy: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let x: Vec<Tensor> = self.inputs.iter().map(Tensor::detach).collect();
+        match &self.kind {
+            NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(&x[0], dy, nd_sbp)?)]),
+            NodeKind::Op(op) => op.backward(&Grad::new(&x, &self.output, dy, &self.needs)),
+        }
     }
 }
 
@@ -54,6 +59,9 @@ fn is_float(d: DType) -> bool {
 }
 
 fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor) {
+    if !inputs.iter().any(|t| t.requires_grad()) {
+        return;
+    }
     let needs: Vec<bool> = inputs
         .iter()
         .map(|t| t.requires_grad() && is_float(t.dtype()))
@@ -71,14 +79,10 @@ fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor) {
     output.autograd().set_grad_fn(Some(Arc::new(node)));
 }
 
-/// The hook `enable()` installs: records a node for every op with an input requiring grad.
-pub(crate) struct Recorder;
-
-impl DispatchHook for Recorder {
-    fn after_op(&self, op: &Op, inputs: &[&Tensor], output: &Tensor) {
-        if is_grad_enabled() {
-            attach(NodeKind::Op(op.clone()), inputs, output);
-        }
+/// Records `op` as `output`'s node when grad mode is on and an input requires a gradient.
+pub(crate) fn record_op(op: Op, inputs: &[&Tensor], output: &Tensor) {
+    if is_grad_enabled() {
+        attach(NodeKind::Op(op), inputs, output);
     }
 }
 
@@ -89,4 +93,21 @@ pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) 
         };
         attach(kind, &[input], output);
     }
+}
+
+/// Gradient of `to_global`: the output gradient boxed back to the input's layout. A local input
+/// (this rank's piece) gets its piece of the gradient, partial-sum axes read as broadcast.
+fn to_global_backward(x: &Tensor, dy: &Tensor, target: &NdSbp) -> Result<Tensor> {
+    if let (Some(p), Some(s)) = (x.placement(), x.nd_sbp()) {
+        return dy.to_global(p, s.clone());
+    }
+    let Some(p) = dy.placement() else {
+        return Ok(dy.clone());
+    };
+    let piece_sbp = NdSbp::new(
+        target
+            .iter()
+            .map(|s| if s.is_partial() { Sbp::B } else { s }),
+    );
+    Ok(dy.to_global(p, piece_sbp)?.to_local())
 }

@@ -18,6 +18,7 @@ mod boxing;
 mod copy;
 mod create;
 mod kernels;
+mod ops;
 mod piece;
 mod precision;
 mod storage;

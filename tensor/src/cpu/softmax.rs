@@ -1,68 +1,13 @@
-//! Reduction CPU kernels: sum/mean/max over dims, softmax/log_softmax (and their backward),
-//! and sum-to-shape (the reverse of broadcasting).
+//! Softmax CPU kernels: softmax and log-softmax over one dim, and their backward.
 
-use ndarray::{ArrayD, ArrayViewMutD, Axis, IxDyn, Zip};
+use ndarray::{ArrayD, ArrayViewMutD, Axis, Zip};
 
-use crate::element::{FloatElement, TensorElement};
-use crate::kernels::elementwise::PAR_THRESHOLD;
+use super::elementwise::PAR_THRESHOLD;
+use super::{checked, CpuBackend};
+use crate::element::FloatElement;
+use crate::op::{OutSpec, SoftmaxKernels};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
-
-fn reduce_dims<T: TensorElement>(
-    a: &ArrayD<T>,
-    dims: &[usize],
-    keepdim: bool,
-    max: bool,
-) -> ArrayD<T> {
-    let mut sorted: Vec<usize> = dims.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut out = a.clone();
-    for &d in sorted.iter().rev() {
-        out = if max {
-            out.fold_axis(
-                Axis(d),
-                T::lowest(),
-                |&acc, &x| if x > acc { x } else { acc },
-            )
-        } else {
-            out.sum_axis(Axis(d))
-        };
-        if keepdim {
-            out = out.insert_axis(Axis(d));
-        }
-    }
-    out
-}
-
-/// Sum (or max) over `dims`.
-pub fn reduce(a: &CpuArray, dims: &[usize], keepdim: bool, max: bool) -> CpuArray {
-    match a {
-        CpuArray::F32(a) => CpuArray::F32(reduce_dims(a, dims, keepdim, max)),
-        CpuArray::F64(a) => CpuArray::F64(reduce_dims(a, dims, keepdim, max)),
-        CpuArray::I64(a) => CpuArray::I64(reduce_dims(a, dims, keepdim, max)),
-    }
-}
-
-/// Sum over `dims` times 1 / `count` (`count` = 0: the number of reduced elements of `a`).
-pub fn mean(a: &CpuArray, dims: &[usize], keepdim: bool, count: usize) -> Result<CpuArray> {
-    let count = if count == 0 {
-        dims.iter().map(|&d| a.shape()[d]).product::<usize>()
-    } else {
-        count
-    };
-    let inv = 1.0 / count as f64;
-    Ok(match reduce(a, dims, keepdim, false) {
-        CpuArray::F32(s) => CpuArray::F32(s * inv as f32),
-        CpuArray::F64(s) => CpuArray::F64(s * inv),
-        CpuArray::I64(_) => {
-            return Err(TensorError::Kernel {
-                op: "mean",
-                detail: "needs a float input".into(),
-            })
-        }
-    })
-}
 
 /// Runs `f` on every lane of `out` along `dim` (rayon when large).
 fn for_lanes<F: FloatElement>(
@@ -165,24 +110,18 @@ pub fn softmax_backward(dy: &CpuArray, y: &CpuArray, dim: usize, log: bool) -> R
     }
 }
 
-/// Sums `a` down to `shape` (which broadcasts to `a`'s shape).
-pub fn sum_to_shape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
-    let s = a.shape();
-    let lead = s.len() - shape.len();
-    let dims: Vec<usize> = (0..s.len())
-        .filter(|&d| d < lead || (shape[d - lead] == 1 && s[d] != 1))
-        .collect();
-    let r = reduce(a, &dims, true, false);
-    fn reshape<T: TensorElement>(a: ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
-        a.into_shape_with_order(IxDyn(shape)).ok()
+impl SoftmaxKernels for CpuBackend {
+    fn softmax(&self, x: &CpuArray, dim: usize, log: bool, out: &OutSpec) -> Result<CpuArray> {
+        checked("softmax", softmax(x, dim, log)?, out)
     }
-    let out = match r {
-        CpuArray::F32(a) => reshape(a, shape).map(CpuArray::F32),
-        CpuArray::F64(a) => reshape(a, shape).map(CpuArray::F64),
-        CpuArray::I64(a) => reshape(a, shape).map(CpuArray::I64),
-    };
-    out.ok_or_else(|| TensorError::Kernel {
-        op: "sum_to_shape",
-        detail: format!("cannot sum {s:?} to {shape:?}"),
-    })
+    fn softmax_backward(
+        &self,
+        y: &CpuArray,
+        dy: &CpuArray,
+        dim: usize,
+        log: bool,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        checked("softmax_backward", softmax_backward(dy, y, dim, log)?, out)
+    }
 }

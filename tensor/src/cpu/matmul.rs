@@ -6,7 +6,9 @@ use ndarray::{Array2, Array3, ArrayD, Axis, Ix2, Ix3, IxDyn, Zip};
 
 use ndarray::parallel::prelude::*;
 
+use super::{checked, CpuBackend};
 use crate::element::TensorElement;
+use crate::op::{MatmulKernels, OutSpec};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
 
@@ -97,4 +99,13 @@ pub fn batch_matmul(a: &CpuArray, b: &CpuArray) -> Result<CpuArray> {
         _ => None,
     };
     out.ok_or_else(|| err("batch_matmul", a.shape(), b.shape()))
+}
+
+impl MatmulKernels for CpuBackend {
+    fn matmul(&self, a: &CpuArray, b: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked("matmul", matmul(a, b)?, out)
+    }
+    fn batch_matmul(&self, a: &CpuArray, b: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked("batch_matmul", batch_matmul(a, b)?, out)
+    }
 }

@@ -2,7 +2,9 @@
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
+use super::{checked, CpuBackend};
 use crate::element::TensorElement;
+use crate::op::{LayoutKernels, OutSpec};
 use crate::storage::CpuArray;
 use crate::{with_array, Result, TensorError};
 
@@ -84,4 +86,26 @@ pub fn narrow(a: &CpuArray, dim: usize, start: usize, len: usize) -> Result<CpuA
 /// Wraps an owned array as storage (helper for the generic macro arms above).
 fn wrap<T: TensorElement>(a: ArrayD<T>) -> CpuArray {
     T::wrap(a)
+}
+
+impl LayoutKernels for CpuBackend {
+    fn permute(&self, x: &CpuArray, perm: &[usize], out: &OutSpec) -> Result<CpuArray> {
+        checked("permute", permute(x, perm), out)
+    }
+    fn reshape(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked("reshape", reshape(x, out.shape.dims())?, out)
+    }
+    fn concat(&self, parts: &[&CpuArray], dim: usize, out: &OutSpec) -> Result<CpuArray> {
+        checked("concat", concat(parts, dim)?, out)
+    }
+    fn narrow(
+        &self,
+        x: &CpuArray,
+        dim: usize,
+        start: usize,
+        len: usize,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        checked("narrow", narrow(x, dim, start, len)?, out)
+    }
 }

@@ -4,8 +4,9 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 use oxiflow_sbp::Shape;
 
+use super::{checked, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{BinaryOp, ScalarOp, UnaryOp};
+use crate::op::{BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
 
@@ -35,8 +36,7 @@ fn zip2<T: TensorElement>(
             z.map_collect(|&x, &y| f(x, y))
         });
     }
-    let shape =
-        crate::sig::meta::broadcast_shapes(&Shape::from(a.shape()), &Shape::from(b.shape()))?;
+    let shape = crate::op::broadcast_shapes(&Shape::from(a.shape()), &Shape::from(b.shape()))?;
     let av = a.broadcast(IxDyn(shape.dims()))?;
     let bv = b.broadcast(IxDyn(shape.dims()))?;
     let z = Zip::from(&av).and(&bv);
@@ -213,7 +213,26 @@ pub fn binary(b: BinaryOp, x: &CpuArray, y: &CpuArray) -> Result<CpuArray> {
     })
 }
 
-/// An array of `shape` holding `v` everywhere.
-pub fn full<T: TensorElement>(shape: &[usize], v: T) -> ArrayD<T> {
-    ArrayD::from_elem(IxDyn(shape), v)
+impl ElementwiseKernels for CpuBackend {
+    fn unary(&self, u: UnaryOp, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked(u.name(), unary(u, x)?, out)
+    }
+    fn scalar(&self, s: ScalarOp, c: f64, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked(s.name(), scalar(s, x, c)?, out)
+    }
+    fn binary(&self, b: BinaryOp, x: &CpuArray, y: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked(b.name(), binary(b, x, y)?, out)
+    }
+    fn cast(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked("cast", x.cast(out.dtype), out)
+    }
+    fn unary_backward(
+        &self,
+        u: UnaryOp,
+        dy: &CpuArray,
+        x: &CpuArray,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        checked(u.backward_name(), unary_backward(u, dy, x)?, out)
+    }
 }

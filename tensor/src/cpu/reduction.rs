@@ -1,0 +1,110 @@
+//! Reduction CPU kernels: sum/mean/max over dims and sum-to-shape (the reverse of
+//! broadcasting).
+
+use ndarray::{ArrayD, Axis, IxDyn};
+
+use super::{checked, CpuBackend};
+use crate::element::TensorElement;
+use crate::op::{OutSpec, ReductionKernels};
+use crate::storage::CpuArray;
+use crate::{Result, TensorError};
+
+fn reduce_dims<T: TensorElement>(
+    a: &ArrayD<T>,
+    dims: &[usize],
+    keepdim: bool,
+    max: bool,
+) -> ArrayD<T> {
+    let mut sorted: Vec<usize> = dims.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out = a.clone();
+    for &d in sorted.iter().rev() {
+        out = if max {
+            out.fold_axis(
+                Axis(d),
+                T::lowest(),
+                |&acc, &x| if x > acc { x } else { acc },
+            )
+        } else {
+            out.sum_axis(Axis(d))
+        };
+        if keepdim {
+            out = out.insert_axis(Axis(d));
+        }
+    }
+    out
+}
+
+/// Sum (or max) over `dims`.
+pub fn reduce(a: &CpuArray, dims: &[usize], keepdim: bool, max: bool) -> CpuArray {
+    match a {
+        CpuArray::F32(a) => CpuArray::F32(reduce_dims(a, dims, keepdim, max)),
+        CpuArray::F64(a) => CpuArray::F64(reduce_dims(a, dims, keepdim, max)),
+        CpuArray::I64(a) => CpuArray::I64(reduce_dims(a, dims, keepdim, max)),
+    }
+}
+
+/// Sum over `dims` times 1 / `count` (`count` = 0: the number of reduced elements of `a`).
+pub fn mean(a: &CpuArray, dims: &[usize], keepdim: bool, count: usize) -> Result<CpuArray> {
+    let count = if count == 0 {
+        dims.iter().map(|&d| a.shape()[d]).product::<usize>()
+    } else {
+        count
+    };
+    let inv = 1.0 / count as f64;
+    Ok(match reduce(a, dims, keepdim, false) {
+        CpuArray::F32(s) => CpuArray::F32(s * inv as f32),
+        CpuArray::F64(s) => CpuArray::F64(s * inv),
+        CpuArray::I64(_) => {
+            return Err(TensorError::Kernel {
+                op: "mean",
+                detail: "needs a float input".into(),
+            })
+        }
+    })
+}
+
+/// Sums `a` down to `shape` (which broadcasts to `a`'s shape).
+pub fn sum_to_shape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
+    let s = a.shape();
+    let lead = s.len() - shape.len();
+    let dims: Vec<usize> = (0..s.len())
+        .filter(|&d| d < lead || (shape[d - lead] == 1 && s[d] != 1))
+        .collect();
+    let r = reduce(a, &dims, true, false);
+    fn reshape<T: TensorElement>(a: ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
+        a.into_shape_with_order(IxDyn(shape)).ok()
+    }
+    let out = match r {
+        CpuArray::F32(a) => reshape(a, shape).map(CpuArray::F32),
+        CpuArray::F64(a) => reshape(a, shape).map(CpuArray::F64),
+        CpuArray::I64(a) => reshape(a, shape).map(CpuArray::I64),
+    };
+    out.ok_or_else(|| TensorError::Kernel {
+        op: "sum_to_shape",
+        detail: format!("cannot sum {s:?} to {shape:?}"),
+    })
+}
+
+impl ReductionKernels for CpuBackend {
+    fn sum(
+        &self,
+        x: &CpuArray,
+        dims: &[usize],
+        keepdim: bool,
+        count: Option<usize>,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        match count {
+            Some(count) => checked("mean", mean(x, dims, keepdim, count)?, out),
+            None => checked("sum", reduce(x, dims, keepdim, false), out),
+        }
+    }
+    fn max(&self, x: &CpuArray, dims: &[usize], keepdim: bool, out: &OutSpec) -> Result<CpuArray> {
+        checked("max", reduce(x, dims, keepdim, true), out)
+    }
+    fn sum_to_shape(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
+        checked("sum_to_shape", sum_to_shape(x, out.shape.dims())?, out)
+    }
+}

@@ -1,0 +1,154 @@
+//! Element-wise CUDA kernels: unary, scalar and broadcasting binary functions, casts, and the
+//! unary functions' backward.
+
+use super::super::derr;
+use super::super::kernels::{grid, launch, sfx, strides, Nd};
+use super::super::storage::CudaStorage;
+use super::{float_only, CudaKernels};
+use crate::op::{BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
+use crate::Result;
+use oxiflow_collectives::DType;
+
+fn unary_code(u: UnaryOp) -> i32 {
+    match u {
+        UnaryOp::Neg => 0,
+        UnaryOp::Relu => 1,
+        UnaryOp::Gelu => 2,
+        UnaryOp::Exp => 3,
+        UnaryOp::Log => 4,
+        UnaryOp::Tanh => 5,
+        UnaryOp::Sigmoid => 6,
+        UnaryOp::Sqrt => 7,
+        UnaryOp::Abs => 8,
+        UnaryOp::Square => 9,
+    }
+}
+
+impl ElementwiseKernels for CudaKernels {
+    fn unary(&self, u: UnaryOp, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, u.name());
+        let (dt, n) = (a.dtype, a.numel());
+        let y = self.alloc(out)?;
+        let (nn, code, xp, yp) = (n as i64, unary_code(u), a.ptr(), y.ptr());
+        if dt == DType::I64 {
+            if !u.takes_integers() {
+                return Err(derr(name, "needs a float input, got i64"));
+            }
+            if n > 0 {
+                launch!(rt, name, "unary_i64", grid(n); nn, code, xp, yp)?;
+            }
+        } else if n > 0 {
+            launch!(rt, name, format!("unary_{}", sfx(dt)), grid(n); nn, code, xp, yp)?;
+        }
+        Ok(y)
+    }
+
+    fn scalar(&self, s: ScalarOp, c: f64, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, s.name());
+        let code: i32 = match s {
+            ScalarOp::Add => 0,
+            ScalarOp::Mul => 1,
+            ScalarOp::RSub => 2,
+            ScalarOp::RDiv => 3,
+            ScalarOp::Pow => 4,
+        };
+        let (dt, n) = (a.dtype, a.numel());
+        if dt == DType::I64 && !s.takes_integers() {
+            return Err(derr(name, "needs a float input, got i64"));
+        }
+        let y = self.alloc(out)?;
+        let (nn, cv, xp, yp) = (n as i64, c, a.ptr(), y.ptr());
+        if n > 0 {
+            launch!(rt, name, format!("scalar_{}", sfx(dt)), grid(n); nn, code, cv, xp, yp)?;
+        }
+        Ok(y)
+    }
+
+    fn binary(
+        &self,
+        b: BinaryOp,
+        a: &CudaStorage,
+        x1: &CudaStorage,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, b.name());
+        let dt = a.dtype;
+        if dt == DType::I64 && b == BinaryOp::Div {
+            return Err(derr(name, "integer division is not supported on cuda"));
+        }
+        if x1.dtype != dt {
+            return Err(derr(name, format!("dtypes {} and {}", dt, x1.dtype)));
+        }
+        let od = out.shape.dims();
+        if a.shape.ndim() > od.len() || x1.shape.ndim() > od.len() {
+            return Err(derr(
+                name,
+                format!(
+                    "{} and {} do not broadcast to {}",
+                    a.shape, x1.shape, out.shape
+                ),
+            ));
+        }
+        let bstr = |s: &CudaStorage| -> Vec<i64> {
+            let sd = s.shape.dims();
+            let st = strides(sd);
+            let lead = od.len() - sd.len();
+            (0..od.len())
+                .map(|i| {
+                    if i < lead || sd[i - lead] == 1 {
+                        0
+                    } else {
+                        st[i - lead]
+                    }
+                })
+                .collect()
+        };
+        let (sa, sb) = (bstr(a), bstr(x1));
+        let p = Nd::new(od, &sa, &sb).ok_or_else(|| derr(name, "more than 8 broadcast dims"))?;
+        let y = self.alloc(out)?;
+        let code: i32 = match b {
+            BinaryOp::Add => 0,
+            BinaryOp::Sub => 1,
+            BinaryOp::Mul => 2,
+            BinaryOp::Div => 3,
+        };
+        let m = y.numel();
+        let (nn, ap, bp, yp) = (m as i64, a.ptr(), x1.ptr(), y.ptr());
+        if m > 0 {
+            launch!(rt, name, format!("binary_{}", sfx(dt)), grid(m); nn, code, p, ap, bp, yp)?;
+        }
+        Ok(y)
+    }
+
+    fn cast(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, "cast");
+        let (dt, n, to) = (a.dtype, a.numel(), out.dtype);
+        if to == dt {
+            return Ok(a.clone());
+        }
+        let y = self.alloc(out)?;
+        let (nn, xp, yp) = (n as i64, a.ptr(), y.ptr());
+        if n > 0 {
+            launch!(rt, name, format!("cast_{}_{}", sfx(dt), sfx(to)), grid(n); nn, xp, yp)?;
+        }
+        Ok(y)
+    }
+
+    fn unary_backward(
+        &self,
+        u: UnaryOp,
+        dy: &CudaStorage,
+        x: &CudaStorage,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, u.backward_name());
+        let (dt, n) = (dy.dtype, dy.numel());
+        float_only(name, dt)?;
+        let y = self.alloc(out)?;
+        let (nn, code, gp, xp, yp) = (n as i64, unary_code(u), dy.ptr(), x.ptr(), y.ptr());
+        if n > 0 {
+            launch!(rt, name, format!("unary_bw_{}", sfx(dt)), grid(n); nn, code, gp, xp, yp)?;
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,113 @@
+//! Reduction CUDA kernels: sum, mean and max over dims (a permute then a per-row reduction),
+//! and sum-to-shape.
+
+use std::sync::Arc;
+
+use oxiflow_sbp::Shape;
+
+use super::super::kernels::{launch, per_row, sfx};
+use super::super::storage::CudaStorage;
+use super::super::CudaRuntime;
+use super::{float_only, permute, CudaKernels};
+use crate::op::{OutSpec, ReductionKernels};
+use crate::Result;
+
+/// Sum (or max) over `dims`, times `scale`; output keeps reduced dims as 1 when `keepdim`.
+fn reduce(
+    rt: &Arc<CudaRuntime>,
+    op: &'static str,
+    x: &CudaStorage,
+    dims: &[usize],
+    keepdim: bool,
+    max: bool,
+    scale: f64,
+) -> Result<CudaStorage> {
+    let d = x.shape.dims();
+    let mut red: Vec<usize> = dims.to_vec();
+    red.sort_unstable();
+    red.dedup();
+    let keep: Vec<usize> = (0..d.len()).filter(|i| !red.contains(i)).collect();
+    let perm: Vec<usize> = keep.iter().chain(red.iter()).copied().collect();
+    let rows: usize = keep.iter().map(|&i| d[i]).product();
+    let len: usize = red.iter().map(|&i| d[i]).product();
+    let out_dims: Vec<usize> = if keepdim {
+        (0..d.len())
+            .map(|i| if red.contains(&i) { 1 } else { d[i] })
+            .collect()
+    } else {
+        keep.iter().map(|&i| d[i]).collect()
+    };
+    let out = CudaStorage::alloc(rt, x.dtype, Shape::from(out_dims.as_slice()))?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let identity = perm.iter().enumerate().all(|(i, &p)| i == p);
+    let tmp;
+    let src = if identity || len <= 1 {
+        x
+    } else {
+        tmp = permute(rt, x, &perm)?;
+        &tmp
+    };
+    let (r, l, mx, sc, xp, yp) = (
+        rows as i64,
+        len as i64,
+        max as i32,
+        scale,
+        src.ptr(),
+        out.ptr(),
+    );
+    let name = format!("reduce_rows_{}", sfx(x.dtype));
+    launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)?;
+    Ok(out)
+}
+
+impl ReductionKernels for CudaKernels {
+    fn sum(
+        &self,
+        x: &CudaStorage,
+        dims: &[usize],
+        keepdim: bool,
+        count: Option<usize>,
+        _out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        match count {
+            Some(count) => {
+                float_only("mean", x.dtype)?;
+                reduce(
+                    &self.rt,
+                    "mean",
+                    x,
+                    dims,
+                    keepdim,
+                    false,
+                    1.0 / count.max(1) as f64,
+                )
+            }
+            None => reduce(&self.rt, "sum", x, dims, keepdim, false, 1.0),
+        }
+    }
+
+    fn max(
+        &self,
+        x: &CudaStorage,
+        dims: &[usize],
+        keepdim: bool,
+        _out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        reduce(&self.rt, "max", x, dims, keepdim, true, 1.0)
+    }
+
+    fn sum_to_shape(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+        let s = a.shape.dims();
+        let t = out.shape.dims();
+        let lead = s.len().saturating_sub(t.len());
+        let dims: Vec<usize> = (0..s.len())
+            .filter(|&d| d < lead || (t[d - lead] == 1 && s[d] != 1))
+            .collect();
+        Ok(
+            reduce(&self.rt, "sum_to_shape", a, &dims, true, false, 1.0)?
+                .reshaped(out.shape.clone()),
+        )
+    }
+}

@@ -1,0 +1,69 @@
+//! Softmax CUDA kernels: softmax / log-softmax over one dim and their backward, one thread per
+//! lane.
+
+use super::super::kernels::{grid, launch, sfx};
+use super::super::storage::CudaStorage;
+use super::{float_only, lanes, CudaKernels};
+use crate::op::{OutSpec, SoftmaxKernels};
+use crate::Result;
+
+impl SoftmaxKernels for CudaKernels {
+    fn softmax(
+        &self,
+        a: &CudaStorage,
+        dim: usize,
+        log: bool,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        let (rt, name) = (&self.rt, if log { "log_softmax" } else { "softmax" });
+        let dt = a.dtype;
+        float_only(name, dt)?;
+        let (o, len, inner) = lanes(&a.shape, dim);
+        let y = self.alloc(out)?;
+        let (l, nn, inn, lg, xp, yp) = (
+            (o * inner) as i64,
+            len as i64,
+            inner as i64,
+            log as i32,
+            a.ptr(),
+            y.ptr(),
+        );
+        if o * inner > 0 {
+            launch!(rt, name, format!("softmax_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, xp, yp)?;
+        }
+        Ok(y)
+    }
+
+    fn softmax_backward(
+        &self,
+        yv: &CudaStorage,
+        dy: &CudaStorage,
+        dim: usize,
+        log: bool,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        let rt = &self.rt;
+        let name = if log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        };
+        let dt = yv.dtype;
+        float_only(name, dt)?;
+        let (o, len, inner) = lanes(&yv.shape, dim);
+        let y = self.alloc(out)?;
+        let lg = log as i32;
+        let (l, nn, inn, yp, gp, dp) = (
+            (o * inner) as i64,
+            len as i64,
+            inner as i64,
+            yv.ptr(),
+            dy.ptr(),
+            y.ptr(),
+        );
+        if o * inner > 0 {
+            launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, yp, gp, dp)?;
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,372 @@
+//! Element-wise ops: unary functions, tensor-scalar functions, broadcasting binary ops, casts and
+//! the unary functions' backward (`dx = dy * f'(x)`).
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
+
+use super::grad::{sum_to, Grad};
+use super::{
+    need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
+    OpFamily, OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// Element-wise unary functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Relu,
+    /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    Gelu,
+    Exp,
+    Log,
+    Tanh,
+    Sigmoid,
+    Sqrt,
+    Abs,
+    Square,
+}
+
+impl UnaryOp {
+    /// Linear functions keep a partial-sum SBP.
+    pub fn is_linear(self) -> bool {
+        matches!(self, UnaryOp::Neg)
+    }
+    /// Whether the function is defined on i64 (the others need a float dtype).
+    pub fn takes_integers(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs | UnaryOp::Square
+        )
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Square => "square",
+        }
+    }
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg_backward",
+            UnaryOp::Relu => "relu_backward",
+            UnaryOp::Gelu => "gelu_backward",
+            UnaryOp::Exp => "exp_backward",
+            UnaryOp::Log => "log_backward",
+            UnaryOp::Tanh => "tanh_backward",
+            UnaryOp::Sigmoid => "sigmoid_backward",
+            UnaryOp::Sqrt => "sqrt_backward",
+            UnaryOp::Abs => "abs_backward",
+            UnaryOp::Square => "square_backward",
+        }
+    }
+}
+
+/// Broadcasting binary functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+        }
+    }
+    fn sbp(self) -> SbpBinary {
+        match self {
+            BinaryOp::Add => SbpBinary::Add,
+            BinaryOp::Sub => SbpBinary::Sub,
+            BinaryOp::Mul => SbpBinary::Mul,
+            BinaryOp::Div => SbpBinary::Div,
+        }
+    }
+}
+
+/// Functions of a tensor and a scalar `c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarOp {
+    /// x + c
+    Add,
+    /// x * c (linear: keeps P)
+    Mul,
+    /// c - x
+    RSub,
+    /// c / x
+    RDiv,
+    /// x ^ c
+    Pow,
+}
+
+impl ScalarOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarOp::Add => "add_scalar",
+            ScalarOp::Mul => "mul_scalar",
+            ScalarOp::RSub => "rsub_scalar",
+            ScalarOp::RDiv => "rdiv_scalar",
+            ScalarOp::Pow => "pow_scalar",
+        }
+    }
+    /// Whether the function is defined on i64.
+    pub fn takes_integers(self) -> bool {
+        matches!(self, ScalarOp::Add | ScalarOp::Mul | ScalarOp::RSub)
+    }
+}
+
+/// The element-wise family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ElementwiseOp {
+    Unary(UnaryOp),
+    Scalar(ScalarOp, F64Bits),
+    Binary(BinaryOp),
+    Cast(DType),
+    /// (dy, x) -> dx for y = f(x)
+    UnaryBackward(UnaryOp),
+}
+
+/// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
+/// `binary` broadcasts both operands to `out.shape`.
+pub trait ElementwiseKernels: KernelBackend {
+    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn binary(
+        &self,
+        b: BinaryOp,
+        x: &Self::Piece,
+        y: &Self::Piece,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    fn cast(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn unary_backward(
+        &self,
+        u: UnaryOp,
+        dy: &Self::Piece,
+        x: &Self::Piece,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+}
+
+/// Broadcast two shapes (numpy rules, aligned from the right).
+pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Option<Shape> {
+    rules::binary(SbpBinary::Add, a, b, RuleMode::ShapesOnly)
+        .ok()
+        .and_then(|r| r.into_out_shape(0))
+}
+
+impl OpFamily for ElementwiseOp {
+    fn name(&self) -> &'static str {
+        match self {
+            ElementwiseOp::Unary(u) => u.name(),
+            ElementwiseOp::Scalar(s, _) => s.name(),
+            ElementwiseOp::Binary(b) => b.name(),
+            ElementwiseOp::Cast(_) => "cast",
+            ElementwiseOp::UnaryBackward(u) => u.backward_name(),
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        match self {
+            ElementwiseOp::Binary(_) | ElementwiseOp::UnaryBackward(_) => (2, 2),
+            _ => (1, 1),
+        }
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        match self {
+            ElementwiseOp::Unary(u) => {
+                if !u.takes_integers() {
+                    need_float(d[0], "input")?;
+                }
+                Ok(Inferred::new(rules::unary(s[0], u.is_linear(), mode), d[0]))
+            }
+            ElementwiseOp::Scalar(op, _) => {
+                if !op.takes_integers() {
+                    need_float(d[0], "input")?;
+                }
+                let linear = *op == ScalarOp::Mul;
+                Ok(Inferred::new(rules::unary(s[0], linear, mode), d[0]))
+            }
+            ElementwiseOp::Cast(to) => Ok(Inferred::new(rules::unary(s[0], false, mode), *to)),
+            ElementwiseOp::Binary(b) => {
+                let dt = same_dtype(d)?;
+                if dt == DType::I64 && *b == BinaryOp::Div {
+                    return Err(MetaError::DType(
+                        "division needs a float dtype, got i64".into(),
+                    ));
+                }
+                Ok(Inferred::new(
+                    shape_rule(rules::binary(b.sbp(), s[0], s[1], mode))?,
+                    dt,
+                ))
+            }
+            ElementwiseOp::UnaryBackward(_) => {
+                let dt = same_dtype(d)?;
+                need_float(dt, "input")?;
+                if s[0] != s[1] {
+                    return Err(MetaError::Shape(format!(
+                        "dy and the saved tensor differ: {} vs {}",
+                        s[0], s[1]
+                    )));
+                }
+                // dx = dy * f'(x): linear in dy, not in x; Div's table ((P, B) -> P) is that.
+                Ok(Inferred::new(
+                    shape_rule(rules::binary(SbpBinary::Div, s[0], s[1], mode))?,
+                    dt,
+                ))
+            }
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match self {
+            ElementwiseOp::Unary(u) => b.unary(*u, x[0], out),
+            ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], out),
+            ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], out),
+            ElementwiseOp::Cast(_) => b.cast(x[0], out),
+            ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], out),
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let (x, dy, out) = (g.x, g.dy, g.out);
+        match self {
+            ElementwiseOp::Unary(UnaryOp::Neg) => Grad::one(dy.neg()?),
+            ElementwiseOp::Unary(u) => Grad::one(dy.unary_backward(*u, &x[0])?),
+            ElementwiseOp::Scalar(s, c) => {
+                let c = c.get();
+                Grad::one(match s {
+                    ScalarOp::Add => dy.clone(),
+                    ScalarOp::Mul => dy.mul_scalar(c)?,
+                    ScalarOp::RSub => dy.neg()?,
+                    // d(c / x) = -(c / x) / x
+                    ScalarOp::RDiv => dy.mul(out)?.div(&x[0])?.neg()?,
+                    ScalarOp::Pow => dy.mul(&x[0].pow_scalar(c - 1.0)?)?.mul_scalar(c)?,
+                })
+            }
+            ElementwiseOp::Binary(op) => {
+                let (a, b) = (&x[0], &x[1]);
+                let (ga, gb) = match op {
+                    BinaryOp::Add => (g.when(0, || Ok(dy.clone()))?, g.when(1, || Ok(dy.clone()))?),
+                    BinaryOp::Sub => (g.when(0, || Ok(dy.clone()))?, g.when(1, || dy.neg())?),
+                    BinaryOp::Mul => (g.when(0, || dy.mul(b))?, g.when(1, || dy.mul(a))?),
+                    BinaryOp::Div => (
+                        g.when(0, || dy.div(b))?,
+                        g.when(1, || dy.mul(out)?.div(b)?.neg())?,
+                    ),
+                };
+                Ok(vec![
+                    ga.map(|t| sum_to(t, a)).transpose()?,
+                    gb.map(|t| sum_to(t, b)).transpose()?,
+                ])
+            }
+            ElementwiseOp::Cast(_) => Grad::one(dy.cast(x[0].dtype())?),
+            ElementwiseOp::UnaryBackward(_) => Err(Grad::unsupported(
+                self.name(),
+                "higher-order gradients are not supported",
+            )),
+        }
+    }
+}
+
+fn elementwise(op: ElementwiseOp, inputs: &[&Tensor]) -> Result<Tensor> {
+    dispatch(op.into(), inputs)
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $u:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Element-wise `", stringify!($name), "`.")]
+            pub fn $name(&self) -> Result<Tensor> {
+                self.unary(UnaryOp::$u)
+            }
+        )*
+    };
+}
+
+impl Tensor {
+    unary_methods!(neg => Neg, relu => Relu, gelu => Gelu, exp => Exp, log => Log, tanh => Tanh,
+        sigmoid => Sigmoid, sqrt => Sqrt, abs => Abs, square => Square);
+
+    /// Any element-wise unary function.
+    pub fn unary(&self, u: UnaryOp) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Unary(u), &[self])
+    }
+    fn scalar_op(&self, s: ScalarOp, c: f64) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Scalar(s, F64Bits::new(c)), &[self])
+    }
+    /// x * c (linear: keeps a partial-sum SBP).
+    pub fn scale(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Mul, c)
+    }
+    pub fn mul_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Mul, c)
+    }
+    pub fn div_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Mul, 1.0 / c)
+    }
+    pub fn add_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Add, c)
+    }
+    pub fn sub_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Add, -c)
+    }
+    /// c - x
+    pub fn rsub_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::RSub, c)
+    }
+    /// c / x
+    pub fn rdiv_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::RDiv, c)
+    }
+    /// x ^ c
+    pub fn pow_scalar(&self, c: f64) -> Result<Tensor> {
+        self.scalar_op(ScalarOp::Pow, c)
+    }
+
+    /// Broadcasting add.
+    pub fn add(&self, o: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Binary(BinaryOp::Add), &[self, o])
+    }
+    pub fn sub(&self, o: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Binary(BinaryOp::Sub), &[self, o])
+    }
+    pub fn mul(&self, o: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Binary(BinaryOp::Mul), &[self, o])
+    }
+    pub fn div(&self, o: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::Binary(BinaryOp::Div), &[self, o])
+    }
+    /// Converts the element type.
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        elementwise(ElementwiseOp::Cast(dtype), &[self])
+    }
+    /// dx = dy * f'(x) for y = f(x) (`self` is dy).
+    pub fn unary_backward(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::UnaryBackward(u), &[self, x])
+    }
+}

@@ -1,0 +1,205 @@
+//! Layout ops: permute (and transpose), reshape, concat, and narrow (slice along one dim).
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+
+use super::grad::{zeros_on, Grad};
+use super::{
+    dim_ok, norm_dim, same_dtype, shape_rule, Backend, Dims, Inferred, KernelBackend, MetaError,
+    OpFamily, OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// The layout family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LayoutOp {
+    /// Output dim i is input dim `perm[i]`.
+    Permute {
+        perm: Dims,
+    },
+    /// Row-major reshape (same element count); `local` gives each rank its piece's shape.
+    Reshape {
+        shape: Shape,
+    },
+    Concat {
+        dim: usize,
+    },
+    Narrow {
+        dim: usize,
+        start: usize,
+        len: usize,
+    },
+}
+
+/// Layout kernels of a backend; outputs are row-major contiguous.
+pub trait LayoutKernels: KernelBackend {
+    fn permute(&self, x: &Self::Piece, perm: &[usize], out: &OutSpec) -> Result<Self::Piece>;
+    /// `x` with `out.shape` (same element count).
+    fn reshape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn concat(&self, parts: &[&Self::Piece], dim: usize, out: &OutSpec) -> Result<Self::Piece>;
+    fn narrow(
+        &self,
+        x: &Self::Piece,
+        dim: usize,
+        start: usize,
+        len: usize,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+}
+
+impl OpFamily for LayoutOp {
+    fn name(&self) -> &'static str {
+        match self {
+            LayoutOp::Permute { .. } => "permute",
+            LayoutOp::Reshape { .. } => "reshape",
+            LayoutOp::Concat { .. } => "concat",
+            LayoutOp::Narrow { .. } => "narrow",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        match self {
+            LayoutOp::Concat { .. } => (1, usize::MAX),
+            _ => (1, 1),
+        }
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let r = match self {
+            LayoutOp::Permute { perm } => rules::permute(perm, s[0], mode),
+            LayoutOp::Reshape { shape } => rules::reshape(s[0], shape, mode),
+            LayoutOp::Concat { dim } => {
+                same_dtype(d)?;
+                dim_ok(s[0], *dim)?;
+                rules::concat(*dim, s, mode)
+            }
+            LayoutOp::Narrow { dim, start, len } => {
+                dim_ok(s[0], *dim)?;
+                match start.checked_add(*len) {
+                    Some(end) if end <= s[0].dim(*dim) => {
+                        rules::slice(*dim, *start, end, s[0], mode)
+                    }
+                    _ => Err(format!(
+                        "range {start}..{start}+{len} out of bounds for dim {dim} of size {}",
+                        s[0].dim(*dim)
+                    )),
+                }
+            }
+        };
+        Ok(Inferred::new(shape_rule(r)?, d[0]))
+    }
+
+    fn local(&self, _global_inputs: &[&Shape], out_local: &Shape) -> Option<Self> {
+        match self {
+            LayoutOp::Reshape { .. } => Some(LayoutOp::Reshape {
+                shape: out_local.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match self {
+            LayoutOp::Permute { perm } => b.permute(x[0], perm, out),
+            LayoutOp::Reshape { .. } => b.reshape(x[0], out),
+            LayoutOp::Concat { dim } => b.concat(x, *dim, out),
+            LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, out),
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let (x, dy) = (g.x, g.dy);
+        match self {
+            LayoutOp::Permute { perm } => {
+                let mut inv = vec![0usize; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inv[p] = i;
+                }
+                Grad::one(dy.permute(&inv)?)
+            }
+            LayoutOp::Reshape { .. } => Grad::one(dy.reshape(x[0].shape().clone())?),
+            LayoutOp::Concat { dim } => {
+                let mut start = 0;
+                let mut gs = Vec::with_capacity(x.len());
+                for (i, xi) in x.iter().enumerate() {
+                    let len = xi.shape().dim(*dim);
+                    gs.push(g.when(i, || dy.narrow(*dim as isize, start, len))?);
+                    start += len;
+                }
+                Ok(gs)
+            }
+            LayoutOp::Narrow { dim, start, len } => {
+                let full = x[0].shape();
+                let part = |n: usize| zeros_on(dy, full.with_dim(*dim, n));
+                let before = (*start > 0).then(|| part(*start)).transpose()?;
+                let rest = full.dim(*dim).saturating_sub(start + len);
+                let after = (rest > 0).then(|| part(rest)).transpose()?;
+                let mut parts: Vec<&Tensor> = Vec::new();
+                parts.extend(before.as_ref());
+                parts.push(dy);
+                parts.extend(after.as_ref());
+                Grad::one(if parts.len() == 1 {
+                    dy.clone()
+                } else {
+                    Tensor::concat(&parts, *dim as isize)?
+                })
+            }
+        }
+    }
+}
+
+fn layout(op: LayoutOp, inputs: &[&Tensor]) -> Result<Tensor> {
+    dispatch(op.into(), inputs)
+}
+
+impl Tensor {
+    /// Output dim i is input dim `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let perm = perm.iter().copied().collect();
+        layout(LayoutOp::Permute { perm }, &[self])
+    }
+    /// Swaps two dims.
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let (a, b) = (
+            norm_dim("transpose", self, d0)?,
+            norm_dim("transpose", self, d1)?,
+        );
+        let mut perm: Dims = (0..self.ndim()).collect();
+        perm.swap(a, b);
+        layout(LayoutOp::Permute { perm }, &[self])
+    }
+    /// Row-major reshape (same element count).
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        layout(LayoutOp::Reshape { shape }, &[self])
+    }
+    /// Concatenates tensors along `dim`.
+    pub fn concat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(TensorError::Shape {
+                op: "concat",
+                shapes: String::new(),
+                sbps: String::new(),
+                detail: "no inputs".into(),
+            });
+        };
+        let dim = norm_dim("concat", first, dim)?;
+        layout(LayoutOp::Concat { dim }, tensors)
+    }
+    /// Elements `start..start + len` of `dim`.
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let dim = norm_dim("narrow", self, dim)?;
+        layout(LayoutOp::Narrow { dim, start, len }, &[self])
+    }
+    /// Elements `start..end` of `dim`.
+    pub fn slice(&self, dim: isize, start: usize, end: usize) -> Result<Tensor> {
+        self.narrow(dim, start, end.saturating_sub(start))
+    }
+}

@@ -1,0 +1,220 @@
+//! Reductions: sum, mean and max over dims (with keepdim), and sum-to-shape, the reverse of
+//! broadcasting (the gradient of a broadcast operand).
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+
+use super::grad::{keepdim_shape, zeros_like, Grad};
+use super::{
+    need_float, norm_dims, shape_rule, Backend, Dims, Inferred, KernelBackend, MetaError, OpFamily,
+    OutSpec, UnaryOp,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+use oxiflow_sbp::ReduceKind;
+
+/// The reduction family. `dims` are sorted, distinct and in range (the `Tensor` methods
+/// normalize them); no dims is the identity (the reduction of a 0-d tensor).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReductionOp {
+    Sum {
+        dims: Dims,
+        keepdim: bool,
+    },
+    /// Sum, then multiplied by 1 / `count` where `count` is the number of reduced elements of
+    /// the *global* shape (0 in the global op; `local` fills it in).
+    Mean {
+        dims: Dims,
+        keepdim: bool,
+        count: usize,
+    },
+    Max {
+        dims: Dims,
+        keepdim: bool,
+    },
+    /// Sums broadcast dims away so the result has `shape` (the reverse of broadcasting).
+    SumToShape {
+        shape: Shape,
+    },
+}
+
+/// Reduction kernels of a backend. `sum` divides by `count` when given (a mean).
+pub trait ReductionKernels: KernelBackend {
+    fn sum(
+        &self,
+        x: &Self::Piece,
+        dims: &[usize],
+        keepdim: bool,
+        count: Option<usize>,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    fn max(
+        &self,
+        x: &Self::Piece,
+        dims: &[usize],
+        keepdim: bool,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
+    fn sum_to_shape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+}
+
+/// The number of elements a reduction over `dims` of `shape` combines (at least 1).
+fn reduced_count(shape: &Shape, dims: &[usize]) -> usize {
+    dims.iter().map(|&d| shape.dim(d)).product::<usize>().max(1)
+}
+
+impl OpFamily for ReductionOp {
+    fn name(&self) -> &'static str {
+        match self {
+            ReductionOp::Sum { .. } => "sum",
+            ReductionOp::Mean { .. } => "mean",
+            ReductionOp::Max { .. } => "max",
+            ReductionOp::SumToShape { .. } => "sum_to_shape",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (1, 1)
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let (kind, dims, keepdim) = match self {
+            ReductionOp::Sum { dims, keepdim } => (ReduceKind::Sum, dims, *keepdim),
+            ReductionOp::Mean { dims, keepdim, .. } => {
+                need_float(d[0], "input")?;
+                (ReduceKind::Mean, dims, *keepdim)
+            }
+            ReductionOp::Max { dims, keepdim } => (ReduceKind::Max, dims, *keepdim),
+            ReductionOp::SumToShape { shape } => {
+                return Ok(Inferred::new(
+                    shape_rule(rules::reduce_to_shape(s[0], shape, mode))?,
+                    d[0],
+                ))
+            }
+        };
+        Ok(Inferred::new(
+            shape_rule(rules::reduce(kind, dims, keepdim, s[0], mode))?,
+            d[0],
+        ))
+    }
+
+    fn local(&self, global_inputs: &[&Shape], out_local: &Shape) -> Option<Self> {
+        match self {
+            ReductionOp::Mean { dims, keepdim, .. } => Some(ReductionOp::Mean {
+                dims: dims.clone(),
+                keepdim: *keepdim,
+                count: reduced_count(global_inputs[0], dims),
+            }),
+            ReductionOp::SumToShape { .. } => Some(ReductionOp::SumToShape {
+                shape: out_local.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match self {
+            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, out),
+            ReductionOp::Mean {
+                dims,
+                keepdim,
+                count,
+            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), out),
+            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, out),
+            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], out),
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let (xs, dy, out) = (&g.x[0], g.dy, g.out);
+        // dy with the reduced dims kept as size 1, so it broadcasts against x.
+        let kept = |dims: &[usize], keepdim: bool, t: &Tensor| -> Result<Tensor> {
+            if keepdim {
+                Ok(t.clone())
+            } else {
+                t.reshape(keepdim_shape(xs.shape(), dims))
+            }
+        };
+        match self {
+            ReductionOp::Sum { dims, keepdim } => {
+                Grad::one(zeros_like(xs)?.add(&kept(dims, *keepdim, dy)?)?)
+            }
+            ReductionOp::Mean { dims, keepdim, .. } => {
+                let count = reduced_count(xs.shape(), dims);
+                Grad::one(
+                    zeros_like(xs)?
+                        .add(&kept(dims, *keepdim, dy)?)?
+                        .mul_scalar(1.0 / count as f64)?,
+                )
+            }
+            ReductionOp::Max { dims, keepdim } => {
+                // Gradient split evenly among the maxima: mask = (x == max) as
+                // 1 - sign(x - max)^2.
+                let diff = xs.sub(&kept(dims, *keepdim, out)?)?;
+                let ones = zeros_like(xs)?.add_scalar(1.0)?;
+                let mask = ones
+                    .unary_backward(UnaryOp::Abs, &diff)?
+                    .square()?
+                    .rsub_scalar(1.0)?;
+                let dimsi: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+                let count = mask.sum(&dimsi, true)?;
+                Grad::one(mask.mul(&kept(dims, *keepdim, dy)?.div(&count)?)?)
+            }
+            // sum_to_shape is linear: its backward broadcasts dy back.
+            ReductionOp::SumToShape { .. } => Grad::one(zeros_like(xs)?.add(dy)?),
+        }
+    }
+}
+
+fn reduction(op: ReductionOp, x: &Tensor) -> Result<Tensor> {
+    dispatch(op.into(), &[x])
+}
+
+impl Tensor {
+    /// Sum over `dims` (negative dims count from the end).
+    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let dims = norm_dims("sum", self, dims)?;
+        reduction(ReductionOp::Sum { dims, keepdim }, self)
+    }
+    /// Sum of all elements (0-d result).
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let dims: Vec<isize> = (0..self.ndim() as isize).collect();
+        self.sum(&dims, false)
+    }
+    /// Mean over `dims`: the sum times 1 / (the global count of reduced elements).
+    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let dims = norm_dims("mean", self, dims)?;
+        reduction(
+            ReductionOp::Mean {
+                dims,
+                keepdim,
+                count: 0,
+            },
+            self,
+        )
+    }
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let dims: Vec<isize> = (0..self.ndim() as isize).collect();
+        self.mean(&dims, false)
+    }
+    /// Max over `dims`.
+    pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let dims = norm_dims("max", self, dims)?;
+        reduction(ReductionOp::Max { dims, keepdim }, self)
+    }
+    /// Sums broadcast dims away so the result has `shape` (gradient of broadcasting).
+    pub fn sum_to_shape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        reduction(ReductionOp::SumToShape { shape }, self)
+    }
+}

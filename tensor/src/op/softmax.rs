@@ -1,0 +1,136 @@
+//! Softmax and log-softmax over one dim, and their backward from the output and its gradient.
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+
+use super::grad::Grad;
+use super::{
+    dim_ok, need_float, norm_dim, same_dtype, shape_rule, Backend, Inferred, KernelBackend,
+    MetaError, OpFamily, OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// The softmax family; `log` selects log-softmax.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SoftmaxOp {
+    Forward {
+        dim: usize,
+        log: bool,
+    },
+    /// (y, dy) -> dx for y = (log_)softmax(x, dim)
+    Backward {
+        dim: usize,
+        log: bool,
+    },
+}
+
+/// Softmax kernels of a backend (float pieces).
+pub trait SoftmaxKernels: KernelBackend {
+    fn softmax(&self, x: &Self::Piece, dim: usize, log: bool, out: &OutSpec)
+        -> Result<Self::Piece>;
+    fn softmax_backward(
+        &self,
+        y: &Self::Piece,
+        dy: &Self::Piece,
+        dim: usize,
+        log: bool,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+}
+
+impl OpFamily for SoftmaxOp {
+    fn name(&self) -> &'static str {
+        match self {
+            SoftmaxOp::Forward { log: false, .. } => "softmax",
+            SoftmaxOp::Forward { log: true, .. } => "log_softmax",
+            SoftmaxOp::Backward { log: false, .. } => "softmax_backward",
+            SoftmaxOp::Backward { log: true, .. } => "log_softmax_backward",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        match self {
+            SoftmaxOp::Forward { .. } => (1, 1),
+            SoftmaxOp::Backward { .. } => (2, 2),
+        }
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let dt = same_dtype(d)?;
+        need_float(dt, "input")?;
+        match self {
+            SoftmaxOp::Forward { dim, .. } => {
+                dim_ok(s[0], *dim)?;
+                Ok(Inferred::new(
+                    shape_rule(rules::softmax(*dim, s[0], mode))?,
+                    dt,
+                ))
+            }
+            SoftmaxOp::Backward { dim, .. } => {
+                dim_ok(s[0], *dim)?;
+                if s[0] != s[1] {
+                    return Err(MetaError::Shape(format!(
+                        "dy and the saved tensor differ: {} vs {}",
+                        s[0], s[1]
+                    )));
+                }
+                Ok(Inferred::new(
+                    shape_rule(rules::softmax_backward(*dim, s[0], s[1], mode))?,
+                    dt,
+                ))
+            }
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match self {
+            SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, out),
+            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, out),
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        match self {
+            SoftmaxOp::Forward { dim, log } => Grad::one(dispatch(
+                SoftmaxOp::Backward {
+                    dim: *dim,
+                    log: *log,
+                }
+                .into(),
+                &[g.out, g.dy],
+            )?),
+            SoftmaxOp::Backward { .. } => Err(Grad::unsupported(
+                self.name(),
+                "higher-order gradients are not supported",
+            )),
+        }
+    }
+}
+
+impl Tensor {
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        let dim = norm_dim("softmax", self, dim)?;
+        dispatch(SoftmaxOp::Forward { dim, log: false }.into(), &[self])
+    }
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        let dim = norm_dim("log_softmax", self, dim)?;
+        dispatch(SoftmaxOp::Forward { dim, log: true }.into(), &[self])
+    }
+    /// dx of y = softmax(x, dim) from y and dy.
+    pub fn softmax_backward(y: &Tensor, dy: &Tensor, dim: isize) -> Result<Tensor> {
+        let dim = norm_dim("softmax_backward", y, dim)?;
+        dispatch(SoftmaxOp::Backward { dim, log: false }.into(), &[y, dy])
+    }
+    /// dx of y = log_softmax(x, dim) from y and dy.
+    pub fn log_softmax_backward(y: &Tensor, dy: &Tensor, dim: isize) -> Result<Tensor> {
+        let dim = norm_dim("log_softmax_backward", y, dim)?;
+        dispatch(SoftmaxOp::Backward { dim, log: true }.into(), &[y, dy])
+    }
+}

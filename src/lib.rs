@@ -1,5 +1,6 @@
-//! OxiFlow, the facade users import: global tensors with placements and SBP, and the crates
-//! underneath (placement, sbp, boxing, collectives, tensor) as modules.
+//! OxiFlow, the facade users import: global tensors with placements and SBP, the models built on
+//! them (`nn`, `optim`, `checkpoint`), and the crates underneath (placement, sbp, boxing,
+//! collectives, tensor, models) as modules.
 //!
 //! ```text
 //! use oxiflow::prelude::*;
@@ -10,10 +11,12 @@
 
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
+pub use oxiflow_models as models;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
 pub use oxiflow_tensor as tensor;
 
+pub use oxiflow_models::{checkpoint, nn, optim};
 pub use oxiflow_tensor::*;
 
 /// The names most programs need.

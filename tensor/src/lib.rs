@@ -11,7 +11,6 @@
 //! ```
 
 pub mod autograd;
-pub mod checkpoint;
 mod context;
 mod cpu;
 mod creation;
@@ -23,9 +22,7 @@ mod error;
 mod global;
 mod init;
 mod inprocess;
-pub mod nn;
 mod op;
-pub mod optim;
 pub mod rng;
 mod storage;
 mod tensor;

@@ -6,8 +6,8 @@ use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::Tensor;
 
 use super::init::{param_seed, Init, ParamPlacement};
 use super::param::{Module, Parameter};

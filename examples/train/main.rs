@@ -9,6 +9,8 @@
 //! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
 //! mean loss of the last 10 steps).
 
+mod classifier;
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,9 +19,9 @@ use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use classifier::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::checkpoint::{SaveOptions, SaveStage};
 use oxiflow::collectives::Backend;
-use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::prelude::*;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -4,8 +4,8 @@
 use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
 
-use crate::tensor::Tensor;
 use crate::Result;
+use oxiflow_tensor::Tensor;
 
 use super::linear::{Linear, LinearOptions, Parallel};
 use super::param::{Module, Parameter};

@@ -4,9 +4,9 @@ use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Shape};
 
-use crate::autograd::no_grad;
-use crate::tensor::Tensor;
 use crate::Result;
+use oxiflow_tensor::no_grad;
+use oxiflow_tensor::Tensor;
 
 /// Where a parameter lives: a local tensor, or a global one with a placement and nd-SBP.
 #[derive(Clone, Debug, PartialEq)]

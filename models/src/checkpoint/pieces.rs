@@ -7,7 +7,7 @@ use ndarray::{ArrayD, IxDyn};
 use oxiflow_collectives::DType;
 use safetensors::Dtype;
 
-use crate::storage::CpuArray;
+use oxiflow_tensor::CpuArray;
 
 pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {

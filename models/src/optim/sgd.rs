@@ -1,10 +1,10 @@
 //! SGD with momentum and (coupled) weight decay, as torch.optim.SGD:
 //! g += wd p; buf = momentum buf + (1 - dampening) g (buf = g at the first step); p -= lr buf.
 
-use crate::autograd::no_grad;
 use crate::nn::Parameter;
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::no_grad;
+use oxiflow_tensor::Tensor;
 
 use super::{check_state, grad_in_layout, Optimizer};
 

@@ -6,7 +6,6 @@
 //! `S(0)`; signature inference and boxing do the rest. Initial values come from the
 //! counter-based RNG keyed by (seed, parameter name), so they do not depend on the layout.
 
-mod classifier;
 mod embedding;
 mod init;
 mod layer_norm;
@@ -14,7 +13,6 @@ mod linear;
 mod mlp;
 mod param;
 
-pub use classifier::{mesh_placement, Classifier, ClusterData, OptimizerKind, TrainConfig};
 pub use embedding::Embedding;
 pub use init::{param_seed, Init, ParamPlacement};
 pub use layer_norm::LayerNorm;

@@ -2,10 +2,10 @@
 //! p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //! p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 
-use crate::autograd::no_grad;
 use crate::nn::Parameter;
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::no_grad;
+use oxiflow_tensor::Tensor;
 
 use super::{check_state, grad_in_layout, Optimizer};
 

@@ -6,9 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use oxiflow_tensor::checkpoint::{self, SaveOptions, SaveStage};
-use oxiflow_tensor::nn::{Classifier, OptimizerKind, TrainConfig};
-use oxiflow_tensor::run_ranks;
+use oxiflow::checkpoint::{self, SaveOptions, SaveStage};
+#[allow(dead_code)]
+#[path = "../examples/train/classifier.rs"]
+mod classifier;
+
+use classifier::{Classifier, OptimizerKind, TrainConfig};
+use oxiflow::run_ranks;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -9,10 +9,10 @@ mod sgd;
 pub use adamw::{AdamW, AdamWOptions};
 pub use sgd::{Sgd, SgdOptions};
 
-use crate::autograd::no_grad;
 use crate::nn::Parameter;
-use crate::tensor::Tensor;
 use crate::Result;
+use oxiflow_tensor::no_grad;
+use oxiflow_tensor::Tensor;
 
 /// What checkpoints and training loops need from an optimizer.
 pub trait Optimizer {
@@ -55,7 +55,7 @@ pub(crate) fn grad_in_layout(value: &Tensor) -> Result<Option<Tensor>> {
 pub(crate) fn check_state(op: &'static str, p: &Parameter, slot: &str, t: &Tensor) -> Result<()> {
     let v = p.value();
     if t.shape() != v.shape() || t.dtype() != v.dtype() || t.layout() != v.layout() {
-        return Err(crate::TensorError::Shape {
+        return Err(oxiflow_tensor::TensorError::Shape {
             op,
             shapes: format!("{}, {}", v.shape(), t.shape()),
             sbps: format!("{:?}, {:?}", v.nd_sbp(), t.nd_sbp()),

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
-use oxiflow_tensor::nn::{Classifier, TrainConfig};
-use oxiflow_tensor::run_ranks;
+#[allow(dead_code)]
+#[path = "../examples/train/classifier.rs"]
+mod classifier;
+
+use classifier::{Classifier, TrainConfig};
+use oxiflow::run_ranks;
 
 const STEPS: usize = 50;
 

@@ -7,20 +7,11 @@
 
 use std::path::Path;
 
-use oxiflow_collectives::DType;
-use oxiflow_placement::{DeviceType, Placement};
-use oxiflow_sbp::{NdSbp, Sbp, Shape};
-
-use crate::autograd::no_grad;
-use crate::checkpoint::{self, Metadata, SaveOptions};
-use crate::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions};
-use crate::tensor::Tensor;
-use crate::{Result, TensorError};
-
-use super::init::{param_seed, ParamPlacement};
-use super::mlp::{Activation, Mlp};
-use super::param::{Module, Parameter};
-use super::Init;
+use oxiflow::checkpoint::{self, Metadata, SaveOptions};
+use oxiflow::nn::{param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter};
+use oxiflow::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions};
+use oxiflow::prelude::*;
+use oxiflow::{no_grad, Result};
 
 /// Which optimizer trains the classifier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

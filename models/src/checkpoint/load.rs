@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use crate::nn::Parameter;
 use crate::optim::Optimizer;
-use crate::storage::Storage;
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::Storage;
+use oxiflow_tensor::Tensor;
 
 use super::atomic::{io_err, resolve_for_load, MANIFEST};
 use super::pieces::{copy_region, dtype_from_name, from_bytes, intersect};
@@ -187,18 +187,7 @@ fn load_one(
             Some(Storage::Cpu(arr))
         }
     };
-    match (like.layout(), like.context()) {
-        (Some(l), Some(ctx)) => Ok(Tensor::global_from_piece(
-            piece,
-            l.clone(),
-            dtype,
-            ctx.clone(),
-        )),
-        _ => match piece {
-            Some(s) => Ok(Tensor::from_storage(s)),
-            None => Err(bad(dir, format!("{name}: no data"))),
-        },
-    }
+    Tensor::with_layout_of(like, piece).map_err(|e| bad(dir, format!("{name}: {e}")))
 }
 
 /// Loads the named tensors, each into the layout of its `like` tensor (so a checkpoint saved

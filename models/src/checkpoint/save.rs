@@ -7,13 +7,13 @@ use oxiflow_sbp::{NdSbp, Region, Sbp, Shape};
 use safetensors::tensor::TensorView;
 use serde_json::{json, Map, Value};
 
-use crate::autograd::no_grad;
-use crate::context::Context;
 use crate::nn::Parameter;
 use crate::optim::Optimizer;
-use crate::storage::CpuArray;
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::no_grad;
+use oxiflow_tensor::Context;
+use oxiflow_tensor::CpuArray;
+use oxiflow_tensor::Tensor;
 
 use super::atomic::{fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST};
 use super::pieces::{dtype_name, st_dtype, to_bytes};

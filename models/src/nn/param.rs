@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::tensor::Tensor;
 use crate::{Result, TensorError};
+use oxiflow_tensor::Tensor;
 
 struct ParamInner {
     name: String,

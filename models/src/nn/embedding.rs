@@ -3,8 +3,8 @@
 use oxiflow_collectives::DType;
 use oxiflow_sbp::Shape;
 
-use crate::tensor::Tensor;
 use crate::Result;
+use oxiflow_tensor::Tensor;
 
 use super::init::{param_seed, Init, ParamPlacement};
 use super::param::{Module, Parameter};

@@ -93,6 +93,12 @@ impl StoreServer {
         self.local_addr
     }
 
+    /// How many wait and barrier calls are blocked in the server now (a diagnostic: tests use it
+    /// to know that a call has reached the server before they act).
+    pub fn blocked_calls(&self) -> usize {
+        self.state.blocked_calls()
+    }
+
     /// Stops the server: pending waits return `unavailable`, the port is closed on return.
     pub fn shutdown(mut self) {
         self.stop_now();

@@ -278,7 +278,10 @@ fn connections_beyond_the_cap_are_closed() {
         ..StoreConfig::default()
     });
     let addr = server.local_addr();
-    let holders: Vec<TcpStream> = (0..4).map(|_| admitted_connection(addr)).collect();
+    // Four clients that presented the token hold every slot.
+    let holders: Vec<StoreClient> = (0..4)
+        .map(|_| StoreClient::connect(&addr.to_string(), &token, T).unwrap())
+        .collect();
     // The fifth connection is accepted by the kernel and closed by the server at once.
     let mut fifth = TcpStream::connect(addr).unwrap();
     assert_closed_by_server(
@@ -292,9 +295,82 @@ fn connections_beyond_the_cap_are_closed() {
         err.to_string().contains("no rendezvous store answered"),
         "{err}"
     );
+    for h in &holders {
+        h.set("still", b"served").unwrap();
+    }
     // Closing the holders frees their slots (the client retries until one is free).
     drop(holders);
     assert_alive(&server, &token);
+}
+
+#[test]
+fn at_the_cap_connections_without_the_token_make_room() {
+    let (server, token) = start_with(StoreConfig {
+        max_connections: 4,
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let mut squatters: Vec<TcpStream> = (0..4).map(|_| admitted_connection(addr)).collect();
+    // A client with the token gets in: the oldest squatter is closed for it.
+    assert_alive(&server, &token);
+    assert_closed_by_server(
+        &mut squatters[0],
+        T,
+        "the oldest connection without the token",
+    );
+}
+
+#[test]
+fn a_peer_holds_a_bounded_number_of_connections_without_the_token() {
+    let (server, token) = start_with(StoreConfig {
+        max_pending_per_peer: 3,
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let mut partial: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"P").unwrap();
+            s
+        })
+        .collect();
+    // The two oldest were closed to keep the peer at three.
+    assert_closed_by_server(&mut partial[0], T, "the oldest partial preface");
+    assert_closed_by_server(&mut partial[1], T, "the second oldest partial preface");
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn a_flood_of_partial_prefaces_does_not_lock_out_the_job() {
+    // More one-byte connections than the connection cap, all held open.
+    let (server, token) = start();
+    let addr = server.local_addr();
+    let t0 = Instant::now();
+    let flood: Vec<TcpStream> = (0..4200)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(addr).ok()?;
+            s.write_all(b"P").ok()?;
+            Some(s)
+        })
+        .collect();
+    eprintln!(
+        "{} one-byte connections opened in {:?}",
+        flood.len(),
+        t0.elapsed()
+    );
+    assert!(
+        flood.len() > 4096,
+        "only {} connections opened",
+        flood.len()
+    );
+    let t0 = Instant::now();
+    assert_alive(&server, &token);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the job's client waited {:?}",
+        t0.elapsed()
+    );
+    eprintln!("a client with the token got in after {:?}", t0.elapsed());
 }
 
 /// An address of this host that is not loopback, if it has one (no packet is sent).
@@ -331,7 +407,7 @@ fn binding_127_0_0_1_listens_on_that_address_only() {
 fn silent_connections_are_closed_and_free_their_slots() {
     let (server, token) = start_with(StoreConfig {
         max_connections: 4,
-        first_byte_timeout: Duration::from_millis(300),
+        handshake_timeout: Duration::from_millis(300),
         ..StoreConfig::default()
     });
     let addr = server.local_addr();

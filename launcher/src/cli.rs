@@ -74,9 +74,14 @@ pub struct Cli {
     #[arg(long, alias = "grace_period", default_value_t = 10.0)]
     pub grace_period: f64,
 
-    /// Job token for the rendezvous store (multi-node: give every node the same one; also read
-    /// from OXIFLOW_TOKEN). Node 0 generates one when absent.
-    #[arg(long)]
+    /// File holding the job token for the rendezvous store (its first line; the file must not
+    /// be readable by other users). Multi-node: give every node the same token, here or in
+    /// OXIFLOW_TOKEN. Node 0 generates one when neither is given.
+    #[arg(long, alias = "token_file", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// Refused: a token on the command line is visible to every user (/proc/PID/cmdline).
+    #[arg(long, hide = true, value_name = "TOKEN")]
     pub token: Option<String>,
 
     /// The worker program: a path, the name of a binary or example built beside oflaunch, or a
@@ -110,10 +115,11 @@ impl Cli {
                     .into(),
             ));
         }
-        if self.nnodes > 1 && self.node_rank > 0 && self.token.is_none() {
+        if self.token.is_some() {
             return Err(LaunchError::Usage(
-                "nodes other than node 0 need the job token: pass --token or set OXIFLOW_TOKEN \
-                 (the same one node 0 uses)"
+                "--token is refused: every user can read a command line (/proc/PID/cmdline); \
+                 put the token in a file only you can read and pass --token-file PATH, or set \
+                 OXIFLOW_TOKEN"
                     .into(),
             ));
         }

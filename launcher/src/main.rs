@@ -11,6 +11,7 @@ mod signals;
 mod spawn;
 mod summary;
 mod supervise;
+mod token;
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -51,13 +52,19 @@ fn main() {
     std::process::exit(code);
 }
 
-fn run(mut cli: Cli) -> Result<i32, LaunchError> {
-    if cli.token.is_none() {
-        cli.token = std::env::var("OXIFLOW_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty());
-    }
+fn run(cli: Cli) -> Result<i32, LaunchError> {
     cli.validate()?;
+    let token = token::job_token(
+        cli.token_file.as_deref(),
+        std::env::var("OXIFLOW_TOKEN").ok(),
+    )?;
+    if cli.nnodes > 1 && cli.node_rank > 0 && token.is_none() {
+        return Err(LaunchError::Usage(
+            "nodes other than node 0 need the job token: pass --token-file PATH or set \
+             OXIFLOW_TOKEN (the same one node 0 uses)"
+                .into(),
+        ));
+    }
     let gpus = node::count_gpus();
     let cpus = node::count_cpus();
     let nproc = cli::nproc_per_node(&cli.nproc_per_node, gpus, cpus)?;
@@ -94,7 +101,7 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
         nnodes: cli.nnodes,
         node_rank: cli.node_rank,
         nproc_per_node: nproc,
-        token: cli.token.clone(),
+        token,
         timeout: cli.timeout(),
         host: host.clone(),
     })?;

@@ -89,7 +89,7 @@ impl Rendezvous {
             })
         } else {
             let token = spec.token.clone().ok_or_else(|| {
-                LaunchError::Usage("node rank > 0 needs --token or OXIFLOW_TOKEN".into())
+                LaunchError::Usage("node rank > 0 needs --token-file or OXIFLOW_TOKEN".into())
             })?;
             let endpoint = join_host_port(&spec.master_addr, spec.master_port);
             let client = connect(&endpoint, &token, spec.timeout)?;
@@ -413,7 +413,7 @@ fn connect(endpoint: &str, token: &str, timeout: Duration) -> Result<StoreClient
         Ok(c) => Ok(c),
         Err(CommError::Unauthenticated(m)) => Err(LaunchError::Rendezvous(format!(
             "refused: the store at {endpoint} rejected this node's token ({m}); pass node 0's \
-             token with --token or OXIFLOW_TOKEN"
+             token with --token-file or OXIFLOW_TOKEN"
         ))),
         Err(e) => Err(LaunchError::Rendezvous(format!(
             "cannot reach the store at {endpoint} within {timeout:?}: {e}"

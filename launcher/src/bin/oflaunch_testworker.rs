@@ -86,6 +86,11 @@ fn env_mode(dir: &Path) -> i32 {
         s.push_str(&format!("{key}={}\n", var(key)));
     }
     s.push_str(&format!("PID={}\n", std::process::id()));
+    // The launcher's command line, as any user on the host could read it.
+    let parent = std::os::unix::process::parent_id();
+    let cmdline = std::fs::read(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    s.push_str(&format!("PARENT_CMDLINE={cmdline}\n"));
     std::fs::write(dir.join(format!("rank_{}.env", rank())), s).expect("write env file");
     0
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -20,6 +20,11 @@ use super::refusals::RefusalLog;
 use super::service::{StoreService, TokenCheck};
 use super::state::StoreState;
 use crate::CommError;
+
+/// Connections the kernel queues before the store accepts them (capped by
+/// net.core.somaxconn): deep enough that a burst of connections does not make the job's own
+/// ranks wait for a SYN retransmission.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// How long a stopping server lets in-flight requests finish before it drops them.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
@@ -56,18 +61,32 @@ impl StoreServer {
         validate_token(&token, "rendezvous store bind")?;
         config.validate()?;
         let io_err = |context: String| move |source: io::Error| CommError::Io { context, source };
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(io_err(format!("rendezvous store: cannot bind {addr}")))?;
-        listener.set_nonblocking(true).map_err(io_err(format!(
-            "rendezvous store: set_nonblocking on {addr}"
-        )))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(io_err(format!("rendezvous store: local_addr of {addr}")))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(io_err("rendezvous store: start tokio runtime".to_string()))?;
+        let listener = {
+            // The listener registers with this runtime's reactor.
+            let _in_runtime = runtime.enter();
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()
+            } else {
+                TcpSocket::new_v6()
+            }
+            .map_err(io_err(format!("rendezvous store: socket for {addr}")))?;
+            socket
+                .set_reuseaddr(true)
+                .map_err(io_err(format!("rendezvous store: SO_REUSEADDR on {addr}")))?;
+            socket
+                .bind(addr)
+                .map_err(io_err(format!("rendezvous store: cannot bind {addr}")))?;
+            socket
+                .listen(LISTEN_BACKLOG)
+                .map_err(io_err(format!("rendezvous store: cannot listen on {addr}")))?
+        };
+        let local_addr = listener
+            .local_addr()
+            .map_err(io_err(format!("rendezvous store: local_addr of {addr}")))?;
         let state = StoreState::new(config);
         let (stop, stop_rx) = oneshot::channel();
         let thread_state = Arc::clone(&state);
@@ -124,19 +143,12 @@ impl Drop for StoreServer {
 
 /// Serves until `stop` fires, then gives in-flight requests `SHUTDOWN_GRACE` to finish.
 async fn serve(
-    listener: std::net::TcpListener,
+    listener: TcpListener,
     token: String,
     state: Arc<StoreState>,
     stop: oneshot::Receiver<()>,
 ) {
     let config = state.config().clone();
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "rendezvous store: cannot register the listener");
-            return;
-        }
-    };
     let (conn_tx, conn_rx) = mpsc::channel::<io::Result<AdmittedStream>>(64);
     let accept = tokio::spawn(accept_loop(listener, conn_tx, config.clone()));
 

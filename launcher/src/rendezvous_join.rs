@@ -104,6 +104,18 @@ impl Rendezvous {
         }
     }
 
+    /// A store handle for generation `generation` of the job (with its key prefix): this node's
+    /// own client, or on a single node a new one to the store served here.
+    pub fn job_store(&self, generation: u32) -> Option<StoreClient> {
+        let client = match &self.client {
+            Some(c) => c.clone(),
+            None => StoreClient::connect(&self.endpoint, &self.token, Duration::from_secs(5))
+                .map_err(|e| tracing::warn!("cannot reach this node's own store: {e}"))
+                .ok()?,
+        };
+        Some(client.with_prefix(&format!("job/g{generation}/")))
+    }
+
     /// Checks that every node agrees on the job's shape and waits for all of them.
     pub fn join(&self) -> Result<(), LaunchError> {
         let Some(client) = &self.client else {

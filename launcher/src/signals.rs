@@ -54,6 +54,16 @@ impl SignalPipe {
             unsafe { sigaction(sig, &action) }
                 .map_err(|e| LaunchError::io(format!("installing the {sig} handler"), e.into()))?;
         }
+        // A log file over the file-size limit must fail its write (EFBIG, reported), not kill
+        // oflaunch before its summary. Workers get the default back (see `spawn`).
+        // SAFETY: setting a signal disposition to SIG_IGN.
+        unsafe {
+            sigaction(
+                Signal::SIGXFSZ,
+                &SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty()),
+            )
+        }
+        .map_err(|e| LaunchError::io("ignoring SIGXFSZ", e.into()))?;
         Ok(SignalPipe { read_fd: fds[0] })
     }
 

@@ -99,9 +99,11 @@ pub fn spawn_worker(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
-    // functions (setpgid, prctl, getppid, _exit).
+    // functions (signal, setpgid, prctl, getppid, _exit).
     unsafe {
         cmd.pre_exec(move || {
+            // oflaunch ignores SIGXFSZ; an ignored disposition would survive the exec.
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

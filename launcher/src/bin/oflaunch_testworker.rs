@@ -10,6 +10,9 @@
 //! - `store`: connect to the store, publish RANK, wait for every rank's value, check them,
 //!   check that a wrong token is refused, and write OUTDIR/rank_R.store ("ok ...") besides
 //!   the `env` mode's file.
+//! - `shm-leak`: join the world (CPU backend), put this rank's shared-memory segment name back
+//!   in /dev/shm (as a rank killed during the data plane's setup leaves it), write the path to
+//!   OUTDIR/rank_R.shm, and SIGKILL itself.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -58,6 +61,7 @@ fn main() {
             0
         }
         "store" => store_mode(&dir),
+        "shm-leak" => shm_leak_mode(&dir),
         other => {
             eprintln!("oflaunch_testworker: unknown mode {other:?}");
             64
@@ -180,4 +184,39 @@ fn store_mode(dir: &Path) -> i32 {
     } else {
         14
     }
+}
+
+fn shm_leak_mode(dir: &Path) -> i32 {
+    let env = match oxiflow_collectives::env::LaunchEnv::from_env() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("shm-leak: {e}");
+            return 3;
+        }
+    };
+    let world = match oxiflow_collectives::init_world(&env) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("shm-leak: init_world: {e}");
+            return 3;
+        }
+    };
+    let paths = env
+        .connect_store()
+        .and_then(|store| oxiflow_collectives::job_segment_paths(&store, [env.rank]));
+    let path = match paths.as_deref() {
+        Ok([path]) => path.to_string(),
+        other => {
+            eprintln!("shm-leak: no segment name: {other:?}");
+            return 3;
+        }
+    };
+    std::fs::write(&path, b"left behind").expect("recreate the segment name");
+    std::fs::write(dir.join(format!("rank_{}.shm", rank())), &path).expect("write shm file");
+    drop(world);
+    // SAFETY: signalling this process.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    0
 }

@@ -29,8 +29,11 @@ fn rank() -> usize {
 }
 
 fn write_pid(dir: &Path) {
+    // Written aside and renamed, so a reader never sees an empty or partial file.
     let path = dir.join(format!("pid_{}", rank()));
-    std::fs::write(path, std::process::id().to_string()).expect("write pid file");
+    let tmp = dir.join(format!(".pid_{}.tmp", rank()));
+    std::fs::write(&tmp, std::process::id().to_string()).expect("write pid file");
+    std::fs::rename(&tmp, path).expect("publish pid file");
 }
 
 fn main() {

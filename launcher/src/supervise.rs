@@ -54,6 +54,17 @@ struct Teardown {
     sigkill_sent: bool,
 }
 
+impl Teardown {
+    /// Sends SIGTERM to every worker still running and starts the grace period.
+    fn begin(workers: &[Worker]) -> Teardown {
+        signal_all(workers, Signal::SIGTERM);
+        Teardown {
+            killed_at: Instant::now(),
+            sigkill_sent: false,
+        }
+    }
+}
+
 /// Runs the workers to the end. Returns the outcome once every worker is reaped (or, after
 /// SIGKILL, the reap deadline has passed, which is logged).
 pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
@@ -122,11 +133,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                     first.exit
                 );
                 outcome = Some(Outcome::Failed(first));
-                signal_all(&workers, Signal::SIGTERM);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+                teardown = Some(Teardown::begin(&workers));
             }
         }
 
@@ -147,19 +154,8 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                     .as_ref()
                     .and_then(|p| p.tail.lock().ok().map(|t| t.iter().cloned().collect()))
                     .unwrap_or_default();
-                outcome = Some(Outcome::Failed(Failure {
-                    rank: w.rank,
-                    node_rank: sup.node_rank,
-                    host: sup.host.clone(),
-                    pid: w.pid.as_raw(),
-                    exit,
-                    tail,
-                }));
-                signal_all(&workers, Signal::SIGTERM);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+                outcome = Some(Outcome::Failed(failure_of(w.rank, w.pid, exit, tail, sup)));
+                teardown = Some(Teardown::begin(&workers));
             }
         }
 
@@ -182,11 +178,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                         Outcome::StoreLost(msg)
                     }
                 });
-                signal_all(&workers, Signal::SIGTERM);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+                teardown = Some(Teardown::begin(&workers));
             }
         }
 
@@ -232,14 +224,25 @@ fn reap(mut w: Worker, status: std::process::ExitStatus, sup: &Supervision<'_>) 
     if exit.is_success() {
         return None;
     }
-    Some(Failure {
-        rank: w.rank,
+    Some(failure_of(w.rank, w.pid, exit, tail, sup))
+}
+
+/// A local worker's failure as the summary reports it.
+fn failure_of(
+    rank: usize,
+    pid: nix::unistd::Pid,
+    exit: ExitKind,
+    tail: Vec<String>,
+    sup: &Supervision<'_>,
+) -> Failure {
+    Failure {
+        rank,
         node_rank: sup.node_rank,
         host: sup.host.clone(),
-        pid: w.pid.as_raw(),
+        pid: pid.as_raw(),
         exit,
         tail,
-    })
+    }
 }
 
 /// When each worker was first seen stopped (by pid), to tell a stop from a brief pause.

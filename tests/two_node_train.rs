@@ -94,7 +94,8 @@ fn node(ns: &str, node_rank: &str, train_args: &[&str]) -> std::process::Child {
             "--backend",
             "cpu",
         ])
-        .args(["--timeout", "60", "--token", TOKEN])
+        .args(["--timeout", "60"])
+        .env("OXIFLOW_TOKEN", TOKEN)
         .arg(train)
         .args(train_args)
         // Same machine, so shared memory would work across the namespaces; force the data

@@ -22,5 +22,6 @@ pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use inprocess::{InProcessComm, InProcessWorld};
 pub use reduce::{reduce_into, ReduceOp};
+pub use shm::job_segment_paths;
 pub use strided::StridedBlock;
 pub use tcp::{init_world, TcpComm};

@@ -27,6 +27,47 @@ fn start() -> (StoreServer, String) {
     start_with(StoreConfig::default())
 }
 
+/// Reads from `s` until the server closes it: end-of-file or a reset within `within`. A read
+/// that times out means the server kept the connection open, and fails the test.
+fn assert_closed_by_server(s: &mut TcpStream, within: Duration, what: &str) {
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = within.saturating_sub(t0.elapsed());
+        assert!(
+            !left.is_zero(),
+            "{what}: the server kept the connection open"
+        );
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            // Whatever the server says before closing (its settings, a GOAWAY) is read past.
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                return
+            }
+            Err(e) => panic!("{what}: the server kept the connection open ({e})"),
+        }
+    }
+}
+
+/// A connection the server has taken in: it sent the HTTP/2 preface and read the server's
+/// first frame (its settings).
+fn admitted_connection(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut frame_header = [0u8; 9];
+    s.read_exact(&mut frame_header).unwrap();
+    assert_eq!(frame_header[3], 0x4, "the server's first frame is SETTINGS");
+    s
+}
+
 /// A good client still gets answers.
 fn assert_alive(server: &StoreServer, token: &str) {
     let c = StoreClient::connect(&server.local_addr().to_string(), token, T).unwrap();
@@ -208,25 +249,22 @@ fn garbage_bytes_and_idle_connections_do_not_take_the_server_down() {
         })
         .collect();
     let _ = s.write_all(&noise);
-    drop(s);
+    assert_closed_by_server(&mut s, T, "random bytes");
     // Plain HTTP/1.1.
     let mut s = TcpStream::connect(addr).unwrap();
-    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let mut buf = [0u8; 512];
-    let _ = s.read(&mut buf);
-    drop(s);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_closed_by_server(&mut s, T, "an HTTP/1.1 request");
     // A valid HTTP/2 preface, then a frame header announcing a 16 MiB frame, then junk.
     let mut s = TcpStream::connect(addr).unwrap();
     let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
     let _ = s.write_all(&[0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
     let _ = s.write_all(&noise[..4096]);
-    drop(s);
+    assert_closed_by_server(&mut s, T, "an oversized HTTP/2 frame");
     // Connections that say nothing and stay open.
     let idle: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
     // Half a request: the preface and then silence.
     let mut half = TcpStream::connect(addr).unwrap();
-    let _ = half.write_all(b"PRI * HTTP/2.0\r\n");
+    half.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
     assert_alive(&server, &token);
     drop(idle);
     drop(half);
@@ -240,18 +278,99 @@ fn connections_beyond_the_cap_are_closed() {
         ..StoreConfig::default()
     });
     let addr = server.local_addr();
-    let holders: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // Four clients that presented the token hold every slot.
+    let holders: Vec<StoreClient> = (0..4)
+        .map(|_| StoreClient::connect(&addr.to_string(), &token, T).unwrap())
+        .collect();
     // The fifth connection is accepted by the kernel and closed by the server at once.
+    let mut fifth = TcpStream::connect(addr).unwrap();
+    assert_closed_by_server(
+        &mut fifth,
+        Duration::from_secs(2),
+        "a connection over the cap",
+    );
     let err =
         StoreClient::connect(&addr.to_string(), &token, Duration::from_millis(600)).unwrap_err();
     assert!(
         err.to_string().contains("no rendezvous store answered"),
         "{err}"
     );
+    for h in &holders {
+        h.set("still", b"served").unwrap();
+    }
+    // Closing the holders frees their slots (the client retries until one is free).
     drop(holders);
-    std::thread::sleep(Duration::from_millis(200));
     assert_alive(&server, &token);
+}
+
+#[test]
+fn at_the_cap_connections_without_the_token_make_room() {
+    let (server, token) = start_with(StoreConfig {
+        max_connections: 4,
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let mut squatters: Vec<TcpStream> = (0..4).map(|_| admitted_connection(addr)).collect();
+    // A client with the token gets in: the oldest squatter is closed for it.
+    assert_alive(&server, &token);
+    assert_closed_by_server(
+        &mut squatters[0],
+        T,
+        "the oldest connection without the token",
+    );
+}
+
+#[test]
+fn a_peer_holds_a_bounded_number_of_connections_without_the_token() {
+    let (server, token) = start_with(StoreConfig {
+        max_pending_per_peer: 3,
+        ..StoreConfig::default()
+    });
+    let addr = server.local_addr();
+    let mut partial: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"P").unwrap();
+            s
+        })
+        .collect();
+    // The two oldest were closed to keep the peer at three.
+    assert_closed_by_server(&mut partial[0], T, "the oldest partial preface");
+    assert_closed_by_server(&mut partial[1], T, "the second oldest partial preface");
+    assert_alive(&server, &token);
+}
+
+#[test]
+fn a_flood_of_partial_prefaces_does_not_lock_out_the_job() {
+    // More one-byte connections than the connection cap, all held open.
+    let (server, token) = start();
+    let addr = server.local_addr();
+    let t0 = Instant::now();
+    let flood: Vec<TcpStream> = (0..4200)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(addr).ok()?;
+            s.write_all(b"P").ok()?;
+            Some(s)
+        })
+        .collect();
+    eprintln!(
+        "{} one-byte connections opened in {:?}",
+        flood.len(),
+        t0.elapsed()
+    );
+    assert!(
+        flood.len() > 4096,
+        "only {} connections opened",
+        flood.len()
+    );
+    let t0 = Instant::now();
+    assert_alive(&server, &token);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the job's client waited {:?}",
+        t0.elapsed()
+    );
+    eprintln!("a client with the token got in after {:?}", t0.elapsed());
 }
 
 /// An address of this host that is not loopback, if it has one (no packet is sent).
@@ -288,18 +407,21 @@ fn binding_127_0_0_1_listens_on_that_address_only() {
 fn silent_connections_are_closed_and_free_their_slots() {
     let (server, token) = start_with(StoreConfig {
         max_connections: 4,
-        first_byte_timeout: Duration::from_millis(300),
+        handshake_timeout: Duration::from_millis(300),
         ..StoreConfig::default()
     });
     let addr = server.local_addr();
     let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(800));
-    // The server closed them: reads see end-of-file.
+    // The server closes them: reads see end-of-file, long before the 10 s bound.
+    let t0 = Instant::now();
     for s in &mut silent {
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut buf = [0u8; 16];
-        assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+        assert_closed_by_server(s, T, "a silent connection");
     }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "closed before the timeout: {:?}",
+        t0.elapsed()
+    );
     // Their slots are free although the sockets are still open on this side.
     assert_alive(&server, &token);
 }

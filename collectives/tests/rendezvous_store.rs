@@ -24,6 +24,19 @@ fn client(server: &StoreServer, token: &str) -> StoreClient {
     StoreClient::connect(&server.local_addr().to_string(), token, T).unwrap()
 }
 
+/// Returns once `n` wait or barrier calls are blocked in the server (panics after `T`).
+fn until_blocked_calls(server: &StoreServer, n: usize) {
+    let t0 = Instant::now();
+    while server.blocked_calls() < n {
+        assert!(
+            t0.elapsed() < T,
+            "only {} of {n} calls reached the server",
+            server.blocked_calls()
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn set_get_delete_add_compare_set() {
     let (server, token) = start();
@@ -88,16 +101,17 @@ fn empty_and_oversized_keys_are_refused() {
 fn wait_returns_values_in_order_once_set_from_other_threads() {
     let (server, token) = start();
     let c = client(&server, &token);
-    let writer = c.clone();
-    let h = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        writer.set("k2", b"two").unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        writer.set("k1", b"one").unwrap();
-    });
-    let values = c.wait(&["k1", "k2"], T).unwrap();
+    let waiter = c.clone();
+    let h = std::thread::spawn(move || waiter.wait(&["k1", "k2"], T));
+    until_blocked_calls(&server, 1);
+    c.set("k2", b"two").unwrap();
+    // One key is still missing: the wait stays blocked in the server.
+    assert_eq!(c.get("k2").unwrap(), Some(b"two".to_vec()));
+    assert_eq!(server.blocked_calls(), 1);
+    assert!(!h.is_finished());
+    c.set("k1", b"one").unwrap();
+    let values = h.join().unwrap().unwrap();
     assert_eq!(values, vec![b"one".to_vec(), b"two".to_vec()]);
-    h.join().unwrap();
     assert!(c.wait(&[], Duration::ZERO).unwrap().is_empty());
 }
 
@@ -134,32 +148,44 @@ fn wait_timeout_names_the_missing_keys() {
 
 #[test]
 fn long_waits_are_reissued_past_the_server_cap() {
-    // The server caps each wait at 200 ms; a 1 s client wait still succeeds at 600 ms.
+    // The server caps each wait at 200 ms; a client wait still succeeds when the key comes
+    // only after several capped calls.
     let token = generate_token().unwrap();
+    let cap = Duration::from_millis(200);
     let config = StoreConfig {
-        max_wait: Duration::from_millis(200),
+        max_wait: cap,
         ..StoreConfig::default()
     };
     let server = StoreServer::bind_with(loopback(), token.clone(), config).unwrap();
     let c = client(&server, &token);
-    let writer = c.clone();
-    let h = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(600));
-        writer.set("late", b"x").unwrap();
-    });
-    assert_eq!(
-        c.wait(&["late"], Duration::from_secs(5)).unwrap(),
-        vec![b"x".to_vec()]
-    );
-    h.join().unwrap();
+    let waiter = c.clone();
+    let t0 = Instant::now();
+    let h = std::thread::spawn(move || waiter.wait(&["late"], Duration::from_secs(10)));
+    // Three server caps pass with the wait still blocked (re-issued, never failed).
+    while t0.elapsed() < cap * 3 {
+        until_blocked_calls(&server, 1);
+        assert!(!h.is_finished(), "the wait ended before the key was set");
+    }
+    c.set("late", b"x").unwrap();
+    assert_eq!(h.join().unwrap().unwrap(), vec![b"x".to_vec()]);
     // And a barrier spanning several capped calls completes exactly once per round.
     let c2 = c.clone();
-    let h = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(500));
-        c2.barrier("slow", 2, Duration::from_secs(5))
-    });
-    c.barrier("slow", 2, Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
+    let h = std::thread::spawn(move || c2.barrier("slow", 2, Duration::from_secs(10)));
+    while t0.elapsed() < cap * 3 {
+        until_blocked_calls(&server, 1);
+        assert!(
+            !h.is_finished(),
+            "a barrier of 2 completed with one arrival"
+        );
+    }
+    c.barrier("slow", 2, Duration::from_secs(10)).unwrap();
     h.join().unwrap().unwrap();
+    // The next round needs both members again.
+    let err = c
+        .barrier("slow", 2, Duration::from_millis(300))
+        .unwrap_err();
+    assert!(err.to_string().contains("1 of 2 arrived"), "{err}");
 }
 
 #[test]
@@ -222,9 +248,10 @@ fn barrier_timeout_names_missing_ranks_and_withdraws_arrivals() {
     let (server, token) = start();
     let c = client(&server, &token);
     let c1 = c.clone();
-    let h = std::thread::spawn(move || c1.barrier_as("b", 1, 4, Duration::from_millis(400)));
+    let h = std::thread::spawn(move || c1.barrier_as("b", 1, 4, Duration::from_secs(1)));
+    until_blocked_calls(&server, 1);
     let err = c
-        .barrier_as("b", 3, 4, Duration::from_millis(400))
+        .barrier_as("b", 3, 4, Duration::from_millis(300))
         .unwrap_err();
     let other = h.join().unwrap().unwrap_err();
     for e in [&err, &other] {
@@ -239,8 +266,8 @@ fn barrier_timeout_names_missing_ranks_and_withdraws_arrivals() {
     assert!(err.to_string().contains("1 of 4 arrived"), "{err}");
     // Members disagreeing on n are refused.
     let c2 = c.clone();
-    let h = std::thread::spawn(move || c2.barrier("nb", 3, Duration::from_millis(800)));
-    std::thread::sleep(Duration::from_millis(200));
+    let h = std::thread::spawn(move || c2.barrier("nb", 3, Duration::from_secs(2)));
+    until_blocked_calls(&server, 1);
     let err = c.barrier("nb", 2, Duration::from_millis(200)).unwrap_err();
     assert!(
         err.to_string()
@@ -259,7 +286,7 @@ fn shutdown_frees_the_port_and_fails_pending_waits() {
     let c = client(&server, &token);
     let waiter = c.clone();
     let h = std::thread::spawn(move || waiter.wait(&["never"], Duration::from_secs(20)));
-    std::thread::sleep(Duration::from_millis(100));
+    until_blocked_calls(&server, 1);
     let t0 = Instant::now();
     server.shutdown();
     assert!(
@@ -279,21 +306,19 @@ fn shutdown_frees_the_port_and_fails_pending_waits() {
 #[test]
 fn connect_retries_until_the_server_is_up_and_times_out_otherwise() {
     let token = generate_token().unwrap();
-    // Reserve a free port, release it, start the server on it after a delay.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // Something that is not a store holds the port first: it accepts and hangs up.
+    let impostor = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = impostor.local_addr().unwrap();
     let t2 = token.clone();
-    let h = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(400));
-        let s = StoreServer::bind(addr, t2).unwrap();
-        std::thread::sleep(Duration::from_secs(2));
-        drop(s);
-    });
-    let c = StoreClient::connect(&addr.to_string(), &token, T).unwrap();
+    let h = std::thread::spawn(move || StoreClient::connect(&addr.to_string(), &t2, T));
+    // The client tried once and found no store; only now does the store come up.
+    let (first_try, _) = impostor.accept().unwrap();
+    drop(first_try);
+    drop(impostor);
+    let server = StoreServer::bind(addr, token.clone()).unwrap();
+    let c = h.join().unwrap().unwrap();
     c.set("up", b"1").unwrap();
-    h.join().unwrap();
+    drop(server);
 
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -12,7 +12,9 @@ use crate::error::LaunchError;
 pub enum BackendArg {
     /// NCCL when this node has GPUs, else the CPU backend.
     Auto,
+    /// NCCL on this node's GPUs.
     Nccl,
+    /// The CPU backend: shared memory between ranks of one host, TCP between hosts.
     Cpu,
 }
 
@@ -24,24 +26,41 @@ pub enum BackendArg {
 #[command(name = "oflaunch", version, about, trailing_var_arg = true)]
 pub struct Cli {
     /// Workers on this node: a count, `auto` (number of GPUs, else 1), `gpu` (number of GPUs,
-    /// error if none) or `cpu` (number of CPUs).
-    #[arg(long, alias = "nproc_per_node", default_value = "1")]
+    /// error if none) or `cpu` (number of CPUs). At most what this node's limits allow (open
+    /// files, processes; 1024 at most).
+    #[arg(
+        long,
+        alias = "nproc_per_node",
+        default_value = "1",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub nproc_per_node: String,
 
     /// Number of nodes (one oflaunch per node).
-    #[arg(long, default_value_t = 1)]
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub nnodes: usize,
 
     /// This node's rank in 0..nnodes; node 0 serves the rendezvous store.
-    #[arg(long, alias = "node_rank", default_value_t = 0)]
+    #[arg(long, alias = "node_rank", default_value_t = 0, value_name = "N")]
     pub node_rank: usize,
 
     /// Address of the rendezvous store (node 0 binds exactly this address).
-    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
+    #[arg(
+        long,
+        alias = "master_addr",
+        default_value = "127.0.0.1",
+        value_name = "HOST"
+    )]
     pub master_addr: String,
 
     /// Port of the rendezvous store; 0 or absent on a single node picks a free port.
-    #[arg(long, alias = "master_port")]
+    #[arg(long, alias = "master_port", value_name = "PORT")]
     pub master_port: Option<u16>,
 
     /// Collective backend exported to the workers.
@@ -49,34 +68,58 @@ pub struct Cli {
     pub backend: BackendArg,
 
     /// Write each rank's output to DIR/rank_N.stdout and DIR/rank_N.stderr (console stays quiet
-    /// unless --tee).
-    #[arg(long, alias = "log_dir")]
+    /// unless --tee). A log that cannot be written (full disk, file-size limit) is reported at
+    /// the end and makes the exit code non-zero.
+    #[arg(long, alias = "log_dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
     /// With --log-dir: also print the (rank-prefixed) output to the console.
     #[arg(long)]
     pub tee: bool,
 
-    /// Only show these global ranks on the console, e.g. `0,2` or `0-3,7` (log files get all).
-    #[arg(long, alias = "ranks_filter")]
+    /// Only show these global ranks on the console, e.g. `0,2` or `0-3,7` (log files get all);
+    /// every rank named must exist.
+    #[arg(long, alias = "ranks_filter", value_name = "RANKS")]
     pub ranks_filter: Option<String>,
 
-    /// Seconds to wait for the rendezvous (nodes joining, end-of-job skew between nodes);
-    /// exported to the workers as OXIFLOW_TIMEOUT.
-    #[arg(long, default_value_t = 300.0)]
+    /// Seconds any one wait of the job may last: nodes joining the rendezvous, the skew between
+    /// nodes at the end of the job, and (exported to the workers as OXIFLOW_TIMEOUT) every
+    /// store wait and collective inside a worker. It does not limit how long the job runs.
+    #[arg(
+        long,
+        default_value_t = 300.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
     pub timeout: f64,
 
     /// Restart the whole local group up to K times after a failure.
-    #[arg(long, alias = "max_restarts", default_value_t = 0)]
+    #[arg(
+        long,
+        alias = "max_restarts",
+        default_value_t = 0,
+        value_name = "K",
+        allow_negative_numbers = true
+    )]
     pub max_restarts: u32,
 
     /// Seconds between SIGTERM and SIGKILL when tearing the workers down.
-    #[arg(long, alias = "grace_period", default_value_t = 10.0)]
+    #[arg(
+        long,
+        alias = "grace_period",
+        default_value_t = 10.0,
+        value_name = "SECONDS"
+    )]
     pub grace_period: f64,
 
-    /// Job token for the rendezvous store (multi-node: give every node the same one; also read
-    /// from OXIFLOW_TOKEN). Node 0 generates one when absent.
-    #[arg(long)]
+    /// File holding the job token for the rendezvous store (its first line; the file must not
+    /// be readable by other users). Multi-node: give every node the same token, here or in
+    /// OXIFLOW_TOKEN. Node 0 generates one when neither is given.
+    #[arg(long, alias = "token_file", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// Refused: a token on the command line is visible to every user (/proc/PID/cmdline).
+    #[arg(long, hide = true, value_name = "TOKEN")]
     pub token: Option<String>,
 
     /// The worker program: a path, the name of a binary or example built beside oflaunch, or a
@@ -110,10 +153,11 @@ impl Cli {
                     .into(),
             ));
         }
-        if self.nnodes > 1 && self.node_rank > 0 && self.token.is_none() {
+        if self.token.is_some() {
             return Err(LaunchError::Usage(
-                "nodes other than node 0 need the job token: pass --token or set OXIFLOW_TOKEN \
-                 (the same one node 0 uses)"
+                "--token is refused: every user can read a command line (/proc/PID/cmdline); \
+                 put the token in a file only you can read and pass --token-file PATH, or set \
+                 OXIFLOW_TOKEN"
                     .into(),
             ));
         }
@@ -168,25 +212,52 @@ pub fn nproc_per_node(spec: &str, gpus: usize, cpus: usize) -> Result<usize, Lau
     Ok(n)
 }
 
-/// Parses `--ranks-filter` (`0,2`, `1-3`, or both mixed) into a sorted list of ranks.
-pub fn parse_ranks_filter(spec: &str) -> Result<Vec<usize>, LaunchError> {
+/// Checks a resolved `--nproc-per-node` against the most workers this node can run.
+pub fn check_nproc(n: usize, max: usize, why: &str) -> Result<(), LaunchError> {
+    if n > max {
+        return Err(LaunchError::Usage(format!(
+            "--nproc-per-node {n} exceeds the {max} workers this node can run (set by {why})"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses `--ranks-filter` (`0,2`, `1-3`, or both mixed) into a sorted list of ranks, each
+/// inside a world of `world_size` ranks.
+pub fn parse_ranks_filter(spec: &str, world_size: usize) -> Result<Vec<usize>, LaunchError> {
     let bad = |part: &str| {
         LaunchError::Usage(format!(
             "--ranks-filter {spec:?}: cannot read {part:?} (expected ranks like 0,2 or 0-3)"
         ))
     };
+    let outside = |rank: usize| {
+        LaunchError::Usage(format!(
+            "--ranks-filter {spec:?}: rank {rank} does not exist (the job has ranks 0-{})",
+            world_size.saturating_sub(1)
+        ))
+    };
     let mut ranks = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        if let Some((a, b)) = part.split_once('-') {
-            let a: usize = a.trim().parse().map_err(|_| bad(part))?;
-            let b: usize = b.trim().parse().map_err(|_| bad(part))?;
-            if a > b {
-                return Err(bad(part));
-            }
-            ranks.extend(a..=b);
-        } else {
-            ranks.push(part.parse().map_err(|_| bad(part))?);
+    for part in spec.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(bad(part));
         }
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (
+                a.trim().parse::<usize>().map_err(|_| bad(part))?,
+                b.trim().parse::<usize>().map_err(|_| bad(part))?,
+            ),
+            None => {
+                let r = part.parse::<usize>().map_err(|_| bad(part))?;
+                (r, r)
+            }
+        };
+        if a > b {
+            return Err(bad(part));
+        }
+        if b >= world_size {
+            return Err(outside(b));
+        }
+        ranks.extend(a..=b);
     }
     ranks.sort_unstable();
     ranks.dedup();
@@ -230,13 +301,30 @@ mod tests {
         assert!(nproc_per_node("gpu", 0, 8).is_err());
         assert!(nproc_per_node("0", 0, 8).is_err());
         assert!(nproc_per_node("x", 0, 8).is_err());
+        assert!(nproc_per_node("-1", 0, 8).is_err());
+        let e = check_nproc(100_000, 1024, "a limit")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("100000") && e.contains("1024"), "{e}");
+        assert!(check_nproc(1024, 1024, "a limit").is_ok());
     }
 
     #[test]
     fn ranks_filter() {
-        assert_eq!(parse_ranks_filter("0,2").unwrap(), vec![0, 2]);
-        assert_eq!(parse_ranks_filter("3-5, 1").unwrap(), vec![1, 3, 4, 5]);
-        assert!(parse_ranks_filter("a").is_err());
-        assert!(parse_ranks_filter("5-3").is_err());
+        assert_eq!(parse_ranks_filter("0,2", 4).unwrap(), vec![0, 2]);
+        assert_eq!(parse_ranks_filter("3-5, 1", 6).unwrap(), vec![1, 3, 4, 5]);
+        for bad in ["a", "5-3", "", "1,,2", "-1", "1-", " , "] {
+            assert!(parse_ranks_filter(bad, 8).is_err(), "{bad:?}");
+        }
+        let e = parse_ranks_filter("0,4", 4).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 4 does not exist") && e.contains("0-3"),
+            "{e}"
+        );
+        // A huge range is refused before it is expanded.
+        let e = parse_ranks_filter("0-18446744073709551615", 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
     }
 }

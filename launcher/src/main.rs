@@ -11,6 +11,7 @@ mod signals;
 mod spawn;
 mod summary;
 mod supervise;
+mod token;
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use nix::sys::signal::{killpg, Signal};
 
 use cli::{BackendArg, Cli};
 use error::LaunchError;
-use output::OutputConfig;
+use output::{LogErrors, OutputConfig};
 use rendezvous_join::{JoinSpec, Rendezvous};
 use signals::SignalPipe;
 use spawn::{spawn_worker, JobEnv, Worker};
@@ -41,26 +42,61 @@ fn main() {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    let code = match run(cli) {
+    let log_errors = LogErrors::default();
+    let code = match run(cli, &log_errors) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("oflaunch: error: {e}");
             LAUNCH_ERROR_CODE
         }
     };
-    std::process::exit(code);
+    std::process::exit(with_log_errors(code, &log_errors));
 }
 
-fn run(mut cli: Cli) -> Result<i32, LaunchError> {
-    if cli.token.is_none() {
-        cli.token = std::env::var("OXIFLOW_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty());
+/// Reports the log files that could not be written; a job that succeeded then exits with 1.
+fn with_log_errors(code: i32, log_errors: &LogErrors) -> i32 {
+    let errors = log_errors.lock().map(|e| e.clone()).unwrap_or_default();
+    if errors.is_empty() {
+        return code;
     }
+    eprintln!(
+        "oflaunch: {} log file(s) could not be written (output lost):",
+        errors.len()
+    );
+    for e in &errors {
+        eprintln!("  {e}");
+    }
+    if code == 0 {
+        1
+    } else {
+        code
+    }
+}
+
+fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
     cli.validate()?;
+    let token = token::job_token(
+        cli.token_file.as_deref(),
+        std::env::var("OXIFLOW_TOKEN").ok(),
+    )?;
+    if cli.nnodes > 1 && cli.node_rank > 0 && token.is_none() {
+        return Err(LaunchError::Usage(
+            "nodes other than node 0 need the job token: pass --token-file PATH or set \
+             OXIFLOW_TOKEN (the same one node 0 uses)"
+                .into(),
+        ));
+    }
     let gpus = node::count_gpus();
     let cpus = node::count_cpus();
     let nproc = cli::nproc_per_node(&cli.nproc_per_node, gpus, cpus)?;
+    let (max_workers, limited_by) = node::max_workers();
+    cli::check_nproc(nproc, max_workers, &limited_by)?;
+    let world_size = cli.nnodes.checked_mul(nproc).ok_or_else(|| {
+        LaunchError::Usage(format!(
+            "--nnodes {} x --nproc-per-node {nproc} overflows",
+            cli.nnodes
+        ))
+    })?;
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.to_path_buf()));
@@ -74,11 +110,12 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
     };
     let output = OutputConfig {
         log_dir: cli.log_dir.clone(),
+        log_errors: log_errors.clone(),
         console: cli.log_dir.is_none() || cli.tee,
         ranks_filter: cli
             .ranks_filter
             .as_deref()
-            .map(cli::parse_ranks_filter)
+            .map(|spec| cli::parse_ranks_filter(spec, world_size))
             .transpose()?,
     };
     if let Some(dir) = &cli.log_dir {
@@ -94,13 +131,12 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
         nnodes: cli.nnodes,
         node_rank: cli.node_rank,
         nproc_per_node: nproc,
-        token: cli.token.clone(),
+        token,
         timeout: cli.timeout(),
         host: host.clone(),
     })?;
     rdzv.join()?;
 
-    let world_size = cli.nnodes * nproc;
     tracing::info!(
         "node {}/{}: starting {nproc} worker(s) of {world_size}: {} (backend {backend})",
         cli.node_rank,
@@ -137,6 +173,7 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
             },
         );
         drop(watch);
+        remove_leftover_segments(&rdzv, generation, &job);
         let failure = match outcome {
             Outcome::Success => match rdzv.finish(generation)? {
                 None => {
@@ -189,6 +226,30 @@ fn run(mut cli: Cli) -> Result<i32, LaunchError> {
             "oflaunch: restarting the workers ({generation}/{})",
             cli.max_restarts
         );
+    }
+}
+
+/// Removes the shared-memory names this node's workers of `generation` left in /dev/shm (a
+/// worker killed while setting up its data plane cannot unlink its own).
+fn remove_leftover_segments(rdzv: &Rendezvous, generation: u32, job: &JobEnv) {
+    let Some(store) = rdzv.job_store(generation) else {
+        return;
+    };
+    let first = job.node_rank * job.nproc_per_node;
+    let paths =
+        match oxiflow_collectives::job_segment_paths(&store, first..first + job.nproc_per_node) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("cannot look up the job's shared-memory names: {e}");
+                return;
+            }
+        };
+    let removed = paths
+        .iter()
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .count();
+    if removed > 0 {
+        tracing::info!("removed {removed} shared-memory file(s) left by stopped workers");
     }
 }
 

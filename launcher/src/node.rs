@@ -60,3 +60,51 @@ pub fn count_cpus() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
 }
+
+/// Most workers one oflaunch starts, whatever the limits allow.
+pub const MAX_WORKERS_PER_NODE: usize = 1024;
+/// File descriptors oflaunch needs per worker: its stdout and stderr pipes and, with
+/// --log-dir, its two log files.
+const FDS_PER_WORKER: u64 = 4;
+/// Descriptors kept for oflaunch itself (store, sockets, libraries).
+const FDS_RESERVED: u64 = 64;
+/// Processes and threads per worker counted by RLIMIT_NPROC: the worker and oflaunch's two
+/// output threads for it, and room for the worker's own threads.
+const TASKS_PER_WORKER: u64 = 8;
+
+/// The most workers this node can run under its limits, and which limit sets that number.
+pub fn max_workers() -> (usize, String) {
+    let soft = |resource| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit into the struct we own.
+        let rc = unsafe { libc::getrlimit(resource, &mut lim) };
+        (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+    };
+    let mut best = (
+        MAX_WORKERS_PER_NODE,
+        format!("oflaunch's cap of {MAX_WORKERS_PER_NODE} workers per node"),
+    );
+    if let Some(files) = soft(libc::RLIMIT_NOFILE) {
+        let n = files.saturating_sub(FDS_RESERVED) / FDS_PER_WORKER;
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        if n < best.0 {
+            best = (
+                n,
+                format!("the open-files limit (ulimit -n {files}; {FDS_PER_WORKER} per worker)"),
+            );
+        }
+    }
+    if let Some(tasks) = soft(libc::RLIMIT_NPROC) {
+        let n = usize::try_from(tasks / TASKS_PER_WORKER).unwrap_or(usize::MAX);
+        if n < best.0 {
+            best = (
+                n,
+                format!("the process limit (ulimit -u {tasks}; {TASKS_PER_WORKER} per worker)"),
+            );
+        }
+    }
+    best
+}

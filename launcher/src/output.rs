@@ -34,10 +34,15 @@ impl Stream {
     }
 }
 
+/// Log files that could not be written, one message each (shared by every pipe reader).
+pub type LogErrors = Arc<Mutex<Vec<String>>>;
+
 /// Where worker output goes, shared by every pipe reader.
 #[derive(Debug, Clone)]
 pub struct OutputConfig {
     pub log_dir: Option<PathBuf>,
+    /// Where readers report a log file they could not write.
+    pub log_errors: LogErrors,
     /// Print to the console (no log dir, or --tee).
     pub console: bool,
     /// Console only for these global ranks (None: all).
@@ -86,7 +91,11 @@ impl Pipes {
             (Stream::Stderr, Box::new(stderr) as Box<dyn Read + Send>),
         ] {
             let file = match &cfg.log_dir {
-                Some(dir) => Some(open_log(dir, rank, stream, append)?),
+                Some(dir) => Some(LogFile {
+                    file: open_log(dir, rank, stream, append)?,
+                    path: OutputConfig::log_path(dir, rank, stream),
+                    errors: Arc::clone(&cfg.log_errors),
+                }),
                 None => None,
             };
             let console = cfg.console_for(rank);
@@ -142,11 +151,18 @@ fn open_log(dir: &Path, rank: usize, stream: Stream, append: bool) -> Result<Fil
         .map_err(|e| LaunchError::io(format!("opening log file {}", path.display()), e))
 }
 
+/// One rank's log file, and where a failed write is reported.
+struct LogFile {
+    file: File,
+    path: PathBuf,
+    errors: LogErrors,
+}
+
 fn pump(
     rank: usize,
     stream: Stream,
     reader: Box<dyn Read + Send>,
-    mut file: Option<File>,
+    mut file: Option<LogFile>,
     console: bool,
     tail: Option<Tail>,
 ) {
@@ -165,7 +181,17 @@ fn pump(
             line.push(b'\n');
         }
         if let Some(f) = file.as_mut() {
-            if f.write_all(&line).is_err() {
+            if let Err(e) = f.file.write_all(&line) {
+                // Later lines of this stream still reach the console (when shown) and the tail.
+                let msg = format!(
+                    "rank {rank}'s {} log {}: {e}; later lines of it were not written",
+                    stream.suffix(),
+                    f.path.display()
+                );
+                tracing::error!("{msg}");
+                if let Ok(mut errors) = f.errors.lock() {
+                    errors.push(msg);
+                }
                 file = None;
             }
         }

@@ -89,7 +89,7 @@ impl Rendezvous {
             })
         } else {
             let token = spec.token.clone().ok_or_else(|| {
-                LaunchError::Usage("node rank > 0 needs --token or OXIFLOW_TOKEN".into())
+                LaunchError::Usage("node rank > 0 needs --token-file or OXIFLOW_TOKEN".into())
             })?;
             let endpoint = join_host_port(&spec.master_addr, spec.master_port);
             let client = connect(&endpoint, &token, spec.timeout)?;
@@ -102,6 +102,18 @@ impl Rendezvous {
                 token,
             })
         }
+    }
+
+    /// A store handle for generation `generation` of the job (with its key prefix): this node's
+    /// own client, or on a single node a new one to the store served here.
+    pub fn job_store(&self, generation: u32) -> Option<StoreClient> {
+        let client = match &self.client {
+            Some(c) => c.clone(),
+            None => StoreClient::connect(&self.endpoint, &self.token, Duration::from_secs(5))
+                .map_err(|e| tracing::warn!("cannot reach this node's own store: {e}"))
+                .ok()?,
+        };
+        Some(client.with_prefix(&format!("job/g{generation}/")))
     }
 
     /// Checks that every node agrees on the job's shape and waits for all of them.
@@ -413,7 +425,7 @@ fn connect(endpoint: &str, token: &str, timeout: Duration) -> Result<StoreClient
         Ok(c) => Ok(c),
         Err(CommError::Unauthenticated(m)) => Err(LaunchError::Rendezvous(format!(
             "refused: the store at {endpoint} rejected this node's token ({m}); pass node 0's \
-             token with --token or OXIFLOW_TOKEN"
+             token with --token-file or OXIFLOW_TOKEN"
         ))),
         Err(e) => Err(LaunchError::Rendezvous(format!(
             "cannot reach the store at {endpoint} within {timeout:?}: {e}"

@@ -54,22 +54,45 @@ impl SignalPipe {
             unsafe { sigaction(sig, &action) }
                 .map_err(|e| LaunchError::io(format!("installing the {sig} handler"), e.into()))?;
         }
+        // A log file over the file-size limit must fail its write (EFBIG, reported), not kill
+        // oflaunch before its summary. Workers get the default back (see `spawn`).
+        // SAFETY: setting a signal disposition to SIG_IGN.
+        unsafe {
+            sigaction(
+                Signal::SIGXFSZ,
+                &SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty()),
+            )
+        }
+        .map_err(|e| LaunchError::io("ignoring SIGXFSZ", e.into()))?;
         Ok(SignalPipe { read_fd: fds[0] })
     }
 
-    /// Waits up to `timeout` for a signal; returns the signals received (possibly none).
-    pub fn wait(&self, timeout: Duration) -> Vec<Signal> {
-        let mut pfd = libc::pollfd {
-            fd: self.read_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+    /// Waits up to `timeout` for a signal or for one of `also` to become readable; returns the
+    /// signals received (possibly none) and which of `also` are readable.
+    pub fn wait(&self, also: &[RawFd], timeout: Duration) -> (Vec<Signal>, Vec<RawFd>) {
+        let mut pfds: Vec<libc::pollfd> = std::iter::once(self.read_fd)
+            .chain(also.iter().copied())
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
         let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let count = pfds.len() as libc::nfds_t;
+        // SAFETY: `count` valid pollfds in a buffer we own.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), count, ms) };
         let mut out = Vec::new();
         if n <= 0 {
-            return out;
+            return (out, Vec::new());
+        }
+        let ready = pfds[1..]
+            .iter()
+            .filter(|p| p.revents != 0)
+            .map(|p| p.fd)
+            .collect();
+        if pfds[0].revents & libc::POLLIN == 0 {
+            return (out, ready);
         }
         let mut buf = [0u8; 64];
         loop {
@@ -84,6 +107,6 @@ impl SignalPipe {
                 }
             }
         }
-        out
+        (out, ready)
     }
 }

@@ -1,6 +1,7 @@
 //! Starting one worker: its environment (the launch contract), its own process group, and a
 //! parent-death signal so it never outlives oflaunch.
 
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -77,6 +78,18 @@ pub struct Worker {
     pub pid: Pid,
     pub child: Child,
     pub pipes: Option<Pipes>,
+    /// Readable once the worker exits (None where the kernel has no pidfd_open): the
+    /// supervisor wakes on it instead of noticing the exit at its next tick.
+    pub pidfd: Option<OwnedFd>,
+}
+
+/// A pidfd for `pid`, which must be our unreaped child (so the pid cannot be reused).
+fn pidfd_of(pid: Pid) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Starts one worker in its own process group, with `PR_SET_PDEATHSIG = SIGKILL`.
@@ -99,9 +112,11 @@ pub fn spawn_worker(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
-    // functions (setpgid, prctl, getppid, _exit).
+    // functions (signal, setpgid, prctl, getppid, _exit).
     unsafe {
         cmd.pre_exec(move || {
+            // oflaunch ignores SIGXFSZ; an ignored disposition would survive the exec.
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -149,5 +164,6 @@ pub fn spawn_worker(
         pid,
         child,
         pipes,
+        pidfd: pidfd_of(pid),
     })
 }

@@ -9,6 +9,9 @@ use std::process::ExitStatus;
 pub enum ExitKind {
     Code(i32),
     Signal(i32),
+    /// Stopped by this signal (SIGSTOP, SIGTSTP, ...) for longer than oflaunch allows; it was
+    /// then killed.
+    Stopped(i32),
 }
 
 impl ExitKind {
@@ -30,21 +33,30 @@ impl ExitKind {
     pub fn shell_code(self) -> i32 {
         match self {
             ExitKind::Code(c) => c,
-            ExitKind::Signal(s) => 128 + s,
+            ExitKind::Signal(s) | ExitKind::Stopped(s) => 128 + s,
         }
     }
 }
 
 impl fmt::Display for ExitKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = |s: i32| {
+            nix::sys::signal::Signal::try_from(s)
+                .map(|sig| sig.as_str().to_string())
+                .unwrap_or_else(|_| format!("signal {s}"))
+        };
         match *self {
             ExitKind::Code(c) => write!(f, "exit code {c}"),
             ExitKind::Signal(s) => {
-                let name = nix::sys::signal::Signal::try_from(s)
-                    .map(|sig| sig.as_str().to_string())
-                    .unwrap_or_else(|_| format!("signal {s}"));
-                write!(f, "killed by {name} (signal {s}, exit {})", 128 + s)
+                write!(f, "killed by {} (signal {s}, exit {})", name(s), 128 + s)
             }
+            ExitKind::Stopped(s) => write!(
+                f,
+                "stopped by {} and not running for {}s; killed (exit {})",
+                name(s),
+                crate::supervise::STOPPED_LIMIT.as_secs(),
+                128 + s
+            ),
         }
     }
 }
@@ -101,6 +113,7 @@ impl Failure {
         let (kind, n) = match self.exit {
             ExitKind::Code(c) => ("code", c),
             ExitKind::Signal(s) => ("signal", s),
+            ExitKind::Stopped(s) => ("stopped", s),
         };
         let mut s = format!(
             "{}\n{}\n{}\n{}\n{kind} {n}\n",
@@ -125,6 +138,7 @@ impl Failure {
         let exit = match kind {
             "code" => ExitKind::Code(n),
             "signal" => ExitKind::Signal(n),
+            "stopped" => ExitKind::Stopped(n),
             _ => return None,
         };
         Some(Failure {

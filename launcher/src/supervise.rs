@@ -2,9 +2,12 @@
 //! (SIGTERM to every process group, SIGKILL after the grace period) on the first failure, a
 //! forwarded signal, or a failure reported by another node. Every wait has a deadline.
 
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 
 use crate::rendezvous_join::RemoteEvent;
 use crate::signals::SignalPipe;
@@ -17,6 +20,9 @@ const TICK: Duration = Duration::from_millis(20);
 const DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for SIGKILLed processes to be reaped before giving up.
 const AFTER_KILL: Duration = Duration::from_secs(10);
+/// How long a worker may stay stopped (SIGSTOP, SIGTSTP, SIGTTIN/OU) before it counts as
+/// failed: the others would wait for it in their next collective until --timeout.
+pub const STOPPED_LIMIT: Duration = Duration::from_secs(3);
 
 /// Why a generation ended.
 #[derive(Debug, Clone)]
@@ -48,14 +54,38 @@ struct Teardown {
     sigkill_sent: bool,
 }
 
+impl Teardown {
+    /// Sends SIGTERM to every worker still running and starts the grace period.
+    fn begin(workers: &[Worker]) -> Teardown {
+        signal_all(workers, Signal::SIGTERM);
+        Teardown {
+            killed_at: Instant::now(),
+            sigkill_sent: false,
+        }
+    }
+}
+
 /// Runs the workers to the end. Returns the outcome once every worker is reaped (or, after
 /// SIGKILL, the reap deadline has passed, which is logged).
 pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
     let mut outcome: Option<Outcome> = None;
     let mut teardown: Option<Teardown> = None;
+    let mut stopped = StopWatch::default();
     loop {
-        // Signals to oflaunch.
-        for sig in sup.signals.wait(TICK) {
+        // Signals to oflaunch; an exiting worker wakes the loop at once.
+        let pidfds: Vec<RawFd> = workers
+            .iter()
+            .filter_map(|w| w.pidfd.as_ref().map(AsRawFd::as_raw_fd))
+            .collect();
+        let (signals, exited) = sup.signals.wait(&pidfds, TICK);
+        // Those seen exiting by the wake-up come first: when several exit at nearly the same
+        // time, the first failure is the one that woke the loop, not the first in list order.
+        workers.sort_by_key(|w| {
+            !w.pidfd
+                .as_ref()
+                .is_some_and(|fd| exited.contains(&fd.as_raw_fd()))
+        });
+        for sig in signals {
             if outcome.is_none() {
                 tracing::warn!("received {sig}; forwarding it to the workers");
                 outcome = Some(Outcome::Interrupted(sig));
@@ -74,7 +104,8 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
             }
         }
 
-        // Reap whoever exited.
+        // Reap whoever exited (those whose exit woke the loop first).
+        let mut failed: Vec<Failure> = Vec::new();
         let mut i = 0;
         while i < workers.len() {
             let status = match workers[i].child.try_wait() {
@@ -89,43 +120,43 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                     continue;
                 }
             };
-            let mut w = workers.swap_remove(i);
-            let exit = ExitKind::from_status(status);
-            // Leftover processes of the worker's group go with it: no orphans.
-            let _ = killpg(w.pid, Signal::SIGKILL);
-            let tail = match w.pipes.take() {
-                Some(p) => {
-                    let tail = p.tail.clone();
-                    p.drain(DRAIN);
-                    let t = tail
-                        .lock()
-                        .map(|t| t.iter().cloned().collect())
-                        .unwrap_or_default();
-                    t
-                }
-                None => Vec::new(),
-            };
-            tracing::debug!(rank = w.rank, pid = w.pid.as_raw(), "worker ended: {exit}");
-            if !exit.is_success() && outcome.is_none() {
-                tracing::error!(rank = w.rank, "worker failed ({exit}); stopping the others");
-                outcome = Some(Outcome::Failed(Failure {
-                    rank: w.rank,
-                    node_rank: sup.node_rank,
-                    host: sup.host.clone(),
-                    pid: w.pid.as_raw(),
-                    exit,
-                    tail,
-                }));
-                signal_all(&workers, Signal::SIGTERM);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+            let w = workers.remove(i);
+            if let Some(f) = reap(w, status, sup) {
+                failed.push(f);
+            }
+        }
+        if let Some(first) = failed.into_iter().next() {
+            if outcome.is_none() {
+                tracing::error!(
+                    rank = first.rank,
+                    "worker failed ({}); stopping the others",
+                    first.exit
+                );
+                outcome = Some(Outcome::Failed(first));
+                teardown = Some(Teardown::begin(&workers));
             }
         }
 
         if workers.is_empty() {
             return outcome.unwrap_or(Outcome::Success);
+        }
+
+        // A worker stopped for too long fails the job like one that exited.
+        if outcome.is_none() {
+            if let Some((i, sig)) = stopped.too_long(&workers) {
+                let w = &workers[i];
+                let exit = ExitKind::Stopped(sig as i32);
+                tracing::error!(rank = w.rank, "worker {exit}; stopping the others");
+                // A stopped process acts on no signal but SIGKILL.
+                let _ = killpg(w.pid, Signal::SIGKILL);
+                let tail = w
+                    .pipes
+                    .as_ref()
+                    .and_then(|p| p.tail.lock().ok().map(|t| t.iter().cloned().collect()))
+                    .unwrap_or_default();
+                outcome = Some(Outcome::Failed(failure_of(w.rank, w.pid, exit, tail, sup)));
+                teardown = Some(Teardown::begin(&workers));
+            }
         }
 
         // Another node failed.
@@ -147,11 +178,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                         Outcome::StoreLost(msg)
                     }
                 });
-                signal_all(&workers, Signal::SIGTERM);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+                teardown = Some(Teardown::begin(&workers));
             }
         }
 
@@ -172,6 +199,80 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                 return outcome.unwrap_or(Outcome::Success);
             }
         }
+    }
+}
+
+/// Closes the book on a worker that exited: kills what is left of its process group, drains
+/// its output; returns its failure, if it failed.
+fn reap(mut w: Worker, status: std::process::ExitStatus, sup: &Supervision<'_>) -> Option<Failure> {
+    let exit = ExitKind::from_status(status);
+    // Leftover processes of the worker's group go with it: no orphans.
+    let _ = killpg(w.pid, Signal::SIGKILL);
+    let tail = match w.pipes.take() {
+        Some(p) => {
+            let tail = p.tail.clone();
+            p.drain(DRAIN);
+            let t = tail
+                .lock()
+                .map(|t| t.iter().cloned().collect())
+                .unwrap_or_default();
+            t
+        }
+        None => Vec::new(),
+    };
+    tracing::debug!(rank = w.rank, pid = w.pid.as_raw(), "worker ended: {exit}");
+    if exit.is_success() {
+        return None;
+    }
+    Some(failure_of(w.rank, w.pid, exit, tail, sup))
+}
+
+/// A local worker's failure as the summary reports it.
+fn failure_of(
+    rank: usize,
+    pid: nix::unistd::Pid,
+    exit: ExitKind,
+    tail: Vec<String>,
+    sup: &Supervision<'_>,
+) -> Failure {
+    Failure {
+        rank,
+        node_rank: sup.node_rank,
+        host: sup.host.clone(),
+        pid: pid.as_raw(),
+        exit,
+        tail,
+    }
+}
+
+/// When each worker was first seen stopped (by pid), to tell a stop from a brief pause.
+#[derive(Default)]
+struct StopWatch {
+    since: HashMap<i32, Instant>,
+}
+
+impl StopWatch {
+    /// The index of a worker stopped for longer than `STOPPED_LIMIT`, with the stop signal.
+    fn too_long(&mut self, workers: &[Worker]) -> Option<(usize, Signal)> {
+        let mut found = None;
+        for (i, w) in workers.iter().enumerate() {
+            let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::Pid(w.pid), flags) {
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    let since = *self
+                        .since
+                        .entry(w.pid.as_raw())
+                        .or_insert_with(Instant::now);
+                    if found.is_none() && since.elapsed() >= STOPPED_LIMIT {
+                        found = Some((i, sig));
+                    }
+                }
+                _ => {
+                    self.since.remove(&w.pid.as_raw());
+                }
+            }
+        }
+        found
     }
 }
 

@@ -111,7 +111,15 @@ fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
     let dir = scratch("netns");
     let d = dir.to_str().unwrap();
     let mut a = node_args("0", "2", ADDR_A, "29500");
-    a.extend(["--token", TOKEN, "--timeout", "30", WORKER, "store", d]);
+    a.extend([
+        "--token-file",
+        token_file(TOKEN),
+        "--timeout",
+        "30",
+        WORKER,
+        "store",
+        d,
+    ]);
     let mut b = node_args("1", "2", ADDR_A, "29500");
     b.extend(["--timeout", "30", WORKER, "store", d]);
     let node0 = start(NetPair::oflaunch_in(&pair.a, &a));
@@ -142,7 +150,7 @@ fn two_loopback_nodes(tail: &[&str]) -> (Finished, Finished) {
     let port = free_port().to_string();
     let start_node = |node: &str| {
         let mut args = node_args(node, "2", "127.0.0.1", &port);
-        args.extend(["--token", TOKEN, "--timeout", "30"]);
+        args.extend(["--token-file", token_file(TOKEN), "--timeout", "30"]);
         args.extend(tail);
         let mut cmd = Command::new(OFLAUNCH);
         cmd.args(&args);
@@ -220,9 +228,25 @@ fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
     let d = dir.to_str().unwrap();
     let port = free_port().to_string();
     let mut a = node_args("0", "2", "127.0.0.1", &port);
-    a.extend(["--token", TOKEN, "--timeout", "20", WORKER, "env", d]);
+    a.extend([
+        "--token-file",
+        token_file(TOKEN),
+        "--timeout",
+        "20",
+        WORKER,
+        "env",
+        d,
+    ]);
     let mut b = node_args("1", "3", "127.0.0.1", &port);
-    b.extend(["--token", TOKEN, "--timeout", "20", WORKER, "env", d]);
+    b.extend([
+        "--token-file",
+        token_file(TOKEN),
+        "--timeout",
+        "20",
+        WORKER,
+        "env",
+        d,
+    ]);
     let mut c0 = Command::new(OFLAUNCH);
     c0.args(&a);
     let mut c1 = Command::new(OFLAUNCH);
@@ -251,11 +275,19 @@ fn a_node_with_the_wrong_token_is_refused() {
     let d = dir.to_str().unwrap();
     let port = free_port().to_string();
     let mut a = node_args("0", "2", "127.0.0.1", &port);
-    a.extend(["--token", TOKEN, "--timeout", "4", WORKER, "env", d]);
+    a.extend([
+        "--token-file",
+        token_file(TOKEN),
+        "--timeout",
+        "4",
+        WORKER,
+        "env",
+        d,
+    ]);
     let mut b = node_args("1", "2", "127.0.0.1", &port);
     b.extend([
-        "--token",
-        "not-the-job-token",
+        "--token-file",
+        token_file("not-the-job-token"),
         "--timeout",
         "20",
         WORKER,

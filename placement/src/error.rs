@@ -15,6 +15,10 @@ pub enum PlacementError {
         got: usize,
         ranks: Vec<usize>,
     },
+    #[error("placement mesh shape {shape:?} holds more ranks than fit in usize")]
+    MeshTooLarge { shape: Vec<usize> },
+    #[error("placement text nests lists deeper than {limit} levels at byte {pos}")]
+    TooDeep { limit: usize, pos: usize },
     #[error("placement names rank {rank} more than once: {ranks:?}")]
     DuplicateRank { rank: usize, ranks: Vec<usize> },
     #[error("placement {placement} names rank {rank}, outside the world of {world_size} ranks")]

@@ -11,3 +11,4 @@ mod parse;
 pub use device::DeviceType;
 pub use error::PlacementError;
 pub use mesh::Placement;
+pub use parse::MAX_NESTING;

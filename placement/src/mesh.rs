@@ -14,15 +14,14 @@ struct Inner {
     ranks: Vec<usize>,
     /// Rows of the strides of `shape` (row-major).
     strides: Vec<usize>,
-    /// `pos[r]` = Some(index into `ranks`) for r <= max rank; dense lookup table.
-    pos: Vec<u32>,
+    /// `(rank, index into ranks)` sorted by rank: the rank lookup table. Its size follows the
+    /// number of ranks, never the largest rank id.
+    pos: Vec<(usize, usize)>,
 }
 
 /// A device type and an n-d mesh of distinct ranks. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct Placement(Arc<Inner>);
-
-const ABSENT: u32 = u32::MAX;
 
 impl Placement {
     /// A 1-d placement over `ranks`, in the order given.
@@ -46,7 +45,9 @@ impl Placement {
         if shape.is_empty() || shape.contains(&0) {
             return Err(PlacementError::EmptyMesh { shape });
         }
-        let expected: usize = shape.iter().product();
+        let Some(expected) = shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s)) else {
+            return Err(PlacementError::MeshTooLarge { shape });
+        };
         if expected != ranks.len() {
             return Err(PlacementError::ShapeMismatch {
                 expected,
@@ -55,13 +56,13 @@ impl Placement {
                 ranks,
             });
         }
-        let max = ranks.iter().copied().max().unwrap_or(0);
-        let mut pos = vec![ABSENT; max + 1];
-        for (i, &r) in ranks.iter().enumerate() {
-            if pos[r] != ABSENT {
-                return Err(PlacementError::DuplicateRank { rank: r, ranks });
-            }
-            pos[r] = i as u32;
+        let mut pos: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
+        pos.sort_unstable();
+        if let Some(w) = pos.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(PlacementError::DuplicateRank {
+                rank: w[0].0,
+                ranks,
+            });
         }
         let mut strides = vec![1; shape.len()];
         for a in (0..shape.len().saturating_sub(1)).rev() {
@@ -105,10 +106,10 @@ impl Placement {
     }
     /// Position of `rank` in row-major mesh order.
     pub fn index_of(&self, rank: usize) -> Option<usize> {
-        match self.0.pos.get(rank) {
-            Some(&p) if p != ABSENT => Some(p as usize),
-            _ => None,
-        }
+        let pos = &self.0.pos;
+        pos.binary_search_by_key(&rank, |&(r, _)| r)
+            .ok()
+            .map(|i| pos[i].1)
     }
     /// Mesh coordinate of `rank`, or None when the rank lies outside.
     pub fn coord_of(&self, rank: usize) -> Option<Vec<usize>> {

@@ -4,6 +4,10 @@ use std::str::FromStr;
 
 use crate::{DeviceType, Placement, PlacementError};
 
+/// The deepest list nesting the parser accepts: far more mesh axes than any machine has, and
+/// shallow enough that the recursive descent cannot exhaust the stack.
+pub const MAX_NESTING: usize = 64;
+
 /// A nested list of ranks as written.
 enum Nested {
     Rank(usize),
@@ -14,6 +18,7 @@ struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
+    depth: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -33,25 +38,16 @@ impl<'a> Parser<'a> {
         self.skip_ws();
         match self.bytes.get(self.pos) {
             Some(b'[') => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.skip_ws();
-                if self.bytes.get(self.pos) == Some(&b']') {
-                    self.pos += 1;
-                    return Ok(Nested::List(items));
+                if self.depth >= MAX_NESTING {
+                    return Err(PlacementError::TooDeep {
+                        limit: MAX_NESTING,
+                        pos: self.pos,
+                    });
                 }
-                loop {
-                    items.push(self.value()?);
-                    self.skip_ws();
-                    match self.bytes.get(self.pos) {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(Nested::List(items));
-                        }
-                        _ => return Err(self.err("expected ',' or ']'")),
-                    }
-                }
+                self.depth += 1;
+                let list = self.list();
+                self.depth -= 1;
+                list
             }
             Some(c) if c.is_ascii_digit() => {
                 let start = self.pos;
@@ -64,6 +60,31 @@ impl<'a> Parser<'a> {
                     .map_err(|_| self.err("rank does not fit in usize"))
             }
             _ => Err(self.err("expected a rank or '['")),
+        }
+    }
+}
+
+impl Parser<'_> {
+    /// A list whose opening `[` is at the current position.
+    fn list(&mut self) -> Result<Nested, PlacementError> {
+        self.pos += 1;
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.bytes.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            return Ok(Nested::List(items));
+        }
+        loop {
+            items.push(self.value()?);
+            self.skip_ws();
+            match self.bytes.get(self.pos) {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Nested::List(items));
+                }
+                _ => return Err(self.err("expected ',' or ']'")),
+            }
         }
     }
 }
@@ -155,6 +176,7 @@ impl FromStr for Placement {
             text,
             bytes: text.as_bytes(),
             pos: dev.len() + 1,
+            depth: 0,
         };
         let nested = p.value()?;
         p.skip_ws();

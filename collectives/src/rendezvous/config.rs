@@ -28,11 +28,16 @@ pub struct StoreConfig {
     /// Longest a single server-side wait or barrier call may block; clients asking for longer
     /// waits re-issue their call, so no request holds the server longer than this.
     pub max_wait: Duration,
-    /// Most simultaneous TCP connections; further ones are closed at once.
+    /// Most simultaneous TCP connections. At the cap, the oldest connection that has not yet
+    /// presented the token is closed and the new one is refused (its client retries).
     pub max_connections: usize,
-    /// A new connection that sends nothing for this long is closed (so silent sockets cannot
-    /// hold the connection slots).
-    pub first_byte_timeout: Duration,
+    /// A new connection must carry a request with the job token within this long (the whole
+    /// HTTP/2 handshake included), or it is closed: silent sockets and partial prefaces cannot
+    /// hold connection slots.
+    pub handshake_timeout: Duration,
+    /// Most connections one peer address may hold before presenting the token; when it opens
+    /// one more, its oldest such connection is closed.
+    pub max_pending_per_peer: usize,
 }
 
 impl Default for StoreConfig {
@@ -46,7 +51,8 @@ impl Default for StoreConfig {
             max_total_bytes: 1 << 30,
             max_wait: Duration::from_secs(30),
             max_connections: 4096,
-            first_byte_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            max_pending_per_peer: 1024,
         }
     }
 }
@@ -77,11 +83,19 @@ impl StoreConfig {
                 self.max_value_bytes, self.max_message_bytes
             ));
         }
-        if self.max_entries == 0 || self.max_total_bytes == 0 || self.max_connections == 0 {
-            return bad("max_entries, max_total_bytes and max_connections must be positive".into());
+        if self.max_entries == 0
+            || self.max_total_bytes == 0
+            || self.max_connections == 0
+            || self.max_pending_per_peer == 0
+        {
+            return bad(
+                "max_entries, max_total_bytes, max_connections and max_pending_per_peer must be \
+                 positive"
+                    .into(),
+            );
         }
-        if self.max_wait.is_zero() || self.first_byte_timeout.is_zero() {
-            return bad("max_wait and first_byte_timeout must be positive".into());
+        if self.max_wait.is_zero() || self.handshake_timeout.is_zero() {
+            return bad("max_wait and handshake_timeout must be positive".into());
         }
         Ok(())
     }

@@ -8,8 +8,10 @@
 //! fall over or hold it forever. There is no TLS: the token keeps other jobs and stray clients
 //! out, but on an untrusted network it can be sniffed, so bind to a private interface.
 
+mod admission;
 mod client;
 mod config;
+mod refusals;
 mod server;
 // tonic's service traits return `Result<_, tonic::Status>`; the state and service helpers
 // follow them, so the size of `Status` is not ours to shrink.

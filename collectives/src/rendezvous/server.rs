@@ -1,26 +1,30 @@
 //! `StoreServer`: serves the rendezvous store on the exact address given, on its own thread and
-//! tokio runtime, with a connection cap; dropping it stops the server and frees the port.
+//! tokio runtime, with a connection cap and admission control (`admission`); dropping it stops
+//! the server and frees the port.
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::admission::{Admission, AdmittedStream};
 use super::config::{validate_token, StoreConfig};
 use super::proto::store_server::StoreServer as GrpcStoreServer;
+use super::refusals::RefusalLog;
 use super::service::{StoreService, TokenCheck};
 use super::state::StoreState;
 use crate::CommError;
+
+/// Connections the kernel queues before the store accepts them (capped by
+/// net.core.somaxconn): deep enough that a burst of connections does not make the job's own
+/// ranks wait for a SYN retransmission.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// How long a stopping server lets in-flight requests finish before it drops them.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
@@ -57,18 +61,32 @@ impl StoreServer {
         validate_token(&token, "rendezvous store bind")?;
         config.validate()?;
         let io_err = |context: String| move |source: io::Error| CommError::Io { context, source };
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(io_err(format!("rendezvous store: cannot bind {addr}")))?;
-        listener.set_nonblocking(true).map_err(io_err(format!(
-            "rendezvous store: set_nonblocking on {addr}"
-        )))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(io_err(format!("rendezvous store: local_addr of {addr}")))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(io_err("rendezvous store: start tokio runtime".to_string()))?;
+        let listener = {
+            // The listener registers with this runtime's reactor.
+            let _in_runtime = runtime.enter();
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()
+            } else {
+                TcpSocket::new_v6()
+            }
+            .map_err(io_err(format!("rendezvous store: socket for {addr}")))?;
+            socket
+                .set_reuseaddr(true)
+                .map_err(io_err(format!("rendezvous store: SO_REUSEADDR on {addr}")))?;
+            socket
+                .bind(addr)
+                .map_err(io_err(format!("rendezvous store: cannot bind {addr}")))?;
+            socket
+                .listen(LISTEN_BACKLOG)
+                .map_err(io_err(format!("rendezvous store: cannot listen on {addr}")))?
+        };
+        let local_addr = listener
+            .local_addr()
+            .map_err(io_err(format!("rendezvous store: local_addr of {addr}")))?;
         let state = StoreState::new(config);
         let (stop, stop_rx) = oneshot::channel();
         let thread_state = Arc::clone(&state);
@@ -91,6 +109,12 @@ impl StoreServer {
     /// The address actually bound (with the port chosen when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// How many wait and barrier calls are blocked in the server now (a diagnostic: tests use it
+    /// to know that a call has reached the server before they act).
+    pub fn blocked_calls(&self) -> usize {
+        self.state.blocked_calls()
     }
 
     /// Stops the server: pending waits return `unavailable`, the port is closed on return.
@@ -119,26 +143,14 @@ impl Drop for StoreServer {
 
 /// Serves until `stop` fires, then gives in-flight requests `SHUTDOWN_GRACE` to finish.
 async fn serve(
-    listener: std::net::TcpListener,
+    listener: TcpListener,
     token: String,
     state: Arc<StoreState>,
     stop: oneshot::Receiver<()>,
 ) {
     let config = state.config().clone();
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "rendezvous store: cannot register the listener");
-            return;
-        }
-    };
-    let (conn_tx, conn_rx) = mpsc::channel::<io::Result<LimitedStream>>(64);
-    let accept = tokio::spawn(accept_loop(
-        listener,
-        conn_tx,
-        config.max_connections,
-        config.first_byte_timeout,
-    ));
+    let (conn_tx, conn_rx) = mpsc::channel::<io::Result<AdmittedStream>>(64);
+    let accept = tokio::spawn(accept_loop(listener, conn_tx, config.clone()));
 
     let cap = config.max_message_bytes;
     let grpc = GrpcStoreServer::new(StoreService::new(Arc::clone(&state)))
@@ -173,15 +185,16 @@ async fn serve(
     accept.abort();
 }
 
-/// Accepts connections, closing at once those beyond `max_connections`, and those that send
-/// nothing within `first_byte_timeout`.
+/// Accepts connections into the admission table. At the connection cap, the oldest connection
+/// that has not presented the token is closed and the new one is refused.
 async fn accept_loop(
     listener: TcpListener,
-    tx: mpsc::Sender<io::Result<LimitedStream>>,
-    max_connections: usize,
-    first_byte_timeout: Duration,
+    tx: mpsc::Sender<io::Result<AdmittedStream>>,
+    config: StoreConfig,
 ) {
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    let admission = Admission::new(config.max_pending_per_peer, config.handshake_timeout);
+    let at_cap = RefusalLog::new("rendezvous store refused connections at its connection cap");
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -193,75 +206,15 @@ async fn accept_loop(
             }
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::warn!(%peer, max_connections, "rendezvous store: connection limit reached, closing");
+            admission.evict_oldest();
+            at_cap.record(peer.ip());
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(first_byte_timeout, stream.peek(&mut first)).await {
-                Ok(Ok(n)) if n > 0 => {
-                    let conn = LimitedStream {
-                        inner: stream,
-                        _permit: permit,
-                    };
-                    let _ = tx.send(Ok(conn)).await;
-                }
-                _ => {
-                    tracing::debug!(%peer, "rendezvous store: closing a connection that sent nothing")
-                }
-            }
-        });
-    }
-}
-
-/// A TCP connection holding one slot of the connection cap until it closes.
-struct LimitedStream {
-    inner: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Connected for LimitedStream {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.inner.connect_info()
-    }
-}
-
-impl AsyncRead for LimitedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for LimitedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        let conn = admission.admit(stream, peer.ip(), permit);
+        if tx.send(Ok(conn)).await.is_err() {
+            return;
+        }
     }
 }

@@ -7,24 +7,31 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use super::admission::StoreConnectInfo;
 use super::config::{check_key, check_value, constant_time_eq};
 use super::proto;
+use super::refusals::RefusalLog;
 use super::state::{StoreState, WaitOutcome};
 use super::TOKEN_METADATA_KEY;
 
 /// Protocol version reported by `Ping`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
-/// Refuses every request whose `x-oxiflow-token` metadata differs from the job's token.
+/// Refuses every request whose `x-oxiflow-token` metadata differs from the job's token, and
+/// admits the connection of every request that carries it.
 #[derive(Clone)]
 pub(crate) struct TokenCheck {
     token: Arc<[u8]>,
+    refusals: Arc<RefusalLog>,
 }
 
 impl TokenCheck {
     pub fn new(token: &str) -> TokenCheck {
         TokenCheck {
             token: Arc::from(token.as_bytes()),
+            refusals: Arc::new(RefusalLog::new(
+                "rendezvous store refused requests with a wrong or missing token",
+            )),
         }
     }
 }
@@ -35,13 +42,18 @@ impl tonic::service::Interceptor for TokenCheck {
             .metadata()
             .get(TOKEN_METADATA_KEY)
             .is_some_and(|v| constant_time_eq(v.as_bytes(), &self.token));
+        let conn = request.extensions().get::<StoreConnectInfo>();
         if ok {
+            if let Some(conn) = conn {
+                conn.ticket.authenticate();
+            }
             Ok(request)
         } else {
-            let peer = request
-                .remote_addr()
-                .map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
-            tracing::warn!(%peer, "rendezvous store refused a request with a wrong or missing token");
+            let peer = conn.map_or_else(|| "unknown peer".to_string(), StoreConnectInfo::peer);
+            tracing::debug!(%peer, "rendezvous store refused a request with a wrong or missing token");
+            if let Some(ip) = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip()) {
+                self.refusals.record(ip);
+            }
             Err(Status::unauthenticated(
                 "rendezvous store: wrong or missing token (every rank must carry the job's token, \
                  OXIFLOW_TOKEN, which oflaunch sets)",

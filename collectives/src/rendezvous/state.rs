@@ -2,7 +2,7 @@
 //! waits on both (a `Notify` wakes waiters on every change; every wait has a deadline).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -54,7 +54,25 @@ pub(crate) struct StoreState {
     inner: Mutex<Inner>,
     changed: Notify,
     closed: AtomicBool,
+    /// Wait and barrier calls blocked in the server right now.
+    blocked_calls: AtomicUsize,
     config: StoreConfig,
+}
+
+/// Counts one blocked wait or barrier call in `StoreState::blocked_calls` while it lives.
+struct BlockedCall<'a>(&'a AtomicUsize);
+
+impl<'a> BlockedCall<'a> {
+    fn enter(count: &'a AtomicUsize) -> BlockedCall<'a> {
+        count.fetch_add(1, Ordering::SeqCst);
+        BlockedCall(count)
+    }
+}
+
+impl Drop for BlockedCall<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Most arrivals of one barrier round remembered for timeout reports.
@@ -70,12 +88,18 @@ impl StoreState {
             inner: Mutex::new(Inner::default()),
             changed: Notify::new(),
             closed: AtomicBool::new(false),
+            blocked_calls: AtomicUsize::new(0),
             config,
         })
     }
 
     pub fn config(&self) -> &StoreConfig {
         &self.config
+    }
+
+    /// How many wait and barrier calls are blocked in the server now.
+    pub fn blocked_calls(&self) -> usize {
+        self.blocked_calls.load(Ordering::SeqCst)
     }
 
     /// Wakes every waiter and makes them (and later waits) return `unavailable`.
@@ -207,6 +231,7 @@ impl StoreState {
 
     /// Waits until every key exists or `deadline` passes.
     pub async fn wait(&self, keys: &[String], deadline: Instant) -> Result<WaitOutcome, Status> {
+        let _blocked = BlockedCall::enter(&self.blocked_calls);
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -328,6 +353,7 @@ impl StoreState {
             generation,
             active: true,
         };
+        let _blocked = BlockedCall::enter(&self.blocked_calls);
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);

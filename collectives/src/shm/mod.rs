@@ -91,6 +91,21 @@ fn wait_all(
 /// Finds the same-host ranks and maps their segments. Every rank of the world calls this (with
 /// `enabled` false it only announces that it takes no part). Returns `None` when this rank has
 /// no usable same-host peer. The set of shm ranks is the same on every rank of a host.
+/// The /dev/shm names that ranks `ranks` of a job use for their segments, found through the
+/// job's store handle (with the job's key prefix). A rank unlinks its own name once every peer
+/// has mapped it; one killed before that leaves it behind, and the launcher removes these.
+/// Empty when the job never got as far as its data plane.
+pub fn job_segment_paths(
+    store: &StoreClient,
+    ranks: impl IntoIterator<Item = usize>,
+) -> Result<Vec<String>, CommError> {
+    let key = format!("{}/nonce", crate::tcp::mesh::KEY_PREFIX);
+    Ok(match store.get(&key)? {
+        Some(nonce) => ranks.into_iter().map(|r| path_of(&nonce, r)).collect(),
+        None => Vec::new(),
+    })
+}
+
 pub(crate) fn setup(
     store: &StoreClient,
     rank: usize,

@@ -12,7 +12,7 @@
 mod all_to_all;
 mod engine;
 mod launch;
-mod mesh;
+pub(crate) mod mesh;
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;

@@ -10,6 +10,9 @@
 //! - `store`: connect to the store, publish RANK, wait for every rank's value, check them,
 //!   check that a wrong token is refused, and write OUTDIR/rank_R.store ("ok ...") besides
 //!   the `env` mode's file.
+//! - `shm-leak`: join the world (CPU backend), put this rank's shared-memory segment name back
+//!   in /dev/shm (as a rank killed during the data plane's setup leaves it), write the path to
+//!   OUTDIR/rank_R.shm, and SIGKILL itself.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,8 +29,11 @@ fn rank() -> usize {
 }
 
 fn write_pid(dir: &Path) {
+    // Written aside and renamed, so a reader never sees an empty or partial file.
     let path = dir.join(format!("pid_{}", rank()));
-    std::fs::write(path, std::process::id().to_string()).expect("write pid file");
+    let tmp = dir.join(format!(".pid_{}.tmp", rank()));
+    std::fs::write(&tmp, std::process::id().to_string()).expect("write pid file");
+    std::fs::rename(&tmp, path).expect("publish pid file");
 }
 
 fn main() {
@@ -58,6 +64,7 @@ fn main() {
             0
         }
         "store" => store_mode(&dir),
+        "shm-leak" => shm_leak_mode(&dir),
         other => {
             eprintln!("oflaunch_testworker: unknown mode {other:?}");
             64
@@ -86,6 +93,11 @@ fn env_mode(dir: &Path) -> i32 {
         s.push_str(&format!("{key}={}\n", var(key)));
     }
     s.push_str(&format!("PID={}\n", std::process::id()));
+    // The launcher's command line, as any user on the host could read it.
+    let parent = std::os::unix::process::parent_id();
+    let cmdline = std::fs::read(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    s.push_str(&format!("PARENT_CMDLINE={cmdline}\n"));
     std::fs::write(dir.join(format!("rank_{}.env", rank())), s).expect("write env file");
     0
 }
@@ -175,4 +187,39 @@ fn store_mode(dir: &Path) -> i32 {
     } else {
         14
     }
+}
+
+fn shm_leak_mode(dir: &Path) -> i32 {
+    let env = match oxiflow_collectives::env::LaunchEnv::from_env() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("shm-leak: {e}");
+            return 3;
+        }
+    };
+    let world = match oxiflow_collectives::init_world(&env) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("shm-leak: init_world: {e}");
+            return 3;
+        }
+    };
+    let paths = env
+        .connect_store()
+        .and_then(|store| oxiflow_collectives::job_segment_paths(&store, [env.rank]));
+    let path = match paths.as_deref() {
+        Ok([path]) => path.to_string(),
+        other => {
+            eprintln!("shm-leak: no segment name: {other:?}");
+            return 3;
+        }
+    };
+    std::fs::write(&path, b"left behind").expect("recreate the segment name");
+    std::fs::write(dir.join(format!("rank_{}.shm", rank())), &path).expect("write shm file");
+    drop(world);
+    // SAFETY: signalling this process.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    0
 }

@@ -28,6 +28,16 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// A file holding `token`, readable by this user only (for `--token-file`); lives until the
+/// test process ends.
+pub fn token_file(token: &str) -> &'static str {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch("token").join("token");
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    Box::leak(path.to_str().unwrap().to_string().into_boxed_str())
+}
+
 /// A running oflaunch (or any command) whose output is collected by threads.
 pub struct Running {
     pub child: Child,

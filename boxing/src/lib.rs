@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Planning: on one placement, a Dijkstra search over nd-SBP states whose edges are valid
-//! single-axis steps (design.md's 1-d table on the axis groups, priced with
+//! single-axis steps (docs/design.md's 1-d table on the axis groups, priced with
 //! `sbp::transition_cost_1d` on the group tensor), compared with the point-to-point plan; the
 //! cheaper wins, ties to the collectives. Across placements or rank sets: point-to-point.
 //! Across device types: a device copy first (to CUDA) or last (from CUDA).

@@ -1,4 +1,4 @@
-//! Pure planner tests: 1-d same-placement plans move exactly design.md's table bytes, n-d plans
+//! Pure planner tests: 1-d same-placement plans move exactly docs/design.md's table bytes, n-d plans
 //! route through intermediates, the cache returns the same plan, and `explain` names steps,
 //! groups and bytes.
 
@@ -9,7 +9,7 @@ use oxiflow_boxing::{build_plan, BoxingError, BoxingPlanner, StepKind, Strategy}
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
 
-/// design.md's table, bytes received per rank, for p ranks and |T| bytes.
+/// docs/design.md's table, bytes received per rank, for p ranks and |T| bytes.
 fn table(from: Sbp, to: Sbp, t: u64, p: u64) -> u64 {
     if from == to || p == 1 {
         return 0;
@@ -44,7 +44,7 @@ fn one_d_bytes_equal_table_minimum() {
                 let to = GlobalLayout::new(shape, &pl, b).unwrap();
                 let plan = build_plan(&from, &to, DType::F32).unwrap();
                 if a.is_partial() && b.is_partial() && a != b {
-                    // Not in design.md's table; the planner finds reduce-scatter then a local
+                    // Not in docs/design.md's table; the planner finds reduce-scatter then a local
                     // identity fill, cheaper than the all-reduce route the cost model prices.
                     assert!(
                         plan.bytes_max() <= table(a, b, t, p as u64),

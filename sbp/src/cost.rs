@@ -1,5 +1,5 @@
 //! The byte cost model shared by signature inference and boxing: what one 1-d transition on a
-//! mesh axis costs (bytes received per rank, design.md's boxing table), and an n-d estimate as
+//! mesh axis costs (bytes received per rank, docs/design.md's boxing table), and an n-d estimate as
 //! a sum of per-axis steps.
 
 use smallvec::SmallVec;

@@ -9,6 +9,7 @@ mod loss;
 mod matmul;
 mod norm;
 mod reduction;
+mod rms_norm;
 mod softmax;
 
 use ndarray::{ArrayD, ArrayView2};

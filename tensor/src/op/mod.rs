@@ -16,6 +16,7 @@ mod loss;
 mod matmul;
 mod norm;
 mod reduction;
+mod rms_norm;
 mod softmax;
 
 use std::fmt;
@@ -38,6 +39,7 @@ pub use loss::{LossKernels, LossOp};
 pub use matmul::{MatmulKernels, MatmulOp};
 pub use norm::{NormKernels, NormOp};
 pub use reduction::{ReductionKernels, ReductionOp};
+pub use rms_norm::{RmsNormKernels, RmsNormOp};
 pub use softmax::{SoftmaxKernels, SoftmaxOp};
 
 /// A list of tensor dims (normalized, non-negative).
@@ -176,6 +178,7 @@ families! {
     Embedding(EmbeddingOp): EmbeddingKernels,
     Norm(NormOp): NormKernels,
     Loss(LossOp): LossKernels,
+    RmsNorm(RmsNormOp): RmsNormKernels,
 }
 
 impl fmt::Display for Op {

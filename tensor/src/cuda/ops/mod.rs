@@ -8,6 +8,7 @@ mod loss;
 mod matmul;
 mod norm;
 mod reduction;
+mod rms_norm;
 mod softmax;
 
 use std::sync::Arc;

@@ -1,0 +1,98 @@
+//! RMS normalization over the last dim: `y = x / sqrt(mean(x^2) + eps) * weight`, weight `[H]`.
+//! The backward is written with ops, so its gradients get their SBP by inference.
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+
+use super::grad::{sum_to, Grad};
+use super::{
+    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
+    OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// The RMS-norm family. Inputs: (x [.., H], weight [H]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RmsNormOp {
+    Forward { eps: F64Bits },
+}
+
+/// RMS-norm kernels of a backend (float pieces of one dtype).
+pub trait RmsNormKernels: KernelBackend {
+    fn rms_norm(
+        &self,
+        x: &Self::Piece,
+        weight: &Self::Piece,
+        eps: f64,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+}
+
+impl OpFamily for RmsNormOp {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (2, 2)
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let dt = same_dtype(d)?;
+        need_float(dt, "input")?;
+        let (x, w) = (s[0], s[1]);
+        if x.ndim() == 0 || w.dims() != [x.dim(x.ndim() - 1)] {
+            return Err(MetaError::Shape(format!(
+                "weight must be [H] for input [.., H], got input {x} and weight {w}"
+            )));
+        }
+        // (S(i), B) -> S(i) for a leading (not normalized) dim i; (B, B) -> B.
+        let mut r = Rules::new(mode, [x.clone()]);
+        for i in 0..x.ndim() - 1 {
+            r.push(&[Sbp::S(i), Sbp::B], &[Sbp::S(i)]);
+        }
+        r.push(&[Sbp::B, Sbp::B], &[Sbp::B]);
+        Ok(Inferred::new(r, dt))
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        let RmsNormOp::Forward { eps } = self;
+        b.rms_norm(x[0], x[1], eps.get(), out)
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let RmsNormOp::Forward { eps } = self;
+        let (x, w, dy) = (&g.x[0], &g.x[1], g.dy);
+        // r = (mean(x^2) + eps)^-1/2, xhat = x r, y = xhat w:
+        // dx = r (dy w - xhat mean(dy w xhat)), dw = sum over rows of dy xhat.
+        let r = x
+            .square()?
+            .mean(&[-1], true)?
+            .add_scalar(eps.get())?
+            .pow_scalar(-0.5)?;
+        let xhat = x.mul(&r)?;
+        Ok(vec![
+            g.when(0, || {
+                let gw = dy.mul(w)?;
+                let proj = gw.mul(&xhat)?.mean(&[-1], true)?;
+                r.mul(&gw.sub(&xhat.mul(&proj)?)?)
+            })?,
+            g.when(1, || sum_to(dy.mul(&xhat)?, w))?,
+        ])
+    }
+}
+
+impl Tensor {
+    /// RMS norm over the last dim with weight `[H]`.
+    pub fn rms_norm(&self, weight: &Tensor, eps: f64) -> Result<Tensor> {
+        let eps = F64Bits::new(eps);
+        dispatch(RmsNormOp::Forward { eps }.into(), &[self, weight])
+    }
+}

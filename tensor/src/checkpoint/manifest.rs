@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use oxiflow_collectives::DType;
+use oxiflow_sbp::Shape;
 use serde::{Deserialize, Serialize};
 
 use super::pieces::dtype_from_name;
@@ -83,14 +84,6 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// The element count of `shape` and its size in bytes for elements of `elem` bytes, or None
-/// when either overflows `isize::MAX` (no allocation of that size can exist).
-pub(crate) fn checked_bytes(shape: &[usize], elem: usize) -> Option<(usize, usize)> {
-    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
-    let bytes = n.checked_mul(elem)?;
-    (bytes <= isize::MAX as usize).then_some((n, bytes))
-}
-
 fn volume(region: &[Range<usize>]) -> Option<usize> {
     region
         .iter()
@@ -154,8 +147,11 @@ pub(crate) fn show_region(r: &[Range<usize>]) -> String {
 fn check_tensor(name: &str, t: &TensorEntry, files: &BTreeSet<&str>) -> Result<DType, String> {
     let dtype =
         dtype_from_name(&t.dtype).ok_or_else(|| format!("{name}: unknown dtype {:?}", t.dtype))?;
-    let (numel, _) = checked_bytes(&t.shape, dtype.size())
-        .ok_or_else(|| format!("{name}: shape {:?} is too large", t.shape))?;
+    let shape = Shape::from(&t.shape);
+    let numel = shape
+        .checked_bytes(dtype.size())
+        .and_then(|_| shape.checked_numel())
+        .ok_or_else(|| format!("{name}: shape {shape} is too large"))?;
     let mut regions = Vec::with_capacity(t.pieces.len());
     let mut piece_files = BTreeSet::new();
     let mut total = 0usize;

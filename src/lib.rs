@@ -7,6 +7,8 @@
 //! let p = Placement::new_1d(DeviceType::Cpu, [0, 1])?;
 //! let y = x.to_global(&p, Sbp::S(0))?.matmul(&w)?;
 //! ```
+//!
+//! The README's code blocks are compiled as doc tests of the `readme` module.
 
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
@@ -16,6 +18,32 @@ pub use oxiflow_tensor as tensor;
 
 pub use oxiflow_tensor::*;
 
+/// Any error of the crates underneath, so a program can use `?` on all of them. Its `Debug`
+/// form is its message, so `fn main() -> Result<(), oxiflow::Error>` reports a failure as one
+/// readable line.
+#[derive(thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Tensor(#[from] oxiflow_tensor::TensorError),
+    #[error(transparent)]
+    Placement(#[from] oxiflow_placement::PlacementError),
+    #[error(transparent)]
+    Sbp(#[from] oxiflow_sbp::SbpError),
+    #[error(transparent)]
+    Boxing(#[from] oxiflow_boxing::BoxingError),
+    #[error(transparent)]
+    Comm(#[from] oxiflow_collectives::CommError),
+    /// A program's own check failed (e.g. it needs more ranks than it was started with).
+    #[error("{0}")]
+    Program(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// The names most programs need.
 pub mod prelude {
     pub use oxiflow_collectives::DType;
@@ -23,3 +51,8 @@ pub mod prelude {
     pub use oxiflow_sbp::{NdSbp, ReduceOp, Sbp, Shape};
     pub use oxiflow_tensor::{Tensor, TensorError};
 }
+
+/// The README, whose Rust code blocks run as doc tests (those that need a launcher are
+/// `no_run`: they are compiled only).
+#[doc = include_str!("../README.md")]
+pub mod readme {}

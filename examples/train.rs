@@ -122,7 +122,7 @@ fn class_count(s: &str) -> Result<usize, String> {
 /// Every flag is checked before the run starts; nonsense (a learning rate of 0, NaN or
 /// infinity, a batch of 0, a mesh that does not match the world) is refused with a message.
 #[derive(Parser, Debug)]
-#[command(name = "train")]
+#[command(name = "train", allow_negative_numbers = true)]
 struct Args {
     /// Data-parallel degree (mesh axis 0), at least 1. Default: world size / tp. dp x tp must
     /// equal the world size.

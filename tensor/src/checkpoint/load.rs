@@ -51,12 +51,21 @@ fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>> {
 }
 
 fn read_manifest(path: &Path) -> Result<Loaded> {
-    let dir = resolve_for_load(path).ok_or_else(|| {
-        bad(
+    let Some(dir) = resolve_for_load(path) else {
+        // A manifest.json that is not ours: say what is wrong with it.
+        let file = path.join(MANIFEST);
+        if let Ok(text) = read_regular(&file, MAX_MANIFEST_BYTES) {
+            let detail = Manifest::parse(&text).err().unwrap_or_else(|| {
+                "the checkpoint directory is not a plain directory (symlinks are not followed)"
+                    .into()
+            });
+            return Err(bad(&file, detail));
+        }
+        return Err(bad(
             path,
             "no complete checkpoint (no manifest.json here or in <path>.old)",
-        )
-    })?;
+        ));
+    };
     let file = dir.join(MANIFEST);
     let text = read_regular(&file, MAX_MANIFEST_BYTES)?;
     let manifest = Manifest::parse(&text).map_err(|e| bad(&file, e))?;

@@ -22,5 +22,7 @@ pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use inprocess::{InProcessComm, InProcessWorld};
 pub use reduce::{reduce_into, ReduceOp};
+#[doc(hidden)]
+pub use shm::wire as shm_wire;
 pub use strided::StridedBlock;
 pub use tcp::{init_world, TcpComm};

@@ -255,7 +255,7 @@ fn mesh(args: &Args, world: usize) -> Result<(usize, usize), String> {
     let tp = args.tp;
     let dp = match args.dp {
         Some(dp) => dp,
-        None if world % tp == 0 => world / tp,
+        None if world.is_multiple_of(tp) => world / tp,
         None => return Err(format!("--tp {tp} does not divide the world size {world}")),
     };
     if dp.checked_mul(tp) != Some(world) {

@@ -18,25 +18,43 @@ pub use oxiflow_tensor as tensor;
 
 pub use oxiflow_tensor::*;
 
-/// Any error of the crates underneath, so a program can use `?` on all of them. Its `Debug`
-/// form is its message, so `fn main() -> Result<(), oxiflow::Error>` reports a failure as one
-/// readable line.
+/// Any error of the crates underneath, so a program can use `?` on all of them (boxed, so a
+/// `Result` stays small). Its `Debug` form is its message, so `fn main() -> Result<(),
+/// oxiflow::Error>` reports a failure as one readable line.
 #[derive(thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Tensor(#[from] oxiflow_tensor::TensorError),
+    Tensor(Box<oxiflow_tensor::TensorError>),
     #[error(transparent)]
-    Placement(#[from] oxiflow_placement::PlacementError),
+    Placement(Box<oxiflow_placement::PlacementError>),
     #[error(transparent)]
-    Sbp(#[from] oxiflow_sbp::SbpError),
+    Sbp(Box<oxiflow_sbp::SbpError>),
     #[error(transparent)]
-    Boxing(#[from] oxiflow_boxing::BoxingError),
+    Boxing(Box<oxiflow_boxing::BoxingError>),
     #[error(transparent)]
-    Comm(#[from] oxiflow_collectives::CommError),
+    Comm(Box<oxiflow_collectives::CommError>),
     /// A program's own check failed (e.g. it needs more ranks than it was started with).
     #[error("{0}")]
     Program(String),
 }
+
+macro_rules! from_boxed {
+    ($($variant:ident: $ty:ty),*) => {
+        $(impl From<$ty> for Error {
+            fn from(e: $ty) -> Error {
+                Error::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+
+from_boxed!(
+    Tensor: oxiflow_tensor::TensorError,
+    Placement: oxiflow_placement::PlacementError,
+    Sbp: oxiflow_sbp::SbpError,
+    Boxing: oxiflow_boxing::BoxingError,
+    Comm: oxiflow_collectives::CommError
+);
 
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -29,6 +29,15 @@ fn value() -> Tensor {
         .unwrap()
 }
 
+fn try_save(p: &Path) -> Result<(), TensorError> {
+    checkpoint::save_tensors(
+        p,
+        &[("w".into(), value())],
+        &Metadata::new(),
+        &SaveOptions::default(),
+    )
+}
+
 fn save_local(p: &Path) -> checkpoint::Metadata {
     let mut meta = Metadata::new();
     meta.insert("step".into(), "3".into());
@@ -71,12 +80,7 @@ fn a_save_onto_a_directory_that_is_not_a_checkpoint_keeps_it() {
     let p = dir("user-dir");
     std::fs::create_dir_all(&p).unwrap();
     std::fs::write(p.join("thesis.txt"), b"years of work").unwrap();
-    let err = checkpoint_err(checkpoint::save_tensors(
-        &p,
-        &[("w".into(), value())],
-        &Metadata::new(),
-        &SaveOptions::default(),
-    ));
+    let err = checkpoint_err(try_save(&p));
     assert!(err.contains("not an oxiflow checkpoint"), "{err}");
     assert_eq!(
         std::fs::read(p.join("thesis.txt")).unwrap(),
@@ -90,12 +94,7 @@ fn a_save_onto_a_directory_that_is_not_a_checkpoint_keeps_it() {
 fn a_save_onto_a_file_is_refused_and_later_saves_still_work() {
     let p = dir("user-file");
     std::fs::write(&p, b"notes").unwrap();
-    let err = checkpoint_err(checkpoint::save_tensors(
-        &p,
-        &[("w".into(), value())],
-        &Metadata::new(),
-        &SaveOptions::default(),
-    ));
+    let err = checkpoint_err(try_save(&p));
     assert!(err.contains("not a directory"), "{err}");
     assert_eq!(std::fs::read(&p).unwrap(), b"notes");
     // Once the file is gone, saves to that path work, twice (the second replaces the first).
@@ -115,12 +114,7 @@ fn a_foreign_old_or_partial_directory_is_never_removed() {
         let side = PathBuf::from(format!("{}{suffix}", p.display()));
         std::fs::create_dir_all(&side).unwrap();
         std::fs::write(side.join("keep.txt"), b"mine").unwrap();
-        let err = checkpoint_err(checkpoint::save_tensors(
-            &p,
-            &[("w".into(), value())],
-            &Metadata::new(),
-            &SaveOptions::default(),
-        ));
+        let err = checkpoint_err(try_save(&p));
         assert!(err.contains("refusing"), "{err}");
         assert_eq!(std::fs::read(side.join("keep.txt")).unwrap(), b"mine");
     }

@@ -8,8 +8,16 @@
 
 use oxiflow::prelude::*;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Failures print as one line: `oxiflow::Error`'s Debug form is its message.
+fn main() -> Result<(), oxiflow::Error> {
     let ctx = oxiflow::init_from_env()?;
+    if ctx.world_size() != 2 {
+        return Err(oxiflow::Error::Program(format!(
+            "global_tensor_basics needs 2 ranks but was started as {} (run it with \
+             `oflaunch --nproc-per-node 2 global_tensor_basics`)",
+            ctx.world_size()
+        )));
+    }
     let rank = ctx.rank();
     let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1])?;
 

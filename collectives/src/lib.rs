@@ -23,5 +23,7 @@ pub use error::CommError;
 pub use inprocess::{InProcessComm, InProcessWorld};
 pub use reduce::{reduce_into, ReduceOp};
 pub use shm::job_segment_paths;
+#[doc(hidden)]
+pub use shm::wire as shm_wire;
 pub use strided::StridedBlock;
 pub use tcp::{init_world, TcpComm};

@@ -12,7 +12,7 @@
 mod classifier;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
@@ -20,7 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use classifier::{Classifier, OptimizerKind, TrainConfig};
-use oxiflow::checkpoint::{SaveOptions, SaveStage};
+use oxiflow::checkpoint::{self, Metadata, SaveOptions, SaveStage};
 use oxiflow::collectives::Backend;
 use oxiflow::prelude::*;
 
@@ -74,33 +74,90 @@ enum Matmul {
     Bf16,
 }
 
+/// A count that must be at least 1.
+fn positive_usize(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
+}
+
+/// A step count that must be at least 1.
+fn positive_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
+}
+
+/// A finite number above 0.
+fn positive_finite(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite number above 0")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+/// A finite number in [0, 1).
+fn unit_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("{v} is not in [0, 1)")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+/// At least 2 classes.
+fn class_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 2 => Ok(n),
+        Ok(n) => Err(format!("{n} classes: a classifier needs at least 2")),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
+}
+
 /// Train an MLP classifier on synthetic Gaussian clusters with global tensors.
+///
+/// Every flag is checked before the run starts; nonsense (a learning rate of 0, NaN or
+/// infinity, a batch of 0, a mesh that does not match the world) is refused with a message.
 #[derive(Parser, Debug)]
-#[command(name = "train")]
+#[command(name = "train", allow_negative_numbers = true)]
 struct Args {
-    /// Data-parallel degree (mesh axis 0). Default: world size / tp.
-    #[arg(long)]
+    /// Data-parallel degree (mesh axis 0), at least 1. Default: world size / tp. dp x tp must
+    /// equal the world size.
+    #[arg(long, value_parser = positive_usize)]
     dp: Option<usize>,
-    /// Tensor-parallel degree (mesh axis 1).
-    #[arg(long, default_value_t = 1)]
+    /// Tensor-parallel degree (mesh axis 1), at least 1.
+    #[arg(long, default_value_t = 1, value_parser = positive_usize)]
     tp: usize,
-    #[arg(long, default_value_t = 200)]
+    /// Train until this step (a resumed run continues from its checkpoint's step).
+    #[arg(long, default_value_t = 200, value_parser = positive_u64)]
     steps: u64,
     /// Global batch size (split over the data-parallel axis).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive_usize)]
     batch_size: usize,
-    #[arg(long, default_value_t = 64)]
+    /// Width of the hidden layer (split over the tensor-parallel axis).
+    #[arg(long, default_value_t = 64, value_parser = positive_usize)]
     hidden: usize,
-    #[arg(long, default_value_t = 16)]
+    /// Number of input features.
+    #[arg(long, default_value_t = 16, value_parser = positive_usize)]
     features: usize,
-    #[arg(long, default_value_t = 4)]
+    /// Number of classes (at least 2).
+    #[arg(long, default_value_t = 4, value_parser = class_count)]
     classes: usize,
-    #[arg(long, default_value_t = 0.05)]
+    /// Learning rate (finite, above 0).
+    #[arg(long, default_value_t = 0.05, value_parser = positive_finite, allow_hyphen_values = true)]
     lr: f64,
-    #[arg(long, default_value_t = 0.9)]
+    /// SGD momentum, in [0, 1).
+    #[arg(long, default_value_t = 0.9, value_parser = unit_fraction, allow_hyphen_values = true)]
     momentum: f64,
+    /// Optimizer.
     #[arg(long, value_enum, default_value_t = Opt::Sgd)]
     optimizer: Opt,
+    /// Element type of the model and data.
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     dtype: Precision,
     /// Precision of f32 matrix products on GPUs.
@@ -110,34 +167,111 @@ struct Args {
     /// or cuda (one GPU per rank; needs the NCCL backend).
     #[arg(long, value_enum, default_value_t = Dev::Auto)]
     device: Dev,
+    /// Seed of the initial weights and of the dataset.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Save a checkpoint (directory) here at the end (and every --save-every steps).
+    /// Save a checkpoint (directory) here at the end (and every --save-every steps). An
+    /// existing path must be a checkpoint: anything else is refused, never replaced.
     #[arg(long)]
     save: Option<PathBuf>,
-    #[arg(long)]
+    /// Also save every this many steps (needs --save).
+    #[arg(long, value_parser = positive_u64, requires = "save")]
     save_every: Option<u64>,
-    /// Rank 0 writes whole tensors instead of every rank its pieces.
-    #[arg(long)]
+    /// Rank 0 writes whole tensors instead of every rank its pieces (needs --save).
+    #[arg(long, requires = "save")]
     save_gathered: bool,
     /// Resume from a checkpoint saved under any layout; continues its step count up to --steps.
+    /// Its seed and optimizer must match this run's.
     #[arg(long)]
     resume: Option<PathBuf>,
-    #[arg(long, default_value_t = 10)]
+    /// Resume even if the checkpoint's seed or optimizer differ from this run's.
+    #[arg(long, requires = "resume")]
+    allow_resume_mismatch: bool,
+    /// Print the loss every this many steps.
+    #[arg(long, default_value_t = 10, value_parser = positive_u64)]
     log_every: u64,
     /// Test hook: abort the process at this stage of the second save.
     #[arg(long, value_enum, hide = true)]
     crash_during_save: Option<CrashStage>,
 }
 
+fn optimizer_name(o: Opt) -> &'static str {
+    match o {
+        Opt::Sgd => "sgd",
+        Opt::Adamw => "adamw",
+    }
+}
+
+/// Saves the model, optimizer state, step, seed and optimizer name (every rank calls).
+fn save(clf: &Classifier, args: &Args, path: &Path, opts: &SaveOptions) -> oxiflow::Result<()> {
+    let mut meta = Metadata::new();
+    meta.insert("step".into(), clf.step.to_string());
+    meta.insert("seed".into(), args.seed.to_string());
+    meta.insert("optimizer".into(), optimizer_name(args.optimizer).into());
+    checkpoint::save(
+        path,
+        &clf.parameters(),
+        Some(clf.optimizer.as_ref()),
+        &meta,
+        opts,
+    )
+}
+
+/// Checks that the checkpoint at `path` was saved by a run this one may continue: the same
+/// seed and optimizer (unless --allow-resume-mismatch) and a step below --steps.
+fn check_resume(args: &Args, path: &Path, meta: &Metadata) -> Result<u64, String> {
+    let at = path.display();
+    let step: u64 = meta
+        .get("step")
+        .ok_or_else(|| format!("--resume {at}: the checkpoint records no step"))?
+        .parse()
+        .map_err(|e| format!("--resume {at}: bad step: {e}"))?;
+    let ours = [
+        ("seed", args.seed.to_string(), "--seed"),
+        (
+            "optimizer",
+            optimizer_name(args.optimizer).to_string(),
+            "--optimizer",
+        ),
+    ];
+    for (key, want, flag) in ours {
+        let saved = meta.get(key).map_or("(none)", String::as_str);
+        if saved != want && !args.allow_resume_mismatch {
+            return Err(format!(
+                "--resume {at}: the checkpoint was saved with {key} {saved} but this run has {flag} {want}; \
+                 pass {flag} {saved} or --allow-resume-mismatch"
+            ));
+        }
+    }
+    if step >= args.steps {
+        return Err(format!(
+            "--resume {at}: the checkpoint is at step {step}, not below --steps {}",
+            args.steps
+        ));
+    }
+    Ok(step)
+}
+
+/// The mesh [dp, tp] for a world of `world` ranks, or why the flags do not fit it.
+fn mesh(args: &Args, world: usize) -> Result<(usize, usize), String> {
+    let tp = args.tp;
+    let dp = match args.dp {
+        Some(dp) => dp,
+        None if world.is_multiple_of(tp) => world / tp,
+        None => return Err(format!("--tp {tp} does not divide the world size {world}")),
+    };
+    if dp.checked_mul(tp) != Some(world) {
+        return Err(format!(
+            "--dp {dp} x --tp {tp} must equal the world size {world}"
+        ));
+    }
+    Ok((dp, tp))
+}
+
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = oxiflow::init_from_env()?;
     let world = ctx.world_size();
-    let tp = args.tp.max(1);
-    let dp = args.dp.unwrap_or(world / tp);
-    if dp * tp != world {
-        return Err(format!("--dp {dp} x --tp {tp} must equal the world size {world}").into());
-    }
+    let (dp, tp) = mesh(&args, world)?;
     let cfg = TrainConfig {
         mesh: Some((dp, tp)),
         batch_size: args.batch_size,
@@ -168,9 +302,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .ok_or("--matmul bf16 needs a CUDA device bound to this process")?;
         rt.set_matmul_precision(oxiflow::tensor::cuda::MatmulPrecision::Bf16);
     }
+    if let (Matmul::Bf16, DeviceType::Cpu) = (args.matmul, cfg.device) {
+        return Err("--matmul bf16 needs --device cuda (or auto on an NCCL world)".into());
+    }
     let mut clf = Classifier::new(&cfg)?;
     if let Some(p) = &args.resume {
-        clf.resume(p)?;
+        let manifest = checkpoint::read_manifest_at(p)?;
+        let step = check_resume(&args, p, &manifest.metadata)?;
+        checkpoint::load(p, &clf.parameters(), Some(clf.optimizer.as_mut()))?;
+        clf.step = step;
     }
     let lead = ctx.rank() == 0;
     let bar = (lead && std::io::stdout().is_terminal()).then(|| {
@@ -207,7 +347,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             recent.pop_front();
         }
         let n = clf.step;
-        if lead && (n % args.log_every.max(1) == 0 || n == args.steps) {
+        if lead && (n % args.log_every == 0 || n == args.steps) {
             say(format!("step {n} loss {last:.8}"));
         }
         if let Some(b) = &bar {
@@ -215,16 +355,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             b.set_message(format!("loss {last:.4}"));
         }
         if let (Some(p), Some(every)) = (&args.save, args.save_every) {
-            if every > 0 && n % every == 0 && n < args.steps {
+            if n % every == 0 && n < args.steps {
                 SAVES.fetch_add(1, Ordering::SeqCst);
-                clf.save(p, &save_opts)?;
+                save(&clf, &args, p, &save_opts)?;
             }
         }
     }
     let secs = start.elapsed().as_secs_f64();
     if let Some(p) = &args.save {
         SAVES.fetch_add(1, Ordering::SeqCst);
-        clf.save(p, &save_opts)?;
+        save(&clf, &args, p, &save_opts)?;
     }
     if let Some(b) = &bar {
         b.finish_and_clear();

@@ -31,6 +31,24 @@ impl Shape {
     pub fn numel(&self) -> usize {
         self.0.iter().product()
     }
+    /// Number of elements, or None when the product of the dims overflows `usize`. The
+    /// non-zero dims must multiply without overflow too (so strides fit), even when a zero dim
+    /// makes the tensor empty.
+    pub fn checked_numel(&self) -> Option<usize> {
+        let nonzero = self
+            .0
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        Some(if self.0.contains(&0) { 0 } else { nonzero })
+    }
+    /// Size in bytes for elements of `elem_size` bytes, or None when it overflows or exceeds
+    /// `isize::MAX` (the largest allocation there can be).
+    pub fn checked_bytes(&self, elem_size: usize) -> Option<usize> {
+        self.checked_numel()?
+            .checked_mul(elem_size)
+            .filter(|&b| b <= isize::MAX as usize)
+    }
     /// Row-major strides in elements.
     pub fn strides(&self) -> SmallVec<[usize; 6]> {
         let mut st: SmallVec<[usize; 6]> = SmallVec::from_elem(1, self.0.len());

@@ -44,53 +44,103 @@ impl ElementInit {
     }
 }
 
-/// The values of `region` of a tensor of `shape`, row-major.
+fn shape_error(op: &'static str, shape: &Shape, detail: String) -> TensorError {
+    TensorError::Shape {
+        op,
+        shapes: shape.to_string(),
+        sbps: "-".into(),
+        detail,
+    }
+}
+
+/// Checks that a tensor of `shape` and `dtype` has a byte size that fits in memory arithmetic
+/// (before any layout math or allocation uses it).
+fn check_size(op: &'static str, shape: &Shape, dtype: DType) -> Result<()> {
+    match shape.checked_bytes(dtype.size()) {
+        Some(_) => Ok(()),
+        None => Err(shape_error(
+            op,
+            shape,
+            format!(
+                "{shape} elements of {dtype} overflow the addressable size ({} bytes at most)",
+                isize::MAX
+            ),
+        )),
+    }
+}
+
+/// The values of `region` of a tensor of `shape`, row-major. The region's byte size was
+/// checked; an allocation the system refuses is an error, not an abort.
 fn fill<T: TensorElement>(
+    op: &'static str,
     init: ElementInit,
     shape: &Shape,
     region: &Region,
     zero: bool,
-) -> ArrayD<T> {
+) -> Result<ArrayD<T>> {
     let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
     let n: usize = local.iter().product();
+    let mut data: Vec<T> = Vec::new();
+    data.try_reserve_exact(n).map_err(|e| {
+        shape_error(
+            op,
+            shape,
+            format!("cannot allocate the {n} elements of this rank's piece: {e}"),
+        )
+    })?;
     if zero {
-        return ArrayD::zeros(IxDyn(&local));
-    }
-    let strides = shape.strides();
-    let value = |l: usize| -> T {
-        let (mut rem, mut g) = (l, 0usize);
-        for d in (0..local.len()).rev() {
-            let i = rem % local[d];
-            rem /= local[d];
-            g += (region[d].start + i) * strides[d];
-        }
-        T::from_f64(init.at(g as u64))
-    };
-    let data: Vec<T> = if n >= PAR_THRESHOLD {
-        (0..n).into_par_iter().map(value).collect()
+        data.resize(n, T::from_f64(0.0));
     } else {
-        (0..n).map(value).collect()
-    };
-    ArrayD::from_shape_vec(IxDyn(&local), data).unwrap_or_else(|_| ArrayD::zeros(IxDyn(&local)))
+        let strides = shape.strides();
+        let value = |l: usize| -> T {
+            let (mut rem, mut g) = (l, 0usize);
+            for d in (0..local.len()).rev() {
+                let i = rem % local[d];
+                rem /= local[d];
+                g += (region[d].start + i) * strides[d];
+            }
+            T::from_f64(init.at(g as u64))
+        };
+        if n >= PAR_THRESHOLD {
+            data.par_extend((0..n).into_par_iter().map(value));
+        } else {
+            data.extend((0..n).map(value));
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&local), data).map_err(|e| shape_error(op, shape, e.to_string()))
 }
 
 fn fill_any(
+    op: &'static str,
     init: ElementInit,
     dtype: DType,
     shape: &Shape,
     region: &Region,
     zero: bool,
-) -> CpuArray {
-    match dtype {
-        DType::F32 => CpuArray::F32(fill(init, shape, region, zero)),
-        DType::F64 => CpuArray::F64(fill(init, shape, region, zero)),
-        DType::I64 => CpuArray::I64(fill(init, shape, region, zero)),
-    }
+) -> Result<CpuArray> {
+    Ok(match dtype {
+        DType::F32 => CpuArray::F32(fill(op, init, shape, region, zero)?),
+        DType::F64 => CpuArray::F64(fill(op, init, shape, region, zero)?),
+        DType::I64 => CpuArray::I64(fill(op, init, shape, region, zero)?),
+    })
 }
 
-fn local(init: ElementInit, shape: Shape, dtype: DType) -> Tensor {
+/// A local tensor of `shape` filled by `init` (the byte size checked first).
+fn try_local(op: &'static str, init: ElementInit, shape: Shape, dtype: DType) -> Result<Tensor> {
+    check_size(op, &shape, dtype)?;
     let region: Region = shape.dims().iter().map(|&n| 0..n).collect();
-    Tensor::from_storage(Storage::Cpu(fill_any(init, dtype, &shape, &region, false)))
+    let a = fill_any(op, init, dtype, &shape, &region, false)?;
+    Ok(Tensor::from_storage(Storage::Cpu(a)))
+}
+
+/// The infallible local constructors (`zeros`, `ones`, `full`, `rand`, `randn`): a shape too
+/// large to allocate panics with the typed error's message, as `Vec::with_capacity` would;
+/// `arange` and the `_global` forms return the error instead.
+fn local(init: ElementInit, shape: Shape, dtype: DType) -> Tensor {
+    match try_local("create", init, shape, dtype) {
+        Ok(t) => t,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 fn global(
@@ -101,6 +151,7 @@ fn global(
     placement: &Placement,
     nd_sbp: NdSbp,
 ) -> Result<Tensor> {
+    check_size(op, &shape, dtype)?;
     let ctx = Context::current_for(op)?;
     placement
         .check_world(ctx.world_size())
@@ -148,7 +199,7 @@ fn global(
             let zero = !layout.is_partial_root(&coord);
             Some(match &backend {
                 Some(b) => Storage::Device(b.create(init, dtype, &shape, &region, zero, 0)?),
-                None => Storage::Cpu(fill_any(init, dtype, &shape, &region, zero)),
+                None => Storage::Cpu(fill_any(op, init, dtype, &shape, &region, zero)?),
             })
         }
     };
@@ -167,11 +218,12 @@ impl Tensor {
     }
     /// `[start, start + step, ...]` below `end` (1-d).
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
-        Ok(local(
+        try_local(
+            "arange",
             ElementInit::Arange { start, step },
             arange_shape(start, end, step)?,
             dtype,
-        ))
+        )
     }
     /// Uniform in [0, 1), counter-based (Philox keyed by `seed`).
     pub fn rand(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
@@ -289,6 +341,15 @@ fn arange_shape(start: f64, end: f64, step: f64) -> Result<Shape> {
             detail: format!("bad range {start}..{end} step {step}"),
         });
     }
-    let n = ((end - start) / step).ceil().max(0.0) as usize;
-    Ok(Shape::new([n]))
+    // Counts beyond 2^53 are not exact in f64 (nor could their elements be told apart).
+    let count = ((end - start) / step).ceil().max(0.0);
+    if count > (1u64 << 53) as f64 {
+        return Err(TensorError::Shape {
+            op: "arange",
+            shapes: "-".into(),
+            sbps: "-".into(),
+            detail: format!("{start}..{end} step {step} has {count:e} elements, more than 2^53"),
+        });
+    }
+    Ok(Shape::new([count as usize]))
 }

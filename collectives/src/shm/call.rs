@@ -30,6 +30,8 @@ const INFO_CHECK: usize = 4;
 /// Hash of the other info words, written last: a reader that sees info words of two different
 /// posts (the writer being between its stores) sees a seal that does not match and ignores them.
 const INFO_SEAL: usize = 5;
+/// Info words before the seal.
+pub const INFO_WORDS: usize = INFO_SEAL;
 const SLEEP: Duration = Duration::from_millis(5);
 const LIVENESS_EVERY: Duration = Duration::from_millis(2);
 
@@ -52,6 +54,22 @@ pub(crate) struct Call<'a> {
     timeout: Duration,
     /// TCP connections by world rank (liveness).
     fds: Vec<Option<RawFd>>,
+}
+
+/// Whether a peer's post word `posted` is the awaited post `want` at `phase` or later.
+pub fn post_ready(posted: u64, want: u64, phase: u64) -> bool {
+    posted & !0xff == want & !0xff && posted & 0xff >= phase
+}
+
+/// The info words (group, seq, op, round, check) of a peer's slot when they form one whole
+/// post of `group` (`seal` is their hash); None for a torn snapshot or another group's post.
+pub fn sealed_info(info: &[u64; INFO_WORDS], seal: u64, group: u64) -> Option<&[u64; INFO_WORDS]> {
+    (seal_of(info) == seal && info[INFO_GROUP] == group).then_some(info)
+}
+
+/// The seal written after the info words.
+pub fn seal_of(info: &[u64; INFO_WORDS]) -> u64 {
+    fnv(info)
 }
 
 fn fnv(words: &[u64]) -> u64 {
@@ -227,10 +245,7 @@ impl<'a> Call<'a> {
     ) -> Result<&'a Segment, CommError> {
         let seg = self.seg(k)?;
         let want = self.word(round, phase);
-        let ready = || {
-            let p = seg.post(s).load(Ordering::Acquire);
-            p & !0xff == want & !0xff && p & 0xff >= phase
-        };
+        let ready = || post_ready(seg.post(s).load(Ordering::Acquire), want, phase);
         self.wait(
             &mut || {
                 if ready() {
@@ -257,10 +272,7 @@ impl<'a> Call<'a> {
         let missing = || -> Vec<usize> {
             ks.iter()
                 .zip(&segs)
-                .filter(|(_, seg)| {
-                    let p = seg.post(s).load(Ordering::Acquire);
-                    !(p & !0xff == want & !0xff && p & 0xff >= phase)
-                })
+                .filter(|(_, seg)| !post_ready(seg.post(s).load(Ordering::Acquire), want, phase))
                 .map(|(&k, _)| self.ranks[k])
                 .collect()
         };
@@ -321,12 +333,13 @@ impl<'a> Call<'a> {
         round: usize,
     ) -> Result<(), CommError> {
         let seal = seg.info(s, INFO_SEAL).load(Ordering::Acquire);
-        let info: Vec<u64> = (INFO_GROUP..=INFO_CHECK)
-            .map(|i| seg.info(s, i).load(Ordering::Relaxed))
-            .collect();
-        if fnv(&info) != seal || info[INFO_GROUP] != self.group {
-            return Ok(());
+        let mut info = [0u64; INFO_WORDS];
+        for (i, w) in info.iter_mut().enumerate() {
+            *w = seg.info(s, i).load(Ordering::Relaxed);
         }
+        let Some(info) = sealed_info(&info, seal, self.group) else {
+            return Ok(());
+        };
         let (seq, op, check) = (info[INFO_SEQ], info[INFO_OP], info[INFO_CHECK]);
         let bad =
             seq > self.seq || (seq == self.seq && (op != self.op as u64 || check != self.check));

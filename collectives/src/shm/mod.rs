@@ -18,6 +18,12 @@ use crate::CommError;
 pub(crate) use call::{Call, OpCode};
 use segment::{path_of, Segment};
 
+/// The shared-memory plane's decoders of a peer's slot words, public for the fuzz tests only.
+#[doc(hidden)]
+pub mod wire {
+    pub use super::call::{post_ready, seal_of, sealed_info, INFO_WORDS};
+}
+
 /// This process's slots: what was last posted in each and who must acknowledge it.
 #[derive(Default)]
 pub(crate) struct SlotState {

@@ -15,7 +15,7 @@ use crate::CommError;
 pub(crate) const HEADER: usize = 32;
 /// Most slices one vectored write of a strided message gathers.
 const MAX_SLICES: usize = 64;
-const MAGIC: u32 = 0x4f58_4631; // "OXF1"
+pub(super) const MAGIC: u32 = 0x4f58_4631; // "OXF1"
 
 /// What a message belongs to: the group (hash of its world ranks), the call's sequence number
 /// and phase, and whether it is point-to-point.
@@ -26,7 +26,7 @@ pub(crate) struct Tag {
     pub p2p: bool,
 }
 
-fn header(tag: Tag, len: usize) -> [u8; HEADER] {
+pub(super) fn header(tag: Tag, len: usize) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     h[4..8].copy_from_slice(&u32::from(tag.p2p).to_le_bytes());
@@ -36,7 +36,7 @@ fn header(tag: Tag, len: usize) -> [u8; HEADER] {
     h
 }
 
-fn parse(h: &[u8; HEADER]) -> (u32, Tag, u64) {
+pub(super) fn parse(h: &[u8; HEADER]) -> (u32, Tag, u64) {
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
     let u64_at = |i: usize| {
         let mut b = [0u8; 8];

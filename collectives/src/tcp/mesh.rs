@@ -14,7 +14,7 @@ use crate::CommError;
 
 const HELLO_MAGIC: &[u8; 8] = b"OXFMESH1";
 pub(crate) const NONCE: usize = 16;
-const HELLO: usize = 8 + NONCE + 8;
+pub(super) const HELLO: usize = 8 + NONCE + 8;
 const SOCKET_BUFFER: libc::c_int = 4 << 20;
 pub(crate) const KEY_PREFIX: &str = "oxiflow/tcp";
 
@@ -22,7 +22,7 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> CommError {
     move |source| CommError::Io { context, source }
 }
 
-fn hello(nonce: &[u8; NONCE], rank: usize, world: usize) -> [u8; HELLO] {
+pub(super) fn hello(nonce: &[u8; NONCE], rank: usize, world: usize) -> [u8; HELLO] {
     let mut h = [0u8; HELLO];
     h[..8].copy_from_slice(HELLO_MAGIC);
     h[8..8 + NONCE].copy_from_slice(nonce);
@@ -32,7 +32,7 @@ fn hello(nonce: &[u8; NONCE], rank: usize, world: usize) -> [u8; HELLO] {
 }
 
 /// The rank a hello announces, if it belongs to this job.
-fn check_hello(h: &[u8; HELLO], nonce: &[u8; NONCE], world: usize) -> Option<usize> {
+pub(super) fn check_hello(h: &[u8; HELLO], nonce: &[u8; NONCE], world: usize) -> Option<usize> {
     let u = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) as usize;
     (&h[..8] == HELLO_MAGIC && &h[8..8 + NONCE] == nonce && u(8 + NONCE + 4) == world)
         .then(|| u(8 + NONCE))

@@ -27,6 +27,33 @@ use crate::{reduce_into, Backend, CommError, DType, ReduceOp, SharedComm};
 use engine::{Link, Links, RecvOp, SendOp, Tag};
 pub use launch::init_world;
 
+/// The TCP data plane's wire decoders, public for the fuzz tests only (not an API).
+#[doc(hidden)]
+pub mod wire {
+    /// Bytes of a frame header, its magic, a hello and the job nonce in it.
+    pub const HEADER: usize = super::engine::HEADER;
+    pub const MAGIC: u32 = super::engine::MAGIC;
+    pub const HELLO: usize = super::mesh::HELLO;
+    pub const NONCE: usize = super::mesh::NONCE;
+
+    /// A frame header's fields: (magic, point-to-point, group, sequence, payload length).
+    pub fn decode_frame_header(h: &[u8; HEADER]) -> (u32, bool, u64, u64, u64) {
+        let (magic, tag, len) = super::engine::parse(h);
+        (magic, tag.p2p, tag.group, tag.seq, len)
+    }
+    /// The header of a message of `len` bytes.
+    pub fn encode_frame_header(p2p: bool, group: u64, seq: u64, len: usize) -> [u8; HEADER] {
+        super::engine::header(super::engine::Tag { group, seq, p2p }, len)
+    }
+    /// The rank a bootstrap hello announces, if it belongs to this job and world.
+    pub fn decode_hello(h: &[u8; HELLO], nonce: &[u8; NONCE], world: usize) -> Option<usize> {
+        super::mesh::check_hello(h, nonce, world)
+    }
+    pub fn encode_hello(nonce: &[u8; NONCE], rank: usize, world: usize) -> [u8; HELLO] {
+        super::mesh::hello(nonce, rank, world)
+    }
+}
+
 const BACKEND: Backend = Backend::Cpu;
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const SMALL_ALL_REDUCE: usize = 64 << 10;

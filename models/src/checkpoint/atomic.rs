@@ -1,11 +1,18 @@
 //! Crash safety on the file system: files written to a temp name, fsynced and renamed; the
-//! checkpoint directory built under `<path>.partial` and renamed into place; the recovery rule.
+//! checkpoint directory built under `<path>.partial` and renamed into place; the recovery rule;
+//! and the rule that a save never removes or replaces anything that is not a checkpoint.
 //!
-//! A checkpoint directory is valid when it holds `manifest.json`, which is written last.
-//! Publishing is: rename `<path>` (if any) to `<path>.old`, rename `<path>.partial` to `<path>`,
-//! fsync the parent, remove `<path>.old`. Recovery rule (on load and before every save): if
-//! `<path>` has no manifest and `<path>.old` has one, the crash hit between the two renames and
-//! `<path>.old` is the checkpoint (it is renamed back). `<path>.partial` is never loaded.
+//! A checkpoint directory is valid when it holds `manifest.json` (written last) naming the
+//! oxiflow format. Publishing is: rename `<path>` (if any) to `<path>.old`, rename
+//! `<path>.partial` to `<path>`, fsync the parent, remove `<path>.old`. Recovery rule (on load
+//! and before every save): if `<path>` does not exist and `<path>.old` is a checkpoint, the crash
+//! hit between the two renames and `<path>.old` is the checkpoint (it is renamed back).
+//! `<path>.partial` is never loaded; it carries a marker file (until its manifest is written) so
+//! that only a directory this module made is ever removed as a stale partial.
+//!
+//! A save refuses (before anything is written) a `<path>` that exists and is not a checkpoint
+//! (a file, or a directory without our manifest), and a `<path>.old` or `<path>.partial` that is
+//! not ours, so user data at those names is never deleted.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -16,6 +23,8 @@ use crate::{Result, TensorError};
 use super::SaveStage;
 
 pub(crate) const MANIFEST: &str = "manifest.json";
+/// The file that marks a `<path>.partial` directory as made by a save.
+const PARTIAL_MARKER: &str = ".oxiflow-partial";
 
 pub(crate) fn io_err(op: &'static str, path: &Path, e: impl std::fmt::Display) -> TensorError {
     TensorError::Checkpoint {
@@ -32,8 +41,68 @@ pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Whether `dir` is a checkpoint of ours: a directory (not a symlink) whose `manifest.json` is a
+/// regular file naming the oxiflow format. Only the format field is read here; `load` validates
+/// the whole manifest.
 pub(crate) fn has_manifest(dir: &Path) -> bool {
-    dir.join(MANIFEST).is_file()
+    let is_dir = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+    let manifest = dir.join(MANIFEST);
+    let is_file = fs::symlink_metadata(&manifest)
+        .is_ok_and(|m| m.is_file() && m.len() <= super::manifest::MAX_MANIFEST_BYTES);
+    if !(is_dir && is_file) {
+        return false;
+    }
+    #[derive(serde::Deserialize)]
+    struct Format {
+        format: String,
+    }
+    fs::read(&manifest)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Format>(&b).ok())
+        .is_some_and(|f| f.format == super::manifest::FORMAT)
+}
+
+/// Whether anything (a file, directory or symlink, even a dangling one) exists at `path`.
+fn exists(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
+}
+
+/// Refuses a save to `path` when `path`, `<path>.old` or `<path>.partial` holds something that
+/// is not ours. Read-only, so every rank can run it before the save's first barrier.
+pub(crate) fn check_save_target(path: &Path) -> Result<()> {
+    let refuse = |p: &Path, what: &str| {
+        Err(io_err(
+            "checkpoint save",
+            p,
+            format!("{what}; refusing to replace it (choose another path or remove it)"),
+        ))
+    };
+    if exists(path) && !has_manifest(path) {
+        let kind = fs::symlink_metadata(path).map(|m| m.file_type());
+        return match kind {
+            Ok(k) if k.is_dir() => refuse(
+                path,
+                "exists and is not an oxiflow checkpoint (no oxiflow manifest.json)",
+            ),
+            _ => refuse(path, "exists and is not a directory"),
+        };
+    }
+    let old = sibling(path, ".old");
+    if exists(&old) && !has_manifest(&old) {
+        return refuse(&old, "exists and is not an oxiflow checkpoint");
+    }
+    let partial = sibling(path, ".partial");
+    if exists(&partial) && !is_our_partial(&partial) {
+        return refuse(&partial, "exists and is not a partial save of oxiflow");
+    }
+    Ok(())
+}
+
+/// A `<path>.partial` made by a save: it carries the marker, or (once complete) our manifest.
+fn is_our_partial(dir: &Path) -> bool {
+    let marked = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+        && fs::symlink_metadata(dir.join(PARTIAL_MARKER)).is_ok_and(|m| m.is_file());
+    marked || has_manifest(dir)
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
@@ -75,8 +144,12 @@ pub(crate) fn recover(path: &Path) -> Result<Option<PathBuf>> {
     }
     let old = sibling(path, ".old");
     if has_manifest(&old) {
-        if path.exists() {
-            fs::remove_dir_all(path).map_err(|e| io_err("checkpoint recover", path, e))?;
+        if exists(path) {
+            return Err(io_err(
+                "checkpoint recover",
+                path,
+                "exists and is not an oxiflow checkpoint while <path>.old is one; refusing to replace it",
+            ));
         }
         fs::rename(&old, path).map_err(|e| io_err("checkpoint recover", path, e))?;
         fsync_dir(&parent_of(path))?;
@@ -97,10 +170,19 @@ pub(crate) fn resolve_for_load(path: &Path) -> Option<PathBuf> {
 /// Makes an empty `<path>.partial` (removing a stale one) and returns it.
 pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
     let partial = sibling(path, ".partial");
-    if partial.exists() {
+    if exists(&partial) {
+        if !is_our_partial(&partial) {
+            return Err(io_err(
+                "checkpoint save",
+                &partial,
+                "exists and is not a partial save of oxiflow; refusing to remove it",
+            ));
+        }
         fs::remove_dir_all(&partial).map_err(|e| io_err("checkpoint save", &partial, e))?;
     }
     fs::create_dir_all(&partial).map_err(|e| io_err("checkpoint save", &partial, e))?;
+    File::create(partial.join(PARTIAL_MARKER))
+        .map_err(|e| io_err("checkpoint save", &partial, e))?;
     Ok(partial)
 }
 
@@ -108,12 +190,15 @@ pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
 pub(crate) fn publish(path: &Path, hook: &dyn Fn(SaveStage)) -> Result<()> {
     let partial = sibling(path, ".partial");
     let old = sibling(path, ".old");
+    check_save_target(path)?;
+    fs::remove_file(partial.join(PARTIAL_MARKER))
+        .map_err(|e| io_err("checkpoint publish", &partial, e))?;
     fsync_dir(&partial)?;
     hook(SaveStage::BeforePublish);
-    if old.exists() {
+    if exists(&old) {
         fs::remove_dir_all(&old).map_err(|e| io_err("checkpoint publish", &old, e))?;
     }
-    let had_old = path.exists();
+    let had_old = exists(path);
     if had_old {
         fs::rename(path, &old).map_err(|e| io_err("checkpoint publish", path, e))?;
         hook(SaveStage::BetweenRenames);

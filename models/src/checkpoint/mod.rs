@@ -12,12 +12,14 @@
 
 mod atomic;
 mod load;
+mod manifest;
 mod pieces;
 mod save;
 
 use std::collections::BTreeMap;
 
-pub use load::{load, load_tensors, read_manifest_names};
+pub use load::{load, load_tensors, read_manifest_at, read_manifest_names};
+pub use manifest::{FileEntry, Manifest, PieceEntry, TensorEntry};
 pub use save::{save, save_tensors};
 
 /// Points of a save where `SaveOptions::stage_hook` is called (a test hook: a crash there

@@ -1,11 +1,12 @@
 //! Saving: which rank writes which piece, the per-rank safetensors files, the manifest, and the
 //! atomic publish (every rank calls; barriers order the phases).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use oxiflow_sbp::{NdSbp, Region, Sbp, Shape};
 use safetensors::tensor::TensorView;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::nn::Parameter;
 use crate::optim::Optimizer;
@@ -15,7 +16,10 @@ use oxiflow_tensor::Context;
 use oxiflow_tensor::CpuArray;
 use oxiflow_tensor::Tensor;
 
-use super::atomic::{fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST};
+use super::atomic::{
+    check_save_target, fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST,
+};
+use super::manifest::{FileEntry, Manifest, PieceEntry, TensorEntry, FORMAT, VERSION};
 use super::pieces::{dtype_name, st_dtype, to_bytes};
 use super::{optim_key, Metadata, SaveOptions, SaveStage};
 
@@ -104,11 +108,81 @@ fn plan_tensor(
     Ok(out)
 }
 
+/// What a writing rank leaves beside its data file for rank 0: the file's size and checksum
+/// and each piece's checksum (rank 0 moves them into the manifest and removes this file).
+#[derive(Serialize, Deserialize)]
+struct WriterSums {
+    bytes: u64,
+    crc32c: u32,
+    pieces: BTreeMap<String, u32>,
+}
+
+fn sums_name(rank: usize) -> String {
+    format!("rank-{rank:05}.sums.json")
+}
+
+/// Serializes this rank's pieces into a safetensors file and returns it with its checksums.
+fn serialize_mine(
+    path: &Path,
+    names: &[String],
+    data: &[CpuArray],
+) -> Result<(Vec<u8>, WriterSums)> {
+    let bytes: Vec<Vec<u8>> = data.iter().map(to_bytes).collect();
+    let mut views = Vec::with_capacity(bytes.len());
+    let mut pieces = BTreeMap::new();
+    for ((name, a), b) in names.iter().zip(data).zip(&bytes) {
+        let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
+            .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
+        views.push((name.clone(), v));
+        pieces.insert(name.clone(), crc32c::crc32c(b));
+    }
+    let file = safetensors::tensor::serialize(views, &None)
+        .map_err(|e| io_err("checkpoint save", path, e))?;
+    let sums = WriterSums {
+        bytes: file.len() as u64,
+        crc32c: crc32c::crc32c(&file),
+        pieces,
+    };
+    Ok((file, sums))
+}
+
+/// Reads the checksums writer `w` left in `partial` into `manifest` and removes that file.
+fn collect_sums(partial: &Path, w: usize, manifest: &mut Manifest) -> Result<()> {
+    let data = partial.join(file_name(w));
+    if !data.is_file() {
+        return Err(io_err("checkpoint save", &data, "a rank's file is missing"));
+    }
+    let sums_path = partial.join(sums_name(w));
+    let text = std::fs::read(&sums_path).map_err(|e| io_err("checkpoint save", &sums_path, e))?;
+    let sums: WriterSums =
+        serde_json::from_slice(&text).map_err(|e| io_err("checkpoint save", &sums_path, e))?;
+    let name = file_name(w);
+    manifest.files.push(FileEntry {
+        name: name.clone(),
+        bytes: sums.bytes,
+        crc32c: sums.crc32c,
+    });
+    for (tensor, entry) in manifest.tensors.iter_mut() {
+        for p in entry.pieces.iter_mut().filter(|p| p.file == name) {
+            p.crc32c = *sums.pieces.get(tensor).ok_or_else(|| {
+                io_err(
+                    "checkpoint save",
+                    &sums_path,
+                    format!("no checksum for {tensor}"),
+                )
+            })?;
+        }
+    }
+    std::fs::remove_file(&sums_path).map_err(|e| io_err("checkpoint save", &sums_path, e))
+}
+
 /// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
-/// Every rank of the world must call it with the same names and layouts.
-pub fn save_tensors(
+/// Every rank of the world must call it with the same names and layouts. `optimizer_state`
+/// names the tensors that hold optimizer state (a load with an optimizer requires them all).
+pub(crate) fn save_with_state(
     path: &Path,
     tensors: &[(String, Tensor)],
+    optimizer_state: Vec<String>,
     metadata: &Metadata,
     opts: &SaveOptions,
 ) -> Result<()> {
@@ -122,6 +196,7 @@ pub fn save_tensors(
             ));
         }
     }
+    check_save_target(path)?;
     let ctx = tensors
         .iter()
         .find_map(|(_, t)| t.context().cloned())
@@ -144,7 +219,7 @@ pub fn save_tensors(
     // Plan every tensor (collective boxing of partial sums / gathers happens here).
     let mut mine_data: Vec<CpuArray> = Vec::new();
     let mut mine_names: Vec<String> = Vec::new();
-    let mut entries = Map::new();
+    let mut entries = BTreeMap::new();
     let mut writers: Vec<usize> = Vec::new();
     for (name, t) in tensors {
         let before = mine_data.len();
@@ -152,31 +227,37 @@ pub fn save_tensors(
         for _ in before..mine_data.len() {
             mine_names.push(name.clone());
         }
-        let list: Vec<Value> = pieces
+        let list: Vec<PieceEntry> = pieces
             .iter()
             .map(|p| {
                 if !writers.contains(&p.writer) {
                     writers.push(p.writer);
                 }
-                json!({
-                    "file": file_name(p.writer),
-                    "region": p.region.iter().map(|r| json!([r.start, r.end])).collect::<Vec<_>>(),
-                })
+                PieceEntry {
+                    file: file_name(p.writer),
+                    region: p.region.iter().map(|r| [r.start, r.end]).collect(),
+                    crc32c: 0,
+                }
             })
             .collect();
         entries.insert(
             name.clone(),
-            json!({"shape": t.shape().dims(), "dtype": dtype_name(t.dtype()), "pieces": list}),
+            TensorEntry {
+                shape: t.shape().dims().to_vec(),
+                dtype: dtype_name(t.dtype()).into(),
+                pieces: list,
+            },
         );
     }
     writers.sort_unstable();
-    let manifest = json!({
-        "format": "oxiflow-checkpoint",
-        "version": 1,
-        "files": writers.iter().map(|&w| file_name(w)).collect::<Vec<_>>(),
-        "metadata": metadata,
-        "tensors": Value::Object(entries),
-    });
+    let mut manifest = Manifest {
+        format: FORMAT.into(),
+        version: VERSION,
+        files: Vec::with_capacity(writers.len()),
+        metadata: metadata.clone(),
+        tensors: entries,
+        optimizer_state,
+    };
     if rank == 0 {
         recover(path)?;
         fresh_partial(path)?;
@@ -184,31 +265,38 @@ pub fn save_tensors(
     barrier("before writing")?;
     let partial = sibling(path, ".partial");
     if !mine_data.is_empty() {
-        let bytes: Vec<Vec<u8>> = mine_data.iter().map(to_bytes).collect();
-        let mut views = Vec::with_capacity(bytes.len());
-        for ((name, a), b) in mine_names.iter().zip(&mine_data).zip(&bytes) {
-            let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
-                .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
-            views.push((name.clone(), v));
-        }
-        let data = safetensors::tensor::serialize(views, &None)
-            .map_err(|e| io_err("checkpoint save", path, e))?;
+        let (data, sums) = serialize_mine(path, &mine_names, &mine_data)?;
+        let sums_text =
+            serde_json::to_vec(&sums).map_err(|e| io_err("checkpoint save", path, e))?;
+        write_file(&partial.join(sums_name(rank)), &sums_text, &|_| {})?;
         write_file(&partial.join(file_name(rank)), &data, &hook)?;
     }
     barrier("after writing")?;
     if rank == 0 {
-        for f in &writers {
-            let p = partial.join(file_name(*f));
-            if !p.is_file() {
-                return Err(io_err("checkpoint save", &p, "a rank's file is missing"));
-            }
+        for &w in &writers {
+            collect_sums(&partial, w, &mut manifest)?;
         }
+        manifest
+            .validate()
+            .map_err(|e| io_err("checkpoint save", path, e))?;
         let text =
             serde_json::to_vec_pretty(&manifest).map_err(|e| io_err("checkpoint save", path, e))?;
         write_file(&partial.join(MANIFEST), &text, &|_| {})?;
         publish(path, &hook)?;
     }
     barrier("after publishing")
+}
+
+/// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
+/// Every rank of the world must call it with the same names and layouts. Refuses a `path` that
+/// exists and is not a checkpoint (see `atomic`).
+pub fn save_tensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &Metadata,
+    opts: &SaveOptions,
+) -> Result<()> {
+    save_with_state(path, tensors, Vec::new(), metadata, opts)
 }
 
 /// Saves parameters (by name) and, optionally, an optimizer's state (`optim/<param>/<slot>`
@@ -225,15 +313,18 @@ pub fn save(
         .map(|p| (p.name().to_string(), p.value()))
         .collect();
     let mut meta = metadata.clone();
+    let mut state = Vec::new();
     if let Some(o) = optim {
         for (i, p) in o.params().iter().enumerate() {
             for slot in o.slot_names() {
                 if let Some(t) = o.state(i, slot) {
-                    tensors.push((optim_key(p.name(), slot), t));
+                    let key = optim_key(p.name(), slot);
+                    state.push(key.clone());
+                    tensors.push((key, t));
                 }
             }
         }
         meta.insert("optim.step_count".into(), o.step_count().to_string());
     }
-    save_tensors(path, &tensors, &meta, opts)
+    save_with_state(path, &tensors, state, &meta, opts)
 }

@@ -484,10 +484,13 @@ unsafe fn reduce_chunk_into(
     dtype: DType,
     op: ReduceOp,
 ) {
-    let acc = slots[target].recv.slice_mut(start, len);
+    // SAFETY: the caller guarantees the published buffers are alive and that this range of
+    // the target's buffer is written by nobody else.
+    let acc = unsafe { slots[target].recv.slice_mut(start, len) };
     for (k, other) in slots.iter().enumerate() {
         if k != target {
-            reduce_into(dtype, acc, other.recv.slice(start, len), op);
+            // SAFETY: as above; the others' ranges are only read while this runs.
+            reduce_into(dtype, acc, unsafe { other.recv.slice(start, len) }, op);
         }
     }
 }

@@ -493,6 +493,7 @@ impl Inner {
         n.check(op, self.raw.0, unsafe { (n.group_start)() })?;
         let r = body();
         // Always close the group, even when a call inside failed.
+        // SAFETY: closes the group opened above on this thread.
         let e = unsafe { (n.group_end)() };
         r?;
         n.check(op, self.raw.0, e)

@@ -24,7 +24,8 @@
 //!   size), where it defaults to 127.0.0.1. `MASTER_PORT`: required (non-zero) when the world
 //!   size exceeds 1; 0 (pick a free port) for a single process.
 //! - `OXIFLOW_TOKEN` (optional here; the store needs it for more than one rank),
-//!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu.
+//!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu,
+//!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure).
 //!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
@@ -97,6 +98,9 @@ pub struct LaunchEnv {
     /// Extra folders to search for the CUDA and NCCL libraries (`OXIFLOW_CUDA_LIB_DIRS`,
     /// colon-separated), searched before the standard ones.
     pub cuda_lib_dirs: Vec<std::path::PathBuf>,
+    /// Where the flight recorder dumps its ring when a collective fails
+    /// (`OXIFLOW_FLIGHT_DIR`); None: no dump.
+    pub flight_dir: Option<std::path::PathBuf>,
 }
 
 /// The variable names of one launcher family.
@@ -449,6 +453,10 @@ impl LaunchEnv {
                     .collect()
             })
             .unwrap_or_default();
+        let flight_dir = vars
+            .raw("OXIFLOW_FLIGHT_DIR")
+            .filter(|d| !d.trim().is_empty())
+            .map(std::path::PathBuf::from);
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -470,7 +478,15 @@ impl LaunchEnv {
             store_prefix,
             device,
             cuda_lib_dirs,
+            flight_dir,
         })
+    }
+
+    /// Tells the process-wide flight recorder this rank and where to dump on a failure.
+    pub fn configure_flight_recorder(&self) {
+        let recorder = crate::flight_recorder();
+        recorder.set_rank(self.rank);
+        recorder.set_dump_dir(self.flight_dir.clone());
     }
 
     /// The GPU ordinal this rank uses: `OXIFLOW_DEVICE` when set, else the local rank.

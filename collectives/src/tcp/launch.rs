@@ -35,6 +35,7 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
                 .into(),
         });
     }
+    env.configure_flight_recorder();
     if env.world_size <= 1 {
         return TcpComm::connect_serving_solo(env.timeout);
     }

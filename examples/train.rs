@@ -5,6 +5,8 @@
 //! ./target/release/oflaunch --nproc-per-node 4 train                 # DP=4
 //! ./target/release/oflaunch --nproc-per-node 4 train --dp 2 --tp 2   # DP=2 x TP=2
 //! ./target/release/examples/train                                    # 1 rank, no launcher
+//! mpirun -np 4 ./target/release/examples/train                       # under MPI (TCP data)
+//! mpirun -np 4 ./target/release/examples/train --backend mpi         # MPI data plane
 //! ```
 //! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
 //! mean loss of the last 10 steps).
@@ -18,6 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oxiflow::checkpoint::{SaveOptions, SaveStage};
+use oxiflow::collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow::collectives::Backend;
 use oxiflow::nn::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::prelude::*;
@@ -57,6 +60,16 @@ enum Dev {
     Auto,
     Cpu,
     Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum WorldBackend {
+    /// As the launch environment says (OXIFLOW_BACKEND, which oflaunch --backend sets).
+    Auto,
+    /// CPU processes over TCP and shared memory.
+    Cpu,
+    /// CPU processes over MPI (start with mpirun or srun; needs a build with --features mpi).
+    Mpi,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -108,6 +121,9 @@ struct Args {
     /// or cuda (one GPU per rank; needs the NCCL backend).
     #[arg(long, value_enum, default_value_t = Dev::Auto)]
     device: Dev,
+    /// The backend of the world: auto (the launch environment decides), cpu, or mpi.
+    #[arg(long, value_enum, default_value_t = WorldBackend::Auto)]
+    backend: WorldBackend,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Save a checkpoint (directory) here at the end (and every --save-every steps).
@@ -129,7 +145,18 @@ struct Args {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = oxiflow::init_from_env()?;
+    let ctx = match args.backend {
+        WorldBackend::Auto => oxiflow::init_from_env()?,
+        chosen => {
+            let mut env = LaunchEnv::from_env()?;
+            env.backend = BackendChoice::Cpu;
+            env.cpu_plane = match chosen {
+                WorldBackend::Mpi => CpuPlane::Mpi,
+                _ => CpuPlane::Tcp,
+            };
+            oxiflow::init_with_world(oxiflow::collectives::init_world(&env)?)
+        }
+    };
     let world = ctx.world_size();
     let tp = args.tp.max(1);
     let dp = args.dp.unwrap_or(world / tp);

@@ -14,6 +14,8 @@ pub enum Backend {
     Cpu,
     /// NCCL on CUDA devices.
     Nccl,
+    /// MPI processes (feature `mpi`), host memory.
+    Mpi,
 }
 
 impl fmt::Display for Backend {
@@ -22,6 +24,7 @@ impl fmt::Display for Backend {
             Backend::InProcess => "in-process",
             Backend::Cpu => "cpu",
             Backend::Nccl => "nccl",
+            Backend::Mpi => "mpi",
         })
     }
 }

@@ -174,6 +174,11 @@ impl FlightRecorder {
         self.lock().dump_dir = dir;
     }
 
+    /// The directory failures dump to, if set.
+    pub fn dump_dir(&self) -> Option<PathBuf> {
+        self.lock().dump_dir.clone()
+    }
+
     /// Keeps the last `capacity` calls from now on (at least one); drops what was recorded.
     pub fn set_capacity(&self, capacity: usize) {
         let mut r = self.lock();

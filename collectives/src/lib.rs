@@ -12,6 +12,8 @@ mod error;
 pub mod flight;
 mod hooks;
 pub mod inprocess;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod nccl;
 mod reduce;
 pub mod rendezvous;

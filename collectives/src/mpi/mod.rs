@@ -74,6 +74,8 @@ pub struct MpiComm {
     me: usize,
     subs: Mutex<HashMap<Vec<usize>, SharedComm>>,
     sends: Mutex<Vec<PendingSend>>,
+    /// The send copy of in-place reductions, kept between calls.
+    scratch: Mutex<Vec<u8>>,
     log: CommLog,
 }
 
@@ -176,6 +178,7 @@ impl MpiComm {
             me,
             subs: Mutex::new(HashMap::new()),
             sends: Mutex::new(Vec::new()),
+            scratch: Mutex::new(Vec::new()),
         }
     }
 
@@ -261,8 +264,10 @@ impl BackendHooks for MpiComm {
         n: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let send = b.to_vec();
-        self.all_reduce_into(dtype, &send, b, n, op)
+        let mut scratch = lock(&self.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(b);
+        self.all_reduce_into(dtype, &scratch, b, n, op)
     }
 
     fn all_reduce_into(
@@ -322,6 +327,7 @@ impl BackendHooks for MpiComm {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "reduce_scatter_v";
+        let equal = counts.iter().all(|&c| c == counts[0]);
         let counts: Vec<Count> = counts
             .iter()
             .map(|&c| count(name, "count", c))
@@ -329,6 +335,20 @@ impl BackendHooks for MpiComm {
         let (spare, mut spare_mut) = ([0u8], [0u8]);
         let (s, r) = (placed(s, &spare), placed_mut(r, &mut spare_mut));
         let _call = self.watchdog.enter(|| self.name(name));
+        if equal {
+            // SAFETY: as below, with every member's chunk `counts[0]` elements long.
+            let code = unsafe {
+                ffi::MPI_Reduce_scatter_block(
+                    s.as_ptr() as *const c_void,
+                    r.as_mut_ptr() as *mut c_void,
+                    counts[0],
+                    datatype(dtype),
+                    mpi_op(op),
+                    self.comm.0.as_raw(),
+                )
+            };
+            return self.check(name, "MPI_Reduce_scatter_block", code);
+        }
         // SAFETY: `s` holds sum(counts) and `r` counts[me] elements of `dtype` (checked at the
         // boundary); `counts` has one entry per member; nothing overlaps.
         let code = unsafe {
@@ -412,7 +432,9 @@ impl BackendHooks for MpiComm {
             return Ok(());
         }
         let n = count(name, "buffer", n)?;
-        let send = b.to_vec();
+        let mut send = lock(&self.scratch);
+        send.clear();
+        send.extend_from_slice(b);
         let recv: *mut c_void = if root == self.me {
             b.as_mut_ptr() as *mut c_void
         } else {

@@ -139,6 +139,76 @@ pub(crate) trait HostHooks:
 
 impl<T> HostHooks for T where T: for<'a> BackendHooks<Read<'a> = &'a [u8], Write<'a> = &'a mut [u8]> {}
 
+/// Items of a `BackendHooks` impl that every host-memory backend writes alike, by name:
+/// `host_hooks!(buffers: BACKEND)` (the buffer types and their conversion), and
+/// `host_hooks!(all_reduce_into)`, `host_hooks!(all_to_all_v_others)`,
+/// `host_hooks!(all_to_all_v_strided)` (the derived calls through the shared host functions).
+macro_rules! host_hooks {
+    (buffers: $backend:expr) => {
+        type Read<'a> = &'a [u8];
+        type Write<'a> = &'a mut [u8];
+        fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<&'a [u8], CommError> {
+            $crate::hooks::host_read($backend, op, what, b)
+        }
+        fn write<'a>(
+            &self,
+            op: &str,
+            what: &str,
+            b: BufMut<'a>,
+        ) -> Result<&'a mut [u8], CommError> {
+            $crate::hooks::host_write($backend, op, what, b)
+        }
+    };
+    (all_reduce_into) => {
+        fn all_reduce_into(
+            &self,
+            dtype: DType,
+            send: &[u8],
+            recv: &mut [u8],
+            count: usize,
+            op: ReduceOp,
+        ) -> Result<(), CommError> {
+            $crate::hooks::host_all_reduce_into(self, dtype, send, recv, count, op)
+        }
+    };
+    (all_to_all_v_others) => {
+        fn all_to_all_v_others(
+            &self,
+            dtype: DType,
+            send: &[u8],
+            send_counts: &[usize],
+            recv: &mut [u8],
+            recv_counts: &[usize],
+        ) -> Result<(), CommError> {
+            let (sc, rc) = (send_counts, recv_counts);
+            $crate::hooks::host_all_to_all_v_others(self, dtype, send, sc, recv, rc)
+        }
+    };
+    (all_to_all_v_strided) => {
+        fn all_to_all_v_strided(
+            &self,
+            dtype: DType,
+            send: &[u8],
+            send_layout: &[StridedBlock],
+            send_counts: &[usize],
+            recv: &mut [u8],
+            recv_counts: &[usize],
+        ) -> Result<(), CommError> {
+            let (layout, counts) = (send_layout, send_counts);
+            $crate::hooks::host_all_to_all_v_strided(
+                self,
+                dtype,
+                send,
+                layout,
+                counts,
+                recv,
+                recv_counts,
+            )
+        }
+    };
+}
+pub(crate) use host_hooks;
+
 /// Host memory of a read buffer (`Unsupported` for device memory).
 pub(crate) fn host_read<'a>(
     backend: Backend,

@@ -10,10 +10,7 @@ use std::time::Duration;
 
 use crate::algorithms::args;
 use crate::flight::CommLog;
-use crate::hooks::{
-    host_all_reduce_into, host_all_to_all_v_others, host_all_to_all_v_strided, host_read,
-    host_write, BackendHooks,
-};
+use crate::hooks::{host_hooks, BackendHooks};
 use crate::{
     reduce_into, Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock,
 };
@@ -150,8 +147,10 @@ fn same_counts(a: &Slot, b: &Slot) -> Option<String> {
 }
 
 impl BackendHooks for InProcessComm {
-    type Read<'a> = &'a [u8];
-    type Write<'a> = &'a mut [u8];
+    host_hooks!(buffers: BACKEND);
+    host_hooks!(all_reduce_into);
+    host_hooks!(all_to_all_v_others);
+    host_hooks!(all_to_all_v_strided);
 
     fn rank(&self) -> usize {
         self.me
@@ -164,12 +163,6 @@ impl BackendHooks for InProcessComm {
     }
     fn log(&self) -> &CommLog {
         &self.log
-    }
-    fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<&'a [u8], CommError> {
-        host_read(BACKEND, op, what, b)
-    }
-    fn write<'a>(&self, op: &str, what: &str, b: BufMut<'a>) -> Result<&'a mut [u8], CommError> {
-        host_write(BACKEND, op, what, b)
     }
 
     fn all_reduce(
@@ -212,17 +205,6 @@ impl BackendHooks for InProcessComm {
             }
             Ok(())
         })
-    }
-
-    fn all_reduce_into(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        recv: &mut [u8],
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        host_all_reduce_into(self, dtype, send, recv, count, op)
     }
 
     fn all_gather_v(
@@ -350,30 +332,6 @@ impl BackendHooks for InProcessComm {
                 Ok(())
             },
         )
-    }
-
-    fn all_to_all_v_others(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        host_all_to_all_v_others(self, dtype, send, send_counts, recv, recv_counts)
-    }
-
-    fn all_to_all_v_strided(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        send_layout: &[StridedBlock],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        let (layout, counts) = (send_layout, send_counts);
-        host_all_to_all_v_strided(self, dtype, send, layout, counts, recv, recv_counts)
     }
 
     fn broadcast(&self, dtype: DType, b: &mut [u8], root: usize) -> Result<(), CommError> {

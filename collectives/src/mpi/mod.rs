@@ -22,9 +22,7 @@ use ::mpi::Count;
 
 use crate::env::LaunchEnv;
 use crate::flight::CommLog;
-use crate::hooks::{
-    host_all_to_all_v_others, host_all_to_all_v_strided, host_read, host_write, BackendHooks,
-};
+use crate::hooks::{host_hooks, BackendHooks};
 use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock};
 pub(crate) use runtime::bootstrap_rendezvous;
 use runtime::{ensure_initialized, Watchdog};
@@ -235,8 +233,9 @@ impl Drop for MpiComm {
 }
 
 impl BackendHooks for MpiComm {
-    type Read<'a> = &'a [u8];
-    type Write<'a> = &'a mut [u8];
+    host_hooks!(buffers: BACKEND);
+    host_hooks!(all_to_all_v_others);
+    host_hooks!(all_to_all_v_strided);
 
     fn rank(&self) -> usize {
         self.me
@@ -249,12 +248,6 @@ impl BackendHooks for MpiComm {
     }
     fn log(&self) -> &CommLog {
         &self.log
-    }
-    fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<&'a [u8], CommError> {
-        host_read(BACKEND, op, what, b)
-    }
-    fn write<'a>(&self, op: &str, what: &str, b: BufMut<'a>) -> Result<&'a mut [u8], CommError> {
-        host_write(BACKEND, op, what, b)
     }
 
     fn all_reduce(
@@ -382,30 +375,6 @@ impl BackendHooks for MpiComm {
         let mut recv = PartitionMut::new(r, rc, rd);
         self.comm.0.all_to_all_varcount_into(&send, &mut recv);
         Ok(())
-    }
-
-    fn all_to_all_v_others(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        host_all_to_all_v_others(self, dtype, send, send_counts, recv, recv_counts)
-    }
-
-    fn all_to_all_v_strided(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        send_layout: &[StridedBlock],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        let (layout, counts) = (send_layout, send_counts);
-        host_all_to_all_v_strided(self, dtype, send, layout, counts, recv, recv_counts)
     }
 
     fn broadcast(&self, _dtype: DType, b: &mut [u8], root: usize) -> Result<(), CommError> {

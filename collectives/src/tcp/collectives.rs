@@ -11,9 +11,7 @@ use super::{
     SHM_DIRECT_MIN, SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
 use crate::flight::CommLog;
-use crate::hooks::{
-    host_all_reduce_into, host_all_to_all_v_others, host_read, host_write, BackendHooks,
-};
+use crate::hooks::{host_hooks, BackendHooks};
 use crate::shm::OpCode;
 use crate::strided::Runs;
 use crate::{
@@ -21,8 +19,9 @@ use crate::{
 };
 
 impl BackendHooks for TcpComm {
-    type Read<'a> = &'a [u8];
-    type Write<'a> = &'a mut [u8];
+    host_hooks!(buffers: BACKEND);
+    host_hooks!(all_reduce_into);
+    host_hooks!(all_to_all_v_others);
 
     fn rank(&self) -> usize {
         self.me
@@ -35,12 +34,6 @@ impl BackendHooks for TcpComm {
     }
     fn log(&self) -> &CommLog {
         &self.log
-    }
-    fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<&'a [u8], CommError> {
-        host_read(BACKEND, op, what, b)
-    }
-    fn write<'a>(&self, op: &str, what: &str, b: BufMut<'a>) -> Result<&'a mut [u8], CommError> {
-        host_write(BACKEND, op, what, b)
     }
 
     fn all_reduce(
@@ -114,17 +107,6 @@ impl BackendHooks for TcpComm {
             &mut chunks,
         )?;
         self.all_gather_in_place(&mut links, name, self.tag(seq, 1), &mut chunks)
-    }
-
-    fn all_reduce_into(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        recv: &mut [u8],
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        host_all_reduce_into(self, dtype, send, recv, count, op)
     }
 
     fn all_gather_v(
@@ -225,17 +207,6 @@ impl BackendHooks for TcpComm {
             .map(Runs::contiguous)
             .collect();
         self.all_to_all_runs(name, dtype, &pieces, r, recv_counts)
-    }
-
-    fn all_to_all_v_others(
-        &self,
-        dtype: DType,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        host_all_to_all_v_others(self, dtype, send, send_counts, recv, recv_counts)
     }
 
     fn all_to_all_v_strided(

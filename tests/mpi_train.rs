@@ -8,11 +8,11 @@
 mod common;
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use common::{curve, max_rel};
+use common::{cargo, curve, max_rel, release_dir};
 
 const MPI: bool = cfg!(feature = "mpi");
 const ARGS: [&str; 6] = ["--steps", "20", "--log-every", "1", "--seed", "4"];
@@ -21,36 +21,20 @@ const ARGS: [&str; 6] = ["--steps", "20", "--log-every", "1", "--seed", "4"];
 fn binaries() -> &'static (PathBuf, PathBuf) {
     static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BINS.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut train_build = vec!["build", "--release", "--example", "train"];
         if MPI {
             train_build.extend(["--features", "mpi"]);
         }
-        let launcher_build = [
+        cargo(&train_build);
+        cargo(&[
             "build",
             "--release",
             "-p",
             "oxiflow-launcher",
             "--bin",
             "oflaunch",
-        ];
-        for args in [&train_build[..], &launcher_build[..]] {
-            let st = Command::new(env!("CARGO"))
-                .args(args)
-                .current_dir(root)
-                .status()
-                .expect("run cargo");
-            assert!(st.success(), "cargo {args:?} failed");
-        }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let rel = if target.is_absolute() {
-            target
-        } else {
-            root.join(target)
-        }
-        .join("release");
+        ]);
+        let rel = release_dir();
         // A copy: other tests may rebuild train with other features meanwhile.
         let train = rel.join(format!("train-mpi-test-{}", std::process::id()));
         std::fs::copy(rel.join("examples").join("train"), &train).expect("copy train");

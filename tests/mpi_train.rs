@@ -73,12 +73,13 @@ fn have_mpirun() -> bool {
 }
 
 /// `mpirun -np 4 train ARGS extra`, through `| cat` so train's stdout is not mpirun's terminal
-/// (train draws a progress bar instead of loss lines on a terminal).
+/// (train draws a progress bar instead of loss lines on a terminal); train's exit status is
+/// kept (pipefail).
 fn mpirun_train(extra: &[&str]) -> Output {
     let (_, train) = binaries();
     let mut c = Command::new("mpirun");
     c.args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .args(["sh", "-c", "\"$0\" \"$@\" | cat"])
+        .args(["bash", "-c", "set -o pipefail; \"$0\" \"$@\" | cat"])
         .arg(train)
         .args(ARGS)
         .args(extra);

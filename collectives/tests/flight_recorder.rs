@@ -124,7 +124,11 @@ fn calls_are_recorded_in_order_with_their_states() {
     // member begins the next one, so calls 0..=3 (up to the barrier) come in order; the bad
     // broadcast and the sub-group after it are local, so the two ranks' may interleave.
     let seqs: Vec<u64> = world.iter().map(|e| e.seq).collect();
-    assert_eq!(seqs[..8], [0, 0, 1, 1, 2, 2, 3, 3], "entries out of order: {seqs:?}");
+    assert_eq!(
+        seqs[..8],
+        [0, 0, 1, 1, 2, 2, 3, 3],
+        "entries out of order: {seqs:?}"
+    );
     let mut local = seqs[8..].to_vec();
     local.sort();
     assert_eq!(local, [4, 4, 5, 5], "{seqs:?}");

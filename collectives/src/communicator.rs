@@ -3,8 +3,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::algorithms::args;
-use crate::strided::{check_layout, pack};
 use crate::{Buf, BufMut, CommError, DType, ReduceOp, StridedBlock};
 
 /// Which implementation runs the collectives.
@@ -16,6 +14,8 @@ pub enum Backend {
     Cpu,
     /// NCCL on CUDA devices.
     Nccl,
+    /// MPI processes (feature `mpi`), host memory.
+    Mpi,
 }
 
 impl fmt::Display for Backend {
@@ -24,6 +24,7 @@ impl fmt::Display for Backend {
             Backend::InProcess => "in-process",
             Backend::Cpu => "cpu",
             Backend::Nccl => "nccl",
+            Backend::Mpi => "mpi",
         })
     }
 }
@@ -37,13 +38,19 @@ pub type SharedComm = Arc<dyn Communicator>;
 /// - Ranks inside a communicator are `0..size()`; `world_ranks()[i]` is the world rank of
 ///   member `i`. All counts are in elements of `dtype`; buffer lengths are checked against
 ///   counts (`CommError::BufferSize`) before anything is sent.
+/// - Every argument is checked in one place (`boundary.rs`) before the backend runs, so a bad
+///   argument gets the same typed error on every backend, and every call is recorded in the
+///   [`flight_recorder`](crate::flight_recorder).
 /// - Every member calls the same collectives in the same order (SPMD); a member that does not
 ///   arrive within the communicator's timeout makes the others fail with
 ///   `CommError::Timeout`/`PeerLost` naming it. No call blocks forever.
 /// - `*_v` variants take per-member counts (zero allowed) and lay pieces out in member order.
 /// - Buffers may be host or device memory as the backend supports (`CommError::Unsupported`
 ///   otherwise); send and receive buffers never alias.
-pub trait Communicator: Send + Sync {
+///
+/// The trait is sealed: backends implement the crate's unchecked hooks, and this interface is
+/// provided for them.
+pub trait Communicator: Send + Sync + sealed::Sealed {
     /// This member's index, `0..size()`.
     fn rank(&self) -> usize;
     /// Number of members.
@@ -55,23 +62,14 @@ pub trait Communicator: Send + Sync {
     /// In place: every member ends with `op` over all members' buffers.
     fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
     /// Out of place: `recv` (as long as `send`) gets `op` over all members' `send`; `send` is
-    /// left as it was. This default copies host memory into `recv` and reduces in place;
-    /// device backends override it (a device buffer here is `Unsupported`).
+    /// left as it was.
     fn all_reduce_into(
         &self,
         dtype: DType,
         send: Buf<'_>,
         recv: BufMut<'_>,
         op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let name = "all_reduce_into";
-        let s = args::host(name, self.backend(), send)?;
-        let r = args::host_mut(name, self.backend(), recv)?;
-        let n = args::elems_of(name, "send", dtype, s.len())?;
-        args::check_len(name, "recv (as long as send)", dtype, r.len(), n)?;
-        r.copy_from_slice(s);
-        self.all_reduce(dtype, BufMut::Host(r), op)
-    }
+    ) -> Result<(), CommError>;
     /// `recv` = concatenation of every member's `send` (member i contributes `counts[i]`).
     fn all_gather_v(
         &self,
@@ -91,7 +89,8 @@ pub trait Communicator: Send + Sync {
         op: ReduceOp,
     ) -> Result<(), CommError>;
     /// `send` holds `send_counts[j]` elements for member j, in member order; `recv` receives
-    /// `recv_counts[i]` elements from member i, in member order.
+    /// `recv_counts[i]` elements from member i, in member order. `send_counts[me]` must equal
+    /// `recv_counts[me]`.
     fn all_to_all_v(
         &self,
         dtype: DType,
@@ -120,18 +119,12 @@ pub trait Communicator: Send + Sync {
     fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError>;
 
     /// All-gather with equal counts: `recv.len() == size() * send.len()`.
-    fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
-        let n = send.len_bytes() / dtype.size();
-        let counts = vec![n; self.size()];
-        self.all_gather_v(dtype, send, recv, &counts)
-    }
+    fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError>;
     /// All-to-all-v without the member's own part, which the caller copies locally (e.g. from
     /// a strided piece straight into its place): `send` holds only the parts for the other
     /// members, in member order; `recv` has the full layout of `recv_counts`, and its own
     /// region (`recv_counts[me]` elements after the earlier members') is left as it was.
-    /// `send_counts[me]` must equal `recv_counts[me]`. Interoperates with `all_to_all_v`. This
-    /// default (host memory only) rebuilds the full send buffer and calls `all_to_all_v`;
-    /// device backends override it.
+    /// `send_counts[me]` must equal `recv_counts[me]`. Interoperates with `all_to_all_v`.
     fn all_to_all_v_others(
         &self,
         dtype: DType,
@@ -139,44 +132,12 @@ pub trait Communicator: Send + Sync {
         send_counts: &[usize],
         recv: BufMut<'_>,
         recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        let name = "all_to_all_v_others";
-        let (me, n, esz) = (self.rank(), self.size(), dtype.size());
-        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
-        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
-        args::check_own(name, me, send_counts, recv_counts)?;
-        let s = args::host(name, self.backend(), send)?;
-        let r = args::host_mut(name, self.backend(), recv)?;
-        let others = stotal - send_counts[me];
-        args::check_len(
-            name,
-            "send (the other members' parts)",
-            dtype,
-            s.len(),
-            others,
-        )?;
-        args::check_len(name, "recv", dtype, r.len(), rtotal)?;
-        let before: usize = send_counts[..me].iter().sum::<usize>() * esz;
-        let own = send_counts[me] * esz;
-        let r_own: usize = recv_counts[..me].iter().sum::<usize>() * esz;
-        let mut full = Vec::with_capacity(s.len() + own);
-        full.extend_from_slice(&s[..before]);
-        full.extend_from_slice(&r[r_own..r_own + own]);
-        full.extend_from_slice(&s[before..]);
-        self.all_to_all_v(
-            dtype,
-            Buf::Host(&full),
-            send_counts,
-            BufMut::Host(r),
-            recv_counts,
-        )
-    }
+    ) -> Result<(), CommError>;
     /// All-to-all-v whose send pieces need not be contiguous: member j receives the elements
     /// of `send_layout[j]` (runs at a stride, in run order) as if they had been packed into
     /// `send_counts[j] = send_layout[j].count()` consecutive elements; `recv` is as in
     /// `all_to_all_v`. Interoperates with `all_to_all_v` (members may mix the two in one call).
-    /// This default packs into a scratch buffer (host memory only) and calls `all_to_all_v`;
-    /// backends that can copy runs straight from the send buffer override it.
+    /// Host backends; device backends answer `Unsupported` (pack and call `all_to_all_v`).
     fn all_to_all_v_strided(
         &self,
         dtype: DType,
@@ -184,19 +145,7 @@ pub trait Communicator: Send + Sync {
         send_layout: &[StridedBlock],
         recv: BufMut<'_>,
         recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        let name = "all_to_all_v_strided";
-        let counts = check_layout(name, dtype, send.len_bytes(), send_layout, self.size())?;
-        let Buf::Host(s) = send else {
-            return Err(CommError::Unsupported {
-                op: name.into(),
-                backend: self.backend().to_string(),
-                detail: "strided device buffers; pack them and call all_to_all_v".into(),
-            });
-        };
-        let packed = pack(s, send_layout, dtype);
-        self.all_to_all_v(dtype, Buf::Host(&packed), &counts, recv, recv_counts)
-    }
+    ) -> Result<(), CommError>;
     /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
     fn reduce_scatter(
         &self,
@@ -204,9 +153,10 @@ pub trait Communicator: Send + Sync {
         send: Buf<'_>,
         recv: BufMut<'_>,
         op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let n = recv.len_bytes() / dtype.size();
-        let counts = vec![n; self.size()];
-        self.reduce_scatter_v(dtype, send, recv, &counts, op)
-    }
+    ) -> Result<(), CommError>;
+}
+
+pub(crate) mod sealed {
+    /// Only the crate's backends (through `BackendHooks`) are communicators.
+    pub trait Sealed {}
 }

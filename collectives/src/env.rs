@@ -22,9 +22,13 @@
 //!   against Slurm (the batch step's `SLURM_PROCID` says nothing about MPI ranks).
 //! - `MASTER_ADDR`: required unless every rank is on this node (world size equal to local
 //!   size), where it defaults to 127.0.0.1. `MASTER_PORT`: required (non-zero) when the world
-//!   size exceeds 1; 0 (pick a free port) for a single process.
+//!   size exceeds 1; 0 (pick a free port) for a single process. Under an MPI launcher (Open MPI
+//!   or PMI variables present) both may be absent (`master_addr` empty, `master_port` 0): the
+//!   world then bootstraps the rendezvous through MPI itself (`mpi` feature).
 //! - `OXIFLOW_TOKEN` (optional here; the store needs it for more than one rank),
-//!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu.
+//!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu | mpi
+//!   (mpi: the CPU backend with MPI as its data plane, `cpu_plane`),
+//!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure).
 //!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
@@ -72,6 +76,16 @@ impl FromStr for BackendChoice {
     }
 }
 
+/// What carries the data of a CPU world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CpuPlane {
+    /// TCP between hosts, shared memory within one (`OXIFLOW_BACKEND=cpu` or `auto`).
+    #[default]
+    Tcp,
+    /// MPI (`OXIFLOW_BACKEND=mpi`; needs the `mpi` feature and an MPI launcher).
+    Mpi,
+}
+
 /// What the launcher told this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
@@ -97,6 +111,14 @@ pub struct LaunchEnv {
     /// Extra folders to search for the CUDA and NCCL libraries (`OXIFLOW_CUDA_LIB_DIRS`,
     /// colon-separated), searched before the standard ones.
     pub cuda_lib_dirs: Vec<std::path::PathBuf>,
+    /// Where the flight recorder dumps its ring when a collective fails
+    /// (`OXIFLOW_FLIGHT_DIR`); None: no dump.
+    pub flight_dir: Option<std::path::PathBuf>,
+    /// The data plane of a CPU world (`backend` reads `Cpu` when this is `Mpi`).
+    pub cpu_plane: CpuPlane,
+    /// Whether an MPI launcher started this process (Open MPI or PMI variables are set), so
+    /// the rendezvous can be bootstrapped through MPI when MASTER_ADDR/MASTER_PORT are absent.
+    pub mpi_launched: bool,
 }
 
 /// The variable names of one launcher family.
@@ -353,6 +375,9 @@ impl LaunchEnv {
         }
         let node_rank = node_rank(&vars, family_node_rank, world_size)?;
 
+        let mpi_launched = readings
+            .iter()
+            .any(|r| std::ptr::eq(r.family, &OPEN_MPI) || std::ptr::eq(r.family, &PMI));
         let master_addr = match vars.raw("MASTER_ADDR") {
             Some(a) if a.trim().is_empty() || a.trim().chars().any(char::is_whitespace) => {
                 return Err(env_err(format!(
@@ -361,6 +386,7 @@ impl LaunchEnv {
             }
             Some(a) => a.trim().to_string(),
             None if local_world_size == world_size => "127.0.0.1".to_string(),
+            None if mpi_launched => String::new(),
             None => {
                 return Err(env_err(format!(
                     "MASTER_ADDR is missing: the {world_size} ranks span several nodes \
@@ -381,7 +407,7 @@ impl LaunchEnv {
                 }
                 port
             }
-            None if world_size == 1 => 0,
+            None if world_size == 1 || mpi_launched => 0,
             None => {
                 return Err(env_err(format!(
                     "MASTER_PORT is missing ({size_var}={world_size}: the ranks meet at MASTER_ADDR:MASTER_PORT)"
@@ -415,13 +441,17 @@ impl LaunchEnv {
                     ))
                 })?,
         };
-        let backend = match vars.raw("OXIFLOW_BACKEND") {
-            None => BackendChoice::Auto,
-            Some(b) => b.parse().map_err(|_| {
-                env_err(format!(
-                    "OXIFLOW_BACKEND={b:?} is not one of auto, nccl, cpu"
-                ))
-            })?,
+        let (backend, cpu_plane) = match vars.raw("OXIFLOW_BACKEND") {
+            None => (BackendChoice::Auto, CpuPlane::Tcp),
+            Some(b) if b.trim().eq_ignore_ascii_case("mpi") => (BackendChoice::Cpu, CpuPlane::Mpi),
+            Some(b) => (
+                b.parse().map_err(|_| {
+                    env_err(format!(
+                        "OXIFLOW_BACKEND={b:?} is not one of auto, nccl, cpu, mpi"
+                    ))
+                })?,
+                CpuPlane::Tcp,
+            ),
         };
         let shm = match vars.raw("OXIFLOW_SHM").as_deref().map(str::trim) {
             None | Some("1") | Some("true") | Some("on") | Some("") => true,
@@ -449,6 +479,10 @@ impl LaunchEnv {
                     .collect()
             })
             .unwrap_or_default();
+        let flight_dir = vars
+            .raw("OXIFLOW_FLIGHT_DIR")
+            .filter(|d| !d.trim().is_empty())
+            .map(std::path::PathBuf::from);
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -470,7 +504,25 @@ impl LaunchEnv {
             store_prefix,
             device,
             cuda_lib_dirs,
+            flight_dir,
+            cpu_plane,
+            mpi_launched,
         })
+    }
+
+    /// Whether the rendezvous must be bootstrapped through MPI: several ranks, started by an
+    /// MPI launcher that gave no MASTER_ADDR, MASTER_PORT or OXIFLOW_TOKEN.
+    pub fn needs_mpi_bootstrap(&self) -> bool {
+        self.world_size > 1
+            && self.mpi_launched
+            && (self.master_addr.is_empty() || self.master_port == 0 || self.token.is_none())
+    }
+
+    /// Tells the process-wide flight recorder this rank and where to dump on a failure.
+    pub fn configure_flight_recorder(&self) {
+        let recorder = crate::flight_recorder();
+        recorder.set_rank(self.rank);
+        recorder.set_dump_dir(self.flight_dir.clone());
     }
 
     /// The GPU ordinal this rank uses: `OXIFLOW_DEVICE` when set, else the local rank.

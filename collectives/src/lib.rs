@@ -2,13 +2,18 @@
 //! processes, NCCL), the gRPC rendezvous store, and launch-environment discovery.
 
 mod algorithms;
+mod boundary;
 mod buffer;
 mod communicator;
 pub mod cuda_libs;
 mod dtype;
 pub mod env;
 mod error;
+pub mod flight;
+mod hooks;
 pub mod inprocess;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod nccl;
 mod reduce;
 pub mod rendezvous;
@@ -20,6 +25,9 @@ pub use buffer::{Buf, BufMut, DeviceFence, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};
 pub use dtype::{DType, Element};
 pub use error::CommError;
+pub use flight::{
+    flight_recorder, FlightCall, FlightDump, FlightEntry, FlightRecorder, FlightState, FlightTicket,
+};
 pub use inprocess::{InProcessComm, InProcessWorld};
 pub use reduce::{reduce_into, ReduceOp};
 pub use shm::job_segment_paths;

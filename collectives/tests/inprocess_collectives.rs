@@ -135,6 +135,7 @@ fn bad_buffers_fail_before_blocking() {
     let mut odd = [0u8; 6];
     let e = c.all_reduce(DType::F32, BufMut::Host(&mut odd), ReduceOp::Sum);
     assert!(matches!(e, Err(CommError::BufferSize { .. })), "{e:?}");
+    // SAFETY: the host backend refuses device buffers without dereferencing them.
     let dev = unsafe { DevicePtr::new(0x1000, 16, 0) };
     let e = c.all_reduce(DType::F32, BufMut::Device(dev), ReduceOp::Sum);
     assert!(matches!(e, Err(CommError::Unsupported { .. })), "{e:?}");

@@ -5,6 +5,8 @@
 //! ./target/release/oflaunch --nproc-per-node 4 train                 # DP=4
 //! ./target/release/oflaunch --nproc-per-node 4 train --dp 2 --tp 2   # DP=2 x TP=2
 //! ./target/release/examples/train                                    # 1 rank, no launcher
+//! mpirun -np 4 ./target/release/examples/train                       # under MPI (TCP data)
+//! mpirun -np 4 ./target/release/examples/train --backend mpi         # MPI data plane
 //! ```
 //! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
 //! mean loss of the last 10 steps).
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use classifier::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::checkpoint::{self, Metadata, SaveOptions, SaveStage};
+use oxiflow::collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow::collectives::Backend;
 use oxiflow::prelude::*;
 
@@ -59,6 +62,16 @@ enum Dev {
     Auto,
     Cpu,
     Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum WorldBackend {
+    /// As the launch environment says (OXIFLOW_BACKEND, which oflaunch --backend sets).
+    Auto,
+    /// CPU processes over TCP and shared memory.
+    Cpu,
+    /// CPU processes over MPI (start with mpirun or srun; needs a build with --features mpi).
+    Mpi,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -167,6 +180,9 @@ struct Args {
     /// or cuda (one GPU per rank; needs the NCCL backend).
     #[arg(long, value_enum, default_value_t = Dev::Auto)]
     device: Dev,
+    /// The backend of the world: auto (the launch environment decides), cpu, or mpi.
+    #[arg(long, value_enum, default_value_t = WorldBackend::Auto)]
+    backend: WorldBackend,
     /// Seed of the initial weights and of the dataset.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -269,7 +285,18 @@ fn mesh(args: &Args, world: usize) -> Result<(usize, usize), String> {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = oxiflow::init_from_env()?;
+    let ctx = match args.backend {
+        WorldBackend::Auto => oxiflow::init_from_env()?,
+        chosen => {
+            let mut env = LaunchEnv::from_env()?;
+            env.backend = BackendChoice::Cpu;
+            env.cpu_plane = match chosen {
+                WorldBackend::Mpi => CpuPlane::Mpi,
+                _ => CpuPlane::Tcp,
+            };
+            oxiflow::init_with_world(oxiflow::collectives::init_world(&env)?)
+        }
+    };
     let world = ctx.world_size();
     let (dp, tp) = mesh(&args, world)?;
     let cfg = TrainConfig {

@@ -6,39 +6,44 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// Runs the cargo that runs the tests with `args` in the repository root.
+pub fn cargo(args: &[&str]) {
+    let st = Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo");
+    assert!(st.success(), "cargo {args:?} failed");
+}
+
+/// The release output folder of the target directory the tests use.
+pub fn release_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
+    target.join("release")
+}
+
 /// (oflaunch, train): built once with the same cargo, release profile.
 pub fn binaries() -> &'static (PathBuf, PathBuf) {
     static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BINS.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let cargo = env!("CARGO");
-        for args in [
-            &[
-                "build",
-                "--release",
-                "-p",
-                "oxiflow-launcher",
-                "--bin",
-                "oflaunch",
-            ][..],
-            &["build", "--release", "--example", "train"][..],
-        ] {
-            let st = Command::new(cargo)
-                .args(args)
-                .current_dir(root)
-                .status()
-                .expect("run cargo");
-            assert!(st.success(), "cargo {args:?} failed");
-        }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let target = if target.is_absolute() {
-            target
-        } else {
-            root.join(target)
-        };
-        let rel = target.join("release");
+        cargo(&[
+            "build",
+            "--release",
+            "-p",
+            "oxiflow-launcher",
+            "--bin",
+            "oflaunch",
+        ]);
+        cargo(&["build", "--release", "--example", "train"]);
+        let rel = release_dir();
         (rel.join("oflaunch"), rel.join("examples").join("train"))
     })
 }

@@ -1,16 +1,22 @@
-//! Local argument checks every backend runs before it communicates (buffer sizes, counts, ranks).
+//! The argument checks the `Communicator` boundary runs before any backend communicates
+//! (buffer sizes, counts, ranks, memory kind).
 
 use crate::{Backend, Buf, BufMut, CommError, DType};
 
 /// The host bytes of a read buffer, or `Unsupported` for device memory.
-pub(crate) fn host<'a>(op: &str, backend: Backend, b: Buf<'a>) -> Result<&'a [u8], CommError> {
+pub(crate) fn host<'a>(
+    op: &str,
+    what: &str,
+    backend: Backend,
+    b: Buf<'a>,
+) -> Result<&'a [u8], CommError> {
     match b {
         Buf::Host(s) => Ok(s),
         Buf::Device(d) => Err(CommError::Unsupported {
             op: op.to_string(),
             backend: backend.to_string(),
             detail: format!(
-                "device buffer ({} bytes on device {}); host buffers only",
+                "{what} is a device buffer ({} bytes on device {}); host buffers only",
                 d.bytes, d.device
             ),
         }),
@@ -20,6 +26,7 @@ pub(crate) fn host<'a>(op: &str, backend: Backend, b: Buf<'a>) -> Result<&'a [u8
 /// The host bytes of a write buffer, or `Unsupported` for device memory.
 pub(crate) fn host_mut<'a>(
     op: &str,
+    what: &str,
     backend: Backend,
     b: BufMut<'a>,
 ) -> Result<&'a mut [u8], CommError> {
@@ -29,7 +36,7 @@ pub(crate) fn host_mut<'a>(
             op: op.to_string(),
             backend: backend.to_string(),
             detail: format!(
-                "device buffer ({} bytes on device {}); host buffers only",
+                "{what} is a device buffer ({} bytes on device {}); host buffers only",
                 d.bytes, d.device
             ),
         }),

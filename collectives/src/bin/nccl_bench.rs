@@ -189,6 +189,8 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
                     .expect("all_gather")
             });
             out("S->B all-gather", "oxiflow", bytes, t, pf);
+            // SAFETY: the raw communicator and stream outlive the loop; sp/rp are live device
+            // buffers of nl and p * nl f32 elements.
             let t = time(&ms, iters, trials, &sync, &mut || unsafe {
                 (nc.all_gather)(sp as _, rp as _, nl, f32t, raw, rs);
             });
@@ -204,6 +206,7 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
                     .expect("all_reduce")
             });
             out("P->B all-reduce", "oxiflow", bytes, t, 2.0 * pf);
+            // SAFETY: in-place all-reduce of the n f32 elements of a live device buffer.
             let t = time(&ms, iters, trials, &sync, &mut || unsafe {
                 (nc.all_reduce)(bp as _, bp as _, n, f32t, nccl_op(ReduceOp::Sum), raw, rs);
             });
@@ -220,6 +223,7 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
                     .expect("reduce_scatter")
             });
             out("P->S reduce-scatter", "oxiflow", bytes, t, pf);
+            // SAFETY: sp holds p * nl and rp nl f32 elements of live device memory.
             let t = time(&ms, iters, trials, &sync, &mut || unsafe {
                 (nc.reduce_scatter)(sp as _, rp as _, nl, f32t, nccl_op(ReduceOp::Sum), raw, rs);
             });
@@ -249,6 +253,8 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
             out("S(0)->S(1) all-to-all", "oxiflow", nl * 4, t, pf);
             let c = nl / p;
             let bare_a2a = |name: &str, sp: u64, rcp: u64| {
+                // SAFETY: every send/recv covers c elements inside the p * c element buffers
+                // at sp and rcp, which outlive the loop; the group brackets them.
                 let t = time(&ms, iters, trials, &sync, &mut || unsafe {
                     (nc.group_start)();
                     for j in 0..p {

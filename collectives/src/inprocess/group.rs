@@ -52,22 +52,34 @@ impl Raw {
             len: b.len(),
         }
     }
+    /// The bytes `[start, start + len)`, borrowed for as long as this handle is.
+    ///
     /// # Safety
-    /// The owner must still be inside the collective that published it, and nobody may write
-    /// `range` at the same time.
-    pub unsafe fn slice<'a>(&self, start: usize, len: usize) -> &'a [u8] {
+    /// The owner must still be inside the collective that published the range (so the memory
+    /// is alive) and stay there while the returned slice is used, `start + len` must lie within
+    /// the published `len`, and nobody may write the range at the same time.
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &[u8] {
         if len == 0 {
             return &[];
         }
-        std::slice::from_raw_parts(self.ptr.add(start), len)
+        // SAFETY: the caller guarantees the range lies inside the live, published buffer and
+        // is not written concurrently; the result cannot outlive `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
     }
+    /// The bytes `[start, start + len)` for writing, borrowed for as long as this handle is.
+    ///
     /// # Safety
-    /// As `slice`, and nobody else may read or write the range at the same time.
-    pub unsafe fn slice_mut<'a>(&self, start: usize, len: usize) -> &'a mut [u8] {
+    /// As `slice`, and nobody else may read or write the range while the result is used (the
+    /// collectives give each member its own chunk), and the range was published writable
+    /// (`of_mut`).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, start: usize, len: usize) -> &mut [u8] {
         if len == 0 {
             return &mut [];
         }
-        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+        // SAFETY: the caller guarantees exclusive access to this in-bounds range of a live
+        // buffer published through `of_mut`; the result cannot outlive `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }
 
@@ -82,13 +94,18 @@ impl RawCounts {
             len: c.len(),
         }
     }
+    /// The published counts, borrowed for as long as this handle is.
+    ///
     /// # Safety
-    /// The owner must still be inside the collective that published it.
-    pub unsafe fn get<'a>(&self) -> &'a [usize] {
+    /// The owner must still be inside the collective that published them and stay there while
+    /// the result is used.
+    pub unsafe fn get(&self) -> &[usize] {
         if self.len == 0 {
             return &[];
         }
-        std::slice::from_raw_parts(self.ptr, self.len)
+        // SAFETY: the caller guarantees the owner's count list is alive; it is never written
+        // while published, and the result cannot outlive `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 

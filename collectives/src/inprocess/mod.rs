@@ -9,8 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::algorithms::args;
+use crate::flight::CommLog;
+use crate::hooks::{host_hooks, BackendHooks};
 use crate::{
-    reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
+    reduce_into, Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock,
 };
 use group::{Group, Kind, Meet, Raw, RawCounts, Slot};
 
@@ -40,12 +42,7 @@ impl InProcessWorld {
         });
         (0..n)
             .map(|me| {
-                Arc::new(InProcessComm {
-                    world: world.clone(),
-                    group: group.clone(),
-                    me,
-                    subs: Mutex::new(HashMap::new()),
-                }) as SharedComm
+                Arc::new(InProcessComm::member(world.clone(), group.clone(), me)) as SharedComm
             })
             .collect()
     }
@@ -57,6 +54,7 @@ pub struct InProcessComm {
     group: Arc<Group>,
     me: usize,
     subs: Mutex<HashMap<Vec<usize>, SharedComm>>,
+    log: CommLog,
 }
 
 /// Balanced split of `count` elements into `n` chunks: (start, len) in bytes of chunk `i`.
@@ -76,6 +74,16 @@ fn mismatch(g: &Group, op: &str, detail: String) -> CommError {
 }
 
 impl InProcessComm {
+    fn member(world: Arc<WorldShared>, group: Arc<Group>, me: usize) -> InProcessComm {
+        InProcessComm {
+            log: CommLog::new(&group.world_ranks),
+            world,
+            group,
+            me,
+            subs: Mutex::new(HashMap::new()),
+        }
+    }
+
     fn n(&self) -> usize {
         self.group.size()
     }
@@ -132,17 +140,20 @@ fn same_len(a: &Slot, b: &Slot) -> Option<String> {
 }
 
 fn same_counts(a: &Slot, b: &Slot) -> Option<String> {
-    // SAFETY: both owners are inside this collective (between its two barriers).
+    // SAFETY: both owners are inside this collective (between its two barriers), so their
+    // count lists are alive and nobody writes them.
     let (x, y) = unsafe { (a.counts.get(), b.counts.get()) };
     (x != y).then(|| format!("counts {x:?} vs {y:?}"))
 }
 
-impl Communicator for InProcessComm {
+impl BackendHooks for InProcessComm {
+    host_hooks!(buffers: BACKEND);
+    host_hooks!(all_reduce_into);
+    host_hooks!(all_to_all_v_others);
+    host_hooks!(all_to_all_v_strided);
+
     fn rank(&self) -> usize {
         self.me
-    }
-    fn size(&self) -> usize {
-        self.n()
     }
     fn world_ranks(&self) -> &[usize] {
         &self.group.world_ranks
@@ -150,11 +161,18 @@ impl Communicator for InProcessComm {
     fn backend(&self) -> Backend {
         BACKEND
     }
+    fn log(&self) -> &CommLog {
+        &self.log
+    }
 
-    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(
+        &self,
+        dtype: DType,
+        b: &mut [u8],
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let name = "all_reduce";
-        let b = args::host_mut(name, BACKEND, buf)?;
-        let count = args::elems_of(name, "buffer", dtype, b.len())?;
         let n = self.n();
         if n == 1 {
             return Ok(());
@@ -167,15 +185,16 @@ impl Communicator for InProcessComm {
         self.collective(name, slot, same_len, |slots| {
             // Phase 1: member `me` reduces chunk `me` into its own buffer.
             let (s, l) = chunk(count, n, me, sz);
-            // SAFETY: chunk `me` of every buffer is touched only by member `me` in this phase.
+            // SAFETY: every member published its buffer and is between the barriers of this
+            // collective; chunk `me` of every buffer is touched only by member `me` in this phase.
             unsafe { reduce_chunk_into(slots, me, s, l, dtype, op) };
             self.group.barrier(me, name, Meet::Middle)?;
             // Phase 2: copy every other member's finished chunk.
             for (k, other) in slots.iter().enumerate() {
                 if k != me {
                     let (s, l) = chunk(count, n, k, sz);
-                    // SAFETY: chunk k of member k is final and only read now; chunk k of my
-                    // buffer is written only by me.
+                    // SAFETY: both owners are inside this collective; chunk k of member k is
+                    // final and only read now, and chunk k of my buffer is written only by me.
                     unsafe {
                         slots[me]
                             .recv
@@ -191,18 +210,13 @@ impl Communicator for InProcessComm {
     fn all_gather_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        s: &[u8],
+        r: &mut [u8],
         counts: &[usize],
+        _total: usize,
     ) -> Result<(), CommError> {
         let name = "all_gather_v";
-        let n = self.n();
-        let total = args::check_counts(name, "counts", counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), counts[self.me])?;
-        args::check_len(name, "receive buffer", dtype, r.len(), total)?;
-        if n == 1 {
+        if self.n() == 1 {
             r.copy_from_slice(s);
             return Ok(());
         }
@@ -215,6 +229,8 @@ impl Communicator for InProcessComm {
                 let src = if k == me {
                     s
                 } else {
+                    // SAFETY: member k is inside this collective and only reads its send
+                    // buffer, which holds `counts[k]` elements (checked at its boundary).
                     unsafe { slots[k].send.slice(0, len) }
                 };
                 r[off..off + len].copy_from_slice(src);
@@ -226,19 +242,14 @@ impl Communicator for InProcessComm {
     fn reduce_scatter_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        s: &[u8],
+        r: &mut [u8],
         counts: &[usize],
+        _total: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "reduce_scatter_v";
-        let n = self.n();
-        let total = args::check_counts(name, "counts", counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), total)?;
-        args::check_len(name, "receive buffer", dtype, r.len(), counts[self.me])?;
-        if n == 1 {
+        if self.n() == 1 {
             r.copy_from_slice(s);
             return Ok(());
         }
@@ -252,6 +263,8 @@ impl Communicator for InProcessComm {
             r.copy_from_slice(&s[off..off + len]);
             for (k, other) in slots.iter().enumerate() {
                 if k != me {
+                    // SAFETY: member k is inside this collective, its send buffer holds the
+                    // same counts (agreed above) and is only read.
                     reduce_into(dtype, r, unsafe { other.send.slice(off, len) }, op);
                 }
             }
@@ -262,27 +275,13 @@ impl Communicator for InProcessComm {
     fn all_to_all_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
+        s: &[u8],
         send_counts: &[usize],
-        recv: BufMut<'_>,
+        r: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let name = "all_to_all_v";
-        let n = self.n();
-        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
-        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), stotal)?;
-        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
-        if n == 1 {
-            if send_counts != recv_counts {
-                return Err(mismatch(
-                    &self.group,
-                    name,
-                    format!("send_counts {send_counts:?} vs recv_counts {recv_counts:?}"),
-                ));
-            }
+        if self.n() == 1 {
             r.copy_from_slice(s);
             return Ok(());
         }
@@ -300,8 +299,10 @@ impl Communicator for InProcessComm {
             |slots| {
                 // Every member checks every pair, so all reach the same verdict.
                 for (i, si) in slots.iter().enumerate() {
+                    // SAFETY: every member is inside this collective; count lists are read only.
                     let sc = unsafe { si.counts.get() };
                     for (j, sj) in slots.iter().enumerate() {
+                        // SAFETY: as above.
                         let rc = unsafe { sj.counts2.get() };
                         if sc[j] != rc[i] {
                             return Err(mismatch(
@@ -316,11 +317,14 @@ impl Communicator for InProcessComm {
                     }
                 }
                 for (k, (off, len)) in args::byte_offsets(recv_counts, dtype).enumerate() {
+                    // SAFETY: member k is inside this collective; its count list is read only.
                     let kc = unsafe { slots[k].counts.get() };
                     let src_off: usize = kc[..me].iter().sum::<usize>() * sz;
                     let src = if k == me {
                         &s[src_off..src_off + len]
                     } else {
+                        // SAFETY: member k's send buffer holds its checked counts, which agree
+                        // with ours (verified above), and is only read.
                         unsafe { slots[k].send.slice(src_off, len) }
                     };
                     r[off..off + len].copy_from_slice(src);
@@ -330,13 +334,9 @@ impl Communicator for InProcessComm {
         )
     }
 
-    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&self, dtype: DType, b: &mut [u8], root: usize) -> Result<(), CommError> {
         let name = "broadcast";
-        let n = self.n();
-        args::check_member(name, "root", root, n)?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
-        if n == 1 {
+        if self.n() == 1 {
             return Ok(());
         }
         let mut slot = Slot::new(Kind::Broadcast, dtype);
@@ -346,7 +346,8 @@ impl Communicator for InProcessComm {
         self.collective(name, slot, same_len, |slots| {
             if me != root {
                 let len = slots[me].recv.len;
-                // SAFETY: the root's buffer is only read during this phase.
+                // SAFETY: both owners are inside this collective; the root's buffer is only
+                // read during this phase and mine is written only by me.
                 unsafe {
                     slots[me]
                         .recv
@@ -361,15 +362,13 @@ impl Communicator for InProcessComm {
     fn reduce(
         &self,
         dtype: DType,
-        buf: BufMut<'_>,
+        b: &mut [u8],
+        count: usize,
         root: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "reduce";
         let n = self.n();
-        args::check_member(name, "root", root, n)?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        let count = args::elems_of(name, "buffer", dtype, b.len())?;
         if n == 1 {
             return Ok(());
         }
@@ -382,27 +381,20 @@ impl Communicator for InProcessComm {
         self.collective(name, slot, same_len, |slots| {
             // Member `me` reduces chunk `me` into the root's buffer; the others stay unchanged.
             let (s, l) = chunk(count, n, me, sz);
-            // SAFETY: chunk `me` of the root's buffer is written only by member `me` here.
+            // SAFETY: every member is inside this collective; chunk `me` of the root's buffer
+            // is written only by member `me` here, and the other buffers are only read.
             unsafe { reduce_chunk_into(slots, root, s, l, dtype, op) };
             Ok(())
         })
     }
 
-    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
-        let name = "send";
-        args::check_member(name, "peer", peer, self.n())?;
-        let b = args::host(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
+    fn send(&self, _dtype: DType, b: &[u8], peer: usize) -> Result<(), CommError> {
         self.group.post(self.me, peer, b);
         Ok(())
     }
 
-    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
-        let name = "recv";
-        args::check_member(name, "peer", peer, self.n())?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
-        self.group.take(peer, self.me, b, name)
+    fn recv(&self, _dtype: DType, b: &mut [u8], peer: usize) -> Result<(), CommError> {
+        self.group.take(peer, self.me, b, "recv")
     }
 
     fn barrier(&self) -> Result<(), CommError> {
@@ -417,8 +409,7 @@ impl Communicator for InProcessComm {
         )
     }
 
-    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
-        let me = args::check_sub_group(members, self.n(), self.me)?;
+    fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = subs.get(members) {
             return Ok(c.clone());
@@ -431,12 +422,7 @@ impl Communicator for InProcessComm {
                 .or_insert_with(|| Arc::new(Group::new(ranks, self.world.timeout)))
                 .clone()
         };
-        let comm: SharedComm = Arc::new(InProcessComm {
-            world: self.world.clone(),
-            group,
-            me,
-            subs: Mutex::new(HashMap::new()),
-        });
+        let comm: SharedComm = Arc::new(InProcessComm::member(self.world.clone(), group, me));
         subs.insert(members.to_vec(), comm.clone());
         Ok(comm)
     }
@@ -456,10 +442,13 @@ unsafe fn reduce_chunk_into(
     dtype: DType,
     op: ReduceOp,
 ) {
-    let acc = slots[target].recv.slice_mut(start, len);
+    // SAFETY: the caller guarantees the published buffers are alive and that this range of
+    // the target's buffer is written by nobody else.
+    let acc = unsafe { slots[target].recv.slice_mut(start, len) };
     for (k, other) in slots.iter().enumerate() {
         if k != target {
-            reduce_into(dtype, acc, other.recv.slice(start, len), op);
+            // SAFETY: as above; the others' ranges are only read while this runs.
+            reduce_into(dtype, acc, unsafe { other.recv.slice(start, len) }, op);
         }
     }
 }

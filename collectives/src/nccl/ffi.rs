@@ -174,12 +174,13 @@ impl Nccl {
             .to_string_lossy()
             .into_owned();
         let last = match self.get_last_error {
-            // SAFETY: ncclGetLastError accepts any comm (or null) and returns a C string.
             Some(f) => {
+                // SAFETY: ncclGetLastError accepts any comm (or null) and returns a C string.
                 let p = unsafe { f(comm) };
                 if p.is_null() {
                     String::new()
                 } else {
+                    // SAFETY: a non-null NUL-terminated string owned by NCCL, copied at once.
                     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
                 }
             }

@@ -23,6 +23,7 @@ pub fn nccl_unavailable(env: &LaunchEnv, libs: &LibSearch) -> Option<String> {
 /// The NCCL world: rank `env.rank` on device `env.device_ordinal()`, bootstrapped through the job's
 /// rendezvous store (`MASTER_ADDR:MASTER_PORT`, `OXIFLOW_TOKEN`).
 pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, CommError> {
+    env.configure_flight_recorder();
     let store = env.connect_store()?;
     let mut libs = libs.clone();
     libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());

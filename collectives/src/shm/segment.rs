@@ -138,6 +138,7 @@ impl Segment {
         }
         // SAFETY: fstat into a zeroed struct on an open fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` is a valid, writable stat struct.
         let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize == layout.len;
         let mapped = if ok {
             map(fd, layout.len, path)

@@ -1,4 +1,4 @@
-//! The `Communicator` implementation of the TCP backend: argument checks, then the exchanges.
+//! The backend hooks of the TCP backend: the exchanges (arguments are checked at the boundary).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,20 +10,21 @@ use super::{
     balanced, group_state, lock, no_progress, ordered_reduce, split, split_ref, TcpComm, BACKEND,
     SHM_DIRECT_MIN, SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
-use crate::algorithms::args;
+use crate::flight::CommLog;
+use crate::hooks::{host_hooks, BackendHooks};
 use crate::shm::OpCode;
-use crate::strided::{check_layout, Runs};
+use crate::strided::Runs;
 use crate::{
-    reduce_into, Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm,
-    StridedBlock,
+    reduce_into, Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock,
 };
 
-impl Communicator for TcpComm {
+impl BackendHooks for TcpComm {
+    host_hooks!(buffers: BACKEND);
+    host_hooks!(all_reduce_into);
+    host_hooks!(all_to_all_v_others);
+
     fn rank(&self) -> usize {
         self.me
-    }
-    fn size(&self) -> usize {
-        self.ranks.len()
     }
     fn world_ranks(&self) -> &[usize] {
         &self.ranks
@@ -31,12 +32,19 @@ impl Communicator for TcpComm {
     fn backend(&self) -> Backend {
         BACKEND
     }
+    fn log(&self) -> &CommLog {
+        &self.log
+    }
 
-    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(
+        &self,
+        dtype: DType,
+        b: &mut [u8],
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let name = "all_reduce";
-        let b = args::host_mut(name, BACKEND, buf)?;
-        let count = args::elems_of(name, "buffer", dtype, b.len())?;
-        let n = self.size();
+        let n = self.ranks.len();
         if n == 1 {
             return Ok(());
         }
@@ -104,17 +112,13 @@ impl Communicator for TcpComm {
     fn all_gather_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        s: &[u8],
+        r: &mut [u8],
         counts: &[usize],
+        total: usize,
     ) -> Result<(), CommError> {
         let name = "all_gather_v";
-        let n = self.size();
-        let total = args::check_counts(name, "counts", counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), counts[self.me])?;
-        args::check_len(name, "receive buffer", dtype, r.len(), total)?;
+        let n = self.ranks.len();
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
         let mut chunks = split(r, counts.iter().map(|c| c * dtype.size()));
         chunks[self.me].copy_from_slice(s);
@@ -138,18 +142,14 @@ impl Communicator for TcpComm {
     fn reduce_scatter_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        s: &[u8],
+        r: &mut [u8],
         counts: &[usize],
+        total: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "reduce_scatter_v";
-        let n = self.size();
-        let total = args::check_counts(name, "counts", counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), total)?;
-        args::check_len(name, "receive buffer", dtype, r.len(), counts[self.me])?;
+        let n = self.ranks.len();
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
         let sz = dtype.size();
         let off: usize = counts[..self.me].iter().sum::<usize>() * sz;
@@ -196,19 +196,12 @@ impl Communicator for TcpComm {
     fn all_to_all_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
+        s: &[u8],
         send_counts: &[usize],
-        recv: BufMut<'_>,
+        r: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let name = "all_to_all_v";
-        let n = self.size();
-        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
-        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
-        let s = args::host(name, BACKEND, send)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "send buffer", dtype, s.len(), stotal)?;
-        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
         let pieces: Vec<Runs<'_>> = split_ref(s, send_counts.iter().map(|c| c * dtype.size()))
             .into_iter()
             .map(Runs::contiguous)
@@ -219,29 +212,20 @@ impl Communicator for TcpComm {
     fn all_to_all_v_strided(
         &self,
         dtype: DType,
-        send: Buf<'_>,
+        s: &[u8],
         send_layout: &[StridedBlock],
-        recv: BufMut<'_>,
+        _send_counts: &[usize],
+        r: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let name = "all_to_all_v_strided";
-        let n = self.size();
-        let s = args::host(name, BACKEND, send)?;
-        check_layout(name, dtype, s.len(), send_layout, n)?;
-        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
-        let r = args::host_mut(name, BACKEND, recv)?;
-        args::check_len(name, "receive buffer", dtype, r.len(), rtotal)?;
         let pieces: Vec<Runs<'_>> = send_layout.iter().map(|b| Runs::of(s, b, dtype)).collect();
         self.all_to_all_runs(name, dtype, &pieces, r, recv_counts)
     }
 
-    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&self, _dtype: DType, b: &mut [u8], root: usize) -> Result<(), CommError> {
         let name = "broadcast";
-        let n = self.size();
-        args::check_member(name, "root", root, n)?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
-        if n == 1 {
+        if self.ranks.len() == 1 {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
@@ -268,15 +252,13 @@ impl Communicator for TcpComm {
     fn reduce(
         &self,
         dtype: DType,
-        buf: BufMut<'_>,
+        b: &mut [u8],
+        count: usize,
         root: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let name = "reduce";
-        let n = self.size();
-        args::check_member(name, "root", root, n)?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        let count = args::elems_of(name, "buffer", dtype, b.len())?;
+        let n = self.ranks.len();
         if n == 1 {
             return Ok(());
         }
@@ -315,20 +297,14 @@ impl Communicator for TcpComm {
         }
     }
 
-    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+    fn send(&self, _dtype: DType, b: &[u8], peer: usize) -> Result<(), CommError> {
         let name = "send";
-        args::check_member(name, "peer", peer, self.size())?;
-        let b = args::host(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
         let tag = self.p2p_tag(&self.group.p2p_send, peer);
         lock(&self.world.links).post(&self.name(name), self.ranks[peer], tag, b)
     }
 
-    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+    fn recv(&self, _dtype: DType, b: &mut [u8], peer: usize) -> Result<(), CommError> {
         let name = "recv";
-        args::check_member(name, "peer", peer, self.size())?;
-        let b = args::host_mut(name, BACKEND, buf)?;
-        args::elems_of(name, "buffer", dtype, b.len())?;
         let tag = self.p2p_tag(&self.group.p2p_recv, peer);
         let mut recvs = [RecvOp::new(self.ranks[peer], tag, b)];
         let mut links = lock(&self.world.links);
@@ -337,7 +313,7 @@ impl Communicator for TcpComm {
 
     fn barrier(&self) -> Result<(), CommError> {
         let name = "barrier";
-        if self.size() == 1 {
+        if self.ranks.len() == 1 {
             return Ok(());
         }
         let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
@@ -345,7 +321,7 @@ impl Communicator for TcpComm {
             return r;
         }
         let tag = self.tag(seq, 0);
-        let mut sink: Vec<[u8; 0]> = vec![[]; self.size()];
+        let mut sink: Vec<[u8; 0]> = vec![[]; self.ranks.len()];
         let mut sends: Vec<SendOp<'_>> = self
             .peers()
             .map(|(_, rk)| SendOp::new(rk, tag, &[]))
@@ -359,8 +335,7 @@ impl Communicator for TcpComm {
         self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)
     }
 
-    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
-        let me = args::check_sub_group(members, self.size(), self.me)?;
+    fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
         let mut subs = lock(&self.subs);
         if let Some(c) = subs.get(members) {
             return Ok(c.clone());
@@ -373,6 +348,7 @@ impl Communicator for TcpComm {
         let comm: SharedComm = Arc::new(TcpComm {
             world: self.world.clone(),
             group,
+            log: CommLog::new(&ranks),
             ranks,
             me,
             subs: Mutex::new(HashMap::new()),

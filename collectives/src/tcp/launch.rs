@@ -1,11 +1,14 @@
 //! `init_world`: from the launch environment to a connected CPU world. Rank 0 serves the
-//! rendezvous store at MASTER_ADDR:MASTER_PORT unless something (oflaunch) already does.
+//! rendezvous store at MASTER_ADDR:MASTER_PORT unless something (oflaunch) already does; under
+//! an MPI launcher without MASTER_ADDR/MASTER_PORT/OXIFLOW_TOKEN, rank 0 serves it where it
+//! can and tells the others through MPI (feature `mpi`). `OXIFLOW_BACKEND=mpi` builds the MPI
+//! world instead.
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
 use super::TcpComm;
-use crate::env::{BackendChoice, LaunchEnv};
+use crate::env::{BackendChoice, CpuPlane, LaunchEnv};
 use crate::rendezvous::{StoreClient, StoreServer};
 use crate::{CommError, SharedComm};
 
@@ -35,8 +38,15 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
                 .into(),
         });
     }
+    env.configure_flight_recorder();
+    if env.cpu_plane == CpuPlane::Mpi {
+        return mpi_world(env);
+    }
     if env.world_size <= 1 {
         return TcpComm::connect_serving_solo(env.timeout);
+    }
+    if env.needs_mpi_bootstrap() {
+        return connect_through_mpi(env);
     }
     let token = env.token.as_deref().ok_or_else(|| {
         CommError::Env(format!(
@@ -78,6 +88,64 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
         env.shm,
         server,
     )
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
+    crate::mpi::init_world_mpi(env)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_world(_env: &LaunchEnv) -> Result<SharedComm, CommError> {
+    Err(CommError::Unsupported {
+        op: "init_world".into(),
+        backend: "mpi".into(),
+        detail: "OXIFLOW_BACKEND=mpi, but this build has no MPI support: rebuild with \
+                 `cargo build --release --features mpi` (needs an MPI installation)"
+            .into(),
+    })
+}
+
+/// The TCP world, its store's address and token told by rank 0 through MPI.
+#[cfg(feature = "mpi")]
+fn connect_through_mpi(env: &LaunchEnv) -> Result<SharedComm, CommError> {
+    let rv = crate::mpi::bootstrap_rendezvous(env)?;
+    let master: SocketAddr = rv.addr.parse().map_err(|_| {
+        CommError::Rendezvous(format!("mpi bootstrap: bad store address {:?}", rv.addr))
+    })?;
+    let store =
+        StoreClient::connect(&rv.addr, &rv.token, env.timeout)?.with_prefix(&env.store_prefix);
+    let host = local_host_towards(master);
+    TcpComm::connect_serving(
+        &store,
+        env.rank,
+        env.world_size,
+        &host,
+        env.timeout,
+        env.shm,
+        rv.server,
+    )
+}
+
+/// Without MPI support nothing can tell the ranks where the store is.
+#[cfg(not(feature = "mpi"))]
+fn connect_through_mpi(env: &LaunchEnv) -> Result<SharedComm, CommError> {
+    let missing: Vec<&str> = [
+        ("MASTER_ADDR", env.master_addr.is_empty()),
+        ("MASTER_PORT", env.master_port == 0),
+        ("OXIFLOW_TOKEN", env.token.is_none()),
+    ]
+    .iter()
+    .filter(|(_, m)| *m)
+    .map(|(n, _)| *n)
+    .collect();
+    Err(CommError::Env(format!(
+        "started by an MPI launcher ({} ranks) without {}: this build has no MPI support to \
+         bootstrap the rendezvous through MPI. Rebuild with `--features mpi`, or export \
+         MASTER_ADDR, MASTER_PORT and OXIFLOW_TOKEN to every rank (e.g. mpirun -x ...)",
+        env.world_size,
+        missing.join(", ")
+    )))
 }
 
 impl TcpComm {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::algorithms::args;
+use crate::flight::CommLog;
 use crate::rendezvous::{StoreClient, StoreServer};
 use crate::shm::{self, Call, OpCode, ShmWorld};
 use crate::{reduce_into, Backend, CommError, DType, ReduceOp, SharedComm};
@@ -98,6 +99,7 @@ pub struct TcpComm {
     ranks: Vec<usize>,
     me: usize,
     subs: Mutex<HashMap<Vec<usize>, SharedComm>>,
+    log: CommLog,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -268,6 +270,7 @@ impl TcpComm {
         Arc::new(TcpComm {
             world,
             group,
+            log: CommLog::new(&ranks),
             ranks,
             me: rank,
             subs: Mutex::new(HashMap::new()),

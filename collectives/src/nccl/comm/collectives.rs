@@ -1,57 +1,39 @@
-//! `Communicator` for `NcclComm`: argument checks, device pointers, and each collective as
-//! NCCL calls (grouped send/recv and broadcasts/reduces for uneven counts) on the comm stream.
+//! The backend hooks of `NcclComm`: device buffers of its device, and each collective as NCCL
+//! calls (grouped send/recv and broadcasts/reduces for uneven counts) on the comm stream.
 
 use super::*;
+use crate::flight::CommLog;
+use crate::hooks::BackendHooks;
+use crate::DevicePtr;
 
-/// A device pointer checked against this communicator's device and an expected size.
-fn dev_ptr(
+/// A device buffer of this communicator's device (its size was checked at the boundary).
+fn device_buf<'a>(
     op: &str,
     inner: &Inner,
-    b: Buf<'_>,
-    expected: usize,
     what: &str,
-) -> Result<u64, CommError> {
-    match b {
-        Buf::Host(_) => Err(CommError::Unsupported {
+    host_bytes: Option<usize>,
+    d: Option<DevicePtr<'a>>,
+) -> Result<DevicePtr<'a>, CommError> {
+    let Some(d) = d else {
+        return Err(CommError::Unsupported {
             op: op.into(),
             backend: Backend::Nccl.to_string(),
-            detail: format!("{what} is host memory; the NCCL backend takes device buffers"),
-        }),
-        Buf::Device(d) => {
-            if d.device != inner.device {
-                return Err(CommError::InvalidArgument {
-                    op: op.into(),
-                    detail: format!(
-                        "{what} lives on device {}, the communicator on device {}",
-                        d.device, inner.device
-                    ),
-                });
-            }
-            if d.bytes != expected {
-                return Err(CommError::BufferSize {
-                    op: op.into(),
-                    expected,
-                    got: d.bytes,
-                    detail: what.into(),
-                });
-            }
-            Ok(d.ptr)
-        }
-    }
-}
-
-fn check_counts(op: &str, inner: &Inner, counts: &[usize], what: &str) -> Result<(), CommError> {
-    if counts.len() != inner.size {
+            detail: format!(
+                "{what} is host memory ({} bytes); the NCCL backend takes device buffers",
+                host_bytes.unwrap_or(0)
+            ),
+        });
+    };
+    if d.device != inner.device {
         return Err(CommError::InvalidArgument {
             op: op.into(),
             detail: format!(
-                "{what} has {} entries for {} members",
-                counts.len(),
-                inner.size
+                "{what} lives on device {}, the communicator on device {}",
+                d.device, inner.device
             ),
         });
     }
-    Ok(())
+    Ok(d)
 }
 
 fn offsets(counts: &[usize], esz: usize) -> Vec<usize> {
@@ -64,16 +46,6 @@ fn offsets(counts: &[usize], esz: usize) -> Vec<usize> {
     o
 }
 
-fn root_check(op: &str, inner: &Inner, root: usize) -> Result<(), CommError> {
-    if root >= inner.size {
-        return Err(CommError::InvalidArgument {
-            op: op.into(),
-            detail: format!("root {root} of {} members", inner.size),
-        });
-    }
-    Ok(())
-}
-
 type P = *mut std::ffi::c_void;
 
 /// Readies a call's buffers: registers those in `NcclMemory` with the communicator, and
@@ -81,22 +53,14 @@ type P = *mut std::ffi::c_void;
 fn prepare<'a>(
     inner: &Arc<Inner>,
     op: &str,
-    bufs: &[Buf<'a>],
+    bufs: &[DevicePtr<'a>],
 ) -> Result<Option<Vec<&'a dyn crate::DeviceFence>>, CommError> {
-    for b in bufs {
-        if let Buf::Device(d) = b {
-            if d.bytes > 0 {
-                memory::ensure_registered(inner, op, d.ptr)?;
-            }
+    for d in bufs {
+        if d.bytes > 0 {
+            memory::ensure_registered(inner, op, d.ptr)?;
         }
     }
-    Ok(bufs
-        .iter()
-        .map(|b| match b {
-            Buf::Device(d) => d.fence,
-            Buf::Host(_) => None,
-        })
-        .collect())
+    Ok(bufs.iter().map(|d| d.fence).collect())
 }
 
 /// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
@@ -108,16 +72,13 @@ fn grouped_all_to_all(
     op: &'static str,
     own: bool,
     dtype: DType,
-    send: Buf<'_>,
+    send: DevicePtr<'_>,
     send_counts: &[usize],
-    recv: BufMut<'_>,
+    recv: DevicePtr<'_>,
     recv_counts: &[usize],
 ) -> Result<(), CommError> {
     let i = &*comm.inner;
-    check_counts(op, i, send_counts, "send_counts")?;
-    check_counts(op, i, recv_counts, "recv_counts")?;
     let me = i.rank;
-    crate::algorithms::args::check_own(op, me, send_counts, recv_counts)?;
     let esz = dtype.size();
     // What this member sends to each peer from `send` (nothing to itself without `own`).
     let sent: Vec<usize> = (0..i.size)
@@ -126,17 +87,10 @@ fn grouped_all_to_all(
     let received: Vec<usize> = (0..i.size)
         .map(|j| if j == me && !own { 0 } else { recv_counts[j] })
         .collect();
-    let sp = dev_ptr(op, i, send, sent.iter().sum::<usize>() * esz, "send")?;
-    let rp = dev_ptr(
-        op,
-        i,
-        recv.as_buf(),
-        recv_counts.iter().sum::<usize>() * esz,
-        "recv",
-    )?;
+    let (sp, rp) = (send.ptr, recv.ptr);
     let so = offsets(&sent, esz);
     let ro = offsets(recv_counts, esz);
-    let fs = prepare(&comm.inner, op, &[send, recv.as_buf()])?;
+    let fs = prepare(&comm.inner, op, &[send, recv])?;
     i.run(op, fs.as_deref(), |nc, c, s| {
         i.group(op, || {
             for peer in 0..i.size {
@@ -172,12 +126,12 @@ fn grouped_all_to_all(
     })
 }
 
-impl Communicator for NcclComm {
+impl BackendHooks for NcclComm {
+    type Read<'a> = DevicePtr<'a>;
+    type Write<'a> = DevicePtr<'a>;
+
     fn rank(&self) -> usize {
         self.inner.rank
-    }
-    fn size(&self) -> usize {
-        self.inner.size
     }
     fn world_ranks(&self) -> &[usize] {
         &self.inner.world_ranks
@@ -185,23 +139,35 @@ impl Communicator for NcclComm {
     fn backend(&self) -> Backend {
         Backend::Nccl
     }
-
-    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let bytes = buf.len_bytes();
-        if !bytes.is_multiple_of(dtype.size()) {
-            return Err(CommError::BufferSize {
-                op: "all_reduce".into(),
-                expected: bytes / dtype.size() * dtype.size(),
-                got: bytes,
-                detail: format!("not a whole number of {dtype}"),
-            });
+    fn log(&self) -> &CommLog {
+        &self.inner.log
+    }
+    fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<DevicePtr<'a>, CommError> {
+        match b {
+            Buf::Device(d) => device_buf(op, &self.inner, what, None, Some(d)),
+            Buf::Host(h) => device_buf(op, &self.inner, what, Some(h.len()), None),
         }
-        let p = dev_ptr("all_reduce", i, buf.as_buf(), bytes, "buffer")?;
-        let n = bytes / dtype.size();
-        let fs = prepare(&self.inner, "all_reduce", &[buf.as_buf()])?;
+    }
+    fn write<'a>(&self, op: &str, what: &str, b: BufMut<'a>) -> Result<DevicePtr<'a>, CommError> {
+        match b {
+            BufMut::Device(d) => device_buf(op, &self.inner, what, None, Some(d)),
+            BufMut::Host(h) => device_buf(op, &self.inner, what, Some(h.len()), None),
+        }
+    }
+
+    fn all_reduce(
+        &self,
+        dtype: DType,
+        buf: DevicePtr<'_>,
+        n: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let i = &*self.inner;
+        let p = buf.ptr;
+        let fs = prepare(&self.inner, "all_reduce", &[buf])?;
         i.run("all_reduce", fs.as_deref(), |nc, c, s| {
-            // SAFETY: in-place all-reduce of n elements of a checked device buffer.
+            // SAFETY: in-place all-reduce of n elements of a device buffer of this device
+            // whose size the boundary checked.
             nc.check("all_reduce", c, unsafe {
                 (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s)
             })
@@ -211,25 +177,15 @@ impl Communicator for NcclComm {
     fn all_reduce_into(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        send: DevicePtr<'_>,
+        recv: DevicePtr<'_>,
+        n: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
         let i = &*self.inner;
         let op = "all_reduce_into";
-        let bytes = send.len_bytes();
-        if !bytes.is_multiple_of(dtype.size()) {
-            return Err(CommError::BufferSize {
-                op: op.into(),
-                expected: bytes / dtype.size() * dtype.size(),
-                got: bytes,
-                detail: format!("send is not a whole number of {dtype}"),
-            });
-        }
-        let sp = dev_ptr(op, i, send, bytes, "send")?;
-        let rp = dev_ptr(op, i, recv.as_buf(), bytes, "recv")?;
-        let n = bytes / dtype.size();
-        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
+        let (sp, rp) = (send.ptr, recv.ptr);
+        let fs = prepare(&self.inner, op, &[send, recv])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             // SAFETY: out-of-place all-reduce of n elements between checked buffers.
             nc.check(op, c, unsafe {
@@ -241,20 +197,18 @@ impl Communicator for NcclComm {
     fn all_gather_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        send: DevicePtr<'_>,
+        recv: DevicePtr<'_>,
         counts: &[usize],
+        _total: usize,
     ) -> Result<(), CommError> {
         let i = &*self.inner;
         let op = "all_gather_v";
-        check_counts(op, i, counts, "counts")?;
         let esz = dtype.size();
-        let total: usize = counts.iter().sum();
-        let sp = dev_ptr(op, i, send, counts[i.rank] * esz, "send")?;
-        let rp = dev_ptr(op, i, recv.as_buf(), total * esz, "recv")?;
+        let (sp, rp) = (send.ptr, recv.ptr);
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
+        let fs = prepare(&self.inner, op, &[send, recv])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
@@ -290,21 +244,19 @@ impl Communicator for NcclComm {
     fn reduce_scatter_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
-        recv: BufMut<'_>,
+        send: DevicePtr<'_>,
+        recv: DevicePtr<'_>,
         counts: &[usize],
+        _total: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
         let i = &*self.inner;
         let op = "reduce_scatter_v";
-        check_counts(op, i, counts, "counts")?;
         let esz = dtype.size();
-        let total: usize = counts.iter().sum();
-        let sp = dev_ptr(op, i, send, total * esz, "send")?;
-        let rp = dev_ptr(op, i, recv.as_buf(), counts[i.rank] * esz, "recv")?;
+        let (sp, rp) = (send.ptr, recv.ptr);
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
-        let fs = prepare(&self.inner, op, &[send, recv.as_buf()])?;
+        let fs = prepare(&self.inner, op, &[send, recv])?;
         i.run(op, fs.as_deref(), |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers.
@@ -349,9 +301,9 @@ impl Communicator for NcclComm {
     fn all_to_all_v(
         &self,
         dtype: DType,
-        send: Buf<'_>,
+        send: DevicePtr<'_>,
         send_counts: &[usize],
-        recv: BufMut<'_>,
+        recv: DevicePtr<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         // The own part goes through NCCL too (a copy inside the group's kernel, overlapping
@@ -371,22 +323,20 @@ impl Communicator for NcclComm {
     fn all_to_all_v_others(
         &self,
         dtype: DType,
-        send: Buf<'_>,
+        send: DevicePtr<'_>,
         send_counts: &[usize],
-        recv: BufMut<'_>,
+        recv: DevicePtr<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let op = "all_to_all_v_others";
         grouped_all_to_all(self, op, false, dtype, send, send_counts, recv, recv_counts)
     }
 
-    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&self, dtype: DType, buf: DevicePtr<'_>, root: usize) -> Result<(), CommError> {
         let i = &*self.inner;
-        root_check("broadcast", i, root)?;
-        let bytes = buf.len_bytes();
-        let p = dev_ptr("broadcast", i, buf.as_buf(), bytes, "buffer")?;
-        let n = bytes / dtype.size();
-        let fs = prepare(&self.inner, "broadcast", &[buf.as_buf()])?;
+        let p = buf.ptr;
+        let n = buf.bytes / dtype.size();
+        let fs = prepare(&self.inner, "broadcast", &[buf])?;
         i.run("broadcast", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place broadcast.
             nc.check("broadcast", c, unsafe {
@@ -398,16 +348,14 @@ impl Communicator for NcclComm {
     fn reduce(
         &self,
         dtype: DType,
-        buf: BufMut<'_>,
+        buf: DevicePtr<'_>,
+        n: usize,
         root: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
         let i = &*self.inner;
-        root_check("reduce", i, root)?;
-        let bytes = buf.len_bytes();
-        let p = dev_ptr("reduce", i, buf.as_buf(), bytes, "buffer")?;
-        let n = bytes / dtype.size();
-        let fs = prepare(&self.inner, "reduce", &[buf.as_buf()])?;
+        let p = buf.ptr;
+        let fs = prepare(&self.inner, "reduce", &[buf])?;
         i.run("reduce", fs.as_deref(), |nc, c, s| {
             // SAFETY: in-place reduce.
             nc.check("reduce", c, unsafe {
@@ -425,11 +373,9 @@ impl Communicator for NcclComm {
         })
     }
 
-    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+    fn send(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
         let i = &*self.inner;
-        root_check("send", i, peer)?;
-        let bytes = buf.len_bytes();
-        let p = dev_ptr("send", i, buf, bytes, "buffer")?;
+        let (p, bytes) = (buf.ptr, buf.bytes);
         let fs = prepare(&self.inner, "send", &[buf])?;
         i.run("send", fs.as_deref(), |nc, c, s| {
             // SAFETY: send of a checked buffer.
@@ -446,12 +392,10 @@ impl Communicator for NcclComm {
         })
     }
 
-    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+    fn recv(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
         let i = &*self.inner;
-        root_check("recv", i, peer)?;
-        let bytes = buf.len_bytes();
-        let p = dev_ptr("recv", i, buf.as_buf(), bytes, "buffer")?;
-        let fs = prepare(&self.inner, "recv", &[buf.as_buf()])?;
+        let (p, bytes) = (buf.ptr, buf.bytes);
+        let fs = prepare(&self.inner, "recv", &[buf])?;
         i.run("recv", fs.as_deref(), |nc, c, s| {
             // SAFETY: recv into a checked buffer.
             nc.check("recv", c, unsafe {
@@ -495,25 +439,8 @@ impl Communicator for NcclComm {
         r
     }
 
-    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+    fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
         let i = &*self.inner;
-        let op = "sub_group";
-        let mut seen = vec![false; i.size];
-        for &m in members {
-            if m >= i.size || seen[m] {
-                return Err(CommError::InvalidArgument {
-                    op: op.into(),
-                    detail: format!("members {members:?} must be distinct and < {}", i.size),
-                });
-            }
-            seen[m] = true;
-        }
-        let Some(me) = members.iter().position(|&m| m == i.rank) else {
-            return Err(CommError::InvalidArgument {
-                op: op.into(),
-                detail: format!("member {} is not in {members:?}", i.rank),
-            });
-        };
         if let Some((_, c)) = lock(&i.subs).iter().find(|(m, _)| m == members) {
             return Ok(c.clone());
         }

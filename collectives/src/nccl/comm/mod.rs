@@ -25,7 +25,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr as
 use super::exchange::IdExchange;
 use super::ffi::{self, nccl_dtype, nccl_op, Nccl, Stream, UniqueId};
 use crate::cuda_libs::{self, LibSearch};
-use crate::{Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm};
+use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm};
 
 /// Whether a collective call waits for the device to finish it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +68,8 @@ struct Inner {
     rank: usize,
     size: usize,
     world_ranks: Vec<usize>,
+    /// Flight-recorder group and call counter, shared by every handle.
+    log: crate::flight::CommLog,
     device: usize,
     timeout: Duration,
     exchange: Arc<dyn IdExchange>,
@@ -254,6 +256,7 @@ impl NcclComm {
             compute: Mutex::new(compute),
             rank,
             size,
+            log: crate::flight::CommLog::new(&world_ranks),
             world_ranks,
             device,
             timeout,
@@ -490,6 +493,7 @@ impl Inner {
         n.check(op, self.raw.0, unsafe { (n.group_start)() })?;
         let r = body();
         // Always close the group, even when a call inside failed.
+        // SAFETY: closes the group opened above on this thread.
         let e = unsafe { (n.group_end)() };
         r?;
         n.check(op, self.raw.0, e)

@@ -1,9 +1,15 @@
 //! collectives_bench: bus bandwidth (nccl-tests definitions) of the CPU backend's all-reduce,
 //! all-gather, reduce-scatter and all-to-all for 2 and 4 local ranks, next to Open MPI (mpi4py)
-//! and, when torch is importable, gloo, run on the same host in the same run.
+//! and, when torch is importable, gloo, run on the same host in the same run. Built with the
+//! `mpi` feature it adds OxiFlow's MPI backend (`mpi-backend`) and bare Open MPI through rsmpi
+//! (`bare-mpi`), both under mpirun.
 //!
-//! Usage: collectives_bench [--ranks 2,4] [--min 4096] [--max 268435456] [--anchors mpi,gloo]
-//! (the binary re-runs itself as `collectives_bench worker ...` for the ranks).
+//! Usage: collectives_bench [--ranks 2,4] [--min 4096] [--max 268435456]
+//! [--anchors mpi,gloo,mpi-backend,bare-mpi] (the binary re-runs itself as
+//! `collectives_bench worker|bare-mpi ...` for the ranks).
+
+#[cfg(feature = "mpi")]
+mod mpi_runs;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -218,6 +224,26 @@ fn run_gloo(n: usize, sizes: &str) -> Result<Results, String> {
     spawn_ranks(n, &cmd, free_port()?, "unused").map(|o| parse(&o))
 }
 
+#[cfg(feature = "mpi")]
+fn run_mpi_backend(n: usize, sizes: &str) -> Result<Results, String> {
+    mpi_runs::run_under_mpirun(n, "worker", sizes)
+}
+
+#[cfg(feature = "mpi")]
+fn run_bare_mpi(n: usize, sizes: &str) -> Result<Results, String> {
+    mpi_runs::run_under_mpirun(n, "bare-mpi", sizes)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi_backend(_: usize, _: &str) -> Result<Results, String> {
+    Err("built without the mpi feature".into())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_bare_mpi(_: usize, _: &str) -> Result<Results, String> {
+    Err("built without the mpi feature".into())
+}
+
 fn busbw(op: &str, size: usize, n: usize, t: f64) -> f64 {
     let nf = n as f64;
     let factor = if op == "all_reduce" {
@@ -237,6 +263,18 @@ fn main() {
         }
         return;
     }
+    #[cfg(feature = "mpi")]
+    if args.get(1).map(String::as_str) == Some("bare-mpi") {
+        let sizes: Vec<usize> = arg(&args, "--sizes", "")
+            .split(',')
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        if let Err(e) = mpi_runs::bare_worker(&sizes) {
+            eprintln!("collectives_bench bare-mpi: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let ranks: Vec<usize> = arg(&args, "--ranks", "2,4")
         .split(',')
         .filter_map(|s| s.parse().ok())
@@ -245,7 +283,12 @@ fn main() {
     let max: usize = arg(&args, "--max", "268435456")
         .parse()
         .unwrap_or(256 << 20);
-    let anchors = arg(&args, "--anchors", "mpi,gloo");
+    let default_anchors = if cfg!(feature = "mpi") {
+        "mpi,gloo,mpi-backend,bare-mpi"
+    } else {
+        "mpi,gloo"
+    };
+    let anchors = arg(&args, "--anchors", default_anchors);
     let mut sizes = Vec::new();
     let mut s = min;
     while s <= max {
@@ -293,6 +336,8 @@ fn main() {
         for (name, f) in [
             ("mpi", run_mpi as fn(usize, &str) -> Result<Results, String>),
             ("gloo", run_gloo),
+            ("mpi-backend", run_mpi_backend),
+            ("bare-mpi", run_bare_mpi),
         ] {
             if !anchors.split(',').any(|a| a == name) {
                 continue;

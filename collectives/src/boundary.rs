@@ -1,0 +1,435 @@
+//! The one place where `Communicator` arguments are checked: every public method records the
+//! call in the flight recorder, checks counts, members, buffer sizes and memory kind, and only
+//! then calls the backend's unchecked hook (`BackendHooks`). Every backend therefore rejects
+//! bad arguments with the same typed error, before it communicates.
+
+use crate::algorithms::args;
+use crate::communicator::sealed::Sealed;
+use crate::flight::{flight_recorder, CommLog};
+use crate::hooks::BackendHooks;
+use crate::strided::check_layout;
+use crate::{
+    Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm, StridedBlock,
+};
+
+impl<T: BackendHooks> Sealed for T {}
+
+/// Records a call, runs `check` (which turns the arguments into the hook's), then `run`.
+fn recorded<X>(
+    log: &CommLog,
+    name: &'static str,
+    dtype: &'static str,
+    bytes: usize,
+    peer: Option<usize>,
+    check: impl FnOnce() -> Result<X, CommError>,
+    run: impl FnOnce(X) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    let recorder = flight_recorder();
+    let ticket = log.begin(name, dtype, bytes, peer);
+    let result = check().and_then(|x| {
+        recorder.start(ticket);
+        run(x)
+    });
+    recorder.finish(ticket, result.as_ref().map(|_| ()));
+    result
+}
+
+/// `all_gather_v` under the name of the public call (`all_gather` records as itself).
+fn all_gather_named<T: BackendHooks>(
+    c: &T,
+    name: &'static str,
+    dtype: DType,
+    send: Buf<'_>,
+    recv: BufMut<'_>,
+    counts: &[usize],
+) -> Result<(), CommError> {
+    let check = || {
+        let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
+        args::check_len(name, "send", dtype, send.len_bytes(), counts[c.rank()])?;
+        args::check_len(name, "recv", dtype, recv.len_bytes(), total)?;
+        Ok((
+            c.read(name, "send", send)?,
+            c.write(name, "recv", recv)?,
+            total,
+        ))
+    };
+    let bytes = send.len_bytes();
+    recorded(
+        c.log(),
+        name,
+        dtype.as_str(),
+        bytes,
+        None,
+        check,
+        |(s, r, total)| BackendHooks::all_gather_v(c, dtype, s, r, counts, total),
+    )
+}
+
+/// `reduce_scatter_v` under the name of the public call.
+fn reduce_scatter_named<T: BackendHooks>(
+    c: &T,
+    name: &'static str,
+    dtype: DType,
+    send: Buf<'_>,
+    recv: BufMut<'_>,
+    counts: &[usize],
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let check = || {
+        let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
+        args::check_len(name, "send", dtype, send.len_bytes(), total)?;
+        args::check_len(name, "recv", dtype, recv.len_bytes(), counts[c.rank()])?;
+        Ok((
+            c.read(name, "send", send)?,
+            c.write(name, "recv", recv)?,
+            total,
+        ))
+    };
+    let bytes = send.len_bytes();
+    recorded(
+        c.log(),
+        name,
+        dtype.as_str(),
+        bytes,
+        None,
+        check,
+        |(s, r, total)| BackendHooks::reduce_scatter_v(c, dtype, s, r, counts, total, op),
+    )
+}
+
+/// Both count lists, and the own part: what a member sends itself is what it expects.
+fn all_to_all_counts(
+    name: &str,
+    me: usize,
+    n: usize,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+) -> Result<(usize, usize), CommError> {
+    let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
+    let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+    args::check_own(name, me, send_counts, recv_counts)?;
+    Ok((stotal, rtotal))
+}
+
+impl<T: BackendHooks> Communicator for T {
+    fn rank(&self) -> usize {
+        BackendHooks::rank(self)
+    }
+    fn size(&self) -> usize {
+        BackendHooks::world_ranks(self).len()
+    }
+    fn world_ranks(&self) -> &[usize] {
+        BackendHooks::world_ranks(self)
+    }
+    fn backend(&self) -> Backend {
+        BackendHooks::backend(self)
+    }
+
+    fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        let name = "all_reduce";
+        let bytes = buf.len_bytes();
+        let check = || {
+            let count = args::elems_of(name, "buffer", dtype, bytes)?;
+            Ok((self.write(name, "buffer", buf)?, count))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            None,
+            check,
+            |(b, count)| BackendHooks::all_reduce(self, dtype, b, count, op),
+        )
+    }
+
+    fn all_reduce_into(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "all_reduce_into";
+        let bytes = send.len_bytes();
+        let check = || {
+            let count = args::elems_of(name, "send", dtype, bytes)?;
+            args::check_len(
+                name,
+                "recv (as long as send)",
+                dtype,
+                recv.len_bytes(),
+                count,
+            )?;
+            let s = self.read(name, "send", send)?;
+            Ok((s, self.write(name, "recv", recv)?, count))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            None,
+            check,
+            |(s, r, count)| BackendHooks::all_reduce_into(self, dtype, s, r, count, op),
+        )
+    }
+
+    fn all_gather_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+    ) -> Result<(), CommError> {
+        all_gather_named(self, "all_gather_v", dtype, send, recv, counts)
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        reduce_scatter_named(self, "reduce_scatter_v", dtype, send, recv, counts, op)
+    }
+
+    fn all_to_all_v(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v";
+        let bytes = send.len_bytes();
+        let check = || {
+            let n = Communicator::size(self);
+            let me = BackendHooks::rank(self);
+            let (stotal, rtotal) = all_to_all_counts(name, me, n, send_counts, recv_counts)?;
+            args::check_len(name, "send", dtype, bytes, stotal)?;
+            args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
+            Ok((
+                self.read(name, "send", send)?,
+                self.write(name, "recv", recv)?,
+            ))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            None,
+            check,
+            |(s, r)| BackendHooks::all_to_all_v(self, dtype, s, send_counts, r, recv_counts),
+        )
+    }
+
+    fn all_to_all_v_others(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_counts: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v_others";
+        let bytes = send.len_bytes();
+        let check = || {
+            let n = Communicator::size(self);
+            let me = BackendHooks::rank(self);
+            let (stotal, rtotal) = all_to_all_counts(name, me, n, send_counts, recv_counts)?;
+            let others = stotal - send_counts[me];
+            let what = "send (the other members' parts)";
+            args::check_len(name, what, dtype, bytes, others)?;
+            args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
+            Ok((
+                self.read(name, "send", send)?,
+                self.write(name, "recv", recv)?,
+            ))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            None,
+            check,
+            |(s, r)| BackendHooks::all_to_all_v_others(self, dtype, s, send_counts, r, recv_counts),
+        )
+    }
+
+    fn all_to_all_v_strided(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        send_layout: &[StridedBlock],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let name = "all_to_all_v_strided";
+        let bytes = send.len_bytes();
+        let check = || {
+            let n = Communicator::size(self);
+            let me = BackendHooks::rank(self);
+            let counts = check_layout(name, dtype, bytes, send_layout, n)?;
+            let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+            args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
+            args::check_own(name, me, &counts, recv_counts)?;
+            let s = self.read(name, "send", send)?;
+            Ok((s, self.write(name, "recv", recv)?, counts))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            None,
+            check,
+            |(s, r, counts)| {
+                BackendHooks::all_to_all_v_strided(
+                    self,
+                    dtype,
+                    s,
+                    send_layout,
+                    &counts,
+                    r,
+                    recv_counts,
+                )
+            },
+        )
+    }
+
+    fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        let name = "broadcast";
+        let bytes = buf.len_bytes();
+        let check = || {
+            args::check_member(name, "root", root, Communicator::size(self))?;
+            args::elems_of(name, "buffer", dtype, bytes)?;
+            self.write(name, "buffer", buf)
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            Some(root),
+            check,
+            |b| BackendHooks::broadcast(self, dtype, b, root),
+        )
+    }
+
+    fn reduce(
+        &self,
+        dtype: DType,
+        buf: BufMut<'_>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce";
+        let bytes = buf.len_bytes();
+        let check = || {
+            args::check_member(name, "root", root, Communicator::size(self))?;
+            let count = args::elems_of(name, "buffer", dtype, bytes)?;
+            Ok((self.write(name, "buffer", buf)?, count))
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            Some(root),
+            check,
+            |(b, count)| BackendHooks::reduce(self, dtype, b, count, root, op),
+        )
+    }
+
+    fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "send";
+        let bytes = buf.len_bytes();
+        let check = || {
+            args::check_member(name, "peer", peer, Communicator::size(self))?;
+            args::elems_of(name, "buffer", dtype, bytes)?;
+            self.read(name, "buffer", buf)
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            Some(peer),
+            check,
+            |b| BackendHooks::send(self, dtype, b, peer),
+        )
+    }
+
+    fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
+        let name = "recv";
+        let bytes = buf.len_bytes();
+        let check = || {
+            args::check_member(name, "peer", peer, Communicator::size(self))?;
+            args::elems_of(name, "buffer", dtype, bytes)?;
+            self.write(name, "buffer", buf)
+        };
+        recorded(
+            self.log(),
+            name,
+            dtype.as_str(),
+            bytes,
+            Some(peer),
+            check,
+            |b| BackendHooks::recv(self, dtype, b, peer),
+        )
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        recorded(
+            self.log(),
+            "barrier",
+            "",
+            0,
+            None,
+            || Ok(()),
+            |()| BackendHooks::barrier(self),
+        )
+    }
+
+    fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
+        let mut out = None;
+        let check = || {
+            let n = Communicator::size(self);
+            args::check_sub_group(members, n, BackendHooks::rank(self))
+        };
+        recorded(self.log(), "sub_group", "", 0, None, check, |me| {
+            out = Some(BackendHooks::sub_group(self, members, me)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| CommError::InvalidArgument {
+            op: "sub_group".into(),
+            detail: "the backend returned no communicator".into(),
+        })
+    }
+
+    fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
+        let name = "all_gather";
+        let n = args::elems_of(name, "send", dtype, send.len_bytes())?;
+        let counts = vec![n; Communicator::size(self)];
+        all_gather_named(self, name, dtype, send, recv, &counts)
+    }
+
+    fn reduce_scatter(
+        &self,
+        dtype: DType,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let name = "reduce_scatter";
+        let n = args::elems_of(name, "recv", dtype, recv.len_bytes())?;
+        let counts = vec![n; Communicator::size(self)];
+        reduce_scatter_named(self, name, dtype, send, recv, &counts, op)
+    }
+}

@@ -1,0 +1,237 @@
+//! The MPI backend under `mpirun` (feature `mpi`): this test binary re-runs itself as the ranks
+//! (`mpirun -np N <this binary> mpi_worker_entry`), which find their world from Open MPI's
+//! variables alone. Random collective sequences on random sub-groups match the reference on the
+//! MPI backend; bad arguments get the same typed errors as on the in-process backend; the CPU
+//! world bootstraps its rendezvous through MPI; a world size the environment contradicts is
+//! named. Skipped (with a note) when `mpirun` is not installed.
+#![cfg(feature = "mpi")]
+
+mod multiprocess_common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use multiprocess_common::{dtype_of, run_rank, Case};
+use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::{
+    init_world, Backend, BufMut, CommError, DType, InProcessWorld, ReduceOp, SharedComm,
+};
+use proptest::prelude::*;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+/// The same bad calls on two communicators of the same size and rank: equal errors.
+fn same_errors(mpi: &SharedComm, reference: &SharedComm) -> Result<(), String> {
+    type Call = fn(&SharedComm) -> Result<(), CommError>;
+    let calls: [(&str, Call); 5] = [
+        ("odd bytes", |c| {
+            let mut b = [0u8; 7];
+            c.all_reduce(DType::F32, BufMut::Host(&mut b), ReduceOp::Sum)
+        }),
+        ("counts", |c| {
+            let mut r = [0u8; 8];
+            c.all_gather_v(
+                DType::F64,
+                (&[0u8; 8][..]).into(),
+                (&mut r[..]).into(),
+                &[1],
+            )
+        }),
+        ("root", |c| {
+            let mut b = [0u8; 8];
+            c.broadcast(DType::I64, BufMut::Host(&mut b), c.size() + 3)
+        }),
+        ("own part", |c| {
+            let n = c.size();
+            let sc = vec![1usize; n];
+            let mut rc = vec![1usize; n];
+            rc[c.rank()] = 2;
+            let mut r = vec![0u8; (n + 1) * 4];
+            let s = vec![0u8; n * 4];
+            c.all_to_all_v(DType::F32, (&s[..]).into(), &sc, (&mut r[..]).into(), &rc)
+        }),
+        ("sub-group", |c| {
+            c.sub_group(&[c.rank(), c.rank()]).map(|_| ())
+        }),
+    ];
+    for (what, call) in calls {
+        let (a, b) = (call(mpi), call(reference));
+        let (a, b) = match (a, b) {
+            (Err(a), Err(b)) => (a.to_string(), b.to_string()),
+            (a, b) => return Err(format!("{what}: mpi {a:?}, in-process {b:?}")),
+        };
+        if a != b {
+            return Err(format!("{what}: mpi says {a:?}, in-process {b:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn worker() -> Result<(), String> {
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let comm = init_world(&env);
+    let mode = var("OXF_MPI_MODE");
+    if mode == "mismatch" {
+        return match comm {
+            Err(CommError::Env(m)) if m.contains("MPI_COMM_WORLD has rank") => Ok(()),
+            other => Err(format!(
+                "expected a world-size error, got {:?}",
+                other.err()
+            )),
+        };
+    }
+    let comm = comm.map_err(|e| format!("init_world: {e}"))?;
+    let want = if mode == "bootstrap" {
+        Backend::Cpu
+    } else {
+        Backend::Mpi
+    };
+    if comm.backend() != want {
+        return Err(format!("backend {}, expected {want}", comm.backend()));
+    }
+    match mode.as_str() {
+        "case" | "bootstrap" => {
+            for seed in var("OXF_MPI_SEEDS").split(',') {
+                let seed: u64 = seed.parse().map_err(|_| format!("seed {seed:?}"))?;
+                let dtype = dtype_of((seed % 3) as usize);
+                let case = Case::generate(seed, env.world_size, dtype, 10, 3000);
+                run_rank(&comm, &case).map_err(|e| format!("seed {seed}: {e}"))?;
+            }
+            Ok(())
+        }
+        "bad-args" => {
+            let mut reference = InProcessWorld::new(env.world_size, Duration::from_secs(5));
+            same_errors(&comm, &reference.swap_remove(env.rank))
+        }
+        m => Err(format!("unknown mode {m:?}")),
+    }
+}
+
+#[test]
+fn mpi_worker_entry() {
+    if var("OXF_MPI_ROLE") == "worker" {
+        if let Err(e) = worker() {
+            eprintln!("WORKER FAILED: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn have_mpirun() -> bool {
+    let found = Command::new("mpirun").arg("--version").output().is_ok();
+    if !found {
+        eprintln!("mpi_collectives: skipped: mpirun is not installed");
+    }
+    found
+}
+
+/// `mpirun -np n` of this binary's worker with `vars` set (and no oflaunch variables).
+fn mpirun(n: usize, vars: &[(&str, String)]) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(n.to_string())
+        .arg(exe)
+        .args([
+            "mpi_worker_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("OXF_MPI_ROLE", "worker")
+        .env("OXIFLOW_TIMEOUT", "60");
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+    ] {
+        c.env_remove(k);
+    }
+    for k in ["MASTER_PORT", "OXIFLOW_TOKEN", "OXIFLOW_BACKEND"] {
+        c.env_remove(k);
+    }
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: mpirun failed ({:?}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+    #[test]
+    fn random_collectives_match_the_reference_on_mpi(seed in any::<u64>(), world in 1usize..=4) {
+        if !have_mpirun() {
+            return Ok(());
+        }
+        let seeds: Vec<String> = (0..4).map(|k| seed.wrapping_add(k).to_string()).collect();
+        let out = mpirun(world, &[
+            ("OXIFLOW_BACKEND", "mpi".into()),
+            ("OXF_MPI_MODE", "case".into()),
+            ("OXF_MPI_SEEDS", seeds.join(",")),
+        ]);
+        assert_ok(&out, &format!("seeds {seeds:?} world {world}"));
+    }
+}
+
+#[test]
+fn bad_arguments_get_the_in_process_errors_on_mpi() {
+    if !have_mpirun() {
+        return;
+    }
+    let out = mpirun(
+        3,
+        &[
+            ("OXIFLOW_BACKEND", "mpi".into()),
+            ("OXF_MPI_MODE", "bad-args".into()),
+        ],
+    );
+    assert_ok(&out, "bad arguments");
+}
+
+#[test]
+fn the_cpu_world_bootstraps_its_rendezvous_through_mpi() {
+    if !have_mpirun() {
+        return;
+    }
+    let out = mpirun(
+        3,
+        &[
+            ("OXIFLOW_BACKEND", "cpu".into()),
+            ("OXF_MPI_MODE", "bootstrap".into()),
+            ("OXF_MPI_SEEDS", "11,12".into()),
+        ],
+    );
+    assert_ok(&out, "bootstrap");
+}
+
+#[test]
+fn a_world_size_the_environment_contradicts_is_named() {
+    if !have_mpirun() {
+        return;
+    }
+    // WORLD_SIZE/RANK set by hand for 3 ranks while mpirun starts 2.
+    let out = mpirun(
+        2,
+        &[
+            ("OXIFLOW_BACKEND", "mpi".into()),
+            ("OXF_MPI_MODE", "mismatch".into()),
+            ("RANK", "0".into()),
+            ("WORLD_SIZE", "3".into()),
+        ],
+    );
+    assert_ok(&out, "mismatch");
+}

@@ -2,7 +2,7 @@
 //! timeout and backend, from torchrun's names, then Open MPI's, then MPICH/PMI's, then Slurm's.
 //! Together with the launcher, this is the only code that reads environment variables.
 //!
-//! Rules (the launch contract of design.md, made precise):
+//! Rules (the launch contract of docs/design.md, made precise):
 //! - The first launcher family whose rank *or* size variable is set supplies rank and world
 //!   size; a family with only one of the two set is an error naming the missing variable.
 //!   Families: torchrun/oflaunch (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`),

@@ -11,6 +11,8 @@
 //! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
 //! mean loss of the last 10 steps).
 
+// The tests share this module and use the parts `train` does not (Classifier::save/resume, cfg).
+#[allow(dead_code)]
 mod classifier;
 
 use std::io::IsTerminal;

@@ -18,6 +18,7 @@
 mod error;
 mod execute;
 mod piece;
+mod piece_bytes;
 mod plan;
 pub mod region;
 mod search;
@@ -26,6 +27,9 @@ mod strategy;
 pub use error::BoxingError;
 pub use execute::{boxing, check, execute};
 pub use piece::{Fill, HostData, HostPiece, LocalPiece};
+pub use piece_bytes::{
+    check_same_dtype, copy_box_bytes, copy_bytes, pack_bytes, unpack_bytes, HostBytes,
+};
 pub use plan::{
     build_plan, build_plan_with, validate, BoxingPlanner, Plan, Step, StepKind, Strategy,
 };

@@ -4,12 +4,11 @@
 
 use std::ops::Range;
 
-use oxiflow_collectives::{reduce_into, Buf, BufMut, DType, ReduceOp};
+use oxiflow_collectives::{Buf, BufMut, DType, ReduceOp};
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
-use rayon::prelude::*;
 
-use crate::region::{fits, numel, Runs};
+use crate::piece_bytes::{check_same_dtype, copy_box_bytes, pack_bytes, unpack_bytes, HostBytes};
 use crate::BoxingError;
 
 /// How a freshly made piece is filled.
@@ -135,14 +134,14 @@ impl HostData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    fn bytes(&self) -> &[u8] {
+    pub fn bytes(&self) -> &[u8] {
         match self {
             HostData::F32(v) => bytemuck::cast_slice(v),
             HostData::F64(v) => bytemuck::cast_slice(v),
             HostData::I64(v) => bytemuck::cast_slice(v),
         }
     }
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             HostData::F32(v) => bytemuck::cast_slice_mut(v),
             HostData::F64(v) => bytemuck::cast_slice_mut(v),
@@ -167,9 +166,6 @@ thread_local! {
     static POOL: std::cell::RefCell<Vec<HostData>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Copies of at least this many bytes are split over the rayon pool.
-const PAR_BYTES: usize = 4 << 20;
-
 impl HostPiece {
     /// A piece from data; errors when the element count does not match the shape.
     pub fn new(shape: impl Into<Shape>, data: HostData) -> Result<Self, BoxingError> {
@@ -187,60 +183,13 @@ impl HostPiece {
         Ok(HostPiece { shape, data })
     }
 
-    fn check_same(&self, other: &HostPiece, op: &str) -> Result<(), BoxingError> {
-        if self.data.dtype() != other.data.dtype() {
-            return Err(BoxingError::Local {
-                op: op.into(),
-                detail: format!("dtype {} vs {}", self.data.dtype(), other.data.dtype()),
-            });
+    /// The piece as bytes for the byte-level copies.
+    pub fn host_bytes(&self) -> HostBytes<'_> {
+        HostBytes {
+            shape: &self.shape,
+            dtype: self.data.dtype(),
+            bytes: self.data.bytes(),
         }
-        Ok(())
-    }
-
-    fn check_regions(
-        &self,
-        regions: &[&[Range<usize>]],
-        flat_offset: usize,
-        flat_len: usize,
-        op: &str,
-    ) -> Result<usize, BoxingError> {
-        let mut total = 0;
-        for r in regions {
-            if !fits(&self.shape, r) {
-                return Err(BoxingError::Local {
-                    op: op.into(),
-                    detail: format!("box {r:?} lies outside a piece of shape {}", self.shape),
-                });
-            }
-            total += numel(r);
-        }
-        if flat_offset
-            .checked_add(total)
-            .is_none_or(|end| end > flat_len)
-        {
-            return Err(BoxingError::Local {
-                op: op.into(),
-                detail: format!(
-                    "{total} elements at offset {flat_offset} overrun a buffer of {flat_len} elements"
-                ),
-            });
-        }
-        Ok(total)
-    }
-}
-
-/// Copies `len` bytes, in parallel when large.
-fn copy_bytes(dst: &mut [u8], src: &[u8]) {
-    if dst.len() >= PAR_BYTES && rayon::current_num_threads() > 1 {
-        let chunk = dst
-            .len()
-            .div_ceil(rayon::current_num_threads())
-            .max(1 << 20);
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-    } else {
-        dst.copy_from_slice(src);
     }
 }
 
@@ -356,20 +305,8 @@ impl LocalPiece for HostPiece {
         dst: &mut Self,
         dst_offset: usize,
     ) -> Result<(), BoxingError> {
-        self.check_same(dst, "pack")?;
-        self.check_regions(regions, dst_offset, dst.data.len(), "pack")?;
-        let es = self.dtype().size();
-        let src = self.data.bytes();
-        let out = dst.data.bytes_mut();
-        let mut at = dst_offset * es;
-        for r in regions {
-            for (off, len) in Runs::new(&self.shape, r) {
-                let (o, l) = (off * es, len * es);
-                copy_bytes(&mut out[at..at + l], &src[o..o + l]);
-                at += l;
-            }
-        }
-        Ok(())
+        check_same_dtype("pack", self.dtype(), dst.dtype())?;
+        pack_bytes(self.host_bytes(), regions, dst.data.bytes_mut(), dst_offset)
     }
     fn unpack(
         &mut self,
@@ -378,27 +315,17 @@ impl LocalPiece for HostPiece {
         src_offset: usize,
         op: Option<ReduceOp>,
     ) -> Result<(), BoxingError> {
-        self.check_same(src, "unpack")?;
-        let shape = self.shape.clone();
-        self.check_regions(regions, src_offset, src.data.len(), "unpack")?;
+        check_same_dtype("unpack", self.dtype(), src.dtype())?;
         let dtype = self.dtype();
-        let es = dtype.size();
-        let input = src.data.bytes();
-        let out = self.data.bytes_mut();
-        let mut at = src_offset * es;
-        for r in regions {
-            for (off, len) in Runs::new(&shape, r) {
-                let (o, l) = (off * es, len * es);
-                let d = &mut out[o..o + l];
-                let s = &input[at..at + l];
-                match op {
-                    None => copy_bytes(d, s),
-                    Some(op) => reduce_into(dtype, d, s, op),
-                }
-                at += l;
-            }
-        }
-        Ok(())
+        unpack_bytes(
+            &self.shape,
+            dtype,
+            self.data.bytes_mut(),
+            regions,
+            src.data.bytes(),
+            src_offset,
+            op,
+        )
     }
     fn copy_box(
         &mut self,
@@ -407,34 +334,15 @@ impl LocalPiece for HostPiece {
         src_box: &[Range<usize>],
         op: Option<ReduceOp>,
     ) -> Result<(), BoxingError> {
-        self.check_same(src, "copy_box")?;
-        let same_extent =
-            at.len() == src_box.len() && at.iter().zip(src_box).all(|(a, b)| a.len() == b.len());
-        if !same_extent || !fits(&self.shape, at) || !fits(&src.shape, src_box) {
-            return Err(BoxingError::Local {
-                op: "copy_box".into(),
-                detail: format!(
-                    "box {src_box:?} of a piece of shape {} does not match box {at:?} of a piece of shape {}",
-                    src.shape, self.shape
-                ),
-            });
-        }
-        let k = Runs::first_dim(&self.shape, at).max(Runs::first_dim(&src.shape, src_box));
-        let dtype = self.dtype();
-        let es = dtype.size();
-        let input = src.data.bytes();
-        let dst_shape = self.shape.clone();
-        let out = self.data.bytes_mut();
-        let pairs = Runs::from_dim(&dst_shape, at, k).zip(Runs::from_dim(&src.shape, src_box, k));
-        for ((d_off, len), (s_off, _)) in pairs {
-            let d = &mut out[d_off * es..(d_off + len) * es];
-            let s = &input[s_off * es..(s_off + len) * es];
-            match op {
-                None => copy_bytes(d, s),
-                Some(op) => reduce_into(dtype, d, s, op),
-            }
-        }
-        Ok(())
+        check_same_dtype("copy_box", self.dtype(), src.dtype())?;
+        copy_box_bytes(
+            &self.shape,
+            self.data.bytes_mut(),
+            at,
+            src.host_bytes(),
+            src_box,
+            op,
+        )
     }
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
         if device == DeviceType::Cpu {

@@ -18,8 +18,9 @@
 //!    family's kernel trait (`op::Backend`), so it cannot lack a kernel.
 //!
 //! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing, output
-//! layout) identically for every device. Boxing moves device pieces through the host unless the
-//! backend's storage hands out device buffers the communicator accepts.
+//! layout) identically for every device. Boxing goes first to each registered backend's
+//! `run_boxing` (the CUDA backend claims NCCL worlds and boxes device buffers there); otherwise
+//! the dispatcher boxes on the host (`cpu::CpuPiece`), moving device pieces through the host.
 //!
 //! The CUDA backend (`cuda/`) implements both traits and registers itself from `init_cuda_on`.
 
@@ -27,10 +28,12 @@ use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
+use oxiflow_boxing::Plan;
 use oxiflow_collectives::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 
+use crate::context::Context;
 use crate::creation::ElementInit;
 use crate::op::{Op, OutSpec};
 use crate::storage::{CpuArray, Storage};
@@ -106,6 +109,20 @@ pub trait DeviceBackend: Send + Sync {
     }
     /// Runs the local kernel of `op` on `inputs`, returning a piece of `out`'s shape and dtype.
     fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage>;
+    /// Runs the boxing `plan` on this rank's `piece` (None outside the source placement) when
+    /// `ctx`'s world is this backend's (e.g. device buffers straight to NCCL), returning the
+    /// new piece (None outside the target). None: not this backend's world, so the dispatcher
+    /// boxes on the host. The default claims no world.
+    fn run_boxing(
+        &self,
+        op: &'static str,
+        plan: &Plan,
+        ctx: &Context,
+        piece: Option<&Storage>,
+    ) -> Option<Result<Option<Storage>>> {
+        let _ = (op, plan, ctx, piece);
+        None
+    }
 }
 
 static CUDA_BACKEND: RwLock<Option<Arc<dyn DeviceBackend>>> = RwLock::new(None);
@@ -126,6 +143,11 @@ pub fn register_device_backend(device: DeviceType, backend: Arc<dyn DeviceBacken
             detail: "the CPU backend is built in".into(),
         }),
     }
+}
+
+/// Every registered device backend (the dispatcher offers each a boxing plan first).
+pub(crate) fn registered_backends() -> impl Iterator<Item = Arc<dyn DeviceBackend>> {
+    CUDA_BACKEND.read().ok().and_then(|g| g.clone()).into_iter()
 }
 
 /// The registered backend of `device`, or a typed error naming `op`.

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use oxiflow_boxing::{execute, HostData, HostPiece, Plan, Strategy};
+use oxiflow_boxing::{execute, Plan, Strategy};
 use oxiflow_collectives::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, SbpError, Shape};
@@ -19,8 +19,8 @@ use oxiflow_sbp::{InferEngine, RuleMode};
 
 use crate::autograd;
 use crate::context::Context;
-use crate::cpu::CpuBackend;
-use crate::device::{backend_for, Device};
+use crate::cpu::{CpuBackend, CpuPiece};
+use crate::device::{backend_for, registered_backends, Device};
 use crate::op::{Inferred, MetaError, Op, OutSpec};
 use crate::storage::{CpuArray, Storage};
 use crate::tensor::Tensor;
@@ -279,64 +279,45 @@ fn build_plan(
     })
 }
 
-/// Host piece of a storage (a copy; device pieces come through the host).
-pub(crate) fn to_host_piece(s: &Storage) -> Result<HostPiece> {
-    let host = s.to_host()?.into_standard();
-    let shape = Shape::from(host.shape());
-    let data = match host {
-        CpuArray::F32(a) => HostData::F32(a.into_raw_vec_and_offset().0),
-        CpuArray::F64(a) => HostData::F64(a.into_raw_vec_and_offset().0),
-        CpuArray::I64(a) => HostData::I64(a.into_raw_vec_and_offset().0),
-    };
-    Ok(HostPiece { shape, data })
-}
-
-/// Storage of a host piece on `device`.
-pub(crate) fn from_host_piece(p: HostPiece, device: Device) -> Result<Storage> {
-    let dims = ndarray::IxDyn(p.shape.dims());
-    let bad = |e: ndarray::ShapeError| TensorError::Kernel {
-        op: "boxing",
-        detail: e.to_string(),
-    };
-    let a = match p.data {
-        HostData::F32(v) => CpuArray::F32(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        HostData::F64(v) => CpuArray::F64(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        HostData::I64(v) => CpuArray::I64(ndarray::ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-    };
-    match device {
-        Device::Cpu => Ok(Storage::Cpu(a)),
-        Device::Cuda(i) => Ok(Storage::Device(
-            backend_for("boxing", device)?.from_host(&a, i)?,
-        )),
-    }
-}
-
 /// Runs a boxing plan on a tensor's piece; returns the new piece (None outside the target).
+/// A registered device backend whose world this is runs it (device buffers); otherwise it runs
+/// on the host, reading the tensor's CPU storage in place, so a piece the plan leaves unchanged
+/// comes back as the same storage.
 pub(crate) fn run_boxing(
     op: &'static str,
     plan: &Plan,
     ctx: &Context,
-    piece: Option<&Storage>,
+    piece: Option<&Arc<Storage>>,
     device: Device,
-) -> Result<Option<Storage>> {
-    if let Some(out) = crate::cuda::run_boxing_cuda(op, plan, ctx, piece) {
-        return out;
+) -> Result<Option<Arc<Storage>>> {
+    for backend in registered_backends() {
+        if let Some(out) = backend.run_boxing(op, plan, ctx, piece.map(|p| &**p)) {
+            return out.map(|s| s.map(Arc::new));
+        }
     }
-    let host = piece.map(to_host_piece).transpose()?;
+    let host = piece.map(CpuPiece::from_storage).transpose()?;
     let out = execute(plan, ctx.world(), host).map_err(|e| TensorError::Boxing {
         op,
         from: plan.from.to_string(),
         to: plan.to.to_string(),
         detail: e.to_string(),
     })?;
-    let target_device = match plan.to.placement().device() {
-        DeviceType::Cpu => Device::Cpu,
-        DeviceType::Cuda => match device {
-            Device::Cuda(i) => Device::Cuda(i),
-            Device::Cpu => Device::Cuda(0),
-        },
+    let Some(out) = out else {
+        return Ok(None);
     };
-    out.map(|p| from_host_piece(p, target_device)).transpose()
+    let storage = out.into_storage()?;
+    match plan.to.placement().device() {
+        DeviceType::Cpu => Ok(Some(storage)),
+        DeviceType::Cuda => {
+            let ordinal = match device {
+                Device::Cuda(i) => i,
+                Device::Cpu => 0,
+            };
+            let host = storage.cpu(op)?;
+            let uploaded = backend_for(op, Device::Cuda(ordinal))?.from_host(host, ordinal)?;
+            Ok(Some(Arc::new(Storage::Device(uploaded))))
+        }
+    }
 }
 
 fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
@@ -399,10 +380,10 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
     };
     let device = inputs[0].device();
     // Box the inputs that need it.
-    let mut boxed: SmallVec<[Option<Storage>; 3]> = SmallVec::new();
+    let mut boxed: SmallVec<[Option<Arc<Storage>>; 3]> = SmallVec::new();
     for (t, b) in inputs.iter().zip(&plan.boxing) {
         boxed.push(match b {
-            Some(bp) => run_boxing(op.name(), bp, ctx, t.storage(), device)?,
+            Some(bp) => run_boxing(op.name(), bp, ctx, t.0.piece.as_ref(), device)?,
             None => None,
         });
     }
@@ -412,7 +393,7 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
             let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
             for (t, b) in inputs.iter().zip(&boxed) {
                 let piece = match b {
-                    Some(s) => Some(s),
+                    Some(s) => Some(&**s),
                     None => t.storage(),
                 };
                 match piece {

@@ -247,8 +247,8 @@ impl Tensor {
                     to: to.to_string(),
                     detail: e.to_string(),
                 })?;
-        let piece = run_boxing(op, &plan, ctx, self.storage(), self.device())?;
-        Ok(Tensor::global_from_piece(
+        let piece = run_boxing(op, &plan, ctx, self.0.piece.as_ref(), self.device())?;
+        Ok(Tensor::global_from_shared(
             piece,
             to,
             self.dtype(),

@@ -146,6 +146,17 @@ impl Tensor {
         dtype: DType,
         ctx: Context,
     ) -> Tensor {
+        Tensor::global_from_shared(piece.map(Arc::new), layout, dtype, ctx)
+    }
+
+    /// A global tensor over a piece that may be shared with other tensors (boxing that left
+    /// the piece unchanged).
+    pub(crate) fn global_from_shared(
+        piece: Option<Arc<Storage>>,
+        layout: GlobalLayout,
+        dtype: DType,
+        ctx: Context,
+    ) -> Tensor {
         let device = match &piece {
             Some(s) => s.device(),
             None => Device::Cpu,
@@ -160,7 +171,7 @@ impl Tensor {
             ctx.rank()
         );
         Tensor(Arc::new(TensorImpl {
-            piece: piece.map(Arc::new),
+            piece,
             local_shape,
             dtype,
             device,

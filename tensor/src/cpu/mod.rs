@@ -8,6 +8,7 @@ mod layout;
 mod loss;
 mod matmul;
 mod norm;
+mod piece;
 mod reduction;
 mod rms_norm;
 mod softmax;
@@ -20,6 +21,7 @@ use crate::storage::CpuArray;
 use crate::{Result, TensorError};
 
 pub(crate) use elementwise::PAR_THRESHOLD;
+pub(crate) use piece::{array_of_host_piece, host_piece_of, CpuPiece};
 
 /// The CPU backend (stateless: kernels run on the calling thread and rayon's pool).
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,14 +1,17 @@
 //! `CudaBackend`: the device seam's `DeviceBackend` for CUDA: uploads, device-side creation,
-//! and every dispatched op's local kernel through `Op::run` on [`CudaKernels`] (`ops/`).
+//! every dispatched op's local kernel through `Op::run` on [`CudaKernels`] (`ops/`), and boxing
+//! in NCCL worlds (`boxing`).
 
 use std::sync::Arc;
 
+use oxiflow_boxing::Plan;
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{Region, Shape};
 
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
 use super::{derr, runtime};
+use crate::context::Context;
 use crate::creation::ElementInit;
 use crate::device::{DeviceBackend, DeviceStorage};
 use crate::op::{Op, OutSpec};
@@ -50,6 +53,16 @@ impl DeviceBackend for CudaBackend {
         _ordinal: usize,
     ) -> Result<Arc<dyn DeviceStorage>> {
         super::create::create(init, dtype, shape, region, zero)
+    }
+
+    fn run_boxing(
+        &self,
+        op: &'static str,
+        plan: &Plan,
+        ctx: &Context,
+        piece: Option<&Storage>,
+    ) -> Option<Result<Option<Storage>>> {
+        super::boxing::run_boxing_cuda(op, plan, ctx, piece)
     }
 
     fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage> {

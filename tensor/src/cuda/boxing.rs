@@ -1,5 +1,6 @@
-//! Boxing of device pieces through the NCCL world: the dispatcher's hook that runs a plan on
-//! `CudaPiece`s (device buffers straight to NCCL) instead of staging through host memory.
+//! Boxing of device pieces through the NCCL world: the CUDA backend's `run_boxing` hook, which
+//! runs a plan on `CudaPiece`s (device buffers straight to NCCL) instead of staging through
+//! host memory.
 
 use std::sync::Arc;
 
@@ -9,8 +10,7 @@ use oxiflow_collectives::Backend;
 use super::backend::cuda_of;
 use super::{bound_runtime, CudaPiece};
 use crate::context::Context;
-use crate::device::Device;
-use crate::dispatch::{from_host_piece, to_host_piece};
+use crate::cpu::{array_of_host_piece, host_piece_of};
 use crate::storage::Storage;
 use crate::{Result, TensorError};
 
@@ -44,14 +44,14 @@ fn run(
     let input = match piece {
         None => None,
         Some(s @ Storage::Device(_)) => Some(CudaPiece::from_storage(cuda_of(op, s)?)),
-        Some(s @ Storage::Cpu(_)) => Some(CudaPiece::Host(to_host_piece(s)?)),
+        Some(s @ Storage::Cpu(_)) => Some(CudaPiece::Host(host_piece_of(s)?)),
     };
     let out = execute(plan, ctx.world(), input).map_err(|e| berr(e.to_string()))?;
     match out {
         None => Ok(None),
         Some(p) => match p.into_storage() {
             Ok(s) => Ok(Some(Storage::Device(Arc::new(s)))),
-            Err(CudaPiece::Host(h)) => from_host_piece(h, Device::Cpu).map(Some),
+            Err(CudaPiece::Host(h)) => Ok(Some(Storage::Cpu(array_of_host_piece(h)?))),
             Err(other) => Err(berr(format!(
                 "unexpected {} piece after boxing",
                 other.device()

@@ -42,7 +42,6 @@ pub use storage::CudaStorage;
 
 pub use alloc::Block;
 pub(crate) use alloc::Pool;
-pub(crate) use boxing::run_boxing_cuda;
 pub(crate) use kernels::Kernels;
 
 /// A typed device error naming `op`.

@@ -18,7 +18,12 @@ fn vals(x: &Tensor) -> Vec<f64> {
 
 /// sum(rms_norm(x, w) * r): a scalar whose gradient reaches every output element.
 fn loss(x: &Tensor, w: &Tensor, r: &Tensor) -> Tensor {
-    x.rms_norm(w, 1e-5).unwrap().mul(r).unwrap().sum_all().unwrap()
+    x.rms_norm(w, 1e-5)
+        .unwrap()
+        .mul(r)
+        .unwrap()
+        .sum_all()
+        .unwrap()
 }
 
 #[test]
@@ -32,7 +37,11 @@ fn forward_matches_the_formula() {
         let ms = r.iter().map(|v| v * v).sum::<f64>() / 5.0;
         for j in 0..5 {
             let want = r[j] / (ms + 1e-5).sqrt() * wv[j];
-            assert!((y[row * 5 + j] - want).abs() < 1e-12, "{} vs {want}", y[row * 5 + j]);
+            assert!(
+                (y[row * 5 + j] - want).abs() < 1e-12,
+                "{} vs {want}",
+                y[row * 5 + j]
+            );
         }
     }
     let f32x = x.cast(DType::F32).unwrap();
@@ -61,12 +70,21 @@ fn gradients_match_finite_differences() {
             minus[i] -= 1e-6;
             let at = |v: Vec<f64>| Tensor::from_vec(v, shape.clone()).unwrap();
             let (lp, lm) = if leaf.same(&x) {
-                (loss(&at(plus), &w.detach(), &r), loss(&at(minus), &w.detach(), &r))
+                (
+                    loss(&at(plus), &w.detach(), &r),
+                    loss(&at(minus), &w.detach(), &r),
+                )
             } else {
-                (loss(&x.detach(), &at(plus), &r), loss(&x.detach(), &at(minus), &r))
+                (
+                    loss(&x.detach(), &at(plus), &r),
+                    loss(&x.detach(), &at(minus), &r),
+                )
             };
             let fd = (vals(&lp)[0] - vals(&lm)[0]) / 2e-6;
-            assert!((g - fd).abs() < 1e-6 * (1.0 + fd.abs()), "element {i}: {g} vs {fd}");
+            assert!(
+                (g - fd).abs() < 1e-6 * (1.0 + fd.abs()),
+                "element {i}: {g} vs {fd}"
+            );
         }
     }
 }

@@ -196,7 +196,6 @@ pub(crate) fn save_with_state(
             ));
         }
     }
-    check_save_target(path)?;
     let ctx = tensors
         .iter()
         .find_map(|(_, t)| t.context().cloned())
@@ -211,6 +210,11 @@ pub(crate) fn save_with_state(
             None => Ok(()),
         }
     };
+    // Every rank checks the target before rank 0 changes anything next to it (recover,
+    // fresh_partial): the barrier keeps a rank's check from seeing rank 0's new `.partial`.
+    let target = check_save_target(path);
+    barrier("after checking the target")?;
+    target?;
     let hook = |s: SaveStage| {
         if let Some(h) = opts.stage_hook {
             h(s)

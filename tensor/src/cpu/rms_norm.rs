@@ -11,9 +11,15 @@ use crate::Result;
 
 fn rms_norm_t<F: FloatElement>(x: &ArrayD<F>, w: &ArrayD<F>, eps: f64) -> Result<ArrayD<F>> {
     let op = "rms_norm";
-    let h = *x.shape().last().ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
+    let h = *x
+        .shape()
+        .last()
+        .ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
     if w.shape() != [h] {
-        return Err(kernel_err(op, format!("weight {:?} for rows of {h}", w.shape())));
+        return Err(kernel_err(
+            op,
+            format!("weight {:?} for rows of {h}", w.shape()),
+        ));
     }
     let (eps, n) = (F::from_f64(eps), F::from_f64(h.max(1) as f64));
     let rows: usize = x.shape()[..x.ndim() - 1].iter().product();
@@ -44,7 +50,12 @@ impl RmsNormKernels for CpuBackend {
         let y = match (x, w) {
             (CpuArray::F32(x), CpuArray::F32(w)) => CpuArray::F32(rms_norm_t(x, w, eps)?),
             (CpuArray::F64(x), CpuArray::F64(w)) => CpuArray::F64(rms_norm_t(x, w, eps)?),
-            _ => return Err(kernel_err("rms_norm", "needs float x and weight of one dtype".into())),
+            _ => {
+                return Err(kernel_err(
+                    "rms_norm",
+                    "needs float x and weight of one dtype".into(),
+                ))
+            }
         };
         checked("rms_norm", y, out)
     }

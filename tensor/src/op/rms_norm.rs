@@ -6,8 +6,7 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec,
+    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily, OutSpec,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;

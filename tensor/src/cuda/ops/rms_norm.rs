@@ -11,10 +11,19 @@ use crate::op::{
 use crate::Result;
 
 impl RmsNormKernels for CudaKernels {
-    fn rms_norm(&self, x: &CudaStorage, w: &CudaStorage, eps: f64, out: &OutSpec) -> Result<CudaStorage> {
+    fn rms_norm(
+        &self,
+        x: &CudaStorage,
+        w: &CudaStorage,
+        eps: f64,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
         float_only("rms_norm", x.dtype)?;
         let last = x.shape.ndim().saturating_sub(1);
-        let spec = |shape: Shape| OutSpec { shape, dtype: x.dtype };
+        let spec = |shape: Shape| OutSpec {
+            shape,
+            dtype: x.dtype,
+        };
         let full = spec(x.shape.clone());
         let rows = spec(x.shape.with_dim(last, 1));
         let h = x.shape.dims().last().copied().unwrap_or(1);

@@ -12,6 +12,9 @@ const PMIN: Sbp = Sbp::Partial(ReduceOp::Min);
 /// S(i)->S(i), B->B; P->P only when linear.
 pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
     let mut r = Rules::new(mode, [x.clone()]);
+    if mode == RuleMode::ShapesOnly {
+        return r;
+    }
     for i in 0..x.ndim() {
         r.push(&[Sbp::S(i)], &[Sbp::S(i)]);
     }
@@ -23,7 +26,7 @@ pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
 }
 
 /// The numpy broadcast of two shapes.
-pub(crate) fn broadcast_shape(a: &Shape, b: &Shape) -> Option<Shape> {
+pub fn broadcast_shape(a: &Shape, b: &Shape) -> Option<Shape> {
     let n = a.ndim().max(b.ndim());
     let mut dims = vec![0; n];
     for (o, d) in dims.iter_mut().enumerate() {
@@ -67,6 +70,9 @@ pub fn binary(op: BinaryOp, a: &Shape, b: &Shape, mode: RuleMode) -> Result<Rule
     let out =
         broadcast_shape(a, b).ok_or_else(|| format!("shapes {a} and {b} do not broadcast"))?;
     let mut r = Rules::new(mode, [out.clone()]);
+    if mode == RuleMode::ShapesOnly {
+        return Ok(r);
+    }
     for o in 0..out.ndim() {
         r.push(
             &[split_through(a, &out, o), split_through(b, &out, o)],

@@ -165,9 +165,7 @@ pub trait ElementwiseKernels: KernelBackend {
 
 /// Broadcast two shapes (numpy rules, aligned from the right).
 pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Option<Shape> {
-    rules::binary(SbpBinary::Add, a, b, RuleMode::ShapesOnly)
-        .ok()
-        .and_then(|r| r.into_out_shape(0))
+    rules::broadcast_shape(a, b)
 }
 
 impl OpFamily for ElementwiseOp {

@@ -5,9 +5,12 @@
 
 use crate::algorithms::args;
 use crate::communicator::sealed::Sealed;
+use std::borrow::Cow;
+
 use crate::flight::{flight_recorder, CommLog};
 use crate::hooks::BackendHooks;
 use crate::strided::check_layout;
+use crate::trace::{trace_end, trace_start, Lane};
 use crate::{
     Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm, StridedBlock,
 };
@@ -25,12 +28,25 @@ fn recorded<X>(
     run: impl FnOnce(X) -> Result<(), CommError>,
 ) -> Result<(), CommError> {
     let recorder = flight_recorder();
+    let traced = trace_start();
     let ticket = log.begin(name, dtype, bytes, peer);
     let result = check().and_then(|x| {
         recorder.start(ticket);
         run(x)
     });
     recorder.finish(ticket, result.as_ref().map(|_| ()));
+    trace_end(
+        traced,
+        Lane::Collectives,
+        || Cow::Borrowed(name),
+        || {
+            vec![
+                ("bytes", bytes.into()),
+                ("dtype", dtype.into()),
+                ("group", log.group().into()),
+            ]
+        },
+    );
     result
 }
 

@@ -28,7 +28,8 @@
 //! - `OXIFLOW_TOKEN` (optional here; the store needs it for more than one rank),
 //!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu | mpi
 //!   (mpi: the CPU backend with MPI as its data plane, `cpu_plane`),
-//!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure).
+//!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure),
+//!   `OXIFLOW_TRACE_DIR` (where this rank writes its timeline trace).
 //!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
@@ -114,6 +115,8 @@ pub struct LaunchEnv {
     /// Where the flight recorder dumps its ring when a collective fails
     /// (`OXIFLOW_FLIGHT_DIR`); None: no dump.
     pub flight_dir: Option<std::path::PathBuf>,
+    /// Where this rank writes its timeline trace (`OXIFLOW_TRACE_DIR`); None: no trace.
+    pub trace_dir: Option<std::path::PathBuf>,
     /// The data plane of a CPU world (`backend` reads `Cpu` when this is `Mpi`).
     pub cpu_plane: CpuPlane,
     /// Whether an MPI launcher started this process (Open MPI or PMI variables are set), so
@@ -483,6 +486,10 @@ impl LaunchEnv {
             .raw("OXIFLOW_FLIGHT_DIR")
             .filter(|d| !d.trim().is_empty())
             .map(std::path::PathBuf::from);
+        let trace_dir = vars
+            .raw("OXIFLOW_TRACE_DIR")
+            .filter(|d| !d.trim().is_empty())
+            .map(std::path::PathBuf::from);
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -505,6 +512,7 @@ impl LaunchEnv {
             device,
             cuda_lib_dirs,
             flight_dir,
+            trace_dir,
             cpu_plane,
             mpi_launched,
         })
@@ -518,11 +526,15 @@ impl LaunchEnv {
             && (self.master_addr.is_empty() || self.master_port == 0 || self.token.is_none())
     }
 
-    /// Tells the process-wide flight recorder this rank and where to dump on a failure.
+    /// Tells the process-wide flight recorder this rank and where to dump on a failure, and
+    /// starts the timeline trace when `OXIFLOW_TRACE_DIR` asks for one.
     pub fn configure_flight_recorder(&self) {
         let recorder = crate::flight_recorder();
         recorder.set_rank(self.rank);
         recorder.set_dump_dir(self.flight_dir.clone());
+        if let Some(dir) = &self.trace_dir {
+            crate::trace::enable_trace(self.rank, dir.clone());
+        }
     }
 
     /// The GPU ordinal this rank uses: `OXIFLOW_DEVICE` when set, else the local rank.

@@ -32,6 +32,9 @@ pub struct FlightEntry {
     pub state: FlightState,
     pub started_unix_ms: u64,
     pub finished_unix_ms: Option<u64>,
+    /// A tensor-layer step (`begin_boxing`), not a call of a communicator.
+    #[serde(default)]
+    pub boxing: bool,
 }
 
 /// Where a recorded call is.
@@ -82,6 +85,7 @@ struct Slot {
     state: FlightState,
     started_unix_ms: u64,
     finished_unix_ms: Option<u64>,
+    boxing: bool,
 }
 
 impl Slot {
@@ -96,6 +100,7 @@ impl Slot {
             state: self.state.clone(),
             started_unix_ms: self.started_unix_ms,
             finished_unix_ms: self.finished_unix_ms,
+            boxing: self.boxing,
         }
     }
 }
@@ -129,7 +134,7 @@ pub fn flight_recorder() -> &'static FlightRecorder {
     RECORDER.get_or_init(|| FlightRecorder::new(DEFAULT_FLIGHT_ENTRIES))
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -189,10 +194,10 @@ impl FlightRecorder {
 
     /// Records a call in state `Queued`.
     pub fn begin(&self, call: FlightCall<'_>) -> FlightTicket {
-        self.insert(call, FlightState::Queued)
+        self.insert(call, FlightState::Queued, false)
     }
 
-    fn insert(&self, call: FlightCall<'_>, state: FlightState) -> FlightTicket {
+    fn insert(&self, call: FlightCall<'_>, state: FlightState, boxing: bool) -> FlightTicket {
         let started_unix_ms = unix_ms();
         let mut r = self.lock();
         let id = r.next;
@@ -208,6 +213,7 @@ impl FlightRecorder {
             state,
             started_unix_ms,
             finished_unix_ms: None,
+            boxing,
         };
         let cap = r.capacity as u64;
         match usize::try_from(id % cap) {
@@ -278,7 +284,7 @@ impl FlightRecorder {
             bytes,
             peer: None,
         };
-        self.insert(call, FlightState::Started)
+        self.insert(call, FlightState::Started, true)
     }
 
     /// Records a finished boxing step in one go.
@@ -352,6 +358,11 @@ pub(crate) struct CommLog {
 }
 
 impl CommLog {
+    /// World ranks of the communicator, in member order.
+    pub(crate) fn group(&self) -> &[usize] {
+        &self.group
+    }
+
     pub(crate) fn new(world_ranks: &[usize]) -> CommLog {
         CommLog {
             group: Arc::from(world_ranks),

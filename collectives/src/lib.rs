@@ -10,6 +10,7 @@ mod dtype;
 pub mod env;
 mod error;
 pub mod flight;
+pub mod heartbeat;
 mod hooks;
 pub mod inprocess;
 #[cfg(feature = "mpi")]
@@ -20,6 +21,7 @@ pub mod rendezvous;
 mod shm;
 mod strided;
 pub mod tcp;
+pub mod trace;
 
 pub use buffer::{Buf, BufMut, DeviceFence, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};

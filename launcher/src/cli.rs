@@ -73,6 +73,13 @@ pub struct Cli {
     #[arg(long, alias = "log_dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
+    /// Record a timeline: every rank writes a Chrome trace (ops, boxing steps, collectives with
+    /// their bytes) to DIR/rank-R.json when it exits, and oflaunch merges them into
+    /// DIR/trace.json (open it in chrome://tracing or Perfetto). Ranks of one host share its
+    /// wall clock; on several hosts the clocks must be synchronised (NTP).
+    #[arg(long, value_name = "DIR")]
+    pub trace: Option<PathBuf>,
+
     /// With --log-dir: also print the (rank-prefixed) output to the console.
     #[arg(long)]
     pub tee: bool,

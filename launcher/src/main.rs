@@ -3,6 +3,7 @@
 
 mod cli;
 mod error;
+mod hang_watch;
 mod node;
 mod output;
 mod rendezvous_join;
@@ -18,9 +19,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nix::sys::signal::{killpg, Signal};
+use oxiflow_collectives::rendezvous::publish_world_size;
 
 use cli::{BackendArg, Cli};
 use error::LaunchError;
+use hang_watch::HangWatch;
 use output::{LogErrors, OutputConfig};
 use rendezvous_join::{JoinSpec, Rendezvous};
 use signals::SignalPipe;
@@ -118,11 +121,16 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             .map(|spec| cli::parse_ranks_filter(spec, world_size))
             .transpose()?,
     };
+    if let Some(dir) = &cli.trace {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LaunchError::io(format!("creating --trace {}", dir.display()), e))?;
+    }
     if let Some(dir) = &cli.log_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| LaunchError::io(format!("creating --log-dir {}", dir.display()), e))?;
     }
     let host = summary::hostname();
+    let flight = FlightDir::choose(cli.log_dir.as_deref())?;
     let signals = SignalPipe::install()?;
 
     let rdzv = Rendezvous::start(JoinSpec {
@@ -158,6 +166,26 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             generation,
             gpus,
             cpus,
+            flight_dir: flight.path.clone(),
+            trace_dir: cli.trace.clone(),
+        };
+        let started = std::time::SystemTime::now();
+        let job_store = rdzv.job_store(generation);
+        if let Some(store) = &job_store {
+            let who = format!("oflaunch on node {}", cli.node_rank);
+            publish_world_size(store, world_size, &who)?;
+        }
+        let hangs = job_store.and_then(|store| {
+            HangWatch::start(store, world_size)
+                .map_err(|e| tracing::warn!("cannot start the hang watcher: {e}"))
+                .ok()
+        });
+        let diagnosis = || {
+            let mut s = hangs.as_ref().map(HangWatch::report).unwrap_or_default();
+            s.push_str(&hang_watch::collect_dumps(&flight.path, started));
+            if !s.is_empty() {
+                eprint!("oflaunch: state of the ranks when the job ended:\n{s}");
+            }
         };
         let workers = spawn_all(&program, &cli.args, &job, &output, cli.grace_period())?;
         let watch = rdzv.watch_failures(generation)?;
@@ -173,15 +201,20 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             },
         );
         drop(watch);
+        if let Some(dir) = &cli.trace {
+            merge_trace(dir);
+        }
         remove_leftover_segments(&rdzv, generation, &job);
         let failure = match outcome {
             Outcome::Success => match rdzv.finish(generation)? {
                 None => {
                     tracing::info!("all workers finished successfully");
+                    flight.remove_if_ours();
                     return Ok(0);
                 }
                 Some(f) => {
                     eprint!("{}", f.summary(true));
+                    diagnosis();
                     return Ok(f.exit.shell_code());
                 }
             },
@@ -202,10 +235,12 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             Outcome::Failed(f) => {
                 rdzv.report_failure(generation, &f);
                 eprint!("{}", f.summary(false));
+                diagnosis();
                 f
             }
             Outcome::Remote(f) => {
                 eprint!("{}", f.summary(true));
+                diagnosis();
                 f
             }
             Outcome::StoreLost(msg) => {
@@ -280,4 +315,61 @@ fn spawn_all(
         }
     }
     Ok(workers)
+}
+
+/// Where the workers dump their flight recorders on a failure (`OXIFLOW_FLIGHT_DIR`): the
+/// caller's own `OXIFLOW_FLIGHT_DIR`, else `<--log-dir>/flight`, else a directory of this
+/// oflaunch under the system's temporary directory, removed when the job succeeds or when no
+/// worker dumped to it.
+struct FlightDir {
+    path: std::path::PathBuf,
+    ours: bool,
+}
+
+impl FlightDir {
+    fn choose(log_dir: Option<&std::path::Path>) -> Result<FlightDir, LaunchError> {
+        let (path, ours) = match (std::env::var_os("OXIFLOW_FLIGHT_DIR"), log_dir) {
+            (Some(dir), _) => (std::path::PathBuf::from(dir), false),
+            (None, Some(logs)) => (logs.join("flight"), false),
+            (None, None) => (
+                std::env::temp_dir().join(format!("oflaunch-flight-{}", std::process::id())),
+                true,
+            ),
+        };
+        std::fs::create_dir_all(&path).map_err(|e| {
+            LaunchError::io(
+                format!("creating the flight dump directory {}", path.display()),
+                e,
+            )
+        })?;
+        Ok(FlightDir { path, ours })
+    }
+
+    fn remove_if_ours(&self) {
+        if self.ours {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+impl Drop for FlightDir {
+    /// However the job ended, a directory of ours that no worker dumped to goes; one with
+    /// dumps stays (the failure summary names the files).
+    fn drop(&mut self) {
+        if self.ours {
+            // Fails, leaving it, unless it is empty.
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
+}
+
+/// Merges the ranks' trace files in `dir` into one timeline and says where it is.
+fn merge_trace(dir: &std::path::Path) {
+    match oxiflow_collectives::trace::merge_traces(dir) {
+        Ok((path, ranks)) => eprintln!(
+            "oflaunch: merged the traces of ranks {ranks:?} into {}",
+            path.display()
+        ),
+        Err(e) => eprintln!("oflaunch: --trace: {e}"),
+    }
 }

@@ -29,6 +29,10 @@ pub struct JobEnv {
     /// GPUs on this node (0: no OXIFLOW_DEVICE binding).
     pub gpus: usize,
     pub cpus: usize,
+    /// Where workers dump their flight recorders on a failure.
+    pub flight_dir: std::path::PathBuf,
+    /// Where workers write their timeline traces (`--trace`).
+    pub trace_dir: Option<std::path::PathBuf>,
 }
 
 impl JobEnv {
@@ -53,7 +57,17 @@ impl JobEnv {
                 "OXIFLOW_STORE_PREFIX".into(),
                 format!("job/g{}/", self.generation),
             ),
+            (
+                "OXIFLOW_FLIGHT_DIR".into(),
+                self.flight_dir.to_string_lossy().into_owned(),
+            ),
         ];
+        if let Some(dir) = &self.trace_dir {
+            v.push((
+                "OXIFLOW_TRACE_DIR".into(),
+                dir.to_string_lossy().into_owned(),
+            ));
+        }
         if std::env::var_os("OMP_NUM_THREADS").is_none() {
             let threads = (self.cpus / self.nproc_per_node.max(1)).max(1);
             v.push(("OMP_NUM_THREADS".into(), threads.to_string()));

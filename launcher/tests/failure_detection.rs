@@ -38,3 +38,77 @@ fn a_stopped_rank_is_named_within_10_seconds() {
         assert!(!alive(pid), "worker {pid} survived");
     }
 }
+
+/// A rank busy outside any collective (sleeping before its call 2, not stopped) while the
+/// others wait in that call: oflaunch names it, its last call and the waiting ranks within
+/// 10 s of the start, and when the waiters time out the summary carries every rank's
+/// heartbeat and the flight dumps of the ranks that failed.
+#[test]
+fn a_rank_behind_in_a_collective_is_named_within_10_seconds() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc::RecvTimeoutError;
+
+    let t0 = Instant::now();
+    let mut child = std::process::Command::new(OFLAUNCH)
+        .args([
+            "--nproc-per-node",
+            "3",
+            "--backend",
+            "cpu",
+            "--timeout",
+            "8",
+        ])
+        .args([WORKER, "allreduce", "4", "1", "2", "40"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stderr = String::new();
+    let mut named_after = None;
+    let deadline = t0 + T;
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                if named_after.is_none() && line.starts_with("oflaunch: rank 1 is behind") {
+                    named_after = Some(t0.elapsed());
+                }
+                stderr.push_str(&line);
+                stderr.push('\n');
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("oflaunch still running after {T:?}\n{stderr}");
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    eprintln!("{stderr}");
+    let named_after = named_after.expect("rank 1 was never named as behind");
+    eprintln!("rank 1 named as behind after {named_after:?}");
+    assert!(named_after <= Duration::from_secs(10), "{named_after:?}");
+    assert!(
+        stderr.contains("rank 1 is behind: last entered call 1 (op all_reduce), ranks [0, 2] wait in call 2 (op all_reduce on ranks [0, 1, 2])"),
+        "{stderr}"
+    );
+    assert_ne!(status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("state of the ranks when the job ended"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 1: call 1 all_reduce on [0, 1, 2] finished"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rank 0 flight recorder ("), "{stderr}");
+}

@@ -92,11 +92,15 @@ fn ceil_ms(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// A failure of the connection rather than an answer of the store.
+/// A failure of the connection rather than an answer of the store. The store itself never
+/// answers `Cancelled`: that code comes from the transport when a request was queued on a
+/// connection that closed (a store that restarted), and the client's own deadline is enforced
+/// separately, so a retry within the deadline is safe for idempotent calls.
 fn is_transient(status: &Status) -> bool {
     match status.code() {
         Code::Unavailable => !status.message().contains("shutting down"),
         Code::Unknown => status.message().contains("transport error"),
+        Code::Cancelled => true,
         _ => false,
     }
 }

@@ -11,6 +11,7 @@
 mod admission;
 mod client;
 mod config;
+mod membership;
 mod refusals;
 mod server;
 // tonic's service traits return `Result<_, tonic::Status>`; the state and service helpers
@@ -30,6 +31,7 @@ pub use client::{ClientOptions, StoreClient};
 pub use config::{
     constant_time_eq, validate_token, StoreConfig, DEFAULT_MAX_MESSAGE_BYTES, MAX_TOKEN_BYTES,
 };
+pub use membership::{join_world, linger_after_refusal, publish_world_size, WORLD_SIZE_KEY};
 pub use server::StoreServer;
 
 use crate::CommError;

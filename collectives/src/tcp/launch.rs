@@ -77,7 +77,16 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
             Err(e) => return Err(e),
         }
     }
-    let store = StoreClient::connect(&addr, token, env.timeout)?.with_prefix(&env.store_prefix);
+    let store = StoreClient::connect(&addr, token, env.timeout)
+        .map_err(|e| match e {
+            CommError::Unauthenticated(m) => CommError::Unauthenticated(format!(
+                "rank {} of {}: the store at {addr} refused this rank's OXIFLOW_TOKEN ({m}); \
+                 every rank needs the job's token",
+                env.rank, env.world_size
+            )),
+            other => other,
+        })?
+        .with_prefix(&env.store_prefix);
     let host = local_host_towards(master);
     TcpComm::connect_serving(
         &store,
@@ -150,6 +159,13 @@ fn connect_through_mpi(env: &LaunchEnv) -> Result<SharedComm, CommError> {
 
 impl TcpComm {
     fn connect_serving_solo(timeout: Duration) -> Result<SharedComm, CommError> {
-        Ok(TcpComm::from_streams(vec![None], 0, timeout, None, None))
+        Ok(TcpComm::from_streams(
+            vec![None],
+            0,
+            timeout,
+            None,
+            None,
+            None,
+        ))
     }
 }

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use crate::algorithms::args;
 use crate::flight::CommLog;
-use crate::rendezvous::{StoreClient, StoreServer};
+use crate::heartbeat::{self, HeartbeatThread};
+use crate::rendezvous::{self, StoreClient, StoreServer};
 use crate::shm::{self, Call, OpCode, ShmWorld};
 use crate::{reduce_into, Backend, CommError, DType, ReduceOp, SharedComm};
 use engine::{Link, Links, RecvOp, SendOp, Tag};
@@ -56,6 +57,9 @@ pub mod wire {
 }
 
 const BACKEND: Backend = Backend::Cpu;
+/// How long a rank serving the store keeps it up after the job was refused at the rendezvous,
+/// at most, so the other ranks read why instead of finding the store gone.
+const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const SMALL_ALL_REDUCE: usize = 64 << 10;
 /// On shared memory, all-reduces of at most this many bytes read every member's whole buffer.
@@ -74,6 +78,8 @@ struct World {
     shm: Option<ShmWorld>,
     /// The store this process serves (rank 0 when no launcher does); lives as long as the world.
     _store: Option<StoreServer>,
+    /// Writes this rank's progress to the store while the world lives (several ranks only).
+    _heartbeat: Option<HeartbeatThread>,
 }
 
 impl Drop for World {
@@ -238,11 +244,22 @@ impl TcpComm {
                 timeout,
                 None,
                 server,
+                None,
             ));
+        }
+        let who = format!("pid {} at {bind_host}", std::process::id());
+        if let Err(e) = rendezvous::join_world(store, rank, world_size, &who, timeout) {
+            if server.is_some() {
+                rendezvous::linger_after_refusal(store, world_size, REFUSAL_LINGER);
+            }
+            return Err(e);
         }
         let (streams, nonce) = mesh::build(store, rank, world_size, bind_host, timeout)?;
         let plane = shm::setup(store, rank, world_size, &nonce, shm, timeout)?;
-        Ok(TcpComm::from_streams(streams, rank, timeout, plane, server))
+        let heartbeat = heartbeat::start(store.clone(), rank);
+        Ok(TcpComm::from_streams(
+            streams, rank, timeout, plane, server, heartbeat,
+        ))
     }
 
     fn from_streams(
@@ -251,6 +268,7 @@ impl TcpComm {
         timeout: Duration,
         shm: Option<ShmWorld>,
         server: Option<StoreServer>,
+        heartbeat: Option<HeartbeatThread>,
     ) -> SharedComm {
         let ranks: Vec<usize> = (0..streams.len()).collect();
         let group = group_state(&ranks);
@@ -266,6 +284,7 @@ impl TcpComm {
             groups: Mutex::new(groups),
             shm,
             _store: server,
+            _heartbeat: heartbeat,
         });
         Arc::new(TcpComm {
             world,

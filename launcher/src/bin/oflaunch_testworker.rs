@@ -13,6 +13,9 @@
 //! - `shm-leak`: join the world (CPU backend), put this rank's shared-memory segment name back
 //!   in /dev/shm (as a rank killed during the data plane's setup leaves it), write the path to
 //!   OUTDIR/rank_R.shm, and SIGKILL itself.
+//! - `allreduce CALLS [SLOW_RANK BEFORE_CALL SECS]`: join the world (CPU backend), run CALLS
+//!   all-reduces of one f32 (checking the sum) and exit 0; rank SLOW_RANK sleeps SECS seconds
+//!   before its call number BEFORE_CALL (from 0), as a rank busy in a long compute would.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -65,6 +68,7 @@ fn main() {
         }
         "store" => store_mode(&dir),
         "shm-leak" => shm_leak_mode(&dir),
+        "allreduce" => allreduce_mode(&args[1..]),
         other => {
             eprintln!("oflaunch_testworker: unknown mode {other:?}");
             64
@@ -189,20 +193,32 @@ fn store_mode(dir: &Path) -> i32 {
     }
 }
 
+/// The launch environment and the CPU world it describes; on an error, says so as `mode`
+/// and gives the exit code 3.
+fn join_world(
+    mode: &str,
+) -> Result<
+    (
+        oxiflow_collectives::env::LaunchEnv,
+        oxiflow_collectives::SharedComm,
+    ),
+    i32,
+> {
+    let env = oxiflow_collectives::env::LaunchEnv::from_env().map_err(|e| {
+        eprintln!("{mode}: {e}");
+        3
+    })?;
+    let world = oxiflow_collectives::init_world(&env).map_err(|e| {
+        eprintln!("{mode}: init_world: {e}");
+        3
+    })?;
+    Ok((env, world))
+}
+
 fn shm_leak_mode(dir: &Path) -> i32 {
-    let env = match oxiflow_collectives::env::LaunchEnv::from_env() {
-        Ok(env) => env,
-        Err(e) => {
-            eprintln!("shm-leak: {e}");
-            return 3;
-        }
-    };
-    let world = match oxiflow_collectives::init_world(&env) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("shm-leak: init_world: {e}");
-            return 3;
-        }
+    let (env, world) = match join_world("shm-leak") {
+        Ok(joined) => joined,
+        Err(code) => return code,
     };
     let paths = env
         .connect_store()
@@ -221,5 +237,39 @@ fn shm_leak_mode(dir: &Path) -> i32 {
     unsafe {
         libc::kill(libc::getpid(), libc::SIGKILL);
     }
+    0
+}
+
+fn allreduce_mode(args: &[String]) -> i32 {
+    let num = |i: usize| args.get(i).and_then(|s| s.parse::<u64>().ok());
+    let calls = num(0).unwrap_or(1);
+    let slow = (num(1), num(2), num(3));
+    let (env, world) = match join_world("allreduce") {
+        Ok(joined) => joined,
+        Err(code) => return code,
+    };
+    let expected = (env.world_size * (env.world_size + 1) / 2) as f32;
+    for call in 0..calls {
+        if let (Some(r), Some(before), Some(secs)) = slow {
+            if r == env.rank as u64 && before == call {
+                std::thread::sleep(Duration::from_secs(secs));
+            }
+        }
+        let mut value = ((env.rank + 1) as f32).to_le_bytes();
+        let reduced = world.all_reduce(
+            oxiflow_collectives::DType::F32,
+            oxiflow_collectives::BufMut::Host(&mut value),
+            oxiflow_collectives::ReduceOp::Sum,
+        );
+        if let Err(e) = reduced {
+            eprintln!("allreduce: call {call}: {e}");
+            return 4;
+        }
+        if f32::from_le_bytes(value) != expected {
+            eprintln!("allreduce: call {call}: got {}", f32::from_le_bytes(value));
+            return 5;
+        }
+    }
+    println!("rank {} did {calls} all-reduce(s)", env.rank);
     0
 }

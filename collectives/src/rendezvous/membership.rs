@@ -1,0 +1,181 @@
+//! Joining a job's world through the store, before any data-plane connection: every rank
+//! checks its world size against the job's (the first value written: by the launcher, or else
+//! by the first rank to arrive), claims its rank (a second process claiming the same rank is
+//! refused), and waits for every rank's claim. A rank that finds a mismatch writes the reason
+//! to a shared refusal key, which every waiting rank polls, so the whole job fails within a
+//! poll interval with the same message naming the rank and what mismatched.
+//!
+//! Keys (under the client's prefix): `oxiflow/join/world` (`"<size> by <who>"`),
+//! `oxiflow/join/claim/<rank>` (claim counter), `oxiflow/join/member/<rank>/<n>` (who made
+//! claim n), `oxiflow/join/refused` (the first refusal's reason), `oxiflow/join/refusal_seen/<rank>`
+//! (that rank knows of the refusal).
+
+use std::time::{Duration, Instant};
+
+use super::StoreClient;
+use crate::CommError;
+
+/// Where the job's world size is published.
+pub const WORLD_SIZE_KEY: &str = "oxiflow/join/world";
+const CLAIM_PREFIX: &str = "oxiflow/join/claim/";
+const MEMBER_PREFIX: &str = "oxiflow/join/member/";
+const REFUSED_KEY: &str = "oxiflow/join/refused";
+const SEEN_PREFIX: &str = "oxiflow/join/refusal_seen/";
+/// How often a waiting rank looks for a refusal.
+const POLL: Duration = Duration::from_millis(200);
+/// How long a duplicate claimer waits for the first claimer's description.
+const DESCRIBE_WAIT: Duration = Duration::from_secs(2);
+const OP: &str = "rendezvous join";
+
+/// Publishes the job's world size as seen by `who` (a launcher, before it starts the ranks).
+/// A different size already published is an error naming both.
+pub fn publish_world_size(store: &StoreClient, world: usize, who: &str) -> Result<(), CommError> {
+    let mine = format!("{world} by {who}");
+    let (_, found) = store.compare_set(WORLD_SIZE_KEY, None, mine.as_bytes())?;
+    let found = found.map(|v| String::from_utf8_lossy(&v).into_owned());
+    match found.as_deref().map(parse_world) {
+        Some(Some((w, _))) if w == world => Ok(()),
+        Some(Some((w, by))) => Err(mismatch(format!(
+            "{who} has world size {world}, but the job's world size is {w} (set {by})"
+        ))),
+        _ => Err(mismatch(format!(
+            "the store holds an unreadable world size {found:?}"
+        ))),
+    }
+}
+
+/// Joins the world as `rank` of `world`: checks the world size, claims the rank and waits (up
+/// to `timeout`) until every rank has claimed its own. `who` describes this process in
+/// messages (pid, host).
+pub fn join_world(
+    store: &StoreClient,
+    rank: usize,
+    world: usize,
+    who: &str,
+    timeout: Duration,
+) -> Result<(), CommError> {
+    let deadline = Instant::now() + timeout;
+    let me = format!("rank {rank} ({who})");
+    let mine = format!("{world} by {me}");
+    let (_, found) = store.compare_set(WORLD_SIZE_KEY, None, mine.as_bytes())?;
+    let job_world = found.map(|v| String::from_utf8_lossy(&v).into_owned());
+    match job_world.as_deref().map(parse_world) {
+        Some(Some((w, _))) if w == world => {}
+        Some(Some((w, by))) if rank >= w => {
+            return refuse(
+                store,
+                rank,
+                format!(
+                    "{me} is not below the job's world size {w} (set {by}); it has \
+                     WORLD_SIZE={world}"
+                ),
+            )
+        }
+        Some(Some((w, by))) => {
+            return refuse(
+                store,
+                rank,
+                format!("{me} has WORLD_SIZE={world}, but the job's world size is {w} (set {by})"),
+            )
+        }
+        _ => {
+            return refuse(
+                store,
+                rank,
+                format!("{me} found an unreadable world size {job_world:?} in the store"),
+            )
+        }
+    }
+
+    let claims = store.add(&format!("{CLAIM_PREFIX}{rank}"), 1)?;
+    store.set(&format!("{MEMBER_PREFIX}{rank}/{claims}"), who.as_bytes())?;
+    if claims > 1 {
+        let first = store
+            .wait(&[&format!("{MEMBER_PREFIX}{rank}/1")], DESCRIBE_WAIT)
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .map_or_else(
+                || "another process".to_string(),
+                |v| String::from_utf8_lossy(&v).into_owned(),
+            );
+        return refuse(
+            store,
+            rank,
+            format!("rank {rank} is claimed twice: by {first} and by {who} (duplicate RANK)"),
+        );
+    }
+
+    let keys: Vec<String> = (0..world).map(|r| format!("{CLAIM_PREFIX}{r}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let waited = store.wait(&key_refs, left.min(POLL));
+        if let Some(reason) = store.get(REFUSED_KEY)? {
+            let _ = store.set(&format!("{SEEN_PREFIX}{rank}"), b"1");
+            return Err(mismatch(format!(
+                "{me}: the job was refused: {}",
+                String::from_utf8_lossy(&reason)
+            )));
+        }
+        match waited {
+            Ok(_) => return Ok(()),
+            Err(CommError::StoreTimeout { .. }) if left > POLL => {}
+            Err(CommError::StoreTimeout { missing_keys, .. }) => {
+                return Err(CommError::Timeout {
+                    op: format!("{OP} as {me}: ranks never arrived"),
+                    timeout,
+                    missing: missing_keys
+                        .iter()
+                        .filter_map(|k| k.rsplit('/').next()?.parse().ok())
+                        .collect(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// For the rank that serves the store itself: after a refusal, waits (at most `limit`) until
+/// every rank of `0..world` has read it, so none of them finds the store gone instead.
+pub fn linger_after_refusal(store: &StoreClient, world: usize, limit: Duration) {
+    let keys: Vec<String> = (0..world).map(|r| format!("{SEEN_PREFIX}{r}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    if let Err(e) = store.wait(&key_refs, limit) {
+        tracing::debug!("{OP}: not every rank saw the refusal: {e}");
+    }
+}
+
+/// Publishes `reason` as the job's refusal (the first one wins) and returns it as this rank's
+/// error.
+fn refuse(store: &StoreClient, rank: usize, reason: String) -> Result<(), CommError> {
+    let _ = store.set(&format!("{SEEN_PREFIX}{rank}"), b"1");
+    if let Err(e) = store.compare_set(REFUSED_KEY, None, reason.as_bytes()) {
+        tracing::warn!("{OP}: could not tell the other ranks why this one is refused: {e}");
+    }
+    Err(mismatch(reason))
+}
+
+fn mismatch(detail: String) -> CommError {
+    CommError::Mismatch {
+        op: OP.into(),
+        detail,
+    }
+}
+
+/// `"<size> by <who>"` as (size, "by <who>").
+fn parse_world(text: &str) -> Option<(usize, &str)> {
+    let (w, rest) = text.split_once(' ')?;
+    Some((w.parse().ok()?, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_world;
+
+    #[test]
+    fn world_values_parse() {
+        assert_eq!(parse_world("4 by oflaunch"), Some((4, "by oflaunch")));
+        assert_eq!(parse_world("x by y"), None);
+        assert_eq!(parse_world("4"), None);
+    }
+}

@@ -109,7 +109,10 @@ fn gradients_come_out_partial() {
     let e = InferEngine::new();
     let s = infer(
         &e,
-        OpKind::EmbeddingBackward { num_embeddings: 10 },
+        OpKind::EmbeddingBackward {
+            num_embeddings: 10,
+            vocab_split: false,
+        },
         &[(&[6], "S(0)"), (&[6, 3], "S(0)")],
         &p,
     );

@@ -29,7 +29,7 @@ const MESHES: &[&[usize]] = &[
     &[1, 2, 2],
     &[2, 1, 3],
 ];
-const KINDS: usize = 28;
+const KINDS: usize = 32;
 static CHECKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 struct Case {
@@ -226,7 +226,10 @@ fn build(kind: usize, d: &[usize], r: &[usize], seed: u64) -> Case {
                 let mut dy = ids_shape.clone();
                 dy.push(d[1]);
                 c(
-                    OpKind::EmbeddingBackward { num_embeddings: v },
+                    OpKind::EmbeddingBackward {
+                        num_embeddings: v,
+                        vocab_split: r[2] % 2 == 1,
+                    },
                     vec![ids, vals(&dy, seed + 1)],
                 )
             }
@@ -245,6 +248,43 @@ fn build(kind: usize, d: &[usize], r: &[usize], seed: u64) -> Case {
                 OpKind::LayerNormBackward { normalized_dims: k }
             };
             c(op, vec![vals(&x, seed), vals(&w, seed + 1), third])
+        }
+        28..=31 => {
+            // Gather, index-select and their scatter-adds along `dim` of x, with `extent`
+            // positions there and `k` indices.
+            let dim = r[1] % n;
+            let (extent, k) = (1 + d[n % 8], 1 + d[(n + 1) % 8]);
+            let mut xs = x.clone();
+            xs[dim] = extent;
+            let mut is = x.clone();
+            is[dim] = k;
+            let split_first = r[2] % 2 == 1;
+            match kind {
+                28 => c(
+                    OpKind::Gather { dim },
+                    vec![vals(&xs, seed), Arr::random_ints(&is, seed + 1, extent)],
+                ),
+                29 => c(
+                    OpKind::IndexSelect { dim },
+                    vec![vals(&xs, seed), Arr::random_ints(&[k], seed + 1, extent)],
+                ),
+                30 => c(
+                    OpKind::ScatterAdd {
+                        dim,
+                        size: extent,
+                        split_first,
+                    },
+                    vec![Arr::random_ints(&is, seed + 1, extent), vals(&is, seed)],
+                ),
+                _ => c(
+                    OpKind::IndexAdd {
+                        dim,
+                        size: extent,
+                        split_first,
+                    },
+                    vec![Arr::random_ints(&[k], seed + 1, extent), vals(&is, seed)],
+                ),
+            }
         }
         _ => {
             let classes = 1 + d[1];

@@ -135,7 +135,7 @@ fn try_local(op: &'static str, init: ElementInit, shape: Shape, dtype: DType) ->
 
 /// The infallible local constructors (`zeros`, `ones`, `full`, `rand`, `randn`): a shape too
 /// large to allocate panics with the typed error's message, as `Vec::with_capacity` would;
-/// `arange` and the `_global` forms return the error instead.
+/// their `try_` forms, `arange` and the `_global` forms return the error instead.
 fn local(init: ElementInit, shape: Shape, dtype: DType) -> Tensor {
     match try_local("create", init, shape, dtype) {
         Ok(t) => t,
@@ -207,12 +207,19 @@ fn global(
 }
 
 impl Tensor {
+    /// A local tensor of zeros.
+    ///
+    /// # Panics
+    /// If the shape's byte size overflows or cannot be allocated; [`Tensor::try_zeros`]
+    /// returns that as an error (use it for shapes from outside the program).
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
         local(ElementInit::Full(0.0), shape.into(), dtype)
     }
+    /// A local tensor of ones. Panics as [`Tensor::zeros`] does; see [`Tensor::try_ones`].
     pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
         local(ElementInit::Full(1.0), shape.into(), dtype)
     }
+    /// A local tensor of `value`. Panics as [`Tensor::zeros`] does; see [`Tensor::try_full`].
     pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Tensor {
         local(ElementInit::Full(value), shape.into(), dtype)
     }
@@ -225,13 +232,36 @@ impl Tensor {
             dtype,
         )
     }
-    /// Uniform in [0, 1), counter-based (Philox keyed by `seed`).
+    /// Uniform in [0, 1), counter-based (Philox keyed by `seed`). Panics as [`Tensor::zeros`]
+    /// does; see [`Tensor::try_rand`].
     pub fn rand(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
         local(ElementInit::Rand(seed), shape.into(), dtype)
     }
-    /// Standard normal, counter-based (Philox keyed by `seed`, Box-Muller).
+    /// Standard normal, counter-based (Philox keyed by `seed`, Box-Muller). Panics as
+    /// [`Tensor::zeros`] does; see [`Tensor::try_randn`].
     pub fn randn(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Tensor {
         local(ElementInit::Randn(seed), shape.into(), dtype)
+    }
+    /// [`Tensor::zeros`], with a shape whose size overflows or cannot be allocated as an
+    /// error.
+    pub fn try_zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        try_local("zeros", ElementInit::Full(0.0), shape.into(), dtype)
+    }
+    /// [`Tensor::ones`], returning size errors.
+    pub fn try_ones(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        try_local("ones", ElementInit::Full(1.0), shape.into(), dtype)
+    }
+    /// [`Tensor::full`], returning size errors.
+    pub fn try_full(shape: impl Into<Shape>, value: f64, dtype: DType) -> Result<Tensor> {
+        try_local("full", ElementInit::Full(value), shape.into(), dtype)
+    }
+    /// [`Tensor::rand`], returning size errors.
+    pub fn try_rand(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Result<Tensor> {
+        try_local("rand", ElementInit::Rand(seed), shape.into(), dtype)
+    }
+    /// [`Tensor::randn`], returning size errors.
+    pub fn try_randn(shape: impl Into<Shape>, seed: u64, dtype: DType) -> Result<Tensor> {
+        try_local("randn", ElementInit::Randn(seed), shape.into(), dtype)
     }
 
     pub fn zeros_global(

@@ -7,12 +7,14 @@
 //! operands fails with `TensorError::Mixed`. All checks use metadata only and run before any
 //! communication, so every rank raises the same error.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use oxiflow_boxing::{execute, Plan, Strategy};
+use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_collectives::DType;
 use oxiflow_placement::{DeviceType, Placement};
-use oxiflow_sbp::{GlobalLayout, NdSbp, SbpError, Shape};
+use oxiflow_sbp::{GlobalLayout, NdSbp, Region, SbpError, Shape};
 use smallvec::SmallVec;
 
 use oxiflow_sbp::{InferEngine, RuleMode};
@@ -21,7 +23,8 @@ use crate::autograd;
 use crate::context::Context;
 use crate::cpu::{CpuBackend, CpuPiece};
 use crate::device::{backend_for, registered_backends, Device};
-use crate::op::{Inferred, MetaError, Op, OutSpec};
+use crate::explain::{self, explain_enabled};
+use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
 use crate::storage::{CpuArray, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -65,7 +68,7 @@ pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
         .join(", ")
 }
 
-fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
+pub(crate) fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
     match e {
         MetaError::Shape(detail) => TensorError::Shape {
             op: op.name(),
@@ -133,11 +136,18 @@ pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
             detail: format!("takes {lo}..={hi} inputs, got {}", inputs.len()),
         });
     }
+    let traced = trace_start();
     let out = if global {
         dispatch_global(&op, inputs)?
     } else {
         dispatch_local(&op, inputs)?
     };
+    trace_end(
+        traced,
+        Lane::Ops,
+        || Cow::Borrowed(op.name()),
+        || vec![("inputs", shapes_text(inputs).into())],
+    );
     autograd::record(op, inputs, &out);
     Ok(out)
 }
@@ -210,7 +220,14 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
         }
     }
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    let local = op.local(&shapes, &out.shape);
+    // A local call holds whole tensors: no regions, so every start reads 0.
+    let local = op.local(&LocalAt {
+        global_inputs: &shapes,
+        input_regions: &[],
+        out_global: &out.shape,
+        out_region: &Region::new(),
+        out_local: &out.shape,
+    });
     let storage = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
     Ok(Tensor::from_storage(storage))
 }
@@ -266,10 +283,28 @@ fn build_plan(
     }
     let out_local = out_layout.local_shape(ctx.rank());
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    let local_op = out_local
-        .as_ref()
-        .and_then(|s| op.local(&shapes, s))
-        .unwrap_or_else(|| op.clone());
+    let local_op = match (&out_local, out_layout.region_of(ctx.rank())) {
+        (Some(out_piece), Some(out_region)) => {
+            let mut regions: SmallVec<[Region; 3]> = SmallVec::new();
+            for (l, target) in layouts.iter().zip(&sig.inputs) {
+                let region = l
+                    .with_nd_sbp(target.clone())
+                    .map_err(|e| sbp_err(op.name(), e, inputs, placement))?
+                    .region_of(ctx.rank())
+                    .unwrap_or_else(|| full_region(l.shape()));
+                regions.push(region);
+            }
+            op.local(&LocalAt {
+                global_inputs: &shapes,
+                input_regions: &regions,
+                out_global: out_layout.shape(),
+                out_region: &out_region,
+                out_local: out_piece,
+            })
+        }
+        _ => None,
+    }
+    .unwrap_or_else(|| op.clone());
     Ok(DispatchPlan {
         boxing,
         local_op,
@@ -290,6 +325,9 @@ pub(crate) fn run_boxing(
     piece: Option<&Arc<Storage>>,
     device: Device,
 ) -> Result<Option<Arc<Storage>>> {
+    if explain_enabled() {
+        explain::record_boxing(op, plan);
+    }
     for backend in registered_backends() {
         if let Some(out) = backend.run_boxing(op, plan, ctx, piece.map(|p| &**p)) {
             return out.map(|s| s.map(Arc::new));
@@ -426,6 +464,10 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
             Some(out)
         }
     };
+    if explain_enabled() {
+        let layouts = inputs.iter().filter_map(|t| t.layout().cloned()).collect();
+        explain::record_op(op.name(), layouts, &plan.out_layout);
+    }
     Ok(Tensor::global_from_piece(
         out_piece,
         plan.out_layout.clone(),

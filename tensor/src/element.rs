@@ -19,6 +19,8 @@ pub trait TensorElement:
     fn to_f64(self) -> f64;
     /// Largest representable value's negation (identity of max).
     fn lowest() -> Self;
+    /// Largest representable value (identity of min).
+    fn highest() -> Self;
 }
 
 /// Floating point element types, with the math the kernels need.
@@ -58,6 +60,9 @@ macro_rules! float_elem {
             }
             fn lowest() -> Self {
                 <$t>::NEG_INFINITY
+            }
+            fn highest() -> Self {
+                <$t>::INFINITY
             }
         }
         impl FloatElement for $t {
@@ -112,5 +117,8 @@ impl TensorElement for i64 {
     }
     fn lowest() -> Self {
         i64::MIN
+    }
+    fn highest() -> Self {
+        i64::MAX
     }
 }

@@ -19,15 +19,19 @@ mod device;
 mod dispatch;
 mod element;
 mod error;
+pub mod explain;
 mod global;
 mod init;
 mod inprocess;
+pub mod memory;
 mod op;
 pub mod rng;
 mod storage;
 mod tensor;
 
-pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, AutogradMeta, GradModeGuard};
+pub use autograd::{
+    is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta, GradModeGuard,
+};
 pub use context::{Context, ContextGuard};
 pub use creation::ElementInit;
 pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
@@ -37,9 +41,11 @@ pub use error::{Result, TensorError};
 pub use init::{init_from_env, init_with_world};
 pub use inprocess::run_ranks;
 pub use op::{
-    broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LossOp,
-    MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
+    broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
+    LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
 };
+pub use op::{AttentionOp, DropoutOp};
+pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Storage};
 pub use tensor::{Tensor, TensorImpl};
 

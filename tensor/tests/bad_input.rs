@@ -163,3 +163,32 @@ fn uneven_pieces_need_checked() {
         "{errs:?}"
     );
 }
+
+/// Shapes whose byte size overflows (or is absurd) are typed errors from every fallible local
+/// constructor, never a panic or an abort.
+#[test]
+fn hostile_local_shapes_are_errors() {
+    let huge: [&[usize]; 4] = [
+        &[usize::MAX, 2],
+        &[usize::MAX],
+        &[1 << 40, 1 << 40],
+        &[isize::MAX as usize / 2 + 1, 1],
+    ];
+    for shape in huge {
+        let results = [
+            ("zeros", Tensor::try_zeros(shape.to_vec(), DType::F32)),
+            ("ones", Tensor::try_ones(shape.to_vec(), DType::F64)),
+            ("full", Tensor::try_full(shape.to_vec(), 3.0, DType::F32)),
+            ("rand", Tensor::try_rand(shape.to_vec(), 7, DType::F32)),
+            ("randn", Tensor::try_randn(shape.to_vec(), 7, DType::F64)),
+        ];
+        for (op, r) in results {
+            match r {
+                Err(TensorError::Shape { op: named, .. }) => assert_eq!(named, op, "{shape:?}"),
+                other => panic!("{op} {shape:?}: {:?}", other.map(|t| t.shape().clone())),
+            }
+        }
+    }
+    let ok = Tensor::try_full(vec![2, 3], 1.5, DType::F32).unwrap();
+    assert_eq!(ok.shape().dims(), &[2, 3]);
+}

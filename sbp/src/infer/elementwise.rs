@@ -54,7 +54,7 @@ fn dim_or_one(x: &Shape, o: usize, n: usize) -> usize {
 
 /// The SBP an operand takes when output dim `o` is split: its own matching dim when it has the
 /// output's size there, otherwise (size 1 or missing) B.
-fn split_through(x: &Shape, out: &Shape, o: usize) -> Sbp {
+pub(crate) fn split_through(x: &Shape, out: &Shape, o: usize) -> Sbp {
     let off = out.ndim() - x.ndim();
     if o >= off && x.dim(o - off) == out.dim(o) {
         Sbp::S(o - off)

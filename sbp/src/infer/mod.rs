@@ -10,6 +10,7 @@ mod concat;
 mod elementwise;
 mod embedding;
 mod engine;
+mod gather;
 mod loss;
 mod matmul;
 mod norm;
@@ -17,6 +18,7 @@ mod op;
 mod permute;
 mod reduce;
 mod reshape;
+mod select;
 mod softmax;
 
 use oxiflow_placement::Placement;
@@ -32,12 +34,14 @@ pub mod rules {
     pub use super::concat::{concat, slice};
     pub use super::elementwise::{binary, broadcast_shape, broadcast_to, reduce_to_shape, unary};
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
+    pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
     pub use super::matmul::{batch_matmul, matmul};
     pub use super::norm::{backward as layer_norm_backward, forward as layer_norm};
     pub use super::permute::permute;
     pub use super::reduce::reduce;
     pub use super::reshape::reshape;
+    pub use super::select::{masked_fill, positional, where_cond};
     pub use super::softmax::{backward as softmax_backward, forward as softmax};
     pub use super::{RuleMode, Rules};
 }
@@ -157,15 +161,28 @@ pub(crate) fn rules(op: &OpKind, shapes: &[&Shape]) -> Result<Rules, String> {
         OpKind::Concat { dim } => concat::concat(*dim, shapes, m)?,
         OpKind::Slice { dim, start, end } => concat::slice(*dim, *start, *end, shapes[0], m)?,
         OpKind::Embedding => embedding::forward(shapes[0], shapes[1], m)?,
-        OpKind::EmbeddingBackward { num_embeddings } => {
-            embedding::backward(*num_embeddings, shapes[0], shapes[1], m)?
-        }
+        OpKind::EmbeddingBackward {
+            num_embeddings,
+            vocab_split,
+        } => embedding::backward(*num_embeddings, shapes[0], shapes[1], *vocab_split, m)?,
         OpKind::LayerNorm { normalized_dims } => norm::forward(*normalized_dims, shapes, m)?,
         OpKind::LayerNormBackward { normalized_dims } => {
             norm::backward(*normalized_dims, shapes, m)?
         }
         OpKind::CrossEntropy => loss::forward(shapes[0], shapes[1], m)?,
         OpKind::CrossEntropyBackward => loss::backward(shapes, m)?,
+        OpKind::Gather { dim } => gather::gather(*dim, shapes[0], shapes[1], m)?,
+        OpKind::IndexSelect { dim } => gather::index_select(*dim, shapes[0], shapes[1], m)?,
+        OpKind::ScatterAdd {
+            dim,
+            size,
+            split_first,
+        } => gather::scatter_add(*dim, *size, shapes[0], shapes[1], *split_first, m)?,
+        OpKind::IndexAdd {
+            dim,
+            size,
+            split_first,
+        } => gather::index_add(*dim, *size, shapes[0], shapes[1], *split_first, m)?,
     };
     r.push_all_broadcast(shapes.len());
     Ok(r)

@@ -77,8 +77,12 @@ pub enum OpKind {
     },
     /// Inputs `(ids [..], weight [V, D])` -> `[.., D]`; ids are integers in `0..V`.
     Embedding,
-    /// Inputs `(ids [..], dy [.., D])` -> weight gradient `[num_embeddings, D]` (scatter-add).
-    EmbeddingBackward { num_embeddings: usize },
+    /// Inputs `(ids [..], dy [.., D])` -> weight gradient `[num_embeddings, D]` (scatter-add);
+    /// `vocab_split`: the weight is split on the vocabulary, so a split gradient comes first.
+    EmbeddingBackward {
+        num_embeddings: usize,
+        vocab_split: bool,
+    },
     /// Inputs `(x, weight, bias)`: normalise over the last `normalized_dims` dims of x, whose
     /// shape weight and bias have; output y with x's shape.
     LayerNorm { normalized_dims: usize },
@@ -91,6 +95,23 @@ pub enum OpKind {
     /// Inputs `(logits [N, C], labels [N], dloss [N])` -> `dlogits [N, C]`
     /// (`(softmax(logits) - onehot(labels)) * dloss`).
     CrossEntropyBackward,
+    /// Inputs `(x, index)` (index with x's shape but on `dim`) -> index's shape: torch.gather.
+    Gather { dim: usize },
+    /// Inputs `(index, src)` of one shape -> that shape with `dim` of `size`: src added at index.
+    /// `split_first`: a split output is preferred (the gathered data was split on `dim`).
+    ScatterAdd {
+        dim: usize,
+        size: usize,
+        split_first: bool,
+    },
+    /// Inputs `(x, ids [n])` -> x's shape with `dim` of size n: the slices at ids.
+    IndexSelect { dim: usize },
+    /// Inputs `(ids [n], src)` -> src's shape with `dim` of `size`: slices added at ids.
+    IndexAdd {
+        dim: usize,
+        size: usize,
+        split_first: bool,
+    },
 }
 
 impl OpKind {
@@ -137,6 +158,10 @@ impl OpKind {
             OpKind::LayerNormBackward { .. } => "layer_norm_backward",
             OpKind::CrossEntropy => "cross_entropy",
             OpKind::CrossEntropyBackward => "cross_entropy_backward",
+            OpKind::Gather { .. } => "gather",
+            OpKind::ScatterAdd { .. } => "scatter_add",
+            OpKind::IndexSelect { .. } => "index_select",
+            OpKind::IndexAdd { .. } => "index_add",
         }
     }
 
@@ -159,7 +184,11 @@ impl OpKind {
             | OpKind::LogSoftmaxBackward { .. }
             | OpKind::Embedding
             | OpKind::EmbeddingBackward { .. }
-            | OpKind::CrossEntropy => Some(2),
+            | OpKind::CrossEntropy
+            | OpKind::Gather { .. }
+            | OpKind::ScatterAdd { .. }
+            | OpKind::IndexSelect { .. }
+            | OpKind::IndexAdd { .. } => Some(2),
             OpKind::LayerNorm { .. }
             | OpKind::LayerNormBackward { .. }
             | OpKind::CrossEntropyBackward => Some(3),
@@ -185,12 +214,31 @@ impl fmt::Display for OpKind {
             | OpKind::LogSoftmax { dim }
             | OpKind::SoftmaxBackward { dim }
             | OpKind::LogSoftmaxBackward { dim }
-            | OpKind::Concat { dim } => write!(f, "{name}(dim={dim})"),
+            | OpKind::Concat { dim }
+            | OpKind::Gather { dim }
+            | OpKind::IndexSelect { dim } => write!(f, "{name}(dim={dim})"),
+            OpKind::ScatterAdd {
+                dim,
+                size,
+                split_first,
+            }
+            | OpKind::IndexAdd {
+                dim,
+                size,
+                split_first,
+            } => write!(
+                f,
+                "{name}(dim={dim}, size={size}, split_first={split_first})"
+            ),
             OpKind::Permute { perm } => write!(f, "{name}({:?})", perm.as_slice()),
             OpKind::Slice { dim, start, end } => write!(f, "{name}(dim={dim}, {start}..{end})"),
-            OpKind::EmbeddingBackward { num_embeddings } => {
-                write!(f, "{name}(num_embeddings={num_embeddings})")
-            }
+            OpKind::EmbeddingBackward {
+                num_embeddings,
+                vocab_split,
+            } => write!(
+                f,
+                "{name}(num_embeddings={num_embeddings}, vocab_split={vocab_split})"
+            ),
             OpKind::LayerNorm { normalized_dims }
             | OpKind::LayerNormBackward { normalized_dims } => {
                 write!(f, "{name}(normalized_dims={normalized_dims})")

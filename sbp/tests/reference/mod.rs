@@ -123,6 +123,8 @@ pub fn integral_inputs(op: &OpKind) -> Vec<usize> {
     match op {
         OpKind::Embedding | OpKind::EmbeddingBackward { .. } => vec![0],
         OpKind::CrossEntropy | OpKind::CrossEntropyBackward => vec![1],
+        OpKind::Gather { .. } | OpKind::IndexSelect { .. } => vec![1],
+        OpKind::ScatterAdd { .. } | OpKind::IndexAdd { .. } => vec![0],
         _ => vec![],
     }
 }
@@ -140,7 +142,11 @@ pub fn check_signature(
     let mesh = placement.shape();
     let global_in: Vec<Vec<usize>> = inputs.iter().map(|a| a.shape.clone()).collect();
     let global_out: Vec<Vec<usize>> = sig.output_shapes.iter().map(|s| s.to_vec()).collect();
-    let expect = ops::run(op, inputs, &global_out, &global_in)?;
+    let whole = Starts {
+        inputs: global_in.iter().map(|s| vec![0; s.len()]).collect(),
+        outputs: global_out.iter().map(|s| vec![0; s.len()]).collect(),
+    };
+    let expect = ops::run(op, inputs, &global_out, &global_in, &whole)?;
     for i in integral_inputs(op) {
         if sig.inputs[i].has_partial() {
             return Err(format!("signature {sig} makes integer input {i} partial"));
@@ -159,6 +165,12 @@ pub fn check_signature(
         .map(|(s, nd)| GlobalLayout::new(s.clone(), placement, nd.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
+    let in_layouts = inputs
+        .iter()
+        .zip(&sig.inputs)
+        .map(|(a, nd)| GlobalLayout::new(shape_of(a), placement, nd.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     let n = placement.num_ranks();
     let mut local_outs: Vec<Vec<Arr>> = vec![Vec::with_capacity(n); sig.outputs.len()];
     for r in 0..n {
@@ -168,7 +180,14 @@ pub fn check_signature(
             .iter()
             .map(|l| l.local_shape_at(&coord).to_vec())
             .collect();
-        let outs = ops::run(op, &local_in, &shapes, &global_in)?;
+        let starts_of = |l: &GlobalLayout| -> Vec<usize> {
+            l.region_at(&coord).iter().map(|r| r.start).collect()
+        };
+        let starts = Starts {
+            inputs: in_layouts.iter().map(starts_of).collect(),
+            outputs: out_layouts.iter().map(starts_of).collect(),
+        };
+        let outs = ops::run(op, &local_in, &shapes, &global_in, &starts)?;
         for (o, (a, s)) in outs.into_iter().zip(&shapes).enumerate() {
             if &a.shape != s {
                 return Err(format!(
@@ -189,6 +208,13 @@ pub fn check_signature(
         }
     }
     Ok(())
+}
+
+/// Where a rank's pieces start in the global arrays: per input and per output, the start of
+/// its region on each dim (what an op's local attributes read, e.g. a vocabulary offset).
+pub struct Starts {
+    pub inputs: Vec<Vec<usize>>,
+    pub outputs: Vec<Vec<usize>>,
 }
 
 /// Shape of an `Arr` as a `Shape`.

@@ -3,6 +3,7 @@
 use oxiflow_sbp::{BinaryOp, OpKind, ReduceKind};
 
 use super::arr::{numel, unravel, Arr};
+use super::Starts;
 
 /// The linear and the non-linear unary function the tests use for `Unary`.
 pub fn unary_fn(linear: bool) -> fn(f64) -> f64 {
@@ -15,12 +16,14 @@ pub fn unary_fn(linear: bool) -> fn(f64) -> f64 {
 
 /// Runs `op` on `inputs`. `out_shapes` are the shapes the outputs must have (on a rank: its
 /// local output shapes; reshape-like ops take their target from them) and `global_in` the
-/// global input shapes (mean divides by the global count).
+/// global input shapes (mean divides by the global count); `starts` where the pieces sit (the
+/// embedding's vocabulary offset).
 pub fn run(
     op: &OpKind,
     x: &[Arr],
     out_shapes: &[Vec<usize>],
     global_in: &[Vec<usize>],
+    starts: &Starts,
 ) -> Result<Vec<Arr>, String> {
     let one = |a: Arr| Ok(vec![a]);
     match op {
@@ -71,8 +74,13 @@ pub fn run(
         }
         OpKind::Concat { dim } => one(super::arr::concat(x, *dim)?),
         OpKind::Slice { dim, start, end } => one(x[0].narrow(*dim, *start..*end)),
-        OpKind::Embedding => one(embedding(&x[0], &x[1])),
-        OpKind::EmbeddingBackward { .. } => one(embedding_backward(&x[0], &x[1], &out_shapes[0])),
+        OpKind::Embedding => one(embedding(&x[0], &x[1], starts.inputs[1][0])),
+        OpKind::EmbeddingBackward { .. } => one(embedding_backward(
+            &x[0],
+            &x[1],
+            &out_shapes[0],
+            starts.outputs[0][0],
+        )),
         OpKind::LayerNorm { normalized_dims } => {
             one(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
         }
@@ -81,6 +89,18 @@ pub fn run(
         }
         OpKind::CrossEntropy => one(cross_entropy(&x[0], &x[1])),
         OpKind::CrossEntropyBackward => one(cross_entropy_backward(&x[0], &x[1], &x[2])),
+        OpKind::Gather { dim } => one(read_at(&x[0], &x[1], *dim, true, starts.inputs[0][*dim])),
+        OpKind::IndexSelect { dim } => {
+            one(read_at(&x[0], &x[1], *dim, false, starts.inputs[0][*dim]))
+        }
+        OpKind::ScatterAdd { dim, .. } | OpKind::IndexAdd { dim, .. } => one(add_at(
+            &x[0],
+            &x[1],
+            *dim,
+            matches!(op, OpKind::ScatterAdd { .. }),
+            &out_shapes[0],
+            starts.outputs[0][*dim],
+        )),
     }
 }
 
@@ -227,24 +247,36 @@ fn permute(x: &Arr, perm: &[usize]) -> Arr {
     Arr::new(shape, data)
 }
 
-fn embedding(ids: &Arr, w: &Arr) -> Arr {
-    let d = w.shape[1];
+/// The row of global id `id` in a piece of `rows` rows starting at global row `start`.
+fn local_row(id: f64, start: usize, rows: usize) -> Option<usize> {
+    (id as usize).checked_sub(start).filter(|&r| r < rows)
+}
+
+/// Rows of `w` (its rows start at global row `start`) at ids; zero rows for ids outside it.
+fn embedding(ids: &Arr, w: &Arr, start: usize) -> Arr {
+    let (v, d) = (w.shape[0], w.shape[1]);
     let mut shape = ids.shape.clone();
     shape.push(d);
     let data = ids
         .data
         .iter()
-        .flat_map(|&id| (0..d).map(move |j| w.data[id as usize * d + j]))
+        .flat_map(|&id| {
+            let row = local_row(id, start, v);
+            (0..d).map(move |j| row.map_or(0.0, |r| w.data[r * d + j]))
+        })
         .collect();
     Arr::new(shape, data)
 }
 
-fn embedding_backward(ids: &Arr, dy: &Arr, out: &[usize]) -> Arr {
-    let d = out[1];
+/// Scatter-add of dy rows into the rows `out` (starting at global row `start`) holds.
+fn embedding_backward(ids: &Arr, dy: &Arr, out: &[usize], start: usize) -> Arr {
+    let (v, d) = (out[0], out[1]);
     let mut g = Arr::full(out, 0.0);
     for (r, &id) in ids.data.iter().enumerate() {
-        for j in 0..d {
-            g.data[id as usize * d + j] += dy.data[r * d + j];
+        if let Some(row) = local_row(id, start, v) {
+            for j in 0..d {
+                g.data[row * d + j] += dy.data[r * d + j];
+            }
         }
     }
     g
@@ -330,4 +362,55 @@ fn cross_entropy_backward(logits: &Arr, labels: &Arr, dloss: &Arr) -> Arr {
         }
     }
     Arr::new(logits.shape.clone(), out)
+}
+
+/// The index of element `idx` of the indexed side on `dim`: one index per element (gather) or
+/// per position along `dim` (index-select).
+fn index_of(ids: &Arr, idx: &[usize], flat: usize, dim: usize, per_elem: bool) -> f64 {
+    if per_elem {
+        ids.data[flat]
+    } else {
+        ids.data[idx[dim]]
+    }
+}
+
+/// `out[idx] = x[idx with dim -> id - start]` for ids inside x's rows (x's piece starts at
+/// global position `start` on `dim`), 0 for the others; out has the indexed side's shape.
+fn read_at(x: &Arr, ids: &Arr, dim: usize, per_elem: bool, start: usize) -> Arr {
+    let mut shape = x.shape.clone();
+    shape[dim] = if per_elem {
+        ids.shape[dim]
+    } else {
+        ids.data.len()
+    };
+    let data = (0..numel(&shape))
+        .map(|flat| {
+            let mut idx = unravel(flat, &shape);
+            let id = index_of(ids, &idx, flat, dim, per_elem);
+            match local_row(id, start, x.shape[dim]) {
+                Some(r) => {
+                    idx[dim] = r;
+                    x.at(&idx)
+                }
+                None => 0.0,
+            }
+        })
+        .collect();
+    Arr::new(shape, data)
+}
+
+/// Zeros of `out` (its piece starts at global position `start` on `dim`) plus each element of
+/// src added at its index on `dim`, when that index is inside the piece.
+fn add_at(ids: &Arr, src: &Arr, dim: usize, per_elem: bool, out: &[usize], start: usize) -> Arr {
+    let mut g = Arr::full(out, 0.0);
+    for flat in 0..src.data.len() {
+        let mut idx = unravel(flat, &src.shape);
+        let id = index_of(ids, &idx, flat, dim, per_elem);
+        if let Some(r) = local_row(id, start, out[dim]) {
+            idx[dim] = r;
+            let o = g.offset(&idx);
+            g.data[o] += src.data[flat];
+        }
+    }
+    g
 }

@@ -146,6 +146,10 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
     }
     for (leaf, g) in leaves {
         if let Some(g) = g {
+            let g = match (leaf.autograd().grad_layout(), g.placement()) {
+                (Some(nd), Some(p)) => g.to_global(p, nd)?,
+                _ => g,
+            };
             let mut slot = leaf.grad();
             accumulate(&mut slot, g.detach())?;
             leaf.autograd().set_grad(slot);

@@ -6,6 +6,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use oxiflow_sbp::NdSbp;
+
 use super::node::Node;
 use crate::Tensor;
 
@@ -15,6 +17,7 @@ pub struct AutogradMeta {
     requires_grad: AtomicBool,
     grad: Mutex<Option<Tensor>>,
     grad_fn: Mutex<Option<Arc<Node>>>,
+    grad_layout: Mutex<Option<NdSbp>>,
 }
 
 impl AutogradMeta {
@@ -37,6 +40,16 @@ impl AutogradMeta {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+    /// The nd-SBP a leaf's gradient is boxed to as it accumulates (None: as it comes).
+    pub fn grad_layout(&self) -> Option<NdSbp> {
+        self.grad_layout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub(crate) fn set_grad_layout(&self, nd: Option<NdSbp>) {
+        *self.grad_layout.lock().unwrap_or_else(|e| e.into_inner()) = nd;
     }
     pub(crate) fn set_grad_fn(&self, f: Option<Arc<Node>>) {
         *self.grad_fn.lock().unwrap_or_else(|e| e.into_inner()) = f;

@@ -18,6 +18,7 @@
 mod engine;
 mod meta;
 mod node;
+mod recompute;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use oxiflow_sbp::NdSbp;
 
 pub use meta::AutogradMeta;
 pub use node::Node;
+pub use recompute::recompute;
 
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorImpl};
@@ -89,6 +91,25 @@ impl Tensor {
     /// The accumulated gradient of a leaf.
     pub fn grad(&self) -> Option<Tensor> {
         self.autograd().grad()
+    }
+    /// Boxes this leaf's gradient to `nd_sbp` (on its own placement) as each backward pass
+    /// accumulates it, e.g. a data-parallel partial sum reduce-scattered straight into a shard
+    /// (ZeRO-2). Checked against the tensor's shape and placement before any backward runs.
+    pub fn set_grad_layout(&self, nd_sbp: NdSbp) -> Result<()> {
+        let Some(layout) = self.layout() else {
+            return Err(crate::TensorError::Autograd {
+                op: "set_grad_layout",
+                detail: format!("{} is not global", self.describe()),
+            });
+        };
+        layout
+            .with_nd_sbp(nd_sbp.clone())
+            .map_err(|e| crate::TensorError::Autograd {
+                op: "set_grad_layout",
+                detail: format!("{} cannot take {nd_sbp}: {e}", self.describe()),
+            })?;
+        self.autograd().set_grad_layout(Some(nd_sbp));
+        Ok(())
     }
     /// Clears the accumulated gradient.
     pub fn zero_grad(&self) {

@@ -11,6 +11,7 @@ use crate::tensor::Tensor;
 use crate::Result;
 
 use super::is_grad_enabled;
+use super::recompute::{self, Block};
 
 /// What a node differentiates.
 #[derive(Clone, Debug)]
@@ -19,6 +20,8 @@ pub(crate) enum NodeKind {
     Op(Op),
     /// `to_global` to (placement, nd-SBP): the identity on values.
     ToGlobal { nd_sbp: NdSbp },
+    /// A block run again in the backward pass (see `recompute`).
+    Recompute(Block),
 }
 
 /// One recorded op: its inputs (the graph's edges), a detached copy of its output, and which
@@ -42,14 +45,19 @@ impl Node {
         match &self.kind {
             NodeKind::Op(op) => op.name(),
             NodeKind::ToGlobal { .. } => "to_global",
+            NodeKind::Recompute(_) => "recompute",
         }
     }
     /// Input gradients given the gradient `dy` of the output (None where not needed).
     pub(crate) fn backward(&self, dy: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        if let NodeKind::Recompute(block) = &self.kind {
+            return recompute::backward(block, &self.inputs, &self.needs, dy);
+        }
         let x: Vec<Tensor> = self.inputs.iter().map(Tensor::detach).collect();
         match &self.kind {
             NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(&x[0], dy, nd_sbp)?)]),
             NodeKind::Op(op) => op.backward(&Grad::new(&x, &self.output, dy, &self.needs)),
+            NodeKind::Recompute(_) => Ok(vec![None; x.len()]),
         }
     }
 }
@@ -58,15 +66,14 @@ fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64)
 }
 
-fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor) {
-    if !inputs.iter().any(|t| t.requires_grad()) {
-        return;
-    }
+/// Makes `kind` `output`'s node when an input requires a (float) gradient, or always when
+/// `always` (a recompute block whose captured parameters require one).
+pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor, always: bool) {
     let needs: Vec<bool> = inputs
         .iter()
         .map(|t| t.requires_grad() && is_float(t.dtype()))
         .collect();
-    if !needs.iter().any(|&b| b) || !is_float(output.dtype()) {
+    if !(always || needs.iter().any(|&b| b)) || !is_float(output.dtype()) {
         return;
     }
     let node = Node {
@@ -82,7 +89,7 @@ fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor) {
 /// Records `op` as `output`'s node when grad mode is on and an input requires a gradient.
 pub(crate) fn record_op(op: Op, inputs: &[&Tensor], output: &Tensor) {
     if is_grad_enabled() {
-        attach(NodeKind::Op(op), inputs, output);
+        attach(NodeKind::Op(op), inputs, output, false);
     }
 }
 
@@ -91,7 +98,7 @@ pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) 
         let kind = NodeKind::ToGlobal {
             nd_sbp: nd_sbp.clone(),
         };
-        attach(kind, &[input], output);
+        attach(kind, &[input], output, false);
     }
 }
 

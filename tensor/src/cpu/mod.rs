@@ -2,15 +2,20 @@
 //! large arrays, matrixmultiply), one file per family, each implementing that family's kernel
 //! trait for [`CpuBackend`].
 
+mod attention;
+mod dropout;
 mod elementwise;
 mod embedding;
+mod gather;
 mod layout;
 mod loss;
+mod mask;
 mod matmul;
 mod norm;
 mod piece;
 mod reduction;
 mod rms_norm;
+mod rotary;
 mod softmax;
 
 use ndarray::{ArrayD, ArrayView2};

@@ -1,4 +1,4 @@
-//! Reduction CPU kernels: sum/mean/max over dims and sum-to-shape (the reverse of
+//! Reduction CPU kernels: sum/mean/max/min over dims and sum-to-shape (the reverse of
 //! broadcasting).
 
 use ndarray::{ArrayD, Axis, IxDyn};
@@ -8,26 +8,31 @@ use crate::element::TensorElement;
 use crate::op::{OutSpec, ReductionKernels};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
+use oxiflow_sbp::ReduceKind;
 
 fn reduce_dims<T: TensorElement>(
     a: &ArrayD<T>,
     dims: &[usize],
     keepdim: bool,
-    max: bool,
+    kind: ReduceKind,
 ) -> ArrayD<T> {
     let mut sorted: Vec<usize> = dims.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
     let mut out = a.clone();
     for &d in sorted.iter().rev() {
-        out = if max {
-            out.fold_axis(
+        out = match kind {
+            ReduceKind::Max => out.fold_axis(
                 Axis(d),
                 T::lowest(),
                 |&acc, &x| if x > acc { x } else { acc },
-            )
-        } else {
-            out.sum_axis(Axis(d))
+            ),
+            ReduceKind::Min => out.fold_axis(
+                Axis(d),
+                T::highest(),
+                |&acc, &x| if x < acc { x } else { acc },
+            ),
+            ReduceKind::Sum | ReduceKind::Mean => out.sum_axis(Axis(d)),
         };
         if keepdim {
             out = out.insert_axis(Axis(d));
@@ -36,12 +41,12 @@ fn reduce_dims<T: TensorElement>(
     out
 }
 
-/// Sum (or max) over `dims`.
-pub fn reduce(a: &CpuArray, dims: &[usize], keepdim: bool, max: bool) -> CpuArray {
+/// Sum, max or min over `dims` (a mean here is the sum).
+pub fn reduce(a: &CpuArray, dims: &[usize], keepdim: bool, kind: ReduceKind) -> CpuArray {
     match a {
-        CpuArray::F32(a) => CpuArray::F32(reduce_dims(a, dims, keepdim, max)),
-        CpuArray::F64(a) => CpuArray::F64(reduce_dims(a, dims, keepdim, max)),
-        CpuArray::I64(a) => CpuArray::I64(reduce_dims(a, dims, keepdim, max)),
+        CpuArray::F32(a) => CpuArray::F32(reduce_dims(a, dims, keepdim, kind)),
+        CpuArray::F64(a) => CpuArray::F64(reduce_dims(a, dims, keepdim, kind)),
+        CpuArray::I64(a) => CpuArray::I64(reduce_dims(a, dims, keepdim, kind)),
     }
 }
 
@@ -53,7 +58,7 @@ pub fn mean(a: &CpuArray, dims: &[usize], keepdim: bool, count: usize) -> Result
         count
     };
     let inv = 1.0 / count as f64;
-    Ok(match reduce(a, dims, keepdim, false) {
+    Ok(match reduce(a, dims, keepdim, ReduceKind::Sum) {
         CpuArray::F32(s) => CpuArray::F32(s * inv as f32),
         CpuArray::F64(s) => CpuArray::F64(s * inv),
         CpuArray::I64(_) => {
@@ -72,7 +77,7 @@ pub fn sum_to_shape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
     let dims: Vec<usize> = (0..s.len())
         .filter(|&d| d < lead || (shape[d - lead] == 1 && s[d] != 1))
         .collect();
-    let r = reduce(a, &dims, true, false);
+    let r = reduce(a, &dims, true, ReduceKind::Sum);
     fn reshape<T: TensorElement>(a: ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
         a.into_shape_with_order(IxDyn(shape)).ok()
     }
@@ -98,11 +103,14 @@ impl ReductionKernels for CpuBackend {
     ) -> Result<CpuArray> {
         match count {
             Some(count) => checked("mean", mean(x, dims, keepdim, count)?, out),
-            None => checked("sum", reduce(x, dims, keepdim, false), out),
+            None => checked("sum", reduce(x, dims, keepdim, ReduceKind::Sum), out),
         }
     }
     fn max(&self, x: &CpuArray, dims: &[usize], keepdim: bool, out: &OutSpec) -> Result<CpuArray> {
-        checked("max", reduce(x, dims, keepdim, true), out)
+        checked("max", reduce(x, dims, keepdim, ReduceKind::Max), out)
+    }
+    fn min(&self, x: &CpuArray, dims: &[usize], keepdim: bool, out: &OutSpec) -> Result<CpuArray> {
+        checked("min", reduce(x, dims, keepdim, ReduceKind::Min), out)
     }
     fn sum_to_shape(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
         checked("sum_to_shape", sum_to_shape(x, out.shape.dims())?, out)

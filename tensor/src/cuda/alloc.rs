@@ -226,6 +226,7 @@ impl Block {
             }
         };
         let ptr = mem.ptr(&rt.stream);
+        crate::memory::device_alloc(cap);
         Ok(Block {
             mem: Some(mem),
             ptr,
@@ -270,6 +271,7 @@ impl DeviceFence for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(s) = self.mem.take() {
+            crate::memory::device_free(self.cap);
             let fences = std::mem::take(&mut *lock(&self.fences));
             self.rt.pool.put(self.cap, s, fences, &self.rt);
         }

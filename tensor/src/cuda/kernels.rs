@@ -153,10 +153,12 @@ fn names() -> Vec<String> {
             "layer_norm_bw",
             "cross_entropy",
             "cross_entropy_bw",
-            "embedding",
-            "embedding_bw",
+            "put",
+            "rotary",
             "unary",
             "scalar",
+            "dropout",
+            "attn_softmax",
         ] {
             v.push(format!("{k}_{t}"));
         }
@@ -169,6 +171,9 @@ fn names() -> Vec<String> {
             "fill",
             "create",
             "reduce_rows",
+            "take",
+            "where",
+            "triangular",
         ] {
             v.push(format!("{k}_{t}"));
         }

@@ -23,8 +23,12 @@ __device__ __forceinline__ double m_pow(double x, double c) { return pow(x, c); 
 __device__ __forceinline__ float  m_lowest(float)  { return -3.402823466e+38f; }
 __device__ __forceinline__ double m_lowest(double) { return -1.7976931348623157e+308; }
 __device__ __forceinline__ i64    m_lowest(i64)    { return (i64)0x8000000000000000LL; }
+__device__ __forceinline__ float  m_highest(float)  { return 3.402823466e+38f; }
+__device__ __forceinline__ double m_highest(double) { return 1.7976931348623157e+308; }
+__device__ __forceinline__ i64    m_highest(i64)    { return (i64)0x7fffffffffffffffLL; }
 __device__ __forceinline__ float  m_nan(float)  { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double m_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ __forceinline__ i64    m_nan(i64)    { return 0; }
 
 template <typename T> __device__ T un_f(int op, T x) {
     const T zero = (T)0, one = (T)1, half = (T)0.5;
@@ -150,23 +154,21 @@ extern "C" __global__ void copy_rows_v16(i64 batch, i64 rows, i64 run, const uin
 
 template <typename T> __device__ void fill_t(i64 n, T v, T* y) { GRID_LOOP(i, n) y[i] = v; }
 
-// Row reduction of a contiguous [rows, len] array: one block per row (grid-stride over rows).
-template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int is_max, double scale, const T* x, T* y) {
+// Row reduction of a contiguous [rows, len] array: one block per row (grid-stride over rows);
+// mode 0 sums, 1 takes the max, 2 the min.
+template <typename T> __device__ T combine_t(int mode, T a, T b) {
+    return mode == 1 ? (b > a ? b : a) : mode == 2 ? (b < a ? b : a) : a + b;
+}
+template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int mode, double scale, const T* x, T* y) {
     __shared__ T sh[256];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        T acc = is_max ? m_lowest((T)0) : (T)0;
+        T acc = mode == 1 ? m_lowest((T)0) : mode == 2 ? m_highest((T)0) : (T)0;
         const T* row = x + r * len;
-        for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
-            T v = row[j];
-            acc = is_max ? (v > acc ? v : acc) : acc + v;
-        }
+        for (i64 j = threadIdx.x; j < len; j += blockDim.x) acc = combine_t(mode, acc, row[j]);
         sh[threadIdx.x] = acc;
         __syncthreads();
         for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s) {
-                T o = sh[threadIdx.x + s], m = sh[threadIdx.x];
-                sh[threadIdx.x] = is_max ? (o > m ? o : m) : m + o;
-            }
+            if (threadIdx.x < s) sh[threadIdx.x] = combine_t(mode, sh[threadIdx.x], sh[threadIdx.x + s]);
             __syncthreads();
         }
         if (threadIdx.x == 0) y[r] = scale == 1.0 ? sh[0] : (T)(sh[0] * (T)scale);
@@ -253,16 +255,49 @@ template <typename T> __device__ void cross_entropy_bw_t(i64 rows, i64 c, const 
     }
 }
 
-template <typename T> __device__ void embedding_t(i64 n, i64 h, i64 v, const i64* ids, const T* w, T* y) {
-    GRID_LOOP(i, n * h) {
-        i64 id = ids[i / h];
-        y[i] = (id < 0 || id >= v) ? m_nan((T)0) : w[id * h + (i % h)];
+// Reads along a dim at indices: output element l = (o, j, i) of [outer, nidx, inner] reads
+// x[o, id - start, i] of x [outer, nx, inner], id = idx[l] (per_elem: torch.gather) or idx[j]
+// (index-select, embedding). Ids of other ranks' positions read 0; ids outside 0..total read
+// NaN (0 for i64): the CPU kernel's typed error cannot be raised without a sync.
+template <typename T> __device__ void take_t(i64 n, i64 nidx, i64 inner, i64 nx, i64 start, i64 total, int per_elem, const T* x, const i64* idx, T* y) {
+    GRID_LOOP(l, n) {
+        i64 j = (l / inner) % nidx, o = l / (inner * nidx), i = l % inner;
+        i64 id = per_elem ? idx[l] : idx[j], r = id - start;
+        y[l] = (id < 0 || id >= total) ? m_nan((T)0) : (r >= 0 && r < nx) ? x[(o * nx + r) * inner + i] : (T)0;
     }
 }
-template <typename T> __device__ void embedding_bw_t(i64 n, i64 h, i64 v, const i64* ids, const T* g, T* dw) {
-    GRID_LOOP(i, n * h) {
-        i64 id = ids[i / h];
-        if (id >= 0 && id < v) atomicAdd(&dw[id * h + (i % h)], g[i]);
+// The scatter-add of take_t's gradient: src element l adds into y[o, id - start, i] of
+// y [outer, ny, inner] when id is this rank's (y zeroed by the caller).
+template <typename T> __device__ void put_t(i64 n, i64 nidx, i64 inner, i64 ny, i64 start, i64 total, int per_elem, const i64* idx, const T* src, T* y) {
+    GRID_LOOP(l, n) {
+        i64 j = (l / inner) % nidx, o = l / (inner * nidx), i = l % inner;
+        i64 id = per_elem ? idx[l] : idx[j], r = id - start;
+        if (id >= 0 && id < total && r >= 0 && r < ny) atomicAdd(&y[(o * ny + r) * inner + i], src[l]);
+    }
+}
+
+// Element-wise selection on contiguous arrays of one shape: y = c != 0 ? a : b.
+template <typename T> __device__ void where_t(i64 n, const double* c, const T* a, const T* b, T* y) {
+    GRID_LOOP(i, n) y[i] = c[i] != 0.0 ? a[i] : b[i];
+}
+// Triangular mask of [.., rows, cols] pieces whose corner is global (r0, c0): keeps
+// col - row >= k (upper) or <= k (lower), zeros elsewhere.
+template <typename T> __device__ void triangular_t(i64 n, i64 rows, i64 cols, i64 r0, i64 c0, i64 k, int upper, const T* x, T* y) {
+    GRID_LOOP(i, n) {
+        i64 d = (c0 + i % cols) - (r0 + (i / cols) % rows);
+        y[i] = (upper ? d >= k : d <= k) ? x[i] : (T)0;
+    }
+}
+// Rotary embedding: the last dim (d, even) holds pairs (j, j + d/2) rotated by
+// pos * base^(-2j/d), pos = pos0 + the index along the sequence dim (t long, `inner`
+// elements apart); sign -1 rotates back.
+template <typename T> __device__ void rotary_t(i64 n, i64 d, i64 t, i64 inner, i64 pos0, double base, double sign, const T* x, T* y) {
+    GRID_LOOP(l, n) {
+        i64 j = l % d, h = d / 2, i = j % h;
+        double pos = (double)(pos0 + (l / inner) % t);
+        double a = pos * pow(base, -2.0 * (double)i / (double)d);
+        T s = (T)(sign * sin(a)), c = (T)cos(a);
+        y[l] = j < h ? x[l] * c - x[l + h] * s : x[l - h] * s + x[l] * c;
     }
 }
 
@@ -300,17 +335,30 @@ __device__ void philox_u32(i64 nblocks, unsigned c0, unsigned c1, unsigned c2, u
     }
 }
 
+// Uniform in [0, 1) with 53 bits from Philox words, as rng::uniform.
+__device__ __forceinline__ double uniform53(const unsigned x[4]) {
+    unsigned long long bits = ((unsigned long long)x[0] << 21) ^ (unsigned long long)(x[1] >> 11);
+    return (double)(bits & ((1ULL << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+// Global row-major index of element `l` of a region: extents p.shape, global strides p.s0,
+// region start `base`.
+__device__ __forceinline__ i64 region_index(i64 l, i64 base, const Nd& p) {
+    i64 rem = l, g = base;
+    for (int d = p.ndim - 1; d >= 0; --d) {
+        i64 c = rem % p.shape[d]; rem /= p.shape[d];
+        g += c * p.s0[d];
+    }
+    return g;
+}
+
 // Creation ops on the device, as tensor/src/creation.rs computes them on the host: element `l`
 // of a region (extents p.shape, global strides p.s0) of a tensor, from its global row-major
 // index g = base + sum(coord * s0): kind 0 full (a), 1 arange (a + b g), 2 uniform and
 // 3 normal (Philox of counter (g, g >> 32, 0, 0) under key (k0, k1); rng::uniform, rng::normal).
 template <typename T> __device__ void create_t(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) {
     GRID_LOOP(l, n) {
-        i64 rem = l, g = base;
-        for (int d = p.ndim - 1; d >= 0; --d) {
-            i64 c = rem % p.shape[d]; rem /= p.shape[d];
-            g += c * p.s0[d];
-        }
+        i64 g = region_index(l, base, p);
         double v;
         if (kind == 0) v = a;
         else if (kind == 1) v = a + b * (double)g;
@@ -319,8 +367,7 @@ template <typename T> __device__ void create_t(i64 n, int kind, double a, double
             unsigned x[4] = {(unsigned)u, (unsigned)(u >> 32), 0u, 0u};
             philox4(x, k0, k1);
             if (kind == 2) {
-                unsigned long long bits = ((unsigned long long)x[0] << 21) ^ (unsigned long long)(x[1] >> 11);
-                v = (double)(bits & ((1ULL << 53) - 1)) * (1.0 / 9007199254740992.0);
+                v = uniform53(x);
             } else {
                 double u1 = ((double)x[0] + 1.0) / 4294967296.0;
                 double u2 = (double)x[1] / 4294967296.0;
@@ -328,6 +375,35 @@ template <typename T> __device__ void create_t(i64 n, int kind, double a, double
             }
         }
         y[l] = (T)v;
+    }
+}
+
+// Dropout of a contiguous piece (a region of the global tensor, as create_t): element l is
+// kept, times `scale`, when rng::uniform(seed, global index) >= pd (seed = (k0, k1)), else 0.
+template <typename T> __device__ void dropout_t(i64 n, double pd, double scale, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) {
+    GRID_LOOP(l, n) {
+        unsigned long long u = (unsigned long long)region_index(l, base, p);
+        unsigned w[4] = {(unsigned)u, (unsigned)(u >> 32), 0u, 0u};
+        philox4(w, k0, k1);
+        y[l] = uniform53(w) >= pd ? x[l] * (T)scale : (T)0;
+    }
+}
+
+// Attention probabilities from [rows, s] scores (rows = B * H * t): softmax of scores * scale
+// per row; with `causal` row r (query r % t) covers columns 0..=r % t and the rest become 0.
+template <typename T> __device__ void attn_softmax_t(i64 rows, i64 t, i64 s, double scale, int causal, const T* x, T* y) {
+    GRID_LOOP(r, rows) {
+        const T* xr = x + r * s; T* yr = y + r * s;
+        i64 live = causal ? (r % t) + 1 : s;
+        if (live > s) live = s;
+        T sc = (T)scale, m = m_lowest((T)0);
+        for (i64 j = 0; j < live; ++j) { T v = xr[j] * sc; m = v > m ? v : m; }
+        if (m == m_lowest((T)0)) m = (T)0;
+        T sum = (T)0;
+        for (i64 j = 0; j < live; ++j) sum += m_exp(xr[j] * sc - m);
+        T inv = (T)1 / sum;
+        for (i64 j = 0; j < live; ++j) yr[j] = m_exp(xr[j] * sc - m) * inv;
+        for (i64 j = live; j < s; ++j) yr[j] = (T)0;
     }
 }
 
@@ -348,10 +424,12 @@ extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x,
 extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* g, T* dx) { layer_norm_bw_t<T>(r, h, e, x, w, g, dx); } \
 extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
 extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
-extern "C" __global__ void embedding_##NAME(i64 n, i64 h, i64 v, const i64* ids, const T* w, T* y) { embedding_t<T>(n, h, v, ids, w, y); } \
-extern "C" __global__ void embedding_bw_##NAME(i64 n, i64 h, i64 v, const i64* ids, const T* g, T* dw) { embedding_bw_t<T>(n, h, v, ids, g, dw); } \
+extern "C" __global__ void rotary_##NAME(i64 n, i64 d, i64 t, i64 in, i64 p0, double b, double sg, const T* x, T* y) { rotary_t<T>(n, d, t, in, p0, b, sg, x, y); } \
+extern "C" __global__ void put_##NAME(i64 n, i64 ni, i64 in, i64 ny, i64 st, i64 tot, int pe, const i64* idx, const T* s, T* y) { put_t<T>(n, ni, in, ny, st, tot, pe, idx, s, y); } \
 extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary_t<T>(n, op, x, y); } \
-extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); }
+extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); } \
+extern "C" __global__ void dropout_##NAME(i64 n, double pd, double sc, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) { dropout_t<T>(n, pd, sc, k0, k1, base, p, x, y); } \
+extern "C" __global__ void attn_softmax_##NAME(i64 r, i64 t, i64 s, double sc, int causal, const T* x, T* y) { attn_softmax_t<T>(r, t, s, sc, causal, x, y); }
 
 #define INST_ALL(NAME, T) \
 extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const T* b, T* y) { binary_t<T>(n, op, p, a, b, y); } \
@@ -359,7 +437,10 @@ extern "C" __global__ void copy_nd_##NAME(i64 n, int op, Nd p, const T* s, i64 s
 extern "C" __global__ void copy_rows_##NAME(i64 batch, i64 rows, i64 run, int op, const T* s, i64 so, i64 bs, i64 ss, T* d, i64 dof, i64 bd, i64 ds) { copy_rows_t<T>(batch, rows, run, op, s, so, bs, ss, d, dof, bd, ds); } \
 extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); } \
 extern "C" __global__ void create_##NAME(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) { create_t<T>(n, kind, a, b, k0, k1, base, p, y); } \
-extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); }
+extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); } \
+extern "C" __global__ void where_##NAME(i64 n, const double* c, const T* a, const T* b, T* y) { where_t<T>(n, c, a, b, y); } \
+extern "C" __global__ void triangular_##NAME(i64 n, i64 r, i64 c, i64 r0, i64 c0, i64 k, int up, const T* x, T* y) { triangular_t<T>(n, r, c, r0, c0, k, up, x, y); } \
+extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i64 tot, int pe, const T* x, const i64* idx, T* y) { take_t<T>(n, ni, in, nx, st, tot, pe, x, idx, y); }
 
 INST(f32, float)
 INST(f64, double)

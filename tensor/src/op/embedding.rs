@@ -1,12 +1,16 @@
 //! Embedding lookup (rows of a weight at integer ids) and its weight gradient (scatter-add).
+//! The weight may be split on the vocabulary (S(0)): each rank looks up the ids inside its
+//! rows and gives zero rows for the others (a partial sum), and the gradient of a split weight
+//! comes out split the same way.
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
+use super::gather::{split_on, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec,
+    need_float, need_i64, shape_rule, Backend, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, OutSpec,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -15,25 +19,32 @@ use crate::Result;
 /// The embedding family. Inputs: (ids [..] i64, weight [V, H]) and (ids [..], dy [.., H]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum EmbeddingOp {
-    /// -> [.., H]
-    Lookup,
-    /// -> dweight [num, H]; `local` gives each rank its piece's row count.
-    Backward { num: usize },
+    /// -> [.., H]; `shard`: the weight rows this rank holds (set by `local`).
+    Lookup { shard: IndexShard },
+    /// -> dweight [num, H]; `vocab_split`: the weight is split on the vocabulary, so a split
+    /// gradient is preferred; `shard`: the dweight rows this rank holds (set by `local`).
+    Backward {
+        num: usize,
+        vocab_split: bool,
+        shard: IndexShard,
+    },
 }
 
-/// Embedding kernels of a backend. Ids out of range are a typed error.
+/// Embedding kernels of a backend. Ids outside `0..shard.total` are a typed error; ids of other
+/// ranks' rows give zero rows (lookup) or are skipped (backward).
 pub trait EmbeddingKernels: KernelBackend {
     fn embedding(
         &self,
         ids: &Self::Piece,
         weight: &Self::Piece,
+        shard: IndexShard,
         out: &OutSpec,
     ) -> Result<Self::Piece>;
     fn embedding_backward(
         &self,
         ids: &Self::Piece,
         dy: &Self::Piece,
-        num: usize,
+        shard: IndexShard,
         out: &OutSpec,
     ) -> Result<Self::Piece>;
 }
@@ -41,7 +52,7 @@ pub trait EmbeddingKernels: KernelBackend {
 impl OpFamily for EmbeddingOp {
     fn name(&self) -> &'static str {
         match self {
-            EmbeddingOp::Lookup => "embedding",
+            EmbeddingOp::Lookup { .. } => "embedding",
             EmbeddingOp::Backward { .. } => "embedding_backward",
         }
     }
@@ -58,46 +69,67 @@ impl OpFamily for EmbeddingOp {
     ) -> std::result::Result<Inferred, MetaError> {
         need_i64(d[0], "ids")?;
         match self {
-            EmbeddingOp::Lookup => {
+            EmbeddingOp::Lookup { .. } => {
                 need_float(d[1], "weight")?;
                 Ok(Inferred::new(
                     shape_rule(rules::embedding(s[0], s[1], mode))?,
                     d[1],
                 ))
             }
-            EmbeddingOp::Backward { num } => {
+            EmbeddingOp::Backward {
+                num, vocab_split, ..
+            } => {
                 need_float(d[1], "dy")?;
                 Ok(Inferred::new(
-                    shape_rule(rules::embedding_backward(*num, s[0], s[1], mode))?,
+                    shape_rule(rules::embedding_backward(
+                        *num,
+                        s[0],
+                        s[1],
+                        *vocab_split,
+                        mode,
+                    ))?,
                     d[1],
                 ))
             }
         }
     }
 
-    fn local(&self, _global_inputs: &[&Shape], out_local: &Shape) -> Option<Self> {
-        match self {
-            EmbeddingOp::Backward { .. } => Some(EmbeddingOp::Backward {
-                num: out_local.dim(0),
-            }),
-            EmbeddingOp::Lookup => None,
-        }
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+        Some(match self {
+            EmbeddingOp::Backward { vocab_split, .. } => EmbeddingOp::Backward {
+                num: at.out_local.dim(0),
+                vocab_split: *vocab_split,
+                shard: IndexShard::of_output(at, 0),
+            },
+            EmbeddingOp::Lookup { .. } => EmbeddingOp::Lookup {
+                shard: IndexShard::of_input(at, 1, 0),
+            },
+        })
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
-        match self {
-            EmbeddingOp::Lookup => b.embedding(x[0], x[1], out),
-            EmbeddingOp::Backward { num } => b.embedding_backward(x[0], x[1], *num, out),
+        match *self {
+            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, out),
+            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, out),
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         match self {
-            EmbeddingOp::Lookup => {
-                let num = g.x[1].shape().dim(0);
+            EmbeddingOp::Lookup { .. } => {
+                let w = &g.x[1];
+                let op = EmbeddingOp::Backward {
+                    num: w.shape().dim(0),
+                    vocab_split: split_on(w, 0),
+                    shard: IndexShard::default(),
+                };
                 Ok(vec![
                     None,
-                    g.when(1, || Tensor::embedding_backward(&g.x[0], g.dy, num))?,
+                    g.when(1, || {
+                        let dy = broadcast_where_vocab_split(g.dy, w)?;
+                        let dw = dispatch(op.into(), &[&g.x[0], &dy])?;
+                        unsplit_where_weight_whole(dw, w)
+                    })?,
                 ])
             }
             EmbeddingOp::Backward { .. } => Err(Grad::unsupported(
@@ -109,12 +141,57 @@ impl OpFamily for EmbeddingOp {
 }
 
 impl Tensor {
-    /// Rows of `weight [V, H]` at `ids [..]` (i64) -> `[.., H]`.
+    /// Rows of `weight [V, H]` at `ids [..]` (i64) -> `[.., H]`. A global weight may be split
+    /// on the vocabulary (S(0)); with ids B the output is then P(sum).
     pub fn embedding(ids: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        dispatch(EmbeddingOp::Lookup.into(), &[ids, weight])
+        let shard = IndexShard::default();
+        dispatch(EmbeddingOp::Lookup { shard }.into(), &[ids, weight])
     }
     /// Weight gradient `[num, H]` of an embedding lookup: scatter-add of dy rows at ids.
     pub fn embedding_backward(ids: &Tensor, dy: &Tensor, num: usize) -> Result<Tensor> {
-        dispatch(EmbeddingOp::Backward { num }.into(), &[ids, dy])
+        let op = EmbeddingOp::Backward {
+            num,
+            vocab_split: false,
+            shard: IndexShard::default(),
+        };
+        dispatch(op.into(), &[ids, dy])
     }
+}
+
+/// `dy` made B on the mesh axes where the weight `w` is split on the vocabulary (a reduction
+/// of `[.., H]` when it is partial there), so the gradient comes out in the weight's split
+/// without moving dweight.
+fn broadcast_where_vocab_split(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (Some(p), Some(ws), Some(ds)) = (w.placement(), w.nd_sbp(), dy.nd_sbp()) else {
+        return Ok(dy.clone());
+    };
+    let target = NdSbp::new(
+        ws.iter()
+            .zip(ds.iter())
+            .map(|(a, d)| if a == Sbp::S(0) { Sbp::B } else { d }),
+    );
+    if &target == ds {
+        return Ok(dy.clone());
+    }
+    dy.to_global(p, target)
+}
+
+/// `dw` with its vocabulary split (S(0)) undone on the mesh axes where the weight `w` is not
+/// split that way: with ids and dy B on such an axis the split and the whole gradient tie in
+/// signature inference, and the split one is listed first for the axes that need it.
+fn unsplit_where_weight_whole(dw: Tensor, w: &Tensor) -> Result<Tensor> {
+    let (Some(p), Some(ws), Some(gs)) = (w.placement(), w.nd_sbp(), dw.nd_sbp()) else {
+        return Ok(dw);
+    };
+    let target = NdSbp::new(ws.iter().zip(gs.iter()).map(|(a, g)| {
+        if g == Sbp::S(0) && a != Sbp::S(0) {
+            a
+        } else {
+            g
+        }
+    }));
+    if &target == gs {
+        return Ok(dw);
+    }
+    dw.to_global(p, target)
 }

@@ -5,8 +5,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{zeros_on, Grad};
 use super::{
-    dim_ok, norm_dim, same_dtype, shape_rule, Backend, Dims, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec,
+    dim_ok, norm_dim, same_dtype, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, OutSpec,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -96,10 +96,10 @@ impl OpFamily for LayoutOp {
         Ok(Inferred::new(shape_rule(r)?, d[0]))
     }
 
-    fn local(&self, _global_inputs: &[&Shape], out_local: &Shape) -> Option<Self> {
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
         match self {
             LayoutOp::Reshape { .. } => Some(LayoutOp::Reshape {
-                shape: out_local.clone(),
+                shape: at.out_local.clone(),
             }),
             _ => None,
         }

@@ -1,14 +1,18 @@
 //! Per-sample cross-entropy of logits `[N, C]` against i64 labels `[N]`, and its logits gradient.
+//! Logits split on the classes take the vocabulary-parallel path, composed of ops that reduce
+//! only `[N, 1]` partials, so the logits are never gathered.
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 
+use super::gather::{split_on, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec,
+    need_float, need_i64, shape_rule, Backend, BinaryOp, Inferred, KernelBackend, LocalAt,
+    MetaError, Op, OpFamily, OutSpec, UnaryOp,
 };
-use crate::dispatch::dispatch;
+use crate::autograd::no_grad;
+use crate::dispatch::{dispatch, meta_err};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -17,6 +21,17 @@ use crate::Result;
 pub enum LossOp {
     CrossEntropy,
     CrossEntropyBackward,
+    /// (logits [N, C], labels [N, 1], lse [N, 1]) -> `lse - logits[label]` [N, 1], logits split
+    /// on the classes allowed (a P(sum) output: the rank holding class 0 adds lse, every rank
+    /// subtracts the target logits it holds); `shard`: this rank's classes (set by `local`).
+    VocabParallel {
+        shard: IndexShard,
+    },
+    /// (logits, labels [N, 1], lse [N, 1], dy [N, 1]) -> `dy (exp(logits - lse) - onehot)`,
+    /// computed on each class shard.
+    VocabParallelBackward {
+        shard: IndexShard,
+    },
 }
 
 /// Loss kernels of a backend. Labels out of range are a typed error.
@@ -41,13 +56,16 @@ impl OpFamily for LossOp {
         match self {
             LossOp::CrossEntropy => "cross_entropy",
             LossOp::CrossEntropyBackward => "cross_entropy_backward",
+            LossOp::VocabParallel { .. } => "vocab_parallel_cross_entropy",
+            LossOp::VocabParallelBackward { .. } => "vocab_parallel_cross_entropy_backward",
         }
     }
 
     fn arity(&self) -> (usize, usize) {
         match self {
             LossOp::CrossEntropy => (2, 2),
-            LossOp::CrossEntropyBackward => (3, 3),
+            LossOp::CrossEntropyBackward | LossOp::VocabParallel { .. } => (3, 3),
+            LossOp::VocabParallelBackward { .. } => (4, 4),
         }
     }
 
@@ -59,6 +77,13 @@ impl OpFamily for LossOp {
     ) -> std::result::Result<Inferred, MetaError> {
         need_float(d[0], "logits")?;
         need_i64(d[1], "labels")?;
+        if d[2..].iter().any(|&t| t != d[0]) {
+            return Err(MetaError::DType(format!(
+                "lse and dy must have the logits' dtype {}, got {:?}",
+                d[0],
+                &d[2..]
+            )));
+        }
         let r = match self {
             LossOp::CrossEntropy => rules::cross_entropy(s[0], s[1], mode),
             LossOp::CrossEntropyBackward => {
@@ -70,14 +95,41 @@ impl OpFamily for LossOp {
                 }
                 rules::cross_entropy_backward(s, mode)
             }
+            LossOp::VocabParallel { .. } | LossOp::VocabParallelBackward { .. } => {
+                return Ok(Inferred::new(vocab_parallel_rules(s, mode)?, d[0]))
+            }
         };
         Ok(Inferred::new(shape_rule(r)?, d[0]))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+        let shard = IndexShard::of_input(at, 0, 1);
         match self {
+            LossOp::VocabParallel { .. } => Some(LossOp::VocabParallel { shard }),
+            LossOp::VocabParallelBackward { .. } => Some(LossOp::VocabParallelBackward { shard }),
+            _ => None,
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match *self {
             LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], out),
             LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], out),
+            LossOp::VocabParallel { shard } => {
+                let target = b.gather(x[0], x[1], 1, shard, out)?;
+                if shard.start == 0 {
+                    b.binary(BinaryOp::Sub, x[2], &target, out)
+                } else {
+                    b.unary(UnaryOp::Neg, &target, out)
+                }
+            }
+            LossOp::VocabParallelBackward { shard } => {
+                let p = b.binary(BinaryOp::Sub, x[0], x[2], out)?;
+                let p = b.unary(UnaryOp::Exp, &p, out)?;
+                let p = b.binary(BinaryOp::Mul, &p, x[3], out)?;
+                let onehot = b.scatter_add(x[1], x[3], 1, shard, out)?;
+                b.binary(BinaryOp::Sub, &p, &onehot, out)
+            }
         }
     }
 
@@ -87,21 +139,104 @@ impl OpFamily for LossOp {
                 g.when(0, || Tensor::cross_entropy_backward(&g.x[0], &g.x[1], g.dy))?,
                 None,
             ]),
-            LossOp::CrossEntropyBackward => Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            )),
+            // lse is the logits' log-sum-exp, so the whole logits gradient is here.
+            LossOp::VocabParallel { .. } => {
+                let op = LossOp::VocabParallelBackward {
+                    shard: IndexShard::default(),
+                };
+                Ok(vec![
+                    g.when(0, || {
+                        let dy = to_row_layout(g.dy, &g.x[0])?;
+                        dispatch(op.into(), &[&g.x[0], &g.x[1], &g.x[2], &dy])
+                    })?,
+                    None,
+                    None,
+                ])
+            }
+            LossOp::CrossEntropyBackward | LossOp::VocabParallelBackward { .. } => Err(
+                Grad::unsupported(self.name(), "higher-order gradients are not supported"),
+            ),
         }
     }
 }
 
 impl Tensor {
     /// Per-sample cross-entropy of logits `[N, C]` against labels `[N]` (i64) -> `[N]`.
+    /// Global logits split on the classes (S(1) on some mesh axis) are never gathered (see
+    /// [`vocab_parallel_cross_entropy`]).
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        if self.ndim() == 2 && split_on(self, 1) {
+            return vocab_parallel_cross_entropy(self, labels);
+        }
         dispatch(LossOp::CrossEntropy.into(), &[self, labels])
     }
     /// dlogits of the per-sample cross-entropy, given dloss `[N]`.
     pub fn cross_entropy_backward(logits: &Tensor, labels: &Tensor, dy: &Tensor) -> Result<Tensor> {
         dispatch(LossOp::CrossEntropyBackward.into(), &[logits, labels, dy])
     }
+}
+
+/// Candidates of the vocabulary-parallel ops, per mesh axis: logits split on the classes with
+/// the per-row inputs B -> loss P / dlogits S(1); all split on the rows -> S(0); all B -> B.
+fn vocab_parallel_rules(s: &[&Shape], mode: RuleMode) -> std::result::Result<Rules, MetaError> {
+    let (x, rows) = (s[0], Shape::from([s[0].dim(0), 1]));
+    if x.ndim() != 2 || s[1..].iter().any(|t| **t != rows) {
+        return Err(MetaError::Shape(format!(
+            "needs logits [N, C] and labels, lse (and dy) [N, 1], got {}",
+            s.iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let n = s.len();
+    let mut r = Rules::new(mode, [if n == 3 { rows } else { x.clone() }]);
+    let mut ins = vec![Sbp::B; n];
+    ins[0] = Sbp::S(1);
+    r.push(&ins, &[if n == 3 { Sbp::P } else { Sbp::S(1) }]);
+    r.push(&vec![Sbp::S(0); n], &[Sbp::S(0)]);
+    r.push(&vec![Sbp::B; n], &[Sbp::B]);
+    Ok(r)
+}
+
+/// Megatron's vocabulary-parallel cross-entropy, for logits split on the classes. Without
+/// recording a gradient: per row `m = max` (a P(max) of `[N, 1]`, reduced) and
+/// `lse = log(sum(exp(logits - m))) + m` (the sum a P(sum) of `[N, 1]`); then the recorded op
+/// `lse - logits[label]`, a P(sum) of `[N, 1]` over the class shards. Only those `[N, 1]`
+/// values move between ranks; the backward, `dy (exp(logits - lse) - onehot)`, runs on each
+/// shard.
+fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let op = LossOp::CrossEntropy;
+    let shapes = [logits.shape(), labels.shape()];
+    op.infer(
+        &shapes,
+        &[logits.dtype(), labels.dtype()],
+        RuleMode::ShapesOnly,
+    )
+    .map_err(|e| meta_err(&Op::from(op.clone()), e, &[logits, labels]))?;
+    let n = logits.shape().dim(0);
+    let lse = {
+        let _ng = no_grad();
+        let m = logits.max(&[1], true)?;
+        let lse = logits.sub(&m)?.exp()?.sum(&[1], true)?.log()?.add(&m)?;
+        to_row_layout(&lse, logits)?
+    };
+    let shard = IndexShard::default();
+    let labels = labels.reshape([n, 1])?;
+    dispatch(
+        LossOp::VocabParallel { shard }.into(),
+        &[logits, &labels, &lse],
+    )?
+    .reshape([n])
+}
+
+/// A per-row tensor `[N, 1]` boxed to the layout that fits the class-split logits `x`: split
+/// where `x` splits its rows, B elsewhere (only `[N, 1]` values move), so the vocabulary-parallel
+/// ops never box the logits, whatever the sizes.
+fn to_row_layout(t: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let (Some(p), Some(s)) = (x.placement(), x.nd_sbp()) else {
+        return Ok(t.clone());
+    };
+    let rows = NdSbp::new(s.iter().map(|a| if a == Sbp::S(0) { a } else { Sbp::B }));
+    t.to_global(p, rows)
 }

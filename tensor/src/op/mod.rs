@@ -8,38 +8,48 @@
 //! Adding a family: a file here implementing [`OpFamily`] and declaring its kernel trait, one
 //! line in `families!` below, and one kernel file per backend (`cpu/`, `cuda/ops/`).
 
+mod attention;
+mod dropout;
 mod elementwise;
 mod embedding;
+mod gather;
 mod grad;
 mod layout;
 mod loss;
+mod mask;
 mod matmul;
 mod norm;
 mod reduction;
 mod rms_norm;
+mod rotary;
 mod softmax;
 
 use std::fmt;
 use std::hash::Hash;
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{RuleMode, Rules, Shape};
+use oxiflow_sbp::{Region, RuleMode, Rules, Shape};
 use smallvec::SmallVec;
 
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
+pub use attention::{AttentionKernels, AttentionOp};
+pub use dropout::{DropoutKernels, DropoutOp};
 pub use elementwise::{
     broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
+pub use gather::{GatherKernels, GatherOp, IndexShard};
 pub(crate) use grad::Grad;
 pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{LossKernels, LossOp};
+pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
 pub use norm::{NormKernels, NormOp};
 pub use reduction::{ReductionKernels, ReductionOp};
 pub use rms_norm::{RmsNormKernels, RmsNormOp};
+pub use rotary::{RotaryKernels, RotaryOp};
 pub use softmax::{SoftmaxKernels, SoftmaxOp};
 
 /// A list of tensor dims (normalized, non-negative).
@@ -71,6 +81,43 @@ pub struct OutSpec {
     pub dtype: DType,
 }
 
+/// Where this rank's pieces sit in an op call's global tensors: what [`OpFamily::local`] reads.
+/// Regions are the global index ranges of the rank's pieces once the inputs have the chosen
+/// signature's layout (the whole tensor for a broadcast or partial input); a local call passes
+/// none, and every start reads 0.
+pub struct LocalAt<'a> {
+    /// Global shape of each input.
+    pub global_inputs: &'a [&'a Shape],
+    /// This rank's region of each input.
+    pub input_regions: &'a [Region],
+    /// Global shape of the output.
+    pub out_global: &'a Shape,
+    /// This rank's region of the output.
+    pub out_region: &'a Region,
+    /// This rank's output piece shape.
+    pub out_local: &'a Shape,
+}
+
+impl LocalAt<'_> {
+    /// Start of this rank's region of input `i` on `dim` (0 when out of range).
+    pub fn input_start(&self, i: usize, dim: usize) -> usize {
+        self.input_regions
+            .get(i)
+            .and_then(|r| r.get(dim))
+            .map_or(0, |r| r.start)
+    }
+
+    /// Start of this rank's output region on `dim` (0 when out of range).
+    pub fn out_start(&self, dim: usize) -> usize {
+        self.out_region.get(dim).map_or(0, |r| r.start)
+    }
+}
+
+/// The whole-tensor region of `shape`.
+pub(crate) fn full_region(shape: &Shape) -> Region {
+    shape.dims().iter().map(|&n| 0..n).collect()
+}
+
 /// One op family (see the module docs). Inputs reach `infer`, `run` and `backward` only after
 /// the dispatcher has checked their count against `arity`, so they index inputs freely.
 pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
@@ -85,10 +132,10 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
         dtypes: &[DType],
         mode: RuleMode,
     ) -> std::result::Result<Inferred, MetaError>;
-    /// The op with one rank's local attributes, given the global input shapes and this rank's
-    /// output piece shape (e.g. a reshape's local target, a mean's global divisor); None when
-    /// they equal the global ones.
-    fn local(&self, _global_inputs: &[&Shape], _out_local: &Shape) -> Option<Self> {
+    /// The op with one rank's local attributes, given where the rank's pieces sit in the global
+    /// tensors (e.g. a reshape's local target, a mean's global divisor, a random mask's or a
+    /// vocabulary shard's offset); None when they equal the global ones.
+    fn local(&self, _at: &LocalAt<'_>) -> Option<Self> {
         None
     }
     /// Runs the op's kernel on one rank's pieces.
@@ -145,9 +192,9 @@ macro_rules! families {
                     $(Op::$variant(o) => o.infer(shapes, dtypes, mode)),*
                 }
             }
-            pub(crate) fn local(&self, global_inputs: &[&Shape], out_local: &Shape) -> Option<Op> {
+            pub(crate) fn local(&self, at: &LocalAt<'_>) -> Option<Op> {
                 match self {
-                    $(Op::$variant(o) => o.local(global_inputs, out_local).map(Op::$variant)),*
+                    $(Op::$variant(o) => o.local(at).map(Op::$variant)),*
                 }
             }
             pub(crate) fn run<B: Backend>(
@@ -179,6 +226,11 @@ families! {
     Norm(NormOp): NormKernels,
     Loss(LossOp): LossKernels,
     RmsNorm(RmsNormOp): RmsNormKernels,
+    Attention(AttentionOp): AttentionKernels,
+    Dropout(DropoutOp): DropoutKernels,
+    Gather(GatherOp): GatherKernels,
+    Mask(MaskOp): MaskKernels,
+    Rotary(RotaryOp): RotaryKernels,
 }
 
 impl fmt::Display for Op {

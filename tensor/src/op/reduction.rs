@@ -1,4 +1,4 @@
-//! Reductions: sum, mean and max over dims (with keepdim), and sum-to-shape, the reverse of
+//! Reductions: sum, mean, max and min over dims (with keepdim), and sum-to-shape, the reverse of
 //! broadcasting (the gradient of a broadcast operand).
 
 use oxiflow_collectives::DType;
@@ -6,8 +6,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
-    need_float, norm_dims, shape_rule, Backend, Dims, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec, UnaryOp,
+    need_float, norm_dims, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, OutSpec, UnaryOp,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -30,6 +30,10 @@ pub enum ReductionOp {
         count: usize,
     },
     Max {
+        dims: Dims,
+        keepdim: bool,
+    },
+    Min {
         dims: Dims,
         keepdim: bool,
     },
@@ -56,6 +60,13 @@ pub trait ReductionKernels: KernelBackend {
         keepdim: bool,
         out: &OutSpec,
     ) -> Result<Self::Piece>;
+    fn min(
+        &self,
+        x: &Self::Piece,
+        dims: &[usize],
+        keepdim: bool,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
     /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
     fn sum_to_shape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
 }
@@ -71,6 +82,7 @@ impl OpFamily for ReductionOp {
             ReductionOp::Sum { .. } => "sum",
             ReductionOp::Mean { .. } => "mean",
             ReductionOp::Max { .. } => "max",
+            ReductionOp::Min { .. } => "min",
             ReductionOp::SumToShape { .. } => "sum_to_shape",
         }
     }
@@ -92,6 +104,7 @@ impl OpFamily for ReductionOp {
                 (ReduceKind::Mean, dims, *keepdim)
             }
             ReductionOp::Max { dims, keepdim } => (ReduceKind::Max, dims, *keepdim),
+            ReductionOp::Min { dims, keepdim } => (ReduceKind::Min, dims, *keepdim),
             ReductionOp::SumToShape { shape } => {
                 return Ok(Inferred::new(
                     shape_rule(rules::reduce_to_shape(s[0], shape, mode))?,
@@ -105,15 +118,15 @@ impl OpFamily for ReductionOp {
         ))
     }
 
-    fn local(&self, global_inputs: &[&Shape], out_local: &Shape) -> Option<Self> {
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
         match self {
             ReductionOp::Mean { dims, keepdim, .. } => Some(ReductionOp::Mean {
                 dims: dims.clone(),
                 keepdim: *keepdim,
-                count: reduced_count(global_inputs[0], dims),
+                count: reduced_count(at.global_inputs[0], dims),
             }),
             ReductionOp::SumToShape { .. } => Some(ReductionOp::SumToShape {
-                shape: out_local.clone(),
+                shape: at.out_local.clone(),
             }),
             _ => None,
         }
@@ -128,6 +141,7 @@ impl OpFamily for ReductionOp {
                 count,
             } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), out),
             ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, out),
+            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, out),
             ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], out),
         }
     }
@@ -154,8 +168,8 @@ impl OpFamily for ReductionOp {
                         .mul_scalar(1.0 / count as f64)?,
                 )
             }
-            ReductionOp::Max { dims, keepdim } => {
-                // Gradient split evenly among the maxima: mask = (x == max) as
+            ReductionOp::Max { dims, keepdim } | ReductionOp::Min { dims, keepdim } => {
+                // Gradient split evenly among the extrema: mask = (x == max) as
                 // 1 - sign(x - max)^2.
                 let diff = xs.sub(&kept(dims, *keepdim, out)?)?;
                 let ones = zeros_like(xs)?.add_scalar(1.0)?;
@@ -208,6 +222,11 @@ impl Tensor {
     pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let dims = norm_dims("max", self, dims)?;
         reduction(ReductionOp::Max { dims, keepdim }, self)
+    }
+    /// Min over `dims`.
+    pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let dims = norm_dims("min", self, dims)?;
+        reduction(ReductionOp::Min { dims, keepdim }, self)
     }
     /// Sums broadcast dims away so the result has `shape` (gradient of broadcasting).
     pub fn sum_to_shape(&self, shape: impl Into<Shape>) -> Result<Tensor> {

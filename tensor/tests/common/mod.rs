@@ -48,3 +48,32 @@ pub fn assert_close(got: &ArrayD<f32>, want: &ArrayD<f32>, what: &str) {
         );
     }
 }
+
+/// Whether every rank's outputs (`got[rank][output]`) equal the one-rank values `want[output]`
+/// within a relative 1e-9; the first difference otherwise.
+pub fn ranks_match(got: &[Vec<Vec<f64>>], want: &[Vec<f64>]) -> Result<(), String> {
+    for (rank, outs) in got.iter().enumerate() {
+        if outs.len() != want.len() {
+            return Err(format!(
+                "rank {rank}: {} outputs, want {}",
+                outs.len(),
+                want.len()
+            ));
+        }
+        for (o, (g, w)) in outs.iter().zip(want).enumerate() {
+            if g.len() != w.len() {
+                return Err(format!(
+                    "rank {rank} output {o}: {} values, want {}",
+                    g.len(),
+                    w.len()
+                ));
+            }
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                if (a - b).abs() >= 1e-9 * (1.0 + b.abs()) {
+                    return Err(format!("rank {rank} output {o} [{i}]: {a} vs {b}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -4,6 +4,9 @@
 
 use super::*;
 
+mod indexed;
+pub(crate) use indexed::run_indexed_case;
+
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
 type Boxer<'a> = dyn Fn(&Tensor, &[Sbp]) -> Result<Tensor> + 'a;
 /// Makes a randn input of (shape, seed, nd-SBP).

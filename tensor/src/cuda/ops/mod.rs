@@ -1,14 +1,19 @@
 //! The CUDA kernels of every op family, one file per family, each implementing that family's
 //! kernel trait for [`CudaKernels`] (NVRTC kernels from `kernels.rs`, cuBLAS for matmuls).
 
+mod attention;
+mod dropout;
 mod elementwise;
 mod embedding;
+mod gather;
 mod layout;
 mod loss;
+mod mask;
 mod matmul;
 mod norm;
 mod reduction;
 mod rms_norm;
+mod rotary;
 mod softmax;
 
 use std::sync::Arc;

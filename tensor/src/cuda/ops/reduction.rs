@@ -1,4 +1,4 @@
-//! Reduction CUDA kernels: sum, mean and max over dims (a permute then a per-row reduction),
+//! Reduction CUDA kernels: sum, mean, max and min over dims (a permute then a per-row reduction),
 //! and sum-to-shape.
 
 use std::sync::Arc;
@@ -12,14 +12,22 @@ use super::{float_only, permute, CudaKernels};
 use crate::op::{OutSpec, ReductionKernels};
 use crate::Result;
 
-/// Sum (or max) over `dims`, times `scale`; output keeps reduced dims as 1 when `keepdim`.
+/// What a row reduction combines with (the kernel's `mode`: 0 sum, 1 max, 2 min).
+#[derive(Clone, Copy)]
+enum Combine {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+}
+
+/// Sum, max or min over `dims`, times `scale`; output keeps reduced dims as 1 when `keepdim`.
 fn reduce(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     x: &CudaStorage,
     dims: &[usize],
     keepdim: bool,
-    max: bool,
+    combine: Combine,
     scale: f64,
 ) -> Result<CudaStorage> {
     let d = x.shape.dims();
@@ -52,7 +60,7 @@ fn reduce(
     let (r, l, mx, sc, xp, yp) = (
         rows as i64,
         len as i64,
-        max as i32,
+        combine as i32,
         scale,
         src.ptr(),
         out.ptr(),
@@ -80,11 +88,11 @@ impl ReductionKernels for CudaKernels {
                     x,
                     dims,
                     keepdim,
-                    false,
+                    Combine::Sum,
                     1.0 / count.max(1) as f64,
                 )
             }
-            None => reduce(&self.rt, "sum", x, dims, keepdim, false, 1.0),
+            None => reduce(&self.rt, "sum", x, dims, keepdim, Combine::Sum, 1.0),
         }
     }
 
@@ -95,7 +103,17 @@ impl ReductionKernels for CudaKernels {
         keepdim: bool,
         _out: &OutSpec,
     ) -> Result<CudaStorage> {
-        reduce(&self.rt, "max", x, dims, keepdim, true, 1.0)
+        reduce(&self.rt, "max", x, dims, keepdim, Combine::Max, 1.0)
+    }
+
+    fn min(
+        &self,
+        x: &CudaStorage,
+        dims: &[usize],
+        keepdim: bool,
+        _out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        reduce(&self.rt, "min", x, dims, keepdim, Combine::Min, 1.0)
     }
 
     fn sum_to_shape(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
@@ -106,7 +124,7 @@ impl ReductionKernels for CudaKernels {
             .filter(|&d| d < lead || (t[d - lead] == 1 && s[d] != 1))
             .collect();
         Ok(
-            reduce(&self.rt, "sum_to_shape", a, &dims, true, false, 1.0)?
+            reduce(&self.rt, "sum_to_shape", a, &dims, true, Combine::Sum, 1.0)?
                 .reshaped(out.shape.clone()),
         )
     }

@@ -1,0 +1,208 @@
+//! Attention CPU kernels, fused per (batch, head) pair: scores `q k^T` by matrixmultiply, then a
+//! numerically stable softmax of `scores * scale` per query row (causal rows only up to the
+//! row's own index, the rest 0), then the product with v; rayon over the pairs when large.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{
+    Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis, IxDyn,
+};
+use rayon::prelude::*;
+
+use super::elementwise::PAR_THRESHOLD;
+use super::{checked, CpuBackend};
+use crate::element::FloatElement;
+use crate::op::{kernel_err, AttentionKernels, OutSpec};
+use crate::storage::CpuArray;
+use crate::Result;
+
+/// Softmax of `scale * row` over each row of `s` elements of `p`, in place; with `causal`, row
+/// `i` covers columns `0..=i` and the rest become 0.
+fn softmax_rows<F: FloatElement>(p: &mut [F], s: usize, causal: bool, scale: F) {
+    if s == 0 {
+        return;
+    }
+    let zero = F::from_f64(0.0);
+    for (i, row) in p.chunks_mut(s).enumerate() {
+        let live = if causal { (i + 1).min(s) } else { s };
+        let (live, masked) = row.split_at_mut(live);
+        let mut m = F::lowest();
+        for v in live.iter_mut() {
+            *v *= scale;
+            if *v > m {
+                m = *v;
+            }
+        }
+        if m == F::lowest() {
+            m = zero;
+        }
+        let mut sum = zero;
+        for v in live.iter_mut() {
+            *v = (*v - m).exp();
+            sum += *v;
+        }
+        let inv = sum.recip();
+        live.iter_mut().for_each(|v| *v *= inv);
+        masked.iter_mut().for_each(|v| *v = zero);
+    }
+}
+
+/// One (batch, head) pair: the probabilities `[T, S]` into `out`, or with `v` their product
+/// with it `[T, Dv]`.
+fn pair<F: FloatElement>(
+    q: ArrayView2<'_, F>,
+    k: ArrayView2<'_, F>,
+    v: Option<ArrayView2<'_, F>>,
+    causal: bool,
+    scale: F,
+    mut out: ArrayViewMut2<'_, F>,
+) -> Result<()> {
+    let (zero, one) = (F::from_f64(0.0), F::from_f64(1.0));
+    let mut p = Array2::<F>::zeros((q.nrows(), k.nrows()));
+    general_mat_mul(one, &q, &k.t(), zero, &mut p);
+    let rows = p
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err("attention", "score buffer not contiguous".into()))?;
+    softmax_rows(rows, k.nrows(), causal, scale);
+    match v {
+        Some(v) => general_mat_mul(one, &p, &v, zero, &mut out),
+        None => out.assign(&p),
+    }
+    Ok(())
+}
+
+/// The dims of a 4-d piece.
+fn dims4<F>(a: &ArrayD<F>, op: &'static str, what: &str) -> Result<[usize; 4]> {
+    match *a.shape() {
+        [b, h, n, d] => Ok([b, h, n, d]),
+        _ => Err(kernel_err(
+            op,
+            format!("{what} piece must be 4-d, got {:?}", a.shape()),
+        )),
+    }
+}
+
+/// `a` `[B, H, n, d]` viewed as `[B * H, n, d]` (standard layout).
+fn pairs_view<'a, F>(a: ArrayViewD<'a, F>, op: &'static str) -> Result<ArrayView3<'a, F>> {
+    let shape = a.shape().to_vec();
+    let bad = || kernel_err(op, format!("piece {shape:?} is not [B, H, n, d]"));
+    let [b, h, n, d] = shape[..] else {
+        return Err(bad());
+    };
+    let bh = b.checked_mul(h).ok_or_else(bad)?;
+    a.into_shape_with_order((bh, n, d))
+        .map_err(|e| kernel_err(op, e.to_string()))
+}
+
+fn attention_t<F: FloatElement>(
+    op: &'static str,
+    q: &ArrayD<F>,
+    k: &ArrayD<F>,
+    v: Option<&ArrayD<F>>,
+    causal: bool,
+    scale: f64,
+) -> Result<ArrayD<F>> {
+    let [b, h, t, d] = dims4(q, op, "q")?;
+    let [kb, kh, s, kd] = dims4(k, op, "k")?;
+    let dv = match v {
+        Some(v) => {
+            let [vb, vh, vs, dv] = dims4(v, op, "v")?;
+            if [vb, vh, vs] != [kb, kh, s] {
+                return Err(kernel_err(
+                    op,
+                    format!("v {:?} does not fit k {:?}", v.shape(), k.shape()),
+                ));
+            }
+            dv
+        }
+        None => s,
+    };
+    if [kb, kh, kd] != [b, h, d] || (causal && s != t) {
+        return Err(kernel_err(
+            op,
+            format!("k {:?} does not fit q {:?}", k.shape(), q.shape()),
+        ));
+    }
+    let (q, k) = (q.as_standard_layout(), k.as_standard_layout());
+    let v = v.map(|v| v.as_standard_layout());
+    let (q3, k3) = (pairs_view(q.view(), op)?, pairs_view(k.view(), op)?);
+    let v3 = v.as_ref().map(|v| pairs_view(v.view(), op)).transpose()?;
+    let mut out = Array3::<F>::zeros((q3.len_of(Axis(0)), t, dv));
+    let scale = F::from_f64(scale);
+    let run = |(i, o): (usize, ArrayViewMut2<'_, F>)| {
+        let vi = v3.as_ref().map(|v| v.index_axis(Axis(0), i));
+        pair(
+            q3.index_axis(Axis(0), i),
+            k3.index_axis(Axis(0), i),
+            vi,
+            causal,
+            scale,
+            o,
+        )
+    };
+    let work = q3
+        .len_of(Axis(0))
+        .saturating_mul(t)
+        .saturating_mul(s.max(1));
+    if work.saturating_mul(d.max(dv).max(1)) >= PAR_THRESHOLD {
+        out.outer_iter_mut()
+            .into_par_iter()
+            .enumerate()
+            .try_for_each(run)?;
+    } else {
+        out.outer_iter_mut().enumerate().try_for_each(run)?;
+    }
+    out.into_shape_with_order(IxDyn(&[b, h, t, dv]))
+        .map_err(|e| kernel_err(op, e.to_string()))
+}
+
+fn attention_any(
+    op: &'static str,
+    q: &CpuArray,
+    k: &CpuArray,
+    v: Option<&CpuArray>,
+    causal: bool,
+    scale: f64,
+    out: &OutSpec,
+) -> Result<CpuArray> {
+    let y = match (q, k, v) {
+        (CpuArray::F32(q), CpuArray::F32(k), None) => {
+            CpuArray::F32(attention_t(op, q, k, None, causal, scale)?)
+        }
+        (CpuArray::F32(q), CpuArray::F32(k), Some(CpuArray::F32(v))) => {
+            CpuArray::F32(attention_t(op, q, k, Some(v), causal, scale)?)
+        }
+        (CpuArray::F64(q), CpuArray::F64(k), None) => {
+            CpuArray::F64(attention_t(op, q, k, None, causal, scale)?)
+        }
+        (CpuArray::F64(q), CpuArray::F64(k), Some(CpuArray::F64(v))) => {
+            CpuArray::F64(attention_t(op, q, k, Some(v), causal, scale)?)
+        }
+        _ => return Err(kernel_err(op, "needs float q, k and v of one dtype".into())),
+    };
+    checked(op, y, out)
+}
+
+impl AttentionKernels for CpuBackend {
+    fn attention(
+        &self,
+        q: &CpuArray,
+        k: &CpuArray,
+        v: &CpuArray,
+        causal: bool,
+        scale: f64,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        attention_any("attention", q, k, Some(v), causal, scale, out)
+    }
+
+    fn attention_probs(
+        &self,
+        q: &CpuArray,
+        k: &CpuArray,
+        causal: bool,
+        scale: f64,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        attention_any("attention_probs", q, k, None, causal, scale, out)
+    }
+}

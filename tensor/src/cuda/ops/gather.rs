@@ -1,0 +1,191 @@
+//! Gather CUDA kernels: reads along one dim at indices (gather, index-select, embedding) and
+//! the scatter-adds of their gradients (atomic adds), over a shard of the addressed dim.
+
+use oxiflow_collectives::DType;
+
+use super::super::copy::fill;
+use super::super::derr;
+use super::super::kernels::{grid, launch, sfx};
+use super::super::storage::CudaStorage;
+use super::{float_only, lanes, CudaKernels};
+use crate::op::{GatherKernels, IndexShard, OutSpec};
+use crate::Result;
+
+/// The kernels' index arguments: (positions along the dim, shard start, shard total), checked
+/// so that `numel` = outer * positions * inner, for i64 `ids`.
+fn index_args(
+    op: &'static str,
+    ids: &CudaStorage,
+    per_elem: bool,
+    numel: usize,
+    outer_inner: usize,
+    shard: IndexShard,
+) -> Result<(i64, i64, i64)> {
+    if ids.dtype != DType::I64 {
+        return Err(derr(op, "needs i64 indices"));
+    }
+    let n_ids = ids.numel();
+    let n = if per_elem {
+        numel.checked_div(outer_inner).unwrap_or(0)
+    } else {
+        n_ids
+    };
+    if n.checked_mul(outer_inner) != Some(numel) || (per_elem && n_ids != numel) {
+        return Err(derr(
+            op,
+            format!("{n_ids} indices do not address {numel} elements"),
+        ));
+    }
+    Ok((n as i64, shard.start as i64, shard.total as i64))
+}
+
+/// How indices address a dim: which dim, one index per element (torch.gather) or per
+/// position along it, and this rank's shard of it.
+pub(super) struct Along {
+    pub dim: usize,
+    pub per_elem: bool,
+    pub shard: IndexShard,
+}
+
+/// `x` read at `ids` along a dim into a new piece of `out`'s shape.
+pub(super) fn take(
+    k: &CudaKernels,
+    op: &'static str,
+    x: &CudaStorage,
+    ids: &CudaStorage,
+    along: Along,
+    out: &OutSpec,
+) -> Result<CudaStorage> {
+    let Along {
+        dim,
+        per_elem,
+        shard,
+    } = along;
+    let (outer, nx, inner) = lanes(&x.shape, dim);
+    let n = out.shape.numel();
+    let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
+    let y = k.alloc(out)?;
+    if n > 0 {
+        let (nn, inn, nxx, pe) = (n as i64, inner as i64, nx as i64, per_elem as i32);
+        let (xp, ip, yp) = (x.ptr(), ids.ptr(), y.ptr());
+        let name = format!("take_{}", sfx(x.dtype));
+        launch!(k.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
+    }
+    Ok(y)
+}
+
+/// Zeros of `out`'s shape plus `src` added at `ids` along a dim.
+pub(super) fn put(
+    k: &CudaKernels,
+    op: &'static str,
+    ids: &CudaStorage,
+    src: &CudaStorage,
+    along: Along,
+    out: &OutSpec,
+) -> Result<CudaStorage> {
+    let Along {
+        dim,
+        per_elem,
+        shard,
+    } = along;
+    float_only(op, src.dtype)?;
+    let (outer, ny, inner) = lanes(&out.shape, dim);
+    let n = src.numel();
+    let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
+    let y = k.alloc(out)?;
+    fill(&k.rt, op, src.dtype, y.ptr(), y.numel(), 0.0, 0)?;
+    if n > 0 {
+        let (nn, inn, nyy, pe) = (n as i64, inner as i64, ny as i64, per_elem as i32);
+        let (ip, sp, yp) = (ids.ptr(), src.ptr(), y.ptr());
+        let name = format!("put_{}", sfx(src.dtype));
+        launch!(k.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
+    }
+    Ok(y)
+}
+
+impl GatherKernels for CudaKernels {
+    fn gather(
+        &self,
+        x: &CudaStorage,
+        index: &CudaStorage,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        take(
+            self,
+            "gather",
+            x,
+            index,
+            Along {
+                dim,
+                per_elem: true,
+                shard,
+            },
+            out,
+        )
+    }
+    fn scatter_add(
+        &self,
+        index: &CudaStorage,
+        src: &CudaStorage,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        put(
+            self,
+            "scatter_add",
+            index,
+            src,
+            Along {
+                dim,
+                per_elem: true,
+                shard,
+            },
+            out,
+        )
+    }
+    fn index_select(
+        &self,
+        x: &CudaStorage,
+        ids: &CudaStorage,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        take(
+            self,
+            "index_select",
+            x,
+            ids,
+            Along {
+                dim,
+                per_elem: false,
+                shard,
+            },
+            out,
+        )
+    }
+    fn index_add(
+        &self,
+        ids: &CudaStorage,
+        src: &CudaStorage,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        put(
+            self,
+            "index_add",
+            ids,
+            src,
+            Along {
+                dim,
+                per_elem: false,
+                shard,
+            },
+            out,
+        )
+    }
+}

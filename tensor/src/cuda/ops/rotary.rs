@@ -1,0 +1,37 @@
+//! Rotary position embedding CUDA kernel (one thread per element, f64 angles).
+
+use super::super::derr;
+use super::super::kernels::{grid, launch, sfx};
+use super::super::storage::CudaStorage;
+use super::{float_only, CudaKernels};
+use crate::op::{OpFamily, OutSpec, RotaryKernels, RotaryOp};
+use crate::Result;
+
+impl RotaryKernels for CudaKernels {
+    fn rotary(&self, x: &CudaStorage, op: &RotaryOp, out: &OutSpec) -> Result<CudaStorage> {
+        let name = op.name();
+        float_only(name, x.dtype)?;
+        let dims = x.shape.dims();
+        let d = dims.last().copied().unwrap_or(0);
+        let Some(&t) = dims.get(op.seq_dim) else {
+            return Err(derr(
+                name,
+                format!("no sequence dim {} in {}", op.seq_dim, x.shape),
+            ));
+        };
+        if !d.is_multiple_of(2) || op.seq_dim + 1 >= dims.len() {
+            return Err(derr(name, format!("bad input {}", x.shape)));
+        }
+        let inner: usize = dims[op.seq_dim + 1..].iter().product();
+        let y = self.alloc(out)?;
+        let n = y.numel();
+        if n > 0 {
+            let (nn, dd, tt, inn, p0) =
+                (n as i64, d as i64, t as i64, inner as i64, op.pos0 as i64);
+            let (base, sign) = (op.base.get(), if op.inverse { -1.0f64 } else { 1.0 });
+            let (xp, yp) = (x.ptr(), y.ptr());
+            launch!(self.rt, name, format!("rotary_{}", sfx(x.dtype)), grid(n); nn, dd, tt, inn, p0, base, sign, xp, yp)?;
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,269 @@
+//! Indexed reads along one dim and their gradients: `gather` (torch.gather), `index_select`,
+//! and the scatter-adds that are their backward (`scatter_add`, `index_add`). The addressed dim
+//! may be split across ranks (a vocabulary split): each rank reads or writes only the indices
+//! inside its region, whose start and the dim's global size the op's local attributes carry.
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
+
+use super::grad::Grad;
+use super::{
+    need_float, need_i64, norm_dim, shape_rule, Backend, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// Where a rank's piece sits on the addressed dim: it holds global indices
+/// `start..start + (its size there)` of `total`. Indices outside `0..total` are an error;
+/// indices of other ranks read zeros and write nothing. The global op holds the default (the
+/// dispatcher's `local` fills it in for every call, local ones included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IndexShard {
+    pub start: usize,
+    pub total: usize,
+}
+
+impl IndexShard {
+    /// The shard of input `input`'s region on `dim`.
+    pub(crate) fn of_input(at: &LocalAt<'_>, input: usize, dim: usize) -> IndexShard {
+        IndexShard {
+            start: at.input_start(input, dim),
+            total: at
+                .global_inputs
+                .get(input)
+                .and_then(|s| s.dims().get(dim).copied())
+                .unwrap_or(0),
+        }
+    }
+    /// The shard of the output's region on `dim`.
+    pub(crate) fn of_output(at: &LocalAt<'_>, dim: usize) -> IndexShard {
+        IndexShard {
+            start: at.out_start(dim),
+            total: at.out_global.dims().get(dim).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// The gather family. Index inputs are i64.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum GatherOp {
+    /// (x, index) -> index's shape: `out[.., j, ..] = x[.., index[.., j, ..], ..]` on `dim`.
+    Gather { dim: usize, shard: IndexShard },
+    /// (index, src) -> zeros of index's shape with `dim` of `size`, `src` added at `index`.
+    /// `split_first`: the gathered data was split on `dim` (see `rules::scatter_add`).
+    ScatterAdd {
+        dim: usize,
+        size: usize,
+        split_first: bool,
+        shard: IndexShard,
+    },
+    /// (x, ids [n]) -> x with `dim` of size n: `out[.., j, ..] = x[.., ids[j], ..]`.
+    IndexSelect { dim: usize, shard: IndexShard },
+    /// (ids [n], src) -> zeros of src's shape with `dim` of `size`, src slices added at ids.
+    IndexAdd {
+        dim: usize,
+        size: usize,
+        split_first: bool,
+        shard: IndexShard,
+    },
+}
+
+/// Gather kernels of a backend. `gather`/`scatter_add` take one index per element
+/// (torch.gather); `index_select`/`index_add` one index per position along `dim`, any ids
+/// shape (flattened). Data pieces are f32/f64 (and i64 for the reads); indices outside
+/// `0..shard.total` are a typed error on the CPU (NaN rows on CUDA, which cannot raise one
+/// without a sync).
+pub trait GatherKernels: KernelBackend {
+    fn gather(
+        &self,
+        x: &Self::Piece,
+        index: &Self::Piece,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    fn scatter_add(
+        &self,
+        index: &Self::Piece,
+        src: &Self::Piece,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    fn index_select(
+        &self,
+        x: &Self::Piece,
+        ids: &Self::Piece,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+    fn index_add(
+        &self,
+        ids: &Self::Piece,
+        src: &Self::Piece,
+        dim: usize,
+        shard: IndexShard,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
+}
+
+impl OpFamily for GatherOp {
+    fn name(&self) -> &'static str {
+        match self {
+            GatherOp::Gather { .. } => "gather",
+            GatherOp::ScatterAdd { .. } => "scatter_add",
+            GatherOp::IndexSelect { .. } => "index_select",
+            GatherOp::IndexAdd { .. } => "index_add",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (2, 2)
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let r = match self {
+            GatherOp::Gather { dim, .. } => {
+                need_i64(d[1], "index")?;
+                return Ok(Inferred::new(
+                    shape_rule(rules::gather(*dim, s[0], s[1], mode))?,
+                    d[0],
+                ));
+            }
+            GatherOp::IndexSelect { dim, .. } => {
+                need_i64(d[1], "ids")?;
+                return Ok(Inferred::new(
+                    shape_rule(rules::index_select(*dim, s[0], s[1], mode))?,
+                    d[0],
+                ));
+            }
+            GatherOp::ScatterAdd {
+                dim,
+                size,
+                split_first,
+                ..
+            } => rules::scatter_add(*dim, *size, s[0], s[1], *split_first, mode),
+            GatherOp::IndexAdd {
+                dim,
+                size,
+                split_first,
+                ..
+            } => rules::index_add(*dim, *size, s[0], s[1], *split_first, mode),
+        };
+        need_i64(d[0], "index")?;
+        need_float(d[1], "src")?;
+        Ok(Inferred::new(shape_rule(r)?, d[1]))
+    }
+
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+        let mut op = self.clone();
+        match &mut op {
+            GatherOp::Gather { dim, shard } | GatherOp::IndexSelect { dim, shard } => {
+                *shard = IndexShard::of_input(at, 0, *dim);
+            }
+            GatherOp::ScatterAdd { dim, shard, .. } | GatherOp::IndexAdd { dim, shard, .. } => {
+                *shard = IndexShard::of_output(at, *dim);
+            }
+        }
+        Some(op)
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        match *self {
+            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, out),
+            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, out),
+            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, out),
+            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, out),
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        match *self {
+            GatherOp::Gather { dim, .. } | GatherOp::IndexSelect { dim, .. } => {
+                let x = &g.x[0];
+                let (size, split_first) = (x.shape().dim(dim), split_on(x, dim));
+                let op = match self {
+                    GatherOp::Gather { .. } => GatherOp::ScatterAdd {
+                        dim,
+                        size,
+                        split_first,
+                        shard: IndexShard::default(),
+                    },
+                    _ => GatherOp::IndexAdd {
+                        dim,
+                        size,
+                        split_first,
+                        shard: IndexShard::default(),
+                    },
+                };
+                Ok(vec![
+                    g.when(0, || dispatch(op.into(), &[&g.x[1], g.dy]))?,
+                    None,
+                ])
+            }
+            // Linear in src: the gradient reads dy back at the same indices.
+            GatherOp::ScatterAdd { dim, .. } => Ok(vec![
+                None,
+                g.when(1, || g.dy.gather(dim as isize, &g.x[0]))?,
+            ]),
+            GatherOp::IndexAdd { dim, .. } => Ok(vec![
+                None,
+                g.when(1, || g.dy.index_select(dim as isize, &g.x[0]))?,
+            ]),
+        }
+    }
+}
+
+/// Whether a global `x` is split on `dim` on some mesh axis.
+pub(crate) fn split_on(x: &Tensor, dim: usize) -> bool {
+    x.nd_sbp()
+        .is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
+}
+
+impl Tensor {
+    /// torch.gather: `out[.., j, ..] = self[.., index[.., j, ..], ..]` along `dim`; `index`
+    /// (i64) has `self`'s shape on every other dim, and the output has index's shape.
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let dim = norm_dim("gather", self, dim)?;
+        let shard = IndexShard::default();
+        dispatch(GatherOp::Gather { dim, shard }.into(), &[self, index])
+    }
+    /// The slices of `self` along `dim` at `ids` (1-d i64), in order.
+    pub fn index_select(&self, dim: isize, ids: &Tensor) -> Result<Tensor> {
+        let dim = norm_dim("index_select", self, dim)?;
+        let shard = IndexShard::default();
+        dispatch(GatherOp::IndexSelect { dim, shard }.into(), &[self, ids])
+    }
+    /// Zeros of `index`'s shape with `dim` of size `size`, plus `src` (index's shape) added at
+    /// the indices along `dim` (the gradient of `gather`).
+    pub fn scatter_add(index: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
+        let dim = norm_dim("scatter_add", index, dim)?;
+        let op = GatherOp::ScatterAdd {
+            dim,
+            size,
+            split_first: false,
+            shard: IndexShard::default(),
+        };
+        dispatch(op.into(), &[index, src])
+    }
+    /// Zeros of `src`'s shape with `dim` of size `size`, plus the slices of `src` along `dim`
+    /// added at `ids` (1-d i64; the gradient of `index_select`).
+    pub fn index_add(ids: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
+        let dim = norm_dim("index_add", src, dim)?;
+        let op = GatherOp::IndexAdd {
+            dim,
+            size,
+            split_first: false,
+            shard: IndexShard::default(),
+        };
+        dispatch(op.into(), &[ids, src])
+    }
+}

@@ -1,0 +1,104 @@
+//! Rotary position embedding (GPT-NeoX / LLaMA layout) on `[.., T, .., D]`: the pairs
+//! (i, i + D/2) of the last dim rotate by `pos * base^(-2i/D)`, `pos` the global index along
+//! the sequence dim (from the piece's region, so a sequence split works). Linear in x; the
+//! backward is the inverse rotation.
+
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+
+use super::grad::Grad;
+use super::{
+    dim_ok, need_float, norm_dim, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, OutSpec,
+};
+use crate::dispatch::dispatch;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// The rotary family. `pos0`: the global sequence position of the piece's first row (set by
+/// `local`); `inverse` rotates the other way.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RotaryOp {
+    pub seq_dim: usize,
+    pub base: F64Bits,
+    pub inverse: bool,
+    pub pos0: usize,
+}
+
+/// Rotary kernels of a backend (float pieces).
+pub trait RotaryKernels: KernelBackend {
+    fn rotary(&self, x: &Self::Piece, op: &RotaryOp, out: &OutSpec) -> Result<Self::Piece>;
+}
+
+impl OpFamily for RotaryOp {
+    fn name(&self) -> &'static str {
+        if self.inverse {
+            "rotary_backward"
+        } else {
+            "rotary"
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (1, 1)
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        need_float(d[0], "input")?;
+        let x = s[0];
+        dim_ok(x, self.seq_dim)?;
+        let last = x.ndim() - 1;
+        if self.seq_dim == last || !x.dim(last).is_multiple_of(2) {
+            return Err(MetaError::Shape(format!(
+                "needs an even last dim apart from the sequence dim {}, got {x}",
+                self.seq_dim
+            )));
+        }
+        let base = self.base.get();
+        if !(base.is_finite() && base > 0.0) {
+            return Err(MetaError::Shape(format!(
+                "base must be finite and positive, got {base}"
+            )));
+        }
+        Ok(Inferred::new(rules::positional(x, &[last], mode), d[0]))
+    }
+
+    fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+        Some(RotaryOp {
+            pos0: at.input_start(0, self.seq_dim),
+            ..self.clone()
+        })
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+        b.rotary(x[0], self, out)
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let op = RotaryOp {
+            inverse: !self.inverse,
+            pos0: 0,
+            ..self.clone()
+        };
+        Grad::one(dispatch(op.into(), &[g.dy])?)
+    }
+}
+
+impl Tensor {
+    /// Rotary position embedding of `[.., T, .., D]` (D even) with positions along `seq_dim`
+    /// (not the last dim): pairs (i, i + D/2) rotate by `pos * base^(-2i/D)`.
+    pub fn rotary(&self, seq_dim: isize, base: f64) -> Result<Tensor> {
+        let op = RotaryOp {
+            seq_dim: norm_dim("rotary", self, seq_dim)?,
+            base: F64Bits::new(base),
+            inverse: false,
+            pos0: 0,
+        };
+        dispatch(op.into(), &[self])
+    }
+}

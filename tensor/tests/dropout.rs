@@ -1,0 +1,146 @@
+//! Dropout: values against the counter-based formula (`rng::uniform(seed, global index) >= p`),
+//! its gradient against finite differences, typed errors for a bad `p`, and the mask identical
+//! for every global layout (1-d and 2-d meshes, uneven splits on any dim, P inputs) and a local
+//! run.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{nd_sbp, placement};
+use oxiflow_tensor::{rng, run_ranks, DType, NdSbp, Tensor, TensorError};
+use proptest::prelude::*;
+
+const F: DType = DType::F64;
+
+fn vals(x: &Tensor) -> Vec<f64> {
+    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+}
+
+/// The dropout of element `i` with value `x`, as the op defines it.
+fn want(x: f64, i: usize, p: f64, seed: u64) -> f64 {
+    if rng::uniform(seed, i as u64) >= p {
+        x * (1.0 / (1.0 - p))
+    } else {
+        0.0
+    }
+}
+
+#[test]
+fn values_follow_the_counter_based_mask() {
+    let x = Tensor::randn([40, 50], 1, F);
+    let xv = vals(&x);
+    for (p, seed) in [(0.3, 42u64), (0.9, 7), (0.5, u64::MAX)] {
+        let y = vals(&x.dropout(p, seed).unwrap());
+        for (i, (&a, &b)) in y.iter().zip(&xv).enumerate() {
+            assert_eq!(a, want(b, i, p, seed), "p {p} seed {seed} element {i}");
+        }
+        let kept = y.iter().filter(|&&v| v != 0.0).count() as f64 / y.len() as f64;
+        assert!((kept - (1.0 - p)).abs() < 0.03, "p {p}: kept {kept}");
+    }
+    let a = vals(&x.dropout(0.5, 1).unwrap());
+    let b = vals(&x.dropout(0.5, 2).unwrap());
+    assert_ne!(a, b, "another seed draws another mask");
+    let y32 = x.cast(DType::F32).unwrap().dropout(0.3, 42).unwrap();
+    assert_eq!(y32.dtype(), DType::F32);
+    for (i, (a, b)) in vals(&y32.cast(F).unwrap()).iter().zip(&xv).enumerate() {
+        let w = want(*b, i, 0.3, 42);
+        assert!((a - w).abs() < 1e-6 * (1.0 + w.abs()), "f32 element {i}");
+    }
+}
+
+#[test]
+fn zero_p_is_the_identity_and_bad_p_is_a_typed_error() {
+    let x = Tensor::randn([3, 4], 1, F);
+    assert!(x.dropout(0.0, 9).unwrap().same(&x));
+    for p in [1.0, 1.5, -0.1, f64::NAN, f64::INFINITY] {
+        match x.dropout(p, 9) {
+            Err(TensorError::Shape { op, detail, .. }) => {
+                assert_eq!(op, "dropout");
+                assert!(detail.contains("[0, 1)"), "{detail}");
+            }
+            other => panic!("p {p}: expected a shape error, got {other:?}"),
+        }
+    }
+    let xi = x.cast(DType::I64).unwrap();
+    assert!(matches!(xi.dropout(0.5, 1), Err(TensorError::DType { .. })));
+}
+
+/// sum(dropout(x) * r).
+fn loss(x: &Tensor, r: &Tensor) -> Tensor {
+    x.dropout(0.4, 5)
+        .unwrap()
+        .mul(r)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+}
+
+#[test]
+fn gradient_matches_finite_differences() {
+    let x = Tensor::randn([3, 5], 2, F).requires_grad_(true);
+    let r = Tensor::randn([3, 5], 3, F);
+    loss(&x, &r).backward().unwrap();
+    let base = vals(&x);
+    let g = vals(&x.grad().unwrap());
+    let mut zeros = 0;
+    for (i, gi) in g.iter().enumerate() {
+        let at = |delta: f64| {
+            let mut v = base.clone();
+            v[i] += delta;
+            vals(&loss(&Tensor::from_vec(v, [3, 5]).unwrap(), &r))[0]
+        };
+        let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+        assert!(
+            (gi - fd).abs() < 1e-6 * (1.0 + fd.abs()),
+            "element {i}: {gi} vs {fd}"
+        );
+        zeros += usize::from(*gi == 0.0);
+    }
+    assert!(zeros > 0 && zeros < g.len(), "the mask drops some, not all");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_mask_is_the_same_in_every_layout(
+        dims in prop::collection::vec(1usize..6, 1..4),
+        mesh in prop::sample::select(vec![
+            vec![2usize], vec![3], vec![4], vec![2, 2], vec![1, 3], vec![3, 1],
+        ]),
+        sbp_seed: u64,
+        perm_seed: u64,
+        seed: u64,
+    ) {
+        let n: usize = mesh.iter().product();
+        let p = placement(&mesh, perm_seed);
+        let sbp = nd_sbp(mesh.len(), dims.len(), sbp_seed, true);
+        let x = Tensor::randn(dims.clone(), 11, F).requires_grad_(true);
+        let r = Tensor::randn(dims.clone(), 12, F);
+        let want_y = vals(&x.dropout(0.35, seed).unwrap());
+        x.dropout(0.35, seed).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let want_g = vals(&x.grad().unwrap());
+        let got = run_ranks(n, Duration::from_secs(30), |_| {
+            let bc = NdSbp::broadcast(p.ndim());
+            let x = Tensor::randn_global(dims.clone(), 11, F, &p, sbp.clone())
+                .unwrap()
+                .requires_grad_(true);
+            let r = Tensor::randn_global(dims.clone(), 12, F, &p, bc.clone()).unwrap();
+            let y = x.dropout(0.35, seed).unwrap();
+            let out_sbp = y.nd_sbp().cloned();
+            let yv = vals(&y.to_global(&p, bc.clone()).unwrap());
+            y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = vals(&x.grad().unwrap().to_global(&p, bc).unwrap());
+            (yv, g, out_sbp)
+        });
+        for (y, g, out_sbp) in got {
+            // Linear: no boxing before the kernel, the output keeps the input's nd-SBP.
+            prop_assert_eq!(out_sbp.as_ref(), Some(&sbp));
+            for (a, w) in y.iter().zip(&want_y).chain(g.iter().zip(&want_g)) {
+                prop_assert!((a - w).abs() <= 1e-12 * (1.0 + w.abs()), "{a} vs {w}");
+            }
+            prop_assert_eq!((y.len(), g.len()), (want_y.len(), want_g.len()));
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
 pub use oxiflow_tensor as tensor;
 
-pub use oxiflow_models::{checkpoint, nn, optim};
+pub use oxiflow_models::{checkpoint, data, nn, optim};
 pub use oxiflow_tensor::*;
 
 /// Any error of the crates underneath, so a program can use `?` on all of them (boxed, so a

@@ -266,6 +266,13 @@ fn run_clean(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     c.output().expect("start the program")
 }
 
+/// `run_clean` of `train --model mlp ARGS` (the MLP classifier).
+fn run_mlp(train: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut all = vec!["--model", "mlp"];
+    all.extend_from_slice(args);
+    run_clean(train, &all, env)
+}
+
 /// The program failed with `code` and its stderr names `want`, without a panic or a Debug dump.
 fn assert_refused(what: &str, out: &Output, code: i32, want: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -302,7 +309,7 @@ fn train_flags_are_checked() {
         (&["--steps", "-3"], "--steps"),
     ];
     for (args, want) in usage {
-        let out = run_clean(train, args, &[]);
+        let out = run_mlp(train, args, &[]);
         assert_refused(&format!("train {args:?}"), &out, 2, want);
     }
     let runtime: &[(&[&str], &str)] = &[
@@ -312,7 +319,7 @@ fn train_flags_are_checked() {
         (&["--resume", "/nonexistent/ckpt"], "no complete checkpoint"),
     ];
     for (args, want) in runtime {
-        let out = run_clean(train, args, &[]);
+        let out = run_mlp(train, args, &[]);
         assert_refused(&format!("train {args:?}"), &out, 1, want);
     }
 }
@@ -323,7 +330,7 @@ fn train_save_and_resume_refuse_what_does_not_fit() {
     let file = ckpt_dir("save-onto-file");
     std::fs::write(&file, b"notes").unwrap();
     let fs = file.to_str().unwrap();
-    let out = run_clean(train, &["--steps", "2", "--save", fs], &[]);
+    let out = run_mlp(train, &["--steps", "2", "--save", fs], &[]);
     assert_refused("--save onto a file", &out, 1, "not a directory");
     assert_eq!(std::fs::read(&file).unwrap(), b"notes");
     let _ = std::fs::remove_file(&file);
@@ -332,7 +339,7 @@ fn train_save_and_resume_refuse_what_does_not_fit() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("keep.txt"), b"data").unwrap();
     let ds = dir.to_str().unwrap();
-    let out = run_clean(train, &["--steps", "2", "--save", ds], &[]);
+    let out = run_mlp(train, &["--steps", "2", "--save", ds], &[]);
     assert_refused(
         "--save onto a directory",
         &out,
@@ -344,7 +351,7 @@ fn train_save_and_resume_refuse_what_does_not_fit() {
 
     let ck = ckpt_dir("resume-mismatch");
     let cs = ck.to_str().unwrap();
-    let out = run_clean(train, &["--steps", "3", "--save", cs], &[]);
+    let out = run_mlp(train, &["--steps", "3", "--save", cs], &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -368,11 +375,11 @@ fn train_save_and_resume_refuse_what_does_not_fit() {
         (&["--steps", "3", "--resume", cs], "not below --steps 3"),
     ];
     for (args, want) in cases {
-        let out = run_clean(train, args, &[]);
+        let out = run_mlp(train, args, &[]);
         assert_refused(&format!("train {args:?}"), &out, 1, want);
     }
     // The override resumes a different seed.
-    let out = run_clean(
+    let out = run_mlp(
         train,
         &[
             "--steps",
@@ -457,7 +464,7 @@ fn a_bad_launch_environment_is_one_clear_line() {
         if !env.iter().any(|(k, _)| *k == "OXIFLOW_TIMEOUT") {
             env.push(("OXIFLOW_TIMEOUT", "2"));
         }
-        let out = run_clean(train, &["--steps", "1"], &env);
+        let out = run_mlp(train, &["--steps", "1"], &env);
         assert_refused(&format!("env {env:?}"), &out, 1, want);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim_end().lines().count(), 1, "env {env:?}: {err}");

@@ -3,6 +3,8 @@
 //! checkpoint save) and into oflaunch itself (which serves the store). Each row records the
 //! time from the fault to oflaunch's exit, the exit code, the rank and reason the summary
 //! names, the workers left running afterwards, and whether the last checkpoint still resumes.
+//! One more row has a rank fall behind without stopping (sleeping before a collective, in
+//! oflaunch's test worker), which oflaunch names from the ranks' heartbeats.
 //! The table is printed; every row is asserted.
 
 mod common;
@@ -321,6 +323,81 @@ fn store_killed_row() -> Row {
     }
 }
 
+/// Rank 2 of 4 sleeps before its all-reduce number 2 while the others wait in it; the row's
+/// time is from the job's start to oflaunch naming rank 2 as behind; the job then ends when
+/// the waiters' 8 s collective timeout expires.
+fn rank_behind_row() -> Row {
+    use std::sync::mpsc::channel;
+    let (oflaunch, _) = binaries();
+    common::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "oxiflow-launcher",
+        "--bin",
+        "oflaunch_testworker",
+    ]);
+    let worker = common::release_dir().join("oflaunch_testworker");
+    let t0 = Instant::now();
+    let mut child = Command::new(oflaunch)
+        .args([
+            "--nproc-per-node",
+            "4",
+            "--backend",
+            "cpu",
+            "--timeout",
+            "8",
+        ])
+        .arg(worker)
+        .args(["allreduce", "4", &VICTIM.to_string(), "2", "40"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let workers = workers_of(child.id());
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    let mut named = None;
+    let mut stderr = String::new();
+    while let Ok((at, line)) = lines.recv_timeout(T) {
+        if named.is_none() && line.contains(&format!("rank {VICTIM} is behind")) {
+            named = Some((at.duration_since(t0), line.clone()));
+        }
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    let code = child.wait().unwrap().code().unwrap_or(-1);
+    let (detect, line) = named.unwrap_or_else(|| panic!("rank {VICTIM} never named\n{stderr}"));
+    let orphans = workers.iter().filter(|(_, pid)| alive(*pid)).count();
+    let row = Row {
+        fault: format!("rank {VICTIM} behind (asleep before a collective)"),
+        detect,
+        code,
+        named: line
+            .trim_start_matches("oflaunch: ")
+            .split(" (op")
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        orphans,
+        checkpoint: "-".into(),
+    };
+    assert!(row.detect <= DETECT_LIMIT, "{:?}\n{stderr}", row.detect);
+    assert_ne!(row.code, 0, "{stderr}");
+    assert_eq!(row.orphans, 0);
+    assert!(
+        line.contains("ranks [0, 1, 3] wait in call 2 (op all_reduce"),
+        "{stderr}"
+    );
+    row
+}
+
 #[test]
 fn fault_table() {
     let scratch = std::env::temp_dir().join(format!("oxiflow_fault_table_{}", std::process::id()));
@@ -333,6 +410,7 @@ fn fault_table() {
         }
     }
     rows.push(store_killed_row());
+    rows.push(rank_behind_row());
     println!(
         "\n{:<58} {:>9} {:>5}  {:<70} {:>7}  checkpoint",
         "fault", "detected", "exit", "named in the summary", "orphans"

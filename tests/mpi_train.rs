@@ -15,7 +15,16 @@ use std::sync::OnceLock;
 use common::{cargo, curve, max_rel, release_dir};
 
 const MPI: bool = cfg!(feature = "mpi");
-const ARGS: [&str; 6] = ["--steps", "20", "--log-every", "1", "--seed", "4"];
+const ARGS: [&str; 8] = [
+    "--model",
+    "mlp",
+    "--steps",
+    "20",
+    "--log-every",
+    "1",
+    "--seed",
+    "4",
+];
 
 /// (oflaunch, a private copy of train built with this test's features).
 fn binaries() -> &'static (PathBuf, PathBuf) {

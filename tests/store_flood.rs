@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{binaries, launch, ok};
 
-const TRAIN_ARGS: &[&str] = &["--steps", "400", "--log-every", "100"];
+const TRAIN_ARGS: &[&str] = &["--model", "mlp", "--steps", "400", "--log-every", "100"];
 /// Connections held open by each of the `FLOODERS` threads: together more than the store's
 /// 4,096-connection cap, fewer than this process's descriptor limit.
 const HELD: usize = 600;

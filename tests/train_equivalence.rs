@@ -1,11 +1,11 @@
-//! The `train` example under `oflaunch` with real processes (CPU/TCP backend): loss curves equal
+//! The `train` example's MLP classifier (`--model mlp`) under `oflaunch` with real processes (CPU/TCP backend): loss curves equal
 //! across layouts (1 rank, DP=4, TP=4, DP=2 x TP=2), the default run reaches the documented
 //! threshold, and a save interrupted by a crash leaves a checkpoint that resumes under another
 //! layout with the same curve as an uninterrupted run.
 
 mod common;
 
-use common::{curve, final_line, launch, max_rel, ok};
+use common::{curve, final_line, launch_mlp as launch, max_rel, ok};
 
 /// The loss threshold the README documents for the default command.
 const THRESHOLD: f64 = 0.1;

@@ -133,6 +133,8 @@ fn two_nodes_in_namespaces_train_like_one_node() {
         }
     };
     let args = [
+        "--model",
+        "mlp",
         "--dp",
         "2",
         "--tp",

@@ -1,6 +1,7 @@
 //! The executor: validates a rank's piece against a plan (before any communication), then runs
 //! the plan's steps on it through the communicator's sub-groups.
 
+use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_collectives::{CommError, DType, SharedComm};
 use oxiflow_sbp::{GlobalLayout, ReduceOp};
 use smallvec::SmallVec;
@@ -157,7 +158,21 @@ pub fn execute<P: LocalPiece>(
     let me = check(plan, world, piece.as_ref())?;
     let mut piece = piece;
     for step in &plan.steps {
+        let traced = trace_start();
         piece = run_step(step, world, me, plan.dtype, piece)?;
+        trace_end(
+            traced,
+            Lane::Boxing,
+            || step.describe().into(),
+            || {
+                vec![
+                    ("bytes_max", step.bytes_max.into()),
+                    ("bytes_total", step.bytes_total.into()),
+                    ("from", plan.from.to_string().into()),
+                    ("to", plan.to.to_string().into()),
+                ]
+            },
+        );
     }
     Ok(piece)
 }

@@ -1,19 +1,25 @@
-//! `train`: an MLP classifier on a deterministic synthetic dataset (Gaussian clusters from the
-//! seed), data parallel, tensor parallel or both on a mesh `[dp, tp]` of the launched ranks.
+//! `train`: a byte-level GPT on a text corpus (`--model gpt`, the default; `gpt.rs`,
+//! `gpt_job.rs`) or an MLP classifier on a deterministic synthetic dataset (`--model mlp`;
+//! `classifier.rs`), data parallel, tensor parallel or both on a mesh `[dp, tp]` of the
+//! launched ranks (GPT: also sequence parallel with `--sp`).
 //!
 //! ```text
-//! ./target/release/oflaunch --nproc-per-node 4 train                 # DP=4
+//! ./target/release/oflaunch --nproc-per-node 4 train                 # GPT, DP=4
 //! ./target/release/oflaunch --nproc-per-node 4 train --dp 2 --tp 2   # DP=2 x TP=2
+//! ./target/release/oflaunch --nproc-per-node 4 train --model mlp     # the MLP classifier
 //! ./target/release/examples/train                                    # 1 rank, no launcher
 //! mpirun -np 4 ./target/release/examples/train                       # under MPI (TCP data)
 //! mpirun -np 4 ./target/release/examples/train --backend mpi         # MPI data plane
 //! ```
 //! Rank 0 prints `step N loss L` every `--log-every` steps and `final loss L steps/s S` (L: the
-//! mean loss of the last 10 steps).
+//! mean loss of the last 10 steps); GPT runs add tokens/s, the held-out loss, the unigram
+//! entropy of the data and a generated sample.
 
 // The tests share this module and use the parts `train` does not (Classifier::save/resume, cfg).
 #[allow(dead_code)]
 mod classifier;
+mod gpt;
+mod gpt_job;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -29,7 +35,26 @@ use oxiflow::collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow::collectives::Backend;
 use oxiflow::prelude::*;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModelKind {
+    /// A byte-level GPT on text.
+    Gpt,
+    /// The MLP classifier on Gaussian clusters.
+    Mlp,
+}
+
+/// Counts host bytes, so `train` can print the peak of a step.
+#[global_allocator]
+static ALLOC: oxiflow::memory::CountingAllocator = oxiflow::memory::CountingAllocator;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RecomputeArg {
+    None,
+    Full,
+    Selective,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Opt {
     Sgd,
     Adamw,
@@ -134,13 +159,25 @@ fn class_count(s: &str) -> Result<usize, String> {
     }
 }
 
-/// Train an MLP classifier on synthetic Gaussian clusters with global tensors.
+/// A number at least 0 (a sampling temperature; 0 is greedy).
+fn temperature(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite number at least 0")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+/// Train a GPT on text (or an MLP classifier on synthetic Gaussian clusters) with global tensors.
 ///
 /// Every flag is checked before the run starts; nonsense (a learning rate of 0, NaN or
 /// infinity, a batch of 0, a mesh that does not match the world) is refused with a message.
 #[derive(Parser, Debug)]
 #[command(name = "train", allow_negative_numbers = true)]
 struct Args {
+    /// The model to train.
+    #[arg(long, value_enum, default_value_t = ModelKind::Gpt)]
+    model: ModelKind,
     /// Data-parallel degree (mesh axis 0), at least 1. Default: world size / tp. dp x tp must
     /// equal the world size.
     #[arg(long, value_parser = positive_usize)]
@@ -148,12 +185,57 @@ struct Args {
     /// Tensor-parallel degree (mesh axis 1), at least 1.
     #[arg(long, default_value_t = 1, value_parser = positive_usize)]
     tp: usize,
-    /// Train until this step (a resumed run continues from its checkpoint's step).
-    #[arg(long, default_value_t = 200, value_parser = positive_u64)]
-    steps: u64,
-    /// Global batch size (split over the data-parallel axis).
+    /// Sequence parallelism (GPT): the residual stream split along the sequence on the
+    /// tensor-parallel axis between blocks.
+    #[arg(long)]
+    sp: bool,
+    /// Train until this step (a resumed run continues from its checkpoint's step). Default:
+    /// 400 (gpt), 200 (mlp).
+    #[arg(long, value_parser = positive_u64)]
+    steps: Option<u64>,
+    /// Global batch size (split over the data-parallel axis). Default: 16 windows (gpt), 64
+    /// samples (mlp).
+    #[arg(long, value_parser = positive_usize)]
+    batch_size: Option<usize>,
+    /// GPT: transformer blocks.
+    #[arg(long, default_value_t = 2, value_parser = positive_usize)]
+    layers: usize,
+    /// GPT: attention heads (a multiple of --tp; divides --width).
+    #[arg(long, default_value_t = 4, value_parser = positive_usize)]
+    heads: usize,
+    /// GPT: model width.
     #[arg(long, default_value_t = 64, value_parser = positive_usize)]
-    batch_size: usize,
+    width: usize,
+    /// GPT: tokens per training window.
+    #[arg(long, default_value_t = 64, value_parser = positive_usize)]
+    seq_len: usize,
+    /// GPT: ZeRO stage over the data-parallel axis: 1 shards optimizer state, 2 also
+    /// gradients, 3 also parameters (gathered at use).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    /// GPT: activation recomputation: none, full (every block) or selective (attention).
+    #[arg(long, value_enum, default_value_t = RecomputeArg::None)]
+    recompute: RecomputeArg,
+    /// GPT: dropout probability, in [0, 1).
+    #[arg(long, default_value_t = 0.0, value_parser = unit_fraction, allow_hyphen_values = true)]
+    dropout: f64,
+    /// GPT: a text file, or a pre-tokenized file (`OXFTOK16`, u32 vocabulary size, u16 ids;
+    /// all little-endian). Default: the texts under /usr/share/common-licenses, else generated
+    /// text.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// GPT: also print the held-out loss every this many steps.
+    #[arg(long, value_parser = positive_u64)]
+    eval_every: Option<u64>,
+    /// GPT: the prompt of the generated sample. With --resume and no --steps: only generate.
+    #[arg(long)]
+    generate: Option<String>,
+    /// GPT: tokens of the generated sample (0: none).
+    #[arg(long, default_value_t = 120)]
+    gen_tokens: usize,
+    /// GPT: sampling temperature of the generated sample (0: greedy).
+    #[arg(long, default_value_t = 0.8, value_parser = temperature, allow_hyphen_values = true)]
+    temperature: f64,
     /// Width of the hidden layer (split over the tensor-parallel axis).
     #[arg(long, default_value_t = 64, value_parser = positive_usize)]
     hidden: usize,
@@ -163,15 +245,15 @@ struct Args {
     /// Number of classes (at least 2).
     #[arg(long, default_value_t = 4, value_parser = class_count)]
     classes: usize,
-    /// Learning rate (finite, above 0).
-    #[arg(long, default_value_t = 0.05, value_parser = positive_finite, allow_hyphen_values = true)]
-    lr: f64,
+    /// Learning rate (finite, above 0). Default: 0.005 (gpt, AdamW), 0.05 (mlp).
+    #[arg(long, value_parser = positive_finite, allow_hyphen_values = true)]
+    lr: Option<f64>,
     /// SGD momentum, in [0, 1).
     #[arg(long, default_value_t = 0.9, value_parser = unit_fraction, allow_hyphen_values = true)]
     momentum: f64,
-    /// Optimizer.
-    #[arg(long, value_enum, default_value_t = Opt::Sgd)]
-    optimizer: Opt,
+    /// Optimizer (mlp; gpt always uses AdamW). Default: sgd.
+    #[arg(long, value_enum)]
+    optimizer: Option<Opt>,
     /// Element type of the model and data.
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     dtype: Precision,
@@ -208,6 +290,11 @@ struct Args {
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 10, value_parser = positive_u64)]
     log_every: u64,
+    /// Run one training step and print (rank 0) every parameter's global shape, placement and
+    /// SBP, every op's output (activation) layout and each boxing inserted with its bytes;
+    /// then exit without training further or saving.
+    #[arg(long, conflicts_with_all = ["save", "resume"])]
+    explain: bool,
     /// Test hook: abort the process at this stage of the second save.
     #[arg(long, value_enum, hide = true)]
     crash_during_save: Option<CrashStage>,
@@ -220,12 +307,25 @@ fn optimizer_name(o: Opt) -> &'static str {
     }
 }
 
+/// The MLP's optimizer (sgd unless --optimizer says otherwise).
+fn mlp_optimizer(args: &Args) -> Opt {
+    args.optimizer.unwrap_or(Opt::Sgd)
+}
+
+/// The MLP's step count.
+fn mlp_steps(args: &Args) -> u64 {
+    args.steps.unwrap_or(200)
+}
+
 /// Saves the model, optimizer state, step, seed and optimizer name (every rank calls).
 fn save(clf: &Classifier, args: &Args, path: &Path, opts: &SaveOptions) -> oxiflow::Result<()> {
     let mut meta = Metadata::new();
     meta.insert("step".into(), clf.step.to_string());
     meta.insert("seed".into(), args.seed.to_string());
-    meta.insert("optimizer".into(), optimizer_name(args.optimizer).into());
+    meta.insert(
+        "optimizer".into(),
+        optimizer_name(mlp_optimizer(args)).into(),
+    );
     checkpoint::save(
         path,
         &clf.parameters(),
@@ -248,7 +348,7 @@ fn check_resume(args: &Args, path: &Path, meta: &Metadata) -> Result<u64, String
         ("seed", args.seed.to_string(), "--seed"),
         (
             "optimizer",
-            optimizer_name(args.optimizer).to_string(),
+            optimizer_name(mlp_optimizer(args)).to_string(),
             "--optimizer",
         ),
     ];
@@ -261,13 +361,27 @@ fn check_resume(args: &Args, path: &Path, meta: &Metadata) -> Result<u64, String
             ));
         }
     }
-    if step >= args.steps {
+    if step >= mlp_steps(args) {
         return Err(format!(
             "--resume {at}: the checkpoint is at step {step}, not below --steps {}",
-            args.steps
+            mlp_steps(args)
         ));
     }
     Ok(step)
+}
+
+/// Rank 0's progress bar (steps done of `steps`, elapsed time, ETA) from step `at`, when
+/// stdout is a terminal (otherwise the step lines carry the progress).
+fn progress_bar(lead: bool, steps: u64, at: u64) -> Option<ProgressBar> {
+    (lead && std::io::stdout().is_terminal()).then(|| {
+        let b = ProgressBar::new(steps);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} elapsed {elapsed} eta {eta} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_position(at);
+        b
+    })
 }
 
 /// The mesh [dp, tp] for a world of `world` ranks, or why the flags do not fit it.
@@ -301,39 +415,75 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let world = ctx.world_size();
     let (dp, tp) = mesh(&args, world)?;
-    let cfg = TrainConfig {
-        mesh: Some((dp, tp)),
-        batch_size: args.batch_size,
-        features: args.features,
-        classes: args.classes,
-        hidden: args.hidden,
-        lr: args.lr,
-        momentum: args.momentum,
-        optimizer: match args.optimizer {
-            Opt::Sgd => OptimizerKind::Sgd,
-            Opt::Adamw => OptimizerKind::AdamW,
-        },
-        seed: args.seed,
-        dtype: match args.dtype {
-            Precision::F32 => DType::F32,
-            Precision::F64 => DType::F64,
-        },
-        device: match args.device {
-            Dev::Cpu => DeviceType::Cpu,
-            Dev::Cuda => DeviceType::Cuda,
-            Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
-            Dev::Auto => DeviceType::Cpu,
-        },
-        ..TrainConfig::default()
+    let dtype = match args.dtype {
+        Precision::F32 => DType::F32,
+        Precision::F64 => DType::F64,
     };
-    if let (Matmul::Bf16, DeviceType::Cuda) = (args.matmul, cfg.device) {
+    let device = match args.device {
+        Dev::Cpu => DeviceType::Cpu,
+        Dev::Cuda => DeviceType::Cuda,
+        Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
+        Dev::Auto => DeviceType::Cpu,
+    };
+    if let (Matmul::Bf16, DeviceType::Cuda) = (args.matmul, device) {
         let rt = oxiflow::tensor::cuda::bound_runtime()
             .ok_or("--matmul bf16 needs a CUDA device bound to this process")?;
         rt.set_matmul_precision(oxiflow::tensor::cuda::MatmulPrecision::Bf16);
     }
-    if let (Matmul::Bf16, DeviceType::Cpu) = (args.matmul, cfg.device) {
+    if let (Matmul::Bf16, DeviceType::Cpu) = (args.matmul, device) {
         return Err("--matmul bf16 needs --device cuda (or auto on an NCCL world)".into());
     }
+    if args.model == ModelKind::Gpt {
+        if args.optimizer == Some(Opt::Sgd) {
+            return Err("--model gpt trains with AdamW: drop --optimizer sgd".into());
+        }
+        let cfg = gpt::GptTrainConfig {
+            mesh: (dp, tp),
+            model: oxiflow::nn::gpt::GptConfig {
+                vocab: oxiflow::data::ByteTokenizer::VOCAB,
+                seq_len: args.seq_len,
+                layers: args.layers,
+                heads: args.heads,
+                width: args.width,
+                dropout: args.dropout,
+                seed: args.seed,
+                dtype,
+                sequence_parallel: args.sp,
+            },
+            batch_size: args.batch_size.unwrap_or(gpt_job::BATCH_SIZE),
+            lr: args.lr.unwrap_or(gpt_job::LR),
+            data: args.data.clone(),
+            device,
+            zero: args.zero,
+            recompute: match args.recompute {
+                RecomputeArg::None => oxiflow::nn::gpt::Recompute::None,
+                RecomputeArg::Full => oxiflow::nn::gpt::Recompute::Full,
+                RecomputeArg::Selective => oxiflow::nn::gpt::Recompute::Selective,
+            },
+        };
+        return gpt_job::run(&args, cfg, world, ctx.rank() == 0);
+    }
+    if args.sp {
+        return Err("--sp needs --model gpt".into());
+    }
+    let steps = mlp_steps(&args);
+    let cfg = TrainConfig {
+        mesh: Some((dp, tp)),
+        batch_size: args.batch_size.unwrap_or(64),
+        features: args.features,
+        classes: args.classes,
+        hidden: args.hidden,
+        lr: args.lr.unwrap_or(0.05),
+        momentum: args.momentum,
+        optimizer: match mlp_optimizer(&args) {
+            Opt::Sgd => OptimizerKind::Sgd,
+            Opt::Adamw => OptimizerKind::AdamW,
+        },
+        seed: args.seed,
+        dtype,
+        device,
+        ..TrainConfig::default()
+    };
     let mut clf = Classifier::new(&cfg)?;
     if let Some(p) = &args.resume {
         let manifest = checkpoint::read_manifest_at(p)?;
@@ -342,15 +492,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         clf.step = step;
     }
     let lead = ctx.rank() == 0;
-    let bar = (lead && std::io::stdout().is_terminal()).then(|| {
-        let b = ProgressBar::new(args.steps);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b.set_position(clf.step);
-        b
-    });
+    if args.explain {
+        return explain_step(&mut clf, lead);
+    }
+    let bar = progress_bar(lead, steps, clf.step);
     let say = |line: String| match &bar {
         Some(b) => b.println(line),
         None => println!("{line}"),
@@ -369,14 +514,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let first = clf.step;
     let mut last = f64::NAN;
     let mut recent: std::collections::VecDeque<f64> = std::collections::VecDeque::new();
-    while clf.step < args.steps {
+    while clf.step < steps {
         last = clf.train_step()?;
         recent.push_back(last);
         if recent.len() > 10 {
             recent.pop_front();
         }
         let n = clf.step;
-        if lead && (n % args.log_every == 0 || n == args.steps) {
+        if lead && (n % args.log_every == 0 || n == steps) {
             say(format!("step {n} loss {last:.8}"));
         }
         if let Some(b) = &bar {
@@ -384,7 +529,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             b.set_message(format!("loss {last:.4}"));
         }
         if let (Some(p), Some(every)) = (&args.save, args.save_every) {
-            if n % every == 0 && n < args.steps {
+            if n % every == 0 && n < steps {
                 SAVES.fetch_add(1, Ordering::SeqCst);
                 save(&clf, &args, p, &save_opts)?;
             }
@@ -411,9 +556,36 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--explain`: one step under the explain recorder, reported by rank 0.
+fn explain_step(clf: &mut Classifier, lead: bool) -> Result<(), Box<dyn std::error::Error>> {
+    oxiflow::explain::explain_start();
+    let loss = clf.train_step();
+    let record = oxiflow::explain::explain_finish();
+    let loss = loss?;
+    if lead {
+        println!("parameters (global shape on placement as nd-SBP):");
+        for p in clf.parameters() {
+            let value = p.value();
+            let layout = value
+                .layout()
+                .map_or_else(|| format!("local {}", value.describe()), |l| l.to_string());
+            println!("  {:<24} {layout}", p.name());
+        }
+        println!("one training step (ops with their output layouts, boxings with their bytes):");
+        print!("{}", record.render());
+        println!("explained step loss {loss:.8}");
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Args::parse();
-    if let Err(e) = run(args) {
+    let result = run(args);
+    // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.
+    if let Err(e) = oxiflow::collectives::trace::write_rank_trace() {
+        eprintln!("train: {e}");
+    }
+    if let Err(e) = result {
         eprintln!("train: {e}");
         std::process::exit(1);
     }

@@ -1,11 +1,15 @@
 //! Models on OxiFlow's global tensors, above the engine (`oxiflow-tensor`): layers and their
 //! parameter registry (`nn`), optimizers whose state lives in each parameter's layout (`optim`),
-//! and checkpoints that save any layout and load into any other (`checkpoint`).
+//! checkpoints that save any layout and load into any other (`checkpoint`), the bytes of
+//! training state per rank (`footprint`), and text data for language models (`data`:
+//! tokenizer, corpora, deterministic sharded batches).
 //!
 //! `nn` and `optim` know nothing of checkpoints; `checkpoint` saves parameters and optimizer
 //! state through their public interfaces, so the three modules form no cycle.
 
 pub mod checkpoint;
+pub mod data;
+pub mod footprint;
 pub mod nn;
 pub mod optim;
 

@@ -61,6 +61,13 @@ pub fn launch(nproc: usize, args: &[&str]) -> Output {
         .expect("run oflaunch")
 }
 
+/// `launch` of the MLP classifier (`train --model mlp ARGS`).
+pub fn launch_mlp(nproc: usize, args: &[&str]) -> Output {
+    let mut all = vec!["--model", "mlp"];
+    all.extend_from_slice(args);
+    launch(nproc, &all)
+}
+
 pub fn ok(out: Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

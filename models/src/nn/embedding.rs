@@ -36,7 +36,7 @@ impl Embedding {
     }
     /// ids `[..]` (i64) -> `[.., dim]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        Tensor::embedding(ids, &self.weight.value())
+        Tensor::embedding(ids, &self.weight.compute()?)
     }
 }
 

@@ -34,7 +34,7 @@ impl LayerNorm {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.layer_norm(&self.weight.value(), &self.bias.value(), self.eps)
+        x.layer_norm(&self.weight.compute()?, &self.bias.compute()?, self.eps)
     }
 }
 

@@ -128,9 +128,9 @@ impl Linear {
 
     /// x `[.., in]` -> `[.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.value())?;
+        let y = x.matmul(&self.weight.compute()?)?;
         match &self.bias {
-            Some(b) => y.add(&b.value()),
+            Some(b) => y.add(&b.compute()?),
             None => Ok(y),
         }
     }

@@ -1,5 +1,5 @@
 //! Layers: parameters and their registry, `Linear` (replicated, column- or row-parallel on a
-//! tensor-parallel mesh axis), `Embedding`, `LayerNorm` and an `Mlp` block.
+//! tensor-parallel mesh axis), `Embedding`, `LayerNorm`, an `Mlp` block and a GPT (`gpt`).
 //!
 //! With global view a parallel layer is an ordinary layer whose parameters have chosen nd-SBPs:
 //! a column-parallel weight `[in, out]` is `S(1)` on the tensor-parallel axis, a row-parallel one
@@ -7,6 +7,7 @@
 //! counter-based RNG keyed by (seed, parameter name), so they do not depend on the layout.
 
 mod embedding;
+pub mod gpt;
 mod init;
 mod layer_norm;
 mod linear;

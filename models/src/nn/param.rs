@@ -3,15 +3,22 @@
 use std::sync::{Arc, RwLock};
 
 use crate::{Result, TensorError};
+use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
 struct ParamInner {
     name: String,
     value: RwLock<Tensor>,
+    /// The layout layers compute with, when the stored leaf is sharded (ZeRO-3).
+    compute: RwLock<Option<NdSbp>>,
+    /// The layout the leaf's gradient is boxed to as it accumulates (ZeRO-2 and 3).
+    grad_layout: RwLock<Option<NdSbp>>,
 }
 
 /// A named trainable tensor. Cloning shares it. Tensors are immutable, so an update replaces
-/// the leaf (`set_value`); layers read the current value on every forward.
+/// the leaf (`set_value`); layers read the current value on every forward through
+/// [`Parameter::compute`], which all-gathers a sharded leaf (ZeRO-3) into the layout the layer
+/// computes with; the gather's backward reduce-scatters the gradient into the shard.
 #[derive(Clone)]
 pub struct Parameter(Arc<ParamInner>);
 
@@ -21,12 +28,83 @@ impl Parameter {
         Parameter(Arc::new(ParamInner {
             name: name.into(),
             value: RwLock::new(value.detach().requires_grad_(true)),
+            compute: RwLock::new(None),
+            grad_layout: RwLock::new(None),
         }))
     }
     pub fn name(&self) -> &str {
         &self.0.name
     }
-    /// The current value (a leaf requiring grad).
+    /// The value in the layout layers compute with: the leaf itself, or the leaf all-gathered
+    /// from its shards (recorded by autograd) when it is stored sharded.
+    pub fn compute(&self) -> Result<Tensor> {
+        let v = self.value();
+        let compute = self
+            .0
+            .compute
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match (compute, v.placement()) {
+            (Some(nd), Some(p)) => Ok(v.to_global(p, nd)?),
+            _ => Ok(v),
+        }
+    }
+    /// The layout [`Parameter::compute`] gathers into, when the leaf is stored sharded.
+    pub fn compute_layout(&self) -> Option<NdSbp> {
+        self.0
+            .compute
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    /// Stores the leaf in `storage` (e.g. split over the data-parallel axis) and keeps its
+    /// current layout as the one layers compute with. The leaf's gradient then arrives in the
+    /// storage layout. Runs a collective when `storage` is not a slice of the current layout;
+    /// every rank must call it alike.
+    pub fn store_sharded(&self, storage: NdSbp) -> Result<()> {
+        let v = self.value();
+        let (Some(p), Some(cur)) = (v.placement().cloned(), v.nd_sbp().cloned()) else {
+            return Err(TensorError::Autograd {
+                op: "Parameter::store_sharded",
+                detail: format!("parameter {} is not global: {}", self.name(), v.describe()),
+            });
+        };
+        if cur == storage {
+            return Ok(());
+        }
+        let stored = {
+            let _ng = oxiflow_tensor::no_grad();
+            v.to_global(&p, storage)?
+        };
+        let compute = self.compute_layout().unwrap_or(cur);
+        *self.0.compute.write().unwrap_or_else(|e| e.into_inner()) = Some(compute);
+        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) =
+            stored.detach().requires_grad_(true);
+        self.apply_grad_layout()
+    }
+    /// Boxes the leaf's gradient to `nd` as it accumulates (also for every later leaf).
+    pub fn set_grad_layout(&self, nd: NdSbp) -> Result<()> {
+        *self
+            .0
+            .grad_layout
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(nd);
+        self.apply_grad_layout()
+    }
+    fn apply_grad_layout(&self) -> Result<()> {
+        let nd = self
+            .0
+            .grad_layout
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match nd {
+            Some(nd) => Ok(self.value().set_grad_layout(nd)?),
+            None => Ok(()),
+        }
+    }
+    /// The stored leaf (requires grad); sharded when the parameter is stored sharded.
     pub fn value(&self) -> Tensor {
         self.0
             .value
@@ -58,7 +136,7 @@ impl Parameter {
             });
         }
         *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = t.detach().requires_grad_(true);
-        Ok(())
+        self.apply_grad_layout()
     }
 }
 

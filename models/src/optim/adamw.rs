@@ -7,7 +7,7 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
-use super::{check_state, grad_in_layout, Optimizer};
+use super::{state_in_layout, update_view, write_back, Optimizer, Update, Zero};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWOptions {
@@ -30,10 +30,11 @@ impl Default for AdamWOptions {
     }
 }
 
-/// AdamW; both moment estimates live in the parameter's layout.
+/// AdamW; both moment estimates live in the parameter's layout, or its shard under ZeRO.
 pub struct AdamW {
     params: Vec<Parameter>,
     opts: AdamWOptions,
+    zero: Zero,
     m: Vec<Option<Tensor>>,
     v: Vec<Option<Tensor>>,
     steps: u64,
@@ -45,10 +46,18 @@ impl AdamW {
         AdamW {
             params,
             opts,
+            zero: Zero::OFF,
             m: vec![None; n],
             v: vec![None; n],
             steps: 0,
         }
+    }
+
+    /// Shards state (and gradients, parameters) as `zero` says; see [`Zero::prepare`].
+    pub fn with_zero(mut self, zero: Zero) -> Result<AdamW> {
+        zero.prepare(&self.params)?;
+        self.zero = zero;
+        Ok(self)
     }
 }
 
@@ -61,8 +70,7 @@ impl Optimizer for AdamW {
         let t = (self.steps + 1) as i32;
         let (bc1, bc2) = (1.0 - o.beta1.powi(t), 1.0 - o.beta2.powi(t));
         for (i, p) in self.params.iter().enumerate() {
-            let v0 = p.value();
-            let Some(g) = grad_in_layout(&v0)? else {
+            let Some(Update { value: v0, grad: g }) = update_view(p, self.zero)? else {
                 continue;
             };
             let m = match self.m[i].take() {
@@ -81,7 +89,7 @@ impl Optimizer for AdamW {
             } else {
                 v0
             };
-            p.set_value(&decayed.sub(&upd)?)?;
+            write_back(p, &decayed.sub(&upd)?)?;
             self.m[i] = Some(m);
             self.v[i] = Some(v);
         }
@@ -108,10 +116,10 @@ impl Optimizer for AdamW {
                 detail: format!("no parameter {index}"),
             });
         };
-        check_state("AdamW::set_state", p, slot, &t)?;
+        let t = state_in_layout("AdamW::set_state", p, self.zero, slot, &t)?;
         match slot {
-            "exp_avg" => self.m[index] = Some(t.detach()),
-            "exp_avg_sq" => self.v[index] = Some(t.detach()),
+            "exp_avg" => self.m[index] = Some(t),
+            "exp_avg_sq" => self.v[index] = Some(t),
             _ => {
                 return Err(TensorError::Kernel {
                     op: "AdamW::set_state",

@@ -1,13 +1,16 @@
 //! Optimizers: `Sgd` (momentum, weight decay) and `AdamW`. State tensors live in each
-//! parameter's layout; the update first boxes the gradient to the parameter's layout, so a
-//! partial-sum gradient of a broadcast weight is all-reduced there (data parallelism from the
-//! algebra). Updates run under `no_grad` and replace each parameter's leaf.
+//! parameter's layout, or its shard under ZeRO ([`Zero`]); the update first boxes the gradient
+//! to that layout, so a partial-sum gradient of a broadcast weight is all-reduced there (data
+//! parallelism from the algebra) or reduce-scattered into the shard. Updates run under
+//! `no_grad` and replace each parameter's leaf.
 
 mod adamw;
 mod sgd;
+mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
 pub use sgd::{Sgd, SgdOptions};
+pub use zero::Zero;
 
 use crate::nn::Parameter;
 use crate::Result;
@@ -39,22 +42,70 @@ pub trait Optimizer {
     }
 }
 
-/// The gradient of a parameter value boxed to its layout, or None when it has none.
-pub(crate) fn grad_in_layout(value: &Tensor) -> Result<Option<Tensor>> {
+/// A parameter as the optimizer updates it: the leaf and its gradient in the state's layout
+/// (the leaf's own, or its ZeRO shard).
+pub(crate) struct Update {
+    pub value: Tensor,
+    pub grad: Tensor,
+}
+
+/// The update view of `p`, or None when it has no gradient.
+pub(crate) fn update_view(p: &Parameter, zero: Zero) -> Result<Option<Update>> {
     let _ng = no_grad();
-    let Some(g) = value.grad() else {
+    let leaf = p.value();
+    let Some(g) = leaf.grad() else {
         return Ok(None);
     };
-    Ok(Some(match (value.placement(), value.nd_sbp()) {
-        (Some(pl), Some(s)) => g.to_global(pl, s.clone())?,
-        _ => g,
+    let (Some(pl), Some(own)) = (leaf.placement(), leaf.nd_sbp()) else {
+        return Ok(Some(Update {
+            value: leaf.clone(),
+            grad: g,
+        }));
+    };
+    let target = zero.shard_layout(&leaf).unwrap_or_else(|| own.clone());
+    Ok(Some(Update {
+        value: leaf.to_global(pl, target.clone())?,
+        grad: g.to_global(pl, target)?,
     }))
 }
 
-/// Checks that a state tensor has the parameter's shape, dtype and layout.
-pub(crate) fn check_state(op: &'static str, p: &Parameter, slot: &str, t: &Tensor) -> Result<()> {
+/// Writes an updated value (in the state's layout) back as `p`'s new leaf, all-gathering a
+/// shard into the leaf's layout.
+pub(crate) fn write_back(p: &Parameter, new: &Tensor) -> Result<()> {
+    let _ng = no_grad();
+    let leaf = p.value();
+    let new = match (leaf.placement(), leaf.nd_sbp()) {
+        (Some(pl), Some(own)) if new.nd_sbp() != Some(own) => new.to_global(pl, own.clone())?,
+        _ => new.clone(),
+    };
+    p.set_value(&new)
+}
+
+/// A state tensor (e.g. from a checkpoint, in any layout of the parameter's placement) boxed
+/// to the layout the optimizer keeps state `slot` of `p` in; checks shape, dtype and placement.
+pub(crate) fn state_in_layout(
+    op: &'static str,
+    p: &Parameter,
+    zero: Zero,
+    slot: &str,
+    t: &Tensor,
+) -> Result<Tensor> {
+    check_state(op, p, slot, t)?;
+    let _ng = no_grad();
     let v = p.value();
-    if t.shape() != v.shape() || t.dtype() != v.dtype() || t.layout() != v.layout() {
+    Ok(match (v.placement(), v.nd_sbp()) {
+        (Some(pl), Some(own)) => {
+            let target = zero.shard_layout(&v).unwrap_or_else(|| own.clone());
+            t.to_global(pl, target)?.detach()
+        }
+        _ => t.detach(),
+    })
+}
+
+/// Checks that a state tensor has the parameter's shape, dtype and placement.
+fn check_state(op: &'static str, p: &Parameter, slot: &str, t: &Tensor) -> Result<()> {
+    let v = p.value();
+    if t.shape() != v.shape() || t.dtype() != v.dtype() || t.placement() != v.placement() {
         return Err(oxiflow_tensor::TensorError::Shape {
             op,
             shapes: format!("{}, {}", v.shape(), t.shape()),

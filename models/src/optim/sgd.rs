@@ -6,7 +6,7 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
-use super::{check_state, grad_in_layout, Optimizer};
+use super::{state_in_layout, update_view, write_back, Optimizer, Update, Zero};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdOptions {
@@ -27,10 +27,12 @@ impl Default for SgdOptions {
     }
 }
 
-/// Stochastic gradient descent with momentum; the momentum buffer lives in the parameter's layout.
+/// Stochastic gradient descent with momentum; the momentum buffer lives in the parameter's
+/// layout, or its shard under ZeRO.
 pub struct Sgd {
     params: Vec<Parameter>,
     opts: SgdOptions,
+    zero: Zero,
     bufs: Vec<Option<Tensor>>,
     steps: u64,
 }
@@ -41,9 +43,17 @@ impl Sgd {
         Sgd {
             params,
             opts,
+            zero: Zero::OFF,
             bufs,
             steps: 0,
         }
+    }
+
+    /// Shards state (and gradients, parameters) as `zero` says; see [`Zero::prepare`].
+    pub fn with_zero(mut self, zero: Zero) -> Result<Sgd> {
+        zero.prepare(&self.params)?;
+        self.zero = zero;
+        Ok(self)
     }
 }
 
@@ -54,8 +64,11 @@ impl Optimizer for Sgd {
         let _ng = no_grad();
         let o = self.opts;
         for (p, buf) in self.params.iter().zip(self.bufs.iter_mut()) {
-            let v = p.value();
-            let Some(mut g) = grad_in_layout(&v)? else {
+            let Some(Update {
+                value: v,
+                grad: mut g,
+            }) = update_view(p, self.zero)?
+            else {
                 continue;
             };
             if o.weight_decay != 0.0 {
@@ -73,7 +86,7 @@ impl Optimizer for Sgd {
             } else {
                 g
             };
-            p.set_value(&v.sub(&d.mul_scalar(o.lr)?)?)?;
+            write_back(p, &v.sub(&d.mul_scalar(o.lr)?)?)?;
         }
         self.steps += 1;
         Ok(())
@@ -96,8 +109,8 @@ impl Optimizer for Sgd {
                 detail: format!("no state slot {slot} for parameter {index}"),
             });
         };
-        check_state("Sgd::set_state", p, slot, &t)?;
-        self.bufs[index] = Some(t.detach());
+        let t = state_in_layout("Sgd::set_state", p, self.zero, slot, &t)?;
+        self.bufs[index] = Some(t);
         Ok(())
     }
     fn step_count(&self) -> u64 {

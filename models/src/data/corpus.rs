@@ -1,0 +1,273 @@
+//! `Corpus`: the token ids of a text or pre-tokenized file, of the license texts under
+//! /usr/share/common-licenses, or of generated text; its held-out split and unigram entropy.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::error::DataError;
+use super::generated::generated_text;
+use super::tokenizer::ByteTokenizer;
+
+/// The largest corpus file read (bytes); larger files are refused.
+pub const MAX_CORPUS_BYTES: u64 = 1 << 30;
+/// The first bytes of a pre-tokenized file (see the module docs for the format).
+pub const PRETOKENIZED_MAGIC: &[u8; 8] = b"OXFTOK16";
+/// The license texts every Debian/Ubuntu system ships.
+const SYSTEM_LICENSES: &str = "/usr/share/common-licenses";
+/// Size of the generated text used when no corpus is at hand.
+const GENERATED_BYTES: usize = 200_000;
+/// The fraction of the tokens (at the end) held out for evaluation.
+pub const HELDOUT_FRACTION: f64 = 0.1;
+
+/// Where a corpus came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CorpusSource {
+    /// A text file (one token per byte).
+    Text(PathBuf),
+    /// A pre-tokenized file.
+    Pretokenized(PathBuf),
+    /// The regular files of a directory of texts, sorted by name and concatenated.
+    Directory { path: PathBuf, files: usize },
+    /// Generated text from this seed.
+    Generated { seed: u64 },
+}
+
+impl std::fmt::Display for CorpusSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CorpusSource::Text(p) => write!(f, "text file {}", p.display()),
+            CorpusSource::Pretokenized(p) => write!(f, "pre-tokenized file {}", p.display()),
+            CorpusSource::Directory { path, files } => {
+                write!(f, "{files} files under {}", path.display())
+            }
+            CorpusSource::Generated { seed } => write!(f, "generated text (seed {seed})"),
+        }
+    }
+}
+
+/// Token ids, their vocabulary size and the split point of the held-out part.
+#[derive(Clone, Debug)]
+pub struct Corpus {
+    tokens: Vec<u16>,
+    vocab: usize,
+    heldout_start: usize,
+    pub source: CorpusSource,
+}
+
+fn read_capped(op: &'static str, path: &Path) -> Result<Vec<u8>, DataError> {
+    let io = |source| DataError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CORPUS_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_CORPUS_BYTES {
+        return Err(DataError::Format {
+            op,
+            path: path.to_path_buf(),
+            detail: format!("larger than the {MAX_CORPUS_BYTES}-byte limit"),
+        });
+    }
+    Ok(bytes)
+}
+
+impl Corpus {
+    /// A corpus of `tokens` below `vocab`, the last `HELDOUT_FRACTION` held out.
+    fn new(tokens: Vec<u16>, vocab: usize, source: CorpusSource) -> Corpus {
+        let held = (tokens.len() as f64 * HELDOUT_FRACTION).ceil() as usize;
+        Corpus {
+            heldout_start: tokens.len().saturating_sub(held),
+            tokens,
+            vocab,
+            source,
+        }
+    }
+
+    /// The text `text` tokenized byte by byte.
+    pub fn from_text(text: &str, source: CorpusSource) -> Corpus {
+        Corpus::new(ByteTokenizer.encode(text), ByteTokenizer::VOCAB, source)
+    }
+
+    /// A text file, or a pre-tokenized file when it starts with `PRETOKENIZED_MAGIC`.
+    pub fn from_path(path: &Path) -> Result<Corpus, DataError> {
+        let op = "Corpus::from_path";
+        let bytes = read_capped(op, path)?;
+        let Some(rest) = bytes.strip_prefix(PRETOKENIZED_MAGIC.as_slice()) else {
+            let tokens = bytes.iter().map(|&b| u16::from(b)).collect();
+            let src = CorpusSource::Text(path.to_path_buf());
+            return Ok(Corpus::new(tokens, ByteTokenizer::VOCAB, src));
+        };
+        let bad = |detail: String| DataError::Format {
+            op,
+            path: path.to_path_buf(),
+            detail,
+        };
+        let (head, ids) = rest
+            .split_first_chunk::<4>()
+            .ok_or_else(|| bad("the header ends before the vocabulary size".into()))?;
+        let vocab = u32::from_le_bytes(*head) as usize;
+        if vocab == 0 || vocab > usize::from(u16::MAX) + 1 {
+            return Err(bad(format!("vocabulary size {vocab} is not in 1..=65536")));
+        }
+        if ids.len() % 2 != 0 {
+            return Err(bad(format!("{} id bytes: not whole u16 ids", ids.len())));
+        }
+        let tokens: Vec<u16> = ids
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        if let Some((i, id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| usize::from(t) >= vocab)
+        {
+            return Err(bad(format!(
+                "token {i} is {id}, not below the vocabulary size {vocab}"
+            )));
+        }
+        Ok(Corpus::new(
+            tokens,
+            vocab,
+            CorpusSource::Pretokenized(path.to_path_buf()),
+        ))
+    }
+
+    /// The regular files (not links) of `dir`, sorted by name and joined by newlines.
+    pub fn from_directory(dir: &Path) -> Result<Corpus, DataError> {
+        let op = "Corpus::from_directory";
+        let io = |source| DataError::Io {
+            op,
+            path: dir.to_path_buf(),
+            source,
+        };
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(io)? {
+            let e = e.map_err(io)?;
+            if e.file_type().map_err(io)?.is_file() {
+                files.push(e.path());
+            }
+        }
+        files.sort();
+        let mut text = Vec::new();
+        for f in &files {
+            text.extend(read_capped(op, f)?);
+            text.push(b'\n');
+            if text.len() as u64 > MAX_CORPUS_BYTES {
+                return Err(DataError::Format {
+                    op,
+                    path: dir.to_path_buf(),
+                    detail: format!("larger than the {MAX_CORPUS_BYTES}-byte limit"),
+                });
+            }
+        }
+        let tokens = text.iter().map(|&b| u16::from(b)).collect();
+        let src = CorpusSource::Directory {
+            path: dir.to_path_buf(),
+            files: files.len(),
+        };
+        Ok(Corpus::new(tokens, ByteTokenizer::VOCAB, src))
+    }
+
+    /// The default corpus, needing no download: the license texts under
+    /// /usr/share/common-licenses when that directory has any, else generated text from `seed`.
+    pub fn default_corpus(seed: u64) -> Corpus {
+        match Corpus::from_directory(Path::new(SYSTEM_LICENSES)) {
+            Ok(c) if !c.is_empty() => c,
+            _ => Corpus::from_text(
+                &generated_text(seed, GENERATED_BYTES),
+                CorpusSource::Generated { seed },
+            ),
+        }
+    }
+
+    /// Number of token ids.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    /// The training tokens (all but the held-out end).
+    pub fn train(&self) -> &[u16] {
+        &self.tokens[..self.heldout_start]
+    }
+    /// The held-out tokens (the last `HELDOUT_FRACTION`).
+    pub fn heldout(&self) -> &[u16] {
+        &self.tokens[self.heldout_start..]
+    }
+
+    /// Entropy (nats) of the token frequencies of `tokens`: the loss of the best model that
+    /// ignores context.
+    pub fn unigram_entropy(tokens: &[u16]) -> f64 {
+        let mut counts = vec![0u64; usize::from(u16::MAX) + 1];
+        for &t in tokens {
+            counts[usize::from(t)] += 1;
+        }
+        let n = tokens.len() as f64;
+        counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| {
+                let p = c as f64 / n;
+                -p * p.ln()
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str, bytes: &[u8]) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("oxiflow-corpus-{}-{name}", std::process::id()));
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn pretokenized_files_are_read_and_checked() {
+        let mut b = PRETOKENIZED_MAGIC.to_vec();
+        b.extend(300u32.to_le_bytes());
+        for id in [1u16, 299, 7] {
+            b.extend(id.to_le_bytes());
+        }
+        let p = temp("ok", &b);
+        let c = Corpus::from_path(&p).unwrap();
+        assert_eq!((c.vocab(), c.len()), (300, 3));
+        b.extend(300u16.to_le_bytes());
+        let p2 = temp("bad", &b);
+        let e = Corpus::from_path(&p2).unwrap_err().to_string();
+        assert!(e.contains("token 3 is 300"), "{e}");
+        b.push(0);
+        let p3 = temp("odd", &b);
+        assert!(Corpus::from_path(&p3).is_err());
+        for p in [p, p2, p3] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    #[test]
+    fn text_files_are_bytes_and_the_end_is_held_out() {
+        let p = temp("text", b"abcdefghij");
+        let c = Corpus::from_path(&p).unwrap();
+        assert_eq!(c.train(), ByteTokenizer.encode("abcdefghi").as_slice());
+        assert_eq!(c.heldout(), ByteTokenizer.encode("j").as_slice());
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn unigram_entropy_of_uniform_tokens_is_log_n() {
+        let h = Corpus::unigram_entropy(&[0, 1, 2, 3, 0, 1, 2, 3]);
+        assert!((h - 4f64.ln()).abs() < 1e-12);
+        assert_eq!(Corpus::unigram_entropy(&[5, 5, 5]), 0.0);
+    }
+}

@@ -1,0 +1,172 @@
+//! One pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)), with Megatron tensor
+//! parallelism and, optionally, sequence parallelism between the parallel regions.
+
+use oxiflow_sbp::Sbp;
+
+use crate::Result;
+use oxiflow_tensor::Tensor;
+
+use super::super::init::param_seed;
+use super::super::layer_norm::LayerNorm;
+use super::super::linear::{Linear, Parallel};
+use super::super::param::{Module, Parameter};
+use super::attention::CausalSelfAttention;
+use super::config::{GptConfig, GptLayout, TP_AXIS};
+
+/// LayerNorm epsilon of every norm in the model.
+pub const LN_EPS: f64 = 1e-5;
+
+/// Whether a forward pass trains (dropout on, masks keyed by the step) or evaluates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Train { step: u64 },
+    Eval,
+}
+
+impl Pass {
+    /// The dropout probability and mask seed of site `site` in this pass.
+    pub(super) fn dropout_at(self, cfg: &GptConfig, site: &str) -> Option<(f64, u64)> {
+        match self {
+            Pass::Train { step } if cfg.dropout > 0.0 => Some((
+                cfg.dropout,
+                param_seed(cfg.seed, &format!("dropout.{site}.{step}")),
+            )),
+            _ => None,
+        }
+    }
+
+    /// `x` through this pass's dropout at `site`.
+    pub(super) fn dropout(self, cfg: &GptConfig, site: &str, x: &Tensor) -> Result<Tensor> {
+        match self.dropout_at(cfg, site) {
+            Some((p, seed)) => x.dropout(p, seed),
+            None => Ok(x.clone()),
+        }
+    }
+}
+
+/// The MLP of a block: `name.fc` `[C, 4C]` (column-parallel) -> GELU -> `name.proj` `[4C, C]`
+/// (row-parallel).
+#[derive(Clone, Debug)]
+pub struct GptMlp {
+    pub fc: Linear,
+    pub proj: Linear,
+}
+
+impl GptMlp {
+    pub fn new(name: &str, cfg: &GptConfig, layout: &GptLayout) -> Result<GptMlp> {
+        let c = cfg.width;
+        let opts = |parallel| layout.linear(cfg, parallel);
+        Ok(GptMlp {
+            fc: Linear::new(
+                &format!("{name}.fc"),
+                c,
+                4 * c,
+                &opts(Parallel::Column(TP_AXIS)),
+            )?,
+            proj: Linear::new(
+                &format!("{name}.proj"),
+                4 * c,
+                c,
+                &opts(Parallel::Row(TP_AXIS)),
+            )?,
+        })
+    }
+}
+
+/// A row-parallel projection whose partial sums are reduced straight into `stream` on the
+/// tensor-parallel axis (B: all-reduce; S(1): reduce-scatter along the sequence), then biased.
+fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Result<Tensor> {
+    let y = layout.relayout(&x.matmul(&lin.weight.compute()?)?, stream)?;
+    match &lin.bias {
+        Some(b) => y.add(&b.compute()?),
+        None => Ok(y),
+    }
+}
+
+/// `name.ln1`, `name.attn`, `name.ln2`, `name.mlp`.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub ln1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln2: LayerNorm,
+    pub mlp: GptMlp,
+    name: String,
+}
+
+impl Block {
+    pub fn new(name: &str, cfg: &GptConfig, layout: &GptLayout) -> Result<Block> {
+        let ln = |n: &str| LayerNorm::new(n, cfg.width, LN_EPS, cfg.dtype, &layout.replicated());
+        Ok(Block {
+            ln1: ln(&format!("{name}.ln1"))?,
+            attn: CausalSelfAttention::new(&format!("{name}.attn"), cfg, layout)?,
+            ln2: ln(&format!("{name}.ln2"))?,
+            mlp: GptMlp::new(&format!("{name}.mlp"), cfg, layout)?,
+            name: name.to_string(),
+        })
+    }
+
+    /// x `[B, T, C]` laid out as `stream` on the tensor-parallel axis (B, or S(1) under sequence
+    /// parallelism) -> the same layout. Norms and residuals run on that layout; each parallel
+    /// region gathers its input to B and reduces its output back into `stream`.
+    /// Under `Recompute::Full` the whole block, under `Selective` its attention sublayer, keeps
+    /// only its input for the backward pass and runs again there (dropout masks are keyed by
+    /// the step, so the rerun draws the same ones).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        pass: Pass,
+        recompute: Recompute,
+    ) -> Result<Tensor> {
+        if recompute == Recompute::Full {
+            let (b, cfg, layout) = (self.clone(), cfg.clone(), layout.clone());
+            return oxiflow_tensor::recompute(&[x], move |v| {
+                b.forward(&v[0], &cfg, &layout, stream, pass, Recompute::None)
+            });
+        }
+        let a = if recompute == Recompute::Selective {
+            let (b, layout) = (self.clone(), layout.clone());
+            oxiflow_tensor::recompute(&[x], move |v| b.attention_part(&v[0], &layout, stream))?
+        } else {
+            self.attention_part(x, layout, stream)?
+        };
+        let x = x.add(&pass.dropout(cfg, &format!("{}.attn", self.name), &a)?)?;
+        let h = layout.relayout(&self.ln2.forward(&x)?, Sbp::B)?;
+        let h = self.mlp.fc.forward(&h)?.gelu()?;
+        let m = row_parallel(&self.mlp.proj, &h, layout, stream)?;
+        x.add(&pass.dropout(cfg, &format!("{}.mlp", self.name), &m)?)
+    }
+}
+
+impl Block {
+    /// ln1, attention and the row-parallel output projection, reduced into `stream`.
+    fn attention_part(&self, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Result<Tensor> {
+        let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
+        row_parallel(&self.attn.proj, &self.attn.attend(&h)?, layout, stream)
+    }
+}
+
+/// What a block keeps for its backward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    /// Every intermediate tensor the ops' backward rules need.
+    #[default]
+    None,
+    /// Only the block's input; the whole block runs again in the backward pass.
+    Full,
+    /// Only the attention sublayer's input; that sublayer runs again.
+    Selective,
+}
+
+impl Module for Block {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut v = self.ln1.parameters();
+        v.extend(self.attn.parameters());
+        v.extend(self.ln2.parameters());
+        v.extend(self.mlp.fc.parameters());
+        v.extend(self.mlp.proj.parameters());
+        v
+    }
+}

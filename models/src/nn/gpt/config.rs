@@ -1,0 +1,198 @@
+//! The sizes of a GPT and where its tensors live: `GptConfig` (checked by `validate`) and
+//! `GptLayout` (local, or a `[dp, tp]` mesh with the activations' nd-SBPs on it).
+
+use oxiflow_collectives::DType;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{NdSbp, Sbp};
+
+use crate::{Result, TensorError};
+
+use super::super::init::ParamPlacement;
+use super::super::linear::{LinearOptions, Parallel};
+
+/// The data-parallel mesh axis of a `GptLayout::Mesh`.
+pub const DP_AXIS: usize = 0;
+/// The tensor-parallel mesh axis of a `GptLayout::Mesh`.
+pub const TP_AXIS: usize = 1;
+
+/// The sizes and options of a GPT-2 style model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptConfig {
+    /// Number of token ids (the embedding's rows and the logits' width).
+    pub vocab: usize,
+    /// Longest sequence (rows of the learned position table).
+    pub seq_len: usize,
+    /// Number of transformer blocks.
+    pub layers: usize,
+    /// Attention heads per block (`width` must be a multiple).
+    pub heads: usize,
+    /// Model width (embedding size).
+    pub width: usize,
+    /// Dropout probability after attention, MLP and embeddings (0: none).
+    pub dropout: f64,
+    /// Seed of the initial weights (and of dropout masks).
+    pub seed: u64,
+    pub dtype: DType,
+    /// Sequence parallelism: between blocks the activations are split along the sequence on
+    /// the tensor-parallel axis (needs a mesh).
+    pub sequence_parallel: bool,
+}
+
+impl Default for GptConfig {
+    fn default() -> Self {
+        GptConfig {
+            vocab: 256,
+            seq_len: 64,
+            layers: 2,
+            heads: 4,
+            width: 64,
+            dropout: 0.0,
+            seed: 0,
+            dtype: DType::F32,
+            sequence_parallel: false,
+        }
+    }
+}
+
+fn config_err(detail: String) -> TensorError {
+    TensorError::Shape {
+        op: "GptConfig::validate",
+        shapes: "-".into(),
+        sbps: "-".into(),
+        detail,
+    }
+}
+
+impl GptConfig {
+    /// Checks the sizes against each other and against `layout` (heads split over the
+    /// tensor-parallel axis, sequence parallelism on a mesh).
+    pub fn validate(&self, layout: &GptLayout) -> Result<()> {
+        let sizes = [
+            ("vocab", self.vocab),
+            ("seq_len", self.seq_len),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("width", self.width),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(config_err(format!("{name} must be at least 1")));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(config_err(format!(
+                "dropout {} is not in [0, 1)",
+                self.dropout
+            )));
+        }
+        if !self.width.is_multiple_of(self.heads) {
+            return Err(config_err(format!(
+                "width {} is not a multiple of heads {}",
+                self.width, self.heads
+            )));
+        }
+        if matches!(self.dtype, DType::I64) {
+            return Err(config_err("dtype must be f32 or f64".into()));
+        }
+        match layout {
+            GptLayout::Local if self.sequence_parallel => Err(config_err(
+                "sequence parallelism needs a [dp, tp] mesh".into(),
+            )),
+            GptLayout::Local => Ok(()),
+            GptLayout::Mesh(p) => {
+                let tp = p.shape().get(TP_AXIS).copied().unwrap_or(0);
+                if p.ndim() != 2 {
+                    return Err(config_err(format!(
+                        "the mesh {p} must have two axes [dp, tp]"
+                    )));
+                }
+                if !self.heads.is_multiple_of(tp) {
+                    return Err(config_err(format!(
+                        "heads {} must be divisible by the tensor-parallel degree {tp} (heads are split over the tp axis)",
+                        self.heads
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.width / self.heads.max(1)
+    }
+}
+
+/// Where the model's tensors live.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GptLayout {
+    /// Local tensors on this process.
+    Local,
+    /// Global tensors on a 2-d mesh `[dp, tp]`: the batch split on axis `DP_AXIS`, heads and
+    /// MLP columns on `TP_AXIS`.
+    Mesh(Placement),
+}
+
+impl GptLayout {
+    /// The placement, if global.
+    pub fn placement(&self) -> Option<&Placement> {
+        match self {
+            GptLayout::Local => None,
+            GptLayout::Mesh(p) => Some(p),
+        }
+    }
+
+    /// Options of a linear layer of `cfg` split as `parallel` on a mesh (replicated when local).
+    pub fn linear(&self, cfg: &GptConfig, parallel: Parallel) -> LinearOptions {
+        LinearOptions {
+            bias: true,
+            seed: cfg.seed,
+            dtype: cfg.dtype,
+            placement: self.placement().cloned(),
+            parallel: match self {
+                GptLayout::Local => Parallel::Replicated,
+                GptLayout::Mesh(_) => parallel,
+            },
+        }
+    }
+
+    /// A parameter replicated on every rank.
+    pub fn replicated(&self) -> ParamPlacement {
+        self.param_at(Sbp::B)
+    }
+
+    /// The token-embedding table `[vocab, width]`, also the output projection (tied): its SBP
+    /// on the tensor-parallel axis: split along the vocabulary (`S(0)`, Megatron's
+    /// vocabulary-parallel embedding), so the lookup gives a partial sum and the logits come out
+    /// split along the vocabulary, which cross-entropy reduces without gathering them.
+    pub fn token_embedding(&self) -> ParamPlacement {
+        self.param_at(Sbp::S(0))
+    }
+
+    fn param_at(&self, tp: Sbp) -> ParamPlacement {
+        match self {
+            GptLayout::Local => ParamPlacement::Local,
+            GptLayout::Mesh(p) => {
+                let mut s = NdSbp::broadcast(p.ndim());
+                s.set(TP_AXIS, tp);
+                ParamPlacement::Global {
+                    placement: p.clone(),
+                    nd_sbp: s,
+                }
+            }
+        }
+    }
+
+    /// nd-SBP of activations `[B, T, ..]` with the batch split over the data-parallel axis and,
+    /// on the tensor-parallel axis, `tp` (B: whole; S(1): sequence parallel).
+    pub fn activation_sbp(&self, tp: Sbp) -> Option<NdSbp> {
+        self.placement().map(|_| NdSbp::new([Sbp::S(0), tp]))
+    }
+
+    /// Boxes `x [B, T, ..]` to the batch split on the data-parallel axis and `tp` on the
+    /// tensor-parallel axis (no-op for local tensors).
+    pub fn relayout(&self, x: &oxiflow_tensor::Tensor, tp: Sbp) -> Result<oxiflow_tensor::Tensor> {
+        match (self.placement(), self.activation_sbp(tp)) {
+            (Some(p), Some(s)) => x.to_global(p, s),
+            _ => Ok(x.clone()),
+        }
+    }
+}

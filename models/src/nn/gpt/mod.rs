@@ -1,0 +1,15 @@
+//! A GPT-2 style language model on global tensors: pre-LN blocks, learned positions, tied
+//! input/output embedding. On a `[dp, tp]` mesh the batch is split over `dp`; Megatron tensor
+//! parallelism follows from the parameters' SBP on `tp` (Q, K, V and the first MLP matrix
+//! column-parallel, the output projections row-parallel, heads split); sequence parallelism
+//! splits the residual stream along the sequence on `tp` between the parallel regions.
+
+mod attention;
+mod block;
+mod config;
+mod model;
+
+pub use attention::{causal_attention, CausalSelfAttention};
+pub use block::{Block, GptMlp, Pass, Recompute, LN_EPS};
+pub use config::{GptConfig, GptLayout, DP_AXIS, TP_AXIS};
+pub use model::Gpt;

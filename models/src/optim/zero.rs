@@ -1,0 +1,74 @@
+//! ZeRO as layouts: how far the optimizer shards its state, the gradients and the parameters
+//! over the data-parallel mesh axis. Stage 1 keeps optimizer state split S(0) on that axis and
+//! updates each parameter on its shard (the gradient is all-reduced, then sliced; the new
+//! parameter is all-gathered); stage 2 also boxes each gradient straight from its partial sum to
+//! the shard as backward accumulates it (a reduce-scatter instead of an all-reduce, and 1/dp of
+//! the gradient memory); stage 3 also stores the parameters split, and layers all-gather them
+//! at use (`Parameter::compute`), the gather's backward reduce-scattering the gradient.
+
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::Tensor;
+
+use crate::nn::Parameter;
+use crate::{Result, TensorError};
+
+/// ZeRO stage (0: off, 1, 2, 3) and the data-parallel mesh axis it shards over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Zero {
+    stage: u8,
+    axis: usize,
+}
+
+impl Zero {
+    /// No sharding: state, gradients and parameters in the parameters' layouts.
+    pub const OFF: Zero = Zero { stage: 0, axis: 0 };
+
+    /// Stage `stage` (0..=3) over mesh axis `axis`.
+    pub fn new(stage: u8, axis: usize) -> Result<Zero> {
+        if stage > 3 {
+            return Err(TensorError::Autograd {
+                op: "Zero::new",
+                detail: format!("ZeRO stage must be 0, 1, 2 or 3, got {stage}"),
+            });
+        }
+        Ok(Zero { stage, axis })
+    }
+    pub fn stage(&self) -> u8 {
+        self.stage
+    }
+    pub fn axis(&self) -> usize {
+        self.axis
+    }
+
+    /// The sharded layout of a parameter laid out `value`: its nd-SBP with the data-parallel
+    /// axis split along dim 0 (uneven and empty shards allowed). None when the stage is 0, the
+    /// tensor is local or 0-d, or it is not broadcast on that axis (already sharded).
+    pub fn shard_layout(&self, value: &Tensor) -> Option<NdSbp> {
+        if self.stage == 0 || value.ndim() == 0 {
+            return None;
+        }
+        let nd = value.nd_sbp()?;
+        if nd.as_slice().get(self.axis) != Some(&Sbp::B) {
+            return None;
+        }
+        Some(nd.with_axis(self.axis, Sbp::S(0)))
+    }
+
+    /// Prepares the parameters for this stage: stage 2 boxes each leaf's gradient to its shard
+    /// as it accumulates; stage 3 stores each parameter sharded. Every rank must call it alike.
+    pub fn prepare(&self, params: &[Parameter]) -> Result<()> {
+        if self.stage < 2 {
+            return Ok(());
+        }
+        for p in params {
+            let Some(shard) = self.shard_layout(&p.value()) else {
+                continue;
+            };
+            if self.stage == 3 {
+                p.store_sharded(shard.clone())?;
+            }
+            p.set_grad_layout(shard)?;
+        }
+        Ok(())
+    }
+}

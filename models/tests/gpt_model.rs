@@ -1,0 +1,153 @@
+//! The GPT model on local tensors: output shapes, the tied input/output embedding (one
+//! parameter, reached by the output projection), causality (future tokens do not change
+//! earlier logits), configuration checks and dropout.
+
+use oxiflow_collectives::DType;
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow_models::nn::Module;
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_tensor::Tensor;
+
+fn tiny() -> GptConfig {
+    GptConfig {
+        vocab: 32,
+        seq_len: 8,
+        layers: 2,
+        heads: 2,
+        width: 16,
+        seed: 3,
+        dtype: DType::F64,
+        ..GptConfig::default()
+    }
+}
+
+fn ids(v: &[i64], b: usize) -> Tensor {
+    Tensor::from_vec(v.to_vec(), [b, v.len() / b]).unwrap()
+}
+
+#[test]
+fn logits_have_one_row_per_token_and_the_loss_is_a_scalar() {
+    let m = Gpt::new(&tiny(), &GptLayout::Local).unwrap();
+    let x = ids(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 2);
+    let logits = m.forward(&x, Pass::Eval).unwrap();
+    assert_eq!(logits.shape().dims(), &[2, 5, 32]);
+    let loss = m.loss(&x, &x, Pass::Eval).unwrap();
+    assert_eq!(loss.ndim(), 0);
+    // Too long a sequence and float ids are refused.
+    assert!(m.forward(&ids(&[0; 9], 1), Pass::Eval).is_err());
+    let f = Tensor::zeros([1, 4], DType::F64);
+    assert!(m.forward(&f, Pass::Eval).is_err());
+}
+
+#[test]
+fn the_token_embedding_is_the_only_vocabulary_matrix_and_gets_output_gradients() {
+    let cfg = tiny();
+    let m = Gpt::new(&cfg, &GptLayout::Local).unwrap();
+    let params = m.parameters();
+    let vocab_sized: Vec<_> = params
+        .iter()
+        .filter(|p| p.value().shape().dims().contains(&cfg.vocab))
+        .map(|p| p.name().to_string())
+        .collect();
+    assert_eq!(vocab_sized, ["wte.weight"]);
+    assert!(m.registry().is_ok(), "parameter names are unique");
+    // Inputs use ids 1..=4 only; rows of other ids get gradient only through the logits.
+    let x = ids(&[1, 2, 3, 4, 1, 2, 3, 4], 2);
+    m.loss(&x, &x, Pass::Train { step: 0 })
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g = m.wte.weight.grad().unwrap().to_vec::<f64>().unwrap();
+    let row20: f64 = g[20 * cfg.width..21 * cfg.width]
+        .iter()
+        .map(|v| v.abs())
+        .sum();
+    assert!(
+        row20 > 0.0,
+        "an id absent from the input gets an output gradient"
+    );
+}
+
+#[test]
+fn future_tokens_do_not_change_earlier_logits() {
+    let m = Gpt::new(&tiny(), &GptLayout::Local).unwrap();
+    let a = [5, 9, 2, 7, 1, 3, 8, 4];
+    let mut b = a;
+    for x in &mut b[5..] {
+        *x = (*x + 11) % 32;
+    }
+    let la = m
+        .forward(&ids(&a, 1), Pass::Eval)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let lb = m
+        .forward(&ids(&b, 1), Pass::Eval)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let v = 32;
+    assert_eq!(
+        la[..5 * v],
+        lb[..5 * v],
+        "positions 0..5 see only tokens 0..5"
+    );
+    assert_ne!(
+        la[5 * v..6 * v],
+        lb[5 * v..6 * v],
+        "position 5 sees its own token"
+    );
+}
+
+#[test]
+fn configurations_that_cannot_be_laid_out_are_refused() {
+    let mesh = Placement::new_1d(DeviceType::Cpu, [0, 1, 2, 3])
+        .unwrap()
+        .reshaped([1, 4])
+        .unwrap();
+    let layout = GptLayout::Mesh(mesh);
+    let e = GptConfig { heads: 2, ..tiny() }
+        .validate(&layout)
+        .unwrap_err();
+    assert!(e.to_string().contains("tensor-parallel degree 4"), "{e}");
+    let e = GptConfig { heads: 3, ..tiny() }
+        .validate(&GptLayout::Local)
+        .unwrap_err();
+    assert!(e.to_string().contains("not a multiple of heads 3"), "{e}");
+    let sp = GptConfig {
+        sequence_parallel: true,
+        ..tiny()
+    };
+    assert!(sp.validate(&GptLayout::Local).is_err());
+    assert!(GptConfig {
+        layers: 0,
+        ..tiny()
+    }
+    .validate(&GptLayout::Local)
+    .is_err());
+    assert!(GptConfig {
+        dropout: 1.0,
+        ..tiny()
+    }
+    .validate(&GptLayout::Local)
+    .is_err());
+    assert!(GptConfig { heads: 4, ..tiny() }.validate(&layout).is_ok());
+}
+
+#[test]
+fn dropout_is_the_identity_at_zero_and_scales_what_it_keeps() {
+    let x = Tensor::ones([64, 64], DType::F64);
+    let same = x.dropout(0.0, 1).unwrap();
+    assert!(same.same(&x));
+    let y = x.dropout(0.25, 1).unwrap().to_vec::<f64>().unwrap();
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!(y
+        .iter()
+        .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-12));
+    assert!(
+        (2800..3350).contains(&kept),
+        "kept {kept} of 4096 at p 0.25"
+    );
+    let again = x.dropout(0.25, 1).unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(y, again, "the seed decides the mask");
+}

@@ -1,0 +1,252 @@
+//! ZeRO stages 0-3 and activation recomputation against one rank: a residual two-block MLP
+//! trained with AdamW and SGD on meshes [2], [4] (data parallel) and [2, 2] (data x tensor
+//! parallel), in-process ranks, f64. Every stage and recompute setting gives the one-rank losses
+//! and parameters; each stage keeps the bytes per rank it promises (state, gradients,
+//! parameters split over the data-parallel axis).
+
+use std::time::Duration;
+
+use oxiflow_collectives::DType;
+use oxiflow_models::footprint::Footprint;
+use oxiflow_models::nn::{Activation, Mlp, Module, Parameter};
+use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions, Zero};
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::{recompute, run_ranks, Tensor};
+
+const F: DType = DType::F64;
+const ROWS: usize = 6;
+const WIDTH: usize = 5;
+const STEPS: usize = 4;
+
+struct Net {
+    blocks: Vec<Mlp>,
+}
+
+impl Net {
+    fn new(placement: Option<&Placement>, tp: Option<usize>) -> Net {
+        let blocks = (0..2)
+            .map(|i| {
+                Mlp::new(
+                    &format!("b{i}"),
+                    WIDTH,
+                    7,
+                    WIDTH,
+                    Activation::Tanh,
+                    3,
+                    F,
+                    placement,
+                    tp,
+                )
+                .unwrap()
+            })
+            .collect();
+        Net { blocks }
+    }
+    fn forward(&self, x: &Tensor, recomputed: bool) -> Tensor {
+        let mut h = x.clone();
+        for b in &self.blocks {
+            h = if recomputed {
+                let b = b.clone();
+                recompute(&[&h], move |xs| xs[0].add(&b.forward(&xs[0])?)).unwrap()
+            } else {
+                h.add(&b.forward(&h).unwrap()).unwrap()
+            };
+        }
+        h
+    }
+}
+
+impl Module for Net {
+    fn parameters(&self) -> Vec<Parameter> {
+        self.blocks.iter().flat_map(|b| b.parameters()).collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Opt {
+    Adam,
+    Sgd,
+}
+
+fn optimizer(params: Vec<Parameter>, opt: Opt, zero: Zero) -> Box<dyn Optimizer> {
+    match opt {
+        Opt::Adam => Box::new(
+            AdamW::new(
+                params,
+                AdamWOptions {
+                    lr: 0.05,
+                    ..AdamWOptions::default()
+                },
+            )
+            .with_zero(zero)
+            .unwrap(),
+        ),
+        Opt::Sgd => Box::new(
+            Sgd::new(
+                params,
+                SgdOptions {
+                    lr: 0.1,
+                    momentum: 0.9,
+                    ..SgdOptions::default()
+                },
+            )
+            .with_zero(zero)
+            .unwrap(),
+        ),
+    }
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+}
+
+/// Per-rank bytes after training: (parameters, gradients, optimizer state).
+type Bytes = (usize, usize, usize);
+
+/// Losses, final parameters (gathered) and per-rank bytes of one run.
+type Run = (Vec<f64>, Vec<Vec<f64>>, Bytes);
+
+fn train(placement: Option<&Placement>, tp: Option<usize>, opt: Opt, zero: Zero, rc: bool) -> Run {
+    let net = Net::new(placement, tp);
+    let params = net.parameters();
+    let mut o = optimizer(params.clone(), opt, zero);
+    let x = Tensor::randn([ROWS, WIDTH], 11, F);
+    let y = Tensor::randn([ROWS, WIDTH], 12, F);
+    let (x, y) = match placement {
+        Some(p) => {
+            let data = NdSbp::broadcast(p.ndim()).with_axis(0, Sbp::S(0));
+            (
+                x.to_global(p, NdSbp::broadcast(p.ndim()))
+                    .unwrap()
+                    .to_global(p, data.clone())
+                    .unwrap(),
+                y.to_global(p, NdSbp::broadcast(p.ndim()))
+                    .unwrap()
+                    .to_global(p, data)
+                    .unwrap(),
+            )
+        }
+        None => (x, y),
+    };
+    let mut losses = Vec::new();
+    let mut bytes = (0, 0, 0);
+    for step in 0..STEPS {
+        o.zero_grad();
+        let loss = net
+            .forward(&x, rc)
+            .sub(&y)
+            .unwrap()
+            .square()
+            .unwrap()
+            .mean_all()
+            .unwrap();
+        loss.backward().unwrap();
+        if step == STEPS - 1 {
+            bytes.1 = Footprint::measure(&params, o.as_ref()).gradients;
+        }
+        o.step().unwrap();
+        let l = match placement {
+            Some(p) => loss.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
+            None => loss,
+        };
+        losses.push(vals(&l)[0]);
+    }
+    let after = Footprint::measure(&params, o.as_ref());
+    bytes.0 = after.parameters;
+    bytes.2 = after.optimizer_state;
+    let finals = params
+        .iter()
+        .map(|p| {
+            let v = p.value();
+            match placement {
+                Some(pl) => vals(&v.to_global(pl, NdSbp::broadcast(pl.ndim())).unwrap()),
+                None => vals(&v),
+            }
+        })
+        .collect();
+    (losses, finals, bytes)
+}
+
+fn close(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
+            "{what}: {x} vs {y}"
+        );
+    }
+}
+
+fn check_layout(mesh: &[usize], tp: Option<usize>) {
+    let n: usize = mesh.iter().product();
+    let dp = mesh[0];
+    for opt in [Opt::Adam, Opt::Sgd] {
+        let (want_losses, want_params, _) = train(None, None, opt, Zero::OFF, false);
+        let mut full: Option<Bytes> = None;
+        for stage in 0..=3u8 {
+            for rc in [false, true] {
+                let what = format!("mesh {mesh:?} {opt:?} zero {stage} recompute {rc}");
+                let runs = run_ranks(n, Duration::from_secs(60), |_| {
+                    let p = Placement::new_1d(DeviceType::Cpu, (0..n).collect::<Vec<_>>())
+                        .unwrap()
+                        .reshaped(mesh.to_vec())
+                        .unwrap();
+                    train(Some(&p), tp, opt, Zero::new(stage, 0).unwrap(), rc)
+                });
+                for (losses, params, _) in &runs {
+                    close(losses, &want_losses, &format!("{what}: losses"));
+                    for (a, b) in params.iter().zip(&want_params) {
+                        close(a, b, &format!("{what}: parameters"));
+                    }
+                }
+                let bytes = runs[0].2;
+                let base = *full.get_or_insert(bytes);
+                // Each sharded quantity is at most its share over dp, plus the rows an uneven
+                // split rounds up (one row of each tensor).
+                let slack = 8 * 2 * WIDTH * 7;
+                let share = |b: usize| b / dp + slack;
+                if stage >= 1 {
+                    assert!(
+                        bytes.2 <= share(base.2),
+                        "{what}: state {bytes:?} vs {base:?}"
+                    );
+                }
+                if stage >= 2 {
+                    assert!(
+                        bytes.1 <= share(base.1),
+                        "{what}: grads {bytes:?} vs {base:?}"
+                    );
+                }
+                if stage == 3 {
+                    assert!(
+                        bytes.0 <= share(base.0),
+                        "{what}: params {bytes:?} vs {base:?}"
+                    );
+                } else {
+                    assert_eq!(bytes.0, base.0, "{what}: parameters stay whole");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn data_parallel_two_ranks() {
+    check_layout(&[2], None);
+}
+
+#[test]
+fn data_parallel_four_ranks() {
+    check_layout(&[4], None);
+}
+
+#[test]
+fn data_and_tensor_parallel() {
+    check_layout(&[2, 2], Some(1));
+}
+
+#[test]
+fn stage_out_of_range_is_an_error() {
+    assert!(Zero::new(4, 0).is_err());
+}

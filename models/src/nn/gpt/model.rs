@@ -97,7 +97,13 @@ impl Gpt {
         let x = pass.dropout(&self.cfg, "embedding", &tok.add(&pos)?)?;
         let stream = self.stream();
         let mut x = layout.relayout(&x, stream)?;
-        for b in &self.blocks {
+        for (i, b) in self.blocks.iter().enumerate() {
+            // Parameters stored sharded: the next block's gathers are issued before this
+            // block computes, so they overlap it where collectives run asynchronously.
+            match self.blocks.get(i + 1) {
+                Some(next) => next.prefetch()?,
+                None => self.ln_f.prefetch()?,
+            }
             x = b.forward(&x, &self.cfg, layout, stream, pass, self.recompute)?;
         }
         let x = layout.relayout(&self.ln_f.forward(&x)?, Sbp::B)?;

@@ -43,6 +43,11 @@ impl Tensor {
     /// A local tensor from storage.
     pub fn from_storage(storage: Storage) -> Tensor {
         let local_shape = storage.shape();
+        Tensor::from_storage_of_shape(storage, local_shape)
+    }
+
+    /// A local tensor of `storage`, whose shape the caller has checked to be `local_shape`.
+    pub(crate) fn from_storage_of_shape(storage: Storage, local_shape: Shape) -> Tensor {
         let (dtype, device) = (storage.dtype(), storage.device());
         Tensor(Arc::new(TensorImpl {
             piece: Some(Arc::new(storage)),

@@ -27,19 +27,25 @@ pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
 
 /// The numpy broadcast of two shapes.
 pub fn broadcast_shape(a: &Shape, b: &Shape) -> Option<Shape> {
+    if a == b {
+        return Some(a.clone());
+    }
     let n = a.ndim().max(b.ndim());
-    let mut dims = vec![0; n];
-    for (o, d) in dims.iter_mut().enumerate() {
+    let mut fits = true;
+    let out = Shape::new((0..n).map(|o| {
         let x = dim_or_one(a, o, n);
         let y = dim_or_one(b, o, n);
-        *d = match (x, y) {
+        match (x, y) {
             _ if x == y => x,
             (1, _) => y,
             (_, 1) => x,
-            _ => return None,
-        };
-    }
-    Some(Shape::new(dims))
+            _ => {
+                fits = false;
+                0
+            }
+        }
+    }));
+    fits.then_some(out)
 }
 
 /// Size of the input dim that lines up with output dim `o` of an `n`-dim output (1 if missing).
@@ -69,10 +75,10 @@ pub(crate) fn split_through(x: &Shape, out: &Shape, o: usize) -> Sbp {
 pub fn binary(op: BinaryOp, a: &Shape, b: &Shape, mode: RuleMode) -> Result<Rules, String> {
     let out =
         broadcast_shape(a, b).ok_or_else(|| format!("shapes {a} and {b} do not broadcast"))?;
-    let mut r = Rules::new(mode, [out.clone()]);
     if mode == RuleMode::ShapesOnly {
-        return Ok(r);
+        return Ok(Rules::new(mode, [out]));
     }
+    let mut r = Rules::new(mode, [out.clone()]);
     for o in 0..out.ndim() {
         r.push(
             &[split_through(a, &out, o), split_through(b, &out, o)],

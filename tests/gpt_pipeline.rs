@@ -41,7 +41,10 @@ fn agree(dtype: &str, tolerance: f64, layouts: &[(usize, &[&str])]) {
     let common = ["--steps", "8", "--seed", "11", "--dtype", dtype];
     let one = tiny(1, &common);
     assert_eq!(one.len(), 8);
-    assert!(one[7].1 < one[0].1, "{dtype}: training makes progress: {one:?}");
+    assert!(
+        one[7].1 < one[0].1,
+        "{dtype}: training makes progress: {one:?}"
+    );
     for (n, layout) in layouts {
         let mut args = common.to_vec();
         args.extend_from_slice(layout);
@@ -60,8 +63,14 @@ fn pipelines_give_the_one_rank_curve_in_f64() {
         1e-12,
         &[
             (1, &["--micro-batches", "4"]),
-            (2, &["--pp", "2", "--micro-batches", "4", "--schedule", "gpipe"]),
-            (2, &["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b"]),
+            (
+                2,
+                &["--pp", "2", "--micro-batches", "4", "--schedule", "gpipe"],
+            ),
+            (
+                2,
+                &["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b"],
+            ),
             (
                 2,
                 &[
@@ -134,7 +143,10 @@ fn pipelines_give_the_one_rank_curve_in_f32() {
         "f32",
         1e-4,
         &[
-            (2, &["--pp", "2", "--micro-batches", "2", "--schedule", "gpipe"]),
+            (
+                2,
+                &["--pp", "2", "--micro-batches", "2", "--schedule", "gpipe"],
+            ),
             (
                 4,
                 &[
@@ -198,7 +210,16 @@ fn a_checkpoint_resumes_across_pipeline_and_zero_layouts() {
     };
     let full = tiny(1, &with(&["--steps", "10"]));
     assert_eq!(full.len(), 10);
-    let pp2_zero: &[&str] = &["--pp", "2", "--dp", "2", "--micro-batches", "2", "--zero", "2"];
+    let pp2_zero: &[&str] = &[
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--micro-batches",
+        "2",
+        "--zero",
+        "2",
+    ];
     let dp2tp2: &[&str] = &["--dp", "2", "--tp", "2", "--zero", "1"];
     for (name, save_at, resume_at) in [
         ("pp2dp2zero2-to-dp2tp2", pp2_zero, dp2tp2),
@@ -208,7 +229,10 @@ fn a_checkpoint_resumes_across_pipeline_and_zero_layouts() {
         let _ = std::fs::remove_dir_all(&dir);
         let p = dir.join("ckpt");
         let ps: &'static str = Box::leak(p.to_str().unwrap().to_string().into_boxed_str());
-        let first = tiny(4, &[with(&["--steps", "6", "--save", ps]), save_at.to_vec()].concat());
+        let first = tiny(
+            4,
+            &[with(&["--steps", "6", "--save", ps]), save_at.to_vec()].concat(),
+        );
         assert_eq!(first.len(), 6);
         let resumed = tiny(
             4,
@@ -227,20 +251,53 @@ fn invalid_pipelines_are_refused_on_every_rank() {
     let cases: [(usize, &[&str], &str); 4] = [
         (
             2,
-            &["--pp", "2", "--micro-batches", "3", "--schedule", "interleaved", "--virtual-stages", "2", "--batch-size", "6"],
+            &[
+                "--pp",
+                "2",
+                "--micro-batches",
+                "3",
+                "--schedule",
+                "interleaved",
+                "--virtual-stages",
+                "2",
+                "--batch-size",
+                "6",
+            ],
             "multiple of the pipeline stages",
         ),
         (
             2,
-            &["--pp", "2", "--micro-batches", "2", "--schedule", "interleaved", "--virtual-stages", "3"],
+            &[
+                "--pp",
+                "2",
+                "--micro-batches",
+                "2",
+                "--schedule",
+                "interleaved",
+                "--virtual-stages",
+                "3",
+            ],
             "multiple of stages x virtual stages",
         ),
         (
             4,
-            &["--pp", "2", "--dp", "2", "--micro-batches", "4", "--batch-size", "12"],
+            &[
+                "--pp",
+                "2",
+                "--dp",
+                "2",
+                "--micro-batches",
+                "4",
+                "--batch-size",
+                "12",
+            ],
             "--batch-size 12 must be a multiple of --dp 2 x --micro-batches 4",
         ),
-        (3, &["--pp", "2"], "--pp 2 x --tp 1 does not divide the world size 3"),
+        (
+            3,
+            &["--pp", "2"],
+            "--pp 2 x --tp 1 does not divide the world size 3",
+        ),
     ];
     for (n, args, want) in cases {
         let mut all = TINY.to_vec();

@@ -235,7 +235,9 @@ impl GptRun {
         if self.cfg.pipeline.stages == 1 {
             return first(op, t);
         }
-        let t = t.cast(DType::F64)?.to_global(&self.world, NdSbp::broadcast(1))?;
+        let t = t
+            .cast(DType::F64)?
+            .to_global(&self.world, NdSbp::broadcast(1))?;
         first(op, &t)
     }
 

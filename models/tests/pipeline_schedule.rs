@@ -135,7 +135,10 @@ fn interleaved_goes_round_the_chunks_in_groups_of_pp() {
     );
     // Stage 0 warms up with (pp - 1) * 2 + (v - 1) * pp = 4 forwards.
     assert!(matches!(s.actions(0)[4], Action::Forward { .. }));
-    assert!(matches!(s.actions(0)[5], Action::Backward { mb: 0, chunk: 1 }));
+    assert!(matches!(
+        s.actions(0)[5],
+        Action::Backward { mb: 0, chunk: 1 }
+    ));
     assert!(s.bubble_theory() < spec(Schedule::OneFOneB, 2, 4, 1).bubble_theory());
     assert!((spec(Schedule::OneFOneB, 4, 8, 1).bubble_theory() - 3.0 / 11.0).abs() < 1e-15);
 }
@@ -143,9 +146,21 @@ fn interleaved_goes_round_the_chunks_in_groups_of_pp() {
 #[test]
 fn invalid_combinations_are_typed_errors() {
     let cases = [
-        (spec(Schedule::Interleaved, 2, 3, 2), 8, "multiple of the pipeline stages"),
-        (spec(Schedule::Interleaved, 2, 4, 2), 6, "multiple of stages x virtual stages"),
-        (spec(Schedule::OneFOneB, 2, 4, 2), 8, "need the interleaved schedule"),
+        (
+            spec(Schedule::Interleaved, 2, 3, 2),
+            8,
+            "multiple of the pipeline stages",
+        ),
+        (
+            spec(Schedule::Interleaved, 2, 4, 2),
+            6,
+            "multiple of stages x virtual stages",
+        ),
+        (
+            spec(Schedule::OneFOneB, 2, 4, 2),
+            8,
+            "need the interleaved schedule",
+        ),
         (spec(Schedule::GPipe, 4, 4, 1), 3, "cannot fill"),
         (spec(Schedule::GPipe, 0, 4, 1), 3, "at least 1"),
         (spec(Schedule::OneFOneB, 2, 0, 1), 3, "at least 1"),
@@ -159,9 +174,12 @@ fn invalid_combinations_are_typed_errors() {
 fn stage_layouts(pp: usize, per: usize) -> Vec<GptLayout> {
     (0..pp)
         .map(|s| {
-            let p = Placement::new_1d(DeviceType::Cpu, (s * per..(s + 1) * per).collect::<Vec<usize>>())
-                .and_then(|p| p.reshaped([per, 1]))
-                .expect("placement");
+            let p = Placement::new_1d(
+                DeviceType::Cpu,
+                (s * per..(s + 1) * per).collect::<Vec<usize>>(),
+            )
+            .and_then(|p| p.reshaped([per, 1]))
+            .expect("placement");
             GptLayout::Mesh(p)
         })
         .collect()
@@ -179,7 +197,10 @@ fn layers_split_as_evenly_as_possible() {
     assert_eq!(s.block_layout(5), s.layout(0));
     assert_eq!(s.block_layout(7), s.layout(1));
     assert!(StageSplit::new(3, stage_layouts(2, 1), 2).is_err());
-    let shared = vec![stage_layouts(1, 2)[0].clone(), stage_layouts(1, 2)[0].clone()];
+    let shared = vec![
+        stage_layouts(1, 2)[0].clone(),
+        stage_layouts(1, 2)[0].clone(),
+    ];
     assert!(StageSplit::new(4, shared, 1)
         .expect_err("shared ranks")
         .to_string()

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use oxiflow_placement::DeviceType;
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the receivers sleep before their first receive.
@@ -28,9 +28,7 @@ fn senders_do_not_wait_for_late_receivers() {
         }
         for seed in 0..rounds {
             let x = Tensor::randn_global(shape, seed, DType::F64, &src, Sbp::S(0)).unwrap();
-            let y = x
-                .to_global(&dst, NdSbp::new([Sbp::S(1), Sbp::B]))
-                .unwrap();
+            let y = x.to_global(&dst, NdSbp::new([Sbp::S(1), Sbp::B])).unwrap();
             if rank >= 2 {
                 out.push(y.to_ndarray::<f64>().unwrap());
             }

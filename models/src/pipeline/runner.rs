@@ -70,8 +70,12 @@ impl Stage<'_> {
     fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>)> {
         let pp = self.spec.stages;
         let (from, to, g) = match msg {
-            Message::Activation { to, .. } => (self.spec.stage_of(to - 1), self.spec.stage_of(to), to),
-            Message::Gradient { to, .. } => (self.spec.stage_of(to + 1), self.spec.stage_of(to), to),
+            Message::Activation { to, .. } => {
+                (self.spec.stage_of(to - 1), self.spec.stage_of(to), to)
+            }
+            Message::Gradient { to, .. } => {
+                (self.spec.stage_of(to + 1), self.spec.stage_of(to), to)
+            }
             Message::Tied => (0, pp - 1, 0),
             Message::TiedGradient => (pp - 1, 0, 0),
         };
@@ -256,7 +260,9 @@ pub fn run_step(
             }
             Action::Backward { mb, chunk } => {
                 let s = saved.remove(&(mb, chunk)).ok_or_else(|| {
-                    runner_err(format!("stage {stage}: backward of {a:?} before its forward"))
+                    runner_err(format!(
+                        "stage {stage}: backward of {a:?} before its forward"
+                    ))
                 })?;
                 if g + 1 == chunks {
                     s.output.mul_scalar(1.0 / m as f64)?.backward()?;

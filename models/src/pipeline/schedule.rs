@@ -136,7 +136,11 @@ impl PipelineSpec {
     /// Megatron's interleaved order: the k-th forward runs chunk `(k / pp) % v` on
     /// micro-batch `(k / (pp v)) pp + k % pp`; backwards likewise with the chunks reversed.
     fn interleaved(&self, stage: usize) -> Vec<Action> {
-        let (pp, m, v) = (self.stages.max(1), self.micro_batches, self.virtual_stages.max(1));
+        let (pp, m, v) = (
+            self.stages.max(1),
+            self.micro_batches,
+            self.virtual_stages.max(1),
+        );
         let total = m * v;
         let at = |k: usize, forward: bool| {
             let in_group = k % (pp * v);
@@ -184,14 +188,12 @@ impl PipelineSpec {
     pub fn sends(&self, stage: usize, a: Action) -> Option<(usize, Message)> {
         let g = self.virtual_stage(stage, a);
         match a {
-            Action::Forward { mb, .. } if g + 1 < self.chunks() => Some((
-                self.stage_of(g + 1),
-                Message::Activation { mb, to: g + 1 },
-            )),
-            Action::Backward { mb, .. } if g > 0 => Some((
-                self.stage_of(g - 1),
-                Message::Gradient { mb, to: g - 1 },
-            )),
+            Action::Forward { mb, .. } if g + 1 < self.chunks() => {
+                Some((self.stage_of(g + 1), Message::Activation { mb, to: g + 1 }))
+            }
+            Action::Backward { mb, .. } if g > 0 => {
+                Some((self.stage_of(g - 1), Message::Gradient { mb, to: g - 1 }))
+            }
             _ => None,
         }
     }
@@ -274,9 +276,9 @@ impl PipelineSpec {
             if !progressed {
                 let stuck: Vec<String> = (0..pp)
                     .filter_map(|s| {
-                        lists[s]
-                            .get(at[s])
-                            .map(|&a| format!("stage {s} at {a:?} waits for {:?}", self.needs(s, a)))
+                        lists[s].get(at[s]).map(|&a| {
+                            format!("stage {s} at {a:?} waits for {:?}", self.needs(s, a))
+                        })
                     })
                     .collect();
                 return Err(spec_err(format!(

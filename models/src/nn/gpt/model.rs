@@ -158,10 +158,7 @@ impl Gpt {
     /// The residual stream after the last block -> logits `[B, T, vocab]` through the tied
     /// table `wte` (on the last stage's placement).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
-        let x = self
-            .split
-            .last()
-            .relayout(&self.ln_f.forward(x)?, Sbp::B)?;
+        let x = self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)?;
         x.matmul(&wte.transpose(0, 1)?)
     }
 

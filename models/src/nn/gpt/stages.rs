@@ -33,7 +33,7 @@ impl StageSplit {
     pub fn single(layers: usize, layout: &GptLayout) -> StageSplit {
         StageSplit {
             layouts: vec![layout.clone()],
-            chunks: vec![0..layers],
+            chunks: std::iter::once(0..layers).collect(),
         }
     }
 
@@ -105,11 +105,7 @@ impl StageSplit {
     }
     /// The layout of block `i`.
     pub fn block_layout(&self, i: usize) -> &GptLayout {
-        let g = self
-            .chunks
-            .iter()
-            .position(|c| c.contains(&i))
-            .unwrap_or(0);
+        let g = self.chunks.iter().position(|c| c.contains(&i)).unwrap_or(0);
         self.chunk_layout(g)
     }
     /// The first stage's layout (embeddings) and the last virtual stage's (final norm, logits).

@@ -1,7 +1,8 @@
 //! Pipeline parallelism under `oflaunch` with real processes (CPU/TCP backend): `train` with
 //! `--pp` and micro-batches gives one rank's full-batch loss curve for GPipe, 1F1B and
 //! interleaved 1F1B, PP2, PP4, PP2xDP2, PP2xTP2 and PP2xDP2xTP2 (8 processes), with ZeRO 1-3
-//! and recomputation in some combinations (f64 to 1e-12, f32 to 1e-4); a checkpoint saved
+//! and recomputation in some combinations (f64 to 1e-12, f32 to 1e-4); dropout masks and
+//! greedy generation through the stages match one rank's; a checkpoint saved
 //! under a pipeline with ZeRO resumes under DP/TP and the reverse; invalid pipelines are
 //! refused on every rank before training.
 
@@ -166,6 +167,44 @@ fn pipelines_give_the_one_rank_curve_in_f32() {
             ),
         ],
     );
+}
+
+/// Rank 0's generated sample line.
+fn sample(out: &str) -> String {
+    out.lines()
+        .find(|l| l.contains("sample (temperature"))
+        .unwrap_or_else(|| panic!("no sample in {out}"))
+        .to_string()
+}
+
+#[test]
+fn dropout_and_generation_match_one_rank_through_stages() {
+    let args = [
+        "--steps",
+        "6",
+        "--seed",
+        "5",
+        "--dtype",
+        "f64",
+        "--dropout",
+        "0.1",
+        "--gen-tokens",
+        "12",
+        "--temperature",
+        "0",
+    ];
+    // TINY without its "--gen-tokens 0".
+    let mut base: Vec<&str> = TINY[..10].to_vec();
+    base.extend_from_slice(&TINY[12..]);
+    base.extend_from_slice(&args);
+    let one = ok(launch(1, &base));
+    base.extend_from_slice(&["--pp", "2", "--tp", "2"]);
+    let pp = ok(launch(4, &base));
+    let diff = max_rel(&curve(&one), &curve(&pp));
+    eprintln!("dropout 0.1, PP2xTP2: max relative difference {diff:.3e}");
+    assert_eq!(curve(&pp).len(), 6);
+    assert!(diff <= 1e-12, "dropout under PP2xTP2 differs by {diff:e}");
+    assert_eq!(sample(&one), sample(&pp));
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! the order that stage sent them (it knows the order: the sender's list is a pure function),
 //! keeping the ones it needs later. The tied embedding table goes to the last stage at the
 //! start and its gradient comes back at the end. Micro-batch losses are scaled by `1/m`, so
-//! the accumulated gradients are the full batch's.
+//! the accumulated gradients are the full batch's. With several micro-batches each draws its
+//! own dropout masks (so they differ from the unsplit batch's).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -224,6 +225,13 @@ pub fn run_step(
     if pp > 1 && stage == pp - 1 {
         tied_last = Some(st.take(Message::Tied)?.requires_grad_(true));
     }
+    // Each micro-batch draws its own dropout masks (keyed by step and micro-batch).
+    let pass_of = |mb: usize| match pass {
+        Pass::Train { step } if m > 1 => Pass::Train {
+            step: step * m as u64 + mb as u64,
+        },
+        other => other,
+    };
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let mut losses: Vec<Tensor> = Vec::new();
     for a in spec.actions(stage) {
@@ -232,14 +240,14 @@ pub fn run_step(
             Action::Forward { mb, chunk } => {
                 let (input, x) = if g == 0 {
                     let w = model.wte.weight.compute()?;
-                    (None, model.embed(&batches.ids[mb], &w, pass)?)
+                    (None, model.embed(&batches.ids[mb], &w, pass_of(mb))?)
                 } else {
                     let leaf = st
                         .take(Message::Activation { mb, to: g })?
                         .requires_grad_(true);
                     (Some(leaf.clone()), leaf)
                 };
-                let y = model.run_chunk(g, &x, pass)?;
+                let y = model.run_chunk(g, &x, pass_of(mb))?;
                 let output = if g + 1 == chunks {
                     let w = match &tied_last {
                         Some(w) => w.clone(),

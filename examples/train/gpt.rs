@@ -75,8 +75,8 @@ pub struct GptRun {
     pub step_peak: (Option<usize>, usize),
     /// Parameters, gradients and optimizer state after the last step's backward pass.
     pub step_footprint: Footprint,
-    /// Per step (pipelined runs): the mean over ranks of the fraction of the schedule's wall
-    /// time a rank did not compute.
+    /// Per step (pipelined runs): the mean over ranks of the fraction of the step's schedule
+    /// time (its slowest rank's) a rank did not compute.
     pub bubbles: Vec<f64>,
 }
 
@@ -307,13 +307,23 @@ impl GptRun {
             None => 0.0,
         };
         let lead_of_last = self.last.ranks().first() == Some(&rank);
-        let idle = 1.0 - report.busy.as_secs_f64() / report.span.as_secs_f64().max(1e-12);
-        let mine = vec![if lead_of_last { loss } else { 0.0 }, idle];
-        let all = Tensor::from_vec(mine, [2])?
+        // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its
+        // own slots; one sum over the world gives everyone all of them.
+        let n = self.world.num_ranks();
+        let mut mine = vec![0.0; 1 + 2 * n];
+        if lead_of_last {
+            mine[0] = loss;
+        }
+        mine[1 + rank] = report.busy.as_secs_f64();
+        mine[1 + n + rank] = report.span.as_secs_f64();
+        let all = Tensor::from_vec(mine, [1 + 2 * n])?
             .to_global(&self.world, NdSbp::new([Sbp::Partial(ReduceOp::Sum)]))?
             .to_vec::<f64>()?;
-        let ranks = self.world.num_ranks() as f64;
-        self.bubbles.push(all[1] / ranks);
+        // The step's schedule took as long as its slowest rank; the bubble is the mean
+        // fraction of that time a rank did not compute.
+        let step = all[1 + n..].iter().copied().fold(0.0, f64::max).max(1e-12);
+        let busy = all[1..1 + n].iter().sum::<f64>() / n as f64;
+        self.bubbles.push(1.0 - busy / step);
         Ok(all[0])
     }
 

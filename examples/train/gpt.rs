@@ -25,7 +25,7 @@ pub const EVAL_BATCHES: u64 = 4;
 /// Everything that defines a GPT training run.
 #[derive(Clone, Debug)]
 pub struct GptTrainConfig {
-    /// Mesh `[dp, tp]` over ranks `0..dp*tp`.
+    /// Mesh `[dp, tp]` of each pipeline stage (stage s on ranks `s*dp*tp..(s+1)*dp*tp`).
     pub mesh: (usize, usize),
     pub model: GptConfig,
     /// Global batch (windows per step), a multiple of dp.
@@ -104,6 +104,16 @@ impl GptRun {
                 format!(
                     "--batch-size {} must be a multiple of --dp {dp} x --micro-batches {m}",
                     cfg.batch_size
+                ),
+            ));
+        }
+        if pp > 1 && cfg.device != DeviceType::Cpu {
+            // Between device pieces boxing is an NCCL all-to-all, which waits for the receiver:
+            // two stages sending to each other (1F1B) would wait for each other.
+            return Err(program_err(
+                "GptRun::new",
+                format!(
+                    "--pp {pp} needs --device cpu: pipeline sends must not wait for the receiver, and device boxing does"
                 ),
             ));
         }

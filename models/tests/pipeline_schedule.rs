@@ -1,8 +1,9 @@
 //! Pipeline schedules as pure action lists: every stage runs each (micro-batch, chunk)
 //! forward and backward exactly once, backward after forward; 1F1B keeps at most `pp - s`
 //! micro-batches in flight on stage `s`; every (pp, m, v) the checks accept runs to the end
-//! with buffered sends; invalid combinations are typed errors; the stage split is as even as
-//! possible.
+//! with buffered sends; replayed with uniform costs, GPipe and 1F1B have the theoretical
+//! bubble and interleaving lowers it; invalid combinations are typed errors; the stage split
+//! is as even as possible.
 
 use oxiflow_models::nn::gpt::{GptLayout, StageSplit};
 use oxiflow_models::pipeline::{Action, Message, PipelineSpec, Schedule};
@@ -141,6 +142,36 @@ fn interleaved_goes_round_the_chunks_in_groups_of_pp() {
     ));
     assert!(s.bubble_theory() < spec(Schedule::OneFOneB, 2, 4, 1).bubble_theory());
     assert!((spec(Schedule::OneFOneB, 4, 8, 1).bubble_theory() - 3.0 / 11.0).abs() < 1e-15);
+}
+
+#[test]
+fn replayed_bubbles_match_the_theory_and_interleaving_shrinks_them() {
+    for pp in 1..=6 {
+        for m in 1..=12 {
+            for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+                let s = spec(schedule, pp, m, 1);
+                let got = s.replay(1.0, 2.0).expect("replay");
+                assert!(
+                    (got - s.bubble_theory()).abs() < 1e-12,
+                    "{s:?}: replayed {got} vs theory {}",
+                    s.bubble_theory()
+                );
+            }
+            for v in 2..=4 {
+                let s = spec(Schedule::Interleaved, pp, m, v);
+                if pp == 1 || s.validate(pp * v).is_err() {
+                    continue;
+                }
+                let got = s.replay(1.0, 2.0).expect("replay");
+                let plain = spec(Schedule::OneFOneB, pp, m, 1).bubble_theory();
+                assert!(got < plain, "{s:?}: {got} not below 1F1B's {plain}");
+                assert!(
+                    got <= s.bubble_theory() + 1e-12,
+                    "{s:?}: {got} above theory"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -230,6 +230,51 @@ impl PipelineSpec {
         (p - 1.0) / (v * m + p - 1.0)
     }
 
+    /// The bubble of this schedule when every forward through a whole stage costs `forward`
+    /// and every backward `backward` (a chunk a `1/v` share) and messages cost nothing: each
+    /// action starts when its stage is free and its input has been sent; the result is the
+    /// mean over stages of the fraction of the makespan a stage is idle.
+    pub fn replay(&self, forward: f64, backward: f64) -> Result<f64> {
+        let pp = self.stages;
+        let v = self.virtual_stages.max(1) as f64;
+        let lists: Vec<Vec<Action>> = (0..pp).map(|s| self.actions(s)).collect();
+        let mut sent: std::collections::HashMap<Message, f64> = std::collections::HashMap::new();
+        let mut clock = vec![0.0f64; pp];
+        let mut busy = vec![0.0f64; pp];
+        let mut at = vec![0usize; pp];
+        while at.iter().zip(&lists).any(|(&i, l)| i < l.len()) {
+            let mut progressed = false;
+            for s in 0..pp {
+                while let Some(&a) = lists[s].get(at[s]) {
+                    let ready = match self.needs(s, a) {
+                        None => Some(clock[s]),
+                        Some(m) => sent.get(&m).map(|&t| t.max(clock[s])),
+                    };
+                    let Some(start) = ready else { break };
+                    let cost = match a {
+                        Action::Forward { .. } => forward / v,
+                        Action::Backward { .. } => backward / v,
+                    };
+                    clock[s] = start + cost;
+                    busy[s] += cost;
+                    if let Some((_, m)) = self.sends(s, a) {
+                        sent.insert(m, clock[s]);
+                    }
+                    at[s] += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return Err(spec_err(format!("{self:?} deadlocks in the replay")));
+            }
+        }
+        let span = clock.iter().copied().fold(0.0, f64::max);
+        if span <= 0.0 {
+            return Ok(0.0);
+        }
+        Ok(busy.iter().map(|b| 1.0 - b / span).sum::<f64>() / pp as f64)
+    }
+
     /// Runs every stage's list against the others with buffered sends and receives in any
     /// order; returns the number of rounds, or the stages stuck and what they wait for.
     pub fn simulate(&self) -> Result<usize> {

@@ -71,9 +71,11 @@ impl Stage<'_> {
     fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>)> {
         let pp = self.spec.stages;
         let (from, to, g) = match msg {
-            Message::Activation { to, .. } => {
-                (self.spec.stage_of(to - 1), self.spec.stage_of(to), to)
-            }
+            Message::Activation { to, .. } => (
+                self.spec.stage_of(to.saturating_sub(1)),
+                self.spec.stage_of(to),
+                to,
+            ),
             Message::Gradient { to, .. } => {
                 (self.spec.stage_of(to + 1), self.spec.stage_of(to), to)
             }

@@ -1,6 +1,7 @@
 //! `oflaunch --trace DIR`: a 4-rank DP2xTP2 `train` run writes one Chrome trace per rank and
 //! oflaunch merges them into DIR/trace.json, one timeline with the ops, boxing steps and
-//! collectives (with their bytes) of every rank.
+//! collectives (with their bytes) of every rank; on a GPU, the kernels on the compute stream
+//! land on their own lane, on the host's clock.
 
 mod common;
 
@@ -68,8 +69,69 @@ fn a_dp2_tp2_train_step_is_traced_on_one_timeline() {
         .collect();
     assert_eq!(
         names,
-        BTreeSet::from(["boxing", "collectives", "ops"]),
+        BTreeSet::from([
+            "boxing",
+            "collectives",
+            "ops",
+            "cuda compute stream",
+            "cuda nccl stream"
+        ]),
         "lane names"
     );
+    // A CPU run has nothing on the device lanes.
+    assert!(complete.iter().all(|e| e["tid"].as_u64() <= Some(3)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cuda_train_step_puts_its_kernels_on_the_device_lane() {
+    if let Some(why) = oxiflow::tensor::cuda::cuda_unavailable() {
+        eprintln!("trace_timeline cuda: skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("oxiflow_trace_cuda_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (oflaunch, train) = binaries();
+    let out = Command::new(oflaunch)
+        .args(["--nproc-per-node", "1", "--trace"])
+        .arg(&dir)
+        .arg(train)
+        .args(["--steps", "3", "--device", "cuda"])
+        .env("NCCL_NVLS_ENABLE", "0")
+        .output()
+        .expect("run oflaunch");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let merged: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
+    let events = merged["traceEvents"].as_array().expect("traceEvents");
+    let lane = |cat: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == cat)
+            .collect()
+    };
+    let (host, device) = (lane("ops"), lane("cuda compute stream"));
+    assert!(!device.is_empty(), "no device spans");
+    assert!(device.iter().all(|e| e["tid"] == 4 && e["pid"] == 0));
+    // Every kernel span is named after an op the host dispatched, and lies within the run
+    // (host and device share the wall clock through the anchor).
+    let host_names: BTreeSet<&str> = host.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert!(device
+        .iter()
+        .all(|e| host_names.contains(e["name"].as_str().unwrap())));
+    let first = host.iter().filter_map(|e| e["ts"].as_u64()).min().unwrap();
+    let last = host
+        .iter()
+        .filter_map(|e| Some(e["ts"].as_u64()? + e["dur"].as_u64()?))
+        .max()
+        .unwrap();
+    for e in &device {
+        let ts = e["ts"].as_u64().unwrap();
+        assert!(
+            ts + 1000 >= first && ts <= last + 1_000_000,
+            "device span at {ts} outside the host's [{first}, {last}]"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,6 +6,7 @@ mod boundary;
 mod buffer;
 mod communicator;
 pub mod cuda_libs;
+pub mod device_trace;
 mod dtype;
 pub mod env;
 mod error;

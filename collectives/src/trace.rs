@@ -28,15 +28,45 @@ pub enum Lane {
     Ops = 1,
     Boxing = 2,
     Collectives = 3,
+    /// Kernels on the CUDA compute stream, timed by device events.
+    CudaCompute = 4,
+    /// NCCL work on the communicator's stream, timed by device events.
+    CudaComm = 5,
 }
 
 impl Lane {
+    const ALL: [Lane; 5] = [
+        Lane::Ops,
+        Lane::Boxing,
+        Lane::Collectives,
+        Lane::CudaCompute,
+        Lane::CudaComm,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Lane::Ops => "ops",
             Lane::Boxing => "boxing",
             Lane::Collectives => "collectives",
+            Lane::CudaCompute => "cuda compute stream",
+            Lane::CudaComm => "cuda nccl stream",
         }
+    }
+}
+
+/// Something that holds spans timed elsewhere (device events) and records them, with
+/// [`record_span`], when asked to flush: before a rank's trace is written, and whenever its
+/// owner decides (e.g. when its pending list is long).
+pub type TraceFlush = fn();
+
+static FLUSHES: Mutex<Vec<TraceFlush>> = Mutex::new(Vec::new());
+
+/// Registers `flush`, called by [`write_rank_trace`] before the file is written (once per
+/// distinct function).
+pub fn register_trace_flush(flush: TraceFlush) {
+    let mut f = FLUSHES.lock().unwrap_or_else(|e| e.into_inner());
+    if !f.iter().any(|g| std::ptr::fn_addr_eq(*g, flush)) {
+        f.push(flush);
     }
 }
 
@@ -91,8 +121,8 @@ fn state() -> std::sync::MutexGuard<'static, TraceState> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Microseconds since the Unix epoch.
-fn now_us() -> u64 {
+/// Microseconds since the Unix epoch (the trace's clock).
+pub fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -135,6 +165,21 @@ pub fn trace_end(
 #[cold]
 fn record(start_us: u64, lane: Lane, name: Cow<'static, str>, args: Vec<(&'static str, Value)>) {
     let dur_us = now_us().saturating_sub(start_us);
+    record_span(start_us, dur_us, lane, name, args);
+}
+
+/// Records an event whose start and duration were measured elsewhere (device events converted
+/// to wall-clock microseconds). Nothing is kept when tracing is off.
+pub fn record_span(
+    start_us: u64,
+    dur_us: u64,
+    lane: Lane,
+    name: Cow<'static, str>,
+    args: Vec<(&'static str, Value)>,
+) {
+    if !trace_enabled() {
+        return;
+    }
     let mut s = state();
     if s.events.len() >= MAX_TRACE_EVENTS {
         DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -167,7 +212,7 @@ fn rank_trace(s: &TraceState) -> TraceFile {
         args: Map::from_iter([("name".to_string(), Value::String(value))]),
     };
     let mut events = vec![meta("process_name", 0, format!("rank {}", s.rank))];
-    for lane in [Lane::Ops, Lane::Boxing, Lane::Collectives] {
+    for lane in Lane::ALL {
         events.push(meta("thread_name", lane as u64, lane.name().into()));
     }
     let dropped = DROPPED.load(Ordering::Relaxed);
@@ -200,6 +245,10 @@ fn rank_trace(s: &TraceState) -> TraceFile {
 pub fn write_rank_trace() -> Result<Option<PathBuf>, CommError> {
     if !trace_enabled() {
         return Ok(None);
+    }
+    let flushes = FLUSHES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for flush in flushes {
+        flush();
     }
     let (dir, rank, file) = {
         let s = state();

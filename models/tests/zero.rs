@@ -2,7 +2,8 @@
 //! trained with AdamW and SGD on meshes [2], [4] (data parallel) and [2, 2] (data x tensor
 //! parallel), in-process ranks, f64. Every stage and recompute setting gives the one-rank losses
 //! and parameters; each stage keeps the bytes per rank it promises (state, gradients,
-//! parameters split over the data-parallel axis).
+//! parameters split over the data-parallel axis). ZeRO-3 prefetches the next block's gathers;
+//! a prefetched gather is used once, and only for the leaf and autograd mode it was made for.
 
 use std::time::Duration;
 
@@ -45,7 +46,11 @@ impl Net {
     }
     fn forward(&self, x: &Tensor, recomputed: bool) -> Tensor {
         let mut h = x.clone();
-        for b in &self.blocks {
+        for (i, b) in self.blocks.iter().enumerate() {
+            // ZeRO-3: the next block's gathers are issued before this block computes.
+            if let Some(next) = self.blocks.get(i + 1) {
+                next.prefetch().unwrap();
+            }
             h = if recomputed {
                 let b = b.clone();
                 recompute(&[&h], move |xs| xs[0].add(&b.forward(&xs[0])?)).unwrap()
@@ -249,4 +254,46 @@ fn data_and_tensor_parallel() {
 #[test]
 fn stage_out_of_range_is_an_error() {
     assert!(Zero::new(4, 0).is_err());
+}
+
+#[test]
+fn a_prefetched_gather_is_used_once_and_only_for_its_leaf() {
+    let runs = run_ranks(2, Duration::from_secs(60), |_| {
+        let p = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+        let net = Net::new(Some(&p), None);
+        let params = net.parameters();
+        let w = params[0].clone();
+        // Not sharded: nothing to prefetch.
+        assert!(w.prefetch().unwrap().is_none());
+        let mut o = optimizer(params, Opt::Sgd, Zero::new(3, 0).unwrap());
+        assert!(w.value().nd_sbp().unwrap().as_slice()[0].is_split());
+        let ahead = w.prefetch().unwrap().expect("a sharded leaf is gathered");
+        assert_eq!(ahead.nd_sbp(), w.compute_layout().as_ref());
+        assert!(w.compute().unwrap().same(&ahead), "the prefetch is taken");
+        let again = w.compute().unwrap();
+        assert!(!again.same(&ahead), "and only once");
+        assert_eq!(vals(&again), vals(&ahead));
+        // A prefetch made before the leaf changed is not used.
+        let x = Tensor::ones([ROWS, WIDTH], F)
+            .to_global(&p, NdSbp::broadcast(1))
+            .unwrap();
+        net.forward(&x, false)
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let stale = w.prefetch().unwrap().unwrap();
+        o.step().unwrap();
+        let fresh = w.compute().unwrap();
+        assert!(!fresh.same(&stale));
+        assert_ne!(vals(&fresh), vals(&stale), "the step changed the weight");
+        // Nor one made without autograd for a compute with it.
+        let untracked = {
+            let _g = oxiflow_tensor::no_grad();
+            w.prefetch().unwrap().unwrap()
+        };
+        assert!(!w.compute().unwrap().same(&untracked));
+        vals(&fresh)
+    });
+    assert_eq!(runs[0], runs[1]);
 }

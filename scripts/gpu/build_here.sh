@@ -13,8 +13,9 @@ cargo build --release --example train
 cp target/release/nccl_bench target/release/gpu_boxing_bench target/release/oflaunch "$CARRY/bin/"
 cp target/release/collectives_bench target/release/dispatch_bench "$CARRY/bin/"
 cp target/release/examples/train "$CARRY/bin/"
-# Test executables (custom harnesses): gpu_nccl (collectives), gpu_tensor (tensor).
-for spec in "oxiflow-collectives gpu_nccl" "oxiflow-tensor gpu_tensor"; do
+# Test executables: gpu_nccl (collectives), gpu_tensor (tensor), trace_timeline (run with
+# OXIFLOW_TEST_BINS=.carry/bin so it uses the staged oflaunch and train).
+for spec in "oxiflow-collectives gpu_nccl" "oxiflow-tensor gpu_tensor" "oxiflow trace_timeline"; do
   set -- $spec
   exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json

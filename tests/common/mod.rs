@@ -30,10 +30,14 @@ pub fn release_dir() -> PathBuf {
     target.join("release")
 }
 
-/// (oflaunch, train): built once with the same cargo, release profile.
+/// (oflaunch, train): built once with the same cargo, release profile; or, where
+/// `OXIFLOW_TEST_BINS` names a folder (a machine with the binaries but no cargo), taken from it.
 pub fn binaries() -> &'static (PathBuf, PathBuf) {
     static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BINS.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("OXIFLOW_TEST_BINS").map(PathBuf::from) {
+            return (dir.join("oflaunch"), dir.join("train"));
+        }
         cargo(&[
             "build",
             "--release",

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::comm::{NcclComm, NcclOptions};
 use crate::cuda_libs::{self, LibSearch};
 use crate::env::{BackendChoice, LaunchEnv};
+use crate::{heartbeat, rendezvous};
 use crate::{CommError, SharedComm};
 
 /// Why `auto` would not pick NCCL on this machine (`None`: it would).
@@ -25,6 +26,16 @@ pub fn nccl_unavailable(env: &LaunchEnv, libs: &LibSearch) -> Option<String> {
 pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, CommError> {
     env.configure_flight_recorder();
     let store = env.connect_store()?;
+    if env.world_size > 1 {
+        // The same membership checks as the CPU world (world size, duplicate rank), so a
+        // mismatch is a clear error at rendezvous rather than a hang in ncclCommInitRank.
+        let who = format!(
+            "pid {} on CUDA device {}",
+            std::process::id(),
+            env.device_ordinal()
+        );
+        rendezvous::join_world(&store, env.rank, env.world_size, &who, env.timeout)?;
+    }
     let mut libs = libs.clone();
     libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());
     let opts = NcclOptions {
@@ -32,13 +43,17 @@ pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, Co
         libs,
         ..NcclOptions::default()
     };
-    NcclComm::init_with(
-        Arc::new(store),
+    let comm = NcclComm::init_with(
+        Arc::new(store.clone()),
         env.rank,
         env.world_size,
         env.device_ordinal(),
         &opts,
-    )
+    )?;
+    if env.world_size > 1 {
+        comm.keep_heartbeat(heartbeat::start(store, env.rank));
+    }
+    Ok(comm)
 }
 
 /// `--backend nccl|cpu|auto`: NCCL when asked (an error if it cannot start), the CPU world

@@ -49,10 +49,10 @@ impl Init {
         let _ng = no_grad();
         let t = match at {
             ParamPlacement::Local => match self {
-                Init::Zeros => Tensor::zeros(shape, dtype),
-                Init::Ones => Tensor::ones(shape, dtype),
-                Init::Normal { seed, std } => Tensor::randn(shape, seed, dtype).scale(std)?,
-                Init::Uniform { seed, bound } => Tensor::rand(shape, seed, dtype)
+                Init::Zeros => Tensor::try_zeros(shape, dtype)?,
+                Init::Ones => Tensor::try_ones(shape, dtype)?,
+                Init::Normal { seed, std } => Tensor::try_randn(shape, seed, dtype)?.scale(std)?,
+                Init::Uniform { seed, bound } => Tensor::try_rand(shape, seed, dtype)?
                     .scale(2.0 * bound)?
                     .sub_scalar(bound)?,
             },

@@ -1,6 +1,6 @@
 //! `Parameter` (a named, replaceable leaf tensor), the `Module` trait and `ParamRegistry`.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Result, TensorError};
 use oxiflow_sbp::NdSbp;
@@ -13,6 +13,9 @@ struct ParamInner {
     compute: RwLock<Option<NdSbp>>,
     /// The layout the leaf's gradient is boxed to as it accumulates (ZeRO-2 and 3).
     grad_layout: RwLock<Option<NdSbp>>,
+    /// A gather issued ahead of use (`prefetch`): the leaf it was gathered from, whether
+    /// autograd recorded the gather, and the gathered value; taken by the next `compute`.
+    prefetched: Mutex<Option<(Tensor, bool, Tensor)>>,
 }
 
 /// A named trainable tensor. Cloning shares it. Tensors are immutable, so an update replaces
@@ -30,6 +33,7 @@ impl Parameter {
             value: RwLock::new(value.detach().requires_grad_(true)),
             compute: RwLock::new(None),
             grad_layout: RwLock::new(None),
+            prefetched: Mutex::new(None),
         }))
     }
     pub fn name(&self) -> &str {
@@ -39,6 +43,36 @@ impl Parameter {
     /// from its shards (recorded by autograd) when it is stored sharded.
     pub fn compute(&self) -> Result<Tensor> {
         let v = self.value();
+        let ahead = self
+            .0
+            .prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((leaf, recorded, gathered)) = ahead {
+            if leaf.same(&v) && recorded == oxiflow_tensor::is_grad_enabled() {
+                return Ok(gathered);
+            }
+        }
+        self.gather(v)
+    }
+    /// Issues the all-gather of a sharded leaf now, ahead of the `compute` that will use it
+    /// (which then takes it instead of gathering again): on devices the gather runs on the
+    /// communication stream while the compute stream works on the layer before. Returns the
+    /// gathered value; None (and nothing done) when the leaf is not stored sharded. Every rank
+    /// must call it alike. A prefetch whose leaf was replaced since (an optimizer step), or that
+    /// was made in another autograd mode than the `compute`, is not used.
+    pub fn prefetch(&self) -> Result<Option<Tensor>> {
+        if self.compute_layout().is_none() {
+            return Ok(None);
+        }
+        let v = self.value();
+        let gathered = self.gather(v.clone())?;
+        *self.0.prefetched.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((v, oxiflow_tensor::is_grad_enabled(), gathered.clone()));
+        Ok(Some(gathered))
+    }
+    fn gather(&self, v: Tensor) -> Result<Tensor> {
         let compute = self
             .0
             .compute
@@ -153,6 +187,14 @@ pub trait Module {
     /// A registry of the parameters (fails on duplicate names).
     fn registry(&self) -> Result<ParamRegistry> {
         ParamRegistry::new(self.parameters())
+    }
+    /// Gathers every parameter stored sharded (ZeRO-3) ahead of use; see
+    /// [`Parameter::prefetch`].
+    fn prefetch(&self) -> Result<()> {
+        for p in self.parameters() {
+            p.prefetch()?;
+        }
+        Ok(())
     }
     /// Clears every parameter's gradient.
     fn zero_grad(&self) {

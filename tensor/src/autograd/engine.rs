@@ -28,7 +28,7 @@ fn ones_like(t: &Tensor) -> Result<Tensor> {
             let _g = ctx.install();
             Tensor::ones_global(t.shape().clone(), t.dtype(), p, NdSbp::broadcast(p.ndim()))
         }
-        _ => Ok(Tensor::ones(t.shape().clone(), t.dtype())),
+        _ => Tensor::try_ones(t.shape().clone(), t.dtype()),
     }
 }
 

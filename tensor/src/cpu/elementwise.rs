@@ -18,6 +18,9 @@ fn map<T: TensorElement>(a: &ArrayD<T>, f: impl Fn(T) -> T + Sync + Send) -> Arr
         let mut out = a.to_owned();
         out.par_mapv_inplace(f);
         out
+    } else if let Some(x) = a.as_slice() {
+        let v: Vec<T> = x.iter().map(|&p| f(p)).collect();
+        ArrayD::from_shape_vec(a.raw_dim(), v).unwrap_or_else(|_| a.mapv(f))
     } else {
         a.mapv(f)
     }
@@ -29,6 +32,11 @@ fn zip2<T: TensorElement>(
     f: impl Fn(T, T) -> T + Sync + Send,
 ) -> Option<ArrayD<T>> {
     if a.shape() == b.shape() {
+        // Contiguous operands of one shape: a plain loop over the slices (no n-d iteration).
+        if let (Some(x), Some(y), true) = (a.as_slice(), b.as_slice(), a.len() < PAR_THRESHOLD) {
+            let v: Vec<T> = x.iter().zip(y).map(|(&p, &q)| f(p, q)).collect();
+            return ArrayD::from_shape_vec(a.raw_dim(), v).ok();
+        }
         let z = Zip::from(a).and(b);
         return Some(if a.len() >= PAR_THRESHOLD {
             z.par_map_collect(|&x, &y| f(x, y))

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use oxiflow_boxing::Plan;
+use oxiflow_collectives::device_trace;
+use oxiflow_collectives::trace::Lane;
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{Region, Shape};
 
@@ -72,7 +74,9 @@ impl DeviceBackend for CudaBackend {
         for s in inputs {
             x.push(cuda_of(name, s)?);
         }
+        let traced = device_trace::begin(kernels.rt.stream());
         let y = op.run(&kernels, &x, out)?;
+        device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
         if y.shape != out.shape || y.dtype != out.dtype {
             return Err(derr(
                 name,

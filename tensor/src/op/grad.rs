@@ -53,7 +53,7 @@ pub(crate) fn zeros_on(like: &Tensor, shape: Shape) -> Result<Tensor> {
             let _g = ctx.install();
             Tensor::zeros_global(shape, like.dtype(), p, NdSbp::broadcast(p.ndim()))
         }
-        _ => Ok(Tensor::zeros(shape, like.dtype())),
+        _ => Tensor::try_zeros(shape, like.dtype()),
     }
 }
 
@@ -64,7 +64,7 @@ pub(crate) fn zeros_like(like: &Tensor) -> Result<Tensor> {
             let _g = ctx.install();
             Tensor::zeros_global(like.shape().clone(), like.dtype(), p, s.clone())
         }
-        _ => Ok(Tensor::zeros(like.shape().clone(), like.dtype())),
+        _ => Tensor::try_zeros(like.shape().clone(), like.dtype()),
     }
 }
 

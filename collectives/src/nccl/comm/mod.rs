@@ -25,6 +25,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr as
 use super::exchange::IdExchange;
 use super::ffi::{self, nccl_dtype, nccl_op, Nccl, Stream, UniqueId};
 use crate::cuda_libs::{self, LibSearch};
+use crate::trace::Lane;
 use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm};
 
 /// Whether a collective call waits for the device to finish it.
@@ -82,6 +83,8 @@ struct Inner {
     scratch: Mutex<Option<CudaSlice<f32>>>,
     watch: Arc<Watch>,
     watchdog: Mutex<Option<JoinHandle<()>>>,
+    /// The rank's heartbeat to the job's store (world communicators started by a launcher).
+    heartbeat: Mutex<Option<crate::heartbeat::HeartbeatThread>>,
 }
 
 /// A communicator of NCCL ranks, one CUDA device each.
@@ -184,6 +187,11 @@ impl NcclComm {
         )
     }
 
+    /// Keeps `heartbeat` running as long as this communicator (any handle of it) lives.
+    pub(crate) fn keep_heartbeat(&self, heartbeat: Option<crate::heartbeat::HeartbeatThread>) {
+        *lock(&self.inner.heartbeat) = heartbeat;
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn create(
         nccl: &'static Nccl,
@@ -268,6 +276,7 @@ impl NcclComm {
             scratch: Mutex::new(None),
             watch,
             watchdog: Mutex::new(None),
+            heartbeat: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         let handle = std::thread::Builder::new()
@@ -456,11 +465,13 @@ impl Inner {
             let ev_in = compute.record_event(None).map_err(|e| dev_err(op, e))?;
             self.comm_stream.wait(&ev_in).map_err(|e| dev_err(op, e))?;
         }
+        let traced = crate::device_trace::begin(&self.comm_stream);
         f(
             self.nccl,
             self.raw.0,
             self.comm_stream.cu_stream() as Stream,
         )?;
+        crate::device_trace::end(&self.comm_stream, Lane::CudaComm, op, traced);
         let ev_out = Arc::new(
             self.comm_stream
                 .record_event(None)

@@ -149,7 +149,18 @@ impl Gpt {
         let layout = self.split.chunk_layout(g);
         let stream = self.stream();
         let mut x = x.clone();
-        for b in &self.blocks[self.split.blocks(g)] {
+        let blocks = self.split.blocks(g);
+        let last_chunk = g + 1 == self.split.chunks();
+        for i in blocks.clone() {
+            // Parameters stored sharded: the next block's gathers (of this chunk; the final
+            // norm's after the last block) are issued before this block computes, so they
+            // overlap it where collectives run asynchronously.
+            if i + 1 < blocks.end {
+                self.blocks[i + 1].prefetch()?;
+            } else if last_chunk {
+                self.ln_f.prefetch()?;
+            }
+            let b = &self.blocks[i];
             x = b.forward(&x, &self.cfg, layout, stream, pass, self.recompute)?;
         }
         Ok(x)

@@ -82,13 +82,14 @@ pub fn run(
         run.resume(p, step)?;
     }
     let (dp, tp) = cfg.mesh;
+    let pipe = cfg.pipeline;
     let m = &run.model.cfg;
     let train_entropy = Corpus::unigram_entropy(run.corpus.train());
     if lead {
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [dp {dp}, tp {tp}] sp {} world {world} | batch {} lr {} seed {} from step {}",
-            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, m.sequence_parallel,
-            cfg.batch_size, cfg.lr, m.seed, run.step
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {:?} virtual-stages {} | batch {} lr {} seed {} from step {}",
+            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, pipe.stages, m.sequence_parallel,
+            pipe.micro_batches, pipe.schedule, pipe.virtual_stages, cfg.batch_size, cfg.lr, m.seed, run.step
         );
         println!(
             "data: {} ({} tokens: {} train, {} held out); unigram entropy of the train split {train_entropy:.4} nats",
@@ -129,8 +130,14 @@ pub fn run(
         let tps = done * run.tokens_per_step() as f64 / secs.max(1e-9);
         if lead && (n % args.log_every == 0 || n == steps) {
             let eta = secs / done.max(1.0) * (steps - n) as f64;
+            // f64 runs print enough digits to compare curves at 1e-12.
+            let digits = if run.model.cfg.dtype == oxiflow::prelude::DType::F64 {
+                14
+            } else {
+                8
+            };
             say(format!(
-                "step {n} loss {loss:.8} tokens/s {tps:.0} elapsed {} eta {}",
+                "step {n} loss {loss:.digits$} tokens/s {tps:.0} elapsed {} eta {}",
                 clock(secs),
                 clock(eta)
             ));
@@ -177,6 +184,21 @@ pub fn run(
             "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {device} B",
             run.cfg.zero, run.cfg.recompute, f.parameters, f.gradients, f.optimizer_state
         );
+        if !run.bubbles.is_empty() {
+            // The first step also builds caches and plans: left out when there are others.
+            let b = &run.bubbles[usize::from(run.bubbles.len() > 1)..];
+            let measured = b.iter().sum::<f64>() / b.len() as f64;
+            println!(
+                "bubble: measured {:.1}% theory {:.1}% (schedule {:?}, pp {}, micro-batches {}, virtual-stages {}; mean over ranks and {} steps of the time not computing)",
+                100.0 * measured,
+                100.0 * pipe.bubble_theory(),
+                pipe.schedule,
+                pipe.stages,
+                pipe.micro_batches,
+                pipe.virtual_stages,
+                b.len()
+            );
+        }
         println!(
             "final loss {fin:.8} steps/s {:.2} tokens/s {tps:.0} held-out {heldout:.6} unigram-entropy {train_entropy:.4} seconds {secs:.1}",
             done / secs.max(1e-9)

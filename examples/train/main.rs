@@ -1,11 +1,13 @@
 //! `train`: a byte-level GPT on a text corpus (`--model gpt`, the default; `gpt.rs`,
 //! `gpt_job.rs`) or an MLP classifier on a deterministic synthetic dataset (`--model mlp`;
 //! `classifier.rs`), data parallel, tensor parallel or both on a mesh `[dp, tp]` of the
-//! launched ranks (GPT: also sequence parallel with `--sp`).
+//! launched ranks (GPT: also sequence parallel with `--sp`, and pipeline stages on a mesh
+//! `[pp, dp, tp]` with `--pp`, `--micro-batches`, `--schedule`, `--virtual-stages`).
 //!
 //! ```text
 //! ./target/release/oflaunch --nproc-per-node 4 train                 # GPT, DP=4
 //! ./target/release/oflaunch --nproc-per-node 4 train --dp 2 --tp 2   # DP=2 x TP=2
+//! ./target/release/oflaunch --nproc-per-node 4 train --pp 2 --dp 2 --micro-batches 4  # PP=2 x DP=2
 //! ./target/release/oflaunch --nproc-per-node 4 train --model mlp     # the MLP classifier
 //! ./target/release/examples/train                                    # 1 rank, no launcher
 //! mpirun -np 4 ./target/release/examples/train                       # under MPI (TCP data)
@@ -33,6 +35,7 @@ use classifier::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::checkpoint::{self, Metadata, SaveOptions, SaveStage};
 use oxiflow::collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow::collectives::Backend;
+use oxiflow::models::pipeline::{PipelineSpec, Schedule};
 use oxiflow::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -52,6 +55,17 @@ enum RecomputeArg {
     None,
     Full,
     Selective,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ScheduleArg {
+    /// All forwards, then all backwards.
+    Gpipe,
+    /// A warm-up of forwards, then one forward and one backward in turn.
+    #[value(name = "1f1b")]
+    OneFOneB,
+    /// 1F1B over --virtual-stages chunks per stage (Megatron's interleaved schedule).
+    Interleaved,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -185,6 +199,18 @@ struct Args {
     /// Tensor-parallel degree (mesh axis 1), at least 1.
     #[arg(long, default_value_t = 1, value_parser = positive_usize)]
     tp: usize,
+    /// GPT: pipeline stages (mesh axis 0 of [pp, dp, tp]); pp x dp x tp must equal the world.
+    #[arg(long, default_value_t = 1, value_parser = positive_usize)]
+    pp: usize,
+    /// GPT: micro-batches per step (the batch is split into this many; gradients accumulate).
+    #[arg(long, default_value_t = 1, value_parser = positive_usize)]
+    micro_batches: usize,
+    /// GPT: pipeline schedule.
+    #[arg(long, value_enum, default_value_t = ScheduleArg::OneFOneB)]
+    schedule: ScheduleArg,
+    /// GPT: chunks of layers per pipeline stage (interleaved schedule).
+    #[arg(long, default_value_t = 1, value_parser = positive_usize)]
+    virtual_stages: usize,
     /// Sequence parallelism (GPT): the residual stream split along the sequence on the
     /// tensor-parallel axis between blocks.
     #[arg(long)]
@@ -384,20 +410,26 @@ fn progress_bar(lead: bool, steps: u64, at: u64) -> Option<ProgressBar> {
     })
 }
 
-/// The mesh [dp, tp] for a world of `world` ranks, or why the flags do not fit it.
-fn mesh(args: &Args, world: usize) -> Result<(usize, usize), String> {
-    let tp = args.tp;
+/// The mesh [pp, dp, tp] for a world of `world` ranks, or why the flags do not fit it.
+fn mesh(args: &Args, world: usize) -> Result<(usize, usize, usize), String> {
+    let (pp, tp) = (args.pp, args.tp);
     let dp = match args.dp {
         Some(dp) => dp,
-        None if world.is_multiple_of(tp) => world / tp,
-        None => return Err(format!("--tp {tp} does not divide the world size {world}")),
+        None if world.is_multiple_of(tp * pp) => world / (tp * pp),
+        None => {
+            return Err(format!(
+                "--pp {pp} x --tp {tp} does not divide the world size {world}"
+            ))
+        }
     };
-    if dp.checked_mul(tp) != Some(world) {
-        return Err(format!(
-            "--dp {dp} x --tp {tp} must equal the world size {world}"
-        ));
+    if dp.checked_mul(tp).and_then(|n| n.checked_mul(pp)) != Some(world) {
+        return Err(if pp == 1 {
+            format!("--dp {dp} x --tp {tp} must equal the world size {world}")
+        } else {
+            format!("--pp {pp} x --dp {dp} x --tp {tp} must equal the world size {world}")
+        });
     }
-    Ok((dp, tp))
+    Ok((pp, dp, tp))
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -414,7 +446,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let world = ctx.world_size();
-    let (dp, tp) = mesh(&args, world)?;
+    let (pp, dp, tp) = mesh(&args, world)?;
     let dtype = match args.dtype {
         Precision::F32 => DType::F32,
         Precision::F64 => DType::F64,
@@ -460,11 +492,24 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 RecomputeArg::Full => oxiflow::nn::gpt::Recompute::Full,
                 RecomputeArg::Selective => oxiflow::nn::gpt::Recompute::Selective,
             },
+            pipeline: PipelineSpec {
+                schedule: match args.schedule {
+                    ScheduleArg::Gpipe => Schedule::GPipe,
+                    ScheduleArg::OneFOneB => Schedule::OneFOneB,
+                    ScheduleArg::Interleaved => Schedule::Interleaved,
+                },
+                stages: pp,
+                micro_batches: args.micro_batches,
+                virtual_stages: args.virtual_stages,
+            },
         };
         return gpt_job::run(&args, cfg, world, ctx.rank() == 0);
     }
     if args.sp {
         return Err("--sp needs --model gpt".into());
+    }
+    if pp > 1 || args.micro_batches > 1 || args.virtual_stages > 1 {
+        return Err("--pp, --micro-batches and --virtual-stages need --model gpt".into());
     }
     let steps = mlp_steps(&args);
     let cfg = TrainConfig {

@@ -1,7 +1,7 @@
 //! Models on OxiFlow's global tensors, above the engine (`oxiflow-tensor`): layers and their
 //! parameter registry (`nn`), optimizers whose state lives in each parameter's layout (`optim`),
 //! checkpoints that save any layout and load into any other (`checkpoint`), the bytes of
-//! training state per rank (`footprint`), and text data for language models (`data`:
+//! training state per rank (`footprint`), pipeline stages and schedules (`pipeline`), and text data for language models (`data`:
 //! tokenizer, corpora, deterministic sharded batches).
 //!
 //! `nn` and `optim` know nothing of checkpoints; `checkpoint` saves parameters and optimizer
@@ -12,5 +12,6 @@ pub mod data;
 pub mod footprint;
 pub mod nn;
 pub mod optim;
+pub mod pipeline;
 
 pub use oxiflow_tensor::{Result, TensorError};

@@ -5,11 +5,13 @@
 //! the contributions of the source's P components. B copies: one source per region, the
 //! receiver itself when it holds one. Target P(sum) axes: the rank at coordinate 0 on every
 //! such axis holds the value, the others zeros; target P(max)/P(min) axes hold copies.
+//! Between disjoint placements in host memory (pipeline stages) the exchange is one-way: the
+//! senders post buffered point-to-point messages and go on, the receivers wait for them.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use oxiflow_collectives::DType;
+use oxiflow_collectives::{Buf, BufMut, CommError, Communicator, DType};
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
 use rustc_hash::FxHashMap;
 
@@ -207,14 +209,20 @@ pub(crate) fn run<P: LocalPiece>(
         let mut recv = P::scratch(at, dtype, src_dev)?;
         let comm = sub_comm(world, &plan.union, step)?;
         debug_assert_eq!(comm.rank(), my_member);
-        comm.all_to_all_v(
-            dtype,
-            send.as_buf(),
-            &send_counts,
-            recv.as_buf_mut(),
-            &recv_counts,
-        )
-        .map_err(comm_err(step))?;
+        let disjoint = !from
+            .placement()
+            .ranks()
+            .iter()
+            .any(|&r| to.placement().contains(r));
+        match (disjoint, send.as_buf(), recv.as_buf_mut()) {
+            (true, Buf::Host(s), BufMut::Host(r)) => {
+                exchange_one_way(&*comm, dtype, s, &send_counts, r, &recv_counts)
+                    .map_err(comm_err(step))?
+            }
+            (_, s, r) => comm
+                .all_to_all_v(dtype, s, &send_counts, r, &recv_counts)
+                .map_err(comm_err(step))?,
+        }
         send.recycle();
         staging_recv = Some(recv);
     }
@@ -248,6 +256,36 @@ pub(crate) fn run<P: LocalPiece>(
         r.recycle();
     }
     Ok(Some(out))
+}
+
+/// The data of an all-to-all-v between disjoint placements, where every rank only sends or
+/// only receives: one point-to-point message per peer with data (in member order). Sends are
+/// the communicator's buffered ones, so a sender goes on without waiting for its receivers;
+/// a receiver waits for each message (within the communicator's timeout).
+fn exchange_one_way(
+    comm: &dyn Communicator,
+    dtype: DType,
+    send: &[u8],
+    send_counts: &[usize],
+    recv: &mut [u8],
+    recv_counts: &[usize],
+) -> Result<(), CommError> {
+    let es = dtype.size();
+    let mut at = 0;
+    for (peer, &n) in send_counts.iter().enumerate() {
+        if n > 0 {
+            comm.send(dtype, Buf::Host(&send[at..at + n * es]), peer)?;
+        }
+        at += n * es;
+    }
+    let mut at = 0;
+    for (peer, &n) in recv_counts.iter().enumerate() {
+        if n > 0 {
+            comm.recv(dtype, BufMut::Host(&mut recv[at..at + n * es]), peer)?;
+        }
+        at += n * es;
+    }
+    Ok(())
 }
 
 fn missing(step: &Step, me: usize) -> BoxingError {

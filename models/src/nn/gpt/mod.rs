@@ -2,14 +2,17 @@
 //! input/output embedding. On a `[dp, tp]` mesh the batch is split over `dp`; Megatron tensor
 //! parallelism follows from the parameters' SBP on `tp` (Q, K, V and the first MLP matrix
 //! column-parallel, the output projections row-parallel, heads split); sequence parallelism
-//! splits the residual stream along the sequence on `tp` between the parallel regions.
+//! splits the residual stream along the sequence on `tp` between the parallel regions. A
+//! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each).
 
 mod attention;
 mod block;
 mod config;
 mod model;
+mod stages;
 
 pub use attention::{causal_attention, CausalSelfAttention};
 pub use block::{Block, GptMlp, Pass, Recompute, LN_EPS};
 pub use config::{GptConfig, GptLayout, DP_AXIS, TP_AXIS};
 pub use model::Gpt;
+pub use stages::StageSplit;

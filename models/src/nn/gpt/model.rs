@@ -1,8 +1,10 @@
 //! `Gpt`: token and position embeddings, a stack of pre-LN blocks, a final LayerNorm and the
-//! logits through the token embedding transposed (tied input/output embedding).
+//! logits through the token embedding transposed (tied input/output embedding); its pieces
+//! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{Sbp, Shape};
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
@@ -13,6 +15,7 @@ use super::super::layer_norm::LayerNorm;
 use super::super::param::{Module, Parameter};
 use super::block::{Block, Pass, Recompute, LN_EPS};
 use super::config::{GptConfig, GptLayout};
+use super::stages::StageSplit;
 
 /// Standard deviation of the initial embeddings (GPT-2's).
 const EMBEDDING_STD: f64 = 0.02;
@@ -30,11 +33,14 @@ fn table(name: &str, rows: usize, cfg: &GptConfig, at: &ParamPlacement) -> Resul
 }
 
 /// A GPT-2 style language model: `wte` `[vocab, C]` (also the output projection), `wpe`
-/// `[seq_len, C]`, `h.<i>` blocks and `ln_f`.
+/// `[seq_len, C]`, `h.<i>` blocks and `ln_f`. Under a pipeline split (`split`) the blocks
+/// live on their stages' layouts, the embeddings on the first stage and `ln_f` on the last.
 #[derive(Clone, Debug)]
 pub struct Gpt {
     pub cfg: GptConfig,
+    /// The layout of the first stage (the whole model when not split).
     pub layout: GptLayout,
+    pub split: StageSplit,
     pub wte: Embedding,
     pub wpe: Embedding,
     pub blocks: Vec<Block>,
@@ -47,17 +53,40 @@ impl Gpt {
     /// A model of `cfg` laid out as `layout` (checked by `GptConfig::validate`). Initial
     /// values depend on the seed and parameter names only, never on the layout.
     pub fn new(cfg: &GptConfig, layout: &GptLayout) -> Result<Gpt> {
-        cfg.validate(layout)?;
+        Gpt::new_split(cfg, StageSplit::single(cfg.layers, layout))
+    }
+
+    /// A model of `cfg` split into pipeline stages as `split` says (every stage's layout is
+    /// checked by `GptConfig::validate`; `split` must cover `cfg.layers` blocks).
+    pub fn new_split(cfg: &GptConfig, split: StageSplit) -> Result<Gpt> {
+        for s in 0..split.stages() {
+            cfg.validate(split.layout(s))?;
+        }
+        let covered = split.blocks(split.chunks().saturating_sub(1)).end;
+        if covered != cfg.layers {
+            return Err(TensorError::Shape {
+                op: "Gpt::new_split",
+                shapes: "-".into(),
+                sbps: "-".into(),
+                detail: format!(
+                    "the split covers {covered} blocks but the model has {}",
+                    cfg.layers
+                ),
+            });
+        }
+        let first = split.first().clone();
         let blocks = (0..cfg.layers)
-            .map(|i| Block::new(&format!("h.{i}"), cfg, layout))
+            .map(|i| Block::new(&format!("h.{i}"), cfg, split.block_layout(i)))
             .collect::<Result<Vec<_>>>()?;
+        let last = split.last();
         Ok(Gpt {
-            wte: table("wte", cfg.vocab, cfg, &layout.token_embedding())?,
-            wpe: table("wpe", cfg.seq_len, cfg, &layout.replicated())?,
+            wte: table("wte", cfg.vocab, cfg, &first.token_embedding())?,
+            wpe: table("wpe", cfg.seq_len, cfg, &first.replicated())?,
             blocks,
-            ln_f: LayerNorm::new("ln_f", cfg.width, LN_EPS, cfg.dtype, &layout.replicated())?,
+            ln_f: LayerNorm::new("ln_f", cfg.width, LN_EPS, cfg.dtype, &last.replicated())?,
             cfg: cfg.clone(),
-            layout: layout.clone(),
+            layout: first,
+            split,
             recompute: Recompute::None,
         })
     }
@@ -71,9 +100,29 @@ impl Gpt {
         }
     }
 
-    /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis) ->
-    /// logits `[B, T, vocab]`.
-    pub fn forward(&self, ids: &Tensor, pass: Pass) -> Result<Tensor> {
+    /// Where the residual stream entering and leaving virtual stage `g` lives: the stage's
+    /// placement and the activations' nd-SBP there (None when local).
+    pub fn stream_layout(&self, g: usize) -> Option<(Placement, NdSbp)> {
+        let l = self.split.chunk_layout(g);
+        Some((l.placement()?.clone(), l.activation_sbp(self.stream())?))
+    }
+
+    /// Where the tied table is computed with: the first stage's placement and the table's
+    /// compute nd-SBP (None when local).
+    pub fn tied_layout(&self) -> Option<(Placement, NdSbp)> {
+        let v = self.wte.weight.value();
+        let nd = self
+            .wte
+            .weight
+            .compute_layout()
+            .or_else(|| v.nd_sbp().cloned())?;
+        Some((v.placement()?.clone(), nd))
+    }
+
+    /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
+    /// first stage) -> the residual stream entering the blocks, through the table `wte`
+    /// (the tied table's compute value).
+    pub fn embed(&self, ids: &Tensor, wte: &Tensor, pass: Pass) -> Result<Tensor> {
         let t = match ids.shape().dims() {
             [_, t] if (1..=self.cfg.seq_len).contains(t) && ids.dtype() == DType::I64 => *t,
             _ => {
@@ -89,35 +138,89 @@ impl Gpt {
                 })
             }
         };
-        let layout = &self.layout;
-        // One value of the tied table for both uses (gathered once if stored sharded).
-        let wte = self.wte.weight.compute()?;
-        let tok = Tensor::embedding(ids, &wte)?;
+        let tok = Tensor::embedding(ids, wte)?;
         let pos = self.wpe.weight.compute()?.narrow(0, 0, t)?;
         let x = pass.dropout(&self.cfg, "embedding", &tok.add(&pos)?)?;
+        self.layout.relayout(&x, self.stream())
+    }
+
+    /// The blocks of virtual stage `g` on the residual stream `x` (on that stage's layout).
+    pub fn run_chunk(&self, g: usize, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let layout = self.split.chunk_layout(g);
         let stream = self.stream();
-        let mut x = layout.relayout(&x, stream)?;
-        for (i, b) in self.blocks.iter().enumerate() {
-            // Parameters stored sharded: the next block's gathers are issued before this
-            // block computes, so they overlap it where collectives run asynchronously.
-            match self.blocks.get(i + 1) {
-                Some(next) => next.prefetch()?,
-                None => self.ln_f.prefetch()?,
+        let mut x = x.clone();
+        let blocks = self.split.blocks(g);
+        let last_chunk = g + 1 == self.split.chunks();
+        for i in blocks.clone() {
+            // Parameters stored sharded: the next block's gathers (of this chunk; the final
+            // norm's after the last block) are issued before this block computes, so they
+            // overlap it where collectives run asynchronously.
+            if i + 1 < blocks.end {
+                self.blocks[i + 1].prefetch()?;
+            } else if last_chunk {
+                self.ln_f.prefetch()?;
             }
+            let b = &self.blocks[i];
             x = b.forward(&x, &self.cfg, layout, stream, pass, self.recompute)?;
         }
-        let x = layout.relayout(&self.ln_f.forward(&x)?, Sbp::B)?;
+        Ok(x)
+    }
+
+    /// The residual stream after the last block -> logits `[B, T, vocab]` through the tied
+    /// table `wte` (on the last stage's placement).
+    pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
+        let x = self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)?;
         x.matmul(&wte.transpose(0, 1)?)
     }
 
-    /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).
-    pub fn loss(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<Tensor> {
-        let logits = self.forward(ids, pass)?;
+    /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
+    /// first stage) -> logits `[B, T, vocab]` (on the last stage). Between pipeline stages the
+    /// stream moves with `to_global`, and the tied table goes to the last stage the same way.
+    pub fn forward(&self, ids: &Tensor, pass: Pass) -> Result<Tensor> {
+        // One value of the tied table for both uses (gathered once if stored sharded).
+        let wte = self.wte.weight.compute()?;
+        let mut x = self.embed(ids, &wte, pass)?;
+        for g in 0..self.split.chunks() {
+            if g > 0 && self.split.stage_of(g) != self.split.stage_of(g - 1) {
+                if let Some((p, nd)) = self.stream_layout(g) {
+                    x = x.to_global(&p, nd)?;
+                }
+            }
+            x = self.run_chunk(g, &x, pass)?;
+        }
+        let wte = match (self.split.stages(), self.split.last().placement()) {
+            (2.., Some(last)) => {
+                let nd = wte.nd_sbp().cloned().unwrap_or_else(|| NdSbp::broadcast(2));
+                wte.to_global(last, nd)?
+            }
+            _ => wte,
+        };
+        self.head(&x, &wte)
+    }
+
+    /// Mean next-token cross-entropy of `logits` `[B, T, vocab]` against targets `[B, T]`.
+    pub fn loss_of(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let (b, t, v) = (
             logits.shape().dim(0),
             logits.shape().dim(1),
             logits.shape().dim(2),
         );
+        if targets.shape().dims() != [b, t] {
+            return Err(TensorError::Shape {
+                op: "Gpt::loss",
+                shapes: format!("{}, {}", logits.shape(), targets.shape()),
+                sbps: format!("{:?}, {:?}", logits.nd_sbp(), targets.nd_sbp()),
+                detail: "targets must have the ids' shape".into(),
+            });
+        }
+        logits
+            .reshape([b * t, v])?
+            .cross_entropy(&targets.reshape([b * t])?)?
+            .mean_all()
+    }
+
+    /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<Tensor> {
         if targets.shape() != ids.shape() {
             return Err(TensorError::Shape {
                 op: "Gpt::loss",
@@ -126,10 +229,8 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        logits
-            .reshape([b * t, v])?
-            .cross_entropy(&targets.reshape([b * t])?)?
-            .mean_all()
+        let logits = self.forward(ids, pass)?;
+        self.loss_of(&logits, targets)
     }
 }
 

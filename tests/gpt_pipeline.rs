@@ -205,6 +205,31 @@ fn dropout_and_generation_match_one_rank_through_stages() {
     assert_eq!(curve(&pp).len(), 6);
     assert!(diff <= 1e-12, "dropout under PP2xTP2 differs by {diff:e}");
     assert_eq!(sample(&one), sample(&pp));
+    // Micro-batches draw their rows of the whole batch's masks: 2 micro-batches through an
+    // interleaved PP2xDP2 pipeline give the unsplit batch's curve with dropout on.
+    base.truncate(base.len() - 4);
+    base.extend_from_slice(&[
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--micro-batches",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "2",
+    ]);
+    let micro = ok(launch(4, &base));
+    let diff = max_rel(&curve(&one), &curve(&micro));
+    eprintln!(
+        "dropout 0.1, PP2xDP2 interleaved, 2 micro-batches: max relative difference {diff:.3e}"
+    );
+    assert_eq!(curve(&micro).len(), 6);
+    assert!(
+        diff <= 1e-12,
+        "dropout over micro-batches differs by {diff:e}"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Dropout: values against the counter-based formula (`rng::uniform(seed, global index) >= p`),
 //! its gradient against finite differences, typed errors for a bad `p`, and the mask identical
 //! for every global layout (1-d and 2-d meshes, uneven splits on any dim, P inputs) and a local
-//! run.
+//! run; a micro-batch's framed dropout (`dropout_in`) is its rows of the whole batch's.
 
 mod common;
 
@@ -64,6 +64,65 @@ fn zero_p_is_the_identity_and_bad_p_is_a_typed_error() {
     }
     let xi = x.cast(DType::I64).unwrap();
     assert!(matches!(xi.dropout(0.5, 1), Err(TensorError::DType { .. })));
+}
+
+#[test]
+fn a_framed_dropout_is_its_rows_of_the_frame() {
+    let full = Tensor::randn([6, 4, 5], 3, F);
+    let (p, seed) = (0.4, 11u64);
+    let whole = full.dropout(p, seed).unwrap();
+    let frame = full.shape().clone();
+    for j in 0..3 {
+        let rows = full.narrow(0, 2 * j, 2).unwrap();
+        let want = vals(&whole.narrow(0, 2 * j, 2).unwrap());
+        let local = rows.dropout_in(p, seed, &frame, &[2 * j, 0, 0]).unwrap();
+        assert_eq!(vals(&local), want, "micro-batch {j}, local");
+        // The same through a global layout split on another dim, and its gradient is the
+        // framed mask (d/dx sum(dropout(x)) = keep / (1 - p)).
+        let runs = run_ranks(2, Duration::from_secs(30), |_| {
+            let pl = placement(&[2], 0);
+            let x = rows
+                .to_global(&pl, NdSbp::broadcast(1))
+                .unwrap()
+                .to_global(&pl, NdSbp::new([oxiflow_tensor::Sbp::S(2)]))
+                .unwrap()
+                .requires_grad_(true);
+            let y = x.dropout_in(p, seed, &frame, &[2 * j, 0, 0]).unwrap();
+            y.sum_all().unwrap().backward().unwrap();
+            let bc = NdSbp::broadcast(1);
+            (
+                vals(&y.to_global(&pl, bc.clone()).unwrap()),
+                vals(&x.grad().unwrap().to_global(&pl, bc).unwrap()),
+            )
+        });
+        let ones = vals(
+            &Tensor::ones([2, 4, 5], F)
+                .dropout_in(p, seed, &frame, &[2 * j, 0, 0])
+                .unwrap(),
+        );
+        for (y, g) in runs {
+            assert_eq!(y, want, "micro-batch {j}, global");
+            assert_eq!(g, ones, "micro-batch {j}, gradient");
+        }
+    }
+    // A tensor that does not lie in the frame is refused before anything runs.
+    let rows = full.narrow(0, 0, 2).unwrap();
+    for (frame, at) in [
+        (vec![6, 4, 5], vec![5, 0, 0]),
+        (vec![6, 4], vec![0, 0]),
+        (vec![6, 4, 5], vec![0, 0]),
+        (vec![6, 4, 5], vec![usize::MAX, 0, 0]),
+        (vec![usize::MAX, usize::MAX, 5], vec![0, 0, 0]),
+    ] {
+        let frame = oxiflow_tensor::Shape::new(frame);
+        match rows.dropout_in(p, seed, &frame, &at) {
+            Err(TensorError::Shape { op, detail, .. }) => {
+                assert_eq!(op, "dropout");
+                assert!(detail.contains("frame"), "{detail}");
+            }
+            other => panic!("frame {frame} at {at:?}: expected a shape error, got {other:?}"),
+        }
+    }
 }
 
 /// sum(dropout(x) * r).

@@ -6,8 +6,8 @@
 //! the order that stage sent them (it knows the order: the sender's list is a pure function),
 //! keeping the ones it needs later. The tied embedding table goes to the last stage at the
 //! start and its gradient comes back at the end. Micro-batch losses are scaled by `1/m`, so
-//! the accumulated gradients are the full batch's. With several micro-batches each draws its
-//! own dropout masks (so they differ from the unsplit batch's).
+//! the accumulated gradients are the full batch's; each micro-batch draws its rows of the whole
+//! batch's dropout masks (`Pass::TrainMicro`), so the step equals the unsplit one.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -227,10 +227,12 @@ pub fn run_step(
     if pp > 1 && stage == pp - 1 {
         tied_last = Some(st.take(Message::Tied)?.requires_grad_(true));
     }
-    // Each micro-batch draws its own dropout masks (keyed by step and micro-batch).
+    // Each micro-batch draws its rows of the whole batch's dropout masks.
     let pass_of = |mb: usize| match pass {
-        Pass::Train { step } if m > 1 => Pass::Train {
-            step: step * m as u64 + mb as u64,
+        Pass::Train { step } if m > 1 => Pass::TrainMicro {
+            step,
+            index: mb,
+            count: m,
         },
         other => other,
     };

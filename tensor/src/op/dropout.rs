@@ -1,7 +1,9 @@
 //! Dropout: `y = x * keep / (1 - p)` with `keep = rng::uniform(seed, i) >= p` for the global
 //! row-major element index `i`, so the mask does not depend on placement, SBP, mesh or device,
-//! and a local run draws the same mask as any global layout. Linear in `x` (splits, broadcast
-//! and partial sums pass through); its gradient is the same dropout of the output gradient.
+//! and a local run draws the same mask as any global layout. `dropout_in` places the tensor in
+//! a larger *frame* (a micro-batch in its batch), so its mask is that part of the frame's.
+//! Linear in `x` (splits, broadcast and partial sums pass through); its gradient is the same
+//! dropout of the output gradient.
 
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -13,11 +15,12 @@ use super::{
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
-use crate::Result;
+use crate::{Result, TensorError};
 
 /// The dropout family: drop probability `p` in `[0, 1)`, mask seed `seed`. `global` and
-/// `starts` say where the piece sits: the global shape and the piece's first index on each dim
-/// (the whole tensor, starting at 0, until [`OpFamily::local`] sets a rank's region).
+/// `starts` say where the piece sits: the frame's shape and the piece's first index in it on
+/// each dim (the tensor's own shape and its position in the frame, 0 for `dropout`, until
+/// [`OpFamily::local`] adds a rank's region).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DropoutOp {
     pub p: F64Bits,
@@ -91,9 +94,14 @@ impl OpFamily for DropoutOp {
     }
 
     fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+        // The kernel's `check_piece` refuses a piece outside the frame (a saturated start too).
         Some(DropoutOp {
-            global: at.out_global.clone(),
-            starts: (0..at.out_global.ndim()).map(|d| at.out_start(d)).collect(),
+            starts: self
+                .starts
+                .iter()
+                .enumerate()
+                .map(|(d, &s)| s.saturating_add(at.out_start(d)))
+                .collect(),
             ..self.clone()
         })
     }
@@ -103,7 +111,7 @@ impl OpFamily for DropoutOp {
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Grad::one(g.dy.dropout(self.p.get(), self.seed)?)
+        Grad::one(g.dy.dropout_in(self.p.get(), self.seed, &self.global, &self.starts)?)
     }
 }
 
@@ -112,16 +120,41 @@ impl Tensor {
     /// row-major index) is kept, scaled by `1 / (1 - p)`, when `rng::uniform(seed, i) >= p`,
     /// else zeroed. `p == 0` returns the input itself.
     pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
+        let zeros = vec![0; self.shape().ndim()];
+        self.dropout_in(p, seed, &self.shape().clone(), &zeros)
+    }
+
+    /// Dropout as part of a larger tensor of shape `frame` in which this one starts at index
+    /// `at` on each dim: the mask is the frame's (from its row-major indices), so a micro-batch
+    /// drops what its rows of the whole batch would. `frame` must hold this tensor at `at`.
+    pub fn dropout_in(&self, p: f64, seed: u64, frame: &Shape, at: &[usize]) -> Result<Tensor> {
+        let shape = self.shape();
+        let inside = frame.ndim() == shape.ndim()
+            && at.len() == shape.ndim()
+            && frame.checked_numel().is_some()
+            && (0..shape.ndim()).all(|d| {
+                at[d]
+                    .checked_add(shape.dim(d))
+                    .is_some_and(|end| end <= frame.dim(d))
+            });
+        if !inside {
+            return Err(TensorError::Shape {
+                op: "dropout",
+                shapes: shape.to_string(),
+                sbps: self.nd_sbp().map(|s| s.to_string()).unwrap_or_default(),
+                detail: format!(
+                    "a tensor of shape {shape} does not lie in the frame {frame} at {at:?}"
+                ),
+            });
+        }
         if p == 0.0 && self.dtype().is_float() {
             return Ok(self.clone());
         }
-        let shape = self.shape().clone();
-        let starts = std::iter::repeat_n(0, shape.ndim()).collect();
         let op = DropoutOp {
             p: F64Bits::new(p),
             seed,
-            global: shape,
-            starts,
+            global: frame.clone(),
+            starts: at.iter().copied().collect(),
         };
         dispatch(op.into(), &[self])
     }

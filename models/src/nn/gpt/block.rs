@@ -1,9 +1,9 @@
 //! One pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)), with Megatron tensor
 //! parallelism and, optionally, sequence parallelism between the parallel regions.
 
-use oxiflow_sbp::Sbp;
+use oxiflow_sbp::{Sbp, Shape};
 
-use crate::Result;
+use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::super::init::param_seed;
@@ -19,7 +19,17 @@ pub const LN_EPS: f64 = 1e-5;
 /// Whether a forward pass trains (dropout on, masks keyed by the step) or evaluates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
-    Train { step: u64 },
+    Train {
+        step: u64,
+    },
+    /// Training on micro-batch `index` of `count`, the rows `[index b, (index + 1) b)` of the
+    /// step's batch (b the micro-batch size): its dropout masks are those rows of the whole
+    /// batch's, so gradient accumulation over micro-batches equals one full-batch step.
+    TrainMicro {
+        step: u64,
+        index: usize,
+        count: usize,
+    },
     Eval,
 }
 
@@ -27,7 +37,7 @@ impl Pass {
     /// The dropout probability and mask seed of site `site` in this pass.
     pub(super) fn dropout_at(self, cfg: &GptConfig, site: &str) -> Option<(f64, u64)> {
         match self {
-            Pass::Train { step } if cfg.dropout > 0.0 => Some((
+            Pass::Train { step } | Pass::TrainMicro { step, .. } if cfg.dropout > 0.0 => Some((
                 cfg.dropout,
                 param_seed(cfg.seed, &format!("dropout.{site}.{step}")),
             )),
@@ -35,11 +45,27 @@ impl Pass {
         }
     }
 
-    /// `x` through this pass's dropout at `site`.
+    /// `x` (batch first) through this pass's dropout at `site`.
     pub(super) fn dropout(self, cfg: &GptConfig, site: &str, x: &Tensor) -> Result<Tensor> {
-        match self.dropout_at(cfg, site) {
-            Some((p, seed)) => x.dropout(p, seed),
-            None => Ok(x.clone()),
+        let Some((p, seed)) = self.dropout_at(cfg, site) else {
+            return Ok(x.clone());
+        };
+        match self {
+            Pass::TrainMicro { index, count, .. } if x.shape().ndim() > 0 => {
+                let rows = x.shape().dim(0);
+                let overflow = || TensorError::Shape {
+                    op: "Gpt dropout",
+                    shapes: x.shape().to_string(),
+                    sbps: String::new(),
+                    detail: format!("micro-batch {index} of {count} overflows the batch"),
+                };
+                let mut frame = x.shape().dims().to_vec();
+                frame[0] = rows.checked_mul(count).ok_or_else(overflow)?;
+                let mut at = vec![0; frame.len()];
+                at[0] = rows.checked_mul(index).ok_or_else(overflow)?;
+                Ok(x.dropout_in(p, seed, &Shape::new(frame), &at)?)
+            }
+            _ => Ok(x.dropout(p, seed)?),
         }
     }
 }

@@ -67,12 +67,13 @@ impl DeviceBackend for CudaBackend {
 
     fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage> {
         let name = op.name();
-        let kernels = CudaKernels { rt: runtime(name)? };
+        let rt = runtime(name)?;
+        let kernels = CudaKernels { rt: rt.clone() };
         let mut x: Vec<&CudaStorage> = Vec::with_capacity(inputs.len());
         for s in inputs {
             x.push(cuda_of(name, s)?);
         }
-        let y = op.run(&kernels, &x, out)?;
+        let y = super::timing::timed(&rt, name, || op.run(&kernels, &x, out))?;
         if y.shape != out.shape || y.dtype != out.dtype {
             return Err(derr(
                 name,

@@ -159,6 +159,7 @@ fn names() -> Vec<String> {
             "scalar",
             "dropout",
             "attn_softmax",
+            "adam",
         ] {
             v.push(format!("{k}_{t}"));
         }
@@ -171,6 +172,7 @@ fn names() -> Vec<String> {
             "fill",
             "create",
             "reduce_rows",
+            "reduce_cols",
             "take",
             "where",
             "triangular",

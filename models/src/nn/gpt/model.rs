@@ -101,7 +101,7 @@ impl Gpt {
             x = b.forward(&x, &self.cfg, layout, stream, pass, self.recompute)?;
         }
         let x = layout.relayout(&self.ln_f.forward(&x)?, Sbp::B)?;
-        x.matmul(&wte.transpose(0, 1)?)
+        x.matmul_t(&wte, false, true)
     }
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).

@@ -1,7 +1,7 @@
 //! Softmax CUDA kernels: softmax / log-softmax over one dim and their backward, one thread per
 //! lane.
 
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{launch, per_row, sfx};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
 use crate::op::{OutSpec, SoftmaxKernels};
@@ -29,7 +29,7 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            launch!(rt, name, format!("softmax_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, xp, yp)?;
+            launch!(rt, name, format!("softmax_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, xp, yp)?;
         }
         Ok(y)
     }
@@ -62,7 +62,7 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, yp, gp, dp)?;
+            launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, yp, gp, dp)?;
         }
         Ok(y)
     }

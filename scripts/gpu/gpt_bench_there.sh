@@ -3,7 +3,7 @@
 # the gpu_tensor suite) and gpt2_bench.py: OxiFlow's GPT-2 124M step next to the PyTorch anchor
 # in the same run. Logs under $OUT; the RESULT lines and a table last.
 # Usage: gpt_bench_there.sh [micro-batch]
-# (env: VARIANTS="bin:matmul ...", PROFILE_BIN="bin:matmul ...", STEPS, COMPILE=1, SUITE=1)
+# (env: VARIANTS="bin:matmul[:driver] ...", PROFILE_BIN (variants to profile), STEPS, COMPILE=1, SUITE=1)
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -19,14 +19,17 @@ if [ "${SUITE:-0}" = 1 ] && [ -x bin/gpu_tensor ]; then
   echo "gpu_tensor suite exit code: $?" | tee -a "$OUT/summary.txt"
   tail -5 "$OUT/gpu_tensor.log"
 fi
+# A variant is bin:matmul, or bin:matmul:driver for device blocks from the driver's allocator.
 for v in $VARIANTS; do
-  bin=${v%%:*}; mm=${v##*:}
+  IFS=: read -r bin mm mem <<< "$v"
   extra=""
-  case " ${PROFILE_BIN:-} " in *" $bin:$mm "*) extra="--profile 2" ;; esac
+  case " ${PROFILE_BIN:-} " in *" $v "*) extra="--profile 2" ;; esac
+  [ "$mem" = driver ] && extra="$extra --nccl-memory off"
+  tag="$bin${mem:+-$mem}"
   timeout 240 bin/oflaunch --nproc-per-node 1 --backend nccl bin/"$bin" --matmul "$mm" \
-    --micro-batch "$B" --warmup 2 --steps "$STEPS" --tag "$bin" $extra > "$OUT/$bin-$mm.log" 2>&1
-  echo "$bin $mm exit code: $?"
-  grep -h "RESULT\|PROFILE\|rror" "$OUT/$bin-$mm.log" | head -30
+    --micro-batch "$B" --warmup 2 --steps "$STEPS" --tag "$tag" $extra > "$OUT/$tag-$mm.log" 2>&1
+  echo "$tag $mm exit code: $?"
+  grep -h "RESULT\|PROFILE\|rror" "$OUT/$tag-$mm.log" | head -30
 done
 timeout 240 python3 gpt2_bench.py --micro-batch "$B" --tag eager > "$OUT/torch-eager.log" 2>&1
 grep -h RESULT "$OUT/torch-eager.log" || tail -5 "$OUT/torch-eager.log"

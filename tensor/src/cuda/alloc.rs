@@ -303,6 +303,11 @@ impl Block {
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
+    /// Gives this block the bf16 copy `b` of its f32 elements (written by the kernel that wrote
+    /// the block).
+    pub(crate) fn set_bf16_shadow(&self, b: Block) {
+        *lock(&self.shadow) = Some(Box::new(b));
+    }
     /// The address of this block's bf16 copy, made by `make` on first use. Blocks are
     /// immutable once a piece holds them; a collective that touches the block drops the copy.
     pub(crate) fn bf16_shadow(&self, make: impl FnOnce() -> Result<Block>) -> Result<u64> {

@@ -187,6 +187,8 @@ fn names() -> Vec<String> {
         "philox",
         "copy_rows_v16",
         "f32_to_bf16",
+        "attn_softmax_bf16",
+        "softmax_bw_rows_bf16",
     ] {
         v.push(k.to_string());
     }

@@ -520,6 +520,43 @@ template <typename T> __device__ void reduce_cols_t(i64 rows, i64 cols, i64 chun
     }
 }
 
+// The bf16 bits of f, round to nearest even (NaN stays NaN), as f32_to_bf16.
+__device__ __forceinline__ unsigned short bf16_bits(float f) {
+    unsigned b = __float_as_uint(f);
+    return (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
+                                           : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+// attn_softmax_t on f32 that also writes each probability's bf16 copy to yh (the copy a bf16
+// matrix product reads next).
+extern "C" __global__ void attn_softmax_bf16(i64 rows, i64 t, i64 s, double scale, int causal, const float* x, float* y, unsigned short* yh) {
+    ROW_SHARED(float)
+    BLOCK_ROWS(r, rows) {
+        const float* xr = x + r * s; float* yr = y + r * s; unsigned short* hr = yh + r * s;
+        i64 live = causal ? (r % t) + 1 : s;
+        if (live > s) live = s;
+        float sc = (float)scale, m = m_lowest(0.0f);
+        THREAD_COLS(j, live) { float v = xr[j] * sc; m = v > m ? v : m; }
+        m = block_max(m, sh);
+        if (m == m_lowest(0.0f)) m = 0.0f;
+        float sum = 0.0f;
+        THREAD_COLS(j, live) sum += m_exp(xr[j] * sc - m);
+        float inv = 1.0f / block_sum(sum, sh);
+        THREAD_COLS(j, live) { float v = m_exp(xr[j] * sc - m) * inv; yr[j] = v; hr[j] = bf16_bits(v); }
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) { yr[j] = 0.0f; hr[j] = 0; }
+    }
+}
+// softmax_bw_t on f32 rows (inner 1, not log) that also writes each gradient's bf16 copy to dh.
+extern "C" __global__ void softmax_bw_rows_bf16(i64 lanes, i64 n, const float* yv, const float* g, float* dx, unsigned short* dh) {
+    ROW_SHARED(float)
+    BLOCK_ROWS(l, lanes) {
+        const float* yr = yv + l * n; const float* gr = g + l * n; float* dr = dx + l * n; unsigned short* hr = dh + l * n;
+        float s = 0.0f;
+        THREAD_COLS(j, n) s += gr[j] * yr[j];
+        s = block_sum(s, sh);
+        THREAD_COLS(j, n) { float v = yr[j] * (gr[j] - s); dr[j] = v; hr[j] = bf16_bits(v); }
+    }
+}
+
 #define INST(NAME, T) \
 extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
 extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \

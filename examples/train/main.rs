@@ -124,6 +124,8 @@ enum Precision {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Matmul {
     F32,
+    /// TF32 tensor cores, f32 inputs and outputs (cuda only).
+    Tf32,
     /// bf16 inputs, f32 accumulation (cuda only).
     Bf16,
 }
@@ -457,13 +459,24 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
     };
-    if let (Matmul::Bf16, DeviceType::Cuda) = (args.matmul, device) {
-        let rt = oxiflow::tensor::cuda::bound_runtime()
-            .ok_or("--matmul bf16 needs a CUDA device bound to this process")?;
-        rt.set_matmul_precision(oxiflow::tensor::cuda::MatmulPrecision::Bf16);
-    }
-    if let (Matmul::Bf16, DeviceType::Cpu) = (args.matmul, device) {
-        return Err("--matmul bf16 needs --device cuda (or auto on an NCCL world)".into());
+    let precision = match args.matmul {
+        Matmul::F32 => None,
+        Matmul::Tf32 => Some(oxiflow::tensor::cuda::MatmulPrecision::Tf32),
+        Matmul::Bf16 => Some(oxiflow::tensor::cuda::MatmulPrecision::Bf16),
+    };
+    match (precision, device) {
+        (Some(p), DeviceType::Cuda) => {
+            let rt = oxiflow::tensor::cuda::bound_runtime()
+                .ok_or("--matmul needs a CUDA device bound to this process")?;
+            rt.set_matmul_precision(p);
+        }
+        (Some(p), DeviceType::Cpu) => {
+            let name = format!("{p:?}").to_lowercase();
+            return Err(
+                format!("--matmul {name} needs --device cuda (or auto on an NCCL world)").into(),
+            );
+        }
+        (None, _) => {}
     }
     if args.model == ModelKind::Gpt {
         if args.optimizer == Some(Opt::Sgd) {

@@ -111,7 +111,20 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let w = mk(&[c.k, c.c], s + 1, wa)?;
             let b = mk(&[3, c.r, c.k], s + 2, c.sa % 2)?;
             let bw = mk(&[3, c.k, c.c], s + 3, c.sa % 2)?;
-            vec![a.matmul(&w)?, b.bmm(&bw)?]
+            // The same splits on operands stored transposed (gemm flags on the device).
+            let wt = mk(&[c.c, c.k], s + 4, [2, 0, 1, 2][c.sb])?;
+            let at = mk(&[c.k, c.r], s + 5, [1, 2, 0, 2][c.sb])?;
+            let bwt = mk(&[3, c.c, c.k], s + 6, c.sa % 2)?;
+            let bt = mk(&[3, c.k, c.r], s + 7, c.sa % 2)?;
+            vec![
+                a.matmul(&w)?,
+                b.bmm(&bw)?,
+                a.matmul_t(&wt, false, true)?,
+                at.matmul_t(&w, true, false)?,
+                at.matmul_t(&wt, true, true)?,
+                b.matmul_t(&bwt, false, true)?,
+                bt.matmul_t(&bw, true, false)?,
+            ]
         }
         3 => {
             let d = (c.v % 2) as isize;

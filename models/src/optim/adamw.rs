@@ -73,23 +73,18 @@ impl Optimizer for AdamW {
             let Some(Update { value: v0, grad: g }) = update_view(p, self.zero)? else {
                 continue;
             };
+            // Fused passes: each moment in one, the new value in one.
             let m = match self.m[i].take() {
-                Some(m) => m.mul_scalar(o.beta1)?.add(&g.mul_scalar(1.0 - o.beta1)?)?,
+                Some(m) => m.adam_moment(&g, o.beta1, 1.0 - o.beta1, false)?,
                 None => g.mul_scalar(1.0 - o.beta1)?,
             };
-            let g2 = g.square()?;
             let v = match self.v[i].take() {
-                Some(v) => v.mul_scalar(o.beta2)?.add(&g2.mul_scalar(1.0 - o.beta2)?)?,
-                None => g2.mul_scalar(1.0 - o.beta2)?,
+                Some(v) => v.adam_moment(&g, o.beta2, 1.0 - o.beta2, true)?,
+                None => g.square()?.mul_scalar(1.0 - o.beta2)?,
             };
-            let denom = v.mul_scalar(1.0 / bc2)?.sqrt()?.add_scalar(o.eps)?;
-            let upd = m.mul_scalar(o.lr / bc1)?.div(&denom)?;
-            let decayed = if o.weight_decay != 0.0 {
-                v0.mul_scalar(1.0 - o.lr * o.weight_decay)?
-            } else {
-                v0
-            };
-            write_back(p, &decayed.sub(&upd)?)?;
+            let decay = 1.0 - o.lr * o.weight_decay;
+            let new = v0.adam_update(&m, &v, [decay, o.lr / bc1, 1.0 / bc2, o.eps])?;
+            write_back(p, &new)?;
             self.m[i] = Some(m);
             self.v[i] = Some(v);
         }

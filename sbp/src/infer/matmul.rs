@@ -66,3 +66,63 @@ fn push_matmul(r: &mut Rules, base: usize, b_base: usize) {
     r.push(&[B, P], &[P]);
     r.push(&[B, B], &[B]);
 }
+
+/// `op(a) @ op(b)`, either operand's last two dims transposed (`ta`, `tb`): batched (`a` and
+/// `b` of one rank >= 2 with equal batch dims) or not (`b` 2-d, `a [.., m, k]`, or `a [k, m]`
+/// 2-d when transposed). The candidates are matmul's with each split moved to the dim it
+/// names in the stored operand.
+pub fn matmul_t(
+    a: &Shape,
+    b: &Shape,
+    (ta, tb): (bool, bool),
+    batched: bool,
+    mode: RuleMode,
+) -> Result<Rules, String> {
+    let n = a.ndim();
+    let fits = if batched {
+        n >= 2 && b.ndim() == n && a.dims()[..n - 2] == b.dims()[..n - 2]
+    } else {
+        b.ndim() == 2 && n >= 2 && (!ta || n == 2)
+    };
+    let err = || {
+        format!(
+            "needs op(a) [.., m, k] and op(b) [k, n] (transposed: a {ta}, b {tb}; batched {batched}), got a {a} and b {b}"
+        )
+    };
+    if !fits {
+        return Err(err());
+    }
+    let base = n - 2;
+    let b_base = if batched { base } else { 0 };
+    let (a_m, a_k) = if ta {
+        (base + 1, base)
+    } else {
+        (base, base + 1)
+    };
+    let (b_k, b_n) = if tb {
+        (b_base + 1, b_base)
+    } else {
+        (b_base, b_base + 1)
+    };
+    if a.dim(a_k) != b.dim(b_k) {
+        return Err(err());
+    }
+    let mut dims = a.dims()[..base].to_vec();
+    dims.push(a.dim(a_m));
+    dims.push(b.dim(b_n));
+    let mut r = Rules::new(mode, [Shape::new(dims)]);
+    for i in 0..base {
+        if batched {
+            r.push(&[Sbp::S(i), Sbp::S(i)], &[Sbp::S(i)]);
+        } else {
+            r.push(&[Sbp::S(i), B], &[Sbp::S(i)]);
+        }
+    }
+    r.push(&[Sbp::S(a_m), B], &[Sbp::S(base)]);
+    r.push(&[B, Sbp::S(b_n)], &[Sbp::S(base + 1)]);
+    r.push(&[Sbp::S(a_k), Sbp::S(b_k)], &[P]);
+    r.push(&[P, B], &[P]);
+    r.push(&[B, P], &[P]);
+    r.push(&[B, B], &[B]);
+    Ok(r)
+}

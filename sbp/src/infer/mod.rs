@@ -36,7 +36,7 @@ pub mod rules {
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
-    pub use super::matmul::{batch_matmul, matmul};
+    pub use super::matmul::{batch_matmul, matmul, matmul_t};
     pub use super::norm::{backward as layer_norm_backward, forward as layer_norm};
     pub use super::permute::permute;
     pub use super::reduce::reduce;

@@ -6,7 +6,7 @@ use oxiflow_sbp::Shape;
 
 use super::{checked, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
+use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
 
@@ -157,6 +157,72 @@ pub fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray) -> Result<CpuArra
     })
 }
 
+fn adam_t<F: FloatElement>(part: AdamPart, x: &[&ArrayD<F>]) -> Option<ArrayD<F>> {
+    let n = if matches!(part, AdamPart::Update { .. }) {
+        3
+    } else {
+        2
+    };
+    if x.len() != n || x.iter().any(|a| a.shape() != x[0].shape()) {
+        return None;
+    }
+    let [a, b, c, d] = part.coefficients().map(F::from_f64);
+    let big = x[0].len() >= PAR_THRESHOLD;
+    Some(match part {
+        AdamPart::Moment1 { .. } | AdamPart::Moment2 { .. } => {
+            let sq = matches!(part, AdamPart::Moment2 { .. });
+            let f = move |&m: &F, &g: &F| m * a + if sq { g * g } else { g } * b;
+            let z = Zip::from(x[0]).and(x[1]);
+            if big {
+                z.par_map_collect(f)
+            } else {
+                z.map_collect(f)
+            }
+        }
+        AdamPart::Update { .. } => {
+            let f = move |&p: &F, &m: &F, &v: &F| p * a - (m * b) / ((v * c).sqrt() + d);
+            let z = Zip::from(x[0]).and(x[1]).and(x[2]);
+            if big {
+                z.par_map_collect(f)
+            } else {
+                z.map_collect(f)
+            }
+        }
+    })
+}
+
+/// One fused AdamW piece (see `AdamPart`) on same-shape float arrays of one dtype.
+pub fn adam(part: AdamPart, x: &[&CpuArray]) -> Result<CpuArray> {
+    let f32s: Option<Vec<_>> = x
+        .iter()
+        .map(|a| match a {
+            CpuArray::F32(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let f64s: Option<Vec<_>> = x
+        .iter()
+        .map(|a| match a {
+            CpuArray::F64(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let out = match (f32s, f64s) {
+        (Some(v), _) => adam_t(part, &v).map(CpuArray::F32),
+        (_, Some(v)) => adam_t(part, &v).map(CpuArray::F64),
+        _ => None,
+    };
+    out.ok_or_else(|| TensorError::Kernel {
+        op: part.name(),
+        detail: format!(
+            "needs float operands of one dtype and shape, got {:?}",
+            x.iter()
+                .map(|a| (a.dtype(), a.shape().to_vec()))
+                .collect::<Vec<_>>()
+        ),
+    })
+}
+
 fn float_scalar<F: FloatElement>(s: ScalarOp, a: &ArrayD<F>, c: f64) -> ArrayD<F> {
     let c = F::from_f64(c);
     match s {
@@ -242,5 +308,8 @@ impl ElementwiseKernels for CpuBackend {
         out: &OutSpec,
     ) -> Result<CpuArray> {
         checked(u.backward_name(), unary_backward(u, dy, x)?, out)
+    }
+    fn adam(&self, part: AdamPart, x: &[&CpuArray], out: &OutSpec) -> Result<CpuArray> {
+        checked(part.name(), adam(part, x)?, out)
     }
 }

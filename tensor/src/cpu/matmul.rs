@@ -108,4 +108,29 @@ impl MatmulKernels for CpuBackend {
     fn batch_matmul(&self, a: &CpuArray, b: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
         checked("batch_matmul", batch_matmul(a, b)?, out)
     }
+    fn matmul_t(
+        &self,
+        a: &CpuArray,
+        b: &CpuArray,
+        (ta, tb): (bool, bool),
+        batched: bool,
+        out: &OutSpec,
+    ) -> Result<CpuArray> {
+        // Transposed operands are copied here (the device kernels use gemm flags instead).
+        let t = |x: &CpuArray, on: bool| -> Option<CpuArray> {
+            let n = x.shape().len();
+            (on && n >= 2).then(|| {
+                let mut perm: Vec<usize> = (0..n).collect();
+                perm.swap(n - 2, n - 1);
+                super::layout::permute(x, &perm)
+            })
+        };
+        let (at, bt) = (t(a, ta), t(b, tb));
+        let (a, b) = (at.as_ref().unwrap_or(a), bt.as_ref().unwrap_or(b));
+        if batched {
+            checked("batch_matmul_t", batch_matmul(a, b)?, out)
+        } else {
+            checked("matmul_t", matmul(a, b)?, out)
+        }
+    }
 }

@@ -28,8 +28,15 @@ use oxiflow_collectives::DeviceFence;
 use super::{derr, CudaRuntime};
 use crate::Result;
 
-/// Bytes kept in the free lists at most; more is given back to the driver.
+/// Bytes kept in the free lists at most when the device's size is unknown; more is given back
+/// to the driver.
 const MAX_CACHED: usize = 16 << 30;
+
+/// The free lists' limit on a device of `total` bytes: three quarters of it (giving a block
+/// back costs a synchronisation, and a later allocation of that size a driver call).
+fn cache_limit(total: Option<usize>) -> usize {
+    total.map_or(MAX_CACHED, |t| (t / 4) * 3)
+}
 
 /// The bucket of a request: powers of two up to 1 MiB, then multiples of 2 MiB.
 fn bucket(bytes: usize) -> usize {
@@ -101,9 +108,47 @@ pub(crate) struct Pool {
     cached: AtomicUsize,
     /// New blocks come from NCCL's allocator (see the module doc).
     nccl: AtomicBool,
+    /// The free lists' limit in bytes (0: not read off the device yet).
+    limit: AtomicUsize,
+    /// Driver allocations, blocks given back past the limit, and full releases (out of memory).
+    counts: [AtomicUsize; 3],
+}
+
+/// How often the pool went to the driver: `(allocations, blocks given back past the cache
+/// limit, full releases after an out-of-memory)`, since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocCounts {
+    pub fresh: usize,
+    pub given_back: usize,
+    pub released_all: usize,
 }
 
 impl Pool {
+    pub(crate) fn counts(&self) -> AllocCounts {
+        let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        AllocCounts {
+            fresh: c(0),
+            given_back: c(1),
+            released_all: c(2),
+        }
+    }
+    fn count(&self, i: usize) {
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+    fn limit(&self, rt: &CudaRuntime) -> usize {
+        let l = self.limit.load(Ordering::Relaxed);
+        if l != 0 {
+            return l;
+        }
+        let total = rt
+            .bind("cuda alloc")
+            .ok()
+            .and_then(|_| cudarc::driver::result::mem_get_info().ok())
+            .map(|(_, total)| total);
+        let l = cache_limit(total);
+        self.limit.store(l, Ordering::Relaxed);
+        l
+    }
     pub(crate) fn cached_bytes(&self) -> usize {
         self.cached.load(Ordering::Relaxed)
     }
@@ -124,7 +169,8 @@ impl Pool {
         Some(c.mem)
     }
     fn put(&self, cap: usize, mem: Memory, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
-        if self.cached.load(Ordering::Relaxed) + cap > MAX_CACHED {
+        if self.cached.load(Ordering::Relaxed) + cap > self.limit(rt) {
+            self.count(1);
             // Freed on the compute stream, after the collectives that may still use it (NCCL
             // memory once the stream got there).
             order_after(&rt.stream, &fences);
@@ -140,6 +186,7 @@ impl Pool {
             .push(Cached { mem, fences });
     }
     fn release_all(&self, rt: &CudaRuntime) {
+        self.count(2);
         let all: Vec<Cached> = lock(&self.free).drain().flat_map(|(_, v)| v).collect();
         for c in &all {
             order_after(&rt.stream, &c.fences);
@@ -189,6 +236,8 @@ pub struct Block {
     rt: Arc<CudaRuntime>,
     /// End events of collectives on this block the compute stream has not waited for yet.
     fences: Mutex<Vec<Arc<CudaEvent>>>,
+    /// A bf16 copy of the f32 elements, made by the first bf16 matrix product that reads them.
+    shadow: Mutex<Option<Box<Block>>>,
 }
 
 impl std::fmt::Debug for Block {
@@ -234,6 +283,7 @@ impl Block {
             cap,
             rt: rt.clone(),
             fences: Mutex::new(Vec::new()),
+            shadow: Mutex::new(None),
         })
     }
     /// The address, for work queued on the compute stream next: the stream first waits for
@@ -249,10 +299,32 @@ impl Block {
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
         &self.rt
     }
+    /// Bytes asked for (the allocation may be larger).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Gives this block the bf16 copy `b` of its f32 elements (written by the kernel that wrote
+    /// the block).
+    pub(crate) fn set_bf16_shadow(&self, b: Block) {
+        *lock(&self.shadow) = Some(Box::new(b));
+    }
+    /// The address of this block's bf16 copy, made by `make` on first use. Blocks are
+    /// immutable once a piece holds them; a collective that touches the block drops the copy.
+    pub(crate) fn bf16_shadow(&self, make: impl FnOnce() -> Result<Block>) -> Result<u64> {
+        let mut g = lock(&self.shadow);
+        if g.is_none() {
+            *g = Some(Box::new(make()?));
+        }
+        match g.as_ref() {
+            Some(b) => Ok(b.ptr()),
+            None => Err(derr("bf16 copy", "missing after creation")),
+        }
+    }
 }
 
 /// A new allocation of `cap` bytes from the pool's source (the runtime's context is bound).
 fn fresh(rt: &CudaRuntime, cap: usize) -> std::result::Result<Memory, String> {
+    rt.pool.count(0);
     if rt.pool.nccl() {
         return rt.pool.nccl_block(cap);
     }
@@ -264,6 +336,7 @@ fn fresh(rt: &CudaRuntime, cap: usize) -> std::result::Result<Memory, String> {
 
 impl DeviceFence for Block {
     fn after_collective(&self, done: &Arc<CudaEvent>) {
+        lock(&self.shadow).take();
         lock(&self.fences).push(done.clone());
     }
 }

@@ -69,13 +69,14 @@ impl DeviceBackend for CudaBackend {
 
     fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage> {
         let name = op.name();
-        let kernels = CudaKernels { rt: runtime(name)? };
+        let rt = runtime(name)?;
+        let kernels = CudaKernels { rt: rt.clone() };
         let mut x: Vec<&CudaStorage> = Vec::with_capacity(inputs.len());
         for s in inputs {
             x.push(cuda_of(name, s)?);
         }
         let traced = device_trace::begin(kernels.rt.stream());
-        let y = op.run(&kernels, &x, out)?;
+        let y = super::timing::timed(&rt, name, || op.run(&kernels, &x, out))?;
         device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
         if y.shape != out.shape || y.dtype != out.dtype {
             return Err(derr(

@@ -56,6 +56,22 @@ pub(crate) fn copy_nd(
             op,
         );
     }
+    // Four dims over contiguous runs with a short outer dim (the heads permute of attention,
+    // [B, T, H, D] <-> [B, H, T, D]): one row-kernel launch per outer index.
+    if nd == 4 && p.s0[3] == 1 && p.s1[3] == 1 && p.shape[0] <= 64 {
+        for i in 0..p.shape[0] {
+            copy_rows(
+                rt,
+                opname,
+                dtype,
+                [p.shape[1], p.shape[2], p.shape[3]],
+                (src, src_off as i64 + i * p.s0[0], p.s0[1], p.s0[2]),
+                (dst, dst_off as i64 + i * p.s1[0], p.s1[1], p.s1[2]),
+                op,
+            )?;
+        }
+        return Ok(());
+    }
     let (nn, so, dof) = (n as i64, src_off as i64, dst_off as i64);
     let name = format!("copy_nd_{}", sfx(dtype));
     launch!(rt, opname, name, grid(n); nn, op, p, src, so, dst, dof)

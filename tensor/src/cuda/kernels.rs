@@ -159,6 +159,7 @@ fn names() -> Vec<String> {
             "scalar",
             "dropout",
             "attn_softmax",
+            "adam",
         ] {
             v.push(format!("{k}_{t}"));
         }
@@ -171,6 +172,7 @@ fn names() -> Vec<String> {
             "fill",
             "create",
             "reduce_rows",
+            "reduce_cols",
             "take",
             "where",
             "triangular",
@@ -185,6 +187,8 @@ fn names() -> Vec<String> {
         "philox",
         "copy_rows_v16",
         "f32_to_bf16",
+        "attn_softmax_bf16",
+        "softmax_bw_rows_bf16",
     ] {
         v.push(k.to_string());
     }

@@ -22,8 +22,9 @@ mod ops;
 mod piece;
 mod precision;
 mod storage;
+mod timing;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
@@ -39,9 +40,10 @@ pub use kernels::philox_words_device;
 pub use piece::CudaPiece;
 pub use precision::MatmulPrecision;
 pub use storage::CudaStorage;
+pub use timing::{op_timings, reset_op_timings, set_op_timing};
 
-pub use alloc::Block;
 pub(crate) use alloc::Pool;
+pub use alloc::{AllocCounts, Block};
 pub(crate) use kernels::Kernels;
 
 /// A typed device error naming `op`.
@@ -62,8 +64,8 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     pool: Pool,
-    /// f32 matrix products in bf16 (see `MatmulPrecision`).
-    matmul_bf16: AtomicBool,
+    /// How f32 matrix products run (`MatmulPrecision::code`).
+    matmul_precision: AtomicU8,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -89,7 +91,7 @@ impl CudaRuntime {
             blas: Mutex::new(None),
             kernels: OnceLock::new(),
             pool: Pool::default(),
-            matmul_bf16: AtomicBool::new(false),
+            matmul_precision: AtomicU8::new(0),
         }))
     }
     pub fn ordinal(&self) -> usize {
@@ -145,16 +147,11 @@ impl CudaRuntime {
     }
     /// How f32 matrix products run from now on, in this process.
     pub fn set_matmul_precision(&self, p: MatmulPrecision) {
-        self.matmul_bf16
-            .store(p == MatmulPrecision::Bf16, Ordering::Relaxed);
+        self.matmul_precision.store(p.code(), Ordering::Relaxed);
     }
     /// How f32 matrix products run.
     pub fn matmul_precision(&self) -> MatmulPrecision {
-        if self.matmul_bf16.load(Ordering::Relaxed) {
-            MatmulPrecision::Bf16
-        } else {
-            MatmulPrecision::F32
-        }
+        MatmulPrecision::from_code(self.matmul_precision.load(Ordering::Relaxed))
     }
     /// Whether new device blocks come from NCCL's allocator, which collectives register for
     /// zero-copy transfers (on in an NCCL world, set by `init_from_env`). NCCL requires both
@@ -170,6 +167,10 @@ impl CudaRuntime {
     /// Bytes held in the allocator's free lists.
     pub fn cached_bytes(&self) -> usize {
         self.pool.cached_bytes()
+    }
+    /// How often the allocator went to the driver since the process started.
+    pub fn alloc_counts(&self) -> AllocCounts {
+        self.pool.counts()
     }
 }
 

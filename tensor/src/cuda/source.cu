@@ -159,6 +159,39 @@ template <typename T> __device__ void fill_t(i64 n, T v, T* y) { GRID_LOOP(i, n)
 template <typename T> __device__ T combine_t(int mode, T a, T b) {
     return mode == 1 ? (b > a ? b : a) : mode == 2 ? (b < a ? b : a) : a + b;
 }
+
+// Block-wide reductions for the row kernels (one block per row, blockDim a multiple of 32, at
+// most 1024): every thread gets the result. `sh` holds 32 values of T.
+template <typename T> __device__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <typename T> __device__ T warp_max(T v) {
+    for (int o = 16; o > 0; o >>= 1) { T u = __shfl_xor_sync(0xffffffffu, v, o); v = u > v ? u : v; }
+    return v;
+}
+template <typename T> __device__ T block_sum(T v, T* sh) {
+    v = warp_sum(v);
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    v = (int)(threadIdx.x & 31) < nw ? sh[threadIdx.x & 31] : (T)0;
+    return warp_sum(v);
+}
+template <typename T> __device__ T block_max(T v, T* sh) {
+    v = warp_max(v);
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    v = (int)(threadIdx.x & 31) < nw ? sh[threadIdx.x & 31] : m_lowest((T)0);
+    return warp_max(v);
+}
+#define ROW_SHARED(T) __shared__ double sh_raw[32]; T* sh = (T*)sh_raw;
+#define BLOCK_ROWS(r, rows) for (i64 r = blockIdx.x; r < (rows); r += gridDim.x)
+#define THREAD_COLS(j, n) for (i64 j = threadIdx.x; j < (n); j += blockDim.x)
+
 template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int mode, double scale, const T* x, T* y) {
     __shared__ T sh[256];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -176,8 +209,25 @@ template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int mode,
     }
 }
 
-// Softmax family over a dim of size n: lanes are (outer, inner) pairs, stride `inner`.
+// Softmax family over a dim of size n: lanes are (outer, inner) pairs, stride `inner`. With
+// inner 1 (rows) one block per row, else one thread per lane. Launched with `per_row`.
 template <typename T> __device__ void softmax_t(i64 lanes, i64 n, i64 inner, int log_, const T* x, T* y) {
+    if (inner == 1) {
+        ROW_SHARED(T)
+        BLOCK_ROWS(l, lanes) {
+            const T* xr = x + l * n; T* yr = y + l * n;
+            T m = m_lowest((T)0);
+            THREAD_COLS(j, n) { T v = xr[j]; m = v > m ? v : m; }
+            m = block_max(m, sh);
+            if (m == m_lowest((T)0)) m = (T)0;
+            T s = (T)0;
+            THREAD_COLS(j, n) s += m_exp(xr[j] - m);
+            s = block_sum(s, sh);
+            if (log_) { T ls = m_log(s) + m; THREAD_COLS(j, n) yr[j] = xr[j] - ls; }
+            else { T inv = (T)1 / s; THREAD_COLS(j, n) yr[j] = m_exp(xr[j] - m) * inv; }
+        }
+        return;
+    }
     GRID_LOOP(l, lanes) {
         i64 base = (l / inner) * n * inner + (l % inner);
         T m = m_lowest((T)0);
@@ -190,6 +240,23 @@ template <typename T> __device__ void softmax_t(i64 lanes, i64 n, i64 inner, int
     }
 }
 template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, int log_, const T* yv, const T* g, T* dx) {
+    if (inner == 1) {
+        ROW_SHARED(T)
+        BLOCK_ROWS(l, lanes) {
+            const T* yr = yv + l * n; const T* gr = g + l * n; T* dr = dx + l * n;
+            T s = (T)0;
+            if (log_) {
+                THREAD_COLS(j, n) s += gr[j];
+                s = block_sum(s, sh);
+                THREAD_COLS(j, n) dr[j] = gr[j] - m_exp(yr[j]) * s;
+            } else {
+                THREAD_COLS(j, n) s += gr[j] * yr[j];
+                s = block_sum(s, sh);
+                THREAD_COLS(j, n) dr[j] = yr[j] * (gr[j] - s);
+            }
+        }
+        return;
+    }
     GRID_LOOP(l, lanes) {
         i64 base = (l / inner) * n * inner + (l % inner);
         T s = (T)0;
@@ -203,55 +270,68 @@ template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, 
     }
 }
 
+// LayerNorm over the last dim h of `rows` rows, one block per row.
 template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y) {
-    GRID_LOOP(r, rows) {
+    ROW_SHARED(T)
+    BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; T* yr = y + r * h;
         T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
-        for (i64 j = 0; j < h; ++j) mean += xr[j];
-        mean = mean / n;
-        for (i64 j = 0; j < h; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+        THREAD_COLS(j, h) mean += xr[j];
+        mean = block_sum(mean, sh) / n;
+        THREAD_COLS(j, h) var += (xr[j] - mean) * (xr[j] - mean);
+        var = block_sum(var, sh);
         T rstd = (T)1 / m_sqrt(var / n + eps);
-        for (i64 j = 0; j < h; ++j) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+        THREAD_COLS(j, h) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
     }
 }
 template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* g, T* dx) {
-    GRID_LOOP(r, rows) {
+    ROW_SHARED(T)
+    BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; const T* gr = g + r * h; T* dr = dx + r * h;
         T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
-        for (i64 j = 0; j < h; ++j) mean += xr[j];
-        mean = mean / n;
-        for (i64 j = 0; j < h; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+        THREAD_COLS(j, h) mean += xr[j];
+        mean = block_sum(mean, sh) / n;
+        THREAD_COLS(j, h) var += (xr[j] - mean) * (xr[j] - mean);
+        var = block_sum(var, sh);
         T rstd = (T)1 / m_sqrt(var / n + eps);
         T sg = (T)0, sgx = (T)0;
-        for (i64 j = 0; j < h; ++j) { T gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
+        THREAD_COLS(j, h) { T gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
+        sg = block_sum(sg, sh);
+        sgx = block_sum(sgx, sh);
         T mg = sg / n, mgx = sgx / n;
-        for (i64 j = 0; j < h; ++j) { T xh = (xr[j] - mean) * rstd; dr[j] = rstd * (gr[j] * w[j] - mg - xh * mgx); }
+        THREAD_COLS(j, h) { T xh = (xr[j] - mean) * rstd; dr[j] = rstd * (gr[j] * w[j] - mg - xh * mgx); }
     }
 }
 
-template <typename T> __device__ T row_lse(const T* r, i64 c) {
+// log-sum-exp of row `r` of c columns, computed by the whole block.
+template <typename T> __device__ T block_lse(const T* r, i64 c, T* sh) {
     T m = m_lowest((T)0);
-    for (i64 j = 0; j < c; ++j) m = r[j] > m ? r[j] : m;
+    THREAD_COLS(j, c) m = r[j] > m ? r[j] : m;
+    m = block_max(m, sh);
     if (m == m_lowest((T)0)) m = (T)0;
     T s = (T)0;
-    for (i64 j = 0; j < c; ++j) s += m_exp(r[j] - m);
-    return m_log(s) + m;
+    THREAD_COLS(j, c) s += m_exp(r[j] - m);
+    return m_log(block_sum(s, sh)) + m;
 }
 // Out-of-range labels give NaN (the CPU kernel's typed error cannot be raised without a sync).
+// One block per row.
 template <typename T> __device__ void cross_entropy_t(i64 rows, i64 c, const T* x, const i64* lab, T* y) {
-    GRID_LOOP(r, rows) {
+    ROW_SHARED(T)
+    BLOCK_ROWS(r, rows) {
         i64 t = lab[r];
         const T* xr = x + r * c;
-        y[r] = (t < 0 || t >= c) ? m_nan((T)0) : row_lse(xr, c) - xr[t];
+        T lse = block_lse(xr, c, sh);
+        if (threadIdx.x == 0) y[r] = (t < 0 || t >= c) ? m_nan((T)0) : lse - xr[t];
     }
 }
 template <typename T> __device__ void cross_entropy_bw_t(i64 rows, i64 c, const T* x, const i64* lab, const T* g, T* dx) {
-    GRID_LOOP(r, rows) {
+    ROW_SHARED(T)
+    BLOCK_ROWS(r, rows) {
         i64 t = lab[r];
         const T* xr = x + r * c; T* dr = dx + r * c;
-        T s = row_lse(xr, c), gv = g[r];
-        for (i64 j = 0; j < c; ++j) dr[j] = m_exp(xr[j] - s) * gv;
-        if (t >= 0 && t < c) dr[t] = dr[t] - gv; else for (i64 j = 0; j < c; ++j) dr[j] = m_nan((T)0);
+        T s = block_lse(xr, c, sh), gv = g[r];
+        bool ok = t >= 0 && t < c;
+        THREAD_COLS(j, c) dr[j] = ok ? m_exp(xr[j] - s) * gv - (j == t ? gv : (T)0) : m_nan((T)0);
     }
 }
 
@@ -391,19 +471,22 @@ template <typename T> __device__ void dropout_t(i64 n, double pd, double scale, 
 
 // Attention probabilities from [rows, s] scores (rows = B * H * t): softmax of scores * scale
 // per row; with `causal` row r (query r % t) covers columns 0..=r % t and the rest become 0.
+// One block per row.
 template <typename T> __device__ void attn_softmax_t(i64 rows, i64 t, i64 s, double scale, int causal, const T* x, T* y) {
-    GRID_LOOP(r, rows) {
+    ROW_SHARED(T)
+    BLOCK_ROWS(r, rows) {
         const T* xr = x + r * s; T* yr = y + r * s;
         i64 live = causal ? (r % t) + 1 : s;
         if (live > s) live = s;
         T sc = (T)scale, m = m_lowest((T)0);
-        for (i64 j = 0; j < live; ++j) { T v = xr[j] * sc; m = v > m ? v : m; }
+        THREAD_COLS(j, live) { T v = xr[j] * sc; m = v > m ? v : m; }
+        m = block_max(m, sh);
         if (m == m_lowest((T)0)) m = (T)0;
         T sum = (T)0;
-        for (i64 j = 0; j < live; ++j) sum += m_exp(xr[j] * sc - m);
-        T inv = (T)1 / sum;
-        for (i64 j = 0; j < live; ++j) yr[j] = m_exp(xr[j] * sc - m) * inv;
-        for (i64 j = live; j < s; ++j) yr[j] = (T)0;
+        THREAD_COLS(j, live) sum += m_exp(xr[j] * sc - m);
+        T inv = (T)1 / block_sum(sum, sh);
+        THREAD_COLS(j, live) yr[j] = m_exp(xr[j] * sc - m) * inv;
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) yr[j] = (T)0;
     }
 }
 
@@ -413,6 +496,64 @@ extern "C" __global__ void f32_to_bf16(i64 n, const unsigned* x, unsigned short*
         unsigned b = x[i];
         y[i] = (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
                                                : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+
+// Fused AdamW pieces, element-wise over n: part 0 a x + b y (first moment), part 1
+// a x + b y^2 (second moment), part 2 a x - (b y) / (sqrt(c z) + d) (the decayed, updated value).
+template <typename T> __device__ void adam_t(i64 n, int part, double a, double b, double c, double d, const T* x, const T* y, const T* z, T* o) {
+    T ta = (T)a, tb = (T)b, tc = (T)c, td = (T)d;
+    if (part == 0) { GRID_LOOP(i, n) o[i] = x[i] * ta + y[i] * tb; }
+    else if (part == 1) { GRID_LOOP(i, n) { T g = y[i]; o[i] = x[i] * ta + (g * g) * tb; } }
+    else { GRID_LOOP(i, n) o[i] = x[i] * ta - (y[i] * tb) / (m_sqrt(z[i] * tc) + td); }
+}
+
+// Column sums of a [rows, cols] array in chunks of `chunk` rows: y[g, c] = scale * sum of
+// x[r, c] over the rows r of chunk g (adjacent threads read adjacent columns).
+template <typename T> __device__ void reduce_cols_t(i64 rows, i64 cols, i64 chunk, double scale, const T* x, T* y) {
+    i64 groups = (rows + chunk - 1) / chunk;
+    GRID_LOOP(i, groups * cols) {
+        i64 g = i / cols, c = i % cols, r0 = g * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        T acc = (T)0;
+        for (i64 r = r0; r < r1; ++r) acc += x[r * cols + c];
+        y[i] = scale == 1.0 ? acc : (T)(acc * (T)scale);
+    }
+}
+
+// The bf16 bits of f, round to nearest even (NaN stays NaN), as f32_to_bf16.
+__device__ __forceinline__ unsigned short bf16_bits(float f) {
+    unsigned b = __float_as_uint(f);
+    return (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
+                                           : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+// attn_softmax_t on f32 that also writes each probability's bf16 copy to yh (the copy a bf16
+// matrix product reads next).
+extern "C" __global__ void attn_softmax_bf16(i64 rows, i64 t, i64 s, double scale, int causal, const float* x, float* y, unsigned short* yh) {
+    ROW_SHARED(float)
+    BLOCK_ROWS(r, rows) {
+        const float* xr = x + r * s; float* yr = y + r * s; unsigned short* hr = yh + r * s;
+        i64 live = causal ? (r % t) + 1 : s;
+        if (live > s) live = s;
+        float sc = (float)scale, m = m_lowest(0.0f);
+        THREAD_COLS(j, live) { float v = xr[j] * sc; m = v > m ? v : m; }
+        m = block_max(m, sh);
+        if (m == m_lowest(0.0f)) m = 0.0f;
+        float sum = 0.0f;
+        THREAD_COLS(j, live) sum += m_exp(xr[j] * sc - m);
+        float inv = 1.0f / block_sum(sum, sh);
+        THREAD_COLS(j, live) { float v = m_exp(xr[j] * sc - m) * inv; yr[j] = v; hr[j] = bf16_bits(v); }
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) { yr[j] = 0.0f; hr[j] = 0; }
+    }
+}
+// softmax_bw_t on f32 rows (inner 1, not log) that also writes each gradient's bf16 copy to dh.
+extern "C" __global__ void softmax_bw_rows_bf16(i64 lanes, i64 n, const float* yv, const float* g, float* dx, unsigned short* dh) {
+    ROW_SHARED(float)
+    BLOCK_ROWS(l, lanes) {
+        const float* yr = yv + l * n; const float* gr = g + l * n; float* dr = dx + l * n; unsigned short* hr = dh + l * n;
+        float s = 0.0f;
+        THREAD_COLS(j, n) s += gr[j] * yr[j];
+        s = block_sum(s, sh);
+        THREAD_COLS(j, n) { float v = yr[j] * (gr[j] - s); dr[j] = v; hr[j] = bf16_bits(v); }
     }
 }
 
@@ -429,7 +570,8 @@ extern "C" __global__ void put_##NAME(i64 n, i64 ni, i64 in, i64 ny, i64 st, i64
 extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary_t<T>(n, op, x, y); } \
 extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); } \
 extern "C" __global__ void dropout_##NAME(i64 n, double pd, double sc, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) { dropout_t<T>(n, pd, sc, k0, k1, base, p, x, y); } \
-extern "C" __global__ void attn_softmax_##NAME(i64 r, i64 t, i64 s, double sc, int causal, const T* x, T* y) { attn_softmax_t<T>(r, t, s, sc, causal, x, y); }
+extern "C" __global__ void attn_softmax_##NAME(i64 r, i64 t, i64 s, double sc, int causal, const T* x, T* y) { attn_softmax_t<T>(r, t, s, sc, causal, x, y); } \
+extern "C" __global__ void adam_##NAME(i64 n, int part, double a, double b, double c, double d, const T* x, const T* y, const T* z, T* o) { adam_t<T>(n, part, a, b, c, d, x, y, z, o); }
 
 #define INST_ALL(NAME, T) \
 extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const T* b, T* y) { binary_t<T>(n, op, p, a, b, y); } \
@@ -438,6 +580,7 @@ extern "C" __global__ void copy_rows_##NAME(i64 batch, i64 rows, i64 run, int op
 extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); } \
 extern "C" __global__ void create_##NAME(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) { create_t<T>(n, kind, a, b, k0, k1, base, p, y); } \
 extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); } \
+extern "C" __global__ void reduce_cols_##NAME(i64 rows, i64 cols, i64 ch, double sc, const T* x, T* y) { reduce_cols_t<T>(rows, cols, ch, sc, x, y); } \
 extern "C" __global__ void where_##NAME(i64 n, const double* c, const T* a, const T* b, T* y) { where_t<T>(n, c, a, b, y); } \
 extern "C" __global__ void triangular_##NAME(i64 n, i64 r, i64 c, i64 r0, i64 c0, i64 k, int up, const T* x, T* y) { triangular_t<T>(n, r, c, r0, c0, k, up, x, y); } \
 extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i64 tot, int pe, const T* x, const i64* idx, T* y) { take_t<T>(n, ni, in, nx, st, tot, pe, x, idx, y); }

@@ -158,7 +158,7 @@ impl OpFamily for AttentionOp {
         };
         let ds = if g.need(0) || g.need(1) {
             let dp = match self {
-                AttentionOp::Forward { .. } => g.dy.bmm(&g.x[2].transpose(-2, -1)?)?,
+                AttentionOp::Forward { .. } => g.dy.matmul_t(&g.x[2], false, true)?,
                 AttentionOp::Probs { .. } => g.dy.clone(),
             };
             Some(Tensor::softmax_backward(&p, &dp, -1)?)
@@ -172,11 +172,11 @@ impl OpFamily for AttentionOp {
             _ => None,
         });
         grads.push(match &ds {
-            Some(ds) if g.need(1) => Some(scaled(ds.transpose(-2, -1)?.bmm(q)?)?),
+            Some(ds) if g.need(1) => Some(scaled(ds.matmul_t(q, true, false)?)?),
             _ => None,
         });
         if let AttentionOp::Forward { .. } = self {
-            grads.push(g.when(2, || p.transpose(-2, -1)?.bmm(g.dy))?);
+            grads.push(g.when(2, || p.matmul_t(g.dy, true, false))?);
         }
         Ok(grads)
     }

@@ -5,7 +5,7 @@
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 
-use super::gather::{split_on, IndexShard};
+use super::gather::IndexShard;
 use super::grad::Grad;
 use super::{
     need_float, need_i64, shape_rule, Backend, BinaryOp, Inferred, KernelBackend, LocalAt,
@@ -162,10 +162,17 @@ impl OpFamily for LossOp {
 
 impl Tensor {
     /// Per-sample cross-entropy of logits `[N, C]` against labels `[N]` (i64) -> `[N]`.
-    /// Global logits split on the classes (S(1) on some mesh axis) are never gathered (see
-    /// [`vocab_parallel_cross_entropy`]).
+    /// Global logits split on the classes (S(1) on a mesh axis of several ranks) are never
+    /// gathered (see [`vocab_parallel_cross_entropy`]); others take the fused kernel.
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
-        if self.ndim() == 2 && split_on(self, 1) {
+        let classes_split = match (self.placement(), self.nd_sbp()) {
+            (Some(p), Some(s)) => s
+                .iter()
+                .zip(p.shape().iter())
+                .any(|(a, &n)| a == Sbp::S(1) && n > 1),
+            _ => false,
+        };
+        if self.ndim() == 2 && classes_split {
             return vocab_parallel_cross_entropy(self, labels);
         }
         dispatch(LossOp::CrossEntropy.into(), &[self, labels])

@@ -1,4 +1,6 @@
-//! Matrix products: `a [.., k] @ b [k, n]` and batch matmul `[b.., m, k] @ [b.., k, n]`.
+//! Matrix products: `a [.., k] @ b [k, n]` and batch matmul `[b.., m, k] @ [b.., k, n]`, and
+//! both with either operand's last two dims transposed in the kernel (`matmul_t`), which the
+//! backward rules use instead of materialised transposes.
 
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -18,12 +20,26 @@ pub enum MatmulOp {
     MatMul,
     /// a [b.., m, k] x b [b.., k, n] -> [b.., m, n] (equal batch dims)
     BatchMatMul,
+    /// op(a) x op(b) with b 2-d: a [.., m, k] (or [k, m] 2-d with `ta`), b [k, n] (or [n, k]
+    /// with `tb`) -> [.., m, n].
+    MatMulT { ta: bool, tb: bool },
+    /// op(a) x op(b) on the last two dims, equal batch dims.
+    BatchMatMulT { ta: bool, tb: bool },
 }
 
 /// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked).
 pub trait MatmulKernels: KernelBackend {
     fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
     fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    /// `op(a) @ op(b)` (see `MatmulOp::MatMulT`; `batched`: `BatchMatMulT`).
+    fn matmul_t(
+        &self,
+        a: &Self::Piece,
+        b: &Self::Piece,
+        t: (bool, bool),
+        batched: bool,
+        out: &OutSpec,
+    ) -> Result<Self::Piece>;
 }
 
 impl OpFamily for MatmulOp {
@@ -31,6 +47,8 @@ impl OpFamily for MatmulOp {
         match self {
             MatmulOp::MatMul => "matmul",
             MatmulOp::BatchMatMul => "batch_matmul",
+            MatmulOp::MatMulT { .. } => "matmul_t",
+            MatmulOp::BatchMatMulT { .. } => "batch_matmul_t",
         }
     }
 
@@ -48,6 +66,10 @@ impl OpFamily for MatmulOp {
         let r = match self {
             MatmulOp::MatMul => rules::matmul(s[0], s[1], mode),
             MatmulOp::BatchMatMul => rules::batch_matmul(s[0], s[1], mode),
+            MatmulOp::MatMulT { ta, tb } => rules::matmul_t(s[0], s[1], (*ta, *tb), false, mode),
+            MatmulOp::BatchMatMulT { ta, tb } => {
+                rules::matmul_t(s[0], s[1], (*ta, *tb), true, mode)
+            }
         };
         Ok(Inferred::new(shape_rule(r)?, dt))
     }
@@ -56,31 +78,62 @@ impl OpFamily for MatmulOp {
         match self {
             MatmulOp::MatMul => b.matmul(x[0], x[1], out),
             MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], out),
+            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, out),
+            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, out),
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let (a, b, dy) = (&g.x[0], &g.x[1], g.dy);
-        match self {
-            MatmulOp::MatMul => {
-                let ga = g.when(0, || dy.matmul(&b.transpose(-2, -1)?))?;
-                let gb = g.when(1, || {
-                    let (k, n) = (b.shape().dim(0), b.shape().dim(1));
-                    let (a2, dy2) = if a.ndim() == 2 {
-                        (a.clone(), dy.clone())
-                    } else {
-                        let m = a.numel() / k.max(1);
-                        (a.reshape([m, k])?, dy.reshape([m, n])?)
-                    };
-                    a2.transpose(-2, -1)?.matmul(&dy2)
-                })?;
-                Ok(vec![ga, gb])
-            }
-            MatmulOp::BatchMatMul => Ok(vec![
-                g.when(0, || dy.bmm(&b.transpose(-2, -1)?))?,
-                g.when(1, || a.transpose(-2, -1)?.bmm(dy))?,
-            ]),
+        let (ta, tb) = match self {
+            MatmulOp::MatMul | MatmulOp::BatchMatMul => (false, false),
+            MatmulOp::MatMulT { ta, tb } | MatmulOp::BatchMatMulT { ta, tb } => (*ta, *tb),
+        };
+        let batched = matches!(self, MatmulOp::BatchMatMul | MatmulOp::BatchMatMulT { .. });
+        if !batched && a.ndim() < 2 {
+            // a [k] (never transposed): the plain rules on materialised transposes.
+            let ga = g.when(0, || dy.matmul(&b.transpose(-2, -1)?))?;
+            let gb = g.when(1, || {
+                let (k, n) = (b.shape().dim(0), b.shape().dim(1));
+                a.reshape([1, k])?
+                    .matmul_t(&dy.reshape([1, n])?, true, false)
+            })?;
+            return Ok(vec![ga, gb]);
         }
+        let mm = |x: &Tensor, y: &Tensor, tx: bool, ty: bool| {
+            if batched {
+                dispatch(MatmulOp::BatchMatMulT { ta: tx, tb: ty }.into(), &[x, y])
+            } else {
+                dispatch(MatmulOp::MatMulT { ta: tx, tb: ty }.into(), &[x, y])
+            }
+        };
+        // C = A B with A = op(a), B = op(b): dA = dC B^T, dB = A^T dC; a transposed operand
+        // gets the transpose of its gradient, written as products of the stored operands.
+        let ga = g.when(0, || {
+            if ta {
+                mm(b, dy, tb, true)
+            } else {
+                mm(dy, b, false, !tb)
+            }
+        })?;
+        let gb = g.when(1, || {
+            // Unbatched, a [.., m, k] and dy [.., m, n] contract over all leading dims.
+            let (a2, dy2) = if !batched && a.ndim() > 2 {
+                let (k, n) = (a.shape().dim(a.ndim() - 1), dy.shape().dim(dy.ndim() - 1));
+                (
+                    a.reshape([a.numel() / k.max(1), k])?,
+                    dy.reshape([dy.numel() / n.max(1), n])?,
+                )
+            } else {
+                (a.clone(), dy.clone())
+            };
+            if tb {
+                mm(&dy2, &a2, true, ta)
+            } else {
+                mm(&a2, &dy2, !ta, false)
+            }
+        })?;
+        Ok(vec![ga, gb])
     }
 }
 
@@ -96,5 +149,16 @@ impl Tensor {
     /// Batch matmul `[b.., m, k] @ [b.., k, n]`.
     pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
         dispatch(MatmulOp::BatchMatMul.into(), &[self, b])
+    }
+    /// `op(self) @ op(b)`, op transposing the last two dims when `ta` / `tb` is set, without
+    /// materialising the transposes. `b` 2-d: `self [.., m, k]` (or `[k, m]` 2-d with `ta`);
+    /// otherwise a batch product with equal batch dims.
+    pub fn matmul_t(&self, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
+        let op = if b.ndim() == 2 {
+            MatmulOp::MatMulT { ta, tb }
+        } else {
+            MatmulOp::BatchMatMulT { ta, tb }
+        };
+        dispatch(op.into(), &[self, b])
     }
 }

@@ -37,7 +37,7 @@ use crate::{Result, TensorError};
 pub use attention::{AttentionKernels, AttentionOp};
 pub use dropout::{DropoutKernels, DropoutOp};
 pub use elementwise::{
-    broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
+    broadcast_shapes, AdamPart, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
 pub use gather::{GatherKernels, GatherOp, IndexShard};

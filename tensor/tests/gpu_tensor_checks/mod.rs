@@ -330,5 +330,54 @@ pub(crate) fn child_bf16(world: usize) -> std::result::Result<f64, String> {
             "bf16 product within {gap:.2e} of the f32 one: the inputs were not rounded"
         ));
     }
+    // Attention and its gradients under bf16 products (the probabilities and dS bring their
+    // bf16 copies from the softmax kernels) against the same in f32.
+    let attention = |p: cuda::MatmulPrecision| -> std::result::Result<Vec<Vec<f32>>, String> {
+        rt.set_matmul_precision(p);
+        let run = || -> oxiflow_tensor::Result<Vec<Vec<f32>>> {
+            let mk = |seed: u64| {
+                Tensor::randn_global([2, 3, 40, 16], seed, DType::F32, &pl, Sbp::B)
+                    .map(|t| t.requires_grad_(true))
+            };
+            let (q, k, v) = (mk(7)?, mk(8)?, mk(9)?);
+            let y = q.attention_probs(&k, true, 0.25)?.bmm(&v)?;
+            y.square()?.mean_all()?.backward()?;
+            let mut out = vec![y.to_vec::<f32>()?];
+            for t in [&q, &k, &v] {
+                if let Some(g) = t.grad() {
+                    out.push(g.to_vec::<f32>()?);
+                }
+            }
+            Ok(out)
+        };
+        let r = run();
+        rt.set_matmul_precision(cuda::MatmulPrecision::F32);
+        r.map_err(|x| e("attention", x))
+    };
+    let (low, full) = (
+        attention(cuda::MatmulPrecision::Bf16)?,
+        attention(cuda::MatmulPrecision::F32)?,
+    );
+    if low.len() != 4 || full.len() != 4 {
+        return Err(format!(
+            "attention gave {} / {} results, want 4",
+            low.len(),
+            full.len()
+        ));
+    }
+    for (i, (l, f)) in low.iter().zip(&full).enumerate() {
+        let diff: f64 = l
+            .iter()
+            .zip(f)
+            .map(|(&a, &b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = f.iter().map(|&b| (b as f64).powi(2)).sum();
+        let rel = (diff / norm.max(1e-30)).sqrt();
+        if rel.is_nan() || rel >= 3e-2 || rel == 0.0 {
+            return Err(format!(
+                "bf16 attention result {i} is {rel:.2e} (relative) off the f32 one: want (0, 3e-2)"
+            ));
+        }
+    }
     Ok(gap)
 }

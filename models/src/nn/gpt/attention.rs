@@ -10,7 +10,9 @@ use super::config::{GptConfig, GptLayout, TP_AXIS};
 
 /// Causal scaled-dot-product attention: q, k, v `[B, H, T, D]` -> `[B, H, T, D]`,
 /// softmax(q k^T / sqrt(D) + mask) v. Batch and heads may be split; the softmax runs over
-/// each rank's own heads (the fused `attention` op; its backward recomputes the probabilities).
+/// each rank's own heads. The probabilities are kept for the backward pass (which then needs
+/// no second score product and softmax; `Recompute::Selective` drops them with the rest of
+/// the attention sublayer).
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     if q.ndim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
         return Err(TensorError::Shape {
@@ -21,7 +23,8 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         });
     }
     let d = q.shape().dim(3);
-    q.attention(k, v, true, 1.0 / (d.max(1) as f64).sqrt())
+    q.attention_probs(k, true, 1.0 / (d.max(1) as f64).sqrt())?
+        .bmm(v)
 }
 
 /// Q, K, V projections `name.{q,k,v}` and the output projection `name.proj`, all `[C, C]`.

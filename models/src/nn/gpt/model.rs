@@ -170,7 +170,7 @@ impl Gpt {
     /// table `wte` (on the last stage's placement).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
         let x = self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)?;
-        x.matmul(&wte.transpose(0, 1)?)
+        x.matmul_t(wte, false, true)
     }
 
     /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the

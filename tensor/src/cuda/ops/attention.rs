@@ -1,16 +1,17 @@
-//! Attention on CUDA, composed: scores `q k^T` by cuBLAS (k transposed by the permute kernel),
-//! the scaled, optionally causal row softmax kernel, then the product with v by cuBLAS (the
-//! backend checks the result against the expected output).
+//! Attention on CUDA, composed: scores `q k^T` by cuBLAS (k transposed by the gemm flag),
+//! the scaled, optionally causal row softmax kernel (under bf16 matrix products it also writes
+//! the probabilities' bf16 copy), then the product with v by cuBLAS (the backend checks the
+//! result against the expected output).
 
 use oxiflow_sbp::Shape;
 
-use super::super::derr;
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{launch, per_row, sfx};
 use super::super::storage::CudaStorage;
-use super::layout::permute;
+use super::super::{derr, Block, MatmulPrecision};
 use super::{float_only, CudaKernels};
 use crate::op::{AttentionKernels, MatmulKernels, OutSpec};
 use crate::Result;
+use oxiflow_collectives::DType;
 
 impl CudaKernels {
     /// The probabilities `[B, H, T, S]` of q `[B, H, T, D]` and k `[B, H, S, D]`.
@@ -48,14 +49,21 @@ impl CudaKernels {
             .and_then(|n| n.checked_mul(t))
             .filter(|_| spec.shape.checked_numel().is_some())
             .ok_or_else(|| derr(op, format!("scores {} overflow", spec.shape)))?;
-        let kt = permute(&self.rt, k, &[0, 1, 3, 2])?;
-        let scores = self.batch_matmul(q, &kt, &spec)?;
+        let scores = self.product_t(op, q, k, (false, true), true, &spec)?;
         let p = self.alloc(&spec)?;
         if rows > 0 {
             let rt = &self.rt;
             let (r, tt, ss, sc, c) = (rows as i64, t as i64, s as i64, scale, causal as i32);
             let (xp, yp) = (scores.ptr(), p.ptr());
-            launch!(rt, op, format!("attn_softmax_{}", sfx(q.dtype)), grid(rows); r, tt, ss, sc, c, xp, yp)?;
+            if q.dtype == DType::F32 && rt.matmul_precision() == MatmulPrecision::Bf16 {
+                // The probabilities feed bf16 products: their bf16 copy comes with them.
+                let h = Block::alloc(rt, p.numel() * 2)?;
+                let hp = h.ptr();
+                launch!(rt, op, "attn_softmax_bf16", per_row(rows); r, tt, ss, sc, c, xp, yp, hp)?;
+                p.block.set_bf16_shadow(h);
+            } else {
+                launch!(rt, op, format!("attn_softmax_{}", sfx(q.dtype)), per_row(rows); r, tt, ss, sc, c, xp, yp)?;
+            }
         }
         Ok(p)
     }

@@ -1,165 +1,182 @@
-//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (optionally bf16 inputs) and f64,
-//! an NVRTC kernel for i64.
+//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision) and
+//! f64, either operand transposed by cuBLAS's operation flags; an NVRTC kernel for i64
+//! (transposed operands copied first).
 
 use std::sync::Arc;
 
-use cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
 use oxiflow_collectives::DType;
 use oxiflow_sbp::Shape;
 
 use super::super::copy::fill;
 use super::super::kernels::{grid, launch};
-use super::super::precision::{gemm_bf16, MatmulPrecision};
+use super::super::precision::{gemm, Gemm};
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
+use super::layout::permute;
 use super::CudaKernels;
 use crate::op::{MatmulKernels, OutSpec};
 use crate::Result;
 
-#[allow(clippy::too_many_arguments)]
+/// `out = op(a) op(b)` for `g` (`out_shape` holds `batch * m * n` elements).
 fn matmul(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     a: &CudaStorage,
     b: &CudaStorage,
-    batch: usize,
-    m: usize,
-    k: usize,
-    n: usize,
     out_shape: &Shape,
-    b_batched: bool,
+    g: Gemm,
 ) -> Result<CudaStorage> {
     let out = CudaStorage::alloc(rt, a.dtype, out_shape.clone())?;
-    if batch * m * n == 0 {
+    if g.batch * g.m * g.n == 0 {
         return Ok(out);
     }
-    if k == 0 {
+    if g.k == 0 {
         fill(rt, op, a.dtype, out.ptr(), out.numel(), 0.0, 0)?;
         return Ok(out);
     }
-    let (sa, sb, sc) = (
-        (m * k) as i64,
-        if b_batched { (k * n) as i64 } else { 0 },
-        (m * n) as i64,
-    );
-    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     match a.dtype {
         DType::I64 => {
+            if g.ta || g.tb {
+                let t = |x: &CudaStorage| -> Result<CudaStorage> {
+                    let n = x.shape.ndim();
+                    let mut perm: Vec<usize> = (0..n).collect();
+                    perm.swap(n - 2, n - 1);
+                    permute(rt, x, &perm)
+                };
+                let a2 = if g.ta { t(a)? } else { a.clone() };
+                let b2 = if g.tb { t(b)? } else { b.clone() };
+                let plain = Gemm {
+                    ta: false,
+                    tb: false,
+                    ..g
+                };
+                return matmul(rt, op, &a2, &b2, out_shape, plain);
+            }
             let (bt, m_, k_, n_, sbb, ap, bp, yp) = (
-                batch as i64,
-                m as i64,
-                k as i64,
-                n as i64,
-                sb,
+                g.batch as i64,
+                g.m as i64,
+                g.k as i64,
+                g.n as i64,
+                g.strides.1,
                 a.ptr(),
                 b.ptr(),
                 out.ptr(),
             );
-            launch!(rt, op, "matmul_i64", grid(batch * m * n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
+            launch!(rt, op, "matmul_i64", grid(g.batch * g.m * g.n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
         }
-        DType::F32 if rt.matmul_precision() == MatmulPrecision::Bf16 => {
-            gemm_bf16(rt, op, a, b, &out, [batch, m, k, n], (sa, sb, sc))?
-        }
-        // Row-major C = A B is column-major C^T = B^T A^T: gemm(n, m, k, B, A).
-        DType::F32 => rt.with_blas(op, |h| {
-            let (one, zero) = (1.0f32, 0.0f32);
-            // SAFETY: pointers are live device blocks of the sizes the strides describe.
-            unsafe {
-                cudarc::cublas::result::sgemm_strided_batched(
-                    *h.handle(),
-                    CUBLAS_OP_N,
-                    CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    &one,
-                    b.ptr() as *const f32,
-                    ni,
-                    sb,
-                    a.ptr() as *const f32,
-                    ki,
-                    sa,
-                    &zero,
-                    out.ptr() as *mut f32,
-                    ni,
-                    sc,
-                    batch as i32,
-                )
-            }
-            .map_err(|e| derr(op, format!("cuBLAS sgemm: {e}")))
-        })?,
-        DType::F64 => rt.with_blas(op, |h| {
-            let (one, zero) = (1.0f64, 0.0f64);
-            // SAFETY: as above.
-            unsafe {
-                cudarc::cublas::result::dgemm_strided_batched(
-                    *h.handle(),
-                    CUBLAS_OP_N,
-                    CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    &one,
-                    b.ptr() as *const f64,
-                    ni,
-                    sb,
-                    a.ptr() as *const f64,
-                    ki,
-                    sa,
-                    &zero,
-                    out.ptr() as *mut f64,
-                    ni,
-                    sc,
-                    batch as i32,
-                )
-            }
-            .map_err(|e| derr(op, format!("cuBLAS dgemm: {e}")))
-        })?,
+        DType::F32 | DType::F64 => gemm(rt, op, a, b, &out, g)?,
     }
     Ok(out)
 }
 
+/// The product of `a` (`[.., m, k]`, or `[.., k, m]` with `ta`) and `b` (`[.., k, n]`, or
+/// `[.., n, k]` with `tb`): batched over equal leading dims when `batched`, else `b` 2-d and
+/// every leading dim of `a` folded into m.
+fn product(
+    k: &CudaKernels,
+    name: &'static str,
+    a: &CudaStorage,
+    b: &CudaStorage,
+    (ta, tb): (bool, bool),
+    batched: bool,
+    out: &OutSpec,
+) -> Result<CudaStorage> {
+    let (ad, bd) = (a.shape.dims(), b.shape.dims());
+    let bad = || {
+        derr(
+            name,
+            format!(
+                "local pieces {} and {} do not multiply (transposed: {ta}, {tb})",
+                a.shape, b.shape
+            ),
+        )
+    };
+    let (r, rb) = (ad.len(), bd.len());
+    if rb < 2 || r < 1 || (batched && (r != rb || ad[..r - 2] != bd[..rb - 2])) {
+        return Err(bad());
+    }
+    if !batched && (rb != 2 || (ta && r != 2)) {
+        return Err(bad());
+    }
+    let (bk, bn) = if tb {
+        (bd[rb - 1], bd[rb - 2])
+    } else {
+        (bd[rb - 2], bd[rb - 1])
+    };
+    let (batch, m, kk) = if batched {
+        let (m, kk) = if ta {
+            (ad[r - 1], ad[r - 2])
+        } else {
+            (ad[r - 2], ad[r - 1])
+        };
+        (ad[..r - 2].iter().product::<usize>(), m, kk)
+    } else if ta {
+        (1, ad[1], ad[0])
+    } else {
+        let kk = ad[r - 1];
+        // m from the output when k is 0 (a holds no elements then).
+        let m = a
+            .numel()
+            .checked_div(kk)
+            .unwrap_or_else(|| out.shape.numel() / bn.max(1));
+        (1, m, kk)
+    };
+    if kk != bk {
+        return Err(bad());
+    }
+    let g = Gemm {
+        batch,
+        m,
+        k: kk,
+        n: bn,
+        ta,
+        tb,
+        strides: (
+            (m * kk) as i64,
+            if batched { (kk * bn) as i64 } else { 0 },
+            (m * bn) as i64,
+        ),
+    };
+    matmul(&k.rt, name, a, b, &out.shape, g)
+}
+
+impl CudaKernels {
+    /// `op(a) @ op(b)` on device pieces (see `MatmulKernels::matmul_t`), for the other kernels.
+    pub(super) fn product_t(
+        &self,
+        name: &'static str,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        t: (bool, bool),
+        batched: bool,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        product(self, name, a, b, t, batched, out)
+    }
+}
+
 impl MatmulKernels for CudaKernels {
     fn matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
-        let name = "matmul";
-        let n = a.numel();
-        let k = a.shape.dims().last().copied().unwrap_or(1);
-        let bd = b.shape.dims();
-        if bd.len() != 2 || bd[0] != k {
-            return Err(derr(
-                name,
-                format!("local pieces {} and {} do not multiply", a.shape, b.shape),
-            ));
-        }
-        let m = n
-            .checked_div(k)
-            .unwrap_or_else(|| out.shape.numel() / bd[1].max(1));
-        matmul(&self.rt, name, a, b, 1, m, k, bd[1], &out.shape, false)
+        product(self, "matmul", a, b, (false, false), false, out)
     }
 
     fn batch_matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
-        let name = "batch_matmul";
-        let ad = a.shape.dims();
-        let bd = b.shape.dims();
-        if ad.len() < 2 || bd.len() != ad.len() || bd[ad.len() - 2] != ad[ad.len() - 1] {
-            return Err(derr(
-                name,
-                format!("local pieces {} and {} do not multiply", a.shape, b.shape),
-            ));
-        }
-        let r = ad.len();
-        let batch: usize = ad[..r - 2].iter().product();
-        matmul(
-            &self.rt,
-            name,
-            a,
-            b,
-            batch,
-            ad[r - 2],
-            ad[r - 1],
-            bd[r - 1],
-            &out.shape,
-            true,
-        )
+        product(self, "batch_matmul", a, b, (false, false), true, out)
+    }
+
+    fn matmul_t(
+        &self,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        t: (bool, bool),
+        batched: bool,
+        out: &OutSpec,
+    ) -> Result<CudaStorage> {
+        let name = if batched {
+            "batch_matmul_t"
+        } else {
+            "matmul_t"
+        };
+        product(self, name, a, b, t, batched, out)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use oxiflow_sbp::Shape;
 
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{grid, launch, per_row, sfx};
 use super::super::storage::CudaStorage;
 use super::super::CudaRuntime;
 use super::{float_only, permute, CudaKernels};
@@ -49,6 +49,12 @@ fn reduce(
     if rows == 0 {
         return Ok(out);
     }
+    // Sums over leading dims (bias gradients): column sums in two deterministic passes, no
+    // transposed copy.
+    let leading = red.iter().enumerate().all(|(i, &d)| i == d);
+    if leading && !red.is_empty() && len > 1 && matches!(combine, Combine::Sum) {
+        return column_sum(rt, op, x, out, [len, rows], scale);
+    }
     let identity = perm.iter().enumerate().all(|(i, &p)| i == p);
     let tmp;
     let src = if identity || len <= 1 {
@@ -67,6 +73,36 @@ fn reduce(
     );
     let name = format!("reduce_rows_{}", sfx(x.dtype));
     launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)?;
+    Ok(out)
+}
+
+/// Rows of a column-sum pass: each block of threads sums `CHUNK` rows of its columns.
+const CHUNK: usize = 64;
+
+/// `out[c] = scale * sum_r x[r, c]` for x `[rows, cols]`: partial sums of `CHUNK`-row chunks,
+/// then (if more than one chunk) the sum of the partials; each pass reads coalesced rows.
+fn column_sum(
+    rt: &Arc<CudaRuntime>,
+    op: &'static str,
+    x: &CudaStorage,
+    out: CudaStorage,
+    [rows, cols]: [usize; 2],
+    scale: f64,
+) -> Result<CudaStorage> {
+    let name = format!("reduce_cols_{}", sfx(x.dtype));
+    let chunks = rows.div_ceil(CHUNK);
+    let pass = |src: u64, dst: u64, r: usize, chunk: usize, sc: f64| -> Result<()> {
+        let (rr, cc, ch, xp, yp) = (r as i64, cols as i64, chunk as i64, src, dst);
+        let groups = r.div_ceil(chunk);
+        launch!(rt, op, name, grid(groups * cols); rr, cc, ch, sc, xp, yp)
+    };
+    if chunks == 1 {
+        pass(x.ptr(), out.ptr(), rows, CHUNK, scale)?;
+        return Ok(out);
+    }
+    let part = CudaStorage::alloc(rt, x.dtype, Shape::new([chunks, cols]))?;
+    pass(x.ptr(), part.ptr(), rows, CHUNK, 1.0)?;
+    pass(part.ptr(), out.ptr(), chunks, chunks, scale)?;
     Ok(out)
 }
 

@@ -1,8 +1,12 @@
-//! Softmax CUDA kernels: softmax / log-softmax over one dim and their backward, one thread per
-//! lane.
+//! Softmax CUDA kernels: softmax / log-softmax over one dim and their backward, one block per
+//! row over the last dim, else one thread per lane. Under bf16 matrix products the row
+//! backward also writes its output's bf16 copy (attention's dS feeds two products).
 
-use super::super::kernels::{grid, launch, sfx};
+use oxiflow_collectives::DType;
+
+use super::super::kernels::{launch, per_row, sfx};
 use super::super::storage::CudaStorage;
+use super::super::{Block, MatmulPrecision};
 use super::{float_only, lanes, CudaKernels};
 use crate::op::{OutSpec, SoftmaxKernels};
 use crate::Result;
@@ -29,7 +33,7 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            launch!(rt, name, format!("softmax_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, xp, yp)?;
+            launch!(rt, name, format!("softmax_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, xp, yp)?;
         }
         Ok(y)
     }
@@ -62,7 +66,19 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), grid(o * inner); l, nn, inn, lg, yp, gp, dp)?;
+            if dt == DType::F32
+                && inner == 1
+                && !log
+                && rt.matmul_precision() == MatmulPrecision::Bf16
+            {
+                // Row gradients (attention's dS) feed bf16 products: their bf16 copy comes along.
+                let h = Block::alloc(rt, y.numel() * 2)?;
+                let hp = h.ptr();
+                launch!(rt, name, "softmax_bw_rows_bf16", per_row(o); l, nn, yp, gp, dp, hp)?;
+                y.block.set_bf16_shadow(h);
+            } else {
+                launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, yp, gp, dp)?;
+            }
         }
         Ok(y)
     }

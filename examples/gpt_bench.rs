@@ -1,0 +1,250 @@
+//! `gpt_bench`: training throughput of OxiFlow's GPT on one GPU at GPT-2 shapes (124M by
+//! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024), synthetic tokens,
+//! AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1), one full step (forward, backward,
+//! update) per iteration, no gradient clipping.
+//!
+//! ```text
+//! oflaunch --nproc-per-node 1 --backend nccl gpt_bench --matmul bf16 --micro-batch 16
+//! ```
+//! Prints `RESULT {json}` with tokens/s, ms per step, MFU and peak device memory. MFU follows
+//! the PyTorch anchor (`gpt2_bench.py`, nanoGPT's estimate): FLOPs per token
+//! `6 N + 12 L d T` (N: parameters without the position table) over `--peak-tflops` (989,
+//! dense bf16 on an H100/H200). `--profile` then runs a few more steps with per-op device
+//! timing (a synchronisation around every op) and prints the ops by total time.
+
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow::nn::Module;
+use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
+use oxiflow::prelude::*;
+use oxiflow::tensor::cuda::{self, MatmulPrecision};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Matmul {
+    F32,
+    Tf32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "GPT training throughput on one GPU")]
+struct Args {
+    #[arg(long, default_value_t = 12)]
+    layers: usize,
+    #[arg(long, default_value_t = 768)]
+    width: usize,
+    #[arg(long, default_value_t = 12)]
+    heads: usize,
+    #[arg(long, default_value_t = 50304)]
+    vocab: usize,
+    #[arg(long, default_value_t = 1024)]
+    seq: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    micro_batch: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed steps after the warm-up.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Precision of the matrix products (parameters and activations stay f32).
+    #[arg(long, value_enum, default_value_t = Matmul::F32)]
+    matmul: Matmul,
+    #[arg(long, default_value_t = 989.0)]
+    peak_tflops: f64,
+    /// Device blocks from NCCL's allocator (as in an NCCL world) or the driver's.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    nccl_memory: OnOff,
+    /// Steps timed op by op after the measurement (0: none).
+    #[arg(long, default_value_t = 0)]
+    profile: usize,
+    #[arg(long, default_value = "")]
+    tag: String,
+}
+
+type R<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Token ids of step `step`: `[b, t + 1]` from a 64-bit LCG, below GPT-2's 50257 real tokens.
+fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
+    let mut s = step
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let top = vocab.min(50257) as u64;
+    (0..b * (t + 1))
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % top) as i64
+        })
+        .collect()
+}
+
+struct Bench {
+    model: Gpt,
+    opt: AdamW,
+    placement: Placement,
+    b: usize,
+    t: usize,
+}
+
+impl Bench {
+    fn step(&mut self, step: u64) -> R<Tensor> {
+        let (b, t) = (self.b, self.t);
+        let ids = tokens(b, t, self.model.cfg.vocab, step);
+        let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
+        let all = Tensor::from_vec(ids, [b, t + 1])?.to_global(&self.placement, sbp)?;
+        let (x, y) = (all.narrow(1, 0, t)?, all.narrow(1, 1, t)?);
+        self.opt.zero_grad();
+        let loss = self.model.loss(&x, &y, Pass::Train { step })?;
+        loss.backward()?;
+        self.opt.step()?;
+        Ok(loss)
+    }
+}
+
+fn sync() -> R<()> {
+    cuda::bound_runtime()
+        .ok_or("no CUDA device bound")?
+        .synchronize()?;
+    Ok(())
+}
+
+fn main() -> R<()> {
+    let a = Args::parse();
+    let ctx = oxiflow::init_from_env()?;
+    if ctx.world_size() != 1 {
+        return Err(format!("gpt_bench runs on one rank, got {}", ctx.world_size()).into());
+    }
+    let rt = cuda::bound_runtime()
+        .ok_or("no CUDA device bound: run under `oflaunch --nproc-per-node 1 --backend nccl`")?;
+    rt.set_matmul_precision(match a.matmul {
+        Matmul::F32 => MatmulPrecision::F32,
+        Matmul::Tf32 => MatmulPrecision::Tf32,
+        Matmul::Bf16 => MatmulPrecision::Bf16,
+    });
+    rt.set_nccl_memory(a.nccl_memory == OnOff::On);
+    let placement = Placement::new_1d(DeviceType::Cuda, [0])?.reshaped([1, 1])?;
+    let cfg = GptConfig {
+        vocab: a.vocab,
+        seq_len: a.seq,
+        layers: a.layers,
+        heads: a.heads,
+        width: a.width,
+        dropout: 0.0,
+        seed: 1234,
+        dtype: DType::F32,
+        sequence_parallel: false,
+    };
+    let model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
+    let params = model.parameters();
+    let n_all: usize = params.iter().map(|p| p.value().numel()).sum();
+    let n_mfu = n_all - a.seq * a.width;
+    let opt = AdamW::new(
+        params,
+        AdamWOptions {
+            lr: 6e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+    );
+    let mut bench = Bench {
+        model,
+        opt,
+        placement,
+        b: a.micro_batch,
+        t: a.seq,
+    };
+    let t_warm = Instant::now();
+    let mut step = 0u64;
+    for _ in 0..a.warmup {
+        bench.step(step)?;
+        step += 1;
+    }
+    sync()?;
+    let warm_s = t_warm.elapsed().as_secs_f64();
+    oxiflow::memory::reset_peaks();
+    let c0 = rt.alloc_counts();
+    let t0 = Instant::now();
+    let mut loss = None;
+    for _ in 0..a.steps {
+        loss = Some(bench.step(step)?);
+        step += 1;
+    }
+    sync()?;
+    let dt = t0.elapsed().as_secs_f64() / a.steps.max(1) as f64;
+    let last = match loss {
+        Some(l) => l.to_vec::<f32>()?.first().copied().unwrap_or(f32::NAN),
+        None => f32::NAN,
+    };
+    let tok_s = (a.micro_batch * a.seq) as f64 / dt;
+    let flops_tok = 6.0 * n_mfu as f64 + 12.0 * (a.layers * a.width * a.seq) as f64;
+    let mfu = tok_s * flops_tok / (a.peak_tflops * 1e12);
+    let peak = oxiflow::memory::device().peak;
+    let c1 = rt.alloc_counts();
+    let n = a.steps.max(1) as f64;
+    println!(
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"matmul\":\"{:?}\",\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        a.tag,
+        a.matmul,
+        a.layers,
+        a.width,
+        n_all as f64 / 1e6,
+        n_mfu as f64 / 1e6,
+        a.micro_batch,
+        a.seq,
+        dt * 1e3,
+        tok_s,
+        tok_s * flops_tok / 1e12,
+        mfu,
+        warm_s,
+        last,
+        peak as f64 / (1u64 << 30) as f64,
+        rt.cached_bytes() as f64 / (1u64 << 30) as f64,
+        a.nccl_memory == OnOff::On,
+        (c1.fresh - c0.fresh) as f64 / n,
+        (c1.given_back - c0.given_back) as f64 / n,
+        (c1.released_all - c0.released_all) as f64 / n,
+    );
+    if a.profile > 0 {
+        cuda::reset_op_timings();
+        cuda::set_op_timing(true);
+        let t1 = Instant::now();
+        for _ in 0..a.profile {
+            bench.step(step)?;
+            step += 1;
+        }
+        sync()?;
+        cuda::set_op_timing(false);
+        let wall = t1.elapsed().as_secs_f64() / a.profile as f64;
+        let rows = cuda::op_timings();
+        let total: f64 = rows.iter().map(|r| r.2).sum::<f64>() / a.profile as f64;
+        println!(
+            "PROFILE {:?}: {:.1} ms/step with a sync around each op, {:.1} ms inside ops",
+            a.matmul,
+            wall * 1e3,
+            total * 1e3
+        );
+        for (name, n, s) in rows.iter().take(20) {
+            let per = s / a.profile as f64;
+            println!(
+                "PROFILE {:<22} {:>6} calls/step {:>8.2} ms/step {:>5.1}%",
+                name,
+                n / a.profile as u64,
+                per * 1e3,
+                100.0 * per / total.max(1e-12)
+            );
+        }
+    }
+    Ok(())
+}

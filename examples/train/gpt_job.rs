@@ -87,7 +87,7 @@ pub fn run(
     let train_entropy = Corpus::unigram_entropy(run.corpus.train());
     if lead {
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {:?} virtual-stages {} | batch {} lr {} seed {} from step {}",
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} | batch {} lr {} seed {} from step {}",
             m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, pipe.stages, m.sequence_parallel,
             pipe.micro_batches, pipe.schedule, pipe.virtual_stages, cfg.batch_size, cfg.lr, m.seed, run.step
         );
@@ -189,7 +189,7 @@ pub fn run(
             let b = &run.bubbles[usize::from(run.bubbles.len() > 1)..];
             let measured = b.iter().sum::<f64>() / b.len() as f64;
             println!(
-                "bubble: measured {:.1}% theory {:.1}% (schedule {:?}, pp {}, micro-batches {}, virtual-stages {}; mean over ranks and {} steps of the time not computing)",
+                "bubble: measured {:.1}% theory {:.1}% (schedule {}, pp {}, micro-batches {}, virtual-stages {}; mean over ranks and {} steps of the time not computing)",
                 100.0 * measured,
                 100.0 * pipe.bubble_theory(),
                 pipe.schedule,

@@ -17,6 +17,17 @@ pub enum Schedule {
     Interleaved,
 }
 
+impl std::fmt::Display for Schedule {
+    /// The name `train --schedule` takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+        })
+    }
+}
+
 /// One unit of work of a stage: the forward or backward pass of micro-batch `mb` through the
 /// stage's chunk `chunk` (virtual stage `chunk * pp + stage`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,0 +1,361 @@
+//! Fused attention checks: cuDNN and the NVRTC fallback, forward (O, log-sum-exp) and backward
+//! (dQ, dK, dV, deterministic or not) against an f64 reference, Q/K/V read from one fused QKV
+//! buffer `[B, T, 3, H, D]`, O and dO `[B, T, H, D]`; timings at B 16, H 12, T 1024, D 64.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::{rel_err, Buf, Ceilings, Report, Rng};
+use crate::cuda::attention::{attention_backward, attention_forward, AttentionPath};
+use crate::cuda::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FloatType};
+use crate::cuda::{cudnn_attention, flash_attention, CudaRuntime};
+use crate::Result;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Cudnn,
+    Flash,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    causal: bool,
+    dtype: FloatType,
+}
+
+impl Case {
+    fn shape(&self) -> AttentionShape {
+        AttentionShape {
+            batch: self.b,
+            heads: self.h,
+            seq: self.t,
+            head_dim: self.d,
+            causal: self.causal,
+            scale: 1.0 / (self.d as f32).sqrt(),
+            dtype: self.dtype,
+        }
+    }
+    fn label(&self) -> String {
+        format!(
+            "B{} H{} T{} D{}{}",
+            self.b,
+            self.h,
+            self.t,
+            self.d,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+}
+
+/// The f64 reference: O `[B, T, H, D]`, lse `[B, H, T]`, dQKV `[B, T, 3, H, D]`.
+struct Reference {
+    o: Vec<f64>,
+    lse: Vec<f64>,
+    dqkv: Vec<f64>,
+}
+
+fn reference(c: &Case, qkv: &[f64], d_o: &[f64]) -> Reference {
+    let (b_, h_, t_, d_) = (c.b, c.h, c.t, c.d);
+    let scale = c.shape().scale as f64;
+    let qi = |b: usize, t: usize, w: usize, h: usize| (((b * t_ + t) * 3 + w) * h_ + h) * d_;
+    let oi = |b: usize, t: usize, h: usize| ((b * t_ + t) * h_ + h) * d_;
+    let per: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..b_ * h_)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, h) = (bh / h_, bh % h_);
+            let mut o = vec![0.0; t_ * d_];
+            let mut lse = vec![0.0; t_];
+            let mut p = vec![0.0; t_ * t_];
+            for i in 0..t_ {
+                let q = &qkv[qi(b, i, 0, h)..][..d_];
+                let n = if c.causal { i + 1 } else { t_ };
+                let mut m = f64::NEG_INFINITY;
+                for j in 0..n {
+                    let k = &qkv[qi(b, j, 1, h)..][..d_];
+                    let s = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();
+                    p[i * t_ + j] = s;
+                    m = m.max(s);
+                }
+                let mut l = 0.0;
+                for j in 0..n {
+                    let e = (p[i * t_ + j] - m).exp();
+                    p[i * t_ + j] = e;
+                    l += e;
+                }
+                for j in 0..n {
+                    p[i * t_ + j] /= l;
+                    let v = &qkv[qi(b, j, 2, h)..][..d_];
+                    for d in 0..d_ {
+                        o[i * d_ + d] += p[i * t_ + j] * v[d];
+                    }
+                }
+                lse[i] = m + l.ln();
+            }
+            // Backward.
+            let mut g = vec![0.0; 3 * t_ * d_];
+            for i in 0..t_ {
+                let go = &d_o[oi(b, i, h)..][..d_];
+                let dsum: f64 = go.iter().zip(&o[i * d_..][..d_]).map(|(a, b)| a * b).sum();
+                let n = if c.causal { i + 1 } else { t_ };
+                let q = &qkv[qi(b, i, 0, h)..][..d_];
+                for j in 0..n {
+                    let v = &qkv[qi(b, j, 2, h)..][..d_];
+                    let k = &qkv[qi(b, j, 1, h)..][..d_];
+                    let pij = p[i * t_ + j];
+                    let dp: f64 = go.iter().zip(v).map(|(a, b)| a * b).sum();
+                    let ds = pij * (dp - dsum) * scale;
+                    for d in 0..d_ {
+                        g[i * d_ + d] += ds * k[d];
+                        g[(t_ + j) * d_ + d] += ds * q[d];
+                        g[(2 * t_ + j) * d_ + d] += pij * go[d];
+                    }
+                }
+            }
+            (o, lse, g)
+        })
+        .collect();
+    let mut r = Reference {
+        o: vec![0.0; b_ * t_ * h_ * d_],
+        lse: vec![0.0; b_ * h_ * t_],
+        dqkv: vec![0.0; b_ * t_ * 3 * h_ * d_],
+    };
+    for (bh, (o, lse, g)) in per.into_iter().enumerate() {
+        let (b, h) = (bh / h_, bh % h_);
+        for t in 0..t_ {
+            r.o[oi(b, t, h)..][..d_].copy_from_slice(&o[t * d_..][..d_]);
+            r.lse[bh * t_ + t] = lse[t];
+            for w in 0..3 {
+                r.dqkv[qi(b, t, w, h)..][..d_].copy_from_slice(&g[(w * t_ + t) * d_..][..d_]);
+            }
+        }
+    }
+    r
+}
+
+/// One of the Q, K, V parts (`w`) of a `[B, T, 3, H, D]` array.
+fn part(c: &Case, all: &[f64], w: usize) -> Vec<f64> {
+    let hd = c.h * c.d;
+    all.chunks(3 * hd).flat_map(|row| row[w * hd..][..hd].to_vec()).collect()
+}
+
+/// Device buffers of one case.
+struct Bufs {
+    qkv: Buf,
+    o: Buf,
+    lse: Buf,
+    d_o: Buf,
+    dqkv: Buf,
+}
+
+impl Bufs {
+    fn fwd(&self, c: &Case) -> AttentionForward {
+        let [q, k, v] = Bhtd::qkv(self.qkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
+        AttentionForward {
+            shape: c.shape(),
+            q,
+            k,
+            v,
+            o: Bhtd::bthd(self.o.ptr(), c.t, c.h, c.d),
+            lse: self.lse.ptr(),
+        }
+    }
+    fn bwd(&self, c: &Case, deterministic: bool) -> AttentionBackward {
+        let [q, k, v] = Bhtd::qkv(self.qkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
+        let [dq, dk, dv] = Bhtd::qkv(self.dqkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
+        AttentionBackward {
+            shape: c.shape(),
+            q,
+            k,
+            v,
+            o: Bhtd::bthd(self.o.ptr(), c.t, c.h, c.d),
+            d_o: Bhtd::bthd(self.d_o.ptr(), c.t, c.h, c.d),
+            lse: self.lse.ptr(),
+            dq,
+            dk,
+            dv,
+            deterministic,
+        }
+    }
+}
+
+fn upload_case(rt: &Arc<CudaRuntime>, c: &Case, rng: &mut Rng) -> Result<(Bufs, Vec<f64>, Vec<f64>)> {
+    let n = c.b * c.t * c.h * c.d;
+    let (qkv, qkv_r) = Buf::vals(rt, c.dtype, &rng.vals(3 * n, 1.0))?;
+    let (d_o, d_o_r) = Buf::vals(rt, c.dtype, &rng.vals(n, 1.0))?;
+    let bufs = Bufs {
+        qkv,
+        o: Buf::new(rt, n * c.dtype.size())?,
+        lse: Buf::new(rt, c.b * c.h * c.t * 4)?,
+        d_o,
+        dqkv: Buf::new(rt, 3 * n * c.dtype.size())?,
+    };
+    Ok((bufs, qkv_r, d_o_r))
+}
+
+fn run_fwd(rt: &Arc<CudaRuntime>, p: Path, a: &AttentionForward) -> Result<()> {
+    match p {
+        Path::Cudnn => cudnn_attention::forward(rt, a),
+        Path::Flash => flash_attention::forward(rt, a),
+    }
+    .map_err(Into::into)
+}
+
+fn run_bwd(rt: &Arc<CudaRuntime>, p: Path, a: &AttentionBackward) -> Result<()> {
+    match p {
+        Path::Cudnn => cudnn_attention::backward(rt, a),
+        Path::Flash => flash_attention::backward(rt, a),
+    }
+    .map_err(Into::into)
+}
+
+/// Checks one case on one path; errors of the path are recorded as failures.
+fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, seed: u64) -> Result<()> {
+    let name = |what: &str| format!("{} {what}", if p == Path::Cudnn { "cudnn attn" } else { "flash attn" });
+    let mut rng = Rng(seed);
+    let (bufs, qkv, d_o) = upload_case(rt, c, &mut rng)?;
+    let r = reference(c, &qkv, &d_o);
+    bufs.o.poison(rt)?;
+    bufs.lse.poison(rt)?;
+    if let Err(e) = run_fwd(rt, p, &bufs.fwd(c)) {
+        rep.fail(&name("fwd"), c.dtype.suffix(), c.label(), e.to_string());
+        return Ok(());
+    }
+    let o = bufs.o.read(rt, c.dtype)?;
+    let lse = bufs.lse.read(rt, FloatType::F32)?;
+    rep.check(&name("fwd O"), c.dtype, c.label(), rel_err(&o, &r.o), "");
+    rep.check(&name("fwd lse"), c.dtype, c.label(), rel_err(&lse, &r.lse), "f32 out");
+    // The backward reads the reference O and log-sum-exp (checked alone).
+    let (o_bytes, _) = super::encode(c.dtype, &r.o);
+    super::upload(rt, bufs.o.ptr(), &o_bytes, "kernel check")?;
+    let (l_bytes, _) = super::encode(FloatType::F32, &r.lse);
+    super::upload(rt, bufs.lse.ptr(), &l_bytes, "kernel check")?;
+    let dets: &[bool] = if p == Path::Cudnn { &[false, true] } else { &[true] };
+    for &det in dets {
+        bufs.dqkv.poison(rt)?;
+        let tag = if det { "det" } else { "" };
+        if let Err(e) = run_bwd(rt, p, &bufs.bwd(c, det)) {
+            rep.fail(&name(&format!("bwd {tag}")), c.dtype.suffix(), c.label(), e.to_string());
+            continue;
+        }
+        let g = bufs.dqkv.read(rt, c.dtype)?;
+        for (w, nm) in ["dQ", "dK", "dV"].iter().enumerate() {
+            let err = rel_err(&part(c, &g, w), &part(c, &r.dqkv, w));
+            rep.check(&name(&format!("bwd {nm} {tag}")), c.dtype, c.label(), err, "");
+        }
+        if det {
+            let first = bufs.dqkv.read_bytes(rt)?;
+            bufs.dqkv.poison(rt)?;
+            run_bwd(rt, p, &bufs.bwd(c, det))?;
+            let second = bufs.dqkv.read_bytes(rt)?;
+            let differ = first.iter().zip(&second).filter(|(a, b)| a != b).count();
+            rep.check_tol(&name("bwd det repeat"), c.dtype.suffix(), c.label(), differ as f64, 0.0, "bytes differing between two runs");
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
+    let case = |b, h, t, d, causal, dtype| Case {
+        b,
+        h,
+        t,
+        d,
+        causal,
+        dtype,
+    };
+    let mut seed = 1;
+    for dtype in [FloatType::Bf16, FloatType::F16] {
+        for causal in [true, false] {
+            seed += 1;
+            check_case(rt, rep, &case(2, 3, 256, 64, causal, dtype), Path::Cudnn, seed)?;
+        }
+    }
+    check_case(rt, rep, &case(1, 2, 200, 128, true, FloatType::Bf16), Path::Cudnn, 40)?;
+    for dtype in FloatType::ALL {
+        for causal in [true, false] {
+            seed += 1;
+            check_case(rt, rep, &case(2, 3, 160, 64, causal, dtype), Path::Flash, seed)?;
+        }
+    }
+    check_case(rt, rep, &case(1, 2, 100, 128, true, FloatType::F32), Path::Flash, 50)?;
+    check_case(rt, rep, &case(1, 1, 70, 40, true, FloatType::Bf16), Path::Flash, 51)?;
+    check_case(rt, rep, &case(1, 2, 33, 256, false, FloatType::F16), Path::Flash, 52)?;
+
+    // cuDNN refuses f32 with a typed error and the dispatcher falls back.
+    let c = case(1, 2, 64, 64, true, FloatType::F32);
+    let (bufs, _, _) = upload_case(rt, &c, &mut Rng(60))?;
+    let typed = matches!(cudnn_attention::forward(rt, &bufs.fwd(&c)), Err(e) if e.is_fallback() && e.to_string().contains("f32"));
+    let path = attention_forward(rt, &bufs.fwd(&c)).map_err(crate::TensorError::from)?;
+    let back = attention_backward(rt, &bufs.bwd(&c, false)).map_err(crate::TensorError::from)?;
+    let ok = typed && matches!(path, AttentionPath::Flash { .. }) && matches!(back, AttentionPath::Flash { .. });
+    rep.check_tol("attn f32: cudnn typed refusal + fallback", "f32", c.label(), if ok { 0.0 } else { 1.0 }, 0.0, format!("{path:?}"));
+    Ok(())
+}
+
+pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, ceil: &Ceilings) -> Result<()> {
+    let c = Case {
+        b: 16,
+        h: 12,
+        t: 1024,
+        d: 64,
+        causal: true,
+        dtype: FloatType::Bf16,
+    };
+    let mut rng = Rng(99);
+    let sets: Vec<(Bufs, Vec<f64>, Vec<f64>)> = (0..2).map(|_| upload_case(rt, &c, &mut rng)).collect::<Result<_>>()?;
+    let fwd_flops = c.shape().forward_flops();
+    let mm = format!("{:.0} TFLOP/s bf16 matmul", ceil.mm);
+    for p in [Path::Cudnn, Path::Flash] {
+        let nm = if p == Path::Cudnn { "cudnn attn" } else { "flash attn" };
+        // Error at the timed shape, against f64 (cuDNN only: the fallback's is checked above).
+        if p == Path::Cudnn {
+            let (bufs, qkv, d_o) = &sets[0];
+            let r = reference(&c, qkv, d_o);
+            bufs.o.poison(rt)?;
+            if let Err(e) = run_fwd(rt, p, &bufs.fwd(&c)) {
+                rep.fail(&format!("{nm} fwd O (timed shape)"), "bf16", c.label(), e.to_string());
+                continue;
+            }
+            let o = bufs.o.read(rt, c.dtype)?;
+            rep.check(&format!("{nm} fwd O (timed shape)"), c.dtype, c.label(), rel_err(&o, &r.o), "");
+            bufs.dqkv.poison(rt)?;
+            run_bwd(rt, p, &bufs.bwd(&c, false))?;
+            let g = bufs.dqkv.read(rt, c.dtype)?;
+            rep.check(&format!("{nm} bwd dQKV (timed shape)"), c.dtype, c.label(), rel_err(&g, &r.dqkv), "device O, lse");
+        }
+        let reps = if p == Path::Flash { repeats.min(5) } else { repeats };
+        let ms = time_or_fail(rep, nm, &c, super::time_ms(rt, reps, |i| run_fwd(rt, p, &sets[i % 2].0.fwd(&c))));
+        if let Some(ms) = ms {
+            rep.time(&format!("{nm} fwd"), "bf16", c.label(), ms, fwd_flops, "TFLOP/s", mm.clone());
+        }
+        let ms = time_or_fail(
+            rep,
+            nm,
+            &c,
+            super::time_ms(rt, reps, |i| {
+                let s = &sets[i % 2].0;
+                run_fwd(rt, p, &s.fwd(&c))?;
+                run_bwd(rt, p, &s.bwd(&c, false))
+            }),
+        );
+        if let Some(ms) = ms {
+            rep.time(&format!("{nm} fwd+bwd"), "bf16", c.label(), ms, 3.5 * fwd_flops, "TFLOP/s", mm.clone());
+        }
+    }
+    Ok(())
+}
+
+fn time_or_fail(rep: &mut Report, nm: &str, c: &Case, r: Result<f64>) -> Option<f64> {
+    match r {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            rep.fail(&format!("{nm} timing"), "bf16", c.label(), e.to_string());
+            None
+        }
+    }
+}

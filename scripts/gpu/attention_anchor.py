@@ -1,6 +1,6 @@
 """torch SDPA on the cuDNN backend beside OxiFlow's fused attention (gpu_kernels_check): same
-shape (B 16, H 12, T 1024, D 64, causal, bf16), Q/K/V as strided views of one fused QKV tensor
-[B, T, 3, H, D], forward and forward+backward TFLOP/s (CUDA events, warm-up, median; fwd+bwd
+shape (B 16, H 12, T 1024, D 64, causal, bf16), Q, K, V as three [B, T, H, D] tensors read as
+[B, H, T, D] views (the layout the check times), forward and forward+backward TFLOP/s (CUDA events, warm-up, median; fwd+bwd
 counted as 3.5x the forward's 4 B H T^2 D / 2), and the error against a float64 reference.
 Prints rows in gpu_kernels_check's table format."""
 import argparse
@@ -37,14 +37,16 @@ def main():
     dev = "cuda"
     torch.manual_seed(0)
     sets = []
+
+    def draw():
+        return ((torch.rand(B, T, H, D, device=dev) * 0.9 + 0.1) * torch.where(torch.rand(B, T, H, D, device=dev) < 0.5, -1.0, 1.0)).to(torch.bfloat16)
+
     for _ in range(2):
-        qkv = (torch.rand(B, T, 3, H, D, device=dev) * 0.9 + 0.1) * torch.where(torch.rand(B, T, 3, H, D, device=dev) < 0.5, -1.0, 1.0)
-        qkv = qkv.to(torch.bfloat16).requires_grad_(True)
-        do = ((torch.rand(B, T, H, D, device=dev) * 0.9 + 0.1) * torch.where(torch.rand(B, T, H, D, device=dev) < 0.5, -1.0, 1.0)).to(torch.bfloat16)
-        sets.append((qkv, do))
+        qkv = [draw().requires_grad_(True) for _ in range(3)]  # Q, K, V, each [B, T, H, D]
+        sets.append((qkv, draw()))
 
     def views(qkv):
-        return [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+        return [x.transpose(1, 2) for x in qkv]
 
     label = f"B{B} H{H} T{T} D{D} causal"
     fwd_flops = 4 * B * H * T * T * D / 2
@@ -54,10 +56,11 @@ def main():
         q, k, v = views(qkv)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.transpose(1, 2).backward(do)
-        g = qkv.grad.clone()
-        qkv.grad = None
+        g = torch.stack([x.grad for x in qkv])
+        for x in qkv:
+            x.grad = None
         # float64 reference (materialised, autograd).
-        q64 = qkv.detach().double().requires_grad_(True)
+        q64 = [x.detach().double().requires_grad_(True) for x in qkv]
         qq, kk, vv = views(q64)
         s = (qq @ kk.transpose(-1, -2)) / D ** 0.5
         mask = torch.ones(T, T, device=dev, dtype=torch.bool).tril()
@@ -65,7 +68,7 @@ def main():
         o64 = torch.softmax(s, -1) @ vv
         o64.transpose(1, 2).backward(do.double())
         rows.append(("torch sdpa cudnn fwd O", rel(out, o64.detach())))
-        rows.append(("torch sdpa cudnn bwd dQKV", rel(g, q64.grad)))
+        rows.append(("torch sdpa cudnn bwd dQKV", rel(g, torch.stack([x.grad for x in q64]))))
         del q64, qq, kk, vv, s, o64
 
         def fwd(i=[0]):
@@ -80,7 +83,8 @@ def main():
             q, k, v = views(qkv)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             o.transpose(1, 2).backward(do)
-            qkv.grad = None
+            for x in qkv:
+                x.grad = None
 
         ms_f = median_ms(fwd, a.reps)
         ms_fb = median_ms(fwd_bwd, a.reps)

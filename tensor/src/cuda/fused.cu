@@ -135,14 +135,23 @@ __device__ void ln_bwd(i64 rows, int c, const T* dy, const T* r, const float* me
     }
 }
 
-// dw[j] (+)= sum_g part_w[g, j], db likewise, in a fixed order.
+// dw[j] (+)= sum_g part_w[g, j], db likewise, in a fixed order: blocks of 32 columns x 16
+// lanes over the groups, then the 16 partial sums added in lane order.
 extern "C" __global__ void ln_bwd_reduce(int groups, int c, int accumulate, const float* part_w, const float* part_b,
                                          float* dw, float* db) {
-    GRID_STRIDE(j, (i64)c) {
-        float sw = 0.f, sb = 0.f;
-        for (int g = 0; g < groups; ++g) { sw += part_w[(i64)g * c + j]; sb += part_b[(i64)g * c + j]; }
-        dw[j] = accumulate ? dw[j] + sw : sw;
-        db[j] = accumulate ? db[j] + sb : sb;
+    __shared__ float sw[16][33], sb[16][33];
+    const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.x * 32 + tx;
+    float aw = 0.f, ab = 0.f;
+    if (j < c)
+        for (int g = ty; g < groups; g += 16) { aw += part_w[(i64)g * c + j]; ab += part_b[(i64)g * c + j]; }
+    sw[ty][tx] = aw;
+    sb[ty][tx] = ab;
+    __syncthreads();
+    if (ty == 0 && j < c) {
+        float tw = 0.f, tb = 0.f;
+        for (int y = 0; y < 16; ++y) { tw += sw[y][tx]; tb += sb[y][tx]; }
+        dw[j] = accumulate ? dw[j] + tw : tw;
+        db[j] = accumulate ? db[j] + tb : tb;
     }
 }
 
@@ -181,27 +190,71 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
 // ---- fused classifier ---------------------------------------------------------------------
 // Per row of v logits (row stride ld >= v): loss = logsumexp - logit[target] (f32), and the
 // logits are overwritten by (softmax - onehot(target)) * dloss; columns v..ld get 0. A negative
-// target ignores the row (loss 0, gradient 0). One block per row.
+// target ignores the row (loss 0, gradient 0). One block per row: one pass for the running max
+// and sum (online softmax), one pass writing the gradient; 16-byte accesses when `vec`.
+__device__ __forceinline__ void online(float& m, float& s, float x) {
+    if (x > m) { s = (m == NEG_INF ? 0.f : s * expf(m - x)) + 1.f; m = x; }
+    else s += expf(x - m);
+}
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+    if (m2 == NEG_INF) return;
+    if (m == NEG_INF) { m = m2; s = s2; return; }
+    const float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
 template <typename T>
-__device__ void classifier(i64 rows, int v, int ld, float dloss, T* logits, const i64* targets, float* loss) {
+__device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) {
+    __shared__ float pm[32], ps[32];
+    const int N = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
         T* x = logits + rr * ld;
         const i64 tgt = targets[rr];
-        float mx = NEG_INF;
-        for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
-        mx = block_max(mx);
-        float s = 0.f;
-        for (int j = threadIdx.x; j < v; j += blockDim.x) s += expf(to_f(x[j]) - mx);
-        s = block_sum(s);
-        const float lse = mx + logf(s);
+        float m = NEG_INF, s = 0.f;
+        if (vec) {
+            for (int q = threadIdx.x; q < ld / N; q += blockDim.x) {
+                Vec16<T> u;
+                u.u = ((const uint4*)x)[q];
+#pragma unroll
+                for (int e = 0; e < N; ++e) if (q * N + e < v) online(m, s, to_f(u.e[e]));
+            }
+        } else {
+            for (int j = threadIdx.x; j < v; j += blockDim.x) online(m, s, to_f(x[j]));
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(FULL_MASK, m, o), s2 = __shfl_xor_sync(FULL_MASK, s, o);
+            merge(m, s, m2, s2);
+        }
+        __syncthreads();
+        if (lane == 0) { pm[warp] = m; ps[warp] = s; }
+        __syncthreads();
+        m = NEG_INF; s = 0.f;
+        for (int w = 0; w < nw; ++w) merge(m, s, pm[w], ps[w]);
+        const float lse = m + logf(s);
         const bool ignore = tgt < 0 || tgt >= v;
         if (threadIdx.x == 0) loss[rr] = ignore ? 0.f : lse - to_f(x[tgt]);
         __syncthreads();
         const float inv = 1.f / s;
-        for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-            float gr = 0.f;
-            if (!ignore && j < v) gr = (expf(to_f(x[j]) - mx) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
-            st(x + j, gr);
+        if (vec) {
+            for (int q = threadIdx.x; q < ld / N; q += blockDim.x) {
+                Vec16<T> u;
+                u.u = ((const uint4*)x)[q];
+#pragma unroll
+                for (int e = 0; e < N; ++e) {
+                    const int j = q * N + e;
+                    float gr = 0.f;
+                    if (!ignore && j < v) gr = (expf(to_f(u.e[e]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
+                    u.e[e] = from_f<T>(gr);
+                }
+                ((uint4*)x)[q] = u.u;
+            }
+        } else {
+            for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+                float gr = 0.f;
+                if (!ignore && j < v) gr = (expf(to_f(x[j]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
+                st(x + j, gr);
+            }
         }
         __syncthreads();
     }
@@ -245,7 +298,7 @@ __device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y
 #define FUSED_TYPE(T, N) \
 extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \
 extern "C" __global__ void ln_bwd_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd<T>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); } \
-extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, T* logits, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, logits, targets, loss); } \
+extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, logits, targets, loss); } \
 extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); }
 
 FUSED_TYPE(float, f32)

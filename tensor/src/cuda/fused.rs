@@ -138,7 +138,7 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
     }
     let n = a.dtype.suffix();
     let m = kernels(rt, op)?;
-    let groups = row_blocks(rt, a.rows).min(1024);
+    let groups = row_blocks(rt, a.rows).min(528);
     let parts = Block::alloc(rt, 2 * groups * a.cols * 4)?;
     let pw = parts.ptr();
     let pb = pw + (groups * a.cols * 4) as u64;
@@ -153,8 +153,8 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
     launch_fn!(rt, op, f, cfg; rows, cols, a.dy, a.r, a.mean, a.rstd, a.weight, dres, a.dr, pw, pb)?;
     let f = m.get(op, "ln_bwd_reduce")?;
     let cfg = LaunchConfig {
-        grid_dim: (a.cols.div_ceil(256) as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: (a.cols.div_ceil(32) as u32, 1, 1),
+        block_dim: (32, 16, 1),
         shared_mem_bytes: 0,
     };
     let (g, acc) = (groups as i32, a.accumulate as i32);
@@ -290,7 +290,8 @@ pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
         shared_mem_bytes: 0,
     };
     let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
-    launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, a.logits, a.targets, a.loss)
+    let vec = (a.ld % (16 / a.dtype.size()) == 0 && aligned(&[a.logits])) as i32;
+    launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, a.logits, a.targets, a.loss)
 }
 
 /// The element-wise functions of `elementwise`.

@@ -175,7 +175,7 @@ impl Desc {
         let s = unsafe { (self.api.backend_finalize)(self.raw) };
         self.api.check(op, &format!("finalizing {}", self.name), s)
     }
-    /// Reads up to `out.len()` values of type `ty` into `out`; returns how many there are.
+    /// Reads up to `out.len()` values of type `ty` into `out`; returns how many were written.
     pub(super) fn get<T>(&self, op: &'static str, attr: Attr, ty: Ty, out: &mut [T]) -> FResult<usize> {
         let mut n = 0i64;
         // SAFETY: out has room for out.len() values of the C type that `ty` names.
@@ -193,7 +193,8 @@ impl Desc {
             .check(op, &format!("reading {} attribute {attr:?}", self.name), s)?;
         Ok(n.max(0) as usize)
     }
-    /// Reads descriptors into the already created `out` descriptors; returns how many there are.
+    /// Reads descriptors into the already created `out` descriptors; returns how many were
+    /// filled.
     pub(super) fn get_descs(&self, op: &'static str, attr: Attr, out: &[Desc]) -> FResult<usize> {
         let mut raws: Vec<Raw> = out.iter().map(|d| d.raw).collect();
         let mut n = 0i64;

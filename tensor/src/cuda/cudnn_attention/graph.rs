@@ -155,9 +155,10 @@ impl Graph {
         Ok(())
     }
 
-    /// The operation graph on `handle` and its execution plan: the heuristics' engine
-    /// configurations (mode A, then the fallback list) tried in order, the first that
-    /// finalizes (skipping non-deterministic engines when `deterministic`).
+    /// The operation graph on `handle` and its execution plan: the engine configurations of
+    /// the heuristics (modes A, B, then the fallback list), then of every engine, tried in
+    /// order; the first that finalizes wins (non-deterministic engines are skipped when
+    /// `deterministic`).
     pub(super) fn plan(self, handle: Raw, deterministic: bool) -> FResult<Plan> {
         let (api, op) = (self.api, self.op);
         let g = Desc::new(api, op, K::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph")?;
@@ -166,20 +167,27 @@ impl Graph {
         g.handle(op, A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
         g.finalize(op)?;
         let mut tried = Vec::new();
+        let mut sources: Vec<(String, FResult<Vec<Desc>>)> = Vec::new();
         for mode in [
             cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+            cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_B,
             cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
         ] {
-            let configs = match heuristics(api, op, &g, mode) {
+            sources.push((format!("{mode:?}"), heuristics(api, op, &g, mode)));
+        }
+        sources.push(("every engine".into(), engines(api, op, &g)));
+        for (source, configs) in sources {
+            let configs = match configs {
                 Ok(c) => c,
                 Err(e) => {
-                    tried.push(format!("heuristics {mode:?}: {e}"));
+                    tried.push(format!("{source}: {e}"));
                     continue;
                 }
             };
+            tried.push(format!("{source}: {} configurations", configs.len()));
             for (i, cfg) in configs.iter().enumerate() {
                 if deterministic && !is_deterministic(api, op, cfg)? {
-                    tried.push(format!("{mode:?} #{i}: non-deterministic"));
+                    tried.push(format!("{source} #{i}: non-deterministic"));
                     continue;
                 }
                 match plan_of(api, op, handle, cfg) {
@@ -187,13 +195,14 @@ impl Graph {
                         return Ok(Plan {
                             plan,
                             workspace,
+                            source: format!("{source} #{i}"),
                             _graph: g,
                             _tensors: self.tensors,
                             _ops: self.ops,
                             _keep: self.keep,
                         })
                     }
-                    Err(e) => tried.push(format!("{mode:?} #{i}: {e}")),
+                    Err(e) => tried.push(format!("{source} #{i}: {e}")),
                 }
             }
         }
@@ -211,15 +220,35 @@ fn heuristics(api: &'static Api, op: &'static str, g: &Desc, mode: cudnnBackendH
     h.descs(op, A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[g])?;
     h.enum_(op, A::CUDNN_ATTR_ENGINEHEUR_MODE, Ty::CUDNN_TYPE_HEUR_MODE, mode as u32)?;
     h.finalize(op)?;
-    let mut none: [Raw; 0] = [];
-    let n = h.get(op, A::CUDNN_ATTR_ENGINEHEUR_RESULTS, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut none)?;
-    let configs = (0..n.min(16))
+    // Created configurations are filled in order; the count says how many were.
+    let mut configs = (0..32)
         .map(|_| Desc::new(api, op, K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"))
         .collect::<FResult<Vec<_>>>()?;
     let got = h.get_descs(op, A::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
-    let mut configs = configs;
     configs.truncate(got);
     Ok(configs)
+}
+
+/// A configuration of every engine cuDNN reports for `g` (by global index), each finalized
+/// with its default knobs; engines that do not support the graph are skipped.
+fn engines(api: &'static Api, op: &'static str, g: &Desc) -> FResult<Vec<Desc>> {
+    let mut count = [0i64; 1];
+    g.get(op, A::CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, Ty::CUDNN_TYPE_INT64, &mut count)?;
+    let mut out = Vec::new();
+    for i in 0..count[0].clamp(0, 256) {
+        let e = Desc::new(api, op, K::CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine")?;
+        e.descs(op, A::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[g])?;
+        e.i64s(op, A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[i])?;
+        if e.finalize(op).is_err() {
+            continue;
+        }
+        let cfg = Desc::new(api, op, K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config")?;
+        cfg.descs(op, A::CUDNN_ATTR_ENGINECFG_ENGINE, &[&e])?;
+        if cfg.finalize(op).is_ok() {
+            out.push(cfg);
+        }
+    }
+    Ok(out)
 }
 
 /// Whether the engine of `cfg` carries no NONDETERMINISTIC numerical note.
@@ -247,6 +276,8 @@ pub(super) struct Plan {
     plan: Desc,
     /// Bytes of workspace the plan needs.
     pub workspace: usize,
+    /// Which heuristic (or engine enumeration) and rank it came from.
+    pub source: String,
     _graph: Desc,
     _tensors: Vec<Desc>,
     _ops: Vec<Desc>,

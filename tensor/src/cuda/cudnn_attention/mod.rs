@@ -56,6 +56,37 @@ pub(crate) fn cudnn_version(op: &'static str) -> FResult<usize> {
     Ok(unsafe { (api.version)() })
 }
 
+/// Where cuDNN was loaded from, its version and sub-libraries, and a line per cached plan
+/// (what it serves, which engine configuration).
+pub(crate) fn cudnn_report() -> Vec<String> {
+    let mut out = Vec::new();
+    match oxiflow_collectives::cuda_libs::ensure_cudnn(&oxiflow_collectives::cuda_libs::LibSearch::default()) {
+        Ok(l) => {
+            out.push(format!("cuDNN {} with {} sub-libraries", l.main.path.display(), l.loaded.len()));
+            for (p, e) in &l.failed {
+                out.push(format!("cuDNN sub-library {} did not load: {e}", p.display()));
+            }
+        }
+        Err(e) => out.push(format!("cuDNN: {e}")),
+    }
+    let g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(st) = g.as_ref() {
+        for (k, p) in &st.plans {
+            out.push(format!(
+                "cuDNN plan {} {:?} {:?} causal {} det {}: {} (workspace {} bytes)",
+                if k.backward { "bwd" } else { "fwd" },
+                k.dims,
+                k.dtype,
+                k.causal,
+                k.deterministic,
+                p.source,
+                p.workspace
+            ));
+        }
+    }
+    out
+}
+
 fn with_state<R>(rt: &CudaRuntime, op: &'static str, f: impl FnOnce(&'static Api, &mut State) -> FResult<R>) -> FResult<R> {
     let api = ffi::api(op)?;
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());

@@ -143,18 +143,29 @@ fn part(c: &Case, all: &[f64], w: usize) -> Vec<f64> {
     all.chunks(3 * hd).flat_map(|row| row[w * hd..][..hd].to_vec()).collect()
 }
 
-/// Device buffers of one case.
+/// How Q, K, V (and dQ, dK, dV) are laid out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    /// Three buffers `[B, T, H, D]` (three Linear outputs).
+    Separate,
+    /// Views of one fused buffer `[B, T, 3, H, D]`.
+    Fused,
+}
+
+/// Device buffers of one case (the owned buffers and the views into them).
 struct Bufs {
-    qkv: Buf,
+    _inputs: Vec<Buf>,
+    grads: Vec<Buf>,
+    qkv: [Bhtd; 3],
+    dqkv: [Bhtd; 3],
     o: Buf,
     lse: Buf,
     d_o: Buf,
-    dqkv: Buf,
 }
 
 impl Bufs {
     fn fwd(&self, c: &Case) -> AttentionForward {
-        let [q, k, v] = Bhtd::qkv(self.qkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
+        let [q, k, v] = self.qkv;
         AttentionForward {
             shape: c.shape(),
             q,
@@ -165,8 +176,8 @@ impl Bufs {
         }
     }
     fn bwd(&self, c: &Case, deterministic: bool) -> AttentionBackward {
-        let [q, k, v] = Bhtd::qkv(self.qkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
-        let [dq, dk, dv] = Bhtd::qkv(self.dqkv.ptr(), c.dtype.size(), c.t, c.h, c.d);
+        let [q, k, v] = self.qkv;
+        let [dq, dk, dv] = self.dqkv;
         AttentionBackward {
             shape: c.shape(),
             q,
@@ -181,18 +192,60 @@ impl Bufs {
             deterministic,
         }
     }
+    fn poison_grads(&self, rt: &Arc<CudaRuntime>) -> Result<()> {
+        self.grads.iter().try_for_each(|g| g.poison(rt))
+    }
+    /// dQ, dK, dV as `[B, T, H, D]` each.
+    fn read_grads(&self, rt: &Arc<CudaRuntime>, c: &Case) -> Result<[Vec<f64>; 3]> {
+        if self.grads.len() == 1 {
+            let all = self.grads[0].read(rt, c.dtype)?;
+            return Ok([0, 1, 2].map(|w| part(c, &all, w)));
+        }
+        Ok([
+            self.grads[0].read(rt, c.dtype)?,
+            self.grads[1].read(rt, c.dtype)?,
+            self.grads[2].read(rt, c.dtype)?,
+        ])
+    }
+    fn grad_bytes(&self, rt: &Arc<CudaRuntime>) -> Result<Vec<u8>> {
+        let mut all = Vec::new();
+        for g in &self.grads {
+            all.extend(g.read_bytes(rt)?);
+        }
+        Ok(all)
+    }
 }
 
-fn upload_case(rt: &Arc<CudaRuntime>, c: &Case, rng: &mut Rng) -> Result<(Bufs, Vec<f64>, Vec<f64>)> {
+fn upload_case(rt: &Arc<CudaRuntime>, c: &Case, layout: Layout, rng: &mut Rng) -> Result<(Bufs, Vec<f64>, Vec<f64>)> {
     let n = c.b * c.t * c.h * c.d;
-    let (qkv, qkv_r) = Buf::vals(rt, c.dtype, &rng.vals(3 * n, 1.0))?;
+    let es = c.dtype.size();
+    let (qkv_bytes, qkv_r) = super::encode(c.dtype, &rng.vals(3 * n, 1.0));
     let (d_o, d_o_r) = Buf::vals(rt, c.dtype, &rng.vals(n, 1.0))?;
+    let (inputs, grads, qkv, dqkv) = match layout {
+        Layout::Fused => {
+            let i = Buf::from(rt, &qkv_bytes)?;
+            let g = Buf::new(rt, 3 * n * es)?;
+            let (qkv, dqkv) = (Bhtd::qkv(i.ptr(), es, c.t, c.h, c.d), Bhtd::qkv(g.ptr(), es, c.t, c.h, c.d));
+            (vec![i], vec![g], qkv, dqkv)
+        }
+        Layout::Separate => {
+            let parts: Vec<Buf> = (0..3)
+                .map(|w| Buf::from(rt, &super::encode(c.dtype, &part(c, &qkv_r, w)).0))
+                .collect::<Result<_>>()?;
+            let grads: Vec<Buf> = (0..3).map(|_| Buf::new(rt, n * es)).collect::<Result<_>>()?;
+            let view = |b: &Buf| Bhtd::bthd(b.ptr(), c.t, c.h, c.d);
+            let (qkv, dqkv) = ([0, 1, 2].map(|w| view(&parts[w])), [0, 1, 2].map(|w| view(&grads[w])));
+            (parts, grads, qkv, dqkv)
+        }
+    };
     let bufs = Bufs {
+        _inputs: inputs,
+        grads,
         qkv,
-        o: Buf::new(rt, n * c.dtype.size())?,
+        dqkv,
+        o: Buf::new(rt, n * es)?,
         lse: Buf::new(rt, c.b * c.h * c.t * 4)?,
         d_o,
-        dqkv: Buf::new(rt, 3 * n * c.dtype.size())?,
     };
     Ok((bufs, qkv_r, d_o_r))
 }
@@ -214,10 +267,11 @@ fn run_bwd(rt: &Arc<CudaRuntime>, p: Path, a: &AttentionBackward) -> Result<()> 
 }
 
 /// Checks one case on one path; errors of the path are recorded as failures.
-fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, seed: u64) -> Result<()> {
-    let name = |what: &str| format!("{} {what}", if p == Path::Cudnn { "cudnn attn" } else { "flash attn" });
+fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, layout: Layout, seed: u64) -> Result<()> {
+    let lay = if layout == Layout::Fused { " qkv" } else { "" };
+    let name = |what: &str| format!("{}{lay} {what}", if p == Path::Cudnn { "cudnn attn" } else { "flash attn" });
     let mut rng = Rng(seed);
-    let (bufs, qkv, d_o) = upload_case(rt, c, &mut rng)?;
+    let (bufs, qkv, d_o) = upload_case(rt, c, layout, &mut rng)?;
     let r = reference(c, &qkv, &d_o);
     bufs.o.poison(rt)?;
     bufs.lse.poison(rt)?;
@@ -236,22 +290,22 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, seed: 
     super::upload(rt, bufs.lse.ptr(), &l_bytes, "kernel check")?;
     let dets: &[bool] = if p == Path::Cudnn { &[false, true] } else { &[true] };
     for &det in dets {
-        bufs.dqkv.poison(rt)?;
+        bufs.poison_grads(rt)?;
         let tag = if det { "det" } else { "" };
         if let Err(e) = run_bwd(rt, p, &bufs.bwd(c, det)) {
             rep.fail(&name(&format!("bwd {tag}")), c.dtype.suffix(), c.label(), e.to_string());
             continue;
         }
-        let g = bufs.dqkv.read(rt, c.dtype)?;
+        let g = bufs.read_grads(rt, c)?;
         for (w, nm) in ["dQ", "dK", "dV"].iter().enumerate() {
-            let err = rel_err(&part(c, &g, w), &part(c, &r.dqkv, w));
+            let err = rel_err(&g[w], &part(c, &r.dqkv, w));
             rep.check(&name(&format!("bwd {nm} {tag}")), c.dtype, c.label(), err, "");
         }
         if det {
-            let first = bufs.dqkv.read_bytes(rt)?;
-            bufs.dqkv.poison(rt)?;
+            let first = bufs.grad_bytes(rt)?;
+            bufs.poison_grads(rt)?;
             run_bwd(rt, p, &bufs.bwd(c, det))?;
-            let second = bufs.dqkv.read_bytes(rt)?;
+            let second = bufs.grad_bytes(rt)?;
             let differ = first.iter().zip(&second).filter(|(a, b)| a != b).count();
             rep.check_tol(&name("bwd det repeat"), c.dtype.suffix(), c.label(), differ as f64, 0.0, "bytes differing between two runs");
         }
@@ -268,27 +322,30 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         causal,
         dtype,
     };
+    let (sep, fused) = (Layout::Separate, Layout::Fused);
     let mut seed = 1;
     for dtype in [FloatType::Bf16, FloatType::F16] {
         for causal in [true, false] {
             seed += 1;
-            check_case(rt, rep, &case(2, 3, 256, 64, causal, dtype), Path::Cudnn, seed)?;
+            check_case(rt, rep, &case(2, 3, 256, 64, causal, dtype), Path::Cudnn, sep, seed)?;
         }
     }
-    check_case(rt, rep, &case(1, 2, 200, 128, true, FloatType::Bf16), Path::Cudnn, 40)?;
+    check_case(rt, rep, &case(2, 3, 256, 64, true, FloatType::Bf16), Path::Cudnn, fused, 39)?;
+    check_case(rt, rep, &case(1, 2, 200, 128, true, FloatType::Bf16), Path::Cudnn, sep, 40)?;
     for dtype in FloatType::ALL {
         for causal in [true, false] {
             seed += 1;
-            check_case(rt, rep, &case(2, 3, 160, 64, causal, dtype), Path::Flash, seed)?;
+            check_case(rt, rep, &case(2, 3, 160, 64, causal, dtype), Path::Flash, sep, seed)?;
         }
     }
-    check_case(rt, rep, &case(1, 2, 100, 128, true, FloatType::F32), Path::Flash, 50)?;
-    check_case(rt, rep, &case(1, 1, 70, 40, true, FloatType::Bf16), Path::Flash, 51)?;
-    check_case(rt, rep, &case(1, 2, 33, 256, false, FloatType::F16), Path::Flash, 52)?;
+    check_case(rt, rep, &case(2, 3, 160, 64, true, FloatType::Bf16), Path::Flash, fused, 49)?;
+    check_case(rt, rep, &case(1, 2, 100, 128, true, FloatType::F32), Path::Flash, sep, 50)?;
+    check_case(rt, rep, &case(1, 1, 70, 40, true, FloatType::Bf16), Path::Flash, sep, 51)?;
+    check_case(rt, rep, &case(1, 2, 33, 256, false, FloatType::F16), Path::Flash, sep, 52)?;
 
     // cuDNN refuses f32 with a typed error and the dispatcher falls back.
     let c = case(1, 2, 64, 64, true, FloatType::F32);
-    let (bufs, _, _) = upload_case(rt, &c, &mut Rng(60))?;
+    let (bufs, _, _) = upload_case(rt, &c, sep, &mut Rng(60))?;
     let typed = matches!(cudnn_attention::forward(rt, &bufs.fwd(&c)), Err(e) if e.is_fallback() && e.to_string().contains("f32"));
     let path = attention_forward(rt, &bufs.fwd(&c)).map_err(crate::TensorError::from)?;
     let back = attention_backward(rt, &bufs.bwd(&c, false)).map_err(crate::TensorError::from)?;
@@ -307,7 +364,7 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
         dtype: FloatType::Bf16,
     };
     let mut rng = Rng(99);
-    let sets: Vec<(Bufs, Vec<f64>, Vec<f64>)> = (0..2).map(|_| upload_case(rt, &c, &mut rng)).collect::<Result<_>>()?;
+    let sets: Vec<(Bufs, Vec<f64>, Vec<f64>)> = (0..2).map(|_| upload_case(rt, &c, Layout::Separate, &mut rng)).collect::<Result<_>>()?;
     let fwd_flops = c.shape().forward_flops();
     let mm = format!("{:.0} TFLOP/s bf16 matmul", ceil.mm);
     for p in [Path::Cudnn, Path::Flash] {
@@ -323,10 +380,13 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
             }
             let o = bufs.o.read(rt, c.dtype)?;
             rep.check(&format!("{nm} fwd O (timed shape)"), c.dtype, c.label(), rel_err(&o, &r.o), "");
-            bufs.dqkv.poison(rt)?;
+            bufs.poison_grads(rt)?;
             run_bwd(rt, p, &bufs.bwd(&c, false))?;
-            let g = bufs.dqkv.read(rt, c.dtype)?;
-            rep.check(&format!("{nm} bwd dQKV (timed shape)"), c.dtype, c.label(), rel_err(&g, &r.dqkv), "device O, lse");
+            let g = bufs.read_grads(rt, &c)?;
+            for (w, gn) in ["dQ", "dK", "dV"].iter().enumerate() {
+                let err = rel_err(&g[w], &part(&c, &r.dqkv, w));
+                rep.check(&format!("{nm} bwd {gn} (timed shape)"), c.dtype, c.label(), err, "device O, lse");
+            }
         }
         let reps = if p == Path::Flash { repeats.min(5) } else { repeats };
         let ms = time_or_fail(rep, nm, &c, super::time_ms(rt, reps, |i| run_fwd(rt, p, &sets[i % 2].0.fwd(&c))));

@@ -301,6 +301,7 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ln_case(rt, rep, t, 37, 100, false, s + 1)?;
         ln_case(rt, rep, t, 5, 1000, true, s + 2)?;
         classifier_case(rt, rep, t, 16, 1000, 1008, s + 3)?;
+        classifier_case(rt, rep, t, 9, 999, 999, s + 4)?;
     }
     adam_checks(rt, rep)?;
     ew_checks(rt, rep)?;

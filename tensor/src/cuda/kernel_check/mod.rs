@@ -188,12 +188,13 @@ fn encode(t: FloatType, v: &[f64]) -> (Vec<u8>, Vec<f64>) {
                 rounded.push(f as f64);
             }
             FloatType::Bf16 => {
-                let h = half::bf16::from_f64(x);
+                // Through f32, as the device rounds.
+                let h = half::bf16::from_f32(x as f32);
                 bytes.extend_from_slice(&h.to_bits().to_le_bytes());
                 rounded.push(h.to_f64());
             }
             FloatType::F16 => {
-                let h = half::f16::from_f64(x);
+                let h = half::f16::from_f32(x as f32);
                 bytes.extend_from_slice(&h.to_bits().to_le_bytes());
                 rounded.push(h.to_f64());
             }
@@ -329,6 +330,9 @@ pub fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
         println!("note  {n}");
     }
     attention::checks(&rt, &mut rep)?;
+    for n in super::cudnn_attention::cudnn_report() {
+        println!("note  {n}");
+    }
     matmul::checks(&rt, &mut rep)?;
     fused::checks(&rt, &mut rep)?;
     if !opts.no_timing {

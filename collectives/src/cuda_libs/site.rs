@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::{dlopen, ensure_driver, ensure_nvrtc, load, CudaLib, CudaLibError, LibSearch, LoadedLib};
+use super::{
+    dlopen, ensure_driver, ensure_nvrtc, load, CudaLib, CudaLibError, LibSearch, LoadedLib,
+};
 
 /// Python site folders, as glob patterns (`*` matches within one path component).
 const SITE_PATTERNS: &[&str] = &[
@@ -186,7 +188,11 @@ mod tests {
     #[test]
     fn globbing_finds_existing_folders_only() {
         let root = std::env::temp_dir().join(format!("oxiflow-glob-{}", std::process::id()));
-        for d in ["lib/python3.11/site-packages", "lib/python3.12/site-packages", "lib/other"] {
+        for d in [
+            "lib/python3.11/site-packages",
+            "lib/python3.12/site-packages",
+            "lib/other",
+        ] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
         let pattern = format!("{}/lib/python3*/site-packages", root.display());

@@ -12,7 +12,9 @@ use super::{cudnn_attention, flash_attention, CudaRuntime};
 pub(crate) enum AttentionPath {
     Cudnn,
     /// The NVRTC kernels, and why cuDNN did not serve the call.
-    Flash { reason: String },
+    Flash {
+        reason: String,
+    },
 }
 
 static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
@@ -27,7 +29,10 @@ fn log_fallback(e: &FusedError) -> String {
 }
 
 /// O and the log-sum-exp of `a`, through cuDNN or the fallback.
-pub(crate) fn attention_forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<AttentionPath> {
+pub(crate) fn attention_forward(
+    rt: &Arc<CudaRuntime>,
+    a: &AttentionForward,
+) -> FResult<AttentionPath> {
     match cudnn_attention::forward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),
         Err(e) if e.is_fallback() => {
@@ -40,7 +45,10 @@ pub(crate) fn attention_forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> 
 }
 
 /// dQ, dK, dV of `a`, through cuDNN or the fallback.
-pub(crate) fn attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<AttentionPath> {
+pub(crate) fn attention_backward(
+    rt: &Arc<CudaRuntime>,
+    a: &AttentionBackward,
+) -> FResult<AttentionPath> {
     match cudnn_attention::backward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),
         Err(e) if e.is_fallback() => {

@@ -15,13 +15,13 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
+use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys::{
-    self, cublasComputeType_t, cublasLtEpilogue_t as Ep, cublasLtMatmulDescAttributes_t as DescAttr,
-    cublasLtMatmulPreferenceAttributes_t as PrefAttr, cublasLtMatrixLayoutAttribute_t as LayoutAttr,
-    cudaDataType,
+    self, cublasComputeType_t, cublasLtEpilogue_t as Ep,
+    cublasLtMatmulDescAttributes_t as DescAttr, cublasLtMatmulPreferenceAttributes_t as PrefAttr,
+    cublasLtMatrixLayoutAttribute_t as LayoutAttr, cudaDataType,
 };
-use cudarc::cublas::sys::cublasOperation_t;
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 
 use super::raw::{invalid, FResult, FloatType, FusedError};
@@ -32,19 +32,33 @@ use super::{Block, CudaRuntime};
 pub(crate) enum Epilogue {
     None,
     /// `out += bias[col]` (`bias`: `n` values).
-    Bias { bias: u64 },
+    Bias {
+        bias: u64,
+    },
     /// `pre = product + bias[col]` is written to `pre` (`[m, n]`, the output's type) and
     /// `out = gelu(pre)`.
-    GeluAuxBias { bias: u64, pre: u64 },
+    GeluAuxBias {
+        bias: u64,
+        pre: u64,
+    },
     /// `out = product * gelu'(pre)` with `pre` from `GeluAuxBias`.
-    DGelu { pre: u64 },
+    DGelu {
+        pre: u64,
+    },
     /// `DGelu`, and `bias_grad[col] = sum over rows of out` (`n` values).
-    DGeluBiasGrad { pre: u64, bias_grad: u64 },
+    DGeluBiasGrad {
+        pre: u64,
+        bias_grad: u64,
+    },
     /// `bias_grad[i] = sum_k op(a)[i, k]` (`m` values): the bias gradient of a weight gradient
     /// `dW = dY^T X` with `a = dY` (cuBLASLt's BGRADB).
-    BiasGradRows { bias_grad: u64 },
+    BiasGradRows {
+        bias_grad: u64,
+    },
     /// `bias_grad[j] = sum_k op(b)[k, j]` (`n` values) (cuBLASLt's BGRADA).
-    BiasGradCols { bias_grad: u64 },
+    BiasGradCols {
+        bias_grad: u64,
+    },
 }
 
 impl Epilogue {
@@ -149,7 +163,14 @@ fn lt_err(op: &'static str, what: &str, e: impl std::fmt::Display) -> FusedError
     }
 }
 
-fn layout(op: &'static str, t: FloatType, rows: usize, cols: usize, batch: usize, stride: i64) -> FResult<sys::cublasLtMatrixLayout_t> {
+fn layout(
+    op: &'static str,
+    t: FloatType,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    stride: i64,
+) -> FResult<sys::cublasLtMatrixLayout_t> {
     // Column-major rows x cols with leading dimension rows.
     let l = lt::create_matrix_layout(data_type(t), rows as u64, cols as u64, rows as i64)
         .map_err(|e| lt_err(op, "a matrix layout", e))?;
@@ -157,20 +178,37 @@ fn layout(op: &'static str, t: FloatType, rows: usize, cols: usize, batch: usize
         let count = batch as i32;
         // SAFETY: l is live; the attribute values have the documented types (int32, int64).
         unsafe {
-            lt::set_matrix_layout_attribute(l, LayoutAttr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, (&count as *const i32).cast(), 4)
-                .and_then(|_| {
-                    lt::set_matrix_layout_attribute(l, LayoutAttr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, (&stride as *const i64).cast(), 8)
-                })
+            lt::set_matrix_layout_attribute(
+                l,
+                LayoutAttr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                (&count as *const i32).cast(),
+                4,
+            )
+            .and_then(|_| {
+                lt::set_matrix_layout_attribute(
+                    l,
+                    LayoutAttr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    (&stride as *const i64).cast(),
+                    8,
+                )
+            })
         }
         .map_err(|e| lt_err(op, "a batched layout", e))?;
     }
     Ok(l)
 }
 
-fn set_desc<T>(op: &'static str, d: sys::cublasLtMatmulDesc_t, attr: DescAttr, v: &T) -> FResult<()> {
+fn set_desc<T>(
+    op: &'static str,
+    d: sys::cublasLtMatmulDesc_t,
+    attr: DescAttr,
+    v: &T,
+) -> FResult<()> {
     // SAFETY: d is live; v has the attribute's documented type and size.
-    unsafe { lt::set_matmul_desc_attribute(d, attr, (v as *const T).cast(), std::mem::size_of::<T>()) }
-        .map_err(|e| lt_err(op, &format!("attribute {attr:?}"), e))
+    unsafe {
+        lt::set_matmul_desc_attribute(d, attr, (v as *const T).cast(), std::mem::size_of::<T>())
+    }
+    .map_err(|e| lt_err(op, &format!("attribute {attr:?}"), e))
 }
 
 /// The operation flag as the int32 the descriptor attribute takes.
@@ -187,18 +225,34 @@ fn build(op: &'static str, handle: sys::cublasLtHandle_t, g: &LtMatmul) -> FResu
         (FloatType::F32, true) => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         _ => cublasComputeType_t::CUBLAS_COMPUTE_32F,
     };
-    let desc = lt::create_matmul_desc(compute, cudaDataType::CUDA_R_32F).map_err(|e| lt_err(op, "a matmul descriptor", e))?;
+    let desc = lt::create_matmul_desc(compute, cudaDataType::CUDA_R_32F)
+        .map_err(|e| lt_err(op, "a matmul descriptor", e))?;
     // cuBLASLt's A is our b (n x k column-major, or k x n transposed), its B our a.
     set_desc(op, desc, DescAttr::CUBLASLT_MATMUL_DESC_TRANSA, &flag(g.tb))?;
     set_desc(op, desc, DescAttr::CUBLASLT_MATMUL_DESC_TRANSB, &flag(g.ta))?;
-    set_desc(op, desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE, &(g.epilogue.code() as u32))?;
+    set_desc(
+        op,
+        desc,
+        DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE,
+        &(g.epilogue.code() as u32),
+    )?;
     let (_, pre) = g.epilogue.pointers();
     if pre != 0 {
         let ld = g.n as i64;
-        set_desc(op, desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
+        set_desc(
+            op,
+            desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+            &ld,
+        )?;
         if g.batch > 1 {
             let stride = (g.m * g.n) as i64;
-            set_desc(op, desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &stride)?;
+            set_desc(
+                op,
+                desc,
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                &stride,
+            )?;
         }
     }
     let (sa, sb, sc) = g.strides;
@@ -211,8 +265,13 @@ fn build(op: &'static str, handle: sys::cublasLtHandle_t, g: &LtMatmul) -> FResu
     let ws = MAX_WORKSPACE as u64;
     // SAFETY: pref is live; the attribute is a uint64.
     let heur = unsafe {
-        lt::set_matmul_pref_attribute(pref, PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (&ws as *const u64).cast(), 8)
-            .and_then(|_| lt::get_matmul_algo_heuristic(handle, desc, a, b, c, c, pref))
+        lt::set_matmul_pref_attribute(
+            pref,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&ws as *const u64).cast(),
+            8,
+        )
+        .and_then(|_| lt::get_matmul_algo_heuristic(handle, desc, a, b, c, c, pref))
     };
     // SAFETY: pref is live and not used again.
     unsafe { lt::destroy_matmul_pref(pref) }.ok();
@@ -245,12 +304,17 @@ fn check(op: &'static str, g: &LtMatmul, ptrs: &[u64]) -> FResult<()> {
         return Err(invalid(op, "null device address"));
     }
     let (bias, pre) = g.epilogue.pointers();
-    if matches!(g.epilogue, Epilogue::GeluAuxBias { .. } | Epilogue::DGelu { .. } | Epilogue::DGeluBiasGrad { .. })
-        && (pre == 0 || (g.n % 8) != 0)
+    if matches!(
+        g.epilogue,
+        Epilogue::GeluAuxBias { .. } | Epilogue::DGelu { .. } | Epilogue::DGeluBiasGrad { .. }
+    ) && (pre == 0 || !g.n.is_multiple_of(8))
     {
         return Err(FusedError::Unsupported {
             op,
-            detail: format!("GELU epilogues need a pre-activation buffer and n a multiple of 8 (n = {})", g.n),
+            detail: format!(
+                "GELU epilogues need a pre-activation buffer and n a multiple of 8 (n = {})",
+                g.n
+            ),
         });
     }
     if g.epilogue != Epilogue::None && bias == 0 && pre == 0 {
@@ -260,7 +324,13 @@ fn check(op: &'static str, g: &LtMatmul, ptrs: &[u64]) -> FResult<()> {
 }
 
 /// Runs `g` with `a`, `b`, `out` device addresses on the runtime's compute stream.
-pub(crate) fn lt_matmul(rt: &Arc<CudaRuntime>, g: &LtMatmul, a: u64, b: u64, out: u64) -> FResult<()> {
+pub(crate) fn lt_matmul(
+    rt: &Arc<CudaRuntime>,
+    g: &LtMatmul,
+    a: u64,
+    b: u64,
+    out: u64,
+) -> FResult<()> {
     let op = "cublaslt matmul";
     check(op, g, &[a, b, out])?;
     cuda_libs::ensure_cublas(&LibSearch::default()).map_err(|e| FusedError::Unavailable {
@@ -303,10 +373,20 @@ pub(crate) fn lt_matmul(rt: &Arc<CudaRuntime>, g: &LtMatmul, a: u64, b: u64, out
         return Err(invalid(op, "missing cached plan"));
     };
     if bias != 0 {
-        set_desc(op, c.desc, DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        set_desc(
+            op,
+            c.desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &bias,
+        )?;
     }
     if pre != 0 {
-        set_desc(op, c.desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre)?;
+        set_desc(
+            op,
+            c.desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+            &pre,
+        )?;
     }
     let ws = Block::alloc(rt, c.workspace.max(1))?;
     let (alpha, beta) = (g.alpha, g.beta);

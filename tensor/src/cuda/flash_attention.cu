@@ -11,6 +11,16 @@
 
 struct Dims { int B, H, T, D, tile, causal; float scale; int pad; };
 
+// Rows t0 .. t0 + valid of view v (times mul) into dst with row pitch `pitch`; rows valid .. cap
+// are zero. Called by the whole block.
+template <typename T>
+__device__ void load_tile(float* dst, int pitch, const View& v, int b, int h, int t0, int valid, int cap, int D, float mul) {
+    for (int i = threadIdx.x; i < cap * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        dst[r * pitch + d] = r < valid ? ld(vrow<const T>(v, b, h, t0 + r) + d * v.s3) * mul : 0.f;
+    }
+}
+
 template <typename T, int DPL>
 __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const View& v, const View& o, float* lse) {
     extern __shared__ float sm[];
@@ -21,10 +31,7 @@ __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const Vie
     const int bh = blockIdx.x, b = bh / z.H, h = bh % z.H;
     const int q0 = blockIdx.y * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < BR * D; i += blockDim.x) {
-        int r = i / D, d = i % D, t = q0 + r;
-        Qs[i] = t < z.T ? ld(vrow<const T>(q, b, h, t) + d * q.s3) * z.scale : 0.f;
-    }
+    load_tile<T>(Qs, D, q, b, h, q0, min(BR, z.T - q0), BR, D, z.scale);
     float m[RPW], l[RPW], acc[RPW][DPL];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -37,16 +44,8 @@ __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const Vie
     for (int k0 = 0; k0 < k_end; k0 += Bc) {
         const int bc = min(Bc, k_end - k0);
         __syncthreads();
-        for (int i = threadIdx.x; i < Bc * D; i += blockDim.x) {
-            int c = i / D, d = i % D;
-            float kv = 0.f, vv = 0.f;
-            if (c < bc) {
-                kv = ld(vrow<const T>(k, b, h, k0 + c) + d * k.s3);
-                vv = ld(vrow<const T>(v, b, h, k0 + c) + d * v.s3);
-            }
-            Ks[c * Dp + d] = kv;
-            Vs[c * D + d] = vv;
-        }
+        load_tile<T>(Ks, Dp, k, b, h, k0, bc, Bc, D, 1.f);
+        load_tile<T>(Vs, D, v, b, h, k0, bc, Bc, D, 1.f);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -146,11 +145,8 @@ __device__ void flash_dkdv(const Dims& z, const View& q, const View& k, const Vi
     const int bh = blockIdx.x, b = bh / z.H, h = bh % z.H;
     const int k0 = blockIdx.y * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < BR * D; i += blockDim.x) {
-        int r = i / D, d = i % D, t = k0 + r;
-        Kb[i] = t < z.T ? ld(vrow<const T>(k, b, h, t) + d * k.s3) : 0.f;
-        Vb[i] = t < z.T ? ld(vrow<const T>(v, b, h, t) + d * v.s3) : 0.f;
-    }
+    load_tile<T>(Kb, D, k, b, h, k0, min(BR, z.T - k0), BR, D, 1.f);
+    load_tile<T>(Vb, D, v, b, h, k0, min(BR, z.T - k0), BR, D, 1.f);
     float gk[RPW][DPL], gv[RPW][DPL];
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
@@ -161,16 +157,8 @@ __device__ void flash_dkdv(const Dims& z, const View& q, const View& k, const Vi
     for (int qs0 = z.causal ? k0 : 0; qs0 < z.T; qs0 += Bq) {
         const int bq = min(Bq, z.T - qs0);
         __syncthreads();
-        for (int i = threadIdx.x; i < Bq * D; i += blockDim.x) {
-            int c = i / D, d = i % D;
-            float qv = 0.f, gv_ = 0.f;
-            if (c < bq) {
-                qv = ld(vrow<const T>(q, b, h, qs0 + c) + d * q.s3);
-                gv_ = ld(vrow<const T>(d_o, b, h, qs0 + c) + d * d_o.s3);
-            }
-            Qs[c * Dp + d] = qv;
-            Gs[c * Dp + d] = gv_;
-        }
+        load_tile<T>(Qs, Dp, q, b, h, qs0, bq, Bq, D, 1.f);
+        load_tile<T>(Gs, Dp, d_o, b, h, qs0, bq, Bq, D, 1.f);
         for (int i = threadIdx.x; i < Bq; i += blockDim.x) {
             Ls[i] = i < bq ? lrow[qs0 + i] : 0.f;
             Ss[i] = i < bq ? srow[qs0 + i] : 0.f;
@@ -246,11 +234,8 @@ __device__ void flash_dq(const Dims& z, const View& q, const View& k, const View
     const int bh = blockIdx.x, b = bh / z.H, h = bh % z.H;
     const int q0 = blockIdx.y * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < BR * D; i += blockDim.x) {
-        int r = i / D, d = i % D, t = q0 + r;
-        Qs[i] = t < z.T ? ld(vrow<const T>(q, b, h, t) + d * q.s3) : 0.f;
-        Gs[i] = t < z.T ? ld(vrow<const T>(d_o, b, h, t) + d * d_o.s3) : 0.f;
-    }
+    load_tile<T>(Qs, D, q, b, h, q0, min(BR, z.T - q0), BR, D, 1.f);
+    load_tile<T>(Gs, D, d_o, b, h, q0, min(BR, z.T - q0), BR, D, 1.f);
     float acc[RPW][DPL], lr[RPW], sr[RPW];
     const float* lrow = lse + ((i64)b * z.H + h) * z.T;
     const float* srow = dsum + ((i64)b * z.H + h) * z.T;
@@ -267,16 +252,8 @@ __device__ void flash_dq(const Dims& z, const View& q, const View& k, const View
     for (int k0 = 0; k0 < k_end; k0 += Bc) {
         const int bc = min(Bc, k_end - k0);
         __syncthreads();
-        for (int i = threadIdx.x; i < Bc * D; i += blockDim.x) {
-            int c = i / D, d = i % D;
-            float kv = 0.f, vv = 0.f;
-            if (c < bc) {
-                kv = ld(vrow<const T>(k, b, h, k0 + c) + d * k.s3);
-                vv = ld(vrow<const T>(v, b, h, k0 + c) + d * v.s3);
-            }
-            Ks[c * Dp + d] = kv;
-            Vs[c * Dp + d] = vv;
-        }
+        load_tile<T>(Ks, Dp, k, b, h, k0, bc, Bc, D, 1.f);
+        load_tile<T>(Vs, Dp, v, b, h, k0, bc, Bc, D, 1.f);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {

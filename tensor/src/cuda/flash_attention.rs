@@ -55,7 +55,8 @@ fn view(v: &Bhtd) -> View {
     }
 }
 
-static MODULES: [OnceLock<Result<Module, String>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+static MODULES: [OnceLock<Result<Module, String>>; 3] =
+    [OnceLock::new(), OnceLock::new(), OnceLock::new()];
 
 fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static Module> {
     let (i, ty) = match t {
@@ -115,7 +116,10 @@ fn check_grid(op: &'static str, s: &AttentionShape) -> FResult<()> {
     if s.batch * s.heads > i32::MAX as usize || s.seq.div_ceil(BR) > 65535 {
         return Err(super::raw::invalid(
             op,
-            format!("{} x {} heads of {} rows exceed the launch grid", s.batch, s.heads, s.seq),
+            format!(
+                "{} x {} heads of {} rows exceed the launch grid",
+                s.batch, s.heads, s.seq
+            ),
         ));
     }
     Ok(())
@@ -131,8 +135,18 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
     let bc = tile(BR * d, 2 * d + 1);
     let smem = BR * d + bc * (2 * d + 1);
     let m = kernels(rt, op, s.dtype)?;
-    let f = m.get(op, &format!("flash_fwd_{}_{}", s.dtype.suffix(), per_lane(d)))?;
-    let (z, q, k, v, o, lse) = (dims(&s, bc), view(&a.q), view(&a.k), view(&a.v), view(&a.o), a.lse);
+    let f = m.get(
+        op,
+        &format!("flash_fwd_{}_{}", s.dtype.suffix(), per_lane(d)),
+    )?;
+    let (z, q, k, v, o, lse) = (
+        dims(&s, bc),
+        view(&a.q),
+        view(&a.k),
+        view(&a.v),
+        view(&a.o),
+        a.lse,
+    );
     launch_fn!(rt, op, f, grid(&s, smem); z, q, k, v, o, lse)
 }
 
@@ -185,7 +199,10 @@ mod tests {
             let bc = tile(BR * d, 2 * d + 1);
             assert!(BR * d + bc * (2 * d + 1) <= SMEM_FLOATS, "fwd d {d}");
             let bq = tile(2 * BR * d, 2 * (d + 1) + 2);
-            assert!(2 * BR * d + bq * (2 * (d + 1) + 2) <= SMEM_FLOATS, "dkdv d {d}");
+            assert!(
+                2 * BR * d + bq * (2 * (d + 1) + 2) <= SMEM_FLOATS,
+                "dkdv d {d}"
+            );
             assert!((1..=64).contains(&bc) && (1..=64).contains(&bq));
             assert!(per_lane(d) * 32 >= d);
         }

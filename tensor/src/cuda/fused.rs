@@ -81,7 +81,10 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
         });
     }
     if a.sum_out.is_some() && a.residual.is_none() {
-        return Err(invalid(op, "a residual sum output without a residual input"));
+        return Err(invalid(
+            op,
+            "a residual sum output without a residual input",
+        ));
     }
     if [a.x, a.weight, a.bias, a.y, a.mean, a.rstd].contains(&0) {
         return Err(invalid(op, "null device address"));
@@ -91,10 +94,14 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
     let f = m.get(op, &format!("ln_fwd_{n}"))?;
     let per_vec = 16 / a.dtype.size();
     let all = [a.x, opt(a.residual), a.weight, a.bias, opt(a.sum_out), a.y];
-    let vec = (a.cols % per_vec == 0 && aligned(&all)) as i32;
+    let vec = (a.cols.is_multiple_of(per_vec) && aligned(&all)) as i32;
     let cfg = LaunchConfig {
         grid_dim: (row_blocks(rt, a.rows) as u32, 1, 1),
-        block_dim: (a.cols.div_ceil(per_vec).next_multiple_of(32).clamp(32, 256) as u32, 1, 1),
+        block_dim: (
+            a.cols.div_ceil(per_vec).next_multiple_of(32).clamp(32, 256) as u32,
+            1,
+            1,
+        ),
         shared_mem_bytes: (a.cols * 4) as u32,
     };
     let (rows, cols, eps) = (a.rows as i64, a.cols as i32, a.eps);
@@ -133,7 +140,11 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
             detail: format!("rows of {} columns (at most {})", a.cols, SMEM_BYTES / 8),
         });
     }
-    if [a.dy, a.r, a.mean, a.rstd, a.weight, a.dr, a.dweight, a.dbias].contains(&0) {
+    if [
+        a.dy, a.r, a.mean, a.rstd, a.weight, a.dr, a.dweight, a.dbias,
+    ]
+    .contains(&0)
+    {
         return Err(invalid(op, "null device address"));
     }
     let n = a.dtype.suffix();
@@ -231,15 +242,25 @@ impl AdamHyper {
 }
 
 /// One AdamW step over every tensor of `tensors` in a single launch.
-pub(crate) fn adamw_multi(rt: &Arc<CudaRuntime>, tensors: &[AdamTensor], hyper: &AdamHyper) -> FResult<()> {
+pub(crate) fn adamw_multi(
+    rt: &Arc<CudaRuntime>,
+    tensors: &[AdamTensor],
+    hyper: &AdamHyper,
+) -> FResult<()> {
     let op = "fused adamw";
     if tensors.is_empty() {
         return Ok(());
     }
     if tensors.len() > 65535 {
-        return Err(invalid(op, format!("{} tensors in one launch (at most 65535)", tensors.len())));
+        return Err(invalid(
+            op,
+            format!("{} tensors in one launch (at most 65535)", tensors.len()),
+        ));
     }
-    if let Some(t) = tensors.iter().find(|t| t.n < 0 || [t.param, t.grad, t.m, t.v].contains(&0)) {
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| t.n < 0 || [t.param, t.grad, t.m, t.v].contains(&0))
+    {
         return Err(invalid(op, format!("tensor {t:?}")));
     }
     let m = kernels(rt, op)?;
@@ -251,7 +272,11 @@ pub(crate) fn adamw_multi(rt: &Arc<CudaRuntime>, tensors: &[AdamTensor], hyper: 
     upload(rt, list.ptr(), raw, op)?;
     let most = tensors.iter().map(|t| t.n as usize).max().unwrap_or(1);
     let cfg = LaunchConfig {
-        grid_dim: (most.div_ceil(256 * 4).clamp(1, 1024) as u32, tensors.len() as u32, 1),
+        grid_dim: (
+            most.div_ceil(256 * 4).clamp(1, 1024) as u32,
+            tensors.len() as u32,
+            1,
+        ),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -277,7 +302,10 @@ pub(crate) struct Classifier {
 pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
     let op = "fused classifier";
     if a.rows == 0 || a.v == 0 || a.ld < a.v || a.ld > i32::MAX as usize {
-        return Err(invalid(op, format!("{} rows of {} logits (stride {})", a.rows, a.v, a.ld)));
+        return Err(invalid(
+            op,
+            format!("{} rows of {} logits (stride {})", a.rows, a.v, a.ld),
+        ));
     }
     if [a.logits, a.targets, a.loss].contains(&0) {
         return Err(invalid(op, "null device address"));
@@ -290,7 +318,7 @@ pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
         shared_mem_bytes: 0,
     };
     let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
-    let vec = (a.ld % (16 / a.dtype.size()) == 0 && aligned(&[a.logits])) as i32;
+    let vec = (a.ld.is_multiple_of(16 / a.dtype.size()) && aligned(&[a.logits])) as i32;
     launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, a.logits, a.targets, a.loss)
 }
 
@@ -324,25 +352,37 @@ impl EwOp {
     }
 }
 
-/// `y = op(a[, b][, c])` over `n` elements of `dtype`, 16 bytes per access when aligned.
-pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, op_: EwOp, dtype: FloatType, n: usize, a: u64, b: u64, c: f32, y: u64) -> FResult<()> {
+/// `y = op(a[, b][, c])` over `n` elements of `dtype`, 16 bytes per access when every address
+/// is 16-byte aligned (`b` is 0 for the one-operand functions).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Elementwise {
+    pub op: EwOp,
+    pub dtype: FloatType,
+    pub n: usize,
+    pub a: u64,
+    pub b: u64,
+    pub c: f32,
+    pub y: u64,
+}
+
+pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()> {
     let op = "fused elementwise";
-    if n == 0 {
+    if e.n == 0 {
         return Ok(());
     }
-    if a == 0 || y == 0 || (op_.binary() && b == 0) {
+    if e.a == 0 || e.y == 0 || (e.op.binary() && e.b == 0) {
         return Err(invalid(op, "null device address"));
     }
     let m = kernels(rt, op)?;
-    let f = m.get(op, &format!("ew_{}", dtype.suffix()))?;
-    let per = 16 / dtype.size();
-    let vec = aligned(&[a, b, y]) as i32;
-    let work = if vec == 1 { n / per + n % per } else { n };
+    let f = m.get(op, &format!("ew_{}", e.dtype.suffix()))?;
+    let per = 16 / e.dtype.size();
+    let vec = aligned(&[e.a, e.b, e.y]) as i32;
+    let work = if vec == 1 { e.n / per + e.n % per } else { e.n };
     let cfg = LaunchConfig {
         grid_dim: (work.div_ceil(256).clamp(1, 65535 * 4) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (nn, code) = (n as i64, op_.code());
-    launch_fn!(rt, op, f, cfg; nn, code, c, vec, a, b, y)
+    let (nn, code) = (e.n as i64, e.op.code());
+    launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
 }

@@ -166,7 +166,10 @@ impl AttentionShape {
             return Err(invalid(op, format!("scale {}", self.scale)));
         }
         if d.iter().any(|&n| n > i32::MAX as usize) {
-            return Err(invalid(op, format!("shape {d:?} exceeds the 32-bit index range")));
+            return Err(invalid(
+                op,
+                format!("shape {d:?} exceeds the 32-bit index range"),
+            ));
         }
         for v in views {
             if v.strides.iter().any(|&s| s < 0) {

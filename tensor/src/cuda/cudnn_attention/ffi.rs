@@ -19,6 +19,9 @@ use crate::cuda::raw::{FResult, FusedError};
 type Status = u32;
 pub(super) type Raw = *mut c_void;
 
+type SetFn = unsafe extern "C" fn(Raw, u32, u32, i64, *const c_void) -> Status;
+type GetFn = unsafe extern "C" fn(Raw, u32, u32, i64, *mut i64, *mut c_void) -> Status;
+
 /// The entry points used here.
 pub(super) struct Api {
     pub create: unsafe extern "C" fn(*mut Raw) -> Status,
@@ -30,8 +33,8 @@ pub(super) struct Api {
     backend_create: unsafe extern "C" fn(u32, *mut Raw) -> Status,
     backend_destroy: unsafe extern "C" fn(Raw) -> Status,
     backend_finalize: unsafe extern "C" fn(Raw) -> Status,
-    backend_set: unsafe extern "C" fn(Raw, u32, u32, i64, *const c_void) -> Status,
-    backend_get: unsafe extern "C" fn(Raw, u32, u32, i64, *mut i64, *mut c_void) -> Status,
+    backend_set: SetFn,
+    backend_get: GetFn,
     pub execute: unsafe extern "C" fn(Raw, Raw, Raw) -> Status,
 }
 
@@ -41,12 +44,12 @@ fn bind() -> Result<Api, String> {
     let libs = cuda_libs::ensure_cudnn(&LibSearch::default()).map_err(|e| e.to_string())?;
     let lib = libs.main;
     macro_rules! sym {
-        ($name:literal) => {{
+        ($name:literal, $ty:ty) => {{
             let p = lib
                 .symbol($name)
                 .ok_or_else(|| format!("{} has no symbol {}", lib.path.display(), $name))?;
             // SAFETY: the symbol is cuDNN 9's documented entry point of this C signature.
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
         }};
     }
     let last_error = lib.symbol("cudnnGetLastErrorString").map(|p| {
@@ -54,18 +57,33 @@ fn bind() -> Result<Api, String> {
         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char, usize)>(p) }
     });
     Ok(Api {
-        create: sym!("cudnnCreate"),
-        destroy: sym!("cudnnDestroy"),
-        set_stream: sym!("cudnnSetStream"),
-        version: sym!("cudnnGetVersion"),
-        error_string: sym!("cudnnGetErrorString"),
+        create: sym!("cudnnCreate", unsafe extern "C" fn(*mut Raw) -> Status),
+        destroy: sym!("cudnnDestroy", unsafe extern "C" fn(Raw) -> Status),
+        set_stream: sym!(
+            "cudnnSetStream",
+            unsafe extern "C" fn(Raw, *mut c_void) -> Status
+        ),
+        version: sym!("cudnnGetVersion", unsafe extern "C" fn() -> usize),
+        error_string: sym!(
+            "cudnnGetErrorString",
+            unsafe extern "C" fn(Status) -> *const c_char
+        ),
         last_error,
-        backend_create: sym!("cudnnBackendCreateDescriptor"),
-        backend_destroy: sym!("cudnnBackendDestroyDescriptor"),
-        backend_finalize: sym!("cudnnBackendFinalize"),
-        backend_set: sym!("cudnnBackendSetAttribute"),
-        backend_get: sym!("cudnnBackendGetAttribute"),
-        execute: sym!("cudnnBackendExecute"),
+        backend_create: sym!(
+            "cudnnBackendCreateDescriptor",
+            unsafe extern "C" fn(u32, *mut Raw) -> Status
+        ),
+        backend_destroy: sym!(
+            "cudnnBackendDestroyDescriptor",
+            unsafe extern "C" fn(Raw) -> Status
+        ),
+        backend_finalize: sym!("cudnnBackendFinalize", unsafe extern "C" fn(Raw) -> Status),
+        backend_set: sym!("cudnnBackendSetAttribute", SetFn),
+        backend_get: sym!("cudnnBackendGetAttribute", GetFn),
+        execute: sym!(
+            "cudnnBackendExecute",
+            unsafe extern "C" fn(Raw, Raw, Raw) -> Status
+        ),
     })
 }
 
@@ -132,16 +150,29 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    pub(super) fn new(api: &'static Api, op: &'static str, kind: Kind, name: &'static str) -> FResult<Desc> {
+    pub(super) fn new(
+        api: &'static Api,
+        op: &'static str,
+        kind: Kind,
+        name: &'static str,
+    ) -> FResult<Desc> {
         let mut raw: Raw = std::ptr::null_mut();
         // SAFETY: raw is a valid out-pointer.
         let s = unsafe { (api.backend_create)(kind as u32, &mut raw) };
         api.check(op, &format!("creating {name}"), s)?;
         Ok(Desc { raw, api, name })
     }
-    fn set(&self, op: &'static str, attr: Attr, ty: Ty, count: usize, data: *const c_void) -> FResult<()> {
+    fn set(
+        &self,
+        op: &'static str,
+        attr: Attr,
+        ty: Ty,
+        count: usize,
+        data: *const c_void,
+    ) -> FResult<()> {
         // SAFETY: data points to `count` values of the C type that `ty` names.
-        let s = unsafe { (self.api.backend_set)(self.raw, attr as u32, ty as u32, count as i64, data) };
+        let s =
+            unsafe { (self.api.backend_set)(self.raw, attr as u32, ty as u32, count as i64, data) };
         self.api
             .check(op, &format!("{} attribute {attr:?}", self.name), s)
     }
@@ -155,20 +186,44 @@ impl Desc {
     pub(super) fn boolean(&self, op: &'static str, attr: Attr, v: bool) -> FResult<()> {
         // cuDNN's BOOLEAN attribute type is C `bool`.
         let b = v;
-        self.set(op, attr, Ty::CUDNN_TYPE_BOOLEAN, 1, (&b as *const bool).cast())
+        self.set(
+            op,
+            attr,
+            Ty::CUDNN_TYPE_BOOLEAN,
+            1,
+            (&b as *const bool).cast(),
+        )
     }
     pub(super) fn f32(&self, op: &'static str, attr: Attr, v: f32) -> FResult<()> {
         self.set(op, attr, Ty::CUDNN_TYPE_FLOAT, 1, (&v as *const f32).cast())
     }
     pub(super) fn descs(&self, op: &'static str, attr: Attr, v: &[&Desc]) -> FResult<()> {
         let raws: Vec<Raw> = v.iter().map(|d| d.raw).collect();
-        self.set(op, attr, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, raws.len(), raws.as_ptr().cast())
+        self.set(
+            op,
+            attr,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            raws.len(),
+            raws.as_ptr().cast(),
+        )
     }
     pub(super) fn handle(&self, op: &'static str, attr: Attr, h: Raw) -> FResult<()> {
-        self.set(op, attr, Ty::CUDNN_TYPE_HANDLE, 1, (&h as *const Raw).cast())
+        self.set(
+            op,
+            attr,
+            Ty::CUDNN_TYPE_HANDLE,
+            1,
+            (&h as *const Raw).cast(),
+        )
     }
     pub(super) fn ptrs(&self, op: &'static str, attr: Attr, v: &[*mut c_void]) -> FResult<()> {
-        self.set(op, attr, Ty::CUDNN_TYPE_VOID_PTR, v.len(), v.as_ptr().cast())
+        self.set(
+            op,
+            attr,
+            Ty::CUDNN_TYPE_VOID_PTR,
+            v.len(),
+            v.as_ptr().cast(),
+        )
     }
     pub(super) fn finalize(&self, op: &'static str) -> FResult<()> {
         // SAFETY: raw is a live descriptor.
@@ -176,7 +231,13 @@ impl Desc {
         self.api.check(op, &format!("finalizing {}", self.name), s)
     }
     /// Reads up to `out.len()` values of type `ty` into `out`; returns how many were written.
-    pub(super) fn get<T>(&self, op: &'static str, attr: Attr, ty: Ty, out: &mut [T]) -> FResult<usize> {
+    pub(super) fn get<T>(
+        &self,
+        op: &'static str,
+        attr: Attr,
+        ty: Ty,
+        out: &mut [T],
+    ) -> FResult<usize> {
         let mut n = 0i64;
         // SAFETY: out has room for out.len() values of the C type that `ty` names.
         let s = unsafe {

@@ -49,10 +49,23 @@ impl Graph {
         }
     }
 
-    fn tensor(&mut self, uid: i64, dims: [i64; 4], strides: [i64; 4], dt: Dt, virt: bool, by_value: bool) -> FResult<T> {
+    fn tensor(
+        &mut self,
+        uid: i64,
+        dims: [i64; 4],
+        strides: [i64; 4],
+        dt: Dt,
+        virt: bool,
+        by_value: bool,
+    ) -> FResult<T> {
         let op = self.op;
         let d = Desc::new(self.api, op, K::CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor")?;
-        d.enum_(op, A::CUDNN_ATTR_TENSOR_DATA_TYPE, Ty::CUDNN_TYPE_DATA_TYPE, dt as u32)?;
+        d.enum_(
+            op,
+            A::CUDNN_ATTR_TENSOR_DATA_TYPE,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            dt as u32,
+        )?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
@@ -85,27 +98,71 @@ impl Graph {
         self.tensor(uid, [1; 4], [1; 4], dt, false, true)
     }
 
-    /// `y = mode(x [, b] [, t])` computed in `prec` (`axis` for GEN_INDEX).
-    pub(super) fn pointwise(&mut self, mode: Pw, prec: Dt, x: T, b: Option<T>, t: Option<T>, y: T, axis: Option<i64>) -> FResult<()> {
+    /// `y = mode(x [, b] [, t])` (`inputs` = x, b, t) computed in `prec` (`axis` for GEN_INDEX).
+    pub(super) fn pointwise(
+        &mut self,
+        mode: Pw,
+        prec: Dt,
+        inputs: &[T],
+        y: T,
+        axis: Option<i64>,
+    ) -> FResult<()> {
+        let (x, b, t) = (inputs[0], inputs.get(1).copied(), inputs.get(2).copied());
         let op = self.op;
-        let pw = Desc::new(self.api, op, K::CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise")?;
-        pw.enum_(op, A::CUDNN_ATTR_POINTWISE_MODE, Ty::CUDNN_TYPE_POINTWISE_MODE, mode as u32)?;
-        pw.enum_(op, A::CUDNN_ATTR_POINTWISE_MATH_PREC, Ty::CUDNN_TYPE_DATA_TYPE, prec as u32)?;
+        let pw = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_POINTWISE_DESCRIPTOR,
+            "pointwise",
+        )?;
+        pw.enum_(
+            op,
+            A::CUDNN_ATTR_POINTWISE_MODE,
+            Ty::CUDNN_TYPE_POINTWISE_MODE,
+            mode as u32,
+        )?;
+        pw.enum_(
+            op,
+            A::CUDNN_ATTR_POINTWISE_MATH_PREC,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            prec as u32,
+        )?;
         if let Some(a) = axis {
             pw.i64s(op, A::CUDNN_ATTR_POINTWISE_AXIS, &[a])?;
         }
         pw.finalize(op)?;
-        let o = Desc::new(self.api, op, K::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op")?;
+        let o = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+            "pointwise op",
+        )?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[&self.tensors[x.idx]])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[&self.tensors[y.idx]])?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+            &[&self.tensors[x.idx]],
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+            &[&self.tensors[y.idx]],
+        )?;
         o.f32(op, A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, 1.0)?;
         o.f32(op, A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, 1.0)?;
         if let Some(b) = b {
-            o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, &[&self.tensors[b.idx]])?;
+            o.descs(
+                op,
+                A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+                &[&self.tensors[b.idx]],
+            )?;
         }
         if let Some(t) = t {
-            o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_TDESC, &[&self.tensors[t.idx]])?;
+            o.descs(
+                op,
+                A::CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+                &[&self.tensors[t.idx]],
+            )?;
         }
         o.finalize(op)?;
         self.keep.push(pw);
@@ -116,12 +173,34 @@ impl Graph {
     pub(super) fn matmul(&mut self, a: T, b: T, c: T) -> FResult<()> {
         let op = self.op;
         let mm = Desc::new(self.api, op, K::CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul")?;
-        mm.enum_(op, A::CUDNN_ATTR_MATMUL_COMP_TYPE, Ty::CUDNN_TYPE_DATA_TYPE, Dt::CUDNN_DATA_FLOAT as u32)?;
+        mm.enum_(
+            op,
+            A::CUDNN_ATTR_MATMUL_COMP_TYPE,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            Dt::CUDNN_DATA_FLOAT as u32,
+        )?;
         mm.finalize(op)?;
-        let o = Desc::new(self.api, op, K::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op")?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_MATMUL_ADESC, &[&self.tensors[a.idx]])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_MATMUL_BDESC, &[&self.tensors[b.idx]])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_MATMUL_CDESC, &[&self.tensors[c.idx]])?;
+        let o = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+            "matmul op",
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_MATMUL_ADESC,
+            &[&self.tensors[a.idx]],
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_MATMUL_BDESC,
+            &[&self.tensors[b.idx]],
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_MATMUL_CDESC,
+            &[&self.tensors[c.idx]],
+        )?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&mm])?;
         o.finalize(op)?;
         self.keep.push(mm);
@@ -131,13 +210,41 @@ impl Graph {
     /// `y = reduce(x)` over the dims where `y` has size 1, in f32.
     pub(super) fn reduction(&mut self, mode: Red, x: T, y: T) -> FResult<()> {
         let op = self.op;
-        let r = Desc::new(self.api, op, K::CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction")?;
-        r.enum_(op, A::CUDNN_ATTR_REDUCTION_COMP_TYPE, Ty::CUDNN_TYPE_DATA_TYPE, Dt::CUDNN_DATA_FLOAT as u32)?;
-        r.enum_(op, A::CUDNN_ATTR_REDUCTION_OPERATOR, Ty::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, mode as u32)?;
+        let r = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_REDUCTION_DESCRIPTOR,
+            "reduction",
+        )?;
+        r.enum_(
+            op,
+            A::CUDNN_ATTR_REDUCTION_COMP_TYPE,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            Dt::CUDNN_DATA_FLOAT as u32,
+        )?;
+        r.enum_(
+            op,
+            A::CUDNN_ATTR_REDUCTION_OPERATOR,
+            Ty::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
+            mode as u32,
+        )?;
         r.finalize(op)?;
-        let o = Desc::new(self.api, op, K::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op")?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &[&self.tensors[x.idx]])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &[&self.tensors[y.idx]])?;
+        let o = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+            "reduction op",
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+            &[&self.tensors[x.idx]],
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
+            &[&self.tensors[y.idx]],
+        )?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_REDUCTION_DESC, &[&r])?;
         o.finalize(op)?;
         self.keep.push(r);
@@ -147,9 +254,22 @@ impl Graph {
     /// `y` is `x` under other dims and strides (a transpose view).
     pub(super) fn reshape(&mut self, x: T, y: T) -> FResult<()> {
         let op = self.op;
-        let o = Desc::new(self.api, op, K::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape op")?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[&self.tensors[x.idx]])?;
-        o.descs(op, A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[&self.tensors[y.idx]])?;
+        let o = Desc::new(
+            self.api,
+            op,
+            K::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+            "reshape op",
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
+            &[&self.tensors[x.idx]],
+        )?;
+        o.descs(
+            op,
+            A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC,
+            &[&self.tensors[y.idx]],
+        )?;
         o.finalize(op)?;
         self.ops.push(o);
         Ok(())
@@ -161,7 +281,12 @@ impl Graph {
     /// `deterministic`).
     pub(super) fn plan(self, handle: Raw, deterministic: bool) -> FResult<Plan> {
         let (api, op) = (self.api, self.op);
-        let g = Desc::new(api, op, K::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph")?;
+        let g = Desc::new(
+            api,
+            op,
+            K::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
+            "operation graph",
+        )?;
         let ops: Vec<&Desc> = self.ops.iter().collect();
         g.descs(op, A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?;
         g.handle(op, A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
@@ -215,14 +340,36 @@ impl Graph {
     }
 }
 
-fn heuristics(api: &'static Api, op: &'static str, g: &Desc, mode: cudnnBackendHeurMode_t) -> FResult<Vec<Desc>> {
-    let h = Desc::new(api, op, K::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics")?;
+fn heuristics(
+    api: &'static Api,
+    op: &'static str,
+    g: &Desc,
+    mode: cudnnBackendHeurMode_t,
+) -> FResult<Vec<Desc>> {
+    let h = Desc::new(
+        api,
+        op,
+        K::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR,
+        "heuristics",
+    )?;
     h.descs(op, A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[g])?;
-    h.enum_(op, A::CUDNN_ATTR_ENGINEHEUR_MODE, Ty::CUDNN_TYPE_HEUR_MODE, mode as u32)?;
+    h.enum_(
+        op,
+        A::CUDNN_ATTR_ENGINEHEUR_MODE,
+        Ty::CUDNN_TYPE_HEUR_MODE,
+        mode as u32,
+    )?;
     h.finalize(op)?;
     // Created configurations are filled in order; the count says how many were.
     let mut configs = (0..32)
-        .map(|_| Desc::new(api, op, K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"))
+        .map(|_| {
+            Desc::new(
+                api,
+                op,
+                K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                "engine config",
+            )
+        })
         .collect::<FResult<Vec<_>>>()?;
     let got = h.get_descs(op, A::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
     configs.truncate(got);
@@ -233,7 +380,12 @@ fn heuristics(api: &'static Api, op: &'static str, g: &Desc, mode: cudnnBackendH
 /// with its default knobs; engines that do not support the graph are skipped.
 fn engines(api: &'static Api, op: &'static str, g: &Desc) -> FResult<Vec<Desc>> {
     let mut count = [0i64; 1];
-    g.get(op, A::CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, Ty::CUDNN_TYPE_INT64, &mut count)?;
+    g.get(
+        op,
+        A::CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+        Ty::CUDNN_TYPE_INT64,
+        &mut count,
+    )?;
     let mut out = Vec::new();
     for i in 0..count[0].clamp(0, 256) {
         let e = Desc::new(api, op, K::CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine")?;
@@ -242,7 +394,12 @@ fn engines(api: &'static Api, op: &'static str, g: &Desc) -> FResult<Vec<Desc>> 
         if e.finalize(op).is_err() {
             continue;
         }
-        let cfg = Desc::new(api, op, K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config")?;
+        let cfg = Desc::new(
+            api,
+            op,
+            K::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+            "engine config",
+        )?;
         cfg.descs(op, A::CUDNN_ATTR_ENGINECFG_ENGINE, &[&e])?;
         if cfg.finalize(op).is_ok() {
             out.push(cfg);
@@ -254,20 +411,39 @@ fn engines(api: &'static Api, op: &'static str, g: &Desc) -> FResult<Vec<Desc>> 
 /// Whether the engine of `cfg` carries no NONDETERMINISTIC numerical note.
 fn is_deterministic(api: &'static Api, op: &'static str, cfg: &Desc) -> FResult<bool> {
     let engine = Desc::new(api, op, K::CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine")?;
-    cfg.get_descs(op, A::CUDNN_ATTR_ENGINECFG_ENGINE, std::slice::from_ref(&engine))?;
+    cfg.get_descs(
+        op,
+        A::CUDNN_ATTR_ENGINECFG_ENGINE,
+        std::slice::from_ref(&engine),
+    )?;
     let mut notes = [0u32; 16];
-    let n = engine.get(op, A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, Ty::CUDNN_TYPE_NUMERICAL_NOTE, &mut notes)?;
+    let n = engine.get(
+        op,
+        A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+        Ty::CUDNN_TYPE_NUMERICAL_NOTE,
+        &mut notes,
+    )?;
     let bad = cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32;
     Ok(!notes[..n.min(16)].contains(&bad))
 }
 
 fn plan_of(api: &'static Api, op: &'static str, handle: Raw, cfg: &Desc) -> FResult<(Desc, usize)> {
-    let p = Desc::new(api, op, K::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan")?;
+    let p = Desc::new(
+        api,
+        op,
+        K::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
+        "execution plan",
+    )?;
     p.handle(op, A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
     p.descs(op, A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[cfg])?;
     p.finalize(op)?;
     let mut ws = [0i64; 1];
-    p.get(op, A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, Ty::CUDNN_TYPE_INT64, &mut ws)?;
+    p.get(
+        op,
+        A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+        Ty::CUDNN_TYPE_INT64,
+        &mut ws,
+    )?;
     Ok((p, ws[0].max(0) as usize))
 }
 
@@ -287,13 +463,29 @@ pub(super) struct Plan {
 impl Plan {
     /// Runs the plan on `handle`'s stream with `(uid, address)` bindings (device addresses, or
     /// host addresses of by-value scalars) and `workspace` (at least `self.workspace` bytes).
-    pub(super) fn execute(&self, api: &'static Api, op: &'static str, handle: Raw, bind: &[(i64, *mut c_void)], workspace: u64) -> FResult<()> {
-        let vp = Desc::new(api, op, K::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack")?;
+    pub(super) fn execute(
+        &self,
+        api: &'static Api,
+        op: &'static str,
+        handle: Raw,
+        bind: &[(i64, *mut c_void)],
+        workspace: u64,
+    ) -> FResult<()> {
+        let vp = Desc::new(
+            api,
+            op,
+            K::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
+            "variant pack",
+        )?;
         let uids: Vec<i64> = bind.iter().map(|b| b.0).collect();
         let ptrs: Vec<*mut c_void> = bind.iter().map(|b| b.1).collect();
         vp.i64s(op, A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
         vp.ptrs(op, A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &ptrs)?;
-        vp.ptrs(op, A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &[workspace as *mut c_void])?;
+        vp.ptrs(
+            op,
+            A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+            &[workspace as *mut c_void],
+        )?;
         vp.finalize(op)?;
         // SAFETY: handle, plan and variant pack are live; every bound address covers the
         // tensor its uid describes, and the by-value scalars outlive this call.

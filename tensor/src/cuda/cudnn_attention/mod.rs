@@ -38,7 +38,7 @@ struct Key {
 struct State {
     handle: Raw,
     version: usize,
-    plans: HashMap<Key, Arc<Plan>>,
+    plans: HashMap<Key, Plan>,
     /// Keys cuDNN refused, with the reason (not retried).
     refused: HashMap<Key, String>,
 }
@@ -60,11 +60,20 @@ pub(crate) fn cudnn_version(op: &'static str) -> FResult<usize> {
 /// (what it serves, which engine configuration).
 pub(crate) fn cudnn_report() -> Vec<String> {
     let mut out = Vec::new();
-    match oxiflow_collectives::cuda_libs::ensure_cudnn(&oxiflow_collectives::cuda_libs::LibSearch::default()) {
+    match oxiflow_collectives::cuda_libs::ensure_cudnn(
+        &oxiflow_collectives::cuda_libs::LibSearch::default(),
+    ) {
         Ok(l) => {
-            out.push(format!("cuDNN {} with {} sub-libraries", l.main.path.display(), l.loaded.len()));
+            out.push(format!(
+                "cuDNN {} with {} sub-libraries",
+                l.main.path.display(),
+                l.loaded.len()
+            ));
             for (p, e) in &l.failed {
-                out.push(format!("cuDNN sub-library {} did not load: {e}", p.display()));
+                out.push(format!(
+                    "cuDNN sub-library {} did not load: {e}",
+                    p.display()
+                ));
             }
         }
         Err(e) => out.push(format!("cuDNN: {e}")),
@@ -87,7 +96,11 @@ pub(crate) fn cudnn_report() -> Vec<String> {
     out
 }
 
-fn with_state<R>(rt: &CudaRuntime, op: &'static str, f: impl FnOnce(&'static Api, &mut State) -> FResult<R>) -> FResult<R> {
+fn with_state<R>(
+    rt: &CudaRuntime,
+    op: &'static str,
+    f: impl FnOnce(&'static Api, &mut State) -> FResult<R>,
+) -> FResult<R> {
     let api = ffi::api(op)?;
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
@@ -132,10 +145,17 @@ fn with_state<R>(rt: &CudaRuntime, op: &'static str, f: impl FnOnce(&'static Api
     }
 }
 
-/// The cached plan for `key`, built by `build` over the graph variants on first use.
-fn plan_for(api: &'static Api, st: &mut State, op: &'static str, key: Key, build: impl Fn(&mut Graph, sdpa::Variant) -> FResult<()>) -> FResult<Arc<Plan>> {
-    if let Some(p) = st.plans.get(&key) {
-        return Ok(p.clone());
+/// Makes sure a plan for `key` is cached, built by `build` over the graph variants on first
+/// use.
+fn plan_for(
+    api: &'static Api,
+    st: &mut State,
+    op: &'static str,
+    key: Key,
+    build: impl Fn(&mut Graph, sdpa::Variant) -> FResult<()>,
+) -> FResult<()> {
+    if st.plans.contains_key(&key) {
+        return Ok(());
     }
     if let Some(why) = st.refused.get(&key) {
         return Err(FusedError::Refused {
@@ -151,9 +171,8 @@ fn plan_for(api: &'static Api, st: &mut State, op: &'static str, key: Key, build
         let built = build(&mut g, var).and_then(|_| g.plan(st.handle, key.deterministic));
         match built {
             Ok(plan) => {
-                let plan = Arc::new(plan);
-                st.plans.insert(key, plan.clone());
-                return Ok(plan);
+                st.plans.insert(key, plan);
+                return Ok(());
             }
             Err(e) if e.is_fallback() => errors.push(format!("{var:?}: {e}")),
             Err(e) => return Err(e),
@@ -176,7 +195,7 @@ fn sizes(op: &'static str, s: &super::raw::AttentionShape, views: &[Bhtd]) -> FR
             detail: "cuDNN's fused attention takes bf16 or f16 operands, not f32".into(),
         });
     }
-    if s.head_dim % 8 != 0 || s.head_dim > 256 {
+    if !s.head_dim.is_multiple_of(8) || s.head_dim > 256 {
         return Err(FusedError::Unsupported {
             op,
             detail: format!("cuDNN's fused attention needs a head size that is a multiple of 8 up to 256, not {}", s.head_dim),
@@ -185,7 +204,10 @@ fn sizes(op: &'static str, s: &super::raw::AttentionShape, views: &[Bhtd]) -> FR
     if let Some(v) = views.iter().find(|v| v.strides[3] != 1) {
         return Err(FusedError::Unsupported {
             op,
-            detail: format!("cuDNN needs a unit stride along the head dim, got strides {:?}", v.strides),
+            detail: format!(
+                "cuDNN needs a unit stride along the head dim, got strides {:?}",
+                v.strides
+            ),
         });
     }
     Ok(Sizes {
@@ -226,7 +248,12 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
         strides: views.iter().map(|v| v.strides).collect(),
     };
     with_state(rt, op, |api, st| {
-        let plan = plan_for(api, st, op, key, |g, var| sdpa::forward(g, &z, &a.q, &a.k, &a.v, &a.o, var))?;
+        plan_for(api, st, op, key.clone(), |g, var| {
+            sdpa::forward(g, &z, &a.q, &a.k, &a.v, &a.o, var)
+        })?;
+        let Some(plan) = st.plans.get(&key) else {
+            return Err(super::raw::invalid(op, "plan missing after caching"));
+        };
         let ws = Block::alloc(rt, plan.workspace.max(1))?;
         let (mut scale, mut ninf) = (s.scale, neg_inf(st.version));
         let bind = [
@@ -238,7 +265,10 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
             (uid::SCALE, (&mut scale as *mut f32).cast()),
             (uid::NEG_INF, (&mut ninf as *mut f32).cast()),
         ];
-        let bind: Vec<_> = bind.into_iter().filter(|b| s.causal || b.0 != uid::NEG_INF).collect();
+        let bind: Vec<_> = bind
+            .into_iter()
+            .filter(|b| s.causal || b.0 != uid::NEG_INF)
+            .collect();
         rt.bind(op)?;
         plan.execute(api, op, st.handle, &bind, ws.ptr())
     })
@@ -270,20 +300,35 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
         dv: &a.dv,
     };
     with_state(rt, op, |api, st| {
-        if st.version <= 91500 && s.seq % 128 != 0 {
+        if st.version <= 91500 && !s.seq.is_multiple_of(128) {
             return Err(FusedError::Refused {
                 op,
                 lib: "cuDNN",
                 what: format!("a backward with sequence length {}", s.seq),
-                detail: format!("cuDNN {} needs a padding mask there (fixed in 9.15.1)", st.version),
+                detail: format!(
+                    "cuDNN {} needs a padding mask there (fixed in 9.15.1)",
+                    st.version
+                ),
             });
         }
-        let plan = plan_for(api, st, op, key, |g, var| sdpa::backward(g, &z, &x, a.deterministic, var))?;
+        plan_for(api, st, op, key.clone(), |g, var| {
+            sdpa::backward(g, &z, &x, a.deterministic, var)
+        })?;
+        let Some(plan) = st.plans.get(&key) else {
+            return Err(super::raw::invalid(op, "plan missing after caching"));
+        };
         // Workspace: the plan's, then Dsum (f32 [b, h, t]), then the dQ accumulator.
         let align = |n: usize| n.div_ceil(256) * 256;
         let rows = s.batch * s.heads * s.seq;
-        let (off_sum, off_acc) = (align(plan.workspace), align(plan.workspace) + align(rows * 4));
-        let acc_bytes = if a.deterministic { 0 } else { rows * s.head_dim * 4 };
+        let (off_sum, off_acc) = (
+            align(plan.workspace),
+            align(plan.workspace) + align(rows * 4),
+        );
+        let acc_bytes = if a.deterministic {
+            0
+        } else {
+            rows * s.head_dim * 4
+        };
         let ws = Block::alloc(rt, off_acc + acc_bytes.max(1))?;
         let base = ws.ptr();
         if acc_bytes > 0 && st.version < 90600 {
@@ -291,9 +336,16 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
             // SAFETY: the accumulator lies inside the workspace block; the memset is ordered on
             // the compute stream before the execution below.
             unsafe {
-                cudarc::driver::result::memset_d8_async(base + off_acc as u64, 0, acc_bytes, rt.stream().cu_stream())
+                cudarc::driver::result::memset_d8_async(
+                    base + off_acc as u64,
+                    0,
+                    acc_bytes,
+                    rt.stream().cu_stream(),
+                )
             }
-            .map_err(|e| FusedError::Tensor(super::derr(op, format!("zeroing dQ accumulator: {e}"))))?;
+            .map_err(|e| {
+                FusedError::Tensor(super::derr(op, format!("zeroing dQ accumulator: {e}")))
+            })?;
         }
         let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(st.version), 1.0f32);
         let mut bind = vec![
@@ -319,4 +371,46 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
         rt.bind(op)?;
         plan.execute(api, op, st.handle, &bind, base)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_cudnn_is_a_fallback_error_not_a_panic() {
+        // Without a CUDA driver or cuDNN (CI), binding the API fails with `Unavailable`.
+        if let Err(e) = ffi::api("test") {
+            assert!(
+                matches!(e, FusedError::Unavailable { lib: "cuDNN", .. }),
+                "{e}"
+            );
+            assert!(e.is_fallback());
+        }
+    }
+
+    #[test]
+    fn f32_and_odd_head_sizes_are_refused_with_typed_errors() {
+        let shape = |head_dim, dtype| super::super::raw::AttentionShape {
+            batch: 1,
+            heads: 1,
+            seq: 8,
+            head_dim,
+            causal: true,
+            scale: 0.5,
+            dtype,
+        };
+        let v = Bhtd::bthd(16, 8, 1, 64);
+        let e = sizes("t", &shape(64, FloatType::F32), &[v]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        let e = sizes("t", &shape(60, FloatType::Bf16), &[v]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        let strided = Bhtd {
+            ptr: 16,
+            strides: [512, 64, 64, 2],
+        };
+        let e = sizes("t", &shape(64, FloatType::Bf16), &[strided]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        assert!(sizes("t", &shape(64, FloatType::Bf16), &[v]).is_ok());
+    }
 }

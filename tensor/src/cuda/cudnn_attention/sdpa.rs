@@ -78,7 +78,10 @@ fn dims_of(b: i64, h: i64, t: i64, d: i64) -> [i64; 4] {
 /// The view with its last two axes swapped (`[b, h, d, t]`).
 fn transposed(dims: [i64; 4], v: &Bhtd) -> ([i64; 4], [i64; 4]) {
     let s = v.strides;
-    ([dims[0], dims[1], dims[3], dims[2]], [s[0], s[1], s[3], s[2]])
+    (
+        [dims[0], dims[1], dims[3], dims[2]],
+        [s[0], s[1], s[3], s[2]],
+    )
 }
 
 /// Sizes shared by both graphs.
@@ -103,20 +106,55 @@ impl Sizes {
 /// `s` with the causal mask applied (keeps `row >= col`, else `neg_inf`).
 fn causal_mask(g: &mut Graph, s: T, neg_inf: T, var: Variant) -> FResult<T> {
     let f = Dt::CUDNN_DATA_FLOAT;
-    let prec = if var.index_int32 { Dt::CUDNN_DATA_INT32 } else { f };
+    let prec = if var.index_int32 {
+        Dt::CUDNN_DATA_INT32
+    } else {
+        f
+    };
     let row = g.virt(s.dims, s.strides, Dt::CUDNN_DATA_INT32)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, prec, s, None, None, row, Some(2))?;
+    g.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, prec, &[s], row, Some(2))?;
     let col = g.virt(s.dims, s.strides, Dt::CUDNN_DATA_INT32)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, prec, s, None, None, col, Some(3))?;
+    g.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, prec, &[s], col, Some(3))?;
     let keep = g.virt(s.dims, s.strides, Dt::CUDNN_DATA_BOOLEAN)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_CMP_GE, Dt::CUDNN_DATA_BOOLEAN, row, Some(col), None, keep, None)?;
+    g.pointwise(
+        Pw::CUDNN_POINTWISE_CMP_GE,
+        Dt::CUDNN_DATA_BOOLEAN,
+        &[row, col],
+        keep,
+        None,
+    )?;
     let out = g.virt(s.dims, s.strides, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_BINARY_SELECT, f, s, Some(neg_inf), Some(keep), out, None)?;
+    g.pointwise(
+        Pw::CUDNN_POINTWISE_BINARY_SELECT,
+        f,
+        &[s, neg_inf, keep],
+        out,
+        None,
+    )?;
     Ok(out)
 }
 
+/// `scale Q K^T` as a virtual f32 `[b, h, t, t]` tensor.
+fn scaled_scores(g: &mut Graph, z: &Sizes, q: T, kt: T, scale: T) -> FResult<T> {
+    let f = Dt::CUDNN_DATA_FLOAT;
+    let (sd, sp) = (z.scores(), packed(z.scores()));
+    let s = g.virt(sd, sp, f)?;
+    g.matmul(q, kt, s)?;
+    let scaled = g.virt(sd, sp, f)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, &[s, scale], scaled, None)?;
+    Ok(scaled)
+}
+
 /// The forward graph: binds Q, K, V, O, STATS, SCALE, NEG_INF.
-pub(super) fn forward(g: &mut Graph, z: &Sizes, q: &Bhtd, k: &Bhtd, v: &Bhtd, o: &Bhtd, var: Variant) -> FResult<()> {
+pub(super) fn forward(
+    g: &mut Graph,
+    z: &Sizes,
+    q: &Bhtd,
+    k: &Bhtd,
+    v: &Bhtd,
+    o: &Bhtd,
+    var: Variant,
+) -> FResult<()> {
     let f = Dt::CUDNN_DATA_FLOAT;
     let dims = dims_of(z.b, z.h, z.t, z.d);
     let q = g.io(uid::Q, dims, q.strides, z.io)?;
@@ -127,12 +165,8 @@ pub(super) fn forward(g: &mut Graph, z: &Sizes, q: &Bhtd, k: &Bhtd, v: &Bhtd, o:
     let stats = g.io(uid::STATS, z.rows(), packed(z.rows()), f)?;
     let scale = g.scalar(uid::SCALE, f)?;
     let neg_inf = g.scalar(uid::NEG_INF, f)?;
-    let sd = z.scores();
-    let sp = packed(sd);
-    let s = g.virt(sd, sp, f)?;
-    g.matmul(q, kt, s)?;
-    let scaled = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, s, Some(scale), None, scaled, None)?;
+    let (sd, sp) = (z.scores(), packed(z.scores()));
+    let scaled = scaled_scores(g, z, q, kt, scale)?;
     let masked = if z.causal {
         causal_mask(g, scaled, neg_inf, var)?
     } else {
@@ -142,16 +176,16 @@ pub(super) fn forward(g: &mut Graph, z: &Sizes, q: &Bhtd, k: &Bhtd, v: &Bhtd, o:
     let max = g.virt(z.rows(), rp, f)?;
     g.reduction(Red::CUDNN_REDUCE_TENSOR_MAX, masked, max)?;
     let sub = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, masked, Some(max), None, sub, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, &[masked, max], sub, None)?;
     let e = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_EXP, f, sub, None, None, e, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_EXP, f, &[sub], e, None)?;
     let sum = g.virt(z.rows(), rp, f)?;
     g.reduction(Red::CUDNN_REDUCE_TENSOR_ADD, e, sum)?;
     let log = g.virt(z.rows(), rp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_LOG, f, sum, None, None, log, None)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_ADD, f, max, Some(log), None, stats, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_LOG, f, &[sum], log, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_ADD, f, &[max, log], stats, None)?;
     let p = g.virt(sd, sp, z.io)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_DIV, f, e, Some(sum), None, p, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_DIV, f, &[e, sum], p, None)?;
     g.matmul(p, v, o)
 }
 
@@ -169,7 +203,13 @@ pub(super) struct BackwardViews<'a> {
 
 /// The backward graph: binds Q, K, V, O, D_O, STATS, DQ, DK, DV, SCALE, NEG_INF, ONE,
 /// SOFTMAX_SUM (f32 `[b, h, t]`) and, unless `deterministic`, DQ_ACCUM (f32 `[b, h, t, d]`).
-pub(super) fn backward(g: &mut Graph, z: &Sizes, x: &BackwardViews<'_>, deterministic: bool, var: Variant) -> FResult<()> {
+pub(super) fn backward(
+    g: &mut Graph,
+    z: &Sizes,
+    x: &BackwardViews<'_>,
+    deterministic: bool,
+    var: Variant,
+) -> FResult<()> {
     let f = Dt::CUDNN_DATA_FLOAT;
     let dims = dims_of(z.b, z.h, z.t, z.d);
     let q = g.io(uid::Q, dims, x.q.strides, z.io)?;
@@ -191,28 +231,24 @@ pub(super) fn backward(g: &mut Graph, z: &Sizes, x: &BackwardViews<'_>, determin
 
     // Dsum = rowsum(dO * O), written to the workspace.
     let prod = g.virt(dims, packed(dims), f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, d_o, Some(o), None, prod, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, &[d_o, o], prod, None)?;
     let red = g.virt(rows, rp, f)?;
     g.reduction(Red::CUDNN_REDUCE_TENSOR_ADD, prod, red)?;
     let softmax_sum = g.io(uid::SOFTMAX_SUM, rows, rp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, red, Some(one), None, softmax_sum, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, &[red, one], softmax_sum, None)?;
 
     // P = exp(mask(scale Q K^T) - stats).
-    let sd = z.scores();
-    let sp = packed(sd);
-    let s = g.virt(sd, sp, f)?;
-    g.matmul(q, kt, s)?;
-    let scaled = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, s, Some(scale), None, scaled, None)?;
+    let (sd, sp) = (z.scores(), packed(z.scores()));
+    let scaled = scaled_scores(g, z, q, kt, scale)?;
     let shifted = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, scaled, Some(stats), None, shifted, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, &[scaled, stats], shifted, None)?;
     let masked = if z.causal {
         causal_mask(g, shifted, neg_inf, var)?
     } else {
         shifted
     };
     let p = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_EXP, f, masked, None, None, p, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_EXP, f, &[masked], p, None)?;
 
     // dV = P^T dO.
     let t_strides = [sp[0], sp[1], 1, z.t];
@@ -224,11 +260,11 @@ pub(super) fn backward(g: &mut Graph, z: &Sizes, x: &BackwardViews<'_>, determin
     let dp = g.virt(sd, sp, f)?;
     g.matmul(d_o, vt, dp)?;
     let dp2 = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, dp, Some(softmax_sum), None, dp2, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_SUB, f, &[dp, softmax_sum], dp2, None)?;
     let ds = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, dp2, Some(p), None, ds, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, &[dp2, p], ds, None)?;
     let ds2 = g.virt(sd, sp, f)?;
-    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, ds, Some(scale), None, ds2, None)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, f, &[ds, scale], ds2, None)?;
 
     // dK = dS^T Q.
     let dst = g.virt(sd, t_strides, z.io)?;
@@ -244,6 +280,6 @@ pub(super) fn backward(g: &mut Graph, z: &Sizes, x: &BackwardViews<'_>, determin
     } else {
         let acc = g.io(uid::DQ_ACCUM, dims, packed(dims), f)?;
         g.matmul(ds2, k, acc)?;
-        g.pointwise(Pw::CUDNN_POINTWISE_IDENTITY, f, acc, None, None, dq, None)
+        g.pointwise(Pw::CUDNN_POINTWISE_IDENTITY, f, &[acc], dq, None)
     }
 }

@@ -140,7 +140,9 @@ fn reference(c: &Case, qkv: &[f64], d_o: &[f64]) -> Reference {
 /// One of the Q, K, V parts (`w`) of a `[B, T, 3, H, D]` array.
 fn part(c: &Case, all: &[f64], w: usize) -> Vec<f64> {
     let hd = c.h * c.d;
-    all.chunks(3 * hd).flat_map(|row| row[w * hd..][..hd].to_vec()).collect()
+    all.chunks(3 * hd)
+        .flat_map(|row| row[w * hd..][..hd].to_vec())
+        .collect()
 }
 
 /// How Q, K, V (and dQ, dK, dV) are laid out.
@@ -216,7 +218,12 @@ impl Bufs {
     }
 }
 
-fn upload_case(rt: &Arc<CudaRuntime>, c: &Case, layout: Layout, rng: &mut Rng) -> Result<(Bufs, Vec<f64>, Vec<f64>)> {
+fn upload_case(
+    rt: &Arc<CudaRuntime>,
+    c: &Case,
+    layout: Layout,
+    rng: &mut Rng,
+) -> Result<(Bufs, Vec<f64>, Vec<f64>)> {
     let n = c.b * c.t * c.h * c.d;
     let es = c.dtype.size();
     let (qkv_bytes, qkv_r) = super::encode(c.dtype, &rng.vals(3 * n, 1.0));
@@ -225,16 +232,24 @@ fn upload_case(rt: &Arc<CudaRuntime>, c: &Case, layout: Layout, rng: &mut Rng) -
         Layout::Fused => {
             let i = Buf::from(rt, &qkv_bytes)?;
             let g = Buf::new(rt, 3 * n * es)?;
-            let (qkv, dqkv) = (Bhtd::qkv(i.ptr(), es, c.t, c.h, c.d), Bhtd::qkv(g.ptr(), es, c.t, c.h, c.d));
+            let (qkv, dqkv) = (
+                Bhtd::qkv(i.ptr(), es, c.t, c.h, c.d),
+                Bhtd::qkv(g.ptr(), es, c.t, c.h, c.d),
+            );
             (vec![i], vec![g], qkv, dqkv)
         }
         Layout::Separate => {
             let parts: Vec<Buf> = (0..3)
                 .map(|w| Buf::from(rt, &super::encode(c.dtype, &part(c, &qkv_r, w)).0))
                 .collect::<Result<_>>()?;
-            let grads: Vec<Buf> = (0..3).map(|_| Buf::new(rt, n * es)).collect::<Result<_>>()?;
+            let grads: Vec<Buf> = (0..3)
+                .map(|_| Buf::new(rt, n * es))
+                .collect::<Result<_>>()?;
             let view = |b: &Buf| Bhtd::bthd(b.ptr(), c.t, c.h, c.d);
-            let (qkv, dqkv) = ([0, 1, 2].map(|w| view(&parts[w])), [0, 1, 2].map(|w| view(&grads[w])));
+            let (qkv, dqkv) = (
+                [0, 1, 2].map(|w| view(&parts[w])),
+                [0, 1, 2].map(|w| view(&grads[w])),
+            );
             (parts, grads, qkv, dqkv)
         }
     };
@@ -267,9 +282,25 @@ fn run_bwd(rt: &Arc<CudaRuntime>, p: Path, a: &AttentionBackward) -> Result<()> 
 }
 
 /// Checks one case on one path; errors of the path are recorded as failures.
-fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, layout: Layout, seed: u64) -> Result<()> {
+fn check_case(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    c: &Case,
+    p: Path,
+    layout: Layout,
+    seed: u64,
+) -> Result<()> {
     let lay = if layout == Layout::Fused { " qkv" } else { "" };
-    let name = |what: &str| format!("{}{lay} {what}", if p == Path::Cudnn { "cudnn attn" } else { "flash attn" });
+    let name = |what: &str| {
+        format!(
+            "{}{lay} {what}",
+            if p == Path::Cudnn {
+                "cudnn attn"
+            } else {
+                "flash attn"
+            }
+        )
+    };
     let mut rng = Rng(seed);
     let (bufs, qkv, d_o) = upload_case(rt, c, layout, &mut rng)?;
     let r = reference(c, &qkv, &d_o);
@@ -282,24 +313,45 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, layout
     let o = bufs.o.read(rt, c.dtype)?;
     let lse = bufs.lse.read(rt, FloatType::F32)?;
     rep.check(&name("fwd O"), c.dtype, c.label(), rel_err(&o, &r.o), "");
-    rep.check(&name("fwd lse"), c.dtype, c.label(), rel_err(&lse, &r.lse), "f32 out");
+    rep.check(
+        &name("fwd lse"),
+        c.dtype,
+        c.label(),
+        rel_err(&lse, &r.lse),
+        "f32 out",
+    );
     // The backward reads the reference O and log-sum-exp (checked alone).
     let (o_bytes, _) = super::encode(c.dtype, &r.o);
     super::upload(rt, bufs.o.ptr(), &o_bytes, "kernel check")?;
     let (l_bytes, _) = super::encode(FloatType::F32, &r.lse);
     super::upload(rt, bufs.lse.ptr(), &l_bytes, "kernel check")?;
-    let dets: &[bool] = if p == Path::Cudnn { &[false, true] } else { &[true] };
+    let dets: &[bool] = if p == Path::Cudnn {
+        &[false, true]
+    } else {
+        &[true]
+    };
     for &det in dets {
         bufs.poison_grads(rt)?;
         let tag = if det { "det" } else { "" };
         if let Err(e) = run_bwd(rt, p, &bufs.bwd(c, det)) {
-            rep.fail(&name(&format!("bwd {tag}")), c.dtype.suffix(), c.label(), e.to_string());
+            rep.fail(
+                &name(&format!("bwd {tag}")),
+                c.dtype.suffix(),
+                c.label(),
+                e.to_string(),
+            );
             continue;
         }
         let g = bufs.read_grads(rt, c)?;
         for (w, nm) in ["dQ", "dK", "dV"].iter().enumerate() {
             let err = rel_err(&g[w], &part(c, &r.dqkv, w));
-            rep.check(&name(&format!("bwd {nm} {tag}")), c.dtype, c.label(), err, "");
+            rep.check(
+                &name(&format!("bwd {nm} {tag}")),
+                c.dtype,
+                c.label(),
+                err,
+                "",
+            );
         }
         if det {
             let first = bufs.grad_bytes(rt)?;
@@ -307,7 +359,13 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, p: Path, layout
             run_bwd(rt, p, &bufs.bwd(c, det))?;
             let second = bufs.grad_bytes(rt)?;
             let differ = first.iter().zip(&second).filter(|(a, b)| a != b).count();
-            rep.check_tol(&name("bwd det repeat"), c.dtype.suffix(), c.label(), differ as f64, 0.0, "bytes differing between two runs");
+            rep.check_tol(
+                &name("bwd det repeat"),
+                c.dtype.suffix(),
+                c.label(),
+                (differ as f64, 0.0),
+                "bytes differing between two runs",
+            );
         }
     }
     Ok(())
@@ -327,21 +385,77 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     for dtype in [FloatType::Bf16, FloatType::F16] {
         for causal in [true, false] {
             seed += 1;
-            check_case(rt, rep, &case(2, 3, 256, 64, causal, dtype), Path::Cudnn, sep, seed)?;
+            check_case(
+                rt,
+                rep,
+                &case(2, 3, 256, 64, causal, dtype),
+                Path::Cudnn,
+                sep,
+                seed,
+            )?;
         }
     }
-    check_case(rt, rep, &case(2, 3, 256, 64, true, FloatType::Bf16), Path::Cudnn, fused, 39)?;
-    check_case(rt, rep, &case(1, 2, 200, 128, true, FloatType::Bf16), Path::Cudnn, sep, 40)?;
+    check_case(
+        rt,
+        rep,
+        &case(2, 3, 256, 64, true, FloatType::Bf16),
+        Path::Cudnn,
+        fused,
+        39,
+    )?;
+    check_case(
+        rt,
+        rep,
+        &case(1, 2, 200, 128, true, FloatType::Bf16),
+        Path::Cudnn,
+        sep,
+        40,
+    )?;
     for dtype in FloatType::ALL {
         for causal in [true, false] {
             seed += 1;
-            check_case(rt, rep, &case(2, 3, 160, 64, causal, dtype), Path::Flash, sep, seed)?;
+            check_case(
+                rt,
+                rep,
+                &case(2, 3, 160, 64, causal, dtype),
+                Path::Flash,
+                sep,
+                seed,
+            )?;
         }
     }
-    check_case(rt, rep, &case(2, 3, 160, 64, true, FloatType::Bf16), Path::Flash, fused, 49)?;
-    check_case(rt, rep, &case(1, 2, 100, 128, true, FloatType::F32), Path::Flash, sep, 50)?;
-    check_case(rt, rep, &case(1, 1, 70, 40, true, FloatType::Bf16), Path::Flash, sep, 51)?;
-    check_case(rt, rep, &case(1, 2, 33, 256, false, FloatType::F16), Path::Flash, sep, 52)?;
+    check_case(
+        rt,
+        rep,
+        &case(2, 3, 160, 64, true, FloatType::Bf16),
+        Path::Flash,
+        fused,
+        49,
+    )?;
+    check_case(
+        rt,
+        rep,
+        &case(1, 2, 100, 128, true, FloatType::F32),
+        Path::Flash,
+        sep,
+        50,
+    )?;
+    check_case(
+        rt,
+        rep,
+        &case(1, 1, 70, 40, true, FloatType::Bf16),
+        Path::Flash,
+        sep,
+        51,
+    )?;
+    check_case(
+        rt,
+        rep,
+        &case(1, 2, 33, 256, false, FloatType::F16),
+        Path::Flash,
+        sep,
+        52,
+    )?;
 
     // cuDNN refuses f32 with a typed error and the dispatcher falls back.
     let c = case(1, 2, 64, 64, true, FloatType::F32);
@@ -349,12 +463,25 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     let typed = matches!(cudnn_attention::forward(rt, &bufs.fwd(&c)), Err(e) if e.is_fallback() && e.to_string().contains("f32"));
     let path = attention_forward(rt, &bufs.fwd(&c)).map_err(crate::TensorError::from)?;
     let back = attention_backward(rt, &bufs.bwd(&c, false)).map_err(crate::TensorError::from)?;
-    let ok = typed && matches!(path, AttentionPath::Flash { .. }) && matches!(back, AttentionPath::Flash { .. });
-    rep.check_tol("attn f32: cudnn typed refusal + fallback", "f32", c.label(), if ok { 0.0 } else { 1.0 }, 0.0, format!("{path:?}"));
+    let ok = typed
+        && matches!(path, AttentionPath::Flash { .. })
+        && matches!(back, AttentionPath::Flash { .. });
+    rep.check_tol(
+        "attn f32: cudnn typed refusal + fallback",
+        "f32",
+        c.label(),
+        (if ok { 0.0 } else { 1.0 }, 0.0),
+        format!("{path:?}"),
+    );
     Ok(())
 }
 
-pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, ceil: &Ceilings) -> Result<()> {
+pub(super) fn timings(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    repeats: usize,
+    ceil: &Ceilings,
+) -> Result<()> {
     let c = Case {
         b: 16,
         h: 12,
@@ -364,58 +491,87 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
         dtype: FloatType::Bf16,
     };
     let mut rng = Rng(99);
-    let sets: Vec<(Bufs, Vec<f64>, Vec<f64>)> = (0..2).map(|_| upload_case(rt, &c, Layout::Separate, &mut rng)).collect::<Result<_>>()?;
+    let sets: Vec<(Bufs, Vec<f64>, Vec<f64>)> = (0..2)
+        .map(|_| upload_case(rt, &c, Layout::Separate, &mut rng))
+        .collect::<Result<_>>()?;
     let fwd_flops = c.shape().forward_flops();
     let mm = format!("{:.0} TFLOP/s bf16 matmul", ceil.mm);
     for p in [Path::Cudnn, Path::Flash] {
-        let nm = if p == Path::Cudnn { "cudnn attn" } else { "flash attn" };
+        let nm = if p == Path::Cudnn {
+            "cudnn attn"
+        } else {
+            "flash attn"
+        };
         // Error at the timed shape, against f64 (cuDNN only: the fallback's is checked above).
         if p == Path::Cudnn {
             let (bufs, qkv, d_o) = &sets[0];
             let r = reference(&c, qkv, d_o);
             bufs.o.poison(rt)?;
             if let Err(e) = run_fwd(rt, p, &bufs.fwd(&c)) {
-                rep.fail(&format!("{nm} fwd O (timed shape)"), "bf16", c.label(), e.to_string());
+                rep.fail(
+                    &format!("{nm} fwd O (timed shape)"),
+                    "bf16",
+                    c.label(),
+                    e.to_string(),
+                );
                 continue;
             }
             let o = bufs.o.read(rt, c.dtype)?;
-            rep.check(&format!("{nm} fwd O (timed shape)"), c.dtype, c.label(), rel_err(&o, &r.o), "");
+            rep.check(
+                &format!("{nm} fwd O (timed shape)"),
+                c.dtype,
+                c.label(),
+                rel_err(&o, &r.o),
+                "",
+            );
             bufs.poison_grads(rt)?;
             run_bwd(rt, p, &bufs.bwd(&c, false))?;
             let g = bufs.read_grads(rt, &c)?;
             for (w, gn) in ["dQ", "dK", "dV"].iter().enumerate() {
                 let err = rel_err(&g[w], &part(&c, &r.dqkv, w));
-                rep.check(&format!("{nm} bwd {gn} (timed shape)"), c.dtype, c.label(), err, "device O, lse");
+                rep.check(
+                    &format!("{nm} bwd {gn} (timed shape)"),
+                    c.dtype,
+                    c.label(),
+                    err,
+                    "device O, lse",
+                );
             }
         }
-        let reps = if p == Path::Flash { repeats.min(5) } else { repeats };
-        let ms = time_or_fail(rep, nm, &c, super::time_ms(rt, reps, |i| run_fwd(rt, p, &sets[i % 2].0.fwd(&c))));
-        if let Some(ms) = ms {
-            rep.time(&format!("{nm} fwd"), "bf16", c.label(), ms, fwd_flops, "TFLOP/s", mm.clone());
-        }
-        let ms = time_or_fail(
-            rep,
-            nm,
-            &c,
-            super::time_ms(rt, reps, |i| {
+        let reps = if p == Path::Flash {
+            repeats.min(5)
+        } else {
+            repeats
+        };
+        for (what, backward, flops) in [
+            ("fwd", false, fwd_flops),
+            ("fwd+bwd", true, 3.5 * fwd_flops),
+        ] {
+            let timed = super::time_ms(rt, reps, |i| {
                 let s = &sets[i % 2].0;
                 run_fwd(rt, p, &s.fwd(&c))?;
-                run_bwd(rt, p, &s.bwd(&c, false))
-            }),
-        );
-        if let Some(ms) = ms {
-            rep.time(&format!("{nm} fwd+bwd"), "bf16", c.label(), ms, 3.5 * fwd_flops, "TFLOP/s", mm.clone());
+                if backward {
+                    run_bwd(rt, p, &s.bwd(&c, false))?;
+                }
+                Ok(())
+            });
+            match timed {
+                Ok(ms) => rep.time(
+                    &format!("{nm} {what}"),
+                    "bf16",
+                    c.label(),
+                    ms,
+                    (flops, "TFLOP/s"),
+                    mm.clone(),
+                ),
+                Err(e) => rep.fail(
+                    &format!("{nm} {what} timing"),
+                    "bf16",
+                    c.label(),
+                    e.to_string(),
+                ),
+            }
         }
     }
     Ok(())
-}
-
-fn time_or_fail(rep: &mut Report, nm: &str, c: &Case, r: Result<f64>) -> Option<f64> {
-    match r {
-        Ok(ms) => Some(ms),
-        Err(e) => {
-            rep.fail(&format!("{nm} timing"), "bf16", c.label(), e.to_string());
-            None
-        }
-    }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{rel_err, Buf, Ceilings, Report, Rng};
 use crate::cuda::fused::{
     adamw_multi, classifier, elementwise, layer_norm_backward, layer_norm_forward, AdamHyper,
-    AdamTensor, Classifier, EwOp, LayerNormBackward, LayerNormForward,
+    AdamTensor, Classifier, Elementwise, EwOp, LayerNormBackward, LayerNormForward,
 };
 use crate::cuda::kernels::{grid, launch};
 use crate::cuda::raw::FloatType;
@@ -27,7 +27,15 @@ fn stats(r: &[f64], c: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn ln_case(rt: &Arc<CudaRuntime>, rep: &mut Report, t: FloatType, rows: usize, c: usize, residual: bool, seed: u64) -> Result<()> {
+fn ln_case(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    t: FloatType,
+    rows: usize,
+    c: usize,
+    residual: bool,
+    seed: u64,
+) -> Result<()> {
     let mut rng = Rng(seed);
     let shape = format!("{rows}x{c}{}", if residual { " +res" } else { "" });
     let n = rows * c;
@@ -58,23 +66,55 @@ fn ln_case(rt: &Arc<CudaRuntime>, rep: &mut Report, t: FloatType, rows: usize, c
         rep.fail("layernorm fwd", t.suffix(), shape, e.to_string());
         return Ok(());
     }
-    let exact: Vec<f64> = if residual { xv.iter().zip(&av).map(|(p, q)| p + q).collect() } else { xv.clone() };
+    let exact: Vec<f64> = if residual {
+        xv.iter().zip(&av).map(|(p, q)| p + q).collect()
+    } else {
+        xv.clone()
+    };
     let rr = super::encode(t, &exact).1;
     let st = stats(&rr, c);
-    let want_y: Vec<f64> = rr.iter().enumerate().map(|(i, v)| {
-        let (m, s) = st[i / c];
-        (v - m) * s * wv[i % c] + bv[i % c]
-    }).collect();
+    let want_y: Vec<f64> = rr
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (m, s) = st[i / c];
+            (v - m) * s * wv[i % c] + bv[i % c]
+        })
+        .collect();
     if residual {
-        rep.check("layernorm fwd residual sum", t, shape.clone(), rel_err(&r.read(rt, t)?, &exact), "");
+        rep.check(
+            "layernorm fwd residual sum",
+            t,
+            shape.clone(),
+            rel_err(&r.read(rt, t)?, &exact),
+            "",
+        );
     }
-    rep.check("layernorm fwd y", t, shape.clone(), rel_err(&y.read(rt, t)?, &want_y), "");
+    rep.check(
+        "layernorm fwd y",
+        t,
+        shape.clone(),
+        rel_err(&y.read(rt, t)?, &want_y),
+        "",
+    );
     let got_m = mean.read(rt, FloatType::F32)?;
     let got_s = rstd.read(rt, FloatType::F32)?;
     let want_m: Vec<f64> = st.iter().map(|s| s.0).collect();
     let want_s: Vec<f64> = st.iter().map(|s| s.1).collect();
-    rep.check("layernorm fwd mean", FloatType::F32, shape.clone(), rel_err(&got_m, &want_m), format!("{} in", t.suffix()));
-    rep.check("layernorm fwd rstd", FloatType::F32, shape.clone(), rel_err(&got_s, &want_s), format!("{} in", t.suffix()));
+    rep.check(
+        "layernorm fwd mean",
+        FloatType::F32,
+        shape.clone(),
+        rel_err(&got_m, &want_m),
+        format!("{} in", t.suffix()),
+    );
+    rep.check(
+        "layernorm fwd rstd",
+        FloatType::F32,
+        shape.clone(),
+        rel_err(&got_s, &want_s),
+        format!("{} in", t.suffix()),
+    );
 
     // Backward from the rounded r and f32 statistics.
     let (rin, rv) = Buf::vals(rt, t, &rr)?;
@@ -114,14 +154,33 @@ fn ln_case(rt: &Arc<CudaRuntime>, rep: &mut Report, t: FloatType, rows: usize, c
         let mg = g.iter().sum::<f64>() / c as f64;
         let mgx = g.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / c as f64;
         for j in 0..c {
-            want_dr[i * c + j] = s * (g[j] - mg - xh[j] * mgx) + if residual { row(&dresv, j) } else { 0.0 };
+            want_dr[i * c + j] =
+                s * (g[j] - mg - xh[j] * mgx) + if residual { row(&dresv, j) } else { 0.0 };
             want_dw[j] += row(&dyv, j) * xh[j];
             want_db[j] += row(&dyv, j);
         }
     }
-    rep.check("layernorm bwd dr", t, shape.clone(), rel_err(&dr.read(rt, t)?, &want_dr), "");
-    rep.check("layernorm bwd dweight (+=)", FloatType::F32, shape.clone(), rel_err(&dw.read(rt, FloatType::F32)?, &want_dw), format!("{} in", t.suffix()));
-    rep.check("layernorm bwd dbias (+=)", FloatType::F32, shape, rel_err(&db.read(rt, FloatType::F32)?, &want_db), format!("{} in", t.suffix()));
+    rep.check(
+        "layernorm bwd dr",
+        t,
+        shape.clone(),
+        rel_err(&dr.read(rt, t)?, &want_dr),
+        "",
+    );
+    rep.check(
+        "layernorm bwd dweight (+=)",
+        FloatType::F32,
+        shape.clone(),
+        rel_err(&dw.read(rt, FloatType::F32)?, &want_dw),
+        format!("{} in", t.suffix()),
+    );
+    rep.check(
+        "layernorm bwd dbias (+=)",
+        FloatType::F32,
+        shape,
+        rel_err(&db.read(rt, FloatType::F32)?, &want_db),
+        format!("{} in", t.suffix()),
+    );
     Ok(())
 }
 
@@ -138,10 +197,25 @@ struct AdamCase {
 }
 
 fn adam_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
-    let hyper = AdamHyper { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, t: 3, grad_scale: 1.0 };
+    let hyper = AdamHyper {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        t: 3,
+        grad_scale: 1.0,
+    };
     let mut rng = Rng(300);
     let mut cases = Vec::new();
-    for (i, (n, gb, copy, wd)) in [(1000, false, true, 0.1), (4097, true, false, 0.0), (33, false, false, 0.1), (70001, true, true, 0.05)].into_iter().enumerate() {
+    for (i, (n, gb, copy, wd)) in [
+        (1000, false, true, 0.1),
+        (4097, true, false, 0.0),
+        (33, false, false, 0.1),
+        (70001, true, true, 0.05),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let f = FloatType::F32;
         let gt = if gb { FloatType::Bf16 } else { f };
         let (p, pv) = Buf::vals(rt, f, &rng.vals(n, 1.0))?;
@@ -149,23 +223,39 @@ fn adam_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         let (m, mv) = Buf::vals(rt, f, &rng.vals(n, 0.01))?;
         let vv: Vec<f64> = rng.vals(n, 1e-3).iter().map(|x| x.abs()).collect();
         let (v, vv) = Buf::vals(rt, f, &vv)?;
-        let copy = if copy { Some(Buf::new(rt, n * 2)?) } else { None };
+        let copy = if copy {
+            Some(Buf::new(rt, n * 2)?)
+        } else {
+            None
+        };
         if let Some(c) = &copy {
             c.poison(rt)?;
         }
         let _ = i;
-        cases.push(AdamCase { p, g, m, v, copy, vals: [pv, gv, mv, vv], grad_bf16: gb, wd });
+        cases.push(AdamCase {
+            p,
+            g,
+            m,
+            v,
+            copy,
+            vals: [pv, gv, mv, vv],
+            grad_bf16: gb,
+            wd,
+        });
     }
-    let list: Vec<AdamTensor> = cases.iter().map(|c| AdamTensor {
-        param: c.p.ptr(),
-        grad: c.g.ptr(),
-        m: c.m.ptr(),
-        v: c.v.ptr(),
-        param_bf16: c.copy.as_ref().map_or(0, Buf::ptr),
-        n: c.vals[0].len() as i64,
-        decay: hyper.decay(c.wd),
-        grad_bf16: c.grad_bf16 as i32,
-    }).collect();
+    let list: Vec<AdamTensor> = cases
+        .iter()
+        .map(|c| AdamTensor {
+            param: c.p.ptr(),
+            grad: c.g.ptr(),
+            m: c.m.ptr(),
+            v: c.v.ptr(),
+            param_bf16: c.copy.as_ref().map_or(0, Buf::ptr),
+            n: c.vals[0].len() as i64,
+            decay: hyper.decay(c.wd),
+            grad_bf16: c.grad_bf16 as i32,
+        })
+        .collect();
     // The three-pass kernels on copies of the f32-gradient tensors, for the bitwise check.
     let op = "kernel check adam";
     let mut three_pass = Vec::new();
@@ -174,23 +264,52 @@ fn adam_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         let (p, _) = Buf::vals(rt, FloatType::F32, &c.vals[0])?;
         let (m, _) = Buf::vals(rt, FloatType::F32, &c.vals[2])?;
         let (v, _) = Buf::vals(rt, FloatType::F32, &c.vals[3])?;
-        let (m2, v2, p2) = (Buf::new(rt, n * 4)?, Buf::new(rt, n * 4)?, Buf::new(rt, n * 4)?);
-        let (bc1, bc2) = (1.0 - hyper.beta1.powi(hyper.t), 1.0 - hyper.beta2.powi(hyper.t));
+        let (m2, v2, p2) = (
+            Buf::new(rt, n * 4)?,
+            Buf::new(rt, n * 4)?,
+            Buf::new(rt, n * 4)?,
+        );
+        let (bc1, bc2) = (
+            1.0 - hyper.beta1.powi(hyper.t),
+            1.0 - hyper.beta2.powi(hyper.t),
+        );
         let nn = n as i64;
-        let (gp, mp, vp, m2p, v2p, pp, p2p) = (c.g.ptr(), m.ptr(), v.ptr(), m2.ptr(), v2.ptr(), p.ptr(), p2.ptr());
+        let (gp, mp, vp, m2p, v2p, pp, p2p) = (
+            c.g.ptr(),
+            m.ptr(),
+            v.ptr(),
+            m2.ptr(),
+            v2.ptr(),
+            p.ptr(),
+            p2.ptr(),
+        );
         let (part0, part1, part2, zero) = (0i32, 1i32, 2i32, 0.0f64);
-        let (a1, b1, a2, b2) = (hyper.beta1, 1.0 - hyper.beta1, hyper.beta2, 1.0 - hyper.beta2);
-        let (decay, step, inv_bc2, eps) = (1.0 - hyper.lr * c.wd, hyper.lr / bc1, 1.0 / bc2, hyper.eps);
+        let (a1, b1, a2, b2) = (
+            hyper.beta1,
+            1.0 - hyper.beta1,
+            hyper.beta2,
+            1.0 - hyper.beta2,
+        );
+        let (decay, step, inv_bc2, eps) =
+            (1.0 - hyper.lr * c.wd, hyper.lr / bc1, 1.0 / bc2, hyper.eps);
         launch!(rt, op, "adam_f32", grid(n); nn, part0, a1, b1, zero, zero, mp, gp, gp, m2p)?;
         launch!(rt, op, "adam_f32", grid(n); nn, part1, a2, b2, zero, zero, vp, gp, gp, v2p)?;
         launch!(rt, op, "adam_f32", grid(n); nn, part2, decay, step, inv_bc2, eps, pp, m2p, v2p, p2p)?;
         three_pass.push((p2, m2, v2));
     }
     if let Err(e) = adamw_multi(rt, &list, &hyper) {
-        rep.fail("adamw multi-tensor", "f32", "4 tensors".into(), e.to_string());
+        rep.fail(
+            "adamw multi-tensor",
+            "f32",
+            "4 tensors".into(),
+            e.to_string(),
+        );
         return Ok(());
     }
-    let (bc1, bc2) = (1.0 - hyper.beta1.powi(hyper.t), 1.0 - hyper.beta2.powi(hyper.t));
+    let (bc1, bc2) = (
+        1.0 - hyper.beta1.powi(hyper.t),
+        1.0 - hyper.beta2.powi(hyper.t),
+    );
     let mut tp = three_pass.iter();
     for c in &cases {
         let n = c.vals[0].len();
@@ -199,9 +318,14 @@ fn adam_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         for i in 0..n {
             wm[i] = hyper.beta1 * mv[i] + (1.0 - hyper.beta1) * gv[i];
             wv[i] = hyper.beta2 * vv[i] + (1.0 - hyper.beta2) * gv[i] * gv[i];
-            wp[i] = pv[i] * (1.0 - hyper.lr * c.wd) - hyper.lr * (wm[i] / bc1) / ((wv[i] / bc2).sqrt() + hyper.eps);
+            wp[i] = pv[i] * (1.0 - hyper.lr * c.wd)
+                - hyper.lr * (wm[i] / bc1) / ((wv[i] / bc2).sqrt() + hyper.eps);
         }
-        let shape = format!("n{n}{}{}", if c.grad_bf16 { " bf16 grad" } else { "" }, if c.copy.is_some() { " +bf16 copy" } else { "" });
+        let shape = format!(
+            "n{n}{}{}",
+            if c.grad_bf16 { " bf16 grad" } else { "" },
+            if c.copy.is_some() { " +bf16 copy" } else { "" }
+        );
         let f = FloatType::F32;
         let (gp, gm, gvv) = (c.p.read(rt, f)?, c.m.read(rt, f)?, c.v.read(rt, f)?);
         rep.check("adamw param", f, shape.clone(), rel_err(&gp, &wp), "");
@@ -209,31 +333,74 @@ fn adam_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         rep.check("adamw exp_avg_sq", f, shape.clone(), rel_err(&gvv, &wv), "");
         if let Some(copy) = &c.copy {
             let want = super::encode(FloatType::Bf16, &gp).1;
-            rep.check_tol("adamw bf16 copy == round(param)", "bf16", shape.clone(), rel_err(&copy.read(rt, FloatType::Bf16)?, &want), 0.0, "exact");
+            rep.check_tol(
+                "adamw bf16 copy == round(param)",
+                "bf16",
+                shape.clone(),
+                (rel_err(&copy.read(rt, FloatType::Bf16)?, &want), 0.0),
+                "exact",
+            );
         }
         if !c.grad_bf16 {
             if let Some((p2, m2, v2)) = tp.next() {
                 let differ = [(&c.p, p2), (&c.m, m2), (&c.v, v2)]
                     .iter()
-                    .map(|(a, b)| Ok(a.read_bytes(rt)?.iter().zip(b.read_bytes(rt)?).filter(|(x, y)| **x != *y).count()))
+                    .map(|(a, b)| {
+                        Ok(a.read_bytes(rt)?
+                            .iter()
+                            .zip(b.read_bytes(rt)?)
+                            .filter(|(x, y)| **x != *y)
+                            .count())
+                    })
                     .sum::<Result<usize>>()?;
-                rep.check_tol("adamw == ElementwiseOp::Adam 3 passes", "f32", shape, differ as f64, 0.0, "bytes differing");
+                rep.check_tol(
+                    "adamw == ElementwiseOp::Adam 3 passes",
+                    "f32",
+                    shape,
+                    (differ as f64, 0.0),
+                    "bytes differing",
+                );
             }
         }
     }
     Ok(())
 }
 
-fn classifier_case(rt: &Arc<CudaRuntime>, rep: &mut Report, t: FloatType, rows: usize, v: usize, ld: usize, seed: u64) -> Result<()> {
+fn classifier_case(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    t: FloatType,
+    rows: usize,
+    v: usize,
+    ld: usize,
+    seed: u64,
+) -> Result<()> {
     let mut rng = Rng(seed);
     let (logits, lv) = Buf::vals(rt, t, &rng.vals(rows * ld, 3.0))?;
-    let targets: Vec<i64> = (0..rows).map(|i| if i == 1 { -1 } else { (rng.next() % v as u64) as i64 }).collect();
+    let targets: Vec<i64> = (0..rows)
+        .map(|i| {
+            if i == 1 {
+                -1
+            } else {
+                (rng.next() % v as u64) as i64
+            }
+        })
+        .collect();
     let tb: Vec<u8> = targets.iter().flat_map(|x| x.to_le_bytes()).collect();
     let tbuf = Buf::from(rt, &tb)?;
     let loss = Buf::new(rt, rows * 4)?;
     loss.poison(rt)?;
     let dloss = 1.0 / rows as f32;
-    let args = Classifier { rows, v, ld, dloss, dtype: t, logits: logits.ptr(), targets: tbuf.ptr(), loss: loss.ptr() };
+    let args = Classifier {
+        rows,
+        v,
+        ld,
+        dloss,
+        dtype: t,
+        logits: logits.ptr(),
+        targets: tbuf.ptr(),
+        loss: loss.ptr(),
+    };
     let shape = format!("{rows}x{v} ld{ld}");
     if let Err(e) = classifier(rt, &args) {
         rep.fail("classifier", t.suffix(), shape, e.to_string());
@@ -250,11 +417,24 @@ fn classifier_case(rt: &Arc<CudaRuntime>, rep: &mut Report, t: FloatType, rows: 
         }
         wl[i] = m + s.ln() - row[tg as usize];
         for j in 0..v {
-            wg[i * ld + j] = ((row[j] - m).exp() / s - if j as i64 == tg { 1.0 } else { 0.0 }) * dloss as f64;
+            wg[i * ld + j] =
+                ((row[j] - m).exp() / s - if j as i64 == tg { 1.0 } else { 0.0 }) * dloss as f64;
         }
     }
-    rep.check("classifier loss", FloatType::F32, shape.clone(), rel_err(&loss.read(rt, FloatType::F32)?, &wl), format!("{} logits", t.suffix()));
-    rep.check("classifier dlogits in place", t, shape, rel_err(&logits.read(rt, t)?, &wg), "");
+    rep.check(
+        "classifier loss",
+        FloatType::F32,
+        shape.clone(),
+        rel_err(&loss.read(rt, FloatType::F32)?, &wl),
+        format!("{} logits", t.suffix()),
+    );
+    rep.check(
+        "classifier dlogits in place",
+        t,
+        shape,
+        rel_err(&logits.read(rt, t)?, &wg),
+        "",
+    );
     Ok(())
 }
 
@@ -262,7 +442,13 @@ fn ew_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     let n = 10007;
     let mut rng = Rng(400);
     for t in FloatType::ALL {
-        for (op, nm) in [(EwOp::Add, "ew add"), (EwOp::Mul, "ew mul"), (EwOp::Scale, "ew scale"), (EwOp::Gelu, "ew gelu"), (EwOp::GeluBackward, "ew gelu bwd")] {
+        for (op, nm) in [
+            (EwOp::Add, "ew add"),
+            (EwOp::Mul, "ew mul"),
+            (EwOp::Scale, "ew scale"),
+            (EwOp::Gelu, "ew gelu"),
+            (EwOp::GeluBackward, "ew gelu bwd"),
+        ] {
             for offset in [0usize, 1] {
                 let (a, av) = Buf::vals(rt, t, &rng.vals(n, 2.0))?;
                 let (b, bv) = Buf::vals(rt, t, &rng.vals(n, 2.0))?;
@@ -272,20 +458,33 @@ fn ew_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
                 let m = n - offset;
                 let c = 0.37f32;
                 let shape = format!("n{m}{}", if offset > 0 { " unaligned" } else { " aligned" });
-                if let Err(e) = elementwise(rt, op, t, m, a.ptr() + sz, b.ptr() + sz, c, y.ptr() + sz) {
+                if let Err(e) = elementwise(
+                    rt,
+                    &Elementwise {
+                        op,
+                        dtype: t,
+                        n: m,
+                        a: a.ptr() + sz,
+                        b: b.ptr() + sz,
+                        c,
+                        y: y.ptr() + sz,
+                    },
+                ) {
                     rep.fail(nm, t.suffix(), shape, e.to_string());
                     continue;
                 }
-                let want: Vec<f64> = (offset..n).map(|i| {
-                    let (x, z) = (av[i], bv[i]);
-                    match op {
-                        EwOp::Add => x + z,
-                        EwOp::Mul => x * z,
-                        EwOp::Scale => x * c as f64,
-                        EwOp::Gelu => super::matmul::gelu(x),
-                        EwOp::GeluBackward => x * super::matmul::dgelu(z),
-                    }
-                }).collect();
+                let want: Vec<f64> = (offset..n)
+                    .map(|i| {
+                        let (x, z) = (av[i], bv[i]);
+                        match op {
+                            EwOp::Add => x + z,
+                            EwOp::Mul => x * z,
+                            EwOp::Scale => x * c as f64,
+                            EwOp::Gelu => super::matmul::gelu(x),
+                            EwOp::GeluBackward => x * super::matmul::dgelu(z),
+                        }
+                    })
+                    .collect();
                 let got = y.read(rt, t)?;
                 rep.check(nm, t, shape, rel_err(&got[offset..], &want), "");
             }
@@ -308,7 +507,12 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, ceil: &Ceilings) -> Result<()> {
+pub(super) fn timings(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    repeats: usize,
+    ceil: &Ceilings,
+) -> Result<()> {
     let bw = format!("{:.0} GB/s copy", ceil.bw);
     let t = FloatType::Bf16;
     let mut rng = Rng(500);
@@ -321,20 +525,69 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
     let (b, _) = Buf::vals(rt, t, &rng.vals(c, 1.0))?;
     let (r, y) = (Buf::new(rt, n * 2)?, Buf::new(rt, n * 2)?);
     let (mean, rstd) = (Buf::new(rt, rows * 4)?, Buf::new(rt, rows * 4)?);
-    let fwd = LayerNormForward { rows, cols: c, eps: 1e-5, dtype: t, x: x.ptr(), residual: Some(a.ptr()), weight: w.ptr(), bias: b.ptr(), sum_out: Some(r.ptr()), y: y.ptr(), mean: mean.ptr(), rstd: rstd.ptr() };
-    let ms = super::time_ms(rt, repeats, |_| layer_norm_forward(rt, &fwd).map_err(Into::into))?;
-    rep.time("layernorm fwd +res", "bf16", format!("{rows}x{c}"), ms, (4 * n * 2) as f64, "GB/s", bw.clone());
+    let fwd = LayerNormForward {
+        rows,
+        cols: c,
+        eps: 1e-5,
+        dtype: t,
+        x: x.ptr(),
+        residual: Some(a.ptr()),
+        weight: w.ptr(),
+        bias: b.ptr(),
+        sum_out: Some(r.ptr()),
+        y: y.ptr(),
+        mean: mean.ptr(),
+        rstd: rstd.ptr(),
+    };
+    let ms = super::time_ms(rt, repeats, |_| {
+        layer_norm_forward(rt, &fwd).map_err(Into::into)
+    })?;
+    rep.time(
+        "layernorm fwd +res",
+        "bf16",
+        format!("{rows}x{c}"),
+        ms,
+        ((4 * n * 2) as f64, "GB/s"),
+        bw.clone(),
+    );
     let (dw, db) = (Buf::new(rt, c * 4)?, Buf::new(rt, c * 4)?);
     let dr = Buf::new(rt, n * 2)?;
-    let bwd = LayerNormBackward { rows, cols: c, dtype: t, dy: y.ptr(), r: r.ptr(), mean: mean.ptr(), rstd: rstd.ptr(), weight: w.ptr(), residual_grad: Some(a.ptr()), dr: dr.ptr(), dweight: dw.ptr(), dbias: db.ptr(), accumulate: false };
-    let ms = super::time_ms(rt, repeats, |_| layer_norm_backward(rt, &bwd).map_err(Into::into))?;
-    rep.time("layernorm bwd +res", "bf16", format!("{rows}x{c}"), ms, (4 * n * 2) as f64, "GB/s", bw.clone());
+    let bwd = LayerNormBackward {
+        rows,
+        cols: c,
+        dtype: t,
+        dy: y.ptr(),
+        r: r.ptr(),
+        mean: mean.ptr(),
+        rstd: rstd.ptr(),
+        weight: w.ptr(),
+        residual_grad: Some(a.ptr()),
+        dr: dr.ptr(),
+        dweight: dw.ptr(),
+        dbias: db.ptr(),
+        accumulate: false,
+    };
+    let ms = super::time_ms(rt, repeats, |_| {
+        layer_norm_backward(rt, &bwd).map_err(Into::into)
+    })?;
+    rep.time(
+        "layernorm bwd +res",
+        "bf16",
+        format!("{rows}x{c}"),
+        ms,
+        ((4 * n * 2) as f64, "GB/s"),
+        bw.clone(),
+    );
 
     // AdamW over 124M parameters in 50 tensors, bf16 gradients, bf16 copies written.
     let (count, per) = (50, 2_480_000);
     let mut bufs = Vec::new();
     let pattern = 1 << 16;
-    let (pv, gv, mv) = (rng.vals(pattern, 1.0), rng.vals(pattern, 0.1), rng.vals(pattern, 0.01));
+    let (pv, gv, mv) = (
+        rng.vals(pattern, 1.0),
+        rng.vals(pattern, 0.1),
+        rng.vals(pattern, 0.01),
+    );
     let vv: Vec<f64> = rng.vals(pattern, 1e-3).iter().map(|x| x.abs()).collect();
     for _ in 0..count {
         let f = FloatType::F32;
@@ -345,21 +598,67 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
         let copy = Buf::new(rt, per * 2)?;
         bufs.push((p, g, m, v, copy));
     }
-    let hyper = AdamHyper { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, t: 10, grad_scale: 0.5 };
-    let list: Vec<AdamTensor> = bufs.iter().map(|(p, g, m, v, c)| AdamTensor { param: p.ptr(), grad: g.ptr(), m: m.ptr(), v: v.ptr(), param_bf16: c.ptr(), n: per as i64, decay: hyper.decay(0.1), grad_bf16: 1 }).collect();
-    let ms = super::time_ms(rt, repeats, |_| adamw_multi(rt, &list, &hyper).map_err(Into::into))?;
-    rep.time("adamw multi-tensor (1 launch)", "f32", format!("{count}x{per} bf16 grad"), ms, (count * per * 28) as f64, "GB/s", bw.clone());
+    let hyper = AdamHyper {
+        lr: 1e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        t: 10,
+        grad_scale: 0.5,
+    };
+    let list: Vec<AdamTensor> = bufs
+        .iter()
+        .map(|(p, g, m, v, c)| AdamTensor {
+            param: p.ptr(),
+            grad: g.ptr(),
+            m: m.ptr(),
+            v: v.ptr(),
+            param_bf16: c.ptr(),
+            n: per as i64,
+            decay: hyper.decay(0.1),
+            grad_bf16: 1,
+        })
+        .collect();
+    let ms = super::time_ms(rt, repeats, |_| {
+        adamw_multi(rt, &list, &hyper).map_err(Into::into)
+    })?;
+    rep.time(
+        "adamw multi-tensor (1 launch)",
+        "f32",
+        format!("{count}x{per} bf16 grad"),
+        ms,
+        ((count * per * 28) as f64, "GB/s"),
+        bw.clone(),
+    );
     drop(bufs);
 
     // Fused classifier, GPT-2 vocabulary padded to 50304.
     let (rows, v, ld) = (8192, 50257, 50304);
     let logits = Buf::repeat(rt, t, &rng.vals(ld * 7, 3.0), rows * ld)?;
-    let tg: Vec<u8> = (0..rows).flat_map(|i| ((i * 7919 % v) as i64).to_le_bytes()).collect();
+    let tg: Vec<u8> = (0..rows)
+        .flat_map(|i| ((i * 7919 % v) as i64).to_le_bytes())
+        .collect();
     let tbuf = Buf::from(rt, &tg)?;
     let loss = Buf::new(rt, rows * 4)?;
-    let args = Classifier { rows, v, ld, dloss: 1.0 / rows as f32, dtype: t, logits: logits.ptr(), targets: tbuf.ptr(), loss: loss.ptr() };
+    let args = Classifier {
+        rows,
+        v,
+        ld,
+        dloss: 1.0 / rows as f32,
+        dtype: t,
+        logits: logits.ptr(),
+        targets: tbuf.ptr(),
+        loss: loss.ptr(),
+    };
     let ms = super::time_ms(rt, repeats, |_| classifier(rt, &args).map_err(Into::into))?;
-    rep.time("classifier (in place)", "bf16", format!("{rows}x{v}"), ms, (3 * rows * ld * 2) as f64, "GB/s", bw.clone());
+    rep.time(
+        "classifier (in place)",
+        "bf16",
+        format!("{rows}x{v}"),
+        ms,
+        ((3 * rows * ld * 2) as f64, "GB/s"),
+        bw.clone(),
+    );
     drop(logits);
 
     // Vectorised add.
@@ -367,9 +666,28 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
     let a = Buf::repeat(rt, t, &rng.vals(1 << 16, 1.0), n)?;
     let b = Buf::repeat(rt, t, &rng.vals((1 << 16) + 7, 1.0), n)?;
     let y = Buf::new(rt, n * 2)?;
-    let ms = super::time_ms(rt, repeats, |_| elementwise(rt, EwOp::Add, t, n, a.ptr(), b.ptr(), 0.0, y.ptr()).map_err(Into::into))?;
-    rep.time("ew add (16-byte)", "bf16", format!("n{n}"), ms, (3 * n * 2) as f64, "GB/s", bw.clone());
-    let ms = super::time_ms(rt, repeats, |_| elementwise(rt, EwOp::GeluBackward, t, n, a.ptr(), b.ptr(), 0.0, y.ptr()).map_err(Into::into))?;
-    rep.time("ew gelu bwd (16-byte)", "bf16", format!("n{n}"), ms, (3 * n * 2) as f64, "GB/s", bw);
+    for (op, nm) in [
+        (EwOp::Add, "ew add (16-byte)"),
+        (EwOp::GeluBackward, "ew gelu bwd (16-byte)"),
+    ] {
+        let e = Elementwise {
+            op,
+            dtype: t,
+            n,
+            a: a.ptr(),
+            b: b.ptr(),
+            c: 0.0,
+            y: y.ptr(),
+        };
+        let ms = super::time_ms(rt, repeats, |_| elementwise(rt, &e).map_err(Into::into))?;
+        rep.time(
+            nm,
+            "bf16",
+            format!("n{n}"),
+            ms,
+            ((3 * n * 2) as f64, "GB/s"),
+            bw.clone(),
+        );
+    }
     Ok(())
 }

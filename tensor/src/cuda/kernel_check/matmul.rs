@@ -85,13 +85,18 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, seed: u64) -> R
         Epilogue::Bias { .. } => Epilogue::Bias { bias: bp },
         Epilogue::GeluAuxBias { .. } => Epilogue::GeluAuxBias { bias: bp, pre: pp },
         Epilogue::DGelu { .. } => Epilogue::DGelu { pre: pp },
-        Epilogue::DGeluBiasGrad { .. } => Epilogue::DGeluBiasGrad { pre: pp, bias_grad: bp },
+        Epilogue::DGeluBiasGrad { .. } => Epilogue::DGeluBiasGrad {
+            pre: pp,
+            bias_grad: bp,
+        },
         Epilogue::BiasGradRows { .. } => Epilogue::BiasGradRows { bias_grad: bp },
         Epilogue::BiasGradCols { .. } => Epilogue::BiasGradCols { bias_grad: bp },
     };
     let writes_side = matches!(
         g.epilogue,
-        Epilogue::DGeluBiasGrad { .. } | Epilogue::BiasGradRows { .. } | Epilogue::BiasGradCols { .. }
+        Epilogue::DGeluBiasGrad { .. }
+            | Epilogue::BiasGradRows { .. }
+            | Epilogue::BiasGradCols { .. }
     );
     if writes_side {
         bias_buf.poison(rt)?;
@@ -99,8 +104,20 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, seed: u64) -> R
     if matches!(g.epilogue, Epilogue::GeluAuxBias { .. }) {
         pre_buf.poison(rt)?;
     }
-    let shape = format!("b{} m{} n{} k{}{}{}", g.batch, g.m, g.n, g.k, if g.ta { " ta" } else { "" }, if g.tb { " tb" } else { "" });
-    let dt = if g.tf32 { "tf32".to_string() } else { g.in_type.suffix().to_string() };
+    let shape = format!(
+        "b{} m{} n{} k{}{}{}",
+        g.batch,
+        g.m,
+        g.n,
+        g.k,
+        if g.ta { " ta" } else { "" },
+        if g.tb { " tb" } else { "" }
+    );
+    let dt = if g.tf32 {
+        "tf32".to_string()
+    } else {
+        g.in_type.suffix().to_string()
+    };
     let tol = c.tol.unwrap_or(super::tolerance(g.in_type));
     if let Err(e) = lt_matmul(rt, &g, abuf.ptr(), bbuf.ptr(), obuf.ptr()) {
         rep.fail(c.name, &dt, shape, e.to_string());
@@ -120,7 +137,9 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, seed: u64) -> R
                     want_pre.push(base + bias[j]);
                     gelu(base + bias[j])
                 }
-                Epilogue::DGelu { .. } | Epilogue::DGeluBiasGrad { .. } => base * dgelu(pre_in[idx]),
+                Epilogue::DGelu { .. } | Epilogue::DGeluBiasGrad { .. } => {
+                    base * dgelu(pre_in[idx])
+                }
                 _ => base,
             };
             if matches!(g.epilogue, Epilogue::DGeluBiasGrad { .. }) {
@@ -132,27 +151,43 @@ fn check_case(rt: &Arc<CudaRuntime>, rep: &mut Report, c: &Case, seed: u64) -> R
             Epilogue::BiasGradRows { .. } => {
                 let a = &a[e * na..][..na];
                 for (i, w) in want_side.iter_mut().enumerate() {
-                    *w += (0..g.k).map(|p| if g.ta { a[p * g.m + i] } else { a[i * g.k + p] }).sum::<f64>();
+                    *w += (0..g.k)
+                        .map(|p| if g.ta { a[p * g.m + i] } else { a[i * g.k + p] })
+                        .sum::<f64>();
                 }
             }
             Epilogue::BiasGradCols { .. } => {
                 let b = &b[e * nb..][..nb];
                 for (j, w) in want_side.iter_mut().enumerate() {
-                    *w += (0..g.k).map(|p| if g.tb { b[j * g.k + p] } else { b[p * g.n + j] }).sum::<f64>();
+                    *w += (0..g.k)
+                        .map(|p| if g.tb { b[j * g.k + p] } else { b[p * g.n + j] })
+                        .sum::<f64>();
                 }
             }
             _ => {}
         }
     }
     let got = obuf.read(rt, g.out_type)?;
-    rep.check_tol(c.name, &dt, shape.clone(), rel_err(&got, &want), tol, "");
+    rep.check_tol(c.name, &dt, shape.clone(), (rel_err(&got, &want), tol), "");
     if !want_pre.is_empty() {
         let pre = pre_buf.read(rt, g.out_type)?;
-        rep.check_tol(&format!("{} (pre-activation)", c.name), &dt, shape.clone(), rel_err(&pre, &want_pre), tol, "");
+        rep.check_tol(
+            &format!("{} (pre-activation)", c.name),
+            &dt,
+            shape.clone(),
+            (rel_err(&pre, &want_pre), tol),
+            "",
+        );
     }
     if writes_side {
         let side = bias_buf.read(rt, g.out_type)?;
-        rep.check_tol(&format!("{} (bias grad)", c.name), &dt, shape, rel_err(&side, &want_side), tol, "");
+        rep.check_tol(
+            &format!("{} (bias grad)", c.name),
+            &dt,
+            shape,
+            (rel_err(&side, &want_side), tol),
+            "",
+        );
     }
     Ok(())
 }
@@ -174,18 +209,89 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ..base(m, n, k, Bf16)
     };
     let cases = [
-        Case { name: "lt plain", g: e(Epilogue::None, Bf16), tol: None },
-        Case { name: "lt bias", g: e(Epilogue::Bias { bias: z }, Bf16), tol: None },
-        Case { name: "lt gelu aux bias", g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, Bf16), tol: None },
-        Case { name: "lt dgelu", g: LtMatmul { tb: false, ..e(Epilogue::DGelu { pre: z }, Bf16) }, tol: None },
-        Case { name: "lt dgelu bgrad", g: LtMatmul { tb: false, ..e(Epilogue::DGeluBiasGrad { pre: z, bias_grad: z }, Bf16) }, tol: None },
-        Case { name: "lt wgrad beta1 + bgrad rows", g: wgrad(Epilogue::BiasGradRows { bias_grad: z }), tol: None },
-        Case { name: "lt beta1 + bgrad cols", g: LtMatmul { ta: false, tb: false, ..wgrad(Epilogue::BiasGradCols { bias_grad: z }) }, tol: None },
-        Case { name: "lt batched", g: LtMatmul { batch: 3, strides: ((m * k) as i64, (k * n) as i64, (m * n) as i64), ..e(Epilogue::None, Bf16) }, tol: None },
-        Case { name: "lt bias", g: e(Epilogue::Bias { bias: z }, F16), tol: None },
-        Case { name: "lt gelu aux bias", g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, F16), tol: None },
-        Case { name: "lt bias", g: e(Epilogue::Bias { bias: z }, F32), tol: None },
-        Case { name: "lt tf32 plain", g: LtMatmul { tf32: true, ..e(Epilogue::None, F32) }, tol: Some(1e-3) },
+        Case {
+            name: "lt plain",
+            g: e(Epilogue::None, Bf16),
+            tol: None,
+        },
+        Case {
+            name: "lt bias",
+            g: e(Epilogue::Bias { bias: z }, Bf16),
+            tol: None,
+        },
+        Case {
+            name: "lt gelu aux bias",
+            g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, Bf16),
+            tol: None,
+        },
+        Case {
+            name: "lt dgelu",
+            g: LtMatmul {
+                tb: false,
+                ..e(Epilogue::DGelu { pre: z }, Bf16)
+            },
+            tol: None,
+        },
+        Case {
+            name: "lt dgelu bgrad",
+            g: LtMatmul {
+                tb: false,
+                ..e(
+                    Epilogue::DGeluBiasGrad {
+                        pre: z,
+                        bias_grad: z,
+                    },
+                    Bf16,
+                )
+            },
+            tol: None,
+        },
+        Case {
+            name: "lt wgrad beta1 + bgrad rows",
+            g: wgrad(Epilogue::BiasGradRows { bias_grad: z }),
+            tol: None,
+        },
+        Case {
+            name: "lt beta1 + bgrad cols",
+            g: LtMatmul {
+                ta: false,
+                tb: false,
+                ..wgrad(Epilogue::BiasGradCols { bias_grad: z })
+            },
+            tol: None,
+        },
+        Case {
+            name: "lt batched",
+            g: LtMatmul {
+                batch: 3,
+                strides: ((m * k) as i64, (k * n) as i64, (m * n) as i64),
+                ..e(Epilogue::None, Bf16)
+            },
+            tol: None,
+        },
+        Case {
+            name: "lt bias",
+            g: e(Epilogue::Bias { bias: z }, F16),
+            tol: None,
+        },
+        Case {
+            name: "lt gelu aux bias",
+            g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, F16),
+            tol: None,
+        },
+        Case {
+            name: "lt bias",
+            g: e(Epilogue::Bias { bias: z }, F32),
+            tol: None,
+        },
+        Case {
+            name: "lt tf32 plain",
+            g: LtMatmul {
+                tf32: true,
+                ..e(Epilogue::None, F32)
+            },
+            tol: Some(1e-3),
+        },
     ];
     for (i, c) in cases.iter().enumerate() {
         check_case(rt, rep, c, 200 + i as u64)?;
@@ -196,16 +302,26 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
 /// bf16 TFLOP/s of an 8192^3 product (the matmul ceiling).
 pub(super) fn ceiling(rt: &Arc<CudaRuntime>, repeats: usize) -> Result<f64> {
     let s = 8192;
-    let g = LtMatmul { tb: false, ..base(s, s, s, FloatType::Bf16) };
+    let g = LtMatmul {
+        tb: false,
+        ..base(s, s, s, FloatType::Bf16)
+    };
     let mut rng = Rng(7);
     let (a, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(s * s, 1.0))?;
     let (b, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(s * s, 1.0))?;
     let o = Buf::new(rt, s * s * 2)?;
-    let ms = super::time_ms(rt, repeats, |_| lt_matmul(rt, &g, a.ptr(), b.ptr(), o.ptr()).map_err(Into::into))?;
+    let ms = super::time_ms(rt, repeats, |_| {
+        lt_matmul(rt, &g, a.ptr(), b.ptr(), o.ptr()).map_err(Into::into)
+    })?;
     Ok(2.0 * (s * s * s) as f64 / (ms * 1e-3) / 1e12)
 }
 
-pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, ceil: &Ceilings) -> Result<()> {
+pub(super) fn timings(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    repeats: usize,
+    ceil: &Ceilings,
+) -> Result<()> {
     let (tokens, c, h) = (8192, 768, 3072);
     let mut rng = Rng(8);
     let (x, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(tokens * c, 1.0))?;
@@ -214,13 +330,25 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
     let pre = Buf::new(rt, tokens * h * 2)?;
     let out = Buf::new(rt, tokens * h * 2)?;
     let g = LtMatmul {
-        epilogue: Epilogue::GeluAuxBias { bias: bias.ptr(), pre: pre.ptr() },
+        epilogue: Epilogue::GeluAuxBias {
+            bias: bias.ptr(),
+            pre: pre.ptr(),
+        },
         ..base(tokens, h, c, FloatType::Bf16)
     };
     let ceiling = format!("{:.0} TFLOP/s", ceil.mm);
     let flops = 2.0 * (tokens * h * c) as f64;
-    let ms = super::time_ms(rt, repeats, |_| lt_matmul(rt, &g, x.ptr(), w.ptr(), out.ptr()).map_err(Into::into))?;
-    rep.time("lt fc gelu aux bias", "bf16", format!("{tokens}x{c} @ {c}x{h}"), ms, flops, "TFLOP/s", ceiling.clone());
+    let ms = super::time_ms(rt, repeats, |_| {
+        lt_matmul(rt, &g, x.ptr(), w.ptr(), out.ptr()).map_err(Into::into)
+    })?;
+    rep.time(
+        "lt fc gelu aux bias",
+        "bf16",
+        format!("{tokens}x{c} @ {c}x{h}"),
+        ms,
+        (flops, "TFLOP/s"),
+        ceiling.clone(),
+    );
     // Weight gradient dW[h, c] += dY^T X with the bias gradient, f32 out.
     let (dw, _) = Buf::vals(rt, FloatType::F32, &rng.vals(h * c, 1.0))?;
     let db = Buf::new(rt, h * 4)?;
@@ -230,10 +358,21 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, repeats: usize, c
         tb: false,
         out_type: FloatType::F32,
         beta: 1.0,
-        epilogue: Epilogue::BiasGradRows { bias_grad: db.ptr() },
+        epilogue: Epilogue::BiasGradRows {
+            bias_grad: db.ptr(),
+        },
         ..base(h, c, tokens, FloatType::Bf16)
     };
-    let ms = super::time_ms(rt, repeats, |_| lt_matmul(rt, &g, dy.ptr(), x.ptr(), dw.ptr()).map_err(Into::into))?;
-    rep.time("lt wgrad beta1 bgrad", "bf16", format!("{h}x{tokens} @ {tokens}x{c}"), ms, flops, "TFLOP/s", ceiling);
+    let ms = super::time_ms(rt, repeats, |_| {
+        lt_matmul(rt, &g, dy.ptr(), x.ptr(), dw.ptr()).map_err(Into::into)
+    })?;
+    rep.time(
+        "lt wgrad beta1 bgrad",
+        "bf16",
+        format!("{h}x{tokens} @ {tokens}x{c}"),
+        ms,
+        (flops, "TFLOP/s"),
+        ceiling,
+    );
     Ok(())
 }

@@ -62,29 +62,26 @@ struct Report {
 }
 
 impl Report {
-    fn check(&mut self, name: &str, dtype: FloatType, shape: String, err: f64, note: impl Into<String>) {
-        let c = Check {
-            name: name.to_string(),
-            dtype: dtype.suffix().to_string(),
-            shape,
-            err,
-            tol: tolerance(dtype),
-            note: note.into(),
-        };
-        println!(
-            "check {:<34} {:<5} {:<28} err {:.3e} tol {:.0e} {} {}",
-            c.name,
-            c.dtype,
-            c.shape,
-            c.err,
-            c.tol,
-            if c.pass() { "PASS" } else { "FAIL" },
-            c.note
-        );
-        self.checks.push(c);
+    /// A check at the tolerance of `dtype`.
+    fn check(
+        &mut self,
+        name: &str,
+        dtype: FloatType,
+        shape: String,
+        err: f64,
+        note: impl Into<String>,
+    ) {
+        self.check_tol(name, dtype.suffix(), shape, (err, tolerance(dtype)), note);
     }
-    /// A check with its own tolerance (exact comparisons use 0).
-    fn check_tol(&mut self, name: &str, dtype: &str, shape: String, err: f64, tol: f64, note: impl Into<String>) {
+    /// A check with its own tolerance (exact comparisons use 0): `(error, tolerance)`.
+    fn check_tol(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        shape: String,
+        (err, tol): (f64, f64),
+        note: impl Into<String>,
+    ) {
         let c = Check {
             name: name.to_string(),
             dtype: dtype.to_string(),
@@ -106,9 +103,17 @@ impl Report {
         self.checks.push(c);
     }
     fn fail(&mut self, name: &str, dtype: &str, shape: String, why: String) {
-        self.check_tol(name, dtype, shape, f64::NAN, 0.0, why);
+        self.check_tol(name, dtype, shape, (f64::NAN, 0.0), why);
     }
-    fn time(&mut self, name: &str, dtype: &str, shape: String, ms: f64, work: f64, unit: &'static str, ceiling: String) {
+    fn time(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        shape: String,
+        ms: f64,
+        (work, unit): (f64, &'static str),
+        ceiling: String,
+    ) {
         let div = if unit == "GB/s" { 1e9 } else { 1e12 };
         let rate = work / (ms * 1e-3) / div;
         println!("time  {name:<34} {dtype:<5} {shape:<28} {ms:.4} ms {rate:.1} {unit} (ceiling {ceiling})");
@@ -258,7 +263,12 @@ impl Buf {
         rt.bind("kernel check")?;
         // SAFETY: the block holds at least `bytes` bytes; the memset is stream-ordered.
         unsafe {
-            cudarc::driver::result::memset_d8_async(self.ptr(), 0xFF, self.bytes, rt.stream().cu_stream())
+            cudarc::driver::result::memset_d8_async(
+                self.ptr(),
+                0xFF,
+                self.bytes,
+                rt.stream().cu_stream(),
+            )
         }
         .map_err(|e| derr("kernel check", e))
     }
@@ -276,7 +286,11 @@ impl Buf {
 
 /// Median milliseconds of `repeats` runs of `f(i)` (after 3 warm-up runs), each between two
 /// CUDA events on the compute stream.
-fn time_ms(rt: &Arc<CudaRuntime>, repeats: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+fn time_ms(
+    rt: &Arc<CudaRuntime>,
+    repeats: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
     let op = "kernel check timing";
     for i in 0..3 {
         f(i)?;
@@ -306,8 +320,15 @@ fn copy_ceiling(rt: &Arc<CudaRuntime>, repeats: usize) -> Result<f64> {
     a.poison(rt)?;
     let ms = time_ms(rt, repeats, |_| {
         // SAFETY: both blocks hold `bytes` bytes; the copy is stream-ordered.
-        unsafe { cudarc::driver::result::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, rt.stream().cu_stream()) }
-            .map_err(|e| derr("copy ceiling", e))
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                b.ptr(),
+                a.ptr(),
+                bytes,
+                rt.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| derr("copy ceiling", e))
     })?;
     Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
 }

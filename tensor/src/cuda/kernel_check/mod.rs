@@ -4,6 +4,7 @@
 //! then timings with CUDA events (warm-up, median of repeats, rotating inputs) as TFLOP/s or
 //! GB/s beside measured ceilings. Prints a table; `Ok(false)` when a check failed.
 
+mod adamw;
 mod attention;
 mod fused;
 mod matmul;

@@ -283,6 +283,26 @@ fn swapped_regions_are_refused_though_they_tile() {
         err.contains("piece 0 is [0..2, 0..3] in rank-00000"),
         "{err}"
     );
+    // The layout and the pieces rewritten together (a consistent manifest): each data file
+    // records its own pieces' regions, so the swap is still caught.
+    save_two_pieces(&p);
+    edit(&p, |m| {
+        let ps = pieces(m);
+        m["tensors"]["w"]["layout"]["ranks"] = json!([1, 0]);
+        let (mut a, mut b) = (ps[1].clone(), ps[0].clone());
+        a["region"] = ps[0]["region"].clone();
+        b["region"] = ps[1]["region"].clone();
+        m["tensors"]["w"]["pieces"] = json!([a, b]);
+    });
+    let err = checkpoint_err(load_w(&p));
+    assert!(
+        err.contains("rank-00000.safetensors")
+            && err.contains(
+                "w: the manifest puts the piece of this file at [2..4, 0..3], the file records \
+                 [0..2, 0..3]"
+            ),
+        "{err}"
+    );
 }
 
 #[test]

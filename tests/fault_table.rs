@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use common::binaries;
+use common::{alive, binaries};
 
 const VICTIM: usize = 2;
 /// Longest any fault may take to end the job (a stopped rank included).
@@ -83,41 +83,6 @@ fn start_job(train_args: &[String]) -> Job {
         lines,
         stderr,
     }
-}
-
-/// The workers oflaunch `pid` started, as (rank, pid), once all four exist.
-fn workers_of(pid: u32) -> Vec<(usize, i32)> {
-    let t0 = Instant::now();
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        let mut found: Vec<(usize, i32)> = children
-            .split_whitespace()
-            .filter_map(|c| c.parse::<i32>().ok())
-            .filter_map(|child| {
-                let env = std::fs::read(format!("/proc/{child}/environ")).ok()?;
-                let rank = env
-                    .split(|&b| b == 0)
-                    .find_map(|kv| kv.strip_prefix(b"RANK="))
-                    .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok())?;
-                Some((rank, child))
-            })
-            .collect();
-        if found.len() == 4 {
-            found.sort_unstable();
-            return found;
-        }
-        assert!(t0.elapsed() < T, "the workers did not start: {found:?}");
-        std::thread::yield_now();
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    matches!(state, Some(s) if s != 'Z' && s != 'X')
 }
 
 /// Waits for a stdout line containing `what`.
@@ -233,7 +198,7 @@ fn run_row(fault: Fault, when: When, scratch: &Path) -> Row {
         args.push(ckpt.to_string_lossy().into_owned());
     }
     let job = start_job(&args);
-    let workers = workers_of(job.child.id());
+    let workers = common::workers_of(job.child.id(), 4);
     let victim = workers[VICTIM].1;
     match when {
         When::StartUp => {}
@@ -297,7 +262,7 @@ fn run_row(fault: Fault, when: When, scratch: &Path) -> Row {
 
 fn store_killed_row() -> Row {
     let job = start_job(&["--steps", "100000", "--log-every", "50"].map(String::from));
-    let workers = workers_of(job.child.id());
+    let workers = common::workers_of(job.child.id(), 4);
     wait_line(&job, "step 100 loss");
     let fault_at = Instant::now();
     // SAFETY: signalling the oflaunch this test started (it serves the store).
@@ -355,7 +320,7 @@ fn rank_behind_row() -> Row {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let workers = workers_of(child.id());
+    let workers = common::workers_of(child.id(), 4);
     let err = child.stderr.take().unwrap();
     let (tx, lines) = channel();
     std::thread::spawn(move || {

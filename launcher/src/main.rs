@@ -230,7 +230,9 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
         if let Some(dir) = &cli.trace {
             merge_trace(dir);
         }
-        if !matches!(outcome, Outcome::StoreLost(..)) {
+        // Workers that all succeeded unlinked their own names; with the store gone nobody can
+        // say which names were the job's.
+        if !matches!(outcome, Outcome::Success | Outcome::StoreLost(..)) {
             remove_leftover_segments(&rdzv, generation, &job);
         }
         let failure = match outcome {

@@ -53,13 +53,15 @@ pub struct Limit {
     pub hard: Option<u64>,
 }
 
-/// The limits a resource death is explained with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The limits a resource death is explained with, and the CPU time used.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Limits {
     /// RLIMIT_FSIZE, bytes.
     pub file_size: Limit,
     /// RLIMIT_CPU, seconds.
     pub cpu_time: Limit,
+    /// User and system CPU seconds the process used.
+    pub cpu_used: Option<f64>,
 }
 
 fn parse_value(v: &str) -> Option<u64> {
@@ -84,11 +86,25 @@ pub fn parse_limits(text: &str) -> Limits {
     out
 }
 
-/// The limits of `pid` (a live process or a zombie not yet reaped).
+/// User plus system CPU seconds from the text of `/proc/PID/stat`.
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    // Fields after the command name: state is field 3, utime 14, stime 15.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 / hz as f64)
+}
+
+/// The limits and CPU time of `pid` (a live process or a zombie not yet reaped).
 pub fn limits_of(pid: i32) -> Option<Limits> {
-    std::fs::read_to_string(format!("/proc/{pid}/limits"))
+    let mut limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
         .ok()
-        .map(|t| parse_limits(&t))
+        .map(|t| parse_limits(&t))?;
+    limits.cpu_used = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| cpu_seconds(&s));
+    Some(limits)
 }
 
 /// The cgroup (v2) directory of `pid`.
@@ -136,8 +152,8 @@ impl OomWatch {
         let (before, after) = (self.kills_at_start?, oom_kills(cgroup)?);
         (after > before).then(|| {
             format!(
-                "the kernel's OOM killer: oom_kill in {}/memory.events rose from {before} to \
-                 {after} (memory.max {})",
+                "likely the kernel's OOM killer: oom_kill in {}/memory.events rose from \
+                 {before} to {after} while it ran (memory.max {})",
                 cgroup.display(),
                 memory_max(cgroup).unwrap_or_else(|| "unknown".into())
             )
@@ -160,17 +176,25 @@ pub fn resource_death(
             "it exceeded its file-size limit (RLIMIT_FSIZE, `ulimit -f`: {})",
             limits.map_or_else(|| "unknown".into(), |l| show(l.file_size.soft, "bytes"))
         )),
-        libc::SIGXCPU => Some(format!(
-            "it exceeded its CPU-time limit (RLIMIT_CPU, `ulimit -t`: {})",
-            limits.map_or_else(|| "unknown".into(), |l| show(l.cpu_time.soft, "s"))
-        )),
-        libc::SIGKILL => oom.and_then(OomWatch::evidence).or_else(|| {
-            let hard = limits?.cpu_time.hard?;
-            Some(format!(
-                "by the kernel or another process (no OOM kill recorded in its cgroup; its hard \
-                 CPU-time limit, RLIMIT_CPU, is {hard} s)"
-            ))
+        // The kernel raises the soft limit by 1 s each time it sends SIGXCPU, so the time used
+        // says more than the limit read afterwards.
+        libc::SIGXCPU => Some(match limits.and_then(|l| l.cpu_used) {
+            Some(used) => format!(
+                "it exceeded its soft CPU-time limit (RLIMIT_CPU, `ulimit -t`) after using \
+                 {used:.1} s of CPU"
+            ),
+            None => "it exceeded its soft CPU-time limit (RLIMIT_CPU, `ulimit -t`)".into(),
         }),
+        libc::SIGKILL => {
+            let cpu = limits.and_then(|l| Some((l.cpu_time.hard?, l.cpu_used?)));
+            match cpu {
+                Some((hard, used)) if used + 0.05 >= hard as f64 => Some(format!(
+                    "it reached its hard CPU-time limit (RLIMIT_CPU, `ulimit -Ht`: {hard} s; it \
+                     used {used:.1} s)"
+                )),
+                _ => oom.and_then(OomWatch::evidence),
+            }
+        }
         _ => None,
     }
 }
@@ -205,9 +229,26 @@ mod tests {
             "{why}"
         );
         let why = resource_death(libc::SIGXCPU, Some(&l), None).unwrap();
-        assert!(why.contains("`ulimit -t`: 2 s"), "{why}");
+        assert!(
+            why.contains("soft CPU-time limit (RLIMIT_CPU, `ulimit -t`)"),
+            "{why}"
+        );
         assert_eq!(resource_death(libc::SIGSEGV, Some(&l), None), None);
         assert_eq!(resource_death(libc::SIGKILL, Some(&l), None), None);
+        let spent = Limits {
+            cpu_time: Limit {
+                soft: Some(1),
+                hard: Some(1),
+            },
+            cpu_used: Some(1.0),
+            ..l
+        };
+        let why = resource_death(libc::SIGKILL, Some(&spent), None).unwrap();
+        assert!(
+            why.contains("hard CPU-time limit (RLIMIT_CPU, `ulimit -Ht`: 1 s"),
+            "{why}"
+        );
+        assert!(cpu_seconds("1 (a b) R 1 2 3 4 5 6 7 8 9 10 200 100 0").is_some());
     }
 
     #[test]

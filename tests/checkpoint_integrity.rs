@@ -399,7 +399,8 @@ fn optimizer_state_is_whole_or_refused() {
     let mut sgd = classifier(OptimizerKind::Sgd);
     let err = checkpoint_err(sgd.resume(&p));
     assert!(err.contains("does not fit this optimizer"), "{err}");
-    let damages: [(&str, &str, fn(&mut Value)); 4] = [
+    type Damage = (&'static str, &'static str, fn(&mut Value));
+    let damages: [Damage; 4] = [
         (
             "one entry removed",
             "optimizer state optim/mlp.fc2.bias/exp_avg_sq is missing",

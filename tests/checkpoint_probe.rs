@@ -16,28 +16,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use catalogue_damages::{edit, poison};
-use common::{binaries, curve, launch};
+use common::{binaries, curve, launch, TINY_GPT};
 use serde_json::{json, Value};
-
-/// The tiny GPT of the probe: 2 blocks, width 32, 4 heads, 16-token windows.
-const TINY: [&str; 16] = [
-    "--model",
-    "gpt",
-    "--layers",
-    "2",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxiflow-probe-{}-{name}", std::process::id()));
@@ -64,7 +44,8 @@ fn copy_dir(from: &Path, to: &Path) {
 fn train(args: &[&str]) -> Output {
     let (_, train) = binaries();
     Command::new(train)
-        .args(TINY)
+        .args(["--model", "gpt"])
+        .args(TINY_GPT)
         .args(["--seed", "9"])
         .args(args)
         .output()
@@ -110,7 +91,8 @@ fn the_probe_cases_are_refused_by_train_or_fall_back_with_a_warning() {
     let root = scratch("gpt");
     let saved = root.join("step40");
     let s = saved.to_str().unwrap().to_string();
-    let mut args = TINY.to_vec();
+    let mut args = vec!["--model", "gpt"];
+    args.extend(TINY_GPT);
     args.extend(["--seed", "9", "--tp", "2", "--steps", "40", "--save", &s]);
     let out = launch(2, &args);
     assert!(out.status.success(), "{}", text(&out).1);

@@ -6,92 +6,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use common::{alive, binaries, ptrace_freeze, workers_of};
+use common::{alive, finish_job, ptrace_freeze, start_job, wait_line, workers_of, TINY_GPT};
 
 /// The longest oflaunch may take, by its own measure, from a rank's last progress to stopping
 /// the workers: the 10 s bound and a small margin for a loaded machine.
 const BOUND: f64 = 10.5;
 /// Wall-clock limit of a whole job (generous: a bound on hangs, not the measure).
 const T: Duration = Duration::from_secs(90);
-
-struct Job {
-    child: std::process::Child,
-    lines: Receiver<String>,
-    stderr: std::thread::JoinHandle<String>,
-}
-
-fn start(nproc: usize, train_args: &[&str]) -> Job {
-    let (oflaunch, train) = binaries();
-    let mut child = Command::new(oflaunch)
-        .args(["--nproc-per-node", &nproc.to_string(), "--backend", "cpu"])
-        .arg(train)
-        .args(train_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let (tx, lines) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
-        s
-    });
-    Job {
-        child,
-        lines,
-        stderr,
-    }
-}
-
-fn wait_line(job: &Job, what: &str) {
-    let deadline = Instant::now() + T;
-    loop {
-        match job
-            .lines
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            Ok(line) if line.contains(what) => return,
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {T:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("the job ended before {what:?}"),
-        }
-    }
-}
-
-/// Waits for the job's end: (seconds from `frozen_at`, exit code, stderr).
-fn finish(mut job: Job, frozen_at: Instant) -> (f64, i32, String) {
-    let status = loop {
-        if let Some(s) = job.child.try_wait().unwrap() {
-            break s;
-        }
-        if frozen_at.elapsed() > T {
-            let _ = job.child.kill();
-            panic!("oflaunch still running {T:?} after the freeze");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let took = frozen_at.elapsed().as_secs_f64();
-    (
-        took,
-        status.code().unwrap_or(-1),
-        job.stderr.join().unwrap(),
-    )
-}
 
 /// oflaunch's own measure: "the workers were stopped X s after rank R last showed progress".
 fn measured(stderr: &str, rank: usize) -> f64 {
@@ -109,13 +32,14 @@ fn measured(stderr: &str, rank: usize) -> f64 {
 /// Freezes `victim` under ptrace once the job has trained a while; checks the job ends
 /// naming it, within the bound, with nothing left running. Returns oflaunch's stderr.
 fn freeze_and_check(nproc: usize, args: &[&str], ready: &str, victim: usize) -> String {
-    let job = start(nproc, args);
+    let job = start_job(nproc, args);
     let workers = workers_of(job.child.id(), nproc);
-    wait_line(&job, ready);
+    wait_line(&job, ready, T);
     let pid = workers[victim].1;
     let frozen_at = Instant::now();
     let (tracer, tracer_tid) = ptrace_freeze(pid);
-    let (took, code, stderr) = finish(job, frozen_at);
+    let (took, code, stderr) = finish_job(job, frozen_at, T);
+    let took = took.as_secs_f64();
     tracer.join().unwrap();
     let by_oflaunch = measured(&stderr, victim);
     eprintln!(
@@ -163,37 +87,19 @@ fn a_rank_frozen_under_ptrace_ends_the_job_naming_it() {
 /// may be named behind, but only as waiting themselves; the failure is rank 3's.
 #[test]
 fn a_frozen_pipeline_stage_is_blamed_not_its_neighbours() {
-    let stderr = freeze_and_check(
-        4,
-        &[
-            "--model",
-            "gpt",
-            "--layers",
-            "2",
-            "--width",
-            "32",
-            "--heads",
-            "4",
-            "--seq-len",
-            "16",
-            "--batch-size",
-            "8",
-            "--gen-tokens",
-            "0",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batches",
-            "2",
-            "--steps",
-            "100000000",
-            "--log-every",
-            "5",
-        ],
-        "step 10 loss",
-        3,
-    );
+    let mut args = vec!["--model", "gpt"];
+    args.extend(TINY_GPT);
+    args.extend([
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--micro-batches",
+        "2",
+        "--steps",
+        "100000000",
+    ]);
+    let stderr = freeze_and_check(4, &args, "step 10 loss", 3);
     for line in stderr.lines().filter(|l| l.contains(" is behind: ")) {
         let line = line.trim_start().trim_start_matches("oflaunch: ");
         assert!(

@@ -333,7 +333,7 @@ fn freeze_a_node(frozen: usize) -> (Finished, f64) {
         cmd.args(&args);
         start(cmd)
     };
-    let mut nodes = vec![Some(start_node("0")), Some(start_node("1"))];
+    let mut nodes = [Some(start_node("0")), Some(start_node("1"))];
     let pid_of = |n: &Option<Running>| n.as_ref().unwrap().child.id();
     let t0 = std::time::Instant::now();
     while (0..2).any(|n| children_of(pid_of(&nodes[n])).len() < 2) {

@@ -196,3 +196,102 @@ pub fn workers_of(pid: u32, n: usize) -> Vec<(usize, i32)> {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// The tiny GPT of the tests: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch, no
+/// sample, the loss every step.
+pub const TINY_GPT: [&str; 14] = [
+    "--layers",
+    "2",
+    "--width",
+    "32",
+    "--heads",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--gen-tokens",
+    "0",
+    "--log-every",
+    "1",
+];
+
+/// A running `oflaunch ... train` job: its stdout lines as they come, its stderr at the end.
+pub struct Job {
+    pub child: std::process::Child,
+    pub lines: std::sync::mpsc::Receiver<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+/// Starts `oflaunch --nproc-per-node N --backend cpu train ARGS`.
+pub fn start_job(nproc: usize, train_args: &[&str]) -> Job {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let (oflaunch, train) = binaries();
+    let mut child = Command::new(oflaunch)
+        .args(["--nproc-per-node", &nproc.to_string(), "--backend", "cpu"])
+        .arg(train)
+        .args(train_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start oflaunch");
+    let out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    Job {
+        child,
+        lines,
+        stderr,
+    }
+}
+
+/// Waits (up to `limit`) for a stdout line of `job` containing `what`.
+pub fn wait_line(job: &Job, what: &str, limit: std::time::Duration) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match job.lines.recv_timeout(left) {
+            Ok(line) if line.contains(what) => return,
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {limit:?}"),
+            Err(RecvTimeoutError::Disconnected) => panic!("the job ended before {what:?}"),
+        }
+    }
+}
+
+/// Waits (up to `limit` after `since`) for `job` to end; returns (time since `since`, exit
+/// code, stderr).
+pub fn finish_job(
+    mut job: Job,
+    since: std::time::Instant,
+    limit: std::time::Duration,
+) -> (std::time::Duration, i32, String) {
+    let status = loop {
+        if let Some(s) = job.child.try_wait().expect("wait for oflaunch") {
+            break s;
+        }
+        if since.elapsed() > limit {
+            let _ = job.child.kill();
+            panic!("oflaunch still running {limit:?} after the fault");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let took = since.elapsed();
+    let stderr = job.stderr.join().expect("stderr reader");
+    (took, status.code().unwrap_or(-1), stderr)
+}

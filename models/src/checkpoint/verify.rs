@@ -153,7 +153,7 @@ pub(crate) fn parse_file<'a>(bytes: &'a [u8], path: &Path) -> Result<DataFile<'a
 /// file at a time.
 pub(crate) fn verify(dir: &Path, manifest: &Manifest) -> Result<()> {
     let mut by_file: HashMap<&str, Vec<(&str, &PieceEntry, DType)>> = HashMap::new();
-    for (name, _) in &manifest.tensors {
+    for name in manifest.tensors.keys() {
         let (entry, dtype) = manifest
             .tensor(name)
             .ok_or_else(|| bad(dir, format!("{name}: unknown dtype")))?;

@@ -108,6 +108,10 @@ fn a_save_onto_a_file_is_refused_and_later_saves_still_work() {
     // Once the file is gone, saves to that path work, twice (the second replaces the first),
     // and leave nothing beside the checkpoint (no lock file, no .partial, no .old).
     std::fs::remove_file(&p).unwrap();
+    // A path whose parent does not exist yet: made.
+    let nested = dir("nested").join("a").join("b");
+    save_local(&nested, 1);
+    assert_eq!(load_w(&nested).unwrap(), arange12());
     save_local(&p, 1);
     save_local(&p, 2);
     assert_eq!(load_w(&p).unwrap(), arange12());

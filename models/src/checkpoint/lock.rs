@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 
-use super::atomic::{io_err, sibling};
+use super::atomic::{io_err, parent_of, sibling};
 
 /// How long a save waits for another save of the same path when `SaveOptions::lock_wait` is
 /// not set.
@@ -57,6 +57,9 @@ impl SaveLock {
     /// Takes the lock of a save to `target`, waiting up to `wait` for another holder.
     pub(crate) fn acquire(target: &Path, wait: Duration) -> Result<SaveLock> {
         let path = sibling(target, ".lock");
+        let parent = parent_of(target);
+        fs::create_dir_all(&parent)
+            .map_err(|e| io_err("checkpoint save", &parent, format!("creating it: {e}")))?;
         let start = Instant::now();
         loop {
             let mut file = open_lock_file(&path)?;

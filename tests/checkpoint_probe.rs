@@ -276,6 +276,42 @@ fn a_save_over_the_file_size_limit_fails_naming_it_and_leaves_no_partial() {
     );
     assert!(!sibling(&p, ".partial").exists(), ".partial left behind");
     assert!(!p.exists());
+    // Only rank 1 of a TP=2 job is limited (6 MiB: room for its shared-memory segment, not for
+    // its 12 MiB of weights and AdamW state): every rank fails the save alike, at once, naming
+    // rank 1's limit, and rank 0 removes the .partial.
+    let (oflaunch, _) = binaries();
+    let script = format!(
+        "if [ \"$RANK\" = 1 ]; then ulimit -f 12288; fi; exec '{}' --model mlp --tp 2 \
+         --features 1024 --hidden 2048 --optimizer adamw --steps 1 --save '{}'",
+        train.display(),
+        p.display()
+    );
+    let t0 = Instant::now();
+    let out = Command::new(oflaunch)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--backend",
+            "cpu",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("[rank 1] train: checkpoint write: checkpoint")
+            && stderr.contains("rank-00001.safetensors: ")
+            && stderr.contains(
+                "bytes exceed this process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) of \
+                 6291456 bytes"
+            ),
+        "{stderr}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    assert!(!sibling(&p, ".partial").exists(), ".partial left behind");
     let _ = std::fs::remove_dir_all(root);
 }
 

@@ -318,27 +318,37 @@ pub(crate) fn save_with_state(
     } else {
         Ok(())
     };
-    agree(ctx.as_ref(), path, "preparing <path>.partial", prepared)?;
     let partial = sibling(path, ".partial");
-    let written = if mine.is_empty() {
-        Ok(())
-    } else {
-        write_mine(path, &partial, rank, &mine, &hook)
-    };
-    let written = agree(ctx.as_ref(), path, "writing its checkpoint file", written);
-    let published = written.and_then(|()| {
-        let done = if rank == 0 {
-            publish_manifest(path, &partial, &writers, &mut manifest, &hook)
-        } else {
-            Ok(())
-        };
-        agree(ctx.as_ref(), path, "publishing the checkpoint", done)
-    });
-    if published.is_err() && rank == 0 {
-        remove_partial(path);
+    let saved = agree(ctx.as_ref(), path, "preparing <path>.partial", prepared)
+        .and_then(|()| {
+            let written = if mine.is_empty() {
+                Ok(())
+            } else {
+                write_mine(path, &partial, rank, &mine, &hook)
+            };
+            agree(ctx.as_ref(), path, "writing its checkpoint file", written)
+        })
+        .and_then(|()| {
+            let done = if rank == 0 {
+                publish_manifest(path, &partial, &writers, &mut manifest, &hook)
+            } else {
+                Ok(())
+            };
+            agree(ctx.as_ref(), path, "publishing the checkpoint", done)
+        });
+    if saved.is_err() {
+        // Only the holder of the lock may remove `.partial`: without it, it is another save's.
+        if lock.is_some() {
+            remove_partial(path);
+        }
+        // Every rank knows the save failed; none returns (and exits, which would have a
+        // launcher stop the others) before `.partial` is gone.
+        if let Some(c) = &ctx {
+            let _ = c.world().barrier();
+        }
     }
     drop(lock);
-    published
+    saved
 }
 
 /// Writes this rank's checksums and data file into `partial`.

@@ -282,8 +282,12 @@ fn rank_behind_row() -> Row {
     assert!(row.detect <= DETECT_LIMIT, "{:?}\n{stderr}", row.detect);
     assert_ne!(row.code, 0, "{stderr}");
     assert_eq!(row.orphans, 0);
+    // The first line names the waiters of that moment; the summary, all of them.
     assert!(
-        line.contains("ranks [0, 1, 3] wait in call 2 (op all_reduce"),
+        stderr.contains(&format!(
+            "rank {VICTIM} is behind: last entered call 1 (op all_reduce), ranks [0, 1, 3] wait \
+             in call 2 (op all_reduce"
+        )),
         "{stderr}"
     );
     row

@@ -309,7 +309,8 @@ struct Args {
     #[arg(long, requires = "save")]
     save_gathered: bool,
     /// Resume from a checkpoint saved under any layout; continues its step count up to --steps.
-    /// Its seed and optimizer must match this run's.
+    /// Its seed and optimizer must match this run's. `auto`: the newest complete checkpoint of
+    /// --save's path, or a fresh start when it holds none (oflaunch --max-restarts).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Resume even if the checkpoint's seed or optimizer differ from this run's.
@@ -434,7 +435,11 @@ fn mesh(args: &Args, world: usize) -> Result<(usize, usize, usize), String> {
     Ok((pp, dp, tp))
 }
 
-fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+fn run(mut args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.resume.as_deref() == Some(Path::new("auto")) {
+        let save = args.save.as_deref().ok_or("--resume auto needs --save")?;
+        args.resume = checkpoint::newest_complete(save)?;
+    }
     let ctx = match args.backend {
         WorldBackend::Auto => oxiflow::init_from_env()?,
         chosen => {
@@ -567,6 +572,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let save_opts = SaveOptions {
         gathered: args.save_gathered,
         stage_hook: Some(crash_hook),
+        ..SaveOptions::default()
     };
     let start = Instant::now();
     let first = clf.step;
@@ -637,6 +643,12 @@ fn explain_step(clf: &mut Classifier, lead: bool) -> Result<(), Box<dyn std::err
 }
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_target(false)
+        .with_ansi(false)
+        .init();
     let args = Args::parse();
     let result = run(args);
     // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.

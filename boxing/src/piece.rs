@@ -168,6 +168,21 @@ macro_rules! host_data {
 
 host_data!(F32(f32), F64(f64), I64(i64), BF16(bf16), F16(f16));
 
+/// Applies `$body` to the vector inside a `HostData`, binding it as `$v` (generic over the
+/// element type).
+#[macro_export]
+macro_rules! with_host_vec {
+    ($d:expr, $v:ident => $body:expr) => {
+        match $d {
+            $crate::HostData::F32($v) => $body,
+            $crate::HostData::F64($v) => $body,
+            $crate::HostData::I64($v) => $body,
+            $crate::HostData::BF16($v) => $body,
+            $crate::HostData::F16($v) => $body,
+        }
+    };
+}
+
 impl HostData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -79,6 +79,14 @@ impl DType {
             .into_iter()
             .find(|d| d.safetensors_name() == name)
     }
+    /// A small number naming the dtype on the wire (its index in [`DType::ALL`]).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+    /// The dtype of a [`DType::code`].
+    pub fn from_code(code: u8) -> Option<DType> {
+        DType::ALL.get(usize::from(code)).copied()
+    }
     /// Floating point (f32, f64, bf16, f16).
     pub const fn is_float(self) -> bool {
         !matches!(self, DType::I64)
@@ -189,6 +197,10 @@ fn narrow_as<H: bytemuck::Pod>(
 /// A Rust scalar type that has a `DType`.
 pub trait Element: bytemuck::Pod + Copy + Send + Sync + PartialOrd + fmt::Debug + 'static {
     const DTYPE: DType;
+    /// The identity of max: the lowest value (-inf for floats).
+    const LOWEST: Self;
+    /// The identity of min: the highest value (+inf for floats).
+    const HIGHEST: Self;
     fn zero() -> Self;
     /// `self + o` (16-bit floats: in f32, rounded once; i64 wraps).
     fn add(self, o: Self) -> Self;
@@ -206,33 +218,139 @@ pub trait Element: bytemuck::Pod + Copy + Send + Sync + PartialOrd + fmt::Debug 
             self
         }
     }
+    /// The value as f64 (exact but for i64 beyond 2^53).
+    fn to_f64(self) -> f64;
+    /// `v` rounded once to nearest (ties to even); i64 truncates toward zero, saturating.
+    fn from_f64(v: f64) -> Self;
 }
 
-macro_rules! float_element {
-    ($t:ty, $d:ident, $zero:expr) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-            fn zero() -> Self {
-                $zero
+/// `v` as an f32 rounded to odd: the nearest f32 toward zero, with the last bit set when
+/// inexact. Rounding that once more to a float of at most 22 significant bits gives `v`
+/// rounded once to that float.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let r = v as f32;
+    if !r.is_finite() || f64::from(r) == v {
+        return r;
+    }
+    // `r` is `v` rounded to nearest; step back toward zero when it rounded away from zero.
+    let toward_zero = if f64::from(r).abs() > v.abs() {
+        f32::from_bits(r.to_bits() - 1)
+    } else {
+        r
+    };
+    f32::from_bits(toward_zero.to_bits() | 1)
+}
+
+/// Applies `$body` with `$t` the Rust element type of `$dtype` (the one map from dtypes to
+/// Rust types): `with_element!(dtype, T => size_of::<T>())`.
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
             }
-            fn add(self, o: Self) -> Self {
-                self + o
+            $crate::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $t = $crate::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $t = $crate::f16;
+                $body
             }
         }
     };
 }
-float_element!(f32, F32, 0.0);
-float_element!(f64, F64, 0.0);
-float_element!(bf16, BF16, bf16::ZERO);
-float_element!(f16, F16, f16::ZERO);
+
+/// `src` converted element by element (each value rounded once, see [`Element::from_f64`]).
+pub fn convert<S: Element, D: Element>(src: &[S]) -> Vec<D> {
+    src.iter().map(|&v| D::from_f64(v.to_f64())).collect()
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    const LOWEST: f32 = f32::NEG_INFINITY;
+    const HIGHEST: f32 = f32::INFINITY;
+    fn zero() -> Self {
+        0.0
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    const LOWEST: f64 = f64::NEG_INFINITY;
+    const HIGHEST: f64 = f64::INFINITY;
+    fn zero() -> Self {
+        0.0
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+macro_rules! half_element {
+    ($t:ident, $d:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            const LOWEST: $t = $t::NEG_INFINITY;
+            const HIGHEST: $t = $t::INFINITY;
+            fn zero() -> Self {
+                $t::ZERO
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn to_f64(self) -> f64 {
+                self.to_f64()
+            }
+            fn from_f64(v: f64) -> Self {
+                $t::from_f32(f32_round_to_odd(v))
+            }
+        }
+    };
+}
+half_element!(bf16, BF16);
+half_element!(f16, F16);
 
 impl Element for i64 {
     const DTYPE: DType = DType::I64;
+    const LOWEST: i64 = i64::MIN;
+    const HIGHEST: i64 = i64::MAX;
     fn zero() -> Self {
         0
     }
     fn add(self, o: Self) -> Self {
         self.wrapping_add(o)
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i64
     }
 }
 
@@ -247,6 +365,7 @@ mod tests {
             assert_eq!(d.as_str().parse::<DType>(), Ok(d));
             assert_eq!(DType::from_safetensors_name(d.safetensors_name()), Some(d));
             assert_eq!(d.to_string(), d.as_str());
+            assert_eq!(DType::from_code(d.code()), Some(d));
         }
         assert_eq!(DType::F32.size(), std::mem::size_of::<f32>());
         assert_eq!(DType::F64.size(), std::mem::size_of::<f64>());
@@ -265,7 +384,49 @@ mod tests {
         assert_eq!(<f16 as Element>::DTYPE, DType::F16);
     }
 
+    #[test]
+    fn element_types_follow_the_table() {
+        for d in DType::ALL {
+            assert_eq!(
+                with_element!(d, T => (T::DTYPE, std::mem::size_of::<T>())),
+                (d, d.size())
+            );
+        }
+    }
+
+    /// `v` rounded to bf16 by its exact neighbours (the reference for `from_f64`).
+    fn bf16_nearest(v: f64) -> bf16 {
+        let lo = bf16::from_f32(v as f32);
+        let cands = [
+            bf16::from_bits(lo.to_bits().wrapping_sub(1)),
+            lo,
+            bf16::from_bits(lo.to_bits().wrapping_add(1)),
+        ];
+        let mut best = cands[1];
+        for c in cands {
+            let (dc, db) = ((c.to_f64() - v).abs(), (best.to_f64() - v).abs());
+            if dc < db || (dc == db && c.to_bits() & 1 == 0) {
+                best = c;
+            }
+        }
+        best
+    }
+
     proptest! {
+        /// f64 -> 16-bit rounds once: ties broken by bits below f32's precision go the right way.
+        #[test]
+        fn from_f64_rounds_once(m in 0u32..127, low in 1u64..(1 << 29), neg in any::<bool>()) {
+            // Half an ulp above a bf16 value, plus less than f32 can hold: rounds up.
+            let base = 256.0 + 2.0 * f64::from(m);
+            let sign = if neg { -1.0 } else { 1.0 };
+            let v = sign * (base + 1.0 + low as f64 / (1u64 << 46) as f64);
+            let got = <bf16 as Element>::from_f64(v);
+            prop_assert_eq!(got, bf16_nearest(v));
+            prop_assert_eq!(got.to_f64(), sign * (base + 2.0), "{} rounded to {}", v, got);
+            let exact = sign * (base + 1.0);
+            prop_assert_eq!(<bf16 as Element>::from_f64(exact), bf16::from_f32(exact as f32));
+        }
+
         /// Widening is exact and narrowing rounds to nearest, at any byte alignment.
         #[test]
         fn widen_and_narrow_match_half(v in proptest::collection::vec(-7.0e4f32..7.0e4, 0..40), off in 0usize..2) {

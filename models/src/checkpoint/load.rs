@@ -14,7 +14,7 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::Storage;
 use oxiflow_tensor::Tensor;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 use super::atomic::{io_err, resolve_for_load, MANIFEST};
 use super::manifest::{show_region, Manifest, PieceEntry, MAX_MANIFEST_BYTES};
@@ -136,7 +136,7 @@ fn piece_bytes<'a>(
         .tensor(name)
         .map_err(|e| bad(path, format!("{name}: {e}")))?;
     let dims: Vec<usize> = region.iter().map(|r| r.len()).collect();
-    if view.dtype() != st_dtype(dtype) || view.shape() != dims.as_slice() {
+    if Some(view.dtype()) != st_dtype(dtype) || view.shape() != dims.as_slice() {
         return Err(bad(
             path,
             format!(

@@ -7,11 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 use serde::{Deserialize, Serialize};
 
-use super::pieces::dtype_from_name;
 use super::Metadata;
 
 pub(crate) const FORMAT: &str = "oxiflow-checkpoint";
@@ -145,8 +144,11 @@ pub(crate) fn show_region(r: &[Range<usize>]) -> String {
 }
 
 fn check_tensor(name: &str, t: &TensorEntry, files: &BTreeSet<&str>) -> Result<DType, String> {
-    let dtype =
-        dtype_from_name(&t.dtype).ok_or_else(|| format!("{name}: unknown dtype {:?}", t.dtype))?;
+    let dtype = t
+        .dtype
+        .parse::<DType>()
+        .ok()
+        .ok_or_else(|| format!("{name}: unknown dtype {:?}", t.dtype))?;
     let shape = Shape::from(&t.shape);
     let numel = shape
         .checked_bytes(dtype.size())
@@ -249,7 +251,7 @@ impl Manifest {
     /// The entry of tensor `name`, its dtype and its numel (validated).
     pub(crate) fn tensor(&self, name: &str) -> Option<(&TensorEntry, DType)> {
         let t = self.tensors.get(name)?;
-        Some((t, dtype_from_name(&t.dtype)?))
+        Some((t, t.dtype.parse::<DType>().ok()?))
     }
 
     pub(crate) fn file(&self, name: &str) -> Option<&FileEntry> {

@@ -20,7 +20,7 @@ use super::atomic::{
     check_save_target, fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST,
 };
 use super::manifest::{FileEntry, Manifest, PieceEntry, TensorEntry, FORMAT, VERSION};
-use super::pieces::{dtype_name, st_dtype, to_bytes};
+use super::pieces::{st_dtype, to_bytes};
 use super::{optim_key, Metadata, SaveOptions, SaveStage};
 
 /// One saved piece: the writing rank and the global region it covers.
@@ -131,7 +131,14 @@ fn serialize_mine(
     let mut views = Vec::with_capacity(bytes.len());
     let mut pieces = BTreeMap::new();
     for ((name, a), b) in names.iter().zip(data).zip(&bytes) {
-        let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
+        let st = st_dtype(a.dtype()).ok_or_else(|| {
+            io_err(
+                "checkpoint save",
+                path,
+                format!("{name}: safetensors has no {} dtype", a.dtype()),
+            )
+        })?;
+        let v = TensorView::new(st, a.shape().to_vec(), b)
             .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
         views.push((name.clone(), v));
         pieces.insert(name.clone(), crc32c::crc32c(b));
@@ -248,7 +255,7 @@ pub(crate) fn save_with_state(
             name.clone(),
             TensorEntry {
                 shape: t.shape().dims().to_vec(),
-                dtype: dtype_name(t.dtype()).into(),
+                dtype: t.dtype().as_str().into(),
                 pieces: list,
             },
         );

@@ -303,7 +303,7 @@ impl Kernel {
             Kernel::Philox => "philox".into(),
             Kernel::CopyRowsV16 => "copy_rows_v16".into(),
             Kernel::F32ToBf16 => "f32_to_bf16".into(),
-            Kernel::AttnSoftmaxBf16 => "attn_softmax_bf16".into(),
+            Kernel::AttnSoftmaxBf16 => "attn_softmax_with_bf16_copy".into(),
             Kernel::SoftmaxBwRowsBf16 => "softmax_bw_rows_bf16".into(),
         }
     }
@@ -397,7 +397,7 @@ mod tests {
             let n = k.name();
             let direct = SOURCE.contains(&format!("void {n}("));
             let via_macro = match k {
-                Kernel::Typed(t, d) => ["INST", "INST_ALL"].iter().any(|g| {
+                Kernel::Typed(t, d) => ["INST", "INST_ALL", "INST_PUT"].iter().any(|g| {
                     let body = SOURCE
                         .split(&format!("#define {g}(NAME, T)"))
                         .nth(1)

@@ -1,10 +1,13 @@
 //! The GPU suite's checks of the stream ordering and the CUDA backend's own paths: pipelined
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
-//! creation ops computed on the device, and bf16 matrix products.
+//! creation ops computed on the device (every dtype), bf16 matrix products, and every 16-bit
+//! kernel against f64 (`half.rs`).
 
 use super::*;
 
+mod half;
 mod indexed;
+pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).

@@ -3,7 +3,7 @@
 
 use oxiflow_dtype::DType;
 
-use super::super::copy::fill;
+use super::super::copy::{cast, fill};
 use super::super::derr;
 use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
@@ -89,6 +89,25 @@ pub(super) fn put(
         shard,
     } = along;
     float_only(op, src.dtype)?;
+    if src.dtype.is_half() {
+        // The atomic scatter-add accumulates in an f32 copy, rounded once at the end.
+        let wide = |d: &CudaStorage, dtype| -> Result<CudaStorage> {
+            let w = CudaStorage::alloc(&k.rt, dtype, d.shape.clone())?;
+            cast(&k.rt, op, (d.dtype, d.ptr()), (dtype, w.ptr()), d.numel())?;
+            Ok(w)
+        };
+        let spec = OutSpec {
+            shape: out.shape.clone(),
+            dtype: DType::F32,
+        };
+        let along = Along {
+            dim,
+            per_elem,
+            shard,
+        };
+        let y32 = put(k, op, ids, &wide(src, DType::F32)?, along, &spec)?;
+        return wide(&y32, out.dtype);
+    }
     let (outer, ny, inner) = lanes(&out.shape, dim);
     let n = src.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;

@@ -50,24 +50,18 @@ __device__ __forceinline__ float f32_odd(double d) {
 
 // 16-bit storage types: conversions from every scalar round once to nearest even; reads
 // widen to f32 (exact).
-struct bf16 {
-    unsigned short b;
-    __device__ bf16() {}
-    __device__ bf16(float f) : b(bf16_bits(f)) {}
-    __device__ bf16(double d) : b(bf16_bits(f32_odd(d))) {}
-    __device__ bf16(int v) : b(bf16_bits((float)v)) {}
-    __device__ bf16(i64 v) : b(bf16_bits(f32_odd((double)v))) {}
-    __device__ operator float() const { return __uint_as_float((unsigned)b << 16); }
+#define HALF_TYPE(NAME, BITS, WIDEN) \
+struct NAME { \
+    unsigned short b; \
+    __device__ NAME() {} \
+    __device__ NAME(float f) : b(BITS(f)) {} \
+    __device__ NAME(double d) : b(BITS(f32_odd(d))) {} \
+    __device__ NAME(int v) : b(BITS((float)v)) {} \
+    __device__ NAME(i64 v) : b(BITS(f32_odd((double)v))) {} \
+    __device__ operator float() const { return WIDEN; } \
 };
-struct f16 {
-    unsigned short b;
-    __device__ f16() {}
-    __device__ f16(float f) : b(f16_bits(f)) {}
-    __device__ f16(double d) : b(f16_bits(f32_odd(d))) {}
-    __device__ f16(int v) : b(f16_bits((float)v)) {}
-    __device__ f16(i64 v) : b(f16_bits(f32_odd((double)v))) {}
-    __device__ operator float() const { return f16_float(b); }
-};
+HALF_TYPE(bf16, bf16_bits, __uint_as_float((unsigned)b << 16))
+HALF_TYPE(f16, f16_bits, f16_float(b))
 // The type a kernel computes a storage type in.
 template <typename T> struct Acc { typedef T type; };
 template <> struct Acc<bf16> { typedef float type; };

@@ -121,11 +121,11 @@ impl fmt::Display for DType {
 
 impl FromStr for DType {
     type Err = UnknownDType;
-    /// Parses [`DType::as_str`]'s names.
+    /// Parses [`DType::as_str`]'s names in any case (so the safetensors names parse too).
     fn from_str(s: &str) -> Result<DType, UnknownDType> {
         DType::ALL
             .into_iter()
-            .find(|d| d.as_str() == s)
+            .find(|d| d.as_str().eq_ignore_ascii_case(s))
             .ok_or_else(|| UnknownDType { name: s.into() })
     }
 }
@@ -373,6 +373,7 @@ mod tests {
         assert_eq!(DType::BF16.size(), std::mem::size_of::<bf16>());
         assert_eq!(DType::F16.size(), std::mem::size_of::<f16>());
         assert!("float32".parse::<DType>().is_err());
+        assert_eq!("BF16".parse::<DType>(), Ok(DType::BF16));
         assert_eq!(DType::from_safetensors_name("U8"), None);
         let floats: Vec<DType> = DType::ALL.into_iter().filter(|d| d.is_float()).collect();
         assert_eq!(floats, [DType::F32, DType::F64, DType::BF16, DType::F16]);

@@ -1,5 +1,5 @@
 //! OxiFlow, the facade users import: global tensors with placements and SBP, the models built on
-//! them (`nn`, `optim`, `checkpoint`), and the crates underneath (placement, sbp, boxing,
+//! them (`nn`, `optim`, `checkpoint`), and the crates underneath (dtype, placement, sbp, boxing,
 //! collectives, tensor, models) as modules.
 //!
 //! ```text
@@ -13,6 +13,7 @@
 
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
+pub use oxiflow_dtype as dtype;
 pub use oxiflow_models as models;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
@@ -67,7 +68,7 @@ impl std::fmt::Debug for Error {
 
 /// The names most programs need.
 pub mod prelude {
-    pub use oxiflow_collectives::DType;
+    pub use oxiflow_dtype::{bf16, f16, DType};
     pub use oxiflow_placement::{DeviceType, Placement};
     pub use oxiflow_sbp::{NdSbp, ReduceOp, Sbp, Shape};
     pub use oxiflow_tensor::{Tensor, TensorError};

@@ -29,7 +29,7 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use oxiflow_boxing::Plan;
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 

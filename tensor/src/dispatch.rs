@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use oxiflow_boxing::{execute, Plan, Strategy};
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, Region, SbpError, Shape};
 use smallvec::SmallVec;
@@ -21,7 +21,7 @@ use oxiflow_sbp::{InferEngine, RuleMode};
 
 use crate::autograd;
 use crate::context::Context;
-use crate::cpu::{CpuBackend, CpuPiece};
+use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends, Device};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
@@ -189,7 +189,7 @@ pub(crate) fn run_kernel(
         for p in pieces {
             host.push(p.cpu(op.name())?);
         }
-        return Ok(Storage::Cpu(op.run(&CpuBackend, &host, out)?));
+        return Ok(Storage::Cpu(crate::cpu::run(op, &host, out)?));
     }
     backend_for(op.name(), device)?.run(op, pieces, out)
 }

@@ -162,7 +162,7 @@ pub fn damages() -> Vec<Damage> {
         (
             "unknown dtype",
             "unknown dtype",
-            set("/tensors/w/dtype", json!("f16")),
+            set("/tensors/w/dtype", json!("f8")),
         ),
         (
             "shape too large",

@@ -10,12 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 use serde::{Deserialize, Serialize};
 
 use super::layout::{file_name, pieces_of, LayoutEntry};
-use super::pieces::dtype_from_name;
 use super::{optim_key, Metadata};
 
 pub(crate) const FORMAT: &str = "oxiflow-checkpoint";
@@ -122,8 +121,11 @@ fn show_piece(file: &str, region: &[Range<usize>]) -> String {
 /// Checks one tensor's dtype, shape and pieces against its layout (or, saved whole, one piece
 /// covering it) and that every piece's file is listed.
 fn check_tensor(name: &str, t: &TensorEntry, files: &BTreeSet<&str>) -> Result<DType, String> {
-    let dtype =
-        dtype_from_name(&t.dtype).ok_or_else(|| format!("{name}: unknown dtype {:?}", t.dtype))?;
+    let dtype = t
+        .dtype
+        .parse::<DType>()
+        .ok()
+        .ok_or_else(|| format!("{name}: unknown dtype {:?}", t.dtype))?;
     let shape = Shape::new(t.shape.iter().copied());
     shape
         .checked_bytes(dtype.size())
@@ -354,7 +356,7 @@ impl Manifest {
     /// The entry of tensor `name` and its dtype (validated).
     pub(crate) fn tensor(&self, name: &str) -> Option<(&TensorEntry, DType)> {
         let t = self.tensors.get(name)?;
-        Some((t, dtype_from_name(&t.dtype)?))
+        Some((t, t.dtype.parse::<DType>().ok()?))
     }
 
     pub(crate) fn file(&self, name: &str) -> Option<&FileEntry> {

@@ -28,7 +28,7 @@ use super::lock::{SaveLock, DEFAULT_LOCK_WAIT};
 use super::manifest::{
     show_region, FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry, FORMAT, VERSION,
 };
-use super::pieces::{dtype_name, st_dtype, to_bytes};
+use super::pieces::{st_dtype, to_bytes};
 use super::verify::REGIONS_KEY;
 use super::{optim_key, Metadata, SaveOptions, SaveStage};
 
@@ -122,7 +122,14 @@ fn serialize_mine(
     let mut pieces = BTreeMap::new();
     let mut regions = BTreeMap::new();
     for ((name, region, a), b) in mine.iter().zip(&bytes) {
-        let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
+        let st = st_dtype(a.dtype()).ok_or_else(|| {
+            io_err(
+                "checkpoint save",
+                path,
+                format!("{name}: safetensors has no {} dtype", a.dtype()),
+            )
+        })?;
+        let v = TensorView::new(st, a.shape().to_vec(), b)
             .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
         views.push((name.clone(), v));
         pieces.insert(name.clone(), crc32c::crc32c(b));
@@ -291,7 +298,7 @@ pub(crate) fn save_with_state(
             name.clone(),
             TensorEntry {
                 shape: t.shape().dims().to_vec(),
-                dtype: dtype_name(t.dtype()).into(),
+                dtype: t.dtype().as_str().into(),
                 layout: planned.layout,
                 pieces,
             },

@@ -107,7 +107,7 @@ pub(crate) fn piece_view<'a>(
         .tensor(name)
         .map_err(|e| bad(path, format!("{name}: {e}")))?;
     let dims: Vec<usize> = region.iter().map(|r| r.len()).collect();
-    if view.dtype() != st_dtype(dtype) || view.shape() != dims.as_slice() {
+    if Some(view.dtype()) != st_dtype(dtype) || view.shape() != dims.as_slice() {
         return Err(bad(
             path,
             format!(

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
 use oxiflow_sbp::{NdSbp, Sbp};
 
 use crate::op::{Grad, Op};
@@ -62,18 +61,14 @@ impl Node {
     }
 }
 
-fn is_float(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F64)
-}
-
 /// Makes `kind` `output`'s node when an input requires a (float) gradient, or always when
 /// `always` (a recompute block whose captured parameters require one).
 pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor, always: bool) {
     let needs: Vec<bool> = inputs
         .iter()
-        .map(|t| t.requires_grad() && is_float(t.dtype()))
+        .map(|t| t.requires_grad() && t.dtype().is_float())
         .collect();
-    if !(always || needs.iter().any(|&b| b)) || !is_float(output.dtype()) {
+    if !(always || needs.iter().any(|&b| b)) || !output.dtype().is_float() {
         return;
     }
     let node = Node {

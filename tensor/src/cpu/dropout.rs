@@ -5,12 +5,13 @@
 use ndarray::{ArrayD, IxDyn};
 
 use super::elementwise::PAR_THRESHOLD;
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, DropoutKernels, DropoutOp, OutSpec};
 use crate::rng;
 use crate::storage::CpuArray;
-use crate::{Result, TensorError};
+use crate::Result;
 use rayon::prelude::*;
 
 fn dropout_t<F: FloatElement>(x: &ArrayD<F>, op: &DropoutOp) -> Result<ArrayD<F>> {
@@ -50,12 +51,7 @@ impl DropoutKernels for CpuBackend {
         let y = match x {
             CpuArray::F32(x) => CpuArray::F32(dropout_t(x, op)?),
             CpuArray::F64(x) => CpuArray::F64(dropout_t(x, op)?),
-            CpuArray::I64(_) => {
-                return Err(TensorError::Kernel {
-                    op: "dropout",
-                    detail: "needs a float input".into(),
-                })
-            }
+            x => return Err(float_input("dropout", x)),
         };
         checked("dropout", y, out)
     }

@@ -4,6 +4,7 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 use oxiflow_sbp::Shape;
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
 use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
@@ -82,6 +83,7 @@ pub fn unary(u: UnaryOp, a: &CpuArray) -> Result<CpuArray> {
     Ok(match a {
         CpuArray::F32(a) => CpuArray::F32(float_unary(u, a)),
         CpuArray::F64(a) => CpuArray::F64(float_unary(u, a)),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(u.name(), a)),
         CpuArray::I64(a) => CpuArray::I64(match u {
             UnaryOp::Neg => map(a, |x| x.wrapping_neg()),
             UnaryOp::Abs => map(a, |x| x.wrapping_abs()),
@@ -239,6 +241,7 @@ pub fn scalar(s: ScalarOp, a: &CpuArray, c: f64) -> Result<CpuArray> {
     Ok(match a {
         CpuArray::F32(a) => CpuArray::F32(float_scalar(s, a, c)),
         CpuArray::F64(a) => CpuArray::F64(float_scalar(s, a, c)),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(s.name(), a)),
         CpuArray::I64(a) => {
             let ci = c as i64;
             CpuArray::I64(match s {

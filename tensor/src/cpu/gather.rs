@@ -3,6 +3,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
 use crate::op::{kernel_err, GatherKernels, IndexShard, OutSpec};
@@ -135,6 +136,7 @@ pub(crate) fn take(
         CpuArray::F32(x) => CpuArray::F32(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
         CpuArray::F64(x) => CpuArray::F64(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
         CpuArray::I64(x) => CpuArray::I64(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
+        x => return Err(float_input(op, x)),
     })
 }
 

@@ -2,6 +2,7 @@
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::TensorElement;
 use crate::op::{LayoutKernels, OutSpec};
@@ -16,11 +17,7 @@ fn permute_t<T: TensorElement>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
 }
 
 pub fn permute(a: &CpuArray, perm: &[usize]) -> CpuArray {
-    match a {
-        CpuArray::F32(a) => CpuArray::F32(permute_t(a, perm)),
-        CpuArray::F64(a) => CpuArray::F64(permute_t(a, perm)),
-        CpuArray::I64(a) => CpuArray::I64(permute_t(a, perm)),
-    }
+    with_array!(a, a => TensorElement::wrap(permute_t(a, perm)))
 }
 
 fn reshape_t<T: TensorElement>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
@@ -32,11 +29,7 @@ fn reshape_t<T: TensorElement>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<
 
 /// Row-major reshape of the local piece to `shape` (same element count).
 pub fn reshape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
-    let out = match a {
-        CpuArray::F32(a) => reshape_t(a, shape).map(CpuArray::F32),
-        CpuArray::F64(a) => reshape_t(a, shape).map(CpuArray::F64),
-        CpuArray::I64(a) => reshape_t(a, shape).map(CpuArray::I64),
-    };
+    let out = with_array!(a, a => reshape_t(a, shape).map(TensorElement::wrap));
     out.ok_or_else(|| TensorError::Kernel {
         op: "reshape",
         detail: format!("cannot reshape local piece {:?} to {shape:?}", a.shape()),
@@ -54,6 +47,7 @@ pub fn concat(parts: &[&CpuArray], dim: usize) -> Result<CpuArray> {
         Some(CpuArray::F32(_)) => concat_t::<f32>(parts, dim).map(CpuArray::F32),
         Some(CpuArray::F64(_)) => concat_t::<f64>(parts, dim).map(CpuArray::F64),
         Some(CpuArray::I64(_)) => concat_t::<i64>(parts, dim).map(CpuArray::I64),
+        Some(x) => return Err(float_input("concat", x)),
         None => None,
     };
     out.ok_or_else(|| TensorError::Kernel {

@@ -3,19 +3,17 @@
 
 use ndarray::{ArrayD, IxDyn, Zip};
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::TensorElement;
 use crate::op::{kernel_err, MaskKernels, OutSpec, Triangle};
 use crate::storage::CpuArray;
+use crate::with_array;
 use crate::Result;
 
 /// Whether each element is nonzero.
 fn nonzero(a: &CpuArray) -> ArrayD<bool> {
-    match a {
-        CpuArray::F32(a) => a.mapv(|v| v != 0.0),
-        CpuArray::F64(a) => a.mapv(|v| v != 0.0),
-        CpuArray::I64(a) => a.mapv(|v| v != 0),
-    }
+    with_array!(a, a => a.mapv(|v| oxiflow_dtype::Element::to_f64(v) != 0.0))
 }
 
 fn broadcast_err(op: &'static str, from: &[usize], to: &[usize]) -> crate::TensorError {
@@ -105,6 +103,7 @@ impl MaskKernels for CpuBackend {
             CpuArray::F32(x) => CpuArray::F32(masked_fill_t(x, &m, value as f32)?),
             CpuArray::F64(x) => CpuArray::F64(masked_fill_t(x, &m, value)?),
             CpuArray::I64(x) => CpuArray::I64(masked_fill_t(x, &m, value as i64)?),
+            x => return Err(float_input("masked_fill", x)),
         };
         checked("masked_fill", y, out)
     }
@@ -124,6 +123,7 @@ impl MaskKernels for CpuBackend {
             CpuArray::F32(x) => CpuArray::F32(triangular_t(x, keep, k, row0, col0)),
             CpuArray::F64(x) => CpuArray::F64(triangular_t(x, keep, k, row0, col0)),
             CpuArray::I64(x) => CpuArray::I64(triangular_t(x, keep, k, row0, col0)),
+            x => return Err(float_input("triangular", x)),
         };
         checked("triangular", y, out)
     }

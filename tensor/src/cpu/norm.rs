@@ -3,6 +3,7 @@
 use ndarray::{ArrayD, Axis, Zip};
 
 use super::elementwise::PAR_THRESHOLD;
+use super::float_input;
 use super::{checked, rows, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::kernel_err;
@@ -80,7 +81,7 @@ pub fn layer_norm(
             b.and_then(|a| a.as_array()),
             eps,
         )?)),
-        CpuArray::I64(_) => Err(kernel_err("layer_norm", "needs a float input".into())),
+        x => Err(float_input("layer_norm", x)),
     }
 }
 

@@ -3,10 +3,12 @@
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::TensorElement;
 use crate::op::{OutSpec, ReductionKernels};
 use crate::storage::CpuArray;
+use crate::with_array;
 use crate::{Result, TensorError};
 use oxiflow_sbp::ReduceKind;
 
@@ -43,11 +45,7 @@ fn reduce_dims<T: TensorElement>(
 
 /// Sum, max or min over `dims` (a mean here is the sum).
 pub fn reduce(a: &CpuArray, dims: &[usize], keepdim: bool, kind: ReduceKind) -> CpuArray {
-    match a {
-        CpuArray::F32(a) => CpuArray::F32(reduce_dims(a, dims, keepdim, kind)),
-        CpuArray::F64(a) => CpuArray::F64(reduce_dims(a, dims, keepdim, kind)),
-        CpuArray::I64(a) => CpuArray::I64(reduce_dims(a, dims, keepdim, kind)),
-    }
+    with_array!(a, a => TensorElement::wrap(reduce_dims(a, dims, keepdim, kind)))
 }
 
 /// Sum over `dims` times 1 / `count` (`count` = 0: the number of reduced elements of `a`).
@@ -61,12 +59,7 @@ pub fn mean(a: &CpuArray, dims: &[usize], keepdim: bool, count: usize) -> Result
     Ok(match reduce(a, dims, keepdim, ReduceKind::Sum) {
         CpuArray::F32(s) => CpuArray::F32(s * inv as f32),
         CpuArray::F64(s) => CpuArray::F64(s * inv),
-        CpuArray::I64(_) => {
-            return Err(TensorError::Kernel {
-                op: "mean",
-                detail: "needs a float input".into(),
-            })
-        }
+        x => return Err(float_input("mean", &x)),
     })
 }
 
@@ -81,11 +74,7 @@ pub fn sum_to_shape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
     fn reshape<T: TensorElement>(a: ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
         a.into_shape_with_order(IxDyn(shape)).ok()
     }
-    let out = match r {
-        CpuArray::F32(a) => reshape(a, shape).map(CpuArray::F32),
-        CpuArray::F64(a) => reshape(a, shape).map(CpuArray::F64),
-        CpuArray::I64(a) => reshape(a, shape).map(CpuArray::I64),
-    };
+    let out = with_array!(r, a => reshape(a, shape).map(TensorElement::wrap));
     out.ok_or_else(|| TensorError::Kernel {
         op: "sum_to_shape",
         detail: format!("cannot sum {s:?} to {shape:?}"),

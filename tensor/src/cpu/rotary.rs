@@ -3,6 +3,7 @@
 
 use ndarray::ArrayD;
 
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, OpFamily, OutSpec, RotaryKernels, RotaryOp};
@@ -44,7 +45,7 @@ impl RotaryKernels for CpuBackend {
         let y = match x {
             CpuArray::F32(x) => CpuArray::F32(rotary_t(x, op)?),
             CpuArray::F64(x) => CpuArray::F64(rotary_t(x, op)?),
-            CpuArray::I64(_) => return Err(kernel_err(op.name(), "needs a float input".into())),
+            x => return Err(float_input(op.name(), x)),
         };
         checked(op.name(), y, out)
     }

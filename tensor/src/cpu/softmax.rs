@@ -3,6 +3,7 @@
 use ndarray::{ArrayD, ArrayViewMutD, Axis, Zip};
 
 use super::elementwise::PAR_THRESHOLD;
+use super::float_input;
 use super::{checked, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{OutSpec, SoftmaxKernels};
@@ -51,10 +52,7 @@ pub fn softmax(a: &CpuArray, dim: usize, log: bool) -> Result<CpuArray> {
     match a {
         CpuArray::F32(a) => Ok(CpuArray::F32(softmax_t(a, dim, log))),
         CpuArray::F64(a) => Ok(CpuArray::F64(softmax_t(a, dim, log))),
-        CpuArray::I64(_) => Err(TensorError::Kernel {
-            op: if log { "log_softmax" } else { "softmax" },
-            detail: "needs a float input".into(),
-        }),
+        a => Err(float_input(if log { "log_softmax" } else { "softmax" }, a)),
     }
 }
 

@@ -27,7 +27,7 @@ mod softmax;
 use std::fmt;
 use std::hash::Hash;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, RuleMode, Rules, Shape};
 use smallvec::SmallVec;
 

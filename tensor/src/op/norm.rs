@@ -1,6 +1,6 @@
 //! Layer normalization over the last dim (weight and bias `[H]`) and its input gradient.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_like, Grad};

@@ -2,7 +2,7 @@
 //! logits through the token embedding transposed (tied input/output embedding); its pieces
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use super::{rel_err, Buf, Report, Rng};
 use crate::cuda::fused::{adamw_multi, AdamHyper, AdamTensor};
-use crate::cuda::kernels::{grid, launch};
+use crate::cuda::kernels::{grid, launch, Template};
 use crate::cuda::raw::FloatType;
 use crate::cuda::CudaRuntime;
 use crate::Result;
+use oxiflow_dtype::DType;
 
 /// One AdamW tensor on the device with its host values.
 struct AdamCase {
@@ -119,9 +120,9 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         );
         let (decay, step, inv_bc2, eps) =
             (1.0 - hyper.lr * c.wd, hyper.lr / bc1, 1.0 / bc2, hyper.eps);
-        launch!(rt, op, "adam_f32", grid(n); nn, part0, a1, b1, zero, zero, mp, gp, gp, m2p)?;
-        launch!(rt, op, "adam_f32", grid(n); nn, part1, a2, b2, zero, zero, vp, gp, gp, v2p)?;
-        launch!(rt, op, "adam_f32", grid(n); nn, part2, decay, step, inv_bc2, eps, pp, m2p, v2p, p2p)?;
+        launch!(rt, op, Template::Adam.at(DType::F32), grid(n); nn, part0, a1, b1, zero, zero, mp, gp, gp, m2p)?;
+        launch!(rt, op, Template::Adam.at(DType::F32), grid(n); nn, part1, a2, b2, zero, zero, vp, gp, gp, v2p)?;
+        launch!(rt, op, Template::Adam.at(DType::F32), grid(n); nn, part2, decay, step, inv_bc2, eps, pp, m2p, v2p, p2p)?;
         three_pass.push((p2, m2, v2));
     }
     if let Err(e) = adamw_multi(rt, &list, &hyper) {

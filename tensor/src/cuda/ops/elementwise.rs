@@ -1,13 +1,14 @@
 //! Element-wise CUDA kernels: unary, scalar and broadcasting binary functions, casts, and the
 //! unary functions' backward.
 
+use super::super::copy::cast;
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx, strides, Nd};
+use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, CudaKernels};
 use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
 use crate::Result;
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 fn unary_code(u: UnaryOp) -> i32 {
     match u {
@@ -35,10 +36,10 @@ impl ElementwiseKernels for CudaKernels {
                 return Err(derr(name, "needs a float input, got i64"));
             }
             if n > 0 {
-                launch!(rt, name, "unary_i64", grid(n); nn, code, xp, yp)?;
+                launch!(rt, name, Template::Unary.at(DType::I64), grid(n); nn, code, xp, yp)?;
             }
         } else if n > 0 {
-            launch!(rt, name, format!("unary_{}", sfx(dt)), grid(n); nn, code, xp, yp)?;
+            launch!(rt, name, Template::Unary.at(dt), grid(n); nn, code, xp, yp)?;
         }
         Ok(y)
     }
@@ -59,7 +60,7 @@ impl ElementwiseKernels for CudaKernels {
         let y = self.alloc(out)?;
         let (nn, cv, xp, yp) = (n as i64, c, a.ptr(), y.ptr());
         if n > 0 {
-            launch!(rt, name, format!("scalar_{}", sfx(dt)), grid(n); nn, code, cv, xp, yp)?;
+            launch!(rt, name, Template::Scalar.at(dt), grid(n); nn, code, cv, xp, yp)?;
         }
         Ok(y)
     }
@@ -115,7 +116,7 @@ impl ElementwiseKernels for CudaKernels {
         let m = y.numel();
         let (nn, ap, bp, yp) = (m as i64, a.ptr(), x1.ptr(), y.ptr());
         if m > 0 {
-            launch!(rt, name, format!("binary_{}", sfx(dt)), grid(m); nn, code, p, ap, bp, yp)?;
+            launch!(rt, name, Template::Binary.at(dt), grid(m); nn, code, p, ap, bp, yp)?;
         }
         Ok(y)
     }
@@ -127,10 +128,7 @@ impl ElementwiseKernels for CudaKernels {
             return Ok(a.clone());
         }
         let y = self.alloc(out)?;
-        let (nn, xp, yp) = (n as i64, a.ptr(), y.ptr());
-        if n > 0 {
-            launch!(rt, name, format!("cast_{}_{}", sfx(dt), sfx(to)), grid(n); nn, xp, yp)?;
-        }
+        cast(rt, name, (dt, a.ptr()), (to, y.ptr()), n)?;
         Ok(y)
     }
 
@@ -147,7 +145,7 @@ impl ElementwiseKernels for CudaKernels {
         let y = self.alloc(out)?;
         let (nn, code, gp, xp, yp) = (n as i64, unary_code(u), dy.ptr(), x.ptr(), y.ptr());
         if n > 0 {
-            launch!(rt, name, format!("unary_bw_{}", sfx(dt)), grid(n); nn, code, gp, xp, yp)?;
+            launch!(rt, name, Template::UnaryBw.at(dt), grid(n); nn, code, gp, xp, yp)?;
         }
         Ok(y)
     }
@@ -181,7 +179,7 @@ impl ElementwiseKernels for CudaKernels {
         let [a, b, c, d] = part.coefficients();
         let (nn, xp, yp, zp, op) = (n as i64, x[0].ptr(), x[1].ptr(), x[want - 1].ptr(), y.ptr());
         if n > 0 {
-            launch!(rt, name, format!("adam_{}", sfx(dt)), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
+            launch!(rt, name, Template::Adam.at(dt), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
         }
         Ok(y)
     }

@@ -1,11 +1,11 @@
 //! Gather CUDA kernels: reads along one dim at indices (gather, index-select, embedding) and
 //! the scatter-adds of their gradients (atomic adds), over a shard of the addressed dim.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
-use super::super::copy::fill;
+use super::super::copy::{cast, fill};
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
 use crate::op::{GatherKernels, IndexShard, OutSpec};
@@ -68,7 +68,7 @@ pub(super) fn take(
     if n > 0 {
         let (nn, inn, nxx, pe) = (n as i64, inner as i64, nx as i64, per_elem as i32);
         let (xp, ip, yp) = (x.ptr(), ids.ptr(), y.ptr());
-        let name = format!("take_{}", sfx(x.dtype));
+        let name = Template::Take.at(x.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
     }
     Ok(y)
@@ -89,6 +89,25 @@ pub(super) fn put(
         shard,
     } = along;
     float_only(op, src.dtype)?;
+    if src.dtype.is_half() {
+        // The atomic scatter-add accumulates in an f32 copy, rounded once at the end.
+        let wide = |d: &CudaStorage, dtype| -> Result<CudaStorage> {
+            let w = CudaStorage::alloc(&k.rt, dtype, d.shape.clone())?;
+            cast(&k.rt, op, (d.dtype, d.ptr()), (dtype, w.ptr()), d.numel())?;
+            Ok(w)
+        };
+        let spec = OutSpec {
+            shape: out.shape.clone(),
+            dtype: DType::F32,
+        };
+        let along = Along {
+            dim,
+            per_elem,
+            shard,
+        };
+        let y32 = put(k, op, ids, &wide(src, DType::F32)?, along, &spec)?;
+        return wide(&y32, out.dtype);
+    }
     let (outer, ny, inner) = lanes(&out.shape, dim);
     let n = src.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
@@ -97,7 +116,7 @@ pub(super) fn put(
     if n > 0 {
         let (nn, inn, nyy, pe) = (n as i64, inner as i64, ny as i64, per_elem as i32);
         let (ip, sp, yp) = (ids.ptr(), src.ptr(), y.ptr());
-        let name = format!("put_{}", sfx(src.dtype));
+        let name = Template::Put.at(src.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
     }
     Ok(y)

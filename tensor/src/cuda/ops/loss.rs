@@ -1,6 +1,6 @@
 //! Cross-entropy CUDA kernels: per-sample loss and logits gradient, one thread per row.
 
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, last_dim_rows, CudaKernels};
 use crate::op::{LossKernels, OutSpec};
@@ -19,7 +19,7 @@ impl LossKernels for CudaKernels {
         let y = self.alloc(out)?;
         let (r, cc, xp, lp, yp) = (rows as i64, c as i64, a.ptr(), labels.ptr(), y.ptr());
         if rows > 0 {
-            launch!(rt, name, format!("cross_entropy_{}", sfx(a.dtype)), per_row(rows); r, cc, xp, lp, yp)?;
+            launch!(rt, name, Template::CrossEntropy.at(a.dtype), per_row(rows); r, cc, xp, lp, yp)?;
         }
         Ok(y)
     }
@@ -44,7 +44,7 @@ impl LossKernels for CudaKernels {
             y.ptr(),
         );
         if rows > 0 {
-            launch!(rt, name, format!("cross_entropy_bw_{}", sfx(a.dtype)), per_row(rows); r, cc, xp, lp, gp, yp)?;
+            launch!(rt, name, Template::CrossEntropyBw.at(a.dtype), per_row(rows); r, cc, xp, lp, gp, yp)?;
         }
         Ok(y)
     }

@@ -1,6 +1,6 @@
 //! Layer-norm CUDA kernels: forward and input gradient over the last dim, one thread per row.
 
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, last_dim_rows, CudaKernels};
 use crate::op::{NormKernels, OutSpec};
@@ -29,7 +29,7 @@ impl NormKernels for CudaKernels {
             y.ptr(),
         );
         if rows > 0 {
-            launch!(rt, name, format!("layer_norm_{}", sfx(a.dtype)), per_row(rows); r, hh, e, xp, wp, bp, yp)?;
+            launch!(rt, name, Template::LayerNorm.at(a.dtype), per_row(rows); r, hh, e, xp, wp, bp, yp)?;
         }
         Ok(y)
     }
@@ -56,7 +56,7 @@ impl NormKernels for CudaKernels {
             y.ptr(),
         );
         if rows > 0 {
-            launch!(rt, name, format!("layer_norm_bw_{}", sfx(a.dtype)), per_row(rows); r, hh, e, xp, wp, gp, yp)?;
+            launch!(rt, name, Template::LayerNormBw.at(a.dtype), per_row(rows); r, hh, e, xp, wp, gp, yp)?;
         }
         Ok(y)
     }

@@ -1,0 +1,635 @@
+//! `run`: a whole training job from a checked `TrainConfig`: the world, the mesh and device,
+//! the model's task (GPT or MLP classifier), resuming, `--explain`, the loop (`drive`: step
+//! lines, progress bar, held-out evaluations, checkpoints, metrics) and the closing lines, plot
+//! and (GPT) generated sample. Outputs are created only once every input has been checked.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
+use oxiflow_collectives::{Backend, DType};
+use oxiflow_models::checkpoint::{self, Metadata, SaveOptions, SaveStage};
+use oxiflow_placement::DeviceType;
+use oxiflow_tensor::Context;
+
+use crate::config::{
+    Dev, LrScheduleArg, Matmul, ModelKind, Opt, Precision, TrainConfig, WorldBackend,
+};
+use crate::error::TrainError;
+use crate::metrics::{self, MemoryRecord, MetricsFile, Record};
+use crate::model::TrainModel;
+use crate::plot::{self, Curves};
+use crate::progress::Progress;
+use crate::schedule::{Decay, LrSchedule};
+use crate::tasks::gpt::{generate, gpt_trainer};
+use crate::tasks::mesh::Mesh;
+use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
+use crate::trainer::{StepHook, Trainer};
+
+/// Seams for programs and tests: code run at each save stage (tests crash a save on purpose)
+/// and on every step.
+#[derive(Default)]
+pub struct JobHooks {
+    pub save_stage: Option<fn(SaveStage)>,
+    pub step_hooks: Vec<Box<dyn StepHook>>,
+}
+
+/// The learning-rate schedule a configuration describes.
+pub fn schedule_of(cfg: &TrainConfig) -> LrSchedule {
+    let o = &cfg.optim;
+    LrSchedule {
+        lr: o.lr,
+        min_lr: o.min_lr,
+        warmup: o.warmup_steps,
+        steps: cfg.run.steps,
+        decay: match o.lr_schedule {
+            LrScheduleArg::Constant => Decay::Constant,
+            LrScheduleArg::Cosine => Decay::Cosine,
+            LrScheduleArg::Linear => Decay::Linear,
+        },
+    }
+}
+
+/// The world of the launch environment on the chosen backend.
+fn init_world(backend: WorldBackend) -> Result<Context, TrainError> {
+    Ok(match backend {
+        WorldBackend::Auto => oxiflow_tensor::init_from_env()?,
+        chosen => {
+            let mut env = LaunchEnv::from_env()?;
+            env.backend = BackendChoice::Cpu;
+            env.cpu_plane = match chosen {
+                WorldBackend::Mpi => CpuPlane::Mpi,
+                _ => CpuPlane::Tcp,
+            };
+            oxiflow_tensor::init_with_world(oxiflow_collectives::init_world(&env)?)
+        }
+    })
+}
+
+fn dtype_of(p: Precision) -> DType {
+    match p {
+        Precision::F32 => DType::F32,
+        Precision::F64 => DType::F64,
+    }
+}
+
+/// The device of the mesh, with the matrix-product precision set on it.
+fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
+    let device = match cfg.parallel.device {
+        Dev::Cpu => DeviceType::Cpu,
+        Dev::Cuda => DeviceType::Cuda,
+        Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
+        Dev::Auto => DeviceType::Cpu,
+    };
+    let precision = match cfg.parallel.matmul {
+        Matmul::F32 => None,
+        Matmul::Tf32 => Some(oxiflow_tensor::cuda::MatmulPrecision::Tf32),
+        Matmul::Bf16 => Some(oxiflow_tensor::cuda::MatmulPrecision::Bf16),
+    };
+    match (precision, device) {
+        (Some(p), DeviceType::Cuda) => {
+            let rt = oxiflow_tensor::cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
+                detail: "--matmul needs a CUDA device bound to this process".into(),
+            })?;
+            rt.set_matmul_precision(p);
+        }
+        (Some(p), DeviceType::Cpu) => {
+            let name = format!("{p:?}").to_lowercase();
+            return Err(TrainError::Layout {
+                detail: format!("--matmul {name} needs --device cuda (or auto on an NCCL world)"),
+            });
+        }
+        (None, _) => {}
+    }
+    Ok(device)
+}
+
+/// The configuration as one line per section, for the log.
+fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
+    let text = cfg.to_toml()?;
+    let mut lines = Vec::new();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        if l.starts_with('[') {
+            lines.push(format!("config {l}"));
+        } else if let Some(last) = lines.last_mut() {
+            last.push(' ');
+            last.push_str(&l.replace(" = ", "="));
+        }
+    }
+    Ok(lines)
+}
+
+/// Runs the job `cfg` describes on the launch environment's world.
+pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
+    let ctx = init_world(cfg.parallel.backend)?;
+    let world = ctx.world_size();
+    let lead = ctx.rank() == 0;
+    let mesh = Mesh::resolve(&cfg.parallel, world)?;
+    let device = device_of(cfg, &ctx)?;
+    if lead {
+        for l in config_lines(cfg)? {
+            println!("{l}");
+        }
+    }
+    match cfg.model.model {
+        ModelKind::Gpt => gpt_job(cfg, mesh, device, world, lead, hooks),
+        ModelKind::Mlp => mlp_job(cfg, mesh, device, world, lead, hooks),
+    }
+}
+
+/// The values a checkpoint records that a resumed run must repeat: (key, value, flag, whether
+/// `--allow-resume-mismatch` may override a difference).
+fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'static str, bool)> {
+    let m = &cfg.model;
+    let mut v = vec![
+        ("model", format!("{:?}", m.model).to_lowercase(), "--model", false),
+        ("seed", m.seed.to_string(), "--seed", true),
+        ("optimizer", format!("{:?}", cfg.optim.optimizer).to_lowercase(), "--optimizer", true),
+        ("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
+    ];
+    match m.model {
+        ModelKind::Gpt => v.extend([
+            ("layers", m.layers.to_string(), "--layers", false),
+            ("heads", m.heads.to_string(), "--heads", false),
+            ("width", m.width.to_string(), "--width", false),
+            ("seq_len", m.seq_len.to_string(), "--seq-len", false),
+            ("vocab", vocab.to_string(), "--tokenizer", false),
+        ]),
+        ModelKind::Mlp => v.extend([
+            ("hidden", m.hidden.to_string(), "--hidden", false),
+            ("features", m.features.to_string(), "--features", false),
+            ("classes", m.classes.to_string(), "--classes", false),
+        ]),
+    }
+    v
+}
+
+/// The checkpoint's step when this run may continue it: the recorded values match (or may be
+/// overridden) and the step is below `limit` (any step when only generating).
+fn check_resume(
+    cfg: &TrainConfig,
+    vocab: usize,
+    path: &Path,
+    limit: Option<u64>,
+) -> Result<u64, TrainError> {
+    let bad = |detail: String| TrainError::Resume {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let meta = checkpoint::read_manifest_at(path)?.metadata;
+    for (key, want, flag, soft) in recorded(cfg, vocab) {
+        let saved = meta.get(key).map_or("(none)", String::as_str);
+        if saved == want || (soft && cfg.run.allow_resume_mismatch) {
+            continue;
+        }
+        let hint = if soft {
+            format!("; pass {flag} {saved} or --allow-resume-mismatch")
+        } else {
+            String::new()
+        };
+        return Err(bad(format!(
+            "the checkpoint was saved with {key} {saved} but this run has {flag} {want}{hint}"
+        )));
+    }
+    let step: u64 = meta
+        .get("step")
+        .or_else(|| meta.get("data.step"))
+        .ok_or_else(|| bad("the checkpoint records no step".into()))?
+        .parse()
+        .map_err(|e| bad(format!("bad step: {e}")))?;
+    match limit {
+        Some(s) if step >= s => Err(bad(format!(
+            "the checkpoint is at step {step}, not below --steps {s}"
+        ))),
+        _ => Ok(step),
+    }
+}
+
+/// `--explain`: one step under the explain recorder, reported by rank 0.
+fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), TrainError> {
+    oxiflow_tensor::explain::explain_start();
+    let stats = t.train_step();
+    let record = oxiflow_tensor::explain::explain_finish();
+    let stats = stats?;
+    if lead {
+        println!("parameters (global shape on placement as nd-SBP):");
+        for p in t.model.parameters() {
+            let value = p.value();
+            let layout = value
+                .layout()
+                .map_or_else(|| format!("local {}", value.describe()), |l| l.to_string());
+            println!("  {:<24} {layout}", p.name());
+        }
+        println!("one training step (ops with their output layouts, boxings with their bytes):");
+        print!("{}", record.render());
+        println!("explained step loss {:.8}", stats.loss);
+    }
+    Ok(())
+}
+
+fn clock(secs: f64) -> String {
+    format!("{:.1}s", secs.max(0.0))
+}
+
+/// What the loop reports at the end.
+struct Summary {
+    final_loss: f64,
+    heldout: f64,
+    steps_per_s: f64,
+    tokens_per_s: f64,
+    seconds: f64,
+    last: crate::trainer::StepStats,
+    bubbles: Vec<f64>,
+}
+
+/// Bytes of the files of a checkpoint directory.
+fn dir_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Where the configuration of the checkpoint at `path` is written.
+pub fn config_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".config.toml");
+    PathBuf::from(p)
+}
+
+struct Saver<'a> {
+    cfg: &'a TrainConfig,
+    meta: Metadata,
+    opts: SaveOptions,
+    lead: bool,
+}
+
+impl Saver<'_> {
+    /// Saves (every rank), then rank 0 writes the configuration beside the checkpoint and
+    /// prints a line.
+    fn save<M: TrainModel>(&self, t: &Trainer<M>, path: &Path, progress: &Progress) -> Result<(), TrainError> {
+        let start = Instant::now();
+        t.save(path, &self.meta, &self.opts)?;
+        if !self.lead {
+            return Ok(());
+        }
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let conf = config_path(path);
+        let mut tmp = conf.as_os_str().to_owned();
+        tmp.push(".partial");
+        let text = self.cfg.to_toml()?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &conf))
+            .map_err(|e| TrainError::Output {
+                what: "configuration",
+                path: conf.clone(),
+                detail: e.to_string(),
+            })?;
+        progress.say(format!(
+            "checkpoint step {} saved to {} ({} bytes, {ms:.0} ms; configuration in {})",
+            t.step,
+            path.display(),
+            dir_bytes(path),
+            conf.display()
+        ));
+        Ok(())
+    }
+}
+
+/// The training loop with everything a person watches: step lines and the bar, held-out
+/// evaluations, checkpoints, metrics and the plot.
+fn drive<M: TrainModel>(
+    t: &mut Trainer<M>,
+    cfg: &TrainConfig,
+    lead: bool,
+    saver: &Saver<'_>,
+    devices: usize,
+) -> Result<Summary, TrainError> {
+    let r = &cfg.run;
+    let steps = r.steps;
+    let progress = Progress::new(lead, steps, t.step);
+    let mut metrics = match (&r.metrics, lead) {
+        (Some(p), true) => Some(MetricsFile::open(p, r.resume.is_some())?),
+        _ => None,
+    };
+    let mut earlier: Vec<Record> = Vec::new();
+    if let (Some(p), true, Some(_)) = (&r.metrics, lead, &r.resume) {
+        earlier = metrics::read(p)?;
+    }
+    let tokens_per_step = (t.data.batch_size() * t.data.tokens_per_row()) as f64;
+    let peak = r.peak_tflops.map(|p| p * 1e12 * devices as f64);
+    let flops = t.model.flops_per_token();
+    let digits = if cfg.model.dtype == Precision::F64 { 14 } else { 8 };
+    let (mut train_pts, mut held_pts) = (Vec::new(), Vec::new());
+    for rec in &earlier {
+        match *rec {
+            Record::Train { step, loss, .. } if step <= t.step => train_pts.push((step, loss)),
+            Record::Eval { step, heldout_loss } if step <= t.step => {
+                held_pts.push((step, heldout_loss))
+            }
+            _ => {}
+        }
+    }
+    let start = Instant::now();
+    let first = t.step;
+    let mut recent = VecDeque::new();
+    let mut last = crate::trainer::StepStats::default();
+    let mut bubbles = Vec::new();
+    while t.step < steps {
+        let s = t.train_step()?;
+        recent.push_back(s.loss);
+        if recent.len() > 10 {
+            recent.pop_front();
+        }
+        bubbles.extend(s.bubble);
+        train_pts.push((s.step, s.loss));
+        let n = s.step;
+        let secs = start.elapsed().as_secs_f64();
+        let done = (n - first) as f64;
+        let tps = done * tokens_per_step / secs.max(1e-9);
+        if n % r.log_every == 0 || n == steps {
+            let eta = secs / done.max(1.0) * (steps - n) as f64;
+            progress.say(format!(
+                "step {n} loss {:.digits$} lr {:.4e} grad-norm {:.digits$} tokens/s {tps:.0} elapsed {} eta {}",
+                s.loss,
+                s.lr,
+                s.grad_norm,
+                clock(secs),
+                clock(eta)
+            ));
+            if let Some(m) = &mut metrics {
+                m.write(&Record::Train {
+                    step: n,
+                    loss: s.loss,
+                    lr: s.lr,
+                    grad_norm: s.grad_norm,
+                    tokens_per_s: tps,
+                    mfu: peak.zip(flops).map(|(p, f)| f * tps / p),
+                    seconds: secs,
+                    memory: MemoryRecord {
+                        parameters: s.footprint.parameters,
+                        gradients: s.footprint.gradients,
+                        optimizer_state: s.footprint.optimizer_state,
+                        host_peak: s.peak.0,
+                        device_peak: s.peak.1,
+                    },
+                })?;
+            }
+        }
+        progress.at(n, s.loss);
+        if r.eval_every.is_some_and(|e| n % e == 0) && n < steps {
+            let h = t.heldout_loss()?;
+            progress.say(format!("step {n} held-out loss {h:.6}"));
+            held_pts.push((n, h));
+            if let Some(m) = &mut metrics {
+                m.write(&Record::Eval { step: n, heldout_loss: h })?;
+            }
+        }
+        if let (Some(p), Some(every)) = (&r.save, r.save_every) {
+            if n % every == 0 && n < steps {
+                saver.save(t, p, &progress)?;
+            }
+        }
+        last = s;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(p) = &r.save {
+        saver.save(t, p, &progress)?;
+    }
+    progress.finish();
+    let heldout = t.heldout_loss()?;
+    held_pts.push((t.step, heldout));
+    if let Some(m) = &mut metrics {
+        m.write(&Record::Eval {
+            step: t.step,
+            heldout_loss: heldout,
+        })?;
+        println!("metrics: {} ({} records written)", m.path().display(), m.lines);
+    }
+    if let (Some(p), true) = (&r.plot, lead) {
+        let title = format!("{:?} loss", cfg.model.model).to_lowercase();
+        plot::render(
+            p,
+            &Curves {
+                title: &title,
+                train: &train_pts,
+                heldout: &held_pts,
+            },
+        )?;
+        println!("plot: {} ({} training and {} held-out points)", p.display(), train_pts.len(), held_pts.len());
+    }
+    let done = (t.step - first) as f64;
+    Ok(Summary {
+        final_loss: if recent.is_empty() {
+            f64::NAN
+        } else {
+            recent.iter().sum::<f64>() / recent.len() as f64
+        },
+        heldout,
+        steps_per_s: done / seconds.max(1e-9),
+        tokens_per_s: done * tokens_per_step / seconds.max(1e-9),
+        seconds,
+        last,
+        bubbles,
+    })
+}
+
+/// The closing lines (rank 0).
+fn report(cfg: &TrainConfig, s: &Summary, entropy: Option<f64>, bubble_theory: Option<(f64, String)>) {
+    let unigram = entropy.map_or(String::new(), |u| format!(" (unigram entropy {u:.4})"));
+    println!("held-out loss {:.6}{unigram}", s.heldout);
+    let f = s.last.footprint;
+    let host = s.last.peak.0.map_or_else(|| "not counted".to_string(), |b| format!("{b} B"));
+    println!(
+        "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {} B",
+        cfg.parallel.zero, cfg.parallel.recompute, f.parameters, f.gradients, f.optimizer_state, s.last.peak.1
+    );
+    if let (Some((theory, what)), false) = (bubble_theory, s.bubbles.is_empty()) {
+        // The first step also builds caches and plans: left out when there are others.
+        let b = &s.bubbles[usize::from(s.bubbles.len() > 1)..];
+        let measured = b.iter().sum::<f64>() / b.len() as f64;
+        println!(
+            "bubble: measured {:.1}% theory {:.1}% ({what}; mean over ranks and {} steps of the time not computing)",
+            100.0 * measured,
+            100.0 * theory,
+            b.len()
+        );
+    }
+    let unigram = entropy.map_or(String::new(), |u| format!(" unigram-entropy {u:.4}"));
+    println!(
+        "final loss {:.8} steps/s {:.2} tokens/s {:.0} held-out {:.6}{unigram} seconds {:.1}",
+        s.final_loss, s.steps_per_s, s.tokens_per_s, s.heldout, s.seconds
+    );
+}
+
+fn gpt_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    world: usize,
+    lead: bool,
+    hooks: JobHooks,
+) -> Result<(), TrainError> {
+    let mut job = gpt_trainer(cfg, mesh, device)?;
+    let vocab = job.trainer.model.cfg.vocab;
+    let g = &cfg.generate;
+    let only_generate = g.generate.is_some() && cfg.run.resume.is_some() && !cfg.is_set("run.steps");
+    if let Some(p) = &cfg.run.resume {
+        let limit = (!only_generate).then_some(cfg.run.steps);
+        let step = check_resume(cfg, vocab, p, limit)?;
+        job.trainer.resume(p, step)?;
+    }
+    for h in hooks.step_hooks {
+        job.trainer.add_hook(h);
+    }
+    let m = &job.trainer.model.cfg;
+    let p = &cfg.parallel;
+    let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
+    if lead {
+        println!(
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} {:?} warmup {} clip {} seed {} from step {}",
+            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, m.sequence_parallel,
+            p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
+            cfg.data.batch_size, cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_steps,
+            cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
+        );
+        let entropy = job
+            .entropy
+            .map_or(String::new(), |u| format!("; unigram entropy of the train split {u:.4} nats"));
+        println!(
+            "data: {} tokenizer {}{entropy}",
+            job.trainer.data.describe(),
+            job.tokenizer.name()
+        );
+    }
+    if cfg.run.explain {
+        return explain_step(&mut job.trainer, lead);
+    }
+    if !only_generate {
+        let saver = Saver {
+            cfg,
+            meta: recorded(cfg, vocab)
+                .into_iter()
+                .map(|(k, v, _, _)| (k.to_string(), v))
+                .collect(),
+            opts: SaveOptions {
+                gathered: cfg.run.save_gathered,
+                stage_hook: hooks.save_stage,
+            },
+            lead,
+        };
+        let summary = drive(&mut job.trainer, cfg, lead, &saver, world)?;
+        if lead {
+            let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
+                let s = run.spec;
+                (
+                    s.bubble_theory(),
+                    format!(
+                        "schedule {}, pp {}, micro-batches {}, virtual-stages {}",
+                        s.schedule, s.stages, s.micro_batches, s.virtual_stages
+                    ),
+                )
+            });
+            report(cfg, &summary, job.entropy, theory);
+        }
+    }
+    if g.gen_tokens == 0 {
+        return Ok(());
+    }
+    let prompt = g.generate.as_deref().unwrap_or("The ");
+    let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
+    if lead {
+        println!("sample (temperature {}): {prompt}{text}", g.temperature);
+    }
+    Ok(())
+}
+
+fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {
+    match s {
+        crate::config::ScheduleArg::Gpipe => "gpipe",
+        crate::config::ScheduleArg::OneFOneB => "1f1b",
+        crate::config::ScheduleArg::Interleaved => "interleaved",
+    }
+}
+
+fn mlp_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    world: usize,
+    lead: bool,
+    hooks: JobHooks,
+) -> Result<(), TrainError> {
+    let m = &cfg.model;
+    let ccfg = ClassifierConfig {
+        mesh: Some((mesh.dp, mesh.tp)),
+        batch_size: cfg.data.batch_size,
+        features: m.features,
+        classes: m.classes,
+        hidden: m.hidden,
+        lr: cfg.optim.lr,
+        momentum: cfg.optim.momentum,
+        weight_decay: cfg.optim.weight_decay,
+        optimizer: match cfg.optim.optimizer {
+            Opt::Sgd => OptimizerKind::Sgd,
+            Opt::Adamw => OptimizerKind::AdamW,
+        },
+        seed: m.seed,
+        dtype: dtype_of(m.dtype),
+        device,
+        ..ClassifierConfig::default()
+    };
+    let mut t = classifier(&ccfg)?;
+    t.opts.schedule = schedule_of(cfg);
+    t.opts.clip_grad = cfg.optim.clip_grad;
+    t.opts.grad_accum = cfg.optim.grad_accum;
+    if !cfg.data.batch_size.is_multiple_of(mesh.dp * cfg.optim.grad_accum) {
+        return Err(TrainError::Layout {
+            detail: format!(
+                "--batch-size {} must be a multiple of --dp {} x --grad-accum {}",
+                cfg.data.batch_size, mesh.dp, cfg.optim.grad_accum
+            ),
+        });
+    }
+    if let Some(p) = &cfg.run.resume {
+        let step = check_resume(cfg, 0, p, Some(cfg.run.steps))?;
+        t.resume(p, step)?;
+    }
+    for h in hooks.step_hooks {
+        t.add_hook(h);
+    }
+    if lead {
+        println!(
+            "train: mlp features {} hidden {} classes {} | mesh [dp {}, tp {}] world {world} | batch {} lr {} {:?} warmup {} clip {} grad-accum {} seed {} from step {}",
+            m.features, m.hidden, m.classes, mesh.dp, mesh.tp, cfg.data.batch_size, cfg.optim.lr,
+            cfg.optim.lr_schedule, cfg.optim.warmup_steps,
+            cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()),
+            cfg.optim.grad_accum, m.seed, t.step
+        );
+        println!("data: {}", t.data.describe());
+    }
+    if cfg.run.explain {
+        return explain_step(&mut t, lead);
+    }
+    let saver = Saver {
+        cfg,
+        meta: recorded(cfg, 0)
+            .into_iter()
+            .map(|(k, v, _, _)| (k.to_string(), v))
+            .collect(),
+        opts: SaveOptions {
+            gathered: cfg.run.save_gathered,
+            stage_hook: hooks.save_stage,
+        },
+        lead,
+    };
+    let summary = drive(&mut t, cfg, lead, &saver, world)?;
+    if lead {
+        report(cfg, &summary, None, None);
+    }
+    Ok(())
+}

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oxiflow::checkpoint::{self, Metadata, SaveOptions};
-#[allow(dead_code)]
-#[path = "../examples/train/classifier.rs"]
-mod classifier;
-
-use classifier::{Classifier, OptimizerKind, TrainConfig};
+use oxiflow::nn::Module;
+use oxiflow::trainer::tasks::mlp::{
+    classifier as new_classifier, Classifier, ClassifierConfig as TrainConfig, OptimizerKind,
+};
+use oxiflow::trainer::TrainError;
 use oxiflow::{run_ranks, DType, DeviceType, Placement, Sbp, Tensor, TensorError};
 use serde_json::Value;
 
@@ -77,6 +77,14 @@ fn checkpoint_err(r: Result<impl std::fmt::Debug, TensorError>) -> String {
     let e = r.unwrap_err();
     assert!(matches!(e, TensorError::Checkpoint { .. }), "{e}");
     e.to_string()
+}
+
+/// The checkpoint error of a failed resume.
+fn resume_err(r: Result<u64, TrainError>) -> String {
+    match r {
+        Err(TrainError::Tensor(e)) => checkpoint_err(Err::<(), _>(e)),
+        other => panic!("expected a checkpoint error, got {other:?}"),
+    }
 }
 
 #[test]
@@ -227,7 +235,7 @@ fn invalid_steps_and_unknown_fields_are_errors() {
 }
 
 fn classifier(opt: OptimizerKind) -> Classifier {
-    Classifier::new(&TrainConfig {
+    new_classifier(&TrainConfig {
         optimizer: opt,
         lr: 0.01,
         ..TrainConfig::default()
@@ -240,21 +248,22 @@ fn optimizer_state_must_be_present_and_fit_the_optimizer() {
     let p = dir("optim");
     let mut adam = classifier(OptimizerKind::AdamW);
     adam.train_step().unwrap();
-    adam.save(&p, &SaveOptions::default()).unwrap();
+    adam.save(&p, &Metadata::new(), &SaveOptions::default())
+        .unwrap();
     // AdamW state into SGD: refused, naming the state.
     let mut sgd = classifier(OptimizerKind::Sgd);
-    let err = checkpoint_err(sgd.resume(&p));
+    let err = resume_err(sgd.resume(&p));
     assert!(err.contains("does not fit this optimizer"), "{err}");
     // State listed but its tensor dropped from the manifest: refused.
     edit_manifest(&p, |m| {
         let key = m["optimizer_state"][0].as_str().unwrap().to_string();
         m["tensors"].as_object_mut().unwrap().remove(&key);
     });
-    let err = checkpoint_err(classifier(OptimizerKind::AdamW).resume(&p));
+    let err = resume_err(classifier(OptimizerKind::AdamW).resume(&p));
     assert!(err.contains("listed but not saved"), "{err}");
     // A checkpoint saved without an optimizer does not resume one.
-    let params = classifier(OptimizerKind::Sgd).parameters();
+    let params = classifier(OptimizerKind::Sgd).model.parameters();
     checkpoint::save(&p, &params, None, &Metadata::new(), &SaveOptions::default()).unwrap();
-    let err = checkpoint_err(sgd.resume(&p));
+    let err = resume_err(sgd.resume(&p));
     assert!(err.contains("no optimizer state"), "{err}");
 }

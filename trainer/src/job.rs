@@ -22,7 +22,7 @@ use crate::model::TrainModel;
 use crate::plot::{self, Curves};
 use crate::progress::Progress;
 use crate::schedule::{Decay, LrSchedule};
-use crate::tasks::gpt::{generate, gpt_trainer};
+use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
 use crate::tasks::mesh::Mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
@@ -120,8 +120,53 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
     Ok(lines)
 }
 
+/// Checks what `cfg` reads and writes that needs no world: the data (GPT: every shard), the
+/// checkpoint to resume (its recorded values and step), the outputs' folders. Every rank runs
+/// the same checks on the same inputs, so all refuse bad input alike, before any communication
+/// and before anything is written.
+fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
+    let inputs = match cfg.model.model {
+        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
+        ModelKind::Mlp => None,
+    };
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    if let Some(p) = &cfg.run.resume {
+        check_resume(cfg, vocab, p, resume_limit(cfg))?;
+    }
+    let r = &cfg.run;
+    for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
+        let Some(path) = path else { continue };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() || path.is_dir() {
+            return Err(TrainError::Output {
+                what,
+                path: path.clone(),
+                detail: format!("{} is not a folder to write a file in", dir.display()),
+            });
+        }
+    }
+    Ok(inputs)
+}
+
+/// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
+fn only_generate(cfg: &TrainConfig) -> bool {
+    cfg.model.model == ModelKind::Gpt
+        && cfg.generate.generate.is_some()
+        && cfg.run.resume.is_some()
+        && !cfg.is_set("run.steps")
+}
+
+/// The step a resumed checkpoint must be below (none when only generating).
+fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
+    (!only_generate(cfg)).then_some(cfg.run.steps)
+}
+
 /// Runs the job `cfg` describes on the launch environment's world.
 pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
+    let inputs = check_inputs(cfg)?;
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
     let lead = ctx.rank() == 0;
@@ -132,9 +177,9 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
             println!("{l}");
         }
     }
-    match cfg.model.model {
-        ModelKind::Gpt => gpt_job(cfg, mesh, device, world, lead, hooks),
-        ModelKind::Mlp => mlp_job(cfg, mesh, device, world, lead, hooks),
+    match inputs {
+        Some(inputs) => gpt_job(cfg, mesh, device, inputs, world, lead, hooks),
+        None => mlp_job(cfg, mesh, device, world, lead, hooks),
     }
 }
 
@@ -143,9 +188,19 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
 fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'static str, bool)> {
     let m = &cfg.model;
     let mut v = vec![
-        ("model", format!("{:?}", m.model).to_lowercase(), "--model", false),
+        (
+            "model",
+            format!("{:?}", m.model).to_lowercase(),
+            "--model",
+            false,
+        ),
         ("seed", m.seed.to_string(), "--seed", true),
-        ("optimizer", format!("{:?}", cfg.optim.optimizer).to_lowercase(), "--optimizer", true),
+        (
+            "optimizer",
+            format!("{:?}", cfg.optim.optimizer).to_lowercase(),
+            "--optimizer",
+            true,
+        ),
         ("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
     ];
     match m.model {
@@ -194,7 +249,6 @@ fn check_resume(
     }
     let step: u64 = meta
         .get("step")
-        .or_else(|| meta.get("data.step"))
         .ok_or_else(|| bad("the checkpoint records no step".into()))?
         .parse()
         .map_err(|e| bad(format!("bad step: {e}")))?;
@@ -271,7 +325,12 @@ struct Saver<'a> {
 impl Saver<'_> {
     /// Saves (every rank), then rank 0 writes the configuration beside the checkpoint and
     /// prints a line.
-    fn save<M: TrainModel>(&self, t: &Trainer<M>, path: &Path, progress: &Progress) -> Result<(), TrainError> {
+    fn save<M: TrainModel>(
+        &self,
+        t: &Trainer<M>,
+        path: &Path,
+        progress: &Progress,
+    ) -> Result<(), TrainError> {
         let start = Instant::now();
         t.save(path, &self.meta, &self.opts)?;
         if !self.lead {
@@ -323,7 +382,11 @@ fn drive<M: TrainModel>(
     let tokens_per_step = (t.data.batch_size() * t.data.tokens_per_row()) as f64;
     let peak = r.peak_tflops.map(|p| p * 1e12 * devices as f64);
     let flops = t.model.flops_per_token();
-    let digits = if cfg.model.dtype == Precision::F64 { 14 } else { 8 };
+    let digits = if cfg.model.dtype == Precision::F64 {
+        14
+    } else {
+        8
+    };
     let (mut train_pts, mut held_pts) = (Vec::new(), Vec::new());
     for rec in &earlier {
         match *rec {
@@ -386,7 +449,10 @@ fn drive<M: TrainModel>(
             progress.say(format!("step {n} held-out loss {h:.6}"));
             held_pts.push((n, h));
             if let Some(m) = &mut metrics {
-                m.write(&Record::Eval { step: n, heldout_loss: h })?;
+                m.write(&Record::Eval {
+                    step: n,
+                    heldout_loss: h,
+                })?;
             }
         }
         if let (Some(p), Some(every)) = (&r.save, r.save_every) {
@@ -408,7 +474,11 @@ fn drive<M: TrainModel>(
             step: t.step,
             heldout_loss: heldout,
         })?;
-        println!("metrics: {} ({} records written)", m.path().display(), m.lines);
+        println!(
+            "metrics: {} ({} records written)",
+            m.path().display(),
+            m.lines
+        );
     }
     if let (Some(p), true) = (&r.plot, lead) {
         let title = format!("{:?} loss", cfg.model.model).to_lowercase();
@@ -420,7 +490,12 @@ fn drive<M: TrainModel>(
                 heldout: &held_pts,
             },
         )?;
-        println!("plot: {} ({} training and {} held-out points)", p.display(), train_pts.len(), held_pts.len());
+        println!(
+            "plot: {} ({} training and {} held-out points)",
+            p.display(),
+            train_pts.len(),
+            held_pts.len()
+        );
     }
     let done = (t.step - first) as f64;
     Ok(Summary {
@@ -439,11 +514,20 @@ fn drive<M: TrainModel>(
 }
 
 /// The closing lines (rank 0).
-fn report(cfg: &TrainConfig, s: &Summary, entropy: Option<f64>, bubble_theory: Option<(f64, String)>) {
+fn report(
+    cfg: &TrainConfig,
+    s: &Summary,
+    entropy: Option<f64>,
+    bubble_theory: Option<(f64, String)>,
+) {
     let unigram = entropy.map_or(String::new(), |u| format!(" (unigram entropy {u:.4})"));
     println!("held-out loss {:.6}{unigram}", s.heldout);
     let f = s.last.footprint;
-    let host = s.last.peak.0.map_or_else(|| "not counted".to_string(), |b| format!("{b} B"));
+    let host = s
+        .last
+        .peak
+        .0
+        .map_or_else(|| "not counted".to_string(), |b| format!("{b} B"));
     println!(
         "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {} B",
         cfg.parallel.zero, cfg.parallel.recompute, f.parameters, f.gradients, f.optimizer_state, s.last.peak.1
@@ -470,18 +554,17 @@ fn gpt_job(
     cfg: &TrainConfig,
     mesh: Mesh,
     device: DeviceType,
+    inputs: GptInputs,
     world: usize,
     lead: bool,
     hooks: JobHooks,
 ) -> Result<(), TrainError> {
-    let mut job = gpt_trainer(cfg, mesh, device)?;
+    let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
     let vocab = job.trainer.model.cfg.vocab;
     let g = &cfg.generate;
-    let only_generate = g.generate.is_some() && cfg.run.resume.is_some() && !cfg.is_set("run.steps");
+    let only_generate = only_generate(cfg);
     if let Some(p) = &cfg.run.resume {
-        let limit = (!only_generate).then_some(cfg.run.steps);
-        let step = check_resume(cfg, vocab, p, limit)?;
-        job.trainer.resume(p, step)?;
+        job.trainer.resume(p)?;
     }
     for h in hooks.step_hooks {
         job.trainer.add_hook(h);
@@ -497,9 +580,9 @@ fn gpt_job(
             cfg.data.batch_size, cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
         );
-        let entropy = job
-            .entropy
-            .map_or(String::new(), |u| format!("; unigram entropy of the train split {u:.4} nats"));
+        let entropy = job.entropy.map_or(String::new(), |u| {
+            format!("; unigram entropy of the train split {u:.4} nats")
+        });
         println!(
             "data: {} tokenizer {}{entropy}",
             job.trainer.data.describe(),
@@ -587,7 +670,11 @@ fn mlp_job(
     t.opts.schedule = schedule_of(cfg);
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;
-    if !cfg.data.batch_size.is_multiple_of(mesh.dp * cfg.optim.grad_accum) {
+    if !cfg
+        .data
+        .batch_size
+        .is_multiple_of(mesh.dp * cfg.optim.grad_accum)
+    {
         return Err(TrainError::Layout {
             detail: format!(
                 "--batch-size {} must be a multiple of --dp {} x --grad-accum {}",
@@ -596,8 +683,7 @@ fn mlp_job(
         });
     }
     if let Some(p) = &cfg.run.resume {
-        let step = check_resume(cfg, 0, p, Some(cfg.run.steps))?;
-        t.resume(p, step)?;
+        t.resume(p)?;
     }
     for h in hooks.step_hooks {
         t.add_hook(h);

@@ -107,7 +107,9 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Curves<'_>) -> Res
             .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
             .map_err(err)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         if pts.len() <= 64 {
             chart
                 .draw_series(line.map(|p| Circle::new(p, 3, color.filled())))

@@ -67,8 +67,10 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
     let bar = ProgressBar::new(total);
     if std::io::stderr().is_terminal() {
         bar.set_style(
-            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());

@@ -115,7 +115,10 @@ impl<M: TrainModel> Trainer<M> {
         opts: TrainOptions,
     ) -> Result<Trainer<M>, TrainError> {
         if opts.grad_accum == 0 {
-            return Err(loop_err("Trainer::new", "grad_accum must be at least 1".into()));
+            return Err(loop_err(
+                "Trainer::new",
+                "grad_accum must be at least 1".into(),
+            ));
         }
         if opts.pipeline.is_some() && model.pipeline().is_none() {
             return Err(loop_err(
@@ -321,16 +324,27 @@ impl<M: TrainModel> Trainer<M> {
         )?)
     }
 
-    /// Loads a checkpoint saved under any layout and continues at step `step` and the data
-    /// position it records; returns its metadata.
-    pub fn resume(&mut self, path: &Path, step: u64) -> Result<Metadata, TrainError> {
+    /// Loads a checkpoint saved under any layout and continues at its step and the data
+    /// position it records; returns the step.
+    pub fn resume(&mut self, path: &Path) -> Result<u64, TrainError> {
         let meta = checkpoint::load(
             path,
             &self.model.parameters(),
             Some(self.optimizer.as_mut()),
         )?;
+        let step = meta
+            .get("step")
+            .ok_or_else(|| TrainError::Resume {
+                path: path.to_path_buf(),
+                detail: "the checkpoint records no step".into(),
+            })?
+            .parse::<u64>()
+            .map_err(|e| TrainError::Resume {
+                path: path.to_path_buf(),
+                detail: format!("bad step: {e}"),
+            })?;
         self.data.resume(step, &meta)?;
         self.step = step;
-        Ok(meta)
+        Ok(step)
     }
 }

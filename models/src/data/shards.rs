@@ -161,6 +161,15 @@ impl Shard {
                 (LLMC_HEADER_BYTES, count)
             }
             _ => {
+                if header(0) == Some(LLMC_MAGIC) {
+                    return Err(shard_err(
+                        path,
+                        0,
+                        format!(
+                            "starts with llm.c's magic {LLMC_MAGIC} but is read as a raw shard (the set's first shard is raw, or --shard-format raw)"
+                        ),
+                    ));
+                }
                 if bytes.len() % 2 != 0 {
                     return Err(shard_err(
                         path,
@@ -359,7 +368,10 @@ mod tests {
         let e = ShardSet::open(d.join("*.bin").to_str().unwrap(), ShardFormat::Auto, 300)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("b.bin at byte 0: wrong magic"), "{e}");
+        assert!(
+            e.contains("b.bin at byte 0: starts with llm.c's magic"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

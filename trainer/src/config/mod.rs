@@ -175,9 +175,11 @@ pub fn load(config: Option<&Path>, cli: &Flags) -> Result<TrainConfig, TrainErro
             explicit.extend(t.keys().map(|k| format!("{section}.{k}")));
         }
     }
-    let flags: Flags = merged.try_into().map_err(|e: toml::de::Error| TrainError::Config {
-        detail: format!("the merged configuration: {}", e.message()),
-    })?;
+    let flags: Flags = merged
+        .try_into()
+        .map_err(|e: toml::de::Error| TrainError::Config {
+            detail: format!("the merged configuration: {}", e.message()),
+        })?;
     TrainConfig::resolve(flags, explicit)
 }
 
@@ -191,7 +193,9 @@ fn read_job_file(path: &Path) -> Result<toml::Table, TrainError> {
         return Err(bad("not a regular file of at most 1 MiB".into()));
     }
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(e.to_string()))?;
     // Deserializing into Flags names the first unknown key (and its line) or a wrong type.
     Flags::deserialize_table(&text).map_err(bad)?;
     Ok(table)

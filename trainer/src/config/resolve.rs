@@ -43,8 +43,11 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         dropout: checked("--dropout", m.dropout.unwrap_or(0.0), checks::unit_fraction)?,
         hidden: count("--hidden", m.hidden.unwrap_or(64))?,
         features: count("--features", m.features.unwrap_or(16))?,
-        classes: checked("--classes", m.classes.unwrap_or(4) as u64, checks::class_count)?
-            as usize,
+        classes: checked(
+            "--classes",
+            m.classes.unwrap_or(4) as u64,
+            checks::class_count,
+        )? as usize,
         dtype: m.dtype.unwrap_or(Precision::F32),
         seed: m.seed.unwrap_or(0),
     };
@@ -69,17 +72,26 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         val_data: d.val_data.clone(),
         tokenizer: d.tokenizer.unwrap_or(TokenizerArg::Bytes),
         shard_format: d.shard_format.unwrap_or(ShardFormatArg::Auto),
-        batch_size: count("--batch-size", d.batch_size.unwrap_or(if gpt { 16 } else { 64 }))?,
+        batch_size: count(
+            "--batch-size",
+            d.batch_size.unwrap_or(if gpt { 16 } else { 64 }),
+        )?,
     };
     let o = &f.optim;
-    let optimizer = o.optimizer.unwrap_or(if gpt { Opt::Adamw } else { Opt::Sgd });
+    let optimizer = o
+        .optimizer
+        .unwrap_or(if gpt { Opt::Adamw } else { Opt::Sgd });
     let lr = checked(
         "--lr",
         o.lr.unwrap_or(if gpt { 5e-3 } else { 0.05 }),
         checks::positive_finite,
     )?;
     let r = &f.run;
-    let steps = checked("--steps", r.steps.unwrap_or(if gpt { 400 } else { 200 }), checks::positive)?;
+    let steps = checked(
+        "--steps",
+        r.steps.unwrap_or(if gpt { 400 } else { 200 }),
+        checks::positive,
+    )?;
     let optim = OptimConfig {
         optimizer,
         lr,
@@ -92,16 +104,19 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
                 .unwrap_or(if optimizer == Opt::Adamw { 0.01 } else { 0.0 }),
             checks::non_negative,
         )?,
-        momentum: checked("--momentum", o.momentum.unwrap_or(0.9), checks::unit_fraction)?,
+        momentum: checked(
+            "--momentum",
+            o.momentum.unwrap_or(0.9),
+            checks::unit_fraction,
+        )?,
         clip_grad: o
             .clip_grad
             .map(|c| checked("--clip-grad", c, checks::positive_finite))
             .transpose()?,
         grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
     };
-    let positive_opt = |flag: &str, v: Option<u64>| {
-        v.map(|v| checked(flag, v, checks::positive)).transpose()
-    };
+    let positive_opt =
+        |flag: &str, v: Option<u64>| v.map(|v| checked(flag, v, checks::positive)).transpose();
     let run = RunConfig {
         steps,
         log_every: checked("--log-every", r.log_every.unwrap_or(10), checks::positive)?,
@@ -123,7 +138,11 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
     let generate = GenerateConfig {
         generate: g.generate.clone(),
         gen_tokens: g.gen_tokens.unwrap_or(120),
-        temperature: checked("--temperature", g.temperature.unwrap_or(0.8), checks::non_negative)?,
+        temperature: checked(
+            "--temperature",
+            g.temperature.unwrap_or(0.8),
+            checks::non_negative,
+        )?,
     };
     let cfg = TrainConfig {
         model,

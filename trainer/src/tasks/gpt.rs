@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use oxiflow_collectives::DType;
 use oxiflow_models::data::{
-    Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
-    HELDOUT_FRACTION,
+    Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
 };
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS};
 use oxiflow_models::nn::{Module, Parameter, Pass};
@@ -65,6 +64,34 @@ fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
 
+/// The GPT's data, opened and checked (every shard's header, size and ids) before the world
+/// starts, so every rank refuses bad data alike without communicating.
+pub struct GptInputs {
+    pub train: Windows,
+    pub heldout: Windows,
+    pub vocab: usize,
+    pub description: String,
+    /// The unigram entropy of the training text (corpus data).
+    pub entropy: Option<f64>,
+    pub tokenizer: Tokenizer,
+}
+
+impl GptInputs {
+    /// `cfg`'s data through its tokenizer.
+    pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
+        let tokenizer = tokenizer_of(cfg);
+        let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        Ok(GptInputs {
+            train,
+            heldout,
+            vocab,
+            description,
+            entropy,
+            tokenizer,
+        })
+    }
+}
+
 /// The training and held-out windows, the vocabulary, a description and (for a corpus) the
 /// unigram entropy of the training text, for `cfg`'s data.
 fn windows(
@@ -90,8 +117,10 @@ fn windows(
                 set.shards().len(),
                 set.format.name(),
                 set.tokens(),
-                val.as_ref()
-                    .map_or(String::new(), |v| format!("; held out: {} tokens", v.tokens()))
+                val.as_ref().map_or(String::new(), |v| format!(
+                    "; held out: {} tokens",
+                    v.tokens()
+                ))
             );
             let (train, heldout) = ShardWindows::split(set, t, HELDOUT_FRACTION, val)?;
             let seq = |windows| Windows::Sequential {
@@ -134,9 +163,14 @@ pub struct GptJob {
     pub mesh: Mesh,
 }
 
-/// Builds the GPT of `cfg` on `mesh` (on `device`), its data and optimizer; needs an
-/// installed context.
-pub fn gpt_trainer(cfg: &TrainConfig, mesh: Mesh, device: DeviceType) -> Result<GptJob, TrainError> {
+/// Builds the GPT of `cfg` on `mesh` (on `device`), its optimizer and its data from `inputs`;
+/// needs an installed context.
+pub fn gpt_trainer(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    inputs: GptInputs,
+) -> Result<GptJob, TrainError> {
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
     let p = &cfg.parallel;
     let spec = PipelineSpec {
@@ -182,8 +216,14 @@ pub fn gpt_trainer(cfg: &TrainConfig, mesh: Mesh, device: DeviceType) -> Result<
         })?;
     let coord = stages[stage].coord_of(rank).unwrap_or_default();
     let dp_coord = coord.get(DP_AXIS).copied().unwrap_or(0);
-    let tokenizer = tokenizer_of(cfg);
-    let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+    let GptInputs {
+        train,
+        heldout,
+        vocab,
+        description,
+        entropy,
+        tokenizer,
+    } = inputs;
     let mc = &cfg.model;
     let model_cfg = GptConfig {
         vocab,
@@ -215,7 +255,13 @@ pub fn gpt_trainer(cfg: &TrainConfig, mesh: Mesh, device: DeviceType) -> Result<
     let params = model.parameters();
     let decay = params
         .iter()
-        .map(|q| if model.decays(q) { cfg.optim.weight_decay } else { 0.0 })
+        .map(|q| {
+            if model.decays(q) {
+                cfg.optim.weight_decay
+            } else {
+                0.0
+            }
+        })
         .collect();
     let optimizer = AdamW::new(
         params,
@@ -229,7 +275,16 @@ pub fn gpt_trainer(cfg: &TrainConfig, mesh: Mesh, device: DeviceType) -> Result<
     .with_weight_decay(decay)?;
     let first = stages[0].clone();
     let last = stages[pp - 1].clone();
-    let data = GptData::new(train, heldout, b, dp, dp_coord, first, last.clone(), description);
+    let data = GptData::new(
+        train,
+        heldout,
+        b,
+        dp,
+        dp_coord,
+        first,
+        last.clone(),
+        description,
+    );
     let pipeline = pipelined
         .then(|| -> Result<PipelineRun, TrainError> {
             Ok(PipelineRun {
@@ -317,13 +372,17 @@ pub fn generate(
 /// The index of the next token: the arg-max at temperature 0, else a draw from
 /// softmax(logits / temperature).
 fn pick(logits: &[f64], temperature: f64, seed: u64, draw: u64) -> usize {
-    let best = logits.iter().enumerate().fold((0, f64::NEG_INFINITY), |a, (i, &v)| {
-        if v > a.1 {
-            (i, v)
-        } else {
-            a
-        }
-    });
+    let best =
+        logits.iter().enumerate().fold(
+            (0, f64::NEG_INFINITY),
+            |a, (i, &v)| {
+                if v > a.1 {
+                    (i, v)
+                } else {
+                    a
+                }
+            },
+        );
     if temperature <= 0.0 {
         return best.0;
     }

@@ -21,7 +21,13 @@ const PREFETCH_DEPTH: usize = 4;
 
 /// This rank's rows of micro-batch `index` of `count` of a batch of `batch` rows split over
 /// `dp` ranks (this rank at data-parallel coordinate `coord`).
-fn rows_of(batch: usize, dp: usize, coord: usize, index: usize, count: usize) -> std::ops::Range<usize> {
+fn rows_of(
+    batch: usize,
+    dp: usize,
+    coord: usize,
+    index: usize,
+    count: usize,
+) -> std::ops::Range<usize> {
     let per_part = batch / count;
     let per = per_part / dp;
     let at = index * per_part + coord * per;
@@ -185,10 +191,11 @@ pub fn corpus_windows(
 ) -> Result<(Windows, Windows), TrainError> {
     let tokens: Arc<[u16]> = corpus.tokens();
     let make = |part: std::ops::Range<usize>, seed: u64| -> Result<Windows, TrainError> {
-        let sampler = data::WindowSampler::new(part.len(), seed, batch, seq_len)
-            .map_err(|e| TrainError::Layout {
+        let sampler = data::WindowSampler::new(part.len(), seed, batch, seq_len).map_err(|e| {
+            TrainError::Layout {
                 detail: format!("{}: {e}", corpus.source),
-            })?;
+            }
+        })?;
         Ok(Windows::Random {
             sampler,
             tokens: Arc::clone(&tokens),

@@ -24,10 +24,7 @@ impl Mesh {
         let (pp, tp) = (p.pp, p.tp);
         let dp = match p.dp {
             Some(dp) => dp,
-            None if tp
-                .checked_mul(pp)
-                .is_some_and(|n| world.is_multiple_of(n)) =>
-            {
+            None if tp.checked_mul(pp).is_some_and(|n| world.is_multiple_of(n)) => {
                 world / (tp * pp)
             }
             None => {

@@ -6,7 +6,9 @@
 
 use oxiflow_collectives::DType;
 use oxiflow_models::checkpoint::Metadata;
-use oxiflow_models::nn::{param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter, Pass};
+use oxiflow_models::nn::{
+    param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter, Pass,
+};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions};
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
@@ -100,11 +102,17 @@ pub struct ClusterData {
     at: Option<(Placement, NdSbp)>,
 }
 
+/// A classifier run.
+pub type Classifier = Trainer<MlpClassifier>;
+
 /// Held-out batches are those of steps from here on.
 const HELDOUT_STEP: u64 = 1 << 62;
 
 impl ClusterData {
-    pub fn new(cfg: &ClassifierConfig, placement: Option<&Placement>) -> Result<ClusterData, TrainError> {
+    pub fn new(
+        cfg: &ClassifierConfig,
+        placement: Option<&Placement>,
+    ) -> Result<ClusterData, TrainError> {
         let shape = Shape::new([cfg.classes, cfg.features]);
         let seed = param_seed(cfg.seed, "data.centers");
         let init = Init::Normal { seed, std: 1.0 };
@@ -116,7 +124,10 @@ impl ClusterData {
                     nd_sbp: NdSbp::broadcast(p.ndim()),
                 };
                 let data_sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
-                (init.build(shape, cfg.dtype, &at)?, Some((p.clone(), data_sbp)))
+                (
+                    init.build(shape, cfg.dtype, &at)?,
+                    Some((p.clone(), data_sbp)),
+                )
             }
         };
         Ok(ClusterData {
@@ -139,7 +150,13 @@ impl ClusterData {
                 Tensor::randn([n, f], s_noise, c.dtype),
             ),
             Some((p, s)) => (
-                Tensor::rand_global([n], s_lab, DType::F64, p, NdSbp::new([s.as_slice()[0], Sbp::B]))?,
+                Tensor::rand_global(
+                    [n],
+                    s_lab,
+                    DType::F64,
+                    p,
+                    NdSbp::new([s.as_slice()[0], Sbp::B]),
+                )?,
                 Tensor::randn_global([n, f], s_noise, c.dtype, p, s.clone())?,
             ),
         };
@@ -167,7 +184,9 @@ impl BatchSource for ClusterData {
         let n = self.cfg.batch_size;
         if count == 0 || !n.is_multiple_of(count) {
             return Err(TrainError::Layout {
-                detail: format!("--batch-size {n} must be a multiple of the {count} parts of a step"),
+                detail: format!(
+                    "--batch-size {n} must be a multiple of the {count} parts of a step"
+                ),
             });
         }
         let (rows, at) = (n / count, index * (n / count));
@@ -222,7 +241,13 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
     let params = model.parameters();
     let decay: Vec<f64> = params
         .iter()
-        .map(|p| if model.decays(p) { cfg.weight_decay } else { 0.0 })
+        .map(|p| {
+            if model.decays(p) {
+                cfg.weight_decay
+            } else {
+                0.0
+            }
+        })
         .collect();
     let optimizer: Box<dyn Optimizer> = match cfg.optimizer {
         OptimizerKind::Sgd => Box::new(

@@ -13,12 +13,14 @@ use super::error::DataError;
 pub const PREFETCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 type Make<T> = dyn Fn(u64) -> Result<T, DataError> + Send + Sync;
+/// A running thread: the key it makes next, where its items arrive, the thread.
+type Running<T> = (u64, Receiver<(u64, Result<T, DataError>)>, JoinHandle<()>);
 
 /// Makes `make(k)` for keys `k, k + 1, ...` ahead of use, at most `depth` items ahead.
 pub struct Prefetcher<T: Send + 'static> {
     make: Arc<Make<T>>,
     depth: usize,
-    running: Option<(u64, Receiver<(u64, Result<T, DataError>)>, JoinHandle<()>)>,
+    running: Option<Running<T>>,
 }
 
 impl<T: Send + 'static> Prefetcher<T> {

@@ -170,7 +170,7 @@ impl Shard {
                         ),
                     ));
                 }
-                if bytes.len() % 2 != 0 {
+                if !bytes.len().is_multiple_of(2) {
                     return Err(shard_err(
                         path,
                         bytes.len() as u64 - 1,

@@ -15,9 +15,9 @@ fn config_err(detail: String) -> TrainError {
 }
 
 /// `check(value)` or an error naming `flag`.
-fn checked<T: Copy, U>(flag: &str, v: T, check: fn(U) -> Result<U, String>) -> Result<T, TrainError>
+fn checked<T, U>(flag: &str, v: T, check: fn(U) -> Result<U, String>) -> Result<T, TrainError>
 where
-    T: TryInto<U>,
+    T: Copy + TryInto<U>,
 {
     let u: U = v
         .try_into()

@@ -13,23 +13,7 @@ use std::path::{Path, PathBuf};
 use common::{curve, launch, max_rel, ok};
 use serde_json::Value;
 
-/// A tiny model: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch.
-const TINY: [&str; 14] = [
-    "--layers",
-    "2",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
+const TINY: [&str; 14] = common::TINY_GPT;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxiflow-trainer-{}-{name}", std::process::id()));

@@ -6,6 +6,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// A tiny GPT: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch, no sample, a
+/// line per step.
+pub const TINY_GPT: [&str; 14] = [
+    "--layers",
+    "2",
+    "--width",
+    "32",
+    "--heads",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--gen-tokens",
+    "0",
+    "--log-every",
+    "1",
+];
+
 /// Runs the cargo that runs the tests with `args` in the repository root.
 pub fn cargo(args: &[&str]) {
     let st = Command::new(env!("CARGO"))

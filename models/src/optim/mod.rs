@@ -72,10 +72,7 @@ pub(crate) struct Update {
 
 /// The update views of every parameter (None: no gradient), boxed now, with their gradients'
 /// global norm; each parameter's own gradient is cleared once its view holds the boxed copy.
-pub(crate) fn prepare_updates(
-    params: &[Parameter],
-    zero: Zero,
-) -> Result<(Vec<Option<Update>>, f64)> {
+fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Update>>, f64)> {
     let mut views = Vec::with_capacity(params.len());
     for p in params {
         let v = update_view(p, zero)?;
@@ -89,11 +86,32 @@ pub(crate) fn prepare_updates(
     Ok((views, norm))
 }
 
-/// The error of an `apply` without a `prepare`.
-pub(crate) fn unprepared(op: &'static str) -> oxiflow_tensor::TensorError {
-    oxiflow_tensor::TensorError::Kernel {
-        op,
-        detail: "apply without prepare: no gradients were prepared".into(),
+/// Gradients `prepare` boxed into their states' layouts, kept for the next `apply`.
+#[derive(Default)]
+pub(crate) struct Prepared(Option<Vec<Option<Update>>>);
+
+impl Prepared {
+    /// Boxes `params`' gradients (see `prepare_updates`); returns their global norm.
+    pub(crate) fn prepare(&mut self, params: &[Parameter], zero: Zero) -> Result<f64> {
+        let _ng = no_grad();
+        let (views, norm) = prepare_updates(params, zero)?;
+        self.0 = Some(views);
+        Ok(norm)
+    }
+    /// The prepared views with their parameters' indices (an error without a `prepare`).
+    pub(crate) fn take(&mut self, op: &'static str) -> Result<Vec<(usize, Update)>> {
+        let views = self.0.take().ok_or(oxiflow_tensor::TensorError::Kernel {
+            op,
+            detail: "apply without prepare: no gradients were prepared".into(),
+        })?;
+        Ok(views
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, u)| Some((i, u?)))
+            .collect())
+    }
+    pub(crate) fn discard(&mut self) {
+        self.0 = None;
     }
 }
 

@@ -8,8 +8,7 @@ use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
 use super::{
-    check_decay, prepare_updates, state_in_layout, unprepared, update_view, write_back, Optimizer,
-    Update, Zero,
+    check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,7 +38,7 @@ pub struct Sgd {
     /// Weight decay of each parameter (`opts.weight_decay` unless set per parameter).
     decay: Vec<f64>,
     /// Gradients boxed by `prepare`, for the next `apply`.
-    prepared: Option<Vec<Option<Update>>>,
+    prepared: Prepared,
     zero: Zero,
     bufs: Vec<Option<Tensor>>,
     steps: u64,
@@ -50,7 +49,7 @@ impl Sgd {
         let bufs = vec![None; params.len()];
         Sgd {
             decay: vec![opts.weight_decay; params.len()],
-            prepared: None,
+            prepared: Prepared::default(),
             params,
             opts,
             zero: Zero::OFF,
@@ -111,27 +110,18 @@ impl Optimizer for Sgd {
         Ok(())
     }
     fn prepare(&mut self) -> Result<f64> {
-        let _ng = no_grad();
-        let (views, norm) = prepare_updates(&self.params, self.zero)?;
-        self.prepared = Some(views);
-        Ok(norm)
+        self.prepared.prepare(&self.params, self.zero)
     }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
-        let views = self
-            .prepared
-            .take()
-            .ok_or_else(|| unprepared("Sgd::apply"))?;
-        for (i, u) in views.into_iter().enumerate() {
-            if let Some(u) = u {
-                self.update(i, u, scale)?;
-            }
+        for (i, u) in self.prepared.take("Sgd::apply")? {
+            self.update(i, u, scale)?;
         }
         self.steps += 1;
         Ok(())
     }
     fn discard(&mut self) {
-        self.prepared = None;
+        self.prepared.discard();
     }
     fn params(&self) -> &[Parameter] {
         &self.params

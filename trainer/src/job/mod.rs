@@ -260,6 +260,22 @@ fn check_resume(
     }
 }
 
+/// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
+fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
+    Saver {
+        cfg,
+        meta: recorded(cfg, vocab)
+            .into_iter()
+            .map(|(k, v, _, _)| (k.to_string(), v))
+            .collect(),
+        opts: SaveOptions {
+            gathered: cfg.run.save_gathered,
+            stage_hook: hook,
+        },
+        lead,
+    }
+}
+
 /// `--explain`: one step under the explain recorder, reported by rank 0.
 fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), TrainError> {
     oxiflow_tensor::explain::explain_start();
@@ -325,18 +341,7 @@ fn gpt_job(
         return explain_step(&mut job.trainer, lead);
     }
     if !only_generate {
-        let saver = Saver {
-            cfg,
-            meta: recorded(cfg, vocab)
-                .into_iter()
-                .map(|(k, v, _, _)| (k.to_string(), v))
-                .collect(),
-            opts: SaveOptions {
-                gathered: cfg.run.save_gathered,
-                stage_hook: hooks.save_stage,
-            },
-            lead,
-        };
+        let saver = saver(cfg, vocab, hooks.save_stage, lead);
         let summary = drive(&mut job.trainer, cfg, lead, &saver, world)?;
         if lead {
             let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
@@ -433,18 +438,7 @@ fn mlp_job(
     if cfg.run.explain {
         return explain_step(&mut t, lead);
     }
-    let saver = Saver {
-        cfg,
-        meta: recorded(cfg, 0)
-            .into_iter()
-            .map(|(k, v, _, _)| (k.to_string(), v))
-            .collect(),
-        opts: SaveOptions {
-            gathered: cfg.run.save_gathered,
-            stage_hook: hooks.save_stage,
-        },
-        lead,
-    };
+    let saver = saver(cfg, 0, hooks.save_stage, lead);
     let summary = drive(&mut t, cfg, lead, &saver, world)?;
     if lead {
         report(cfg, &summary, None, None);

@@ -19,7 +19,7 @@ use oxiflow_tensor::{no_grad, Context, Tensor};
 use crate::config::{RecomputeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig};
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
-use crate::tasks::gpt_data::{corpus_windows, GptData};
+use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
 use crate::tasks::mesh::Mesh;
 use crate::trainer::{PipelineRun, TrainOptions, Trainer};
 
@@ -216,17 +216,9 @@ pub fn gpt_trainer(
         })?;
     let coord = stages[stage].coord_of(rank).unwrap_or_default();
     let dp_coord = coord.get(DP_AXIS).copied().unwrap_or(0);
-    let GptInputs {
-        train,
-        heldout,
-        vocab,
-        description,
-        entropy,
-        tokenizer,
-    } = inputs;
     let mc = &cfg.model;
     let model_cfg = GptConfig {
-        vocab,
+        vocab: inputs.vocab,
         seq_len: mc.seq_len,
         layers: mc.layers,
         heads: mc.heads,
@@ -275,15 +267,16 @@ pub fn gpt_trainer(
     .with_weight_decay(decay)?;
     let first = stages[0].clone();
     let last = stages[pp - 1].clone();
-    let data = GptData::new(
-        train,
-        heldout,
-        b,
+    let split = RowSplit {
+        batch: b,
         dp,
-        dp_coord,
-        first,
-        last.clone(),
-        description,
+        coord: dp_coord,
+    };
+    let data = GptData::new(
+        (inputs.train, inputs.heldout),
+        split,
+        (first, last.clone()),
+        inputs.description,
     );
     let pipeline = pipelined
         .then(|| -> Result<PipelineRun, TrainError> {
@@ -308,8 +301,8 @@ pub fn gpt_trainer(
     )?;
     Ok(GptJob {
         trainer,
-        tokenizer,
-        entropy,
+        tokenizer: inputs.tokenizer,
+        entropy: inputs.entropy,
         mesh,
     })
 }

@@ -19,28 +19,30 @@ pub const EVAL_BATCHES: u64 = 4;
 /// Micro-batches made ahead by the background thread.
 const PREFETCH_DEPTH: usize = 4;
 
-/// This rank's rows of micro-batch `index` of `count` of a batch of `batch` rows split over
-/// `dp` ranks (this rank at data-parallel coordinate `coord`).
-fn rows_of(
-    batch: usize,
-    dp: usize,
-    coord: usize,
-    index: usize,
-    count: usize,
-) -> std::ops::Range<usize> {
-    let per_part = batch / count;
-    let per = per_part / dp;
-    let at = index * per_part + coord * per;
-    at..at + per
+/// How a batch's rows are split: `batch` rows over `dp` data-parallel ranks, this rank at
+/// coordinate `coord`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowSplit {
+    pub batch: usize,
+    pub dp: usize,
+    pub coord: usize,
+}
+
+impl RowSplit {
+    /// This rank's rows of micro-batch `index` of `count`.
+    fn rows(&self, index: usize, count: usize) -> std::ops::Range<usize> {
+        let per_part = self.batch / count;
+        let per = per_part / self.dp;
+        let at = index * per_part + self.coord * per;
+        at..at + per
+    }
 }
 
 /// The GPT's data on this rank.
 pub struct GptData {
     train: Windows,
     heldout: Windows,
-    batch: usize,
-    dp: usize,
-    coord: usize,
+    split: RowSplit,
     /// The first stage's placement (inputs) and the last's (targets).
     first: Placement,
     last: Placement,
@@ -52,24 +54,18 @@ pub struct GptData {
 }
 
 impl GptData {
-    /// Data for a batch of `batch` rows over `dp` data-parallel ranks (this one at `coord`).
-    #[allow(clippy::too_many_arguments)]
+    /// Data from `(train, heldout)` windows, split as `split`, on the first and last stages'
+    /// placements.
     pub fn new(
-        train: Windows,
-        heldout: Windows,
-        batch: usize,
-        dp: usize,
-        coord: usize,
-        first: Placement,
-        last: Placement,
+        (train, heldout): (Windows, Windows),
+        split: RowSplit,
+        (first, last): (Placement, Placement),
         description: String,
     ) -> GptData {
         GptData {
             train,
             heldout,
-            batch,
-            dp,
-            coord,
+            split,
             first,
             last,
             description,
@@ -93,10 +89,10 @@ impl GptData {
     /// thread (restarted when `parts` changes).
     fn host_rows(&mut self, parts: usize, key: u64) -> Result<data::Batch, TrainError> {
         if self.prefetch.as_ref().map(|p| p.0) != Some(parts) {
-            let (windows, batch, dp, coord) = (self.train.clone(), self.batch, self.dp, self.coord);
+            let (windows, split) = (self.train.clone(), self.split);
             let make = move |key: u64| {
                 let (step, index) = (key / parts as u64, (key % parts as u64) as usize);
-                windows.rows(step, rows_of(batch, dp, coord, index, parts))
+                windows.rows(step, split.rows(index, parts))
             };
             self.prefetch = Some((parts, Prefetcher::new(PREFETCH_DEPTH, make)));
             self.ready = None;
@@ -112,7 +108,7 @@ impl GptData {
 
 impl BatchSource for GptData {
     fn batch_size(&self) -> usize {
-        self.batch
+        self.split.batch
     }
     fn tokens_per_row(&self) -> usize {
         match &self.train {
@@ -121,11 +117,11 @@ impl BatchSource for GptData {
         }
     }
     fn train_batch(&mut self, step: u64, index: usize, count: usize) -> Result<Batch, TrainError> {
-        if count == 0 || !self.batch.is_multiple_of(count * self.dp) {
+        let RowSplit { batch, dp, .. } = self.split;
+        if count == 0 || !batch.is_multiple_of(count * dp) {
             return Err(TrainError::Layout {
                 detail: format!(
-                    "--batch-size {} is not a multiple of --dp {} x the {count} parts of a step",
-                    self.batch, self.dp
+                    "--batch-size {batch} is not a multiple of --dp {dp} x the {count} parts of a step"
                 ),
             });
         }
@@ -143,9 +139,7 @@ impl BatchSource for GptData {
         Ok(now)
     }
     fn heldout_batch(&mut self, i: u64) -> Result<Batch, TrainError> {
-        let b = self
-            .heldout
-            .rows(i, rows_of(self.batch, self.dp, self.coord, 0, 1))?;
+        let b = self.heldout.rows(i, self.split.rows(0, 1))?;
         self.to_tensors(b)
     }
     fn heldout_batches(&self) -> u64 {

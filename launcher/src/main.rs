@@ -6,6 +6,7 @@ mod error;
 mod hang_watch;
 mod node;
 mod output;
+mod progress;
 mod rendezvous_join;
 mod resolve;
 mod signals;
@@ -120,6 +121,8 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             .as_deref()
             .map(|spec| cli::parse_ranks_filter(spec, world_size))
             .transpose()?,
+        bar: ((cli.log_dir.is_none() || cli.tee) && std::io::stdout().is_terminal())
+            .then(progress::ConsoleBar::default),
     };
     if let Some(dir) = &cli.trace {
         std::fs::create_dir_all(dir)
@@ -168,6 +171,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             cpus,
             flight_dir: flight.path.clone(),
             trace_dir: cli.trace.clone(),
+            progress: output.bar.is_some(),
         };
         let started = std::time::SystemTime::now();
         let job_store = rdzv.job_store(generation);

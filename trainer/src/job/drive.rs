@@ -101,10 +101,11 @@ pub(super) fn drive<M: TrainModel>(
     lead: bool,
     saver: &Saver<'_>,
     devices: usize,
+    launcher_bar: bool,
 ) -> Result<Summary, TrainError> {
     let r = &cfg.run;
     let steps = r.steps;
-    let progress = Progress::new(lead, steps, t.step);
+    let progress = Progress::new(lead, steps, t.step, launcher_bar);
     let mut metrics = match (&r.metrics, lead) {
         (Some(p), true) => Some(MetricsFile::open(p, r.resume.is_some())?),
         _ => None,

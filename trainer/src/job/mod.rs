@@ -51,6 +51,11 @@ pub fn schedule_of(cfg: &TrainConfig) -> LrSchedule {
     }
 }
 
+/// Whether oflaunch draws the progress bar from this job's progress lines.
+fn launcher_bar() -> bool {
+    LaunchEnv::from_env().is_ok_and(|e| e.progress_lines)
+}
+
 /// The world of the launch environment on the chosen backend.
 fn init_world(backend: WorldBackend) -> Result<Context, TrainError> {
     Ok(match backend {
@@ -322,10 +327,10 @@ fn gpt_job(
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
     if lead {
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} {:?} warmup {} clip {} seed {} from step {}",
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
             m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
-            cfg.data.batch_size, cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_steps,
+            cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
         );
         let entropy = job.entropy.map_or(String::new(), |u| {
@@ -342,7 +347,7 @@ fn gpt_job(
     }
     if !only_generate {
         let saver = saver(cfg, vocab, hooks.save_stage, lead);
-        let summary = drive(&mut job.trainer, cfg, lead, &saver, world)?;
+        let summary = drive(&mut job.trainer, cfg, lead, &saver, world, launcher_bar())?;
         if lead {
             let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
                 let s = run.spec;
@@ -427,9 +432,9 @@ fn mlp_job(
     }
     if lead {
         println!(
-            "train: mlp features {} hidden {} classes {} | mesh [dp {}, tp {}] world {world} | batch {} lr {} {:?} warmup {} clip {} grad-accum {} seed {} from step {}",
+            "train: mlp features {} hidden {} classes {} | mesh [dp {}, tp {}] world {world} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
             m.features, m.hidden, m.classes, mesh.dp, mesh.tp, cfg.data.batch_size, cfg.optim.lr,
-            cfg.optim.lr_schedule, cfg.optim.warmup_steps,
+            format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()),
             cfg.optim.grad_accum, m.seed, t.step
         );
@@ -439,7 +444,7 @@ fn mlp_job(
         return explain_step(&mut t, lead);
     }
     let saver = saver(cfg, 0, hooks.save_stage, lead);
-    let summary = drive(&mut t, cfg, lead, &saver, world)?;
+    let summary = drive(&mut t, cfg, lead, &saver, world, launcher_bar())?;
     if lead {
         report(cfg, &summary, None, None);
     }

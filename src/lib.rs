@@ -1,6 +1,6 @@
 //! OxiFlow, the facade users import: global tensors with placements and SBP, the models built on
-//! them (`nn`, `optim`, `checkpoint`), the training loop (`trainer`), and the crates underneath (placement, sbp, boxing,
-//! collectives, tensor, models) as modules.
+//! them (`nn`, `optim`, `checkpoint`, `data`), the training loop (`trainer`), and the crates
+//! underneath (placement, sbp, boxing, collectives, tensor, models) as modules.
 //!
 //! ```text
 //! use oxiflow::prelude::*;

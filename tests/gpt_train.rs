@@ -6,9 +6,7 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
-
-const TINY: [&str; 14] = common::TINY_GPT;
+use common::{curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 /// `launch` of the tiny GPT with `args` added.
 fn tiny(nproc: usize, args: &[&str]) -> Vec<(u64, f64)> {

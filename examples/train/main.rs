@@ -25,6 +25,13 @@ use clap::Parser;
 static ALLOC: oxiflow::memory::CountingAllocator = oxiflow::memory::CountingAllocator;
 
 fn main() {
+    // Warnings (e.g. a checkpoint load falling back to `<path>.old`) reach stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_target(false)
+        .with_ansi(false)
+        .init();
     let cli = oxiflow::trainer::Cli::parse();
     let result = oxiflow::trainer::main_with(cli, oxiflow::trainer::JobHooks::default());
     // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.

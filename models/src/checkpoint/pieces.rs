@@ -1,5 +1,6 @@
-//! Pieces as bytes: host arrays to little-endian bytes and back, safetensors dtypes, and the
-//! copy of a region intersection from a saved piece into a piece being loaded.
+//! Pieces as bytes: host arrays to little-endian bytes and back, safetensors dtypes, the
+//! finiteness of saved values, and the copy of a region intersection from a saved piece into a
+//! piece being loaded.
 
 use std::ops::Range;
 
@@ -31,6 +32,27 @@ pub(crate) fn dtype_from_name(s: &str) -> Option<DType> {
         "f64" => Some(DType::F64),
         "i64" => Some(DType::I64),
         _ => None,
+    }
+}
+
+/// The first element of little-endian `bytes` of `dtype` that is not finite (NaN or
+/// infinite), as (index, value); None when every element is finite or the dtype is an integer.
+pub(crate) fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f64)> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .position(|v| !v.is_finite())
+            .map(|i| {
+                let c = &bytes[i * 4..i * 4 + 4];
+                (i, f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            }),
+        DType::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .enumerate()
+            .find(|(_, v)| !v.is_finite()),
+        DType::I64 => None,
     }
 }
 

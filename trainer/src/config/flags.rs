@@ -300,6 +300,8 @@ pub struct RunFlags {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub save_gathered: bool,
     /// Resume from a checkpoint saved under any layout; continues its step count up to --steps.
+    /// `auto`: the newest complete checkpoint at --save's path, or a fresh start when there is
+    /// none (oflaunch --max-restarts); one that already reaches --steps means the job is done.
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Resume even if the checkpoint's seed or optimizer differ from this run's.

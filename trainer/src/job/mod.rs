@@ -3,7 +3,7 @@
 //! lines, progress bar, held-out evaluations, checkpoints, metrics) and the closing lines, plot
 //! and (GPT) generated sample. Outputs are created only once every input has been checked.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::{Backend, DType};
@@ -26,6 +26,9 @@ mod drive;
 
 pub use drive::config_path;
 use drive::{drive, report, Saver};
+
+/// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
+pub const RESUME_AUTO: &str = "auto";
 
 /// Seams for programs and tests: code run at each save stage (tests crash a save on purpose)
 /// and on every step.
@@ -169,8 +172,44 @@ fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
     (!only_generate(cfg)).then_some(cfg.run.steps)
 }
 
-/// Runs the job `cfg` describes on the launch environment's world.
+/// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
+/// any other `--resume` as given.
+fn resolve_resume(cfg: &TrainConfig) -> Result<Option<PathBuf>, TrainError> {
+    match cfg.run.resume.as_deref() {
+        Some(p) if p == Path::new(RESUME_AUTO) => match &cfg.run.save {
+            Some(save) => Ok(checkpoint::newest_complete(save)?),
+            None => Err(TrainError::Config {
+                detail: "--resume auto needs --save (where to look for checkpoints)".into(),
+            }),
+        },
+        other => Ok(other.map(Path::to_path_buf)),
+    }
+}
+
+/// Runs the job `cfg` describes on the launch environment's world. With `--resume auto` a
+/// checkpoint that already reaches `--steps` means the job is done (a restart after the last
+/// save): it says so and trains nothing.
 pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
+    let auto = cfg.run.resume.as_deref() == Some(Path::new(RESUME_AUTO));
+    let mut resolved = cfg.clone();
+    resolved.run.resume = resolve_resume(cfg)?;
+    let cfg = &resolved;
+    if let (true, Some(p)) = (auto, &cfg.run.resume) {
+        let step = checkpoint::read_manifest_at(p)?
+            .metadata
+            .get("step")
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(step) = step.filter(|&s| s >= cfg.run.steps) {
+            if LaunchEnv::from_env().map_or(true, |e| e.rank == 0) {
+                println!(
+                    "--resume auto: {} is at step {step}, which reaches --steps {}: nothing to train",
+                    p.display(),
+                    cfg.run.steps
+                );
+            }
+            return Ok(());
+        }
+    }
     let inputs = check_inputs(cfg)?;
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
@@ -276,6 +315,7 @@ fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: boo
         opts: SaveOptions {
             gathered: cfg.run.save_gathered,
             stage_hook: hook,
+            ..SaveOptions::default()
         },
         lead,
     }
@@ -412,15 +452,12 @@ fn mlp_job(
     t.opts.schedule = schedule_of(cfg);
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;
-    if !cfg
-        .data
-        .batch_size
-        .is_multiple_of(mesh.dp * cfg.optim.grad_accum)
-    {
+    // The global batch may split unevenly over dp; each accumulated part must be whole.
+    if !cfg.data.batch_size.is_multiple_of(cfg.optim.grad_accum) {
         return Err(TrainError::Layout {
             detail: format!(
-                "--batch-size {} must be a multiple of --dp {} x --grad-accum {}",
-                cfg.data.batch_size, mesh.dp, cfg.optim.grad_accum
+                "--batch-size {} must be a multiple of --grad-accum {}",
+                cfg.data.batch_size, cfg.optim.grad_accum
             ),
         });
     }

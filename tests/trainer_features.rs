@@ -4,7 +4,7 @@
 //! accumulating, DP4, TP4, DP2xTP2 with SP, PP2xDP2 with ZeRO-3; f64, 1e-9); `--metrics`,
 //! `--plot`, checkpoint lines and the configuration saved beside a checkpoint (a job file that
 //! runs); job files with command-line overrides; token shards in both formats, per-rank
-//! sampling and a mid-shard resume; `train prepare` with GPT-2's BPE.
+//! sampling and a mid-shard resume; `train prepare` with GPT-2's BPE; `--resume auto`.
 
 mod common;
 
@@ -451,5 +451,46 @@ fn prepare_writes_gpt2_shards_that_train() {
     );
     assert_eq!(curve(&run).len(), 3);
     assert!(run.contains("sample (temperature"), "{run}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn resume_auto_starts_fresh_continues_and_says_when_the_job_is_done() {
+    let dir = tmp("resume-auto");
+    let (_, train) = common::binaries();
+    let ck = dir.join("ck");
+    let run = |steps: &str| {
+        let out = std::process::Command::new(train)
+            .args([
+                "--model",
+                "mlp",
+                "--log-every",
+                "1",
+                "--resume",
+                "auto",
+                "--steps",
+                steps,
+            ])
+            .args(["--save", ck.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run("3");
+    assert!(first.contains("from step 0"), "{first}");
+    let more = run("5");
+    assert!(more.contains("from step 3"), "{more}");
+    assert_eq!(curve(&more).first().map(|c| c.0), Some(4));
+    let done = run("5");
+    assert!(
+        done.contains("is at step 5, which reaches --steps 5: nothing to train")
+            && curve(&done).is_empty(),
+        "{done}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

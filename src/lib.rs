@@ -1,6 +1,6 @@
 //! OxiFlow, the facade users import: global tensors with placements and SBP, the models built on
-//! them (`nn`, `optim`, `checkpoint`), and the crates underneath (dtype, placement, sbp, boxing,
-//! collectives, tensor, models) as modules.
+//! them (`nn`, `optim`, `checkpoint`, `data`), the training loop (`trainer`), and the crates
+//! underneath (dtype, placement, sbp, boxing, collectives, tensor, models) as modules.
 //!
 //! ```text
 //! use oxiflow::prelude::*;
@@ -18,6 +18,7 @@ pub use oxiflow_models as models;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
 pub use oxiflow_tensor as tensor;
+pub use oxiflow_trainer as trainer;
 
 pub use oxiflow_models::{checkpoint, data, nn, optim};
 pub use oxiflow_tensor::*;

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use catalogue_damages::{edit, edit_unsealed, poison};
 use oxiflow::checkpoint::{self, LoadOptions, Manifest, Metadata, SaveOptions};
-#[allow(dead_code)]
-#[path = "../examples/train/classifier.rs"]
-mod classifier;
-
-use classifier::{Classifier, OptimizerKind, TrainConfig};
+use oxiflow::nn::Module;
+use oxiflow::trainer::tasks::mlp::{
+    classifier as new_classifier, Classifier, ClassifierConfig as TrainConfig, OptimizerKind,
+};
+use oxiflow::trainer::TrainError;
 use oxiflow::{run_ranks, DType, DeviceType, Placement, Sbp, Tensor, TensorError};
 use serde_json::{json, Value};
 
@@ -82,6 +82,14 @@ fn checkpoint_err(r: Result<impl std::fmt::Debug, TensorError>) -> String {
     let e = r.unwrap_err();
     assert!(matches!(e, TensorError::Checkpoint { .. }), "{e}");
     e.to_string()
+}
+
+/// The checkpoint error of a failed resume.
+fn resume_err(r: Result<u64, TrainError>) -> String {
+    match r {
+        Err(TrainError::Tensor(e)) => checkpoint_err(Err::<(), _>(e)),
+        other => panic!("expected a checkpoint error, got {other:?}"),
+    }
 }
 
 #[test]
@@ -188,7 +196,7 @@ fn every_single_bit_flip_of_a_manifest_is_refused() {
 }
 
 fn classifier(opt: OptimizerKind) -> Classifier {
-    Classifier::new(&TrainConfig {
+    new_classifier(&TrainConfig {
         optimizer: opt,
         lr: 0.01,
         ..TrainConfig::default()
@@ -197,7 +205,8 @@ fn classifier(opt: OptimizerKind) -> Classifier {
 }
 
 fn values(c: &Classifier) -> Vec<Vec<f32>> {
-    c.parameters()
+    c.model
+        .parameters()
         .iter()
         .map(|p| p.value().to_vec::<f32>().unwrap())
         .collect()
@@ -209,7 +218,8 @@ fn saved_adamw(p: &Path, steps: usize) -> Classifier {
     for _ in 0..steps {
         c.train_step().unwrap();
     }
-    c.save(p, &SaveOptions::default()).unwrap();
+    c.save(p, &Metadata::new(), &SaveOptions::default())
+        .unwrap();
     c
 }
 
@@ -236,7 +246,7 @@ fn step_flips_in_the_manifest_are_refused() {
         std::fs::write(&file, &flipped).unwrap();
         let mut c = classifier(OptimizerKind::AdamW);
         let before = values(&c);
-        let err = checkpoint_err(c.resume(&p));
+        let err = resume_err(c.resume(&p));
         assert!(
             err.contains("manifest.json") && err.contains("manifest checksum mismatch"),
             "{err}"
@@ -329,7 +339,7 @@ fn non_finite_values_are_refused_with_every_checksum_recomputed() {
     );
     let mut c = classifier(OptimizerKind::AdamW);
     let before = values(&c);
-    let err = checkpoint_err(c.resume(&q));
+    let err = resume_err(c.resume(&q));
     assert!(err.contains("optim/mlp.fc2.bias/exp_avg_sq"), "{err}");
     assert!(err.contains("non-finite"), "{err}");
     assert_eq!(values(&c), before);
@@ -401,7 +411,7 @@ fn optimizer_state_is_whole_or_refused() {
     assert!(o.empty.is_empty());
     // AdamW state into SGD: refused, naming the slots.
     let mut sgd = classifier(OptimizerKind::Sgd);
-    let err = checkpoint_err(sgd.resume(&p));
+    let err = resume_err(sgd.resume(&p));
     assert!(err.contains("does not fit this optimizer"), "{err}");
     type Damage = (&'static str, &'static str, fn(&mut Value));
     let damages: [Damage; 4] = [
@@ -443,7 +453,7 @@ fn optimizer_state_is_whole_or_refused() {
         edit(&q, damage);
         let mut c = classifier(OptimizerKind::AdamW);
         let before = values(&c);
-        let err = checkpoint_err(c.resume(&q));
+        let err = resume_err(c.resume(&q));
         assert!(err.contains(want), "{what}: {err}");
         assert_eq!(values(&c), before, "{what}: a refused load changes nothing");
     }
@@ -453,18 +463,18 @@ fn optimizer_state_is_whole_or_refused() {
     let trained = saved_adamw(&dir("optim-src"), 3);
     checkpoint::save(
         &bare,
-        &trained.parameters(),
+        &trained.model.parameters(),
         None,
         &Metadata::new(),
         &SaveOptions::default(),
     )
     .unwrap();
     let mut c = classifier(OptimizerKind::AdamW);
-    let err = checkpoint_err(c.resume(&bare));
+    let err = resume_err(c.resume(&bare));
     assert!(err.contains("no optimizer state"), "{err}");
     let report = checkpoint::load_with(
         &bare,
-        &c.parameters(),
+        &c.model.parameters(),
         Some(c.optimizer.as_mut()),
         &LoadOptions {
             reset_missing_optimizer_state: true,

@@ -7,6 +7,7 @@ mod hang_watch;
 mod node;
 mod output;
 mod procfs;
+mod progress;
 mod rendezvous_join;
 mod resolve;
 mod signals;
@@ -122,6 +123,8 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             .as_deref()
             .map(|spec| cli::parse_ranks_filter(spec, world_size))
             .transpose()?,
+        bar: ((cli.log_dir.is_none() || cli.tee) && std::io::stdout().is_terminal())
+            .then(progress::ConsoleBar::default),
     };
     if let Some(dir) = &cli.trace {
         std::fs::create_dir_all(dir)
@@ -171,6 +174,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             cpus,
             flight_dir: flight.path.clone(),
             trace_dir: cli.trace.clone(),
+            progress: output.bar.is_some(),
         };
         let started = std::time::SystemTime::now();
         let job_store = rdzv.job_store(generation);

@@ -34,6 +34,8 @@ pub struct JobEnv {
     pub flight_dir: std::path::PathBuf,
     /// Where workers write their timeline traces (`--trace`).
     pub trace_dir: Option<std::path::PathBuf>,
+    /// oflaunch draws rank 0's progress bar (`OXIFLOW_PROGRESS=1`).
+    pub progress: bool,
 }
 
 impl JobEnv {
@@ -63,6 +65,9 @@ impl JobEnv {
                 self.flight_dir.to_string_lossy().into_owned(),
             ),
         ];
+        if self.progress {
+            v.push(("OXIFLOW_PROGRESS".into(), "1".into()));
+        }
         if let Some(dir) = &self.trace_dir {
             v.push((
                 "OXIFLOW_TRACE_DIR".into(),

@@ -259,17 +259,21 @@ pub fn start_job(nproc: usize, train_args: &[&str]) -> Job {
     }
 }
 
-/// Waits (up to `limit`) for a stdout line of `job` containing `what`.
+/// Waits (up to `limit`) for a stdout line of `job` containing `what`; a job that ends first
+/// is a failure showing its output.
 pub fn wait_line(job: &Job, what: &str, limit: std::time::Duration) {
     use std::sync::mpsc::RecvTimeoutError;
     let deadline = std::time::Instant::now() + limit;
+    let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match job.lines.recv_timeout(left) {
             Ok(line) if line.contains(what) => return,
-            Ok(_) => {}
+            Ok(line) => seen.push(line),
             Err(RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {limit:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("the job ended before {what:?}"),
+            Err(RecvTimeoutError::Disconnected) => {
+                panic!("the job ended before {what:?}:\n{}", seen.join("\n"))
+            }
         }
     }
 }

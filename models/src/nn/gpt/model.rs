@@ -13,9 +13,10 @@ use super::super::embedding::Embedding;
 use super::super::init::{param_seed, Init, ParamPlacement};
 use super::super::layer_norm::LayerNorm;
 use super::super::param::{Module, Parameter};
-use super::block::{Block, Pass, Recompute, LN_EPS};
+use super::block::{Block, Recompute, LN_EPS};
 use super::config::{GptConfig, GptLayout};
 use super::stages::StageSplit;
+use crate::nn::Pass;
 
 /// Standard deviation of the initial embeddings (GPT-2's).
 const EMBEDDING_STD: f64 = 0.02;

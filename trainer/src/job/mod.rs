@@ -7,14 +7,15 @@ use std::path::{Path, PathBuf};
 
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::{Backend, DType};
-use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
+use oxiflow_models::checkpoint::{self, LoadOptions, SaveOptions, SaveStage};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, LrScheduleArg, Matmul, ModelKind, Opt, Precision, TrainConfig, WorldBackend,
+    Dev, LrScheduleArg, Matmul, ModelKind, NonFiniteArg, Opt, Precision, TrainConfig, WorldBackend,
 };
 use crate::error::TrainError;
+use crate::health::{HealthGuard, NonFinitePolicy};
 use crate::model::TrainModel;
 use crate::schedule::{Decay, LrSchedule};
 use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
@@ -23,9 +24,12 @@ use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
 
 mod drive;
+pub mod memory;
+mod preflight;
 
 pub use drive::config_path;
 use drive::{drive, report, Saver};
+use preflight::check_inputs;
 
 /// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
 pub const RESUME_AUTO: &str = "auto";
@@ -128,37 +132,6 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
     Ok(lines)
 }
 
-/// Checks what `cfg` reads and writes that needs no world: the data (GPT: every shard), the
-/// checkpoint to resume (its recorded values and step), the outputs' folders. Every rank runs
-/// the same checks on the same inputs, so all refuse bad input alike, before any communication
-/// and before anything is written.
-fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
-    let inputs = match cfg.model.model {
-        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
-        ModelKind::Mlp => None,
-    };
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
-    if let Some(p) = &cfg.run.resume {
-        check_resume(cfg, vocab, p, resume_limit(cfg))?;
-    }
-    let r = &cfg.run;
-    for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
-        let Some(path) = path else { continue };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        if !dir.is_dir() || path.is_dir() {
-            return Err(TrainError::Output {
-                what,
-                path: path.clone(),
-                detail: format!("{} is not a folder to write a file in", dir.display()),
-            });
-        }
-    }
-    Ok(inputs)
-}
-
 /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
 fn only_generate(cfg: &TrainConfig) -> bool {
     cfg.model.model == ModelKind::Gpt
@@ -216,6 +189,9 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     let lead = ctx.rank() == 0;
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
+    let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    memory::check(cfg, &mesh, vocab, device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {
             println!("{l}");
@@ -304,6 +280,23 @@ fn check_resume(
     }
 }
 
+/// How `--resume` loads: `--allow-resume-mismatch` also starts the optimizer fresh when the
+/// checkpoint holds no state of this optimizer (the load names every slot it resets).
+fn load_options(cfg: &TrainConfig) -> LoadOptions {
+    LoadOptions {
+        reset_missing_optimizer_state: cfg.run.allow_resume_mismatch,
+    }
+}
+
+/// The health guard `cfg` asks for (rank 0 prints its warnings).
+fn health_guard(cfg: &TrainConfig, lead: bool) -> Box<dyn StepHook> {
+    let policy = match cfg.run.on_nonfinite {
+        NonFiniteArg::Stop => NonFinitePolicy::Stop,
+        NonFiniteArg::Skip => NonFinitePolicy::Skip,
+    };
+    Box::new(HealthGuard::new(policy, cfg.run.loss_spike_factor, lead))
+}
+
 /// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
 fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
     Saver {
@@ -357,8 +350,9 @@ fn gpt_job(
     let g = &cfg.generate;
     let only_generate = only_generate(cfg);
     if let Some(p) = &cfg.run.resume {
-        job.trainer.resume(p)?;
+        job.trainer.resume_with(p, &load_options(cfg))?;
     }
+    job.trainer.add_hook(health_guard(cfg, lead));
     for h in hooks.step_hooks {
         job.trainer.add_hook(h);
     }
@@ -462,8 +456,9 @@ fn mlp_job(
         });
     }
     if let Some(p) = &cfg.run.resume {
-        t.resume(p)?;
+        t.resume_with(p, &load_options(cfg))?;
     }
+    t.add_hook(health_guard(cfg, lead));
     for h in hooks.step_hooks {
         t.add_hook(h);
     }

@@ -1,0 +1,286 @@
+//! The memory a job needs on each rank, estimated from its configuration before anything big
+//! is allocated, against what the host or the device has: a job that cannot fit is refused in
+//! milliseconds, naming the flags that size the largest part, instead of aborting on a failed
+//! allocation or driving the machine into swap and the OOM killer.
+//!
+//! The estimate is a lower bound (what the heaviest rank needs at least), in bytes, with `s`
+//! the element size of `--dtype`, `r` this rank's rows of one micro-batch part, and the mesh
+//! `[pp, dp, tp]`:
+//!
+//! - GPT (width C, layers L, heads H, window T, vocabulary V): N = V C + T C + L (12 C^2 +
+//!   13 C) + 2 C parameters; each rank holds at least N / (pp tp) of them (N / (pp dp tp)
+//!   under ZeRO-3), as many gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp
+//!   from ZeRO-1); r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) have
+//!   activations of at least s r T (V / tp + C ceil(L / pp)) (the logits and every block's
+//!   input), plus on CPUs one block's attention probabilities s r (H / tp) T^2; their token ids
+//!   take 16 r T bytes (inputs and targets, i64).
+//! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
+//!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
+//!   r = B / dp rows have activations of at least s r (F + 2 Hd / tp + 2 K) and 16 r bytes of
+//!   labels.
+//!
+//! On the CPU every part is host memory, needed once per rank on the host (LOCAL_WORLD_SIZE),
+//! against the host's available memory: `/proc/meminfo`'s MemAvailable, lowered to what the
+//! cgroup's limit leaves (v2 `memory.max - memory.current`, v1 `memory.limit_in_bytes -
+//! memory.usage_in_bytes`). On a GPU the parameters, gradients, state and activations are
+//! device memory, against the free memory of the rank's device (`cuMemGetInfo`, plus the
+//! allocator's cached blocks), and the token ids stay host memory.
+
+use std::path::{Path, PathBuf};
+
+use oxiflow_placement::DeviceType;
+
+use crate::config::{ModelKind, Opt, Precision, TrainConfig};
+use crate::error::TrainError;
+use crate::tasks::mesh::Mesh;
+
+/// What one rank needs at least, in bytes (see the module's documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    pub activations: f64,
+    /// Token ids or labels (always host memory).
+    pub batches: f64,
+}
+
+impl Estimate {
+    /// The parts that live on the model's device.
+    pub fn model(&self) -> f64 {
+        self.parameters + self.gradients + self.optimizer_state + self.activations
+    }
+    pub fn total(&self) -> f64 {
+        self.model() + self.batches
+    }
+}
+
+fn ceil_div(a: f64, b: f64) -> f64 {
+    (a / b.max(1.0)).ceil()
+}
+
+/// The estimate for `cfg` on `mesh` with a vocabulary of `vocab` (GPT) on `device`.
+pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType) -> Estimate {
+    let (pp, dp, tp) = (mesh.pp as f64, mesh.dp as f64, mesh.tp as f64);
+    let m = &cfg.model;
+    let s = match m.dtype {
+        Precision::F32 => 4.0,
+        Precision::F64 => 8.0,
+    };
+    let batch = cfg.data.batch_size as f64;
+    let accum = cfg.optim.grad_accum as f64;
+    let zero = cfg.parallel.zero;
+    let moments = match cfg.optim.optimizer {
+        Opt::Adamw => 2.0,
+        Opt::Sgd => 1.0,
+    };
+    match m.model {
+        ModelKind::Gpt => {
+            let (c, l, h, t, v) = (
+                m.width as f64,
+                m.layers as f64,
+                m.heads as f64,
+                m.seq_len as f64,
+                vocab as f64,
+            );
+            let n = v * c + t * c + l * (12.0 * c * c + 13.0 * c) + 2.0 * c;
+            let held = n / (pp * tp);
+            let shard = |from: u8| if zero >= from { held / dp } else { held };
+            let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
+            let mut activations = s * r * t * (v / tp + c * ceil_div(l, pp));
+            if device == DeviceType::Cpu {
+                activations += s * r * (h / tp).max(1.0) * t * t;
+            }
+            Estimate {
+                parameters: s * shard(3),
+                gradients: s * shard(2),
+                optimizer_state: moments * s * shard(1),
+                activations,
+                batches: 16.0 * r * t,
+            }
+        }
+        ModelKind::Mlp => {
+            let (f, hd, k) = (m.features as f64, m.hidden as f64, m.classes as f64);
+            let held = (f * hd + hd + hd * k + k) / tp;
+            let r = ceil_div(batch, dp);
+            Estimate {
+                parameters: s * held,
+                gradients: s * held,
+                optimizer_state: moments * s * held,
+                activations: s * r * (f + 2.0 * hd / tp + 2.0 * k),
+                batches: 16.0 * r,
+            }
+        }
+    }
+}
+
+/// Bytes as a person reads them (KiB, MiB, ... with 3 significant digits).
+pub fn human(bytes: f64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0} B")
+    } else if v >= 1e6 {
+        format!("{v:.3e} {}", UNITS[u])
+    } else {
+        format!("{v:.3} {}", UNITS[u])
+    }
+}
+
+fn read_bytes(path: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().parse::<u64>().ok().map(|v| v as f64)
+}
+
+/// (limit, usage) of this process's memory cgroup, when it has a limit.
+fn cgroup_room() -> Option<(f64, f64, PathBuf)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let rel = path.trim_start_matches('/');
+        let (dirs, files) = if controllers.is_empty() {
+            let root = Path::new("/sys/fs/cgroup");
+            (
+                [root.join(rel), root.to_path_buf()],
+                ("memory.max", "memory.current"),
+            )
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let root = Path::new("/sys/fs/cgroup/memory");
+            (
+                [root.join(rel), root.to_path_buf()],
+                ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+            )
+        } else {
+            continue;
+        };
+        for dir in dirs {
+            let limit = dir.join(files.0);
+            // "max" (v2) or a huge v1 value: no limit at this level.
+            match read_bytes(&limit) {
+                Some(l) if l < (1u64 << 60) as f64 => {
+                    let used = read_bytes(&dir.join(files.1)).unwrap_or(0.0);
+                    return Some((l, used, limit));
+                }
+                Some(_) => break,
+                None if limit.exists() => break,
+                None => continue,
+            }
+        }
+    }
+    None
+}
+
+/// Bytes the host can still give, and where that figure comes from; None where nothing says.
+pub fn host_available() -> Option<(f64, String)> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let available = meminfo.as_deref().and_then(|t| {
+        let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024.0)
+    });
+    let cgroup = cgroup_room().map(|(limit, used, path)| {
+        (
+            (limit - used).max(0.0),
+            format!(
+                "the cgroup limit {} less {} in use ({})",
+                human(limit),
+                human(used),
+                path.display()
+            ),
+        )
+    });
+    match (available, cgroup) {
+        (Some(a), Some((c, why))) if c < a => Some((c, why)),
+        (Some(a), _) => Some((a, "MemAvailable in /proc/meminfo".into())),
+        (None, c) => c,
+    }
+}
+
+/// The flags that size the largest part of `e`.
+fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
+    let m = &cfg.model;
+    let b = cfg.data.batch_size;
+    let state = e.parameters + e.gradients + e.optimizer_state;
+    match m.model {
+        ModelKind::Gpt if state >= e.activations + e.batches => format!(
+            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary, and --seq-len {})",
+            human(state), m.layers, m.width, m.seq_len
+        ),
+        ModelKind::Gpt => format!(
+            "the activations and token ids ({}) grow with --batch-size {b} and --seq-len {} (and --width {}, the vocabulary)",
+            human(e.activations + e.batches), m.seq_len, m.width
+        ),
+        ModelKind::Mlp if state >= e.activations + e.batches => format!(
+            "the parameters, gradients and optimizer state ({}) grow with --hidden {}, --features {} and --classes {}",
+            human(state), m.hidden, m.features, m.classes
+        ),
+        ModelKind::Mlp => format!(
+            "the activations and labels ({}) grow with --batch-size {b} (and --features {}, --hidden {})",
+            human(e.activations + e.batches), m.features, m.hidden
+        ),
+    }
+}
+
+fn refuse(
+    cfg: &TrainConfig,
+    e: &Estimate,
+    need: f64,
+    per: &str,
+    have: f64,
+    source: &str,
+) -> TrainError {
+    TrainError::Memory {
+        detail: format!(
+            "this job needs at least {} of {per} but {} is available ({source}): {}; per rank at least parameters {}, gradients {}, optimizer state {}, activations {}, token ids {} (README: the memory estimate)",
+            human(need),
+            human(have),
+            culprit(cfg, e),
+            human(e.parameters),
+            human(e.gradients),
+            human(e.optimizer_state),
+            human(e.activations),
+            human(e.batches),
+        ),
+    }
+}
+
+/// Refuses `cfg` on `mesh` when its estimate does not fit: on the CPU, `local_ranks` ranks'
+/// worth in the host's available memory; on a GPU, one rank's model in its device's free
+/// memory and the token ids in the host's.
+pub fn check(
+    cfg: &TrainConfig,
+    mesh: &Mesh,
+    vocab: usize,
+    device: DeviceType,
+    local_ranks: usize,
+) -> Result<Estimate, TrainError> {
+    let e = estimate(cfg, mesh, vocab, device);
+    let ranks = local_ranks.max(1) as f64;
+    let on_host = match device {
+        DeviceType::Cpu => e.total(),
+        _ => e.batches,
+    };
+    if let Some((have, source)) = host_available() {
+        if on_host * ranks > have {
+            let per = format!("host memory for {local_ranks} rank(s) on this host");
+            return Err(refuse(cfg, &e, on_host * ranks, &per, have, &source));
+        }
+    }
+    if device == DeviceType::Cuda {
+        if let Some(rt) = oxiflow_tensor::cuda::bound_runtime() {
+            let (free, _) = rt.memory_info()?;
+            let have = (free + rt.cached_bytes()) as f64;
+            if e.model() > have {
+                let source = format!("free on CUDA device {}", rt.ordinal());
+                return Err(refuse(cfg, &e, e.model(), "device memory", have, &source));
+            }
+        }
+    }
+    Ok(e)
+}

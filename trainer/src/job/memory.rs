@@ -4,19 +4,20 @@
 //! allocation or driving the machine into swap and the OOM killer.
 //!
 //! The estimate is a lower bound (what the heaviest rank needs at least), in bytes, with `s`
-//! the element size of `--dtype`, `r` this rank's rows of one micro-batch part, and the mesh
+//! the element size of `--dtype`, `a` that of the activations (2 under `--precision
+//! bf16-mixed`, else `s`), `r` this rank's rows of one micro-batch part, and the mesh
 //! `[pp, dp, tp]`:
 //!
 //! - GPT (width C, layers L, heads H, window T, vocabulary V): N = V C + T C + L (12 C^2 +
 //!   13 C) + 2 C parameters; each rank holds at least N / (pp tp) of them (N / (pp dp tp)
 //!   under ZeRO-3), as many gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp
 //!   from ZeRO-1); r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) have
-//!   activations of at least s r T (V / tp + C ceil(L / pp)) (the logits and every block's
-//!   input), plus on CPUs one block's attention probabilities s r (H / tp) T^2; their token ids
+//!   activations of at least a r T (V / tp + C ceil(L / pp)) (the logits and every block's
+//!   input), plus on CPUs one block's attention probabilities a r (H / tp) T^2; their token ids
 //!   take 16 r T bytes (inputs and targets, i64).
 //! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
 //!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
-//!   r = B / dp rows have activations of at least s r (F + 2 Hd / tp + 2 K) and 16 r bytes of
+//!   r = B / dp rows have activations of at least a r (F + 2 Hd / tp + 2 K) and 16 r bytes of
 //!   labels.
 //!
 //! On the CPU every part is host memory, needed once per rank on the host (LOCAL_WORLD_SIZE),
@@ -67,6 +68,11 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
         Precision::F32 => 4.0,
         Precision::F64 => 8.0,
     };
+    // Activations in the dtype layers compute with (bf16 under --precision bf16-mixed).
+    let a = cfg
+        .compute_dtype(device)
+        .map_or(s, |d| d.size() as f64)
+        .min(s);
     let batch = cfg.data.batch_size as f64;
     let accum = cfg.optim.grad_accum as f64;
     let zero = cfg.parallel.zero;
@@ -87,9 +93,9 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
             let held = n / (pp * tp);
             let shard = |from: u8| if zero >= from { held / dp } else { held };
             let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
-            let mut activations = s * r * t * (v / tp + c * ceil_div(l, pp));
+            let mut activations = a * r * t * (v / tp + c * ceil_div(l, pp));
             if device == DeviceType::Cpu {
-                activations += s * r * (h / tp).max(1.0) * t * t;
+                activations += a * r * (h / tp).max(1.0) * t * t;
             }
             Estimate {
                 parameters: s * shard(3),
@@ -107,7 +113,7 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
                 parameters: s * held,
                 gradients: s * held,
                 optimizer_state: moments * s * held,
-                activations: s * r * (f + 2.0 * hd / tp + 2.0 * k),
+                activations: a * r * (f + 2.0 * hd / tp + 2.0 * k),
                 batches: 16.0 * r,
             }
         }

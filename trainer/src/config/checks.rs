@@ -78,8 +78,13 @@ pub fn zero_stage(v: u64) -> Result<u64, String> {
 
 /// Parsers of command-line text: parse, then the check above.
 pub mod parse {
+    /// A count a job file could also hold (TOML integers are i64).
     fn count(s: &str) -> Result<u64, String> {
-        s.parse::<u64>().map_err(|e| format!("not a count: {e}"))
+        let v = s.parse::<u64>().map_err(|e| format!("not a count: {e}"))?;
+        if v > i64::MAX as u64 {
+            return Err(format!("{v} is out of range (at most {})", i64::MAX));
+        }
+        Ok(v)
     }
     fn number(s: &str) -> Result<f64, String> {
         s.parse::<f64>().map_err(|e| format!("not a number: {e}"))

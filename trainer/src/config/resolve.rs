@@ -221,6 +221,13 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             )));
         }
     }
+    let m = &c.model;
+    if m.model == ModelKind::Gpt && !m.width.is_multiple_of(m.heads) {
+        return Err(config_err(format!(
+            "--width {} is not a multiple of --heads {}",
+            m.width, m.heads
+        )));
+    }
     if c.model.model == ModelKind::Gpt && o.optimizer == Opt::Sgd {
         return Err(config_err(
             "--model gpt trains with AdamW: drop --optimizer sgd".into(),

@@ -256,9 +256,32 @@ fn refuse(
     }
 }
 
-/// Refuses `cfg` on `mesh` when its estimate does not fit: on the CPU, `local_ranks` ranks'
-/// worth in the host's available memory; on a GPU, one rank's model in its device's free
-/// memory and the token ids in the host's.
+/// Refuses `cfg` on `mesh` when `local_ranks` ranks' host parts do not fit in the host's
+/// available memory: every part on the CPU, the token ids on a GPU, and only those while the
+/// device is not known yet (`device` None: before the world starts).
+pub fn check_host(
+    cfg: &TrainConfig,
+    mesh: &Mesh,
+    vocab: usize,
+    device: Option<DeviceType>,
+    local_ranks: usize,
+) -> Result<Estimate, TrainError> {
+    let e = estimate(cfg, mesh, vocab, device.unwrap_or(DeviceType::Cuda));
+    let on_host = match device {
+        Some(DeviceType::Cpu) => e.total(),
+        _ => e.batches,
+    };
+    let need = on_host * local_ranks.max(1) as f64;
+    if let Some((have, source)) = host_available() {
+        if need > have {
+            let per = format!("host memory for {local_ranks} rank(s) on this host");
+            return Err(refuse(cfg, &e, need, &per, have, &source));
+        }
+    }
+    Ok(e)
+}
+
+/// `check_host` on `device`, and on a GPU one rank's model against its device's free memory.
 pub fn check(
     cfg: &TrainConfig,
     mesh: &Mesh,
@@ -266,18 +289,7 @@ pub fn check(
     device: DeviceType,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = estimate(cfg, mesh, vocab, device);
-    let ranks = local_ranks.max(1) as f64;
-    let on_host = match device {
-        DeviceType::Cpu => e.total(),
-        _ => e.batches,
-    };
-    if let Some((have, source)) = host_available() {
-        if on_host * ranks > have {
-            let per = format!("host memory for {local_ranks} rank(s) on this host");
-            return Err(refuse(cfg, &e, on_host * ranks, &per, have, &source));
-        }
-    }
+    let e = check_host(cfg, mesh, vocab, Some(device), local_ranks)?;
     if device == DeviceType::Cuda {
         if let Some(rt) = oxiflow_tensor::cuda::bound_runtime() {
             let (free, _) = rt.memory_info()?;

@@ -87,10 +87,35 @@ fn dtype_of(p: Precision) -> DType {
     }
 }
 
+/// The device of the mesh when the launch environment already says (None: the world's start
+/// decides): cpu when asked for, or on a CPU world (`--backend cpu|mpi`, `OXIFLOW_BACKEND=cpu`,
+/// or a single process, which `auto` runs on the CPU backend); cuda when asked for.
+fn device_before_world(cfg: &TrainConfig, env: &LaunchEnv) -> Option<DeviceType> {
+    match (cfg.parallel.device, cfg.parallel.backend, env.backend) {
+        (Dev::Cpu, _, _) => Some(DeviceType::Cpu),
+        (Dev::Cuda, _, _) => Some(DeviceType::Cuda),
+        (Dev::Auto, WorldBackend::Cpu | WorldBackend::Mpi, _) => Some(DeviceType::Cpu),
+        (Dev::Auto, WorldBackend::Auto, BackendChoice::Cpu) => Some(DeviceType::Cpu),
+        (Dev::Auto, WorldBackend::Auto, BackendChoice::Auto) if env.world_size == 1 => {
+            Some(DeviceType::Cpu)
+        }
+        _ => None,
+    }
+}
+
 /// The device of the mesh, with the precision policy's matrix-product mode set on it.
 fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
     let device = match cfg.parallel.device {
         Dev::Cpu => DeviceType::Cpu,
+        Dev::Cuda if oxiflow_tensor::cuda::bound_runtime().is_none() => {
+            let backend = format!("{:?}", ctx.world().backend()).to_lowercase();
+            return Err(TrainError::Layout {
+                detail: format!(
+                    "--device cuda needs a GPU bound to each rank, which an NCCL world does \
+                     (oflaunch --backend nccl on a GPU machine); this world runs on {backend}"
+                ),
+            });
+        }
         Dev::Cuda => DeviceType::Cuda,
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
@@ -179,13 +204,20 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         }
     }
     let inputs = check_inputs(cfg)?;
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    // The layout and the host memory before any communication (so every rank refuses alike),
+    // where the launch environment reads; the world's start reports one that does not.
+    if let Ok(env) = LaunchEnv::from_env() {
+        let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
+        let device = device_before_world(cfg, &env);
+        memory::check_host(cfg, &mesh, vocab, device, env.local_world_size)?;
+    }
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
     let lead = ctx.rank() == 0;
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
     let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
     memory::check(cfg, &mesh, vocab, device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {

@@ -1,7 +1,7 @@
 //! What a job checks before its world starts, with no communication, so every rank refuses
 //! bad input alike and nothing is written first: the data (GPT: every shard), the checkpoint
 //! to resume (its recorded values and step), the checkpoint target (`--save`: ours or nothing,
-//! in a folder this process may write), the outputs (`--metrics`, `--plot`, the configuration
+//! where this process may create it), the outputs (`--metrics`, `--plot`, the configuration
 //! beside a checkpoint: regular files or nothing, in writable folders) and the folders the
 //! launch environment names for traces and flight dumps.
 
@@ -61,8 +61,24 @@ fn check_output_file(what: &'static str, path: &Path) -> Result<(), TrainError> 
     }
 }
 
+/// Why files cannot be created at `dir` or under its missing folders (which a save or a trace
+/// creates): its nearest existing ancestor must be a folder this process may write.
+fn uncreatable(dir: &Path) -> Option<String> {
+    let mut at: PathBuf = dir.to_path_buf();
+    while std::fs::symlink_metadata(&at).is_err() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
+            _ => {
+                at = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    unwritable(&at)
+}
+
 /// `--save PATH`: a target the save accepts (nothing, or a checkpoint of ours, and the same
-/// for its `.old` and `.partial`) in a folder this process may write, and a configuration file
+/// for its `.old` and `.partial`) where this process may create it, and a configuration file
 /// beside it that can be written.
 fn check_save(path: &Path) -> Result<(), TrainError> {
     let bad = |detail: String| TrainError::Output {
@@ -71,35 +87,26 @@ fn check_save(path: &Path) -> Result<(), TrainError> {
         detail,
     };
     checkpoint::check_save_target(path).map_err(|e| bad(e.to_string()))?;
-    if let Some(why) = unwritable(folder_of(path)) {
+    let folder = folder_of(path);
+    if let Some(why) = uncreatable(folder) {
         return Err(bad(why));
     }
-    check_output_file("--save (the configuration beside it)", &config_path(path))
+    let conf = config_path(path);
+    if folder.exists() {
+        check_output_file("--save (the configuration beside it)", &conf)?;
+    }
+    Ok(())
 }
 
 /// A folder the launch environment names for files written later: an existing writable folder,
 /// or one whose nearest existing ancestor is a writable folder (it is created when needed).
 fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
-    let bad = |detail: String| TrainError::Output {
-        what: var,
-        path: dir.to_path_buf(),
-        detail,
-    };
-    let mut at: PathBuf = dir.to_path_buf();
-    loop {
-        match std::fs::symlink_metadata(&at) {
-            Ok(_) => break,
-            Err(_) => match at.parent() {
-                Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
-                _ => {
-                    at = PathBuf::from(".");
-                    break;
-                }
-            },
-        }
-    }
-    match unwritable(&at) {
-        Some(why) => Err(bad(format!("not a folder this rank can write in: {why}"))),
+    match uncreatable(dir) {
+        Some(why) => Err(TrainError::Output {
+            what: var,
+            path: dir.to_path_buf(),
+            detail: format!("not a folder this rank can write in: {why}"),
+        }),
         None => Ok(()),
     }
 }

@@ -60,7 +60,8 @@ fn lr_1000_stops_naming_the_step_and_the_tensor() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("WARN step 2: loss ") && stderr.contains("is above 4 x the lowest loss"),
+        stderr.contains("WARN step 2: loss ")
+            && stderr.contains("is above 4 x the lowest smoothed loss"),
         "no spike warning: {stderr}"
     );
     let steps: Vec<u64> = curve(&stdout).iter().map(|c| c.0).collect();

@@ -11,6 +11,9 @@ use crate::trainer::{StepHook, StepStats, Verdict};
 /// Non-finite steps in a row after which a skipping run stops.
 pub const MAX_SKIPS_IN_A_ROW: u64 = 10;
 
+/// The weight of a new loss in the smoothed loss.
+const SMOOTHING: f64 = 0.1;
+
 /// What a non-finite step does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NonFinitePolicy {
@@ -24,9 +27,11 @@ pub struct HealthGuard {
     spike_factor: f64,
     /// This rank prints the warnings.
     lead: bool,
-    /// The lowest finite loss so far and its step.
+    /// The smoothed loss of the finite steps so far.
+    smoothed: Option<f64>,
+    /// The lowest smoothed loss so far and its step.
     lowest: Option<(f64, u64)>,
-    /// The last step's loss was above the spike threshold.
+    /// The last step's smoothed loss was above the spike threshold.
     above: bool,
     skips_in_a_row: u64,
 }
@@ -37,6 +42,7 @@ impl HealthGuard {
             policy,
             spike_factor,
             lead,
+            smoothed: None,
             lowest: None,
             above: false,
             skips_in_a_row: 0,
@@ -59,11 +65,15 @@ impl StepHook for HealthGuard {
     fn before_update(&mut self, s: &StepStats) -> Result<Verdict, TrainError> {
         if s.loss.is_finite() && s.grad_norm.is_finite() {
             self.skips_in_a_row = 0;
-            let lowest = *self.lowest.get_or_insert((s.loss, s.step));
-            let above = s.loss > self.spike_factor * lowest.0 && lowest.0 > 0.0;
+            let smoothed = self
+                .smoothed
+                .map_or(s.loss, |m| m + SMOOTHING * (s.loss - m));
+            self.smoothed = Some(smoothed);
+            let lowest = *self.lowest.get_or_insert((smoothed, s.step));
+            let above = smoothed > self.spike_factor * lowest.0 && lowest.0 > 0.0;
             if above && !self.above && self.lead {
                 tracing::warn!(
-                    "step {}: loss {} is above {} x the lowest loss so far ({} at step {}); the run may be diverging",
+                    "step {}: loss {} (smoothed {smoothed:.6}) is above {} x the lowest smoothed loss so far ({:.6} at step {}); the run may be diverging",
                     s.step,
                     s.loss,
                     self.spike_factor,
@@ -72,8 +82,8 @@ impl StepHook for HealthGuard {
                 );
             }
             self.above = above;
-            if s.loss < lowest.0 {
-                self.lowest = Some((s.loss, s.step));
+            if smoothed < lowest.0 {
+                self.lowest = Some((smoothed, s.step));
             }
             return Ok(Verdict::Update);
         }
@@ -159,14 +169,19 @@ mod tests {
     }
 
     #[test]
-    fn the_lowest_loss_follows_the_run() {
+    fn the_smoothed_loss_sets_the_bar_and_warns_once_per_excursion() {
         let mut g = HealthGuard::new(NonFinitePolicy::Stop, 4.0, false);
-        for (n, l) in [(1, 8.0), (2, 1.0), (3, 5.0), (4, 3.0)] {
+        // One easy batch among ordinary ones does not set the bar.
+        for (n, l) in [(1, 1.0), (2, 0.01), (3, 1.0), (4, 1.0)] {
             g.before_update(&step(n, l, 1.0)).unwrap();
         }
-        assert_eq!(g.lowest, Some((1.0, 2)));
+        let lowest = g.lowest.unwrap().0;
+        assert!(lowest > 0.8, "{lowest}");
         assert!(!g.above);
-        g.before_update(&step(5, 4.5, 1.0)).unwrap();
+        // A loss that blows up crosses at once (the lr 1000 case).
+        g.before_update(&step(5, 1e7, 1.0)).unwrap();
+        assert!(g.above);
+        g.before_update(&step(6, 1e7, 1.0)).unwrap();
         assert!(g.above);
     }
 }

@@ -337,8 +337,8 @@ pub struct RunFlags {
     /// its update [default: stop].
     #[arg(long, value_enum)]
     pub on_nonfinite: Option<NonFiniteArg>,
-    /// Warn when a step's loss exceeds this factor (above 1) times the lowest loss so far
-    /// [default: 4].
+    /// Warn when the loss smoothed over about 10 steps exceeds this factor (above 1) times
+    /// its lowest value so far [default: 4].
     #[arg(long, value_parser = parse::spike_factor, allow_hyphen_values = true)]
     pub loss_spike_factor: Option<f64>,
     /// Run one training step and print (rank 0) every parameter's global shape, placement and

@@ -174,7 +174,10 @@ fn cases(s: &Scratch) -> Vec<Case> {
         mlp(&["--save", &p("notes.txt")], "not a directory"),
         mlp(&["--save", &p("notckpt")], "not an oxiflow checkpoint"),
         mlp(&["--save", "/proc/self/ckpt"], "cannot be written"),
-        mlp(&["--save", &p("notes.txt/ckpt")], "notes.txt is not a folder"),
+        mlp(
+            &["--save", &p("notes.txt/ckpt")],
+            "notes.txt is not a folder",
+        ),
         mlp(&["--save", "/proc/self/missing/ckpt"], "cannot be written"),
         mlp(&["--save", &p("fifo")], "not a directory"),
         mlp(&["--save", &p("ck")], "ck.config.toml"),

@@ -9,12 +9,15 @@
 //! `[pp, dp, tp]`:
 //!
 //! - GPT (width C, layers L, heads H, window T, vocabulary V): N = V C + T C + L (12 C^2 +
-//!   13 C) + 2 C parameters; each rank holds at least N / (pp tp) of them (N / (pp dp tp)
+//!   13 C) parameters + 2 C; each rank holds at least N / (pp tp) of them (N / (pp dp tp)
 //!   under ZeRO-3), as many gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp
-//!   from ZeRO-1); r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) have
-//!   activations of at least a r T (V / tp + C ceil(L / pp)) (the logits and every block's
-//!   input), plus on CPUs one block's attention probabilities a r (H / tp) T^2; their token ids
-//!   take 16 r T bytes (inputs and targets, i64).
+//!   from ZeRO-1). r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T
+//!   tokens keep, per token, the logits and their softmax (2 V / tp) and, for each of the
+//!   ceil(L / pp) blocks of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ on
+//!   CPUs the attention probabilities, (H / tp) T), or 2 C + 8 C / tp under selective
+//!   recomputation, or C under full recomputation (then plus one block's b while it reruns);
+//!   times `a`. Their token ids take 16 r T bytes (inputs and targets, i64). Measured peaks
+//!   are about twice this (the temporaries of each op are not counted).
 //! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
 //!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
 //!   r = B / dp rows have activations of at least a r (F + 2 Hd / tp + 2 K) and 16 r bytes of
@@ -31,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use oxiflow_placement::DeviceType;
 
-use crate::config::{ModelKind, Opt, Precision, TrainConfig};
+use crate::config::{ModelKind, Opt, Precision, RecomputeArg, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::mesh::Mesh;
 
@@ -93,10 +96,23 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
             let held = n / (pp * tp);
             let shard = |from: u8| if zero >= from { held / dp } else { held };
             let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
-            let mut activations = a * r * t * (v / tp + c * ceil_div(l, pp));
-            if device == DeviceType::Cpu {
-                activations += a * r * (h / tp).max(1.0) * t * t;
-            }
+            // Per token: what a block keeps for its backward pass (its input, two norms' outputs,
+            // the attention output, q, k, v, the MLP's two 4C activations; on CPUs the
+            // attention probabilities), its MLP part only under selective recomputation, its
+            // input only under full recomputation (plus one block's set while it reruns).
+            let probs = if device == DeviceType::Cpu {
+                (h / tp).max(1.0) * t
+            } else {
+                0.0
+            };
+            let block = 4.0 * c + 12.0 * c / tp + probs;
+            let (kept, rerun) = match cfg.parallel.recompute {
+                RecomputeArg::None => (block, 0.0),
+                RecomputeArg::Selective => (2.0 * c + 8.0 * c / tp, block),
+                RecomputeArg::Full => (c, block),
+            };
+            // The logits and their softmax, split along the vocabulary over tp.
+            let activations = a * r * t * (2.0 * v / tp + ceil_div(l, pp) * kept + rerun);
             Estimate {
                 parameters: s * shard(3),
                 gradients: s * shard(2),
@@ -113,6 +129,8 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
                 parameters: s * held,
                 gradients: s * held,
                 optimizer_state: moments * s * held,
+                // The input, the hidden layer before and after its ReLU, the logits and their
+                // softmax.
                 activations: a * r * (f + 2.0 * hd / tp + 2.0 * k),
                 batches: 16.0 * r,
             }
@@ -219,8 +237,8 @@ fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
             human(state), m.layers, m.width, m.seq_len
         ),
         ModelKind::Gpt => format!(
-            "the activations and token ids ({}) grow with --batch-size {b} and --seq-len {} (and --width {}, the vocabulary)",
-            human(e.activations + e.batches), m.seq_len, m.width
+            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary)",
+            human(e.activations + e.batches), m.seq_len, m.layers, m.width
         ),
         ModelKind::Mlp if state >= e.activations + e.batches => format!(
             "the parameters, gradients and optimizer state ({}) grow with --hidden {}, --features {} and --classes {}",

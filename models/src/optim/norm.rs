@@ -177,8 +177,11 @@ mod tests {
         assert!(global_grad_norm(&[ok.clone(), nan.clone()])
             .unwrap()
             .is_nan());
-        assert_eq!(global_grad_norm(&[inf.clone()]).unwrap(), f64::INFINITY);
-        assert_eq!(first_non_finite(&[ok.clone()]).unwrap(), None);
+        assert_eq!(
+            global_grad_norm(std::slice::from_ref(&inf)).unwrap(),
+            f64::INFINITY
+        );
+        assert_eq!(first_non_finite(std::slice::from_ref(&ok)).unwrap(), None);
         assert_eq!(first_non_finite(&[ok.clone(), inf, nan]).unwrap(), Some(1));
         // Finite values whose squares overflow f32 are finite.
         let big = Tensor::from_vec(vec![3e38f32], [1]).unwrap();

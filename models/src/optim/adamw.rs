@@ -130,6 +130,9 @@ impl Optimizer for AdamW {
     fn discard(&mut self) {
         self.prepared.discard();
     }
+    fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {
+        self.prepared.gradients()
+    }
     fn params(&self) -> &[Parameter] {
         &self.params
     }

@@ -181,6 +181,12 @@ impl CudaRuntime {
     pub fn alloc_counts(&self) -> AllocCounts {
         self.pool.counts()
     }
+    /// (free, total) bytes of this device's memory as the driver reports them now (the
+    /// allocator's cached blocks count as used).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind("cuda memory_info")?;
+        cudarc::driver::result::mem_get_info().map_err(|e| derr("cuda memory_info", e))
+    }
 }
 
 /// Why CUDA cannot be used in this process (`None`: a driver and at least one device exist).

@@ -148,7 +148,7 @@ pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         || Cow::Borrowed(op.name()),
         || vec![("inputs", shapes_text(inputs).into())],
     );
-    autograd::record(op, inputs, &out);
+    autograd::record(op, inputs, std::slice::from_ref(&out));
     Ok(out)
 }
 

@@ -116,16 +116,11 @@ fn float_unary_backward<F: FloatElement>(
             let t = (c * (x + k * x * x * x)).tanh();
             g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x))
         }),
-        UnaryOp::Exp => zip2(dy, x, |g, x| g * x.exp()),
+        // Exp, tanh and sigmoid read the forward output y (in `x`).
+        UnaryOp::Exp => zip2(dy, x, |g, y| g * y),
         UnaryOp::Log => zip2(dy, x, |g, x| g / x),
-        UnaryOp::Tanh => zip2(dy, x, move |g, x| {
-            let t = x.tanh();
-            g * (one - t * t)
-        }),
-        UnaryOp::Sigmoid => zip2(dy, x, move |g, x| {
-            let s = one / (one + (-x).exp());
-            g * s * (one - s)
-        }),
+        UnaryOp::Tanh => zip2(dy, x, move |g, y| g * (one - y * y)),
+        UnaryOp::Sigmoid => zip2(dy, x, move |g, y| g * y * (one - y)),
         UnaryOp::Sqrt => zip2(dy, x, move |g, x| g * half / x.sqrt()),
         UnaryOp::Abs => zip2(dy, x, move |g, x| {
             if x > zero {
@@ -140,7 +135,7 @@ fn float_unary_backward<F: FloatElement>(
     }
 }
 
-/// dx = dy * f'(x) (every backward takes the forward *input* x).
+/// dx = dy * f'(x), from the forward input x, or for exp, tanh and sigmoid the output y.
 pub fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray) -> Result<CpuArray> {
     let out = match (dy, x) {
         (CpuArray::F32(g), CpuArray::F32(x)) => float_unary_backward(u, g, x).map(CpuArray::F32),

@@ -11,7 +11,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::Grad;
 use super::{
     kernel_err, need_float, Backend, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -110,8 +110,16 @@ impl OpFamily for DropoutOp {
         b.dropout(x[0], self, out)
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        // The mask is redrawn from the seed.
+        Saves::NOTHING
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Grad::one(g.dy.dropout_in(self.p.get(), self.seed, &self.global, &self.starts)?)
+        Grad::one(
+            g.dy()?
+                .dropout_in(self.p.get(), self.seed, &self.global, &self.starts)?,
+        )
     }
 }
 

@@ -7,7 +7,7 @@ use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 use super::grad::{sum_to, Grad};
 use super::{
     need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec,
+    OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -54,6 +54,11 @@ impl UnaryOp {
             UnaryOp::Abs => "abs",
             UnaryOp::Square => "square",
         }
+    }
+    /// Whether the backward reads the output (`dy * f'(x)` written with y = f(x)) rather than
+    /// the input: exp, tanh and sigmoid.
+    pub fn saves_output(self) -> bool {
+        matches!(self, UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid)
     }
     pub fn backward_name(self) -> &'static str {
         match self {
@@ -176,7 +181,8 @@ pub enum ElementwiseOp {
     Scalar(ScalarOp, F64Bits),
     Binary(BinaryOp),
     Cast(DType),
-    /// (dy, x) -> dx for y = f(x)
+    /// (dy, saved) -> dx for y = f(x), where `saved` is what the forward saves: y for exp,
+    /// tanh and sigmoid (`UnaryOp::saves_output`), x otherwise.
     UnaryBackward(UnaryOp),
     Adam(AdamPart),
 }
@@ -314,11 +320,36 @@ impl OpFamily for ElementwiseOp {
         }
     }
 
+    fn saves(&self, needs: &[bool]) -> Saves {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        match self {
+            ElementwiseOp::Unary(UnaryOp::Neg) => Saves::NOTHING,
+            ElementwiseOp::Unary(u) if u.saves_output() => Saves::outputs(&[0]),
+            ElementwiseOp::Unary(_) => Saves::inputs(&[0]),
+            ElementwiseOp::Scalar(ScalarOp::RDiv, _) => Saves::inputs(&[0]).and_outputs(&[0]),
+            ElementwiseOp::Scalar(ScalarOp::Pow, _) => Saves::inputs(&[0]),
+            ElementwiseOp::Scalar(..) => Saves::NOTHING,
+            ElementwiseOp::Binary(BinaryOp::Add | BinaryOp::Sub) => Saves::NOTHING,
+            // d(a b) = b da + a db: each operand only for the other's gradient.
+            ElementwiseOp::Binary(BinaryOp::Mul) => Saves::NOTHING
+                .and_input_if(0, need(1))
+                .and_input_if(1, need(0)),
+            // d(a / b) = da / b - (a / b) db / b.
+            ElementwiseOp::Binary(BinaryOp::Div) => Saves::inputs(&[1]).and_output_if(0, need(1)),
+            ElementwiseOp::Cast(_) | ElementwiseOp::UnaryBackward(_) | ElementwiseOp::Adam(_) => {
+                Saves::NOTHING
+            }
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (x, dy, out) = (g.x, g.dy, g.out);
+        let dy = g.dy()?;
         match self {
             ElementwiseOp::Unary(UnaryOp::Neg) => Grad::one(dy.neg()?),
-            ElementwiseOp::Unary(u) => Grad::one(dy.unary_backward(*u, &x[0])?),
+            ElementwiseOp::Unary(u) if u.saves_output() => {
+                Grad::one(dy.unary_backward(*u, g.output(0)?)?)
+            }
+            ElementwiseOp::Unary(u) => Grad::one(dy.unary_backward(*u, g.input(0)?)?),
             ElementwiseOp::Scalar(s, c) => {
                 let c = c.get();
                 Grad::one(match s {
@@ -326,27 +357,29 @@ impl OpFamily for ElementwiseOp {
                     ScalarOp::Mul => dy.mul_scalar(c)?,
                     ScalarOp::RSub => dy.neg()?,
                     // d(c / x) = -(c / x) / x
-                    ScalarOp::RDiv => dy.mul(out)?.div(&x[0])?.neg()?,
-                    ScalarOp::Pow => dy.mul(&x[0].pow_scalar(c - 1.0)?)?.mul_scalar(c)?,
+                    ScalarOp::RDiv => dy.mul(g.output(0)?)?.div(g.input(0)?)?.neg()?,
+                    ScalarOp::Pow => dy.mul(&g.input(0)?.pow_scalar(c - 1.0)?)?.mul_scalar(c)?,
                 })
             }
             ElementwiseOp::Binary(op) => {
-                let (a, b) = (&x[0], &x[1]);
                 let (ga, gb) = match op {
                     BinaryOp::Add => (g.when(0, || Ok(dy.clone()))?, g.when(1, || Ok(dy.clone()))?),
                     BinaryOp::Sub => (g.when(0, || Ok(dy.clone()))?, g.when(1, || dy.neg())?),
-                    BinaryOp::Mul => (g.when(0, || dy.mul(b))?, g.when(1, || dy.mul(a))?),
+                    BinaryOp::Mul => (
+                        g.when(0, || dy.mul(g.input(1)?))?,
+                        g.when(1, || dy.mul(g.input(0)?))?,
+                    ),
                     BinaryOp::Div => (
-                        g.when(0, || dy.div(b))?,
-                        g.when(1, || dy.mul(out)?.div(b)?.neg())?,
+                        g.when(0, || dy.div(g.input(1)?))?,
+                        g.when(1, || dy.mul(g.output(0)?)?.div(g.input(1)?)?.neg())?,
                     ),
                 };
                 Ok(vec![
-                    ga.map(|t| sum_to(t, a)).transpose()?,
-                    gb.map(|t| sum_to(t, b)).transpose()?,
+                    ga.map(|t| sum_to(t, g.input_meta(0))).transpose()?,
+                    gb.map(|t| sum_to(t, g.input_meta(1))).transpose()?,
                 ])
             }
-            ElementwiseOp::Cast(_) => Grad::one(dy.cast(x[0].dtype())?),
+            ElementwiseOp::Cast(_) => Grad::one(dy.cast(g.input_meta(0).dtype())?),
             ElementwiseOp::UnaryBackward(_) => Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
@@ -460,8 +493,9 @@ impl Tensor {
         }
         elementwise(ElementwiseOp::Cast(dtype), &[self])
     }
-    /// dx = dy * f'(x) for y = f(x) (`self` is dy).
-    pub fn unary_backward(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
-        elementwise(ElementwiseOp::UnaryBackward(u), &[self, x])
+    /// dx = dy * f'(x) for y = f(x) (`self` is dy), from what the forward saves: `saved` is
+    /// y for exp, tanh and sigmoid (`UnaryOp::saves_output`), x for the others.
+    pub fn unary_backward(&self, u: UnaryOp, saved: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::UnaryBackward(u), &[self, saved])
     }
 }

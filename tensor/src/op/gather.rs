@@ -4,12 +4,12 @@
 //! inside its region, whose start and the dim's global size the op's local attributes carry.
 
 use oxiflow_collectives::DType;
-use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
     need_float, need_i64, norm_dim, shape_rule, Backend, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, OutSpec,
+    MetaError, OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -185,11 +185,20 @@ impl OpFamily for GatherOp {
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // The indices: input 1 of the reads, input 0 of the scatter-adds.
+            GatherOp::Gather { .. } | GatherOp::IndexSelect { .. } => Saves::inputs(&[1]),
+            GatherOp::ScatterAdd { .. } | GatherOp::IndexAdd { .. } => Saves::inputs(&[0]),
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let dy = g.dy()?;
         match *self {
             GatherOp::Gather { dim, .. } | GatherOp::IndexSelect { dim, .. } => {
-                let x = &g.x[0];
-                let (size, split_first) = (x.shape().dim(dim), split_on(x, dim));
+                let x = g.input_meta(0);
+                let (size, split_first) = (x.shape().dim(dim), split_on(x.nd_sbp(), dim));
                 let op = match self {
                     GatherOp::Gather { .. } => GatherOp::ScatterAdd {
                         dim,
@@ -205,27 +214,26 @@ impl OpFamily for GatherOp {
                     },
                 };
                 Ok(vec![
-                    g.when(0, || dispatch(op.into(), &[&g.x[1], g.dy]))?,
+                    g.when(0, || dispatch(op.into(), &[g.input(1)?, dy]))?,
                     None,
                 ])
             }
             // Linear in src: the gradient reads dy back at the same indices.
             GatherOp::ScatterAdd { dim, .. } => Ok(vec![
                 None,
-                g.when(1, || g.dy.gather(dim as isize, &g.x[0]))?,
+                g.when(1, || dy.gather(dim as isize, g.input(0)?))?,
             ]),
             GatherOp::IndexAdd { dim, .. } => Ok(vec![
                 None,
-                g.when(1, || g.dy.index_select(dim as isize, &g.x[0]))?,
+                g.when(1, || dy.index_select(dim as isize, g.input(0)?))?,
             ]),
         }
     }
 }
 
-/// Whether a global `x` is split on `dim` on some mesh axis.
-pub(crate) fn split_on(x: &Tensor, dim: usize) -> bool {
-    x.nd_sbp()
-        .is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
+/// Whether a global tensor of nd-SBP `nd` is split on `dim` on some mesh axis.
+pub(crate) fn split_on(nd: Option<&NdSbp>, dim: usize) -> bool {
+    nd.is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
 }
 
 impl Tensor {

@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{zeros_on, Grad};
 use super::{
     dim_ok, norm_dim, same_dtype, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, OutSpec,
+    MetaError, OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -114,8 +114,12 @@ impl OpFamily for LayoutOp {
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (x, dy) = (g.x, g.dy);
+        let dy = g.dy()?;
         match self {
             LayoutOp::Permute { perm } => {
                 let mut inv = vec![0usize; perm.len()];
@@ -124,20 +128,21 @@ impl OpFamily for LayoutOp {
                 }
                 Grad::one(dy.permute(&inv)?)
             }
-            LayoutOp::Reshape { .. } => Grad::one(dy.reshape(x[0].shape().clone())?),
+            LayoutOp::Reshape { .. } => Grad::one(dy.reshape(g.input_meta(0).shape().clone())?),
             LayoutOp::Concat { dim } => {
                 let mut start = 0;
-                let mut gs = Vec::with_capacity(x.len());
-                for (i, xi) in x.iter().enumerate() {
-                    let len = xi.shape().dim(*dim);
+                let mut gs = Vec::with_capacity(g.arity());
+                for i in 0..g.arity() {
+                    let len = g.input_meta(i).shape().dim(*dim);
                     gs.push(g.when(i, || dy.narrow(*dim as isize, start, len))?);
                     start += len;
                 }
                 Ok(gs)
             }
             LayoutOp::Narrow { dim, start, len } => {
-                let full = x[0].shape();
-                let part = |n: usize| zeros_on(dy, full.with_dim(*dim, n));
+                let full = g.input_meta(0).shape();
+                let like = dy.meta();
+                let part = |n: usize| zeros_on(&like, full.with_dim(*dim, n));
                 let before = (*start > 0).then(|| part(*start)).transpose()?;
                 let rest = full.dim(*dim).saturating_sub(start + len);
                 let after = (rest > 0).then(|| part(rest)).transpose()?;

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{sum_to, zeros_on, Grad};
 use super::{
     same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -145,20 +145,32 @@ impl OpFamily for MaskOp {
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            MaskOp::Where => Saves::inputs(&[0]),
+            MaskOp::MaskedFill { .. } => Saves::inputs(&[1]),
+            MaskOp::Triangular { .. } => Saves::NOTHING,
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let dy = g.dy;
+        let dy = g.dy()?;
         match *self {
             MaskOp::Where => {
-                let cond = &g.x[0];
-                let zero = zeros_on(dy, Shape::scalar())?;
+                let cond = g.input(0)?;
+                let zero = zeros_on(&dy.meta(), Shape::scalar())?;
                 Ok(vec![
                     None,
-                    g.when(1, || sum_to(Tensor::where_cond(cond, dy, &zero)?, &g.x[1]))?,
-                    g.when(2, || sum_to(Tensor::where_cond(cond, &zero, dy)?, &g.x[2]))?,
+                    g.when(1, || {
+                        sum_to(Tensor::where_cond(cond, dy, &zero)?, g.input_meta(1))
+                    })?,
+                    g.when(2, || {
+                        sum_to(Tensor::where_cond(cond, &zero, dy)?, g.input_meta(2))
+                    })?,
                 ])
             }
             MaskOp::MaskedFill { .. } => {
-                Ok(vec![g.when(0, || dy.masked_fill(&g.x[1], 0.0))?, None])
+                Ok(vec![g.when(0, || dy.masked_fill(g.input(1)?, 0.0))?, None])
             }
             MaskOp::Triangular { keep, k, .. } => Grad::one(triangular(dy, keep, k)?),
         }

@@ -41,7 +41,7 @@ pub use elementwise::{
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
 pub use gather::{GatherKernels, GatherOp, IndexShard};
-pub(crate) use grad::Grad;
+pub(crate) use grad::{Grad, Saved, Saves};
 pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{LossKernels, LossOp};
 pub use mask::{MaskKernels, MaskOp, Triangle};
@@ -140,8 +140,12 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     }
     /// Runs the op's kernel on one rank's pieces.
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece>;
-    /// Input gradients from the output gradient (None where not needed or not differentiable
-    /// with respect to that input), written with dispatched ops.
+    /// What the backward rule reads, given which inputs need a gradient: the inputs and
+    /// outputs the autograd node keeps until its backward runs (the rule sees every other one
+    /// as metadata; reading one it did not declare is a typed error).
+    fn saves(&self, needs: &[bool]) -> Saves;
+    /// Input gradients from the output gradients (None where not needed or not
+    /// differentiable with respect to that input), written with dispatched ops.
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
 }
 
@@ -205,6 +209,11 @@ macro_rules! families {
             ) -> Result<B::Piece> {
                 match self {
                     $(Op::$variant(o) => o.run(b, x, out)),*
+                }
+            }
+            pub(crate) fn saves(&self, needs: &[bool]) -> Saves {
+                match self {
+                    $(Op::$variant(o) => o.saves(needs)),*
                 }
             }
             pub(crate) fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {

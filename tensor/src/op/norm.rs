@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{sum_to, zeros_like, Grad};
 use super::{
     need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec,
+    OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -80,6 +80,13 @@ impl OpFamily for NormOp {
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            NormOp::LayerNorm { .. } => Saves::inputs(&[0, 1]),
+            NormOp::LayerNormBackward { .. } => Saves::NOTHING,
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let NormOp::LayerNorm { eps } = self else {
             return Err(Grad::unsupported(
@@ -87,16 +94,17 @@ impl OpFamily for NormOp {
                 "higher-order gradients are not supported",
             ));
         };
-        let (xs, w, b, dy) = (&g.x[0], &g.x[1], &g.x[2], g.dy);
+        let (xs, w, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
+        let (wm, bm) = (g.input_meta(1), g.input_meta(2));
         let eps = eps.get();
         Ok(vec![
             g.when(0, || Tensor::layer_norm_backward(xs, w, dy, eps))?,
             g.when(1, || {
-                let ones = zeros_like(w)?.add_scalar(1.0)?;
-                let xhat = xs.layer_norm(&ones, &zeros_like(b)?, eps)?;
-                sum_to(xhat.mul(dy)?, w)
+                let ones = zeros_like(wm)?.add_scalar(1.0)?;
+                let xhat = xs.layer_norm(&ones, &zeros_like(bm)?, eps)?;
+                sum_to(xhat.mul(dy)?, wm)
             })?,
-            g.when(2, || sum_to(dy.clone(), b))?,
+            g.when(2, || sum_to(dy.clone(), bm))?,
         ])
     }
 }

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::Grad;
 use super::{
     dim_ok, need_float, norm_dim, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -79,13 +79,17 @@ impl OpFamily for RotaryOp {
         b.rotary(x[0], self, out)
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let op = RotaryOp {
             inverse: !self.inverse,
             pos0: 0,
             ..self.clone()
         };
-        Grad::one(dispatch(op.into(), &[g.dy])?)
+        Grad::one(dispatch(op.into(), &[g.dy()?])?)
     }
 }
 

@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::Grad;
 use super::{
     dim_ok, need_float, norm_dim, same_dtype, shape_rule, Backend, Inferred, KernelBackend,
-    MetaError, OpFamily, OutSpec,
+    MetaError, OpFamily, OutSpec, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -96,6 +96,13 @@ impl OpFamily for SoftmaxOp {
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            SoftmaxOp::Forward { .. } => Saves::outputs(&[0]),
+            SoftmaxOp::Backward { .. } => Saves::NOTHING,
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         match self {
             SoftmaxOp::Forward { dim, log } => Grad::one(dispatch(
@@ -104,7 +111,7 @@ impl OpFamily for SoftmaxOp {
                     log: *log,
                 }
                 .into(),
-                &[g.out, g.dy],
+                &[g.output(0)?, g.dy()?],
             )?),
             SoftmaxOp::Backward { .. } => Err(Grad::unsupported(
                 self.name(),

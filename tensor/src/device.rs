@@ -13,9 +13,10 @@
 //!    host arrays (`from_host`) and runs local kernels (`run`): `op` is the op *with local
 //!    attributes* (e.g. a reshape's local target shape, a mean's global divisor), `inputs` are the
 //!    local pieces (all on this backend's device; the dispatcher never mixes devices; their count
-//!    already checked against the op's arity), `out` is the shape and dtype the dispatcher
-//!    expects back. A backend runs an op through `Op::run` on its implementation of every op
-//!    family's kernel trait (`op::Backend`), so it cannot lack a kernel.
+//!    already checked against the op's arity), `outs` the shape and dtype of each output. A
+//!    backend runs an op through the one executor, `Op::execute`, on its implementation of every
+//!    op family's kernel trait (`op::Backend`), so it cannot lack a kernel, and its allocator
+//!    (`KernelBackend::alloc`) makes every output buffer before the kernels write them.
 //!
 //! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing, output
 //! layout) identically for every device. Boxing goes first to each registered backend's
@@ -32,6 +33,7 @@ use oxiflow_boxing::Plan;
 use oxiflow_collectives::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
+use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::creation::ElementInit;
@@ -107,8 +109,10 @@ pub trait DeviceBackend: Send + Sync {
             detail: format!("this backend does not create {dtype} values"),
         })
     }
-    /// Runs the local kernel of `op` on `inputs`, returning a piece of `out`'s shape and dtype.
-    fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage>;
+    /// Runs the local kernels of `op` on `inputs` through `Op::execute` on the backend's
+    /// kernels, returning one piece per output of `outs` (shape and dtype as given).
+    fn run(&self, op: &Op, inputs: &[&Storage], outs: &[OutSpec])
+        -> Result<SmallVec<[Storage; 1]>>;
     /// Runs the boxing `plan` on this rank's `piece` (None outside the source placement) when
     /// `ctx`'s world is this backend's (e.g. device buffers straight to NCCL), returning the
     /// new piece (None outside the target). None: not this backend's world, so the dispatcher

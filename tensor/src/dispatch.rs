@@ -177,21 +177,50 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     Ok(dev)
 }
 
-/// Runs the local kernel of `op` (local attributes) on pieces of one device.
+/// Runs `op` (local attributes) on pieces of one device through that device's executor: one
+/// piece per output of `outs`, each allocated by the backend before the kernels write it.
 pub(crate) fn run_kernel(
+    op: &Op,
+    pieces: &[&Storage],
+    device: Device,
+    outs: &[OutSpec],
+) -> Result<SmallVec<[Storage; 1]>> {
+    if device == Device::Cpu {
+        let host = host_pieces(op, pieces)?;
+        let out = op.execute(&CpuBackend, &host, outs)?;
+        return Ok(out.into_iter().map(Storage::Cpu).collect());
+    }
+    backend_for(op.name(), device)?.run(op, pieces, outs)
+}
+
+/// [`run_kernel`] of a single-output call.
+pub(crate) fn run_kernel_one(
     op: &Op,
     pieces: &[&Storage],
     device: Device,
     out: &OutSpec,
 ) -> Result<Storage> {
     if device == Device::Cpu {
-        let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
-        for p in pieces {
-            host.push(p.cpu(op.name())?);
-        }
-        return Ok(Storage::Cpu(op.run(&CpuBackend, &host, out)?));
+        let host = host_pieces(op, pieces)?;
+        return Ok(Storage::Cpu(op.execute_one(&CpuBackend, &host, out)?));
     }
-    backend_for(op.name(), device)?.run(op, pieces, out)
+    let outs = backend_for(op.name(), device)?.run(op, pieces, std::slice::from_ref(out))?;
+    let n = outs.len();
+    outs.into_iter()
+        .next()
+        .filter(|_| n == 1)
+        .ok_or_else(|| TensorError::Kernel {
+            op: op.name(),
+            detail: format!("expected one output piece, got {n}"),
+        })
+}
+
+fn host_pieces<'a>(op: &Op, pieces: &[&'a Storage]) -> Result<SmallVec<[&'a CpuArray; 3]>> {
+    let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
+    for p in pieces {
+        host.push(p.cpu(op.name())?);
+    }
+    Ok(host)
 }
 
 fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
@@ -228,9 +257,9 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
         out_region: &Region::new(),
         out_local: &out.shape,
     });
-    let storage = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
-    // Every CPU kernel returns through `cpu::checked` and the device backends check their
-    // output too, so the piece has `out`'s shape.
+    let local_op = local.as_ref().unwrap_or(op);
+    let storage = run_kernel_one(local_op, &pieces, device, &out)?;
+    // The executor allocated the piece from `out`, so it has `out`'s shape.
     Ok(Tensor::from_storage_of_shape(storage, out.shape))
 }
 
@@ -450,7 +479,7 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
                     }
                 }
             }
-            let out = run_kernel(&plan.local_op, &pieces, device, out_local)?;
+            let out = run_kernel_one(&plan.local_op, &pieces, device, out_local)?;
             if out.shape() != out_local.shape {
                 return Err(TensorError::Kernel {
                     op: op.name(),

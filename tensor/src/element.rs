@@ -13,6 +13,8 @@ pub trait TensorElement:
     fn wrap(a: ArrayD<Self>) -> CpuArray;
     /// Borrows the array when the storage holds this type.
     fn view(s: &CpuArray) -> Option<&ArrayD<Self>>;
+    /// Borrows the array mutably when the storage holds this type.
+    fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>>;
     /// Takes the array out when the storage holds this type.
     fn unwrap(s: CpuArray) -> Option<ArrayD<Self>>;
     fn from_f64(v: f64) -> Self;
@@ -41,6 +43,12 @@ macro_rules! float_elem {
                 CpuArray::$variant(a)
             }
             fn view(s: &CpuArray) -> Option<&ArrayD<Self>> {
+                match s {
+                    CpuArray::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>> {
                 match s {
                     CpuArray::$variant(a) => Some(a),
                     _ => None,
@@ -98,6 +106,12 @@ impl TensorElement for i64 {
         CpuArray::I64(a)
     }
     fn view(s: &CpuArray) -> Option<&ArrayD<Self>> {
+        match s {
+            CpuArray::I64(a) => Some(a),
+            _ => None,
+        }
+    }
+    fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>> {
         match s {
             CpuArray::I64(a) => Some(a),
             _ => None,

@@ -141,19 +141,22 @@ fn is_float(d: DType) -> bool {
 /// (float) gradient, or always when `always` (a recompute block whose captured parameters
 /// require one). The node keeps the tensors its kind's backward reads.
 pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], always: bool) {
+    let wants = |t: &&Tensor| t.requires_grad() && is_float(t.dtype());
+    if !(always || inputs.iter().any(wants)) {
+        return;
+    }
+    if !outputs.iter().any(|o| is_float(o.dtype())) {
+        return;
+    }
     let edges: Vec<Option<Edge>> = inputs
         .iter()
         .map(|t| {
-            (t.requires_grad() && is_float(t.dtype())).then(|| match t.autograd().grad_edge() {
+            wants(t).then(|| match t.autograd().grad_edge() {
                 Some((n, i)) => Edge::Node(n, i),
                 None => Edge::Leaf((*t).clone()),
             })
         })
         .collect();
-    let differentiable = outputs.iter().any(|o| is_float(o.dtype()));
-    if !(always || edges.iter().any(Option::is_some)) || !differentiable {
-        return;
-    }
     let needs: Vec<bool> = edges.iter().map(Option::is_some).collect();
     let saved = Saved::keep(kind.saves(&needs), inputs, outputs);
     let node = Arc::new(Node {

@@ -8,8 +8,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec, Saves,
+    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -34,16 +34,16 @@ pub trait AttentionKernels: KernelBackend {
         v: &Self::Piece,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn attention_probs(
         &self,
         q: &Self::Piece,
         k: &Self::Piece,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 /// Checks q `[B, H, T, D]`, k `[B, H, S, D]` and (when given) v `[B, H, S, Dv]`; returns the
@@ -140,11 +140,12 @@ impl OpFamily for AttentionOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         let (causal, scale) = self.attrs();
         match self {
-            AttentionOp::Forward { .. } => b.attention(x[0], x[1], x[2], causal, scale, out),
-            AttentionOp::Probs { .. } => b.attention_probs(x[0], x[1], causal, scale, out),
+            AttentionOp::Forward { .. } => b.attention(x[0], x[1], x[2], causal, scale, y),
+            AttentionOp::Probs { .. } => b.attention_probs(x[0], x[1], causal, scale, y),
         }
     }
 

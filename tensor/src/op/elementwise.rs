@@ -6,8 +6,8 @@ use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec, Saves,
+    need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -190,25 +190,25 @@ pub enum ElementwiseOp {
 /// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
 /// `binary` broadcasts both operands to `out.shape`.
 pub trait ElementwiseKernels: KernelBackend {
-    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
-    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     fn binary(
         &self,
         b: BinaryOp,
         x: &Self::Piece,
         y: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
-    fn cast(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
+    fn cast(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     fn unary_backward(
         &self,
         u: UnaryOp,
         dy: &Self::Piece,
         x: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     /// One fused AdamW piece on same-shape float inputs (2 for the moments, 3 for the update).
-    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &OutSpec) -> Result<Self::Piece>;
+    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &mut Self::Out) -> Result<()>;
 }
 
 /// Broadcast two shapes (numpy rules, aligned from the right).
@@ -309,14 +309,15 @@ impl OpFamily for ElementwiseOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            ElementwiseOp::Unary(u) => b.unary(*u, x[0], out),
-            ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], out),
-            ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], out),
-            ElementwiseOp::Cast(_) => b.cast(x[0], out),
-            ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], out),
-            ElementwiseOp::Adam(p) => b.adam(*p, x, out),
+            ElementwiseOp::Unary(u) => b.unary(*u, x[0], y),
+            ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], y),
+            ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], y),
+            ElementwiseOp::Cast(_) => b.cast(x[0], y),
+            ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], y),
+            ElementwiseOp::Adam(p) => b.adam(*p, x, y),
         }
     }
 

@@ -9,8 +9,8 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use super::gather::{split_on, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec, Saves,
+    need_float, need_i64, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::{Tensor, TensorMeta};
@@ -38,15 +38,15 @@ pub trait EmbeddingKernels: KernelBackend {
         ids: &Self::Piece,
         weight: &Self::Piece,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn embedding_backward(
         &self,
         ids: &Self::Piece,
         dy: &Self::Piece,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for EmbeddingOp {
@@ -107,10 +107,11 @@ impl OpFamily for EmbeddingOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, out),
-            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, out),
+            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, y),
+            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, y),
         }
     }
 

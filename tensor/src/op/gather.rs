@@ -8,8 +8,8 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, norm_dim, shape_rule, Backend, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, OutSpec, Saves,
+    need_float, need_i64, norm_dim, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -82,32 +82,32 @@ pub trait GatherKernels: KernelBackend {
         index: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn scatter_add(
         &self,
         index: &Self::Piece,
         src: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn index_select(
         &self,
         x: &Self::Piece,
         ids: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn index_add(
         &self,
         ids: &Self::Piece,
         src: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for GatherOp {
@@ -176,12 +176,13 @@ impl OpFamily for GatherOp {
         Some(op)
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, out),
-            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, out),
-            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, out),
-            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, out),
+            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, y),
+            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, y),
+            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, y),
+            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, y),
         }
     }
 

@@ -8,8 +8,8 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 use super::gather::IndexShard;
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, BinaryOp, Inferred, KernelBackend, LocalAt,
-    MetaError, Op, OpFamily, OutSpec, Saves, UnaryOp,
+    need_float, need_i64, scratch, shape_rule, single, Backend, BinaryOp, Inferred, KernelBackend,
+    LocalAt, MetaError, Op, OpFamily, Saves, UnaryOp,
 };
 use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, meta_err};
@@ -40,15 +40,15 @@ pub trait LossKernels: KernelBackend {
         &self,
         logits: &Self::Piece,
         labels: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn cross_entropy_backward(
         &self,
         logits: &Self::Piece,
         labels: &Self::Piece,
         dy: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for LossOp {
@@ -111,24 +111,28 @@ impl OpFamily for LossOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], out),
-            LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], out),
+            LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], y),
+            LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], y),
             LossOp::VocabParallel { shard } => {
-                let target = b.gather(x[0], x[1], 1, shard, out)?;
+                let spec = b.out_spec(y);
+                let target = scratch(b, &spec, |t| b.gather(x[0], x[1], 1, shard, t))?;
                 if shard.start == 0 {
-                    b.binary(BinaryOp::Sub, x[2], &target, out)
+                    b.binary(BinaryOp::Sub, x[2], &target, y)
                 } else {
-                    b.unary(UnaryOp::Neg, &target, out)
+                    b.unary(UnaryOp::Neg, &target, y)
                 }
             }
             LossOp::VocabParallelBackward { shard } => {
-                let p = b.binary(BinaryOp::Sub, x[0], x[2], out)?;
-                let p = b.unary(UnaryOp::Exp, &p, out)?;
-                let p = b.binary(BinaryOp::Mul, &p, x[3], out)?;
-                let onehot = b.scatter_add(x[1], x[3], 1, shard, out)?;
-                b.binary(BinaryOp::Sub, &p, &onehot, out)
+                let spec = b.out_spec(y);
+                let d = scratch(b, &spec, |t| b.binary(BinaryOp::Sub, x[0], x[2], t))?;
+                let p = scratch(b, &spec, |t| b.unary(UnaryOp::Exp, &d, t))?;
+                drop(d);
+                let p = scratch(b, &spec, |t| b.binary(BinaryOp::Mul, &p, x[3], t))?;
+                let onehot = scratch(b, &spec, |t| b.scatter_add(x[1], x[3], 1, shard, t))?;
+                b.binary(BinaryOp::Sub, &p, &onehot, y)
             }
         }
     }

@@ -7,7 +7,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_dtype, shape_rule, Backend, Inferred, KernelBackend, MetaError, OpFamily, OutSpec, Saves,
+    same_dtype, shape_rule, single, Backend, Inferred, KernelBackend, MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -29,8 +29,8 @@ pub enum MatmulOp {
 
 /// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked).
 pub trait MatmulKernels: KernelBackend {
-    fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
-    fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+    fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     /// `op(a) @ op(b)` (see `MatmulOp::MatMulT`; `batched`: `BatchMatMulT`).
     fn matmul_t(
         &self,
@@ -38,8 +38,8 @@ pub trait MatmulKernels: KernelBackend {
         b: &Self::Piece,
         t: (bool, bool),
         batched: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for MatmulOp {
@@ -74,12 +74,13 @@ impl OpFamily for MatmulOp {
         Ok(Inferred::new(shape_rule(r)?, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            MatmulOp::MatMul => b.matmul(x[0], x[1], out),
-            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], out),
-            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, out),
-            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, out),
+            MatmulOp::MatMul => b.matmul(x[0], x[1], y),
+            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
+            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
+            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
         }
     }
 

@@ -5,8 +5,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_like, Grad};
 use super::{
-    need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec, Saves,
+    need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -32,16 +32,16 @@ pub trait NormKernels: KernelBackend {
         weight: &Self::Piece,
         bias: &Self::Piece,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn layer_norm_backward(
         &self,
         x: &Self::Piece,
         weight: &Self::Piece,
         dy: &Self::Piece,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for NormOp {
@@ -71,11 +71,12 @@ impl OpFamily for NormOp {
         Ok(Inferred::new(shape_rule(r)?, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            NormOp::LayerNorm { eps } => b.layer_norm(x[0], x[1], x[2], eps.get(), out),
+            NormOp::LayerNorm { eps } => b.layer_norm(x[0], x[1], x[2], eps.get(), y),
             NormOp::LayerNormBackward { eps } => {
-                b.layer_norm_backward(x[0], x[1], x[2], eps.get(), out)
+                b.layer_norm_backward(x[0], x[1], x[2], eps.get(), y)
             }
         }
     }

@@ -6,8 +6,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
-    need_float, norm_dims, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec, Saves, UnaryOp,
+    need_float, norm_dims, shape_rule, single, Backend, Dims, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves, UnaryOp,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -51,24 +51,24 @@ pub trait ReductionKernels: KernelBackend {
         dims: &[usize],
         keepdim: bool,
         count: Option<usize>,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn max(
         &self,
         x: &Self::Piece,
         dims: &[usize],
         keepdim: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn min(
         &self,
         x: &Self::Piece,
         dims: &[usize],
         keepdim: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
-    fn sum_to_shape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn sum_to_shape(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
 }
 
 /// The number of elements a reduction over `dims` of `shape` combines (at least 1).
@@ -132,17 +132,18 @@ impl OpFamily for ReductionOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, out),
+            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, y),
             ReductionOp::Mean {
                 dims,
                 keepdim,
                 count,
-            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), out),
-            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, out),
-            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, out),
-            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], out),
+            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), y),
+            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, y),
+            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, y),
+            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], y),
         }
     }
 

@@ -6,8 +6,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
-    OutSpec, Saves,
+    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -26,8 +26,8 @@ pub trait RmsNormKernels: KernelBackend {
         x: &Self::Piece,
         weight: &Self::Piece,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for RmsNormOp {
@@ -62,9 +62,10 @@ impl OpFamily for RmsNormOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         let RmsNormOp::Forward { eps } = self;
-        b.rms_norm(x[0], x[1], eps.get(), out)
+        b.rms_norm(x[0], x[1], eps.get(), y)
     }
 
     fn saves(&self, _needs: &[bool]) -> Saves {

@@ -1,4 +1,4 @@
-//! Gather CUDA kernels: reads along one dim at indices (gather, index-select, embedding) and
+//! Gather CUDA kernels, written into the executor's output piece: reads along one dim at indices (gather, index-select, embedding) and
 //! the scatter-adds of their gradients (atomic adds), over a shard of the addressed dim.
 
 use oxiflow_collectives::DType;
@@ -8,7 +8,7 @@ use super::super::derr;
 use super::super::kernels::{grid, launch, sfx};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
-use crate::op::{GatherKernels, IndexShard, OutSpec};
+use crate::op::{GatherKernels, IndexShard};
 use crate::Result;
 
 /// The kernels' index arguments: (positions along the dim, shard start, shard total), checked
@@ -47,52 +47,70 @@ pub(super) struct Along {
     pub shard: IndexShard,
 }
 
-/// `x` read at `ids` along a dim into a new piece of `out`'s shape.
+/// `x` read at `ids` along a dim into `out`.
 pub(super) fn take(
     k: &CudaKernels,
     op: &'static str,
     x: &CudaStorage,
     ids: &CudaStorage,
     along: Along,
-    out: &OutSpec,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let Along {
         dim,
         per_elem,
         shard,
     } = along;
+    if out.dtype != x.dtype || dim >= x.shape.ndim() {
+        return Err(derr(
+            op,
+            format!(
+                "output {} {} for {} {}",
+                out.dtype, out.shape, x.dtype, x.shape
+            ),
+        ));
+    }
     let (outer, nx, inner) = lanes(&x.shape, dim);
-    let n = out.shape.numel();
+    let n = out.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
-    let y = k.alloc(out)?;
+    let y = out;
     if n > 0 {
         let (nn, inn, nxx, pe) = (n as i64, inner as i64, nx as i64, per_elem as i32);
         let (xp, ip, yp) = (x.ptr(), ids.ptr(), y.ptr());
         let name = format!("take_{}", sfx(x.dtype));
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
     }
-    Ok(y)
+    Ok(())
 }
 
-/// Zeros of `out`'s shape plus `src` added at `ids` along a dim.
+/// Zeros plus `src` added at `ids` along a dim, into `out`.
 pub(super) fn put(
     k: &CudaKernels,
     op: &'static str,
     ids: &CudaStorage,
     src: &CudaStorage,
     along: Along,
-    out: &OutSpec,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let Along {
         dim,
         per_elem,
         shard,
     } = along;
     float_only(op, src.dtype)?;
+    if out.dtype != src.dtype || dim >= out.shape.ndim() {
+        return Err(derr(
+            op,
+            format!(
+                "output {} {} for src {} {}",
+                out.dtype, out.shape, src.dtype, src.shape
+            ),
+        ));
+    }
     let (outer, ny, inner) = lanes(&out.shape, dim);
     let n = src.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
-    let y = k.alloc(out)?;
+    let y = out;
     fill(&k.rt, op, src.dtype, y.ptr(), y.numel(), 0.0, 0)?;
     if n > 0 {
         let (nn, inn, nyy, pe) = (n as i64, inner as i64, ny as i64, per_elem as i32);
@@ -100,7 +118,7 @@ pub(super) fn put(
         let name = format!("put_{}", sfx(src.dtype));
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
     }
-    Ok(y)
+    Ok(())
 }
 
 impl GatherKernels for CudaKernels {
@@ -110,8 +128,8 @@ impl GatherKernels for CudaKernels {
         index: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         take(
             self,
             "gather",
@@ -131,8 +149,8 @@ impl GatherKernels for CudaKernels {
         src: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         put(
             self,
             "scatter_add",
@@ -152,8 +170,8 @@ impl GatherKernels for CudaKernels {
         ids: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         take(
             self,
             "index_select",
@@ -173,8 +191,8 @@ impl GatherKernels for CudaKernels {
         src: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         put(
             self,
             "index_add",

@@ -1,9 +1,10 @@
-//! Layer-norm CUDA kernels: forward and input gradient over the last dim, one thread per row.
+//! Layer-norm CUDA kernels, written into the executor's output piece: forward and input
+//! gradient over the last dim, one block per row.
 
 use super::super::kernels::{launch, per_row, sfx};
 use super::super::storage::CudaStorage;
-use super::{float_only, last_dim_rows, CudaKernels};
-use crate::op::{NormKernels, OutSpec};
+use super::{fits, float_only, last_dim_rows, CudaKernels};
+use crate::op::NormKernels;
 use crate::Result;
 
 impl NormKernels for CudaKernels {
@@ -13,12 +14,13 @@ impl NormKernels for CudaKernels {
         w: &CudaStorage,
         b: &CudaStorage,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let (rt, name) = (&self.rt, "layer_norm");
         float_only(name, a.dtype)?;
+        fits(name, a, out, true)?;
         let (rows, h) = last_dim_rows(a);
-        let y = self.alloc(out)?;
+        let y = &*out;
         let (r, hh, e, xp, wp, bp, yp) = (
             rows as i64,
             h as i64,
@@ -31,7 +33,7 @@ impl NormKernels for CudaKernels {
         if rows > 0 {
             launch!(rt, name, format!("layer_norm_{}", sfx(a.dtype)), per_row(rows); r, hh, e, xp, wp, bp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
     fn layer_norm_backward(
@@ -40,12 +42,14 @@ impl NormKernels for CudaKernels {
         w: &CudaStorage,
         dy: &CudaStorage,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let (rt, name) = (&self.rt, "layer_norm_backward");
         float_only(name, a.dtype)?;
+        fits(name, a, out, true)?;
+        fits(name, dy, out, true)?;
         let (rows, h) = last_dim_rows(a);
-        let y = self.alloc(out)?;
+        let y = &*out;
         let (r, hh, e, xp, wp, gp, yp) = (
             rows as i64,
             h as i64,
@@ -58,6 +62,6 @@ impl NormKernels for CudaKernels {
         if rows > 0 {
             launch!(rt, name, format!("layer_norm_bw_{}", sfx(a.dtype)), per_row(rows); r, hh, e, xp, wp, gp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 }

@@ -237,17 +237,28 @@ fn build(kind: usize, d: &[usize], r: &[usize], seed: u64) -> Case {
         24 | 25 => {
             let k = 1 + r[1] % n;
             let w = x[n - k..].to_vec();
-            let third = if kind == 24 {
-                vals(&w, seed + 2)
+            if kind == 24 {
+                let op = OpKind::LayerNorm { normalized_dims: k };
+                c(
+                    op,
+                    vec![vals(&x, seed), vals(&w, seed + 1), vals(&w, seed + 2)],
+                )
             } else {
-                vals(&x, seed + 2)
-            };
-            let op = if kind == 24 {
-                OpKind::LayerNorm { normalized_dims: k }
-            } else {
-                OpKind::LayerNormBackward { normalized_dims: k }
-            };
-            c(op, vec![vals(&x, seed), vals(&w, seed + 1), third])
+                // dy, and the per-row mean and (positive) rstd of the forward.
+                let stats: Vec<usize> = (0..n).map(|i| if i < n - k { x[i] } else { 1 }).collect();
+                let rstd = vals(&stats, seed + 4).map(|v| 0.5 + v * v);
+                let op = OpKind::LayerNormBackward { normalized_dims: k };
+                c(
+                    op,
+                    vec![
+                        vals(&x, seed),
+                        vals(&w, seed + 1),
+                        vals(&x, seed + 2),
+                        vals(&stats, seed + 3),
+                        rstd,
+                    ],
+                )
+            }
         }
         28..=31 => {
             // Gather, index-select and their scatter-adds along `dim` of x, with `extent`
@@ -410,7 +421,7 @@ fn every_op_kind_every_candidate_matches_the_whole_array() {
             proptest::collection::vec(0usize..=5, 8),
             proptest::collection::vec(0usize..1000, 8),
             0..MESHES.len(),
-            proptest::collection::vec(0usize..100, 9),
+            proptest::collection::vec(0usize..100, 15),
             any::<u64>(),
         );
         let result = runner.run(&strategy, |(d, r, m, pick, seed)| {

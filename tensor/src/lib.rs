@@ -35,7 +35,7 @@ pub use autograd::{
 pub use context::{Context, ContextGuard};
 pub use creation::ElementInit;
 pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
-pub use dispatch::dispatch;
+pub use dispatch::{dispatch, dispatch_multi};
 pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
 pub use init::{init_from_env, init_with_world};

@@ -37,7 +37,9 @@ pub mod rules {
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
     pub use super::matmul::{batch_matmul, matmul, matmul_t};
-    pub use super::norm::{backward as layer_norm_backward, forward as layer_norm};
+    pub use super::norm::{
+        backward as layer_norm_backward, forward as layer_norm, stats_shape as layer_norm_stats,
+    };
     pub use super::permute::permute;
     pub use super::reduce::reduce;
     pub use super::reshape::reshape;

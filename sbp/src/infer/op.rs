@@ -84,9 +84,10 @@ pub enum OpKind {
         vocab_split: bool,
     },
     /// Inputs `(x, weight, bias)`: normalise over the last `normalized_dims` dims of x, whose
-    /// shape weight and bias have; output y with x's shape.
+    /// shape weight and bias have; outputs y with x's shape and the per-row mean and 1/std
+    /// (x's shape with the normalised dims 1).
     LayerNorm { normalized_dims: usize },
-    /// Inputs `(x, weight, dy)` -> outputs `(dx, dweight, dbias)`.
+    /// Inputs `(x, weight, dy, mean, rstd)` -> dx.
     LayerNormBackward { normalized_dims: usize },
     /// Inputs `(logits [N, C], labels [N])` -> the per-sample loss `[N]`
     /// (`logsumexp(logits[i]) - logits[i, labels[i]]`, no reduction: the mean loss is a
@@ -189,9 +190,8 @@ impl OpKind {
             | OpKind::ScatterAdd { .. }
             | OpKind::IndexSelect { .. }
             | OpKind::IndexAdd { .. } => Some(2),
-            OpKind::LayerNorm { .. }
-            | OpKind::LayerNormBackward { .. }
-            | OpKind::CrossEntropyBackward => Some(3),
+            OpKind::LayerNorm { .. } | OpKind::CrossEntropyBackward => Some(3),
+            OpKind::LayerNormBackward { .. } => Some(5),
             OpKind::Concat { .. } => None,
         }
     }

@@ -82,11 +82,15 @@ pub fn run(
             starts.outputs[0][0],
         )),
         OpKind::LayerNorm { normalized_dims } => {
-            one(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
+            Ok(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
         }
-        OpKind::LayerNormBackward { normalized_dims } => {
-            Ok(layer_norm_backward(&x[0], &x[1], &x[2], *normalized_dims))
-        }
+        OpKind::LayerNormBackward { normalized_dims } => one(layer_norm_backward(
+            &x[0],
+            &x[1],
+            &x[2],
+            (&x[3], &x[4]),
+            *normalized_dims,
+        )),
         OpKind::CrossEntropy => one(cross_entropy(&x[0], &x[1])),
         OpKind::CrossEntropyBackward => one(cross_entropy_backward(&x[0], &x[1], &x[2])),
         OpKind::Gather { dim } => one(read_at(&x[0], &x[1], *dim, true, starts.inputs[0][*dim])),
@@ -290,47 +294,60 @@ fn rows(x: &Arr, k: usize) -> (usize, usize) {
     (numel(&x.shape[..x.ndim() - k]), len)
 }
 
-/// Per row: (mean, 1 / sigma, xhat row).
-fn normalise(row: &[f64]) -> (f64, Vec<f64>) {
+/// Per row: (mean, 1 / sigma).
+fn moments(row: &[f64]) -> (f64, f64) {
     let n = row.len() as f64;
     let mu = row.iter().sum::<f64>() / n;
     let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n;
-    let rs = 1.0 / (var + EPS).sqrt();
-    (rs, row.iter().map(|v| (v - mu) * rs).collect())
+    (mu, 1.0 / (var + EPS).sqrt())
 }
 
-fn layer_norm(x: &Arr, w: &Arr, b: &Arr, k: usize) -> Arr {
+/// (y, mean, rstd), the statistics with the normalised dims as 1.
+fn layer_norm(x: &Arr, w: &Arr, b: &Arr, k: usize) -> Vec<Arr> {
     let (nr, len) = rows(x, k);
     let mut out = Vec::with_capacity(x.data.len());
+    let (mut mean, mut rstd) = (Vec::with_capacity(nr), Vec::with_capacity(nr));
     for r in 0..nr {
-        let (_, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        let row = &x.data[r * len..(r + 1) * len];
+        let (mu, rs) = moments(row);
         out.extend(
-            xh.iter()
+            row.iter()
                 .enumerate()
-                .map(|(j, v)| v * w.data[j] + b.data[j]),
+                .map(|(j, v)| (v - mu) * rs * w.data[j] + b.data[j]),
         );
+        mean.push(mu);
+        rstd.push(rs);
     }
-    Arr::new(x.shape.clone(), out)
+    let stats: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if i < x.ndim() - k { d } else { 1 })
+        .collect();
+    vec![
+        Arr::new(x.shape.clone(), out),
+        Arr::new(stats.clone(), mean),
+        Arr::new(stats, rstd),
+    ]
 }
 
-fn layer_norm_backward(x: &Arr, w: &Arr, dy: &Arr, k: usize) -> Vec<Arr> {
+/// dx from dy and the forward's per-row mean and rstd.
+fn layer_norm_backward(x: &Arr, w: &Arr, dy: &Arr, (mean, rstd): (&Arr, &Arr), k: usize) -> Arr {
     let (nr, len) = rows(x, k);
     let mut dx = Vec::with_capacity(x.data.len());
-    let mut dw = Arr::full(&w.shape, 0.0);
-    let mut db = Arr::full(&w.shape, 0.0);
     for r in 0..nr {
-        let (rs, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        let (mu, rs) = (mean.data[r], rstd.data[r]);
+        let xh: Vec<f64> = x.data[r * len..(r + 1) * len]
+            .iter()
+            .map(|v| (v - mu) * rs)
+            .collect();
         let g = &dy.data[r * len..(r + 1) * len];
         let dxh: Vec<f64> = (0..len).map(|j| g[j] * w.data[j]).collect();
         let m1 = dxh.iter().sum::<f64>() / len as f64;
         let m2 = dxh.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / len as f64;
         dx.extend((0..len).map(|j| rs * (dxh[j] - m1 - xh[j] * m2)));
-        for j in 0..len {
-            dw.data[j] += g[j] * xh[j];
-            db.data[j] += g[j];
-        }
     }
-    vec![Arr::new(x.shape.clone(), dx), dw, db]
+    Arr::new(x.shape.clone(), dx)
 }
 
 fn cross_entropy(logits: &Arr, labels: &Arr) -> Arr {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{NdSbp, Sbp};
+use smallvec::SmallVec;
 
 use crate::op::{Grad, Op, Saved, Saves};
 use crate::tensor::{Tensor, TensorMeta};
@@ -33,6 +34,13 @@ impl NodeKind {
             NodeKind::Op(op) => op.saves(needs),
             NodeKind::ToGlobal { .. } => Saves::NOTHING,
             NodeKind::Recompute(_) => Saves::ALL_INPUTS,
+        }
+    }
+    /// Whether output `i` carries a gradient.
+    fn differentiable(&self, i: usize) -> bool {
+        match self {
+            NodeKind::Op(op) => op.differentiable(i),
+            NodeKind::ToGlobal { .. } | NodeKind::Recompute(_) => true,
         }
     }
 }
@@ -113,14 +121,7 @@ impl Node {
             }
         };
         let needs = self.needs();
-        let g = Grad::new(
-            self.name(),
-            &self.inputs,
-            &self.outputs,
-            saved.as_ref(),
-            dys,
-            &needs,
-        );
+        let g = Grad::new(self.name(), &self.inputs, saved.as_ref(), dys, &needs);
         match &self.kind {
             NodeKind::Op(op) => op.backward(&g),
             NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(
@@ -137,15 +138,20 @@ fn is_float(d: DType) -> bool {
     d.is_float()
 }
 
-/// Makes `kind` the node of `outputs` (those of a float dtype) when an input requires a
-/// (float) gradient, or always when `always` (a recompute block whose captured parameters
-/// require one). The node keeps the tensors its kind's backward reads.
+/// Makes `kind` the node of `outputs` (those of a float dtype that carry a gradient) when an
+/// input requires a (float) gradient, or always when `always` (a recompute block whose
+/// captured parameters require one). The node keeps the tensors its kind's backward reads.
 pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], always: bool) {
     let wants = |t: &&Tensor| t.requires_grad() && is_float(t.dtype());
     if !(always || inputs.iter().any(wants)) {
         return;
     }
-    if !outputs.iter().any(|o| is_float(o.dtype())) {
+    let carries: SmallVec<[bool; 3]> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| is_float(o.dtype()) && kind.differentiable(i))
+        .collect();
+    if !carries.contains(&true) {
         return;
     }
     let edges: Vec<Option<Edge>> = inputs
@@ -166,8 +172,8 @@ pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], alw
         outputs: outputs.iter().map(Tensor::meta).collect(),
         kept: Mutex::new(Kept::Saved(saved)),
     });
-    for (i, o) in outputs.iter().enumerate() {
-        if is_float(o.dtype()) {
+    for (i, (o, &carry)) in outputs.iter().zip(&carries).enumerate() {
+        if carry {
             o.autograd().set_requires_grad(true);
             o.autograd().set_grad_fn(Some((node.clone(), i)));
         }

@@ -1,5 +1,6 @@
-//! Normalization CPU kernels, written into the executor's output buffer: layer norm over the
-//! last dim and its input gradient, one row at a time (rayon when large).
+//! Normalization CPU kernels, written into the executor's output buffers: layer norm over the
+//! last dim (with each row's mean and 1/std) and its input gradient from those statistics, one
+//! row at a time (rayon when large).
 
 use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Ix1, Zip};
 
@@ -26,42 +27,55 @@ fn moments<F: FloatElement>(x: ndarray::ArrayView1<F>, eps: F) -> (F, F) {
     (mean, (var / n + eps).sqrt().recip())
 }
 
+/// A `[rows, 1]` statistics buffer as its `rows` values.
+fn column<'a, F>(op: &'static str, a: &'a mut ArrayD<F>, rows: usize) -> Result<&'a mut [F]> {
+    let n = a.len();
+    a.as_slice_mut()
+        .filter(|_| n == rows)
+        .ok_or_else(|| kernel_err(op, format!("statistics of {n} elements for {rows} rows")))
+}
+
 fn layer_norm_t<F: FloatElement>(
-    x: &ArrayD<F>,
-    w: &ArrayD<F>,
-    b: &ArrayD<F>,
+    (x, w, b): (&ArrayD<F>, &ArrayD<F>, &ArrayD<F>),
     eps: f64,
-    out: &mut ArrayD<F>,
+    y: &mut ArrayD<F>,
+    mean: &mut ArrayD<F>,
+    rstd: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "layer_norm";
     let eps = F::from_f64(eps);
     let xr = rows(x).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
     let (n, h) = (xr.nrows(), xr.ncols());
-    if w.shape() != [h] || b.shape() != [h] || out.shape() != x.shape() {
+    if w.shape() != [h] || b.shape() != [h] || y.shape() != x.shape() {
         return Err(kernel_err(
             op,
             format!(
                 "weight {:?}, bias {:?} and output {:?} do not fit rows of {h}",
                 w.shape(),
                 b.shape(),
-                out.shape()
+                y.shape()
             ),
         ));
     }
     let (w, b) = (vector(op, w)?, vector(op, b)?);
-    let mut o2 = out
+    let (ms, rs) = (column(op, mean, n)?, column(op, rstd, n)?);
+    let mut y2 = y
         .view_mut()
         .into_shape_with_order((n, h))
         .map_err(|e| kernel_err(op, e.to_string()))?;
-    let f = |mut y: ArrayViewMut1<F>, x: ArrayView1<F>| {
+    let f = |mut y: ArrayViewMut1<F>, x: ArrayView1<F>, m: &mut F, r: &mut F| {
         let (mean, rstd) = moments(x, eps);
+        (*m, *r) = (mean, rstd);
         Zip::from(&mut y)
             .and(&x)
             .and(&w)
             .and(&b)
             .for_each(|y, &x, &w, &b| *y = (x - mean) * rstd * w + b);
     };
-    let z = Zip::from(o2.axis_iter_mut(Axis(0))).and(xr.axis_iter(Axis(0)));
+    let z = Zip::from(y2.axis_iter_mut(Axis(0)))
+        .and(xr.axis_iter(Axis(0)))
+        .and(ArrayViewMut1::from(ms))
+        .and(ArrayViewMut1::from(rs));
     if n * h >= PAR_THRESHOLD {
         z.par_for_each(f);
     } else {
@@ -71,14 +85,11 @@ fn layer_norm_t<F: FloatElement>(
 }
 
 fn layer_norm_backward_t<F: FloatElement>(
-    dy: &ArrayD<F>,
-    x: &ArrayD<F>,
-    w: &ArrayD<F>,
-    eps: f64,
+    (x, w, dy): (&ArrayD<F>, &ArrayD<F>, &ArrayD<F>),
+    (mean, rstd): (&ArrayD<F>, &ArrayD<F>),
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "layer_norm_backward";
-    let eps = F::from_f64(eps);
     let xr = rows(x).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
     let gr = rows(dy).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
     let (n, h) = (xr.nrows(), xr.ncols());
@@ -94,14 +105,24 @@ fn layer_norm_backward_t<F: FloatElement>(
             ),
         ));
     }
+    let (ms, rs) = (mean.as_slice(), rstd.as_slice());
+    let (Some(ms), Some(rs)) = (ms.filter(|m| m.len() == n), rs.filter(|r| r.len() == n)) else {
+        return Err(kernel_err(
+            op,
+            format!(
+                "mean {:?} and rstd {:?} for {n} rows",
+                mean.shape(),
+                rstd.shape()
+            ),
+        ));
+    };
     let hf = F::from_f64(h.max(1) as f64);
     let w = vector(op, w)?;
     let mut o2 = out
         .view_mut()
         .into_shape_with_order((n, h))
         .map_err(|e| kernel_err(op, e.to_string()))?;
-    let f = |mut d: ArrayViewMut1<F>, g: ArrayView1<F>, x: ArrayView1<F>| {
-        let (mean, rstd) = moments(x, eps);
+    let f = |mut d: ArrayViewMut1<F>, g: ArrayView1<F>, x: ArrayView1<F>, &mean: &F, &rstd: &F| {
         let (mut sg, mut sgx) = (F::from_f64(0.0), F::from_f64(0.0));
         Zip::from(&g).and(&x).and(&w).for_each(|&g, &x, &w| {
             let gv = g * w;
@@ -120,7 +141,9 @@ fn layer_norm_backward_t<F: FloatElement>(
     };
     let z = Zip::from(o2.axis_iter_mut(Axis(0)))
         .and(gr.axis_iter(Axis(0)))
-        .and(xr.axis_iter(Axis(0)));
+        .and(xr.axis_iter(Axis(0)))
+        .and(ArrayView1::from(ms))
+        .and(ArrayView1::from(rs));
     if n * h >= PAR_THRESHOLD {
         z.par_for_each(f);
     } else {
@@ -136,16 +159,26 @@ impl NormKernels for CpuBackend {
         weight: &CpuArray,
         bias: &CpuArray,
         eps: f64,
-        out: &mut CpuArray,
+        y: &mut CpuArray,
+        mean: &mut CpuArray,
+        rstd: &mut CpuArray,
     ) -> Result<()> {
         let op = "layer_norm";
         match (x, weight, bias) {
-            (CpuArray::F32(x), CpuArray::F32(w), CpuArray::F32(b)) => {
-                layer_norm_t(x, w, b, eps, out_as(op, out)?)
-            }
-            (CpuArray::F64(x), CpuArray::F64(w), CpuArray::F64(b)) => {
-                layer_norm_t(x, w, b, eps, out_as(op, out)?)
-            }
+            (CpuArray::F32(x), CpuArray::F32(w), CpuArray::F32(b)) => layer_norm_t(
+                (x, w, b),
+                eps,
+                out_as(op, y)?,
+                out_as(op, mean)?,
+                out_as(op, rstd)?,
+            ),
+            (CpuArray::F64(x), CpuArray::F64(w), CpuArray::F64(b)) => layer_norm_t(
+                (x, w, b),
+                eps,
+                out_as(op, y)?,
+                out_as(op, mean)?,
+                out_as(op, rstd)?,
+            ),
             _ => Err(kernel_err(
                 op,
                 "needs float x, weight and bias of one dtype".into(),
@@ -157,20 +190,29 @@ impl NormKernels for CpuBackend {
         x: &CpuArray,
         weight: &CpuArray,
         dy: &CpuArray,
-        eps: f64,
-        out: &mut CpuArray,
+        mean: &CpuArray,
+        rstd: &CpuArray,
+        dx: &mut CpuArray,
     ) -> Result<()> {
         let op = "layer_norm_backward";
-        match (dy, x, weight) {
-            (CpuArray::F32(g), CpuArray::F32(x), CpuArray::F32(w)) => {
-                layer_norm_backward_t(g, x, w, eps, out_as(op, out)?)
-            }
-            (CpuArray::F64(g), CpuArray::F64(x), CpuArray::F64(w)) => {
-                layer_norm_backward_t(g, x, w, eps, out_as(op, out)?)
-            }
+        match (x, weight, dy, mean, rstd) {
+            (
+                CpuArray::F32(x),
+                CpuArray::F32(w),
+                CpuArray::F32(g),
+                CpuArray::F32(m),
+                CpuArray::F32(r),
+            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
+            (
+                CpuArray::F64(x),
+                CpuArray::F64(w),
+                CpuArray::F64(g),
+                CpuArray::F64(m),
+                CpuArray::F64(r),
+            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
             _ => Err(kernel_err(
                 op,
-                "needs float dy, x and weight of one dtype".into(),
+                "needs float x, weight, dy, mean and rstd of one dtype".into(),
             )),
         }
     }

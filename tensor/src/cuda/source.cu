@@ -271,8 +271,9 @@ template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, 
     }
 }
 
-// LayerNorm over the last dim h of `rows` rows, one block per row.
-template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y) {
+// LayerNorm over the last dim h of `rows` rows, one block per row; also each row's mean and
+// 1/std (saved for the backward).
+template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y, T* mo, T* ro) {
     ROW_SHARED(T)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; T* yr = y + r * h;
@@ -283,18 +284,15 @@ template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd,
         var = block_sum(var, sh);
         T rstd = (T)1 / m_sqrt(var / n + eps);
         THREAD_COLS(j, h) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+        if (threadIdx.x == 0) { mo[r] = mean; ro[r] = rstd; }
     }
 }
-template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* g, T* dx) {
+// dx from dy and the forward's per-row mean and 1/std.
+template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, const T* x, const T* w, const T* g, const T* mi, const T* ri, T* dx) {
     ROW_SHARED(T)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; const T* gr = g + r * h; T* dr = dx + r * h;
-        T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
-        THREAD_COLS(j, h) mean += xr[j];
-        mean = block_sum(mean, sh) / n;
-        THREAD_COLS(j, h) var += (xr[j] - mean) * (xr[j] - mean);
-        var = block_sum(var, sh);
-        T rstd = (T)1 / m_sqrt(var / n + eps);
+        T n = (T)(h > 0 ? h : 1), mean = mi[r], rstd = ri[r];
         T sg = (T)0, sgx = (T)0;
         THREAD_COLS(j, h) { T gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
         sg = block_sum(sg, sh);
@@ -562,8 +560,8 @@ extern "C" __global__ void softmax_bw_rows_bf16(i64 lanes, i64 n, const float* y
 extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
 extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \
 extern "C" __global__ void softmax_bw_##NAME(i64 l, i64 n, i64 inner, int lg, const T* yv, const T* g, T* dx) { softmax_bw_t<T>(l, n, inner, lg, yv, g, dx); } \
-extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y) { layer_norm_t<T>(r, h, e, x, w, b, y); } \
-extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* g, T* dx) { layer_norm_bw_t<T>(r, h, e, x, w, g, dx); } \
+extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y, T* mo, T* ro) { layer_norm_t<T>(r, h, e, x, w, b, y, mo, ro); } \
+extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, const T* x, const T* w, const T* g, const T* mi, const T* ri, T* dx) { layer_norm_bw_t<T>(r, h, x, w, g, mi, ri, dx); } \
 extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
 extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
 extern "C" __global__ void rotary_##NAME(i64 n, i64 d, i64 t, i64 in, i64 p0, double b, double sg, const T* x, T* y) { rotary_t<T>(n, d, t, in, p0, b, sg, x, y); } \

@@ -1,8 +1,8 @@
 //! What a backward rule sees and what its op keeps for it: [`Saves`] (the inputs and outputs an
 //! op family declares its backward reads), [`Saved`] (those tensors, kept by the autograd node
 //! until its backward runs) and [`Grad`] (the saved tensors behind accessors that refuse what
-//! was not declared, every input's and output's metadata, the output gradients and which inputs
-//! need one), with the tensor constructions several families' rules share.
+//! was not declared, every input's metadata, the gradient of every output and which inputs need
+//! one), with the tensor constructions several families' rules share.
 
 use oxiflow_sbp::{NdSbp, Shape};
 
@@ -107,7 +107,6 @@ impl Saved {
 pub(crate) struct Grad<'a> {
     op: &'a str,
     inputs: &'a [TensorMeta],
-    outputs: &'a [TensorMeta],
     /// None: an earlier backward released them.
     saved: Option<&'a Saved>,
     dys: &'a [Option<Tensor>],
@@ -118,7 +117,6 @@ impl<'a> Grad<'a> {
     pub fn new(
         op: &'a str,
         inputs: &'a [TensorMeta],
-        outputs: &'a [TensorMeta],
         saved: Option<&'a Saved>,
         dys: &'a [Option<Tensor>],
         needs: &'a [bool],
@@ -126,7 +124,6 @@ impl<'a> Grad<'a> {
         Grad {
             op,
             inputs,
-            outputs,
             saved,
             dys,
             needs,
@@ -174,17 +171,13 @@ impl<'a> Grad<'a> {
     pub fn input_meta(&self, i: usize) -> &'a TensorMeta {
         &self.inputs[i]
     }
-    /// Metadata of output `i`.
-    pub fn output_meta(&self, i: usize) -> &'a TensorMeta {
-        &self.outputs[i]
-    }
     /// Number of inputs.
     pub fn arity(&self) -> usize {
         self.inputs.len()
     }
     /// The gradient of output 0 (single-output ops run backward only when it has one).
     pub fn dy(&self) -> Result<&'a Tensor> {
-        self.dys
+        self.dys()
             .first()
             .and_then(Option::as_ref)
             .ok_or_else(|| TensorError::Autograd {

@@ -62,15 +62,28 @@ pub enum MetaError {
     DType(String),
 }
 
-/// Output dtype and rules (output shapes, and SBP candidates when asked for) of one op call.
+/// Every output of one op call: its shape, dtype and (when asked for) SBP candidates, the
+/// shapes and candidates in `rules` (one output shape, and one SBP per output in every
+/// candidate, per entry of `dtypes`).
 pub struct Inferred {
     pub rules: Rules,
-    pub dtype: DType,
+    pub dtypes: SmallVec<[DType; 1]>,
 }
 
 impl Inferred {
+    /// A single-output op's.
     fn new(rules: Rules, dtype: DType) -> Self {
-        Inferred { rules, dtype }
+        Inferred {
+            rules,
+            dtypes: smallvec::smallvec![dtype],
+        }
+    }
+    /// An op's with one dtype per output.
+    fn outputs(rules: Rules, dtypes: &[DType]) -> Self {
+        Inferred {
+            rules,
+            dtypes: dtypes.iter().copied().collect(),
+        }
     }
 }
 
@@ -127,7 +140,8 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     fn name(&self) -> &'static str;
     /// Number of inputs (min, max).
     fn arity(&self) -> (usize, usize);
-    /// Checks shapes and dtypes; returns the output dtype and the op's rules.
+    /// Checks shapes and dtypes; returns every output's dtype and the op's rules (each output's
+    /// shape and SBP candidates).
     fn infer(
         &self,
         shapes: &[&Shape],
@@ -149,12 +163,18 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     /// Runs the op's kernels on one rank's pieces, writing every output into its buffer in
     /// `out` (uninitialised: the kernels write every element).
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()>;
+    /// Whether output `i` carries a gradient (false: a statistic saved for the backward, such
+    /// as a mean or a log-sum-exp; it gets no autograd history).
+    fn differentiable(&self, _output: usize) -> bool {
+        true
+    }
     /// What the backward rule reads, given which inputs need a gradient: the inputs and
     /// outputs the autograd node keeps until its backward runs (the rule sees every other one
     /// as metadata; reading one it did not declare is a typed error).
     fn saves(&self, needs: &[bool]) -> Saves;
-    /// Input gradients from the output gradients (None where not needed or not
-    /// differentiable with respect to that input), written with dispatched ops.
+    /// Input gradients from the output gradients (`Grad::dys`: None for an output that got
+    /// none; single-output ops read `Grad::dy`), None where an input needs none or is not
+    /// differentiable, written with dispatched ops.
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
 }
 
@@ -255,6 +275,11 @@ macro_rules! families {
             fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
                 match self {
                     $(Op::$variant(o) => o.run(b, x, out)),*
+                }
+            }
+            pub(crate) fn differentiable(&self, output: usize) -> bool {
+                match self {
+                    $(Op::$variant(o) => o.differentiable(output)),*
                 }
             }
             pub(crate) fn saves(&self, needs: &[bool]) -> Saves {

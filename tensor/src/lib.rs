@@ -40,6 +40,7 @@ pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
 pub use init::{init_from_env, init_with_world};
 pub use inprocess::run_ranks;
+pub use op::custom;
 pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
     LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,

@@ -3,6 +3,7 @@
 //! trait for [`CpuBackend`].
 
 mod attention;
+mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;

@@ -6,9 +6,11 @@
 //! implementing every family's kernel trait ([`Backend`]), so a missing kernel fails to compile.
 //!
 //! Adding a family: a file here implementing [`OpFamily`] and declaring its kernel trait, one
-//! line in `families!` below, and one kernel file per backend (`cpu/`, `cuda/ops/`).
+//! line in `families!` below, and one kernel file per backend (`cpu/`, `cuda/ops/`). A fused op
+//! that is not a core family is a custom op (`custom/`): the same, one folder down.
 
 mod attention;
+pub mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -35,6 +37,7 @@ use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
 pub use attention::{AttentionKernels, AttentionOp};
+pub use custom::{CustomKernels, CustomOp};
 pub use dropout::{DropoutKernels, DropoutOp};
 pub use elementwise::{
     broadcast_shapes, AdamPart, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
@@ -311,6 +314,7 @@ families! {
     Gather(GatherOp): GatherKernels,
     Mask(MaskOp): MaskKernels,
     Rotary(RotaryOp): RotaryKernels,
+    Custom(CustomOp): CustomKernels,
 }
 
 impl Op {

@@ -4,6 +4,7 @@
 //! scratch pieces come from the same allocator.
 
 mod attention;
+mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;

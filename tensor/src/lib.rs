@@ -45,7 +45,7 @@ pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
     LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
 };
-pub use op::{AdamPart, AttentionOp, DropoutOp};
+pub use op::{AttentionOp, DropoutOp};
 pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Storage};
 pub use tensor::{Tensor, TensorImpl};

@@ -1,13 +1,13 @@
 //! Element-wise CPU kernels, written into the executor's output buffer: unary functions, scalar
-//! forms, broadcasting binary ops, casts, the element-wise backward kernels and the fused AdamW
-//! pieces; contiguous slices in a plain loop, rayon for large arrays.
+//! forms, broadcasting binary ops, casts and the element-wise backward kernels; contiguous slices
+//! in a plain loop, rayon for large arrays.
 
 use ndarray::{ArrayD, IxDyn, Zip};
 use rayon::prelude::*;
 
 use super::{fits, out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{kernel_err, AdamPart, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
+use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
 use crate::{with_array, Result};
 
@@ -180,66 +180,6 @@ fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray, out: &mut CpuArray) -
     })
 }
 
-fn adam_t<F: FloatElement>(part: AdamPart, x: &[&ArrayD<F>], out: &mut ArrayD<F>) -> Option<()> {
-    let n = if matches!(part, AdamPart::Update { .. }) {
-        3
-    } else {
-        2
-    };
-    if x.len() != n || x.iter().any(|a| a.shape() != out.shape()) {
-        return None;
-    }
-    let [a, b, c, d] = part.coefficients().map(F::from_f64);
-    let big = out.len() >= PAR_THRESHOLD;
-    match part {
-        AdamPart::Moment1 { .. } | AdamPart::Moment2 { .. } => {
-            let sq = matches!(part, AdamPart::Moment2 { .. });
-            let f = move |o: &mut F, &m: &F, &g: &F| *o = m * a + if sq { g * g } else { g } * b;
-            let z = Zip::from(out).and(x[0]).and(x[1]);
-            if big {
-                z.par_for_each(f)
-            } else {
-                z.for_each(f)
-            }
-        }
-        AdamPart::Update { .. } => {
-            let f = move |o: &mut F, &p: &F, &m: &F, &v: &F| {
-                *o = p * a - (m * b) / ((v * c).sqrt() + d)
-            };
-            let z = Zip::from(out).and(x[0]).and(x[1]).and(x[2]);
-            if big {
-                z.par_for_each(f)
-            } else {
-                z.for_each(f)
-            }
-        }
-    }
-    Some(())
-}
-
-/// One fused AdamW piece (see `AdamPart`) on same-shape float arrays of one dtype.
-fn adam(part: AdamPart, x: &[&CpuArray], out: &mut CpuArray) -> Result<()> {
-    fn all<'a, T: TensorElement>(x: &[&'a CpuArray]) -> Option<Vec<&'a ArrayD<T>>> {
-        x.iter().map(|a| T::view(a)).collect()
-    }
-    let done = match out {
-        CpuArray::F32(o) => all::<f32>(x).and_then(|v| adam_t(part, &v, o)),
-        CpuArray::F64(o) => all::<f64>(x).and_then(|v| adam_t(part, &v, o)),
-        CpuArray::I64(_) => None,
-    };
-    done.ok_or_else(|| {
-        kernel_err(
-            part.name(),
-            format!(
-                "needs float operands of one dtype and shape, got {:?}",
-                x.iter()
-                    .map(|a| (a.dtype(), a.shape().to_vec()))
-                    .collect::<Vec<_>>()
-            ),
-        )
-    })
-}
-
 fn float_scalar<F: FloatElement>(s: ScalarOp, a: &ArrayD<F>, c: f64, out: &mut ArrayD<F>) {
     let c = F::from_f64(c);
     match s {
@@ -351,8 +291,5 @@ impl ElementwiseKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         unary_backward(u, dy, x, out)
-    }
-    fn adam(&self, part: AdamPart, x: &[&CpuArray], out: &mut CpuArray) -> Result<()> {
-        adam(part, x, out)
     }
 }

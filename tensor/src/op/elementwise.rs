@@ -1,5 +1,5 @@
 //! Element-wise ops: unary functions, tensor-scalar functions, broadcasting binary ops, casts,
-//! the unary functions' backward (`dx = dy * f'(x)`) and the fused pieces of an AdamW update.
+//! and the unary functions' backward (`dx = dy * f'(x)`).
 
 use oxiflow_collectives::DType;
 use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
@@ -135,45 +135,6 @@ impl ScalarOp {
     }
 }
 
-/// The fused pieces of an AdamW update: same-shape float operands, one pass each, no
-/// gradient.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AdamPart {
-    /// (m, g) -> a m + b g (the first moment).
-    Moment1 { a: F64Bits, b: F64Bits },
-    /// (v, g) -> a v + b g^2 (the second moment).
-    Moment2 { a: F64Bits, b: F64Bits },
-    /// (p, m, v) -> decay p - (step m) / (sqrt(inv_bc2 v) + eps) (the new value).
-    Update {
-        decay: F64Bits,
-        step: F64Bits,
-        inv_bc2: F64Bits,
-        eps: F64Bits,
-    },
-}
-
-impl AdamPart {
-    pub fn name(self) -> &'static str {
-        match self {
-            AdamPart::Moment1 { .. } => "adam_moment1",
-            AdamPart::Moment2 { .. } => "adam_moment2",
-            AdamPart::Update { .. } => "adam_update",
-        }
-    }
-    /// (a, b, c, d) of the kernels' common form (see the variants).
-    pub fn coefficients(self) -> [f64; 4] {
-        match self {
-            AdamPart::Moment1 { a, b } | AdamPart::Moment2 { a, b } => [a.get(), b.get(), 0.0, 0.0],
-            AdamPart::Update {
-                decay,
-                step,
-                inv_bc2,
-                eps,
-            } => [decay.get(), step.get(), inv_bc2.get(), eps.get()],
-        }
-    }
-}
-
 /// The element-wise family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ElementwiseOp {
@@ -184,7 +145,6 @@ pub enum ElementwiseOp {
     /// (dy, saved) -> dx for y = f(x), where `saved` is what the forward saves: y for exp,
     /// tanh and sigmoid (`UnaryOp::saves_output`), x otherwise.
     UnaryBackward(UnaryOp),
-    Adam(AdamPart),
 }
 
 /// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
@@ -207,8 +167,6 @@ pub trait ElementwiseKernels: KernelBackend {
         x: &Self::Piece,
         out: &mut Self::Out,
     ) -> Result<()>;
-    /// One fused AdamW piece on same-shape float inputs (2 for the moments, 3 for the update).
-    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &mut Self::Out) -> Result<()>;
 }
 
 /// Broadcast two shapes (numpy rules, aligned from the right).
@@ -224,16 +182,12 @@ impl OpFamily for ElementwiseOp {
             ElementwiseOp::Binary(b) => b.name(),
             ElementwiseOp::Cast(_) => "cast",
             ElementwiseOp::UnaryBackward(u) => u.backward_name(),
-            ElementwiseOp::Adam(p) => p.name(),
         }
     }
 
     fn arity(&self) -> (usize, usize) {
         match self {
-            ElementwiseOp::Adam(AdamPart::Update { .. }) => (3, 3),
-            ElementwiseOp::Binary(_) | ElementwiseOp::UnaryBackward(_) | ElementwiseOp::Adam(_) => {
-                (2, 2)
-            }
+            ElementwiseOp::Binary(_) | ElementwiseOp::UnaryBackward(_) => (2, 2),
             _ => (1, 1),
         }
     }
@@ -286,26 +240,6 @@ impl OpFamily for ElementwiseOp {
                     dt,
                 ))
             }
-            ElementwiseOp::Adam(_) => {
-                let dt = same_dtype(d)?;
-                need_float(dt, "input")?;
-                if s.iter().any(|x| *x != s[0]) {
-                    return Err(MetaError::Shape(format!(
-                        "the operands must have one shape, got {}",
-                        s.iter()
-                            .map(|x| x.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-                // Non-linear in every operand: all split alike, or all whole.
-                let mut r = oxiflow_sbp::Rules::new(mode, [s[0].clone()]);
-                for i in 0..s[0].ndim() {
-                    r.push_uniform(s.len(), 1, oxiflow_sbp::Sbp::S(i));
-                }
-                r.push_uniform(s.len(), 1, oxiflow_sbp::Sbp::Broadcast);
-                Ok(Inferred::new(r, dt))
-            }
         }
     }
 
@@ -317,7 +251,6 @@ impl OpFamily for ElementwiseOp {
             ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], y),
             ElementwiseOp::Cast(_) => b.cast(x[0], y),
             ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], y),
-            ElementwiseOp::Adam(p) => b.adam(*p, x, y),
         }
     }
 
@@ -337,9 +270,7 @@ impl OpFamily for ElementwiseOp {
                 .and_input_if(1, need(0)),
             // d(a / b) = da / b - (a / b) db / b.
             ElementwiseOp::Binary(BinaryOp::Div) => Saves::inputs(&[1]).and_output_if(0, need(1)),
-            ElementwiseOp::Cast(_) | ElementwiseOp::UnaryBackward(_) | ElementwiseOp::Adam(_) => {
-                Saves::NOTHING
-            }
+            ElementwiseOp::Cast(_) | ElementwiseOp::UnaryBackward(_) => Saves::NOTHING,
         }
     }
 
@@ -385,10 +316,6 @@ impl OpFamily for ElementwiseOp {
                 self.name(),
                 "higher-order gradients are not supported",
             )),
-            ElementwiseOp::Adam(_) => Err(Grad::unsupported(
-                self.name(),
-                "an optimizer update has no gradient",
-            )),
         }
     }
 }
@@ -411,32 +338,6 @@ macro_rules! unary_methods {
 impl Tensor {
     unary_methods!(neg => Neg, relu => Relu, gelu => Gelu, exp => Exp, log => Log, tanh => Tanh,
         sigmoid => Sigmoid, sqrt => Sqrt, abs => Abs, square => Square);
-
-    /// AdamW's moment update in one pass: `a self + b g` (`squared`: `a self + b g^2`).
-    pub fn adam_moment(&self, g: &Tensor, a: f64, b: f64, squared: bool) -> Result<Tensor> {
-        let (a, b) = (F64Bits::new(a), F64Bits::new(b));
-        let part = if squared {
-            AdamPart::Moment2 { a, b }
-        } else {
-            AdamPart::Moment1 { a, b }
-        };
-        elementwise(ElementwiseOp::Adam(part), &[self, g])
-    }
-    /// AdamW's new value in one pass: `decay self - (step m) / (sqrt(inv_bc2 v) + eps)`.
-    pub fn adam_update(
-        &self,
-        m: &Tensor,
-        v: &Tensor,
-        [decay, step, inv_bc2, eps]: [f64; 4],
-    ) -> Result<Tensor> {
-        let part = AdamPart::Update {
-            decay: F64Bits::new(decay),
-            step: F64Bits::new(step),
-            inv_bc2: F64Bits::new(inv_bc2),
-            eps: F64Bits::new(eps),
-        };
-        elementwise(ElementwiseOp::Adam(part), &[self, m, v])
-    }
 
     /// Any element-wise unary function.
     pub fn unary(&self, u: UnaryOp) -> Result<Tensor> {

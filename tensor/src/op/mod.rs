@@ -40,7 +40,7 @@ pub use attention::{AttentionKernels, AttentionOp};
 pub use custom::{CustomKernels, CustomOp};
 pub use dropout::{DropoutKernels, DropoutOp};
 pub use elementwise::{
-    broadcast_shapes, AdamPart, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
+    broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
 pub use gather::{GatherKernels, GatherOp, IndexShard};

@@ -1,11 +1,11 @@
 //! Element-wise CUDA kernels, written into the executor's output piece: unary, scalar and
-//! broadcasting binary functions, casts, the unary functions' backward and the fused AdamW pieces.
+//! broadcasting binary functions, casts, and the unary functions' backward.
 
 use super::super::derr;
 use super::super::kernels::{grid, launch, sfx, strides, Nd};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, CudaKernels};
-use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
+use crate::op::{BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::Result;
 use oxiflow_collectives::DType;
 
@@ -153,40 +153,6 @@ impl ElementwiseKernels for CudaKernels {
         let (nn, code, gp, xp, yp) = (n as i64, unary_code(u), dy.ptr(), x.ptr(), y.ptr());
         if n > 0 {
             launch!(rt, name, format!("unary_bw_{}", sfx(dt)), grid(n); nn, code, gp, xp, yp)?;
-        }
-        Ok(())
-    }
-
-    fn adam(&self, part: AdamPart, x: &[&CudaStorage], out: &mut CudaStorage) -> Result<()> {
-        let (rt, name) = (&self.rt, part.name());
-        let dt = out.dtype;
-        float_only(name, dt)?;
-        let n = out.shape.numel();
-        let want = if matches!(part, AdamPart::Update { .. }) {
-            3
-        } else {
-            2
-        };
-        if x.len() != want || x.iter().any(|p| p.dtype != dt || p.numel() != n) {
-            return Err(derr(
-                name,
-                format!(
-                    "needs {want} {dt} pieces of {} elements, got {:?}",
-                    n,
-                    x.iter().map(|p| (p.dtype, p.numel())).collect::<Vec<_>>()
-                ),
-            ));
-        }
-        let y = &*out;
-        let code: i32 = match part {
-            AdamPart::Moment1 { .. } => 0,
-            AdamPart::Moment2 { .. } => 1,
-            AdamPart::Update { .. } => 2,
-        };
-        let [a, b, c, d] = part.coefficients();
-        let (nn, xp, yp, zp, op) = (n as i64, x[0].ptr(), x[1].ptr(), x[want - 1].ptr(), y.ptr());
-        if n > 0 {
-            launch!(rt, name, format!("adam_{}", sfx(dt)), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
         }
         Ok(())
     }

@@ -106,4 +106,5 @@ macro_rules! custom_ops {
 
 custom_ops! {
     // module::Variant(Type): KernelTrait,
+    adamw::AdamW(AdamPart): AdamWKernels,
 }

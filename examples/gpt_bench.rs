@@ -15,11 +15,11 @@
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
+use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
 use oxiflow::prelude::*;
-use oxiflow::tensor::cuda::{self, MatmulPrecision};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Matmul {

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use oxiflow::checkpoint::{self, Metadata, SaveOptions};
 use oxiflow::data::{ByteTokenizer, Corpus, WindowSampler};
-use oxiflow::models::footprint::Footprint;
-use oxiflow::models::pipeline::{self, MicroBatches, PipelineSpec};
+use oxiflow::footprint::Footprint;
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute, StageSplit, DP_AXIS};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer, Zero};
+use oxiflow::pipeline::{self, MicroBatches, PipelineSpec};
 use oxiflow::prelude::*;
 use oxiflow::{no_grad, Context, Result};
 
@@ -450,7 +450,7 @@ fn pick(logits: &[f64], temperature: f64, seed: u64, draw: u64) -> usize {
         .iter()
         .map(|&v| ((v - best.1) / temperature).exp())
         .collect();
-    let mut u = oxiflow::tensor::rng::uniform(seed, draw) * w.iter().sum::<f64>();
+    let mut u = oxiflow::rng::uniform(seed, draw) * w.iter().sum::<f64>();
     for (i, x) in w.iter().enumerate() {
         if u < *x {
             return i;

@@ -35,7 +35,7 @@ use classifier::{Classifier, OptimizerKind, TrainConfig};
 use oxiflow::checkpoint::{self, Metadata, SaveOptions, SaveStage};
 use oxiflow::collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow::collectives::Backend;
-use oxiflow::models::pipeline::{PipelineSpec, Schedule};
+use oxiflow::pipeline::{PipelineSpec, Schedule};
 use oxiflow::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -461,12 +461,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let precision = match args.matmul {
         Matmul::F32 => None,
-        Matmul::Tf32 => Some(oxiflow::tensor::cuda::MatmulPrecision::Tf32),
-        Matmul::Bf16 => Some(oxiflow::tensor::cuda::MatmulPrecision::Bf16),
+        Matmul::Tf32 => Some(oxiflow::cuda::MatmulPrecision::Tf32),
+        Matmul::Bf16 => Some(oxiflow::cuda::MatmulPrecision::Bf16),
     };
     match (precision, device) {
         (Some(p), DeviceType::Cuda) => {
-            let rt = oxiflow::tensor::cuda::bound_runtime()
+            let rt = oxiflow::cuda::bound_runtime()
                 .ok_or("--matmul needs a CUDA device bound to this process")?;
             rt.set_matmul_precision(p);
         }

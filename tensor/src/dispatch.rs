@@ -8,7 +8,7 @@
 //! communication, so every rank raises the same error.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use oxiflow_boxing::{execute, Plan, Strategy};
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
@@ -22,10 +22,10 @@ use oxiflow_sbp::{InferEngine, RuleMode};
 use crate::autograd;
 use crate::context::Context;
 use crate::cpu::{CpuBackend, CpuPiece};
-use crate::device::{backend_for, registered_backends, Device};
+use crate::device::{backend_for, registered_backends};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
-use crate::storage::{CpuArray, Storage};
+use crate::storage::{CpuArray, Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
@@ -222,6 +222,49 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     Ok(dev)
 }
 
+/// Runs ops on the pieces of one device type: the kernel side of a device backend (its
+/// `DeviceBackend` is the storage side). An implementation runs `op` (with local attributes)
+/// through `Op::execute` on its implementation of every op family's kernel trait, returning one
+/// piece per output of `outs` (shape and dtype as given).
+pub trait OpExecutor: Send + Sync {
+    fn run(&self, op: &Op, inputs: &[&Storage], outs: &[OutSpec])
+        -> Result<SmallVec<[Storage; 1]>>;
+}
+
+static CUDA_EXECUTOR: RwLock<Option<Arc<dyn OpExecutor>>> = RwLock::new(None);
+
+/// Registers the op executor of a device type (only `Cuda`; the CPU executor is built in).
+pub fn register_op_executor(device: DeviceType, executor: Arc<dyn OpExecutor>) -> Result<()> {
+    match device {
+        DeviceType::Cuda => {
+            if let Ok(mut g) = CUDA_EXECUTOR.write() {
+                *g = Some(executor);
+            }
+            Ok(())
+        }
+        DeviceType::Cpu => Err(TensorError::Device {
+            op: "register_op_executor",
+            devices: "cpu".into(),
+            shapes: String::new(),
+            detail: "the CPU executor is built in".into(),
+        }),
+    }
+}
+
+/// The registered op executor of `device`, or a typed error naming `op`.
+fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn OpExecutor>> {
+    let found = match device {
+        Device::Cpu => None,
+        Device::Cuda(_) => CUDA_EXECUTOR.read().ok().and_then(|g| g.clone()),
+    };
+    found.ok_or_else(|| TensorError::Device {
+        op,
+        devices: device.to_string(),
+        shapes: String::new(),
+        detail: format!("no op executor registered for {device}"),
+    })
+}
+
 /// Runs `op` (local attributes) on pieces of one device through that device's executor: one
 /// piece per output of `outs`, each allocated by the backend before the kernels write it.
 pub(crate) fn run_kernel(
@@ -235,7 +278,7 @@ pub(crate) fn run_kernel(
         let out = op.execute(&CpuBackend, &host, outs)?;
         return Ok(out.into_iter().map(Storage::Cpu).collect());
     }
-    backend_for(op.name(), device)?.run(op, pieces, outs)
+    executor_for(op.name(), device)?.run(op, pieces, outs)
 }
 
 /// [`run_kernel`] of a single-output call.
@@ -249,7 +292,7 @@ pub(crate) fn run_kernel_one(
         let host = host_pieces(op, pieces)?;
         return Ok(Storage::Cpu(op.execute_one(&CpuBackend, &host, out)?));
     }
-    let outs = backend_for(op.name(), device)?.run(op, pieces, std::slice::from_ref(out))?;
+    let outs = executor_for(op.name(), device)?.run(op, pieces, std::slice::from_ref(out))?;
     let n = outs.len();
     outs.into_iter()
         .next()
@@ -441,7 +484,7 @@ pub(crate) fn run_boxing(
         explain::record_boxing(op, plan);
     }
     for backend in registered_backends() {
-        if let Some(out) = backend.run_boxing(op, plan, ctx, piece.map(|p| &**p)) {
+        if let Some(out) = backend.run_boxing(op, plan, ctx.world(), piece.map(|p| &**p)) {
             return out.map(|s| s.map(Arc::new));
         }
     }

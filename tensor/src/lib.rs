@@ -33,9 +33,8 @@ pub use autograd::{
     is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta, GradModeGuard,
 };
 pub use context::{Context, ContextGuard};
-pub use creation::ElementInit;
-pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
-pub use dispatch::{dispatch, dispatch_multi};
+pub use device::{register_device_backend, DeviceBackend};
+pub use dispatch::{dispatch, dispatch_multi, register_op_executor, OpExecutor};
 pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
 pub use init::{init_from_env, init_with_world};
@@ -47,8 +46,8 @@ pub use op::{
 };
 pub use op::{AttentionOp, DropoutOp};
 pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
-pub use storage::{CpuArray, Storage};
-pub use tensor::{Tensor, TensorImpl};
+pub use storage::{CpuArray, Device, DeviceStorage, Storage};
+pub use tensor::Tensor;
 
 pub use oxiflow_collectives::DType;
 pub use oxiflow_placement::{DeviceType, Placement};

@@ -11,9 +11,8 @@ use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 
 use crate::autograd::AutogradMeta;
 use crate::context::Context;
-use crate::device::Device;
 use crate::element::TensorElement;
-use crate::storage::{CpuArray, Storage};
+use crate::storage::{CpuArray, Device, Storage};
 use crate::{Result, TensorError};
 
 /// The global part of a tensor: its layout and the rank's runtime context.
@@ -24,7 +23,7 @@ pub(crate) struct GlobalMeta {
 }
 
 /// Everything a tensor holds: the local piece, its layout, and the autograd state.
-pub struct TensorImpl {
+pub(crate) struct TensorImpl {
     /// The local piece; None on ranks outside a global tensor's placement.
     pub(crate) piece: Option<Arc<Storage>>,
     /// Shape of the local piece (all-zero dims when `piece` is None).

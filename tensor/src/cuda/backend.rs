@@ -1,24 +1,25 @@
-//! `CudaBackend`: the device seam's `DeviceBackend` for CUDA: uploads, device-side creation,
-//! every dispatched op through the executor (`Op::execute`) on [`CudaKernels`] (`ops/`), whose
-//! allocator takes every output from the runtime's pool, and boxing in NCCL worlds (`boxing`).
+//! `CudaBackend`: the device seam's `DeviceBackend` for CUDA (uploads, device-side creation,
+//! boxing in NCCL worlds: `boxing`) and its `OpExecutor` (every dispatched op through
+//! `Op::execute` on [`CudaKernels`] (`ops/`), whose allocator takes every output from the
+//! runtime's pool).
 
 use std::sync::Arc;
 
 use oxiflow_boxing::Plan;
 use oxiflow_collectives::device_trace;
 use oxiflow_collectives::trace::Lane;
-use oxiflow_collectives::DType;
+use oxiflow_collectives::{DType, SharedComm};
 use oxiflow_sbp::{Region, Shape};
 use smallvec::SmallVec;
 
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
 use super::{derr, runtime};
-use crate::context::Context;
-use crate::creation::ElementInit;
-use crate::device::{DeviceBackend, DeviceStorage};
+use crate::device::DeviceBackend;
+use crate::dispatch::OpExecutor;
 use crate::op::{Op, OutSpec};
-use crate::storage::{CpuArray, Storage};
+use crate::rng::ElementInit;
+use crate::storage::{CpuArray, DeviceStorage, Storage};
 use crate::Result;
 
 /// The CUDA backend (stateless: the process's runtime holds the device state).
@@ -62,12 +63,14 @@ impl DeviceBackend for CudaBackend {
         &self,
         op: &'static str,
         plan: &Plan,
-        ctx: &Context,
+        world: &SharedComm,
         piece: Option<&Storage>,
     ) -> Option<Result<Option<Storage>>> {
-        super::boxing::run_boxing_cuda(op, plan, ctx, piece)
+        super::boxing::run_boxing_cuda(op, plan, world, piece)
     }
+}
 
+impl OpExecutor for CudaBackend {
     fn run(
         &self,
         op: &Op,

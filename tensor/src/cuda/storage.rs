@@ -9,8 +9,8 @@ use oxiflow_collectives::DType;
 use oxiflow_sbp::Shape;
 
 use super::{derr, runtime, Block, CudaRuntime};
-use crate::device::{Device, DeviceStorage};
 use crate::storage::CpuArray;
+use crate::storage::{Device, DeviceStorage};
 use crate::Result;
 
 /// A local piece on the process's CUDA device. Reshapes share the block.

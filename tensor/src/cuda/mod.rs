@@ -41,7 +41,7 @@ use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_placement::DeviceType;
 
 use crate::device::register_device_backend;
-use crate::dispatch::register_op_executor;
+use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use backend::CudaBackend;

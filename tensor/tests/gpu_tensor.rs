@@ -157,9 +157,22 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             ]
         }
         6 => {
+            // layer norm with its statistics, RMS norm, and the fused AdamW custom op
             let w = mk(&[c.c], s + 1, 2)?;
             let b = mk(&[c.c], s + 2, 2)?;
-            vec![x()?.layer_norm(&w, &b, 1e-5)?, x()?.rms_norm(&w, 1e-5)?]
+            let (y, mean, rstd) = x()?.layer_norm_stats(&w, &b, 1e-5)?;
+            let g = mk(&[c.r, c.c], s + 3, c.sa)?;
+            let v = mk(&[c.r, c.c], s + 4, c.sa)?.abs()?;
+            let p = x()?;
+            vec![
+                y,
+                mean,
+                rstd,
+                p.rms_norm(&w, 1e-5)?,
+                p.adam_moment(&g, 0.9, 0.1, false)?,
+                v.adam_moment(&g, 0.999, 0.001, true)?,
+                p.adam_update(&g, &v, [0.99, 1e-2, 1.5, 1e-8])?,
+            ]
         }
         7 => {
             let a = x()?;

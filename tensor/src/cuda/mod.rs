@@ -41,6 +41,7 @@ use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_placement::DeviceType;
 
 use crate::device::register_device_backend;
+use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use backend::CudaBackend;
@@ -218,6 +219,7 @@ fn install(rt: Arc<CudaRuntime>) -> Result<Arc<CudaRuntime>> {
     rt.with_blas("cuda init", |_| Ok(()))?;
     *g = Some(rt.clone());
     register_device_backend(DeviceType::Cuda, Arc::new(CudaBackend))?;
+    register_op_executor(DeviceType::Cuda, Arc::new(CudaBackend))?;
     Ok(rt)
 }
 

@@ -1,0 +1,4 @@
+//! CPU kernels of the custom ops (`op/custom/`): one file per op, implementing its kernel trait
+//! for `CpuBackend`.
+
+mod adamw;

@@ -1,7 +1,8 @@
 //! OxiFlow, the facade users import: the tensor crate's items at the root (global tensors with
 //! placements and SBP), the models built on them as modules (`nn`, `optim`, `checkpoint`,
-//! `data`, `pipeline`, `footprint`), and the crates underneath the tensor crate (placement,
-//! sbp, boxing, collectives) as modules. Each item has one path here (plus `prelude`).
+//! `data`, `pipeline`, `footprint`), the training loop (`trainer`), and the crates underneath
+//! the tensor crate (dtype, placement, sbp, boxing, collectives) as modules. Each item has one
+//! path here (plus `prelude`).
 //!
 //! ```text
 //! use oxiflow::prelude::*;
@@ -14,8 +15,10 @@
 
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
+pub use oxiflow_dtype as dtype;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
+pub use oxiflow_trainer as trainer;
 
 pub use oxiflow_models::{checkpoint, data, footprint, nn, optim, pipeline};
 pub use oxiflow_tensor::*;
@@ -66,7 +69,7 @@ impl std::fmt::Debug for Error {
 
 /// The names most programs need.
 pub mod prelude {
-    pub use oxiflow_collectives::DType;
+    pub use oxiflow_dtype::{bf16, f16, DType};
     pub use oxiflow_placement::{DeviceType, Placement};
     pub use oxiflow_sbp::{NdSbp, ReduceOp, Sbp, Shape};
     pub use oxiflow_tensor::{Tensor, TensorError};

@@ -7,12 +7,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use oxiflow::checkpoint::{self, SaveOptions, SaveStage};
-#[allow(dead_code)]
-#[path = "../examples/train/classifier.rs"]
-mod classifier;
-
-use classifier::{Classifier, OptimizerKind, TrainConfig};
+use oxiflow::nn::Module;
 use oxiflow::run_ranks;
+use oxiflow::trainer::tasks::mlp::{
+    classifier as new_classifier, ClassifierConfig as TrainConfig, OptimizerKind,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -52,14 +51,15 @@ fn run(
 ) -> Vec<f64> {
     let c = cfg(mesh, opt);
     let body = |_rank: usize| {
-        let mut clf = Classifier::new(&c).unwrap();
+        let mut clf = new_classifier(&c).unwrap();
         if let Some(p) = resume {
             clf.resume(p).unwrap();
         }
-        let losses: Vec<f64> = (0..steps).map(|_| clf.train_step().unwrap()).collect();
+        let losses: Vec<f64> = (0..steps).map(|_| clf.train_step().unwrap().loss).collect();
         if let Some((p, gathered)) = save {
             clf.save(
                 p,
+                &Default::default(),
                 &SaveOptions {
                     gathered,
                     ..SaveOptions::default()
@@ -165,12 +165,14 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
     for stage in 1..=3u8 {
         let p = dir(&format!("crash-{stage}"));
         let c = cfg(None, OptimizerKind::Sgd);
-        let mut clf = Classifier::new(&c).unwrap();
+        let mut clf = new_classifier(&c).unwrap();
         for _ in 0..5 {
             clf.train_step().unwrap();
         }
-        clf.save(&p, &SaveOptions::default()).unwrap();
+        clf.save(&p, &Default::default(), &SaveOptions::default())
+            .unwrap();
         let saved: Vec<Vec<f32>> = clf
+            .model
             .parameters()
             .iter()
             .map(|q| q.value().to_vec::<f32>().unwrap())
@@ -183,22 +185,26 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
             stage_hook: Some(crash_hook),
             ..SaveOptions::default()
         };
-        let r = catch_unwind(AssertUnwindSafe(|| clf.save(&p, &opts)));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            clf.save(&p, &Default::default(), &opts)
+        }));
         CRASH_AT.store(0, Ordering::SeqCst);
         assert!(r.is_err(), "stage {stage}: the hook crashed the save");
         // The previous checkpoint (step 5) loads, values intact.
-        let mut back = Classifier::new(&c).unwrap();
+        let mut back = new_classifier(&c).unwrap();
         back.resume(&p).unwrap();
         assert_eq!(back.step, 5, "stage {stage}");
         let loaded: Vec<Vec<f32>> = back
+            .model
             .parameters()
             .iter()
             .map(|q| q.value().to_vec::<f32>().unwrap())
             .collect();
         assert_eq!(loaded, saved, "stage {stage}");
         // The next save recovers from the leftovers and publishes step 8.
-        clf.save(&p, &SaveOptions::default()).unwrap();
-        let mut again = Classifier::new(&c).unwrap();
+        clf.save(&p, &Default::default(), &SaveOptions::default())
+            .unwrap();
+        let mut again = new_classifier(&c).unwrap();
         again.resume(&p).unwrap();
         assert_eq!(again.step, 8, "stage {stage}");
     }
@@ -208,7 +214,7 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
 fn loading_a_missing_or_partial_checkpoint_is_a_typed_error() {
     let p = dir("missing");
     let c = cfg(None, OptimizerKind::Sgd);
-    let mut clf = Classifier::new(&c).unwrap();
+    let mut clf = new_classifier(&c).unwrap();
     let err = clf.resume(&p).unwrap_err().to_string();
     assert!(err.contains("no complete checkpoint"), "{err}");
     // A directory without a manifest (a half-written save) never loads.

@@ -11,11 +11,10 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::binaries;
+use common::{alive, binaries, finish_job, start_job, wait_line};
 
 const VICTIM: usize = 2;
 /// Longest any fault may take to end the job (a stopped rank included).
@@ -45,97 +44,6 @@ struct Row {
     checkpoint: String,
 }
 
-/// A running job: oflaunch, its stdout lines, its stderr (collected at the end).
-struct Job {
-    child: Child,
-    lines: Receiver<String>,
-    stderr: std::thread::JoinHandle<String>,
-}
-
-fn start_job(train_args: &[String]) -> Job {
-    let (oflaunch, train) = binaries();
-    let mut child = Command::new(oflaunch)
-        .args(["--nproc-per-node", "4", "--backend", "cpu"])
-        .arg(train)
-        .args(train_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
-        s
-    });
-    Job {
-        child,
-        lines,
-        stderr,
-    }
-}
-
-/// The workers oflaunch `pid` started, as (rank, pid), once all four exist.
-fn workers_of(pid: u32) -> Vec<(usize, i32)> {
-    let t0 = Instant::now();
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        let mut found: Vec<(usize, i32)> = children
-            .split_whitespace()
-            .filter_map(|c| c.parse::<i32>().ok())
-            .filter_map(|child| {
-                let env = std::fs::read(format!("/proc/{child}/environ")).ok()?;
-                let rank = env
-                    .split(|&b| b == 0)
-                    .find_map(|kv| kv.strip_prefix(b"RANK="))
-                    .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok())?;
-                Some((rank, child))
-            })
-            .collect();
-        if found.len() == 4 {
-            found.sort_unstable();
-            return found;
-        }
-        assert!(t0.elapsed() < T, "the workers did not start: {found:?}");
-        std::thread::yield_now();
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    matches!(state, Some(s) if s != 'Z' && s != 'X')
-}
-
-/// Waits for a stdout line containing `what`.
-fn wait_line(job: &Job, what: &str) {
-    let deadline = Instant::now() + T;
-    loop {
-        match job
-            .lines
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            Ok(line) if line.contains(what) => return,
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {T:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("the job ended before {what:?}"),
-        }
-    }
-}
-
 /// Waits until a save of `ckpt` is under way (its `.partial` directory exists) after one
 /// complete checkpoint was published.
 fn wait_save_in_progress(ckpt: &Path) {
@@ -154,24 +62,6 @@ fn inject(pid: i32, fault: Fault) {
     };
     // SAFETY: signalling a worker process of this test.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
-/// Finishes the job; returns (time from `fault_at` to oflaunch's exit, code, stderr).
-fn finish(mut job: Job, fault_at: Instant) -> (Duration, i32, String) {
-    let deadline = Instant::now() + T;
-    let status = loop {
-        if let Some(s) = job.child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = job.child.kill();
-            panic!("oflaunch still running {T:?} after the fault");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    let took = fault_at.elapsed();
-    let stderr = job.stderr.join().unwrap();
-    (took, status.code().unwrap_or(-1), stderr)
 }
 
 /// What the summary names: "rank N: reason".
@@ -232,17 +122,18 @@ fn run_row(fault: Fault, when: When, scratch: &Path) -> Row {
         args.extend(["--save-every", "25", "--save"].map(String::from));
         args.push(ckpt.to_string_lossy().into_owned());
     }
-    let job = start_job(&args);
-    let workers = workers_of(job.child.id());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = start_job(4, &refs);
+    let workers = common::workers_of(job.child.id(), 4);
     let victim = workers[VICTIM].1;
     match when {
         When::StartUp => {}
-        When::Training | When::Boxing => wait_line(&job, "step 100 loss"),
+        When::Training | When::Boxing => wait_line(&job, "step 100 loss", T),
         When::Save => wait_save_in_progress(&ckpt),
     }
     let fault_at = Instant::now();
     inject(victim, fault);
-    let (detect, code, stderr) = finish(job, fault_at);
+    let (detect, code, stderr) = finish_job(job, fault_at, T);
     let orphans = workers.iter().filter(|(_, pid)| alive(*pid)).count();
     let checkpoint = match when {
         When::Save if resumes(&ckpt) => "intact (resumes)".to_string(),
@@ -296,16 +187,16 @@ fn run_row(fault: Fault, when: When, scratch: &Path) -> Row {
 }
 
 fn store_killed_row() -> Row {
-    let job = start_job(&["--steps", "100000", "--log-every", "50"].map(String::from));
-    let workers = workers_of(job.child.id());
-    wait_line(&job, "step 100 loss");
+    let job = start_job(4, &["--steps", "100000", "--log-every", "50"]);
+    let workers = common::workers_of(job.child.id(), 4);
+    wait_line(&job, "step 100 loss", T);
     let fault_at = Instant::now();
     // SAFETY: signalling the oflaunch this test started (it serves the store).
     assert_eq!(
         unsafe { libc::kill(job.child.id() as i32, libc::SIGKILL) },
         0
     );
-    let (_, code, _) = finish(job, fault_at);
+    let (_, code, _) = finish_job(job, fault_at, T);
     // The workers die with it (parent-death signal); time until the last is gone.
     while workers.iter().any(|(_, pid)| alive(*pid)) {
         assert!(fault_at.elapsed() < T, "workers outlived oflaunch");
@@ -355,7 +246,7 @@ fn rank_behind_row() -> Row {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let workers = workers_of(child.id());
+    let workers = common::workers_of(child.id(), 4);
     let err = child.stderr.take().unwrap();
     let (tx, lines) = channel();
     std::thread::spawn(move || {
@@ -391,8 +282,12 @@ fn rank_behind_row() -> Row {
     assert!(row.detect <= DETECT_LIMIT, "{:?}\n{stderr}", row.detect);
     assert_ne!(row.code, 0, "{stderr}");
     assert_eq!(row.orphans, 0);
+    // The first line names the waiters of that moment; the summary, all of them.
     assert!(
-        line.contains("ranks [0, 1, 3] wait in call 2 (op all_reduce"),
+        stderr.contains(&format!(
+            "rank {VICTIM} is behind: last entered call 1 (op all_reduce), ranks [0, 1, 3] wait \
+             in call 2 (op all_reduce"
+        )),
         "{stderr}"
     );
     row

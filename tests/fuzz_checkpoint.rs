@@ -1,6 +1,7 @@
 //! Fuzzing the checkpoint decoders (proptest-driven, a fixed number of cases seeded from
-//! `fuzz/corpus/`): manifest bytes, manifests built piece by piece (checked against a
-//! brute-force tiling reference), and data files of a real checkpoint, mutated with and without
+//! `fuzz/corpus/`): manifest bytes, manifests built from layouts (checked against a layout
+//! reference written here and a brute-force tiling check, with pieces moved, swapped, dropped
+//! and duplicated), and data files of a real checkpoint, mutated with and without
 //! their checksums fixed up. Every input must load or give a typed checkpoint error.
 
 mod fuzz_input;
@@ -8,7 +9,7 @@ mod fuzz_input;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use oxiflow::checkpoint::{self, FileEntry, Manifest, PieceEntry, TensorEntry};
+use oxiflow::checkpoint::{self, FileEntry, LayoutEntry, Manifest, PieceEntry, TensorEntry};
 use oxiflow::prelude::*;
 use proptest::prelude::*;
 
@@ -74,22 +75,91 @@ fn small_manifest() -> impl Strategy<Value = (Vec<usize>, Vec<Vec<[usize; 2]>>)>
     })
 }
 
-fn manifest_of(shape: &[usize], regions: &[Vec<[usize; 2]>]) -> Manifest {
-    let file = |i: usize| format!("rank-{i:05}.safetensors");
-    let pieces = regions
-        .iter()
-        .enumerate()
-        .map(|(i, r)| PieceEntry {
-            file: file(i),
-            region: r.clone(),
-            crc32c: 0,
+/// A tensor shape (0 to 2 dims of 0..5), a mesh (1 or 2 axes of 1..4 ranks) and per mesh
+/// axis `B` or a split of one of the shape's dims.
+fn small_layout() -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Vec<Option<usize>>)> {
+    (
+        prop::collection::vec(0usize..5, 0..3),
+        prop::collection::vec(1usize..4, 1..3),
+    )
+        .prop_flat_map(|(shape, mesh)| {
+            let nd = shape.len();
+            let axis = if nd == 0 {
+                Just(None).boxed()
+            } else {
+                prop_oneof![Just(None), (0..nd).prop_map(Some)].boxed()
+            };
+            let n = mesh.len();
+            (Just(shape), Just(mesh), prop::collection::vec(axis, n..=n))
         })
-        .collect();
+}
+
+/// The pieces of `shape` under (`mesh`, `splits`), computed here independently of the
+/// library: balanced splits (the first n % k parts one larger), axis 0 outermost, copies
+/// along broadcast axes written by coordinate 0, empty pieces not written.
+fn reference_pieces(
+    shape: &[usize],
+    mesh: &[usize],
+    splits: &[Option<usize>],
+) -> Vec<(usize, Vec<[usize; 2]>)> {
+    let total: usize = mesh.iter().product();
+    let mut out = Vec::new();
+    for idx in 0..total {
+        let mut coord = vec![0; mesh.len()];
+        let mut rest = idx;
+        for a in (0..mesh.len()).rev() {
+            coord[a] = rest % mesh[a];
+            rest /= mesh[a];
+        }
+        if splits
+            .iter()
+            .zip(&coord)
+            .any(|(s, &c)| s.is_none() && c != 0)
+        {
+            continue;
+        }
+        let mut region: Vec<[usize; 2]> = shape.iter().map(|&n| [0, n]).collect();
+        for (a, s) in splits.iter().enumerate() {
+            if let Some(d) = *s {
+                let [lo, hi] = region[d];
+                let (n, k, i) = (hi - lo, mesh[a], coord[a]);
+                let start = lo + i * (n / k) + i.min(n % k);
+                region[d] = [start, start + n / k + usize::from(i < n % k)];
+            }
+        }
+        if !region.is_empty() && region.iter().any(|[a, b]| a == b) {
+            continue;
+        }
+        out.push((idx, region));
+    }
+    out
+}
+
+fn layout_entry(mesh: &[usize], splits: &[Option<usize>]) -> LayoutEntry {
+    LayoutEntry {
+        mesh: mesh.to_vec(),
+        ranks: (0..mesh.iter().product()).collect(),
+        sbp: splits
+            .iter()
+            .map(|s| s.map_or("B".to_string(), |d| format!("S({d})")))
+            .collect(),
+    }
+}
+
+fn manifest_of(
+    shape: &[usize],
+    layout: Option<LayoutEntry>,
+    pieces: &[(usize, Vec<[usize; 2]>)],
+) -> Manifest {
+    let file = |i: usize| format!("rank-{i:05}.safetensors");
+    let writers: std::collections::BTreeSet<usize> = pieces.iter().map(|(w, _)| *w).collect();
     Manifest {
         format: "oxiflow-checkpoint".into(),
-        version: 2,
-        files: (0..regions.len())
-            .map(|i| FileEntry {
+        version: 3,
+        manifest_crc32c: 0,
+        files: writers
+            .iter()
+            .map(|&i| FileEntry {
                 name: file(i),
                 bytes: 0,
                 crc32c: 0,
@@ -101,10 +171,18 @@ fn manifest_of(shape: &[usize], regions: &[Vec<[usize; 2]>]) -> Manifest {
             TensorEntry {
                 shape: shape.to_vec(),
                 dtype: "f32".into(),
-                pieces,
+                layout,
+                pieces: pieces
+                    .iter()
+                    .map(|(w, r)| PieceEntry {
+                        file: file(*w),
+                        region: r.clone(),
+                        crc32c: 0,
+                    })
+                    .collect(),
             },
         )]),
-        optimizer_state: Vec::new(),
+        optimizer: None,
     }
 }
 
@@ -126,10 +204,68 @@ proptest! {
     }
 
     #[test]
-    fn manifests_are_accepted_exactly_when_their_pieces_tile((shape, regions) in small_manifest()) {
-        let m = manifest_of(&shape, &regions);
-        let verdict = m.validate();
-        prop_assert_eq!(verdict.is_ok(), tiles_exactly(&shape, &regions), "{:?}", verdict);
+    fn pieces_are_accepted_exactly_where_their_layout_puts_them(
+        (shape, mesh, splits) in small_layout(),
+        mutation in 0usize..5,
+        pick in any::<prop::sample::Index>(),
+        other in any::<prop::sample::Index>(),
+    ) {
+        let want = reference_pieces(&shape, &mesh, &splits);
+        let layout = layout_entry(&mesh, &splits);
+        let ok = manifest_of(&shape, Some(layout.clone()), &want);
+        prop_assert!(ok.validate().is_ok(), "{:?}: {:?}", ok, ok.validate());
+        let regions: Vec<Vec<[usize; 2]>> = want.iter().map(|(_, r)| r.clone()).collect();
+        prop_assert!(tiles_exactly(&shape, &regions));
+        let mut bad = want.clone();
+        if !bad.is_empty() {
+            let i = pick.index(bad.len());
+            let j = other.index(bad.len());
+            match mutation {
+                0 => {
+                    bad.remove(i);
+                }
+                1 => bad.push(bad[i].clone()),
+                2 => {
+                    let r = bad[i].1.clone();
+                    bad[i].1 = bad[j].1.clone();
+                    bad[j].1 = r;
+                }
+                3 if !bad[i].1.is_empty() => {
+                    let d = pick.index(bad[i].1.len());
+                    bad[i].1[d][1] += 1;
+                }
+                _ => bad[i].0 += 1000,
+            }
+            if bad != want {
+                let m = manifest_of(&shape, Some(layout), &bad);
+                prop_assert!(m.validate().is_err(), "mutation {} passed: {:?}", mutation, bad);
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_pieces_pass_only_where_a_layout_puts_them((shape, regions) in small_manifest()) {
+        // Pieces in files 0, 1, ... under a 1-d S(0) layout of as many ranks, or saved whole.
+        let pieces: Vec<(usize, Vec<[usize; 2]>)> = regions.into_iter().enumerate().collect();
+        let k = pieces.len().max(1);
+        let splits = vec![(!shape.is_empty()).then_some(0)];
+        let with_layout = manifest_of(&shape, Some(layout_entry(&[k], &splits)), &pieces);
+        let reference = reference_pieces(&shape, &[k], &splits);
+        prop_assert_eq!(with_layout.validate().is_ok(), pieces == reference);
+        let whole = manifest_of(&shape, None, &pieces);
+        let full: Vec<[usize; 2]> = shape.iter().map(|&n| [0, n]).collect();
+        let one_full = pieces.len() == 1 && pieces[0].1 == full;
+        prop_assert_eq!(whole.validate().is_ok(), one_full);
+    }
+}
+
+#[test]
+fn the_seed_manifests_are_valid() {
+    for name in ["dp1-sgd.json", "scalar-and-empty.json", "tp2-adamw.json"] {
+        let bytes = std::fs::read(corpus_dir("manifest").join(name)).unwrap();
+        if let Err(e) = Manifest::parse(&bytes) {
+            panic!("{name}: {e}");
+        }
     }
 }
 

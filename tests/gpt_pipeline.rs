@@ -11,22 +11,11 @@ mod common;
 use common::{curve, launch, max_rel, ok};
 
 /// A tiny model: 4 blocks, width 32, 4 heads, 16-token windows, 8 per batch.
-const TINY: [&str; 14] = [
-    "--layers",
-    "4",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
+const TINY: [&str; 14] = {
+    let mut t = common::TINY_GPT;
+    t[1] = "4";
+    t
+};
 
 fn tiny_out(nproc: usize, args: &[&str]) -> String {
     let mut all = TINY.to_vec();

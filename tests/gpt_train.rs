@@ -6,25 +6,7 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
-
-/// A tiny model: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch.
-const TINY: [&str; 14] = [
-    "--layers",
-    "2",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
+use common::{curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 /// `launch` of the tiny GPT with `args` added.
 fn tiny(nproc: usize, args: &[&str]) -> Vec<(u64, f64)> {

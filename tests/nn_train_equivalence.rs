@@ -3,12 +3,8 @@
 
 use std::time::Duration;
 
-#[allow(dead_code)]
-#[path = "../examples/train/classifier.rs"]
-mod classifier;
-
-use classifier::{Classifier, TrainConfig};
 use oxiflow::run_ranks;
+use oxiflow::trainer::tasks::mlp::{classifier as new_classifier, ClassifierConfig as TrainConfig};
 
 const STEPS: usize = 50;
 
@@ -19,8 +15,10 @@ fn curve(mesh: Option<(usize, usize)>) -> Vec<f64> {
         ..TrainConfig::default()
     };
     let run = |_rank: usize| -> Vec<f64> {
-        let mut c = Classifier::new(&cfg).expect("model");
-        (0..STEPS).map(|_| c.train_step().expect("step")).collect()
+        let mut c = new_classifier(&cfg).expect("model");
+        (0..STEPS)
+            .map(|_| c.train_step().expect("step").loss)
+            .collect()
     };
     match mesh {
         None => run(0),

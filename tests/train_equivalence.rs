@@ -1,11 +1,18 @@
 //! The `train` example's MLP classifier (`--model mlp`) under `oflaunch` with real processes (CPU/TCP backend): loss curves equal
 //! across layouts (1 rank, DP=4, TP=4, DP=2 x TP=2), the default run reaches the documented
-//! threshold, and a save interrupted by a crash leaves a checkpoint that resumes under another
-//! layout with the same curve as an uninterrupted run.
+//! threshold, and a save interrupted by a crash (a rank of this test binary with the trainer
+//! library's save hook, under oflaunch) leaves a checkpoint that resumes under another layout
+//! with the same curve as an uninterrupted run.
 
 mod common;
 
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use clap::Parser;
 use common::{curve, final_line, launch_mlp as launch, max_rel, ok};
+use oxiflow::checkpoint::SaveStage;
+use oxiflow::trainer::{main_with, Cli, JobHooks, StepHook, StepStats, TrainError};
 
 /// The loss threshold the README documents for the default command.
 const THRESHOLD: f64 = 0.1;
@@ -41,12 +48,61 @@ fn the_default_run_reaches_the_documented_threshold() {
     assert!(loss < THRESHOLD, "final loss {loss} >= {THRESHOLD}\n{text}");
 }
 
+/// The stage a `crash_rank` aborts at (1 mid-file, 2 before publish, 3 between renames) and
+/// the step it has reached.
+static CRASH_AT: AtomicUsize = AtomicUsize::new(0);
+static STEP: AtomicU64 = AtomicU64::new(0);
+
+/// Aborts (like a kill) at the chosen stage of the saves after step 10.
+fn crash_hook(stage: SaveStage) {
+    let code = match stage {
+        SaveStage::MidFile => 1,
+        SaveStage::BeforePublish => 2,
+        SaveStage::BetweenRenames => 3,
+    };
+    if STEP.load(Ordering::SeqCst) > 10 && CRASH_AT.load(Ordering::SeqCst) == code {
+        std::process::abort();
+    }
+}
+
+struct StepCounter;
+impl StepHook for StepCounter {
+    fn after_step(&mut self, s: &StepStats) -> Result<(), TrainError> {
+        STEP.store(s.step, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A rank of `a_crashed_save_leaves_a_checkpoint_that_resumes_under_another_layout`, started
+/// by oflaunch running this test binary: the trainer library with the crash hook above at the
+/// stage `OXIFLOW_TEST_CRASH_STAGE` names, on the flags of `OXIFLOW_TEST_TRAIN_ARGS`.
+#[test]
+#[ignore = "a rank of the crash test, started by oflaunch"]
+fn crash_rank() {
+    let stage = std::env::var("OXIFLOW_TEST_CRASH_STAGE").expect("started by the crash test");
+    let args = std::env::var("OXIFLOW_TEST_TRAIN_ARGS").expect("started by the crash test");
+    let code = ["mid-file", "before-publish", "between-renames"]
+        .iter()
+        .position(|s| *s == stage)
+        .expect("a known stage")
+        + 1;
+    CRASH_AT.store(code, Ordering::SeqCst);
+    let cli = Cli::parse_from(std::iter::once("train").chain(args.split_whitespace()));
+    let hooks = JobHooks {
+        save_stage: Some(crash_hook),
+        step_hooks: vec![Box::new(StepCounter)],
+    };
+    main_with(cli, hooks).expect("the job runs until the crash");
+}
+
 #[test]
 fn a_crashed_save_leaves_a_checkpoint_that_resumes_under_another_layout() {
     let full = curve(&ok(launch(
         4,
         &["--steps", "30", "--log-every", "1", "--seed", "5"],
     )));
+    let (oflaunch, _) = common::binaries();
+    let me = std::env::current_exe().expect("the test binary");
     for stage in ["mid-file", "before-publish", "between-renames"] {
         let dir =
             std::env::temp_dir().join(format!("oxiflow-train-ckpt-{}-{stage}", std::process::id()));
@@ -54,25 +110,26 @@ fn a_crashed_save_leaves_a_checkpoint_that_resumes_under_another_layout() {
         let p = dir.join("ckpt");
         let ps = p.to_str().unwrap();
         // DP=2 x TP=2 saves at step 10, then aborts inside the save at step 20.
-        let crashed = launch(
-            4,
-            &[
-                "--dp",
-                "2",
-                "--tp",
-                "2",
-                "--steps",
-                "30",
-                "--seed",
-                "5",
-                "--save",
-                ps,
-                "--save-every",
-                "10",
-                "--crash-during-save",
-                stage,
-            ],
-        );
+        let crashed = Command::new(oflaunch)
+            .args(["--nproc-per-node", "4", "--backend", "cpu"])
+            .arg(&me)
+            .args([
+                "--exact",
+                "crash_rank",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("OXIFLOW_TEST_CRASH_STAGE", stage)
+            .env(
+                "OXIFLOW_TEST_TRAIN_ARGS",
+                format!(
+                    "--model mlp --dp 2 --tp 2 --steps 30 --seed 5 --save {ps} --save-every 10"
+                ),
+            )
+            .output()
+            .expect("run oflaunch");
         assert!(
             !crashed.status.success(),
             "{stage}: the job was meant to crash"
@@ -95,6 +152,11 @@ fn a_crashed_save_leaves_a_checkpoint_that_resumes_under_another_layout() {
                 ps,
             ],
         )));
+        assert_eq!(
+            resumed.first().map(|c| c.0),
+            Some(11),
+            "{stage}: {resumed:?}"
+        );
         let diff = max_rel(&full[10..], &resumed);
         eprintln!(
             "{stage}: resumed at step {} under TP=2, max relative difference {diff:.3e}",

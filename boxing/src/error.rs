@@ -6,7 +6,8 @@
 //! nd-SBP mixing partial reductions (e.g. `(P(sum), P(max))`, whose value is ambiguous), and a
 //! local piece whose dtype, shape or device does not match the plan.
 
-use oxiflow_collectives::{CommError, DType};
+use oxiflow_collectives::CommError;
+use oxiflow_dtype::DType;
 use oxiflow_placement::PlacementError;
 use oxiflow_sbp::SbpError;
 use thiserror::Error;

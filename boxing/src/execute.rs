@@ -2,7 +2,8 @@
 //! the plan's steps on it through the communicator's sub-groups.
 
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
-use oxiflow_collectives::{CommError, DType, SharedComm};
+use oxiflow_collectives::{CommError, SharedComm};
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp};
 use smallvec::SmallVec;
 
@@ -156,10 +157,15 @@ pub fn execute<P: LocalPiece>(
     piece: Option<P>,
 ) -> Result<Option<P>, BoxingError> {
     let me = check(plan, world, piece.as_ref())?;
-    let mut piece = piece;
+    let wide = sums_half_more_than_once(plan);
+    let dtype = if wide { DType::F32 } else { plan.dtype };
+    let mut piece = match piece {
+        Some(p) if wide => Some(p.to_dtype(dtype)?),
+        p => p,
+    };
     for step in &plan.steps {
         let traced = trace_start();
-        piece = run_step(step, world, me, plan.dtype, piece)?;
+        piece = run_step(step, world, me, dtype, piece)?;
         trace_end(
             traced,
             Lane::Boxing,
@@ -174,7 +180,26 @@ pub fn execute<P: LocalPiece>(
             },
         );
     }
-    Ok(piece)
+    match piece {
+        Some(p) if wide => p.to_dtype(plan.dtype).map(Some),
+        p => Ok(p),
+    }
+}
+
+/// Whether `plan` sums 16-bit partial values in more than one place: in several collective
+/// steps, or at a receiver adding several senders' values. Such a plan runs on f32 copies and
+/// rounds once at the end, so the result is the f32 sum rounded once (a single collective
+/// sum rounds once by itself: the communicator reduces 16-bit data in f32).
+fn sums_half_more_than_once(plan: &Plan) -> bool {
+    let sum = Some(ReduceOp::Sum);
+    let sums = plan.steps.iter().map(|s| match &s.kind {
+        StepKind::AllReduce { op } | StepKind::ReduceScatter { op, .. } => {
+            usize::from(Some(*op) == sum)
+        }
+        StepKind::P2p(p) => 2 * usize::from(p.reduce == sum),
+        _ => 0,
+    });
+    plan.dtype.is_half() && sums.sum::<usize>() > 1
 }
 
 /// Plans (through the cache) and executes in one call.

@@ -4,7 +4,8 @@
 
 use std::ops::Range;
 
-use oxiflow_collectives::{Buf, BufMut, DType, ReduceOp};
+use oxiflow_collectives::{Buf, BufMut, ReduceOp};
+use oxiflow_dtype::{bf16, convert, f16, with_element, DType, Element};
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
@@ -86,6 +87,9 @@ pub trait LocalPiece: Sized + Send {
     }
     /// A copy of this piece on `device`.
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError>;
+    /// A copy with every element converted to `dtype`, each value rounded once (the executor
+    /// sums 16-bit partial values in f32 through it).
+    fn to_dtype(&self, dtype: DType) -> Result<Self, BoxingError>;
     /// The storage as a communicator buffer.
     fn as_buf(&self) -> Buf<'_>;
     fn as_buf_mut(&mut self) -> BufMut<'_>;
@@ -108,45 +112,91 @@ pub trait LocalPiece: Sized + Send {
     }
 }
 
-/// Host storage of a `HostPiece`, row-major and contiguous.
-#[derive(Clone, Debug, PartialEq)]
-pub enum HostData {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I64(Vec<i64>),
+/// Declares `HostData` with one variant per dtype (named as the `DType` variant) and the
+/// conversions between its variants, the dtypes and the element vectors.
+macro_rules! host_data {
+    ($($v:ident($t:ty)),* $(,)?) => {
+        /// Host storage of a `HostPiece`, row-major and contiguous.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum HostData {
+            $($v(Vec<$t>)),*
+        }
+
+        $(impl From<Vec<$t>> for HostData {
+            fn from(v: Vec<$t>) -> HostData {
+                HostData::$v(v)
+            }
+        })*
+
+        impl HostData {
+            pub fn dtype(&self) -> DType {
+                match self {
+                    $(HostData::$v(_) => DType::$v),*
+                }
+            }
+            pub fn len(&self) -> usize {
+                match self {
+                    $(HostData::$v(v) => v.len()),*
+                }
+            }
+            pub fn bytes(&self) -> &[u8] {
+                match self {
+                    $(HostData::$v(v) => bytemuck::cast_slice(v)),*
+                }
+            }
+            pub fn bytes_mut(&mut self) -> &mut [u8] {
+                match self {
+                    $(HostData::$v(v) => bytemuck::cast_slice_mut(v)),*
+                }
+            }
+            /// Keeps the first `len` elements.
+            pub fn truncate(&mut self, len: usize) {
+                match self {
+                    $(HostData::$v(v) => v.truncate(len)),*
+                }
+            }
+            /// Every element converted to `dtype` (each value rounded once; see
+            /// `oxiflow_dtype::Element::from_f64`).
+            pub fn to_dtype(&self, dtype: DType) -> HostData {
+                match self {
+                    $(HostData::$v(v) => with_element!(dtype, D => HostData::from(convert::<$t, D>(v)))),*
+                }
+            }
+        }
+    };
+}
+
+host_data!(F32(f32), F64(f64), I64(i64), BF16(bf16), F16(f16));
+
+/// Applies `$body` to the vector inside a `HostData`, binding it as `$v` (generic over the
+/// element type).
+#[macro_export]
+macro_rules! with_host_vec {
+    ($d:expr, $v:ident => $body:expr) => {
+        match $d {
+            $crate::HostData::F32($v) => $body,
+            $crate::HostData::F64($v) => $body,
+            $crate::HostData::I64($v) => $body,
+            $crate::HostData::BF16($v) => $body,
+            $crate::HostData::F16($v) => $body,
+        }
+    };
 }
 
 impl HostData {
-    pub fn dtype(&self) -> DType {
-        match self {
-            HostData::F32(_) => DType::F32,
-            HostData::F64(_) => DType::F64,
-            HostData::I64(_) => DType::I64,
-        }
-    }
-    pub fn len(&self) -> usize {
-        match self {
-            HostData::F32(v) => v.len(),
-            HostData::F64(v) => v.len(),
-            HostData::I64(v) => v.len(),
-        }
-    }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            HostData::F32(v) => bytemuck::cast_slice(v),
-            HostData::F64(v) => bytemuck::cast_slice(v),
-            HostData::I64(v) => bytemuck::cast_slice(v),
-        }
-    }
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            HostData::F32(v) => bytemuck::cast_slice_mut(v),
-            HostData::F64(v) => bytemuck::cast_slice_mut(v),
-            HostData::I64(v) => bytemuck::cast_slice_mut(v),
-        }
+    /// `n` elements of `dtype`, filled as asked.
+    pub fn filled(dtype: DType, n: usize, fill: Fill) -> HostData {
+        with_element!(dtype, T => HostData::from(vec![
+            match fill {
+                Fill::Zero | Fill::Identity(ReduceOp::Sum) => T::zero(),
+                Fill::Identity(ReduceOp::Max) => T::LOWEST,
+                Fill::Identity(ReduceOp::Min) => T::HIGHEST,
+            };
+            n
+        ]))
     }
 }
 
@@ -218,22 +268,7 @@ impl LocalPiece for HostPiece {
                 device: device.to_string(),
             });
         }
-        let n = shape.numel();
-        let data = match (dtype, fill) {
-            (DType::F32, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F32(vec![0.0; n]),
-            (DType::F32, Fill::Identity(ReduceOp::Max)) => {
-                HostData::F32(vec![f32::NEG_INFINITY; n])
-            }
-            (DType::F32, Fill::Identity(ReduceOp::Min)) => HostData::F32(vec![f32::INFINITY; n]),
-            (DType::F64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::F64(vec![0.0; n]),
-            (DType::F64, Fill::Identity(ReduceOp::Max)) => {
-                HostData::F64(vec![f64::NEG_INFINITY; n])
-            }
-            (DType::F64, Fill::Identity(ReduceOp::Min)) => HostData::F64(vec![f64::INFINITY; n]),
-            (DType::I64, Fill::Zero | Fill::Identity(ReduceOp::Sum)) => HostData::I64(vec![0; n]),
-            (DType::I64, Fill::Identity(ReduceOp::Max)) => HostData::I64(vec![i64::MIN; n]),
-            (DType::I64, Fill::Identity(ReduceOp::Min)) => HostData::I64(vec![i64::MAX; n]),
-        };
+        let data = HostData::filled(dtype, shape.numel(), fill);
         Ok(HostPiece {
             shape: shape.clone(),
             data,
@@ -253,11 +288,7 @@ impl LocalPiece for HostPiece {
                 best.map(|i| pool.swap_remove(i))
             });
             if let Some(mut data) = reused {
-                match &mut data {
-                    HostData::F32(v) => v.truncate(len),
-                    HostData::F64(v) => v.truncate(len),
-                    HostData::I64(v) => v.truncate(len),
-                }
+                data.truncate(len);
                 return Ok(HostPiece {
                     shape: Shape::new([len]),
                     data,
@@ -353,6 +384,12 @@ impl LocalPiece for HostPiece {
                 device: device.to_string(),
             })
         }
+    }
+    fn to_dtype(&self, dtype: DType) -> Result<Self, BoxingError> {
+        Ok(HostPiece {
+            shape: self.shape.clone(),
+            data: self.data.to_dtype(dtype),
+        })
     }
     fn as_buf(&self) -> Buf<'_> {
         Buf::Host(self.data.bytes())

@@ -5,7 +5,8 @@
 
 use std::ops::Range;
 
-use oxiflow_collectives::{reduce_into, DType, ReduceOp};
+use oxiflow_collectives::{reduce_into, ReduceOp};
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 use rayon::prelude::*;
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 use rustc_hash::{FxHashMap, FxHasher};

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use oxiflow_boxing::{boxing, BoxingError, BoxingPlanner, HostData, HostPiece};
-use oxiflow_collectives::{DType, InProcessWorld};
+use oxiflow_collectives::InProcessWorld;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 
@@ -42,12 +43,7 @@ where
 
 fn piece(shape: &[usize], dtype: DType) -> HostPiece {
     let n = shape.iter().product();
-    let data = match dtype {
-        DType::F32 => HostData::F32(vec![1.0; n]),
-        DType::F64 => HostData::F64(vec![1.0; n]),
-        DType::I64 => HostData::I64(vec![1; n]),
-    };
-    HostPiece::new(shape.to_vec(), data).unwrap()
+    HostPiece::new(shape.to_vec(), HostData::F64(vec![1.0; n]).to_dtype(dtype)).unwrap()
 }
 
 fn all_err(

@@ -81,7 +81,7 @@ fn read_piece(dir: &Path, case: usize, rank: usize, layout: &GlobalLayout) -> Op
     Some(to_host(
         layout.local_shape(rank)?,
         v,
-        oxiflow_collectives::DType::F64,
+        oxiflow_dtype::DType::F64,
     ))
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::cpu;
 use oxiflow_boxing::{build_plan, BoxingError, BoxingPlanner, StepKind, Strategy};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
 
 /// docs/design.md's table, bytes received per rank, for p ranks and |T| bytes.

@@ -11,6 +11,7 @@ use crate::flight::{flight_recorder, CommLog};
 use crate::hooks::BackendHooks;
 use crate::strided::check_layout;
 use crate::trace::{trace_end, trace_start, Lane};
+use crate::widen;
 use crate::{
     Backend, Buf, BufMut, CommError, Communicator, DType, ReduceOp, SharedComm, StridedBlock,
 };
@@ -18,7 +19,7 @@ use crate::{
 impl<T: BackendHooks> Sealed for T {}
 
 /// Records a call, runs `check` (which turns the arguments into the hook's), then `run`.
-fn recorded<X>(
+pub(crate) fn recorded<X>(
     log: &CommLog,
     name: &'static str,
     dtype: &'static str,
@@ -91,6 +92,9 @@ fn reduce_scatter_named<T: BackendHooks>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<(), CommError> {
+    if let Some(h) = widen::needed(c, dtype) {
+        return widen::reduce_scatter_v(c, name, h, send, recv, counts, op);
+    }
     let check = || {
         let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
         args::check_len(name, "send", dtype, send.len_bytes(), total)?;
@@ -142,6 +146,9 @@ impl<T: BackendHooks> Communicator for T {
     }
 
     fn all_reduce(&self, dtype: DType, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        if let Some(h) = widen::needed(self, dtype) {
+            return widen::all_reduce(self, h, buf, op);
+        }
         let name = "all_reduce";
         let bytes = buf.len_bytes();
         let check = || {
@@ -166,6 +173,9 @@ impl<T: BackendHooks> Communicator for T {
         recv: BufMut<'_>,
         op: ReduceOp,
     ) -> Result<(), CommError> {
+        if let Some(h) = widen::needed(self, dtype) {
+            return widen::all_reduce_into(self, h, send, recv, op);
+        }
         let name = "all_reduce_into";
         let bytes = send.len_bytes();
         let check = || {
@@ -345,6 +355,9 @@ impl<T: BackendHooks> Communicator for T {
         root: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
+        if let Some(h) = widen::needed(self, dtype) {
+            return widen::reduce(self, h, buf, root, op);
+        }
         let name = "reduce";
         let bytes = buf.len_bytes();
         let check = || {

@@ -29,7 +29,8 @@
 //!   `OXIFLOW_TIMEOUT` in seconds (default 300), `OXIFLOW_BACKEND` = auto | nccl | cpu | mpi
 //!   (mpi: the CPU backend with MPI as its data plane, `cpu_plane`),
 //!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure),
-//!   `OXIFLOW_TRACE_DIR` (where this rank writes its timeline trace).
+//!   `OXIFLOW_TRACE_DIR` (where this rank writes its timeline trace), `OXIFLOW_PROGRESS`
+//!   (1: oflaunch draws the progress bar from the job's progress lines).
 //!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
@@ -117,6 +118,8 @@ pub struct LaunchEnv {
     pub flight_dir: Option<std::path::PathBuf>,
     /// Where this rank writes its timeline trace (`OXIFLOW_TRACE_DIR`); None: no trace.
     pub trace_dir: Option<std::path::PathBuf>,
+    /// oflaunch draws a progress bar from this job's progress lines (`OXIFLOW_PROGRESS=1`).
+    pub progress_lines: bool,
     /// The data plane of a CPU world (`backend` reads `Cpu` when this is `Mpi`).
     pub cpu_plane: CpuPlane,
     /// Whether an MPI launcher started this process (Open MPI or PMI variables are set), so
@@ -490,6 +493,7 @@ impl LaunchEnv {
             .raw("OXIFLOW_TRACE_DIR")
             .filter(|d| !d.trim().is_empty())
             .map(std::path::PathBuf::from);
+        let progress_lines = vars.raw("OXIFLOW_PROGRESS").as_deref() == Some("1");
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -513,6 +517,7 @@ impl LaunchEnv {
             cuda_lib_dirs,
             flight_dir,
             trace_dir,
+            progress_lines,
             cpu_plane,
             mpi_launched,
         })

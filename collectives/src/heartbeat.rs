@@ -37,6 +37,10 @@ pub struct GroupProgress {
     pub op: String,
     pub state: FlightState,
     pub started_unix_ms: u64,
+    /// The peer of a send or receive, or the root of a rooted collective, as an index into
+    /// `group`.
+    #[serde(default)]
+    pub peer: Option<usize>,
 }
 
 impl GroupProgress {
@@ -57,6 +61,7 @@ impl Heartbeat {
                 op: e.op.clone(),
                 state: e.state.clone(),
                 started_unix_ms: e.started_unix_ms,
+                peer: e.peer,
             };
             match groups.iter_mut().find(|g| g.group == e.group) {
                 Some(g) => *g = progress,

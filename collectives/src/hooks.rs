@@ -26,6 +26,11 @@ pub(crate) trait BackendHooks: Send + Sync + 'static {
     fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<Self::Read<'a>, CommError>;
     fn write<'a>(&self, op: &str, what: &str, b: BufMut<'a>) -> Result<Self::Write<'a>, CommError>;
 
+    /// Whether the reductions reduce 16-bit floats themselves; otherwise the public methods
+    /// run them as f32 reductions (`widen.rs`) and the hooks never see a 16-bit reduction.
+    fn reduces_half(&self) -> bool {
+        false
+    }
     /// `buf` holds `count` elements.
     fn all_reduce(
         &self,

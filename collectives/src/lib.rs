@@ -7,7 +7,6 @@ mod buffer;
 mod communicator;
 pub mod cuda_libs;
 pub mod device_trace;
-mod dtype;
 pub mod env;
 mod error;
 pub mod flight;
@@ -23,15 +22,16 @@ mod shm;
 mod strided;
 pub mod tcp;
 pub mod trace;
+mod widen;
 
 pub use buffer::{Buf, BufMut, DeviceFence, DevicePtr};
 pub use communicator::{Backend, Communicator, SharedComm};
-pub use dtype::{DType, Element};
 pub use error::CommError;
 pub use flight::{
     flight_recorder, FlightCall, FlightDump, FlightEntry, FlightRecorder, FlightState, FlightTicket,
 };
 pub use inprocess::{InProcessComm, InProcessWorld};
+pub use oxiflow_dtype::{DType, Element};
 pub use reduce::{reduce_into, ReduceOp};
 pub use shm::job_segment_paths;
 #[doc(hidden)]

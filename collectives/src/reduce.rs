@@ -56,12 +56,9 @@ fn reduce_typed<T: Element>(acc: &mut [u8], src: &[u8], op: ReduceOp) {
     }
 }
 
-/// `acc = op(acc, src)` element-wise, both holding `dtype` elements as bytes of equal length.
+/// `acc = op(acc, src)` element-wise, both holding `dtype` elements as bytes of equal length
+/// (16-bit floats: each pair combined in f32 and rounded once).
 pub fn reduce_into(dtype: DType, acc: &mut [u8], src: &[u8], op: ReduceOp) {
     debug_assert_eq!(acc.len(), src.len());
-    match dtype {
-        DType::F32 => reduce_typed::<f32>(acc, src, op),
-        DType::F64 => reduce_typed::<f64>(acc, src, op),
-        DType::I64 => reduce_typed::<i64>(acc, src, op),
-    }
+    oxiflow_dtype::with_element!(dtype, T => reduce_typed::<T>(acc, src, op))
 }

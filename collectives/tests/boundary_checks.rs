@@ -261,14 +261,14 @@ fn bad_of(i: usize) -> Bad {
 }
 
 fn dtype_of(i: usize) -> DType {
-    [DType::F32, DType::F64, DType::I64][i]
+    DType::ALL[i]
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     #[test]
     fn bad_arguments_get_the_same_typed_error_on_every_backend(
-        op in 0usize..OPS.len(), bad in 0usize..7, dt in 0usize..3, c in 1usize..6,
+        op in 0usize..OPS.len(), bad in 0usize..7, dt in 0usize..DType::ALL.len(), c in 1usize..6,
     ) {
         let (op, bad, dtype) = (OPS[op], bad_of(bad), dtype_of(dt));
         let Some(want) = expected(op, bad) else { return Ok(()) };

@@ -34,7 +34,7 @@ fn case_strategy(world: usize) -> impl Strategy<Value = Case> {
     let count = prop_oneof![8 => 0usize..3000, 1 => Just(0usize), 1 => 60_000usize..300_000];
     (
         0..KINDS,
-        0..3usize,
+        0..5usize,
         0..3usize,
         prop::collection::vec(count.clone(), world),
         any::<bool>(),
@@ -52,7 +52,7 @@ fn case_strategy(world: usize) -> impl Strategy<Value = Case> {
                 }
                 Case {
                     kind,
-                    dtype: [DType::F32, DType::F64, DType::I64][d],
+                    dtype: [DType::F32, DType::F64, DType::I64, DType::BF16, DType::F16][d],
                     op: [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min][o],
                     counts,
                     matrix,
@@ -64,7 +64,8 @@ fn case_strategy(world: usize) -> impl Strategy<Value = Case> {
         )
 }
 
-/// Small integers, exact in every dtype and under every reduction of up to 4 ranks.
+/// Small integers, exact in every dtype and under every reduction of up to 4 ranks (16-bit
+/// floats: |sum| < 256, so NCCL's per-step rounding and the host's agree exactly).
 fn data(dtype: DType, case: usize, rank: usize, n: usize) -> Vec<u8> {
     let v = |i: usize| ((case * 1009 + rank * 131 + i * 7) % 199) as i64 - 99;
     let mut out = Vec::with_capacity(n * dtype.size());
@@ -73,6 +74,11 @@ fn data(dtype: DType, case: usize, rank: usize, n: usize) -> Vec<u8> {
             DType::F32 => out.extend_from_slice(&(v(i) as f32).to_le_bytes()),
             DType::F64 => out.extend_from_slice(&(v(i) as f64).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&v(i).to_le_bytes()),
+            DType::BF16 => out.extend_from_slice(
+                &oxiflow_dtype::bf16::from_f32((v(i) % 63) as f32).to_le_bytes(),
+            ),
+            DType::F16 => out
+                .extend_from_slice(&oxiflow_dtype::f16::from_f32((v(i) % 63) as f32).to_le_bytes()),
         }
     }
     out

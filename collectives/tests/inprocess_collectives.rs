@@ -5,7 +5,7 @@ mod multiprocess_common;
 
 use std::time::{Duration, Instant};
 
-use multiprocess_common::{dtype_of, run_rank, Case};
+use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
 use oxiflow_collectives::{
     Buf, BufMut, CommError, DType, DevicePtr, InProcessWorld, ReduceOp, SharedComm,
 };
@@ -29,7 +29,7 @@ fn run_threads<T: Send + 'static>(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn random_collectives_match_reference(seed in any::<u64>(), world in 1usize..=8, dt in 0usize..3) {
+    fn random_collectives_match_reference(seed in any::<u64>(), world in 1usize..=8, dt in 0usize..DTYPES) {
         let case = Case::generate(seed, world, dtype_of(dt), 8, 40);
         let comms = InProcessWorld::new(world, Duration::from_secs(20));
         let c2 = case.clone();

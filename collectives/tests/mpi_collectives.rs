@@ -11,7 +11,7 @@ mod multiprocess_common;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use multiprocess_common::{dtype_of, run_rank, Case};
+use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::{
     init_world, Backend, BufMut, CommError, DType, InProcessWorld, ReduceOp, SharedComm,
@@ -95,7 +95,7 @@ fn worker() -> Result<(), String> {
         "case" | "bootstrap" => {
             for seed in var("OXF_MPI_SEEDS").split(',') {
                 let seed: u64 = seed.parse().map_err(|_| format!("seed {seed:?}"))?;
-                let dtype = dtype_of((seed % 3) as usize);
+                let dtype = dtype_of((seed % DTYPES as u64) as usize);
                 let case = Case::generate(seed, env.world_size, dtype, 10, 3000);
                 run_rank(&comm, &case).map_err(|e| format!("seed {seed}: {e}"))?;
             }

@@ -8,7 +8,7 @@ mod multiprocess_common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use multiprocess_common::{dtype_of, run_rank, Case};
+use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{init_world, CommError, DType, ReduceOp};
@@ -182,7 +182,7 @@ fn assert_all_ok(outs: &[(usize, Output)], what: &str) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     #[test]
-    fn processes_match_reference(seed in any::<u64>(), world in 1usize..=6, dt in 0usize..3) {
+    fn processes_match_reference(seed in any::<u64>(), world in 1usize..=6, dt in 0usize..DTYPES) {
         let outs = spawn_world(world, None, 30.0, &[
             ("OXF_MP_MODE", "case".into()),
             ("OXF_MP_SEED", seed.to_string()),

@@ -8,7 +8,7 @@ mod multiprocess_common;
 
 use std::process::{Command, Output, Stdio};
 
-use multiprocess_common::{dtype_of, run_rank, Case};
+use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::init_world;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
@@ -82,7 +82,7 @@ fn spawn(
             .env("OXIFLOW_SHM", if shm_off.contains(&r) { "0" } else { "1" })
             .env("OXF_SHM_EXPECT_MAPS", maps[r].to_string())
             .env("OXF_MP_SEED", seed.to_string())
-            .env("OXF_MP_DTYPE", (seed % 3).to_string())
+            .env("OXF_MP_DTYPE", (seed % DTYPES as u64).to_string())
             .env("OXF_MP_STEPS", "14")
             .env("OXF_MP_MAX", max.to_string())
             .stdout(Stdio::null())

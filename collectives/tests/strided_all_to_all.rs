@@ -9,7 +9,7 @@ mod multiprocess_common;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use multiprocess_common::{decode, dtype_of, encode, Rng};
+use multiprocess_common::{decode, dtype_of, encode, Rng, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{
@@ -99,12 +99,12 @@ fn generate(seed: u64, world: usize, nsteps: usize, big: bool) -> Vec<Step> {
 }
 
 /// Send element k of world rank r at step s.
-fn val(r: usize, s: usize, k: usize) -> i64 {
-    ((r * 7 + s * 13 + k * 3) % 23) as i64 - 11
+fn val(r: usize, s: usize, k: usize) -> f64 {
+    (((r * 7 + s * 13 + k * 3) % 23) as i64 - 11) as f64
 }
 
 /// The elements of `b` in run order, from rank r's step-s buffer.
-fn elems(r: usize, s: usize, b: &StridedBlock) -> Vec<i64> {
+fn elems(r: usize, s: usize, b: &StridedBlock) -> Vec<f64> {
     let mut out = Vec::with_capacity(b.count());
     for i in 0..b.runs {
         for e in 0..b.run_len {
@@ -127,12 +127,12 @@ fn run_steps(world: &SharedComm, dt: DType, steps: &[Step]) -> Result<(), String
             .sub_group(&st.group)
             .map_err(|e| format!("step {s}: {e}"))?;
         let n = st.group.len();
-        let send_v: Vec<i64> = (0..st.lens[m]).map(|k| val(me, s, k)).collect();
+        let send_v: Vec<f64> = (0..st.lens[m]).map(|k| val(me, s, k)).collect();
         let send = encode(dt, &send_v);
         let rc: Vec<usize> = (0..n).map(|i| st.layouts[i][m].count()).collect();
         let mut recv = vec![0u8; rc.iter().sum::<usize>() * dt.size()];
         let r = if st.plain[m] {
-            let packed: Vec<i64> = st.layouts[m].iter().flat_map(|b| elems(me, s, b)).collect();
+            let packed: Vec<f64> = st.layouts[m].iter().flat_map(|b| elems(me, s, b)).collect();
             let sc: Vec<usize> = st.layouts[m].iter().map(StridedBlock::count).collect();
             let p = encode(dt, &packed);
             comm.all_to_all_v(dt, Buf::Host(&p), &sc, BufMut::Host(&mut recv), &rc)
@@ -146,7 +146,7 @@ fn run_steps(world: &SharedComm, dt: DType, steps: &[Step]) -> Result<(), String
             )
         };
         r.map_err(|e| format!("rank {me} step {s}: {e}"))?;
-        let want: Vec<i64> = (0..n)
+        let want: Vec<f64> = (0..n)
             .flat_map(|i| elems(st.group[i], s, &st.layouts[i][m]))
             .collect();
         let got = decode(dt, &recv);
@@ -269,7 +269,7 @@ fn assert_all_ok(outs: &[(usize, Output)], what: &str) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn in_process_matches_reference(seed in any::<u64>(), world in 1usize..=5, dt in 0usize..3) {
+    fn in_process_matches_reference(seed in any::<u64>(), world in 1usize..=5, dt in 0usize..DTYPES) {
         in_process(seed, world, dtype_of(dt), false).map_err(TestCaseError::fail)?;
     }
 }
@@ -282,13 +282,13 @@ proptest! {
     }
 
     #[test]
-    fn processes_over_shared_memory(seed in any::<u64>(), world in 1usize..=4, dt in 0usize..3, big in any::<bool>()) {
+    fn processes_over_shared_memory(seed in any::<u64>(), world in 1usize..=4, dt in 0usize..DTYPES, big in any::<bool>()) {
         let outs = spawn_world(world, true, seed, dt, big);
         assert_all_ok(&outs, &format!("shm seed {seed} world {world} dtype {dt} big {big}"));
     }
 
     #[test]
-    fn processes_over_tcp(seed in any::<u64>(), world in 1usize..=4, dt in 0usize..3, big in any::<bool>()) {
+    fn processes_over_tcp(seed in any::<u64>(), world in 1usize..=4, dt in 0usize..DTYPES, big in any::<bool>()) {
         let outs = spawn_world(world, false, seed, dt, big);
         assert_all_ok(&outs, &format!("tcp seed {seed} world {world} dtype {dt} big {big}"));
     }

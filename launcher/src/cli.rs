@@ -100,7 +100,23 @@ pub struct Cli {
     )]
     pub timeout: f64,
 
-    /// Restart the whole local group up to K times after a failure.
+    /// Seconds a rank that other ranks wait for may show no progress before the job is ended
+    /// as failed, naming it: its heartbeat unchanged (the process is frozen: stopped, attached
+    /// by a debugger, its node frozen) or its main thread stopped or ptrace-stopped. Also how
+    /// long the rendezvous store may stay silent before the other nodes end their workers. A
+    /// rank that is only slow keeps heartbeating and is not affected. 0: never (e.g. to debug
+    /// a rank).
+    #[arg(
+        long,
+        default_value_t = 5.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    pub stall_timeout: f64,
+
+    /// Restart the whole local group up to K times after a failure; with a worker that saves
+    /// checkpoints (`train --save DIR --resume auto`), each restart resumes from the newest
+    /// complete one (the restart number is in OXIFLOW_RESTART_COUNT).
     #[arg(
         long,
         alias = "max_restarts",
@@ -153,6 +169,9 @@ impl Cli {
         }
         seconds("--timeout", self.timeout)?;
         seconds("--grace-period", self.grace_period)?;
+        if self.stall_timeout != 0.0 {
+            seconds("--stall-timeout", self.stall_timeout)?;
+        }
         if self.nnodes > 1 && self.master_port.unwrap_or(0) == 0 {
             return Err(LaunchError::Usage(
                 "--master-port is required (non-zero) with --nnodes > 1: every node must know \
@@ -177,6 +196,11 @@ impl Cli {
 
     pub fn grace_period(&self) -> Duration {
         Duration::from_secs_f64(self.grace_period)
+    }
+
+    /// The stall timeout; None when 0 (off).
+    pub fn stall_timeout(&self) -> Option<Duration> {
+        (self.stall_timeout > 0.0).then(|| Duration::from_secs_f64(self.stall_timeout))
     }
 }
 

@@ -6,10 +6,13 @@ mod error;
 mod hang_watch;
 mod node;
 mod output;
+mod procfs;
+mod progress;
 mod rendezvous_join;
 mod resolve;
 mod signals;
 mod spawn;
+mod stall;
 mod summary;
 mod supervise;
 mod token;
@@ -23,9 +26,9 @@ use oxiflow_collectives::rendezvous::publish_world_size;
 
 use cli::{BackendArg, Cli};
 use error::LaunchError;
-use hang_watch::HangWatch;
+use hang_watch::{HangWatch, WatchConfig};
 use output::{LogErrors, OutputConfig};
-use rendezvous_join::{JoinSpec, Rendezvous};
+use rendezvous_join::{JoinSpec, Rendezvous, SETTLE_PATIENCE, SETTLE_PATIENCE_FROZEN};
 use signals::SignalPipe;
 use spawn::{spawn_worker, JobEnv, Worker};
 use summary::{ExitKind, Failure};
@@ -120,6 +123,8 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             .as_deref()
             .map(|spec| cli::parse_ranks_filter(spec, world_size))
             .transpose()?,
+        bar: ((cli.log_dir.is_none() || cli.tee) && std::io::stdout().is_terminal())
+            .then(progress::ConsoleBar::default),
     };
     if let Some(dir) = &cli.trace {
         std::fs::create_dir_all(dir)
@@ -141,6 +146,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
         nproc_per_node: nproc,
         token,
         timeout: cli.timeout(),
+        stall_timeout: cli.stall_timeout(),
         host: host.clone(),
     })?;
     rdzv.join()?;
@@ -168,6 +174,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             cpus,
             flight_dir: flight.path.clone(),
             trace_dir: cli.trace.clone(),
+            progress: output.bar.is_some(),
         };
         let started = std::time::SystemTime::now();
         let job_store = rdzv.job_store(generation);
@@ -175,8 +182,14 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             let who = format!("oflaunch on node {}", cli.node_rank);
             publish_world_size(store, world_size, &who)?;
         }
+        let workers = spawn_all(&program, &cli.args, &job, &output, cli.grace_period())?;
         let hangs = job_store.and_then(|store| {
-            HangWatch::start(store, world_size)
+            let cfg = WatchConfig {
+                world: world_size,
+                local: workers.iter().map(|w| (w.rank, w.pid.as_raw())).collect(),
+                stall_timeout: cli.stall_timeout(),
+            };
+            HangWatch::start(store, cfg)
                 .map_err(|e| tracing::warn!("cannot start the hang watcher: {e}"))
                 .ok()
         });
@@ -185,31 +198,51 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             s.push_str(&hang_watch::collect_dumps(&flight.path, started));
             if !s.is_empty() {
                 eprint!("oflaunch: state of the ranks when the job ended:\n{s}");
+                if flight.ours {
+                    eprintln!(
+                        "  (the flight dumps are removed when oflaunch exits; pass --log-dir \
+                         to keep them)"
+                    );
+                }
             }
         };
-        let workers = spawn_all(&program, &cli.args, &job, &output, cli.grace_period())?;
         let watch = rdzv.watch_failures(generation)?;
         let remote = || watch.event();
+        let stalled = || hangs.as_ref().and_then(HangWatch::stall);
         let outcome = supervise(
             workers,
             &Supervision {
                 signals: &signals,
                 grace: cli.grace_period(),
                 node_rank: cli.node_rank,
+                nproc_per_node: nproc,
                 host: host.clone(),
                 remote: &remote,
+                stalled: &stalled,
             },
         );
         drop(watch);
+        if let Some(stall) = hangs.as_ref().and_then(HangWatch::stall) {
+            eprintln!(
+                "oflaunch: the workers were stopped {:.1} s after rank {} last showed progress \
+                 (--stall-timeout {} s)",
+                stall.last_progress.elapsed().as_secs_f64(),
+                stall.rank,
+                cli.stall_timeout
+            );
+        }
         if let Some(dir) = &cli.trace {
             merge_trace(dir);
         }
-        remove_leftover_segments(&rdzv, generation, &job);
+        // Workers that all succeeded unlinked their own names; with the store gone nobody can
+        // say which names were the job's.
+        if !matches!(outcome, Outcome::Success | Outcome::StoreLost(..)) {
+            remove_leftover_segments(&rdzv, generation, &job);
+        }
         let failure = match outcome {
             Outcome::Success => match rdzv.finish(generation)? {
                 None => {
                     tracing::info!("all workers finished successfully");
-                    flight.remove_if_ours();
                     return Ok(0);
                 }
                 Some(f) => {
@@ -225,10 +258,11 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                     host: host.clone(),
                     pid: std::process::id() as i32,
                     exit: ExitKind::Signal(sig as i32),
+                    cause: None,
                     tail: vec![format!("oflaunch on node {} received {sig}", cli.node_rank)],
                 };
                 rdzv.report_failure(generation, &f);
-                rdzv.settle_failure(generation);
+                rdzv.settle_failure(generation, SETTLE_PATIENCE);
                 eprintln!("oflaunch: interrupted by {sig}; workers stopped");
                 return Ok(128 + sig as i32);
             }
@@ -243,13 +277,20 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                 diagnosis();
                 f
             }
-            Outcome::StoreLost(msg) => {
-                eprintln!("oflaunch: {msg}; workers stopped");
+            Outcome::StoreLost(msg, last_answer) => {
+                eprintln!(
+                    "oflaunch: {msg}; workers stopped {:.1} s after the store last answered",
+                    last_answer.elapsed().as_secs_f64()
+                );
                 return Ok(1);
             }
         };
         if generation >= cli.max_restarts {
-            rdzv.settle_failure(generation);
+            let patience = match failure.exit {
+                ExitKind::Stalled(_) => SETTLE_PATIENCE_FROZEN,
+                _ => SETTLE_PATIENCE,
+            };
+            rdzv.settle_failure(generation, patience);
             if cli.max_restarts > 0 {
                 eprintln!("oflaunch: giving up after {} restart(s)", cli.max_restarts);
             }
@@ -319,11 +360,42 @@ fn spawn_all(
 
 /// Where the workers dump their flight recorders on a failure (`OXIFLOW_FLIGHT_DIR`): the
 /// caller's own `OXIFLOW_FLIGHT_DIR`, else `<--log-dir>/flight`, else a directory of this
-/// oflaunch under the system's temporary directory, removed when the job succeeds or when no
-/// worker dumped to it.
+/// oflaunch under the system's temporary directory, removed when oflaunch exits (the summary
+/// has shown what the dumps hold), as are those of earlier oflaunch processes that died.
 struct FlightDir {
     path: std::path::PathBuf,
     ours: bool,
+}
+
+/// The prefix of the flight directories oflaunch makes in the temporary directory.
+const FLIGHT_PREFIX: &str = "oflaunch-flight-";
+
+/// Removes the flight directories of oflaunch processes that no longer run (killed before
+/// they could remove their own).
+fn remove_dead_flight_dirs(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(FLIGHT_PREFIX))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let dead = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let ours = e
+            .metadata()
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == uid);
+        if dead && ours && e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 impl FlightDir {
@@ -331,10 +403,14 @@ impl FlightDir {
         let (path, ours) = match (std::env::var_os("OXIFLOW_FLIGHT_DIR"), log_dir) {
             (Some(dir), _) => (std::path::PathBuf::from(dir), false),
             (None, Some(logs)) => (logs.join("flight"), false),
-            (None, None) => (
-                std::env::temp_dir().join(format!("oflaunch-flight-{}", std::process::id())),
-                true,
-            ),
+            (None, None) => {
+                let tmp = std::env::temp_dir();
+                remove_dead_flight_dirs(&tmp);
+                (
+                    tmp.join(format!("{FLIGHT_PREFIX}{}", std::process::id())),
+                    true,
+                )
+            }
         };
         std::fs::create_dir_all(&path).map_err(|e| {
             LaunchError::io(
@@ -344,21 +420,13 @@ impl FlightDir {
         })?;
         Ok(FlightDir { path, ours })
     }
-
-    fn remove_if_ours(&self) {
-        if self.ours {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }
 
 impl Drop for FlightDir {
-    /// However the job ended, a directory of ours that no worker dumped to goes; one with
-    /// dumps stays (the failure summary names the files).
+    /// However the job ended, a directory of ours goes with its dumps.
     fn drop(&mut self) {
         if self.ours {
-            // Fails, leaving it, unless it is empty.
-            let _ = std::fs::remove_dir(&self.path);
+            let _ = std::fs::remove_dir_all(&self.path);
         }
     }
 }

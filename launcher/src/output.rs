@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::LaunchError;
+use crate::progress::{ConsoleBar, PROGRESS_PREFIX};
 
 /// Lines of stderr kept per rank for the summary.
 pub const TAIL_LINES: usize = 20;
@@ -47,6 +48,8 @@ pub struct OutputConfig {
     pub console: bool,
     /// Console only for these global ranks (None: all).
     pub ranks_filter: Option<Vec<usize>>,
+    /// The bar drawn from rank 0's progress lines (the console is a terminal).
+    pub bar: Option<ConsoleBar>,
 }
 
 impl OutputConfig {
@@ -99,12 +102,13 @@ impl Pipes {
                 None => None,
             };
             let console = cfg.console_for(rank);
+            let bar = cfg.bar.clone().filter(|_| console);
             let tail = (stream == Stream::Stderr).then(|| tail.clone());
             let tx: Sender<()> = tx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("rank{rank}-{}", stream.suffix()))
                 .spawn(move || {
-                    pump(rank, stream, reader, file, console, tail);
+                    pump(rank, stream, reader, file, console, bar, tail);
                     let _ = tx.send(());
                 })
                 .map_err(|e| LaunchError::io("starting an output thread", e))?;
@@ -164,8 +168,10 @@ fn pump(
     reader: Box<dyn Read + Send>,
     mut file: Option<LogFile>,
     console: bool,
+    bar: Option<ConsoleBar>,
     tail: Option<Tail>,
 ) {
+    let mut drew = false;
     let mut reader = BufReader::new(reader);
     let prefix = format!("[rank {rank}] ");
     let mut line = Vec::with_capacity(256);
@@ -179,6 +185,12 @@ fn pump(
         }
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
+        }
+        if stream == Stream::Stdout && line.starts_with(PROGRESS_PREFIX.as_bytes()) {
+            if let Some(b) = &bar {
+                drew |= b.update(&String::from_utf8_lossy(&line));
+            }
+            continue;
         }
         if let Some(f) = file.as_mut() {
             if let Err(e) = f.file.write_all(&line) {
@@ -199,11 +211,16 @@ fn pump(
             let mut out = Vec::with_capacity(prefix.len() + line.len());
             out.extend_from_slice(prefix.as_bytes());
             out.extend_from_slice(&line);
-            // One write under the stream's lock: whole lines only.
-            let _ = match stream {
-                Stream::Stdout => std::io::stdout().lock().write_all(&out),
-                Stream::Stderr => std::io::stderr().lock().write_all(&out),
-            };
+            // One write under the stream's lock: whole lines only (above the bar, if any).
+            match &bar {
+                Some(b) => b.write(&out, stream == Stream::Stdout),
+                None => {
+                    let _ = match stream {
+                        Stream::Stdout => std::io::stdout().lock().write_all(&out),
+                        Stream::Stderr => std::io::stderr().lock().write_all(&out),
+                    };
+                }
+            }
         }
         if let Some(tail) = &tail {
             let text = String::from_utf8_lossy(&line[..line.len() - 1]);
@@ -215,6 +232,9 @@ fn pump(
                 t.push_back(text);
             }
         }
+    }
+    if let (true, Some(b)) = (drew, &bar) {
+        b.finish();
     }
     if stream == Stream::Stdout && console {
         let _ = std::io::stdout().lock().flush();

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use oxiflow_collectives::rendezvous::{generate_token, StoreClient, StoreServer};
+use oxiflow_collectives::rendezvous::{generate_token, ClientOptions, StoreClient, StoreServer};
 use oxiflow_collectives::CommError;
 
 use crate::error::LaunchError;
@@ -28,6 +28,20 @@ use crate::summary::Failure;
 
 /// How long one poll of the store waits before checking the local state again.
 const POLL: Duration = Duration::from_millis(500);
+/// Deadline of oflaunch's own store calls beyond their waits: the store answers in
+/// milliseconds, so a silent one is noticed in seconds, not after the client's default minute.
+const CONTROL_RPC_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long node 0 waits for the other nodes to acknowledge a failure before it exits (and
+/// its store goes); shorter when the failure is a frozen rank, whose node may be frozen too.
+pub const SETTLE_PATIENCE: Duration = Duration::from_secs(10);
+pub const SETTLE_PATIENCE_FROZEN: Duration = Duration::from_secs(2);
+
+fn control_options() -> ClientOptions {
+    ClientOptions {
+        rpc_timeout: CONTROL_RPC_TIMEOUT,
+        ..ClientOptions::default()
+    }
+}
 
 /// What a node knows about the job's shape.
 #[derive(Debug, Clone)]
@@ -39,6 +53,9 @@ pub struct JoinSpec {
     pub nproc_per_node: usize,
     pub token: Option<String>,
     pub timeout: Duration,
+    /// How long the store may stay silent while workers run before this node ends them (None:
+    /// `min(--timeout, 15 s)`).
+    pub stall_timeout: Option<Duration>,
     pub host: String,
 }
 
@@ -109,9 +126,14 @@ impl Rendezvous {
     pub fn job_store(&self, generation: u32) -> Option<StoreClient> {
         let client = match &self.client {
             Some(c) => c.clone(),
-            None => StoreClient::connect(&self.endpoint, &self.token, Duration::from_secs(5))
-                .map_err(|e| tracing::warn!("cannot reach this node's own store: {e}"))
-                .ok()?,
+            None => StoreClient::connect_with(
+                &self.endpoint,
+                &self.token,
+                Duration::from_secs(5),
+                control_options(),
+            )
+            .map_err(|e| tracing::warn!("cannot reach this node's own store: {e}"))
+            .ok()?,
         };
         Some(client.with_prefix(&format!("job/g{generation}/")))
     }
@@ -215,21 +237,28 @@ impl Rendezvous {
         Err(LaunchError::Rendezvous(verdict))
     }
 
-    /// Starts polling `failed/g<generation>` (multi-node only). A store that stays unreachable
-    /// for `min(--timeout, 15 s)` is reported as lost.
+    /// Starts polling `failed/g<generation>` (multi-node only). A store that does not answer
+    /// for the stall timeout (else `min(--timeout, 15 s)`) is reported as lost.
     pub fn watch_failures(&self, generation: u32) -> Result<FailureWatch, LaunchError> {
         let seen = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(client) = self.client.clone() {
             let key = failed_key(generation);
             let ack = format!("oflaunch/failack/g{generation}/{}", self.spec.node_rank);
-            let lost_after = self.spec.timeout.min(Duration::from_secs(15));
-            let endpoint = self.endpoint.clone();
+            let lost_after = self
+                .spec
+                .stall_timeout
+                .unwrap_or_else(|| self.spec.timeout.min(Duration::from_secs(15)));
+            let where_ = format!(
+                "the rendezvous store at {} (served by node 0, where ranks 0-{} run)",
+                self.endpoint,
+                self.spec.nproc_per_node.saturating_sub(1)
+            );
             let (seen2, stop2) = (seen.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("oflaunch-failwatch".into())
                 .spawn(move || {
-                    let mut lost_since: Option<Instant> = None;
+                    let mut last_answer = Instant::now();
                     let event = loop {
                         if stop2.load(Ordering::Relaxed) {
                             return;
@@ -242,22 +271,30 @@ impl Rendezvous {
                                 match Failure::decode(&text) {
                                     Some(f) => break RemoteEvent::Failed(f),
                                     None => {
-                                        break RemoteEvent::StoreLost(format!(
-                                            "unreadable failure report {text:?} in the store"
-                                        ))
+                                        break RemoteEvent::StoreLost {
+                                            message: format!(
+                                                "unreadable failure report {text:?} in the store"
+                                            ),
+                                            last_answer: Instant::now(),
+                                        }
                                     }
                                 }
                             }
-                            Err(CommError::StoreTimeout { .. }) => lost_since = None,
+                            // The store answered: the key is not there yet.
+                            Err(CommError::StoreTimeout { .. }) => last_answer = Instant::now(),
                             Err(e) => {
-                                let since = *lost_since.get_or_insert_with(Instant::now);
-                                if since.elapsed() >= lost_after {
-                                    break RemoteEvent::StoreLost(format!(
-                                        "lost contact with the rendezvous store at {endpoint} \
-                                         for {lost_after:?} (node 0 gone?): {e}"
-                                    ));
+                                let silent = last_answer.elapsed();
+                                if silent >= lost_after {
+                                    break RemoteEvent::StoreLost {
+                                        message: format!(
+                                            "{where_} has not answered for {:.1} s (node 0 is \
+                                             frozen or gone): {e}",
+                                            silent.as_secs_f64()
+                                        ),
+                                        last_answer,
+                                    };
                                 }
-                                std::thread::sleep(POLL);
+                                std::thread::sleep(POLL.min(lost_after.saturating_sub(silent)));
                             }
                         }
                     };
@@ -271,8 +308,8 @@ impl Rendezvous {
     }
 
     /// After a failure ends the job: records that this node saw it; node 0 then waits (at most
-    /// 10 s) until every node has, so none of them finds the store gone instead.
-    pub fn settle_failure(&self, generation: u32) {
+    /// `patience`) until every node has, so none of them finds the store gone instead.
+    pub fn settle_failure(&self, generation: u32, patience: Duration) {
         let Some(client) = &self.client else { return };
         let s = &self.spec;
         let _ = client.set(
@@ -284,7 +321,7 @@ impl Rendezvous {
                 .map(|r| format!("oflaunch/failack/g{generation}/{r}"))
                 .collect();
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            if let Err(e) = client.wait(&refs, Duration::from_secs(10)) {
+            if let Err(e) = client.wait(&refs, patience) {
                 tracing::warn!("not every node acknowledged the failure: {e}");
             }
         }
@@ -315,16 +352,26 @@ impl Rendezvous {
     }
 
     /// After this node's workers all succeeded: records it; node 0 then keeps the store up
-    /// until every node is done. Returns a failure another node reported meanwhile.
+    /// until every node is done. Returns a failure another node reported meanwhile. A node
+    /// other than 0 whose store vanished (or froze) after its workers finished still succeeds:
+    /// its work is done, and it says it could not report so.
     pub fn finish(&self, generation: u32) -> Result<Option<Failure>, LaunchError> {
         let Some(client) = &self.client else {
             return Ok(None);
         };
         let s = &self.spec;
-        client.set(&format!("oflaunch/done/{}", s.node_rank), b"1")?;
+        let done = client.set(&format!("oflaunch/done/{}", s.node_rank), b"1");
         if s.node_rank != 0 {
+            if let Err(e) = done {
+                tracing::warn!(
+                    "this node's workers all finished, but the store at {} did not take the \
+                     news: {e}",
+                    self.endpoint
+                );
+            }
             return Ok(None);
         }
+        done?;
         let keys: Vec<String> = (0..s.nnodes)
             .map(|r| format!("oflaunch/done/{r}"))
             .collect();
@@ -360,8 +407,11 @@ pub struct FailureWatch {
 pub enum RemoteEvent {
     /// Another node (or this one) published the generation's first failure.
     Failed(Failure),
-    /// The store could not be reached for too long.
-    StoreLost(String),
+    /// The store could not be reached for too long (it last answered at `last_answer`).
+    StoreLost {
+        message: String,
+        last_answer: Instant,
+    },
 }
 
 impl FailureWatch {
@@ -421,7 +471,7 @@ fn join_host_port(host: &str, port: u16) -> String {
 /// Connects to the store (the client retries until `timeout` while it is not up yet); a
 /// refused token fails at once.
 fn connect(endpoint: &str, token: &str, timeout: Duration) -> Result<StoreClient, LaunchError> {
-    match StoreClient::connect(endpoint, token, timeout) {
+    match StoreClient::connect_with(endpoint, token, timeout, control_options()) {
         Ok(c) => Ok(c),
         Err(CommError::Unauthenticated(m)) => Err(LaunchError::Rendezvous(format!(
             "refused: the store at {endpoint} rejected this node's token ({m}); pass node 0's \

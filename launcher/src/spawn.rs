@@ -10,6 +10,7 @@ use nix::unistd::Pid;
 
 use crate::error::LaunchError;
 use crate::output::{OutputConfig, Pipes};
+use crate::procfs::OomWatch;
 
 /// Job-wide values every worker's environment is built from.
 #[derive(Debug, Clone)]
@@ -33,6 +34,8 @@ pub struct JobEnv {
     pub flight_dir: std::path::PathBuf,
     /// Where workers write their timeline traces (`--trace`).
     pub trace_dir: Option<std::path::PathBuf>,
+    /// oflaunch draws rank 0's progress bar (`OXIFLOW_PROGRESS=1`).
+    pub progress: bool,
 }
 
 impl JobEnv {
@@ -62,6 +65,9 @@ impl JobEnv {
                 self.flight_dir.to_string_lossy().into_owned(),
             ),
         ];
+        if self.progress {
+            v.push(("OXIFLOW_PROGRESS".into(), "1".into()));
+        }
         if let Some(dir) = &self.trace_dir {
             v.push((
                 "OXIFLOW_TRACE_DIR".into(),
@@ -95,6 +101,8 @@ pub struct Worker {
     /// Readable once the worker exits (None where the kernel has no pidfd_open): the
     /// supervisor wakes on it instead of noticing the exit at its next tick.
     pub pidfd: Option<OwnedFd>,
+    /// Its cgroup's OOM-kill count at the start, to tell an OOM kill from another SIGKILL.
+    pub oom: OomWatch,
 }
 
 /// A pidfd for `pid`, which must be our unreaped child (so the pid cannot be reused).
@@ -179,5 +187,6 @@ pub fn spawn_worker(
         child,
         pipes,
         pidfd: pidfd_of(pid),
+        oom: OomWatch::start(pid.as_raw()),
     })
 }

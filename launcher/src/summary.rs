@@ -12,7 +12,13 @@ pub enum ExitKind {
     /// Stopped by this signal (SIGSTOP, SIGTSTP, ...) for longer than oflaunch allows; it was
     /// then killed.
     Stopped(i32),
+    /// Frozen (no progress for this many milliseconds) while other ranks waited for it; the
+    /// job was ended (see `stall`).
+    Stalled(u64),
 }
+
+/// The exit code of a job ended because a rank froze.
+pub const STALLED_CODE: i32 = 124;
 
 impl ExitKind {
     pub fn from_status(status: ExitStatus) -> ExitKind {
@@ -34,6 +40,7 @@ impl ExitKind {
         match self {
             ExitKind::Code(c) => c,
             ExitKind::Signal(s) | ExitKind::Stopped(s) => 128 + s,
+            ExitKind::Stalled(_) => STALLED_CODE,
         }
     }
 }
@@ -57,6 +64,12 @@ impl fmt::Display for ExitKind {
                 crate::supervise::STOPPED_LIMIT.as_secs(),
                 128 + s
             ),
+            ExitKind::Stalled(ms) => write!(
+                f,
+                "frozen: no progress for {:.1} s while other ranks waited for it; the job was \
+                 ended (exit {STALLED_CODE})",
+                ms as f64 / 1000.0
+            ),
         }
     }
 }
@@ -69,6 +82,9 @@ pub struct Failure {
     pub host: String,
     pub pid: i32,
     pub exit: ExitKind,
+    /// What explains the exit, when oflaunch knows (a resource limit, the OOM killer, what
+    /// froze the rank).
+    pub cause: Option<String>,
     /// Last lines of the rank's stderr.
     pub tail: Vec<String>,
 }
@@ -79,12 +95,15 @@ impl Failure {
         let mut s = String::new();
         s.push_str("oflaunch: job failed\n");
         s.push_str(&format!(
-            "  first failure: rank {} (node {}, host {}, pid {}): {}{}\n",
+            "  first failure: rank {} (node {}, host {}, pid {}): {}{}{}\n",
             self.rank,
             self.node_rank,
             self.host,
             self.pid,
             self.exit,
+            self.cause
+                .as_deref()
+                .map_or_else(String::new, |c| format!(": {c}")),
             if remote {
                 " [reported by that node]"
             } else {
@@ -111,12 +130,14 @@ impl Failure {
     /// A one-value encoding for the store's "job failed" key.
     pub fn encode(&self) -> String {
         let (kind, n) = match self.exit {
-            ExitKind::Code(c) => ("code", c),
-            ExitKind::Signal(s) => ("signal", s),
-            ExitKind::Stopped(s) => ("stopped", s),
+            ExitKind::Code(c) => ("code", i64::from(c)),
+            ExitKind::Signal(s) => ("signal", i64::from(s)),
+            ExitKind::Stopped(s) => ("stopped", i64::from(s)),
+            ExitKind::Stalled(ms) => ("stalled", ms as i64),
         };
+        let cause = self.cause.as_deref().unwrap_or("").replace('\n', " ");
         let mut s = format!(
-            "{}\n{}\n{}\n{}\n{kind} {n}\n",
+            "{}\n{}\n{}\n{}\n{kind} {n}\ncause:{cause}\n",
             self.rank, self.node_rank, self.host, self.pid
         );
         for line in &self.tail {
@@ -134,19 +155,23 @@ impl Failure {
         let host = lines.next()?.to_string();
         let pid = lines.next()?.parse().ok()?;
         let (kind, n) = lines.next()?.split_once(' ')?;
-        let n: i32 = n.parse().ok()?;
+        let n: i64 = n.parse().ok()?;
+        let small = || i32::try_from(n).ok();
         let exit = match kind {
-            "code" => ExitKind::Code(n),
-            "signal" => ExitKind::Signal(n),
-            "stopped" => ExitKind::Stopped(n),
+            "code" => ExitKind::Code(small()?),
+            "signal" => ExitKind::Signal(small()?),
+            "stopped" => ExitKind::Stopped(small()?),
+            "stalled" => ExitKind::Stalled(u64::try_from(n).ok()?),
             _ => return None,
         };
+        let cause = lines.next()?.strip_prefix("cause:")?;
         Some(Failure {
             rank,
             node_rank,
             host,
             pid,
             exit,
+            cause: (!cause.is_empty()).then(|| cause.to_string()),
             tail: lines.map(str::to_string).collect(),
         })
     }
@@ -176,12 +201,23 @@ mod tests {
             host: "h1".into(),
             pid: 42,
             exit: ExitKind::Signal(9),
+            cause: Some("the kernel's OOM killer".into()),
             tail: vec!["boom".into(), "bang".into()],
         };
         let g = Failure::decode(&f.encode()).unwrap();
         assert_eq!(g.rank, 5);
         assert_eq!(g.exit, ExitKind::Signal(9));
+        assert_eq!(g.cause, f.cause);
         assert_eq!(g.tail, f.tail);
+        let frozen = Failure {
+            exit: ExitKind::Stalled(5200),
+            cause: None,
+            ..f.clone()
+        };
+        let h = Failure::decode(&frozen.encode()).unwrap();
+        assert_eq!((h.exit, h.cause), (ExitKind::Stalled(5200), None));
+        assert_eq!(h.exit.shell_code(), STALLED_CODE);
+        assert!(frozen.summary(false).contains("no progress for 5.2 s"));
         assert_eq!(g.exit.shell_code(), 137);
         assert!(f.summary(true).contains("rank 5"));
         assert!(f.summary(true).contains("SIGKILL"));

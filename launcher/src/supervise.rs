@@ -1,6 +1,8 @@
-//! Supervising one generation of local workers: reap them as they exit, tear the group down
-//! (SIGTERM to every process group, SIGKILL after the grace period) on the first failure, a
-//! forwarded signal, or a failure reported by another node. Every wait has a deadline.
+//! Supervising one generation of local workers: reap them as they exit (a death by a resource
+//! limit or the OOM killer explained), tear the group down (SIGTERM to every process group,
+//! SIGKILL after the grace period, at once to a frozen one) on the first failure, a rank
+//! declared frozen, a forwarded signal, or a failure reported by another node. Every wait has
+//! a deadline.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
@@ -9,9 +11,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 
+use crate::procfs::{limits_of, main_thread_frozen, resource_death, Limits};
 use crate::rendezvous_join::RemoteEvent;
 use crate::signals::SignalPipe;
 use crate::spawn::Worker;
+use crate::stall::Stall;
 use crate::summary::{ExitKind, Failure};
 
 /// How often the loop wakes up to reap workers.
@@ -33,8 +37,9 @@ pub enum Outcome {
     Failed(Failure),
     /// Another node reported a failure first.
     Remote(Failure),
-    /// The rendezvous store became unreachable (node 0 gone).
-    StoreLost(String),
+    /// The rendezvous store became unreachable (node 0 gone or frozen); it last answered at
+    /// the instant given.
+    StoreLost(String, Instant),
     /// oflaunch received this signal (and forwarded it).
     Interrupted(Signal),
 }
@@ -44,9 +49,12 @@ pub struct Supervision<'a> {
     pub signals: &'a SignalPipe,
     pub grace: Duration,
     pub node_rank: usize,
+    pub nproc_per_node: usize,
     pub host: String,
     /// Polled every tick: a failure reported through the store, if any.
     pub remote: &'a dyn Fn() -> Option<RemoteEvent>,
+    /// Polled every tick: a rank declared frozen (on any node), if any.
+    pub stalled: &'a dyn Fn() -> Option<Stall>,
 }
 
 struct Teardown {
@@ -55,8 +63,14 @@ struct Teardown {
 }
 
 impl Teardown {
-    /// Sends SIGTERM to every worker still running and starts the grace period.
+    /// Sends SIGTERM to every worker still running (SIGKILL to a stopped or ptrace-stopped
+    /// one, which acts on no other signal) and starts the grace period.
     fn begin(workers: &[Worker]) -> Teardown {
+        for w in workers {
+            if main_thread_frozen(w.pid.as_raw()).is_some() {
+                let _ = killpg(w.pid, Signal::SIGKILL);
+            }
+        }
         signal_all(workers, Signal::SIGTERM);
         Teardown {
             killed_at: Instant::now(),
@@ -108,6 +122,10 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
         let mut failed: Vec<Failure> = Vec::new();
         let mut i = 0;
         while i < workers.len() {
+            // Read before the reap, while /proc still has the exited worker.
+            let limits = has_exited(&workers[i])
+                .then(|| limits_of(workers[i].pid.as_raw()))
+                .flatten();
             let status = match workers[i].child.try_wait() {
                 Ok(Some(status)) => status,
                 Ok(None) => {
@@ -121,7 +139,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                 }
             };
             let w = workers.remove(i);
-            if let Some(f) = reap(w, status, sup) {
+            if let Some(f) = reap(w, status, limits, sup) {
                 failed.push(f);
             }
         }
@@ -154,7 +172,18 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                     .as_ref()
                     .and_then(|p| p.tail.lock().ok().map(|t| t.iter().cloned().collect()))
                     .unwrap_or_default();
-                outcome = Some(Outcome::Failed(failure_of(w.rank, w.pid, exit, tail, sup)));
+                outcome = Some(Outcome::Failed(failure_of(
+                    w.rank, w.pid, exit, None, tail, sup,
+                )));
+                teardown = Some(Teardown::begin(&workers));
+            }
+        }
+
+        // A rank declared frozen (here or on another node) fails the job.
+        if outcome.is_none() {
+            if let Some(stall) = (sup.stalled)() {
+                tracing::error!("rank {} is frozen; stopping the workers", stall.rank);
+                outcome = Some(Outcome::Failed(stall_failure(&stall, &workers, sup)));
                 teardown = Some(Teardown::begin(&workers));
             }
         }
@@ -173,9 +202,12 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                         );
                         Outcome::Remote(f)
                     }
-                    RemoteEvent::StoreLost(msg) => {
-                        tracing::error!("{msg}; stopping the local workers");
-                        Outcome::StoreLost(msg)
+                    RemoteEvent::StoreLost {
+                        message,
+                        last_answer,
+                    } => {
+                        tracing::error!("{message}; stopping the local workers");
+                        Outcome::StoreLost(message, last_answer)
                     }
                 });
                 teardown = Some(Teardown::begin(&workers));
@@ -202,9 +234,54 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
     }
 }
 
+/// The failure of a rank declared frozen; a local one is killed at once (a frozen process acts
+/// on no other signal).
+fn stall_failure(stall: &Stall, workers: &[Worker], sup: &Supervision<'_>) -> Failure {
+    let local = workers.iter().find(|w| w.rank == stall.rank);
+    if let Some(w) = local {
+        let _ = killpg(w.pid, Signal::SIGKILL);
+    }
+    let tail = local
+        .and_then(|w| w.pipes.as_ref())
+        .and_then(|p| p.tail.lock().ok().map(|t| t.iter().cloned().collect()))
+        .unwrap_or_default();
+    let node_rank = stall.rank / sup.nproc_per_node.max(1);
+    Failure {
+        rank: stall.rank,
+        node_rank,
+        host: if local.is_some() {
+            sup.host.clone()
+        } else {
+            format!("of node {node_rank}")
+        },
+        pid: local.map_or_else(|| stall.pid.map_or(0, |p| p as i32), |w| w.pid.as_raw()),
+        exit: ExitKind::Stalled(stall.silent.as_millis() as u64),
+        cause: Some(format!(
+            "{}; ranks {:?} wait for it in {}",
+            stall.why, stall.waiters, stall.call
+        )),
+        tail,
+    }
+}
+
+/// Whether `w` has exited (not yet reaped).
+fn has_exited(w: &Worker) -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(
+        waitid(Id::Pid(w.pid), flags),
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+    )
+}
+
 /// Closes the book on a worker that exited: kills what is left of its process group, drains
-/// its output; returns its failure, if it failed.
-fn reap(mut w: Worker, status: std::process::ExitStatus, sup: &Supervision<'_>) -> Option<Failure> {
+/// its output; returns its failure, if it failed, explained by a resource limit when one was
+/// hit (`limits`: the worker's, read before it was reaped).
+fn reap(
+    mut w: Worker,
+    status: std::process::ExitStatus,
+    limits: Option<Limits>,
+    sup: &Supervision<'_>,
+) -> Option<Failure> {
     let exit = ExitKind::from_status(status);
     // Leftover processes of the worker's group go with it: no orphans.
     let _ = killpg(w.pid, Signal::SIGKILL);
@@ -224,7 +301,11 @@ fn reap(mut w: Worker, status: std::process::ExitStatus, sup: &Supervision<'_>) 
     if exit.is_success() {
         return None;
     }
-    Some(failure_of(w.rank, w.pid, exit, tail, sup))
+    let cause = match exit {
+        ExitKind::Signal(sig) => resource_death(sig, limits.as_ref(), Some(&w.oom)),
+        _ => None,
+    };
+    Some(failure_of(w.rank, w.pid, exit, cause, tail, sup))
 }
 
 /// A local worker's failure as the summary reports it.
@@ -232,6 +313,7 @@ fn failure_of(
     rank: usize,
     pid: nix::unistd::Pid,
     exit: ExitKind,
+    cause: Option<String>,
     tail: Vec<String>,
     sup: &Supervision<'_>,
 ) -> Failure {
@@ -241,6 +323,7 @@ fn failure_of(
         host: sup.host.clone(),
         pid: pid.as_raw(),
         exit,
+        cause,
         tail,
     }
 }

@@ -1,5 +1,7 @@
 //! How oflaunch tells which rank failed: a stopped (SIGSTOP) rank is named within seconds,
-//! not at --timeout.
+//! not at --timeout; a rank behind in a collective is named from the heartbeats; a rank
+//! killed by a resource limit is reported with the limit; the job's temporary flight
+//! directories do not outlive it.
 
 mod common;
 
@@ -94,6 +96,9 @@ fn a_rank_behind_in_a_collective_is_named_within_10_seconds() {
     }
     let status = child.wait().unwrap();
     eprintln!("{stderr}");
+    // The job's flight dumps were summarised, then removed with their directory.
+    let flight = std::env::temp_dir().join(format!("oflaunch-flight-{}", child.id()));
+    assert!(!flight.exists(), "{} left behind", flight.display());
     let named_after = named_after.expect("rank 1 was never named as behind");
     eprintln!("rank 1 named as behind after {named_after:?}");
     assert!(named_after <= Duration::from_secs(10), "{named_after:?}");
@@ -111,4 +116,58 @@ fn a_rank_behind_in_a_collective_is_named_within_10_seconds() {
         "{stderr}"
     );
     assert!(stderr.contains("rank 0 flight recorder ("), "{stderr}");
+}
+
+#[test]
+fn resource_deaths_are_named_with_the_limit() {
+    let dir = scratch("rlimit");
+    let big = dir.join("big");
+    let fsize = format!(
+        "ulimit -f 1 && exec head -c 100000 /dev/zero > '{}'",
+        big.display()
+    );
+    let r = oflaunch(&["--nproc-per-node", "1", "sh", "-c", &fsize], T);
+    assert_eq!(r.code(), 128 + libc::SIGXFSZ, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(
+            "killed by SIGXFSZ (signal 25, exit 153): it exceeded its file-size limit \
+             (RLIMIT_FSIZE, `ulimit -f`: 512 bytes)"
+        ),
+        "{}",
+        r.stderr
+    );
+    // The soft CPU limit sends SIGXCPU; a hard one reached kills with SIGKILL.
+    let soft = "ulimit -S -t 1 && exec sh -c 'while :; do :; done'";
+    let r = oflaunch(&["--nproc-per-node", "1", "sh", "-c", soft], T);
+    assert_eq!(r.code(), 128 + libc::SIGXCPU, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(
+            "it exceeded its soft CPU-time limit (RLIMIT_CPU, `ulimit -t`) after using 1."
+        ),
+        "{}",
+        r.stderr
+    );
+    let hard = "ulimit -t 1 && exec sh -c 'while :; do :; done'";
+    let r = oflaunch(&["--nproc-per-node", "1", "sh", "-c", hard], T);
+    assert_eq!(r.code(), 128 + libc::SIGKILL, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("it reached its hard CPU-time limit (RLIMIT_CPU, `ulimit -Ht`: 1 s"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn flight_directories_of_dead_launchers_are_removed() {
+    let dead = std::process::Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    let mut dead = dead;
+    dead.wait().unwrap();
+    let stale = std::env::temp_dir().join(format!("oflaunch-flight-{pid}"));
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("flight-rank0.json"), b"{}").unwrap();
+    let r = oflaunch(&["--nproc-per-node", "1", "true"], T);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert!(!stale.exists(), "{} left behind", stale.display());
 }

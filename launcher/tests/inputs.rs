@@ -104,6 +104,12 @@ fn bad_flag_values_are_refused_before_any_worker_starts() {
         &["--grace-period", "0"],
         "--grace-period must be a positive number",
     );
+    for bad in ["-1", "nan", "inf"] {
+        refused(
+            &["--stall-timeout", bad],
+            "--stall-timeout must be a positive number",
+        );
+    }
     refused(
         &["--max-restarts", "-1"],
         "invalid value '-1' for '--max-restarts",

@@ -316,3 +316,120 @@ fn a_node_with_the_wrong_token_is_refused() {
     );
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
+
+/// oflaunch's own bound on a frozen node, as it measures it: 10 s and a margin for load.
+const FROZEN_BOUND: f64 = 10.5;
+
+/// Two loopback nodes of 2 workers doing all-reduces; once they run, node `frozen` (its
+/// oflaunch, hence the store if it is node 0, and its workers) is stopped with SIGSTOP. Returns
+/// the other node's end and how long after the freeze it came; the frozen node is killed.
+fn freeze_a_node(frozen: usize) -> (Finished, f64) {
+    let port = free_port().to_string();
+    let start_node = |node: &str| {
+        let mut args = node_args(node, "2", "127.0.0.1", &port);
+        args.extend(["--token-file", token_file(TOKEN), "--timeout", "60"]);
+        args.extend([WORKER, "allreduce", "100000000"]);
+        let mut cmd = Command::new(OFLAUNCH);
+        cmd.args(&args);
+        start(cmd)
+    };
+    let mut nodes = [Some(start_node("0")), Some(start_node("1"))];
+    let pid_of = |n: &Option<Running>| n.as_ref().unwrap().child.id();
+    let t0 = std::time::Instant::now();
+    while (0..2).any(|n| children_of(pid_of(&nodes[n])).len() < 2) {
+        assert!(t0.elapsed() < T, "workers did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Let the all-reduces and heartbeats run.
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen_pid = pid_of(&nodes[frozen]);
+    let mut frozen_pids = children_of(frozen_pid);
+    frozen_pids.push(frozen_pid as i32);
+    let frozen_at = std::time::Instant::now();
+    signal(&frozen_pids, libc::SIGSTOP);
+    let other = nodes[1 - frozen].take().unwrap();
+    let other_workers = children_of(other.child.id());
+    let r = other.finish(T);
+    let took = frozen_at.elapsed().as_secs_f64();
+    signal(&frozen_pids, libc::SIGKILL);
+    let _ = nodes[frozen].take().unwrap().finish(T);
+    for pid in other_workers.iter().chain(&frozen_pids) {
+        let t = std::time::Instant::now();
+        while alive(*pid) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(*pid), "process {pid} left running");
+    }
+    (r, took)
+}
+
+#[test]
+fn a_frozen_node_0_and_its_store_end_node_1_within_the_bound() {
+    let (r1, took) = freeze_a_node(0);
+    let measured = stopped_after(&r1.stderr).expect("a measured end");
+    eprintln!("node 0 frozen: node 1 stopped its workers {measured:.1} s after the store last answered, exited {took:.1} s after the freeze");
+    assert_eq!(r1.code(), 1, "{}", r1.stderr);
+    assert!(
+        r1.stderr
+            .contains("(served by node 0, where ranks 0-1 run) has not answered for")
+            && r1.stderr.contains("(node 0 is frozen or gone)"),
+        "{}",
+        r1.stderr
+    );
+    assert!(measured <= FROZEN_BOUND, "{}", r1.stderr);
+}
+
+#[test]
+fn a_frozen_node_1_ends_node_0_within_the_bound_naming_its_ranks() {
+    let (r0, took) = freeze_a_node(1);
+    let measured = stopped_after(&r0.stderr).expect("a measured end");
+    eprintln!("node 1 frozen: node 0 stopped its workers {measured:.1} s after rank 2 last showed progress, exited {took:.1} s after the freeze");
+    assert_eq!(r0.code(), 124, "{}", r0.stderr);
+    assert!(
+        r0.stderr
+            .contains("rank 2 (ranks [3] too) is frozen: its heartbeat stopped changing"),
+        "{}",
+        r0.stderr
+    );
+    assert!(
+        r0.stderr.contains("first failure: rank 2 (node 1"),
+        "{}",
+        r0.stderr
+    );
+    assert!(measured <= FROZEN_BOUND, "{}", r0.stderr);
+}
+
+/// Node 1's workers finish after node 0's store froze: node 1 still succeeds, saying it could
+/// not report, within seconds (not at --timeout).
+#[test]
+fn a_node_whose_workers_finished_survives_a_frozen_store() {
+    let port = free_port().to_string();
+    let script = "if [ \"$NODE_RANK\" = 1 ]; then sleep 3; fi; exit 0";
+    let start_node = |node: &str| {
+        let mut args = node_args(node, "2", "127.0.0.1", &port);
+        args.extend(["--token-file", token_file(TOKEN), "--timeout", "120"]);
+        args.extend(["sh", "-c", script]);
+        let mut cmd = Command::new(OFLAUNCH);
+        cmd.args(&args);
+        start(cmd)
+    };
+    let node0 = start_node("0");
+    let node1 = start_node("1");
+    let t0 = std::time::Instant::now();
+    // Node 0's workers are done once it has no children left after starting them.
+    while children_of(node1.child.id()).len() < 2 || !children_of(node0.child.id()).is_empty() {
+        assert!(t0.elapsed() < T, "the workers did not start and end");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let node0_pid = node0.child.id() as i32;
+    signal(&[node0_pid], libc::SIGSTOP);
+    let frozen_at = std::time::Instant::now();
+    let r1 = node1.finish(T);
+    let took = frozen_at.elapsed();
+    signal(&[node0_pid], libc::SIGKILL);
+    let _ = node0.finish(T);
+    eprintln!("node 1 exited {took:?} after the store froze");
+    assert_eq!(r1.code(), 0, "{}", r1.stderr);
+    assert!(r1.stderr.contains("did not take the news"), "{}", r1.stderr);
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}

@@ -2,7 +2,7 @@
 //! parameter, reached by the output projection), causality (future tokens do not change
 //! earlier logits), configuration checks and dropout.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
 use oxiflow_placement::{DeviceType, Placement};

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::{Activation, Mlp, Module, Parameter};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions, Zero};

@@ -4,7 +4,7 @@
 //! the other ranks zeros.
 
 use ndarray::{ArrayD, IxDyn};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::{with_element, DType};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Region, Shape};
 use rayon::prelude::*;
@@ -73,7 +73,13 @@ fn fill<T: TensorElement>(
                 rem /= local[d];
                 g += (region[d].start + i) * strides[d];
             }
-            T::from_f64(init.at(g as u64))
+            // 16-bit values are the f32 values rounded once (as a device computes them).
+            let v = init.at(g as u64);
+            T::from_f64(if T::DTYPE.is_half() {
+                f64::from(v as f32)
+            } else {
+                v
+            })
         };
         if n >= PAR_THRESHOLD {
             data.par_extend((0..n).into_par_iter().map(value));
@@ -92,11 +98,7 @@ fn fill_any(
     region: &Region,
     zero: bool,
 ) -> Result<CpuArray> {
-    Ok(match dtype {
-        DType::F32 => CpuArray::F32(fill(op, init, shape, region, zero)?),
-        DType::F64 => CpuArray::F64(fill(op, init, shape, region, zero)?),
-        DType::I64 => CpuArray::I64(fill(op, init, shape, region, zero)?),
-    })
+    Ok(with_element!(dtype, T => T::wrap(fill::<T>(op, init, shape, region, zero)?)))
 }
 
 /// A local tensor of `shape` filled by `init` (the byte size checked first).

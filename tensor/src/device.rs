@@ -27,7 +27,8 @@
 use std::sync::{Arc, RwLock};
 
 use oxiflow_boxing::Plan;
-use oxiflow_collectives::{DType, SharedComm};
+use oxiflow_collectives::SharedComm;
+use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use oxiflow_boxing::{execute, Plan, Strategy};
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, Region, SbpError, Shape};
 use smallvec::SmallVec;
@@ -21,7 +21,7 @@ use oxiflow_sbp::{InferEngine, RuleMode};
 
 use crate::autograd;
 use crate::context::Context;
-use crate::cpu::{CpuBackend, CpuPiece};
+use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
@@ -275,7 +275,7 @@ pub(crate) fn run_kernel(
 ) -> Result<SmallVec<[Storage; 1]>> {
     if device == Device::Cpu {
         let host = host_pieces(op, pieces)?;
-        let out = op.execute(&CpuBackend, &host, outs)?;
+        let out = crate::cpu::execute(op, &host, outs)?;
         return Ok(out.into_iter().map(Storage::Cpu).collect());
     }
     executor_for(op.name(), device)?.run(op, pieces, outs)
@@ -290,7 +290,7 @@ pub(crate) fn run_kernel_one(
 ) -> Result<Storage> {
     if device == Device::Cpu {
         let host = host_pieces(op, pieces)?;
-        return Ok(Storage::Cpu(op.execute_one(&CpuBackend, &host, out)?));
+        return Ok(Storage::Cpu(crate::cpu::execute_one(op, &host, out)?));
     }
     let outs = executor_for(op.name(), device)?.run(op, pieces, std::slice::from_ref(out))?;
     let n = outs.len();

@@ -1,14 +1,14 @@
-//! Element traits of tensor storage: `TensorElement` (f32, f64, i64) and `FloatElement` (f32, f64).
+//! Element traits of tensor storage: `TensorElement` (every dtype of the table: f32, f64, i64,
+//! bf16, f16) and `FloatElement` (f32, f64: the types CPU kernels compute floats in; 16-bit
+//! pieces reach the kernels as f32, see `cpu::run`).
 
-use ndarray::{ArrayD, LinalgScalar, ScalarOperand};
-use oxiflow_collectives::Element;
+use ndarray::{ArrayD, LinalgScalar};
+use oxiflow_dtype::{bf16, f16, Element};
 
 use crate::storage::CpuArray;
 
-/// A scalar type a tensor can hold: f32, f64 or i64.
-pub trait TensorElement:
-    Element + LinalgScalar + ScalarOperand + std::ops::Neg<Output = Self>
-{
+/// A scalar type a tensor can hold.
+pub trait TensorElement: Element + LinalgScalar + std::ops::Neg<Output = Self> {
     /// Wraps an owned array as CPU storage.
     fn wrap(a: ArrayD<Self>) -> CpuArray;
     /// Borrows the array when the storage holds this type.
@@ -17,12 +17,14 @@ pub trait TensorElement:
     fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>>;
     /// Takes the array out when the storage holds this type.
     fn unwrap(s: CpuArray) -> Option<ArrayD<Self>>;
-    fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
     /// Largest representable value's negation (identity of max).
-    fn lowest() -> Self;
+    fn lowest() -> Self {
+        Self::LOWEST
+    }
     /// Largest representable value (identity of min).
-    fn highest() -> Self;
+    fn highest() -> Self {
+        Self::HIGHEST
+    }
 }
 
 /// Floating point element types, with the math the kernels need.
@@ -36,9 +38,10 @@ pub trait FloatElement: TensorElement + std::ops::AddAssign + std::ops::MulAssig
     fn powf(self, e: Self) -> Self;
 }
 
-macro_rules! float_elem {
-    ($t:ty, $variant:ident) => {
-        impl TensorElement for $t {
+/// `TensorElement` for each (type, `CpuArray` variant) pair.
+macro_rules! tensor_elements {
+    ($($t:ty => $variant:ident),* $(,)?) => {
+        $(impl TensorElement for $t {
             fn wrap(a: ArrayD<Self>) -> CpuArray {
                 CpuArray::$variant(a)
             }
@@ -60,19 +63,13 @@ macro_rules! float_elem {
                     _ => None,
                 }
             }
-            fn from_f64(v: f64) -> Self {
-                v as $t
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-            fn lowest() -> Self {
-                <$t>::NEG_INFINITY
-            }
-            fn highest() -> Self {
-                <$t>::INFINITY
-            }
-        }
+        })*
+    };
+}
+tensor_elements!(f32 => F32, f64 => F64, i64 => I64, bf16 => BF16, f16 => F16);
+
+macro_rules! float_elem {
+    ($t:ty) => {
         impl FloatElement for $t {
             fn exp(self) -> Self {
                 <$t>::exp(self)
@@ -98,41 +95,5 @@ macro_rules! float_elem {
         }
     };
 }
-float_elem!(f32, F32);
-float_elem!(f64, F64);
-
-impl TensorElement for i64 {
-    fn wrap(a: ArrayD<Self>) -> CpuArray {
-        CpuArray::I64(a)
-    }
-    fn view(s: &CpuArray) -> Option<&ArrayD<Self>> {
-        match s {
-            CpuArray::I64(a) => Some(a),
-            _ => None,
-        }
-    }
-    fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>> {
-        match s {
-            CpuArray::I64(a) => Some(a),
-            _ => None,
-        }
-    }
-    fn unwrap(s: CpuArray) -> Option<ArrayD<Self>> {
-        match s {
-            CpuArray::I64(a) => Some(a),
-            _ => None,
-        }
-    }
-    fn from_f64(v: f64) -> Self {
-        v as i64
-    }
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn lowest() -> Self {
-        i64::MIN
-    }
-    fn highest() -> Self {
-        i64::MAX
-    }
-}
+float_elem!(f32);
+float_elem!(f64);

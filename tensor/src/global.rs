@@ -3,7 +3,8 @@
 //! across ranks, handles uneven pieces), `to_local`, and gathering the whole value (`to_ndarray`).
 
 use ndarray::ArrayD;
-use oxiflow_collectives::{Buf, BufMut, DType};
+use oxiflow_collectives::{Buf, BufMut};
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Shape};
 
@@ -102,11 +103,7 @@ impl Tensor {
         let width = MAX_DIMS + 2;
         let mut mine = vec![0i64; width];
         mine[0] = shape.ndim() as i64;
-        mine[1] = match self.dtype() {
-            DType::F32 => 0,
-            DType::F64 => 1,
-            DType::I64 => 2,
-        };
+        mine[1] = i64::from(self.dtype().code());
         for (i, &d) in shape.dims().iter().enumerate() {
             mine[2 + i] = d as i64;
         }
@@ -135,11 +132,10 @@ impl Tensor {
         let first = placement.ranks()[0];
         let reference = row_of(first)?;
         let (ndim, dtype) = (reference[0], reference[1]);
-        let dtype = match dtype {
-            0 => DType::F32,
-            1 => DType::F64,
-            _ => DType::I64,
-        };
+        let dtype = u8::try_from(dtype)
+            .ok()
+            .and_then(DType::from_code)
+            .unwrap_or(DType::I64);
         let mut locals = Vec::with_capacity(placement.num_ranks());
         for &r in placement.ranks() {
             let row = row_of(r)?;

@@ -49,6 +49,6 @@ pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};
 pub use tensor::Tensor;
 
-pub use oxiflow_collectives::DType;
+pub use oxiflow_dtype::{bf16, f16, DType};
 pub use oxiflow_placement::{DeviceType, Placement};
 pub use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::{bf16, f16, with_element, DType};
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
@@ -51,12 +51,14 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// A host array of one of the supported dtypes. Always standard (row-major contiguous) layout.
+/// A host array of one of the dtypes. Always standard (row-major contiguous) layout.
 #[derive(Clone, Debug)]
 pub enum CpuArray {
     F32(ArrayD<f32>),
     F64(ArrayD<f64>),
     I64(ArrayD<i64>),
+    BF16(ArrayD<bf16>),
+    F16(ArrayD<f16>),
 }
 
 /// Applies `$body` to the array inside a `CpuArray`, binding it as `$a` (generic over the type).
@@ -68,64 +70,53 @@ macro_rules! with_array {
             $crate::CpuArray::F32($a) => $body,
             $crate::CpuArray::F64($a) => $body,
             $crate::CpuArray::I64($a) => $body,
+            $crate::CpuArray::BF16($a) => $body,
+            $crate::CpuArray::F16($a) => $body,
         }
     };
 }
 
 impl CpuArray {
     pub fn dtype(&self) -> DType {
-        match self {
-            CpuArray::F32(_) => DType::F32,
-            CpuArray::F64(_) => DType::F64,
-            CpuArray::I64(_) => DType::I64,
-        }
+        with_array!(self, a => elem_dtype(a))
     }
     pub fn shape(&self) -> &[usize] {
         with_array!(self, a => a.shape())
     }
     /// An array of zeros.
     pub fn zeros(dtype: DType, shape: &[usize]) -> CpuArray {
-        let sh = IxDyn(shape);
-        match dtype {
-            DType::F32 => CpuArray::F32(ArrayD::zeros(sh)),
-            DType::F64 => CpuArray::F64(ArrayD::zeros(sh)),
-            DType::I64 => CpuArray::I64(ArrayD::zeros(sh)),
-        }
+        with_element!(dtype, T => T::wrap(ArrayD::<T>::zeros(IxDyn(shape))))
     }
     /// Makes the layout standard (row-major contiguous), copying only when needed.
     pub fn into_standard(self) -> CpuArray {
-        fn std<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
-            if a.is_standard_layout() {
+        fn std<T: TensorElement>(a: ArrayD<T>) -> CpuArray {
+            T::wrap(if a.is_standard_layout() {
                 a
             } else {
                 a.as_standard_layout().into_owned()
-            }
+            })
         }
-        match self {
-            CpuArray::F32(a) => CpuArray::F32(std(a)),
-            CpuArray::F64(a) => CpuArray::F64(std(a)),
-            CpuArray::I64(a) => CpuArray::I64(std(a)),
-        }
+        with_array!(self, a => std(a))
     }
     /// The array of type `T`, or None for another dtype.
     pub fn as_array<T: TensorElement>(&self) -> Option<&ArrayD<T>> {
         T::view(self)
     }
-    /// Converts every element to `dtype` (float -> i64 truncates toward zero).
+    /// Converts every element to `dtype`, each value rounded once (float -> i64 truncates
+    /// toward zero); the same dtype is a copy.
     pub fn cast(&self, dtype: DType) -> CpuArray {
-        fn conv<S: TensorElement, T: TensorElement>(a: &ArrayD<S>) -> ArrayD<T> {
-            a.mapv(|v| T::from_f64(v.to_f64()))
+        fn conv<S: TensorElement, T: TensorElement>(a: &ArrayD<S>) -> CpuArray {
+            T::wrap(a.mapv(|v| T::from_f64(v.to_f64())))
         }
-        match (self, dtype) {
-            (CpuArray::F32(a), DType::F64) => CpuArray::F64(a.mapv(f64::from)),
-            (CpuArray::F32(a), DType::I64) => CpuArray::I64(conv(a)),
-            (CpuArray::F64(a), DType::F32) => CpuArray::F32(a.mapv(|v| v as f32)),
-            (CpuArray::F64(a), DType::I64) => CpuArray::I64(conv(a)),
-            (CpuArray::I64(a), DType::F32) => CpuArray::F32(conv(a)),
-            (CpuArray::I64(a), DType::F64) => CpuArray::F64(conv(a)),
-            (s, _) => s.clone(),
+        if dtype == self.dtype() {
+            return self.clone();
         }
+        with_array!(self, a => with_element!(dtype, T => conv::<_, T>(a)))
     }
+}
+
+fn elem_dtype<T: TensorElement>(_: &ArrayD<T>) -> DType {
+    T::DTYPE
 }
 
 /// The storage of a local piece.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 

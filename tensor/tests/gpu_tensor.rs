@@ -4,7 +4,8 @@
 //! autograd, the indexed and masking ops and vocabulary parallelism, and (b) boxing between random (placement, nd-SBP) pairs of cuda placements
 //! (exact), (c) pipelined boxing: 30 iterations of boxing chains (1-d, and a [2, 2] mesh on 4
 //! ranks) queued with no synchronisation, results kept alive or dropped, then compared with
-//! the same chains on CPU; plus the device Philox generator against `rng::philox4x32_10`.
+//! the same chains on CPU; (d) every bf16/f16 kernel against f64 on random, never-zero data;
+//! plus the device Philox generator against `rng::philox4x32_10`.
 //! Prints "skipped: no CUDA (...)" where there is no GPU.
 //!
 //! A custom harness (`harness = false`): the parent re-runs this binary once per rank.
@@ -22,8 +23,10 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 mod gpu_tensor_checks;
+mod half_cases;
 use gpu_tensor_checks::{
-    child_bf16, child_creation, child_inputs_unchanged, child_pipelined, run_indexed_case,
+    child_bf16, child_creation, child_half, child_inputs_unchanged, child_pipelined,
+    run_indexed_case,
 };
 
 #[derive(Clone, Debug)]
@@ -581,6 +584,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 8;
         }
     }
+    match child_half(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} bf16/f16 kernel cases within their rounding of the f64 reference"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: 16-bit kernels: {e}");
+            code = 10;
+        }
+    }
     match child_inputs_unchanged(world, rank, DeviceType::Cuda) {
         Ok(()) if rank == 0 => println!(
             "gpu_tensor: world {world}: P->B x5 then P->S leave the P input unchanged; results equal the host sum"
@@ -610,6 +623,7 @@ fn cpu_self_check() {
             .and_then(|a| child_boxing(4, rank, 16, DeviceType::Cpu).map(|b| (a, b)))
             .and_then(|ab| child_pipelined(4, DeviceType::Cpu).map(|(_, p, _)| (ab, p)))
             .and_then(|abp| child_inputs_unchanged(4, rank, DeviceType::Cpu).map(|_| abp))
+            .and_then(|abp| child_half(4, DeviceType::Cpu).map(|h| (abp, h)))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -1,10 +1,12 @@
 //! The checkpoint-file part of the bad-input catalogue: a fresh checkpoint and the damages
-//! done to it, each with the fragment its load error must name.
+//! done to it, each with the fragment its load error must name; and the editing helpers the
+//! checkpoint tests share (manifest edits that recompute the manifest's checksum, as a hostile
+//! user would, or leave it; a value poisoned with its checksums recomputed).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
-use oxiflow::checkpoint::{self, Metadata, SaveOptions};
+use oxiflow::checkpoint::{self, Manifest, Metadata, SaveOptions};
 use oxiflow::prelude::*;
 use serde_json::{json, Value};
 
@@ -26,11 +28,66 @@ pub fn saved(case: &str) -> PathBuf {
     d
 }
 
-fn edit(d: &Path, f: impl FnOnce(&mut Value)) {
+/// The bytes of a manifest edited as `v`, its checksum recomputed when it still has the
+/// manifest's fields (a hostile edit that passes the checksum).
+pub fn sealed(v: &Value) -> Vec<u8> {
+    match serde_json::from_value::<Manifest>(v.clone()) {
+        Ok(mut m) => {
+            m.seal().unwrap();
+            serde_json::to_vec_pretty(&m).unwrap()
+        }
+        Err(_) => serde_json::to_vec(v).unwrap(),
+    }
+}
+
+/// Edits the manifest of the checkpoint in `d` and recomputes its checksum.
+pub fn edit(d: &Path, f: impl FnOnce(&mut Value)) {
     let path = d.join("manifest.json");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     f(&mut v);
-    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::write(&path, sealed(&v)).unwrap();
+}
+
+/// Edits the manifest of the checkpoint in `d`, leaving its checksum as it was.
+pub fn edit_unsealed(d: &Path, f: impl FnOnce(&mut Value)) {
+    let path = d.join("manifest.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+/// Writes a NaN over the first element of `tensor`'s piece in `file` of the checkpoint in `d`
+/// and recomputes every checksum that covers it (the piece's, the file's, the manifest's).
+pub fn poison(d: &Path, tensor: &str, file: &str) {
+    let path = d.join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offsets = &header[tensor]["data_offsets"];
+    let (a, b) = (
+        8 + n + offsets[0].as_u64().unwrap() as usize,
+        8 + n + offsets[1].as_u64().unwrap() as usize,
+    );
+    let nan = match header[tensor]["dtype"].as_str().unwrap() {
+        "F64" => f64::NAN.to_le_bytes().to_vec(),
+        _ => f32::NAN.to_le_bytes().to_vec(),
+    };
+    bytes[a..a + nan.len()].copy_from_slice(&nan);
+    std::fs::write(&path, &bytes).unwrap();
+    let piece_crc = crc32c::crc32c(&bytes[a..b]);
+    edit(d, |m| {
+        for f in m["files"].as_array_mut().unwrap() {
+            if f["name"] == file {
+                f["bytes"] = json!(bytes.len());
+                f["crc32c"] = json!(crc32c::crc32c(&bytes));
+            }
+        }
+        for p in m["tensors"][tensor]["pieces"].as_array_mut().unwrap() {
+            if p["file"] == file {
+                p["crc32c"] = json!(piece_crc);
+            }
+        }
+    });
 }
 
 fn data_file(d: &Path) -> PathBuf {
@@ -79,6 +136,25 @@ pub fn damages() -> Vec<Damage> {
         ),
         ("old version", "version 1", set("/version", json!(1))),
         (
+            "version flipped 3 -> 2, checksum left",
+            "manifest version 2",
+            Box::new(|d: &Path| edit_unsealed(d, |m| m["version"] = json!(2))),
+        ),
+        (
+            "metadata step changed, checksum left",
+            "manifest checksum mismatch",
+            Box::new(|d: &Path| edit_unsealed(d, |m| m["metadata"]["step"] = json!("2"))),
+        ),
+        (
+            "checksum field removed",
+            "missing field `manifest_crc32c`",
+            Box::new(|d: &Path| {
+                edit_unsealed(d, |m| {
+                    m.as_object_mut().unwrap().remove("manifest_crc32c");
+                })
+            }),
+        ),
+        (
             "unknown field",
             "unknown field",
             Box::new(|d: &Path| edit(d, |m| m["extra"] = json!(1))),
@@ -86,7 +162,7 @@ pub fn damages() -> Vec<Damage> {
         (
             "unknown dtype",
             "unknown dtype",
-            set("/tensors/w/dtype", json!("f16")),
+            set("/tensors/w/dtype", json!("f8")),
         ),
         (
             "shape too large",
@@ -95,13 +171,29 @@ pub fn damages() -> Vec<Damage> {
         ),
         (
             "region outside the shape",
-            "outside the shape",
+            "saved whole, so one piece covering [0..4, 0..3]",
             set("/tensors/w/pieces/0/region", json!([[0, 9], [0, 3]])),
         ),
         (
             "region that leaves a gap",
-            "cover 6 of the 12",
+            "saved whole, so one piece covering [0..4, 0..3]",
             set("/tensors/w/pieces/0/region", json!([[0, 2], [0, 3]])),
+        ),
+        (
+            "a layout its pieces do not follow",
+            "the manifest lists 1 piece(s) but its layout [\"S(0)\"] on mesh [2] makes 2",
+            set(
+                "/tensors/w/layout",
+                json!({"mesh": [2], "ranks": [0, 1], "sbp": ["S(0)"]}),
+            ),
+        ),
+        (
+            "a layout with a partial sum",
+            "a saved piece is never a partial sum",
+            set(
+                "/tensors/w/layout",
+                json!({"mesh": [1], "ranks": [0], "sbp": ["P"]}),
+            ),
         ),
         (
             "absolute piece path",
@@ -130,7 +222,7 @@ pub fn damages() -> Vec<Damage> {
         ),
         (
             "duplicated piece",
-            "more than the 12 elements",
+            "saved whole, so one piece",
             Box::new(|d: &Path| {
                 edit(d, |m| {
                     let mut f = m["files"][0].clone();
@@ -149,8 +241,16 @@ pub fn damages() -> Vec<Damage> {
         ),
         (
             "optimizer state not saved",
-            "listed but not saved",
-            set("/optimizer_state", json!(["optim/w/exp_avg"])),
+            "optimizer state optim/w/exp_avg is missing",
+            set(
+                "/optimizer",
+                json!({"step_count": 1, "slots": ["exp_avg"], "params": ["w"], "empty": []}),
+            ),
+        ),
+        (
+            "NaN value with every checksum recomputed",
+            "holds a non-finite value (NaN)",
+            Box::new(|d: &Path| poison(d, "w", "rank-00000.safetensors")),
         ),
         (
             "flipped data byte",

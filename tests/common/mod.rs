@@ -119,3 +119,183 @@ pub fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
         })
         .fold(0.0, f64::max)
 }
+
+/// Freezes `pid`'s main thread as a debugger does (PTRACE_SEIZE, then PTRACE_INTERRUPT): its
+/// other threads (the heartbeat) run on. The returned thread stays its tracer and collects its
+/// ptrace events without ever resuming it, until it dies (a killed tracee is handed to its
+/// parent only once its tracer has seen it die). Returns it with its thread id (the tracer's
+/// pid as `/proc/PID/status` names it).
+pub fn ptrace_freeze(pid: i32) -> (std::thread::JoinHandle<()>, i32) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tracer = std::thread::spawn(move || {
+        let null = std::ptr::null_mut::<libc::c_void>();
+        // SAFETY: PTRACE_SEIZE and PTRACE_INTERRUPT on a process of this test; no memory is
+        // passed (the address and data arguments are null).
+        let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) };
+        // SAFETY: as above.
+        let stopped =
+            seized == 0 && unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, null, null) } == 0;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let _ = tx.send(
+            stopped
+                .then_some(tid)
+                .ok_or_else(std::io::Error::last_os_error),
+        );
+        if !stopped {
+            return;
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid on the tracee with a pointer to a local status word.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+            if r < 0 || libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return;
+            }
+        }
+    });
+    let tid = rx.recv().unwrap().expect("ptrace the worker");
+    (tracer, tid)
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some(s) if s != 'Z' && s != 'X')
+}
+
+/// The workers oflaunch `pid` started, as (rank, pid), once `n` exist.
+pub fn workers_of(pid: u32, n: usize) -> Vec<(usize, i32)> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let mut found: Vec<(usize, i32)> = children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+            .filter_map(|child| {
+                let env = std::fs::read(format!("/proc/{child}/environ")).ok()?;
+                let rank = env
+                    .split(|&b| b == 0)
+                    .find_map(|kv| kv.strip_prefix(b"RANK="))
+                    .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok())?;
+                Some((rank, child))
+            })
+            .collect();
+        if found.len() == n {
+            found.sort_unstable();
+            return found;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the workers did not start: {found:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The tiny GPT of the tests: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch, no
+/// sample, the loss every step.
+pub const TINY_GPT: [&str; 14] = [
+    "--layers",
+    "2",
+    "--width",
+    "32",
+    "--heads",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--gen-tokens",
+    "0",
+    "--log-every",
+    "1",
+];
+
+/// A running `oflaunch ... train` job: its stdout lines as they come, its stderr at the end.
+pub struct Job {
+    pub child: std::process::Child,
+    pub lines: std::sync::mpsc::Receiver<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+/// Starts `oflaunch --nproc-per-node N --backend cpu train ARGS`.
+pub fn start_job(nproc: usize, train_args: &[&str]) -> Job {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let (oflaunch, train) = binaries();
+    let mut child = Command::new(oflaunch)
+        .args(["--nproc-per-node", &nproc.to_string(), "--backend", "cpu"])
+        .arg(train)
+        .args(train_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start oflaunch");
+    let out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    Job {
+        child,
+        lines,
+        stderr,
+    }
+}
+
+/// Waits (up to `limit`) for a stdout line of `job` containing `what`; a job that ends first
+/// is a failure showing its output.
+pub fn wait_line(job: &Job, what: &str, limit: std::time::Duration) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let deadline = std::time::Instant::now() + limit;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match job.lines.recv_timeout(left) {
+            Ok(line) if line.contains(what) => return,
+            Ok(line) => seen.push(line),
+            Err(RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {limit:?}"),
+            Err(RecvTimeoutError::Disconnected) => {
+                panic!("the job ended before {what:?}:\n{}", seen.join("\n"))
+            }
+        }
+    }
+}
+
+/// Waits (up to `limit` after `since`) for `job` to end; returns (time since `since`, exit
+/// code, stderr).
+pub fn finish_job(
+    mut job: Job,
+    since: std::time::Instant,
+    limit: std::time::Duration,
+) -> (std::time::Duration, i32, String) {
+    let status = loop {
+        if let Some(s) = job.child.try_wait().expect("wait for oflaunch") {
+            break s;
+        }
+        if since.elapsed() > limit {
+            let _ = job.child.kill();
+            panic!("oflaunch still running {limit:?} after the fault");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let took = since.elapsed();
+    let stderr = job.stderr.join().expect("stderr reader");
+    (took, status.code().unwrap_or(-1), stderr)
+}

@@ -16,8 +16,9 @@ use oxiflow_boxing::{boxing, BoxingPlanner, HostData, HostPiece, LocalPiece};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{
-    init_world, Buf, BufMut, DType, InProcessWorld, ReduceOp, SharedComm, StridedBlock,
+    init_world, Buf, BufMut, InProcessWorld, ReduceOp, SharedComm, StridedBlock,
 };
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, Sbp};
 

@@ -1,7 +1,7 @@
 //! A device-type change: each rank copies its piece to the other device (host <-> CUDA through
 //! `LocalPiece::to_device`); no communication.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::GlobalLayout;
 

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use oxiflow_collectives::{Buf, BufMut, CommError, Communicator, DType};
+use oxiflow_collectives::{Buf, BufMut, CommError, Communicator};
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
 use rustc_hash::FxHashMap;
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 use oxiflow_boxing::{
     build_plan_with, execute, BoxingError, BoxingPlanner, HostData, HostPiece, Plan, Strategy,
 };
-use oxiflow_collectives::{DType, InProcessWorld};
+use oxiflow_collectives::InProcessWorld;
+use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
 
@@ -92,23 +93,17 @@ fn for_each_in(shape: &Shape, region: &[std::ops::Range<usize>], mut f: impl FnM
 }
 
 pub fn to_host(shape: Shape, v: Vec<f64>, dtype: DType) -> HostPiece {
-    let data = match dtype {
-        DType::F32 => HostData::F32(v.iter().map(|&x| x as f32).collect()),
-        DType::F64 => HostData::F64(v),
-        DType::I64 => HostData::I64(v.iter().map(|&x| x as i64).collect()),
-    };
-    HostPiece::new(shape, data).unwrap()
+    HostPiece::new(shape, HostData::F64(v).to_dtype(dtype)).unwrap()
 }
 
 pub fn from_host(p: &HostPiece) -> Vec<f64> {
-    match &p.data {
-        HostData::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        HostData::F64(v) => v.clone(),
-        HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+    match p.data.to_dtype(DType::F64) {
+        HostData::F64(v) => v,
+        other => panic!("to_dtype(f64) gave {}", other.dtype()),
     }
 }
 
-fn partial_key(nd: &NdSbp, coord: &[usize]) -> Vec<usize> {
+pub fn partial_key(nd: &NdSbp, coord: &[usize]) -> Vec<usize> {
     nd.iter()
         .zip(coord)
         .filter(|(s, _)| s.is_partial())
@@ -145,9 +140,14 @@ pub fn make_pieces(
             comps.insert(keys[0].clone(), global.to_vec());
         }
         Some(ReduceOp::Sum) => {
+            // 16-bit floats hold integers exactly only up to 256: smaller noise keeps every
+            // partial sum exact.
+            let spread = if dtype.is_half() { 9 } else { 100 };
             let mut rest = global.to_vec();
             for k in keys.iter().skip(1) {
-                let noise: Vec<f64> = (0..n).map(|_| rng.val()).collect();
+                let noise: Vec<f64> = (0..n)
+                    .map(|_| rng.below(spread) as f64 - (spread / 2) as f64)
+                    .collect();
                 rest.iter_mut().zip(&noise).for_each(|(r, x)| *r -= x);
                 comps.insert(k.clone(), noise);
             }
@@ -176,6 +176,17 @@ pub fn make_pieces(
             }
         }
     }
+    pieces_of_components(layout, &comps, dtype)
+}
+
+/// The local piece of every rank of `layout` whose P component (keyed by `partial_key`) is
+/// the global array `comps[key]`.
+pub fn pieces_of_components(
+    layout: &GlobalLayout,
+    comps: &BTreeMap<Vec<usize>, Vec<f64>>,
+    dtype: DType,
+) -> BTreeMap<usize, HostPiece> {
+    let (shape, pl, nd) = (layout.shape(), layout.placement(), layout.nd_sbp());
     let mut out = BTreeMap::new();
     for (idx, &r) in pl.ranks().iter().enumerate() {
         let coord = pl.coord_of_index(idx);
@@ -363,6 +374,37 @@ pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs the boxing `from -> to` of `inputs` on an in-process world of `world` ranks (one
+/// thread per rank) and returns the target pieces.
+pub fn box_pieces(
+    world: usize,
+    from: &GlobalLayout,
+    to: &GlobalLayout,
+    dtype: DType,
+    inputs: BTreeMap<usize, HostPiece>,
+) -> Result<BTreeMap<usize, HostPiece>, String> {
+    let plan = BoxingPlanner::new()
+        .plan(from, to, dtype)
+        .map_err(|e| format!("plan {from} -> {to}: {e}"))?;
+    let inputs = Arc::new(inputs);
+    let handles: Vec<_> = InProcessWorld::new(world, Duration::from_secs(30))
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            let (plan, inputs) = (plan.clone(), inputs.clone());
+            std::thread::spawn(move || (r, execute(&plan, &comm, inputs.get(&r).cloned())))
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for h in handles {
+        let (r, res) = h.join().map_err(|_| "rank thread panicked".to_string())?;
+        if let Some(p) = res.map_err(|e| format!("{from} -> {to}: rank {r}: {e}"))? {
+            out.insert(r, p);
+        }
+    }
+    Ok(out)
+}
+
 pub fn random_global(shape: &Shape, rng: &mut SplitMix) -> Vec<f64> {
     (0..shape.numel()).map(|_| rng.val()).collect()
 }
@@ -372,5 +414,5 @@ pub fn sbps_2d() -> Vec<Sbp> {
 }
 
 pub fn dtype_of(i: u64) -> DType {
-    [DType::F32, DType::F64, DType::I64][(i % 3) as usize]
+    DType::ALL[(i % DType::ALL.len() as u64) as usize]
 }

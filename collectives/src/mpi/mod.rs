@@ -150,6 +150,8 @@ fn datatype(dtype: DType) -> ffi::MPI_Datatype {
         DType::F32 => f32::equivalent_datatype().as_raw(),
         DType::F64 => f64::equivalent_datatype().as_raw(),
         DType::I64 => i64::equivalent_datatype().as_raw(),
+        // 16-bit floats only move here: their reductions arrive widened to f32 (`widen.rs`).
+        DType::BF16 | DType::F16 => u16::equivalent_datatype().as_raw(),
     }
 }
 

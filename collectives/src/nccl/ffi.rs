@@ -213,6 +213,8 @@ pub fn nccl_dtype(d: DType) -> c_int {
         DType::F32 => 7,
         DType::F64 => 8,
         DType::I64 => 4,
+        DType::F16 => 6,
+        DType::BF16 => 9,
     }
 }
 

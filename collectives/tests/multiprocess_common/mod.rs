@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use oxiflow_collectives::{Communicator, DType, ReduceOp, SharedComm};
+use oxiflow_dtype::{bf16, f16};
 
 /// One collective of a scenario; `group` lists world ranks in member order.
 #[derive(Clone, Debug)]
@@ -167,34 +168,55 @@ impl Case {
     }
 }
 
-/// Input element `i` of world rank `r` at step `s`: small integers, so float sums are exact.
-pub fn val(r: usize, s: usize, i: usize) -> i64 {
-    ((r * 7 + s * 13 + i * 3) % 23) as i64 - 11
+/// Input element `i` of world rank `r` at step `s`: small integers, so float sums are exact;
+/// for 16-bit floats values of 8 significant bits at scales 1 to 2^-6, whose sums are exact in
+/// f32 but not in 16 bits, so only a reduction that rounds once matches the reference.
+pub fn val(dt: DType, r: usize, s: usize, i: usize) -> f64 {
+    if dt.is_half() {
+        let m = ((r * 37 + s * 11 + i * 29) % 255) as f64 - 127.0;
+        m / f64::from(1u32 << ((r + 2 * s + i) % 7))
+    } else {
+        (((r * 7 + s * 13 + i * 3) % 23) as i64 - 11) as f64
+    }
 }
 
-pub fn encode(dtype: DType, v: &[i64]) -> Vec<u8> {
+/// `v` (values `dt` holds exactly) as native-endian elements of `dt`.
+pub fn encode(dtype: DType, v: &[f64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(v.len() * dtype.size());
     for &x in v {
         match dtype {
             DType::F32 => out.extend_from_slice(&(x as f32).to_ne_bytes()),
-            DType::F64 => out.extend_from_slice(&(x as f64).to_ne_bytes()),
-            DType::I64 => out.extend_from_slice(&x.to_ne_bytes()),
+            DType::F64 => out.extend_from_slice(&x.to_ne_bytes()),
+            DType::I64 => out.extend_from_slice(&(x as i64).to_ne_bytes()),
+            DType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_ne_bytes()),
+            DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_ne_bytes()),
         }
     }
     out
 }
 
-pub fn decode(dtype: DType, b: &[u8]) -> Vec<i64> {
+pub fn decode(dtype: DType, b: &[u8]) -> Vec<f64> {
     b.chunks_exact(dtype.size())
         .map(|c| match dtype {
-            DType::F32 => f32::from_ne_bytes(c.try_into().unwrap()) as i64,
-            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()) as i64,
-            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()),
+            DType::F32 => f64::from(f32::from_ne_bytes(c.try_into().unwrap())),
+            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
+            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::BF16 => bf16::from_ne_bytes(c.try_into().unwrap()).to_f64(),
+            DType::F16 => f16::from_ne_bytes(c.try_into().unwrap()).to_f64(),
         })
         .collect()
 }
 
-fn combine(op: ReduceOp, a: i64, b: i64) -> i64 {
+/// `x` rounded once to `dt` (exact for the others: their test values and sums are integers).
+fn rounded(dt: DType, x: f64) -> f64 {
+    match dt {
+        DType::BF16 => bf16::from_f32(x as f32).to_f64(),
+        DType::F16 => f16::from_f32(x as f32).to_f64(),
+        _ => x,
+    }
+}
+
+fn combine(op: ReduceOp, a: f64, b: f64) -> f64 {
     match op {
         ReduceOp::Sum => a + b,
         ReduceOp::Max => a.max(b),
@@ -202,23 +224,25 @@ fn combine(op: ReduceOp, a: i64, b: i64) -> i64 {
     }
 }
 
-fn inputs(r: usize, s: usize, off: usize, n: usize) -> Vec<i64> {
-    (off..off + n).map(|i| val(r, s, i)).collect()
+fn inputs(dt: DType, r: usize, s: usize, off: usize, n: usize) -> Vec<f64> {
+    (off..off + n).map(|i| val(dt, r, s, i)).collect()
 }
 
-fn reduced(group: &[usize], s: usize, off: usize, n: usize, op: ReduceOp) -> Vec<i64> {
+/// The reference: the exact (f64, hence f32) reduction in member order, rounded once.
+fn reduced(dt: DType, group: &[usize], s: usize, off: usize, n: usize, op: ReduceOp) -> Vec<f64> {
     (off..off + n)
         .map(|i| {
-            group
+            let exact = group
                 .iter()
-                .map(|&r| val(r, s, i))
+                .map(|&r| val(dt, r, s, i))
                 .reduce(|a, b| combine(op, a, b))
-                .unwrap_or(0)
+                .unwrap_or(0.0);
+            rounded(dt, exact)
         })
         .collect()
 }
 
-fn check(what: String, got: Vec<i64>, want: Vec<i64>) -> Result<(), String> {
+fn check(what: String, got: Vec<f64>, want: Vec<f64>) -> Result<(), String> {
     if got == want {
         Ok(())
     } else {
@@ -258,25 +282,29 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
         let what = || format!("rank {me} step {s} {step:?}");
         match step {
             Step::AllReduce { count, op, .. } => {
-                let mut b = encode(dt, &inputs(me, s, 0, *count));
+                let mut b = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.all_reduce(dt, (&mut b[..]).into(), *op).map_err(ctx)?;
-                check(what(), decode(dt, &b), reduced(group, s, 0, *count, *op))?;
+                check(
+                    what(),
+                    decode(dt, &b),
+                    reduced(dt, group, s, 0, *count, *op),
+                )?;
             }
             Step::AllGatherV { counts, .. } => {
-                let send = encode(dt, &inputs(me, s, 0, counts[m]));
+                let send = encode(dt, &inputs(dt, me, s, 0, counts[m]));
                 let mut recv = vec![0u8; counts.iter().sum::<usize>() * dt.size()];
                 comm.all_gather_v(dt, (&send[..]).into(), (&mut recv[..]).into(), counts)
                     .map_err(ctx)?;
-                let want: Vec<i64> = group
+                let want: Vec<f64> = group
                     .iter()
                     .zip(counts)
-                    .flat_map(|(&r, &c)| inputs(r, s, 0, c))
+                    .flat_map(|(&r, &c)| inputs(dt, r, s, 0, c))
                     .collect();
                 check(what(), decode(dt, &recv), want)?;
             }
             Step::ReduceScatterV { counts, op, .. } => {
                 let total: usize = counts.iter().sum();
-                let send = encode(dt, &inputs(me, s, 0, total));
+                let send = encode(dt, &inputs(dt, me, s, 0, total));
                 let mut recv = vec![0u8; counts[m] * dt.size()];
                 comm.reduce_scatter_v(dt, (&send[..]).into(), (&mut recv[..]).into(), counts, *op)
                     .map_err(ctx)?;
@@ -284,7 +312,7 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 check(
                     what(),
                     decode(dt, &recv),
-                    reduced(group, s, off, counts[m], *op),
+                    reduced(dt, group, s, off, counts[m], *op),
                 )?;
             }
             Step::AllToAllV { matrix, .. } => {
@@ -292,41 +320,53 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 let sc: Vec<usize> = matrix[m].clone();
                 let rc: Vec<usize> = (0..n).map(|i| matrix[i][m]).collect();
                 // Member i sends to j the elements at offset 1000*j of its input stream.
-                let send_v: Vec<i64> = (0..n)
-                    .flat_map(|j| inputs(me, s, 1000 * j, sc[j]))
+                let send_v: Vec<f64> = (0..n)
+                    .flat_map(|j| inputs(dt, me, s, 1000 * j, sc[j]))
                     .collect();
                 let send = encode(dt, &send_v);
                 let mut recv = vec![0u8; rc.iter().sum::<usize>() * dt.size()];
                 comm.all_to_all_v(dt, (&send[..]).into(), &sc, (&mut recv[..]).into(), &rc)
                     .map_err(ctx)?;
-                let want: Vec<i64> = (0..n)
-                    .flat_map(|i| inputs(group[i], s, 1000 * m, rc[i]))
+                let want: Vec<f64> = (0..n)
+                    .flat_map(|i| inputs(dt, group[i], s, 1000 * m, rc[i]))
                     .collect();
                 check(what(), decode(dt, &recv), want)?;
             }
             Step::Broadcast { count, root, .. } => {
-                let mut b = encode(dt, &inputs(me, s, 0, *count));
+                let mut b = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.broadcast(dt, (&mut b[..]).into(), *root)
                     .map_err(ctx)?;
-                check(what(), decode(dt, &b), inputs(group[*root], s, 0, *count))?;
+                check(
+                    what(),
+                    decode(dt, &b),
+                    inputs(dt, group[*root], s, 0, *count),
+                )?;
             }
             Step::Reduce {
                 count, root, op, ..
             } => {
-                let mut b = encode(dt, &inputs(me, s, 0, *count));
+                let mut b = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.reduce(dt, (&mut b[..]).into(), *root, *op)
                     .map_err(ctx)?;
                 if m == *root {
-                    check(what(), decode(dt, &b), reduced(group, s, 0, *count, *op))?;
+                    check(
+                        what(),
+                        decode(dt, &b),
+                        reduced(dt, group, s, 0, *count, *op),
+                    )?;
                 }
             }
             Step::SendRecv { count, .. } => {
                 let peer = 1 - m;
-                let send = encode(dt, &inputs(me, s, 0, *count));
+                let send = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.send(dt, (&send[..]).into(), peer).map_err(ctx)?;
                 let mut recv = vec![0u8; count * dt.size()];
                 comm.recv(dt, (&mut recv[..]).into(), peer).map_err(ctx)?;
-                check(what(), decode(dt, &recv), inputs(group[peer], s, 0, *count))?;
+                check(
+                    what(),
+                    decode(dt, &recv),
+                    inputs(dt, group[peer], s, 0, *count),
+                )?;
             }
             Step::Barrier { .. } => comm.barrier().map_err(ctx)?,
         }
@@ -334,8 +374,11 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
     Ok(())
 }
 
+/// The dtypes the scenarios run on (`dtype_of(i)` for `i in 0..DTYPES`).
+pub const DTYPES: usize = 5;
+
 pub fn dtype_of(i: usize) -> DType {
-    [DType::F32, DType::F64, DType::I64][i % 3]
+    [DType::F32, DType::F64, DType::I64, DType::BF16, DType::F16][i % DTYPES]
 }
 
 /// Silences "unused" in test crates that only need part of this module.

@@ -196,3 +196,34 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The child processes of `pid` (its direct children).
+pub fn children_of(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+/// Sends `sig` to each pid.
+pub fn signal(pids: &[i32], sig: libc::c_int) {
+    for &pid in pids {
+        // SAFETY: signalling processes this test started.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// The seconds oflaunch reports in "... stopped X s after ..." lines.
+pub fn stopped_after(stderr: &str) -> Option<f64> {
+    stderr.lines().find_map(|l| {
+        l.split("stopped ")
+            .nth(1)?
+            .split(" s after")
+            .next()?
+            .parse()
+            .ok()
+    })
+}

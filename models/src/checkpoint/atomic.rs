@@ -4,11 +4,14 @@
 //!
 //! A checkpoint directory is valid when it holds `manifest.json` (written last) naming the
 //! oxiflow format. Publishing is: rename `<path>` (if any) to `<path>.old`, rename
-//! `<path>.partial` to `<path>`, fsync the parent, remove `<path>.old`. Recovery rule (on load
-//! and before every save): if `<path>` does not exist and `<path>.old` is a checkpoint, the crash
-//! hit between the two renames and `<path>.old` is the checkpoint (it is renamed back).
+//! `<path>.partial` to `<path>`, fsync the parent, remove `<path>.old`. Recovery rule (before
+//! every save): if `<path>` does not exist and `<path>.old` is a checkpoint, the crash hit
+//! between the two renames and `<path>.old` is the checkpoint (it is renamed back). A load
+//! applies the same rule read-only (see `locate`).
 //! `<path>.partial` is never loaded; it carries a marker file (until its manifest is written) so
 //! that only a directory this module made is ever removed as a stale partial.
+//!
+//! A save that fails removes its `<path>.partial`.
 //!
 //! A save refuses (before anything is written) a `<path>` that exists and is not a checkpoint
 //! (a file, or a directory without our manifest), and a `<path>.old` or `<path>.partial` that is
@@ -20,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{Result, TensorError};
 
+use super::limits::{check_file_size, write_error};
 use super::SaveStage;
 
 pub(crate) const MANIFEST: &str = "manifest.json";
@@ -111,7 +115,7 @@ fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_err("checkpoint fsync", dir, e))
 }
 
-fn parent_of(path: &Path) -> PathBuf {
+pub(crate) fn parent_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -119,19 +123,22 @@ fn parent_of(path: &Path) -> PathBuf {
 }
 
 /// Writes `bytes` to `path` atomically: `<path>.tmp`, fsync, rename, fsync of the directory.
-/// `hook` sees `SaveStage::MidFile` after half of the bytes are written.
+/// A file over the file-size limit is refused before anything is written; a failed write
+/// names the limit or the free space it hit. `hook` sees `SaveStage::MidFile` after half of
+/// the bytes are written.
 pub(crate) fn write_file(path: &Path, bytes: &[u8], hook: &dyn Fn(SaveStage)) -> Result<()> {
     let tmp = sibling(path, ".tmp");
-    let mut f = File::create(&tmp).map_err(|e| io_err("checkpoint write", &tmp, e))?;
+    let len = bytes.len() as u64;
+    check_file_size(path, len)?;
+    let mut f = File::create(&tmp).map_err(|e| write_error(&tmp, len, e))?;
     let half = bytes.len() / 2;
     f.write_all(&bytes[..half])
-        .map_err(|e| io_err("checkpoint write", &tmp, e))?;
-    f.flush().map_err(|e| io_err("checkpoint write", &tmp, e))?;
+        .map_err(|e| write_error(&tmp, len, e))?;
+    f.flush().map_err(|e| write_error(&tmp, len, e))?;
     hook(SaveStage::MidFile);
     f.write_all(&bytes[half..])
-        .map_err(|e| io_err("checkpoint write", &tmp, e))?;
-    f.sync_all()
-        .map_err(|e| io_err("checkpoint fsync", &tmp, e))?;
+        .map_err(|e| write_error(&tmp, len, e))?;
+    f.sync_all().map_err(|e| write_error(&tmp, len, e))?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| io_err("checkpoint rename", path, e))?;
     fsync_dir(&parent_of(path))
@@ -158,15 +165,6 @@ pub(crate) fn recover(path: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// The directory to load from without touching the file system (recovery rule, read-only).
-pub(crate) fn resolve_for_load(path: &Path) -> Option<PathBuf> {
-    if has_manifest(path) {
-        return Some(path.to_path_buf());
-    }
-    let old = sibling(path, ".old");
-    has_manifest(&old).then_some(old)
-}
-
 /// Makes an empty `<path>.partial` (removing a stale one) and returns it.
 pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
     let partial = sibling(path, ".partial");
@@ -184,6 +182,20 @@ pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
     File::create(partial.join(PARTIAL_MARKER))
         .map_err(|e| io_err("checkpoint save", &partial, e))?;
     Ok(partial)
+}
+
+/// Removes `<path>.partial` after a failed save, when it is ours (a failure to remove it is
+/// logged: the next save removes it).
+pub(crate) fn remove_partial(path: &Path) {
+    let partial = sibling(path, ".partial");
+    if exists(&partial) && is_our_partial(&partial) {
+        if let Err(e) = fs::remove_dir_all(&partial) {
+            tracing::warn!(
+                "checkpoint save: cannot remove {} after the failed save: {e}",
+                partial.display()
+            );
+        }
+    }
 }
 
 /// Publishes a complete `<path>.partial` as `<path>` (see the module docs).

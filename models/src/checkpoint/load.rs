@@ -1,168 +1,51 @@
-//! Loading: each rank computes the region its target layout needs and copies it out of the
-//! saved pieces that intersect it, reading only the files that hold them. No communication.
+//! Loading: the checkpoint is located and verified whole first (see `locate` and `verify`),
+//! then each rank computes the region its target layout needs and copies it out of the saved
+//! pieces that intersect it. No communication. Nothing is changed until every value (and the
+//! optimizer state) has been read, so a load either applies completely or is refused.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use oxiflow_sbp::Region;
-use safetensors::SafeTensors;
 
 use crate::nn::Parameter;
 use crate::optim::Optimizer;
-use crate::{Result, TensorError};
+use crate::Result;
 use oxiflow_tensor::Storage;
 use oxiflow_tensor::Tensor;
 
-use oxiflow_collectives::DType;
-
-use super::atomic::{io_err, resolve_for_load, MANIFEST};
-use super::manifest::{show_region, Manifest, PieceEntry, MAX_MANIFEST_BYTES};
-use super::pieces::{copy_region, from_bytes, intersect, st_dtype};
+use super::locate::{locate, Verified};
+use super::manifest::Manifest;
+use super::pieces::{copy_region, from_bytes, intersect};
+use super::verify::{bad, checked_file, parse_file, piece_view};
 use super::{optim_key, Metadata};
 
-/// A validated manifest and the directory it was read from.
-struct Loaded {
-    dir: PathBuf,
-    manifest: Manifest,
+/// How to load.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// When the checkpoint holds no optimizer state, or state of another optimizer (other
+    /// slots), start this optimizer fresh (every slot unset, step count 0) instead of refusing;
+    /// the report names every slot reset. State of the same optimizer is always loaded whole.
+    pub reset_missing_optimizer_state: bool,
 }
 
-fn bad(path: &Path, detail: impl Into<String>) -> TensorError {
-    TensorError::Checkpoint {
-        op: "checkpoint load",
-        path: path.display().to_string(),
-        detail: detail.into(),
-    }
-}
-
-/// Reads a regular file (never through a symlink), refusing ones over `limit` bytes.
-fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| io_err("checkpoint load", path, e))?;
-    if !meta.is_file() {
-        return Err(bad(path, "not a regular file (symlinks are not followed)"));
-    }
-    if meta.len() > limit {
-        return Err(bad(
-            path,
-            format!("{} bytes, more than the {limit} expected", meta.len()),
-        ));
-    }
-    std::fs::read(path).map_err(|e| io_err("checkpoint load", path, e))
-}
-
-fn read_manifest(path: &Path) -> Result<Loaded> {
-    let Some(dir) = resolve_for_load(path) else {
-        // A manifest.json that is not ours: say what is wrong with it.
-        let file = path.join(MANIFEST);
-        if let Ok(text) = read_regular(&file, MAX_MANIFEST_BYTES) {
-            let detail = Manifest::parse(&text).err().unwrap_or_else(|| {
-                "the checkpoint directory is not a plain directory (symlinks are not followed)"
-                    .into()
-            });
-            return Err(bad(&file, detail));
-        }
-        return Err(bad(
-            path,
-            "no complete checkpoint (no manifest.json here or in <path>.old)",
-        ));
-    };
-    let file = dir.join(MANIFEST);
-    let text = read_regular(&file, MAX_MANIFEST_BYTES)?;
-    let manifest = Manifest::parse(&text).map_err(|e| bad(&file, e))?;
-    Ok(Loaded { dir, manifest })
-}
-
-/// Reads and validates the manifest of the checkpoint at `path` (or `<path>.old`, see the
-/// recovery rule) without reading any data.
-pub fn read_manifest_at(path: &Path) -> Result<Manifest> {
-    read_manifest(path).map(|l| l.manifest)
-}
-
-/// The tensor names a checkpoint holds.
-pub fn read_manifest_names(path: &Path) -> Result<Vec<String>> {
-    Ok(read_manifest(path)?.manifest.tensors.into_keys().collect())
-}
-
-/// The bytes of data file `name`, read once per load and checked against the manifest's size
-/// and crc32c.
-fn data_file<'a>(
-    m: &Loaded,
-    files: &'a mut HashMap<String, Vec<u8>>,
-    name: &str,
-) -> Result<&'a [u8]> {
-    if !files.contains_key(name) {
-        let path = m.dir.join(name);
-        let entry = m
-            .manifest
-            .file(name)
-            .ok_or_else(|| bad(&path, "not listed in the manifest"))?;
-        let bytes = read_regular(&path, entry.bytes)?;
-        if bytes.len() as u64 != entry.bytes {
-            return Err(bad(
-                &path,
-                format!(
-                    "{} bytes, the manifest says {} (truncated?)",
-                    bytes.len(),
-                    entry.bytes
-                ),
-            ));
-        }
-        let sum = crc32c::crc32c(&bytes);
-        if sum != entry.crc32c {
-            return Err(bad(
-                &path,
-                format!(
-                    "corrupt: crc32c {sum:#010x}, the manifest says {:#010x}",
-                    entry.crc32c
-                ),
-            ));
-        }
-        files.insert(name.to_string(), bytes);
-    }
-    Ok(files.get(name).map(Vec::as_slice).unwrap_or(&[]))
-}
-
-/// The bytes of one saved piece of `name` (dtype, shape and crc32c checked).
-fn piece_bytes<'a>(
-    file: &'a [u8],
-    path: &Path,
-    name: &str,
-    piece: &PieceEntry,
-    region: &[Range<usize>],
-    dtype: DType,
-) -> Result<safetensors::tensor::TensorView<'a>> {
-    let st = SafeTensors::deserialize(file).map_err(|e| bad(path, e.to_string()))?;
-    let view = st
-        .tensor(name)
-        .map_err(|e| bad(path, format!("{name}: {e}")))?;
-    let dims: Vec<usize> = region.iter().map(|r| r.len()).collect();
-    if view.dtype() != st_dtype(dtype) || view.shape() != dims.as_slice() {
-        return Err(bad(
-            path,
-            format!(
-                "{name}: piece is {:?} {:?}, the manifest says {dtype} {dims:?}",
-                view.dtype(),
-                view.shape()
-            ),
-        ));
-    }
-    let sum = crc32c::crc32c(view.data());
-    if sum != piece.crc32c {
-        return Err(bad(
-            path,
-            format!(
-                "{name}: corrupt piece {}: crc32c {sum:#010x}, the manifest says {:#010x}",
-                show_region(region),
-                piece.crc32c
-            ),
-        ));
-    }
-    Ok(view)
+/// What a load did.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    /// The checkpoint's metadata.
+    pub metadata: Metadata,
+    /// The directory read: the requested path, or its `.old` (see `fell_back`).
+    pub dir: PathBuf,
+    /// Why `<path>.old` was read instead of the requested path (also logged as a warning).
+    pub fell_back: Option<String>,
+    /// The optimizer state names (`optim/<param>/<slot>`) started fresh under
+    /// `LoadOptions::reset_missing_optimizer_state` (also logged as a warning).
+    pub reset: Vec<String>,
 }
 
 /// Reads the value of `name` into `like`'s layout (shape, dtype, placement, nd-SBP).
 fn load_one(
-    m: &Loaded,
+    m: &Verified,
     files: &mut HashMap<String, Vec<u8>>,
     name: &str,
     like: &Tensor,
@@ -198,21 +81,21 @@ fn load_one(
             // The shape was validated (its byte size fits), so the local one does too.
             let n: usize = local.iter().product();
             let mut buf = vec![0u8; n * es];
-            let mut covered = 0usize;
             if !zero && n > 0 {
                 for p in &entry.pieces {
                     let region = p.ranges();
                     let Some(inter) = intersect(&region, &need) else {
                         continue;
                     };
+                    if !files.contains_key(&p.file) {
+                        let bytes = checked_file(dir, &m.manifest, &p.file)?;
+                        files.insert(p.file.clone(), bytes);
+                    }
+                    let bytes = files.get(&p.file).map(Vec::as_slice).unwrap_or(&[]);
                     let path = dir.join(&p.file);
-                    let bytes = data_file(m, files, &p.file)?;
-                    let view = piece_bytes(bytes, &path, name, p, &region, dtype)?;
+                    let file = parse_file(bytes, &path)?;
+                    let view = piece_view(&file, &path, name, p, dtype)?;
                     copy_region(view.data(), &region, &mut buf, &need, &inter, es);
-                    covered += inter.iter().map(|r| r.len()).product::<usize>();
-                }
-                if covered != n {
-                    return Err(bad(dir, format!("{name}: the saved pieces cover {covered} of the {n} elements this rank needs")));
                 }
             }
             let arr = from_bytes(dtype, &local, &buf)
@@ -223,10 +106,21 @@ fn load_one(
     Tensor::with_layout_of(like, piece).map_err(|e| bad(dir, format!("{name}: {e}")))
 }
 
+/// Reads the manifest of the checkpoint a load of `path` would read (`path`, or `<path>.old`
+/// by the recovery rule), after verifying the whole checkpoint.
+pub fn read_manifest_at(path: &Path) -> Result<Manifest> {
+    locate(path).map(|v| v.manifest)
+}
+
+/// The tensor names a checkpoint holds.
+pub fn read_manifest_names(path: &Path) -> Result<Vec<String>> {
+    Ok(read_manifest_at(path)?.tensors.into_keys().collect())
+}
+
 /// Loads the named tensors, each into the layout of its `like` tensor (so a checkpoint saved
 /// under one parallel layout loads under another). Returns them with the metadata.
 pub fn load_tensors(path: &Path, targets: &[(String, Tensor)]) -> Result<(Vec<Tensor>, Metadata)> {
-    let m = read_manifest(path)?;
+    let m = locate(path)?;
     let mut files = HashMap::new();
     let mut out = Vec::with_capacity(targets.len());
     for (name, like) in targets {
@@ -236,75 +130,170 @@ pub fn load_tensors(path: &Path, targets: &[(String, Tensor)]) -> Result<(Vec<Te
 }
 
 /// Loads parameters (each into its current layout) and, optionally, the optimizer state
-/// saved by `save`. Returns the checkpoint's metadata.
+/// saved by `save`, which must be whole (every slot of every parameter). Returns the
+/// checkpoint's metadata.
 pub fn load(
     path: &Path,
     params: &[Parameter],
     optim: Option<&mut dyn Optimizer>,
 ) -> Result<Metadata> {
-    let m = read_manifest(path)?;
-    let mut files = HashMap::new();
-    for p in params {
-        let t = load_one(&m, &mut files, p.name(), &p.value())?;
-        p.set_value(&t)?;
-    }
-    let meta = m.manifest.metadata.clone();
-    if let Some(o) = optim {
-        load_optimizer(&m, &mut files, o)?;
-    }
-    Ok(meta)
+    load_with(path, params, optim, &LoadOptions::default()).map(|r| r.metadata)
 }
 
-/// Loads the optimizer state: every state tensor the checkpoint lists must belong to one of
-/// this optimizer's (parameter, slot) pairs, and the step count must be present.
-fn load_optimizer(
-    m: &Loaded,
-    files: &mut HashMap<String, Vec<u8>>,
-    o: &mut dyn Optimizer,
-) -> Result<()> {
-    let dir = &m.dir;
-    let steps = m.manifest.metadata.get("optim.step_count").ok_or_else(|| {
-        bad(
-            dir,
-            "the checkpoint has no optimizer state (saved without one)",
-        )
-    })?;
-    let steps: u64 = steps.parse().map_err(|_| {
-        bad(
-            dir,
-            format!("optim.step_count {steps:?} is not a step count"),
-        )
-    })?;
-    let targets: Vec<(usize, &'static str, String, Tensor)> = o
-        .params()
+/// `load` with options; the report says which directory was read and what was reset.
+pub fn load_with(
+    path: &Path,
+    params: &[Parameter],
+    optim: Option<&mut dyn Optimizer>,
+    opts: &LoadOptions,
+) -> Result<LoadReport> {
+    let m = locate(path)?;
+    let mut files = HashMap::new();
+    let values = params
         .iter()
-        .enumerate()
-        .flat_map(|(i, p)| {
-            o.slot_names()
-                .iter()
-                .map(move |slot| (i, *slot, optim_key(p.name(), slot), p.value()))
-        })
-        .collect();
-    if let Some(extra) = m
-        .manifest
-        .optimizer_state
-        .iter()
-        .find(|s| !targets.iter().any(|(_, _, k, _)| k == *s))
-    {
-        return Err(bad(
-            dir,
-            format!(
-                "optimizer state {extra} does not fit this optimizer (its state slots: {})",
-                o.slot_names().join(", ")
-            ),
-        ));
+        .map(|p| load_one(&m, &mut files, p.name(), &p.value()))
+        .collect::<Result<Vec<Tensor>>>()?;
+    let plan = match &optim {
+        Some(o) => Some(plan_optimizer(&m, &mut files, &**o, opts)?),
+        None => None,
+    };
+    for (p, t) in params.iter().zip(&values) {
+        p.set_value(t)?;
     }
-    for (i, slot, key, like) in targets {
-        if m.manifest.optimizer_state.contains(&key) {
-            let t = load_one(m, files, &key, &like)?;
+    let mut reset = Vec::new();
+    if let (Some(o), Some(plan)) = (optim, plan) {
+        for (i, slot, t) in plan.states {
             o.set_state(i, slot, t)?;
         }
+        o.set_step_count(plan.step_count);
+        if !plan.reset.is_empty() {
+            tracing::warn!(
+                "checkpoint {}: {}; started fresh (step count 0): {}",
+                m.dir.display(),
+                plan.why_reset,
+                plan.reset.join(", ")
+            );
+        }
+        reset = plan.reset;
     }
-    o.set_step_count(steps);
-    Ok(())
+    Ok(LoadReport {
+        metadata: m.manifest.metadata.clone(),
+        dir: m.dir,
+        fell_back: m.fell_back,
+        reset,
+    })
+}
+
+/// The optimizer state to set, read before anything is changed.
+struct OptimizerPlan {
+    states: Vec<(usize, &'static str, Tensor)>,
+    step_count: u64,
+    reset: Vec<String>,
+    why_reset: String,
+}
+
+/// Reads the optimizer state for `o`: the checkpoint must hold the state of the same optimizer
+/// (the same slots, the same parameters), every (parameter, slot) saved or recorded as never
+/// initialised (then `o` must not have it either). Under
+/// `LoadOptions::reset_missing_optimizer_state`, a checkpoint without state of this optimizer
+/// starts `o` fresh instead.
+fn plan_optimizer(
+    m: &Verified,
+    files: &mut HashMap<String, Vec<u8>>,
+    o: &dyn Optimizer,
+    opts: &LoadOptions,
+) -> Result<OptimizerPlan> {
+    let dir = &m.dir;
+    let names: Vec<String> = o.params().iter().map(|p| p.name().to_string()).collect();
+    let slots: Vec<String> = o.slot_names().iter().map(|s| s.to_string()).collect();
+    let all_keys = || -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|p| slots.iter().map(move |s| optim_key(p, s)))
+            .collect()
+    };
+    let missing = match &m.manifest.optimizer {
+        None => {
+            Some("the checkpoint has no optimizer state (saved without an optimizer)".to_string())
+        }
+        Some(e) if e.slots != slots => Some(format!(
+            "the checkpoint's optimizer state does not fit this optimizer: it holds slots {:?}, \
+             this optimizer's state slots are {slots:?}",
+            e.slots
+        )),
+        Some(_) => None,
+    };
+    if let Some(why) = missing {
+        if !opts.reset_missing_optimizer_state {
+            return Err(bad(
+                dir,
+                format!(
+                    "{why}; refusing to resume without it (a load may reset it only when asked)"
+                ),
+            ));
+        }
+        let has_state = (0..names.len()).any(|i| slots.iter().any(|s| o.state(i, s).is_some()));
+        if has_state {
+            return Err(bad(
+                dir,
+                format!("{why}, and this optimizer already has state, so it cannot start fresh"),
+            ));
+        }
+        return Ok(OptimizerPlan {
+            states: Vec::new(),
+            step_count: 0,
+            reset: all_keys(),
+            why_reset: why,
+        });
+    }
+    let Some(entry) = &m.manifest.optimizer else {
+        return Err(bad(dir, "no optimizer state"));
+    };
+    if entry.params != names {
+        let first = entry
+            .params
+            .iter()
+            .zip(&names)
+            .find(|(a, b)| a != b)
+            .map_or_else(
+                || {
+                    format!(
+                        "{} parameters saved, {} here",
+                        entry.params.len(),
+                        names.len()
+                    )
+                },
+                |(a, b)| format!("saved parameter {a} where this optimizer has {b}"),
+            );
+        return Err(bad(
+            dir,
+            format!("the checkpoint's optimizer state is for other parameters: {first}"),
+        ));
+    }
+    let mut states = Vec::new();
+    for (i, p) in o.params().iter().enumerate() {
+        for &slot in o.slot_names() {
+            let key = optim_key(p.name(), slot);
+            if entry.empty.contains(&key) {
+                if o.state(i, slot).is_some() {
+                    return Err(bad(
+                        dir,
+                        format!(
+                            "{key} was never initialised when saved, but this optimizer has it; \
+                             load into a fresh optimizer"
+                        ),
+                    ));
+                }
+                continue;
+            }
+            let t = load_one(m, files, &key, &p.value())?;
+            states.push((i, slot, t));
+        }
+    }
+    Ok(OptimizerPlan {
+        states,
+        step_count: entry.step_count,
+        reset: Vec::new(),
+        why_reset: String::new(),
+    })
 }

@@ -1,6 +1,7 @@
 //! Checkpoints in safetensors: a directory with one file per writing rank
 //! (`rank-00003.safetensors`, holding that rank's pieces) and `manifest.json` (every tensor's
-//! shape, dtype and the global region of each saved piece; free-form metadata).
+//! shape, dtype, the layout it was saved under and the global region of each saved piece; the
+//! optimizer's slots, parameters and step count; free-form metadata; its own checksum).
 //!
 //! Saving (a collective: every rank of the world calls it) writes each distinct piece once:
 //! partial-sum axes are reduced first, and of the copies along broadcast axes only mesh
@@ -8,18 +9,34 @@
 //! the whole value instead. Loading needs no communication: each rank reads the regions its
 //! own layout needs from the files that hold them, so a checkpoint saved under one parallel
 //! layout (DP=4) loads under another (TP=2). Writes are atomic (see `atomic`): a crash at any
-//! point leaves the previous checkpoint loadable.
+//! point leaves the previous checkpoint loadable; a save holds a lock on its path (see `lock`).
+//!
+//! A checkpoint is whole or refused: a load verifies the manifest's checksum and every file
+//! and piece (sizes, checksums, layouts, finite values) before it changes anything, requires
+//! the optimizer state of every (parameter, slot) it loads into, and when `<path>` is damaged
+//! but `<path>.old` is complete, loads that with a warning naming both (see `locate`).
 
 mod atomic;
+mod layout;
+mod limits;
 mod load;
+mod locate;
+mod lock;
 mod manifest;
 mod pieces;
 mod save;
+mod verify;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-pub use load::{load, load_tensors, read_manifest_at, read_manifest_names};
-pub use manifest::{FileEntry, Manifest, PieceEntry, TensorEntry};
+pub use layout::LayoutEntry;
+pub use load::{
+    load, load_tensors, load_with, read_manifest_at, read_manifest_names, LoadOptions, LoadReport,
+};
+pub use locate::newest_complete;
+pub use lock::DEFAULT_LOCK_WAIT;
+pub use manifest::{FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry};
 pub use save::{save, save_tensors};
 
 /// Points of a save where `SaveOptions::stage_hook` is called (a test hook: a crash there
@@ -41,12 +58,16 @@ pub struct SaveOptions {
     pub gathered: bool,
     /// Called at each `SaveStage` (tests use it to crash a save on purpose).
     pub stage_hook: Option<fn(SaveStage)>,
+    /// How long rank 0 waits for another save of the same path to finish before failing
+    /// (None: `DEFAULT_LOCK_WAIT`).
+    pub lock_wait: Option<Duration>,
 }
 
 impl std::fmt::Debug for SaveOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SaveOptions")
             .field("gathered", &self.gathered)
+            .field("lock_wait", &self.lock_wait)
             .finish()
     }
 }

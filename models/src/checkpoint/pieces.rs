@@ -1,82 +1,54 @@
-//! Pieces as bytes: host arrays to little-endian bytes and back, safetensors dtypes, and the
-//! copy of a region intersection from a saved piece into a piece being loaded.
+//! Pieces as bytes: host arrays to little-endian bytes and back, safetensors dtypes, the
+//! finiteness of saved values, and the copy of a region intersection from a saved piece into a
+//! piece being loaded.
 
 use std::ops::Range;
 
 use ndarray::{ArrayD, IxDyn};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::{with_element, DType, Element};
 use safetensors::Dtype;
 
-use oxiflow_tensor::CpuArray;
+use oxiflow_tensor::{with_array, CpuArray, TensorElement};
 
-pub(crate) fn st_dtype(d: DType) -> Dtype {
-    match d {
-        DType::F32 => Dtype::F32,
-        DType::F64 => Dtype::F64,
-        DType::I64 => Dtype::I64,
-    }
+/// The safetensors dtype of `d`, by the name the dtype table gives it.
+pub(crate) fn st_dtype(d: DType) -> Option<Dtype> {
+    serde_json::from_value(serde_json::Value::from(d.safetensors_name())).ok()
 }
 
-pub(crate) fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::I64 => "i64",
+/// The first element of little-endian `bytes` of `dtype` that is not finite (NaN or
+/// infinite), as (index, value); None when every element is finite or the dtype is an integer.
+pub(crate) fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f64)> {
+    if !dtype.is_float() {
+        return None;
     }
-}
-
-pub(crate) fn dtype_from_name(s: &str) -> Option<DType> {
-    match s {
-        "f32" => Some(DType::F32),
-        "f64" => Some(DType::F64),
-        "i64" => Some(DType::I64),
-        _ => None,
-    }
+    with_element!(dtype, T => bytes
+        .chunks_exact(dtype.size())
+        .map(|c| bytemuck::pod_read_unaligned::<T>(c).to_f64())
+        .enumerate()
+        .find(|(_, v)| !v.is_finite()))
 }
 
 /// Row-major little-endian bytes of a standard-layout array.
 pub(crate) fn to_bytes(a: &CpuArray) -> Vec<u8> {
-    match a {
-        CpuArray::F32(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        CpuArray::F64(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        CpuArray::I64(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
+    with_array!(a, x => match x.as_slice() {
+        Some(s) => bytemuck::cast_slice(s).to_vec(),
+        None => x.iter().flat_map(|v| bytemuck::bytes_of(v).to_vec()).collect(),
+    })
 }
+
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "checkpoints assume a little-endian host"
+);
 
 /// A host array of `dtype` and `shape` from little-endian bytes (length already checked).
 pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Option<CpuArray> {
-    let sh = IxDyn(shape);
-    Some(match dtype {
-        DType::F32 => CpuArray::F32(
-            ArrayD::from_shape_vec(
-                sh,
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            )
-            .ok()?,
-        ),
-        DType::F64 => CpuArray::F64(
-            ArrayD::from_shape_vec(
-                sh,
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect(),
-            )
-            .ok()?,
-        ),
-        DType::I64 => CpuArray::I64(
-            ArrayD::from_shape_vec(
-                sh,
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect(),
-            )
-            .ok()?,
-        ),
+    with_element!(dtype, T => {
+        let v: Vec<T> = bytes
+            .chunks_exact(dtype.size())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        ArrayD::from_shape_vec(IxDyn(shape), v).ok().map(TensorElement::wrap)
     })
 }
 

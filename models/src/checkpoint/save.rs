@@ -1,36 +1,42 @@
 //! Saving: which rank writes which piece, the per-rank safetensors files, the manifest, and the
-//! atomic publish (every rank calls; barriers order the phases).
+//! atomic publish under the save lock (every rank calls; after each phase the ranks agree on
+//! whether any of them failed, so all succeed or all fail, and a failed save leaves no
+//! `.partial` behind).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use oxiflow_collectives::{BufMut, DType, ReduceOp};
 use oxiflow_sbp::{NdSbp, Region, Sbp, Shape};
 use safetensors::tensor::TensorView;
 use serde::{Deserialize, Serialize};
 
 use crate::nn::Parameter;
 use crate::optim::Optimizer;
-use crate::{Result, TensorError};
+use crate::Result;
 use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Context;
 use oxiflow_tensor::CpuArray;
 use oxiflow_tensor::Tensor;
 
 use super::atomic::{
-    check_save_target, fresh_partial, io_err, publish, recover, sibling, write_file, MANIFEST,
+    check_save_target, fresh_partial, io_err, publish, recover, remove_partial, sibling,
+    write_file, MANIFEST,
 };
-use super::manifest::{FileEntry, Manifest, PieceEntry, TensorEntry, FORMAT, VERSION};
-use super::pieces::{dtype_name, st_dtype, to_bytes};
+use super::layout::{file_name, pieces_of, LayoutEntry};
+use super::lock::{SaveLock, DEFAULT_LOCK_WAIT};
+use super::manifest::{
+    show_region, FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry, FORMAT, VERSION,
+};
+use super::pieces::{st_dtype, to_bytes};
+use super::verify::REGIONS_KEY;
 use super::{optim_key, Metadata, SaveOptions, SaveStage};
 
-/// One saved piece: the writing rank and the global region it covers.
-struct PieceInfo {
-    writer: usize,
-    region: Region,
-}
-
-fn file_name(rank: usize) -> String {
-    format!("rank-{rank:05}.safetensors")
+/// The pieces of `t` (the layout record, and per piece the writer and region) and, for the
+/// ones this rank writes, their data.
+struct Planned {
+    layout: Option<LayoutEntry>,
+    pieces: Vec<(usize, Region)>,
 }
 
 fn full_region(shape: &Shape) -> Region {
@@ -44,21 +50,22 @@ fn host_piece(t: &Tensor) -> Result<CpuArray> {
     }
 }
 
-/// The pieces of `t` and, for the ones this rank writes, their data.
 fn plan_tensor(
+    path: &Path,
     t: &Tensor,
     rank: usize,
     gathered: bool,
     mine: &mut Vec<CpuArray>,
-) -> Result<Vec<PieceInfo>> {
+) -> Result<Planned> {
+    let whole = |writer: usize| Planned {
+        layout: None,
+        pieces: vec![(writer, full_region(t.shape()))],
+    };
     let Some(layout) = t.layout() else {
         if rank == 0 {
             mine.push(host_piece(t)?);
         }
-        return Ok(vec![PieceInfo {
-            writer: 0,
-            region: full_region(t.shape()),
-        }]);
+        return Ok(whole(0));
     };
     let placement = layout.placement().clone();
     if gathered {
@@ -67,10 +74,7 @@ fn plan_tensor(
         if rank == writer {
             mine.push(host_piece(&b)?);
         }
-        return Ok(vec![PieceInfo {
-            writer,
-            region: full_region(t.shape()),
-        }]);
+        return Ok(whole(writer));
     }
     let nd = layout.nd_sbp();
     let t2 = if nd.has_partial() {
@@ -80,32 +84,18 @@ fn plan_tensor(
         t.clone()
     };
     let Some(layout2) = t2.layout() else {
-        return Err(TensorError::Kernel {
-            op: "checkpoint save",
-            detail: "boxing lost the layout".into(),
-        });
+        return Err(io_err("checkpoint save", path, "boxing lost the layout"));
     };
-    let sbps: Vec<Sbp> = layout2.nd_sbp().iter().collect();
-    let mut out = Vec::new();
-    for (idx, &r) in placement.ranks().iter().enumerate() {
-        let coord = placement.coord_of_index(idx);
-        if sbps
-            .iter()
-            .zip(&coord)
-            .any(|(s, &c)| s.is_broadcast() && c != 0)
-        {
-            continue;
-        }
-        let region = layout2.region_at(&coord);
-        if region.iter().any(|x| x.is_empty()) && !region.is_empty() {
-            continue;
-        }
-        if r == rank {
-            mine.push(host_piece(&t2)?);
-        }
-        out.push(PieceInfo { writer: r, region });
+    let record = LayoutEntry::of(layout2);
+    let pieces =
+        pieces_of(t.shape().dims(), &record).map_err(|e| io_err("checkpoint save", path, e))?;
+    if pieces.iter().any(|(w, _)| *w == rank) {
+        mine.push(host_piece(&t2)?);
     }
-    Ok(out)
+    Ok(Planned {
+        layout: Some(record),
+        pieces,
+    })
 }
 
 /// What a writing rank leaves beside its data file for rank 0: the file's size and checksum
@@ -121,22 +111,34 @@ fn sums_name(rank: usize) -> String {
     format!("rank-{rank:05}.sums.json")
 }
 
-/// Serializes this rank's pieces into a safetensors file and returns it with its checksums.
+/// Serializes this rank's pieces (name, global region, data) into a safetensors file, whose
+/// header records each piece's region, and returns it with its checksums.
 fn serialize_mine(
     path: &Path,
-    names: &[String],
-    data: &[CpuArray],
+    mine: &[(String, Region, CpuArray)],
 ) -> Result<(Vec<u8>, WriterSums)> {
-    let bytes: Vec<Vec<u8>> = data.iter().map(to_bytes).collect();
+    let bytes: Vec<Vec<u8>> = mine.iter().map(|(_, _, a)| to_bytes(a)).collect();
     let mut views = Vec::with_capacity(bytes.len());
     let mut pieces = BTreeMap::new();
-    for ((name, a), b) in names.iter().zip(data).zip(&bytes) {
-        let v = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), b)
+    let mut regions = BTreeMap::new();
+    for ((name, region, a), b) in mine.iter().zip(&bytes) {
+        let st = st_dtype(a.dtype()).ok_or_else(|| {
+            io_err(
+                "checkpoint save",
+                path,
+                format!("{name}: safetensors has no {} dtype", a.dtype()),
+            )
+        })?;
+        let v = TensorView::new(st, a.shape().to_vec(), b)
             .map_err(|e| io_err("checkpoint save", path, format!("{name}: {e}")))?;
         views.push((name.clone(), v));
         pieces.insert(name.clone(), crc32c::crc32c(b));
+        regions.insert(name.clone(), show_region(region));
     }
-    let file = safetensors::tensor::serialize(views, &None)
+    // One header entry, so the file's bytes do not depend on a hash map's order.
+    let record = serde_json::to_string(&regions).map_err(|e| io_err("checkpoint save", path, e))?;
+    let header = HashMap::from([(REGIONS_KEY.to_string(), record)]);
+    let file = safetensors::tensor::serialize(views, &Some(header))
         .map_err(|e| io_err("checkpoint save", path, e))?;
     let sums = WriterSums {
         bytes: file.len() as u64,
@@ -176,13 +178,65 @@ fn collect_sums(partial: &Path, w: usize, manifest: &mut Manifest) -> Result<()>
     std::fs::remove_file(&sums_path).map_err(|e| io_err("checkpoint save", &sums_path, e))
 }
 
+/// Every rank learns whether any rank's step failed (`mine` on each rank) and the failing
+/// rank's message: a failing rank returns its own error, the others one naming it. Without a
+/// world (local tensors) it is `mine`.
+fn agree(ctx: Option<&Context>, path: &Path, step: &str, mine: Result<()>) -> Result<()> {
+    let Some(c) = ctx else {
+        return mine;
+    };
+    let comm = |e: oxiflow_collectives::CommError| {
+        io_err("checkpoint save", path, format!("agreeing on {step}: {e}"))
+    };
+    let world = c.world();
+    let flag = if mine.is_err() {
+        c.rank() as i64 + 1
+    } else {
+        0
+    };
+    let mut who = flag.to_le_bytes();
+    world
+        .all_reduce(DType::I64, BufMut::Host(&mut who), ReduceOp::Max)
+        .map_err(comm)?;
+    let who = i64::from_le_bytes(who);
+    if who == 0 {
+        return Ok(());
+    }
+    let root = (who - 1) as usize;
+    let mut msg = vec![0u8; AGREE_MESSAGE_BYTES];
+    if let Err(e) = &mine {
+        if c.rank() == root {
+            let text = e.to_string();
+            let n = text.len().min(msg.len());
+            msg[..n].copy_from_slice(&text.as_bytes()[..n]);
+        }
+    }
+    world
+        .broadcast(DType::I64, BufMut::Host(&mut msg), root)
+        .map_err(comm)?;
+    mine?;
+    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    Err(io_err(
+        "checkpoint save",
+        path,
+        format!(
+            "rank {root} failed {step}: {}",
+            String::from_utf8_lossy(&msg[..end])
+        ),
+    ))
+}
+
+/// The longest failure message one rank tells the others (a multiple of 8 bytes).
+const AGREE_MESSAGE_BYTES: usize = 1024;
+
 /// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
-/// Every rank of the world must call it with the same names and layouts. `optimizer_state`
-/// names the tensors that hold optimizer state (a load with an optimizer requires them all).
+/// Every rank of the world must call it with the same names and layouts. `optimizer` records
+/// the optimizer state among `tensors`. A failure on any rank fails the save on every rank and
+/// removes `<path>.partial`.
 pub(crate) fn save_with_state(
     path: &Path,
     tensors: &[(String, Tensor)],
-    optimizer_state: Vec<String>,
+    optimizer: Option<OptimizerEntry>,
     metadata: &Metadata,
     opts: &SaveOptions,
 ) -> Result<()> {
@@ -201,45 +255,41 @@ pub(crate) fn save_with_state(
         .find_map(|(_, t)| t.context().cloned())
         .or_else(Context::current);
     let rank = ctx.as_ref().map_or(0, Context::rank);
-    let barrier = |stage: &str| -> Result<()> {
-        match &ctx {
-            Some(c) => c
-                .world()
-                .barrier()
-                .map_err(|e| io_err("checkpoint save", path, format!("barrier {stage}: {e}"))),
-            None => Ok(()),
-        }
-    };
     // Every rank checks the target before rank 0 changes anything next to it (recover,
-    // fresh_partial): the barrier keeps a rank's check from seeing rank 0's new `.partial`.
-    let target = check_save_target(path);
-    barrier("after checking the target")?;
-    target?;
+    // fresh_partial): agreeing keeps a rank's check from seeing rank 0's new `.partial`.
+    agree(
+        ctx.as_ref(),
+        path,
+        "checking the target",
+        check_save_target(path),
+    )?;
     let hook = |s: SaveStage| {
         if let Some(h) = opts.stage_hook {
             h(s)
         }
     };
     // Plan every tensor (collective boxing of partial sums / gathers happens here).
-    let mut mine_data: Vec<CpuArray> = Vec::new();
-    let mut mine_names: Vec<String> = Vec::new();
+    let mut mine: Vec<(String, Region, CpuArray)> = Vec::new();
     let mut entries = BTreeMap::new();
     let mut writers: Vec<usize> = Vec::new();
     for (name, t) in tensors {
-        let before = mine_data.len();
-        let pieces = plan_tensor(t, rank, opts.gathered, &mut mine_data)?;
-        for _ in before..mine_data.len() {
-            mine_names.push(name.clone());
+        let mut data = Vec::new();
+        let planned = plan_tensor(path, t, rank, opts.gathered, &mut data)?;
+        if let (Some(a), Some((_, region))) =
+            (data.pop(), planned.pieces.iter().find(|(w, _)| *w == rank))
+        {
+            mine.push((name.clone(), region.clone(), a));
         }
-        let list: Vec<PieceEntry> = pieces
+        let pieces: Vec<PieceEntry> = planned
+            .pieces
             .iter()
-            .map(|p| {
-                if !writers.contains(&p.writer) {
-                    writers.push(p.writer);
+            .map(|(writer, region)| {
+                if !writers.contains(writer) {
+                    writers.push(*writer);
                 }
                 PieceEntry {
-                    file: file_name(p.writer),
-                    region: p.region.iter().map(|r| [r.start, r.end]).collect(),
+                    file: file_name(*writer),
+                    region: region.iter().map(|r| [r.start, r.end]).collect(),
                     crc32c: 0,
                 }
             })
@@ -248,8 +298,9 @@ pub(crate) fn save_with_state(
             name.clone(),
             TensorEntry {
                 shape: t.shape().dims().to_vec(),
-                dtype: dtype_name(t.dtype()).into(),
-                pieces: list,
+                dtype: t.dtype().as_str().into(),
+                layout: planned.layout,
+                pieces,
             },
         );
     }
@@ -257,38 +308,89 @@ pub(crate) fn save_with_state(
     let mut manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
+        manifest_crc32c: 0,
         files: Vec::with_capacity(writers.len()),
         metadata: metadata.clone(),
         tensors: entries,
-        optimizer_state,
+        optimizer,
     };
-    if rank == 0 {
-        recover(path)?;
-        fresh_partial(path)?;
-    }
-    barrier("before writing")?;
+    // Rank 0 holds the lock of `path` until the save is published or cleaned up.
+    let mut lock = None;
+    let prepared = if rank == 0 {
+        SaveLock::acquire(path, opts.lock_wait.unwrap_or(DEFAULT_LOCK_WAIT)).and_then(|l| {
+            lock = Some(l);
+            recover(path)?;
+            fresh_partial(path).map(|_| ())
+        })
+    } else {
+        Ok(())
+    };
     let partial = sibling(path, ".partial");
-    if !mine_data.is_empty() {
-        let (data, sums) = serialize_mine(path, &mine_names, &mine_data)?;
-        let sums_text =
-            serde_json::to_vec(&sums).map_err(|e| io_err("checkpoint save", path, e))?;
-        write_file(&partial.join(sums_name(rank)), &sums_text, &|_| {})?;
-        write_file(&partial.join(file_name(rank)), &data, &hook)?;
-    }
-    barrier("after writing")?;
-    if rank == 0 {
-        for &w in &writers {
-            collect_sums(&partial, w, &mut manifest)?;
+    let saved = agree(ctx.as_ref(), path, "preparing <path>.partial", prepared)
+        .and_then(|()| {
+            let written = if mine.is_empty() {
+                Ok(())
+            } else {
+                write_mine(path, &partial, rank, &mine, &hook)
+            };
+            agree(ctx.as_ref(), path, "writing its checkpoint file", written)
+        })
+        .and_then(|()| {
+            let done = if rank == 0 {
+                publish_manifest(path, &partial, &writers, &mut manifest, &hook)
+            } else {
+                Ok(())
+            };
+            agree(ctx.as_ref(), path, "publishing the checkpoint", done)
+        });
+    if saved.is_err() {
+        // Only the holder of the lock may remove `.partial`: without it, it is another save's.
+        if lock.is_some() {
+            remove_partial(path);
         }
-        manifest
-            .validate()
-            .map_err(|e| io_err("checkpoint save", path, e))?;
-        let text =
-            serde_json::to_vec_pretty(&manifest).map_err(|e| io_err("checkpoint save", path, e))?;
-        write_file(&partial.join(MANIFEST), &text, &|_| {})?;
-        publish(path, &hook)?;
+        // Every rank knows the save failed; none returns (and exits, which would have a
+        // launcher stop the others) before `.partial` is gone.
+        if let Some(c) = &ctx {
+            let _ = c.world().barrier();
+        }
     }
-    barrier("after publishing")
+    drop(lock);
+    saved
+}
+
+/// Writes this rank's checksums and data file into `partial`.
+fn write_mine(
+    path: &Path,
+    partial: &Path,
+    rank: usize,
+    mine: &[(String, Region, CpuArray)],
+    hook: &dyn Fn(SaveStage),
+) -> Result<()> {
+    let (bytes, sums) = serialize_mine(path, mine)?;
+    let sums_text = serde_json::to_vec(&sums).map_err(|e| io_err("checkpoint save", path, e))?;
+    write_file(&partial.join(sums_name(rank)), &sums_text, &|_| {})?;
+    write_file(&partial.join(file_name(rank)), &bytes, hook)
+}
+
+/// Rank 0: moves the writers' checksums into the manifest, seals and writes it, publishes.
+fn publish_manifest(
+    path: &Path,
+    partial: &Path,
+    writers: &[usize],
+    manifest: &mut Manifest,
+    hook: &dyn Fn(SaveStage),
+) -> Result<()> {
+    for &w in writers {
+        collect_sums(partial, w, manifest)?;
+    }
+    manifest
+        .validate()
+        .and_then(|()| manifest.seal())
+        .map_err(|e| io_err("checkpoint save", path, e))?;
+    let text =
+        serde_json::to_vec_pretty(manifest).map_err(|e| io_err("checkpoint save", path, e))?;
+    write_file(&partial.join(MANIFEST), &text, &|_| {})?;
+    publish(path, hook)
 }
 
 /// Saves named tensors (local or global) and metadata as a checkpoint directory at `path`.
@@ -300,11 +402,11 @@ pub fn save_tensors(
     metadata: &Metadata,
     opts: &SaveOptions,
 ) -> Result<()> {
-    save_with_state(path, tensors, Vec::new(), metadata, opts)
+    save_with_state(path, tensors, None, metadata, opts)
 }
 
-/// Saves parameters (by name) and, optionally, an optimizer's state (`optim/<param>/<slot>`
-/// tensors and its step count in the metadata as `optim.step_count`).
+/// Saves parameters (by name) and, optionally, an optimizer's state: every (parameter, slot)
+/// as the tensor `optim/<param>/<slot>`, or recorded as never initialised, with the step count.
 pub fn save(
     path: &Path,
     params: &[Parameter],
@@ -316,19 +418,23 @@ pub fn save(
         .iter()
         .map(|p| (p.name().to_string(), p.value()))
         .collect();
-    let mut meta = metadata.clone();
-    let mut state = Vec::new();
-    if let Some(o) = optim {
+    let optimizer = optim.map(|o| {
+        let mut empty = Vec::new();
         for (i, p) in o.params().iter().enumerate() {
             for slot in o.slot_names() {
-                if let Some(t) = o.state(i, slot) {
-                    let key = optim_key(p.name(), slot);
-                    state.push(key.clone());
-                    tensors.push((key, t));
+                let key = optim_key(p.name(), slot);
+                match o.state(i, slot) {
+                    Some(t) => tensors.push((key, t)),
+                    None => empty.push(key),
                 }
             }
         }
-        meta.insert("optim.step_count".into(), o.step_count().to_string());
-    }
-    save_with_state(path, &tensors, state, &meta, opts)
+        OptimizerEntry {
+            step_count: o.step_count(),
+            slots: o.slot_names().iter().map(|s| s.to_string()).collect(),
+            params: o.params().iter().map(|p| p.name().to_string()).collect(),
+            empty,
+        }
+    });
+    save_with_state(path, &tensors, optimizer, metadata, opts)
 }

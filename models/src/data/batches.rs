@@ -58,6 +58,10 @@ impl WindowSampler {
     pub fn batch(&self) -> usize {
         self.batch
     }
+    /// Tokens per window (inputs; the targets are shifted by one).
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
 
     /// Where row `row` of step `step`'s batch starts.
     pub fn window_start(&self, step: u64, row: usize) -> usize {

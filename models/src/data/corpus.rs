@@ -1,12 +1,15 @@
 //! `Corpus`: the token ids of a text or pre-tokenized file, of the license texts under
-//! /usr/share/common-licenses, or of generated text; its held-out split and unigram entropy.
+//! /usr/share/common-licenses, or of generated text (text through a `Tokenizer`); its held-out
+//! split and unigram entropy.
 
 use std::io::Read;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::error::DataError;
 use super::generated::generated_text;
-use super::tokenizer::ByteTokenizer;
+use super::tokenizer::Tokenizer;
 
 /// The largest corpus file read (bytes); larger files are refused.
 pub const MAX_CORPUS_BYTES: u64 = 1 << 30;
@@ -48,7 +51,7 @@ impl std::fmt::Display for CorpusSource {
 /// Token ids, their vocabulary size and the split point of the held-out part.
 #[derive(Clone, Debug)]
 pub struct Corpus {
-    tokens: Vec<u16>,
+    tokens: Arc<[u16]>,
     vocab: usize,
     heldout_start: usize,
     pub source: CorpusSource,
@@ -60,6 +63,15 @@ fn read_capped(op: &'static str, path: &Path) -> Result<Vec<u8>, DataError> {
         path: path.to_path_buf(),
         source,
     };
+    // Only regular files: a FIFO or device would block or never end.
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(DataError::Format {
+            op,
+            path: path.to_path_buf(),
+            detail: "not a regular file".into(),
+        });
+    }
     let file = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::new();
     file.take(MAX_CORPUS_BYTES + 1)
@@ -81,25 +93,48 @@ impl Corpus {
         let held = (tokens.len() as f64 * HELDOUT_FRACTION).ceil() as usize;
         Corpus {
             heldout_start: tokens.len().saturating_sub(held),
-            tokens,
+            tokens: tokens.into(),
             vocab,
             source,
         }
     }
 
-    /// The text `text` tokenized byte by byte.
-    pub fn from_text(text: &str, source: CorpusSource) -> Corpus {
-        Corpus::new(ByteTokenizer.encode(text), ByteTokenizer::VOCAB, source)
+    /// `text` through `tokenizer`.
+    pub fn from_text(
+        text: &str,
+        source: CorpusSource,
+        tokenizer: Tokenizer,
+    ) -> Result<Corpus, DataError> {
+        Ok(Corpus::new(
+            tokenizer.encode(text)?,
+            tokenizer.vocab(),
+            source,
+        ))
     }
 
-    /// A text file, or a pre-tokenized file when it starts with `PRETOKENIZED_MAGIC`.
-    pub fn from_path(path: &Path) -> Result<Corpus, DataError> {
+    /// Bytes of text (lossily decoded as UTF-8 by the GPT-2 tokenizer) through `tokenizer`.
+    fn from_bytes(
+        bytes: &[u8],
+        source: CorpusSource,
+        tokenizer: Tokenizer,
+    ) -> Result<Corpus, DataError> {
+        match tokenizer {
+            Tokenizer::Bytes => {
+                let tokens = bytes.iter().map(|&b| u16::from(b)).collect();
+                Ok(Corpus::new(tokens, tokenizer.vocab(), source))
+            }
+            _ => Corpus::from_text(&String::from_utf8_lossy(bytes), source, tokenizer),
+        }
+    }
+
+    /// A text file through `tokenizer`, or a pre-tokenized file when it starts with
+    /// `PRETOKENIZED_MAGIC` (its own vocabulary).
+    pub fn from_path(path: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
         let op = "Corpus::from_path";
         let bytes = read_capped(op, path)?;
         let Some(rest) = bytes.strip_prefix(PRETOKENIZED_MAGIC.as_slice()) else {
-            let tokens = bytes.iter().map(|&b| u16::from(b)).collect();
             let src = CorpusSource::Text(path.to_path_buf());
-            return Ok(Corpus::new(tokens, ByteTokenizer::VOCAB, src));
+            return Corpus::from_bytes(&bytes, src, tokenizer);
         };
         let bad = |detail: String| DataError::Format {
             op,
@@ -136,8 +171,9 @@ impl Corpus {
         ))
     }
 
-    /// The regular files (not links) of `dir`, sorted by name and joined by newlines.
-    pub fn from_directory(dir: &Path) -> Result<Corpus, DataError> {
+    /// The regular files (not links) of `dir`, sorted by name and joined by newlines, through
+    /// `tokenizer`.
+    pub fn from_directory(dir: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
         let op = "Corpus::from_directory";
         let io = |source| DataError::Io {
             op,
@@ -164,24 +200,37 @@ impl Corpus {
                 });
             }
         }
-        let tokens = text.iter().map(|&b| u16::from(b)).collect();
         let src = CorpusSource::Directory {
             path: dir.to_path_buf(),
             files: files.len(),
         };
-        Ok(Corpus::new(tokens, ByteTokenizer::VOCAB, src))
+        Corpus::from_bytes(&text, src, tokenizer)
     }
 
     /// The default corpus, needing no download: the license texts under
     /// /usr/share/common-licenses when that directory has any, else generated text from `seed`.
-    pub fn default_corpus(seed: u64) -> Corpus {
-        match Corpus::from_directory(Path::new(SYSTEM_LICENSES)) {
-            Ok(c) if !c.is_empty() => c,
+    pub fn default_corpus(seed: u64, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
+        match Corpus::from_directory(Path::new(SYSTEM_LICENSES), tokenizer) {
+            Ok(c) if !c.is_empty() => Ok(c),
             _ => Corpus::from_text(
                 &generated_text(seed, GENERATED_BYTES),
                 CorpusSource::Generated { seed },
+                tokenizer,
             ),
         }
+    }
+
+    /// All token ids (shared).
+    pub fn tokens(&self) -> Arc<[u16]> {
+        Arc::clone(&self.tokens)
+    }
+    /// The positions of the training tokens in `tokens()`.
+    pub fn train_range(&self) -> Range<usize> {
+        0..self.heldout_start
+    }
+    /// The positions of the held-out tokens in `tokens()`.
+    pub fn heldout_range(&self) -> Range<usize> {
+        self.heldout_start..self.tokens.len()
     }
 
     /// Number of token ids.
@@ -241,15 +290,17 @@ mod tests {
             b.extend(id.to_le_bytes());
         }
         let p = temp("ok", &b);
-        let c = Corpus::from_path(&p).unwrap();
+        let c = Corpus::from_path(&p, Tokenizer::Bytes).unwrap();
         assert_eq!((c.vocab(), c.len()), (300, 3));
         b.extend(300u16.to_le_bytes());
         let p2 = temp("bad", &b);
-        let e = Corpus::from_path(&p2).unwrap_err().to_string();
+        let e = Corpus::from_path(&p2, Tokenizer::Bytes)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("token 3 is 300"), "{e}");
         b.push(0);
         let p3 = temp("odd", &b);
-        assert!(Corpus::from_path(&p3).is_err());
+        assert!(Corpus::from_path(&p3, Tokenizer::Bytes).is_err());
         for p in [p, p2, p3] {
             let _ = std::fs::remove_file(p);
         }
@@ -258,9 +309,21 @@ mod tests {
     #[test]
     fn text_files_are_bytes_and_the_end_is_held_out() {
         let p = temp("text", b"abcdefghij");
-        let c = Corpus::from_path(&p).unwrap();
-        assert_eq!(c.train(), ByteTokenizer.encode("abcdefghi").as_slice());
-        assert_eq!(c.heldout(), ByteTokenizer.encode("j").as_slice());
+        let c = Corpus::from_path(&p, Tokenizer::Bytes).unwrap();
+        assert_eq!(
+            c.train(),
+            "abcdefghi"
+                .as_bytes()
+                .iter()
+                .map(|&b| u16::from(b))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(c.heldout(), [u16::from(b'j')]);
+        let g = Corpus::from_path(&p, Tokenizer::Gpt2).unwrap();
+        assert_eq!(g.vocab(), 50257);
+        assert!(std::fs::create_dir_all(std::env::temp_dir()).is_ok());
+        let e = Corpus::from_path(&std::env::temp_dir(), Tokenizer::Bytes).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         let _ = std::fs::remove_file(p);
     }
 

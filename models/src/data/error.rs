@@ -20,4 +20,20 @@ pub enum DataError {
     },
     #[error("{op}: {detail}")]
     Sampling { op: &'static str, detail: String },
+    #[error("tokenizer {name}: {detail}")]
+    Tokenizer { name: &'static str, detail: String },
+    /// A token shard that cannot be used: `offset` is the byte offset in `path` where the
+    /// problem is.
+    #[error("{path} at byte {offset}: {detail}")]
+    Shard {
+        path: PathBuf,
+        offset: u64,
+        detail: String,
+    },
+    #[error("{what} {pattern:?}: {detail}")]
+    Glob {
+        what: &'static str,
+        pattern: String,
+        detail: String,
+    },
 }

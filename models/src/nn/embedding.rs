@@ -1,6 +1,6 @@
 //! `Embedding`: rows of a weight `[num, dim]` looked up by i64 ids.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::Result;

@@ -1,6 +1,6 @@
 //! Parameter initialisation from the counter-based RNG, and where a parameter lives.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Shape};
 

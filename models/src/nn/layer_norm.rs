@@ -1,6 +1,6 @@
 //! `LayerNorm` over the last dim with a learned scale and shift.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::Result;

@@ -2,7 +2,7 @@
 //! features over a mesh axis, Megatron's first MLP layer) or row-parallel (split on its input
 //! features, the second layer; its output is a partial sum that inference reduces lazily).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 

@@ -1,7 +1,7 @@
 //! `Mlp`: Linear -> activation -> Linear, Megatron style when given a tensor-parallel axis
 //! (column-parallel first layer, row-parallel second: one reduction per block, done by boxing).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 
 use crate::Result;

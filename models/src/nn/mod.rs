@@ -13,6 +13,7 @@ mod layer_norm;
 mod linear;
 mod mlp;
 mod param;
+mod pass;
 
 pub use embedding::Embedding;
 pub use init::{param_seed, Init, ParamPlacement};
@@ -20,3 +21,4 @@ pub use layer_norm::LayerNorm;
 pub use linear::{Linear, LinearOptions, Parallel};
 pub use mlp::{Activation, Mlp};
 pub use param::{Module, ParamRegistry, Parameter};
+pub use pass::Pass;

@@ -2,13 +2,17 @@
 //! parameter's layout, or its shard under ZeRO ([`Zero`]); the update first boxes the gradient
 //! to that layout, so a partial-sum gradient of a broadcast weight is all-reduced there (data
 //! parallelism from the algebra) or reduce-scattered into the shard. Updates run under
-//! `no_grad` and replace each parameter's leaf.
+//! `no_grad` and replace each parameter's leaf. Weight decay is per parameter (decay groups:
+//! `with_weight_decay`); `step_with_norm` measures the global gradient norm (`norm`) of the
+//! boxed gradients and clips by scaling them inside the update.
 
 mod adamw;
+mod norm;
 mod sgd;
 mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
+pub use norm::{clip_factor, global_grad_norm};
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
 
@@ -21,6 +25,23 @@ use oxiflow_tensor::Tensor;
 pub trait Optimizer {
     /// One update of every parameter that has a gradient.
     fn step(&mut self) -> Result<()>;
+    /// Boxes every gradient into the layout its state lives in now and returns their global
+    /// L2 norm (the same on every rank); the parameters' own gradients are cleared. The next
+    /// `apply` updates from these gradients, or `discard` drops them.
+    fn prepare(&mut self) -> Result<f64>;
+    /// The update from the prepared gradients scaled by `scale` (e.g. a `clip_factor`); an
+    /// error without a `prepare` first.
+    fn apply(&mut self, scale: f64) -> Result<()>;
+    /// Drops the prepared gradients without an update (a skipped step).
+    fn discard(&mut self);
+    /// `prepare`, then `apply` with the gradients clipped to a global norm of `max_norm`
+    /// (None: unclipped), as torch's `clip_grad_norm_` then `step`; returns the norm before
+    /// clipping.
+    fn step_with_norm(&mut self, max_norm: Option<f64>) -> Result<f64> {
+        let norm = self.prepare()?;
+        self.apply(clip_factor(norm, max_norm))?;
+        Ok(norm)
+    }
     /// The parameters, in order.
     fn params(&self) -> &[Parameter];
     /// Names of the per-parameter state slots (e.g. `exp_avg`).
@@ -47,6 +68,79 @@ pub trait Optimizer {
 pub(crate) struct Update {
     pub value: Tensor,
     pub grad: Tensor,
+}
+
+/// The update views of every parameter (None: no gradient), boxed now, with their gradients'
+/// global norm; each parameter's own gradient is cleared once its view holds the boxed copy.
+fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Update>>, f64)> {
+    let mut views = Vec::with_capacity(params.len());
+    for p in params {
+        let v = update_view(p, zero)?;
+        if v.is_some() {
+            p.zero_grad();
+        }
+        views.push(v);
+    }
+    let grads: Vec<Tensor> = views.iter().flatten().map(|u| u.grad.clone()).collect();
+    let norm = global_grad_norm(&grads)?;
+    Ok((views, norm))
+}
+
+/// Gradients `prepare` boxed into their states' layouts, kept for the next `apply`.
+#[derive(Default)]
+pub(crate) struct Prepared(Option<Vec<Option<Update>>>);
+
+impl Prepared {
+    /// Boxes `params`' gradients (see `prepare_updates`); returns their global norm.
+    pub(crate) fn prepare(&mut self, params: &[Parameter], zero: Zero) -> Result<f64> {
+        let _ng = no_grad();
+        let (views, norm) = prepare_updates(params, zero)?;
+        self.0 = Some(views);
+        Ok(norm)
+    }
+    /// The prepared views with their parameters' indices (an error without a `prepare`).
+    pub(crate) fn take(&mut self, op: &'static str) -> Result<Vec<(usize, Update)>> {
+        let views = self.0.take().ok_or(oxiflow_tensor::TensorError::Kernel {
+            op,
+            detail: "apply without prepare: no gradients were prepared".into(),
+        })?;
+        Ok(views
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, u)| Some((i, u?)))
+            .collect())
+    }
+    pub(crate) fn discard(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// Per-parameter weight decay: `per_param` (one value per parameter, each finite and >= 0).
+pub(crate) fn check_decay(op: &'static str, params: &[Parameter], per_param: &[f64]) -> Result<()> {
+    if per_param.len() != params.len() {
+        return Err(oxiflow_tensor::TensorError::Kernel {
+            op,
+            detail: format!(
+                "{} weight-decay values for {} parameters",
+                per_param.len(),
+                params.len()
+            ),
+        });
+    }
+    if let Some((p, d)) = params
+        .iter()
+        .zip(per_param)
+        .find(|(_, d)| !(d.is_finite() && **d >= 0.0))
+    {
+        return Err(oxiflow_tensor::TensorError::Kernel {
+            op,
+            detail: format!(
+                "weight decay {d} of {} is not a finite value >= 0",
+                p.name()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The update view of `p`, or None when it has no gradient.

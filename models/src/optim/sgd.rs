@@ -1,12 +1,15 @@
 //! SGD with momentum and (coupled) weight decay, as torch.optim.SGD:
 //! g += wd p; buf = momentum buf + (1 - dampening) g (buf = g at the first step); p -= lr buf.
+//! `wd` is per parameter (`with_weight_decay`); a clipped step scales `g` before the decay.
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
-use super::{state_in_layout, update_view, write_back, Optimizer, Update, Zero};
+use super::{
+    check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdOptions {
@@ -32,6 +35,10 @@ impl Default for SgdOptions {
 pub struct Sgd {
     params: Vec<Parameter>,
     opts: SgdOptions,
+    /// Weight decay of each parameter (`opts.weight_decay` unless set per parameter).
+    decay: Vec<f64>,
+    /// Gradients boxed by `prepare`, for the next `apply`.
+    prepared: Prepared,
     zero: Zero,
     bufs: Vec<Option<Tensor>>,
     steps: u64,
@@ -41,6 +48,8 @@ impl Sgd {
     pub fn new(params: Vec<Parameter>, opts: SgdOptions) -> Sgd {
         let bufs = vec![None; params.len()];
         Sgd {
+            decay: vec![opts.weight_decay; params.len()],
+            prepared: Prepared::default(),
             params,
             opts,
             zero: Zero::OFF,
@@ -55,6 +64,36 @@ impl Sgd {
         self.zero = zero;
         Ok(self)
     }
+
+    /// Decays parameter `i` by `per_param[i]`; one finite value >= 0 per parameter.
+    pub fn with_weight_decay(mut self, per_param: Vec<f64>) -> Result<Sgd> {
+        check_decay("Sgd::with_weight_decay", &self.params, &per_param)?;
+        self.decay = per_param;
+        Ok(self)
+    }
+
+    /// The update of parameter `i` from its view, with the gradient scaled by `c`.
+    fn update(&mut self, i: usize, u: Update, c: f64) -> Result<()> {
+        let o = self.opts;
+        let Update { value: v, grad: g } = u;
+        let mut g = if c == 1.0 { g } else { g.mul_scalar(c)? };
+        if self.decay[i] != 0.0 {
+            g = g.add(&v.mul_scalar(self.decay[i])?)?;
+        }
+        let d = if o.momentum != 0.0 {
+            let b = match self.bufs[i].take() {
+                Some(b) => b
+                    .mul_scalar(o.momentum)?
+                    .add(&g.mul_scalar(1.0 - o.dampening)?)?,
+                None => g,
+            };
+            self.bufs[i] = Some(b.clone());
+            b
+        } else {
+            g
+        };
+        write_back(&self.params[i], &v.sub(&d.mul_scalar(o.lr)?)?)
+    }
 }
 
 const SLOTS: &[&str] = &["momentum_buffer"];
@@ -62,34 +101,27 @@ const SLOTS: &[&str] = &["momentum_buffer"];
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _ng = no_grad();
-        let o = self.opts;
-        for (p, buf) in self.params.iter().zip(self.bufs.iter_mut()) {
-            let Some(Update {
-                value: v,
-                grad: mut g,
-            }) = update_view(p, self.zero)?
-            else {
-                continue;
-            };
-            if o.weight_decay != 0.0 {
-                g = g.add(&v.mul_scalar(o.weight_decay)?)?;
+        for i in 0..self.params.len() {
+            if let Some(u) = update_view(&self.params[i], self.zero)? {
+                self.update(i, u, 1.0)?;
             }
-            let d = if o.momentum != 0.0 {
-                let b = match buf.take() {
-                    Some(b) => b
-                        .mul_scalar(o.momentum)?
-                        .add(&g.mul_scalar(1.0 - o.dampening)?)?,
-                    None => g,
-                };
-                *buf = Some(b.clone());
-                b
-            } else {
-                g
-            };
-            write_back(p, &v.sub(&d.mul_scalar(o.lr)?)?)?;
         }
         self.steps += 1;
         Ok(())
+    }
+    fn prepare(&mut self) -> Result<f64> {
+        self.prepared.prepare(&self.params, self.zero)
+    }
+    fn apply(&mut self, scale: f64) -> Result<()> {
+        let _ng = no_grad();
+        for (i, u) in self.prepared.take("Sgd::apply")? {
+            self.update(i, u, scale)?;
+        }
+        self.steps += 1;
+        Ok(())
+    }
+    fn discard(&mut self) {
+        self.prepared.discard();
     }
     fn params(&self) -> &[Parameter] {
         &self.params

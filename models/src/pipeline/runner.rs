@@ -1,13 +1,14 @@
-//! One pipelined training step of a `Gpt` on this rank: its stage's action list (from
+//! One pipelined training step of a `PipelineModel` on this rank: its stage's action list (from
 //! `PipelineSpec::actions`) run in order. Streams and their gradients cross stages with
 //! `to_global` between the stages' placements; between disjoint placements that is a
 //! buffered send on the sender and a wait on the receiver, so no stage waits for another's
 //! compute except for the data it needs. A receiver takes the messages of one sending stage in
 //! the order that stage sent them (it knows the order: the sender's list is a pure function),
 //! keeping the ones it needs later. The tied embedding table goes to the last stage at the
-//! start and its gradient comes back at the end. Micro-batch losses are scaled by `1/m`, so
-//! the accumulated gradients are the full batch's; each micro-batch draws its rows of the whole
-//! batch's dropout masks (`Pass::TrainMicro`), so the step equals the unsplit one.
+//! start and its gradient comes back at the end. Micro-batch losses are scaled by `1/m` (times
+//! the caller's scale, e.g. `1/k` for `k` accumulated runs), so the accumulated gradients are
+//! the full batch's; each micro-batch draws its rows of the whole batch's dropout masks
+//! (`Pass::micro`), so the step equals the unsplit one.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -15,10 +16,10 @@ use std::time::{Duration, Instant};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
-use crate::nn::gpt::{Gpt, Pass};
-use crate::nn::Module;
+use crate::nn::Pass;
 use crate::{Result, TensorError};
 
+use super::model::PipelineModel;
 use super::schedule::{Action, Message, PipelineSpec};
 
 fn runner_err(detail: String) -> TensorError {
@@ -31,8 +32,8 @@ fn runner_err(detail: String) -> TensorError {
 /// What one step did on this rank.
 #[derive(Clone, Debug)]
 pub struct StepReport {
-    /// The mean loss over the micro-batches (0-d, on the last stage's placement); None on
-    /// other stages.
+    /// The mean loss over the micro-batches (0-d, on the last stage's placement, not scaled);
+    /// None on other stages.
     pub loss: Option<Tensor>,
     /// Time spent computing (forward, backward, sends), not waiting for a receive.
     pub busy: Duration,
@@ -40,10 +41,13 @@ pub struct StepReport {
     pub span: Duration,
 }
 
-/// The micro-batches of a step: ids (global, on the first stage) and targets (on the last).
+/// The micro-batches of a step: inputs (global, on the first stage) and targets (on the last),
+/// and the factor each micro-batch's mean loss is scaled by on top of `1/m` before its backward
+/// pass (1 for a whole step; `1/k` when the step accumulates `k` such runs).
 pub struct MicroBatches<'a> {
-    pub ids: &'a [Tensor],
+    pub inputs: &'a [Tensor],
     pub targets: &'a [Tensor],
+    pub scale: f64,
 }
 
 /// The tensors one forward keeps for its backward: the stream it received (a leaf whose
@@ -54,15 +58,16 @@ struct Saved {
 }
 
 struct Stage<'a> {
-    model: &'a Gpt,
+    model: &'a dyn PipelineModel,
     spec: PipelineSpec,
     stage: usize,
     /// Per sending stage: the messages still to arrive from it, in its send order.
     expected: HashMap<usize, VecDeque<Message>>,
     /// Messages that arrived (or were sent to this stage by itself) before they were needed.
     stash: HashMap<Message, Tensor>,
-    /// `[B/m, T, C]`: the stream's shape.
+    /// The stream's shape and dtype.
     stream_shape: Vec<usize>,
+    stream_dtype: oxiflow_collectives::DType,
     waiting: Duration,
 }
 
@@ -84,12 +89,12 @@ impl Stage<'_> {
         };
         match msg {
             Message::Tied | Message::TiedGradient => {
-                let (_, nd) = self
+                let tied = self
                     .model
-                    .tied_layout()
-                    .ok_or_else(|| runner_err("the tied table is not global".into()))?;
-                let w = self.model.wte.weight.value();
-                Ok((from, to, nd, w.shape().dims().to_vec()))
+                    .tied()
+                    .ok_or_else(|| runner_err("the model shares no parameter".into()))?;
+                let w = tied.param.value();
+                Ok((from, to, tied.layout, w.shape().dims().to_vec()))
             }
             _ => {
                 let (_, nd) = self
@@ -103,10 +108,7 @@ impl Stage<'_> {
 
     fn placement(&self, stage: usize) -> Result<oxiflow_placement::Placement> {
         self.model
-            .split
-            .layout(stage)
-            .placement()
-            .cloned()
+            .stage_placement(stage)
             .ok_or_else(|| runner_err("pipeline stages must be global".into()))
     }
 
@@ -160,39 +162,47 @@ impl Stage<'_> {
     fn receive(&self, msg: Message) -> Result<Tensor> {
         let (from, to, nd, shape) = self.layout_of(msg)?;
         let (src, dst) = (self.placement(from)?, self.placement(to)?);
-        let dtype = self.model.cfg.dtype;
+        let dtype = self.stream_dtype;
         let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
         Ok(absent.to_global(&dst, nd)?.detach())
     }
 }
 
 /// Runs this rank's stage `stage` of `spec` on the micro-batches (`spec.micro_batches` of
-/// them) and leaves the full batch's gradients in the parameters. Parameters of other stages
-/// get absent zero gradients, so every rank's optimizer keeps state for every parameter.
+/// them) and adds the full batch's gradients (times `batches.scale`) to the parameters'.
+/// `pass` is the pass of the whole batch (micro-batch `j` trains as `pass.micro(j, m)`).
+/// Parameters of other stages get absent zero gradients, so every rank's optimizer keeps
+/// state for every parameter.
 pub fn run_step(
-    model: &Gpt,
+    model: &dyn PipelineModel,
     spec: &PipelineSpec,
     stage: usize,
     batches: &MicroBatches<'_>,
     pass: Pass,
 ) -> Result<StepReport> {
     let (pp, m, chunks) = (spec.stages, spec.micro_batches, spec.chunks());
-    if model.split.stages() != pp || model.split.chunks() != chunks {
+    if model.stages() != pp || model.chunks() != chunks {
         return Err(runner_err(format!(
             "the model is split into {} stages x {} chunks but the schedule has {pp} x {}",
-            model.split.stages(),
-            model.split.chunks(),
+            model.stages(),
+            model.chunks(),
             spec.virtual_stages
         )));
     }
-    if batches.ids.len() != m || batches.targets.len() != m || stage >= pp {
+    if batches.inputs.len() != m || batches.targets.len() != m || stage >= pp {
         return Err(runner_err(format!(
-            "stage {stage} of {pp} got {} id and {} target micro-batches for {m}",
-            batches.ids.len(),
+            "stage {stage} of {pp} got {} input and {} target micro-batches for {m}",
+            batches.inputs.len(),
             batches.targets.len()
         )));
     }
-    let ids0 = batches.ids[0].shape();
+    if !batches.scale.is_finite() {
+        return Err(runner_err(format!(
+            "loss scale {} is not finite",
+            batches.scale
+        )));
+    }
+    let (stream_shape, stream_dtype) = model.stream_meta(&batches.inputs[0]);
     let mut expected: HashMap<usize, VecDeque<Message>> = HashMap::new();
     for from in (0..pp).filter(|&s| s != stage) {
         let q = spec
@@ -209,33 +219,28 @@ pub fn run_step(
         stage,
         expected,
         stash: HashMap::new(),
-        stream_shape: vec![ids0.dim(0), ids0.dim(1), model.cfg.width],
+        stream_shape,
+        stream_dtype,
         waiting: Duration::ZERO,
     };
     let start = Instant::now();
     // The tied table: the first stage's compute value, and the last stage's copy (a leaf
     // whose gradient goes back at the end).
+    let tied = if pp > 1 { model.tied() } else { None };
     let mut tied_sent = None;
     let mut tied_last = None;
-    if pp > 1 && stage == 0 {
-        let w = model.wte.weight.compute()?;
+    if let (Some(t), 0) = (&tied, stage) {
+        let w = t.param.compute()?;
         // An exact view, so the returning gradient takes the engine's path into the leaf.
         let view = w.reshape(w.shape().clone())?;
         st.send(Message::Tied, &w)?;
         tied_sent = Some(view);
     }
-    if pp > 1 && stage == pp - 1 {
+    if tied.is_some() && stage == pp - 1 {
         tied_last = Some(st.take(Message::Tied)?.requires_grad_(true));
     }
     // Each micro-batch draws its rows of the whole batch's dropout masks.
-    let pass_of = |mb: usize| match pass {
-        Pass::Train { step } if m > 1 => Pass::TrainMicro {
-            step,
-            index: mb,
-            count: m,
-        },
-        other => other,
-    };
+    let pass_of = |mb: usize| pass.micro(mb, m);
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let mut losses: Vec<Tensor> = Vec::new();
     for a in spec.actions(stage) {
@@ -243,8 +248,7 @@ pub fn run_step(
         match a {
             Action::Forward { mb, chunk } => {
                 let (input, x) = if g == 0 {
-                    let w = model.wte.weight.compute()?;
-                    (None, model.embed(&batches.ids[mb], &w, pass_of(mb))?)
+                    (None, model.enter(&batches.inputs[mb], pass_of(mb))?)
                 } else {
                     let leaf = st
                         .take(Message::Activation { mb, to: g })?
@@ -253,11 +257,12 @@ pub fn run_step(
                 };
                 let y = model.run_chunk(g, &x, pass_of(mb))?;
                 let output = if g + 1 == chunks {
-                    let w = match &tied_last {
-                        Some(w) => w.clone(),
-                        None => model.wte.weight.compute()?,
-                    };
-                    let loss = model.loss_of(&model.head(&y, &w)?, &batches.targets[mb])?;
+                    let loss = model.exit_loss(
+                        &y,
+                        &batches.targets[mb],
+                        tied_last.as_ref(),
+                        pass_of(mb),
+                    )?;
                     losses.push(loss.detach());
                     loss
                 } else {
@@ -277,7 +282,7 @@ pub fn run_step(
                     ))
                 })?;
                 if g + 1 == chunks {
-                    s.output.mul_scalar(1.0 / m as f64)?.backward()?;
+                    s.output.mul_scalar(batches.scale / m as f64)?.backward()?;
                 } else {
                     let dy = st.take(Message::Gradient { mb, to: g })?;
                     s.output.backward_with(&dy)?;
@@ -294,10 +299,8 @@ pub fn run_step(
             }
         }
     }
-    if let Some(w) = tied_last {
-        let (_, nd) = model
-            .tied_layout()
-            .ok_or_else(|| runner_err("the tied table is not global".into()))?;
+    if let (Some(w), Some(t)) = (tied_last, &tied) {
+        let nd = t.layout.clone();
         let last = st.placement(pp - 1)?;
         let dw = w
             .grad()
@@ -329,7 +332,7 @@ pub fn run_step(
 
 /// Gives every parameter this rank holds no piece of an absent zero gradient (no data), so
 /// optimizers step (and keep state for) every parameter on every rank alike.
-fn absent_grads(model: &Gpt) -> Result<()> {
+fn absent_grads(model: &dyn PipelineModel) -> Result<()> {
     for p in model.parameters() {
         let v = p.value();
         let (Some(pl), Some(nd), Some(ctx)) = (v.placement(), v.nd_sbp(), v.context()) else {

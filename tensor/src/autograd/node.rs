@@ -5,7 +5,6 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use oxiflow_collectives::DType;
 use oxiflow_sbp::{NdSbp, Sbp};
 use smallvec::SmallVec;
 
@@ -134,22 +133,18 @@ impl Node {
     }
 }
 
-fn is_float(d: DType) -> bool {
-    d.is_float()
-}
-
 /// Makes `kind` the node of `outputs` (those of a float dtype that carry a gradient) when an
 /// input requires a (float) gradient, or always when `always` (a recompute block whose
 /// captured parameters require one). The node keeps the tensors its kind's backward reads.
 pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], always: bool) {
-    let wants = |t: &&Tensor| t.requires_grad() && is_float(t.dtype());
+    let wants = |t: &&Tensor| t.requires_grad() && t.dtype().is_float();
     if !(always || inputs.iter().any(wants)) {
         return;
     }
     let carries: SmallVec<[bool; 3]> = outputs
         .iter()
         .enumerate()
-        .map(|(i, o)| is_float(o.dtype()) && kind.differentiable(i))
+        .map(|(i, o)| o.dtype().is_float() && kind.differentiable(i))
         .collect();
     if !carries.contains(&true) {
         return;
@@ -218,7 +213,7 @@ fn to_global_backward(x: &TensorMeta, dy: &Tensor, target: &NdSbp) -> Result<Ten
 mod tests {
     use std::sync::{Arc, Weak};
 
-    use oxiflow_collectives::DType;
+    use oxiflow_dtype::DType;
 
     use crate::storage::Storage;
     use crate::Tensor;

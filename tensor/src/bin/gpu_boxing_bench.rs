@@ -42,7 +42,8 @@ use std::time::{Duration, Instant};
 use oxiflow_boxing::{Fill, HostData, HostPiece, LocalPiece};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
-use oxiflow_collectives::{DType, ReduceOp, SharedComm};
+use oxiflow_collectives::{ReduceOp, SharedComm};
+use oxiflow_dtype::DType;
 use oxiflow_tensor::cuda::{self, CudaPiece, CudaRuntime};
 use oxiflow_tensor::{init_from_env, DeviceType, GlobalLayout, Placement, Sbp, Shape, Tensor};
 

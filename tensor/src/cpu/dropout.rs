@@ -6,7 +6,7 @@ use ndarray::ArrayD;
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
-use super::{fits, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, DropoutKernels, DropoutOp};
 use crate::rng;
@@ -55,7 +55,7 @@ impl DropoutKernels for CpuBackend {
         match x {
             CpuArray::F32(x) => dropout_t(x, op, out_as("dropout", out)?),
             CpuArray::F64(x) => dropout_t(x, op, out_as("dropout", out)?),
-            CpuArray::I64(_) => Err(kernel_err("dropout", "needs a float input".into())),
+            x => Err(float_input("dropout", x)),
         }
     }
 }

@@ -5,7 +5,7 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 use rayon::prelude::*;
 
-use super::{fits, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
 use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
@@ -102,6 +102,7 @@ fn unary(u: UnaryOp, a: &CpuArray, out: &mut CpuArray) -> Result<()> {
     match a {
         CpuArray::F32(a) => float_unary(u, a, out_as(op, out)?),
         CpuArray::F64(a) => float_unary(u, a, out_as(op, out)?),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(op, a)),
         CpuArray::I64(a) => {
             let o = out_as::<i64>(op, out)?;
             match u {
@@ -198,6 +199,7 @@ fn scalar(s: ScalarOp, a: &CpuArray, c: f64, out: &mut CpuArray) -> Result<()> {
     match a {
         CpuArray::F32(a) => float_scalar(s, a, c, out_as(op, out)?),
         CpuArray::F64(a) => float_scalar(s, a, c, out_as(op, out)?),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(op, a)),
         CpuArray::I64(a) => {
             let (ci, o) = (c as i64, out_as::<i64>(op, out)?);
             match s {
@@ -256,17 +258,14 @@ fn binary(b: BinaryOp, x: &CpuArray, y: &CpuArray, out: &mut CpuArray) -> Result
     })
 }
 
-/// Every element converted to the output's dtype (float -> i64 truncates toward zero).
-fn cast(x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+/// Every element converted to the output's dtype, each value rounded once (float -> i64
+/// truncates toward zero); the same dtype is a copy.
+pub(super) fn cast_into(x: &CpuArray, out: &mut CpuArray) -> Result<()> {
     fn to<T: TensorElement, U: TensorElement>(a: &ArrayD<T>, o: &mut ArrayD<U>) {
         map_into(a, o, |v| U::from_f64(v.to_f64()))
     }
     fits("cast", x.shape(), out.shape())?;
-    match out {
-        CpuArray::F32(o) => with_array!(x, a => to(a, o)),
-        CpuArray::F64(o) => with_array!(x, a => to(a, o)),
-        CpuArray::I64(o) => with_array!(x, a => to(a, o)),
-    }
+    with_array!(out, o => with_array!(x, a => to(a, o)));
     Ok(())
 }
 
@@ -281,7 +280,7 @@ impl ElementwiseKernels for CpuBackend {
         binary(b, x, y, out)
     }
     fn cast(&self, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
-        cast(x, out)
+        cast_into(x, out)
     }
     fn unary_backward(
         &self,

@@ -80,11 +80,7 @@ impl LayoutKernels for CpuBackend {
     fn concat(&self, parts: &[&CpuArray], dim: usize, out: &mut CpuArray) -> Result<()> {
         let op = "concat";
         let shape = out.shape().to_vec();
-        let done = match out {
-            CpuArray::F32(o) => concat_t::<f32>(parts, dim, o),
-            CpuArray::F64(o) => concat_t::<f64>(parts, dim, o),
-            CpuArray::I64(o) => concat_t::<i64>(parts, dim, o),
-        };
+        let done = with_array!(out, o => concat_t(parts, dim, o));
         done.ok_or_else(|| {
             kernel_err(
                 op,

@@ -3,7 +3,7 @@
 
 use ndarray::{ArrayD, IxDyn, Zip};
 
-use super::{fits, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::TensorElement;
 use crate::op::{kernel_err, MaskKernels, Triangle};
 use crate::storage::CpuArray;
@@ -11,11 +11,7 @@ use crate::{with_array, Result};
 
 /// Whether each element is nonzero.
 fn nonzero(a: &CpuArray) -> ArrayD<bool> {
-    match a {
-        CpuArray::F32(a) => a.mapv(|v| v != 0.0),
-        CpuArray::F64(a) => a.mapv(|v| v != 0.0),
-        CpuArray::I64(a) => a.mapv(|v| v != 0),
-    }
+    with_array!(a, a => a.mapv(|v| oxiflow_dtype::Element::to_f64(v) != 0.0))
 }
 
 fn broadcast_err(op: &'static str, from: &[usize], to: &[usize]) -> crate::TensorError {
@@ -112,6 +108,7 @@ impl MaskKernels for CpuBackend {
             CpuArray::F32(x) => masked_fill_t(x, &m, value as f32, out_as(op, out)?),
             CpuArray::F64(x) => masked_fill_t(x, &m, value, out_as(op, out)?),
             CpuArray::I64(x) => masked_fill_t(x, &m, value as i64, out_as(op, out)?),
+            x => Err(float_input(op, x)),
         }
     }
     fn triangular(

@@ -1,6 +1,8 @@
 //! The CPU backend: kernels of every op family on host arrays (`CpuArray`: ndarray, rayon for
 //! large arrays, matrixmultiply), one file per family, each implementing that family's kernel
-//! trait for [`CpuBackend`].
+//! trait for [`CpuBackend`] and writing into the buffers its allocator gives the executor.
+//! Dispatch runs them through [`execute`], which widens 16-bit floats to f32 around the
+//! kernels, so each kernel is written for f32, f64 and i64 only.
 
 mod attention;
 mod custom;
@@ -20,13 +22,17 @@ mod rotary;
 mod softmax;
 
 use ndarray::{ArrayD, ArrayView2, IxDyn};
-use oxiflow_collectives::DType;
 use oxiflow_sbp::Shape;
 
+use std::borrow::Cow;
+
+use oxiflow_dtype::{with_element, DType};
+use smallvec::SmallVec;
+
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{kernel_err, KernelBackend, OutSpec};
+use crate::op::{kernel_err, KernelBackend, Op, OutSpec};
 use crate::storage::CpuArray;
-use crate::{with_array, Result};
+use crate::{with_array, Result, TensorError};
 
 pub(crate) use elementwise::PAR_THRESHOLD;
 pub(crate) use piece::{array_of_host_piece, host_piece_of, CpuPiece};
@@ -58,11 +64,7 @@ impl KernelBackend for CpuBackend {
             ArrayD::from_shape_vec(IxDyn(shape), v).ok().map(T::wrap)
         }
         let dims = spec.shape.dims();
-        let out = match spec.dtype {
-            DType::F32 => zeros::<f32>(dims),
-            DType::F64 => zeros::<f64>(dims),
-            DType::I64 => zeros::<i64>(dims),
-        };
+        let out = with_element!(spec.dtype, T => zeros::<T>(dims));
         out.ok_or_else(|| kernel_err("alloc", format!("{} {} overflows", spec.dtype, spec.shape)))
     }
     fn out_spec(&self, out: &CpuArray) -> OutSpec {
@@ -131,6 +133,81 @@ fn fits(op: &'static str, got: &[usize], want: &[usize]) -> Result<()> {
     }
 }
 
+/// Runs `op` through the executor on the CPU backend (one piece per output of `outs`): the one
+/// place where 16-bit floats meet the kernels. 16-bit inputs are widened to f32 (exactly), the
+/// kernels compute in f32 (in f64 where an input is f64) into the executor's buffers, and each
+/// 16-bit output is rounded once into its own buffer from the allocator. Kernels never see a
+/// 16-bit array; a view (reshape) moves 16-bit data as it is.
+pub(crate) fn execute(
+    op: &Op,
+    inputs: &[&CpuArray],
+    outs: &[OutSpec],
+) -> Result<SmallVec<[CpuArray; 1]>> {
+    if !widens(op, inputs, outs) {
+        return op.execute(&CpuBackend, inputs, outs);
+    }
+    let widened = widen(inputs);
+    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
+    let specs: SmallVec<[OutSpec; 1]> = outs.iter().map(|o| computed(o, inputs)).collect();
+    let ys = op.execute(&CpuBackend, &refs, &specs)?;
+    ys.into_iter()
+        .zip(outs)
+        .map(|(y, spec)| rounded(y, spec))
+        .collect()
+}
+
+/// [`execute`] of a single-output call.
+pub(crate) fn execute_one(op: &Op, inputs: &[&CpuArray], out: &OutSpec) -> Result<CpuArray> {
+    if !widens(op, inputs, std::slice::from_ref(out)) {
+        return op.execute_one(&CpuBackend, inputs, out);
+    }
+    let widened = widen(inputs);
+    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
+    let y = op.execute_one(&CpuBackend, &refs, &computed(out, inputs))?;
+    rounded(y, out)
+}
+
+/// Whether a call has 16-bit inputs or outputs and runs kernels (not a view).
+fn widens(op: &Op, inputs: &[&CpuArray], outs: &[OutSpec]) -> bool {
+    let half = inputs.iter().any(|a| a.dtype().is_half()) || outs.iter().any(|o| o.dtype.is_half());
+    half && op.view_of().is_none()
+}
+
+/// The inputs with 16-bit floats widened to f32.
+fn widen<'a>(inputs: &[&'a CpuArray]) -> SmallVec<[Cow<'a, CpuArray>; 3]> {
+    inputs
+        .iter()
+        .map(|&a| match a.dtype().half() {
+            Some(_) => Cow::Owned(a.cast(DType::F32)),
+            None => Cow::Borrowed(a),
+        })
+        .collect()
+}
+
+/// The buffer the kernels compute `out` in: f32 for a 16-bit output (f64 where an input is
+/// f64), else `out` itself.
+fn computed(out: &OutSpec, inputs: &[&CpuArray]) -> OutSpec {
+    let dtype = match out.dtype.half() {
+        Some(_) if inputs.iter().any(|a| a.dtype() == DType::F64) => DType::F64,
+        Some(_) => DType::F32,
+        None => out.dtype,
+    };
+    OutSpec {
+        shape: out.shape.clone(),
+        dtype,
+    }
+}
+
+/// `y` rounded once into an allocated buffer of `out`'s dtype (itself when it has it).
+fn rounded(y: CpuArray, out: &OutSpec) -> Result<CpuArray> {
+    if y.dtype() == out.dtype {
+        return Ok(y);
+    }
+    let mut o = CpuBackend.alloc(out)?;
+    elementwise::cast_into(&y, &mut o)?;
+    Ok(o)
+}
+
 /// `a` viewed as rows of its last dim.
 fn rows<F: FloatElement>(a: &ArrayD<F>) -> Option<ArrayView2<'_, F>> {
     let (&h, lead) = a.shape().split_last()?;
@@ -145,4 +222,18 @@ fn check_ids(op: &'static str, ids: &ArrayD<i64>, num: usize) -> Result<()> {
         Some(bad) => Err(kernel_err(op, format!("index {bad} out of range 0..{num}"))),
         None => Ok(()),
     }
+}
+
+/// The error of a kernel given an array it does not compute on: i64 where it needs a float, or
+/// a 16-bit float, which reaches kernels only as f32 (see `execute`).
+fn float_input(op: &'static str, a: &CpuArray) -> TensorError {
+    let detail = if a.dtype().is_half() {
+        format!(
+            "a {} array reached the kernel; 16-bit floats run as f32",
+            a.dtype()
+        )
+    } else {
+        format!("needs a float input, got {}", a.dtype())
+    };
+    TensorError::Kernel { op, detail }
 }

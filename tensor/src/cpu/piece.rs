@@ -8,15 +8,19 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
+use oxiflow_boxing::with_host_vec;
 use oxiflow_boxing::{
     check_same_dtype, copy_box_bytes, pack_bytes, unpack_bytes, BoxingError, Fill, HostBytes,
     HostData, HostPiece, LocalPiece,
 };
-use oxiflow_collectives::{Buf, BufMut, DType, ReduceOp};
+use oxiflow_collectives::{Buf, BufMut, ReduceOp};
+use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
+use crate::element::TensorElement;
 use crate::storage::{CpuArray, Storage};
+use crate::with_array;
 use crate::{Result, TensorError};
 
 /// A local piece in host memory for the boxing executor.
@@ -32,9 +36,7 @@ pub(crate) enum CpuPiece {
 /// The bytes of a CPU storage in standard layout, or None (device storage, other layouts).
 fn storage_bytes(storage: &Storage) -> Option<&[u8]> {
     match storage {
-        Storage::Cpu(CpuArray::F32(a)) => a.as_slice().map(bytemuck::cast_slice),
-        Storage::Cpu(CpuArray::F64(a)) => a.as_slice().map(bytemuck::cast_slice),
-        Storage::Cpu(CpuArray::I64(a)) => a.as_slice().map(bytemuck::cast_slice),
+        Storage::Cpu(a) => with_array!(a, a => a.as_slice().map(bytemuck::cast_slice)),
         Storage::Device(_) => None,
     }
 }
@@ -43,11 +45,7 @@ fn storage_bytes(storage: &Storage) -> Option<&[u8]> {
 pub(crate) fn host_piece_of(storage: &Storage) -> Result<HostPiece> {
     let host = storage.to_host()?.into_standard();
     let shape = Shape::from(host.shape());
-    let data = match host {
-        CpuArray::F32(a) => HostData::F32(a.into_raw_vec_and_offset().0),
-        CpuArray::F64(a) => HostData::F64(a.into_raw_vec_and_offset().0),
-        CpuArray::I64(a) => HostData::I64(a.into_raw_vec_and_offset().0),
-    };
+    let data = with_array!(host, a => HostData::from(a.into_raw_vec_and_offset().0));
     Ok(HostPiece { shape, data })
 }
 
@@ -58,11 +56,9 @@ pub(crate) fn array_of_host_piece(piece: HostPiece) -> Result<CpuArray> {
         op: "boxing",
         detail: format!("host piece of shape {}: {e}", piece.shape),
     };
-    Ok(match piece.data {
-        HostData::F32(v) => CpuArray::F32(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        HostData::F64(v) => CpuArray::F64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        HostData::I64(v) => CpuArray::I64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-    })
+    Ok(with_host_vec!(piece.data, v => {
+        TensorElement::wrap(ArrayD::from_shape_vec(dims, v).map_err(bad)?)
+    }))
 }
 
 /// An owned copy of a shared storage, viewed as `shape`.
@@ -244,6 +240,14 @@ impl LocalPiece for CpuPiece {
                 op: "CpuPiece::to_device".into(),
                 device: device.to_string(),
             })
+        }
+    }
+    fn to_dtype(&self, dtype: DType) -> std::result::Result<Self, BoxingError> {
+        match self {
+            CpuPiece::Owned(p) => p.to_dtype(dtype).map(CpuPiece::Owned),
+            CpuPiece::Shared { storage, shape } => owned_copy(storage, shape)?
+                .to_dtype(dtype)
+                .map(CpuPiece::Owned),
         }
     }
     fn as_buf(&self) -> Buf<'_> {

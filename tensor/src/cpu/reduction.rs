@@ -5,7 +5,7 @@
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use oxiflow_sbp::ReduceKind;
 
-use super::{out_as, CpuBackend};
+use super::{float_input, out_as, CpuBackend};
 use crate::element::TensorElement;
 use crate::op::{kernel_err, ReductionKernels};
 use crate::storage::CpuArray;
@@ -133,7 +133,7 @@ fn reduce(
             })
         }
         CpuArray::I64(x) if count.is_none() => reduce_into(x, &sorted, kind, out_as(op, out)?),
-        CpuArray::I64(_) => return Err(kernel_err(op, "needs a float input".into())),
+        x => return Err(float_input(op, x)),
     };
     done.ok_or_else(|| {
         kernel_err(

@@ -4,7 +4,7 @@
 
 use ndarray::ArrayD;
 
-use super::{fits, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, OpFamily, RotaryKernels, RotaryOp};
 use crate::storage::CpuArray;
@@ -48,7 +48,7 @@ impl RotaryKernels for CpuBackend {
         match x {
             CpuArray::F32(x) => rotary_t(x, op, out_as(op.name(), out)?),
             CpuArray::F64(x) => rotary_t(x, op, out_as(op.name(), out)?),
-            CpuArray::I64(_) => Err(kernel_err(op.name(), "needs a float input".into())),
+            x => Err(float_input(op.name(), x)),
         }
     }
 }

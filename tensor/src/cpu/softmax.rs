@@ -4,7 +4,7 @@
 use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Zip};
 
 use super::elementwise::PAR_THRESHOLD;
-use super::{fits, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, SoftmaxKernels};
 use crate::storage::CpuArray;
@@ -51,7 +51,7 @@ fn softmax(a: &CpuArray, dim: usize, log: bool, out: &mut CpuArray) -> Result<()
     match a {
         CpuArray::F32(a) => softmax_t(a, dim, log, out_as(op, out)?),
         CpuArray::F64(a) => softmax_t(a, dim, log, out_as(op, out)?),
-        CpuArray::I64(_) => return Err(kernel_err(op, "needs a float input".into())),
+        a => return Err(float_input(op, a)),
     }
     Ok(())
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use oxiflow_boxing::Plan;
 use oxiflow_collectives::device_trace;
 use oxiflow_collectives::trace::Lane;
-use oxiflow_collectives::{DType, SharedComm};
+use oxiflow_collectives::SharedComm;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, Shape};
 use smallvec::SmallVec;
 

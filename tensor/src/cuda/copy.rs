@@ -3,9 +3,9 @@
 //! whenever the box has contiguous runs, which covers every pack and unpack of boxing; `fill`
 //! sets a buffer to one value.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::{bf16, f16, DType, Element};
 
-use super::kernels::{grid, launch, rows_grid, sfx, Nd};
+use super::kernels::{grid, launch, rows_grid, Kernel, Nd, Template};
 use super::{derr, CudaRuntime};
 use crate::Result;
 
@@ -73,7 +73,7 @@ pub(crate) fn copy_nd(
         return Ok(());
     }
     let (nn, so, dof) = (n as i64, src_off as i64, dst_off as i64);
-    let name = format!("copy_nd_{}", sfx(dtype));
+    let name = Template::CopyNd.at(dtype);
     launch!(rt, opname, name, grid(n); nn, op, p, src, so, dst, dof)
 }
 
@@ -100,10 +100,9 @@ fn copy_rows(
         let k = 16 / esz;
         let (run, so, bs, ss, dof, bd, ds) =
             (run / k, so / k, bs / k, ss / k, dof / k, bd / k, ds / k);
-        let name = "copy_rows_v16";
-        return launch!(rt, opname, name, cfg(run); batch, rows, run, src, so, bs, ss, dst, dof, bd, ds);
+        return launch!(rt, opname, Kernel::CopyRowsV16, cfg(run); batch, rows, run, src, so, bs, ss, dst, dof, bd, ds);
     }
-    let name = format!("copy_rows_{}", sfx(dtype));
+    let name = Template::CopyRows.at(dtype);
     launch!(rt, opname, name, cfg(run); batch, rows, run, op, src, so, bs, ss, dst, dof, bd, ds)
 }
 
@@ -121,7 +120,7 @@ pub(crate) fn fill(
         return Ok(());
     }
     let nn = n as i64;
-    let name = format!("fill_{}", sfx(dtype));
+    let name = Template::Fill.at(dtype);
     match dtype {
         DType::F32 => {
             let x = v as f32;
@@ -129,5 +128,42 @@ pub(crate) fn fill(
         }
         DType::F64 => launch!(rt, op, name, grid(n); nn, v, ptr),
         DType::I64 => launch!(rt, op, name, grid(n); nn, vi, ptr),
+        // 16-bit values pass as their bits (the kernels' storage structs hold just those).
+        DType::BF16 => {
+            let x = <bf16 as Element>::from_f64(v).to_bits();
+            launch!(rt, op, name, grid(n); nn, x, ptr)
+        }
+        DType::F16 => {
+            let x = <f16 as Element>::from_f64(v).to_bits();
+            launch!(rt, op, name, grid(n); nn, x, ptr)
+        }
     }
+}
+
+/// Converts the `n` elements of dtype `from` at `src` to dtype `to` at `dst` (each value
+/// rounded once; the same dtype copies).
+pub(crate) fn cast(
+    rt: &CudaRuntime,
+    op: &'static str,
+    (from, src): (DType, u64),
+    (to, dst): (DType, u64),
+    n: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let nn = n as i64;
+    if from == to {
+        let (one, zero, run) = (1i64, 0i64, nn);
+        return copy_rows(
+            rt,
+            op,
+            from,
+            [one, one, run],
+            (src, zero, zero, zero),
+            (dst, zero, zero, zero),
+            0,
+        );
+    }
+    launch!(rt, op, Kernel::Cast(from, to), grid(n); nn, src, dst)
 }

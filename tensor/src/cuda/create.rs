@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, Shape};
 
 use super::copy::fill;
-use super::kernels::{grid, launch, sfx, strides, Nd};
+use super::kernels::{grid, launch, strides, Nd, Template};
 use super::storage::CudaStorage;
 use super::{derr, runtime};
 use crate::rng::ElementInit;
@@ -52,7 +52,7 @@ pub(crate) fn create(
         ElementInit::Randn(seed) => (3, 0.0, 0.0, seed),
     };
     let (nn, k0, k1, y) = (n as i64, seed as u32, (seed >> 32) as u32, out.ptr());
-    let name = format!("create_{}", sfx(dtype));
+    let name = Template::Create.at(dtype);
     launch!(rt, op, name, grid(n); nn, kind, a, b, k0, k1, base, p, y)?;
     Ok(Arc::new(out))
 }

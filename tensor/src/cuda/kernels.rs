@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DeviceRepr, LaunchConfig};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 use super::{derr, runtime, Block};
 use crate::Result;
@@ -75,15 +75,6 @@ pub(crate) fn strides(shape: &[usize]) -> Vec<i64> {
     s
 }
 
-/// The kernels' name suffix of a dtype.
-pub(crate) fn sfx(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::I64 => "i64",
-    }
-}
-
 /// A grid-stride launch over `n` items.
 pub(crate) fn grid(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, 65535 * 8) as u32;
@@ -119,10 +110,12 @@ pub(crate) fn per_row(rows: usize) -> LaunchConfig {
     }
 }
 
-/// Launches kernel `$name` of runtime `$rt` with config `$cfg` and the argument variables.
+/// Launches kernel `$kernel` (a `Kernel` id) of runtime `$rt` with config `$cfg` and the
+/// argument variables.
 macro_rules! launch {
-    ($rt:expr, $op:expr, $name:expr, $cfg:expr; $($a:ident),* $(,)?) => {{
-        let f = $rt.kernels($op)?.get($op, &$name)?;
+    ($rt:expr, $op:expr, $kernel:expr, $cfg:expr; $($a:ident),* $(,)?) => {{
+        let kernel: $crate::cuda::kernels::Kernel = $kernel;
+        let f = $rt.kernels($op)?.get($op, kernel)?;
         $rt.bind($op)?;
         use cudarc::driver::PushKernelArg as _;
         let mut b = $rt.stream().launch_builder(f);
@@ -131,78 +124,201 @@ macro_rules! launch {
         // device allocations of the sizes the kernel indexes.
         unsafe { b.launch($cfg) }
             .map(|_| ())
-            .map_err(|e| $crate::cuda::derr($op, format!("launch of {}: {e}", $name)))
+            .map_err(|e| $crate::cuda::derr($op, format!("launch of {kernel}: {e}")))
     }};
 }
 pub(crate) use launch;
 
-/// Every kernel of the source, by name.
-pub(crate) struct Kernels {
-    funcs: HashMap<String, CudaFunction>,
-    _module: Arc<CudaModule>,
+/// The dtypes of the float templates (`INST` in the source) and of the templates for every
+/// dtype (`INST_ALL`); 16-bit floats load and store 16 bits and compute in f32.
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+const EVERY: &[DType] = &DType::ALL;
+
+/// The kernel templates of the source, each instantiated for some dtypes as
+/// `extern "C" <base>_<dtype>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Template {
+    Unary,
+    UnaryBw,
+    Scalar,
+    Softmax,
+    SoftmaxBw,
+    LayerNorm,
+    LayerNormBw,
+    CrossEntropy,
+    CrossEntropyBw,
+    Put,
+    Rotary,
+    Dropout,
+    AttnSoftmax,
+    Adam,
+    Binary,
+    CopyNd,
+    CopyRows,
+    Fill,
+    Create,
+    ReduceRows,
+    ReduceCols,
+    Take,
+    Where,
+    Triangular,
 }
 
-fn names() -> Vec<String> {
-    let mut v = Vec::new();
-    for t in ["f32", "f64"] {
-        for k in [
-            "unary_bw",
-            "softmax",
-            "softmax_bw",
-            "layer_norm",
-            "layer_norm_bw",
-            "cross_entropy",
-            "cross_entropy_bw",
-            "put",
-            "rotary",
-            "unary",
-            "scalar",
-            "dropout",
-            "attn_softmax",
-            "adam",
-        ] {
-            v.push(format!("{k}_{t}"));
+impl Template {
+    const ALL: [Template; 24] = [
+        Template::Unary,
+        Template::UnaryBw,
+        Template::Scalar,
+        Template::Softmax,
+        Template::SoftmaxBw,
+        Template::LayerNorm,
+        Template::LayerNormBw,
+        Template::CrossEntropy,
+        Template::CrossEntropyBw,
+        Template::Put,
+        Template::Rotary,
+        Template::Dropout,
+        Template::AttnSoftmax,
+        Template::Adam,
+        Template::Binary,
+        Template::CopyNd,
+        Template::CopyRows,
+        Template::Fill,
+        Template::Create,
+        Template::ReduceRows,
+        Template::ReduceCols,
+        Template::Take,
+        Template::Where,
+        Template::Triangular,
+    ];
+
+    /// The name before the dtype suffix.
+    pub(crate) fn base(self) -> &'static str {
+        match self {
+            Template::Unary => "unary",
+            Template::UnaryBw => "unary_bw",
+            Template::Scalar => "scalar",
+            Template::Softmax => "softmax",
+            Template::SoftmaxBw => "softmax_bw",
+            Template::LayerNorm => "layer_norm",
+            Template::LayerNormBw => "layer_norm_bw",
+            Template::CrossEntropy => "cross_entropy",
+            Template::CrossEntropyBw => "cross_entropy_bw",
+            Template::Put => "put",
+            Template::Rotary => "rotary",
+            Template::Dropout => "dropout",
+            Template::AttnSoftmax => "attn_softmax",
+            Template::Adam => "adam",
+            Template::Binary => "binary",
+            Template::CopyNd => "copy_nd",
+            Template::CopyRows => "copy_rows",
+            Template::Fill => "fill",
+            Template::Create => "create",
+            Template::ReduceRows => "reduce_rows",
+            Template::ReduceCols => "reduce_cols",
+            Template::Take => "take",
+            Template::Where => "where",
+            Template::Triangular => "triangular",
         }
     }
-    for t in ["f32", "f64", "i64"] {
-        for k in [
-            "binary",
-            "copy_nd",
-            "copy_rows",
-            "fill",
-            "create",
-            "reduce_rows",
-            "reduce_cols",
-            "take",
-            "where",
-            "triangular",
-        ] {
-            v.push(format!("{k}_{t}"));
+
+    /// The dtypes the source instantiates the template for. `put` (an atomic scatter-add)
+    /// exists for f32 and f64; 16-bit scatter-adds accumulate in an f32 copy.
+    pub(crate) fn dtypes(self) -> &'static [DType] {
+        match self {
+            Template::Put => &[DType::F32, DType::F64],
+            Template::Unary | Template::Scalar => EVERY,
+            Template::Binary
+            | Template::CopyNd
+            | Template::CopyRows
+            | Template::Fill
+            | Template::Create
+            | Template::ReduceRows
+            | Template::ReduceCols
+            | Template::Take
+            | Template::Where
+            | Template::Triangular => EVERY,
+            _ => FLOATS,
         }
     }
-    for k in [
-        "unary_i64",
-        "scalar_i64",
-        "matmul_i64",
-        "philox",
-        "copy_rows_v16",
-        "f32_to_bf16",
-        "attn_softmax_bf16",
-        "softmax_bw_rows_bf16",
-    ] {
-        v.push(k.to_string());
+
+    /// The kernel of this template for `dtype`.
+    pub(crate) fn at(self, dtype: DType) -> Kernel {
+        Kernel::Typed(self, dtype)
     }
-    for (a, b) in [
-        ("f32", "f64"),
-        ("f32", "i64"),
-        ("f64", "f32"),
-        ("f64", "i64"),
-        ("i64", "f32"),
-        ("i64", "f64"),
-    ] {
-        v.push(format!("cast_{a}_{b}"));
+}
+
+/// One kernel of the source: launch sites name kernels only through this id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    /// A template at one dtype.
+    Typed(Template, DType),
+    /// Element-wise conversion between two different dtypes (each value rounded once).
+    Cast(DType, DType),
+    /// i64 matrix product (cuBLAS covers the floats).
+    MatmulI64,
+    Philox,
+    /// The plain copy of `copy_rows` in 16-byte units.
+    CopyRowsV16,
+    /// The f32 -> bf16 copy of the bf16 matmul precision.
+    F32ToBf16,
+    /// f32 attention probabilities with their bf16 copy.
+    AttnSoftmaxBf16,
+    /// f32 row softmax backward with its bf16 copy.
+    SoftmaxBwRowsBf16,
+}
+
+impl Kernel {
+    /// Every kernel the source defines.
+    pub(crate) fn all() -> Vec<Kernel> {
+        let mut v: Vec<Kernel> = Template::ALL
+            .iter()
+            .flat_map(|&t| t.dtypes().iter().map(move |&d| t.at(d)))
+            .collect();
+        for a in DType::ALL {
+            v.extend(
+                DType::ALL
+                    .into_iter()
+                    .filter(|&b| b != a)
+                    .map(|b| Kernel::Cast(a, b)),
+            );
+        }
+        v.extend([
+            Kernel::MatmulI64,
+            Kernel::Philox,
+            Kernel::CopyRowsV16,
+            Kernel::F32ToBf16,
+            Kernel::AttnSoftmaxBf16,
+            Kernel::SoftmaxBwRowsBf16,
+        ]);
+        v
     }
-    v
+
+    /// The `extern "C"` name in the source (the one mapping from ids to names).
+    pub(crate) fn name(self) -> String {
+        match self {
+            Kernel::Typed(t, d) => format!("{}_{}", t.base(), d.as_str()),
+            Kernel::Cast(a, b) => format!("cast_{}_{}", a.as_str(), b.as_str()),
+            Kernel::MatmulI64 => "matmul_i64".into(),
+            Kernel::Philox => "philox".into(),
+            Kernel::CopyRowsV16 => "copy_rows_v16".into(),
+            Kernel::F32ToBf16 => "f32_to_bf16".into(),
+            Kernel::AttnSoftmaxBf16 => "attn_softmax_with_bf16_copy".into(),
+            Kernel::SoftmaxBwRowsBf16 => "softmax_bw_rows_bf16".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// Every kernel of the source, by id.
+pub(crate) struct Kernels {
+    funcs: HashMap<Kernel, CudaFunction>,
+    _module: Arc<CudaModule>,
 }
 
 impl Kernels {
@@ -214,21 +330,21 @@ impl Kernels {
             .load_module(ptx)
             .map_err(|e| format!("loading the kernel module: {e}"))?;
         let mut funcs = HashMap::new();
-        for n in names() {
+        for k in Kernel::all() {
             let f = module
-                .load_function(&n)
-                .map_err(|e| format!("kernel {n}: {e}"))?;
-            funcs.insert(n, f);
+                .load_function(&k.name())
+                .map_err(|e| format!("kernel {k}: {e}"))?;
+            funcs.insert(k, f);
         }
         Ok(Kernels {
             funcs,
             _module: module,
         })
     }
-    pub(crate) fn get(&self, op: &'static str, name: &str) -> Result<&CudaFunction> {
+    pub(crate) fn get(&self, op: &'static str, kernel: Kernel) -> Result<&CudaFunction> {
         self.funcs
-            .get(name)
-            .ok_or_else(|| derr(op, format!("no CUDA kernel {name}")))
+            .get(&kernel)
+            .ok_or_else(|| derr(op, format!("no CUDA kernel {kernel}")))
     }
 }
 
@@ -240,7 +356,7 @@ pub fn philox_words_device(seed: u64, start: u64, n: usize) -> Result<Vec<[u32; 
     let blk = Block::alloc(&rt, n.max(1) * 16)?;
     let (nb, c0, c1, c2, c3) = (n as i64, start as u32, (start >> 32) as u32, 0u32, 0u32);
     let (k0, k1, out) = (seed as u32, (seed >> 32) as u32, blk.ptr());
-    launch!(rt, op, "philox", grid(n); nb, c0, c1, c2, c3, k0, k1, out)?;
+    launch!(rt, op, Kernel::Philox, grid(n); nb, c0, c1, c2, c3, k0, k1, out)?;
     let mut host = vec![0u32; n * 4];
     super::storage::download(&rt, blk.ptr(), &mut host, op)?;
     Ok(host.chunks(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
@@ -262,13 +378,40 @@ mod tests {
         assert!(Nd::new(&[2; 9], &[1, 0, 1, 0, 1, 0, 1, 0, 1], &[0; 9]).is_none());
     }
 
+    /// The line of the source that instantiates template group `group` (`INST`, `INST_ALL`)
+    /// for dtype `d`.
+    fn instantiated(group: &str, d: DType) -> bool {
+        SOURCE
+            .lines()
+            .any(|l| l.starts_with(&format!("{group}({}, ", d.as_str())))
+    }
+
     #[test]
     fn every_kernel_name_is_in_the_source() {
-        for n in names() {
-            let suffix = n.rsplit('_').next().unwrap_or("");
+        let all = Kernel::all();
+        assert_eq!(
+            all.len(),
+            all.iter().collect::<std::collections::HashSet<_>>().len()
+        );
+        for k in all {
+            let n = k.name();
             let direct = SOURCE.contains(&format!("void {n}("));
-            let via_macro = ["f32", "f64", "i64"].contains(&suffix);
-            assert!(direct || via_macro, "{n}");
+            let via_macro = match k {
+                Kernel::Typed(t, d) => ["INST", "INST_ALL", "INST_PUT"].iter().any(|g| {
+                    let body = SOURCE
+                        .split(&format!("#define {g}(NAME, T)"))
+                        .nth(1)
+                        .and_then(|rest| rest.split("\n\n").next())
+                        .unwrap_or("");
+                    body.contains(&format!("void {}_##NAME(", t.base())) && instantiated(g, d)
+                }),
+                Kernel::Cast(a, b) => SOURCE.lines().any(|l| {
+                    l.starts_with(&format!("CAST({}, ", a.as_str()))
+                        && l.contains(&format!(", {}, ", b.as_str()))
+                }),
+                _ => false,
+            };
+            assert!(direct || via_macro, "{n} is not in source.cu");
         }
     }
 }

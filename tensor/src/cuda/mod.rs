@@ -13,14 +13,22 @@
 //! and a kernel that does not use a collective's buffers overlaps it.
 
 mod alloc;
+pub(crate) mod attention;
 mod backend;
+pub(crate) mod blaslt;
 mod boxing;
 mod copy;
 mod create;
+pub(crate) mod cudnn_attention;
+pub(crate) mod flash_attention;
+pub(crate) mod fused;
+mod kernel_check;
 mod kernels;
+mod nvrtc_module;
 mod ops;
 mod piece;
 mod precision;
+pub(crate) mod raw;
 mod storage;
 mod timing;
 
@@ -37,6 +45,7 @@ use crate::dispatch::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use backend::CudaBackend;
+pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
 pub use piece::CudaPiece;
 pub use precision::MatmulPrecision;

@@ -7,12 +7,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use oxiflow_boxing::region::{fits, numel};
-use oxiflow_boxing::{BoxingError, Fill, HostData, HostPiece, LocalPiece};
-use oxiflow_collectives::{Buf, BufMut, DType, DevicePtr, ReduceOp};
+use oxiflow_boxing::{with_host_vec, BoxingError, Fill, HostData, HostPiece, LocalPiece};
+use oxiflow_collectives::{Buf, BufMut, DevicePtr, ReduceOp};
+use oxiflow_dtype::{with_element, DType};
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
-use super::copy::{copy_nd, fill};
+use super::copy::{cast, copy_nd, fill};
 use super::kernels::strides;
 use super::storage::{download, upload, CudaStorage};
 use super::{runtime, Block, CudaRuntime};
@@ -232,12 +233,7 @@ fn box_series(regions: &[&[Range<usize>]], strides: &[i64]) -> Option<(Vec<usize
 
 fn host_data_upload(r: &CudaRuntime, ptr: u64, d: &HostData) -> Result<(), BoxingError> {
     let op = "boxing to cuda";
-    match d {
-        HostData::F32(v) => upload(r, ptr, v, op),
-        HostData::F64(v) => upload(r, ptr, v, op),
-        HostData::I64(v) => upload(r, ptr, v, op),
-    }
-    .map_err(|e| lerr(op, e))
+    with_host_vec!(d, v => upload(r, ptr, v, op)).map_err(|e| lerr(op, e))
 }
 
 impl LocalPiece for CudaPiece {
@@ -359,6 +355,27 @@ impl LocalPiece for CudaPiece {
             )),
         }
     }
+    fn to_dtype(&self, to: DType) -> Result<Self, BoxingError> {
+        match self {
+            CudaPiece::Host(h) => h.to_dtype(to).map(CudaPiece::Host),
+            CudaPiece::Device {
+                block,
+                dtype,
+                shape,
+            } => {
+                let op = "boxing cast";
+                let r = rt(op)?;
+                let n = shape.numel();
+                let out = Block::alloc(&r, n.max(1) * to.size()).map_err(|e| lerr(op, e))?;
+                cast(&r, op, (*dtype, block.ptr()), (to, out.ptr()), n).map_err(|e| lerr(op, e))?;
+                Ok(CudaPiece::Device {
+                    block: Arc::new(out),
+                    dtype: to,
+                    shape: shape.clone(),
+                })
+            }
+        }
+    }
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
         match (self, device) {
             (p @ CudaPiece::Host(_), DeviceType::Cpu)
@@ -380,20 +397,10 @@ impl LocalPiece for CudaPiece {
                 let op = "boxing to host";
                 let r = rt(op)?;
                 let n = shape.numel();
-                let data = match dtype {
-                    DType::F32 => {
-                        let mut v = vec![0f32; n];
-                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::F32(v))
-                    }
-                    DType::F64 => {
-                        let mut v = vec![0f64; n];
-                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::F64(v))
-                    }
-                    DType::I64 => {
-                        let mut v = vec![0i64; n];
-                        download(&r, block.ptr(), &mut v, op).map(|_| HostData::I64(v))
-                    }
-                }
+                let data = with_element!(dtype, T => {
+                    let mut v = vec![T::default(); n];
+                    download(&r, block.ptr(), &mut v, op).map(|_| HostData::from(v))
+                })
                 .map_err(|e| lerr(op, e))?;
                 Ok(CudaPiece::Host(HostPiece { shape, data }))
             }

@@ -4,14 +4,15 @@
 //! `cublasGemmStridedBatchedEx` with either operand transposed by cuBLAS's operation flags (no
 //! copies). The bf16 copy of an f32 piece is made once per device block and kept beside it
 //! (blocks are immutable once a piece holds them), so a weight or activation used by several
-//! products is converted once.
+//! products is converted once. bf16 and f16 pieces are multiplied as they are (16-bit inputs
+//! and output, f32 accumulation).
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
-use super::kernels::{grid, launch};
+use super::kernels::{grid, launch, Kernel};
 use super::storage::CudaStorage;
 use super::{derr, Block, CudaRuntime};
 use crate::Result;
@@ -52,7 +53,7 @@ fn bf16_of(rt: &std::sync::Arc<CudaRuntime>, op: &'static str, x: &CudaStorage) 
         let n = x.block.bytes() / 4;
         let out = Block::alloc(rt, n.max(1) * 2)?;
         let (nn, xp, yp) = (n as i64, x.ptr(), out.ptr());
-        launch!(rt, op, "f32_to_bf16", grid(n); nn, xp, yp)?;
+        launch!(rt, op, Kernel::F32ToBf16, grid(n); nn, xp, yp)?;
         Ok(out)
     })
 }
@@ -79,8 +80,8 @@ fn flag(t: bool) -> cublasOperation_t {
     }
 }
 
-/// Runs `g` on float pieces `a`, `b` into `out` (all of `dtype` F32 or F64) at the runtime's
-/// precision.
+/// Runs `g` on float pieces `a`, `b` into `out` (all of one float dtype): f32 at the runtime's
+/// precision, f64, or bf16/f16 in and out with f32 accumulation.
 pub(crate) fn gemm(
     rt: &std::sync::Arc<CudaRuntime>,
     op: &'static str,
@@ -109,6 +110,19 @@ pub(crate) fn gemm(
             a.ptr(),
             b.ptr(),
         ),
+        // 16-bit pieces go in directly; the precision setting is about f32 products.
+        (DType::BF16, _) => (
+            cudaDataType_t::CUDA_R_16BF,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            a.ptr(),
+            b.ptr(),
+        ),
+        (DType::F16, _) => (
+            cudaDataType_t::CUDA_R_16F,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            a.ptr(),
+            b.ptr(),
+        ),
         (_, MatmulPrecision::Bf16) => (
             cudaDataType_t::CUDA_R_16BF,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -128,10 +142,10 @@ pub(crate) fn gemm(
             b.ptr(),
         ),
     };
-    let out_ty = if out.dtype == DType::F64 {
-        cudaDataType_t::CUDA_R_64F
-    } else {
-        cudaDataType_t::CUDA_R_32F
+    let out_ty = match out.dtype {
+        DType::F64 => cudaDataType_t::CUDA_R_64F,
+        DType::BF16 | DType::F16 => ty,
+        _ => cudaDataType_t::CUDA_R_32F,
     };
     let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
     let (alpha, beta) = if out.dtype == DType::F64 {

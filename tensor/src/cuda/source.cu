@@ -1,7 +1,72 @@
 // OxiFlow CUDA kernels (compiled once per process with NVRTC; see kernels.rs).
-// Every kernel is instantiated for the dtypes the tensor crate uses: f32, f64, i64.
+// Templates are instantiated per dtype (kernels.rs's `Template::dtypes` lists which): f32, f64,
+// i64, and the 16-bit floats bf16 and f16, which load and store 16 bits and compute in f32
+// (`Acc<T>::type`, the compute type of a storage type T).
 typedef long long i64;
 #define MAXD 8
+
+// The bf16 bits of f, round to nearest even (NaN stays NaN).
+__device__ __forceinline__ unsigned short bf16_bits(float f) {
+    unsigned b = __float_as_uint(f);
+    return (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
+                                           : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+// The IEEE binary16 bits of f, round to nearest even (overflow to infinity, NaN stays NaN).
+__device__ __forceinline__ unsigned short f16_bits(float f) {
+    unsigned x = __float_as_uint(f);
+    unsigned sign = (x >> 16) & 0x8000u;
+    unsigned ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);   // >= 65520: infinity
+    if (ax < 0x38800000u) {                                           // below 2^-14: subnormal
+        if (ax < 0x33000000u) return (unsigned short)sign;            // below 2^-25: zero
+        unsigned e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        unsigned shift = 126 - e;                                      // 14..24
+        unsigned q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) ++q;
+        return (unsigned short)(sign | q);
+    }
+    unsigned r = ax - 0x38000000u;                                     // rebias 127 -> 15
+    unsigned q = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;
+    return (unsigned short)(sign | q);
+}
+__device__ __forceinline__ float f16_float(unsigned short h) {
+    unsigned sign = ((unsigned)h & 0x8000u) << 16, e = ((unsigned)h >> 10) & 0x1fu, m = (unsigned)h & 0x3ffu;
+    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-08f;                  // m * 2^-24
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+// f64 -> f32 rounded to odd (toward zero, last bit set when inexact): rounding that once more
+// to 16 bits rounds the f64 value once.
+__device__ __forceinline__ float f32_odd(double d) {
+    float r = __double2float_rz(d);
+    if ((double)r != d && (__float_as_uint(r) & 0x7f800000u) != 0x7f800000u) r = __uint_as_float(__float_as_uint(r) | 1u);
+    return r;
+}
+
+// 16-bit storage types: conversions from every scalar round once to nearest even; reads
+// widen to f32 (exact).
+#define HALF_TYPE(NAME, BITS, WIDEN) \
+struct NAME { \
+    unsigned short b; \
+    __device__ NAME() {} \
+    __device__ NAME(float f) : b(BITS(f)) {} \
+    __device__ NAME(double d) : b(BITS(f32_odd(d))) {} \
+    __device__ NAME(int v) : b(BITS((float)v)) {} \
+    __device__ NAME(i64 v) : b(BITS(f32_odd((double)v))) {} \
+    __device__ operator float() const { return WIDEN; } \
+};
+HALF_TYPE(bf16, bf16_bits, __uint_as_float((unsigned)b << 16))
+HALF_TYPE(f16, f16_bits, f16_float(b))
+// The type a kernel computes a storage type in.
+template <typename T> struct Acc { typedef T type; };
+template <> struct Acc<bf16> { typedef float type; };
+template <> struct Acc<f16> { typedef float type; };
+#define ACC typedef typename Acc<T>::type C;
 
 struct Nd {
     int ndim; int pad;
@@ -75,18 +140,19 @@ template <typename T> __device__ T unb_f(int op, T g, T x) {
 
 #define GRID_LOOP(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
 
-template <typename T> __device__ void unary_t(i64 n, int op, const T* x, T* y) { GRID_LOOP(i, n) y[i] = un_f<T>(op, x[i]); }
-template <typename T> __device__ void unary_bw_t(i64 n, int op, const T* g, const T* x, T* y) { GRID_LOOP(i, n) y[i] = unb_f<T>(op, g[i], x[i]); }
+template <typename T> __device__ void unary_t(i64 n, int op, const T* x, T* y) { ACC GRID_LOOP(i, n) y[i] = (T)un_f<C>(op, (C)x[i]); }
+template <typename T> __device__ void unary_bw_t(i64 n, int op, const T* g, const T* x, T* y) { ACC GRID_LOOP(i, n) y[i] = (T)unb_f<C>(op, (C)g[i], (C)x[i]); }
 template <typename T> __device__ void scalar_t(i64 n, int op, double cd, const T* x, T* y) {
-    T c = (T)cd;
+    ACC
+    C c = (C)cd;
     GRID_LOOP(i, n) {
-        T v = x[i];
+        C v = x[i];
         switch (op) {
-            case 0: y[i] = v + c; break;
-            case 1: y[i] = v * c; break;
-            case 2: y[i] = c - v; break;
-            case 3: y[i] = c / v; break;
-            default: y[i] = m_pow(v, c); break;
+            case 0: y[i] = (T)(v + c); break;
+            case 1: y[i] = (T)(v * c); break;
+            case 2: y[i] = (T)(c - v); break;
+            case 3: y[i] = (T)(c / v); break;
+            default: y[i] = (T)m_pow(v, c); break;
         }
     }
 }
@@ -100,20 +166,22 @@ __device__ void scalar_i(i64 n, int op, double cd, const i64* x, i64* y) {
 
 // Broadcasting binary op: output contiguous of `p.shape`, inputs read through strides s0/s1.
 template <typename T> __device__ void binary_t(i64 n, int op, Nd p, const T* a, const T* b, T* y) {
+    ACC
     GRID_LOOP(i, n) {
         i64 rem = i, ia = 0, ib = 0;
         for (int d = p.ndim - 1; d >= 0; --d) {
             i64 c = rem % p.shape[d]; rem /= p.shape[d];
             ia += c * p.s0[d]; ib += c * p.s1[d];
         }
-        T u = a[ia], v = b[ib];
-        y[i] = op == 0 ? u + v : op == 1 ? u - v : op == 2 ? u * v : u / v;
+        C u = a[ia], v = b[ib];
+        y[i] = (T)(op == 0 ? u + v : op == 1 ? u - v : op == 2 ? u * v : u / v);
     }
 }
 
 // Strided copy of a box: element i (row-major over p.shape) goes from src[src_off + idx.s0]
 // to dst[dst_off + idx.s1]; op 0 copies, 1/2/3 reduce (sum/max/min) into dst.
 template <typename T> __device__ void copy_nd_t(i64 n, int op, Nd p, const T* src, i64 src_off, T* dst, i64 dst_off) {
+    ACC
     GRID_LOOP(i, n) {
         i64 rem = i, is = src_off, id = dst_off;
         for (int d = p.ndim - 1; d >= 0; --d) {
@@ -122,9 +190,9 @@ template <typename T> __device__ void copy_nd_t(i64 n, int op, Nd p, const T* sr
         }
         T v = src[is];
         if (op == 0) dst[id] = v;
-        else if (op == 1) dst[id] = dst[id] + v;
-        else if (op == 2) { T o = dst[id]; dst[id] = v > o ? v : o; }
-        else { T o = dst[id]; dst[id] = v < o ? v : o; }
+        else if (op == 1) dst[id] = (T)((C)dst[id] + (C)v);
+        else if (op == 2) { T o = dst[id]; dst[id] = (C)v > (C)o ? v : o; }
+        else { T o = dst[id]; dst[id] = (C)v < (C)o ? v : o; }
     }
 }
 
@@ -137,13 +205,14 @@ template <typename T> __device__ void copy_nd_t(i64 n, int op, Nd p, const T* sr
     for (i64 r = (i64)blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += (i64)gridDim.y * blockDim.y) \
     for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < run; c += (i64)gridDim.x * blockDim.x)
 template <typename T> __device__ void copy_rows_t(i64 batch, i64 rows, i64 run, int op, const T* s, i64 so, i64 bs, i64 ss, T* d, i64 dof, i64 bd, i64 ds) {
+    typedef typename Acc<T>::type A;
     ROWS_LOOP(b, r, c) {
         T v = s[so + b * bs + r * ss + c];
         T* o = d + dof + b * bd + r * ds + c;
         if (op == 0) *o = v;
-        else if (op == 1) *o = *o + v;
-        else if (op == 2) *o = v > *o ? v : *o;
-        else *o = v < *o ? v : *o;
+        else if (op == 1) *o = (T)((A)*o + (A)v);
+        else if (op == 2) *o = (A)v > (A)*o ? v : *o;
+        else *o = (A)v < (A)*o ? v : *o;
     }
 }
 
@@ -194,18 +263,19 @@ template <typename T> __device__ T block_max(T v, T* sh) {
 #define THREAD_COLS(j, n) for (i64 j = threadIdx.x; j < (n); j += blockDim.x)
 
 template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int mode, double scale, const T* x, T* y) {
-    __shared__ T sh[256];
+    ACC
+    __shared__ C sh[256];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        T acc = mode == 1 ? m_lowest((T)0) : mode == 2 ? m_highest((T)0) : (T)0;
+        C acc = mode == 1 ? m_lowest((C)0) : mode == 2 ? m_highest((C)0) : (C)0;
         const T* row = x + r * len;
-        for (i64 j = threadIdx.x; j < len; j += blockDim.x) acc = combine_t(mode, acc, row[j]);
+        for (i64 j = threadIdx.x; j < len; j += blockDim.x) acc = combine_t(mode, acc, (C)row[j]);
         sh[threadIdx.x] = acc;
         __syncthreads();
         for (int s = blockDim.x / 2; s > 0; s >>= 1) {
             if (threadIdx.x < s) sh[threadIdx.x] = combine_t(mode, sh[threadIdx.x], sh[threadIdx.x + s]);
             __syncthreads();
         }
-        if (threadIdx.x == 0) y[r] = scale == 1.0 ? sh[0] : (T)(sh[0] * (T)scale);
+        if (threadIdx.x == 0) y[r] = (T)(scale == 1.0 ? sh[0] : (C)(sh[0] * (C)scale));
         __syncthreads();
     }
 }
@@ -213,39 +283,41 @@ template <typename T> __device__ void reduce_rows_t(i64 rows, i64 len, int mode,
 // Softmax family over a dim of size n: lanes are (outer, inner) pairs, stride `inner`. With
 // inner 1 (rows) one block per row, else one thread per lane. Launched with `per_row`.
 template <typename T> __device__ void softmax_t(i64 lanes, i64 n, i64 inner, int log_, const T* x, T* y) {
+    ACC
     if (inner == 1) {
-        ROW_SHARED(T)
+        ROW_SHARED(C)
         BLOCK_ROWS(l, lanes) {
             const T* xr = x + l * n; T* yr = y + l * n;
-            T m = m_lowest((T)0);
-            THREAD_COLS(j, n) { T v = xr[j]; m = v > m ? v : m; }
+            C m = m_lowest((C)0);
+            THREAD_COLS(j, n) { C v = xr[j]; m = v > m ? v : m; }
             m = block_max(m, sh);
-            if (m == m_lowest((T)0)) m = (T)0;
-            T s = (T)0;
+            if (m == m_lowest((C)0)) m = (C)0;
+            C s = (C)0;
             THREAD_COLS(j, n) s += m_exp(xr[j] - m);
             s = block_sum(s, sh);
-            if (log_) { T ls = m_log(s) + m; THREAD_COLS(j, n) yr[j] = xr[j] - ls; }
-            else { T inv = (T)1 / s; THREAD_COLS(j, n) yr[j] = m_exp(xr[j] - m) * inv; }
+            if (log_) { C ls = m_log(s) + m; THREAD_COLS(j, n) yr[j] = xr[j] - ls; }
+            else { C inv = (C)1 / s; THREAD_COLS(j, n) yr[j] = m_exp(xr[j] - m) * inv; }
         }
         return;
     }
     GRID_LOOP(l, lanes) {
         i64 base = (l / inner) * n * inner + (l % inner);
-        T m = m_lowest((T)0);
-        for (i64 j = 0; j < n; ++j) { T v = x[base + j * inner]; m = v > m ? v : m; }
-        if (m == m_lowest((T)0)) m = (T)0;
-        T s = (T)0;
+        C m = m_lowest((C)0);
+        for (i64 j = 0; j < n; ++j) { C v = x[base + j * inner]; m = v > m ? v : m; }
+        if (m == m_lowest((C)0)) m = (C)0;
+        C s = (C)0;
         for (i64 j = 0; j < n; ++j) s += m_exp(x[base + j * inner] - m);
-        if (log_) { T ls = m_log(s) + m; for (i64 j = 0; j < n; ++j) y[base + j * inner] = x[base + j * inner] - ls; }
-        else { T inv = (T)1 / s; for (i64 j = 0; j < n; ++j) y[base + j * inner] = m_exp(x[base + j * inner] - m) * inv; }
+        if (log_) { C ls = m_log(s) + m; for (i64 j = 0; j < n; ++j) y[base + j * inner] = x[base + j * inner] - ls; }
+        else { C inv = (C)1 / s; for (i64 j = 0; j < n; ++j) y[base + j * inner] = m_exp(x[base + j * inner] - m) * inv; }
     }
 }
 template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, int log_, const T* yv, const T* g, T* dx) {
+    ACC
     if (inner == 1) {
-        ROW_SHARED(T)
+        ROW_SHARED(C)
         BLOCK_ROWS(l, lanes) {
             const T* yr = yv + l * n; const T* gr = g + l * n; T* dr = dx + l * n;
-            T s = (T)0;
+            C s = (C)0;
             if (log_) {
                 THREAD_COLS(j, n) s += gr[j];
                 s = block_sum(s, sh);
@@ -260,7 +332,7 @@ template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, 
     }
     GRID_LOOP(l, lanes) {
         i64 base = (l / inner) * n * inner + (l % inner);
-        T s = (T)0;
+        C s = (C)0;
         if (log_) {
             for (i64 j = 0; j < n; ++j) s += g[base + j * inner];
             for (i64 j = 0; j < n; ++j) { i64 q = base + j * inner; dx[q] = g[q] - m_exp(yv[q]) * s; }
@@ -272,65 +344,69 @@ template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, 
 }
 
 // LayerNorm over the last dim h of `rows` rows, one block per row; also each row's mean and
-// 1/std (saved for the backward).
-template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y, T* mo, T* ro) {
-    ROW_SHARED(T)
+// 1/std in the compute type (saved for the backward).
+template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y, typename Acc<T>::type* mo, typename Acc<T>::type* ro) {
+    ACC
+    ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; T* yr = y + r * h;
-        T n = (T)(h > 0 ? h : 1), eps = (T)epsd, mean = (T)0, var = (T)0;
+        C n = (C)(h > 0 ? h : 1), eps = (C)epsd, mean = (C)0, var = (C)0;
         THREAD_COLS(j, h) mean += xr[j];
         mean = block_sum(mean, sh) / n;
         THREAD_COLS(j, h) var += (xr[j] - mean) * (xr[j] - mean);
         var = block_sum(var, sh);
-        T rstd = (T)1 / m_sqrt(var / n + eps);
+        C rstd = (C)1 / m_sqrt(var / n + eps);
         THREAD_COLS(j, h) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
         if (threadIdx.x == 0) { mo[r] = mean; ro[r] = rstd; }
     }
 }
-// dx from dy and the forward's per-row mean and 1/std.
-template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, const T* x, const T* w, const T* g, const T* mi, const T* ri, T* dx) {
-    ROW_SHARED(T)
+// dx from dy and the forward's per-row mean and 1/std (compute type).
+template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, const T* x, const T* w, const T* g, const typename Acc<T>::type* mi, const typename Acc<T>::type* ri, T* dx) {
+    ACC
+    ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; const T* gr = g + r * h; T* dr = dx + r * h;
-        T n = (T)(h > 0 ? h : 1), mean = mi[r], rstd = ri[r];
-        T sg = (T)0, sgx = (T)0;
-        THREAD_COLS(j, h) { T gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
+        C n = (C)(h > 0 ? h : 1), mean = mi[r], rstd = ri[r];
+        C sg = (C)0, sgx = (C)0;
+        THREAD_COLS(j, h) { C gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
         sg = block_sum(sg, sh);
         sgx = block_sum(sgx, sh);
-        T mg = sg / n, mgx = sgx / n;
-        THREAD_COLS(j, h) { T xh = (xr[j] - mean) * rstd; dr[j] = rstd * (gr[j] * w[j] - mg - xh * mgx); }
+        C mg = sg / n, mgx = sgx / n;
+        THREAD_COLS(j, h) { C xh = (xr[j] - mean) * rstd; dr[j] = rstd * (gr[j] * w[j] - mg - xh * mgx); }
     }
 }
 
 // log-sum-exp of row `r` of c columns, computed by the whole block.
-template <typename T> __device__ T block_lse(const T* r, i64 c, T* sh) {
-    T m = m_lowest((T)0);
-    THREAD_COLS(j, c) m = r[j] > m ? r[j] : m;
+template <typename T, typename C> __device__ C block_lse(const T* r, i64 c, C* sh) {
+    C m = m_lowest((C)0);
+    THREAD_COLS(j, c) m = (C)r[j] > m ? (C)r[j] : m;
     m = block_max(m, sh);
-    if (m == m_lowest((T)0)) m = (T)0;
-    T s = (T)0;
-    THREAD_COLS(j, c) s += m_exp(r[j] - m);
+    if (m == m_lowest((C)0)) m = (C)0;
+    C s = (C)0;
+    THREAD_COLS(j, c) s += m_exp((C)r[j] - m);
     return m_log(block_sum(s, sh)) + m;
 }
 // Out-of-range labels give NaN (the CPU kernel's typed error cannot be raised without a sync).
 // One block per row.
 template <typename T> __device__ void cross_entropy_t(i64 rows, i64 c, const T* x, const i64* lab, T* y) {
-    ROW_SHARED(T)
+    ACC
+    ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         i64 t = lab[r];
         const T* xr = x + r * c;
-        T lse = block_lse(xr, c, sh);
-        if (threadIdx.x == 0) y[r] = (t < 0 || t >= c) ? m_nan((T)0) : lse - xr[t];
+        C lse = block_lse(xr, c, sh);
+        if (threadIdx.x == 0) y[r] = (t < 0 || t >= c) ? m_nan((C)0) : lse - xr[t];
     }
 }
 template <typename T> __device__ void cross_entropy_bw_t(i64 rows, i64 c, const T* x, const i64* lab, const T* g, T* dx) {
-    ROW_SHARED(T)
+    ACC
+    ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         i64 t = lab[r];
         const T* xr = x + r * c; T* dr = dx + r * c;
-        T s = block_lse(xr, c, sh), gv = g[r];
+        C s = block_lse(xr, c, sh), gv = g[r];
         bool ok = t >= 0 && t < c;
-        THREAD_COLS(j, c) dr[j] = ok ? m_exp(xr[j] - s) * gv - (j == t ? gv : (T)0) : m_nan((T)0);
+        THREAD_COLS(j, c) dr[j] = ok ? m_exp(xr[j] - s) * gv - (j == t ? gv : (C)0) : m_nan((C)0);
     }
 }
 
@@ -342,7 +418,7 @@ template <typename T> __device__ void take_t(i64 n, i64 nidx, i64 inner, i64 nx,
     GRID_LOOP(l, n) {
         i64 j = (l / inner) % nidx, o = l / (inner * nidx), i = l % inner;
         i64 id = per_elem ? idx[l] : idx[j], r = id - start;
-        y[l] = (id < 0 || id >= total) ? m_nan((T)0) : (r >= 0 && r < nx) ? x[(o * nx + r) * inner + i] : (T)0;
+        y[l] = (id < 0 || id >= total) ? (T)m_nan((typename Acc<T>::type)0) : (r >= 0 && r < nx) ? x[(o * nx + r) * inner + i] : (T)0;
     }
 }
 // The scatter-add of take_t's gradient: src element l adds into y[o, id - start, i] of
@@ -371,11 +447,12 @@ template <typename T> __device__ void triangular_t(i64 n, i64 rows, i64 cols, i6
 // pos * base^(-2j/d), pos = pos0 + the index along the sequence dim (t long, `inner`
 // elements apart); sign -1 rotates back.
 template <typename T> __device__ void rotary_t(i64 n, i64 d, i64 t, i64 inner, i64 pos0, double base, double sign, const T* x, T* y) {
+    ACC
     GRID_LOOP(l, n) {
         i64 j = l % d, h = d / 2, i = j % h;
         double pos = (double)(pos0 + (l / inner) % t);
         double a = pos * pow(base, -2.0 * (double)i / (double)d);
-        T s = (T)(sign * sin(a)), c = (T)cos(a);
+        C s = (C)(sign * sin(a)), c = (C)cos(a);
         y[l] = j < h ? x[l] * c - x[l + h] * s : x[l - h] * s + x[l] * c;
     }
 }
@@ -453,18 +530,20 @@ template <typename T> __device__ void create_t(i64 n, int kind, double a, double
                 v = sqrt(-2.0 * log(u1)) * cos(2.0 * 3.141592653589793 * u2);
             }
         }
-        y[l] = (T)v;
+        // 16-bit values are the f32 values rounded once, as the host makes them.
+        y[l] = (T)(typename Acc<T>::type)v;
     }
 }
 
 // Dropout of a contiguous piece (a region of the global tensor, as create_t): element l is
 // kept, times `scale`, when rng::uniform(seed, global index) >= pd (seed = (k0, k1)), else 0.
 template <typename T> __device__ void dropout_t(i64 n, double pd, double scale, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) {
+    ACC
     GRID_LOOP(l, n) {
         unsigned long long u = (unsigned long long)region_index(l, base, p);
         unsigned w[4] = {(unsigned)u, (unsigned)(u >> 32), 0u, 0u};
         philox4(w, k0, k1);
-        y[l] = uniform53(w) >= pd ? x[l] * (T)scale : (T)0;
+        y[l] = uniform53(w) >= pd ? x[l] * (C)scale : (C)0;
     }
 }
 
@@ -472,20 +551,21 @@ template <typename T> __device__ void dropout_t(i64 n, double pd, double scale, 
 // per row; with `causal` row r (query r % t) covers columns 0..=r % t and the rest become 0.
 // One block per row.
 template <typename T> __device__ void attn_softmax_t(i64 rows, i64 t, i64 s, double scale, int causal, const T* x, T* y) {
-    ROW_SHARED(T)
+    ACC
+    ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * s; T* yr = y + r * s;
         i64 live = causal ? (r % t) + 1 : s;
         if (live > s) live = s;
-        T sc = (T)scale, m = m_lowest((T)0);
-        THREAD_COLS(j, live) { T v = xr[j] * sc; m = v > m ? v : m; }
+        C sc = (C)scale, m = m_lowest((C)0);
+        THREAD_COLS(j, live) { C v = xr[j] * sc; m = v > m ? v : m; }
         m = block_max(m, sh);
-        if (m == m_lowest((T)0)) m = (T)0;
-        T sum = (T)0;
+        if (m == m_lowest((C)0)) m = (C)0;
+        C sum = (C)0;
         THREAD_COLS(j, live) sum += m_exp(xr[j] * sc - m);
-        T inv = (T)1 / block_sum(sum, sh);
+        C inv = (C)1 / block_sum(sum, sh);
         THREAD_COLS(j, live) yr[j] = m_exp(xr[j] * sc - m) * inv;
-        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) yr[j] = (T)0;
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) yr[j] = (C)0;
     }
 }
 
@@ -501,33 +581,29 @@ extern "C" __global__ void f32_to_bf16(i64 n, const unsigned* x, unsigned short*
 // Fused AdamW pieces, element-wise over n: part 0 a x + b y (first moment), part 1
 // a x + b y^2 (second moment), part 2 a x - (b y) / (sqrt(c z) + d) (the decayed, updated value).
 template <typename T> __device__ void adam_t(i64 n, int part, double a, double b, double c, double d, const T* x, const T* y, const T* z, T* o) {
-    T ta = (T)a, tb = (T)b, tc = (T)c, td = (T)d;
+    ACC
+    C ta = (C)a, tb = (C)b, tc = (C)c, td = (C)d;
     if (part == 0) { GRID_LOOP(i, n) o[i] = x[i] * ta + y[i] * tb; }
-    else if (part == 1) { GRID_LOOP(i, n) { T g = y[i]; o[i] = x[i] * ta + (g * g) * tb; } }
+    else if (part == 1) { GRID_LOOP(i, n) { C g = y[i]; o[i] = x[i] * ta + (g * g) * tb; } }
     else { GRID_LOOP(i, n) o[i] = x[i] * ta - (y[i] * tb) / (m_sqrt(z[i] * tc) + td); }
 }
 
 // Column sums of a [rows, cols] array in chunks of `chunk` rows: y[g, c] = scale * sum of
 // x[r, c] over the rows r of chunk g (adjacent threads read adjacent columns).
 template <typename T> __device__ void reduce_cols_t(i64 rows, i64 cols, i64 chunk, double scale, const T* x, T* y) {
+    ACC
     i64 groups = (rows + chunk - 1) / chunk;
     GRID_LOOP(i, groups * cols) {
         i64 g = i / cols, c = i % cols, r0 = g * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        T acc = (T)0;
+        C acc = (C)0;
         for (i64 r = r0; r < r1; ++r) acc += x[r * cols + c];
-        y[i] = scale == 1.0 ? acc : (T)(acc * (T)scale);
+        y[i] = scale == 1.0 ? acc : (C)(acc * (C)scale);
     }
 }
 
-// The bf16 bits of f, round to nearest even (NaN stays NaN), as f32_to_bf16.
-__device__ __forceinline__ unsigned short bf16_bits(float f) {
-    unsigned b = __float_as_uint(f);
-    return (b & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((b >> 16) | 0x40u)
-                                           : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
 // attn_softmax_t on f32 that also writes each probability's bf16 copy to yh (the copy a bf16
 // matrix product reads next).
-extern "C" __global__ void attn_softmax_bf16(i64 rows, i64 t, i64 s, double scale, int causal, const float* x, float* y, unsigned short* yh) {
+extern "C" __global__ void attn_softmax_with_bf16_copy(i64 rows, i64 t, i64 s, double scale, int causal, const float* x, float* y, unsigned short* yh) {
     ROW_SHARED(float)
     BLOCK_ROWS(r, rows) {
         const float* xr = x + r * s; float* yr = y + r * s; unsigned short* hr = yh + r * s;
@@ -560,17 +636,20 @@ extern "C" __global__ void softmax_bw_rows_bf16(i64 lanes, i64 n, const float* y
 extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
 extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \
 extern "C" __global__ void softmax_bw_##NAME(i64 l, i64 n, i64 inner, int lg, const T* yv, const T* g, T* dx) { softmax_bw_t<T>(l, n, inner, lg, yv, g, dx); } \
-extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y, T* mo, T* ro) { layer_norm_t<T>(r, h, e, x, w, b, y, mo, ro); } \
-extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, const T* x, const T* w, const T* g, const T* mi, const T* ri, T* dx) { layer_norm_bw_t<T>(r, h, x, w, g, mi, ri, dx); } \
+extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y, Acc<T>::type* mo, Acc<T>::type* ro) { layer_norm_t<T>(r, h, e, x, w, b, y, mo, ro); } \
+extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, const T* x, const T* w, const T* g, const Acc<T>::type* mi, const Acc<T>::type* ri, T* dx) { layer_norm_bw_t<T>(r, h, x, w, g, mi, ri, dx); } \
 extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
 extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
 extern "C" __global__ void rotary_##NAME(i64 n, i64 d, i64 t, i64 in, i64 p0, double b, double sg, const T* x, T* y) { rotary_t<T>(n, d, t, in, p0, b, sg, x, y); } \
-extern "C" __global__ void put_##NAME(i64 n, i64 ni, i64 in, i64 ny, i64 st, i64 tot, int pe, const i64* idx, const T* s, T* y) { put_t<T>(n, ni, in, ny, st, tot, pe, idx, s, y); } \
 extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary_t<T>(n, op, x, y); } \
 extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); } \
 extern "C" __global__ void dropout_##NAME(i64 n, double pd, double sc, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) { dropout_t<T>(n, pd, sc, k0, k1, base, p, x, y); } \
 extern "C" __global__ void attn_softmax_##NAME(i64 r, i64 t, i64 s, double sc, int causal, const T* x, T* y) { attn_softmax_t<T>(r, t, s, sc, causal, x, y); } \
 extern "C" __global__ void adam_##NAME(i64 n, int part, double a, double b, double c, double d, const T* x, const T* y, const T* z, T* o) { adam_t<T>(n, part, a, b, c, d, x, y, z, o); }
+
+// The atomic scatter-add exists for f32 and f64 (16-bit scatter-adds run on an f32 copy).
+#define INST_PUT(NAME, T) \
+extern "C" __global__ void put_##NAME(i64 n, i64 ni, i64 in, i64 ny, i64 st, i64 tot, int pe, const i64* idx, const T* s, T* y) { put_t<T>(n, ni, in, ny, st, tot, pe, idx, s, y); }
 
 #define INST_ALL(NAME, T) \
 extern "C" __global__ void binary_##NAME(i64 n, int op, Nd p, const T* a, const T* b, T* y) { binary_t<T>(n, op, p, a, b, y); } \
@@ -586,13 +665,37 @@ extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i6
 
 INST(f32, float)
 INST(f64, double)
+INST(bf16, bf16)
+INST(f16, f16)
 INST_ALL(f32, float)
 INST_ALL(f64, double)
 INST_ALL(i64, i64)
+INST_ALL(bf16, bf16)
+INST_ALL(f16, f16)
+INST_PUT(f32, float)
+INST_PUT(f64, double)
 extern "C" __global__ void unary_i64(i64 n, int op, const i64* x, i64* y) { GRID_LOOP(i, n) y[i] = un_i(op, x[i]); }
 extern "C" __global__ void scalar_i64(i64 n, int op, double c, const i64* x, i64* y) { scalar_i(n, op, c, x, y); }
 extern "C" __global__ void matmul_i64(i64 bt, i64 m, i64 k, i64 n, i64 sb, const i64* a, const i64* b, i64* y) { matmul_i(bt, m, k, n, sb, a, b, y); }
 extern "C" __global__ void philox(i64 nb, unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1, unsigned* out) { philox_u32(nb, c0, c1, c2, c3, k0, k1, out); }
 #define CAST(SN, S, DN, D) extern "C" __global__ void cast_##SN##_##DN(i64 n, const S* x, D* y) { cast_t<S, D>(n, x, y); }
-CAST(f32, float, f64, double) CAST(f32, float, i64, i64) CAST(f64, double, f32, float)
-CAST(f64, double, i64, i64) CAST(i64, i64, f32, float) CAST(i64, i64, f64, double)
+CAST(f32, float, f64, double)
+CAST(f32, float, i64, i64)
+CAST(f32, float, bf16, bf16)
+CAST(f32, float, f16, f16)
+CAST(f64, double, f32, float)
+CAST(f64, double, i64, i64)
+CAST(f64, double, bf16, bf16)
+CAST(f64, double, f16, f16)
+CAST(i64, i64, f32, float)
+CAST(i64, i64, f64, double)
+CAST(i64, i64, bf16, bf16)
+CAST(i64, i64, f16, f16)
+CAST(bf16, bf16, f32, float)
+CAST(bf16, bf16, f64, double)
+CAST(bf16, bf16, i64, i64)
+CAST(bf16, bf16, f16, f16)
+CAST(f16, f16, f32, float)
+CAST(f16, f16, f64, double)
+CAST(f16, f16, i64, i64)
+CAST(f16, f16, bf16, bf16)

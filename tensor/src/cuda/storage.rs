@@ -5,12 +5,14 @@ use std::any::Any;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
-use oxiflow_collectives::DType;
+use oxiflow_dtype::{with_element, DType};
 use oxiflow_sbp::Shape;
 
 use super::{derr, runtime, Block, CudaRuntime};
+use crate::element::TensorElement;
 use crate::storage::CpuArray;
 use crate::storage::{Device, DeviceStorage};
+use crate::with_array;
 use crate::Result;
 
 /// A local piece on the process's CUDA device. Reshapes share the block.
@@ -74,11 +76,7 @@ impl CudaStorage {
         let a = array.clone().into_standard();
         let s = CudaStorage::alloc(&rt, a.dtype(), Shape::from(a.shape()))?;
         let p = s.ptr();
-        match &a {
-            CpuArray::F32(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
-            CpuArray::F64(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
-            CpuArray::I64(x) => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?,
-        }
+        with_array!(&a, x => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?);
         Ok(s)
     }
     pub(crate) fn ptr(&self) -> u64 {
@@ -100,10 +98,11 @@ impl CudaStorage {
     }
 }
 
-fn host<T: Copy + Default>(s: &CudaStorage, op: &'static str) -> Result<ArrayD<T>> {
+fn host<T: TensorElement + Default>(s: &CudaStorage, op: &'static str) -> Result<CpuArray> {
     let mut v = vec![T::default(); s.numel()];
     download(s.runtime(), s.ptr(), &mut v, op)?;
-    ArrayD::from_shape_vec(IxDyn(s.shape.dims()), v).map_err(|e| derr(op, e))
+    let a = ArrayD::from_shape_vec(IxDyn(s.shape.dims()), v).map_err(|e| derr(op, e))?;
+    Ok(T::wrap(a))
 }
 
 impl DeviceStorage for CudaStorage {
@@ -118,11 +117,7 @@ impl DeviceStorage for CudaStorage {
     }
     fn to_host(&self) -> Result<CpuArray> {
         let op = "to host";
-        Ok(match self.dtype {
-            DType::F32 => CpuArray::F32(host(self, op)?),
-            DType::F64 => CpuArray::F64(host(self, op)?),
-            DType::I64 => CpuArray::I64(host(self, op)?),
-        })
+        with_element!(self.dtype, T => host::<T>(self, op))
     }
     fn as_any(&self) -> &dyn Any {
         self

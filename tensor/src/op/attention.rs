@@ -3,7 +3,7 @@
 //! the rank's heads), and `attention_probs`, the softmax probabilities `[B, H, T, S]` alone. Both
 //! split on batch or heads; the backward recomputes the probabilities and is written with ops.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::Grad;

@@ -5,7 +5,7 @@
 //! Linear in `x` (splits, broadcast and partial sums pass through); its gradient is the same
 //! dropout of the output gradient.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;

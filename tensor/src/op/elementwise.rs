@@ -1,7 +1,7 @@
 //! Element-wise ops: unary functions, tensor-scalar functions, broadcasting binary ops, casts,
 //! and the unary functions' backward (`dx = dy * f'(x)`).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
@@ -388,12 +388,17 @@ impl Tensor {
     pub fn div(&self, o: &Tensor) -> Result<Tensor> {
         elementwise(ElementwiseOp::Binary(BinaryOp::Div), &[self, o])
     }
-    /// Converts the element type.
-    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+    /// Converts the element type, each value rounded once to nearest (float -> i64 truncates
+    /// toward zero); differentiable: the gradient is converted back to the input's dtype.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
         elementwise(ElementwiseOp::Cast(dtype), &[self])
+    }
+    /// [`Tensor::to_dtype`].
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        self.to_dtype(dtype)
     }
     /// dx = dy * f'(x) for y = f(x) (`self` is dy), from what the forward saves: `saved` is
     /// y for exp, tanh and sigmoid (`UnaryOp::saves_output`), x for the others.

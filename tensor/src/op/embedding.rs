@@ -3,7 +3,7 @@
 //! rows and gives zero rows for the others (a partial sum), and the gradient of a split weight
 //! comes out split the same way.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::gather::{split_on, IndexShard};

@@ -3,7 +3,7 @@
 //! may be split across ranks (a vocabulary split): each rank reads or writes only the indices
 //! inside its region, whose start and the dim's global size the op's local attributes carry.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;

@@ -1,6 +1,6 @@
 //! Layout ops: permute (and transpose), reshape, concat, and narrow (slice along one dim).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{zeros_on, Grad};

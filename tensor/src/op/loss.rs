@@ -2,7 +2,7 @@
 //! Logits split on the classes take the vocabulary-parallel path, composed of ops that reduce
 //! only `[N, 1]` partials, so the logits are never gathered.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 
 use super::gather::IndexShard;

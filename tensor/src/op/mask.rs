@@ -3,7 +3,7 @@
 //! dims, whose kernel reads the global row and column of its piece, so any split works.
 //! Conditions and masks may have any dtype: nonzero is true.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_on, Grad};

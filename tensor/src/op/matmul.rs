@@ -2,7 +2,7 @@
 //! both with either operand's last two dims transposed in the kernel (`matmul_t`), which the
 //! backward rules use instead of materialised transposes.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;

@@ -29,7 +29,7 @@ mod softmax;
 use std::fmt;
 use std::hash::Hash;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, RuleMode, Rules, Shape};
 use smallvec::SmallVec;
 
@@ -49,6 +49,7 @@ pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{LossKernels, LossOp};
 pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
+pub(crate) use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
 pub use reduction::{ReductionKernels, ReductionOp};
 pub use rms_norm::{RmsNormKernels, RmsNormOp};

@@ -2,7 +2,7 @@
 //! per-row mean and 1/std it saves for its backward (not differentiable), and the input
 //! gradient from those statistics.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
@@ -15,11 +15,21 @@ use crate::dispatch::{dispatch, dispatch_multi};
 use crate::tensor::Tensor;
 use crate::Result;
 
+/// The dtype of the statistics of `dt` data: f32 for 16-bit floats (they are computed in f32),
+/// else `dt` itself.
+pub(crate) fn stats_dtype(dt: DType) -> DType {
+    if dt.is_half() {
+        DType::F32
+    } else {
+        dt
+    }
+}
+
 /// The normalization family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum NormOp {
     /// (x, weight [H], bias [H]) -> (y, mean, rstd), mean and rstd `[.., 1]` (x's shape with
-    /// the last dim 1).
+    /// the last dim 1; f32 for 16-bit data).
     LayerNorm { eps: F64Bits },
     /// (x, weight [H], dy, mean, rstd) -> dx.
     LayerNormBackward,
@@ -72,13 +82,25 @@ impl OpFamily for NormOp {
         d: &[DType],
         mode: RuleMode,
     ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
+        let data = match self {
+            NormOp::LayerNorm { .. } => d,
+            NormOp::LayerNormBackward => &d[..3],
+        };
+        let dt = same_dtype(data)?;
         need_float(dt, "input")?;
+        let stats = stats_dtype(dt);
         Ok(match self {
-            NormOp::LayerNorm { .. } => {
-                Inferred::outputs(shape_rule(rules::layer_norm(1, s, mode))?, &[dt; 3])
-            }
+            NormOp::LayerNorm { .. } => Inferred::outputs(
+                shape_rule(rules::layer_norm(1, s, mode))?,
+                &[dt, stats, stats],
+            ),
             NormOp::LayerNormBackward => {
+                if d[3..].iter().any(|&t| t != stats) {
+                    return Err(MetaError::DType(format!(
+                        "mean and rstd must be {stats} for {dt} data, got {} and {}",
+                        d[3], d[4]
+                    )));
+                }
                 Inferred::new(shape_rule(rules::layer_norm_backward(1, s, mode))?, dt)
             }
         })

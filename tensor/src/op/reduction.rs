@@ -1,7 +1,7 @@
 //! Reductions: sum, mean, max and min over dims (with keepdim), and sum-to-shape, the reverse of
 //! broadcasting (the gradient of a broadcast operand).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};

@@ -1,7 +1,7 @@
 //! RMS normalization over the last dim: `y = x / sqrt(mean(x^2) + eps) * weight`, weight `[H]`.
 //! The backward is written with ops, so its gradients get their SBP by inference.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};

@@ -3,7 +3,7 @@
 //! the sequence dim (from the piece's region, so a sequence split works). Linear in x; the
 //! backward is the inverse rotation.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;

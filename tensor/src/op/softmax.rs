@@ -1,6 +1,6 @@
 //! Softmax and log-softmax over one dim, and their backward from the output and its gradient.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;

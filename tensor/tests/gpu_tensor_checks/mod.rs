@@ -1,10 +1,13 @@
 //! The GPU suite's checks of the stream ordering and the CUDA backend's own paths: pipelined
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
-//! creation ops computed on the device, and bf16 matrix products.
+//! creation ops computed on the device (every dtype), bf16 matrix products, and every 16-bit
+//! kernel against f64 (`half.rs`).
 
 use super::*;
 
+mod half;
 mod indexed;
+pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
@@ -210,7 +213,7 @@ pub(crate) fn child_creation(world: usize) -> std::result::Result<usize, String>
     let mut checked = 0;
     for (pl, sbp) in &layouts {
         let host_pl = pl.with_device(DeviceType::Cpu);
-        for dtype in [DType::F32, DType::F64, DType::I64] {
+        for dtype in DType::ALL {
             for kind in 0..4 {
                 let make = |p: &Placement| -> Result<Tensor> {
                     let sh = shape.clone();
@@ -253,6 +256,33 @@ pub(crate) fn child_creation(world: usize) -> std::result::Result<usize, String>
                         let tol = if kind == 3 { 4 } else { 0 };
                         if let Some(i) = (0..d.len()).find(|&i| ulp(d[i], h[i]) > tol) {
                             return Err(format!("{what}: element {i}: {} vs host {}", d[i], h[i]));
+                        }
+                        (d.len(), h.len())
+                    }
+                    DType::BF16 | DType::F16 => {
+                        // The f32 values rounded once: equal bits, randn within one 16-bit ulp.
+                        let bits = |t: &Tensor| -> Result<Vec<i64>> {
+                            Ok(match dtype {
+                                DType::BF16 => t
+                                    .to_vec::<oxiflow_dtype::bf16>()?
+                                    .iter()
+                                    .map(|v| v.to_bits() as i64)
+                                    .collect(),
+                                _ => t
+                                    .to_vec::<oxiflow_dtype::f16>()?
+                                    .iter()
+                                    .map(|v| v.to_bits() as i64)
+                                    .collect(),
+                            })
+                        };
+                        let (d, h) = (bits(&dev), bits(&host));
+                        let (d, h) = (d.map_err(|x| e(&what, x))?, h.map_err(|x| e(&what, x))?);
+                        let tol = if kind == 3 { 1 } else { 0 };
+                        if let Some(i) = (0..d.len()).find(|&i| (d[i] - h[i]).abs() > tol) {
+                            return Err(format!(
+                                "{what}: element {i}: bits {:#x} vs host {:#x}",
+                                d[i], h[i]
+                            ));
                         }
                         (d.len(), h.len())
                     }

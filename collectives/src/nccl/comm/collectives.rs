@@ -139,6 +139,10 @@ impl BackendHooks for NcclComm {
     fn backend(&self) -> Backend {
         Backend::Nccl
     }
+    /// `ncclBfloat16`/`ncclFloat16` reductions.
+    fn reduces_half(&self) -> bool {
+        true
+    }
     fn log(&self) -> &CommLog {
         &self.inner.log
     }

@@ -12,26 +12,10 @@ use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::attention::CausalSelfAttention;
 use super::config::{GptConfig, GptLayout, TP_AXIS};
+use crate::nn::Pass;
 
 /// LayerNorm epsilon of every norm in the model.
 pub const LN_EPS: f64 = 1e-5;
-
-/// Whether a forward pass trains (dropout on, masks keyed by the step) or evaluates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
-    Train {
-        step: u64,
-    },
-    /// Training on micro-batch `index` of `count`, the rows `[index b, (index + 1) b)` of the
-    /// step's batch (b the micro-batch size): its dropout masks are those rows of the whole
-    /// batch's, so gradient accumulation over micro-batches equals one full-batch step.
-    TrainMicro {
-        step: u64,
-        index: usize,
-        count: usize,
-    },
-    Eval,
-}
 
 impl Pass {
     /// The dropout probability and mask seed of site `site` in this pass.

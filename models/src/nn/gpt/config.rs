@@ -1,7 +1,7 @@
 //! The sizes of a GPT and where its tensors live: `GptConfig` (checked by `validate`) and
 //! `GptLayout` (local, or a `[dp, tp]` mesh with the activations' nd-SBPs on it).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
 

@@ -11,8 +11,9 @@ mod config;
 mod model;
 mod stages;
 
+pub use super::Pass;
 pub use attention::{causal_attention, CausalSelfAttention};
-pub use block::{Block, GptMlp, Pass, Recompute, LN_EPS};
+pub use block::{Block, GptMlp, Recompute, LN_EPS};
 pub use config::{GptConfig, GptLayout, DP_AXIS, TP_AXIS};
 pub use model::Gpt;
 pub use stages::StageSplit;

@@ -2,7 +2,7 @@
 //! logits through the token embedding transposed (tied input/output embedding); its pieces
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
@@ -13,9 +13,10 @@ use super::super::embedding::Embedding;
 use super::super::init::{param_seed, Init, ParamPlacement};
 use super::super::layer_norm::LayerNorm;
 use super::super::param::{Module, Parameter};
-use super::block::{Block, Pass, Recompute, LN_EPS};
+use super::block::{Block, Recompute, LN_EPS};
 use super::config::{GptConfig, GptLayout};
 use super::stages::StageSplit;
+use crate::nn::Pass;
 
 /// Standard deviation of the initial embeddings (GPT-2's).
 const EMBEDDING_STD: f64 = 0.02;
@@ -213,6 +214,11 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
+        // The loss is computed in f32 whatever the activations' dtype (mixed precision).
+        let logits = match logits.dtype() {
+            d if d.is_half() => logits.to_dtype(DType::F32)?,
+            _ => logits.clone(),
+        };
         logits
             .reshape([b * t, v])?
             .cross_entropy(&targets.reshape([b * t])?)?

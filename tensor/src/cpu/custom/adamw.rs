@@ -49,7 +49,7 @@ impl AdamWKernels for CpuBackend {
         let done = match out {
             CpuArray::F32(o) => all::<f32>(x).and_then(|v| adam_t(part, &v, o)),
             CpuArray::F64(o) => all::<f64>(x).and_then(|v| adam_t(part, &v, o)),
-            CpuArray::I64(_) => None,
+            _ => None,
         };
         done.ok_or_else(|| {
             kernel_err(

@@ -6,13 +6,13 @@
 
 use oxiflow_sbp::Shape;
 
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Kernel, Template};
 use super::super::storage::CudaStorage;
 use super::super::{derr, Block, MatmulPrecision};
 use super::{float_only, CudaKernels};
 use crate::op::{AttentionKernels, KernelBackend, OutSpec};
 use crate::Result;
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 impl CudaKernels {
     /// The probabilities `[B, H, T, S]` of q `[B, H, T, D]` and k `[B, H, S, D]` into `p`.
@@ -70,10 +70,10 @@ impl CudaKernels {
                 // The probabilities feed bf16 products: their bf16 copy comes with them.
                 let h = Block::alloc(rt, p.numel() * 2)?;
                 let hp = h.ptr();
-                launch!(rt, op, "attn_softmax_bf16", per_row(rows); r, tt, ss, sc, c, xp, yp, hp)?;
+                launch!(rt, op, Kernel::AttnSoftmaxBf16, per_row(rows); r, tt, ss, sc, c, xp, yp, hp)?;
                 p.block.set_bf16_shadow(h);
             } else {
-                launch!(rt, op, format!("attn_softmax_{}", sfx(q.dtype)), per_row(rows); r, tt, ss, sc, c, xp, yp)?;
+                launch!(rt, op, Template::AttnSoftmax.at(q.dtype), per_row(rows); r, tt, ss, sc, c, xp, yp)?;
             }
         }
         Ok(())

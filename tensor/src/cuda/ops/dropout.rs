@@ -3,7 +3,7 @@
 //! CPU kernel's.
 
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx, strides, Nd};
+use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, CudaKernels};
 use crate::op::{DropoutKernels, DropoutOp};
@@ -41,7 +41,7 @@ impl DropoutKernels for CudaKernels {
             .ok_or_else(|| derr(name, format!("piece {} has too many dims", x.shape)))?;
         let (nn, pd, sc) = (n as i64, op.p.get(), op.keep_scale());
         let (k0, k1, xp, yp) = (op.seed as u32, (op.seed >> 32) as u32, x.ptr(), y.ptr());
-        launch!(rt, name, format!("dropout_{}", sfx(x.dtype)), grid(n); nn, pd, sc, k0, k1, base, p, xp, yp)?;
+        launch!(rt, name, Template::Dropout.at(x.dtype), grid(n); nn, pd, sc, k0, k1, base, p, xp, yp)?;
         Ok(())
     }
 }

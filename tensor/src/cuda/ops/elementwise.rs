@@ -1,13 +1,14 @@
 //! Element-wise CUDA kernels, written into the executor's output piece: unary, scalar and
 //! broadcasting binary functions, casts, and the unary functions' backward.
 
+use super::super::copy::cast;
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx, strides, Nd};
+use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, CudaKernels};
 use crate::op::{BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::Result;
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 fn unary_code(u: UnaryOp) -> i32 {
     match u {
@@ -36,10 +37,10 @@ impl ElementwiseKernels for CudaKernels {
                 return Err(derr(name, "needs a float input, got i64"));
             }
             if n > 0 {
-                launch!(rt, name, "unary_i64", grid(n); nn, code, xp, yp)?;
+                launch!(rt, name, Template::Unary.at(DType::I64), grid(n); nn, code, xp, yp)?;
             }
         } else if n > 0 {
-            launch!(rt, name, format!("unary_{}", sfx(dt)), grid(n); nn, code, xp, yp)?;
+            launch!(rt, name, Template::Unary.at(dt), grid(n); nn, code, xp, yp)?;
         }
         Ok(())
     }
@@ -61,7 +62,7 @@ impl ElementwiseKernels for CudaKernels {
         let y = &*out;
         let (nn, cv, xp, yp) = (n as i64, c, a.ptr(), y.ptr());
         if n > 0 {
-            launch!(rt, name, format!("scalar_{}", sfx(dt)), grid(n); nn, code, cv, xp, yp)?;
+            launch!(rt, name, Template::Scalar.at(dt), grid(n); nn, code, cv, xp, yp)?;
         }
         Ok(())
     }
@@ -117,7 +118,7 @@ impl ElementwiseKernels for CudaKernels {
         let m = y.numel();
         let (nn, ap, bp, yp) = (m as i64, a.ptr(), x1.ptr(), y.ptr());
         if m > 0 {
-            launch!(rt, name, format!("binary_{}", sfx(dt)), grid(m); nn, code, p, ap, bp, yp)?;
+            launch!(rt, name, Template::Binary.at(dt), grid(m); nn, code, p, ap, bp, yp)?;
         }
         Ok(())
     }
@@ -129,12 +130,7 @@ impl ElementwiseKernels for CudaKernels {
         if to == dt {
             return super::layout::copy_into(&self.rt, name, a, out);
         }
-        let y = &*out;
-        let (nn, xp, yp) = (n as i64, a.ptr(), y.ptr());
-        if n > 0 {
-            launch!(rt, name, format!("cast_{}_{}", sfx(dt), sfx(to)), grid(n); nn, xp, yp)?;
-        }
-        Ok(())
+        cast(rt, name, (dt, a.ptr()), (to, out.ptr()), n)
     }
 
     fn unary_backward(
@@ -152,7 +148,7 @@ impl ElementwiseKernels for CudaKernels {
         let y = &*out;
         let (nn, code, gp, xp, yp) = (n as i64, unary_code(u), dy.ptr(), x.ptr(), y.ptr());
         if n > 0 {
-            launch!(rt, name, format!("unary_bw_{}", sfx(dt)), grid(n); nn, code, gp, xp, yp)?;
+            launch!(rt, name, Template::UnaryBw.at(dt), grid(n); nn, code, gp, xp, yp)?;
         }
         Ok(())
     }

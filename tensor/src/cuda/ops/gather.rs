@@ -1,11 +1,11 @@
 //! Gather CUDA kernels, written into the executor's output piece: reads along one dim at indices (gather, index-select, embedding) and
 //! the scatter-adds of their gradients (atomic adds), over a shard of the addressed dim.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
-use super::super::copy::fill;
+use super::super::copy::{cast, fill};
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
 use crate::op::{GatherKernels, IndexShard};
@@ -77,7 +77,7 @@ pub(super) fn take(
     if n > 0 {
         let (nn, inn, nxx, pe) = (n as i64, inner as i64, nx as i64, per_elem as i32);
         let (xp, ip, yp) = (x.ptr(), ids.ptr(), y.ptr());
-        let name = format!("take_{}", sfx(x.dtype));
+        let name = Template::Take.at(x.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
     }
     Ok(())
@@ -98,6 +98,31 @@ pub(super) fn put(
         shard,
     } = along;
     float_only(op, src.dtype)?;
+    if src.dtype.is_half() && out.dtype == src.dtype {
+        // The atomic scatter-add accumulates in f32 scratch pieces, rounded once into `out`.
+        let src32 = CudaStorage::alloc(&k.rt, DType::F32, src.shape.clone())?;
+        cast(
+            &k.rt,
+            op,
+            (src.dtype, src.ptr()),
+            (DType::F32, src32.ptr()),
+            src.numel(),
+        )?;
+        let y32 = CudaStorage::alloc(&k.rt, DType::F32, out.shape.clone())?;
+        let along = Along {
+            dim,
+            per_elem,
+            shard,
+        };
+        put(k, op, ids, &src32, along, &y32)?;
+        return cast(
+            &k.rt,
+            op,
+            (DType::F32, y32.ptr()),
+            (out.dtype, out.ptr()),
+            out.numel(),
+        );
+    }
     if out.dtype != src.dtype || dim >= out.shape.ndim() {
         return Err(derr(
             op,
@@ -115,7 +140,7 @@ pub(super) fn put(
     if n > 0 {
         let (nn, inn, nyy, pe) = (n as i64, inner as i64, ny as i64, per_elem as i32);
         let (ip, sp, yp) = (ids.ptr(), src.ptr(), y.ptr());
-        let name = format!("put_{}", sfx(src.dtype));
+        let name = Template::Put.at(src.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! logits gradient, one block per row.
 
 use super::super::derr;
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, last_dim_rows, CudaKernels};
 use crate::op::LossKernels;
@@ -30,7 +30,7 @@ impl LossKernels for CudaKernels {
         let y = &*out;
         let (r, cc, xp, lp, yp) = (rows as i64, c as i64, a.ptr(), labels.ptr(), y.ptr());
         if rows > 0 {
-            launch!(rt, name, format!("cross_entropy_{}", sfx(a.dtype)), per_row(rows); r, cc, xp, lp, yp)?;
+            launch!(rt, name, Template::CrossEntropy.at(a.dtype), per_row(rows); r, cc, xp, lp, yp)?;
         }
         Ok(())
     }
@@ -65,7 +65,7 @@ impl LossKernels for CudaKernels {
             y.ptr(),
         );
         if rows > 0 {
-            launch!(rt, name, format!("cross_entropy_bw_{}", sfx(a.dtype)), per_row(rows); r, cc, xp, lp, gp, yp)?;
+            launch!(rt, name, Template::CrossEntropyBw.at(a.dtype), per_row(rows); r, cc, xp, lp, gp, yp)?;
         }
         Ok(())
     }

@@ -1,11 +1,11 @@
 //! Mask CUDA kernels, written into the executor's output piece: where and masked fill (operands broadcast to the output first, the
 //! condition cast to f64), and the triangular masks at a global row/column offset.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use super::super::copy::fill;
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, CudaKernels};
 use crate::op::{BinaryOp, ElementwiseKernels, KernelBackend, MaskKernels, OutSpec, Triangle};
@@ -67,7 +67,7 @@ impl MaskKernels for CudaKernels {
         let n = y.numel();
         if n > 0 {
             let (nn, cp, ap, bp, yp) = (n as i64, c.ptr(), a.ptr(), b.ptr(), y.ptr());
-            launch!(self.rt, name, format!("where_{}", sfx(out.dtype)), grid(n); nn, cp, ap, bp, yp)?;
+            launch!(self.rt, name, Template::Where.at(out.dtype), grid(n); nn, cp, ap, bp, yp)?;
         }
         Ok(())
     }
@@ -104,7 +104,7 @@ impl MaskKernels for CudaKernels {
         if n > 0 {
             let (nn, r, c, r0, c0) = (n as i64, rows as i64, cols as i64, row0 as i64, col0 as i64);
             let (up, xp, yp) = (i32::from(keep == Triangle::Upper), x.ptr(), y.ptr());
-            launch!(self.rt, name, format!("triangular_{}", sfx(x.dtype)), grid(n); nn, r, c, r0, c0, k, up, xp, yp)?;
+            launch!(self.rt, name, Template::Triangular.at(x.dtype), grid(n); nn, r, c, r0, c0, k, up, xp, yp)?;
         }
         Ok(())
     }

@@ -1,13 +1,14 @@
-//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision) and
-//! f64, either operand transposed by cuBLAS's operation flags; an NVRTC kernel for i64
+//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision), f64,
+//! bf16 and f16 (16-bit in and out, f32 accumulation), either operand transposed by cuBLAS's
+//! operation flags; an NVRTC kernel for i64
 //! (transposed operands copied first).
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
 use super::super::copy::fill;
-use super::super::kernels::{grid, launch};
+use super::super::kernels::{grid, launch, Kernel};
 use super::super::precision::{gemm, Gemm};
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
@@ -68,9 +69,9 @@ fn matmul(
                 b.ptr(),
                 out.ptr(),
             );
-            launch!(rt, op, "matmul_i64", grid(g.batch * g.m * g.n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
+            launch!(rt, op, Kernel::MatmulI64, grid(g.batch * g.m * g.n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
         }
-        DType::F32 | DType::F64 => gemm(rt, op, a, b, out, g)?,
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => gemm(rt, op, a, b, out, g)?,
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ mod softmax;
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use super::storage::CudaStorage;

@@ -3,13 +3,14 @@
 //! per row.
 
 use super::super::derr;
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, last_dim_rows, CudaKernels};
-use crate::op::NormKernels;
+use crate::op::{norm_stats_dtype, NormKernels};
 use crate::Result;
 
-/// A typed error unless each statistics piece holds one `dtype` element per row.
+/// A typed error unless each statistics piece holds one element per row, of the statistics
+/// dtype of `x` (f32 for 16-bit data).
 fn stats_fit(
     op: &'static str,
     rows: usize,
@@ -18,7 +19,7 @@ fn stats_fit(
 ) -> Result<()> {
     if stats
         .iter()
-        .any(|s| s.numel() != rows || s.dtype != x.dtype)
+        .any(|s| s.numel() != rows || s.dtype != norm_stats_dtype(x.dtype))
     {
         return Err(derr(
             op,
@@ -64,7 +65,7 @@ impl NormKernels for CudaKernels {
         );
         let (mp, rp) = (mean.ptr(), rstd.ptr());
         if rows > 0 {
-            launch!(rt, name, format!("layer_norm_{}", sfx(a.dtype)), per_row(rows); r, hh, e, xp, wp, bp, yp, mp, rp)?;
+            launch!(rt, name, Template::LayerNorm.at(a.dtype), per_row(rows); r, hh, e, xp, wp, bp, yp, mp, rp)?;
         }
         Ok(())
     }
@@ -91,7 +92,7 @@ impl NormKernels for CudaKernels {
             (rows as i64, h as i64, a.ptr(), w.ptr(), dy.ptr(), out.ptr());
         let (mp, rp) = (mean.ptr(), rstd.ptr());
         if rows > 0 {
-            launch!(rt, name, format!("layer_norm_bw_{}", sfx(a.dtype)), per_row(rows); r, hh, xp, wp, gp, mp, rp, yp)?;
+            launch!(rt, name, Template::LayerNormBw.at(a.dtype), per_row(rows); r, hh, xp, wp, gp, mp, rp, yp)?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use oxiflow_sbp::Shape;
 
-use super::super::kernels::{grid, launch, per_row, sfx};
+use super::super::kernels::{grid, launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
 use super::{float_only, permute, CudaKernels};
@@ -79,7 +79,7 @@ fn reduce(
         src.ptr(),
         out.ptr(),
     );
-    let name = format!("reduce_rows_{}", sfx(x.dtype));
+    let name = Template::ReduceRows.at(x.dtype);
     launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)
 }
 
@@ -96,7 +96,7 @@ fn column_sum(
     [rows, cols]: [usize; 2],
     scale: f64,
 ) -> Result<()> {
-    let name = format!("reduce_cols_{}", sfx(x.dtype));
+    let name = Template::ReduceCols.at(x.dtype);
     let chunks = rows.div_ceil(CHUNK);
     let pass = |src: u64, dst: u64, r: usize, chunk: usize, sc: f64| -> Result<()> {
         let (rr, cc, ch, xp, yp) = (r as i64, cols as i64, chunk as i64, src, dst);

@@ -2,7 +2,7 @@
 //! per element, f64 angles).
 
 use super::super::derr;
-use super::super::kernels::{grid, launch, sfx};
+use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, CudaKernels};
 use crate::op::{OpFamily, RotaryKernels, RotaryOp};
@@ -32,7 +32,7 @@ impl RotaryKernels for CudaKernels {
                 (n as i64, d as i64, t as i64, inner as i64, op.pos0 as i64);
             let (base, sign) = (op.base.get(), if op.inverse { -1.0f64 } else { 1.0 });
             let (xp, yp) = (x.ptr(), y.ptr());
-            launch!(self.rt, name, format!("rotary_{}", sfx(x.dtype)), grid(n); nn, dd, tt, inn, p0, base, sign, xp, yp)?;
+            launch!(self.rt, name, Template::Rotary.at(x.dtype), grid(n); nn, dd, tt, inn, p0, base, sign, xp, yp)?;
         }
         Ok(())
     }

@@ -2,9 +2,9 @@
 //! row over the last dim, else one thread per lane. Under bf16 matrix products the row
 //! backward also writes its output's bf16 copy (attention's dS feeds two products).
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 
-use super::super::kernels::{launch, per_row, sfx};
+use super::super::kernels::{launch, per_row, Kernel, Template};
 use super::super::storage::CudaStorage;
 use super::super::{Block, MatmulPrecision};
 use super::{fits, float_only, lanes, CudaKernels};
@@ -28,7 +28,7 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            launch!(rt, name, format!("softmax_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, xp, yp)?;
+            launch!(rt, name, Template::Softmax.at(dt), per_row(o * inner); l, nn, inn, lg, xp, yp)?;
         }
         Ok(())
     }
@@ -71,10 +71,10 @@ impl SoftmaxKernels for CudaKernels {
                 // Row gradients (attention's dS) feed bf16 products: their bf16 copy comes along.
                 let h = Block::alloc(rt, y.numel() * 2)?;
                 let hp = h.ptr();
-                launch!(rt, name, "softmax_bw_rows_bf16", per_row(o); l, nn, yp, gp, dp, hp)?;
+                launch!(rt, name, Kernel::SoftmaxBwRowsBf16, per_row(o); l, nn, yp, gp, dp, hp)?;
                 y.block.set_bf16_shadow(h);
             } else {
-                launch!(rt, name, format!("softmax_bw_{}", sfx(dt)), per_row(o * inner); l, nn, inn, lg, yp, gp, dp)?;
+                launch!(rt, name, Template::SoftmaxBw.at(dt), per_row(o * inner); l, nn, inn, lg, yp, gp, dp)?;
             }
         }
         Ok(())

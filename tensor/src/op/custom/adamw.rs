@@ -1,7 +1,7 @@
 //! Fused AdamW, the first custom op: three element-wise passes per parameter (the two moments
 //! and the new value), each reading its same-shape float operands once; no gradient.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch;

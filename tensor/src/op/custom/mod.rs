@@ -10,7 +10,7 @@
 //! [`CustomKernels`], which every backend must implement, so a backend without its kernels
 //! does not compile.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 
 use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaError, OpFamily, Saves};

@@ -2,7 +2,7 @@
 //! output piece.
 
 use crate::cuda::derr;
-use crate::cuda::kernels::{grid, launch, sfx};
+use crate::cuda::kernels::{grid, launch, Template};
 use crate::cuda::ops::{float_only, CudaKernels};
 use crate::cuda::storage::CudaStorage;
 use crate::op::custom::{AdamPart, AdamWKernels};
@@ -40,7 +40,7 @@ impl AdamWKernels for CudaKernels {
             out.ptr(),
         );
         if n > 0 {
-            launch!(rt, name, format!("adam_{}", sfx(dt)), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
+            launch!(rt, name, Template::Adam.at(dt), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! Finding the CUDA libraries (driver, NCCL, cuBLAS, NVRTC) at run time, before cudarc touches them.
+//! Finding the CUDA libraries (driver, NCCL, cuBLAS, NVRTC, cuDNN) at run time, before cudarc touches them.
 //!
 //! cudarc's dynamic loader `dlopen`s fixed names (`libcuda.so`, `libcublas.so.13`, ...) and
 //! *panics* when none loads. The CUDA 13 folder (`/usr/local/cuda-13.0/targets/x86_64-linux/lib`)
@@ -14,7 +14,15 @@
 //! * NCCL is not loaded through cudarc at all: [`crate::nccl`] binds its symbols itself from the
 //!   probed path, so `libnccl.so.2`-only installs work.
 //!
+//! * cuDNN is often installed only inside a Python environment (`site-packages/nvidia/cudnn/lib`);
+//!   [`ensure_cudnn`] also searches those folders ([`site`]) and preloads cuDNN's sub-libraries
+//!   from the folder where `libcudnn.so.9` was found.
+//!
 //! A missing library becomes [`CudaLibError`] naming the library and every place looked at.
+
+mod site;
+
+pub use site::{ensure_cudnn, python_lib_dirs, CudnnLibs};
 
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
@@ -38,6 +46,10 @@ pub enum CudaLib {
     NvrtcBuiltins,
     /// NVRTC (`libnvrtc.so.13`).
     Nvrtc,
+    /// cuDNN 9's graph sub-library (`libcudnn_graph.so.9`), loaded before [`CudaLib::Cudnn`].
+    CudnnGraph,
+    /// cuDNN 9 (`libcudnn.so.9`), the shim that loads the sub-libraries.
+    Cudnn,
 }
 
 impl CudaLib {
@@ -54,8 +66,11 @@ impl CudaLib {
                 "libnvrtc-builtins.so",
             ],
             CudaLib::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so"],
+            CudaLib::CudnnGraph => &["libcudnn_graph.so.9", "libcudnn_graph.so"],
+            CudaLib::Cudnn => &["libcudnn.so.9", "libcudnn.so"],
         }
     }
+    /// A human-readable name.
     pub fn name(self) -> &'static str {
         match self {
             CudaLib::Driver => "CUDA driver",
@@ -64,6 +79,8 @@ impl CudaLib {
             CudaLib::Cublas => "cuBLAS",
             CudaLib::NvrtcBuiltins => "NVRTC builtins",
             CudaLib::Nvrtc => "NVRTC",
+            CudaLib::CudnnGraph => "cuDNN graph",
+            CudaLib::Cudnn => "cuDNN",
         }
     }
 }

@@ -1,0 +1,169 @@
+//! Token shards: files written by this test's own writer (the bytes of nanoGPT's raw format and
+//! of llm.c's header, spelled out here) read back exactly through `ShardSet`; a sequential
+//! stream resumed mid-shard from a checkpoint's position continues with the same batches; bad
+//! shards are errors naming the file and byte offset.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use oxiflow_models::data::{ShardFormat, ShardSet, ShardWindows, StreamOrigin, Windows};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxiflow-shards-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// nanoGPT's `train.bin`: the ids as little-endian u16, nothing else.
+fn write_raw(path: &Path, ids: &[u16]) {
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// llm.c's shard: 256 little-endian i32 (20240520, 1, the id count, zeros), then u16 ids.
+fn write_llmc(path: &Path, magic: i32, count: i32, ids: &[u16]) {
+    let mut bytes = Vec::new();
+    let mut header = [0i32; 256];
+    header[0] = magic;
+    header[1] = 1;
+    header[2] = count;
+    for h in header {
+        bytes.extend(h.to_le_bytes());
+    }
+    for i in ids {
+        bytes.extend(i.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn ids(n: usize, salt: u16) -> Vec<u16> {
+    (0..n as u32)
+        .map(|i| ((i * 7919 + u32::from(salt)) % 50257) as u16)
+        .collect()
+}
+
+fn all_ids(set: &ShardSet) -> Vec<i64> {
+    let mut out = Vec::new();
+    for s in set.shards() {
+        s.read_into(0, s.len(), &mut out).unwrap();
+    }
+    out
+}
+
+#[test]
+fn both_formats_read_back_exactly() {
+    let d = dir("exact");
+    let (a, b) = (ids(3001, 1), ids(777, 2));
+    write_raw(&d.join("raw_000.bin"), &a);
+    write_raw(&d.join("raw_001.bin"), &b);
+    write_llmc(&d.join("llmc_000.bin"), 20240520, a.len() as i32, &a);
+    write_llmc(&d.join("llmc_001.bin"), 20240520, b.len() as i32, &b);
+    let want: Vec<i64> = a.iter().chain(&b).map(|&i| i64::from(i)).collect();
+    for (pattern, format) in [
+        ("raw_*.bin", ShardFormat::Raw),
+        ("raw_*.bin", ShardFormat::Auto),
+        ("llmc_*.bin", ShardFormat::Llmc),
+        ("llmc_*.bin", ShardFormat::Auto),
+    ] {
+        let p = d.join(pattern);
+        let set = ShardSet::open(p.to_str().unwrap(), format, 50257).unwrap();
+        assert_eq!(set.shards().len(), 2);
+        assert_eq!(set.tokens(), want.len());
+        assert_eq!(all_ids(&set), want, "{pattern} as {format:?}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_stream_resumed_mid_shard_continues_the_same_batches() {
+    let d = dir("resume");
+    for i in 0..4u16 {
+        write_llmc(&d.join(format!("s_{i}.bin")), 20240520, 1000, &ids(1000, i));
+    }
+    let set = Arc::new(
+        ShardSet::open(
+            d.join("s_*.bin").to_str().unwrap(),
+            ShardFormat::Auto,
+            50257,
+        )
+        .unwrap(),
+    );
+    let (train, _) = ShardWindows::split(set, 16, 0.1, None).unwrap();
+    let stream = |origin| Windows::Sequential {
+        windows: train.clone(),
+        batch: 8,
+        origin,
+    };
+    let full = stream(StreamOrigin::default());
+    // A checkpoint at step 20 records the windows read so far; its position is mid-shard.
+    let at = full.windows_before(20).unwrap();
+    let position = full.describe_position(20).unwrap();
+    assert!(
+        position.contains("s_2.bin id ") && !position.contains(" id 0 "),
+        "{position}"
+    );
+    let resumed = stream(StreamOrigin {
+        step: 20,
+        windows: at,
+    });
+    for step in 20..60 {
+        for rows in [0..8, 0..4, 4..8, 3..5] {
+            assert_eq!(
+                full.rows(step, rows.clone()).unwrap(),
+                resumed.rows(step, rows).unwrap(),
+                "step {step}"
+            );
+        }
+    }
+    // Resumed with another batch size the stream still continues at the recorded window.
+    let other = Windows::Sequential {
+        windows: train.clone(),
+        batch: 4,
+        origin: StreamOrigin {
+            step: 20,
+            windows: at,
+        },
+    };
+    assert_eq!(other.rows(20, 0..4).unwrap(), full.rows(20, 0..4).unwrap());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_shards_name_the_file_and_offset() {
+    let d = dir("bad");
+    let open = |name: &str, format| {
+        ShardSet::open(d.join(name).to_str().unwrap(), format, 256)
+            .unwrap_err()
+            .to_string()
+    };
+    write_llmc(&d.join("magic.bin"), 1234, 4, &[1, 2, 3, 4]);
+    let e = open("magic.bin", ShardFormat::Llmc);
+    assert!(e.contains("magic.bin at byte 0: wrong magic 1234"), "{e}");
+    write_llmc(&d.join("short.bin"), 20240520, 1000, &[1; 500]);
+    let e = open("short.bin", ShardFormat::Auto);
+    assert!(e.contains("short.bin at byte 2024: truncated"), "{e}");
+    std::fs::write(d.join("odd.bin"), [1u8, 0, 2]).unwrap();
+    let e = open("odd.bin", ShardFormat::Raw);
+    assert!(e.contains("odd.bin at byte 2: truncated"), "{e}");
+    write_llmc(
+        &d.join("vocab.bin"),
+        20240520,
+        8,
+        &[1, 2, 3, 4, 5, 300, 7, 8],
+    );
+    let e = open("vocab.bin", ShardFormat::Auto);
+    assert!(
+        e.contains("vocab.bin at byte 1034: token 5 is id 300, not below the vocabulary size 256"),
+        "{e}"
+    );
+    let e = open("none-*.bin", ShardFormat::Auto);
+    assert!(
+        e.contains("none-*.bin") && e.contains("no file matches"),
+        "{e}"
+    );
+    std::fs::create_dir_all(d.join("dir.bin")).unwrap();
+    let e = open("dir.bin", ShardFormat::Auto);
+    assert!(e.contains("not a regular file"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from a folder holding gpu_kernels_check and attention_anchor.py:
+# where cuDNN lives, the kernel checks and timings, then torch's cuDNN SDPA at the same shape.
+# Logs under $OUT; the tables last.
+set -uo pipefail
+cd "$(dirname "$0")"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+OUT=${OUT:-/tmp/kernels}
+mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"
+find / -xdev \( -name 'libcudnn.so*' -o -name 'libcudnn_graph.so*' \) 2>/dev/null | head -20 | tee "$OUT/cudnn.txt"
+timeout ${CHECK_TIMEOUT:-200} ./gpu_kernels_check ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1
+echo "gpu_kernels_check exit code: $?" | tee -a "$OUT/check.log"
+grep -E "^(check|note|ceiling)" "$OUT/check.log" | grep -v " PASS" | head -60
+timeout ${ANCHOR_TIMEOUT:-90} python3 attention_anchor.py > "$OUT/anchor.log" 2>&1
+echo "attention_anchor exit code: $?" >> "$OUT/anchor.log"
+sed -n '/^| check/,$p' "$OUT/check.log" | grep -v "| pass |" 
+cat "$OUT/anchor.log" | tail -12

@@ -1,0 +1,61 @@
+//! Fused attention on the device: cuDNN's flash engines when cuDNN is present and accepts the
+//! call, else the NVRTC flash kernels, with the fallback and its reason logged once per reason.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use super::raw::{AttentionBackward, AttentionForward, FResult, FusedError};
+use super::{cudnn_attention, flash_attention, CudaRuntime};
+
+/// Which implementation ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum AttentionPath {
+    Cudnn,
+    /// The NVRTC kernels, and why cuDNN did not serve the call.
+    Flash {
+        reason: String,
+    },
+}
+
+static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+fn log_fallback(e: &FusedError) -> String {
+    let reason = e.to_string();
+    let mut g = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if g.get_or_insert_with(HashSet::new).insert(reason.clone()) {
+        tracing::warn!("fused attention falls back to the NVRTC flash kernels: {reason}");
+    }
+    reason
+}
+
+/// O and the log-sum-exp of `a`, through cuDNN or the fallback.
+pub(crate) fn attention_forward(
+    rt: &Arc<CudaRuntime>,
+    a: &AttentionForward,
+) -> FResult<AttentionPath> {
+    match cudnn_attention::forward(rt, a) {
+        Ok(()) => Ok(AttentionPath::Cudnn),
+        Err(e) if e.is_fallback() => {
+            let reason = log_fallback(&e);
+            flash_attention::forward(rt, a)?;
+            Ok(AttentionPath::Flash { reason })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// dQ, dK, dV of `a`, through cuDNN or the fallback.
+pub(crate) fn attention_backward(
+    rt: &Arc<CudaRuntime>,
+    a: &AttentionBackward,
+) -> FResult<AttentionPath> {
+    match cudnn_attention::backward(rt, a) {
+        Ok(()) => Ok(AttentionPath::Cudnn),
+        Err(e) if e.is_fallback() => {
+            let reason = log_fallback(&e);
+            flash_attention::backward(rt, a)?;
+            Ok(AttentionPath::Flash { reason })
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,416 @@
+//! Fused (flash) attention through cuDNN's backend graph API: the forward writes O and the
+//! log-sum-exp of each row (f32 `[B, H, T]`), the backward writes dQ, dK, dV from Q, K, V, O, dO
+//! and that statistic; `[B, H, T, T]` never reaches memory. Q, K, V, O and the gradients are
+//! strided views (`Bhtd`), so Q, K, V can be slices of one fused QKV buffer and O can be laid out
+//! `[B, T, H, D]`.
+//!
+//! cuDNN is loaded at run time (`cuda_libs::ensure_cudnn`); one handle per process sits on the
+//! runtime's compute stream; execution plans are cached by everything that shapes them (sizes,
+//! type, causal, strides, determinism); workspaces come from the runtime's allocator. cuDNN's
+//! flash engines take bf16 and f16 only: f32 is `Unsupported`. A missing library, a refused
+//! graph or unsupported arguments come back as errors for which `is_fallback()` holds.
+
+mod ffi;
+mod graph;
+mod sdpa;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use super::raw::{AttentionBackward, AttentionForward, Bhtd, FResult, FloatType, FusedError};
+use super::{Block, CudaRuntime};
+use ffi::{Api, Raw};
+use graph::{Graph, Plan};
+use sdpa::{uid, BackwardViews, Sizes, VARIANTS};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    backward: bool,
+    dims: [usize; 4],
+    dtype: FloatType,
+    causal: bool,
+    deterministic: bool,
+    strides: Vec<[i64; 4]>,
+}
+
+/// The process's cuDNN handle and plans.
+struct State {
+    handle: Raw,
+    version: usize,
+    plans: HashMap<Key, Plan>,
+    /// Keys cuDNN refused, with the reason (not retried).
+    refused: HashMap<Key, String>,
+}
+
+// SAFETY: the handle and the plans' descriptors are used only under the STATE mutex; cuDNN
+// allows a handle to be used from any thread as long as calls are not concurrent.
+unsafe impl Send for State {}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// The cuDNN version number (e.g. 91900 for 9.19.0), loading cuDNN if needed.
+pub(crate) fn cudnn_version(op: &'static str) -> FResult<usize> {
+    let api = ffi::api(op)?;
+    // SAFETY: cudnnGetVersion takes no arguments and has no preconditions.
+    Ok(unsafe { (api.version)() })
+}
+
+/// Where cuDNN was loaded from, its version and sub-libraries, and a line per cached plan
+/// (what it serves, which engine configuration).
+pub(crate) fn cudnn_report() -> Vec<String> {
+    let mut out = Vec::new();
+    match oxiflow_collectives::cuda_libs::ensure_cudnn(
+        &oxiflow_collectives::cuda_libs::LibSearch::default(),
+    ) {
+        Ok(l) => {
+            out.push(format!(
+                "cuDNN {} with {} sub-libraries",
+                l.main.path.display(),
+                l.loaded.len()
+            ));
+            for (p, e) in &l.failed {
+                out.push(format!(
+                    "cuDNN sub-library {} did not load: {e}",
+                    p.display()
+                ));
+            }
+        }
+        Err(e) => out.push(format!("cuDNN: {e}")),
+    }
+    let g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(st) = g.as_ref() {
+        for (k, p) in &st.plans {
+            out.push(format!(
+                "cuDNN plan {} {:?} {:?} causal {} det {}: {} (workspace {} bytes)",
+                if k.backward { "bwd" } else { "fwd" },
+                k.dims,
+                k.dtype,
+                k.causal,
+                k.deterministic,
+                p.source,
+                p.workspace
+            ));
+        }
+    }
+    out
+}
+
+fn with_state<R>(
+    rt: &CudaRuntime,
+    op: &'static str,
+    f: impl FnOnce(&'static Api, &mut State) -> FResult<R>,
+) -> FResult<R> {
+    let api = ffi::api(op)?;
+    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        rt.bind(op)?;
+        let mut handle: Raw = std::ptr::null_mut();
+        // SAFETY: handle is a valid out-pointer; the device's context is current.
+        let s = unsafe { (api.create)(&mut handle) };
+        if s != 0 {
+            return Err(FusedError::Unavailable {
+                op,
+                lib: "cuDNN",
+                detail: format!("cudnnCreate: {}", api.describe(s)),
+            });
+        }
+        // SAFETY: handle is live; the stream belongs to the current context.
+        let s = unsafe { (api.set_stream)(handle, rt.stream().cu_stream() as *mut c_void) };
+        if s != 0 {
+            // SAFETY: handle is live and not used again.
+            unsafe { (api.destroy)(handle) };
+            return Err(FusedError::Unavailable {
+                op,
+                lib: "cuDNN",
+                detail: format!("cudnnSetStream: {}", api.describe(s)),
+            });
+        }
+        // SAFETY: no arguments.
+        let version = unsafe { (api.version)() };
+        *g = Some(State {
+            handle,
+            version,
+            plans: HashMap::new(),
+            refused: HashMap::new(),
+        });
+    }
+    match g.as_mut() {
+        Some(state) => f(api, state),
+        None => Err(FusedError::Unavailable {
+            op,
+            lib: "cuDNN",
+            detail: "no handle".into(),
+        }),
+    }
+}
+
+/// Makes sure a plan for `key` is cached, built by `build` over the graph variants on first
+/// use.
+fn plan_for(
+    api: &'static Api,
+    st: &mut State,
+    op: &'static str,
+    key: Key,
+    build: impl Fn(&mut Graph, sdpa::Variant) -> FResult<()>,
+) -> FResult<()> {
+    if st.plans.contains_key(&key) {
+        return Ok(());
+    }
+    if let Some(why) = st.refused.get(&key) {
+        return Err(FusedError::Refused {
+            op,
+            lib: "cuDNN",
+            what: "this attention graph (earlier)".into(),
+            detail: why.clone(),
+        });
+    }
+    let mut errors = Vec::new();
+    for var in VARIANTS {
+        let mut g = Graph::new(api, op);
+        let built = build(&mut g, var).and_then(|_| g.plan(st.handle, key.deterministic));
+        match built {
+            Ok(plan) => {
+                st.plans.insert(key, plan);
+                return Ok(());
+            }
+            Err(e) if e.is_fallback() => errors.push(format!("{var:?}: {e}")),
+            Err(e) => return Err(e),
+        }
+    }
+    let detail = errors.join(" | ");
+    st.refused.insert(key, detail.clone());
+    Err(FusedError::Refused {
+        op,
+        lib: "cuDNN",
+        what: "the attention graph".into(),
+        detail,
+    })
+}
+
+fn sizes(op: &'static str, s: &super::raw::AttentionShape, views: &[Bhtd]) -> FResult<Sizes> {
+    if s.dtype == FloatType::F32 {
+        return Err(FusedError::Unsupported {
+            op,
+            detail: "cuDNN's fused attention takes bf16 or f16 operands, not f32".into(),
+        });
+    }
+    if !s.head_dim.is_multiple_of(8) || s.head_dim > 256 {
+        return Err(FusedError::Unsupported {
+            op,
+            detail: format!("cuDNN's fused attention needs a head size that is a multiple of 8 up to 256, not {}", s.head_dim),
+        });
+    }
+    if let Some(v) = views.iter().find(|v| v.strides[3] != 1) {
+        return Err(FusedError::Unsupported {
+            op,
+            detail: format!(
+                "cuDNN needs a unit stride along the head dim, got strides {:?}",
+                v.strides
+            ),
+        });
+    }
+    Ok(Sizes {
+        b: s.batch as i64,
+        h: s.heads as i64,
+        t: s.seq as i64,
+        d: s.head_dim as i64,
+        io: sdpa::io_type(s.dtype),
+        causal: s.causal,
+    })
+}
+
+fn neg_inf(version: usize) -> f32 {
+    if version >= 91000 {
+        f32::NEG_INFINITY
+    } else {
+        f32::MIN
+    }
+}
+
+fn dev(p: u64) -> *mut c_void {
+    p as *mut c_void
+}
+
+/// Runs the fused attention forward through cuDNN.
+pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()> {
+    let op = "cudnn attention forward";
+    a.check(op)?;
+    let s = a.shape;
+    let views = [a.q, a.k, a.v, a.o];
+    let z = sizes(op, &s, &views)?;
+    let key = Key {
+        backward: false,
+        dims: [s.batch, s.heads, s.seq, s.head_dim],
+        dtype: s.dtype,
+        causal: s.causal,
+        deterministic: false,
+        strides: views.iter().map(|v| v.strides).collect(),
+    };
+    with_state(rt, op, |api, st| {
+        plan_for(api, st, op, key.clone(), |g, var| {
+            sdpa::forward(g, &z, &a.q, &a.k, &a.v, &a.o, var)
+        })?;
+        let Some(plan) = st.plans.get(&key) else {
+            return Err(super::raw::invalid(op, "plan missing after caching"));
+        };
+        let ws = Block::alloc(rt, plan.workspace.max(1))?;
+        let (mut scale, mut ninf) = (s.scale, neg_inf(st.version));
+        let bind = [
+            (uid::Q, dev(a.q.ptr)),
+            (uid::K, dev(a.k.ptr)),
+            (uid::V, dev(a.v.ptr)),
+            (uid::O, dev(a.o.ptr)),
+            (uid::STATS, dev(a.lse)),
+            (uid::SCALE, (&mut scale as *mut f32).cast()),
+            (uid::NEG_INF, (&mut ninf as *mut f32).cast()),
+        ];
+        let bind: Vec<_> = bind
+            .into_iter()
+            .filter(|b| s.causal || b.0 != uid::NEG_INF)
+            .collect();
+        rt.bind(op)?;
+        plan.execute(api, op, st.handle, &bind, ws.ptr())
+    })
+}
+
+/// Runs the fused attention backward through cuDNN.
+pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<()> {
+    let op = "cudnn attention backward";
+    a.check(op)?;
+    let s = a.shape;
+    let views = [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv];
+    let z = sizes(op, &s, &views)?;
+    let key = Key {
+        backward: true,
+        dims: [s.batch, s.heads, s.seq, s.head_dim],
+        dtype: s.dtype,
+        causal: s.causal,
+        deterministic: a.deterministic,
+        strides: views.iter().map(|v| v.strides).collect(),
+    };
+    let x = BackwardViews {
+        q: &a.q,
+        k: &a.k,
+        v: &a.v,
+        o: &a.o,
+        d_o: &a.d_o,
+        dq: &a.dq,
+        dk: &a.dk,
+        dv: &a.dv,
+    };
+    with_state(rt, op, |api, st| {
+        if st.version <= 91500 && !s.seq.is_multiple_of(128) {
+            return Err(FusedError::Refused {
+                op,
+                lib: "cuDNN",
+                what: format!("a backward with sequence length {}", s.seq),
+                detail: format!(
+                    "cuDNN {} needs a padding mask there (fixed in 9.15.1)",
+                    st.version
+                ),
+            });
+        }
+        plan_for(api, st, op, key.clone(), |g, var| {
+            sdpa::backward(g, &z, &x, a.deterministic, var)
+        })?;
+        let Some(plan) = st.plans.get(&key) else {
+            return Err(super::raw::invalid(op, "plan missing after caching"));
+        };
+        // Workspace: the plan's, then Dsum (f32 [b, h, t]), then the dQ accumulator.
+        let align = |n: usize| n.div_ceil(256) * 256;
+        let rows = s.batch * s.heads * s.seq;
+        let (off_sum, off_acc) = (
+            align(plan.workspace),
+            align(plan.workspace) + align(rows * 4),
+        );
+        let acc_bytes = if a.deterministic {
+            0
+        } else {
+            rows * s.head_dim * 4
+        };
+        let ws = Block::alloc(rt, off_acc + acc_bytes.max(1))?;
+        let base = ws.ptr();
+        if acc_bytes > 0 && st.version < 90600 {
+            rt.bind(op)?;
+            // SAFETY: the accumulator lies inside the workspace block; the memset is ordered on
+            // the compute stream before the execution below.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    base + off_acc as u64,
+                    0,
+                    acc_bytes,
+                    rt.stream().cu_stream(),
+                )
+            }
+            .map_err(|e| {
+                FusedError::Tensor(super::derr(op, format!("zeroing dQ accumulator: {e}")))
+            })?;
+        }
+        let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(st.version), 1.0f32);
+        let mut bind = vec![
+            (uid::Q, dev(a.q.ptr)),
+            (uid::K, dev(a.k.ptr)),
+            (uid::V, dev(a.v.ptr)),
+            (uid::O, dev(a.o.ptr)),
+            (uid::D_O, dev(a.d_o.ptr)),
+            (uid::STATS, dev(a.lse)),
+            (uid::DQ, dev(a.dq.ptr)),
+            (uid::DK, dev(a.dk.ptr)),
+            (uid::DV, dev(a.dv.ptr)),
+            (uid::SCALE, (&mut scale as *mut f32).cast()),
+            (uid::ONE, (&mut one as *mut f32).cast()),
+            (uid::SOFTMAX_SUM, dev(base + off_sum as u64)),
+        ];
+        if s.causal {
+            bind.push((uid::NEG_INF, (&mut ninf as *mut f32).cast()));
+        }
+        if acc_bytes > 0 {
+            bind.push((uid::DQ_ACCUM, dev(base + off_acc as u64)));
+        }
+        rt.bind(op)?;
+        plan.execute(api, op, st.handle, &bind, base)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_cudnn_is_a_fallback_error_not_a_panic() {
+        // Without a CUDA driver or cuDNN (CI), binding the API fails with `Unavailable`.
+        if let Err(e) = ffi::api("test") {
+            assert!(
+                matches!(e, FusedError::Unavailable { lib: "cuDNN", .. }),
+                "{e}"
+            );
+            assert!(e.is_fallback());
+        }
+    }
+
+    #[test]
+    fn f32_and_odd_head_sizes_are_refused_with_typed_errors() {
+        let shape = |head_dim, dtype| super::super::raw::AttentionShape {
+            batch: 1,
+            heads: 1,
+            seq: 8,
+            head_dim,
+            causal: true,
+            scale: 0.5,
+            dtype,
+        };
+        let v = Bhtd::bthd(16, 8, 1, 64);
+        let e = sizes("t", &shape(64, FloatType::F32), &[v]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        let e = sizes("t", &shape(60, FloatType::Bf16), &[v]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        let strided = Bhtd {
+            ptr: 16,
+            strides: [512, 64, 64, 2],
+        };
+        let e = sizes("t", &shape(64, FloatType::Bf16), &[strided]).err();
+        assert!(matches!(e, Some(FusedError::Unsupported { .. })), "{e:?}");
+        assert!(sizes("t", &shape(64, FloatType::Bf16), &[v]).is_ok());
+    }
+}

@@ -1,0 +1,306 @@
+// Fused kernels of the raw layer: residual add + LayerNorm forward and backward, the
+// multi-tensor AdamW step, the fused classifier (loss and logit gradient in place), and 16-byte
+// vectorised element-wise kernels. Every computation is in f32; 16-bit values are rounded once.
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+template <typename T> union Vec16 {
+    uint4 u;
+    T e[16 / sizeof(T)];
+};
+
+// Sum of x over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float x) {
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum(x);
+    __syncthreads();
+    if (lane == 0) part[warp] = x;
+    __syncthreads();
+    x = lane < nw ? part[lane] : 0.f;
+    return warp_sum(x);
+}
+__device__ float block_max(float x) {
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) part[warp] = x;
+    __syncthreads();
+    x = lane < nw ? part[lane] : NEG_INF;
+    return warp_max(x);
+}
+
+// ---- residual add + LayerNorm -------------------------------------------------------------
+// Per row of c columns: r = x + a (a may be null: r = x; r is rounded to T and written when
+// r_out is not null), y = (r - mean) rstd w + b, mean and rstd saved (f32). One block per row
+// (grid-stride); the row is cached in shared memory as f32. `vec`: 16-byte accesses.
+template <typename T>
+__device__ void ln_fwd(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* bias,
+                       T* r_out, T* y, float* mean_out, float* rstd_out) {
+    extern __shared__ float row[];
+    const int N = 16 / sizeof(T);
+    for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
+        const T* xr = x + rr * c;
+        const T* ar = a ? a + rr * c : 0;
+        T* ro = r_out ? r_out + rr * c : 0;
+        float s = 0.f;
+        if (vec) {
+            for (int v = threadIdx.x; v < c / N; v += blockDim.x) {
+                Vec16<T> vx, va, vr;
+                vx.u = ((const uint4*)xr)[v];
+                if (ar) va.u = ((const uint4*)ar)[v];
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    float f = to_f(vx.e[j]);
+                    if (ar) { vr.e[j] = from_f<T>(f + to_f(va.e[j])); f = to_f(vr.e[j]); }
+                    row[v * N + j] = f;
+                    s += f;
+                }
+                if (ro) ((uint4*)ro)[v] = vr.u;
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x) {
+                float f = to_f(xr[j]);
+                if (ar) {
+                    T t = from_f<T>(f + to_f(ar[j]));
+                    f = to_f(t);
+                    if (ro) ro[j] = t;
+                }
+                row[j] = f;
+                s += f;
+            }
+        }
+        const float mean = block_sum(s) / (float)c;
+        float q = 0.f;
+        for (int j = threadIdx.x; j < c; j += blockDim.x) { float d = row[j] - mean; q += d * d; }
+        const float rstd = 1.f / sqrtf(block_sum(q) / (float)c + eps);
+        T* yr = y + rr * c;
+        if (vec) {
+            for (int v = threadIdx.x; v < c / N; v += blockDim.x) {
+                Vec16<T> vw, vb, vy;
+                vw.u = ((const uint4*)w)[v];
+                vb.u = ((const uint4*)bias)[v];
+#pragma unroll
+                for (int j = 0; j < N; ++j)
+                    vy.e[j] = from_f<T>((row[v * N + j] - mean) * rstd * to_f(vw.e[j]) + to_f(vb.e[j]));
+                ((uint4*)yr)[v] = vy.u;
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x)
+                st(yr + j, (row[j] - mean) * rstd * to_f(w[j]) + to_f(bias[j]));
+        }
+        if (threadIdx.x == 0) { mean_out[rr] = mean; rstd_out[rr] = rstd; }
+        __syncthreads();
+    }
+}
+
+// dr = rstd (g - mean(g) - xhat mean(g xhat)) + dres with g = dy w, xhat = (r - mean) rstd;
+// per-block partial sums of dy xhat and dy over its rows go to part_w/part_b [gridDim.x, c].
+template <typename T>
+__device__ void ln_bwd(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd,
+                       const T* w, const T* dres, T* dr, float* part_w, float* part_b) {
+    extern __shared__ float acc[];
+    float* aw = acc;
+    float* ab = acc + c;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) { aw[j] = 0.f; ab[j] = 0.f; }
+    for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
+        const T* dyr = dy + rr * c;
+        const T* xr = r + rr * c;
+        const float m = mean[rr], s = rstd[rr];
+        float sg = 0.f, sgx = 0.f;
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            float g = to_f(dyr[j]) * to_f(w[j]);
+            float xh = (to_f(xr[j]) - m) * s;
+            sg += g;
+            sgx += g * xh;
+        }
+        const float mg = block_sum(sg) / (float)c;
+        const float mgx = block_sum(sgx) / (float)c;
+        T* out = dr + rr * c;
+        const T* rin = dres ? dres + rr * c : 0;
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            float d = to_f(dyr[j]);
+            float xh = (to_f(xr[j]) - m) * s;
+            float v = s * (d * to_f(w[j]) - mg - xh * mgx);
+            if (rin) v += to_f(rin[j]);
+            st(out + j, v);
+            aw[j] += d * xh;
+            ab[j] += d;
+        }
+    }
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        part_w[(i64)blockIdx.x * c + j] = aw[j];
+        part_b[(i64)blockIdx.x * c + j] = ab[j];
+    }
+}
+
+// dw[j] (+)= sum_g part_w[g, j], db likewise, in a fixed order: blocks of 32 columns x 16
+// lanes over the groups, then the 16 partial sums added in lane order.
+extern "C" __global__ void ln_bwd_reduce(int groups, int c, int accumulate, const float* part_w, const float* part_b,
+                                         float* dw, float* db) {
+    __shared__ float sw[16][33], sb[16][33];
+    const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.x * 32 + tx;
+    float aw = 0.f, ab = 0.f;
+    if (j < c)
+        for (int g = ty; g < groups; g += 16) { aw += part_w[(i64)g * c + j]; ab += part_b[(i64)g * c + j]; }
+    sw[ty][tx] = aw;
+    sb[ty][tx] = ab;
+    __syncthreads();
+    if (ty == 0 && j < c) {
+        float tw = 0.f, tb = 0.f;
+        for (int y = 0; y < 16; ++y) { tw += sw[y][tx]; tb += sb[y][tx]; }
+        dw[j] = accumulate ? dw[j] + tw : tw;
+        db[j] = accumulate ? db[j] + tb : tb;
+    }
+}
+
+// ---- multi-tensor AdamW -------------------------------------------------------------------
+// One launch over a device array of tensors; blockIdx.y picks the tensor. Per element, exactly
+// the three passes of ElementwiseOp::Adam in f32:
+//   m = m a1 + g b1;  v = v a2 + (g g) b2;  p = p decay - (m step) / (sqrt(v inv_bc2) + eps)
+// with g scaled by grad_scale when it is not 1, and the bf16 copy of p written when asked.
+struct AdamTensor {
+    unsigned long long param, grad, m, v, param_bf16;
+    i64 n;
+    float decay;
+    int grad_bf16;
+};
+struct AdamCoef { float a1, b1, a2, b2, step, inv_bc2, eps, grad_scale; };
+
+extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
+    const AdamTensor t = tensors[blockIdx.y];
+    float* p = (float*)t.param;
+    float* m = (float*)t.m;
+    float* v = (float*)t.v;
+    bf16_t* p16 = (bf16_t*)t.param_bf16;
+    GRID_STRIDE(i, t.n) {
+        float g = t.grad_bf16 ? to_f(((const bf16_t*)t.grad)[i]) : ((const float*)t.grad)[i];
+        if (k.grad_scale != 1.f) g = g * k.grad_scale;
+        const float mi = m[i] * k.a1 + g * k.b1;
+        const float vi = v[i] * k.a2 + (g * g) * k.b2;
+        const float pi = p[i] * t.decay - (mi * k.step) / (sqrtf(vi * k.inv_bc2) + k.eps);
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+        if (p16) p16[i] = from_f<bf16_t>(pi);
+    }
+}
+
+// ---- fused classifier ---------------------------------------------------------------------
+// Per row of v logits (row stride ld >= v): loss = logsumexp - logit[target] (f32), and the
+// logits are overwritten by (softmax - onehot(target)) * dloss; columns v..ld get 0. A negative
+// target ignores the row (loss 0, gradient 0). One block per row: one pass for the running max
+// and sum (online softmax), one pass writing the gradient; 16-byte accesses when `vec`.
+__device__ __forceinline__ void online(float& m, float& s, float x) {
+    if (x > m) { s = (m == NEG_INF ? 0.f : s * expf(m - x)) + 1.f; m = x; }
+    else s += expf(x - m);
+}
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+    if (m2 == NEG_INF) return;
+    if (m == NEG_INF) { m = m2; s = s2; return; }
+    const float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+template <typename T>
+__device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) {
+    __shared__ float pm[32], ps[32];
+    const int N = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
+        T* x = logits + rr * ld;
+        const i64 tgt = targets[rr];
+        float m = NEG_INF, s = 0.f;
+        if (vec) {
+            for (int q = threadIdx.x; q < ld / N; q += blockDim.x) {
+                Vec16<T> u;
+                u.u = ((const uint4*)x)[q];
+#pragma unroll
+                for (int e = 0; e < N; ++e) if (q * N + e < v) online(m, s, to_f(u.e[e]));
+            }
+        } else {
+            for (int j = threadIdx.x; j < v; j += blockDim.x) online(m, s, to_f(x[j]));
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(FULL_MASK, m, o), s2 = __shfl_xor_sync(FULL_MASK, s, o);
+            merge(m, s, m2, s2);
+        }
+        __syncthreads();
+        if (lane == 0) { pm[warp] = m; ps[warp] = s; }
+        __syncthreads();
+        m = NEG_INF; s = 0.f;
+        for (int w = 0; w < nw; ++w) merge(m, s, pm[w], ps[w]);
+        const float lse = m + logf(s);
+        const bool ignore = tgt < 0 || tgt >= v;
+        if (threadIdx.x == 0) loss[rr] = ignore ? 0.f : lse - to_f(x[tgt]);
+        __syncthreads();
+        const float inv = 1.f / s;
+        if (vec) {
+            for (int q = threadIdx.x; q < ld / N; q += blockDim.x) {
+                Vec16<T> u;
+                u.u = ((const uint4*)x)[q];
+#pragma unroll
+                for (int e = 0; e < N; ++e) {
+                    const int j = q * N + e;
+                    float gr = 0.f;
+                    if (!ignore && j < v) gr = (expf(to_f(u.e[e]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
+                    u.e[e] = from_f<T>(gr);
+                }
+                ((uint4*)x)[q] = u.u;
+            }
+        } else {
+            for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+                float gr = 0.f;
+                if (!ignore && j < v) gr = (expf(to_f(x[j]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
+                st(x + j, gr);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// ---- vectorised element-wise --------------------------------------------------------------
+// op 0: y = a + b; 1: y = a b; 2: y = a c; 3: y = gelu(a); 4: y = a gelu'(b) (a = dy, b = x).
+// GELU is the tanh form of the tensor crate's `gelu`.
+__device__ __forceinline__ float ew_f(int op, float a, float b, float c) {
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    switch (op) {
+        case 0: return a + b;
+        case 1: return a * b;
+        case 2: return a * c;
+        case 3: return 0.5f * a * (1.f + tanhf(k0 * (a + k1 * a * a * a)));
+        default: {
+            const float t = tanhf(k0 * (b + k1 * b * b * b));
+            return a * (0.5f * (1.f + t) + 0.5f * b * (1.f - t * t) * k0 * (1.f + 3.f * k1 * b * b));
+        }
+    }
+}
+template <typename T>
+__device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) {
+    const int N = 16 / sizeof(T);
+    const bool two = op == 0 || op == 1 || op == 4;
+    const i64 nv = vec ? n / N : 0;
+    GRID_STRIDE(i, nv) {
+        Vec16<T> va, vb, vy;
+        va.u = ((const uint4*)a)[i];
+        if (two) vb.u = ((const uint4*)b)[i];
+#pragma unroll
+        for (int j = 0; j < N; ++j) vy.e[j] = from_f<T>(ew_f(op, to_f(va.e[j]), two ? to_f(vb.e[j]) : 0.f, c));
+        ((uint4*)y)[i] = vy.u;
+    }
+    GRID_STRIDE(i, n - nv * N) {
+        const i64 q = nv * N + i;
+        st(y + q, ew_f(op, to_f(a[q]), two ? to_f(b[q]) : 0.f, c));
+    }
+}
+
+#define FUSED_TYPE(T, N) \
+extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \
+extern "C" __global__ void ln_bwd_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd<T>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); } \
+extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, logits, targets, loss); } \
+extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); }
+
+FUSED_TYPE(float, f32)
+FUSED_TYPE(bf16_t, bf16)
+FUSED_TYPE(f16_t, f16)

@@ -1,0 +1,388 @@
+//! The fused NVRTC kernels of the raw layer (`fused.cu`, compiled once per process): residual
+//! add + LayerNorm forward and backward, the single-launch multi-tensor AdamW, the fused
+//! classifier, and 16-byte vectorised element-wise kernels. Operands are device addresses of
+//! contiguous row-major arrays of the given `FloatType`; statistics and optimizer state are f32.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use super::nvrtc_module::{launch_fn, module, Module};
+use super::raw::{invalid, FResult, FloatType, FusedError};
+use super::storage::upload;
+use super::{Block, CudaRuntime};
+
+const SOURCE: &str = concat!(include_str!("device_types.cuh"), include_str!("fused.cu"));
+static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
+/// Shared memory a block may use without opting in.
+const SMEM_BYTES: usize = 48 * 1024;
+
+fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
+    module(&MODULE, rt, op, SOURCE, || {
+        let mut v = vec!["ln_bwd_reduce".to_string(), "adamw_multi".to_string()];
+        for t in FloatType::ALL {
+            for k in ["ln_fwd", "ln_bwd", "classifier", "ew"] {
+                v.push(format!("{k}_{}", t.suffix()));
+            }
+        }
+        v
+    })
+}
+
+/// Blocks for a row-per-block kernel: every row once, at most a few waves of the device.
+fn row_blocks(rt: &CudaRuntime, rows: usize) -> usize {
+    static SMS: OnceLock<usize> = OnceLock::new();
+    let sms = *SMS.get_or_init(|| {
+        rt.context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|n| n.max(1) as usize)
+            .unwrap_or(132)
+    });
+    rows.clamp(1, sms * 8)
+}
+
+fn aligned(ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p % 16 == 0)
+}
+
+fn opt(p: Option<u64>) -> u64 {
+    p.unwrap_or(0)
+}
+
+/// `r = x + residual` (when given; written to `sum_out` when given) and `y = LayerNorm(r)` over
+/// the last dim of `[rows, cols]`, saving each row's mean and reciprocal standard deviation
+/// (f32 `[rows]`). `x`, `residual`, `weight`, `bias`, `sum_out`, `y` are of `dtype`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayerNormForward {
+    pub rows: usize,
+    pub cols: usize,
+    pub eps: f32,
+    pub dtype: FloatType,
+    pub x: u64,
+    pub residual: Option<u64>,
+    pub weight: u64,
+    pub bias: u64,
+    pub sum_out: Option<u64>,
+    pub y: u64,
+    pub mean: u64,
+    pub rstd: u64,
+}
+
+pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) -> FResult<()> {
+    let op = "fused layer norm";
+    if a.rows == 0 || a.cols == 0 || a.cols > i32::MAX as usize {
+        return Err(invalid(op, format!("shape [{}, {}]", a.rows, a.cols)));
+    }
+    if a.cols * 4 > SMEM_BYTES {
+        return Err(FusedError::Unsupported {
+            op,
+            detail: format!("rows of {} columns (at most {})", a.cols, SMEM_BYTES / 4),
+        });
+    }
+    if a.sum_out.is_some() && a.residual.is_none() {
+        return Err(invalid(
+            op,
+            "a residual sum output without a residual input",
+        ));
+    }
+    if [a.x, a.weight, a.bias, a.y, a.mean, a.rstd].contains(&0) {
+        return Err(invalid(op, "null device address"));
+    }
+    let n = a.dtype.suffix();
+    let m = kernels(rt, op)?;
+    let f = m.get(op, &format!("ln_fwd_{n}"))?;
+    let per_vec = 16 / a.dtype.size();
+    let all = [a.x, opt(a.residual), a.weight, a.bias, opt(a.sum_out), a.y];
+    let vec = (a.cols.is_multiple_of(per_vec) && aligned(&all)) as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (row_blocks(rt, a.rows) as u32, 1, 1),
+        block_dim: (
+            a.cols.div_ceil(per_vec).next_multiple_of(32).clamp(32, 256) as u32,
+            1,
+            1,
+        ),
+        shared_mem_bytes: (a.cols * 4) as u32,
+    };
+    let (rows, cols, eps) = (a.rows as i64, a.cols as i32, a.eps);
+    let (res, sum) = (opt(a.residual), opt(a.sum_out));
+    launch_fn!(rt, op, f, cfg; rows, cols, eps, vec, a.x, res, a.weight, a.bias, sum, a.y, a.mean, a.rstd)
+}
+
+/// The LayerNorm backward: `dr = LN'(dy) + residual_grad` (of `dtype`) from the forward's
+/// input `r` and saved statistics; `dweight = sum dy xhat` and `dbias = sum dy` (f32 `[cols]`,
+/// added to the existing values when `accumulate`), reduced in a fixed order (deterministic).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayerNormBackward {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: FloatType,
+    pub dy: u64,
+    pub r: u64,
+    pub mean: u64,
+    pub rstd: u64,
+    pub weight: u64,
+    pub residual_grad: Option<u64>,
+    pub dr: u64,
+    pub dweight: u64,
+    pub dbias: u64,
+    pub accumulate: bool,
+}
+
+pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) -> FResult<()> {
+    let op = "fused layer norm backward";
+    if a.rows == 0 || a.cols == 0 || a.cols > i32::MAX as usize {
+        return Err(invalid(op, format!("shape [{}, {}]", a.rows, a.cols)));
+    }
+    if a.cols * 8 > SMEM_BYTES {
+        return Err(FusedError::Unsupported {
+            op,
+            detail: format!("rows of {} columns (at most {})", a.cols, SMEM_BYTES / 8),
+        });
+    }
+    if [
+        a.dy, a.r, a.mean, a.rstd, a.weight, a.dr, a.dweight, a.dbias,
+    ]
+    .contains(&0)
+    {
+        return Err(invalid(op, "null device address"));
+    }
+    let n = a.dtype.suffix();
+    let m = kernels(rt, op)?;
+    let groups = row_blocks(rt, a.rows).min(528);
+    let parts = Block::alloc(rt, 2 * groups * a.cols * 4)?;
+    let pw = parts.ptr();
+    let pb = pw + (groups * a.cols * 4) as u64;
+    let f = m.get(op, &format!("ln_bwd_{n}"))?;
+    let cfg = LaunchConfig {
+        grid_dim: (groups as u32, 1, 1),
+        block_dim: (a.cols.next_multiple_of(32).clamp(32, 256) as u32, 1, 1),
+        shared_mem_bytes: (a.cols * 8) as u32,
+    };
+    let (rows, cols) = (a.rows as i64, a.cols as i32);
+    let dres = opt(a.residual_grad);
+    launch_fn!(rt, op, f, cfg; rows, cols, a.dy, a.r, a.mean, a.rstd, a.weight, dres, a.dr, pw, pb)?;
+    let f = m.get(op, "ln_bwd_reduce")?;
+    let cfg = LaunchConfig {
+        grid_dim: (a.cols.div_ceil(32) as u32, 1, 1),
+        block_dim: (32, 16, 1),
+        shared_mem_bytes: 0,
+    };
+    let (g, acc) = (groups as i32, a.accumulate as i32);
+    launch_fn!(rt, op, f, cfg; g, cols, acc, pw, pb, a.dweight, a.dbias)
+}
+
+/// One tensor of the multi-tensor AdamW (`struct AdamTensor` of the source): f32 master
+/// `param`, f32 `m` and `v` (zeros before the first step), the gradient (f32, or bf16 with
+/// `grad_bf16`), and an optional bf16 copy of the updated parameter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AdamTensor {
+    pub param: u64,
+    pub grad: u64,
+    pub m: u64,
+    pub v: u64,
+    /// 0: no bf16 copy.
+    pub param_bf16: u64,
+    pub n: i64,
+    /// `1 - lr weight_decay`, rounded to f32 (see [`AdamHyper::decay`]).
+    pub decay: f32,
+    pub grad_bf16: i32,
+}
+// SAFETY: plain old data with the C layout of `struct AdamTensor`.
+unsafe impl DeviceRepr for AdamTensor {}
+
+/// The step's coefficients (`struct AdamCoef`), each computed in f64 and rounded to f32 as
+/// `AdamW::step` and the `adam` kernels do.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct AdamCoef {
+    a1: f32,
+    b1: f32,
+    a2: f32,
+    b2: f32,
+    step: f32,
+    inv_bc2: f32,
+    eps: f32,
+    grad_scale: f32,
+}
+// SAFETY: plain old data with the C layout of `struct AdamCoef`.
+unsafe impl DeviceRepr for AdamCoef {}
+
+/// AdamW's hyper-parameters for step `t` (1 for the first step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct AdamHyper {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub t: i32,
+    /// Multiplies every gradient first (global-norm clipping); 1 leaves them unchanged.
+    pub grad_scale: f32,
+}
+
+impl AdamHyper {
+    pub(crate) fn coef(&self) -> AdamCoef {
+        let (bc1, bc2) = (1.0 - self.beta1.powi(self.t), 1.0 - self.beta2.powi(self.t));
+        AdamCoef {
+            a1: self.beta1 as f32,
+            b1: (1.0 - self.beta1) as f32,
+            a2: self.beta2 as f32,
+            b2: (1.0 - self.beta2) as f32,
+            step: (self.lr / bc1) as f32,
+            inv_bc2: (1.0 / bc2) as f32,
+            eps: self.eps as f32,
+            grad_scale: self.grad_scale,
+        }
+    }
+    /// A tensor's decay factor for weight decay `wd`.
+    pub(crate) fn decay(&self, wd: f64) -> f32 {
+        (1.0 - self.lr * wd) as f32
+    }
+}
+
+/// One AdamW step over every tensor of `tensors` in a single launch.
+pub(crate) fn adamw_multi(
+    rt: &Arc<CudaRuntime>,
+    tensors: &[AdamTensor],
+    hyper: &AdamHyper,
+) -> FResult<()> {
+    let op = "fused adamw";
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    if tensors.len() > 65535 {
+        return Err(invalid(
+            op,
+            format!("{} tensors in one launch (at most 65535)", tensors.len()),
+        ));
+    }
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| t.n < 0 || [t.param, t.grad, t.m, t.v].contains(&0))
+    {
+        return Err(invalid(op, format!("tensor {t:?}")));
+    }
+    let m = kernels(rt, op)?;
+    let f = m.get(op, "adamw_multi")?;
+    let bytes = std::mem::size_of_val(tensors);
+    let list = Block::alloc(rt, bytes)?;
+    // SAFETY: AdamTensor is repr(C) plain old data; the bytes are its exact representation.
+    let raw = unsafe { std::slice::from_raw_parts(tensors.as_ptr().cast::<u8>(), bytes) };
+    upload(rt, list.ptr(), raw, op)?;
+    let most = tensors.iter().map(|t| t.n as usize).max().unwrap_or(1);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            most.div_ceil(256 * 4).clamp(1, 1024) as u32,
+            tensors.len() as u32,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (lp, k) = (list.ptr(), hyper.coef());
+    launch_fn!(rt, op, f, cfg; lp, k)
+}
+
+/// The fused classifier over `rows` rows of `v` logits (row stride `ld`): per-row loss
+/// (f32 `[rows]`) and, in place over the logits, `(softmax - onehot(target)) * dloss`
+/// (columns `v..ld` set to 0); targets are i64, a negative one ignores its row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Classifier {
+    pub rows: usize,
+    pub v: usize,
+    pub ld: usize,
+    pub dloss: f32,
+    pub dtype: FloatType,
+    pub logits: u64,
+    pub targets: u64,
+    pub loss: u64,
+}
+
+pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
+    let op = "fused classifier";
+    if a.rows == 0 || a.v == 0 || a.ld < a.v || a.ld > i32::MAX as usize {
+        return Err(invalid(
+            op,
+            format!("{} rows of {} logits (stride {})", a.rows, a.v, a.ld),
+        ));
+    }
+    if [a.logits, a.targets, a.loss].contains(&0) {
+        return Err(invalid(op, "null device address"));
+    }
+    let m = kernels(rt, op)?;
+    let f = m.get(op, &format!("classifier_{}", a.dtype.suffix()))?;
+    let cfg = LaunchConfig {
+        grid_dim: (row_blocks(rt, a.rows) as u32, 1, 1),
+        block_dim: (512, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
+    let vec = (a.ld.is_multiple_of(16 / a.dtype.size()) && aligned(&[a.logits])) as i32;
+    launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, a.logits, a.targets, a.loss)
+}
+
+/// The element-wise functions of `elementwise`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EwOp {
+    /// `y = a + b`
+    Add,
+    /// `y = a b`
+    Mul,
+    /// `y = a c`
+    Scale,
+    /// `y = gelu(a)` (tanh form)
+    Gelu,
+    /// `y = a gelu'(b)` (a = dy, b = x)
+    GeluBackward,
+}
+
+impl EwOp {
+    fn code(self) -> i32 {
+        match self {
+            EwOp::Add => 0,
+            EwOp::Mul => 1,
+            EwOp::Scale => 2,
+            EwOp::Gelu => 3,
+            EwOp::GeluBackward => 4,
+        }
+    }
+    pub(crate) fn binary(self) -> bool {
+        matches!(self, EwOp::Add | EwOp::Mul | EwOp::GeluBackward)
+    }
+}
+
+/// `y = op(a[, b][, c])` over `n` elements of `dtype`, 16 bytes per access when every address
+/// is 16-byte aligned (`b` is 0 for the one-operand functions).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Elementwise {
+    pub op: EwOp,
+    pub dtype: FloatType,
+    pub n: usize,
+    pub a: u64,
+    pub b: u64,
+    pub c: f32,
+    pub y: u64,
+}
+
+pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()> {
+    let op = "fused elementwise";
+    if e.n == 0 {
+        return Ok(());
+    }
+    if e.a == 0 || e.y == 0 || (e.op.binary() && e.b == 0) {
+        return Err(invalid(op, "null device address"));
+    }
+    let m = kernels(rt, op)?;
+    let f = m.get(op, &format!("ew_{}", e.dtype.suffix()))?;
+    let per = 16 / e.dtype.size();
+    let vec = aligned(&[e.a, e.b, e.y]) as i32;
+    let work = if vec == 1 { e.n / per + e.n % per } else { e.n };
+    let cfg = LaunchConfig {
+        grid_dim: (work.div_ceil(256).clamp(1, 65535 * 4) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (nn, code) = (e.n as i64, e.op.code());
+    launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
+}

@@ -1,0 +1,404 @@
+//! The device check of the raw kernel layer (`gpu_kernels_check`): every kernel and dtype on
+//! random never-zero inputs against an f64 CPU reference (`‖out − ref‖ / ‖ref‖` against the
+//! tolerance of its precision; outputs poisoned with NaN first so an unwritten element fails),
+//! then timings with CUDA events (warm-up, median of repeats, rotating inputs) as TFLOP/s or
+//! GB/s beside measured ceilings. Prints a table; `Ok(false)` when a check failed.
+
+mod adamw;
+mod attention;
+mod fused;
+mod matmul;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+
+use super::raw::FloatType;
+use super::storage::{download, upload};
+use super::{derr, init_cuda, Block, CudaRuntime};
+use crate::Result;
+
+/// What to run.
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    /// Skip the timings (correctness only).
+    pub no_timing: bool,
+    /// Repeats per timing (median reported).
+    pub repeats: usize,
+}
+
+/// A check's outcome.
+struct Check {
+    name: String,
+    dtype: String,
+    shape: String,
+    err: f64,
+    tol: f64,
+    note: String,
+}
+
+impl Check {
+    fn pass(&self) -> bool {
+        self.err.is_finite() && self.err <= self.tol
+    }
+}
+
+/// A timing's outcome.
+struct Timing {
+    name: String,
+    dtype: String,
+    shape: String,
+    ms: f64,
+    rate: f64,
+    unit: &'static str,
+    ceiling: String,
+}
+
+/// Results collected by the sections.
+#[derive(Default)]
+struct Report {
+    checks: Vec<Check>,
+    timings: Vec<Timing>,
+    notes: Vec<String>,
+}
+
+impl Report {
+    /// A check at the tolerance of `dtype`.
+    fn check(
+        &mut self,
+        name: &str,
+        dtype: FloatType,
+        shape: String,
+        err: f64,
+        note: impl Into<String>,
+    ) {
+        self.check_tol(name, dtype.suffix(), shape, (err, tolerance(dtype)), note);
+    }
+    /// A check with its own tolerance (exact comparisons use 0): `(error, tolerance)`.
+    fn check_tol(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        shape: String,
+        (err, tol): (f64, f64),
+        note: impl Into<String>,
+    ) {
+        let c = Check {
+            name: name.to_string(),
+            dtype: dtype.to_string(),
+            shape,
+            err,
+            tol,
+            note: note.into(),
+        };
+        println!(
+            "check {:<34} {:<5} {:<28} err {:.3e} tol {:.0e} {} {}",
+            c.name,
+            c.dtype,
+            c.shape,
+            c.err,
+            c.tol,
+            if c.pass() { "PASS" } else { "FAIL" },
+            c.note
+        );
+        self.checks.push(c);
+    }
+    fn fail(&mut self, name: &str, dtype: &str, shape: String, why: String) {
+        self.check_tol(name, dtype, shape, (f64::NAN, 0.0), why);
+    }
+    fn time(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        shape: String,
+        ms: f64,
+        (work, unit): (f64, &'static str),
+        ceiling: String,
+    ) {
+        let div = if unit == "GB/s" { 1e9 } else { 1e12 };
+        let rate = work / (ms * 1e-3) / div;
+        println!("time  {name:<34} {dtype:<5} {shape:<28} {ms:.4} ms {rate:.1} {unit} (ceiling {ceiling})");
+        self.timings.push(Timing {
+            name: name.to_string(),
+            dtype: dtype.to_string(),
+            shape,
+            ms,
+            rate,
+            unit,
+            ceiling,
+        });
+    }
+}
+
+/// ‖out − ref‖ / ‖ref‖ tolerance of a precision (METHOD.md: f32 far under 1e-3, 16-bit
+/// operands between 1e-3 and 1e-2).
+fn tolerance(t: FloatType) -> f64 {
+    match t {
+        FloatType::F32 => 1e-4,
+        FloatType::F16 => 5e-3,
+        FloatType::Bf16 => 1e-2,
+    }
+}
+
+/// ‖out − ref‖ / ‖ref‖ (NaN when any output is NaN or the lengths differ).
+fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    if out.len() != reference.len() || out.iter().any(|x| !x.is_finite()) {
+        return f64::NAN;
+    }
+    let (mut num, mut den) = (0.0, 0.0);
+    for (o, r) in out.iter().zip(reference) {
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// A deterministic generator of never-zero values (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// `n` values of magnitude in [0.1, 1] * scale with random signs.
+    fn vals(&mut self, n: usize, scale: f64) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let m = 0.1 + 0.9 * self.unit();
+                if self.next() & 1 == 0 {
+                    m * scale
+                } else {
+                    -m * scale
+                }
+            })
+            .collect()
+    }
+}
+
+/// Rounds `v` to `t` and returns (bytes, the rounded values).
+fn encode(t: FloatType, v: &[f64]) -> (Vec<u8>, Vec<f64>) {
+    let mut bytes = Vec::with_capacity(v.len() * t.size());
+    let mut rounded = Vec::with_capacity(v.len());
+    for &x in v {
+        match t {
+            FloatType::F32 => {
+                let f = x as f32;
+                bytes.extend_from_slice(&f.to_le_bytes());
+                rounded.push(f as f64);
+            }
+            FloatType::Bf16 => {
+                // Through f32, as the device rounds.
+                let h = half::bf16::from_f32(x as f32);
+                bytes.extend_from_slice(&h.to_bits().to_le_bytes());
+                rounded.push(h.to_f64());
+            }
+            FloatType::F16 => {
+                let h = half::f16::from_f32(x as f32);
+                bytes.extend_from_slice(&h.to_bits().to_le_bytes());
+                rounded.push(h.to_f64());
+            }
+        }
+    }
+    (bytes, rounded)
+}
+
+fn decode(t: FloatType, b: &[u8]) -> Vec<f64> {
+    match t {
+        FloatType::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        FloatType::Bf16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+        FloatType::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+    }
+}
+
+/// A device buffer of the check.
+struct Buf {
+    block: Block,
+    bytes: usize,
+}
+
+impl Buf {
+    fn new(rt: &Arc<CudaRuntime>, bytes: usize) -> Result<Buf> {
+        Ok(Buf {
+            block: Block::alloc(rt, bytes.max(16))?,
+            bytes,
+        })
+    }
+    fn from(rt: &Arc<CudaRuntime>, data: &[u8]) -> Result<Buf> {
+        let b = Buf::new(rt, data.len())?;
+        upload(rt, b.ptr(), data, "kernel check")?;
+        Ok(b)
+    }
+    /// Values of `t` rounded from `v`, uploaded; returns the buffer and the rounded values.
+    fn vals(rt: &Arc<CudaRuntime>, t: FloatType, v: &[f64]) -> Result<(Buf, Vec<f64>)> {
+        let (bytes, r) = encode(t, v);
+        Ok((Buf::from(rt, &bytes)?, r))
+    }
+    /// `n` values of `t`: `pattern` (rounded) repeated (for timing inputs too large to draw).
+    fn repeat(rt: &Arc<CudaRuntime>, t: FloatType, pattern: &[f64], n: usize) -> Result<Buf> {
+        let (one, _) = encode(t, pattern);
+        let total = n * t.size();
+        let bytes: Vec<u8> = one.iter().copied().cycle().take(total).collect();
+        Buf::from(rt, &bytes)
+    }
+    fn ptr(&self) -> u64 {
+        self.block.ptr()
+    }
+    /// Fills every byte with 0xFF (NaN in f32, bf16 and f16).
+    fn poison(&self, rt: &Arc<CudaRuntime>) -> Result<()> {
+        rt.bind("kernel check")?;
+        // SAFETY: the block holds at least `bytes` bytes; the memset is stream-ordered.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                self.ptr(),
+                0xFF,
+                self.bytes,
+                rt.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| derr("kernel check", e))
+    }
+    fn read(&self, rt: &Arc<CudaRuntime>, t: FloatType) -> Result<Vec<f64>> {
+        let mut b = vec![0u8; self.bytes];
+        download(rt, self.ptr(), &mut b, "kernel check")?;
+        Ok(decode(t, &b))
+    }
+    fn read_bytes(&self, rt: &Arc<CudaRuntime>) -> Result<Vec<u8>> {
+        let mut b = vec![0u8; self.bytes];
+        download(rt, self.ptr(), &mut b, "kernel check")?;
+        Ok(b)
+    }
+}
+
+/// Median milliseconds of `repeats` runs of `f(i)` (after 3 warm-up runs), each between two
+/// CUDA events on the compute stream.
+fn time_ms(
+    rt: &Arc<CudaRuntime>,
+    repeats: usize,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let op = "kernel check timing";
+    for i in 0..3 {
+        f(i)?;
+    }
+    rt.synchronize()?;
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut ms = Vec::with_capacity(repeats);
+    for i in 0..repeats.max(1) {
+        let (a, b) = (
+            rt.context().new_event(flags).map_err(|e| derr(op, e))?,
+            rt.context().new_event(flags).map_err(|e| derr(op, e))?,
+        );
+        a.record(rt.stream()).map_err(|e| derr(op, e))?;
+        f(i)?;
+        b.record(rt.stream()).map_err(|e| derr(op, e))?;
+        b.synchronize().map_err(|e| derr(op, e))?;
+        ms.push(a.elapsed_ms(&b).map_err(|e| derr(op, e))? as f64);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+/// Measured ceilings: device-to-device copy bandwidth (bytes read + written).
+fn copy_ceiling(rt: &Arc<CudaRuntime>, repeats: usize) -> Result<f64> {
+    let bytes = 1usize << 30;
+    let (a, b) = (Buf::new(rt, bytes)?, Buf::new(rt, bytes)?);
+    a.poison(rt)?;
+    let ms = time_ms(rt, repeats, |_| {
+        // SAFETY: both blocks hold `bytes` bytes; the copy is stream-ordered.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                b.ptr(),
+                a.ptr(),
+                bytes,
+                rt.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| derr("copy ceiling", e))
+    })?;
+    Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
+}
+
+/// Runs every check (and the timings unless `no_timing`) on CUDA device 0 and prints the
+/// table. `Ok(None)` when no CUDA device is usable (the caller reports a skip).
+pub fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
+    if let Some(why) = super::cuda_unavailable() {
+        println!("skipped: {why}");
+        return Ok(None);
+    }
+    let rt = init_cuda(0)?;
+    let repeats = if opts.repeats == 0 { 20 } else { opts.repeats };
+    let mut rep = Report::default();
+    match super::cudnn_attention::cudnn_version("kernel check") {
+        Ok(v) => rep.notes.push(format!("cuDNN version {v}")),
+        Err(e) => rep.notes.push(format!("cuDNN: {e}")),
+    }
+    for n in &rep.notes {
+        println!("note  {n}");
+    }
+    attention::checks(&rt, &mut rep)?;
+    for n in super::cudnn_attention::cudnn_report() {
+        println!("note  {n}");
+    }
+    matmul::checks(&rt, &mut rep)?;
+    fused::checks(&rt, &mut rep)?;
+    if !opts.no_timing {
+        let bw = copy_ceiling(&rt, repeats)?;
+        let mm = matmul::ceiling(&rt, repeats)?;
+        println!("ceiling copy {bw:.0} GB/s (read + write), bf16 matmul 8192^3 {mm:.0} TFLOP/s");
+        let ceil = Ceilings { bw, mm };
+        attention::timings(&rt, &mut rep, repeats, &ceil)?;
+        matmul::timings(&rt, &mut rep, repeats, &ceil)?;
+        fused::timings(&rt, &mut rep, repeats, &ceil)?;
+    }
+    print_table(&rep);
+    Ok(Some(rep.checks.iter().all(Check::pass)))
+}
+
+/// The measured ceilings, for the timing rows.
+struct Ceilings {
+    bw: f64,
+    mm: f64,
+}
+
+fn print_table(rep: &Report) {
+    println!();
+    println!("| check | dtype | shape | ‖out − ref‖/‖ref‖ | tol | result | note |");
+    println!("|---|---|---|---|---|---|---|");
+    for c in &rep.checks {
+        let res = if c.pass() { "pass" } else { "FAIL" };
+        println!(
+            "| {} | {} | {} | {:.2e} | {:.0e} | {} | {} |",
+            c.name, c.dtype, c.shape, c.err, c.tol, res, c.note
+        );
+    }
+    if !rep.timings.is_empty() {
+        println!();
+        println!("| timing | dtype | shape | ms | rate | ceiling |");
+        println!("|---|---|---|---|---|---|");
+        for t in &rep.timings {
+            println!(
+                "| {} | {} | {} | {:.4} | {:.1} {} | {} |",
+                t.name, t.dtype, t.shape, t.ms, t.rate, t.unit, t.ceiling
+            );
+        }
+    }
+    let failed = rep.checks.iter().filter(|c| !c.pass()).count();
+    println!();
+    println!("{} passed, {} failed", rep.checks.len() - failed, failed);
+}

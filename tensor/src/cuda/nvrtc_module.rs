@@ -1,0 +1,106 @@
+//! A CUDA source of the raw layer compiled by NVRTC once per process for the device's own
+//! architecture (`compute_XY`, so `mma`/`ldmatrix`-era instructions and the device's intrinsics
+//! are available), with its kernels looked up once by name.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::CompileOptions;
+use oxiflow_collectives::cuda_libs::{self, LibSearch};
+
+use super::raw::{FResult, FusedError};
+use super::CudaRuntime;
+
+/// The kernels of one compiled source.
+pub(crate) struct Module {
+    funcs: HashMap<String, CudaFunction>,
+    _module: Arc<CudaModule>,
+}
+
+// SAFETY: CudaFunction and CudaModule hold driver handles that the CUDA driver allows any
+// thread to use; cudarc marks them Send + Sync already, this asserts it for the map.
+unsafe impl Sync for Module {}
+
+/// The device's `compute_XY` architecture name (made once per process).
+fn arch(ctx: &Arc<CudaContext>) -> Result<&'static str, String> {
+    static ARCH: OnceLock<&'static str> = OnceLock::new();
+    if let Some(a) = ARCH.get() {
+        return Ok(a);
+    }
+    let (maj, min) = ctx
+        .compute_capability()
+        .map_err(|e| format!("reading the compute capability: {e}"))?;
+    let name: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
+    Ok(ARCH.get_or_init(|| name))
+}
+
+impl Module {
+    /// Compiles `source` and loads the kernels `names`.
+    pub(crate) fn compile(
+        ctx: &Arc<CudaContext>,
+        source: &str,
+        names: &[String],
+    ) -> Result<Module, String> {
+        cuda_libs::ensure_nvrtc(&LibSearch::default()).map_err(|e| e.to_string())?;
+        let opts = CompileOptions {
+            arch: Some(arch(ctx)?),
+            fmad: Some(true),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+            .map_err(|e| format!("NVRTC: {e}"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| format!("loading the module: {e}"))?;
+        let mut funcs = HashMap::new();
+        for n in names {
+            let f = module
+                .load_function(n)
+                .map_err(|e| format!("kernel {n}: {e}"))?;
+            funcs.insert(n.clone(), f);
+        }
+        Ok(Module {
+            funcs,
+            _module: module,
+        })
+    }
+
+    /// The kernel `name`.
+    pub(crate) fn get(&self, op: &'static str, name: &str) -> FResult<&CudaFunction> {
+        self.funcs.get(name).ok_or_else(|| FusedError::Invalid {
+            op,
+            detail: format!("no kernel {name} in the module"),
+        })
+    }
+}
+
+/// The module in `cell`, compiled on first use (a failed compile is kept and reported again).
+pub(crate) fn module<'a>(
+    cell: &'a OnceLock<Result<Module, String>>,
+    rt: &CudaRuntime,
+    op: &'static str,
+    source: &str,
+    names: impl FnOnce() -> Vec<String>,
+) -> FResult<&'a Module> {
+    cell.get_or_init(|| Module::compile(rt.context(), source, &names()))
+        .as_ref()
+        .map_err(|e| FusedError::Tensor(super::derr(op, e)))
+}
+
+/// Launches `$func` on runtime `$rt`'s compute stream with config `$cfg` and the argument
+/// variables (each passed by reference, as the kernel's parameters in order).
+macro_rules! launch_fn {
+    ($rt:expr, $op:expr, $func:expr, $cfg:expr; $($a:expr),* $(,)?) => {{
+        $rt.bind($op)?;
+        use cudarc::driver::PushKernelArg as _;
+        let mut b = $rt.stream().launch_builder($func);
+        $( b.arg(&$a); )*
+        // SAFETY: the arguments match the kernel's parameters in order and type; every pointer
+        // is a live device allocation covering what the kernel indexes (checked by the caller).
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| $crate::cuda::raw::FusedError::Tensor($crate::cuda::derr($op, format!("launch: {e}"))))
+    }};
+}
+pub(crate) use launch_fn;

@@ -1,0 +1,68 @@
+//! The GPU suite's 16-bit checks: every case of `half_cases` (each op family's bf16/f16
+//! kernels, forward and backward) on a cuda placement against the f64 computation on the
+//! same, never-zero input values. The device computes 16-bit data in f32 and rounds once per
+//! kernel; an op composed of several kernels (attention, gradients) rounds once per kernel.
+
+use super::*;
+use crate::half_cases::{global_inputs, half_cases, local_inputs, within};
+
+/// Runs every case in bf16 and f16 on a 1-d placement of `world` ranks of `dev`; the number
+/// of (case, dtype) pairs within their rounding of the f64 reference.
+pub(crate) fn child_half(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
+    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let values = |t: &Tensor| t.cast(DType::F64)?.to_vec::<f64>();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for (k, c) in half_cases().iter().enumerate() {
+            let seed = 1000 * k as u64 + 7;
+            let what = format!("{} on {dtype} ({dev})", c.name);
+            let reference = local_inputs(c, dtype, seed)
+                .and_then(|v| {
+                    let f64s = v
+                        .into_iter()
+                        .map(|t| match t.dtype() {
+                            DType::I64 => Ok(t),
+                            _ => t.cast(DType::F64),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    (c.op)(&f64s)
+                })
+                .and_then(|t| values(&t))
+                .map_err(|x| format!("{what}: reference: {x}"))?;
+            // Every rank runs every case (collectives stay matched) and reports the first
+            // failures.
+            let got = global_inputs(c, dtype, seed, &pl).and_then(|x| {
+                let y = (c.op)(&x)?;
+                if y.placement().is_some_and(|p| p.device() != dev) {
+                    return Err(oxiflow_tensor::TensorError::Kernel {
+                        op: "half",
+                        detail: format!("left the {dev} placement"),
+                    });
+                }
+                values(&y)
+            });
+            match got {
+                Ok(g) => match within(&g, &reference, dtype, 2.0 * c.ulps + 2.0) {
+                    Ok(()) => checked += 1,
+                    Err(e) => failures.push(format!("{what}: {e}")),
+                },
+                Err(e) => failures.push(format!("{what}: {e}")),
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(checked)
+    } else {
+        Err(format!(
+            "{} 16-bit cases failed; first:\n  {}",
+            failures.len(),
+            failures
+                .iter()
+                .take(8)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        ))
+    }
+}

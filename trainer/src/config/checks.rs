@@ -1,0 +1,94 @@
+//! Checks of single values, shared by the command line's parsers (which parse text, then
+//! check) and the configuration's resolution (which checks every value again, whatever set it:
+//! a job file bypasses the command line's parsers).
+
+/// A count of at least 1.
+pub fn positive(v: u64) -> Result<u64, String> {
+    if v == 0 {
+        return Err("must be at least 1".into());
+    }
+    Ok(v)
+}
+
+/// A finite number above 0.
+pub fn positive_finite(v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a finite number above 0"))
+    }
+}
+
+/// A finite number at least 0.
+pub fn non_negative(v: f64) -> Result<f64, String> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a finite number at least 0"))
+    }
+}
+
+/// A finite number in [0, 1).
+pub fn unit_fraction(v: f64) -> Result<f64, String> {
+    if (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in [0, 1)"))
+    }
+}
+
+/// At least 2 classes.
+pub fn class_count(v: u64) -> Result<u64, String> {
+    if v < 2 {
+        return Err(format!("{v} classes: a classifier needs at least 2"));
+    }
+    Ok(v)
+}
+
+/// A ZeRO stage.
+pub fn zero_stage(v: u64) -> Result<u64, String> {
+    if v > 3 {
+        return Err(format!("ZeRO stage {v} is not 0, 1, 2 or 3"));
+    }
+    Ok(v)
+}
+
+/// Parsers of command-line text: parse, then the check above.
+pub mod parse {
+    fn count(s: &str) -> Result<u64, String> {
+        s.parse::<u64>().map_err(|e| format!("not a count: {e}"))
+    }
+    fn number(s: &str) -> Result<f64, String> {
+        s.parse::<f64>().map_err(|e| format!("not a number: {e}"))
+    }
+    pub fn positive_usize(s: &str) -> Result<usize, String> {
+        let v = super::positive(count(s)?)?;
+        usize::try_from(v).map_err(|e| e.to_string())
+    }
+    pub fn positive_u64(s: &str) -> Result<u64, String> {
+        super::positive(count(s)?)
+    }
+    pub fn u64_any(s: &str) -> Result<u64, String> {
+        count(s)
+    }
+    pub fn usize_any(s: &str) -> Result<usize, String> {
+        usize::try_from(count(s)?).map_err(|e| e.to_string())
+    }
+    pub fn positive_finite(s: &str) -> Result<f64, String> {
+        super::positive_finite(number(s)?)
+    }
+    pub fn non_negative(s: &str) -> Result<f64, String> {
+        super::non_negative(number(s)?)
+    }
+    pub fn unit_fraction(s: &str) -> Result<f64, String> {
+        super::unit_fraction(number(s)?)
+    }
+    pub fn class_count(s: &str) -> Result<usize, String> {
+        let v = super::class_count(count(s)?)?;
+        usize::try_from(v).map_err(|e| e.to_string())
+    }
+    pub fn zero_stage(s: &str) -> Result<u8, String> {
+        let v = super::zero_stage(count(s)?)?;
+        u8::try_from(v).map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,370 @@
+//! `Flags`: every setting of a training job as it is written, on the command line
+//! (`--seq-len 64`) or in a job file (`seq-len = 64` in the `[model]` table): optional values
+//! in sections; `resolve` turns them into a checked `TrainConfig`. The same key names serve
+//! both, so a printed configuration is a valid job file.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use super::checks::parse;
+
+/// The model a job trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// A GPT-2 style language model on text or token shards.
+    Gpt,
+    /// The MLP classifier on Gaussian clusters.
+    Mlp,
+}
+
+/// Element type of the model and data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    F32,
+    F64,
+}
+
+/// What each GPT block keeps for its backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecomputeArg {
+    None,
+    Full,
+    Selective,
+}
+
+/// The order of a pipeline's micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum ScheduleArg {
+    /// All forwards, then all backwards.
+    #[serde(rename = "gpipe")]
+    Gpipe,
+    /// A warm-up of forwards, then one forward and one backward in turn.
+    #[value(name = "1f1b")]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over --virtual-stages chunks per stage (Megatron's interleaved schedule).
+    #[serde(rename = "interleaved")]
+    Interleaved,
+}
+
+/// The optimizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Opt {
+    Sgd,
+    Adamw,
+}
+
+/// Where the model lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dev {
+    /// cuda when the world runs on NCCL (oflaunch --backend auto on a GPU machine), else cpu.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// The backend of the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorldBackend {
+    /// As the launch environment says (OXIFLOW_BACKEND, which oflaunch --backend sets).
+    Auto,
+    /// CPU processes over TCP and shared memory.
+    Cpu,
+    /// CPU processes over MPI (start with mpirun or srun; needs a build with --features mpi).
+    Mpi,
+}
+
+/// How parameters and activations are computed with (the mixed-precision policy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrecisionPolicy {
+    /// Everything in the parameters' dtype (`--dtype`).
+    F32,
+    /// As f32, with f32 matrix products on TF32 tensor cores (cuda only).
+    Tf32,
+    /// Master weights, gradients and optimizer state in `--dtype`; layers compute with bf16
+    /// copies of the parameters and bf16 activations (matrix products and attention accumulate
+    /// in f32, norms, softmax and the loss compute in f32).
+    Bf16Mixed,
+}
+
+/// The tokenizer of text data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenizerArg {
+    /// One token per byte (vocabulary 256).
+    Bytes,
+    /// GPT-2's BPE (vocabulary 50257; built in, nothing is downloaded).
+    Gpt2,
+}
+
+/// The layout of token shard files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShardFormatArg {
+    /// llm.c when the first shard starts with its magic, else raw; all shards alike.
+    Auto,
+    /// nanoGPT: little-endian u16 ids only.
+    Raw,
+    /// llm.c: 256 little-endian i32 (magic 20240520, version 1, token count), then u16 ids.
+    Llmc,
+}
+
+/// The learning-rate schedule after the warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrScheduleArg {
+    Constant,
+    /// Half a cosine from --lr down to --min-lr at --steps.
+    Cosine,
+    /// A straight line from --lr down to --min-lr at --steps.
+    Linear,
+}
+
+/// The model: which one and its sizes.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ModelFlags {
+    /// The model to train [default: gpt].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelKind>,
+    /// GPT: transformer blocks [default: 2].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub layers: Option<usize>,
+    /// GPT: attention heads (a multiple of --tp; divides --width) [default: 4].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub heads: Option<usize>,
+    /// GPT: model width [default: 64].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub width: Option<usize>,
+    /// GPT: tokens per training window [default: 64].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub seq_len: Option<usize>,
+    /// GPT: dropout probability, in [0, 1) [default: 0].
+    #[arg(long, value_parser = parse::unit_fraction, allow_hyphen_values = true)]
+    pub dropout: Option<f64>,
+    /// MLP: width of the hidden layer (split over the tensor-parallel axis) [default: 64].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub hidden: Option<usize>,
+    /// MLP: number of input features [default: 16].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub features: Option<usize>,
+    /// MLP: number of classes (at least 2) [default: 4].
+    #[arg(long, value_parser = parse::class_count)]
+    pub classes: Option<usize>,
+    /// Element type of the model and data [default: f32].
+    #[arg(long, value_enum)]
+    pub dtype: Option<Precision>,
+    /// Seed of the initial weights, the data and dropout [default: 0].
+    #[arg(long, value_parser = parse::u64_any)]
+    pub seed: Option<u64>,
+}
+
+/// How the job is laid out on the ranks.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ParallelFlags {
+    /// Data-parallel degree, at least 1 [default: world size / (pp x tp)]; pp x dp x tp must
+    /// equal the world size.
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub dp: Option<usize>,
+    /// Tensor-parallel degree, at least 1 [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub tp: Option<usize>,
+    /// GPT: pipeline stages (mesh axis 0 of [pp, dp, tp]) [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub pp: Option<usize>,
+    /// GPT: sequence parallelism (the residual stream split along the sequence on the
+    /// tensor-parallel axis between blocks).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sp: bool,
+    /// GPT: pipeline micro-batches per step (the batch is split into this many) [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub micro_batches: Option<usize>,
+    /// GPT: pipeline schedule [default: 1f1b].
+    #[arg(long, value_enum)]
+    pub schedule: Option<ScheduleArg>,
+    /// GPT: chunks of layers per pipeline stage (interleaved schedule) [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub virtual_stages: Option<usize>,
+    /// ZeRO stage over the data-parallel axis: 1 shards optimizer state, 2 also gradients,
+    /// 3 also parameters (gathered at use) [default: 0].
+    #[arg(long, value_parser = parse::zero_stage)]
+    pub zero: Option<u8>,
+    /// GPT: activation recomputation: none, full (every block) or selective (attention)
+    /// [default: none].
+    #[arg(long, value_enum)]
+    pub recompute: Option<RecomputeArg>,
+    /// Device of the mesh: auto (cuda when the world runs on NCCL, else cpu), cpu, or cuda
+    /// (one GPU per rank; needs the NCCL backend) [default: auto].
+    #[arg(long, value_enum)]
+    pub device: Option<Dev>,
+    /// The backend of the world: auto (the launch environment decides), cpu, or mpi
+    /// [default: auto].
+    #[arg(long, value_enum)]
+    pub backend: Option<WorldBackend>,
+    /// Mixed-precision policy: f32, tf32 (f32 products on tensor cores, cuda only) or
+    /// bf16-mixed (bf16 compute copies and activations over f32 master weights) [default:
+    /// bf16-mixed on cuda, f32 on cpu].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionPolicy>,
+}
+
+/// Where the data comes from.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DataFlags {
+    /// GPT: token shards (a path ending in .bin, or a glob: nanoGPT's raw u16 files or llm.c's),
+    /// a text file (through --tokenizer), or a pre-tokenized file (`OXFTOK16`, u32 vocabulary
+    /// size, u16 ids). Default: the texts under /usr/share/common-licenses, else generated text.
+    #[arg(long)]
+    pub data: Option<String>,
+    /// GPT: held-out token shards (a path or glob) [default: the last 10% of --data].
+    #[arg(long)]
+    pub val_data: Option<String>,
+    /// GPT: tokenizer of text data and samples [default: bytes].
+    #[arg(long, value_enum)]
+    pub tokenizer: Option<TokenizerArg>,
+    /// GPT: the layout of token shards [default: auto].
+    #[arg(long, value_enum)]
+    pub shard_format: Option<ShardFormatArg>,
+    /// Global batch per step (split over the data-parallel axis) [default: 16 windows (gpt),
+    /// 64 samples (mlp)].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub batch_size: Option<usize>,
+}
+
+/// The optimizer and its schedule.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OptimFlags {
+    /// The optimizer [default: adamw (gpt, the only one), sgd (mlp)].
+    #[arg(long, value_enum)]
+    pub optimizer: Option<Opt>,
+    /// Peak learning rate (finite, above 0) [default: 0.005 (gpt), 0.05 (mlp)].
+    #[arg(long, value_parser = parse::positive_finite, allow_hyphen_values = true)]
+    pub lr: Option<f64>,
+    /// The learning rate after the warm-up [default: constant].
+    #[arg(long, value_enum)]
+    pub lr_schedule: Option<LrScheduleArg>,
+    /// Steps of linear warm-up to --lr (at most --steps) [default: 0].
+    #[arg(long, value_parser = parse::u64_any)]
+    pub warmup_steps: Option<u64>,
+    /// The learning rate cosine and linear schedules end at, in [0, --lr] [default: 0].
+    #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
+    pub min_lr: Option<f64>,
+    /// Weight decay of matrix weights (biases, norms and embeddings take none) [default: 0.01
+    /// (adamw), 0 (sgd)].
+    #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
+    pub weight_decay: Option<f64>,
+    /// SGD momentum, in [0, 1) [default: 0.9].
+    #[arg(long, value_parser = parse::unit_fraction, allow_hyphen_values = true)]
+    pub momentum: Option<f64>,
+    /// Clip the global L2 norm of all gradients to this (finite, above 0) [default: no
+    /// clipping].
+    #[arg(long, value_parser = parse::positive_finite, allow_hyphen_values = true)]
+    pub clip_grad: Option<f64>,
+    /// Gradient accumulation: each step runs its batch as this many parts (independent of
+    /// pipeline micro-batches) [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub grad_accum: Option<usize>,
+}
+
+/// The run: its length, logs, checkpoints and outputs.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RunFlags {
+    /// Train until this step (a resumed run continues from its checkpoint's step) [default:
+    /// 400 (gpt), 200 (mlp)].
+    #[arg(long, value_parser = parse::positive_u64)]
+    pub steps: Option<u64>,
+    /// Print a step line every this many steps [default: 10].
+    #[arg(long, value_parser = parse::positive_u64)]
+    pub log_every: Option<u64>,
+    /// Also evaluate the held-out loss every this many steps.
+    #[arg(long, value_parser = parse::positive_u64)]
+    pub eval_every: Option<u64>,
+    /// Save a checkpoint (directory) here at the end (and every --save-every steps). An
+    /// existing path must be a checkpoint: anything else is refused, never replaced.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Also save every this many steps (needs --save).
+    #[arg(long, value_parser = parse::positive_u64)]
+    pub save_every: Option<u64>,
+    /// Rank 0 writes whole tensors instead of every rank its pieces (needs --save).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub save_gathered: bool,
+    /// Resume from a checkpoint saved under any layout; continues its step count up to --steps.
+    /// `auto`: the newest complete checkpoint at --save's path, or a fresh start when there is
+    /// none (oflaunch --max-restarts); one that already reaches --steps means the job is done.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Resume even if the checkpoint's seed or optimizer differ from this run's.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_resume_mismatch: bool,
+    /// Write one JSON object per logged step (and per held-out evaluation) to this file.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Render the training and held-out loss curves to this file (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Peak FLOP/s of one device in TFLOP/s, for the model FLOPs utilisation in --metrics.
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub peak_tflops: Option<f64>,
+    /// Run one training step and print (rank 0) every parameter's global shape, placement and
+    /// SBP, every op's output layout and each boxing inserted with its bytes; then exit.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub explain: bool,
+}
+
+/// The GPT's generated sample.
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct GenerateFlags {
+    /// GPT: the prompt of the generated sample [default: "The "]. With --resume and no
+    /// --steps: only generate.
+    #[arg(long)]
+    pub generate: Option<String>,
+    /// GPT: tokens of the generated sample (0: none) [default: 120].
+    #[arg(long, value_parser = parse::usize_any)]
+    pub gen_tokens: Option<usize>,
+    /// GPT: sampling temperature (0: greedy) [default: 0.8].
+    #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
+    pub temperature: Option<f64>,
+}
+
+/// Every setting, by section (the job file's tables).
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Flags {
+    #[command(flatten)]
+    #[serde(default)]
+    pub model: ModelFlags,
+    #[command(flatten)]
+    #[serde(default)]
+    pub parallel: ParallelFlags,
+    #[command(flatten)]
+    #[serde(default)]
+    pub data: DataFlags,
+    #[command(flatten)]
+    #[serde(default)]
+    pub optim: OptimFlags,
+    #[command(flatten)]
+    #[serde(default)]
+    pub run: RunFlags,
+    #[command(flatten)]
+    #[serde(default)]
+    pub generate: GenerateFlags,
+}

@@ -1,0 +1,224 @@
+//! The configuration of a training job: `Flags` as written (command line, job file), merged
+//! (`load`: the job file's tables, then the command line over them; unknown keys refused by
+//! name) and resolved into `TrainConfig`, every value checked and every default filled in,
+//! before any tensor exists. `TrainConfig` prints as a job file (`to_toml`) with the same keys.
+
+mod checks;
+mod flags;
+mod resolve;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use checks::parse;
+pub use flags::{
+    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, Opt, OptimFlags,
+    ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, RunFlags, ScheduleArg, ShardFormatArg,
+    TokenizerArg, WorldBackend,
+};
+
+use crate::error::TrainError;
+
+/// The model and its sizes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ModelConfig {
+    pub model: ModelKind,
+    pub layers: usize,
+    pub heads: usize,
+    pub width: usize,
+    pub seq_len: usize,
+    pub dropout: f64,
+    pub hidden: usize,
+    pub features: usize,
+    pub classes: usize,
+    pub dtype: Precision,
+    pub seed: u64,
+}
+
+/// The layout on the ranks (`dp` None: the world size over pp x tp).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ParallelConfig {
+    pub dp: Option<usize>,
+    pub tp: usize,
+    pub pp: usize,
+    pub sp: bool,
+    pub micro_batches: usize,
+    pub schedule: ScheduleArg,
+    pub virtual_stages: usize,
+    pub zero: u8,
+    pub recompute: RecomputeArg,
+    pub device: Dev,
+    pub backend: WorldBackend,
+    /// None: by device (bf16-mixed on cuda, f32 on cpu).
+    pub precision: Option<PrecisionPolicy>,
+}
+
+/// The data.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DataConfig {
+    pub data: Option<String>,
+    pub val_data: Option<String>,
+    pub tokenizer: TokenizerArg,
+    pub shard_format: ShardFormatArg,
+    pub batch_size: usize,
+}
+
+/// The optimizer and its schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct OptimConfig {
+    pub optimizer: Opt,
+    pub lr: f64,
+    pub lr_schedule: LrScheduleArg,
+    pub warmup_steps: u64,
+    pub min_lr: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub clip_grad: Option<f64>,
+    pub grad_accum: usize,
+}
+
+/// The run's length, logs, checkpoints and outputs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RunConfig {
+    pub steps: u64,
+    pub log_every: u64,
+    pub eval_every: Option<u64>,
+    pub save: Option<PathBuf>,
+    pub save_every: Option<u64>,
+    pub save_gathered: bool,
+    pub resume: Option<PathBuf>,
+    pub allow_resume_mismatch: bool,
+    pub metrics: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub peak_tflops: Option<f64>,
+    pub explain: bool,
+}
+
+/// The GPT's sample.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GenerateConfig {
+    pub generate: Option<String>,
+    pub gen_tokens: usize,
+    pub temperature: f64,
+}
+
+/// A checked training job.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub parallel: ParallelConfig,
+    pub data: DataConfig,
+    pub optim: OptimConfig,
+    pub run: RunConfig,
+    pub generate: GenerateConfig,
+    /// The keys given (`section.key`, from the job file or the command line), not defaulted.
+    #[serde(skip)]
+    pub explicit: BTreeSet<String>,
+}
+
+impl TrainConfig {
+    /// The precision policy on `device`: the flag's, else bf16-mixed on cuda and f32 on cpu.
+    pub fn policy(&self, device: oxiflow_placement::DeviceType) -> PrecisionPolicy {
+        self.parallel.precision.unwrap_or(match device {
+            oxiflow_placement::DeviceType::Cuda => PrecisionPolicy::Bf16Mixed,
+            oxiflow_placement::DeviceType::Cpu => PrecisionPolicy::F32,
+        })
+    }
+    /// The dtype layers compute with under the policy on `device` (None: the parameters').
+    pub fn compute_dtype(
+        &self,
+        device: oxiflow_placement::DeviceType,
+    ) -> Option<oxiflow_dtype::DType> {
+        (self.policy(device) == PrecisionPolicy::Bf16Mixed).then_some(oxiflow_dtype::DType::BF16)
+    }
+
+    /// `flags` checked and completed with the defaults (of the chosen model).
+    pub fn resolve(flags: Flags, explicit: BTreeSet<String>) -> Result<TrainConfig, TrainError> {
+        resolve::resolve(flags, explicit)
+    }
+
+    /// Whether `key` (`section.key`, e.g. `run.steps`) was given rather than defaulted.
+    pub fn is_set(&self, key: &str) -> bool {
+        self.explicit.contains(key)
+    }
+
+    /// The configuration as a job file (every key, defaults included).
+    pub fn to_toml(&self) -> Result<String, TrainError> {
+        toml::to_string(self).map_err(|e| TrainError::Config {
+            detail: format!("the configuration does not print as TOML: {e}"),
+        })
+    }
+
+    /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).
+    pub fn pipelined(&self) -> bool {
+        let p = &self.parallel;
+        p.pp > 1 || p.micro_batches > 1 || p.virtual_stages > 1
+    }
+}
+
+/// The job `cli` describes over the job file `config` (when given): the file's keys, then the
+/// command line's over them, resolved.
+pub fn load(config: Option<&Path>, cli: &Flags) -> Result<TrainConfig, TrainError> {
+    let table = |flags: &Flags| -> Result<toml::Table, TrainError> {
+        toml::Table::try_from(flags).map_err(|e| TrainError::Config {
+            detail: format!("the command line does not form a configuration: {e}"),
+        })
+    };
+    let mut merged = match config {
+        Some(path) => read_job_file(path)?,
+        None => toml::Table::new(),
+    };
+    for (section, values) in table(cli)? {
+        match (merged.get_mut(&section), values) {
+            (Some(toml::Value::Table(into)), toml::Value::Table(values)) => into.extend(values),
+            (_, values) => {
+                merged.insert(section, values);
+            }
+        }
+    }
+    let mut explicit = BTreeSet::new();
+    for (section, values) in &merged {
+        if let toml::Value::Table(t) = values {
+            explicit.extend(t.keys().map(|k| format!("{section}.{k}")));
+        }
+    }
+    let flags: Flags = merged
+        .try_into()
+        .map_err(|e: toml::de::Error| TrainError::Config {
+            detail: format!("the merged configuration: {}", e.message()),
+        })?;
+    TrainConfig::resolve(flags, explicit)
+}
+
+/// A job file's tables, checked against `Flags` (an unknown table or key is an error naming it).
+fn read_job_file(path: &Path) -> Result<toml::Table, TrainError> {
+    let bad = |detail: String| TrainError::Config {
+        detail: format!("--config {}: {detail}", path.display()),
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() || meta.len() > 1 << 20 {
+        return Err(bad("not a regular file of at most 1 MiB".into()));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    // Deserializing into Flags names the first unknown key (and its line) or a wrong type.
+    Flags::deserialize_table(&text).map_err(bad)?;
+    Ok(table)
+}
+
+impl Flags {
+    fn deserialize_table(text: &str) -> Result<Flags, String> {
+        toml::from_str::<Flags>(text).map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,221 @@
+//! `resolve`: flags to a checked `TrainConfig`. Every value is checked here again (a job file
+//! bypasses the command line's parsers), then the combinations; defaults depend on the model.
+
+use std::collections::BTreeSet;
+
+use super::checks;
+use super::flags::*;
+use super::{
+    DataConfig, GenerateConfig, ModelConfig, OptimConfig, ParallelConfig, RunConfig, TrainConfig,
+};
+use crate::error::TrainError;
+
+fn config_err(detail: String) -> TrainError {
+    TrainError::Config { detail }
+}
+
+/// `check(value)` or an error naming `flag`.
+fn checked<T, U>(flag: &str, v: T, check: fn(U) -> Result<U, String>) -> Result<T, TrainError>
+where
+    T: Copy + TryInto<U>,
+{
+    let u: U = v
+        .try_into()
+        .map_err(|_| config_err(format!("{flag}: out of range")))?;
+    check(u).map_err(|e| config_err(format!("invalid value for {flag}: {e}")))?;
+    Ok(v)
+}
+
+fn count(flag: &str, v: usize) -> Result<usize, TrainError> {
+    checked(flag, v as u64, checks::positive).map(|_| v)
+}
+
+pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfig, TrainError> {
+    let kind = f.model.model.unwrap_or(ModelKind::Gpt);
+    let gpt = kind == ModelKind::Gpt;
+    let m = &f.model;
+    let model = ModelConfig {
+        model: kind,
+        layers: count("--layers", m.layers.unwrap_or(2))?,
+        heads: count("--heads", m.heads.unwrap_or(4))?,
+        width: count("--width", m.width.unwrap_or(64))?,
+        seq_len: count("--seq-len", m.seq_len.unwrap_or(64))?,
+        dropout: checked("--dropout", m.dropout.unwrap_or(0.0), checks::unit_fraction)?,
+        hidden: count("--hidden", m.hidden.unwrap_or(64))?,
+        features: count("--features", m.features.unwrap_or(16))?,
+        classes: checked(
+            "--classes",
+            m.classes.unwrap_or(4) as u64,
+            checks::class_count,
+        )? as usize,
+        dtype: m.dtype.unwrap_or(Precision::F32),
+        seed: m.seed.unwrap_or(0),
+    };
+    let p = &f.parallel;
+    let parallel = ParallelConfig {
+        dp: p.dp.map(|d| count("--dp", d)).transpose()?,
+        tp: count("--tp", p.tp.unwrap_or(1))?,
+        pp: count("--pp", p.pp.unwrap_or(1))?,
+        sp: p.sp,
+        micro_batches: count("--micro-batches", p.micro_batches.unwrap_or(1))?,
+        schedule: p.schedule.unwrap_or(ScheduleArg::OneFOneB),
+        virtual_stages: count("--virtual-stages", p.virtual_stages.unwrap_or(1))?,
+        zero: checked("--zero", p.zero.unwrap_or(0) as u64, checks::zero_stage)? as u8,
+        recompute: p.recompute.unwrap_or(RecomputeArg::None),
+        device: p.device.unwrap_or(Dev::Auto),
+        backend: p.backend.unwrap_or(WorldBackend::Auto),
+        precision: p.precision,
+    };
+    let d = &f.data;
+    let data = DataConfig {
+        data: d.data.clone(),
+        val_data: d.val_data.clone(),
+        tokenizer: d.tokenizer.unwrap_or(TokenizerArg::Bytes),
+        shard_format: d.shard_format.unwrap_or(ShardFormatArg::Auto),
+        batch_size: count(
+            "--batch-size",
+            d.batch_size.unwrap_or(if gpt { 16 } else { 64 }),
+        )?,
+    };
+    let o = &f.optim;
+    let optimizer = o
+        .optimizer
+        .unwrap_or(if gpt { Opt::Adamw } else { Opt::Sgd });
+    let lr = checked(
+        "--lr",
+        o.lr.unwrap_or(if gpt { 5e-3 } else { 0.05 }),
+        checks::positive_finite,
+    )?;
+    let r = &f.run;
+    let steps = checked(
+        "--steps",
+        r.steps.unwrap_or(if gpt { 400 } else { 200 }),
+        checks::positive,
+    )?;
+    let optim = OptimConfig {
+        optimizer,
+        lr,
+        lr_schedule: o.lr_schedule.unwrap_or(LrScheduleArg::Constant),
+        warmup_steps: o.warmup_steps.unwrap_or(0),
+        min_lr: checked("--min-lr", o.min_lr.unwrap_or(0.0), checks::non_negative)?,
+        weight_decay: checked(
+            "--weight-decay",
+            o.weight_decay
+                .unwrap_or(if optimizer == Opt::Adamw { 0.01 } else { 0.0 }),
+            checks::non_negative,
+        )?,
+        momentum: checked(
+            "--momentum",
+            o.momentum.unwrap_or(0.9),
+            checks::unit_fraction,
+        )?,
+        clip_grad: o
+            .clip_grad
+            .map(|c| checked("--clip-grad", c, checks::positive_finite))
+            .transpose()?,
+        grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
+    };
+    let positive_opt =
+        |flag: &str, v: Option<u64>| v.map(|v| checked(flag, v, checks::positive)).transpose();
+    let run = RunConfig {
+        steps,
+        log_every: checked("--log-every", r.log_every.unwrap_or(10), checks::positive)?,
+        eval_every: positive_opt("--eval-every", r.eval_every)?,
+        save: r.save.clone(),
+        save_every: positive_opt("--save-every", r.save_every)?,
+        save_gathered: r.save_gathered,
+        resume: r.resume.clone(),
+        allow_resume_mismatch: r.allow_resume_mismatch,
+        metrics: r.metrics.clone(),
+        plot: r.plot.clone(),
+        peak_tflops: r
+            .peak_tflops
+            .map(|v| checked("--peak-tflops", v, checks::positive_finite))
+            .transpose()?,
+        explain: r.explain,
+    };
+    let g = &f.generate;
+    let generate = GenerateConfig {
+        generate: g.generate.clone(),
+        gen_tokens: g.gen_tokens.unwrap_or(120),
+        temperature: checked(
+            "--temperature",
+            g.temperature.unwrap_or(0.8),
+            checks::non_negative,
+        )?,
+    };
+    let cfg = TrainConfig {
+        model,
+        parallel,
+        data,
+        optim,
+        run,
+        generate,
+        explicit,
+    };
+    check_combinations(&cfg)?;
+    Ok(cfg)
+}
+
+/// The checks that involve several values.
+fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
+    let (o, r) = (&c.optim, &c.run);
+    if o.warmup_steps > r.steps {
+        return Err(config_err(format!(
+            "--warmup-steps {} is beyond --steps {}",
+            o.warmup_steps, r.steps
+        )));
+    }
+    if o.min_lr > o.lr {
+        return Err(config_err(format!(
+            "--min-lr {} is above --lr {}",
+            o.min_lr, o.lr
+        )));
+    }
+    if r.save.is_none() {
+        if r.save_every.is_some() {
+            return Err(config_err("--save-every needs --save".into()));
+        }
+        if r.save_gathered {
+            return Err(config_err("--save-gathered needs --save".into()));
+        }
+    }
+    if r.resume.is_none() && r.allow_resume_mismatch {
+        return Err(config_err("--allow-resume-mismatch needs --resume".into()));
+    }
+    if r.explain && (r.save.is_some() || r.resume.is_some()) {
+        return Err(config_err(
+            "--explain runs one step and saves nothing: drop --save and --resume".into(),
+        ));
+    }
+    if let Some(p) = &r.plot {
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if !matches!(ext, "svg" | "png") {
+            return Err(config_err(format!(
+                "--plot {}: the file name must end in .svg or .png",
+                p.display()
+            )));
+        }
+    }
+    match c.model.model {
+        ModelKind::Gpt => {
+            if o.optimizer == Opt::Sgd {
+                return Err(config_err(
+                    "--model gpt trains with AdamW: drop --optimizer sgd".into(),
+                ));
+            }
+        }
+        ModelKind::Mlp => {
+            let p = &c.parallel;
+            if p.sp {
+                return Err(config_err("--sp needs --model gpt".into()));
+            }
+            if p.pp > 1 || p.micro_batches > 1 || p.virtual_stages > 1 {
+                return Err(config_err(
+                    "--pp, --micro-batches and --virtual-stages need --model gpt".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! `TrainError`: why a training job could not start or stopped.
+
+use std::path::PathBuf;
+
+use oxiflow_models::data::DataError;
+use oxiflow_tensor::TensorError;
+
+/// A training job's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A setting or combination of settings that cannot run (found before any tensor work).
+    #[error("{detail}")]
+    Config { detail: String },
+    /// The job's layout does not fit the world or the model.
+    #[error("{detail}")]
+    Layout { detail: String },
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    #[error(transparent)]
+    Comm(#[from] oxiflow_collectives::CommError),
+    /// A checkpoint that does not belong to this run.
+    #[error("--resume {path}: {detail}")]
+    Resume { path: PathBuf, detail: String },
+    /// An output (metrics, plot, configuration) that could not be written.
+    #[error("{what} {path}: {detail}")]
+    Output {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+}
+
+impl TrainError {
+    /// The exit status a program reports this error with: 2 for settings (as for flags the
+    /// command line refuses), 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            TrainError::Config { .. } => 2,
+            _ => 1,
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The loop as a person watches it: step lines and the progress bar, held-out evaluations,
+//! checkpoints (a line each, the configuration written beside them), metrics records, the
+//! plot, and the closing lines.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use oxiflow_models::checkpoint::{Metadata, SaveOptions};
+
+use crate::config::{Precision, TrainConfig};
+use crate::error::TrainError;
+use crate::metrics::{self, MemoryRecord, MetricsFile, Record};
+use crate::model::TrainModel;
+use crate::plot::{self, Curves};
+use crate::progress::Progress;
+use crate::trainer::{StepStats, Trainer};
+
+fn clock(secs: f64) -> String {
+    format!("{:.1}s", secs.max(0.0))
+}
+
+/// What the loop reports at the end.
+pub(super) struct Summary {
+    final_loss: f64,
+    heldout: f64,
+    steps_per_s: f64,
+    tokens_per_s: f64,
+    seconds: f64,
+    last: StepStats,
+    bubbles: Vec<f64>,
+}
+
+/// Bytes of the files of a checkpoint directory.
+fn dir_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Where the configuration of the checkpoint at `path` is written.
+pub fn config_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".config.toml");
+    PathBuf::from(p)
+}
+
+pub(super) struct Saver<'a> {
+    pub cfg: &'a TrainConfig,
+    pub meta: Metadata,
+    pub opts: SaveOptions,
+    pub lead: bool,
+}
+
+impl Saver<'_> {
+    /// Saves (every rank), then rank 0 writes the configuration beside the checkpoint and
+    /// prints a line.
+    fn save<M: TrainModel>(
+        &self,
+        t: &Trainer<M>,
+        path: &Path,
+        progress: &Progress,
+    ) -> Result<(), TrainError> {
+        let start = Instant::now();
+        t.save(path, &self.meta, &self.opts)?;
+        if !self.lead {
+            return Ok(());
+        }
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let conf = config_path(path);
+        let mut tmp = conf.as_os_str().to_owned();
+        tmp.push(".partial");
+        let text = self.cfg.to_toml()?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &conf))
+            .map_err(|e| TrainError::Output {
+                what: "configuration",
+                path: conf.clone(),
+                detail: e.to_string(),
+            })?;
+        progress.say(format!(
+            "checkpoint step {} saved to {} ({} bytes, {ms:.0} ms; configuration in {})",
+            t.step,
+            path.display(),
+            dir_bytes(path),
+            conf.display()
+        ));
+        Ok(())
+    }
+}
+
+/// The training loop with everything a person watches: step lines and the bar, held-out
+/// evaluations, checkpoints, metrics and the plot.
+pub(super) fn drive<M: TrainModel>(
+    t: &mut Trainer<M>,
+    cfg: &TrainConfig,
+    lead: bool,
+    saver: &Saver<'_>,
+    devices: usize,
+    launcher_bar: bool,
+) -> Result<Summary, TrainError> {
+    let r = &cfg.run;
+    let steps = r.steps;
+    let progress = Progress::new(lead, steps, t.step, launcher_bar);
+    let mut metrics = match (&r.metrics, lead) {
+        (Some(p), true) => Some(MetricsFile::open(p, r.resume.is_some())?),
+        _ => None,
+    };
+    let mut earlier: Vec<Record> = Vec::new();
+    if let (Some(p), true, Some(_)) = (&r.metrics, lead, &r.resume) {
+        earlier = metrics::read(p)?;
+    }
+    let tokens_per_step = (t.data.batch_size() * t.data.tokens_per_row()) as f64;
+    let peak = r.peak_tflops.map(|p| p * 1e12 * devices as f64);
+    let flops = t.model.flops_per_token();
+    let digits = if cfg.model.dtype == Precision::F64 {
+        14
+    } else {
+        8
+    };
+    let (mut train_pts, mut held_pts) = (Vec::new(), Vec::new());
+    for rec in &earlier {
+        match *rec {
+            Record::Train { step, loss, .. } if step <= t.step => train_pts.push((step, loss)),
+            Record::Eval { step, heldout_loss } if step <= t.step => {
+                held_pts.push((step, heldout_loss))
+            }
+            _ => {}
+        }
+    }
+    let start = Instant::now();
+    let first = t.step;
+    let mut recent = VecDeque::new();
+    let mut last = StepStats::default();
+    let mut bubbles = Vec::new();
+    while t.step < steps {
+        let s = t.train_step()?;
+        recent.push_back(s.loss);
+        if recent.len() > 10 {
+            recent.pop_front();
+        }
+        bubbles.extend(s.bubble);
+        train_pts.push((s.step, s.loss));
+        let n = s.step;
+        let secs = start.elapsed().as_secs_f64();
+        let done = (n - first) as f64;
+        let tps = done * tokens_per_step / secs.max(1e-9);
+        if n % r.log_every == 0 || n == steps {
+            let eta = secs / done.max(1.0) * (steps - n) as f64;
+            progress.say(format!(
+                "step {n} loss {:.digits$} lr {:.4e} grad-norm {:.digits$} tokens/s {tps:.0} elapsed {} eta {}",
+                s.loss,
+                s.lr,
+                s.grad_norm,
+                clock(secs),
+                clock(eta)
+            ));
+            if let Some(m) = &mut metrics {
+                m.write(&Record::Train {
+                    step: n,
+                    loss: s.loss,
+                    lr: s.lr,
+                    grad_norm: s.grad_norm,
+                    tokens_per_s: tps,
+                    mfu: peak.zip(flops).map(|(p, f)| f * tps / p),
+                    seconds: secs,
+                    memory: MemoryRecord {
+                        parameters: s.footprint.parameters,
+                        gradients: s.footprint.gradients,
+                        optimizer_state: s.footprint.optimizer_state,
+                        host_peak: s.peak.0,
+                        device_peak: s.peak.1,
+                    },
+                })?;
+            }
+        }
+        progress.at(n, s.loss);
+        if r.eval_every.is_some_and(|e| n % e == 0) && n < steps {
+            let h = t.heldout_loss()?;
+            progress.say(format!("step {n} held-out loss {h:.6}"));
+            held_pts.push((n, h));
+            if let Some(m) = &mut metrics {
+                m.write(&Record::Eval {
+                    step: n,
+                    heldout_loss: h,
+                })?;
+            }
+        }
+        if let (Some(p), Some(every)) = (&r.save, r.save_every) {
+            if n % every == 0 && n < steps {
+                saver.save(t, p, &progress)?;
+            }
+        }
+        last = s;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(p) = &r.save {
+        saver.save(t, p, &progress)?;
+    }
+    progress.finish();
+    let heldout = t.heldout_loss()?;
+    held_pts.push((t.step, heldout));
+    if let Some(m) = &mut metrics {
+        m.write(&Record::Eval {
+            step: t.step,
+            heldout_loss: heldout,
+        })?;
+        println!(
+            "metrics: {} ({} records written)",
+            m.path().display(),
+            m.lines
+        );
+    }
+    if let (Some(p), true) = (&r.plot, lead) {
+        let title = format!("{:?} loss", cfg.model.model).to_lowercase();
+        plot::render(
+            p,
+            &Curves {
+                title: &title,
+                train: &train_pts,
+                heldout: &held_pts,
+            },
+        )?;
+        println!(
+            "plot: {} ({} training and {} held-out points)",
+            p.display(),
+            train_pts.len(),
+            held_pts.len()
+        );
+    }
+    let done = (t.step - first) as f64;
+    Ok(Summary {
+        final_loss: if recent.is_empty() {
+            f64::NAN
+        } else {
+            recent.iter().sum::<f64>() / recent.len() as f64
+        },
+        heldout,
+        steps_per_s: done / seconds.max(1e-9),
+        tokens_per_s: done * tokens_per_step / seconds.max(1e-9),
+        seconds,
+        last,
+        bubbles,
+    })
+}
+
+/// The closing lines (rank 0).
+pub(super) fn report(
+    cfg: &TrainConfig,
+    s: &Summary,
+    entropy: Option<f64>,
+    bubble_theory: Option<(f64, String)>,
+) {
+    let unigram = entropy.map_or(String::new(), |u| format!(" (unigram entropy {u:.4})"));
+    println!("held-out loss {:.6}{unigram}", s.heldout);
+    let f = s.last.footprint;
+    let host = s
+        .last
+        .peak
+        .0
+        .map_or_else(|| "not counted".to_string(), |b| format!("{b} B"));
+    println!(
+        "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {} B",
+        cfg.parallel.zero, cfg.parallel.recompute, f.parameters, f.gradients, f.optimizer_state, s.last.peak.1
+    );
+    if let (Some((theory, what)), false) = (bubble_theory, s.bubbles.is_empty()) {
+        // The first step also builds caches and plans: left out when there are others.
+        let b = &s.bubbles[usize::from(s.bubbles.len() > 1)..];
+        let measured = b.iter().sum::<f64>() / b.len() as f64;
+        println!(
+            "bubble: measured {:.1}% theory {:.1}% ({what}; mean over ranks and {} steps of the time not computing)",
+            100.0 * measured,
+            100.0 * theory,
+            b.len()
+        );
+    }
+    let unigram = entropy.map_or(String::new(), |u| format!(" unigram-entropy {u:.4}"));
+    println!(
+        "final loss {:.8} steps/s {:.2} tokens/s {:.0} held-out {:.6}{unigram} seconds {:.1}",
+        s.final_loss, s.steps_per_s, s.tokens_per_s, s.heldout, s.seconds
+    );
+}

@@ -1,0 +1,484 @@
+//! `run`: a whole training job from a checked `TrainConfig`: the world, the mesh and device,
+//! the model's task (GPT or MLP classifier), resuming, `--explain`, the loop (`drive`: step
+//! lines, progress bar, held-out evaluations, checkpoints, metrics) and the closing lines, plot
+//! and (GPT) generated sample. Outputs are created only once every input has been checked.
+
+use std::path::{Path, PathBuf};
+
+use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
+use oxiflow_collectives::{Backend, DType};
+use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
+use oxiflow_placement::DeviceType;
+use oxiflow_tensor::Context;
+
+use crate::config::{
+    Dev, LrScheduleArg, ModelKind, Opt, Precision, PrecisionPolicy, TrainConfig, WorldBackend,
+};
+use crate::error::TrainError;
+use crate::model::TrainModel;
+use crate::schedule::{Decay, LrSchedule};
+use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
+use crate::tasks::mesh::Mesh;
+use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
+use crate::trainer::{StepHook, Trainer};
+
+mod drive;
+
+pub use drive::config_path;
+use drive::{drive, report, Saver};
+
+/// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
+pub const RESUME_AUTO: &str = "auto";
+
+/// Seams for programs and tests: code run at each save stage (tests crash a save on purpose)
+/// and on every step.
+#[derive(Default)]
+pub struct JobHooks {
+    pub save_stage: Option<fn(SaveStage)>,
+    pub step_hooks: Vec<Box<dyn StepHook>>,
+}
+
+/// The learning-rate schedule a configuration describes.
+pub fn schedule_of(cfg: &TrainConfig) -> LrSchedule {
+    let o = &cfg.optim;
+    LrSchedule {
+        lr: o.lr,
+        min_lr: o.min_lr,
+        warmup: o.warmup_steps,
+        steps: cfg.run.steps,
+        decay: match o.lr_schedule {
+            LrScheduleArg::Constant => Decay::Constant,
+            LrScheduleArg::Cosine => Decay::Cosine,
+            LrScheduleArg::Linear => Decay::Linear,
+        },
+    }
+}
+
+/// Whether oflaunch draws the progress bar from this job's progress lines.
+fn launcher_bar() -> bool {
+    LaunchEnv::from_env().is_ok_and(|e| e.progress_lines)
+}
+
+/// The world of the launch environment on the chosen backend.
+fn init_world(backend: WorldBackend) -> Result<Context, TrainError> {
+    Ok(match backend {
+        WorldBackend::Auto => oxiflow_tensor::init_from_env()?,
+        chosen => {
+            let mut env = LaunchEnv::from_env()?;
+            env.backend = BackendChoice::Cpu;
+            env.cpu_plane = match chosen {
+                WorldBackend::Mpi => CpuPlane::Mpi,
+                _ => CpuPlane::Tcp,
+            };
+            oxiflow_tensor::init_with_world(oxiflow_collectives::init_world(&env)?)
+        }
+    })
+}
+
+fn dtype_of(p: Precision) -> DType {
+    match p {
+        Precision::F32 => DType::F32,
+        Precision::F64 => DType::F64,
+    }
+}
+
+/// The device of the mesh, with the precision policy's matrix-product mode set on it.
+fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
+    let device = match cfg.parallel.device {
+        Dev::Cpu => DeviceType::Cpu,
+        Dev::Cuda => DeviceType::Cuda,
+        Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
+        Dev::Auto => DeviceType::Cpu,
+    };
+    match (cfg.policy(device), device) {
+        (PrecisionPolicy::Tf32, DeviceType::Cuda) => {
+            let rt = oxiflow_tensor::cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
+                detail: "--precision tf32 needs a CUDA device bound to this process".into(),
+            })?;
+            rt.set_matmul_precision(oxiflow_tensor::cuda::MatmulPrecision::Tf32);
+        }
+        (PrecisionPolicy::Tf32, DeviceType::Cpu) => {
+            return Err(TrainError::Layout {
+                detail: "--precision tf32 needs --device cuda (or auto on an NCCL world)".into(),
+            });
+        }
+        _ => {}
+    }
+    Ok(device)
+}
+
+/// The configuration as one line per section, for the log.
+fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
+    let text = cfg.to_toml()?;
+    let mut lines = Vec::new();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        if l.starts_with('[') {
+            lines.push(format!("config {l}"));
+        } else if let Some(last) = lines.last_mut() {
+            last.push(' ');
+            last.push_str(&l.replace(" = ", "="));
+        }
+    }
+    Ok(lines)
+}
+
+/// Checks what `cfg` reads and writes that needs no world: the data (GPT: every shard), the
+/// checkpoint to resume (its recorded values and step), the outputs' folders. Every rank runs
+/// the same checks on the same inputs, so all refuse bad input alike, before any communication
+/// and before anything is written.
+fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
+    let inputs = match cfg.model.model {
+        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
+        ModelKind::Mlp => None,
+    };
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    if let Some(p) = &cfg.run.resume {
+        check_resume(cfg, vocab, p, resume_limit(cfg))?;
+    }
+    let r = &cfg.run;
+    for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
+        let Some(path) = path else { continue };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() || path.is_dir() {
+            return Err(TrainError::Output {
+                what,
+                path: path.clone(),
+                detail: format!("{} is not a folder to write a file in", dir.display()),
+            });
+        }
+    }
+    Ok(inputs)
+}
+
+/// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
+fn only_generate(cfg: &TrainConfig) -> bool {
+    cfg.model.model == ModelKind::Gpt
+        && cfg.generate.generate.is_some()
+        && cfg.run.resume.is_some()
+        && !cfg.is_set("run.steps")
+}
+
+/// The step a resumed checkpoint must be below (none when only generating).
+fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
+    (!only_generate(cfg)).then_some(cfg.run.steps)
+}
+
+/// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
+/// any other `--resume` as given.
+fn resolve_resume(cfg: &TrainConfig) -> Result<Option<PathBuf>, TrainError> {
+    match cfg.run.resume.as_deref() {
+        Some(p) if p == Path::new(RESUME_AUTO) => match &cfg.run.save {
+            Some(save) => Ok(checkpoint::newest_complete(save)?),
+            None => Err(TrainError::Config {
+                detail: "--resume auto needs --save (where to look for checkpoints)".into(),
+            }),
+        },
+        other => Ok(other.map(Path::to_path_buf)),
+    }
+}
+
+/// Runs the job `cfg` describes on the launch environment's world. With `--resume auto` a
+/// checkpoint that already reaches `--steps` means the job is done (a restart after the last
+/// save): it says so and trains nothing.
+pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
+    let auto = cfg.run.resume.as_deref() == Some(Path::new(RESUME_AUTO));
+    let mut resolved = cfg.clone();
+    resolved.run.resume = resolve_resume(cfg)?;
+    let cfg = &resolved;
+    if let (true, Some(p)) = (auto, &cfg.run.resume) {
+        let step = checkpoint::read_manifest_at(p)?
+            .metadata
+            .get("step")
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(step) = step.filter(|&s| s >= cfg.run.steps) {
+            if LaunchEnv::from_env().map_or(true, |e| e.rank == 0) {
+                println!(
+                    "--resume auto: {} is at step {step}, which reaches --steps {}: nothing to train",
+                    p.display(),
+                    cfg.run.steps
+                );
+            }
+            return Ok(());
+        }
+    }
+    let inputs = check_inputs(cfg)?;
+    let ctx = init_world(cfg.parallel.backend)?;
+    let world = ctx.world_size();
+    let lead = ctx.rank() == 0;
+    let mesh = Mesh::resolve(&cfg.parallel, world)?;
+    let device = device_of(cfg, &ctx)?;
+    if lead {
+        for l in config_lines(cfg)? {
+            println!("{l}");
+        }
+    }
+    match inputs {
+        Some(inputs) => gpt_job(cfg, mesh, device, inputs, world, lead, hooks),
+        None => mlp_job(cfg, mesh, device, world, lead, hooks),
+    }
+}
+
+/// The values a checkpoint records that a resumed run must repeat: (key, value, flag, whether
+/// `--allow-resume-mismatch` may override a difference).
+fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'static str, bool)> {
+    let m = &cfg.model;
+    let mut v = vec![
+        (
+            "model",
+            format!("{:?}", m.model).to_lowercase(),
+            "--model",
+            false,
+        ),
+        ("seed", m.seed.to_string(), "--seed", true),
+        (
+            "optimizer",
+            format!("{:?}", cfg.optim.optimizer).to_lowercase(),
+            "--optimizer",
+            true,
+        ),
+        ("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
+    ];
+    match m.model {
+        ModelKind::Gpt => v.extend([
+            ("layers", m.layers.to_string(), "--layers", false),
+            ("heads", m.heads.to_string(), "--heads", false),
+            ("width", m.width.to_string(), "--width", false),
+            ("seq_len", m.seq_len.to_string(), "--seq-len", false),
+            ("vocab", vocab.to_string(), "--tokenizer", false),
+        ]),
+        ModelKind::Mlp => v.extend([
+            ("hidden", m.hidden.to_string(), "--hidden", false),
+            ("features", m.features.to_string(), "--features", false),
+            ("classes", m.classes.to_string(), "--classes", false),
+        ]),
+    }
+    v
+}
+
+/// The checkpoint's step when this run may continue it: the recorded values match (or may be
+/// overridden) and the step is below `limit` (any step when only generating).
+fn check_resume(
+    cfg: &TrainConfig,
+    vocab: usize,
+    path: &Path,
+    limit: Option<u64>,
+) -> Result<u64, TrainError> {
+    let bad = |detail: String| TrainError::Resume {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let meta = checkpoint::read_manifest_at(path)?.metadata;
+    for (key, want, flag, soft) in recorded(cfg, vocab) {
+        let saved = meta.get(key).map_or("(none)", String::as_str);
+        if saved == want || (soft && cfg.run.allow_resume_mismatch) {
+            continue;
+        }
+        let hint = if soft {
+            format!("; pass {flag} {saved} or --allow-resume-mismatch")
+        } else {
+            String::new()
+        };
+        return Err(bad(format!(
+            "the checkpoint was saved with {key} {saved} but this run has {flag} {want}{hint}"
+        )));
+    }
+    let step: u64 = meta
+        .get("step")
+        .ok_or_else(|| bad("the checkpoint records no step".into()))?
+        .parse()
+        .map_err(|e| bad(format!("bad step: {e}")))?;
+    match limit {
+        Some(s) if step >= s => Err(bad(format!(
+            "the checkpoint is at step {step}, not below --steps {s}"
+        ))),
+        _ => Ok(step),
+    }
+}
+
+/// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
+fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
+    Saver {
+        cfg,
+        meta: recorded(cfg, vocab)
+            .into_iter()
+            .map(|(k, v, _, _)| (k.to_string(), v))
+            .collect(),
+        opts: SaveOptions {
+            gathered: cfg.run.save_gathered,
+            stage_hook: hook,
+            ..SaveOptions::default()
+        },
+        lead,
+    }
+}
+
+/// `--explain`: one step under the explain recorder, reported by rank 0.
+fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), TrainError> {
+    oxiflow_tensor::explain::explain_start();
+    let stats = t.train_step();
+    let record = oxiflow_tensor::explain::explain_finish();
+    let stats = stats?;
+    if lead {
+        println!("parameters (global shape on placement as nd-SBP):");
+        for p in t.model.parameters() {
+            let value = p.value();
+            let layout = value
+                .layout()
+                .map_or_else(|| format!("local {}", value.describe()), |l| l.to_string());
+            println!("  {:<24} {layout}", p.name());
+        }
+        println!("one training step (ops with their output layouts, boxings with their bytes):");
+        print!("{}", record.render());
+        println!("explained step loss {:.8}", stats.loss);
+    }
+    Ok(())
+}
+
+fn gpt_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    inputs: GptInputs,
+    world: usize,
+    lead: bool,
+    hooks: JobHooks,
+) -> Result<(), TrainError> {
+    let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
+    let vocab = job.trainer.model.cfg.vocab;
+    let g = &cfg.generate;
+    let only_generate = only_generate(cfg);
+    if let Some(p) = &cfg.run.resume {
+        job.trainer.resume(p)?;
+    }
+    for h in hooks.step_hooks {
+        job.trainer.add_hook(h);
+    }
+    let m = &job.trainer.model.cfg;
+    let p = &cfg.parallel;
+    let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
+    if lead {
+        println!(
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, m.sequence_parallel,
+            p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
+            cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
+            cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
+        );
+        let entropy = job.entropy.map_or(String::new(), |u| {
+            format!("; unigram entropy of the train split {u:.4} nats")
+        });
+        println!(
+            "data: {} tokenizer {}{entropy}",
+            job.trainer.data.describe(),
+            job.tokenizer.name()
+        );
+    }
+    if cfg.run.explain {
+        return explain_step(&mut job.trainer, lead);
+    }
+    if !only_generate {
+        let saver = saver(cfg, vocab, hooks.save_stage, lead);
+        let summary = drive(&mut job.trainer, cfg, lead, &saver, world, launcher_bar())?;
+        if lead {
+            let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
+                let s = run.spec;
+                (
+                    s.bubble_theory(),
+                    format!(
+                        "schedule {}, pp {}, micro-batches {}, virtual-stages {}",
+                        s.schedule, s.stages, s.micro_batches, s.virtual_stages
+                    ),
+                )
+            });
+            report(cfg, &summary, job.entropy, theory);
+        }
+    }
+    if g.gen_tokens == 0 {
+        return Ok(());
+    }
+    let prompt = g.generate.as_deref().unwrap_or("The ");
+    let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
+    if lead {
+        println!("sample (temperature {}): {prompt}{text}", g.temperature);
+    }
+    Ok(())
+}
+
+fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {
+    match s {
+        crate::config::ScheduleArg::Gpipe => "gpipe",
+        crate::config::ScheduleArg::OneFOneB => "1f1b",
+        crate::config::ScheduleArg::Interleaved => "interleaved",
+    }
+}
+
+fn mlp_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    world: usize,
+    lead: bool,
+    hooks: JobHooks,
+) -> Result<(), TrainError> {
+    let m = &cfg.model;
+    let ccfg = ClassifierConfig {
+        mesh: Some((mesh.dp, mesh.tp)),
+        batch_size: cfg.data.batch_size,
+        features: m.features,
+        classes: m.classes,
+        hidden: m.hidden,
+        lr: cfg.optim.lr,
+        momentum: cfg.optim.momentum,
+        weight_decay: cfg.optim.weight_decay,
+        optimizer: match cfg.optim.optimizer {
+            Opt::Sgd => OptimizerKind::Sgd,
+            Opt::Adamw => OptimizerKind::AdamW,
+        },
+        seed: m.seed,
+        dtype: dtype_of(m.dtype),
+        device,
+        compute_dtype: cfg.compute_dtype(device),
+        ..ClassifierConfig::default()
+    };
+    let mut t = classifier(&ccfg)?;
+    t.opts.schedule = schedule_of(cfg);
+    t.opts.clip_grad = cfg.optim.clip_grad;
+    t.opts.grad_accum = cfg.optim.grad_accum;
+    // The global batch may split unevenly over dp; each accumulated part must be whole.
+    if !cfg.data.batch_size.is_multiple_of(cfg.optim.grad_accum) {
+        return Err(TrainError::Layout {
+            detail: format!(
+                "--batch-size {} must be a multiple of --grad-accum {}",
+                cfg.data.batch_size, cfg.optim.grad_accum
+            ),
+        });
+    }
+    if let Some(p) = &cfg.run.resume {
+        t.resume(p)?;
+    }
+    for h in hooks.step_hooks {
+        t.add_hook(h);
+    }
+    if lead {
+        println!(
+            "train: mlp features {} hidden {} classes {} | mesh [dp {}, tp {}] world {world} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
+            m.features, m.hidden, m.classes, mesh.dp, mesh.tp, cfg.data.batch_size, cfg.optim.lr,
+            format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
+            cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()),
+            cfg.optim.grad_accum, m.seed, t.step
+        );
+        println!("data: {}", t.data.describe());
+    }
+    if cfg.run.explain {
+        return explain_step(&mut t, lead);
+    }
+    let saver = saver(cfg, 0, hooks.save_stage, lead);
+    let summary = drive(&mut t, cfg, lead, &saver, world, launcher_bar())?;
+    if lead {
+        report(cfg, &summary, None, None);
+    }
+    Ok(())
+}

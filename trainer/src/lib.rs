@@ -1,0 +1,75 @@
+//! OxiFlow's trainer: one loop (`Trainer`) for any model (`TrainModel`; the GPT and the MLP
+//! classifier are two) under any mesh, ZeRO stage, recomputation and pipeline schedule, with
+//! learning-rate schedules (`schedule`), global-norm clipping, gradient accumulation and
+//! per-parameter weight decay; the jobs `train` runs (`job`), configured by flags or a TOML job
+//! file (`config`), with metrics (`metrics`), plots (`plot`), a progress bar (`progress`) and a
+//! `prepare` mode that tokenizes text into shards (`prepare`).
+//!
+//! ```text
+//! let cli = oxiflow::trainer::Cli::parse();
+//! oxiflow::trainer::main_with(cli, JobHooks::default())?;
+//! ```
+
+pub mod config;
+mod error;
+pub mod job;
+pub mod metrics;
+mod model;
+pub mod plot;
+pub mod prepare;
+pub mod progress;
+pub mod schedule;
+pub mod tasks;
+mod trainer;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+pub use config::{Flags, TrainConfig};
+pub use error::TrainError;
+pub use job::JobHooks;
+pub use model::{Batch, BatchSource, TrainModel};
+pub use schedule::{Decay, LrSchedule};
+pub use trainer::{PipelineRun, StepHook, StepStats, TrainOptions, Trainer, Verdict};
+
+/// Train a GPT on text or token shards (or an MLP classifier on synthetic Gaussian clusters)
+/// with global tensors; or tokenize text into shards (`train prepare`).
+///
+/// Every setting is checked before the run starts; nonsense (a learning rate of 0, NaN or
+/// infinity, a batch of 0, a mesh that does not match the world) is refused with a message.
+#[derive(Parser, Debug)]
+#[command(
+    name = "train",
+    allow_negative_numbers = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// A job file (TOML): tables [model] [parallel] [data] [optim] [run] [generate] whose keys
+    /// are the flags' names (e.g. `seq-len = 64` in [model]); flags given here override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: Flags,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Modes other than training.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Tokenize text files into token shards (llm.c's format or raw u16), with a progress bar.
+    Prepare(prepare::PrepareArgs),
+}
+
+/// What `train` does with its command line: prepare shards, or resolve the configuration
+/// (before any tensor work) and run the job.
+pub fn main_with(cli: Cli, hooks: JobHooks) -> Result<(), TrainError> {
+    match cli.command {
+        Some(Command::Prepare(args)) => prepare::run(&args).map(|_| ()),
+        None => {
+            let cfg = config::load(cli.config.as_deref(), &cli.flags)?;
+            job::run(&cfg, hooks)
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! `Trainer`: one loop for any `TrainModel` under any layout. A step sets the scheduled
+//! learning rate, runs its batch as `grad_accum` parts (each through the pipeline runner's
+//! micro-batches when pipelined; losses scaled so the gradients are the whole batch's), measures
+//! the gradients' global norm while the optimizer boxes them (`Optimizer::prepare`), lets the
+//! hooks see the step before its update, and applies the update clipped to `clip_grad`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oxiflow_collectives::DType;
+use oxiflow_models::checkpoint::{self, Metadata, SaveOptions};
+use oxiflow_models::footprint::Footprint;
+use oxiflow_models::nn::Pass;
+use oxiflow_models::optim::{clip_factor, Optimizer};
+use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
+use oxiflow_tensor::{no_grad, Context, Tensor, TensorError};
+
+use crate::error::TrainError;
+use crate::model::{BatchSource, TrainModel};
+use crate::schedule::LrSchedule;
+
+/// A pipelined job's layout as this rank sees it.
+#[derive(Clone, Debug)]
+pub struct PipelineRun {
+    pub spec: PipelineSpec,
+    /// This rank's stage.
+    pub stage: usize,
+    /// Every rank of the job as a 1-d placement (where the step's loss and times meet).
+    pub world: Placement,
+    /// The last stage's placement.
+    pub last: Placement,
+}
+
+/// How steps are made.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub schedule: LrSchedule,
+    /// Clip the gradients' global norm to this.
+    pub clip_grad: Option<f64>,
+    /// Parts each step's batch runs in (gradient accumulation).
+    pub grad_accum: usize,
+    pub pipeline: Option<PipelineRun>,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default)]
+pub struct StepStats {
+    /// The step count after this step.
+    pub step: u64,
+    /// The mean loss of the step's batch.
+    pub loss: f64,
+    /// The global L2 norm of the gradients before clipping.
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Wall time of the step.
+    pub seconds: f64,
+    /// Host (when counted) and device peak bytes during the forward and backward passes.
+    pub peak: (Option<usize>, usize),
+    /// Parameters, gradients and optimizer state after the backward pass.
+    pub footprint: Footprint,
+    /// Pipelined steps: the mean over ranks of the fraction of the schedule's time a rank did
+    /// not compute.
+    pub bubble: Option<f64>,
+    /// The update was skipped (a hook said so).
+    pub skipped: bool,
+}
+
+/// What a hook decides about a step's update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Update,
+    Skip,
+}
+
+/// Code the loop runs on every step (e.g. health guards): `before_update` sees the step's
+/// loss and gradient norm (every rank the same values) before the optimizer changes anything.
+pub trait StepHook {
+    fn before_update(&mut self, _step: &StepStats) -> Result<Verdict, TrainError> {
+        Ok(Verdict::Update)
+    }
+    fn after_step(&mut self, _step: &StepStats) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// A model, its optimizer and data, and the step count.
+pub struct Trainer<M: TrainModel> {
+    pub model: M,
+    pub optimizer: Box<dyn Optimizer>,
+    pub data: Box<dyn BatchSource>,
+    pub opts: TrainOptions,
+    pub step: u64,
+    hooks: Vec<Box<dyn StepHook>>,
+}
+
+fn loop_err(op: &'static str, detail: String) -> TrainError {
+    TrainError::Tensor(TensorError::Kernel { op, detail })
+}
+
+/// The value of a one-element tensor, as f64, on every rank of its placement.
+fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
+    let v = t.cast(DType::F64)?.to_vec::<f64>()?;
+    v.first()
+        .copied()
+        .ok_or_else(|| loop_err(op, "empty result".into()))
+}
+
+impl<M: TrainModel> Trainer<M> {
+    pub fn new(
+        model: M,
+        optimizer: Box<dyn Optimizer>,
+        data: Box<dyn BatchSource>,
+        opts: TrainOptions,
+    ) -> Result<Trainer<M>, TrainError> {
+        if opts.grad_accum == 0 {
+            return Err(loop_err(
+                "Trainer::new",
+                "grad_accum must be at least 1".into(),
+            ));
+        }
+        if opts.pipeline.is_some() && model.pipeline().is_none() {
+            return Err(loop_err(
+                "Trainer::new",
+                "a pipelined run needs a model with stages".into(),
+            ));
+        }
+        Ok(Trainer {
+            model,
+            optimizer,
+            data,
+            opts,
+            step: 0,
+            hooks: Vec::new(),
+        })
+    }
+
+    /// Runs `hook` on every later step.
+    pub fn add_hook(&mut self, hook: Box<dyn StepHook>) {
+        self.hooks.push(hook);
+    }
+
+    /// One step: forward and backward over the step's batch, the gradients' norm, the update.
+    pub fn train_step(&mut self) -> Result<StepStats, TrainError> {
+        let start = Instant::now();
+        let step = self.step;
+        let lr = self.opts.schedule.at(step);
+        self.optimizer.set_lr(lr);
+        self.optimizer.zero_grad();
+        oxiflow_tensor::memory::reset_peaks();
+        let (loss, bubble) = if self.opts.pipeline.is_some() {
+            self.pipelined_batch(step)?
+        } else {
+            (self.plain_batch(step)?, None)
+        };
+        let mut stats = StepStats {
+            step: step + 1,
+            loss,
+            lr,
+            peak: (
+                oxiflow_tensor::memory::host().map(|m| m.peak),
+                oxiflow_tensor::memory::device().peak,
+            ),
+            footprint: Footprint::measure(&self.model.parameters(), self.optimizer.as_ref()),
+            bubble,
+            ..StepStats::default()
+        };
+        stats.grad_norm = self.optimizer.prepare()?;
+        let mut verdict = Verdict::Update;
+        for h in &mut self.hooks {
+            if h.before_update(&stats)? == Verdict::Skip {
+                verdict = Verdict::Skip;
+            }
+        }
+        match verdict {
+            Verdict::Update => self
+                .optimizer
+                .apply(clip_factor(stats.grad_norm, self.opts.clip_grad))?,
+            Verdict::Skip => {
+                self.optimizer.discard();
+                stats.skipped = true;
+            }
+        }
+        self.step += 1;
+        stats.seconds = start.elapsed().as_secs_f64();
+        for h in &mut self.hooks {
+            h.after_step(&stats)?;
+        }
+        Ok(stats)
+    }
+
+    /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss.
+    fn plain_batch(&mut self, step: u64) -> Result<f64, TrainError> {
+        let k = self.opts.grad_accum;
+        let mut total: Option<Tensor> = None;
+        for a in 0..k {
+            let batch = self.data.train_batch(step, a, k)?;
+            let loss = self.model.loss(&batch, Pass::Train { step }.micro(a, k))?;
+            if k == 1 {
+                loss.backward()?;
+            } else {
+                loss.mul_scalar(1.0 / k as f64)?.backward()?;
+            }
+            let _ng = no_grad();
+            let l = loss.detach().cast(DType::F64)?;
+            total = Some(match total {
+                Some(t) => t.add(&l)?,
+                None => l,
+            });
+        }
+        let _ng = no_grad();
+        match total {
+            Some(t) => Ok(first("train_step", &t)? / k as f64),
+            None => Err(loop_err("train_step", "no part ran".into())),
+        }
+    }
+
+    /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every
+    /// rank gets it) and the step's bubble, from one reduction over the world.
+    fn pipelined_batch(&mut self, step: u64) -> Result<(f64, Option<f64>), TrainError> {
+        let Some(run) = self.opts.pipeline.clone() else {
+            return Err(loop_err("train_step", "not pipelined".into()));
+        };
+        let model = self
+            .model
+            .pipeline()
+            .ok_or_else(|| loop_err("train_step", "the model has no stages".into()))?;
+        let (k, m) = (self.opts.grad_accum, run.spec.micro_batches);
+        let rank = Context::current()
+            .ok_or_else(|| loop_err("train_step", "no runtime context".into()))?
+            .rank();
+        let lead_of_last = run.last.ranks().first() == Some(&rank);
+        let (mut loss, mut busy, mut span) = (0.0, Duration::ZERO, Duration::ZERO);
+        for a in 0..k {
+            let (mut inputs, mut targets) = (Vec::with_capacity(m), Vec::with_capacity(m));
+            for j in 0..m {
+                let b = self.data.train_batch(step, a * m + j, k * m)?;
+                inputs.push(b.inputs);
+                targets.push(b.targets);
+            }
+            let report = pipeline::run_step(
+                model,
+                &run.spec,
+                run.stage,
+                &MicroBatches {
+                    inputs: &inputs,
+                    targets: &targets,
+                    scale: 1.0 / k as f64,
+                },
+                Pass::Train { step }.micro(a, k),
+            )?;
+            let _ng = no_grad();
+            if let Some(l) = &report.loss {
+                let v = first("train_step", l)?;
+                if lead_of_last {
+                    loss += v;
+                }
+            }
+            busy += report.busy;
+            span += report.span;
+        }
+        let _ng = no_grad();
+        // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its
+        // own slots; one sum over the world gives everyone all of them.
+        let n = run.world.num_ranks();
+        let mut mine = vec![0.0; 1 + 2 * n];
+        mine[0] = loss / k as f64;
+        let at = run
+            .world
+            .ranks()
+            .iter()
+            .position(|&r| r == rank)
+            .ok_or_else(|| loop_err("train_step", format!("rank {rank} is not in the job")))?;
+        mine[1 + at] = busy.as_secs_f64();
+        mine[1 + n + at] = span.as_secs_f64();
+        let all = Tensor::from_vec(mine, [1 + 2 * n])?
+            .to_global(&run.world, NdSbp::new([Sbp::Partial(ReduceOp::Sum)]))?
+            .to_vec::<f64>()?;
+        // The schedule took as long as its slowest rank; the bubble is the mean fraction of
+        // that time a rank did not compute.
+        let slowest = all[1 + n..].iter().copied().fold(0.0, f64::max).max(1e-12);
+        let mean_busy = all[1..1 + n].iter().sum::<f64>() / n as f64;
+        Ok((all[0], Some(1.0 - mean_busy / slowest)))
+    }
+
+    /// The value of a 0-d result on every rank (through the world when pipelined).
+    fn read_scalar(&self, op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
+        match &self.opts.pipeline {
+            None => first(op, t),
+            Some(run) => first(
+                op,
+                &t.cast(DType::F64)?
+                    .to_global(&run.world, NdSbp::broadcast(1))?,
+            ),
+        }
+    }
+
+    /// The mean loss over the data's held-out batches.
+    pub fn heldout_loss(&mut self) -> Result<f64, TrainError> {
+        let _ng = no_grad();
+        let n = self.data.heldout_batches().max(1);
+        let mut sum = 0.0;
+        for i in 0..n {
+            let batch = self.data.heldout_batch(i)?;
+            let loss = self.model.loss(&batch, Pass::Eval)?;
+            sum += self.read_scalar("heldout_loss", &loss)?;
+        }
+        Ok(sum / n as f64)
+    }
+
+    /// Saves the parameters, optimizer state, `meta`, the step and the data position (every
+    /// rank calls).
+    pub fn save(&self, path: &Path, meta: &Metadata, opts: &SaveOptions) -> Result<(), TrainError> {
+        let mut meta = meta.clone();
+        meta.insert("step".into(), self.step.to_string());
+        meta.extend(self.data.position(self.step));
+        Ok(checkpoint::save(
+            path,
+            &self.model.parameters(),
+            Some(self.optimizer.as_ref()),
+            &meta,
+            opts,
+        )?)
+    }
+
+    /// Loads a checkpoint saved under any layout and continues at its step and the data
+    /// position it records; returns the step.
+    pub fn resume(&mut self, path: &Path) -> Result<u64, TrainError> {
+        let meta = checkpoint::load(
+            path,
+            &self.model.parameters(),
+            Some(self.optimizer.as_mut()),
+        )?;
+        let step = meta
+            .get("step")
+            .ok_or_else(|| TrainError::Resume {
+                path: path.to_path_buf(),
+                detail: "the checkpoint records no step".into(),
+            })?
+            .parse::<u64>()
+            .map_err(|e| TrainError::Resume {
+                path: path.to_path_buf(),
+                detail: format!("bad step: {e}"),
+            })?;
+        self.data.resume(step, &meta)?;
+        self.step = step;
+        Ok(step)
+    }
+}

@@ -106,6 +106,9 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                 a.mul(&y)?,
                 a.div(&y)?,
                 a.mul_scalar(3.0)?.pow_scalar(2.0)?,
+                // same shapes: the vectorised kernels
+                a.add(&a.exp()?)?,
+                a.mul(&a.tanh()?)?,
             ]
         }
         2 => {

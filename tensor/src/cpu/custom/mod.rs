@@ -2,3 +2,7 @@
 //! for `CpuBackend`.
 
 mod adamw;
+mod adamw_multi;
+mod classifier;
+mod linear;
+mod residual_layer_norm;

@@ -107,4 +107,8 @@ macro_rules! custom_ops {
 custom_ops! {
     // module::Variant(Type): KernelTrait,
     adamw::AdamW(AdamPart): AdamWKernels,
+    residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
+    linear::Linear(LinearOp): LinearKernels,
+    classifier::Classifier(ClassifierOp): ClassifierKernels,
+    adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
 }

@@ -2,3 +2,7 @@
 //! for `CudaKernels`.
 
 mod adamw;
+mod adamw_multi;
+mod classifier;
+mod linear;
+mod residual_layer_norm;

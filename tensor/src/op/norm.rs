@@ -151,8 +151,12 @@ impl OpFamily for NormOp {
                 dispatch(NormOp::LayerNormBackward.into(), &[x, w, dy, mean, rstd])
             })?,
             g.when(1, || {
-                let xhat = x.sub(mean)?.mul(rstd)?;
-                sum_to(xhat.mul(dy)?, g.input_meta(1))
+                // x-hat in the statistics' dtype (f32 for 16-bit data), the sum over rows too;
+                // rounded once to the weight's dtype.
+                let f = mean.dtype();
+                let xhat = x.to_dtype(f)?.sub(mean)?.mul(rstd)?;
+                let like = g.input_meta(1);
+                sum_to(xhat.mul(&dy.to_dtype(f)?)?, like)?.to_dtype(like.dtype())
             })?,
             g.when(2, || sum_to(dy.clone(), g.input_meta(2)))?,
         ])

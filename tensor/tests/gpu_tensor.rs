@@ -26,8 +26,8 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 mod gpu_tensor_checks;
 mod half_cases;
 use gpu_tensor_checks::{
-    child_bf16, child_creation, child_half, child_inputs_unchanged, child_pipelined,
-    run_indexed_case,
+    child_bf16, child_creation, child_half, child_inputs_unchanged, child_large_reductions,
+    child_pipelined, run_indexed_case,
 };
 
 #[derive(Clone, Debug)]
@@ -658,6 +658,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 10;
         }
     }
+    match child_large_reductions(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} large sums (several passes) within 2e-4 of the f64 sums"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: large sums: {e}");
+            code = 11;
+        }
+    }
     match child_inputs_unchanged(world, rank, DeviceType::Cuda) {
         Ok(()) if rank == 0 => println!(
             "gpu_tensor: world {world}: P->B x5 then P->S leave the P input unchanged; results equal the host sum"
@@ -688,6 +698,7 @@ fn cpu_self_check() {
             .and_then(|ab| child_pipelined(4, DeviceType::Cpu).map(|(_, p, _)| (ab, p)))
             .and_then(|abp| child_inputs_unchanged(4, rank, DeviceType::Cpu).map(|_| abp))
             .and_then(|abp| child_half(4, DeviceType::Cpu).map(|h| (abp, h)))
+            .and_then(|x| child_large_reductions(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

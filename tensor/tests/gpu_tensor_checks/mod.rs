@@ -1,14 +1,16 @@
 //! The GPU suite's checks of the stream ordering and the CUDA backend's own paths: pipelined
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
 //! creation ops computed on the device (every dtype), bf16 matrix products, and every 16-bit
-//! kernel against f64 (`half.rs`).
+//! kernel against f64 (`half.rs`), sums over large pieces (`reductions.rs`).
 
 use super::*;
 
 mod half;
 mod indexed;
+mod reductions;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
+pub(crate) use reductions::child_large_reductions;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
 type Boxer<'a> = dyn Fn(&Tensor, &[Sbp]) -> Result<Tensor> + 'a;

@@ -83,11 +83,18 @@ fn reduce(
     launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)
 }
 
-/// Rows of a column-sum pass: each block of threads sums `CHUNK` rows of its columns.
+/// Rows of a column-sum pass: each thread sums `CHUNK` rows of its column.
 const CHUNK: usize = 64;
 
-/// `out[c] = scale * sum_r x[r, c]` for x `[rows, cols]`: partial sums of `CHUNK`-row chunks,
-/// then (if more than one chunk) the sum of the partials; each pass reads coalesced rows.
+/// Most partial rows a last column-sum pass sums per thread.
+const LAST_PASS_ROWS: usize = 1024;
+
+/// Elements one block sums in the first pass of a whole-piece sum.
+const SPAN: usize = 16384;
+
+/// `out[c] = scale * sum_r x[r, c]` for x `[rows, cols]`: passes of `CHUNK`-row partial sums
+/// (each reading coalesced rows) until at most `LAST_PASS_ROWS` partial rows are left, then
+/// their sum; deterministic. A single column is a contiguous sum ([`contiguous_sum`]).
 fn column_sum(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
@@ -96,20 +103,61 @@ fn column_sum(
     [rows, cols]: [usize; 2],
     scale: f64,
 ) -> Result<()> {
+    if cols == 1 {
+        return contiguous_sum(rt, op, x, out, rows, scale);
+    }
     let name = Template::ReduceCols.at(x.dtype);
-    let chunks = rows.div_ceil(CHUNK);
     let pass = |src: u64, dst: u64, r: usize, chunk: usize, sc: f64| -> Result<()> {
         let (rr, cc, ch, xp, yp) = (r as i64, cols as i64, chunk as i64, src, dst);
         let groups = r.div_ceil(chunk);
         launch!(rt, op, name, grid(groups * cols); rr, cc, ch, sc, xp, yp)
     };
-    if chunks == 1 {
-        return pass(x.ptr(), out.ptr(), rows, CHUNK, scale);
+    // The partial sums are scratch pieces, each kept until the next pass has read it.
+    let mut part: Option<CudaStorage> = None;
+    let mut r = rows;
+    loop {
+        let src = part.as_ref().map_or(x.ptr(), |p| p.ptr());
+        if r <= LAST_PASS_ROWS {
+            return pass(src, out.ptr(), r, r.max(1), scale);
+        }
+        let chunks = r.div_ceil(CHUNK);
+        let next = CudaStorage::alloc(rt, x.dtype, Shape::new([chunks, cols]))?;
+        pass(src, next.ptr(), r, CHUNK, 1.0)?;
+        part = Some(next);
+        r = chunks;
     }
-    // The partial sums are a scratch piece.
-    let part = CudaStorage::alloc(rt, x.dtype, Shape::new([chunks, cols]))?;
-    pass(x.ptr(), part.ptr(), rows, CHUNK, 1.0)?;
-    pass(part.ptr(), out.ptr(), chunks, chunks, scale)
+}
+
+/// `out[0] = scale * sum x` over `n` contiguous elements: one block per `SPAN` elements (the
+/// row kernel on `[n / SPAN, SPAN]`, the tail as one more row), then one block over the
+/// partial sums; deterministic.
+fn contiguous_sum(
+    rt: &Arc<CudaRuntime>,
+    op: &'static str,
+    x: &CudaStorage,
+    out: &CudaStorage,
+    n: usize,
+    scale: f64,
+) -> Result<()> {
+    let name = Template::ReduceRows.at(x.dtype);
+    let mx = Combine::Sum as i32;
+    let rows_pass = |src: u64, dst: u64, rows: usize, len: usize, sc: f64| -> Result<()> {
+        let (r, l, xp, yp) = (rows as i64, len as i64, src, dst);
+        launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)
+    };
+    if n <= 4 * SPAN {
+        return rows_pass(x.ptr(), out.ptr(), 1, n, scale);
+    }
+    let (full, tail) = (n / SPAN, n % SPAN);
+    let parts = full + usize::from(tail > 0);
+    let part = CudaStorage::alloc(rt, x.dtype, Shape::new([parts]))?;
+    let esize = x.dtype.size() as u64;
+    rows_pass(x.ptr(), part.ptr(), full, SPAN, 1.0)?;
+    if tail > 0 {
+        let at = (full * SPAN) as u64 * esize;
+        rows_pass(x.ptr() + at, part.ptr() + full as u64 * esize, 1, tail, 1.0)?;
+    }
+    rows_pass(part.ptr(), out.ptr(), 1, parts, scale)
 }
 
 impl ReductionKernels for CudaKernels {

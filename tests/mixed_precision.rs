@@ -25,7 +25,10 @@ fn bf16_mixed_tracks_f32_and_every_layout_tracks_one_rank() {
     let f32_curve = run(1, "f32", &[]);
     let bf16 = run(1, "bf16-mixed", &[]);
     let gap = max_rel(&f32_curve, &bf16);
-    assert!(gap < 0.02, "bf16-mixed vs f32: {gap:.2e}\n{f32_curve:?}\n{bf16:?}");
+    assert!(
+        gap < 0.02,
+        "bf16-mixed vs f32: {gap:.2e}\n{f32_curve:?}\n{bf16:?}"
+    );
     assert_ne!(f32_curve, bf16, "bf16-mixed ran in f32");
     let (first, last) = (bf16[0].1, bf16[19].1);
     assert!(last < first * 0.9, "bf16-mixed does not train: {bf16:?}");
@@ -36,6 +39,9 @@ fn bf16_mixed_tracks_f32_and_every_layout_tracks_one_rank() {
     ] {
         let c = run(nproc, "bf16-mixed", layout);
         let gap = max_rel(&bf16, &c);
-        assert!(gap < 0.02, "{layout:?} vs one rank: {gap:.2e}\n{bf16:?}\n{c:?}");
+        assert!(
+            gap < 0.02,
+            "{layout:?} vs one rank: {gap:.2e}\n{bf16:?}\n{c:?}"
+        );
     }
 }

@@ -1,10 +1,11 @@
 //! `gpt_bench`: training throughput of OxiFlow's GPT on one GPU at GPT-2 shapes (124M by
 //! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024), synthetic tokens,
-//! AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1), one full step (forward, backward,
-//! update) per iteration, no gradient clipping.
+//! AdamW with f32 master weights (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on the matrices
+//! but the embeddings), global-norm clipping at `--clip-grad` (1.0, as the PyTorch anchor; 0
+//! turns it off), one full step (forward, backward, clipping, update) per iteration.
 //!
 //! ```text
-//! oflaunch --nproc-per-node 1 --backend nccl gpt_bench --matmul bf16 --micro-batch 16
+//! oflaunch --nproc-per-node 1 --backend nccl gpt_bench --precision bf16-mixed --micro-batch 16
 //! ```
 //! Prints `RESULT {json}` with tokens/s, ms per step, MFU and peak device memory. MFU follows
 //! the PyTorch anchor (`gpt2_bench.py`, nanoGPT's estimate): FLOPs per token
@@ -20,13 +21,8 @@ use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
 use oxiflow::prelude::*;
 use oxiflow::tensor::cuda::{self, MatmulPrecision};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Matmul {
-    F32,
-    Tf32,
-    Bf16,
-}
+use oxiflow::trainer::config::PrecisionPolicy;
+use oxiflow::trainer::TrainModel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum OnOff {
@@ -55,9 +51,12 @@ struct Args {
     /// Timed steps after the warm-up.
     #[arg(long, default_value_t = 10)]
     steps: usize,
-    /// Precision of the matrix products (parameters and activations stay f32).
-    #[arg(long, value_enum, default_value_t = Matmul::F32)]
-    matmul: Matmul,
+    /// The mixed-precision policy (as `train --precision`).
+    #[arg(long, value_enum, default_value_t = PrecisionPolicy::Bf16Mixed)]
+    precision: PrecisionPolicy,
+    /// Global-norm gradient clipping (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    clip_grad: f64,
     #[arg(long, default_value_t = 989.0)]
     peak_tflops: f64,
     /// Device blocks from NCCL's allocator (as in an NCCL world) or the driver's.
@@ -94,6 +93,7 @@ struct Bench {
     placement: Placement,
     b: usize,
     t: usize,
+    clip: Option<f64>,
 }
 
 impl Bench {
@@ -106,7 +106,7 @@ impl Bench {
         self.opt.zero_grad();
         let loss = self.model.loss(&x, &y, Pass::Train { step })?;
         loss.backward()?;
-        self.opt.step()?;
+        self.opt.step_with_norm(self.clip)?;
         Ok(loss)
     }
 }
@@ -126,10 +126,9 @@ fn main() -> R<()> {
     }
     let rt = cuda::bound_runtime()
         .ok_or("no CUDA device bound: run under `oflaunch --nproc-per-node 1 --backend nccl`")?;
-    rt.set_matmul_precision(match a.matmul {
-        Matmul::F32 => MatmulPrecision::F32,
-        Matmul::Tf32 => MatmulPrecision::Tf32,
-        Matmul::Bf16 => MatmulPrecision::Bf16,
+    rt.set_matmul_precision(match a.precision {
+        PrecisionPolicy::Tf32 => MatmulPrecision::Tf32,
+        PrecisionPolicy::F32 | PrecisionPolicy::Bf16Mixed => MatmulPrecision::F32,
     });
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
     let placement = Placement::new_1d(DeviceType::Cuda, [0])?.reshaped([1, 1])?;
@@ -145,7 +144,14 @@ fn main() -> R<()> {
         sequence_parallel: false,
     };
     let model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
+    if a.precision == PrecisionPolicy::Bf16Mixed {
+        model.set_compute_dtype(Some(DType::BF16));
+    }
     let params = model.parameters();
+    let decay: Vec<f64> = params
+        .iter()
+        .map(|p| if model.decays(p) { 0.1 } else { 0.0 })
+        .collect();
     let n_all: usize = params.iter().map(|p| p.value().numel()).sum();
     let n_mfu = n_all - a.seq * a.width;
     let opt = AdamW::new(
@@ -157,13 +163,15 @@ fn main() -> R<()> {
             eps: 1e-8,
             weight_decay: 0.1,
         },
-    );
+    )
+    .with_weight_decay(decay)?;
     let mut bench = Bench {
         model,
         opt,
         placement,
         b: a.micro_batch,
         t: a.seq,
+        clip: (a.clip_grad > 0.0).then_some(a.clip_grad),
     };
     let t_warm = Instant::now();
     let mut step = 0u64;
@@ -194,9 +202,10 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"matmul\":\"{:?}\",\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
-        a.matmul,
+        a.precision,
+        a.clip_grad,
         a.layers,
         a.width,
         n_all as f64 / 1e6,
@@ -231,7 +240,7 @@ fn main() -> R<()> {
         let total: f64 = rows.iter().map(|r| r.2).sum::<f64>() / a.profile as f64;
         println!(
             "PROFILE {:?}: {:.1} ms/step with a sync around each op, {:.1} ms inside ops",
-            a.matmul,
+            a.precision,
             wall * 1e3,
             total * 1e3
         );

@@ -315,7 +315,10 @@ fn train_flags_are_checked() {
     let runtime: &[(&[&str], &str)] = &[
         (&["--tp", "3"], "--tp 3 does not divide the world size 1"),
         (&["--dp", "2"], "must equal the world size 1"),
-        (&["--matmul", "bf16", "--device", "cpu"], "--matmul bf16"),
+        (
+            &["--precision", "tf32", "--device", "cpu"],
+            "--precision tf32",
+        ),
         (&["--resume", "/nonexistent/ckpt"], "no complete checkpoint"),
     ];
     for (args, want) in runtime {

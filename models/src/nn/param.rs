@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Result, TensorError};
+use oxiflow_dtype::DType;
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
@@ -11,6 +12,9 @@ struct ParamInner {
     value: RwLock<Tensor>,
     /// The layout layers compute with, when the stored leaf is sharded (ZeRO-3).
     compute: RwLock<Option<NdSbp>>,
+    /// The dtype layers compute with, when it differs from the stored leaf's (mixed
+    /// precision: an f32 master leaf computed with as bf16).
+    compute_dtype: RwLock<Option<DType>>,
     /// The layout the leaf's gradient is boxed to as it accumulates (ZeRO-2 and 3).
     grad_layout: RwLock<Option<NdSbp>>,
     /// A gather issued ahead of use (`prefetch`): the leaf it was gathered from, whether
@@ -32,6 +36,7 @@ impl Parameter {
             name: name.into(),
             value: RwLock::new(value.detach().requires_grad_(true)),
             compute: RwLock::new(None),
+            compute_dtype: RwLock::new(None),
             grad_layout: RwLock::new(None),
             prefetched: Mutex::new(None),
         }))
@@ -72,7 +77,15 @@ impl Parameter {
             Some((v, oxiflow_tensor::is_grad_enabled(), gathered.clone()));
         Ok(Some(gathered))
     }
+    /// The leaf as layers compute with it: cast to the compute dtype (before the gather, so a
+    /// sharded leaf moves its 16-bit copy), then gathered into the compute layout. Both steps
+    /// are recorded by autograd, so the gradient arrives at the leaf in its own dtype and
+    /// layout.
     fn gather(&self, v: Tensor) -> Result<Tensor> {
+        let v = match self.compute_dtype() {
+            d if d != v.dtype() => v.to_dtype(d)?,
+            _ => v,
+        };
         let compute = self
             .0
             .compute
@@ -83,6 +96,24 @@ impl Parameter {
             (Some(nd), Some(p)) => Ok(v.to_global(p, nd)?),
             _ => Ok(v),
         }
+    }
+    /// Makes layers compute with this parameter as `dtype` (None: the leaf's own dtype). The
+    /// stored leaf, its gradient and the optimizer's state keep the leaf's dtype.
+    pub fn set_compute_dtype(&self, dtype: Option<DType>) {
+        *self
+            .0
+            .compute_dtype
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = dtype;
+    }
+    /// The dtype [`Parameter::compute`] gives.
+    pub fn compute_dtype(&self) -> DType {
+        let d = *self
+            .0
+            .compute_dtype
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        d.unwrap_or_else(|| self.value().dtype())
     }
     /// The layout [`Parameter::compute`] gathers into, when the leaf is stored sharded.
     pub fn compute_layout(&self) -> Option<NdSbp> {
@@ -195,6 +226,12 @@ pub trait Module {
             p.prefetch()?;
         }
         Ok(())
+    }
+    /// Makes every parameter compute as `dtype` (see [`Parameter::set_compute_dtype`]).
+    fn set_compute_dtype(&self, dtype: Option<DType>) {
+        for p in self.parameters() {
+            p.set_compute_dtype(dtype);
+        }
     }
     /// Clears every parameter's gradient.
     fn zero_grad(&self) {

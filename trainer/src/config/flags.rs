@@ -82,15 +82,18 @@ pub enum WorldBackend {
     Mpi,
 }
 
-/// Precision of f32 matrix products on GPUs.
+/// How parameters and activations are computed with (the mixed-precision policy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Matmul {
+pub enum PrecisionPolicy {
+    /// Everything in the parameters' dtype (`--dtype`).
     F32,
-    /// TF32 tensor cores, f32 inputs and outputs (cuda only).
+    /// As f32, with f32 matrix products on TF32 tensor cores (cuda only).
     Tf32,
-    /// bf16 inputs, f32 accumulation (cuda only).
-    Bf16,
+    /// Master weights, gradients and optimizer state in `--dtype`; layers compute with bf16
+    /// copies of the parameters and bf16 activations (matrix products and attention accumulate
+    /// in f32, norms, softmax and the loss compute in f32).
+    Bf16Mixed,
 }
 
 /// The tokenizer of text data.
@@ -209,9 +212,11 @@ pub struct ParallelFlags {
     /// [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<WorldBackend>,
-    /// Precision of f32 matrix products on GPUs [default: f32].
+    /// Mixed-precision policy: f32, tf32 (f32 products on tensor cores, cuda only) or
+    /// bf16-mixed (bf16 compute copies and activations over f32 master weights) [default:
+    /// bf16-mixed on cuda, f32 on cpu].
     #[arg(long, value_enum)]
-    pub matmul: Option<Matmul>,
+    pub precision: Option<PrecisionPolicy>,
 }
 
 /// Where the data comes from.

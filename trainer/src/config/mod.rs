@@ -14,8 +14,8 @@ use serde::Serialize;
 
 pub use checks::parse;
 pub use flags::{
-    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, Matmul, ModelFlags, ModelKind, Opt,
-    OptimFlags, ParallelFlags, Precision, RecomputeArg, RunFlags, ScheduleArg, ShardFormatArg,
+    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, Opt, OptimFlags,
+    ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, RunFlags, ScheduleArg, ShardFormatArg,
     TokenizerArg, WorldBackend,
 };
 
@@ -53,7 +53,8 @@ pub struct ParallelConfig {
     pub recompute: RecomputeArg,
     pub device: Dev,
     pub backend: WorldBackend,
-    pub matmul: Matmul,
+    /// None: by device (bf16-mixed on cuda, f32 on cpu).
+    pub precision: Option<PrecisionPolicy>,
 }
 
 /// The data.
@@ -125,6 +126,21 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The precision policy on `device`: the flag's, else bf16-mixed on cuda and f32 on cpu.
+    pub fn policy(&self, device: oxiflow_placement::DeviceType) -> PrecisionPolicy {
+        self.parallel.precision.unwrap_or(match device {
+            oxiflow_placement::DeviceType::Cuda => PrecisionPolicy::Bf16Mixed,
+            oxiflow_placement::DeviceType::Cpu => PrecisionPolicy::F32,
+        })
+    }
+    /// The dtype layers compute with under the policy on `device` (None: the parameters').
+    pub fn compute_dtype(
+        &self,
+        device: oxiflow_placement::DeviceType,
+    ) -> Option<oxiflow_dtype::DType> {
+        (self.policy(device) == PrecisionPolicy::Bf16Mixed).then_some(oxiflow_dtype::DType::BF16)
+    }
+
     /// `flags` checked and completed with the defaults (of the chosen model).
     pub fn resolve(flags: Flags, explicit: BTreeSet<String>) -> Result<TrainConfig, TrainError> {
         resolve::resolve(flags, explicit)

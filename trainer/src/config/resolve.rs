@@ -64,7 +64,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         recompute: p.recompute.unwrap_or(RecomputeArg::None),
         device: p.device.unwrap_or(Dev::Auto),
         backend: p.backend.unwrap_or(WorldBackend::Auto),
-        matmul: p.matmul.unwrap_or(Matmul::F32),
+        precision: p.precision,
     };
     let d = &f.data;
     let data = DataConfig {

@@ -12,7 +12,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, LrScheduleArg, Matmul, ModelKind, Opt, Precision, TrainConfig, WorldBackend,
+    Dev, LrScheduleArg, ModelKind, Opt, Precision, PrecisionPolicy, TrainConfig, WorldBackend,
 };
 use crate::error::TrainError;
 use crate::model::TrainModel;
@@ -82,7 +82,7 @@ fn dtype_of(p: Precision) -> DType {
     }
 }
 
-/// The device of the mesh, with the matrix-product precision set on it.
+/// The device of the mesh, with the precision policy's matrix-product mode set on it.
 fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
     let device = match cfg.parallel.device {
         Dev::Cpu => DeviceType::Cpu,
@@ -90,25 +90,19 @@ fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError>
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
     };
-    let precision = match cfg.parallel.matmul {
-        Matmul::F32 => None,
-        Matmul::Tf32 => Some(oxiflow_tensor::cuda::MatmulPrecision::Tf32),
-        Matmul::Bf16 => Some(oxiflow_tensor::cuda::MatmulPrecision::Bf16),
-    };
-    match (precision, device) {
-        (Some(p), DeviceType::Cuda) => {
+    match (cfg.policy(device), device) {
+        (PrecisionPolicy::Tf32, DeviceType::Cuda) => {
             let rt = oxiflow_tensor::cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
-                detail: "--matmul needs a CUDA device bound to this process".into(),
+                detail: "--precision tf32 needs a CUDA device bound to this process".into(),
             })?;
-            rt.set_matmul_precision(p);
+            rt.set_matmul_precision(oxiflow_tensor::cuda::MatmulPrecision::Tf32);
         }
-        (Some(p), DeviceType::Cpu) => {
-            let name = format!("{p:?}").to_lowercase();
+        (PrecisionPolicy::Tf32, DeviceType::Cpu) => {
             return Err(TrainError::Layout {
-                detail: format!("--matmul {name} needs --device cuda (or auto on an NCCL world)"),
+                detail: "--precision tf32 needs --device cuda (or auto on an NCCL world)".into(),
             });
         }
-        (None, _) => {}
+        _ => {}
     }
     Ok(device)
 }
@@ -446,6 +440,7 @@ fn mlp_job(
         seed: m.seed,
         dtype: dtype_of(m.dtype),
         device,
+        compute_dtype: cfg.compute_dtype(device),
         ..ClassifierConfig::default()
     };
     let mut t = classifier(&ccfg)?;

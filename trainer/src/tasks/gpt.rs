@@ -239,6 +239,7 @@ pub fn gpt_trainer(
         let split = StageSplit::new(model_cfg.layers, layouts, spec.virtual_stages)?;
         Gpt::new_split(&model_cfg, split)?
     };
+    model.set_compute_dtype(cfg.compute_dtype(device));
     model.recompute = match p.recompute {
         RecomputeArg::None => Recompute::None,
         RecomputeArg::Full => Recompute::Full,

@@ -46,6 +46,8 @@ pub struct ClassifierConfig {
     pub noise: f64,
     /// Device type of the mesh placement (cpu, or cuda: one GPU per rank).
     pub device: DeviceType,
+    /// The dtype layers compute with (mixed precision), when not `dtype`.
+    pub compute_dtype: Option<DType>,
 }
 
 impl Default for ClassifierConfig {
@@ -64,6 +66,7 @@ impl Default for ClassifierConfig {
             dtype: DType::F32,
             noise: 1.0,
             device: DeviceType::Cpu,
+            compute_dtype: None,
         }
     }
 }
@@ -81,11 +84,18 @@ impl Module for MlpClassifier {
 
 impl TrainModel for MlpClassifier {
     fn loss(&self, batch: &Batch, _pass: Pass) -> Result<Tensor, TrainError> {
-        Ok(self
-            .mlp
-            .forward(&batch.inputs)?
-            .cross_entropy(&batch.targets)?
-            .mean_all()?)
+        // Inputs in the layers' compute dtype; the loss in f32 whatever it is.
+        let compute = self.mlp.fc1.weight.compute_dtype();
+        let x = match batch.inputs.dtype() {
+            d if d != compute => batch.inputs.to_dtype(compute)?,
+            _ => batch.inputs.clone(),
+        };
+        let logits = self.mlp.forward(&x)?;
+        let logits = match logits.dtype() {
+            d if d.is_half() => logits.to_dtype(DType::F32)?,
+            _ => logits,
+        };
+        Ok(logits.cross_entropy(&batch.targets)?.mean_all()?)
     }
     fn flops_per_token(&self) -> Option<f64> {
         let (a, b) = (self.mlp.fc1.weight.value(), self.mlp.fc2.weight.value());
@@ -238,6 +248,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
         tp_axis,
     )?;
     let model = MlpClassifier { mlp };
+    model.set_compute_dtype(cfg.compute_dtype);
     let params = model.parameters();
     let decay: Vec<f64> = params
         .iter()

@@ -214,6 +214,11 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
+        // The loss is computed in f32 whatever the activations' dtype (mixed precision).
+        let logits = match logits.dtype() {
+            d if d.is_half() => logits.to_dtype(DType::F32)?,
+            _ => logits.clone(),
+        };
         logits
             .reshape([b * t, v])?
             .cross_entropy(&targets.reshape([b * t])?)?

@@ -32,7 +32,7 @@ pub(crate) fn comm_err(step: &Step) -> impl FnOnce(CommError) -> BoxingError + '
 }
 
 /// Member index in `world` of each world rank, or the rank that is missing.
-fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize; 16]>, usize> {
+pub(crate) fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize; 16]>, usize> {
     let wr = world.world_ranks();
     let identity = wr.iter().enumerate().all(|(i, &r)| i == r);
     ranks

@@ -11,12 +11,15 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{binaries, curve, max_rel, ok};
+use common::{binaries, curve, max_rel};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 use oxiflow::collectives::rendezvous::{generate_token, StoreServer};
 
-/// A GPT small enough for 30 steps of every layout, with 4 blocks (PP2 x 2 chunks).
-const GPT: [&str; 16] = [
+/// A GPT small enough for 30 steps of every layout, with 4 blocks (PP2 x 2 chunks), in f32 on
+/// both backends (the device default is bf16-mixed).
+const GPT: [&str; 18] = [
+    "--precision",
+    "f32",
     "--layers",
     "4",
     "--width",
@@ -40,7 +43,8 @@ fn gpus() -> Result<usize, String> {
     cuda_libs::probe(&LibSearch::default()).nccl_ready()
 }
 
-fn train(backend: &str, device: &str, layout: &[&str]) -> Vec<(u64, f64)> {
+/// Rank 0's loss curve of a 2-rank `train` job, or what went wrong.
+fn train(backend: &str, device: &str, layout: &[&str]) -> Result<Vec<(u64, f64)>, String> {
     let (oflaunch, train) = binaries();
     let out = Command::new(oflaunch)
         .args(["--nproc-per-node", "2", "--backend", backend])
@@ -50,8 +54,18 @@ fn train(backend: &str, device: &str, layout: &[&str]) -> Vec<(u64, f64)> {
         .args(layout)
         .env("NCCL_NVLS_ENABLE", "0")
         .output()
-        .expect("run oflaunch");
-    curve(&ok(out))
+        .map_err(|e| format!("oflaunch: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(12).collect();
+        return Err(format!(
+            "{backend} run failed ({}): {}",
+            out.status,
+            tail.join(" | ")
+        ));
+    }
+    Ok(curve(&text))
 }
 
 #[test]
@@ -62,37 +76,75 @@ fn pipelines_and_other_layouts_on_two_gpus_give_the_cpu_curves() {
         Err(why) => return eprintln!("gpu_pipeline: skipped: no CUDA ({why})"),
     }
     let layouts: [(&str, &[&str]); 6] = [
-        ("PP2 GPipe", &["--pp", "2", "--micro-batches", "4", "--schedule", "gpipe"]),
-        ("PP2 1F1B", &["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b"]),
+        (
+            "PP2 GPipe",
+            &["--pp", "2", "--micro-batches", "4", "--schedule", "gpipe"],
+        ),
+        (
+            "PP2 1F1B",
+            &["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b"],
+        ),
         (
             "PP2 interleaved",
-            &["--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--virtual-stages", "2"],
+            &[
+                "--pp",
+                "2",
+                "--micro-batches",
+                "4",
+                "--schedule",
+                "interleaved",
+                "--virtual-stages",
+                "2",
+            ],
         ),
         (
             "PP2 1F1B ZeRO-1 recompute",
-            &["--pp", "2", "--micro-batches", "4", "--zero", "1", "--recompute", "full"],
+            &[
+                "--pp",
+                "2",
+                "--micro-batches",
+                "4",
+                "--zero",
+                "1",
+                "--recompute",
+                "full",
+            ],
         ),
         ("DP2", &["--dp", "2"]),
         ("TP2", &["--tp", "2"]),
     ];
-    let mut worst = Vec::new();
+    // Every layout runs (and is reported) before any verdict.
+    let mut failures = Vec::new();
     for (name, layout) in layouts {
         let t = Instant::now();
-        let gpu = train("nccl", "cuda", layout);
-        let cpu = train("cpu", "cpu", layout);
-        assert_eq!(gpu.len(), 30, "{name}: {gpu:?}");
-        let rel = max_rel(&gpu, &cpu);
-        println!(
-            "gpu_pipeline: {name}: 30 steps, loss {:.6} -> {:.6}, max relative difference cuda vs cpu {rel:.2e} ({:.1?})",
-            gpu[0].1,
-            gpu[29].1,
-            t.elapsed()
-        );
-        worst.push((name, rel));
+        let result = train("nccl", "cuda", layout).and_then(|gpu| {
+            let cpu = train("cpu", "cpu", layout)?;
+            if gpu.len() != 30 || cpu.len() != 30 {
+                return Err(format!(
+                    "{} and {} loss lines, not 30",
+                    gpu.len(),
+                    cpu.len()
+                ));
+            }
+            Ok((max_rel(&gpu, &cpu), gpu[0].1, gpu[29].1))
+        });
+        match result {
+            Ok((rel, first, last)) => {
+                println!(
+                    "gpu_pipeline: {name}: 30 steps, loss {first:.6} -> {last:.6}, max relative difference cuda vs cpu {rel:.2e} ({:.1?})",
+                    t.elapsed()
+                );
+                if rel > 1e-5 {
+                    failures.push(format!("{name}: curves differ by {rel:.2e} relative"));
+                }
+            }
+            Err(e) => {
+                println!("gpu_pipeline: {name}: FAILED: {e}");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
     }
-    for (name, rel) in worst {
-        assert!(rel <= 1e-5, "{name}: curves differ by {rel:.2e} relative");
-    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Starts `train ARGS` as ranks `0..world` of an NCCL world on one host, rank r on CUDA device
@@ -138,6 +190,12 @@ fn all_fail_alike(kids: Vec<Child>, want: &[&str]) {
         for w in want {
             assert!(err.contains(w), "rank {r}: no {w:?} in:\n{err}");
         }
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        println!("gpu_pipeline: rank {r} refused: {last}");
     }
     assert!(
         t.elapsed() < Duration::from_secs(30),
@@ -170,7 +228,11 @@ fn stages_on_one_gpu_and_meshes_larger_than_the_gpus_are_refused_on_every_rank()
     let kids = ranks(2, |_| 0, &["--pp", "2", "--device", "cuda"]);
     all_fail_alike(kids, &["both use CUDA device 0", "one GPU per rank"]);
     // A [pp 2, dp 2] mesh of 4 ranks on 2 GPUs (bound round-robin, as oflaunch does).
-    let kids = ranks(2 * n, |r| r % n, &["--pp", "2", "--dp", "2", "--device", "cuda"]);
+    let kids = ranks(
+        2 * n,
+        |r| r % n,
+        &["--pp", "2", "--dp", "2", "--device", "cuda"],
+    );
     all_fail_alike(kids, &["both use CUDA device", "one GPU per rank"]);
     // A rank bound to a GPU that is not there.
     let kids = ranks(2, |r| r * n, &["--pp", "2", "--device", "cuda"]);

@@ -263,8 +263,7 @@ fn accepted() -> Vec<PipelineSpec> {
 fn programs_receive_each_message_once_in_send_order_before_its_use() {
     for s in accepted() {
         for tied in [false, true] {
-            let programs: Vec<Vec<HostOp>> =
-                (0..s.stages).map(|st| s.program(st, tied)).collect();
+            let programs: Vec<Vec<HostOp>> = (0..s.stages).map(|st| s.program(st, tied)).collect();
             for (stage, program) in programs.iter().enumerate() {
                 let mut have = std::collections::HashSet::new();
                 let mut ran = 0;
@@ -278,7 +277,10 @@ fn programs_receive_each_message_once_in_send_order_before_its_use() {
                             ran += 1;
                             if let Some(msg) = s.needs(stage, a) {
                                 if s.sender_of(msg) != stage {
-                                    assert!(have.contains(&msg), "{s:?} stage {stage}: {a:?} before {msg:?}");
+                                    assert!(
+                                        have.contains(&msg),
+                                        "{s:?} stage {stage}: {a:?} before {msg:?}"
+                                    );
                                 }
                             }
                         }
@@ -309,12 +311,21 @@ fn programs_receive_each_message_once_in_send_order_before_its_use() {
                 let tied_msgs = program.iter().any(|op| {
                     matches!(
                         op,
-                        HostOp::Send { msg: Message::Tied | Message::TiedGradient, .. }
-                            | HostOp::Recv { msg: Message::Tied | Message::TiedGradient, .. }
+                        HostOp::Send {
+                            msg: Message::Tied | Message::TiedGradient,
+                            ..
+                        } | HostOp::Recv {
+                            msg: Message::Tied | Message::TiedGradient,
+                            ..
+                        }
                     )
                 });
                 let ends = stage == 0 || stage + 1 == s.stages;
-                assert_eq!(tied_msgs, tied && s.stages > 1 && ends, "{s:?} stage {stage}");
+                assert_eq!(
+                    tied_msgs,
+                    tied && s.stages > 1 && ends,
+                    "{s:?} stage {stage}"
+                );
             }
         }
     }

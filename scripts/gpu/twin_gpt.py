@@ -298,14 +298,17 @@ def run(a, layout, name, dev, world, rank):
     dims = MODELS[name]
     L, nh, d = dims
     fwd_bwd, params, across, data = build(a, layout, dims, dev, world, rank)
-    fused = dev.type == "cuda"
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    try:
-        opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    except (RuntimeError, TypeError):
-        opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    # One fused AdamW per kind of parameter: a fused step takes DTensors or plain tensors, not
+    # both (tensor parallelism leaves the LayerNorms plain unless sequence-parallel).
+    from torch.distributed.tensor import DTensor
+    opts = []
+    for kind in (True, False):
+        mine = [p for p in params if isinstance(p, DTensor) == kind]
+        if not mine:
+            continue
+        groups = [{"params": [p for p in mine if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in mine if p.dim() < 2], "weight_decay": 0.0}]
+        opts.append(torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True))
     B, T = a.batch, a.seq
     if data == "data" and B % world:
         raise ValueError(f"--batch {B} does not split over {world} ranks")
@@ -320,8 +323,9 @@ def run(a, layout, name, dev, world, rank):
         loss = fwd_bwd(tok[:, :-1].contiguous(), tok[:, 1:].contiguous())
         if a.clip > 0:
             clip(params, a.clip, dev, across)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         return loss
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

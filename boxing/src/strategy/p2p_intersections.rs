@@ -165,6 +165,32 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
     }
 }
 
+/// Whether a point-to-point step runs one-way: its placements share no rank.
+pub(crate) fn is_one_way(step: &Step) -> bool {
+    let to = step.after.placement();
+    !step
+        .before
+        .placement()
+        .ranks()
+        .iter()
+        .any(|&r| to.contains(r))
+}
+
+impl P2pPlan {
+    /// The (sender, receiver) world-rank pairs whose channels a one-way run of this plan uses.
+    pub fn one_way_pairs(&self) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = self
+            .transfers
+            .iter()
+            .filter(|t| t.src != t.dst)
+            .map(|t| (t.src, t.dst))
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
+}
+
 /// Runs a point-to-point step on world rank `me`; returns the target piece (None when `me` is
 /// not in the target placement).
 pub(crate) fn run<P: LocalPiece>(
@@ -212,12 +238,7 @@ pub(crate) fn run<P: LocalPiece>(
             src.pack(&refs, &mut send, 0)?;
         }
         let mut recv = P::scratch(at, dtype, src_dev)?;
-        let disjoint = !from
-            .placement()
-            .ranks()
-            .iter()
-            .any(|&r| to.placement().contains(r));
-        if disjoint {
+        if is_one_way(step) {
             let members = member_indices(world, &plan.union).map_err(|rank| {
                 BoxingError::RankOutsideWorld {
                     from: from.to_string(),
@@ -228,13 +249,21 @@ pub(crate) fn run<P: LocalPiece>(
                 }
             })?;
             let counts = (&send_counts[..], &recv_counts[..]);
-            exchange_one_way(&**world, &members, my_member, dtype, &send, &mut recv, counts)
-                .map_err(comm_err(step))?;
+            exchange_one_way(
+                &**world, &members, my_member, dtype, &send, &mut recv, counts,
+            )
+            .map_err(comm_err(step))?;
         } else {
             let comm = sub_comm(world, &plan.union, step)?;
             debug_assert_eq!(comm.rank(), my_member);
-            comm.all_to_all_v(dtype, send.as_buf(), &send_counts, recv.as_buf_mut(), &recv_counts)
-                .map_err(comm_err(step))?;
+            comm.all_to_all_v(
+                dtype,
+                send.as_buf(),
+                &send_counts,
+                recv.as_buf_mut(),
+                &recv_counts,
+            )
+            .map_err(comm_err(step))?;
         }
         send.recycle();
         staging_recv = Some(recv);
@@ -289,7 +318,10 @@ fn exchange_one_way<P: LocalPiece>(
     let es = dtype.size();
     let outside = |what: &str, at: usize, n: usize, len: usize| CommError::InvalidArgument {
         op: "one-way exchange".into(),
-        detail: format!("{what} bytes {at}..{} outside a buffer of {len}", at + n * es),
+        detail: format!(
+            "{what} bytes {at}..{} outside a buffer of {len}",
+            at + n * es
+        ),
     };
     let buf = send.as_buf();
     let mut at = 0;
@@ -298,7 +330,9 @@ fn exchange_one_way<P: LocalPiece>(
             let part = buf
                 .slice(at..at + n * es)
                 .ok_or_else(|| outside("send", at, n, buf.len_bytes()))?;
-            world.one_way(members[me], members[peer])?.send(dtype, part, 1)?;
+            world
+                .one_way(members[me], members[peer])?
+                .send(dtype, part, 1)?;
         }
         at += n * es;
     }
@@ -310,7 +344,9 @@ fn exchange_one_way<P: LocalPiece>(
             let part = buf
                 .slice_mut(at..at + n * es)
                 .ok_or_else(|| outside("receive", at, n, len))?;
-            world.one_way(members[peer], members[me])?.recv(dtype, part, 0)?;
+            world
+                .one_way(members[peer], members[me])?
+                .recv(dtype, part, 0)?;
         }
         at += n * es;
     }

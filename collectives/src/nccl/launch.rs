@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::comm::{NcclComm, NcclOptions};
 use crate::cuda_libs::{self, LibSearch};
 use crate::env::{BackendChoice, LaunchEnv};
-use crate::rendezvous::{self, DeviceSeat};
 use crate::heartbeat;
+use crate::rendezvous::{self, DeviceSeat};
 use crate::{CommError, SharedComm};
 
 /// Why `auto` would not pick NCCL on this machine (`None`: it would).
@@ -30,7 +30,9 @@ pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, Co
     libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());
     let seat = seat_of(env, &libs);
     if let (1, Err(why)) = (env.world_size, &seat.device) {
-        return Err(CommError::Device(format!("rank 0 cannot start NCCL: {why}")));
+        return Err(CommError::Device(format!(
+            "rank 0 cannot start NCCL: {why}"
+        )));
     }
     let store = env.connect_store()?;
     if env.world_size > 1 {
@@ -71,20 +73,12 @@ pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, Co
 
 /// This rank's device: its ordinal when CUDA, NCCL and that device are there, else why not.
 fn seat_of(env: &LaunchEnv, libs: &LibSearch) -> DeviceSeat {
-    let ordinal = env.device_ordinal();
-    let device = match cuda_libs::probe(libs).nccl_ready() {
-        Err(reason) => Err(format!("NCCL is unavailable ({reason})")),
-        Ok(n) if ordinal >= n => Err(format!(
-            "it is bound to CUDA device {ordinal} but {n} device(s) are visible ({} local \
-             ranks): a device world needs one GPU per rank",
-            env.local_world_size
-        )),
-        Ok(_) => Ok(ordinal),
-    };
-    DeviceSeat {
-        host: crate::shm::host_id(),
-        device,
-    }
+    DeviceSeat::for_rank(
+        crate::shm::host_id(),
+        env.device_ordinal(),
+        cuda_libs::probe(libs).nccl_ready(),
+        env.local_world_size,
+    )
 }
 
 /// `--backend nccl|cpu|auto`: NCCL when asked (an error if it cannot start), the CPU world

@@ -37,6 +37,29 @@ pub struct DeviceSeat {
     /// The device ordinal, or why this rank cannot take part (said to every rank).
     pub device: Result<usize, String>,
 }
+impl DeviceSeat {
+    /// The seat of a rank of `host` bound to CUDA device `ordinal`, given what the probe of
+    /// this machine found: `visible` devices with NCCL usable, or why not (`local_ranks`:
+    /// the ranks of this host, named in the message). Pure, so the launch path's decision is
+    /// testable without a GPU.
+    pub fn for_rank(
+        host: String,
+        ordinal: usize,
+        visible: Result<usize, String>,
+        local_ranks: usize,
+    ) -> DeviceSeat {
+        let device = match visible {
+            Err(reason) => Err(format!("NCCL is unavailable ({reason})")),
+            Ok(n) if ordinal >= n => Err(format!(
+                "it is bound to CUDA device {ordinal} but {n} device(s) are visible \
+                 ({local_ranks} local ranks): a device world needs one GPU per rank"
+            )),
+            Ok(_) => Ok(ordinal),
+        };
+        DeviceSeat { host, device }
+    }
+}
+
 /// How often a waiting rank looks for a refusal.
 const POLL: Duration = Duration::from_millis(200);
 /// How long a duplicate claimer waits for the first claimer's description.
@@ -214,13 +237,21 @@ pub fn linger_after_refusal(store: &StoreClient, world: usize, limit: Duration) 
 }
 
 /// Publishes `reason` as the job's refusal (the first one wins) and returns it as this rank's
-/// error.
+/// error, with the job's refusal when another rank's came first (so every rank's error names
+/// the one the others report).
 fn refuse(store: &StoreClient, rank: usize, reason: String) -> Result<(), CommError> {
     let _ = store.set(&format!("{SEEN_PREFIX}{rank}"), b"1");
-    if let Err(e) = store.compare_set(REFUSED_KEY, None, reason.as_bytes()) {
-        tracing::warn!("{OP}: could not tell the other ranks why this one is refused: {e}");
+    match store.compare_set(REFUSED_KEY, None, reason.as_bytes()) {
+        Ok((false, Some(first))) if first != reason.as_bytes() => Err(mismatch(format!(
+            "{reason} (the job was refused first: {})",
+            String::from_utf8_lossy(&first)
+        ))),
+        Ok(_) => Err(mismatch(reason)),
+        Err(e) => {
+            tracing::warn!("{OP}: could not tell the other ranks why this one is refused: {e}");
+            Err(mismatch(reason))
+        }
     }
-    Err(mismatch(reason))
 }
 
 fn mismatch(detail: String) -> CommError {

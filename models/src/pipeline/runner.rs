@@ -14,8 +14,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use oxiflow_sbp::NdSbp;
-use oxiflow_tensor::Tensor;
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{NdSbp, Shape};
+use oxiflow_tensor::{Context, Tensor};
 
 use crate::nn::Pass;
 use crate::{Result, TensorError};
@@ -66,13 +67,14 @@ struct Stage<'a> {
     stash: HashMap<Message, Tensor>,
     /// The stream's shape and dtype.
     stream_shape: Vec<usize>,
-    stream_dtype: oxiflow_collectives::DType,
+    stream_dtype: DType,
     waiting: Duration,
 }
 
 impl Stage<'_> {
-    /// The source and target stages of `msg`, its nd-SBP (the same on both) and shape.
-    fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>)> {
+    /// The source and target stages of `msg`, its nd-SBP (the same on both), shape and dtype
+    /// (the dtype layers compute with: the tied table's compute copy, the stream's).
+    fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>, DType)> {
         let pp = self.spec.stages;
         let (to, g) = match msg {
             Message::Activation { to, .. } | Message::Gradient { to, .. } => {
@@ -89,14 +91,15 @@ impl Stage<'_> {
                     .tied()
                     .ok_or_else(|| runner_err("the model shares no parameter".into()))?;
                 let w = tied.param.value();
-                Ok((from, to, tied.layout, w.shape().dims().to_vec()))
+                let dtype = tied.param.compute_dtype();
+                Ok((from, to, tied.layout, w.shape().dims().to_vec(), dtype))
             }
             _ => {
                 let (_, nd) = self
                     .model
                     .stream_layout(g)
                     .ok_or_else(|| runner_err("pipeline stages must be global".into()))?;
-                Ok((from, to, nd, self.stream_shape.clone()))
+                Ok((from, to, nd, self.stream_shape.clone(), self.stream_dtype))
             }
         }
     }
@@ -109,7 +112,7 @@ impl Stage<'_> {
 
     /// Sends `t` as `msg` (kept here when this stage receives it itself).
     fn send(&mut self, msg: Message, t: &Tensor) -> Result<()> {
-        let (_, to, nd, _) = self.layout_of(msg)?;
+        let (_, to, nd, _, _) = self.layout_of(msg)?;
         if to == self.stage {
             self.stash.insert(msg, t.detach());
             return Ok(());
@@ -122,7 +125,7 @@ impl Stage<'_> {
     /// Receives `msg` from its sender (`to_global` from an absent value on the sender's
     /// placement to this stage's) and keeps it.
     fn receive(&mut self, msg: Message) -> Result<()> {
-        let (from, to, nd, shape) = self.layout_of(msg)?;
+        let (from, to, nd, shape, dtype) = self.layout_of(msg)?;
         if to != self.stage || from == self.stage {
             return Err(runner_err(format!(
                 "stage {} receives {msg:?}, which goes from stage {from} to stage {to}",
@@ -131,7 +134,7 @@ impl Stage<'_> {
         }
         let start = Instant::now();
         let (src, dst) = (self.placement(from)?, self.placement(to)?);
-        let absent = Tensor::zeros_global(shape, self.stream_dtype, &src, nd.clone())?;
+        let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
         let t = absent.to_global(&dst, nd)?.detach();
         self.waiting += start.elapsed();
         self.stash.insert(msg, t);
@@ -147,6 +150,32 @@ impl Stage<'_> {
             ))
         })
     }
+}
+
+/// Opens, before the step's first transfer, the one-way channel of every (sender, receiver)
+/// rank pair any message of the step uses, from the same sorted list on every rank: the
+/// openings (each meets its peer) cannot wait in a cycle, and no transfer of the step opens a
+/// communicator while others are queued on the device (NCCL's creation may wait for the
+/// device). Cheap once open (plans and channels are cached).
+fn open_channels(st: &Stage<'_>, tied: bool) -> Result<()> {
+    let ctx = Context::current()
+        .ok_or_else(|| runner_err("no runtime context to open the pipeline's channels".into()))?;
+    let mut pairs = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, _, msg) in st.spec.messages(tied) {
+        let (from, to, nd, shape, dtype) = st.layout_of(msg)?;
+        if !seen.insert((from, to, nd.clone(), shape.clone(), dtype)) {
+            continue;
+        }
+        let (src, dst) = (st.placement(from)?, st.placement(to)?);
+        let plan = ctx
+            .planner()
+            .plan_parts(&Shape::new(shape), (&src, &nd), (&dst, &nd), dtype)
+            .map_err(|e| runner_err(format!("planning {msg:?}: {e}")))?;
+        pairs.extend(plan.one_way_pairs());
+    }
+    oxiflow_boxing::open_one_way(ctx.world(), &pairs)
+        .map_err(|e| runner_err(format!("opening the pipeline's channels: {e}")))
 }
 
 /// Runs this rank's stage `stage` of `spec` on the micro-batches (`spec.micro_batches` of
@@ -195,6 +224,9 @@ pub fn run_step(
     };
     let start = Instant::now();
     let tied = if pp > 1 { model.tied() } else { None };
+    if pp > 1 {
+        open_channels(&st, tied.is_some())?;
+    }
     // The first stage's view of the tied table it sends (an exact view, so the returning
     // gradient takes the engine's path into the leaf), and the last stage's copy (a leaf
     // whose gradient goes back at the end).
@@ -350,7 +382,10 @@ fn run_action(
                 runner_err(format!("stage {stage}: {a:?} left no input gradient"))
             })?;
             let (p, nd) = stream(g)?;
-            Ok(Some((Message::Gradient { mb, to: g - 1 }, dx.to_global(&p, nd)?)))
+            Ok(Some((
+                Message::Gradient { mb, to: g - 1 },
+                dx.to_global(&p, nd)?,
+            )))
         }
     }
 }

@@ -232,6 +232,18 @@ impl PipelineSpec {
         self.outbox_of(stage, true)
     }
 
+    /// Every message of the step between different stages, as (sender, receiver, message), in
+    /// each sender's order, stage by stage (with the tied table's when `tied`).
+    pub fn messages(&self, tied: bool) -> Vec<(usize, usize, Message)> {
+        (0..self.stages)
+            .flat_map(|from| {
+                self.outbox_of(from, tied)
+                    .into_iter()
+                    .map(move |(to, m)| (from, to, m))
+            })
+            .collect()
+    }
+
     /// `outbox`, with the tied table and its gradient only when `tied`.
     fn outbox_of(&self, stage: usize, tied: bool) -> Vec<(usize, Message)> {
         let pp = self.stages;

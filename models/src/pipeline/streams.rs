@@ -1,10 +1,11 @@
 //! The stages' programs (`PipelineSpec::program`) replayed with the blocking rules of a device
 //! transport, to prove a schedule cannot deadlock on GPUs. Two levels, both pure:
 //!
-//! *Hosts.* A host issues its program without waiting (device calls are queued), except that
-//! the first message between two ranks opens their communicator, which both hosts must reach
-//! (NCCL's communicator creation is a rendezvous): the first send on a channel waits for the
-//! receiver's first receive on it, and the other way round.
+//! *Hosts.* A host issues its program without waiting (device calls are queued). The runner
+//! opens every channel of the step before its first transfer, in one sorted order on every
+//! rank; were a channel opened at its first message instead (NCCL's communicator creation is
+//! a rendezvous of both hosts), the first send on it would wait for the receiver's first
+//! receive on it and the other way round: the check holds the programs to that too.
 //!
 //! *Devices.* Each stage has a compute stream and one stream per communicator it uses. An
 //! action is a compute op; a send packs on the compute stream, then sends on its channel's
@@ -240,7 +241,10 @@ fn complete(spec: &PipelineSpec, t: Transport, nodes: &[Node]) -> Result<usize> 
                 return Err(replay_err(
                     spec,
                     t,
-                    format!("transfer {key:?} has {} halves, not a send and a receive", ids.len()),
+                    format!(
+                        "transfer {key:?} has {} halves, not a send and a receive",
+                        ids.len()
+                    ),
                 ))
             }
         }
@@ -332,8 +336,14 @@ mod tests {
         let a = Message::Activation { mb: 0, to: 1 };
         let g = Message::Gradient { mb: 0, to: 0 };
         let programs = vec![
-            vec![HostOp::Send { to: 1, msg: a }, HostOp::Recv { from: 1, msg: g }],
-            vec![HostOp::Send { to: 0, msg: g }, HostOp::Recv { from: 0, msg: a }],
+            vec![
+                HostOp::Send { to: 1, msg: a },
+                HostOp::Recv { from: 1, msg: g },
+            ],
+            vec![
+                HostOp::Send { to: 0, msg: g },
+                HostOp::Recv { from: 0, msg: a },
+            ],
         ];
         let e = hosts(&spec(), Transport::OneWayChannels, &programs)
             .expect_err("crosswise opening")
@@ -341,10 +351,19 @@ mod tests {
         assert!(e.contains("the hosts deadlock"), "{e}");
         // Received in the other order, both open.
         let programs = vec![
-            vec![HostOp::Send { to: 1, msg: a }, HostOp::Recv { from: 1, msg: g }],
-            vec![HostOp::Recv { from: 0, msg: a }, HostOp::Send { to: 0, msg: g }],
+            vec![
+                HostOp::Send { to: 1, msg: a },
+                HostOp::Recv { from: 1, msg: g },
+            ],
+            vec![
+                HostOp::Recv { from: 0, msg: a },
+                HostOp::Send { to: 0, msg: g },
+            ],
         ];
-        assert_eq!(hosts(&spec(), Transport::OneWayChannels, &programs).ok(), Some(2));
+        assert_eq!(
+            hosts(&spec(), Transport::OneWayChannels, &programs).ok(),
+            Some(2)
+        );
         assert!(devices(&spec(), Transport::OneWayChannels, &programs).is_ok());
     }
 
@@ -355,8 +374,14 @@ mod tests {
         let a = Message::Activation { mb: 0, to: 1 };
         let g = Message::Gradient { mb: 0, to: 0 };
         let programs = vec![
-            vec![HostOp::Send { to: 1, msg: a }, HostOp::Recv { from: 1, msg: g }],
-            vec![HostOp::Send { to: 0, msg: g }, HostOp::Recv { from: 0, msg: a }],
+            vec![
+                HostOp::Send { to: 1, msg: a },
+                HostOp::Recv { from: 1, msg: g },
+            ],
+            vec![
+                HostOp::Send { to: 0, msg: g },
+                HostOp::Recv { from: 0, msg: a },
+            ],
         ];
         let e = devices(&spec(), Transport::SharedPairs, &programs)
             .expect_err("deadlock")

@@ -375,7 +375,8 @@ impl NcclComm {
         op: &'static str,
         f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        self.inner.run(op, None, End::Collective, |n, c, s| f(n, c, s))
+        self.inner
+            .run(op, None, End::Collective, |n, c, s| f(n, c, s))
     }
 }
 

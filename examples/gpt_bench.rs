@@ -16,11 +16,11 @@
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
+use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
 use oxiflow::prelude::*;
-use oxiflow::tensor::cuda::{self, MatmulPrecision};
 use oxiflow::trainer::config::PrecisionPolicy;
 use oxiflow::trainer::TrainModel;
 

@@ -1,6 +1,8 @@
-//! OxiFlow, the facade users import: global tensors with placements and SBP, the models built on
-//! them (`nn`, `optim`, `checkpoint`, `data`), the training loop (`trainer`), and the crates
-//! underneath (dtype, placement, sbp, boxing, collectives, tensor, models) as modules.
+//! OxiFlow, the facade users import: the tensor crate's items at the root (global tensors with
+//! placements and SBP), the models built on them as modules (`nn`, `optim`, `checkpoint`,
+//! `data`, `pipeline`, `footprint`), the training loop (`trainer`), and the crates underneath
+//! the tensor crate (dtype, placement, sbp, boxing, collectives) as modules. Each item has one
+//! path here (plus `prelude`).
 //!
 //! ```text
 //! use oxiflow::prelude::*;
@@ -14,13 +16,11 @@
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
 pub use oxiflow_dtype as dtype;
-pub use oxiflow_models as models;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
-pub use oxiflow_tensor as tensor;
 pub use oxiflow_trainer as trainer;
 
-pub use oxiflow_models::{checkpoint, data, nn, optim};
+pub use oxiflow_models::{checkpoint, data, footprint, nn, optim, pipeline};
 pub use oxiflow_tensor::*;
 
 /// Any error of the crates underneath, so a program can use `?` on all of them (boxed, so a

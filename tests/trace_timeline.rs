@@ -85,7 +85,7 @@ fn a_dp2_tp2_train_step_is_traced_on_one_timeline() {
 
 #[test]
 fn a_cuda_train_step_puts_its_kernels_on_the_device_lane() {
-    if let Some(why) = oxiflow::tensor::cuda::cuda_unavailable() {
+    if let Some(why) = oxiflow::cuda::cuda_unavailable() {
         eprintln!("trace_timeline cuda: skipped: {why}");
         return;
     }

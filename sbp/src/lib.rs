@@ -13,10 +13,7 @@ mod splitter;
 
 pub use cost::{axis_group_bytes, inference_cost, transition_cost, transition_cost_1d};
 pub use error::SbpError;
-pub use infer::{
-    rules, BinaryOp, Dims, InferEngine, OpKind, ReduceKind, RuleMode, Rules, Signature,
-    SignatureCache,
-};
+pub use infer::{rules, BinaryOp, InferEngine, ReduceKind, RuleMode, Rules, Signature};
 pub use layout::{check_nd_sbp, GlobalLayout, Region};
 pub use nd_sbp::NdSbp;
 pub use sbp::{ReduceOp, Sbp};

@@ -1,12 +1,12 @@
-//! The per-rank runtime context: world communicator, rank, boxing planner, signature inference
-//! and the dispatch cache; installable per thread (in-process ranks) with a process default.
+//! The per-rank runtime context: world communicator, rank, boxing planner and the dispatch cache
+//! (each global op call's signature, boxing plans and local attributes); installable per thread
+//! (in-process ranks) with a process default.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use oxiflow_boxing::BoxingPlanner;
 use oxiflow_collectives::SharedComm;
-use oxiflow_sbp::InferEngine;
 use rustc_hash::FxHashMap;
 
 use crate::dispatch::{DispatchKey, DispatchPlan};
@@ -17,7 +17,6 @@ pub(crate) struct ContextInner {
     rank: usize,
     world_size: usize,
     planner: BoxingPlanner,
-    infer: InferEngine,
     cache: Mutex<FxHashMap<DispatchKey, Arc<DispatchPlan>>>,
 }
 
@@ -58,7 +57,6 @@ impl Context {
             rank,
             world_size,
             planner: BoxingPlanner::new(),
-            infer: InferEngine::new(),
             cache: Mutex::new(FxHashMap::default()),
         }))
     }
@@ -74,9 +72,6 @@ impl Context {
     }
     pub fn planner(&self) -> &BoxingPlanner {
         &self.0.planner
-    }
-    pub fn infer_engine(&self) -> &InferEngine {
-        &self.0.infer
     }
     /// Number of cached dispatch plans.
     pub fn dispatch_cache_len(&self) -> usize {

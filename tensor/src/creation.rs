@@ -11,38 +11,12 @@ use rayon::prelude::*;
 
 use crate::context::Context;
 use crate::cpu::PAR_THRESHOLD;
-use crate::device::{backend_for, Device};
+use crate::device::backend_for;
 use crate::element::TensorElement;
-use crate::rng;
-use crate::storage::{CpuArray, Storage};
+use crate::rng::ElementInit;
+use crate::storage::{CpuArray, Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
-
-/// How element `i` (global row-major index) of a created tensor is computed (device backends
-/// compute the same values; see `DeviceBackend::create`).
-#[derive(Clone, Copy, Debug)]
-pub enum ElementInit {
-    /// Every element `v`.
-    Full(f64),
-    /// `start + step * i`.
-    Arange { start: f64, step: f64 },
-    /// `rng::uniform(seed, i)`.
-    Rand(u64),
-    /// `rng::normal(seed, i)`.
-    Randn(u64),
-}
-
-impl ElementInit {
-    #[inline]
-    fn at(self, i: u64) -> f64 {
-        match self {
-            ElementInit::Full(v) => v,
-            ElementInit::Arange { start, step } => start + step * i as f64,
-            ElementInit::Rand(seed) => rng::uniform(seed, i),
-            ElementInit::Randn(seed) => rng::normal(seed, i),
-        }
-    }
-}
 
 fn shape_error(op: &'static str, shape: &Shape, detail: String) -> TensorError {
     TensorError::Shape {

@@ -1,83 +1,42 @@
-//! The device seam: `Device`, the `DeviceStorage`/`DeviceBackend` traits a non-CPU backend
-//! (CUDA, in `cuda/`) implements, and the process-wide backend registry.
+//! The device seam: `DeviceBackend`, what a non-CPU backend (CUDA, in `cuda/`) provides for its
+//! pieces (uploads, device-side creation, boxing in its own worlds), and the process-wide
+//! backend registry. It knows pieces (`Storage`, `DeviceStorage`), boxing plans and
+//! communicators, and nothing of ops, contexts or tensors: running ops is the executor seam
+//! (`executor::OpExecutor`), which a backend registers beside this one.
 //!
 //! # Contract for a device backend (CUDA)
 //!
-//! A backend provides two things:
+//! A backend provides three things:
 //! 1. A storage type implementing [`DeviceStorage`]: one contiguous, row-major local piece on one
 //!    device ordinal, with a fixed dtype and local shape. It is immutable once built (tensors are
 //!    shared through `Arc`), must be `Send + Sync`, and can copy itself to the host
-//!    (`to_host`, a `CpuArray` of the same dtype and shape). `comm_buf` exposes the device
-//!    memory for collectives (`Buf::Device`) when the backend's communicator can use it.
-//! 2. A [`DeviceBackend`] registered once per process with [`register_device_backend`]. It uploads
-//!    host arrays (`from_host`) and runs local kernels (`run`): `op` is the op *with local
-//!    attributes* (e.g. a reshape's local target shape, a mean's global divisor), `inputs` are the
-//!    local pieces (all on this backend's device; the dispatcher never mixes devices; their count
-//!    already checked against the op's arity), `out` is the shape and dtype the dispatcher
-//!    expects back. A backend runs an op through `Op::run` on its implementation of every op
-//!    family's kernel trait (`op::Backend`), so it cannot lack a kernel.
+//!    (`to_host`, a `CpuArray` of the same dtype and shape).
+//! 2. A [`DeviceBackend`] registered once per process with [`register_device_backend`]: it
+//!    uploads host arrays (`from_host`), may compute creation ops on the device (`create`), and
+//!    runs boxing plans in the worlds it owns (`run_boxing`: the CUDA backend claims NCCL worlds
+//!    and boxes device buffers there; otherwise the dispatcher boxes on the host, moving device
+//!    pieces through it).
+//! 3. An `OpExecutor` registered with `register_op_executor`: it runs an op (with local
+//!    attributes) through the one executor, `Op::execute`, on its implementation of every op
+//!    family's kernel trait (`op::Backend`), so it cannot lack a kernel, and its allocator
+//!    (`KernelBackend::alloc`) makes every output buffer before the kernels write them.
 //!
-//! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing, output
-//! layout) identically for every device. Boxing goes first to each registered backend's
-//! `run_boxing` (the CUDA backend claims NCCL worlds and boxes device buffers there); otherwise
-//! the dispatcher boxes on the host (`cpu::CpuPiece`), moving device pieces through the host.
-//!
-//! The CUDA backend (`cuda/`) implements both traits and registers itself from `init_cuda_on`.
+//! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing
+//! plans, output layout) identically for every device.
 
-use std::any::Any;
-use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use oxiflow_boxing::Plan;
+use oxiflow_collectives::SharedComm;
 use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 
-use crate::context::Context;
-use crate::creation::ElementInit;
-use crate::op::{Op, OutSpec};
-use crate::storage::{CpuArray, Storage};
+use crate::rng::ElementInit;
+use crate::storage::{CpuArray, Device, DeviceStorage, Storage};
 use crate::{Result, TensorError};
 
-/// Where a local piece lives: the host, or a CUDA device by ordinal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Device {
-    #[default]
-    Cpu,
-    Cuda(usize),
-}
-
-impl Device {
-    pub fn device_type(self) -> DeviceType {
-        match self {
-            Device::Cpu => DeviceType::Cpu,
-            Device::Cuda(_) => DeviceType::Cuda,
-        }
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-/// One local piece in device memory (see the module docs for the contract).
-pub trait DeviceStorage: Send + Sync + fmt::Debug {
-    fn device(&self) -> Device;
-    fn dtype(&self) -> DType;
-    /// Local shape (row-major, contiguous).
-    fn shape(&self) -> &Shape;
-    /// Copies the piece to the host.
-    fn to_host(&self) -> Result<CpuArray>;
-    /// Downcasting hook for the backend's own kernels.
-    fn as_any(&self) -> &dyn Any;
-}
-
-/// Kernels and transfers of one device type (see the module docs for the contract).
+/// Transfers and creation of one device type (see the module docs for the contract).
 pub trait DeviceBackend: Send + Sync {
     /// Uploads a host array to device `ordinal`.
     #[allow(clippy::wrong_self_convention)]
@@ -107,20 +66,18 @@ pub trait DeviceBackend: Send + Sync {
             detail: format!("this backend does not create {dtype} values"),
         })
     }
-    /// Runs the local kernel of `op` on `inputs`, returning a piece of `out`'s shape and dtype.
-    fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage>;
     /// Runs the boxing `plan` on this rank's `piece` (None outside the source placement) when
-    /// `ctx`'s world is this backend's (e.g. device buffers straight to NCCL), returning the
-    /// new piece (None outside the target). None: not this backend's world, so the dispatcher
+    /// `world` is this backend's (e.g. device buffers straight to NCCL), returning the new
+    /// piece (None outside the target). None: not this backend's world, so the dispatcher
     /// boxes on the host. The default claims no world.
     fn run_boxing(
         &self,
         op: &'static str,
         plan: &Plan,
-        ctx: &Context,
+        world: &SharedComm,
         piece: Option<&Storage>,
     ) -> Option<Result<Option<Storage>>> {
-        let _ = (op, plan, ctx, piece);
+        let _ = (op, plan, world, piece);
         None
     }
 }

@@ -22,10 +22,11 @@ use oxiflow_sbp::{InferEngine, RuleMode};
 use crate::autograd;
 use crate::context::Context;
 use crate::cpu::CpuPiece;
-use crate::device::{backend_for, registered_backends, Device};
+use crate::device::{backend_for, registered_backends};
+use crate::executor::{run_kernel, run_kernel_one};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
-use crate::storage::{CpuArray, Storage};
+use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
@@ -44,10 +45,10 @@ pub(crate) struct DispatchPlan {
     boxing: SmallVec<[Option<Arc<Plan>>; 3]>,
     /// The op with this rank's local attributes.
     local_op: Op,
-    out_layout: GlobalLayout,
-    /// This rank's output piece shape and dtype; None outside the placement.
-    out_local: Option<OutSpec>,
-    out_dtype: DType,
+    /// Each output's layout and dtype.
+    outs: SmallVec<[(GlobalLayout, DType); 1]>,
+    /// This rank's piece shape and dtype of each output; None outside the placement.
+    out_local: Option<SmallVec<[OutSpec; 1]>>,
 }
 
 pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
@@ -105,8 +106,33 @@ pub(crate) fn sbp_err(
     }
 }
 
-/// Runs `op` on `inputs` (all local or all global) and returns its output.
+/// The outputs of one op call (most ops have one).
+type Outputs = SmallVec<[Tensor; 1]>;
+
+/// How many outputs the caller takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    One,
+    All,
+}
+
+/// Runs a single-output `op` on `inputs` (all local or all global) and returns its output.
 pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let out = run_op(op, inputs, Want::One)?;
+    out.into_iter().next().ok_or_else(|| TensorError::Kernel {
+        op: "dispatch",
+        detail: "an op gave no output".into(),
+    })
+}
+
+/// Runs `op` on `inputs` (all local or all global) and returns every output, in order. Outputs
+/// an op marks as not differentiable (statistics saved for its backward) get no autograd
+/// history.
+pub fn dispatch_multi(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    Ok(run_op(op, inputs, Want::All)?.into_vec())
+}
+
+fn run_op(op: Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
     let Some(first) = inputs.first() else {
         return Err(TensorError::Shape {
             op: op.name(),
@@ -138,9 +164,9 @@ pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     }
     let traced = trace_start();
     let out = if global {
-        dispatch_global(&op, inputs)?
+        dispatch_global(&op, inputs, want)?
     } else {
-        dispatch_local(&op, inputs)?
+        dispatch_local(&op, inputs, want)?
     };
     trace_end(
         traced,
@@ -152,12 +178,32 @@ pub fn dispatch(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Shape, dtype and (in `Candidates` mode) SBP rules of `op` on `inputs`.
-fn infer(op: &Op, inputs: &[&Tensor], mode: RuleMode) -> Result<Inferred> {
+/// Shape, dtype and (in `Candidates` mode) SBP rules of `op` on `inputs`, with one dtype per
+/// output shape and as many outputs as the caller takes.
+fn infer(op: &Op, inputs: &[&Tensor], mode: RuleMode, want: Want) -> Result<Inferred> {
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
     let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
-    op.infer(&shapes, &dtypes, mode)
-        .map_err(|e| meta_err(op, e, inputs))
+    let inferred = op
+        .infer(&shapes, &dtypes, mode)
+        .map_err(|e| meta_err(op, e, inputs))?;
+    let n = inferred.rules.out_shapes().len();
+    let bad = if n != inferred.dtypes.len() || n == 0 {
+        Some(format!(
+            "{n} output shapes and {} output dtypes",
+            inferred.dtypes.len()
+        ))
+    } else if want == Want::One && n != 1 {
+        Some(format!("{n} outputs: run it with dispatch_multi"))
+    } else {
+        None
+    };
+    match bad {
+        Some(detail) => Err(TensorError::Kernel {
+            op: op.name(),
+            detail,
+        }),
+        None => Ok(inferred),
+    }
 }
 
 fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
@@ -177,36 +223,9 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     Ok(dev)
 }
 
-/// Runs the local kernel of `op` (local attributes) on pieces of one device.
-pub(crate) fn run_kernel(
-    op: &Op,
-    pieces: &[&Storage],
-    device: Device,
-    out: &OutSpec,
-) -> Result<Storage> {
-    if device == Device::Cpu {
-        let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
-        for p in pieces {
-            host.push(p.cpu(op.name())?);
-        }
-        return Ok(Storage::Cpu(crate::cpu::run(op, &host, out)?));
-    }
-    backend_for(op.name(), device)?.run(op, pieces, out)
-}
-
-fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
+fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
     let device = check_devices(op, inputs)?;
-    let inferred = infer(op, inputs, RuleMode::ShapesOnly)?;
-    let Some(shape) = inferred.rules.into_out_shape(0) else {
-        return Err(TensorError::Kernel {
-            op: op.name(),
-            detail: "op has no output".into(),
-        });
-    };
-    let out = OutSpec {
-        shape,
-        dtype: inferred.dtype,
-    };
+    let Inferred { rules, dtypes } = infer(op, inputs, RuleMode::ShapesOnly, want)?;
     let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
     for t in inputs {
         match t.storage() {
@@ -220,18 +239,45 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
         }
     }
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    // A local call holds whole tensors: no regions, so every start reads 0.
-    let local = op.local(&LocalAt {
-        global_inputs: &shapes,
+    if let ([dtype], [shape]) = (dtypes.as_slice(), rules.out_shapes()) {
+        let out = OutSpec {
+            shape: shape.clone(),
+            dtype: *dtype,
+        };
+        let local = local_call(op, &shapes, &out.shape);
+        let storage = run_kernel_one(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
+        // The executor allocated the piece from `out`, so it has `out`'s shape.
+        return Ok(smallvec::smallvec![Tensor::from_storage_of_shape(
+            storage, out.shape
+        )]);
+    }
+    let specs: SmallVec<[OutSpec; 1]> = rules
+        .out_shapes()
+        .iter()
+        .zip(&dtypes)
+        .map(|(shape, &dtype)| OutSpec {
+            shape: shape.clone(),
+            dtype,
+        })
+        .collect();
+    let local = local_call(op, &shapes, &specs[0].shape);
+    let pieces = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &specs)?;
+    Ok(pieces
+        .into_iter()
+        .zip(specs)
+        .map(|(p, spec)| Tensor::from_storage_of_shape(p, spec.shape))
+        .collect())
+}
+
+/// The op of a local call: whole tensors, no regions, so every start reads 0.
+fn local_call(op: &Op, shapes: &[&Shape], out0: &Shape) -> Option<Op> {
+    op.local(&LocalAt {
+        global_inputs: shapes,
         input_regions: &[],
-        out_global: &out.shape,
+        out_global: out0,
         out_region: &Region::new(),
-        out_local: &out.shape,
-    });
-    let storage = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
-    // Every CPU kernel returns through `cpu::checked` and the device backends check their
-    // output too, so the piece has `out`'s shape.
-    Ok(Tensor::from_storage_of_shape(storage, out.shape))
+        out_local: out0,
+    })
 }
 
 fn build_plan(
@@ -239,25 +285,35 @@ fn build_plan(
     inputs: &[&Tensor],
     ctx: &Context,
     placement: &Placement,
+    want: Want,
 ) -> Result<DispatchPlan> {
-    let Inferred { rules, dtype } = infer(op, inputs, RuleMode::Candidates)?;
+    let Inferred { rules, dtypes } = infer(op, inputs, RuleMode::Candidates, want)?;
     let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
     let sig_in: SmallVec<[(&Shape, &NdSbp); 3]> =
         layouts.iter().map(|l| (l.shape(), l.nd_sbp())).collect();
     let elem = inputs.iter().map(|t| t.dtype().size()).max().unwrap_or(4);
     let sig = InferEngine::choose(op.name(), rules, &sig_in, placement, elem)
         .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
-    let (Some(out_nd), Some(out_shape)) = (sig.outputs.first(), sig.output_shapes.first()) else {
+    if sig.outputs.len() != dtypes.len() || sig.output_shapes.len() != dtypes.len() {
         return Err(TensorError::Sbp {
             op: op.name(),
             shapes: shapes_text(inputs),
             sbps: sbps_text(inputs),
             placement: placement.to_string(),
-            detail: "signature has no output".into(),
+            detail: format!(
+                "signature has {} outputs of {} shapes for {} dtypes",
+                sig.outputs.len(),
+                sig.output_shapes.len(),
+                dtypes.len()
+            ),
         });
-    };
-    let out_layout = GlobalLayout::new(out_shape.clone(), placement, out_nd.clone())
-        .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
+    }
+    let mut outs: SmallVec<[(GlobalLayout, DType); 1]> = SmallVec::new();
+    for ((nd, shape), &dtype) in sig.outputs.iter().zip(&sig.output_shapes).zip(&dtypes) {
+        let layout = GlobalLayout::new(shape.clone(), placement, nd.clone())
+            .map_err(|e| sbp_err(op.name(), e, inputs, placement))?;
+        outs.push((layout, dtype));
+    }
     let mut boxing = SmallVec::new();
     for (i, l) in layouts.iter().enumerate() {
         let target = &sig.inputs[i];
@@ -283,10 +339,20 @@ fn build_plan(
             Some(plan)
         });
     }
-    let out_local = out_layout.local_shape(ctx.rank());
+    let out_local: Option<SmallVec<[OutSpec; 1]>> = outs
+        .iter()
+        .map(|(l, dtype)| {
+            l.local_shape(ctx.rank()).map(|shape| OutSpec {
+                shape,
+                dtype: *dtype,
+            })
+        })
+        .collect();
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-    let local_op = match (&out_local, out_layout.region_of(ctx.rank())) {
-        (Some(out_piece), Some(out_region)) => {
+    // Local attributes read where this rank's pieces sit (output 0 for the output's).
+    let out0 = &outs[0].0;
+    let local_op = match (&out_local, out0.region_of(ctx.rank())) {
+        (Some(out_pieces), Some(out_region)) => {
             let mut regions: SmallVec<[Region; 3]> = SmallVec::new();
             for (l, target) in layouts.iter().zip(&sig.inputs) {
                 let region = l
@@ -299,9 +365,9 @@ fn build_plan(
             op.local(&LocalAt {
                 global_inputs: &shapes,
                 input_regions: &regions,
-                out_global: out_layout.shape(),
+                out_global: out0.shape(),
                 out_region: &out_region,
-                out_local: out_piece,
+                out_local: &out_pieces[0].shape,
             })
         }
         _ => None,
@@ -310,9 +376,8 @@ fn build_plan(
     Ok(DispatchPlan {
         boxing,
         local_op,
-        out_layout,
-        out_local: out_local.map(|shape| OutSpec { shape, dtype }),
-        out_dtype: dtype,
+        outs,
+        out_local,
     })
 }
 
@@ -331,7 +396,7 @@ pub(crate) fn run_boxing(
         explain::record_boxing(op, plan);
     }
     for backend in registered_backends() {
-        if let Some(out) = backend.run_boxing(op, plan, ctx, piece.map(|p| &**p)) {
+        if let Some(out) = backend.run_boxing(op, plan, ctx.world(), piece.map(|p| &**p)) {
             return out.map(|s| s.map(Arc::new));
         }
     }
@@ -360,7 +425,7 @@ pub(crate) fn run_boxing(
     }
 }
 
-fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
+fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
     let (Some(placement), Some(ctx)) = (inputs[0].placement(), inputs[0].context()) else {
         return Err(TensorError::Kernel {
             op: op.name(),
@@ -413,11 +478,17 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let plan = match cached {
         Some(p) => p,
         None => {
-            let p = Arc::new(build_plan(op, inputs, ctx, placement)?);
+            let p = Arc::new(build_plan(op, inputs, ctx, placement, want)?);
             ctx.cache().insert(key, p.clone());
             p
         }
     };
+    if want == Want::One && plan.outs.len() != 1 {
+        return Err(TensorError::Kernel {
+            op: op.name(),
+            detail: format!("{} outputs: run it with dispatch_multi", plan.outs.len()),
+        });
+    }
     let device = inputs[0].device();
     // Box the inputs that need it.
     let mut boxed: SmallVec<[Option<Arc<Storage>>; 3]> = SmallVec::new();
@@ -427,53 +498,63 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
             None => None,
         });
     }
-    let out_piece = match &plan.out_local {
-        None => None,
-        Some(out_local) => {
-            let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
-            for (t, b) in inputs.iter().zip(&boxed) {
-                let piece = match b {
-                    Some(s) => Some(&**s),
-                    None => t.storage(),
-                };
-                match piece {
-                    Some(p) => pieces.push(p),
-                    None => {
-                        return Err(TensorError::Kernel {
-                            op: op.name(),
-                            detail: format!(
-                                "rank {} has no local piece of input {}",
-                                ctx.rank(),
-                                t.describe()
-                            ),
-                        })
-                    }
-                }
-            }
-            let out = run_kernel(&plan.local_op, &pieces, device, out_local)?;
-            if out.shape() != out_local.shape {
+    if explain_enabled() {
+        let layouts = inputs.iter().filter_map(|t| t.layout().cloned()).collect();
+        explain::record_op(op.name(), layouts, &plan.outs[0].0);
+    }
+    let Some(out_local) = &plan.out_local else {
+        // Outside the placement: no pieces.
+        return Ok(plan
+            .outs
+            .iter()
+            .map(|(layout, dtype)| {
+                Tensor::global_from_piece(None, layout.clone(), *dtype, ctx.clone())
+            })
+            .collect());
+    };
+    let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
+    for (t, b) in inputs.iter().zip(&boxed) {
+        match b.as_deref().or(t.storage()) {
+            Some(p) => pieces.push(p),
+            None => {
                 return Err(TensorError::Kernel {
                     op: op.name(),
                     detail: format!(
-                        "local kernel gave {} but layout {} expects {} on rank {}",
-                        out.shape(),
-                        plan.out_layout,
-                        out_local.shape,
-                        ctx.rank()
+                        "rank {} has no local piece of input {}",
+                        ctx.rank(),
+                        t.describe()
                     ),
-                });
+                })
             }
-            Some(out)
         }
-    };
-    if explain_enabled() {
-        let layouts = inputs.iter().filter_map(|t| t.layout().cloned()).collect();
-        explain::record_op(op.name(), layouts, &plan.out_layout);
     }
-    Ok(Tensor::global_from_piece(
-        out_piece,
-        plan.out_layout.clone(),
-        plan.out_dtype,
-        ctx.clone(),
-    ))
+    let checked = |out: Storage, i: usize| -> Result<Tensor> {
+        let (layout, dtype) = &plan.outs[i];
+        if out.shape() != out_local[i].shape {
+            return Err(TensorError::Kernel {
+                op: op.name(),
+                detail: format!(
+                    "local kernel gave {} but layout {layout} expects {} on rank {}",
+                    out.shape(),
+                    out_local[i].shape,
+                    ctx.rank()
+                ),
+            });
+        }
+        Ok(Tensor::global_from_piece(
+            Some(out),
+            layout.clone(),
+            *dtype,
+            ctx.clone(),
+        ))
+    };
+    if let [spec] = out_local.as_slice() {
+        let out = run_kernel_one(&plan.local_op, &pieces, device, spec)?;
+        return Ok(smallvec::smallvec![checked(out, 0)?]);
+    }
+    run_kernel(&plan.local_op, &pieces, device, out_local)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, out)| checked(out, i))
+        .collect()
 }

@@ -1,6 +1,6 @@
 //! Element traits of tensor storage: `TensorElement` (every dtype of the table: f32, f64, i64,
 //! bf16, f16) and `FloatElement` (f32, f64: the types CPU kernels compute floats in; 16-bit
-//! pieces reach the kernels as f32, see `cpu::run`).
+//! pieces reach the kernels as f32, see `cpu::execute`).
 
 use ndarray::{ArrayD, LinalgScalar};
 use oxiflow_dtype::{bf16, f16, Element};
@@ -13,6 +13,8 @@ pub trait TensorElement: Element + LinalgScalar + std::ops::Neg<Output = Self> {
     fn wrap(a: ArrayD<Self>) -> CpuArray;
     /// Borrows the array when the storage holds this type.
     fn view(s: &CpuArray) -> Option<&ArrayD<Self>>;
+    /// Borrows the array mutably when the storage holds this type.
+    fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>>;
     /// Takes the array out when the storage holds this type.
     fn unwrap(s: CpuArray) -> Option<ArrayD<Self>>;
     /// Largest representable value's negation (identity of max).
@@ -44,6 +46,12 @@ macro_rules! tensor_elements {
                 CpuArray::$variant(a)
             }
             fn view(s: &CpuArray) -> Option<&ArrayD<Self>> {
+                match s {
+                    CpuArray::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn view_mut(s: &mut CpuArray) -> Option<&mut ArrayD<Self>> {
                 match s {
                     CpuArray::$variant(a) => Some(a),
                     _ => None,

@@ -9,10 +9,10 @@ use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Shape};
 
 use crate::context::Context;
-use crate::device::{backend_for, Device};
+use crate::device::backend_for;
 use crate::dispatch::{run_boxing, sbp_err};
 use crate::element::TensorElement;
-use crate::storage::{CpuArray, Storage};
+use crate::storage::{CpuArray, Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 

@@ -19,6 +19,7 @@ mod device;
 mod dispatch;
 mod element;
 mod error;
+mod executor;
 pub mod explain;
 mod global;
 mod init;
@@ -33,21 +34,22 @@ pub use autograd::{
     is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta, GradModeGuard,
 };
 pub use context::{Context, ContextGuard};
-pub use creation::ElementInit;
-pub use device::{register_device_backend, Device, DeviceBackend, DeviceStorage};
-pub use dispatch::dispatch;
+pub use device::{register_device_backend, DeviceBackend};
+pub use dispatch::{dispatch, dispatch_multi};
 pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
+pub use executor::{register_op_executor, OpExecutor};
 pub use init::{init_from_env, init_with_world};
 pub use inprocess::run_ranks;
+pub use op::custom;
 pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
     LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
 };
-pub use op::{AdamPart, AttentionOp, DropoutOp};
+pub use op::{AttentionOp, DropoutOp};
 pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
-pub use storage::{CpuArray, Storage};
-pub use tensor::{Tensor, TensorImpl};
+pub use storage::{CpuArray, Device, DeviceStorage, Storage};
+pub use tensor::Tensor;
 
 pub use oxiflow_dtype::{bf16, f16, DType};
 pub use oxiflow_placement::{DeviceType, Placement};

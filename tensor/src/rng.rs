@@ -1,5 +1,6 @@
 //! Counter-based random numbers: Philox4x32-10 keyed by the seed, counter = global element
-//! index, so a random tensor's value does not depend on placement, SBP or device.
+//! index, so a random tensor's value does not depend on placement, SBP or device; and
+//! `ElementInit`, how creation ops compute element `i` from them.
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
@@ -49,6 +50,33 @@ pub fn normal(seed: u64, index: u64) -> f64 {
     let u1 = (f64::from(w[0]) + 1.0) / 4_294_967_296.0;
     let u2 = f64::from(w[1]) / 4_294_967_296.0;
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// How element `i` (global row-major index) of a created tensor is computed (device backends
+/// compute the same values; see `DeviceBackend::create`).
+#[derive(Clone, Copy, Debug)]
+pub enum ElementInit {
+    /// Every element `v`.
+    Full(f64),
+    /// `start + step * i`.
+    Arange { start: f64, step: f64 },
+    /// `uniform(seed, i)`.
+    Rand(u64),
+    /// `normal(seed, i)`.
+    Randn(u64),
+}
+
+impl ElementInit {
+    /// Element `i`'s value.
+    #[inline]
+    pub fn at(self, i: u64) -> f64 {
+        match self {
+            ElementInit::Full(v) => v,
+            ElementInit::Arange { start, step } => start + step * i as f64,
+            ElementInit::Rand(seed) => uniform(seed, i),
+            ElementInit::Randn(seed) => normal(seed, i),
+        }
+    }
 }
 
 #[cfg(test)]

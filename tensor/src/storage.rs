@@ -1,14 +1,55 @@
-//! Storage of one local piece: `CpuArray` (ndarray, row-major contiguous) or a device piece.
+//! Storage of one local piece: `CpuArray` (ndarray, row-major contiguous) or a device piece
+//! (`DeviceStorage`, implemented by a device backend), and `Device`, where a piece lives.
 
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_dtype::{bf16, f16, with_element, DType};
+use oxiflow_placement::DeviceType;
 use oxiflow_sbp::Shape;
 
-use crate::device::{Device, DeviceStorage};
 use crate::element::TensorElement;
 use crate::{Result, TensorError};
+
+/// Where a local piece lives: the host, or a CUDA device by ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn device_type(self) -> DeviceType {
+        match self {
+            Device::Cpu => DeviceType::Cpu,
+            Device::Cuda(_) => DeviceType::Cuda,
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// One local piece in device memory (see `device` for the backend contract).
+pub trait DeviceStorage: Send + Sync + fmt::Debug {
+    fn device(&self) -> Device;
+    fn dtype(&self) -> DType;
+    /// Local shape (row-major, contiguous).
+    fn shape(&self) -> &Shape;
+    /// Copies the piece to the host.
+    fn to_host(&self) -> Result<CpuArray>;
+    /// Downcasting hook for the backend's own kernels.
+    fn as_any(&self) -> &dyn Any;
+}
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.
 #[derive(Clone, Debug)]

@@ -11,9 +11,8 @@ use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 
 use crate::autograd::AutogradMeta;
 use crate::context::Context;
-use crate::device::Device;
 use crate::element::TensorElement;
-use crate::storage::{CpuArray, Storage};
+use crate::storage::{CpuArray, Device, Storage};
 use crate::{Result, TensorError};
 
 /// The global part of a tensor: its layout and the rank's runtime context.
@@ -24,7 +23,7 @@ pub(crate) struct GlobalMeta {
 }
 
 /// Everything a tensor holds: the local piece, its layout, and the autograd state.
-pub struct TensorImpl {
+pub(crate) struct TensorImpl {
     /// The local piece; None on ranks outside a global tensor's placement.
     pub(crate) piece: Option<Arc<Storage>>,
     /// Shape of the local piece (all-zero dims when `piece` is None).
@@ -38,6 +37,54 @@ pub struct TensorImpl {
 /// A local or global tensor. Cloning shares the data.
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<TensorImpl>);
+
+/// A tensor's metadata without its data: logical shape, dtype, device and (for a global
+/// tensor) layout and context. What an autograd node keeps of a tensor it does not save.
+#[derive(Clone)]
+pub(crate) struct TensorMeta {
+    shape: Shape,
+    dtype: DType,
+    device: Device,
+    global: Option<GlobalMeta>,
+}
+
+impl TensorMeta {
+    /// The logical shape (global for a global tensor).
+    pub fn shape(&self) -> &Shape {
+        match &self.global {
+            Some(g) => g.layout.shape(),
+            None => &self.shape,
+        }
+    }
+    pub fn ndim(&self) -> usize {
+        self.shape().ndim()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn placement(&self) -> Option<&Placement> {
+        self.global.as_ref().map(|g| g.layout.placement())
+    }
+    pub fn nd_sbp(&self) -> Option<&NdSbp> {
+        self.global.as_ref().map(|g| g.layout.nd_sbp())
+    }
+    pub fn context(&self) -> Option<&Context> {
+        self.global.as_ref().map(|g| &g.ctx)
+    }
+    /// Short description for messages, as `Tensor::describe` prints it.
+    pub fn describe(&self) -> String {
+        match &self.global {
+            Some(g) => format!(
+                "{} {} ({} on {})",
+                self.shape(),
+                self.dtype,
+                g.layout.nd_sbp(),
+                g.layout.placement()
+            ),
+            None => format!("{} {} local on {}", self.shape, self.dtype, self.device),
+        }
+    }
+}
 
 impl Tensor {
     /// A local tensor from storage.
@@ -251,6 +298,15 @@ impl Tensor {
         self.0.autograd.set_requires_grad(v);
         self
     }
+    /// The tensor's metadata, without its data.
+    pub(crate) fn meta(&self) -> TensorMeta {
+        TensorMeta {
+            shape: self.0.local_shape.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device,
+            global: self.0.global.clone(),
+        }
+    }
     /// Whether both handles share one tensor.
     pub fn same(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -275,21 +331,7 @@ impl Tensor {
 
     /// Short description for messages: `[4, 5] f32 (S(0) on cpu:[0, 1])` or `[4, 5] f32 local`.
     pub fn describe(&self) -> String {
-        match &self.0.global {
-            Some(g) => format!(
-                "{} {} ({} on {})",
-                self.shape(),
-                self.dtype(),
-                g.layout.nd_sbp(),
-                g.layout.placement()
-            ),
-            None => format!(
-                "{} {} local on {}",
-                self.shape(),
-                self.dtype(),
-                self.device()
-            ),
-        }
+        self.meta().describe()
     }
 }
 

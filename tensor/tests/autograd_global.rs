@@ -1,8 +1,12 @@
 //! Global-tensor gradients equal single-rank gradients (ranks as threads), and gradients get
-//! their SBP by inference: a B weight used with S(0) data gets a P gradient.
+//! their SBP by inference: a B weight used with S(0) data gets a P gradient. Layer norm (a
+//! three-output op whose backward reads its saved mean and rstd) on random layouts, P included.
+
+mod common;
 
 use std::time::Duration;
 
+use common::{nd_sbp, placement, ranks_match};
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -145,5 +149,60 @@ proptest! {
                 prop_assert!(close(g, w), "{:?} vs {:?}", g, w);
             }
         }
+    }
+}
+
+/// sum(layer_norm(x, w, b) * r) over x `[rows, 3, 5]`, with the gradients of x, w and b.
+fn layer_norm_loss(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Tensor {
+    x.layer_norm(w, b, 1e-5)
+        .unwrap()
+        .mul(r)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// x, w, b and the upstream r in random layouts (S on any dim, B, P): the gradients equal
+    /// one rank's, and the statistics the backward reads are the forward's.
+    #[test]
+    fn layer_norm_gradients_on_global_layouts_equal_single_rank(
+        rows in 1usize..5,
+        mesh in prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3]]),
+        seeds in proptest::collection::vec(any::<u64>(), 5),
+    ) {
+        let shape = [rows, 3, 5];
+        let x = Tensor::randn(shape, 1, F).requires_grad_(true);
+        let w = Tensor::randn([5], 2, F).requires_grad_(true);
+        let b = Tensor::randn([5], 3, F).requires_grad_(true);
+        let r = Tensor::randn(shape, 4, F);
+        layer_norm_loss(&x, &w, &b, &r).backward().unwrap();
+        let want: Vec<Vec<f64>> = [&x, &w, &b].iter().map(|t| vals(&t.grad().unwrap())).collect();
+        let p = placement(&mesh, seeds[0]);
+        let n: usize = mesh.iter().product();
+        let got = oxiflow_tensor::run_ranks(n, Duration::from_secs(30), |_| {
+            let all_b = NdSbp::broadcast(p.ndim());
+            let make = |s: &[usize], seed: u64, k: usize| {
+                let nd = nd_sbp(p.ndim(), s.len(), seeds[k], true);
+                Tensor::randn_global(s.to_vec(), seed, F, &p, nd).unwrap()
+            };
+            let x = make(&shape, 1, 1).requires_grad_(true);
+            let w = make(&[5], 2, 2).requires_grad_(true);
+            let b = make(&[5], 3, 3).requires_grad_(true);
+            let r = make(&shape, 4, 4);
+            // The saved statistics are the forward's and carry no gradient.
+            let (y, mean, rstd) = x.layer_norm_stats(&w, &b, 1e-5).unwrap();
+            assert!(y.requires_grad() && !mean.requires_grad() && !rstd.requires_grad());
+            assert_eq!(mean.shape().dims(), &[rows, 3, 1]);
+            assert_eq!(y.autograd().grad_fn().map(|f| f.saved_count()), Some(4), "x, w, mean, rstd");
+            layer_norm_loss(&x, &w, &b, &r).backward().unwrap();
+            [&x, &w, &b]
+                .iter()
+                .map(|t| vals(&t.grad().unwrap().to_global(&p, all_b.clone()).unwrap()))
+                .collect::<Vec<_>>()
+        });
+        let res = ranks_match(&got, &want);
+        prop_assert!(res.is_ok(), "{res:?}");
     }
 }

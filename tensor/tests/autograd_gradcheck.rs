@@ -211,3 +211,41 @@ fn layer_norm_parameter_gradients() {
             .unwrap()
     });
 }
+
+#[test]
+fn layer_norm_returns_its_statistics_and_dispatch_refuses_several_outputs() {
+    let x = t(&[1.0, 2.0, 4.0, -1.0, 0.0, 1.0], &[2, 3]);
+    let (w, b) = (Tensor::ones([3], F), Tensor::zeros([3], F));
+    let (y, mean, rstd) = x.layer_norm_stats(&w, &b, 0.0).unwrap();
+    assert_eq!(mean.shape().dims(), &[2, 1]);
+    let m = vals(&mean);
+    assert!(
+        (m[0] - 7.0 / 3.0).abs() < 1e-12 && m[1].abs() < 1e-12,
+        "{m:?}"
+    );
+    let r = vals(&rstd);
+    let var0 = [1.0f64, 2.0, 4.0]
+        .iter()
+        .map(|v| (v - 7.0 / 3.0).powi(2))
+        .sum::<f64>()
+        / 3.0;
+    assert!((r[0] - 1.0 / var0.sqrt()).abs() < 1e-12, "{r:?}");
+    assert!((r[1] - 1.0 / (2.0f64 / 3.0).sqrt()).abs() < 1e-12, "{r:?}");
+    assert_eq!(vals(&y), vals(&x.layer_norm(&w, &b, 0.0).unwrap()));
+    let op = oxiflow_tensor::NormOp::LayerNorm {
+        eps: oxiflow_tensor::F64Bits::new(0.0),
+    };
+    let err = oxiflow_tensor::dispatch(op.clone().into(), &[&x, &w, &b])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layer_norm") && err.contains("dispatch_multi"),
+        "{err}"
+    );
+    assert_eq!(
+        oxiflow_tensor::dispatch_multi(op.into(), &[&x, &w, &b])
+            .unwrap()
+            .len(),
+        3
+    );
+}

@@ -122,13 +122,19 @@ fn nested_blocks_and_two_backwards() {
     .unwrap();
     let _keep = wb;
     let loss = y.sum_all().unwrap();
-    loss.backward().unwrap();
+    loss.backward_retaining().unwrap();
     close(&vals(&x.grad().unwrap()), &gx);
     close(&vals(&w.grad().unwrap()), &gw);
-    // A second backward through the same graph accumulates the same gradients again.
+    // A second backward through the retained graph accumulates the same gradients again.
     loss.backward().unwrap();
     let twice: Vec<f64> = gw.iter().map(|v| 2.0 * v).collect();
     close(&vals(&w.grad().unwrap()), &twice);
+    // That one released the saved block inputs: a third is a typed error naming the node.
+    let err = loss.backward().unwrap_err().to_string();
+    assert!(
+        err.contains("recompute") && err.contains("released"),
+        "{err}"
+    );
 }
 
 proptest! {

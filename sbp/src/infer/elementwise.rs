@@ -2,7 +2,16 @@
 //! its gradient reduce-to-shape.
 
 use super::{RuleMode, Rules, PARTIALS};
-use crate::{BinaryOp, ReduceOp, Sbp, Shape};
+use crate::{ReduceOp, Sbp, Shape};
+
+/// Element-wise binary ops (numpy broadcasting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
 
 const B: Sbp = Sbp::Broadcast;
 const P: Sbp = Sbp::P;

@@ -1,5 +1,7 @@
-//! Signature inference: per-op candidate tables (one file per op family), their n-d product
-//! over the mesh axes, and the cached engine that picks the cheapest candidate.
+//! Signature inference: per-op candidate tables (one rule builder per op, one file per op
+//! family), their n-d product over the mesh axes, and the engine that picks the cheapest
+//! candidate. The ops themselves (the one catalogue) are the tensor crate's families, which
+//! call these builders; callers cache their choices (the tensor crate's dispatch plans).
 //!
 //! Each op family gives the output shapes and its *per-axis* candidates (the SBP of every input
 //! and output on one mesh axis). An n-d candidate is one per-axis candidate per mesh axis; the
@@ -14,7 +16,6 @@ mod gather;
 mod loss;
 mod matmul;
 mod norm;
-mod op;
 mod permute;
 mod reduce;
 mod reshape;
@@ -26,7 +27,9 @@ use smallvec::SmallVec;
 
 use crate::{NdSbp, ReduceOp, Sbp, Shape};
 
-pub use engine::{InferEngine, Signature, SignatureCache};
+pub use elementwise::BinaryOp;
+pub use engine::{InferEngine, Signature};
+pub use reduce::ReduceKind;
 
 /// The rule builders, one function per op (grouped by family): each checks the input shapes and
 /// returns the output shapes with the op's SBP candidates.
@@ -37,7 +40,9 @@ pub mod rules {
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
     pub use super::matmul::{batch_matmul, matmul, matmul_t};
-    pub use super::norm::{backward as layer_norm_backward, forward as layer_norm};
+    pub use super::norm::{
+        backward as layer_norm_backward, forward as layer_norm, stats_shape as layer_norm_stats,
+    };
     pub use super::permute::permute;
     pub use super::reduce::reduce;
     pub use super::reshape::reshape;
@@ -45,7 +50,6 @@ pub mod rules {
     pub use super::softmax::{backward as softmax_backward, forward as softmax};
     pub use super::{RuleMode, Rules};
 }
-pub use op::{BinaryOp, Dims, OpKind, ReduceKind};
 
 /// SBPs of the inputs (or outputs) of one op.
 pub(crate) type SbpList = SmallVec<[Sbp; 3]>;
@@ -125,67 +129,6 @@ impl Rules {
         let n_out = self.out_shapes.len();
         self.push_uniform(n_in, n_out, Sbp::Broadcast);
     }
-}
-
-/// Output shapes and per-axis candidates of `op` for these input shapes, or a detail message
-/// saying what is wrong with them (the engine adds op, shapes and SBPs).
-pub(crate) fn rules(op: &OpKind, shapes: &[&Shape]) -> Result<Rules, String> {
-    if let Some(n) = op.num_inputs() {
-        if shapes.len() != n {
-            return Err(format!("takes {n} inputs, got {}", shapes.len()));
-        }
-    } else if shapes.is_empty() {
-        return Err("takes at least one input, got none".into());
-    }
-    let m = RuleMode::Candidates;
-    let mut r = match op {
-        OpKind::MatMul => matmul::matmul(shapes[0], shapes[1], m)?,
-        OpKind::BatchMatMul => matmul::batch_matmul(shapes[0], shapes[1], m)?,
-        OpKind::Unary { linear } => elementwise::unary(shapes[0], *linear, m),
-        OpKind::Binary(b) => elementwise::binary(*b, shapes[0], shapes[1], m)?,
-        OpKind::BroadcastTo { shape } => elementwise::broadcast_to(shapes[0], shape, m)?,
-        OpKind::ReduceToShape { shape } => elementwise::reduce_to_shape(shapes[0], shape, m)?,
-        OpKind::Reduce {
-            kind,
-            dims,
-            keepdim,
-        } => reduce::reduce(*kind, dims, *keepdim, shapes[0], m)?,
-        OpKind::Softmax { dim } | OpKind::LogSoftmax { dim } => {
-            softmax::forward(*dim, shapes[0], m)?
-        }
-        OpKind::SoftmaxBackward { dim } | OpKind::LogSoftmaxBackward { dim } => {
-            softmax::backward(*dim, shapes[0], shapes[1], m)?
-        }
-        OpKind::Permute { perm } => permute::permute(perm, shapes[0], m)?,
-        OpKind::Reshape { shape } => reshape::reshape(shapes[0], shape, m)?,
-        OpKind::Concat { dim } => concat::concat(*dim, shapes, m)?,
-        OpKind::Slice { dim, start, end } => concat::slice(*dim, *start, *end, shapes[0], m)?,
-        OpKind::Embedding => embedding::forward(shapes[0], shapes[1], m)?,
-        OpKind::EmbeddingBackward {
-            num_embeddings,
-            vocab_split,
-        } => embedding::backward(*num_embeddings, shapes[0], shapes[1], *vocab_split, m)?,
-        OpKind::LayerNorm { normalized_dims } => norm::forward(*normalized_dims, shapes, m)?,
-        OpKind::LayerNormBackward { normalized_dims } => {
-            norm::backward(*normalized_dims, shapes, m)?
-        }
-        OpKind::CrossEntropy => loss::forward(shapes[0], shapes[1], m)?,
-        OpKind::CrossEntropyBackward => loss::backward(shapes, m)?,
-        OpKind::Gather { dim } => gather::gather(*dim, shapes[0], shapes[1], m)?,
-        OpKind::IndexSelect { dim } => gather::index_select(*dim, shapes[0], shapes[1], m)?,
-        OpKind::ScatterAdd {
-            dim,
-            size,
-            split_first,
-        } => gather::scatter_add(*dim, *size, shapes[0], shapes[1], *split_first, m)?,
-        OpKind::IndexAdd {
-            dim,
-            size,
-            split_first,
-        } => gather::index_add(*dim, *size, shapes[0], shapes[1], *split_first, m)?,
-    };
-    r.push_all_broadcast(shapes.len());
-    Ok(r)
 }
 
 /// Whether an n-d candidate (one per-axis candidate index per mesh axis) is valid beyond what

@@ -1,4 +1,5 @@
-//! Candidate tables of layer normalisation and its backward.
+//! Candidate tables of layer normalisation (output, and the per-row mean and 1/std it saves)
+//! and of its input gradient from those statistics.
 
 use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
@@ -6,14 +7,8 @@ use crate::{Sbp, Shape};
 const B: Sbp = Sbp::Broadcast;
 const P: Sbp = Sbp::P;
 
-/// Checks x against the normalised-shape parameter and returns the number of leading dims.
-fn check(
-    k: usize,
-    x: &Shape,
-    w: &Shape,
-    second: &Shape,
-    second_name: &str,
-) -> Result<usize, String> {
+/// Checks x against the normalised-shape parameter `w`; returns the number of leading dims.
+fn check(k: usize, x: &Shape, w: &Shape) -> Result<usize, String> {
     if k == 0 || k > x.ndim() {
         return Err(format!(
             "normalized_dims {k} must be in 1..={} for input {x}",
@@ -26,40 +21,65 @@ fn check(
             "weight {w} must equal the last {k} dims of input {x}"
         ));
     }
-    let want: &[usize] = if second_name == "dy" {
-        x.dims()
-    } else {
-        w.dims()
-    };
-    if second.dims() != want {
-        return Err(format!(
-            "{second_name} {second} does not match input {x} / weight {w}"
-        ));
-    }
     Ok(lead)
 }
 
-/// (x, weight, bias) -> y: (S(i), B, B)->S(i) for a leading (not normalised) dim i;
-/// (B, B, B)->B.
-pub fn forward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
-    let lead = check(k, xs[0], xs[1], xs[2], "bias")?;
-    let mut r = Rules::new(mode, [xs[0].clone()]);
-    for i in 0..lead {
-        r.push(&[Sbp::S(i), B, B], &[Sbp::S(i)]);
+fn must_be(what: &str, got: &Shape, want: &Shape) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what} must be {want}, got {got}"))
     }
-    r.push(&[B, B, B], &[B]);
+}
+
+/// The shape of the per-row statistics of `x` normalised over its last `k` dims: `x`'s shape
+/// with those dims 1.
+pub fn stats_shape(k: usize, x: &Shape) -> Shape {
+    let lead = x.ndim().saturating_sub(k);
+    Shape::new(
+        x.dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if i < lead { d } else { 1 }),
+    )
+}
+
+/// (x, weight, bias) -> (y, mean, rstd), mean and rstd of `stats_shape`:
+/// (S(i), B, B) -> (S(i), S(i), S(i)) for a leading (not normalised) dim i; (B, B, B) -> B.
+pub fn forward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
+    let lead = check(k, xs[0], xs[1])?;
+    must_be("bias", xs[2], xs[1])?;
+    let stats = stats_shape(k, xs[0]);
+    let mut r = Rules::new(mode, [xs[0].clone(), stats.clone(), stats]);
+    for i in 0..lead {
+        r.push(&[Sbp::S(i), B, B], &[Sbp::S(i); 3]);
+    }
+    r.push(&[B, B, B], &[B, B, B]);
     Ok(r)
 }
 
-/// (x, weight, dy) -> (dx, dweight, dbias): (S(i), B, S(i))->(S(i), P, P); (B, B, P)->(P, P, P)
-/// (all three are linear in dy); (B, B, B)->(B, B, B).
+/// (x, weight, dy, mean, rstd) -> dx: (S(i), B, S(i), S(i), S(i)) -> S(i); (B, B, P, B, B) -> P
+/// (linear in dy); (B, B, B, B, B) -> B.
 pub fn backward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
-    let lead = check(k, xs[0], xs[1], xs[2], "dy")?;
-    let mut r = Rules::new(mode, [xs[0].clone(), xs[1].clone(), xs[1].clone()]);
-    for i in 0..lead {
-        r.push(&[Sbp::S(i), B, Sbp::S(i)], &[Sbp::S(i), P, P]);
+    if xs.len() != 5 {
+        return Err(format!(
+            "takes x, weight, dy, mean and rstd, got {} inputs",
+            xs.len()
+        ));
     }
-    r.push(&[B, B, P], &[P, P, P]);
-    r.push(&[B, B, B], &[B, B, B]);
+    let lead = check(k, xs[0], xs[1])?;
+    must_be("dy", xs[2], xs[0])?;
+    let stats = stats_shape(k, xs[0]);
+    must_be("mean", xs[3], &stats)?;
+    must_be("rstd", xs[4], &stats)?;
+    let mut r = Rules::new(mode, [xs[0].clone()]);
+    for i in 0..lead {
+        r.push(
+            &[Sbp::S(i), B, Sbp::S(i), Sbp::S(i), Sbp::S(i)],
+            &[Sbp::S(i)],
+        );
+    }
+    r.push(&[B, B, P, B, B], &[P]);
+    r.push(&[B; 5], &[B]);
     Ok(r)
 }

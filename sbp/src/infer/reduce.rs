@@ -1,7 +1,19 @@
 //! Candidate table of reductions (sum, mean, max, min over a set of dims, with keepdim).
 
 use super::{RuleMode, Rules};
-use crate::{ReduceKind, ReduceOp, Sbp, Shape};
+use crate::{ReduceOp, Sbp, Shape};
+
+/// Reductions over a set of dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceKind {
+    Sum,
+    /// Sum, then scale by the *global* count of reduced elements: the local kernel of a mean
+    /// divides its local sum by the count taken from the global input shape, so a split reduce
+    /// dim yields a partial sum of the global mean.
+    Mean,
+    Max,
+    Min,
+}
 
 /// S(d) over a reduced dim -> P (sum/mean), P(max) (max), P(min) (min); S(i) over a kept dim ->
 /// S(i') (i' after removing the reduced dims unless keepdim); B->B; P->P of the same reduction.

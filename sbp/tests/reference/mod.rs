@@ -5,10 +5,13 @@
 #![allow(dead_code)]
 
 pub mod arr;
+pub mod op;
 pub mod ops;
 
 use oxiflow_placement::Placement;
-use oxiflow_sbp::{BalancedSplitter, GlobalLayout, NdSbp, OpKind, ReduceOp, Sbp, Shape, Signature};
+use oxiflow_sbp::{BalancedSplitter, GlobalLayout, NdSbp, ReduceOp, Sbp, Shape, Signature};
+
+use op::RuleCall;
 
 pub use arr::{close, concat, Arr};
 
@@ -119,12 +122,12 @@ fn rec_reassemble(locals: &[Arr], axis: usize, mesh: &[usize], nd: &NdSbp) -> Re
 }
 
 /// Whether each input is integral (ids, labels): the op's input positions that hold indices.
-pub fn integral_inputs(op: &OpKind) -> Vec<usize> {
+pub fn integral_inputs(op: &RuleCall) -> Vec<usize> {
     match op {
-        OpKind::Embedding | OpKind::EmbeddingBackward { .. } => vec![0],
-        OpKind::CrossEntropy | OpKind::CrossEntropyBackward => vec![1],
-        OpKind::Gather { .. } | OpKind::IndexSelect { .. } => vec![1],
-        OpKind::ScatterAdd { .. } | OpKind::IndexAdd { .. } => vec![0],
+        RuleCall::Embedding | RuleCall::EmbeddingBackward { .. } => vec![0],
+        RuleCall::CrossEntropy | RuleCall::CrossEntropyBackward => vec![1],
+        RuleCall::Gather { .. } | RuleCall::IndexSelect { .. } => vec![1],
+        RuleCall::ScatterAdd { .. } | RuleCall::IndexAdd { .. } => vec![0],
         _ => vec![],
     }
 }
@@ -133,7 +136,7 @@ pub fn integral_inputs(op: &OpKind) -> Vec<usize> {
 /// arrays: per rank, materialise the input pieces, run the op locally (its output shapes taken
 /// from the output layouts), check the local shapes, reassemble every output.
 pub fn check_signature(
-    op: &OpKind,
+    op: &RuleCall,
     inputs: &[Arr],
     placement: &Placement,
     sig: &Signature,

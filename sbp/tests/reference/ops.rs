@@ -1,6 +1,8 @@
 //! The reference ops on plain arrays, written from their definitions (no SBP knowledge).
 
-use oxiflow_sbp::{BinaryOp, OpKind, ReduceKind};
+use oxiflow_sbp::{BinaryOp, ReduceKind};
+
+use super::op::RuleCall;
 
 use super::arr::{numel, unravel, Arr};
 use super::Starts;
@@ -19,7 +21,7 @@ pub fn unary_fn(linear: bool) -> fn(f64) -> f64 {
 /// global input shapes (mean divides by the global count); `starts` where the pieces sit (the
 /// embedding's vocabulary offset).
 pub fn run(
-    op: &OpKind,
+    op: &RuleCall,
     x: &[Arr],
     out_shapes: &[Vec<usize>],
     global_in: &[Vec<usize>],
@@ -27,9 +29,9 @@ pub fn run(
 ) -> Result<Vec<Arr>, String> {
     let one = |a: Arr| Ok(vec![a]);
     match op {
-        OpKind::MatMul | OpKind::BatchMatMul => one(matmul(&x[0], &x[1])),
-        OpKind::Unary { linear } => one(x[0].map(unary_fn(*linear))),
-        OpKind::Binary(b) => {
+        RuleCall::MatMul | RuleCall::BatchMatMul => one(matmul(&x[0], &x[1])),
+        RuleCall::Unary { linear } => one(x[0].map(unary_fn(*linear))),
+        RuleCall::Binary(b) => {
             let f: fn(f64, f64) -> f64 = match b {
                 BinaryOp::Add => |a, b| a + b,
                 BinaryOp::Sub => |a, b| a - b,
@@ -38,7 +40,7 @@ pub fn run(
             };
             one(broadcast_zip(&x[0], &x[1], f))
         }
-        OpKind::Reduce {
+        RuleCall::Reduce {
             kind,
             dims,
             keepdim,
@@ -46,24 +48,24 @@ pub fn run(
             let count: usize = dims.iter().map(|&d| global_in[0][d]).product();
             one(reduce(&x[0], *kind, dims, *keepdim, count))
         }
-        OpKind::ReduceToShape { .. } => one(reduce_to_shape(&x[0], &out_shapes[0])),
-        OpKind::BroadcastTo { .. } => one(broadcast_to(&x[0], &out_shapes[0])),
-        OpKind::Softmax { dim } => one(softmax(&x[0], *dim, false)),
-        OpKind::LogSoftmax { dim } => one(softmax(&x[0], *dim, true)),
-        OpKind::SoftmaxBackward { dim } => {
+        RuleCall::ReduceToShape { .. } => one(reduce_to_shape(&x[0], &out_shapes[0])),
+        RuleCall::BroadcastTo { .. } => one(broadcast_to(&x[0], &out_shapes[0])),
+        RuleCall::Softmax { dim } => one(softmax(&x[0], *dim, false)),
+        RuleCall::LogSoftmax { dim } => one(softmax(&x[0], *dim, true)),
+        RuleCall::SoftmaxBackward { dim } => {
             // dx = y * (dy - sum(dy * y))
             let s = sum_keep(&x[1].zip(&x[0], |a, b| a * b)?, *dim);
             let t = broadcast_zip(&x[1], &s, |a, b| a - b);
             one(x[0].zip(&t, |a, b| a * b)?)
         }
-        OpKind::LogSoftmaxBackward { dim } => {
+        RuleCall::LogSoftmaxBackward { dim } => {
             // dx = dy - exp(y) * sum(dy)
             let s = sum_keep(&x[1], *dim);
             let t = broadcast_zip(&x[0].map(f64::exp), &s, |a, b| a * b);
             one(x[1].zip(&t, |a, b| a - b)?)
         }
-        OpKind::Permute { perm } => one(permute(&x[0], perm)),
-        OpKind::Reshape { .. } => {
+        RuleCall::Permute { perm } => one(permute(&x[0], perm)),
+        RuleCall::Reshape { .. } => {
             if numel(&out_shapes[0]) != x[0].data.len() {
                 return Err(format!(
                     "local reshape of {:?} to {:?}",
@@ -72,32 +74,36 @@ pub fn run(
             }
             one(Arr::new(out_shapes[0].clone(), x[0].data.clone()))
         }
-        OpKind::Concat { dim } => one(super::arr::concat(x, *dim)?),
-        OpKind::Slice { dim, start, end } => one(x[0].narrow(*dim, *start..*end)),
-        OpKind::Embedding => one(embedding(&x[0], &x[1], starts.inputs[1][0])),
-        OpKind::EmbeddingBackward { .. } => one(embedding_backward(
+        RuleCall::Concat { dim } => one(super::arr::concat(x, *dim)?),
+        RuleCall::Slice { dim, start, end } => one(x[0].narrow(*dim, *start..*end)),
+        RuleCall::Embedding => one(embedding(&x[0], &x[1], starts.inputs[1][0])),
+        RuleCall::EmbeddingBackward { .. } => one(embedding_backward(
             &x[0],
             &x[1],
             &out_shapes[0],
             starts.outputs[0][0],
         )),
-        OpKind::LayerNorm { normalized_dims } => {
-            one(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
+        RuleCall::LayerNorm { normalized_dims } => {
+            Ok(layer_norm(&x[0], &x[1], &x[2], *normalized_dims))
         }
-        OpKind::LayerNormBackward { normalized_dims } => {
-            Ok(layer_norm_backward(&x[0], &x[1], &x[2], *normalized_dims))
-        }
-        OpKind::CrossEntropy => one(cross_entropy(&x[0], &x[1])),
-        OpKind::CrossEntropyBackward => one(cross_entropy_backward(&x[0], &x[1], &x[2])),
-        OpKind::Gather { dim } => one(read_at(&x[0], &x[1], *dim, true, starts.inputs[0][*dim])),
-        OpKind::IndexSelect { dim } => {
+        RuleCall::LayerNormBackward { normalized_dims } => one(layer_norm_backward(
+            &x[0],
+            &x[1],
+            &x[2],
+            (&x[3], &x[4]),
+            *normalized_dims,
+        )),
+        RuleCall::CrossEntropy => one(cross_entropy(&x[0], &x[1])),
+        RuleCall::CrossEntropyBackward => one(cross_entropy_backward(&x[0], &x[1], &x[2])),
+        RuleCall::Gather { dim } => one(read_at(&x[0], &x[1], *dim, true, starts.inputs[0][*dim])),
+        RuleCall::IndexSelect { dim } => {
             one(read_at(&x[0], &x[1], *dim, false, starts.inputs[0][*dim]))
         }
-        OpKind::ScatterAdd { dim, .. } | OpKind::IndexAdd { dim, .. } => one(add_at(
+        RuleCall::ScatterAdd { dim, .. } | RuleCall::IndexAdd { dim, .. } => one(add_at(
             &x[0],
             &x[1],
             *dim,
-            matches!(op, OpKind::ScatterAdd { .. }),
+            matches!(op, RuleCall::ScatterAdd { .. }),
             &out_shapes[0],
             starts.outputs[0][*dim],
         )),
@@ -290,47 +296,60 @@ fn rows(x: &Arr, k: usize) -> (usize, usize) {
     (numel(&x.shape[..x.ndim() - k]), len)
 }
 
-/// Per row: (mean, 1 / sigma, xhat row).
-fn normalise(row: &[f64]) -> (f64, Vec<f64>) {
+/// Per row: (mean, 1 / sigma).
+fn moments(row: &[f64]) -> (f64, f64) {
     let n = row.len() as f64;
     let mu = row.iter().sum::<f64>() / n;
     let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n;
-    let rs = 1.0 / (var + EPS).sqrt();
-    (rs, row.iter().map(|v| (v - mu) * rs).collect())
+    (mu, 1.0 / (var + EPS).sqrt())
 }
 
-fn layer_norm(x: &Arr, w: &Arr, b: &Arr, k: usize) -> Arr {
+/// (y, mean, rstd), the statistics with the normalised dims as 1.
+fn layer_norm(x: &Arr, w: &Arr, b: &Arr, k: usize) -> Vec<Arr> {
     let (nr, len) = rows(x, k);
     let mut out = Vec::with_capacity(x.data.len());
+    let (mut mean, mut rstd) = (Vec::with_capacity(nr), Vec::with_capacity(nr));
     for r in 0..nr {
-        let (_, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        let row = &x.data[r * len..(r + 1) * len];
+        let (mu, rs) = moments(row);
         out.extend(
-            xh.iter()
+            row.iter()
                 .enumerate()
-                .map(|(j, v)| v * w.data[j] + b.data[j]),
+                .map(|(j, v)| (v - mu) * rs * w.data[j] + b.data[j]),
         );
+        mean.push(mu);
+        rstd.push(rs);
     }
-    Arr::new(x.shape.clone(), out)
+    let stats: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if i < x.ndim() - k { d } else { 1 })
+        .collect();
+    vec![
+        Arr::new(x.shape.clone(), out),
+        Arr::new(stats.clone(), mean),
+        Arr::new(stats, rstd),
+    ]
 }
 
-fn layer_norm_backward(x: &Arr, w: &Arr, dy: &Arr, k: usize) -> Vec<Arr> {
+/// dx from dy and the forward's per-row mean and rstd.
+fn layer_norm_backward(x: &Arr, w: &Arr, dy: &Arr, (mean, rstd): (&Arr, &Arr), k: usize) -> Arr {
     let (nr, len) = rows(x, k);
     let mut dx = Vec::with_capacity(x.data.len());
-    let mut dw = Arr::full(&w.shape, 0.0);
-    let mut db = Arr::full(&w.shape, 0.0);
     for r in 0..nr {
-        let (rs, xh) = normalise(&x.data[r * len..(r + 1) * len]);
+        let (mu, rs) = (mean.data[r], rstd.data[r]);
+        let xh: Vec<f64> = x.data[r * len..(r + 1) * len]
+            .iter()
+            .map(|v| (v - mu) * rs)
+            .collect();
         let g = &dy.data[r * len..(r + 1) * len];
         let dxh: Vec<f64> = (0..len).map(|j| g[j] * w.data[j]).collect();
         let m1 = dxh.iter().sum::<f64>() / len as f64;
         let m2 = dxh.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / len as f64;
         dx.extend((0..len).map(|j| rs * (dxh[j] - m1 - xh[j] * m2)));
-        for j in 0..len {
-            dw.data[j] += g[j] * xh[j];
-            db.data[j] += g[j];
-        }
     }
-    vec![Arr::new(x.shape.clone(), dx), dw, db]
+    Arr::new(x.shape.clone(), dx)
 }
 
 fn cross_entropy(logits: &Arr, labels: &Arr) -> Arr {

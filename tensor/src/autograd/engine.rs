@@ -1,21 +1,19 @@
 //! The backward pass: topological order of the nodes reachable from the root, one backward
-//! rule per node, gradient accumulation into the leaves' grad slots.
+//! rule per node (given one gradient per output), gradient accumulation into the leaves' grad
+//! slots. A node's saved tensors are released as its backward runs (their last use).
 
 use std::sync::Arc;
 
 use oxiflow_sbp::NdSbp;
 use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
 use super::no_grad;
-use super::node::Node;
-
-fn node_of(t: &Tensor) -> Option<Arc<Node>> {
-    t.autograd().grad_fn()
-}
+use super::node::{Edge, Node};
 
 fn key(f: &Arc<Node>) -> usize {
     Arc::as_ptr(f) as usize
@@ -42,21 +40,19 @@ pub(crate) fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
 }
 
 /// Nodes reachable from `root`, each once, in reverse topological order (consumers first).
-fn topo_order(root: &Arc<Node>) -> Result<Vec<Arc<Node>>> {
+fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     let mut post: Vec<Arc<Node>> = Vec::new();
     let mut seen: FxHashSet<usize> = FxHashSet::default();
-    // (node, next input index to visit)
+    // (node, next edge index to visit)
     let mut stack: Vec<(Arc<Node>, usize)> = vec![(root.clone(), 0)];
     seen.insert(key(root));
     while let Some((f, i)) = stack.pop() {
-        let node = &f;
-        if i < node.inputs.len() {
-            let next = if node.needs[i] {
-                node_of(&node.inputs[i])
-            } else {
-                None
+        if i < f.edges.len() {
+            let next = match &f.edges[i] {
+                Some(Edge::Node(n, _)) => Some(n.clone()),
+                _ => None,
             };
-            stack.push((f.clone(), i + 1));
+            stack.push((f, i + 1));
             if let Some(n) = next {
                 if seen.insert(key(&n)) {
                     stack.push((n, 0));
@@ -67,10 +63,22 @@ fn topo_order(root: &Arc<Node>) -> Result<Vec<Arc<Node>>> {
         }
     }
     post.reverse();
-    Ok(post)
+    post
 }
 
-pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
+/// The gradient slots of `n`'s outputs in `grads` (made empty on first use).
+fn slots<'a>(
+    grads: &'a mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
+    n: &Arc<Node>,
+) -> &'a mut SmallVec<[Option<Tensor>; 1]> {
+    grads
+        .entry(key(n))
+        .or_insert_with(|| SmallVec::from_elem(None, n.outputs.len()))
+}
+
+/// Backpropagates from `root` with `seed` (ones when None) and accumulates into the leaves'
+/// grad slots. Each node's saved tensors are released as its backward runs, unless `retain`.
+pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Result<()> {
     let seed = match seed {
         Some(s) => {
             if s.shape() != root.shape() {
@@ -88,7 +96,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
         None => ones_like(root)?,
     };
     let _ng = no_grad();
-    let Some(root_fn) = node_of(root) else {
+    let Some((root_fn, root_out)) = root.autograd().grad_edge() else {
         if root.requires_grad() {
             let mut slot = root.grad();
             accumulate(&mut slot, seed)?;
@@ -104,20 +112,25 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
         });
     };
     let _ctx_guard = root.context().map(Context::install);
-    let order = topo_order(&root_fn)?;
-    let mut grads: FxHashMap<usize, Option<Tensor>> = FxHashMap::default();
-    grads.insert(key(&root_fn), Some(seed));
+    let order = topo_order(&root_fn);
+    let mut grads: FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>> = FxHashMap::default();
+    if let Some(slot) = slots(&mut grads, &root_fn).get_mut(root_out) {
+        *slot = Some(seed);
+    }
     // Leaves in first-seen order, with their gradients of this pass.
     let mut leaves: Vec<(Tensor, Option<Tensor>)> = Vec::new();
     let mut leaf_index: FxHashMap<usize, usize> = FxHashMap::default();
     for f in &order {
-        let Some(dy) = grads.remove(&key(f)).flatten() else {
+        let Some(dys) = grads.remove(&key(f)) else {
             continue;
         };
-        let node = f;
-        let dxs = node.backward(&dy)?;
-        for ((input, need), dx) in node.inputs.iter().zip(&node.needs).zip(dxs) {
-            let (true, Some(dx)) = (*need, dx) else {
+        if dys.iter().all(Option::is_none) {
+            continue;
+        }
+        let dxs = f.backward(&dys, retain)?;
+        drop(dys);
+        for ((edge, input), dx) in f.edges.iter().zip(&f.inputs).zip(dxs) {
+            let (Some(edge), Some(dx)) = (edge, dx) else {
                 continue;
             };
             if dx.shape() != input.shape() {
@@ -131,12 +144,24 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>) -> Result<()> {
                     ),
                 });
             }
-            match node_of(input) {
-                Some(n) => accumulate(grads.entry(key(&n)).or_insert(None), dx)?,
-                None => {
-                    let k = Arc::as_ptr(&input.0) as usize;
+            match edge {
+                Edge::Node(n, out) => match slots(&mut grads, n).get_mut(*out) {
+                    Some(slot) => accumulate(slot, dx)?,
+                    None => {
+                        return Err(TensorError::Autograd {
+                            op: "backward",
+                            detail: format!(
+                                "{} has no output {out} (it has {})",
+                                n.name(),
+                                n.outputs.len()
+                            ),
+                        })
+                    }
+                },
+                Edge::Leaf(leaf) => {
+                    let k = Arc::as_ptr(&leaf.0) as usize;
                     let idx = *leaf_index.entry(k).or_insert_with(|| {
-                        leaves.push((input.clone(), None));
+                        leaves.push((leaf.clone(), None));
                         leaves.len() - 1
                     });
                     accumulate(&mut leaves[idx].1, dx)?;

@@ -16,7 +16,8 @@ use crate::Tensor;
 pub struct AutogradMeta {
     requires_grad: AtomicBool,
     grad: Mutex<Option<Tensor>>,
-    grad_fn: Mutex<Option<Arc<Node>>>,
+    /// The node that made this tensor and which of its outputs this tensor is.
+    grad_fn: Mutex<Option<(Arc<Node>, usize)>>,
     grad_layout: Mutex<Option<NdSbp>>,
 }
 
@@ -36,6 +37,10 @@ impl AutogradMeta {
     }
     /// The node that made this tensor (None for leaves and tensors made without grad).
     pub fn grad_fn(&self) -> Option<Arc<Node>> {
+        self.grad_edge().map(|(n, _)| n)
+    }
+    /// The node that made this tensor and the index of this tensor among its outputs.
+    pub(crate) fn grad_edge(&self) -> Option<(Arc<Node>, usize)> {
         self.grad_fn
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -51,7 +56,7 @@ impl AutogradMeta {
     pub(crate) fn set_grad_layout(&self, nd: Option<NdSbp>) {
         *self.grad_layout.lock().unwrap_or_else(|e| e.into_inner()) = nd;
     }
-    pub(crate) fn set_grad_fn(&self, f: Option<Arc<Node>>) {
+    pub(crate) fn set_grad_fn(&self, f: Option<(Arc<Node>, usize)>) {
         *self.grad_fn.lock().unwrap_or_else(|e| e.into_inner()) = f;
     }
 }

@@ -1,7 +1,10 @@
 //! Reverse-mode autograd for local and global tensors.
 //!
-//! Every op goes through `dispatch`, which calls [`record`]: the output gets a [`Node`] (its
-//! `grad_fn`) when an input requires a gradient and grad mode is on. `backward()` walks the
+//! Every op goes through `dispatch`, which calls [`record`]: the outputs get a [`Node`] (their
+//! `grad_fn`, with each output's index) when an input requires a gradient and grad mode is on.
+//! A node keeps edges to the nodes (or leaves) its inputs came from, the metadata of its inputs
+//! and outputs, and only the tensors its op's backward declared (`OpFamily::saves`); it
+//! releases them when its backward runs. `backward()` walks the
 //! nodes once each in reverse topological order and runs each node's backward rule (defined
 //! with its op in `op/`), built from ordinary ops (`sum_to_shape`, `unary_backward`, ...), so
 //! the gradients of global tensors get their nd-SBP by the same signature inference as the
@@ -66,10 +69,10 @@ pub fn set_grad_enabled(on: bool) -> GradModeGuard {
     GradModeGuard { prev }
 }
 
-/// Records a dispatched op (global attributes) as `output`'s node when an input requires a
-/// gradient and grad mode is on. Called by `dispatch` after every op.
-pub(crate) fn record(op: Op, inputs: &[&Tensor], output: &Tensor) {
-    node::record_op(op, inputs, output)
+/// Records a dispatched op (global attributes) as the node of its `outputs` when an input
+/// requires a gradient and grad mode is on. Called by `dispatch` after every op.
+pub(crate) fn record(op: Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+    node::record_op(op, inputs, outputs)
 }
 
 /// Records a `to_global` (boxing or local -> global) of `input` into `output`, when `input`
@@ -80,13 +83,20 @@ pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) 
 
 impl Tensor {
     /// Backpropagates from this tensor (seed gradient: ones of its shape) and accumulates
-    /// gradients into the leaves' grad slots. Every rank of a global tensor must call it.
+    /// gradients into the leaves' grad slots. Every rank of a global tensor must call it. Each
+    /// node releases the tensors it saved as its backward runs, so a second backward through
+    /// the same nodes is a typed error (see [`Tensor::backward_retaining`]).
     pub fn backward(&self) -> Result<()> {
-        engine::backward(self, None)
+        engine::backward(self, None, false)
     }
     /// Backpropagates with an explicit seed gradient of this tensor's shape.
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
-        engine::backward(self, Some(grad.clone()))
+        engine::backward(self, Some(grad.clone()), false)
+    }
+    /// `backward` that keeps every node's saved tensors, so the graph can be backpropagated
+    /// through again.
+    pub fn backward_retaining(&self) -> Result<()> {
+        engine::backward(self, None, true)
     }
     /// The accumulated gradient of a leaf.
     pub fn grad(&self) -> Option<Tensor> {

@@ -1,12 +1,15 @@
-//! Backward-graph nodes: how they are recorded and how each runs its backward rule.
+//! Backward-graph nodes: what one records (edges to the producers of its inputs, the metadata
+//! of its inputs and outputs, and only the tensors its backward rule declared) and how each runs
+//! its backward rule, releasing those tensors as it does.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use oxiflow_sbp::{NdSbp, Sbp};
+use smallvec::SmallVec;
 
-use crate::op::{Grad, Op};
-use crate::tensor::Tensor;
+use crate::op::{Grad, Op, Saved, Saves};
+use crate::tensor::{Tensor, TensorMeta};
 use crate::Result;
 
 use super::is_grad_enabled;
@@ -23,18 +26,57 @@ pub(crate) enum NodeKind {
     Recompute(Block),
 }
 
-/// One recorded op: its inputs (the graph's edges), a detached copy of its output, and which
-/// inputs need a gradient.
+impl NodeKind {
+    /// The inputs and outputs the backward reads (a recompute block reruns on its inputs).
+    fn saves(&self, needs: &[bool]) -> Saves {
+        match self {
+            NodeKind::Op(op) => op.saves(needs),
+            NodeKind::ToGlobal { .. } => Saves::NOTHING,
+            NodeKind::Recompute(_) => Saves::ALL_INPUTS,
+        }
+    }
+    /// Whether output `i` carries a gradient.
+    fn differentiable(&self, i: usize) -> bool {
+        match self {
+            NodeKind::Op(op) => op.differentiable(i),
+            NodeKind::ToGlobal { .. } | NodeKind::Recompute(_) => true,
+        }
+    }
+}
+
+/// Where the gradient of one input goes: the node that produced it (and which of its outputs
+/// the input is), or the leaf itself, whose grad slot accumulates it.
+pub(crate) enum Edge {
+    Node(Arc<Node>, usize),
+    Leaf(Tensor),
+}
+
+/// The tensors a node keeps, until its backward runs.
+enum Kept {
+    Saved(Saved),
+    Released,
+}
+
+/// One recorded op: edges to its inputs' producers (None where an input needs no gradient),
+/// the metadata of its inputs and outputs, and the tensors its backward rule declared (see
+/// `OpFamily::saves`), released when the node's backward runs.
 pub struct Node {
     pub(crate) kind: NodeKind,
-    pub(crate) inputs: Vec<Tensor>,
-    pub(crate) output: Tensor,
-    pub(crate) needs: Vec<bool>,
+    pub(crate) edges: Vec<Option<Edge>>,
+    pub(crate) inputs: Vec<TensorMeta>,
+    pub(crate) outputs: Vec<TensorMeta>,
+    kept: Mutex<Kept>,
 }
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Node({}, {} inputs)", self.name(), self.inputs.len())
+        write!(
+            f,
+            "Node({}, {} inputs, {} outputs)",
+            self.name(),
+            self.inputs.len(),
+            self.outputs.len()
+        )
     }
 }
 
@@ -47,44 +89,96 @@ impl Node {
             NodeKind::Recompute(_) => "recompute",
         }
     }
-    /// Input gradients given the gradient `dy` of the output (None where not needed).
-    pub(crate) fn backward(&self, dy: &Tensor) -> Result<Vec<Option<Tensor>>> {
-        if let NodeKind::Recompute(block) = &self.kind {
-            return recompute::backward(block, &self.inputs, &self.needs, dy);
+    /// How many tensors the node keeps for its backward now (0 once its backward released
+    /// them).
+    pub fn saved_count(&self) -> usize {
+        match &*self.kept.lock().unwrap_or_else(|e| e.into_inner()) {
+            Kept::Saved(s) => s.inputs.iter().chain(&s.outputs).flatten().count(),
+            Kept::Released => 0,
         }
-        let x: Vec<Tensor> = self.inputs.iter().map(Tensor::detach).collect();
+    }
+    /// Which inputs need a gradient.
+    pub(crate) fn needs(&self) -> Vec<bool> {
+        self.edges.iter().map(Option::is_some).collect()
+    }
+    /// Input gradients given the gradients of the outputs (None where an output got none, or
+    /// where an input needs none). Releases the saved tensors unless `retain`.
+    pub(crate) fn backward(
+        &self,
+        dys: &[Option<Tensor>],
+        retain: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let saved = {
+            let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            match &*kept {
+                Kept::Released => None,
+                Kept::Saved(s) if retain => Some(s.clone()),
+                Kept::Saved(_) => match std::mem::replace(&mut *kept, Kept::Released) {
+                    Kept::Saved(s) => Some(s),
+                    Kept::Released => None,
+                },
+            }
+        };
+        let needs = self.needs();
+        let g = Grad::new(self.name(), &self.inputs, saved.as_ref(), dys, &needs);
         match &self.kind {
-            NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(&x[0], dy, nd_sbp)?)]),
-            NodeKind::Op(op) => op.backward(&Grad::new(&x, &self.output, dy, &self.needs)),
-            NodeKind::Recompute(_) => Ok(vec![None; x.len()]),
+            NodeKind::Op(op) => op.backward(&g),
+            NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(
+                g.input_meta(0),
+                g.dy()?,
+                nd_sbp,
+            )?)]),
+            NodeKind::Recompute(block) => recompute::backward(block, &g),
         }
     }
 }
 
-/// Makes `kind` `output`'s node when an input requires a (float) gradient, or always when
-/// `always` (a recompute block whose captured parameters require one).
-pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], output: &Tensor, always: bool) {
-    let needs: Vec<bool> = inputs
-        .iter()
-        .map(|t| t.requires_grad() && t.dtype().is_float())
-        .collect();
-    if !(always || needs.iter().any(|&b| b)) || !output.dtype().is_float() {
+/// Makes `kind` the node of `outputs` (those of a float dtype that carry a gradient) when an
+/// input requires a (float) gradient, or always when `always` (a recompute block whose
+/// captured parameters require one). The node keeps the tensors its kind's backward reads.
+pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], always: bool) {
+    let wants = |t: &&Tensor| t.requires_grad() && t.dtype().is_float();
+    if !(always || inputs.iter().any(wants)) {
         return;
     }
-    let node = Node {
+    let carries: SmallVec<[bool; 3]> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| o.dtype().is_float() && kind.differentiable(i))
+        .collect();
+    if !carries.contains(&true) {
+        return;
+    }
+    let edges: Vec<Option<Edge>> = inputs
+        .iter()
+        .map(|t| {
+            wants(t).then(|| match t.autograd().grad_edge() {
+                Some((n, i)) => Edge::Node(n, i),
+                None => Edge::Leaf((*t).clone()),
+            })
+        })
+        .collect();
+    let needs: Vec<bool> = edges.iter().map(Option::is_some).collect();
+    let saved = Saved::keep(kind.saves(&needs), inputs, outputs);
+    let node = Arc::new(Node {
         kind,
-        inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-        output: output.detach(),
-        needs,
-    };
-    output.autograd().set_requires_grad(true);
-    output.autograd().set_grad_fn(Some(Arc::new(node)));
+        edges,
+        inputs: inputs.iter().map(|t| t.meta()).collect(),
+        outputs: outputs.iter().map(Tensor::meta).collect(),
+        kept: Mutex::new(Kept::Saved(saved)),
+    });
+    for (i, (o, &carry)) in outputs.iter().zip(&carries).enumerate() {
+        if carry {
+            o.autograd().set_requires_grad(true);
+            o.autograd().set_grad_fn(Some((node.clone(), i)));
+        }
+    }
 }
 
-/// Records `op` as `output`'s node when grad mode is on and an input requires a gradient.
-pub(crate) fn record_op(op: Op, inputs: &[&Tensor], output: &Tensor) {
+/// Records `op` as the node of `outputs` when grad mode is on and an input requires a gradient.
+pub(crate) fn record_op(op: Op, inputs: &[&Tensor], outputs: &[Tensor]) {
     if is_grad_enabled() {
-        attach(NodeKind::Op(op), inputs, output, false);
+        attach(NodeKind::Op(op), inputs, outputs, false);
     }
 }
 
@@ -93,13 +187,14 @@ pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) 
         let kind = NodeKind::ToGlobal {
             nd_sbp: nd_sbp.clone(),
         };
-        attach(kind, &[input], output, false);
+        let out = [output.clone()];
+        attach(kind, &[input], &out, false);
     }
 }
 
 /// Gradient of `to_global`: the output gradient boxed back to the input's layout. A local input
 /// (this rank's piece) gets its piece of the gradient, partial-sum axes read as broadcast.
-fn to_global_backward(x: &Tensor, dy: &Tensor, target: &NdSbp) -> Result<Tensor> {
+fn to_global_backward(x: &TensorMeta, dy: &Tensor, target: &NdSbp) -> Result<Tensor> {
     if let (Some(p), Some(s)) = (x.placement(), x.nd_sbp()) {
         return dy.to_global(p, s.clone());
     }
@@ -112,4 +207,72 @@ fn to_global_backward(x: &Tensor, dy: &Tensor, target: &NdSbp) -> Result<Tensor>
             .map(|s| if s.is_partial() { Sbp::B } else { s }),
     );
     Ok(dy.to_global(p, piece_sbp)?.to_local())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Weak};
+
+    use oxiflow_dtype::DType;
+
+    use crate::storage::Storage;
+    use crate::Tensor;
+
+    fn piece(t: &Tensor) -> Weak<Storage> {
+        Arc::downgrade(t.0.piece.as_ref().expect("a local tensor has a piece"))
+    }
+
+    #[test]
+    fn nodes_keep_only_what_backward_reads_and_release_it_there() {
+        let x = Tensor::randn([64, 32], 1, DType::F64).requires_grad_(true);
+        let w = Tensor::randn([32, 16], 2, DType::F64).requires_grad_(true);
+        // a: scaled (saves nothing), so nothing but `a` itself holds its data.
+        let a = x.mul_scalar(2.0).unwrap();
+        let a_data = piece(&a);
+        // h = a @ w saves a (for dw) and w (for da); e = exp(h) saves its output.
+        let h = a.matmul(&w).unwrap();
+        let h_data = piece(&h);
+        let e = h.exp().unwrap();
+        let e_data = piece(&e);
+        let loss = e.sum_all().unwrap();
+        drop((a, h, e));
+        assert!(a_data.upgrade().is_some(), "matmul saves its input a");
+        assert!(
+            h_data.upgrade().is_none(),
+            "exp saves its output, not its input"
+        );
+        assert!(e_data.upgrade().is_some(), "exp saves its output");
+        let sum_node = loss.autograd().grad_fn().unwrap();
+        assert_eq!(sum_node.saved_count(), 0, "sum keeps shapes only");
+        loss.backward().unwrap();
+        assert!(
+            a_data.upgrade().is_none(),
+            "matmul released a in its backward"
+        );
+        assert!(
+            e_data.upgrade().is_none(),
+            "exp released its output in its backward"
+        );
+        assert!(x.grad().is_some() && w.grad().is_some());
+        // The graph is still there, its saved tensors are not: a second pass is refused.
+        let err = loss.backward().unwrap_err().to_string();
+        assert!(err.contains("exp") && err.contains("released"), "{err}");
+    }
+
+    #[test]
+    fn matmul_keeps_an_operand_only_for_the_others_gradient() {
+        let x = Tensor::randn([8, 4], 3, DType::F64);
+        let w = Tensor::randn([4, 2], 4, DType::F64).requires_grad_(true);
+        let x_data = piece(&x);
+        let w_data = piece(&w);
+        let y = x.matmul(&w).unwrap();
+        drop((x, w));
+        let node = y.autograd().grad_fn().unwrap();
+        assert_eq!(node.saved_count(), 1);
+        assert!(x_data.upgrade().is_some(), "dw reads x");
+        // w is the leaf: the edge holds it (its gradient slot), the saved set does not.
+        assert!(w_data.upgrade().is_some());
+        y.sum_all().unwrap().backward().unwrap();
+        assert!(x_data.upgrade().is_none());
+    }
 }

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::op::Grad;
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
@@ -50,30 +51,27 @@ where
         return Ok(out);
     }
     let result = out.detach();
+    let outputs = [result];
     attach(
         NodeKind::Recompute(Block(Arc::new(f))),
         inputs,
-        &result,
+        &outputs,
         true,
     );
+    let [result] = outputs;
     Ok(result)
 }
 
-/// Backward of a recompute node: runs the block again on detached copies of its inputs with
-/// grad mode on, then backpropagates `dy` through that graph. Captured parameters accumulate
-/// their gradients there; the inputs' gradients are returned.
-pub(crate) fn backward(
-    block: &Block,
-    inputs: &[Tensor],
-    needs: &[bool],
-    dy: &Tensor,
-) -> Result<Vec<Option<Tensor>>> {
+/// Backward of a recompute node: runs the block again on detached copies of its (saved)
+/// inputs with grad mode on, then backpropagates `dy` through that graph. Captured parameters
+/// accumulate their gradients there; the inputs' gradients are returned.
+pub(crate) fn backward(block: &Block, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+    let dy = g.dy()?;
     let _grad = set_grad_enabled(true);
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .zip(needs)
-        .map(|(t, &need)| t.detach().requires_grad_(need))
-        .collect();
+    let mut leaves: Vec<Tensor> = Vec::with_capacity(g.arity());
+    for i in 0..g.arity() {
+        leaves.push(g.input(i)?.detach().requires_grad_(g.need(i)));
+    }
     let out = (block.0)(&leaves)?;
     if out.shape() != dy.shape() {
         return Err(TensorError::Autograd {
@@ -86,11 +84,11 @@ pub(crate) fn backward(
         });
     }
     if out.requires_grad() {
-        engine::backward(&out, Some(dy.clone()))?;
+        engine::backward(&out, Some(dy.clone()), false)?;
     }
     Ok(leaves
         .iter()
-        .zip(needs)
-        .map(|(l, &need)| if need { l.grad() } else { None })
+        .enumerate()
+        .map(|(i, l)| if g.need(i) { l.grad() } else { None })
         .collect())
 }

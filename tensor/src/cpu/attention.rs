@@ -1,17 +1,16 @@
-//! Attention CPU kernels, fused per (batch, head) pair: scores `q k^T` by matrixmultiply, then a
+//! Attention CPU kernels, fused per (batch, head) pair and written into the executor's output
+//! buffer: scores `q k^T` by matrixmultiply, then a
 //! numerically stable softmax of `scores * scale` per query row (causal rows only up to the
 //! row's own index, the rest 0), then the product with v; rayon over the pairs when large.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{
-    Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis, IxDyn,
-};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
-use super::{checked, CpuBackend};
+use super::{out_as, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::{kernel_err, AttentionKernels, OutSpec};
+use crate::op::{kernel_err, AttentionKernels};
 use crate::storage::CpuArray;
 use crate::Result;
 
@@ -98,9 +97,9 @@ fn attention_t<F: FloatElement>(
     q: &ArrayD<F>,
     k: &ArrayD<F>,
     v: Option<&ArrayD<F>>,
-    causal: bool,
-    scale: f64,
-) -> Result<ArrayD<F>> {
+    (causal, scale): (bool, f64),
+    out: &mut ArrayD<F>,
+) -> Result<()> {
     let [b, h, t, d] = dims4(q, op, "q")?;
     let [kb, kh, s, kd] = dims4(k, op, "k")?;
     let dv = match v {
@@ -116,17 +115,25 @@ fn attention_t<F: FloatElement>(
         }
         None => s,
     };
-    if [kb, kh, kd] != [b, h, d] || (causal && s != t) {
+    if [kb, kh, kd] != [b, h, d] || (causal && s != t) || out.shape() != [b, h, t, dv] {
         return Err(kernel_err(
             op,
-            format!("k {:?} does not fit q {:?}", k.shape(), q.shape()),
+            format!(
+                "k {:?} does not fit q {:?} (output {:?})",
+                k.shape(),
+                q.shape(),
+                out.shape()
+            ),
         ));
     }
     let (q, k) = (q.as_standard_layout(), k.as_standard_layout());
     let v = v.map(|v| v.as_standard_layout());
     let (q3, k3) = (pairs_view(q.view(), op)?, pairs_view(k.view(), op)?);
     let v3 = v.as_ref().map(|v| pairs_view(v.view(), op)).transpose()?;
-    let mut out = Array3::<F>::zeros((q3.len_of(Axis(0)), t, dv));
+    let mut o3 = out
+        .view_mut()
+        .into_shape_with_order((b * h, t, dv))
+        .map_err(|e| kernel_err(op, e.to_string()))?;
     let scale = F::from_f64(scale);
     let run = |(i, o): (usize, ArrayViewMut2<'_, F>)| {
         let vi = v3.as_ref().map(|v| v.index_axis(Axis(0), i));
@@ -144,15 +151,13 @@ fn attention_t<F: FloatElement>(
         .saturating_mul(t)
         .saturating_mul(s.max(1));
     if work.saturating_mul(d.max(dv).max(1)) >= PAR_THRESHOLD {
-        out.outer_iter_mut()
+        o3.outer_iter_mut()
             .into_par_iter()
             .enumerate()
-            .try_for_each(run)?;
+            .try_for_each(run)
     } else {
-        out.outer_iter_mut().enumerate().try_for_each(run)?;
+        o3.outer_iter_mut().enumerate().try_for_each(run)
     }
-    out.into_shape_with_order(IxDyn(&[b, h, t, dv]))
-        .map_err(|e| kernel_err(op, e.to_string()))
 }
 
 fn attention_any(
@@ -160,26 +165,24 @@ fn attention_any(
     q: &CpuArray,
     k: &CpuArray,
     v: Option<&CpuArray>,
-    causal: bool,
-    scale: f64,
-    out: &OutSpec,
-) -> Result<CpuArray> {
-    let y = match (q, k, v) {
+    attrs: (bool, f64),
+    out: &mut CpuArray,
+) -> Result<()> {
+    match (q, k, v) {
         (CpuArray::F32(q), CpuArray::F32(k), None) => {
-            CpuArray::F32(attention_t(op, q, k, None, causal, scale)?)
+            attention_t(op, q, k, None, attrs, out_as(op, out)?)
         }
         (CpuArray::F32(q), CpuArray::F32(k), Some(CpuArray::F32(v))) => {
-            CpuArray::F32(attention_t(op, q, k, Some(v), causal, scale)?)
+            attention_t(op, q, k, Some(v), attrs, out_as(op, out)?)
         }
         (CpuArray::F64(q), CpuArray::F64(k), None) => {
-            CpuArray::F64(attention_t(op, q, k, None, causal, scale)?)
+            attention_t(op, q, k, None, attrs, out_as(op, out)?)
         }
         (CpuArray::F64(q), CpuArray::F64(k), Some(CpuArray::F64(v))) => {
-            CpuArray::F64(attention_t(op, q, k, Some(v), causal, scale)?)
+            attention_t(op, q, k, Some(v), attrs, out_as(op, out)?)
         }
-        _ => return Err(kernel_err(op, "needs float q, k and v of one dtype".into())),
-    };
-    checked(op, y, out)
+        _ => Err(kernel_err(op, "needs float q, k and v of one dtype".into())),
+    }
 }
 
 impl AttentionKernels for CpuBackend {
@@ -190,9 +193,9 @@ impl AttentionKernels for CpuBackend {
         v: &CpuArray,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        attention_any("attention", q, k, Some(v), causal, scale, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        attention_any("attention", q, k, Some(v), (causal, scale), out)
     }
 
     fn attention_probs(
@@ -201,8 +204,8 @@ impl AttentionKernels for CpuBackend {
         k: &CpuArray,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        attention_any("attention_probs", q, k, None, causal, scale, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        attention_any("attention_probs", q, k, None, (causal, scale), out)
     }
 }

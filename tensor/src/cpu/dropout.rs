@@ -1,21 +1,21 @@
-//! Dropout CPU kernel: each element's global row-major index from the piece's place in the
-//! global tensor, kept (scaled by `1 / (1 - p)`) when `rng::uniform(seed, index) >= p`, else 0;
-//! rayon when large.
+//! Dropout CPU kernel, written into the executor's output buffer: each element's global
+//! row-major index from the piece's place in the global tensor, kept (scaled by `1 / (1 - p)`)
+//! when `rng::uniform(seed, index) >= p`, else 0; rayon when large.
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
+use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::{kernel_err, DropoutKernels, DropoutOp, OutSpec};
+use crate::op::{kernel_err, DropoutKernels, DropoutOp};
 use crate::rng;
 use crate::storage::CpuArray;
 use crate::Result;
-use rayon::prelude::*;
 
-fn dropout_t<F: FloatElement>(x: &ArrayD<F>, op: &DropoutOp) -> Result<ArrayD<F>> {
+fn dropout_t<F: FloatElement>(x: &ArrayD<F>, op: &DropoutOp, out: &mut ArrayD<F>) -> Result<()> {
     let local = x.shape().to_vec();
+    fits("dropout", &local, out.shape())?;
     op.check_piece(&local)?;
     let strides = op.global.strides();
     let (p, seed) = (op.p.get(), op.seed);
@@ -24,6 +24,9 @@ fn dropout_t<F: FloatElement>(x: &ArrayD<F>, op: &DropoutOp) -> Result<ArrayD<F>
     let xs = x
         .as_slice()
         .ok_or_else(|| kernel_err("dropout", "input not contiguous".into()))?;
+    let os = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err("dropout", "output not contiguous".into()))?;
     let value = |l: usize| -> F {
         let (mut rem, mut g) = (l, 0usize);
         for d in (0..local.len()).rev() {
@@ -37,22 +40,22 @@ fn dropout_t<F: FloatElement>(x: &ArrayD<F>, op: &DropoutOp) -> Result<ArrayD<F>
             zero
         }
     };
-    let n = xs.len();
-    let data: Vec<F> = if n >= PAR_THRESHOLD {
-        (0..n).into_par_iter().map(value).collect()
+    if os.len() >= PAR_THRESHOLD {
+        os.par_iter_mut()
+            .enumerate()
+            .for_each(|(l, o)| *o = value(l));
     } else {
-        (0..n).map(value).collect()
-    };
-    ArrayD::from_shape_vec(IxDyn(&local), data).map_err(|e| kernel_err("dropout", e.to_string()))
+        os.iter_mut().enumerate().for_each(|(l, o)| *o = value(l));
+    }
+    Ok(())
 }
 
 impl DropoutKernels for CpuBackend {
-    fn dropout(&self, x: &CpuArray, op: &DropoutOp, out: &OutSpec) -> Result<CpuArray> {
-        let y = match x {
-            CpuArray::F32(x) => CpuArray::F32(dropout_t(x, op)?),
-            CpuArray::F64(x) => CpuArray::F64(dropout_t(x, op)?),
-            x => return Err(float_input("dropout", x)),
-        };
-        checked("dropout", y, out)
+    fn dropout(&self, x: &CpuArray, op: &DropoutOp, out: &mut CpuArray) -> Result<()> {
+        match x {
+            CpuArray::F32(x) => dropout_t(x, op, out_as("dropout", out)?),
+            CpuArray::F64(x) => dropout_t(x, op, out_as("dropout", out)?),
+            x => Err(float_input("dropout", x)),
+        }
     }
 }

@@ -1,109 +1,128 @@
-//! Element-wise CPU kernels: unary functions, scalar forms, broadcasting binary ops, casts and
-//! the element-wise backward kernels; rayon for large arrays.
+//! Element-wise CPU kernels, written into the executor's output buffer: unary functions, scalar
+//! forms, broadcasting binary ops, casts and the element-wise backward kernels; contiguous slices
+//! in a plain loop, rayon for large arrays.
 
 use ndarray::{ArrayD, IxDyn, Zip};
-use oxiflow_sbp::Shape;
+use rayon::prelude::*;
 
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
+use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
-use crate::{Result, TensorError};
+use crate::{with_array, Result};
 
 /// Arrays with at least this many elements run on rayon.
 pub const PAR_THRESHOLD: usize = 1 << 15;
 
-fn map<T: TensorElement>(a: &ArrayD<T>, f: impl Fn(T) -> T + Sync + Send) -> ArrayD<T> {
-    if a.len() >= PAR_THRESHOLD {
-        let mut out = a.to_owned();
-        out.par_mapv_inplace(f);
-        out
-    } else if let Some(x) = a.as_slice() {
-        let v: Vec<T> = x.iter().map(|&p| f(p)).collect();
-        ArrayD::from_shape_vec(a.raw_dim(), v).unwrap_or_else(|_| a.mapv(f))
+/// `out[i] = f(a[i])` for arrays of one shape.
+fn map_into<T: TensorElement, U: TensorElement>(
+    a: &ArrayD<T>,
+    out: &mut ArrayD<U>,
+    f: impl Fn(T) -> U + Sync + Send,
+) {
+    let big = a.len() >= PAR_THRESHOLD;
+    if let (Some(x), Some(y)) = (a.as_slice(), out.as_slice_mut()) {
+        if big {
+            y.par_iter_mut()
+                .zip(x.par_iter())
+                .for_each(|(o, &v)| *o = f(v));
+        } else {
+            y.iter_mut().zip(x).for_each(|(o, &v)| *o = f(v));
+        }
+        return;
+    }
+    let z = Zip::from(out).and(a);
+    if big {
+        z.par_for_each(|o, &v| *o = f(v));
     } else {
-        a.mapv(f)
+        z.for_each(|o, &v| *o = f(v));
     }
 }
 
-fn zip2<T: TensorElement>(
+/// `out = f(a, b)` with `a` and `b` broadcast to `out`'s shape; None when they do not.
+fn zip2_into<T: TensorElement>(
     a: &ArrayD<T>,
     b: &ArrayD<T>,
+    out: &mut ArrayD<T>,
     f: impl Fn(T, T) -> T + Sync + Send,
-) -> Option<ArrayD<T>> {
-    if a.shape() == b.shape() {
+) -> Option<()> {
+    let big = out.len() >= PAR_THRESHOLD;
+    if a.shape() == out.shape() && b.shape() == out.shape() {
         // Contiguous operands of one shape: a plain loop over the slices (no n-d iteration).
-        if let (Some(x), Some(y), true) = (a.as_slice(), b.as_slice(), a.len() < PAR_THRESHOLD) {
-            let v: Vec<T> = x.iter().zip(y).map(|(&p, &q)| f(p, q)).collect();
-            return ArrayD::from_shape_vec(a.raw_dim(), v).ok();
+        if let (Some(x), Some(y), Some(o)) = (a.as_slice(), b.as_slice(), out.as_slice_mut()) {
+            if big {
+                o.par_iter_mut()
+                    .zip(x.par_iter().zip(y.par_iter()))
+                    .for_each(|(o, (&p, &q))| *o = f(p, q));
+            } else {
+                o.iter_mut()
+                    .zip(x.iter().zip(y))
+                    .for_each(|(o, (&p, &q))| *o = f(p, q));
+            }
+            return Some(());
         }
-        let z = Zip::from(a).and(b);
-        return Some(if a.len() >= PAR_THRESHOLD {
-            z.par_map_collect(|&x, &y| f(x, y))
-        } else {
-            z.map_collect(|&x, &y| f(x, y))
-        });
     }
-    let shape = crate::op::broadcast_shapes(&Shape::from(a.shape()), &Shape::from(b.shape()))?;
-    let av = a.broadcast(IxDyn(shape.dims()))?;
-    let bv = b.broadcast(IxDyn(shape.dims()))?;
-    let z = Zip::from(&av).and(&bv);
-    Some(if av.len() >= PAR_THRESHOLD {
-        z.par_map_collect(|&x, &y| f(x, y))
+    let dim = IxDyn(out.shape());
+    let (av, bv) = (a.broadcast(dim.clone())?, b.broadcast(dim)?);
+    let z = Zip::from(out).and(&av).and(&bv);
+    if big {
+        z.par_for_each(|o, &x, &y| *o = f(x, y));
     } else {
-        z.map_collect(|&x, &y| f(x, y))
-    })
+        z.for_each(|o, &x, &y| *o = f(x, y));
+    }
+    Some(())
 }
 
-fn float_unary<F: FloatElement>(u: UnaryOp, a: &ArrayD<F>) -> ArrayD<F> {
+fn float_unary<F: FloatElement>(u: UnaryOp, a: &ArrayD<F>, out: &mut ArrayD<F>) {
     let zero = F::from_f64(0.0);
     let one = F::one();
     let half = F::from_f64(0.5);
     let c = F::from_f64((2.0 / std::f64::consts::PI).sqrt());
     let k = F::from_f64(0.044715);
     match u {
-        UnaryOp::Neg => map(a, |x| -x),
-        UnaryOp::Relu => map(a, move |x| if x > zero { x } else { zero }),
-        UnaryOp::Gelu => map(a, move |x| {
+        UnaryOp::Neg => map_into(a, out, |x| -x),
+        UnaryOp::Relu => map_into(a, out, move |x| if x > zero { x } else { zero }),
+        UnaryOp::Gelu => map_into(a, out, move |x| {
             half * x * (one + (c * (x + k * x * x * x)).tanh())
         }),
-        UnaryOp::Exp => map(a, |x| x.exp()),
-        UnaryOp::Log => map(a, |x| x.ln()),
-        UnaryOp::Tanh => map(a, |x| x.tanh()),
-        UnaryOp::Sigmoid => map(a, move |x| one / (one + (-x).exp())),
-        UnaryOp::Sqrt => map(a, |x| x.sqrt()),
-        UnaryOp::Abs => map(a, |x| x.abs()),
-        UnaryOp::Square => map(a, |x| x * x),
+        UnaryOp::Exp => map_into(a, out, |x| x.exp()),
+        UnaryOp::Log => map_into(a, out, |x| x.ln()),
+        UnaryOp::Tanh => map_into(a, out, |x| x.tanh()),
+        UnaryOp::Sigmoid => map_into(a, out, move |x| one / (one + (-x).exp())),
+        UnaryOp::Sqrt => map_into(a, out, |x| x.sqrt()),
+        UnaryOp::Abs => map_into(a, out, |x| x.abs()),
+        UnaryOp::Square => map_into(a, out, |x| x * x),
     }
 }
 
 /// y = f(x).
-pub fn unary(u: UnaryOp, a: &CpuArray) -> Result<CpuArray> {
-    Ok(match a {
-        CpuArray::F32(a) => CpuArray::F32(float_unary(u, a)),
-        CpuArray::F64(a) => CpuArray::F64(float_unary(u, a)),
-        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(u.name(), a)),
-        CpuArray::I64(a) => CpuArray::I64(match u {
-            UnaryOp::Neg => map(a, |x| x.wrapping_neg()),
-            UnaryOp::Abs => map(a, |x| x.wrapping_abs()),
-            UnaryOp::Square => map(a, |x| x.wrapping_mul(x)),
-            UnaryOp::Relu => map(a, |x| x.max(0)),
-            _ => {
-                return Err(TensorError::Kernel {
-                    op: u.name(),
-                    detail: "needs a float input, got i64".into(),
-                })
+fn unary(u: UnaryOp, a: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    let op = u.name();
+    fits(op, a.shape(), out.shape())?;
+    match a {
+        CpuArray::F32(a) => float_unary(u, a, out_as(op, out)?),
+        CpuArray::F64(a) => float_unary(u, a, out_as(op, out)?),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(op, a)),
+        CpuArray::I64(a) => {
+            let o = out_as::<i64>(op, out)?;
+            match u {
+                UnaryOp::Neg => map_into(a, o, |x| x.wrapping_neg()),
+                UnaryOp::Abs => map_into(a, o, |x| x.wrapping_abs()),
+                UnaryOp::Square => map_into(a, o, |x| x.wrapping_mul(x)),
+                UnaryOp::Relu => map_into(a, o, |x| x.max(0)),
+                _ => return Err(kernel_err(op, "needs a float input, got i64".into())),
             }
-        }),
-    })
+        }
+    }
+    Ok(())
 }
 
 fn float_unary_backward<F: FloatElement>(
     u: UnaryOp,
     dy: &ArrayD<F>,
     x: &ArrayD<F>,
-) -> Option<ArrayD<F>> {
+    out: &mut ArrayD<F>,
+) -> Option<()> {
     let zero = F::from_f64(0.0);
     let one = F::one();
     let half = F::from_f64(0.5);
@@ -112,24 +131,19 @@ fn float_unary_backward<F: FloatElement>(
     let k = F::from_f64(0.044715);
     let k3 = F::from_f64(3.0 * 0.044715);
     match u {
-        UnaryOp::Neg => zip2(dy, x, |g, _| -g),
-        UnaryOp::Relu => zip2(dy, x, move |g, x| if x > zero { g } else { zero }),
-        UnaryOp::Gelu => zip2(dy, x, move |g, x| {
+        UnaryOp::Neg => zip2_into(dy, x, out, |g, _| -g),
+        UnaryOp::Relu => zip2_into(dy, x, out, move |g, x| if x > zero { g } else { zero }),
+        UnaryOp::Gelu => zip2_into(dy, x, out, move |g, x| {
             let t = (c * (x + k * x * x * x)).tanh();
             g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x))
         }),
-        UnaryOp::Exp => zip2(dy, x, |g, x| g * x.exp()),
-        UnaryOp::Log => zip2(dy, x, |g, x| g / x),
-        UnaryOp::Tanh => zip2(dy, x, move |g, x| {
-            let t = x.tanh();
-            g * (one - t * t)
-        }),
-        UnaryOp::Sigmoid => zip2(dy, x, move |g, x| {
-            let s = one / (one + (-x).exp());
-            g * s * (one - s)
-        }),
-        UnaryOp::Sqrt => zip2(dy, x, move |g, x| g * half / x.sqrt()),
-        UnaryOp::Abs => zip2(dy, x, move |g, x| {
+        // Exp, tanh and sigmoid read the forward output y (in `x`).
+        UnaryOp::Exp => zip2_into(dy, x, out, |g, y| g * y),
+        UnaryOp::Log => zip2_into(dy, x, out, |g, x| g / x),
+        UnaryOp::Tanh => zip2_into(dy, x, out, move |g, y| g * (one - y * y)),
+        UnaryOp::Sigmoid => zip2_into(dy, x, out, move |g, y| g * y * (one - y)),
+        UnaryOp::Sqrt => zip2_into(dy, x, out, move |g, x| g * half / x.sqrt()),
+        UnaryOp::Abs => zip2_into(dy, x, out, move |g, x| {
             if x > zero {
                 g
             } else if x < zero {
@@ -138,181 +152,143 @@ fn float_unary_backward<F: FloatElement>(
                 zero
             }
         }),
-        UnaryOp::Square => zip2(dy, x, move |g, x| g * two * x),
+        UnaryOp::Square => zip2_into(dy, x, out, move |g, x| g * two * x),
     }
 }
 
-/// dx = dy * f'(x) (every backward takes the forward *input* x).
-pub fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray) -> Result<CpuArray> {
-    let out = match (dy, x) {
-        (CpuArray::F32(g), CpuArray::F32(x)) => float_unary_backward(u, g, x).map(CpuArray::F32),
-        (CpuArray::F64(g), CpuArray::F64(x)) => float_unary_backward(u, g, x).map(CpuArray::F64),
+/// dx = dy * f'(x), from the forward input x, or for exp, tanh and sigmoid the output y.
+fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    let op = u.backward_name();
+    let shapes_ok = dy.shape() == x.shape() && dy.shape() == out.shape();
+    let done = match (dy, x) {
+        (CpuArray::F32(g), CpuArray::F32(x)) if shapes_ok => {
+            float_unary_backward(u, g, x, out_as(op, out)?)
+        }
+        (CpuArray::F64(g), CpuArray::F64(x)) if shapes_ok => {
+            float_unary_backward(u, g, x, out_as(op, out)?)
+        }
         _ => None,
     };
-    out.ok_or_else(|| TensorError::Kernel {
-        op: u.backward_name(),
-        detail: format!(
-            "needs float dy and x of one shape, got {:?} and {:?}",
-            dy.shape(),
-            x.shape()
-        ),
+    done.ok_or_else(|| {
+        kernel_err(
+            op,
+            format!(
+                "needs float dy and x of one shape, got {:?} and {:?}",
+                dy.shape(),
+                x.shape()
+            ),
+        )
     })
 }
 
-fn adam_t<F: FloatElement>(part: AdamPart, x: &[&ArrayD<F>]) -> Option<ArrayD<F>> {
-    let n = if matches!(part, AdamPart::Update { .. }) {
-        3
-    } else {
-        2
-    };
-    if x.len() != n || x.iter().any(|a| a.shape() != x[0].shape()) {
-        return None;
-    }
-    let [a, b, c, d] = part.coefficients().map(F::from_f64);
-    let big = x[0].len() >= PAR_THRESHOLD;
-    Some(match part {
-        AdamPart::Moment1 { .. } | AdamPart::Moment2 { .. } => {
-            let sq = matches!(part, AdamPart::Moment2 { .. });
-            let f = move |&m: &F, &g: &F| m * a + if sq { g * g } else { g } * b;
-            let z = Zip::from(x[0]).and(x[1]);
-            if big {
-                z.par_map_collect(f)
-            } else {
-                z.map_collect(f)
-            }
-        }
-        AdamPart::Update { .. } => {
-            let f = move |&p: &F, &m: &F, &v: &F| p * a - (m * b) / ((v * c).sqrt() + d);
-            let z = Zip::from(x[0]).and(x[1]).and(x[2]);
-            if big {
-                z.par_map_collect(f)
-            } else {
-                z.map_collect(f)
-            }
-        }
-    })
-}
-
-/// One fused AdamW piece (see `AdamPart`) on same-shape float arrays of one dtype.
-pub fn adam(part: AdamPart, x: &[&CpuArray]) -> Result<CpuArray> {
-    let f32s: Option<Vec<_>> = x
-        .iter()
-        .map(|a| match a {
-            CpuArray::F32(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    let f64s: Option<Vec<_>> = x
-        .iter()
-        .map(|a| match a {
-            CpuArray::F64(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    let out = match (f32s, f64s) {
-        (Some(v), _) => adam_t(part, &v).map(CpuArray::F32),
-        (_, Some(v)) => adam_t(part, &v).map(CpuArray::F64),
-        _ => None,
-    };
-    out.ok_or_else(|| TensorError::Kernel {
-        op: part.name(),
-        detail: format!(
-            "needs float operands of one dtype and shape, got {:?}",
-            x.iter()
-                .map(|a| (a.dtype(), a.shape().to_vec()))
-                .collect::<Vec<_>>()
-        ),
-    })
-}
-
-fn float_scalar<F: FloatElement>(s: ScalarOp, a: &ArrayD<F>, c: f64) -> ArrayD<F> {
+fn float_scalar<F: FloatElement>(s: ScalarOp, a: &ArrayD<F>, c: f64, out: &mut ArrayD<F>) {
     let c = F::from_f64(c);
     match s {
-        ScalarOp::Add => map(a, move |x| x + c),
-        ScalarOp::Mul => map(a, move |x| x * c),
-        ScalarOp::RSub => map(a, move |x| c - x),
-        ScalarOp::RDiv => map(a, move |x| c / x),
-        ScalarOp::Pow => map(a, move |x| x.powf(c)),
+        ScalarOp::Add => map_into(a, out, move |x| x + c),
+        ScalarOp::Mul => map_into(a, out, move |x| x * c),
+        ScalarOp::RSub => map_into(a, out, move |x| c - x),
+        ScalarOp::RDiv => map_into(a, out, move |x| c / x),
+        ScalarOp::Pow => map_into(a, out, move |x| x.powf(c)),
     }
 }
 
 /// y = x (op) c.
-pub fn scalar(s: ScalarOp, a: &CpuArray, c: f64) -> Result<CpuArray> {
-    Ok(match a {
-        CpuArray::F32(a) => CpuArray::F32(float_scalar(s, a, c)),
-        CpuArray::F64(a) => CpuArray::F64(float_scalar(s, a, c)),
-        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(s.name(), a)),
+fn scalar(s: ScalarOp, a: &CpuArray, c: f64, out: &mut CpuArray) -> Result<()> {
+    let op = s.name();
+    fits(op, a.shape(), out.shape())?;
+    match a {
+        CpuArray::F32(a) => float_scalar(s, a, c, out_as(op, out)?),
+        CpuArray::F64(a) => float_scalar(s, a, c, out_as(op, out)?),
+        a @ (CpuArray::BF16(_) | CpuArray::F16(_)) => return Err(float_input(op, a)),
         CpuArray::I64(a) => {
-            let ci = c as i64;
-            CpuArray::I64(match s {
-                ScalarOp::Add => map(a, move |x| x.wrapping_add(ci)),
-                ScalarOp::Mul => map(a, move |x| x.wrapping_mul(ci)),
-                ScalarOp::RSub => map(a, move |x| ci.wrapping_sub(x)),
+            let (ci, o) = (c as i64, out_as::<i64>(op, out)?);
+            match s {
+                ScalarOp::Add => map_into(a, o, move |x| x.wrapping_add(ci)),
+                ScalarOp::Mul => map_into(a, o, move |x| x.wrapping_mul(ci)),
+                ScalarOp::RSub => map_into(a, o, move |x| ci.wrapping_sub(x)),
                 ScalarOp::RDiv | ScalarOp::Pow => {
-                    return Err(TensorError::Kernel {
-                        op: s.name(),
-                        detail: "needs a float input, got i64".into(),
-                    })
+                    return Err(kernel_err(op, "needs a float input, got i64".into()))
                 }
-            })
+            }
         }
-    })
+    }
+    Ok(())
 }
 
-fn typed_binary<T: TensorElement>(b: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> Option<ArrayD<T>> {
+fn typed_binary<T: TensorElement>(
+    b: BinaryOp,
+    x: &ArrayD<T>,
+    y: &ArrayD<T>,
+    out: &mut ArrayD<T>,
+) -> Option<()> {
     match b {
-        BinaryOp::Add => zip2(x, y, |p, q| p + q),
-        BinaryOp::Sub => zip2(x, y, |p, q| p - q),
-        BinaryOp::Mul => zip2(x, y, |p, q| p * q),
-        BinaryOp::Div => zip2(x, y, |p, q| p / q),
+        BinaryOp::Add => zip2_into(x, y, out, |p, q| p + q),
+        BinaryOp::Sub => zip2_into(x, y, out, |p, q| p - q),
+        BinaryOp::Mul => zip2_into(x, y, out, |p, q| p * q),
+        BinaryOp::Div => zip2_into(x, y, out, |p, q| p / q),
     }
 }
 
 /// Broadcasting z = x (op) y.
-pub fn binary(b: BinaryOp, x: &CpuArray, y: &CpuArray) -> Result<CpuArray> {
-    let out = match (x, y) {
-        (CpuArray::F32(p), CpuArray::F32(q)) => typed_binary(b, p, q).map(CpuArray::F32),
-        (CpuArray::F64(p), CpuArray::F64(q)) => typed_binary(b, p, q).map(CpuArray::F64),
-        (CpuArray::I64(p), CpuArray::I64(q)) if b != BinaryOp::Div || q.iter().all(|&v| v != 0) => {
-            typed_binary(b, p, q).map(CpuArray::I64)
+fn binary(b: BinaryOp, x: &CpuArray, y: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    let done = match (x, y, &mut *out) {
+        (CpuArray::F32(p), CpuArray::F32(q), CpuArray::F32(o)) => typed_binary(b, p, q, o),
+        (CpuArray::F64(p), CpuArray::F64(q), CpuArray::F64(o)) => typed_binary(b, p, q, o),
+        (CpuArray::I64(p), CpuArray::I64(q), CpuArray::I64(o))
+            if b != BinaryOp::Div || q.iter().all(|&v| v != 0) =>
+        {
+            typed_binary(b, p, q, o)
         }
         _ => None,
     };
-    out.ok_or_else(|| TensorError::Kernel {
-        op: b.name(),
-        detail: format!(
-            "local pieces {:?} ({}) and {:?} ({}) do not fit (or an integer division by zero)",
-            x.shape(),
-            x.dtype(),
-            y.shape(),
-            y.dtype()
-        ),
+    done.ok_or_else(|| {
+        kernel_err(
+            b.name(),
+            format!(
+                "local pieces {:?} ({}) and {:?} ({}) do not fit the output {:?} ({}) (or an \
+                 integer division by zero)",
+                x.shape(),
+                x.dtype(),
+                y.shape(),
+                y.dtype(),
+                out.shape(),
+                out.dtype()
+            ),
+        )
     })
 }
 
+/// Every element converted to the output's dtype, each value rounded once (float -> i64
+/// truncates toward zero); the same dtype is a copy.
+pub(super) fn cast_into(x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    fn to<T: TensorElement, U: TensorElement>(a: &ArrayD<T>, o: &mut ArrayD<U>) {
+        map_into(a, o, |v| U::from_f64(v.to_f64()))
+    }
+    fits("cast", x.shape(), out.shape())?;
+    with_array!(out, o => with_array!(x, a => to(a, o)));
+    Ok(())
+}
+
 impl ElementwiseKernels for CpuBackend {
-    fn unary(&self, u: UnaryOp, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
-        checked(u.name(), unary(u, x)?, out)
+    fn unary(&self, u: UnaryOp, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+        unary(u, x, out)
     }
-    fn scalar(&self, s: ScalarOp, c: f64, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
-        checked(s.name(), scalar(s, x, c)?, out)
+    fn scalar(&self, s: ScalarOp, c: f64, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+        scalar(s, x, c, out)
     }
-    fn binary(&self, b: BinaryOp, x: &CpuArray, y: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
-        checked(b.name(), binary(b, x, y)?, out)
+    fn binary(&self, b: BinaryOp, x: &CpuArray, y: &CpuArray, out: &mut CpuArray) -> Result<()> {
+        binary(b, x, y, out)
     }
-    fn cast(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
-        checked("cast", x.cast(out.dtype), out)
+    fn cast(&self, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+        cast_into(x, out)
     }
     fn unary_backward(
         &self,
         u: UnaryOp,
         dy: &CpuArray,
         x: &CpuArray,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        checked(u.backward_name(), unary_backward(u, dy, x)?, out)
-    }
-    fn adam(&self, part: AdamPart, x: &[&CpuArray], out: &OutSpec) -> Result<CpuArray> {
-        checked(part.name(), adam(part, x)?, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        unary_backward(u, dy, x, out)
     }
 }

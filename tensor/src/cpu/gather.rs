@@ -1,14 +1,13 @@
-//! Gather CPU kernels: reads along one dim at indices (gather, index-select, embedding) and
+//! Gather CPU kernels, written into the executor's output buffer: reads along one dim at indices (gather, index-select, embedding) and
 //! the scatter-adds of their gradients, over a shard of the addressed dim.
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
 
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{kernel_err, GatherKernels, IndexShard, OutSpec};
+use crate::op::{kernel_err, GatherKernels, IndexShard};
 use crate::storage::CpuArray;
-use crate::Result;
+use crate::{with_array, Result};
 
 /// How the index array addresses the dim: one index per element (torch.gather) or one per
 /// position along the dim (index-select, embedding; any ids shape, flattened).
@@ -99,89 +98,78 @@ fn take_t<T: TensorElement>(
     op: &'static str,
     x: &ArrayD<T>,
     ids: &ArrayD<i64>,
-    dim: usize,
-    addressing: Addressing,
-    shard: IndexShard,
-    out_shape: &[usize],
-) -> Result<ArrayD<T>> {
+    (dim, addressing, shard): (usize, Addressing, IndexShard),
+    out: &mut ArrayD<T>,
+) -> Result<()> {
     let (x, ids) = (x.as_standard_layout(), ids.as_standard_layout());
     let (Some(xs), Some(is)) = (x.as_slice(), ids.as_slice()) else {
         return Err(kernel_err(op, "non-contiguous input".into()));
     };
-    let numel: usize = out_shape.iter().product();
-    let walk = Walk::new(op, is, (dim, addressing, shard), numel, x.shape())?;
-    let mut out = vec![T::from_f64(0.0); numel];
-    for (l, o) in out.iter_mut().enumerate() {
-        if let Some(at) = walk.dense_at(l)? {
-            *o = xs[at];
-        }
+    let walk = Walk::new(op, is, (dim, addressing, shard), out.len(), x.shape())?;
+    let os = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
+    for (l, o) in os.iter_mut().enumerate() {
+        *o = match walk.dense_at(l)? {
+            Some(at) => xs[at],
+            None => T::from_f64(0.0),
+        };
     }
-    ArrayD::from_shape_vec(IxDyn(out_shape), out).map_err(|e| kernel_err(op, e.to_string()))
+    Ok(())
 }
 
-/// `x` read at `ids` along `dim` into an array of `out_shape` (zeros for other ranks' ids).
+/// `x` read at `ids` along `dim` into `out` (zeros for other ranks' ids).
 pub(crate) fn take(
     op: &'static str,
     x: &CpuArray,
     ids: &CpuArray,
-    dim: usize,
-    addressing: Addressing,
-    shard: IndexShard,
-    out_shape: &[usize],
-) -> Result<CpuArray> {
+    how: (usize, Addressing, IndexShard),
+    out: &mut CpuArray,
+) -> Result<()> {
     let CpuArray::I64(ids) = ids else {
         return Err(kernel_err(op, "needs i64 indices".into()));
     };
-    Ok(match x {
-        CpuArray::F32(x) => CpuArray::F32(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
-        CpuArray::F64(x) => CpuArray::F64(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
-        CpuArray::I64(x) => CpuArray::I64(take_t(op, x, ids, dim, addressing, shard, out_shape)?),
-        x => return Err(float_input(op, x)),
-    })
+    with_array!(x, a => take_t(op, a, ids, how, out_as(op, out)?))
 }
 
 fn put_t<F: FloatElement>(
     op: &'static str,
     ids: &ArrayD<i64>,
     src: &ArrayD<F>,
-    dim: usize,
-    addressing: Addressing,
-    shard: IndexShard,
-    out_shape: &[usize],
-) -> Result<ArrayD<F>> {
+    (dim, addressing, shard): (usize, Addressing, IndexShard),
+    out: &mut ArrayD<F>,
+) -> Result<()> {
     let (src, ids) = (src.as_standard_layout(), ids.as_standard_layout());
     let (Some(ss), Some(is)) = (src.as_slice(), ids.as_slice()) else {
         return Err(kernel_err(op, "non-contiguous input".into()));
     };
-    let walk = Walk::new(op, is, (dim, addressing, shard), ss.len(), out_shape)?;
-    let mut out = vec![F::from_f64(0.0); out_shape.iter().product()];
+    let dense = out.shape().to_vec();
+    let walk = Walk::new(op, is, (dim, addressing, shard), ss.len(), &dense)?;
+    let os = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
+    os.fill(F::from_f64(0.0));
     for (l, &v) in ss.iter().enumerate() {
         if let Some(at) = walk.dense_at(l)? {
-            out[at] += v;
+            os[at] += v;
         }
     }
-    ArrayD::from_shape_vec(IxDyn(out_shape), out).map_err(|e| kernel_err(op, e.to_string()))
+    Ok(())
 }
 
-/// Zeros of `out_shape` plus `src` added at `ids` along `dim` (other ranks' ids skipped).
+/// Zeros of `out`'s shape plus `src` added at `ids` along `dim` (other ranks' ids skipped).
 pub(crate) fn put(
     op: &'static str,
     ids: &CpuArray,
     src: &CpuArray,
-    dim: usize,
-    addressing: Addressing,
-    shard: IndexShard,
-    out_shape: &[usize],
-) -> Result<CpuArray> {
-    Ok(match (ids, src) {
-        (CpuArray::I64(i), CpuArray::F32(s)) => {
-            CpuArray::F32(put_t(op, i, s, dim, addressing, shard, out_shape)?)
-        }
-        (CpuArray::I64(i), CpuArray::F64(s)) => {
-            CpuArray::F64(put_t(op, i, s, dim, addressing, shard, out_shape)?)
-        }
-        _ => return Err(kernel_err(op, "needs i64 indices and a float src".into())),
-    })
+    how: (usize, Addressing, IndexShard),
+    out: &mut CpuArray,
+) -> Result<()> {
+    match (ids, src) {
+        (CpuArray::I64(i), CpuArray::F32(s)) => put_t(op, i, s, how, out_as(op, out)?),
+        (CpuArray::I64(i), CpuArray::F64(s)) => put_t(op, i, s, how, out_as(op, out)?),
+        _ => Err(kernel_err(op, "needs i64 indices and a float src".into())),
+    }
 }
 
 impl GatherKernels for CpuBackend {
@@ -191,19 +179,15 @@ impl GatherKernels for CpuBackend {
         index: &CpuArray,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let op = "gather";
-        let y = take(
-            op,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        take(
+            "gather",
             x,
             index,
-            dim,
-            Addressing::PerElement,
-            shard,
-            out.shape.dims(),
-        )?;
-        checked(op, y, out)
+            (dim, Addressing::PerElement, shard),
+            out,
+        )
     }
     fn scatter_add(
         &self,
@@ -211,19 +195,15 @@ impl GatherKernels for CpuBackend {
         src: &CpuArray,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let op = "scatter_add";
-        let y = put(
-            op,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        put(
+            "scatter_add",
             index,
             src,
-            dim,
-            Addressing::PerElement,
-            shard,
-            out.shape.dims(),
-        )?;
-        checked(op, y, out)
+            (dim, Addressing::PerElement, shard),
+            out,
+        )
     }
     fn index_select(
         &self,
@@ -231,19 +211,15 @@ impl GatherKernels for CpuBackend {
         ids: &CpuArray,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let op = "index_select";
-        let y = take(
-            op,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        take(
+            "index_select",
             x,
             ids,
-            dim,
-            Addressing::PerPosition,
-            shard,
-            out.shape.dims(),
-        )?;
-        checked(op, y, out)
+            (dim, Addressing::PerPosition, shard),
+            out,
+        )
     }
     fn index_add(
         &self,
@@ -251,18 +227,14 @@ impl GatherKernels for CpuBackend {
         src: &CpuArray,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let op = "index_add";
-        let y = put(
-            op,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        put(
+            "index_add",
             ids,
             src,
-            dim,
-            Addressing::PerPosition,
-            shard,
-            out.shape.dims(),
-        )?;
-        checked(op, y, out)
+            (dim, Addressing::PerPosition, shard),
+            out,
+        )
     }
 }

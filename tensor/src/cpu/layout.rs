@@ -1,96 +1,95 @@
-//! Layout CPU kernels: permute, reshape, concat and narrow (outputs are row-major contiguous).
+//! Layout CPU kernels, written into the executor's row-major output buffer: permute (a strided
+//! copy), copy (a reshape that copies), concat and narrow.
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, out_as, CpuBackend};
 use crate::element::TensorElement;
-use crate::op::{LayoutKernels, OutSpec};
+use crate::op::{kernel_err, LayoutKernels};
 use crate::storage::CpuArray;
-use crate::{with_array, Result, TensorError};
+use crate::{with_array, Result};
 
-fn permute_t<T: TensorElement>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
-    a.view()
-        .permuted_axes(IxDyn(perm))
-        .as_standard_layout()
-        .into_owned()
-}
-
-pub fn permute(a: &CpuArray, perm: &[usize]) -> CpuArray {
-    with_array!(a, a => TensorElement::wrap(permute_t(a, perm)))
-}
-
-fn reshape_t<T: TensorElement>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
-    a.as_standard_layout()
-        .into_owned()
-        .into_shape_with_order(IxDyn(shape))
-        .ok()
-}
-
-/// Row-major reshape of the local piece to `shape` (same element count).
-pub fn reshape(a: &CpuArray, shape: &[usize]) -> Result<CpuArray> {
-    let out = with_array!(a, a => reshape_t(a, shape).map(TensorElement::wrap));
-    out.ok_or_else(|| TensorError::Kernel {
-        op: "reshape",
-        detail: format!("cannot reshape local piece {:?} to {shape:?}", a.shape()),
-    })
-}
-
-fn concat_t<T: TensorElement>(parts: &[&CpuArray], dim: usize) -> Option<ArrayD<T>> {
-    let views: Option<Vec<_>> = parts.iter().map(|p| T::view(p).map(|a| a.view())).collect();
-    ndarray::concatenate(Axis(dim), &views?).ok()
-}
-
-/// Concatenates along `dim`.
-pub fn concat(parts: &[&CpuArray], dim: usize) -> Result<CpuArray> {
-    let out = match parts.first() {
-        Some(CpuArray::F32(_)) => concat_t::<f32>(parts, dim).map(CpuArray::F32),
-        Some(CpuArray::F64(_)) => concat_t::<f64>(parts, dim).map(CpuArray::F64),
-        Some(CpuArray::I64(_)) => concat_t::<i64>(parts, dim).map(CpuArray::I64),
-        Some(x) => return Err(float_input("concat", x)),
-        None => None,
-    };
-    out.ok_or_else(|| TensorError::Kernel {
-        op: "concat",
-        detail: format!(
-            "local pieces {:?} do not concatenate along dim {dim}",
-            parts.iter().map(|p| p.shape().to_vec()).collect::<Vec<_>>()
-        ),
-    })
-}
-
-/// Elements `start..start + len` of `dim`.
-pub fn narrow(a: &CpuArray, dim: usize, start: usize, len: usize) -> Result<CpuArray> {
-    if dim >= a.shape().len() || start + len > a.shape()[dim] {
-        return Err(TensorError::Kernel {
-            op: "narrow",
-            detail: format!(
-                "range {start}..{} out of local piece {:?} dim {dim}",
-                start + len,
-                a.shape()
-            ),
-        });
+fn permute_t<T: TensorElement>(a: &ArrayD<T>, perm: &[usize], out: &mut ArrayD<T>) -> Option<()> {
+    if perm.len() != a.ndim() {
+        return None;
     }
-    Ok(with_array!(a, x => {
-        let v = x.slice_axis(Axis(dim), Slice::from(start..start + len));
-        wrap(v.as_standard_layout().into_owned())
-    }))
+    let v = a.view().permuted_axes(IxDyn(perm));
+    (v.shape() == out.shape()).then(|| out.assign(&v))
 }
 
-/// Wraps an owned array as storage (helper for the generic macro arms above).
-fn wrap<T: TensorElement>(a: ArrayD<T>) -> CpuArray {
-    T::wrap(a)
+fn copy_t<T: TensorElement>(a: &ArrayD<T>, out: &mut ArrayD<T>) -> Option<()> {
+    let a = a.as_standard_layout();
+    let (src, dst) = (a.as_slice()?, out.as_slice_mut()?);
+    (src.len() == dst.len()).then(|| dst.copy_from_slice(src))
+}
+
+fn concat_t<T: TensorElement>(parts: &[&CpuArray], dim: usize, out: &mut ArrayD<T>) -> Option<()> {
+    if dim >= out.ndim() {
+        return None;
+    }
+    let mut at: usize = 0;
+    for p in parts {
+        let p = T::view(p)?;
+        let len = *p.shape().get(dim)?;
+        let mut dst = out.slice_axis_mut(Axis(dim), Slice::from(at..at.checked_add(len)?));
+        if dst.shape() != p.shape() {
+            return None;
+        }
+        dst.assign(p);
+        at += len;
+    }
+    (at == out.shape()[dim]).then_some(())
+}
+
+fn narrow_t<T: TensorElement>(
+    a: &ArrayD<T>,
+    dim: usize,
+    start: usize,
+    len: usize,
+    out: &mut ArrayD<T>,
+) -> Option<()> {
+    let end = start.checked_add(len)?;
+    if dim >= a.ndim() || end > a.shape()[dim] {
+        return None;
+    }
+    let v = a.slice_axis(Axis(dim), Slice::from(start..end));
+    (v.shape() == out.shape()).then(|| out.assign(&v))
 }
 
 impl LayoutKernels for CpuBackend {
-    fn permute(&self, x: &CpuArray, perm: &[usize], out: &OutSpec) -> Result<CpuArray> {
-        checked("permute", permute(x, perm), out)
+    fn permute(&self, x: &CpuArray, perm: &[usize], out: &mut CpuArray) -> Result<()> {
+        let op = "permute";
+        let shape = out.shape().to_vec();
+        with_array!(x, a => permute_t(a, perm, out_as(op, out)?)).ok_or_else(|| {
+            kernel_err(
+                op,
+                format!("{:?} by {perm:?} does not give {shape:?}", x.shape()),
+            )
+        })
     }
-    fn reshape(&self, x: &CpuArray, out: &OutSpec) -> Result<CpuArray> {
-        checked("reshape", reshape(x, out.shape.dims())?, out)
+    fn copy(&self, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
+        let op = "reshape";
+        let shape = out.shape().to_vec();
+        with_array!(x, a => copy_t(a, out_as(op, out)?)).ok_or_else(|| {
+            kernel_err(
+                op,
+                format!("cannot reshape local piece {:?} to {shape:?}", x.shape()),
+            )
+        })
     }
-    fn concat(&self, parts: &[&CpuArray], dim: usize, out: &OutSpec) -> Result<CpuArray> {
-        checked("concat", concat(parts, dim)?, out)
+    fn concat(&self, parts: &[&CpuArray], dim: usize, out: &mut CpuArray) -> Result<()> {
+        let op = "concat";
+        let shape = out.shape().to_vec();
+        let done = with_array!(out, o => concat_t(parts, dim, o));
+        done.ok_or_else(|| {
+            kernel_err(
+                op,
+                format!(
+                    "local pieces {:?} do not concatenate along dim {dim} into {shape:?}",
+                    parts.iter().map(|p| p.shape().to_vec()).collect::<Vec<_>>()
+                ),
+            )
+        })
     }
     fn narrow(
         &self,
@@ -98,8 +97,19 @@ impl LayoutKernels for CpuBackend {
         dim: usize,
         start: usize,
         len: usize,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        checked("narrow", narrow(x, dim, start, len)?, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "narrow";
+        fits(op, &[x.shape().len()], &[out.shape().len()])?;
+        let shape = out.shape().to_vec();
+        with_array!(x, a => narrow_t(a, dim, start, len, out_as(op, out)?)).ok_or_else(|| {
+            kernel_err(
+                op,
+                format!(
+                    "range {start}..{start}+{len} of dim {dim} of local piece {:?} does not give {shape:?}",
+                    x.shape()
+                ),
+            )
+        })
     }
 }

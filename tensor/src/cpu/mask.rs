@@ -1,15 +1,13 @@
-//! Mask CPU kernels: where, masked fill (conditions of any dtype, nonzero is true) and the
+//! Mask CPU kernels, written into the executor's output buffer: where, masked fill (conditions of any dtype, nonzero is true) and the
 //! triangular masks over a piece at a global row/column offset.
 
 use ndarray::{ArrayD, IxDyn, Zip};
 
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::TensorElement;
-use crate::op::{kernel_err, MaskKernels, OutSpec, Triangle};
+use crate::op::{kernel_err, MaskKernels, Triangle};
 use crate::storage::CpuArray;
-use crate::with_array;
-use crate::Result;
+use crate::{with_array, Result};
 
 /// Whether each element is nonzero.
 fn nonzero(a: &CpuArray) -> ArrayD<bool> {
@@ -24,54 +22,62 @@ fn where_t<T: TensorElement>(
     c: &ArrayD<bool>,
     a: &ArrayD<T>,
     b: &ArrayD<T>,
-    shape: &[usize],
-) -> Result<ArrayD<T>> {
-    let to = IxDyn(shape);
+    out: &mut ArrayD<T>,
+) -> Result<()> {
+    let (to, shape) = (IxDyn(out.shape()), out.shape().to_vec());
     let cv = c
         .broadcast(to.clone())
-        .ok_or_else(|| broadcast_err("where", c.shape(), shape))?;
+        .ok_or_else(|| broadcast_err("where", c.shape(), &shape))?;
     let av = a
         .broadcast(to.clone())
-        .ok_or_else(|| broadcast_err("where", a.shape(), shape))?;
+        .ok_or_else(|| broadcast_err("where", a.shape(), &shape))?;
     let bv = b
-        .broadcast(to.clone())
-        .ok_or_else(|| broadcast_err("where", b.shape(), shape))?;
-    Ok(Zip::from(&cv)
+        .broadcast(to)
+        .ok_or_else(|| broadcast_err("where", b.shape(), &shape))?;
+    Zip::from(out)
+        .and(&cv)
         .and(&av)
         .and(&bv)
-        .map_collect(|&c, &a, &b| if c { a } else { b }))
+        .for_each(|o, &c, &a, &b| *o = if c { a } else { b });
+    Ok(())
 }
 
-fn masked_fill_t<T: TensorElement>(x: &ArrayD<T>, m: &ArrayD<bool>, v: T) -> Result<ArrayD<T>> {
+fn masked_fill_t<T: TensorElement>(
+    x: &ArrayD<T>,
+    m: &ArrayD<bool>,
+    v: T,
+    out: &mut ArrayD<T>,
+) -> Result<()> {
+    fits("masked_fill", x.shape(), out.shape())?;
     let mv = m
         .broadcast(x.raw_dim())
         .ok_or_else(|| broadcast_err("masked_fill", m.shape(), x.shape()))?;
-    Ok(Zip::from(x)
+    Zip::from(out)
+        .and(x)
         .and(&mv)
-        .map_collect(|&x, &m| if m { v } else { x }))
+        .for_each(|o, &x, &m| *o = if m { v } else { x });
+    Ok(())
 }
 
 fn triangular_t<T: TensorElement>(
     x: &ArrayD<T>,
-    keep: Triangle,
-    k: i64,
-    row0: usize,
-    col0: usize,
-) -> ArrayD<T> {
+    (keep, k): (Triangle, i64),
+    (row0, col0): (usize, usize),
+    out: &mut ArrayD<T>,
+) -> Result<()> {
+    fits("triangular", x.shape(), out.shape())?;
     let nd = x.ndim();
-    let mut out = x.to_owned();
-    for (idx, v) in out.indexed_iter_mut() {
+    let x = x.as_standard_layout();
+    for ((idx, o), &v) in out.indexed_iter_mut().zip(x.iter()) {
         // Global column minus global row, exact in i128 for any sizes and any k.
         let diag = (col0 as i128 + idx[nd - 1] as i128) - (row0 as i128 + idx[nd - 2] as i128);
         let kept = match keep {
             Triangle::Upper => diag >= k as i128,
             Triangle::Lower => diag <= k as i128,
         };
-        if !kept {
-            *v = T::from_f64(0.0);
-        }
+        *o = if kept { v } else { T::from_f64(0.0) };
     }
-    out
+    Ok(())
 }
 
 impl MaskKernels for CpuBackend {
@@ -80,32 +86,30 @@ impl MaskKernels for CpuBackend {
         cond: &CpuArray,
         a: &CpuArray,
         b: &CpuArray,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let (c, s) = (nonzero(cond), out.shape.dims());
-        let y = match (a, b) {
-            (CpuArray::F32(a), CpuArray::F32(b)) => CpuArray::F32(where_t(&c, a, b, s)?),
-            (CpuArray::F64(a), CpuArray::F64(b)) => CpuArray::F64(where_t(&c, a, b, s)?),
-            (CpuArray::I64(a), CpuArray::I64(b)) => CpuArray::I64(where_t(&c, a, b, s)?),
-            _ => return Err(kernel_err("where", "values of different dtypes".into())),
-        };
-        checked("where", y, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let (op, c) = ("where", nonzero(cond));
+        match (a, b) {
+            (CpuArray::F32(a), CpuArray::F32(b)) => where_t(&c, a, b, out_as(op, out)?),
+            (CpuArray::F64(a), CpuArray::F64(b)) => where_t(&c, a, b, out_as(op, out)?),
+            (CpuArray::I64(a), CpuArray::I64(b)) => where_t(&c, a, b, out_as(op, out)?),
+            _ => Err(kernel_err(op, "values of different dtypes".into())),
+        }
     }
     fn masked_fill(
         &self,
         x: &CpuArray,
         mask: &CpuArray,
         value: f64,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        let m = nonzero(mask);
-        let y = match x {
-            CpuArray::F32(x) => CpuArray::F32(masked_fill_t(x, &m, value as f32)?),
-            CpuArray::F64(x) => CpuArray::F64(masked_fill_t(x, &m, value)?),
-            CpuArray::I64(x) => CpuArray::I64(masked_fill_t(x, &m, value as i64)?),
-            x => return Err(float_input("masked_fill", x)),
-        };
-        checked("masked_fill", y, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let (op, m) = ("masked_fill", nonzero(mask));
+        match x {
+            CpuArray::F32(x) => masked_fill_t(x, &m, value as f32, out_as(op, out)?),
+            CpuArray::F64(x) => masked_fill_t(x, &m, value, out_as(op, out)?),
+            CpuArray::I64(x) => masked_fill_t(x, &m, value as i64, out_as(op, out)?),
+            x => Err(float_input(op, x)),
+        }
     }
     fn triangular(
         &self,
@@ -114,17 +118,12 @@ impl MaskKernels for CpuBackend {
         k: i64,
         row0: usize,
         col0: usize,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "triangular";
         if x.shape().len() < 2 {
-            return Err(kernel_err("triu", "needs at least 2 dims".into()));
+            return Err(kernel_err(op, "needs at least 2 dims".into()));
         }
-        let y = match x {
-            CpuArray::F32(x) => CpuArray::F32(triangular_t(x, keep, k, row0, col0)),
-            CpuArray::F64(x) => CpuArray::F64(triangular_t(x, keep, k, row0, col0)),
-            CpuArray::I64(x) => CpuArray::I64(triangular_t(x, keep, k, row0, col0)),
-            x => return Err(float_input("triangular", x)),
-        };
-        checked("triangular", y, out)
+        with_array!(x, a => triangular_t(a, (keep, k), (row0, col0), out_as(op, out)?))
     }
 }

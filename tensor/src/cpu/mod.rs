@@ -1,9 +1,11 @@
 //! The CPU backend: kernels of every op family on host arrays (`CpuArray`: ndarray, rayon for
 //! large arrays, matrixmultiply), one file per family, each implementing that family's kernel
-//! trait for [`CpuBackend`]. Dispatch runs them through [`run`], which widens 16-bit floats to
-//! f32 around the kernel, so each kernel is written for f32, f64 and i64 only.
+//! trait for [`CpuBackend`] and writing into the buffers its allocator gives the executor.
+//! Dispatch runs them through [`execute`], which widens 16-bit floats to f32 around the
+//! kernels, so each kernel is written for f32, f64 and i64 only.
 
 mod attention;
+mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -19,20 +21,25 @@ mod rms_norm;
 mod rotary;
 mod softmax;
 
-use ndarray::{ArrayD, ArrayView2};
+use ndarray::{ArrayD, ArrayView2, IxDyn};
+use oxiflow_sbp::Shape;
 
-use crate::element::FloatElement;
 use std::borrow::Cow;
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{with_element, DType};
 use smallvec::SmallVec;
 
-use crate::op::{KernelBackend, Op, OutSpec};
+use crate::element::{FloatElement, TensorElement};
+use crate::op::{kernel_err, KernelBackend, Op, OutSpec};
 use crate::storage::CpuArray;
-use crate::{Result, TensorError};
+use crate::{with_array, Result, TensorError};
 
 pub(crate) use elementwise::PAR_THRESHOLD;
 pub(crate) use piece::{array_of_host_piece, host_piece_of, CpuPiece};
+
+/// Output buffers of at least this many elements come zeroed from the system (`calloc`);
+/// smaller ones are filled after a plain allocation, which takes the allocator's fast path.
+const ZEROED_PAGES: usize = 1 << 12;
 
 /// The CPU backend (stateless: kernels run on the calling thread and rayon's pool).
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,40 +47,165 @@ pub struct CpuBackend;
 
 impl KernelBackend for CpuBackend {
     type Piece = CpuArray;
+    type Out = CpuArray;
+    /// Zeros, row-major: a filled allocation when small (the allocator's fast path), zeroed
+    /// pages when large.
+    fn alloc(&self, spec: &OutSpec) -> Result<CpuArray> {
+        fn zeros<T: TensorElement>(shape: &[usize]) -> Option<CpuArray> {
+            let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+            let zero = T::from_f64(0.0);
+            let v = if n < ZEROED_PAGES {
+                let mut v = Vec::with_capacity(n);
+                v.resize(n, zero);
+                v
+            } else {
+                vec![zero; n]
+            };
+            ArrayD::from_shape_vec(IxDyn(shape), v).ok().map(T::wrap)
+        }
+        let dims = spec.shape.dims();
+        let out = with_element!(spec.dtype, T => zeros::<T>(dims));
+        out.ok_or_else(|| kernel_err("alloc", format!("{} {} overflows", spec.dtype, spec.shape)))
+    }
+    fn out_spec(&self, out: &CpuArray) -> OutSpec {
+        OutSpec {
+            shape: Shape::from(out.shape()),
+            dtype: out.dtype(),
+        }
+    }
+    fn finish(&self, out: CpuArray) -> CpuArray {
+        out
+    }
+    /// A copy: host pieces own their arrays.
+    fn reshaped(&self, x: &CpuArray, spec: &OutSpec) -> Result<CpuArray> {
+        let n: usize = x.shape().iter().product();
+        if spec.shape.checked_numel() != Some(n) || spec.dtype != x.dtype() {
+            return Err(kernel_err(
+                "reshape",
+                format!(
+                    "cannot view {} {:?} as {} {}",
+                    x.dtype(),
+                    x.shape(),
+                    spec.dtype,
+                    spec.shape
+                ),
+            ));
+        }
+        fn to<T: TensorElement>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
+            a.as_standard_layout()
+                .into_owned()
+                .into_shape_with_order(IxDyn(shape))
+                .ok()
+        }
+        let out = with_array!(x, a => to(a, spec.shape.dims()).map(wrap));
+        out.ok_or_else(|| kernel_err("reshape", format!("cannot reshape {:?}", x.shape())))
+    }
 }
 
-/// Runs `op`'s CPU kernel on `inputs`, the one place where 16-bit floats meet the kernels:
-/// 16-bit inputs are widened to f32 (exactly), the kernel computes in f32 (in f64 where an
-/// input is f64), and an output of a 16-bit dtype is rounded once. Kernels themselves never
-/// see a 16-bit array.
-pub(crate) fn run(op: &Op, inputs: &[&CpuArray], out: &OutSpec) -> Result<CpuArray> {
-    let half_in = inputs.iter().any(|a| a.dtype().is_half());
-    if !half_in && !out.dtype.is_half() {
-        return op.run(&CpuBackend, inputs, out);
+/// An owned array as a `CpuArray`.
+fn wrap<T: TensorElement>(a: ArrayD<T>) -> CpuArray {
+    T::wrap(a)
+}
+
+/// `out` as an array of `T`, or a typed error naming `op` when it holds another dtype.
+fn out_as<'a, T: TensorElement>(
+    op: &'static str,
+    out: &'a mut CpuArray,
+) -> Result<&'a mut ArrayD<T>> {
+    let dt = out.dtype();
+    T::view_mut(out).ok_or_else(|| {
+        kernel_err(
+            op,
+            format!("output buffer is {dt}, the kernel writes {}", T::DTYPE),
+        )
+    })
+}
+
+/// A typed error unless a piece of shape `got` fits the output buffer's `want`.
+fn fits(op: &'static str, got: &[usize], want: &[usize]) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(kernel_err(
+            op,
+            format!("piece {got:?} does not fit the output buffer {want:?}"),
+        ))
     }
-    let widened: SmallVec<[Cow<'_, CpuArray>; 3]> = inputs
+}
+
+/// Runs `op` through the executor on the CPU backend (one piece per output of `outs`): the one
+/// place where 16-bit floats meet the kernels. 16-bit inputs are widened to f32 (exactly), the
+/// kernels compute in f32 (in f64 where an input is f64) into the executor's buffers, and each
+/// 16-bit output is rounded once into its own buffer from the allocator. Kernels never see a
+/// 16-bit array; a view (reshape) moves 16-bit data as it is.
+pub(crate) fn execute(
+    op: &Op,
+    inputs: &[&CpuArray],
+    outs: &[OutSpec],
+) -> Result<SmallVec<[CpuArray; 1]>> {
+    if !widens(op, inputs, outs) {
+        return op.execute(&CpuBackend, inputs, outs);
+    }
+    let widened = widen(inputs);
+    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
+    let specs: SmallVec<[OutSpec; 1]> = outs.iter().map(|o| computed(o, inputs)).collect();
+    let ys = op.execute(&CpuBackend, &refs, &specs)?;
+    ys.into_iter()
+        .zip(outs)
+        .map(|(y, spec)| rounded(y, spec))
+        .collect()
+}
+
+/// [`execute`] of a single-output call.
+pub(crate) fn execute_one(op: &Op, inputs: &[&CpuArray], out: &OutSpec) -> Result<CpuArray> {
+    if !widens(op, inputs, std::slice::from_ref(out)) {
+        return op.execute_one(&CpuBackend, inputs, out);
+    }
+    let widened = widen(inputs);
+    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
+    let y = op.execute_one(&CpuBackend, &refs, &computed(out, inputs))?;
+    rounded(y, out)
+}
+
+/// Whether a call has 16-bit inputs or outputs and runs kernels (not a view).
+fn widens(op: &Op, inputs: &[&CpuArray], outs: &[OutSpec]) -> bool {
+    let half = inputs.iter().any(|a| a.dtype().is_half()) || outs.iter().any(|o| o.dtype.is_half());
+    half && op.view_of().is_none()
+}
+
+/// The inputs with 16-bit floats widened to f32.
+fn widen<'a>(inputs: &[&'a CpuArray]) -> SmallVec<[Cow<'a, CpuArray>; 3]> {
+    inputs
         .iter()
         .map(|&a| match a.dtype().half() {
             Some(_) => Cow::Owned(a.cast(DType::F32)),
             None => Cow::Borrowed(a),
         })
-        .collect();
-    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
-    let compute = match out.dtype.half() {
+        .collect()
+}
+
+/// The buffer the kernels compute `out` in: f32 for a 16-bit output (f64 where an input is
+/// f64), else `out` itself.
+fn computed(out: &OutSpec, inputs: &[&CpuArray]) -> OutSpec {
+    let dtype = match out.dtype.half() {
         Some(_) if inputs.iter().any(|a| a.dtype() == DType::F64) => DType::F64,
         Some(_) => DType::F32,
         None => out.dtype,
     };
-    let spec = OutSpec {
+    OutSpec {
         shape: out.shape.clone(),
-        dtype: compute,
-    };
-    let y = op.run(&CpuBackend, &refs, &spec)?;
-    Ok(if compute == out.dtype {
-        y
-    } else {
-        y.cast(out.dtype)
-    })
+        dtype,
+    }
+}
+
+/// `y` rounded once into an allocated buffer of `out`'s dtype (itself when it has it).
+fn rounded(y: CpuArray, out: &OutSpec) -> Result<CpuArray> {
+    if y.dtype() == out.dtype {
+        return Ok(y);
+    }
+    let mut o = CpuBackend.alloc(out)?;
+    elementwise::cast_into(&y, &mut o)?;
+    Ok(o)
 }
 
 /// `a` viewed as rows of its last dim.
@@ -87,16 +219,13 @@ fn rows<F: FloatElement>(a: &ArrayD<F>) -> Option<ArrayView2<'_, F>> {
 /// Every index lies in `0..num`.
 fn check_ids(op: &'static str, ids: &ArrayD<i64>, num: usize) -> Result<()> {
     match ids.iter().find(|&&i| i < 0 || i as usize >= num) {
-        Some(bad) => Err(crate::op::kernel_err(
-            op,
-            format!("index {bad} out of range 0..{num}"),
-        )),
+        Some(bad) => Err(kernel_err(op, format!("index {bad} out of range 0..{num}"))),
         None => Ok(()),
     }
 }
 
 /// The error of a kernel given an array it does not compute on: i64 where it needs a float, or
-/// a 16-bit float, which reaches kernels only as f32 (see `run`).
+/// a 16-bit float, which reaches kernels only as f32 (see `execute`).
 fn float_input(op: &'static str, a: &CpuArray) -> TensorError {
     let detail = if a.dtype().is_half() {
         format!(
@@ -107,22 +236,4 @@ fn float_input(op: &'static str, a: &CpuArray) -> TensorError {
         format!("needs a float input, got {}", a.dtype())
     };
     TensorError::Kernel { op, detail }
-}
-
-/// The kernel result in standard layout, checked against what the dispatcher expects.
-fn checked(op: &'static str, a: CpuArray, out: &OutSpec) -> Result<CpuArray> {
-    let a = a.into_standard();
-    if a.shape() != out.shape.dims() || a.dtype() != out.dtype {
-        return Err(TensorError::Kernel {
-            op,
-            detail: format!(
-                "cpu kernel gave {} {:?} where {} {} was expected",
-                a.dtype(),
-                a.shape(),
-                out.dtype,
-                out.shape
-            ),
-        });
-    }
-    Ok(a)
 }

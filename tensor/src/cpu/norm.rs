@@ -1,15 +1,22 @@
-//! Normalization CPU kernels: layer norm over the last dim and its input gradient.
+//! Normalization CPU kernels, written into the executor's output buffers: layer norm over the
+//! last dim (with each row's mean and 1/std) and its input gradient from those statistics, one
+//! row at a time (rayon when large).
 
-use ndarray::{ArrayD, Axis, Zip};
+use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Ix1, Zip};
 
 use super::elementwise::PAR_THRESHOLD;
-use super::float_input;
-use super::{checked, rows, CpuBackend};
+use super::{out_as, rows, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::kernel_err;
-use crate::op::{NormKernels, OutSpec};
+use crate::op::{kernel_err, NormKernels};
 use crate::storage::CpuArray;
 use crate::Result;
+
+/// A 1-d array as a 1-d view.
+fn vector<'a, F>(op: &'static str, a: &'a ArrayD<F>) -> Result<ArrayView1<'a, F>> {
+    a.view()
+        .into_dimensionality::<Ix1>()
+        .map_err(|e| kernel_err(op, e.to_string()))
+}
 
 /// Mean and 1/std of one row.
 fn moments<F: FloatElement>(x: ndarray::ArrayView1<F>, eps: F) -> (F, F) {
@@ -20,139 +27,129 @@ fn moments<F: FloatElement>(x: ndarray::ArrayView1<F>, eps: F) -> (F, F) {
     (mean, (var / n + eps).sqrt().recip())
 }
 
+/// A `[rows, 1]` statistics buffer as its `rows` values.
+fn column<'a, F>(op: &'static str, a: &'a mut ArrayD<F>, rows: usize) -> Result<&'a mut [F]> {
+    let n = a.len();
+    a.as_slice_mut()
+        .filter(|_| n == rows)
+        .ok_or_else(|| kernel_err(op, format!("statistics of {n} elements for {rows} rows")))
+}
+
 fn layer_norm_t<F: FloatElement>(
-    x: &ArrayD<F>,
-    w: Option<&ArrayD<F>>,
-    b: Option<&ArrayD<F>>,
+    (x, w, b): (&ArrayD<F>, &ArrayD<F>, &ArrayD<F>),
     eps: f64,
-) -> Result<ArrayD<F>> {
+    y: &mut ArrayD<F>,
+    mean: &mut ArrayD<F>,
+    rstd: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "layer_norm";
     let eps = F::from_f64(eps);
-    let mut out = x.to_owned();
-    let h = *x
-        .shape()
-        .last()
-        .ok_or_else(|| kernel_err("layer_norm", "needs a dim".into()))?;
-    let n: usize = x.shape()[..x.ndim() - 1].iter().product();
-    let mut o2 = out
+    let xr = rows(x).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
+    let (n, h) = (xr.nrows(), xr.ncols());
+    if w.shape() != [h] || b.shape() != [h] || y.shape() != x.shape() {
+        return Err(kernel_err(
+            op,
+            format!(
+                "weight {:?}, bias {:?} and output {:?} do not fit rows of {h}",
+                w.shape(),
+                b.shape(),
+                y.shape()
+            ),
+        ));
+    }
+    let (w, b) = (vector(op, w)?, vector(op, b)?);
+    let (ms, rs) = (column(op, mean, n)?, column(op, rstd, n)?);
+    let mut y2 = y
         .view_mut()
         .into_shape_with_order((n, h))
-        .map_err(|e| kernel_err("layer_norm", e.to_string()))?;
-    let w = w.map(|a| a.view());
-    let b = b.map(|a| a.view());
-    let f = |mut row: ndarray::ArrayViewMut1<F>| {
-        let (mean, rstd) = moments(row.view(), eps);
-        for (j, v) in row.iter_mut().enumerate() {
-            let mut y = (*v - mean) * rstd;
-            if let Some(w) = &w {
-                y *= w[[j]];
-            }
-            if let Some(b) = &b {
-                y += b[[j]];
-            }
-            *v = y;
-        }
+        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let f = |mut y: ArrayViewMut1<F>, x: ArrayView1<F>, m: &mut F, r: &mut F| {
+        let (mean, rstd) = moments(x, eps);
+        (*m, *r) = (mean, rstd);
+        Zip::from(&mut y)
+            .and(&x)
+            .and(&w)
+            .and(&b)
+            .for_each(|y, &x, &w, &b| *y = (x - mean) * rstd * w + b);
     };
-    let z = Zip::from(o2.axis_iter_mut(Axis(0)));
+    let z = Zip::from(y2.axis_iter_mut(Axis(0)))
+        .and(xr.axis_iter(Axis(0)))
+        .and(ArrayViewMut1::from(ms))
+        .and(ArrayViewMut1::from(rs));
     if n * h >= PAR_THRESHOLD {
         z.par_for_each(f);
     } else {
         z.for_each(f);
     }
-    Ok(out)
-}
-
-/// Layer norm over the last dim, with optional weight and bias [H].
-pub fn layer_norm(
-    x: &CpuArray,
-    w: Option<&CpuArray>,
-    b: Option<&CpuArray>,
-    eps: f64,
-) -> Result<CpuArray> {
-    match x {
-        CpuArray::F32(x) => Ok(CpuArray::F32(layer_norm_t(
-            x,
-            w.and_then(|a| a.as_array()),
-            b.and_then(|a| a.as_array()),
-            eps,
-        )?)),
-        CpuArray::F64(x) => Ok(CpuArray::F64(layer_norm_t(
-            x,
-            w.and_then(|a| a.as_array()),
-            b.and_then(|a| a.as_array()),
-            eps,
-        )?)),
-        x => Err(float_input("layer_norm", x)),
-    }
+    Ok(())
 }
 
 fn layer_norm_backward_t<F: FloatElement>(
-    dy: &ArrayD<F>,
-    x: &ArrayD<F>,
-    w: Option<&ArrayD<F>>,
-    eps: f64,
-) -> Result<ArrayD<F>> {
-    let eps = F::from_f64(eps);
-    let xr = rows(x).ok_or_else(|| kernel_err("layer_norm_backward", "needs a dim".into()))?;
-    let h = xr.ncols();
+    (x, w, dy): (&ArrayD<F>, &ArrayD<F>, &ArrayD<F>),
+    (mean, rstd): (&ArrayD<F>, &ArrayD<F>),
+    out: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "layer_norm_backward";
+    let xr = rows(x).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
+    let gr = rows(dy).ok_or_else(|| kernel_err(op, "needs a dim".into()))?;
+    let (n, h) = (xr.nrows(), xr.ncols());
+    if w.shape() != [h] || dy.shape() != x.shape() || out.shape() != x.shape() {
+        return Err(kernel_err(
+            op,
+            format!(
+                "weight {:?}, dy {:?} and output {:?} do not fit x {:?}",
+                w.shape(),
+                dy.shape(),
+                out.shape(),
+                x.shape()
+            ),
+        ));
+    }
+    let (ms, rs) = (mean.as_slice(), rstd.as_slice());
+    let (Some(ms), Some(rs)) = (ms.filter(|m| m.len() == n), rs.filter(|r| r.len() == n)) else {
+        return Err(kernel_err(
+            op,
+            format!(
+                "mean {:?} and rstd {:?} for {n} rows",
+                mean.shape(),
+                rstd.shape()
+            ),
+        ));
+    };
     let hf = F::from_f64(h.max(1) as f64);
-    let mut out = dy.to_owned();
+    let w = vector(op, w)?;
     let mut o2 = out
         .view_mut()
-        .into_shape_with_order((xr.nrows(), h))
-        .map_err(|e| kernel_err("layer_norm_backward", e.to_string()))?;
-    let w = w.map(|a| a.view());
-    let f = |mut g: ndarray::ArrayViewMut1<F>, x: ndarray::ArrayView1<F>| {
-        let (mean, rstd) = moments(x, eps);
-        if let Some(w) = &w {
-            for (j, v) in g.iter_mut().enumerate() {
-                *v *= w[[j]];
-            }
-        }
+        .into_shape_with_order((n, h))
+        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let f = |mut d: ArrayViewMut1<F>, g: ArrayView1<F>, x: ArrayView1<F>, &mean: &F, &rstd: &F| {
         let (mut sg, mut sgx) = (F::from_f64(0.0), F::from_f64(0.0));
-        for (&gv, &xv) in g.iter().zip(x.iter()) {
+        Zip::from(&g).and(&x).and(&w).for_each(|&g, &x, &w| {
+            let gv = g * w;
             sg += gv;
-            sgx += gv * (xv - mean) * rstd;
-        }
+            sgx += gv * (x - mean) * rstd;
+        });
         let (mg, mgx) = (sg / hf, sgx / hf);
-        for (gv, &xv) in g.iter_mut().zip(x.iter()) {
-            let xh = (xv - mean) * rstd;
-            *gv = rstd * (*gv - mg - xh * mgx);
-        }
+        Zip::from(&mut d)
+            .and(&g)
+            .and(&x)
+            .and(&w)
+            .for_each(|d, &g, &x, &w| {
+                let xh = (x - mean) * rstd;
+                *d = rstd * (g * w - mg - xh * mgx);
+            });
     };
-    let z = Zip::from(o2.axis_iter_mut(Axis(0))).and(xr.axis_iter(Axis(0)));
-    if xr.len() >= PAR_THRESHOLD {
+    let z = Zip::from(o2.axis_iter_mut(Axis(0)))
+        .and(gr.axis_iter(Axis(0)))
+        .and(xr.axis_iter(Axis(0)))
+        .and(ArrayView1::from(ms))
+        .and(ArrayView1::from(rs));
+    if n * h >= PAR_THRESHOLD {
         z.par_for_each(f);
     } else {
         z.for_each(f);
     }
-    Ok(out)
-}
-
-/// dx of layer norm over the last dim (weight optional).
-pub fn layer_norm_backward(
-    dy: &CpuArray,
-    x: &CpuArray,
-    w: Option<&CpuArray>,
-    eps: f64,
-) -> Result<CpuArray> {
-    match (dy, x) {
-        (CpuArray::F32(g), CpuArray::F32(x)) => Ok(CpuArray::F32(layer_norm_backward_t(
-            g,
-            x,
-            w.and_then(|a| a.as_array()),
-            eps,
-        )?)),
-        (CpuArray::F64(g), CpuArray::F64(x)) => Ok(CpuArray::F64(layer_norm_backward_t(
-            g,
-            x,
-            w.and_then(|a| a.as_array()),
-            eps,
-        )?)),
-        _ => Err(kernel_err(
-            "layer_norm_backward",
-            "needs float dy and x of one dtype".into(),
-        )),
-    }
+    Ok(())
 }
 
 impl NormKernels for CpuBackend {
@@ -162,26 +159,61 @@ impl NormKernels for CpuBackend {
         weight: &CpuArray,
         bias: &CpuArray,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        checked(
-            "layer_norm",
-            layer_norm(x, Some(weight), Some(bias), eps)?,
-            out,
-        )
+        y: &mut CpuArray,
+        mean: &mut CpuArray,
+        rstd: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        match (x, weight, bias) {
+            (CpuArray::F32(x), CpuArray::F32(w), CpuArray::F32(b)) => layer_norm_t(
+                (x, w, b),
+                eps,
+                out_as(op, y)?,
+                out_as(op, mean)?,
+                out_as(op, rstd)?,
+            ),
+            (CpuArray::F64(x), CpuArray::F64(w), CpuArray::F64(b)) => layer_norm_t(
+                (x, w, b),
+                eps,
+                out_as(op, y)?,
+                out_as(op, mean)?,
+                out_as(op, rstd)?,
+            ),
+            _ => Err(kernel_err(
+                op,
+                "needs float x, weight and bias of one dtype".into(),
+            )),
+        }
     }
     fn layer_norm_backward(
         &self,
         x: &CpuArray,
         weight: &CpuArray,
         dy: &CpuArray,
-        eps: f64,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        checked(
-            "layer_norm_backward",
-            layer_norm_backward(dy, x, Some(weight), eps)?,
-            out,
-        )
+        mean: &CpuArray,
+        rstd: &CpuArray,
+        dx: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "layer_norm_backward";
+        match (x, weight, dy, mean, rstd) {
+            (
+                CpuArray::F32(x),
+                CpuArray::F32(w),
+                CpuArray::F32(g),
+                CpuArray::F32(m),
+                CpuArray::F32(r),
+            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
+            (
+                CpuArray::F64(x),
+                CpuArray::F64(w),
+                CpuArray::F64(g),
+                CpuArray::F64(m),
+                CpuArray::F64(r),
+            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
+            _ => Err(kernel_err(
+                op,
+                "needs float x, weight, dy, mean and rstd of one dtype".into(),
+            )),
+        }
     }
 }

@@ -1,17 +1,18 @@
-//! Rotary position embedding CPU kernel: pairs (i, i + D/2) of the last dim rotated by
-//! `pos * base^(-2i/D)` (f64 angles), `pos` the global sequence position.
+//! Rotary position embedding CPU kernel, written into the executor's output buffer: pairs
+//! (i, i + D/2) of the last dim rotated by `pos * base^(-2i/D)` (f64 angles), `pos` the global
+//! sequence position.
 
 use ndarray::ArrayD;
 
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::{kernel_err, OpFamily, OutSpec, RotaryKernels, RotaryOp};
+use crate::op::{kernel_err, OpFamily, RotaryKernels, RotaryOp};
 use crate::storage::CpuArray;
 use crate::Result;
 
-fn rotary_t<F: FloatElement>(x: &ArrayD<F>, op: &RotaryOp) -> Result<ArrayD<F>> {
+fn rotary_t<F: FloatElement>(x: &ArrayD<F>, op: &RotaryOp, out: &mut ArrayD<F>) -> Result<()> {
     let shape = x.shape();
+    fits(op.name(), shape, out.shape())?;
     let d = *shape.last().unwrap_or(&0);
     let (Some(&t), true) = (shape.get(op.seq_dim), d.is_multiple_of(2)) else {
         return Err(kernel_err(op.name(), format!("bad input {shape:?}")));
@@ -23,8 +24,10 @@ fn rotary_t<F: FloatElement>(x: &ArrayD<F>, op: &RotaryOp) -> Result<ArrayD<F>> 
     let xs = x
         .as_slice()
         .ok_or_else(|| kernel_err(op.name(), "non-contiguous input".into()))?;
-    let mut out = xs.to_vec();
-    for (l, o) in out.iter_mut().enumerate() {
+    let os = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op.name(), "non-contiguous output".into()))?;
+    for (l, o) in os.iter_mut().enumerate() {
         let j = l % d;
         let pos = (op.pos0 + (l / inner) % t) as f64;
         let i = j % half;
@@ -37,16 +40,15 @@ fn rotary_t<F: FloatElement>(x: &ArrayD<F>, op: &RotaryOp) -> Result<ArrayD<F>> 
             xs[l - half] * sin + xs[l] * cos
         };
     }
-    ArrayD::from_shape_vec(shape.to_vec(), out).map_err(|e| kernel_err(op.name(), e.to_string()))
+    Ok(())
 }
 
 impl RotaryKernels for CpuBackend {
-    fn rotary(&self, x: &CpuArray, op: &RotaryOp, out: &OutSpec) -> Result<CpuArray> {
-        let y = match x {
-            CpuArray::F32(x) => CpuArray::F32(rotary_t(x, op)?),
-            CpuArray::F64(x) => CpuArray::F64(rotary_t(x, op)?),
-            x => return Err(float_input(op.name(), x)),
-        };
-        checked(op.name(), y, out)
+    fn rotary(&self, x: &CpuArray, op: &RotaryOp, out: &mut CpuArray) -> Result<()> {
+        match x {
+            CpuArray::F32(x) => rotary_t(x, op, out_as(op.name(), out)?),
+            CpuArray::F64(x) => rotary_t(x, op, out_as(op.name(), out)?),
+            x => Err(float_input(op.name(), x)),
+        }
     }
 }

@@ -1,59 +1,59 @@
-//! Softmax CPU kernels: softmax and log-softmax over one dim, and their backward.
+//! Softmax CPU kernels, written into the executor's output buffer: softmax and log-softmax over
+//! one dim, and their backward; one lane at a time (rayon when large).
 
-use ndarray::{ArrayD, ArrayViewMutD, Axis, Zip};
+use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Zip};
 
 use super::elementwise::PAR_THRESHOLD;
-use super::float_input;
-use super::{checked, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::{OutSpec, SoftmaxKernels};
+use crate::op::{kernel_err, SoftmaxKernels};
 use crate::storage::CpuArray;
-use crate::{Result, TensorError};
+use crate::Result;
 
-/// Runs `f` on every lane of `out` along `dim` (rayon when large).
-fn for_lanes<F: FloatElement>(
-    out: &mut ArrayD<F>,
-    dim: usize,
-    f: impl Fn(ArrayViewMutD<F>) + Sync + Send,
-) {
+fn softmax_t<F: FloatElement>(a: &ArrayD<F>, dim: usize, log: bool, out: &mut ArrayD<F>) {
     let big = out.len() >= PAR_THRESHOLD;
-    let z = Zip::from(out.lanes_mut(Axis(dim)));
-    if big {
-        z.par_for_each(|l| f(l.into_dyn()));
-    } else {
-        z.for_each(|l| f(l.into_dyn()));
-    }
-}
-
-fn softmax_t<F: FloatElement>(a: &ArrayD<F>, dim: usize, log: bool) -> ArrayD<F> {
-    let mut out = a.to_owned();
-    for_lanes(&mut out, dim, |mut lane| {
-        let m = lane.fold(F::lowest(), |acc, &x| if x > acc { x } else { acc });
+    let f = |mut o: ArrayViewMut1<F>, x: ArrayView1<F>| {
+        let m = x.fold(F::lowest(), |acc, &v| if v > acc { v } else { acc });
         let m = if m == F::lowest() {
             F::from_f64(0.0)
         } else {
             m
         };
         let mut s = F::from_f64(0.0);
-        lane.iter().for_each(|&x| s += (x - m).exp());
         if log {
+            x.iter().for_each(|&v| s += (v - m).exp());
             let ls = s.ln() + m;
-            lane.mapv_inplace(|x| x - ls);
+            Zip::from(&mut o).and(&x).for_each(|o, &v| *o = v - ls);
         } else {
+            Zip::from(&mut o).and(&x).for_each(|o, &v| {
+                *o = (v - m).exp();
+                s += *o;
+            });
             let inv = s.recip();
-            lane.mapv_inplace(|x| (x - m).exp() * inv);
+            o.mapv_inplace(|v| v * inv);
         }
-    });
-    out
+    };
+    let z = Zip::from(out.lanes_mut(Axis(dim))).and(a.lanes(Axis(dim)));
+    if big {
+        z.par_for_each(f);
+    } else {
+        z.for_each(f);
+    }
 }
 
-/// softmax or log_softmax over `dim`.
-pub fn softmax(a: &CpuArray, dim: usize, log: bool) -> Result<CpuArray> {
-    match a {
-        CpuArray::F32(a) => Ok(CpuArray::F32(softmax_t(a, dim, log))),
-        CpuArray::F64(a) => Ok(CpuArray::F64(softmax_t(a, dim, log))),
-        a => Err(float_input(if log { "log_softmax" } else { "softmax" }, a)),
+/// softmax or log_softmax over `dim` into `out`.
+fn softmax(a: &CpuArray, dim: usize, log: bool, out: &mut CpuArray) -> Result<()> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    fits(op, a.shape(), out.shape())?;
+    if dim >= a.shape().len() {
+        return Err(kernel_err(op, format!("dim {dim} out of range")));
     }
+    match a {
+        CpuArray::F32(a) => softmax_t(a, dim, log, out_as(op, out)?),
+        CpuArray::F64(a) => softmax_t(a, dim, log, out_as(op, out)?),
+        a => return Err(float_input(op, a)),
+    }
+    Ok(())
 }
 
 fn softmax_backward_t<F: FloatElement>(
@@ -61,56 +61,70 @@ fn softmax_backward_t<F: FloatElement>(
     y: &ArrayD<F>,
     dim: usize,
     log: bool,
-) -> ArrayD<F> {
+    out: &mut ArrayD<F>,
+) {
     // Per lane: softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy).
-    let mut out = dy.to_owned();
     let big = out.len() >= PAR_THRESHOLD;
-    let z = Zip::from(out.lanes_mut(Axis(dim))).and(y.lanes(Axis(dim)));
-    let f = |mut g: ndarray::ArrayViewMut1<F>, y: ndarray::ArrayView1<F>| {
+    let f = |o: ArrayViewMut1<F>, g: ArrayView1<F>, y: ArrayView1<F>| {
         if log {
             let s = g.sum();
-            Zip::from(&mut g)
+            Zip::from(o)
+                .and(&g)
                 .and(&y)
-                .for_each(|g, &y| *g = *g - y.exp() * s);
+                .for_each(|o, &g, &y| *o = g - y.exp() * s);
         } else {
             let mut s = F::from_f64(0.0);
             Zip::from(&g).and(&y).for_each(|&g, &y| s += g * y);
-            Zip::from(&mut g)
+            Zip::from(o)
+                .and(&g)
                 .and(&y)
-                .for_each(|g, &y| *g = y * (*g - s));
+                .for_each(|o, &g, &y| *o = y * (g - s));
         }
     };
+    let z = Zip::from(out.lanes_mut(Axis(dim)))
+        .and(dy.lanes(Axis(dim)))
+        .and(y.lanes(Axis(dim)));
     if big {
         z.par_for_each(f);
     } else {
         z.for_each(f);
     }
-    out
 }
 
-/// Backward of softmax (`log` = false) or log_softmax over `dim`, from dy and the forward output y.
-pub fn softmax_backward(dy: &CpuArray, y: &CpuArray, dim: usize, log: bool) -> Result<CpuArray> {
+/// Backward of softmax (`log` = false) or log_softmax over `dim`, from dy and the forward output
+/// y, into `out`.
+fn softmax_backward(
+    dy: &CpuArray,
+    y: &CpuArray,
+    dim: usize,
+    log: bool,
+    out: &mut CpuArray,
+) -> Result<()> {
+    let op = if log {
+        "log_softmax_backward"
+    } else {
+        "softmax_backward"
+    };
+    fits(op, dy.shape(), out.shape())?;
+    fits(op, y.shape(), out.shape())?;
+    if dim >= y.shape().len() {
+        return Err(kernel_err(op, format!("dim {dim} out of range")));
+    }
     match (dy, y) {
         (CpuArray::F32(g), CpuArray::F32(y)) => {
-            Ok(CpuArray::F32(softmax_backward_t(g, y, dim, log)))
+            softmax_backward_t(g, y, dim, log, out_as(op, out)?)
         }
         (CpuArray::F64(g), CpuArray::F64(y)) => {
-            Ok(CpuArray::F64(softmax_backward_t(g, y, dim, log)))
+            softmax_backward_t(g, y, dim, log, out_as(op, out)?)
         }
-        _ => Err(TensorError::Kernel {
-            op: if log {
-                "log_softmax_backward"
-            } else {
-                "softmax_backward"
-            },
-            detail: "needs float dy and y of one dtype".into(),
-        }),
+        _ => return Err(kernel_err(op, "needs float dy and y of one dtype".into())),
     }
+    Ok(())
 }
 
 impl SoftmaxKernels for CpuBackend {
-    fn softmax(&self, x: &CpuArray, dim: usize, log: bool, out: &OutSpec) -> Result<CpuArray> {
-        checked("softmax", softmax(x, dim, log)?, out)
+    fn softmax(&self, x: &CpuArray, dim: usize, log: bool, out: &mut CpuArray) -> Result<()> {
+        softmax(x, dim, log, out)
     }
     fn softmax_backward(
         &self,
@@ -118,8 +132,8 @@ impl SoftmaxKernels for CpuBackend {
         dy: &CpuArray,
         dim: usize,
         log: bool,
-        out: &OutSpec,
-    ) -> Result<CpuArray> {
-        checked("softmax_backward", softmax_backward(dy, y, dim, log)?, out)
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        softmax_backward(dy, y, dim, log, out)
     }
 }

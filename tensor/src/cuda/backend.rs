@@ -1,23 +1,26 @@
-//! `CudaBackend`: the device seam's `DeviceBackend` for CUDA: uploads, device-side creation,
-//! every dispatched op's local kernel through `Op::run` on [`CudaKernels`] (`ops/`), and boxing
-//! in NCCL worlds (`boxing`).
+//! `CudaBackend`: the device seam's `DeviceBackend` for CUDA (uploads, device-side creation,
+//! boxing in NCCL worlds: `boxing`) and its `OpExecutor` (every dispatched op through
+//! `Op::execute` on [`CudaKernels`] (`ops/`), whose allocator takes every output from the
+//! runtime's pool).
 
 use std::sync::Arc;
 
 use oxiflow_boxing::Plan;
 use oxiflow_collectives::device_trace;
 use oxiflow_collectives::trace::Lane;
+use oxiflow_collectives::SharedComm;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, Shape};
+use smallvec::SmallVec;
 
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
 use super::{derr, runtime};
-use crate::context::Context;
-use crate::creation::ElementInit;
-use crate::device::{DeviceBackend, DeviceStorage};
+use crate::device::DeviceBackend;
+use crate::executor::OpExecutor;
 use crate::op::{Op, OutSpec};
-use crate::storage::{CpuArray, Storage};
+use crate::rng::ElementInit;
+use crate::storage::{CpuArray, DeviceStorage, Storage};
 use crate::Result;
 
 /// The CUDA backend (stateless: the process's runtime holds the device state).
@@ -61,32 +64,32 @@ impl DeviceBackend for CudaBackend {
         &self,
         op: &'static str,
         plan: &Plan,
-        ctx: &Context,
+        world: &SharedComm,
         piece: Option<&Storage>,
     ) -> Option<Result<Option<Storage>>> {
-        super::boxing::run_boxing_cuda(op, plan, ctx, piece)
+        super::boxing::run_boxing_cuda(op, plan, world, piece)
     }
+}
 
-    fn run(&self, op: &Op, inputs: &[&Storage], out: &OutSpec) -> Result<Storage> {
+impl OpExecutor for CudaBackend {
+    fn run(
+        &self,
+        op: &Op,
+        inputs: &[&Storage],
+        outs: &[OutSpec],
+    ) -> Result<SmallVec<[Storage; 1]>> {
         let name = op.name();
         let rt = runtime(name)?;
         let kernels = CudaKernels { rt: rt.clone() };
-        let mut x: Vec<&CudaStorage> = Vec::with_capacity(inputs.len());
+        let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
         for s in inputs {
             x.push(cuda_of(name, s)?);
         }
         let traced = device_trace::begin(kernels.rt.stream());
-        let y = super::timing::timed(&rt, name, || op.run(&kernels, &x, out))?;
+        let y = super::timing::timed(&rt, name, || op.execute(&kernels, &x, outs))?;
         device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
-        if y.shape != out.shape || y.dtype != out.dtype {
-            return Err(derr(
-                name,
-                format!(
-                    "cuda kernel gave {} {} where {} {} was expected",
-                    y.dtype, y.shape, out.dtype, out.shape
-                ),
-            ));
-        }
-        Ok(Storage::Device(Arc::new(y)))
+        Ok(y.into_iter()
+            .map(|p| Storage::Device(Arc::new(p) as Arc<dyn DeviceStorage>))
+            .collect())
     }
 }

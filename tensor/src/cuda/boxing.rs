@@ -5,11 +5,10 @@
 use std::sync::Arc;
 
 use oxiflow_boxing::{execute, LocalPiece, Plan};
-use oxiflow_collectives::Backend;
+use oxiflow_collectives::{Backend, SharedComm};
 
 use super::backend::cuda_of;
 use super::{bound_runtime, CudaPiece};
-use crate::context::Context;
 use crate::cpu::{array_of_host_piece, host_piece_of};
 use crate::storage::Storage;
 use crate::{Result, TensorError};
@@ -19,19 +18,19 @@ use crate::{Result, TensorError};
 pub(crate) fn run_boxing_cuda(
     op: &'static str,
     plan: &Plan,
-    ctx: &Context,
+    world: &SharedComm,
     piece: Option<&Storage>,
 ) -> Option<Result<Option<Storage>>> {
-    if ctx.world().backend() != Backend::Nccl || bound_runtime().is_none() {
+    if world.backend() != Backend::Nccl || bound_runtime().is_none() {
         return None;
     }
-    Some(run(op, plan, ctx, piece))
+    Some(run(op, plan, world, piece))
 }
 
 fn run(
     op: &'static str,
     plan: &Plan,
-    ctx: &Context,
+    world: &SharedComm,
     piece: Option<&Storage>,
 ) -> Result<Option<Storage>> {
     let berr = |detail: String| TensorError::Boxing {
@@ -46,7 +45,7 @@ fn run(
         Some(s @ Storage::Device(_)) => Some(CudaPiece::from_storage(cuda_of(op, s)?)),
         Some(s @ Storage::Cpu(_)) => Some(CudaPiece::Host(host_piece_of(s)?)),
     };
-    let out = execute(plan, ctx.world(), input).map_err(|e| berr(e.to_string()))?;
+    let out = execute(plan, world, input).map_err(|e| berr(e.to_string()))?;
     match out {
         None => Ok(None),
         Some(p) => match p.into_storage() {

@@ -11,8 +11,8 @@ use super::copy::fill;
 use super::kernels::{grid, launch, strides, Nd, Template};
 use super::storage::CudaStorage;
 use super::{derr, runtime};
-use crate::creation::ElementInit;
-use crate::device::DeviceStorage;
+use crate::rng::ElementInit;
+use crate::storage::DeviceStorage;
 use crate::Result;
 
 /// The elements of `region` of a tensor of `shape` (zeros with `zero`) from `init`.

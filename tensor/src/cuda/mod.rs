@@ -41,6 +41,7 @@ use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_placement::DeviceType;
 
 use crate::device::register_device_backend;
+use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use backend::CudaBackend;
@@ -181,6 +182,12 @@ impl CudaRuntime {
     pub fn alloc_counts(&self) -> AllocCounts {
         self.pool.counts()
     }
+    /// (free, total) bytes of this device's memory as the driver reports them now (the
+    /// allocator's cached blocks count as used).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind("cuda memory_info")?;
+        cudarc::driver::result::mem_get_info().map_err(|e| derr("cuda memory_info", e))
+    }
 }
 
 /// Why CUDA cannot be used in this process (`None`: a driver and at least one device exist).
@@ -212,6 +219,7 @@ fn install(rt: Arc<CudaRuntime>) -> Result<Arc<CudaRuntime>> {
     rt.with_blas("cuda init", |_| Ok(()))?;
     *g = Some(rt.clone());
     register_device_backend(DeviceType::Cuda, Arc::new(CudaBackend))?;
+    register_op_executor(DeviceType::Cuda, Arc::new(CudaBackend))?;
     Ok(rt)
 }
 

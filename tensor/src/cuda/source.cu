@@ -119,6 +119,7 @@ __device__ i64 un_i(int op, i64 x) {
         default: return (i64)((unsigned long long)x * (unsigned long long)x);
     }
 }
+// dx from dy and what the forward saved: x, or for exp, tanh and sigmoid (3, 5, 6) y.
 template <typename T> __device__ T unb_f(int op, T g, T x) {
     const T zero = (T)0, one = (T)1, half = (T)0.5, two = (T)2;
     const T c = (T)0.7978845608028654, k = (T)0.044715, k3 = (T)(3.0 * 0.044715);
@@ -127,10 +128,10 @@ template <typename T> __device__ T unb_f(int op, T g, T x) {
         case 1: return x > zero ? g : zero;
         case 2: { T t = m_tanh(c * (x + k * x * x * x));
                   return g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x)); }
-        case 3: return g * m_exp(x);
+        case 3: return g * x;
         case 4: return g / x;
-        case 5: { T t = m_tanh(x); return g * (one - t * t); }
-        case 6: { T s = one / (one + m_exp(-x)); return g * s * (one - s); }
+        case 5: return g * (one - x * x);
+        case 6: return g * x * (one - x);
         case 7: return g * half / m_sqrt(x);
         case 8: return x > zero ? g : (x < zero ? -g : zero);
         default: return g * two * x;
@@ -342,8 +343,9 @@ template <typename T> __device__ void softmax_bw_t(i64 lanes, i64 n, i64 inner, 
     }
 }
 
-// LayerNorm over the last dim h of `rows` rows, one block per row.
-template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y) {
+// LayerNorm over the last dim h of `rows` rows, one block per row; also each row's mean and
+// 1/std in the compute type (saved for the backward).
+template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* b, T* y, typename Acc<T>::type* mo, typename Acc<T>::type* ro) {
     ACC
     ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
@@ -355,19 +357,16 @@ template <typename T> __device__ void layer_norm_t(i64 rows, i64 h, double epsd,
         var = block_sum(var, sh);
         C rstd = (C)1 / m_sqrt(var / n + eps);
         THREAD_COLS(j, h) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+        if (threadIdx.x == 0) { mo[r] = mean; ro[r] = rstd; }
     }
 }
-template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, double epsd, const T* x, const T* w, const T* g, T* dx) {
+// dx from dy and the forward's per-row mean and 1/std (compute type).
+template <typename T> __device__ void layer_norm_bw_t(i64 rows, i64 h, const T* x, const T* w, const T* g, const typename Acc<T>::type* mi, const typename Acc<T>::type* ri, T* dx) {
     ACC
     ROW_SHARED(C)
     BLOCK_ROWS(r, rows) {
         const T* xr = x + r * h; const T* gr = g + r * h; T* dr = dx + r * h;
-        C n = (C)(h > 0 ? h : 1), eps = (C)epsd, mean = (C)0, var = (C)0;
-        THREAD_COLS(j, h) mean += xr[j];
-        mean = block_sum(mean, sh) / n;
-        THREAD_COLS(j, h) var += (xr[j] - mean) * (xr[j] - mean);
-        var = block_sum(var, sh);
-        C rstd = (C)1 / m_sqrt(var / n + eps);
+        C n = (C)(h > 0 ? h : 1), mean = mi[r], rstd = ri[r];
         C sg = (C)0, sgx = (C)0;
         THREAD_COLS(j, h) { C gv = gr[j] * w[j]; sg += gv; sgx += gv * (xr[j] - mean) * rstd; }
         sg = block_sum(sg, sh);
@@ -637,8 +636,8 @@ extern "C" __global__ void softmax_bw_rows_bf16(i64 lanes, i64 n, const float* y
 extern "C" __global__ void unary_bw_##NAME(i64 n, int op, const T* g, const T* x, T* y) { unary_bw_t<T>(n, op, g, x, y); } \
 extern "C" __global__ void softmax_##NAME(i64 l, i64 n, i64 inner, int lg, const T* x, T* y) { softmax_t<T>(l, n, inner, lg, x, y); } \
 extern "C" __global__ void softmax_bw_##NAME(i64 l, i64 n, i64 inner, int lg, const T* yv, const T* g, T* dx) { softmax_bw_t<T>(l, n, inner, lg, yv, g, dx); } \
-extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y) { layer_norm_t<T>(r, h, e, x, w, b, y); } \
-extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* g, T* dx) { layer_norm_bw_t<T>(r, h, e, x, w, g, dx); } \
+extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x, const T* w, const T* b, T* y, Acc<T>::type* mo, Acc<T>::type* ro) { layer_norm_t<T>(r, h, e, x, w, b, y, mo, ro); } \
+extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, const T* x, const T* w, const T* g, const Acc<T>::type* mi, const Acc<T>::type* ri, T* dx) { layer_norm_bw_t<T>(r, h, x, w, g, mi, ri, dx); } \
 extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
 extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
 extern "C" __global__ void rotary_##NAME(i64 n, i64 d, i64 t, i64 in, i64 p0, double b, double sg, const T* x, T* y) { rotary_t<T>(n, d, t, in, p0, b, sg, x, y); } \

@@ -9,9 +9,9 @@ use oxiflow_dtype::{with_element, DType};
 use oxiflow_sbp::Shape;
 
 use super::{derr, runtime, Block, CudaRuntime};
-use crate::device::{Device, DeviceStorage};
 use crate::element::TensorElement;
 use crate::storage::CpuArray;
+use crate::storage::{Device, DeviceStorage};
 use crate::with_array;
 use crate::Result;
 

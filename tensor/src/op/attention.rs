@@ -8,7 +8,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily, OutSpec,
+    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -33,16 +34,16 @@ pub trait AttentionKernels: KernelBackend {
         v: &Self::Piece,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn attention_probs(
         &self,
         q: &Self::Piece,
         k: &Self::Piece,
         causal: bool,
         scale: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 /// Checks q `[B, H, T, D]`, k `[B, H, S, D]` and (when given) v `[B, H, S, Dv]`; returns the
@@ -139,34 +140,43 @@ impl OpFamily for AttentionOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         let (causal, scale) = self.attrs();
         match self {
-            AttentionOp::Forward { .. } => b.attention(x[0], x[1], x[2], causal, scale, out),
-            AttentionOp::Probs { .. } => b.attention_probs(x[0], x[1], causal, scale, out),
+            AttentionOp::Forward { .. } => b.attention(x[0], x[1], x[2], causal, scale, y),
+            AttentionOp::Probs { .. } => b.attention_probs(x[0], x[1], causal, scale, y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // The backward recomputes the probabilities from q and k.
+            AttentionOp::Forward { .. } => Saves::inputs(&[0, 1, 2]),
+            AttentionOp::Probs { .. } => Saves::inputs(&[0, 1]).and_outputs(&[0]),
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let (causal, scale) = self.attrs();
-        let (q, k) = (&g.x[0], &g.x[1]);
+        let (q, k, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
         // With P = softmax(S), S = q k^T * scale: dS = softmax_backward(P, dP);
         // dq = dS k * scale, dk = dS^T q * scale (masked entries have P = 0, so dS = 0 there).
         let p = match self {
             AttentionOp::Forward { .. } => q.attention_probs(k, causal, scale)?,
-            AttentionOp::Probs { .. } => g.out.clone(),
+            AttentionOp::Probs { .. } => g.output(0)?.clone(),
         };
         let ds = if g.need(0) || g.need(1) {
             let dp = match self {
-                AttentionOp::Forward { .. } => g.dy.matmul_t(&g.x[2], false, true)?,
-                AttentionOp::Probs { .. } => g.dy.clone(),
+                AttentionOp::Forward { .. } => dy.matmul_t(g.input(2)?, false, true)?,
+                AttentionOp::Probs { .. } => dy.clone(),
             };
             Some(Tensor::softmax_backward(&p, &dp, -1)?)
         } else {
             None
         };
         let scaled = |t: Tensor| t.mul_scalar(scale);
-        let mut grads = Vec::with_capacity(g.x.len());
+        let mut grads = Vec::with_capacity(g.arity());
         grads.push(match &ds {
             Some(ds) if g.need(0) => Some(scaled(ds.bmm(k)?)?),
             _ => None,
@@ -176,7 +186,7 @@ impl OpFamily for AttentionOp {
             _ => None,
         });
         if let AttentionOp::Forward { .. } = self {
-            grads.push(g.when(2, || p.matmul_t(g.dy, true, false))?);
+            grads.push(g.when(2, || p.matmul_t(dy, true, false))?);
         }
         Ok(grads)
     }

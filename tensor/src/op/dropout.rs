@@ -10,8 +10,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    kernel_err, need_float, Backend, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    kernel_err, need_float, single, Backend, Dims, F64Bits, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -32,7 +32,7 @@ pub struct DropoutOp {
 /// Dropout kernels of a backend (float pieces): element at local index `l` of the piece has
 /// global index `sum((starts[d] + l[d]) * global_strides[d])`.
 pub trait DropoutKernels: KernelBackend {
-    fn dropout(&self, x: &Self::Piece, op: &DropoutOp, out: &OutSpec) -> Result<Self::Piece>;
+    fn dropout(&self, x: &Self::Piece, op: &DropoutOp, out: &mut Self::Out) -> Result<()>;
 }
 
 impl DropoutOp {
@@ -106,12 +106,21 @@ impl OpFamily for DropoutOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
-        b.dropout(x[0], self, out)
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        b.dropout(x[0], self, y)
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        // The mask is redrawn from the seed.
+        Saves::NOTHING
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Grad::one(g.dy.dropout_in(self.p.get(), self.seed, &self.global, &self.starts)?)
+        Grad::one(
+            g.dy()?
+                .dropout_in(self.p.get(), self.seed, &self.global, &self.starts)?,
+        )
     }
 }
 

@@ -1,13 +1,13 @@
 //! Element-wise ops: unary functions, tensor-scalar functions, broadcasting binary ops, casts,
-//! the unary functions' backward (`dx = dy * f'(x)`) and the fused pieces of an AdamW update.
+//! and the unary functions' backward (`dx = dy * f'(x)`).
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec,
+    need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -54,6 +54,11 @@ impl UnaryOp {
             UnaryOp::Abs => "abs",
             UnaryOp::Square => "square",
         }
+    }
+    /// Whether the backward reads the output (`dy * f'(x)` written with y = f(x)) rather than
+    /// the input: exp, tanh and sigmoid.
+    pub fn saves_output(self) -> bool {
+        matches!(self, UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid)
     }
     pub fn backward_name(self) -> &'static str {
         match self {
@@ -130,45 +135,6 @@ impl ScalarOp {
     }
 }
 
-/// The fused pieces of an AdamW update: same-shape float operands, one pass each, no
-/// gradient.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AdamPart {
-    /// (m, g) -> a m + b g (the first moment).
-    Moment1 { a: F64Bits, b: F64Bits },
-    /// (v, g) -> a v + b g^2 (the second moment).
-    Moment2 { a: F64Bits, b: F64Bits },
-    /// (p, m, v) -> decay p - (step m) / (sqrt(inv_bc2 v) + eps) (the new value).
-    Update {
-        decay: F64Bits,
-        step: F64Bits,
-        inv_bc2: F64Bits,
-        eps: F64Bits,
-    },
-}
-
-impl AdamPart {
-    pub fn name(self) -> &'static str {
-        match self {
-            AdamPart::Moment1 { .. } => "adam_moment1",
-            AdamPart::Moment2 { .. } => "adam_moment2",
-            AdamPart::Update { .. } => "adam_update",
-        }
-    }
-    /// (a, b, c, d) of the kernels' common form (see the variants).
-    pub fn coefficients(self) -> [f64; 4] {
-        match self {
-            AdamPart::Moment1 { a, b } | AdamPart::Moment2 { a, b } => [a.get(), b.get(), 0.0, 0.0],
-            AdamPart::Update {
-                decay,
-                step,
-                inv_bc2,
-                eps,
-            } => [decay.get(), step.get(), inv_bc2.get(), eps.get()],
-        }
-    }
-}
-
 /// The element-wise family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ElementwiseOp {
@@ -176,33 +142,31 @@ pub enum ElementwiseOp {
     Scalar(ScalarOp, F64Bits),
     Binary(BinaryOp),
     Cast(DType),
-    /// (dy, x) -> dx for y = f(x)
+    /// (dy, saved) -> dx for y = f(x), where `saved` is what the forward saves: y for exp,
+    /// tanh and sigmoid (`UnaryOp::saves_output`), x otherwise.
     UnaryBackward(UnaryOp),
-    Adam(AdamPart),
 }
 
 /// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
 /// `binary` broadcasts both operands to `out.shape`.
 pub trait ElementwiseKernels: KernelBackend {
-    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
-    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     fn binary(
         &self,
         b: BinaryOp,
         x: &Self::Piece,
         y: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
-    fn cast(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
+    fn cast(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     fn unary_backward(
         &self,
         u: UnaryOp,
         dy: &Self::Piece,
         x: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
-    /// One fused AdamW piece on same-shape float inputs (2 for the moments, 3 for the update).
-    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &OutSpec) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 /// Broadcast two shapes (numpy rules, aligned from the right).
@@ -218,16 +182,12 @@ impl OpFamily for ElementwiseOp {
             ElementwiseOp::Binary(b) => b.name(),
             ElementwiseOp::Cast(_) => "cast",
             ElementwiseOp::UnaryBackward(u) => u.backward_name(),
-            ElementwiseOp::Adam(p) => p.name(),
         }
     }
 
     fn arity(&self) -> (usize, usize) {
         match self {
-            ElementwiseOp::Adam(AdamPart::Update { .. }) => (3, 3),
-            ElementwiseOp::Binary(_) | ElementwiseOp::UnaryBackward(_) | ElementwiseOp::Adam(_) => {
-                (2, 2)
-            }
+            ElementwiseOp::Binary(_) | ElementwiseOp::UnaryBackward(_) => (2, 2),
             _ => (1, 1),
         }
     }
@@ -280,45 +240,48 @@ impl OpFamily for ElementwiseOp {
                     dt,
                 ))
             }
-            ElementwiseOp::Adam(_) => {
-                let dt = same_dtype(d)?;
-                need_float(dt, "input")?;
-                if s.iter().any(|x| *x != s[0]) {
-                    return Err(MetaError::Shape(format!(
-                        "the operands must have one shape, got {}",
-                        s.iter()
-                            .map(|x| x.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-                // Non-linear in every operand: all split alike, or all whole.
-                let mut r = oxiflow_sbp::Rules::new(mode, [s[0].clone()]);
-                for i in 0..s[0].ndim() {
-                    r.push_uniform(s.len(), 1, oxiflow_sbp::Sbp::S(i));
-                }
-                r.push_uniform(s.len(), 1, oxiflow_sbp::Sbp::Broadcast);
-                Ok(Inferred::new(r, dt))
-            }
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            ElementwiseOp::Unary(u) => b.unary(*u, x[0], out),
-            ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], out),
-            ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], out),
-            ElementwiseOp::Cast(_) => b.cast(x[0], out),
-            ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], out),
-            ElementwiseOp::Adam(p) => b.adam(*p, x, out),
+            ElementwiseOp::Unary(u) => b.unary(*u, x[0], y),
+            ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], y),
+            ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], y),
+            ElementwiseOp::Cast(_) => b.cast(x[0], y),
+            ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], y),
+        }
+    }
+
+    fn saves(&self, needs: &[bool]) -> Saves {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        match self {
+            ElementwiseOp::Unary(UnaryOp::Neg) => Saves::NOTHING,
+            ElementwiseOp::Unary(u) if u.saves_output() => Saves::outputs(&[0]),
+            ElementwiseOp::Unary(_) => Saves::inputs(&[0]),
+            ElementwiseOp::Scalar(ScalarOp::RDiv, _) => Saves::inputs(&[0]).and_outputs(&[0]),
+            ElementwiseOp::Scalar(ScalarOp::Pow, _) => Saves::inputs(&[0]),
+            ElementwiseOp::Scalar(..) => Saves::NOTHING,
+            ElementwiseOp::Binary(BinaryOp::Add | BinaryOp::Sub) => Saves::NOTHING,
+            // d(a b) = b da + a db: each operand only for the other's gradient.
+            ElementwiseOp::Binary(BinaryOp::Mul) => Saves::NOTHING
+                .and_input_if(0, need(1))
+                .and_input_if(1, need(0)),
+            // d(a / b) = da / b - (a / b) db / b.
+            ElementwiseOp::Binary(BinaryOp::Div) => Saves::inputs(&[1]).and_output_if(0, need(1)),
+            ElementwiseOp::Cast(_) | ElementwiseOp::UnaryBackward(_) => Saves::NOTHING,
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (x, dy, out) = (g.x, g.dy, g.out);
+        let dy = g.dy()?;
         match self {
             ElementwiseOp::Unary(UnaryOp::Neg) => Grad::one(dy.neg()?),
-            ElementwiseOp::Unary(u) => Grad::one(dy.unary_backward(*u, &x[0])?),
+            ElementwiseOp::Unary(u) if u.saves_output() => {
+                Grad::one(dy.unary_backward(*u, g.output(0)?)?)
+            }
+            ElementwiseOp::Unary(u) => Grad::one(dy.unary_backward(*u, g.input(0)?)?),
             ElementwiseOp::Scalar(s, c) => {
                 let c = c.get();
                 Grad::one(match s {
@@ -326,34 +289,32 @@ impl OpFamily for ElementwiseOp {
                     ScalarOp::Mul => dy.mul_scalar(c)?,
                     ScalarOp::RSub => dy.neg()?,
                     // d(c / x) = -(c / x) / x
-                    ScalarOp::RDiv => dy.mul(out)?.div(&x[0])?.neg()?,
-                    ScalarOp::Pow => dy.mul(&x[0].pow_scalar(c - 1.0)?)?.mul_scalar(c)?,
+                    ScalarOp::RDiv => dy.mul(g.output(0)?)?.div(g.input(0)?)?.neg()?,
+                    ScalarOp::Pow => dy.mul(&g.input(0)?.pow_scalar(c - 1.0)?)?.mul_scalar(c)?,
                 })
             }
             ElementwiseOp::Binary(op) => {
-                let (a, b) = (&x[0], &x[1]);
                 let (ga, gb) = match op {
                     BinaryOp::Add => (g.when(0, || Ok(dy.clone()))?, g.when(1, || Ok(dy.clone()))?),
                     BinaryOp::Sub => (g.when(0, || Ok(dy.clone()))?, g.when(1, || dy.neg())?),
-                    BinaryOp::Mul => (g.when(0, || dy.mul(b))?, g.when(1, || dy.mul(a))?),
+                    BinaryOp::Mul => (
+                        g.when(0, || dy.mul(g.input(1)?))?,
+                        g.when(1, || dy.mul(g.input(0)?))?,
+                    ),
                     BinaryOp::Div => (
-                        g.when(0, || dy.div(b))?,
-                        g.when(1, || dy.mul(out)?.div(b)?.neg())?,
+                        g.when(0, || dy.div(g.input(1)?))?,
+                        g.when(1, || dy.mul(g.output(0)?)?.div(g.input(1)?)?.neg())?,
                     ),
                 };
                 Ok(vec![
-                    ga.map(|t| sum_to(t, a)).transpose()?,
-                    gb.map(|t| sum_to(t, b)).transpose()?,
+                    ga.map(|t| sum_to(t, g.input_meta(0))).transpose()?,
+                    gb.map(|t| sum_to(t, g.input_meta(1))).transpose()?,
                 ])
             }
-            ElementwiseOp::Cast(_) => Grad::one(dy.cast(x[0].dtype())?),
+            ElementwiseOp::Cast(_) => Grad::one(dy.cast(g.input_meta(0).dtype())?),
             ElementwiseOp::UnaryBackward(_) => Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
-            )),
-            ElementwiseOp::Adam(_) => Err(Grad::unsupported(
-                self.name(),
-                "an optimizer update has no gradient",
             )),
         }
     }
@@ -377,32 +338,6 @@ macro_rules! unary_methods {
 impl Tensor {
     unary_methods!(neg => Neg, relu => Relu, gelu => Gelu, exp => Exp, log => Log, tanh => Tanh,
         sigmoid => Sigmoid, sqrt => Sqrt, abs => Abs, square => Square);
-
-    /// AdamW's moment update in one pass: `a self + b g` (`squared`: `a self + b g^2`).
-    pub fn adam_moment(&self, g: &Tensor, a: f64, b: f64, squared: bool) -> Result<Tensor> {
-        let (a, b) = (F64Bits::new(a), F64Bits::new(b));
-        let part = if squared {
-            AdamPart::Moment2 { a, b }
-        } else {
-            AdamPart::Moment1 { a, b }
-        };
-        elementwise(ElementwiseOp::Adam(part), &[self, g])
-    }
-    /// AdamW's new value in one pass: `decay self - (step m) / (sqrt(inv_bc2 v) + eps)`.
-    pub fn adam_update(
-        &self,
-        m: &Tensor,
-        v: &Tensor,
-        [decay, step, inv_bc2, eps]: [f64; 4],
-    ) -> Result<Tensor> {
-        let part = AdamPart::Update {
-            decay: F64Bits::new(decay),
-            step: F64Bits::new(step),
-            inv_bc2: F64Bits::new(inv_bc2),
-            eps: F64Bits::new(eps),
-        };
-        elementwise(ElementwiseOp::Adam(part), &[self, m, v])
-    }
 
     /// Any element-wise unary function.
     pub fn unary(&self, u: UnaryOp) -> Result<Tensor> {
@@ -465,8 +400,9 @@ impl Tensor {
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         self.to_dtype(dtype)
     }
-    /// dx = dy * f'(x) for y = f(x) (`self` is dy).
-    pub fn unary_backward(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
-        elementwise(ElementwiseOp::UnaryBackward(u), &[self, x])
+    /// dx = dy * f'(x) for y = f(x) (`self` is dy), from what the forward saves: `saved` is
+    /// y for exp, tanh and sigmoid (`UnaryOp::saves_output`), x for the others.
+    pub fn unary_backward(&self, u: UnaryOp, saved: &Tensor) -> Result<Tensor> {
+        elementwise(ElementwiseOp::UnaryBackward(u), &[self, saved])
     }
 }

@@ -9,11 +9,11 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use super::gather::{split_on, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    need_float, need_i64, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorMeta};
 use crate::Result;
 
 /// The embedding family. Inputs: (ids [..] i64, weight [V, H]) and (ids [..], dy [.., H]).
@@ -38,15 +38,15 @@ pub trait EmbeddingKernels: KernelBackend {
         ids: &Self::Piece,
         weight: &Self::Piece,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn embedding_backward(
         &self,
         ids: &Self::Piece,
         dy: &Self::Piece,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for EmbeddingOp {
@@ -107,27 +107,35 @@ impl OpFamily for EmbeddingOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, out),
-            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, out),
+            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, y),
+            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            EmbeddingOp::Lookup { .. } => Saves::inputs(&[0]),
+            EmbeddingOp::Backward { .. } => Saves::NOTHING,
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         match self {
             EmbeddingOp::Lookup { .. } => {
-                let w = &g.x[1];
+                let w = g.input_meta(1);
                 let op = EmbeddingOp::Backward {
                     num: w.shape().dim(0),
-                    vocab_split: split_on(w, 0),
+                    vocab_split: split_on(w.nd_sbp(), 0),
                     shard: IndexShard::default(),
                 };
                 Ok(vec![
                     None,
                     g.when(1, || {
-                        let dy = broadcast_where_vocab_split(g.dy, w)?;
-                        let dw = dispatch(op.into(), &[&g.x[0], &dy])?;
+                        let dy = broadcast_where_vocab_split(g.dy()?, w)?;
+                        let dw = dispatch(op.into(), &[g.input(0)?, &dy])?;
                         unsplit_where_weight_whole(dw, w)
                     })?,
                 ])
@@ -161,7 +169,7 @@ impl Tensor {
 /// `dy` made B on the mesh axes where the weight `w` is split on the vocabulary (a reduction
 /// of `[.., H]` when it is partial there), so the gradient comes out in the weight's split
 /// without moving dweight.
-fn broadcast_where_vocab_split(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+fn broadcast_where_vocab_split(dy: &Tensor, w: &TensorMeta) -> Result<Tensor> {
     let (Some(p), Some(ws), Some(ds)) = (w.placement(), w.nd_sbp(), dy.nd_sbp()) else {
         return Ok(dy.clone());
     };
@@ -179,7 +187,7 @@ fn broadcast_where_vocab_split(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `dw` with its vocabulary split (S(0)) undone on the mesh axes where the weight `w` is not
 /// split that way: with ids and dy B on such an axis the split and the whole gradient tie in
 /// signature inference, and the split one is listed first for the axes that need it.
-fn unsplit_where_weight_whole(dw: Tensor, w: &Tensor) -> Result<Tensor> {
+fn unsplit_where_weight_whole(dw: Tensor, w: &TensorMeta) -> Result<Tensor> {
     let (Some(p), Some(ws), Some(gs)) = (w.placement(), w.nd_sbp(), dw.nd_sbp()) else {
         return Ok(dw);
     };

@@ -4,12 +4,12 @@
 //! inside its region, whose start and the dim's global size the op's local attributes carry.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, norm_dim, shape_rule, Backend, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, OutSpec,
+    need_float, need_i64, norm_dim, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -82,32 +82,32 @@ pub trait GatherKernels: KernelBackend {
         index: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn scatter_add(
         &self,
         index: &Self::Piece,
         src: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn index_select(
         &self,
         x: &Self::Piece,
         ids: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn index_add(
         &self,
         ids: &Self::Piece,
         src: &Self::Piece,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for GatherOp {
@@ -176,20 +176,30 @@ impl OpFamily for GatherOp {
         Some(op)
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, out),
-            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, out),
-            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, out),
-            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, out),
+            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, y),
+            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, y),
+            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, y),
+            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // The indices: input 1 of the reads, input 0 of the scatter-adds.
+            GatherOp::Gather { .. } | GatherOp::IndexSelect { .. } => Saves::inputs(&[1]),
+            GatherOp::ScatterAdd { .. } | GatherOp::IndexAdd { .. } => Saves::inputs(&[0]),
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let dy = g.dy()?;
         match *self {
             GatherOp::Gather { dim, .. } | GatherOp::IndexSelect { dim, .. } => {
-                let x = &g.x[0];
-                let (size, split_first) = (x.shape().dim(dim), split_on(x, dim));
+                let x = g.input_meta(0);
+                let (size, split_first) = (x.shape().dim(dim), split_on(x.nd_sbp(), dim));
                 let op = match self {
                     GatherOp::Gather { .. } => GatherOp::ScatterAdd {
                         dim,
@@ -205,27 +215,26 @@ impl OpFamily for GatherOp {
                     },
                 };
                 Ok(vec![
-                    g.when(0, || dispatch(op.into(), &[&g.x[1], g.dy]))?,
+                    g.when(0, || dispatch(op.into(), &[g.input(1)?, dy]))?,
                     None,
                 ])
             }
             // Linear in src: the gradient reads dy back at the same indices.
             GatherOp::ScatterAdd { dim, .. } => Ok(vec![
                 None,
-                g.when(1, || g.dy.gather(dim as isize, &g.x[0]))?,
+                g.when(1, || dy.gather(dim as isize, g.input(0)?))?,
             ]),
             GatherOp::IndexAdd { dim, .. } => Ok(vec![
                 None,
-                g.when(1, || g.dy.index_select(dim as isize, &g.x[0]))?,
+                g.when(1, || dy.index_select(dim as isize, g.input(0)?))?,
             ]),
         }
     }
 }
 
-/// Whether a global `x` is split on `dim` on some mesh axis.
-pub(crate) fn split_on(x: &Tensor, dim: usize) -> bool {
-    x.nd_sbp()
-        .is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
+/// Whether a global tensor of nd-SBP `nd` is split on `dim` on some mesh axis.
+pub(crate) fn split_on(nd: Option<&NdSbp>, dim: usize) -> bool {
+    nd.is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
 }
 
 impl Tensor {

@@ -5,8 +5,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{zeros_on, Grad};
 use super::{
-    dim_ok, norm_dim, same_dtype, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, OutSpec,
+    dim_ok, norm_dim, same_dtype, shape_rule, single, Backend, Dims, Inferred, KernelBackend,
+    LocalAt, MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -33,20 +33,21 @@ pub enum LayoutOp {
     },
 }
 
-/// Layout kernels of a backend; outputs are row-major contiguous.
+/// Layout kernels of a backend; outputs are row-major contiguous. A reshape runs as a view
+/// (`OpFamily::view_of`), so `copy` runs only where a caller asks for one.
 pub trait LayoutKernels: KernelBackend {
-    fn permute(&self, x: &Self::Piece, perm: &[usize], out: &OutSpec) -> Result<Self::Piece>;
-    /// `x` with `out.shape` (same element count).
-    fn reshape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
-    fn concat(&self, parts: &[&Self::Piece], dim: usize, out: &OutSpec) -> Result<Self::Piece>;
+    fn permute(&self, x: &Self::Piece, perm: &[usize], out: &mut Self::Out) -> Result<()>;
+    /// `x`'s elements, in order, into `out` (same count; a reshape that copies).
+    fn copy(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+    fn concat(&self, parts: &[&Self::Piece], dim: usize, out: &mut Self::Out) -> Result<()>;
     fn narrow(
         &self,
         x: &Self::Piece,
         dim: usize,
         start: usize,
         len: usize,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for LayoutOp {
@@ -96,6 +97,10 @@ impl OpFamily for LayoutOp {
         Ok(Inferred::new(shape_rule(r)?, d[0]))
     }
 
+    fn view_of(&self) -> Option<usize> {
+        matches!(self, LayoutOp::Reshape { .. }).then_some(0)
+    }
+
     fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
         match self {
             LayoutOp::Reshape { .. } => Some(LayoutOp::Reshape {
@@ -105,17 +110,22 @@ impl OpFamily for LayoutOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            LayoutOp::Permute { perm } => b.permute(x[0], perm, out),
-            LayoutOp::Reshape { .. } => b.reshape(x[0], out),
-            LayoutOp::Concat { dim } => b.concat(x, *dim, out),
-            LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, out),
+            LayoutOp::Permute { perm } => b.permute(x[0], perm, y),
+            LayoutOp::Reshape { .. } => b.copy(x[0], y),
+            LayoutOp::Concat { dim } => b.concat(x, *dim, y),
+            LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, y),
         }
     }
 
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (x, dy) = (g.x, g.dy);
+        let dy = g.dy()?;
         match self {
             LayoutOp::Permute { perm } => {
                 let mut inv = vec![0usize; perm.len()];
@@ -124,20 +134,21 @@ impl OpFamily for LayoutOp {
                 }
                 Grad::one(dy.permute(&inv)?)
             }
-            LayoutOp::Reshape { .. } => Grad::one(dy.reshape(x[0].shape().clone())?),
+            LayoutOp::Reshape { .. } => Grad::one(dy.reshape(g.input_meta(0).shape().clone())?),
             LayoutOp::Concat { dim } => {
                 let mut start = 0;
-                let mut gs = Vec::with_capacity(x.len());
-                for (i, xi) in x.iter().enumerate() {
-                    let len = xi.shape().dim(*dim);
+                let mut gs = Vec::with_capacity(g.arity());
+                for i in 0..g.arity() {
+                    let len = g.input_meta(i).shape().dim(*dim);
                     gs.push(g.when(i, || dy.narrow(*dim as isize, start, len))?);
                     start += len;
                 }
                 Ok(gs)
             }
             LayoutOp::Narrow { dim, start, len } => {
-                let full = x[0].shape();
-                let part = |n: usize| zeros_on(dy, full.with_dim(*dim, n));
+                let full = g.input_meta(0).shape();
+                let like = dy.meta();
+                let part = |n: usize| zeros_on(&like, full.with_dim(*dim, n));
                 let before = (*start > 0).then(|| part(*start)).transpose()?;
                 let rest = full.dim(*dim).saturating_sub(start + len);
                 let after = (rest > 0).then(|| part(rest)).transpose()?;

@@ -8,12 +8,12 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 use super::gather::IndexShard;
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, Backend, BinaryOp, Inferred, KernelBackend, LocalAt,
-    MetaError, Op, OpFamily, OutSpec, UnaryOp,
+    need_float, need_i64, scratch, shape_rule, single, Backend, BinaryOp, Inferred, KernelBackend,
+    LocalAt, MetaError, Op, OpFamily, Saves, UnaryOp,
 };
 use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, meta_err};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorMeta};
 use crate::Result;
 
 /// The loss family. Inputs: (logits, labels) -> loss [N]; (logits, labels, dy [N]) -> dlogits.
@@ -40,15 +40,15 @@ pub trait LossKernels: KernelBackend {
         &self,
         logits: &Self::Piece,
         labels: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn cross_entropy_backward(
         &self,
         logits: &Self::Piece,
         labels: &Self::Piece,
         dy: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for LossOp {
@@ -111,32 +111,47 @@ impl OpFamily for LossOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], out),
-            LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], out),
+            LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], y),
+            LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], y),
             LossOp::VocabParallel { shard } => {
-                let target = b.gather(x[0], x[1], 1, shard, out)?;
+                let spec = b.out_spec(y);
+                let target = scratch(b, &spec, |t| b.gather(x[0], x[1], 1, shard, t))?;
                 if shard.start == 0 {
-                    b.binary(BinaryOp::Sub, x[2], &target, out)
+                    b.binary(BinaryOp::Sub, x[2], &target, y)
                 } else {
-                    b.unary(UnaryOp::Neg, &target, out)
+                    b.unary(UnaryOp::Neg, &target, y)
                 }
             }
             LossOp::VocabParallelBackward { shard } => {
-                let p = b.binary(BinaryOp::Sub, x[0], x[2], out)?;
-                let p = b.unary(UnaryOp::Exp, &p, out)?;
-                let p = b.binary(BinaryOp::Mul, &p, x[3], out)?;
-                let onehot = b.scatter_add(x[1], x[3], 1, shard, out)?;
-                b.binary(BinaryOp::Sub, &p, &onehot, out)
+                let spec = b.out_spec(y);
+                let d = scratch(b, &spec, |t| b.binary(BinaryOp::Sub, x[0], x[2], t))?;
+                let p = scratch(b, &spec, |t| b.unary(UnaryOp::Exp, &d, t))?;
+                drop(d);
+                let p = scratch(b, &spec, |t| b.binary(BinaryOp::Mul, &p, x[3], t))?;
+                let onehot = scratch(b, &spec, |t| b.scatter_add(x[1], x[3], 1, shard, t))?;
+                b.binary(BinaryOp::Sub, &p, &onehot, y)
             }
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // Logits and labels (and the vocabulary-parallel path's log-sum-exp).
+            LossOp::CrossEntropy => Saves::inputs(&[0, 1]),
+            LossOp::VocabParallel { .. } => Saves::inputs(&[0, 1, 2]),
+            LossOp::CrossEntropyBackward | LossOp::VocabParallelBackward { .. } => Saves::NOTHING,
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         match self {
             LossOp::CrossEntropy => Ok(vec![
-                g.when(0, || Tensor::cross_entropy_backward(&g.x[0], &g.x[1], g.dy))?,
+                g.when(0, || {
+                    Tensor::cross_entropy_backward(g.input(0)?, g.input(1)?, g.dy()?)
+                })?,
                 None,
             ]),
             // lse is the logits' log-sum-exp, so the whole logits gradient is here.
@@ -146,8 +161,9 @@ impl OpFamily for LossOp {
                 };
                 Ok(vec![
                     g.when(0, || {
-                        let dy = to_row_layout(g.dy, &g.x[0])?;
-                        dispatch(op.into(), &[&g.x[0], &g.x[1], &g.x[2], &dy])
+                        let dy = to_row_layout(g.dy()?, g.input_meta(0))?;
+                        let (x, labels, lse) = (g.input(0)?, g.input(1)?, g.input(2)?);
+                        dispatch(op.into(), &[x, labels, lse, &dy])
                     })?,
                     None,
                     None,
@@ -226,7 +242,7 @@ fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tens
         let _ng = no_grad();
         let m = logits.max(&[1], true)?;
         let lse = logits.sub(&m)?.exp()?.sum(&[1], true)?.log()?.add(&m)?;
-        to_row_layout(&lse, logits)?
+        to_row_layout(&lse, &logits.meta())?
     };
     let shard = IndexShard::default();
     let labels = labels.reshape([n, 1])?;
@@ -240,7 +256,7 @@ fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tens
 /// A per-row tensor `[N, 1]` boxed to the layout that fits the class-split logits `x`: split
 /// where `x` splits its rows, B elsewhere (only `[N, 1]` values move), so the vocabulary-parallel
 /// ops never box the logits, whatever the sizes.
-fn to_row_layout(t: &Tensor, x: &Tensor) -> Result<Tensor> {
+fn to_row_layout(t: &Tensor, x: &TensorMeta) -> Result<Tensor> {
     let (Some(p), Some(s)) = (x.placement(), x.nd_sbp()) else {
         return Ok(t.clone());
     };

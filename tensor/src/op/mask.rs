@@ -8,8 +8,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_on, Grad};
 use super::{
-    same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -47,15 +47,15 @@ pub trait MaskKernels: KernelBackend {
         cond: &Self::Piece,
         a: &Self::Piece,
         b: &Self::Piece,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn masked_fill(
         &self,
         x: &Self::Piece,
         mask: &Self::Piece,
         value: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     /// Zeros outside the triangle; (`row0`, `col0`): global position of the piece's corner.
     fn triangular(
         &self,
@@ -64,8 +64,8 @@ pub trait MaskKernels: KernelBackend {
         k: i64,
         row0: usize,
         col0: usize,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for MaskOp {
@@ -132,33 +132,46 @@ impl OpFamily for MaskOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match *self {
-            MaskOp::Where => b.where_cond(x[0], x[1], x[2], out),
-            MaskOp::MaskedFill { value } => b.masked_fill(x[0], x[1], value.get(), out),
+            MaskOp::Where => b.where_cond(x[0], x[1], x[2], y),
+            MaskOp::MaskedFill { value } => b.masked_fill(x[0], x[1], value.get(), y),
             MaskOp::Triangular {
                 keep,
                 k,
                 row0,
                 col0,
-            } => b.triangular(x[0], keep, k, row0, col0, out),
+            } => b.triangular(x[0], keep, k, row0, col0, y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            MaskOp::Where => Saves::inputs(&[0]),
+            MaskOp::MaskedFill { .. } => Saves::inputs(&[1]),
+            MaskOp::Triangular { .. } => Saves::NOTHING,
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let dy = g.dy;
+        let dy = g.dy()?;
         match *self {
             MaskOp::Where => {
-                let cond = &g.x[0];
-                let zero = zeros_on(dy, Shape::scalar())?;
+                let cond = g.input(0)?;
+                let zero = zeros_on(&dy.meta(), Shape::scalar())?;
                 Ok(vec![
                     None,
-                    g.when(1, || sum_to(Tensor::where_cond(cond, dy, &zero)?, &g.x[1]))?,
-                    g.when(2, || sum_to(Tensor::where_cond(cond, &zero, dy)?, &g.x[2]))?,
+                    g.when(1, || {
+                        sum_to(Tensor::where_cond(cond, dy, &zero)?, g.input_meta(1))
+                    })?,
+                    g.when(2, || {
+                        sum_to(Tensor::where_cond(cond, &zero, dy)?, g.input_meta(2))
+                    })?,
                 ])
             }
             MaskOp::MaskedFill { .. } => {
-                Ok(vec![g.when(0, || dy.masked_fill(&g.x[1], 0.0))?, None])
+                Ok(vec![g.when(0, || dy.masked_fill(g.input(1)?, 0.0))?, None])
             }
             MaskOp::Triangular { keep, k, .. } => Grad::one(triangular(dy, keep, k)?),
         }

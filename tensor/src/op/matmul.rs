@@ -7,7 +7,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_dtype, shape_rule, Backend, Inferred, KernelBackend, MetaError, OpFamily, OutSpec,
+    same_dtype, shape_rule, single, Backend, Inferred, KernelBackend, MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -29,8 +29,8 @@ pub enum MatmulOp {
 
 /// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked).
 pub trait MatmulKernels: KernelBackend {
-    fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
-    fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+    fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
     /// `op(a) @ op(b)` (see `MatmulOp::MatMulT`; `batched`: `BatchMatMulT`).
     fn matmul_t(
         &self,
@@ -38,8 +38,8 @@ pub trait MatmulKernels: KernelBackend {
         b: &Self::Piece,
         t: (bool, bool),
         batched: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for MatmulOp {
@@ -74,28 +74,38 @@ impl OpFamily for MatmulOp {
         Ok(Inferred::new(shape_rule(r)?, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            MatmulOp::MatMul => b.matmul(x[0], x[1], out),
-            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], out),
-            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, out),
-            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, out),
+            MatmulOp::MatMul => b.matmul(x[0], x[1], y),
+            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
+            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
+            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
         }
     }
 
+    fn saves(&self, needs: &[bool]) -> Saves {
+        // dA reads B and dB reads A: each operand only for the other's gradient.
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        Saves::NOTHING
+            .and_input_if(0, need(1))
+            .and_input_if(1, need(0))
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (a, b, dy) = (&g.x[0], &g.x[1], g.dy);
+        let (am, bm, dy) = (g.input_meta(0), g.input_meta(1), g.dy()?);
         let (ta, tb) = match self {
             MatmulOp::MatMul | MatmulOp::BatchMatMul => (false, false),
             MatmulOp::MatMulT { ta, tb } | MatmulOp::BatchMatMulT { ta, tb } => (*ta, *tb),
         };
         let batched = matches!(self, MatmulOp::BatchMatMul | MatmulOp::BatchMatMulT { .. });
-        if !batched && a.ndim() < 2 {
+        if !batched && am.ndim() < 2 {
             // a [k] (never transposed): the plain rules on materialised transposes.
-            let ga = g.when(0, || dy.matmul(&b.transpose(-2, -1)?))?;
+            let ga = g.when(0, || dy.matmul(&g.input(1)?.transpose(-2, -1)?))?;
             let gb = g.when(1, || {
-                let (k, n) = (b.shape().dim(0), b.shape().dim(1));
-                a.reshape([1, k])?
+                let (k, n) = (bm.shape().dim(0), bm.shape().dim(1));
+                g.input(0)?
+                    .reshape([1, k])?
                     .matmul_t(&dy.reshape([1, n])?, true, false)
             })?;
             return Ok(vec![ga, gb]);
@@ -110,6 +120,7 @@ impl OpFamily for MatmulOp {
         // C = A B with A = op(a), B = op(b): dA = dC B^T, dB = A^T dC; a transposed operand
         // gets the transpose of its gradient, written as products of the stored operands.
         let ga = g.when(0, || {
+            let b = g.input(1)?;
             if ta {
                 mm(b, dy, tb, true)
             } else {
@@ -117,6 +128,7 @@ impl OpFamily for MatmulOp {
             }
         })?;
         let gb = g.when(1, || {
+            let a = g.input(0)?;
             // Unbatched, a [.., m, k] and dy [.., m, n] contract over all leading dims.
             let (a2, dy2) = if !batched && a.ndim() > 2 {
                 let (k, n) = (a.shape().dim(a.ndim() - 1), dy.shape().dim(dy.ndim() - 1));

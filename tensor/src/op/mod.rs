@@ -6,9 +6,11 @@
 //! implementing every family's kernel trait ([`Backend`]), so a missing kernel fails to compile.
 //!
 //! Adding a family: a file here implementing [`OpFamily`] and declaring its kernel trait, one
-//! line in `families!` below, and one kernel file per backend (`cpu/`, `cuda/ops/`).
+//! line in `families!` below, and one kernel file per backend (`cpu/`, `cuda/ops/`). A fused op
+//! that is not a core family is a custom op (`custom/`): the same, one folder down.
 
 mod attention;
+pub mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -35,17 +37,19 @@ use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
 pub use attention::{AttentionKernels, AttentionOp};
+pub use custom::{CustomKernels, CustomOp};
 pub use dropout::{DropoutKernels, DropoutOp};
 pub use elementwise::{
-    broadcast_shapes, AdamPart, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
+    broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
 pub use gather::{GatherKernels, GatherOp, IndexShard};
-pub(crate) use grad::Grad;
+pub(crate) use grad::{Grad, Saved, Saves};
 pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{LossKernels, LossOp};
 pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
+pub(crate) use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
 pub use reduction::{ReductionKernels, ReductionOp};
 pub use rms_norm::{RmsNormKernels, RmsNormOp};
@@ -62,19 +66,33 @@ pub enum MetaError {
     DType(String),
 }
 
-/// Output dtype and rules (output shapes, and SBP candidates when asked for) of one op call.
+/// Every output of one op call: its shape, dtype and (when asked for) SBP candidates, the
+/// shapes and candidates in `rules` (one output shape, and one SBP per output in every
+/// candidate, per entry of `dtypes`).
 pub struct Inferred {
     pub rules: Rules,
-    pub dtype: DType,
+    pub dtypes: SmallVec<[DType; 1]>,
 }
 
 impl Inferred {
+    /// A single-output op's.
     fn new(rules: Rules, dtype: DType) -> Self {
-        Inferred { rules, dtype }
+        Inferred {
+            rules,
+            dtypes: smallvec::smallvec![dtype],
+        }
+    }
+    /// An op's with one dtype per output.
+    fn outputs(rules: Rules, dtypes: &[DType]) -> Self {
+        Inferred {
+            rules,
+            dtypes: dtypes.iter().copied().collect(),
+        }
     }
 }
 
-/// What the dispatcher expects a kernel to return: this rank's output shape and dtype.
+/// One output of an op call on this rank: the shape and dtype of the buffer the executor
+/// allocates for the kernel to write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutSpec {
     pub shape: Shape,
@@ -119,13 +137,15 @@ pub(crate) fn full_region(shape: &Shape) -> Region {
 }
 
 /// One op family (see the module docs). Inputs reach `infer`, `run` and `backward` only after
-/// the dispatcher has checked their count against `arity`, so they index inputs freely.
+/// the dispatcher has checked their count against `arity`, so they index inputs freely; `run`
+/// gets one output buffer per output `infer` gave, allocated by the executor ([`Op::execute`]).
 pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     /// The op's name, as errors print it.
     fn name(&self) -> &'static str;
     /// Number of inputs (min, max).
     fn arity(&self) -> (usize, usize);
-    /// Checks shapes and dtypes; returns the output dtype and the op's rules.
+    /// Checks shapes and dtypes; returns every output's dtype and the op's rules (each output's
+    /// shape and SBP candidates).
     fn infer(
         &self,
         shapes: &[&Shape],
@@ -138,16 +158,70 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     fn local(&self, _at: &LocalAt<'_>) -> Option<Self> {
         None
     }
-    /// Runs the op's kernel on one rank's pieces.
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece>;
-    /// Input gradients from the output gradient (None where not needed or not differentiable
-    /// with respect to that input), written with dispatched ops.
+    /// Output 0 is input `i`'s elements under the output's shape (a reshape): the executor
+    /// makes it with [`KernelBackend::reshaped`] (a view where the backend can share memory)
+    /// instead of allocating and running a kernel.
+    fn view_of(&self) -> Option<usize> {
+        None
+    }
+    /// Runs the op's kernels on one rank's pieces, writing every output into its buffer in
+    /// `out` (uninitialised: the kernels write every element).
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()>;
+    /// Whether output `i` carries a gradient (false: a statistic saved for the backward, such
+    /// as a mean or a log-sum-exp; it gets no autograd history).
+    fn differentiable(&self, _output: usize) -> bool {
+        true
+    }
+    /// What the backward rule reads, given which inputs need a gradient: the inputs and
+    /// outputs the autograd node keeps until its backward runs (the rule sees every other one
+    /// as metadata; reading one it did not declare is a typed error).
+    fn saves(&self, needs: &[bool]) -> Saves;
+    /// Input gradients from the output gradients (`Grad::dys`: None for an output that got
+    /// none; single-output ops read `Grad::dy`), None where an input needs none or is not
+    /// differentiable, written with dispatched ops.
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
 }
 
-/// The piece type a backend's kernels take and return.
+/// The buffers a backend's kernels read and write, and its one allocator: every output buffer
+/// is allocated here by the executor (and every scratch buffer by the kernel that needs it), so
+/// kernels never allocate their outputs.
 pub trait KernelBackend {
+    /// A piece a kernel reads.
     type Piece;
+    /// A buffer a kernel writes: the shape and dtype of one output, uninitialised.
+    type Out;
+    /// A buffer of `spec`'s shape and dtype.
+    fn alloc(&self, spec: &OutSpec) -> Result<Self::Out>;
+    /// The shape and dtype of a buffer.
+    fn out_spec(&self, out: &Self::Out) -> OutSpec;
+    /// A written buffer as a piece.
+    fn finish(&self, out: Self::Out) -> Self::Piece;
+    /// `x`'s elements under `spec`'s shape (same count and dtype): the same memory where the
+    /// backend can share it.
+    fn reshaped(&self, x: &Self::Piece, spec: &OutSpec) -> Result<Self::Piece>;
+}
+
+/// The only output buffer of a single-output op.
+fn single<'a, T>(op: &'static str, out: &'a mut [T]) -> Result<&'a mut T> {
+    let n = out.len();
+    match out {
+        [y] => Ok(y),
+        _ => Err(kernel_err(
+            op,
+            format!("expects one output buffer, got {n}"),
+        )),
+    }
+}
+
+/// A scratch piece of `spec` written by `f` (for ops whose `run` composes kernels).
+fn scratch<B: Backend>(
+    b: &B,
+    spec: &OutSpec,
+    f: impl FnOnce(&mut B::Out) -> Result<()>,
+) -> Result<B::Piece> {
+    let mut t = b.alloc(spec)?;
+    f(&mut t)?;
+    Ok(b.finish(t))
 }
 
 /// Declares the closed set of families: the [`Op`] enum, its delegating methods and the
@@ -197,14 +271,24 @@ macro_rules! families {
                     $(Op::$variant(o) => o.local(at).map(Op::$variant)),*
                 }
             }
-            pub(crate) fn run<B: Backend>(
-                &self,
-                b: &B,
-                x: &[&B::Piece],
-                out: &OutSpec,
-            ) -> Result<B::Piece> {
+            pub(crate) fn view_of(&self) -> Option<usize> {
+                match self {
+                    $(Op::$variant(o) => o.view_of()),*
+                }
+            }
+            fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
                 match self {
                     $(Op::$variant(o) => o.run(b, x, out)),*
+                }
+            }
+            pub(crate) fn differentiable(&self, output: usize) -> bool {
+                match self {
+                    $(Op::$variant(o) => o.differentiable(output)),*
+                }
+            }
+            pub(crate) fn saves(&self, needs: &[bool]) -> Saves {
+                match self {
+                    $(Op::$variant(o) => o.saves(needs)),*
                 }
             }
             pub(crate) fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
@@ -231,6 +315,47 @@ families! {
     Gather(GatherOp): GatherKernels,
     Mask(MaskOp): MaskKernels,
     Rotary(RotaryOp): RotaryKernels,
+    Custom(CustomOp): CustomKernels,
+}
+
+impl Op {
+    /// The executor of one op call on one backend: allocates every output of `specs` through
+    /// the backend's allocator, runs the op's kernels into them and returns them as pieces (a
+    /// view op gets `KernelBackend::reshaped` instead).
+    pub(crate) fn execute<B: Backend>(
+        &self,
+        b: &B,
+        x: &[&B::Piece],
+        specs: &[OutSpec],
+    ) -> Result<SmallVec<[B::Piece; 1]>> {
+        if let [spec] = specs {
+            return Ok(smallvec::smallvec![self.execute_one(b, x, spec)?]);
+        }
+        let mut out: SmallVec<[B::Out; 1]> = SmallVec::with_capacity(specs.len());
+        for spec in specs {
+            out.push(b.alloc(spec)?);
+        }
+        self.run(b, x, &mut out)?;
+        Ok(out.into_iter().map(|o| b.finish(o)).collect())
+    }
+
+    /// [`Op::execute`] of a single-output call.
+    pub(crate) fn execute_one<B: Backend>(
+        &self,
+        b: &B,
+        x: &[&B::Piece],
+        spec: &OutSpec,
+    ) -> Result<B::Piece> {
+        if let Some(i) = self.view_of() {
+            let Some(src) = x.get(i) else {
+                return Err(kernel_err(self.name(), format!("no input {i} to view")));
+            };
+            return b.reshaped(src, spec);
+        }
+        let mut out = b.alloc(spec)?;
+        self.run(b, x, std::slice::from_mut(&mut out))?;
+        Ok(b.finish(out))
+    }
 }
 
 impl fmt::Display for Op {

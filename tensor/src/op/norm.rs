@@ -1,59 +1,79 @@
-//! Layer normalization over the last dim (weight and bias `[H]`) and its input gradient.
+//! Layer normalization over the last dim (weight and bias `[H]`): a three-output op, y with the
+//! per-row mean and 1/std it saves for its backward (not differentiable), and the input
+//! gradient from those statistics.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use super::grad::{sum_to, zeros_like, Grad};
+use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, shape_rule, Backend, F64Bits, Inferred, KernelBackend, MetaError,
-    OpFamily, OutSpec,
+    kernel_err, need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred,
+    KernelBackend, MetaError, OpFamily, Saves,
 };
-use crate::dispatch::dispatch;
+use crate::autograd::no_grad;
+use crate::dispatch::{dispatch, dispatch_multi};
 use crate::tensor::Tensor;
 use crate::Result;
 
-/// The normalization family. Inputs: (x, weight [H], bias [H]) and (x, weight [H], dy).
+/// The dtype of the statistics of `dt` data: f32 for 16-bit floats (they are computed in f32),
+/// else `dt` itself.
+pub(crate) fn stats_dtype(dt: DType) -> DType {
+    if dt.is_half() {
+        DType::F32
+    } else {
+        dt
+    }
+}
+
+/// The normalization family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum NormOp {
-    LayerNorm {
-        eps: F64Bits,
-    },
-    /// -> dx
-    LayerNormBackward {
-        eps: F64Bits,
-    },
+    /// (x, weight [H], bias [H]) -> (y, mean, rstd), mean and rstd `[.., 1]` (x's shape with
+    /// the last dim 1; f32 for 16-bit data).
+    LayerNorm { eps: F64Bits },
+    /// (x, weight [H], dy, mean, rstd) -> dx.
+    LayerNormBackward,
 }
 
 /// Normalization kernels of a backend (float pieces of one dtype).
 pub trait NormKernels: KernelBackend {
+    /// y, and each row's mean and 1 / sqrt(variance + eps).
+    #[allow(clippy::too_many_arguments)]
     fn layer_norm(
         &self,
         x: &Self::Piece,
         weight: &Self::Piece,
         bias: &Self::Piece,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        y: &mut Self::Out,
+        mean: &mut Self::Out,
+        rstd: &mut Self::Out,
+    ) -> Result<()>;
+    /// dx from dy and the forward's per-row mean and rstd.
     fn layer_norm_backward(
         &self,
         x: &Self::Piece,
         weight: &Self::Piece,
         dy: &Self::Piece,
-        eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        mean: &Self::Piece,
+        rstd: &Self::Piece,
+        dx: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for NormOp {
     fn name(&self) -> &'static str {
         match self {
             NormOp::LayerNorm { .. } => "layer_norm",
-            NormOp::LayerNormBackward { .. } => "layer_norm_backward",
+            NormOp::LayerNormBackward => "layer_norm_backward",
         }
     }
 
     fn arity(&self) -> (usize, usize) {
-        (3, 3)
+        match self {
+            NormOp::LayerNorm { .. } => (3, 3),
+            NormOp::LayerNormBackward => (5, 5),
+        }
     }
 
     fn infer(
@@ -62,41 +82,79 @@ impl OpFamily for NormOp {
         d: &[DType],
         mode: RuleMode,
     ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "input")?;
-        let r = match self {
-            NormOp::LayerNorm { .. } => rules::layer_norm(1, s, mode),
-            NormOp::LayerNormBackward { .. } => rules::layer_norm_backward(1, s, mode),
+        let data = match self {
+            NormOp::LayerNorm { .. } => d,
+            NormOp::LayerNormBackward => &d[..3],
         };
-        Ok(Inferred::new(shape_rule(r)?, dt))
+        let dt = same_dtype(data)?;
+        need_float(dt, "input")?;
+        let stats = stats_dtype(dt);
+        Ok(match self {
+            NormOp::LayerNorm { .. } => Inferred::outputs(
+                shape_rule(rules::layer_norm(1, s, mode))?,
+                &[dt, stats, stats],
+            ),
+            NormOp::LayerNormBackward => {
+                if d[3..].iter().any(|&t| t != stats) {
+                    return Err(MetaError::DType(format!(
+                        "mean and rstd must be {stats} for {dt} data, got {} and {}",
+                        d[3], d[4]
+                    )));
+                }
+                Inferred::new(shape_rule(rules::layer_norm_backward(1, s, mode))?, dt)
+            }
+        })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         match self {
-            NormOp::LayerNorm { eps } => b.layer_norm(x[0], x[1], x[2], eps.get(), out),
-            NormOp::LayerNormBackward { eps } => {
-                b.layer_norm_backward(x[0], x[1], x[2], eps.get(), out)
+            NormOp::LayerNorm { eps } => {
+                let n = out.len();
+                let [y, mean, rstd] = out else {
+                    return Err(kernel_err(
+                        self.name(),
+                        format!("expects 3 output buffers, got {n}"),
+                    ));
+                };
+                b.layer_norm(x[0], x[1], x[2], eps.get(), y, mean, rstd)
+            }
+            NormOp::LayerNormBackward => {
+                let dx = single(self.name(), out)?;
+                b.layer_norm_backward(x[0], x[1], x[2], x[3], x[4], dx)
             }
         }
     }
 
+    fn differentiable(&self, output: usize) -> bool {
+        // The statistics are saved for the backward, not differentiated through.
+        !matches!(self, NormOp::LayerNorm { .. }) || output == 0
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            NormOp::LayerNorm { .. } => Saves::inputs(&[0, 1]).and_outputs(&[1, 2]),
+            NormOp::LayerNormBackward => Saves::NOTHING,
+        }
+    }
+
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let NormOp::LayerNorm { eps } = self else {
+        if !matches!(self, NormOp::LayerNorm { .. }) {
             return Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
             ));
-        };
-        let (xs, w, b, dy) = (&g.x[0], &g.x[1], &g.x[2], g.dy);
-        let eps = eps.get();
+        }
+        let (x, w, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
+        let (mean, rstd) = (g.output(1)?, g.output(2)?);
         Ok(vec![
-            g.when(0, || Tensor::layer_norm_backward(xs, w, dy, eps))?,
-            g.when(1, || {
-                let ones = zeros_like(w)?.add_scalar(1.0)?;
-                let xhat = xs.layer_norm(&ones, &zeros_like(b)?, eps)?;
-                sum_to(xhat.mul(dy)?, w)
+            g.when(0, || {
+                dispatch(NormOp::LayerNormBackward.into(), &[x, w, dy, mean, rstd])
             })?,
-            g.when(2, || sum_to(dy.clone(), b))?,
+            g.when(1, || {
+                let xhat = x.sub(mean)?.mul(rstd)?;
+                sum_to(xhat.mul(dy)?, g.input_meta(1))
+            })?,
+            g.when(2, || sum_to(dy.clone(), g.input_meta(2)))?,
         ])
     }
 }
@@ -104,17 +162,52 @@ impl OpFamily for NormOp {
 impl Tensor {
     /// Layer norm over the last dim with weight and bias `[H]`.
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-        let eps = F64Bits::new(eps);
-        dispatch(NormOp::LayerNorm { eps }.into(), &[self, weight, bias])
+        Ok(self.layer_norm_stats(weight, bias, eps)?.0)
     }
-    /// dx of layer norm over the last dim.
+    /// Layer norm over the last dim with its per-row statistics: (y, mean, rstd), mean and
+    /// rstd `[.., 1]` (only y carries a gradient).
+    pub fn layer_norm_stats(
+        &self,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let eps = F64Bits::new(eps);
+        let out = dispatch_multi(NormOp::LayerNorm { eps }.into(), &[self, weight, bias])?;
+        match <[Tensor; 3]>::try_from(out) {
+            Ok([y, mean, rstd]) => Ok((y, mean, rstd)),
+            Err(v) => Err(kernel_err(
+                "layer_norm",
+                format!("gave {} outputs, not 3", v.len()),
+            )),
+        }
+    }
+    /// dx of layer norm over the last dim (the statistics computed from x here).
     pub fn layer_norm_backward(
         x: &Tensor,
         weight: &Tensor,
         dy: &Tensor,
         eps: f64,
     ) -> Result<Tensor> {
-        let eps = F64Bits::new(eps);
-        dispatch(NormOp::LayerNormBackward { eps }.into(), &[x, weight, dy])
+        let (mean, rstd) = {
+            let _ng = no_grad();
+            let zeros = weight.mul_scalar(0.0)?;
+            let (_, mean, rstd) = x.layer_norm_stats(weight, &zeros, eps)?;
+            (mean, rstd)
+        };
+        Tensor::layer_norm_backward_from(x, weight, dy, &mean, &rstd)
+    }
+    /// dx of layer norm over the last dim from the forward's per-row mean and rstd.
+    pub fn layer_norm_backward_from(
+        x: &Tensor,
+        weight: &Tensor,
+        dy: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<Tensor> {
+        dispatch(
+            NormOp::LayerNormBackward.into(),
+            &[x, weight, dy, mean, rstd],
+        )
     }
 }

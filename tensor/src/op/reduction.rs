@@ -6,8 +6,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
-    need_float, norm_dims, shape_rule, Backend, Dims, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec, UnaryOp,
+    need_float, norm_dims, shape_rule, single, Backend, Dims, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves, UnaryOp,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -51,24 +51,24 @@ pub trait ReductionKernels: KernelBackend {
         dims: &[usize],
         keepdim: bool,
         count: Option<usize>,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn max(
         &self,
         x: &Self::Piece,
         dims: &[usize],
         keepdim: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     fn min(
         &self,
         x: &Self::Piece,
         dims: &[usize],
         keepdim: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
     /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
-    fn sum_to_shape(&self, x: &Self::Piece, out: &OutSpec) -> Result<Self::Piece>;
+    fn sum_to_shape(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
 }
 
 /// The number of elements a reduction over `dims` of `shape` combines (at least 1).
@@ -132,38 +132,49 @@ impl OpFamily for ReductionOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, out),
+            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, y),
             ReductionOp::Mean {
                 dims,
                 keepdim,
                 count,
-            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), out),
-            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, out),
-            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, out),
-            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], out),
+            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), y),
+            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, y),
+            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, y),
+            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // The extrema's positions: where x equals the output.
+            ReductionOp::Max { .. } | ReductionOp::Min { .. } => {
+                Saves::inputs(&[0]).and_outputs(&[0])
+            }
+            _ => Saves::NOTHING,
         }
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let (xs, dy, out) = (&g.x[0], g.dy, g.out);
+        let (xm, dy) = (g.input_meta(0), g.dy()?);
         // dy with the reduced dims kept as size 1, so it broadcasts against x.
         let kept = |dims: &[usize], keepdim: bool, t: &Tensor| -> Result<Tensor> {
             if keepdim {
                 Ok(t.clone())
             } else {
-                t.reshape(keepdim_shape(xs.shape(), dims))
+                t.reshape(keepdim_shape(xm.shape(), dims))
             }
         };
         match self {
             ReductionOp::Sum { dims, keepdim } => {
-                Grad::one(zeros_like(xs)?.add(&kept(dims, *keepdim, dy)?)?)
+                Grad::one(zeros_like(xm)?.add(&kept(dims, *keepdim, dy)?)?)
             }
             ReductionOp::Mean { dims, keepdim, .. } => {
-                let count = reduced_count(xs.shape(), dims);
+                let count = reduced_count(xm.shape(), dims);
                 Grad::one(
-                    zeros_like(xs)?
+                    zeros_like(xm)?
                         .add(&kept(dims, *keepdim, dy)?)?
                         .mul_scalar(1.0 / count as f64)?,
                 )
@@ -171,8 +182,8 @@ impl OpFamily for ReductionOp {
             ReductionOp::Max { dims, keepdim } | ReductionOp::Min { dims, keepdim } => {
                 // Gradient split evenly among the extrema: mask = (x == max) as
                 // 1 - sign(x - max)^2.
-                let diff = xs.sub(&kept(dims, *keepdim, out)?)?;
-                let ones = zeros_like(xs)?.add_scalar(1.0)?;
+                let diff = g.input(0)?.sub(&kept(dims, *keepdim, g.output(0)?)?)?;
+                let ones = zeros_like(xm)?.add_scalar(1.0)?;
                 let mask = ones
                     .unary_backward(UnaryOp::Abs, &diff)?
                     .square()?
@@ -182,7 +193,7 @@ impl OpFamily for ReductionOp {
                 Grad::one(mask.mul(&kept(dims, *keepdim, dy)?.div(&count)?)?)
             }
             // sum_to_shape is linear: its backward broadcasts dy back.
-            ReductionOp::SumToShape { .. } => Grad::one(zeros_like(xs)?.add(dy)?),
+            ReductionOp::SumToShape { .. } => Grad::one(zeros_like(xm)?.add(dy)?),
         }
     }
 }

@@ -6,7 +6,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily, OutSpec,
+    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -25,8 +26,8 @@ pub trait RmsNormKernels: KernelBackend {
         x: &Self::Piece,
         weight: &Self::Piece,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for RmsNormOp {
@@ -61,14 +62,19 @@ impl OpFamily for RmsNormOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         let RmsNormOp::Forward { eps } = self;
-        b.rms_norm(x[0], x[1], eps.get(), out)
+        b.rms_norm(x[0], x[1], eps.get(), y)
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::inputs(&[0, 1])
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let RmsNormOp::Forward { eps } = self;
-        let (x, w, dy) = (&g.x[0], &g.x[1], g.dy);
+        let (x, w, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
         // r = (mean(x^2) + eps)^-1/2, xhat = x r, y = xhat w:
         // dx = r (dy w - xhat mean(dy w xhat)), dw = sum over rows of dy xhat.
         let r = x
@@ -83,7 +89,7 @@ impl OpFamily for RmsNormOp {
                 let proj = gw.mul(&xhat)?.mean(&[-1], true)?;
                 r.mul(&gw.sub(&xhat.mul(&proj)?)?)
             })?,
-            g.when(1, || sum_to(dy.mul(&xhat)?, w))?,
+            g.when(1, || sum_to(dy.mul(&xhat)?, g.input_meta(1)))?,
         ])
     }
 }

@@ -8,8 +8,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, need_float, norm_dim, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, OutSpec,
+    dim_ok, need_float, norm_dim, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -27,7 +27,7 @@ pub struct RotaryOp {
 
 /// Rotary kernels of a backend (float pieces).
 pub trait RotaryKernels: KernelBackend {
-    fn rotary(&self, x: &Self::Piece, op: &RotaryOp, out: &OutSpec) -> Result<Self::Piece>;
+    fn rotary(&self, x: &Self::Piece, op: &RotaryOp, out: &mut Self::Out) -> Result<()>;
 }
 
 impl OpFamily for RotaryOp {
@@ -75,8 +75,13 @@ impl OpFamily for RotaryOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
-        b.rotary(x[0], self, out)
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        b.rotary(x[0], self, y)
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
@@ -85,7 +90,7 @@ impl OpFamily for RotaryOp {
             pos0: 0,
             ..self.clone()
         };
-        Grad::one(dispatch(op.into(), &[g.dy])?)
+        Grad::one(dispatch(op.into(), &[g.dy()?])?)
     }
 }
 

@@ -5,8 +5,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, need_float, norm_dim, same_dtype, shape_rule, Backend, Inferred, KernelBackend,
-    MetaError, OpFamily, OutSpec,
+    dim_ok, need_float, norm_dim, same_dtype, shape_rule, single, Backend, Inferred, KernelBackend,
+    MetaError, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -28,16 +28,15 @@ pub enum SoftmaxOp {
 
 /// Softmax kernels of a backend (float pieces).
 pub trait SoftmaxKernels: KernelBackend {
-    fn softmax(&self, x: &Self::Piece, dim: usize, log: bool, out: &OutSpec)
-        -> Result<Self::Piece>;
+    fn softmax(&self, x: &Self::Piece, dim: usize, log: bool, out: &mut Self::Out) -> Result<()>;
     fn softmax_backward(
         &self,
         y: &Self::Piece,
         dy: &Self::Piece,
         dim: usize,
         log: bool,
-        out: &OutSpec,
-    ) -> Result<Self::Piece>;
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for SoftmaxOp {
@@ -89,10 +88,18 @@ impl OpFamily for SoftmaxOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &OutSpec) -> Result<B::Piece> {
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
         match self {
-            SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, out),
-            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, out),
+            SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, y),
+            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, y),
+        }
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            SoftmaxOp::Forward { .. } => Saves::outputs(&[0]),
+            SoftmaxOp::Backward { .. } => Saves::NOTHING,
         }
     }
 
@@ -104,7 +111,7 @@ impl OpFamily for SoftmaxOp {
                     log: *log,
                 }
                 .into(),
-                &[g.out, g.dy],
+                &[g.output(0)?, g.dy()?],
             )?),
             SoftmaxOp::Backward { .. } => Err(Grad::unsupported(
                 self.name(),

@@ -1,7 +1,8 @@
-//! Attention on CUDA, composed: scores `q k^T` by cuBLAS (k transposed by the gemm flag),
-//! the scaled, optionally causal row softmax kernel (under bf16 matrix products it also writes
-//! the probabilities' bf16 copy), then the product with v by cuBLAS (the backend checks the
-//! result against the expected output).
+//! Attention on CUDA, composed and written into the executor's output piece: scores `q k^T` by
+//! cuBLAS (k transposed by the gemm flag), the scaled, optionally causal row softmax kernel
+//! (under bf16 matrix products it also writes the probabilities' bf16 copy), then the product
+//! with v by cuBLAS. The scores (and, for `attention`, the probabilities) are scratch pieces from
+//! the runtime's pool.
 
 use oxiflow_sbp::Shape;
 
@@ -9,20 +10,20 @@ use super::super::kernels::{launch, per_row, Kernel, Template};
 use super::super::storage::CudaStorage;
 use super::super::{derr, Block, MatmulPrecision};
 use super::{float_only, CudaKernels};
-use crate::op::{AttentionKernels, MatmulKernels, OutSpec};
+use crate::op::{AttentionKernels, KernelBackend, OutSpec};
 use crate::Result;
 use oxiflow_dtype::DType;
 
 impl CudaKernels {
-    /// The probabilities `[B, H, T, S]` of q `[B, H, T, D]` and k `[B, H, S, D]`.
+    /// The probabilities `[B, H, T, S]` of q `[B, H, T, D]` and k `[B, H, S, D]` into `p`.
     fn probs(
         &self,
         op: &'static str,
         q: &CudaStorage,
         k: &CudaStorage,
-        causal: bool,
-        scale: f64,
-    ) -> Result<CudaStorage> {
+        (causal, scale): (bool, f64),
+        p: &CudaStorage,
+    ) -> Result<()> {
         float_only(op, q.dtype)?;
         let (qd, kd) = (q.shape.dims(), k.shape.dims());
         let fits = qd.len() == 4
@@ -44,13 +45,23 @@ impl CudaKernels {
             shape: Shape::new([qd[0], qd[1], t, s]),
             dtype: q.dtype,
         };
+        if p.shape != spec.shape || p.dtype != spec.dtype {
+            return Err(derr(
+                op,
+                format!(
+                    "output {} {} for probabilities {}",
+                    p.dtype, p.shape, spec.shape
+                ),
+            ));
+        }
         let rows = qd[0]
             .checked_mul(qd[1])
             .and_then(|n| n.checked_mul(t))
             .filter(|_| spec.shape.checked_numel().is_some())
             .ok_or_else(|| derr(op, format!("scores {} overflow", spec.shape)))?;
-        let scores = self.product_t(op, q, k, (false, true), true, &spec)?;
-        let p = self.alloc(&spec)?;
+        // The scores are scratch; the softmax writes the probabilities into `p`.
+        let scores = self.alloc(&spec)?;
+        self.product_t(op, q, k, (false, true), true, &scores)?;
         if rows > 0 {
             let rt = &self.rt;
             let (r, tt, ss, sc, c) = (rows as i64, t as i64, s as i64, scale, causal as i32);
@@ -65,7 +76,7 @@ impl CudaKernels {
                 launch!(rt, op, Template::AttnSoftmax.at(q.dtype), per_row(rows); r, tt, ss, sc, c, xp, yp)?;
             }
         }
-        Ok(p)
+        Ok(())
     }
 }
 
@@ -77,11 +88,16 @@ impl AttentionKernels for CudaKernels {
         v: &CudaStorage,
         causal: bool,
         scale: f64,
-        _out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let op = "attention";
-        let (kd, vd) = (k.shape.dims(), v.shape.dims());
-        if vd.len() != 4 || kd.len() != 4 || vd[..3] != kd[..3] || v.dtype != k.dtype {
+        let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+        if vd.len() != 4
+            || kd.len() != 4
+            || qd.len() != 4
+            || vd[..3] != kd[..3]
+            || v.dtype != k.dtype
+        {
             return Err(derr(
                 op,
                 format!(
@@ -90,13 +106,16 @@ impl AttentionKernels for CudaKernels {
                 ),
             ));
         }
-        let p = self.probs(op, q, k, causal, scale)?;
-        let qd = q.shape.dims();
         let spec = OutSpec {
-            shape: Shape::new([qd[0], qd[1], qd[2], vd[3]]),
+            shape: Shape::new([qd[0], qd[1], qd[2], kd[2]]),
             dtype: q.dtype,
         };
-        self.batch_matmul(&p, v, &spec)
+        if spec.shape.checked_numel().is_none() {
+            return Err(derr(op, format!("scores {} overflow", spec.shape)));
+        }
+        let p = self.alloc(&spec)?;
+        self.probs(op, q, k, (causal, scale), &p)?;
+        self.product_t(op, &p, v, (false, false), true, out)
     }
 
     fn attention_probs(
@@ -105,8 +124,8 @@ impl AttentionKernels for CudaKernels {
         k: &CudaStorage,
         causal: bool,
         scale: f64,
-        _out: &OutSpec,
-    ) -> Result<CudaStorage> {
-        self.probs("attention_probs", q, k, causal, scale)
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        self.probs("attention_probs", q, k, (causal, scale), out)
     }
 }

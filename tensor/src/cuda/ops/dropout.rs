@@ -1,4 +1,4 @@
-//! Dropout on CUDA: one kernel computing each element's global index from the piece's region
+//! Dropout on CUDA, written into the executor's output piece: one kernel computing each element's global index from the piece's region
 //! and its keep decision from the device Philox (`rng::uniform`'s bits), so the mask equals the
 //! CPU kernel's.
 
@@ -6,11 +6,11 @@ use super::super::derr;
 use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, CudaKernels};
-use crate::op::{DropoutKernels, DropoutOp, OutSpec};
+use crate::op::{DropoutKernels, DropoutOp};
 use crate::Result;
 
 impl DropoutKernels for CudaKernels {
-    fn dropout(&self, x: &CudaStorage, op: &DropoutOp, out: &OutSpec) -> Result<CudaStorage> {
+    fn dropout(&self, x: &CudaStorage, op: &DropoutOp, out: &mut CudaStorage) -> Result<()> {
         let (rt, name) = (&self.rt, "dropout");
         float_only(name, x.dtype)?;
         let extents = x.shape.dims();
@@ -24,10 +24,10 @@ impl DropoutKernels for CudaKernels {
                 ),
             ));
         }
-        let y = self.alloc(out)?;
+        let y = &*out;
         let n = x.numel();
         if n == 0 {
-            return Ok(y);
+            return Ok(());
         }
         // check_piece bounds the global element count, so these fit an i64.
         let gst: Vec<i64> = op.global.strides().iter().map(|&s| s as i64).collect();
@@ -42,6 +42,6 @@ impl DropoutKernels for CudaKernels {
         let (nn, pd, sc) = (n as i64, op.p.get(), op.keep_scale());
         let (k0, k1, xp, yp) = (op.seed as u32, (op.seed >> 32) as u32, x.ptr(), y.ptr());
         launch!(rt, name, Template::Dropout.at(x.dtype), grid(n); nn, pd, sc, k0, k1, base, p, xp, yp)?;
-        Ok(y)
+        Ok(())
     }
 }

@@ -1,12 +1,16 @@
-//! Element-wise CUDA kernels: unary, scalar and broadcasting binary functions, casts, and the
-//! unary functions' backward.
+//! Element-wise CUDA kernels, written into the executor's output piece: unary, scalar and
+//! broadcasting binary functions, casts, and the unary functions' backward. Same-shape f32,
+//! bf16 and f16 adds and products, products with a scalar f32 holds exactly, GELU and its
+//! backward run on the raw layer's 16-byte vectorised kernel.
 
 use super::super::copy::cast;
 use super::super::derr;
+use super::super::fused::{elementwise, Elementwise, EwOp};
+use super::super::raw::FloatType;
 use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
-use super::{float_only, CudaKernels};
-use crate::op::{AdamPart, BinaryOp, ElementwiseKernels, OutSpec, ScalarOp, UnaryOp};
+use super::{fits, float_only, CudaKernels};
+use crate::op::{BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::Result;
 use oxiflow_dtype::DType;
 
@@ -25,11 +29,47 @@ fn unary_code(u: UnaryOp) -> i32 {
     }
 }
 
+impl CudaKernels {
+    /// `out = op(a[, b][, c])` on the vectorised kernel when every piece has `out`'s shape and
+    /// dtype, one the kernel takes; false (nothing run) otherwise.
+    fn vectorised(
+        &self,
+        op: EwOp,
+        a: &CudaStorage,
+        b: Option<&CudaStorage>,
+        c: f32,
+        out: &CudaStorage,
+    ) -> Result<bool> {
+        let Some(dtype) = FloatType::of(out.dtype) else {
+            return Ok(false);
+        };
+        let fits = |p: &CudaStorage| p.dtype == out.dtype && p.shape == out.shape;
+        if !fits(a) || !b.is_none_or(fits) {
+            return Ok(false);
+        }
+        let e = Elementwise {
+            op,
+            dtype,
+            n: out.numel(),
+            a: a.ptr(),
+            b: b.map_or(0, CudaStorage::ptr),
+            c,
+            y: out.ptr(),
+        };
+        elementwise(&self.rt, &e)?;
+        Ok(true)
+    }
+}
+
 impl ElementwiseKernels for CudaKernels {
-    fn unary(&self, u: UnaryOp, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn unary(&self, u: UnaryOp, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
+        if u == UnaryOp::Gelu && self.vectorised(EwOp::Gelu, a, None, 0.0, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, u.name());
         let (dt, n) = (a.dtype, a.numel());
-        let y = self.alloc(out)?;
+        fits(name, a, out, true)?;
+        let y = &*out;
         let (nn, code, xp, yp) = (n as i64, unary_code(u), a.ptr(), y.ptr());
         if dt == DType::I64 {
             if !u.takes_integers() {
@@ -41,10 +81,15 @@ impl ElementwiseKernels for CudaKernels {
         } else if n > 0 {
             launch!(rt, name, Template::Unary.at(dt), grid(n); nn, code, xp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
-    fn scalar(&self, s: ScalarOp, c: f64, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn scalar(&self, s: ScalarOp, c: f64, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
+        // The vectorised kernel scales in f32: only by a factor f32 holds exactly.
+        let exact = c as f32 as f64 == c;
+        if s == ScalarOp::Mul && exact && self.vectorised(EwOp::Scale, a, None, c as f32, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, s.name());
         let code: i32 = match s {
             ScalarOp::Add => 0,
@@ -57,12 +102,13 @@ impl ElementwiseKernels for CudaKernels {
         if dt == DType::I64 && !s.takes_integers() {
             return Err(derr(name, "needs a float input, got i64"));
         }
-        let y = self.alloc(out)?;
+        fits(name, a, out, true)?;
+        let y = &*out;
         let (nn, cv, xp, yp) = (n as i64, c, a.ptr(), y.ptr());
         if n > 0 {
             launch!(rt, name, Template::Scalar.at(dt), grid(n); nn, code, cv, xp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
     fn binary(
@@ -70,8 +116,18 @@ impl ElementwiseKernels for CudaKernels {
         b: BinaryOp,
         a: &CudaStorage,
         x1: &CudaStorage,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        let ew = match b {
+            BinaryOp::Add => Some(EwOp::Add),
+            BinaryOp::Mul => Some(EwOp::Mul),
+            BinaryOp::Sub | BinaryOp::Div => None,
+        };
+        if let Some(op) = ew {
+            if self.vectorised(op, a, Some(x1), 0.0, out)? {
+                return Ok(());
+            }
+        }
         let (rt, name) = (&self.rt, b.name());
         let dt = a.dtype;
         if dt == DType::I64 && b == BinaryOp::Div {
@@ -106,7 +162,7 @@ impl ElementwiseKernels for CudaKernels {
         };
         let (sa, sb) = (bstr(a), bstr(x1));
         let p = Nd::new(od, &sa, &sb).ok_or_else(|| derr(name, "more than 8 broadcast dims"))?;
-        let y = self.alloc(out)?;
+        let y = &*out;
         let code: i32 = match b {
             BinaryOp::Add => 0,
             BinaryOp::Sub => 1,
@@ -118,18 +174,17 @@ impl ElementwiseKernels for CudaKernels {
         if m > 0 {
             launch!(rt, name, Template::Binary.at(dt), grid(m); nn, code, p, ap, bp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
-    fn cast(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn cast(&self, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
         let (rt, name) = (&self.rt, "cast");
         let (dt, n, to) = (a.dtype, a.numel(), out.dtype);
+        fits(name, a, out, false)?;
         if to == dt {
-            return Ok(a.clone());
+            return super::layout::copy_into(&self.rt, name, a, out);
         }
-        let y = self.alloc(out)?;
-        cast(rt, name, (dt, a.ptr()), (to, y.ptr()), n)?;
-        Ok(y)
+        cast(rt, name, (dt, a.ptr()), (to, out.ptr()), n)
     }
 
     fn unary_backward(
@@ -137,50 +192,21 @@ impl ElementwiseKernels for CudaKernels {
         u: UnaryOp,
         dy: &CudaStorage,
         x: &CudaStorage,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        if u == UnaryOp::Gelu && self.vectorised(EwOp::GeluBackward, dy, Some(x), 0.0, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, u.backward_name());
         let (dt, n) = (dy.dtype, dy.numel());
         float_only(name, dt)?;
-        let y = self.alloc(out)?;
+        fits(name, dy, out, true)?;
+        fits(name, x, out, true)?;
+        let y = &*out;
         let (nn, code, gp, xp, yp) = (n as i64, unary_code(u), dy.ptr(), x.ptr(), y.ptr());
         if n > 0 {
             launch!(rt, name, Template::UnaryBw.at(dt), grid(n); nn, code, gp, xp, yp)?;
         }
-        Ok(y)
-    }
-
-    fn adam(&self, part: AdamPart, x: &[&CudaStorage], out: &OutSpec) -> Result<CudaStorage> {
-        let (rt, name) = (&self.rt, part.name());
-        let dt = out.dtype;
-        float_only(name, dt)?;
-        let n = out.shape.numel();
-        let want = if matches!(part, AdamPart::Update { .. }) {
-            3
-        } else {
-            2
-        };
-        if x.len() != want || x.iter().any(|p| p.dtype != dt || p.numel() != n) {
-            return Err(derr(
-                name,
-                format!(
-                    "needs {want} {dt} pieces of {} elements, got {:?}",
-                    n,
-                    x.iter().map(|p| (p.dtype, p.numel())).collect::<Vec<_>>()
-                ),
-            ));
-        }
-        let y = self.alloc(out)?;
-        let code: i32 = match part {
-            AdamPart::Moment1 { .. } => 0,
-            AdamPart::Moment2 { .. } => 1,
-            AdamPart::Update { .. } => 2,
-        };
-        let [a, b, c, d] = part.coefficients();
-        let (nn, xp, yp, zp, op) = (n as i64, x[0].ptr(), x[1].ptr(), x[want - 1].ptr(), y.ptr());
-        if n > 0 {
-            launch!(rt, name, Template::Adam.at(dt), grid(n); nn, code, a, b, c, d, xp, yp, zp, op)?;
-        }
-        Ok(y)
+        Ok(())
     }
 }

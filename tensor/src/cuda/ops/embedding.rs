@@ -1,11 +1,11 @@
-//! Embedding CUDA kernels: row lookup and the scatter-add of its weight gradient, the
+//! Embedding CUDA kernels, written into the executor's output piece: row lookup and the scatter-add of its weight gradient, the
 //! index-select and index-add of the gather kernels on dim 0.
 
 use super::super::derr;
 use super::super::storage::CudaStorage;
 use super::gather::{put, take, Along};
 use super::{float_only, CudaKernels};
-use crate::op::{EmbeddingKernels, IndexShard, OutSpec};
+use crate::op::{EmbeddingKernels, IndexShard};
 use crate::Result;
 
 impl EmbeddingKernels for CudaKernels {
@@ -14,8 +14,8 @@ impl EmbeddingKernels for CudaKernels {
         ids: &CudaStorage,
         w: &CudaStorage,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let op = "embedding";
         if w.shape.ndim() != 2 {
             return Err(derr(op, "needs a 2-d float weight"));
@@ -34,8 +34,8 @@ impl EmbeddingKernels for CudaKernels {
         ids: &CudaStorage,
         dy: &CudaStorage,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let along = Along {
             dim: 0,
             per_elem: false,

@@ -1,4 +1,4 @@
-//! Gather CUDA kernels: reads along one dim at indices (gather, index-select, embedding) and
+//! Gather CUDA kernels, written into the executor's output piece: reads along one dim at indices (gather, index-select, embedding) and
 //! the scatter-adds of their gradients (atomic adds), over a shard of the addressed dim.
 
 use oxiflow_dtype::DType;
@@ -8,7 +8,7 @@ use super::super::derr;
 use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
-use crate::op::{GatherKernels, IndexShard, OutSpec};
+use crate::op::{GatherKernels, IndexShard};
 use crate::Result;
 
 /// The kernels' index arguments: (positions along the dim, shard start, shard total), checked
@@ -47,71 +47,95 @@ pub(super) struct Along {
     pub shard: IndexShard,
 }
 
-/// `x` read at `ids` along a dim into a new piece of `out`'s shape.
+/// `x` read at `ids` along a dim into `out`.
 pub(super) fn take(
     k: &CudaKernels,
     op: &'static str,
     x: &CudaStorage,
     ids: &CudaStorage,
     along: Along,
-    out: &OutSpec,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let Along {
         dim,
         per_elem,
         shard,
     } = along;
+    if out.dtype != x.dtype || dim >= x.shape.ndim() {
+        return Err(derr(
+            op,
+            format!(
+                "output {} {} for {} {}",
+                out.dtype, out.shape, x.dtype, x.shape
+            ),
+        ));
+    }
     let (outer, nx, inner) = lanes(&x.shape, dim);
-    let n = out.shape.numel();
+    let n = out.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
-    let y = k.alloc(out)?;
+    let y = out;
     if n > 0 {
         let (nn, inn, nxx, pe) = (n as i64, inner as i64, nx as i64, per_elem as i32);
         let (xp, ip, yp) = (x.ptr(), ids.ptr(), y.ptr());
         let name = Template::Take.at(x.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
     }
-    Ok(y)
+    Ok(())
 }
 
-/// Zeros of `out`'s shape plus `src` added at `ids` along a dim.
+/// Zeros plus `src` added at `ids` along a dim, into `out`.
 pub(super) fn put(
     k: &CudaKernels,
     op: &'static str,
     ids: &CudaStorage,
     src: &CudaStorage,
     along: Along,
-    out: &OutSpec,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let Along {
         dim,
         per_elem,
         shard,
     } = along;
     float_only(op, src.dtype)?;
-    if src.dtype.is_half() {
-        // The atomic scatter-add accumulates in an f32 copy, rounded once at the end.
-        let wide = |d: &CudaStorage, dtype| -> Result<CudaStorage> {
-            let w = CudaStorage::alloc(&k.rt, dtype, d.shape.clone())?;
-            cast(&k.rt, op, (d.dtype, d.ptr()), (dtype, w.ptr()), d.numel())?;
-            Ok(w)
-        };
-        let spec = OutSpec {
-            shape: out.shape.clone(),
-            dtype: DType::F32,
-        };
+    if src.dtype.is_half() && out.dtype == src.dtype {
+        // The atomic scatter-add accumulates in f32 scratch pieces, rounded once into `out`.
+        let src32 = CudaStorage::alloc(&k.rt, DType::F32, src.shape.clone())?;
+        cast(
+            &k.rt,
+            op,
+            (src.dtype, src.ptr()),
+            (DType::F32, src32.ptr()),
+            src.numel(),
+        )?;
+        let y32 = CudaStorage::alloc(&k.rt, DType::F32, out.shape.clone())?;
         let along = Along {
             dim,
             per_elem,
             shard,
         };
-        let y32 = put(k, op, ids, &wide(src, DType::F32)?, along, &spec)?;
-        return wide(&y32, out.dtype);
+        put(k, op, ids, &src32, along, &y32)?;
+        return cast(
+            &k.rt,
+            op,
+            (DType::F32, y32.ptr()),
+            (out.dtype, out.ptr()),
+            out.numel(),
+        );
+    }
+    if out.dtype != src.dtype || dim >= out.shape.ndim() {
+        return Err(derr(
+            op,
+            format!(
+                "output {} {} for src {} {}",
+                out.dtype, out.shape, src.dtype, src.shape
+            ),
+        ));
     }
     let (outer, ny, inner) = lanes(&out.shape, dim);
     let n = src.numel();
     let (ni, st, tot) = index_args(op, ids, per_elem, n, outer * inner, shard)?;
-    let y = k.alloc(out)?;
+    let y = out;
     fill(&k.rt, op, src.dtype, y.ptr(), y.numel(), 0.0, 0)?;
     if n > 0 {
         let (nn, inn, nyy, pe) = (n as i64, inner as i64, ny as i64, per_elem as i32);
@@ -119,7 +143,7 @@ pub(super) fn put(
         let name = Template::Put.at(src.dtype);
         launch!(k.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
     }
-    Ok(y)
+    Ok(())
 }
 
 impl GatherKernels for CudaKernels {
@@ -129,8 +153,8 @@ impl GatherKernels for CudaKernels {
         index: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         take(
             self,
             "gather",
@@ -150,8 +174,8 @@ impl GatherKernels for CudaKernels {
         src: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         put(
             self,
             "scatter_add",
@@ -171,8 +195,8 @@ impl GatherKernels for CudaKernels {
         ids: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         take(
             self,
             "index_select",
@@ -192,8 +216,8 @@ impl GatherKernels for CudaKernels {
         src: &CudaStorage,
         dim: usize,
         shard: IndexShard,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         put(
             self,
             "index_add",

@@ -1,5 +1,5 @@
-//! Layout CUDA kernels: permute, reshape (a view of the same block), concat and narrow through
-//! strided copies.
+//! Layout CUDA kernels, written into the executor's output piece: permute, copy, concat and
+//! narrow through strided copies (a reshape is a view of the same block, `reshaped`).
 
 use std::sync::Arc;
 
@@ -10,20 +10,35 @@ use super::super::kernels::strides;
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
 use super::CudaKernels;
-use crate::op::{LayoutKernels, OutSpec};
+use crate::op::LayoutKernels;
 use crate::Result;
 
-/// `x` with its dims permuted (output dim i is input dim `perm[i]`), contiguous.
-pub(crate) fn permute(
+/// `x` with its dims permuted (output dim i is input dim `perm[i]`) into `out`.
+fn permute_into(
     rt: &Arc<CudaRuntime>,
     x: &CudaStorage,
     perm: &[usize],
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let d = x.shape.dims();
     let st = strides(d);
+    if perm.len() != d.len() || perm.iter().any(|&p| p >= d.len()) {
+        return Err(derr(
+            "permute",
+            format!("{perm:?} does not permute {}", x.shape),
+        ));
+    }
     let out_dims: Vec<usize> = perm.iter().map(|&p| d[p]).collect();
+    if out.shape.dims() != out_dims.as_slice() || out.dtype != x.dtype {
+        return Err(derr(
+            "permute",
+            format!(
+                "{} by {perm:?} does not give {} {}",
+                x.shape, out.dtype, out.shape
+            ),
+        ));
+    }
     let src_st: Vec<i64> = perm.iter().map(|&p| st[p]).collect();
-    let out = CudaStorage::alloc(rt, x.dtype, Shape::from(out_dims.as_slice()))?;
     copy_nd(
         rt,
         "permute",
@@ -36,38 +51,84 @@ pub(crate) fn permute(
         0,
         &strides(&out_dims),
         0,
-    )?;
+    )
+}
+
+/// `x` with its dims permuted into a new piece (a scratch piece for other kernels).
+pub(crate) fn permute(
+    rt: &Arc<CudaRuntime>,
+    x: &CudaStorage,
+    perm: &[usize],
+) -> Result<CudaStorage> {
+    let d = x.shape.dims();
+    let out_dims: Vec<usize> = perm.iter().filter_map(|&p| d.get(p).copied()).collect();
+    let out = CudaStorage::alloc(rt, x.dtype, Shape::from(out_dims.as_slice()))?;
+    permute_into(rt, x, perm, &out)?;
     Ok(out)
 }
 
+/// `x`'s elements, in order, into `out` (same count and dtype).
+pub(super) fn copy_into(
+    rt: &Arc<CudaRuntime>,
+    op: &'static str,
+    x: &CudaStorage,
+    out: &CudaStorage,
+) -> Result<()> {
+    if x.numel() != out.numel() || x.dtype != out.dtype {
+        return Err(derr(
+            op,
+            format!(
+                "cannot copy {} {} into {} {}",
+                x.dtype, x.shape, out.dtype, out.shape
+            ),
+        ));
+    }
+    let n = x.numel();
+    copy_nd(
+        rt,
+        op,
+        x.dtype,
+        &[n],
+        x.ptr(),
+        0,
+        &[1],
+        out.ptr(),
+        0,
+        &[1],
+        0,
+    )
+}
+
 impl LayoutKernels for CudaKernels {
-    fn permute(&self, x: &CudaStorage, perm: &[usize], _out: &OutSpec) -> Result<CudaStorage> {
-        permute(&self.rt, x, perm)
+    fn permute(&self, x: &CudaStorage, perm: &[usize], out: &mut CudaStorage) -> Result<()> {
+        permute_into(&self.rt, x, perm, out)
     }
 
-    fn reshape(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
-        if out.shape.numel() != a.numel() {
-            return Err(derr(
-                "reshape",
-                format!("cannot reshape local piece {} to {}", a.shape, out.shape),
-            ));
-        }
-        Ok(a.reshaped(out.shape.clone()))
+    fn copy(&self, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
+        copy_into(&self.rt, "reshape", a, out)
     }
 
-    fn concat(&self, x: &[&CudaStorage], dim: usize, out: &OutSpec) -> Result<CudaStorage> {
+    fn concat(&self, x: &[&CudaStorage], dim: usize, out: &mut CudaStorage) -> Result<()> {
         let name = "concat";
         let dt = out.dtype;
-        let y = self.alloc(out)?;
+        let y = &*out;
         let od = out.shape.dims();
         let ost = strides(od);
         let mut at = 0usize;
         for p in x {
             let pd = p.shape.dims();
-            if p.dtype != dt || pd.len() != od.len() {
+            let fits = p.dtype == dt
+                && pd.len() == od.len()
+                && dim < od.len()
+                && (0..od.len()).all(|i| i == dim || pd[i] == od[i])
+                && at + pd[dim] <= od[dim];
+            if !fits {
                 return Err(derr(
                     name,
-                    format!("local pieces do not concatenate along dim {dim}"),
+                    format!(
+                        "local pieces do not concatenate along dim {dim} into {}",
+                        out.shape
+                    ),
                 ));
             }
             copy_nd(
@@ -85,7 +146,7 @@ impl LayoutKernels for CudaKernels {
             )?;
             at += pd[dim];
         }
-        Ok(y)
+        Ok(())
     }
 
     fn narrow(
@@ -94,8 +155,8 @@ impl LayoutKernels for CudaKernels {
         dim: usize,
         start: usize,
         len: usize,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let name = "narrow";
         let d = a.shape.dims();
         if dim >= d.len() || start + len > d[dim] {
@@ -111,7 +172,15 @@ impl LayoutKernels for CudaKernels {
         let st = strides(d);
         let mut bx = d.to_vec();
         bx[dim] = len;
-        let y = self.alloc(out)?;
+        if out.shape.dims() != bx.as_slice() || out.dtype != a.dtype {
+            return Err(derr(
+                name,
+                format!(
+                    "output {} {} for a narrow of {}",
+                    out.dtype, out.shape, a.shape
+                ),
+            ));
+        }
         copy_nd(
             &self.rt,
             name,
@@ -120,11 +189,10 @@ impl LayoutKernels for CudaKernels {
             a.ptr(),
             start * st[dim] as usize,
             &st,
-            y.ptr(),
+            out.ptr(),
             0,
             &strides(&bx),
             0,
-        )?;
-        Ok(y)
+        )
     }
 }

@@ -1,11 +1,11 @@
 //! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision), f64,
-//! bf16 and f16 (16-bit in and out, f32 accumulation), either operand transposed by cuBLAS's operation flags; an NVRTC kernel for i64
+//! bf16 and f16 (16-bit in and out, f32 accumulation), either operand transposed by cuBLAS's
+//! operation flags; an NVRTC kernel for i64
 //! (transposed operands copied first).
 
 use std::sync::Arc;
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::Shape;
 
 use super::super::copy::fill;
 use super::super::kernels::{grid, launch, Kernel};
@@ -14,25 +14,32 @@ use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
 use super::layout::permute;
 use super::CudaKernels;
-use crate::op::{MatmulKernels, OutSpec};
+use crate::op::MatmulKernels;
 use crate::Result;
 
-/// `out = op(a) op(b)` for `g` (`out_shape` holds `batch * m * n` elements).
+/// `out = op(a) op(b)` for `g` (`out` holds `batch * m * n` elements).
 fn matmul(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     a: &CudaStorage,
     b: &CudaStorage,
-    out_shape: &Shape,
+    out: &CudaStorage,
     g: Gemm,
-) -> Result<CudaStorage> {
-    let out = CudaStorage::alloc(rt, a.dtype, out_shape.clone())?;
+) -> Result<()> {
+    if out.numel() != g.batch * g.m * g.n || out.dtype != a.dtype || b.dtype != a.dtype {
+        return Err(derr(
+            op,
+            format!(
+                "{} {} and {} {} do not multiply into {} {}",
+                a.dtype, a.shape, b.dtype, b.shape, out.dtype, out.shape
+            ),
+        ));
+    }
     if g.batch * g.m * g.n == 0 {
-        return Ok(out);
+        return Ok(());
     }
     if g.k == 0 {
-        fill(rt, op, a.dtype, out.ptr(), out.numel(), 0.0, 0)?;
-        return Ok(out);
+        return fill(rt, op, a.dtype, out.ptr(), out.numel(), 0.0, 0);
     }
     match a.dtype {
         DType::I64 => {
@@ -50,7 +57,7 @@ fn matmul(
                     tb: false,
                     ..g
                 };
-                return matmul(rt, op, &a2, &b2, out_shape, plain);
+                return matmul(rt, op, &a2, &b2, out, plain);
             }
             let (bt, m_, k_, n_, sbb, ap, bp, yp) = (
                 g.batch as i64,
@@ -64,9 +71,9 @@ fn matmul(
             );
             launch!(rt, op, Kernel::MatmulI64, grid(g.batch * g.m * g.n); bt, m_, k_, n_, sbb, ap, bp, yp)?;
         }
-        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => gemm(rt, op, a, b, &out, g)?,
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => gemm(rt, op, a, b, out, g)?,
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The product of `a` (`[.., m, k]`, or `[.., k, m]` with `ta`) and `b` (`[.., k, n]`, or
@@ -79,8 +86,8 @@ fn product(
     b: &CudaStorage,
     (ta, tb): (bool, bool),
     batched: bool,
-    out: &OutSpec,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let (ad, bd) = (a.shape.dims(), b.shape.dims());
     let bad = || {
         derr(
@@ -118,7 +125,7 @@ fn product(
         let m = a
             .numel()
             .checked_div(kk)
-            .unwrap_or_else(|| out.shape.numel() / bn.max(1));
+            .unwrap_or_else(|| out.numel() / bn.max(1));
         (1, m, kk)
     };
     if kk != bk {
@@ -137,11 +144,12 @@ fn product(
             (m * bn) as i64,
         ),
     };
-    matmul(&k.rt, name, a, b, &out.shape, g)
+    matmul(&k.rt, name, a, b, out, g)
 }
 
 impl CudaKernels {
-    /// `op(a) @ op(b)` on device pieces (see `MatmulKernels::matmul_t`), for the other kernels.
+    /// `op(a) @ op(b)` on device pieces into `out` (see `MatmulKernels::matmul_t`), for the
+    /// other kernels.
     pub(super) fn product_t(
         &self,
         name: &'static str,
@@ -149,18 +157,18 @@ impl CudaKernels {
         b: &CudaStorage,
         t: (bool, bool),
         batched: bool,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &CudaStorage,
+    ) -> Result<()> {
         product(self, name, a, b, t, batched, out)
     }
 }
 
 impl MatmulKernels for CudaKernels {
-    fn matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
         product(self, "matmul", a, b, (false, false), false, out)
     }
 
-    fn batch_matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn batch_matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
         product(self, "batch_matmul", a, b, (false, false), true, out)
     }
 
@@ -170,8 +178,8 @@ impl MatmulKernels for CudaKernels {
         b: &CudaStorage,
         t: (bool, bool),
         batched: bool,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let name = if batched {
             "batch_matmul_t"
         } else {

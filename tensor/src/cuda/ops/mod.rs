@@ -1,7 +1,10 @@
 //! The CUDA kernels of every op family, one file per family, each implementing that family's
-//! kernel trait for [`CudaKernels`] (NVRTC kernels from `kernels.rs`, cuBLAS for matmuls).
+//! kernel trait for [`CudaKernels`] (NVRTC kernels from `kernels.rs`, cuBLAS for matmuls). They
+//! write into output pieces the executor allocated from the runtime's pool (`alloc` below);
+//! scratch pieces come from the same allocator.
 
 mod attention;
+mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -35,12 +38,38 @@ pub(crate) struct CudaKernels {
 
 impl KernelBackend for CudaKernels {
     type Piece = CudaStorage;
-}
-
-impl CudaKernels {
-    /// An uninitialised piece of `out`'s shape and dtype.
-    fn alloc(&self, out: &OutSpec) -> Result<CudaStorage> {
-        CudaStorage::alloc(&self.rt, out.dtype, out.shape.clone())
+    type Out = CudaStorage;
+    /// An uninitialised piece from the runtime's caching pool.
+    fn alloc(&self, spec: &OutSpec) -> Result<CudaStorage> {
+        if spec.shape.checked_numel().is_none() {
+            return Err(derr(
+                "alloc",
+                format!("{} {} overflows", spec.dtype, spec.shape),
+            ));
+        }
+        CudaStorage::alloc(&self.rt, spec.dtype, spec.shape.clone())
+    }
+    fn out_spec(&self, out: &CudaStorage) -> OutSpec {
+        OutSpec {
+            shape: out.shape.clone(),
+            dtype: out.dtype,
+        }
+    }
+    fn finish(&self, out: CudaStorage) -> CudaStorage {
+        out
+    }
+    /// The same block under another shape (no copy).
+    fn reshaped(&self, x: &CudaStorage, spec: &OutSpec) -> Result<CudaStorage> {
+        if spec.shape.checked_numel() != Some(x.numel()) || spec.dtype != x.dtype {
+            return Err(derr(
+                "reshape",
+                format!(
+                    "cannot view {} {} as {} {}",
+                    x.dtype, x.shape, spec.dtype, spec.shape
+                ),
+            ));
+        }
+        Ok(x.reshaped(spec.shape.clone()))
     }
 }
 
@@ -63,4 +92,19 @@ fn lanes(shape: &Shape, dim: usize) -> (usize, usize, usize) {
 fn last_dim_rows(x: &CudaStorage) -> (usize, usize) {
     let h = x.shape.dims().last().copied().unwrap_or(1);
     (x.numel().checked_div(h).unwrap_or(0), h)
+}
+
+/// A typed error unless `out` holds as many elements as `x` (and, with `same_dtype`, its
+/// dtype): the kernels index both with one count.
+fn fits(op: &'static str, x: &CudaStorage, out: &CudaStorage, same_dtype: bool) -> Result<()> {
+    if x.numel() != out.numel() || (same_dtype && x.dtype != out.dtype) {
+        return Err(derr(
+            op,
+            format!(
+                "piece {} {} does not fit the output {} {}",
+                x.dtype, x.shape, out.dtype, out.shape
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -1,10 +1,36 @@
-//! Layer-norm CUDA kernels: forward and input gradient over the last dim, one thread per row.
+//! Layer-norm CUDA kernels, written into the executor's output pieces: forward (with each row's
+//! mean and 1/std) and the input gradient from those statistics over the last dim, one block
+//! per row.
 
+use super::super::derr;
 use super::super::kernels::{launch, per_row, Template};
 use super::super::storage::CudaStorage;
-use super::{float_only, last_dim_rows, CudaKernels};
-use crate::op::{NormKernels, OutSpec};
+use super::{fits, float_only, last_dim_rows, CudaKernels};
+use crate::op::{norm_stats_dtype, NormKernels};
 use crate::Result;
+
+/// A typed error unless each statistics piece holds one element per row, of the statistics
+/// dtype of `x` (f32 for 16-bit data).
+fn stats_fit(
+    op: &'static str,
+    rows: usize,
+    x: &CudaStorage,
+    stats: [&CudaStorage; 2],
+) -> Result<()> {
+    if stats
+        .iter()
+        .any(|s| s.numel() != rows || s.dtype != norm_stats_dtype(x.dtype))
+    {
+        return Err(derr(
+            op,
+            format!(
+                "statistics {} and {} for the {rows} rows of {} {}",
+                stats[0].shape, stats[1].shape, x.dtype, x.shape
+            ),
+        ));
+    }
+    Ok(())
+}
 
 impl NormKernels for CudaKernels {
     fn layer_norm(
@@ -13,12 +39,21 @@ impl NormKernels for CudaKernels {
         w: &CudaStorage,
         b: &CudaStorage,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        y: &mut CudaStorage,
+        mean: &mut CudaStorage,
+        rstd: &mut CudaStorage,
+    ) -> Result<()> {
         let (rt, name) = (&self.rt, "layer_norm");
         float_only(name, a.dtype)?;
+        fits(name, a, y, true)?;
         let (rows, h) = last_dim_rows(a);
-        let y = self.alloc(out)?;
+        stats_fit(name, rows, a, [mean, rstd])?;
+        if w.numel() != h || b.numel() != h {
+            return Err(derr(
+                name,
+                format!("weight {} and bias {} for rows of {h}", w.shape, b.shape),
+            ));
+        }
         let (r, hh, e, xp, wp, bp, yp) = (
             rows as i64,
             h as i64,
@@ -28,10 +63,11 @@ impl NormKernels for CudaKernels {
             b.ptr(),
             y.ptr(),
         );
+        let (mp, rp) = (mean.ptr(), rstd.ptr());
         if rows > 0 {
-            launch!(rt, name, Template::LayerNorm.at(a.dtype), per_row(rows); r, hh, e, xp, wp, bp, yp)?;
+            launch!(rt, name, Template::LayerNorm.at(a.dtype), per_row(rows); r, hh, e, xp, wp, bp, yp, mp, rp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
     fn layer_norm_backward(
@@ -39,25 +75,25 @@ impl NormKernels for CudaKernels {
         a: &CudaStorage,
         w: &CudaStorage,
         dy: &CudaStorage,
-        eps: f64,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        mean: &CudaStorage,
+        rstd: &CudaStorage,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let (rt, name) = (&self.rt, "layer_norm_backward");
         float_only(name, a.dtype)?;
+        fits(name, a, out, true)?;
+        fits(name, dy, out, true)?;
         let (rows, h) = last_dim_rows(a);
-        let y = self.alloc(out)?;
-        let (r, hh, e, xp, wp, gp, yp) = (
-            rows as i64,
-            h as i64,
-            eps,
-            a.ptr(),
-            w.ptr(),
-            dy.ptr(),
-            y.ptr(),
-        );
-        if rows > 0 {
-            launch!(rt, name, Template::LayerNormBw.at(a.dtype), per_row(rows); r, hh, e, xp, wp, gp, yp)?;
+        stats_fit(name, rows, a, [mean, rstd])?;
+        if w.numel() != h {
+            return Err(derr(name, format!("weight {} for rows of {h}", w.shape)));
         }
-        Ok(y)
+        let (r, hh, xp, wp, gp, yp) =
+            (rows as i64, h as i64, a.ptr(), w.ptr(), dy.ptr(), out.ptr());
+        let (mp, rp) = (mean.ptr(), rstd.ptr());
+        if rows > 0 {
+            launch!(rt, name, Template::LayerNormBw.at(a.dtype), per_row(rows); r, hh, xp, wp, gp, mp, rp, yp)?;
+        }
+        Ok(())
     }
 }

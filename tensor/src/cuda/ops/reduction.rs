@@ -1,4 +1,4 @@
-//! Reduction CUDA kernels: sum, mean, max and min over dims (a permute then a per-row reduction),
+//! Reduction CUDA kernels, written into the executor's output piece: sum, mean, max and min over dims (a permute then a per-row reduction),
 //! and sum-to-shape.
 
 use std::sync::Arc;
@@ -7,9 +7,9 @@ use oxiflow_sbp::Shape;
 
 use super::super::kernels::{grid, launch, per_row, Template};
 use super::super::storage::CudaStorage;
-use super::super::CudaRuntime;
+use super::super::{derr, CudaRuntime};
 use super::{float_only, permute, CudaKernels};
-use crate::op::{OutSpec, ReductionKernels};
+use crate::op::ReductionKernels;
 use crate::Result;
 
 /// What a row reduction combines with (the kernel's `mode`: 0 sum, 1 max, 2 min).
@@ -20,34 +20,42 @@ enum Combine {
     Min = 2,
 }
 
-/// Sum, max or min over `dims`, times `scale`; output keeps reduced dims as 1 when `keepdim`.
+/// Sum, max or min over `dims`, times `scale`, into `out` (one element per kept position,
+/// whatever its shape: with or without the reduced dims as 1, or a shape they broadcast from).
 fn reduce(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     x: &CudaStorage,
     dims: &[usize],
-    keepdim: bool,
     combine: Combine,
     scale: f64,
-) -> Result<CudaStorage> {
+    out: &CudaStorage,
+) -> Result<()> {
     let d = x.shape.dims();
     let mut red: Vec<usize> = dims.to_vec();
     red.sort_unstable();
     red.dedup();
+    if red.iter().any(|&i| i >= d.len()) {
+        return Err(derr(
+            op,
+            format!("dims {dims:?} out of range for {}", x.shape),
+        ));
+    }
     let keep: Vec<usize> = (0..d.len()).filter(|i| !red.contains(i)).collect();
     let perm: Vec<usize> = keep.iter().chain(red.iter()).copied().collect();
     let rows: usize = keep.iter().map(|&i| d[i]).product();
     let len: usize = red.iter().map(|&i| d[i]).product();
-    let out_dims: Vec<usize> = if keepdim {
-        (0..d.len())
-            .map(|i| if red.contains(&i) { 1 } else { d[i] })
-            .collect()
-    } else {
-        keep.iter().map(|&i| d[i]).collect()
-    };
-    let out = CudaStorage::alloc(rt, x.dtype, Shape::from(out_dims.as_slice()))?;
+    if out.numel() != rows || out.dtype != x.dtype {
+        return Err(derr(
+            op,
+            format!(
+                "{} reduced over {dims:?} does not fit the output {} {}",
+                x.shape, out.dtype, out.shape
+            ),
+        ));
+    }
     if rows == 0 {
-        return Ok(out);
+        return Ok(());
     }
     // Sums over leading dims (bias gradients): column sums in two deterministic passes, no
     // transposed copy.
@@ -72,8 +80,7 @@ fn reduce(
         out.ptr(),
     );
     let name = Template::ReduceRows.at(x.dtype);
-    launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)?;
-    Ok(out)
+    launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)
 }
 
 /// Rows of a column-sum pass: each block of threads sums `CHUNK` rows of its columns.
@@ -85,10 +92,10 @@ fn column_sum(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     x: &CudaStorage,
-    out: CudaStorage,
+    out: &CudaStorage,
     [rows, cols]: [usize; 2],
     scale: f64,
-) -> Result<CudaStorage> {
+) -> Result<()> {
     let name = Template::ReduceCols.at(x.dtype);
     let chunks = rows.div_ceil(CHUNK);
     let pass = |src: u64, dst: u64, r: usize, chunk: usize, sc: f64| -> Result<()> {
@@ -97,13 +104,12 @@ fn column_sum(
         launch!(rt, op, name, grid(groups * cols); rr, cc, ch, sc, xp, yp)
     };
     if chunks == 1 {
-        pass(x.ptr(), out.ptr(), rows, CHUNK, scale)?;
-        return Ok(out);
+        return pass(x.ptr(), out.ptr(), rows, CHUNK, scale);
     }
+    // The partial sums are a scratch piece.
     let part = CudaStorage::alloc(rt, x.dtype, Shape::new([chunks, cols]))?;
     pass(x.ptr(), part.ptr(), rows, CHUNK, 1.0)?;
-    pass(part.ptr(), out.ptr(), chunks, chunks, scale)?;
-    Ok(out)
+    pass(part.ptr(), out.ptr(), chunks, chunks, scale)
 }
 
 impl ReductionKernels for CudaKernels {
@@ -111,24 +117,17 @@ impl ReductionKernels for CudaKernels {
         &self,
         x: &CudaStorage,
         dims: &[usize],
-        keepdim: bool,
+        _keepdim: bool,
         count: Option<usize>,
-        _out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         match count {
             Some(count) => {
                 float_only("mean", x.dtype)?;
-                reduce(
-                    &self.rt,
-                    "mean",
-                    x,
-                    dims,
-                    keepdim,
-                    Combine::Sum,
-                    1.0 / count.max(1) as f64,
-                )
+                let scale = 1.0 / count.max(1) as f64;
+                reduce(&self.rt, "mean", x, dims, Combine::Sum, scale, out)
             }
-            None => reduce(&self.rt, "sum", x, dims, keepdim, Combine::Sum, 1.0),
+            None => reduce(&self.rt, "sum", x, dims, Combine::Sum, 1.0, out),
         }
     }
 
@@ -136,32 +135,29 @@ impl ReductionKernels for CudaKernels {
         &self,
         x: &CudaStorage,
         dims: &[usize],
-        keepdim: bool,
-        _out: &OutSpec,
-    ) -> Result<CudaStorage> {
-        reduce(&self.rt, "max", x, dims, keepdim, Combine::Max, 1.0)
+        _keepdim: bool,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        reduce(&self.rt, "max", x, dims, Combine::Max, 1.0, out)
     }
 
     fn min(
         &self,
         x: &CudaStorage,
         dims: &[usize],
-        keepdim: bool,
-        _out: &OutSpec,
-    ) -> Result<CudaStorage> {
-        reduce(&self.rt, "min", x, dims, keepdim, Combine::Min, 1.0)
+        _keepdim: bool,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        reduce(&self.rt, "min", x, dims, Combine::Min, 1.0, out)
     }
 
-    fn sum_to_shape(&self, a: &CudaStorage, out: &OutSpec) -> Result<CudaStorage> {
+    fn sum_to_shape(&self, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
         let s = a.shape.dims();
         let t = out.shape.dims();
         let lead = s.len().saturating_sub(t.len());
         let dims: Vec<usize> = (0..s.len())
             .filter(|&d| d < lead || (t[d - lead] == 1 && s[d] != 1))
             .collect();
-        Ok(
-            reduce(&self.rt, "sum_to_shape", a, &dims, true, Combine::Sum, 1.0)?
-                .reshaped(out.shape.clone()),
-        )
+        reduce(&self.rt, "sum_to_shape", a, &dims, Combine::Sum, 1.0, out)
     }
 }

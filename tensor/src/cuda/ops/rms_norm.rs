@@ -6,7 +6,8 @@ use oxiflow_sbp::Shape;
 use super::super::storage::CudaStorage;
 use super::{float_only, CudaKernels};
 use crate::op::{
-    BinaryOp, ElementwiseKernels, OutSpec, ReductionKernels, RmsNormKernels, ScalarOp, UnaryOp,
+    BinaryOp, ElementwiseKernels, KernelBackend, OutSpec, ReductionKernels, RmsNormKernels,
+    ScalarOp, UnaryOp,
 };
 use crate::Result;
 
@@ -16,22 +17,27 @@ impl RmsNormKernels for CudaKernels {
         x: &CudaStorage,
         w: &CudaStorage,
         eps: f64,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         float_only("rms_norm", x.dtype)?;
         let last = x.shape.ndim().saturating_sub(1);
         let spec = |shape: Shape| OutSpec {
             shape,
             dtype: x.dtype,
         };
-        let full = spec(x.shape.clone());
-        let rows = spec(x.shape.with_dim(last, 1));
+        let (full, rows) = (spec(x.shape.clone()), spec(x.shape.with_dim(last, 1)));
         let h = x.shape.dims().last().copied().unwrap_or(1);
-        let sq = self.unary(UnaryOp::Square, x, &full)?;
-        let ms = self.sum(&sq, &[last], true, Some(h), &rows)?;
-        let r = self.scalar(ScalarOp::Add, eps, &ms, &rows)?;
-        let r = self.scalar(ScalarOp::Pow, -0.5, &r, &rows)?;
-        let xhat = self.binary(BinaryOp::Mul, x, &r, &full)?;
+        // Scratch pieces for the intermediate steps; the last writes `out`.
+        let step = |spec: &OutSpec, f: &dyn Fn(&mut CudaStorage) -> Result<()>| {
+            let mut t = self.alloc(spec)?;
+            f(&mut t)?;
+            Ok::<_, crate::TensorError>(t)
+        };
+        let sq = step(&full, &|t| self.unary(UnaryOp::Square, x, t))?;
+        let ms = step(&rows, &|t| self.sum(&sq, &[last], true, Some(h), t))?;
+        let r = step(&rows, &|t| self.scalar(ScalarOp::Add, eps, &ms, t))?;
+        let r = step(&rows, &|t| self.scalar(ScalarOp::Pow, -0.5, &r, t))?;
+        let xhat = step(&full, &|t| self.binary(BinaryOp::Mul, x, &r, t))?;
         self.binary(BinaryOp::Mul, &xhat, w, out)
     }
 }

@@ -1,14 +1,15 @@
-//! Rotary position embedding CUDA kernel (one thread per element, f64 angles).
+//! Rotary position embedding CUDA kernel, written into the executor's output piece (one thread
+//! per element, f64 angles).
 
 use super::super::derr;
 use super::super::kernels::{grid, launch, Template};
 use super::super::storage::CudaStorage;
-use super::{float_only, CudaKernels};
-use crate::op::{OpFamily, OutSpec, RotaryKernels, RotaryOp};
+use super::{fits, float_only, CudaKernels};
+use crate::op::{OpFamily, RotaryKernels, RotaryOp};
 use crate::Result;
 
 impl RotaryKernels for CudaKernels {
-    fn rotary(&self, x: &CudaStorage, op: &RotaryOp, out: &OutSpec) -> Result<CudaStorage> {
+    fn rotary(&self, x: &CudaStorage, op: &RotaryOp, out: &mut CudaStorage) -> Result<()> {
         let name = op.name();
         float_only(name, x.dtype)?;
         let dims = x.shape.dims();
@@ -23,7 +24,8 @@ impl RotaryKernels for CudaKernels {
             return Err(derr(name, format!("bad input {}", x.shape)));
         }
         let inner: usize = dims[op.seq_dim + 1..].iter().product();
-        let y = self.alloc(out)?;
+        fits(name, x, out, true)?;
+        let y = &*out;
         let n = y.numel();
         if n > 0 {
             let (nn, dd, tt, inn, p0) =
@@ -32,6 +34,6 @@ impl RotaryKernels for CudaKernels {
             let (xp, yp) = (x.ptr(), y.ptr());
             launch!(self.rt, name, Template::Rotary.at(x.dtype), grid(n); nn, dd, tt, inn, p0, base, sign, xp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! Softmax CUDA kernels: softmax / log-softmax over one dim and their backward, one block per
+//! Softmax CUDA kernels, written into the executor's output piece: softmax / log-softmax over one dim and their backward, one block per
 //! row over the last dim, else one thread per lane. Under bf16 matrix products the row
 //! backward also writes its output's bf16 copy (attention's dS feeds two products).
 
@@ -7,23 +7,18 @@ use oxiflow_dtype::DType;
 use super::super::kernels::{launch, per_row, Kernel, Template};
 use super::super::storage::CudaStorage;
 use super::super::{Block, MatmulPrecision};
-use super::{float_only, lanes, CudaKernels};
-use crate::op::{OutSpec, SoftmaxKernels};
+use super::{fits, float_only, lanes, CudaKernels};
+use crate::op::SoftmaxKernels;
 use crate::Result;
 
 impl SoftmaxKernels for CudaKernels {
-    fn softmax(
-        &self,
-        a: &CudaStorage,
-        dim: usize,
-        log: bool,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+    fn softmax(&self, a: &CudaStorage, dim: usize, log: bool, out: &mut CudaStorage) -> Result<()> {
         let (rt, name) = (&self.rt, if log { "log_softmax" } else { "softmax" });
         let dt = a.dtype;
         float_only(name, dt)?;
+        fits(name, a, out, true)?;
         let (o, len, inner) = lanes(&a.shape, dim);
-        let y = self.alloc(out)?;
+        let y = &*out;
         let (l, nn, inn, lg, xp, yp) = (
             (o * inner) as i64,
             len as i64,
@@ -35,7 +30,7 @@ impl SoftmaxKernels for CudaKernels {
         if o * inner > 0 {
             launch!(rt, name, Template::Softmax.at(dt), per_row(o * inner); l, nn, inn, lg, xp, yp)?;
         }
-        Ok(y)
+        Ok(())
     }
 
     fn softmax_backward(
@@ -44,8 +39,8 @@ impl SoftmaxKernels for CudaKernels {
         dy: &CudaStorage,
         dim: usize,
         log: bool,
-        out: &OutSpec,
-    ) -> Result<CudaStorage> {
+        out: &mut CudaStorage,
+    ) -> Result<()> {
         let rt = &self.rt;
         let name = if log {
             "log_softmax_backward"
@@ -54,8 +49,10 @@ impl SoftmaxKernels for CudaKernels {
         };
         let dt = yv.dtype;
         float_only(name, dt)?;
+        fits(name, yv, out, true)?;
+        fits(name, dy, out, true)?;
         let (o, len, inner) = lanes(&yv.shape, dim);
-        let y = self.alloc(out)?;
+        let y = &*out;
         let lg = log as i32;
         let (l, nn, inn, yp, gp, dp) = (
             (o * inner) as i64,
@@ -80,6 +77,6 @@ impl SoftmaxKernels for CudaKernels {
                 launch!(rt, name, Template::SoftmaxBw.at(dt), per_row(o * inner); l, nn, inn, lg, yp, gp, dp)?;
             }
         }
-        Ok(y)
+        Ok(())
     }
 }

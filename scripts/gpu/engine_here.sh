@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the engine's GPU binaries on this (CUDA-less) machine and stages them with the device
+# scripts and the PyTorch anchors in .carry/engine (git-ignored) for the device tool's `carry`;
+# on the device: `.carry/engine/engine_there.sh` (see its header for what it runs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEST=.carry/engine
+ANCHORS=${ANCHORS:-../shared/anchors}
+rm -rf "$DEST" && mkdir -p "$DEST/bin"
+cargo build --release -p oxiflow-launcher --bin oflaunch
+cargo build --release --example train --example gpt_bench
+cargo build --release -p oxiflow-tensor --bins
+cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
+for b in gpu_kernels_check attention_bench; do
+  [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"
+done
+exe=$(cargo test --release -p oxiflow-tensor --test gpu_tensor --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_tensor":
+        print(m["executable"])')
+cp "$exe" "$DEST/bin/gpu_tensor"
+strip "$DEST"/bin/*
+cp scripts/gpu/*_there.sh scripts/gpu/attention_anchor.py "$ANCHORS/gpt2_bench.py" "$DEST/"
+du -sh "$DEST"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from a folder holding bin/ (staged by engine_here.sh) and the anchors
+# (gpt2_bench.py, attention_anchor.py): the engine's device checks in one command, on GPU 0.
+#   SUITE=1   the gpu_tensor suite (every op, fused op, 16-bit case and boxing against the CPU)
+#   CURVE=1   the README's GPT for $CURVE_STEPS steps on one GPU, f32 against bf16-mixed
+#   ATTN=1    the attention op beside torch's SDPA (attention_there.sh)
+#   SIZES="8 16 32"  gpt_bench beside gpt2_bench.py eager (and --compile with COMPILE=1)
+# Logs under $OUT; the tables last.
+set -uo pipefail
+cd "$(dirname "$0")"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+OUT=${OUT:-/tmp/engine}
+mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"
+if [ "${SUITE:-1}" = 1 ]; then
+  timeout ${SUITE_TIMEOUT:-300} bin/gpu_tensor > "$OUT/gpu_tensor.log" 2>&1
+  echo "gpu_tensor suite exit code: $?" | tee -a "$OUT/summary.txt"
+  grep -E "^gpu_tensor:|test result|FAILED|panicked" "$OUT/gpu_tensor.log" | tail -40
+fi
+if [ "${CURVE:-0}" = 1 ]; then
+  for p in f32 bf16-mixed; do
+    timeout 240 bin/oflaunch --nproc-per-node 1 --backend nccl bin/train --device cuda \
+      --precision "$p" --steps "${CURVE_STEPS:-300}" --log-every 50 > "$OUT/curve-$p.log" 2>&1
+    echo "curve $p exit code: $?"
+    grep -E "final loss|rror" "$OUT/curve-$p.log" | tail -3
+  done
+  python3 - "$OUT" <<'PY'
+import re, sys
+f = {}
+for p in ("f32", "bf16-mixed"):
+    for line in open(f"{sys.argv[1]}/curve-{p}.log", errors="replace"):
+        m = re.search(r"final loss ([0-9.eE+-]+)", line)
+        if m: f[p] = float(m.group(1))
+if len(f) == 2:
+    print(f"| curve | f32 final {f['f32']:.5f} | bf16-mixed final {f['bf16-mixed']:.5f} | relative {abs(f['bf16-mixed'] - f['f32']) / f['f32']:.4f} |")
+PY
+fi
+if [ "${ATTN:-0}" = 1 ] && [ -x attention_there.sh ]; then
+  OUT="$OUT/attn" ./attention_there.sh
+fi
+if [ -n "${SIZES:-}" ]; then
+  OUT="$OUT/sizes" COMPILE=${COMPILE:-0} STEPS=${STEPS:-10} ./gpt_sizes_there.sh "$SIZES"
+fi

@@ -1,0 +1,8 @@
+//! CPU kernels of the custom ops (`op/custom/`): one file per op, implementing its kernel trait
+//! for `CpuBackend`.
+
+mod adamw;
+mod adamw_multi;
+mod classifier;
+mod linear;
+mod residual_layer_norm;

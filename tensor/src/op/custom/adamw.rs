@@ -1,0 +1,139 @@
+//! Fused AdamW, the first custom op: three element-wise passes per parameter (the two moments
+//! and the new value), each reading its same-shape float operands once; no gradient.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+
+use crate::dispatch::dispatch;
+use crate::op::{
+    need_float, same_dtype, single, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError,
+    OpFamily, Saves,
+};
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// One pass of an AdamW update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdamPart {
+    /// (m, g) -> a m + b g (the first moment).
+    Moment1 { a: F64Bits, b: F64Bits },
+    /// (v, g) -> a v + b g^2 (the second moment).
+    Moment2 { a: F64Bits, b: F64Bits },
+    /// (p, m, v) -> decay p - (step m) / (sqrt(inv_bc2 v) + eps) (the new value).
+    Update {
+        decay: F64Bits,
+        step: F64Bits,
+        inv_bc2: F64Bits,
+        eps: F64Bits,
+    },
+}
+
+impl AdamPart {
+    /// (a, b, c, d) of the kernels' common form (see the variants).
+    pub fn coefficients(self) -> [f64; 4] {
+        match self {
+            AdamPart::Moment1 { a, b } | AdamPart::Moment2 { a, b } => [a.get(), b.get(), 0.0, 0.0],
+            AdamPart::Update {
+                decay,
+                step,
+                inv_bc2,
+                eps,
+            } => [decay.get(), step.get(), inv_bc2.get(), eps.get()],
+        }
+    }
+    /// Number of operands: 2 for the moments, 3 for the update.
+    pub fn operands(self) -> usize {
+        match self {
+            AdamPart::Update { .. } => 3,
+            AdamPart::Moment1 { .. } | AdamPart::Moment2 { .. } => 2,
+        }
+    }
+}
+
+/// AdamW kernels of a backend: one pass on same-shape float operands of one dtype.
+pub trait AdamWKernels: KernelBackend {
+    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &mut Self::Out) -> Result<()>;
+}
+
+impl OpFamily for AdamPart {
+    fn name(&self) -> &'static str {
+        match self {
+            AdamPart::Moment1 { .. } => "adam_moment1",
+            AdamPart::Moment2 { .. } => "adam_moment2",
+            AdamPart::Update { .. } => "adam_update",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (self.operands(), self.operands())
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let dt = same_dtype(d)?;
+        need_float(dt, "input")?;
+        if s.iter().any(|x| *x != s[0]) {
+            return Err(MetaError::Shape(format!(
+                "the operands must have one shape, got {}",
+                s.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        // Non-linear in every operand: all split alike, or all whole.
+        let mut r = Rules::new(mode, [s[0].clone()]);
+        for i in 0..s[0].ndim() {
+            r.push_uniform(s.len(), 1, Sbp::S(i));
+        }
+        r.push_uniform(s.len(), 1, Sbp::Broadcast);
+        Ok(Inferred::new(r, dt))
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        b.adam(*self, x, single(self.name(), out)?)
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            "an optimizer update has no gradient",
+        ))
+    }
+}
+
+impl Tensor {
+    /// AdamW's moment update in one pass: `a self + b g` (`squared`: `a self + b g^2`).
+    pub fn adam_moment(&self, g: &Tensor, a: f64, b: f64, squared: bool) -> Result<Tensor> {
+        let (a, b) = (F64Bits::new(a), F64Bits::new(b));
+        let part = if squared {
+            AdamPart::Moment2 { a, b }
+        } else {
+            AdamPart::Moment1 { a, b }
+        };
+        dispatch(part.into(), &[self, g])
+    }
+    /// AdamW's new value in one pass: `decay self - (step m) / (sqrt(inv_bc2 v) + eps)`.
+    pub fn adam_update(
+        &self,
+        m: &Tensor,
+        v: &Tensor,
+        [decay, step, inv_bc2, eps]: [f64; 4],
+    ) -> Result<Tensor> {
+        let part = AdamPart::Update {
+            decay: F64Bits::new(decay),
+            step: F64Bits::new(step),
+            inv_bc2: F64Bits::new(inv_bc2),
+            eps: F64Bits::new(eps),
+        };
+        dispatch(part.into(), &[self, m, v])
+    }
+}

@@ -1,0 +1,114 @@
+//! Custom ops: fused ops that are not core families (in the spirit of candle's `CustomOp` and
+//! OneFlow's user ops). Each lives in one file here holding everything about it as an
+//! [`OpFamily`] impl: attributes, the `Tensor` methods that build it, shape/dtype checks with
+//! SBP candidates, local attributes, the saved set and the backward rule, and its kernel trait;
+//! its kernels live in one file per backend (`cpu/custom/<name>.rs`, `cuda/ops/custom/<name>.rs`).
+//!
+//! Registering one is one line in `custom_ops!` below (`module::Variant(Type): KernelTrait`):
+//! it declares the module, adds the op to [`CustomOp`] (which dispatches through `Op::Custom`
+//! like any family, hashable as the dispatch cache key) and its kernel trait to
+//! [`CustomKernels`], which every backend must implement, so a backend without its kernels
+//! does not compile.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{RuleMode, Shape};
+
+use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaError, OpFamily, Saves};
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// Declares the custom ops: their modules, the [`CustomOp`] enum delegating [`OpFamily`] to
+/// each, and [`CustomKernels`] requiring each one's kernel trait.
+macro_rules! custom_ops {
+    ($($module:ident :: $variant:ident($ty:ident): $kernels:ident),* $(,)?) => {
+        $(
+            mod $module;
+            pub use $module::*;
+        )*
+
+        /// One custom op with its attributes.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum CustomOp {
+            $($variant($ty)),*
+        }
+
+        $(
+            impl From<$ty> for CustomOp {
+                fn from(op: $ty) -> CustomOp {
+                    CustomOp::$variant(op)
+                }
+            }
+            impl From<$ty> for super::Op {
+                fn from(op: $ty) -> super::Op {
+                    super::Op::Custom(CustomOp::$variant(op))
+                }
+            }
+        )*
+
+        /// The kernels of every custom op.
+        pub trait CustomKernels: KernelBackend $(+ $kernels)* {}
+        impl<T: KernelBackend $(+ $kernels)*> CustomKernels for T {}
+
+        impl OpFamily for CustomOp {
+            fn name(&self) -> &'static str {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.name()),*
+                }
+            }
+            fn arity(&self) -> (usize, usize) {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.arity()),*
+                }
+            }
+            fn infer(
+                &self,
+                shapes: &[&Shape],
+                dtypes: &[DType],
+                mode: RuleMode,
+            ) -> std::result::Result<Inferred, MetaError> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.infer(shapes, dtypes, mode)),*
+                }
+            }
+            fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.local(at).map(CustomOp::$variant)),*
+                }
+            }
+            fn view_of(&self) -> Option<usize> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.view_of()),*
+                }
+            }
+            fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.run(b, x, out)),*
+                }
+            }
+            fn differentiable(&self, output: usize) -> bool {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.differentiable(output)),*
+                }
+            }
+            fn saves(&self, needs: &[bool]) -> Saves {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.saves(needs)),*
+                }
+            }
+            fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.backward(g)),*
+                }
+            }
+        }
+    };
+}
+
+custom_ops! {
+    // module::Variant(Type): KernelTrait,
+    adamw::AdamW(AdamPart): AdamWKernels,
+    residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
+    linear::Linear(LinearOp): LinearKernels,
+    classifier::Classifier(ClassifierOp): ClassifierKernels,
+    adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
+}

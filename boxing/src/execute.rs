@@ -32,7 +32,10 @@ pub(crate) fn comm_err(step: &Step) -> impl FnOnce(CommError) -> BoxingError + '
 }
 
 /// Member index in `world` of each world rank, or the rank that is missing.
-fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize; 16]>, usize> {
+pub(crate) fn member_indices(
+    world: &SharedComm,
+    ranks: &[usize],
+) -> Result<SmallVec<[usize; 16]>, usize> {
     let wr = world.world_ranks();
     let identity = wr.iter().enumerate().all(|(i, &r)| i == r);
     ranks
@@ -45,6 +48,37 @@ fn member_indices(world: &SharedComm, ranks: &[usize]) -> Result<SmallVec<[usize
             }
         })
         .collect()
+}
+
+/// Opens the one-way channels of `pairs` (world ranks, sender first) that this rank belongs
+/// to, in ascending pair order. Every rank opening from the same list (e.g. every pair some
+/// plans of a pipeline step use, `Plan::one_way_pairs`) meets its peers in one order, so the
+/// openings (each waits for its peer) cannot wait in a cycle, and the step's transfers then
+/// open nothing while others are queued.
+pub fn open_one_way(world: &SharedComm, pairs: &[(usize, usize)]) -> Result<(), BoxingError> {
+    let me = world.world_ranks()[world.rank()];
+    let mut pairs = pairs.to_vec();
+    pairs.sort_unstable();
+    pairs.dedup();
+    for (a, b) in pairs
+        .into_iter()
+        .filter(|&(a, b)| a != b && (a == me || b == me))
+    {
+        let m = member_indices(world, &[a, b]).map_err(|rank| BoxingError::RankOutsideWorld {
+            from: format!("rank {a}"),
+            to: format!("rank {b}"),
+            placement: format!("[{a}, {b}]"),
+            rank,
+            world: world.world_ranks().to_vec(),
+        })?;
+        world
+            .one_way(m[0], m[1])
+            .map_err(|source| BoxingError::Comm {
+                step: format!("opening the one-way channel {a} -> {b}"),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// The communicator of `ranks` (world ranks, in that member order); `world` itself when equal.

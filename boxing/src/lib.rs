@@ -25,7 +25,7 @@ mod search;
 mod strategy;
 
 pub use error::BoxingError;
-pub use execute::{boxing, check, execute};
+pub use execute::{boxing, check, execute, open_one_way};
 pub use piece::{Fill, HostData, HostPiece, LocalPiece};
 pub use piece_bytes::{
     check_same_dtype, copy_box_bytes, copy_bytes, pack_bytes, unpack_bytes, HostBytes,

@@ -123,6 +123,23 @@ impl Plan {
     pub fn bytes_total(&self) -> u64 {
         self.network_steps().map(|s| s.bytes_total).sum()
     }
+    /// The (sender, receiver) world-rank pairs of the plan's one-way steps (between disjoint
+    /// placements), sorted: the channels `open_one_way` opens ahead of a run.
+    pub fn one_way_pairs(&self) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = self
+            .steps
+            .iter()
+            .filter(|s| crate::strategy::p2p_intersections::is_one_way(s))
+            .filter_map(|s| match &s.kind {
+                StepKind::P2p(p) => Some(p.one_way_pairs()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
     fn network_steps(&self) -> impl Iterator<Item = &Step> {
         self.steps
             .iter()

@@ -442,6 +442,35 @@ impl<T: BackendHooks> Communicator for T {
         })
     }
 
+    fn one_way(&self, from: usize, to: usize) -> Result<SharedComm, CommError> {
+        let mut out = None;
+        let check = || {
+            let n = Communicator::size(self);
+            args::check_member("one_way", "from", from, n)?;
+            args::check_member("one_way", "to", to, n)?;
+            let me = BackendHooks::rank(self);
+            match (from == to, [from, to].iter().position(|&m| m == me)) {
+                (true, _) => Err(CommError::InvalidArgument {
+                    op: "one_way".into(),
+                    detail: format!("member {from} to itself"),
+                }),
+                (false, None) => Err(CommError::InvalidArgument {
+                    op: "one_way".into(),
+                    detail: format!("member {me} opens the channel from {from} to {to}"),
+                }),
+                (false, Some(i)) => Ok(i),
+            }
+        };
+        recorded(self.log(), "one_way", "", 0, None, check, |me| {
+            out = Some(BackendHooks::one_way(self, from, to, me)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| CommError::InvalidArgument {
+            op: "one_way".into(),
+            detail: "the backend returned no communicator".into(),
+        })
+    }
+
     fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
         let name = "all_gather";
         let n = args::elems_of(name, "send", dtype, send.len_bytes())?;

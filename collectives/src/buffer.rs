@@ -13,6 +13,14 @@ use cudarc::driver::CudaEvent;
 pub trait DeviceFence: Send + Sync {
     /// `done` completes when the collective that read or wrote this memory has finished.
     fn after_collective(&self, done: &Arc<CudaEvent>);
+    /// `done` completes when a point-to-point send from this memory has been received, which
+    /// waits for the receiver to post its receive: no stream of the owner may wait for it (the
+    /// receiver may be waiting for this rank's later work, a cycle), so the owner leaves the
+    /// memory untouched and reuses it only once `done` has completed. The default treats it
+    /// as a collective's end.
+    fn after_send(&self, done: &Arc<CudaEvent>) {
+        self.after_collective(done)
+    }
 }
 
 /// A region of device memory, borrowed for the duration of one call. Built by the tensor
@@ -79,11 +87,29 @@ pub enum BufMut<'a> {
     Device(DevicePtr<'a>),
 }
 
-impl Buf<'_> {
+impl DevicePtr<'_> {
+    /// Bytes `range` of this region (None when outside it); same device and fence.
+    fn slice(&self, range: std::ops::Range<usize>) -> Option<Self> {
+        (range.start <= range.end && range.end <= self.bytes).then_some(DevicePtr {
+            ptr: self.ptr + range.start as u64,
+            bytes: range.end - range.start,
+            ..*self
+        })
+    }
+}
+
+impl<'a> Buf<'a> {
     pub fn len_bytes(&self) -> usize {
         match self {
             Buf::Host(b) => b.len(),
             Buf::Device(d) => d.bytes,
+        }
+    }
+    /// Bytes `range` of the buffer (None when outside it).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Option<Buf<'a>> {
+        match self {
+            Buf::Host(b) => b.get(range).map(Buf::Host),
+            Buf::Device(d) => d.slice(range).map(Buf::Device),
         }
     }
 }
@@ -100,6 +126,13 @@ impl BufMut<'_> {
         match self {
             BufMut::Host(b) => BufMut::Host(b),
             BufMut::Device(d) => BufMut::Device(*d),
+        }
+    }
+    /// Bytes `range` of the buffer, for a shorter call (None when outside it).
+    pub fn slice_mut(&mut self, range: std::ops::Range<usize>) -> Option<BufMut<'_>> {
+        match self {
+            BufMut::Host(b) => b.get_mut(range).map(BufMut::Host),
+            BufMut::Device(d) => d.slice(range).map(BufMut::Device),
         }
     }
     /// A read view of the same memory.

@@ -117,6 +117,13 @@ pub trait Communicator: Send + Sync + sealed::Sealed {
     /// that becomes the sub-communicator's member order). Called by the members only, all with
     /// the same list; cached, so asking twice is cheap.
     fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError>;
+    /// The channel for messages from member `from` to member `to` only: a communicator of the
+    /// two (`from` is its member 0, `to` its member 1) that carries nothing else, so a send on
+    /// it never queues behind traffic of the other direction or of other groups (on NCCL its
+    /// own communicator and stream: a device send blocks its stream until the receive is
+    /// posted). Called by `from` and `to` only; the first call of a pair waits for the other
+    /// (both open it), later ones are cached.
+    fn one_way(&self, from: usize, to: usize) -> Result<SharedComm, CommError>;
 
     /// All-gather with equal counts: `recv.len() == size() * send.len()`.
     fn all_gather(&self, dtype: DType, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError>;

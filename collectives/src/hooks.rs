@@ -126,6 +126,12 @@ pub(crate) trait BackendHooks: Send + Sync + 'static {
     fn barrier(&self) -> Result<(), CommError>;
     /// `members` are distinct members; this one is member `me` of them.
     fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError>;
+    /// `from` and `to` are distinct members, this one is member `me` (0: `from`, 1: `to`) of
+    /// the pair. Host backends buffer their sends, so the sub-group of the pair (in that order)
+    /// serves.
+    fn one_way(&self, from: usize, to: usize, me: usize) -> Result<SharedComm, CommError> {
+        self.sub_group(&[from, to], me)
+    }
 
     fn unsupported(&self, op: &str) -> CommError {
         CommError::Unsupported {

@@ -312,3 +312,54 @@ fn every_public_call_reaches_the_boundary_checks() {
         }
     }
 }
+
+#[test]
+fn one_way_channels_check_their_pair_alike_on_every_backend() {
+    let cases: [(usize, usize, &str); 3] = [
+        (ME, ME, "to itself"),
+        (0, 2, "opens the channel from 0 to 2"),
+        (0, N + 2, "is not a member"),
+    ];
+    for (from, to, want) in cases {
+        let texts: Vec<String> = backends()
+            .iter()
+            .map(|c| match c.one_way(from, to) {
+                Err(e @ CommError::InvalidArgument { .. }) => e.to_string(),
+                other => panic!("one_way({from}, {to}): {:?}", other.map(|_| "a channel")),
+            })
+            .collect();
+        assert!(texts[0].contains(want), "{}", texts[0]);
+        assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
+    }
+}
+
+#[test]
+fn one_way_channels_carry_each_direction_on_their_own() {
+    let world = InProcessWorld::new(2, T);
+    let handles: Vec<_> = world
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            std::thread::spawn(move || {
+                let comm: SharedComm = comm;
+                let there = comm.one_way(0, 1).unwrap();
+                let back = comm.one_way(1, 0).unwrap();
+                assert_eq!(there.world_ranks(), &[0, 1]);
+                assert_eq!(back.world_ranks(), &[1, 0]);
+                // Both send first: one-way channels of a host backend buffer their sends.
+                let mine = [r as u8 + 1; 8];
+                let mut got = [0u8; 8];
+                if r == 0 {
+                    there.send(DType::F32, Buf::Host(&mine), 1).unwrap();
+                    back.recv(DType::F32, BufMut::Host(&mut got), 0).unwrap();
+                } else {
+                    back.send(DType::F32, Buf::Host(&mine), 1).unwrap();
+                    there.recv(DType::F32, BufMut::Host(&mut got), 0).unwrap();
+                }
+                got
+            })
+        })
+        .collect();
+    let got: Vec<[u8; 8]> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(got, [[2u8; 8], [1u8; 8]]);
+}

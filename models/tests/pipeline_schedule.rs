@@ -3,10 +3,13 @@
 //! micro-batches in flight on stage `s`; every (pp, m, v) the checks accept runs to the end
 //! with buffered sends; replayed with uniform costs, GPipe and 1F1B have the theoretical
 //! bubble and interleaving lowers it; invalid combinations are typed errors; the stage split
-//! is as even as possible.
+//! is as even as possible. Every stage's host program receives each message once, in its
+//! sender's order, before the action that needs it; replayed on device streams (a send blocks
+//! its stream until the receive is posted), every accepted combination finishes on one-way
+//! channels, while one stream per pair of stages deadlocks 1F1B and interleaving.
 
 use oxiflow_models::nn::gpt::{GptLayout, StageSplit};
-use oxiflow_models::pipeline::{Action, Message, PipelineSpec, Schedule};
+use oxiflow_models::pipeline::{Action, HostOp, Message, PipelineSpec, Schedule, Transport};
 use oxiflow_placement::{DeviceType, Placement};
 
 fn spec(schedule: Schedule, pp: usize, m: usize, v: usize) -> PipelineSpec {
@@ -236,4 +239,141 @@ fn layers_split_as_evenly_as_possible() {
         .expect_err("shared ranks")
         .to_string()
         .contains("share ranks"));
+}
+
+/// Every accepted (schedule, pp, m, v) with pp <= 6, m <= 12, v <= 4.
+fn accepted() -> Vec<PipelineSpec> {
+    let mut out = Vec::new();
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved] {
+        for pp in 1..=6 {
+            for m in 1..=12 {
+                for v in 1..=4 {
+                    let s = spec(schedule, pp, m, v);
+                    if s.validate(pp * v * 2).is_ok() {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn programs_receive_each_message_once_in_send_order_before_its_use() {
+    for s in accepted() {
+        for tied in [false, true] {
+            let programs: Vec<Vec<HostOp>> = (0..s.stages).map(|st| s.program(st, tied)).collect();
+            for (stage, program) in programs.iter().enumerate() {
+                let mut have = std::collections::HashSet::new();
+                let mut ran = 0;
+                for op in program {
+                    match *op {
+                        HostOp::Recv { from, msg } => {
+                            assert_eq!(s.sender_of(msg), from, "{s:?}");
+                            assert!(have.insert(msg), "{s:?} stage {stage}: {msg:?} twice");
+                        }
+                        HostOp::Run(a) => {
+                            ran += 1;
+                            if let Some(msg) = s.needs(stage, a) {
+                                if s.sender_of(msg) != stage {
+                                    assert!(
+                                        have.contains(&msg),
+                                        "{s:?} stage {stage}: {a:?} before {msg:?}"
+                                    );
+                                }
+                            }
+                        }
+                        HostOp::Send { to, msg } => {
+                            assert_ne!(to, stage, "{s:?}: {msg:?} sent to itself");
+                        }
+                    }
+                }
+                assert_eq!(ran, 2 * s.micro_batches * s.virtual_stages);
+                // Per sender: received in the order it sent, all of them.
+                for from in (0..s.stages).filter(|&f| f != stage) {
+                    let sent: Vec<Message> = programs[from]
+                        .iter()
+                        .filter_map(|op| match *op {
+                            HostOp::Send { to, msg } if to == stage => Some(msg),
+                            _ => None,
+                        })
+                        .collect();
+                    let got: Vec<Message> = program
+                        .iter()
+                        .filter_map(|op| match *op {
+                            HostOp::Recv { from: f, msg } if f == from => Some(msg),
+                            _ => None,
+                        })
+                        .collect();
+                    assert_eq!(sent, got, "{s:?}: stage {from} to {stage}");
+                }
+                let tied_msgs = program.iter().any(|op| {
+                    matches!(
+                        op,
+                        HostOp::Send {
+                            msg: Message::Tied | Message::TiedGradient,
+                            ..
+                        } | HostOp::Recv {
+                            msg: Message::Tied | Message::TiedGradient,
+                            ..
+                        }
+                    )
+                });
+                let ends = stage == 0 || stage + 1 == s.stages;
+                assert_eq!(
+                    tied_msgs,
+                    tied && s.stages > 1 && ends,
+                    "{s:?} stage {stage}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_accepted_combination_finishes_on_one_way_channels_on_devices() {
+    let all = accepted();
+    let interleaved: usize = (1..=6).map(|pp| 12 / pp).sum::<usize>() * 4;
+    assert_eq!(all.len(), 2 * 6 * 12 + interleaved);
+    for s in &all {
+        let r = s
+            .replay_on(Transport::OneWayChannels)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Two channels per pair of neighbouring stages (one each way), the wrap-around and the
+        // tied table's between the last and first stage.
+        if s.stages == 2 {
+            assert_eq!(r.channels, 2, "{s:?}");
+        }
+        assert!(r.device_ops > 0);
+    }
+}
+
+#[test]
+fn one_stream_per_pair_of_stages_deadlocks_1f1b_and_interleaving_not_gpipe() {
+    for s in accepted() {
+        let r = s.replay_on(Transport::SharedPairs);
+        let pp_m = s.stages >= 2 && s.micro_batches >= 2;
+        match s.schedule {
+            // All forwards, then all backwards: each pair's traffic is one-way at a time.
+            Schedule::GPipe => assert!(r.is_ok(), "{s:?}: {r:?}"),
+            _ if pp_m => {
+                let e = r.expect_err("finished on shared pairs").to_string();
+                assert!(e.contains("the devices deadlock"), "{e}");
+                assert!(e.contains("started, its peer's half not"), "{e}");
+            }
+            _ => {}
+        }
+    }
+    // The concrete cycle: stage 0's second activation queues behind ... and stage 1's first
+    // gradient waits for stage 0 to post its receive, which is queued behind that send.
+    let e = spec(Schedule::OneFOneB, 2, 2, 1)
+        .replay_on(Transport::SharedPairs)
+        .expect_err("deadlock")
+        .to_string();
+    assert!(
+        e.contains("stage 0: send Activation { mb: 1, to: 1 }")
+            && e.contains("stage 1: send Gradient { mb: 0, to: 0 }"),
+        "{e}"
+    );
 }

@@ -5,18 +5,22 @@
 //! the contributions of the source's P components. B copies: one source per region, the
 //! receiver itself when it holds one. Target P(sum) axes: the rank at coordinate 0 on every
 //! such axis holds the value, the others zeros; target P(max)/P(min) axes hold copies.
-//! Between disjoint placements in host memory (pipeline stages) the exchange is one-way: the
-//! senders post buffered point-to-point messages and go on, the receivers wait for them.
+//! Between disjoint placements (pipeline stages) the exchange is one-way: each sender posts one
+//! point-to-point message per receiver on the pair's one-way channel (`Communicator::one_way`:
+//! buffered on host backends; on NCCL a communicator and stream per direction, so a send
+//! waits behind nothing but earlier sends of the same pair) and goes on; each receiver takes
+//! its messages in member order. The send buffer is dropped after the call: its memory is
+//! reused only once the send ended, and nothing waits for that.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use oxiflow_collectives::{Buf, BufMut, CommError, Communicator};
+use oxiflow_collectives::{CommError, Communicator};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
 use rustc_hash::FxHashMap;
 
-use crate::execute::{comm_err, comm_op, sub_comm};
+use crate::execute::{comm_err, comm_op, member_indices, sub_comm};
 use crate::piece::{Fill, LocalPiece};
 use crate::plan::{partial_op, Step, StepKind};
 use crate::region::{intersect, numel, relative};
@@ -161,6 +165,32 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
     }
 }
 
+/// Whether a point-to-point step runs one-way: its placements share no rank.
+pub(crate) fn is_one_way(step: &Step) -> bool {
+    let to = step.after.placement();
+    !step
+        .before
+        .placement()
+        .ranks()
+        .iter()
+        .any(|&r| to.contains(r))
+}
+
+impl P2pPlan {
+    /// The (sender, receiver) world-rank pairs whose channels a one-way run of this plan uses.
+    pub fn one_way_pairs(&self) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = self
+            .transfers
+            .iter()
+            .filter(|t| t.src != t.dst)
+            .map(|t| (t.src, t.dst))
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
+}
+
 /// Runs a point-to-point step on world rank `me`; returns the target piece (None when `me` is
 /// not in the target placement).
 pub(crate) fn run<P: LocalPiece>(
@@ -208,21 +238,32 @@ pub(crate) fn run<P: LocalPiece>(
             src.pack(&refs, &mut send, 0)?;
         }
         let mut recv = P::scratch(at, dtype, src_dev)?;
-        let comm = sub_comm(world, &plan.union, step)?;
-        debug_assert_eq!(comm.rank(), my_member);
-        let disjoint = !from
-            .placement()
-            .ranks()
-            .iter()
-            .any(|&r| to.placement().contains(r));
-        match (disjoint, send.as_buf(), recv.as_buf_mut()) {
-            (true, Buf::Host(s), BufMut::Host(r)) => {
-                exchange_one_way(&*comm, dtype, s, &send_counts, r, &recv_counts)
-                    .map_err(comm_err(step))?
-            }
-            (_, s, r) => comm
-                .all_to_all_v(dtype, s, &send_counts, r, &recv_counts)
-                .map_err(comm_err(step))?,
+        if is_one_way(step) {
+            let members = member_indices(world, &plan.union).map_err(|rank| {
+                BoxingError::RankOutsideWorld {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    placement: from.placement().to_string(),
+                    rank,
+                    world: world.world_ranks().to_vec(),
+                }
+            })?;
+            let counts = (&send_counts[..], &recv_counts[..]);
+            exchange_one_way(
+                &**world, &members, my_member, dtype, &send, &mut recv, counts,
+            )
+            .map_err(comm_err(step))?;
+        } else {
+            let comm = sub_comm(world, &plan.union, step)?;
+            debug_assert_eq!(comm.rank(), my_member);
+            comm.all_to_all_v(
+                dtype,
+                send.as_buf(),
+                &send_counts,
+                recv.as_buf_mut(),
+                &recv_counts,
+            )
+            .map_err(comm_err(step))?;
         }
         send.recycle();
         staging_recv = Some(recv);
@@ -260,29 +301,52 @@ pub(crate) fn run<P: LocalPiece>(
 }
 
 /// The data of an all-to-all-v between disjoint placements, where every rank only sends or
-/// only receives: one point-to-point message per peer with data (in member order). Sends are
-/// the communicator's buffered ones, so a sender goes on without waiting for its receivers;
-/// a receiver waits for each message (within the communicator's timeout).
-fn exchange_one_way(
-    comm: &dyn Communicator,
+/// only receives: one point-to-point message per peer with data (in member order), each on
+/// the one-way channel from its sender to its receiver (`members`: the world member of each
+/// union member; `me`: this rank's union member). A sender goes on without waiting for its
+/// receivers; a receive waits (within the communicator's timeout) on host backends and is
+/// queued on the channel's stream on devices.
+fn exchange_one_way<P: LocalPiece>(
+    world: &dyn Communicator,
+    members: &[usize],
+    me: usize,
     dtype: DType,
-    send: &[u8],
-    send_counts: &[usize],
-    recv: &mut [u8],
-    recv_counts: &[usize],
+    send: &P,
+    recv: &mut P,
+    (send_counts, recv_counts): (&[usize], &[usize]),
 ) -> Result<(), CommError> {
     let es = dtype.size();
+    let outside = |what: &str, at: usize, n: usize, len: usize| CommError::InvalidArgument {
+        op: "one-way exchange".into(),
+        detail: format!(
+            "{what} bytes {at}..{} outside a buffer of {len}",
+            at + n * es
+        ),
+    };
+    let buf = send.as_buf();
     let mut at = 0;
     for (peer, &n) in send_counts.iter().enumerate() {
         if n > 0 {
-            comm.send(dtype, Buf::Host(&send[at..at + n * es]), peer)?;
+            let part = buf
+                .slice(at..at + n * es)
+                .ok_or_else(|| outside("send", at, n, buf.len_bytes()))?;
+            world
+                .one_way(members[me], members[peer])?
+                .send(dtype, part, 1)?;
         }
         at += n * es;
     }
+    let mut buf = recv.as_buf_mut();
+    let len = buf.len_bytes();
     let mut at = 0;
     for (peer, &n) in recv_counts.iter().enumerate() {
         if n > 0 {
-            comm.recv(dtype, BufMut::Host(&mut recv[at..at + n * es]), peer)?;
+            let part = buf
+                .slice_mut(at..at + n * es)
+                .ok_or_else(|| outside("receive", at, n, len))?;
+            world
+                .one_way(members[peer], members[me])?
+                .recv(dtype, part, 0)?;
         }
         at += n * es;
     }

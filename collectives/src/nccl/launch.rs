@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::comm::{NcclComm, NcclOptions};
 use crate::cuda_libs::{self, LibSearch};
 use crate::env::{BackendChoice, LaunchEnv};
-use crate::{heartbeat, rendezvous};
+use crate::heartbeat;
+use crate::rendezvous::{self, DeviceSeat};
 use crate::{CommError, SharedComm};
 
 /// Why `auto` would not pick NCCL on this machine (`None`: it would).
@@ -25,19 +26,33 @@ pub fn nccl_unavailable(env: &LaunchEnv, libs: &LibSearch) -> Option<String> {
 /// rendezvous store (`MASTER_ADDR:MASTER_PORT`, `OXIFLOW_TOKEN`).
 pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, CommError> {
     env.configure_flight_recorder();
+    let mut libs = libs.clone();
+    libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());
+    let seat = seat_of(env, &libs);
+    if let (1, Err(why)) = (env.world_size, &seat.device) {
+        return Err(CommError::Device(format!(
+            "rank 0 cannot start NCCL: {why}"
+        )));
+    }
     let store = env.connect_store()?;
     if env.world_size > 1 {
-        // The same membership checks as the CPU world (world size, duplicate rank), so a
-        // mismatch is a clear error at rendezvous rather than a hang in ncclCommInitRank.
+        // The same membership checks as the CPU world (world size, duplicate rank) and the
+        // device seat, so a mismatch, a missing library or two ranks on one GPU is the same
+        // clear error on every rank at rendezvous, before any NCCL call.
         let who = format!(
             "pid {} on CUDA device {}",
             std::process::id(),
             env.device_ordinal()
         );
-        rendezvous::join_world(&store, env.rank, env.world_size, &who, env.timeout)?;
+        rendezvous::join_world_seated(
+            &store,
+            env.rank,
+            env.world_size,
+            &who,
+            env.timeout,
+            Some(&seat),
+        )?;
     }
-    let mut libs = libs.clone();
-    libs.extra_dirs.extend(env.cuda_lib_dirs.iter().cloned());
     let opts = NcclOptions {
         timeout: env.timeout,
         libs,
@@ -54,6 +69,16 @@ pub fn init_world_nccl(env: &LaunchEnv, libs: &LibSearch) -> Result<NcclComm, Co
         comm.keep_heartbeat(heartbeat::start(store, env.rank));
     }
     Ok(comm)
+}
+
+/// This rank's device: its ordinal when CUDA, NCCL and that device are there, else why not.
+fn seat_of(env: &LaunchEnv, libs: &LibSearch) -> DeviceSeat {
+    DeviceSeat::for_rank(
+        crate::shm::host_id(),
+        env.device_ordinal(),
+        cuda_libs::probe(libs).nccl_ready(),
+        env.local_world_size,
+    )
 }
 
 /// `--backend nccl|cpu|auto`: NCCL when asked (an error if it cannot start), the CPU world

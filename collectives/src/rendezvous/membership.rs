@@ -5,10 +5,15 @@
 //! to a shared refusal key, which every waiting rank polls, so the whole job fails within a
 //! poll interval with the same message naming the rank and what mismatched.
 //!
+//! A rank of a device world also takes a seat: a rank that cannot use its device (no NCCL, a
+//! device ordinal beyond those visible) refuses the job before it claims its rank, and a device
+//! claimed by a second rank of the same host refuses it too (NCCL needs one device per rank).
+//!
 //! Keys (under the client's prefix): `oxiflow/join/world` (`"<size> by <who>"`),
 //! `oxiflow/join/claim/<rank>` (claim counter), `oxiflow/join/member/<rank>/<n>` (who made
 //! claim n), `oxiflow/join/refused` (the first refusal's reason), `oxiflow/join/refusal_seen/<rank>`
-//! (that rank knows of the refusal).
+//! (that rank knows of the refusal), `oxiflow/join/device/<host>/<ordinal>` (seat counter) and
+//! `oxiflow/join/seat/<host>/<ordinal>/<n>` (who took seat n).
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +26,40 @@ const CLAIM_PREFIX: &str = "oxiflow/join/claim/";
 const MEMBER_PREFIX: &str = "oxiflow/join/member/";
 const REFUSED_KEY: &str = "oxiflow/join/refused";
 const SEEN_PREFIX: &str = "oxiflow/join/refusal_seen/";
+const DEVICE_PREFIX: &str = "oxiflow/join/device/";
+const SEAT_PREFIX: &str = "oxiflow/join/seat/";
+
+/// The device a rank of a device world computes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSeat {
+    /// Identifies the host (ranks of one host share its devices).
+    pub host: String,
+    /// The device ordinal, or why this rank cannot take part (said to every rank).
+    pub device: Result<usize, String>,
+}
+impl DeviceSeat {
+    /// The seat of a rank of `host` bound to CUDA device `ordinal`, given what the probe of
+    /// this machine found: `visible` devices with NCCL usable, or why not (`local_ranks`:
+    /// the ranks of this host, named in the message). Pure, so the launch path's decision is
+    /// testable without a GPU.
+    pub fn for_rank(
+        host: String,
+        ordinal: usize,
+        visible: Result<usize, String>,
+        local_ranks: usize,
+    ) -> DeviceSeat {
+        let device = match visible {
+            Err(reason) => Err(format!("NCCL is unavailable ({reason})")),
+            Ok(n) if ordinal >= n => Err(format!(
+                "it is bound to CUDA device {ordinal} but {n} device(s) are visible \
+                 ({local_ranks} local ranks): a device world needs one GPU per rank"
+            )),
+            Ok(_) => Ok(ordinal),
+        };
+        DeviceSeat { host, device }
+    }
+}
+
 /// How often a waiting rank looks for a refusal.
 const POLL: Duration = Duration::from_millis(200);
 /// How long a duplicate claimer waits for the first claimer's description.
@@ -53,6 +92,19 @@ pub fn join_world(
     world: usize,
     who: &str,
     timeout: Duration,
+) -> Result<(), CommError> {
+    join_world_seated(store, rank, world, who, timeout, None)
+}
+
+/// `join_world` for a rank of a device world, which takes `seat` (see the module docs) after
+/// the world-size check and before it claims its rank.
+pub fn join_world_seated(
+    store: &StoreClient,
+    rank: usize,
+    world: usize,
+    who: &str,
+    timeout: Duration,
+    seat: Option<&DeviceSeat>,
 ) -> Result<(), CommError> {
     let deadline = Instant::now() + timeout;
     let me = format!("rank {rank} ({who})");
@@ -87,6 +139,9 @@ pub fn join_world(
         }
     }
 
+    if let Some(seat) = seat {
+        take_seat(store, rank, &me, seat)?;
+    }
     let claims = store.add(&format!("{CLAIM_PREFIX}{rank}"), 1)?;
     store.set(&format!("{MEMBER_PREFIX}{rank}/{claims}"), who.as_bytes())?;
     if claims > 1 {
@@ -135,6 +190,42 @@ pub fn join_world(
     }
 }
 
+/// Takes `seat` for rank `rank` (`me` describes it), refusing the job when the rank cannot use
+/// a device or another rank of its host took the same one.
+fn take_seat(
+    store: &StoreClient,
+    rank: usize,
+    me: &str,
+    seat: &DeviceSeat,
+) -> Result<(), CommError> {
+    let device = match &seat.device {
+        Ok(d) => *d,
+        Err(why) => return refuse(store, rank, format!("{me} cannot join: {why}")),
+    };
+    let host = seat.host.replace('/', "_");
+    let n = store.add(&format!("{DEVICE_PREFIX}{host}/{device}"), 1)?;
+    store.set(&format!("{SEAT_PREFIX}{host}/{device}/{n}"), me.as_bytes())?;
+    if n == 1 {
+        return Ok(());
+    }
+    let first = store
+        .wait(&[&format!("{SEAT_PREFIX}{host}/{device}/1")], DESCRIBE_WAIT)
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .map_or_else(
+            || "another rank".to_string(),
+            |v| String::from_utf8_lossy(&v).into_owned(),
+        );
+    refuse(
+        store,
+        rank,
+        format!(
+            "{me} and {first} both use CUDA device {device} of one host: a device world needs \
+             one GPU per rank (fewer ranks per host, or more GPUs)"
+        ),
+    )
+}
+
 /// For the rank that serves the store itself: after a refusal, waits (at most `limit`) until
 /// every rank of `0..world` has read it, so none of them finds the store gone instead.
 pub fn linger_after_refusal(store: &StoreClient, world: usize, limit: Duration) {
@@ -146,13 +237,21 @@ pub fn linger_after_refusal(store: &StoreClient, world: usize, limit: Duration) 
 }
 
 /// Publishes `reason` as the job's refusal (the first one wins) and returns it as this rank's
-/// error.
+/// error, with the job's refusal when another rank's came first (so every rank's error names
+/// the one the others report).
 fn refuse(store: &StoreClient, rank: usize, reason: String) -> Result<(), CommError> {
     let _ = store.set(&format!("{SEEN_PREFIX}{rank}"), b"1");
-    if let Err(e) = store.compare_set(REFUSED_KEY, None, reason.as_bytes()) {
-        tracing::warn!("{OP}: could not tell the other ranks why this one is refused: {e}");
+    match store.compare_set(REFUSED_KEY, None, reason.as_bytes()) {
+        Ok((false, Some(first))) if first != reason.as_bytes() => Err(mismatch(format!(
+            "{reason} (the job was refused first: {})",
+            String::from_utf8_lossy(&first)
+        ))),
+        Ok(_) => Err(mismatch(reason)),
+        Err(e) => {
+            tracing::warn!("{OP}: could not tell the other ranks why this one is refused: {e}");
+            Err(mismatch(reason))
+        }
     }
-    Err(mismatch(reason))
 }
 
 fn mismatch(detail: String) -> CommError {

@@ -31,7 +31,10 @@ pub use client::{ClientOptions, StoreClient};
 pub use config::{
     constant_time_eq, validate_token, StoreConfig, DEFAULT_MAX_MESSAGE_BYTES, MAX_TOKEN_BYTES,
 };
-pub use membership::{join_world, linger_after_refusal, publish_world_size, WORLD_SIZE_KEY};
+pub use membership::{
+    join_world, join_world_seated, linger_after_refusal, publish_world_size, DeviceSeat,
+    WORLD_SIZE_KEY,
+};
 pub use server::StoreServer;
 
 use crate::CommError;

@@ -58,7 +58,7 @@ fn read_trimmed(path: &str) -> String {
 }
 
 /// Identifies the host (and its /dev/shm): machine id, boot id and host name.
-fn host_id() -> String {
+pub(crate) fn host_id() -> String {
     let mut name = [0u8; 256];
     // SAFETY: writes at most name.len() bytes into the buffer.
     let rc = unsafe { libc::gethostname(name.as_mut_ptr() as *mut libc::c_char, name.len()) };

@@ -32,7 +32,8 @@ impl PipelineModel for Gpt {
         } else {
             vec![0, 0, self.cfg.width]
         };
-        (dims, self.cfg.dtype)
+        // The stream has the dtype layers compute with (a mixed-precision copy's).
+        (dims, self.wte.weight.compute_dtype())
     }
     fn tied(&self) -> Option<Tied> {
         let (_, layout) = self.tied_layout()?;

@@ -7,7 +7,9 @@ mod gpt;
 mod model;
 mod runner;
 mod schedule;
+mod streams;
 
 pub use model::{PipelineModel, Tied};
 pub use runner::{run_step, MicroBatches, StepReport};
-pub use schedule::{Action, Message, PipelineSpec, Schedule};
+pub use schedule::{Action, HostOp, Message, PipelineSpec, Schedule};
+pub use streams::{ReplayReport, Transport};

@@ -31,7 +31,8 @@ pub trait PipelineModel: Module {
     fn stage_placement(&self, s: usize) -> Option<Placement>;
     /// Where the stream entering chunk `g` lives (None when local).
     fn stream_layout(&self, g: usize) -> Option<(Placement, NdSbp)>;
-    /// The shape and dtype of the stream between chunks for a micro-batch of `inputs`.
+    /// The shape and dtype of the stream between chunks for a micro-batch of `inputs` (the
+    /// dtype layers compute with).
     fn stream_meta(&self, inputs: &Tensor) -> (Vec<usize>, DType);
     /// The parameter the first and last chunks share, if any.
     fn tied(&self) -> Option<Tied>;

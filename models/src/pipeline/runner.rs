@@ -1,26 +1,28 @@
-//! One pipelined training step of a `PipelineModel` on this rank: its stage's action list (from
-//! `PipelineSpec::actions`) run in order. Streams and their gradients cross stages with
-//! `to_global` between the stages' placements; between disjoint placements that is a
-//! buffered send on the sender and a wait on the receiver, so no stage waits for another's
-//! compute except for the data it needs. A receiver takes the messages of one sending stage in
-//! the order that stage sent them (it knows the order: the sender's list is a pure function),
-//! keeping the ones it needs later. The tied embedding table goes to the last stage at the
-//! start and its gradient comes back at the end. Micro-batch losses are scaled by `1/m` (times
+//! One pipelined training step of a `PipelineModel` on this rank: its stage's program (from
+//! `PipelineSpec::program`: receives, actions and sends, the order `validate` proved to
+//! finish) run op by op. Streams and their gradients cross stages with `to_global` between the
+//! stages' placements; between disjoint placements that is one-way (boxing's point-to-point
+//! strategy: a send that does not wait for the receiver, on a channel of its own per direction
+//! on devices), so no stage waits for another's compute except for the data it needs. A
+//! receiver takes the messages of one sending stage in the order that stage sent them, keeping
+//! the ones it needs later. The tied embedding table goes to the last stage at the start and
+//! its gradient comes back at the end. Micro-batch losses are scaled by `1/m` (times
 //! the caller's scale, e.g. `1/k` for `k` accumulated runs), so the accumulated gradients are
 //! the full batch's; each micro-batch draws its rows of the whole batch's dropout masks
 //! (`Pass::micro`), so the step equals the unsplit one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use oxiflow_sbp::NdSbp;
-use oxiflow_tensor::Tensor;
+use oxiflow_collectives::DType;
+use oxiflow_sbp::{NdSbp, Shape};
+use oxiflow_tensor::{Context, Tensor};
 
 use crate::nn::Pass;
 use crate::{Result, TensorError};
 
 use super::model::PipelineModel;
-use super::schedule::{Action, Message, PipelineSpec};
+use super::schedule::{Action, HostOp, Message, PipelineSpec};
 
 fn runner_err(detail: String) -> TensorError {
     TensorError::Autograd {
@@ -61,32 +63,27 @@ struct Stage<'a> {
     model: &'a dyn PipelineModel,
     spec: PipelineSpec,
     stage: usize,
-    /// Per sending stage: the messages still to arrive from it, in its send order.
-    expected: HashMap<usize, VecDeque<Message>>,
-    /// Messages that arrived (or were sent to this stage by itself) before they were needed.
+    /// Messages received (or kept from this stage's own sends) and not used yet.
     stash: HashMap<Message, Tensor>,
     /// The stream's shape and dtype.
     stream_shape: Vec<usize>,
-    stream_dtype: oxiflow_collectives::DType,
+    stream_dtype: DType,
     waiting: Duration,
 }
 
 impl Stage<'_> {
-    /// The placement and nd-SBP of `msg` on the stage that receives it, and its source stage.
-    fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>)> {
+    /// The source and target stages of `msg`, its nd-SBP (the same on both), shape and dtype
+    /// (the dtype layers compute with: the tied table's compute copy, the stream's).
+    fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>, DType)> {
         let pp = self.spec.stages;
-        let (from, to, g) = match msg {
-            Message::Activation { to, .. } => (
-                self.spec.stage_of(to.saturating_sub(1)),
-                self.spec.stage_of(to),
-                to,
-            ),
-            Message::Gradient { to, .. } => {
-                (self.spec.stage_of(to + 1), self.spec.stage_of(to), to)
+        let (to, g) = match msg {
+            Message::Activation { to, .. } | Message::Gradient { to, .. } => {
+                (self.spec.stage_of(to), to)
             }
-            Message::Tied => (0, pp - 1, 0),
-            Message::TiedGradient => (pp - 1, 0, 0),
+            Message::Tied => (pp - 1, 0),
+            Message::TiedGradient => (0, 0),
         };
+        let from = self.spec.sender_of(msg);
         match msg {
             Message::Tied | Message::TiedGradient => {
                 let tied = self
@@ -94,14 +91,15 @@ impl Stage<'_> {
                     .tied()
                     .ok_or_else(|| runner_err("the model shares no parameter".into()))?;
                 let w = tied.param.value();
-                Ok((from, to, tied.layout, w.shape().dims().to_vec()))
+                let dtype = tied.param.compute_dtype();
+                Ok((from, to, tied.layout, w.shape().dims().to_vec(), dtype))
             }
             _ => {
                 let (_, nd) = self
                     .model
                     .stream_layout(g)
                     .ok_or_else(|| runner_err("pipeline stages must be global".into()))?;
-                Ok((from, to, nd, self.stream_shape.clone()))
+                Ok((from, to, nd, self.stream_shape.clone(), self.stream_dtype))
             }
         }
     }
@@ -114,7 +112,7 @@ impl Stage<'_> {
 
     /// Sends `t` as `msg` (kept here when this stage receives it itself).
     fn send(&mut self, msg: Message, t: &Tensor) -> Result<()> {
-        let (_, to, nd, _) = self.layout_of(msg)?;
+        let (_, to, nd, _, _) = self.layout_of(msg)?;
         if to == self.stage {
             self.stash.insert(msg, t.detach());
             return Ok(());
@@ -124,48 +122,60 @@ impl Stage<'_> {
         Ok(())
     }
 
-    /// The tensor of `msg`, receiving (and keeping) earlier messages of its sender first.
-    fn take(&mut self, msg: Message) -> Result<Tensor> {
-        if let Some(t) = self.stash.remove(&msg) {
-            return Ok(t);
-        }
-        let (from, to, _, _) = self.layout_of(msg)?;
+    /// Receives `msg` from its sender (`to_global` from an absent value on the sender's
+    /// placement to this stage's) and keeps it.
+    fn receive(&mut self, msg: Message) -> Result<()> {
+        let (from, to, nd, shape, dtype) = self.layout_of(msg)?;
         if to != self.stage || from == self.stage {
             return Err(runner_err(format!(
-                "stage {} waits for {msg:?}, which it never receives",
+                "stage {} receives {msg:?}, which goes from stage {from} to stage {to}",
                 self.stage
             )));
         }
         let start = Instant::now();
-        loop {
-            let next = self
-                .expected
-                .get_mut(&from)
-                .and_then(VecDeque::pop_front)
-                .ok_or_else(|| {
-                    runner_err(format!(
-                        "stage {} waits for {msg:?} but stage {from} sends nothing more",
-                        self.stage
-                    ))
-                })?;
-            let t = self.receive(next)?;
-            if next == msg {
-                self.waiting += start.elapsed();
-                return Ok(t);
-            }
-            self.stash.insert(next, t);
-        }
+        let (src, dst) = (self.placement(from)?, self.placement(to)?);
+        let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
+        let t = absent.to_global(&dst, nd)?.detach();
+        self.waiting += start.elapsed();
+        self.stash.insert(msg, t);
+        Ok(())
     }
 
-    /// Receives `msg` from its sender: `to_global` from (an absent value on) the sender's
-    /// placement to this stage's.
-    fn receive(&self, msg: Message) -> Result<Tensor> {
-        let (from, to, nd, shape) = self.layout_of(msg)?;
-        let (src, dst) = (self.placement(from)?, self.placement(to)?);
-        let dtype = self.stream_dtype;
-        let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
-        Ok(absent.to_global(&dst, nd)?.detach())
+    /// The kept tensor of `msg`.
+    fn take(&mut self, msg: Message) -> Result<Tensor> {
+        self.stash.remove(&msg).ok_or_else(|| {
+            runner_err(format!(
+                "stage {} needs {msg:?} before receiving it",
+                self.stage
+            ))
+        })
     }
+}
+
+/// Opens, before the step's first transfer, the one-way channel of every (sender, receiver)
+/// rank pair any message of the step uses, from the same sorted list on every rank: the
+/// openings (each meets its peer) cannot wait in a cycle, and no transfer of the step opens a
+/// communicator while others are queued on the device (NCCL's creation may wait for the
+/// device). Cheap once open (plans and channels are cached).
+fn open_channels(st: &Stage<'_>, tied: bool) -> Result<()> {
+    let ctx = Context::current()
+        .ok_or_else(|| runner_err("no runtime context to open the pipeline's channels".into()))?;
+    let mut pairs = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, _, msg) in st.spec.messages(tied) {
+        let (from, to, nd, shape, dtype) = st.layout_of(msg)?;
+        if !seen.insert((from, to, nd.clone(), shape.clone(), dtype)) {
+            continue;
+        }
+        let (src, dst) = (st.placement(from)?, st.placement(to)?);
+        let plan = ctx
+            .planner()
+            .plan_parts(&Shape::new(shape), (&src, &nd), (&dst, &nd), dtype)
+            .map_err(|e| runner_err(format!("planning {msg:?}: {e}")))?;
+        pairs.extend(plan.one_way_pairs());
+    }
+    oxiflow_boxing::open_one_way(ctx.world(), &pairs)
+        .map_err(|e| runner_err(format!("opening the pipeline's channels: {e}")))
 }
 
 /// Runs this rank's stage `stage` of `spec` on the micro-batches (`spec.micro_batches` of
@@ -203,113 +213,90 @@ pub fn run_step(
         )));
     }
     let (stream_shape, stream_dtype) = model.stream_meta(&batches.inputs[0]);
-    let mut expected: HashMap<usize, VecDeque<Message>> = HashMap::new();
-    for from in (0..pp).filter(|&s| s != stage) {
-        let q = spec
-            .outbox(from)
-            .into_iter()
-            .filter(|&(to, _)| to == stage)
-            .map(|(_, msg)| msg)
-            .collect();
-        expected.insert(from, q);
-    }
     let mut st = Stage {
         model,
         spec: *spec,
         stage,
-        expected,
         stash: HashMap::new(),
         stream_shape,
         stream_dtype,
         waiting: Duration::ZERO,
     };
     let start = Instant::now();
-    // The tied table: the first stage's compute value, and the last stage's copy (a leaf
-    // whose gradient goes back at the end).
     let tied = if pp > 1 { model.tied() } else { None };
-    let mut tied_sent = None;
-    let mut tied_last = None;
-    if let (Some(t), 0) = (&tied, stage) {
-        let w = t.param.compute()?;
-        // An exact view, so the returning gradient takes the engine's path into the leaf.
-        let view = w.reshape(w.shape().clone())?;
-        st.send(Message::Tied, &w)?;
-        tied_sent = Some(view);
+    if pp > 1 {
+        open_channels(&st, tied.is_some())?;
     }
-    if tied.is_some() && stage == pp - 1 {
-        tied_last = Some(st.take(Message::Tied)?.requires_grad_(true));
-    }
+    // The first stage's view of the tied table it sends (an exact view, so the returning
+    // gradient takes the engine's path into the leaf), and the last stage's copy (a leaf
+    // whose gradient goes back at the end).
+    let mut tied_sent: Option<Tensor> = None;
+    let mut tied_last: Option<Tensor> = None;
     // Each micro-batch draws its rows of the whole batch's dropout masks.
     let pass_of = |mb: usize| pass.micro(mb, m);
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let mut losses: Vec<Tensor> = Vec::new();
-    for a in spec.actions(stage) {
-        let g = spec.virtual_stage(stage, a);
-        match a {
-            Action::Forward { mb, chunk } => {
-                let (input, x) = if g == 0 {
-                    (None, model.enter(&batches.inputs[mb], pass_of(mb))?)
-                } else {
-                    let leaf = st
-                        .take(Message::Activation { mb, to: g })?
-                        .requires_grad_(true);
-                    (Some(leaf.clone()), leaf)
-                };
-                let y = model.run_chunk(g, &x, pass_of(mb))?;
-                let output = if g + 1 == chunks {
-                    let loss = model.exit_loss(
-                        &y,
-                        &batches.targets[mb],
-                        tied_last.as_ref(),
-                        pass_of(mb),
-                    )?;
-                    losses.push(loss.detach());
-                    loss
-                } else {
-                    let (p, nd) = model
-                        .stream_layout(g)
-                        .ok_or_else(|| runner_err("pipeline stages must be global".into()))?;
-                    let y = y.to_global(&p, nd)?;
-                    st.send(Message::Activation { mb, to: g + 1 }, &y)?;
-                    y
-                };
-                saved.insert((mb, chunk), Saved { input, output });
-            }
-            Action::Backward { mb, chunk } => {
-                let s = saved.remove(&(mb, chunk)).ok_or_else(|| {
-                    runner_err(format!(
-                        "stage {stage}: backward of {a:?} before its forward"
-                    ))
-                })?;
-                if g + 1 == chunks {
-                    s.output.mul_scalar(batches.scale / m as f64)?.backward()?;
-                } else {
-                    let dy = st.take(Message::Gradient { mb, to: g })?;
-                    s.output.backward_with(&dy)?;
+    // What the last action computed for the `Send` after it.
+    let mut outgoing: Option<(Message, Tensor)> = None;
+    for op in spec.program(stage, tied.is_some()) {
+        match op {
+            HostOp::Recv { msg, .. } => {
+                st.receive(msg)?;
+                match (msg, &tied_sent) {
+                    (Message::Tied, _) => {
+                        tied_last = Some(st.take(msg)?.requires_grad_(true));
+                    }
+                    (Message::TiedGradient, Some(view)) => {
+                        let dw = st.take(msg)?;
+                        view.backward_with(&dw)?;
+                    }
+                    _ => {}
                 }
-                if let Some(input) = s.input {
-                    let dx = input.grad().ok_or_else(|| {
-                        runner_err(format!("stage {stage}: {a:?} left no input gradient"))
-                    })?;
-                    let (p, nd) = model
-                        .stream_layout(g)
-                        .ok_or_else(|| runner_err("pipeline stages must be global".into()))?;
-                    st.send(Message::Gradient { mb, to: g - 1 }, &dx.to_global(&p, nd)?)?;
+            }
+            HostOp::Send { msg, .. } => {
+                let t = match (msg, &tied, &tied_last) {
+                    (Message::Tied, Some(t), _) => {
+                        let w = t.param.compute()?;
+                        tied_sent = Some(w.reshape(w.shape().clone())?);
+                        w
+                    }
+                    (Message::TiedGradient, Some(t), Some(w)) => {
+                        let last = st.placement(pp - 1)?;
+                        let dw = w.grad().ok_or_else(|| {
+                            runner_err("the last stage's tied table has no gradient".into())
+                        })?;
+                        dw.to_global(&last, t.layout.clone())?
+                    }
+                    _ => match outgoing.take() {
+                        Some((m, t)) if m == msg => t,
+                        _ => {
+                            return Err(runner_err(format!(
+                                "stage {stage} sends {msg:?}, which no action computed"
+                            )))
+                        }
+                    },
+                };
+                st.send(msg, &t)?;
+            }
+            HostOp::Run(a) => {
+                let produced = run_action(
+                    &mut st,
+                    a,
+                    batches,
+                    &pass_of,
+                    tied_last.as_ref(),
+                    &mut saved,
+                    &mut losses,
+                )?;
+                if let Some((msg, t)) = produced {
+                    match spec.sends(stage, a) {
+                        // Kept for this stage's own next chunk.
+                        Some((to, _)) if to == stage => st.send(msg, &t)?,
+                        _ => outgoing = Some((msg, t)),
+                    }
                 }
             }
         }
-    }
-    if let (Some(w), Some(t)) = (tied_last, &tied) {
-        let nd = t.layout.clone();
-        let last = st.placement(pp - 1)?;
-        let dw = w
-            .grad()
-            .ok_or_else(|| runner_err("the last stage's tied table has no gradient".into()))?;
-        st.send(Message::TiedGradient, &dw.to_global(&last, nd)?)?;
-    }
-    if let Some(view) = tied_sent {
-        let dw = st.take(Message::TiedGradient)?;
-        view.backward_with(&dw)?;
     }
     let span = start.elapsed();
     let loss = match losses.split_first() {
@@ -328,6 +315,79 @@ pub fn run_step(
         busy: span.saturating_sub(st.waiting),
         span,
     })
+}
+
+/// Runs action `a` (virtual stage `g`): a forward from the micro-batch's inputs or the
+/// received stream, ending in the loss or the stream it sends on; a backward from the loss or
+/// the received gradient, giving the input's gradient to send back. Returns the message it
+/// produced, if any.
+#[allow(clippy::too_many_arguments)]
+fn run_action(
+    st: &mut Stage<'_>,
+    a: Action,
+    batches: &MicroBatches<'_>,
+    pass_of: &dyn Fn(usize) -> Pass,
+    tied_last: Option<&Tensor>,
+    saved: &mut HashMap<(usize, usize), Saved>,
+    losses: &mut Vec<Tensor>,
+) -> Result<Option<(Message, Tensor)>> {
+    let (model, stage) = (st.model, st.stage);
+    let chunks = st.spec.chunks();
+    let m = st.spec.micro_batches;
+    let g = st.spec.virtual_stage(stage, a);
+    let stream = |g: usize| {
+        model
+            .stream_layout(g)
+            .ok_or_else(|| runner_err("pipeline stages must be global".into()))
+    };
+    match a {
+        Action::Forward { mb, chunk } => {
+            let (input, x) = if g == 0 {
+                (None, model.enter(&batches.inputs[mb], pass_of(mb))?)
+            } else {
+                let leaf = st
+                    .take(Message::Activation { mb, to: g })?
+                    .requires_grad_(true);
+                (Some(leaf.clone()), leaf)
+            };
+            let y = model.run_chunk(g, &x, pass_of(mb))?;
+            let (output, produced) = if g + 1 == chunks {
+                let loss = model.exit_loss(&y, &batches.targets[mb], tied_last, pass_of(mb))?;
+                losses.push(loss.detach());
+                (loss, None)
+            } else {
+                let (p, nd) = stream(g)?;
+                let y = y.to_global(&p, nd)?;
+                (y.clone(), Some((Message::Activation { mb, to: g + 1 }, y)))
+            };
+            saved.insert((mb, chunk), Saved { input, output });
+            Ok(produced)
+        }
+        Action::Backward { mb, chunk } => {
+            let s = saved.remove(&(mb, chunk)).ok_or_else(|| {
+                runner_err(format!(
+                    "stage {stage}: backward of {a:?} before its forward"
+                ))
+            })?;
+            if g + 1 == chunks {
+                s.output.mul_scalar(batches.scale / m as f64)?.backward()?;
+            } else {
+                let dy = st.take(Message::Gradient { mb, to: g })?;
+                s.output.backward_with(&dy)?;
+            }
+            let Some(input) = s.input else {
+                return Ok(None);
+            };
+            let dx = input.grad().ok_or_else(|| {
+                runner_err(format!("stage {stage}: {a:?} left no input gradient"))
+            })?;
+            let (p, nd) = stream(g)?;
+            Ok(Some((
+                Message::Gradient { mb, to: g - 1 },
+                dx.to_global(&p, nd)?,
+            )))
+        }
+    }
 }
 
 /// Gives every parameter this rank holds no piece of an absent zero gradient (no data), so

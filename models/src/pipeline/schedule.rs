@@ -2,10 +2,12 @@
 //! micro-batches, virtual stages): GPipe (all forwards, then all backwards), 1F1B (a warm-up of
 //! forwards, then one forward and one backward in turn) and interleaved 1F1B (Megatron's: each
 //! stage holds `v` chunks, micro-batches go round in groups of `pp`). The messages the actions
-//! send follow from the list, and `PipelineSpec::validate` runs every stage's list against the
-//! others (buffered sends, receives in any order) to prove it finishes.
+//! send follow from the list; `program` is what a stage's host issues in order (receives in
+//! each sender's order, actions, sends), which the runner follows. `PipelineSpec::validate`
+//! runs every stage's list against the others (buffered sends, receives in any order) and
+//! replays the programs on device streams (`streams`) to prove both finish.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::{Result, TensorError};
 
@@ -47,6 +49,18 @@ pub enum Message {
     Tied,
     /// Its gradient from the last stage, back to the first (end of the step).
     TiedGradient,
+}
+
+/// One step of a stage's host program, in the order the runner issues it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostOp {
+    /// Receive `msg` from stage `from` (kept until an action uses it).
+    Recv { from: usize, msg: Message },
+    /// Run an action on data computed or received before.
+    Run(Action),
+    /// Send `msg` (computed by the `Run` just before, or the tied table or its gradient) to
+    /// stage `to`.
+    Send { to: usize, msg: Message },
 }
 
 /// The pipeline of one training step.
@@ -117,7 +131,9 @@ impl PipelineSpec {
                 "{layers} layers cannot fill {pp} stages x {v} virtual stages (every chunk needs a layer)"
             )));
         }
-        self.simulate().map(|_| ())
+        self.simulate()?;
+        self.replay_on(super::streams::Transport::OneWayChannels)
+            .map(|_| ())
     }
 
     /// Stage `stage`'s actions in order.
@@ -213,9 +229,27 @@ impl PipelineSpec {
     /// tied table first (first stage), the actions' messages, the tied gradient last (last
     /// stage). Messages a stage sends to itself are left out.
     pub fn outbox(&self, stage: usize) -> Vec<(usize, Message)> {
+        self.outbox_of(stage, true)
+    }
+
+    /// Every message of the step between different stages, as (sender, receiver, message), in
+    /// each sender's order, stage by stage (with the tied table's when `tied`).
+    pub fn messages(&self, tied: bool) -> Vec<(usize, usize, Message)> {
+        (0..self.stages)
+            .flat_map(|from| {
+                self.outbox_of(from, tied)
+                    .into_iter()
+                    .map(move |(to, m)| (from, to, m))
+            })
+            .collect()
+    }
+
+    /// `outbox`, with the tied table and its gradient only when `tied`.
+    fn outbox_of(&self, stage: usize, tied: bool) -> Vec<(usize, Message)> {
         let pp = self.stages;
+        let tied = tied && pp > 1;
         let mut out = Vec::new();
-        if pp > 1 && stage == 0 {
+        if tied && stage == 0 {
             out.push((pp - 1, Message::Tied));
         }
         for a in self.actions(stage) {
@@ -225,10 +259,90 @@ impl PipelineSpec {
                 }
             }
         }
-        if pp > 1 && stage == pp - 1 {
+        if tied && stage == pp - 1 {
             out.push((0, Message::TiedGradient));
         }
         out
+    }
+
+    /// What stage `stage`'s host issues, in order, when the first and last chunks share a
+    /// parameter (`tied`, pp > 1: the table goes to the last stage first, its gradient back
+    /// last). Before an action that needs a message from another stage, the stage receives that
+    /// sender's messages in the order it sent them up to the one needed (keeping early ones),
+    /// so every pair of stages receives in send order; messages to itself are kept, not sent.
+    pub fn program(&self, stage: usize, tied: bool) -> Vec<HostOp> {
+        let pp = self.stages;
+        let tied = tied && pp > 1;
+        let mut expected: HashMap<usize, VecDeque<Message>> = (0..pp)
+            .filter(|&s| s != stage)
+            .map(|from| {
+                let q = self
+                    .outbox_of(from, tied)
+                    .into_iter()
+                    .filter(|&(to, _)| to == stage)
+                    .map(|(_, m)| m)
+                    .collect();
+                (from, q)
+            })
+            .collect();
+        let mut received: HashSet<Message> = HashSet::new();
+        let mut out = Vec::new();
+        let mut take = |from: usize, msg: Message, out: &mut Vec<HostOp>| {
+            if received.remove(&msg) {
+                return;
+            }
+            while let Some(next) = expected.get_mut(&from).and_then(VecDeque::pop_front) {
+                out.push(HostOp::Recv { from, msg: next });
+                if next == msg {
+                    return;
+                }
+                received.insert(next);
+            }
+        };
+        if tied && stage == 0 {
+            out.push(HostOp::Send {
+                to: pp - 1,
+                msg: Message::Tied,
+            });
+        }
+        if tied && stage == pp - 1 {
+            take(0, Message::Tied, &mut out);
+        }
+        for a in self.actions(stage) {
+            if let Some(msg) = self.needs(stage, a) {
+                let from = self.sender_of(msg);
+                if from != stage {
+                    take(from, msg, &mut out);
+                }
+            }
+            out.push(HostOp::Run(a));
+            if let Some((to, msg)) = self.sends(stage, a) {
+                if to != stage {
+                    out.push(HostOp::Send { to, msg });
+                }
+            }
+        }
+        if tied && stage == pp - 1 {
+            out.push(HostOp::Send {
+                to: 0,
+                msg: Message::TiedGradient,
+            });
+        }
+        if tied && stage == 0 {
+            take(pp - 1, Message::TiedGradient, &mut out);
+        }
+        out
+    }
+
+    /// The stage that sends `msg` (for the tied messages: the first stage for the table, the
+    /// last for its gradient).
+    pub fn sender_of(&self, msg: Message) -> usize {
+        match msg {
+            Message::Activation { to, .. } => self.stage_of(to.saturating_sub(1)),
+            Message::Gradient { to, .. } => self.stage_of(to + 1),
+            Message::Tied => 0,
+            Message::TiedGradient => self.stages.saturating_sub(1),
+        }
     }
 
     /// The ideal bubble fraction: `(p - 1) / (m + p - 1)`, interleaved `(p - 1) / (v m + p - 1)`.

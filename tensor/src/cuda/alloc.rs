@@ -9,6 +9,10 @@
 //! when a bucket already has `MAX_IN_FLIGHT` such blocks, after the compute stream waits for
 //! the oldest one. So a block is never touched by the compute stream, reused or freed while a
 //! collective may still read or write it, and no host thread waits for a collective to end.
+//! A point-to-point send's end (`DeviceFence::after_send`) waits for its receiver, whose
+//! progress may wait for this rank's later work: no stream ever waits for one. A block a send
+//! may still read is handed out again only once the send ended (a bucket allocates afresh
+//! instead), kept past the cache limit, and kept through a release after an out-of-memory.
 //!
 //! In an NCCL world the blocks come from NCCL's allocator (`NcclMemory`), which collectives
 //! register for zero-copy transfers; blocks under `SLAB` bytes are carved from `SLAB`-byte
@@ -89,16 +93,23 @@ impl Memory {
     }
 }
 
-/// A free block and the end events of collectives that may still use it.
+/// A free block, the end events of collectives that may still use it, and of sends that may
+/// still read it.
 struct Cached {
     mem: Memory,
     fences: Vec<Arc<CudaEvent>>,
+    sends: Vec<Arc<CudaEvent>>,
 }
 
 impl Cached {
     fn idle(&mut self) -> bool {
         self.fences.retain(|e| !e.is_complete());
-        self.fences.is_empty()
+        !self.sending() && self.fences.is_empty()
+    }
+    /// Whether a send may still read the block.
+    fn sending(&mut self) -> bool {
+        self.sends.retain(|e| !e.is_complete());
+        !self.sends.is_empty()
     }
 }
 
@@ -153,13 +164,14 @@ impl Pool {
         self.cached.load(Ordering::Relaxed)
     }
     /// A free block of `cap` bytes that `stream` may use now: an idle one, else (with
-    /// `MAX_IN_FLIGHT` busy ones waiting) the oldest after `stream` waits for it.
+    /// `MAX_IN_FLIGHT` busy ones waiting) the oldest no send may still read, after `stream`
+    /// waits for its collectives.
     fn take(&self, cap: usize, stream: &CudaStream) -> Option<Memory> {
         let mut g = lock(&self.free);
         let list = g.get_mut(&cap)?;
         let pick = match list.iter_mut().position(Cached::idle) {
             Some(i) => i,
-            None if list.len() >= MAX_IN_FLIGHT => 0,
+            None if list.len() >= MAX_IN_FLIGHT => list.iter_mut().position(|c| !c.sending())?,
             None => return None,
         };
         let c = list.remove(pick);
@@ -168,8 +180,14 @@ impl Pool {
         self.cached.fetch_sub(cap, Ordering::Relaxed);
         Some(c.mem)
     }
-    fn put(&self, cap: usize, mem: Memory, fences: Vec<Arc<CudaEvent>>, rt: &CudaRuntime) {
-        if self.cached.load(Ordering::Relaxed) + cap > self.limit(rt) {
+    fn put(&self, cap: usize, cached: Cached, rt: &CudaRuntime) {
+        let Cached {
+            mem,
+            fences,
+            mut sends,
+        } = cached;
+        sends.retain(|e| !e.is_complete());
+        if sends.is_empty() && self.cached.load(Ordering::Relaxed) + cap > self.limit(rt) {
             self.count(1);
             // Freed on the compute stream, after the collectives that may still use it (NCCL
             // memory once the stream got there).
@@ -183,11 +201,22 @@ impl Pool {
         lock(&self.free)
             .entry(cap)
             .or_default()
-            .push(Cached { mem, fences });
+            .push(Cached { mem, fences, sends });
     }
     fn release_all(&self, rt: &CudaRuntime) {
         self.count(2);
-        let all: Vec<Cached> = lock(&self.free).drain().flat_map(|(_, v)| v).collect();
+        let mut all: Vec<Cached> = Vec::new();
+        let mut kept = 0;
+        for (cap, list) in lock(&self.free).iter_mut() {
+            for mut c in std::mem::take(list) {
+                if c.sending() {
+                    kept += *cap;
+                    list.push(c);
+                } else {
+                    all.push(c);
+                }
+            }
+        }
         for c in &all {
             order_after(&rt.stream, &c.fences);
         }
@@ -195,7 +224,7 @@ impl Pool {
             let _ = rt.stream.synchronize();
         }
         drop(all);
-        self.cached.store(0, Ordering::Relaxed);
+        self.cached.store(kept, Ordering::Relaxed);
     }
     /// Whether new blocks come from NCCL's allocator; a change gives the cached blocks back.
     pub(crate) fn set_nccl(&self, on: bool, rt: &CudaRuntime) {
@@ -220,6 +249,7 @@ impl Pool {
             list.push(Cached {
                 mem: Memory::Nccl(m.clone(), i * cap),
                 fences: Vec::new(),
+                sends: Vec::new(),
             });
         }
         self.cached.fetch_add((n - 1) * cap, Ordering::Relaxed);
@@ -236,6 +266,8 @@ pub struct Block {
     rt: Arc<CudaRuntime>,
     /// End events of collectives on this block the compute stream has not waited for yet.
     fences: Mutex<Vec<Arc<CudaEvent>>>,
+    /// End events of sends from this block (see `DeviceFence::after_send`).
+    sends: Mutex<Vec<Arc<CudaEvent>>>,
     /// A bf16 copy of the f32 elements, made by the first bf16 matrix product that reads them.
     shadow: Mutex<Option<Box<Block>>>,
 }
@@ -283,16 +315,24 @@ impl Block {
             cap,
             rt: rt.clone(),
             fences: Mutex::new(Vec::new()),
+            sends: Mutex::new(Vec::new()),
             shadow: Mutex::new(None),
         })
     }
     /// The address, for work queued on the compute stream next: the stream first waits for
-    /// the collectives that touched the block since it last did.
+    /// the collectives that touched the block since it last did (and for sends from it still
+    /// running, which the one-way transfers never let happen: they drop their send buffers).
     pub(crate) fn ptr(&self) -> u64 {
         let mut f = lock(&self.fences);
         if !f.is_empty() {
             order_after(&self.rt.stream, &f);
             f.clear();
+        }
+        let mut sends = lock(&self.sends);
+        sends.retain(|e| !e.is_complete());
+        if !sends.is_empty() {
+            order_after(&self.rt.stream, &sends);
+            sends.clear();
         }
         self.ptr
     }
@@ -339,14 +379,21 @@ impl DeviceFence for Block {
         lock(&self.shadow).take();
         lock(&self.fences).push(done.clone());
     }
+    fn after_send(&self, done: &Arc<CudaEvent>) {
+        lock(&self.sends).push(done.clone());
+    }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(s) = self.mem.take() {
             crate::memory::device_free(self.cap);
-            let fences = std::mem::take(&mut *lock(&self.fences));
-            self.rt.pool.put(self.cap, s, fences, &self.rt);
+            let cached = Cached {
+                mem: s,
+                fences: std::mem::take(&mut *lock(&self.fences)),
+                sends: std::mem::take(&mut *lock(&self.sends)),
+            };
+            self.rt.pool.put(self.cap, cached, &self.rt);
         }
     }
 }

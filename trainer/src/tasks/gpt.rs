@@ -187,13 +187,6 @@ pub fn gpt_trainer(
             "--batch-size {b} must be a multiple of --dp {dp} x --micro-batches {m}{accum}"
         )));
     }
-    if pp > 1 && device != DeviceType::Cpu {
-        // Between device pieces boxing is an NCCL all-to-all, which waits for the receiver:
-        // two stages sending to each other (1F1B) would wait for each other.
-        return Err(layout_err(format!(
-            "--pp {pp} needs --device cpu: pipeline sends must not wait for the receiver, and device boxing does"
-        )));
-    }
     let rank = Context::current()
         .ok_or_else(|| layout_err("no runtime context".into()))?
         .rank();

@@ -91,7 +91,7 @@ fn grouped_all_to_all(
     let so = offsets(&sent, esz);
     let ro = offsets(recv_counts, esz);
     let fs = prepare(&comm.inner, op, &[send, recv])?;
-    i.run(op, fs.as_deref(), |nc, c, s| {
+    i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
         i.group(op, || {
             for peer in 0..i.size {
                 if sent[peer] > 0 {
@@ -169,7 +169,7 @@ impl BackendHooks for NcclComm {
         let i = &*self.inner;
         let p = buf.ptr;
         let fs = prepare(&self.inner, "all_reduce", &[buf])?;
-        i.run("all_reduce", fs.as_deref(), |nc, c, s| {
+        i.run("all_reduce", fs.as_deref(), End::Collective, |nc, c, s| {
             // SAFETY: in-place all-reduce of n elements of a device buffer of this device
             // whose size the boundary checked.
             nc.check("all_reduce", c, unsafe {
@@ -190,7 +190,7 @@ impl BackendHooks for NcclComm {
         let op = "all_reduce_into";
         let (sp, rp) = (send.ptr, recv.ptr);
         let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), |nc, c, s| {
+        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
             // SAFETY: out-of-place all-reduce of n elements between checked buffers.
             nc.check(op, c, unsafe {
                 (nc.all_reduce)(sp as P, rp as P, n, nccl_dtype(dtype), nccl_op(rop), c, s)
@@ -213,7 +213,7 @@ impl BackendHooks for NcclComm {
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
         let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), |nc, c, s| {
+        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
                 return nc.check(op, c, unsafe {
@@ -261,7 +261,7 @@ impl BackendHooks for NcclComm {
         let equal = counts.iter().all(|&c| c == counts[0]);
         let offs = offsets(counts, esz);
         let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), |nc, c, s| {
+        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
             if equal {
                 // SAFETY: checked buffers.
                 return nc.check(op, c, unsafe {
@@ -341,7 +341,7 @@ impl BackendHooks for NcclComm {
         let p = buf.ptr;
         let n = buf.bytes / dtype.size();
         let fs = prepare(&self.inner, "broadcast", &[buf])?;
-        i.run("broadcast", fs.as_deref(), |nc, c, s| {
+        i.run("broadcast", fs.as_deref(), End::Collective, |nc, c, s| {
             // SAFETY: in-place broadcast.
             nc.check("broadcast", c, unsafe {
                 (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s)
@@ -360,7 +360,7 @@ impl BackendHooks for NcclComm {
         let i = &*self.inner;
         let p = buf.ptr;
         let fs = prepare(&self.inner, "reduce", &[buf])?;
-        i.run("reduce", fs.as_deref(), |nc, c, s| {
+        i.run("reduce", fs.as_deref(), End::Collective, |nc, c, s| {
             // SAFETY: in-place reduce.
             nc.check("reduce", c, unsafe {
                 (nc.reduce)(
@@ -381,7 +381,7 @@ impl BackendHooks for NcclComm {
         let i = &*self.inner;
         let (p, bytes) = (buf.ptr, buf.bytes);
         let fs = prepare(&self.inner, "send", &[buf])?;
-        i.run("send", fs.as_deref(), |nc, c, s| {
+        i.run("send", fs.as_deref(), End::Send, |nc, c, s| {
             // SAFETY: send of a checked buffer.
             nc.check("send", c, unsafe {
                 (nc.send)(
@@ -400,7 +400,7 @@ impl BackendHooks for NcclComm {
         let i = &*self.inner;
         let (p, bytes) = (buf.ptr, buf.bytes);
         let fs = prepare(&self.inner, "recv", &[buf])?;
-        i.run("recv", fs.as_deref(), |nc, c, s| {
+        i.run("recv", fs.as_deref(), End::Collective, |nc, c, s| {
             // SAFETY: recv into a checked buffer.
             nc.check("recv", c, unsafe {
                 (nc.recv)(
@@ -433,7 +433,7 @@ impl BackendHooks for NcclComm {
         };
         let saved = *lock(&i.completion);
         *lock(&i.completion) = Completion::Blocking;
-        let r = i.run("barrier", None, |nc, c, s| {
+        let r = i.run("barrier", None, End::Collective, |nc, c, s| {
             // SAFETY: all-reduce of one element of the comm's scratch buffer.
             nc.check("barrier", c, unsafe {
                 (nc.all_reduce)(ptr as P, ptr as P, 1, nccl_dtype(DType::F32), 0, c, s)
@@ -441,6 +441,31 @@ impl BackendHooks for NcclComm {
         });
         *lock(&i.completion) = saved;
         r
+    }
+
+    /// A two-member NCCL communicator of its own (its own comm stream), opened by both members
+    /// at their first call for the pair.
+    fn one_way(&self, from: usize, to: usize, me: usize) -> Result<SharedComm, CommError> {
+        let i = &*self.inner;
+        if let Some(c) = lock(&i.channels).get(&(from, to)) {
+            return Ok(c.clone());
+        }
+        let world = vec![i.world_ranks[from], i.world_ranks[to]];
+        let key = format!("{}/one_way[{}->{}]", i.key, world[0], world[1]);
+        let channel = NcclComm::create(
+            i.nccl,
+            i.ctx.clone(),
+            lock(&i.compute).clone(),
+            i.exchange.clone(),
+            key,
+            me,
+            world,
+            i.timeout,
+            *lock(&i.completion),
+        )?;
+        let shared: SharedComm = Arc::new(channel);
+        lock(&i.channels).insert((from, to), shared.clone());
+        Ok(shared)
     }
 
     fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {

@@ -14,7 +14,7 @@
 //! queued (a dead or absent peer), aborts the NCCL communicator (`ncclCommAbort`, which also
 //! stops its kernels) and turns every later call into a `CommError`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
@@ -35,6 +35,15 @@ pub enum Completion {
     Blocking,
     /// Return once queued; ordering with the compute stream is kept by events.
     Async,
+}
+
+/// What the end of a call means to the owners of its buffers (see `crate::DeviceFence`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// Every member takes part; the end depends on no later work of any of them.
+    Collective,
+    /// A point-to-point send: it ends once the receiver posted its receive.
+    Send,
 }
 
 struct RawComm(ffi::NcclComm);
@@ -80,6 +89,9 @@ struct Inner {
     /// Sub-communicators in creation order: dropped (ncclCommDestroy) in that order, which is
     /// the same on every member, so destroys that wait for peers cannot deadlock.
     subs: Mutex<Vec<(Vec<usize>, SharedComm)>>,
+    /// One-way channels by (from, to) member: dropped first, in that key order (the same on
+    /// both members of each).
+    channels: Mutex<BTreeMap<(usize, usize), SharedComm>>,
     scratch: Mutex<Option<CudaSlice<f32>>>,
     watch: Arc<Watch>,
     watchdog: Mutex<Option<JoinHandle<()>>>,
@@ -273,6 +285,7 @@ impl NcclComm {
             completion: Mutex::new(completion),
             calls: Mutex::new(()),
             subs: Mutex::new(Vec::new()),
+            channels: Mutex::new(BTreeMap::new()),
             scratch: Mutex::new(None),
             watch,
             watchdog: Mutex::new(None),
@@ -362,7 +375,8 @@ impl NcclComm {
         op: &'static str,
         f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        self.inner.run(op, None, |n, c, s| f(n, c, s))
+        self.inner
+            .run(op, None, End::Collective, |n, c, s| f(n, c, s))
     }
 }
 
@@ -448,12 +462,13 @@ impl Inner {
 
     /// Queues `f` on the comm stream after the compute stream's queued work. With `fences`
     /// (every buffer of the call is fenced, see [`crate::DeviceFence`]) the compute stream
-    /// does not wait for the call: each fence gets its end event. Otherwise the compute stream
-    /// waits for it at once.
+    /// does not wait for the call: each fence gets its end event, as a collective's or (`end`)
+    /// a send's. Otherwise the compute stream waits for it at once.
     fn run(
         &self,
         op: &'static str,
         fences: Option<&[&dyn crate::DeviceFence]>,
+        end: End,
         f: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         self.check_failed(op)?;
@@ -480,7 +495,10 @@ impl Inner {
         match fences {
             Some(fs) if !fs.is_empty() => {
                 for fence in fs {
-                    fence.after_collective(&ev_out);
+                    match end {
+                        End::Collective => fence.after_collective(&ev_out),
+                        End::Send => fence.after_send(&ev_out),
+                    }
                 }
             }
             _ if !same => compute.wait(&ev_out).map_err(|e| dev_err(op, e))?,
@@ -547,6 +565,9 @@ fn watchdog(weak: Weak<Inner>) {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        for (_, channel) in std::mem::take(&mut *lock(&self.channels)) {
+            drop(channel);
+        }
         self.watch.stop.store(true, Ordering::Release);
         // The watchdog holds only a Weak; it exits at its next tick.
         let _ = self.ctx.bind_to_thread();

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds what pipes_there.sh runs (oflaunch, train, the gpu_pipeline test) on this CUDA-less
+# machine (cudarc loads CUDA at run time) and stages them, stripped, with pipes_there.sh and
+# twin_gpt.py in DEST (default .carry/pipes, git-ignored) for the device tool's `carry`.
+# Usage: scripts/gpu/pipes_here.sh [DEST]; then on the device: bash DEST/pipes_there.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEST=${1:-.carry/pipes}
+rm -rf "$DEST" && mkdir -p "$DEST/bin"
+cargo build --release -p oxiflow-launcher --bin oflaunch
+cargo build --release -p oxiflow --example train
+exe=$(cargo test --release -p oxiflow --test gpu_pipeline --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_pipeline":
+        print(m["executable"])')
+[ -n "$exe" ] || { echo "pipes_here: no gpu_pipeline test executable" >&2; exit 1; }
+cp target/release/oflaunch target/release/examples/train "$DEST/bin/"
+cp "$exe" "$DEST/bin/gpu_pipeline"
+strip "$DEST"/bin/*
+cp scripts/gpu/pipes_there.sh scripts/gpu/twin_gpt.py "$DEST/"
+du -sh "$DEST"
+ls -la "$DEST/bin"

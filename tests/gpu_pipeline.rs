@@ -17,9 +17,7 @@ use oxiflow::collectives::rendezvous::{generate_token, StoreServer};
 
 /// A GPT small enough for 30 steps of every layout, with 4 blocks (PP2 x 2 chunks), in f32 on
 /// both backends (the device default is bf16-mixed).
-const GPT: [&str; 18] = [
-    "--precision",
-    "f32",
+const GPT: [&str; 16] = [
     "--layers",
     "4",
     "--width",

@@ -57,7 +57,7 @@ measure ours-interleaved bin/oflaunch --nproc-per-node 2 --backend nccl bin/trai
 for layout in 1f1b interleaved; do
   measure "torch-$layout" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
     twin_gpt.py --models 124m --layouts "pp-$layout" --batch 16 --seq 1024 --vocab 50257 \
-    --micro-batches 4 --virtual 2 --warmup "$WARMUP" --steps $(( STEPS - WARMUP )) --tag twin
+    --micro-batches 4 --chunks 2 --warmup "$WARMUP" --steps $(( STEPS - WARMUP )) --tag twin
 done
 
 # 3. The table.

@@ -15,7 +15,7 @@ in one process group:
   tp-sp           tp plus SequenceParallel (LayerNorms and the residual stream split along the
                   sequence; the position table a Replicate DTensor sliced to each rank's rows)
   pp-1f1b         torch.distributed.pipelining Schedule1F1B, one stage per rank
-  pp-interleaved  ScheduleInterleaved1F1B, --virtual stages per rank
+  pp-interleaved  ScheduleInterleaved1F1B, --chunks stages per rank
                   Pipelines: the first stage holds the embeddings, the last ln_f and its own
                   copy of the tied table; after backward the two gradients are summed between
                   those ranks (all-reduce), so both copies stay equal (the tied table's
@@ -241,7 +241,7 @@ def build(a, layout, dims, dev, world, rank):
     if layout in ("pp-1f1b", "pp-interleaved"):
         from torch.distributed.pipelining import (PipelineStage, Schedule1F1B,
                                                   ScheduleInterleaved1F1B)
-        v = a.virtual if layout == "pp-interleaved" else 1
+        v = a.chunks if layout == "pp-interleaved" else 1
         chunks = world * v
         if L % chunks:
             raise ValueError(f"{L} layers over {chunks} pipeline chunks")
@@ -371,7 +371,7 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches")
-    ap.add_argument("--virtual", type=int, default=2, help="interleaved stages per rank")
+    ap.add_argument("--chunks", type=int, default=2, help="interleaved stages per rank")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up")
     ap.add_argument("--clip", type=float, default=1.0, help="global-norm clipping (0: none)")

@@ -22,7 +22,7 @@ fn values(t: &Tensor) -> oxiflow_tensor::Result<Vec<f64>> {
 
 /// The dtype a case's output has on `dtype` inputs.
 fn out_dtype(c: &HalfCase, dtype: DType) -> DType {
-    if c.name == "to_f32" {
+    if c.name == "to_f32" || c.name == "flash_attention_lse" {
         DType::F32
     } else {
         dtype

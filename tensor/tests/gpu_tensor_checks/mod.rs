@@ -1,12 +1,15 @@
 //! The GPU suite's checks of the stream ordering and the CUDA backend's own paths: pipelined
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
-//! creation ops computed on the device (every dtype), bf16 matrix products, and every 16-bit
-//! kernel against f64 (`half.rs`).
+//! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
+//! kernel against f64 (`half.rs`), and fused attention in bf16, f16 and f32 against f64
+//! (`flash.rs`).
 
 use super::*;
 
+mod flash;
 mod half;
 mod indexed;
+pub(crate) use flash::child_flash;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 

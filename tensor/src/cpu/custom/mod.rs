@@ -2,3 +2,4 @@
 //! for `CpuBackend`.
 
 mod adamw;
+mod flash_attention;

@@ -107,4 +107,5 @@ macro_rules! custom_ops {
 custom_ops! {
     // module::Variant(Type): KernelTrait,
     adamw::AdamW(AdamPart): AdamWKernels,
+    flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
 }

@@ -2,3 +2,4 @@
 //! for `CudaKernels`.
 
 mod adamw;
+mod flash_attention;

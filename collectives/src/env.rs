@@ -493,7 +493,13 @@ impl LaunchEnv {
             .raw("OXIFLOW_TRACE_DIR")
             .filter(|d| !d.trim().is_empty())
             .map(std::path::PathBuf::from);
-        let progress_lines = vars.raw("OXIFLOW_PROGRESS").as_deref() == Some("1");
+        let progress_lines = match vars.raw("OXIFLOW_PROGRESS").as_deref().map(str::trim) {
+            None | Some("") | Some("0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(env_err(format!("OXIFLOW_PROGRESS={v:?} is not 0 or 1")));
+            }
+        };
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,

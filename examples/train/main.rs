@@ -34,12 +34,15 @@ fn main() {
         .init();
     let cli = oxiflow::trainer::Cli::parse();
     let result = oxiflow::trainer::main_with(cli, oxiflow::trainer::JobHooks::default());
-    // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.
-    if let Err(e) = oxiflow::collectives::trace::write_rank_trace() {
-        eprintln!("train: {e}");
-    }
+    // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing. A
+    // trace that was asked for and not written fails the run.
+    let trace = oxiflow::collectives::trace::write_rank_trace();
     if let Err(e) = result {
         eprintln!("train: {e}");
         std::process::exit(e.exit_code());
+    }
+    if let Err(e) = trace {
+        eprintln!("train: {e}");
+        std::process::exit(1);
     }
 }

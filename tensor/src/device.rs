@@ -2,7 +2,7 @@
 //! pieces (uploads, device-side creation, boxing in its own worlds), and the process-wide
 //! backend registry. It knows pieces (`Storage`, `DeviceStorage`), boxing plans and
 //! communicators, and nothing of ops, contexts or tensors: running ops is the executor seam
-//! (`dispatch::OpExecutor`), which a backend registers beside this one.
+//! (`executor::OpExecutor`), which a backend registers beside this one.
 //!
 //! # Contract for a device backend (CUDA)
 //!

@@ -8,7 +8,7 @@
 //! communication, so every rank raises the same error.
 
 use std::borrow::Cow;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use oxiflow_boxing::{execute, Plan, Strategy};
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
@@ -23,9 +23,10 @@ use crate::autograd;
 use crate::context::Context;
 use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
+use crate::executor::{run_kernel, run_kernel_one};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
-use crate::storage::{CpuArray, Device, Storage};
+use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
@@ -220,95 +221,6 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
         });
     }
     Ok(dev)
-}
-
-/// Runs ops on the pieces of one device type: the kernel side of a device backend (its
-/// `DeviceBackend` is the storage side). An implementation runs `op` (with local attributes)
-/// through `Op::execute` on its implementation of every op family's kernel trait, returning one
-/// piece per output of `outs` (shape and dtype as given).
-pub trait OpExecutor: Send + Sync {
-    fn run(&self, op: &Op, inputs: &[&Storage], outs: &[OutSpec])
-        -> Result<SmallVec<[Storage; 1]>>;
-}
-
-static CUDA_EXECUTOR: RwLock<Option<Arc<dyn OpExecutor>>> = RwLock::new(None);
-
-/// Registers the op executor of a device type (only `Cuda`; the CPU executor is built in).
-pub fn register_op_executor(device: DeviceType, executor: Arc<dyn OpExecutor>) -> Result<()> {
-    match device {
-        DeviceType::Cuda => {
-            if let Ok(mut g) = CUDA_EXECUTOR.write() {
-                *g = Some(executor);
-            }
-            Ok(())
-        }
-        DeviceType::Cpu => Err(TensorError::Device {
-            op: "register_op_executor",
-            devices: "cpu".into(),
-            shapes: String::new(),
-            detail: "the CPU executor is built in".into(),
-        }),
-    }
-}
-
-/// The registered op executor of `device`, or a typed error naming `op`.
-fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn OpExecutor>> {
-    let found = match device {
-        Device::Cpu => None,
-        Device::Cuda(_) => CUDA_EXECUTOR.read().ok().and_then(|g| g.clone()),
-    };
-    found.ok_or_else(|| TensorError::Device {
-        op,
-        devices: device.to_string(),
-        shapes: String::new(),
-        detail: format!("no op executor registered for {device}"),
-    })
-}
-
-/// Runs `op` (local attributes) on pieces of one device through that device's executor: one
-/// piece per output of `outs`, each allocated by the backend before the kernels write it.
-pub(crate) fn run_kernel(
-    op: &Op,
-    pieces: &[&Storage],
-    device: Device,
-    outs: &[OutSpec],
-) -> Result<SmallVec<[Storage; 1]>> {
-    if device == Device::Cpu {
-        let host = host_pieces(op, pieces)?;
-        let out = crate::cpu::execute(op, &host, outs)?;
-        return Ok(out.into_iter().map(Storage::Cpu).collect());
-    }
-    executor_for(op.name(), device)?.run(op, pieces, outs)
-}
-
-/// [`run_kernel`] of a single-output call.
-pub(crate) fn run_kernel_one(
-    op: &Op,
-    pieces: &[&Storage],
-    device: Device,
-    out: &OutSpec,
-) -> Result<Storage> {
-    if device == Device::Cpu {
-        let host = host_pieces(op, pieces)?;
-        return Ok(Storage::Cpu(crate::cpu::execute_one(op, &host, out)?));
-    }
-    let outs = executor_for(op.name(), device)?.run(op, pieces, std::slice::from_ref(out))?;
-    let n = outs.len();
-    outs.into_iter()
-        .next()
-        .filter(|_| n == 1)
-        .ok_or_else(|| TensorError::Kernel {
-            op: op.name(),
-            detail: format!("expected one output piece, got {n}"),
-        })
-}
-
-fn host_pieces<'a>(op: &Op, pieces: &[&'a Storage]) -> Result<SmallVec<[&'a CpuArray; 3]>> {
-    let mut host: SmallVec<[&CpuArray; 3]> = SmallVec::new();
-    for p in pieces {
-        host.push(p.cpu(op.name())?);
-    }
-    Ok(host)
 }
 
 fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {

@@ -1,6 +1,6 @@
 //! Element traits of tensor storage: `TensorElement` (every dtype of the table: f32, f64, i64,
 //! bf16, f16) and `FloatElement` (f32, f64: the types CPU kernels compute floats in; 16-bit
-//! pieces reach the kernels as f32, see `cpu::run`).
+//! pieces reach the kernels as f32, see `cpu::execute`).
 
 use ndarray::{ArrayD, LinalgScalar};
 use oxiflow_dtype::{bf16, f16, Element};

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
+use oxiflow_tensor::custom::{Activation, AdamWHyper, AdamWSlot};
 use oxiflow_tensor::{
     cuda, init_from_env, DType, DeviceType, NdSbp, Placement, Result, Sbp, Shape, Tensor, UnaryOp,
 };
@@ -43,7 +44,7 @@ struct OpCase {
 
 fn op_strategy() -> impl Strategy<Value = OpCase> {
     (
-        0..14usize,
+        0..15usize,
         1..24usize,
         2..24usize,
         1..20usize,
@@ -105,6 +106,9 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                 a.mul(&y)?,
                 a.div(&y)?,
                 a.mul_scalar(3.0)?.pow_scalar(2.0)?,
+                // same shapes: the vectorised kernels
+                a.add(&a.exp()?)?,
+                a.mul(&a.tanh()?)?,
             ]
         }
         2 => {
@@ -227,6 +231,66 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             out
         }
         12 | 13 => run_indexed_case(c, mk)?,
+        14 => {
+            // the fused custom ops with their gradients (residual LayerNorm, linear + GELU,
+            // column-parallel or rows split, the classifier), and the multi-tensor AdamW
+            let n = 8 * (1 + c.k % 3);
+            let xa = x()?.requires_grad_(true);
+            let aa = mk(&[c.r, c.c], s + 1, c.sa)?.requires_grad_(true);
+            let w = mk(&[c.c], s + 2, 2)?.requires_grad_(true);
+            let b = mk(&[c.c], s + 3, 2)?.requires_grad_(true);
+            let fw = mk(&[c.c, n], s + 4, [2, 1][c.sb % 2])?.requires_grad_(true);
+            let fb = mk(&[n], s + 5, [2, 0][c.sb % 2])?.requires_grad_(true);
+            let (r, y) = xa.residual_layer_norm(&aa, &w, &b, 1e-5)?;
+            let h = y.linear(&fw, Some(&fb), Activation::Gelu)?;
+            let lab = mk(&[c.r], s + 6, c.sa % 3)?
+                .abs()?
+                .mul_scalar(1000.0)?
+                .cast(DType::I64)?;
+            let lab = lab.sub(
+                &lab.cast(DType::F64)?
+                    .mul_scalar(1.0 / n as f64)?
+                    .cast(DType::I64)?
+                    .mul_scalar(n as f64)?,
+            )?;
+            let loss = h
+                .classifier_loss(&lab)?
+                .mean_all()?
+                .add(&r.square()?.mean_all()?)?;
+            loss.backward()?;
+            let mut out = vec![r, y, h, loss];
+            out.extend([&xa, &aa, &w, &b, &fw, &fb].iter().filter_map(|t| t.grad()));
+            let (p, g, m) = (x()?, mk(&[c.r, c.c], s + 7, c.sa)?, mk(&[c.c], s + 8, 2)?);
+            let v = mk(&[c.c], s + 9, 2)?.abs()?;
+            let slots = [
+                AdamWSlot {
+                    param: &p,
+                    grad: &g,
+                    m: None,
+                    v: None,
+                    weight_decay: 0.1,
+                },
+                AdamWSlot {
+                    param: &w,
+                    grad: &b,
+                    m: Some(&m),
+                    v: Some(&v),
+                    weight_decay: 0.0,
+                },
+            ];
+            let hyper = AdamWHyper {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                step: 2,
+                grad_scale: 0.5,
+            };
+            for u in Tensor::adamw_multi(&slots, &hyper)? {
+                out.extend([u.param, u.m, u.v]);
+            }
+            out
+        }
         _ => {
             // autograd through matmul, gelu, softmax, layer norm and cross-entropy
             let a = x()?.requires_grad_(true);

@@ -10,7 +10,9 @@ mod half_cases;
 use std::time::Duration;
 
 use common::{nd_sbp, placement};
-use half_cases::{global_inputs, half_cases, local_inputs, round_to, within, HalfCase, Input};
+use half_cases::{
+    global_inputs, half_cases, local_inputs, out_dtype, round_to, within, HalfCase, Input,
+};
 use oxiflow_tensor::{bf16, f16, run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -18,15 +20,6 @@ const HALVES: [DType; 2] = [DType::BF16, DType::F16];
 
 fn values(t: &Tensor) -> oxiflow_tensor::Result<Vec<f64>> {
     t.to_dtype(DType::F64)?.to_vec::<f64>()
-}
-
-/// The dtype a case's output has on `dtype` inputs.
-fn out_dtype(c: &HalfCase, dtype: DType) -> DType {
-    if c.name == "to_f32" || c.name == "flash_attention_lse" {
-        DType::F32
-    } else {
-        dtype
-    }
 }
 
 #[test]

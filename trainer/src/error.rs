@@ -23,6 +23,14 @@ pub enum TrainError {
     /// A checkpoint that does not belong to this run.
     #[error("--resume {path}: {detail}")]
     Resume { path: PathBuf, detail: String },
+    /// A step whose loss or gradient norm is not finite (stopped before its update), or
+    /// training state that is not finite where a checkpoint would be written.
+    #[error("step {step}: {detail}")]
+    NonFinite { step: u64, detail: String },
+    /// The job would not fit in the memory of the host or the device (found before
+    /// allocating it).
+    #[error("{detail}")]
+    Memory { detail: String },
     /// An output (metrics, plot, configuration) that could not be written.
     #[error("{what} {path}: {detail}")]
     Output {
@@ -34,10 +42,12 @@ pub enum TrainError {
 
 impl TrainError {
     /// The exit status a program reports this error with: 2 for settings (as for flags the
-    /// command line refuses), 1 for everything else.
+    /// command line refuses), 3 for a run stopped by a non-finite loss or gradient, 1 for
+    /// everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
             TrainError::Config { .. } => 2,
+            TrainError::NonFinite { .. } => 3,
             _ => 1,
         }
     }

@@ -1,9 +1,12 @@
 //! OxiFlow's trainer: one loop (`Trainer`) for any model (`TrainModel`; the GPT and the MLP
 //! classifier are two) under any mesh, ZeRO stage, recomputation and pipeline schedule, with
 //! learning-rate schedules (`schedule`), global-norm clipping, gradient accumulation and
-//! per-parameter weight decay; the jobs `train` runs (`job`), configured by flags or a TOML job
-//! file (`config`), with metrics (`metrics`), plots (`plot`), a progress bar (`progress`) and a
-//! `prepare` mode that tokenizes text into shards (`prepare`).
+//! per-parameter weight decay; health guards on every step (`health`: a non-finite loss or
+//! gradient stops or skips, a loss spike warns); the jobs `train` runs (`job`: every input,
+//! output and the memory the layout needs checked before step 1), configured by flags or a TOML
+//! job file (`config`: keys the chosen job does not use refused), with metrics (`metrics`),
+//! plots (`plot`), a progress bar (`progress`) and a `prepare` mode that tokenizes text into
+//! shards (`prepare`).
 //!
 //! ```text
 //! let cli = oxiflow::trainer::Cli::parse();
@@ -12,6 +15,7 @@
 
 pub mod config;
 mod error;
+pub mod health;
 pub mod job;
 pub mod metrics;
 mod model;
@@ -28,6 +32,7 @@ use clap::{Parser, Subcommand};
 
 pub use config::{Flags, TrainConfig};
 pub use error::TrainError;
+pub use health::{HealthGuard, NonFinitePolicy};
 pub use job::JobHooks;
 pub use model::{Batch, BatchSource, TrainModel};
 pub use schedule::{Decay, LrSchedule};

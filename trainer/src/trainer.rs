@@ -8,10 +8,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use oxiflow_collectives::DType;
-use oxiflow_models::checkpoint::{self, Metadata, SaveOptions};
+use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::Pass;
-use oxiflow_models::optim::{clip_factor, Optimizer};
+use oxiflow_models::optim::{clip_factor, first_non_finite, Optimizer};
 use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
@@ -65,6 +65,9 @@ pub struct StepStats {
     pub bubble: Option<f64>,
     /// The update was skipped (a hook said so).
     pub skipped: bool,
+    /// When the loss or the gradient norm is not finite: the first non-finite tensor ("the
+    /// loss", or the gradient of a parameter, found the same on every rank).
+    pub non_finite: Option<String>,
 }
 
 /// What a hook decides about a step's update.
@@ -167,6 +170,7 @@ impl<M: TrainModel> Trainer<M> {
             ..StepStats::default()
         };
         stats.grad_norm = self.optimizer.prepare()?;
+        stats.non_finite = self.first_non_finite(stats.loss, stats.grad_norm)?;
         let mut verdict = Verdict::Update;
         for h in &mut self.hooks {
             if h.before_update(&stats)? == Verdict::Skip {
@@ -188,6 +192,30 @@ impl<M: TrainModel> Trainer<M> {
             h.after_step(&stats)?;
         }
         Ok(stats)
+    }
+
+    /// The first non-finite tensor of a step with loss `loss` and gradient norm `norm`: None
+    /// when both are finite, else the loss, or the first parameter whose prepared gradient
+    /// holds a NaN or infinity (a global search, only on such a step).
+    fn first_non_finite(&self, loss: f64, norm: f64) -> Result<Option<String>, TrainError> {
+        if loss.is_finite() && norm.is_finite() {
+            return Ok(None);
+        }
+        if !loss.is_finite() {
+            return Ok(Some("the loss".into()));
+        }
+        let (index, grads): (Vec<usize>, Vec<Tensor>) =
+            self.optimizer.prepared_gradients().into_iter().unzip();
+        Ok(Some(match first_non_finite(&grads)? {
+            Some(i) => {
+                let name = index
+                    .get(i)
+                    .and_then(|&p| self.optimizer.params().get(p))
+                    .map_or("?", |p| p.name());
+                format!("the gradient of {name}")
+            }
+            None => "no single gradient (every value is finite; their squares overflow)".into(),
+        }))
     }
 
     /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss.
@@ -310,8 +338,31 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// Saves the parameters, optimizer state, `meta`, the step and the data position (every
-    /// rank calls).
+    /// rank calls). Training state holding a NaN or infinity is refused before anything is
+    /// written, so a checkpoint already at `path` is kept.
     pub fn save(&self, path: &Path, meta: &Metadata, opts: &SaveOptions) -> Result<(), TrainError> {
+        let params = self.model.parameters();
+        let o = self.optimizer.as_ref();
+        let mut names: Vec<String> = params.iter().map(|p| p.name().to_string()).collect();
+        let mut state: Vec<Tensor> = params.iter().map(|p| p.value()).collect();
+        for (i, p) in o.params().iter().enumerate() {
+            for slot in o.slot_names() {
+                if let Some(t) = o.state(i, slot) {
+                    names.push(format!("{slot} of {}", p.name()));
+                    state.push(t);
+                }
+            }
+        }
+        if let Some(i) = first_non_finite(&state)? {
+            return Err(TrainError::NonFinite {
+                step: self.step,
+                detail: format!(
+                    "{} holds a NaN or infinity: refusing to save it to {} (what is there is kept)",
+                    names.get(i).map_or("?", String::as_str),
+                    path.display()
+                ),
+            });
+        }
         let mut meta = meta.clone();
         meta.insert("step".into(), self.step.to_string());
         meta.extend(self.data.position(self.step));
@@ -327,11 +378,19 @@ impl<M: TrainModel> Trainer<M> {
     /// Loads a checkpoint saved under any layout and continues at its step and the data
     /// position it records; returns the step.
     pub fn resume(&mut self, path: &Path) -> Result<u64, TrainError> {
-        let meta = checkpoint::load(
+        self.resume_with(path, &LoadOptions::default())
+    }
+
+    /// `resume` with load options (e.g. starting the optimizer fresh when the checkpoint holds
+    /// no state of this optimizer).
+    pub fn resume_with(&mut self, path: &Path, opts: &LoadOptions) -> Result<u64, TrainError> {
+        let meta = checkpoint::load_with(
             path,
             &self.model.parameters(),
             Some(self.optimizer.as_mut()),
-        )?;
+            opts,
+        )?
+        .metadata;
         let step = meta
             .get("step")
             .ok_or_else(|| TrainError::Resume {

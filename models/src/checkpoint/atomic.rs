@@ -72,8 +72,9 @@ fn exists(path: &Path) -> bool {
 }
 
 /// Refuses a save to `path` when `path`, `<path>.old` or `<path>.partial` holds something that
-/// is not ours. Read-only, so every rank can run it before the save's first barrier.
-pub(crate) fn check_save_target(path: &Path) -> Result<()> {
+/// is not ours. Read-only, so every rank can run it before the save's first barrier (and a
+/// training job before its first step).
+pub fn check_save_target(path: &Path) -> Result<()> {
     let refuse = |p: &Path, what: &str| {
         Err(io_err(
             "checkpoint save",

@@ -30,6 +30,7 @@ mod verify;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use atomic::check_save_target;
 pub use layout::LayoutEntry;
 pub use load::{
     load, load_tensors, load_with, read_manifest_at, read_manifest_names, LoadOptions, LoadReport,

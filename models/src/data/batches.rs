@@ -27,6 +27,30 @@ pub struct WindowSampler {
     starts: usize,
 }
 
+impl Batch {
+    /// Empty input and target buffers with room for `rows` windows of `seq_len` ids: a size
+    /// that overflows or that the system refuses is an error, not an abort.
+    pub(crate) fn buffers(
+        op: &'static str,
+        rows: usize,
+        seq_len: usize,
+    ) -> Result<(Vec<i64>, Vec<i64>), DataError> {
+        let refuse = |why: String| DataError::Sampling {
+            op,
+            detail: format!("{rows} windows of {seq_len} token ids: {why}"),
+        };
+        let n = rows
+            .checked_mul(seq_len)
+            .ok_or_else(|| refuse("the size overflows".into()))?;
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        inputs
+            .try_reserve_exact(n)
+            .and_then(|()| targets.try_reserve_exact(n))
+            .map_err(|e| refuse(format!("cannot allocate them: {e}")))?;
+        Ok((inputs, targets))
+    }
+}
+
 impl WindowSampler {
     /// A sampler over `len` tokens; needs `len > seq_len` (at least one window).
     pub fn new(len: usize, seed: u64, batch: usize, seq_len: usize) -> Result<Self, DataError> {
@@ -91,8 +115,7 @@ impl WindowSampler {
             });
         }
         let t = self.seq_len;
-        let mut inputs = Vec::with_capacity(rows.len() * t);
-        let mut targets = Vec::with_capacity(rows.len() * t);
+        let (mut inputs, mut targets) = Batch::buffers(op, rows.len(), t)?;
         for r in rows.clone() {
             let s = self.window_start(step, r);
             let w = &tokens[s..s + t + 1];

@@ -123,8 +123,7 @@ impl ShardWindows {
     /// Windows `first..first + rows` of the split as a batch.
     pub fn batch(&self, first: u64, rows: usize) -> Result<Batch, DataError> {
         let t = self.seq_len;
-        let mut inputs = Vec::with_capacity(rows * t);
-        let mut targets = Vec::with_capacity(rows * t);
+        let (mut inputs, mut targets) = Batch::buffers("ShardWindows::batch", rows, t)?;
         let mut window = Vec::with_capacity(t + 1);
         for r in 0..rows as u64 {
             let (shard, at, _) = self.locate(first + r);

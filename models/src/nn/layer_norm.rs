@@ -36,6 +36,10 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(&self.weight.compute()?, &self.bias.compute()?, self.eps)
     }
+    /// The residual sum `r = x + a` and this norm of it, `(r, LayerNorm(r))`, as one op.
+    pub fn forward_residual(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
+        x.residual_layer_norm(a, &self.weight.compute()?, &self.bias.compute()?, self.eps)
+    }
 }
 
 impl Module for LayerNorm {

@@ -1,12 +1,15 @@
 //! `Linear`: y = x W + b with W `[in, out]`; replicated, column-parallel (W split on its output
 //! features over a mesh axis, Megatron's first MLP layer) or row-parallel (split on its input
 //! features, the second layer; its output is a partial sum that inference reduces lazily).
+//! Unless its weight is split on its input features over several ranks, the layer is one fused
+//! op (the product with the bias, and GELU in `forward_gelu`, in its epilogue).
 
 use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
 use crate::{Result, TensorError};
+use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::Tensor;
 
 use super::init::{param_seed, Init, ParamPlacement};
@@ -63,6 +66,9 @@ pub struct Linear {
     pub bias: Option<Parameter>,
     pub in_features: usize,
     pub out_features: usize,
+    /// The weight is split on its input features over several ranks: the product is a
+    /// partial sum, reduced before the bias is added (so never the fused op).
+    partial: bool,
 }
 
 impl Linear {
@@ -118,21 +124,50 @@ impl Linear {
         } else {
             None
         };
+        let partial = match (o.parallel, &o.placement) {
+            (Parallel::Row(a), Some(p)) => p.shape().get(a).is_some_and(|&n| n > 1),
+            _ => false,
+        };
         Ok(Linear {
             weight: Parameter::new(wname, &w),
             bias,
             in_features,
             out_features,
+            partial,
         })
+    }
+
+    /// Whether the weight is split on its input features over several ranks (row-parallel on
+    /// a mesh axis of more than one rank): the product is a partial sum there.
+    pub fn is_partial(&self) -> bool {
+        self.partial
     }
 
     /// x `[.., in]` -> `[.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.compute()?)?;
-        match &self.bias {
-            Some(b) => y.add(&b.compute()?),
-            None => Ok(y),
+        self.forward_as(x, Activation::None)
+    }
+
+    /// `gelu(x W + b)` (tanh form), fused into the product's epilogue where it can be.
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_as(x, Activation::Gelu)
+    }
+
+    fn forward_as(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        let w = self.weight.compute()?;
+        let b = self.bias.as_ref().map(Parameter::compute).transpose()?;
+        if !self.partial && (b.is_some() || act != Activation::None) {
+            return Ok(x.linear(&w, b.as_ref(), act)?);
         }
+        let y = x.matmul(&w)?;
+        let y = match &b {
+            Some(b) => y.add(b)?,
+            None => y,
+        };
+        Ok(match act {
+            Activation::Gelu => y.gelu()?,
+            Activation::None => y,
+        })
     }
 }
 

@@ -78,11 +78,10 @@ impl Mlp {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.fc1.forward(x)?;
         let h = match self.activation {
-            Activation::Relu => h.relu()?,
-            Activation::Gelu => h.gelu()?,
-            Activation::Tanh => h.tanh()?,
+            Activation::Relu => self.fc1.forward(x)?.relu()?,
+            Activation::Gelu => self.fc1.forward_gelu(x)?,
+            Activation::Tanh => self.fc1.forward(x)?.tanh()?,
         };
         self.fc2.forward(&h)
     }

@@ -2,11 +2,13 @@
 //! p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //! p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 //! `wd` is per parameter (`with_weight_decay`); a clipped step uses `c g` for `g`, folded
-//! into the moments' coefficients.
+//! into the moments' coefficients. A step updates every parameter with one multi-tensor op
+//! (one device launch on CUDA) on each rank's pieces, whatever their layouts.
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_tensor::no_grad;
+use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
 use oxiflow_tensor::Tensor;
 
 use super::{
@@ -78,27 +80,36 @@ impl AdamW {
         Ok(self)
     }
 
-    /// The update of parameter `i` from its view, with the gradient scaled by `c`.
-    fn update(&mut self, i: usize, u: Update, c: f64) -> Result<()> {
+    /// One update of the parameters `ups` (index and update view) with gradients scaled by
+    /// `c`: one multi-tensor op over this rank's pieces of them all (see
+    /// `Tensor::adamw_multi`), then each new value written back to its leaf's layout.
+    fn update_all(&mut self, ups: Vec<(usize, Update)>, c: f64) -> Result<()> {
         let o = self.opts;
-        let t = (self.steps + 1) as i32;
-        let (bc1, bc2) = (1.0 - o.beta1.powi(t), 1.0 - o.beta2.powi(t));
-        let Update { value: v0, grad: g } = u;
-        // Fused passes: each moment in one, the new value in one; (c g)^2 = c^2 g^2.
-        let (a1, a2) = ((1.0 - o.beta1) * c, (1.0 - o.beta2) * c * c);
-        let m = match self.m[i].take() {
-            Some(m) => m.adam_moment(&g, o.beta1, a1, false)?,
-            None => g.mul_scalar(a1)?,
+        let hyper = AdamWHyper {
+            lr: o.lr,
+            beta1: o.beta1,
+            beta2: o.beta2,
+            eps: o.eps,
+            step: self.steps + 1,
+            grad_scale: c,
         };
-        let v = match self.v[i].take() {
-            Some(v) => v.adam_moment(&g, o.beta2, a2, true)?,
-            None => g.square()?.mul_scalar(a2)?,
-        };
-        let decay = 1.0 - o.lr * self.decay[i];
-        let new = v0.adam_update(&m, &v, [decay, o.lr / bc1, 1.0 / bc2, o.eps])?;
-        write_back(&self.params[i], &new)?;
-        self.m[i] = Some(m);
-        self.v[i] = Some(v);
+        let slots: Vec<AdamWSlot> = ups
+            .iter()
+            .map(|(i, u)| AdamWSlot {
+                param: &u.value,
+                grad: &u.grad,
+                m: self.m[*i].as_ref(),
+                v: self.v[*i].as_ref(),
+                weight_decay: self.decay[*i],
+            })
+            .collect();
+        let updated = Tensor::adamw_multi(&slots, &hyper)?;
+        drop(slots);
+        for ((i, _), new) in ups.iter().zip(updated) {
+            write_back(&self.params[*i], &new.param)?;
+            self.m[*i] = Some(new.m);
+            self.v[*i] = Some(new.v);
+        }
         Ok(())
     }
 }
@@ -108,11 +119,13 @@ const SLOTS: &[&str] = &["exp_avg", "exp_avg_sq"];
 impl Optimizer for AdamW {
     fn step(&mut self) -> Result<()> {
         let _ng = no_grad();
-        for i in 0..self.params.len() {
-            if let Some(u) = update_view(&self.params[i], self.zero)? {
-                self.update(i, u, 1.0)?;
+        let mut ups = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
+            if let Some(u) = update_view(p, self.zero)? {
+                ups.push((i, u));
             }
         }
+        self.update_all(ups, 1.0)?;
         self.steps += 1;
         Ok(())
     }
@@ -121,14 +134,16 @@ impl Optimizer for AdamW {
     }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
-        for (i, u) in self.prepared.take("AdamW::apply")? {
-            self.update(i, u, scale)?;
-        }
+        let ups = self.prepared.take("AdamW::apply")?;
+        self.update_all(ups, scale)?;
         self.steps += 1;
         Ok(())
     }
     fn discard(&mut self) {
         self.prepared.discard();
+    }
+    fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {
+        self.prepared.gradients()
     }
     fn params(&self) -> &[Parameter] {
         &self.params

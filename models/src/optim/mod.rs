@@ -12,7 +12,7 @@ mod sgd;
 mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
-pub use norm::{clip_factor, global_grad_norm};
+pub use norm::{clip_factor, first_non_finite, global_grad_norm};
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
 
@@ -34,6 +34,9 @@ pub trait Optimizer {
     fn apply(&mut self, scale: f64) -> Result<()>;
     /// Drops the prepared gradients without an update (a skipped step).
     fn discard(&mut self);
+    /// The gradients `prepare` boxed, with their parameters' indices (empty when none are
+    /// prepared): what a health check inspects before `apply` or `discard`.
+    fn prepared_gradients(&self) -> Vec<(usize, Tensor)>;
     /// `prepare`, then `apply` with the gradients clipped to a global norm of `max_norm`
     /// (None: unclipped), as torch's `clip_grad_norm_` then `step`; returns the norm before
     /// clipping.
@@ -112,6 +115,15 @@ impl Prepared {
     }
     pub(crate) fn discard(&mut self) {
         self.0 = None;
+    }
+    /// The prepared gradients with their parameters' indices (empty without a `prepare`).
+    pub(crate) fn gradients(&self) -> Vec<(usize, Tensor)> {
+        self.0
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, u)| Some((i, u.as_ref()?.grad.clone())))
+            .collect()
     }
 }
 

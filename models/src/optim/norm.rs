@@ -2,7 +2,8 @@
 //! gradient's sum of squares is a global 0-d tensor (the engine boxes split, partial and sharded
 //! pieces as the ops need), the sums on one placement are added there, and each placement's
 //! total moves to the union of the placements' ranks (pipeline stages are disjoint placements)
-//! to be added once more, so every rank reads the same norm. Nothing here assumes a layout.
+//! to be added once more, so every rank reads the same norm. The same sums find the first
+//! tensor holding a NaN or infinity (`first_non_finite`). Nothing here assumes a layout.
 
 use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
@@ -23,24 +24,72 @@ fn norm_err(detail: String) -> TensorError {
 
 /// sqrt(sum over `grads` of the sum of their squared elements), on every rank: one value for
 /// the gradients whatever their layouts (local tensors count on every rank as they are).
-/// Every rank must call it with the same list.
+/// Every rank must call it with the same list. A NaN or infinity anywhere gives a norm that
+/// is not finite.
 pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
     let _ng = no_grad();
+    let squares = grads
+        .iter()
+        .map(|g| g.square()?.sum_all()?.cast(DType::F64))
+        .collect::<Result<Vec<_>>>()?;
+    let sum = global_sum(&squares)?;
+    // A sum of squares is never negative; `max` would turn a NaN into 0.
+    Ok(if sum.is_nan() {
+        sum
+    } else {
+        sum.max(0.0).sqrt()
+    })
+}
+
+/// The index of the first of `tensors` that holds a NaN or an infinity, the same on every rank
+/// (every rank must call it with the same list, in any layouts). Each tensor counts as the sum
+/// of its elements times 0, which is NaN exactly when one of them is not finite: one global
+/// sum over all of them first, and only when that is NaN one per tensor, in order, each moved
+/// to every rank of their placements.
+pub fn first_non_finite(tensors: &[Tensor]) -> Result<Option<usize>> {
+    let _ng = no_grad();
+    let flags = tensors
+        .iter()
+        .map(|t| t.mul_scalar(0.0)?.sum_all()?.cast(DType::F64))
+        .collect::<Result<Vec<_>>>()?;
+    if global_sum(&flags)?.is_finite() {
+        return Ok(None);
+    }
+    // Each flag moves to every rank of any of them, so every rank reads every flag (pipeline
+    // stages hold disjoint parts).
+    let places: Vec<&Placement> = flags.iter().filter_map(Tensor::placement).collect();
+    let union = match places.is_empty() {
+        true => None,
+        false => Some(union_of(places.into_iter())?),
+    };
+    for (i, f) in flags.iter().enumerate() {
+        let v = match (&union, f.placement()) {
+            (Some(u), Some(_)) => scalar(&f.to_global(u, NdSbp::broadcast(1))?)?,
+            _ => scalar(f)?,
+        };
+        if !v.is_finite() {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+/// The sum of 0-d f64 `parts` (global on any placements, or local), on every rank.
+fn global_sum(parts: &[Tensor]) -> Result<f64> {
     let mut local = 0.0;
     // One running total per placement, in first-seen order (the same on every rank).
     let mut totals: Vec<(Placement, Tensor)> = Vec::new();
-    for g in grads {
-        let sq = g.square()?.sum_all()?.cast(DType::F64)?;
-        let Some(p) = sq.placement().cloned() else {
-            local += scalar(&sq)?;
+    for part in parts {
+        let Some(p) = part.placement().cloned() else {
+            local += scalar(part)?;
             continue;
         };
         match totals.iter_mut().find(|(q, _)| *q == p) {
-            Some((_, t)) => *t = t.add(&sq)?,
-            None => totals.push((p, sq)),
+            Some((_, t)) => *t = t.add(part)?,
+            None => totals.push((p, part.clone())),
         }
     }
-    let sum = match totals.as_slice() {
+    Ok(match totals.as_slice() {
         [] => local,
         [(p, t)] => local + scalar(&t.to_global(p, NdSbp::broadcast(p.ndim()))?)?,
         many => {
@@ -55,8 +104,7 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
             }
             local + all.map_or(Ok(0.0), |a| scalar(&a))?
         }
-    };
-    Ok(sum.max(0.0).sqrt())
+    })
 }
 
 /// The factor gradients are multiplied by when their norm `norm` is clipped to `max_norm`
@@ -119,5 +167,24 @@ mod tests {
         let n = global_grad_norm(&[a, b]).unwrap();
         assert!((n - 5.0).abs() < 1e-12, "{n}");
         assert_eq!(global_grad_norm(&[]).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn a_nan_or_infinity_makes_the_norm_non_finite_and_is_found() {
+        let ok = Tensor::from_vec(vec![3.0f32, 4.0], [2]).unwrap();
+        let nan = Tensor::from_vec(vec![1.0f32, f32::NAN], [2]).unwrap();
+        let inf = Tensor::from_vec(vec![f64::NEG_INFINITY], [1]).unwrap();
+        assert!(global_grad_norm(&[ok.clone(), nan.clone()])
+            .unwrap()
+            .is_nan());
+        assert_eq!(
+            global_grad_norm(std::slice::from_ref(&inf)).unwrap(),
+            f64::INFINITY
+        );
+        assert_eq!(first_non_finite(std::slice::from_ref(&ok)).unwrap(), None);
+        assert_eq!(first_non_finite(&[ok.clone(), inf, nan]).unwrap(), Some(1));
+        // Finite values whose squares overflow f32 are finite.
+        let big = Tensor::from_vec(vec![3e38f32], [1]).unwrap();
+        assert_eq!(first_non_finite(&[ok, big]).unwrap(), None);
     }
 }

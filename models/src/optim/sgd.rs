@@ -123,6 +123,9 @@ impl Optimizer for Sgd {
     fn discard(&mut self) {
         self.prepared.discard();
     }
+    fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {
+        self.prepared.gradients()
+    }
     fn params(&self) -> &[Parameter] {
         &self.params
     }

@@ -17,7 +17,7 @@ use super::ops::CudaKernels;
 use super::storage::CudaStorage;
 use super::{derr, runtime};
 use crate::device::DeviceBackend;
-use crate::dispatch::OpExecutor;
+use crate::executor::OpExecutor;
 use crate::op::{Op, OutSpec};
 use crate::rng::ElementInit;
 use crate::storage::{CpuArray, DeviceStorage, Storage};

@@ -136,9 +136,9 @@ __device__ void ln_bwd(i64 rows, int c, const T* dy, const T* r, const float* me
 }
 
 // dw[j] (+)= sum_g part_w[g, j], db likewise, in a fixed order: blocks of 32 columns x 16
-// lanes over the groups, then the 16 partial sums added in lane order.
-extern "C" __global__ void ln_bwd_reduce(int groups, int c, int accumulate, const float* part_w, const float* part_b,
-                                         float* dw, float* db) {
+// lanes over the groups, then the 16 partial sums added in lane order; dw and db of type T.
+template <typename T>
+__device__ void ln_bwd_reduce(int groups, int c, int accumulate, const float* part_w, const float* part_b, T* dw, T* db) {
     __shared__ float sw[16][33], sb[16][33];
     const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.x * 32 + tx;
     float aw = 0.f, ab = 0.f;
@@ -150,8 +150,8 @@ extern "C" __global__ void ln_bwd_reduce(int groups, int c, int accumulate, cons
     if (ty == 0 && j < c) {
         float tw = 0.f, tb = 0.f;
         for (int y = 0; y < 16; ++y) { tw += sw[y][tx]; tb += sb[y][tx]; }
-        dw[j] = accumulate ? dw[j] + tw : tw;
-        db[j] = accumulate ? db[j] + tb : tb;
+        st(dw + j, accumulate ? to_f(dw[j]) + tw : tw);
+        st(db + j, accumulate ? to_f(db[j]) + tb : tb);
     }
 }
 
@@ -159,9 +159,10 @@ extern "C" __global__ void ln_bwd_reduce(int groups, int c, int accumulate, cons
 // One launch over a device array of tensors; blockIdx.y picks the tensor. Per element, exactly
 // the three passes of ElementwiseOp::Adam in f32:
 //   m = m a1 + g b1;  v = v a2 + (g g) b2;  p = p decay - (m step) / (sqrt(v inv_bc2) + eps)
-// with g scaled by grad_scale when it is not 1, and the bf16 copy of p written when asked.
+// with g scaled by grad_scale when it is not 1, and the bf16 copy of p written when asked. The
+// new p, m and v go to param_out, m_out and v_out (which may be param, m and v themselves).
 struct AdamTensor {
-    unsigned long long param, grad, m, v, param_bf16;
+    unsigned long long param, grad, m, v, param_out, m_out, v_out, param_bf16;
     i64 n;
     float decay;
     int grad_bf16;
@@ -170,9 +171,12 @@ struct AdamCoef { float a1, b1, a2, b2, step, inv_bc2, eps, grad_scale; };
 
 extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
     const AdamTensor t = tensors[blockIdx.y];
-    float* p = (float*)t.param;
-    float* m = (float*)t.m;
-    float* v = (float*)t.v;
+    const float* p = (const float*)t.param;
+    const float* m = (const float*)t.m;
+    const float* v = (const float*)t.v;
+    float* po = (float*)t.param_out;
+    float* mo = (float*)t.m_out;
+    float* vo = (float*)t.v_out;
     bf16_t* p16 = (bf16_t*)t.param_bf16;
     GRID_STRIDE(i, t.n) {
         float g = t.grad_bf16 ? to_f(((const bf16_t*)t.grad)[i]) : ((const float*)t.grad)[i];
@@ -180,18 +184,20 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
         const float mi = m[i] * k.a1 + g * k.b1;
         const float vi = v[i] * k.a2 + (g * g) * k.b2;
         const float pi = p[i] * t.decay - (mi * k.step) / (sqrtf(vi * k.inv_bc2) + k.eps);
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi;
+        mo[i] = mi;
+        vo[i] = vi;
+        po[i] = pi;
         if (p16) p16[i] = from_f<bf16_t>(pi);
     }
 }
 
 // ---- fused classifier ---------------------------------------------------------------------
-// Per row of v logits (row stride ld >= v): loss = logsumexp - logit[target] (f32), and the
-// logits are overwritten by (softmax - onehot(target)) * dloss; columns v..ld get 0. A negative
-// target ignores the row (loss 0, gradient 0). One block per row: one pass for the running max
-// and sum (online softmax), one pass writing the gradient; 16-byte accesses when `vec`.
+// Per row of v logits (row stride ld >= v): loss = logsumexp - logit[target] (f32), and
+// (softmax - onehot(target)) * dloss written to dx (row stride ld; dx may be the logits
+// themselves); columns v..ld get 0. A target outside 0..v ignores the row (loss 0, gradient 0),
+// or with `strict` gives it NaN (loss and gradient). One block per row: one pass for the
+// running max and sum (online softmax), one pass writing the gradient; 16-byte accesses when
+// `vec`.
 __device__ __forceinline__ void online(float& m, float& s, float x) {
     if (x > m) { s = (m == NEG_INF ? 0.f : s * expf(m - x)) + 1.f; m = x; }
     else s += expf(x - m);
@@ -204,12 +210,13 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
     m = M;
 }
 template <typename T>
-__device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) {
+__device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, int strict, const T* logits, T* dx, const i64* targets, float* loss) {
     __shared__ float pm[32], ps[32];
     const int N = 16 / sizeof(T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
-        T* x = logits + rr * ld;
+        const T* x = logits + rr * ld;
+        T* d = dx + rr * ld;
         const i64 tgt = targets[rr];
         float m = NEG_INF, s = 0.f;
         if (vec) {
@@ -233,7 +240,8 @@ __device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, T* log
         for (int w = 0; w < nw; ++w) merge(m, s, pm[w], ps[w]);
         const float lse = m + logf(s);
         const bool ignore = tgt < 0 || tgt >= v;
-        if (threadIdx.x == 0) loss[rr] = ignore ? 0.f : lse - to_f(x[tgt]);
+        const float bad = strict ? __int_as_float(0x7fc00000) : 0.f;
+        if (threadIdx.x == 0) loss[rr] = ignore ? bad : lse - to_f(x[tgt]);
         __syncthreads();
         const float inv = 1.f / s;
         if (vec) {
@@ -243,20 +251,40 @@ __device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, T* log
 #pragma unroll
                 for (int e = 0; e < N; ++e) {
                     const int j = q * N + e;
-                    float gr = 0.f;
+                    float gr = ignore && j < v ? bad : 0.f;
                     if (!ignore && j < v) gr = (expf(to_f(u.e[e]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
                     u.e[e] = from_f<T>(gr);
                 }
-                ((uint4*)x)[q] = u.u;
+                ((uint4*)d)[q] = u.u;
             }
         } else {
             for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-                float gr = 0.f;
+                float gr = ignore && j < v ? bad : 0.f;
                 if (!ignore && j < v) gr = (expf(to_f(x[j]) - m) * inv - (j == tgt ? 1.f : 0.f)) * dloss;
-                st(x + j, gr);
+                st(d + j, gr);
             }
         }
         __syncthreads();
+    }
+}
+
+// ---- row scaling ---------------------------------------------------------------------------
+// y[r, j] = x[r, j] s[r] over rows of c columns (s f32), rounded once; 16-byte accesses when
+// `vec` (c a multiple of the vector width, so no vector crosses a row).
+template <typename T>
+__device__ void row_scale(i64 rows, int c, int vec, const T* x, const float* s, T* y) {
+    const int N = 16 / sizeof(T);
+    if (vec) {
+        GRID_STRIDE(i, rows * c / N) {
+            const float k = s[i * N / c];
+            Vec16<T> u;
+            u.u = ((const uint4*)x)[i];
+#pragma unroll
+            for (int j = 0; j < N; ++j) u.e[j] = from_f<T>(to_f(u.e[j]) * k);
+            ((uint4*)y)[i] = u.u;
+        }
+    } else {
+        GRID_STRIDE(i, rows * c) st(y + i, to_f(x[i]) * s[i / c]);
     }
 }
 
@@ -298,7 +326,9 @@ __device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y
 #define FUSED_TYPE(T, N) \
 extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \
 extern "C" __global__ void ln_bwd_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd<T>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); } \
-extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, T* logits, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, logits, targets, loss); } \
+extern "C" __global__ void ln_bwd_reduce_##N(int g, int c, int acc, const float* pw, const float* pb, T* dw, T* db) { ln_bwd_reduce<T>(g, c, acc, pw, pb, dw, db); } \
+extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, int strict, const T* logits, T* dx, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, strict, logits, dx, targets, loss); } \
+extern "C" __global__ void row_scale_##N(i64 rows, int c, int vec, const T* x, const float* s, T* y) { row_scale<T>(rows, c, vec, x, s, y); } \
 extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); }
 
 FUSED_TYPE(float, f32)

@@ -20,9 +20,16 @@ const SMEM_BYTES: usize = 48 * 1024;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
     module(&MODULE, rt, op, SOURCE, || {
-        let mut v = vec!["ln_bwd_reduce".to_string(), "adamw_multi".to_string()];
+        let mut v = vec!["adamw_multi".to_string()];
         for t in FloatType::ALL {
-            for k in ["ln_fwd", "ln_bwd", "classifier", "ew"] {
+            for k in [
+                "ln_fwd",
+                "ln_bwd",
+                "ln_bwd_reduce",
+                "classifier",
+                "row_scale",
+                "ew",
+            ] {
                 v.push(format!("{k}_{}", t.suffix()));
             }
         }
@@ -110,8 +117,9 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
 }
 
 /// The LayerNorm backward: `dr = LN'(dy) + residual_grad` (of `dtype`) from the forward's
-/// input `r` and saved statistics; `dweight = sum dy xhat` and `dbias = sum dy` (f32 `[cols]`,
-/// added to the existing values when `accumulate`), reduced in a fixed order (deterministic).
+/// input `r` and saved statistics; `dweight = sum dy xhat` and `dbias = sum dy` (`[cols]` of
+/// `grad_type`, summed in f32 and added to the existing values when `accumulate`), reduced in a
+/// fixed order (deterministic).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerNormBackward {
     pub rows: usize,
@@ -126,6 +134,7 @@ pub(crate) struct LayerNormBackward {
     pub dr: u64,
     pub dweight: u64,
     pub dbias: u64,
+    pub grad_type: FloatType,
     pub accumulate: bool,
 }
 
@@ -162,7 +171,7 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
     let (rows, cols) = (a.rows as i64, a.cols as i32);
     let dres = opt(a.residual_grad);
     launch_fn!(rt, op, f, cfg; rows, cols, a.dy, a.r, a.mean, a.rstd, a.weight, dres, a.dr, pw, pb)?;
-    let f = m.get(op, "ln_bwd_reduce")?;
+    let f = m.get(op, &format!("ln_bwd_reduce_{}", a.grad_type.suffix()))?;
     let cfg = LaunchConfig {
         grid_dim: (a.cols.div_ceil(32) as u32, 1, 1),
         block_dim: (32, 16, 1),
@@ -174,7 +183,8 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
 
 /// One tensor of the multi-tensor AdamW (`struct AdamTensor` of the source): f32 master
 /// `param`, f32 `m` and `v` (zeros before the first step), the gradient (f32, or bf16 with
-/// `grad_bf16`), and an optional bf16 copy of the updated parameter.
+/// `grad_bf16`), where the new values go (`param_out`, `m_out`, `v_out`: the inputs themselves
+/// to update in place), and an optional bf16 copy of the updated parameter.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AdamTensor {
@@ -182,6 +192,9 @@ pub(crate) struct AdamTensor {
     pub grad: u64,
     pub m: u64,
     pub v: u64,
+    pub param_out: u64,
+    pub m_out: u64,
+    pub v_out: u64,
     /// 0: no bf16 copy.
     pub param_bf16: u64,
     pub n: i64,
@@ -208,6 +221,24 @@ pub(crate) struct AdamCoef {
 }
 // SAFETY: plain old data with the C layout of `struct AdamCoef`.
 unsafe impl DeviceRepr for AdamCoef {}
+
+impl AdamCoef {
+    /// The coefficients `[a1, b1, a2, b2, step, inv_bc2, eps]` (see the kernel) rounded to f32,
+    /// with gradients taken as they are (any clip factor folded into `b1` and `b2`).
+    pub(crate) fn new(c: [f64; 7]) -> AdamCoef {
+        let [a1, b1, a2, b2, step, inv_bc2, eps] = c.map(|x| x as f32);
+        AdamCoef {
+            a1,
+            b1,
+            a2,
+            b2,
+            step,
+            inv_bc2,
+            eps,
+            grad_scale: 1.0,
+        }
+    }
+}
 
 /// AdamW's hyper-parameters for step `t` (1 for the first step).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -241,11 +272,12 @@ impl AdamHyper {
     }
 }
 
-/// One AdamW step over every tensor of `tensors` in a single launch.
+/// One AdamW step over every tensor of `tensors` in a single launch, with coefficients `coef`
+/// (`AdamHyper::coef`, or `AdamCoef::new`).
 pub(crate) fn adamw_multi(
     rt: &Arc<CudaRuntime>,
     tensors: &[AdamTensor],
-    hyper: &AdamHyper,
+    coef: &AdamCoef,
 ) -> FResult<()> {
     let op = "fused adamw";
     if tensors.is_empty() {
@@ -259,7 +291,10 @@ pub(crate) fn adamw_multi(
     }
     if let Some(t) = tensors
         .iter()
-        .find(|t| t.n < 0 || [t.param, t.grad, t.m, t.v].contains(&0))
+        .find(|t| {
+            t.n < 0
+                || [t.param, t.grad, t.m, t.v, t.param_out, t.m_out, t.v_out].contains(&0)
+        })
     {
         return Err(invalid(op, format!("tensor {t:?}")));
     }
@@ -280,13 +315,14 @@ pub(crate) fn adamw_multi(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (lp, k) = (list.ptr(), hyper.coef());
+    let (lp, k) = (list.ptr(), *coef);
     launch_fn!(rt, op, f, cfg; lp, k)
 }
 
 /// The fused classifier over `rows` rows of `v` logits (row stride `ld`): per-row loss
-/// (f32 `[rows]`) and, in place over the logits, `(softmax - onehot(target)) * dloss`
-/// (columns `v..ld` set to 0); targets are i64, a negative one ignores its row.
+/// (f32 `[rows]`) and `(softmax - onehot(target)) * dloss` (columns `v..ld` set to 0) written
+/// to `dlogits` (same strides and type; None: in place over the logits); targets are i64, one
+/// outside `0..v` ignores its row (loss and gradient 0), or with `strict` makes them NaN.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Classifier {
     pub rows: usize,
@@ -295,8 +331,10 @@ pub(crate) struct Classifier {
     pub dloss: f32,
     pub dtype: FloatType,
     pub logits: u64,
+    pub dlogits: Option<u64>,
     pub targets: u64,
     pub loss: u64,
+    pub strict: bool,
 }
 
 pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
@@ -318,8 +356,52 @@ pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
         shared_mem_bytes: 0,
     };
     let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
-    let vec = (a.ld.is_multiple_of(16 / a.dtype.size()) && aligned(&[a.logits])) as i32;
-    launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, a.logits, a.targets, a.loss)
+    let dx = a.dlogits.unwrap_or(a.logits);
+    let vec = (a.ld.is_multiple_of(16 / a.dtype.size()) && aligned(&[a.logits, dx])) as i32;
+    let strict = a.strict as i32;
+    launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, strict, a.logits, dx, a.targets, a.loss)
+}
+
+/// `y[r, j] = x[r, j] scale[r]` over `rows` rows of `cols` values of `dtype` (`scale` f32
+/// `[rows]`), computed in f32 and rounded once: a per-row loss gradient applied to the saved
+/// logits' gradient.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowScale {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: FloatType,
+    pub x: u64,
+    pub scale: u64,
+    pub y: u64,
+}
+
+pub(crate) fn row_scale(rt: &Arc<CudaRuntime>, a: &RowScale) -> FResult<()> {
+    let op = "fused row scale";
+    if a.rows == 0 || a.cols == 0 {
+        return Ok(());
+    }
+    if a.cols > i32::MAX as usize {
+        return Err(invalid(op, format!("rows of {} columns", a.cols)));
+    }
+    if [a.x, a.scale, a.y].contains(&0) {
+        return Err(invalid(op, "null device address"));
+    }
+    let m = kernels(rt, op)?;
+    let f = m.get(op, &format!("row_scale_{}", a.dtype.suffix()))?;
+    let per = 16 / a.dtype.size();
+    let vec = (a.cols.is_multiple_of(per) && aligned(&[a.x, a.y])) as i32;
+    let work = if vec == 1 {
+        a.rows * a.cols / per
+    } else {
+        a.rows * a.cols
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (work.div_ceil(256).clamp(1, 65535 * 4) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (rows, cols) = (a.rows as i64, a.cols as i32);
+    launch_fn!(rt, op, f, cfg; rows, cols, vec, a.x, a.scale, a.y)
 }
 
 /// The element-wise functions of `elementwise`.

@@ -41,7 +41,7 @@ use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_placement::DeviceType;
 
 use crate::device::register_device_backend;
-use crate::dispatch::register_op_executor;
+use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
@@ -182,6 +182,12 @@ impl CudaRuntime {
     /// How often the allocator went to the driver since the process started.
     pub fn alloc_counts(&self) -> AllocCounts {
         self.pool.counts()
+    }
+    /// (free, total) bytes of this device's memory as the driver reports them now (the
+    /// allocator's cached blocks count as used).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind("cuda memory_info")?;
+        cudarc::driver::result::mem_get_info().map_err(|e| derr("cuda memory_info", e))
     }
 }
 

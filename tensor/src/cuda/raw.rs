@@ -3,6 +3,8 @@
 //! layer's error type. These functions take device addresses and shapes, not tensors; the op
 //! layer validates tensors and calls them.
 
+use oxiflow_dtype::DType;
+
 use crate::TensorError;
 
 /// The element type of a raw kernel's floating-point operands.
@@ -30,6 +32,16 @@ impl FloatType {
         }
     }
     pub(crate) const ALL: [FloatType; 3] = [FloatType::F32, FloatType::Bf16, FloatType::F16];
+    /// The float type of tensor dtype `d` (None: f64 and i64, which the raw kernels do not
+    /// take).
+    pub(crate) fn of(d: DType) -> Option<FloatType> {
+        match d {
+            DType::F32 => Some(FloatType::F32),
+            DType::BF16 => Some(FloatType::Bf16),
+            DType::F16 => Some(FloatType::F16),
+            _ => None,
+        }
+    }
 }
 
 /// Errors of the raw layer. `Unavailable` and `Refused` mean a library path cannot serve the

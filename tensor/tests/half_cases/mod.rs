@@ -291,7 +291,66 @@ pub fn half_cases() -> Vec<HalfCase> {
             grad_of(&x[0], |t| t.to_dtype(DType::F32)?.square())
         }),
     ]);
+    v.extend(fused_cases());
     v
+}
+
+/// The fused custom ops (residual LayerNorm, linear with its epilogues, the classifier),
+/// forward and backward. Their sums and pre-activations round to 16 bits before the step that
+/// reads them, as the composed ops would.
+fn fused_cases() -> Vec<HalfCase> {
+    use oxiflow_tensor::custom::Activation::{Gelu, None as Plain};
+    let rln = [(&[4, 24][..], F), (&[4, 24], F), (&[24], F), (&[24], F)];
+    let lin = [(&[2, 3, 16][..], F), (&[16, 8], F), (&[8], F)];
+    let cls = [(&[6, 11][..], F), (&[6], Input::Ids(11))];
+    vec![
+        case("residual_layer_norm", &rln, 4.0, |x| {
+            Ok(x[0].residual_layer_norm(&x[1], &x[2], &x[3], 1e-5)?.1)
+        }),
+        case("residual_layer_norm_sum", &rln, 1.0, |x| {
+            Ok(x[0].residual_layer_norm(&x[1], &x[2], &x[3], 1e-5)?.0)
+        }),
+        case("grad_residual_layer_norm", &rln, 8.0, |x| {
+            let (a, w, b) = (x[1].clone(), x[2].clone(), x[3].clone());
+            grad_of(&x[0], move |t| {
+                let (r, y) = t.residual_layer_norm(&a, &w, &b, 1e-5)?;
+                r.add(&y)
+            })
+        }),
+        case("grad_residual_layer_norm_weight", &rln, 8.0, |x| {
+            let (t, a, b) = (x[0].clone(), x[1].clone(), x[3].clone());
+            grad_of(&x[2], move |w| Ok(t.residual_layer_norm(&a, w, &b, 1e-5)?.1))
+        }),
+        case("linear", &lin, 2.0, |x| x[0].linear(&x[1], Some(&x[2]), Plain)),
+        case("linear_gelu", &lin, 2.0, |x| x[0].linear(&x[1], Some(&x[2]), Gelu)),
+        case("grad_linear_gelu", &lin, 4.0, |x| {
+            let (w, b) = (x[1].clone(), x[2].clone());
+            grad_of(&x[0], move |t| t.linear(&w, Some(&b), Gelu))
+        }),
+        case("grad_linear_gelu_weight", &lin, 4.0, |x| {
+            let (t, b) = (x[0].clone(), x[2].clone());
+            grad_of(&x[1], move |w| t.linear(w, Some(&b), Gelu))
+        }),
+        case("grad_linear_bias", &lin, 4.0, |x| {
+            let (t, w) = (x[0].clone(), x[1].clone());
+            grad_of(&x[2], move |b| t.linear(&w, Some(b), Plain))
+        }),
+        case("classifier_loss", &cls, 1.0, |x| x[0].classifier_loss(&x[1])),
+        case("grad_classifier", &cls, 4.0, |x| {
+            let l = x[1].clone();
+            grad_of(&x[0], move |t| t.classifier_loss(&l))
+        }),
+    ]
+}
+
+/// The dtype a case's output has on `dtype` inputs (f32 for casts to it and the classifier's
+/// loss).
+pub fn out_dtype(c: &HalfCase, dtype: DType) -> DType {
+    if matches!(c.name, "to_f32" | "classifier_loss" | "flash_attention_lse") {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 /// splitmix64 values for inputs, the same on every rank.

@@ -45,6 +45,29 @@ pub fn class_count(v: u64) -> Result<u64, String> {
     Ok(v)
 }
 
+/// The most tokens a generated sample may have: each is a forward pass over the window, so
+/// a sample is a sample, not a corpus.
+pub const MAX_GEN_TOKENS: u64 = 100_000;
+
+/// A sample length of at most `MAX_GEN_TOKENS`.
+pub fn gen_tokens(v: u64) -> Result<u64, String> {
+    if v > MAX_GEN_TOKENS {
+        return Err(format!(
+            "{v} tokens is more than a sample's {MAX_GEN_TOKENS} (each token is a forward pass)"
+        ));
+    }
+    Ok(v)
+}
+
+/// A finite factor above 1.
+pub fn spike_factor(v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a finite factor above 1"))
+    }
+}
+
 /// A ZeRO stage.
 pub fn zero_stage(v: u64) -> Result<u64, String> {
     if v > 3 {
@@ -55,8 +78,13 @@ pub fn zero_stage(v: u64) -> Result<u64, String> {
 
 /// Parsers of command-line text: parse, then the check above.
 pub mod parse {
+    /// A count a job file could also hold (TOML integers are i64).
     fn count(s: &str) -> Result<u64, String> {
-        s.parse::<u64>().map_err(|e| format!("not a count: {e}"))
+        let v = s.parse::<u64>().map_err(|e| format!("not a count: {e}"))?;
+        if v > i64::MAX as u64 {
+            return Err(format!("{v} is out of range (at most {})", i64::MAX));
+        }
+        Ok(v)
     }
     fn number(s: &str) -> Result<f64, String> {
         s.parse::<f64>().map_err(|e| format!("not a number: {e}"))
@@ -86,6 +114,13 @@ pub mod parse {
     pub fn class_count(s: &str) -> Result<usize, String> {
         let v = super::class_count(count(s)?)?;
         usize::try_from(v).map_err(|e| e.to_string())
+    }
+    pub fn gen_tokens(s: &str) -> Result<usize, String> {
+        let v = super::gen_tokens(count(s)?)?;
+        usize::try_from(v).map_err(|e| e.to_string())
+    }
+    pub fn spike_factor(s: &str) -> Result<f64, String> {
+        super::spike_factor(number(s)?)
     }
     pub fn zero_stage(s: &str) -> Result<u8, String> {
         let v = super::zero_stage(count(s)?)?;

@@ -129,6 +129,16 @@ pub enum LrScheduleArg {
     Linear,
 }
 
+/// What a step whose loss or gradient norm is not finite does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NonFiniteArg {
+    /// Stop the run with an error naming the step and the first non-finite tensor.
+    Stop,
+    /// Drop the step's update and go on (10 such steps in a row stop the run).
+    Skip,
+}
+
 /// The model: which one and its sizes.
 #[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -322,6 +332,15 @@ pub struct RunFlags {
     /// Peak FLOP/s of one device in TFLOP/s, for the model FLOPs utilisation in --metrics.
     #[arg(long, value_parser = parse::positive_finite)]
     pub peak_tflops: Option<f64>,
+    /// A step whose loss or gradient norm is NaN or infinite: stop (an error naming the step
+    /// and the first non-finite tensor, before the update, so no checkpoint holds it) or skip
+    /// its update [default: stop].
+    #[arg(long, value_enum)]
+    pub on_nonfinite: Option<NonFiniteArg>,
+    /// Warn when the loss smoothed over about 10 steps exceeds this factor (above 1) times
+    /// its lowest value so far [default: 4].
+    #[arg(long, value_parser = parse::spike_factor, allow_hyphen_values = true)]
+    pub loss_spike_factor: Option<f64>,
     /// Run one training step and print (rank 0) every parameter's global shape, placement and
     /// SBP, every op's output layout and each boxing inserted with its bytes; then exit.
     #[arg(long)]
@@ -337,8 +356,8 @@ pub struct GenerateFlags {
     /// --steps: only generate.
     #[arg(long)]
     pub generate: Option<String>,
-    /// GPT: tokens of the generated sample (0: none) [default: 120].
-    #[arg(long, value_parser = parse::usize_any)]
+    /// GPT: tokens of the generated sample (0: none; at most 100000) [default: 120].
+    #[arg(long, value_parser = parse::gen_tokens)]
     pub gen_tokens: Option<usize>,
     /// GPT: sampling temperature (0: greedy) [default: 0.8].
     #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]

@@ -6,17 +6,18 @@
 mod checks;
 mod flags;
 mod resolve;
+mod scope;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use checks::parse;
+pub use checks::{parse, MAX_GEN_TOKENS};
 pub use flags::{
-    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, Opt, OptimFlags,
-    ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, RunFlags, ScheduleArg, ShardFormatArg,
-    TokenizerArg, WorldBackend,
+    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, NonFiniteArg, Opt,
+    OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, RunFlags, ScheduleArg,
+    ShardFormatArg, TokenizerArg, WorldBackend,
 };
 
 use crate::error::TrainError;
@@ -98,6 +99,8 @@ pub struct RunConfig {
     pub metrics: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub peak_tflops: Option<f64>,
+    pub on_nonfinite: NonFiniteArg,
+    pub loss_spike_factor: f64,
     pub explain: bool,
 }
 
@@ -151,11 +154,15 @@ impl TrainConfig {
         self.explicit.contains(key)
     }
 
-    /// The configuration as a job file (every key, defaults included).
+    /// The configuration as a job file: every key this job uses, defaults included (keys of
+    /// the other model, optimizer or data kind are left out, as a job file may not give them).
     pub fn to_toml(&self) -> Result<String, TrainError> {
-        toml::to_string(self).map_err(|e| TrainError::Config {
+        let err = |e: &dyn std::fmt::Display| TrainError::Config {
             detail: format!("the configuration does not print as TOML: {e}"),
-        })
+        };
+        let mut table = toml::Table::try_from(self).map_err(|e| err(&e))?;
+        scope::drop_unused(self, &mut table);
+        toml::to_string(&table).map_err(|e| err(&e))
     }
 
     /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).
@@ -163,6 +170,11 @@ impl TrainConfig {
         let p = &self.parallel;
         p.pp > 1 || p.micro_batches > 1 || p.virtual_stages > 1
     }
+}
+
+/// Whether `--data` names token shards: a glob, or a path ending in `.bin`.
+pub fn names_shards(data: &str) -> bool {
+    data.contains(['*', '?', '[']) || data.ends_with(".bin")
 }
 
 /// The job `cli` describes over the job file `config` (when given): the file's keys, then the

@@ -30,6 +30,19 @@ fn count(flag: &str, v: usize) -> Result<usize, TrainError> {
     checked(flag, v as u64, checks::positive).map(|_| v)
 }
 
+/// A path or pattern that is not empty.
+fn path<T: AsRef<std::ffi::OsStr> + Clone>(
+    flag: &str,
+    v: &Option<T>,
+) -> Result<Option<T>, TrainError> {
+    match v {
+        Some(p) if p.as_ref().is_empty() => Err(config_err(format!(
+            "invalid value for {flag}: an empty path"
+        ))),
+        other => Ok(other.clone()),
+    }
+}
+
 pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfig, TrainError> {
     let kind = f.model.model.unwrap_or(ModelKind::Gpt);
     let gpt = kind == ModelKind::Gpt;
@@ -68,8 +81,8 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
     };
     let d = &f.data;
     let data = DataConfig {
-        data: d.data.clone(),
-        val_data: d.val_data.clone(),
+        data: path("--data", &d.data)?,
+        val_data: path("--val-data", &d.val_data)?,
         tokenizer: d.tokenizer.unwrap_or(TokenizerArg::Bytes),
         shard_format: d.shard_format.unwrap_or(ShardFormatArg::Auto),
         batch_size: count(
@@ -121,23 +134,33 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         steps,
         log_every: checked("--log-every", r.log_every.unwrap_or(10), checks::positive)?,
         eval_every: positive_opt("--eval-every", r.eval_every)?,
-        save: r.save.clone(),
+        save: path("--save", &r.save)?,
         save_every: positive_opt("--save-every", r.save_every)?,
         save_gathered: r.save_gathered,
-        resume: r.resume.clone(),
+        resume: path("--resume", &r.resume)?,
         allow_resume_mismatch: r.allow_resume_mismatch,
-        metrics: r.metrics.clone(),
-        plot: r.plot.clone(),
+        metrics: path("--metrics", &r.metrics)?,
+        plot: path("--plot", &r.plot)?,
         peak_tflops: r
             .peak_tflops
             .map(|v| checked("--peak-tflops", v, checks::positive_finite))
             .transpose()?,
+        on_nonfinite: r.on_nonfinite.unwrap_or(NonFiniteArg::Stop),
+        loss_spike_factor: checked(
+            "--loss-spike-factor",
+            r.loss_spike_factor.unwrap_or(4.0),
+            checks::spike_factor,
+        )?,
         explain: r.explain,
     };
     let g = &f.generate;
     let generate = GenerateConfig {
         generate: g.generate.clone(),
-        gen_tokens: g.gen_tokens.unwrap_or(120),
+        gen_tokens: checked(
+            "--gen-tokens",
+            g.gen_tokens.unwrap_or(120) as u64,
+            checks::gen_tokens,
+        )? as usize,
         temperature: checked(
             "--temperature",
             g.temperature.unwrap_or(0.8),
@@ -154,6 +177,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         explicit,
     };
     check_combinations(&cfg)?;
+    super::scope::refuse_unused(&cfg)?;
     Ok(cfg)
 }
 
@@ -197,25 +221,17 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             )));
         }
     }
-    match c.model.model {
-        ModelKind::Gpt => {
-            if o.optimizer == Opt::Sgd {
-                return Err(config_err(
-                    "--model gpt trains with AdamW: drop --optimizer sgd".into(),
-                ));
-            }
-        }
-        ModelKind::Mlp => {
-            let p = &c.parallel;
-            if p.sp {
-                return Err(config_err("--sp needs --model gpt".into()));
-            }
-            if p.pp > 1 || p.micro_batches > 1 || p.virtual_stages > 1 {
-                return Err(config_err(
-                    "--pp, --micro-batches and --virtual-stages need --model gpt".into(),
-                ));
-            }
-        }
+    let m = &c.model;
+    if m.model == ModelKind::Gpt && !m.width.is_multiple_of(m.heads) {
+        return Err(config_err(format!(
+            "--width {} is not a multiple of --heads {}",
+            m.width, m.heads
+        )));
+    }
+    if c.model.model == ModelKind::Gpt && o.optimizer == Opt::Sgd {
+        return Err(config_err(
+            "--model gpt trains with AdamW: drop --optimizer sgd".into(),
+        ));
     }
     Ok(())
 }

@@ -139,17 +139,27 @@ pub(super) fn drive<M: TrainModel>(
     let mut bubbles = Vec::new();
     while t.step < steps {
         let s = t.train_step()?;
-        recent.push_back(s.loss);
-        if recent.len() > 10 {
-            recent.pop_front();
-        }
-        bubbles.extend(s.bubble);
-        train_pts.push((s.step, s.loss));
         let n = s.step;
         let secs = start.elapsed().as_secs_f64();
         let done = (n - first) as f64;
         let tps = done * tokens_per_step / secs.max(1e-9);
-        if n % r.log_every == 0 || n == steps {
+        if s.skipped {
+            // Not a point of the curve, the final loss or the metrics (whose numbers are finite).
+            progress.say(format!(
+                "step {n} skipped: loss {} grad-norm {}; the first non-finite tensor: {} (--on-nonfinite skip: the update is dropped)",
+                s.loss,
+                s.grad_norm,
+                s.non_finite.as_deref().unwrap_or("none")
+            ));
+        } else {
+            recent.push_back(s.loss);
+            if recent.len() > 10 {
+                recent.pop_front();
+            }
+            train_pts.push((s.step, s.loss));
+        }
+        bubbles.extend(s.bubble);
+        if !s.skipped && (n % r.log_every == 0 || n == steps) {
             let eta = secs / done.max(1.0) * (steps - n) as f64;
             progress.say(format!(
                 "step {n} loss {:.digits$} lr {:.4e} grad-norm {:.digits$} tokens/s {tps:.0} elapsed {} eta {}",

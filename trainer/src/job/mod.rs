@@ -7,14 +7,16 @@ use std::path::{Path, PathBuf};
 
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::{Backend, DType};
-use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
+use oxiflow_models::checkpoint::{self, LoadOptions, SaveOptions, SaveStage};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, LrScheduleArg, ModelKind, Opt, Precision, PrecisionPolicy, TrainConfig, WorldBackend,
+    Dev, LrScheduleArg, ModelKind, NonFiniteArg, Opt, Precision, PrecisionPolicy, TrainConfig,
+    WorldBackend,
 };
 use crate::error::TrainError;
+use crate::health::{HealthGuard, NonFinitePolicy};
 use crate::model::TrainModel;
 use crate::schedule::{Decay, LrSchedule};
 use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
@@ -23,9 +25,12 @@ use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
 
 mod drive;
+pub mod memory;
+mod preflight;
 
 pub use drive::config_path;
 use drive::{drive, report, Saver};
+use preflight::check_inputs;
 
 /// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
 pub const RESUME_AUTO: &str = "auto";
@@ -82,10 +87,35 @@ fn dtype_of(p: Precision) -> DType {
     }
 }
 
+/// The device of the mesh when the launch environment already says (None: the world's start
+/// decides): cpu when asked for, or on a CPU world (`--backend cpu|mpi`, `OXIFLOW_BACKEND=cpu`,
+/// or a single process, which `auto` runs on the CPU backend); cuda when asked for.
+fn device_before_world(cfg: &TrainConfig, env: &LaunchEnv) -> Option<DeviceType> {
+    match (cfg.parallel.device, cfg.parallel.backend, env.backend) {
+        (Dev::Cpu, _, _) => Some(DeviceType::Cpu),
+        (Dev::Cuda, _, _) => Some(DeviceType::Cuda),
+        (Dev::Auto, WorldBackend::Cpu | WorldBackend::Mpi, _) => Some(DeviceType::Cpu),
+        (Dev::Auto, WorldBackend::Auto, BackendChoice::Cpu) => Some(DeviceType::Cpu),
+        (Dev::Auto, WorldBackend::Auto, BackendChoice::Auto) if env.world_size == 1 => {
+            Some(DeviceType::Cpu)
+        }
+        _ => None,
+    }
+}
+
 /// The device of the mesh, with the precision policy's matrix-product mode set on it.
 fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
     let device = match cfg.parallel.device {
         Dev::Cpu => DeviceType::Cpu,
+        Dev::Cuda if oxiflow_tensor::cuda::bound_runtime().is_none() => {
+            let backend = format!("{:?}", ctx.world().backend()).to_lowercase();
+            return Err(TrainError::Layout {
+                detail: format!(
+                    "--device cuda needs a GPU bound to each rank, which an NCCL world does \
+                     (oflaunch --backend nccl on a GPU machine); this world runs on {backend}"
+                ),
+            });
+        }
         Dev::Cuda => DeviceType::Cuda,
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
@@ -120,37 +150,6 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
         }
     }
     Ok(lines)
-}
-
-/// Checks what `cfg` reads and writes that needs no world: the data (GPT: every shard), the
-/// checkpoint to resume (its recorded values and step), the outputs' folders. Every rank runs
-/// the same checks on the same inputs, so all refuse bad input alike, before any communication
-/// and before anything is written.
-fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
-    let inputs = match cfg.model.model {
-        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
-        ModelKind::Mlp => None,
-    };
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
-    if let Some(p) = &cfg.run.resume {
-        check_resume(cfg, vocab, p, resume_limit(cfg))?;
-    }
-    let r = &cfg.run;
-    for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
-        let Some(path) = path else { continue };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        if !dir.is_dir() || path.is_dir() {
-            return Err(TrainError::Output {
-                what,
-                path: path.clone(),
-                detail: format!("{} is not a folder to write a file in", dir.display()),
-            });
-        }
-    }
-    Ok(inputs)
 }
 
 /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
@@ -205,11 +204,21 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         }
     }
     let inputs = check_inputs(cfg)?;
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    // The layout and the host memory before any communication (so every rank refuses alike),
+    // where the launch environment reads; the world's start reports one that does not.
+    if let Ok(env) = LaunchEnv::from_env() {
+        let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
+        let device = device_before_world(cfg, &env);
+        memory::check_host(cfg, &mesh, vocab, device, env.local_world_size)?;
+    }
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
     let lead = ctx.rank() == 0;
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
+    let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
+    memory::check(cfg, &mesh, vocab, device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {
             println!("{l}");
@@ -298,6 +307,23 @@ fn check_resume(
     }
 }
 
+/// How `--resume` loads: `--allow-resume-mismatch` also starts the optimizer fresh when the
+/// checkpoint holds no state of this optimizer (the load names every slot it resets).
+fn load_options(cfg: &TrainConfig) -> LoadOptions {
+    LoadOptions {
+        reset_missing_optimizer_state: cfg.run.allow_resume_mismatch,
+    }
+}
+
+/// The health guard `cfg` asks for (rank 0 prints its warnings).
+fn health_guard(cfg: &TrainConfig, lead: bool) -> Box<dyn StepHook> {
+    let policy = match cfg.run.on_nonfinite {
+        NonFiniteArg::Stop => NonFinitePolicy::Stop,
+        NonFiniteArg::Skip => NonFinitePolicy::Skip,
+    };
+    Box::new(HealthGuard::new(policy, cfg.run.loss_spike_factor, lead))
+}
+
 /// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
 fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
     Saver {
@@ -351,8 +377,9 @@ fn gpt_job(
     let g = &cfg.generate;
     let only_generate = only_generate(cfg);
     if let Some(p) = &cfg.run.resume {
-        job.trainer.resume(p)?;
+        job.trainer.resume_with(p, &load_options(cfg))?;
     }
+    job.trainer.add_hook(health_guard(cfg, lead));
     for h in hooks.step_hooks {
         job.trainer.add_hook(h);
     }
@@ -457,8 +484,9 @@ fn mlp_job(
         });
     }
     if let Some(p) = &cfg.run.resume {
-        t.resume(p)?;
+        t.resume_with(p, &load_options(cfg))?;
     }
+    t.add_hook(health_guard(cfg, lead));
     for h in hooks.step_hooks {
         t.add_hook(h);
     }

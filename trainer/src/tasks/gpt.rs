@@ -16,7 +16,9 @@ use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Context, Tensor};
 
-use crate::config::{RecomputeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig};
+use crate::config::{
+    names_shards, RecomputeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
+};
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
 use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
@@ -53,11 +55,6 @@ pub fn tokenizer_of(cfg: &TrainConfig) -> Tokenizer {
         TokenizerArg::Bytes => Tokenizer::Bytes,
         TokenizerArg::Gpt2 => Tokenizer::Gpt2,
     }
-}
-
-/// Whether `--data` names token shards: a glob, or a path ending in `.bin`.
-pub fn names_shards(data: &str) -> bool {
-    data.contains(['*', '?', '[']) || data.ends_with(".bin")
 }
 
 fn layout_err(detail: String) -> TrainError {
@@ -131,11 +128,6 @@ fn windows(
             Ok((seq(train), seq(heldout), vocab, description, None))
         }
         other => {
-            if cfg.data.val_data.is_some() {
-                return Err(TrainError::Config {
-                    detail: "--val-data needs token shards in --data".into(),
-                });
-            }
             let corpus = match other {
                 Some(p) => Corpus::from_path(std::path::Path::new(p), tokenizer)?,
                 None => Corpus::default_corpus(seed, tokenizer)?,

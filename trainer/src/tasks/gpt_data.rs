@@ -187,7 +187,7 @@ pub fn corpus_windows(
     let make = |part: std::ops::Range<usize>, seed: u64| -> Result<Windows, TrainError> {
         let sampler = data::WindowSampler::new(part.len(), seed, batch, seq_len).map_err(|e| {
             TrainError::Layout {
-                detail: format!("{}: {e}", corpus.source),
+                detail: format!("--seq-len {seq_len}: {}: {e}", corpus.source),
             }
         })?;
         Ok(Windows::Random {

@@ -84,8 +84,12 @@ impl GptMlp {
 }
 
 /// A row-parallel projection whose partial sums are reduced straight into `stream` on the
-/// tensor-parallel axis (B: all-reduce; S(1): reduce-scatter along the sequence), then biased.
+/// tensor-parallel axis (B: all-reduce; S(1): reduce-scatter along the sequence), then biased;
+/// a weight whole on that axis is one fused op (the bias in the product's epilogue).
 fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Result<Tensor> {
+    if !lin.is_partial() {
+        return layout.relayout(&lin.forward(x)?, stream);
+    }
     let y = layout.relayout(&x.matmul(&lin.weight.compute()?)?, stream)?;
     match &lin.bias {
         Some(b) => y.add(&b.compute()?),
@@ -142,9 +146,11 @@ impl Block {
         } else {
             self.attention_part(x, layout, stream)?
         };
-        let x = x.add(&pass.dropout(cfg, &format!("{}.attn", self.name), &a)?)?;
-        let h = layout.relayout(&self.ln2.forward(&x)?, Sbp::B)?;
-        let h = self.mlp.fc.forward(&h)?.gelu()?;
+        // The residual add and ln2 are one op, which gives the sum too.
+        let a = pass.dropout(cfg, &format!("{}.attn", self.name), &a)?;
+        let (x, h) = self.ln2.forward_residual(x, &a)?;
+        let h = layout.relayout(&h, Sbp::B)?;
+        let h = self.mlp.fc.forward_gelu(&h)?;
         let m = row_parallel(&self.mlp.proj, &h, layout, stream)?;
         x.add(&pass.dropout(cfg, &format!("{}.mlp", self.name), &m)?)
     }

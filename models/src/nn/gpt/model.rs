@@ -214,15 +214,25 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        // The loss is computed in f32 whatever the activations' dtype (mixed precision).
+        let (logits, targets) = (logits.reshape([b * t, v])?, targets.reshape([b * t])?);
+        // Classes whole: the fused classifier, whose loss is f32 whatever the logits' dtype
+        // and which keeps only their gradient, in their dtype. Classes split over several
+        // ranks: the vocabulary-parallel cross-entropy, in f32.
+        let classes_split = match (logits.placement(), logits.nd_sbp()) {
+            (Some(p), Some(nd)) => nd
+                .iter()
+                .zip(p.shape().iter())
+                .any(|(s, &n)| s == Sbp::S(1) && n > 1),
+            _ => false,
+        };
+        if !classes_split {
+            return logits.classifier_loss(&targets)?.mean_all();
+        }
         let logits = match logits.dtype() {
             d if d.is_half() => logits.to_dtype(DType::F32)?,
-            _ => logits.clone(),
+            _ => logits,
         };
-        logits
-            .reshape([b * t, v])?
-            .cross_entropy(&targets.reshape([b * t])?)?
-            .mean_all()
+        logits.cross_entropy(&targets)?.mean_all()
     }
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).

@@ -3,3 +3,7 @@
 
 mod adamw;
 mod flash_attention;
+mod adamw_multi;
+mod classifier;
+mod linear;
+mod residual_layer_norm;

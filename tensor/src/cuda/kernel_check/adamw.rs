@@ -78,6 +78,9 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
             grad: c.g.ptr(),
             m: c.m.ptr(),
             v: c.v.ptr(),
+            param_out: c.p.ptr(),
+            m_out: c.m.ptr(),
+            v_out: c.v.ptr(),
             param_bf16: c.copy.as_ref().map_or(0, Buf::ptr),
             n: c.vals[0].len() as i64,
             decay: hyper.decay(c.wd),
@@ -125,7 +128,7 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         launch!(rt, op, Template::Adam.at(DType::F32), grid(n); nn, part2, decay, step, inv_bc2, eps, pp, m2p, v2p, p2p)?;
         three_pass.push((p2, m2, v2));
     }
-    if let Err(e) = adamw_multi(rt, &list, &hyper) {
+    if let Err(e) = adamw_multi(rt, &list, &hyper.coef()) {
         rep.fail(
             "adamw multi-tensor",
             "f32",

@@ -138,6 +138,7 @@ fn ln_case(
         dr: dr.ptr(),
         dweight: dw.ptr(),
         dbias: db.ptr(),
+        grad_type: FloatType::F32,
         accumulate: true,
     };
     if let Err(e) = layer_norm_backward(rt, &args) {
@@ -215,8 +216,10 @@ fn classifier_case(
         dloss,
         dtype: t,
         logits: logits.ptr(),
+        dlogits: None,
         targets: tbuf.ptr(),
         loss: loss.ptr(),
+        strict: false,
     };
     let shape = format!("{rows}x{v} ld{ld}");
     if let Err(e) = classifier(rt, &args) {
@@ -382,6 +385,7 @@ pub(super) fn timings(
         dr: dr.ptr(),
         dweight: dw.ptr(),
         dbias: db.ptr(),
+        grad_type: FloatType::F32,
         accumulate: false,
     };
     let ms = super::time_ms(rt, repeats, |_| {
@@ -430,6 +434,9 @@ pub(super) fn timings(
             grad: g.ptr(),
             m: m.ptr(),
             v: v.ptr(),
+            param_out: p.ptr(),
+            m_out: m.ptr(),
+            v_out: v.ptr(),
             param_bf16: c.ptr(),
             n: per as i64,
             decay: hyper.decay(0.1),
@@ -437,7 +444,7 @@ pub(super) fn timings(
         })
         .collect();
     let ms = super::time_ms(rt, repeats, |_| {
-        adamw_multi(rt, &list, &hyper).map_err(Into::into)
+        adamw_multi(rt, &list, &hyper.coef()).map_err(Into::into)
     })?;
     rep.time(
         "adamw multi-tensor (1 launch)",
@@ -464,8 +471,10 @@ pub(super) fn timings(
         dloss: 1.0 / rows as f32,
         dtype: t,
         logits: logits.ptr(),
+        dlogits: None,
         targets: tbuf.ptr(),
         loss: loss.ptr(),
+        strict: false,
     };
     let ms = super::time_ms(rt, repeats, |_| classifier(rt, &args).map_err(Into::into))?;
     rep.time(

@@ -1,8 +1,12 @@
 //! Element-wise CUDA kernels, written into the executor's output piece: unary, scalar and
-//! broadcasting binary functions, casts, and the unary functions' backward.
+//! broadcasting binary functions, casts, and the unary functions' backward. Same-shape f32,
+//! bf16 and f16 adds and products, products with a scalar f32 holds exactly, GELU and its
+//! backward run on the raw layer's 16-byte vectorised kernel.
 
 use super::super::copy::cast;
 use super::super::derr;
+use super::super::fused::{elementwise, Elementwise, EwOp};
+use super::super::raw::FloatType;
 use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, CudaKernels};
@@ -25,8 +29,43 @@ fn unary_code(u: UnaryOp) -> i32 {
     }
 }
 
+impl CudaKernels {
+    /// `out = op(a[, b][, c])` on the vectorised kernel when every piece has `out`'s shape and
+    /// dtype, one the kernel takes; false (nothing run) otherwise.
+    fn vectorised(
+        &self,
+        op: EwOp,
+        a: &CudaStorage,
+        b: Option<&CudaStorage>,
+        c: f32,
+        out: &CudaStorage,
+    ) -> Result<bool> {
+        let Some(dtype) = FloatType::of(out.dtype) else {
+            return Ok(false);
+        };
+        let fits = |p: &CudaStorage| p.dtype == out.dtype && p.shape == out.shape;
+        if !fits(a) || !b.is_none_or(fits) {
+            return Ok(false);
+        }
+        let e = Elementwise {
+            op,
+            dtype,
+            n: out.numel(),
+            a: a.ptr(),
+            b: b.map_or(0, CudaStorage::ptr),
+            c,
+            y: out.ptr(),
+        };
+        elementwise(&self.rt, &e)?;
+        Ok(true)
+    }
+}
+
 impl ElementwiseKernels for CudaKernels {
     fn unary(&self, u: UnaryOp, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
+        if u == UnaryOp::Gelu && self.vectorised(EwOp::Gelu, a, None, 0.0, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, u.name());
         let (dt, n) = (a.dtype, a.numel());
         fits(name, a, out, true)?;
@@ -46,6 +85,11 @@ impl ElementwiseKernels for CudaKernels {
     }
 
     fn scalar(&self, s: ScalarOp, c: f64, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
+        // The vectorised kernel scales in f32: only by a factor f32 holds exactly.
+        let exact = c as f32 as f64 == c;
+        if s == ScalarOp::Mul && exact && self.vectorised(EwOp::Scale, a, None, c as f32, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, s.name());
         let code: i32 = match s {
             ScalarOp::Add => 0,
@@ -74,6 +118,16 @@ impl ElementwiseKernels for CudaKernels {
         x1: &CudaStorage,
         out: &mut CudaStorage,
     ) -> Result<()> {
+        let ew = match b {
+            BinaryOp::Add => Some(EwOp::Add),
+            BinaryOp::Mul => Some(EwOp::Mul),
+            BinaryOp::Sub | BinaryOp::Div => None,
+        };
+        if let Some(op) = ew {
+            if self.vectorised(op, a, Some(x1), 0.0, out)? {
+                return Ok(());
+            }
+        }
         let (rt, name) = (&self.rt, b.name());
         let dt = a.dtype;
         if dt == DType::I64 && b == BinaryOp::Div {
@@ -140,6 +194,9 @@ impl ElementwiseKernels for CudaKernels {
         x: &CudaStorage,
         out: &mut CudaStorage,
     ) -> Result<()> {
+        if u == UnaryOp::Gelu && self.vectorised(EwOp::GeluBackward, dy, Some(x), 0.0, out)? {
+            return Ok(());
+        }
         let (rt, name) = (&self.rt, u.backward_name());
         let (dt, n) = (dy.dtype, dy.numel());
         float_only(name, dt)?;

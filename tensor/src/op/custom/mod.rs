@@ -108,4 +108,8 @@ custom_ops! {
     // module::Variant(Type): KernelTrait,
     adamw::AdamW(AdamPart): AdamWKernels,
     flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
+    residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
+    linear::Linear(LinearOp): LinearKernels,
+    classifier::Classifier(ClassifierOp): ClassifierKernels,
+    adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
 }

@@ -1,0 +1,61 @@
+//! Multi-tensor AdamW CUDA kernel: one launch of the raw layer's `adamw_multi` for every tensor
+//! whose parameter, gradient and moments are f32 (each written to its output buffers); any
+//! other tensor runs its three fused AdamW passes.
+
+use oxiflow_dtype::DType;
+
+use crate::cuda::fused::{adamw_multi, AdamCoef, AdamTensor};
+use crate::cuda::ops::CudaKernels;
+use crate::cuda::storage::CudaStorage;
+use crate::op::custom::{AdamWMulti, AdamWMultiKernels};
+use crate::op::kernel_err;
+use crate::Result;
+
+impl AdamWMultiKernels for CudaKernels {
+    fn adamw_multi(
+        &self,
+        op: &AdamWMulti,
+        x: &[&CudaStorage],
+        out: &mut [CudaStorage],
+    ) -> Result<()> {
+        let n = op.decay.len();
+        if x.len() != 4 * n || out.len() != 3 * n {
+            return Err(kernel_err(
+                "adamw_multi",
+                format!("{n} tensors with {} operands and {} outputs", x.len(), out.len()),
+            ));
+        }
+        let mut list = Vec::with_capacity(n);
+        for i in 0..n {
+            let (ins, outs) = (&x[4 * i..4 * i + 4], &out[3 * i..3 * i + 3]);
+            let count = ins[0].numel();
+            let all = || ins.iter().copied().chain(outs);
+            let f32s = all().all(|p| p.dtype == DType::F32);
+            let fits = all().all(|p| p.numel() == count);
+            if !f32s || !fits {
+                op.composed(self, i..i + 1, x, out)?;
+                continue;
+            }
+            if count == 0 {
+                continue;
+            }
+            list.push(AdamTensor {
+                param: ins[0].ptr(),
+                grad: ins[1].ptr(),
+                m: ins[2].ptr(),
+                v: ins[3].ptr(),
+                param_out: outs[0].ptr(),
+                m_out: outs[1].ptr(),
+                v_out: outs[2].ptr(),
+                param_bf16: 0,
+                n: count as i64,
+                decay: op.decay[i].get() as f32,
+                grad_bf16: 0,
+            });
+        }
+        let coef = AdamCoef::new(
+            [op.beta1, op.g1, op.beta2, op.g2, op.step, op.inv_bc2, op.eps].map(|c| c.get()),
+        );
+        Ok(adamw_multi(&self.rt, &list, &coef)?)
+    }
+}

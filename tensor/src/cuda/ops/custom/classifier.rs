@@ -1,0 +1,103 @@
+//! Fused classifier CUDA kernels: the raw layer's one-pass classifier (online softmax; the loss
+//! and `softmax - onehot` written to their own buffers) and its row scaling; f64 logits take
+//! the composed kernels.
+
+use oxiflow_dtype::DType;
+
+use crate::cuda::derr;
+use crate::cuda::fused::{classifier, row_scale, Classifier, RowScale};
+use crate::cuda::ops::{last_dim_rows, CudaKernels};
+use crate::cuda::raw::FloatType;
+use crate::cuda::storage::CudaStorage;
+use crate::op::custom::{ClassifierKernels, ClassifierOp};
+use crate::Result;
+
+impl ClassifierKernels for CudaKernels {
+    fn classifier(
+        &self,
+        logits: &CudaStorage,
+        targets: &CudaStorage,
+        out: [&mut CudaStorage; 2],
+    ) -> Result<()> {
+        let op = "classifier";
+        let [loss, dlogits] = out;
+        let (rows, v) = last_dim_rows(logits);
+        if targets.dtype != DType::I64
+            || targets.numel() != rows
+            || loss.numel() != rows
+            || dlogits.numel() != logits.numel()
+            || dlogits.dtype != logits.dtype
+        {
+            return Err(derr(
+                op,
+                format!(
+                    "targets {} {}, loss {} and dlogits {} {} for logits {} {}",
+                    targets.dtype,
+                    targets.shape,
+                    loss.shape,
+                    dlogits.dtype,
+                    dlogits.shape,
+                    logits.dtype,
+                    logits.shape
+                ),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        match FloatType::of(logits.dtype) {
+            Some(dtype) if loss.dtype == DType::F32 => {
+                let args = Classifier {
+                    rows,
+                    v,
+                    ld: v,
+                    dloss: 1.0,
+                    dtype,
+                    logits: logits.ptr(),
+                    targets: targets.ptr(),
+                    loss: loss.ptr(),
+                    dlogits: Some(dlogits.ptr()),
+                    strict: true,
+                };
+                Ok(classifier(&self.rt, &args)?)
+            }
+            _ => ClassifierOp::composed_forward(self, logits, targets, [loss, dlogits]),
+        }
+    }
+
+    fn classifier_backward(
+        &self,
+        dlogits: &CudaStorage,
+        dloss: &CudaStorage,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        let op = "classifier_backward";
+        let (rows, cols) = last_dim_rows(dlogits);
+        if dloss.numel() != rows || out.numel() != dlogits.numel() || out.dtype != dlogits.dtype {
+            return Err(derr(
+                op,
+                format!(
+                    "dloss {} and output {} {} for dlogits {} {}",
+                    dloss.shape, out.dtype, out.shape, dlogits.dtype, dlogits.shape
+                ),
+            ));
+        }
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        match FloatType::of(dlogits.dtype) {
+            Some(dtype) if dloss.dtype == DType::F32 => {
+                let args = RowScale {
+                    rows,
+                    cols,
+                    dtype,
+                    x: dlogits.ptr(),
+                    scale: dloss.ptr(),
+                    y: out.ptr(),
+                };
+                Ok(row_scale(&self.rt, &args)?)
+            }
+            _ => ClassifierOp::composed_backward(self, dlogits, dloss, out),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Multi-tensor AdamW: one op updates every tensor of an optimizer step. AdamW is element-wise,
+//! so a rank updates its own pieces of (param, grad, m, v), which share a layout whatever it is
+//! (ZeRO shards, tensor-parallel splits, pipeline stages): [`Tensor::adamw_multi`] runs the op
+//! on the rank's local pieces and wraps the results back into their global layouts, with no
+//! communication. The math is the fused three-pass AdamW's ([`AdamPart`]), element for element:
+//! `m = beta1 m + g1 g`, `v = beta2 v + g2 g^2`, `p = decay p - (step m) / (sqrt(inv_bc2 v) +
+//! eps)` with the clip factor folded into `g1` and `g2`; on CUDA one launch for every f32
+//! tensor (the raw layer's `adamw_multi`), the three passes per tensor elsewhere.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{RuleMode, Rules, Shape};
+
+use crate::dispatch::dispatch_multi;
+use crate::op::custom::AdamPart;
+use crate::op::{
+    kernel_err, need_float, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
+};
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// One AdamW step over several tensors: inputs (p, g, m, v) per tensor, in that order; outputs
+/// (p, m, v) per tensor. The coefficients are computed in f64 and rounded to the data's dtype
+/// by the kernels, as [`AdamPart`]'s are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AdamWMulti {
+    /// `m = beta1 m + g1 g`.
+    pub beta1: F64Bits,
+    pub g1: F64Bits,
+    /// `v = beta2 v + g2 g^2`.
+    pub beta2: F64Bits,
+    pub g2: F64Bits,
+    /// `lr / (1 - beta1^t)`.
+    pub step: F64Bits,
+    /// `1 / (1 - beta2^t)`.
+    pub inv_bc2: F64Bits,
+    pub eps: F64Bits,
+    /// `1 - lr wd` of each tensor.
+    pub decay: Vec<F64Bits>,
+}
+
+/// The hyper-parameters of one AdamW step (as `torch.optim.AdamW`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWHyper {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// The step number, 1 for the first step.
+    pub step: u64,
+    /// Multiplies every gradient (a global-norm clip factor; 1 leaves them as they are).
+    pub grad_scale: f64,
+}
+
+/// One tensor of a multi-tensor step: the parameter, its gradient and its moments (None before
+/// the first step: zeros), all in one layout, and its weight decay.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWSlot<'a> {
+    pub param: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub m: Option<&'a Tensor>,
+    pub v: Option<&'a Tensor>,
+    pub weight_decay: f64,
+}
+
+/// A tensor's new value and moments, in its slot's layout.
+#[derive(Clone, Debug)]
+pub struct AdamWUpdated {
+    pub param: Tensor,
+    pub m: Tensor,
+    pub v: Tensor,
+}
+
+/// Kernels of the multi-tensor AdamW (f32 or f64 operands; each tensor's four of one dtype).
+pub trait AdamWMultiKernels: KernelBackend {
+    /// `x` = (p, g, m, v) per tensor; `out` = (p, m, v) per tensor.
+    fn adamw_multi(&self, op: &AdamWMulti, x: &[&Self::Piece], out: &mut [Self::Out])
+        -> Result<()>;
+}
+
+impl AdamWMulti {
+    /// The op of one step of `hyper` for tensors decaying by `weight_decay`.
+    pub fn new(hyper: &AdamWHyper, weight_decay: &[f64]) -> AdamWMulti {
+        let h = hyper;
+        let t = h.step.min(i32::MAX as u64) as i32;
+        let (bc1, bc2) = (1.0 - h.beta1.powi(t), 1.0 - h.beta2.powi(t));
+        let c = h.grad_scale;
+        // (c g)^2 = c^2 g^2: the clip factor folded into the moments' coefficients.
+        AdamWMulti {
+            beta1: F64Bits::new(h.beta1),
+            g1: F64Bits::new((1.0 - h.beta1) * c),
+            beta2: F64Bits::new(h.beta2),
+            g2: F64Bits::new((1.0 - h.beta2) * c * c),
+            step: F64Bits::new(h.lr / bc1),
+            inv_bc2: F64Bits::new(1.0 / bc2),
+            eps: F64Bits::new(h.eps),
+            decay: weight_decay
+                .iter()
+                .map(|wd| F64Bits::new(1.0 - h.lr * wd))
+                .collect(),
+        }
+    }
+
+    /// The three passes of tensor `i`.
+    pub fn parts(&self, i: usize) -> [AdamPart; 3] {
+        let decay = self.decay.get(i).copied().unwrap_or(F64Bits::new(1.0));
+        [
+            AdamPart::Moment1 {
+                a: self.beta1,
+                b: self.g1,
+            },
+            AdamPart::Moment2 {
+                a: self.beta2,
+                b: self.g2,
+            },
+            AdamPart::Update {
+                decay,
+                step: self.step,
+                inv_bc2: self.inv_bc2,
+                eps: self.eps,
+            },
+        ]
+    }
+
+    /// The step of tensors `range` alone, as their three passes (every backend's kernel where
+    /// no one-launch kernel serves them).
+    pub(crate) fn composed<B>(
+        &self,
+        b: &B,
+        range: std::ops::Range<usize>,
+        x: &[&B::Piece],
+        out: &mut [B::Out],
+    ) -> Result<()>
+    where
+        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+    {
+        for i in range {
+            let (Some(&[p, g, m, v]), Some([po, mo, vo])) =
+                (x.get(4 * i..4 * i + 4), out.get_mut(3 * i..3 * i + 3))
+            else {
+                return Err(kernel_err(
+                    "adamw_multi",
+                    format!("no operands for tensor {i}"),
+                ));
+            };
+            let [m1, m2, up] = self.parts(i);
+            b.adam(m1, &[m, g], mo)?;
+            b.adam(m2, &[v, g], vo)?;
+            b.adam(up, &[p, mo, vo], po)?;
+        }
+        Ok(())
+    }
+}
+
+impl OpFamily for AdamWMulti {
+    fn name(&self) -> &'static str {
+        "adamw_multi"
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        let n = 4 * self.decay.len();
+        (n.max(1), n.max(1))
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let mut outs = Vec::with_capacity(3 * self.decay.len());
+        let mut dtypes = Vec::with_capacity(outs.capacity());
+        for (i, (sh, dt)) in s.chunks(4).zip(d.chunks(4)).enumerate() {
+            need_float(dt[0], "a parameter")?;
+            if sh.iter().any(|x| *x != sh[0]) || dt.iter().any(|&t| t != dt[0]) {
+                return Err(MetaError::Shape(format!(
+                    "tensor {i}: param, grad, m and v must have one shape and dtype, got {}",
+                    sh.iter()
+                        .zip(dt)
+                        .map(|(x, t)| format!("{t} {x}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            outs.extend(std::iter::repeat_n(sh[0].clone(), 3));
+            dtypes.extend([dt[0]; 3]);
+        }
+        // Element-wise on every tensor: global operands compute whole (the layout-preserving
+        // path is `Tensor::adamw_multi`, on local pieces).
+        let mut r = Rules::new(mode, outs);
+        let n_out = r.out_shapes().len();
+        r.push_uniform(s.len(), n_out, oxiflow_sbp::Sbp::B);
+        Ok(Inferred::outputs(r, &dtypes))
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        if x.len() != 4 * self.decay.len() || out.len() != 3 * self.decay.len() {
+            return Err(kernel_err(
+                self.name(),
+                format!(
+                    "{} tensors need {} operands and {} outputs, got {} and {}",
+                    self.decay.len(),
+                    4 * self.decay.len(),
+                    3 * self.decay.len(),
+                    x.len(),
+                    out.len()
+                ),
+            ));
+        }
+        b.adamw_multi(self, x, out)
+    }
+
+    fn differentiable(&self, _output: usize) -> bool {
+        false
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            "an optimizer update has no gradient",
+        ))
+    }
+}
+
+/// A typed error naming slot `i` of the multi-tensor step.
+fn slot_err(i: usize, detail: String) -> TensorError {
+    TensorError::Shape {
+        op: "adamw_multi",
+        shapes: String::new(),
+        sbps: String::new(),
+        detail: format!("tensor {i}: {detail}"),
+    }
+}
+
+/// A tensor laid out like `like` whose piece is the local tensor `local`'s (shared, not copied).
+fn with_piece_of(like: &Tensor, local: &Tensor) -> Result<Tensor> {
+    match (like.layout(), like.context(), &local.0.piece) {
+        (Some(layout), Some(ctx), Some(piece)) => {
+            if layout.local_shape(ctx.rank()).as_ref() != Some(local.shape())
+                || local.dtype() != like.dtype()
+            {
+                return Err(slot_err(
+                    0,
+                    format!(
+                        "piece {} {} does not fit {}",
+                        local.dtype(),
+                        local.shape(),
+                        like.describe()
+                    ),
+                ));
+            }
+            Ok(Tensor::global_from_shared(
+                Some(piece.clone()),
+                layout.clone(),
+                like.dtype(),
+                ctx.clone(),
+            ))
+        }
+        _ => Ok(local.clone()),
+    }
+}
+
+impl Tensor {
+    /// One AdamW step of every slot (see the module docs): each slot's four tensors must share
+    /// one layout (or all be local on one device); the results have it. Runs on this rank's
+    /// pieces only, with one op for them all, so it communicates nothing.
+    pub fn adamw_multi(slots: &[AdamWSlot<'_>], hyper: &AdamWHyper) -> Result<Vec<AdamWUpdated>> {
+        let _ng = crate::autograd::no_grad();
+        // Moments before the first step: zeros in the parameter's layout.
+        let zeros = |t: Option<&Tensor>, p: &Tensor| match t {
+            Some(t) => Ok(t.clone()),
+            None => p.mul_scalar(0.0),
+        };
+        let mut full: Vec<[Tensor; 4]> = Vec::with_capacity(slots.len());
+        for (i, s) in slots.iter().enumerate() {
+            let four = [
+                s.param.clone(),
+                s.grad.clone(),
+                zeros(s.m, s.param)?,
+                zeros(s.v, s.param)?,
+            ];
+            for (name, t) in ["grad", "m", "v"].iter().zip(&four[1..]) {
+                if t.shape() != s.param.shape()
+                    || t.dtype() != s.param.dtype()
+                    || t.layout() != s.param.layout()
+                {
+                    return Err(slot_err(
+                        i,
+                        format!(
+                            "{name} is {} but the parameter is {}",
+                            t.describe(),
+                            s.param.describe()
+                        ),
+                    ));
+                }
+            }
+            full.push(four);
+        }
+        // This rank's pieces, one op per device.
+        let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
+        let mut devices = Vec::new();
+        for d in full.iter().filter_map(|f| f[0].storage().map(|s| s.device())) {
+            if !devices.contains(&d) {
+                devices.push(d);
+            }
+        }
+        for device in devices {
+            let held: Vec<usize> = (0..slots.len())
+                .filter(|&i| full[i][0].storage().map(|s| s.device()) == Some(device))
+                .collect();
+            let locals: Vec<Tensor> = held
+                .iter()
+                .flat_map(|&i| full[i].iter().map(Tensor::to_local))
+                .collect();
+            let refs: Vec<&Tensor> = locals.iter().collect();
+            let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
+            let op = AdamWMulti::new(hyper, &decay);
+            let res = dispatch_multi(op.into(), &refs)?;
+            for (k, &i) in held.iter().enumerate() {
+                let mut three = res[3 * k..3 * k + 3].iter();
+                let mut next = || {
+                    three
+                        .next()
+                        .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
+                };
+                out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
+            }
+        }
+        full.iter()
+            .zip(out)
+            .map(|(f, o)| {
+                let wrap = |like: &Tensor, local: Option<&Tensor>| match local {
+                    Some(l) => with_piece_of(like, l),
+                    None => Tensor::with_layout_of(like, None),
+                };
+                let o = o.as_ref();
+                Ok(AdamWUpdated {
+                    param: wrap(&f[0], o.map(|o| &o[0]))?,
+                    m: wrap(&f[2], o.map(|o| &o[1]))?,
+                    v: wrap(&f[3], o.map(|o| &o[2]))?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,548 @@
+//! The hostile-input catalogue of `train`: flag values (negative, zero, NaN, infinite, huge,
+//! empty, unknown), combinations the chosen model does not use, sizes that cannot fit in
+//! memory, outputs and data that are not regular files or sit in trees that cannot be written,
+//! job files with unknown keys and launch environments with garbage. Each case is a real
+//! process that must end before training (no step line) with a non-zero exit code and a
+//! message naming the flag, value or variable, without panic, abort or backtrace text, in a
+//! few seconds. Most run as one `train` process (the checks do not depend on the rank); a few
+//! run under `oflaunch --nproc-per-node 2`, where every rank must refuse alike.
+
+mod common;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest a case may take.
+const CASE_LIMIT: Duration = Duration::from_secs(5);
+
+/// One hostile case: `train ARGS` under `ENV` (beside PATH only), the fragment the error must
+/// name.
+struct Case {
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    want: String,
+}
+
+fn case(args: &[&str], want: &str) -> Case {
+    Case {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        env: Vec::new(),
+        want: want.into(),
+    }
+}
+
+fn mlp(args: &[&str], want: &str) -> Case {
+    let mut all = vec!["--model", "mlp"];
+    all.extend_from_slice(args);
+    case(&all, want)
+}
+
+fn with_env(mut c: Case, env: &[(&'static str, &str)]) -> Case {
+    c.env = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    c
+}
+
+/// What a finished process left.
+struct Ended {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// Runs `cmd` to its end, killing it after `limit` (then `code` is None and `took` >= limit).
+fn run_limited(mut cmd: Command, limit: Duration) -> Ended {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Ended {
+        code,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        took: start.elapsed(),
+    }
+}
+
+/// Why `e` is not a clean refusal naming `want` before training, if it is not.
+fn not_refused(e: &Ended, want: &str) -> Option<String> {
+    let forbidden = [
+        "panicked",
+        "abort",
+        "Abort",
+        "backtrace",
+        "RUST_BACKTRACE",
+        "memory allocation of",
+    ];
+    if e.code.is_none() {
+        return Some(format!("no exit within {CASE_LIMIT:?} (killed or hung)"));
+    }
+    if e.code == Some(0) {
+        return Some("exit code 0".into());
+    }
+    if !e.stderr.contains(want) {
+        return Some(format!("stderr does not name {want:?}"));
+    }
+    if let Some(f) = forbidden.iter().find(|f| e.stderr.contains(*f)) {
+        return Some(format!("stderr holds {f:?}"));
+    }
+    if !common::curve(&e.stdout).is_empty() || e.stdout.contains("final loss") {
+        return Some("it trained".into());
+    }
+    if e.took > CASE_LIMIT {
+        return Some(format!("took {:?}", e.took));
+    }
+    None
+}
+
+/// A scratch folder with the hostile files the cases name.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!(
+            "oxiflow-train-catalogue-{}-{tag}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("notckpt")).unwrap();
+        std::fs::write(d.join("notckpt/keep.txt"), b"data").unwrap();
+        std::fs::write(d.join("notes.txt"), b"notes").unwrap();
+        std::fs::create_dir_all(d.join("dir.bin")).unwrap();
+        std::fs::create_dir_all(d.join("ck.config.toml")).unwrap();
+        std::fs::write(d.join("other.old"), b"not ours").unwrap();
+        for fifo in ["fifo", "fifo.bin", "fifo.svg", "fifo.toml", "fifo.jsonl"] {
+            let st = Command::new("mkfifo").arg(d.join(fifo)).status().unwrap();
+            assert!(st.success(), "mkfifo");
+        }
+        let ids: Vec<u8> = (0..4000u16).flat_map(|i| (i % 200).to_le_bytes()).collect();
+        std::fs::write(d.join("ok.bin"), ids).unwrap();
+        let job = |name: &str, text: &str| std::fs::write(d.join(name), text).unwrap();
+        job("key.toml", "[optim]\nlr = 0.01\nlrr = 0.1\n");
+        job("table.toml", "[optimizer]\nlr = 0.01\n");
+        job("type.toml", "[optim]\nlr = \"fast\"\n");
+        job("mlp-gpt.toml", "[model]\nmodel = \"mlp\"\nlayers = 3\n");
+        job("nan.toml", "[optim]\nlr = nan\n");
+        job("inf.toml", "[optim]\nclip-grad = inf\n");
+        job("neg.toml", "[data]\nbatch-size = -4\n");
+        job("gen.toml", "[generate]\ngen-tokens = 1000000000000000\n");
+        job("broken.toml", "[model\nlayers = 2\n");
+        job("empty.toml", "[run]\nsave = \"\"\n");
+        Scratch(d)
+    }
+    fn p(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The single-process cases (the checks are the same on every rank).
+fn cases(s: &Scratch) -> Vec<Case> {
+    let p = |n: &str| s.p(n);
+    let mut v = vec![
+        // Checkpoint targets, refused before step 1.
+        mlp(&["--save", &p("notes.txt")], "not a directory"),
+        mlp(&["--save", &p("notckpt")], "not an oxiflow checkpoint"),
+        mlp(&["--save", "/proc/self/ckpt"], "cannot be written"),
+        mlp(
+            &["--save", &p("notes.txt/ckpt")],
+            "notes.txt is not a folder",
+        ),
+        mlp(&["--save", "/proc/self/missing/ckpt"], "cannot be written"),
+        mlp(&["--save", &p("fifo")], "not a directory"),
+        mlp(&["--save", &p("ck")], "ck.config.toml"),
+        mlp(&["--save", &p("other")], "other.old"),
+        mlp(&["--save", ""], "--save"),
+        mlp(&["--config", &p("empty.toml")], "--save: an empty path"),
+        // Outputs.
+        mlp(&["--metrics", &p("fifo.jsonl")], "not a regular file"),
+        mlp(&["--metrics", &p("notckpt")], "not a regular file"),
+        mlp(&["--metrics", "/proc/self/m.jsonl"], "cannot be written"),
+        mlp(&["--plot", &p("fifo.svg")], "not a regular file"),
+        mlp(&["--plot", &p("loss.jpg")], "--plot"),
+        mlp(&["--metrics", ""], "--metrics"),
+        // Data: regular files only, never opened when they are not.
+        case(&["--data", &p("fifo")], "not a regular file"),
+        case(&["--data", &p("notckpt")], "not a regular file"),
+        case(&["--data", &p("fifo.bin")], "not a regular file"),
+        case(&["--data", &p("dir.bin")], "not a regular file"),
+        case(&["--data", "/dev/zero"], "not a regular file"),
+        case(&["--data", &p("none.txt")], "none.txt"),
+        case(&["--data", ""], "--data: an empty path"),
+        case(
+            &["--data", &p("ok.bin"), "--val-data", &p("fifo.bin")],
+            "not a regular file",
+        ),
+        case(&["--val-data", &p("ok.bin")], "--val-data"),
+        // Job files.
+        case(&["--config", &p("fifo.toml")], "not a regular file"),
+        case(&["--config", &p("notckpt")], "not a regular file"),
+        case(&["--config", &p("none.toml")], "none.toml"),
+        case(&["--config", &p("key.toml")], "unknown field `lrr`"),
+        case(&["--config", &p("table.toml")], "unknown field `optimizer`"),
+        case(&["--config", &p("type.toml")], "invalid type"),
+        case(&["--config", &p("mlp-gpt.toml")], "--layers (model.layers)"),
+        case(&["--config", &p("nan.toml")], "--lr"),
+        case(&["--config", &p("inf.toml")], "--clip-grad"),
+        case(&["--config", &p("neg.toml")], "batch-size"),
+        case(&["--config", &p("gen.toml")], "--gen-tokens"),
+        case(&["--config", &p("broken.toml")], "broken.toml"),
+        // Sizes that cannot fit, refused before anything big is allocated.
+        case(&["--batch-size", "100000000"], "--batch-size 100000000"),
+        case(&["--layers", "100000"], "--layers 100000"),
+        case(&["--width", "1000000"], "--width 1000000"),
+        case(&["--seq-len", "100000000"], "--seq-len 100000000"),
+        mlp(&["--hidden", "10000000000"], "--hidden 10000000000"),
+        mlp(&["--batch-size", "1000000000"], "--batch-size 1000000000"),
+        mlp(&["--features", "10000000000"], "--features 10000000000"),
+        mlp(&["--classes", "10000000000"], "--classes 10000000000"),
+        case(&["--heads", "1000000"], "--heads 1000000"),
+        mlp(&["--batch-size", "18446744073709551615"], "--batch-size"),
+        case(&["--steps", "99999999999999999999"], "--steps"),
+        // Generation length.
+        case(&["--gen-tokens", "1e15"], "--gen-tokens"),
+        case(&["--gen-tokens", "1000000000000000"], "--gen-tokens"),
+        case(&["--gen-tokens", "-1"], "--gen-tokens"),
+        // Flags the chosen job does not use: refused, not ignored.
+        mlp(&["--data", &p("ok.bin")], "--data (data.data)"),
+        mlp(&["--zero", "1"], "--zero (parallel.zero)"),
+        mlp(&["--recompute", "full"], "--recompute (parallel.recompute)"),
+        mlp(&["--layers", "3"], "--layers (model.layers)"),
+        mlp(&["--generate", "hi"], "--generate (generate.generate)"),
+        mlp(&["--dropout", "0.1"], "--dropout (model.dropout)"),
+        mlp(&["--tokenizer", "gpt2"], "--tokenizer (data.tokenizer)"),
+        mlp(&["--sp"], "--sp (parallel.sp)"),
+        mlp(&["--pp", "1"], "--pp (parallel.pp)"),
+        case(&["--hidden", "32"], "--hidden (model.hidden)"),
+        case(&["--momentum", "0.5"], "--momentum (optim.momentum)"),
+        case(&["--min-lr", "0.001"], "--min-lr (optim.min-lr)"),
+        case(&["--peak-tflops", "10"], "--peak-tflops (run.peak-tflops)"),
+        case(&["--schedule", "gpipe"], "--schedule (parallel.schedule)"),
+        case(
+            &["--temperature", "0.5", "--gen-tokens", "0"],
+            "--temperature (generate.temperature)",
+        ),
+        case(
+            &["--shard-format", "llmc"],
+            "--shard-format (data.shard-format)",
+        ),
+        case(&["--optimizer", "sgd"], "--optimizer sgd"),
+        // Combinations.
+        case(&["--explain", "--save", &p("x")], "--explain"),
+        mlp(&["--save-every", "5"], "--save-every needs --save"),
+        mlp(
+            &["--allow-resume-mismatch"],
+            "--allow-resume-mismatch needs --resume",
+        ),
+        mlp(&["--resume", "auto"], "--resume auto needs --save"),
+        mlp(&["--resume", &p("nothing")], "no complete checkpoint"),
+        mlp(&["--resume", &p("notes.txt")], "notes.txt"),
+        mlp(&["--resume", ""], "--resume"),
+        mlp(
+            &["--warmup-steps", "50", "--steps", "10"],
+            "--warmup-steps 50",
+        ),
+        mlp(
+            &["--lr-schedule", "cosine", "--min-lr", "1", "--lr", "0.1"],
+            "--min-lr 1 is above --lr 0.1",
+        ),
+        mlp(&["--grad-accum", "3"], "--grad-accum 3"),
+        mlp(&["--tp", "3"], "--tp 3"),
+        mlp(&["--dp", "1000000"], "--dp 1000000"),
+        mlp(
+            &["--precision", "tf32"],
+            "--precision tf32 needs --device cuda",
+        ),
+        mlp(&["--device", "cuda"], "--device cuda needs a GPU"),
+        // Unknown words.
+        case(&["--model", "transformer"], "--model"),
+        case(&["--dtype", "f8"], "--dtype"),
+        case(&["--precision", "fp8"], "--precision"),
+        case(&["--optimizer", "adam"], "--optimizer"),
+        case(&["--device", "tpu"], "--device"),
+        case(&["--on-nonfinite", "ignore"], "--on-nonfinite"),
+        case(&["--model", ""], "--model"),
+        case(&["--no-such-flag"], "--no-such-flag"),
+    ];
+    // Every numeric flag: negative, zero, NaN, infinite and empty where they are wrong.
+    let numbers: &[(&str, &[&str])] = &[
+        ("--lr", &["nan", "inf", "-1", "0", "1e999", ""]),
+        ("--steps", &["0", "-1", "nan"]),
+        ("--batch-size", &["0", "-5", ""]),
+        ("--hidden", &["0"]),
+        ("--features", &["0"]),
+        ("--classes", &["1", "0"]),
+        ("--tp", &["0"]),
+        ("--dp", &["0", "-2"]),
+        ("--momentum", &["1", "-0.5", "nan"]),
+        ("--weight-decay", &["-1", "inf", "nan"]),
+        ("--min-lr", &["-1", "nan"]),
+        ("--clip-grad", &["0", "-1", "nan", "inf"]),
+        ("--grad-accum", &["0"]),
+        ("--log-every", &["0"]),
+        ("--eval-every", &["0"]),
+        ("--warmup-steps", &["-1"]),
+        ("--seed", &["-1", "nan"]),
+        ("--loss-spike-factor", &["1", "0.5", "nan", "inf", "-3"]),
+    ];
+    for (flag, values) in numbers {
+        for value in *values {
+            v.push(mlp(&[flag, value], flag));
+        }
+    }
+    let gpt_numbers: &[(&str, &[&str])] = &[
+        ("--layers", &["0", "-1"]),
+        ("--heads", &["0"]),
+        ("--width", &["0"]),
+        ("--seq-len", &["0"]),
+        ("--dropout", &["1", "-0.1", "nan", "inf"]),
+        ("--pp", &["0"]),
+        ("--micro-batches", &["0"]),
+        ("--virtual-stages", &["0"]),
+        ("--zero", &["4", "-1"]),
+        ("--temperature", &["-1", "nan", "inf"]),
+        ("--gen-tokens", &["nan"]),
+    ];
+    for (flag, values) in gpt_numbers {
+        for value in *values {
+            v.push(case(&[flag, value], flag));
+        }
+    }
+    // Launch environments with garbage (a worker that wrongly accepted one would wait at the
+    // rendezvous: OXIFLOW_TIMEOUT keeps that short).
+    let two = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("OXIFLOW_TIMEOUT", "2"),
+    ];
+    let envs: Vec<(Vec<(&'static str, &str)>, &str)> = vec![
+        (vec![("RANK", "abc"), ("WORLD_SIZE", "2")], "RANK"),
+        (vec![("RANK", "5"), ("WORLD_SIZE", "2")], "RANK"),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "0")], "WORLD_SIZE"),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "-1")], "WORLD_SIZE"),
+        (
+            vec![("RANK", "0"), ("WORLD_SIZE", "99999999999999999999")],
+            "WORLD_SIZE",
+        ),
+        (vec![("RANK", ""), ("WORLD_SIZE", "")], "RANK"),
+        (
+            vec![("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "x")],
+            "LOCAL_RANK",
+        ),
+        (vec![("OXIFLOW_TIMEOUT", "nan")], "OXIFLOW_TIMEOUT"),
+        (vec![("OXIFLOW_TIMEOUT", "-1")], "OXIFLOW_TIMEOUT"),
+        (vec![("OXIFLOW_BACKEND", "gpu")], "OXIFLOW_BACKEND"),
+        (vec![("OXIFLOW_SHM", "maybe")], "OXIFLOW_SHM"),
+        (vec![("OXIFLOW_DEVICE", "-1")], "OXIFLOW_DEVICE"),
+        (vec![("OXIFLOW_PROGRESS", "maybe")], "OXIFLOW_PROGRESS"),
+        (
+            vec![("OXIFLOW_TRACE_DIR", "/proc/self/trace")],
+            "OXIFLOW_TRACE_DIR",
+        ),
+        (
+            vec![("OXIFLOW_FLIGHT_DIR", "/dev/null/flight")],
+            "OXIFLOW_FLIGHT_DIR",
+        ),
+    ];
+    for (env, want) in envs {
+        v.push(with_env(mlp(&["--steps", "2"], want), &env));
+    }
+    let mut port = two.to_vec();
+    port[3] = ("MASTER_PORT", "99999");
+    v.push(with_env(mlp(&["--steps", "2"], "MASTER_PORT"), &port));
+    let mut token = two.to_vec();
+    token.push(("OXIFLOW_TOKEN", "has space"));
+    v.push(with_env(mlp(&["--steps", "2"], "OXIFLOW_TOKEN"), &token));
+    v
+}
+
+#[test]
+fn every_hostile_case_is_refused_before_training() {
+    let (_, train) = common::binaries();
+    let scratch = Scratch::new("single");
+    let cases = cases(&scratch);
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    let mut slowest = (Duration::ZERO, String::new());
+    for c in &cases {
+        let mut cmd = Command::new(train);
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(&c.args)
+            .current_dir(&scratch.0);
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        let e = run_limited(cmd, CASE_LIMIT * 2);
+        let what = format!("train {:?} env {:?}", c.args, c.env);
+        if e.took > slowest.0 {
+            slowest = (e.took, what.clone());
+        }
+        if let Some(why) = not_refused(&e, &c.want) {
+            failures.push(format!("{what}: {why}\n  stderr: {}", e.stderr.trim_end()));
+        }
+        let said = e.stderr.lines().find(|l| l.contains(&c.want)).unwrap_or("");
+        eprintln!("{:?} {:?}: {said}", c.args, c.env);
+    }
+    eprintln!(
+        "{} hostile cases in {:.2?} (slowest {:.0?}: {})",
+        cases.len(),
+        start.elapsed(),
+        slowest.0,
+        slowest.1
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(cases.len() >= 60, "{} cases", cases.len());
+    // Nothing was written next to the refused targets.
+    for name in ["notes.txt", "notckpt/keep.txt"] {
+        assert!(scratch.0.join(name).is_file(), "{name} went away");
+    }
+    for name in ["ck", "ck.partial", "x", "missing", "loss.jpg"] {
+        assert!(!scratch.0.join(name).exists(), "{name} was written");
+    }
+}
+
+/// Each rank's first stderr line that names `want` (oflaunch prefixes `[rank R] `).
+fn rank_lines(stderr: &str, want: &str) -> Vec<(String, String)> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for l in stderr.lines() {
+        let Some((rank, rest)) = l.strip_prefix('[').and_then(|l| l.split_once("] ")) else {
+            continue;
+        };
+        if rest.contains(want) && !seen.iter().any(|(r, _)| r == rank) {
+            seen.push((rank.to_string(), rest.to_string()));
+        }
+    }
+    seen
+}
+
+#[test]
+fn under_oflaunch_every_rank_refuses_alike() {
+    let (oflaunch, train) = common::binaries();
+    let scratch = Scratch::new("launched");
+    let p = |n: &str| scratch.p(n);
+    let cases = [
+        case(&["--batch-size", "100000000"], "--batch-size 100000000"),
+        case(&["--layers", "100000", "--dp", "2"], "--layers 100000"),
+        mlp(&["--zero", "1", "--layers", "2"], "--zero (parallel.zero)"),
+        mlp(&["--save", &p("notes.txt")], "not a directory"),
+        case(&["--data", &p("fifo")], "not a regular file"),
+        mlp(&["--tp", "3"], "--tp 3"),
+        mlp(&["--lr", "nan"], "--lr"),
+    ];
+    for c in &cases {
+        let mut cmd = Command::new(oflaunch);
+        cmd.args(["--nproc-per-node", "2", "--backend", "cpu"])
+            .arg(train)
+            .args(&c.args);
+        let e = run_limited(cmd, CASE_LIMIT * 2);
+        let what = format!("oflaunch 2 train {:?}", c.args);
+        if let Some(why) = not_refused(&e, &c.want) {
+            panic!("{what}: {why}\n{}", e.stderr);
+        }
+        // oflaunch stops the other ranks at the first failure, so a rank may not get to say
+        // why; those that do say the same.
+        let lines = rank_lines(&e.stderr, &c.want);
+        assert!(!lines.is_empty(), "{what}: no rank names {:?}", c.want);
+        assert!(
+            lines.iter().all(|(_, l)| *l == lines[0].1),
+            "{what}: the ranks disagree: {lines:?}"
+        );
+        // Ranks 0 and 1 started alone (a rendezvous nobody else reaches, given up after 2 s):
+        // each refuses before it, alike.
+        let alone: Vec<Ended> = ["0", "1"]
+            .iter()
+            .map(|rank| {
+                let mut cmd = Command::new(train);
+                cmd.args(&c.args)
+                    .env_clear()
+                    .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+                for (k, v) in [
+                    ("RANK", *rank),
+                    ("LOCAL_RANK", rank),
+                    ("WORLD_SIZE", "2"),
+                    ("LOCAL_WORLD_SIZE", "2"),
+                    ("OXIFLOW_BACKEND", "cpu"),
+                    ("MASTER_ADDR", "127.0.0.1"),
+                    ("MASTER_PORT", "1"),
+                    ("OXIFLOW_TOKEN", "catalogue"),
+                    ("OXIFLOW_TIMEOUT", "2"),
+                ] {
+                    cmd.env(k, v);
+                }
+                run_limited(cmd, CASE_LIMIT * 2)
+            })
+            .collect();
+        for (r, a) in alone.iter().enumerate() {
+            if let Some(why) = not_refused(a, &c.want) {
+                panic!("{what}, rank {r} alone: {why}\n{}", a.stderr);
+            }
+        }
+        assert_eq!(
+            alone[0].stderr, alone[1].stderr,
+            "{what}: the ranks disagree"
+        );
+        assert_eq!(alone[0].code, alone[1].code, "{what}: the ranks disagree");
+        eprintln!(
+            "{what}: {:.0?}, every rank: {}",
+            e.took,
+            alone[0].stderr.lines().next().unwrap_or("")
+        );
+    }
+}
+
+#[test]
+fn explain_explains_one_step_and_exits() {
+    let (_, train) = common::binaries();
+    for model in ["gpt", "mlp"] {
+        let mut cmd = Command::new(train);
+        cmd.args(["--model", model, "--explain"]);
+        if model == "gpt" {
+            cmd.args(["--gen-tokens", "0"]);
+        }
+        let e = run_limited(cmd, Duration::from_secs(30));
+        assert_eq!(e.code, Some(0), "{model}: {}", e.stderr);
+        assert!(
+            e.stdout.contains("explained step loss"),
+            "{model}: {}",
+            e.stdout
+        );
+        assert!(
+            common::curve(&e.stdout).is_empty() && !e.stdout.contains("final loss"),
+            "{model} --explain trained: {}",
+            e.stdout
+        );
+    }
+}

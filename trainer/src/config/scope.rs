@@ -1,0 +1,141 @@
+//! Which settings a job uses. Some keys belong to one model, optimizer, kind of data, schedule
+//! or output; a key given (on the command line or in a job file) that the resolved job does
+//! not use is refused by name, never silently ignored, and the printed configuration leaves
+//! such keys out (so it stays a job file this check accepts).
+
+use super::flags::{LrScheduleArg, ModelKind, Opt};
+use super::{names_shards, TrainConfig};
+use crate::error::TrainError;
+
+/// What a key needs of the job to be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Needs {
+    Gpt,
+    Mlp,
+    Sgd,
+    /// GPT data given as token shards.
+    Shards,
+    /// A GPT run through the pipeline runner.
+    Pipeline,
+    /// A cosine or linear learning-rate schedule.
+    DecayingLr,
+    Metrics,
+    /// A GPT sample of at least one token.
+    Sample,
+}
+
+/// Every key only some jobs use (`section.key`), with what it needs.
+const SCOPED: &[(&str, Needs)] = &[
+    ("model.layers", Needs::Gpt),
+    ("model.heads", Needs::Gpt),
+    ("model.width", Needs::Gpt),
+    ("model.seq-len", Needs::Gpt),
+    ("model.dropout", Needs::Gpt),
+    ("model.hidden", Needs::Mlp),
+    ("model.features", Needs::Mlp),
+    ("model.classes", Needs::Mlp),
+    ("parallel.pp", Needs::Gpt),
+    ("parallel.sp", Needs::Gpt),
+    ("parallel.micro-batches", Needs::Gpt),
+    ("parallel.virtual-stages", Needs::Gpt),
+    ("parallel.zero", Needs::Gpt),
+    ("parallel.recompute", Needs::Gpt),
+    ("parallel.schedule", Needs::Pipeline),
+    ("data.data", Needs::Gpt),
+    ("data.tokenizer", Needs::Gpt),
+    ("data.val-data", Needs::Shards),
+    ("data.shard-format", Needs::Shards),
+    ("optim.momentum", Needs::Sgd),
+    ("optim.min-lr", Needs::DecayingLr),
+    ("run.peak-tflops", Needs::Metrics),
+    ("generate.gen-tokens", Needs::Gpt),
+    ("generate.generate", Needs::Sample),
+    ("generate.temperature", Needs::Sample),
+];
+
+impl Needs {
+    fn met(self, c: &TrainConfig) -> bool {
+        let gpt = c.model.model == ModelKind::Gpt;
+        match self {
+            Needs::Gpt => gpt,
+            Needs::Mlp => c.model.model == ModelKind::Mlp,
+            Needs::Sgd => c.optim.optimizer == Opt::Sgd,
+            Needs::Shards => gpt && c.data.data.as_deref().is_some_and(names_shards),
+            Needs::Pipeline => gpt && c.pipelined(),
+            Needs::DecayingLr => c.optim.lr_schedule != LrScheduleArg::Constant,
+            Needs::Metrics => c.run.metrics.is_some(),
+            Needs::Sample => gpt && c.generate.gen_tokens > 0,
+        }
+    }
+
+    /// Why a job that does not meet this need has no use for the keys.
+    fn why(self, c: &TrainConfig) -> &'static str {
+        match (self, c.model.model) {
+            (Needs::Mlp, _) => "settings of --model mlp, and this job trains --model gpt",
+            (Needs::Gpt | Needs::Shards | Needs::Pipeline | Needs::Sample, ModelKind::Mlp) => {
+                "settings of --model gpt, and this job trains --model mlp"
+            }
+            (Needs::Sgd, _) => "settings of SGD, and this job trains with AdamW",
+            (Needs::Shards, _) => "settings of token shards, and --data names none",
+            (Needs::Pipeline, _) => {
+                "settings of pipeline micro-batches, and this job has none (--pp 1, \
+                 --micro-batches 1, --virtual-stages 1)"
+            }
+            (Needs::DecayingLr, _) => {
+                "where cosine and linear schedules end, and --lr-schedule is constant"
+            }
+            (Needs::Metrics, _) => "settings of --metrics records, and --metrics is not given",
+            (Needs::Sample, _) => "settings of the generated sample, and --gen-tokens is 0",
+            (Needs::Gpt, ModelKind::Gpt) => "settings of --model gpt",
+        }
+    }
+}
+
+/// The `--flag` a `section.key` is.
+fn flag_of(key: &str) -> String {
+    format!("--{}", key.split_once('.').map_or(key, |(_, k)| k))
+}
+
+/// Refuses the keys the user gave that `c` does not use, naming each with why.
+pub(super) fn refuse_unused(c: &TrainConfig) -> Result<(), TrainError> {
+    // (why, the flags it covers), in the order of `SCOPED`.
+    let mut unused: Vec<(&str, Vec<String>)> = Vec::new();
+    for (key, needs) in SCOPED {
+        if !c.is_set(key) || needs.met(c) {
+            continue;
+        }
+        let why = needs.why(c);
+        let flag = format!("{} ({key})", flag_of(key));
+        match unused.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, flags)) => flags.push(flag),
+            None => unused.push((why, vec![flag])),
+        }
+    }
+    if unused.is_empty() {
+        return Ok(());
+    }
+    let parts: Vec<String> = unused
+        .iter()
+        .map(|(why, flags)| format!("{}: {why}", flags.join(", ")))
+        .collect();
+    Err(TrainError::Config {
+        detail: format!(
+            "given but not used by this job (refused rather than ignored; drop them): {}",
+            parts.join("; ")
+        ),
+    })
+}
+
+/// Removes from the printed configuration `table` the keys `c` does not use.
+pub(super) fn drop_unused(c: &TrainConfig, table: &mut toml::Table) {
+    for (key, needs) in SCOPED {
+        if needs.met(c) {
+            continue;
+        }
+        if let Some((section, name)) = key.split_once('.') {
+            if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+                t.remove(name);
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! What a job checks before its world starts, with no communication, so every rank refuses
+//! bad input alike and nothing is written first: the data (GPT: every shard), the checkpoint
+//! to resume (its recorded values and step), the checkpoint target (`--save`: ours or nothing,
+//! where this process may create it), the outputs (`--metrics`, `--plot`, the configuration
+//! beside a checkpoint: regular files or nothing, in writable folders) and the folders the
+//! launch environment names for traces and flight dumps.
+
+use std::path::{Path, PathBuf};
+
+use nix::unistd::{access, AccessFlags};
+use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_models::checkpoint;
+
+use super::{check_resume, config_path, resume_limit};
+use crate::config::{ModelKind, TrainConfig};
+use crate::error::TrainError;
+use crate::tasks::gpt::GptInputs;
+
+/// The folder a file at `path` goes in.
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Why this process cannot create files in `dir`, if it cannot.
+fn unwritable(dir: &Path) -> Option<String> {
+    match std::fs::metadata(dir) {
+        Err(e) => Some(format!("its folder {} is unusable: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => Some(format!("{} is not a folder", dir.display())),
+        Ok(_) => access(dir, AccessFlags::W_OK | AccessFlags::X_OK)
+            .err()
+            .map(|e| {
+                format!(
+                    "its folder {} cannot be written (read-only or not permitted): {}",
+                    dir.display(),
+                    e.desc()
+                )
+            }),
+    }
+}
+
+/// A file output at `path`: nothing there yet or a writable regular file (never a folder, a
+/// FIFO or a device, which a write would replace, hang on or flood), in a writable folder.
+fn check_output_file(what: &'static str, path: &Path) -> Result<(), TrainError> {
+    let bad = |detail: String| TrainError::Output {
+        what,
+        path: path.to_path_buf(),
+        detail,
+    };
+    if let Some(why) = unwritable(folder_of(path)) {
+        return Err(bad(why));
+    }
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(bad(e.to_string())),
+        Ok(m) if !m.is_file() => Err(bad("exists and is not a regular file".into())),
+        Ok(_) => access(path, AccessFlags::W_OK)
+            .map_err(|e| bad(format!("exists and cannot be written: {}", e.desc()))),
+    }
+}
+
+/// Why files cannot be created at `dir` or under its missing folders (which a save or a trace
+/// creates): its nearest existing ancestor must be a folder this process may write.
+fn uncreatable(dir: &Path) -> Option<String> {
+    let mut at: PathBuf = dir.to_path_buf();
+    while std::fs::symlink_metadata(&at).is_err() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
+            _ => {
+                at = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    unwritable(&at)
+}
+
+/// `--save PATH`: a target the save accepts (nothing, or a checkpoint of ours, and the same
+/// for its `.old` and `.partial`) where this process may create it, and a configuration file
+/// beside it that can be written.
+fn check_save(path: &Path) -> Result<(), TrainError> {
+    let bad = |detail: String| TrainError::Output {
+        what: "--save",
+        path: path.to_path_buf(),
+        detail,
+    };
+    checkpoint::check_save_target(path).map_err(|e| bad(e.to_string()))?;
+    let folder = folder_of(path);
+    if let Some(why) = uncreatable(folder) {
+        return Err(bad(why));
+    }
+    let conf = config_path(path);
+    if folder.exists() {
+        check_output_file("--save (the configuration beside it)", &conf)?;
+    }
+    Ok(())
+}
+
+/// A folder the launch environment names for files written later: an existing writable folder,
+/// or one whose nearest existing ancestor is a writable folder (it is created when needed).
+fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
+    match uncreatable(dir) {
+        Some(why) => Err(TrainError::Output {
+            what: var,
+            path: dir.to_path_buf(),
+            detail: format!("not a folder this rank can write in: {why}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Every check of the module's documentation; returns the GPT's opened data.
+pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
+    let r = &cfg.run;
+    if let Some(p) = &r.save {
+        check_save(p)?;
+    }
+    for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
+        if let Some(path) = path {
+            check_output_file(what, path)?;
+        }
+    }
+    if let Ok(env) = LaunchEnv::from_env() {
+        let folders = [
+            ("OXIFLOW_TRACE_DIR", &env.trace_dir),
+            ("OXIFLOW_FLIGHT_DIR", &env.flight_dir),
+        ];
+        for (var, dir) in folders {
+            if let Some(dir) = dir {
+                check_env_folder(var, dir)?;
+            }
+        }
+    }
+    let inputs = match cfg.model.model {
+        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
+        ModelKind::Mlp => None,
+    };
+    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    if let Some(p) = &r.resume {
+        check_resume(cfg, vocab, p, resume_limit(cfg))?;
+    }
+    Ok(inputs)
+}

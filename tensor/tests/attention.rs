@@ -319,8 +319,21 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
     let q0 = t(&[2, 4, 3, 0]);
     shape_err(q0.flash_attention(&q0, &q0, false, 1.0), "head size 0");
     assert!(q.flash_attention(&k6, &k6, false, 1.0).is_ok());
-    let dtype_err = |r: oxiflow_tensor::Result<Tensor>, what: &str| {
-        assert!(matches!(r, Err(TensorError::DType { .. })), "{what}: {r:?}");
+    let dtype_err = |r: oxiflow_tensor::Result<Tensor>, what: &str| match r {
+        Err(
+            e @ TensorError::DType {
+                op: "flash_attention",
+                ..
+            },
+        ) => {
+            let TensorError::DType { dtypes, .. } = &e else {
+                unreachable!()
+            };
+            assert!(!dtypes.is_empty(), "{what}: {e}");
+            let text = e.to_string();
+            assert!(text.contains("flash_attention"), "{what}: {text}");
+        }
+        other => panic!("{what}: expected a dtype error, got {other:?}"),
     };
     let q32 = q.cast(DType::F32).unwrap();
     dtype_err(q.flash_attention(&q32, &q, false, 1.0), "mixed dtypes");
@@ -328,6 +341,11 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
     dtype_err(q.flash_attention(&q, &qb, false, 1.0), "f64 with bf16");
     let qi = q.cast(DType::I64).unwrap();
     dtype_err(qi.flash_attention(&qi, &qi, false, 1.0), "i64");
+    let named = qi
+        .flash_attention(&qi, &qi, false, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(named.contains("i64"), "the dtype is named: {named}");
 }
 
 #[test]
@@ -355,6 +373,66 @@ fn batch_and_head_splits_stay_split() {
             ]
         );
     }
+}
+
+#[test]
+fn heads_first_attention_equals_the_composed_reference_on_a_2d_mesh() {
+    // q, k, v [B, H, T, D] = [3, 3, 5, 3] (odd T and D), batch split on mesh axis 0 and heads
+    // on axis 1 (uneven: 3 over 2): value and gradients equal one rank's f64 composition.
+    let shape = [3usize, 3, 5, 3];
+    let heads_last = |x: &Tensor| x.permute(&[0, 2, 1, 3]).unwrap();
+    let local: Vec<Tensor> = (0..3)
+        .map(|i| nz(&shape, 40 + i).requires_grad_(true))
+        .collect();
+    let r = nz(&shape, 44);
+    let want = heads_last(&composed(
+        &heads_last(&local[0]),
+        &heads_last(&local[1]),
+        &heads_last(&local[2]),
+        true,
+        0.45,
+    ));
+    want.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    let want_g: Vec<Vec<f64>> = local.iter().map(|x| vals(&x.grad().unwrap())).collect();
+    let want = vals(&want);
+    let got = run_ranks(4, Duration::from_secs(30), |_| {
+        let p = placement(&[2, 2], 3);
+        let split = NdSbp::new([Sbp::S(0), Sbp::S(1)]);
+        let bc = NdSbp::broadcast(2);
+        let xs: Vec<Tensor> = local
+            .iter()
+            .map(|x| {
+                x.detach()
+                    .to_global(&p, bc.clone())
+                    .and_then(|g| g.to_global(&p, split.clone()))
+                    .unwrap()
+                    .detach()
+                    .requires_grad_(true)
+            })
+            .collect();
+        let y = xs[0].attention(&xs[1], &xs[2], true, 0.45).unwrap();
+        let sbp = y.nd_sbp().cloned();
+        let r = r.to_global(&p, bc.clone()).unwrap();
+        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let all = |x: &Tensor| vals(&x.to_global(&p, bc.clone()).unwrap());
+        let g: Vec<Vec<f64>> = xs.iter().map(|x| all(&x.grad().unwrap())).collect();
+        (sbp, all(&y), g)
+    });
+    for (sbp, y, g) in got {
+        assert_eq!(sbp, Some(NdSbp::new([Sbp::S(0), Sbp::S(1)])));
+        assert_near(&y, &want, 1e-12, "o");
+        for (i, (gi, wi)) in g.iter().zip(&want_g).enumerate() {
+            assert_near(gi, wi, 1e-11, &format!("grad {i}"));
+        }
+    }
+    let bad = local[0].reshape([9, 5, 3]).unwrap();
+    assert!(matches!(
+        bad.attention(&local[1], &local[2], true, 0.45),
+        Err(TensorError::Shape {
+            op: "attention",
+            ..
+        })
+    ));
 }
 
 proptest! {

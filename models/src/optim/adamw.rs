@@ -7,8 +7,8 @@
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
-use oxiflow_tensor::no_grad;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
+use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
 use super::{

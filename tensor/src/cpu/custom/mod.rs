@@ -2,8 +2,8 @@
 //! for `CpuBackend`.
 
 mod adamw;
-mod flash_attention;
 mod adamw_multi;
 mod classifier;
+mod flash_attention;
 mod linear;
 mod residual_layer_norm;

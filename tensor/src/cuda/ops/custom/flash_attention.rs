@@ -262,30 +262,28 @@ impl CudaKernels {
             let (xp, gp, lp) = (p.ptr(), ds.ptr(), lse.ptr() + (b * h * t) as u64 * ls);
             launch!(rt, BWD, Template::FlashRowsBw.at(dt), per_row(h * t); rows, tt, ss, sc, c, xp, gp, lp)?;
             // dv = P^T dO, dq = dS k, dk = dS^T q.
-            gemm_at(
-                rt,
-                BWD,
-                at(&p, 0, s),
-                at(d_o, oo, hv),
-                at(dv, vo, hv),
-                g(s, t, d.dv, true, false, (ts, dvv, dvv)),
-            )?;
-            gemm_at(
-                rt,
-                BWD,
-                at(&ds, 0, s),
-                at(k, ko, hd),
-                at(dq, qo, hd),
-                g(t, s, d.d, false, false, (ts, dd, dd)),
-            )?;
-            gemm_at(
-                rt,
-                BWD,
-                at(&ds, 0, s),
-                at(q, qo, hd),
-                at(dk, ko, hd),
-                g(s, t, d.d, true, false, (ts, dd, dd)),
-            )?;
+            for (x, y, out, geometry) in [
+                (
+                    &p,
+                    at(d_o, oo, hv),
+                    at(dv, vo, hv),
+                    g(s, t, d.dv, true, false, (ts, dvv, dvv)),
+                ),
+                (
+                    &ds,
+                    at(k, ko, hd),
+                    at(dq, qo, hd),
+                    g(t, s, d.d, false, false, (ts, dd, dd)),
+                ),
+                (
+                    &ds,
+                    at(q, qo, hd),
+                    at(dk, ko, hd),
+                    g(s, t, d.d, true, false, (ts, dd, dd)),
+                ),
+            ] {
+                gemm_at(rt, BWD, at(x, 0, s), y, out, geometry)?;
+            }
         }
         Ok(())
     }

@@ -273,7 +273,7 @@ proptest! {
             .collect();
         let got = run_ranks(4, Duration::from_secs(60), |rank| {
             // Tensor i lives on the mesh (even i) or a stage (odd i), in a random layout.
-            let at = |i: usize| if i % 2 == 0 { &mesh } else { &stages[(i / 2) % 2] };
+            let at = |i: usize| if i.is_multiple_of(2) { &mesh } else { &stages[(i / 2) % 2] };
             let globals: Vec<Vec<Tensor>> = local
                 .iter()
                 .enumerate()

@@ -157,7 +157,7 @@ impl Linear {
         let w = self.weight.compute()?;
         let b = self.bias.as_ref().map(Parameter::compute).transpose()?;
         if !self.partial && (b.is_some() || act != Activation::None) {
-            return Ok(x.linear(&w, b.as_ref(), act)?);
+            return x.linear(&w, b.as_ref(), act);
         }
         let y = x.matmul(&w)?;
         let y = match &b {

@@ -125,7 +125,7 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
                             .zip(&want)
                             .zip(names)
                             .map(|((a, w), n)| (n, rel(a, w)))
-                            .filter(|(_, e)| !(*e <= tol))
+                            .filter(|(_, e)| e.is_nan() || *e > tol)
                             .map(|(n, e)| format!("{n} {e:.2e}"))
                             .collect();
                         if bad.is_empty() {

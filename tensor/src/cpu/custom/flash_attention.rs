@@ -193,7 +193,7 @@ fn four<'a, F>(op: &'static str, a: &'a ArrayD<F>) -> Result<ArrayView4<'a, F>> 
 
 /// The `[n, d]` matrix of pair (b, h) of a `[B, n, H, d]` piece.
 fn pair<'a, F>(a: &ArrayView4<'a, F>, b: usize, h: usize) -> ArrayView2<'a, F> {
-    a.clone().slice_move(s![b, .., h, ..])
+    (*a).slice_move(s![b, .., h, ..])
 }
 
 /// The sizes of q, k, v, checked against each other.

@@ -6,12 +6,12 @@ cd "$(dirname "$0")/../.."
 CARRY=.carry
 rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
 cargo build --release -p oxiflow-collectives --bin nccl_bench --bin collectives_bench
-cargo build --release -p oxiflow-tensor --bin dispatch_bench
+cargo build --release -p oxiflow-tensor --bin dispatch_bench --bin attention_bench
 cargo build --release -p oxiflow-tensor --bin gpu_boxing_bench
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train
 cp target/release/nccl_bench target/release/gpu_boxing_bench target/release/oflaunch "$CARRY/bin/"
-cp target/release/collectives_bench target/release/dispatch_bench "$CARRY/bin/"
+cp target/release/collectives_bench target/release/dispatch_bench target/release/attention_bench "$CARRY/bin/"
 cp target/release/examples/train "$CARRY/bin/"
 # Test executables: gpu_nccl (collectives), gpu_tensor (tensor), trace_timeline (run with
 # OXIFLOW_TEST_BINS=.carry/bin so it uses the staged oflaunch and train).

@@ -26,8 +26,8 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 mod gpu_tensor_checks;
 mod half_cases;
 use gpu_tensor_checks::{
-    child_bf16, child_creation, child_half, child_inputs_unchanged, child_large_reductions,
-    child_pipelined, run_indexed_case,
+    child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
+    child_large_reductions, child_pipelined, run_indexed_case,
 };
 
 #[derive(Clone, Debug)]
@@ -198,20 +198,24 @@ fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             ]
         }
         10 => {
-            // attention on [B, H, T, D], all operands S(0), S(1) or B; with gradients
+            // flash attention on [B, T, H, D] (operands S(0), S(1) or B: the op takes batch or
+            // heads splits, so S(1) boxes) and the probabilities on [B, H, T, D]; with gradients
             let (b, h, t, d, s2) = (1 + c.v % 3, 1 + c.sb, 1 + c.r % 6, 1 + c.k % 5, c.c % 7);
-            let q = mk(&[b, h, t, d], s, c.sa)?.requires_grad_(true);
-            let k = mk(&[b, h, t, d], s + 1, c.sa)?.requires_grad_(true);
-            let v = mk(&[b, h, t, d + 1], s + 2, c.sa)?.requires_grad_(true);
-            let k2 = mk(&[b, h, s2 + 1, d], s + 3, c.sa)?;
-            let v2 = mk(&[b, h, s2 + 1, 2], s + 4, c.sa)?;
+            let q = mk(&[b, t, h, d], s, c.sa)?.requires_grad_(true);
+            let k = mk(&[b, t, h, d], s + 1, c.sa)?.requires_grad_(true);
+            let v = mk(&[b, t, h, d + 1], s + 2, c.sa)?.requires_grad_(true);
+            let k2 = mk(&[b, s2 + 1, h, d], s + 3, c.sa)?;
+            let v2 = mk(&[b, s2 + 1, h, 2], s + 4, c.sa)?;
             let scale = 1.0 / (d as f64).sqrt();
-            let y = q.attention(&k, &v, true, scale)?;
+            let y = q.flash_attention(&k, &v, true, scale)?;
             y.square()?.mean_all()?.backward()?;
+            let (y2, lse2) = q.flash_attention_lse(&k2, &v2, false, scale)?;
+            let heads = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
             let mut out = vec![
                 y,
-                q.attention(&k2, &v2, false, scale)?,
-                q.attention_probs(&k2, false, scale)?,
+                y2,
+                lse2,
+                heads(&q)?.attention_probs(&heads(&k2)?, false, scale)?,
             ];
             out.extend([&q, &k, &v].iter().filter_map(|t| t.grad()));
             out
@@ -665,6 +669,18 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         Ok(_) => {}
         Err(e) => {
             eprintln!("rank {rank}: large sums: {e}");
+            code = 12;
+        }
+    }
+    let t = Instant::now();
+    match child_flash(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})",
+            t.elapsed()
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: fused attention: {e}");
             code = 11;
         }
     }
@@ -698,6 +714,7 @@ fn cpu_self_check() {
             .and_then(|ab| child_pipelined(4, DeviceType::Cpu).map(|(_, p, _)| (ab, p)))
             .and_then(|abp| child_inputs_unchanged(4, rank, DeviceType::Cpu).map(|_| abp))
             .and_then(|abp| child_half(4, DeviceType::Cpu).map(|h| (abp, h)))
+            .and_then(|abph| child_flash(4, DeviceType::Cpu).map(|f| (abph, f)))
             .and_then(|x| child_large_reductions(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {

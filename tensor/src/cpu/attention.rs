@@ -1,10 +1,10 @@
-//! Attention CPU kernels, fused per (batch, head) pair and written into the executor's output
-//! buffer: scores `q k^T` by matrixmultiply, then a
-//! numerically stable softmax of `scores * scale` per query row (causal rows only up to the
-//! row's own index, the rest 0), then the product with v; rayon over the pairs when large.
+//! Attention probabilities CPU kernel, per (batch, head) pair and written into the executor's
+//! output buffer: scores `q k^T` by matrixmultiply straight into the output, then a numerically
+//! stable softmax of `scores * scale` per query row (causal rows only up to the row's own
+//! index, the rest 0); rayon over the pairs when large.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
+use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
@@ -45,27 +45,20 @@ fn softmax_rows<F: FloatElement>(p: &mut [F], s: usize, causal: bool, scale: F) 
     }
 }
 
-/// One (batch, head) pair: the probabilities `[T, S]` into `out`, or with `v` their product
-/// with it `[T, Dv]`.
+/// One (batch, head) pair: the probabilities `[T, S]` into `out`.
 fn pair<F: FloatElement>(
     q: ArrayView2<'_, F>,
     k: ArrayView2<'_, F>,
-    v: Option<ArrayView2<'_, F>>,
     causal: bool,
     scale: F,
     mut out: ArrayViewMut2<'_, F>,
 ) -> Result<()> {
     let (zero, one) = (F::from_f64(0.0), F::from_f64(1.0));
-    let mut p = Array2::<F>::zeros((q.nrows(), k.nrows()));
-    general_mat_mul(one, &q, &k.t(), zero, &mut p);
-    let rows = p
+    general_mat_mul(one, &q, &k.t(), zero, &mut out);
+    let rows = out
         .as_slice_mut()
-        .ok_or_else(|| kernel_err("attention", "score buffer not contiguous".into()))?;
+        .ok_or_else(|| kernel_err("attention_probs", "output not contiguous".into()))?;
     softmax_rows(rows, k.nrows(), causal, scale);
-    match v {
-        Some(v) => general_mat_mul(one, &p, &v, zero, &mut out),
-        None => out.assign(&p),
-    }
     Ok(())
 }
 
@@ -92,30 +85,16 @@ fn pairs_view<'a, F>(a: ArrayViewD<'a, F>, op: &'static str) -> Result<ArrayView
         .map_err(|e| kernel_err(op, e.to_string()))
 }
 
-fn attention_t<F: FloatElement>(
-    op: &'static str,
+fn probs_t<F: FloatElement>(
     q: &ArrayD<F>,
     k: &ArrayD<F>,
-    v: Option<&ArrayD<F>>,
     (causal, scale): (bool, f64),
     out: &mut ArrayD<F>,
 ) -> Result<()> {
+    let op = "attention_probs";
     let [b, h, t, d] = dims4(q, op, "q")?;
     let [kb, kh, s, kd] = dims4(k, op, "k")?;
-    let dv = match v {
-        Some(v) => {
-            let [vb, vh, vs, dv] = dims4(v, op, "v")?;
-            if [vb, vh, vs] != [kb, kh, s] {
-                return Err(kernel_err(
-                    op,
-                    format!("v {:?} does not fit k {:?}", v.shape(), k.shape()),
-                ));
-            }
-            dv
-        }
-        None => s,
-    };
-    if [kb, kh, kd] != [b, h, d] || (causal && s != t) || out.shape() != [b, h, t, dv] {
+    if [kb, kh, kd] != [b, h, d] || (causal && s != t) || out.shape() != [b, h, t, s] {
         return Err(kernel_err(
             op,
             format!(
@@ -127,20 +106,16 @@ fn attention_t<F: FloatElement>(
         ));
     }
     let (q, k) = (q.as_standard_layout(), k.as_standard_layout());
-    let v = v.map(|v| v.as_standard_layout());
     let (q3, k3) = (pairs_view(q.view(), op)?, pairs_view(k.view(), op)?);
-    let v3 = v.as_ref().map(|v| pairs_view(v.view(), op)).transpose()?;
     let mut o3 = out
         .view_mut()
-        .into_shape_with_order((b * h, t, dv))
+        .into_shape_with_order((b * h, t, s))
         .map_err(|e| kernel_err(op, e.to_string()))?;
     let scale = F::from_f64(scale);
     let run = |(i, o): (usize, ArrayViewMut2<'_, F>)| {
-        let vi = v3.as_ref().map(|v| v.index_axis(Axis(0), i));
         pair(
             q3.index_axis(Axis(0), i),
             k3.index_axis(Axis(0), i),
-            vi,
             causal,
             scale,
             o,
@@ -150,7 +125,7 @@ fn attention_t<F: FloatElement>(
         .len_of(Axis(0))
         .saturating_mul(t)
         .saturating_mul(s.max(1));
-    if work.saturating_mul(d.max(dv).max(1)) >= PAR_THRESHOLD {
+    if work.saturating_mul(d.max(1)) >= PAR_THRESHOLD {
         o3.outer_iter_mut()
             .into_par_iter()
             .enumerate()
@@ -160,44 +135,7 @@ fn attention_t<F: FloatElement>(
     }
 }
 
-fn attention_any(
-    op: &'static str,
-    q: &CpuArray,
-    k: &CpuArray,
-    v: Option<&CpuArray>,
-    attrs: (bool, f64),
-    out: &mut CpuArray,
-) -> Result<()> {
-    match (q, k, v) {
-        (CpuArray::F32(q), CpuArray::F32(k), None) => {
-            attention_t(op, q, k, None, attrs, out_as(op, out)?)
-        }
-        (CpuArray::F32(q), CpuArray::F32(k), Some(CpuArray::F32(v))) => {
-            attention_t(op, q, k, Some(v), attrs, out_as(op, out)?)
-        }
-        (CpuArray::F64(q), CpuArray::F64(k), None) => {
-            attention_t(op, q, k, None, attrs, out_as(op, out)?)
-        }
-        (CpuArray::F64(q), CpuArray::F64(k), Some(CpuArray::F64(v))) => {
-            attention_t(op, q, k, Some(v), attrs, out_as(op, out)?)
-        }
-        _ => Err(kernel_err(op, "needs float q, k and v of one dtype".into())),
-    }
-}
-
 impl AttentionKernels for CpuBackend {
-    fn attention(
-        &self,
-        q: &CpuArray,
-        k: &CpuArray,
-        v: &CpuArray,
-        causal: bool,
-        scale: f64,
-        out: &mut CpuArray,
-    ) -> Result<()> {
-        attention_any("attention", q, k, Some(v), (causal, scale), out)
-    }
-
     fn attention_probs(
         &self,
         q: &CpuArray,
@@ -206,6 +144,11 @@ impl AttentionKernels for CpuBackend {
         scale: f64,
         out: &mut CpuArray,
     ) -> Result<()> {
-        attention_any("attention_probs", q, k, None, (causal, scale), out)
+        let (op, attrs) = ("attention_probs", (causal, scale));
+        match (q, k) {
+            (CpuArray::F32(q), CpuArray::F32(k)) => probs_t(q, k, attrs, out_as(op, out)?),
+            (CpuArray::F64(q), CpuArray::F64(k)) => probs_t(q, k, attrs, out_as(op, out)?),
+            _ => Err(kernel_err(op, "needs float q and k of one dtype".into())),
+        }
     }
 }

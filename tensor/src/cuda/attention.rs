@@ -28,6 +28,19 @@ fn log_fallback(e: &FusedError) -> String {
     reason
 }
 
+/// What served fused attention in this process: cuDNN's library and cached plans, and every
+/// reason a call fell back to the NVRTC flash kernels.
+pub fn fused_attention_report() -> Vec<String> {
+    let mut out = cudnn_attention::cudnn_report();
+    let g = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    out.extend(
+        g.iter()
+            .flatten()
+            .map(|r| format!("fell back to the NVRTC flash kernels: {r}")),
+    );
+    out
+}
+
 /// O and the log-sum-exp of `a`, through cuDNN or the fallback.
 pub(crate) fn attention_forward(
     rt: &Arc<CudaRuntime>,

@@ -151,6 +151,8 @@ pub(crate) enum Template {
     Rotary,
     Dropout,
     AttnSoftmax,
+    FlashRows,
+    FlashRowsBw,
     Adam,
     Binary,
     CopyNd,
@@ -165,7 +167,7 @@ pub(crate) enum Template {
 }
 
 impl Template {
-    const ALL: [Template; 24] = [
+    const ALL: [Template; 26] = [
         Template::Unary,
         Template::UnaryBw,
         Template::Scalar,
@@ -179,6 +181,8 @@ impl Template {
         Template::Rotary,
         Template::Dropout,
         Template::AttnSoftmax,
+        Template::FlashRows,
+        Template::FlashRowsBw,
         Template::Adam,
         Template::Binary,
         Template::CopyNd,
@@ -208,6 +212,8 @@ impl Template {
             Template::Rotary => "rotary",
             Template::Dropout => "dropout",
             Template::AttnSoftmax => "attn_softmax",
+            Template::FlashRows => "flash_rows",
+            Template::FlashRowsBw => "flash_rows_bw",
             Template::Adam => "adam",
             Template::Binary => "binary",
             Template::CopyNd => "copy_nd",

@@ -44,6 +44,7 @@ use crate::device::register_device_backend;
 use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
+pub use attention::fused_attention_report;
 pub use backend::CudaBackend;
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;

@@ -569,6 +569,46 @@ template <typename T> __device__ void attn_softmax_t(i64 rows, i64 t, i64 s, dou
     }
 }
 
+// Fused attention's composed path, one block per row of `s` raw scores q . k of a
+// [rows = H T, s] batch entry (query i = r % t; with `causal` keys 0..=i only): the scaled,
+// masked softmax in place and the row's log-sum-exp (-inf for a row without keys).
+template <typename T> __device__ void flash_rows_t(i64 rows, i64 t, i64 s, double scale, int causal, T* x, typename Acc<T>::type* lse) {
+    ACC
+    ROW_SHARED(C)
+    BLOCK_ROWS(r, rows) {
+        T* xr = x + r * s;
+        i64 live = causal ? (r % t) + 1 : s;
+        if (live > s) live = s;
+        C sc = (C)scale, m = m_lowest((C)0);
+        THREAD_COLS(j, live) { C v = (C)xr[j] * sc; m = v > m ? v : m; }
+        m = block_max(m, sh);
+        if (m == m_lowest((C)0)) m = (C)0;
+        C sum = (C)0;
+        THREAD_COLS(j, live) sum += m_exp((C)xr[j] * sc - m);
+        sum = block_sum(sum, sh);
+        C inv = (C)1 / sum;
+        THREAD_COLS(j, live) xr[j] = m_exp((C)xr[j] * sc - m) * inv;
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) xr[j] = (C)0;
+        if (threadIdx.x == 0) lse[r] = m + m_log(sum);
+    }
+}
+// Its backward on one row: from raw scores x, the gradient of the probabilities g and the row's
+// log-sum-exp, P = exp(scale x - lse) (masked 0) into x and dS = P (g - sum P g) scale into g.
+template <typename T> __device__ void flash_rows_bw_t(i64 rows, i64 t, i64 s, double scale, int causal, T* x, T* g, const typename Acc<T>::type* lse) {
+    ACC
+    ROW_SHARED(C)
+    BLOCK_ROWS(r, rows) {
+        T* xr = x + r * s; T* gr = g + r * s;
+        i64 live = causal ? (r % t) + 1 : s;
+        if (live > s) live = s;
+        C sc = (C)scale, l = lse[r], acc = (C)0;
+        THREAD_COLS(j, live) { C p = m_exp((C)xr[j] * sc - l); xr[j] = p; acc += p * (C)gr[j]; }
+        C c = block_sum(acc, sh);
+        THREAD_COLS(j, live) gr[j] = (C)xr[j] * ((C)gr[j] - c) * sc;
+        for (i64 j = live + threadIdx.x; j < s; j += blockDim.x) { xr[j] = (C)0; gr[j] = (C)0; }
+    }
+}
+
 // f32 -> bf16 bits, round to nearest even (NaN stays NaN).
 extern "C" __global__ void f32_to_bf16(i64 n, const unsigned* x, unsigned short* y) {
     GRID_LOOP(i, n) {
@@ -645,6 +685,8 @@ extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary
 extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); } \
 extern "C" __global__ void dropout_##NAME(i64 n, double pd, double sc, unsigned k0, unsigned k1, i64 base, Nd p, const T* x, T* y) { dropout_t<T>(n, pd, sc, k0, k1, base, p, x, y); } \
 extern "C" __global__ void attn_softmax_##NAME(i64 r, i64 t, i64 s, double sc, int causal, const T* x, T* y) { attn_softmax_t<T>(r, t, s, sc, causal, x, y); } \
+extern "C" __global__ void flash_rows_##NAME(i64 r, i64 t, i64 s, double sc, int causal, T* x, Acc<T>::type* l) { flash_rows_t<T>(r, t, s, sc, causal, x, l); } \
+extern "C" __global__ void flash_rows_bw_##NAME(i64 r, i64 t, i64 s, double sc, int causal, T* x, T* g, const Acc<T>::type* l) { flash_rows_bw_t<T>(r, t, s, sc, causal, x, g, l); } \
 extern "C" __global__ void adam_##NAME(i64 n, int part, double a, double b, double c, double d, const T* x, const T* y, const T* z, T* o) { adam_t<T>(n, part, a, b, c, d, x, y, z, o); }
 
 // The atomic scatter-add exists for f32 and f64 (16-bit scatter-adds run on an f32 copy).

@@ -1,13 +1,16 @@
 //! The GPU suite's checks of the stream ordering and the CUDA backend's own paths: pipelined
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
-//! creation ops computed on the device (every dtype), bf16 matrix products, and every 16-bit
-//! kernel against f64 (`half.rs`), sums over large pieces (`reductions.rs`).
+//! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
+//! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
+//! (`flash.rs`), sums over large pieces (`reductions.rs`).
 
 use super::*;
 
+mod flash;
 mod half;
 mod indexed;
 mod reductions;
+pub(crate) use flash::child_flash;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 pub(crate) use reductions::child_large_reductions;

@@ -122,10 +122,22 @@ pub fn half_cases() -> Vec<HalfCase> {
             x[0].rms_norm(&x[1], 1e-5)
         }),
         case(
-            "attention",
-            &[(&[1, 2, 6, 8], F), (&[1, 2, 6, 8], F), (&[1, 2, 6, 8], F)],
+            "flash_attention",
+            &[(&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F)],
             4.0,
-            |x| x[0].attention(&x[1], &x[2], true, 0.35),
+            |x| x[0].flash_attention(&x[1], &x[2], true, 0.35),
+        ),
+        case(
+            "flash_attention_lse",
+            &[(&[2, 6, 2, 8], F), (&[2, 6, 2, 8], F), (&[2, 6, 2, 8], F)],
+            1.0,
+            |x| Ok(x[0].flash_attention_lse(&x[1], &x[2], false, 0.35)?.1),
+        ),
+        case(
+            "flash_attention_cross",
+            &[(&[1, 6, 2, 8], F), (&[1, 5, 2, 8], F), (&[1, 5, 2, 4], F)],
+            4.0,
+            |x| x[0].flash_attention(&x[1], &x[2], false, 0.35),
         ),
         case(
             "attention_probs",
@@ -243,12 +255,30 @@ pub fn half_cases() -> Vec<HalfCase> {
             grad_of(&x[0], move |t| t.matmul(&w))
         }),
         case(
-            "grad_attention",
-            &[(&[1, 2, 6, 8], F), (&[1, 2, 6, 8], F), (&[1, 2, 6, 8], F)],
+            "grad_flash_attention_q",
+            &[(&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F)],
             16.0,
             |x| {
                 let (k, v) = (x[1].clone(), x[2].clone());
-                grad_of(&x[0], move |t| t.attention(&k, &v, true, 0.35))
+                grad_of(&x[0], move |t| t.flash_attention(&k, &v, true, 0.35))
+            },
+        ),
+        case(
+            "grad_flash_attention_k",
+            &[(&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F)],
+            16.0,
+            |x| {
+                let (q, v) = (x[0].clone(), x[2].clone());
+                grad_of(&x[1], move |t| q.flash_attention(t, &v, true, 0.35))
+            },
+        ),
+        case(
+            "grad_flash_attention_v",
+            &[(&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F)],
+            16.0,
+            |x| {
+                let (q, k) = (x[0].clone(), x[1].clone());
+                grad_of(&x[2], move |t| q.flash_attention(&k, t, true, 0.35))
             },
         ),
         case("grad_rotary", &[(&[2, 6, 8], F)], 4.0, |x| {
@@ -324,7 +354,7 @@ fn fused_cases() -> Vec<HalfCase> {
 /// The dtype a case's output has on `dtype` inputs (f32 for casts to it and the classifier's
 /// loss).
 pub fn out_dtype(c: &HalfCase, dtype: DType) -> DType {
-    if matches!(c.name, "to_f32" | "classifier_loss") {
+    if matches!(c.name, "to_f32" | "classifier_loss" | "flash_attention_lse") {
         DType::F32
     } else {
         dtype

@@ -13,8 +13,8 @@
 //!   under ZeRO-3), as many gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp
 //!   from ZeRO-1). r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T
 //!   tokens keep, per token, the logits and their softmax (2 V / tp) and, for each of the
-//!   ceil(L / pp) blocks of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ on
-//!   CPUs the attention probabilities, (H / tp) T), or 2 C + 8 C / tp under selective
+//!   ceil(L / pp) blocks of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ the
+//!   attention's log-sum-exp, H / tp values of at least 4 bytes; no probabilities), or 2 C + 8 C / tp under selective
 //!   recomputation, or C under full recomputation (then plus one block's b while it reruns);
 //!   times `a`. Their token ids take 16 r T bytes (inputs and targets, i64). Measured peaks
 //!   are about twice this (the temporaries of each op are not counted).
@@ -97,15 +97,12 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
             let shard = |from: u8| if zero >= from { held / dp } else { held };
             let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
             // Per token: what a block keeps for its backward pass (its input, two norms' outputs,
-            // the attention output, q, k, v, the MLP's two 4C activations; on CPUs the
-            // attention probabilities), its MLP part only under selective recomputation, its
-            // input only under full recomputation (plus one block's set while it reruns).
-            let probs = if device == DeviceType::Cpu {
-                (h / tp).max(1.0) * t
-            } else {
-                0.0
-            };
-            let block = 4.0 * c + 12.0 * c / tp + probs;
+            // the attention output, q, k, v, the MLP's two 4C activations, and the fused
+            // attention's log-sum-exp, one value of the compute dtype per own head), its MLP
+            // part only under selective recomputation, its input only under full recomputation
+            // (plus one block's set while it reruns).
+            let lse = (h / tp).max(1.0) * a.max(4.0) / a;
+            let block = 4.0 * c + 12.0 * c / tp + lse;
             let (kept, rerun) = match cfg.parallel.recompute {
                 RecomputeArg::None => (block, 0.0),
                 RecomputeArg::Selective => (2.0 * c + 8.0 * c / tp, block),

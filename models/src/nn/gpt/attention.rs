@@ -8,23 +8,22 @@ use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::config::{GptConfig, GptLayout, TP_AXIS};
 
-/// Causal scaled-dot-product attention: q, k, v `[B, H, T, D]` -> `[B, H, T, D]`,
-/// softmax(q k^T / sqrt(D) + mask) v. Batch and heads may be split; the softmax runs over
-/// each rank's own heads. The probabilities are kept for the backward pass (which then needs
-/// no second score product and softmax; `Recompute::Selective` drops them with the rest of
-/// the attention sublayer).
+/// Causal scaled-dot-product attention on the heads layout of the projections: q, k, v
+/// `[B, T, H, D]` -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
+/// `flash_attention` op (no `[T, T]` probabilities kept: the backward recomputes them from the
+/// saved log-sum-exp). Batch and heads may be split; the softmax runs over each rank's own
+/// heads.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     if q.ndim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
         return Err(TensorError::Shape {
             op: "causal_attention",
             shapes: format!("{}, {}, {}", q.shape(), k.shape(), v.shape()),
             sbps: format!("{:?}, {:?}, {:?}", q.nd_sbp(), k.nd_sbp(), v.nd_sbp()),
-            detail: "q, k and v must be [B, H, T, D] of one shape".into(),
+            detail: "q, k and v must be [B, T, H, D] of one shape".into(),
         });
     }
     let d = q.shape().dim(3);
-    q.attention_probs(k, true, 1.0 / (d.max(1) as f64).sqrt())?
-        .bmm(v)
+    q.flash_attention(k, v, true, 1.0 / (d.max(1) as f64).sqrt())
 }
 
 /// Q, K, V projections `name.{q,k,v}` and the output projection `name.proj`, all `[C, C]`.
@@ -56,14 +55,11 @@ impl CausalSelfAttention {
     pub fn attend(&self, x: &Tensor) -> Result<Tensor> {
         let (b, t, c) = (x.shape().dim(0), x.shape().dim(1), x.shape().dim(2));
         let h = self.heads;
-        let heads =
-            |y: Tensor| -> Result<Tensor> { y.reshape([b, t, h, c / h])?.permute(&[0, 2, 1, 3]) };
+        let heads = |y: Tensor| y.reshape([b, t, h, c / h]);
         let q = heads(self.q.forward(x)?)?;
         let k = heads(self.k.forward(x)?)?;
         let v = heads(self.v.forward(x)?)?;
-        causal_attention(&q, &k, &v)?
-            .permute(&[0, 2, 1, 3])?
-            .reshape([b, t, c])
+        causal_attention(&q, &k, &v)?.reshape([b, t, c])
     }
 }
 

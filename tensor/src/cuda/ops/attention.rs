@@ -1,8 +1,7 @@
-//! Attention on CUDA, composed and written into the executor's output piece: scores `q k^T` by
-//! cuBLAS (k transposed by the gemm flag), the scaled, optionally causal row softmax kernel
-//! (under bf16 matrix products it also writes the probabilities' bf16 copy), then the product
-//! with v by cuBLAS. The scores (and, for `attention`, the probabilities) are scratch pieces from
-//! the runtime's pool.
+//! Attention probabilities on CUDA, written into the executor's output piece: scores `q k^T` by
+//! cuBLAS (k transposed by the gemm flag) into scratch from the runtime's pool, then the
+//! scaled, optionally causal row softmax kernel (under bf16 matrix products it also writes the
+//! probabilities' bf16 copy, which the next product reads).
 
 use oxiflow_sbp::Shape;
 
@@ -81,43 +80,6 @@ impl CudaKernels {
 }
 
 impl AttentionKernels for CudaKernels {
-    fn attention(
-        &self,
-        q: &CudaStorage,
-        k: &CudaStorage,
-        v: &CudaStorage,
-        causal: bool,
-        scale: f64,
-        out: &mut CudaStorage,
-    ) -> Result<()> {
-        let op = "attention";
-        let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
-        if vd.len() != 4
-            || kd.len() != 4
-            || qd.len() != 4
-            || vd[..3] != kd[..3]
-            || v.dtype != k.dtype
-        {
-            return Err(derr(
-                op,
-                format!(
-                    "v {} {} does not fit k {} {}",
-                    v.dtype, v.shape, k.dtype, k.shape
-                ),
-            ));
-        }
-        let spec = OutSpec {
-            shape: Shape::new([qd[0], qd[1], qd[2], kd[2]]),
-            dtype: q.dtype,
-        };
-        if spec.shape.checked_numel().is_none() {
-            return Err(derr(op, format!("scores {} overflow", spec.shape)));
-        }
-        let p = self.alloc(&spec)?;
-        self.probs(op, q, k, (causal, scale), &p)?;
-        self.product_t(op, &p, v, (false, false), true, out)
-    }
-
     fn attention_probs(
         &self,
         q: &CudaStorage,

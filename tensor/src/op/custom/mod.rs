@@ -107,6 +107,7 @@ macro_rules! custom_ops {
 custom_ops! {
     // module::Variant(Type): KernelTrait,
     adamw::AdamW(AdamPart): AdamWKernels,
+    flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
     residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,

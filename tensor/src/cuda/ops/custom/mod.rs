@@ -4,5 +4,6 @@
 mod adamw;
 mod adamw_multi;
 mod classifier;
+mod flash_attention;
 mod linear;
 mod residual_layer_norm;

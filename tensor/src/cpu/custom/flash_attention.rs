@@ -1,0 +1,389 @@
+//! Fused attention CPU kernels, the blocked reference: per (batch, head) pair (rayon over the
+//! pairs when large), blocks of `QB` queries against blocks of `KB` keys with an online
+//! softmax (running row max, sum and output rescaled as each key block arrives), so at most one
+//! `[QB, KB]` block of scores exists per pair; o and lse as the op defines them. The backward
+//! recomputes each block's probabilities from lse and takes each row's softmax correction from
+//! dO . o. Products by matrixmultiply on strided views of the `[B, T, H, D]` pieces.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{s, Array2, ArrayD, ArrayView2, ArrayView4, ArrayViewMut2, Ix4};
+use rayon::prelude::*;
+
+use crate::cpu::{CpuBackend, PAR_THRESHOLD};
+use crate::element::{FloatElement, TensorElement};
+use crate::op::custom::{
+    FlashAttention, FlashAttentionKernels, FlashAttrs, FlashDims, FlashGradInputs,
+};
+use crate::op::{kernel_err, OpFamily};
+use crate::storage::CpuArray;
+use crate::{Result, TensorError};
+
+/// Queries per block.
+const QB: usize = 64;
+/// Keys per block.
+const KB: usize = 64;
+
+/// The block sizes and masking of one (batch, head) pair.
+#[derive(Clone, Copy)]
+struct Blocks<F> {
+    t: usize,
+    s: usize,
+    causal: bool,
+    scale: F,
+}
+
+impl<F: FloatElement> Blocks<F> {
+    /// The query blocks `i0..i1` with the end of the keys they attend to.
+    fn rows(self) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..self.t).step_by(QB).map(move |i0| {
+            let i1 = (i0 + QB).min(self.t);
+            let kend = if self.causal { i1.min(self.s) } else { self.s };
+            (i0, i1, kend)
+        })
+    }
+    /// How many of key block `j0..j1`'s columns query `i` attends to.
+    fn live(self, i: usize, j0: usize, j1: usize) -> usize {
+        let cols = j1 - j0;
+        if self.causal {
+            (i + 1).saturating_sub(j0).min(cols)
+        } else {
+            cols
+        }
+    }
+}
+
+/// `scale a b^T` into `out` (`[rows, cols]`).
+fn scores<F: FloatElement>(
+    scale: F,
+    a: ArrayView2<'_, F>,
+    b: ArrayView2<'_, F>,
+    out: &mut ArrayViewMut2<'_, F>,
+) {
+    general_mat_mul(scale, &a, &b.t(), F::from_f64(0.0), out);
+}
+
+/// o `[T, Dv]` (row-major) and lse `[T]` of one pair.
+fn forward_pair<F: FloatElement>(
+    (q, k, v): (ArrayView2<'_, F>, ArrayView2<'_, F>, ArrayView2<'_, F>),
+    bl: Blocks<F>,
+) -> (Array2<F>, Vec<F>) {
+    let (zero, one, ninf) = (F::from_f64(0.0), F::from_f64(1.0), F::lowest());
+    let dv = v.ncols();
+    let mut o = Array2::<F>::zeros((bl.t, dv));
+    let mut lse = vec![ninf; bl.t];
+    let mut block = Array2::<F>::zeros((QB, KB));
+    for (i0, i1, kend) in bl.rows() {
+        let rows = i1 - i0;
+        let (mut m, mut l) = ([ninf; QB], [zero; QB]);
+        let mut acc = o.slice_mut(s![i0..i1, ..]);
+        for j0 in (0..kend).step_by(KB) {
+            let j1 = (j0 + KB).min(kend);
+            let mut p = block.slice_mut(s![..rows, ..j1 - j0]);
+            scores(
+                bl.scale,
+                q.slice(s![i0..i1, ..]),
+                k.slice(s![j0..j1, ..]),
+                &mut p,
+            );
+            for (r, mut row) in p.outer_iter_mut().enumerate() {
+                let live = bl.live(i0 + r, j0, j1);
+                let mx = row
+                    .iter()
+                    .take(live)
+                    .fold(ninf, |a, &x| if x > a { x } else { a });
+                let m_new = if mx > m[r] { mx } else { m[r] };
+                if m_new == ninf {
+                    row.fill(zero);
+                    continue;
+                }
+                let alpha = if m[r] == ninf {
+                    zero
+                } else {
+                    (m[r] - m_new).exp()
+                };
+                let mut sum = zero;
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = if j < live { (*x - m_new).exp() } else { zero };
+                    sum += *x;
+                }
+                l[r] = l[r] * alpha + sum;
+                m[r] = m_new;
+                acc.row_mut(r).mapv_inplace(|a| a * alpha);
+            }
+            general_mat_mul(one, &p, &v.slice(s![j0..j1, ..]), one, &mut acc);
+        }
+        for (r, mut row) in acc.outer_iter_mut().enumerate() {
+            if l[r] > zero {
+                let inv = l[r].recip();
+                row.mapv_inplace(|a| a * inv);
+                lse[i0 + r] = m[r] + l[r].ln();
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// dq `[T, D]`, dk `[S, D]`, dv `[S, Dv]` of one pair.
+fn backward_pair<F: FloatElement>(
+    (q, k, v): (ArrayView2<'_, F>, ArrayView2<'_, F>, ArrayView2<'_, F>),
+    (o, d_o): (ArrayView2<'_, F>, ArrayView2<'_, F>),
+    lse: &[F],
+    bl: Blocks<F>,
+) -> [Array2<F>; 3] {
+    let (zero, one, ninf) = (F::from_f64(0.0), F::from_f64(1.0), F::lowest());
+    let mut dq = Array2::<F>::zeros(q.raw_dim());
+    let mut dk = Array2::<F>::zeros(k.raw_dim());
+    let mut dv = Array2::<F>::zeros(v.raw_dim());
+    // Each row's softmax correction: sum_j P_ij dP_ij = dO_i . o_i.
+    let dsum: Vec<F> = d_o
+        .outer_iter()
+        .zip(o.outer_iter())
+        .map(|(a, b)| a.dot(&b))
+        .collect();
+    let (mut pb, mut db) = (Array2::<F>::zeros((QB, KB)), Array2::<F>::zeros((QB, KB)));
+    for (i0, i1, kend) in bl.rows() {
+        let rows = i1 - i0;
+        let (qi, doi) = (q.slice(s![i0..i1, ..]), d_o.slice(s![i0..i1, ..]));
+        for j0 in (0..kend).step_by(KB) {
+            let j1 = (j0 + KB).min(kend);
+            let (kj, vj) = (k.slice(s![j0..j1, ..]), v.slice(s![j0..j1, ..]));
+            let mut p = pb.slice_mut(s![..rows, ..j1 - j0]);
+            let mut ds = db.slice_mut(s![..rows, ..j1 - j0]);
+            scores(bl.scale, qi, kj, &mut p);
+            for (r, mut row) in p.outer_iter_mut().enumerate() {
+                let (i, live) = (i0 + r, bl.live(i0 + r, j0, j1));
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = if j < live && lse[i] != ninf {
+                        (*x - lse[i]).exp()
+                    } else {
+                        zero
+                    };
+                }
+            }
+            general_mat_mul(one, &p.t(), &doi, one, &mut dv.slice_mut(s![j0..j1, ..]));
+            // dS = P (dO v^T - dsum) scale.
+            scores(one, doi, vj, &mut ds);
+            for (r, (mut dr, pr)) in ds.outer_iter_mut().zip(p.outer_iter()).enumerate() {
+                let c = dsum[i0 + r];
+                dr.iter_mut()
+                    .zip(pr.iter())
+                    .for_each(|(d, &pv)| *d = pv * (*d - c) * bl.scale);
+            }
+            general_mat_mul(one, &ds, &kj, one, &mut dq.slice_mut(s![i0..i1, ..]));
+            general_mat_mul(one, &ds.t(), &qi, one, &mut dk.slice_mut(s![j0..j1, ..]));
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// `f` of every (batch, head) pair index, in order; in parallel when `work` is large.
+fn over_pairs<R: Send>(n: usize, work: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if work >= PAR_THRESHOLD {
+        (0..n).into_par_iter().map(f).collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+fn four<'a, F>(op: &'static str, a: &'a ArrayD<F>) -> Result<ArrayView4<'a, F>> {
+    a.view()
+        .into_dimensionality::<Ix4>()
+        .map_err(|e| kernel_err(op, format!("piece {:?} is not 4-d: {e}", a.shape())))
+}
+
+/// The `[n, d]` matrix of pair (b, h) of a `[B, n, H, d]` piece.
+fn pair<'a, F>(a: &ArrayView4<'a, F>, b: usize, h: usize) -> ArrayView2<'a, F> {
+    (*a).slice_move(s![b, .., h, ..])
+}
+
+/// The sizes of q, k, v, checked against each other.
+fn dims_of<F>(op: &'static str, x: [&ArrayD<F>; 3], causal: bool) -> Result<FlashDims> {
+    FlashDims::of(x[0].shape(), x[1].shape(), x[2].shape(), causal).ok_or_else(|| {
+        kernel_err(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?} are not [B, T, H, D], [B, S, H, D], [B, S, H, Dv]",
+                x[0].shape(),
+                x[1].shape(),
+                x[2].shape()
+            ),
+        )
+    })
+}
+
+fn shape_is<F>(op: &'static str, what: &str, a: &ArrayD<F>, want: &[usize]) -> Result<()> {
+    if a.shape() == want {
+        Ok(())
+    } else {
+        Err(kernel_err(
+            op,
+            format!("{what} is {:?}, want {want:?}", a.shape()),
+        ))
+    }
+}
+
+fn forward_t<F: FloatElement>(
+    x: [&ArrayD<F>; 3],
+    a: FlashAttrs,
+    o: &mut ArrayD<F>,
+    lse: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "flash_attention";
+    let d = dims_of(op, x, a.causal)?;
+    shape_is(op, "the o buffer", o, &d.o())?;
+    shape_is(op, "the lse buffer", lse, &d.lse())?;
+    let (q, k, v) = (four(op, x[0])?, four(op, x[1])?, four(op, x[2])?);
+    let bl = Blocks {
+        t: d.t,
+        s: d.s,
+        causal: a.causal,
+        scale: F::from_f64(a.scale.get()),
+    };
+    let work = d.b * d.h * d.t * d.s * (d.d + d.dv);
+    let out = over_pairs(d.b * d.h, work, |p| {
+        let (b, h) = (p / d.h, p % d.h);
+        forward_pair((pair(&q, b, h), pair(&k, b, h), pair(&v, b, h)), bl)
+    });
+    let mut o4 = o
+        .view_mut()
+        .into_dimensionality::<Ix4>()
+        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut l3 = lse.view_mut();
+    for (p, (op_, lp)) in out.into_iter().enumerate() {
+        let (b, h) = (p / d.h, p % d.h);
+        o4.slice_mut(s![b, .., h, ..]).assign(&op_);
+        for (i, x) in lp.into_iter().enumerate() {
+            l3[[b, h, i]] = x;
+        }
+    }
+    Ok(())
+}
+
+fn backward_t<F: FloatElement>(
+    x: [&ArrayD<F>; 6],
+    a: FlashAttrs,
+    out: &mut [CpuArray],
+) -> Result<()> {
+    let op = "flash_attention_backward";
+    let d = dims_of(op, [x[0], x[1], x[2]], a.causal)?;
+    shape_is(op, "o", x[3], &d.o())?;
+    shape_is(op, "the gradient of o", x[4], &d.o())?;
+    shape_is(op, "lse", x[5], &d.lse())?;
+    let [q, k, v, o, d_o] = [x[0], x[1], x[2], x[3], x[4]].map(|t| four(op, t));
+    let (q, k, v, o, d_o) = (q?, k?, v?, o?, d_o?);
+    let lse = x[5].as_standard_layout();
+    let lse = lse
+        .as_slice()
+        .ok_or_else(|| kernel_err(op, "lse is not contiguous".into()))?;
+    let bl = Blocks {
+        t: d.t,
+        s: d.s,
+        causal: a.causal,
+        scale: F::from_f64(a.scale.get()),
+    };
+    let work = 2 * d.b * d.h * d.t * d.s * (d.d + d.dv);
+    let grads = over_pairs(d.b * d.h, work, |p| {
+        let (b, h) = (p / d.h, p % d.h);
+        let rows = &lse[p * d.t..(p + 1) * d.t];
+        backward_pair(
+            (pair(&q, b, h), pair(&k, b, h), pair(&v, b, h)),
+            (pair(&o, b, h), pair(&d_o, b, h)),
+            rows,
+            bl,
+        )
+    });
+    let [dq, dk, dv] = out else {
+        return Err(kernel_err(
+            op,
+            format!("expects 3 output buffers, got {}", out.len()),
+        ));
+    };
+    let mut outs = Vec::with_capacity(3);
+    for (buf, want) in [(dq, x[0]), (dk, x[1]), (dv, x[2])] {
+        let arr = F::view_mut(buf)
+            .ok_or_else(|| kernel_err(op, format!("output buffer is not {}", F::DTYPE)))?;
+        shape_is(op, "a gradient buffer", arr, want.shape())?;
+        outs.push(
+            arr.view_mut()
+                .into_dimensionality::<Ix4>()
+                .map_err(|e| kernel_err(op, e.to_string()))?,
+        );
+    }
+    for (p, g) in grads.into_iter().enumerate() {
+        let (b, h) = (p / d.h, p % d.h);
+        for (dst, src) in outs.iter_mut().zip(g) {
+            dst.slice_mut(s![b, .., h, ..]).assign(&src);
+        }
+    }
+    Ok(())
+}
+
+/// Every piece of `x` as an array of `F`, or None.
+fn all<'a, F: TensorElement>(x: &[&'a CpuArray]) -> Option<Vec<&'a ArrayD<F>>> {
+    x.iter().map(|a| F::view(a)).collect()
+}
+
+fn dtype_err(op: &'static str, x: &[&CpuArray]) -> TensorError {
+    kernel_err(
+        op,
+        format!(
+            "needs f32 or f64 pieces of one dtype, got {:?}",
+            x.iter().map(|a| a.dtype()).collect::<Vec<_>>()
+        ),
+    )
+}
+
+impl FlashAttentionKernels for CpuBackend {
+    fn flash_attention(
+        &self,
+        q: &CpuArray,
+        k: &CpuArray,
+        v: &CpuArray,
+        attrs: FlashAttrs,
+        o: &mut CpuArray,
+        lse: &mut CpuArray,
+    ) -> Result<()> {
+        let x = [q, k, v];
+        let op = FlashAttention::Forward(attrs).name();
+        fn run<F: FloatElement>(
+            x: &[&CpuArray],
+            a: FlashAttrs,
+            o: &mut CpuArray,
+            lse: &mut CpuArray,
+        ) -> Option<Result<()>> {
+            let v = all::<F>(x)?;
+            let (o, lse) = (F::view_mut(o)?, F::view_mut(lse)?);
+            Some(forward_t([v[0], v[1], v[2]], a, o, lse))
+        }
+        match q {
+            CpuArray::F32(_) => run::<f32>(&x, attrs, o, lse),
+            CpuArray::F64(_) => run::<f64>(&x, attrs, o, lse),
+            _ => None,
+        }
+        .unwrap_or_else(|| Err(dtype_err(op, &x)))
+    }
+
+    fn flash_attention_backward(
+        &self,
+        x: FlashGradInputs<'_, CpuArray>,
+        attrs: FlashAttrs,
+        out: &mut [CpuArray],
+    ) -> Result<()> {
+        let x = [x.q, x.k, x.v, x.o, x.d_o, x.lse];
+        let op = FlashAttention::Backward(attrs).name();
+        fn run<F: FloatElement>(
+            x: &[&CpuArray],
+            a: FlashAttrs,
+            out: &mut [CpuArray],
+        ) -> Option<Result<()>> {
+            let v = all::<F>(x)?;
+            Some(backward_t([v[0], v[1], v[2], v[3], v[4], v[5]], a, out))
+        }
+        match x[0] {
+            CpuArray::F32(_) => run::<f32>(&x, attrs, out),
+            CpuArray::F64(_) => run::<f64>(&x, attrs, out),
+            _ => None,
+        }
+        .unwrap_or_else(|| Err(dtype_err(op, &x)))
+    }
+}

@@ -1,0 +1,367 @@
+//! Fused (flash) attention on the heads layout of a Linear's output: q `[B, T, H, D]`, k
+//! `[B, S, H, D]`, v `[B, S, H, Dv]` give `o = softmax(scale q k^T [+ causal mask]) v`
+//! `[B, T, H, Dv]` and the log-sum-exp of each row of masked, scaled scores, `lse` `[B, H, T]`
+//! in the compute dtype (f32 for 16-bit floats, else the input's), which the backward reads
+//! instead of any `[T, S]` probabilities. No kernel keeps the scores: the CPU runs an
+//! online softmax over key blocks, CUDA runs cuDNN's flash engines (or the composed path for
+//! what they do not take, with the scores as transient scratch).
+//!
+//! Both passes are variants of one custom op: `Forward` (q, k, v) -> (o, lse), `lse` saved and
+//! not differentiable; `Backward` (q, k, v, o, dO, lse) -> (dq, dk, dv), linear in dO. Split on
+//! batch (every tensor S(0)), on heads (q, k, v, o S(2), lse S(1)) or all broadcast; the
+//! backward also takes a partial dO (its outputs then partial). No P input to the forward: the
+//! softmax is not linear.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+
+use crate::dispatch::dispatch_multi;
+use crate::op::{
+    need_float, same_dtype, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, OpFamily,
+    Saves,
+};
+use crate::tensor::Tensor;
+use crate::{Result, TensorError};
+
+/// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
+/// `0..=i`; scores are `scale q . k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashAttrs {
+    pub causal: bool,
+    pub scale: F64Bits,
+}
+
+/// Fused attention, forward or backward (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashAttention {
+    /// (q, k, v) -> (o, lse).
+    Forward(FlashAttrs),
+    /// (q, k, v, o, dO, lse) -> (dq, dk, dv).
+    Backward(FlashAttrs),
+}
+
+/// The sizes of one call: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, dv]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashDims {
+    pub b: usize,
+    pub t: usize,
+    pub s: usize,
+    pub h: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+impl FlashDims {
+    /// The sizes of q, k, v shapes when they fit each other (and S == T when `causal`): the
+    /// kernels' check of what the op's inference let through.
+    pub fn of(q: &[usize], k: &[usize], v: &[usize], causal: bool) -> Option<FlashDims> {
+        let (&[b, t, h, d], &[_, s, _, _], &[_, _, _, dv]) = (q, k, v) else {
+            return None;
+        };
+        let fits = k == [b, s, h, d] && v == [b, s, h, dv] && (!causal || s == t);
+        fits.then_some(FlashDims {
+            b,
+            t,
+            s,
+            h,
+            d,
+            dv,
+        })
+    }
+    /// o's shape `[b, t, h, dv]`.
+    pub fn o(&self) -> [usize; 4] {
+        [self.b, self.t, self.h, self.dv]
+    }
+    /// lse's shape `[b, h, t]`.
+    pub fn lse(&self) -> [usize; 3] {
+        [self.b, self.h, self.t]
+    }
+}
+
+/// The operands of the backward kernel.
+pub struct FlashGradInputs<'a, P> {
+    pub q: &'a P,
+    pub k: &'a P,
+    pub v: &'a P,
+    pub o: &'a P,
+    pub d_o: &'a P,
+    pub lse: &'a P,
+}
+
+/// Fused attention kernels of a backend (pieces as the op's inference checked them: q, k, v,
+/// o, dO of one float dtype, lse of its compute dtype).
+pub trait FlashAttentionKernels: KernelBackend {
+    /// o and lse of q, k, v.
+    fn flash_attention(
+        &self,
+        q: &Self::Piece,
+        k: &Self::Piece,
+        v: &Self::Piece,
+        attrs: FlashAttrs,
+        o: &mut Self::Out,
+        lse: &mut Self::Out,
+    ) -> Result<()>;
+    /// dq, dk, dv (`out`, in that order) from the forward's operands, o, lse and dO.
+    fn flash_attention_backward(
+        &self,
+        x: FlashGradInputs<'_, Self::Piece>,
+        attrs: FlashAttrs,
+        out: &mut [Self::Out],
+    ) -> Result<()>;
+}
+
+impl FlashAttention {
+    pub fn attrs(self) -> FlashAttrs {
+        match self {
+            FlashAttention::Forward(a) | FlashAttention::Backward(a) => a,
+        }
+    }
+}
+
+fn shape_err(detail: String) -> MetaError {
+    MetaError::Shape(detail)
+}
+
+/// Checks q `[B, T, H, D]`, k `[B, S, H, D]`, v `[B, S, H, Dv]` (S == T when causal) and the
+/// scale; returns the sizes.
+fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> std::result::Result<FlashDims, MetaError> {
+    for (what, x, dims) in [
+        ("q", q, "[B, T, H, D]"),
+        ("k", k, "[B, S, H, D]"),
+        ("v", v, "[B, S, H, Dv]"),
+    ] {
+        if x.ndim() != 4 {
+            return Err(shape_err(format!("{what} must be 4-d {dims}, got {x}")));
+        }
+    }
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if (kd[0], kd[2], kd[3]) != (qd[0], qd[2], qd[3]) {
+        return Err(shape_err(format!(
+            "k must be [B, S, H, D] for q [B, T, H, D] (same B, H, D), got q {q} and k {k}"
+        )));
+    }
+    if vd[..3] != kd[..3] {
+        return Err(shape_err(format!(
+            "v must be [B, S, H, Dv] for k [B, S, H, D] (same B, S, H), got k {k} and v {v}"
+        )));
+    }
+    if a.causal && kd[1] != qd[1] {
+        return Err(shape_err(format!(
+            "causal attention needs as many keys as queries (S == T), got q {q} and k {k}"
+        )));
+    }
+    if !a.scale.get().is_finite() {
+        return Err(shape_err(format!("scale must be finite, got {:?}", a.scale)));
+    }
+    if qd[3] == 0 || vd[3] == 0 {
+        return Err(shape_err(format!(
+            "head sizes must be positive, got q {q} and v {v}"
+        )));
+    }
+    FlashDims::of(qd, kd, vd, a.causal)
+        .ok_or_else(|| shape_err(format!("q {q}, k {k} and v {v} do not fit")))
+}
+
+/// `what` must have shape `want`.
+fn must_be(what: &str, x: &Shape, want: &[usize]) -> std::result::Result<(), MetaError> {
+    if x.dims() == want {
+        Ok(())
+    } else {
+        Err(shape_err(format!(
+            "{what} must be {want:?}, got {x}"
+        )))
+    }
+}
+
+/// The batch-split, heads-split and broadcast candidates of `n` operands shaped like q (every
+/// operand but the statistics) and the statistics `lse` at `stats_in` (an input index) or as
+/// output `stats_out`.
+fn candidates(rules: &mut Rules, n_in: usize, n_out: usize, stats_in: Option<usize>, stats_out: Option<usize>) {
+    for (data, stats) in [(Sbp::S(0), Sbp::S(0)), (Sbp::S(2), Sbp::S(1)), (Sbp::B, Sbp::B)] {
+        let pick = |i: usize, at: Option<usize>| if at == Some(i) { stats } else { data };
+        let ins: Vec<Sbp> = (0..n_in).map(|i| pick(i, stats_in)).collect();
+        let outs: Vec<Sbp> = (0..n_out).map(|i| pick(i, stats_out)).collect();
+        rules.push(&ins, &outs);
+    }
+}
+
+impl OpFamily for FlashAttention {
+    fn name(&self) -> &'static str {
+        match self {
+            FlashAttention::Forward(_) => "flash_attention",
+            FlashAttention::Backward(_) => "flash_attention_backward",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        match self {
+            FlashAttention::Forward(_) => (3, 3),
+            FlashAttention::Backward(_) => (6, 6),
+        }
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        let a = self.attrs();
+        let dt = same_dtype(&d[..d.len().min(5)])?;
+        need_float(dt, "q, k and v")?;
+        let dims = check_qkv(s[0], s[1], s[2], a)?;
+        let stats = dt.compute();
+        match self {
+            FlashAttention::Forward(_) => {
+                let mut r = Rules::new(
+                    mode,
+                    [Shape::new(dims.o()), Shape::new(dims.lse())],
+                );
+                candidates(&mut r, 3, 2, None, Some(1));
+                Ok(Inferred::outputs(r, &[dt, stats]))
+            }
+            FlashAttention::Backward(_) => {
+                must_be("o", s[3], &dims.o())?;
+                must_be("the gradient of o", s[4], &dims.o())?;
+                must_be("lse", s[5], &dims.lse())?;
+                if d[5] != stats {
+                    return Err(MetaError::DType(format!(
+                        "lse must be {stats} for {dt} operands, got {}",
+                        d[5]
+                    )));
+                }
+                let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
+                candidates(&mut r, 6, 3, Some(5), None);
+                // Linear in dO: a partial dO gives partial gradients.
+                r.push(
+                    &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],
+                    &[Sbp::P, Sbp::P, Sbp::P],
+                );
+                Ok(Inferred::outputs(r, &[dt, dt, dt]))
+            }
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let (name, n) = (self.name(), out.len());
+        let count = |want: usize| {
+            crate::op::kernel_err(name, format!("expects {want} output buffers, got {n}"))
+        };
+        match self {
+            FlashAttention::Forward(a) => match out {
+                [o, lse] => b.flash_attention(x[0], x[1], x[2], *a, o, lse),
+                _ => Err(count(2)),
+            },
+            FlashAttention::Backward(a) => {
+                if n != 3 {
+                    return Err(count(3));
+                }
+                let inputs = FlashGradInputs {
+                    q: x[0],
+                    k: x[1],
+                    v: x[2],
+                    o: x[3],
+                    d_o: x[4],
+                    lse: x[5],
+                };
+                b.flash_attention_backward(inputs, *a, out)
+            }
+        }
+    }
+
+    fn differentiable(&self, output: usize) -> bool {
+        // The log-sum-exp is a statistic for the backward.
+        !matches!(self, FlashAttention::Forward(_) if output == 1)
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        match self {
+            // The backward recomputes each block of probabilities from q, k and lse; dO . o
+            // gives each row's softmax correction.
+            FlashAttention::Forward(_) => Saves::inputs(&[0, 1, 2]).and_outputs(&[0, 1]),
+            FlashAttention::Backward(_) => Saves::NOTHING,
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let FlashAttention::Forward(a) = *self else {
+            return Err(Grad::unsupported(
+                self.name(),
+                "the attention backward has no gradient of its own (no double backward)",
+            ));
+        };
+        let Some(Some(d_o)) = g.dys().first() else {
+            return Ok(vec![None, None, None]);
+        };
+        let (q, k, v) = (g.input(0)?, g.input(1)?, g.input(2)?);
+        let (o, lse) = (g.output(0)?, g.output(1)?);
+        let d_o = if d_o.dtype() == o.dtype() {
+            d_o.clone()
+        } else {
+            d_o.cast(o.dtype())?
+        };
+        let grads = dispatch_multi(
+            FlashAttention::Backward(a).into(),
+            &[q, k, v, o, &d_o, lse],
+        )?;
+        Ok(grads
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| g.need(i).then_some(t))
+            .collect())
+    }
+}
+
+impl Tensor {
+    /// Fused attention on heads-last operands: queries `self` `[B, T, H, D]`, keys `k`
+    /// `[B, S, H, D]`, values `v` `[B, S, H, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
+    /// `[B, T, H, Dv]` (with `causal`, S == T and query `i` attends to keys `0..=i`). Never
+    /// keeps a `[T, S]` array; the backward recomputes the probabilities from the log-sum-exp.
+    pub fn flash_attention(&self, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+        Ok(self.flash_attention_lse(k, v, causal, scale)?.0)
+    }
+
+    /// Fused attention on heads-first operands: queries `self` `[B, H, T, D]`, keys `k`
+    /// `[B, H, S, D]`, values `v` `[B, H, S, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
+    /// `[B, H, T, Dv]`: [`Tensor::flash_attention`] on the operands permuted to `[B, T, H, D]`
+    /// (a batch or heads split moves with its dim). Never keeps a `[T, S]` array.
+    pub fn attention(&self, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+        for (what, x) in [("q", self), ("k", k), ("v", v)] {
+            if x.ndim() != 4 {
+                return Err(TensorError::Shape {
+                    op: "attention",
+                    shapes: format!("{}, {}, {}", self.shape(), k.shape(), v.shape()),
+                    sbps: format!("{:?}, {:?}, {:?}", self.nd_sbp(), k.nd_sbp(), v.nd_sbp()),
+                    detail: format!("{what} must be 4-d [B, H, T, D], got {}", x.shape()),
+                });
+            }
+        }
+        let heads_last = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
+        heads_last(self)?
+            .flash_attention(&heads_last(k)?, &heads_last(v)?, causal, scale)?
+            .permute(&[0, 2, 1, 3])
+    }
+
+    /// [`Tensor::flash_attention`] and the log-sum-exp of each row's masked, scaled scores
+    /// `[B, H, T]` (f32 for 16-bit operands, else their dtype; -inf for a row without keys).
+    pub fn flash_attention_lse(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        let attrs = FlashAttrs {
+            causal,
+            scale: F64Bits::new(scale),
+        };
+        let outs = dispatch_multi(FlashAttention::Forward(attrs).into(), &[self, k, v])?;
+        match <[Tensor; 2]>::try_from(outs) {
+            Ok([o, lse]) => Ok((o, lse)),
+            Err(v) => Err(TensorError::Kernel {
+                op: "flash_attention",
+                detail: format!("expected o and lse, got {} outputs", v.len()),
+            }),
+        }
+    }
+}

@@ -7,8 +7,8 @@
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
-use oxiflow_tensor::no_grad;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
+use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
 use super::{
@@ -177,6 +177,9 @@ impl Optimizer for AdamW {
             }
         }
         Ok(())
+    }
+    fn zero(&self) -> Zero {
+        self.zero
     }
     fn step_count(&self) -> u64 {
         self.steps

@@ -82,6 +82,8 @@ pub struct OptimConfig {
     pub momentum: f64,
     pub clip_grad: Option<f64>,
     pub grad_accum: usize,
+    /// Bytes per data-parallel gradient bucket (0: no buckets).
+    pub bucket_bytes: usize,
 }
 
 /// The run's length, logs, checkpoints and outputs.

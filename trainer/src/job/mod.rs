@@ -494,7 +494,7 @@ fn mlp_job(
     t.opts.schedule = schedule_of(cfg);
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;
-    t.opts.bucket_bytes = cfg.optim.bucket_bytes;
+    t.opts.bucket_bytes = cfg.optim.bucket_bytes();
     // The global batch may split unevenly over dp; each accumulated part must be whole.
     if !cfg.data.batch_size.is_multiple_of(cfg.optim.grad_accum) {
         return Err(TrainError::Layout {

@@ -44,11 +44,7 @@ fn classifier_equals_cross_entropy() {
     let c = Tensor::randn([rows], 3, F);
     let (l1, g1) = classifier_case(&x, &t, &c, true);
     let (l0, g0) = classifier_case(&x, &t, &c, false);
-    for (a, b) in vals(&l1)
-        .iter()
-        .zip(vals(&l0))
-        .chain(vals(&g1).iter().zip(vals(&g0)))
-    {
+    for (a, b) in vals(&l1).iter().zip(vals(&l0)).chain(vals(&g1).iter().zip(vals(&g0))) {
         assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{a} vs {b}");
     }
     // f32 logits give an f32 loss; 16-bit logits an f32 loss and a gradient of their dtype.
@@ -69,10 +65,7 @@ fn classifier_keeps_only_the_logits_gradient() {
 #[test]
 fn classifier_bad_input_is_typed() {
     let x = Tensor::randn([4, 9], 1, F);
-    let e = x
-        .classifier_loss(&targets(3, 9, 1))
-        .unwrap_err()
-        .to_string();
+    let e = x.classifier_loss(&targets(3, 9, 1)).unwrap_err().to_string();
     assert!(e.contains("classifier") && e.contains("[3]"), "{e}");
     let e = x
         .classifier_loss(&Tensor::randn([4], 2, F))
@@ -90,23 +83,12 @@ fn classifier_bad_input_is_typed() {
 }
 
 /// One AdamW step of `slots` through the three fused passes (the reference).
-fn three_passes(
-    p: &Tensor,
-    g: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    h: &AdamWHyper,
-    wd: f64,
-) -> [Tensor; 3] {
+fn three_passes(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &AdamWHyper, wd: f64) -> [Tensor; 3] {
     let t = h.step as i32;
     let (bc1, bc2) = (1.0 - h.beta1.powi(t), 1.0 - h.beta2.powi(t));
     let c = h.grad_scale;
-    let m2 = m
-        .adam_moment(g, h.beta1, (1.0 - h.beta1) * c, false)
-        .unwrap();
-    let v2 = v
-        .adam_moment(g, h.beta2, (1.0 - h.beta2) * c * c, true)
-        .unwrap();
+    let m2 = m.adam_moment(g, h.beta1, (1.0 - h.beta1) * c, false).unwrap();
+    let v2 = v.adam_moment(g, h.beta2, (1.0 - h.beta2) * c * c, true).unwrap();
     let p2 = p
         .adam_update(&m2, &v2, [1.0 - h.lr * wd, h.lr / bc1, 1.0 / bc2, h.eps])
         .unwrap();
@@ -132,12 +114,7 @@ fn adamw_multi_equals_the_three_passes_bit_for_bit() {
             .enumerate()
             .map(|(i, s)| {
                 let k = 10 * i as u64;
-                [
-                    mk(s, k),
-                    mk(s, k + 1),
-                    mk(s, k + 2),
-                    mk(s, k + 3).abs().unwrap(),
-                ]
+                [mk(s, k), mk(s, k + 1), mk(s, k + 2), mk(s, k + 3).abs().unwrap()]
             })
             .collect();
         let wd = [0.1, 0.0, 0.3];
@@ -157,11 +134,7 @@ fn adamw_multi_equals_the_three_passes_bit_for_bit() {
         let got = Tensor::adamw_multi(&slots, &HYPER).unwrap();
         for (i, (t, o)) in ts.iter().zip(&got).enumerate() {
             let zero = t[0].mul_scalar(0.0).unwrap();
-            let (m, v) = if i == 1 {
-                (&zero, &zero)
-            } else {
-                (&t[2], &t[3])
-            };
+            let (m, v) = if i == 1 { (&zero, &zero) } else { (&t[2], &t[3]) };
             let want = three_passes(&t[0], &t[1], m, v, &HYPER, wd[i]);
             for (g, w) in [&o.param, &o.m, &o.v].iter().zip(&want) {
                 assert_eq!(
@@ -186,9 +159,7 @@ fn adamw_multi_bad_slots_are_typed() {
         v: None,
         weight_decay: 0.0,
     };
-    let e = Tensor::adamw_multi(&[slot], &HYPER)
-        .unwrap_err()
-        .to_string();
+    let e = Tensor::adamw_multi(&[slot], &HYPER).unwrap_err().to_string();
     assert!(e.contains("adamw_multi") && e.contains("grad"), "{e}");
     let i = Tensor::zeros([3, 2], DType::I64);
     let slot = AdamWSlot {
@@ -198,9 +169,7 @@ fn adamw_multi_bad_slots_are_typed() {
         v: Some(&i),
         weight_decay: 0.0,
     };
-    let e = Tensor::adamw_multi(&[slot], &HYPER)
-        .unwrap_err()
-        .to_string();
+    let e = Tensor::adamw_multi(&[slot], &HYPER).unwrap_err().to_string();
     assert!(e.contains("adamw_multi") && e.contains("float"), "{e}");
 }
 

@@ -93,11 +93,7 @@ fn residual_layer_norm_equals_add_then_layer_norm() {
         let want = residual_case(&make, &[3, 4, 6], false, use_r, use_y, &vals);
         let got = residual_case(&make, &[3, 4, 6], true, use_r, use_y, &vals);
         for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-            close(
-                g,
-                w,
-                &format!("output {k} (r used {use_r}, y used {use_y})"),
-            );
+            close(g, w, &format!("output {k} (r used {use_r}, y used {use_y})"));
         }
     }
     let x = Tensor::randn([2, 5], 1, F);
@@ -131,10 +127,7 @@ fn residual_layer_norm_bad_input_is_typed() {
         .residual_layer_norm(&Tensor::randn([3, 5], 1, F), &w, &w, 1e-5)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("residual_layer_norm") && e.contains("[3, 5]"),
-        "{e}"
-    );
+    assert!(e.contains("residual_layer_norm") && e.contains("[3, 5]"), "{e}");
     let e = x
         .residual_layer_norm(&x, &Tensor::randn([5], 2, F), &w, 1e-5)
         .unwrap_err()
@@ -145,18 +138,12 @@ fn residual_layer_norm_bad_input_is_typed() {
         .residual_layer_norm(&ids, &ids, &ids, 1e-5)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("residual_layer_norm") && e.contains("float"),
-        "{e}"
-    );
+    assert!(e.contains("residual_layer_norm") && e.contains("float"), "{e}");
     let e = x
         .residual_layer_norm(&x.to_dtype(DType::F32).unwrap(), &w, &w, 1e-5)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("residual_layer_norm") && e.contains("dtype"),
-        "{e}"
-    );
+    assert!(e.contains("residual_layer_norm") && e.contains("dtype"), "{e}");
 }
 
 /// Value of y and gradients of (x, w[, b]).
@@ -185,11 +172,7 @@ fn linear_case(
         }
     };
     y.mul(&c).unwrap().sum_all().unwrap().backward().unwrap();
-    let mut out = vec![
-        gather(&y),
-        gather(&x.grad().unwrap()),
-        gather(&w.grad().unwrap()),
-    ];
+    let mut out = vec![gather(&y), gather(&x.grad().unwrap()), gather(&w.grad().unwrap())];
     if bias {
         out.push(gather(&b.grad().unwrap()));
     }
@@ -224,11 +207,7 @@ fn linear_gelu_saves_its_pre_activation_not_its_output() {
     // An input that needs no gradient is not kept: a frozen x keeps w out.
     let x0 = Tensor::randn([4, 3], 1, F);
     let y = x0.linear(&w, Some(&b), Activation::None).unwrap();
-    assert_eq!(
-        y.autograd().grad_fn().map(|f| f.saved_count()),
-        Some(1),
-        "x only"
-    );
+    assert_eq!(y.autograd().grad_fn().map(|f| f.saved_count()), Some(1), "x only");
 }
 
 #[test]
@@ -275,13 +254,7 @@ fn linear_keeps_column_parallel_and_row_split_layouts() {
 }
 
 fn meshes() -> impl Strategy<Value = Vec<usize>> {
-    prop::sample::select(vec![
-        vec![2usize],
-        vec![3],
-        vec![2, 2],
-        vec![1, 3],
-        vec![3, 2],
-    ])
+    prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3], vec![3, 2]])
 }
 
 proptest! {

@@ -289,9 +289,13 @@ pub(crate) fn adamw_multi(
             format!("{} tensors in one launch (at most 65535)", tensors.len()),
         ));
     }
-    if let Some(t) = tensors.iter().find(|t| {
-        t.n < 0 || [t.param, t.grad, t.m, t.v, t.param_out, t.m_out, t.v_out].contains(&0)
-    }) {
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| {
+            t.n < 0
+                || [t.param, t.grad, t.m, t.v, t.param_out, t.m_out, t.v_out].contains(&0)
+        })
+    {
         return Err(invalid(op, format!("tensor {t:?}")));
     }
     let m = kernels(rt, op)?;

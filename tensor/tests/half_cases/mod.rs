@@ -289,16 +289,10 @@ fn fused_cases() -> Vec<HalfCase> {
         }),
         case("grad_residual_layer_norm_weight", &rln, 8.0, |x| {
             let (t, a, b) = (x[0].clone(), x[1].clone(), x[3].clone());
-            grad_of(&x[2], move |w| {
-                Ok(t.residual_layer_norm(&a, w, &b, 1e-5)?.1)
-            })
+            grad_of(&x[2], move |w| Ok(t.residual_layer_norm(&a, w, &b, 1e-5)?.1))
         }),
-        case("linear", &lin, 2.0, |x| {
-            x[0].linear(&x[1], Some(&x[2]), Plain)
-        }),
-        case("linear_gelu", &lin, 2.0, |x| {
-            x[0].linear(&x[1], Some(&x[2]), Gelu)
-        }),
+        case("linear", &lin, 2.0, |x| x[0].linear(&x[1], Some(&x[2]), Plain)),
+        case("linear_gelu", &lin, 2.0, |x| x[0].linear(&x[1], Some(&x[2]), Gelu)),
         case("grad_linear_gelu", &lin, 4.0, |x| {
             let (w, b) = (x[1].clone(), x[2].clone());
             grad_of(&x[0], move |t| t.linear(&w, Some(&b), Gelu))
@@ -311,9 +305,7 @@ fn fused_cases() -> Vec<HalfCase> {
             let (t, w) = (x[0].clone(), x[1].clone());
             grad_of(&x[2], move |b| t.linear(&w, Some(b), Plain))
         }),
-        case("classifier_loss", &cls, 1.0, |x| {
-            x[0].classifier_loss(&x[1])
-        }),
+        case("classifier_loss", &cls, 1.0, |x| x[0].classifier_loss(&x[1])),
         case("grad_classifier", &cls, 4.0, |x| {
             let l = x[1].clone();
             grad_of(&x[0], move |t| t.classifier_loss(&l))

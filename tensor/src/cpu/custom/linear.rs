@@ -17,12 +17,7 @@ impl LinearKernels for CpuBackend {
     ) -> Result<()> {
         LinearOp::composed_forward(self, act, x, w, bias, out)
     }
-    fn linear_weight_grad(
-        &self,
-        x: &CpuArray,
-        dpre: &CpuArray,
-        out: &mut [CpuArray],
-    ) -> Result<()> {
+    fn linear_weight_grad(&self, x: &CpuArray, dpre: &CpuArray, out: &mut [CpuArray]) -> Result<()> {
         LinearOp::composed_weight_grad(self, x, dpre, out)
     }
 }

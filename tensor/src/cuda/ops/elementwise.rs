@@ -6,8 +6,8 @@
 use super::super::copy::cast;
 use super::super::derr;
 use super::super::fused::{elementwise, Elementwise, EwOp};
-use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::raw::FloatType;
+use super::super::kernels::{grid, launch, strides, Nd, Template};
 use super::super::storage::CudaStorage;
 use super::{fits, float_only, CudaKernels};
 use crate::op::{BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};

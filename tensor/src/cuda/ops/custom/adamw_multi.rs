@@ -22,11 +22,7 @@ impl AdamWMultiKernels for CudaKernels {
         if x.len() != 4 * n || out.len() != 3 * n {
             return Err(kernel_err(
                 "adamw_multi",
-                format!(
-                    "{n} tensors with {} operands and {} outputs",
-                    x.len(),
-                    out.len()
-                ),
+                format!("{n} tensors with {} operands and {} outputs", x.len(), out.len()),
             ));
         }
         let mut list = Vec::with_capacity(n);
@@ -58,10 +54,7 @@ impl AdamWMultiKernels for CudaKernels {
             });
         }
         let coef = AdamCoef::new(
-            [
-                op.beta1, op.g1, op.beta2, op.g2, op.step, op.inv_bc2, op.eps,
-            ]
-            .map(|c| c.get()),
+            [op.beta1, op.g1, op.beta2, op.g2, op.step, op.inv_bc2, op.eps].map(|c| c.get()),
         );
         Ok(adamw_multi(&self.rt, &list, &coef)?)
     }

@@ -38,14 +38,7 @@ impl CudaKernels {
 }
 
 /// A product `[m, k] @ [k, n]` of `t` with `epilogue` (ta: a stored `[k, m]`).
-fn product(
-    m: usize,
-    n: usize,
-    k: usize,
-    ta: bool,
-    t: (FloatType, bool),
-    epilogue: Epilogue,
-) -> LtMatmul {
+fn product(m: usize, n: usize, k: usize, ta: bool, t: (FloatType, bool), epilogue: Epilogue) -> LtMatmul {
     LtMatmul {
         batch: 1,
         m,
@@ -128,9 +121,10 @@ impl LinearKernels for CudaKernels {
             let epilogue = match (act, bias) {
                 (Activation::None, None) => Some(Epilogue::None),
                 (Activation::None, Some(b)) => Some(Epilogue::Bias { bias: b.ptr() }),
-                (Activation::Gelu, Some(b)) if pre != 0 => {
-                    Some(Epilogue::GeluAuxBias { bias: b.ptr(), pre })
-                }
+                (Activation::Gelu, Some(b)) if pre != 0 => Some(Epilogue::GeluAuxBias {
+                    bias: b.ptr(),
+                    pre,
+                }),
                 _ => None,
             };
             if let Some(e) = epilogue {

@@ -26,9 +26,7 @@ fn check(
     let first = data[0];
     let (rows, cols) = last_dim_rows(first);
     let dt = first.dtype;
-    let bad = data
-        .iter()
-        .any(|p| p.numel() != first.numel() || p.dtype != dt)
+    let bad = data.iter().any(|p| p.numel() != first.numel() || p.dtype != dt)
         || params.iter().any(|p| p.numel() != cols || p.dtype != dt)
         || stats
             .iter()

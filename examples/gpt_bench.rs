@@ -6,7 +6,11 @@
 //!
 //! ```text
 //! oflaunch --nproc-per-node 1 --backend nccl gpt_bench --precision bf16-mixed --micro-batch 16
+//! oflaunch --nproc-per-node 2 --backend nccl gpt_bench --dp 2 --micro-batch 8 --bucket-mb 25
 //! ```
+//! With `--dp N` every GPU runs `--micro-batch` sequences of its own (tokens/s are per GPU) and
+//! the gradients are all-reduced in `--bucket-mb` buckets during the backward pass (0: by the
+//! optimizer after it).
 //! Prints `RESULT {json}` with tokens/s, ms per step, MFU and peak device memory. MFU follows
 //! the PyTorch anchor (`gpt2_bench.py`, nanoGPT's estimate): FLOPs per token
 //! `6 N + 12 L d T` (N: parameters without the position table) over `--peak-tflops` (989,
@@ -19,7 +23,7 @@ use clap::{Parser, ValueEnum};
 use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow::nn::Module;
-use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
+use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
 use oxiflow::trainer::config::PrecisionPolicy;
 use oxiflow::trainer::TrainModel;
@@ -65,6 +69,14 @@ struct Args {
     /// Steps timed op by op after the measurement (0: none).
     #[arg(long, default_value_t = 0)]
     profile: usize,
+    /// Data-parallel ranks (the world size): each GPU runs `--micro-batch` sequences of
+    /// its own.
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
+    /// Data-parallel gradient buckets of this many MiB reduced during the backward pass; 0:
+    /// each gradient all-reduced by the optimizer after the backward pass.
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
     #[arg(long, default_value = "")]
     tag: String,
 }
@@ -91,21 +103,39 @@ struct Bench {
     model: Gpt,
     opt: AdamW,
     placement: Placement,
+    /// Sequences per rank.
     b: usize,
     t: usize,
     clip: Option<f64>,
+    rank: usize,
+    dp: usize,
+    /// Bytes per gradient bucket (0: no buckets).
+    bucket_bytes: usize,
 }
 
 impl Bench {
     fn step(&mut self, step: u64) -> R<Tensor> {
         let (b, t) = (self.b, self.t);
-        let ids = tokens(b, t, self.model.cfg.vocab, step);
+        // This rank's rows of the global batch.
+        let seed = step * self.dp as u64 + self.rank as u64;
+        let ids = tokens(b, t, self.model.cfg.vocab, seed);
         let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
         let all = Tensor::from_vec(ids, [b, t + 1])?.to_global(&self.placement, sbp)?;
         let (x, y) = (all.narrow(1, 0, t)?, all.narrow(1, 1, t)?);
         self.opt.zero_grad();
         let loss = self.model.loss(&x, &y, Pass::Train { step })?;
-        loss.backward()?;
+        let buckets = (self.bucket_bytes > 0).then(|| {
+            GradBuckets::new(
+                self.opt.params(),
+                self.opt.zero(),
+                self.bucket_bytes,
+                SyncMode::Reduce,
+            )
+        });
+        {
+            let _hook = buckets.map(|b| oxiflow::install_grad_hook(b));
+            loss.backward()?;
+        }
         self.opt.step_with_norm(self.clip)?;
         Ok(loss)
     }
@@ -121,8 +151,21 @@ fn sync() -> R<()> {
 fn main() -> R<()> {
     let a = Args::parse();
     let ctx = oxiflow::init_from_env()?;
-    if ctx.world_size() != 1 {
-        return Err(format!("gpt_bench runs on one rank, got {}", ctx.world_size()).into());
+    if ctx.world_size() != a.dp {
+        return Err(format!(
+            "gpt_bench --dp {} runs on {} ranks, got {}",
+            a.dp,
+            a.dp,
+            ctx.world_size()
+        )
+        .into());
+    }
+    if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
+        return Err(format!(
+            "--bucket-mb must be a finite value >= 0, got {}",
+            a.bucket_mb
+        )
+        .into());
     }
     let rt = cuda::bound_runtime()
         .ok_or("no CUDA device bound: run under `oflaunch --nproc-per-node 1 --backend nccl`")?;
@@ -131,7 +174,7 @@ fn main() -> R<()> {
         PrecisionPolicy::F32 | PrecisionPolicy::Bf16Mixed => MatmulPrecision::F32,
     });
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
-    let placement = Placement::new_1d(DeviceType::Cuda, [0])?.reshaped([1, 1])?;
+    let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let cfg = GptConfig {
         vocab: a.vocab,
         seq_len: a.seq,
@@ -172,6 +215,9 @@ fn main() -> R<()> {
         b: a.micro_batch,
         t: a.seq,
         clip: (a.clip_grad > 0.0).then_some(a.clip_grad),
+        rank: ctx.rank(),
+        dp: a.dp,
+        bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0).ceil() as usize,
     };
     let t_warm = Instant::now();
     let mut step = 0u64;
@@ -202,8 +248,10 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"dp\":{},\"bucket_mb\":{},\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
+        a.dp,
+        a.bucket_mb,
         a.precision,
         a.clip_grad,
         a.layers,

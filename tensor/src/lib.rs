@@ -11,6 +11,7 @@
 //! ```
 
 pub mod autograd;
+mod bucket;
 mod context;
 mod cpu;
 mod creation;
@@ -31,8 +32,10 @@ mod storage;
 mod tensor;
 
 pub use autograd::{
-    is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta, GradModeGuard,
+    install_grad_hook, is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta,
+    GradHookGuard, GradModeGuard, GradReadyHook,
 };
+pub use bucket::{bucket_fits, reduce_bucket, BucketTarget};
 pub use context::{Context, ContextGuard};
 pub use device::{register_device_backend, DeviceBackend};
 pub use dispatch::{dispatch, dispatch_multi};

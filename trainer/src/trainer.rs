@@ -1,6 +1,8 @@
 //! `Trainer`: one loop for any `TrainModel` under any layout. A step sets the scheduled
 //! learning rate, runs its batch as `grad_accum` parts (each through the pipeline runner's
-//! micro-batches when pipelined; losses scaled so the gradients are the whole batch's), measures
+//! micro-batches when pipelined; losses scaled so the gradients are the whole batch's; the
+//! data-parallel gradients reduced in buckets during the last part's backward pass, or after
+//! the last pipelined part, when `bucket_bytes` is set), measures
 //! the gradients' global norm while the optimizer boxes them (`Optimizer::prepare`), lets the
 //! hooks see the step before its update, and applies the update clipped to `clip_grad`.
 
@@ -11,11 +13,13 @@ use oxiflow_collectives::DType;
 use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::Pass;
-use oxiflow_models::optim::{clip_factor, first_non_finite, Optimizer};
+use oxiflow_models::optim::{
+    clip_factor, first_non_finite, BucketLaunch, GradBuckets, Optimizer, SyncMode,
+};
 use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
-use oxiflow_tensor::{no_grad, Context, Tensor, TensorError};
+use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
 
 use crate::error::TrainError;
 use crate::model::{BatchSource, TrainModel};
@@ -41,6 +45,10 @@ pub struct TrainOptions {
     pub clip_grad: Option<f64>,
     /// Parts each step's batch runs in (gradient accumulation).
     pub grad_accum: usize,
+    /// Bytes per bucket of data-parallel gradients reduced during the backward pass (see
+    /// `GradBuckets`); 0: no buckets, each gradient is reduced by the optimizer's `prepare`
+    /// (or, under ZeRO-2, boxed to its shard at the end of each backward pass).
+    pub bucket_bytes: usize,
     pub pipeline: Option<PipelineRun>,
 }
 
@@ -63,6 +71,9 @@ pub struct StepStats {
     /// Pipelined steps: the mean over ranks of the fraction of the schedule's time a rank did
     /// not compute.
     pub bubble: Option<f64>,
+    /// The gradient buckets reduced, with the accumulation part whose backward pass (or, when
+    /// pipelined, the end of whose schedule) reduced them.
+    pub buckets: Vec<(usize, BucketLaunch)>,
     /// The update was skipped (a hook said so).
     pub skipped: bool,
     /// When the loss or the gradient norm is not finite: the first non-finite tensor ("the
@@ -152,10 +163,11 @@ impl<M: TrainModel> Trainer<M> {
         self.optimizer.set_lr(lr);
         self.optimizer.zero_grad();
         oxiflow_tensor::memory::reset_peaks();
+        let mut buckets = Vec::new();
         let (loss, bubble) = if self.opts.pipeline.is_some() {
-            self.pipelined_batch(step)?
+            self.pipelined_batch(step, &mut buckets)?
         } else {
-            (self.plain_batch(step)?, None)
+            (self.plain_batch(step, &mut buckets)?, None)
         };
         let mut stats = StepStats {
             step: step + 1,
@@ -167,6 +179,7 @@ impl<M: TrainModel> Trainer<M> {
             ),
             footprint: Footprint::measure(&self.model.parameters(), self.optimizer.as_ref()),
             bubble,
+            buckets,
             ..StepStats::default()
         };
         stats.grad_norm = self.optimizer.prepare()?;
@@ -218,17 +231,46 @@ impl<M: TrainModel> Trainer<M> {
         }))
     }
 
-    /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss.
-    fn plain_batch(&mut self, step: u64) -> Result<f64, TrainError> {
+    /// The bucketed gradient reduction of one backward pass in `mode` (None without buckets).
+    fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
+        (self.opts.bucket_bytes > 0).then(|| {
+            GradBuckets::new(
+                self.optimizer.params(),
+                self.optimizer.zero(),
+                self.opts.bucket_bytes,
+                mode,
+            )
+        })
+    }
+
+    /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss. Only
+    /// the last part's backward pass reduces the gradients (with buckets).
+    fn plain_batch(
+        &mut self,
+        step: u64,
+        launched: &mut Vec<(usize, BucketLaunch)>,
+    ) -> Result<f64, TrainError> {
         let k = self.opts.grad_accum;
         let mut total: Option<Tensor> = None;
         for a in 0..k {
             let batch = self.data.train_batch(step, a, k)?;
             let loss = self.model.loss(&batch, Pass::Train { step }.micro(a, k))?;
-            if k == 1 {
-                loss.backward()?;
+            let mode = if a + 1 == k {
+                SyncMode::Reduce
             } else {
-                loss.mul_scalar(1.0 / k as f64)?.backward()?;
+                SyncMode::Defer
+            };
+            let buckets = self.grad_buckets(mode);
+            {
+                let _hook = buckets.clone().map(|b| install_grad_hook(b));
+                if k == 1 {
+                    loss.backward()?;
+                } else {
+                    loss.mul_scalar(1.0 / k as f64)?.backward()?;
+                }
+            }
+            if let Some(b) = buckets {
+                launched.extend(b.launched().into_iter().map(|l| (a, l)));
             }
             let _ng = no_grad();
             let l = loss.detach().cast(DType::F64)?;
@@ -246,7 +288,13 @@ impl<M: TrainModel> Trainer<M> {
 
     /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every
     /// rank gets it) and the step's bubble, from one reduction over the world.
-    fn pipelined_batch(&mut self, step: u64) -> Result<(f64, Option<f64>), TrainError> {
+    /// With buckets the gradients stay local partial sums through every part and are reduced
+    /// in buckets after the last one.
+    fn pipelined_batch(
+        &mut self,
+        step: u64,
+        launched: &mut Vec<(usize, BucketLaunch)>,
+    ) -> Result<(f64, Option<f64>), TrainError> {
         let Some(run) = self.opts.pipeline.clone() else {
             return Err(loop_err("train_step", "not pipelined".into()));
         };
@@ -260,6 +308,8 @@ impl<M: TrainModel> Trainer<M> {
             .rank();
         let lead_of_last = run.last.ranks().first() == Some(&rank);
         let (mut loss, mut busy, mut span) = (0.0, Duration::ZERO, Duration::ZERO);
+        let deferred = self.grad_buckets(SyncMode::Defer);
+        let _hook = deferred.map(|b| install_grad_hook(b));
         for a in 0..k {
             let (mut inputs, mut targets) = (Vec::with_capacity(m), Vec::with_capacity(m));
             for j in 0..m {
@@ -287,6 +337,11 @@ impl<M: TrainModel> Trainer<M> {
             }
             busy += report.busy;
             span += report.span;
+        }
+        drop(_hook);
+        if let Some(b) = self.grad_buckets(SyncMode::Reduce) {
+            b.reduce_now()?;
+            launched.extend(b.launched().into_iter().map(|l| (k - 1, l)));
         }
         let _ng = no_grad();
         // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its

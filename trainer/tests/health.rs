@@ -117,6 +117,7 @@ fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Traine
             schedule: LrSchedule::constant(0.1),
             clip_grad: None,
             grad_accum: 1,
+            bucket_bytes: 0,
             pipeline: None,
         },
     )

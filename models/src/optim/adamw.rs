@@ -178,6 +178,9 @@ impl Optimizer for AdamW {
         }
         Ok(())
     }
+    fn zero(&self) -> Zero {
+        self.zero
+    }
     fn step_count(&self) -> u64 {
         self.steps
     }

@@ -7,11 +7,13 @@
 //! boxed gradients and clips by scaling them inside the update.
 
 mod adamw;
+mod bucket;
 mod norm;
 mod sgd;
 mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
+pub use bucket::{BucketLaunch, GradBuckets, SyncMode};
 pub use norm::{clip_factor, first_non_finite, global_grad_norm};
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
@@ -53,6 +55,10 @@ pub trait Optimizer {
     fn state(&self, index: usize, slot: &str) -> Option<Tensor>;
     /// Sets a state slot (a checkpoint load); `t` must have the parameter's layout.
     fn set_state(&mut self, index: usize, slot: &str, t: Tensor) -> Result<()>;
+    /// How far state, gradients and parameters are sharded over the data-parallel axis.
+    fn zero(&self) -> Zero {
+        Zero::OFF
+    }
     /// Number of steps taken.
     fn step_count(&self) -> u64;
     fn set_step_count(&mut self, n: u64);

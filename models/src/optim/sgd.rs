@@ -148,6 +148,9 @@ impl Optimizer for Sgd {
         self.bufs[index] = Some(t);
         Ok(())
     }
+    fn zero(&self) -> Zero {
+        self.zero
+    }
     fn step_count(&self) -> u64 {
         self.steps
     }

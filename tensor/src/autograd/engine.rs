@@ -1,6 +1,8 @@
 //! The backward pass: topological order of the nodes reachable from the root, one backward
 //! rule per node (given one gradient per output), gradient accumulation into the leaves' grad
-//! slots. A node's saved tensors are released as its backward runs (their last use).
+//! slots as soon as a leaf's last incoming edge has been walked (the thread's
+//! [`GradReadyHook`](super::GradReadyHook) hears of it then). A node's saved tensors are
+//! released as its backward runs (their last use).
 
 use std::sync::Arc;
 
@@ -12,6 +14,7 @@ use crate::context::Context;
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
+use super::hook::{self, GradReadyHook};
 use super::no_grad;
 use super::node::{Edge, Node};
 
@@ -113,6 +116,29 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
     };
     let _ctx_guard = root.context().map(Context::install);
     let order = topo_order(&root_fn);
+    let hook = hook::current();
+    // For each leaf, the position in `order` of the last node with an edge to it: once that
+    // node is walked, the leaf's gradient of this pass is final.
+    let mut last_use: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut finals: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
+    for (i, f) in order.iter().enumerate() {
+        for edge in f.edges.iter().flatten() {
+            if let Edge::Leaf(leaf) = edge {
+                last_use.insert(Arc::as_ptr(&leaf.0) as usize, i);
+            }
+        }
+    }
+    // In edge order, so every rank hears of its leaves in the same order.
+    for (i, f) in order.iter().enumerate() {
+        for edge in f.edges.iter().flatten() {
+            if let Edge::Leaf(leaf) = edge {
+                let k = Arc::as_ptr(&leaf.0) as usize;
+                if last_use.get(&k) == Some(&i) && !finals[i].contains(&k) {
+                    finals[i].push(k);
+                }
+            }
+        }
+    }
     let mut grads: FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>> = FxHashMap::default();
     if let Some(slot) = slots(&mut grads, &root_fn).get_mut(root_out) {
         *slot = Some(seed);
@@ -120,64 +146,94 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
     // Leaves in first-seen order, with their gradients of this pass.
     let mut leaves: Vec<(Tensor, Option<Tensor>)> = Vec::new();
     let mut leaf_index: FxHashMap<usize, usize> = FxHashMap::default();
-    for f in &order {
-        let Some(dys) = grads.remove(&key(f)) else {
-            continue;
-        };
-        if dys.iter().all(Option::is_none) {
-            continue;
-        }
-        let dxs = f.backward(&dys, retain)?;
-        drop(dys);
-        for ((edge, input), dx) in f.edges.iter().zip(&f.inputs).zip(dxs) {
-            let (Some(edge), Some(dx)) = (edge, dx) else {
-                continue;
-            };
-            if dx.shape() != input.shape() {
-                return Err(TensorError::Autograd {
-                    op: "backward",
-                    detail: format!(
-                        "the backward of {} gave a gradient {} for input {}",
-                        f.name(),
-                        dx.describe(),
-                        input.describe()
-                    ),
-                });
-            }
-            match edge {
-                Edge::Node(n, out) => match slots(&mut grads, n).get_mut(*out) {
-                    Some(slot) => accumulate(slot, dx)?,
-                    None => {
-                        return Err(TensorError::Autograd {
-                            op: "backward",
-                            detail: format!(
-                                "{} has no output {out} (it has {})",
-                                n.name(),
-                                n.outputs.len()
-                            ),
-                        })
-                    }
-                },
-                Edge::Leaf(leaf) => {
-                    let k = Arc::as_ptr(&leaf.0) as usize;
-                    let idx = *leaf_index.entry(k).or_insert_with(|| {
-                        leaves.push((leaf.clone(), None));
-                        leaves.len() - 1
-                    });
-                    accumulate(&mut leaves[idx].1, dx)?;
+    for (i, f) in order.iter().enumerate() {
+        walk_node(f, &mut grads, &mut leaves, &mut leaf_index, retain)?;
+        for k in &finals[i] {
+            if let Some(&idx) = leaf_index.get(k) {
+                let (leaf, g) = &mut leaves[idx];
+                if let Some(g) = g.take() {
+                    settle(leaf, g, hook.as_deref())?;
                 }
             }
         }
     }
-    for (leaf, g) in leaves {
-        if let Some(g) = g {
-            let g = match (leaf.autograd().grad_layout(), g.placement()) {
-                (Some(nd), Some(p)) => g.to_global(p, nd)?,
-                _ => g,
-            };
-            let mut slot = leaf.grad();
-            accumulate(&mut slot, g.detach())?;
-            leaf.autograd().set_grad(slot);
+    if let Some(h) = &hook {
+        h.finish()?;
+    }
+    Ok(())
+}
+
+/// Accumulates a leaf's final gradient of this pass into its grad slot: boxed to the leaf's
+/// `grad_layout` unless the hook takes it, in which case the hook hears it is ready.
+fn settle(leaf: &Tensor, g: Tensor, hook: Option<&dyn GradReadyHook>) -> Result<()> {
+    let taken = hook.filter(|h| h.takes(leaf));
+    let g = match (taken, leaf.autograd().grad_layout(), g.placement()) {
+        (None, Some(nd), Some(p)) => g.to_global(p, nd)?,
+        _ => g,
+    };
+    let mut slot = leaf.grad();
+    accumulate(&mut slot, g.detach())?;
+    leaf.autograd().set_grad(slot);
+    match taken {
+        Some(h) => h.ready(leaf),
+        None => Ok(()),
+    }
+}
+
+/// Runs `f`'s backward on its outputs' gradients and routes each input's gradient to the
+/// slot of the node it came from, or to the leaf's gradient of this pass.
+fn walk_node(
+    f: &Arc<Node>,
+    grads: &mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
+    leaves: &mut Vec<(Tensor, Option<Tensor>)>,
+    leaf_index: &mut FxHashMap<usize, usize>,
+    retain: bool,
+) -> Result<()> {
+    let Some(dys) = grads.remove(&key(f)) else {
+        return Ok(());
+    };
+    if dys.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let dxs = f.backward(&dys, retain)?;
+    drop(dys);
+    for ((edge, input), dx) in f.edges.iter().zip(&f.inputs).zip(dxs) {
+        let (Some(edge), Some(dx)) = (edge, dx) else {
+            continue;
+        };
+        if dx.shape() != input.shape() {
+            return Err(TensorError::Autograd {
+                op: "backward",
+                detail: format!(
+                    "the backward of {} gave a gradient {} for input {}",
+                    f.name(),
+                    dx.describe(),
+                    input.describe()
+                ),
+            });
+        }
+        match edge {
+            Edge::Node(n, out) => match slots(grads, n).get_mut(*out) {
+                Some(slot) => accumulate(slot, dx)?,
+                None => {
+                    return Err(TensorError::Autograd {
+                        op: "backward",
+                        detail: format!(
+                            "{} has no output {out} (it has {})",
+                            n.name(),
+                            n.outputs.len()
+                        ),
+                    })
+                }
+            },
+            Edge::Leaf(leaf) => {
+                let k = Arc::as_ptr(&leaf.0) as usize;
+                let idx = *leaf_index.entry(k).or_insert_with(|| {
+                    leaves.push((leaf.clone(), None));
+                    leaves.len() - 1
+                });
+                accumulate(&mut leaves[idx].1, dx)?;
+            }
         }
     }
     Ok(())

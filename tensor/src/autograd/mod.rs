@@ -19,6 +19,7 @@
 //! ```
 
 mod engine;
+mod hook;
 mod meta;
 mod node;
 mod recompute;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 use oxiflow_sbp::NdSbp;
 
+pub use hook::{install_grad_hook, GradHookGuard, GradReadyHook};
 pub use meta::AutogradMeta;
 pub use node::Node;
 pub use recompute::recompute;

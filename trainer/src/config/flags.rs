@@ -287,6 +287,11 @@ pub struct OptimFlags {
     /// pipeline micro-batches) [default: 1].
     #[arg(long, value_parser = parse::positive_usize)]
     pub grad_accum: Option<usize>,
+    /// Data-parallel gradients are reduced during the backward pass in buckets of this many
+    /// MiB (one collective per bucket, in the reverse order of use); 0: each gradient reduced
+    /// on its own after the backward pass [default: 25].
+    #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
+    pub bucket_mb: Option<f64>,
 }
 
 /// The run: its length, logs, checkpoints and outputs.

@@ -82,6 +82,15 @@ pub struct OptimConfig {
     pub momentum: f64,
     pub clip_grad: Option<f64>,
     pub grad_accum: usize,
+    /// MiB per data-parallel gradient bucket (0: no buckets).
+    pub bucket_mb: f64,
+}
+
+impl OptimConfig {
+    /// Bytes per data-parallel gradient bucket (0: no buckets).
+    pub fn bucket_bytes(&self) -> usize {
+        (self.bucket_mb * 1024.0 * 1024.0).ceil() as usize
+    }
 }
 
 /// The run's length, logs, checkpoints and outputs.

@@ -30,6 +30,17 @@ fn count(flag: &str, v: usize) -> Result<usize, TrainError> {
     checked(flag, v as u64, checks::positive).map(|_| v)
 }
 
+/// `--bucket-mb` (0: no buckets); at most 1 TiB.
+fn bucket_mb(mb: Option<f64>) -> Result<f64, TrainError> {
+    let mb = checked("--bucket-mb", mb.unwrap_or(25.0), checks::non_negative)?;
+    if mb > 1024.0 * 1024.0 {
+        return Err(config_err(format!(
+            "invalid value for --bucket-mb: {mb} is above 1048576 (1 TiB)"
+        )));
+    }
+    Ok(mb)
+}
+
 /// A path or pattern that is not empty.
 fn path<T: AsRef<std::ffi::OsStr> + Clone>(
     flag: &str,
@@ -127,6 +138,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             .map(|c| checked("--clip-grad", c, checks::positive_finite))
             .transpose()?,
         grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
+        bucket_mb: bucket_mb(o.bucket_mb)?,
     };
     let positive_opt =
         |flag: &str, v: Option<u64>| v.map(|v| checked(flag, v, checks::positive)).transpose();

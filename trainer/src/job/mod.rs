@@ -358,6 +358,26 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
         }
         println!("one training step (ops with their output layouts, boxings with their bytes):");
         print!("{}", record.render());
+        let during = stats.buckets.iter().filter(|(_, b)| b.during_walk).count();
+        println!(
+            "gradient buckets: {} ({during} launched during the backward pass)",
+            stats.buckets.len()
+        );
+        for (i, (part, b)) in stats.buckets.iter().enumerate() {
+            let when = if b.during_walk {
+                "during the backward pass"
+            } else {
+                "at its end"
+            };
+            let how = match b.target {
+                oxiflow_tensor::BucketTarget::Broadcast => "all-reduce",
+                oxiflow_tensor::BucketTarget::Shard => "reduce-scatter",
+            };
+            println!(
+                "  bucket {i}: {} tensors {} bytes {how} part {part} {when}",
+                b.tensors, b.bytes
+            );
+        }
         println!("explained step loss {:.8}", stats.loss);
     }
     Ok(())
@@ -474,6 +494,7 @@ fn mlp_job(
     t.opts.schedule = schedule_of(cfg);
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;
+    t.opts.bucket_bytes = cfg.optim.bucket_bytes();
     // The global batch may split unevenly over dp; each accumulated part must be whole.
     if !cfg.data.batch_size.is_multiple_of(cfg.optim.grad_accum) {
         return Err(TrainError::Layout {

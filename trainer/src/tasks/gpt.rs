@@ -282,6 +282,7 @@ pub fn gpt_trainer(
             schedule: crate::job::schedule_of(cfg),
             clip_grad: cfg.optim.clip_grad,
             grad_accum: k,
+            bucket_bytes: cfg.optim.bucket_bytes(),
             pipeline,
         },
     )?;

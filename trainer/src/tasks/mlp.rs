@@ -292,6 +292,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             schedule: LrSchedule::constant(cfg.lr),
             clip_grad: None,
             grad_accum: 1,
+            bucket_bytes: 0,
             pipeline: None,
         },
     )

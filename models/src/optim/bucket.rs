@@ -1,0 +1,215 @@
+//! Data-parallel gradient reduction in buckets, launched during the backward pass. A
+//! [`GradBuckets`] is the backward walk's [`GradReadyHook`] for the parameters broadcast on the
+//! data-parallel mesh axis: it takes their gradients (partial sums on that axis) as they
+//! become final, in the walk's order (the reverse of their use), fills a bucket per dtype,
+//! placement and target until it holds `cap_bytes` of gradients, and reduces the bucket with
+//! one collective over that axis ([`reduce_bucket`]): an all-reduce into the parameters'
+//! layout, or, under ZeRO-2, a reduce-scatter straight into the shard. What no full bucket
+//! took is reduced when the walk ends. Under gradient accumulation the earlier parts run in
+//! [`SyncMode::Defer`]: the gradients accumulate locally as partial sums and only the last
+//! part reduces.
+
+use std::sync::{Arc, Mutex};
+
+use oxiflow_dtype::DType;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{ReduceOp, Sbp};
+use oxiflow_tensor::{bucket_fits, reduce_bucket, BucketTarget, GradReadyHook, Tensor};
+
+use super::Zero;
+use crate::nn::Parameter;
+use crate::Result;
+
+/// What the hook does with the gradients it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Keep them as local partial sums (a part of the batch that is not the last).
+    Defer,
+    /// Reduce them in buckets as they become final.
+    Reduce,
+}
+
+/// One bucket's reduction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketLaunch {
+    /// Gradients in the bucket.
+    pub tensors: usize,
+    /// Their logical bytes (the same on every rank).
+    pub bytes: usize,
+    pub target: BucketTarget,
+    /// Launched while the walk still ran (the bucket filled up), not when it ended.
+    pub during_walk: bool,
+}
+
+struct Open {
+    dtype: DType,
+    placement: Placement,
+    target: BucketTarget,
+    leaves: Vec<Tensor>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct State {
+    open: Vec<Open>,
+    launched: Vec<BucketLaunch>,
+}
+
+/// The bucketed reduction of one backward pass (see the module's doc).
+pub struct GradBuckets {
+    leaves: Vec<Tensor>,
+    zero: Zero,
+    cap_bytes: usize,
+    mode: SyncMode,
+    state: Mutex<State>,
+}
+
+impl GradBuckets {
+    /// The hook for `params`' current leaves, the data-parallel axis and stage of `zero`, and
+    /// buckets of at least `cap_bytes` (1 byte: one gradient per bucket).
+    pub fn new(params: &[Parameter], zero: Zero, cap_bytes: usize, mode: SyncMode) -> Arc<Self> {
+        let axis = zero.axis();
+        let leaves = params
+            .iter()
+            .map(Parameter::value)
+            .filter(|v| v.nd_sbp().and_then(|nd| nd.as_slice().get(axis)) == Some(&Sbp::B))
+            .collect();
+        Arc::new(GradBuckets {
+            leaves,
+            zero,
+            cap_bytes: cap_bytes.max(1),
+            mode,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The buckets reduced so far, in launch order.
+    pub fn launched(&self) -> Vec<BucketLaunch> {
+        self.lock().launched.clone()
+    }
+
+    /// Reduces now, in buckets in reverse parameter order, every taken gradient still a partial
+    /// sum (after a walk in `Defer` mode, e.g. the pipeline's micro-batches).
+    pub fn reduce_now(&self) -> Result<()> {
+        for leaf in self.leaves.iter().rev() {
+            self.add(leaf)?;
+        }
+        self.flush()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `leaf`'s gradient in its open bucket, launching the bucket when it is full.
+    fn add(&self, leaf: &Tensor) -> Result<()> {
+        let axis = self.zero.axis();
+        let Some(g) = leaf.grad() else {
+            return Ok(());
+        };
+        let (Some(nd), Some(placement)) = (g.nd_sbp(), g.placement()) else {
+            return Ok(());
+        };
+        if nd.as_slice().get(axis) != Some(&Sbp::Partial(ReduceOp::Sum)) {
+            return Ok(());
+        }
+        let target = if self.zero.stage() >= 2 && self.zero.shard_layout(leaf).is_some() {
+            BucketTarget::Shard
+        } else {
+            BucketTarget::Broadcast
+        };
+        if !bucket_fits(&g, axis, target) {
+            // Boxed alone, to the leaf's grad layout when it has one.
+            let to = leaf
+                .autograd()
+                .grad_layout()
+                .unwrap_or_else(|| nd.with_axis(axis, target_sbp(target)));
+            leaf.autograd().set_grad(Some(g.to_global(placement, to)?));
+            return Ok(());
+        }
+        let bytes = g.numel() * g.dtype().size();
+        let full = {
+            let mut st = self.lock();
+            let at = match st.open.iter().position(|o| {
+                o.dtype == g.dtype() && o.placement.same_as(placement) && o.target == target
+            }) {
+                Some(at) => at,
+                None => {
+                    st.open.push(Open {
+                        dtype: g.dtype(),
+                        placement: placement.clone(),
+                        target,
+                        leaves: Vec::new(),
+                        bytes: 0,
+                    });
+                    st.open.len() - 1
+                }
+            };
+            let open = &mut st.open[at];
+            open.leaves.push(leaf.clone());
+            open.bytes += bytes;
+            (open.bytes >= self.cap_bytes).then(|| st.open.remove(at))
+        };
+        match full {
+            Some(b) => self.launch(b, true),
+            None => Ok(()),
+        }
+    }
+
+    /// Launches every open bucket, oldest first.
+    fn flush(&self) -> Result<()> {
+        let open = std::mem::take(&mut self.lock().open);
+        for b in open {
+            self.launch(b, false)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&self, b: Open, during_walk: bool) -> Result<()> {
+        let (leaves, grads): (Vec<&Tensor>, Vec<Tensor>) =
+            b.leaves.iter().filter_map(|l| Some((l, l.grad()?))).unzip();
+        let reduced = reduce_bucket(&grads, self.zero.axis(), b.target)?;
+        for (leaf, g) in leaves.into_iter().zip(reduced) {
+            leaf.autograd().set_grad(Some(g));
+        }
+        tracing::debug!(
+            tensors = b.leaves.len(),
+            bytes = b.bytes,
+            target = ?b.target,
+            during_walk,
+            "gradient bucket reduced"
+        );
+        self.lock().launched.push(BucketLaunch {
+            tensors: b.leaves.len(),
+            bytes: b.bytes,
+            target: b.target,
+            during_walk,
+        });
+        Ok(())
+    }
+}
+
+fn target_sbp(target: BucketTarget) -> Sbp {
+    match target {
+        BucketTarget::Broadcast => Sbp::B,
+        BucketTarget::Shard => Sbp::S(0),
+    }
+}
+
+impl GradReadyHook for GradBuckets {
+    fn takes(&self, leaf: &Tensor) -> bool {
+        self.leaves.iter().any(|l| l.same(leaf))
+    }
+    fn ready(&self, leaf: &Tensor) -> Result<()> {
+        match self.mode {
+            SyncMode::Defer => Ok(()),
+            SyncMode::Reduce => self.add(leaf),
+        }
+    }
+    fn finish(&self) -> Result<()> {
+        match self.mode {
+            SyncMode::Defer => Ok(()),
+            SyncMode::Reduce => self.flush(),
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Gradient buckets: the partial sums of several global tensors over one mesh axis reduced by
+//! one collective. Each rank copies its pieces into one flat buffer on its group of that axis
+//! (a 1-d placement), boxes it once (P -> B, an all-reduce; or P -> S(0) of a `[group, C]`
+//! buffer, a reduce-scatter whose row `i` holds member `i`'s shards) and cuts the result back
+//! into pieces of the tensors' new layouts. On NCCL worlds the boxing runs on the
+//! communicator's stream and leaves its end event on the result's block, so compute waits only
+//! where it next reads a reduced gradient.
+
+use std::borrow::Cow;
+
+use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
+
+use crate::{Result, Tensor, TensorError};
+
+/// What a bucket's tensors become on the reduced mesh axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketTarget {
+    /// `B`: every member holds the sum (all-reduce).
+    Broadcast,
+    /// `S(0)`: each member holds its rows of the sum (reduce-scatter).
+    Shard,
+}
+
+impl BucketTarget {
+    fn sbp(self) -> Sbp {
+        match self {
+            BucketTarget::Broadcast => Sbp::B,
+            BucketTarget::Shard => Sbp::S(0),
+        }
+    }
+}
+
+const OP: &str = "reduce_bucket";
+
+fn bucket_err(detail: String) -> TensorError {
+    TensorError::Mismatch { op: OP, detail }
+}
+
+/// Whether `g` can join a bucket reduced over `axis` to `target` (see [`reduce_bucket`]'s
+/// conditions; a shard that is not a row range of the piece needs boxing of its own, e.g. a
+/// tensor also split on dim 0 on an earlier mesh axis). Pure: no communication.
+pub fn bucket_fits(g: &Tensor, axis: usize, target: BucketTarget) -> bool {
+    targets(std::slice::from_ref(g), axis, target).is_ok()
+}
+
+/// The rows `to` gives the member at `at` of the group of `axis`, as a range of the rows of
+/// the piece `from` gives at `coord` (None when that shard is not such a row range).
+fn shard_rows(
+    from: &GlobalLayout,
+    to: &GlobalLayout,
+    coord: &[usize],
+    at: &[usize],
+) -> Option<std::ops::Range<usize>> {
+    let have = from.region_at(coord);
+    let want = to.region_at(at);
+    let fits = have.iter().zip(&want).skip(1).all(|(h, w)| h == w)
+        && want.first()?.start >= have.first()?.start
+        && want.first()?.end <= have.first()?.end;
+    fits.then(|| want[0].start - have[0].start..want[0].end - have[0].start)
+}
+
+/// The layout of each tensor after the reduction, checked before any communication: every
+/// tensor global, on one placement, of one dtype, `P(sum)` on `axis`; a shard target needs a
+/// dim 0, and at every coordinate each member's shard must be a row range of the piece.
+fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<GlobalLayout>> {
+    let Some(first) = grads.first() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(grads.len());
+    for g in grads {
+        let Some(layout) = g.layout() else {
+            return Err(bucket_err(format!("{} is not global", g.describe())));
+        };
+        if g.dtype() != first.dtype() || g.placement() != first.placement() {
+            return Err(bucket_err(format!(
+                "{} and {} differ in dtype or placement",
+                first.describe(),
+                g.describe()
+            )));
+        }
+        if layout.nd_sbp().as_slice().get(axis) != Some(&Sbp::Partial(ReduceOp::Sum)) {
+            return Err(bucket_err(format!(
+                "{} is not a partial sum on mesh axis {axis}",
+                g.describe()
+            )));
+        }
+        if target == BucketTarget::Shard && g.ndim() == 0 {
+            return Err(bucket_err(format!(
+                "{} has no dim 0 to shard",
+                g.describe()
+            )));
+        }
+        let to = layout
+            .with_nd_sbp(layout.nd_sbp().with_axis(axis, target.sbp()))
+            .map_err(|e| bucket_err(format!("{}: {e}", g.describe())))?;
+        // Checked at every coordinate, so every rank of the placement reaches one verdict.
+        if target == BucketTarget::Shard {
+            let mesh = layout.placement();
+            let rows = (0..mesh.num_ranks()).all(|idx| {
+                let coord = mesh.coord_of_index(idx);
+                (0..mesh.shape()[axis]).all(|m| {
+                    let mut at = coord.clone();
+                    at[axis] = m;
+                    shard_rows(layout, &to, &coord, &at).is_some()
+                })
+            });
+            if !rows {
+                return Err(bucket_err(format!(
+                    "the shards of {} on mesh axis {axis} are not row ranges of its pieces",
+                    g.describe()
+                )));
+            }
+        }
+        out.push(to);
+    }
+    Ok(out)
+}
+
+/// Reduces the partial sums `grads` over mesh `axis` with one collective per rank group of
+/// that axis and returns them laid out with `axis` made `target` (the other axes unchanged).
+/// Every rank of the tensors' placement must call it with the same tensors in the same order.
+pub fn reduce_bucket(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Tensor>> {
+    let tos = targets(grads, axis, target)?;
+    let traced = trace_start();
+    let out = reduce_checked(grads, axis, target, tos)?;
+    trace_end(
+        traced,
+        Lane::Boxing,
+        || {
+            Cow::Borrowed(match target {
+                BucketTarget::Broadcast => "gradient bucket all-reduce",
+                BucketTarget::Shard => "gradient bucket reduce-scatter",
+            })
+        },
+        || {
+            let bytes: usize = grads
+                .iter()
+                .map(|g| g.to_local().numel() * g.dtype().size())
+                .sum();
+            vec![
+                ("tensors", grads.len().into()),
+                ("local_bytes", bytes.into()),
+            ]
+        },
+    );
+    Ok(out)
+}
+
+/// `reduce_bucket` once `targets` has checked the tensors.
+fn reduce_checked(
+    grads: &[Tensor],
+    axis: usize,
+    target: BucketTarget,
+    tos: Vec<GlobalLayout>,
+) -> Result<Vec<Tensor>> {
+    let (Some(first), Some(ctx)) = (grads.first(), grads.first().and_then(Tensor::context)) else {
+        return Ok(grads.to_vec());
+    };
+    let Some(placement) = first.placement() else {
+        return Ok(grads.to_vec());
+    };
+    let _ctx = ctx.install();
+    let _ng = crate::no_grad();
+    let rank = ctx.rank();
+    let placement_err =
+        |e: oxiflow_placement::PlacementError| bucket_err(format!("placement {placement}: {e}"));
+    let (Some(group), Some(coord)) = (
+        placement.axis_group_of(rank, axis).map_err(placement_err)?,
+        placement.coord_of(rank),
+    ) else {
+        return Ok(grads.to_vec());
+    };
+    let sub = Placement::new_1d(placement.device(), group.clone()).map_err(placement_err)?;
+    let flats: Vec<Tensor> = grads
+        .iter()
+        .map(|g| g.to_local().reshape([g.to_local().numel()]))
+        .collect::<Result<_>>()?;
+    let partial = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
+    let mine = match target {
+        BucketTarget::Broadcast => {
+            let flat = concat(&flats)?;
+            flat.to_global(&sub, partial)?
+                .to_global(&sub, NdSbp::broadcast(1))?
+                .to_local()
+        }
+        BucketTarget::Shard => {
+            let chunks = (0..group.len())
+                .map(|m| member_chunk(grads, &flats, &tos, &coord, axis, m))
+                .collect::<Result<Vec<_>>>()?;
+            let width = chunks.iter().map(Tensor::numel).max().unwrap_or(0);
+            let whole = concat(&flats)?;
+            let rows = chunks
+                .iter()
+                .map(|c| {
+                    // Padding (any of this rank's values) sums into columns no member reads.
+                    let row = match width - c.numel() {
+                        0 => c.clone(),
+                        pad => concat(&[c.clone(), whole.narrow(0, 0, pad)?])?,
+                    };
+                    row.reshape([1, width])
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&Tensor> = rows.iter().collect();
+            Tensor::concat(&refs, 0)?
+                .to_global(&sub, partial)?
+                .to_global(&sub, NdSbp::new([Sbp::S(0)]))?
+                .to_local()
+                .reshape([width])?
+        }
+    };
+    let mut at = 0;
+    let mut out = Vec::with_capacity(grads.len());
+    for (g, to) in grads.iter().zip(tos) {
+        let shape = to.local_shape_at(&coord);
+        let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
+        at += shape.numel();
+        out.push(Tensor::global_from_piece(
+            piece.storage().cloned(),
+            to,
+            g.dtype(),
+            ctx.clone(),
+        ));
+    }
+    Ok(out)
+}
+
+/// One tensor, or the concatenation of several, along dim 0.
+fn concat(flats: &[Tensor]) -> Result<Tensor> {
+    match flats {
+        [one] => Ok(one.clone()),
+        _ => {
+            let refs: Vec<&Tensor> = flats.iter().collect();
+            Tensor::concat(&refs, 0)
+        }
+    }
+}
+
+/// The elements of this rank's flat pieces that member `m` of the group keeps after the
+/// reduce-scatter: for each tensor, the rows of its piece in `m`'s shard.
+fn member_chunk(
+    grads: &[Tensor],
+    flats: &[Tensor],
+    tos: &[GlobalLayout],
+    coord: &[usize],
+    axis: usize,
+    m: usize,
+) -> Result<Tensor> {
+    let mut at = coord.to_vec();
+    at[axis] = m;
+    let mut parts = Vec::with_capacity(grads.len());
+    for ((g, flat), to) in grads.iter().zip(flats).zip(tos) {
+        let (Some(from), local) = (g.layout(), g.to_local()) else {
+            return Err(bucket_err(format!("{} is not global", g.describe())));
+        };
+        let Some(rows) = shard_rows(from, to, coord, &at) else {
+            return Err(bucket_err(format!(
+                "the shard of {} on mesh axis {axis} is not a row range of its piece",
+                g.describe()
+            )));
+        };
+        let row = local.shape().dims().iter().skip(1).product::<usize>();
+        parts.push(flat.narrow(0, rows.start * row, rows.len() * row)?);
+    }
+    concat(&parts)
+}

@@ -1,0 +1,190 @@
+//! `reduce_bucket`: several partial sums reduced over one mesh axis by one collective give
+//! the layouts and values that boxing each tensor alone gives (all-reduce to B and
+//! reduce-scatter to S(0); 1-d and 2-d meshes, either axis, uneven and empty shards, the other
+//! axis B, S(0), S(1) or P; equal up to the order of a sum's terms); a shard that is not a row range of the piece is a typed error on
+//! every rank of the group before any communication.
+
+use std::time::Duration;
+
+use oxiflow_placement::DeviceType;
+use oxiflow_tensor::{
+    bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, GlobalLayout, NdSbp, Placement,
+    ReduceOp, Sbp, Tensor,
+};
+use proptest::prelude::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// (world size, mesh shape)
+fn mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
+    prop_oneof![
+        Just((1, vec![1])),
+        Just((2, vec![2])),
+        Just((3, vec![3])),
+        Just((4, vec![2, 2])),
+        Just((6, vec![2, 3])),
+        Just((6, vec![3, 2])),
+    ]
+}
+
+fn other_sbp() -> impl Strategy<Value = Sbp> {
+    prop_oneof![
+        Just(Sbp::B),
+        Just(Sbp::S(0)),
+        Just(Sbp::S(1)),
+        Just(Sbp::Partial(ReduceOp::Sum))
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    world: usize,
+    shape: Vec<usize>,
+    axis: usize,
+    /// (rows, cols, SBP on the other mesh axis) per tensor.
+    tensors: Vec<(usize, usize, Sbp)>,
+    target: BucketTarget,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        mesh(),
+        0usize..2,
+        prop::collection::vec((0usize..7, 1usize..4, other_sbp()), 1..5),
+        prop_oneof![Just(BucketTarget::Broadcast), Just(BucketTarget::Shard)],
+    )
+        .prop_map(|((world, shape), axis, tensors, target)| Case {
+            axis: axis % shape.len(),
+            world,
+            shape,
+            tensors,
+            target,
+        })
+}
+
+/// Runs `case` on in-process ranks: (per rank) the values of the bucket's tensors and of each
+/// tensor boxed alone (their pieces may differ where another axis is P), or the bucket's error
+/// text.
+#[allow(clippy::type_complexity)]
+fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
+    let placement = Placement::new(
+        DeviceType::Cpu,
+        case.shape.clone(),
+        (0..case.world).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    run_ranks(case.world, TIMEOUT, |rank| {
+        let grads: Vec<Tensor> = case
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, &(rows, cols, other))| {
+                let mut sbps = vec![other; case.shape.len()];
+                sbps[case.axis] = Sbp::Partial(ReduceOp::Sum);
+                let nd = NdSbp::new(sbps);
+                let layout = GlobalLayout::new([rows, cols], &placement, nd.clone()).unwrap();
+                let local = layout.local_shape(rank).unwrap();
+                // Ranks that differ only on a B axis hold the same piece.
+                let coord = placement.coord_of(rank).unwrap();
+                let key: usize = coord
+                    .iter()
+                    .zip(nd.as_slice())
+                    .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
+                    .fold(0, |k, c| k * 10 + c);
+                Tensor::randn(local, (key * 100 + i) as u64, DType::F64)
+                    .to_global_checked(&placement, nd)
+                    .unwrap()
+            })
+            .collect();
+        let fits = grads.iter().all(|g| bucket_fits(g, case.axis, case.target));
+        let sbp = match case.target {
+            BucketTarget::Broadcast => Sbp::B,
+            BucketTarget::Shard => Sbp::S(0),
+        };
+        let alone: Vec<Vec<f64>> = grads
+            .iter()
+            .map(|g| {
+                let nd = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
+                g.to_global(&placement, nd)
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap()
+            })
+            .collect();
+        match reduce_bucket(&grads, case.axis, case.target) {
+            Ok(out) => {
+                assert!(fits, "a bucket that does not fit was reduced");
+                for (o, g) in out.iter().zip(&grads) {
+                    let want = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
+                    assert_eq!(o.nd_sbp(), Some(&want));
+                    assert_eq!(o.shape(), g.shape());
+                }
+                let pieces = out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect();
+                Ok((pieces, alone))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn a_bucket_equals_boxing_each_tensor(case in case()) {
+        let got = run(&case);
+        let fails = got.iter().filter(|r| r.is_err()).count();
+        if fails > 0 {
+            // Every rank of a group agrees; the shard layout must really be no row range.
+            prop_assert_eq!(case.target, BucketTarget::Shard);
+            prop_assert!(case.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
+            for r in &got {
+                if let Err(e) = r {
+                    prop_assert!(e.contains("not row ranges"), "{}", e);
+                }
+            }
+        }
+        // The same sums; the in-process backend may add a chunk's members in another order
+        // when the chunk boundaries move, so the last bit may differ.
+        for (bucket, alone) in got.into_iter().flatten() {
+            prop_assert_eq!(bucket.len(), alone.len());
+            for (b, a) in bucket.iter().zip(&alone) {
+                prop_assert_eq!(b.len(), a.len());
+                for (x, y) in b.iter().zip(a) {
+                    prop_assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{:?} {:?}", b, a);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucket_of_mixed_dtypes_is_refused_before_communication() {
+    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+    let errs = run_ranks(2, TIMEOUT, |rank| {
+        let p = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
+        let a = Tensor::randn([3], rank as u64, DType::F64)
+            .to_global(&placement, p.clone())
+            .unwrap();
+        let b = Tensor::randn([3], rank as u64, DType::F32)
+            .to_global(&placement, p)
+            .unwrap();
+        let c = Tensor::randn([3], rank as u64, DType::F64)
+            .to_global(&placement, Sbp::B)
+            .unwrap();
+        (
+            reduce_bucket(&[a.clone(), b], 0, BucketTarget::Broadcast)
+                .unwrap_err()
+                .to_string(),
+            reduce_bucket(&[a, c], 0, BucketTarget::Broadcast)
+                .unwrap_err()
+                .to_string(),
+        )
+    });
+    for (dtype, sbp) in errs {
+        assert!(
+            dtype.contains("reduce_bucket") && dtype.contains("dtype"),
+            "{dtype}"
+        );
+        assert!(sbp.contains("not a partial sum on mesh axis 0"), "{sbp}");
+    }
+}

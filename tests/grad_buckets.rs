@@ -1,0 +1,144 @@
+//! Data-parallel gradients reduced in buckets during the backward pass (`--bucket-mb`), under
+//! `oflaunch` with real processes (CPU backend): the tiny GPT's loss curve with small buckets
+//! and 2 accumulation parts equals the one-rank curve under DP2, DP4, DP2 x TP2 and ZeRO-1/2/3
+//! (f64), and the unbucketed run's bit for bit (f32); `--explain` names the buckets, several of
+//! them launched while the backward pass still runs and all in the last accumulation part,
+//! their bytes those of the whole model; `--bucket-mb 0` reduces none in buckets.
+
+mod common;
+
+use common::{curve, launch, max_rel, ok, TINY_GPT as TINY};
+
+fn run(nproc: usize, args: &[&str]) -> String {
+    let mut all = TINY.to_vec();
+    all.extend_from_slice(args);
+    ok(launch(nproc, &all))
+}
+
+#[test]
+fn bucketed_reduction_keeps_the_one_rank_curve() {
+    let common = [
+        "--steps",
+        "12",
+        "--seed",
+        "3",
+        "--dtype",
+        "f64",
+        "--grad-accum",
+        "2",
+        "--bucket-mb",
+        "0.01",
+    ];
+    let one = curve(&run(1, &common));
+    assert_eq!(one.len(), 12);
+    for (n, layout) in [
+        (2, &["--dp", "2"][..]),
+        (4, &["--dp", "4"][..]),
+        (4, &["--dp", "2", "--tp", "2"][..]),
+        (4, &["--dp", "4", "--zero", "1"][..]),
+        (4, &["--dp", "4", "--zero", "2"][..]),
+        (4, &["--dp", "4", "--zero", "3"][..]),
+        (4, &["--dp", "2", "--tp", "2", "--zero", "2"][..]),
+    ] {
+        let mut args = common.to_vec();
+        args.extend_from_slice(layout);
+        let c = curve(&run(n, &args));
+        let diff = max_rel(&one, &c);
+        eprintln!("f64 {layout:?}: max relative difference {diff:.3e}");
+        assert!(diff <= 1e-9, "{layout:?} differs by {diff:e}");
+    }
+}
+
+#[test]
+fn f32_buckets_give_the_unbucketed_curve_bit_for_bit() {
+    let common = [
+        "--steps",
+        "12",
+        "--seed",
+        "4",
+        "--dtype",
+        "f32",
+        "--grad-accum",
+        "2",
+    ];
+    let one = curve(&run(1, &common));
+    for layout in [&["--dp", "2"][..], &["--dp", "2", "--zero", "1"][..]] {
+        let mut plain = common.to_vec();
+        plain.extend_from_slice(layout);
+        let mut small = plain.clone();
+        small.extend_from_slice(&["--bucket-mb", "0.01"]);
+        plain.extend_from_slice(&["--bucket-mb", "0"]);
+        let (p, s) = (curve(&run(2, &plain)), curve(&run(2, &small)));
+        assert_eq!(p, s, "f32 {layout:?}: buckets change the curve");
+        let diff = max_rel(&one, &s);
+        eprintln!("f32 {layout:?}: equal to unbucketed; {diff:.3e} from one rank");
+        assert!(
+            diff <= 1e-6,
+            "f32 {layout:?} differs from one rank by {diff:e}"
+        );
+    }
+}
+
+/// The `--explain` bucket lines: (tensors, bytes, collective, part, during the walk).
+fn buckets(out: &str) -> Vec<(usize, usize, String, usize, bool)> {
+    let count: usize = out
+        .lines()
+        .find_map(|l| l.split("gradient buckets: ").nth(1))
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no bucket count in {out}"));
+    let rows: Vec<_> = out
+        .lines()
+        .filter_map(|l| l.split("  bucket ").nth(1))
+        .map(|t| {
+            let w: Vec<&str> = t.split_whitespace().collect();
+            (
+                w[1].parse().unwrap(),
+                w[3].parse().unwrap(),
+                w[5].to_string(),
+                w[7].parse().unwrap(),
+                t.ends_with("during the backward pass"),
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), count, "{out}");
+    rows
+}
+
+#[test]
+fn explain_names_buckets_launched_during_the_last_backward_pass() {
+    let explain = |extra: &[&str]| {
+        let mut args = vec!["--dp", "2", "--explain", "--grad-accum", "2"];
+        args.extend_from_slice(extra);
+        buckets(&run(2, &args))
+    };
+    let small = explain(&["--bucket-mb", "0.01"]);
+    eprintln!("--bucket-mb 0.01: {small:?}");
+    assert!(small.len() >= 3, "{small:?}");
+    assert!(small.iter().filter(|b| b.4).count() >= 2, "{small:?}");
+    assert!(
+        small.iter().all(|b| b.3 == 1),
+        "only the last part reduces: {small:?}"
+    );
+    assert!(small.iter().all(|b| b.2 == "all-reduce"), "{small:?}");
+    let whole = explain(&[]);
+    assert_eq!(
+        whole.len(),
+        1,
+        "one default bucket holds the tiny model: {whole:?}"
+    );
+    assert!(
+        !whole[0].4,
+        "a bucket that never fills is reduced at the end"
+    );
+    assert_eq!(
+        small
+            .iter()
+            .map(|b| (b.0, b.1))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+        (whole[0].0, whole[0].1),
+        "the small buckets hold every gradient once"
+    );
+    assert!(explain(&["--bucket-mb", "0"]).is_empty());
+    let zero2 = explain(&["--bucket-mb", "0.01", "--zero", "2"]);
+    assert!(zero2.len() >= 3 && zero2.iter().all(|b| b.2 == "reduce-scatter" && b.3 == 1));
+}

@@ -63,8 +63,9 @@ struct Args {
     clip_grad: f64,
     #[arg(long, default_value_t = 989.0)]
     peak_tflops: f64,
-    /// Device blocks from NCCL's allocator (as in an NCCL world) or the driver's.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    /// Device blocks from NCCL's allocator (`OXIFLOW_NCCL_MEMORY=1` in other programs) or the
+    /// driver's (the default).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
     nccl_memory: OnOff,
     /// Steps timed op by op after the measurement (0: none).
     #[arg(long, default_value_t = 0)]

@@ -10,7 +10,8 @@
 #     (twin_gpt.py), tokens/s per GPU over the steps after the warm-up and peak memory per GPU
 #     (each program's own count, and nvidia-smi's largest use per GPU during the run);
 #  3. a short table last. Logs under $OUT (default /tmp/pipes).
-# Usage: bash pipes_there.sh   (env: STEPS=12 WARMUP=3 T_SUITE=210 T_RUN=75)
+# Usage: bash pipes_there.sh   (env: STEPS=12 WARMUP=3 T_SUITE=210 T_RUN=75 SUITE=1,
+#   LAYOUTS="1f1b interleaved", any of 1f1b interleaved dp2 zero2 zero3 tp2 tp2sp)
 set -uo pipefail
 cd "$(dirname "$0")"
 # NVLink multicast must stay off on these machines, in every process we start.
@@ -20,19 +21,22 @@ OUT=${OUT:-/tmp/pipes}
 STEPS=${STEPS:-12}
 WARMUP=${WARMUP:-3}
 T_RUN=${T_RUN:-75}
+LAYOUTS=${LAYOUTS:-"1f1b interleaved"}
 mkdir -p "$OUT"
 start=$(date +%s)
 nvidia-smi -L | tee "$OUT/gpus.txt"
 status=0
 
-# 1. The suite.
-t=$(date +%s)
-OXIFLOW_TEST_BINS=$PWD/bin OXIFLOW_TIMEOUT=60 timeout "${T_SUITE:-210}" \
-  bin/gpu_pipeline --nocapture --test-threads 1 > "$OUT/gpu_pipeline.log" 2>&1
-suite=$?
-grep -h "^gpu_pipeline\|^test \|test result\|panicked" "$OUT/gpu_pipeline.log" | cut -c1-300
-echo "gpu_pipeline exit code: $suite ($(( $(date +%s) - t )) s)"
-[ "$suite" = 0 ] || status=1
+# 1. The suite (SUITE=0 skips it).
+if [ "${SUITE:-1}" = 1 ]; then
+  t=$(date +%s)
+  OXIFLOW_TEST_BINS=$PWD/bin OXIFLOW_TIMEOUT=60 timeout "${T_SUITE:-210}" \
+    bin/gpu_pipeline --nocapture --test-threads 1 > "$OUT/gpu_pipeline.log" 2>&1
+  suite=$?
+  grep -h "^gpu_pipeline\|^test \|test result\|panicked" "$OUT/gpu_pipeline.log" | cut -c1-300
+  echo "gpu_pipeline exit code: $suite ($(( $(date +%s) - t )) s)"
+  [ "$suite" = 0 ] || status=1
+fi
 
 # 2. Throughput and memory, ours then the twins, one run at a time, nvidia-smi sampling the
 #    memory use of each GPU meanwhile (OUT/<tag>.mem).
@@ -48,22 +52,35 @@ measure() { # tag command...
   [ "$rc" = 0 ] || { status=1; grep -h "rror" "$OUT/$tag.log" | grep -v "^W" | tail -4 | cut -c1-300; }
 }
 GPT2=(--layers 12 --width 768 --heads 12 --seq-len 1024 --tokenizer gpt2 --batch-size 16
-      --micro-batches 4 --precision bf16-mixed --device cuda --optimizer adamw --lr 6e-4
+      --precision bf16-mixed --device cuda --optimizer adamw --lr 6e-4
       --weight-decay 0.1 --clip-grad 1.0 --steps "$STEPS" --log-every 1 --gen-tokens 0)
-measure ours-1f1b bin/oflaunch --nproc-per-node 2 --backend nccl bin/train "${GPT2[@]}" \
-  --pp 2 --schedule 1f1b
-measure ours-interleaved bin/oflaunch --nproc-per-node 2 --backend nccl bin/train "${GPT2[@]}" \
-  --pp 2 --schedule interleaved --virtual-stages 2
-for layout in 1f1b interleaved; do
+# A layout: our flags | the twin's layout.
+layout_of() {
+  case $1 in
+    1f1b) echo "--pp 2 --micro-batches 4 --schedule 1f1b|pp-1f1b" ;;
+    interleaved) echo "--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2|pp-interleaved" ;;
+    dp2) echo "--dp 2|ddp" ;;
+    zero2) echo "--dp 2 --zero 2|fsdp-keep" ;;
+    zero3) echo "--dp 2 --zero 3|fsdp" ;;
+    tp2) echo "--tp 2|tp" ;;
+    tp2sp) echo "--tp 2 --sp|tp-sp" ;;
+    *) echo "pipes_there: unknown layout $1" >&2; return 1 ;;
+  esac
+}
+for layout in $LAYOUTS; do
+  spec=$(layout_of "$layout") || { status=1; continue; }
+  IFS='|' read -r ours twin <<< "$spec"
+  # shellcheck disable=SC2086
+  measure "ours-$layout" bin/oflaunch --nproc-per-node 2 --backend nccl bin/train "${GPT2[@]}" $ours
   measure "torch-$layout" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    twin_gpt.py --models 124m --layouts "pp-$layout" --batch 16 --seq 1024 --vocab 50257 \
+    twin_gpt.py --models 124m --layouts "$twin" --batch 16 --seq 1024 --vocab 50257 \
     --micro-batches 4 --chunks 2 --warmup "$WARMUP" --steps $(( STEPS - WARMUP )) --tag twin
 done
 
 # 3. The table.
-python3 - "$OUT" "$WARMUP" <<'EOF'
+python3 - "$OUT" "$WARMUP" $LAYOUTS <<'EOF'
 import json, re, sys
-out, warm = sys.argv[1], int(sys.argv[2])
+out, warm, layouts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 tokens_per_step = 16 * 1024
 
 def smi(tag):
@@ -103,11 +120,11 @@ def twin(tag):
     return None
 
 print()
-print("GPT-2 124M, PP2, batch 16 x 1024 in 4 micro-batches, bf16-mixed, after "
+print("GPT-2 124M on 2 GPUs, batch 16 x 1024 (pipelines: 4 micro-batches), bf16-mixed, after "
       f"{warm} warm-up steps:")
 print("| run | tokens/s per GPU | ms/step | vs twin | peak GiB (own count) | nvidia-smi GiB GPU0 / GPU1 | last loss |")
 print("|---|---|---|---|---|---|---|")
-for layout in ["1f1b", "interleaved"]:
+for layout in layouts:
     rows = []
     for tag, read in [(f"ours-{layout}", ours), (f"torch-{layout}", twin)]:
         try:

@@ -14,7 +14,7 @@
 //! may still read is handed out again only once the send ended (a bucket allocates afresh
 //! instead), kept past the cache limit, and kept through a release after an out-of-memory.
 //!
-//! In an NCCL world the blocks come from NCCL's allocator (`NcclMemory`), which collectives
+//! When asked (`set_nccl_memory`), the blocks come from NCCL's allocator (`NcclMemory`), which collectives
 //! register for zero-copy transfers; blocks under `SLAB` bytes are carved from `SLAB`-byte
 //! allocations (NCCL's allocator rounds every request up to the VMM granularity). Every block
 //! of every rank is then registered memory, as NCCL requires of both sides of a transfer.

@@ -177,7 +177,7 @@ pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
                 "exists and is not a partial save of oxiflow; refusing to remove it",
             ));
         }
-        fs::remove_dir_all(&partial).map_err(|e| io_err("checkpoint save", &partial, e))?;
+        remove_ours(&partial).map_err(|e| io_err("checkpoint save", &partial, e))?;
     }
     fs::create_dir_all(&partial).map_err(|e| io_err("checkpoint save", &partial, e))?;
     File::create(partial.join(PARTIAL_MARKER))
@@ -190,7 +190,7 @@ pub(crate) fn fresh_partial(path: &Path) -> Result<PathBuf> {
 pub(crate) fn remove_partial(path: &Path) {
     let partial = sibling(path, ".partial");
     if exists(&partial) && is_our_partial(&partial) {
-        if let Err(e) = fs::remove_dir_all(&partial) {
+        if let Err(e) = remove_ours(&partial) {
             tracing::warn!(
                 "checkpoint save: cannot remove {} after the failed save: {e}",
                 partial.display()
@@ -209,7 +209,7 @@ pub(crate) fn publish(path: &Path, hook: &dyn Fn(SaveStage)) -> Result<()> {
     fsync_dir(&partial)?;
     hook(SaveStage::BeforePublish);
     if exists(&old) {
-        fs::remove_dir_all(&old).map_err(|e| io_err("checkpoint publish", &old, e))?;
+        remove_ours(&old).map_err(|e| io_err("checkpoint publish", &old, e))?;
     }
     let had_old = exists(path);
     if had_old {
@@ -219,7 +219,77 @@ pub(crate) fn publish(path: &Path, hook: &dyn Fn(SaveStage)) -> Result<()> {
     fs::rename(&partial, path).map_err(|e| io_err("checkpoint publish", path, e))?;
     fsync_dir(&parent_of(path))?;
     if had_old {
-        fs::remove_dir_all(&old).map_err(|e| io_err("checkpoint publish", &old, e))?;
+        remove_ours(&old).map_err(|e| io_err("checkpoint publish", &old, e))?;
     }
     Ok(())
+}
+
+/// Removes a directory this module made (a checkpoint or a partial save) so that a process
+/// killed part way leaves it still recognisable as ours: every entry but the manifest and the
+/// partial marker first, then those, then the directory. (`remove_dir_all` may take the
+/// manifest first, and a checkpoint left without it would be refused as not ours.)
+fn remove_ours(dir: &Path) -> std::io::Result<()> {
+    let last = [MANIFEST, PARTIAL_MARKER];
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if last.iter().any(|n| entry.file_name() == *n) {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            fs::remove_dir_all(entry.path())?;
+        } else {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    for name in last {
+        match fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    fs::remove_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("oxiflow-atomic-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn checkpoint_dir(dir: &Path, files: &[&str]) {
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in files {
+            fs::write(dir.join(f), b"data").unwrap();
+        }
+        fs::write(dir.join("sub/nested"), b"data").unwrap();
+        let manifest = format!("{{\"format\": \"{}\"}}", super::super::manifest::FORMAT);
+        fs::write(dir.join(MANIFEST), manifest).unwrap();
+    }
+
+    #[test]
+    fn removal_keeps_the_manifest_until_last_and_a_part_removed_old_is_still_ours() {
+        let root = scratch("remove");
+        let dir = root.join("ckpt.old");
+        checkpoint_dir(&dir, &["rank-00000.safetensors", "rank-00001.safetensors"]);
+        // What a save killed part way through removing `<path>.old` leaves: the manifest and
+        // some of the files.
+        fs::remove_file(dir.join("rank-00000.safetensors")).unwrap();
+        assert!(has_manifest(&dir));
+        assert!(check_save_target(&root.join("ckpt")).is_ok());
+        remove_ours(&dir).unwrap();
+        assert!(!exists(&dir));
+        // A partial save's marker also stays until last.
+        let partial = root.join("ckpt.partial");
+        fs::create_dir_all(&partial).unwrap();
+        fs::write(partial.join(PARTIAL_MARKER), b"").unwrap();
+        fs::write(partial.join("rank-00000.safetensors"), b"data").unwrap();
+        remove_ours(&partial).unwrap();
+        assert!(!exists(&partial));
+        let _ = fs::remove_dir_all(root);
+    }
 }

@@ -15,7 +15,8 @@
 //!
 //! A save refuses (before anything is written) a `<path>` that exists and is not a checkpoint
 //! (a file, or a directory without our manifest), and a `<path>.old` or `<path>.partial` that is
-//! not ours, so user data at those names is never deleted.
+//! not ours and not empty, so user data at those names is never deleted. (Another save's
+//! `<path>.partial` or `<path>.old` is empty for a moment while it is made or removed.)
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -93,7 +94,7 @@ pub fn check_save_target(path: &Path) -> Result<()> {
         };
     }
     let old = sibling(path, ".old");
-    if exists(&old) && !has_manifest(&old) {
+    if exists(&old) && !has_manifest(&old) && !is_empty_dir(&old) {
         return refuse(&old, "exists and is not an oxiflow checkpoint");
     }
     let partial = sibling(path, ".partial");
@@ -103,11 +104,19 @@ pub fn check_save_target(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A `<path>.partial` made by a save: it carries the marker, or (once complete) our manifest.
+/// A `<path>.partial` made by a save: it carries the marker, or (once complete) our manifest,
+/// or it is empty (another save between making it and marking it, or between removing its
+/// last file and itself: removing an empty directory loses nothing).
 fn is_our_partial(dir: &Path) -> bool {
     let marked = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
         && fs::symlink_metadata(dir.join(PARTIAL_MARKER)).is_ok_and(|m| m.is_file());
-    marked || has_manifest(dir)
+    marked || has_manifest(dir) || is_empty_dir(dir)
+}
+
+/// Whether `dir` is a directory (not a symlink) with nothing in it.
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+        && fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
@@ -290,6 +299,13 @@ mod tests {
         fs::write(partial.join("rank-00000.safetensors"), b"data").unwrap();
         remove_ours(&partial).unwrap();
         assert!(!exists(&partial));
+        // An empty `.partial` or `.old` (another save between making and marking it, or
+        // removing it) is ours; a non-empty unmarked one is refused.
+        fs::create_dir_all(&partial).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        assert!(check_save_target(&root.join("ckpt")).is_ok());
+        fs::write(partial.join("user-file"), b"data").unwrap();
+        assert!(check_save_target(&root.join("ckpt")).is_err());
         let _ = fs::remove_dir_all(root);
     }
 }

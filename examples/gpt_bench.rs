@@ -304,5 +304,7 @@ fn main() -> R<()> {
             );
         }
     }
+    // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.
+    oxiflow::collectives::trace::write_rank_trace()?;
     Ok(())
 }

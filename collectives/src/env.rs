@@ -30,7 +30,8 @@
 //!   (mpi: the CPU backend with MPI as its data plane, `cpu_plane`),
 //!   `OXIFLOW_FLIGHT_DIR` (where the flight recorder dumps on a failure),
 //!   `OXIFLOW_TRACE_DIR` (where this rank writes its timeline trace), `OXIFLOW_PROGRESS`
-//!   (1: oflaunch draws the progress bar from the job's progress lines).
+//!   (1: oflaunch draws the progress bar from the job's progress lines), `OXIFLOW_NCCL_MEMORY`
+//!   (1: device blocks of an NCCL world from NCCL's allocator).
 //!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
@@ -120,6 +121,9 @@ pub struct LaunchEnv {
     pub trace_dir: Option<std::path::PathBuf>,
     /// oflaunch draws a progress bar from this job's progress lines (`OXIFLOW_PROGRESS=1`).
     pub progress_lines: bool,
+    /// An NCCL world takes its device blocks from NCCL's allocator (registered, zero-copy
+    /// collectives) instead of the driver's (`OXIFLOW_NCCL_MEMORY=1`).
+    pub nccl_memory: bool,
     /// The data plane of a CPU world (`backend` reads `Cpu` when this is `Mpi`).
     pub cpu_plane: CpuPlane,
     /// Whether an MPI launcher started this process (Open MPI or PMI variables are set), so
@@ -493,13 +497,13 @@ impl LaunchEnv {
             .raw("OXIFLOW_TRACE_DIR")
             .filter(|d| !d.trim().is_empty())
             .map(std::path::PathBuf::from);
-        let progress_lines = match vars.raw("OXIFLOW_PROGRESS").as_deref().map(str::trim) {
-            None | Some("") | Some("0") => false,
-            Some("1") => true,
-            Some(v) => {
-                return Err(env_err(format!("OXIFLOW_PROGRESS={v:?} is not 0 or 1")));
-            }
+        let flag = |name: &str| match vars.raw(name).as_deref().map(str::trim) {
+            None | Some("") | Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(v) => Err(env_err(format!("{name}={v:?} is not 0 or 1"))),
         };
+        let progress_lines = flag("OXIFLOW_PROGRESS")?;
+        let nccl_memory = flag("OXIFLOW_NCCL_MEMORY")?;
         tracing::debug!(
             family = chosen.map_or("none (single process)", |r| r.family.name),
             rank,
@@ -524,6 +528,7 @@ impl LaunchEnv {
             flight_dir,
             trace_dir,
             progress_lines,
+            nccl_memory,
             cpu_plane,
             mpi_launched,
         })

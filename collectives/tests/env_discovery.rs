@@ -501,3 +501,14 @@ fn oflaunch_extras_prefix_device_and_library_folders() {
         &["OXIFLOW_DEVICE", "gpu0"],
     );
 }
+
+#[test]
+fn nccl_memory_is_off_unless_set_to_one() {
+    assert!(!ok(&[]).nccl_memory);
+    assert!(!ok(&[("OXIFLOW_NCCL_MEMORY", "0")]).nccl_memory);
+    assert!(ok(&[("OXIFLOW_NCCL_MEMORY", "1")]).nccl_memory);
+    err(
+        &[("OXIFLOW_NCCL_MEMORY", "yes")],
+        &["OXIFLOW_NCCL_MEMORY", "yes"],
+    );
+}

@@ -17,13 +17,7 @@ cp target/release/examples/train "$CARRY/bin/"
 # OXIFLOW_TEST_BINS=.carry/bin so it uses the staged oflaunch and train).
 for spec in "oxiflow-collectives gpu_nccl" "oxiflow-tensor gpu_tensor" "oxiflow trace_timeline"; do
   set -- $spec
-  exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import sys, json
-name = sys.argv[1]
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
-        print(m["executable"])' "$2")
+  exe=$(scripts/gpu/test_executable.sh "$1" "$2")
   cp "$exe" "$CARRY/bin/$2"
 done
 strip "$CARRY"/bin/*

@@ -14,13 +14,7 @@ cp target/release/oflaunch target/release/examples/train target/release/examples
 for b in gpu_kernels_check attention_bench; do
   [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"
 done
-exe=$(cargo test --release -p oxiflow-tensor --test gpu_tensor --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import sys, json
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_tensor":
-        print(m["executable"])')
-cp "$exe" "$DEST/bin/gpu_tensor"
+cp "$(scripts/gpu/test_executable.sh oxiflow-tensor gpu_tensor)" "$DEST/bin/gpu_tensor"
 strip "$DEST"/bin/*
 cp scripts/gpu/*_there.sh scripts/gpu/attention_anchor.py "$ANCHORS/gpt2_bench.py" "$DEST/"
 du -sh "$DEST"

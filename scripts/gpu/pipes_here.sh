@@ -9,13 +9,7 @@ DEST=${1:-.carry/pipes}
 rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release -p oxiflow --example train
-exe=$(cargo test --release -p oxiflow --test gpu_pipeline --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import sys, json
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_pipeline":
-        print(m["executable"])')
-[ -n "$exe" ] || { echo "pipes_here: no gpu_pipeline test executable" >&2; exit 1; }
+exe=$(scripts/gpu/test_executable.sh oxiflow gpu_pipeline)
 cp target/release/oflaunch target/release/examples/train "$DEST/bin/"
 cp "$exe" "$DEST/bin/gpu_pipeline"
 strip "$DEST"/bin/*

@@ -43,7 +43,7 @@ pub fn init_from_env() -> Result<Context> {
         // Device blocks from the driver's allocator, unless `OXIFLOW_NCCL_MEMORY=1` asks for
         // NCCL's (registered: large collectives move them zero-copy, but a training step that
         // reduces gradients in such blocks measured several times slower on 2 GPUs).
-        rt.set_nccl_memory(nccl_memory_requested());
+        rt.set_nccl_memory(env.nccl_memory);
         // Kernels and collectives share one order: NCCL waits for the compute stream and the
         // compute stream for NCCL, with no host synchronisation.
         comm.set_compute_stream(rt.stream().clone());
@@ -55,12 +55,4 @@ pub fn init_from_env() -> Result<Context> {
     let world =
         oxiflow_collectives::init_world(&cpu).map_err(|source| TensorError::Comm { op, source })?;
     Ok(init_with_world(world))
-}
-
-/// Whether `OXIFLOW_NCCL_MEMORY` asks for device blocks from NCCL's allocator (`1`, `on` or
-/// `true`).
-fn nccl_memory_requested() -> bool {
-    std::env::var("OXIFLOW_NCCL_MEMORY")
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "on" | "true"))
-        .unwrap_or(false)
 }

@@ -329,10 +329,9 @@ mod tests {
         }
     }
 
-    /// Two stages that each send first: opening each one's channel waits for the other, whose
-    /// host waits in its own opening.
-    #[test]
-    fn hosts_that_open_channels_crosswise_deadlock() {
+    /// Stage 0 sends an activation and stage 1 a gradient, each before its receive: the two
+    /// messages and the two programs.
+    fn both_send_first() -> (Message, Message, Vec<Vec<HostOp>>) {
         let a = Message::Activation { mb: 0, to: 1 };
         let g = Message::Gradient { mb: 0, to: 0 };
         let programs = vec![
@@ -345,6 +344,14 @@ mod tests {
                 HostOp::Recv { from: 0, msg: a },
             ],
         ];
+        (a, g, programs)
+    }
+
+    /// Two stages that each send first: opening each one's channel waits for the other, whose
+    /// host waits in its own opening.
+    #[test]
+    fn hosts_that_open_channels_crosswise_deadlock() {
+        let (a, g, programs) = both_send_first();
         let e = hosts(&spec(), Transport::OneWayChannels, &programs)
             .expect_err("crosswise opening")
             .to_string();
@@ -371,18 +378,7 @@ mod tests {
     /// are open); blocking transfers on one stream per pair do not.
     #[test]
     fn opposite_sends_on_one_stream_deadlock_on_devices() {
-        let a = Message::Activation { mb: 0, to: 1 };
-        let g = Message::Gradient { mb: 0, to: 0 };
-        let programs = vec![
-            vec![
-                HostOp::Send { to: 1, msg: a },
-                HostOp::Recv { from: 1, msg: g },
-            ],
-            vec![
-                HostOp::Send { to: 0, msg: g },
-                HostOp::Recv { from: 0, msg: a },
-            ],
-        ];
+        let (_, _, programs) = both_send_first();
         let e = devices(&spec(), Transport::SharedPairs, &programs)
             .expect_err("deadlock")
             .to_string();

@@ -3,6 +3,7 @@
 //! and an embedding with a vocabulary-split weight, with their gradients.
 
 use super::super::*;
+use super::op_cases::{Make, OpCase};
 
 /// Integer ids in `0..n` of `shape` (sigmoid of a randn input, scaled, truncated).
 fn ids_in(mk: &Make, shape: &[usize], seed: u64, s: usize, n: usize) -> Result<Tensor> {

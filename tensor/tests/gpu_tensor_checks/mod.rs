@@ -9,10 +9,12 @@ use super::*;
 mod flash;
 mod half;
 mod indexed;
+mod op_cases;
 mod reductions;
 pub(crate) use flash::child_flash;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
+pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).

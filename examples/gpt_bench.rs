@@ -78,6 +78,9 @@ struct Args {
     /// each gradient all-reduced by the optimizer after the backward pass.
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
+    /// The dtype gradient buckets move as (bf16, f16, f32, f64; default: the gradients' own).
+    #[arg(long)]
+    reduce_dtype: Option<DType>,
     #[arg(long, default_value = "")]
     tag: String,
 }
@@ -112,6 +115,7 @@ struct Bench {
     dp: usize,
     /// Bytes per gradient bucket (0: no buckets).
     bucket_bytes: usize,
+    reduce_dtype: Option<DType>,
 }
 
 impl Bench {
@@ -131,6 +135,7 @@ impl Bench {
                 self.opt.zero(),
                 self.bucket_bytes,
                 SyncMode::Reduce,
+                self.reduce_dtype,
             )
         });
         {
@@ -219,6 +224,7 @@ fn main() -> R<()> {
         rank: ctx.rank(),
         dp: a.dp,
         bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0).ceil() as usize,
+        reduce_dtype: a.reduce_dtype,
     };
     let t_warm = Instant::now();
     let mut step = 0u64;
@@ -249,10 +255,11 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"dp\":{},\"bucket_mb\":{},\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
         a.dp,
         a.bucket_mb,
+        a.reduce_dtype.map_or("own", |d| d.as_str()),
         a.precision,
         a.clip_grad,
         a.layers,

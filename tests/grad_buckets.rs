@@ -3,7 +3,10 @@
 //! and 2 accumulation parts equals the one-rank curve under DP2, DP4, DP2 x TP2 and ZeRO-1/2/3
 //! (f64), and the unbucketed run's bit for bit (f32); `--explain` names the buckets, several of
 //! them launched while the backward pass still runs and all in the last accumulation part,
-//! their bytes those of the whole model; `--bucket-mb 0` reduces none in buckets.
+//! their bytes those of the whole model; `--bucket-mb 0` reduces none in buckets. Under
+//! bf16-mixed the f32 gradients reach the buckets the same way (the bf16 -> f32 conversion of
+//! each compute copy's gradient keeps it a partial sum), and `--reduce-dtype bf16` moves the
+//! buckets as bf16, tracking the one-rank curve to bf16 rounding.
 
 mod common;
 
@@ -141,4 +144,39 @@ fn explain_names_buckets_launched_during_the_last_backward_pass() {
     assert!(explain(&["--bucket-mb", "0"]).is_empty());
     let zero2 = explain(&["--bucket-mb", "0.01", "--zero", "2"]);
     assert!(zero2.len() >= 3 && zero2.iter().all(|b| b.2 == "reduce-scatter" && b.3 == 1));
+}
+
+#[test]
+fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
+    let explain = |extra: &[&str]| {
+        let mut args = vec!["--dp", "2", "--explain", "--bucket-mb", "0.01"];
+        args.extend_from_slice(extra);
+        buckets(&run(2, &args))
+    };
+    let total = |b: &[(usize, usize, String, usize, bool)]| {
+        b.iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    let f32s = explain(&[]);
+    let mixed = explain(&["--precision", "bf16-mixed"]);
+    eprintln!("bf16-mixed: {mixed:?}");
+    assert!(mixed.iter().filter(|b| b.4).count() >= 2, "{mixed:?}");
+    assert!(mixed.iter().all(|b| b.2 == "all-reduce"), "{mixed:?}");
+    // Every gradient but those of norm weights the LayerNorm backward computes in f32 and
+    // rounds to their bf16 compute copies (a rounding the engine does not apply to partial
+    // sums, so those few reduce alone): at most the 5 LayerNorms' 10 vectors.
+    let (all, got) = (total(&f32s), total(&mixed));
+    assert!(
+        all.0 - got.0 <= 10 && (all.1 - got.1) * 100 <= all.1,
+        "{got:?} of {all:?}"
+    );
+    let wire = explain(&["--reduce-dtype", "bf16"]);
+    assert!(wire.iter().all(|b| b.2 == "all-reduce(bf16)"), "{wire:?}");
+    assert_eq!(total(&wire), all);
+    let common = ["--steps", "12", "--seed", "5", "--bucket-mb", "0.01"];
+    let one = curve(&run(1, &common));
+    let mut args = common.to_vec();
+    args.extend_from_slice(&["--dp", "2", "--reduce-dtype", "bf16"]);
+    let diff = max_rel(&one, &curve(&run(2, &args)));
+    eprintln!("--reduce-dtype bf16, DP2: {diff:.3e} from one rank (f32)");
+    assert!(diff > 0.0 && diff <= 1e-2, "{diff:e}");
 }

@@ -246,6 +246,10 @@ fn cases(s: &Scratch) -> Vec<Case> {
         case(&["--hidden", "32"], "--hidden (model.hidden)"),
         case(&["--momentum", "0.5"], "--momentum (optim.momentum)"),
         case(&["--min-lr", "0.001"], "--min-lr (optim.min-lr)"),
+        case(
+            &["--reduce-dtype", "bf16", "--bucket-mb", "0"],
+            "--reduce-dtype (optim.reduce-dtype)",
+        ),
         case(&["--peak-tflops", "10"], "--peak-tflops (run.peak-tflops)"),
         case(&["--schedule", "gpipe"], "--schedule (parallel.schedule)"),
         case(

@@ -103,6 +103,22 @@ impl DType {
             _ => None,
         }
     }
+    /// Whether every value of `from` is exactly a value of this dtype, so converting from
+    /// `from` never rounds (bf16 and f16 into f32 and f64, f32 into f64, any dtype into
+    /// itself). Such a conversion commutes with sums: converting each partial sum converts
+    /// their sum.
+    pub const fn holds_every(self, from: DType) -> bool {
+        matches!(
+            (from, self),
+            (DType::BF16 | DType::F16, DType::F32 | DType::F64)
+                | (DType::F32, DType::F64)
+                | (DType::F32, DType::F32)
+                | (DType::F64, DType::F64)
+                | (DType::I64, DType::I64)
+                | (DType::BF16, DType::BF16)
+                | (DType::F16, DType::F16)
+        )
+    }
     /// The dtype 16-bit floats compute and accumulate in (f32); every other dtype is its own.
     pub const fn compute(self) -> DType {
         if self.is_half() {

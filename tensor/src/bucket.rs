@@ -2,13 +2,16 @@
 //! one collective. Each rank copies its pieces into one flat buffer on its group of that axis
 //! (a 1-d placement), boxes it once (P -> B, an all-reduce; or P -> S(0) of a `[group, C]`
 //! buffer, a reduce-scatter whose row `i` holds member `i`'s shards) and cuts the result back
-//! into pieces of the tensors' new layouts. On NCCL worlds the boxing runs on the
+//! into pieces of the tensors' new layouts. The buffer may move as another float dtype (`wire`,
+//! e.g. bf16 for f32 gradients: half the bytes, each rank's part rounded once before the sum and
+//! the result converted back). On NCCL worlds the boxing runs on the
 //! communicator's stream and leaves its end event on the result's block, so compute waits only
 //! where it next reads a reduced gradient.
 
 use std::borrow::Cow;
 
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
 
@@ -119,12 +122,28 @@ fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Gl
 }
 
 /// Reduces the partial sums `grads` over mesh `axis` with one collective per rank group of
-/// that axis and returns them laid out with `axis` made `target` (the other axes unchanged).
-/// Every rank of the tensors' placement must call it with the same tensors in the same order.
-pub fn reduce_bucket(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Tensor>> {
+/// that axis and returns them laid out with `axis` made `target` (the other axes unchanged),
+/// in their own dtype. With `wire`, the collective moves the buffer converted to that float
+/// dtype (each rank's part rounded once; the collective sums in it) and the result is
+/// converted back. Every rank of the tensors' placement must call it with the same tensors
+/// in the same order and the same `wire`.
+pub fn reduce_bucket(
+    grads: &[Tensor],
+    axis: usize,
+    target: BucketTarget,
+    wire: Option<DType>,
+) -> Result<Vec<Tensor>> {
     let tos = targets(grads, axis, target)?;
+    if let (Some(w), Some(g)) = (wire, grads.first()) {
+        if !w.is_float() || !g.dtype().is_float() {
+            return Err(bucket_err(format!(
+                "gradients of {} cannot move as {w}: both must be float dtypes",
+                g.dtype()
+            )));
+        }
+    }
     let traced = trace_start();
-    let out = reduce_checked(grads, axis, target, tos)?;
+    let out = reduce_checked(grads, axis, target, tos, wire)?;
     trace_end(
         traced,
         Lane::Boxing,
@@ -154,6 +173,7 @@ fn reduce_checked(
     axis: usize,
     target: BucketTarget,
     tos: Vec<GlobalLayout>,
+    wire: Option<DType>,
 ) -> Result<Vec<Tensor>> {
     let (Some(first), Some(ctx)) = (grads.first(), grads.first().and_then(Tensor::context)) else {
         return Ok(grads.to_vec());
@@ -178,9 +198,11 @@ fn reduce_checked(
         .map(|g| g.to_local().reshape([g.to_local().numel()]))
         .collect::<Result<_>>()?;
     let partial = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
+    let own = first.dtype();
+    let moved = wire.unwrap_or(own);
     let mine = match target {
         BucketTarget::Broadcast => {
-            let flat = concat(&flats)?;
+            let flat = concat(&flats)?.to_dtype(moved)?;
             flat.to_global(&sub, partial)?
                 .to_global(&sub, NdSbp::broadcast(1))?
                 .to_local()
@@ -204,12 +226,14 @@ fn reduce_checked(
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = rows.iter().collect();
             Tensor::concat(&refs, 0)?
+                .to_dtype(moved)?
                 .to_global(&sub, partial)?
                 .to_global(&sub, NdSbp::new([Sbp::S(0)]))?
                 .to_local()
                 .reshape([width])?
         }
-    };
+    }
+    .to_dtype(own)?;
     let mut at = 0;
     let mut out = Vec::with_capacity(grads.len());
     for (g, to) in grads.iter().zip(tos) {

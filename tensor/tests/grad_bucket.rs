@@ -1,7 +1,9 @@
 //! `reduce_bucket`: several partial sums reduced over one mesh axis by one collective give
 //! the layouts and values that boxing each tensor alone gives (all-reduce to B and
 //! reduce-scatter to S(0); 1-d and 2-d meshes, either axis, uneven and empty shards, the other
-//! axis B, S(0), S(1) or P; equal up to the order of a sum's terms); a shard that is not a row range of the piece is a typed error on
+//! axis B, S(0), S(1) or P; equal up to the order of a sum's terms), also when the buffer moves
+//! as another dtype (f32 or bf16 for f64 gradients: each rank's part rounded once, then
+//! summed); a shard that is not a row range of the piece is a typed error on
 //! every rank of the group before any communication.
 
 use std::time::Duration;
@@ -44,6 +46,8 @@ struct Case {
     /// (rows, cols, SBP on the other mesh axis) per tensor.
     tensors: Vec<(usize, usize, Sbp)>,
     target: BucketTarget,
+    /// The dtype the buffer moves as (None: the gradients' own).
+    wire: Option<DType>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -52,8 +56,10 @@ fn case() -> impl Strategy<Value = Case> {
         0usize..2,
         prop::collection::vec((0usize..7, 1usize..4, other_sbp()), 1..5),
         prop_oneof![Just(BucketTarget::Broadcast), Just(BucketTarget::Shard)],
+        prop_oneof![Just(None), Just(Some(DType::F32)), Just(Some(DType::BF16))],
     )
-        .prop_map(|((world, shape), axis, tensors, target)| Case {
+        .prop_map(|((world, shape), axis, tensors, target, wire)| Case {
+            wire,
             axis: axis % shape.len(),
             world,
             shape,
@@ -74,7 +80,8 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
     )
     .unwrap();
     run_ranks(case.world, TIMEOUT, |rank| {
-        let grads: Vec<Tensor> = case
+        // Each gradient, and it as the ranks' parts converted to the wire dtype.
+        let (grads, moved): (Vec<Tensor>, Vec<Tensor>) = case
             .tensors
             .iter()
             .enumerate()
@@ -91,33 +98,42 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
                     .zip(nd.as_slice())
                     .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
                     .fold(0, |k, c| k * 10 + c);
-                Tensor::randn(local, (key * 100 + i) as u64, DType::F64)
-                    .to_global_checked(&placement, nd)
-                    .unwrap()
+                let part = Tensor::randn(local, (key * 100 + i) as u64, DType::F64);
+                let wired = match case.wire {
+                    Some(w) => part.to_dtype(w).unwrap(),
+                    None => part.clone(),
+                };
+                (
+                    part.to_global_checked(&placement, nd.clone()).unwrap(),
+                    wired.to_global_checked(&placement, nd).unwrap(),
+                )
             })
-            .collect();
+            .unzip();
         let fits = grads.iter().all(|g| bucket_fits(g, case.axis, case.target));
         let sbp = match case.target {
             BucketTarget::Broadcast => Sbp::B,
             BucketTarget::Shard => Sbp::S(0),
         };
-        let alone: Vec<Vec<f64>> = grads
+        let alone: Vec<Vec<f64>> = moved
             .iter()
             .map(|g| {
                 let nd = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
                 g.to_global(&placement, nd)
                     .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
                     .to_vec::<f64>()
                     .unwrap()
             })
             .collect();
-        match reduce_bucket(&grads, case.axis, case.target) {
+        match reduce_bucket(&grads, case.axis, case.target, case.wire) {
             Ok(out) => {
                 assert!(fits, "a bucket that does not fit was reduced");
                 for (o, g) in out.iter().zip(&grads) {
                     let want = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
                     assert_eq!(o.nd_sbp(), Some(&want));
                     assert_eq!(o.shape(), g.shape());
+                    assert_eq!(o.dtype(), g.dtype());
                 }
                 let pieces = out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect();
                 Ok((pieces, alone))
@@ -144,13 +160,18 @@ proptest! {
             }
         }
         // The same sums; the in-process backend may add a chunk's members in another order
-        // when the chunk boundaries move, so the last bit may differ.
+        // when the chunk boundaries move, so the last bit (of the wire dtype) may differ.
+        let tol = match case.wire {
+            None => 1e-12,
+            Some(DType::F32) => 1e-6,
+            Some(_) => 2e-2,
+        };
         for (bucket, alone) in got.into_iter().flatten() {
             prop_assert_eq!(bucket.len(), alone.len());
             for (b, a) in bucket.iter().zip(&alone) {
                 prop_assert_eq!(b.len(), a.len());
                 for (x, y) in b.iter().zip(a) {
-                    prop_assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{:?} {:?}", b, a);
+                    prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
                 }
             }
         }
@@ -172,10 +193,10 @@ fn a_bucket_of_mixed_dtypes_is_refused_before_communication() {
             .to_global(&placement, Sbp::B)
             .unwrap();
         (
-            reduce_bucket(&[a.clone(), b], 0, BucketTarget::Broadcast)
+            reduce_bucket(&[a.clone(), b], 0, BucketTarget::Broadcast, None)
                 .unwrap_err()
                 .to_string(),
-            reduce_bucket(&[a, c], 0, BucketTarget::Broadcast)
+            reduce_bucket(&[a, c], 0, BucketTarget::Broadcast, None)
                 .unwrap_err()
                 .to_string(),
         )

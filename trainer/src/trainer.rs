@@ -49,6 +49,8 @@ pub struct TrainOptions {
     /// `GradBuckets`); 0: no buckets, each gradient is reduced by the optimizer's `prepare`
     /// (or, under ZeRO-2, boxed to its shard at the end of each backward pass).
     pub bucket_bytes: usize,
+    /// The dtype the buckets move as (None: the gradients' own).
+    pub reduce_dtype: Option<DType>,
     pub pipeline: Option<PipelineRun>,
 }
 
@@ -239,6 +241,7 @@ impl<M: TrainModel> Trainer<M> {
                 self.optimizer.zero(),
                 self.opts.bucket_bytes,
                 mode,
+                self.opts.reduce_dtype,
             )
         })
     }

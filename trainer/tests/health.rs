@@ -118,6 +118,7 @@ fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Traine
             clip_grad: None,
             grad_accum: 1,
             bucket_bytes: 0,
+            reduce_dtype: None,
             pipeline: None,
         },
     )

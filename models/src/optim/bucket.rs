@@ -7,7 +7,11 @@
 //! layout, or, under ZeRO-2, a reduce-scatter straight into the shard. What no full bucket
 //! took is reduced when the walk ends. Under gradient accumulation the earlier parts run in
 //! [`SyncMode::Defer`]: the gradients accumulate locally as partial sums and only the last
-//! part reduces.
+//! part reduces. A bucket may move as another float dtype than the gradients' (`wire`: bf16
+//! halves the bytes of f32 gradients; each rank's part is rounded once before the sum).
+//! Under mixed precision the gradients reach their f32 leaves as partial sums (the bf16 ->
+//! f32 conversion of the compute copy's gradient is exact, so it keeps them partial), so the
+//! buckets reduce them in f32 unless `wire` says otherwise.
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +41,8 @@ pub struct BucketLaunch {
     /// Their logical bytes (the same on every rank).
     pub bytes: usize,
     pub target: BucketTarget,
+    /// The dtype the bucket moved as, when not the gradients' own.
+    pub wire: Option<DType>,
     /// Launched while the walk still ran (the bucket filled up), not when it ended.
     pub during_walk: bool,
 }
@@ -61,13 +67,21 @@ pub struct GradBuckets {
     zero: Zero,
     cap_bytes: usize,
     mode: SyncMode,
+    wire: Option<DType>,
     state: Mutex<State>,
 }
 
 impl GradBuckets {
     /// The hook for `params`' current leaves, the data-parallel axis and stage of `zero`, and
-    /// buckets of at least `cap_bytes` (1 byte: one gradient per bucket).
-    pub fn new(params: &[Parameter], zero: Zero, cap_bytes: usize, mode: SyncMode) -> Arc<Self> {
+    /// buckets of at least `cap_bytes` (1 byte: one gradient per bucket), each moving as `wire`
+    /// (None: the gradients' own dtype).
+    pub fn new(
+        params: &[Parameter],
+        zero: Zero,
+        cap_bytes: usize,
+        mode: SyncMode,
+        wire: Option<DType>,
+    ) -> Arc<Self> {
         let axis = zero.axis();
         let leaves = params
             .iter()
@@ -79,6 +93,7 @@ impl GradBuckets {
             zero,
             cap_bytes: cap_bytes.max(1),
             mode,
+            wire,
             state: Mutex::new(State::default()),
         })
     }
@@ -168,7 +183,8 @@ impl GradBuckets {
     fn launch(&self, b: Open, during_walk: bool) -> Result<()> {
         let (leaves, grads): (Vec<&Tensor>, Vec<Tensor>) =
             b.leaves.iter().filter_map(|l| Some((l, l.grad()?))).unzip();
-        let reduced = reduce_bucket(&grads, self.zero.axis(), b.target)?;
+        let wire = self.wire.filter(|&w| w != b.dtype);
+        let reduced = reduce_bucket(&grads, self.zero.axis(), b.target, wire)?;
         for (leaf, g) in leaves.into_iter().zip(reduced) {
             leaf.autograd().set_grad(Some(g));
         }
@@ -183,6 +199,7 @@ impl GradBuckets {
             tensors: b.leaves.len(),
             bytes: b.bytes,
             target: b.target,
+            wire,
             during_walk,
         });
         Ok(())

@@ -212,7 +212,12 @@ impl OpFamily for ElementwiseOp {
                 let linear = *op == ScalarOp::Mul;
                 Ok(Inferred::new(rules::unary(s[0], linear, mode), d[0]))
             }
-            ElementwiseOp::Cast(to) => Ok(Inferred::new(rules::unary(s[0], false, mode), *to)),
+            // A cast that never rounds keeps partial sums (the sum of converted pieces is the
+            // converted sum); one that may round needs whole values first.
+            ElementwiseOp::Cast(to) => Ok(Inferred::new(
+                rules::unary(s[0], to.holds_every(d[0]), mode),
+                *to,
+            )),
             ElementwiseOp::Binary(b) => {
                 let dt = same_dtype(d)?;
                 if dt == DType::I64 && *b == BinaryOp::Div {

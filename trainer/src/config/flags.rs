@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use oxiflow_dtype::DType;
 use serde::{Deserialize, Serialize};
 
 use super::checks::parse;
@@ -94,6 +95,27 @@ pub enum PrecisionPolicy {
     /// copies of the parameters and bf16 activations (matrix products and attention accumulate
     /// in f32, norms, softmax and the loss compute in f32).
     Bf16Mixed,
+}
+
+/// A dtype gradient buckets may move as (`--reduce-dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReduceDtypeArg {
+    Bf16,
+    F16,
+    F32,
+    F64,
+}
+
+impl ReduceDtypeArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            ReduceDtypeArg::Bf16 => DType::BF16,
+            ReduceDtypeArg::F16 => DType::F16,
+            ReduceDtypeArg::F32 => DType::F32,
+            ReduceDtypeArg::F64 => DType::F64,
+        }
+    }
 }
 
 /// The tokenizer of text data.
@@ -292,6 +314,11 @@ pub struct OptimFlags {
     /// on its own after the backward pass [default: 25].
     #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
     pub bucket_mb: Option<f64>,
+    /// The dtype gradient buckets move as: each rank's part is converted (rounded once) and the
+    /// collective sums in it; bf16 halves the bytes of f32 gradients [default: the gradients'
+    /// own dtype].
+    #[arg(long, value_enum)]
+    pub reduce_dtype: Option<ReduceDtypeArg>,
 }
 
 /// The run: its length, logs, checkpoints and outputs.

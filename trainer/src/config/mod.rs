@@ -16,8 +16,8 @@ use serde::Serialize;
 pub use checks::{parse, MAX_GEN_TOKENS};
 pub use flags::{
     DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, NonFiniteArg, Opt,
-    OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, RunFlags, ScheduleArg,
-    ShardFormatArg, TokenizerArg, WorldBackend,
+    OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, ReduceDtypeArg, RunFlags,
+    ScheduleArg, ShardFormatArg, TokenizerArg, WorldBackend,
 };
 
 use crate::error::TrainError;
@@ -84,6 +84,8 @@ pub struct OptimConfig {
     pub grad_accum: usize,
     /// MiB per data-parallel gradient bucket (0: no buckets).
     pub bucket_mb: f64,
+    /// The dtype gradient buckets move as (None: the gradients' own).
+    pub reduce_dtype: Option<ReduceDtypeArg>,
 }
 
 impl OptimConfig {

@@ -139,6 +139,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             .transpose()?,
         grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
         bucket_mb: bucket_mb(o.bucket_mb)?,
+        reduce_dtype: o.reduce_dtype,
     };
     let positive_opt =
         |flag: &str, v: Option<u64>| v.map(|v| checked(flag, v, checks::positive)).transpose();

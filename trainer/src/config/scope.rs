@@ -22,6 +22,8 @@ enum Needs {
     Metrics,
     /// A GPT sample of at least one token.
     Sample,
+    /// Data-parallel gradient buckets (a GPT with --bucket-mb above 0).
+    Buckets,
 }
 
 /// Every key only some jobs use (`section.key`), with what it needs.
@@ -47,6 +49,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("data.shard-format", Needs::Shards),
     ("optim.momentum", Needs::Sgd),
     ("optim.min-lr", Needs::DecayingLr),
+    ("optim.reduce-dtype", Needs::Buckets),
     ("run.peak-tflops", Needs::Metrics),
     ("generate.gen-tokens", Needs::Gpt),
     ("generate.generate", Needs::Sample),
@@ -65,6 +68,7 @@ impl Needs {
             Needs::DecayingLr => c.optim.lr_schedule != LrScheduleArg::Constant,
             Needs::Metrics => c.run.metrics.is_some(),
             Needs::Sample => gpt && c.generate.gen_tokens > 0,
+            Needs::Buckets => gpt && c.optim.bucket_mb > 0.0,
         }
     }
 
@@ -72,9 +76,10 @@ impl Needs {
     fn why(self, c: &TrainConfig) -> &'static str {
         match (self, c.model.model) {
             (Needs::Mlp, _) => "settings of --model mlp, and this job trains --model gpt",
-            (Needs::Gpt | Needs::Shards | Needs::Pipeline | Needs::Sample, ModelKind::Mlp) => {
-                "settings of --model gpt, and this job trains --model mlp"
-            }
+            (
+                Needs::Gpt | Needs::Shards | Needs::Pipeline | Needs::Sample | Needs::Buckets,
+                ModelKind::Mlp,
+            ) => "settings of --model gpt, and this job trains --model mlp",
             (Needs::Sgd, _) => "settings of SGD, and this job trains with AdamW",
             (Needs::Shards, _) => "settings of token shards, and --data names none",
             (Needs::Pipeline, _) => {
@@ -86,6 +91,7 @@ impl Needs {
             }
             (Needs::Metrics, _) => "settings of --metrics records, and --metrics is not given",
             (Needs::Sample, _) => "settings of the generated sample, and --gen-tokens is 0",
+            (Needs::Buckets, _) => "settings of gradient buckets, and --bucket-mb is 0",
             (Needs::Gpt, ModelKind::Gpt) => "settings of --model gpt",
         }
     }

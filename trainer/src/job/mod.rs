@@ -373,6 +373,10 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
                 oxiflow_tensor::BucketTarget::Broadcast => "all-reduce",
                 oxiflow_tensor::BucketTarget::Shard => "reduce-scatter",
             };
+            let how = match b.wire {
+                Some(w) => format!("{how}({w})"),
+                None => how.to_string(),
+            };
             println!(
                 "  bucket {i}: {} tensors {} bytes {how} part {part} {when}",
                 b.tensors, b.bytes

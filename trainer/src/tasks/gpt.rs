@@ -17,7 +17,8 @@ use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Context, Tensor};
 
 use crate::config::{
-    names_shards, RecomputeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
+    names_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg,
+    TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
@@ -283,6 +284,7 @@ pub fn gpt_trainer(
             clip_grad: cfg.optim.clip_grad,
             grad_accum: k,
             bucket_bytes: cfg.optim.bucket_bytes(),
+            reduce_dtype: cfg.optim.reduce_dtype.map(ReduceDtypeArg::dtype),
             pipeline,
         },
     )?;

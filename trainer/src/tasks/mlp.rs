@@ -293,6 +293,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             clip_grad: None,
             grad_accum: 1,
             bucket_bytes: 0,
+            reduce_dtype: None,
             pipeline: None,
         },
     )

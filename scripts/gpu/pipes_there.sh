@@ -4,14 +4,16 @@
 #  1. the gpu_pipeline suite: NCCL curves vs the CPU backend's (--precision f32, 30 steps, at
 #     most 1e-5 relative) for PP2 GPipe, 1F1B, interleaved, PP2 ZeRO-1 + full recompute, DP2
 #     and TP2; and the refused device worlds (stages on one GPU, more ranks than GPUs);
-#  2. GPT-2 124M (12 x 768, 12 heads, T 1024, GPT-2 vocabulary 50257, batch 16 in 4
+#  2. GPT-2 $MODEL (124m: 12 x 768, 12 heads; 350m: 24 x 1024, 16 heads; T 1024, GPT-2
+#     vocabulary 50257 in a table padded to 50304 on both sides, batch 16 in 4
 #     micro-batches, bf16-mixed, AdamW, clip 1.0): our PP2 1F1B and interleaved (2 chunks per
 #     stage) next to torch.distributed.pipelining's Schedule1F1B and ScheduleInterleaved1F1B
 #     (twin_gpt.py), tokens/s per GPU over the steps after the warm-up and peak memory per GPU
-#     (each program's own count, and nvidia-smi's largest use per GPU during the run);
+#     (each program's own count, and nvidia-smi's largest use per GPU during the run), and for
+#     our pipelines the measured bubble beside the schedule's theory;
 #  3. a short table last. Logs under $OUT (default /tmp/pipes).
 # Usage: bash pipes_there.sh   (env: STEPS=12 WARMUP=3 T_SUITE=210 T_RUN=75 SUITE=1,
-#   LAYOUTS="1f1b interleaved", any of 1f1b interleaved dp2 zero2 zero3 tp2 tp2sp)
+#   LAYOUTS="1f1b interleaved", any of 1f1b interleaved dp2 zero2 zero3 tp2 tp2sp, MODEL=124m)
 set -uo pipefail
 cd "$(dirname "$0")"
 # NVLink multicast must stay off on these machines, in every process we start.
@@ -22,6 +24,12 @@ STEPS=${STEPS:-12}
 WARMUP=${WARMUP:-3}
 T_RUN=${T_RUN:-75}
 LAYOUTS=${LAYOUTS:-"1f1b interleaved"}
+MODEL=${MODEL:-124m}
+case $MODEL in
+  124m) DIMS=(--layers 12 --width 768 --heads 12) ;;
+  350m) DIMS=(--layers 24 --width 1024 --heads 16) ;;
+  *) echo "pipes_there: unknown MODEL $MODEL (124m or 350m)" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 start=$(date +%s)
 nvidia-smi -L | tee "$OUT/gpus.txt"
@@ -51,7 +59,7 @@ measure() { # tag command...
   echo "$tag exit code: $rc ($(( $(date +%s) - t )) s)"
   [ "$rc" = 0 ] || { status=1; grep -h "rror" "$OUT/$tag.log" | grep -v "^W" | tail -4 | cut -c1-300; }
 }
-GPT2=(--layers 12 --width 768 --heads 12 --seq-len 1024 --tokenizer gpt2 --batch-size 16
+GPT2=("${DIMS[@]}" --seq-len 1024 --tokenizer gpt2 --batch-size 16
       --precision bf16-mixed --device cuda --optimizer adamw --lr 6e-4
       --weight-decay 0.1 --clip-grad 1.0 --steps "$STEPS" --log-every 1 --gen-tokens 0)
 # A layout: our flags | the twin's layout.
@@ -73,14 +81,14 @@ for layout in $LAYOUTS; do
   # shellcheck disable=SC2086
   measure "ours-$layout" bin/oflaunch --nproc-per-node 2 --backend nccl bin/train "${GPT2[@]}" $ours
   measure "torch-$layout" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    twin_gpt.py --models 124m --layouts "$twin" --batch 16 --seq 1024 --vocab 50257 \
+    twin_gpt.py --models "$MODEL" --layouts "$twin" --batch 16 --seq 1024 --vocab 50257 \
     --micro-batches 4 --chunks 2 --warmup "$WARMUP" --steps $(( STEPS - WARMUP )) --tag twin
 done
 
 # 3. The table.
-python3 - "$OUT" "$WARMUP" $LAYOUTS <<'EOF'
+python3 - "$OUT" "$WARMUP" "$MODEL" $LAYOUTS <<'EOF'
 import json, re, sys
-out, warm, layouts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, warm, model, layouts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 tokens_per_step = 16 * 1024
 
 def smi(tag):
@@ -105,7 +113,8 @@ def ours(tag):
     tps = (last - warm) * tokens_per_step / (at[last] - at[warm])
     dev = re.search(r"step peak host .* device (\d+) B", text)
     loss = re.findall(r"step \d+ loss (\S+)", text)
-    return {"tok": tps / 2, "ms": 1000 * (at[last] - at[warm]) / (last - warm),
+    bub = re.search(r"bubble: measured (\S+)% theory (\S+)%", text)
+    return {"bubble": f"{bub.group(1)}% (theory {bub.group(2)}%)" if bub else "-","tok": tps / 2, "ms": 1000 * (at[last] - at[warm]) / (last - warm),
             "own": f"{int(dev.group(1)) / 2**30:.2f} (rank 0)" if dev else "-",
             "loss": loss[-1] if loss else "-"}
 
@@ -116,14 +125,15 @@ def twin(tag):
             if "error" in r:
                 return None
             return {"tok": r["tokens_per_s_per_gpu"], "ms": r["ms_per_step"],
-                    "own": f'{r["peak_mem_GiB"]:.2f} (max of ranks)', "loss": r["final_loss"]}
+                    "own": f'{r["peak_mem_GiB"]:.2f} (max of ranks)', "loss": r["final_loss"],
+                    "bubble": "-"}
     return None
 
 print()
-print("GPT-2 124M on 2 GPUs, batch 16 x 1024 (pipelines: 4 micro-batches), bf16-mixed, after "
+print(f"GPT-2 {model} on 2 GPUs, batch 16 x 1024 (pipelines: 4 micro-batches), bf16-mixed, after "
       f"{warm} warm-up steps:")
-print("| run | tokens/s per GPU | ms/step | vs twin | peak GiB (own count) | nvidia-smi GiB GPU0 / GPU1 | last loss |")
-print("|---|---|---|---|---|---|---|")
+print("| run | tokens/s per GPU | ms/step | vs twin | peak GiB (own count) | nvidia-smi GiB GPU0 / GPU1 | bubble | last loss |")
+print("|---|---|---|---|---|---|---|---|")
 for layout in layouts:
     rows = []
     for tag, read in [(f"ours-{layout}", ours), (f"torch-{layout}", twin)]:
@@ -134,10 +144,10 @@ for layout in layouts:
     base = rows[1][1]
     for tag, r in rows:
         if r is None:
-            print(f"| {tag} | failed (see {out}/{tag}.log) |||||")
+            print(f"| {tag} | failed (see {out}/{tag}.log) ||||||")
             continue
         ratio = f'{r["tok"] / base["tok"]:.2f}x' if base and tag.startswith("ours") else "-"
-        print(f'| {tag} | {r["tok"]:,.0f} | {r["ms"]:.1f} | {ratio} | {r["own"]} | {smi(tag)} | {r["loss"]} |')
+        print(f'| {tag} | {r["tok"]:,.0f} | {r["ms"]:.1f} | {ratio} | {r["own"]} | {smi(tag)} | {r["bubble"]} | {r["loss"]} |')
 EOF
 echo "pipes_there: exit status $status ($(( $(date +%s) - start )) s in all)"
 exit $status

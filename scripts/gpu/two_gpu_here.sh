@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and stages what two_gpu_there.sh runs (oflaunch, train, gpt_bench; the overlap,
+# Builds and stages what two_gpu_there.sh runs (oflaunch, train, gpt_bench, the gpu_tensor suite; the overlap,
 # pipeline and twin scripts) in .carry/two (git-ignored) for the device tool's `carry`; on a
 # 2-GPU device: `bash .carry/two/two_gpu_there.sh`.
 set -euo pipefail
@@ -9,6 +9,7 @@ rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train --example gpt_bench
 cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
+cp "$(scripts/gpu/test_executable.sh oxiflow-tensor gpu_tensor)" "$DEST/bin/gpu_tensor"
 strip "$DEST"/bin/*
 cp scripts/gpu/two_gpu_there.sh scripts/gpu/overlap_there.sh scripts/gpu/trace_overlap.py \
   scripts/gpu/pipes_there.sh scripts/gpu/twin_gpt.py "$DEST/"

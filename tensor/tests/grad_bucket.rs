@@ -209,3 +209,55 @@ fn a_bucket_of_mixed_dtypes_is_refused_before_communication() {
         assert!(sbp.contains("not a partial sum on mesh axis 0"), "{sbp}");
     }
 }
+
+/// `to_dtype_parts` keeps a partial sum partial, each rank's part rounded once (so it can join
+/// a bucket), where `to_dtype` of a partial sum that may round reduces it first; both convert
+/// the value, differently rounded, and a widening `to_dtype` keeps the partial sum exactly.
+#[test]
+fn a_cast_of_parts_keeps_the_partial_sum() {
+    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+    let out = run_ranks(2, TIMEOUT, |rank| {
+        let p = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
+        // Parts whose bf16 roundings differ from the rounded sum's.
+        let part = match rank {
+            0 => vec![1.005f32, 1.004],
+            _ => vec![1.003f32, 0.504],
+        };
+        let g = Tensor::from_vec(part.clone(), [2])
+            .unwrap()
+            .to_global(&placement, p.clone())
+            .unwrap();
+        let parts = g.to_dtype_parts(DType::BF16).unwrap();
+        let whole = g.to_dtype(DType::BF16).unwrap();
+        let widened = parts.to_dtype(DType::F32).unwrap();
+        (
+            parts.nd_sbp().cloned(),
+            whole.nd_sbp().cloned(),
+            widened.nd_sbp().cloned(),
+            parts.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            whole.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            part,
+        )
+    });
+    let round = |x: f32| f64::from(oxiflow_tensor::bf16::from_f32(x).to_f32());
+    for (parts_sbp, whole_sbp, widened_sbp, parts, whole, _) in &out {
+        let p = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
+        assert_eq!(parts_sbp.as_ref(), Some(&p));
+        assert_eq!(widened_sbp.as_ref(), Some(&p), "a widening cast keeps P");
+        assert_ne!(
+            whole_sbp.as_ref(),
+            Some(&p),
+            "a rounding cast reduces first"
+        );
+        for i in 0..2 {
+            let (a, b) = (out[0].5[i], out[1].5[i]);
+            assert_eq!(
+                parts[i],
+                round(a) + round(b),
+                "the sum of the rounded parts"
+            );
+            assert_eq!(whole[i], round(a + b), "the rounded sum");
+        }
+        assert_ne!(parts, whole, "the data tells the two apart");
+    }
+}

@@ -142,6 +142,9 @@ pub enum ElementwiseOp {
     Scalar(ScalarOp, F64Bits),
     Binary(BinaryOp),
     Cast(DType),
+    /// A cast of each rank's piece as it is: a partial sum stays partial, each part rounded
+    /// once ([`Tensor::to_dtype_parts`]).
+    CastParts(DType),
     /// (dy, saved) -> dx for y = f(x), where `saved` is what the forward saves: y for exp,
     /// tanh and sigmoid (`UnaryOp::saves_output`), x otherwise.
     UnaryBackward(UnaryOp),
@@ -181,6 +184,7 @@ impl OpFamily for ElementwiseOp {
             ElementwiseOp::Scalar(s, _) => s.name(),
             ElementwiseOp::Binary(b) => b.name(),
             ElementwiseOp::Cast(_) => "cast",
+            ElementwiseOp::CastParts(_) => "cast_parts",
             ElementwiseOp::UnaryBackward(u) => u.backward_name(),
         }
     }
@@ -218,6 +222,7 @@ impl OpFamily for ElementwiseOp {
                 rules::unary(s[0], to.holds_every(d[0]), mode),
                 *to,
             )),
+            ElementwiseOp::CastParts(to) => Ok(Inferred::new(rules::unary(s[0], true, mode), *to)),
             ElementwiseOp::Binary(b) => {
                 let dt = same_dtype(d)?;
                 if dt == DType::I64 && *b == BinaryOp::Div {
@@ -254,7 +259,7 @@ impl OpFamily for ElementwiseOp {
             ElementwiseOp::Unary(u) => b.unary(*u, x[0], y),
             ElementwiseOp::Scalar(s, c) => b.scalar(*s, c.get(), x[0], y),
             ElementwiseOp::Binary(op) => b.binary(*op, x[0], x[1], y),
-            ElementwiseOp::Cast(_) => b.cast(x[0], y),
+            ElementwiseOp::Cast(_) | ElementwiseOp::CastParts(_) => b.cast(x[0], y),
             ElementwiseOp::UnaryBackward(u) => b.unary_backward(*u, x[0], x[1], y),
         }
     }
@@ -275,7 +280,9 @@ impl OpFamily for ElementwiseOp {
                 .and_input_if(1, need(0)),
             // d(a / b) = da / b - (a / b) db / b.
             ElementwiseOp::Binary(BinaryOp::Div) => Saves::inputs(&[1]).and_output_if(0, need(1)),
-            ElementwiseOp::Cast(_) | ElementwiseOp::UnaryBackward(_) => Saves::NOTHING,
+            ElementwiseOp::Cast(_)
+            | ElementwiseOp::CastParts(_)
+            | ElementwiseOp::UnaryBackward(_) => Saves::NOTHING,
         }
     }
 
@@ -317,6 +324,7 @@ impl OpFamily for ElementwiseOp {
                 ])
             }
             ElementwiseOp::Cast(_) => Grad::one(dy.cast(g.input_meta(0).dtype())?),
+            ElementwiseOp::CastParts(_) => Grad::one(dy.to_dtype_parts(g.input_meta(0).dtype())?),
             ElementwiseOp::UnaryBackward(_) => Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
@@ -400,6 +408,17 @@ impl Tensor {
             return Ok(self.clone());
         }
         elementwise(ElementwiseOp::Cast(dtype), &[self])
+    }
+    /// [`Tensor::to_dtype`] of each rank's piece as it is: a partial sum stays a partial sum
+    /// whose parts are each rounded once (its value may differ from the rounded sum by the
+    /// parts' roundings), where `to_dtype` of a partial sum that may round reduces it first.
+    /// For a gradient computed in f32 and kept in a 16-bit dtype, so it reaches its data-parallel
+    /// reduction unreduced. Differentiable as `to_dtype`.
+    pub fn to_dtype_parts(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        elementwise(ElementwiseOp::CastParts(dtype), &[self])
     }
     /// [`Tensor::to_dtype`].
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {

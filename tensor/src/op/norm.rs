@@ -152,11 +152,12 @@ impl OpFamily for NormOp {
             })?,
             g.when(1, || {
                 // x-hat in the statistics' dtype (f32 for 16-bit data), the sum over rows too;
-                // rounded once to the weight's dtype.
+                // each rank's part rounded once to the weight's dtype (a partial sum over split
+                // rows stays partial, reduced with the other gradients).
                 let f = mean.dtype();
                 let xhat = x.to_dtype(f)?.sub(mean)?.mul(rstd)?;
                 let like = g.input_meta(1);
-                sum_to(xhat.mul(&dy.to_dtype(f)?)?, like)?.to_dtype(like.dtype())
+                sum_to(xhat.mul(&dy.to_dtype(f)?)?, like)?.to_dtype_parts(like.dtype())
             })?,
             g.when(2, || sum_to(dy.clone(), g.input_meta(2)))?,
         ])

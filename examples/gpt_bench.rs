@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::cuda::{self, MatmulPrecision};
-use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
@@ -45,6 +45,10 @@ struct Args {
     heads: usize,
     #[arg(long, default_value_t = 50304)]
     vocab: usize,
+    /// The token table's rows are --vocab rounded up to a multiple of this (as `train
+    /// --vocab-multiple`; 1: none).
+    #[arg(long, default_value_t = DEFAULT_VOCAB_MULTIPLE)]
+    vocab_multiple: usize,
     #[arg(long, default_value_t = 1024)]
     seq: usize,
     /// Sequences per step.
@@ -178,6 +182,7 @@ fn main() -> R<()> {
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let cfg = GptConfig {
         vocab: a.vocab,
+        vocab_multiple: a.vocab_multiple,
         seq_len: a.seq,
         layers: a.layers,
         heads: a.heads,

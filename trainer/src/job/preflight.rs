@@ -137,9 +137,8 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
         ModelKind::Gpt => Some(GptInputs::open(cfg)?),
         ModelKind::Mlp => None,
     };
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
     if let Some(p) = &r.resume {
-        check_resume(cfg, vocab, p, resume_limit(cfg))?;
+        check_resume(cfg, inputs.as_ref(), p, resume_limit(cfg))?;
     }
     Ok(inputs)
 }

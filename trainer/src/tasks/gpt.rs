@@ -8,7 +8,9 @@ use oxiflow_collectives::DType;
 use oxiflow_models::data::{
     Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS};
+use oxiflow_models::nn::gpt::{
+    padded_vocab, Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS,
+};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -67,6 +69,8 @@ pub struct GptInputs {
     pub train: Windows,
     pub heldout: Windows,
     pub vocab: usize,
+    /// The token table's rows: `vocab` rounded up to a multiple of `--vocab-multiple`.
+    pub table_rows: usize,
     pub description: String,
     /// The unigram entropy of the training text (corpus data).
     pub entropy: Option<f64>,
@@ -78,10 +82,17 @@ impl GptInputs {
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
         let tokenizer = tokenizer_of(cfg);
         let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        let multiple = cfg.model.vocab_multiple;
+        let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
+            detail: format!(
+                "--vocab-multiple {multiple}: the vocabulary {vocab} rounded up to it overflows"
+            ),
+        })?;
         Ok(GptInputs {
             train,
             heldout,
             vocab,
+            table_rows,
             description,
             entropy,
             tokenizer,
@@ -204,6 +215,7 @@ pub fn gpt_trainer(
     let mc = &cfg.model;
     let model_cfg = GptConfig {
         vocab: inputs.vocab,
+        vocab_multiple: mc.vocab_multiple,
         seq_len: mc.seq_len,
         layers: mc.layers,
         heads: mc.heads,
@@ -295,7 +307,8 @@ pub fn gpt_trainer(
 }
 
 /// `prompt` continued by `n` tokens: greedy at temperature 0, else sampled from the softmax at
-/// that temperature with draws from `seed` (every rank draws the same).
+/// that temperature with draws from `seed` (every rank draws the same), over the vocabulary's
+/// logits (never the table's padding).
 pub fn generate(
     job: &GptJob,
     prompt: &str,
@@ -306,7 +319,7 @@ pub fn generate(
     let _ng = no_grad();
     let model = &job.trainer.model;
     let t = model.cfg.seq_len;
-    let vocab = model.cfg.vocab;
+    let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
     let mut ids = job.tokenizer.encode(prompt)?;
     if ids.is_empty() {
         ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
@@ -337,13 +350,13 @@ pub fn generate(
             Some(run) => logits.to_global(&run.world, NdSbp::broadcast(1))?,
         }
         .to_vec::<f64>()?;
-        if logits.len() != vocab {
+        if logits.len() != rows {
             return Err(layout_err(format!(
-                "{} logits for a vocabulary of {vocab}",
+                "{} logits for a token table of {rows} rows (vocabulary {vocab})",
                 logits.len()
             )));
         }
-        let next = pick(&logits, temperature, seed, i as u64);
+        let next = pick(&logits[..vocab], temperature, seed, i as u64);
         ids.push(u16::try_from(next).unwrap_or(0));
     }
     Ok(job.tokenizer.decode(&ids[start..])?)

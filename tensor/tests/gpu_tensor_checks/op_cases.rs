@@ -208,7 +208,8 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
         12 | 13 => run_indexed_case(c, mk)?,
         14 => {
             // the fused custom ops with their gradients (residual LayerNorm, linear + GELU,
-            // column-parallel or rows split, the classifier), and the multi-tensor AdamW
+            // column-parallel or rows split, the classifier over every column and over
+            // padded classes), and the multi-tensor AdamW
             let n = 8 * (1 + c.k % 3);
             let xa = x()?.requires_grad_(true);
             let aa = mk(&[c.r, c.c], s + 1, c.sa)?.requires_grad_(true);
@@ -228,12 +229,22 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                     .cast(DType::I64)?
                     .mul_scalar(n as f64)?,
             )?;
+            // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).
+            let classes = n - 1 - c.v % 4;
+            let lab_p = lab.sub(
+                &lab.cast(DType::F64)?
+                    .mul_scalar(1.0 / classes as f64)?
+                    .cast(DType::I64)?
+                    .mul_scalar(classes as f64)?,
+            )?;
+            let padded = h.classifier_loss_padded(&lab_p, classes)?;
             let loss = h
                 .classifier_loss(&lab)?
                 .mean_all()?
+                .add(&padded.mean_all()?)?
                 .add(&r.square()?.mean_all()?)?;
             loss.backward()?;
-            let mut out = vec![r, y, h, loss];
+            let mut out = vec![r, y, h, padded, loss];
             out.extend([&xa, &aa, &w, &b, &fw, &fb].iter().filter_map(|t| t.grad()));
             let (p, g, m) = (x()?, mk(&[c.r, c.c], s + 7, c.sa)?, mk(&[c.c], s + 8, 2)?);
             let v = mk(&[c.c], s + 9, 2)?.abs()?;

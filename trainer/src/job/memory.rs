@@ -231,12 +231,12 @@ fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
     let state = e.parameters + e.gradients + e.optimizer_state;
     match m.model {
         ModelKind::Gpt if state >= e.activations + e.batches => format!(
-            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary, and --seq-len {})",
-            human(state), m.layers, m.width, m.seq_len
+            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {}, and --seq-len {})",
+            human(state), m.layers, m.width, m.vocab_multiple, m.seq_len
         ),
         ModelKind::Gpt => format!(
-            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary)",
-            human(e.activations + e.batches), m.seq_len, m.layers, m.width
+            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {})",
+            human(e.activations + e.batches), m.seq_len, m.layers, m.width, m.vocab_multiple
         ),
         ModelKind::Mlp if state >= e.activations + e.batches => format!(
             "the parameters, gradients and optimizer state ({}) grow with --hidden {}, --features {} and --classes {}",

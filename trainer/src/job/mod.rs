@@ -153,6 +153,11 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
     Ok(lines)
 }
 
+/// The prompt of the GPT's sample.
+fn prompt_of(cfg: &TrainConfig) -> &str {
+    cfg.generate.generate.as_deref().unwrap_or("The ")
+}
+
 /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
 fn only_generate(cfg: &TrainConfig) -> bool {
     cfg.model.model == ModelKind::Gpt
@@ -469,7 +474,7 @@ fn gpt_job(
     if g.gen_tokens == 0 {
         return Ok(());
     }
-    let prompt = g.generate.as_deref().unwrap_or("The ");
+    let prompt = prompt_of(cfg);
     let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
     if lead {
         println!("sample (temperature {}): {prompt}{text}", g.temperature);

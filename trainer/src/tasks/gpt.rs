@@ -320,7 +320,7 @@ pub fn generate(
     let model = &job.trainer.model;
     let t = model.cfg.seq_len;
     let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
-    let mut ids = job.tokenizer.encode(prompt)?;
+    let mut ids = prompt_ids(&job.tokenizer, prompt, vocab)?;
     if ids.is_empty() {
         ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
     }
@@ -360,6 +360,24 @@ pub fn generate(
         ids.push(u16::try_from(next).unwrap_or(0));
     }
     Ok(job.tokenizer.decode(&ids[start..])?)
+}
+
+/// `prompt`'s token ids, each below `vocab` (an id in the token table's padding would read a
+/// row no training touched; one beyond it is out of range).
+pub fn prompt_ids(
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    vocab: usize,
+) -> Result<Vec<u16>, TrainError> {
+    let ids = tokenizer.encode(prompt)?;
+    match ids.iter().find(|&&id| usize::from(id) >= vocab) {
+        Some(bad) => Err(TrainError::Config {
+            detail: format!(
+                "--generate {prompt:?}: token {bad} is not below the vocabulary size {vocab}"
+            ),
+        }),
+        None => Ok(ids),
+    }
 }
 
 /// The index of the next token: the arg-max at temperature 0, else a draw from

@@ -125,9 +125,10 @@ impl Gpt {
         Some((v.placement()?.clone(), nd))
     }
 
-    /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
-    /// first stage) -> the residual stream entering the blocks, through the table `wte`
-    /// (the tied table's compute value).
+    /// ids `[B, T]` (i64 below `vocab`, T <= seq_len; global ids split over the data-parallel
+    /// axis, on the first stage) -> the residual stream entering the blocks, through the table
+    /// `wte` (the tied table's compute value; an id in its padding, `vocab..table_rows`, reads
+    /// a padded row, one at or beyond `table_rows` is out of range).
     pub fn embed(&self, ids: &Tensor, wte: &Tensor, pass: Pass) -> Result<Tensor> {
         let t = match ids.shape().dims() {
             [_, t] if (1..=self.cfg.seq_len).contains(t) && ids.dtype() == DType::I64 => *t,

@@ -1,5 +1,6 @@
 //! `gpt_bench`: training throughput of OxiFlow's GPT on one GPU at GPT-2 shapes (124M by
-//! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024), synthetic tokens,
+//! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024; another `--vocab`
+//! gets its table padded to `--vocab-multiple` rows as `train` does), synthetic tokens,
 //! AdamW with f32 master weights (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on the matrices
 //! but the embeddings), global-norm clipping at `--clip-grad` (1.0, as the PyTorch anchor; 0
 //! turns it off), one full step (forward, backward, clipping, update) per iteration.

@@ -1,7 +1,7 @@
 //! `train --vocab-multiple` under `oflaunch` with real processes (CPU/TCP backend), on a
 //! pre-tokenized corpus of 90 token ids (not a multiple of 64): the padded model (a table of
 //! 128 rows, 32 per rank under TP4, the last shard only padding) trains on the unpadded
-//! model's loss curve on 1 rank, TP2 (vocabulary-parallel), TP4 and DP2 in f64 (1e-9
+//! model's loss curve on 1 rank, TP2 (vocabulary-parallel), TP4, DP2 and PP2 in f64 (1e-9
 //! relative) and on 1 rank in f32 (1e-5); the model line names the padded table; a checkpoint
 //! of another padding is refused before training with both shapes and the flag that loads it,
 //! which then does; a prompt id beyond the vocabulary is refused before training.
@@ -64,6 +64,7 @@ fn a_padded_vocabulary_trains_on_the_unpadded_curve_in_every_layout() {
                 (2, &["--tp", "2"][..]),
                 (4, &["--tp", "4"][..]),
                 (2, &["--dp", "2"][..]),
+                (2, &["--pp", "2", "--micro-batches", "2"][..]),
             ][..],
         ),
         ("f32", 1e-5, &[(1, &[][..])][..]),

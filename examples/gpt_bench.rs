@@ -1,5 +1,6 @@
 //! `gpt_bench`: training throughput of OxiFlow's GPT on one GPU at GPT-2 shapes (124M by
-//! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024), synthetic tokens,
+//! default: 12 layers, width 768, 12 heads, vocabulary 50304, sequence 1024; another `--vocab`
+//! gets its table padded to `--vocab-multiple` rows as `train` does), synthetic tokens,
 //! AdamW with f32 master weights (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on the matrices
 //! but the embeddings), global-norm clipping at `--clip-grad` (1.0, as the PyTorch anchor; 0
 //! turns it off), one full step (forward, backward, clipping, update) per iteration.
@@ -21,7 +22,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::cuda::{self, MatmulPrecision};
-use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
@@ -45,6 +46,10 @@ struct Args {
     heads: usize,
     #[arg(long, default_value_t = 50304)]
     vocab: usize,
+    /// The token table's rows are --vocab rounded up to a multiple of this (as `train
+    /// --vocab-multiple`; 1: none).
+    #[arg(long, default_value_t = DEFAULT_VOCAB_MULTIPLE)]
+    vocab_multiple: usize,
     #[arg(long, default_value_t = 1024)]
     seq: usize,
     /// Sequences per step.
@@ -183,6 +188,7 @@ fn main() -> R<()> {
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let cfg = GptConfig {
         vocab: a.vocab,
+        vocab_multiple: a.vocab_multiple,
         seq_len: a.seq,
         layers: a.layers,
         heads: a.heads,

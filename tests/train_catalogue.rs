@@ -222,6 +222,14 @@ fn cases(s: &Scratch) -> Vec<Case> {
         case(&["--layers", "100000"], "--layers 100000"),
         case(&["--width", "1000000"], "--width 1000000"),
         case(&["--seq-len", "100000000"], "--seq-len 100000000"),
+        case(
+            &["--vocab-multiple", "100000000000"],
+            "--vocab-multiple 100000000000",
+        ),
+        case(
+            &["--vocab-multiple", "18446744073709551615"],
+            "--vocab-multiple",
+        ),
         mlp(&["--hidden", "10000000000"], "--hidden 10000000000"),
         mlp(&["--batch-size", "1000000000"], "--batch-size 1000000000"),
         mlp(&["--features", "10000000000"], "--features 10000000000"),
@@ -238,6 +246,10 @@ fn cases(s: &Scratch) -> Vec<Case> {
         mlp(&["--zero", "1"], "--zero (parallel.zero)"),
         mlp(&["--recompute", "full"], "--recompute (parallel.recompute)"),
         mlp(&["--layers", "3"], "--layers (model.layers)"),
+        mlp(
+            &["--vocab-multiple", "64"],
+            "--vocab-multiple (model.vocab-multiple)",
+        ),
         mlp(&["--generate", "hi"], "--generate (generate.generate)"),
         mlp(&["--dropout", "0.1"], "--dropout (model.dropout)"),
         mlp(&["--tokenizer", "gpt2"], "--tokenizer (data.tokenizer)"),
@@ -329,6 +341,7 @@ fn cases(s: &Scratch) -> Vec<Case> {
         ("--heads", &["0"]),
         ("--width", &["0"]),
         ("--seq-len", &["0"]),
+        ("--vocab-multiple", &["0", "-1", "1.5"]),
         ("--dropout", &["1", "-0.1", "nan", "inf"]),
         ("--pp", &["0"]),
         ("--micro-batches", &["0"]),

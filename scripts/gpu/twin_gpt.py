@@ -21,8 +21,16 @@ in one process group:
                   those ranks (all-reduce), so both copies stay equal (the tied table's
                   gradient coming back, as OxiFlow's runner does).
 
+The token table is padded as OxiFlow's (`train --vocab-multiple`): --vocab real token ids
+(default GPT-2's 50257), the table --vocab rounded up to --vocab-multiple rows (default 64:
+nanoGPT's 50304; 1: no padding). Tokens are drawn below --vocab. Unlike OxiFlow, which keeps the
+padding out of its softmax, the twin's cross-entropy runs over every padded class, as nanoGPT
+and gpt2_bench.py do (the same GEMM and softmax width; only the padded classes' logits, which no
+target selects, differ).
+
 Run: python3 -m torch.distributed.run --standalone --nproc-per-node 2 twin_gpt.py
-     [--layouts ddp,tp] [--models 124m,350m] [--batch 16] [--seq 1024] [--vocab 50304]
+     [--layouts ddp,tp] [--models 124m,350m] [--batch 16] [--seq 1024] [--vocab 50257]
+     [--vocab-multiple 64]
      (--device cpu runs on gloo with a tiny model, to check the script without GPUs.)
 Rank 0 prints one `RESULT {json}` line per (model, layout), in the style of
 /work/shared/anchors/gpt2_bench.py: tokens/s per GPU (global tokens per second / ranks), ms per
@@ -132,6 +140,11 @@ class Gpt(nn.Module):
         return x
 
 
+def table_rows(a):
+    """--vocab rounded up to a multiple of --vocab-multiple (OxiFlow's padded table)."""
+    return -(-a.vocab // a.vocab_multiple) * a.vocab_multiple
+
+
 def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
@@ -162,7 +175,7 @@ def clip(params, max_norm, dev, across=None):
 def build(a, layout, dims, dev, world, rank):
     """(modules to train on this rank, step function, parameters for the optimizer)."""
     L, nh, d = dims
-    V, T, B = a.vocab, a.seq, a.batch
+    V, T, B = table_rows(a), a.seq, a.batch
     torch.manual_seed(1234)
     full = lambda: Gpt(L, nh, d, V, T).to(dev)
     if layout == "ddp":
@@ -316,7 +329,7 @@ def run(a, layout, name, dev, world, rank):
 
     def step(i):
         g.manual_seed(i)
-        tok = torch.randint(0, min(a.vocab, 50257), (B, T + 1), device=dev, generator=g)
+        tok = torch.randint(0, a.vocab, (B, T + 1), device=dev, generator=g)
         if data == "data":
             b = B // world
             tok = tok[rank * b:(rank + 1) * b]
@@ -345,7 +358,7 @@ def run(a, layout, name, dev, world, rank):
     dt = (time.perf_counter() - t0) / a.steps
     # The whole model's parameters, the tied table once: embeddings, blocks (q, k, v, proj;
     # fc, proj; two LayerNorms), ln_f.
-    n_all = (a.vocab + T) * d + L * (12 * d * d + 13 * d) + 2 * d
+    n_all = (table_rows(a) + T) * d + L * (12 * d * d + 13 * d) + 2 * d
     n_mfu = n_all - T * d
     tok_gpu = B * T / dt / world
     flops_tok = 6 * n_mfu + 12 * L * d * T
@@ -355,6 +368,7 @@ def run(a, layout, name, dev, world, rank):
     return {
         "tag": a.tag, "impl": "torch", "layout": layout, "model": name, "world": world,
         "n_layer": L, "n_embd": d, "params_M": round(n_all / 1e6, 2), "batch": B, "seq": T,
+        "vocab": a.vocab, "table_rows": table_rows(a),
         "micro_batches": a.micro_batches if layout.startswith("pp") else 1,
         "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(B * T / dt),
         "tokens_per_s_per_gpu": round(tok_gpu), "mfu": round(tok_gpu * flops_tok / (a.peak_tflops * 1e12), 4),
@@ -369,7 +383,9 @@ def main():
     ap.add_argument("--models", default="124m,350m")
     ap.add_argument("--batch", type=int, default=16, help="global sequences per step")
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--vocab", type=int, default=50257, help="token ids (the classes)")
+    ap.add_argument("--vocab-multiple", type=int, default=64,
+                    help="the table's rows: --vocab rounded up to a multiple of this (1: none)")
     ap.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches")
     ap.add_argument("--chunks", type=int, default=2, help="interleaved stages per rank")
     ap.add_argument("--warmup", type=int, default=3)
@@ -379,6 +395,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tag", default="twin")
     a = ap.parse_args()
+    if a.vocab < 1 or a.vocab_multiple < 1:
+        ap.error("--vocab and --vocab-multiple must be at least 1")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

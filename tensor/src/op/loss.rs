@@ -23,9 +23,11 @@ pub enum LossOp {
     CrossEntropyBackward,
     /// (logits [N, C], labels [N, 1], lse [N, 1]) -> `lse - logits[label]` [N, 1], logits split
     /// on the classes allowed (a P(sum) output: the rank holding class 0 adds lse, every rank
-    /// subtracts the target logits it holds); `shard`: this rank's classes (set by `local`).
+    /// subtracts the target logits it holds); labels must be below `classes` (the columns
+    /// from there on are padding); `shard`: this rank's columns (set by `local`).
     VocabParallel {
         shard: IndexShard,
+        classes: usize,
     },
     /// (logits, labels [N, 1], lse [N, 1], dy [N, 1]) -> `dy (exp(logits - lse) - onehot)`,
     /// computed on each class shard.
@@ -104,8 +106,15 @@ impl OpFamily for LossOp {
 
     fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
         let shard = IndexShard::of_input(at, 0, 1);
-        match self {
-            LossOp::VocabParallel { .. } => Some(LossOp::VocabParallel { shard }),
+        match *self {
+            // A label addressing the padding is out of range.
+            LossOp::VocabParallel { classes, .. } => Some(LossOp::VocabParallel {
+                shard: IndexShard {
+                    total: shard.total.min(classes),
+                    ..shard
+                },
+                classes,
+            }),
             LossOp::VocabParallelBackward { .. } => Some(LossOp::VocabParallelBackward { shard }),
             _ => None,
         }
@@ -116,7 +125,7 @@ impl OpFamily for LossOp {
         match *self {
             LossOp::CrossEntropy => b.cross_entropy(x[0], x[1], y),
             LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], y),
-            LossOp::VocabParallel { shard } => {
+            LossOp::VocabParallel { shard, .. } => {
                 let spec = b.out_spec(y);
                 let target = scratch(b, &spec, |t| b.gather(x[0], x[1], 1, shard, t))?;
                 if shard.start == 0 {
@@ -181,22 +190,69 @@ impl Tensor {
     /// Global logits split on the classes (S(1) on a mesh axis of several ranks) are never
     /// gathered (see [`vocab_parallel_cross_entropy`]); others take the fused kernel.
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
-        let classes_split = match (self.placement(), self.nd_sbp()) {
-            (Some(p), Some(s)) => s
-                .iter()
-                .zip(p.shape().iter())
-                .any(|(a, &n)| a == Sbp::S(1) && n > 1),
-            _ => false,
-        };
-        if self.ndim() == 2 && classes_split {
-            return vocab_parallel_cross_entropy(self, labels);
+        if self.ndim() == 2 && classes_split(self) {
+            return vocab_parallel_cross_entropy(self, labels, self.shape().dim(1));
         }
         dispatch(LossOp::CrossEntropy.into(), &[self, labels])
+    }
+    /// [`Tensor::cross_entropy`] over the first `classes` columns of logits `[N, C]`
+    /// (`classes` in `1..=C`): the columns from `classes` on are padding (a vocabulary rounded
+    /// up to an aligned width), outside the softmax, and their gradient is 0; a label at or
+    /// above `classes` is out of range. Classes split over several ranks take the
+    /// vocabulary-parallel path with the padding set to -inf on the shards holding it (the
+    /// logits stay split); others run on the class columns (a narrowed copy).
+    /// `classes == C` is [`Tensor::cross_entropy`].
+    pub fn cross_entropy_padded(&self, labels: &Tensor, classes: usize) -> Result<Tensor> {
+        let width = match self.shape().dims() {
+            [_, c] if (1..=*c).contains(&classes) => *c,
+            _ => {
+                let op = Op::from(LossOp::CrossEntropy);
+                let detail = format!(
+                    "needs logits [N, C] with classes {classes} in 1..=C, got {}",
+                    self.shape()
+                );
+                return Err(meta_err(&op, MetaError::Shape(detail), &[self, labels]));
+            }
+        };
+        if classes == width {
+            self.cross_entropy(labels)
+        } else if classes_split(self) {
+            vocab_parallel_cross_entropy(self, labels, classes)
+        } else {
+            self.narrow(1, 0, classes)?.cross_entropy(labels)
+        }
     }
     /// dlogits of the per-sample cross-entropy, given dloss `[N]`.
     pub fn cross_entropy_backward(logits: &Tensor, labels: &Tensor, dy: &Tensor) -> Result<Tensor> {
         dispatch(LossOp::CrossEntropyBackward.into(), &[logits, labels, dy])
     }
+}
+
+/// Whether `x` is global with dim 1 split over a mesh axis of several ranks.
+fn classes_split(x: &Tensor) -> bool {
+    match (x.placement(), x.nd_sbp()) {
+        (Some(p), Some(s)) => s
+            .iter()
+            .zip(p.shape().iter())
+            .any(|(a, &n)| a == Sbp::S(1) && n > 1),
+        _ => false,
+    }
+}
+
+/// `[1, C]` of `x`'s dtype: 1 in the columns from `classes` on, 0 before (the upper triangle
+/// of ones from diagonal `classes`), laid out as `x [N, C]`'s columns (split where they split,
+/// B elsewhere) so masking boxes nothing.
+fn padding_mask(x: &Tensor, classes: usize) -> Result<Tensor> {
+    let shape = [1, x.shape().dim(1)];
+    let ones = match (x.placement(), x.nd_sbp(), x.context()) {
+        (Some(p), Some(s), Some(ctx)) => {
+            let _g = ctx.install();
+            let cols = NdSbp::new(s.iter().map(|a| if a == Sbp::S(1) { a } else { Sbp::B }));
+            Tensor::ones_global(shape, x.dtype(), p, cols)?
+        }
+        _ => Tensor::try_ones(shape, x.dtype())?,
+    };
+    ones.triu(classes as i64)
 }
 
 /// Candidates of the vocabulary-parallel ops, per mesh axis: logits split on the classes with
@@ -227,8 +283,14 @@ fn vocab_parallel_rules(s: &[&Shape], mode: RuleMode) -> std::result::Result<Rul
 /// `lse = log(sum(exp(logits - m))) + m` (the sum a P(sum) of `[N, 1]`); then the recorded op
 /// `lse - logits[label]`, a P(sum) of `[N, 1]` over the class shards. Only those `[N, 1]`
 /// values move between ranks; the backward, `dy (exp(logits - lse) - onehot)`, runs on each
-/// shard.
-fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+/// shard. With padding (`classes` below C) the logits' padded columns are first set to -inf
+/// (a recorded `masked_fill` in their layout), so they add nothing to the sum and get a zero
+/// gradient, and labels must be below `classes`.
+fn vocab_parallel_cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+    classes: usize,
+) -> Result<Tensor> {
     let op = LossOp::CrossEntropy;
     let shapes = [logits.shape(), labels.shape()];
     op.infer(
@@ -237,7 +299,14 @@ fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tens
         RuleMode::ShapesOnly,
     )
     .map_err(|e| meta_err(&Op::from(op.clone()), e, &[logits, labels]))?;
-    let n = logits.shape().dim(0);
+    let (n, width) = (logits.shape().dim(0), logits.shape().dim(1));
+    let masked;
+    let logits = if classes < width {
+        masked = logits.masked_fill(&padding_mask(logits, classes)?, f64::NEG_INFINITY)?;
+        &masked
+    } else {
+        logits
+    };
     let lse = {
         let _ng = no_grad();
         let m = logits.max(&[1], true)?;
@@ -247,7 +316,7 @@ fn vocab_parallel_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tens
     let shard = IndexShard::default();
     let labels = labels.reshape([n, 1])?;
     dispatch(
-        LossOp::VocabParallel { shard }.into(),
+        LossOp::VocabParallel { shard, classes }.into(),
         &[logits, &labels, &lse],
     )?
     .reshape([n])

@@ -51,6 +51,25 @@ pub(crate) fn sbp_of(i: usize, ndim: usize) -> Sbp {
     }
 }
 
+/// i64 labels `[rows]` in `0..k`: a made input's magnitudes times 1000, wrapped below `k`.
+fn labels(mk: &Make, rows: usize, seed: u64, sbp: usize, k: usize) -> Result<Tensor> {
+    let lab = mk(&[rows], seed, sbp)?
+        .abs()?
+        .mul_scalar(1000.0)?
+        .cast(DType::I64)?;
+    wrapped(&lab, k)
+}
+
+/// Non-negative i64 `lab` modulo `k` (through f64 division, exact for the small values here).
+fn wrapped(lab: &Tensor, k: usize) -> Result<Tensor> {
+    lab.sub(
+        &lab.cast(DType::F64)?
+            .mul_scalar(1.0 / k as f64)?
+            .cast(DType::I64)?
+            .mul_scalar(k as f64)?,
+    )
+}
+
 /// The op of a case on inputs built by `mk` (local CPU or global CUDA); returns the outputs.
 pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
     let s = c.seed * 10;
@@ -155,16 +174,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
         }
         7 => {
             let a = x()?;
-            let lab = mk(&[c.r], s + 1, c.sa % 3)?
-                .abs()?
-                .mul_scalar(1000.0)?
-                .cast(DType::I64)?;
-            let lab = lab.sub(
-                &lab.cast(DType::F64)?
-                    .mul_scalar(1.0 / c.c as f64)?
-                    .cast(DType::I64)?
-                    .mul_scalar(c.c as f64)?,
-            )?;
+            let lab = labels(mk, c.r, s + 1, c.sa % 3, c.c)?;
             let table = mk(&[c.c, c.k], s + 2, 2)?;
             vec![
                 a.cross_entropy(&lab)?,
@@ -208,7 +218,8 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
         12 | 13 => run_indexed_case(c, mk)?,
         14 => {
             // the fused custom ops with their gradients (residual LayerNorm, linear + GELU,
-            // column-parallel or rows split, the classifier), and the multi-tensor AdamW
+            // column-parallel or rows split, the classifier over every column and over
+            // padded classes), and the multi-tensor AdamW
             let n = 8 * (1 + c.k % 3);
             let xa = x()?.requires_grad_(true);
             let aa = mk(&[c.r, c.c], s + 1, c.sa)?.requires_grad_(true);
@@ -218,22 +229,18 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let fb = mk(&[n], s + 5, [2, 0][c.sb % 2])?.requires_grad_(true);
             let (r, y) = xa.residual_layer_norm(&aa, &w, &b, 1e-5)?;
             let h = y.linear(&fw, Some(&fb), Activation::Gelu)?;
-            let lab = mk(&[c.r], s + 6, c.sa % 3)?
-                .abs()?
-                .mul_scalar(1000.0)?
-                .cast(DType::I64)?;
-            let lab = lab.sub(
-                &lab.cast(DType::F64)?
-                    .mul_scalar(1.0 / n as f64)?
-                    .cast(DType::I64)?
-                    .mul_scalar(n as f64)?,
-            )?;
+            let lab = labels(mk, c.r, s + 6, c.sa % 3, n)?;
+            // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).
+            let classes = n - 1 - c.v % 4;
+            let lab_p = wrapped(&lab, classes)?;
+            let padded = h.classifier_loss_padded(&lab_p, classes)?;
             let loss = h
                 .classifier_loss(&lab)?
                 .mean_all()?
+                .add(&padded.mean_all()?)?
                 .add(&r.square()?.mean_all()?)?;
             loss.backward()?;
-            let mut out = vec![r, y, h, loss];
+            let mut out = vec![r, y, h, padded, loss];
             out.extend([&xa, &aa, &w, &b, &fw, &fb].iter().filter_map(|t| t.grad()));
             let (p, g, m) = (x()?, mk(&[c.r, c.c], s + 7, c.sa)?, mk(&[c.c], s + 8, 2)?);
             let v = mk(&[c.c], s + 9, 2)?.abs()?;

@@ -303,6 +303,9 @@ fn fused_cases() -> Vec<HalfCase> {
     let rln = [(&[4, 24][..], F), (&[4, 24], F), (&[24], F), (&[24], F)];
     let lin = [(&[2, 3, 16][..], F), (&[16, 8], F), (&[8], F)];
     let cls = [(&[6, 11][..], F), (&[6], Input::Ids(11))];
+    // Padded classes: 11 of 16 columns (16-byte rows) and 9 of 13 (unaligned rows).
+    let pad16 = [(&[6, 16][..], F), (&[6], Input::Ids(11))];
+    let pad13 = [(&[5, 13][..], F), (&[5], Input::Ids(9))];
     vec![
         case("residual_layer_norm", &rln, 4.0, |x| {
             Ok(x[0].residual_layer_norm(&x[1], &x[2], &x[3], 1e-5)?.1)
@@ -348,13 +351,34 @@ fn fused_cases() -> Vec<HalfCase> {
             let l = x[1].clone();
             grad_of(&x[0], move |t| t.classifier_loss(&l))
         }),
+        case("classifier_loss_padded", &pad16, 1.0, |x| {
+            x[0].classifier_loss_padded(&x[1], 11)
+        }),
+        case("grad_classifier_padded", &pad16, 4.0, |x| {
+            let l = x[1].clone();
+            grad_of(&x[0], move |t| t.classifier_loss_padded(&l, 11))
+        }),
+        case("classifier_loss_padded_unaligned", &pad13, 1.0, |x| {
+            x[0].classifier_loss_padded(&x[1], 9)
+        }),
+        case("grad_classifier_padded_unaligned", &pad13, 4.0, |x| {
+            let l = x[1].clone();
+            grad_of(&x[0], move |t| t.classifier_loss_padded(&l, 9))
+        }),
     ]
 }
 
 /// The dtype a case's output has on `dtype` inputs (f32 for casts to it and the classifier's
 /// loss).
 pub fn out_dtype(c: &HalfCase, dtype: DType) -> DType {
-    if matches!(c.name, "to_f32" | "classifier_loss" | "flash_attention_lse") {
+    if matches!(
+        c.name,
+        "to_f32"
+            | "classifier_loss"
+            | "classifier_loss_padded"
+            | "classifier_loss_padded_unaligned"
+            | "flash_attention_lse"
+    ) {
         DType::F32
     } else {
         dtype

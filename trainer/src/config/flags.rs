@@ -180,6 +180,11 @@ pub struct ModelFlags {
     /// GPT: tokens per training window [default: 64].
     #[arg(long, value_parser = parse::positive_usize)]
     pub seq_len: Option<usize>,
+    /// GPT: the token table's rows are the vocabulary rounded up to a multiple of this (GPT-2's
+    /// 50257 -> 50304, an aligned width for the logits' product); the padding is outside the
+    /// loss and generation, so the curve is the unpadded one's. 1: no padding [default: 64].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub vocab_multiple: Option<usize>,
     /// GPT: dropout probability, in [0, 1) [default: 0].
     #[arg(long, value_parser = parse::unit_fraction, allow_hyphen_values = true)]
     pub dropout: Option<f64>,

@@ -31,6 +31,8 @@ pub struct ModelConfig {
     pub heads: usize,
     pub width: usize,
     pub seq_len: usize,
+    /// The token table's rows are the vocabulary rounded up to a multiple of this.
+    pub vocab_multiple: usize,
     pub dropout: f64,
     pub hidden: usize,
     pub features: usize,

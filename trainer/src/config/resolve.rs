@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use oxiflow_models::nn::gpt::DEFAULT_VOCAB_MULTIPLE;
+
 use super::checks;
 use super::flags::*;
 use super::{
@@ -64,6 +66,10 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         heads: count("--heads", m.heads.unwrap_or(4))?,
         width: count("--width", m.width.unwrap_or(64))?,
         seq_len: count("--seq-len", m.seq_len.unwrap_or(64))?,
+        vocab_multiple: count(
+            "--vocab-multiple",
+            m.vocab_multiple.unwrap_or(DEFAULT_VOCAB_MULTIPLE),
+        )?,
         dropout: checked("--dropout", m.dropout.unwrap_or(0.0), checks::unit_fraction)?,
         hidden: count("--hidden", m.hidden.unwrap_or(64))?,
         features: count("--features", m.features.unwrap_or(16))?,

@@ -32,6 +32,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("model.heads", Needs::Gpt),
     ("model.width", Needs::Gpt),
     ("model.seq-len", Needs::Gpt),
+    ("model.vocab-multiple", Needs::Gpt),
     ("model.dropout", Needs::Gpt),
     ("model.hidden", Needs::Mlp),
     ("model.features", Needs::Mlp),

@@ -8,16 +8,17 @@
 //! bf16-mixed`, else `s`), `r` this rank's rows of one micro-batch part, and the mesh
 //! `[pp, dp, tp]`:
 //!
-//! - GPT (width C, layers L, heads H, window T, vocabulary V): N = V C + T C + L (12 C^2 +
-//!   13 C) parameters + 2 C; each rank holds at least N / (pp tp) of them (N / (pp dp tp)
-//!   under ZeRO-3), as many gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp
-//!   from ZeRO-1). r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T
-//!   tokens keep, per token, the logits and their softmax (2 V / tp) and, for each of the
-//!   ceil(L / pp) blocks of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ the
-//!   attention's log-sum-exp, H / tp values of at least 4 bytes; no probabilities), or 2 C + 8 C / tp under selective
-//!   recomputation, or C under full recomputation (then plus one block's b while it reruns);
-//!   times `a`. Their token ids take 16 r T bytes (inputs and targets, i64). Measured peaks
-//!   are about twice this (the temporaries of each op are not counted).
+//! - GPT (width C, layers L, heads H, window T, V rows of the token table: the vocabulary
+//!   padded to `--vocab-multiple`): N = V C + T C + L (12 C^2 + 13 C) parameters + 2 C;
+//!   each rank holds at least N / (pp tp) of them (N / (pp dp tp) under ZeRO-3), as many
+//!   gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp from ZeRO-1).
+//!   r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T tokens keep, per
+//!   token, the logits and their softmax (2 V / tp) and, for each of the ceil(L / pp) blocks
+//!   of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ the attention's
+//!   log-sum-exp, H / tp values of at least 4 bytes; no probabilities), or 2 C + 8 C / tp
+//!   under selective recomputation, or C under full recomputation (then plus one block's b
+//!   while it reruns); times `a`. Their token ids take 16 r T bytes (inputs and targets,
+//!   i64). Measured peaks are about twice this (the temporaries of each op are not counted).
 //! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
 //!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
 //!   r = B / dp rows have activations of at least a r (F + 2 Hd / tp + 2 K) and 16 r bytes of
@@ -63,8 +64,8 @@ fn ceil_div(a: f64, b: f64) -> f64 {
     (a / b.max(1.0)).ceil()
 }
 
-/// The estimate for `cfg` on `mesh` with a vocabulary of `vocab` (GPT) on `device`.
-pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType) -> Estimate {
+/// The estimate for `cfg` on `mesh` with a token table of `table_rows` rows (GPT) on `device`.
+pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: DeviceType) -> Estimate {
     let (pp, dp, tp) = (mesh.pp as f64, mesh.dp as f64, mesh.tp as f64);
     let m = &cfg.model;
     let s = match m.dtype {
@@ -90,7 +91,7 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, vocab: usize, device: DeviceType
                 m.layers as f64,
                 m.heads as f64,
                 m.seq_len as f64,
-                vocab as f64,
+                table_rows as f64,
             );
             let n = v * c + t * c + l * (12.0 * c * c + 13.0 * c) + 2.0 * c;
             let held = n / (pp * tp);
@@ -230,12 +231,12 @@ fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
     let state = e.parameters + e.gradients + e.optimizer_state;
     match m.model {
         ModelKind::Gpt if state >= e.activations + e.batches => format!(
-            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary, and --seq-len {})",
-            human(state), m.layers, m.width, m.seq_len
+            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {}, and --seq-len {})",
+            human(state), m.layers, m.width, m.vocab_multiple, m.seq_len
         ),
         ModelKind::Gpt => format!(
-            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary)",
-            human(e.activations + e.batches), m.seq_len, m.layers, m.width
+            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {})",
+            human(e.activations + e.batches), m.seq_len, m.layers, m.width, m.vocab_multiple
         ),
         ModelKind::Mlp if state >= e.activations + e.batches => format!(
             "the parameters, gradients and optimizer state ({}) grow with --hidden {}, --features {} and --classes {}",
@@ -277,11 +278,11 @@ fn refuse(
 pub fn check_host(
     cfg: &TrainConfig,
     mesh: &Mesh,
-    vocab: usize,
+    table_rows: usize,
     device: Option<DeviceType>,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = estimate(cfg, mesh, vocab, device.unwrap_or(DeviceType::Cuda));
+    let e = estimate(cfg, mesh, table_rows, device.unwrap_or(DeviceType::Cuda));
     let on_host = match device {
         Some(DeviceType::Cpu) => e.total(),
         _ => e.batches,
@@ -300,11 +301,11 @@ pub fn check_host(
 pub fn check(
     cfg: &TrainConfig,
     mesh: &Mesh,
-    vocab: usize,
+    table_rows: usize,
     device: DeviceType,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = check_host(cfg, mesh, vocab, Some(device), local_ranks)?;
+    let e = check_host(cfg, mesh, table_rows, Some(device), local_ranks)?;
     if device == DeviceType::Cuda {
         if let Some(rt) = oxiflow_tensor::cuda::bound_runtime() {
             let (free, _) = rt.memory_info()?;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::{Backend, DType};
 use oxiflow_models::checkpoint::{self, LoadOptions, SaveOptions, SaveStage};
+use oxiflow_models::nn::gpt::TOKEN_TABLE;
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
@@ -152,6 +153,11 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
     Ok(lines)
 }
 
+/// The prompt of the GPT's sample.
+fn prompt_of(cfg: &TrainConfig) -> &str {
+    cfg.generate.generate.as_deref().unwrap_or("The ")
+}
+
 /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
 fn only_generate(cfg: &TrainConfig) -> bool {
     cfg.model.model == ModelKind::Gpt
@@ -204,13 +210,13 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         }
     }
     let inputs = check_inputs(cfg)?;
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    let rows = inputs.as_ref().map_or(0, |i| i.table_rows);
     // The layout and the host memory before any communication (so every rank refuses alike),
     // where the launch environment reads; the world's start reports one that does not.
     if let Ok(env) = LaunchEnv::from_env() {
         let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
         let device = device_before_world(cfg, &env);
-        memory::check_host(cfg, &mesh, vocab, device, env.local_world_size)?;
+        memory::check_host(cfg, &mesh, rows, device, env.local_world_size)?;
     }
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
@@ -218,7 +224,7 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
     let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
-    memory::check(cfg, &mesh, vocab, device, local_ranks)?;
+    memory::check(cfg, &mesh, rows, device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {
             println!("{l}");
@@ -268,10 +274,11 @@ fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'sta
 }
 
 /// The checkpoint's step when this run may continue it: the recorded values match (or may be
-/// overridden) and the step is below `limit` (any step when only generating).
+/// overridden), a GPT's token table has this run's rows (the vocabulary padded to
+/// `--vocab-multiple`), and the step is below `limit` (any step when only generating).
 fn check_resume(
     cfg: &TrainConfig,
-    vocab: usize,
+    inputs: Option<&GptInputs>,
     path: &Path,
     limit: Option<u64>,
 ) -> Result<u64, TrainError> {
@@ -279,7 +286,9 @@ fn check_resume(
         path: path.to_path_buf(),
         detail,
     };
-    let meta = checkpoint::read_manifest_at(path)?.metadata;
+    let vocab = inputs.map_or(0, |i| i.vocab);
+    let manifest = checkpoint::read_manifest_at(path)?;
+    let meta = manifest.metadata;
     for (key, want, flag, soft) in recorded(cfg, vocab) {
         let saved = meta.get(key).map_or("(none)", String::as_str);
         if saved == want || (soft && cfg.run.allow_resume_mismatch) {
@@ -293,6 +302,25 @@ fn check_resume(
         return Err(bad(format!(
             "the checkpoint was saved with {key} {saved} but this run has {flag} {want}{hint}"
         )));
+    }
+    let saved_table = manifest
+        .tensors
+        .get(TOKEN_TABLE)
+        .map(|t| t.shape.as_slice());
+    if let (Some(i), Some(saved)) = (inputs, saved_table) {
+        let rows = i.table_rows;
+        if saved.first() != Some(&rows) {
+            let fits = match saved.first() {
+                Some(&s) if s == vocab => "; --vocab-multiple 1 loads it".to_string(),
+                Some(&s) if s > vocab => format!("; --vocab-multiple {s} loads it"),
+                _ => String::new(),
+            };
+            return Err(bad(format!(
+                "the checkpoint's token table {TOKEN_TABLE} is {saved:?} but this run's is [{rows}, {}] \
+                 (the vocabulary {vocab} padded to --vocab-multiple {}){fits}",
+                cfg.model.width, cfg.model.vocab_multiple
+            )));
+        }
     }
     let step: u64 = meta
         .get("step")
@@ -412,8 +440,8 @@ fn gpt_job(
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
     if lead {
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
-            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.dropout, m.dtype, m.sequence_parallel,
+            "train: gpt layers {} heads {} width {} seq-len {} vocab {} (table {} rows) dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.table_rows(), m.dropout, m.dtype, m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
@@ -450,7 +478,7 @@ fn gpt_job(
     if g.gen_tokens == 0 {
         return Ok(());
     }
-    let prompt = g.generate.as_deref().unwrap_or("The ");
+    let prompt = prompt_of(cfg);
     let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
     if lead {
         println!("sample (temperature {}): {prompt}{text}", g.temperature);

@@ -1,9 +1,10 @@
 //! What a job checks before its world starts, with no communication, so every rank refuses
 //! bad input alike and nothing is written first: the data (GPT: every shard), the checkpoint
-//! to resume (its recorded values and step), the checkpoint target (`--save`: ours or nothing,
-//! where this process may create it), the outputs (`--metrics`, `--plot`, the configuration
-//! beside a checkpoint: regular files or nothing, in writable folders) and the folders the
-//! launch environment names for traces and flight dumps.
+//! to resume (its recorded values, token table and step), the sample's prompt (ids below the
+//! vocabulary), the checkpoint target (`--save`: ours or nothing, where this process may
+//! create it), the outputs (`--metrics`, `--plot`, the configuration beside a checkpoint:
+//! regular files or nothing, in writable folders) and the folders the launch environment
+//! names for traces and flight dumps.
 
 use std::path::{Path, PathBuf};
 
@@ -11,10 +12,10 @@ use nix::unistd::{access, AccessFlags};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_models::checkpoint;
 
-use super::{check_resume, config_path, resume_limit};
+use super::{check_resume, config_path, prompt_of, resume_limit};
 use crate::config::{ModelKind, TrainConfig};
 use crate::error::TrainError;
-use crate::tasks::gpt::GptInputs;
+use crate::tasks::gpt::{prompt_ids, GptInputs};
 
 /// The folder a file at `path` goes in.
 fn folder_of(path: &Path) -> &Path {
@@ -137,9 +138,11 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
         ModelKind::Gpt => Some(GptInputs::open(cfg)?),
         ModelKind::Mlp => None,
     };
-    let vocab = inputs.as_ref().map_or(0, |i| i.vocab);
+    if let Some(i) = inputs.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
+        prompt_ids(&i.tokenizer, prompt_of(cfg), i.vocab)?;
+    }
     if let Some(p) = &r.resume {
-        check_resume(cfg, vocab, p, resume_limit(cfg))?;
+        check_resume(cfg, inputs.as_ref(), p, resume_limit(cfg))?;
     }
     Ok(inputs)
 }

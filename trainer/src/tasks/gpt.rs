@@ -8,7 +8,9 @@ use oxiflow_collectives::DType;
 use oxiflow_models::data::{
     Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS};
+use oxiflow_models::nn::gpt::{
+    padded_vocab, Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS,
+};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -68,6 +70,8 @@ pub struct GptInputs {
     pub train: Windows,
     pub heldout: Windows,
     pub vocab: usize,
+    /// The token table's rows: `vocab` rounded up to a multiple of `--vocab-multiple`.
+    pub table_rows: usize,
     pub description: String,
     /// The unigram entropy of the training text (corpus data).
     pub entropy: Option<f64>,
@@ -79,10 +83,17 @@ impl GptInputs {
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
         let tokenizer = tokenizer_of(cfg);
         let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        let multiple = cfg.model.vocab_multiple;
+        let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
+            detail: format!(
+                "--vocab-multiple {multiple}: the vocabulary {vocab} rounded up to it overflows"
+            ),
+        })?;
         Ok(GptInputs {
             train,
             heldout,
             vocab,
+            table_rows,
             description,
             entropy,
             tokenizer,
@@ -205,6 +216,7 @@ pub fn gpt_trainer(
     let mc = &cfg.model;
     let model_cfg = GptConfig {
         vocab: inputs.vocab,
+        vocab_multiple: mc.vocab_multiple,
         seq_len: mc.seq_len,
         layers: mc.layers,
         heads: mc.heads,
@@ -297,7 +309,8 @@ pub fn gpt_trainer(
 }
 
 /// `prompt` continued by `n` tokens: greedy at temperature 0, else sampled from the softmax at
-/// that temperature with draws from `seed` (every rank draws the same).
+/// that temperature with draws from `seed` (every rank draws the same), over the vocabulary's
+/// logits (never the table's padding).
 pub fn generate(
     job: &GptJob,
     prompt: &str,
@@ -308,8 +321,8 @@ pub fn generate(
     let _ng = no_grad();
     let model = &job.trainer.model;
     let t = model.cfg.seq_len;
-    let vocab = model.cfg.vocab;
-    let mut ids = job.tokenizer.encode(prompt)?;
+    let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
+    let mut ids = prompt_ids(&job.tokenizer, prompt, vocab)?;
     if ids.is_empty() {
         ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
     }
@@ -339,16 +352,34 @@ pub fn generate(
             Some(run) => logits.to_global(&run.world, NdSbp::broadcast(1))?,
         }
         .to_vec::<f64>()?;
-        if logits.len() != vocab {
+        if logits.len() != rows {
             return Err(layout_err(format!(
-                "{} logits for a vocabulary of {vocab}",
+                "{} logits for a token table of {rows} rows (vocabulary {vocab})",
                 logits.len()
             )));
         }
-        let next = pick(&logits, temperature, seed, i as u64);
+        let next = pick(&logits[..vocab], temperature, seed, i as u64);
         ids.push(u16::try_from(next).unwrap_or(0));
     }
     Ok(job.tokenizer.decode(&ids[start..])?)
+}
+
+/// `prompt`'s token ids, each below `vocab` (an id in the token table's padding would read a
+/// row no training touched; one beyond it is out of range).
+pub fn prompt_ids(
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    vocab: usize,
+) -> Result<Vec<u16>, TrainError> {
+    let ids = tokenizer.encode(prompt)?;
+    match ids.iter().find(|&&id| usize::from(id) >= vocab) {
+        Some(bad) => Err(TrainError::Config {
+            detail: format!(
+                "--generate {prompt:?}: token {bad} is not below the vocabulary size {vocab}"
+            ),
+        }),
+        None => Ok(ids),
+    }
 }
 
 /// The index of the next token: the arg-max at temperature 0, else a draw from

@@ -14,12 +14,27 @@ use super::super::linear::{LinearOptions, Parallel};
 pub const DP_AXIS: usize = 0;
 /// The tensor-parallel mesh axis of a `GptLayout::Mesh`.
 pub const TP_AXIS: usize = 1;
+/// The multiple the programs (`train --vocab-multiple`, `gpt_bench`) round the token table's
+/// rows up to by default: GPT-2's 50257 becomes nanoGPT's 50304, so the logits' product runs
+/// on aligned widths. (`GptConfig::default()` pads nothing: a multiple of 1.)
+pub const DEFAULT_VOCAB_MULTIPLE: usize = 64;
+
+/// `vocab` rounded up to a multiple of `multiple`: the token table's rows (None for a multiple
+/// of 0, or when the size overflows).
+pub fn padded_vocab(vocab: usize, multiple: usize) -> Option<usize> {
+    vocab.checked_next_multiple_of(multiple)
+}
 
 /// The sizes and options of a GPT-2 style model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
-    /// Number of token ids (the embedding's rows and the logits' width).
+    /// Number of token ids: the classes of the loss and of generation.
     pub vocab: usize,
+    /// The token table (`wte`, tied to the output) has `vocab` rounded up to a multiple of
+    /// this many rows ([`GptConfig::table_rows`]; 1: exactly `vocab`). The padded rows are
+    /// never looked up, their logits are outside the loss's softmax and generation, and their
+    /// gradient is 0: the model computes the same function as an unpadded one.
+    pub vocab_multiple: usize,
     /// Longest sequence (rows of the learned position table).
     pub seq_len: usize,
     /// Number of transformer blocks.
@@ -42,6 +57,7 @@ impl Default for GptConfig {
     fn default() -> Self {
         GptConfig {
             vocab: 256,
+            vocab_multiple: 1,
             seq_len: 64,
             layers: 2,
             heads: 4,
@@ -69,6 +85,7 @@ impl GptConfig {
     pub fn validate(&self, layout: &GptLayout) -> Result<()> {
         let sizes = [
             ("vocab", self.vocab),
+            ("vocab_multiple", self.vocab_multiple),
             ("seq_len", self.seq_len),
             ("layers", self.layers),
             ("heads", self.heads),
@@ -76,6 +93,12 @@ impl GptConfig {
         ];
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(config_err(format!("{name} must be at least 1")));
+        }
+        if padded_vocab(self.vocab, self.vocab_multiple).is_none() {
+            return Err(config_err(format!(
+                "vocab {} rounded up to a multiple of vocab_multiple {} overflows",
+                self.vocab, self.vocab_multiple
+            )));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(config_err(format!(
@@ -113,6 +136,13 @@ impl GptConfig {
                 Ok(())
             }
         }
+    }
+
+    /// Rows of the token table and width of the logits: `vocab` rounded up to a multiple of
+    /// `vocab_multiple` (`vocab` itself for a multiple of 0 or a size that overflows, which
+    /// `validate` refuses).
+    pub fn table_rows(&self) -> usize {
+        padded_vocab(self.vocab, self.vocab_multiple).unwrap_or(self.vocab)
     }
 
     /// Width of one attention head.
@@ -159,7 +189,7 @@ impl GptLayout {
         self.param_at(Sbp::B)
     }
 
-    /// The token-embedding table `[vocab, width]`, also the output projection (tied): its SBP
+    /// The token-embedding table `[table_rows, width]`, also the output projection (tied): its SBP
     /// on the tensor-parallel axis: split along the vocabulary (`S(0)`, Megatron's
     /// vocabulary-parallel embedding), so the lookup gives a partial sum and the logits come out
     /// split along the vocabulary, which cross-entropy reduces without gathering them.

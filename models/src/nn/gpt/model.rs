@@ -21,10 +21,14 @@ use crate::nn::Pass;
 /// Standard deviation of the initial embeddings (GPT-2's).
 const EMBEDDING_STD: f64 = 0.02;
 
-fn table(name: &str, rows: usize, cfg: &GptConfig, at: &ParamPlacement) -> Result<Embedding> {
-    let wname = format!("{name}.weight");
+/// The parameter name of the token table (`wte`, tied to the output projection).
+pub const TOKEN_TABLE: &str = "wte.weight";
+
+/// An embedding table `wname` of `rows` rows, its initial values keyed by the name and each
+/// element's global index (so the first rows of a padded table are the unpadded one's).
+fn table(wname: &str, rows: usize, cfg: &GptConfig, at: &ParamPlacement) -> Result<Embedding> {
     let w = Init::Normal {
-        seed: param_seed(cfg.seed, &wname),
+        seed: param_seed(cfg.seed, wname),
         std: EMBEDDING_STD,
     }
     .build(Shape::new([rows, cfg.width]), cfg.dtype, at)?;
@@ -33,7 +37,8 @@ fn table(name: &str, rows: usize, cfg: &GptConfig, at: &ParamPlacement) -> Resul
     })
 }
 
-/// A GPT-2 style language model: `wte` `[vocab, C]` (also the output projection), `wpe`
+/// A GPT-2 style language model: `wte` `[table_rows, C]` (also the output projection; the
+/// vocabulary padded to an aligned size, see `GptConfig::vocab_multiple`), `wpe`
 /// `[seq_len, C]`, `h.<i>` blocks and `ln_f`. Under a pipeline split (`split`) the blocks
 /// live on their stages' layouts, the embeddings on the first stage and `ln_f` on the last.
 #[derive(Clone, Debug)]
@@ -81,8 +86,8 @@ impl Gpt {
             .collect::<Result<Vec<_>>>()?;
         let last = split.last();
         Ok(Gpt {
-            wte: table("wte", cfg.vocab, cfg, &first.token_embedding())?,
-            wpe: table("wpe", cfg.seq_len, cfg, &first.replicated())?,
+            wte: table(TOKEN_TABLE, cfg.table_rows(), cfg, &first.token_embedding())?,
+            wpe: table("wpe.weight", cfg.seq_len, cfg, &first.replicated())?,
             blocks,
             ln_f: LayerNorm::new("ln_f", cfg.width, LN_EPS, cfg.dtype, &last.replicated())?,
             cfg: cfg.clone(),
@@ -120,9 +125,10 @@ impl Gpt {
         Some((v.placement()?.clone(), nd))
     }
 
-    /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
-    /// first stage) -> the residual stream entering the blocks, through the table `wte`
-    /// (the tied table's compute value).
+    /// ids `[B, T]` (i64 below `vocab`, T <= seq_len; global ids split over the data-parallel
+    /// axis, on the first stage) -> the residual stream entering the blocks, through the table
+    /// `wte` (the tied table's compute value; an id in its padding, `vocab..table_rows`, reads
+    /// a padded row, one at or beyond `table_rows` is out of range).
     pub fn embed(&self, ids: &Tensor, wte: &Tensor, pass: Pass) -> Result<Tensor> {
         let t = match ids.shape().dims() {
             [_, t] if (1..=self.cfg.seq_len).contains(t) && ids.dtype() == DType::I64 => *t,
@@ -167,15 +173,16 @@ impl Gpt {
         Ok(x)
     }
 
-    /// The residual stream after the last block -> logits `[B, T, vocab]` through the tied
-    /// table `wte` (on the last stage's placement).
+    /// The residual stream after the last block -> logits `[B, T, table_rows]` through the
+    /// tied table `wte` (on the last stage's placement; the columns from `vocab` on are the
+    /// padding's).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
         let x = self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)?;
         x.matmul_t(wte, false, true)
     }
 
     /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
-    /// first stage) -> logits `[B, T, vocab]` (on the last stage). Between pipeline stages the
+    /// first stage) -> logits `[B, T, table_rows]` (on the last stage). Between pipeline stages the
     /// stream moves with `to_global`, and the tied table goes to the last stage the same way.
     pub fn forward(&self, ids: &Tensor, pass: Pass) -> Result<Tensor> {
         // One value of the tied table for both uses (gathered once if stored sharded).
@@ -199,7 +206,9 @@ impl Gpt {
         self.head(&x, &wte)
     }
 
-    /// Mean next-token cross-entropy of `logits` `[B, T, vocab]` against targets `[B, T]`.
+    /// Mean next-token cross-entropy of `logits` `[B, T, table_rows]` against targets `[B, T]`
+    /// over the first `vocab` classes (the padding is outside the softmax and gets no
+    /// gradient).
     pub fn loss_of(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let (b, t, v) = (
             logits.shape().dim(0),
@@ -217,7 +226,8 @@ impl Gpt {
         let (logits, targets) = (logits.reshape([b * t, v])?, targets.reshape([b * t])?);
         // Classes whole: the fused classifier, whose loss is f32 whatever the logits' dtype
         // and which keeps only their gradient, in their dtype. Classes split over several
-        // ranks: the vocabulary-parallel cross-entropy, in f32.
+        // ranks: the vocabulary-parallel cross-entropy, in f32. Both over `vocab` classes.
+        let classes = self.cfg.vocab;
         let classes_split = match (logits.placement(), logits.nd_sbp()) {
             (Some(p), Some(nd)) => nd
                 .iter()
@@ -226,13 +236,13 @@ impl Gpt {
             _ => false,
         };
         if !classes_split {
-            return logits.classifier_loss(&targets)?.mean_all();
+            return logits.classifier_loss_padded(&targets, classes)?.mean_all();
         }
         let logits = match logits.dtype() {
             d if d.is_half() => logits.to_dtype(DType::F32)?,
             _ => logits,
         };
-        logits.cross_entropy(&targets)?.mean_all()
+        logits.cross_entropy_padded(&targets, classes)?.mean_all()
     }
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).

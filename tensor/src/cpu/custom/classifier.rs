@@ -1,5 +1,5 @@
 //! Fused classifier CPU kernels: the cross-entropy kernels composed into the executor's
-//! buffers (16-bit logits reach them widened to f32).
+//! buffers (16-bit logits reach them widened to f32; padded columns through a narrowed copy).
 
 use crate::cpu::CpuBackend;
 use crate::op::custom::{ClassifierKernels, ClassifierOp};
@@ -11,9 +11,10 @@ impl ClassifierKernels for CpuBackend {
         &self,
         logits: &CpuArray,
         targets: &CpuArray,
+        classes: usize,
         out: [&mut CpuArray; 2],
     ) -> Result<()> {
-        ClassifierOp::composed_forward(self, logits, targets, out)
+        ClassifierOp::composed_forward(self, logits, targets, classes, out)
     }
     fn classifier_backward(
         &self,

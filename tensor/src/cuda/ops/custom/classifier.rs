@@ -1,6 +1,6 @@
-//! Fused classifier CUDA kernels: the raw layer's one-pass classifier (online softmax; the loss
-//! and `softmax - onehot` written to their own buffers) and its row scaling; f64 logits take
-//! the composed kernels.
+//! Fused classifier CUDA kernels: the raw layer's one-pass classifier (online softmax over the
+//! class columns; the loss and `softmax - onehot` written to their own buffers, the padded
+//! columns' gradient 0) and its row scaling; f64 logits take the composed kernels.
 
 use oxiflow_dtype::DType;
 
@@ -17,12 +17,14 @@ impl ClassifierKernels for CudaKernels {
         &self,
         logits: &CudaStorage,
         targets: &CudaStorage,
+        classes: usize,
         out: [&mut CudaStorage; 2],
     ) -> Result<()> {
         let op = "classifier";
         let [loss, dlogits] = out;
         let (rows, v) = last_dim_rows(logits);
         if targets.dtype != DType::I64
+            || !(1..=v).contains(&classes)
             || targets.numel() != rows
             || loss.numel() != rows
             || dlogits.numel() != logits.numel()
@@ -31,7 +33,7 @@ impl ClassifierKernels for CudaKernels {
             return Err(derr(
                 op,
                 format!(
-                    "targets {} {}, loss {} and dlogits {} {} for logits {} {}",
+                    "targets {} {}, loss {} and dlogits {} {} for logits {} {} of {classes} classes",
                     targets.dtype,
                     targets.shape,
                     loss.shape,
@@ -49,7 +51,7 @@ impl ClassifierKernels for CudaKernels {
             Some(dtype) if loss.dtype == DType::F32 => {
                 let args = Classifier {
                     rows,
-                    v,
+                    v: classes,
                     ld: v,
                     dloss: 1.0,
                     dtype,
@@ -61,7 +63,7 @@ impl ClassifierKernels for CudaKernels {
                 };
                 Ok(classifier(&self.rt, &args)?)
             }
-            _ => ClassifierOp::composed_forward(self, logits, targets, [loss, dlogits]),
+            _ => ClassifierOp::composed_forward(self, logits, targets, classes, [loss, dlogits]),
         }
     }
 

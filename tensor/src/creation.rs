@@ -13,6 +13,7 @@ use crate::context::Context;
 use crate::cpu::PAR_THRESHOLD;
 use crate::device::backend_for;
 use crate::element::TensorElement;
+use crate::global::world_check;
 use crate::rng::ElementInit;
 use crate::storage::{CpuArray, Device, Storage};
 use crate::tensor::Tensor;
@@ -129,14 +130,7 @@ fn global(
 ) -> Result<Tensor> {
     check_size(op, &shape, dtype)?;
     let ctx = Context::current_for(op)?;
-    placement
-        .check_world(ctx.world_size())
-        .map_err(|e| TensorError::World {
-            op,
-            placement: placement.to_string(),
-            world_size: ctx.world_size(),
-            detail: e.to_string(),
-        })?;
+    world_check(op, &ctx, placement)?;
     let on_device = placement.device() != oxiflow_placement::DeviceType::Cpu;
     // A device backend that creates the values itself (counter-based, so the same values as
     // on the host); otherwise they are created on the host and moved.

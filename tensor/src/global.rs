@@ -19,7 +19,8 @@ use crate::{Result, TensorError};
 /// Most dims `to_global_checked` exchanges.
 const MAX_DIMS: usize = 16;
 
-fn world_check(op: &'static str, ctx: &Context, placement: &Placement) -> Result<()> {
+/// A typed error unless `placement`'s ranks lie in `ctx`'s world.
+pub(crate) fn world_check(op: &'static str, ctx: &Context, placement: &Placement) -> Result<()> {
     placement
         .check_world(ctx.world_size())
         .map_err(|e| TensorError::World {

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, weighted_sum, Tol};
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
@@ -205,7 +205,7 @@ fn flash_equals_the_composed_reference_with_its_gradients() {
         ];
         let r = nz(&[2, 7, 3, 5], 4);
         let y = composed(&x[0], &x[1], &x[2], causal, 0.6);
-        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        weighted_sum(&y, &r).backward().unwrap();
         let want_g: Vec<Vec<f64>> = x.iter().map(|t| vals(&t.grad().unwrap())).collect();
         let (o, _, g) = run_op(&x.clone().map(|t| t.detach()), &r, causal, 0.6, F);
         assert_near(&o, &vals(&y), 1e-12, "o");
@@ -269,7 +269,7 @@ fn lse_is_a_statistic_and_only_needed_inputs_get_gradients() {
     let (o, lse) = q.flash_attention_lse(&k, &v, true, 0.7).unwrap();
     assert!(o.requires_grad() && !lse.requires_grad());
     let r = nz(&[1, 3, 2, 2], 4);
-    o.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    weighted_sum(&o, &r).backward().unwrap();
     assert!(q.grad().is_none() && k.grad().is_none());
     let want = naive(&q, &k, &v, &r, true, 0.7);
     assert_near(
@@ -392,7 +392,7 @@ fn heads_first_attention_equals_the_composed_reference_on_a_2d_mesh() {
         true,
         0.45,
     ));
-    want.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    weighted_sum(&want, &r).backward().unwrap();
     let want_g: Vec<Vec<f64>> = local.iter().map(|x| vals(&x.grad().unwrap())).collect();
     let want = vals(&want);
     let got = run_ranks(4, Duration::from_secs(30), |_| {
@@ -413,7 +413,7 @@ fn heads_first_attention_equals_the_composed_reference_on_a_2d_mesh() {
         let y = xs[0].attention(&xs[1], &xs[2], true, 0.45).unwrap();
         let sbp = y.nd_sbp().cloned();
         let r = r.to_global(&p, bc.clone()).unwrap();
-        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        weighted_sum(&y, &r).backward().unwrap();
         let all = |x: &Tensor| vals(&x.to_global(&p, bc.clone()).unwrap());
         let g: Vec<Vec<f64>> = xs.iter().map(|x| all(&x.grad().unwrap())).collect();
         (sbp, all(&y), g)
@@ -453,7 +453,6 @@ proptest! {
         perm_seed: u64,
     ) {
         let s = if causal { t } else { s };
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let sbps: Vec<NdSbp> = sbp_seeds.iter().map(|&z| nd_sbp(mesh.len(), 4, z, true)).collect();
         let shapes = [vec![b, t, h, d], vec![b, s, h, d], vec![b, s, h, d + 1]];
@@ -465,11 +464,11 @@ proptest! {
             .collect();
         let r = Tensor::randn(r_shape.clone(), 30, F);
         let want_y = composed(&local[0], &local[1], &local[2], causal, 0.6);
-        want_y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        weighted_sum(&want_y, &r).backward().unwrap();
         let want_g: Vec<Vec<f64>> = local.iter().map(|x| vals(&x.grad().unwrap())).collect();
         let want_lse = flat(&naive(&local[0], &local[1], &local[2], &r, causal, 0.6).lse);
         let want_y = vals(&want_y);
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let bc = NdSbp::broadcast(p.ndim());
             let xs: Vec<Tensor> = shapes
                 .iter()
@@ -484,7 +483,7 @@ proptest! {
             let r = Tensor::randn_global(r_shape.clone(), 30, F, &p, bc.clone()).unwrap();
             let all = |x: &Tensor| vals(&x.to_global(&p, bc.clone()).unwrap());
             let (y, lse) = xs[0].flash_attention_lse(&xs[1], &xs[2], causal, 0.6).unwrap();
-            y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+            weighted_sum(&y, &r).backward().unwrap();
             let g: Vec<Vec<f64>> = xs.iter().map(|x| all(&x.grad().unwrap())).collect();
             (all(&y), all(&lse), g)
         });
@@ -569,12 +568,7 @@ fn probs_match_the_naive_formula() {
 
 /// sum(attention_probs(q, k) * r).
 fn probs_loss(q: &Tensor, k: &Tensor, r: &Tensor, causal: bool) -> Tensor {
-    q.attention_probs(k, causal, 0.7)
-        .unwrap()
-        .mul(r)
-        .unwrap()
-        .sum_all()
-        .unwrap()
+    weighted_sum(&q.attention_probs(k, causal, 0.7).unwrap(), r)
 }
 
 #[test]
@@ -585,26 +579,11 @@ fn probs_gradients_match_finite_differences() {
         let k = Tensor::randn([1, 2, s, 2], 8, F).requires_grad_(true);
         let r = Tensor::randn([1, 2, 3, s], 9, F);
         probs_loss(&q, &k, &r, causal).backward().unwrap();
-        let grads = [q.grad().unwrap(), k.grad().unwrap()];
-        let inputs = [q, k];
-        for (which, grad) in grads.iter().enumerate() {
-            let base = vals(&inputs[which]);
-            let shape = inputs[which].shape().dims().to_vec();
-            for (i, g) in vals(grad).iter().enumerate() {
-                let at = |delta: f64| {
-                    let mut v = base.clone();
-                    v[i] += delta;
-                    let mut xs: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
-                    xs[which] = Tensor::from_vec(v, shape.clone()).unwrap();
-                    vals(&probs_loss(&xs[0], &xs[1], &r, causal))[0]
-                };
-                let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
-                assert!(
-                    (g - fd).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "input {which} element {i}: {g} vs {fd}"
-                );
-            }
-        }
+        let (qd, kd, tol) = (q.detach(), k.detach(), Tol::Rel(1e-6));
+        let loss_q = |q: &Tensor| probs_loss(q, &kd, &r, causal);
+        assert_grad_matches_fd(&q, &q.grad().unwrap(), tol, loss_q, "input 0");
+        let loss_k = |k: &Tensor| probs_loss(&qd, k, &r, causal);
+        assert_grad_matches_fd(&k, &k.grad().unwrap(), tol, loss_k, "input 1");
     }
 }
 

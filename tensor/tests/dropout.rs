@@ -5,17 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{nd_sbp, placement};
-use oxiflow_tensor::{rng, run_ranks, DType, NdSbp, Tensor, TensorError};
+use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, whole, Tol};
+use oxiflow_tensor::{rng, DType, NdSbp, Tensor, TensorError};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 /// The dropout of element `i` with value `x`, as the op defines it.
 fn want(x: f64, i: usize, p: f64, seed: u64) -> f64 {
@@ -70,17 +64,17 @@ fn zero_p_is_the_identity_and_bad_p_is_a_typed_error() {
 fn a_framed_dropout_is_its_rows_of_the_frame() {
     let full = Tensor::randn([6, 4, 5], 3, F);
     let (p, seed) = (0.4, 11u64);
-    let whole = full.dropout(p, seed).unwrap();
+    let dropped = full.dropout(p, seed).unwrap();
     let frame = full.shape().clone();
     for j in 0..3 {
         let rows = full.narrow(0, 2 * j, 2).unwrap();
-        let want = vals(&whole.narrow(0, 2 * j, 2).unwrap());
+        let want = vals(&dropped.narrow(0, 2 * j, 2).unwrap());
         let local = rows.dropout_in(p, seed, &frame, &[2 * j, 0, 0]).unwrap();
         assert_eq!(vals(&local), want, "micro-batch {j}, local");
         // The same through a global layout split on another dim, and its gradient is the
         // framed mask (d/dx sum(dropout(x)) = keep / (1 - p)).
-        let runs = run_ranks(2, Duration::from_secs(30), |_| {
-            let pl = placement(&[2], 0);
+        let pl = placement(&[2], 0);
+        let runs = on_ranks(&pl, |_| {
             let x = rows
                 .to_global(&pl, NdSbp::broadcast(1))
                 .unwrap()
@@ -89,11 +83,7 @@ fn a_framed_dropout_is_its_rows_of_the_frame() {
                 .requires_grad_(true);
             let y = x.dropout_in(p, seed, &frame, &[2 * j, 0, 0]).unwrap();
             y.sum_all().unwrap().backward().unwrap();
-            let bc = NdSbp::broadcast(1);
-            (
-                vals(&y.to_global(&pl, bc.clone()).unwrap()),
-                vals(&x.grad().unwrap().to_global(&pl, bc).unwrap()),
-            )
+            (whole(&y, &pl), whole(&x.grad().unwrap(), &pl))
         });
         let ones = vals(
             &Tensor::ones([2, 4, 5], F)
@@ -127,12 +117,7 @@ fn a_framed_dropout_is_its_rows_of_the_frame() {
 
 /// sum(dropout(x) * r).
 fn loss(x: &Tensor, r: &Tensor) -> Tensor {
-    x.dropout(0.4, 5)
-        .unwrap()
-        .mul(r)
-        .unwrap()
-        .sum_all()
-        .unwrap()
+    weighted_sum(&x.dropout(0.4, 5).unwrap(), r)
 }
 
 #[test]
@@ -140,22 +125,10 @@ fn gradient_matches_finite_differences() {
     let x = Tensor::randn([3, 5], 2, F).requires_grad_(true);
     let r = Tensor::randn([3, 5], 3, F);
     loss(&x, &r).backward().unwrap();
-    let base = vals(&x);
-    let g = vals(&x.grad().unwrap());
-    let mut zeros = 0;
-    for (i, gi) in g.iter().enumerate() {
-        let at = |delta: f64| {
-            let mut v = base.clone();
-            v[i] += delta;
-            vals(&loss(&Tensor::from_vec(v, [3, 5]).unwrap(), &r))[0]
-        };
-        let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
-        assert!(
-            (gi - fd).abs() < 1e-6 * (1.0 + fd.abs()),
-            "element {i}: {gi} vs {fd}"
-        );
-        zeros += usize::from(*gi == 0.0);
-    }
+    let grad = x.grad().unwrap();
+    assert_grad_matches_fd(&x, &grad, Tol::Rel(1e-6), |x| loss(x, &r), "x");
+    let g = vals(&grad);
+    let zeros = g.iter().filter(|&&v| v == 0.0).count();
     assert!(zeros > 0 && zeros < g.len(), "the mask drops some, not all");
 }
 
@@ -172,15 +145,14 @@ proptest! {
         perm_seed: u64,
         seed: u64,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let sbp = nd_sbp(mesh.len(), dims.len(), sbp_seed, true);
         let x = Tensor::randn(dims.clone(), 11, F).requires_grad_(true);
         let r = Tensor::randn(dims.clone(), 12, F);
         let want_y = vals(&x.dropout(0.35, seed).unwrap());
-        x.dropout(0.35, seed).unwrap().mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        weighted_sum(&x.dropout(0.35, seed).unwrap(), &r).backward().unwrap();
         let want_g = vals(&x.grad().unwrap());
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let bc = NdSbp::broadcast(p.ndim());
             let x = Tensor::randn_global(dims.clone(), 11, F, &p, sbp.clone())
                 .unwrap()
@@ -188,10 +160,9 @@ proptest! {
             let r = Tensor::randn_global(dims.clone(), 12, F, &p, bc.clone()).unwrap();
             let y = x.dropout(0.35, seed).unwrap();
             let out_sbp = y.nd_sbp().cloned();
-            let yv = vals(&y.to_global(&p, bc.clone()).unwrap());
-            y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-            let g = vals(&x.grad().unwrap().to_global(&p, bc).unwrap());
-            (yv, g, out_sbp)
+            let yv = whole(&y, &p);
+            weighted_sum(&y, &r).backward().unwrap();
+            (yv, whole(&x.grad().unwrap(), &p), out_sbp)
         });
         for (y, g, out_sbp) in got {
             // Linear: no boxing before the kernel, the output keeps the input's nd-SBP.

@@ -4,17 +4,14 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{nd_sbp, placement, ranks_match};
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor};
+use common::{
+    assert_grad_matches_fd, nd_sbp, on_ranks, placement, ranks_match, vals, weighted_sum, whole,
+    Tol,
+};
+use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 /// `n` integers in `0..hi` from `seed`.
 fn ints(seed: u64, n: usize, hi: usize) -> Vec<i64> {
@@ -113,7 +110,7 @@ fn loss(which: usize, x: &Tensor, idx: &Tensor, r: &Tensor) -> Tensor {
         2 => Tensor::scatter_add(idx, x, 1, 5).unwrap(),
         _ => Tensor::index_add(idx, x, 0, 4).unwrap(),
     };
-    y.mul(r).unwrap().sum_all().unwrap()
+    weighted_sum(&y, r)
 }
 
 #[test]
@@ -128,21 +125,13 @@ fn gradients_match_finite_differences() {
         let x = Tensor::randn(xs.clone(), 6, F).requires_grad_(true);
         let r = Tensor::randn(ys, 7, F);
         loss(which, &x, &idx, &r).backward().unwrap();
-        let base = vals(&x);
-        for (i, g) in vals(&x.grad().unwrap()).iter().enumerate() {
-            let at = |d: f64| {
-                let mut v = base.clone();
-                v[i] += d;
-                vals(&loss(
-                    which,
-                    &Tensor::from_vec(v, xs.clone()).unwrap(),
-                    &idx,
-                    &r,
-                ))[0]
-            };
-            let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
-            assert!((g - fd).abs() < 1e-6, "op {which} element {i}: {g} vs {fd}");
-        }
+        assert_grad_matches_fd(
+            &x,
+            &x.grad().unwrap(),
+            Tol::Abs(1e-6),
+            |x| loss(which, x, &idx, &r),
+            &format!("op {which}"),
+        );
     }
 }
 
@@ -160,7 +149,6 @@ proptest! {
         i_seed: u64,
         perm_seed: u64,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let xs = nd_sbp(mesh.len(), 2, x_seed, true);
         let is = nd_sbp(mesh.len(), 2, i_seed, false);
@@ -188,7 +176,7 @@ proptest! {
         total(&y_g, &y_s, &y_m, &r_g, &r_s, &r_m).backward().unwrap();
         let want: Vec<Vec<f64>> =
             vec![vals(&y_g), vals(&y_s), vals(&y_m), vals(&x.grad().unwrap())];
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
             let x = Tensor::randn_global([rows, cols], 11, F, &p, xs.clone())
                 .unwrap()
@@ -205,7 +193,7 @@ proptest! {
             let y_s = x.index_select(dim as isize, &si).unwrap();
             let y_m = x.min(&[0], false).unwrap();
             total(&y_g, &y_s, &y_m, &rg, &rs, &rm).backward().unwrap();
-            let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
+            let all = |t: &Tensor| whole(t, &p);
             vec![all(&y_g), all(&y_s), all(&y_m), all(&x.grad().unwrap())]
         });
         prop_assert_eq!(ranks_match(&got, &want), Ok(()));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{nd_sbp, on_ranks, placement};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -57,14 +57,13 @@ proptest! {
         dim_pick: usize,
         keepdim: bool,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let nd = nd_sbp(mesh.len(), dims.len(), sbp_seed, true);
         let dim = (dim_pick % dims.len()) as isize;
         let want_x = Tensor::randn(dims.clone(), 7, DType::F64);
         let (want_y, want_g) = max_chain(&want_x, dim, keepdim);
         let (want_y, want_g) = (want_y.to_ndarray::<f64>().unwrap(), want_g.to_ndarray::<f64>().unwrap());
-        let got = run_ranks(n, TIMEOUT, |_| {
+        let got = on_ranks(&p, |_| {
             let x = Tensor::randn_global(dims.clone(), 7, DType::F64, &p, nd.clone()).unwrap();
             let (y, g) = max_chain(&x, dim, keepdim);
             let b = NdSbp::broadcast(p.ndim());

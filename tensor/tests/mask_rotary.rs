@@ -4,17 +4,14 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{nd_sbp, placement, ranks_match};
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor};
+use common::{
+    assert_grad_matches_fd, nd_sbp, on_ranks, placement, ranks_match, vals, weighted_sum, whole,
+    Tol,
+};
+use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn t(v: Vec<f64>, shape: Vec<usize>) -> Tensor {
     Tensor::from_vec(v, shape).unwrap()
@@ -151,7 +148,7 @@ fn loss(which: usize, x: &Tensor, other: &Tensor, mask: &Tensor, r: &Tensor) -> 
         4 => x.tril(-1).unwrap(),
         _ => x.rotary(0, 50.0).unwrap(),
     };
-    y.mul(r).unwrap().sum_all().unwrap()
+    weighted_sum(&y, r)
 }
 
 #[test]
@@ -162,16 +159,13 @@ fn gradients_match_finite_differences() {
     for which in 0..6 {
         let x = Tensor::randn([3, 4], 7, F).requires_grad_(true);
         loss(which, &x, &other, &mask, &r).backward().unwrap();
-        let base = vals(&x);
-        for (i, g) in vals(&x.grad().unwrap()).iter().enumerate() {
-            let at = |d: f64| {
-                let mut v = base.clone();
-                v[i] += d;
-                vals(&loss(which, &t(v, vec![3, 4]), &other, &mask, &r))[0]
-            };
-            let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
-            assert!((g - fd).abs() < 1e-6, "op {which} element {i}: {g} vs {fd}");
-        }
+        assert_grad_matches_fd(
+            &x,
+            &x.grad().unwrap(),
+            Tol::Abs(1e-6),
+            |x| loss(which, x, &other, &mask, &r),
+            &format!("op {which}"),
+        );
     }
 }
 
@@ -190,7 +184,6 @@ proptest! {
         m_seed: u64,
         perm_seed: u64,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let d = 2 * half;
         let shape = vec![rows, cols, d];
@@ -226,7 +219,7 @@ proptest! {
         total(&ys).backward().unwrap();
         let mut want: Vec<Vec<f64>> = ys.iter().map(vals).collect();
         want.push(vals(&x.grad().unwrap()));
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
             let x = Tensor::randn_global(shape.clone(), 11, F, &p, xs.clone())
                 .unwrap()
@@ -243,7 +236,7 @@ proptest! {
                 .collect();
             let ys = run(&x, &other, &mask, &r);
             total(&ys).backward().unwrap();
-            let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
+            let all = |t: &Tensor| whole(t, &p);
             let mut got: Vec<Vec<f64>> = ys.iter().map(all).collect();
             got.push(all(&x.grad().unwrap()));
             got

@@ -7,17 +7,12 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{nd_sbp, placement};
-use oxiflow_tensor::{no_grad, recompute, run_ranks, DType, NdSbp, Result, Tensor};
+use common::{nd_sbp, on_ranks, placement, vals, whole};
+use oxiflow_tensor::{no_grad, recompute, DType, NdSbp, Result, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 /// A two-layer block with a residual: x + gelu(x w1) w2, normalized.
 fn block(x: &Tensor, w1: &Tensor, w2: &Tensor, g: &Tensor) -> Result<Tensor> {
@@ -150,7 +145,6 @@ proptest! {
         w_seed: u64,
         perm_seed: u64,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let xs = nd_sbp(mesh.len(), 2, x_seed, false);
         let ws = nd_sbp(mesh.len(), 2, w_seed, false);
@@ -161,7 +155,7 @@ proptest! {
         block(&x, &w1, &w2, &g).unwrap().sum_all().unwrap().backward().unwrap();
         let want: Vec<Vec<f64>> =
             [&x, &w1, &w2, &g].iter().map(|t| vals(&t.grad().unwrap())).collect();
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
             let make = |shape: Vec<usize>, seed, s: &NdSbp| {
                 Tensor::randn_global(shape, seed, F, &p, s.clone()).unwrap().requires_grad_(true)
@@ -175,7 +169,7 @@ proptest! {
             y.sum_all().unwrap().backward().unwrap();
             [&x, &w1, &w2, &g]
                 .iter()
-                .map(|t| vals(&t.grad().unwrap().to_global(&p, b.clone()).unwrap()))
+                .map(|t| whole(&t.grad().unwrap(), &p))
                 .collect::<Vec<_>>()
         });
         for rank in got {

@@ -4,26 +4,15 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{nd_sbp, placement};
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor};
+use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, whole, Tol};
+use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
 
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
-
 /// sum(rms_norm(x, w) * r): a scalar whose gradient reaches every output element.
 fn loss(x: &Tensor, w: &Tensor, r: &Tensor) -> Tensor {
-    x.rms_norm(w, 1e-5)
-        .unwrap()
-        .mul(r)
-        .unwrap()
-        .sum_all()
-        .unwrap()
+    weighted_sum(&x.rms_norm(w, 1e-5).unwrap(), r)
 }
 
 #[test]
@@ -60,33 +49,10 @@ fn gradients_match_finite_differences() {
     let w = Tensor::randn([4], 4, F).requires_grad_(true);
     let r = Tensor::randn([2, 4], 5, F);
     loss(&x, &w, &r).backward().unwrap();
-    for (leaf, grad) in [(&x, x.grad().unwrap()), (&w, w.grad().unwrap())] {
-        let base = vals(leaf);
-        let shape = leaf.shape().dims().to_vec();
-        for (i, g) in vals(&grad).iter().enumerate() {
-            let mut plus = base.clone();
-            let mut minus = base.clone();
-            plus[i] += 1e-6;
-            minus[i] -= 1e-6;
-            let at = |v: Vec<f64>| Tensor::from_vec(v, shape.clone()).unwrap();
-            let (lp, lm) = if leaf.same(&x) {
-                (
-                    loss(&at(plus), &w.detach(), &r),
-                    loss(&at(minus), &w.detach(), &r),
-                )
-            } else {
-                (
-                    loss(&x.detach(), &at(plus), &r),
-                    loss(&x.detach(), &at(minus), &r),
-                )
-            };
-            let fd = (vals(&lp)[0] - vals(&lm)[0]) / 2e-6;
-            assert!(
-                (g - fd).abs() < 1e-6 * (1.0 + fd.abs()),
-                "element {i}: {g} vs {fd}"
-            );
-        }
-    }
+    let (xd, wd) = (x.detach(), w.detach());
+    let tol = Tol::Rel(1e-6);
+    assert_grad_matches_fd(&x, &x.grad().unwrap(), tol, |x| loss(x, &wd, &r), "x");
+    assert_grad_matches_fd(&w, &w.grad().unwrap(), tol, |w| loss(&xd, w, &r), "weight");
 }
 
 proptest! {
@@ -101,7 +67,6 @@ proptest! {
         w_seed: u64,
         perm_seed: u64,
     ) {
-        let n: usize = mesh.iter().product();
         let p = placement(&mesh, perm_seed);
         let xs = nd_sbp(mesh.len(), 2, sbp_seed, true);
         let ws = nd_sbp(mesh.len(), 1, w_seed, true);
@@ -111,18 +76,16 @@ proptest! {
         let y = vals(&x.rms_norm(&w, 1e-5).unwrap());
         loss(&x, &w, &r).backward().unwrap();
         let (gx, gw) = (vals(&x.grad().unwrap()), vals(&w.grad().unwrap()));
-        let got = run_ranks(n, Duration::from_secs(30), |_| {
+        let got = on_ranks(&p, |_| {
             let make = |shape: Vec<usize>, seed, s: &NdSbp| {
                 Tensor::randn_global(shape, seed, F, &p, s.clone()).unwrap().requires_grad_(true)
             };
             let x = make(vec![rows, cols], 11, &xs);
             let w = make(vec![cols], 12, &ws);
             let r = Tensor::randn_global([rows, cols], 13, F, &p, NdSbp::broadcast(p.ndim())).unwrap();
-            let b = NdSbp::broadcast(p.ndim());
-            let y = x.rms_norm(&w, 1e-5).unwrap().to_global(&p, b.clone()).unwrap();
+            let y = whole(&x.rms_norm(&w, 1e-5).unwrap(), &p);
             loss(&x, &w, &r).backward().unwrap();
-            let all = |t: Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
-            (vals(&y), all(x.grad().unwrap()), all(w.grad().unwrap()))
+            (y, whole(&x.grad().unwrap(), &p), whole(&w.grad().unwrap(), &p))
         });
         for (gy, ggx, ggw) in got {
             for (a, b) in gy.iter().zip(&y).chain(ggx.iter().zip(&gx)).chain(ggw.iter().zip(&gw)) {

@@ -5,17 +5,9 @@ use ndarray::ArrayD;
 
 use super::{out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
-use crate::op::{kernel_err, GatherKernels, IndexShard};
+use crate::op::{kernel_err, Addressing, Along, GatherKernels, IndexShard};
 use crate::storage::CpuArray;
 use crate::{with_array, Result};
-
-/// How the index array addresses the dim: one index per element (torch.gather) or one per
-/// position along the dim (index-select, embedding; any ids shape, flattened).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Addressing {
-    PerElement,
-    PerPosition,
-}
 
 /// (outer, n, inner) of `dim` in `shape`.
 fn lanes(shape: &[usize], dim: usize) -> (usize, usize, usize) {
@@ -42,7 +34,11 @@ impl<'a> Walk<'a> {
     fn new(
         op: &'static str,
         ids: &'a [i64],
-        (dim, addressing, shard): (usize, Addressing, IndexShard),
+        Along {
+            dim,
+            addressing,
+            shard,
+        }: Along,
         numel: usize,
         dense: &[usize],
     ) -> Result<Walk<'a>> {
@@ -98,14 +94,14 @@ fn take_t<T: TensorElement>(
     op: &'static str,
     x: &ArrayD<T>,
     ids: &ArrayD<i64>,
-    (dim, addressing, shard): (usize, Addressing, IndexShard),
+    along: Along,
     out: &mut ArrayD<T>,
 ) -> Result<()> {
     let (x, ids) = (x.as_standard_layout(), ids.as_standard_layout());
     let (Some(xs), Some(is)) = (x.as_slice(), ids.as_slice()) else {
         return Err(kernel_err(op, "non-contiguous input".into()));
     };
-    let walk = Walk::new(op, is, (dim, addressing, shard), out.len(), x.shape())?;
+    let walk = Walk::new(op, is, along, out.len(), x.shape())?;
     let os = out
         .as_slice_mut()
         .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
@@ -118,25 +114,11 @@ fn take_t<T: TensorElement>(
     Ok(())
 }
 
-/// `x` read at `ids` along `dim` into `out` (zeros for other ranks' ids).
-pub(crate) fn take(
-    op: &'static str,
-    x: &CpuArray,
-    ids: &CpuArray,
-    how: (usize, Addressing, IndexShard),
-    out: &mut CpuArray,
-) -> Result<()> {
-    let CpuArray::I64(ids) = ids else {
-        return Err(kernel_err(op, "needs i64 indices".into()));
-    };
-    with_array!(x, a => take_t(op, a, ids, how, out_as(op, out)?))
-}
-
 fn put_t<F: FloatElement>(
     op: &'static str,
     ids: &ArrayD<i64>,
     src: &ArrayD<F>,
-    (dim, addressing, shard): (usize, Addressing, IndexShard),
+    along: Along,
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let (src, ids) = (src.as_standard_layout(), ids.as_standard_layout());
@@ -144,7 +126,7 @@ fn put_t<F: FloatElement>(
         return Err(kernel_err(op, "non-contiguous input".into()));
     };
     let dense = out.shape().to_vec();
-    let walk = Walk::new(op, is, (dim, addressing, shard), ss.len(), &dense)?;
+    let walk = Walk::new(op, is, along, ss.len(), &dense)?;
     let os = out
         .as_slice_mut()
         .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
@@ -157,84 +139,32 @@ fn put_t<F: FloatElement>(
     Ok(())
 }
 
-/// Zeros of `out`'s shape plus `src` added at `ids` along `dim` (other ranks' ids skipped).
-pub(crate) fn put(
-    op: &'static str,
-    ids: &CpuArray,
-    src: &CpuArray,
-    how: (usize, Addressing, IndexShard),
-    out: &mut CpuArray,
-) -> Result<()> {
-    match (ids, src) {
-        (CpuArray::I64(i), CpuArray::F32(s)) => put_t(op, i, s, how, out_as(op, out)?),
-        (CpuArray::I64(i), CpuArray::F64(s)) => put_t(op, i, s, how, out_as(op, out)?),
-        _ => Err(kernel_err(op, "needs i64 indices and a float src".into())),
-    }
-}
-
 impl GatherKernels for CpuBackend {
-    fn gather(
+    fn take(
         &self,
-        x: &CpuArray,
-        index: &CpuArray,
-        dim: usize,
-        shard: IndexShard,
-        out: &mut CpuArray,
-    ) -> Result<()> {
-        take(
-            "gather",
-            x,
-            index,
-            (dim, Addressing::PerElement, shard),
-            out,
-        )
-    }
-    fn scatter_add(
-        &self,
-        index: &CpuArray,
-        src: &CpuArray,
-        dim: usize,
-        shard: IndexShard,
-        out: &mut CpuArray,
-    ) -> Result<()> {
-        put(
-            "scatter_add",
-            index,
-            src,
-            (dim, Addressing::PerElement, shard),
-            out,
-        )
-    }
-    fn index_select(
-        &self,
+        op: &'static str,
         x: &CpuArray,
         ids: &CpuArray,
-        dim: usize,
-        shard: IndexShard,
+        along: Along,
         out: &mut CpuArray,
     ) -> Result<()> {
-        take(
-            "index_select",
-            x,
-            ids,
-            (dim, Addressing::PerPosition, shard),
-            out,
-        )
+        let CpuArray::I64(ids) = ids else {
+            return Err(kernel_err(op, "needs i64 indices".into()));
+        };
+        with_array!(x, a => take_t(op, a, ids, along, out_as(op, out)?))
     }
-    fn index_add(
+    fn put(
         &self,
+        op: &'static str,
         ids: &CpuArray,
         src: &CpuArray,
-        dim: usize,
-        shard: IndexShard,
+        along: Along,
         out: &mut CpuArray,
     ) -> Result<()> {
-        put(
-            "index_add",
-            ids,
-            src,
-            (dim, Addressing::PerPosition, shard),
-            out,
-        )
+        match (ids, src) {
+            (CpuArray::I64(i), CpuArray::F32(s)) => put_t(op, i, s, along, out_as(op, out)?),
+            (CpuArray::I64(i), CpuArray::F64(s)) => put_t(op, i, s, along, out_as(op, out)?),
+            _ => Err(kernel_err(op, "needs i64 indices and a float src".into())),
+        }
     }
 }

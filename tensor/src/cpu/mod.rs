@@ -8,7 +8,6 @@ mod attention;
 mod custom;
 mod dropout;
 mod elementwise;
-mod embedding;
 mod gather;
 mod layout;
 mod loss;

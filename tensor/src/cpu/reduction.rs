@@ -7,7 +7,7 @@ use oxiflow_sbp::ReduceKind;
 
 use super::{float_input, out_as, CpuBackend};
 use crate::element::TensorElement;
-use crate::op::{kernel_err, ReductionKernels};
+use crate::op::{kernel_err, Extremum, ReductionKernels};
 use crate::storage::CpuArray;
 use crate::Result;
 
@@ -169,11 +169,18 @@ impl ReductionKernels for CpuBackend {
         let op = if count.is_some() { "mean" } else { "sum" };
         reduce(op, x, dims, ReduceKind::Sum, count, out)
     }
-    fn max(&self, x: &CpuArray, dims: &[usize], _keepdim: bool, out: &mut CpuArray) -> Result<()> {
-        reduce("max", x, dims, ReduceKind::Max, None, out)
-    }
-    fn min(&self, x: &CpuArray, dims: &[usize], _keepdim: bool, out: &mut CpuArray) -> Result<()> {
-        reduce("min", x, dims, ReduceKind::Min, None, out)
+    fn extremum(
+        &self,
+        which: Extremum,
+        x: &CpuArray,
+        dims: &[usize],
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let kind = match which {
+            Extremum::Max => ReduceKind::Max,
+            Extremum::Min => ReduceKind::Min,
+        };
+        reduce(which.name(), x, dims, kind, None, out)
     }
     fn sum_to_shape(&self, x: &CpuArray, out: &mut CpuArray) -> Result<()> {
         let op = "sum_to_shape";

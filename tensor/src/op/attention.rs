@@ -8,8 +8,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
-    Saves,
+    same_float_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -36,7 +36,7 @@ pub trait AttentionKernels: KernelBackend {
 }
 
 /// Checks q `[B, H, T, D]` and k `[B, H, S, D]`; returns the output shape `[B, H, T, S]`.
-fn out_shape(q: &Shape, k: &Shape, causal: bool) -> std::result::Result<Shape, MetaError> {
+fn out_shape(q: &Shape, k: &Shape, causal: bool) -> MetaResult<Shape> {
     let four = |what: &str, s: &Shape, dims: &str| {
         if s.ndim() == 4 {
             Ok(())
@@ -71,14 +71,8 @@ impl OpFamily for AttentionOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "q and k")?;
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = same_float_dtype(d, "q and k")?;
         let scale = self.scale.get();
         if !scale.is_finite() {
             return Err(MetaError::Shape(format!(

@@ -11,7 +11,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::Grad;
 use super::{
     kernel_err, need_float, single, Backend, Dims, F64Bits, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, Saves,
+    MetaError, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -77,12 +77,7 @@ impl OpFamily for DropoutOp {
         (1, 1)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "input")?;
         let p = self.p.get();
         if !(0.0..1.0).contains(&p) {

@@ -6,8 +6,8 @@ use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
-    MetaError, OpFamily, Saves,
+    need_float, same_dtype, same_float_dtype, shape_rule, single, Backend, F64Bits, Inferred,
+    KernelBackend, MetaError, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -196,12 +196,7 @@ impl OpFamily for ElementwiseOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         match self {
             ElementwiseOp::Unary(u) => {
                 if !u.takes_integers() {
@@ -236,8 +231,7 @@ impl OpFamily for ElementwiseOp {
                 ))
             }
             ElementwiseOp::UnaryBackward(_) => {
-                let dt = same_dtype(d)?;
-                need_float(dt, "input")?;
+                let dt = same_float_dtype(d, "input")?;
                 if s[0] != s[1] {
                     return Err(MetaError::Shape(format!(
                         "dy and the saved tensor differ: {} vs {}",

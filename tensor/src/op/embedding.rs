@@ -6,11 +6,11 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
-use super::gather::{split_on, IndexShard};
+use super::gather::{split_on, Along, GatherKernels, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, Saves,
+    need_float, need_i64, shape_rule, single, Backend, Inferred, LocalAt, MetaResult, OpFamily,
+    Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::{Tensor, TensorMeta};
@@ -30,24 +30,11 @@ pub enum EmbeddingOp {
     },
 }
 
-/// Embedding kernels of a backend. Ids outside `0..shard.total` are a typed error; ids of other
-/// ranks' rows give zero rows (lookup) or are skipped (backward).
-pub trait EmbeddingKernels: KernelBackend {
-    fn embedding(
-        &self,
-        ids: &Self::Piece,
-        weight: &Self::Piece,
-        shard: IndexShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn embedding_backward(
-        &self,
-        ids: &Self::Piece,
-        dy: &Self::Piece,
-        shard: IndexShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-}
+/// Embedding kernels of a backend: the gather kernels' read and scatter-add along dim 0 of the
+/// weight at one id per position (ids outside `0..shard.total` are a typed error; ids of other
+/// ranks' rows give zero rows, or are skipped by the backward).
+pub trait EmbeddingKernels: GatherKernels {}
+impl<T: GatherKernels> EmbeddingKernels for T {}
 
 impl OpFamily for EmbeddingOp {
     fn name(&self) -> &'static str {
@@ -61,12 +48,7 @@ impl OpFamily for EmbeddingOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_i64(d[0], "ids")?;
         match self {
             EmbeddingOp::Lookup { .. } => {
@@ -108,10 +90,14 @@ impl OpFamily for EmbeddingOp {
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
+        let (op, y) = (self.name(), single(self.name(), out)?);
         match *self {
-            EmbeddingOp::Lookup { shard } => b.embedding(x[0], x[1], shard, y),
-            EmbeddingOp::Backward { shard, .. } => b.embedding_backward(x[0], x[1], shard, y),
+            EmbeddingOp::Lookup { shard } => {
+                b.take(op, x[1], x[0], Along::per_position(0, shard), y)
+            }
+            EmbeddingOp::Backward { shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_position(0, shard), y)
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use super::grad::Grad;
 use super::{
     need_float, need_i64, norm_dim, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, Saves,
+    MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -70,44 +70,89 @@ pub enum GatherOp {
     },
 }
 
-/// Gather kernels of a backend. `gather`/`scatter_add` take one index per element
-/// (torch.gather); `index_select`/`index_add` one index per position along `dim`, any ids
-/// shape (flattened). Data pieces are f32/f64 (and i64 for the reads); indices outside
-/// `0..shard.total` are a typed error on the CPU (NaN rows on CUDA, which cannot raise one
-/// without a sync).
+/// How an index array addresses the dim it indexes: one index per element (torch.gather and
+/// scatter_add: the indices have the indexed side's shape) or one per position along the dim
+/// (index_select, index_add, embedding: any ids shape, flattened).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Addressing {
+    PerElement,
+    PerPosition,
+}
+
+/// Where a gather kernel's indices point: the dim they address on the dense side (the read's
+/// input, the scatter's output), how, and the shard of that dim the rank's piece holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Along {
+    pub dim: usize,
+    pub addressing: Addressing,
+    pub shard: IndexShard,
+}
+
+impl Along {
+    /// One index per position along `dim`.
+    pub fn per_position(dim: usize, shard: IndexShard) -> Along {
+        Along {
+            dim,
+            addressing: Addressing::PerPosition,
+            shard,
+        }
+    }
+    /// One index per element, along `dim`.
+    pub fn per_element(dim: usize, shard: IndexShard) -> Along {
+        Along {
+            dim,
+            addressing: Addressing::PerElement,
+            shard,
+        }
+    }
+}
+
+/// Gather kernels of a backend: the reads (`take`: gather, index_select, embedding lookup) and
+/// the scatter-adds that are their gradients (`put`), `op` naming the op in errors. Data pieces
+/// are float (and i64 for the reads), indices i64; indices outside `0..shard.total` are a typed
+/// error on the CPU (NaN rows on CUDA, which cannot raise one without a sync).
 pub trait GatherKernels: KernelBackend {
-    fn gather(
+    /// `out` (the indexed side) gets `x` at `ids` along `along.dim`; zeros for other ranks' ids.
+    fn take(
         &self,
-        x: &Self::Piece,
-        index: &Self::Piece,
-        dim: usize,
-        shard: IndexShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn scatter_add(
-        &self,
-        index: &Self::Piece,
-        src: &Self::Piece,
-        dim: usize,
-        shard: IndexShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn index_select(
-        &self,
+        op: &'static str,
         x: &Self::Piece,
         ids: &Self::Piece,
-        dim: usize,
-        shard: IndexShard,
+        along: Along,
         out: &mut Self::Out,
     ) -> Result<()>;
-    fn index_add(
+    /// `out` (the dense side) gets zeros plus `src` added at `ids` along `along.dim`; other
+    /// ranks' ids are skipped.
+    fn put(
         &self,
+        op: &'static str,
         ids: &Self::Piece,
         src: &Self::Piece,
-        dim: usize,
-        shard: IndexShard,
+        along: Along,
         out: &mut Self::Out,
     ) -> Result<()>;
+}
+
+impl GatherOp {
+    /// The scatter-add into a dim of `size` along `dim` (`ScatterAdd` with one index per
+    /// element, else `IndexAdd`), the read's gradient; its shard is filled in by `local`.
+    fn adding(addressing: Addressing, dim: usize, size: usize, split_first: bool) -> GatherOp {
+        let shard = IndexShard::default();
+        match addressing {
+            Addressing::PerElement => GatherOp::ScatterAdd {
+                dim,
+                size,
+                split_first,
+                shard,
+            },
+            Addressing::PerPosition => GatherOp::IndexAdd {
+                dim,
+                size,
+                split_first,
+                shard,
+            },
+        }
+    }
 }
 
 impl OpFamily for GatherOp {
@@ -124,12 +169,7 @@ impl OpFamily for GatherOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let r = match self {
             GatherOp::Gather { dim, .. } => {
                 need_i64(d[1], "index")?;
@@ -177,12 +217,20 @@ impl OpFamily for GatherOp {
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
+        let (op, y) = (self.name(), single(self.name(), out)?);
         match *self {
-            GatherOp::Gather { dim, shard } => b.gather(x[0], x[1], dim, shard, y),
-            GatherOp::ScatterAdd { dim, shard, .. } => b.scatter_add(x[0], x[1], dim, shard, y),
-            GatherOp::IndexSelect { dim, shard } => b.index_select(x[0], x[1], dim, shard, y),
-            GatherOp::IndexAdd { dim, shard, .. } => b.index_add(x[0], x[1], dim, shard, y),
+            GatherOp::Gather { dim, shard } => {
+                b.take(op, x[0], x[1], Along::per_element(dim, shard), y)
+            }
+            GatherOp::ScatterAdd { dim, shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_element(dim, shard), y)
+            }
+            GatherOp::IndexSelect { dim, shard } => {
+                b.take(op, x[0], x[1], Along::per_position(dim, shard), y)
+            }
+            GatherOp::IndexAdd { dim, shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_position(dim, shard), y)
+            }
         }
     }
 
@@ -200,20 +248,11 @@ impl OpFamily for GatherOp {
             GatherOp::Gather { dim, .. } | GatherOp::IndexSelect { dim, .. } => {
                 let x = g.input_meta(0);
                 let (size, split_first) = (x.shape().dim(dim), split_on(x.nd_sbp(), dim));
-                let op = match self {
-                    GatherOp::Gather { .. } => GatherOp::ScatterAdd {
-                        dim,
-                        size,
-                        split_first,
-                        shard: IndexShard::default(),
-                    },
-                    _ => GatherOp::IndexAdd {
-                        dim,
-                        size,
-                        split_first,
-                        shard: IndexShard::default(),
-                    },
+                let addressing = match self {
+                    GatherOp::Gather { .. } => Addressing::PerElement,
+                    _ => Addressing::PerPosition,
                 };
+                let op = GatherOp::adding(addressing, dim, size, split_first);
                 Ok(vec![
                     g.when(0, || dispatch(op.into(), &[g.input(1)?, dy]))?,
                     None,
@@ -255,24 +294,14 @@ impl Tensor {
     /// the indices along `dim` (the gradient of `gather`).
     pub fn scatter_add(index: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
         let dim = norm_dim("scatter_add", index, dim)?;
-        let op = GatherOp::ScatterAdd {
-            dim,
-            size,
-            split_first: false,
-            shard: IndexShard::default(),
-        };
+        let op = GatherOp::adding(Addressing::PerElement, dim, size, false);
         dispatch(op.into(), &[index, src])
     }
     /// Zeros of `src`'s shape with `dim` of size `size`, plus the slices of `src` along `dim`
     /// added at `ids` (1-d i64; the gradient of `index_select`).
     pub fn index_add(ids: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
         let dim = norm_dim("index_add", src, dim)?;
-        let op = GatherOp::IndexAdd {
-            dim,
-            size,
-            split_first: false,
-            shard: IndexShard::default(),
-        };
+        let op = GatherOp::adding(Addressing::PerPosition, dim, size, false);
         dispatch(op.into(), &[ids, src])
     }
 }

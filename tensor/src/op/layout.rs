@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{zeros_on, Grad};
 use super::{
     dim_ok, norm_dim, same_dtype, shape_rule, single, Backend, Dims, Inferred, KernelBackend,
-    LocalAt, MetaError, OpFamily, Saves,
+    LocalAt, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -67,12 +67,7 @@ impl OpFamily for LayoutOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let r = match self {
             LayoutOp::Permute { perm } => rules::permute(perm, s[0], mode),
             LayoutOp::Reshape { shape } => rules::reshape(s[0], shape, mode),

@@ -5,11 +5,11 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
 
-use super::gather::IndexShard;
+use super::gather::{Along, IndexShard};
 use super::grad::Grad;
 use super::{
     need_float, need_i64, scratch, shape_rule, single, Backend, BinaryOp, Inferred, KernelBackend,
-    LocalAt, MetaError, Op, OpFamily, Saves, UnaryOp,
+    LocalAt, MetaError, MetaResult, Op, OpFamily, Saves, UnaryOp,
 };
 use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, meta_err};
@@ -71,12 +71,7 @@ impl OpFamily for LossOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "logits")?;
         need_i64(d[1], "labels")?;
         if d[2..].iter().any(|&t| t != d[0]) {
@@ -127,7 +122,8 @@ impl OpFamily for LossOp {
             LossOp::CrossEntropyBackward => b.cross_entropy_backward(x[0], x[1], x[2], y),
             LossOp::VocabParallel { shard, .. } => {
                 let spec = b.out_spec(y);
-                let target = scratch(b, &spec, |t| b.gather(x[0], x[1], 1, shard, t))?;
+                let along = Along::per_element(1, shard);
+                let target = scratch(b, &spec, |t| b.take(self.name(), x[0], x[1], along, t))?;
                 if shard.start == 0 {
                     b.binary(BinaryOp::Sub, x[2], &target, y)
                 } else {
@@ -140,7 +136,8 @@ impl OpFamily for LossOp {
                 let p = scratch(b, &spec, |t| b.unary(UnaryOp::Exp, &d, t))?;
                 drop(d);
                 let p = scratch(b, &spec, |t| b.binary(BinaryOp::Mul, &p, x[3], t))?;
-                let onehot = scratch(b, &spec, |t| b.scatter_add(x[1], x[3], 1, shard, t))?;
+                let along = Along::per_element(1, shard);
+                let onehot = scratch(b, &spec, |t| b.put(self.name(), x[1], x[3], along, t))?;
                 b.binary(BinaryOp::Sub, &p, &onehot, y)
             }
         }
@@ -257,7 +254,7 @@ fn padding_mask(x: &Tensor, classes: usize) -> Result<Tensor> {
 
 /// Candidates of the vocabulary-parallel ops, per mesh axis: logits split on the classes with
 /// the per-row inputs B -> loss P / dlogits S(1); all split on the rows -> S(0); all B -> B.
-fn vocab_parallel_rules(s: &[&Shape], mode: RuleMode) -> std::result::Result<Rules, MetaError> {
+fn vocab_parallel_rules(s: &[&Shape], mode: RuleMode) -> MetaResult<Rules> {
     let (x, rows) = (s[0], Shape::from([s[0].dim(0), 1]));
     if x.ndim() != 2 || s[1..].iter().any(|t| **t != rows) {
         return Err(MetaError::Shape(format!(

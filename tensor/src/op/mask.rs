@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{sum_to, zeros_on, Grad};
 use super::{
     same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    OpFamily, Saves,
+    MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -89,12 +89,7 @@ impl OpFamily for MaskOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         match self {
             MaskOp::Where => {
                 let dt = same_dtype(&d[1..])?;

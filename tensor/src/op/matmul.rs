@@ -7,7 +7,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_dtype, shape_rule, single, Backend, Inferred, KernelBackend, MetaError, OpFamily, Saves,
+    same_dtype, shape_rule, single, Backend, Inferred, KernelBackend, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -56,12 +56,7 @@ impl OpFamily for MatmulOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_dtype(d)?;
         let r = match self {
             MatmulOp::MatMul => rules::matmul(s[0], s[1], mode),

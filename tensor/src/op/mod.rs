@@ -43,7 +43,7 @@ pub use elementwise::{
     broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
-pub use gather::{GatherKernels, GatherOp, IndexShard};
+pub use gather::{Addressing, Along, GatherKernels, GatherOp, IndexShard};
 pub(crate) use grad::{Grad, Saved, Saves};
 pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{LossKernels, LossOp};
@@ -51,7 +51,7 @@ pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
 pub(crate) use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
-pub use reduction::{ReductionKernels, ReductionOp};
+pub use reduction::{Extremum, ReductionKernels, ReductionOp};
 pub use rms_norm::{RmsNormKernels, RmsNormOp};
 pub use rotary::{RotaryKernels, RotaryOp};
 pub use softmax::{SoftmaxKernels, SoftmaxOp};
@@ -65,6 +65,9 @@ pub enum MetaError {
     Shape(String),
     DType(String),
 }
+
+/// The result of a metadata check: what `infer` and its helpers return.
+pub type MetaResult<T> = std::result::Result<T, MetaError>;
 
 /// Every output of one op call: its shape, dtype and (when asked for) SBP candidates, the
 /// shapes and candidates in `rules` (one output shape, and one SBP per output in every
@@ -146,12 +149,7 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     fn arity(&self) -> (usize, usize);
     /// Checks shapes and dtypes; returns every output's dtype and the op's rules (each output's
     /// shape and SBP candidates).
-    fn infer(
-        &self,
-        shapes: &[&Shape],
-        dtypes: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError>;
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred>;
     /// The op with one rank's local attributes, given where the rank's pieces sit in the global
     /// tensors (e.g. a reshape's local target, a mean's global divisor, a random mask's or a
     /// vocabulary shard's offset); None when they equal the global ones.
@@ -257,11 +255,8 @@ macro_rules! families {
                 }
             }
             pub(crate) fn infer(
-                &self,
-                shapes: &[&Shape],
-                dtypes: &[DType],
-                mode: RuleMode,
-            ) -> std::result::Result<Inferred, MetaError> {
+                &self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode,
+            ) -> MetaResult<Inferred> {
                 match self {
                     $(Op::$variant(o) => o.infer(shapes, dtypes, mode)),*
                 }
@@ -384,11 +379,11 @@ impl fmt::Debug for F64Bits {
 }
 
 /// A rule builder's detail message as a shape error.
-fn shape_rule(r: std::result::Result<Rules, String>) -> std::result::Result<Rules, MetaError> {
+fn shape_rule(r: std::result::Result<Rules, String>) -> MetaResult<Rules> {
     r.map_err(MetaError::Shape)
 }
 
-fn need_float(dt: DType, what: &str) -> std::result::Result<(), MetaError> {
+fn need_float(dt: DType, what: &str) -> MetaResult<()> {
     if dt.is_float() {
         Ok(())
     } else {
@@ -398,7 +393,7 @@ fn need_float(dt: DType, what: &str) -> std::result::Result<(), MetaError> {
     }
 }
 
-fn need_i64(dt: DType, what: &str) -> std::result::Result<(), MetaError> {
+fn need_i64(dt: DType, what: &str) -> MetaResult<()> {
     if dt == DType::I64 {
         Ok(())
     } else {
@@ -406,7 +401,7 @@ fn need_i64(dt: DType, what: &str) -> std::result::Result<(), MetaError> {
     }
 }
 
-fn same_dtype(dtypes: &[DType]) -> std::result::Result<DType, MetaError> {
+fn same_dtype(dtypes: &[DType]) -> MetaResult<DType> {
     let d = dtypes[0];
     if dtypes.iter().any(|&x| x != d) {
         return Err(MetaError::DType("operands must have the same dtype".into()));
@@ -414,7 +409,14 @@ fn same_dtype(dtypes: &[DType]) -> std::result::Result<DType, MetaError> {
     Ok(d)
 }
 
-fn dim_ok(shape: &Shape, d: usize) -> std::result::Result<(), MetaError> {
+/// The one dtype of `dtypes`, a float dtype (`what` names the operands in the error).
+fn same_float_dtype(dtypes: &[DType], what: &str) -> MetaResult<DType> {
+    let dt = same_dtype(dtypes)?;
+    need_float(dt, what)?;
+    Ok(dt)
+}
+
+fn dim_ok(shape: &Shape, d: usize) -> MetaResult<()> {
     if d >= shape.ndim() {
         return Err(MetaError::Shape(format!(
             "dim {d} out of range for {} dims",

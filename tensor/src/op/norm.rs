@@ -7,8 +7,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    kernel_err, need_float, same_dtype, shape_rule, single, Backend, F64Bits, Inferred,
-    KernelBackend, MetaError, OpFamily, Saves,
+    kernel_err, same_float_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, Saves,
 };
 use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, dispatch_multi};
@@ -76,18 +76,12 @@ impl OpFamily for NormOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let data = match self {
             NormOp::LayerNorm { .. } => d,
             NormOp::LayerNormBackward => &d[..3],
         };
-        let dt = same_dtype(data)?;
-        need_float(dt, "input")?;
+        let dt = same_float_dtype(data, "input")?;
         let stats = stats_dtype(dt);
         Ok(match self {
             NormOp::LayerNorm { .. } => Inferred::outputs(

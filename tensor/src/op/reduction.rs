@@ -7,7 +7,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
     need_float, norm_dims, shape_rule, single, Backend, Dims, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, Saves, UnaryOp,
+    MetaResult, OpFamily, Saves, UnaryOp,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -43,7 +43,25 @@ pub enum ReductionOp {
     },
 }
 
-/// Reduction kernels of a backend. `sum` divides by `count` when given (a mean).
+/// Which extremum a max or min reduction keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extremum {
+    Max,
+    Min,
+}
+
+impl Extremum {
+    /// The reduction's name, as errors print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Extremum::Max => "max",
+            Extremum::Min => "min",
+        }
+    }
+}
+
+/// Reduction kernels of a backend. `sum` divides by `count` when given (a mean). The output
+/// buffer's shape says whether the reduced dims are kept.
 pub trait ReductionKernels: KernelBackend {
     fn sum(
         &self,
@@ -53,18 +71,12 @@ pub trait ReductionKernels: KernelBackend {
         count: Option<usize>,
         out: &mut Self::Out,
     ) -> Result<()>;
-    fn max(
+    /// The max or min over `dims`.
+    fn extremum(
         &self,
+        which: Extremum,
         x: &Self::Piece,
         dims: &[usize],
-        keepdim: bool,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn min(
-        &self,
-        x: &Self::Piece,
-        dims: &[usize],
-        keepdim: bool,
         out: &mut Self::Out,
     ) -> Result<()>;
     /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
@@ -91,12 +103,7 @@ impl OpFamily for ReductionOp {
         (1, 1)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (kind, dims, keepdim) = match self {
             ReductionOp::Sum { dims, keepdim } => (ReduceKind::Sum, dims, *keepdim),
             ReductionOp::Mean { dims, keepdim, .. } => {
@@ -141,8 +148,8 @@ impl OpFamily for ReductionOp {
                 keepdim,
                 count,
             } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), y),
-            ReductionOp::Max { dims, keepdim } => b.max(x[0], dims, *keepdim, y),
-            ReductionOp::Min { dims, keepdim } => b.min(x[0], dims, *keepdim, y),
+            ReductionOp::Max { dims, .. } => b.extremum(Extremum::Max, x[0], dims, y),
+            ReductionOp::Min { dims, .. } => b.extremum(Extremum::Min, x[0], dims, y),
             ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], y),
         }
     }

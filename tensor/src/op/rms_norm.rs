@@ -6,8 +6,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, OpFamily,
-    Saves,
+    same_float_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -39,14 +39,8 @@ impl OpFamily for RmsNormOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "input")?;
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = same_float_dtype(d, "input")?;
         let (x, w) = (s[0], s[1]);
         if x.ndim() == 0 || w.dims() != [x.dim(x.ndim() - 1)] {
             return Err(MetaError::Shape(format!(

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use super::grad::Grad;
 use super::{
     dim_ok, need_float, norm_dim, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt,
-    MetaError, OpFamily, Saves,
+    MetaError, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -43,12 +43,7 @@ impl OpFamily for RotaryOp {
         (1, 1)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "input")?;
         let x = s[0];
         dim_ok(x, self.seq_dim)?;

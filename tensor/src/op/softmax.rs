@@ -5,8 +5,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, need_float, norm_dim, same_dtype, shape_rule, single, Backend, Inferred, KernelBackend,
-    MetaError, OpFamily, Saves,
+    dim_ok, norm_dim, same_float_dtype, shape_rule, single, Backend, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, Saves,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -56,14 +56,8 @@ impl OpFamily for SoftmaxOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "input")?;
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = same_float_dtype(d, "input")?;
         match self {
             SoftmaxOp::Forward { dim, .. } => {
                 dim_ok(s[0], *dim)?;

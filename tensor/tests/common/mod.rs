@@ -1,10 +1,14 @@
-//! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, and array
-//! comparison with an f32 tolerance.
+//! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, running a
+//! closure on every rank of a placement, reading values (whole global ones too), the weighted
+//! sum a gradient test differentiates, finite-difference gradient checks, and array comparison
+//! with an f32 tolerance.
 
 #![allow(dead_code)]
 
+use std::time::Duration;
+
 use ndarray::ArrayD;
-use oxiflow_tensor::{DeviceType, NdSbp, Placement, Sbp};
+use oxiflow_tensor::{run_ranks, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 /// A placement over `n` ranks of mesh `mesh` (product = n), ranks permuted by `perm_seed`.
 pub fn placement(mesh: &[usize], perm_seed: u64) -> Placement {
@@ -35,6 +39,68 @@ pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
             _ => Sbp::P,
         }
     }))
+}
+
+/// `f` run on every rank of `p`'s world (threads of this process, 30 s to finish), one result
+/// per rank.
+pub fn on_ranks<R: Send>(p: &Placement, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    run_ranks(p.num_ranks(), Duration::from_secs(30), f)
+}
+
+/// The values of an f64 tensor, row-major.
+pub fn vals(x: &Tensor) -> Vec<f64> {
+    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+}
+
+/// The whole value of the global f64 tensor `t` on `p` (broadcast to every rank), row-major.
+pub fn whole(t: &Tensor, p: &Placement) -> Vec<f64> {
+    vals(&t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap())
+}
+
+/// `sum(y * r)`: a scalar whose gradient reaches every element of `y` (weighted by `r`).
+pub fn weighted_sum(y: &Tensor, r: &Tensor) -> Tensor {
+    y.mul(r).unwrap().sum_all().unwrap()
+}
+
+/// How far a gradient may be from its finite difference `fd`.
+#[derive(Clone, Copy, Debug)]
+pub enum Tol {
+    /// At most this much.
+    Abs(f64),
+    /// At most this times `1 + |fd|`.
+    Rel(f64),
+}
+
+impl Tol {
+    fn allows(self, g: f64, fd: f64) -> bool {
+        let tol = match self {
+            Tol::Abs(t) => t,
+            Tol::Rel(t) => t * (1.0 + fd.abs()),
+        };
+        (g - fd).abs() < tol
+    }
+}
+
+/// Asserts that `grad`, the autograd gradient of the scalar `loss` at the f64 tensor `x`, equals
+/// the central difference (step 1e-6) of `loss` at every element within `tol`; `loss` is
+/// evaluated at copies of `x` with one element moved.
+pub fn assert_grad_matches_fd(
+    x: &Tensor,
+    grad: &Tensor,
+    tol: Tol,
+    loss: impl Fn(&Tensor) -> Tensor,
+    what: &str,
+) {
+    let (base, shape) = (vals(x), x.shape().dims().to_vec());
+    for (i, g) in vals(grad).iter().enumerate() {
+        let at = |delta: f64| {
+            let mut v = base.clone();
+            v[i] += delta;
+            vals(&loss(&Tensor::from_vec(v, shape.clone()).unwrap()))[0]
+        };
+        let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+        assert!(tol.allows(*g, fd), "{what} element {i}: {g} vs {fd}");
+    }
 }
 
 /// Element-wise closeness with an f32 tolerance.

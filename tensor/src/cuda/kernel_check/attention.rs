@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{rel_err, Buf, Ceilings, Report, Rng};
+use super::{rel_err, Buf, Report, Rng, TimingRun};
 use crate::cuda::attention::{attention_backward, attention_forward, AttentionPath};
 use crate::cuda::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FloatType};
 use crate::cuda::{cudnn_attention, flash_attention, CudaRuntime};
@@ -381,81 +381,62 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         dtype,
     };
     let (sep, fused) = (Layout::Separate, Layout::Fused);
+    // (case, path, layout, seed) of every correctness run, in order.
+    let mut runs = Vec::new();
     let mut seed = 1;
     for dtype in [FloatType::Bf16, FloatType::F16] {
         for causal in [true, false] {
             seed += 1;
-            check_case(
-                rt,
-                rep,
-                &case(2, 3, 256, 64, causal, dtype),
-                Path::Cudnn,
-                sep,
-                seed,
-            )?;
+            runs.push((case(2, 3, 256, 64, causal, dtype), Path::Cudnn, sep, seed));
         }
     }
-    check_case(
-        rt,
-        rep,
-        &case(2, 3, 256, 64, true, FloatType::Bf16),
+    runs.push((
+        case(2, 3, 256, 64, true, FloatType::Bf16),
         Path::Cudnn,
         fused,
         39,
-    )?;
-    check_case(
-        rt,
-        rep,
-        &case(1, 2, 200, 128, true, FloatType::Bf16),
+    ));
+    runs.push((
+        case(1, 2, 200, 128, true, FloatType::Bf16),
         Path::Cudnn,
         sep,
         40,
-    )?;
+    ));
     for dtype in FloatType::ALL {
         for causal in [true, false] {
             seed += 1;
-            check_case(
-                rt,
-                rep,
-                &case(2, 3, 160, 64, causal, dtype),
-                Path::Flash,
-                sep,
-                seed,
-            )?;
+            runs.push((case(2, 3, 160, 64, causal, dtype), Path::Flash, sep, seed));
         }
     }
-    check_case(
-        rt,
-        rep,
-        &case(2, 3, 160, 64, true, FloatType::Bf16),
-        Path::Flash,
-        fused,
-        49,
-    )?;
-    check_case(
-        rt,
-        rep,
-        &case(1, 2, 100, 128, true, FloatType::F32),
-        Path::Flash,
-        sep,
-        50,
-    )?;
-    check_case(
-        rt,
-        rep,
-        &case(1, 1, 70, 40, true, FloatType::Bf16),
-        Path::Flash,
-        sep,
-        51,
-    )?;
-    check_case(
-        rt,
-        rep,
-        &case(1, 2, 33, 256, false, FloatType::F16),
-        Path::Flash,
-        sep,
-        52,
-    )?;
+    runs.extend([
+        (
+            case(2, 3, 160, 64, true, FloatType::Bf16),
+            Path::Flash,
+            fused,
+            49,
+        ),
+        (
+            case(1, 2, 100, 128, true, FloatType::F32),
+            Path::Flash,
+            sep,
+            50,
+        ),
+        (
+            case(1, 1, 70, 40, true, FloatType::Bf16),
+            Path::Flash,
+            sep,
+            51,
+        ),
+        (
+            case(1, 2, 33, 256, false, FloatType::F16),
+            Path::Flash,
+            sep,
+            52,
+        ),
+    ]);
+    for (c, path, layout, seed) in &runs {
+        check_case(rt, rep, c, *path, *layout, *seed)?;
+    }
 
     // cuDNN refuses f32 with a typed error and the dispatcher falls back.
     let c = case(1, 2, 64, 64, true, FloatType::F32);
@@ -476,12 +457,7 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn timings(
-    rt: &Arc<CudaRuntime>,
-    rep: &mut Report,
-    repeats: usize,
-    ceil: &Ceilings,
-) -> Result<()> {
+pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) -> Result<()> {
     let c = Case {
         b: 16,
         h: 12,
@@ -495,7 +471,7 @@ pub(super) fn timings(
         .map(|_| upload_case(rt, &c, Layout::Separate, &mut rng))
         .collect::<Result<_>>()?;
     let fwd_flops = c.shape().forward_flops();
-    let mm = format!("{:.0} TFLOP/s bf16 matmul", ceil.mm);
+    let mm = format!("{:.0} TFLOP/s bf16 matmul", run.mm);
     for p in [Path::Cudnn, Path::Flash] {
         let nm = if p == Path::Cudnn {
             "cudnn attn"
@@ -539,9 +515,9 @@ pub(super) fn timings(
             }
         }
         let reps = if p == Path::Flash {
-            repeats.min(5)
+            run.repeats.min(5)
         } else {
-            repeats
+            run.repeats
         };
         for (what, backward, flops) in [
             ("fwd", false, fwd_flops),

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{rel_err, Buf, Ceilings, Report, Rng};
+use super::{rel_err, Buf, Report, Rng, TimingRun};
 use crate::cuda::fused::{
     adamw_multi, classifier, elementwise, layer_norm_backward, layer_norm_forward, AdamHyper,
     AdamTensor, Classifier, Elementwise, EwOp, LayerNormBackward, LayerNormForward,
@@ -327,13 +327,8 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn timings(
-    rt: &Arc<CudaRuntime>,
-    rep: &mut Report,
-    repeats: usize,
-    ceil: &Ceilings,
-) -> Result<()> {
-    let bw = format!("{:.0} GB/s copy", ceil.bw);
+pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) -> Result<()> {
+    let bw = format!("{:.0} GB/s copy", run.bw);
     let t = FloatType::Bf16;
     let mut rng = Rng(500);
     // Residual + LayerNorm, GPT-2 124M activations of 8 x 1024 tokens.
@@ -359,7 +354,7 @@ pub(super) fn timings(
         mean: mean.ptr(),
         rstd: rstd.ptr(),
     };
-    let ms = super::time_ms(rt, repeats, |_| {
+    let ms = super::time_ms(rt, run.repeats, |_| {
         layer_norm_forward(rt, &fwd).map_err(Into::into)
     })?;
     rep.time(
@@ -388,7 +383,7 @@ pub(super) fn timings(
         grad_type: FloatType::F32,
         accumulate: false,
     };
-    let ms = super::time_ms(rt, repeats, |_| {
+    let ms = super::time_ms(rt, run.repeats, |_| {
         layer_norm_backward(rt, &bwd).map_err(Into::into)
     })?;
     rep.time(
@@ -443,7 +438,7 @@ pub(super) fn timings(
             grad_bf16: 1,
         })
         .collect();
-    let ms = super::time_ms(rt, repeats, |_| {
+    let ms = super::time_ms(rt, run.repeats, |_| {
         adamw_multi(rt, &list, &hyper.coef()).map_err(Into::into)
     })?;
     rep.time(
@@ -476,7 +471,9 @@ pub(super) fn timings(
         loss: loss.ptr(),
         strict: false,
     };
-    let ms = super::time_ms(rt, repeats, |_| classifier(rt, &args).map_err(Into::into))?;
+    let ms = super::time_ms(rt, run.repeats, |_| {
+        classifier(rt, &args).map_err(Into::into)
+    })?;
     rep.time(
         "classifier (in place)",
         "bf16",
@@ -505,7 +502,7 @@ pub(super) fn timings(
             c: 0.0,
             y: y.ptr(),
         };
-        let ms = super::time_ms(rt, repeats, |_| elementwise(rt, &e).map_err(Into::into))?;
+        let ms = super::time_ms(rt, run.repeats, |_| elementwise(rt, &e).map_err(Into::into))?;
         rep.time(
             nm,
             "bf16",

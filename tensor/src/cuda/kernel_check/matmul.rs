@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{rel_err, Buf, Ceilings, Report, Rng};
+use super::{rel_err, Buf, Report, Rng, TimingRun};
 use crate::cuda::blaslt::{lt_matmul, Epilogue, LtMatmul};
 use crate::cuda::raw::FloatType;
 use crate::cuda::CudaRuntime;
@@ -316,12 +316,7 @@ pub(super) fn ceiling(rt: &Arc<CudaRuntime>, repeats: usize) -> Result<f64> {
     Ok(2.0 * (s * s * s) as f64 / (ms * 1e-3) / 1e12)
 }
 
-pub(super) fn timings(
-    rt: &Arc<CudaRuntime>,
-    rep: &mut Report,
-    repeats: usize,
-    ceil: &Ceilings,
-) -> Result<()> {
+pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) -> Result<()> {
     let (tokens, c, h) = (8192, 768, 3072);
     let mut rng = Rng(8);
     let (x, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(tokens * c, 1.0))?;
@@ -336,9 +331,9 @@ pub(super) fn timings(
         },
         ..base(tokens, h, c, FloatType::Bf16)
     };
-    let ceiling = format!("{:.0} TFLOP/s", ceil.mm);
+    let ceiling = format!("{:.0} TFLOP/s", run.mm);
     let flops = 2.0 * (tokens * h * c) as f64;
-    let ms = super::time_ms(rt, repeats, |_| {
+    let ms = super::time_ms(rt, run.repeats, |_| {
         lt_matmul(rt, &g, x.ptr(), w.ptr(), out.ptr()).map_err(Into::into)
     })?;
     rep.time(
@@ -363,7 +358,7 @@ pub(super) fn timings(
         },
         ..base(h, c, tokens, FloatType::Bf16)
     };
-    let ms = super::time_ms(rt, repeats, |_| {
+    let ms = super::time_ms(rt, run.repeats, |_| {
         lt_matmul(rt, &g, dy.ptr(), x.ptr(), dw.ptr()).map_err(Into::into)
     })?;
     rep.time(

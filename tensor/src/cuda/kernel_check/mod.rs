@@ -361,17 +361,19 @@ pub fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
         let bw = copy_ceiling(&rt, repeats)?;
         let mm = matmul::ceiling(&rt, repeats)?;
         println!("ceiling copy {bw:.0} GB/s (read + write), bf16 matmul 8192^3 {mm:.0} TFLOP/s");
-        let ceil = Ceilings { bw, mm };
-        attention::timings(&rt, &mut rep, repeats, &ceil)?;
-        matmul::timings(&rt, &mut rep, repeats, &ceil)?;
-        fused::timings(&rt, &mut rep, repeats, &ceil)?;
+        let run = TimingRun { repeats, bw, mm };
+        attention::timings(&rt, &mut rep, &run)?;
+        matmul::timings(&rt, &mut rep, &run)?;
+        fused::timings(&rt, &mut rep, &run)?;
     }
     print_table(&rep);
     Ok(Some(rep.checks.iter().all(Check::pass)))
 }
 
-/// The measured ceilings, for the timing rows.
-struct Ceilings {
+/// How the timings run: the repeats of each measurement, and the measured ceilings (copy
+/// bandwidth in GB/s, bf16 matmul TFLOP/s) their rows are set beside.
+struct TimingRun {
+    repeats: usize,
     bw: f64,
     mm: f64,
 }

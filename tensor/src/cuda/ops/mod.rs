@@ -7,7 +7,6 @@ mod attention;
 mod custom;
 mod dropout;
 mod elementwise;
-mod embedding;
 mod gather;
 mod layout;
 mod loss;
@@ -24,6 +23,7 @@ use std::sync::Arc;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
+use super::copy::cast;
 use super::storage::CudaStorage;
 use super::{derr, CudaRuntime};
 use crate::op::{KernelBackend, OutSpec};
@@ -70,6 +70,54 @@ impl KernelBackend for CudaKernels {
             ));
         }
         Ok(x.reshaped(spec.shape.clone()))
+    }
+}
+
+impl CudaKernels {
+    /// `x` itself, or its f32 copy when it is 16-bit (for kernels that compute 16-bit data
+    /// through f32).
+    fn widened(&self, op: &'static str, x: &CudaStorage) -> Result<CudaStorage> {
+        if !x.dtype.is_half() {
+            return Ok(x.clone());
+        }
+        let w = self.alloc(&OutSpec {
+            shape: x.shape.clone(),
+            dtype: DType::F32,
+        })?;
+        cast(
+            &self.rt,
+            op,
+            (x.dtype, x.ptr()),
+            (DType::F32, w.ptr()),
+            x.numel(),
+        )?;
+        Ok(w)
+    }
+
+    /// The buffer a kernel computing through f32 writes for output `out`: itself, or an f32
+    /// one when 16-bit ([`CudaKernels::narrow`] rounds it into `out`).
+    fn wide_out(&self, out: &CudaStorage) -> Result<CudaStorage> {
+        if !out.dtype.is_half() {
+            return Ok(out.clone());
+        }
+        self.alloc(&OutSpec {
+            shape: out.shape.clone(),
+            dtype: DType::F32,
+        })
+    }
+
+    /// Rounds `wide` into `out` when they differ.
+    fn narrow(&self, op: &'static str, wide: &CudaStorage, out: &CudaStorage) -> Result<()> {
+        if wide.dtype == out.dtype {
+            return Ok(());
+        }
+        cast(
+            &self.rt,
+            op,
+            (wide.dtype, wide.ptr()),
+            (out.dtype, out.ptr()),
+            out.numel(),
+        )
     }
 }
 

@@ -9,7 +9,7 @@ use super::super::kernels::{grid, launch, per_row, Template};
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
 use super::{float_only, permute, CudaKernels};
-use crate::op::ReductionKernels;
+use crate::op::{Extremum, ReductionKernels};
 use crate::Result;
 
 /// What a row reduction combines with (the kernel's `mode`: 0 sum, 1 max, 2 min).
@@ -179,24 +179,18 @@ impl ReductionKernels for CudaKernels {
         }
     }
 
-    fn max(
+    fn extremum(
         &self,
+        which: Extremum,
         x: &CudaStorage,
         dims: &[usize],
-        _keepdim: bool,
         out: &mut CudaStorage,
     ) -> Result<()> {
-        reduce(&self.rt, "max", x, dims, Combine::Max, 1.0, out)
-    }
-
-    fn min(
-        &self,
-        x: &CudaStorage,
-        dims: &[usize],
-        _keepdim: bool,
-        out: &mut CudaStorage,
-    ) -> Result<()> {
-        reduce(&self.rt, "min", x, dims, Combine::Min, 1.0, out)
+        let combine = match which {
+            Extremum::Max => Combine::Max,
+            Extremum::Min => Combine::Min,
+        };
+        reduce(&self.rt, which.name(), x, dims, combine, 1.0, out)
     }
 
     fn sum_to_shape(&self, a: &CudaStorage, out: &mut CudaStorage) -> Result<()> {

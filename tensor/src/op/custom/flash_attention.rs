@@ -17,8 +17,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch_multi;
 use crate::op::{
-    need_float, same_dtype, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, OpFamily,
-    Saves,
+    same_float_dtype, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, Saves,
 };
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -59,14 +59,7 @@ impl FlashDims {
             return None;
         };
         let fits = k == [b, s, h, d] && v == [b, s, h, dv] && (!causal || s == t);
-        fits.then_some(FlashDims {
-            b,
-            t,
-            s,
-            h,
-            d,
-            dv,
-        })
+        fits.then_some(FlashDims { b, t, s, h, d, dv })
     }
     /// o's shape `[b, t, h, dv]`.
     pub fn o(&self) -> [usize; 4] {
@@ -124,7 +117,7 @@ fn shape_err(detail: String) -> MetaError {
 
 /// Checks q `[B, T, H, D]`, k `[B, S, H, D]`, v `[B, S, H, Dv]` (S == T when causal) and the
 /// scale; returns the sizes.
-fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> std::result::Result<FlashDims, MetaError> {
+fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> MetaResult<FlashDims> {
     for (what, x, dims) in [
         ("q", q, "[B, T, H, D]"),
         ("k", k, "[B, S, H, D]"),
@@ -151,7 +144,10 @@ fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> std::result::Res
         )));
     }
     if !a.scale.get().is_finite() {
-        return Err(shape_err(format!("scale must be finite, got {:?}", a.scale)));
+        return Err(shape_err(format!(
+            "scale must be finite, got {:?}",
+            a.scale
+        )));
     }
     if qd[3] == 0 || vd[3] == 0 {
         return Err(shape_err(format!(
@@ -163,21 +159,29 @@ fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> std::result::Res
 }
 
 /// `what` must have shape `want`.
-fn must_be(what: &str, x: &Shape, want: &[usize]) -> std::result::Result<(), MetaError> {
+fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
     if x.dims() == want {
         Ok(())
     } else {
-        Err(shape_err(format!(
-            "{what} must be {want:?}, got {x}"
-        )))
+        Err(shape_err(format!("{what} must be {want:?}, got {x}")))
     }
 }
 
 /// The batch-split, heads-split and broadcast candidates of `n` operands shaped like q (every
 /// operand but the statistics) and the statistics `lse` at `stats_in` (an input index) or as
 /// output `stats_out`.
-fn candidates(rules: &mut Rules, n_in: usize, n_out: usize, stats_in: Option<usize>, stats_out: Option<usize>) {
-    for (data, stats) in [(Sbp::S(0), Sbp::S(0)), (Sbp::S(2), Sbp::S(1)), (Sbp::B, Sbp::B)] {
+fn candidates(
+    rules: &mut Rules,
+    n_in: usize,
+    n_out: usize,
+    stats_in: Option<usize>,
+    stats_out: Option<usize>,
+) {
+    for (data, stats) in [
+        (Sbp::S(0), Sbp::S(0)),
+        (Sbp::S(2), Sbp::S(1)),
+        (Sbp::B, Sbp::B),
+    ] {
         let pick = |i: usize, at: Option<usize>| if at == Some(i) { stats } else { data };
         let ins: Vec<Sbp> = (0..n_in).map(|i| pick(i, stats_in)).collect();
         let outs: Vec<Sbp> = (0..n_out).map(|i| pick(i, stats_out)).collect();
@@ -200,23 +204,14 @@ impl OpFamily for FlashAttention {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let a = self.attrs();
-        let dt = same_dtype(&d[..d.len().min(5)])?;
-        need_float(dt, "q, k and v")?;
+        let dt = same_float_dtype(&d[..d.len().min(5)], "q, k and v")?;
         let dims = check_qkv(s[0], s[1], s[2], a)?;
         let stats = dt.compute();
         match self {
             FlashAttention::Forward(_) => {
-                let mut r = Rules::new(
-                    mode,
-                    [Shape::new(dims.o()), Shape::new(dims.lse())],
-                );
+                let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
                 candidates(&mut r, 3, 2, None, Some(1));
                 Ok(Inferred::outputs(r, &[dt, stats]))
             }
@@ -300,10 +295,7 @@ impl OpFamily for FlashAttention {
         } else {
             d_o.cast(o.dtype())?
         };
-        let grads = dispatch_multi(
-            FlashAttention::Backward(a).into(),
-            &[q, k, v, o, &d_o, lse],
-        )?;
+        let grads = dispatch_multi(FlashAttention::Backward(a).into(), &[q, k, v, o, &d_o, lse])?;
         Ok(grads
             .into_iter()
             .enumerate()
@@ -317,7 +309,13 @@ impl Tensor {
     /// `[B, S, H, D]`, values `v` `[B, S, H, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
     /// `[B, T, H, Dv]` (with `causal`, S == T and query `i` attends to keys `0..=i`). Never
     /// keeps a `[T, S]` array; the backward recomputes the probabilities from the log-sum-exp.
-    pub fn flash_attention(&self, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+    pub fn flash_attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Tensor> {
         Ok(self.flash_attention_lse(k, v, causal, scale)?.0)
     }
 

@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use crate::dispatch::dispatch_multi;
 use crate::op::grad::sum_to;
 use crate::op::{
-    kernel_err, need_float, same_dtype, scratch, Backend, BinaryOp, Grad, Inferred,
-    KernelBackend, MetaError, OpFamily, OutSpec, Saves, UnaryOp,
+    kernel_err, same_float_dtype, scratch, Backend, BinaryOp, Grad, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, OutSpec, Saves, UnaryOp,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -96,14 +96,8 @@ impl OpFamily for LinearOp {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "input")?;
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = same_float_dtype(d, "input")?;
         let x = s[0];
         let Some(&k) = x.dims().last() else {
             return Err(MetaError::Shape("x must have at least one dim".into()));
@@ -290,7 +284,11 @@ impl LinearOp {
     {
         let (xs, ds) = (b.out_spec(x), b.out_spec(dpre));
         let rows = |s: &OutSpec| {
-            let (k, lead) = s.shape.dims().split_last().map_or((0, &[][..]), |(k, l)| (*k, l));
+            let (k, lead) = s
+                .shape
+                .dims()
+                .split_last()
+                .map_or((0, &[][..]), |(k, l)| (*k, l));
             OutSpec {
                 shape: Shape::new([lead.iter().product::<usize>(), k]),
                 dtype: s.dtype,

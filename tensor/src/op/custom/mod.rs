@@ -13,7 +13,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 
-use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaError, OpFamily, Saves};
+use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, Saves};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -61,11 +61,8 @@ macro_rules! custom_ops {
                 }
             }
             fn infer(
-                &self,
-                shapes: &[&Shape],
-                dtypes: &[DType],
-                mode: RuleMode,
-            ) -> std::result::Result<Inferred, MetaError> {
+                &self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode,
+            ) -> MetaResult<Inferred> {
                 match *self {
                     $(CustomOp::$variant(ref o) => o.infer(shapes, dtypes, mode)),*
                 }

@@ -8,8 +8,9 @@ use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch_multi;
 use crate::op::{
-    kernel_err, need_float, norm_stats_dtype, same_dtype, scratch, shape_rule, Backend, BinaryOp,
-    F64Bits, Grad, Inferred, KernelBackend, MetaError, OpFamily, Saves,
+    kernel_err, need_float, norm_stats_dtype, same_dtype, same_float_dtype, scratch, shape_rule,
+    Backend, BinaryOp, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
+    Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -66,16 +67,10 @@ impl OpFamily for ResidualLayerNorm {
         }
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         match self {
             ResidualLayerNorm::Forward { .. } => {
-                let dt = same_dtype(d)?;
-                need_float(dt, "input")?;
+                let dt = same_float_dtype(d, "input")?;
                 if s[1] != s[0] {
                     return Err(mismatch("the residual branch", s[1], s[0]));
                 }
@@ -150,10 +145,7 @@ impl OpFamily for ResidualLayerNorm {
                 x.get(5).copied(),
                 [dx, dw, db],
             ),
-            _ => Err(kernel_err(
-                self.name(),
-                format!("got {n} output buffers"),
-            )),
+            _ => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
         }
     }
 
@@ -239,9 +231,7 @@ impl ResidualLayerNorm {
         let data = b.out_spec(r);
         match dr {
             Some(dr) => {
-                let t = scratch(b, &data, |t| {
-                    b.layer_norm_backward(r, w, dy, mean, rstd, t)
-                })?;
+                let t = scratch(b, &data, |t| b.layer_norm_backward(r, w, dy, mean, rstd, t))?;
                 b.binary(BinaryOp::Add, &t, dr, dx)?;
             }
             None => b.layer_norm_backward(r, w, dy, mean, rstd, dx)?,

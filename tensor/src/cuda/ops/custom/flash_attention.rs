@@ -12,7 +12,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::cuda::attention::{attention_backward, attention_forward};
-use crate::cuda::copy::{cast, fill};
+use crate::cuda::copy::fill;
 use crate::cuda::derr;
 use crate::cuda::kernels::{launch, per_row, Template};
 use crate::cuda::ops::CudaKernels;
@@ -26,14 +26,22 @@ use crate::Result;
 const FWD: &str = "flash_attention";
 const BWD: &str = "flash_attention_backward";
 
-/// The cuDNN (or flash fallback) element type of a call it can serve.
-fn fused_type(d: &FlashDims, dt: DType) -> Option<FloatType> {
-    let ft = match dt {
+/// The cuDNN (or flash fallback) problem of a call of `dt` data it can serve.
+fn fused_shape(d: &FlashDims, a: FlashAttrs, dt: DType) -> Option<AttentionShape> {
+    let dtype = match dt {
         DType::BF16 => FloatType::Bf16,
         DType::F16 => FloatType::F16,
         _ => return None,
     };
-    (d.s == d.t && d.dv == d.d && d.d <= 256).then_some(ft)
+    (d.s == d.t && d.dv == d.d && d.d <= 256).then_some(AttentionShape {
+        batch: d.b,
+        heads: d.h,
+        seq: d.t,
+        head_dim: d.d,
+        causal: a.causal,
+        scale: a.scale.get() as f32,
+        dtype,
+    })
 }
 
 /// The sizes of q, k, v (one float dtype, shapes fitting each other).
@@ -82,6 +90,18 @@ fn bthd(p: &CudaStorage) -> Bhtd {
     Bhtd::bthd(p.ptr(), t, h, d)
 }
 
+/// The row kernels' arguments (rows, T, S, scale, causal) of one batch entry's `[H, T, S]`
+/// scores.
+fn row_args(h: usize, t: usize, s: usize, a: FlashAttrs) -> (i64, i64, i64, f64, i32) {
+    (
+        (h * t) as i64,
+        t as i64,
+        s as i64,
+        a.scale.get(),
+        a.causal as i32,
+    )
+}
+
 /// `piece` from element `offset` on, rows `ld` apart.
 fn at(piece: &CudaStorage, offset: usize, ld: usize) -> Operand<'_> {
     Operand { piece, offset, ld }
@@ -95,50 +115,6 @@ fn dims4(p: &CudaStorage) -> [usize; 4] {
 }
 
 impl CudaKernels {
-    /// `x` itself, or its f32 copy when it is 16-bit.
-    fn widened(&self, op: &'static str, x: &CudaStorage) -> Result<CudaStorage> {
-        if !x.dtype.is_half() {
-            return Ok(x.clone());
-        }
-        let w = self.alloc(&OutSpec {
-            shape: x.shape.clone(),
-            dtype: DType::F32,
-        })?;
-        cast(
-            &self.rt,
-            op,
-            (x.dtype, x.ptr()),
-            (DType::F32, w.ptr()),
-            x.numel(),
-        )?;
-        Ok(w)
-    }
-
-    /// The buffer the composed path writes for output `out`: itself, or an f32 one when 16-bit.
-    fn wide_out(&self, out: &CudaStorage) -> Result<CudaStorage> {
-        if !out.dtype.is_half() {
-            return Ok(out.clone());
-        }
-        self.alloc(&OutSpec {
-            shape: out.shape.clone(),
-            dtype: DType::F32,
-        })
-    }
-
-    /// Rounds `wide` into `out` when they differ.
-    fn narrow(&self, op: &'static str, wide: &CudaStorage, out: &CudaStorage) -> Result<()> {
-        if wide.dtype == out.dtype {
-            return Ok(());
-        }
-        cast(
-            &self.rt,
-            op,
-            (wide.dtype, wide.ptr()),
-            (out.dtype, out.ptr()),
-            out.numel(),
-        )
-    }
-
     /// A scratch `[H, T, S]` array of `dtype` for one batch entry's scores.
     fn scores(&self, d: &FlashDims, dtype: DType) -> Result<CudaStorage> {
         self.alloc(&OutSpec {
@@ -160,6 +136,7 @@ impl CudaKernels {
         let (t, s, h, hd, hv) = (d.t, d.s, d.h, d.h * d.d, d.h * d.dv);
         let ls = lse.dtype.size() as u64;
         for b in 0..d.b {
+            let (qo, ko, vo, oo) = (b * t * hd, b * s * hd, b * s * hv, b * t * hv);
             let p = self.scores(d, dt)?;
             // scores[h] = q[b, :, h] k[b, :, h]^T, [T, S] per head.
             let g = Gemm {
@@ -171,21 +148,8 @@ impl CudaKernels {
                 tb: true,
                 strides: (d.d as i64, d.d as i64, (t * s) as i64),
             };
-            gemm_at(
-                rt,
-                FWD,
-                at(q, b * t * hd, hd),
-                at(k, b * s * hd, hd),
-                at(&p, 0, s),
-                g,
-            )?;
-            let (rows, tt, ss, sc, c) = (
-                (h * t) as i64,
-                t as i64,
-                s as i64,
-                a.scale.get(),
-                a.causal as i32,
-            );
+            gemm_at(rt, FWD, at(q, qo, hd), at(k, ko, hd), at(&p, 0, s), g)?;
+            let (rows, tt, ss, sc, c) = row_args(h, t, s, a);
             let (xp, lp) = (p.ptr(), lse.ptr() + (b * h * t) as u64 * ls);
             launch!(rt, FWD, Template::FlashRows.at(dt), per_row(h * t); rows, tt, ss, sc, c, xp, lp)?;
             // o[b, :, h] = P[h] v[b, :, h].
@@ -198,14 +162,7 @@ impl CudaKernels {
                 tb: false,
                 strides: ((t * s) as i64, d.dv as i64, d.dv as i64),
             };
-            gemm_at(
-                rt,
-                FWD,
-                at(&p, 0, s),
-                at(v, b * s * hv, hv),
-                at(o, b * t * hv, hv),
-                g,
-            )?;
+            gemm_at(rt, FWD, at(&p, 0, s), at(v, vo, hv), at(o, oo, hv), g)?;
         }
         Ok(())
     }
@@ -235,30 +192,12 @@ impl CudaKernels {
                 strides,
             };
             // Scores q k^T, and dP = dO v^T.
-            gemm_at(
-                rt,
-                BWD,
-                at(q, qo, hd),
-                at(k, ko, hd),
-                at(&p, 0, s),
-                g(t, d.d, s, false, true, (dd, dd, ts)),
-            )?;
-            gemm_at(
-                rt,
-                BWD,
-                at(d_o, oo, hv),
-                at(v, vo, hv),
-                at(&ds, 0, s),
-                g(t, d.dv, s, false, true, (dvv, dvv, ts)),
-            )?;
+            let scores = g(t, d.d, s, false, true, (dd, dd, ts));
+            gemm_at(rt, BWD, at(q, qo, hd), at(k, ko, hd), at(&p, 0, s), scores)?;
+            let dp = g(t, d.dv, s, false, true, (dvv, dvv, ts));
+            gemm_at(rt, BWD, at(d_o, oo, hv), at(v, vo, hv), at(&ds, 0, s), dp)?;
             // P = exp(scale scores - lse) (masked 0); dS = P (dP - rowsum(P dP)) scale.
-            let (rows, tt, ss, sc, c) = (
-                (h * t) as i64,
-                t as i64,
-                s as i64,
-                a.scale.get(),
-                a.causal as i32,
-            );
+            let (rows, tt, ss, sc, c) = row_args(h, t, s, a);
             let (xp, gp, lp) = (p.ptr(), ds.ptr(), lse.ptr() + (b * h * t) as u64 * ls);
             launch!(rt, BWD, Template::FlashRowsBw.at(dt), per_row(h * t); rows, tt, ss, sc, c, xp, gp, lp)?;
             // dv = P^T dO, dq = dS k, dk = dS^T q.
@@ -318,16 +257,7 @@ impl FlashAttentionKernels for CudaKernels {
                 0,
             );
         }
-        if let Some(dtype) = fused_type(&d, q.dtype) {
-            let shape = AttentionShape {
-                batch: d.b,
-                heads: d.h,
-                seq: d.t,
-                head_dim: d.d,
-                causal: a.causal,
-                scale: a.scale.get() as f32,
-                dtype,
-            };
+        if let Some(shape) = fused_shape(&d, a, q.dtype) {
             let args = AttentionForward {
                 shape,
                 q: bthd(q),
@@ -375,16 +305,7 @@ impl FlashAttentionKernels for CudaKernels {
             }
             return Ok(());
         }
-        if let Some(dtype) = fused_type(&d, dt) {
-            let shape = AttentionShape {
-                batch: d.b,
-                heads: d.h,
-                seq: d.t,
-                head_dim: d.d,
-                causal: a.causal,
-                scale: a.scale.get() as f32,
-                dtype,
-            };
+        if let Some(shape) = fused_shape(&d, a, dt) {
             let args = AttentionBackward {
                 shape,
                 q: bthd(x.q),

@@ -165,6 +165,18 @@ fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
     // the bf16 compute copy: still a partial sum).
     let all = total(&f32s);
     assert_eq!(total(&mixed), all, "every f32 gradient, bucketed");
+    // One rank has nothing to reduce: its partial sums are relabelled, never copied.
+    let alone = buckets(&run(
+        1,
+        &[
+            "--explain",
+            "--bucket-mb",
+            "0.01",
+            "--precision",
+            "bf16-mixed",
+        ],
+    ));
+    assert!(alone.is_empty(), "{alone:?}");
     let wire = explain(&["--reduce-dtype", "bf16"]);
     assert!(wire.iter().all(|b| b.2 == "all-reduce(bf16)"), "{wire:?}");
     assert_eq!(total(&wire), all);

@@ -192,6 +192,14 @@ fn reduce_checked(
     ) else {
         return Ok(grads.to_vec());
     };
+    if group.len() == 1 {
+        // Nothing to sum: each tensor is relabelled (no copy, no collective).
+        return grads
+            .iter()
+            .zip(tos)
+            .map(|(g, to)| g.to_global(placement, to.nd_sbp().clone()))
+            .collect();
+    }
     let sub = Placement::new_1d(placement.device(), group.clone()).map_err(placement_err)?;
     let flats: Vec<Tensor> = grads
         .iter()

@@ -125,7 +125,10 @@ impl GradBuckets {
         let (Some(nd), Some(placement)) = (g.nd_sbp(), g.placement()) else {
             return Ok(());
         };
-        if nd.as_slice().get(axis) != Some(&Sbp::Partial(ReduceOp::Sum)) {
+        if nd.as_slice().get(axis) != Some(&Sbp::Partial(ReduceOp::Sum))
+            || placement.shape().get(axis) == Some(&1)
+        {
+            // Not a partial sum here, or one over a single rank (the optimizer relabels it).
             return Ok(());
         }
         let target = if self.zero.stage() >= 2 && self.zero.shard_layout(leaf).is_some() {

@@ -6,7 +6,8 @@
 //! e.g. bf16 for f32 gradients: half the bytes, each rank's part rounded once before the sum and
 //! the result converted back). On NCCL worlds the boxing runs on the
 //! communicator's stream and leaves its end event on the result's block, so compute waits only
-//! where it next reads a reduced gradient.
+//! where it next reads a reduced gradient: [`start_bucket`] queues the collective and
+//! [`PendingBucket::finish`] cuts the result, so work queued between them overlaps it.
 
 use std::borrow::Cow;
 
@@ -15,7 +16,7 @@ use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp};
 
-use crate::{Result, Tensor, TensorError};
+use crate::{Context, Result, Tensor, TensorError};
 
 /// What a bucket's tensors become on the reduced mesh axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,13 +127,81 @@ fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Gl
 /// in their own dtype. With `wire`, the collective moves the buffer converted to that float
 /// dtype (each rank's part rounded once; the collective sums in it) and the result is
 /// converted back. Every rank of the tensors' placement must call it with the same tensors
-/// in the same order and the same `wire`.
+/// in the same order and the same `wire`. [`start_bucket`] and [`PendingBucket::finish`] in one.
 pub fn reduce_bucket(
     grads: &[Tensor],
     axis: usize,
     target: BucketTarget,
     wire: Option<DType>,
 ) -> Result<Vec<Tensor>> {
+    start_bucket(grads, axis, target, wire)?.finish()
+}
+
+/// A bucket whose collective is queued ([`start_bucket`]); [`PendingBucket::finish`] cuts the
+/// result into the tensors' new pieces. On devices the collective runs on the communicator's
+/// stream and the compute stream waits for it only in `finish`, so work queued between the
+/// two overlaps it.
+pub struct PendingBucket(Pending);
+
+enum Pending {
+    /// Nothing left to do (no collective was needed).
+    Done(Vec<Tensor>),
+    Queued {
+        /// This rank's part of the reduced flat buffer (in the wire dtype).
+        reduced: Tensor,
+        /// The tensors' dtype, and their layouts after the reduction.
+        own: DType,
+        tos: Vec<GlobalLayout>,
+        coord: Vec<usize>,
+        ctx: Context,
+    },
+}
+
+impl PendingBucket {
+    /// The reduced tensors, in the order given to [`start_bucket`].
+    pub fn finish(self) -> Result<Vec<Tensor>> {
+        let (reduced, own, tos, coord, ctx) = match self.0 {
+            Pending::Done(out) => return Ok(out),
+            Pending::Queued {
+                reduced,
+                own,
+                tos,
+                coord,
+                ctx,
+            } => (reduced, own, tos, coord, ctx),
+        };
+        let _ctx = ctx.install();
+        let _ng = crate::no_grad();
+        let mine = reduced.to_dtype(own)?;
+        let mine = match mine.ndim() {
+            1 => mine,
+            _ => mine.reshape([mine.numel()])?,
+        };
+        let mut at = 0;
+        let mut out = Vec::with_capacity(tos.len());
+        for to in tos {
+            let shape = to.local_shape_at(&coord);
+            let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
+            at += shape.numel();
+            out.push(Tensor::global_from_piece(
+                piece.storage().cloned(),
+                to,
+                own,
+                ctx.clone(),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Queues the reduction of [`reduce_bucket`] (same arguments, same checks before any
+/// communication) and returns it pending: `finish` gives the tensors.
+pub fn start_bucket(
+    grads: &[Tensor],
+    axis: usize,
+    target: BucketTarget,
+    wire: Option<DType>,
+) -> Result<PendingBucket> {
     let tos = targets(grads, axis, target)?;
     if let (Some(w), Some(g)) = (wire, grads.first()) {
         if !w.is_float() || !g.dtype().is_float() {
@@ -143,7 +212,7 @@ pub fn reduce_bucket(
         }
     }
     let traced = trace_start();
-    let out = reduce_checked(grads, axis, target, tos, wire)?;
+    let out = start_checked(grads, axis, target, tos, wire)?;
     trace_end(
         traced,
         Lane::Boxing,
@@ -164,22 +233,22 @@ pub fn reduce_bucket(
             ]
         },
     );
-    Ok(out)
+    Ok(PendingBucket(out))
 }
 
-/// `reduce_bucket` once `targets` has checked the tensors.
-fn reduce_checked(
+/// `start_bucket` once `targets` has checked the tensors.
+fn start_checked(
     grads: &[Tensor],
     axis: usize,
     target: BucketTarget,
     tos: Vec<GlobalLayout>,
     wire: Option<DType>,
-) -> Result<Vec<Tensor>> {
+) -> Result<Pending> {
     let (Some(first), Some(ctx)) = (grads.first(), grads.first().and_then(Tensor::context)) else {
-        return Ok(grads.to_vec());
+        return Ok(Pending::Done(grads.to_vec()));
     };
     let Some(placement) = first.placement() else {
-        return Ok(grads.to_vec());
+        return Ok(Pending::Done(grads.to_vec()));
     };
     let _ctx = ctx.install();
     let _ng = crate::no_grad();
@@ -190,7 +259,7 @@ fn reduce_checked(
         placement.axis_group_of(rank, axis).map_err(placement_err)?,
         placement.coord_of(rank),
     ) else {
-        return Ok(grads.to_vec());
+        return Ok(Pending::Done(grads.to_vec()));
     };
     if group.len() == 1 {
         // Nothing to sum: each tensor is relabelled (no copy, no collective).
@@ -198,7 +267,8 @@ fn reduce_checked(
             .iter()
             .zip(tos)
             .map(|(g, to)| g.to_global(placement, to.nd_sbp().clone()))
-            .collect();
+            .collect::<Result<_>>()
+            .map(Pending::Done);
     }
     let sub = Placement::new_1d(placement.device(), group.clone()).map_err(placement_err)?;
     let flats: Vec<Tensor> = grads
@@ -208,7 +278,7 @@ fn reduce_checked(
     let partial = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
     let own = first.dtype();
     let moved = wire.unwrap_or(own);
-    let mine = match target {
+    let reduced = match target {
         BucketTarget::Broadcast => {
             let flat = concat(&flats)?.to_dtype(moved)?;
             flat.to_global(&sub, partial)?
@@ -233,29 +303,21 @@ fn reduce_checked(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = rows.iter().collect();
+            // This rank's row `[1, width]`, flattened in `finish`.
             Tensor::concat(&refs, 0)?
                 .to_dtype(moved)?
                 .to_global(&sub, partial)?
                 .to_global(&sub, NdSbp::new([Sbp::S(0)]))?
                 .to_local()
-                .reshape([width])?
         }
-    }
-    .to_dtype(own)?;
-    let mut at = 0;
-    let mut out = Vec::with_capacity(grads.len());
-    for (g, to) in grads.iter().zip(tos) {
-        let shape = to.local_shape_at(&coord);
-        let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
-        at += shape.numel();
-        out.push(Tensor::global_from_piece(
-            piece.storage().cloned(),
-            to,
-            g.dtype(),
-            ctx.clone(),
-        ));
-    }
-    Ok(out)
+    };
+    Ok(Pending::Queued {
+        reduced,
+        own,
+        tos,
+        coord,
+        ctx: ctx.clone(),
+    })
 }
 
 /// One tensor, or the concatenation of several, along dim 0.

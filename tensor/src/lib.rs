@@ -35,7 +35,7 @@ pub use autograd::{
     install_grad_hook, is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta,
     GradHookGuard, GradModeGuard, GradReadyHook,
 };
-pub use bucket::{bucket_fits, reduce_bucket, BucketTarget};
+pub use bucket::{bucket_fits, reduce_bucket, start_bucket, BucketTarget, PendingBucket};
 pub use context::{Context, ContextGuard};
 pub use device::{register_device_backend, DeviceBackend};
 pub use dispatch::{dispatch, dispatch_multi};

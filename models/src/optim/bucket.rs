@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{ReduceOp, Sbp};
-use oxiflow_tensor::{bucket_fits, reduce_bucket, BucketTarget, GradReadyHook, Tensor};
+use oxiflow_tensor::{
+    bucket_fits, start_bucket, BucketTarget, GradReadyHook, PendingBucket, Tensor,
+};
 
 use super::Zero;
 use crate::nn::Parameter;
@@ -58,6 +60,8 @@ struct Open {
 #[derive(Default)]
 struct State {
     open: Vec<Open>,
+    /// Launched buckets whose results are not cut into the leaves' gradients yet.
+    pending: Vec<(Vec<Tensor>, PendingBucket)>,
     launched: Vec<BucketLaunch>,
 }
 
@@ -174,23 +178,31 @@ impl GradBuckets {
         }
     }
 
-    /// Launches every open bucket, oldest first.
+    /// Launches every open bucket, oldest first, then gives every launched bucket's leaves
+    /// their reduced gradients (on devices the compute stream waits for each collective only
+    /// here, so the backward kernels queued after a launch run under it).
     fn flush(&self) -> Result<()> {
         let open = std::mem::take(&mut self.lock().open);
         for b in open {
             self.launch(b, false)?;
         }
+        let pending = std::mem::take(&mut self.lock().pending);
+        for (leaves, bucket) in pending {
+            for (leaf, g) in leaves.iter().zip(bucket.finish()?) {
+                leaf.autograd().set_grad(Some(g));
+            }
+        }
         Ok(())
     }
 
     fn launch(&self, b: Open, during_walk: bool) -> Result<()> {
-        let (leaves, grads): (Vec<&Tensor>, Vec<Tensor>) =
-            b.leaves.iter().filter_map(|l| Some((l, l.grad()?))).unzip();
+        let (leaves, grads): (Vec<Tensor>, Vec<Tensor>) = b
+            .leaves
+            .iter()
+            .filter_map(|l| Some((l.clone(), l.grad()?)))
+            .unzip();
         let wire = self.wire.filter(|&w| w != b.dtype);
-        let reduced = reduce_bucket(&grads, self.zero.axis(), b.target, wire)?;
-        for (leaf, g) in leaves.into_iter().zip(reduced) {
-            leaf.autograd().set_grad(Some(g));
-        }
+        let pending = start_bucket(&grads, self.zero.axis(), b.target, wire)?;
         tracing::debug!(
             tensors = b.leaves.len(),
             bytes = b.bytes,
@@ -198,7 +210,9 @@ impl GradBuckets {
             during_walk,
             "gradient bucket reduced"
         );
-        self.lock().launched.push(BucketLaunch {
+        let mut st = self.lock();
+        st.pending.push((leaves, pending));
+        st.launched.push(BucketLaunch {
             tensors: b.leaves.len(),
             bytes: b.bytes,
             target: b.target,

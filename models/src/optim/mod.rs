@@ -14,7 +14,9 @@ mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
 pub use bucket::{BucketLaunch, GradBuckets, SyncMode};
-pub use norm::{clip_factor, first_non_finite, global_grad_norm};
+pub use norm::{
+    clip_factor, first_non_finite, global_grad_norm, norm_of, queue_sum_of_squares, QueuedSum,
+};
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
 

@@ -4,7 +4,8 @@
 //! parameter tensors, narrow), bf16-mixed. The gradient norm is one multi-tensor op (no per-tensor
 //! squares and sums), and after the first update layers compute with the bf16 copies AdamW
 //! wrote (no cast of a parameter in the forward pass): the casts left are the backward's
-//! gradient casts and the loss's.
+//! gradient casts and the model's own. Measured: 1,748 ops per step with a cast per
+//! parameter in the forward pass and five ops per gradient for the norm; 770 now.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -88,11 +89,11 @@ fn a_bf16_mixed_gpt_step_dispatches_one_norm_op_and_no_parameter_casts() {
     assert_eq!(get("sum_squares"), 1, "{counts:?}");
     assert_eq!(get("square"), 0, "{counts:?}");
     assert_eq!(get("adamw_multi"), 1, "{counts:?}");
-    // No parameter is cast in the forward pass: the casts left are the backward's casts of
-    // the parameters' bf16 gradients to f32 (one per parameter) and a few of the loss's.
+    assert_eq!(get("sum"), 0, "{counts:?}");
+    // No parameter is cast in the forward pass, nor any gradient for the norm: the casts left
+    // are the backward's casts of the parameters' bf16 gradients to f32 (one per parameter)
+    // and the model's own 39 (the cast path had 3 per parameter and the same 39).
     let casts = get("cast");
-    assert!(
-        (params..params + 8).contains(&casts),
-        "{casts} casts for {params} parameters: {counts:?}"
-    );
+    assert_eq!(casts, params + 39, "{counts:?}");
+    assert!(total < 800, "{total} ops: {counts:?}");
 }

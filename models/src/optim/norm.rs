@@ -46,36 +46,27 @@ pub fn norm_of(sum: f64) -> f64 {
     }
 }
 
-/// A sum over tensors queued on their devices and not read yet: a 0-d f64 tensor broadcast
-/// over the union of the global tensors' placements, and one local 0-d f64 tensor per device
-/// of the local ones.
+/// A sum over tensors queued on their devices and not read yet: the sum of its parts, 0-d
+/// f64 tensors: one broadcast over the union of the global tensors' placements (first, when
+/// there are global tensors), then one local tensor per device of the local ones.
 #[derive(Clone, Debug, Default)]
 pub struct QueuedSum {
-    global: Option<Tensor>,
-    local: Vec<Tensor>,
+    parts: Vec<Tensor>,
 }
 
 impl QueuedSum {
-    /// The global part (broadcast on the union of the placements), when there is one.
-    pub fn global(&self) -> Option<&Tensor> {
-        self.global.as_ref()
-    }
-    /// The sum with the global part read as `global` (a caller that read it together with
-    /// other values); the local parts are read here.
-    pub fn read_with(&self, global: Option<f64>) -> Result<f64> {
-        let mut sum = match (&self.global, global) {
-            (_, Some(v)) => v,
-            (Some(t), None) => scalar(t)?,
-            (None, None) => 0.0,
-        };
-        for t in &self.local {
-            sum += scalar(t)?;
-        }
-        Ok(sum)
+    /// The parts, whose values add up to the sum (a caller may read them together with other
+    /// results, in one transfer where they share a placement).
+    pub fn parts(&self) -> &[Tensor] {
+        &self.parts
     }
     /// The sum (every rank reads the same value).
     pub fn read(&self) -> Result<f64> {
-        self.read_with(None)
+        let mut sum = 0.0;
+        for t in &self.parts {
+            sum += scalar(t)?;
+        }
+        Ok(sum)
     }
 }
 
@@ -141,11 +132,15 @@ enum GroupKey {
     Global(Placement, Vec<bool>),
 }
 
+/// A split over a mesh axis of one rank holds the whole tensor: it counts as not split.
 fn key_of(t: &Tensor) -> GroupKey {
     match (t.placement(), t.nd_sbp()) {
         (Some(p), Some(nd)) => GroupKey::Global(
             p.clone(),
-            nd.iter().map(|s| matches!(s, Sbp::Split(_))).collect(),
+            nd.iter()
+                .zip(p.shape())
+                .map(|(s, &n)| n > 1 && matches!(s, Sbp::Split(_)))
+                .collect(),
         ),
         _ => GroupKey::Local(t.device()),
     }
@@ -213,7 +208,9 @@ fn queue_sum(parts: &[Tensor]) -> Result<QueuedSum> {
             all
         }
     };
-    Ok(QueuedSum { global, local })
+    Ok(QueuedSum {
+        parts: global.into_iter().chain(local).collect(),
+    })
 }
 
 /// The factor gradients are multiplied by when their norm `norm` is clipped to `max_norm`

@@ -23,10 +23,16 @@ fn vals(t: &Tensor) -> Vec<f64> {
     t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
 }
 
-/// The f64 sum of squares of each tensor's values.
+/// The f64 sum of each tensor's squares, each rounded to f32 (f64 for f64 tensors).
 fn reference(ts: &[Tensor]) -> Vec<f64> {
     ts.iter()
-        .map(|t| vals(t).iter().map(|x| x * x).sum())
+        .map(|t| {
+            let wide = t.dtype() == DType::F64;
+            vals(t)
+                .iter()
+                .map(|&x| if wide { x * x } else { f64::from((x as f32) * (x as f32)) })
+                .sum()
+        })
         .collect()
 }
 
@@ -62,11 +68,13 @@ fn local_tensors_of_every_float_dtype_equal_the_f64_sums() {
     // Deterministic: the same bits again.
     let again = Tensor::sum_squares_multi(&refs).unwrap();
     assert_eq!(vals(&again.total)[0].to_bits(), total.to_bits());
-    // f32 values whose squares overflow f32 are finite in f64; x * 0 is 0 for them.
-    let big = Tensor::from_vec(vec![3e38f32, -3e38], [2]).unwrap();
-    let s = Tensor::sum_squares_multi(&[&big]).unwrap();
-    let b = 3e38f32 as f64;
-    assert!(close(vals(&s.total)[0], 2.0 * b * b));
+    // Finite values whose squares overflow f32 make the sum infinite (as they would make
+    // AdamW's second moment), but not an f64 one; x * 0 is 0 for them.
+    let big = Tensor::from_vec(vec![3e19f32, -1.0], [2]).unwrap();
+    let s = Tensor::sum_squares_multi(&[&big, &big.cast(DType::F64).unwrap()]).unwrap();
+    let each = vals(&s.each);
+    assert_eq!(each[0], f64::INFINITY);
+    assert!(close(each[1], (3e19f32 as f64).powi(2) + 1.0), "{each:?}");
     assert_eq!(vals(&Tensor::non_finite_sums(&[&big]).unwrap().each), vec![0.0]);
 }
 

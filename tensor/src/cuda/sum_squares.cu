@@ -3,8 +3,9 @@
 // `sum_squares_blocks` gives block b of tensor t (grid (blocks, tensors)) the grid-stride
 // elements b*256+j, b*256+j+blocks*256, ... and writes its block's sum (a fixed tree over the
 // 256 threads) to partial[t * blocks + b]; `sum_squares_finish` adds each tensor's partials in
-// block order and the tensors' sums in tensor order. Every square of a 16-bit or f32 value is
-// exact in f64. `zeroed` sums x * 0 instead (NaN exactly when x is NaN or infinite).
+// block order and the tensors' sums in tensor order. A square is rounded to f32 (f64 for f64
+// data), as AdamW's second moment squares a gradient, so one that overflows makes the sum
+// infinite. `zeroed` sums x * 0 instead (NaN exactly when x is NaN or infinite).
 struct SumEntry { unsigned long long ptr; i64 n; int dtype; int pad; };
 
 #define SUM_THREADS 256
@@ -24,7 +25,9 @@ extern "C" __global__ void sum_squares_blocks(const SumEntry* list, int zeroed, 
     const i64 stride = (i64)gridDim.x * SUM_THREADS;
     for (i64 i = (i64)blockIdx.x * SUM_THREADS + threadIdx.x; i < e.n; i += stride) {
         const double x = sum_load(e, i);
-        acc += zeroed ? x * 0.0 : x * x;
+        if (zeroed) acc += x * 0.0;
+        else if (e.dtype == 3) acc += x * x;
+        else { const float f = (float)x; acc += (double)(f * f); }
     }
     s[threadIdx.x] = acc;
     __syncthreads();

@@ -1,9 +1,10 @@
-//! Multi-tensor sum of squares CPU kernel: each input summed in f64 over fixed chunks of its
+//! Multi-tensor sum of squares CPU kernel: each input's squares (rounded to f32, f64 for f64
+//! data) summed in f64 over fixed chunks of its
 //! elements in logical order (chunks in parallel when large, their sums added in order, so
 //! every run gives the same bits), into the executor's f64 buffers.
 
 use ndarray::ArrayD;
-use oxiflow_dtype::Element;
+use oxiflow_dtype::{DType, Element};
 use rayon::prelude::*;
 
 use crate::cpu::{CpuBackend, PAR_THRESHOLD};
@@ -12,12 +13,18 @@ use crate::op::{kernel_err, OpFamily};
 use crate::storage::CpuArray;
 use crate::{with_array, Result};
 
-/// The sum of `term` over `a`'s elements in logical order, chunk by chunk.
+/// The sum of `term` over `a`'s elements in logical order, chunk by chunk; a square is
+/// rounded to f32 (f64 for f64 data) before it is added.
 fn sum_of<T: Element>(a: &ArrayD<T>, term: SumTerm) -> f64 {
+    let wide = T::DTYPE == DType::F64;
     let f = move |v: &T| {
         let x = v.to_f64();
         match term {
-            SumTerm::Square => x * x,
+            SumTerm::Square if wide => x * x,
+            SumTerm::Square => {
+                let y = x as f32;
+                f64::from(y * y)
+            }
             SumTerm::TimesZero => x * 0.0,
         }
     };

@@ -1,8 +1,9 @@
 //! Multi-tensor sum of squares: one op reads many float tensors (any float dtypes, any shapes)
-//! and gives each one's sum of squared elements and their total, in f64 (every square is
-//! exact in f64 for 16-bit and f32 data, and the sums run in a fixed order: deterministic, no
-//! float atomics). What a global norm of gradients needs in one or two launches instead of
-//! several per tensor. The same pass in [`SumTerm::TimesZero`] mode sums `x * 0` instead,
+//! and gives each one's sum of squared elements and their total, in f64. Each square is
+//! rounded to f32 (f64 for f64 data), as AdamW's second moment squares a gradient, so a finite
+//! value whose square overflows makes the sum infinite as it would make the optimizer state;
+//! the squares are added in f64 in a fixed order (deterministic, no float atomics). What a
+//! global norm of gradients needs in one or two launches instead of several per tensor. The same pass in [`SumTerm::TimesZero`] mode sums `x * 0` instead,
 //! which is NaN exactly when an element is NaN or infinite (a non-finite search that no
 //! overflow can fool).
 //!

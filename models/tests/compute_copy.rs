@@ -106,7 +106,11 @@ fn train(
                 }
             }
         }
-        let params = model.parameters().iter().map(|p| values(&p.value())).collect();
+        let params = model
+            .parameters()
+            .iter()
+            .map(|p| values(&p.value()))
+            .collect();
         (losses, params)
     });
     out.into_iter().next().unwrap()

@@ -354,7 +354,14 @@ fn a_cast_as_copy_is_recorded_as_the_cast() {
     let x = Tensor::randn([3, 5], 2, DType::BF16);
     let grad_through = |wc: Tensor| {
         w.zero_grad();
-        x.matmul(&wc).unwrap().square().unwrap().sum_all().unwrap().backward().unwrap();
+        x.matmul(&wc)
+            .unwrap()
+            .square()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         w.grad().unwrap()
     };
     let copy = w.detach().to_dtype(DType::BF16).unwrap();
@@ -364,7 +371,10 @@ fn a_cast_as_copy_is_recorded_as_the_cast() {
     let g_copy = grad_through(via_copy);
     let g_cast = grad_through(w.to_dtype(DType::BF16).unwrap());
     assert_eq!(g_copy.dtype(), DType::F32);
-    assert_eq!(vals(&g_copy.cast(F).unwrap()), vals(&g_cast.cast(F).unwrap()));
+    assert_eq!(
+        vals(&g_copy.cast(F).unwrap()),
+        vals(&g_cast.cast(F).unwrap())
+    );
     for bad in [
         Tensor::randn([4, 5], 3, DType::BF16),
         Tensor::from_vec(vec![0i64; 20], [5, 4]).unwrap(),
@@ -375,7 +385,9 @@ fn a_cast_as_copy_is_recorded_as_the_cast() {
     let e = run_ranks(2, Duration::from_secs(30), |_| {
         let p = stage(&[0, 1]);
         let g = w.to_global(&p, NdSbp::broadcast(1)).unwrap();
-        let split = copy.to_global(&p, NdSbp::new([oxiflow_tensor::Sbp::S(0)])).unwrap();
+        let split = copy
+            .to_global(&p, NdSbp::new([oxiflow_tensor::Sbp::S(0)]))
+            .unwrap();
         g.cast_as_copy(&split).unwrap_err().to_string()
     });
     assert!(e[0].contains("not a copy"), "{}", e[0]);

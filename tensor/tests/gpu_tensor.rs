@@ -25,11 +25,11 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 mod gpu_tensor_checks;
 mod half_cases;
+use gpu_tensor_checks::{child_adamw_copies, child_sum_squares};
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
     child_large_reductions, child_pipelined, op_strategy, run_case, sbp_of,
 };
-use gpu_tensor_checks::{child_adamw_copies, child_sum_squares};
 
 fn close(a: &[f64], b: &[f64]) -> std::result::Result<(), String> {
     if a.len() != b.len() {

@@ -30,7 +30,13 @@ fn reference(ts: &[Tensor]) -> Vec<f64> {
             let wide = t.dtype() == DType::F64;
             vals(t)
                 .iter()
-                .map(|&x| if wide { x * x } else { f64::from((x as f32) * (x as f32)) })
+                .map(|&x| {
+                    if wide {
+                        x * x
+                    } else {
+                        f64::from((x as f32) * (x as f32))
+                    }
+                })
                 .sum()
         })
         .collect()
@@ -57,7 +63,10 @@ fn local_tensors_of_every_float_dtype_equal_the_f64_sums() {
     let refs: Vec<&Tensor> = ts.iter().collect();
     let sums = Tensor::sum_squares_multi(&refs).unwrap();
     assert_eq!(sums.each.shape().dims(), &[ts.len()]);
-    assert_eq!((sums.each.dtype(), sums.total.dtype()), (DType::F64, DType::F64));
+    assert_eq!(
+        (sums.each.dtype(), sums.total.dtype()),
+        (DType::F64, DType::F64)
+    );
     let each = vals(&sums.each);
     let want = reference(&ts);
     for (i, (g, w)) in each.iter().zip(&want).enumerate() {
@@ -75,7 +84,10 @@ fn local_tensors_of_every_float_dtype_equal_the_f64_sums() {
     let each = vals(&s.each);
     assert_eq!(each[0], f64::INFINITY);
     assert!(close(each[1], (3e19f32 as f64).powi(2) + 1.0), "{each:?}");
-    assert_eq!(vals(&Tensor::non_finite_sums(&[&big]).unwrap().each), vec![0.0]);
+    assert_eq!(
+        vals(&Tensor::non_finite_sums(&[&big]).unwrap().each),
+        vec![0.0]
+    );
 }
 
 #[test]
@@ -87,7 +99,11 @@ fn non_finite_tensors_give_nan_and_finite_ones_zero() {
         .unwrap()
         .cast(DType::BF16)
         .unwrap();
-    let flags = vals(&Tensor::non_finite_sums(&[&ok, &nan, &inf, &h]).unwrap().each);
+    let flags = vals(
+        &Tensor::non_finite_sums(&[&ok, &nan, &inf, &h])
+            .unwrap()
+            .each,
+    );
     assert_eq!(flags[0], 0.0);
     assert!(flags[1..].iter().all(|f| f.is_nan()), "{flags:?}");
     let sums = Tensor::sum_squares_multi(&[&ok, &inf]).unwrap();

@@ -10,8 +10,8 @@
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
-use oxiflow_tensor::{no_grad, DType};
 use oxiflow_tensor::Tensor;
+use oxiflow_tensor::{no_grad, DType};
 
 use super::{
     check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,

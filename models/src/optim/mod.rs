@@ -89,10 +89,7 @@ pub(crate) struct Update {
 /// The update views of every parameter (None: no gradient), boxed now, with their gradients'
 /// queued sum of squares; each parameter's own gradient is cleared once its view holds the
 /// boxed copy.
-fn prepare_updates(
-    params: &[Parameter],
-    zero: Zero,
-) -> Result<(Vec<Option<Update>>, QueuedSum)> {
+fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Update>>, QueuedSum)> {
     let mut views = Vec::with_capacity(params.len());
     for p in params {
         let v = update_view(p, zero)?;

@@ -65,9 +65,7 @@ pub(crate) fn child_sum_squares(
             .map(host_sum)
             .collect::<Result<_>>()
             .map_err(|x| e("host sums", x))?;
-        let got = each
-            .to_vec::<f64>()
-            .map_err(|x| e("read", x))?;
+        let got = each.to_vec::<f64>().map_err(|x| e("read", x))?;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             if (g - w).abs() > 1e-10 * w.abs() || (*w == 0.0) != (*g == 0.0) {
                 return Err(format!(
@@ -84,7 +82,9 @@ pub(crate) fn child_sum_squares(
         }
         let again = Tensor::sum_squares_multi(&refs).map_err(|x| e("again", x))?;
         if bits(&again.total).map_err(|x| e("again", x))? != vec![t.to_bits()] {
-            return Err(format!("sum of squares (split {split}): a second run differs"));
+            return Err(format!(
+                "sum of squares (split {split}): a second run differs"
+            ));
         }
         checked += ts.len();
     }
@@ -121,7 +121,12 @@ pub(crate) fn child_adamw_copies(
     let mut four = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         let s = 10 * i as u64;
-        four.push([mk(n, s), mk(n, s + 1), mk(n, s + 2), mk(n, s + 3).and_then(|v| v.abs())]);
+        four.push([
+            mk(n, s),
+            mk(n, s + 1),
+            mk(n, s + 2),
+            mk(n, s + 3).and_then(|v| v.abs()),
+        ]);
     }
     let four: Vec<[Tensor; 4]> = four
         .into_iter()
@@ -159,7 +164,9 @@ pub(crate) fn child_adamw_copies(
             (Some(copy), Some(d)) => {
                 let cast = u.param.to_dtype(d).map_err(e)?;
                 if bits(copy).map_err(e)? != bits(&cast).map_err(e)? {
-                    return Err(format!("adamw copies: tensor {i}'s {d} copy is not its cast"));
+                    return Err(format!(
+                        "adamw copies: tensor {i}'s {d} copy is not its cast"
+                    ));
                 }
                 checked += 1;
             }

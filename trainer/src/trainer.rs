@@ -212,7 +212,10 @@ impl<M: TrainModel> Trainer<M> {
         let sum = self.optimizer.prepare_queued()?;
         let (loss, sum) = match (read_loss, queued_loss) {
             (Some(l), _) => (l, sum.read()?),
-            (None, Some(t)) => read_with_sum(&t, &sum)?,
+            (None, Some(t)) => {
+                let (total, sum) = read_with_sum(&t, &sum)?;
+                (total / self.opts.grad_accum as f64, sum)
+            }
             (None, None) => return Err(loop_err("train_step", "no loss".into())),
         };
         stats.loss = loss;
@@ -277,9 +280,9 @@ impl<M: TrainModel> Trainer<M> {
         })
     }
 
-    /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss, a
-    /// 0-d f64 tensor not read yet. Only the last part's backward pass reduces the gradients
-    /// (with buckets).
+    /// The step's batch in `grad_accum` parts without the pipeline runner; the sum of the
+    /// parts' losses, a 0-d f64 tensor not read yet. Only the last part's backward pass
+    /// reduces the gradients (with buckets).
     fn plain_batch(
         &mut self,
         step: u64,
@@ -315,11 +318,7 @@ impl<M: TrainModel> Trainer<M> {
             });
         }
         let _ng = no_grad();
-        match total {
-            Some(t) if k == 1 => Ok(t),
-            Some(t) => Ok(t.mul_scalar(1.0 / k as f64)?),
-            None => Err(loop_err("train_step", "no part ran".into())),
-        }
+        total.ok_or_else(|| loop_err("train_step", "no part ran".into()))
     }
 
     /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every

@@ -1,6 +1,8 @@
 //! The multi-tensor sum of squares of the raw layer (`sum_squares.cu`, compiled once per
 //! process): every tensor of a list summed in f64 in two launches, the per-tensor sums and
 //! their total written to f64 device arrays, in a fixed order (the same bits on every run).
+//! Each tensor gets blocks in proportion to its size (one per 4096 elements, 1 to 1024), all
+//! in one grid.
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,10 +21,8 @@ static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Threads per block of `sum_squares_blocks` (`SUM_THREADS`).
 const THREADS: usize = 256;
 /// Most blocks per tensor, and elements per thread before another block is added.
-const MAX_BLOCKS: usize = 128;
-const PER_THREAD: usize = 8;
-/// Most tensors in one launch (the grid's y extent).
-const MAX_TENSORS: usize = 65535;
+const MAX_BLOCKS: usize = 1024;
+const PER_THREAD: usize = 16;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
     module(&MODULE, rt, op, SOURCE, || {
@@ -39,14 +39,16 @@ pub(crate) enum SumElem {
     F64 = 3,
 }
 
-/// One summed tensor (`struct SumEntry`): `n` contiguous elements at `ptr`.
+/// One summed tensor (`struct SumEntry`): `n` contiguous elements at `ptr`, summed by
+/// `blocks` blocks from block `first` of the grid (set by [`sum_squares`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SumEntry {
     pub ptr: u64,
     pub n: i64,
     pub dtype: i32,
-    pub pad: i32,
+    pub blocks: i32,
+    pub first: i64,
 }
 // SAFETY: plain old data with the C layout of `struct SumEntry`.
 unsafe impl DeviceRepr for SumEntry {}
@@ -57,7 +59,8 @@ impl SumEntry {
             ptr,
             n: n as i64,
             dtype: elem as i32,
-            pad: 0,
+            blocks: 1,
+            first: 0,
         }
     }
 }
@@ -86,32 +89,44 @@ pub(crate) fn sum_squares(
         m.get(op, "sum_squares_blocks")?,
         m.get(op, "sum_squares_finish")?,
     );
-    let most = list.iter().map(|e| e.n as usize).max().unwrap_or(0);
-    let blocks = most.div_ceil(THREADS * PER_THREAD).clamp(1, MAX_BLOCKS);
-    let partial = Block::alloc(rt, list.len() * blocks * 8)?;
-    let entries = Block::alloc(rt, std::mem::size_of_val(list))?;
+    let mut list = list.to_vec();
+    let mut grid = 0usize;
+    for e in &mut list {
+        let blocks = (e.n as usize)
+            .div_ceil(THREADS * PER_THREAD)
+            .clamp(1, MAX_BLOCKS);
+        (e.blocks, e.first) = (blocks as i32, grid as i64);
+        grid += blocks;
+    }
+    if grid > i32::MAX as usize {
+        return Err(invalid(op, format!("{grid} blocks")));
+    }
+    let partial = Block::alloc(rt, grid * 8)?;
+    let entries = Block::alloc(rt, std::mem::size_of_val(list.as_slice()))?;
     // SAFETY: SumEntry is repr(C) plain old data; the bytes are its exact representation.
     let raw = unsafe {
-        std::slice::from_raw_parts(list.as_ptr().cast::<u8>(), std::mem::size_of_val(list))
+        std::slice::from_raw_parts(
+            list.as_ptr().cast::<u8>(),
+            std::mem::size_of_val(list.as_slice()),
+        )
     };
     upload(rt, entries.ptr(), raw, op)?;
-    let zeroed = i32::from(zeroed);
-    for (c, chunk) in list.chunks(MAX_TENSORS).enumerate() {
-        let first = c * MAX_TENSORS;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, chunk.len() as u32, 1),
-            block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let lp = entries.ptr() + (first * std::mem::size_of::<SumEntry>()) as u64;
-        let pp = partial.ptr() + (first * blocks * 8) as u64;
-        launch_fn!(rt, op, fb, cfg; lp, zeroed, pp)?;
-    }
+    let (lp, nt, zeroed, pp) = (
+        entries.ptr(),
+        list.len() as i32,
+        i32::from(zeroed),
+        partial.ptr(),
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (grid as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_fn!(rt, op, fb, cfg; lp, nt, zeroed, pp)?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (pp, nb, nt) = (partial.ptr(), blocks as i32, list.len() as i32);
-    launch_fn!(rt, op, ff, cfg; pp, nb, nt, each, total)
+    launch_fn!(rt, op, ff, cfg; lp, nt, pp, each, total)
 }

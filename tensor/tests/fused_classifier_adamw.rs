@@ -152,6 +152,7 @@ fn adamw_multi_equals_the_three_passes_bit_for_bit() {
                 m: (i != 1).then_some(&t[2]),
                 v: (i != 1).then_some(&t[3]),
                 weight_decay: w,
+                compute_copy: None,
             })
             .collect();
         let got = Tensor::adamw_multi(&slots, &HYPER).unwrap();
@@ -185,6 +186,7 @@ fn adamw_multi_bad_slots_are_typed() {
         m: None,
         v: None,
         weight_decay: 0.0,
+        compute_copy: None,
     };
     let e = Tensor::adamw_multi(&[slot], &HYPER)
         .unwrap_err()
@@ -197,6 +199,7 @@ fn adamw_multi_bad_slots_are_typed() {
         m: Some(&i),
         v: Some(&i),
         weight_decay: 0.0,
+        compute_copy: None,
     };
     let e = Tensor::adamw_multi(&[slot], &HYPER)
         .unwrap_err()
@@ -299,12 +302,28 @@ proptest! {
                     m: Some(&t[2]),
                     v: Some(&t[3]),
                     weight_decay: 0.1 * i as f64,
+                    compute_copy: [None, Some(DType::BF16), Some(DType::F16), Some(DType::F32)][i % 4],
                 })
                 .collect();
             let out = Tensor::adamw_multi(&slots, &HYPER).unwrap();
             let mut vs = Vec::new();
             for (i, o) in out.iter().enumerate() {
                 let p = at(i);
+                // The compute copy: the new value's cast, bit for bit, in its layout.
+                match (&o.copy, slots[i].compute_copy) {
+                    (Some(c), Some(d)) => {
+                        assert_eq!((c.dtype(), c.layout()), (d, o.param.layout()), "tensor {i}'s copy");
+                        if p.contains(rank) {
+                            let cast = o.param.to_dtype(d).unwrap();
+                            let bits = |t: &Tensor| -> Vec<u64> {
+                                vals(&t.to_local().cast(F).unwrap()).iter().map(|v| v.to_bits()).collect()
+                            };
+                            assert_eq!(bits(c), bits(&cast), "tensor {i}: copy vs cast on rank {rank}");
+                        }
+                    }
+                    (None, None) => {}
+                    (c, d) => panic!("tensor {i}: copy {c:?} for {d:?}"),
+                }
                 for t in [&o.param, &o.m, &o.v] {
                     assert_eq!(t.layout(), globals[i][0].layout(), "tensor {i} keeps its layout");
                     // Ranks outside the tensor's placement report the reference's values.
@@ -324,4 +343,52 @@ proptest! {
             }
         }
     }
+}
+
+/// `cast_as_copy` stands for the cast: the same values (the copy's), recorded by autograd as
+/// the cast of the leaf, so the leaf's gradient is the one `to_dtype` gives, in its dtype;
+/// a tensor that is not a copy of it (shape, layout, integer dtype) is a typed error.
+#[test]
+fn a_cast_as_copy_is_recorded_as_the_cast() {
+    let w = Tensor::randn([5, 4], 1, DType::F32).requires_grad_(true);
+    let x = Tensor::randn([3, 5], 2, DType::BF16);
+    let grad_through = |wc: Tensor| {
+        w.zero_grad();
+        x.matmul(&wc)
+            .unwrap()
+            .square()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        w.grad().unwrap()
+    };
+    let copy = w.detach().to_dtype(DType::BF16).unwrap();
+    let via_copy = w.cast_as_copy(&copy).unwrap();
+    assert_eq!(via_copy.grad_fn_name().as_deref(), Some("cast"));
+    assert_eq!(via_copy.dtype(), DType::BF16);
+    let g_copy = grad_through(via_copy);
+    let g_cast = grad_through(w.to_dtype(DType::BF16).unwrap());
+    assert_eq!(g_copy.dtype(), DType::F32);
+    assert_eq!(
+        vals(&g_copy.cast(F).unwrap()),
+        vals(&g_cast.cast(F).unwrap())
+    );
+    for bad in [
+        Tensor::randn([4, 5], 3, DType::BF16),
+        Tensor::from_vec(vec![0i64; 20], [5, 4]).unwrap(),
+    ] {
+        let e = w.cast_as_copy(&bad).unwrap_err().to_string();
+        assert!(e.contains("cast_as_copy"), "{e}");
+    }
+    let e = run_ranks(2, Duration::from_secs(30), |_| {
+        let p = stage(&[0, 1]);
+        let g = w.to_global(&p, NdSbp::broadcast(1)).unwrap();
+        let split = copy
+            .to_global(&p, NdSbp::new([oxiflow_tensor::Sbp::S(0)]))
+            .unwrap();
+        g.cast_as_copy(&split).unwrap_err().to_string()
+    });
+    assert!(e[0].contains("not a copy"), "{}", e[0]);
 }

@@ -25,6 +25,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 mod gpu_tensor_checks;
 mod half_cases;
+use gpu_tensor_checks::{child_adamw_copies, child_sum_squares};
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
     child_large_reductions, child_pipelined, op_strategy, run_case, sbp_of,
@@ -384,6 +385,26 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 12;
         }
     }
+    match child_sum_squares(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} multi-tensor sums of squares (f32, bf16, f16, f64) within 1e-10 of the f64 sums, bit-equal on a second run"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            code = 13;
+        }
+    }
+    match child_adamw_copies(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} AdamW compute copies bit for bit the casts of the new values"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            code = 14;
+        }
+    }
     let t = Instant::now();
     match child_flash(world, DeviceType::Cuda) {
         Ok(n) if rank == 0 => println!(
@@ -428,6 +449,8 @@ fn cpu_self_check() {
             .and_then(|abp| child_half(4, DeviceType::Cpu).map(|h| (abp, h)))
             .and_then(|abph| child_flash(4, DeviceType::Cpu).map(|f| (abph, f)))
             .and_then(|x| child_large_reductions(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_sum_squares(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_adamw_copies(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -14,7 +14,8 @@ use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::Pass;
 use oxiflow_models::optim::{
-    clip_factor, first_non_finite, BucketLaunch, GradBuckets, Optimizer, SyncMode,
+    clip_factor, first_non_finite, norm_of, BucketLaunch, GradBuckets, Optimizer, QueuedSum,
+    SyncMode,
 };
 use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
 use oxiflow_placement::Placement;
@@ -123,6 +124,30 @@ fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
         .ok_or_else(|| loop_err(op, "empty result".into()))
 }
 
+/// The value of the 0-d `loss` and of the queued sum `sum`, read in one transfer when the sum
+/// is one part on the loss's placement (or local on its device), else one after the other
+/// (everything is queued already, so the host waits for the device once either way).
+fn read_with_sum(loss: &Tensor, sum: &QueuedSum) -> Result<(f64, f64), TrainError> {
+    let loss = loss.cast(DType::F64)?;
+    if let [part] = sum.parts() {
+        let pair = match (loss.placement(), part.placement()) {
+            (Some(p), Some(q)) if p == q => {
+                let all = NdSbp::broadcast(p.ndim());
+                Some([loss.to_global(p, all.clone())?, part.to_global(p, all)?])
+            }
+            (None, None) if loss.device() == part.device() => Some([loss.clone(), part.clone()]),
+            _ => None,
+        };
+        if let Some([a, b]) = pair {
+            let both = Tensor::concat(&[&a.reshape([1])?, &b.reshape([1])?], 0)?;
+            if let [l, s] = both.to_vec::<f64>()?.as_slice() {
+                return Ok((*l, *s));
+            }
+        }
+    }
+    Ok((first("train_step", &loss)?, sum.read()?))
+}
+
 impl<M: TrainModel> Trainer<M> {
     pub fn new(
         model: M,
@@ -158,6 +183,8 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// One step: forward and backward over the step's batch, the gradients' norm, the update.
+    /// Without a pipeline the host waits for the device once: the norm's kernels are queued
+    /// behind the backward pass, then the loss and the norm are read together.
     pub fn train_step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
         let step = self.step;
@@ -166,14 +193,14 @@ impl<M: TrainModel> Trainer<M> {
         self.optimizer.zero_grad();
         oxiflow_tensor::memory::reset_peaks();
         let mut buckets = Vec::new();
-        let (loss, bubble) = if self.opts.pipeline.is_some() {
-            self.pipelined_batch(step, &mut buckets)?
+        let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() {
+            let (l, b) = self.pipelined_batch(step, &mut buckets)?;
+            (Some(l), None, b)
         } else {
-            (self.plain_batch(step, &mut buckets)?, None)
+            (None, Some(self.plain_batch(step, &mut buckets)?), None)
         };
         let mut stats = StepStats {
             step: step + 1,
-            loss,
             lr,
             peak: (
                 oxiflow_tensor::memory::host().map(|m| m.peak),
@@ -184,7 +211,17 @@ impl<M: TrainModel> Trainer<M> {
             buckets,
             ..StepStats::default()
         };
-        stats.grad_norm = self.optimizer.prepare()?;
+        let sum = self.optimizer.prepare_queued()?;
+        let (loss, sum) = match (read_loss, queued_loss) {
+            (Some(l), _) => (l, sum.read()?),
+            (None, Some(t)) => {
+                let (total, sum) = read_with_sum(&t, &sum)?;
+                (total / self.opts.grad_accum as f64, sum)
+            }
+            (None, None) => return Err(loop_err("train_step", "no loss".into())),
+        };
+        stats.loss = loss;
+        stats.grad_norm = norm_of(sum);
         stats.non_finite = self.first_non_finite(stats.loss, stats.grad_norm)?;
         let mut verdict = Verdict::Update;
         for h in &mut self.hooks {
@@ -246,13 +283,14 @@ impl<M: TrainModel> Trainer<M> {
         })
     }
 
-    /// The step's batch in `grad_accum` parts without the pipeline runner; the mean loss. Only
-    /// the last part's backward pass reduces the gradients (with buckets).
+    /// The step's batch in `grad_accum` parts without the pipeline runner; the sum of the
+    /// parts' losses, a 0-d f64 tensor not read yet. Only the last part's backward pass
+    /// reduces the gradients (with buckets).
     fn plain_batch(
         &mut self,
         step: u64,
         launched: &mut Vec<(usize, BucketLaunch)>,
-    ) -> Result<f64, TrainError> {
+    ) -> Result<Tensor, TrainError> {
         let k = self.opts.grad_accum;
         let mut total: Option<Tensor> = None;
         for a in 0..k {
@@ -283,10 +321,7 @@ impl<M: TrainModel> Trainer<M> {
             });
         }
         let _ng = no_grad();
-        match total {
-            Some(t) => Ok(first("train_step", &t)? / k as f64),
-            None => Err(loop_err("train_step", "no part ran".into())),
-        }
+        total.ok_or_else(|| loop_err("train_step", "no part ran".into()))
     }
 
     /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every

@@ -20,6 +20,10 @@ struct ParamInner {
     /// A gather issued ahead of use (`prefetch`): the leaf it was gathered from, whether
     /// autograd recorded the gather, and the gathered value; taken by the next `compute`.
     prefetched: Mutex<Option<(Tensor, bool, Tensor)>>,
+    /// The leaf's copy in the compute dtype written with it (`set_value_with_copy`: the
+    /// optimizer's update), with the leaf it is a copy of: current while that leaf is the
+    /// stored one.
+    copy: Mutex<Option<(Tensor, Tensor)>>,
 }
 
 /// A named trainable tensor. Cloning shares it. Tensors are immutable, so an update replaces
@@ -39,6 +43,7 @@ impl Parameter {
             compute_dtype: RwLock::new(None),
             grad_layout: RwLock::new(None),
             prefetched: Mutex::new(None),
+            copy: Mutex::new(None),
         }))
     }
     pub fn name(&self) -> &str {
@@ -80,10 +85,14 @@ impl Parameter {
     /// The leaf as layers compute with it: cast to the compute dtype (before the gather, so a
     /// sharded leaf moves its 16-bit copy), then gathered into the compute layout. Both steps
     /// are recorded by autograd, so the gradient arrives at the leaf in its own dtype and
-    /// layout.
+    /// layout. The cast is the copy the optimizer wrote with this leaf when there is one
+    /// (`Tensor::cast_as_copy`: no kernel), else a cast kernel.
     fn gather(&self, v: Tensor) -> Result<Tensor> {
         let v = match self.compute_dtype() {
-            d if d != v.dtype() => v.to_dtype(d)?,
+            d if d != v.dtype() => match self.current_copy(&v, d) {
+                Some(c) => v.cast_as_copy(&c)?,
+                None => v.to_dtype(d)?,
+            },
             _ => v,
         };
         let compute = self
@@ -95,6 +104,15 @@ impl Parameter {
         match (compute, v.placement()) {
             (Some(nd), Some(p)) => Ok(v.to_global(p, nd)?),
             _ => Ok(v),
+        }
+    }
+    /// The copy of `leaf` in `dtype` written with it, when `leaf` is the one it was written
+    /// with (any other leaf, e.g. one set by `set_value`, has none).
+    fn current_copy(&self, leaf: &Tensor, dtype: DType) -> Option<Tensor> {
+        let g = self.0.copy.lock().unwrap_or_else(|e| e.into_inner());
+        match &*g {
+            Some((of, c)) if of.same(leaf) && c.dtype() == dtype => Some(c.clone()),
+            _ => None,
         }
     }
     /// Makes layers compute with this parameter as `dtype` (None: the leaf's own dtype). The
@@ -185,7 +203,31 @@ impl Parameter {
         self.value().zero_grad()
     }
     /// Replaces the value by `t` (same shape, dtype and layout); the new leaf has no gradient.
+    /// Layers compute with it through a cast (any copy of the old leaf is dropped).
     pub fn set_value(&self, t: &Tensor) -> Result<()> {
+        self.set_value_with_copy(t, None)
+    }
+    /// [`Parameter::set_value`] with `copy`, the new value already cast to the compute dtype
+    /// (bit for bit what the cast gives; e.g. written by the optimizer's update): layers then
+    /// compute with it instead of casting, while this leaf is the stored one. A copy of
+    /// another shape or layout is a typed error.
+    pub fn set_value_with_copy(&self, t: &Tensor, copy: Option<&Tensor>) -> Result<()> {
+        *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(c) = copy {
+            if c.shape() != t.shape() || c.layout() != t.layout() || !c.dtype().is_float() {
+                return Err(TensorError::Shape {
+                    op: "Parameter::set_value_with_copy",
+                    shapes: format!("{}, {}", t.shape(), c.shape()),
+                    sbps: format!("{:?}, {:?}", t.nd_sbp(), c.nd_sbp()),
+                    detail: format!(
+                        "parameter {}: {} is not a copy of {}",
+                        self.name(),
+                        c.describe(),
+                        t.describe()
+                    ),
+                });
+            }
+        }
         let cur = self.value();
         if t.shape() != cur.shape() || t.dtype() != cur.dtype() || t.layout() != cur.layout() {
             return Err(TensorError::Shape {
@@ -200,8 +242,21 @@ impl Parameter {
                 ),
             });
         }
-        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = t.detach().requires_grad_(true);
+        let leaf = t.detach().requires_grad_(true);
+        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = leaf.clone();
+        if let Some(c) = copy {
+            *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, c.detach()));
+        }
         self.apply_grad_layout()
+    }
+    /// The stored leaf's copy in the compute dtype that layers compute with instead of a cast,
+    /// when it has one (see [`Parameter::set_value_with_copy`]).
+    pub fn compute_copy(&self) -> Option<Tensor> {
+        self.current_copy(&self.value(), self.compute_dtype())
+    }
+    /// Drops the compute copy (its memory), e.g. before an update writes the next one.
+    pub fn drop_copy(&self) {
+        *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 

@@ -3,13 +3,15 @@
 //! p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 //! `wd` is per parameter (`with_weight_decay`); a clipped step uses `c g` for `g`, folded
 //! into the moments' coefficients. A step updates every parameter with one multi-tensor op
-//! (one device launch on CUDA) on each rank's pieces, whatever their layouts.
+//! (one device launch on CUDA) on each rank's pieces, whatever their layouts. A parameter
+//! computed in another dtype (mixed precision) whose state lives in its leaf's own layout gets
+//! its compute copy written by the same op, so its next forward pass casts nothing.
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
-use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
+use oxiflow_tensor::{no_grad, DType};
 
 use super::{
     check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
@@ -82,7 +84,9 @@ impl AdamW {
 
     /// One update of the parameters `ups` (index and update view) with gradients scaled by
     /// `c`: one multi-tensor op over this rank's pieces of them all (see
-    /// `Tensor::adamw_multi`), then each new value written back to its leaf's layout.
+    /// `Tensor::adamw_multi`), then each new value written back to its leaf's layout, with its
+    /// compute copy where the update ran in that layout (a ZeRO-1/2 shard is gathered in f32
+    /// and cast by the next forward pass, as before).
     fn update_all(&mut self, ups: Vec<(usize, Update)>, c: f64) -> Result<()> {
         let o = self.opts;
         let hyper = AdamWHyper {
@@ -93,20 +97,35 @@ impl AdamW {
             step: self.steps + 1,
             grad_scale: c,
         };
+        let copies: Vec<Option<DType>> = ups
+            .iter()
+            .map(|(i, u)| {
+                let p = &self.params[*i];
+                // The old copy's memory goes back before the op writes the new one.
+                p.drop_copy();
+                let (leaf, d) = (p.value(), p.compute_dtype());
+                (d != leaf.dtype() && u.value.layout() == leaf.layout()).then_some(d)
+            })
+            .collect();
         let slots: Vec<AdamWSlot> = ups
             .iter()
-            .map(|(i, u)| AdamWSlot {
+            .zip(&copies)
+            .map(|((i, u), &compute_copy)| AdamWSlot {
                 param: &u.value,
                 grad: &u.grad,
                 m: self.m[*i].as_ref(),
                 v: self.v[*i].as_ref(),
                 weight_decay: self.decay[*i],
+                compute_copy,
             })
             .collect();
         let updated = Tensor::adamw_multi(&slots, &hyper)?;
         drop(slots);
         for ((i, _), new) in ups.iter().zip(updated) {
-            write_back(&self.params[*i], &new.param)?;
+            match &new.copy {
+                Some(copy) => self.params[*i].set_value_with_copy(&new.param, Some(copy))?,
+                None => write_back(&self.params[*i], &new.param)?,
+            }
             self.m[*i] = Some(new.m);
             self.v[*i] = Some(new.v);
         }
@@ -129,7 +148,7 @@ impl Optimizer for AdamW {
         self.steps += 1;
         Ok(())
     }
-    fn prepare(&mut self) -> Result<f64> {
+    fn prepare_queued(&mut self) -> Result<super::QueuedSum> {
         self.prepared.prepare(&self.params, self.zero)
     }
     fn apply(&mut self, scale: f64) -> Result<()> {

@@ -14,7 +14,9 @@ mod zero;
 
 pub use adamw::{AdamW, AdamWOptions};
 pub use bucket::{BucketLaunch, GradBuckets, SyncMode};
-pub use norm::{clip_factor, first_non_finite, global_grad_norm};
+pub use norm::{
+    clip_factor, first_non_finite, global_grad_norm, norm_of, queue_sum_of_squares, QueuedSum,
+};
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
 
@@ -27,10 +29,15 @@ use oxiflow_tensor::Tensor;
 pub trait Optimizer {
     /// One update of every parameter that has a gradient.
     fn step(&mut self) -> Result<()>;
-    /// Boxes every gradient into the layout its state lives in now and returns their global
-    /// L2 norm (the same on every rank); the parameters' own gradients are cleared. The next
-    /// `apply` updates from these gradients, or `discard` drops them.
-    fn prepare(&mut self) -> Result<f64>;
+    /// Boxes every gradient into the layout its state lives in now and queues the sum of
+    /// their squares (the squared global L2 norm, the same on every rank), reading nothing;
+    /// the parameters' own gradients are cleared. The next `apply` updates from these
+    /// gradients, or `discard` drops them.
+    fn prepare_queued(&mut self) -> Result<QueuedSum>;
+    /// `prepare_queued`, then the norm read (one host synchronisation).
+    fn prepare(&mut self) -> Result<f64> {
+        Ok(norm_of(self.prepare_queued()?.read()?))
+    }
     /// The update from the prepared gradients scaled by `scale` (e.g. a `clip_factor`); an
     /// error without a `prepare` first.
     fn apply(&mut self, scale: f64) -> Result<()>;
@@ -80,8 +87,9 @@ pub(crate) struct Update {
 }
 
 /// The update views of every parameter (None: no gradient), boxed now, with their gradients'
-/// global norm; each parameter's own gradient is cleared once its view holds the boxed copy.
-fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Update>>, f64)> {
+/// queued sum of squares; each parameter's own gradient is cleared once its view holds the
+/// boxed copy.
+fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Update>>, QueuedSum)> {
     let mut views = Vec::with_capacity(params.len());
     for p in params {
         let v = update_view(p, zero)?;
@@ -91,8 +99,8 @@ fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Updat
         views.push(v);
     }
     let grads: Vec<Tensor> = views.iter().flatten().map(|u| u.grad.clone()).collect();
-    let norm = global_grad_norm(&grads)?;
-    Ok((views, norm))
+    let sum = queue_sum_of_squares(&grads)?;
+    Ok((views, sum))
 }
 
 /// Gradients `prepare` boxed into their states' layouts, kept for the next `apply`.
@@ -100,12 +108,13 @@ fn prepare_updates(params: &[Parameter], zero: Zero) -> Result<(Vec<Option<Updat
 pub(crate) struct Prepared(Option<Vec<Option<Update>>>);
 
 impl Prepared {
-    /// Boxes `params`' gradients (see `prepare_updates`); returns their global norm.
-    pub(crate) fn prepare(&mut self, params: &[Parameter], zero: Zero) -> Result<f64> {
+    /// Boxes `params`' gradients (see `prepare_updates`); returns their queued sum of
+    /// squares.
+    pub(crate) fn prepare(&mut self, params: &[Parameter], zero: Zero) -> Result<QueuedSum> {
         let _ng = no_grad();
-        let (views, norm) = prepare_updates(params, zero)?;
+        let (views, sum) = prepare_updates(params, zero)?;
         self.0 = Some(views);
-        Ok(norm)
+        Ok(sum)
     }
     /// The prepared views with their parameters' indices (an error without a `prepare`).
     pub(crate) fn take(&mut self, op: &'static str) -> Result<Vec<(usize, Update)>> {

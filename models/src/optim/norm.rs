@@ -1,14 +1,20 @@
-//! The global L2 norm of gradients in any layout, and the clipping factor it gives. Each
-//! gradient's sum of squares is a global 0-d tensor (the engine boxes split, partial and sharded
-//! pieces as the ops need), the sums on one placement are added there, and each placement's
-//! total moves to the union of the placements' ranks (pipeline stages are disjoint placements)
-//! to be added once more, so every rank reads the same norm. The same sums find the first
-//! tensor holding a NaN or infinity (`first_non_finite`). Nothing here assumes a layout.
+//! The global L2 norm of gradients in any layout, and the clipping factor it gives. The
+//! gradients are grouped by what lets one multi-tensor sum of squares serve them without
+//! boxing (`Tensor::sum_squares_multi`: one op per group, all f64): global ones by placement
+//! and, per mesh axis, split or not; local ones by device. Each group's total is a 0-d tensor,
+//! partial over the axes its tensors are split on; it is made broadcast on its placement, the
+//! totals of one placement are added there, and each placement's sum moves to the union of the
+//! placements' ranks (pipeline stages are disjoint placements) to be added once more, so every
+//! rank reads the same norm. Everything is queued before anything is read ([`QueuedSum`]), so
+//! a caller can read the norm together with other results in one host synchronisation. The
+//! same pass in its `x * 0` form finds the first tensor holding a NaN or an infinity
+//! (`first_non_finite`). Nothing here assumes a layout.
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
-use oxiflow_sbp::NdSbp;
-use oxiflow_tensor::{no_grad, Tensor};
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::custom::TensorSums;
+use oxiflow_tensor::{no_grad, Device, Tensor};
 
 use crate::{Result, TensorError};
 
@@ -27,61 +33,158 @@ fn norm_err(detail: String) -> TensorError {
 /// Every rank must call it with the same list. A NaN or infinity anywhere gives a norm that
 /// is not finite.
 pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let _ng = no_grad();
-    let squares = grads
-        .iter()
-        .map(|g| g.square()?.sum_all()?.cast(DType::F64))
-        .collect::<Result<Vec<_>>>()?;
-    let sum = global_sum(&squares)?;
+    Ok(norm_of(queue_sum_of_squares(grads)?.read()?))
+}
+
+/// The L2 norm of a sum of squares `sum` (NaN stays NaN).
+pub fn norm_of(sum: f64) -> f64 {
     // A sum of squares is never negative; `max` would turn a NaN into 0.
-    Ok(if sum.is_nan() {
+    if sum.is_nan() {
         sum
     } else {
         sum.max(0.0).sqrt()
-    })
+    }
+}
+
+/// A sum over tensors queued on their devices and not read yet: the sum of its parts, 0-d
+/// f64 tensors: one broadcast over the union of the global tensors' placements (first, when
+/// there are global tensors), then one local tensor per device of the local ones.
+#[derive(Clone, Debug, Default)]
+pub struct QueuedSum {
+    parts: Vec<Tensor>,
+}
+
+impl QueuedSum {
+    /// The parts, whose values add up to the sum (a caller may read them together with other
+    /// results, in one transfer where they share a placement).
+    pub fn parts(&self) -> &[Tensor] {
+        &self.parts
+    }
+    /// The sum (every rank reads the same value).
+    pub fn read(&self) -> Result<f64> {
+        let mut sum = 0.0;
+        for t in &self.parts {
+            sum += scalar(t)?;
+        }
+        Ok(sum)
+    }
+}
+
+/// The sum over `grads` of their squared elements, queued (see [`QueuedSum`]); every rank
+/// must call it with the same list.
+pub fn queue_sum_of_squares(grads: &[Tensor]) -> Result<QueuedSum> {
+    let _ng = no_grad();
+    let groups = groups(grads);
+    let mut totals = Vec::with_capacity(groups.len());
+    for g in &groups {
+        let members: Vec<&Tensor> = g.iter().map(|&i| &grads[i]).collect();
+        totals.push(broadcast(Tensor::sum_squares_multi(&members)?.total)?);
+    }
+    queue_sum(&totals)
 }
 
 /// The index of the first of `tensors` that holds a NaN or an infinity, the same on every rank
 /// (every rank must call it with the same list, in any layouts). Each tensor counts as the sum
-/// of its elements times 0, which is NaN exactly when one of them is not finite: one global
-/// sum over all of them first, and only when that is NaN one per tensor, in order, each moved
-/// to every rank of their placements.
+/// of its elements times 0, which is NaN exactly when one of them is not finite: one
+/// multi-tensor pass per group, each group's per-tensor sums moved to every rank of any of
+/// them (pipeline stages hold disjoint parts) and read.
 pub fn first_non_finite(tensors: &[Tensor]) -> Result<Option<usize>> {
     let _ng = no_grad();
-    let flags = tensors
-        .iter()
-        .map(|t| t.mul_scalar(0.0)?.sum_all()?.cast(DType::F64))
-        .collect::<Result<Vec<_>>>()?;
-    if global_sum(&flags)?.is_finite() {
-        return Ok(None);
+    let groups = groups(tensors);
+    let mut flags: Vec<(Vec<usize>, Tensor)> = Vec::with_capacity(groups.len());
+    for g in groups {
+        let members: Vec<&Tensor> = g.iter().map(|&i| &tensors[i]).collect();
+        let TensorSums { each, .. } = Tensor::non_finite_sums(&members)?;
+        flags.push((g, broadcast(each)?));
     }
-    // Each flag moves to every rank of any of them, so every rank reads every flag (pipeline
-    // stages hold disjoint parts).
-    let places: Vec<&Placement> = flags.iter().filter_map(Tensor::placement).collect();
+    let places: Vec<&Placement> = flags.iter().filter_map(|(_, f)| f.placement()).collect();
     let union = match places.is_empty() {
         true => None,
         false => Some(union_of(places.into_iter())?),
     };
-    for (i, f) in flags.iter().enumerate() {
-        let v = match (&union, f.placement()) {
-            (Some(u), Some(_)) => scalar(&f.to_global(u, NdSbp::broadcast(1))?)?,
-            _ => scalar(f)?,
+    let mut first: Option<usize> = None;
+    for (members, f) in &flags {
+        let f = match (&union, f.placement()) {
+            (Some(u), Some(p)) if u != p => f.to_global(u, NdSbp::broadcast(1))?,
+            _ => f.clone(),
         };
-        if !v.is_finite() {
-            return Ok(Some(i));
+        let values = f.to_vec::<f64>()?;
+        if let Some(k) = values.iter().position(|v| !v.is_finite()) {
+            let i = members.get(k).copied().ok_or_else(|| {
+                norm_err(format!(
+                    "{} flags for {} tensors",
+                    values.len(),
+                    members.len()
+                ))
+            })?;
+            first = Some(first.map_or(i, |j| j.min(i)));
         }
     }
-    Ok(None)
+    Ok(first)
 }
 
-/// The sum of 0-d f64 `parts` (global on any placements, or local), on every rank.
-fn global_sum(parts: &[Tensor]) -> Result<f64> {
-    let mut local = 0.0;
+/// What lets one multi-tensor sum serve several tensors with no boxing but of partial sums.
+#[derive(PartialEq)]
+enum GroupKey {
+    /// Local tensors on one device.
+    Local(Device),
+    /// Global tensors on one placement, split (true) or not on each mesh axis.
+    Global(Placement, Vec<bool>),
+}
+
+/// A split over a mesh axis of one rank holds the whole tensor: it counts as not split.
+fn key_of(t: &Tensor) -> GroupKey {
+    match (t.placement(), t.nd_sbp()) {
+        (Some(p), Some(nd)) => GroupKey::Global(
+            p.clone(),
+            nd.iter()
+                .zip(p.shape())
+                .map(|(s, &n)| n > 1 && matches!(s, Sbp::Split(_)))
+                .collect(),
+        ),
+        _ => GroupKey::Local(t.device()),
+    }
+}
+
+/// The indices of `tensors` in groups of one [`GroupKey`], groups in first-seen order (the
+/// same on every rank), indices ascending in each.
+fn groups(tensors: &[Tensor]) -> Vec<Vec<usize>> {
+    let mut keys: Vec<GroupKey> = Vec::new();
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let k = key_of(t);
+        match keys.iter().position(|q| *q == k) {
+            Some(j) => members[j].push(i),
+            None => {
+                keys.push(k);
+                members.push(vec![i]);
+            }
+        }
+    }
+    members
+}
+
+/// A global result made broadcast on its placement (a local one as it is).
+fn broadcast(t: Tensor) -> Result<Tensor> {
+    match t.placement().cloned() {
+        Some(p) if t.nd_sbp().is_some_and(|nd| !nd.is_all_broadcast()) => {
+            Ok(t.to_global(&p, NdSbp::broadcast(p.ndim()))?)
+        }
+        _ => Ok(t),
+    }
+}
+
+/// The sum of 0-d f64 `parts` (global broadcast on any placements, or local), queued.
+fn queue_sum(parts: &[Tensor]) -> Result<QueuedSum> {
+    let mut local: Vec<Tensor> = Vec::new();
     // One running total per placement, in first-seen order (the same on every rank).
     let mut totals: Vec<(Placement, Tensor)> = Vec::new();
     for part in parts {
         let Some(p) = part.placement().cloned() else {
-            local += scalar(part)?;
+            match local.iter_mut().find(|t| t.device() == part.device()) {
+                Some(t) => *t = t.add(part)?,
+                None => local.push(part.clone()),
+            }
             continue;
         };
         match totals.iter_mut().find(|(q, _)| *q == p) {
@@ -89,9 +192,9 @@ fn global_sum(parts: &[Tensor]) -> Result<f64> {
             None => totals.push((p, part.clone())),
         }
     }
-    Ok(match totals.as_slice() {
-        [] => local,
-        [(p, t)] => local + scalar(&t.to_global(p, NdSbp::broadcast(p.ndim()))?)?,
+    let global = match totals.as_slice() {
+        [] => None,
+        [(_, t)] => Some(t.clone()),
         many => {
             let union = union_of(many.iter().map(|(p, _)| p))?;
             let mut all: Option<Tensor> = None;
@@ -102,8 +205,11 @@ fn global_sum(parts: &[Tensor]) -> Result<f64> {
                     None => t,
                 });
             }
-            local + all.map_or(Ok(0.0), |a| scalar(&a))?
+            all
         }
+    };
+    Ok(QueuedSum {
+        parts: global.into_iter().chain(local).collect(),
     })
 }
 
@@ -120,7 +226,8 @@ pub fn clip_factor(norm: f64, max_norm: Option<f64>) -> f64 {
 
 /// The value of a one-element tensor (every rank of its placement gets it).
 fn scalar(t: &Tensor) -> Result<f64> {
-    t.to_vec::<f64>()?
+    t.cast(DType::F64)?
+        .to_vec::<f64>()?
         .first()
         .copied()
         .ok_or_else(|| norm_err(format!("empty sum of squares {}", t.describe())))

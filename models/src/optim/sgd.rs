@@ -109,7 +109,7 @@ impl Optimizer for Sgd {
         self.steps += 1;
         Ok(())
     }
-    fn prepare(&mut self) -> Result<f64> {
+    fn prepare_queued(&mut self) -> Result<super::QueuedSum> {
         self.prepared.prepare(&self.params, self.zero)
     }
     fn apply(&mut self, scale: f64) -> Result<()> {

@@ -251,6 +251,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                     m: None,
                     v: None,
                     weight_decay: 0.1,
+                    compute_copy: None,
                 },
                 AdamWSlot {
                     param: &w,
@@ -258,6 +259,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                     m: Some(&m),
                     v: Some(&v),
                     weight_decay: 0.0,
+                    compute_copy: None,
                 },
             ];
             let hyper = AdamWHyper {

@@ -7,3 +7,4 @@ mod classifier;
 mod flash_attention;
 mod linear;
 mod residual_layer_norm;
+mod sum_squares;

@@ -5,7 +5,11 @@
 //! communication. The math is the fused three-pass AdamW's ([`AdamPart`]), element for element:
 //! `m = beta1 m + g1 g`, `v = beta2 v + g2 g^2`, `p = decay p - (step m) / (sqrt(inv_bc2 v) +
 //! eps)` with the clip factor folded into `g1` and `g2`; on CUDA one launch for every f32
-//! tensor (the raw layer's `adamw_multi`), the three passes per tensor elsewhere.
+//! tensor (the raw layer's `adamw_multi`), the three passes per tensor elsewhere. A tensor
+//! whose layers compute in another dtype (mixed precision) can ask for the new value's copy
+//! in it ([`AdamWSlot::compute_copy`]): the same launch writes it on CUDA (bf16 from f32), a
+//! cast after the passes elsewhere, the same bits either way; [`Tensor::cast_as_copy`] then
+//! stands for the cast of the new value with no kernel.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Shape};
@@ -20,8 +24,9 @@ use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
 /// One AdamW step over several tensors: inputs (p, g, m, v) per tensor, in that order; outputs
-/// (p, m, v) per tensor. The coefficients are computed in f64 and rounded to the data's dtype
-/// by the kernels, as [`AdamPart`]'s are.
+/// (p, m, v) per tensor, then the new value of each tensor with a `copies` dtype cast to it,
+/// in tensor order. The coefficients are computed in f64 and rounded to the data's dtype by the
+/// kernels, as [`AdamPart`]'s are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AdamWMulti {
     /// `m = beta1 m + g1 g`.
@@ -37,6 +42,8 @@ pub struct AdamWMulti {
     pub eps: F64Bits,
     /// `1 - lr wd` of each tensor.
     pub decay: Vec<F64Bits>,
+    /// The dtype each tensor's new value is also written in (None: no copy).
+    pub copies: Vec<Option<DType>>,
 }
 
 /// The hyper-parameters of one AdamW step (as `torch.optim.AdamW`).
@@ -61,6 +68,8 @@ pub struct AdamWSlot<'a> {
     pub m: Option<&'a Tensor>,
     pub v: Option<&'a Tensor>,
     pub weight_decay: f64,
+    /// Also write the new value cast to this dtype ([`AdamWUpdated::copy`]).
+    pub compute_copy: Option<DType>,
 }
 
 /// A tensor's new value and moments, in its slot's layout.
@@ -69,18 +78,22 @@ pub struct AdamWUpdated {
     pub param: Tensor,
     pub m: Tensor,
     pub v: Tensor,
+    /// `param` cast to the slot's `compute_copy` dtype, bit for bit `param.to_dtype(..)`.
+    pub copy: Option<Tensor>,
 }
 
 /// Kernels of the multi-tensor AdamW (f32 or f64 operands; each tensor's four of one dtype).
 pub trait AdamWMultiKernels: KernelBackend {
-    /// `x` = (p, g, m, v) per tensor; `out` = (p, m, v) per tensor.
+    /// `x` = (p, g, m, v) per tensor; `out` = (p, m, v) per tensor, then the copies
+    /// ([`AdamWMulti::copy_index`]).
     fn adamw_multi(&self, op: &AdamWMulti, x: &[&Self::Piece], out: &mut [Self::Out])
         -> Result<()>;
 }
 
 impl AdamWMulti {
-    /// The op of one step of `hyper` for tensors decaying by `weight_decay`.
-    pub fn new(hyper: &AdamWHyper, weight_decay: &[f64]) -> AdamWMulti {
+    /// The op of one step of `hyper` for tensors decaying by `weight_decay`, tensor `i` also
+    /// written as `copies[i]` (missing entries: no copy).
+    pub fn new(hyper: &AdamWHyper, weight_decay: &[f64], copies: &[Option<DType>]) -> AdamWMulti {
         let h = hyper;
         let t = h.step.min(i32::MAX as u64) as i32;
         let (bc1, bc2) = (1.0 - h.beta1.powi(t), 1.0 - h.beta2.powi(t));
@@ -98,7 +111,22 @@ impl AdamWMulti {
                 .iter()
                 .map(|wd| F64Bits::new(1.0 - h.lr * wd))
                 .collect(),
+            copies: (0..weight_decay.len())
+                .map(|i| copies.get(i).copied().flatten())
+                .collect(),
         }
+    }
+
+    /// The output index of tensor `i`'s copy, when it has one.
+    pub fn copy_index(&self, i: usize) -> Option<usize> {
+        self.copies.get(i).copied().flatten()?;
+        let before = self.copies[..i].iter().filter(|c| c.is_some()).count();
+        Some(3 * self.decay.len() + before)
+    }
+
+    /// Number of outputs: (p, m, v) per tensor and the copies.
+    fn outputs(&self) -> usize {
+        3 * self.decay.len() + self.copies.iter().filter(|c| c.is_some()).count()
     }
 
     /// The three passes of tensor `i`.
@@ -147,8 +175,27 @@ impl AdamWMulti {
             b.adam(m1, &[m, g], mo)?;
             b.adam(m2, &[v, g], vo)?;
             b.adam(up, &[p, mo, vo], po)?;
+            self.cast_copy(b, i, out)?;
         }
         Ok(())
+    }
+
+    /// Writes tensor `i`'s copy (when it has one) by casting its new value, already in `out`.
+    pub(crate) fn cast_copy<B>(&self, b: &B, i: usize, out: &mut [B::Out]) -> Result<()>
+    where
+        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+    {
+        let Some(k) = self.copy_index(i) else {
+            return Ok(());
+        };
+        let (values, copies) = out.split_at_mut(3 * self.decay.len());
+        match (values.get(3 * i), copies.get_mut(k - 3 * self.decay.len())) {
+            (Some(p), Some(c)) => b.cast(p, c),
+            _ => Err(kernel_err(
+                "adamw_multi",
+                format!("no output for the copy of tensor {i}"),
+            )),
+        }
     }
 }
 
@@ -185,6 +232,13 @@ impl OpFamily for AdamWMulti {
             outs.extend(std::iter::repeat_n(sh[0].clone(), 3));
             dtypes.extend([dt[0]; 3]);
         }
+        for (i, sh) in s.chunks(4).enumerate() {
+            if let Some(c) = self.copies.get(i).copied().flatten() {
+                need_float(c, "a compute copy")?;
+                outs.push(sh[0].clone());
+                dtypes.push(c);
+            }
+        }
         // Element-wise on every tensor: global operands compute whole (the layout-preserving
         // path is `Tensor::adamw_multi`, on local pieces).
         let mut r = Rules::new(mode, outs);
@@ -194,14 +248,14 @@ impl OpFamily for AdamWMulti {
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        if x.len() != 4 * self.decay.len() || out.len() != 3 * self.decay.len() {
+        if x.len() != 4 * self.decay.len() || out.len() != self.outputs() {
             return Err(kernel_err(
                 self.name(),
                 format!(
                     "{} tensors need {} operands and {} outputs, got {} and {}",
                     self.decay.len(),
                     4 * self.decay.len(),
-                    3 * self.decay.len(),
+                    self.outputs(),
                     x.len(),
                     out.len()
                 ),
@@ -264,7 +318,56 @@ fn with_piece_of(like: &Tensor, local: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The compute copy of `param` in `dtype`: laid out like it, holding this rank's piece of
+/// the copy the op wrote (`local`; None outside the placement).
+fn copy_of(param: &Tensor, local: Option<&Tensor>, dtype: DType) -> Result<Tensor> {
+    let piece = local.and_then(|l| l.0.piece.clone());
+    match (param.layout(), param.context()) {
+        (Some(layout), Some(ctx)) => Ok(Tensor::global_from_shared(
+            piece,
+            layout.clone(),
+            dtype,
+            ctx.clone(),
+        )),
+        _ => local
+            .cloned()
+            .ok_or_else(|| slot_err(0, "a local tensor's copy is missing".into())),
+    }
+}
+
 impl Tensor {
+    /// This tensor cast to `copy`'s dtype, where `copy` holds exactly those values (the
+    /// compute copy AdamW wrote with the update that made this tensor): no kernel runs, and
+    /// autograd records the cast of this tensor, so its gradient arrives in its own dtype as
+    /// through [`Tensor::to_dtype`]. `copy` must have this tensor's shape and layout (or be
+    /// local on its device) and a float dtype.
+    pub fn cast_as_copy(&self, copy: &Tensor) -> Result<Tensor> {
+        let fits = copy.shape() == self.shape()
+            && copy.layout() == self.layout()
+            && copy.is_global() == self.is_global()
+            && (self.is_global() || copy.device() == self.device())
+            && copy.dtype().is_float();
+        if !fits {
+            return Err(TensorError::Shape {
+                op: "cast_as_copy",
+                shapes: format!("{}, {}", self.shape(), copy.shape()),
+                sbps: format!("{:?}, {:?}", self.nd_sbp(), copy.nd_sbp()),
+                detail: format!(
+                    "{} is not a copy of {}",
+                    copy.describe(),
+                    self.describe()
+                ),
+            });
+        }
+        if copy.dtype() == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = copy.detach();
+        let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
+        crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
+        Ok(out)
+    }
+
     /// One AdamW step of every slot (see the module docs): each slot's four tensors must share
     /// one layout (or all be local on one device); the results have it. Runs on this rank's
     /// pieces only, with one op for them all, so it communicates nothing.
@@ -302,6 +405,7 @@ impl Tensor {
         }
         // This rank's pieces, one op per device.
         let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
+        let mut copies: Vec<Option<Tensor>> = vec![None; slots.len()];
         let mut devices = Vec::new();
         for d in full.iter().filter_map(|f| f[0].storage().map(|s| s.device())) {
             if !devices.contains(&d) {
@@ -318,7 +422,9 @@ impl Tensor {
                 .collect();
             let refs: Vec<&Tensor> = locals.iter().collect();
             let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
-            let op = AdamWMulti::new(hyper, &decay);
+            let wanted: Vec<Option<DType>> = held.iter().map(|&i| slots[i].compute_copy).collect();
+            let op = AdamWMulti::new(hyper, &decay, &wanted);
+            let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
             let res = dispatch_multi(op.into(), &refs)?;
             for (k, &i) in held.iter().enumerate() {
                 let mut three = res[3 * k..3 * k + 3].iter();
@@ -328,20 +434,34 @@ impl Tensor {
                         .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
                 };
                 out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
+                if let Some(c) = at[k] {
+                    let copy = res
+                        .get(c)
+                        .ok_or_else(|| slot_err(i, "the op gave no compute copy".into()))?;
+                    copies[i] = Some(copy.clone());
+                }
             }
         }
         full.iter()
             .zip(out)
-            .map(|(f, o)| {
+            .zip(copies)
+            .zip(slots)
+            .map(|(((f, o), c), s)| {
                 let wrap = |like: &Tensor, local: Option<&Tensor>| match local {
                     Some(l) => with_piece_of(like, l),
                     None => Tensor::with_layout_of(like, None),
                 };
                 let o = o.as_ref();
+                let param = wrap(&f[0], o.map(|o| &o[0]))?;
+                let copy = match s.compute_copy {
+                    Some(d) => Some(copy_of(&param, c.as_ref(), d)?),
+                    None => None,
+                };
                 Ok(AdamWUpdated {
-                    param: wrap(&f[0], o.map(|o| &o[0]))?,
+                    param,
                     m: wrap(&f[2], o.map(|o| &o[1]))?,
                     v: wrap(&f[3], o.map(|o| &o[2]))?,
+                    copy,
                 })
             })
             .collect()

@@ -109,4 +109,5 @@ custom_ops! {
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,
     adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
+    sum_squares::SumSquares(SumSquares): SumSquaresKernels,
 }

@@ -1,6 +1,7 @@
 //! Multi-tensor AdamW CUDA kernel: one launch of the raw layer's `adamw_multi` for every tensor
-//! whose parameter, gradient and moments are f32 (each written to its output buffers); any
-//! other tensor runs its three fused AdamW passes.
+//! whose parameter, gradient and moments are f32 (each written to its output buffers, and a
+//! bf16 compute copy of the new value in the same launch); any other tensor runs its three
+//! fused AdamW passes, and any other copy is a cast after the launch.
 
 use oxiflow_dtype::DType;
 
@@ -19,7 +20,8 @@ impl AdamWMultiKernels for CudaKernels {
         out: &mut [CudaStorage],
     ) -> Result<()> {
         let n = op.decay.len();
-        if x.len() != 4 * n || out.len() != 3 * n {
+        let copies = op.copies.iter().filter(|c| c.is_some()).count();
+        if x.len() != 4 * n || out.len() != 3 * n + copies {
             return Err(kernel_err(
                 "adamw_multi",
                 format!(
@@ -30,6 +32,8 @@ impl AdamWMultiKernels for CudaKernels {
             ));
         }
         let mut list = Vec::with_capacity(n);
+        // Tensors whose copy is cast after the launch.
+        let mut cast_after = Vec::new();
         for i in 0..n {
             let (ins, outs) = (&x[4 * i..4 * i + 4], &out[3 * i..3 * i + 3]);
             let count = ins[0].numel();
@@ -40,6 +44,15 @@ impl AdamWMultiKernels for CudaKernels {
                 op.composed(self, i..i + 1, x, out)?;
                 continue;
             }
+            let copy = op.copy_index(i).and_then(|k| out.get(k));
+            let bf16_copy = match copy {
+                Some(c) if c.dtype == DType::BF16 && c.numel() == count => c.ptr(),
+                Some(_) => {
+                    cast_after.push(i);
+                    0
+                }
+                None => 0,
+            };
             if count == 0 {
                 continue;
             }
@@ -51,7 +64,7 @@ impl AdamWMultiKernels for CudaKernels {
                 param_out: outs[0].ptr(),
                 m_out: outs[1].ptr(),
                 v_out: outs[2].ptr(),
-                param_bf16: 0,
+                param_bf16: bf16_copy,
                 n: count as i64,
                 decay: op.decay[i].get() as f32,
                 grad_bf16: 0,
@@ -63,6 +76,10 @@ impl AdamWMultiKernels for CudaKernels {
             ]
             .map(|c| c.get()),
         );
-        Ok(adamw_multi(&self.rt, &list, &coef)?)
+        adamw_multi(&self.rt, &list, &coef)?;
+        for i in cast_after {
+            op.cast_copy(self, i, out)?;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,186 @@
+//! The bf16 compute copies AdamW writes with each update (mixed precision: f32 leaves, bf16
+//! layers) against the cast path: a GPT trained with the copies gives bit for bit the losses
+//! and parameters of the same GPT whose copies are dropped after every step (so every forward
+//! pass casts its leaves), one rank and in-process meshes (DP2, TP2, DP2xTP2, ZeRO-2 and
+//! ZeRO-3). A copy is there exactly where the update ran in the leaf's layout (not under
+//! ZeRO-1/2, whose shards are gathered in f32), equals the leaf's cast, and a leaf replaced by
+//! `set_value` is never computed with its old copy.
+
+use std::time::Duration;
+
+use oxiflow_dtype::DType;
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow_models::nn::Module;
+use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Zero};
+use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::{no_grad, run_ranks, Tensor};
+
+const STEPS: u64 = 3;
+
+fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
+    (0..b * (t + 1))
+        .map(|i| ((i as u64 * 5 + step * 11 + i as u64 / 3) % vocab as u64) as i64)
+        .collect()
+}
+
+fn values(t: &Tensor) -> Vec<u64> {
+    let t = match t.placement() {
+        Some(p) => t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
+        None => t.clone(),
+    };
+    t.cast(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// Losses and final parameters (as bits) of `STEPS` steps on `mesh` (None: local) with ZeRO
+/// `stage`; `cast_path` drops every copy after each step. Also checks the copies after each
+/// step: present exactly when `copies_expected`, equal to the leaf's cast.
+fn train(
+    mesh: Option<[usize; 2]>,
+    stage: u8,
+    cast_path: bool,
+    copies_expected: bool,
+) -> (Vec<u64>, Vec<Vec<u64>>) {
+    let n = mesh.map_or(1, |m| m[0] * m[1]);
+    let out = run_ranks(n, Duration::from_secs(120), |_| {
+        let placement = mesh.map(|m| {
+            Placement::range(DeviceType::Cpu, n)
+                .and_then(|p| p.reshaped(m))
+                .unwrap()
+        });
+        let cfg = GptConfig {
+            vocab: 24,
+            seq_len: 8,
+            layers: 2,
+            heads: 2,
+            width: 8,
+            dropout: 0.0,
+            seed: 7,
+            dtype: DType::F32,
+            ..GptConfig::default()
+        };
+        let layout = match &placement {
+            Some(p) => GptLayout::Mesh(p.clone()),
+            None => GptLayout::Local,
+        };
+        let model = Gpt::new(&cfg, &layout).unwrap();
+        model.set_compute_dtype(Some(DType::BF16));
+        let mut opt = AdamW::new(model.parameters(), AdamWOptions::default())
+            .with_zero(if stage == 0 {
+                Zero::OFF
+            } else {
+                Zero::new(stage, 0).unwrap()
+            })
+            .unwrap();
+        let (b, t) = (4, cfg.seq_len);
+        let mut losses = Vec::new();
+        for s in 0..STEPS {
+            let ids = Tensor::from_vec(tokens(b, t, cfg.vocab, s), [b, t + 1]).unwrap();
+            let ids = match &placement {
+                Some(p) => ids.to_global(p, NdSbp::new([Sbp::S(0), Sbp::B])).unwrap(),
+                None => ids,
+            };
+            let (x, y) = (ids.narrow(1, 0, t).unwrap(), ids.narrow(1, 1, t).unwrap());
+            opt.zero_grad();
+            let loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
+            loss.backward().unwrap();
+            opt.step_with_norm(Some(1.0)).unwrap();
+            losses.extend(values(&loss));
+            for p in model.parameters() {
+                let copy = p.compute_copy();
+                assert_eq!(copy.is_some(), copies_expected, "{} step {s}", p.name());
+                if let Some(c) = copy {
+                    let _ng = no_grad();
+                    let cast = p.value().to_dtype(DType::BF16).unwrap();
+                    assert_eq!(values(&c), values(&cast), "{}'s copy vs its cast", p.name());
+                }
+                if cast_path {
+                    p.set_value(&p.value()).unwrap();
+                    assert!(p.compute_copy().is_none(), "set_value keeps a stale copy");
+                }
+            }
+        }
+        let params = model
+            .parameters()
+            .iter()
+            .map(|p| values(&p.value()))
+            .collect();
+        (losses, params)
+    });
+    out.into_iter().next().unwrap()
+}
+
+#[test]
+fn the_copies_give_the_cast_paths_bits_in_every_layout() {
+    for (mesh, stage, copies) in [
+        (None, 0, true),
+        (Some([1, 1]), 0, true),
+        (Some([2, 1]), 0, true),
+        (Some([1, 2]), 0, true),
+        (Some([2, 2]), 0, true),
+        (Some([2, 1]), 2, false),
+        (Some([2, 1]), 3, true),
+        (Some([2, 2]), 3, true),
+    ] {
+        let with = train(mesh, stage, false, copies);
+        let without = train(mesh, stage, true, copies);
+        assert_eq!(with.0, without.0, "{mesh:?} ZeRO-{stage}: losses");
+        assert_eq!(with.1, without.1, "{mesh:?} ZeRO-{stage}: parameters");
+        let first = f64::from_bits(with.0[0]);
+        assert!(first.is_finite(), "{mesh:?}: {first}");
+    }
+}
+
+/// A leaf replaced by `set_value` (a checkpoint load, a user) is computed with its own cast,
+/// never with the copy of the leaf before it.
+#[test]
+fn a_replaced_leaf_is_never_computed_with_a_stale_copy() {
+    let cfg = GptConfig {
+        vocab: 16,
+        seq_len: 4,
+        layers: 1,
+        heads: 2,
+        width: 8,
+        dropout: 0.0,
+        seed: 2,
+        dtype: DType::F32,
+        ..GptConfig::default()
+    };
+    let model = Gpt::new(&cfg, &GptLayout::Local).unwrap();
+    model.set_compute_dtype(Some(DType::BF16));
+    let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
+    let ids = Tensor::from_vec(tokens(2, 4, 16, 0), [2, 5]).unwrap();
+    let (x, y) = (ids.narrow(1, 0, 4).unwrap(), ids.narrow(1, 1, 4).unwrap());
+    model
+        .loss(&x, &y, Pass::Train { step: 0 })
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step().unwrap();
+    let p = model.parameters()[0].clone();
+    let c = p.compute_copy().expect("AdamW wrote a copy");
+    let computed = p.compute().unwrap();
+    assert_eq!(computed.grad_fn_name().as_deref(), Some("cast"));
+    assert_eq!(values(&computed), values(&c));
+    let other = p.value().mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap();
+    p.set_value(&other).unwrap();
+    assert!(p.compute_copy().is_none());
+    let computed = p.compute().unwrap();
+    assert_eq!(
+        values(&computed),
+        values(&other.to_dtype(DType::BF16).unwrap())
+    );
+    // A copy that does not fit the value is refused.
+    let bad = Tensor::zeros([1], DType::BF16);
+    let e = p
+        .set_value_with_copy(&other, Some(&bad))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("set_value_with_copy"), "{e}");
+}

@@ -1,0 +1,175 @@
+//! Multi-tensor sum of squares: one op reads many float tensors (any float dtypes, any shapes)
+//! and gives each one's sum of squared elements and their total, in f64. Each square is
+//! rounded to f32 (f64 for f64 data), as AdamW's second moment squares a gradient, so a finite
+//! value whose square overflows makes the sum infinite as it would make the optimizer state;
+//! the squares are added in f64 in a fixed order (deterministic, no float atomics). What a
+//! global norm of gradients needs in one or two launches instead of several per tensor. The same pass in [`SumTerm::TimesZero`] mode sums `x * 0` instead,
+//! which is NaN exactly when an element is NaN or infinite (a non-finite search that no
+//! overflow can fool).
+//!
+//! Layouts: a sum over a split tensor is a partial sum over its mesh axis, a broadcast one
+//! counts once, and squares do not distribute over partial sums, so per mesh axis either every
+//! input is split (on any dims: the outputs are partial sums, `P`) or every input is whole
+//! (broadcast; a partial input is all-reduced first, and the outputs are `B`). The op's
+//! candidates are all-B and, per mesh axis, "every input split" on the dims the caller's
+//! layouts name ([`SumSquares::for_inputs`]); group tensors so that each mesh axis is split for
+//! all of them or for none, and nothing is boxed but partial inputs.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
+
+use crate::dispatch::dispatch_multi;
+use crate::op::{
+    kernel_err, need_float, Backend, Grad, Inferred, KernelBackend, MetaError, OpFamily, Saves,
+};
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// What each element adds to its tensor's sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SumTerm {
+    /// `x * x`.
+    Square,
+    /// `x * 0`: 0, or NaN when `x` is NaN or infinite.
+    TimesZero,
+}
+
+/// The sums of `terms` over each input: output 0 is f64 `[n]` (one sum per input, in order),
+/// output 1 the f64 0-d total (the sum of output 0 in order).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SumSquares {
+    pub term: SumTerm,
+    /// Split candidates: each lists one dim per input, the "every input split" SBP of one
+    /// mesh axis (see the module docs).
+    pub splits: Vec<Vec<usize>>,
+}
+
+/// Kernels of the multi-tensor sum: `out` = (per-input sums f64 `[n]`, total f64 `[]`).
+pub trait SumSquaresKernels: KernelBackend {
+    fn sum_squares(&self, op: &SumSquares, x: &[&Self::Piece], out: &mut [Self::Out])
+        -> Result<()>;
+}
+
+impl SumSquares {
+    /// The op for `inputs` (all global on one placement, or all local): one split candidate
+    /// per mesh axis on which every input is split, on the dims they are split on.
+    pub fn for_inputs(term: SumTerm, inputs: &[&Tensor]) -> SumSquares {
+        let mut splits: Vec<Vec<usize>> = Vec::new();
+        let naxes = inputs
+            .first()
+            .and_then(|t| t.nd_sbp())
+            .map_or(0, NdSbp::len);
+        for axis in 0..naxes {
+            let dims: Option<Vec<usize>> = inputs
+                .iter()
+                .map(|t| match t.nd_sbp().and_then(|nd| nd.as_slice().get(axis)) {
+                    Some(&Sbp::Split(d)) => Some(d),
+                    _ => None,
+                })
+                .collect();
+            if let Some(d) = dims {
+                if !splits.contains(&d) {
+                    splits.push(d);
+                }
+            }
+        }
+        SumSquares { term, splits }
+    }
+}
+
+impl OpFamily for SumSquares {
+    fn name(&self) -> &'static str {
+        match self.term {
+            SumTerm::Square => "sum_squares",
+            SumTerm::TimesZero => "non_finite_sums",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (1, usize::MAX)
+    }
+
+    fn infer(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+    ) -> std::result::Result<Inferred, MetaError> {
+        for (i, &dt) in d.iter().enumerate() {
+            need_float(dt, &format!("input {i}"))?;
+        }
+        let mut r = Rules::new(mode, [Shape::from(&[s.len()][..]), Shape::scalar()]);
+        r.push_uniform(s.len(), 2, Sbp::B);
+        for dims in &self.splits {
+            let fits = dims.len() == s.len() && dims.iter().zip(s).all(|(&k, sh)| k < sh.ndim());
+            if fits {
+                let ins: Vec<Sbp> = dims.iter().map(|&k| Sbp::S(k)).collect();
+                r.push(&ins, &[Sbp::P, Sbp::P]);
+            }
+        }
+        Ok(Inferred::outputs(r, &[DType::F64, DType::F64]))
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        if out.len() != 2 {
+            return Err(kernel_err(
+                self.name(),
+                format!("expects 2 output buffers, got {}", out.len()),
+            ));
+        }
+        b.sum_squares(self, x, out)
+    }
+
+    fn differentiable(&self, _output: usize) -> bool {
+        false
+    }
+
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            "a norm statistic has no gradient here",
+        ))
+    }
+}
+
+/// Each input's sum and their total (see [`SumSquares`]).
+#[derive(Clone, Debug)]
+pub struct TensorSums {
+    /// f64 `[n]`: one sum per input, in order.
+    pub each: Tensor,
+    /// f64 0-d: the sum of `each`.
+    pub total: Tensor,
+}
+
+impl Tensor {
+    /// The sum of the squared elements of each of `tensors` and their total, in f64, with one
+    /// op (all global on one placement, or all local on one device; at least one). Global
+    /// results are partial sums over the mesh axes their inputs are split on (see the module
+    /// docs for the layouts that box nothing).
+    pub fn sum_squares_multi(tensors: &[&Tensor]) -> Result<TensorSums> {
+        multi_sum(SumTerm::Square, tensors)
+    }
+
+    /// As [`Tensor::sum_squares_multi`] with `x * 0` for `x * x`: each sum is NaN exactly when
+    /// its tensor holds a NaN or an infinity, else 0.
+    pub fn non_finite_sums(tensors: &[&Tensor]) -> Result<TensorSums> {
+        multi_sum(SumTerm::TimesZero, tensors)
+    }
+}
+
+fn multi_sum(term: SumTerm, tensors: &[&Tensor]) -> Result<TensorSums> {
+    let _ng = crate::autograd::no_grad();
+    let op = SumSquares::for_inputs(term, tensors);
+    let mut out = dispatch_multi(op.into(), tensors)?.into_iter();
+    match (out.next(), out.next()) {
+        (Some(each), Some(total)) => Ok(TensorSums { each, total }),
+        _ => Err(kernel_err(
+            "sum_squares",
+            "the op gave fewer than 2 outputs".into(),
+        )),
+    }
+}

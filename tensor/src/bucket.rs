@@ -216,8 +216,8 @@ fn reduce_checked(
         let shape = to.local_shape_at(&coord);
         let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
         at += shape.numel();
-        out.push(Tensor::global_from_piece(
-            piece.storage().cloned(),
+        out.push(Tensor::global_from_shared(
+            piece.0.piece.clone(),
             to,
             g.dtype(),
             ctx.clone(),

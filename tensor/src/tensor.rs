@@ -315,6 +315,7 @@ impl Tensor {
     /// The local piece as a host array of `T` (a copy). For a global tensor this is the rank's
     /// piece; use `to_ndarray` for the whole value.
     pub fn local_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        crate::capture::refuse_host_read("local_ndarray", self)?;
         let host = match self.storage() {
             Some(s) => s.to_host()?,
             None => CpuArray::zeros(self.dtype(), self.local_shape().dims()),

@@ -249,18 +249,15 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         let local_op = local.as_ref().unwrap_or(op);
         let storage = run_kernel_one(local_op, &pieces, device, &out)?;
         // The executor allocated the piece from `out`, so it has `out`'s shape.
+        if !capture::any_capturing() {
+            return Ok(smallvec::smallvec![Tensor::from_storage_of_shape(
+                storage, out.shape
+            )]);
+        }
         let outs: Outputs =
             smallvec::smallvec![Tensor::from_storage_of_shape(storage, out.shape.clone())];
-        if capture::any_capturing() {
-            record_local(
-                op,
-                local_op,
-                inputs,
-                device,
-                std::slice::from_ref(&out),
-                &outs,
-            );
-        }
+        let specs = std::slice::from_ref(&out);
+        record_local(op, local_op, inputs, device, specs, &outs);
         return Ok(outs);
     }
     let specs: SmallVec<[OutSpec; 1]> = rules

@@ -10,6 +10,10 @@ pub enum CompileError {
     /// so every rank fails alike, before the read communicates.
     #[error("{op}: a compiled step cannot read a tensor's value on the host ({tensor}); pass host values in as step inputs or read them after the step")]
     HostRead { op: &'static str, tensor: String },
+    /// The step made a tensor from host data (`op`, e.g. `from_array`): a replay would see
+    /// the capture's data, so such a tensor must be a step input.
+    #[error("{op}: a compiled step cannot make a tensor from host data ({tensor}); make it before the step and pass it in as a step input")]
+    HostData { op: &'static str, tensor: String },
     /// The inputs of a replay do not fit the program (the caller's bug).
     #[error("replay of a compiled step: {detail}")]
     Inputs { detail: String },

@@ -23,8 +23,17 @@ pub(crate) struct Recording {
     nodes: Vec<Node>,
     constants: Vec<Arc<Storage>>,
     ctx: Option<Context>,
-    /// The first host read: what read it and the tensor.
-    host_read: Option<(&'static str, String)>,
+    /// The first thing seen that makes the step unreplayable.
+    refused: Option<Refusal>,
+}
+
+/// Why a captured step cannot be replayed: what did it and the tensor.
+#[derive(Clone, Debug)]
+pub(crate) enum Refusal {
+    /// A host read of a tensor's value.
+    HostRead(&'static str, String),
+    /// A tensor made from host data inside the step.
+    HostData(&'static str, String),
 }
 
 fn addr(p: &Arc<Storage>) -> usize {
@@ -98,9 +107,9 @@ impl Recording {
         }
     }
 
-    /// The first host read seen, if any.
-    pub(crate) fn host_read(&self) -> Option<&(&'static str, String)> {
-        self.host_read.as_ref()
+    /// The first reason seen not to replay the step, if any.
+    pub(crate) fn refusal(&self) -> Option<&Refusal> {
+        self.refused.as_ref()
     }
 
     /// The program, with `outputs` the step's results.
@@ -190,8 +199,16 @@ impl CaptureSink for Recorder {
 
     fn host_read(&mut self, what: &'static str, tensor: &Tensor) {
         if let Ok(mut r) = self.0.try_borrow_mut() {
-            if r.host_read.is_none() {
-                r.host_read = Some((what, tensor.describe()));
+            if r.refused.is_none() {
+                r.refused = Some(Refusal::HostRead(what, tensor.describe()));
+            }
+        }
+    }
+
+    fn host_data(&mut self, what: &'static str, tensor: &Tensor) {
+        if let Ok(mut r) = self.0.try_borrow_mut() {
+            if r.refused.is_none() {
+                r.refused = Some(Refusal::HostData(what, tensor.describe()));
             }
         }
     }

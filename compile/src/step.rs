@@ -23,7 +23,7 @@ use crate::ir::{Program, StepKey};
 use crate::passes::arena::{plan_arena, ArenaPlan};
 use crate::passes::dce::{eliminate_dead_code, DceStats};
 use crate::passes::liveness::{liveness, Liveness};
-use crate::recorder::{Recorder, Recording};
+use crate::recorder::{Recorder, Recording, Refusal};
 use crate::replay::replay;
 
 /// One compiled program with its plans.
@@ -153,11 +153,20 @@ where
         .map_err(|_| CompileError::Inputs {
             detail: "the capture's recorder is still installed".into(),
         })?;
-    if let Some((op, tensor)) = recording.host_read() {
-        return Err(CompileError::HostRead {
-            op,
-            tensor: tensor.clone(),
-        });
+    match recording.refusal() {
+        Some(Refusal::HostRead(op, tensor)) => {
+            return Err(CompileError::HostRead {
+                op,
+                tensor: tensor.clone(),
+            })
+        }
+        Some(Refusal::HostData(op, tensor)) => {
+            return Err(CompileError::HostData {
+                op,
+                tensor: tensor.clone(),
+            })
+        }
+        None => {}
     }
     let outs = outs?;
     let mut program = recording.finish(key, &outs);

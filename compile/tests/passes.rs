@@ -197,3 +197,27 @@ fn a_step_called_with_other_shapes_compiles_again_naming_the_change() {
         detail: String::new(),
     };
 }
+
+#[test]
+fn host_data_made_inside_a_step_is_a_typed_error() {
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], [2]).unwrap();
+    let mut step = CompiledStep::new();
+    let e = step
+        .run(std::slice::from_ref(&x), || {
+            let batch = Tensor::from_vec(vec![3.0f64, 4.0], [2])?;
+            Ok(vec![x.add(&batch)?])
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CompileError::HostData {
+                op: "from_array",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("step input"), "{e}");
+    assert!(step.programs().is_empty(), "nothing is cached");
+}

@@ -76,6 +76,9 @@ pub trait CaptureSink {
     /// A host read of a tensor's value (`what`: `to_ndarray`, `to_vec`, ...): a program whose
     /// result depends on it cannot be replayed.
     fn host_read(&mut self, what: &'static str, tensor: &Tensor);
+    /// A tensor made from host data (`from_vec`, `from_array`, `scalar`) inside the step: a
+    /// replay would see the data of the capture, so it must come in as a step input.
+    fn host_data(&mut self, what: &'static str, tensor: &Tensor);
 }
 
 /// Threads with a sink installed.
@@ -159,6 +162,13 @@ pub(crate) fn refuse_host_read(what: &'static str, t: &Tensor) -> Result<()> {
             t.describe()
         ),
     })
+}
+
+/// Tells the thread's sink of a tensor made from host data.
+pub(crate) fn note_host_data(what: &'static str, t: &Tensor) {
+    if any_capturing() {
+        with_sink(|s| s.host_data(what, t));
+    }
 }
 
 /// Runs `op` (local attributes) on this rank's `pieces` through the device's executor, as

@@ -122,7 +122,9 @@ impl Tensor {
 
     /// A local tensor from a host array (made row-major contiguous).
     pub fn from_array<T: TensorElement>(a: ArrayD<T>) -> Tensor {
-        Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()))
+        let t = Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()));
+        crate::capture::note_host_data("from_array", &t);
+        t
     }
 
     /// A local tensor from row-major data and a shape.

@@ -126,7 +126,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                 let mut inputs = vec![ids.clone(), targets.clone()];
                 inputs.extend(params.iter().map(Parameter::value));
                 inputs.extend((0..params.len()).filter_map(|i| opt.state(i, "momentum_buffer")));
-                let mut body = || -> oxiflow_tensor::Result<Vec<Tensor>> {
+                let mut body = || -> oxiflow_compile::Result<Vec<Tensor>> {
                     let loss = model.loss(&ids, &targets, Pass::Train { step: 0 })?;
                     loss.backward()?;
                     opt.step()?;

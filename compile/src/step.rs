@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxiflow_tensor::capture::start_capture;
-use oxiflow_tensor::{memory, Tensor, TensorError};
+use oxiflow_tensor::{memory, Tensor};
 
-use crate::error::{CompileError, Result};
+use crate::error::CompileError;
 use crate::ir::{Program, StepKey};
 use crate::passes::arena::{plan_arena, ArenaPlan};
 use crate::passes::dce::{eliminate_dead_code, DceStats};
@@ -107,10 +107,16 @@ impl CompiledStep {
 
     /// Runs the step on `inputs`: replays the program compiled for their key, or captures
     /// `step` (running it eagerly) and compiles it. Returns the step's outputs and what
-    /// happened. Every rank must call it alike.
-    pub fn run<F>(&mut self, inputs: &[Tensor], step: F) -> Result<(Vec<Tensor>, StepRun)>
+    /// happened; the step's own errors come back as they are, the compiler's converted. Every
+    /// rank must call it alike.
+    pub fn run<E, F>(
+        &mut self,
+        inputs: &[Tensor],
+        step: F,
+    ) -> std::result::Result<(Vec<Tensor>, StepRun), E>
     where
-        F: FnOnce() -> std::result::Result<Vec<Tensor>, TensorError>,
+        E: From<CompileError>,
+        F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
     {
         let key = StepKey::of(inputs);
         let found = self.programs.iter().find(|c| c.program.key == key).cloned();
@@ -129,21 +135,23 @@ impl CompiledStep {
 }
 
 /// Captures `step` on `inputs` and compiles it.
-fn capture<F>(
+fn capture<E, F>(
     key: StepKey,
     inputs: &[Tensor],
     step: F,
     reason: Option<String>,
-) -> Result<(Vec<Tensor>, Compiled)>
+) -> std::result::Result<(Vec<Tensor>, Compiled), E>
 where
-    F: FnOnce() -> std::result::Result<Vec<Tensor>, TensorError>,
+    E: From<CompileError>,
+    F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
 {
     let started = Instant::now();
     let recording = Rc::new(RefCell::new(Recording::new(inputs)));
     let before = memory_now();
     memory::reset_peaks();
     let outs = {
-        let _guard = start_capture(Box::new(Recorder(recording.clone())))?;
+        let guard = start_capture(Box::new(Recorder(recording.clone())));
+        let _guard = guard.map_err(CompileError::from)?;
         step()
     };
     let after = memory_now();
@@ -158,13 +166,15 @@ where
             return Err(CompileError::HostRead {
                 op,
                 tensor: tensor.clone(),
-            })
+            }
+            .into())
         }
         Some(Refusal::HostData(op, tensor)) => {
             return Err(CompileError::HostData {
                 op,
                 tensor: tensor.clone(),
-            })
+            }
+            .into())
         }
         None => {}
     }

@@ -70,12 +70,14 @@ fn arena_reuses_dead_buffers() {
 #[test]
 fn dead_code_is_removed_and_replay_equals_eager() {
     let mut step = CompiledStep::new();
-    let f = |x: &Tensor| -> oxiflow_tensor::Result<Vec<Tensor>> {
+    let f = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {
         let _unused = x.exp()?.sum_all()?;
         Ok(vec![x.mul(x)?.add_scalar(1.0)?])
     };
     let x0 = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3]).unwrap();
-    let (out, run) = step.run(std::slice::from_ref(&x0), || f(&x0)).unwrap();
+    let (out, run) = step
+        .run::<CompileError, _>(std::slice::from_ref(&x0), || f(&x0))
+        .unwrap();
     let StepRun::Compiled(c) = run else {
         panic!("the first call compiles")
     };
@@ -88,7 +90,7 @@ fn dead_code_is_removed_and_replay_equals_eager() {
     assert_eq!(out[0].to_vec::<f64>().unwrap(), vec![2.0, 5.0, 10.0]);
     let x1 = Tensor::from_vec(vec![-1.0f64, 0.5, 4.0], [3]).unwrap();
     let (out, run) = step
-        .run(std::slice::from_ref(&x1), || {
+        .run::<CompileError, _>(std::slice::from_ref(&x1), || {
             panic!("a replay does not run the step")
         })
         .unwrap();
@@ -109,14 +111,16 @@ fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
                 .to_global(&p, Sbp::S(0))
                 .unwrap()
         };
-        let body = |x: &Tensor| -> oxiflow_tensor::Result<Vec<Tensor>> {
+        let body = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {
             let _dropped = x.to_global(&p, Sbp::B)?;
             let y = x.mul_scalar(3.0)?.to_global(&p, Sbp::B)?;
             Ok(vec![y.sum_all()?])
         };
         let mut step = CompiledStep::new();
         let x = make(1.0);
-        let (eager, run) = step.run(std::slice::from_ref(&x), || body(&x)).unwrap();
+        let (eager, run) = step
+            .run::<CompileError, _>(std::slice::from_ref(&x), || body(&x))
+            .unwrap();
         let StepRun::Compiled(c) = run else {
             panic!("compiles")
         };
@@ -125,7 +129,7 @@ fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
         let x2 = make(5.0);
         let want = body(&x2).unwrap()[0].to_vec::<f64>().unwrap();
         let (got, _) = step
-            .run(std::slice::from_ref(&x2), || panic!("replays"))
+            .run::<CompileError, _>(std::slice::from_ref(&x2), || panic!("replays"))
             .unwrap();
         (
             eager[0].to_vec::<f64>().unwrap(),
@@ -149,7 +153,7 @@ fn host_read_inside_a_step_is_a_typed_error_on_every_rank() {
             .unwrap();
         let mut step = CompiledStep::new();
         let e = step
-            .run(std::slice::from_ref(&x), || {
+            .run::<CompileError, _>(std::slice::from_ref(&x), || {
                 let s = x.sum_all()?;
                 let v = s.to_vec::<f64>()?;
                 Ok(vec![x.mul_scalar(v[0])?])
@@ -166,11 +170,14 @@ fn host_read_inside_a_step_is_a_typed_error_on_every_rank() {
 #[test]
 fn a_step_called_with_other_shapes_compiles_again_naming_the_change() {
     let mut step = CompiledStep::new();
-    let body = |x: &Tensor| -> oxiflow_tensor::Result<Vec<Tensor>> { Ok(vec![x.tanh()?]) };
+    let body = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> { Ok(vec![x.tanh()?]) };
     let a = Tensor::from_vec(vec![0.5f32; 6], [2, 3]).unwrap();
     let b = Tensor::from_vec(vec![0.5f32; 12], [4, 3]).unwrap();
-    step.run(std::slice::from_ref(&a), || body(&a)).unwrap();
-    let (_, run) = step.run(std::slice::from_ref(&b), || body(&b)).unwrap();
+    step.run::<CompileError, _>(std::slice::from_ref(&a), || body(&a))
+        .unwrap();
+    let (_, run) = step
+        .run::<CompileError, _>(std::slice::from_ref(&b), || body(&b))
+        .unwrap();
     let StepRun::Compiled(c) = run else {
         panic!("other shapes compile again")
     };
@@ -180,14 +187,16 @@ fn a_step_called_with_other_shapes_compiles_again_naming_the_change() {
         "{why}"
     );
     let d = a.to_dtype(DType::F64).unwrap();
-    let (_, run) = step.run(std::slice::from_ref(&d), || body(&d)).unwrap();
+    let (_, run) = step
+        .run::<CompileError, _>(std::slice::from_ref(&d), || body(&d))
+        .unwrap();
     let StepRun::Compiled(c) = run else {
         panic!("another dtype compiles again")
     };
     assert!(c.report.recompiled_because.clone().unwrap().contains("f64"));
     // The first key replays again.
     let (out, run) = step
-        .run(std::slice::from_ref(&a), || panic!("replays"))
+        .run::<CompileError, _>(std::slice::from_ref(&a), || panic!("replays"))
         .unwrap();
     assert!(matches!(run, StepRun::Replayed));
     assert!((out[0].to_vec::<f32>().unwrap()[0] - 0.5f32.tanh()).abs() < 1e-7);
@@ -203,7 +212,7 @@ fn host_data_made_inside_a_step_is_a_typed_error() {
     let x = Tensor::from_vec(vec![1.0f64, 2.0], [2]).unwrap();
     let mut step = CompiledStep::new();
     let e = step
-        .run(std::slice::from_ref(&x), || {
+        .run::<CompileError, _>(std::slice::from_ref(&x), || {
             let batch = Tensor::from_vec(vec![3.0f64, 4.0], [2])?;
             Ok(vec![x.add(&batch)?])
         })

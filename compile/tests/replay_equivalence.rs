@@ -125,7 +125,7 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         let mut inputs = vec![ids.clone(), targets.clone()];
         inputs.extend(params.iter().map(Parameter::value));
         inputs.extend(states.iter().cloned());
-        let mut body = || -> oxiflow_tensor::Result<Vec<Tensor>> {
+        let mut body = || -> oxiflow_compile::Result<Vec<Tensor>> {
             let loss = model.loss(&ids, &targets, Pass::Train { step: 0 })?;
             loss.backward()?;
             opt.step()?;

@@ -21,6 +21,8 @@ use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
 use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
 
+use oxiflow_compile::CompiledStep;
+
 use crate::error::TrainError;
 use crate::model::{BatchSource, TrainModel};
 use crate::schedule::LrSchedule;
@@ -50,11 +52,17 @@ pub struct TrainOptions {
     /// (or, under ZeRO-2, boxed to its shard at the end of each backward pass).
     pub bucket_bytes: usize,
     pub pipeline: Option<PipelineRun>,
+    /// Run each unpipelined step's forward and backward passes as a compiled program
+    /// (`compiled_step.rs`).
+    pub compile: bool,
 }
 
 /// What one step did.
 #[derive(Clone, Debug, Default)]
 pub struct StepStats {
+    /// When the step compiled (`TrainOptions::compile`): why it compiled again, if it did,
+    /// and the compile line (`compiled: N ops -> M kernels, ...`).
+    pub compiled: Option<String>,
     /// The step count after this step.
     pub step: u64,
     /// The mean loss of the step's batch.
@@ -107,6 +115,8 @@ pub struct Trainer<M: TrainModel> {
     pub opts: TrainOptions,
     pub step: u64,
     hooks: Vec<Box<dyn StepHook>>,
+    /// The compiled forward and backward passes (`opts.compile`).
+    pub(crate) compiled: CompiledStep,
 }
 
 fn loop_err(op: &'static str, detail: String) -> TrainError {
@@ -114,7 +124,7 @@ fn loop_err(op: &'static str, detail: String) -> TrainError {
 }
 
 /// The value of a one-element tensor, as f64, on every rank of its placement.
-fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
+pub(crate) fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
     let v = t.cast(DType::F64)?.to_vec::<f64>()?;
     v.first()
         .copied()
@@ -134,6 +144,12 @@ impl<M: TrainModel> Trainer<M> {
                 "grad_accum must be at least 1".into(),
             ));
         }
+        if opts.compile && opts.pipeline.is_some() {
+            return Err(loop_err(
+                "Trainer::new",
+                "a compiled step runs unpipelined: compile or pipeline, not both".into(),
+            ));
+        }
         if opts.pipeline.is_some() && model.pipeline().is_none() {
             return Err(loop_err(
                 "Trainer::new",
@@ -147,6 +163,7 @@ impl<M: TrainModel> Trainer<M> {
             opts,
             step: 0,
             hooks: Vec::new(),
+            compiled: CompiledStep::new(),
         })
     }
 
@@ -164,8 +181,13 @@ impl<M: TrainModel> Trainer<M> {
         self.optimizer.zero_grad();
         oxiflow_tensor::memory::reset_peaks();
         let mut buckets = Vec::new();
+        let mut compiled = None;
         let (loss, bubble) = if self.opts.pipeline.is_some() {
             self.pipelined_batch(step, &mut buckets)?
+        } else if self.opts.compile {
+            let (loss, line) = crate::compiled_step::compiled_batch(self, step)?;
+            compiled = line;
+            (loss, None)
         } else {
             (self.plain_batch(step, &mut buckets)?, None)
         };
@@ -180,6 +202,7 @@ impl<M: TrainModel> Trainer<M> {
             footprint: Footprint::measure(&self.model.parameters(), self.optimizer.as_ref()),
             bubble,
             buckets,
+            compiled,
             ..StepStats::default()
         };
         stats.grad_norm = self.optimizer.prepare()?;
@@ -232,7 +255,7 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// The bucketed gradient reduction of one backward pass in `mode` (None without buckets).
-    fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
+    pub(crate) fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
         (self.opts.bucket_bytes > 0).then(|| {
             GradBuckets::new(
                 self.optimizer.params(),

@@ -119,6 +119,7 @@ fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Traine
             grad_accum: 1,
             bucket_bytes: 0,
             pipeline: None,
+            compile: false,
         },
     )
     .unwrap();

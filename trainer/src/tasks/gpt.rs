@@ -284,6 +284,7 @@ pub fn gpt_trainer(
             grad_accum: k,
             bucket_bytes: cfg.optim.bucket_bytes(),
             pipeline,
+            compile: cfg.run.compile,
         },
     )?;
     Ok(GptJob {

@@ -294,6 +294,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             grad_accum: 1,
             bucket_bytes: 0,
             pipeline: None,
+            compile: false,
         },
     )
 }

@@ -138,8 +138,8 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                 let mut result = None;
                 match step {
                     // Step 0 creates the momentum; step 1 is the measured eager step.
-                    0 => result = Some(body().map_err(oxiflow_compile::CompileError::from)),
-                    1 => measure(rank, &mut || result = Some(body().map_err(Into::into))),
+                    0 => result = Some(body()),
+                    1 => measure(rank, &mut || result = Some(body())),
                     // Step 2 compiles; step 3 is the measured replay.
                     2 => {
                         let r = compiled.run(&inputs, &mut body);
@@ -152,7 +152,6 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                         result = Some(compiled.run(&inputs, &mut body).map(|(o, _)| o))
                     }),
                 }
-                drop(body);
                 let outs = result.unwrap_or_else(|| Ok(Vec::new()))?;
                 for (p, v) in params.iter().zip(&outs[1..]) {
                     p.set_value(v)?;

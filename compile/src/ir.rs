@@ -70,19 +70,23 @@ pub struct Signature {
     pub outputs: Vec<(GlobalLayout, DType)>,
 }
 
+/// One op: `op` with its global attributes, `local_op` what this rank's kernel runs;
+/// `out_specs` the buffers it writes (None: the rank is outside the placement and runs
+/// nothing); `view_of`: output 0 is input `i`'s buffer under a new shape.
+#[derive(Clone, Debug)]
+pub struct OpNode {
+    pub op: Op,
+    pub local_op: Op,
+    pub signature: Option<Signature>,
+    pub out_specs: Option<Vec<OutSpec>>,
+    pub view_of: Option<usize>,
+}
+
 /// What a node does.
 #[derive(Clone, Debug)]
 pub enum NodeKind {
-    /// One op: `op` with its global attributes, `local_op` what this rank's kernel runs;
-    /// `out_specs` the buffers it writes (None: the rank is outside the placement and runs
-    /// nothing); `view_of`: output 0 is input `i`'s buffer under a new shape.
-    Op {
-        op: Op,
-        local_op: Op,
-        signature: Option<Signature>,
-        out_specs: Option<Vec<OutSpec>>,
-        view_of: Option<usize>,
-    },
+    /// One op.
+    Op(Box<OpNode>),
     /// One boxing plan run (every member of its collectives runs it, in the same order).
     Boxing { op: &'static str, plan: Arc<Plan> },
 }
@@ -103,22 +107,20 @@ impl Node {
     pub fn communicates(&self) -> bool {
         match &self.kind {
             NodeKind::Boxing { plan, .. } => plan.steps.iter().any(|s| s.bytes_total > 0),
-            NodeKind::Op { .. } => false,
+            NodeKind::Op(_) => false,
         }
     }
     /// Whether the node runs a kernel on this rank.
     pub fn runs_kernel(&self) -> bool {
         match &self.kind {
-            NodeKind::Op {
-                out_specs, view_of, ..
-            } => out_specs.is_some() && view_of.is_none(),
+            NodeKind::Op(o) => o.out_specs.is_some() && o.view_of.is_none(),
             NodeKind::Boxing { .. } => false,
         }
     }
     /// The node's name, as messages print it.
     pub fn name(&self) -> &'static str {
         match &self.kind {
-            NodeKind::Op { op, .. } => op.name(),
+            NodeKind::Op(o) => o.op.name(),
             NodeKind::Boxing { op, .. } => op,
         }
     }
@@ -236,7 +238,7 @@ impl Program {
     pub fn op_count(&self) -> usize {
         self.nodes
             .iter()
-            .filter(|n| matches!(n.kind, NodeKind::Op { .. }))
+            .filter(|n| matches!(n.kind, NodeKind::Op(_)))
             .count()
     }
     /// Kernels this rank runs.

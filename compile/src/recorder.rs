@@ -11,7 +11,9 @@ use oxiflow_tensor::capture::{piece_of, BoxingEvent, CaptureSink, OpEvent};
 use oxiflow_tensor::{Context, Storage, Tensor};
 use rustc_hash::FxHashMap;
 
-use crate::ir::{Node, NodeKind, Origin, OutputSpec, Program, Signature, StepKey, Value, ValueId};
+use crate::ir::{
+    Node, NodeKind, OpNode, Origin, OutputSpec, Program, Signature, StepKey, Value, ValueId,
+};
 
 /// The recording of one capture.
 #[derive(Default)]
@@ -162,13 +164,13 @@ impl CaptureSink for Recorder {
             })
             .collect();
         r.nodes.push(Node {
-            kind: NodeKind::Op {
+            kind: NodeKind::Op(Box::new(OpNode {
                 op: e.op.clone(),
                 local_op: e.local_op.clone(),
                 signature,
                 out_specs: e.out_specs.map(<[_]>::to_vec),
                 view_of: e.view_of,
-            },
+            })),
             inputs,
             outputs,
             device: e.device,

@@ -42,11 +42,11 @@ pub fn replay(program: &Program, live: &Liveness, inputs: &[Tensor]) -> Result<V
     };
     for (i, node) in program.nodes.iter().enumerate() {
         match &node.kind {
-            NodeKind::Op {
-                local_op,
-                out_specs: Some(specs),
-                ..
-            } => {
+            // Outside the placement the op runs nothing.
+            NodeKind::Op(o) if o.out_specs.is_none() => {}
+            NodeKind::Op(o) => {
+                let specs = o.out_specs.as_deref().unwrap_or_default();
+                let local_op = &o.local_op;
                 let mut pieces: Vec<&Storage> = Vec::with_capacity(node.inputs.len());
                 for v in &node.inputs {
                     let p = table[v.index()]
@@ -72,9 +72,6 @@ pub fn replay(program: &Program, live: &Liveness, inputs: &[Tensor]) -> Result<V
                     }
                 }
             }
-            NodeKind::Op {
-                out_specs: None, ..
-            } => {}
             NodeKind::Boxing { op, plan } => {
                 let ctx = program.ctx.as_ref().ok_or_else(|| CompileError::Replay {
                     node: i,

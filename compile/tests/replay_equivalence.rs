@@ -152,7 +152,6 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         } else {
             body().unwrap()
         };
-        drop(body);
         for (p, v) in params.iter().zip(&outs[1..]) {
             p.set_value(v).unwrap();
         }

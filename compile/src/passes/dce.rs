@@ -39,7 +39,7 @@ pub fn eliminate_dead_code(program: &mut Program) -> DceStats {
             kept.push(node);
         } else {
             match node.kind {
-                NodeKind::Op { .. } => stats.ops += 1,
+                NodeKind::Op(_) => stats.ops += 1,
                 NodeKind::Boxing { .. } => stats.boxings += 1,
             }
         }

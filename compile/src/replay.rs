@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use oxiflow_tensor::capture::{piece_of, run_boxing_plan, run_local_kernel, tensor_from_piece};
+use oxiflow_tensor::capture::{piece_of, run_boxing, run_local_kernel, tensor_from_piece};
 use oxiflow_tensor::{Storage, Tensor};
 
 use crate::error::{CompileError, Result};
@@ -82,7 +82,7 @@ pub fn replay(program: &Program, live: &Liveness, inputs: &[Tensor]) -> Result<V
                     Some(v) => Some(table[v.index()].clone().ok_or_else(|| missing(i, op, *v))?),
                     None => None,
                 };
-                let out = run_boxing_plan(op, plan, ctx, input.as_ref(), node.device)?;
+                let out = run_boxing(op, plan, ctx, input.as_ref(), node.device)?;
                 match (node.outputs.first().copied().flatten(), out) {
                     (Some(v), Some(p)) => table[v.index()] = Some(p),
                     (None, None) => {}

@@ -3,7 +3,7 @@
 //! chosen for it, this rank's local op, the pieces the kernel read and wrote), every boxing
 //! plan it runs (inserted before an op or asked for by `to_global`) and every host read of a
 //! tensor's value, so a compiler can record the step as a program and replay it later through
-//! [`run_local_kernel`] and [`run_boxing_plan`] without dispatch. Values are named by their
+//! [`run_local_kernel`] and [`run_boxing`] without dispatch. Values are named by their
 //! piece (`Arc<Storage>`): tensors that share a piece share a value. When no thread captures,
 //! each point costs one relaxed atomic load.
 
@@ -182,17 +182,8 @@ pub fn run_local_kernel(
     run_kernel(op, pieces, device, outs)
 }
 
-/// Runs a boxing plan on this rank's piece (None outside the source placement) as dispatch
-/// does (a registered device backend's world on the device, else the host executor).
-pub fn run_boxing_plan(
-    op: &'static str,
-    plan: &Arc<Plan>,
-    ctx: &Context,
-    piece: Option<&Arc<Storage>>,
-    device: Device,
-) -> Result<Option<Arc<Storage>>> {
-    crate::dispatch::run_boxing(op, plan, ctx, piece, device)
-}
+/// Runs a boxing plan on this rank's piece as dispatch does.
+pub use crate::dispatch::run_boxing;
 
 /// A tensor over `piece`: global with `layout` in `ctx` when given, else local (which needs a
 /// piece). The piece must have the shape the layout gives this rank and `dtype`.

@@ -470,7 +470,7 @@ fn build_plan(
 /// A registered device backend whose world this is runs it (device buffers); otherwise it runs
 /// on the host, reading the tensor's CPU storage in place, so a piece the plan leaves unchanged
 /// comes back as the same storage.
-pub(crate) fn run_boxing(
+pub fn run_boxing(
     op: &'static str,
     plan: &Arc<Plan>,
     ctx: &Context,
@@ -480,7 +480,7 @@ pub(crate) fn run_boxing(
     if explain_enabled() {
         explain::record_boxing(op, plan);
     }
-    let out = run_boxing_plan(op, plan, ctx, piece, device)?;
+    let out = run_plan(op, plan, ctx, piece, device)?;
     if capture::any_capturing() {
         capture::with_sink(|s| {
             s.boxing(capture::BoxingEvent {
@@ -496,7 +496,7 @@ pub(crate) fn run_boxing(
     Ok(out)
 }
 
-fn run_boxing_plan(
+fn run_plan(
     op: &'static str,
     plan: &Plan,
     ctx: &Context,

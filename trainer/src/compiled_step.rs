@@ -7,11 +7,9 @@
 //! on the host and take per-step hyperparameters (learning rate, step count), which a program
 //! would hold as constants.
 
-use oxiflow_collectives::DType;
 use oxiflow_compile::StepRun;
-use oxiflow_models::nn::{Parameter, Pass};
-use oxiflow_models::optim::SyncMode;
-use oxiflow_tensor::{install_grad_hook, no_grad, Tensor, TensorError};
+use oxiflow_models::nn::Parameter;
+use oxiflow_tensor::{no_grad, Tensor, TensorError};
 
 use crate::error::TrainError;
 use crate::model::TrainModel;
@@ -39,25 +37,8 @@ pub(crate) fn compiled_batch<M: TrainModel>(
     let body = || -> Result<Vec<Tensor>, TrainError> {
         let mut total: Option<Tensor> = None;
         for (a, batch) in batches.iter().enumerate() {
-            let loss = trainer
-                .model
-                .loss(batch, Pass::Train { step }.micro(a, k))?;
-            let mode = if a + 1 == k {
-                SyncMode::Reduce
-            } else {
-                SyncMode::Defer
-            };
-            let buckets = trainer.grad_buckets(mode);
-            {
-                let _hook = buckets.map(|b| install_grad_hook(b));
-                if k == 1 {
-                    loss.backward()?;
-                } else {
-                    loss.mul_scalar(1.0 / k as f64)?.backward()?;
-                }
-            }
+            let (l, _) = trainer.part(batch, step, a)?;
             let _ng = no_grad();
-            let l = loss.detach().cast(DType::F64)?;
             total = Some(match total {
                 Some(s) => s.add(&l)?,
                 None => l,

@@ -24,7 +24,7 @@ use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
 use oxiflow_compile::CompiledStep;
 
 use crate::error::TrainError;
-use crate::model::{BatchSource, TrainModel};
+use crate::model::{Batch, BatchSource, TrainModel};
 use crate::schedule::LrSchedule;
 
 /// A pipelined job's layout as this rank sees it.
@@ -255,7 +255,7 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// The bucketed gradient reduction of one backward pass in `mode` (None without buckets).
-    pub(crate) fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
+    fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
         (self.opts.bucket_bytes > 0).then(|| {
             GradBuckets::new(
                 self.optimizer.params(),
@@ -277,26 +277,11 @@ impl<M: TrainModel> Trainer<M> {
         let mut total: Option<Tensor> = None;
         for a in 0..k {
             let batch = self.data.train_batch(step, a, k)?;
-            let loss = self.model.loss(&batch, Pass::Train { step }.micro(a, k))?;
-            let mode = if a + 1 == k {
-                SyncMode::Reduce
-            } else {
-                SyncMode::Defer
-            };
-            let buckets = self.grad_buckets(mode);
-            {
-                let _hook = buckets.clone().map(|b| install_grad_hook(b));
-                if k == 1 {
-                    loss.backward()?;
-                } else {
-                    loss.mul_scalar(1.0 / k as f64)?.backward()?;
-                }
-            }
+            let (l, buckets) = self.part(&batch, step, a)?;
             if let Some(b) = buckets {
                 launched.extend(b.launched().into_iter().map(|l| (a, l)));
             }
             let _ng = no_grad();
-            let l = loss.detach().cast(DType::F64)?;
             total = Some(match total {
                 Some(t) => t.add(&l)?,
                 None => l,
@@ -307,6 +292,35 @@ impl<M: TrainModel> Trainer<M> {
             Some(t) => Ok(first("train_step", &t)? / k as f64),
             None => Err(loop_err("train_step", "no part ran".into())),
         }
+    }
+
+    /// Part `a` of step `step`'s `grad_accum` parts: the forward and backward passes of
+    /// `batch` (the loss scaled by 1/parts; only the last part's backward pass reduces the
+    /// gradients, in buckets when set); the part's loss (detached, f64) and its buckets.
+    pub(crate) fn part(
+        &self,
+        batch: &Batch,
+        step: u64,
+        a: usize,
+    ) -> Result<(Tensor, Option<std::sync::Arc<GradBuckets>>), TrainError> {
+        let k = self.opts.grad_accum;
+        let loss = self.model.loss(batch, Pass::Train { step }.micro(a, k))?;
+        let mode = if a + 1 == k {
+            SyncMode::Reduce
+        } else {
+            SyncMode::Defer
+        };
+        let buckets = self.grad_buckets(mode);
+        {
+            let _hook = buckets.clone().map(|b| install_grad_hook(b));
+            if k == 1 {
+                loss.backward()?;
+            } else {
+                loss.mul_scalar(1.0 / k as f64)?.backward()?;
+            }
+        }
+        let _ng = no_grad();
+        Ok((loss.detach().cast(DType::F64)?, buckets))
     }
 
     /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every

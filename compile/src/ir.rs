@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use oxiflow_boxing::Plan;
+use oxiflow_boxing::{Plan, StepKind};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 use oxiflow_tensor::{Context, Device, Op, OutSpec, Storage, Tensor};
@@ -106,7 +106,12 @@ impl Node {
     /// such nodes run on every rank in the same order and are never removed by one rank alone.
     pub fn communicates(&self) -> bool {
         match &self.kind {
-            NodeKind::Boxing { plan, .. } => plan.steps.iter().any(|s| s.bytes_total > 0),
+            NodeKind::Boxing { plan, .. } => plan.steps.iter().any(|s| {
+                !matches!(
+                    s.kind,
+                    StepKind::Relabel | StepKind::LocalSlice { .. } | StepKind::PartialZero { .. }
+                )
+            }),
             NodeKind::Op(_) => false,
         }
     }

@@ -100,7 +100,7 @@ fn dead_code_is_removed_and_replay_equals_eager() {
 }
 
 /// On two ranks a boxing whose result this step drops still runs (its all-gather needs every
-/// member), and the replay gives the eager result.
+/// member) while a dead local slice is removed, and the replay gives the eager result.
 #[test]
 fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
     let results = run_ranks(2, Duration::from_secs(30), |rank| {
@@ -114,6 +114,8 @@ fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
         let body = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {
             let _dropped = x.to_global(&p, Sbp::B)?;
             let y = x.mul_scalar(3.0)?.to_global(&p, Sbp::B)?;
+            // B -> S(0) is a local slice: dead here, and removed.
+            let _sliced = y.to_global(&p, Sbp::S(0))?;
             Ok(vec![y.sum_all()?])
         };
         let mut step = CompiledStep::new();
@@ -124,7 +126,7 @@ fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
         let StepRun::Compiled(c) = run else {
             panic!("compiles")
         };
-        assert_eq!(c.report.removed.boxings, 0, "{:?}", c.report);
+        assert_eq!(c.report.removed.boxings, 1, "{:?}", c.report);
         assert!(c.report.boxings >= 2);
         let x2 = make(5.0);
         let want = body(&x2).unwrap()[0].to_vec::<f64>().unwrap();

@@ -183,8 +183,8 @@ impl PendingBucket {
             let shape = to.local_shape_at(&coord);
             let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
             at += shape.numel();
-            out.push(Tensor::global_from_piece(
-                piece.storage().cloned(),
+            out.push(Tensor::global_from_shared(
+                piece.0.piece.clone(),
                 to,
                 own,
                 ctx.clone(),

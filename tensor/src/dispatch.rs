@@ -20,6 +20,7 @@ use smallvec::SmallVec;
 use oxiflow_sbp::{InferEngine, RuleMode};
 
 use crate::autograd;
+use crate::capture::{self, GlobalSignature, OpEvent};
 use crate::context::Context;
 use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
@@ -245,11 +246,19 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
             dtype: *dtype,
         };
         let local = local_call(op, &shapes, &out.shape);
-        let storage = run_kernel_one(local.as_ref().unwrap_or(op), &pieces, device, &out)?;
+        let local_op = local.as_ref().unwrap_or(op);
+        let storage = run_kernel_one(local_op, &pieces, device, &out)?;
         // The executor allocated the piece from `out`, so it has `out`'s shape.
-        return Ok(smallvec::smallvec![Tensor::from_storage_of_shape(
-            storage, out.shape
-        )]);
+        if !capture::any_capturing() {
+            return Ok(smallvec::smallvec![Tensor::from_storage_of_shape(
+                storage, out.shape
+            )]);
+        }
+        let outs: Outputs =
+            smallvec::smallvec![Tensor::from_storage_of_shape(storage, out.shape.clone())];
+        let specs = std::slice::from_ref(&out);
+        record_local(op, local_op, inputs, device, specs, &outs);
+        return Ok(outs);
     }
     let specs: SmallVec<[OutSpec; 1]> = rules
         .out_shapes()
@@ -261,12 +270,88 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         })
         .collect();
     let local = local_call(op, &shapes, &specs[0].shape);
-    let pieces = run_kernel(local.as_ref().unwrap_or(op), &pieces, device, &specs)?;
-    Ok(pieces
+    let local_op = local.as_ref().unwrap_or(op);
+    let pieces = run_kernel(local_op, &pieces, device, &specs)?;
+    let outs: Outputs = pieces
         .into_iter()
-        .zip(specs)
-        .map(|(p, spec)| Tensor::from_storage_of_shape(p, spec.shape))
-        .collect())
+        .zip(&specs)
+        .map(|(p, spec)| Tensor::from_storage_of_shape(p, spec.shape.clone()))
+        .collect();
+    if capture::any_capturing() {
+        record_local(op, local_op, inputs, device, &specs, &outs);
+    }
+    Ok(outs)
+}
+
+/// Tells the thread's capture of a local op call.
+#[cold]
+fn record_local(
+    op: &Op,
+    local_op: &Op,
+    inputs: &[&Tensor],
+    device: Device,
+    specs: &[OutSpec],
+    outs: &[Tensor],
+) {
+    capture::with_sink(|s| {
+        s.op(OpEvent {
+            op,
+            local_op,
+            global: None,
+            device,
+            kernel_inputs: inputs.iter().filter_map(|t| t.0.piece.clone()).collect(),
+            out_specs: Some(specs),
+            view_of: local_op.view_of(),
+            outputs: outs,
+        })
+    });
+}
+
+/// Tells the thread's capture of a global op call: the signature from `plan`, the pieces the
+/// kernel read (`boxed` or the inputs' own).
+#[cold]
+fn record_global(
+    op: &Op,
+    plan: &DispatchPlan,
+    inputs: &[&Tensor],
+    boxed: &[Option<Arc<Storage>>],
+    ctx: &Context,
+    outs: &[Tensor],
+) {
+    let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
+    let input_sbps = layouts
+        .iter()
+        .zip(&plan.boxing)
+        .map(|(l, b)| match b {
+            Some(bp) => bp.to.nd_sbp().clone(),
+            None => l.nd_sbp().clone(),
+        })
+        .collect();
+    let kernel_inputs = match plan.out_local {
+        Some(_) => inputs
+            .iter()
+            .zip(boxed)
+            .filter_map(|(t, b)| b.clone().or_else(|| t.0.piece.clone()))
+            .collect(),
+        None => SmallVec::new(),
+    };
+    capture::with_sink(|s| {
+        s.op(OpEvent {
+            op,
+            local_op: &plan.local_op,
+            global: Some(GlobalSignature {
+                inputs: &layouts,
+                input_sbps,
+                outputs: plan.outs.to_vec(),
+                ctx,
+            }),
+            device: inputs[0].device(),
+            kernel_inputs,
+            out_specs: plan.out_local.as_deref(),
+            view_of: plan.local_op.view_of(),
+            outputs: outs,
+        })
+    });
 }
 
 /// The op of a local call: whole tensors, no regions, so every start reads 0.
@@ -385,9 +470,9 @@ fn build_plan(
 /// A registered device backend whose world this is runs it (device buffers); otherwise it runs
 /// on the host, reading the tensor's CPU storage in place, so a piece the plan leaves unchanged
 /// comes back as the same storage.
-pub(crate) fn run_boxing(
+pub fn run_boxing(
     op: &'static str,
-    plan: &Plan,
+    plan: &Arc<Plan>,
     ctx: &Context,
     piece: Option<&Arc<Storage>>,
     device: Device,
@@ -395,6 +480,29 @@ pub(crate) fn run_boxing(
     if explain_enabled() {
         explain::record_boxing(op, plan);
     }
+    let out = run_plan(op, plan, ctx, piece, device)?;
+    if capture::any_capturing() {
+        capture::with_sink(|s| {
+            s.boxing(capture::BoxingEvent {
+                op,
+                plan,
+                input: piece,
+                output: out.as_ref(),
+                device,
+                ctx,
+            })
+        });
+    }
+    Ok(out)
+}
+
+fn run_plan(
+    op: &'static str,
+    plan: &Plan,
+    ctx: &Context,
+    piece: Option<&Arc<Storage>>,
+    device: Device,
+) -> Result<Option<Arc<Storage>>> {
     for backend in registered_backends() {
         if let Some(out) = backend.run_boxing(op, plan, ctx.world(), piece.map(|p| &**p)) {
             return out.map(|s| s.map(Arc::new));
@@ -502,6 +610,23 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         let layouts = inputs.iter().filter_map(|t| t.layout().cloned()).collect();
         explain::record_op(op.name(), layouts, &plan.outs[0].0);
     }
+    let outs = run_global_kernel(op, &plan, inputs, &boxed, ctx)?;
+    if capture::any_capturing() {
+        record_global(op, &plan, inputs, &boxed, ctx, &outs);
+    }
+    Ok(outs)
+}
+
+/// The local kernel of a global op call on the (boxed) pieces, and its outputs as global
+/// tensors (pieceless outside the placement).
+fn run_global_kernel(
+    op: &Op,
+    plan: &DispatchPlan,
+    inputs: &[&Tensor],
+    boxed: &[Option<Arc<Storage>>],
+    ctx: &Context,
+) -> Result<Outputs> {
+    let device = inputs[0].device();
     let Some(out_local) = &plan.out_local else {
         // Outside the placement: no pieces.
         return Ok(plan
@@ -513,7 +638,7 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
             .collect());
     };
     let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
-    for (t, b) in inputs.iter().zip(&boxed) {
+    for (t, b) in inputs.iter().zip(boxed) {
         match b.as_deref().or(t.storage()) {
             Some(p) => pieces.push(p),
             None => {

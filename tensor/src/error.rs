@@ -92,6 +92,8 @@ pub enum TensorError {
     #[error("{op}: {detail}")]
     Kernel { op: &'static str, detail: String },
     /// Autograd could not differentiate a graph (no gradient path, unsupported op, ...).
+    #[error("{op}: cannot capture this step: {detail}")]
+    Capture { op: &'static str, detail: String },
     #[error("{op}: autograd: {detail}")]
     Autograd { op: &'static str, detail: String },
     /// Saving or loading a checkpoint failed (I/O, format, missing tensors, layouts).

@@ -211,13 +211,20 @@ impl Tensor {
                         ),
                     });
                 }
-                match self.storage() {
-                    Some(s) => Some(piece_on(op, s, placement)?),
+                match &self.0.piece {
+                    // The same piece, shared: a capture sees the same value.
+                    Some(s) if s.device().device_type() == placement.device() => Some(s.clone()),
+                    Some(s) => Some(std::sync::Arc::new(piece_on(op, s, placement)?)),
                     None => None,
                 }
             }
         };
-        Ok(Tensor::global_from_piece(piece, layout, dtype, ctx.clone()))
+        Ok(Tensor::global_from_shared(
+            piece,
+            layout,
+            dtype,
+            ctx.clone(),
+        ))
     }
 
     /// Boxing of a global tensor to another (placement, nd-SBP): same shape and value.
@@ -272,6 +279,7 @@ impl Tensor {
     /// call it (it boxes to all-B on the placement); ranks outside the placement get an error
     /// without communicating.
     pub fn to_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        crate::capture::refuse_host_read("to_ndarray", self)?;
         let Some(layout) = self.layout() else {
             return self.local_ndarray();
         };

@@ -12,6 +12,7 @@
 
 pub mod autograd;
 mod bucket;
+pub mod capture;
 mod context;
 mod cpu;
 mod creation;

@@ -122,7 +122,9 @@ impl Tensor {
 
     /// A local tensor from a host array (made row-major contiguous).
     pub fn from_array<T: TensorElement>(a: ArrayD<T>) -> Tensor {
-        Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()))
+        let t = Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()));
+        crate::capture::note_host_data("from_array", &t);
+        t
     }
 
     /// A local tensor from row-major data and a shape.
@@ -315,6 +317,7 @@ impl Tensor {
     /// The local piece as a host array of `T` (a copy). For a global tensor this is the rank's
     /// piece; use `to_ndarray` for the whole value.
     pub fn local_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        crate::capture::refuse_host_read("local_ndarray", self)?;
         let host = match self.storage() {
             Some(s) => s.to_host()?,
             None => CpuArray::zeros(self.dtype(), self.local_shape().dims()),

@@ -20,6 +20,9 @@ pub enum TrainError {
     Tensor(#[from] TensorError),
     #[error(transparent)]
     Comm(#[from] oxiflow_collectives::CommError),
+    /// A compiled step (`--compile`) that could not be captured or replayed.
+    #[error(transparent)]
+    Compile(#[from] oxiflow_compile::CompileError),
     /// A checkpoint that does not belong to this run.
     #[error("--resume {path}: {detail}")]
     Resume { path: PathBuf, detail: String },

@@ -22,8 +22,10 @@ use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
 use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
 
+use oxiflow_compile::CompiledStep;
+
 use crate::error::TrainError;
-use crate::model::{BatchSource, TrainModel};
+use crate::model::{Batch, BatchSource, TrainModel};
 use crate::schedule::LrSchedule;
 
 /// A pipelined job's layout as this rank sees it.
@@ -53,11 +55,17 @@ pub struct TrainOptions {
     /// The dtype the buckets move as (None: the gradients' own).
     pub reduce_dtype: Option<DType>,
     pub pipeline: Option<PipelineRun>,
+    /// Run each unpipelined step's forward and backward passes as a compiled program
+    /// (`compiled_step.rs`).
+    pub compile: bool,
 }
 
 /// What one step did.
 #[derive(Clone, Debug, Default)]
 pub struct StepStats {
+    /// When the step compiled (`TrainOptions::compile`): why it compiled again, if it did,
+    /// and the compile line (`compiled: N ops -> M kernels, ...`).
+    pub compiled: Option<String>,
     /// The step count after this step.
     pub step: u64,
     /// The mean loss of the step's batch.
@@ -110,6 +118,8 @@ pub struct Trainer<M: TrainModel> {
     pub opts: TrainOptions,
     pub step: u64,
     hooks: Vec<Box<dyn StepHook>>,
+    /// The compiled forward and backward passes (`opts.compile`).
+    pub(crate) compiled: CompiledStep,
 }
 
 fn loop_err(op: &'static str, detail: String) -> TrainError {
@@ -117,7 +127,7 @@ fn loop_err(op: &'static str, detail: String) -> TrainError {
 }
 
 /// The value of a one-element tensor, as f64, on every rank of its placement.
-fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
+pub(crate) fn first(op: &'static str, t: &Tensor) -> Result<f64, TrainError> {
     let v = t.cast(DType::F64)?.to_vec::<f64>()?;
     v.first()
         .copied()
@@ -161,6 +171,12 @@ impl<M: TrainModel> Trainer<M> {
                 "grad_accum must be at least 1".into(),
             ));
         }
+        if opts.compile && opts.pipeline.is_some() {
+            return Err(loop_err(
+                "Trainer::new",
+                "a compiled step runs unpipelined: compile or pipeline, not both".into(),
+            ));
+        }
         if opts.pipeline.is_some() && model.pipeline().is_none() {
             return Err(loop_err(
                 "Trainer::new",
@@ -174,6 +190,7 @@ impl<M: TrainModel> Trainer<M> {
             opts,
             step: 0,
             hooks: Vec::new(),
+            compiled: CompiledStep::new(),
         })
     }
 
@@ -193,9 +210,14 @@ impl<M: TrainModel> Trainer<M> {
         self.optimizer.zero_grad();
         oxiflow_tensor::memory::reset_peaks();
         let mut buckets = Vec::new();
+        let mut compiled = None;
         let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() {
             let (l, b) = self.pipelined_batch(step, &mut buckets)?;
             (Some(l), None, b)
+        } else if self.opts.compile {
+            let (loss, line) = crate::compiled_step::compiled_batch(self, step)?;
+            compiled = line;
+            (Some(loss), None, None)
         } else {
             (None, Some(self.plain_batch(step, &mut buckets)?), None)
         };
@@ -209,6 +231,7 @@ impl<M: TrainModel> Trainer<M> {
             footprint: Footprint::measure(&self.model.parameters(), self.optimizer.as_ref()),
             bubble,
             buckets,
+            compiled,
             ..StepStats::default()
         };
         let sum = self.optimizer.prepare_queued()?;
@@ -295,26 +318,11 @@ impl<M: TrainModel> Trainer<M> {
         let mut total: Option<Tensor> = None;
         for a in 0..k {
             let batch = self.data.train_batch(step, a, k)?;
-            let loss = self.model.loss(&batch, Pass::Train { step }.micro(a, k))?;
-            let mode = if a + 1 == k {
-                SyncMode::Reduce
-            } else {
-                SyncMode::Defer
-            };
-            let buckets = self.grad_buckets(mode);
-            {
-                let _hook = buckets.clone().map(|b| install_grad_hook(b));
-                if k == 1 {
-                    loss.backward()?;
-                } else {
-                    loss.mul_scalar(1.0 / k as f64)?.backward()?;
-                }
-            }
+            let (l, buckets) = self.part(&batch, step, a)?;
             if let Some(b) = buckets {
                 launched.extend(b.launched().into_iter().map(|l| (a, l)));
             }
             let _ng = no_grad();
-            let l = loss.detach().cast(DType::F64)?;
             total = Some(match total {
                 Some(t) => t.add(&l)?,
                 None => l,
@@ -322,6 +330,35 @@ impl<M: TrainModel> Trainer<M> {
         }
         let _ng = no_grad();
         total.ok_or_else(|| loop_err("train_step", "no part ran".into()))
+    }
+
+    /// Part `a` of step `step`'s `grad_accum` parts: the forward and backward passes of
+    /// `batch` (the loss scaled by 1/parts; only the last part's backward pass reduces the
+    /// gradients, in buckets when set); the part's loss (detached, f64) and its buckets.
+    pub(crate) fn part(
+        &self,
+        batch: &Batch,
+        step: u64,
+        a: usize,
+    ) -> Result<(Tensor, Option<std::sync::Arc<GradBuckets>>), TrainError> {
+        let k = self.opts.grad_accum;
+        let loss = self.model.loss(batch, Pass::Train { step }.micro(a, k))?;
+        let mode = if a + 1 == k {
+            SyncMode::Reduce
+        } else {
+            SyncMode::Defer
+        };
+        let buckets = self.grad_buckets(mode);
+        {
+            let _hook = buckets.clone().map(|b| install_grad_hook(b));
+            if k == 1 {
+                loss.backward()?;
+            } else {
+                loss.mul_scalar(1.0 / k as f64)?.backward()?;
+            }
+        }
+        let _ng = no_grad();
+        Ok((loss.detach().cast(DType::F64)?, buckets))
     }
 
     /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every

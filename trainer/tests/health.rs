@@ -120,6 +120,7 @@ fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Traine
             bucket_bytes: 0,
             reduce_dtype: None,
             pipeline: None,
+            compile: false,
         },
     )
     .unwrap();

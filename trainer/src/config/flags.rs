@@ -383,6 +383,12 @@ pub struct RunFlags {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub explain: bool,
+    /// Compile each step's forward and backward passes: captured on the first step, replayed
+    /// on later ones, compiled again (saying why) when the batch's shapes change; rank 0
+    /// prints one line per compilation. Not with pipelines or dropout.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compile: bool,
 }
 
 /// The GPT's generated sample.

@@ -115,6 +115,7 @@ pub struct RunConfig {
     pub on_nonfinite: NonFiniteArg,
     pub loss_spike_factor: f64,
     pub explain: bool,
+    pub compile: bool,
 }
 
 /// The GPT's sample.

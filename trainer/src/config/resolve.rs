@@ -171,6 +171,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             checks::spike_factor,
         )?,
         explain: r.explain,
+        compile: r.compile,
     };
     let g = &f.generate;
     let generate = GenerateConfig {
@@ -230,6 +231,17 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
         return Err(config_err(
             "--explain runs one step and saves nothing: drop --save and --resume".into(),
         ));
+    }
+    if r.compile && c.pipelined() {
+        return Err(config_err(
+            "--compile runs unpipelined steps: drop --compile or --pp/--micro-batches".into(),
+        ));
+    }
+    if r.compile && c.model.dropout > 0.0 {
+        return Err(config_err(format!(
+            "--compile with --dropout {}: dropout masks are drawn per step, and a compiled step would replay the captured ones",
+            c.model.dropout
+        )));
     }
     if let Some(p) = &r.plot {
         let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");

@@ -139,6 +139,9 @@ pub(super) fn drive<M: TrainModel>(
     let mut bubbles = Vec::new();
     while t.step < steps {
         let s = t.train_step()?;
+        if let Some(line) = &s.compiled {
+            progress.say(line.clone());
+        }
         let n = s.step;
         let secs = start.elapsed().as_secs_f64();
         let done = (n - first) as f64;

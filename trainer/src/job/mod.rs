@@ -523,6 +523,7 @@ fn mlp_job(
         ..ClassifierConfig::default()
     };
     let mut t = classifier(&ccfg)?;
+    t.opts.compile = cfg.run.compile;
     t.opts.schedule = schedule_of(cfg);
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;

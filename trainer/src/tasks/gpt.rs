@@ -298,6 +298,7 @@ pub fn gpt_trainer(
             bucket_bytes: cfg.optim.bucket_bytes(),
             reduce_dtype: cfg.optim.reduce_dtype.map(ReduceDtypeArg::dtype),
             pipeline,
+            compile: cfg.run.compile,
         },
     )?;
     Ok(GptJob {

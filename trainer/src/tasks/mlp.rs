@@ -295,6 +295,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             bucket_bytes: 0,
             reduce_dtype: None,
             pipeline: None,
+            compile: false,
         },
     )
 }

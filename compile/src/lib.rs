@@ -1,0 +1,28 @@
+//! Compiled training steps. A step closure runs once eagerly under a capturing recorder (the
+//! tensor crate's capture seam), which records what dispatch ran on this rank: every global op
+//! with the signature inference chose and the rank's lowering of it (local op, output
+//! buffers), every boxing plan, through forward, backward and the optimizer update, as a
+//! small in-memory program ([`ir`]). Each rank records and lowers its own program; they agree
+//! on every collective because dispatch decides signatures and boxing deterministically.
+//! Passes ([`passes`]): dead-code elimination (never of a communicating node), liveness with
+//! the captured order fixed, and memory planning into one arena per rank. [`CompiledStep`]
+//! caches programs by the inputs' shapes, dtypes and layouts, replays them ([`replay`]) and
+//! compiles again, naming what changed, when they change. A step that reads a device value on
+//! the host is refused with [`CompileError::HostRead`] naming the read, on every rank alike.
+//!
+//! The replay here runs on the executor seam with buffers allocated per the liveness plan and
+//! freed at their last read. A device replay places every buffer at its planned arena offset
+//! instead (the offsets are fixed per program, the same on every replay), which is what a
+//! CUDA graph captured from one replay needs; see docs/design.md.
+
+mod error;
+pub mod ir;
+pub mod passes;
+mod recorder;
+mod replay;
+mod step;
+
+pub use error::{CompileError, Result};
+pub use ir::{Program, StepKey};
+pub use replay::replay;
+pub use step::{CompileReport, Compiled, CompiledStep, StepRun};

@@ -1,0 +1,6 @@
+//! The passes over a captured program, each in its file: dead-code elimination, liveness in
+//! the captured order, and memory planning into one arena per rank.
+
+pub mod arena;
+pub mod dce;
+pub mod liveness;

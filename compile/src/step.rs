@@ -1,0 +1,207 @@
+//! `CompiledStep`: a step function compiled on its first call with given input shapes,
+//! dtypes and layouts (captured by running it eagerly), replayed on later calls with the same
+//! ones, and compiled again, saying what changed, when they differ.
+//!
+//! A step is a closure and its inputs: every tensor whose value may change between calls
+//! (the batch, parameters, optimizer state) must be one of the inputs, and the closure returns
+//! every tensor the caller needs afterwards (the loss, the new parameters and state), which the
+//! caller stores back itself (the replay does not run the closure). Anything else the closure
+//! reads is a constant of the program, as are the host values it reads (attributes such as a
+//! learning rate): a closure must give the same program for the same inputs.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxiflow_tensor::capture::start_capture;
+use oxiflow_tensor::{memory, Tensor};
+
+use crate::error::CompileError;
+use crate::ir::{Program, StepKey};
+use crate::passes::arena::{plan_arena, ArenaPlan};
+use crate::passes::dce::{eliminate_dead_code, DceStats};
+use crate::passes::liveness::{liveness, Liveness};
+use crate::recorder::{Recorder, Recording, Refusal};
+use crate::replay::replay;
+
+/// One compiled program with its plans.
+#[derive(Debug)]
+pub struct Compiled {
+    pub program: Program,
+    pub live: Liveness,
+    pub arena: ArenaPlan,
+    pub report: CompileReport,
+}
+
+/// What a compilation did.
+#[derive(Clone, Debug)]
+pub struct CompileReport {
+    /// Global ops captured (every rank's count is the same).
+    pub ops: usize,
+    /// Kernels this rank runs after the passes.
+    pub kernels: usize,
+    /// Boxing runs kept (each every member's collectives).
+    pub boxings: usize,
+    /// What dead-code elimination removed.
+    pub removed: DceStats,
+    /// Bytes of this rank's arena.
+    pub arena_bytes: usize,
+    /// Bytes of the inputs and constants the program reads (outside the arena).
+    pub external_bytes: usize,
+    /// Most bytes above what was live before, measured while the capture ran eagerly (host
+    /// bytes where the program counts them, else device blocks; process-wide).
+    pub eager_peak: Option<usize>,
+    /// Capture and passes.
+    pub compile_time: Duration,
+    /// Why it compiled again (None for the first compilation).
+    pub recompiled_because: Option<String>,
+}
+
+impl fmt::Display for CompileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "compiled: {} ops -> {} kernels, arena {} bytes (eager peak {} bytes), compile time {} ms",
+            self.ops,
+            self.kernels,
+            self.arena_bytes,
+            self.eager_peak
+                .map_or_else(|| "unmeasured".to_string(), |b| b.to_string()),
+            self.compile_time.as_millis()
+        )
+    }
+}
+
+/// What one call did.
+#[derive(Debug)]
+pub enum StepRun {
+    /// The step was captured (it ran eagerly) and compiled.
+    Compiled(Arc<Compiled>),
+    /// The compiled program was replayed.
+    Replayed,
+}
+
+/// A step compiled per input key (see the module docs).
+#[derive(Default)]
+pub struct CompiledStep {
+    programs: Vec<Arc<Compiled>>,
+    last_key: Option<StepKey>,
+}
+
+/// The eager bytes counter: host bytes when counted, else device blocks.
+fn memory_now() -> memory::MemoryStats {
+    memory::host().unwrap_or_else(memory::device)
+}
+
+impl CompiledStep {
+    pub fn new() -> CompiledStep {
+        CompiledStep::default()
+    }
+
+    /// The programs compiled so far.
+    pub fn programs(&self) -> &[Arc<Compiled>] {
+        &self.programs
+    }
+
+    /// Runs the step on `inputs`: replays the program compiled for their key, or captures
+    /// `step` (running it eagerly) and compiles it. Returns the step's outputs and what
+    /// happened; the step's own errors come back as they are, the compiler's converted. Every
+    /// rank must call it alike.
+    pub fn run<E, F>(
+        &mut self,
+        inputs: &[Tensor],
+        step: F,
+    ) -> std::result::Result<(Vec<Tensor>, StepRun), E>
+    where
+        E: From<CompileError>,
+        F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
+    {
+        let key = StepKey::of(inputs);
+        let found = self.programs.iter().find(|c| c.program.key == key).cloned();
+        if let Some(c) = found {
+            self.last_key = Some(key);
+            let outs = replay(&c.program, &c.live, inputs)?;
+            return Ok((outs, StepRun::Replayed));
+        }
+        let reason = self.last_key.as_ref().map(|old| key.changes_from(old));
+        let (outs, compiled) = capture(key.clone(), inputs, step, reason)?;
+        let compiled = Arc::new(compiled);
+        self.programs.push(compiled.clone());
+        self.last_key = Some(key);
+        Ok((outs, StepRun::Compiled(compiled)))
+    }
+}
+
+/// Captures `step` on `inputs` and compiles it.
+fn capture<E, F>(
+    key: StepKey,
+    inputs: &[Tensor],
+    step: F,
+    reason: Option<String>,
+) -> std::result::Result<(Vec<Tensor>, Compiled), E>
+where
+    E: From<CompileError>,
+    F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
+{
+    let started = Instant::now();
+    let recording = Rc::new(RefCell::new(Recording::new(inputs)));
+    let before = memory_now();
+    memory::reset_peaks();
+    let outs = {
+        let guard = start_capture(Box::new(Recorder(recording.clone())));
+        let _guard = guard.map_err(CompileError::from)?;
+        step()
+    };
+    let after = memory_now();
+    let eager_peak = (after.peak > 0).then(|| after.peak.saturating_sub(before.live));
+    let recording = Rc::try_unwrap(recording)
+        .map(RefCell::into_inner)
+        .map_err(|_| CompileError::Inputs {
+            detail: "the capture's recorder is still installed".into(),
+        })?;
+    match recording.refusal() {
+        Some(Refusal::HostRead(op, tensor)) => {
+            return Err(CompileError::HostRead {
+                op,
+                tensor: tensor.clone(),
+            }
+            .into())
+        }
+        Some(Refusal::HostData(op, tensor)) => {
+            return Err(CompileError::HostData {
+                op,
+                tensor: tensor.clone(),
+            }
+            .into())
+        }
+        None => {}
+    }
+    let outs = outs?;
+    let mut program = recording.finish(key, &outs);
+    let ops = program.op_count();
+    let removed = eliminate_dead_code(&mut program);
+    let live = liveness(&program);
+    let arena = plan_arena(&live);
+    let report = CompileReport {
+        ops,
+        kernels: program.kernel_count(),
+        boxings: program.boxing_count(),
+        removed,
+        arena_bytes: arena.bytes,
+        external_bytes: program.external_bytes(),
+        eager_peak,
+        compile_time: started.elapsed(),
+        recompiled_because: reason,
+    };
+    Ok((
+        outs,
+        Compiled {
+            program,
+            live,
+            arena,
+            report,
+        },
+    ))
+}

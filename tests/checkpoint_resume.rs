@@ -187,6 +187,7 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
         };
         let r = catch_unwind(AssertUnwindSafe(|| {
             clf.save(&p, &Default::default(), &opts)
+                .map_err(|e| e.to_string())
         }));
         CRASH_AT.store(0, Ordering::SeqCst);
         assert!(r.is_err(), "stage {stage}: the hook crashed the save");

@@ -15,7 +15,7 @@ use oxiflow_collectives::rendezvous::StoreClient;
 use oxiflow_collectives::{FlightDump, FlightState};
 
 use crate::procfs::main_thread_frozen;
-use crate::stall::{find_behind, find_stall, Behind, Progress, Stall};
+use crate::stall::{find_behind, find_stall, without_frozen_waiters, Behind, Progress, Stall};
 
 /// How long ranks wait in a call before the rank they wait for is named.
 pub const BEHIND_AFTER: Duration = Duration::from_secs(3);
@@ -70,7 +70,9 @@ impl HangWatch {
                     for &(rank, pid) in &cfg.local {
                         progress.observe_local(now, rank, main_thread_frozen(pid));
                     }
-                    let behind = find_behind(&beats, BEHIND_AFTER);
+                    let behind = without_frozen_waiters(find_behind(&beats, BEHIND_AFTER), |r| {
+                        progress.main_thread_stopped(r)
+                    });
                     let stall = cfg
                         .stall_timeout
                         .and_then(|limit| find_stall(&beats, &progress, now, limit, BEHIND_AFTER));

@@ -106,6 +106,16 @@ fn long_waits(
     })
 }
 
+/// `behind` without the waits of ranks that are frozen themselves (`stopped`): a rank frozen
+/// inside a call reports it as a wait, but it waits for nobody, and the ranks it would name
+/// are the frozen rank's victims, not its cause.
+pub fn without_frozen_waiters(behind: Vec<Behind>, stopped: impl Fn(usize) -> bool) -> Vec<Behind> {
+    behind
+        .into_iter()
+        .filter(|b| !b.waiters.iter().all(|&w| stopped(w)))
+        .collect()
+}
+
 /// The ranks that others have waited for at least `after` (`beats[r]`: rank r's latest
 /// heartbeat, if any). Each wait is measured by the waiting rank's own clock.
 pub fn find_behind(beats: &[Option<Heartbeat>], after: Duration) -> Vec<Behind> {
@@ -236,6 +246,11 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Whether local rank `rank`'s main thread was last seen stopped (its heartbeat thread
+    /// may still report the call it was frozen in as a wait).
+    pub fn main_thread_stopped(&self, rank: usize) -> bool {
+        self.frozen.contains_key(&rank)
+    }
     /// A read of every heartbeat at `now` (None: the store did not answer).
     pub fn observe_beats(&mut self, now: Instant, beats: Option<&[Option<Heartbeat>]>) {
         let Some(beats) = beats else {
@@ -350,6 +365,33 @@ mod tests {
     }
 
     const ALL: &[usize] = &[0, 1, 2];
+
+    #[test]
+    fn a_frozen_ranks_own_wait_names_nobody() {
+        // Rank 2 froze inside call 5; rank 1 never entered it. Only rank 2 "waits" there.
+        let beats = vec![
+            Some(beat(
+                0,
+                10_000,
+                &[(ALL, 5, "all_reduce", None, FlightState::Finished, 5_000)],
+            )),
+            Some(beat(
+                1,
+                10_000,
+                &[(ALL, 4, "all_reduce", None, FlightState::Finished, 4_000)],
+            )),
+            Some(beat(
+                2,
+                10_000,
+                &[(ALL, 5, "all_reduce", None, FlightState::Started, 5_000)],
+            )),
+        ];
+        let found = find_behind(&beats, Duration::from_secs(3));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].waiters, vec![2]);
+        assert!(without_frozen_waiters(found.clone(), |r| r == 2).is_empty());
+        assert_eq!(without_frozen_waiters(found, |r| r == 0).len(), 1);
+    }
 
     #[test]
     fn names_the_rank_that_has_not_entered_the_call() {

@@ -180,6 +180,27 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
 }
 
+/// The `differentiable`, `saves` and `backward` of an op family whose outputs carry no gradient
+/// (an optimizer update, a statistic), inside its `impl OpFamily`: a backward through it is a
+/// typed error naming the op and `$why`.
+macro_rules! no_gradient {
+    ($why:expr) => {
+        fn differentiable(&self, _output: usize) -> bool {
+            false
+        }
+        fn saves(&self, _needs: &[bool]) -> $crate::op::Saves {
+            $crate::op::Saves::NOTHING
+        }
+        fn backward(
+            &self,
+            _g: &$crate::op::Grad<'_>,
+        ) -> $crate::Result<Vec<Option<$crate::Tensor>>> {
+            Err($crate::op::Grad::unsupported(self.name(), $why))
+        }
+    };
+}
+pub(crate) use no_gradient;
+
 /// The buffers a backend's kernels read and write, and its one allocator: every output buffer
 /// is allocated here by the executor (and every scratch buffer by the kernel that needs it), so
 /// kernels never allocate their outputs.

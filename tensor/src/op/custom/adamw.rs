@@ -6,8 +6,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch;
 use crate::op::{
-    need_float, same_dtype, single, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError,
-    OpFamily, Saves,
+    need_float, no_gradient, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -68,12 +68,7 @@ impl OpFamily for AdamPart {
         (self.operands(), self.operands())
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_dtype(d)?;
         need_float(dt, "input")?;
         if s.iter().any(|x| *x != s[0]) {
@@ -98,16 +93,7 @@ impl OpFamily for AdamPart {
         b.adam(*self, x, single(self.name(), out)?)
     }
 
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "an optimizer update has no gradient",
-        ))
-    }
+    no_gradient!("an optimizer update has no gradient");
 }
 
 impl Tensor {

@@ -17,8 +17,8 @@ use oxiflow_sbp::{RuleMode, Rules, Shape};
 use crate::dispatch::dispatch_multi;
 use crate::op::custom::AdamPart;
 use crate::op::{
-    kernel_err, need_float, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, OpFamily,
-    Saves,
+    kernel_err, need_float, no_gradient, Backend, F64Bits, Inferred, KernelBackend, MetaError,
+    MetaResult, OpFamily,
 };
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -209,12 +209,7 @@ impl OpFamily for AdamWMulti {
         (n.max(1), n.max(1))
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let mut outs = Vec::with_capacity(3 * self.decay.len());
         let mut dtypes = Vec::with_capacity(outs.capacity());
         for (i, (sh, dt)) in s.chunks(4).zip(d.chunks(4)).enumerate() {
@@ -264,20 +259,7 @@ impl OpFamily for AdamWMulti {
         b.adamw_multi(self, x, out)
     }
 
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "an optimizer update has no gradient",
-        ))
-    }
+    no_gradient!("an optimizer update has no gradient");
 }
 
 /// A typed error naming slot `i` of the multi-tensor step.
@@ -352,11 +334,7 @@ impl Tensor {
                 op: "cast_as_copy",
                 shapes: format!("{}, {}", self.shape(), copy.shape()),
                 sbps: format!("{:?}, {:?}", self.nd_sbp(), copy.nd_sbp()),
-                detail: format!(
-                    "{} is not a copy of {}",
-                    copy.describe(),
-                    self.describe()
-                ),
+                detail: format!("{} is not a copy of {}", copy.describe(), self.describe()),
             });
         }
         if copy.dtype() == self.dtype() {
@@ -407,7 +385,10 @@ impl Tensor {
         let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
         let mut copies: Vec<Option<Tensor>> = vec![None; slots.len()];
         let mut devices = Vec::new();
-        for d in full.iter().filter_map(|f| f[0].storage().map(|s| s.device())) {
+        for d in full
+            .iter()
+            .filter_map(|f| f[0].storage().map(|s| s.device()))
+        {
             if !devices.contains(&d) {
                 devices.push(d);
             }

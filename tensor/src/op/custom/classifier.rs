@@ -12,8 +12,8 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::{dispatch, dispatch_multi};
 use crate::op::{
-    kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, Backend, BinaryOp,
-    Grad, Inferred, KernelBackend, MetaError, OpFamily, OutSpec, Saves, ScalarOp, Triangle,
+    kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, Backend, BinaryOp, Grad,
+    Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, Saves, ScalarOp, Triangle,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -76,12 +76,7 @@ impl OpFamily for ClassifierOp {
         (2, 2)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "logits")?;
         let (x, rows) = (s[0], s[1]);
         let (n, v) = match x.dims() {
@@ -130,9 +125,7 @@ impl OpFamily for ClassifierOp {
                     format!("expects 2 output buffers, got {}", out.len()),
                 )),
             },
-            ClassifierOp::Backward => {
-                b.classifier_backward(x[0], x[1], single(self.name(), out)?)
-            }
+            ClassifierOp::Backward => b.classifier_backward(x[0], x[1], single(self.name(), out)?),
         }
     }
 
@@ -202,9 +195,7 @@ impl ClassifierOp {
             shape: Shape::new([n, c]),
             dtype: spec.dtype,
         };
-        let real = scratch(b, &cols(classes), |t| {
-            b.narrow(logits, 1, 0, classes, t)
-        })?;
+        let real = scratch(b, &cols(classes), |t| b.narrow(logits, 1, 0, classes, t))?;
         b.cross_entropy(&real, targets, loss)?;
         let ones = ones(b, loss)?;
         let dreal = scratch(b, &cols(classes), |t| {

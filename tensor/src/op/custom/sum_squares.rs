@@ -20,7 +20,7 @@ use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch_multi;
 use crate::op::{
-    kernel_err, need_float, Backend, Grad, Inferred, KernelBackend, MetaError, OpFamily, Saves,
+    kernel_err, need_float, no_gradient, Backend, Inferred, KernelBackend, MetaResult, OpFamily,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -62,10 +62,12 @@ impl SumSquares {
         for axis in 0..naxes {
             let dims: Option<Vec<usize>> = inputs
                 .iter()
-                .map(|t| match t.nd_sbp().and_then(|nd| nd.as_slice().get(axis)) {
-                    Some(&Sbp::Split(d)) => Some(d),
-                    _ => None,
-                })
+                .map(
+                    |t| match t.nd_sbp().and_then(|nd| nd.as_slice().get(axis)) {
+                        Some(&Sbp::Split(d)) => Some(d),
+                        _ => None,
+                    },
+                )
                 .collect();
             if let Some(d) = dims {
                 if !splits.contains(&d) {
@@ -89,12 +91,7 @@ impl OpFamily for SumSquares {
         (1, usize::MAX)
     }
 
-    fn infer(
-        &self,
-        s: &[&Shape],
-        d: &[DType],
-        mode: RuleMode,
-    ) -> std::result::Result<Inferred, MetaError> {
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         for (i, &dt) in d.iter().enumerate() {
             need_float(dt, &format!("input {i}"))?;
         }
@@ -120,20 +117,7 @@ impl OpFamily for SumSquares {
         b.sum_squares(self, x, out)
     }
 
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "a norm statistic has no gradient here",
-        ))
-    }
+    no_gradient!("a norm statistic has no gradient here");
 }
 
 /// Each input's sum and their total (see [`SumSquares`]).

@@ -50,8 +50,9 @@ pub struct CompileReport {
     pub arena_bytes: usize,
     /// Bytes of the inputs and constants the program reads (outside the arena).
     pub external_bytes: usize,
-    /// Most bytes above what was live before, measured while the capture ran eagerly (host
-    /// bytes where the program counts them, else device blocks; process-wide).
+    /// Most bytes above what was live before, measured while the capture ran eagerly (device
+    /// blocks when the step made any, else host bytes where the program counts them;
+    /// process-wide).
     pub eager_peak: Option<usize>,
     /// Capture and passes.
     pub compile_time: Duration,
@@ -90,9 +91,24 @@ pub struct CompiledStep {
     last_key: Option<StepKey>,
 }
 
-/// The eager bytes counter: host bytes when counted, else device blocks.
-fn memory_now() -> memory::MemoryStats {
-    memory::host().unwrap_or_else(memory::device)
+/// The eager bytes counters now: device blocks, and host bytes when counted.
+fn memory_now() -> (memory::MemoryStats, Option<memory::MemoryStats>) {
+    (memory::device(), memory::host())
+}
+
+/// The eager step's peak above what was live before it: device blocks when the step made
+/// any (its values live on a device), else host bytes when counted.
+fn eager_peak_of(
+    before: (memory::MemoryStats, Option<memory::MemoryStats>),
+    after: (memory::MemoryStats, Option<memory::MemoryStats>),
+) -> Option<usize> {
+    if after.0.peak > 0 {
+        return Some(after.0.peak.saturating_sub(before.0.live));
+    }
+    match (before.1, after.1) {
+        (Some(b), Some(a)) if a.peak > 0 => Some(a.peak.saturating_sub(b.live)),
+        _ => None,
+    }
 }
 
 impl CompiledStep {
@@ -154,8 +170,7 @@ where
         let _guard = guard.map_err(CompileError::from)?;
         step()
     };
-    let after = memory_now();
-    let eager_peak = (after.peak > 0).then(|| after.peak.saturating_sub(before.live));
+    let eager_peak = eager_peak_of(before, memory_now());
     let recording = Rc::try_unwrap(recording)
         .map(RefCell::into_inner)
         .map_err(|_| CompileError::Inputs {

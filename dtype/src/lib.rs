@@ -108,16 +108,11 @@ impl DType {
     /// itself). Such a conversion commutes with sums: converting each partial sum converts
     /// their sum.
     pub const fn holds_every(self, from: DType) -> bool {
-        matches!(
-            (from, self),
-            (DType::BF16 | DType::F16, DType::F32 | DType::F64)
-                | (DType::F32, DType::F64)
-                | (DType::F32, DType::F32)
-                | (DType::F64, DType::F64)
-                | (DType::I64, DType::I64)
-                | (DType::BF16, DType::BF16)
-                | (DType::F16, DType::F16)
-        )
+        from as u8 == self as u8
+            || matches!(
+                (from, self),
+                (DType::BF16 | DType::F16, DType::F32 | DType::F64) | (DType::F32, DType::F64)
+            )
     }
     /// The dtype 16-bit floats compute and accumulate in (f32); every other dtype is its own.
     pub const fn compute(self) -> DType {

@@ -2,7 +2,7 @@
 //! one collective. Each rank copies its pieces into one flat buffer on its group of that axis
 //! (a 1-d placement), boxes it once (P -> B, an all-reduce; or P -> S(0) of a `[group, C]`
 //! buffer, a reduce-scatter whose row `i` holds member `i`'s shards) and cuts the result back
-//! into pieces of the tensors' new layouts. The buffer may move as another float dtype (`wire`,
+//! into pieces of the tensors' new layouts (on devices, views sharing the result's memory). The buffer may move as another float dtype (`wire`,
 //! e.g. bf16 for f32 gradients: half the bytes, each rank's part rounded once before the sum and
 //! the result converted back). On NCCL worlds the boxing runs on the
 //! communicator's stream and leaves its end event on the result's block, so compute waits only
@@ -10,6 +10,7 @@
 //! [`PendingBucket::finish`] cuts the result, so work queued between them overlaps it.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_dtype::DType;
@@ -177,18 +178,28 @@ impl PendingBucket {
             1 => mine,
             _ => mine.reshape([mine.numel()])?,
         };
+        // Outside a capture each piece shares the reduced buffer's memory where the backend
+        // can (a view at its offset: no copy); a capture records the copies it replays.
+        let share = !crate::capture::capturing();
         let mut at = 0;
         let mut out = Vec::with_capacity(tos.len());
         for to in tos {
             let shape = to.local_shape_at(&coord);
-            let piece = mine.narrow(0, at, shape.numel())?.reshape(shape.clone())?;
+            let shared = mine
+                .storage()
+                .filter(|_| share)
+                .and_then(|s| s.range_shared(at, &shape));
+            let piece = match shared {
+                Some(s) => Some(Arc::new(s)),
+                None => mine
+                    .narrow(0, at, shape.numel())?
+                    .reshape(shape.clone())?
+                    .0
+                    .piece
+                    .clone(),
+            };
             at += shape.numel();
-            out.push(Tensor::global_from_shared(
-                piece.0.piece.clone(),
-                to,
-                own,
-                ctx.clone(),
-            ));
+            out.push(Tensor::global_from_shared(piece, to, own, ctx.clone()));
         }
         Ok(out)
     }

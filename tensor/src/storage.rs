@@ -49,6 +49,11 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn to_host(&self) -> Result<CpuArray>;
     /// Downcasting hook for the backend's own kernels.
     fn as_any(&self) -> &dyn Any;
+    /// Elements `start..start + shape.numel()` of the piece (row-major) as `shape`, sharing
+    /// its memory; None when the backend cannot share it or the range does not fit.
+    fn range_shared(&self, _start: usize, _shape: &Shape) -> Option<Arc<dyn DeviceStorage>> {
+        None
+    }
 }
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.
@@ -145,6 +150,13 @@ impl Storage {
         match self {
             Storage::Cpu(a) => Shape::from(a.shape()),
             Storage::Device(d) => d.shape().clone(),
+        }
+    }
+    /// [`DeviceStorage::range_shared`] of a device piece (host arrays own their elements: None).
+    pub(crate) fn range_shared(&self, start: usize, shape: &Shape) -> Option<Storage> {
+        match self {
+            Storage::Cpu(_) => None,
+            Storage::Device(d) => d.range_shared(start, shape).map(Storage::Device),
         }
     }
     /// The host array (a copy for device storage).

@@ -25,7 +25,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 mod gpu_tensor_checks;
 mod half_cases;
-use gpu_tensor_checks::{child_adamw_copies, child_sum_squares};
+use gpu_tensor_checks::{child_adamw_copies, child_buckets, child_sum_squares};
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
     child_large_reductions, child_pipelined, op_strategy, run_case, sbp_of,
@@ -405,6 +405,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 14;
         }
     }
+    match child_buckets(world, rank, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} gradient bucket pieces (all-reduce, reduce-scatter; f32, f64, bf16 wire) equal each tensor boxed alone, read and used after the other pieces were dropped"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            code = 15;
+        }
+    }
     let t = Instant::now();
     match child_flash(world, DeviceType::Cuda) {
         Ok(n) if rank == 0 => println!(
@@ -451,6 +461,7 @@ fn cpu_self_check() {
             .and_then(|x| child_large_reductions(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_sum_squares(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_adamw_copies(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_buckets(4, rank, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -257,6 +257,9 @@ impl Pool {
     }
 }
 
+/// A block's bf16 copy of the f32 elements `(byte offset, count)` of it.
+type Shadow = ((usize, usize), Box<Block>);
+
 /// One device allocation of at least `bytes` bytes, back to the pool on drop.
 pub struct Block {
     mem: Option<Memory>,
@@ -269,7 +272,7 @@ pub struct Block {
     /// End events of sends from this block (see `DeviceFence::after_send`).
     sends: Mutex<Vec<Arc<CudaEvent>>>,
     /// A bf16 copy of the f32 elements, made by the first bf16 matrix product that reads them.
-    shadow: Mutex<Option<Box<Block>>>,
+    shadow: Mutex<Option<Shadow>>,
 }
 
 impl std::fmt::Debug for Block {
@@ -339,24 +342,27 @@ impl Block {
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
         &self.rt
     }
-    /// Bytes asked for (the allocation may be larger).
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
-    }
     /// Gives this block the bf16 copy `b` of its f32 elements (written by the kernel that wrote
     /// the block).
     pub(crate) fn set_bf16_shadow(&self, b: Block) {
-        *lock(&self.shadow) = Some(Box::new(b));
+        *lock(&self.shadow) = Some(((0, self.bytes / 4), Box::new(b)));
     }
-    /// The address of this block's bf16 copy, made by `make` on first use. Blocks are
-    /// immutable once a piece holds them; a collective that touches the block drops the copy.
-    pub(crate) fn bf16_shadow(&self, make: impl FnOnce() -> Result<Block>) -> Result<u64> {
+    /// The address of the bf16 copy of this block's `n` f32 elements from byte `offset` on,
+    /// made by `make` on first use (a copy of another range is replaced: the block keeps one).
+    /// Blocks are immutable once a piece holds them; a collective that touches the block drops
+    /// the copy.
+    pub(crate) fn bf16_shadow(
+        &self,
+        offset: usize,
+        n: usize,
+        make: impl FnOnce() -> Result<Block>,
+    ) -> Result<u64> {
         let mut g = lock(&self.shadow);
-        if g.is_none() {
-            *g = Some(Box::new(make()?));
+        if g.as_ref().is_none_or(|(at, _)| *at != (offset, n)) {
+            *g = Some(((offset, n), Box::new(make()?)));
         }
         match g.as_ref() {
-            Some(b) => Ok(b.ptr()),
+            Some((_, b)) => Ok(b.ptr()),
             None => Err(derr("bf16 copy", "missing after creation")),
         }
     }

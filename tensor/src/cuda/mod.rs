@@ -18,6 +18,7 @@ mod backend;
 pub(crate) mod blaslt;
 mod boxing;
 mod copy;
+mod copy_many;
 mod create;
 pub(crate) mod cudnn_attention;
 pub(crate) mod flash_attention;

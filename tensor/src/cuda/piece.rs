@@ -22,11 +22,7 @@ use super::{runtime, Block, CudaRuntime};
 #[derive(Debug)]
 pub enum CudaPiece {
     Host(HostPiece),
-    Device {
-        block: Arc<Block>,
-        dtype: DType,
-        shape: Shape,
-    },
+    Device(CudaStorage),
 }
 
 fn lerr(op: &str, e: impl std::fmt::Display) -> BoxingError {
@@ -55,42 +51,30 @@ impl CudaPiece {
         let r = rt("CudaPiece::alloc")?;
         let block = Block::alloc(&r, shape.numel() * dtype.size())
             .map_err(|e| lerr("CudaPiece::alloc", e))?;
-        Ok(CudaPiece::Device {
-            block: Arc::new(block),
+        Ok(CudaPiece::Device(CudaStorage::whole(
+            Arc::new(block),
             dtype,
-            shape: shape.clone(),
-        })
+            shape.clone(),
+        )))
     }
 
     /// A piece over a tensor's device storage, sharing its block: the executor never writes
     /// into it (`is_shared`; an all-reduce then goes out of place).
     pub fn from_storage(s: &CudaStorage) -> CudaPiece {
-        CudaPiece::Device {
-            block: s.block.clone(),
-            dtype: s.dtype,
-            shape: s.shape.clone(),
-        }
+        CudaPiece::Device(s.clone())
     }
 
     /// The device storage of a device piece (None for a host piece).
     pub fn into_storage(self) -> Result<CudaStorage, CudaPiece> {
         match self {
-            CudaPiece::Device {
-                block,
-                dtype,
-                shape,
-            } => Ok(CudaStorage {
-                block,
-                dtype,
-                shape,
-            }),
+            CudaPiece::Device(s) => Ok(s),
             h => Err(h),
         }
     }
 
     fn ptr(&self) -> u64 {
         match self {
-            CudaPiece::Device { block, .. } => block.ptr(),
+            CudaPiece::Device(s) => s.ptr(),
             CudaPiece::Host(_) => 0,
         }
     }
@@ -240,19 +224,19 @@ impl LocalPiece for CudaPiece {
     fn dtype(&self) -> DType {
         match self {
             CudaPiece::Host(h) => h.dtype(),
-            CudaPiece::Device { dtype, .. } => *dtype,
+            CudaPiece::Device(s) => s.dtype,
         }
     }
     fn shape(&self) -> &Shape {
         match self {
             CudaPiece::Host(h) => &h.shape,
-            CudaPiece::Device { shape, .. } => shape,
+            CudaPiece::Device(s) => &s.shape,
         }
     }
     fn device(&self) -> DeviceType {
         match self {
             CudaPiece::Host(_) => DeviceType::Cpu,
-            CudaPiece::Device { .. } => DeviceType::Cuda,
+            CudaPiece::Device(_) => DeviceType::Cuda,
         }
     }
     fn supports_device(_device: DeviceType) -> bool {
@@ -262,7 +246,7 @@ impl LocalPiece for CudaPiece {
         match self {
             CudaPiece::Host(_) => false,
             // Blocks the executor allocated have one owner; a tensor's block has two or more.
-            CudaPiece::Device { block, .. } => Arc::strong_count(block) > 1,
+            CudaPiece::Device(s) => Arc::strong_count(&s.block) > 1,
         }
     }
     fn filled(
@@ -302,19 +286,12 @@ impl LocalPiece for CudaPiece {
     fn reshape(self, shape: Shape) -> Result<Self, BoxingError> {
         match self {
             CudaPiece::Host(h) => h.reshape(shape).map(CudaPiece::Host),
-            CudaPiece::Device {
-                block,
-                dtype,
-                shape: old,
-            } => {
-                if shape.numel() != old.numel() {
+            CudaPiece::Device(s) => {
+                if shape.numel() != s.shape.numel() {
+                    let old = &s.shape;
                     return Err(lerr("reshape", format!("cannot view {old} as {shape}")));
                 }
-                Ok(CudaPiece::Device {
-                    block,
-                    dtype,
-                    shape,
-                })
+                Ok(CudaPiece::Device(s.reshaped(shape)))
             }
         }
     }
@@ -326,7 +303,7 @@ impl LocalPiece for CudaPiece {
     ) -> Result<(), BoxingError> {
         match (self, &mut *dst) {
             (CudaPiece::Host(s), CudaPiece::Host(d)) => s.pack(regions, d, dst_offset),
-            (CudaPiece::Device { .. }, CudaPiece::Device { .. }) => {
+            (CudaPiece::Device(_), CudaPiece::Device(_)) => {
                 self.check(dst, regions, dst_offset, "pack")?;
                 self.boxes(regions, dst, dst_offset, true, None, "pack")
             }
@@ -345,7 +322,7 @@ impl LocalPiece for CudaPiece {
     ) -> Result<(), BoxingError> {
         match (&mut *self, src) {
             (CudaPiece::Host(d), CudaPiece::Host(s)) => d.unpack(regions, s, src_offset, op),
-            (CudaPiece::Device { .. }, CudaPiece::Device { .. }) => {
+            (CudaPiece::Device(_), CudaPiece::Device(_)) => {
                 self.check(src, regions, src_offset, "unpack")?;
                 self.boxes(regions, src, src_offset, false, op, "unpack")
             }
@@ -358,73 +335,56 @@ impl LocalPiece for CudaPiece {
     fn to_dtype(&self, to: DType) -> Result<Self, BoxingError> {
         match self {
             CudaPiece::Host(h) => h.to_dtype(to).map(CudaPiece::Host),
-            CudaPiece::Device {
-                block,
-                dtype,
-                shape,
-            } => {
+            CudaPiece::Device(s) => {
                 let op = "boxing cast";
                 let r = rt(op)?;
-                let n = shape.numel();
+                let n = s.shape.numel();
                 let out = Block::alloc(&r, n.max(1) * to.size()).map_err(|e| lerr(op, e))?;
-                cast(&r, op, (*dtype, block.ptr()), (to, out.ptr()), n).map_err(|e| lerr(op, e))?;
-                Ok(CudaPiece::Device {
-                    block: Arc::new(out),
-                    dtype: to,
-                    shape: shape.clone(),
-                })
+                cast(&r, op, (s.dtype, s.ptr()), (to, out.ptr()), n).map_err(|e| lerr(op, e))?;
+                Ok(CudaPiece::Device(CudaStorage::whole(
+                    Arc::new(out),
+                    to,
+                    s.shape.clone(),
+                )))
             }
         }
     }
     fn to_device(self, device: DeviceType) -> Result<Self, BoxingError> {
         match (self, device) {
             (p @ CudaPiece::Host(_), DeviceType::Cpu)
-            | (p @ CudaPiece::Device { .. }, DeviceType::Cuda) => Ok(p),
+            | (p @ CudaPiece::Device(_), DeviceType::Cuda) => Ok(p),
             (CudaPiece::Host(h), DeviceType::Cuda) => {
                 let p = Self::alloc_device(&h.shape, h.dtype())?;
                 let r = rt("boxing to cuda")?;
                 host_data_upload(&r, p.ptr(), &h.data)?;
                 Ok(p)
             }
-            (
-                CudaPiece::Device {
-                    block,
-                    dtype,
-                    shape,
-                },
-                DeviceType::Cpu,
-            ) => {
+            (CudaPiece::Device(s), DeviceType::Cpu) => {
                 let op = "boxing to host";
                 let r = rt(op)?;
-                let n = shape.numel();
-                let data = with_element!(dtype, T => {
+                let n = s.shape.numel();
+                let data = with_element!(s.dtype, T => {
                     let mut v = vec![T::default(); n];
-                    download(&r, block.ptr(), &mut v, op).map(|_| HostData::from(v))
+                    download(&r, s.ptr(), &mut v, op).map(|_| HostData::from(v))
                 })
                 .map_err(|e| lerr(op, e))?;
-                Ok(CudaPiece::Host(HostPiece { shape, data }))
+                Ok(CudaPiece::Host(HostPiece {
+                    shape: s.shape,
+                    data,
+                }))
             }
         }
     }
     fn as_buf(&self) -> Buf<'_> {
         match self {
             CudaPiece::Host(h) => h.as_buf(),
-            CudaPiece::Device {
-                block,
-                dtype,
-                shape,
-            } => {
-                // SAFETY: the block outlives the borrow and holds numel * size bytes. A
-                // collective on it leaves its end event on the block (no compute-stream wait).
+            CudaPiece::Device(s) => {
+                // SAFETY: the block outlives the borrow and holds the view's numel * size
+                // bytes from its offset. A collective on it leaves its end event on the block
+                // (no compute-stream wait).
                 Buf::Device(
-                    unsafe {
-                        DevicePtr::new(
-                            block.ptr(),
-                            shape.numel() * dtype.size(),
-                            block.runtime().ordinal(),
-                        )
-                    }
-                    .with_fence(&**block),
+                    unsafe { DevicePtr::new(s.ptr(), s.bytes(), s.block.runtime().ordinal()) }
+                        .with_fence(&*s.block),
                 )
             }
         }
@@ -432,21 +392,11 @@ impl LocalPiece for CudaPiece {
     fn as_buf_mut(&mut self) -> BufMut<'_> {
         match self {
             CudaPiece::Host(h) => h.as_buf_mut(),
-            CudaPiece::Device {
-                block,
-                dtype,
-                shape,
-            } => {
+            CudaPiece::Device(s) => {
                 // SAFETY: as above; the executor writes only pieces it owns (see from_storage).
                 BufMut::Device(
-                    unsafe {
-                        DevicePtr::new(
-                            block.ptr(),
-                            shape.numel() * dtype.size(),
-                            block.runtime().ordinal(),
-                        )
-                    }
-                    .with_fence(&**block),
+                    unsafe { DevicePtr::new(s.ptr(), s.bytes(), s.block.runtime().ordinal()) }
+                        .with_fence(&*s.block),
                 )
             }
         }

@@ -49,8 +49,8 @@ impl MatmulPrecision {
 /// The bf16 copy (round to nearest even) of the f32 piece `x`, made on first use and kept with
 /// its block.
 fn bf16_of(rt: &std::sync::Arc<CudaRuntime>, op: &'static str, x: &CudaStorage) -> Result<u64> {
-    x.block.bf16_shadow(|| {
-        let n = x.block.bytes() / 4;
+    let n = x.numel();
+    x.block.bf16_shadow(x.offset, n, || {
         let out = Block::alloc(rt, n.max(1) * 2)?;
         let (nn, xp, yp) = (n as i64, x.ptr(), out.ptr());
         launch!(rt, op, Kernel::F32ToBf16, grid(n); nn, xp, yp)?;

@@ -15,10 +15,13 @@ use crate::storage::{Device, DeviceStorage};
 use crate::with_array;
 use crate::Result;
 
-/// A local piece on the process's CUDA device. Reshapes share the block.
+/// A local piece on the process's CUDA device: `shape`'s elements from byte `offset` of a
+/// pooled block. Reshapes share the block; so do the ranges of `range_shared` (blocks are
+/// never written once a piece holds them, so the pieces sharing one never see each other).
 #[derive(Clone, Debug)]
 pub struct CudaStorage {
     pub(crate) block: Arc<Block>,
+    pub(crate) offset: usize,
     pub(crate) dtype: DType,
     pub(crate) shape: Shape,
 }
@@ -63,11 +66,19 @@ impl CudaStorage {
     /// An uninitialised piece (every element is written by the caller before it is read).
     pub(crate) fn alloc(rt: &Arc<CudaRuntime>, dtype: DType, shape: Shape) -> Result<CudaStorage> {
         let block = Block::alloc(rt, shape.numel() * dtype.size())?;
-        Ok(CudaStorage {
-            block: Arc::new(block),
+        Ok(CudaStorage::whole(Arc::new(block), dtype, shape))
+    }
+    /// The piece that starts at the start of `block`.
+    pub(crate) fn whole(block: Arc<Block>, dtype: DType, shape: Shape) -> CudaStorage {
+        CudaStorage {
+            block,
+            offset: 0,
             dtype,
             shape,
-        })
+        }
+    }
+    pub(crate) fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
     }
     /// Uploads a host array.
     pub fn from_host(array: &CpuArray) -> Result<CudaStorage> {
@@ -80,7 +91,7 @@ impl CudaStorage {
         Ok(s)
     }
     pub(crate) fn ptr(&self) -> u64 {
-        self.block.ptr()
+        self.block.ptr() + self.offset as u64
     }
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
         self.block.runtime()
@@ -92,6 +103,7 @@ impl CudaStorage {
     pub(crate) fn reshaped(&self, shape: Shape) -> CudaStorage {
         CudaStorage {
             block: self.block.clone(),
+            offset: self.offset,
             dtype: self.dtype,
             shape,
         }
@@ -121,5 +133,16 @@ impl DeviceStorage for CudaStorage {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    fn range_shared(&self, start: usize, shape: &Shape) -> Option<Arc<dyn DeviceStorage>> {
+        let end = start.checked_add(shape.numel())?;
+        (end <= self.numel()).then(|| {
+            Arc::new(CudaStorage {
+                block: self.block.clone(),
+                offset: self.offset + start * self.dtype.size(),
+                dtype: self.dtype,
+                shape: shape.clone(),
+            }) as Arc<dyn DeviceStorage>
+        })
     }
 }

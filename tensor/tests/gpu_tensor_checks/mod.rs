@@ -3,16 +3,18 @@
 //! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
 //! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
 //! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
-//! AdamW's compute copies (`sum_squares.rs`).
+//! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`).
 
 use super::*;
 
+mod buckets;
 mod flash;
 mod half;
 mod indexed;
 mod op_cases;
 mod reductions;
 mod sum_squares;
+pub(crate) use buckets::child_buckets;
 pub(crate) use flash::child_flash;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;

@@ -151,6 +151,8 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                 t.clone(),
                 a.narrow(1, 1, c.c - 1)?,
                 Tensor::concat(&[&a, &a.neg()?], 1)?,
+                // Along dim 0: ranges of odd lengths (byte copies) and whole rows.
+                Tensor::concat(&[&a, &a.narrow(0, 0, 1)?, &a.mul_scalar(3.0)?], 0)?,
                 t.reshape([c.c * c.r])?,
             ]
         }

@@ -1,11 +1,13 @@
 //! Layout CUDA kernels, written into the executor's output piece: permute, copy, concat and
-//! narrow through strided copies (a reshape is a view of the same block, `reshaped`).
+//! narrow through strided copies, a concatenation along the leading dim in one multi-range
+//! copy (a reshape is a view of the same block, `reshaped`).
 
 use std::sync::Arc;
 
 use oxiflow_sbp::Shape;
 
 use super::super::copy::copy_nd;
+use super::super::copy_many::{copy_many, CopyEntry};
 use super::super::kernels::strides;
 use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
@@ -115,6 +117,13 @@ impl LayoutKernels for CudaKernels {
         let od = out.shape.dims();
         let ost = strides(od);
         let mut at = 0usize;
+        // Along the leading dim (every dim before `dim` of size 1) each piece is one contiguous
+        // range of the output: all of them in one multi-range copy.
+        let ranges = od[..dim.min(od.len())].iter().all(|&n| n == 1)
+            && x.len() > 1
+            && x.iter()
+                .all(|p| p.dtype == dt && p.shape.ndim() == od.len());
+        let mut list = Vec::with_capacity(if ranges { x.len() } else { 0 });
         for p in x {
             let pd = p.shape.dims();
             let fits = p.dtype == dt
@@ -131,20 +140,33 @@ impl LayoutKernels for CudaKernels {
                     ),
                 ));
             }
-            copy_nd(
-                &self.rt,
-                name,
-                dt,
-                pd,
-                p.ptr(),
-                0,
-                &strides(pd),
-                y.ptr(),
-                at * ost[dim] as usize,
-                &ost,
-                0,
-            )?;
+            let off = at * ost[dim] as usize;
+            if ranges {
+                let esz = dt.size();
+                list.push(CopyEntry::new(
+                    p.ptr(),
+                    y.ptr() + (off * esz) as u64,
+                    p.numel() * esz,
+                ));
+            } else {
+                copy_nd(
+                    &self.rt,
+                    name,
+                    dt,
+                    pd,
+                    p.ptr(),
+                    0,
+                    &strides(pd),
+                    y.ptr(),
+                    off,
+                    &ost,
+                    0,
+                )?;
+            }
             at += pd[dim];
+        }
+        if ranges {
+            copy_many(&self.rt, &list).map_err(|e| derr(name, e))?;
         }
         Ok(())
     }

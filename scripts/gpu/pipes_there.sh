@@ -90,6 +90,14 @@ python3 - "$OUT" "$WARMUP" "$MODEL" $LAYOUTS <<'EOF'
 import json, re, sys
 out, warm, model, layouts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 tokens_per_step = 16 * 1024
+# MFU: (6 N + 12 L d T) FLOPs per token over the card's dense bf16 peak (H100/H200 SXM: 989
+# TFLOP/s), N the parameters without the position table (vocabulary table 50304 wide).
+L, d = {"124m": (12, 768), "350m": (24, 1024)}[model]
+T, V = 1024, 50304
+n_mfu = V * d + L * (12 * d * d + 13 * d) + 2 * d
+flops_tok = 6 * n_mfu + 12 * L * d * T
+def mfu(tok_per_gpu):
+    return f"{100 * tok_per_gpu * flops_tok / 989e12:.1f}%"
 
 def smi(tag):
     peak = {}
@@ -132,8 +140,8 @@ def twin(tag):
 print()
 print(f"GPT-2 {model} on 2 GPUs, batch 16 x 1024 (pipelines: 4 micro-batches), bf16-mixed, after "
       f"{warm} warm-up steps:")
-print("| run | tokens/s per GPU | ms/step | vs twin | peak GiB (own count) | nvidia-smi GiB GPU0 / GPU1 | bubble | last loss |")
-print("|---|---|---|---|---|---|---|---|")
+print("| run | tokens/s per GPU | MFU | ms/step | vs twin | peak GiB (own count) | nvidia-smi GiB GPU0 / GPU1 | bubble | last loss |")
+print("|---|---|---|---|---|---|---|---|---|")
 for layout in layouts:
     rows = []
     for tag, read in [(f"ours-{layout}", ours), (f"torch-{layout}", twin)]:
@@ -144,10 +152,10 @@ for layout in layouts:
     base = rows[1][1]
     for tag, r in rows:
         if r is None:
-            print(f"| {tag} | failed (see {out}/{tag}.log) ||||||")
+            print(f"| {tag} | failed (see {out}/{tag}.log) |||||||")
             continue
         ratio = f'{r["tok"] / base["tok"]:.2f}x' if base and tag.startswith("ours") else "-"
-        print(f'| {tag} | {r["tok"]:,.0f} | {r["ms"]:.1f} | {ratio} | {r["own"]} | {smi(tag)} | {r["bubble"]} | {r["loss"]} |')
+        print(f'| {tag} | {r["tok"]:,.0f} | {mfu(r["tok"])} | {r["ms"]:.1f} | {ratio} | {r["own"]} | {smi(tag)} | {r["bubble"]} | {r["loss"]} |')
 EOF
 echo "pipes_there: exit status $status ($(( $(date +%s) - start )) s in all)"
 exit $status

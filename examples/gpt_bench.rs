@@ -287,6 +287,16 @@ fn main() -> R<()> {
         (c1.given_back - c0.given_back) as f64 / n,
         (c1.released_all - c0.released_all) as f64 / n,
     );
+    for b in cuda::kernel_builds() {
+        println!(
+            "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms{}",
+            b.what,
+            if b.cached { "from the kernel cache" } else { "compile" },
+            b.compile_ms,
+            b.load_ms,
+            if b.prebuilt { " (background)" } else { "" }
+        );
+    }
     if a.profile > 0 {
         cuda::reset_op_timings();
         cuda::set_op_timing(true);

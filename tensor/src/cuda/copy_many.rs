@@ -24,6 +24,18 @@ const THREADS: usize = 256;
 const MAX_BLOCKS: usize = 1024;
 const PER_BLOCK: usize = 64 << 10;
 
+fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
+    module(&MODULE, rt, op, "multi-range copy", SOURCE, || {
+        vec!["copy_many".into()]
+    })
+}
+
+/// Builds the module now (see `build_times::prebuild_kernels`).
+pub(crate) fn prebuild(rt: &CudaRuntime) {
+    // A failure is kept in the module's cell and reported by the first op that needs it.
+    let _ = kernels(rt, "prebuild");
+}
+
 /// One copied range (`struct CopyEntry`): `bytes` bytes from `src` to `dst`, moved by
 /// `blocks` blocks from block `first` of the grid (set by [`copy_many`]).
 #[repr(C)]
@@ -78,8 +90,7 @@ pub(crate) fn copy_many(rt: &std::sync::Arc<CudaRuntime>, list: &[CopyEntry]) ->
     if grid > i32::MAX as usize {
         return Err(invalid(op, format!("{grid} blocks")));
     }
-    let m = module(&MODULE, rt, op, SOURCE, || vec!["copy_many".into()])?;
-    let f = m.get(op, "copy_many")?;
+    let f = kernels(rt, op)?.get(op, "copy_many")?;
     let entries = Block::alloc(rt, std::mem::size_of_val(list.as_slice()))?;
     // SAFETY: CopyEntry is repr(C) plain old data; the bytes are its exact representation.
     let raw = unsafe {

@@ -66,7 +66,7 @@ fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static
     };
     let n = t.suffix();
     let source = format!("{SOURCE}\nFLASH_TYPE({ty}, {n})\n");
-    module(&MODULES[i], rt, op, &source, || {
+    module(&MODULES[i], rt, op, &format!("flash attention ({ty})"), &source, || {
         let mut v = vec![format!("flash_dsum_{n}")];
         for p in [2, 4, 8] {
             for k in ["fwd", "dkdv", "dq"] {

@@ -19,7 +19,7 @@ static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 const SMEM_BYTES: usize = 48 * 1024;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(&MODULE, rt, op, SOURCE, || {
+    module(&MODULE, rt, op, "fused norm, AdamW and classifier kernels", SOURCE, || {
         let mut v = vec!["adamw_multi".to_string()];
         for t in FloatType::ALL {
             for k in [
@@ -463,4 +463,10 @@ pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()>
     };
     let (nn, code) = (e.n as i64, e.op.code());
     launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
+}
+
+/// Builds the module now (see `build_times::prebuild_kernels`).
+pub(crate) fn prebuild(rt: &CudaRuntime) {
+    // A failure is kept in the module's cell and reported by the first op that needs it.
+    let _ = kernels(rt, "prebuild");
 }

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DeviceRepr, LaunchConfig};
-use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_dtype::DType;
 
+use super::nvrtc_module::load_source;
 use super::{derr, runtime, Block};
 use crate::Result;
 
@@ -321,30 +321,44 @@ impl std::fmt::Display for Kernel {
     }
 }
 
+/// The parts the source compiles in (`OXI_PART` 0..PARTS, on parallel threads).
+const PARTS: usize = 5;
+
 /// Every kernel of the source, by id.
 pub(crate) struct Kernels {
     funcs: HashMap<Kernel, CudaFunction>,
-    _module: Arc<CudaModule>,
+    _modules: Vec<Arc<CudaModule>>,
 }
 
 impl Kernels {
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, String> {
-        let libs = LibSearch::default();
-        cuda_libs::ensure_nvrtc(&libs).map_err(|e| e.to_string())?;
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| format!("NVRTC: {e}"))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading the kernel module: {e}"))?;
+        let built: Vec<std::result::Result<Arc<CudaModule>, String>> = std::thread::scope(|s| {
+            let parts: Vec<_> = (0..PARTS)
+                .map(|p| {
+                    s.spawn(move || {
+                        let what = format!("element-wise and layout kernels, part {p}");
+                        load_source(ctx, &what, &format!("#define OXI_PART {p}\n{SOURCE}"))
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a compile thread panicked".into())))
+                .collect()
+        });
+        let modules = built.into_iter().collect::<std::result::Result<Vec<_>, _>>()?;
         let mut funcs = HashMap::new();
         for k in Kernel::all() {
-            let f = module
-                .load_function(&k.name())
-                .map_err(|e| format!("kernel {k}: {e}"))?;
+            let name = k.name();
+            let f = modules
+                .iter()
+                .find_map(|m| m.load_function(&name).ok())
+                .ok_or_else(|| format!("kernel {k}: in no part of the source"))?;
             funcs.insert(k, f);
         }
         Ok(Kernels {
             funcs,
-            _module: module,
+            _modules: modules,
         })
     }
     pub(crate) fn get(&self, op: &'static str, kernel: Kernel) -> Result<&CudaFunction> {

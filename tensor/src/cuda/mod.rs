@@ -17,12 +17,14 @@ pub(crate) mod attention;
 mod backend;
 pub(crate) mod blaslt;
 mod boxing;
+mod build_times;
 mod copy;
 mod copy_many;
 mod create;
 pub(crate) mod cudnn_attention;
 pub(crate) mod flash_attention;
 pub(crate) mod fused;
+mod kernel_cache;
 mod kernel_check;
 mod kernels;
 mod nvrtc_module;
@@ -47,6 +49,7 @@ use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
+pub use build_times::{kernel_builds, KernelBuild};
 pub use backend::CudaBackend;
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
@@ -217,7 +220,8 @@ fn install(rt: Arc<CudaRuntime>) -> Result<Arc<CudaRuntime>> {
         return Ok(old.clone());
     }
     // Compile the kernels and create the cuBLAS handle now, so errors surface at start-up and
-    // no op pays for them.
+    // no op pays for them; the other sources build meanwhile, in the background.
+    build_times::prebuild_kernels(&rt);
     rt.kernels("cuda init")?;
     rt.with_blas("cuda init", |_| Ok(()))?;
     *g = Some(rt.clone());

@@ -1,14 +1,17 @@
 //! A CUDA source of the raw layer compiled by NVRTC once per process for the device's own
-//! architecture (`compute_XY`, so `mma`/`ldmatrix`-era instructions and the device's intrinsics
-//! are available), with its kernels looked up once by name.
+//! architecture (`sm_XY` machine code, so `mma`/`ldmatrix`-era instructions and the device's
+//! intrinsics are available, through the on-disk kernel cache), with its kernels looked up
+//! once by name.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
-use cudarc::nvrtc::CompileOptions;
+use cudarc::nvrtc::Ptx;
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 
+use super::kernel_cache;
 use super::raw::{FResult, FusedError};
 use super::CudaRuntime;
 
@@ -22,7 +25,7 @@ pub(crate) struct Module {
 // thread to use; cudarc marks them Send + Sync already, this asserts it for the map.
 unsafe impl Sync for Module {}
 
-/// The device's `compute_XY` architecture name (made once per process).
+/// The device's architecture name `sm_XY` (made once per process).
 fn arch(ctx: &Arc<CudaContext>) -> Result<&'static str, String> {
     static ARCH: OnceLock<&'static str> = OnceLock::new();
     if let Some(a) = ARCH.get() {
@@ -31,28 +34,42 @@ fn arch(ctx: &Arc<CudaContext>) -> Result<&'static str, String> {
     let (maj, min) = ctx
         .compute_capability()
         .map_err(|e| format!("reading the compute capability: {e}"))?;
-    let name: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
+    let name: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
     Ok(ARCH.get_or_init(|| name))
 }
 
+/// Loads `source` (named `what` in [`super::kernel_builds`]) on `ctx`, compiled for the device
+/// (through the on-disk kernel cache, `kernel_cache`).
+pub(crate) fn load_source(
+    ctx: &Arc<CudaContext>,
+    what: &str,
+    source: &str,
+) -> Result<Arc<CudaModule>, String> {
+    cuda_libs::ensure_nvrtc(&LibSearch::default()).map_err(|e| e.to_string())?;
+    let options = vec![
+        format!("--gpu-architecture={}", arch(ctx)?),
+        "--fmad=true".to_string(),
+    ];
+    let start = Instant::now();
+    let (image, origin) = kernel_cache::cubin(source, &options)?;
+    let compiled = Instant::now();
+    let module = ctx
+        .load_module(Ptx::from_binary(image))
+        .map_err(|e| format!("loading the module: {e}"))?;
+    super::build_times::record(what, origin, start, compiled);
+    Ok(module)
+}
+
 impl Module {
-    /// Compiles `source` and loads the kernels `names`.
+    /// Compiles `source` (named `what` in [`super::kernel_builds`]) and loads the kernels
+    /// `names`.
     pub(crate) fn compile(
         ctx: &Arc<CudaContext>,
+        what: &str,
         source: &str,
         names: &[String],
     ) -> Result<Module, String> {
-        cuda_libs::ensure_nvrtc(&LibSearch::default()).map_err(|e| e.to_string())?;
-        let opts = CompileOptions {
-            arch: Some(arch(ctx)?),
-            fmad: Some(true),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-            .map_err(|e| format!("NVRTC: {e}"))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading the module: {e}"))?;
+        let module = load_source(ctx, what, source)?;
         let mut funcs = HashMap::new();
         for n in names {
             let f = module
@@ -75,15 +92,17 @@ impl Module {
     }
 }
 
-/// The module in `cell`, compiled on first use (a failed compile is kept and reported again).
+/// The module in `cell` of the source `what`, compiled on first use (a failed compile is kept
+/// and reported again, to `op`).
 pub(crate) fn module<'a>(
     cell: &'a OnceLock<Result<Module, String>>,
     rt: &CudaRuntime,
     op: &'static str,
+    what: &str,
     source: &str,
     names: impl FnOnce() -> Vec<String>,
 ) -> FResult<&'a Module> {
-    cell.get_or_init(|| Module::compile(rt.context(), source, &names()))
+    cell.get_or_init(|| Module::compile(rt.context(), what, source, &names()))
         .as_ref()
         .map_err(|e| FusedError::Tensor(super::derr(op, e)))
 }

@@ -705,17 +705,24 @@ extern "C" __global__ void where_##NAME(i64 n, const double* c, const T* a, cons
 extern "C" __global__ void triangular_##NAME(i64 n, i64 r, i64 c, i64 r0, i64 c0, i64 k, int up, const T* x, T* y) { triangular_t<T>(n, r, c, r0, c0, k, up, x, y); } \
 extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i64 tot, int pe, const T* x, const i64* idx, T* y) { take_t<T>(n, ni, in, nx, st, tot, pe, x, idx, y); }
 
+// The source compiles in `OXI_PARTS` parts, one per element type plus the rest, on parallel
+// threads (`OXI_PART` is defined before it); the kernels above are small and in every part.
+#if OXI_PART == 1
 INST(f32, float)
-INST(f64, double)
-INST(bf16, bf16)
-INST(f16, f16)
 INST_ALL(f32, float)
-INST_ALL(f64, double)
-INST_ALL(i64, i64)
-INST_ALL(bf16, bf16)
-INST_ALL(f16, f16)
 INST_PUT(f32, float)
+#elif OXI_PART == 2
+INST(f64, double)
+INST_ALL(f64, double)
 INST_PUT(f64, double)
+#elif OXI_PART == 3
+INST(bf16, bf16)
+INST_ALL(bf16, bf16)
+#elif OXI_PART == 4
+INST(f16, f16)
+INST_ALL(f16, f16)
+#else
+INST_ALL(i64, i64)
 extern "C" __global__ void unary_i64(i64 n, int op, const i64* x, i64* y) { GRID_LOOP(i, n) y[i] = un_i(op, x[i]); }
 extern "C" __global__ void scalar_i64(i64 n, int op, double c, const i64* x, i64* y) { scalar_i(n, op, c, x, y); }
 extern "C" __global__ void matmul_i64(i64 bt, i64 m, i64 k, i64 n, i64 sb, const i64* a, const i64* b, i64* y) { matmul_i(bt, m, k, n, sb, a, b, y); }
@@ -741,3 +748,4 @@ CAST(f16, f16, f32, float)
 CAST(f16, f16, f64, double)
 CAST(f16, f16, i64, i64)
 CAST(f16, f16, bf16, bf16)
+#endif

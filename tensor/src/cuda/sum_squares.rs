@@ -25,9 +25,15 @@ const MAX_BLOCKS: usize = 1024;
 const PER_THREAD: usize = 16;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(&MODULE, rt, op, SOURCE, || {
+    module(&MODULE, rt, op, "multi-tensor sum of squares", SOURCE, || {
         vec!["sum_squares_blocks".into(), "sum_squares_finish".into()]
     })
+}
+
+/// Builds the module now (see `build_times::prebuild_kernels`).
+pub(crate) fn prebuild(rt: &CudaRuntime) {
+    // A failure is kept in the module's cell and reported by the first op that needs it.
+    let _ = kernels(rt, "prebuild");
 }
 
 /// The element type of one summed tensor (`SumEntry::dtype`).

@@ -167,10 +167,14 @@ fn plan_for(
     }
     let mut errors = Vec::new();
     for var in VARIANTS {
+        let start = std::time::Instant::now();
         let mut g = Graph::new(api, op);
         let built = build(&mut g, var).and_then(|_| g.plan(st.handle, key.deterministic));
         match built {
             Ok(plan) => {
+                let now = std::time::Instant::now();
+                let origin = super::kernel_cache::Origin::Compiled;
+                super::build_times::record(format!("cuDNN {op} plan {var:?}"), origin, start, now);
                 st.plans.insert(key, plan);
                 return Ok(());
             }

@@ -12,7 +12,7 @@ use crate::storage::CpuArray;
 use crate::Result;
 
 /// log-sum-exp of one row.
-fn lse<F: FloatElement>(r: ndarray::ArrayView1<F>) -> F {
+fn lse<F: FloatElement>(r: ArrayView1<F>) -> F {
     let m = r.fold(F::lowest(), |a, &x| if x > a { x } else { a });
     let m = if m == F::lowest() {
         F::from_f64(0.0)
@@ -221,11 +221,18 @@ fn vocab_parallel_backward_t<F: FloatElement>(
     let o = out
         .as_slice_mut()
         .ok_or_else(|| kernel_err(op, "output is not contiguous".into()))?;
-    let per_row = labels.iter().zip(lse.iter()).zip(dy.iter());
-    let row = |((o, r), ((&t, &s), &g)): ((&mut [F], ArrayView1<'_, F>), ((&i64, &F), &F))| {
-        for (j, (o, &x)) in o.iter_mut().zip(r.iter()).enumerate().take(cols) {
+    let per_row: Vec<(i64, F, F)> = labels
+        .iter()
+        .zip(lse.iter())
+        .zip(dy.iter())
+        .map(|((&t, &s), &g)| (t, s, g))
+        .collect();
+    let row = |(i, o): (usize, &mut [F])| {
+        let (t, s, g) = per_row[i];
+        let label = label_column(t, at.start, width);
+        for (j, (o, &x)) in o.iter_mut().zip(l.row(i).iter()).enumerate().take(cols) {
             *o = (x - s).exp() * g;
-            if Some(j) == label_column(t, at.start, width) {
+            if Some(j) == label {
                 *o = *o - g;
             }
         }
@@ -235,16 +242,9 @@ fn vocab_parallel_backward_t<F: FloatElement>(
         return Ok(());
     }
     if o.len() >= PAR_THRESHOLD {
-        let per_row: Vec<_> = per_row.collect();
-        o.par_chunks_mut(width)
-            .zip(l.axis_iter(Axis(0)).into_par_iter())
-            .zip(per_row.into_par_iter())
-            .for_each(row);
+        o.par_chunks_mut(width).enumerate().for_each(row);
     } else {
-        o.chunks_mut(width)
-            .zip(l.outer_iter())
-            .zip(per_row)
-            .for_each(row);
+        o.chunks_mut(width).enumerate().for_each(row);
     }
     Ok(())
 }

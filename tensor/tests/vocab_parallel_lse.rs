@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::placement;
+use common::{log_sum_exp as lse, padded_cross_entropy_reference as reference, placement};
 use oxiflow_tensor::{
     dispatch, run_ranks, ClassShard, DType, GlobalLayout, LossOp, NdSbp, Op, Placement, Sbp, Shape,
     Tensor,
@@ -43,15 +43,6 @@ fn logits_of(x: Tensor) -> Tensor {
 fn never_zero(x: Vec<f64>) -> Vec<f64> {
     assert!(x.iter().all(|&v| v != 0.0), "a zero logit");
     x
-}
-
-/// The log-sum-exp of `values` in f64 (-inf for none).
-fn lse(values: &[f64]) -> f64 {
-    let m = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    if m == f64::NEG_INFINITY {
-        return m;
-    }
-    m + values.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
 }
 
 /// The rounding of `dtype`'s compute (f64: a few ulps; 16-bit logits compute in f32).
@@ -201,29 +192,6 @@ proptest! {
         }
         check_partials(&mesh, NdSbp::new(sbp), rows, width, classes, dtype, seed);
     }
-}
-
-/// The f64 reference over the first `classes` of `width` columns: per-row loss and the
-/// gradient of `sum(loss * c)`.
-fn reference(
-    x: &[f64],
-    width: usize,
-    classes: usize,
-    t: &[i64],
-    c: &[f64],
-) -> (Vec<f64>, Vec<f64>) {
-    let mut loss = Vec::new();
-    let mut grad = vec![0.0; x.len()];
-    for (i, row) in x.chunks(width).enumerate() {
-        let s = lse(&row[..classes]);
-        let ti = t[i] as usize;
-        loss.push(s - row[ti]);
-        for j in 0..classes {
-            let onehot = if j == ti { 1.0 } else { 0.0 };
-            grad[i * width + j] = c[i] * ((row[j] - s).exp() - onehot);
-        }
-    }
-    (loss, grad)
 }
 
 /// Both padded losses of class-split `dtype` logits (`sbp` on `mesh`) against the reference:

@@ -10,10 +10,12 @@ use crate::op::{ClassShard, LossKernels};
 use crate::Result;
 
 /// (rows, columns) of a class shard `[N, C]` (a shard of no columns keeps its rows), after
-/// checking that every per-row piece has one value per row in the compute dtype.
+/// checking that the labels (if any) and every per-row piece have one value per row, the
+/// pieces in the compute dtype.
 fn shard_rows(
     name: &'static str,
     logits: &CudaStorage,
+    labels: Option<&CudaStorage>,
     per_row: &[&CudaStorage],
 ) -> Result<(usize, usize)> {
     float_only(name, logits.dtype)?;
@@ -26,6 +28,12 @@ fn shard_rows(
             ))
         }
     };
+    if let Some(l) = labels.filter(|l| l.numel() != rows) {
+        return Err(derr(
+            name,
+            format!("labels {} for logits {}", l.shape, logits.shape),
+        ));
+    }
     let compute = logits.dtype.compute();
     if let Some(bad) = per_row
         .iter()
@@ -111,7 +119,7 @@ impl LossKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let (rt, name) = (&self.rt, "vocab_parallel_log_sum_exp");
-        let (rows, c) = shard_rows(name, a, &[out])?;
+        let (rows, c) = shard_rows(name, a, None, &[out])?;
         if out.shape.dims().get(1) != Some(&1) {
             return Err(derr(
                 name,
@@ -139,13 +147,7 @@ impl LossKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let (rt, name) = (&self.rt, "vocab_parallel_cross_entropy");
-        let (rows, c) = shard_rows(name, a, &[lse, out])?;
-        if labels.numel() != rows {
-            return Err(derr(
-                name,
-                format!("labels {} for logits {}", labels.shape, a.shape),
-            ));
-        }
+        let (rows, c) = shard_rows(name, a, Some(labels), &[lse, out])?;
         let y = &*out;
         let (r, cc, st, cl) = (rows as i64, c as i64, at.start as i64, at.classes as i64);
         let (xp, lp, sp, yp) = (a.ptr(), labels.ptr(), lse.ptr(), y.ptr());
@@ -165,14 +167,8 @@ impl LossKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let (rt, name) = (&self.rt, "vocab_parallel_cross_entropy_backward");
-        let (rows, c) = shard_rows(name, a, &[lse, dy])?;
+        let (rows, c) = shard_rows(name, a, Some(labels), &[lse, dy])?;
         fits(name, a, out, true)?;
-        if labels.numel() != rows {
-            return Err(derr(
-                name,
-                format!("labels {} for logits {}", labels.shape, a.shape),
-            ));
-        }
         let y = &*out;
         let (r, cc, st, cl) = (rows as i64, c as i64, at.start as i64, at.classes as i64);
         let (xp, lp, sp, gp, yp) = (a.ptr(), labels.ptr(), lse.ptr(), dy.ptr(), y.ptr());

@@ -4,7 +4,8 @@
 //! and the padded loss and gradient through `cross_entropy_padded` and
 //! `classifier_loss_padded`, in f64, f32 and bf16, on 1-d and 2-d meshes with classes split
 //! unevenly (shards of padding only, empty shards, `classes == C`, partial logits): values,
-//! dtypes, layouts, and a padding gradient of exactly 0.
+//! dtypes, layouts, a padding gradient of exactly 0, no rows, and bad input refused as on
+//! whole logits.
 
 mod common;
 
@@ -313,6 +314,55 @@ fn padded_losses_of_class_split_logits_equal_the_reference_in_every_dtype() {
         for (width, classes) in [(10, 7), (10, 10), (9, 2), (3, 3)] {
             for dtype in [F, DType::F32, DType::BF16] {
                 check_losses(mesh, sbp.clone(), 6, width, classes, dtype);
+            }
+            // No rows at all.
+            check_losses(mesh, sbp.clone(), 0, width, classes, F);
+        }
+    }
+}
+
+/// On class-split logits, bad class counts and targets in the padding are the same typed
+/// errors as on whole ones, on every rank.
+#[test]
+fn bad_input_on_class_split_logits_is_refused_alike() {
+    for (mesh, sbp) in [
+        (&[2usize][..], NdSbp::new([S(1)])),
+        (&[2, 2][..], NdSbp::new([S(0), S(1)])),
+    ] {
+        let p = placement(mesh, 9);
+        let got = run_ranks(p.num_ranks(), Duration::from_secs(60), |_| {
+            let b = NdSbp::broadcast(p.ndim());
+            let x = Tensor::randn_global([4, 9], 1, DType::BF16, &p, sbp.clone()).unwrap();
+            let labels = |v: Vec<i64>| {
+                Tensor::from_vec(v, [4])
+                    .unwrap()
+                    .to_global(&p, b.clone())
+                    .unwrap()
+            };
+            let (t, pad) = (labels(vec![0, 1, 2, 3]), labels(vec![4; 4]));
+            let mut errors = Vec::new();
+            // Class counts outside 1..=9, then targets in the padding (classes 4: target 4).
+            for (classes, t) in [(0, &t), (10, &t), (4, &pad)] {
+                let e = x.classifier_loss_padded(t, classes).unwrap_err();
+                errors.push(e.to_string());
+                let e = x.cross_entropy_padded(t, classes).unwrap_err();
+                errors.push(e.to_string());
+            }
+            errors
+        });
+        for errors in got {
+            for (k, e) in errors.iter().enumerate() {
+                let op = ["classifier", "cross_entropy"][k % 2];
+                let ok = match k / 2 {
+                    c @ (0 | 1) => {
+                        let classes = [0, 10][c];
+                        e.contains(op)
+                            && e.contains(&format!("classes {classes}"))
+                            && e.contains("[4, 9]")
+                    }
+                    _ => e.contains("out of range"),
+                };
+                assert!(ok, "{mesh:?} error {k}: {e}");
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Per-sample cross-entropy of logits `[N, C]` against i64 labels `[N]`, and its logits gradient.
 //! Logits split on the classes take the vocabulary-parallel path: one fused pass per class shard
-//! gives each shard's log-sum-exp, and only `[N, 1]` partials move between ranks, so the logits
+//! gives each shard's log-sum-exp, and only per-row partials move between ranks, so the logits
 //! are never gathered, copied or masked.
 
 use oxiflow_dtype::DType;

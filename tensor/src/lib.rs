@@ -51,7 +51,7 @@ pub use op::{
     LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
 };
 pub use op::{AttentionOp, DropoutOp};
-pub use op::{GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
+pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};
 pub use tensor::Tensor;
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{nd_sbp, padded_cross_entropy_reference as reference, placement};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -29,33 +29,6 @@ fn targets(rows: usize, classes: usize, seed: u64) -> Vec<i64> {
     (0..rows as u64)
         .map(|i| ((i * 7 + seed * 13) % classes as u64) as i64)
         .collect()
-}
-
-/// The f64 reference over the first `classes` of `width` columns: per-row loss
-/// `logsumexp(x[..classes]) - x[t]`, and the gradient of `sum(loss * c)`:
-/// `c (softmax - onehot)` in the class columns, 0 in the padding.
-fn reference(
-    x: &[f64],
-    width: usize,
-    classes: usize,
-    t: &[i64],
-    c: &[f64],
-) -> (Vec<f64>, Vec<f64>) {
-    let mut loss = Vec::new();
-    let mut grad = vec![0.0; x.len()];
-    for (i, row) in x.chunks(width).enumerate() {
-        let real = &row[..classes];
-        let m = real.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = real.iter().map(|v| (v - m).exp()).sum();
-        let lse = m + s.ln();
-        let ti = t[i] as usize;
-        loss.push(lse - real[ti]);
-        for (j, v) in real.iter().enumerate() {
-            let onehot = if j == ti { 1.0 } else { 0.0 };
-            grad[i * width + j] = c[i] * ((v - lse).exp() - onehot);
-        }
-    }
-    (loss, grad)
 }
 
 /// The largest relative rounding of `dtype` (f64: a few f64 ulps).

@@ -5,6 +5,7 @@
 //! (exact), (c) pipelined boxing: 30 iterations of boxing chains (1-d, and a [2, 2] mesh on 4
 //! ranks) queued with no synchronisation, results kept alive or dropped, then compared with
 //! the same chains on CPU; (d) every bf16/f16 kernel against f64 on random, never-zero data;
+//! (e) the vocabulary-parallel cross-entropy kernels against the CPU ones;
 //! plus the device Philox generator against `rng::philox4x32_10`.
 //! Prints "skipped: no CUDA (...)" where there is no GPU.
 //!
@@ -25,7 +26,9 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 mod gpu_tensor_checks;
 mod half_cases;
-use gpu_tensor_checks::{child_adamw_copies, child_buckets, child_sum_squares};
+use gpu_tensor_checks::{
+    child_adamw_copies, child_buckets, child_sum_squares, child_vocab_parallel,
+};
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
     child_large_reductions, child_pipelined, op_strategy, run_case, sbp_of,
@@ -415,6 +418,16 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             code = 15;
         }
     }
+    match child_vocab_parallel(world, DeviceType::Cuda) {
+        Ok(n) if rank == 0 => println!(
+            "gpu_tensor: world {world}: {n} vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {rank}: vocabulary-parallel cross-entropy: {e}");
+            code = 16;
+        }
+    }
     let t = Instant::now();
     match child_flash(world, DeviceType::Cuda) {
         Ok(n) if rank == 0 => println!(
@@ -462,6 +475,7 @@ fn cpu_self_check() {
             .and_then(|x| child_sum_squares(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_adamw_copies(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_buckets(4, rank, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_vocab_parallel(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -1,16 +1,18 @@
 //! Loss CPU kernels, written into the executor's output buffer: per-sample cross-entropy of
-//! logits against labels and its logits gradient.
+//! logits against labels and its logits gradient, and the vocabulary-parallel kernels on one
+//! class shard (rayon over the rows when large).
 
-use ndarray::{ArrayD, Zip};
+use ndarray::{ArrayD, ArrayView1, ArrayView2, Axis, Zip};
+use rayon::prelude::*;
 
-use super::{check_ids, out_as, rows, CpuBackend};
+use super::{check_ids, out_as, rows, CpuBackend, PAR_THRESHOLD};
 use crate::element::FloatElement;
-use crate::op::{kernel_err, LossKernels};
+use crate::op::{kernel_err, ClassShard, LossKernels};
 use crate::storage::CpuArray;
 use crate::Result;
 
 /// log-sum-exp of one row.
-fn lse<F: FloatElement>(r: ndarray::ArrayView1<F>) -> F {
+fn lse<F: FloatElement>(r: ArrayView1<F>) -> F {
     let m = r.fold(F::lowest(), |a, &x| if x > a { x } else { a });
     let m = if m == F::lowest() {
         F::from_f64(0.0)
@@ -91,6 +93,162 @@ fn cross_entropy_backward_t<F: FloatElement>(
     Ok(())
 }
 
+/// log-sum-exp of `values` in one pass: a running max and the sum of exponentials relative to
+/// it, rescaled when the max grows; -inf for no values (or only -inf).
+fn lse_one_pass<F: FloatElement>(values: impl Iterator<Item = F>) -> F {
+    let zero = F::from_f64(0.0);
+    let (mut m, mut s) = (F::lowest(), zero);
+    for v in values {
+        if v > m {
+            s = s * (m - v).exp() + F::from_f64(1.0);
+            m = v;
+        } else {
+            s += (v - m).exp();
+        }
+    }
+    if s > zero {
+        m + s.ln()
+    } else {
+        F::from_f64(f64::NEG_INFINITY)
+    }
+}
+
+/// The logits piece as rows, with the per-row values (`[rows, 1]` or `[rows]`) fitting them.
+fn shard_rows<'a, F: FloatElement>(
+    op: &'static str,
+    logits: &'a ArrayD<F>,
+    per_row: &[usize],
+) -> Result<ArrayView2<'a, F>> {
+    let l = rows(logits)
+        .filter(|_| logits.ndim() == 2)
+        .ok_or_else(|| kernel_err(op, format!("logits {:?} are not [N, C]", logits.shape())))?;
+    if let Some(&bad) = per_row.iter().find(|&&n| n != l.nrows()) {
+        return Err(kernel_err(
+            op,
+            format!(
+                "a per-row input or output of {bad} values for {} rows",
+                l.nrows()
+            ),
+        ));
+    }
+    Ok(l)
+}
+
+fn vocab_parallel_lse_t<F: FloatElement>(
+    logits: &ArrayD<F>,
+    at: ClassShard,
+    out: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "vocab_parallel_log_sum_exp";
+    if out.ndim() != 2 || out.shape()[1] != 1 {
+        return Err(kernel_err(
+            op,
+            format!(
+                "writes one column per class shard, got an output piece {:?}",
+                out.shape()
+            ),
+        ));
+    }
+    let l = shard_rows(op, logits, &[out.len()])?;
+    let cols = at.class_columns(l.ncols());
+    let one = |(o, r): (&mut F, ArrayView1<'_, F>)| {
+        *o = lse_one_pass(r.iter().take(cols).copied());
+    };
+    let o = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op, "output is not contiguous".into()))?;
+    if logits.len() >= PAR_THRESHOLD {
+        o.par_iter_mut()
+            .zip(l.axis_iter(Axis(0)).into_par_iter())
+            .for_each(one);
+    } else {
+        o.iter_mut().zip(l.outer_iter()).for_each(one);
+    }
+    Ok(())
+}
+
+/// The column of `label` in a piece whose first column is global `start`, if it holds it.
+fn label_column(label: i64, start: usize, width: usize) -> Option<usize> {
+    (label as usize).checked_sub(start).filter(|&j| j < width)
+}
+
+fn vocab_parallel_loss_t<F: FloatElement>(
+    logits: &ArrayD<F>,
+    labels: &ArrayD<i64>,
+    lse: &ArrayD<F>,
+    at: ClassShard,
+    out: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "vocab_parallel_cross_entropy";
+    let l = shard_rows(op, logits, &[labels.len(), lse.len(), out.len()])?;
+    check_ids(op, labels, at.classes)?;
+    let zero = F::from_f64(0.0);
+    for (((o, r), &t), &s) in out
+        .iter_mut()
+        .zip(l.outer_iter())
+        .zip(labels.iter())
+        .zip(lse.iter())
+    {
+        let target = label_column(t, at.start, r.len()).map_or(zero, |j| r[j]);
+        *o = if at.start == 0 { s } else { zero } - target;
+    }
+    Ok(())
+}
+
+fn vocab_parallel_backward_t<F: FloatElement>(
+    logits: &ArrayD<F>,
+    labels: &ArrayD<i64>,
+    lse: &ArrayD<F>,
+    dy: &ArrayD<F>,
+    at: ClassShard,
+    out: &mut ArrayD<F>,
+) -> Result<()> {
+    let op = "vocab_parallel_cross_entropy_backward";
+    let l = shard_rows(op, logits, &[labels.len(), lse.len(), dy.len()])?;
+    check_ids(op, labels, at.classes)?;
+    if out.shape() != logits.shape() {
+        return Err(kernel_err(
+            op,
+            format!(
+                "output {:?} does not fit logits {:?}",
+                out.shape(),
+                logits.shape()
+            ),
+        ));
+    }
+    let (width, cols) = (l.ncols(), at.class_columns(l.ncols()));
+    let zero = F::from_f64(0.0);
+    let o = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op, "output is not contiguous".into()))?;
+    let per_row: Vec<(i64, F, F)> = labels
+        .iter()
+        .zip(lse.iter())
+        .zip(dy.iter())
+        .map(|((&t, &s), &g)| (t, s, g))
+        .collect();
+    let row = |(i, o): (usize, &mut [F])| {
+        let (t, s, g) = per_row[i];
+        let label = label_column(t, at.start, width);
+        for (j, (o, &x)) in o.iter_mut().zip(l.row(i).iter()).enumerate().take(cols) {
+            *o = (x - s).exp() * g;
+            if Some(j) == label {
+                *o = *o - g;
+            }
+        }
+        o[cols..].fill(zero);
+    };
+    if width == 0 {
+        return Ok(());
+    }
+    if o.len() >= PAR_THRESHOLD {
+        o.par_chunks_mut(width).enumerate().for_each(row);
+    } else {
+        o.chunks_mut(width).enumerate().for_each(row);
+    }
+    Ok(())
+}
+
 impl LossKernels for CpuBackend {
     fn cross_entropy(
         &self,
@@ -123,6 +281,65 @@ impl LossKernels for CpuBackend {
             _ => Err(kernel_err(
                 op,
                 "needs float dy/logits and i64 labels".into(),
+            )),
+        }
+    }
+
+    fn vocab_parallel_lse(
+        &self,
+        logits: &CpuArray,
+        at: ClassShard,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "vocab_parallel_log_sum_exp";
+        match logits {
+            CpuArray::F32(l) => vocab_parallel_lse_t(l, at, out_as(op, out)?),
+            CpuArray::F64(l) => vocab_parallel_lse_t(l, at, out_as(op, out)?),
+            _ => Err(kernel_err(op, "needs float logits".into())),
+        }
+    }
+    fn vocab_parallel_loss(
+        &self,
+        logits: &CpuArray,
+        labels: &CpuArray,
+        lse: &CpuArray,
+        at: ClassShard,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "vocab_parallel_cross_entropy";
+        match (logits, labels, lse) {
+            (CpuArray::F32(l), CpuArray::I64(y), CpuArray::F32(s)) => {
+                vocab_parallel_loss_t(l, y, s, at, out_as(op, out)?)
+            }
+            (CpuArray::F64(l), CpuArray::I64(y), CpuArray::F64(s)) => {
+                vocab_parallel_loss_t(l, y, s, at, out_as(op, out)?)
+            }
+            _ => Err(kernel_err(
+                op,
+                "needs float logits and lse of one dtype and i64 labels".into(),
+            )),
+        }
+    }
+    fn vocab_parallel_backward(
+        &self,
+        logits: &CpuArray,
+        labels: &CpuArray,
+        lse: &CpuArray,
+        dy: &CpuArray,
+        at: ClassShard,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "vocab_parallel_cross_entropy_backward";
+        match (logits, labels, lse, dy) {
+            (CpuArray::F32(l), CpuArray::I64(y), CpuArray::F32(s), CpuArray::F32(g)) => {
+                vocab_parallel_backward_t(l, y, s, g, at, out_as(op, out)?)
+            }
+            (CpuArray::F64(l), CpuArray::I64(y), CpuArray::F64(s), CpuArray::F64(g)) => {
+                vocab_parallel_backward_t(l, y, s, g, at, out_as(op, out)?)
+            }
+            _ => Err(kernel_err(
+                op,
+                "needs float logits, lse and dy of one dtype and i64 labels".into(),
             )),
         }
     }

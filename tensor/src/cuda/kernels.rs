@@ -147,6 +147,9 @@ pub(crate) enum Template {
     LayerNormBw,
     CrossEntropy,
     CrossEntropyBw,
+    VocabLse,
+    VocabLoss,
+    VocabBw,
     Put,
     Rotary,
     Dropout,
@@ -167,7 +170,7 @@ pub(crate) enum Template {
 }
 
 impl Template {
-    const ALL: [Template; 26] = [
+    const ALL: [Template; 29] = [
         Template::Unary,
         Template::UnaryBw,
         Template::Scalar,
@@ -177,6 +180,9 @@ impl Template {
         Template::LayerNormBw,
         Template::CrossEntropy,
         Template::CrossEntropyBw,
+        Template::VocabLse,
+        Template::VocabLoss,
+        Template::VocabBw,
         Template::Put,
         Template::Rotary,
         Template::Dropout,
@@ -208,6 +214,9 @@ impl Template {
             Template::LayerNormBw => "layer_norm_bw",
             Template::CrossEntropy => "cross_entropy",
             Template::CrossEntropyBw => "cross_entropy_bw",
+            Template::VocabLse => "vp_lse",
+            Template::VocabLoss => "vp_loss",
+            Template::VocabBw => "vp_bw",
             Template::Put => "put",
             Template::Rotary => "rotary",
             Template::Dropout => "dropout",

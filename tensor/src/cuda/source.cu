@@ -94,6 +94,8 @@ __device__ __forceinline__ i64    m_highest(i64)    { return (i64)0x7fffffffffff
 __device__ __forceinline__ float  m_nan(float)  { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double m_nan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
 __device__ __forceinline__ i64    m_nan(i64)    { return 0; }
+__device__ __forceinline__ float  m_inf(float)  { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double m_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
 
 template <typename T> __device__ T un_f(int op, T x) {
     const T zero = (T)0, one = (T)1, half = (T)0.5;
@@ -410,6 +412,60 @@ template <typename T> __device__ void cross_entropy_bw_t(i64 rows, i64 c, const 
     }
 }
 
+// Vocabulary-parallel cross-entropy on one class shard: a [rows, c] piece whose first column is
+// global `start`; global columns from `classes` on are padding (outside the softmax, gradient
+// 0). The per-row log-sum-exp, loss and incoming gradient are in the compute type C. Labels
+// outside 0..classes give NaN (the CPU kernels' typed error cannot be raised without a sync).
+__device__ __forceinline__ i64 class_columns(i64 c, i64 start, i64 classes) {
+    i64 v = classes - start;
+    return v < 0 ? 0 : v > c ? c : v;
+}
+// Per row, the log-sum-exp of the class columns in one pass over the row: each thread keeps a
+// running max and the sum of exponentials relative to it, and the block combines them; -inf
+// where the shard holds no class. One block per row.
+template <typename T> __device__ void vp_lse_t(i64 rows, i64 c, i64 start, i64 classes, const T* x, typename Acc<T>::type* y) {
+    ACC
+    ROW_SHARED(C)
+    i64 n = class_columns(c, start, classes);
+    BLOCK_ROWS(r, rows) {
+        const T* xr = x + r * c;
+        C m = m_lowest((C)0), s = (C)0;
+        THREAD_COLS(j, n) {
+            C v = xr[j];
+            if (v > m) { s = s * m_exp(m - v) + (C)1; m = v; } else s += m_exp(v - m);
+        }
+        C mb = block_max(m, sh);
+        C sb = block_sum(s > (C)0 ? s * m_exp(m - mb) : (C)0, sh);
+        if (threadIdx.x == 0) y[r] = sb > (C)0 ? mb + m_log(sb) : -m_inf((C)0);
+    }
+}
+// Per row: lse where the shard starts at column 0 (else 0), minus the label's logit where the
+// shard holds its column (a partial sum over the class shards).
+template <typename T> __device__ void vp_loss_t(i64 rows, i64 c, i64 start, i64 classes, const T* x, const i64* lab, const typename Acc<T>::type* lse, typename Acc<T>::type* y) {
+    ACC
+    GRID_LOOP(r, rows) {
+        i64 t = lab[r], j = t - start;
+        C v = (j >= 0 && j < c) ? (C)x[r * c + j] : (C)0;
+        y[r] = (t < 0 || t >= classes) ? m_nan((C)0) : (start == 0 ? lse[r] : (C)0) - v;
+    }
+}
+// dx = dy (exp(x - lse) - onehot(label)) in the class columns, 0 in the padding. One block per
+// row.
+template <typename T> __device__ void vp_bw_t(i64 rows, i64 c, i64 start, i64 classes, const T* x, const i64* lab, const typename Acc<T>::type* lse, const typename Acc<T>::type* g, T* dx) {
+    ACC
+    i64 n = class_columns(c, start, classes);
+    BLOCK_ROWS(r, rows) {
+        i64 t = lab[r], tj = t - start;
+        bool ok = t >= 0 && t < classes;
+        C s = lse[r], gv = g[r];
+        const T* xr = x + r * c; T* dr = dx + r * c;
+        THREAD_COLS(j, c) {
+            C d = j >= n ? (C)0 : !ok ? m_nan((C)0) : m_exp((C)xr[j] - s) * gv - (j == tj ? gv : (C)0);
+            dr[j] = (T)d;
+        }
+    }
+}
+
 // Reads along a dim at indices: output element l = (o, j, i) of [outer, nidx, inner] reads
 // x[o, id - start, i] of x [outer, nx, inner], id = idx[l] (per_elem: torch.gather) or idx[j]
 // (index-select, embedding). Ids of other ranks' positions read 0; ids outside 0..total read
@@ -680,6 +736,9 @@ extern "C" __global__ void layer_norm_##NAME(i64 r, i64 h, double e, const T* x,
 extern "C" __global__ void layer_norm_bw_##NAME(i64 r, i64 h, const T* x, const T* w, const T* g, const Acc<T>::type* mi, const Acc<T>::type* ri, T* dx) { layer_norm_bw_t<T>(r, h, x, w, g, mi, ri, dx); } \
 extern "C" __global__ void cross_entropy_##NAME(i64 r, i64 c, const T* x, const i64* l, T* y) { cross_entropy_t<T>(r, c, x, l, y); } \
 extern "C" __global__ void cross_entropy_bw_##NAME(i64 r, i64 c, const T* x, const i64* l, const T* g, T* dx) { cross_entropy_bw_t<T>(r, c, x, l, g, dx); } \
+extern "C" __global__ void vp_lse_##NAME(i64 r, i64 c, i64 st, i64 cl, const T* x, Acc<T>::type* y) { vp_lse_t<T>(r, c, st, cl, x, y); } \
+extern "C" __global__ void vp_loss_##NAME(i64 r, i64 c, i64 st, i64 cl, const T* x, const i64* l, const Acc<T>::type* s, Acc<T>::type* y) { vp_loss_t<T>(r, c, st, cl, x, l, s, y); } \
+extern "C" __global__ void vp_bw_##NAME(i64 r, i64 c, i64 st, i64 cl, const T* x, const i64* l, const Acc<T>::type* s, const Acc<T>::type* g, T* dx) { vp_bw_t<T>(r, c, st, cl, x, l, s, g, dx); } \
 extern "C" __global__ void rotary_##NAME(i64 n, i64 d, i64 t, i64 in, i64 p0, double b, double sg, const T* x, T* y) { rotary_t<T>(n, d, t, in, p0, b, sg, x, y); } \
 extern "C" __global__ void unary_##NAME(i64 n, int op, const T* x, T* y) { unary_t<T>(n, op, x, y); } \
 extern "C" __global__ void scalar_##NAME(i64 n, int op, double c, const T* x, T* y) { scalar_t<T>(n, op, c, x, y); } \
@@ -705,7 +764,7 @@ extern "C" __global__ void where_##NAME(i64 n, const double* c, const T* a, cons
 extern "C" __global__ void triangular_##NAME(i64 n, i64 r, i64 c, i64 r0, i64 c0, i64 k, int up, const T* x, T* y) { triangular_t<T>(n, r, c, r0, c0, k, up, x, y); } \
 extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i64 tot, int pe, const T* x, const i64* idx, T* y) { take_t<T>(n, ni, in, nx, st, tot, pe, x, idx, y); }
 
-// The source compiles in `OXI_PARTS` parts, one per element type plus the rest, on parallel
+// The source compiles in five parts (`PARTS` of kernels.rs), one per float type and the rest, on parallel
 // threads (`OXI_PART` is defined before it); the kernels above are small and in every part.
 #if OXI_PART == 1
 INST(f32, float)

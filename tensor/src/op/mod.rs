@@ -46,7 +46,7 @@ pub use embedding::{EmbeddingKernels, EmbeddingOp};
 pub use gather::{Addressing, Along, GatherKernels, GatherOp, IndexShard};
 pub(crate) use grad::{Grad, Saved, Saves};
 pub use layout::{LayoutKernels, LayoutOp};
-pub use loss::{LossKernels, LossOp};
+pub use loss::{ClassShard, LossKernels, LossOp};
 pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
 pub(crate) use norm::stats_dtype as norm_stats_dtype;

@@ -1,7 +1,7 @@
 //! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, running a
 //! closure on every rank of a placement, reading values (whole global ones too), the weighted
-//! sum a gradient test differentiates, finite-difference gradient checks, and array comparison
-//! with an f32 tolerance.
+//! sum a gradient test differentiates, finite-difference gradient checks, array comparison
+//! with an f32 tolerance, and the f64 reference of the padded cross-entropy.
 
 #![allow(dead_code)]
 
@@ -142,4 +142,38 @@ pub fn ranks_match(got: &[Vec<Vec<f64>>], want: &[Vec<f64>]) -> Result<(), Strin
         }
     }
     Ok(())
+}
+
+/// The f64 log-sum-exp of `values` (-inf for none).
+pub fn log_sum_exp(values: &[f64]) -> f64 {
+    let m = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + values.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+}
+
+/// The f64 reference of the cross-entropy over the first `classes` of `width` columns of
+/// logits `x` (row-major): per-row loss `logsumexp(x[..classes]) - x[t]`, and the gradient of
+/// `sum(loss * c)`: `c (softmax - onehot)` in the class columns, 0 in the padding.
+pub fn padded_cross_entropy_reference(
+    x: &[f64],
+    width: usize,
+    classes: usize,
+    t: &[i64],
+    c: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let mut loss = Vec::new();
+    let mut grad = vec![0.0; x.len()];
+    for (i, row) in x.chunks(width).enumerate() {
+        let real = &row[..classes];
+        let lse = log_sum_exp(real);
+        let ti = t[i] as usize;
+        loss.push(lse - real[ti]);
+        for (j, v) in real.iter().enumerate() {
+            let onehot = if j == ti { 1.0 } else { 0.0 };
+            grad[i * width + j] = c[i] * ((v - lse).exp() - onehot);
+        }
+    }
+    (loss, grad)
 }

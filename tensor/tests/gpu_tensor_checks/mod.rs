@@ -3,7 +3,8 @@
 //! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
 //! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
 //! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
-//! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`).
+//! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`), the
+//! vocabulary-parallel cross-entropy kernels (`vocab.rs`).
 
 use super::*;
 
@@ -14,6 +15,7 @@ mod indexed;
 mod op_cases;
 mod reductions;
 mod sum_squares;
+mod vocab;
 pub(crate) use buckets::child_buckets;
 pub(crate) use flash::child_flash;
 pub(crate) use half::child_half;
@@ -21,6 +23,7 @@ pub(crate) use indexed::run_indexed_case;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use sum_squares::{child_adamw_copies, child_sum_squares};
+pub(crate) use vocab::child_vocab_parallel;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
 type Boxer<'a> = dyn Fn(&Tensor, &[Sbp]) -> Result<Tensor> + 'a;

@@ -224,25 +224,13 @@ impl Gpt {
             });
         }
         let (logits, targets) = (logits.reshape([b * t, v])?, targets.reshape([b * t])?);
-        // Classes whole: the fused classifier, whose loss is f32 whatever the logits' dtype
-        // and which keeps only their gradient, in their dtype. Classes split over several
-        // ranks: the vocabulary-parallel cross-entropy, in f32. Both over `vocab` classes.
-        let classes = self.cfg.vocab;
-        let classes_split = match (logits.placement(), logits.nd_sbp()) {
-            (Some(p), Some(nd)) => nd
-                .iter()
-                .zip(p.shape().iter())
-                .any(|(s, &n)| s == Sbp::S(1) && n > 1),
-            _ => false,
-        };
-        if !classes_split {
-            return logits.classifier_loss_padded(&targets, classes)?.mean_all();
-        }
-        let logits = match logits.dtype() {
-            d if d.is_half() => logits.to_dtype(DType::F32)?,
-            _ => logits,
-        };
-        logits.cross_entropy_padded(&targets, classes)?.mean_all()
+        // The loss is in the logits' compute dtype (f32 for bf16), over `vocab` classes; one tensor of
+        // the logits' size and dtype stays for the backward: classes whole take the fused
+        // classifier (which keeps the logits' gradient), classes split over several ranks the
+        // vocabulary-parallel cross-entropy (which keeps the logits).
+        logits
+            .classifier_loss_padded(&targets, self.cfg.vocab)?
+            .mean_all()
     }
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).

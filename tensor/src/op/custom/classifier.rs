@@ -5,12 +5,13 @@
 //! logits (f64 for f64 ones). Only the first `classes` columns are classes: the columns from
 //! `classes` on (a vocabulary padded to an aligned width) are outside the softmax and get a
 //! zero gradient. Rows split or whole; a vocabulary split over several ranks takes the
-//! vocabulary-parallel cross-entropy instead ([`Tensor::cross_entropy_padded`]).
+//! vocabulary-parallel cross-entropy instead (see [`Tensor::cross_entropy_padded`]).
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::{dispatch, dispatch_multi};
+use crate::dispatch::{dispatch, dispatch_multi, meta_err};
+use crate::op::loss::{classes_split, vocab_parallel_cross_entropy};
 use crate::op::{
     kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, Backend, BinaryOp, Grad,
     Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, Saves, ScalarOp, Triangle,
@@ -235,7 +236,8 @@ impl Tensor {
     /// Per-row cross-entropy of logits `[N, V]` against targets `[N]` (i64) -> `[N]` (f32; f64
     /// for f64 logits), through the fused classifier: the logits' gradient is computed in the
     /// forward and kept in their dtype, the logits are not. Logits split on the classes over
-    /// several ranks are boxed to whole rows (use [`Tensor::cross_entropy`] to keep them split).
+    /// several ranks take the vocabulary-parallel cross-entropy instead (the same loss in the
+    /// same dtype; the logits stay split and are kept for the backward, in their dtype).
     pub fn classifier_loss(&self, targets: &Tensor) -> Result<Tensor> {
         let classes = match self.shape().dims() {
             [_, v] => *v,
@@ -250,7 +252,19 @@ impl Tensor {
     /// aligned width), outside the softmax, and their gradient is 0; targets must be below
     /// `classes`. `classes == V` is [`Tensor::classifier_loss`].
     pub fn classifier_loss_padded(&self, targets: &Tensor, classes: usize) -> Result<Tensor> {
-        let out = dispatch_multi(ClassifierOp::Forward { classes }.into(), &[self, targets])?;
+        let op = ClassifierOp::Forward { classes };
+        if classes_split(self) {
+            // The fused op's checks first, so every layout refuses bad input alike.
+            let shapes = [self.shape(), targets.shape()];
+            op.infer(
+                &shapes,
+                &[self.dtype(), targets.dtype()],
+                RuleMode::ShapesOnly,
+            )
+            .map_err(|e| meta_err(&op.into(), e, &[self, targets]))?;
+            return vocab_parallel_cross_entropy(self, targets, classes);
+        }
+        let out = dispatch_multi(op.into(), &[self, targets])?;
         out.into_iter()
             .next()
             .ok_or_else(|| kernel_err("classifier", "gave no output".into()))

@@ -10,21 +10,9 @@ import argparse
 import json
 from collections import defaultdict
 
+from trace_overlap import covered, merge
+
 COMPUTE, NCCL = 4, 5
-
-
-def merge(spans):
-    out = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
-def covered(s, e, merged):
-    return sum(max(0, min(e, b) - max(s, a)) for a, b in merged if a < e and b > s)
 
 
 def main():
@@ -62,10 +50,10 @@ def main():
         print(f"  {t / 1e3:7.3f} ms  {k:4d}x  {n[:70]}")
     if comm:
         tot = sum(e - s for s, e, _, _ in comm)
-        exposed = sum((e - s) - covered(s, e, merged) for s, e, _, _ in comm)
+        exposed = sum((e - s) - covered((s, e), merged) for s, e, _, _ in comm)
         print(f"  NCCL: {len(comm)} collectives, {tot / 1e3:.2f} ms, {exposed / 1e3:.2f} ms with no compute kernel under it")
         for s, e, n, args in comm:
-            x = (e - s) - covered(s, e, merged)
+            x = (e - s) - covered((s, e), merged)
             if x > 20:
                 print(f"    at {(s - w0) / 1e3:6.2f} ms  {(e - s) / 1e3:6.3f} ms  exposed {x / 1e3:6.3f}  {n[:40]} {json.dumps(args)[:80]}")
 

@@ -92,14 +92,7 @@ pub(crate) fn copy_many(rt: &std::sync::Arc<CudaRuntime>, list: &[CopyEntry]) ->
     }
     let f = kernels(rt, op)?.get(op, "copy_many")?;
     let entries = Block::alloc(rt, std::mem::size_of_val(list.as_slice()))?;
-    // SAFETY: CopyEntry is repr(C) plain old data; the bytes are its exact representation.
-    let raw = unsafe {
-        std::slice::from_raw_parts(
-            list.as_ptr().cast::<u8>(),
-            std::mem::size_of_val(list.as_slice()),
-        )
-    };
-    upload(rt, entries.ptr(), raw, op)?;
+    upload(rt, entries.ptr(), &list, op)?;
     let (lp, n) = (entries.ptr(), list.len() as i32);
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),

@@ -109,14 +109,7 @@ pub(crate) fn sum_squares(
     }
     let partial = Block::alloc(rt, grid * 8)?;
     let entries = Block::alloc(rt, std::mem::size_of_val(list.as_slice()))?;
-    // SAFETY: SumEntry is repr(C) plain old data; the bytes are its exact representation.
-    let raw = unsafe {
-        std::slice::from_raw_parts(
-            list.as_ptr().cast::<u8>(),
-            std::mem::size_of_val(list.as_slice()),
-        )
-    };
-    upload(rt, entries.ptr(), raw, op)?;
+    upload(rt, entries.ptr(), &list, op)?;
     let (lp, nt, zeroed, pp) = (
         entries.ptr(),
         list.len() as i32,

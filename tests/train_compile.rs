@@ -1,8 +1,8 @@
 //! `train --compile` under `oflaunch` with real processes (CPU backend): each step's forward
 //! and backward passes captured on the first step and replayed after give the eager loss
-//! curve (f64: 1e-9 relative) on 1 rank, DP2 x TP2 with sequence parallelism and gradient
-//! buckets, DP2 with ZeRO-3, full recomputation and gradient accumulation, and for the MLP
-//! classifier; rank 0 prints one `compiled:` line; combinations it cannot run are refused.
+//! curve (f64: 1e-9 relative) on 1 rank, DP4, TP4, DP2 x TP2 with sequence parallelism and
+//! gradient buckets, DP2 with ZeRO-3, full recomputation and gradient accumulation, and for the
+//! MLP classifier; rank 0 prints one `compiled:` line; combinations it cannot run are refused.
 
 mod common;
 
@@ -48,6 +48,12 @@ fn compare(nproc: usize, args: &[&str]) {
 #[test]
 fn compiled_gpt_steps_equal_eager_on_one_rank() {
     compare(1, &[]);
+}
+
+#[test]
+fn compiled_gpt_steps_equal_eager_dp4_and_tp4() {
+    compare(4, &["--dp", "4"]);
+    compare(4, &["--tp", "4"]);
 }
 
 #[test]

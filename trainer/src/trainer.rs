@@ -28,6 +28,23 @@ use crate::error::TrainError;
 use crate::model::{Batch, BatchSource, TrainModel};
 use crate::schedule::LrSchedule;
 
+/// One accumulation part of a pipelined step: its micro-batches' inputs and targets.
+pub(crate) struct PartBatches {
+    pub inputs: Vec<Tensor>,
+    pub targets: Vec<Tensor>,
+}
+
+/// What the pipeline schedule's runs of a step gave on this rank.
+pub(crate) struct PipelinedParts {
+    /// Each part's mean loss (0-d, on the last stage's placement; none on other stages).
+    pub losses: Vec<Tensor>,
+    /// Time computing and wall time of the schedule runs.
+    pub busy: Duration,
+    pub span: Duration,
+    /// The gradient buckets reduced after the last part.
+    pub launched: Vec<(usize, BucketLaunch)>,
+}
+
 /// A pipelined job's layout as this rank sees it.
 #[derive(Clone, Debug)]
 pub struct PipelineRun {
@@ -55,8 +72,8 @@ pub struct TrainOptions {
     /// The dtype the buckets move as (None: the gradients' own).
     pub reduce_dtype: Option<DType>,
     pub pipeline: Option<PipelineRun>,
-    /// Run each unpipelined step's forward and backward passes as a compiled program
-    /// (`compiled_step.rs`).
+    /// Run each step's forward and backward passes (the whole pipeline schedule when
+    /// pipelined) as a compiled program (`compiled_step.rs`).
     pub compile: bool,
 }
 
@@ -171,12 +188,6 @@ impl<M: TrainModel> Trainer<M> {
                 "grad_accum must be at least 1".into(),
             ));
         }
-        if opts.compile && opts.pipeline.is_some() {
-            return Err(loop_err(
-                "Trainer::new",
-                "a compiled step runs unpipelined: compile or pipeline, not both".into(),
-            ));
-        }
         if opts.pipeline.is_some() && model.pipeline().is_none() {
             return Err(loop_err(
                 "Trainer::new",
@@ -211,8 +222,16 @@ impl<M: TrainModel> Trainer<M> {
         oxiflow_tensor::memory::reset_peaks();
         let mut buckets = Vec::new();
         let mut compiled = None;
-        let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() {
-            let (l, b) = self.pipelined_batch(step, &mut buckets)?;
+        let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() && self.opts.compile
+        {
+            let (loss, line) = crate::compiled_step::compiled_pipelined_batch(self, step)?;
+            compiled = line;
+            (Some(loss), None, None)
+        } else if self.opts.pipeline.is_some() {
+            let parts = self.pipelined_batches(step)?;
+            let done = self.pipelined_parts(step, &parts)?;
+            buckets = done.launched;
+            let (l, b) = self.pipelined_loss(&done.losses, Some((done.busy, done.span)))?;
             (Some(l), None, b)
         } else if self.opts.compile {
             let (loss, line) = crate::compiled_step::compiled_batch(self, step)?;
@@ -361,64 +380,106 @@ impl<M: TrainModel> Trainer<M> {
         Ok((loss.detach().cast(DType::F64)?, buckets))
     }
 
-    /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every
-    /// rank gets it) and the step's bubble, from one reduction over the world.
-    /// With buckets the gradients stay local partial sums through every part and are reduced
-    /// in buckets after the last one.
-    fn pipelined_batch(
-        &mut self,
+    /// Step `step`'s batch for the pipeline: per accumulation part, its micro-batches'
+    /// inputs and targets.
+    pub(crate) fn pipelined_batches(&mut self, step: u64) -> Result<Vec<PartBatches>, TrainError> {
+        let m = self
+            .opts
+            .pipeline
+            .as_ref()
+            .ok_or_else(|| loop_err("train_step", "not pipelined".into()))?
+            .spec
+            .micro_batches;
+        let k = self.opts.grad_accum;
+        (0..k)
+            .map(|a| {
+                let mut part = PartBatches {
+                    inputs: Vec::with_capacity(m),
+                    targets: Vec::with_capacity(m),
+                };
+                for j in 0..m {
+                    let b = self.data.train_batch(step, a * m + j, k * m)?;
+                    part.inputs.push(b.inputs);
+                    part.targets.push(b.targets);
+                }
+                Ok(part)
+            })
+            .collect()
+    }
+
+    /// Runs the pipeline schedule once per accumulation part of `parts`. With buckets the
+    /// gradients stay local partial sums through every part and are reduced in buckets after
+    /// the last one.
+    pub(crate) fn pipelined_parts(
+        &self,
         step: u64,
-        launched: &mut Vec<(usize, BucketLaunch)>,
-    ) -> Result<(f64, Option<f64>), TrainError> {
-        let Some(run) = self.opts.pipeline.clone() else {
+        parts: &[PartBatches],
+    ) -> Result<PipelinedParts, TrainError> {
+        let Some(run) = &self.opts.pipeline else {
             return Err(loop_err("train_step", "not pipelined".into()));
         };
         let model = self
             .model
             .pipeline()
             .ok_or_else(|| loop_err("train_step", "the model has no stages".into()))?;
-        let (k, m) = (self.opts.grad_accum, run.spec.micro_batches);
-        let rank = Context::current()
-            .ok_or_else(|| loop_err("train_step", "no runtime context".into()))?
-            .rank();
-        let lead_of_last = run.last.ranks().first() == Some(&rank);
-        let (mut loss, mut busy, mut span) = (0.0, Duration::ZERO, Duration::ZERO);
+        let k = parts.len();
+        let mut out = PipelinedParts {
+            losses: Vec::with_capacity(k),
+            busy: Duration::ZERO,
+            span: Duration::ZERO,
+            launched: Vec::new(),
+        };
         let deferred = self.grad_buckets(SyncMode::Defer);
         let _hook = deferred.map(|b| install_grad_hook(b));
-        for a in 0..k {
-            let (mut inputs, mut targets) = (Vec::with_capacity(m), Vec::with_capacity(m));
-            for j in 0..m {
-                let b = self.data.train_batch(step, a * m + j, k * m)?;
-                inputs.push(b.inputs);
-                targets.push(b.targets);
-            }
+        for (a, part) in parts.iter().enumerate() {
             let report = pipeline::run_step(
                 model,
                 &run.spec,
                 run.stage,
                 &MicroBatches {
-                    inputs: &inputs,
-                    targets: &targets,
+                    inputs: &part.inputs,
+                    targets: &part.targets,
                     scale: 1.0 / k as f64,
                 },
                 Pass::Train { step }.micro(a, k),
             )?;
-            let _ng = no_grad();
-            if let Some(l) = &report.loss {
-                let v = first("train_step", l)?;
-                if lead_of_last {
-                    loss += v;
-                }
-            }
-            busy += report.busy;
-            span += report.span;
+            out.losses.extend(report.loss);
+            out.busy += report.busy;
+            out.span += report.span;
         }
         drop(_hook);
         if let Some(b) = self.grad_buckets(SyncMode::Reduce) {
             b.reduce_now()?;
-            launched.extend(b.launched().into_iter().map(|l| (k - 1, l)));
+            out.launched
+                .extend(b.launched().into_iter().map(|l| (k - 1, l)));
         }
+        Ok(out)
+    }
+
+    /// The mean loss of a pipelined step (every rank gets it) from its parts' `losses` (on
+    /// the last stage; none elsewhere), and, given every rank's (busy, schedule wall time),
+    /// the step's bubble: one reduction over the world.
+    pub(crate) fn pipelined_loss(
+        &self,
+        losses: &[Tensor],
+        timing: Option<(Duration, Duration)>,
+    ) -> Result<(f64, Option<f64>), TrainError> {
+        let Some(run) = &self.opts.pipeline else {
+            return Err(loop_err("train_step", "not pipelined".into()));
+        };
+        let k = self.opts.grad_accum;
+        let rank = Context::current()
+            .ok_or_else(|| loop_err("train_step", "no runtime context".into()))?
+            .rank();
+        let lead_of_last = run.last.ranks().first() == Some(&rank);
         let _ng = no_grad();
+        let mut loss = 0.0;
+        for l in losses {
+            let v = first("train_step", l)?;
+            if lead_of_last {
+                loss += v;
+            }
+        }
         // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its
         // own slots; one sum over the world gives everyone all of them.
         let n = run.world.num_ranks();
@@ -430,11 +491,15 @@ impl<M: TrainModel> Trainer<M> {
             .iter()
             .position(|&r| r == rank)
             .ok_or_else(|| loop_err("train_step", format!("rank {rank} is not in the job")))?;
+        let (busy, span) = timing.unwrap_or_default();
         mine[1 + at] = busy.as_secs_f64();
         mine[1 + n + at] = span.as_secs_f64();
         let all = Tensor::from_vec(mine, [1 + 2 * n])?
             .to_global(&run.world, NdSbp::new([Sbp::Partial(ReduceOp::Sum)]))?
             .to_vec::<f64>()?;
+        if timing.is_none() {
+            return Ok((all[0], None));
+        }
         // The schedule took as long as its slowest rank; the bubble is the mean fraction of
         // that time a rank did not compute.
         let slowest = all[1 + n..].iter().copied().fold(0.0, f64::max).max(1e-12);

@@ -1,13 +1,13 @@
 //! `Trainer`: one loop for any `TrainModel` under any layout. A step sets the scheduled
 //! learning rate, runs its batch as `grad_accum` parts (each through the pipeline runner's
-//! micro-batches when pipelined; losses scaled so the gradients are the whole batch's; the
+//! micro-batches when pipelined, `pipelined.rs`; losses scaled so the gradients are the whole batch's; the
 //! data-parallel gradients reduced in buckets during the last part's backward pass, or after
 //! the last pipelined part, when `bucket_bytes` is set), measures
 //! the gradients' global norm while the optimizer boxes them (`Optimizer::prepare`), lets the
 //! hooks see the step before its update, and applies the update clipped to `clip_grad`.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use oxiflow_collectives::DType;
 use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
@@ -17,33 +17,16 @@ use oxiflow_models::optim::{
     clip_factor, first_non_finite, norm_of, BucketLaunch, GradBuckets, Optimizer, QueuedSum,
     SyncMode,
 };
-use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
+use oxiflow_models::pipeline::PipelineSpec;
 use oxiflow_placement::Placement;
-use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
-use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
+use oxiflow_sbp::NdSbp;
+use oxiflow_tensor::{install_grad_hook, no_grad, Tensor, TensorError};
 
 use oxiflow_compile::CompiledStep;
 
 use crate::error::TrainError;
 use crate::model::{Batch, BatchSource, TrainModel};
 use crate::schedule::LrSchedule;
-
-/// One accumulation part of a pipelined step: its micro-batches' inputs and targets.
-pub(crate) struct PartBatches {
-    pub inputs: Vec<Tensor>,
-    pub targets: Vec<Tensor>,
-}
-
-/// What the pipeline schedule's runs of a step gave on this rank.
-pub(crate) struct PipelinedParts {
-    /// Each part's mean loss (0-d, on the last stage's placement; none on other stages).
-    pub losses: Vec<Tensor>,
-    /// Time computing and wall time of the schedule runs.
-    pub busy: Duration,
-    pub span: Duration,
-    /// The gradient buckets reduced after the last part.
-    pub launched: Vec<(usize, BucketLaunch)>,
-}
 
 /// A pipelined job's layout as this rank sees it.
 #[derive(Clone, Debug)]
@@ -139,7 +122,7 @@ pub struct Trainer<M: TrainModel> {
     pub(crate) compiled: CompiledStep,
 }
 
-fn loop_err(op: &'static str, detail: String) -> TrainError {
+pub(crate) fn loop_err(op: &'static str, detail: String) -> TrainError {
     TrainError::Tensor(TensorError::Kernel { op, detail })
 }
 
@@ -313,7 +296,7 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// The bucketed gradient reduction of one backward pass in `mode` (None without buckets).
-    fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
+    pub(crate) fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
         (self.opts.bucket_bytes > 0).then(|| {
             GradBuckets::new(
                 self.optimizer.params(),
@@ -378,133 +361,6 @@ impl<M: TrainModel> Trainer<M> {
         }
         let _ng = no_grad();
         Ok((loss.detach().cast(DType::F64)?, buckets))
-    }
-
-    /// Step `step`'s batch for the pipeline: per accumulation part, its micro-batches'
-    /// inputs and targets.
-    pub(crate) fn pipelined_batches(&mut self, step: u64) -> Result<Vec<PartBatches>, TrainError> {
-        let m = self
-            .opts
-            .pipeline
-            .as_ref()
-            .ok_or_else(|| loop_err("train_step", "not pipelined".into()))?
-            .spec
-            .micro_batches;
-        let k = self.opts.grad_accum;
-        (0..k)
-            .map(|a| {
-                let mut part = PartBatches {
-                    inputs: Vec::with_capacity(m),
-                    targets: Vec::with_capacity(m),
-                };
-                for j in 0..m {
-                    let b = self.data.train_batch(step, a * m + j, k * m)?;
-                    part.inputs.push(b.inputs);
-                    part.targets.push(b.targets);
-                }
-                Ok(part)
-            })
-            .collect()
-    }
-
-    /// Runs the pipeline schedule once per accumulation part of `parts`. With buckets the
-    /// gradients stay local partial sums through every part and are reduced in buckets after
-    /// the last one.
-    pub(crate) fn pipelined_parts(
-        &self,
-        step: u64,
-        parts: &[PartBatches],
-    ) -> Result<PipelinedParts, TrainError> {
-        let Some(run) = &self.opts.pipeline else {
-            return Err(loop_err("train_step", "not pipelined".into()));
-        };
-        let model = self
-            .model
-            .pipeline()
-            .ok_or_else(|| loop_err("train_step", "the model has no stages".into()))?;
-        let k = parts.len();
-        let mut out = PipelinedParts {
-            losses: Vec::with_capacity(k),
-            busy: Duration::ZERO,
-            span: Duration::ZERO,
-            launched: Vec::new(),
-        };
-        let deferred = self.grad_buckets(SyncMode::Defer);
-        let _hook = deferred.map(|b| install_grad_hook(b));
-        for (a, part) in parts.iter().enumerate() {
-            let report = pipeline::run_step(
-                model,
-                &run.spec,
-                run.stage,
-                &MicroBatches {
-                    inputs: &part.inputs,
-                    targets: &part.targets,
-                    scale: 1.0 / k as f64,
-                },
-                Pass::Train { step }.micro(a, k),
-            )?;
-            out.losses.extend(report.loss);
-            out.busy += report.busy;
-            out.span += report.span;
-        }
-        drop(_hook);
-        if let Some(b) = self.grad_buckets(SyncMode::Reduce) {
-            b.reduce_now()?;
-            out.launched
-                .extend(b.launched().into_iter().map(|l| (k - 1, l)));
-        }
-        Ok(out)
-    }
-
-    /// The mean loss of a pipelined step (every rank gets it) from its parts' `losses` (on
-    /// the last stage; none elsewhere), and, given every rank's (busy, schedule wall time),
-    /// the step's bubble: one reduction over the world.
-    pub(crate) fn pipelined_loss(
-        &self,
-        losses: &[Tensor],
-        timing: Option<(Duration, Duration)>,
-    ) -> Result<(f64, Option<f64>), TrainError> {
-        let Some(run) = &self.opts.pipeline else {
-            return Err(loop_err("train_step", "not pipelined".into()));
-        };
-        let k = self.opts.grad_accum;
-        let rank = Context::current()
-            .ok_or_else(|| loop_err("train_step", "no runtime context".into()))?
-            .rank();
-        let lead_of_last = run.last.ranks().first() == Some(&rank);
-        let _ng = no_grad();
-        let mut loss = 0.0;
-        for l in losses {
-            let v = first("train_step", l)?;
-            if lead_of_last {
-                loss += v;
-            }
-        }
-        // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its
-        // own slots; one sum over the world gives everyone all of them.
-        let n = run.world.num_ranks();
-        let mut mine = vec![0.0; 1 + 2 * n];
-        mine[0] = loss / k as f64;
-        let at = run
-            .world
-            .ranks()
-            .iter()
-            .position(|&r| r == rank)
-            .ok_or_else(|| loop_err("train_step", format!("rank {rank} is not in the job")))?;
-        let (busy, span) = timing.unwrap_or_default();
-        mine[1 + at] = busy.as_secs_f64();
-        mine[1 + n + at] = span.as_secs_f64();
-        let all = Tensor::from_vec(mine, [1 + 2 * n])?
-            .to_global(&run.world, NdSbp::new([Sbp::Partial(ReduceOp::Sum)]))?
-            .to_vec::<f64>()?;
-        if timing.is_none() {
-            return Ok((all[0], None));
-        }
-        // The schedule took as long as its slowest rank; the bubble is the mean fraction of
-        // that time a rank did not compute.
-        let slowest = all[1 + n..].iter().copied().fold(0.0, f64::max).max(1e-12);
-        let mean_busy = all[1..1 + n].iter().sum::<f64>() / n as f64;
-        Ok((all[0], Some(1.0 - mean_busy / slowest)))
     }
 
     /// The value of a 0-d result on every rank (through the world when pipelined).

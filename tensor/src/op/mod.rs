@@ -355,6 +355,23 @@ impl Op {
         Ok(out.into_iter().map(|o| b.finish(o)).collect())
     }
 
+    /// The op's kernels into given output buffers (one per output, of its shape and dtype),
+    /// where an arena placed them; a view op has no kernel and is an error here.
+    pub(crate) fn execute_into<B: Backend>(
+        &self,
+        b: &B,
+        x: &[&B::Piece],
+        out: &mut [B::Out],
+    ) -> Result<()> {
+        if self.view_of().is_some() {
+            return Err(kernel_err(
+                self.name(),
+                "a view has no kernel to run into a buffer".into(),
+            ));
+        }
+        self.run(b, x, out)
+    }
+
     /// [`Op::execute`] of a single-output call.
     pub(crate) fn execute_one<B: Backend>(
         &self,

@@ -160,7 +160,9 @@ fn place_in(
             .checked_numel()
             .and_then(|n| n.checked_mul(spec.dtype.size()))
             .ok_or_else(|| arena_err(format!("{} {} overflows", spec.dtype, spec.shape)))?;
-        if offset % ARENA_ALIGN != 0 || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes) {
+        if !offset.is_multiple_of(ARENA_ALIGN)
+            || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes)
+        {
             return Err(arena_err(format!(
                 "{} {} ({bytes} bytes) at offset {offset} does not fit an arena of \
                  {arena_bytes} bytes aligned to {ARENA_ALIGN}",

@@ -154,42 +154,38 @@ fn place_in(
     offset: usize,
     spec: &OutSpec,
 ) -> Result<PlacedPiece> {
+    let bytes = spec
+        .shape
+        .checked_numel()
+        .and_then(|n| n.checked_mul(spec.dtype.size()))
+        .ok_or_else(|| arena_err(format!("{} {} overflows", spec.dtype, spec.shape)))?;
+    if !offset.is_multiple_of(ARENA_ALIGN)
+        || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes)
     {
-        let bytes = spec
-            .shape
-            .checked_numel()
-            .and_then(|n| n.checked_mul(spec.dtype.size()))
-            .ok_or_else(|| arena_err(format!("{} {} overflows", spec.dtype, spec.shape)))?;
-        if !offset.is_multiple_of(ARENA_ALIGN)
-            || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes)
-        {
-            return Err(arena_err(format!(
-                "{} {} ({bytes} bytes) at offset {offset} does not fit an arena of \
-                 {arena_bytes} bytes aligned to {ARENA_ALIGN}",
-                spec.dtype, spec.shape
-            )));
-        }
-        let storage = match &**mem {
-            ArenaMem::Host(block) => {
-                // SAFETY: `offset + bytes` lies inside the block (checked above), so the pointer
-                // stays in the allocation.
-                let base = unsafe { block.ptr.as_ptr().add(offset) };
-                Storage::Cpu(host_array(base, spec))
-            }
-            ArenaMem::Device(arena) => Storage::Device(backend_for("arena", device)?.place(
-                arena.as_ref(),
-                offset,
-                spec,
-            )?),
-        };
-        Ok(PlacedPiece {
-            storage: Some(storage),
-            offset,
-            bytes,
-            arena_bytes,
-            mem: mem.clone(),
-        })
+        return Err(arena_err(format!(
+            "{} {} ({bytes} bytes) at offset {offset} does not fit an arena of \
+             {arena_bytes} bytes aligned to {ARENA_ALIGN}",
+            spec.dtype, spec.shape
+        )));
     }
+    let storage = match &**mem {
+        ArenaMem::Host(block) => {
+            // SAFETY: `offset + bytes` lies inside the block (checked above), so the pointer
+            // stays in the allocation.
+            let base = unsafe { block.ptr.as_ptr().add(offset) };
+            Storage::Cpu(host_array(base, spec))
+        }
+        ArenaMem::Device(arena) => {
+            Storage::Device(backend_for("arena", device)?.place(arena.as_ref(), offset, spec)?)
+        }
+    };
+    Ok(PlacedPiece {
+        storage: Some(storage),
+        offset,
+        bytes,
+        arena_bytes,
+        mem: mem.clone(),
+    })
 }
 
 /// A host array of `spec` over the arena bytes at `base` (aligned, inside the arena, room for

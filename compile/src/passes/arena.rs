@@ -8,8 +8,8 @@
 use crate::ir::ValueId;
 use crate::passes::liveness::{BufferLife, Liveness};
 
-/// Alignment of every offset (what device kernels and vector loads want).
-pub const ARENA_ALIGN: usize = 256;
+/// Alignment of every offset (what device kernels and vector loads want): the arenas'.
+pub use oxiflow_tensor::arena::ARENA_ALIGN;
 
 /// One buffer's place in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

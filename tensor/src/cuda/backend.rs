@@ -13,9 +13,10 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, Shape};
 use smallvec::SmallVec;
 
+use super::copy::copy_nd;
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
-use super::{derr, runtime};
+use super::{derr, runtime, Block};
 use crate::device::DeviceBackend;
 use crate::executor::OpExecutor;
 use crate::op::{Op, OutSpec};
@@ -69,6 +70,79 @@ impl DeviceBackend for CudaBackend {
     ) -> Option<Result<Option<Storage>>> {
         super::boxing::run_boxing_cuda(op, plan, world, piece)
     }
+
+    /// One block of the runtime's pool, seen as `bytes / 4` f32 elements.
+    fn arena(&self, bytes: usize, _ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
+        let rt = runtime("arena")?;
+        Ok(Arc::new(CudaStorage {
+            block: Arc::new(Block::alloc(&rt, bytes)?),
+            dtype: DType::F32,
+            shape: Shape::new(vec![bytes / DType::F32.size()]),
+        }))
+    }
+
+    /// A view of the arena's block at `offset` (see `Block::view`).
+    fn place(
+        &self,
+        arena: &dyn DeviceStorage,
+        offset: usize,
+        spec: &OutSpec,
+    ) -> Result<Arc<dyn DeviceStorage>> {
+        let arena = arena
+            .as_any()
+            .downcast_ref::<CudaStorage>()
+            .ok_or_else(|| derr("arena", "the arena is not CUDA storage"))?;
+        let bytes = spec.shape.numel() * spec.dtype.size();
+        Ok(Arc::new(CudaStorage {
+            block: Arc::new(Block::view(&arena.block, offset, bytes)?),
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+        }))
+    }
+
+    fn duplicate(&self, src: &dyn DeviceStorage) -> Result<Arc<dyn DeviceStorage>> {
+        let src = cuda_piece("copy", src)?;
+        let dst = CudaStorage::alloc(src.runtime(), src.dtype, src.shape.clone())?;
+        copy_whole(src, &dst)?;
+        Ok(Arc::new(dst))
+    }
+
+    fn copy_into(&self, src: &dyn DeviceStorage, dst: &dyn DeviceStorage) -> Result<()> {
+        copy_whole(cuda_piece("copy", src)?, cuda_piece("copy", dst)?)
+    }
+}
+
+fn cuda_piece<'a>(op: &'static str, d: &'a dyn DeviceStorage) -> Result<&'a CudaStorage> {
+    d.as_any()
+        .downcast_ref::<CudaStorage>()
+        .ok_or_else(|| derr(op, format!("piece on {} is not CUDA storage", d.device())))
+}
+
+/// Copies every element of `src` into `dst` (same dtype and shape) on the compute stream.
+fn copy_whole(src: &CudaStorage, dst: &CudaStorage) -> Result<()> {
+    if src.dtype != dst.dtype || src.shape != dst.shape {
+        return Err(derr(
+            "copy",
+            format!(
+                "{} {} into {} {}",
+                src.dtype, src.shape, dst.dtype, dst.shape
+            ),
+        ));
+    }
+    let n = src.numel();
+    copy_nd(
+        src.runtime(),
+        "copy",
+        src.dtype,
+        &[n],
+        src.ptr(),
+        0,
+        &[1],
+        dst.ptr(),
+        0,
+        &[1],
+        0,
+    )
 }
 
 impl OpExecutor for CudaBackend {
@@ -91,5 +165,24 @@ impl OpExecutor for CudaBackend {
         Ok(y.into_iter()
             .map(|p| Storage::Device(Arc::new(p) as Arc<dyn DeviceStorage>))
             .collect())
+    }
+
+    /// The kernels write the given pieces' blocks (views of an arena).
+    fn run_into(&self, op: &Op, inputs: &[&Storage], outs: &[&Storage]) -> Result<()> {
+        let name = op.name();
+        let rt = runtime(name)?;
+        let kernels = CudaKernels { rt: rt.clone() };
+        let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
+        for s in inputs {
+            x.push(cuda_of(name, s)?);
+        }
+        let mut y: SmallVec<[CudaStorage; 1]> = SmallVec::with_capacity(outs.len());
+        for s in outs {
+            y.push(cuda_of(name, s)?.clone());
+        }
+        let traced = device_trace::begin(kernels.rt.stream());
+        super::timing::timed(&rt, name, || op.execute_into(&kernels, &x, &mut y))?;
+        device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
+        Ok(())
     }
 }

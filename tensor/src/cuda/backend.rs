@@ -31,10 +31,7 @@ pub struct CudaBackend;
 /// The CUDA piece inside a storage, or a typed error naming `op`.
 pub(crate) fn cuda_of<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CudaStorage> {
     match s {
-        Storage::Device(d) => d
-            .as_any()
-            .downcast_ref::<CudaStorage>()
-            .ok_or_else(|| derr(op, format!("piece on {} is not CUDA storage", d.device()))),
+        Storage::Device(d) => cuda_piece(op, d.as_ref()),
         Storage::Cpu(_) => Err(derr(op, "expected a CUDA piece, got host storage")),
     }
 }
@@ -88,10 +85,7 @@ impl DeviceBackend for CudaBackend {
         offset: usize,
         spec: &OutSpec,
     ) -> Result<Arc<dyn DeviceStorage>> {
-        let arena = arena
-            .as_any()
-            .downcast_ref::<CudaStorage>()
-            .ok_or_else(|| derr("arena", "the arena is not CUDA storage"))?;
+        let arena = cuda_piece("arena", arena)?;
         let bytes = spec.shape.numel() * spec.dtype.size();
         Ok(Arc::new(CudaStorage {
             block: Arc::new(Block::view(&arena.block, offset, bytes)?),
@@ -145,6 +139,26 @@ fn copy_whole(src: &CudaStorage, dst: &CudaStorage) -> Result<()> {
     )
 }
 
+/// Runs `f` (an op's kernels on `inputs`' CUDA pieces) on the compute stream, timed and traced
+/// as `op`.
+fn on_stream<T>(
+    op: &Op,
+    inputs: &[&Storage],
+    f: impl FnOnce(&CudaKernels, &[&CudaStorage]) -> Result<T>,
+) -> Result<T> {
+    let name = op.name();
+    let rt = runtime(name)?;
+    let kernels = CudaKernels { rt: rt.clone() };
+    let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
+    for s in inputs {
+        x.push(cuda_of(name, s)?);
+    }
+    let traced = device_trace::begin(kernels.rt.stream());
+    let y = super::timing::timed(&rt, name, || f(&kernels, &x))?;
+    device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
+    Ok(y)
+}
+
 impl OpExecutor for CudaBackend {
     fn run(
         &self,
@@ -152,16 +166,7 @@ impl OpExecutor for CudaBackend {
         inputs: &[&Storage],
         outs: &[OutSpec],
     ) -> Result<SmallVec<[Storage; 1]>> {
-        let name = op.name();
-        let rt = runtime(name)?;
-        let kernels = CudaKernels { rt: rt.clone() };
-        let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
-        for s in inputs {
-            x.push(cuda_of(name, s)?);
-        }
-        let traced = device_trace::begin(kernels.rt.stream());
-        let y = super::timing::timed(&rt, name, || op.execute(&kernels, &x, outs))?;
-        device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
+        let y = on_stream(op, inputs, |kernels, x| op.execute(kernels, x, outs))?;
         Ok(y.into_iter()
             .map(|p| Storage::Device(Arc::new(p) as Arc<dyn DeviceStorage>))
             .collect())
@@ -169,20 +174,10 @@ impl OpExecutor for CudaBackend {
 
     /// The kernels write the given pieces' blocks (views of an arena).
     fn run_into(&self, op: &Op, inputs: &[&Storage], outs: &[&Storage]) -> Result<()> {
-        let name = op.name();
-        let rt = runtime(name)?;
-        let kernels = CudaKernels { rt: rt.clone() };
-        let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
-        for s in inputs {
-            x.push(cuda_of(name, s)?);
-        }
         let mut y: SmallVec<[CudaStorage; 1]> = SmallVec::with_capacity(outs.len());
         for s in outs {
-            y.push(cuda_of(name, s)?.clone());
+            y.push(cuda_of(op.name(), s)?.clone());
         }
-        let traced = device_trace::begin(kernels.rt.stream());
-        super::timing::timed(&rt, name, || op.execute_into(&kernels, &x, &mut y))?;
-        device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
-        Ok(())
+        on_stream(op, inputs, |kernels, x| op.execute_into(kernels, x, &mut y))
     }
 }

@@ -163,7 +163,8 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
         None
     }
     /// Runs the op's kernels on one rank's pieces, writing every output into its buffer in
-    /// `out` (uninitialised: the kernels write every element).
+    /// `out` (uninitialised: the kernels write every element; they never replace a buffer,
+    /// which may be a view of an arena, `crate::arena`).
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()>;
     /// Whether output `i` carries a gradient (false: a statistic saved for the backward, such
     /// as a mean or a log-sum-exp; it gets no autograd history).

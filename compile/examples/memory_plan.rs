@@ -2,8 +2,9 @@
 //! windows, batch 16, f32, SGD with momentum) on 1 rank, DP2, TP2 and DP2 with ZeRO-3, the
 //! ranks as threads of this process. Per layout it prints each rank's planned arena (and the
 //! lower bound: the most bytes live at one node), the sum over ranks, and the process's
-//! measured host peak above what was live before the step, for an eager step and for a replay
-//! of the compiled step (buffers freed at their last read, as planned).
+//! measured host peak above what was live before the step, for an eager step and for the first
+//! replay of the compiled step (which allocates the planned arena) and a later one (which runs in
+//! it: what it allocates is its copied-out outputs and kernel scratch).
 //!
 //! `cargo run --release -p oxiflow-compile --example memory_plan`
 
@@ -121,7 +122,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
             }
             let mut compiled = CompiledStep::new();
             let mut report = None;
-            for step in 0..4 {
+            for step in 0..5 {
                 let (ids, targets) = batch(step, &cfg, placement.as_ref());
                 let mut inputs = vec![ids.clone(), targets.clone()];
                 inputs.extend(params.iter().map(Parameter::value));
@@ -140,7 +141,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                     // Step 0 creates the momentum; step 1 is the measured eager step.
                     0 => result = Some(body()),
                     1 => measure(rank, &mut || result = Some(body())),
-                    // Step 2 compiles; step 3 is the measured replay.
+                    // Step 2 compiles; steps 3 (the first replay) and 4 are measured.
                     2 => {
                         let r = compiled.run(&inputs, &mut body);
                         if let Ok((_, StepRun::Compiled(c))) = &r {
@@ -192,9 +193,10 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
     }
     let arena: usize = plans.iter().map(|p| p.arena).sum();
     println!(
-        "  all ranks: planned arenas {arena} bytes; measured step peak above live: eager {} bytes, compiled replay {} bytes",
+        "  all ranks: planned arenas {arena} bytes; measured step peak above live: eager {} bytes, first replay {} bytes (allocates the arenas), later replay {} bytes (in the arenas)",
         peaks.first().copied().unwrap_or(0),
-        peaks.get(1).copied().unwrap_or(0)
+        peaks.get(1).copied().unwrap_or(0),
+        peaks.get(2).copied().unwrap_or(0)
     );
     Ok(())
 }

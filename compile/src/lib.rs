@@ -10,10 +10,11 @@
 //! compiles again, naming what changed, when they change. A step that reads a device value on
 //! the host is refused with [`CompileError::HostRead`] naming the read, on every rank alike.
 //!
-//! The replay here runs on the executor seam with buffers allocated per the liveness plan and
-//! freed at their last read. A device replay places every buffer at its planned arena offset
-//! instead (the offsets are fixed per program, the same on every replay), which is what a
-//! CUDA graph captured from one replay needs; see docs/design.md.
+//! The replay runs on the executor seam with every buffer the program writes at its planned
+//! offset in one arena per program and rank (`oxiflow_tensor::arena`), allocated by the first
+//! replay and reused by every later one: kernels write their placed outputs, views are views of
+//! the arena's bytes. The offsets are fixed per program, the same on every replay, which is what
+//! a CUDA graph captured from one replay needs; see docs/design.md.
 
 mod error;
 pub mod ir;
@@ -24,5 +25,5 @@ mod step;
 
 pub use error::{CompileError, Result};
 pub use ir::{Program, StepKey};
-pub use replay::replay;
+pub use replay::{arena_device, replay};
 pub use step::{CompileReport, Compiled, CompiledStep, StepRun};

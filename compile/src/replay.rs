@@ -1,130 +1,319 @@
-//! Replay of a rank's program on the host executor seam: step inputs and constants bound to
-//! their values, every node in the captured order (kernels through the device's executor into
-//! buffers allocated per the plan, boxing plans through the communicator, so collectives run in
-//! the recorded order on every rank), each value dropped after its last read, and the step's
-//! outputs rebuilt as tensors of their captured layouts.
+//! Replay of a rank's program from its arena: step inputs and constants bound to their values,
+//! every buffer the program writes placed at its planned offset in one arena (allocated once
+//! per program and rank, reused by every replay), every node in the captured order: kernels
+//! through the device's executor straight into their placed outputs, views as views of their
+//! source's bytes, boxing plans through the communicator (so collectives run in the recorded
+//! order on every rank) with their results written into their places; each value dropped after
+//! its last read, and the step's outputs copied out of the arena (the next replay reuses its
+//! bytes) and rebuilt as tensors of their captured layouts.
+//!
+//! A boxing reads a copy of a placed input: the communicator may keep its input past the call,
+//! and a placed piece must not outlive its place. A buffer the plan has no place for on the
+//! arena's device (a node writing a piece on another device) is allocated as eager dispatch
+//! does.
 
 use std::sync::Arc;
 
+use oxiflow_tensor::arena::{run_kernel_into, Arena, PlacedPiece};
 use oxiflow_tensor::capture::{piece_of, run_boxing, run_local_kernel, tensor_from_piece};
-use oxiflow_tensor::{Storage, Tensor};
+use oxiflow_tensor::{Device, OutSpec, Storage, Tensor};
+use smallvec::SmallVec;
 
 use crate::error::{CompileError, Result};
-use crate::ir::{NodeKind, Origin, Program, StepKey, ValueId};
+use crate::ir::{Node, NodeKind, Origin, Program, StepKey, ValueId};
+use crate::passes::arena::ArenaPlan;
 use crate::passes::liveness::Liveness;
 
-/// Runs `program` on `inputs` (which must have its key) and returns the step's outputs.
-pub fn replay(program: &Program, live: &Liveness, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+/// A value during a replay.
+enum Slot {
+    /// A piece outside the arena: a step input, a constant, or one allocated for a buffer
+    /// without a place.
+    Held(Arc<Storage>),
+    /// A piece at its planned place in the arena.
+    Placed(PlacedPiece),
+}
+
+impl Slot {
+    fn storage(&self) -> Result<&Storage> {
+        match self {
+            Slot::Held(s) => Ok(s),
+            Slot::Placed(p) => Ok(p.storage()?),
+        }
+    }
+    /// The piece as a shared storage: itself when held, a copy when placed.
+    fn shared(&self) -> Result<Arc<Storage>> {
+        match self {
+            Slot::Held(s) => Ok(s.clone()),
+            Slot::Placed(p) => Ok(Arc::new(p.to_owned_storage()?)),
+        }
+    }
+}
+
+/// The device of the program's arena: that of the buffers it places (the first one's).
+pub fn arena_device(program: &Program, plan: &ArenaPlan) -> Device {
+    plan.placed.first().map_or(Device::Cpu, |p| {
+        program.values[p.life.buffer.index()].device
+    })
+}
+
+/// Each value's planned offset (None: no place of its own; an alias has its buffer's).
+fn offsets(program: &Program, plan: &ArenaPlan) -> Vec<Option<usize>> {
+    let mut own = vec![None; program.values.len()];
+    for p in &plan.placed {
+        own[p.life.buffer.index()] = Some(p.offset);
+    }
+    (0..program.values.len())
+        .map(|i| own[program.buffer_of(ValueId(i as u32)).index()])
+        .collect()
+}
+
+struct Replay<'a> {
+    program: &'a Program,
+    arena: &'a Arena,
+    offsets: Vec<Option<usize>>,
+    table: Vec<Option<Slot>>,
+}
+
+impl Replay<'_> {
+    fn missing(&self, node: usize, v: ValueId) -> CompileError {
+        CompileError::Replay {
+            node,
+            op: self.program.nodes[node].name(),
+            detail: format!("value {v} is not there"),
+        }
+    }
+
+    fn slot(&self, node: usize, v: ValueId) -> Result<&Slot> {
+        self.table[v.index()]
+            .as_ref()
+            .ok_or_else(|| self.missing(node, v))
+    }
+
+    /// The place of value `v` of `spec` in the arena, when it has one there.
+    fn place(&self, v: ValueId, spec: &OutSpec) -> Result<Option<PlacedPiece>> {
+        let value = &self.program.values[v.index()];
+        match self.offsets[v.index()] {
+            Some(offset) if value.device == self.arena.device() => {
+                Ok(Some(self.arena.place(offset, spec)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn spec_of(&self, v: ValueId) -> OutSpec {
+        let value = &self.program.values[v.index()];
+        OutSpec {
+            shape: value.shape.clone(),
+            dtype: value.dtype,
+        }
+    }
+
+    fn run_op(
+        &mut self,
+        i: usize,
+        node: &Node,
+        view_of: Option<usize>,
+        specs: &[OutSpec],
+    ) -> Result<()> {
+        let NodeKind::Op(o) = &node.kind else {
+            return Ok(());
+        };
+        // A view of a placed piece is a view of its bytes.
+        if let (Some(k), [spec], [Some(out)]) = (view_of, specs, node.outputs.as_slice()) {
+            if let Some(src) = node.inputs.get(k) {
+                if let Slot::Placed(p) = self.slot(i, *src)? {
+                    let view = p.view_as(spec)?;
+                    self.table[out.index()] = Some(Slot::Placed(view));
+                    return Ok(());
+                }
+            }
+        }
+        let mut places: SmallVec<[PlacedPiece; 1]> = SmallVec::new();
+        if view_of.is_none() && specs.len() == node.outputs.len() {
+            for (spec, v) in specs.iter().zip(&node.outputs) {
+                match v {
+                    Some(v) => match self.place(*v, spec)? {
+                        Some(p) => places.push(p),
+                        None => break,
+                    },
+                    None => break,
+                }
+            }
+        }
+        let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::with_capacity(node.inputs.len());
+        for v in &node.inputs {
+            pieces.push(self.slot(i, *v)?.storage()?);
+        }
+        let made: SmallVec<[Slot; 1]> = if places.len() == specs.len() && !specs.is_empty() {
+            run_kernel_into(&o.local_op, &pieces, node.device, &mut places)?;
+            places.into_iter().map(Slot::Placed).collect()
+        } else {
+            let outs = run_local_kernel(&o.local_op, &pieces, node.device, specs)?;
+            outs.into_iter().map(|s| Slot::Held(Arc::new(s))).collect()
+        };
+        drop(pieces);
+        if made.len() != node.outputs.len() {
+            return Err(CompileError::Replay {
+                node: i,
+                op: node.name(),
+                detail: format!(
+                    "{} output pieces for {} outputs",
+                    made.len(),
+                    node.outputs.len()
+                ),
+            });
+        }
+        for (slot, v) in made.into_iter().zip(&node.outputs) {
+            if let Some(v) = v {
+                self.table[v.index()] = Some(slot);
+            }
+        }
+        Ok(())
+    }
+
+    fn run_boxing(&mut self, i: usize, node: &Node) -> Result<()> {
+        let NodeKind::Boxing { op, plan } = &node.kind else {
+            return Ok(());
+        };
+        let ctx = self
+            .program
+            .ctx
+            .as_ref()
+            .ok_or_else(|| CompileError::Replay {
+                node: i,
+                op,
+                detail: "a boxing without a runtime context".into(),
+            })?;
+        let input_value = node.inputs.first().copied();
+        let input = match input_value {
+            Some(v) => Some(self.slot(i, v)?.shared()?),
+            None => None,
+        };
+        let out = run_boxing(op, plan, ctx, input.as_ref(), node.device)?;
+        let (v, piece) = match (node.outputs.first().copied().flatten(), out) {
+            (Some(v), Some(p)) => (v, p),
+            (None, None) => return Ok(()),
+            (want, got) => {
+                return Err(CompileError::Replay {
+                    node: i,
+                    op,
+                    detail: format!(
+                        "the capture {} a piece, the replay {}",
+                        if want.is_some() { "had" } else { "had no" },
+                        if got.is_some() {
+                            "made one"
+                        } else {
+                            "made none"
+                        }
+                    ),
+                })
+            }
+        };
+        let value = &self.program.values[v.index()];
+        let slot = match (value.alias_of, input_value) {
+            // The plan left the piece as it was: the output is the input's bytes.
+            (Some(a), Some(src)) if a == src => match self.slot(i, src)? {
+                Slot::Placed(p) => Slot::Placed(p.view_as(&self.spec_of(v))?),
+                Slot::Held(_) => Slot::Held(piece),
+            },
+            _ => match self.place(v, &self.spec_of(v))? {
+                Some(mut p) => {
+                    p.write_from(&piece)?;
+                    Slot::Placed(p)
+                }
+                None => Slot::Held(piece),
+            },
+        };
+        self.table[v.index()] = Some(slot);
+        Ok(())
+    }
+}
+
+/// Runs `program` on `inputs` (which must have its key) with its buffers at `plan`'s places in
+/// `arena` (on the device [`arena_device`] names, of at least `plan.bytes` bytes, used by no
+/// other replay at the same time), and returns the step's outputs.
+pub fn replay(
+    program: &Program,
+    live: &Liveness,
+    plan: &ArenaPlan,
+    arena: &Arena,
+    inputs: &[Tensor],
+) -> Result<Vec<Tensor>> {
     let key = StepKey::of(inputs);
     if key != program.key {
         return Err(CompileError::Inputs {
             detail: key.changes_from(&program.key),
         });
     }
-    let mut table: Vec<Option<Arc<Storage>>> = vec![None; program.values.len()];
-    for (i, v) in program.values.iter().enumerate() {
-        table[i] = match v.origin {
-            Origin::Input(k) => {
-                Some(inputs.get(k).and_then(piece_of).cloned().ok_or_else(|| {
-                    CompileError::Inputs {
-                        detail: format!("input {k} has no piece on this rank"),
-                    }
-                })?)
-            }
-            Origin::Constant(c) => program.constants.get(c).cloned(),
-            Origin::Node { .. } => None,
-        };
+    if arena.bytes() < plan.bytes {
+        return Err(CompileError::Inputs {
+            detail: format!(
+                "an arena of {} bytes for a plan of {} bytes",
+                arena.bytes(),
+                plan.bytes
+            ),
+        });
     }
-    let missing = |node: usize, op: &'static str, v: ValueId| CompileError::Replay {
-        node,
-        op,
-        detail: format!("value {v} is not there"),
+    let mut r = Replay {
+        program,
+        arena,
+        offsets: offsets(program, plan),
+        table: Vec::with_capacity(program.values.len()),
     };
+    for v in &program.values {
+        r.table.push(match v.origin {
+            Origin::Input(k) => {
+                Some(Slot::Held(
+                    inputs.get(k).and_then(piece_of).cloned().ok_or_else(|| {
+                        CompileError::Inputs {
+                            detail: format!("input {k} has no piece on this rank"),
+                        }
+                    })?,
+                ))
+            }
+            Origin::Constant(c) => program.constants.get(c).cloned().map(Slot::Held),
+            Origin::Node { .. } => None,
+        });
+    }
     for (i, node) in program.nodes.iter().enumerate() {
         match &node.kind {
             // Outside the placement the op runs nothing.
-            NodeKind::Op(o) if o.out_specs.is_none() => {}
             NodeKind::Op(o) => {
-                let specs = o.out_specs.as_deref().unwrap_or_default();
-                let local_op = &o.local_op;
-                let mut pieces: Vec<&Storage> = Vec::with_capacity(node.inputs.len());
-                for v in &node.inputs {
-                    let p = table[v.index()]
-                        .as_deref()
-                        .ok_or_else(|| missing(i, node.name(), *v))?;
-                    pieces.push(p);
-                }
-                let outs = run_local_kernel(local_op, &pieces, node.device, specs)?;
-                if outs.len() != node.outputs.len() {
-                    return Err(CompileError::Replay {
-                        node: i,
-                        op: node.name(),
-                        detail: format!(
-                            "{} output pieces for {} outputs",
-                            outs.len(),
-                            node.outputs.len()
-                        ),
-                    });
-                }
-                for (out, v) in outs.into_iter().zip(&node.outputs) {
-                    if let Some(v) = v {
-                        table[v.index()] = Some(Arc::new(out));
-                    }
+                if let Some(specs) = o.out_specs.as_deref() {
+                    r.run_op(i, node, o.view_of, specs)?;
                 }
             }
-            NodeKind::Boxing { op, plan } => {
-                let ctx = program.ctx.as_ref().ok_or_else(|| CompileError::Replay {
-                    node: i,
-                    op,
-                    detail: "a boxing without a runtime context".into(),
-                })?;
-                let input = match node.inputs.first() {
-                    Some(v) => Some(table[v.index()].clone().ok_or_else(|| missing(i, op, *v))?),
-                    None => None,
-                };
-                let out = run_boxing(op, plan, ctx, input.as_ref(), node.device)?;
-                match (node.outputs.first().copied().flatten(), out) {
-                    (Some(v), Some(p)) => table[v.index()] = Some(p),
-                    (None, None) => {}
-                    (want, got) => {
-                        return Err(CompileError::Replay {
-                            node: i,
-                            op,
-                            detail: format!(
-                                "the capture {} a piece, the replay {}",
-                                if want.is_some() { "had" } else { "had no" },
-                                if got.is_some() {
-                                    "made one"
-                                } else {
-                                    "made none"
-                                }
-                            ),
-                        })
-                    }
-                }
-            }
+            NodeKind::Boxing { .. } => r.run_boxing(i, node)?,
         }
         if let Some(done) = live.release_after.get(i) {
             for v in done {
-                table[v.index()] = None;
+                r.table[v.index()] = None;
             }
         }
     }
+    // Outputs that share a value share its one copy.
+    let mut copies: Vec<(ValueId, Arc<Storage>)> = Vec::new();
     program
         .outputs
         .iter()
         .enumerate()
         .map(|(k, o)| {
             let piece = match o.value {
-                Some(v) => Some(
-                    table[v.index()]
-                        .clone()
-                        .ok_or_else(|| CompileError::Replay {
-                            node: program.nodes.len(),
-                            op: "output",
-                            detail: format!("step output {k} ({v}) is not there"),
-                        })?,
-                ),
+                Some(v) => Some(match copies.iter().find(|(c, _)| *c == v) {
+                    Some((_, p)) => p.clone(),
+                    None => {
+                        let p = r.table[v.index()]
+                            .as_ref()
+                            .ok_or_else(|| CompileError::Replay {
+                                node: program.nodes.len(),
+                                op: "output",
+                                detail: format!("step output {k} ({v}) is not there"),
+                            })?
+                            .shared()?;
+                        copies.push((v, p.clone()));
+                        p
+                    }
+                }),
                 None => None,
             };
             Ok(tensor_from_piece(

@@ -12,9 +12,10 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use oxiflow_tensor::arena::Arena;
 use oxiflow_tensor::capture::start_capture;
 use oxiflow_tensor::{memory, Tensor};
 
@@ -24,15 +25,43 @@ use crate::passes::arena::{plan_arena, ArenaPlan};
 use crate::passes::dce::{eliminate_dead_code, DceStats};
 use crate::passes::liveness::{liveness, Liveness};
 use crate::recorder::{Recorder, Recording, Refusal};
-use crate::replay::replay;
+use crate::replay::{arena_device, replay};
 
-/// One compiled program with its plans.
+/// One compiled program with its plans, and the arena its replays run in (allocated by the
+/// first replay, reused by every later one; a replay holds it alone).
 #[derive(Debug)]
 pub struct Compiled {
     pub program: Program,
     pub live: Liveness,
     pub arena: ArenaPlan,
     pub report: CompileReport,
+    memory: Mutex<Option<Arena>>,
+}
+
+impl Compiled {
+    /// Runs the program on `inputs` in its arena (see [`replay`]).
+    pub fn replay(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, CompileError> {
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        if memory.is_none() {
+            *memory = Some(Arena::new(
+                arena_device(&self.program, &self.arena),
+                self.arena.bytes,
+            )?);
+        }
+        match memory.as_ref() {
+            Some(a) => replay(&self.program, &self.live, &self.arena, a, inputs),
+            None => Err(CompileError::Inputs {
+                detail: "the program's arena is missing".into(),
+            }),
+        }
+    }
+
+    /// The arena the replays run in, once the first replay allocated it: its bytes and, on
+    /// the host, its address (the same on every replay).
+    pub fn arena_in_use(&self) -> Option<(usize, usize)> {
+        let memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        memory.as_ref().map(|a| (a.bytes(), a.host_address()))
+    }
 }
 
 /// What a compilation did.
@@ -138,7 +167,7 @@ impl CompiledStep {
         let found = self.programs.iter().find(|c| c.program.key == key).cloned();
         if let Some(c) = found {
             self.last_key = Some(key);
-            let outs = replay(&c.program, &c.live, inputs)?;
+            let outs = c.replay(inputs)?;
             return Ok((outs, StepRun::Replayed));
         }
         let reason = self.last_key.as_ref().map(|old| key.changes_from(old));
@@ -217,6 +246,7 @@ where
             live,
             arena,
             report,
+            memory: Mutex::new(None),
         },
     ))
 }

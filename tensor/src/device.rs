@@ -32,6 +32,7 @@ use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 
+use crate::op::OutSpec;
 use crate::rng::ElementInit;
 use crate::storage::{CpuArray, Device, DeviceStorage, Storage};
 use crate::{Result, TensorError};
@@ -79,6 +80,44 @@ pub trait DeviceBackend: Send + Sync {
     ) -> Option<Result<Option<Storage>>> {
         let _ = (op, plan, world, piece);
         None
+    }
+    /// One allocation of `bytes` bytes on device `ordinal` for an arena (`crate::arena`). The
+    /// default: unsupported, a typed error.
+    fn arena(&self, bytes: usize, ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
+        let _ = ordinal;
+        Err(unsupported("arena", format!("an arena of {bytes} bytes")))
+    }
+    /// A piece of `spec` over the bytes at `offset` of `arena` (made by [`Self::arena`];
+    /// aligned, inside it, checked by the caller), sharing its memory.
+    fn place(
+        &self,
+        arena: &dyn DeviceStorage,
+        offset: usize,
+        spec: &OutSpec,
+    ) -> Result<Arc<dyn DeviceStorage>> {
+        let _ = (arena, offset);
+        Err(unsupported(
+            "arena",
+            format!("placing {} {}", spec.dtype, spec.shape),
+        ))
+    }
+    /// A copy of `src` in memory of its own.
+    fn duplicate(&self, src: &dyn DeviceStorage) -> Result<Arc<dyn DeviceStorage>> {
+        Err(unsupported("arena", format!("copying {}", src.shape())))
+    }
+    /// Copies `src` into `dst` (same shape and dtype, same device).
+    fn copy_into(&self, src: &dyn DeviceStorage, dst: &dyn DeviceStorage) -> Result<()> {
+        let _ = dst;
+        Err(unsupported("arena", format!("copying {}", src.shape())))
+    }
+}
+
+fn unsupported(op: &'static str, what: String) -> TensorError {
+    TensorError::Device {
+        op,
+        devices: "device".into(),
+        shapes: String::new(),
+        detail: format!("this backend does not support {what}"),
     }
 }
 

@@ -20,6 +20,16 @@ use crate::{Result, TensorError};
 pub trait OpExecutor: Send + Sync {
     fn run(&self, op: &Op, inputs: &[&Storage], outs: &[OutSpec])
         -> Result<SmallVec<[Storage; 1]>>;
+    /// Runs `op` into the given output pieces (placed in an arena: one per output, of its
+    /// shape and dtype), which the kernels overwrite. The default: unsupported, a typed error.
+    fn run_into(&self, op: &Op, _inputs: &[&Storage], _outs: &[&Storage]) -> Result<()> {
+        Err(TensorError::Device {
+            op: op.name(),
+            devices: String::new(),
+            shapes: String::new(),
+            detail: "this executor cannot run into given buffers".into(),
+        })
+    }
 }
 
 static CUDA_EXECUTOR: RwLock<Option<Arc<dyn OpExecutor>>> = RwLock::new(None);
@@ -43,7 +53,7 @@ pub fn register_op_executor(device: DeviceType, executor: Arc<dyn OpExecutor>) -
 }
 
 /// The registered op executor of `device`, or a typed error naming `op`.
-fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn OpExecutor>> {
+pub(crate) fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn OpExecutor>> {
     let found = match device {
         Device::Cpu => None,
         Device::Cuda(_) => CUDA_EXECUTOR.read().ok().and_then(|g| g.clone()),

@@ -10,6 +10,7 @@
 //!     .to_ndarray::<f32>()?                                        // whole value on the host
 //! ```
 
+pub mod arena;
 pub mod autograd;
 mod bucket;
 pub mod capture;

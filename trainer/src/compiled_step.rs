@@ -1,11 +1,16 @@
 //! A step's forward and backward passes as a compiled program (`TrainOptions::compile`,
-//! `train --compile`): the step's batch (all its `grad_accum` parts) and the parameters'
-//! leaves are the program's inputs; the mean loss and every parameter's gradient its outputs,
-//! which go back on the leaves for the optimizer. Captured on the first step (run eagerly),
-//! replayed while the inputs keep their shapes, dtypes and layouts, compiled again when they
-//! change. The gradients' norm, the health checks and the update stay eager: they read values
-//! on the host and take per-step hyperparameters (learning rate, step count), which a program
-//! would hold as constants.
+//! `train --compile`): the step's batch (all its `grad_accum` parts, each part's
+//! micro-batches when pipelined) and the parameters' leaves are the program's inputs; the
+//! parts' losses and every parameter's gradient its outputs, which go back on the leaves for
+//! the optimizer. Captured on the first step (run eagerly), replayed while the inputs keep
+//! their shapes, dtypes and layouts, compiled again when they change. Pipelined, each rank
+//! captures its own stage's run of the schedule: its forward and backward actions, the
+//! sends and receives between stages (one-way transfers, replayed in the order the schedule
+//! made them), the tied table's trip and the bucketed reduction after the last part; the
+//! losses are read and met over the world after the replay, and the bubble, which needs the
+//! schedule's per-rank waits, is measured on eager steps only. The gradients' norm, the health
+//! checks and the update stay eager: they read values on the host and take per-step
+//! hyperparameters (learning rate, step count), which a program would hold as constants.
 
 use oxiflow_compile::StepRun;
 use oxiflow_models::nn::Parameter;
@@ -25,16 +30,11 @@ pub(crate) fn compiled_batch<M: TrainModel>(
     let batches = (0..k)
         .map(|a| t.data.train_batch(step, a, k))
         .collect::<Result<Vec<_>, _>>()?;
-    let params: Vec<Parameter> = t.optimizer.params().to_vec();
-    let mut inputs: Vec<Tensor> = Vec::with_capacity(2 * k + params.len());
-    for b in &batches {
-        inputs.push(b.inputs.clone());
-        inputs.push(b.targets.clone());
-    }
-    inputs.extend(params.iter().map(Parameter::value));
-    let mut compiled = std::mem::take(&mut t.compiled);
-    let trainer = &*t;
-    let body = || -> Result<Vec<Tensor>, TrainError> {
+    let inputs = batches
+        .iter()
+        .flat_map(|b| [b.inputs.clone(), b.targets.clone()])
+        .collect();
+    let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
         let mut total: Option<Tensor> = None;
         for (a, batch) in batches.iter().enumerate() {
             let (l, _) = trainer.part(batch, step, a)?;
@@ -45,14 +45,61 @@ pub(crate) fn compiled_batch<M: TrainModel>(
             });
         }
         let _ng = no_grad();
-        let Some(total) = total else {
-            return Err(TensorError::Kernel {
+        let total = total.ok_or_else(|| {
+            TrainError::Tensor(TensorError::Kernel {
                 op: "train_step",
                 detail: "no part ran".into(),
-            }
-            .into());
-        };
-        let mut out = vec![total.mul_scalar(1.0 / k as f64)?];
+            })
+        })?;
+        Ok(vec![total.mul_scalar(1.0 / k as f64)?])
+    };
+    let (losses, line) = run_compiled(t, inputs, body)?;
+    let [loss] = losses.as_slice() else {
+        return Err(TrainError::Tensor(TensorError::Kernel {
+            op: "train --compile",
+            detail: format!("the compiled step gave {} losses for 1", losses.len()),
+        }));
+    };
+    let _ng = no_grad();
+    Ok((first("train_step", loss)?, line))
+}
+
+/// Runs step `step`'s pipelined batch (every part's run of the schedule on this rank's stage)
+/// through the compiled program; returns the mean loss (every rank gets it) and, when the step
+/// compiled, the compile line.
+pub(crate) fn compiled_pipelined_batch<M: TrainModel>(
+    t: &mut Trainer<M>,
+    step: u64,
+) -> Result<(f64, Option<String>), TrainError> {
+    let parts = t.pipelined_batches(step)?;
+    let inputs = parts
+        .iter()
+        .flat_map(|p| p.inputs.iter().chain(&p.targets).cloned())
+        .collect();
+    let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
+        Ok(trainer.pipelined_parts(step, &parts)?.losses)
+    };
+    let (losses, line) = run_compiled(t, inputs, body)?;
+    let (loss, _) = t.pipelined_loss(&losses, None)?;
+    Ok((loss, line))
+}
+
+/// Runs `body` (the step's passes, returning what it computed besides the gradients) as the
+/// compiled program of `batch` and the parameters' leaves; puts the gradients it gives back on
+/// the leaves and returns `body`'s own outputs and, when it compiled, the compile line.
+fn run_compiled<M: TrainModel>(
+    t: &mut Trainer<M>,
+    batch: Vec<Tensor>,
+    body: impl FnOnce(&Trainer<M>) -> Result<Vec<Tensor>, TrainError>,
+) -> Result<(Vec<Tensor>, Option<String>), TrainError> {
+    let params: Vec<Parameter> = t.optimizer.params().to_vec();
+    let mut inputs = batch;
+    inputs.extend(params.iter().map(Parameter::value));
+    let mut compiled = std::mem::take(&mut t.compiled);
+    let trainer = &*t;
+    let step = || -> Result<Vec<Tensor>, TrainError> {
+        let mut out = body(trainer)?;
+        let _ng = no_grad();
         for p in &params {
             out.push(p.grad().ok_or_else(|| TensorError::Autograd {
                 op: "train --compile",
@@ -64,9 +111,9 @@ pub(crate) fn compiled_batch<M: TrainModel>(
         }
         Ok(out)
     };
-    let ran = compiled.run(&inputs, body);
+    let ran = compiled.run(&inputs, step);
     t.compiled = compiled;
-    let (outs, run) = ran?;
+    let (mut outs, run) = ran?;
     let line = match run {
         StepRun::Compiled(c) => Some(match &c.report.recompiled_because {
             Some(why) => format!("compiling again: {why}\n{}", c.report),
@@ -74,15 +121,19 @@ pub(crate) fn compiled_batch<M: TrainModel>(
         }),
         StepRun::Replayed => None,
     };
-    let Some((loss, grads)) = outs.split_first() else {
+    let Some(own) = outs.len().checked_sub(params.len()) else {
         return Err(TrainError::Tensor(TensorError::Kernel {
             op: "train --compile",
-            detail: "the compiled step gave no loss".into(),
+            detail: format!(
+                "the compiled step gave {} outputs for {} gradients",
+                outs.len(),
+                params.len()
+            ),
         }));
     };
+    let grads = outs.split_off(own);
     for (p, g) in params.iter().zip(grads) {
-        p.value().autograd().set_grad(Some(g.clone()));
+        p.value().autograd().set_grad(Some(g));
     }
-    let _ng = no_grad();
-    Ok((first("train_step", loss)?, line))
+    Ok((outs, line))
 }

@@ -20,6 +20,7 @@ pub mod health;
 pub mod job;
 pub mod metrics;
 mod model;
+mod pipelined;
 pub mod plot;
 pub mod prepare;
 pub mod progress;

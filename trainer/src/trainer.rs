@@ -1,13 +1,13 @@
 //! `Trainer`: one loop for any `TrainModel` under any layout. A step sets the scheduled
 //! learning rate, runs its batch as `grad_accum` parts (each through the pipeline runner's
-//! micro-batches when pipelined; losses scaled so the gradients are the whole batch's; the
+//! micro-batches when pipelined, `pipelined.rs`; losses scaled so the gradients are the whole batch's; the
 //! data-parallel gradients reduced in buckets during the last part's backward pass, or after
 //! the last pipelined part, when `bucket_bytes` is set), measures
 //! the gradients' global norm while the optimizer boxes them (`Optimizer::prepare`), lets the
 //! hooks see the step before its update, and applies the update clipped to `clip_grad`.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use oxiflow_collectives::DType;
 use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
@@ -17,10 +17,10 @@ use oxiflow_models::optim::{
     clip_factor, first_non_finite, norm_of, BucketLaunch, GradBuckets, Optimizer, QueuedSum,
     SyncMode,
 };
-use oxiflow_models::pipeline::{self, MicroBatches, PipelineSpec};
+use oxiflow_models::pipeline::PipelineSpec;
 use oxiflow_placement::Placement;
-use oxiflow_sbp::{NdSbp, ReduceOp, Sbp};
-use oxiflow_tensor::{install_grad_hook, no_grad, Context, Tensor, TensorError};
+use oxiflow_sbp::NdSbp;
+use oxiflow_tensor::{install_grad_hook, no_grad, Tensor, TensorError};
 
 use oxiflow_compile::CompiledStep;
 
@@ -55,8 +55,8 @@ pub struct TrainOptions {
     /// The dtype the buckets move as (None: the gradients' own).
     pub reduce_dtype: Option<DType>,
     pub pipeline: Option<PipelineRun>,
-    /// Run each unpipelined step's forward and backward passes as a compiled program
-    /// (`compiled_step.rs`).
+    /// Run each step's forward and backward passes (the whole pipeline schedule when
+    /// pipelined) as a compiled program (`compiled_step.rs`).
     pub compile: bool,
 }
 
@@ -122,7 +122,7 @@ pub struct Trainer<M: TrainModel> {
     pub(crate) compiled: CompiledStep,
 }
 
-fn loop_err(op: &'static str, detail: String) -> TrainError {
+pub(crate) fn loop_err(op: &'static str, detail: String) -> TrainError {
     TrainError::Tensor(TensorError::Kernel { op, detail })
 }
 
@@ -171,12 +171,6 @@ impl<M: TrainModel> Trainer<M> {
                 "grad_accum must be at least 1".into(),
             ));
         }
-        if opts.compile && opts.pipeline.is_some() {
-            return Err(loop_err(
-                "Trainer::new",
-                "a compiled step runs unpipelined: compile or pipeline, not both".into(),
-            ));
-        }
         if opts.pipeline.is_some() && model.pipeline().is_none() {
             return Err(loop_err(
                 "Trainer::new",
@@ -211,8 +205,16 @@ impl<M: TrainModel> Trainer<M> {
         oxiflow_tensor::memory::reset_peaks();
         let mut buckets = Vec::new();
         let mut compiled = None;
-        let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() {
-            let (l, b) = self.pipelined_batch(step, &mut buckets)?;
+        let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() && self.opts.compile
+        {
+            let (loss, line) = crate::compiled_step::compiled_pipelined_batch(self, step)?;
+            compiled = line;
+            (Some(loss), None, None)
+        } else if self.opts.pipeline.is_some() {
+            let parts = self.pipelined_batches(step)?;
+            let done = self.pipelined_parts(step, &parts)?;
+            buckets = done.launched;
+            let (l, b) = self.pipelined_loss(&done.losses, Some((done.busy, done.span)))?;
             (Some(l), None, b)
         } else if self.opts.compile {
             let (loss, line) = crate::compiled_step::compiled_batch(self, step)?;
@@ -294,7 +296,7 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// The bucketed gradient reduction of one backward pass in `mode` (None without buckets).
-    fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
+    pub(crate) fn grad_buckets(&self, mode: SyncMode) -> Option<std::sync::Arc<GradBuckets>> {
         (self.opts.bucket_bytes > 0).then(|| {
             GradBuckets::new(
                 self.optimizer.params(),
@@ -359,87 +361,6 @@ impl<M: TrainModel> Trainer<M> {
         }
         let _ng = no_grad();
         Ok((loss.detach().cast(DType::F64)?, buckets))
-    }
-
-    /// The step's batch in `grad_accum` runs of the pipeline schedule; the mean loss (every
-    /// rank gets it) and the step's bubble, from one reduction over the world.
-    /// With buckets the gradients stay local partial sums through every part and are reduced
-    /// in buckets after the last one.
-    fn pipelined_batch(
-        &mut self,
-        step: u64,
-        launched: &mut Vec<(usize, BucketLaunch)>,
-    ) -> Result<(f64, Option<f64>), TrainError> {
-        let Some(run) = self.opts.pipeline.clone() else {
-            return Err(loop_err("train_step", "not pipelined".into()));
-        };
-        let model = self
-            .model
-            .pipeline()
-            .ok_or_else(|| loop_err("train_step", "the model has no stages".into()))?;
-        let (k, m) = (self.opts.grad_accum, run.spec.micro_batches);
-        let rank = Context::current()
-            .ok_or_else(|| loop_err("train_step", "no runtime context".into()))?
-            .rank();
-        let lead_of_last = run.last.ranks().first() == Some(&rank);
-        let (mut loss, mut busy, mut span) = (0.0, Duration::ZERO, Duration::ZERO);
-        let deferred = self.grad_buckets(SyncMode::Defer);
-        let _hook = deferred.map(|b| install_grad_hook(b));
-        for a in 0..k {
-            let (mut inputs, mut targets) = (Vec::with_capacity(m), Vec::with_capacity(m));
-            for j in 0..m {
-                let b = self.data.train_batch(step, a * m + j, k * m)?;
-                inputs.push(b.inputs);
-                targets.push(b.targets);
-            }
-            let report = pipeline::run_step(
-                model,
-                &run.spec,
-                run.stage,
-                &MicroBatches {
-                    inputs: &inputs,
-                    targets: &targets,
-                    scale: 1.0 / k as f64,
-                },
-                Pass::Train { step }.micro(a, k),
-            )?;
-            let _ng = no_grad();
-            if let Some(l) = &report.loss {
-                let v = first("train_step", l)?;
-                if lead_of_last {
-                    loss += v;
-                }
-            }
-            busy += report.busy;
-            span += report.span;
-        }
-        drop(_hook);
-        if let Some(b) = self.grad_buckets(SyncMode::Reduce) {
-            b.reduce_now()?;
-            launched.extend(b.launched().into_iter().map(|l| (k - 1, l)));
-        }
-        let _ng = no_grad();
-        // [loss, busy of every rank, schedule wall time of every rank]: each rank fills its
-        // own slots; one sum over the world gives everyone all of them.
-        let n = run.world.num_ranks();
-        let mut mine = vec![0.0; 1 + 2 * n];
-        mine[0] = loss / k as f64;
-        let at = run
-            .world
-            .ranks()
-            .iter()
-            .position(|&r| r == rank)
-            .ok_or_else(|| loop_err("train_step", format!("rank {rank} is not in the job")))?;
-        mine[1 + at] = busy.as_secs_f64();
-        mine[1 + n + at] = span.as_secs_f64();
-        let all = Tensor::from_vec(mine, [1 + 2 * n])?
-            .to_global(&run.world, NdSbp::new([Sbp::Partial(ReduceOp::Sum)]))?
-            .to_vec::<f64>()?;
-        // The schedule took as long as its slowest rank; the bubble is the mean fraction of
-        // that time a rank did not compute.
-        let slowest = all[1 + n..].iter().copied().fold(0.0, f64::max).max(1e-12);
-        let mean_busy = all[1..1 + n].iter().sum::<f64>() / n as f64;
-        Ok((all[0], Some(1.0 - mean_busy / slowest)))
     }
 
     /// The value of a 0-d result on every rank (through the world when pipelined).

@@ -8,8 +8,8 @@
 use crate::ir::ValueId;
 use crate::passes::liveness::{BufferLife, Liveness};
 
-/// Alignment of every offset (what device kernels and vector loads want).
-pub const ARENA_ALIGN: usize = 256;
+/// Alignment of every offset (what device kernels and vector loads want): the arenas'.
+pub use oxiflow_tensor::arena::ARENA_ALIGN;
 
 /// One buffer's place in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,25 +47,24 @@ pub fn plan_arena(live: &Liveness) -> ArenaPlan {
             .then(a.def.cmp(&b.def))
             .then(a.buffer.cmp(&b.buffer))
     });
+    // Kept sorted by offset, so the buffers a new one clashes with come in offset order.
     let mut placed: Vec<Placed> = Vec::with_capacity(order.len());
     for life in order {
-        let mut clashes: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|p| p.life.overlaps(life))
-            .map(|p| (p.offset, p.end()))
-            .collect();
-        clashes.sort_unstable();
         let mut offset = 0;
-        for (start, end) in clashes {
-            if offset + life.bytes <= start {
+        for p in placed.iter().filter(|p| p.life.overlaps(life)) {
+            if offset + life.bytes <= p.offset {
                 break;
             }
-            offset = offset.max(align_up(end));
+            offset = offset.max(align_up(p.end()));
         }
-        placed.push(Placed {
-            life: *life,
-            offset,
-        });
+        let at = placed.partition_point(|p| p.offset <= offset);
+        placed.insert(
+            at,
+            Placed {
+                life: *life,
+                offset,
+            },
+        );
     }
     placed.sort_by_key(|p| (p.life.def, p.life.buffer));
     let bytes = placed.iter().map(|p| align_up(p.end())).max().unwrap_or(0);

@@ -166,6 +166,45 @@ pub(crate) fn execute_one(op: &Op, inputs: &[&CpuArray], out: &OutSpec) -> Resul
     rounded(y, out)
 }
 
+/// [`execute`] into given output buffers (zeroed, of the outputs' shapes and dtypes): the
+/// kernels write them; a 16-bit output is computed in f32 (or f64) and rounded into its buffer
+/// once, as [`execute`] does.
+pub(crate) fn execute_into(op: &Op, inputs: &[&CpuArray], outs: &mut [CpuArray]) -> Result<()> {
+    let specs: SmallVec<[OutSpec; 1]> = outs.iter().map(|o| CpuBackend.out_spec(o)).collect();
+    if !widens(op, inputs, &specs) {
+        return op.execute_into(&CpuBackend, inputs, outs);
+    }
+    let widened = widen(inputs);
+    let refs: SmallVec<[&CpuArray; 3]> = widened.iter().map(|a| a.as_ref()).collect();
+    let computed_specs: SmallVec<[OutSpec; 1]> =
+        specs.iter().map(|o| computed(o, inputs)).collect();
+    let ys = op.execute(&CpuBackend, &refs, &computed_specs)?;
+    for (y, o) in ys.iter().zip(outs.iter_mut()) {
+        if y.dtype() == o.dtype() {
+            copy_into(y, o)?;
+        } else {
+            elementwise::cast_into(y, o)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` into `dst` (same dtype and shape), element by element.
+pub(crate) fn copy_into(src: &CpuArray, dst: &mut CpuArray) -> Result<()> {
+    fn to<T: TensorElement>(a: &ArrayD<T>, o: &mut CpuArray) -> Result<()> {
+        let o = T::view_mut(o).ok_or_else(|| kernel_err("copy", "dtypes differ".into()))?;
+        if o.shape() != a.shape() {
+            return Err(kernel_err(
+                "copy",
+                format!("shape {:?} into {:?}", a.shape(), o.shape()),
+            ));
+        }
+        o.assign(a);
+        Ok(())
+    }
+    with_array!(src, a => to(a, dst))
+}
+
 /// Whether a call has 16-bit inputs or outputs and runs kernels (not a view).
 fn widens(op: &Op, inputs: &[&CpuArray], outs: &[OutSpec]) -> bool {
     let half = inputs.iter().any(|a| a.dtype().is_half()) || outs.iter().any(|o| o.dtype.is_half());

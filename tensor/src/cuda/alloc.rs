@@ -260,9 +260,12 @@ impl Pool {
 /// A block's bf16 copy of the f32 elements `(byte offset, count)` of it.
 type Shadow = ((usize, usize), Box<Block>);
 
-/// One device allocation of at least `bytes` bytes, back to the pool on drop.
+/// One device allocation of at least `bytes` bytes, back to the pool on drop; or a view of
+/// `bytes` bytes at an offset of another block (an arena's), which frees nothing.
 pub struct Block {
     mem: Option<Memory>,
+    /// The block a view's bytes belong to (kept alive by the view).
+    parent: Option<Arc<Block>>,
     ptr: u64,
     bytes: usize,
     cap: usize,
@@ -313,6 +316,7 @@ impl Block {
         crate::memory::device_alloc(cap);
         Ok(Block {
             mem: Some(mem),
+            parent: None,
             ptr,
             bytes,
             cap,
@@ -341,6 +345,31 @@ impl Block {
     }
     pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
         &self.rt
+    }
+    /// A view of `bytes` bytes at `offset` of `parent` (inside it: checked here). The view
+    /// carries its own fences: when it goes, the compute stream waits for the collectives and
+    /// sends that used it, so whatever is placed at these bytes next is written after them.
+    pub(crate) fn view(parent: &Arc<Block>, offset: usize, bytes: usize) -> Result<Block> {
+        if offset.checked_add(bytes).is_none_or(|e| e > parent.bytes) {
+            return Err(derr(
+                "arena",
+                format!(
+                    "{bytes} bytes at {offset} do not fit a block of {}",
+                    parent.bytes
+                ),
+            ));
+        }
+        Ok(Block {
+            mem: None,
+            parent: Some(parent.clone()),
+            ptr: parent.ptr + offset as u64,
+            bytes,
+            cap: 0,
+            rt: parent.rt.clone(),
+            fences: Mutex::new(Vec::new()),
+            sends: Mutex::new(Vec::new()),
+            shadow: Mutex::new(None),
+        })
     }
     /// Gives this block the bf16 copy `b` of its f32 elements (written by the kernel that wrote
     /// the block).
@@ -392,6 +421,14 @@ impl DeviceFence for Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
+        if self.parent.is_some() {
+            let pending: Vec<Arc<CudaEvent>> = std::mem::take(&mut *lock(&self.fences))
+                .into_iter()
+                .chain(std::mem::take(&mut *lock(&self.sends)))
+                .collect();
+            order_after(&self.rt.stream, &pending);
+            return;
+        }
         if let Some(s) = self.mem.take() {
             crate::memory::device_free(self.cap);
             let cached = Cached {

@@ -13,9 +13,10 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{Region, Shape};
 use smallvec::SmallVec;
 
+use super::copy::copy_nd;
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
-use super::{derr, runtime};
+use super::{derr, runtime, Block};
 use crate::device::DeviceBackend;
 use crate::executor::OpExecutor;
 use crate::op::{Op, OutSpec};
@@ -30,10 +31,7 @@ pub struct CudaBackend;
 /// The CUDA piece inside a storage, or a typed error naming `op`.
 pub(crate) fn cuda_of<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CudaStorage> {
     match s {
-        Storage::Device(d) => d
-            .as_any()
-            .downcast_ref::<CudaStorage>()
-            .ok_or_else(|| derr(op, format!("piece on {} is not CUDA storage", d.device()))),
+        Storage::Device(d) => cuda_piece(op, d.as_ref()),
         Storage::Cpu(_) => Err(derr(op, "expected a CUDA piece, got host storage")),
     }
 }
@@ -69,6 +67,97 @@ impl DeviceBackend for CudaBackend {
     ) -> Option<Result<Option<Storage>>> {
         super::boxing::run_boxing_cuda(op, plan, world, piece)
     }
+
+    /// One block of the runtime's pool, seen as `bytes / 4` f32 elements.
+    fn arena(&self, bytes: usize, _ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
+        let rt = runtime("arena")?;
+        Ok(Arc::new(CudaStorage::whole(
+            Arc::new(Block::alloc(&rt, bytes)?),
+            DType::F32,
+            Shape::new(vec![bytes / DType::F32.size()]),
+        )))
+    }
+
+    /// A view of the arena's block at `offset` (see `Block::view`).
+    fn place(
+        &self,
+        arena: &dyn DeviceStorage,
+        offset: usize,
+        spec: &OutSpec,
+    ) -> Result<Arc<dyn DeviceStorage>> {
+        let arena = cuda_piece("arena", arena)?;
+        let bytes = spec.shape.numel() * spec.dtype.size();
+        let at = arena.offset + offset;
+        Ok(Arc::new(CudaStorage::whole(
+            Arc::new(Block::view(&arena.block, at, bytes)?),
+            spec.dtype,
+            spec.shape.clone(),
+        )))
+    }
+
+    fn duplicate(&self, src: &dyn DeviceStorage) -> Result<Arc<dyn DeviceStorage>> {
+        let src = cuda_piece("copy", src)?;
+        let dst = CudaStorage::alloc(src.runtime(), src.dtype, src.shape.clone())?;
+        copy_whole(src, &dst)?;
+        Ok(Arc::new(dst))
+    }
+
+    fn copy_into(&self, src: &dyn DeviceStorage, dst: &dyn DeviceStorage) -> Result<()> {
+        copy_whole(cuda_piece("copy", src)?, cuda_piece("copy", dst)?)
+    }
+}
+
+fn cuda_piece<'a>(op: &'static str, d: &'a dyn DeviceStorage) -> Result<&'a CudaStorage> {
+    d.as_any()
+        .downcast_ref::<CudaStorage>()
+        .ok_or_else(|| derr(op, format!("piece on {} is not CUDA storage", d.device())))
+}
+
+/// Copies every element of `src` into `dst` (same dtype and shape) on the compute stream.
+fn copy_whole(src: &CudaStorage, dst: &CudaStorage) -> Result<()> {
+    if src.dtype != dst.dtype || src.shape != dst.shape {
+        return Err(derr(
+            "copy",
+            format!(
+                "{} {} into {} {}",
+                src.dtype, src.shape, dst.dtype, dst.shape
+            ),
+        ));
+    }
+    let n = src.numel();
+    copy_nd(
+        src.runtime(),
+        "copy",
+        src.dtype,
+        &[n],
+        src.ptr(),
+        0,
+        &[1],
+        dst.ptr(),
+        0,
+        &[1],
+        0,
+    )
+}
+
+/// Runs `f` (an op's kernels on `inputs`' CUDA pieces) on the compute stream, timed and traced
+/// as `op`.
+fn on_stream<T>(
+    op: &Op,
+    inputs: &[&Storage],
+    f: impl FnOnce(&CudaKernels, &[&CudaStorage]) -> Result<T>,
+) -> Result<T> {
+    let name = op.name();
+    let rt = runtime(name)?;
+    let kernels = CudaKernels { rt: rt.clone() };
+    let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
+    for s in inputs {
+        x.push(cuda_of(name, s)?);
+    }
+    let traced = device_trace::begin(kernels.rt.stream());
+    let y = super::timing::timed(&rt, name, || f(&kernels, &x))?;
+    device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
+    Ok(y)
 }
 
 impl OpExecutor for CudaBackend {
@@ -78,18 +167,18 @@ impl OpExecutor for CudaBackend {
         inputs: &[&Storage],
         outs: &[OutSpec],
     ) -> Result<SmallVec<[Storage; 1]>> {
-        let name = op.name();
-        let rt = runtime(name)?;
-        let kernels = CudaKernels { rt: rt.clone() };
-        let mut x: SmallVec<[&CudaStorage; 3]> = SmallVec::with_capacity(inputs.len());
-        for s in inputs {
-            x.push(cuda_of(name, s)?);
-        }
-        let traced = device_trace::begin(kernels.rt.stream());
-        let y = super::timing::timed(&rt, name, || op.execute(&kernels, &x, outs))?;
-        device_trace::end(kernels.rt.stream(), Lane::CudaCompute, name, traced);
+        let y = on_stream(op, inputs, |kernels, x| op.execute(kernels, x, outs))?;
         Ok(y.into_iter()
             .map(|p| Storage::Device(Arc::new(p) as Arc<dyn DeviceStorage>))
             .collect())
+    }
+
+    /// The kernels write the given pieces' blocks (views of an arena).
+    fn run_into(&self, op: &Op, inputs: &[&Storage], outs: &[&Storage]) -> Result<()> {
+        let mut y: SmallVec<[CudaStorage; 1]> = SmallVec::with_capacity(outs.len());
+        for s in outs {
+            y.push(cuda_of(op.name(), s)?.clone());
+        }
+        on_stream(op, inputs, |kernels, x| op.execute_into(kernels, x, &mut y))
     }
 }

@@ -163,7 +163,8 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
         None
     }
     /// Runs the op's kernels on one rank's pieces, writing every output into its buffer in
-    /// `out` (uninitialised: the kernels write every element).
+    /// `out` (uninitialised: the kernels write every element; they never replace a buffer,
+    /// which may be a view of an arena, `crate::arena`).
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()>;
     /// Whether output `i` carries a gradient (false: a statistic saved for the backward, such
     /// as a mean or a log-sum-exp; it gets no autograd history).
@@ -353,6 +354,23 @@ impl Op {
         }
         self.run(b, x, &mut out)?;
         Ok(out.into_iter().map(|o| b.finish(o)).collect())
+    }
+
+    /// The op's kernels into given output buffers (one per output, of its shape and dtype),
+    /// where an arena placed them; a view op has no kernel and is an error here.
+    pub(crate) fn execute_into<B: Backend>(
+        &self,
+        b: &B,
+        x: &[&B::Piece],
+        out: &mut [B::Out],
+    ) -> Result<()> {
+        if self.view_of().is_some() {
+            return Err(kernel_err(
+                self.name(),
+                "a view has no kernel to run into a buffer".into(),
+            ));
+        }
+        self.run(b, x, out)
     }
 
     /// [`Op::execute`] of a single-output call.

@@ -385,7 +385,8 @@ pub struct RunFlags {
     pub explain: bool,
     /// Compile each step's forward and backward passes: captured on the first step, replayed
     /// on later ones, compiled again (saying why) when the batch's shapes change; rank 0
-    /// prints one line per compilation. Not with pipelines or dropout.
+    /// prints one line per compilation. Pipelined, each rank compiles its stage's run of the
+    /// schedule. Not with dropout.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,

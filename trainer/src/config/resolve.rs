@@ -232,11 +232,6 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             "--explain runs one step and saves nothing: drop --save and --resume".into(),
         ));
     }
-    if r.compile && c.pipelined() {
-        return Err(config_err(
-            "--compile runs unpipelined steps: drop --compile or --pp/--micro-batches".into(),
-        ));
-    }
     if r.compile && c.model.dropout > 0.0 {
         return Err(config_err(format!(
             "--compile with --dropout {}: dropout masks are drawn per step, and a compiled step would replay the captured ones",

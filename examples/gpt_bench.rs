@@ -291,7 +291,11 @@ fn main() -> R<()> {
         println!(
             "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms{}",
             b.what,
-            if b.cached { "from the kernel cache" } else { "compile" },
+            if b.cached {
+                "from the kernel cache"
+            } else {
+                "compile"
+            },
             b.compile_ms,
             b.load_ms,
             if b.prebuilt { " (background)" } else { "" }

@@ -66,15 +66,22 @@ fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static
     };
     let n = t.suffix();
     let source = format!("{SOURCE}\nFLASH_TYPE({ty}, {n})\n");
-    module(&MODULES[i], rt, op, &format!("flash attention ({ty})"), &source, || {
-        let mut v = vec![format!("flash_dsum_{n}")];
-        for p in [2, 4, 8] {
-            for k in ["fwd", "dkdv", "dq"] {
-                v.push(format!("flash_{k}_{n}_{p}"));
+    module(
+        &MODULES[i],
+        rt,
+        op,
+        &format!("flash attention ({ty})"),
+        &source,
+        || {
+            let mut v = vec![format!("flash_dsum_{n}")];
+            for p in [2, 4, 8] {
+                for k in ["fwd", "dkdv", "dq"] {
+                    v.push(format!("flash_{k}_{n}_{p}"));
+                }
             }
-        }
-        v
-    })
+            v
+        },
+    )
 }
 
 /// Head-dim elements per lane of the instantiation serving `d`.

@@ -19,22 +19,29 @@ static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 const SMEM_BYTES: usize = 48 * 1024;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(&MODULE, rt, op, "fused norm, AdamW and classifier kernels", SOURCE, || {
-        let mut v = vec!["adamw_multi".to_string()];
-        for t in FloatType::ALL {
-            for k in [
-                "ln_fwd",
-                "ln_bwd",
-                "ln_bwd_reduce",
-                "classifier",
-                "row_scale",
-                "ew",
-            ] {
-                v.push(format!("{k}_{}", t.suffix()));
+    module(
+        &MODULE,
+        rt,
+        op,
+        "fused norm, AdamW and classifier kernels",
+        SOURCE,
+        || {
+            let mut v = vec!["adamw_multi".to_string()];
+            for t in FloatType::ALL {
+                for k in [
+                    "ln_fwd",
+                    "ln_bwd",
+                    "ln_bwd_reduce",
+                    "classifier",
+                    "row_scale",
+                    "ew",
+                ] {
+                    v.push(format!("{k}_{}", t.suffix()));
+                }
             }
-        }
-        v
-    })
+            v
+        },
+    )
 }
 
 /// Blocks for a row-per-block kernel: every row once, at most a few waves of the device.

@@ -102,7 +102,11 @@ unsafe fn compiled_image(prog: sys::nvrtcProgram, options: &[String]) -> Result<
         // SAFETY: as above; the log is a NUL-terminated string NVRTC wrote.
         let log = unsafe { result::get_program_log(prog) }
             .map(|l| {
-                let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             })
             .unwrap_or_default();

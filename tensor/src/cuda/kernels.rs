@@ -352,10 +352,15 @@ impl Kernels {
                 .collect();
             parts
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a compile thread panicked".into())))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a compile thread panicked".into()))
+                })
                 .collect()
         });
-        let modules = built.into_iter().collect::<std::result::Result<Vec<_>, _>>()?;
+        let modules = built
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let mut funcs = HashMap::new();
         for k in Kernel::all() {
             let name = k.name();

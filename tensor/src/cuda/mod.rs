@@ -49,8 +49,8 @@ use crate::executor::register_op_executor;
 use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
-pub use build_times::{kernel_builds, KernelBuild};
 pub use backend::CudaBackend;
+pub use build_times::{kernel_builds, KernelBuild};
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
 pub use piece::CudaPiece;

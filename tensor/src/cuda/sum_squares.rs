@@ -25,9 +25,14 @@ const MAX_BLOCKS: usize = 1024;
 const PER_THREAD: usize = 16;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(&MODULE, rt, op, "multi-tensor sum of squares", SOURCE, || {
-        vec!["sum_squares_blocks".into(), "sum_squares_finish".into()]
-    })
+    module(
+        &MODULE,
+        rt,
+        op,
+        "multi-tensor sum of squares",
+        SOURCE,
+        || vec!["sum_squares_blocks".into(), "sum_squares_finish".into()],
+    )
 }
 
 /// Builds the module now (see `build_times::prebuild_kernels`).

@@ -4,11 +4,12 @@
 //! through the device's executor straight into their placed outputs, views as views of their
 //! source's bytes, boxing plans through the communicator (so collectives run in the recorded
 //! order on every rank) with their results written into their places; each value dropped after
-//! its last read, and the step's outputs copied out of the arena (the next replay reuses its
-//! bytes) and rebuilt as tensors of their captured layouts.
+//! its last read, and the step's outputs (allocated, not placed: they outlive the replay)
+//! rebuilt as tensors of their captured layouts.
 //!
 //! A boxing reads a copy of a placed input: the communicator may keep its input past the call,
-//! and a placed piece must not outlive its place. A buffer the plan has no place for on the
+//! and a placed piece must not outlive its place. A boxing whose plan only relabels (every
+//! rank keeps its piece) gives a view of its input instead, with no copy and no call. A buffer the plan has no place for on the
 //! arena's device (a node writing a piece on another device) is allocated as eager dispatch
 //! does.
 
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use oxiflow_tensor::arena::{run_kernel_into, Arena, PlacedPiece};
 use oxiflow_tensor::capture::{piece_of, run_boxing, run_local_kernel, tensor_from_piece};
+use oxiflow_boxing::StepKind;
 use oxiflow_tensor::{Device, OutSpec, Storage, Tensor};
 use smallvec::SmallVec;
 
@@ -56,11 +58,18 @@ pub fn arena_device(program: &Program, plan: &ArenaPlan) -> Device {
     })
 }
 
-/// Each value's planned offset (None: no place of its own; an alias has its buffer's).
+/// Each value's planned offset (None: no place of its own; an alias has its buffer's). The
+/// buffers of the step's outputs are allocated as eager dispatch does instead: they outlive
+/// the replay, and a placed one would be copied out.
 fn offsets(program: &Program, plan: &ArenaPlan) -> Vec<Option<usize>> {
     let mut own = vec![None; program.values.len()];
     for p in &plan.placed {
         own[p.life.buffer.index()] = Some(p.offset);
+    }
+    for o in &program.outputs {
+        if let Some(v) = o.value {
+            own[program.buffer_of(v).index()] = None;
+        }
     }
     (0..program.values.len())
         .map(|i| own[program.buffer_of(ValueId(i as u32)).index()])
@@ -185,6 +194,18 @@ impl Replay<'_> {
                 detail: "a boxing without a runtime context".into(),
             })?;
         let input_value = node.inputs.first().copied();
+        // A plan of relabels only leaves every rank's piece as it is (the same plan on every
+        // rank, so no rank communicates): the output is the input's bytes, with no copy.
+        if plan.steps.iter().all(|s| matches!(s.kind, StepKind::Relabel)) {
+            if let (Some(src), Some(v)) = (input_value, node.outputs.first().copied().flatten()) {
+                let slot = match self.slot(i, src)? {
+                    Slot::Placed(p) => Slot::Placed(p.view_as(&self.spec_of(v))?),
+                    Slot::Held(s) => Slot::Held(s.clone()),
+                };
+                self.table[v.index()] = Some(slot);
+                return Ok(());
+            }
+        }
         let input = match input_value {
             Some(v) => Some(self.slot(i, v)?.shared()?),
             None => None,

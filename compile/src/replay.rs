@@ -15,9 +15,9 @@
 
 use std::sync::Arc;
 
+use oxiflow_boxing::StepKind;
 use oxiflow_tensor::arena::{run_kernel_into, Arena, PlacedPiece};
 use oxiflow_tensor::capture::{piece_of, run_boxing, run_local_kernel, tensor_from_piece};
-use oxiflow_boxing::StepKind;
 use oxiflow_tensor::{Device, OutSpec, Storage, Tensor};
 use smallvec::SmallVec;
 
@@ -195,9 +195,22 @@ impl Replay<'_> {
             })?;
         let input_value = node.inputs.first().copied();
         // A plan of relabels only leaves every rank's piece as it is (the same plan on every
-        // rank, so no rank communicates): the output is the input's bytes, with no copy.
-        if plan.steps.iter().all(|s| matches!(s.kind, StepKind::Relabel)) {
-            if let (Some(src), Some(v)) = (input_value, node.outputs.first().copied().flatten()) {
+        // rank, so no rank communicates): the output, recorded as an alias of the input, is
+        // the input's bytes, with no copy.
+        if plan
+            .steps
+            .iter()
+            .all(|s| matches!(s.kind, StepKind::Relabel))
+        {
+            let out = node.outputs.first().copied().flatten();
+            if let (Some(src), Some(v)) = (input_value, out) {
+                if self.program.values[v.index()].alias_of != Some(src) {
+                    return Err(CompileError::Replay {
+                        node: i,
+                        op,
+                        detail: format!("relabel output {v} was not recorded as its input {src}"),
+                    });
+                }
                 let slot = match self.slot(i, src)? {
                     Slot::Placed(p) => Slot::Placed(p.view_as(&self.spec_of(v))?),
                     Slot::Held(s) => Slot::Held(s.clone()),

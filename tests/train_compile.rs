@@ -1,6 +1,6 @@
 //! `train --compile` under `oflaunch` with real processes (CPU backend): each step's forward
 //! and backward passes captured on the first step and replayed after give the eager loss
-//! curve (f64: 1e-9 relative) on 1 rank, DP4, TP4, DP2 x TP2 with sequence parallelism and
+//! curve (f64: 1e-9 relative; bf16-mixed: bit for bit) on 1 rank, DP4, TP4, DP2 x TP2 with sequence parallelism and
 //! gradient buckets, DP2 with ZeRO-3, full recomputation and gradient accumulation, PP2 x DP2
 //! pipelines (interleaved with ZeRO-2 and buckets; 1F1B with gradient accumulation), and for
 //! the MLP classifier; rank 0 prints one `compiled:` line; dropout is refused, pipelined or not.
@@ -12,7 +12,13 @@ use common::{curve, launch, max_rel, ok};
 const STEPS: &str = "5";
 
 fn compare(nproc: usize, args: &[&str]) {
-    let mut base = vec!["--steps", STEPS, "--log-every", "1", "--dtype", "f64"];
+    compare_at(nproc, &["--dtype", "f64"], args, 1e-9);
+}
+
+/// `compare` in the precision `precision` names, to a largest relative difference `tol`.
+fn compare_at(nproc: usize, precision: &[&str], args: &[&str], tol: f64) {
+    let mut base = vec!["--steps", STEPS, "--log-every", "1"];
+    base.extend_from_slice(precision);
     base.extend_from_slice(args);
     let eager_text = ok(launch(nproc, &base));
     base.push("--compile");
@@ -22,7 +28,7 @@ fn compare(nproc: usize, args: &[&str]) {
     assert_eq!(compiled.len(), 5, "{compiled_text}");
     let diff = max_rel(&eager, &compiled);
     assert!(
-        diff <= 1e-9,
+        diff <= tol,
         "{args:?}: compiled differs from eager by {diff:e}"
     );
     let lines: Vec<&str> = compiled_text
@@ -49,6 +55,16 @@ fn compare(nproc: usize, args: &[&str]) {
 #[test]
 fn compiled_gpt_steps_equal_eager_on_one_rank() {
     compare(1, &[]);
+}
+
+/// Under bf16-mixed the program reads each leaf's bf16 compute copy as an input, as eager
+/// reads it (the optimizer writes it with the leaf): bit for bit on one rank and under ZeRO-3,
+/// whose sharded leaves gather their copies.
+#[test]
+fn compiled_bf16_mixed_steps_equal_eager_bit_for_bit() {
+    let bf16 = ["--precision", "bf16-mixed"];
+    compare_at(1, &bf16, &[], 0.0);
+    compare_at(2, &bf16, &["--dp", "2", "--zero", "3"], 0.0);
 }
 
 #[test]

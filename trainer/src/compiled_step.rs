@@ -95,6 +95,11 @@ fn run_compiled<M: TrainModel>(
     let params: Vec<Parameter> = t.optimizer.params().to_vec();
     let mut inputs = batch;
     inputs.extend(params.iter().map(Parameter::value));
+    // The leaves' compute copies (written by the optimizer with each leaf, or cast now) are
+    // inputs too: the program reads them where eager reads them, and casts nothing.
+    for p in &params {
+        inputs.extend(p.ensure_compute_copy()?);
+    }
     let mut compiled = std::mem::take(&mut t.compiled);
     let trainer = &*t;
     let step = || -> Result<Vec<Tensor>, TrainError> {

@@ -254,6 +254,25 @@ impl Parameter {
     pub fn compute_copy(&self) -> Option<Tensor> {
         self.current_copy(&self.value(), self.compute_dtype())
     }
+    /// The stored leaf's copy in the compute dtype, made now by a cast when it has none (and
+    /// kept as [`Parameter::set_value_with_copy`] keeps one); None when layers compute in the
+    /// leaf's own dtype. A compiled step reads it as an input, so its program casts nothing.
+    pub fn ensure_compute_copy(&self) -> Result<Option<Tensor>> {
+        let leaf = self.value();
+        let d = self.compute_dtype();
+        if d == leaf.dtype() {
+            return Ok(None);
+        }
+        if let Some(c) = self.current_copy(&leaf, d) {
+            return Ok(Some(c));
+        }
+        let c = {
+            let _ng = oxiflow_tensor::no_grad();
+            leaf.detach().to_dtype(d)?
+        };
+        *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, c.clone()));
+        Ok(Some(c))
+    }
     /// Drops the compute copy (its memory), e.g. before an update writes the next one.
     pub fn drop_copy(&self) {
         *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = None;

@@ -18,6 +18,8 @@
 //! `--log-every` steps and `final loss L steps/s S ...` (L: the mean loss of the last 10 steps);
 //! GPT runs add the held-out loss, the unigram entropy of the data and a generated sample.
 
+use std::io::Write;
+
 use clap::Parser;
 
 /// Counts host bytes, so `train` can print the peak of a step.
@@ -32,7 +34,21 @@ fn main() {
         .with_target(false)
         .with_ansi(false)
         .init();
-    let cli = oxiflow::trainer::Cli::parse();
+    let cli = match oxiflow::trainer::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // One write, so a launcher that stops this rank while another's error ends the
+            // job still gets the whole message (clap writes it in pieces).
+            let text = e.render().to_string();
+            let written = if e.use_stderr() {
+                std::io::stderr().write_all(text.as_bytes())
+            } else {
+                std::io::stdout().write_all(text.as_bytes())
+            };
+            drop(written);
+            std::process::exit(e.exit_code());
+        }
+    };
     let result = oxiflow::trainer::main_with(cli, oxiflow::trainer::JobHooks::default());
     // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing. A
     // trace that was asked for and not written fails the run.

@@ -38,11 +38,16 @@ fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
-/// The cache key of `source` under `options` (which name the architecture).
+/// The cache key of `source` under `options` (which name the architecture) with this
+/// process's NVRTC.
 fn key(source: &str, options: &[String]) -> String {
+    key_for(nvrtc_version(), source, options)
+}
+
+/// The cache key of `source` under `options` for NVRTC `(major, minor)`.
+fn key_for((major, minor): (i32, i32), source: &str, options: &[String]) -> String {
     let mut h = Sha256::new();
     h.update(b"oxiflow kernel cache v1\0");
-    let (major, minor) = nvrtc_version();
     h.update(format!("nvrtc {major}.{minor}\0").as_bytes());
     for o in options {
         h.update(o.as_bytes());
@@ -55,20 +60,25 @@ fn key(source: &str, options: &[String]) -> String {
 /// A CUBIN of `source` compiled with `options` (which must include `--gpu-architecture=sm_XY`):
 /// from the cache when present, else compiled by NVRTC and stored.
 pub(crate) fn cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, Origin), String> {
-    let path = dir().map(|d| d.join(format!("{}.cubin", key(source, options))));
-    if let Some(p) = &path {
+    if let Some(d) = dir() {
         // An ELF image, whole (a torn write never gets the final name).
-        if let Ok(bytes) = std::fs::read(p) {
+        if let Ok(bytes) = std::fs::read(d.join(format!("{}.cubin", key(source, options)))) {
             if bytes.starts_with(b"\x7fELF") {
                 return Ok((bytes, Origin::Cache));
             }
         }
     }
+    Ok((recompile(source, options)?, Origin::Compiled))
+}
+
+/// `source` compiled by NVRTC whatever the cache holds, and stored there (e.g. after a cached
+/// image failed to load).
+pub(crate) fn recompile(source: &str, options: &[String]) -> Result<Vec<u8>, String> {
     let image = compile(source, options)?;
-    if let Some(p) = &path {
-        store(p, &image);
+    if let Some(d) = dir() {
+        store(&d.join(format!("{}.cubin", key(source, options))), &image);
     }
-    Ok((image, Origin::Compiled))
+    Ok(image)
 }
 
 /// Writes `image` to `path` through a temporary name, so readers see all of it or nothing.
@@ -123,4 +133,34 @@ unsafe fn compiled_image(prog: sys::nvrtcProgram, options: &[String]) -> Result<
         .result()
         .map_err(|e| format!("NVRTC CUBIN: {e}"))?;
     Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_names_source_options_and_nvrtc() {
+        let opts = |a: &str| vec![format!("--gpu-architecture={a}"), "--fmad=true".to_string()];
+        let k = key_for((13, 0), "src", &opts("sm_90"));
+        assert_eq!(k.len(), 64);
+        assert_eq!(k, key_for((13, 0), "src", &opts("sm_90")));
+        assert_ne!(k, key_for((13, 0), "src2", &opts("sm_90")));
+        assert_ne!(k, key_for((13, 0), "src", &opts("sm_80")));
+        assert_ne!(k, key_for((12, 8), "src", &opts("sm_90")));
+        // Options are separated, so moving a character between them changes the key.
+        let split = |a: &str, b: &str| key_for((13, 0), "s", &[a.to_string(), b.to_string()]);
+        assert_ne!(split("ab", "c"), split("a", "bc"));
+    }
+
+    #[test]
+    fn a_stored_image_reads_back_whole_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("oxiflow-kernel-cache-{}", std::process::id()));
+        let path = dir.join("k.cubin");
+        store(&path, b"\x7fELF image");
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF image");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 
-use super::kernel_cache;
+use super::kernel_cache::{self, Origin};
 use super::raw::{FResult, FusedError};
 use super::CudaRuntime;
 
@@ -53,9 +53,15 @@ pub(crate) fn load_source(
     let start = Instant::now();
     let (image, origin) = kernel_cache::cubin(source, &options)?;
     let compiled = Instant::now();
-    let module = ctx
-        .load_module(Ptx::from_binary(image))
-        .map_err(|e| format!("loading the module: {e}"))?;
+    let module = match (ctx.load_module(Ptx::from_binary(image)), origin) {
+        (Ok(m), _) => m,
+        // A cached image the driver refuses (another driver, a damaged file) is compiled
+        // again and replaced.
+        (Err(_), Origin::Cache) => ctx
+            .load_module(Ptx::from_binary(kernel_cache::recompile(source, &options)?))
+            .map_err(|e| format!("loading the module: {e}"))?,
+        (Err(e), Origin::Compiled) => return Err(format!("loading the module: {e}")),
+    };
     super::build_times::record(what, origin, start, compiled);
     Ok(module)
 }

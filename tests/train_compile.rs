@@ -3,7 +3,8 @@
 //! curve (f64: 1e-9 relative; bf16-mixed: bit for bit) on 1 rank, DP4, TP4, DP2 x TP2 with sequence parallelism and
 //! gradient buckets, DP2 with ZeRO-3, full recomputation and gradient accumulation, PP2 x DP2
 //! pipelines (interleaved with ZeRO-2 and buckets; 1F1B with gradient accumulation), and for
-//! the MLP classifier; rank 0 prints one `compiled:` line; dropout is refused, pipelined or not.
+//! the MLP classifier; rank 0 prints one `compiled:` line and, with `--explain`, the program
+//! with its collectives; dropout is refused, pipelined or not.
 
 mod common;
 
@@ -149,6 +150,35 @@ fn compiled_gpt_pipelines_equal_eager_pp2_dp2() {
         "2",
     ]);
     compare(4, &one_f_one_b);
+}
+
+/// `--compile --explain` prints the compiled program: ops against kernels, the arena, and each
+/// gradient bucket's all-reduce with the kernels queued before its result is read (what it
+/// overlaps on devices).
+#[test]
+fn explain_prints_the_compiled_program_and_its_collectives() {
+    let text = ok(launch(
+        2,
+        &["--compile", "--explain", "--dp", "2", "--bucket-mb", "0.05"],
+    ));
+    assert!(text.contains("[rank 0] compiled program: "), "{text}");
+    assert!(text.contains(" kernels and "), "{text}");
+    let overlapped = text
+        .lines()
+        .filter(|l| l.starts_with("[rank 0]") && l.contains(": P -> B, "))
+        .filter_map(|l| {
+            l.split("; ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        overlapped.len() >= 2 && overlapped.iter().all(|&k| k > 0),
+        "every bucket's all-reduce has kernels queued under it: {overlapped:?}\n{text}"
+    );
 }
 
 #[test]

@@ -17,6 +17,7 @@
 //! a CUDA graph captured from one replay needs; see docs/design.md.
 
 mod error;
+mod explain;
 pub mod ir;
 pub mod passes;
 mod recorder;
@@ -24,6 +25,7 @@ mod replay;
 mod step;
 
 pub use error::{CompileError, Result};
+pub use explain::explain;
 pub use ir::{Program, StepKey};
 pub use replay::{arena_device, replay};
 pub use step::{CompileReport, Compiled, CompiledStep, StepRun};

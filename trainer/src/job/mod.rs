@@ -410,6 +410,10 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
                 b.tensors, b.bytes
             );
         }
+        // Under --compile the step was captured: the program it compiled to, as replays run it.
+        if let Some(c) = t.compiled.programs().last() {
+            print!("{}", oxiflow_compile::explain(c));
+        }
         println!("explained step loss {:.8}", stats.loss);
     }
     Ok(())

@@ -68,7 +68,7 @@ pub fn explain(c: &Compiled) -> String {
         );
     }
     let mut largest: Vec<_> = c.arena.placed.iter().collect();
-    largest.sort_by(|a, b| b.life.bytes.cmp(&a.life.bytes));
+    largest.sort_by_key(|p| std::cmp::Reverse(p.life.bytes));
     let _ = writeln!(
         out,
         "  largest buffers (offset, bytes, written at node .. last read):"

@@ -35,13 +35,19 @@ use gpu_tensor_checks::{
 };
 
 fn close(a: &[f64], b: &[f64]) -> std::result::Result<(), String> {
+    close_to(a, b, 2e-4)
+}
+
+/// Whether the device's values `a` equal the reference `b` within `tol * (1 + |b|)` each (NaN
+/// where the reference is NaN); the first difference otherwise.
+fn close_to(a: &[f64], b: &[f64], tol: f64) -> std::result::Result<(), String> {
     if a.len() != b.len() {
         return Err(format!("lengths {} vs {}", a.len(), b.len()));
     }
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        let ok = (x - y).abs() <= 2e-4 * (1.0 + y.abs()) || (x.is_nan() && y.is_nan());
+        let ok = (x - y).abs() <= tol * (1.0 + y.abs()) || (x.is_nan() && y.is_nan());
         if !ok {
-            return Err(format!("element {i}: gpu {x} vs cpu {y}"));
+            return Err(format!("element {i}: device {x} vs reference {y}"));
         }
     }
     Ok(())
@@ -273,6 +279,33 @@ fn child_boxing(
     }
 }
 
+/// One rank's checks: rank 0 prints a line per check that passed; a failing check prints the
+/// rank's error and sets the process's exit code to the check's.
+struct Checks {
+    world: usize,
+    rank: usize,
+    code: i32,
+}
+
+impl Checks {
+    fn report<T>(
+        &mut self,
+        code: i32,
+        what: &str,
+        result: std::result::Result<T, String>,
+        line: impl FnOnce(T) -> String,
+    ) {
+        match result {
+            Ok(v) if self.rank == 0 => println!("gpu_tensor: world {}: {}", self.world, line(v)),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("rank {}: {what}: {e}", self.rank);
+                self.code = code;
+            }
+        }
+    }
+}
+
 fn child(world: usize, rank: usize, cases: u32) -> i32 {
     let ctx = match init_from_env() {
         Ok(c) => c,
@@ -315,141 +348,55 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
             }
         }
     }
-    match child_ops(world, cases, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} op cases equal to CPU ({:.1?})",
-            t.elapsed()
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: ops: {e}");
-            code = 4;
-        }
-    }
+    let mut checks = Checks { world, rank, code };
+    let cuda = DeviceType::Cuda;
+    checks.report(4, "ops", child_ops(world, cases, cuda), |n| {
+        format!("{n} op cases equal to CPU ({:.1?})", t.elapsed())
+    });
     let t = Instant::now();
-    match child_boxing(world, rank, cases, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} boxing cases exact ({:.1?})",
-            t.elapsed()
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: boxing: {e}");
-            code = 5;
-        }
-    }
-    match child_pipelined(world, DeviceType::Cuda) {
-        Ok((n, k, ms)) if rank == 0 => println!(
-            "gpu_tensor: world {world}: pipelined boxing: {n} iterations ({k} kept) equal to CPU ({ms:.1}ms queued + synchronized)"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: pipelined boxing: {e}");
-            code = 6;
-        }
-    }
-    match child_bf16(world) {
-        Ok(gap) if rank == 0 => println!(
-            "gpu_tensor: world {world}: bf16 matmul equals the bf16-rounded product (f32 accumulation), {gap:.1e} from the f32 one"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: bf16 matmul: {e}");
-            code = 9;
-        }
-    }
-    match child_creation(world) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} creation cases made on the device equal the host's (randn within 1 f32 / 4 f64 ulp)"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: device creation: {e}");
-            code = 8;
-        }
-    }
-    match child_half(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} bf16/f16 kernel cases within their rounding of the f64 reference"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: 16-bit kernels: {e}");
-            code = 10;
-        }
-    }
-    match child_large_reductions(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} large sums (several passes) within 2e-4 of the f64 sums"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: large sums: {e}");
-            code = 12;
-        }
-    }
-    match child_sum_squares(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} multi-tensor sums of squares (f32, bf16, f16, f64) within 1e-10 of the f64 sums, bit-equal on a second run"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: {e}");
-            code = 13;
-        }
-    }
-    match child_adamw_copies(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} AdamW compute copies bit for bit the casts of the new values"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: {e}");
-            code = 14;
-        }
-    }
-    match child_buckets(world, rank, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} gradient bucket pieces (all-reduce, reduce-scatter; f32, f64, bf16 wire) equal each tensor boxed alone, read and used after the other pieces were dropped"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: {e}");
-            code = 15;
-        }
-    }
-    match child_vocab_parallel(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: vocabulary-parallel cross-entropy: {e}");
-            code = 16;
-        }
-    }
+    checks.report(5, "boxing", child_boxing(world, rank, cases, cuda), |n| {
+        format!("{n} boxing cases exact ({:.1?})", t.elapsed())
+    });
+    checks.report(6, "pipelined boxing", child_pipelined(world, cuda), |(n, k, ms)| {
+        format!("pipelined boxing: {n} iterations ({k} kept) equal to CPU ({ms:.1}ms queued + synchronized)")
+    });
+    checks.report(9, "bf16 matmul", child_bf16(world), |gap| {
+        format!("bf16 matmul equals the bf16-rounded product (f32 accumulation), {gap:.1e} from the f32 one")
+    });
+    checks.report(8, "device creation", child_creation(world), |n| {
+        format!("{n} creation cases made on the device equal the host's (randn within 1 f32 / 4 f64 ulp)")
+    });
+    checks.report(10, "16-bit kernels", child_half(world, cuda), |n| {
+        format!("{n} bf16/f16 kernel cases within their rounding of the f64 reference")
+    });
+    checks.report(12, "large sums", child_large_reductions(world, cuda), |n| {
+        format!("{n} large sums (several passes) within 2e-4 of the f64 sums")
+    });
+    checks.report(13, "sums of squares", child_sum_squares(world, cuda), |n| {
+        format!("{n} multi-tensor sums of squares (f32, bf16, f16, f64) within 1e-10 of the f64 sums, bit-equal on a second run")
+    });
+    checks.report(14, "AdamW copies", child_adamw_copies(world, cuda), |n| {
+        format!("{n} AdamW compute copies bit for bit the casts of the new values")
+    });
+    checks.report(15, "gradient buckets", child_buckets(world, rank, cuda), |n| {
+        format!("{n} gradient bucket pieces (all-reduce, reduce-scatter; f32, f64, bf16 wire) equal each tensor boxed alone, read and used after the other pieces were dropped")
+    });
+    checks.report(16, "vocabulary-parallel cross-entropy", child_vocab_parallel(world, cuda), |n| {
+        format!("{n} vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0")
+    });
     let t = Instant::now();
-    match child_flash(world, DeviceType::Cuda) {
-        Ok(n) if rank == 0 => println!(
-            "gpu_tensor: world {world}: {n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})",
-            t.elapsed()
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: fused attention: {e}");
-            code = 11;
-        }
-    }
-    match child_inputs_unchanged(world, rank, DeviceType::Cuda) {
-        Ok(()) if rank == 0 => println!(
-            "gpu_tensor: world {world}: P->B x5 then P->S leave the P input unchanged; results equal the host sum"
-        ),
-        Ok(()) => {}
-        Err(e) => {
-            eprintln!("rank {rank}: inputs unchanged: {e}");
-            code = 7;
-        }
-    }
+    checks.report(11, "fused attention", child_flash(world, cuda), |n| {
+        format!("{n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})", t.elapsed())
+    });
+    checks.report(
+        7,
+        "inputs unchanged",
+        child_inputs_unchanged(world, rank, cuda),
+        |()| {
+            "P->B x5 then P->S leave the P input unchanged; results equal the host sum".to_string()
+        },
+    );
+    let code = checks.code;
     if rank == 0 {
         if let Some(rt) = cuda::bound_runtime() {
             println!(

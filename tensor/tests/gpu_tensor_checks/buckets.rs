@@ -67,21 +67,7 @@ pub(crate) fn child_buckets(
         drop(grads);
         let tol = if wire.is_some() { 1e-2 } else { 1e-6 };
         let check = |i: usize, got: &[f64], want: &[f64], how: &str| {
-            if got.len() != want.len() {
-                return Err(format!(
-                    "{what}: tensor {i} {how}: {} vs {} values",
-                    got.len(),
-                    want.len()
-                ));
-            }
-            for (k, (g, w)) in got.iter().zip(want).enumerate() {
-                if (g - w).abs() > tol * w.abs().max(1.0) {
-                    return Err(format!(
-                        "{what}: tensor {i} {how} element {k}: {g} vs {w} boxed alone"
-                    ));
-                }
-            }
-            Ok(())
+            close_to(got, want, tol).map_err(|d| format!("{what}: tensor {i} {how}: {d}"))
         };
         // Drop every other piece first, then allocate: the kept pieces keep their memory.
         for i in (0..out.len()).rev().filter(|i| i % 2 == 1) {

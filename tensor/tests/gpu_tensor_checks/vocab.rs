@@ -128,18 +128,7 @@ pub(crate) fn child_vocab_parallel(
             ];
             for (k, ((name, g), w)) in names.iter().zip(&got).zip(&want).enumerate() {
                 let tol = if k == 2 || k == 4 { grad_tol } else { 2e-4 };
-                if g.len() != w.len() {
-                    return Err(format!(
-                        "{what} {name}: {} values, want {}",
-                        g.len(),
-                        w.len()
-                    ));
-                }
-                for (j, (a, b)) in g.iter().zip(w).enumerate() {
-                    if (a - b).abs() > tol * (1.0 + b.abs()) || a.is_nan() {
-                        return Err(format!("{what} {name} [{j}]: {dev:?} {a} vs cpu {b}"));
-                    }
-                }
+                close_to(g, w, tol).map_err(|d| format!("{what} {name} on {dev:?}: {d}"))?;
             }
             for name in [2, 4] {
                 for (r, row) in got[name].chunks(width).enumerate() {

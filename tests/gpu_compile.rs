@@ -8,27 +8,11 @@ mod common;
 
 use std::process::Command;
 
-use common::{binaries, curve, max_rel};
+use common::{binaries, curve, max_rel, GPU_GPT};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 
-const GPT: [&str; 16] = [
-    "--layers",
-    "4",
-    "--width",
-    "64",
-    "--heads",
-    "4",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-    "--steps",
-    "12",
-];
+/// The suites' GPT for 12 steps.
+const STEPS: [&str; 2] = ["--steps", "12"];
 
 /// Rank 0's output of an `n`-GPU `train` job, or what went wrong.
 fn train(n: usize, args: &[&str]) -> Result<String, String> {
@@ -36,7 +20,8 @@ fn train(n: usize, args: &[&str]) -> Result<String, String> {
     let out = Command::new(oflaunch)
         .args(["--nproc-per-node", &n.to_string(), "--backend", "nccl"])
         .arg(train)
-        .args(GPT)
+        .args(GPU_GPT)
+        .args(STEPS)
         .args(["--device", "cuda", "--precision", "f32"])
         .args(args)
         .env("NCCL_NVLS_ENABLE", "0")

@@ -11,30 +11,13 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{binaries, curve, max_rel};
+use common::{binaries, curve, max_rel, GPU_GPT};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 use oxiflow::collectives::rendezvous::{generate_token, StoreServer};
 
-/// A GPT small enough for 30 steps of every layout, with 4 blocks (PP2 x 2 chunks), in f32 on
-/// both backends (the device default is bf16-mixed).
-const GPT: [&str; 16] = [
-    "--layers",
-    "4",
-    "--width",
-    "64",
-    "--heads",
-    "4",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-    "--steps",
-    "30",
-];
+/// The suites' GPT for 30 steps of every layout, in f32 on both backends (the device default
+/// is bf16-mixed).
+const STEPS: [&str; 2] = ["--steps", "30"];
 
 /// The visible GPUs, or why there are none.
 fn gpus() -> Result<usize, String> {
@@ -47,7 +30,8 @@ fn train(backend: &str, device: &str, layout: &[&str]) -> Result<Vec<(u64, f64)>
     let out = Command::new(oflaunch)
         .args(["--nproc-per-node", "2", "--backend", backend])
         .arg(train)
-        .args(GPT)
+        .args(GPU_GPT)
+        .args(STEPS)
         .args(["--device", device, "--precision", "f32"])
         .args(layout)
         .env("NCCL_NVLS_ENABLE", "0")
@@ -157,7 +141,8 @@ fn ranks(world: usize, device: impl Fn(usize) -> usize, args: &[&str]) -> Vec<Ch
     (0..world)
         .map(|r| {
             Command::new(&binaries().1)
-                .args(GPT)
+                .args(GPU_GPT)
+                .args(STEPS)
                 .args(args)
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", world.to_string())

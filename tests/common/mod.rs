@@ -216,6 +216,25 @@ pub const TINY_GPT: [&str; 14] = [
     "1",
 ];
 
+/// The GPT of the GPU suites: 4 blocks (PP2 x 2 chunks), width 64, 4 heads, 32-token windows,
+/// 8 per batch, no sample, the loss every step (the suites add `--steps`).
+pub const GPU_GPT: [&str; 14] = [
+    "--layers",
+    "4",
+    "--width",
+    "64",
+    "--heads",
+    "4",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--gen-tokens",
+    "0",
+    "--log-every",
+    "1",
+];
+
 /// A running `oflaunch ... train` job: its stdout lines as they come, its stderr at the end.
 pub struct Job {
     pub child: std::process::Child,

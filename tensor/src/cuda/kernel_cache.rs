@@ -93,24 +93,24 @@ fn store(path: &PathBuf, image: &[u8]) {
     }
 }
 
+/// An NVRTC program, destroyed when dropped.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `create_program` and is destroyed only here, once.
+        let _ = unsafe { result::destroy_program(self.0) };
+    }
+}
+
 /// NVRTC's CUBIN of `source` under `options`, or its log.
 fn compile(source: &str, options: &[String]) -> Result<Vec<u8>, String> {
     let src = CString::new(source).map_err(|_| "NVRTC: the source holds a NUL byte".to_string())?;
-    let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e}"))?;
-    // SAFETY: `prog` was created above and is destroyed once, below, after the last use.
-    let out = unsafe { compiled_image(prog, options) };
-    // SAFETY: as above.
-    let _ = unsafe { result::destroy_program(prog) };
-    out
-}
-
-/// # Safety
-/// `prog` must be a live program from `create_program`.
-unsafe fn compiled_image(prog: sys::nvrtcProgram, options: &[String]) -> Result<Vec<u8>, String> {
-    // SAFETY: `prog` is live (the caller's contract).
-    if let Err(e) = unsafe { result::compile_program(prog, options) } {
+    let prog = Program(result::create_program(&src, None).map_err(|e| format!("NVRTC: {e}"))?);
+    // SAFETY: `prog` is a live program (destroyed only when it drops, after this function).
+    if let Err(e) = unsafe { result::compile_program(prog.0, options) } {
         // SAFETY: as above; the log is a NUL-terminated string NVRTC wrote.
-        let log = unsafe { result::get_program_log(prog) }
+        let log = unsafe { result::get_program_log(prog.0) }
             .map(|l| {
                 let bytes: Vec<u8> = l
                     .iter()
@@ -123,13 +123,13 @@ unsafe fn compiled_image(prog: sys::nvrtcProgram, options: &[String]) -> Result<
         return Err(format!("NVRTC: {e}: {log}"));
     }
     let mut size = 0usize;
-    // SAFETY: `prog` compiled; `size` is valid for one usize.
-    unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }
+    // SAFETY: `prog` is live and compiled; `size` is valid for one usize.
+    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }
         .result()
         .map_err(|e| format!("NVRTC CUBIN size: {e}"))?;
     let mut image = vec![0u8; size];
     // SAFETY: `image` holds the `size` bytes NVRTC reported for this program's CUBIN.
-    unsafe { sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast::<c_char>()) }
+    unsafe { sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast::<c_char>()) }
         .result()
         .map_err(|e| format!("NVRTC CUBIN: {e}"))?;
     Ok(image)

@@ -17,7 +17,10 @@ use crate::Result;
 
 /// A local piece on the process's CUDA device: `shape`'s elements from byte `offset` of a
 /// pooled block. Reshapes share the block; so do the ranges of `range_shared` (blocks are
-/// never written once a piece holds them, so the pieces sharing one never see each other).
+/// never written once a piece holds them, so the pieces sharing one never see each other), and
+/// a collective on one of them fences the whole block. An arena's placed pieces are instead
+/// `Block::view`s, each with its own fences, since the arena's bytes are written again by
+/// every replay.
 #[derive(Clone, Debug)]
 pub struct CudaStorage {
     pub(crate) block: Arc<Block>,

@@ -5,7 +5,8 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use super::grad::{sum_to, Grad};
+use super::custom::ResidualLayerNorm;
+use super::grad::Grad;
 use super::{
     kernel_err, same_float_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
     MetaError, MetaResult, OpFamily, Saves,
@@ -140,21 +141,25 @@ impl OpFamily for NormOp {
         }
         let (x, w, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
         let (mean, rstd) = (g.output(1)?, g.output(2)?);
-        Ok(vec![
-            g.when(0, || {
-                dispatch(NormOp::LayerNormBackward.into(), &[x, w, dy, mean, rstd])
-            })?,
-            g.when(1, || {
-                // x-hat in the statistics' dtype (f32 for 16-bit data), the sum over rows too;
-                // each rank's part rounded once to the weight's dtype (a partial sum over split
-                // rows stays partial, reduced with the other gradients).
-                let f = mean.dtype();
-                let xhat = x.to_dtype(f)?.sub(mean)?.mul(rstd)?;
-                let like = g.input_meta(1);
-                sum_to(xhat.mul(&dy.to_dtype(f)?)?, like)?.to_dtype_parts(like.dtype())
-            })?,
-            g.when(2, || sum_to(dy.clone(), g.input_meta(2)))?,
-        ])
+        if !g.need(1) && !g.need(2) {
+            return Ok(vec![
+                g.when(0, || {
+                    dispatch(NormOp::LayerNormBackward.into(), &[x, w, dy, mean, rstd])
+                })?,
+                None,
+                None,
+            ]);
+        }
+        // The parameters' gradients too: the residual norm's backward without a residual
+        // gradient gives dx, dweight and dbias in one kernel (x-hat and the sums over rows in
+        // the statistics' dtype, each rank's part rounded once to the weight's dtype: a partial
+        // sum over split rows stays partial, reduced with the other gradients).
+        let op = ResidualLayerNorm::Backward;
+        let out = dispatch_multi(op.into(), &[x, w, mean, rstd, dy])?;
+        let [dx, dw, db] = <[Tensor; 3]>::try_from(out)
+            .map_err(|v| kernel_err(op.name(), format!("gave {} outputs, not 3", v.len())))?;
+        let keep = |i: usize, t: Tensor| g.need(i).then_some(t);
+        Ok(vec![keep(0, dx), keep(1, dw), keep(2, db)])
     }
 }
 

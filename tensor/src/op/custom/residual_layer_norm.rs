@@ -236,24 +236,46 @@ impl ResidualLayerNorm {
             }
             None => b.layer_norm_backward(r, w, dy, mean, rstd, dx)?,
         }
-        let as_data = |s: &B::Piece| -> Result<Option<B::Piece>> {
+        // The weight gradient's terms and their sum over rows in the statistics' dtype (f32
+        // for 16-bit data, as the device kernel accumulates), rounded once to dw's dtype.
+        let stats = b.out_spec(mean).dtype;
+        let in_stats = |s: &B::Piece| -> Result<Option<B::Piece>> {
             let spec = b.out_spec(s);
-            if spec.dtype == data.dtype {
+            if spec.dtype == stats {
                 return Ok(None);
             }
             let spec = crate::op::OutSpec {
-                dtype: data.dtype,
+                dtype: stats,
                 ..spec
             };
             scratch(b, &spec, |t| b.cast(s, t)).map(Some)
         };
-        let (m2, s2) = (as_data(mean)?, as_data(rstd)?);
-        let (mean, rstd) = (m2.as_ref().unwrap_or(mean), s2.as_ref().unwrap_or(rstd));
-        let centred = scratch(b, &data, |t| b.binary(BinaryOp::Sub, r, mean, t))?;
-        let xhat = scratch(b, &data, |t| b.binary(BinaryOp::Mul, &centred, rstd, t))?;
+        let (r2, dy2) = (in_stats(r)?, in_stats(dy)?);
+        let (rs, dys) = (r2.as_ref().unwrap_or(r), dy2.as_ref().unwrap_or(dy));
+        let wide = crate::op::OutSpec {
+            dtype: stats,
+            ..data.clone()
+        };
+        let centred = scratch(b, &wide, |t| b.binary(BinaryOp::Sub, rs, mean, t))?;
+        drop(r2);
+        let xhat = scratch(b, &wide, |t| b.binary(BinaryOp::Mul, &centred, rstd, t))?;
         drop(centred);
-        let prod = scratch(b, &data, |t| b.binary(BinaryOp::Mul, &xhat, dy, t))?;
-        b.sum_to_shape(&prod, dw)?;
+        let prod = scratch(b, &wide, |t| b.binary(BinaryOp::Mul, &xhat, dys, t))?;
+        drop((xhat, dy2));
+        let dw_spec = b.out_spec(dw);
+        if dw_spec.dtype == stats {
+            b.sum_to_shape(&prod, dw)?;
+        } else {
+            let sum = scratch(
+                b,
+                &crate::op::OutSpec {
+                    dtype: stats,
+                    ..dw_spec
+                },
+                |t| b.sum_to_shape(&prod, t),
+            )?;
+            b.cast(&sum, dw)?;
+        }
         b.sum_to_shape(dy, db)
     }
 }

@@ -155,6 +155,62 @@ __device__ void ln_bwd_reduce(int groups, int c, int accumulate, const float* pa
     }
 }
 
+// ---- LayerNorm forward, one warp per row ------------------------------------------------
+// The same computation as ln_fwd for rows of at most 32 * V 16-byte vectors (c a multiple of
+// the vector width, every address 16-byte aligned): a warp holds its row in registers (lane l
+// has vectors l, l + 32, ...), its sums are warp shuffles, and no warp waits for another.
+template <typename T, int V>
+__device__ void ln_fwd_warp(i64 rows, int c, float eps, const T* x, const T* a, const T* w, const T* bias,
+                            T* r_out, T* y, float* mean_out, float* rstd_out) {
+    const int N = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31, nv = c / N;
+    const i64 first = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const i64 step = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 rr = first; rr < rows; rr += step) {
+        float v[V][N];
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int vi = lane + k * 32;
+            if (vi < nv) {
+                Vec16<T> vx, va, vr;
+                vx.u = ((const uint4*)(x + rr * c))[vi];
+                if (a) va.u = ((const uint4*)(a + rr * c))[vi];
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    float f = to_f(vx.e[j]);
+                    if (a) { vr.e[j] = from_f<T>(f + to_f(va.e[j])); f = to_f(vr.e[j]); }
+                    v[k][j] = f;
+                    s += f;
+                }
+                if (a && r_out) ((uint4*)(r_out + rr * c))[vi] = vr.u;
+            }
+        }
+        const float mean = warp_sum(s) / (float)c;
+        float q = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            if (lane + k * 32 < nv)
+#pragma unroll
+                for (int j = 0; j < N; ++j) { const float d = v[k][j] - mean; q += d * d; }
+        const float rstd = 1.f / sqrtf(warp_sum(q) / (float)c + eps);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int vi = lane + k * 32;
+            if (vi < nv) {
+                Vec16<T> vw, vb, vy;
+                vw.u = ((const uint4*)w)[vi];
+                vb.u = ((const uint4*)bias)[vi];
+#pragma unroll
+                for (int j = 0; j < N; ++j)
+                    vy.e[j] = from_f<T>((v[k][j] - mean) * rstd * to_f(vw.e[j]) + to_f(vb.e[j]));
+                ((uint4*)(y + rr * c))[vi] = vy.u;
+            }
+        }
+        if (lane == 0) { mean_out[rr] = mean; rstd_out[rr] = rstd; }
+    }
+}
+
 // ---- multi-tensor AdamW -------------------------------------------------------------------
 // One launch over a device array of tensors; blockIdx.y picks the tensor. Per element, exactly
 // the three passes of ElementwiseOp::Adam in f32:
@@ -323,13 +379,17 @@ __device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y
     }
 }
 
+#define LN_WARP(T, N, V) \
+extern "C" __global__ void ln_fwd_warp##V##_##N(i64 rows, int c, float eps, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd_warp<T, V>(rows, c, eps, x, a, w, b, r, y, mean, rstd); }
+
 #define FUSED_TYPE(T, N) \
 extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \
 extern "C" __global__ void ln_bwd_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd<T>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); } \
 extern "C" __global__ void ln_bwd_reduce_##N(int g, int c, int acc, const float* pw, const float* pb, T* dw, T* db) { ln_bwd_reduce<T>(g, c, acc, pw, pb, dw, db); } \
 extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, int strict, const T* logits, T* dx, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, strict, logits, dx, targets, loss); } \
 extern "C" __global__ void row_scale_##N(i64 rows, int c, int vec, const T* x, const float* s, T* y) { row_scale<T>(rows, c, vec, x, s, y); } \
-extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); }
+extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); } \
+LN_WARP(T, N, 1) LN_WARP(T, N, 2) LN_WARP(T, N, 3) LN_WARP(T, N, 4) LN_WARP(T, N, 6) LN_WARP(T, N, 8)
 
 FUSED_TYPE(float, f32)
 FUSED_TYPE(bf16_t, bf16)

@@ -38,10 +38,30 @@ fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
                 ] {
                     v.push(format!("{k}_{}", t.suffix()));
                 }
+                for w in WARP_ROW_VECTORS {
+                    v.push(format!("ln_fwd_warp{w}_{}", t.suffix()));
+                }
             }
             v
         },
     )
+}
+
+/// The LayerNorm forward with one warp per row is built for rows of at most `32 * V` 16-byte
+/// vectors for each V here (the row stays in the warp's registers).
+const WARP_ROW_VECTORS: [usize; 6] = [1, 2, 3, 4, 6, 8];
+/// Rows of a warp-per-row block.
+const WARPS_PER_BLOCK: usize = 8;
+
+/// The smallest built V of the warp-per-row kernel for rows of `cols` elements of `t` (16-byte
+/// vectors), if the row fits one.
+fn warp_row_vectors(cols: usize, t: FloatType) -> Option<usize> {
+    let per = 16 / t.size();
+    if !cols.is_multiple_of(per) {
+        return None;
+    }
+    let need = (cols / per).div_ceil(32);
+    WARP_ROW_VECTORS.into_iter().find(|&v| v >= need)
 }
 
 /// Blocks for a row-per-block kernel: every row once, at most a few waves of the device.
@@ -105,9 +125,20 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
     }
     let n = a.dtype.suffix();
     let m = kernels(rt, op)?;
-    let f = m.get(op, &format!("ln_fwd_{n}"))?;
     let per_vec = 16 / a.dtype.size();
     let all = [a.x, opt(a.residual), a.weight, a.bias, opt(a.sum_out), a.y];
+    let (rows, cols, eps) = (a.rows as i64, a.cols as i32, a.eps);
+    let (res, sum) = (opt(a.residual), opt(a.sum_out));
+    if let (Some(v), true) = (warp_row_vectors(a.cols, a.dtype), aligned(&all)) {
+        let f = m.get(op, &format!("ln_fwd_warp{v}_{n}"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (a.rows.div_ceil(WARPS_PER_BLOCK).min(1 << 20) as u32, 1, 1),
+            block_dim: ((32 * WARPS_PER_BLOCK) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        return launch_fn!(rt, op, f, cfg; rows, cols, eps, a.x, res, a.weight, a.bias, sum, a.y, a.mean, a.rstd);
+    }
+    let f = m.get(op, &format!("ln_fwd_{n}"))?;
     let vec = (a.cols.is_multiple_of(per_vec) && aligned(&all)) as i32;
     let cfg = LaunchConfig {
         grid_dim: (row_blocks(rt, a.rows) as u32, 1, 1),
@@ -118,8 +149,6 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
         ),
         shared_mem_bytes: (a.cols * 4) as u32,
     };
-    let (rows, cols, eps) = (a.rows as i64, a.cols as i32, a.eps);
-    let (res, sum) = (opt(a.residual), opt(a.sum_out));
     launch_fn!(rt, op, f, cfg; rows, cols, eps, vec, a.x, res, a.weight, a.bias, sum, a.y, a.mean, a.rstd)
 }
 

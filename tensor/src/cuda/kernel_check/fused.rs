@@ -319,6 +319,8 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ln_case(rt, rep, t, 64, 768, true, s)?;
         ln_case(rt, rep, t, 37, 100, false, s + 1)?;
         ln_case(rt, rep, t, 5, 1000, true, s + 2)?;
+        ln_case(rt, rep, t, 33, 1024, false, s + 3)?;
+        ln_case(rt, rep, t, 3, 2048, true, s + 4)?;
         classifier_case(rt, rep, t, 16, 1000, 1008, s + 3)?;
         classifier_case(rt, rep, t, 9, 999, 999, s + 4)?;
     }

@@ -21,9 +21,10 @@
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
+use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
-use oxiflow::nn::Module;
+use oxiflow::nn::{Module, Parameter};
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
 use oxiflow::trainer::config::PrecisionPolicy;
@@ -86,6 +87,10 @@ struct Args {
     /// The dtype gradient buckets move as (bf16, f16, f32, f64; default: the gradients' own).
     #[arg(long)]
     reduce_dtype: Option<DType>,
+    /// Forward and backward as a compiled program (captured on the first step, replayed on
+    /// later ones, on CUDA as one CUDA graph from the third on); clipping and AdamW run eagerly.
+    #[arg(long)]
+    compile: bool,
     #[arg(long, default_value = "")]
     tag: String,
 }
@@ -121,6 +126,8 @@ struct Bench {
     /// Bytes per gradient bucket (0: no buckets).
     bucket_bytes: usize,
     reduce_dtype: Option<DType>,
+    /// The compiled passes (`--compile`).
+    compiled: Option<CompiledStep>,
 }
 
 impl Bench {
@@ -133,7 +140,23 @@ impl Bench {
         let all = Tensor::from_vec(ids, [b, t + 1])?.to_global(&self.placement, sbp)?;
         let (x, y) = (all.narrow(1, 0, t)?, all.narrow(1, 1, t)?);
         self.opt.zero_grad();
-        let loss = self.model.loss(&x, &y, Pass::Train { step })?;
+        let loss = match self.compiled.take() {
+            Some(mut compiled) => {
+                let loss = self.compiled_passes(&mut compiled, &x, &y);
+                self.compiled = Some(compiled);
+                loss?
+            }
+            None => self.passes(&x, &y)?,
+        };
+        self.opt.step_with_norm(self.clip)?;
+        Ok(loss)
+    }
+
+    /// The forward and backward passes (gradients reduced in buckets during the backward with
+    /// `--dp`): the loss; the gradients are on the leaves.
+    fn passes(&self, x: &Tensor, y: &Tensor) -> R<Tensor> {
+        // No dropout: the step number does not change the program.
+        let loss = self.model.loss(x, y, Pass::Train { step: 0 })?;
         let buckets = (self.bucket_bytes > 0).then(|| {
             GradBuckets::new(
                 self.opt.params(),
@@ -143,12 +166,46 @@ impl Bench {
                 self.reduce_dtype,
             )
         });
-        {
-            let _hook = buckets.map(|b| oxiflow::install_grad_hook(b));
-            loss.backward()?;
-        }
-        self.opt.step_with_norm(self.clip)?;
+        let _hook = buckets.map(|b| oxiflow::install_grad_hook(b));
+        loss.backward()?;
         Ok(loss)
+    }
+
+    /// [`Self::passes`] as a compiled program (`--compile`): the batch, the parameters' leaves
+    /// and their compute copies are its inputs, the loss and the gradients its outputs; the
+    /// gradients go back on the leaves. Prints the compile line and how replays run.
+    fn compiled_passes(&self, c: &mut CompiledStep, x: &Tensor, y: &Tensor) -> R<Tensor> {
+        let params = self.opt.params().to_vec();
+        let mut inputs = vec![x.clone(), y.clone()];
+        inputs.extend(params.iter().map(Parameter::value));
+        for p in &params {
+            inputs.extend(p.ensure_compute_copy()?);
+        }
+        let (mut outs, run) = c.run(&inputs, || -> R<Vec<Tensor>> {
+            let mut out = vec![self.passes(x, y)?];
+            let _ng = oxiflow::no_grad();
+            for p in &params {
+                out.push(
+                    p.grad()
+                        .ok_or_else(|| format!("{} got no gradient", p.name()))?,
+                );
+            }
+            Ok(out)
+        })?;
+        if let StepRun::Compiled(done) = run {
+            println!("{}", done.report);
+        }
+        for n in c.take_notes() {
+            println!("{n}");
+        }
+        if outs.len() != params.len() + 1 {
+            return Err(format!("the compiled step gave {} outputs", outs.len()).into());
+        }
+        let grads = outs.split_off(1);
+        for (p, g) in params.iter().zip(grads) {
+            p.value().autograd().set_grad(Some(g));
+        }
+        Ok(outs.remove(0))
     }
 }
 
@@ -231,6 +288,7 @@ fn main() -> R<()> {
         dp: a.dp,
         bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0).ceil() as usize,
         reduce_dtype: a.reduce_dtype,
+        compiled: a.compile.then(CompiledStep::new),
     };
     let t_warm = Instant::now();
     let mut step = 0u64;
@@ -240,6 +298,10 @@ fn main() -> R<()> {
     }
     sync()?;
     let warm_s = t_warm.elapsed().as_secs_f64();
+    println!(
+        "MEMORY device blocks live after the warm-up {:.2} GiB",
+        oxiflow::memory::device().live as f64 / (1u64 << 30) as f64
+    );
     oxiflow::memory::reset_peaks();
     let c0 = rt.alloc_counts();
     let t0 = Instant::now();
@@ -261,8 +323,9 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
+        a.compile,
         a.dp,
         a.bucket_mb,
         a.reduce_dtype.map_or("own", |d| d.as_str()),
@@ -287,6 +350,22 @@ fn main() -> R<()> {
         (c1.given_back - c0.given_back) as f64 / n,
         (c1.released_all - c0.released_all) as f64 / n,
     );
+    let live = oxiflow::memory::device().live;
+    println!(
+        "MEMORY device blocks live after the timed steps {:.2} GiB, peak during them {:.2} GiB, allocator cache {:.2} GiB",
+        live as f64 / (1u64 << 30) as f64,
+        peak as f64 / (1u64 << 30) as f64,
+        rt.cached_bytes() as f64 / (1u64 << 30) as f64
+    );
+    if let Some(c) = &bench.compiled {
+        for (i, p) in c.programs().iter().enumerate() {
+            let n = p.replay_counts();
+            println!(
+                "COMPILED program {i}: {} replays launched its CUDA graph, {} ran launch by launch",
+                n.graph, n.launches
+            );
+        }
+    }
     for b in cuda::kernel_builds() {
         println!(
             "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms{}",

@@ -15,6 +15,7 @@
 
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
+pub use oxiflow_compile as compile;
 pub use oxiflow_dtype as dtype;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;

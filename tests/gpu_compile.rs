@@ -2,7 +2,8 @@
 //! --compile` replays each step from its planned arena on the device (one block per program and
 //! rank, every buffer a view at its offset, kernels writing into them, boxing results copied
 //! in) and gives the eager loss curve: f32, 12 steps, at most 1e-5 relative, on 1 GPU, and on 2
-//! GPUs with DP2 (buckets), TP2 and a PP2 1F1B pipeline. Without GPUs it prints "skipped: ...".
+//! GPUs with DP2 (buckets), TP2 and a PP2 1F1B pipeline, the replays from the third step on
+//! launching one CUDA graph per rank (the job says so). Without GPUs it prints "skipped: ...".
 
 mod common;
 
@@ -66,20 +67,29 @@ fn compiled_steps_on_gpus_equal_eager() {
             if a.len() != 12 || b.len() != 12 {
                 return Err(format!("{} and {} loss lines, not 12", a.len(), b.len()));
             }
-            let line = compiled
-                .lines()
-                .find(|l| l.contains("compiled: "))
-                .unwrap_or("no compile line")
-                .to_string();
-            Ok((max_rel(&a, &b), line))
+            let find = |what: &str| {
+                compiled
+                    .lines()
+                    .find(|l| l.contains(what))
+                    .map_or_else(|| format!("no line with {what:?}"), str::to_string)
+            };
+            Ok((
+                max_rel(&a, &b),
+                find("compiled: "),
+                find("compiled step: replays"),
+            ))
         });
         match result {
-            Ok((rel, line)) => {
+            Ok((rel, line, how)) => {
                 println!(
-                    "gpu_compile: {n} GPU {layout:?}: max relative difference {rel:.2e}; {line}"
+                    "gpu_compile: {n} GPU {layout:?}: max relative difference {rel:.2e}; {line}; {how}"
                 );
                 if rel > 1e-5 {
                     failures.push(format!("{layout:?}: compiled differs by {rel:.2e}"));
+                }
+                // From the third step on every replay launches one CUDA graph.
+                if !how.contains("one device graph") {
+                    failures.push(format!("{layout:?}: no CUDA graph: {how}"));
                 }
             }
             Err(e) => {

@@ -14,10 +14,13 @@
 //! offset in one arena per program and rank (`oxiflow_tensor::arena`), allocated by the first
 //! replay and reused by every later one: kernels write their placed outputs, views are views of
 //! the arena's bytes. The offsets are fixed per program, the same on every replay, which is what
-//! a CUDA graph captured from one replay needs; see docs/design.md.
+//! a CUDA graph captured from one replay needs: on CUDA, from the second replay on, each replay
+//! launches one graph captured from a replay (`graph.rs`), and falls back to replaying launch by
+//! launch, saying why, where it cannot.
 
 mod error;
 mod explain;
+mod graph;
 pub mod ir;
 pub mod passes;
 mod recorder;
@@ -28,4 +31,4 @@ pub use error::{CompileError, Result};
 pub use explain::explain;
 pub use ir::{Program, StepKey};
 pub use replay::{arena_device, replay};
-pub use step::{CompileReport, Compiled, CompiledStep, StepRun};
+pub use step::{CompileReport, Compiled, CompiledStep, ReplayCounts, StepRun};

@@ -327,31 +327,45 @@ pub fn replay(
     }
     // Outputs that share a value share its one copy.
     let mut copies: Vec<(ValueId, Arc<Storage>)> = Vec::new();
-    program
+    let pieces = program
         .outputs
         .iter()
         .enumerate()
         .map(|(k, o)| {
-            let piece = match o.value {
-                Some(v) => Some(match copies.iter().find(|(c, _)| *c == v) {
-                    Some((_, p)) => p.clone(),
-                    None => {
-                        let p = r.table[v.index()]
-                            .as_ref()
-                            .ok_or_else(|| CompileError::Replay {
-                                node: program.nodes.len(),
-                                op: "output",
-                                detail: format!("step output {k} ({v}) is not there"),
-                            })?
-                            .shared()?;
-                        copies.push((v, p.clone()));
-                        p
-                    }
-                }),
-                None => None,
+            let Some(v) = o.value else {
+                return Ok(None);
             };
+            if let Some((_, p)) = copies.iter().find(|(c, _)| *c == v) {
+                return Ok(Some(p.clone()));
+            }
+            let p = r.table[v.index()]
+                .as_ref()
+                .ok_or_else(|| CompileError::Replay {
+                    node: program.nodes.len(),
+                    op: "output",
+                    detail: format!("step output {k} ({v}) is not there"),
+                })?
+                .shared()?;
+            copies.push((v, p.clone()));
+            Ok(Some(p))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    output_tensors(program, &pieces)
+}
+
+/// The step's outputs over `pieces` (one per output of `program`, None outside its
+/// placement), in their captured layouts.
+pub(crate) fn output_tensors(
+    program: &Program,
+    pieces: &[Option<Arc<Storage>>],
+) -> Result<Vec<Tensor>> {
+    program
+        .outputs
+        .iter()
+        .zip(pieces)
+        .map(|(o, piece)| {
             Ok(tensor_from_piece(
-                piece,
+                piece.clone(),
                 o.global.as_ref().map(|(l, c)| (l, c)),
                 o.dtype,
             )?)

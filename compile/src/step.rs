@@ -20,6 +20,7 @@ use oxiflow_tensor::capture::start_capture;
 use oxiflow_tensor::{memory, Tensor};
 
 use crate::error::CompileError;
+use crate::graph::{replay_with_graph, GraphState};
 use crate::ir::{Program, StepKey};
 use crate::passes::arena::{plan_arena, ArenaPlan};
 use crate::passes::dce::{eliminate_dead_code, DceStats};
@@ -36,24 +37,74 @@ pub struct Compiled {
     pub arena: ArenaPlan,
     pub report: CompileReport,
     memory: Mutex<Option<Arena>>,
+    /// How replays run (launch by launch, or one device graph: see [`crate::graph`]).
+    graph: Mutex<GraphState>,
+    /// What changed in how replays run, until read.
+    note: Mutex<Option<String>>,
+    /// Replays that launched the device graph, and those that ran launch by launch.
+    counts: Mutex<ReplayCounts>,
+}
+
+/// How a program's replays ran so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayCounts {
+    /// Replays that launched the program's device graph (its capture included).
+    pub graph: usize,
+    /// Replays that ran launch by launch.
+    pub launches: usize,
 }
 
 impl Compiled {
-    /// Runs the program on `inputs` in its arena (see [`replay`]).
+    /// Runs the program on `inputs` in its arena (see [`replay`]); on a CUDA device from the
+    /// second replay on as one CUDA graph where it can (see [`crate::graph`]).
     pub fn replay(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, CompileError> {
         let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let device = arena_device(&self.program, &self.arena);
         if memory.is_none() {
-            *memory = Some(Arena::new(
-                arena_device(&self.program, &self.arena),
-                self.arena.bytes,
-            )?);
+            *memory = Some(Arena::new(device, self.arena.bytes)?);
         }
-        match memory.as_ref() {
-            Some(a) => replay(&self.program, &self.live, &self.arena, a, inputs),
-            None => Err(CompileError::Inputs {
+        let Some(arena) = memory.as_ref() else {
+            return Err(CompileError::Inputs {
                 detail: "the program's arena is missing".into(),
-            }),
+            });
+        };
+        let mut state = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        let mut launched = false;
+        let (outs, note) =
+            replay_with_graph(&mut state, device, &self.program, inputs, &mut || {
+                launched = true;
+                replay(&self.program, &self.live, &self.arena, arena, inputs)
+            })?;
+        // A capture runs the replay under it without launching anything; its graph launches.
+        let ran_graph = !launched || (matches!(*state, GraphState::Graph(_)) && note.is_some());
+        if let Some(n) = note {
+            *self.note.lock().unwrap_or_else(|e| e.into_inner()) = Some(n);
         }
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        match *state {
+            GraphState::Graph(_) if ran_graph => counts.graph += 1,
+            _ => counts.launches += 1,
+        }
+        Ok(outs)
+    }
+
+    /// How the replays ran so far.
+    pub fn replay_counts(&self) -> ReplayCounts {
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What changed in how replays run since the last call (the first replay as one device
+    /// graph, or why replays run launch by launch), once.
+    pub fn take_note(&self) -> Option<String> {
+        self.note.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Whether replays launch one device graph now.
+    pub fn replays_as_graph(&self) -> bool {
+        matches!(
+            *self.graph.lock().unwrap_or_else(|e| e.into_inner()),
+            GraphState::Graph(_)
+        )
     }
 
     /// The arena the replays run in, once the first replay allocated it: its bytes and, on
@@ -148,6 +199,12 @@ impl CompiledStep {
     /// The programs compiled so far.
     pub fn programs(&self) -> &[Arc<Compiled>] {
         &self.programs
+    }
+
+    /// What changed in how the programs' replays run since the last call (see
+    /// [`Compiled::take_note`]).
+    pub fn take_notes(&self) -> Vec<String> {
+        self.programs.iter().filter_map(|c| c.take_note()).collect()
     }
 
     /// Runs the step on `inputs`: replays the program compiled for their key, or captures
@@ -247,6 +304,9 @@ where
             arena,
             report,
             memory: Mutex::new(None),
+            graph: Mutex::new(GraphState::default()),
+            note: Mutex::new(None),
+            counts: Mutex::new(ReplayCounts::default()),
         },
     ))
 }

@@ -15,6 +15,7 @@ for b in gpu_kernels_check attention_bench; do
   [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"
 done
 cp "$(scripts/gpu/test_executable.sh oxiflow-tensor gpu_tensor)" "$DEST/bin/gpu_tensor"
+cp "$(scripts/gpu/test_executable.sh oxiflow gpu_compile)" "$DEST/bin/gpu_compile"
 strip "$DEST"/bin/*
-cp scripts/gpu/*_there.sh scripts/gpu/attention_anchor.py "$ANCHORS/gpt2_bench.py" "$DEST/"
+cp scripts/gpu/*_there.sh scripts/gpu/*.py "$ANCHORS/gpt2_bench.py" "$DEST/"
 du -sh "$DEST"

@@ -5,7 +5,7 @@ by device events). The step is the window between the ends of the last two group
 kernels. Prints the window, the compute stream's busy time in it, the kernels by total time,
 and each collective on the NCCL lane with the part of it no compute kernel ran under.
 
-Usage: trace_breakdown.py TRACE.json [--rank R] [--top N]"""
+Usage: trace_breakdown.py TRACE.json [--rank R] [--top N] [--gaps N]"""
 import argparse
 import json
 from collections import defaultdict
@@ -20,6 +20,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--gaps", type=int, default=0, help="also print the N longest idle gaps")
     a = ap.parse_args()
     ev = json.load(open(a.trace))
     ev = ev["traceEvents"] if isinstance(ev, dict) else ev
@@ -48,6 +49,14 @@ def main():
         by[n][1] += 1
     for n, (t, k) in sorted(by.items(), key=lambda x: -x[1][0])[: a.top]:
         print(f"  {t / 1e3:7.3f} ms  {k:4d}x  {n[:70]}")
+    if a.gaps:
+        gaps = [(comp[i + 1][0] - comp[i][1], comp[i][2], comp[i + 1][2], comp[i][1] - w0)
+                for i in range(len(comp) - 1) if comp[i + 1][0] > comp[i][1]]
+        for lo, hi in ((0, 10), (10, 100), (100, 1e12)):
+            sel = [g for g in gaps if lo <= g[0] < hi]
+            print(f"  idle gaps {lo}-{hi if hi < 1e12 else 'inf'} us: {len(sel)}, {sum(g[0] for g in sel) / 1e3:.2f} ms")
+        for g, before, after, at in sorted(gaps, reverse=True)[: a.gaps]:
+            print(f"    gap {g / 1e3:6.3f} ms at {at / 1e3:6.2f} ms after {before[:40]} before {after[:40]}")
     if comm:
         tot = sum(e - s for s, e, _, _ in comm)
         exposed = sum((e - s) - covered((s, e), merged) for s, e, _, _ in comm)

@@ -110,6 +110,67 @@ pub trait DeviceBackend: Send + Sync {
         let _ = dst;
         Err(unsupported("arena", format!("copying {}", src.shape())))
     }
+    /// Captures the work `f` queues on device `ordinal` as one graph, which runs nothing
+    /// until launched (see [`DeviceGraph`]); an error when the device cannot capture it (the
+    /// work then never ran). The default: unsupported.
+    fn capture_graph(
+        &self,
+        ordinal: usize,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Box<dyn DeviceGraph>> {
+        let _ = (ordinal, f);
+        Err(unsupported("graph", "capturing a graph".into()))
+    }
+}
+
+/// Work captured once on a device (`DeviceBackend::capture_graph`) and launched as one unit:
+/// every launch runs the captured kernels and collectives on the same addresses, in the order
+/// of the device's streams, after the work queued before it.
+pub trait DeviceGraph: Send + Sync {
+    /// Queues one run of the graph.
+    fn launch(&self) -> Result<()>;
+    /// Kernel, copy and collective nodes in the graph.
+    fn nodes(&self) -> usize;
+    /// Bytes of device memory the graph keeps for its launches besides the pieces it was
+    /// given (blocks made or freed while it was captured).
+    fn kept_bytes(&self) -> usize;
+}
+
+/// Captures the work `f` queues on `device` as one [`DeviceGraph`] (see
+/// `DeviceBackend::capture_graph`): an error on the CPU, and where the device cannot capture.
+pub fn capture_graph(
+    device: Device,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<Box<dyn DeviceGraph>> {
+    match device {
+        Device::Cpu => Err(unsupported("graph", "capturing a graph on the cpu".into())),
+        Device::Cuda(ordinal) => backend_for("graph", device)?.capture_graph(ordinal, f),
+    }
+}
+
+/// A copy of `src` in memory of its own (on its device).
+pub fn duplicate_storage(src: &Storage) -> Result<Storage> {
+    match src {
+        Storage::Cpu(a) => Ok(Storage::Cpu(a.clone())),
+        Storage::Device(d) => Ok(Storage::Device(
+            backend_for("copy", d.device())?.duplicate(d.as_ref())?,
+        )),
+    }
+}
+
+/// Copies `src` into `dst` (the same shape and dtype, on one device; host or device).
+pub fn copy_storage(src: &Storage, dst: &Storage) -> Result<()> {
+    match (src, dst) {
+        (Storage::Device(s), Storage::Device(d)) if s.device() == d.device() => {
+            backend_for("copy", d.device())?.copy_into(s.as_ref(), d.as_ref())
+        }
+        (s, d) => Err(TensorError::Device {
+            op: "copy",
+            devices: format!("{} -> {}", s.device(), d.device()),
+            shapes: format!("{} -> {}", s.shape(), d.shape()),
+            detail: "a copy into a piece runs on one device".into(),
+        }),
+    }
 }
 
 fn unsupported(op: &'static str, what: String) -> TensorError {

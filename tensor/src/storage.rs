@@ -152,6 +152,10 @@ impl Storage {
             Storage::Device(d) => d.shape().clone(),
         }
     }
+    /// Bytes of the piece's elements.
+    pub fn bytes(&self) -> usize {
+        self.shape().numel() * self.dtype().size()
+    }
     /// [`DeviceStorage::range_shared`] of a device piece (host arrays own their elements: None).
     pub(crate) fn range_shared(&self, start: usize, shape: &Shape) -> Option<Storage> {
         match self {

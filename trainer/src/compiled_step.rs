@@ -117,15 +117,23 @@ fn run_compiled<M: TrainModel>(
         Ok(out)
     };
     let ran = compiled.run(&inputs, step);
+    let notes = compiled.take_notes();
     t.compiled = compiled;
     let (mut outs, run) = ran?;
-    let line = match run {
+    let mut line = match run {
         StepRun::Compiled(c) => Some(match &c.report.recompiled_because {
             Some(why) => format!("compiling again: {why}\n{}", c.report),
             None => c.report.to_string(),
         }),
         StepRun::Replayed => None,
     };
+    // How replays run (one device graph, or launch by launch and why), when that changed.
+    for n in notes {
+        line = Some(match line {
+            Some(l) => format!("{l}\n{n}"),
+            None => n,
+        });
+    }
     let Some(own) = outs.len().checked_sub(params.len()) else {
         return Err(TrainError::Tensor(TensorError::Kernel {
             op: "train --compile",

@@ -20,6 +20,15 @@
 //! of every rank is then registered memory, as NCCL requires of both sides of a transfer.
 //! `NcclMemory` is freed at once (not ordered on a stream), so the pool waits for the compute
 //! stream before it lets one go.
+//!
+//! While a CUDA graph is captured (`graph.rs`), the pool keeps the graph's memory apart
+//! (`GraphMemory`): every block made or freed during the capture belongs to the graph from
+//! then on (its address is baked into the graph's kernels), blocks freed during the capture
+//! are reused only by later allocations of the same capture (ordered on the captured stream),
+//! new blocks come from `cuMemAlloc` (a stream-ordered allocation would become a node of the
+//! graph), no host thread queries an event recorded during the capture, and the capture's
+//! collective end events are kept so the compute stream joins them before the capture ends.
+//! The graph's blocks go back to the pool when the graph is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,6 +88,8 @@ enum Memory {
     Driver(CudaSlice<u8>),
     /// Bytes `offset..` of an NCCL allocation (shared by the blocks carved from one slab).
     Nccl(Arc<NcclMemory>, usize),
+    /// `cuMemAlloc` (made while a graph was captured), freed at once when dropped.
+    Sync(SyncMemory),
 }
 
 impl Memory {
@@ -86,10 +97,115 @@ impl Memory {
         match self {
             Memory::Driver(s) => s.device_ptr(stream).0,
             Memory::Nccl(m, off) => m.ptr() + *off as u64,
+            Memory::Sync(m) => m.0,
         }
     }
-    fn is_nccl(&self) -> bool {
-        matches!(self, Memory::Nccl(..))
+    /// Whether dropping it frees the bytes at once (not in stream order): the pool waits for
+    /// the compute stream first.
+    fn freed_at_once(&self) -> bool {
+        matches!(self, Memory::Nccl(..) | Memory::Sync(_))
+    }
+}
+
+/// A `cuMemAlloc` allocation, freed by `cuMemFree` on drop (the pool waits for the compute
+/// stream before it drops one).
+struct SyncMemory(u64);
+
+impl SyncMemory {
+    fn alloc(bytes: usize) -> std::result::Result<SyncMemory, String> {
+        // SAFETY: the caller bound the runtime's context to this thread; the bytes are
+        // written before they are read (the pool's contract).
+        unsafe { cudarc::driver::result::malloc_sync(bytes) }
+            .map(SyncMemory)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for SyncMemory {
+    fn drop(&mut self) {
+        // SAFETY: the address came from `cuMemAlloc` and is freed once; no queued work uses
+        // it any more (the pool synchronised the stream before letting the block go).
+        let _ = unsafe { cudarc::driver::result::free_sync(self.0) };
+    }
+}
+
+/// The memory of one captured CUDA graph: the blocks made or freed while it was captured
+/// (its kernels read and write them on every launch), and the end events of the collectives
+/// captured in it.
+#[derive(Default)]
+pub(crate) struct GraphMemory {
+    /// Blocks no piece holds any more, by bucket: reused by later allocations while the
+    /// capture runs, kept (for the graph's launches) once it ended.
+    kept: Mutex<HashMap<usize, Vec<Cached>>>,
+    /// Whether the capture still runs (its free blocks may be reused).
+    capturing: AtomicBool,
+    /// Whether the graph lives (false: its blocks go back to the pool).
+    live: AtomicBool,
+    /// End events of the collectives captured (the compute stream joins them at the end).
+    events: Mutex<Vec<Arc<CudaEvent>>>,
+    /// Pinned host copies of what the capture uploaded: a captured copy reads its source at
+    /// every launch, so the source lives as long as the graph.
+    uploads: Mutex<Vec<PinnedHost>>,
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`), freed on drop.
+struct PinnedHost {
+    ptr: *mut std::ffi::c_void,
+}
+
+// SAFETY: the pointer is owned (freed once, on drop) and only read by the device after the
+// bytes were written; no host reference to it escapes `GraphMemory::upload_source`.
+unsafe impl Send for PinnedHost {}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cuMemHostAlloc` and freed once; the graph that read it is gone
+        // (its memory is dropped with it) or never ran.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr) };
+    }
+}
+
+impl GraphMemory {
+    /// A free block of the capture in bucket `cap`, once `stream` waits for its collectives
+    /// (a dependency inside the captured graph).
+    fn take(&self, cap: usize, stream: &CudaStream) -> Option<Memory> {
+        if !self.capturing.load(Ordering::Acquire) {
+            return None;
+        }
+        let c = lock(&self.kept).get_mut(&cap)?.pop()?;
+        order_after(stream, &c.fences);
+        order_after(stream, &c.sends);
+        Some(c.mem)
+    }
+    /// Keeps a block the graph's kernels use; false when the graph is gone (the caller gives
+    /// the block to the pool).
+    fn keep(&self, cap: usize, c: Cached) -> std::result::Result<(), Cached> {
+        if !self.live.load(Ordering::Acquire) {
+            return Err(c);
+        }
+        lock(&self.kept).entry(cap).or_default().push(c);
+        Ok(())
+    }
+    /// The captured collectives' end events, taken (for the join at the end of the capture).
+    pub(crate) fn take_events(&self) -> Vec<Arc<CudaEvent>> {
+        std::mem::take(&mut *lock(&self.events))
+    }
+    /// A pinned host copy of `src` that lives as long as the graph, for a captured upload to
+    /// read at every launch.
+    pub(crate) fn upload_source(&self, src: &[u8]) -> std::result::Result<&[u8], String> {
+        // SAFETY: a fresh allocation of src.len() bytes (the caller's context is bound).
+        let ptr = unsafe { cudarc::driver::result::malloc_host(src.len(), 0) }
+            .map_err(|e| e.to_string())?;
+        // SAFETY: `ptr` holds src.len() bytes and does not overlap `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.cast::<u8>(), src.len()) };
+        lock(&self.uploads).push(PinnedHost { ptr });
+        // SAFETY: the bytes stay allocated and unchanged until this GraphMemory drops (the
+        // slice borrows it), which outlives every launch of the graph that reads them.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), src.len()) })
+    }
+    /// Bytes of the blocks kept.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        lock(&self.kept).iter().map(|(cap, l)| cap * l.len()).sum()
     }
 }
 
@@ -123,6 +239,10 @@ pub(crate) struct Pool {
     limit: AtomicUsize,
     /// Driver allocations, blocks given back past the limit, and full releases (out of memory).
     counts: [AtomicUsize; 3],
+    /// The graph being captured, if any (see the module doc).
+    capture: Mutex<Option<Arc<GraphMemory>>>,
+    /// Whether `capture` is set (read on every allocation and free).
+    capturing: AtomicBool,
 }
 
 /// How often the pool went to the driver: `(allocations, blocks given back past the cache
@@ -163,6 +283,52 @@ impl Pool {
     pub(crate) fn cached_bytes(&self) -> usize {
         self.cached.load(Ordering::Relaxed)
     }
+    /// The graph being captured, if any.
+    pub(crate) fn capture(&self) -> Option<Arc<GraphMemory>> {
+        if !self.capturing.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.capture).clone()
+    }
+    /// Starts keeping a graph's memory apart (see the module doc); None when a capture
+    /// already runs.
+    pub(crate) fn begin_capture(&self) -> Option<Arc<GraphMemory>> {
+        let mut g = lock(&self.capture);
+        if g.is_some() {
+            return None;
+        }
+        let m = Arc::new(GraphMemory::default());
+        m.capturing.store(true, Ordering::Release);
+        m.live.store(true, Ordering::Release);
+        *g = Some(m.clone());
+        self.capturing.store(true, Ordering::Release);
+        Some(m)
+    }
+    /// Ends the capture of `m`: its blocks stay the graph's while `keep` (the graph was made),
+    /// else they go back to the pool (nothing of the capture ran).
+    pub(crate) fn end_capture(&self, m: &Arc<GraphMemory>, keep: bool, rt: &CudaRuntime) {
+        let mut g = lock(&self.capture);
+        if g.as_ref().is_some_and(|c| Arc::ptr_eq(c, m)) {
+            *g = None;
+            self.capturing.store(false, Ordering::Release);
+        }
+        drop(g);
+        m.capturing.store(false, Ordering::Release);
+        if !keep {
+            self.release_graph(m, rt);
+        }
+    }
+    /// Gives the blocks of a graph that is gone back to the pool (its launches are ordered
+    /// before any later work on the compute stream).
+    pub(crate) fn release_graph(&self, m: &GraphMemory, rt: &CudaRuntime) {
+        m.live.store(false, Ordering::Release);
+        let kept = std::mem::take(&mut *lock(&m.kept));
+        for (cap, list) in kept {
+            for c in list {
+                self.put(cap, c, rt);
+            }
+        }
+    }
     /// A free block of `cap` bytes that `stream` may use now: an idle one, else (with
     /// `MAX_IN_FLIGHT` busy ones waiting) the oldest no send may still read, after `stream`
     /// waits for its collectives.
@@ -192,7 +358,7 @@ impl Pool {
             // Freed on the compute stream, after the collectives that may still use it (NCCL
             // memory once the stream got there).
             order_after(&rt.stream, &fences);
-            if mem.is_nccl() {
+            if mem.freed_at_once() {
                 let _ = rt.stream.synchronize();
             }
             return;
@@ -220,7 +386,7 @@ impl Pool {
         for c in &all {
             order_after(&rt.stream, &c.fences);
         }
-        if all.iter().any(|c| c.mem.is_nccl()) {
+        if all.iter().any(|c| c.mem.freed_at_once()) {
             let _ = rt.stream.synchronize();
         }
         drop(all);
@@ -276,6 +442,8 @@ pub struct Block {
     sends: Mutex<Vec<Arc<CudaEvent>>>,
     /// A bf16 copy of the f32 elements, made by the first bf16 matrix product that reads them.
     shadow: Mutex<Option<Shadow>>,
+    /// The graph whose capture made or took the block (it keeps the block when freed).
+    graph: Option<Arc<GraphMemory>>,
 }
 
 impl std::fmt::Debug for Block {
@@ -292,8 +460,26 @@ impl Block {
     /// An uninitialised block (the caller writes every byte it reads).
     pub(crate) fn alloc(rt: &Arc<CudaRuntime>, bytes: usize) -> Result<Block> {
         let cap = bucket(bytes);
-        let mem = match rt.pool.take(cap, &rt.stream) {
+        let graph = rt.pool.capture();
+        let reused = match &graph {
+            Some(g) => g.take(cap, &rt.stream),
+            None => None,
+        };
+        let mem = match reused.or_else(|| rt.pool.take(cap, &rt.stream)) {
             Some(s) => s,
+            None if graph.is_some() => {
+                rt.bind("cuda alloc")?;
+                rt.pool.count(0);
+                Memory::Sync(SyncMemory::alloc(cap).map_err(|e| {
+                    derr(
+                        "cuda alloc",
+                        format!(
+                            "{bytes} bytes on cuda:{} while capturing a graph: {e}",
+                            rt.ordinal
+                        ),
+                    )
+                })?)
+            }
             None => {
                 rt.bind("cuda alloc")?;
                 match fresh(rt, cap) {
@@ -324,6 +510,7 @@ impl Block {
             fences: Mutex::new(Vec::new()),
             sends: Mutex::new(Vec::new()),
             shadow: Mutex::new(None),
+            graph,
         })
     }
     /// The address, for work queued on the compute stream next: the stream first waits for
@@ -336,7 +523,9 @@ impl Block {
             f.clear();
         }
         let mut sends = lock(&self.sends);
-        sends.retain(|e| !e.is_complete());
+        if !self.rt.pool.capturing.load(Ordering::Acquire) {
+            sends.retain(|e| !e.is_complete());
+        }
         if !sends.is_empty() {
             order_after(&self.rt.stream, &sends);
             sends.clear();
@@ -369,6 +558,7 @@ impl Block {
             fences: Mutex::new(Vec::new()),
             sends: Mutex::new(Vec::new()),
             shadow: Mutex::new(None),
+            graph: None,
         })
     }
     /// Gives this block the bf16 copy `b` of its f32 elements (written by the kernel that wrote
@@ -413,9 +603,15 @@ impl DeviceFence for Block {
     fn after_collective(&self, done: &Arc<CudaEvent>) {
         lock(&self.shadow).take();
         lock(&self.fences).push(done.clone());
+        if let Some(g) = self.rt.pool.capture() {
+            lock(&g.events).push(done.clone());
+        }
     }
     fn after_send(&self, done: &Arc<CudaEvent>) {
         lock(&self.sends).push(done.clone());
+        if let Some(g) = self.rt.pool.capture() {
+            lock(&g.events).push(done.clone());
+        }
     }
 }
 
@@ -435,6 +631,16 @@ impl Drop for Block {
                 mem: s,
                 fences: std::mem::take(&mut *lock(&self.fences)),
                 sends: std::mem::take(&mut *lock(&self.sends)),
+            };
+            // A block a graph's kernels use stays the graph's: the one that made it, else the
+            // one being captured now (its kernels may read the block).
+            let graph = self.graph.take().or_else(|| self.rt.pool.capture());
+            let cached = match graph {
+                Some(g) => match g.keep(self.cap, cached) {
+                    Ok(()) => return,
+                    Err(c) => c,
+                },
+                None => cached,
             };
             self.rt.pool.put(self.cap, cached, &self.rt);
         }

@@ -17,7 +17,7 @@ use super::copy::copy_nd;
 use super::ops::CudaKernels;
 use super::storage::CudaStorage;
 use super::{derr, runtime, Block};
-use crate::device::DeviceBackend;
+use crate::device::{DeviceBackend, DeviceGraph};
 use crate::executor::OpExecutor;
 use crate::op::{Op, OutSpec};
 use crate::rng::ElementInit;
@@ -93,6 +93,14 @@ impl DeviceBackend for CudaBackend {
             spec.dtype,
             spec.shape.clone(),
         )))
+    }
+
+    fn capture_graph(
+        &self,
+        ordinal: usize,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Box<dyn DeviceGraph>> {
+        super::graph::capture(ordinal, f)
     }
 
     fn duplicate(&self, src: &dyn DeviceStorage) -> Result<Arc<dyn DeviceStorage>> {

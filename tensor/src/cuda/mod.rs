@@ -24,6 +24,7 @@ mod create;
 pub(crate) mod cudnn_attention;
 pub(crate) mod flash_attention;
 pub(crate) mod fused;
+pub(crate) mod graph;
 mod kernel_cache;
 mod kernel_check;
 mod kernels;

@@ -40,6 +40,22 @@ pub(crate) fn upload<T: Copy>(
         return Ok(());
     }
     rt.bind(op)?;
+    // While a graph is captured the copy reads its source at every launch: a pinned copy
+    // that lives with the graph.
+    if let Some(graph) = rt.pool.capture() {
+        // SAFETY: `src` is plain `Copy` data; its bytes are read as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src))
+        };
+        let kept = graph
+            .upload_source(bytes)
+            .map_err(|e| derr(op, format!("pinned copy for a captured upload: {e}")))?;
+        // SAFETY: dst holds at least kept.len() bytes; `kept` lives as long as the graph.
+        return unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, kept, rt.stream().cu_stream())
+        }
+        .map_err(|e| derr(op, format!("host to device copy: {e}")));
+    }
     // SAFETY: dst holds at least size_of_val(src) bytes; a pageable source is staged by the
     // driver before the call returns.
     unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, rt.stream().cu_stream()) }

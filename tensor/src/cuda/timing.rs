@@ -35,6 +35,11 @@ pub fn op_timings() -> Vec<(&'static str, u64, f64)> {
     v
 }
 
+/// Whether ops are timed one by one now.
+pub(crate) fn timing_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
 /// Runs `f`, timed under `name` when timing is on.
 pub(crate) fn timed<R>(
     rt: &CudaRuntime,

@@ -1,0 +1,232 @@
+//! A program's replay on a device as one device graph (a CUDA graph): the first replay runs
+//! launch by launch (it allocates the arena and warms the libraries' plans up), the second is
+//! captured as one graph and launched, and every later one launches that graph after binding
+//! the step's inputs. The graph reads the addresses its capture saw: the arena's (fixed), the
+//! constants', each step input's piece at the capture, and the output pieces the capture
+//! allocated. So a replay launches it only when it may: an input with another piece is copied
+//! into the captured one, which must then be the graph's alone; a large output piece of an
+//! earlier launch must no longer be held (the launch writes it again), while small outputs
+//! (a loss a caller keeps for its log) are handed out as copies made after each launch. When
+//! it may not, that replay runs launch by launch (same results, in the same arena). Where no graph can be captured
+//! (the CPU, a device that cannot, ops timed or traced, `OXIFLOW_CUDA_GRAPH=0`) every replay
+//! runs launch by launch, and the note says why.
+
+use std::sync::Arc;
+
+use oxiflow_tensor::capture::piece_of;
+use oxiflow_tensor::{
+    capture_graph, copy_storage, duplicate_storage, Device, DeviceGraph, Storage, Tensor,
+    TensorError,
+};
+
+use crate::error::{CompileError, Result};
+use crate::ir::Program;
+use crate::replay::output_tensors;
+
+/// Whether replays may use device graphs (`OXIFLOW_CUDA_GRAPH=0` turns them off).
+fn graphs_allowed() -> bool {
+    std::env::var("OXIFLOW_CUDA_GRAPH").map_or(true, |v| v != "0")
+}
+
+/// How a program's replays run.
+pub(crate) enum GraphState {
+    /// Launch by launch so far (`replays` of them); the next may capture a graph.
+    Launches { replays: u32 },
+    /// Each replay launches this graph.
+    Graph(Box<GraphReplay>),
+    /// Launch by launch for good, and why.
+    Off(String),
+}
+
+impl std::fmt::Debug for GraphState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GraphState::Launches { replays } => write!(f, "Launches({replays})"),
+            GraphState::Graph(g) => write!(f, "Graph({} nodes)", g.graph.nodes()),
+            GraphState::Off(why) => write!(f, "Off({why})"),
+        }
+    }
+}
+
+impl Default for GraphState {
+    fn default() -> GraphState {
+        GraphState::Launches { replays: 0 }
+    }
+}
+
+/// A captured replay: the graph, the piece of each step input it reads and the pieces it
+/// writes the outputs into.
+pub(crate) struct GraphReplay {
+    graph: Box<dyn DeviceGraph>,
+    inputs: Vec<Option<Arc<Storage>>>,
+    outputs: Vec<Option<Arc<Storage>>>,
+    /// Whether output `k` is handed out as a copy (at most `COPIED_OUTPUT_BYTES` bytes).
+    copied: Vec<bool>,
+}
+
+/// Outputs up to this size are handed out as copies made after each launch, so a caller may
+/// keep them across steps; larger ones are handed out as the graph's own pieces.
+const COPIED_OUTPUT_BYTES: usize = 1 << 20;
+
+/// How many of `list`'s entries are `p`.
+fn held_by(list: &[Option<Arc<Storage>>], p: &Arc<Storage>) -> usize {
+    list.iter().flatten().filter(|q| Arc::ptr_eq(q, p)).count()
+}
+
+impl GraphReplay {
+    /// Makes the captured input pieces hold `inputs`' values, or says why the graph cannot run
+    /// now (nothing was copied then).
+    fn bind(&self, inputs: &[Tensor]) -> Result<std::result::Result<(), String>> {
+        for (k, p) in self.outputs.iter().enumerate() {
+            if let (Some(p), false) = (p, self.copied[k]) {
+                if Arc::strong_count(p) > held_by(&self.outputs, p) {
+                    return Ok(Err(format!(
+                        "output {k} of the last replay is still held, and the graph writes it again"
+                    )));
+                }
+            }
+        }
+        let mut copies = Vec::new();
+        for (k, (captured, t)) in self.inputs.iter().zip(inputs).enumerate() {
+            match (captured, piece_of(t)) {
+                (None, None) => {}
+                (Some(c), Some(now)) if Arc::ptr_eq(c, now) => {}
+                (Some(c), Some(now)) => {
+                    if Arc::strong_count(c) > held_by(&self.inputs, c) {
+                        return Ok(Err(format!(
+                            "input {k} has a new piece, and the one the graph reads is still held elsewhere"
+                        )));
+                    }
+                    copies.push((now, c));
+                }
+                _ => return Ok(Err(format!("input {k} has a piece now, or none"))),
+            }
+        }
+        for (now, c) in copies {
+            copy_storage(now, c)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// The step's outputs after a launch: the graph's pieces, small ones copied.
+    fn outputs(&self, program: &Program) -> Result<Vec<Tensor>> {
+        let pieces = self
+            .outputs
+            .iter()
+            .zip(&self.copied)
+            .map(|(p, &copy)| match p {
+                Some(p) if copy => Ok(Some(Arc::new(duplicate_storage(p)?))),
+                p => Ok(p.clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        output_tensors(program, &pieces)
+    }
+}
+
+/// Why a program on `device` with `inputs` is never captured, if it is not.
+fn never(device: Device, inputs: &[Tensor]) -> Option<String> {
+    if !matches!(device, Device::Cuda(_)) {
+        return Some(format!("its arena is on {device}"));
+    }
+    if !graphs_allowed() {
+        return Some("OXIFLOW_CUDA_GRAPH=0".into());
+    }
+    inputs.iter().enumerate().find_map(|(k, t)| {
+        piece_of(t)
+            .filter(|p| p.device() != device)
+            .map(|p| format!("input {k} is on {}, not {device}", p.device()))
+    })
+}
+
+/// Runs one replay of `program` (on `device`) per `state`: `launches` runs it launch by
+/// launch. Returns the outputs and a note when how replays run changed.
+pub(crate) fn replay_with_graph(
+    state: &mut GraphState,
+    device: Device,
+    program: &Program,
+    inputs: &[Tensor],
+    launches: &mut dyn FnMut() -> Result<Vec<Tensor>>,
+) -> Result<(Vec<Tensor>, Option<String>)> {
+    match state {
+        GraphState::Off(_) => Ok((launches()?, None)),
+        GraphState::Launches { replays } => {
+            if let Some(why) = never(device, inputs) {
+                // The host has no graphs: nothing to say there.
+                let note = matches!(device, Device::Cuda(_))
+                    .then(|| format!("compiled step: replays launch by launch ({why})"));
+                *state = GraphState::Off(why);
+                return Ok((launches()?, note));
+            }
+            if *replays == 0 {
+                *replays = 1;
+                return Ok((launches()?, None));
+            }
+            let mut outs = None;
+            let captured = capture_graph(device, &mut || match launches() {
+                Ok(o) => {
+                    outs = Some(o);
+                    Ok(())
+                }
+                Err(e) => Err(TensorError::Capture {
+                    op: "replay",
+                    detail: e.to_string(),
+                }),
+            });
+            match (captured, outs) {
+                (Ok(graph), Some(outs)) => {
+                    let outputs: Vec<_> = outs.iter().map(|t| piece_of(t).cloned()).collect();
+                    drop(outs);
+                    let g = GraphReplay {
+                        graph,
+                        inputs: inputs.iter().map(|t| piece_of(t).cloned()).collect(),
+                        copied: outputs
+                            .iter()
+                            .map(|p| p.as_ref().is_some_and(|p| p.bytes() <= COPIED_OUTPUT_BYTES))
+                            .collect(),
+                        outputs,
+                    };
+                    g.graph.launch()?;
+                    let outs = g.outputs(program)?;
+                    let note = format!(
+                        "compiled step: replays as one device graph of {} nodes ({} bytes kept for it besides the arena)",
+                        g.graph.nodes(),
+                        g.graph.kept_bytes()
+                    );
+                    *state = GraphState::Graph(Box::new(g));
+                    Ok((outs, Some(note)))
+                }
+                (captured, _) => {
+                    let why = match captured {
+                        Err(e) => e.to_string(),
+                        Ok(_) => "the capture gave no outputs".into(),
+                    };
+                    // A collective captured and never launched may leave NCCL's communicators
+                    // out of step: a program that communicates stops here instead.
+                    if program.nodes.iter().any(|n| n.communicates()) {
+                        *state = GraphState::Off(why.clone());
+                        return Err(CompileError::Replay {
+                            node: program.nodes.len(),
+                            op: "cuda graph",
+                            detail: format!(
+                                "capturing the step as a CUDA graph failed: {why}; OXIFLOW_CUDA_GRAPH=0 replays it launch by launch"
+                            ),
+                        });
+                    }
+                    let note = format!("compiled step: replays launch by launch ({why})");
+                    *state = GraphState::Off(why);
+                    Ok((launches()?, Some(note)))
+                }
+            }
+        }
+        GraphState::Graph(g) => match g.bind(inputs)? {
+            Ok(()) => {
+                g.graph.launch()?;
+                Ok((g.outputs(program)?, None))
+            }
+            Err(why) => {
+                tracing::debug!("compiled step: this replay runs launch by launch: {why}");
+                Ok((launches()?, None))
+            }
+        },
+    }
+}

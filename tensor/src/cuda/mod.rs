@@ -24,6 +24,7 @@ mod create;
 pub(crate) mod cudnn_attention;
 pub(crate) mod flash_attention;
 pub(crate) mod fused;
+pub(crate) mod fused_elementwise;
 mod kernel_cache;
 mod kernel_check;
 mod kernels;
@@ -50,6 +51,7 @@ use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
 pub use backend::CudaBackend;
+pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use build_times::{kernel_builds, KernelBuild};
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;

@@ -1,0 +1,320 @@
+//! Element-wise fusion: groups of two or more element-wise nodes (unary, backward-of-unary,
+//! tensor-scalar and broadcasting binary ops, casts) on one device whose intermediate values are
+//! read only inside the group become one node running a generated kernel
+//! (`oxiflow_tensor::custom::FusedElementwise`: a fused loop on the CPU, CUDA C compiled by
+//! NVRTC on a GPU), computing exactly what the ops did.
+//!
+//! A group has one output, its root (the last member in the captured order), and runs where the
+//! root ran. Growing backward from a root, the producer of a value a member reads joins when
+//! the value is a float piece of a node's own buffer (not a view, no view of it, not a step
+//! output), every node that reads it is already a member, the producer is on the root's device,
+//! and between the producer and the root no node communicates and no node writes into the
+//! buffer of anything the producer reads (moving its work to the root must not change what it
+//! reads). Values of removed nodes stay in the table, unreferenced, so liveness and the arena
+//! give them no buffer.
+
+use std::sync::Arc;
+
+use oxiflow_tensor::custom::{
+    FusedElementwise, FusedInstr, FusedProgram, FusedStep, MAX_FUSED_INPUTS, MAX_FUSED_STEPS,
+};
+use oxiflow_tensor::{Device, Op};
+
+use crate::ir::{Node, NodeKind, OpNode, Origin, Program, ValueId};
+
+/// Most dims of a fused group's output (the generated kernel's strided reads handle this many).
+const MAX_DIMS: usize = 8;
+
+/// One generated kernel: a program and the groups that run it.
+#[derive(Clone, Debug)]
+pub struct FusedKernel {
+    pub program: Arc<FusedProgram>,
+    pub device: Device,
+    /// Groups of the program that run it.
+    pub groups: usize,
+}
+
+/// What fusion did.
+#[derive(Clone, Debug, Default)]
+pub struct FusionStats {
+    /// Groups fused (each now one node).
+    pub groups: usize,
+    /// Element-wise nodes those groups replaced.
+    pub ops_fused: usize,
+    /// The distinct programs, in order of first use.
+    pub kernels: Vec<FusedKernel>,
+}
+
+/// The element-wise op of node `i` when it can be a member: one kernel on this rank writing one
+/// float value into a buffer of its own.
+fn member_op(p: &Program, node: &Node) -> Option<oxiflow_tensor::ElementwiseOp> {
+    let NodeKind::Op(o) = &node.kind else {
+        return None;
+    };
+    let Op::Elementwise(e) = &o.local_op else {
+        return None;
+    };
+    let [Some(out)] = node.outputs.as_slice() else {
+        return None;
+    };
+    let v = &p.values[out.index()];
+    let float = |id: &ValueId| p.values[id.index()].dtype.is_float();
+    let ok = node.runs_kernel()
+        && v.alias_of.is_none()
+        && float(out)
+        && node.inputs.iter().all(float)
+        && node.inputs.iter().all(|i| p.values[i.index()].device == node.device)
+        && FusedStep::of(e, &vec![0; node.inputs.len()]).is_some();
+    ok.then(|| e.clone())
+}
+
+/// Per value: the nodes reading it, whether a step output holds it, whether a view aliases it.
+struct Uses {
+    readers: Vec<Vec<usize>>,
+    pinned: Vec<bool>,
+    /// Per buffer (root of an alias chain): the nodes that write a value into it.
+    writers: Vec<Vec<usize>>,
+}
+
+fn uses(p: &Program) -> Uses {
+    let n = p.values.len();
+    let mut u = Uses {
+        readers: vec![Vec::new(); n],
+        pinned: vec![false; n],
+        writers: vec![Vec::new(); n],
+    };
+    for (i, node) in p.nodes.iter().enumerate() {
+        for v in &node.inputs {
+            u.readers[v.index()].push(i);
+        }
+        for v in node.outputs.iter().flatten() {
+            u.writers[p.buffer_of(*v).index()].push(i);
+        }
+    }
+    for v in p.output_values() {
+        u.pinned[v.index()] = true;
+    }
+    for v in &p.values {
+        if let Some(a) = v.alias_of {
+            u.pinned[a.index()] = true;
+        }
+    }
+    u
+}
+
+/// The producer of `v` when it is a node of the program.
+fn producer(p: &Program, v: ValueId) -> Option<usize> {
+    match p.values[v.index()].origin {
+        Origin::Node { node, .. } if node < p.nodes.len() => Some(node),
+        _ => None,
+    }
+}
+
+/// The members of the group rooted at `root`, in captured order (the root last).
+fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec<usize> {
+    let device = p.nodes[root].device;
+    let mut members = vec![root];
+    let mut is_member = vec![false; p.nodes.len()];
+    is_member[root] = true;
+    let mut grew = true;
+    while grew && members.len() < MAX_FUSED_STEPS / 2 {
+        grew = false;
+        let frontier: Vec<ValueId> = members
+            .iter()
+            .flat_map(|&m| p.nodes[m].inputs.iter().copied())
+            .collect();
+        for v in frontier {
+            let Some(q) = producer(p, v) else { continue };
+            if is_member[q] || taken[q] || !can[q] || p.nodes[q].device != device {
+                continue;
+            }
+            let inside = !u.pinned[v.index()]
+                && u.readers[v.index()].iter().all(|&r| is_member[r]);
+            let clear = (q + 1..root).all(|k| !p.nodes[k].communicates())
+                && p.nodes[q].inputs.iter().all(|x| {
+                    u.writers[p.buffer_of(*x).index()]
+                        .iter()
+                        .all(|&w| w <= q || w >= root)
+                });
+            if inside && clear {
+                is_member[q] = true;
+                members.push(q);
+                grew = true;
+            }
+        }
+    }
+    members.sort_unstable();
+    members
+}
+
+/// The program of a group and its external inputs, in input order; None when it does not fit
+/// a fused kernel.
+fn program_of(p: &Program, members: &[usize]) -> Option<(FusedProgram, Vec<ValueId>)> {
+    let mut instrs: Vec<FusedInstr> = Vec::new();
+    let mut step_of: Vec<(ValueId, usize)> = Vec::new();
+    let mut inputs: Vec<ValueId> = Vec::new();
+    for &m in members {
+        let node = &p.nodes[m];
+        let NodeKind::Op(o) = &node.kind else {
+            return None;
+        };
+        let Op::Elementwise(e) = &o.local_op else {
+            return None;
+        };
+        let mut args = Vec::with_capacity(node.inputs.len());
+        for v in &node.inputs {
+            let at = match step_of.iter().find(|(w, _)| w == v) {
+                Some(&(_, s)) => s,
+                None => {
+                    instrs.push(FusedInstr {
+                        step: FusedStep::Input(inputs.len()),
+                        dtype: p.values[v.index()].dtype,
+                    });
+                    inputs.push(*v);
+                    step_of.push((*v, instrs.len() - 1));
+                    instrs.len() - 1
+                }
+            };
+            args.push(at);
+        }
+        let out = node.outputs.first().copied().flatten()?;
+        instrs.push(FusedInstr {
+            step: FusedStep::of(e, &args)?,
+            dtype: p.values[out.index()].dtype,
+        });
+        step_of.push((out, instrs.len() - 1));
+    }
+    if inputs.len() > MAX_FUSED_INPUTS {
+        return None;
+    }
+    FusedProgram::new(instrs).ok().map(|prog| (prog, inputs))
+}
+
+/// Fuses the element-wise groups of `program` (see the module docs).
+pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
+    let u = uses(program);
+    let can: Vec<bool> = program
+        .nodes
+        .iter()
+        .map(|n| member_op(program, n).is_some())
+        .collect();
+    let mut taken = vec![false; program.nodes.len()];
+    let mut replace: Vec<Option<Node>> = vec![None; program.nodes.len()];
+    let mut stats = FusionStats::default();
+    for root in (0..program.nodes.len()).rev() {
+        if !can[root] || taken[root] {
+            continue;
+        }
+        let members = grow(program, &u, &can, &taken, root);
+        if members.len() < 2 {
+            continue;
+        }
+        let root_node = &program.nodes[root];
+        let out_dims = root_node
+            .outputs
+            .first()
+            .copied()
+            .flatten()
+            .map_or(usize::MAX, |v| program.values[v.index()].shape.ndim());
+        let Some((prog, inputs)) = (out_dims <= MAX_DIMS)
+            .then(|| program_of(program, &members))
+            .flatten()
+        else {
+            continue;
+        };
+        let NodeKind::Op(o) = &root_node.kind else {
+            continue;
+        };
+        let prog = match stats
+            .kernels
+            .iter_mut()
+            .find(|k| *k.program == prog && k.device == root_node.device)
+        {
+            Some(k) => {
+                k.groups += 1;
+                k.program.clone()
+            }
+            None => {
+                let prog = Arc::new(prog);
+                stats.kernels.push(FusedKernel {
+                    program: prog.clone(),
+                    device: root_node.device,
+                    groups: 1,
+                });
+                prog
+            }
+        };
+        let op: Op = FusedElementwise { program: prog }.into();
+        replace[root] = Some(Node {
+            kind: NodeKind::Op(Box::new(OpNode {
+                op: op.clone(),
+                local_op: op,
+                signature: None,
+                out_specs: o.out_specs.clone(),
+                view_of: None,
+            })),
+            inputs,
+            outputs: root_node.outputs.clone(),
+            device: root_node.device,
+        });
+        for &m in &members {
+            taken[m] = true;
+        }
+        stats.groups += 1;
+        stats.ops_fused += members.len();
+    }
+    stats.kernels.reverse();
+    rebuild(program, &taken, replace);
+    stats
+}
+
+/// Keeps the nodes not taken by a group and puts each group's node at its root, renumbering
+/// the values' origins (removed nodes' values point past the end).
+fn rebuild(program: &mut Program, taken: &[bool], mut replace: Vec<Option<Node>>) {
+    let mut new_index = vec![None; program.nodes.len()];
+    let mut kept = Vec::with_capacity(program.nodes.len());
+    for (i, node) in std::mem::take(&mut program.nodes).into_iter().enumerate() {
+        let node = match replace[i].take() {
+            Some(fused) => fused,
+            None if taken[i] => continue,
+            None => node,
+        };
+        new_index[i] = Some(kept.len());
+        kept.push(node);
+    }
+    program.nodes = kept;
+    for v in &mut program.values {
+        if let Origin::Node { node, .. } = &mut v.origin {
+            *node = new_index.get(*node).copied().flatten().unwrap_or(usize::MAX);
+        }
+    }
+}
+
+/// Generates and compiles the device kernels of the program's fused nodes ahead of the first
+/// replay (on several threads; groups of one program and broadcast pattern share a kernel).
+/// Returns the number of distinct device kernels (0 on the CPU, whose fused loop needs none).
+pub fn prebuild_kernels(program: &Program) -> oxiflow_tensor::Result<usize> {
+    let mut calls = Vec::new();
+    for node in &program.nodes {
+        let NodeKind::Op(o) = &node.kind else {
+            continue;
+        };
+        let Op::Custom(oxiflow_tensor::custom::CustomOp::FusedElementwise(f)) = &o.local_op
+        else {
+            continue;
+        };
+        let (Device::Cuda(_), Some(Some(out))) = (node.device, node.outputs.first()) else {
+            continue;
+        };
+        let dims = |v: &ValueId| program.values[v.index()].shape.dims().to_vec();
+        calls.push(oxiflow_tensor::cuda::FusedCall {
+            program: &f.program,
+            inputs: node.inputs.iter().map(dims).collect(),
+            out: dims(out),
+        });
+    }
+    if calls.is_empty() {
+        return Ok(0);
+    }
+    oxiflow_tensor::cuda::prebuild_fused_elementwise(&calls)
+}

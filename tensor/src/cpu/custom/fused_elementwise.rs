@@ -1,0 +1,284 @@
+//! Fused element-wise CPU kernel: one loop over the output in chunks (rayon over chunks when
+//! large), each chunk running the program step by step over its elements with the element-wise
+//! kernels' own per-element functions (`cpu::elementwise_fns`), so every value is computed as
+//! the unfused op computes it: f32 for f32 and 16-bit steps (16-bit inputs arrive widened to
+//! f32, see `cpu::execute`), f64 for f64 steps, and a 16-bit step's value rounded to 16 bits
+//! as the unfused op's output would be.
+
+use std::borrow::Cow;
+
+use ndarray::ArrayD;
+use oxiflow_dtype::{bf16, f16, DType, Element};
+use rayon::prelude::*;
+
+use crate::cpu::elementwise_fns::{
+    with_binary_fn, with_scalar_fn, with_unary_backward_fn, with_unary_fn,
+};
+use crate::cpu::{CpuBackend, PAR_THRESHOLD};
+use crate::element::TensorElement;
+use crate::op::custom::{FusedElementwise, FusedElementwiseKernels, FusedProgram, FusedStep};
+use crate::op::{kernel_err, OpFamily};
+use crate::storage::CpuArray;
+use crate::Result;
+
+/// Output elements one chunk computes at a time.
+const CHUNK: usize = 4096;
+
+/// Where output element `i` reads an input broadcast to the output's shape.
+enum Reach {
+    /// The input has the output's shape: element `i`.
+    Same,
+    /// The input is the output's trailing dims (a bias row, a scalar): element `i % n`.
+    Repeat(usize),
+    /// Any other broadcast: the output's dims and the input's strides over them (0 where
+    /// broadcast).
+    Strided { dims: Vec<usize>, strides: Vec<usize> },
+}
+
+impl Reach {
+    fn of(input: &[usize], out: &[usize]) -> Reach {
+        if input == out {
+            return Reach::Same;
+        }
+        let lead = input.iter().take_while(|&&d| d == 1).count();
+        let core = &input[lead..];
+        if core.len() <= out.len() && out[out.len() - core.len()..] == *core {
+            return Reach::Repeat(core.iter().product());
+        }
+        let offset = out.len() - input.len();
+        let mut strides = vec![0; out.len()];
+        let mut step = 1;
+        for (d, &n) in input.iter().enumerate().rev() {
+            if n != 1 {
+                strides[offset + d] = step;
+            }
+            step *= n;
+        }
+        Reach::Strided {
+            dims: out.to_vec(),
+            strides,
+        }
+    }
+
+    fn index(&self, i: usize) -> usize {
+        match self {
+            Reach::Same => i,
+            Reach::Repeat(n) => i % n,
+            Reach::Strided { dims, strides } => {
+                let (mut rem, mut at) = (i, 0);
+                for (n, s) in dims.iter().zip(strides).rev() {
+                    at += (rem % n) * s;
+                    rem /= n;
+                }
+                at
+            }
+        }
+    }
+}
+
+/// One input's elements in logical order, in the type its steps compute in.
+enum Source<'a> {
+    F32(Cow<'a, [f32]>),
+    F64(Cow<'a, [f64]>),
+}
+
+fn elements<T: Copy>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
+    }
+}
+
+/// The values of one step over a chunk.
+#[derive(Clone)]
+enum Lane {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// `v` rounded once to `dtype` (a float dtype), as the element-wise cast rounds.
+fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => f64::from(<f32 as Element>::from_f64(v)),
+        DType::BF16 => Element::to_f64(<bf16 as Element>::from_f64(v)),
+        DType::F16 => Element::to_f64(<f16 as Element>::from_f64(v)),
+        _ => v,
+    }
+}
+
+/// The lane of a step of `dtype` from values `v` (already of that dtype's values).
+fn lane_of(dtype: DType, v: impl Iterator<Item = f64>) -> Lane {
+    if dtype == DType::F64 {
+        Lane::F64(v.collect())
+    } else {
+        Lane::F32(v.map(|x| x as f32).collect())
+    }
+}
+
+/// A 16-bit step's f32 values rounded to its dtype.
+fn round_lane(dtype: DType, lane: &mut Lane) {
+    if let (true, Lane::F32(v)) = (dtype.is_half(), lane) {
+        for x in v.iter_mut() {
+            *x = round_to(dtype, f64::from(*x)) as f32;
+        }
+    }
+}
+
+fn mismatch(j: usize, step: &FusedStep) -> String {
+    format!(
+        "step {j} ({}) reads values of another compute type",
+        step.name()
+    )
+}
+
+/// The output values of elements `start..start + len`.
+fn run_chunk(
+    program: &FusedProgram,
+    sources: &[(Source<'_>, Reach)],
+    start: usize,
+    len: usize,
+) -> std::result::Result<Lane, String> {
+    let mut lanes: Vec<Lane> = Vec::with_capacity(program.instrs().len());
+    for (j, ins) in program.instrs().iter().enumerate() {
+        let lane = |a: usize| lanes.get(a).ok_or_else(|| mismatch(j, &ins.step));
+        let mut out = match ins.step {
+            FusedStep::Input(k) => {
+                let (src, reach) = sources.get(k).ok_or_else(|| format!("no input {k}"))?;
+                let at = (start..start + len).map(|i| reach.index(i));
+                match (src, ins.dtype == DType::F64) {
+                    (Source::F32(s), false) => Lane::F32(at.map(|i| s[i]).collect()),
+                    (Source::F64(s), true) => Lane::F64(at.map(|i| s[i]).collect()),
+                    _ => return Err(format!("input {k} is not of the dtype step {j} reads")),
+                }
+            }
+            FusedStep::Unary(u, a) => match lane(a)?.clone() {
+                Lane::F32(mut v) => {
+                    with_unary_fn!(u, f32, f => v.iter_mut().for_each(|x| *x = f(*x)));
+                    Lane::F32(v)
+                }
+                Lane::F64(mut v) => {
+                    with_unary_fn!(u, f64, f => v.iter_mut().for_each(|x| *x = f(*x)));
+                    Lane::F64(v)
+                }
+            },
+            FusedStep::Scalar(s, c, a) => match lane(a)?.clone() {
+                Lane::F32(mut v) => {
+                    let c = <f32 as Element>::from_f64(c.get());
+                    with_scalar_fn!(s, f32, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
+                    Lane::F32(v)
+                }
+                Lane::F64(mut v) => {
+                    let c = c.get();
+                    with_scalar_fn!(s, f64, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
+                    Lane::F64(v)
+                }
+            },
+            FusedStep::Binary(b, a, c) => match (lane(a)?.clone(), lane(c)?) {
+                (Lane::F32(mut v), Lane::F32(w)) => {
+                    with_binary_fn!(b, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                    Lane::F32(v)
+                }
+                (Lane::F64(mut v), Lane::F64(w)) => {
+                    with_binary_fn!(b, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                    Lane::F64(v)
+                }
+                _ => return Err(mismatch(j, &ins.step)),
+            },
+            FusedStep::UnaryBackward(u, g, x) => match (lane(g)?.clone(), lane(x)?) {
+                (Lane::F32(mut v), Lane::F32(w)) => {
+                    with_unary_backward_fn!(u, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                    Lane::F32(v)
+                }
+                (Lane::F64(mut v), Lane::F64(w)) => {
+                    with_unary_backward_fn!(u, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                    Lane::F64(v)
+                }
+                _ => return Err(mismatch(j, &ins.step)),
+            },
+            FusedStep::Cast(a) => {
+                let d = ins.dtype;
+                match lane(a)? {
+                    Lane::F32(v) => lane_of(d, v.iter().map(|&x| round_to(d, f64::from(x)))),
+                    Lane::F64(v) => lane_of(d, v.iter().map(|&x| round_to(d, x))),
+                }
+            }
+        };
+        if !matches!(ins.step, FusedStep::Input(_) | FusedStep::Cast(_)) {
+            round_lane(ins.dtype, &mut out);
+        }
+        lanes.push(out);
+    }
+    lanes.pop().ok_or_else(|| "an empty program".to_string())
+}
+
+/// Writes the program's output over `out` (contiguous, all elements), chunk by chunk.
+fn run_into<T: TensorElement>(
+    program: &FusedProgram,
+    sources: &[(Source<'_>, Reach)],
+    out: &mut [T],
+) -> std::result::Result<(), String> {
+    let write = |(c, o): (usize, &mut [T])| -> std::result::Result<(), String> {
+        let values = run_chunk(program, sources, c * CHUNK, o.len())?;
+        match values {
+            Lane::F32(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(f64::from(x))),
+            Lane::F64(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(x)),
+        }
+        Ok(())
+    };
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(CHUNK).enumerate().try_for_each(write)
+    } else {
+        out.chunks_mut(CHUNK).enumerate().try_for_each(write)
+    }
+}
+
+impl FusedElementwiseKernels for CpuBackend {
+    fn fused_elementwise(
+        &self,
+        op: &FusedElementwise,
+        x: &[&CpuArray],
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let name = op.name();
+        let out_dims = out.shape().to_vec();
+        let mut sources = Vec::with_capacity(x.len());
+        for (k, a) in x.iter().enumerate() {
+            let dims = a.shape();
+            let fits = dims.len() <= out_dims.len()
+                && dims
+                    .iter()
+                    .rev()
+                    .zip(out_dims.iter().rev())
+                    .all(|(&d, &o)| d == o || d == 1);
+            if !fits {
+                return Err(kernel_err(
+                    name,
+                    format!("input {k} {dims:?} does not broadcast to the output {out_dims:?}"),
+                ));
+            }
+            let src = match a {
+                CpuArray::F32(v) => Source::F32(elements(v)),
+                CpuArray::F64(v) => Source::F64(elements(v)),
+                other => {
+                    return Err(kernel_err(
+                        name,
+                        format!("input {k} is {}, not f32 or f64", other.dtype()),
+                    ))
+                }
+            };
+            sources.push((src, Reach::of(dims, &out_dims)));
+        }
+        let ran = match out {
+            CpuArray::F32(o) => o
+                .as_slice_mut()
+                .ok_or("the output buffer is not contiguous".to_string())
+                .and_then(|o| run_into(&op.program, &sources, o)),
+            CpuArray::F64(o) => o
+                .as_slice_mut()
+                .ok_or("the output buffer is not contiguous".to_string())
+                .and_then(|o| run_into(&op.program, &sources, o)),
+            other => Err(format!("the output buffer is {}, not f32 or f64", other.dtype())),
+        };
+        ran.map_err(|detail| kernel_err(name, format!("{detail} (program {})", op.program)))
+    }
+}

@@ -25,9 +25,8 @@ pub fn explain(c: &Compiled) -> String {
     let f = &r.fusion;
     let _ = writeln!(
         out,
-        "  fusion: {} element-wise ops -> {} fused kernels in {} groups, {} generated kernels:",
+        "  fusion: {} element-wise ops -> {} kernels (one per fused group), {} generated kernels:",
         f.ops_fused,
-        f.groups,
         f.groups,
         f.kernels.len()
     );

@@ -322,3 +322,54 @@ pub fn prebuild_fused_elementwise(calls: &[FusedCall<'_>]) -> crate::Result<usiz
     }
     prebuild(&rt, &kernels).map_err(|e| super::derr(op, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::custom::FusedInstr;
+    use crate::op::{F64Bits, UnaryOp};
+
+    fn program(dtype: DType) -> FusedProgram {
+        let at = |step, dtype| FusedInstr { step, dtype };
+        FusedProgram::new(vec![
+            at(FusedStep::Input(0), dtype),
+            at(FusedStep::Input(1), dtype),
+            at(FusedStep::Binary(BinaryOp::Add, 0, 1), dtype),
+            at(FusedStep::Unary(UnaryOp::Gelu, 2), dtype),
+            at(FusedStep::Scalar(ScalarOp::Mul, F64Bits::new(0.1), 3), dtype),
+            at(FusedStep::Cast(4), DType::F64),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn reach_of_each_broadcast() {
+        assert_eq!(reach(&[3, 4], &[3, 4]).unwrap().0, Reach::Same);
+        assert_eq!(reach(&[4], &[3, 4]).unwrap().0, Reach::Repeat);
+        assert_eq!(reach(&[1, 4], &[3, 4]).unwrap().1, 4);
+        assert_eq!(reach(&[1], &[3, 4]).unwrap().0, Reach::Scalar);
+        let (r, _, strides) = reach(&[3, 1], &[3, 4]).unwrap();
+        assert_eq!((r, &strides[..2]), (Reach::Strided, &[1, 0][..]));
+        assert!(reach(&[2, 4], &[3, 4]).is_none());
+        assert!(reach(&[3, 4, 1], &[3, 4]).is_none());
+    }
+
+    #[test]
+    fn sources_depend_on_program_dtypes_and_reaches_only() {
+        let p = program(DType::BF16);
+        let a = source(&p, &[Reach::Same, Reach::Repeat]).unwrap();
+        assert_eq!(a, source(&program(DType::BF16), &[Reach::Same, Reach::Repeat]).unwrap());
+        assert_ne!(a, source(&p, &[Reach::Same, Reach::Strided]).unwrap());
+        assert_ne!(a, source(&program(DType::F16), &[Reach::Same, Reach::Repeat]).unwrap());
+        // 16-bit loads, f32 math rounded to bf16 after each step, the scalar's f32 bits, an
+        // exact f64 cast, an f64 store.
+        assert!(a.contains("float v0 = (float)((const bf16*)a.ptr[0])[i];"), "{a}");
+        assert!(a.contains("float v1 = (float)((const bf16*)a.ptr[1])[i % a.repeat[1]];"));
+        assert!(a.contains("float v3 = un_f<float>(2, v2);\n        v3 = (float)bf16(v3);"));
+        let bits = format!("__int_as_float({:#010x})", 0.1f32.to_bits());
+        assert!(a.contains(&format!("float v4 = v3 * {bits};")), "{a}");
+        assert!(a.contains("double v5 = (double)v4;"));
+        assert!(a.contains("((double*)a.out)[i] = (double)v5;"));
+        assert!(source(&p, &[Reach::Same]).is_err());
+    }
+}

@@ -73,7 +73,9 @@ fn train_step(x: &Tensor, p: &[Tensor]) -> R<Vec<Tensor>> {
 
 fn check_training(dtype: DType) {
     let mut compiled = CompiledStep::new();
-    let x0 = Tensor::randn([4, 8], 1, DType::F64).to_dtype(dtype).unwrap();
+    let x0 = Tensor::randn([4, 8], 1, DType::F64)
+        .to_dtype(dtype)
+        .unwrap();
     let p0 = params(dtype, 1);
     let inputs = |x: &Tensor, p: &[Tensor]| {
         let mut v = vec![x.clone()];
@@ -92,10 +94,17 @@ fn check_training(dtype: DType) {
         r.kernels + r.fusion.ops_fused - r.fusion.groups == r.ops - r.removed.ops - views(&c),
         "{dtype}: every fused op is one fewer kernel: {r:?}"
     );
-    assert!(r.kernels < r.ops, "{dtype}: {} kernels for {} ops", r.kernels, r.ops);
+    assert!(
+        r.kernels < r.ops,
+        "{dtype}: {} kernels for {} ops",
+        r.kernels,
+        r.ops
+    );
     assert_eq!(c.arena.first_conflict(), None);
     for s in 2..5u64 {
-        let x = Tensor::randn([4, 8], s, DType::F64).to_dtype(dtype).unwrap();
+        let x = Tensor::randn([4, 8], s, DType::F64)
+            .to_dtype(dtype)
+            .unwrap();
         let p = params(dtype, s);
         let eager: Vec<Vec<u64>> = train_step(&x, &p).unwrap().iter().map(bits).collect();
         let p = params(dtype, s);
@@ -104,7 +113,10 @@ fn check_training(dtype: DType) {
             .unwrap();
         assert!(matches!(run, StepRun::Replayed));
         let got: Vec<Vec<u64>> = got.iter().map(bits).collect();
-        assert_eq!(got, eager, "{dtype} step {s}: the replay's bits are eager's");
+        assert_eq!(
+            got, eager,
+            "{dtype} step {s}: the replay's bits are eager's"
+        );
     }
 }
 
@@ -191,7 +203,9 @@ fn values_read_outside_stay_unfused() {
             panic!("compiles")
         };
         assert_eq!(c.report.fusion.groups, 0, "{:?}", c.report);
-        let (got, _) = compiled.run::<CompileError, _>(&inputs, || panic!("replays")).unwrap();
+        let (got, _) = compiled
+            .run::<CompileError, _>(&inputs, || panic!("replays"))
+            .unwrap();
         let want: Vec<Vec<u64>> = eager.iter().map(bits).collect();
         assert_eq!(got.iter().map(bits).collect::<Vec<_>>(), want);
     }
@@ -218,6 +232,8 @@ fn repeated_blocks_share_one_kernel() {
     assert_eq!(fusion.groups, 4, "{fusion:?}");
     assert_eq!(fusion.kernels.len(), 1, "{fusion:?}");
     assert_eq!(fusion.kernels[0].groups, 4);
-    let (got, _) = compiled.run::<CompileError, _>(&inputs, || panic!("replays")).unwrap();
+    let (got, _) = compiled
+        .run::<CompileError, _>(&inputs, || panic!("replays"))
+        .unwrap();
     assert_eq!(bits(&got[0]), bits(&eager[0]));
 }

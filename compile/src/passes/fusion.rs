@@ -63,7 +63,10 @@ fn member_op(p: &Program, node: &Node) -> Option<oxiflow_tensor::ElementwiseOp> 
         && v.alias_of.is_none()
         && float(out)
         && node.inputs.iter().all(float)
-        && node.inputs.iter().all(|i| p.values[i.index()].device == node.device)
+        && node
+            .inputs
+            .iter()
+            .all(|i| p.values[i.index()].device == node.device)
         && FusedStep::of(e, &vec![0; node.inputs.len()]).is_some();
     ok.then(|| e.clone())
 }
@@ -128,8 +131,7 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec
             if is_member[q] || taken[q] || !can[q] || p.nodes[q].device != device {
                 continue;
             }
-            let inside = !u.pinned[v.index()]
-                && u.readers[v.index()].iter().all(|&r| is_member[r]);
+            let inside = !u.pinned[v.index()] && u.readers[v.index()].iter().all(|&r| is_member[r]);
             let clear = (q + 1..root).all(|k| !p.nodes[k].communicates())
                 && p.nodes[q].inputs.iter().all(|x| {
                     u.writers[p.buffer_of(*x).index()]
@@ -285,7 +287,11 @@ fn rebuild(program: &mut Program, taken: &[bool], mut replace: Vec<Option<Node>>
     program.nodes = kept;
     for v in &mut program.values {
         if let Origin::Node { node, .. } = &mut v.origin {
-            *node = new_index.get(*node).copied().flatten().unwrap_or(usize::MAX);
+            *node = new_index
+                .get(*node)
+                .copied()
+                .flatten()
+                .unwrap_or(usize::MAX);
         }
     }
 }
@@ -299,8 +305,7 @@ pub fn prebuild_kernels(program: &Program) -> oxiflow_tensor::Result<usize> {
         let NodeKind::Op(o) = &node.kind else {
             continue;
         };
-        let Op::Custom(oxiflow_tensor::custom::CustomOp::FusedElementwise(f)) = &o.local_op
-        else {
+        let Op::Custom(oxiflow_tensor::custom::CustomOp::FusedElementwise(f)) = &o.local_op else {
             continue;
         };
         let (Device::Cuda(_), Some(Some(out))) = (node.device, node.outputs.first()) else {

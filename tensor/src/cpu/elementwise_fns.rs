@@ -21,7 +21,10 @@ pub(crate) fn relu<F: FloatElement>(x: F) -> F {
 }
 pub(crate) fn gelu<F: FloatElement>(x: F) -> F {
     let (one, half) = (F::one(), F::from_f64(0.5));
-    let (c, k) = (F::from_f64((2.0 / std::f64::consts::PI).sqrt()), F::from_f64(GELU_K));
+    let (c, k) = (
+        F::from_f64((2.0 / std::f64::consts::PI).sqrt()),
+        F::from_f64(GELU_K),
+    );
     half * x * (one + (c * (x + k * x * x * x)).tanh())
 }
 pub(crate) fn exp<F: FloatElement>(x: F) -> F {
@@ -133,16 +136,46 @@ macro_rules! with_unary_fn {
         use $crate::cpu::elementwise_fns as ef;
         use $crate::op::UnaryOp as U;
         match $u {
-            U::Neg => { let $f = ef::neg::<$t>; $body }
-            U::Relu => { let $f = ef::relu::<$t>; $body }
-            U::Gelu => { let $f = ef::gelu::<$t>; $body }
-            U::Exp => { let $f = ef::exp::<$t>; $body }
-            U::Log => { let $f = ef::log::<$t>; $body }
-            U::Tanh => { let $f = ef::tanh::<$t>; $body }
-            U::Sigmoid => { let $f = ef::sigmoid::<$t>; $body }
-            U::Sqrt => { let $f = ef::sqrt::<$t>; $body }
-            U::Abs => { let $f = ef::abs::<$t>; $body }
-            U::Square => { let $f = ef::square::<$t>; $body }
+            U::Neg => {
+                let $f = ef::neg::<$t>;
+                $body
+            }
+            U::Relu => {
+                let $f = ef::relu::<$t>;
+                $body
+            }
+            U::Gelu => {
+                let $f = ef::gelu::<$t>;
+                $body
+            }
+            U::Exp => {
+                let $f = ef::exp::<$t>;
+                $body
+            }
+            U::Log => {
+                let $f = ef::log::<$t>;
+                $body
+            }
+            U::Tanh => {
+                let $f = ef::tanh::<$t>;
+                $body
+            }
+            U::Sigmoid => {
+                let $f = ef::sigmoid::<$t>;
+                $body
+            }
+            U::Sqrt => {
+                let $f = ef::sqrt::<$t>;
+                $body
+            }
+            U::Abs => {
+                let $f = ef::abs::<$t>;
+                $body
+            }
+            U::Square => {
+                let $f = ef::square::<$t>;
+                $body
+            }
         }
     }};
 }
@@ -154,16 +187,46 @@ macro_rules! with_unary_backward_fn {
         use $crate::cpu::elementwise_fns as ef;
         use $crate::op::UnaryOp as U;
         match $u {
-            U::Neg => { let $f = ef::neg_backward::<$t>; $body }
-            U::Relu => { let $f = ef::relu_backward::<$t>; $body }
-            U::Gelu => { let $f = ef::gelu_backward::<$t>; $body }
-            U::Exp => { let $f = ef::exp_backward::<$t>; $body }
-            U::Log => { let $f = ef::log_backward::<$t>; $body }
-            U::Tanh => { let $f = ef::tanh_backward::<$t>; $body }
-            U::Sigmoid => { let $f = ef::sigmoid_backward::<$t>; $body }
-            U::Sqrt => { let $f = ef::sqrt_backward::<$t>; $body }
-            U::Abs => { let $f = ef::abs_backward::<$t>; $body }
-            U::Square => { let $f = ef::square_backward::<$t>; $body }
+            U::Neg => {
+                let $f = ef::neg_backward::<$t>;
+                $body
+            }
+            U::Relu => {
+                let $f = ef::relu_backward::<$t>;
+                $body
+            }
+            U::Gelu => {
+                let $f = ef::gelu_backward::<$t>;
+                $body
+            }
+            U::Exp => {
+                let $f = ef::exp_backward::<$t>;
+                $body
+            }
+            U::Log => {
+                let $f = ef::log_backward::<$t>;
+                $body
+            }
+            U::Tanh => {
+                let $f = ef::tanh_backward::<$t>;
+                $body
+            }
+            U::Sigmoid => {
+                let $f = ef::sigmoid_backward::<$t>;
+                $body
+            }
+            U::Sqrt => {
+                let $f = ef::sqrt_backward::<$t>;
+                $body
+            }
+            U::Abs => {
+                let $f = ef::abs_backward::<$t>;
+                $body
+            }
+            U::Square => {
+                let $f = ef::square_backward::<$t>;
+                $body
+            }
         }
     }};
 }
@@ -175,11 +238,26 @@ macro_rules! with_scalar_fn {
         use $crate::cpu::elementwise_fns as ef;
         use $crate::op::ScalarOp as S;
         match $s {
-            S::Add => { let $f = ef::add_scalar::<$t>; $body }
-            S::Mul => { let $f = ef::mul_scalar::<$t>; $body }
-            S::RSub => { let $f = ef::rsub_scalar::<$t>; $body }
-            S::RDiv => { let $f = ef::rdiv_scalar::<$t>; $body }
-            S::Pow => { let $f = ef::pow_scalar::<$t>; $body }
+            S::Add => {
+                let $f = ef::add_scalar::<$t>;
+                $body
+            }
+            S::Mul => {
+                let $f = ef::mul_scalar::<$t>;
+                $body
+            }
+            S::RSub => {
+                let $f = ef::rsub_scalar::<$t>;
+                $body
+            }
+            S::RDiv => {
+                let $f = ef::rdiv_scalar::<$t>;
+                $body
+            }
+            S::Pow => {
+                let $f = ef::pow_scalar::<$t>;
+                $body
+            }
         }
     }};
 }
@@ -191,10 +269,22 @@ macro_rules! with_binary_fn {
         use $crate::cpu::elementwise_fns as ef;
         use $crate::op::BinaryOp as B;
         match $b {
-            B::Add => { let $f = ef::add::<$t>; $body }
-            B::Sub => { let $f = ef::sub::<$t>; $body }
-            B::Mul => { let $f = ef::mul::<$t>; $body }
-            B::Div => { let $f = ef::div::<$t>; $body }
+            B::Add => {
+                let $f = ef::add::<$t>;
+                $body
+            }
+            B::Sub => {
+                let $f = ef::sub::<$t>;
+                $body
+            }
+            B::Mul => {
+                let $f = ef::mul::<$t>;
+                $body
+            }
+            B::Div => {
+                let $f = ef::div::<$t>;
+                $body
+            }
         }
     }};
 }

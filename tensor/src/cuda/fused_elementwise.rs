@@ -251,10 +251,7 @@ pub(crate) fn prebuild(
         let handles: Vec<_> = sources
             .chunks(per)
             .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .try_for_each(|src| build(rt, &cell(src), src))
-                })
+                scope.spawn(move || part.iter().try_for_each(|src| build(rt, &cell(src), src)))
             })
             .collect();
         handles.into_iter().try_for_each(|h| {
@@ -281,7 +278,8 @@ pub(crate) fn launch(
     let c = cell_for(program, reaches).map_err(|e| invalid(op, e))?;
     if c.get().is_none() {
         let src = source(program, reaches).map_err(|e| invalid(op, e))?;
-        build(rt, &c, &src).map_err(|e| invalid(op, format!("compiling the generated kernel: {e}")))?;
+        build(rt, &c, &src)
+            .map_err(|e| invalid(op, format!("compiling the generated kernel: {e}")))?;
     }
     let Some(Ok(m)) = c.get() else {
         return Err(invalid(op, "the generated kernel did not compile"));
@@ -336,7 +334,10 @@ mod tests {
             at(FusedStep::Input(1), dtype),
             at(FusedStep::Binary(BinaryOp::Add, 0, 1), dtype),
             at(FusedStep::Unary(UnaryOp::Gelu, 2), dtype),
-            at(FusedStep::Scalar(ScalarOp::Mul, F64Bits::new(0.1), 3), dtype),
+            at(
+                FusedStep::Scalar(ScalarOp::Mul, F64Bits::new(0.1), 3),
+                dtype,
+            ),
             at(FusedStep::Cast(4), DType::F64),
         ])
         .unwrap()
@@ -358,12 +359,21 @@ mod tests {
     fn sources_depend_on_program_dtypes_and_reaches_only() {
         let p = program(DType::BF16);
         let a = source(&p, &[Reach::Same, Reach::Repeat]).unwrap();
-        assert_eq!(a, source(&program(DType::BF16), &[Reach::Same, Reach::Repeat]).unwrap());
+        assert_eq!(
+            a,
+            source(&program(DType::BF16), &[Reach::Same, Reach::Repeat]).unwrap()
+        );
         assert_ne!(a, source(&p, &[Reach::Same, Reach::Strided]).unwrap());
-        assert_ne!(a, source(&program(DType::F16), &[Reach::Same, Reach::Repeat]).unwrap());
+        assert_ne!(
+            a,
+            source(&program(DType::F16), &[Reach::Same, Reach::Repeat]).unwrap()
+        );
         // 16-bit loads, f32 math rounded to bf16 after each step, the scalar's f32 bits, an
         // exact f64 cast, an f64 store.
-        assert!(a.contains("float v0 = (float)((const bf16*)a.ptr[0])[i];"), "{a}");
+        assert!(
+            a.contains("float v0 = (float)((const bf16*)a.ptr[0])[i];"),
+            "{a}"
+        );
         assert!(a.contains("float v1 = (float)((const bf16*)a.ptr[1])[i % a.repeat[1]];"));
         assert!(a.contains("float v3 = un_f<float>(2, v2);\n        v3 = (float)bf16(v3);"));
         let bits = format!("__int_as_float({:#010x})", 0.1f32.to_bits());

@@ -51,8 +51,8 @@ use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
 pub use backend::CudaBackend;
-pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use build_times::{kernel_builds, KernelBuild};
+pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
 pub use piece::CudaPiece;

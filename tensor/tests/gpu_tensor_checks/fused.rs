@@ -144,7 +144,11 @@ pub(crate) fn child_fused_elementwise(
 ) -> std::result::Result<usize, String> {
     let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
     let cases: [(&str, Steps, &[Input]); 3] = [
-        ("bias + GELU formula + silu + residual", bias_gelu_silu, &[Input::Float, Input::Float]),
+        (
+            "bias + GELU formula + silu + residual",
+            bias_gelu_silu,
+            &[Input::Float, Input::Float],
+        ),
         (
             "strided broadcasts and backward steps",
             broadcast_backward,
@@ -159,7 +163,8 @@ pub(crate) fn child_fused_elementwise(
             for (k, (name, steps, kinds)) in cases.iter().enumerate() {
                 let what = format!("fused {name} [{rows}, {cols}] in {dtype}");
                 let e = |x: oxiflow_tensor::TensorError| format!("{what}: {x}");
-                let program = Arc::new(FusedProgram::new(steps(dtype)).map_err(|x| format!("{what}: {x}"))?);
+                let program =
+                    Arc::new(FusedProgram::new(steps(dtype)).map_err(|x| format!("{what}: {x}"))?);
                 // Input shapes: x [R, C], then a bias row, a column, a scalar, dy [R, C].
                 let shape_of = |i: usize| match (k, i) {
                     (0, 1) => shapes[1].clone(),
@@ -170,11 +175,12 @@ pub(crate) fn child_fused_elementwise(
                 let data: Vec<Vec<f64>> = kinds
                     .iter()
                     .enumerate()
-                    .map(|(i, &kind)| input_values(&shape_of(i), kind, dtype, 90 + 10 * k as u64 + i as u64))
+                    .map(|(i, &kind)| {
+                        input_values(&shape_of(i), kind, dtype, 90 + 10 * k as u64 + i as u64)
+                    })
                     .collect();
                 let local = |dt: DType| -> Result<Vec<Tensor>> {
-                    data
-                        .iter()
+                    data.iter()
                         .enumerate()
                         .map(|(i, v)| Tensor::from_vec(v.clone(), shape_of(i))?.to_dtype(dt))
                         .collect()
@@ -186,12 +192,17 @@ pub(crate) fn child_fused_elementwise(
                     .and_then(|v| v.iter().map(|t| t.to_global(&pl, vec![Sbp::B])).collect())
                     .map_err(e)?;
                 let refs: Vec<&Tensor> = device.iter().collect();
-                let run = || Tensor::fused_elementwise(&program, &refs).and_then(|t| super::values(&t));
+                let run =
+                    || Tensor::fused_elementwise(&program, &refs).and_then(|t| super::values(&t));
                 let got = run().map_err(e)?;
                 let again = run().map_err(e)?;
                 let ulps = 4.0 * program.op_count() as f64;
                 within(&got, &want, dtype, ulps).map_err(|x| format!("{what}: {x}"))?;
-                if got.iter().zip(&again).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                if got
+                    .iter()
+                    .zip(&again)
+                    .any(|(a, b)| a.to_bits() != b.to_bits())
+                {
                     return Err(format!("{what}: a second launch gave other bits"));
                 }
                 checked += 1;

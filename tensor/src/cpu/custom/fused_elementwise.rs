@@ -32,7 +32,10 @@ enum Reach {
     Repeat(usize),
     /// Any other broadcast: the output's dims and the input's strides over them (0 where
     /// broadcast).
-    Strided { dims: Vec<usize>, strides: Vec<usize> },
+    Strided {
+        dims: Vec<usize>,
+        strides: Vec<usize>,
+    },
 }
 
 impl Reach {
@@ -220,7 +223,10 @@ fn run_into<T: TensorElement>(
     let write = |(c, o): (usize, &mut [T])| -> std::result::Result<(), String> {
         let values = run_chunk(program, sources, c * CHUNK, o.len())?;
         match values {
-            Lane::F32(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(f64::from(x))),
+            Lane::F32(v) => o
+                .iter_mut()
+                .zip(v)
+                .for_each(|(y, x)| *y = T::from_f64(f64::from(x))),
             Lane::F64(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(x)),
         }
         Ok(())
@@ -277,7 +283,10 @@ impl FusedElementwiseKernels for CpuBackend {
                 .as_slice_mut()
                 .ok_or("the output buffer is not contiguous".to_string())
                 .and_then(|o| run_into(&op.program, &sources, o)),
-            other => Err(format!("the output buffer is {}, not f32 or f64", other.dtype())),
+            other => Err(format!(
+                "the output buffer is {}, not f32 or f64",
+                other.dtype()
+            )),
         };
         ran.map_err(|detail| kernel_err(name, format!("{detail} (program {})", op.program)))
     }

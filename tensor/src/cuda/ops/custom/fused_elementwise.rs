@@ -21,13 +21,21 @@ impl FusedElementwiseKernels for CudaKernels {
         if x.len() != program.inputs() || x.len() > MAX_FUSED_INPUTS {
             return Err(kernel_err(
                 name,
-                format!("the program reads {} inputs, got {}", program.inputs(), x.len()),
+                format!(
+                    "the program reads {} inputs, got {}",
+                    program.inputs(),
+                    x.len()
+                ),
             ));
         }
         if out.dtype != program.output_dtype() {
             return Err(kernel_err(
                 name,
-                format!("the output buffer is {}, the program writes {}", out.dtype, program.output_dtype()),
+                format!(
+                    "the output buffer is {}, the program writes {}",
+                    out.dtype,
+                    program.output_dtype()
+                ),
             ));
         }
         let mut args = FusedArgs {
@@ -48,7 +56,11 @@ impl FusedElementwiseKernels for CudaKernels {
             if Some(p.dtype) != program.input_dtype(k) {
                 return Err(kernel_err(
                     name,
-                    format!("input {k} is {}, the program reads {:?}", p.dtype, program.input_dtype(k)),
+                    format!(
+                        "input {k} is {}, the program reads {:?}",
+                        p.dtype,
+                        program.input_dtype(k)
+                    ),
                 ));
             }
             let (r, repeat, strides) = reach(p.shape.dims(), &out_dims).ok_or_else(|| {

@@ -18,7 +18,7 @@ use super::nvrtc_module::{launch_fn, Module};
 use super::ops::elementwise::unary_code;
 use super::raw::{invalid, FResult};
 use super::CudaRuntime;
-use crate::op::custom::{FusedProgram, FusedStep, MAX_FUSED_INPUTS};
+use crate::op::custom::{Broadcast, FusedProgram, FusedStep, MAX_FUSED_INPUTS};
 use crate::op::{BinaryOp, ScalarOp};
 
 /// Most output dims a strided input handles.
@@ -75,39 +75,19 @@ pub(crate) enum Reach {
 /// How an input of `dims` broadcast to `out` is read, and its `repeat` count and strides;
 /// None when it does not broadcast to `out`, or is strided over more than [`FUSED_MAXD`] dims.
 pub(crate) fn reach(dims: &[usize], out: &[usize]) -> Option<(Reach, i64, [i64; FUSED_MAXD])> {
-    let fits = dims.len() <= out.len()
-        && dims
-            .iter()
-            .rev()
-            .zip(out.iter().rev())
-            .all(|(&d, &o)| d == o || d == 1);
-    if !fits {
-        return None;
-    }
     let mut strides = [0i64; FUSED_MAXD];
-    if dims == out {
-        return Some((Reach::Same, 0, strides));
-    }
-    let core = &dims[dims.iter().take_while(|&&d| d == 1).count()..];
-    let n: usize = core.iter().product();
-    if n == 1 {
-        return Some((Reach::Scalar, 1, strides));
-    }
-    if out[out.len() - core.len()..] == *core {
-        return Some((Reach::Repeat, n as i64, strides));
-    }
-    if out.len() > FUSED_MAXD {
-        return None;
-    }
-    let offset = out.len() - dims.len();
-    let mut step = 1i64;
-    for (d, &m) in dims.iter().enumerate().rev() {
-        if m != 1 {
-            strides[offset + d] = step;
+    Some(match Broadcast::of(dims, out)? {
+        Broadcast::Same => (Reach::Same, 0, strides),
+        Broadcast::Scalar => (Reach::Scalar, 1, strides),
+        Broadcast::Repeat(n) => (Reach::Repeat, n as i64, strides),
+        Broadcast::Strided(s) if s.len() <= FUSED_MAXD => {
+            for (d, &v) in s.iter().enumerate() {
+                strides[d] = v as i64;
+            }
+            (Reach::Strided, 0, strides)
         }
-        step *= m as i64;
-    }
-    Some((Reach::Strided, n as i64, strides))
+        Broadcast::Strided(_) => return None,
+    })
 }
 
 /// The C storage type of `dt` and the type it computes in.

@@ -16,68 +16,15 @@ use crate::cpu::elementwise_fns::{
 };
 use crate::cpu::{CpuBackend, PAR_THRESHOLD};
 use crate::element::TensorElement;
-use crate::op::custom::{FusedElementwise, FusedElementwiseKernels, FusedProgram, FusedStep};
+use crate::op::custom::{
+    Broadcast, FusedElementwise, FusedElementwiseKernels, FusedProgram, FusedStep,
+};
 use crate::op::{kernel_err, OpFamily};
 use crate::storage::CpuArray;
 use crate::Result;
 
 /// Output elements one chunk computes at a time.
 const CHUNK: usize = 4096;
-
-/// Where output element `i` reads an input broadcast to the output's shape.
-enum Reach {
-    /// The input has the output's shape: element `i`.
-    Same,
-    /// The input is the output's trailing dims (a bias row, a scalar): element `i % n`.
-    Repeat(usize),
-    /// Any other broadcast: the output's dims and the input's strides over them (0 where
-    /// broadcast).
-    Strided {
-        dims: Vec<usize>,
-        strides: Vec<usize>,
-    },
-}
-
-impl Reach {
-    fn of(input: &[usize], out: &[usize]) -> Reach {
-        if input == out {
-            return Reach::Same;
-        }
-        let lead = input.iter().take_while(|&&d| d == 1).count();
-        let core = &input[lead..];
-        if core.len() <= out.len() && out[out.len() - core.len()..] == *core {
-            return Reach::Repeat(core.iter().product());
-        }
-        let offset = out.len() - input.len();
-        let mut strides = vec![0; out.len()];
-        let mut step = 1;
-        for (d, &n) in input.iter().enumerate().rev() {
-            if n != 1 {
-                strides[offset + d] = step;
-            }
-            step *= n;
-        }
-        Reach::Strided {
-            dims: out.to_vec(),
-            strides,
-        }
-    }
-
-    fn index(&self, i: usize) -> usize {
-        match self {
-            Reach::Same => i,
-            Reach::Repeat(n) => i % n,
-            Reach::Strided { dims, strides } => {
-                let (mut rem, mut at) = (i, 0);
-                for (n, s) in dims.iter().zip(strides).rev() {
-                    at += (rem % n) * s;
-                    rem /= n;
-                }
-                at
-            }
-        }
-    }
-}
 
 /// One input's elements in logical order, in the type its steps compute in.
 enum Source<'a> {
@@ -137,7 +84,8 @@ fn mismatch(j: usize, step: &FusedStep) -> String {
 /// The output values of elements `start..start + len`.
 fn run_chunk(
     program: &FusedProgram,
-    sources: &[(Source<'_>, Reach)],
+    sources: &[(Source<'_>, Broadcast)],
+    out_dims: &[usize],
     start: usize,
     len: usize,
 ) -> std::result::Result<Lane, String> {
@@ -147,7 +95,7 @@ fn run_chunk(
         let mut out = match ins.step {
             FusedStep::Input(k) => {
                 let (src, reach) = sources.get(k).ok_or_else(|| format!("no input {k}"))?;
-                let at = (start..start + len).map(|i| reach.index(i));
+                let at = (start..start + len).map(|i| reach.index(i, out_dims));
                 match (src, ins.dtype == DType::F64) {
                     (Source::F32(s), false) => Lane::F32(at.map(|i| s[i]).collect()),
                     (Source::F64(s), true) => Lane::F64(at.map(|i| s[i]).collect()),
@@ -217,11 +165,12 @@ fn run_chunk(
 /// Writes the program's output over `out` (contiguous, all elements), chunk by chunk.
 fn run_into<T: TensorElement>(
     program: &FusedProgram,
-    sources: &[(Source<'_>, Reach)],
+    sources: &[(Source<'_>, Broadcast)],
+    out_dims: &[usize],
     out: &mut [T],
 ) -> std::result::Result<(), String> {
     let write = |(c, o): (usize, &mut [T])| -> std::result::Result<(), String> {
-        let values = run_chunk(program, sources, c * CHUNK, o.len())?;
+        let values = run_chunk(program, sources, out_dims, c * CHUNK, o.len())?;
         match values {
             Lane::F32(v) => o
                 .iter_mut()
@@ -250,18 +199,12 @@ impl FusedElementwiseKernels for CpuBackend {
         let mut sources = Vec::with_capacity(x.len());
         for (k, a) in x.iter().enumerate() {
             let dims = a.shape();
-            let fits = dims.len() <= out_dims.len()
-                && dims
-                    .iter()
-                    .rev()
-                    .zip(out_dims.iter().rev())
-                    .all(|(&d, &o)| d == o || d == 1);
-            if !fits {
-                return Err(kernel_err(
+            let reach = Broadcast::of(dims, &out_dims).ok_or_else(|| {
+                kernel_err(
                     name,
                     format!("input {k} {dims:?} does not broadcast to the output {out_dims:?}"),
-                ));
-            }
+                )
+            })?;
             let src = match a {
                 CpuArray::F32(v) => Source::F32(elements(v)),
                 CpuArray::F64(v) => Source::F64(elements(v)),
@@ -272,17 +215,17 @@ impl FusedElementwiseKernels for CpuBackend {
                     ))
                 }
             };
-            sources.push((src, Reach::of(dims, &out_dims)));
+            sources.push((src, reach));
         }
         let ran = match out {
             CpuArray::F32(o) => o
                 .as_slice_mut()
                 .ok_or("the output buffer is not contiguous".to_string())
-                .and_then(|o| run_into(&op.program, &sources, o)),
+                .and_then(|o| run_into(&op.program, &sources, &out_dims, o)),
             CpuArray::F64(o) => o
                 .as_slice_mut()
                 .ok_or("the output buffer is not contiguous".to_string())
-                .and_then(|o| run_into(&op.program, &sources, o)),
+                .and_then(|o| run_into(&op.program, &sources, &out_dims, o)),
             other => Err(format!(
                 "the output buffer is {}, not f32 or f64",
                 other.dtype()

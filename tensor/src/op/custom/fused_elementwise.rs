@@ -224,6 +224,73 @@ impl fmt::Display for FusedProgram {
     }
 }
 
+/// How output element `i` reads an input broadcast (numpy rules) to the output's shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Broadcast {
+    /// The input has the output's shape: element `i`.
+    Same,
+    /// One element for all.
+    Scalar,
+    /// The input is the output's trailing dims (a bias row), `n` elements: element `i % n`.
+    Repeat(usize),
+    /// Any other broadcast: the input's stride on each of the output's dims (0 where
+    /// broadcast).
+    Strided(Vec<usize>),
+}
+
+impl Broadcast {
+    /// How an input of `dims` is read as `out`; None when it does not broadcast to `out`.
+    pub fn of(dims: &[usize], out: &[usize]) -> Option<Broadcast> {
+        let fits = dims.len() <= out.len()
+            && dims
+                .iter()
+                .rev()
+                .zip(out.iter().rev())
+                .all(|(&d, &o)| d == o || d == 1);
+        if !fits {
+            return None;
+        }
+        if dims == out {
+            return Some(Broadcast::Same);
+        }
+        let core = &dims[dims.iter().take_while(|&&d| d == 1).count()..];
+        let n: usize = core.iter().product();
+        if n == 1 {
+            return Some(Broadcast::Scalar);
+        }
+        if out[out.len() - core.len()..] == *core {
+            return Some(Broadcast::Repeat(n));
+        }
+        let offset = out.len() - dims.len();
+        let mut strides = vec![0; out.len()];
+        let mut step = 1;
+        for (d, &m) in dims.iter().enumerate().rev() {
+            if m != 1 {
+                strides[offset + d] = step;
+            }
+            step *= m;
+        }
+        Some(Broadcast::Strided(strides))
+    }
+
+    /// The element output element `i` of an output of `out` dims reads.
+    pub fn index(&self, i: usize, out: &[usize]) -> usize {
+        match self {
+            Broadcast::Same => i,
+            Broadcast::Scalar => 0,
+            Broadcast::Repeat(n) => i % n,
+            Broadcast::Strided(strides) => {
+                let (mut rem, mut at) = (i, 0);
+                for (n, s) in out.iter().zip(strides).rev() {
+                    at += (rem % n) * s;
+                    rem /= n;
+                }
+                at
+            }
+        }
+    }
+}
+
 /// The fused element-wise op: runs `program` on its inputs (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FusedElementwise {

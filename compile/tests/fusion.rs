@@ -3,7 +3,8 @@
 //! one step (forward, backward, SGD update), compiles to fewer kernels than ops and its replays
 //! equal eager bit for bit in f64, f32 and bf16; a forward chain fuses whole into one kernel
 //! that replays with eager's bits; values read outside a group (a step output, a view) keep
-//! their producers unfused; repeated blocks share one generated kernel.
+//! their producers unfused; no group spans a collective; repeated blocks share one generated
+//! kernel.
 
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_dtype::DType;
@@ -89,6 +90,10 @@ fn check_training(dtype: DType) {
         panic!("the first call compiles")
     };
     let r = &c.report;
+    eprintln!(
+        "{dtype}: {} ops -> {} kernels; {} element-wise ops fused into {} kernels",
+        r.ops, r.kernels, r.fusion.ops_fused, r.fusion.groups
+    );
     assert!(r.fusion.groups >= 4, "{dtype}: {:?}", r.fusion);
     assert!(
         r.kernels + r.fusion.ops_fused - r.fusion.groups == r.ops - r.removed.ops - views(&c),
@@ -236,4 +241,53 @@ fn repeated_blocks_share_one_kernel() {
         .run::<CompileError, _>(&inputs, || panic!("replays"))
         .unwrap();
     assert_eq!(bits(&got[0]), bits(&eager[0]));
+}
+
+/// On two ranks, an all-gather captured between two element-wise ops keeps them apart (no group
+/// spans a communicating node); with the all-gather before both, they fuse. Replays equal eager.
+#[test]
+fn no_group_spans_a_collective() {
+    use oxiflow_placement::{DeviceType, Placement};
+    use oxiflow_sbp::Sbp;
+    use std::time::Duration;
+    let results = oxiflow_tensor::run_ranks(2, Duration::from_secs(60), |rank| {
+        let p = Placement::range(DeviceType::Cpu, 2).unwrap();
+        let make = |k: f64| {
+            Tensor::from_vec(vec![k + rank as f64, 0.5 * k], [1, 2])
+                .unwrap()
+                .to_global(&p, Sbp::S(0))
+                .unwrap()
+        };
+        let (x, w) = (make(1.0), make(2.0));
+        let mut groups = Vec::new();
+        for between in [true, false] {
+            let f = |x: &Tensor, w: &Tensor| -> R<Vec<Tensor>> {
+                let (y, g) = if between {
+                    let y = x.exp()?;
+                    (y, w.to_global(&p, Sbp::B)?)
+                } else {
+                    let g = w.to_global(&p, Sbp::B)?;
+                    (x.exp()?, g)
+                };
+                Ok(vec![y.mul_scalar(2.0)?, g])
+            };
+            let mut compiled = CompiledStep::new();
+            let inputs = [x.clone(), w.clone()];
+            let (eager, run) = compiled.run(&inputs, || f(&x, &w)).unwrap();
+            let StepRun::Compiled(c) = run else {
+                panic!("compiles")
+            };
+            groups.push(c.report.fusion.groups);
+            let (got, _) = compiled
+                .run::<CompileError, _>(&inputs, || panic!("replays"))
+                .unwrap();
+            for (a, b) in got.iter().zip(&eager) {
+                assert_eq!(bits(a), bits(b));
+            }
+        }
+        groups
+    });
+    for r in results {
+        assert_eq!(r, vec![0, 1], "apart across the all-gather, fused without it");
+    }
 }

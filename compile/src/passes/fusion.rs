@@ -21,6 +21,7 @@ use oxiflow_tensor::custom::{
 use oxiflow_tensor::{Device, Op};
 
 use crate::ir::{Node, NodeKind, OpNode, Origin, Program, ValueId};
+use crate::passes::dce::is_defined;
 
 /// Most dims of a fused group's output (the generated kernel's strided reads handle this many).
 const MAX_DIMS: usize = 8;
@@ -71,12 +72,14 @@ fn member_op(p: &Program, node: &Node) -> Option<oxiflow_tensor::ElementwiseOp> 
     ok.then(|| e.clone())
 }
 
-/// Per value: the nodes reading it, whether a step output holds it, whether a view aliases it.
+/// Per value: the nodes reading it, and whether a step output holds it or a value aliases it.
 struct Uses {
     readers: Vec<Vec<usize>>,
     pinned: Vec<bool>,
     /// Per buffer (root of an alias chain): the nodes that write a value into it.
     writers: Vec<Vec<usize>>,
+    /// Communicating nodes before each node (and before the end).
+    comms_before: Vec<usize>,
 }
 
 fn uses(p: &Program) -> Uses {
@@ -85,7 +88,14 @@ fn uses(p: &Program) -> Uses {
         readers: vec![Vec::new(); n],
         pinned: vec![false; n],
         writers: vec![Vec::new(); n],
+        comms_before: Vec::with_capacity(p.nodes.len() + 1),
     };
+    let mut comms = 0;
+    for node in &p.nodes {
+        u.comms_before.push(comms);
+        comms += usize::from(node.communicates());
+    }
+    u.comms_before.push(comms);
     for (i, node) in p.nodes.iter().enumerate() {
         for v in &node.inputs {
             u.readers[v.index()].push(i);
@@ -97,8 +107,8 @@ fn uses(p: &Program) -> Uses {
     for v in p.output_values() {
         u.pinned[v.index()] = true;
     }
-    for v in &p.values {
-        if let Some(a) = v.alias_of {
+    for (i, v) in p.values.iter().enumerate() {
+        if let (Some(a), true) = (v.alias_of, is_defined(p, ValueId(i as u32))) {
             u.pinned[a.index()] = true;
         }
     }
@@ -132,7 +142,7 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec
                 continue;
             }
             let inside = !u.pinned[v.index()] && u.readers[v.index()].iter().all(|&r| is_member[r]);
-            let clear = (q + 1..root).all(|k| !p.nodes[k].communicates())
+            let clear = u.comms_before[root] == u.comms_before[q + 1]
                 && p.nodes[q].inputs.iter().all(|x| {
                     u.writers[p.buffer_of(*x).index()]
                         .iter()

@@ -288,6 +288,10 @@ fn no_group_spans_a_collective() {
         groups
     });
     for r in results {
-        assert_eq!(r, vec![0, 1], "apart across the all-gather, fused without it");
+        assert_eq!(
+            r,
+            vec![0, 1],
+            "apart across the all-gather, fused without it"
+        );
     }
 }

@@ -75,7 +75,10 @@ fn malformed_programs_are_refused_by_name() {
     let f = DType::F32;
     let cases: Vec<(Vec<FusedInstr>, &str)> = vec![
         (vec![], "1 to"),
-        (vec![at(Input(0), f), at(Unary(UnaryOp::Exp, 1), f)], "not an earlier one"),
+        (
+            vec![at(Input(0), f), at(Unary(UnaryOp::Exp, 1), f)],
+            "not an earlier one",
+        ),
         (vec![at(Input(0), DType::I64)], "not a float dtype"),
         (
             vec![at(Input(0), f), at(Unary(UnaryOp::Exp, 0), DType::F64)],
@@ -97,12 +100,24 @@ fn bad_calls_are_typed_errors() {
     let col = Tensor::randn([3, 1], 2, DType::F32);
     let bias = Tensor::randn([5], 3, DType::F32);
     let wrong_count = Tensor::fused_elementwise(&p, &[&x, &col]).unwrap_err();
-    assert!(wrong_count.to_string().contains("fused_elementwise"), "{wrong_count}");
+    assert!(
+        wrong_count.to_string().contains("fused_elementwise"),
+        "{wrong_count}"
+    );
     let f64_bias = bias.to_dtype(DType::F64).unwrap();
     let wrong_dtype = Tensor::fused_elementwise(&p, &[&x, &col, &f64_bias]).unwrap_err();
-    assert!(matches!(wrong_dtype, TensorError::DType { .. }), "{wrong_dtype}");
+    assert!(
+        matches!(wrong_dtype, TensorError::DType { .. }),
+        "{wrong_dtype}"
+    );
     let row = Tensor::randn([4], 4, DType::F32);
     let no_broadcast = Tensor::fused_elementwise(&p, &[&x, &col, &row]).unwrap_err();
-    assert!(matches!(no_broadcast, TensorError::Shape { .. }), "{no_broadcast}");
-    assert!(no_broadcast.to_string().contains("do not broadcast"), "{no_broadcast}");
+    assert!(
+        matches!(no_broadcast, TensorError::Shape { .. }),
+        "{no_broadcast}"
+    );
+    assert!(
+        no_broadcast.to_string().contains("do not broadcast"),
+        "{no_broadcast}"
+    );
 }

@@ -56,21 +56,14 @@ fn round_to(dtype: DType, v: f64) -> f64 {
     }
 }
 
-/// The lane of a step of `dtype` from values `v` (already of that dtype's values).
-fn lane_of(dtype: DType, v: impl Iterator<Item = f64>) -> Lane {
-    if dtype == DType::F64 {
-        Lane::F64(v.collect())
-    } else {
-        Lane::F32(v.map(|x| x as f32).collect())
-    }
-}
-
-/// A 16-bit step's f32 values rounded to its dtype.
+/// A 16-bit step's f32 values rounded to its dtype (an f32 value rounds to 16 bits as its f64
+/// value does: `Element::from_f64` of an f32 value is `from_f32` of it).
 fn round_lane(dtype: DType, lane: &mut Lane) {
-    if let (true, Lane::F32(v)) = (dtype.is_half(), lane) {
-        for x in v.iter_mut() {
-            *x = round_to(dtype, f64::from(*x)) as f32;
-        }
+    let Lane::F32(v) = lane else { return };
+    match dtype {
+        DType::BF16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        _ => {}
     }
 }
 
@@ -81,76 +74,159 @@ fn mismatch(j: usize, step: &FusedStep) -> String {
     )
 }
 
+/// Elements `start..start + len` of an input read as `reach` says (counters, no division per
+/// element).
+fn gather<T: Copy>(s: &[T], reach: &Broadcast, out: &[usize], start: usize, len: usize) -> Vec<T> {
+    match reach {
+        Broadcast::Same => s[start..start + len].to_vec(),
+        Broadcast::Scalar => vec![s[0]; len],
+        Broadcast::Repeat(n) => {
+            let mut j = start % n;
+            (0..len)
+                .map(|_| {
+                    let v = s[j];
+                    j = if j + 1 == *n { 0 } else { j + 1 };
+                    v
+                })
+                .collect()
+        }
+        Broadcast::Strided(strides) => {
+            let mut at = Vec::with_capacity(out.len());
+            let mut rem = start;
+            for &n in out.iter().rev() {
+                at.push(rem % n);
+                rem /= n;
+            }
+            at.reverse();
+            let mut idx: usize = at.iter().zip(strides).map(|(c, s)| c * s).sum();
+            let mut v = Vec::with_capacity(len);
+            for _ in 0..len {
+                v.push(s[idx]);
+                for d in (0..out.len()).rev() {
+                    at[d] += 1;
+                    idx += strides[d];
+                    if at[d] < out[d] {
+                        break;
+                    }
+                    idx -= strides[d] * out[d];
+                    at[d] = 0;
+                }
+            }
+            v
+        }
+    }
+}
+
+/// For each step, the last step that reads it (itself when none does).
+fn last_reads(program: &FusedProgram) -> Vec<usize> {
+    let mut last: Vec<usize> = (0..program.instrs().len()).collect();
+    for (j, ins) in program.instrs().iter().enumerate() {
+        for a in ins.step.operands() {
+            last[a] = j;
+        }
+    }
+    last
+}
+
+/// Step `a`'s values to compute step `j` in: taken when `j` is their last reader and `keep` is
+/// false (another operand of `j` is the same step), copied otherwise.
+fn owned(lanes: &mut [Lane], a: usize, j: usize, last: &[usize], keep: bool) -> Option<Lane> {
+    let slot = lanes.get_mut(a)?;
+    Some(if last.get(a) == Some(&j) && !keep {
+        std::mem::replace(slot, Lane::F32(Vec::new()))
+    } else {
+        slot.clone()
+    })
+}
+
 /// The output values of elements `start..start + len`.
 fn run_chunk(
     program: &FusedProgram,
     sources: &[(Source<'_>, Broadcast)],
     out_dims: &[usize],
+    last: &[usize],
     start: usize,
     len: usize,
 ) -> std::result::Result<Lane, String> {
     let mut lanes: Vec<Lane> = Vec::with_capacity(program.instrs().len());
     for (j, ins) in program.instrs().iter().enumerate() {
-        let lane = |a: usize| lanes.get(a).ok_or_else(|| mismatch(j, &ins.step));
+        let gone = || mismatch(j, &ins.step);
         let mut out = match ins.step {
             FusedStep::Input(k) => {
                 let (src, reach) = sources.get(k).ok_or_else(|| format!("no input {k}"))?;
-                let at = (start..start + len).map(|i| reach.index(i, out_dims));
                 match (src, ins.dtype == DType::F64) {
-                    (Source::F32(s), false) => Lane::F32(at.map(|i| s[i]).collect()),
-                    (Source::F64(s), true) => Lane::F64(at.map(|i| s[i]).collect()),
+                    (Source::F32(s), false) => Lane::F32(gather(s, reach, out_dims, start, len)),
+                    (Source::F64(s), true) => Lane::F64(gather(s, reach, out_dims, start, len)),
                     _ => return Err(format!("input {k} is not of the dtype step {j} reads")),
                 }
             }
-            FusedStep::Unary(u, a) => match lane(a)?.clone() {
-                Lane::F32(mut v) => {
-                    with_unary_fn!(u, f32, f => v.iter_mut().for_each(|x| *x = f(*x)));
-                    Lane::F32(v)
+            FusedStep::Unary(u, a) => {
+                match owned(&mut lanes, a, j, last, false).ok_or_else(gone)? {
+                    Lane::F32(mut v) => {
+                        with_unary_fn!(u, f32, f => v.iter_mut().for_each(|x| *x = f(*x)));
+                        Lane::F32(v)
+                    }
+                    Lane::F64(mut v) => {
+                        with_unary_fn!(u, f64, f => v.iter_mut().for_each(|x| *x = f(*x)));
+                        Lane::F64(v)
+                    }
                 }
-                Lane::F64(mut v) => {
-                    with_unary_fn!(u, f64, f => v.iter_mut().for_each(|x| *x = f(*x)));
-                    Lane::F64(v)
+            }
+            FusedStep::Scalar(s, c, a) => {
+                match owned(&mut lanes, a, j, last, false).ok_or_else(gone)? {
+                    Lane::F32(mut v) => {
+                        let c = <f32 as Element>::from_f64(c.get());
+                        with_scalar_fn!(s, f32, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
+                        Lane::F32(v)
+                    }
+                    Lane::F64(mut v) => {
+                        let c = c.get();
+                        with_scalar_fn!(s, f64, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
+                        Lane::F64(v)
+                    }
                 }
-            },
-            FusedStep::Scalar(s, c, a) => match lane(a)?.clone() {
-                Lane::F32(mut v) => {
-                    let c = <f32 as Element>::from_f64(c.get());
-                    with_scalar_fn!(s, f32, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
-                    Lane::F32(v)
+            }
+            FusedStep::Binary(b, a, c) => {
+                let first = owned(&mut lanes, a, j, last, a == c).ok_or_else(gone)?;
+                match (first, lanes.get(c).ok_or_else(gone)?) {
+                    (Lane::F32(mut v), Lane::F32(w)) => {
+                        with_binary_fn!(b, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                        Lane::F32(v)
+                    }
+                    (Lane::F64(mut v), Lane::F64(w)) => {
+                        with_binary_fn!(b, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                        Lane::F64(v)
+                    }
+                    _ => return Err(mismatch(j, &ins.step)),
                 }
-                Lane::F64(mut v) => {
-                    let c = c.get();
-                    with_scalar_fn!(s, f64, f => v.iter_mut().for_each(|x| *x = f(*x, c)));
-                    Lane::F64(v)
+            }
+            FusedStep::UnaryBackward(u, g, x) => {
+                let first = owned(&mut lanes, g, j, last, g == x).ok_or_else(gone)?;
+                match (first, lanes.get(x).ok_or_else(gone)?) {
+                    (Lane::F32(mut v), Lane::F32(w)) => {
+                        with_unary_backward_fn!(u, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                        Lane::F32(v)
+                    }
+                    (Lane::F64(mut v), Lane::F64(w)) => {
+                        with_unary_backward_fn!(u, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                        Lane::F64(v)
+                    }
+                    _ => return Err(mismatch(j, &ins.step)),
                 }
-            },
-            FusedStep::Binary(b, a, c) => match (lane(a)?.clone(), lane(c)?) {
-                (Lane::F32(mut v), Lane::F32(w)) => {
-                    with_binary_fn!(b, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                    Lane::F32(v)
-                }
-                (Lane::F64(mut v), Lane::F64(w)) => {
-                    with_binary_fn!(b, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                    Lane::F64(v)
-                }
-                _ => return Err(mismatch(j, &ins.step)),
-            },
-            FusedStep::UnaryBackward(u, g, x) => match (lane(g)?.clone(), lane(x)?) {
-                (Lane::F32(mut v), Lane::F32(w)) => {
-                    with_unary_backward_fn!(u, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                    Lane::F32(v)
-                }
-                (Lane::F64(mut v), Lane::F64(w)) => {
-                    with_unary_backward_fn!(u, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                    Lane::F64(v)
-                }
-                _ => return Err(mismatch(j, &ins.step)),
-            },
+            }
             FusedStep::Cast(a) => {
                 let d = ins.dtype;
-                match lane(a)? {
-                    Lane::F32(v) => lane_of(d, v.iter().map(|&x| round_to(d, f64::from(x)))),
-                    Lane::F64(v) => lane_of(d, v.iter().map(|&x| round_to(d, x))),
+                match (owned(&mut lanes, a, j, last, false).ok_or_else(gone)?, d) {
+                    (Lane::F32(v), DType::F64) => Lane::F64(v.into_iter().map(f64::from).collect()),
+                    (Lane::F64(v), DType::F64) => Lane::F64(v),
+                    (Lane::F32(v), _) => {
+                        let mut lane = Lane::F32(v);
+                        round_lane(d, &mut lane);
+                        lane
+                    }
+                    (Lane::F64(v), _) => {
+                        Lane::F32(v.into_iter().map(|x| round_to(d, x) as f32).collect())
+                    }
                 }
             }
         };
@@ -169,8 +245,9 @@ fn run_into<T: TensorElement>(
     out_dims: &[usize],
     out: &mut [T],
 ) -> std::result::Result<(), String> {
+    let last = last_reads(program);
     let write = |(c, o): (usize, &mut [T])| -> std::result::Result<(), String> {
-        let values = run_chunk(program, sources, out_dims, c * CHUNK, o.len())?;
+        let values = run_chunk(program, sources, out_dims, &last, c * CHUNK, o.len())?;
         match values {
             Lane::F32(v) => o
                 .iter_mut()

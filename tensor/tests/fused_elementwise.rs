@@ -1,6 +1,7 @@
 //! The fused element-wise op on the CPU: a program equals its steps run as unfused ops bit for
 //! bit (broadcast bias rows, columns and scalars; 16-bit steps rounded where the unfused ops
-//! round; empty tensors); malformed programs and calls are typed errors naming what is wrong.
+//! round; empty tensors; every output of a program writing intermediates too); malformed
+//! programs and calls are typed errors naming what is wrong.
 
 use std::sync::Arc;
 
@@ -60,12 +61,39 @@ fn fused_program_equals_the_unfused_ops_bit_for_bit() {
             let x = Tensor::randn([rows, cols], 1, d);
             let col = Tensor::randn([rows, 1], 2, d);
             let bias = Tensor::randn([cols], 3, d);
-            let got = Tensor::fused_elementwise(&program(d), &[&x, &col, &bias]).unwrap();
+            let got =
+                Tensor::fused_elementwise(&program(d), &[&x, &col, &bias]).unwrap()[0].clone();
             let want = unfused(&x, &col, &bias);
             assert_eq!(got.shape(), want.shape());
             assert_eq!(got.dtype(), d);
             assert_eq!(bits(&got), bits(&want), "{d} [{rows}, {cols}]");
         }
+    }
+}
+
+/// Outputs besides the last step: each equals the unfused op's value bit for bit.
+#[test]
+fn every_output_equals_its_unfused_value() {
+    use FusedStep::*;
+    for d in [DType::F32, DType::BF16] {
+        let p = FusedProgram::with_outputs(
+            vec![
+                at(Input(0), d),
+                at(Unary(UnaryOp::Tanh, 0), d),
+                at(Scalar(ScalarOp::Add, F64Bits::new(1.0), 1), d),
+                at(Binary(BinaryOp::Mul, 2, 0), d),
+            ],
+            &[1, 2],
+        )
+        .map(Arc::new)
+        .unwrap();
+        let x = Tensor::randn([7, 9], 5, d);
+        let got = Tensor::fused_elementwise(&p, &[&x]).unwrap();
+        let t = x.tanh().unwrap();
+        let a = t.add_scalar(1.0).unwrap();
+        let y = a.mul(&x).unwrap();
+        let want: Vec<Vec<u64>> = [y, t, a].iter().map(bits).collect();
+        assert_eq!(got.iter().map(bits).collect::<Vec<_>>(), want, "{d}");
     }
 }
 
@@ -90,6 +118,20 @@ fn malformed_programs_are_refused_by_name() {
     for (instrs, says) in cases {
         let e = FusedProgram::new(instrs.clone()).unwrap_err();
         assert!(e.contains(says), "{instrs:?}: {e}");
+    }
+    let two = vec![
+        at(Input(0), f),
+        at(Unary(UnaryOp::Exp, 0), f),
+        at(Unary(UnaryOp::Neg, 1), f),
+    ];
+    for (more, says) in [
+        (&[0usize][..], "not a distinct computed step"),
+        (&[2][..], "not a distinct computed step"),
+        (&[5][..], "not a distinct computed step"),
+        (&[1, 1][..], "not a distinct computed step"),
+    ] {
+        let e = FusedProgram::with_outputs(two.clone(), more).unwrap_err();
+        assert!(e.contains(says), "{more:?}: {e}");
     }
 }
 

@@ -1,24 +1,26 @@
 //! Element-wise fusion: groups of two or more element-wise nodes (unary, backward-of-unary,
-//! tensor-scalar and broadcasting binary ops, casts) on one device whose intermediate values are
-//! read only inside the group become one node running a generated kernel
-//! (`oxiflow_tensor::custom::FusedElementwise`: a fused loop on the CPU, CUDA C compiled by
-//! NVRTC on a GPU), computing exactly what the ops did.
+//! tensor-scalar and broadcasting binary ops, casts) on one device become one node running a
+//! generated kernel (`oxiflow_tensor::custom::FusedElementwise`: a fused loop on the CPU, CUDA C
+//! compiled by NVRTC on a GPU), computing exactly what the ops did.
 //!
-//! A group has one output, its root (the last member in the captured order), and runs where the
-//! root ran. Growing backward from a root, the producer of a value a member reads joins when
-//! the value is a float piece of a node's own buffer (not a view, no view of it, not a step
-//! output), every node that reads it is already a member, the producer is on the root's device,
-//! and between the producer and the root no node communicates and no node writes into the
-//! buffer of anything the producer reads (moving its work to the root must not change what it
-//! reads). Values of removed nodes stay in the table, unreferenced, so liveness and the arena
-//! give them no buffer.
+//! A group runs where its root (the last member in the captured order) ran and writes the
+//! root's value. Growing backward from a root, the producer of a value a member reads joins
+//! when the value is a float piece of the producer's own buffer that no view aliases, the
+//! producer is on the root's device, and between the producer and the root no node
+//! communicates and no node writes into the buffer of anything the producer reads (moving its
+//! work to the root must not change what it reads). The value is then an intermediate when
+//! only members read it (no buffer: values of removed nodes stay in the table, unreferenced,
+//! and liveness gives them none), or, when it has the root's shape and every other reader comes
+//! after the root (or the step returns it), an extra output the group's node writes (at most
+//! `MAX_FUSED_OUTPUTS` in all).
 
 use std::sync::Arc;
 
 use oxiflow_tensor::custom::{
-    FusedElementwise, FusedInstr, FusedProgram, FusedStep, MAX_FUSED_INPUTS, MAX_FUSED_STEPS,
+    FusedElementwise, FusedInstr, FusedProgram, FusedStep, MAX_FUSED_INPUTS, MAX_FUSED_OUTPUTS,
+    MAX_FUSED_STEPS,
 };
-use oxiflow_tensor::{Device, Op};
+use oxiflow_tensor::{Device, Op, OutSpec};
 
 use crate::ir::{Node, NodeKind, OpNode, Origin, Program, ValueId};
 use crate::passes::dce::is_defined;
@@ -42,6 +44,9 @@ pub struct FusionStats {
     pub groups: usize,
     /// Element-wise nodes those groups replaced.
     pub ops_fused: usize,
+    /// Values of members read outside their group (after it, or returned), which the group's
+    /// node writes besides its root's.
+    pub escapes: usize,
     /// The distinct programs, in order of first use.
     pub kernels: Vec<FusedKernel>,
 }
@@ -72,10 +77,11 @@ fn member_op(p: &Program, node: &Node) -> Option<oxiflow_tensor::ElementwiseOp> 
     ok.then(|| e.clone())
 }
 
-/// Per value: the nodes reading it, and whether a step output holds it or a value aliases it.
+/// Per value: the nodes reading it, whether a step output holds it, whether a value aliases it.
 struct Uses {
     readers: Vec<Vec<usize>>,
-    pinned: Vec<bool>,
+    returned: Vec<bool>,
+    aliased: Vec<bool>,
     /// Per buffer (root of an alias chain): the nodes that write a value into it.
     writers: Vec<Vec<usize>>,
     /// Communicating nodes before each node (and before the end).
@@ -86,7 +92,8 @@ fn uses(p: &Program) -> Uses {
     let n = p.values.len();
     let mut u = Uses {
         readers: vec![Vec::new(); n],
-        pinned: vec![false; n],
+        returned: vec![false; n],
+        aliased: vec![false; n],
         writers: vec![Vec::new(); n],
         comms_before: Vec::with_capacity(p.nodes.len() + 1),
     };
@@ -105,11 +112,11 @@ fn uses(p: &Program) -> Uses {
         }
     }
     for v in p.output_values() {
-        u.pinned[v.index()] = true;
+        u.returned[v.index()] = true;
     }
     for (i, v) in p.values.iter().enumerate() {
         if let (Some(a), true) = (v.alias_of, is_defined(p, ValueId(i as u32))) {
-            u.pinned[a.index()] = true;
+            u.aliased[a.index()] = true;
         }
     }
     u
@@ -123,12 +130,26 @@ fn producer(p: &Program, v: ValueId) -> Option<usize> {
     }
 }
 
-/// The members of the group rooted at `root`, in captured order (the root last).
-fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec<usize> {
+/// A group: its members in captured order (the root last) and the members' values read
+/// outside it (after the root, or returned), which it writes besides the root's.
+struct Group {
+    members: Vec<usize>,
+    escapes: Vec<ValueId>,
+}
+
+/// The group rooted at `root` (see the module docs).
+fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Group {
     let device = p.nodes[root].device;
+    let shape = p.nodes[root]
+        .outputs
+        .first()
+        .copied()
+        .flatten()
+        .map(|v| &p.values[v.index()].shape);
     let mut members = vec![root];
     let mut is_member = vec![false; p.nodes.len()];
     is_member[root] = true;
+    let mut escaping = 0;
     let mut grew = true;
     while grew && members.len() < MAX_FUSED_STEPS / 2 {
         grew = false;
@@ -141,14 +162,22 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec
             if is_member[q] || taken[q] || !can[q] || p.nodes[q].device != device {
                 continue;
             }
-            let inside = !u.pinned[v.index()] && u.readers[v.index()].iter().all(|&r| is_member[r]);
+            let (i, readers) = (v.index(), &u.readers[v.index()]);
+            let inside = !u.returned[i] && !u.aliased[i] && readers.iter().all(|&r| is_member[r]);
+            // Read outside only after the root (or returned): the group writes it too.
+            let escapes = !inside
+                && !u.aliased[i]
+                && escaping + 1 < MAX_FUSED_OUTPUTS
+                && Some(&p.values[i].shape) == shape
+                && readers.iter().all(|&r| is_member[r] || r > root);
             let clear = u.comms_before[root] == u.comms_before[q + 1]
                 && p.nodes[q].inputs.iter().all(|x| {
                     u.writers[p.buffer_of(*x).index()]
                         .iter()
                         .all(|&w| w <= q || w >= root)
                 });
-            if inside && clear {
+            if (inside || escapes) && clear {
+                escaping += usize::from(escapes);
                 is_member[q] = true;
                 members.push(q);
                 grew = true;
@@ -156,12 +185,18 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Vec
         }
     }
     members.sort_unstable();
-    members
+    let escapes = members[..members.len() - 1]
+        .iter()
+        .filter_map(|&m| p.nodes[m].outputs.first().copied().flatten())
+        .filter(|v| u.returned[v.index()] || u.readers[v.index()].iter().any(|&r| !is_member[r]))
+        .collect();
+    Group { members, escapes }
 }
 
-/// The program of a group and its external inputs, in input order; None when it does not fit
-/// a fused kernel.
-fn program_of(p: &Program, members: &[usize]) -> Option<(FusedProgram, Vec<ValueId>)> {
+/// The program of a group (its outputs the root's value, then the escapes) and its external
+/// inputs, in input order; None when it does not fit a fused kernel.
+fn program_of(p: &Program, g: &Group) -> Option<(FusedProgram, Vec<ValueId>)> {
+    let members = &g.members;
     let mut instrs: Vec<FusedInstr> = Vec::new();
     let mut step_of: Vec<(ValueId, usize)> = Vec::new();
     let mut inputs: Vec<ValueId> = Vec::new();
@@ -199,7 +234,14 @@ fn program_of(p: &Program, members: &[usize]) -> Option<(FusedProgram, Vec<Value
     if inputs.len() > MAX_FUSED_INPUTS {
         return None;
     }
-    FusedProgram::new(instrs).ok().map(|prog| (prog, inputs))
+    let more: Vec<usize> = g
+        .escapes
+        .iter()
+        .map(|v| step_of.iter().find(|(w, _)| w == v).map(|&(_, s)| s))
+        .collect::<Option<_>>()?;
+    FusedProgram::with_outputs(instrs, &more)
+        .ok()
+        .map(|prog| (prog, inputs))
 }
 
 /// Fuses the element-wise groups of `program` (see the module docs).
@@ -213,12 +255,14 @@ pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
     let mut taken = vec![false; program.nodes.len()];
     let mut replace: Vec<Option<Node>> = vec![None; program.nodes.len()];
     let mut stats = FusionStats::default();
+    // Escaping values, now written by their group's node: (value, root, output).
+    let mut moved: Vec<(ValueId, usize, usize)> = Vec::new();
     for root in (0..program.nodes.len()).rev() {
         if !can[root] || taken[root] {
             continue;
         }
-        let members = grow(program, &u, &can, &taken, root);
-        if members.len() < 2 {
+        let group = grow(program, &u, &can, &taken, root);
+        if group.members.len() < 2 {
             continue;
         }
         let root_node = &program.nodes[root];
@@ -229,12 +273,15 @@ pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
             .flatten()
             .map_or(usize::MAX, |v| program.values[v.index()].shape.ndim());
         let Some((prog, inputs)) = (out_dims <= MAX_DIMS)
-            .then(|| program_of(program, &members))
+            .then(|| program_of(program, &group))
             .flatten()
         else {
             continue;
         };
-        let NodeKind::Op(o) = &root_node.kind else {
+        let (NodeKind::Op(_), Some(root_value)) = (
+            &root_node.kind,
+            root_node.outputs.first().copied().flatten(),
+        ) else {
             continue;
         };
         let prog = match stats
@@ -256,26 +303,44 @@ pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
                 prog
             }
         };
+        let outputs: Vec<ValueId> = std::iter::once(root_value)
+            .chain(group.escapes.iter().copied())
+            .collect();
+        let spec = |v: &ValueId| OutSpec {
+            shape: program.values[v.index()].shape.clone(),
+            dtype: program.values[v.index()].dtype,
+        };
         let op: Op = FusedElementwise { program: prog }.into();
         replace[root] = Some(Node {
             kind: NodeKind::Op(Box::new(OpNode {
                 op: op.clone(),
                 local_op: op,
                 signature: None,
-                out_specs: o.out_specs.clone(),
+                out_specs: Some(outputs.iter().map(spec).collect()),
                 view_of: None,
             })),
             inputs,
-            outputs: root_node.outputs.clone(),
+            outputs: outputs.iter().copied().map(Some).collect(),
             device: root_node.device,
         });
-        for &m in &members {
+        moved.extend(
+            group
+                .escapes
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| (v, root, k + 1)),
+        );
+        for &m in &group.members {
             taken[m] = true;
         }
         stats.groups += 1;
-        stats.ops_fused += members.len();
+        stats.ops_fused += group.members.len();
+        stats.escapes += group.escapes.len();
     }
     stats.kernels.reverse();
+    for (v, node, output) in moved {
+        program.values[v.index()].origin = Origin::Node { node, output };
+    }
     rebuild(program, &taken, replace);
     stats
 }

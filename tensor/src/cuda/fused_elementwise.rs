@@ -18,7 +18,7 @@ use super::nvrtc_module::{launch_fn, Module};
 use super::ops::elementwise::unary_code;
 use super::raw::{invalid, FResult};
 use super::CudaRuntime;
-use crate::op::custom::{Broadcast, FusedProgram, FusedStep, MAX_FUSED_INPUTS};
+use crate::op::custom::{Broadcast, FusedProgram, FusedStep, MAX_FUSED_INPUTS, MAX_FUSED_OUTPUTS};
 use crate::op::{BinaryOp, ScalarOp};
 
 /// Most output dims a strided input handles.
@@ -35,7 +35,7 @@ pub(crate) struct FusedArgs {
     pub ptr: [u64; MAX_FUSED_INPUTS],
     pub repeat: [i64; MAX_FUSED_INPUTS],
     pub strides: [[i64; FUSED_MAXD]; MAX_FUSED_INPUTS],
-    pub out: u64,
+    pub out: [u64; MAX_FUSED_OUTPUTS],
 }
 // SAFETY: plain old data with the C layout of `struct FusedArgs` in the generated source.
 unsafe impl DeviceRepr for FusedArgs {}
@@ -43,13 +43,14 @@ unsafe impl DeviceRepr for FusedArgs {}
 const ARGS_DECL: &str = "
 #define FUSED_MAXIN 16
 #define FUSED_MAXD 8
+#define FUSED_MAXOUT 4
 struct FusedArgs {
     i64 n; int ndim; int pad;
     i64 dims[FUSED_MAXD];
     unsigned long long ptr[FUSED_MAXIN];
     i64 repeat[FUSED_MAXIN];
     i64 strides[FUSED_MAXIN][FUSED_MAXD];
-    unsigned long long out;
+    unsigned long long out[FUSED_MAXOUT];
 };
 // i % n, in 32 bits where both fit (a 64-bit remainder costs many instructions).
 __device__ __forceinline__ i64 fused_mod(i64 i, i64 n) {
@@ -169,9 +170,10 @@ pub(crate) fn source(program: &FusedProgram, reaches: &[Reach]) -> Result<String
             let _ = writeln!(s, "        v{j} = (float){}(v{j});", types(ins.dtype).0);
         }
     }
-    let last = program.instrs().len() - 1;
-    let (st, _) = types(program.output_dtype());
-    let _ = writeln!(s, "        (({st}*)a.out)[i] = ({st})v{last};");
+    for (m, &o) in program.outputs().iter().enumerate() {
+        let (st, _) = types(program.instrs()[o].dtype);
+        let _ = writeln!(s, "        (({st}*)a.out[{m}])[i] = ({st})v{o};");
+    }
     s.push_str("    }\n}\n");
     Ok(s)
 }
@@ -363,7 +365,13 @@ mod tests {
         let bits = format!("__int_as_float({:#010x})", 0.1f32.to_bits());
         assert!(a.contains(&format!("float v4 = v3 * {bits};")), "{a}");
         assert!(a.contains("double v5 = (double)v4;"));
-        assert!(a.contains("((double*)a.out)[i] = (double)v5;"));
+        assert!(a.contains("((double*)a.out[0])[i] = (double)v5;"));
         assert!(source(&p, &[Reach::Same]).is_err());
+        // More outputs: each stored from its step in its storage type.
+        let instrs = p.instrs().to_vec();
+        let two = FusedProgram::with_outputs(instrs, &[3]).unwrap();
+        let b = source(&two, &[Reach::Same, Reach::Same]).unwrap();
+        assert!(b.contains("((double*)a.out[0])[i] = (double)v5;"), "{b}");
+        assert!(b.contains("((bf16*)a.out[1])[i] = (bf16)v3;"), "{b}");
     }
 }

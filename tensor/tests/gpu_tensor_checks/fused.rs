@@ -3,8 +3,9 @@
 //! (a bias row, a column and a scalar broadcast to the output; intermediates of a smaller
 //! shape) run as one generated kernel on broadcast tensors of a cuda placement, against the same
 //! steps as unfused ops in f64 on the CPU, on random never-zero inputs, in f32, bf16 and f16
-//! (each step rounded to its dtype on the device, so the tolerance grows with the steps); and a
-//! second launch gives the same bits.
+//! (each step rounded to its dtype on the device, so the tolerance grows with the steps), every
+//! output of programs writing intermediates besides their last step; and a second launch gives
+//! the same bits.
 
 use super::*;
 use crate::half_cases::{input_values, within, Input};
@@ -102,8 +103,8 @@ fn casts(d: DType) -> Vec<FusedInstr> {
     ]
 }
 
-/// The program's steps run as unfused ops on f64 tensors (casts are exact there).
-fn reference(p: &FusedProgram, inputs: &[Tensor]) -> Result<Tensor> {
+/// Every step of the program run as unfused ops on f64 tensors (casts are exact there).
+fn reference(p: &FusedProgram, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut v: Vec<Tensor> = Vec::with_capacity(p.instrs().len());
     for ins in p.instrs() {
         let t = match ins.step {
@@ -130,10 +131,7 @@ fn reference(p: &FusedProgram, inputs: &[Tensor]) -> Result<Tensor> {
         };
         v.push(t);
     }
-    v.pop().ok_or_else(|| oxiflow_tensor::TensorError::Kernel {
-        op: "fused check",
-        detail: "an empty program".into(),
-    })
+    Ok(v)
 }
 
 /// Runs every (program, shape, dtype) case on broadcast tensors of a 1-d placement of `world`
@@ -143,28 +141,33 @@ pub(crate) fn child_fused_elementwise(
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
     let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
-    let cases: [(&str, Steps, &[Input]); 3] = [
+    // (name, steps, inputs, output steps besides the last).
+    type Case<'a> = (&'a str, Steps, &'a [Input], &'a [usize]);
+    let cases: [Case; 3] = [
         (
             "bias + GELU formula + silu + residual",
             bias_gelu_silu,
             &[Input::Float, Input::Float],
+            &[11, 12],
         ),
         (
             "strided broadcasts and backward steps",
             broadcast_backward,
             &[Input::Float, Input::Positive, Input::Positive, Input::Float],
+            &[8],
         ),
-        ("casts through f32 and f64", casts, &[Input::Float]),
+        ("casts through f32 and f64", casts, &[Input::Float], &[5]),
     ];
     let mut checked = 0;
     for (rows, cols) in [(37usize, 29usize), (300, 257)] {
         let shapes = [vec![rows, cols], vec![cols], vec![rows, 1], vec![1]];
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            for (k, (name, steps, kinds)) in cases.iter().enumerate() {
+            for (k, (name, steps, kinds, more)) in cases.iter().enumerate() {
                 let what = format!("fused {name} [{rows}, {cols}] in {dtype}");
                 let e = |x: oxiflow_tensor::TensorError| format!("{what}: {x}");
-                let program =
-                    Arc::new(FusedProgram::new(steps(dtype)).map_err(|x| format!("{what}: {x}"))?);
+                let program = FusedProgram::with_outputs(steps(dtype), more)
+                    .map(Arc::new)
+                    .map_err(|x| format!("{what}: {x}"))?;
                 // Input shapes: x [R, C], then a bias row, a column, a scalar, dy [R, C].
                 let shape_of = |i: usize| match (k, i) {
                     (0, 1) => shapes[1].clone(),
@@ -185,24 +188,40 @@ pub(crate) fn child_fused_elementwise(
                         .map(|(i, v)| Tensor::from_vec(v.clone(), shape_of(i))?.to_dtype(dt))
                         .collect()
                 };
-                let want = reference(&program, &local(DType::F64).map_err(e)?)
-                    .and_then(|t| super::values(&t))
+                let all = reference(&program, &local(DType::F64).map_err(e)?).map_err(e)?;
+                let want: Vec<Vec<f64>> = program
+                    .outputs()
+                    .iter()
+                    .map(|&o| super::values(&all[o]))
+                    .collect::<Result<_>>()
                     .map_err(e)?;
                 let device: Vec<Tensor> = local(dtype)
                     .and_then(|v| v.iter().map(|t| t.to_global(&pl, vec![Sbp::B])).collect())
                     .map_err(e)?;
                 let refs: Vec<&Tensor> = device.iter().collect();
-                let run =
-                    || Tensor::fused_elementwise(&program, &refs).and_then(|t| super::values(&t));
+                let run = || -> Result<Vec<Vec<f64>>> {
+                    Tensor::fused_elementwise(&program, &refs)?
+                        .iter()
+                        .map(super::values)
+                        .collect()
+                };
                 let got = run().map_err(e)?;
                 let again = run().map_err(e)?;
                 let ulps = 4.0 * program.op_count() as f64;
-                within(&got, &want, dtype, ulps).map_err(|x| format!("{what}: {x}"))?;
-                if got
-                    .iter()
-                    .zip(&again)
-                    .any(|(a, b)| a.to_bits() != b.to_bits())
-                {
+                if got.len() != want.len() {
+                    return Err(format!(
+                        "{what}: {} outputs, want {}",
+                        got.len(),
+                        want.len()
+                    ));
+                }
+                for (m, (g, w)) in got.iter().zip(&want).enumerate() {
+                    within(g, w, dtype, ulps).map_err(|x| format!("{what}: output {m}: {x}"))?;
+                }
+                let same = |a: &Vec<f64>, b: &Vec<f64>| {
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                };
+                if !got.iter().zip(&again).all(|(a, b)| same(a, b)) {
                     return Err(format!("{what}: a second launch gave other bits"));
                 }
                 checked += 1;

@@ -117,13 +117,17 @@ fn gather<T: Copy>(s: &[T], reach: &Broadcast, out: &[usize], start: usize, len:
     }
 }
 
-/// For each step, the last step that reads it (itself when none does).
+/// For each step, the last step that reads it (itself when none does; none for an output,
+/// whose values are kept to the end).
 fn last_reads(program: &FusedProgram) -> Vec<usize> {
     let mut last: Vec<usize> = (0..program.instrs().len()).collect();
     for (j, ins) in program.instrs().iter().enumerate() {
         for a in ins.step.operands() {
             last[a] = j;
         }
+    }
+    for &o in program.outputs() {
+        last[o] = usize::MAX;
     }
     last
 }
@@ -139,7 +143,7 @@ fn owned(lanes: &mut [Lane], a: usize, j: usize, last: &[usize], keep: bool) -> 
     })
 }
 
-/// The output values of elements `start..start + len`.
+/// The values of every output over elements `start..start + len`, in output order.
 fn run_chunk(
     program: &FusedProgram,
     sources: &[(Source<'_>, Broadcast)],
@@ -147,7 +151,7 @@ fn run_chunk(
     last: &[usize],
     start: usize,
     len: usize,
-) -> std::result::Result<Lane, String> {
+) -> std::result::Result<Vec<Lane>, String> {
     let mut lanes: Vec<Lane> = Vec::with_capacity(program.instrs().len());
     for (j, ins) in program.instrs().iter().enumerate() {
         let gone = || mismatch(j, &ins.step);
@@ -235,32 +239,84 @@ fn run_chunk(
         }
         lanes.push(out);
     }
-    lanes.pop().ok_or_else(|| "an empty program".to_string())
+    program
+        .outputs()
+        .iter()
+        .map(|&o| {
+            lanes
+                .get_mut(o)
+                .map(|l| std::mem::replace(l, Lane::F32(Vec::new())))
+                .ok_or_else(|| format!("no output step {o}"))
+        })
+        .collect()
 }
 
-/// Writes the program's output over `out` (contiguous, all elements), chunk by chunk.
-fn run_into<T: TensorElement>(
+/// One output's buffer (or a chunk of it) in the type the kernel writes.
+enum OutSlice<'a> {
+    F32(&'a mut [f32]),
+    F64(&'a mut [f64]),
+}
+
+impl OutSlice<'_> {
+    fn len(&self) -> usize {
+        match self {
+            OutSlice::F32(s) => s.len(),
+            OutSlice::F64(s) => s.len(),
+        }
+    }
+    /// Writes `lane`'s values (each exact in the buffer's type, or rounded as a cast rounds).
+    fn write(&mut self, lane: Lane) {
+        fn put<T: TensorElement>(o: &mut [T], lane: Lane) {
+            match lane {
+                Lane::F32(v) => o
+                    .iter_mut()
+                    .zip(v)
+                    .for_each(|(y, x)| *y = T::from_f64(f64::from(x))),
+                Lane::F64(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(x)),
+            }
+        }
+        match self {
+            OutSlice::F32(o) => put(o, lane),
+            OutSlice::F64(o) => put(o, lane),
+        }
+    }
+}
+
+/// Writes every output of the program over `outs` (whole, contiguous), chunk by chunk (rayon
+/// over chunks when large).
+fn run_into(
     program: &FusedProgram,
     sources: &[(Source<'_>, Broadcast)],
     out_dims: &[usize],
-    out: &mut [T],
+    outs: Vec<OutSlice<'_>>,
 ) -> std::result::Result<(), String> {
+    let n: usize = out_dims.iter().product();
     let last = last_reads(program);
-    let write = |(c, o): (usize, &mut [T])| -> std::result::Result<(), String> {
-        let values = run_chunk(program, sources, out_dims, &last, c * CHUNK, o.len())?;
-        match values {
-            Lane::F32(v) => o
-                .iter_mut()
-                .zip(v)
-                .for_each(|(y, x)| *y = T::from_f64(f64::from(x))),
-            Lane::F64(v) => o.iter_mut().zip(v).for_each(|(y, x)| *y = T::from_f64(x)),
+    let mut chunks: Vec<Vec<OutSlice<'_>>> = (0..n.div_ceil(CHUNK)).map(|_| Vec::new()).collect();
+    for o in outs {
+        match o {
+            OutSlice::F32(s) => s
+                .chunks_mut(CHUNK)
+                .zip(chunks.iter_mut())
+                .for_each(|(p, c)| c.push(OutSlice::F32(p))),
+            OutSlice::F64(s) => s
+                .chunks_mut(CHUNK)
+                .zip(chunks.iter_mut())
+                .for_each(|(p, c)| c.push(OutSlice::F64(p))),
+        }
+    }
+    let write = |(c, mut parts): (usize, Vec<OutSlice<'_>>)| -> std::result::Result<(), String> {
+        let len = parts.first().map_or(0, OutSlice::len);
+        let values = run_chunk(program, sources, out_dims, &last, c * CHUNK, len)?;
+        for (part, lane) in parts.iter_mut().zip(values) {
+            part.write(lane);
         }
         Ok(())
     };
-    if out.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(CHUNK).enumerate().try_for_each(write)
+    if n >= PAR_THRESHOLD {
+        chunks.into_par_iter().enumerate().try_for_each(write)
     } else {
-        out.chunks_mut(CHUNK).enumerate().try_for_each(write)
+        chunks.into_iter().enumerate().try_for_each(write)
     }
 }
 
@@ -269,10 +325,13 @@ impl FusedElementwiseKernels for CpuBackend {
         &self,
         op: &FusedElementwise,
         x: &[&CpuArray],
-        out: &mut CpuArray,
+        out: &mut [CpuArray],
     ) -> Result<()> {
         let name = op.name();
-        let out_dims = out.shape().to_vec();
+        let out_dims = match out.first() {
+            Some(o) => o.shape().to_vec(),
+            None => return Err(kernel_err(name, "no output buffer".into())),
+        };
         let mut sources = Vec::with_capacity(x.len());
         for (k, a) in x.iter().enumerate() {
             let dims = a.shape();
@@ -294,20 +353,28 @@ impl FusedElementwiseKernels for CpuBackend {
             };
             sources.push((src, reach));
         }
-        let ran = match out {
-            CpuArray::F32(o) => o
-                .as_slice_mut()
-                .ok_or("the output buffer is not contiguous".to_string())
-                .and_then(|o| run_into(&op.program, &sources, &out_dims, o)),
-            CpuArray::F64(o) => o
-                .as_slice_mut()
-                .ok_or("the output buffer is not contiguous".to_string())
-                .and_then(|o| run_into(&op.program, &sources, &out_dims, o)),
-            other => Err(format!(
-                "the output buffer is {}, not f32 or f64",
-                other.dtype()
-            )),
-        };
+        let n: usize = out_dims.iter().product();
+        let mut slices = Vec::with_capacity(out.len());
+        for (m, o) in out.iter_mut().enumerate() {
+            let (dtype, dims) = (o.dtype(), o.shape().to_vec());
+            let slice = match o {
+                CpuArray::F32(a) => a.as_slice_mut().map(OutSlice::F32),
+                CpuArray::F64(a) => a.as_slice_mut().map(OutSlice::F64),
+                _ => None,
+            };
+            match slice {
+                Some(s) if dims == out_dims && s.len() == n => slices.push(s),
+                _ => {
+                    return Err(kernel_err(
+                        name,
+                        format!(
+                            "output {m} ({dtype} {dims:?}) is not a contiguous f32 or f64 buffer of {out_dims:?}"
+                        ),
+                    ))
+                }
+            }
+        }
+        let ran = run_into(&op.program, &sources, &out_dims, slices);
         ran.map_err(|detail| kernel_err(name, format!("{detail} (program {})", op.program)))
     }
 }

@@ -1,10 +1,10 @@
 //! Fused element-wise op: one kernel running a small expression program ([`FusedProgram`]) over
 //! its inputs, what the compiler's fusion pass puts in place of a chain (or DAG) of element-wise
-//! ops (unary, backward-of-unary, tensor-scalar, broadcasting binary ops and casts) whose
-//! intermediate values nothing else reads.
+//! ops (unary, backward-of-unary, tensor-scalar, broadcasting binary ops and casts); it writes
+//! its last step's values and those of up to three more steps the program names.
 //!
 //! Semantics are those of the ops it replaces, element by element: every input is broadcast
-//! (numpy rules) to the output's shape, the broadcast of all input shapes, and each step
+//! (numpy rules) to the outputs' shape, the broadcast of all input shapes, and each step
 //! computes its value as the unfused op's kernel would, in f32 for f32, bf16 and f16 steps and
 //! in f64 for f64 steps, then rounds it to its own dtype (a 16-bit step's value is rounded to 16
 //! bits exactly where the unfused op would have stored it). The CPU kernel calls the same
@@ -20,9 +20,9 @@ use std::sync::Arc;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch;
+use crate::dispatch::dispatch_multi;
 use crate::op::{
-    kernel_err, no_gradient, single, Backend, BinaryOp, ElementwiseOp, F64Bits, Inferred,
+    kernel_err, no_gradient, Backend, BinaryOp, ElementwiseOp, F64Bits, Inferred,
     KernelBackend, MetaError, MetaResult, OpFamily, ScalarOp, UnaryOp,
 };
 use crate::tensor::Tensor;
@@ -32,6 +32,8 @@ use crate::Result;
 pub const MAX_FUSED_INPUTS: usize = 16;
 /// Most steps of one fused program.
 pub const MAX_FUSED_STEPS: usize = 256;
+/// Most outputs of one fused op.
+pub const MAX_FUSED_OUTPUTS: usize = 4;
 
 /// What one step of a fused program computes; operands are indices of earlier steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,16 +100,28 @@ pub struct FusedInstr {
 
 /// A checked fused program: steps in order, each reading only earlier ones, every input
 /// `0..inputs` read by exactly one `Input` step, float dtypes only, operands of the dtype
-/// their op computes in; the last step's value is the output.
+/// their op computes in; the op writes the values of its output steps, the last step first
+/// (every output has the op's output shape).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FusedProgram {
     instrs: Vec<FusedInstr>,
     inputs: usize,
+    outputs: Vec<usize>,
 }
 
 impl FusedProgram {
-    /// The program of `instrs`, checked (see the type's docs); the error says what is wrong.
+    /// The program of `instrs` with one output, the last step, checked (see the type's docs);
+    /// the error says what is wrong.
     pub fn new(instrs: Vec<FusedInstr>) -> std::result::Result<FusedProgram, String> {
+        FusedProgram::with_outputs(instrs, &[])
+    }
+
+    /// The program of `instrs` whose outputs are the last step and then the steps `more`
+    /// (distinct, earlier, not inputs), checked.
+    pub fn with_outputs(
+        instrs: Vec<FusedInstr>,
+        more: &[usize],
+    ) -> std::result::Result<FusedProgram, String> {
         if instrs.is_empty() || instrs.len() > MAX_FUSED_STEPS {
             return Err(format!(
                 "a fused program has 1 to {MAX_FUSED_STEPS} steps, got {}",
@@ -153,9 +167,29 @@ impl FusedProgram {
                 seen.len()
             ));
         }
+        let last = instrs.len() - 1;
+        let mut outputs = vec![last];
+        for &m in more {
+            let computed = instrs
+                .get(m)
+                .is_some_and(|i| !matches!(i.step, FusedStep::Input(_)));
+            if !computed || outputs.contains(&m) {
+                return Err(format!(
+                    "output step {m} is not a distinct computed step of 0..{last}"
+                ));
+            }
+            outputs.push(m);
+        }
+        if outputs.len() > MAX_FUSED_OUTPUTS {
+            return Err(format!(
+                "a fused program writes 1 to {MAX_FUSED_OUTPUTS} outputs, got {}",
+                outputs.len()
+            ));
+        }
         Ok(FusedProgram {
             inputs: seen.len(),
             instrs,
+            outputs,
         })
     }
 
@@ -177,9 +211,14 @@ impl FusedProgram {
             .map(|i| i.dtype)
     }
 
-    /// The output's dtype (the last step's).
-    pub fn output_dtype(&self) -> DType {
-        self.instrs.last().map_or(DType::F32, |i| i.dtype)
+    /// The steps the op writes, in output order (the last step first).
+    pub fn outputs(&self) -> &[usize] {
+        &self.outputs
+    }
+
+    /// Each output's dtype.
+    pub fn output_dtypes(&self) -> Vec<DType> {
+        self.outputs.iter().map(|&o| self.instrs[o].dtype).collect()
     }
 
     /// Steps that compute (every step but the inputs): the ops the program stands for.
@@ -219,6 +258,10 @@ impl fmt::Display for FusedProgram {
                 }
             }
             write!(f, " {}", ins.dtype)?;
+        }
+        if self.outputs.len() > 1 {
+            let outs: Vec<String> = self.outputs.iter().map(|o| format!("%{o}")).collect();
+            write!(f, " -> {}", outs.join(", "))?;
         }
         Ok(())
     }
@@ -297,14 +340,14 @@ pub struct FusedElementwise {
     pub program: Arc<FusedProgram>,
 }
 
-/// Kernel of the fused element-wise op: `out` (of the inputs' broadcast shape) = the program
-/// on `x`.
+/// Kernel of the fused element-wise op: `out` (one buffer per program output, each of the
+/// inputs' broadcast shape) = the program's outputs on `x`.
 pub trait FusedElementwiseKernels: KernelBackend {
     fn fused_elementwise(
         &self,
         op: &FusedElementwise,
         x: &[&Self::Piece],
-        out: &mut Self::Out,
+        out: &mut [Self::Out],
     ) -> Result<()>;
 }
 
@@ -333,24 +376,26 @@ impl OpFamily for FusedElementwise {
                 s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
             ))
         })?;
-        let mut r = Rules::new(mode, [out]);
-        r.push_uniform(s.len(), 1, Sbp::B);
-        Ok(Inferred::new(r, self.program.output_dtype()))
+        let n = self.program.outputs().len();
+        let mut r = Rules::new(mode, std::iter::repeat_n(out, n));
+        r.push_uniform(s.len(), n, Sbp::B);
+        Ok(Inferred::outputs(r, &self.program.output_dtypes()))
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        if x.len() != self.program.inputs() {
+        if x.len() != self.program.inputs() || out.len() != self.program.outputs().len() {
             return Err(kernel_err(
                 self.name(),
                 format!(
-                    "the program reads {} inputs, got {}",
+                    "the program reads {} inputs and writes {} outputs, got {} and {}",
                     self.program.inputs(),
-                    x.len()
+                    self.program.outputs().len(),
+                    x.len(),
+                    out.len()
                 ),
             ));
         }
-        b.fused_elementwise(self, x, y)
+        b.fused_elementwise(self, x, out)
     }
 
     no_gradient!("a fused element-wise op appears only in compiled programs");
@@ -358,13 +403,16 @@ impl OpFamily for FusedElementwise {
 
 impl Tensor {
     /// Runs fused program `program` on local tensors `inputs` (one per program input, of the
-    /// dtypes it reads, shapes that broadcast together) as one kernel: the result of the ops
-    /// it stands for.
-    pub fn fused_elementwise(program: &Arc<FusedProgram>, inputs: &[&Tensor]) -> Result<Tensor> {
+    /// dtypes it reads, shapes that broadcast together) as one kernel: the values of its output
+    /// steps (the last step first) as the ops it stands for compute them.
+    pub fn fused_elementwise(
+        program: &Arc<FusedProgram>,
+        inputs: &[&Tensor],
+    ) -> Result<Vec<Tensor>> {
         let _ng = crate::autograd::no_grad();
         let op = FusedElementwise {
             program: program.clone(),
         };
-        dispatch(op.into(), inputs)
+        dispatch_multi(op.into(), inputs)
     }
 }

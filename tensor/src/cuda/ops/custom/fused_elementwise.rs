@@ -4,7 +4,9 @@
 use crate::cuda::fused_elementwise::{launch, reach, FusedArgs, FUSED_MAXD};
 use crate::cuda::ops::CudaKernels;
 use crate::cuda::storage::CudaStorage;
-use crate::op::custom::{FusedElementwise, FusedElementwiseKernels, MAX_FUSED_INPUTS};
+use crate::op::custom::{
+    FusedElementwise, FusedElementwiseKernels, MAX_FUSED_INPUTS, MAX_FUSED_OUTPUTS,
+};
 use crate::op::{kernel_err, OpFamily};
 use crate::Result;
 
@@ -13,11 +15,38 @@ impl FusedElementwiseKernels for CudaKernels {
         &self,
         op: &FusedElementwise,
         x: &[&CudaStorage],
-        out: &mut CudaStorage,
+        out: &mut [CudaStorage],
     ) -> Result<()> {
         let name = op.name();
         let program = &op.program;
-        let out_dims = out.shape.dims().to_vec();
+        let Some(first) = out.first() else {
+            return Err(kernel_err(name, "no output buffer".into()));
+        };
+        let out_dims = first.shape.dims().to_vec();
+        let dtypes = program.output_dtypes();
+        if out.len() != dtypes.len() || out.len() > MAX_FUSED_OUTPUTS {
+            return Err(kernel_err(
+                name,
+                format!(
+                    "the program writes {} outputs, got {} buffers",
+                    dtypes.len(),
+                    out.len()
+                ),
+            ));
+        }
+        let mut outs = [0u64; MAX_FUSED_OUTPUTS];
+        for (m, (o, &dt)) in out.iter().zip(&dtypes).enumerate() {
+            if o.dtype != dt || o.shape != first.shape {
+                return Err(kernel_err(
+                    name,
+                    format!(
+                        "output buffer {m} is {} {}, the program writes {dt} {}",
+                        o.dtype, o.shape, first.shape
+                    ),
+                ));
+            }
+            outs[m] = o.ptr();
+        }
         if x.len() != program.inputs() || x.len() > MAX_FUSED_INPUTS {
             return Err(kernel_err(
                 name,
@@ -28,25 +57,15 @@ impl FusedElementwiseKernels for CudaKernels {
                 ),
             ));
         }
-        if out.dtype != program.output_dtype() {
-            return Err(kernel_err(
-                name,
-                format!(
-                    "the output buffer is {}, the program writes {}",
-                    out.dtype,
-                    program.output_dtype()
-                ),
-            ));
-        }
         let mut args = FusedArgs {
-            n: out.numel() as i64,
+            n: first.numel() as i64,
             ndim: out_dims.len().min(FUSED_MAXD) as i32,
             pad: 0,
             dims: [1; FUSED_MAXD],
             ptr: [0; MAX_FUSED_INPUTS],
             repeat: [1; MAX_FUSED_INPUTS],
             strides: [[0; FUSED_MAXD]; MAX_FUSED_INPUTS],
-            out: out.ptr(),
+            out: outs,
         };
         for (d, &n) in out_dims.iter().take(FUSED_MAXD).enumerate() {
             args.dims[d] = n as i64;
@@ -68,7 +87,7 @@ impl FusedElementwiseKernels for CudaKernels {
                     name,
                     format!(
                         "input {k} {} does not broadcast to the output {} (at most {FUSED_MAXD} dims when strided)",
-                        p.shape, out.shape
+                        p.shape, first.shape
                     ),
                 )
             })?;

@@ -25,10 +25,11 @@ pub fn explain(c: &Compiled) -> String {
     let f = &r.fusion;
     let _ = writeln!(
         out,
-        "  fusion: {} element-wise ops -> {} kernels (one per fused group, writing {} values besides their roots), {} generated kernels:",
+        "  fusion: {} element-wise ops -> {} kernels (one per fused group, writing {} values besides their roots, reading through {} relabelling boxings), {} generated kernels:",
         f.ops_fused,
         f.groups,
         f.escapes,
+        f.relabels,
         f.kernels.len()
     );
     for (k, kernel) in f.kernels.iter().enumerate() {

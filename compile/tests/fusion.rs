@@ -4,7 +4,8 @@
 //! equal eager bit for bit in f64, f32 and bf16; a forward chain fuses whole into one kernel
 //! that replays with eager's bits; a member's value read outside its group after the root is
 //! written by the group too, one read before the root or through a view keeps its producer
-//! unfused; no group spans a collective; repeated blocks share one generated kernel.
+//! unfused; no group spans a collective but groups read through relabelling boxings; repeated
+//! blocks share one generated kernel.
 
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_dtype::DType;
@@ -316,6 +317,50 @@ fn no_group_spans_a_collective() {
             r,
             vec![0, 1],
             "apart across the all-gather, fused without it"
+        );
+    }
+}
+
+/// On one rank, S(0) -> B relabels the piece as it is (no communication): a group reads through
+/// it, the relabel goes with the group, and the replay equals eager.
+#[test]
+fn groups_read_through_relabelling_boxings() {
+    use oxiflow_placement::{DeviceType, Placement};
+    use oxiflow_sbp::Sbp;
+    use std::time::Duration;
+    let results = oxiflow_tensor::run_ranks(1, Duration::from_secs(60), |_| {
+        let p = Placement::range(DeviceType::Cpu, 1).unwrap();
+        let x = Tensor::randn([3, 4], 9, DType::F64)
+            .to_global(&p, Sbp::S(0))
+            .unwrap();
+        let f = |x: &Tensor| -> R<Vec<Tensor>> {
+            let y = x.exp()?.to_global(&p, Sbp::B)?;
+            Ok(vec![y.mul_scalar(2.0)?.add_scalar(1.0)?])
+        };
+        let mut compiled = CompiledStep::new();
+        let inputs = [x.clone()];
+        let (eager, run) = compiled.run(&inputs, || f(&x)).unwrap();
+        let StepRun::Compiled(c) = run else {
+            panic!("compiles")
+        };
+        let fusion = c.report.fusion.clone();
+        let (got, _) = compiled
+            .run::<CompileError, _>(&inputs, || panic!("replays"))
+            .unwrap();
+        assert_eq!(bits(&got[0]), bits(&eager[0]));
+        (
+            fusion.groups,
+            fusion.ops_fused,
+            fusion.relabels,
+            c.report.kernels,
+            c.report.boxings,
+        )
+    });
+    for r in results {
+        assert_eq!(
+            r,
+            (1, 3, 1, 1, 0),
+            "(groups, ops, relabels, kernels, boxings)"
         );
     }
 }

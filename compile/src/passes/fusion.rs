@@ -12,10 +12,13 @@
 //! only members read it (no buffer: values of removed nodes stay in the table, unreferenced,
 //! and liveness gives them none), or, when it has the root's shape and every other reader comes
 //! after the root (or the step returns it), an extra output the group's node writes (at most
-//! `MAX_FUSED_OUTPUTS` in all).
+//! `MAX_FUSED_OUTPUTS` in all). A boxing that only relabels (no communication, every rank
+//! keeps its piece as it is) joins on the same terms as an intermediate: the group reads
+//! through it, and it goes with the group.
 
 use std::sync::Arc;
 
+use oxiflow_boxing::StepKind;
 use oxiflow_tensor::custom::{
     FusedElementwise, FusedInstr, FusedProgram, FusedStep, MAX_FUSED_INPUTS, MAX_FUSED_OUTPUTS,
     MAX_FUSED_STEPS,
@@ -23,7 +26,6 @@ use oxiflow_tensor::custom::{
 use oxiflow_tensor::{Device, Op, OutSpec};
 
 use crate::ir::{Node, NodeKind, OpNode, Origin, Program, ValueId};
-use crate::passes::dce::is_defined;
 
 /// Most dims of a fused group's output (the generated kernel's strided reads handle this many).
 const MAX_DIMS: usize = 8;
@@ -47,6 +49,9 @@ pub struct FusionStats {
     /// Values of members read outside their group (after it, or returned), which the group's
     /// node writes besides its root's.
     pub escapes: usize,
+    /// Relabelling boxings (no communication, every rank keeps its piece) the groups read
+    /// through, removed with them.
+    pub relabels: usize,
     /// The distinct programs, in order of first use.
     pub kernels: Vec<FusedKernel>,
 }
@@ -77,11 +82,12 @@ fn member_op(p: &Program, node: &Node) -> Option<oxiflow_tensor::ElementwiseOp> 
     ok.then(|| e.clone())
 }
 
-/// Per value: the nodes reading it, whether a step output holds it, whether a value aliases it.
+/// Per value: the nodes reading it, whether a step output holds it, the nodes writing values
+/// that alias it.
 struct Uses {
     readers: Vec<Vec<usize>>,
     returned: Vec<bool>,
-    aliased: Vec<bool>,
+    aliases: Vec<Vec<usize>>,
     /// Per buffer (root of an alias chain): the nodes that write a value into it.
     writers: Vec<Vec<usize>>,
     /// Communicating nodes before each node (and before the end).
@@ -93,7 +99,7 @@ fn uses(p: &Program) -> Uses {
     let mut u = Uses {
         readers: vec![Vec::new(); n],
         returned: vec![false; n],
-        aliased: vec![false; n],
+        aliases: vec![Vec::new(); n],
         writers: vec![Vec::new(); n],
         comms_before: Vec::with_capacity(p.nodes.len() + 1),
     };
@@ -114,31 +120,66 @@ fn uses(p: &Program) -> Uses {
     for v in p.output_values() {
         u.returned[v.index()] = true;
     }
-    for (i, v) in p.values.iter().enumerate() {
-        if let (Some(a), true) = (v.alias_of, is_defined(p, ValueId(i as u32))) {
-            u.aliased[a.index()] = true;
+    for v in &p.values {
+        if let (Some(a), Some(w)) = (v.alias_of, producer_of(p, &v.origin)) {
+            u.aliases[a.index()].push(w);
         }
     }
     u
 }
 
-/// The producer of `v` when it is a node of the program.
-fn producer(p: &Program, v: ValueId) -> Option<usize> {
-    match p.values[v.index()].origin {
+/// The node of `origin` when it is a node of the program.
+fn producer_of(p: &Program, origin: &Origin) -> Option<usize> {
+    match *origin {
         Origin::Node { node, .. } if node < p.nodes.len() => Some(node),
         _ => None,
     }
 }
 
-/// A group: its members in captured order (the root last) and the members' values read
-/// outside it (after the root, or returned), which it writes besides the root's.
+/// The producer of `v` when it is a node of the program.
+fn producer(p: &Program, v: ValueId) -> Option<usize> {
+    producer_of(p, &p.values[v.index()].origin)
+}
+
+/// The input of `node` when it is a boxing that only relabels (every rank keeps its piece, no
+/// communication) and its output is that piece under the same shape and dtype: a group reads
+/// through it as through nothing.
+fn relabel_of(p: &Program, node: &Node) -> Option<ValueId> {
+    let NodeKind::Boxing { plan, .. } = &node.kind else {
+        return None;
+    };
+    let relabels = plan
+        .steps
+        .iter()
+        .all(|s| matches!(s.kind, StepKind::Relabel));
+    let ([u], [Some(v)]) = (node.inputs.as_slice(), node.outputs.as_slice()) else {
+        return None;
+    };
+    let (a, b) = (&p.values[u.index()], &p.values[v.index()]);
+    let same = b.alias_of == Some(*u)
+        && a.shape == b.shape
+        && a.dtype == b.dtype
+        && a.device == node.device
+        && b.device == node.device;
+    (relabels && same).then_some(*u)
+}
+
+/// A group: its members in captured order (the root last; relabelling boxings it reads through
+/// among them) and the members' values read outside it (after the root, or returned), which it
+/// writes besides the root's.
 struct Group {
     members: Vec<usize>,
     escapes: Vec<ValueId>,
 }
 
+/// What each node can be in a group: an element-wise op, or a relabel it reads through.
+struct Roles {
+    op: Vec<bool>,
+    relabel: Vec<Option<ValueId>>,
+}
+
 /// The group rooted at `root` (see the module docs).
-fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Group {
+fn grow(p: &Program, u: &Uses, roles: &Roles, taken: &[bool], root: usize) -> Group {
     let device = p.nodes[root].device;
     let shape = p.nodes[root]
         .outputs
@@ -159,14 +200,19 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Gro
             .collect();
         for v in frontier {
             let Some(q) = producer(p, v) else { continue };
-            if is_member[q] || taken[q] || !can[q] || p.nodes[q].device != device {
+            let relabel = roles.relabel[q].is_some();
+            if is_member[q] || taken[q] || !(roles.op[q] || relabel) || p.nodes[q].device != device
+            {
                 continue;
             }
             let (i, readers) = (v.index(), &u.readers[v.index()]);
-            let inside = !u.returned[i] && !u.aliased[i] && readers.iter().all(|&r| is_member[r]);
+            let inside = !u.returned[i]
+                && u.aliases[i].iter().all(|&w| is_member[w])
+                && readers.iter().all(|&r| is_member[r]);
             // Read outside only after the root (or returned): the group writes it too.
             let escapes = !inside
-                && !u.aliased[i]
+                && !relabel
+                && u.aliases[i].is_empty()
                 && escaping + 1 < MAX_FUSED_OUTPUTS
                 && Some(&p.values[i].shape) == shape
                 && readers.iter().all(|&r| is_member[r] || r > root);
@@ -187,6 +233,7 @@ fn grow(p: &Program, u: &Uses, can: &[bool], taken: &[bool], root: usize) -> Gro
     members.sort_unstable();
     let escapes = members[..members.len() - 1]
         .iter()
+        .filter(|&&m| roles.op[m])
         .filter_map(|&m| p.nodes[m].outputs.first().copied().flatten())
         .filter(|v| u.returned[v.index()] || u.readers[v.index()].iter().any(|&r| !is_member[r]))
         .collect();
@@ -202,6 +249,24 @@ fn program_of(p: &Program, g: &Group) -> Option<(FusedProgram, Vec<ValueId>)> {
     let mut inputs: Vec<ValueId> = Vec::new();
     for &m in members {
         let node = &p.nodes[m];
+        if let Some(src) = relabel_of(p, node) {
+            // Its output is its input's piece: the same step.
+            let out = node.outputs.first().copied().flatten()?;
+            let at = match step_of.iter().find(|(w, _)| *w == src) {
+                Some(&(_, s)) => s,
+                None => {
+                    instrs.push(FusedInstr {
+                        step: FusedStep::Input(inputs.len()),
+                        dtype: p.values[src.index()].dtype,
+                    });
+                    inputs.push(src);
+                    instrs.len() - 1
+                }
+            };
+            step_of.push((src, at));
+            step_of.push((out, at));
+            continue;
+        }
         let NodeKind::Op(o) = &node.kind else {
             return None;
         };
@@ -247,22 +312,30 @@ fn program_of(p: &Program, g: &Group) -> Option<(FusedProgram, Vec<ValueId>)> {
 /// Fuses the element-wise groups of `program` (see the module docs).
 pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
     let u = uses(program);
-    let can: Vec<bool> = program
-        .nodes
-        .iter()
-        .map(|n| member_op(program, n).is_some())
-        .collect();
+    let roles = Roles {
+        op: program
+            .nodes
+            .iter()
+            .map(|n| member_op(program, n).is_some())
+            .collect(),
+        relabel: program
+            .nodes
+            .iter()
+            .map(|n| relabel_of(program, n))
+            .collect(),
+    };
     let mut taken = vec![false; program.nodes.len()];
     let mut replace: Vec<Option<Node>> = vec![None; program.nodes.len()];
     let mut stats = FusionStats::default();
     // Escaping values, now written by their group's node: (value, root, output).
     let mut moved: Vec<(ValueId, usize, usize)> = Vec::new();
     for root in (0..program.nodes.len()).rev() {
-        if !can[root] || taken[root] {
+        if !roles.op[root] || taken[root] {
             continue;
         }
-        let group = grow(program, &u, &can, &taken, root);
-        if group.members.len() < 2 {
+        let group = grow(program, &u, &roles, &taken, root);
+        let ops = group.members.iter().filter(|&&m| roles.op[m]).count();
+        if ops < 2 {
             continue;
         }
         let root_node = &program.nodes[root];
@@ -334,7 +407,8 @@ pub fn fuse_elementwise(program: &mut Program) -> FusionStats {
             taken[m] = true;
         }
         stats.groups += 1;
-        stats.ops_fused += group.members.len();
+        stats.ops_fused += ops;
+        stats.relabels += group.members.len() - ops;
         stats.escapes += group.escapes.len();
     }
     stats.kernels.reverse();

@@ -1,5 +1,6 @@
 //! What `train --compile --explain` prints about a compiled program (rank 0's): the captured
-//! ops against the kernels kept, the arena against the eager peak, every collective in replay
+//! ops against the kernels kept, the element-wise groups fused (ops before -> after) and the
+//! kernels generated for them, the arena against the eager peak, every collective in replay
 //! order with the kernels queued between its launch and the first node that reads its result
 //! (on devices the collective runs on the communicator's stream, so those kernels are what it
 //! can overlap), and the largest buffers with their places.
@@ -21,6 +22,26 @@ pub fn explain(c: &Compiled) -> String {
         "compiled program: {} ops captured, {} ops and {} boxings removed as dead, {} kernels and {} boxings kept",
         r.ops, r.removed.ops, r.removed.boxings, r.kernels, r.boxings
     );
+    let f = &r.fusion;
+    let _ = writeln!(
+        out,
+        "  fusion: {} element-wise ops -> {} kernels (one per fused group, writing {} values besides their roots, reading through {} relabelling boxings), {} generated kernels:",
+        f.ops_fused,
+        f.groups,
+        f.escapes,
+        f.relabels,
+        f.kernels.len()
+    );
+    for (k, kernel) in f.kernels.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    kernel {k} on {}: {} ops -> 1, {} groups: {}",
+            kernel.device,
+            kernel.program.op_count(),
+            kernel.groups,
+            kernel.program
+        );
+    }
     let _ = writeln!(
         out,
         "  arena {} bytes for {} buffers (eager peak {}), inputs and constants {} bytes outside it",

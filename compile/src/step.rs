@@ -24,6 +24,7 @@ use crate::graph::{replay_with_graph, GraphState};
 use crate::ir::{Program, StepKey};
 use crate::passes::arena::{plan_arena, ArenaPlan};
 use crate::passes::dce::{eliminate_dead_code, DceStats};
+use crate::passes::fusion::{fuse_elementwise, prebuild_kernels, FusionStats};
 use crate::passes::liveness::{liveness, Liveness};
 use crate::recorder::{Recorder, Recording, Refusal};
 use crate::replay::{arena_device, replay};
@@ -126,6 +127,8 @@ pub struct CompileReport {
     pub boxings: usize,
     /// What dead-code elimination removed.
     pub removed: DceStats,
+    /// What element-wise fusion did.
+    pub fusion: FusionStats,
     /// Bytes of this rank's arena.
     pub arena_bytes: usize,
     /// Bytes of the inputs and constants the program reads (outside the arena).
@@ -283,6 +286,8 @@ where
     let mut program = recording.finish(key, &outs);
     let ops = program.op_count();
     let removed = eliminate_dead_code(&mut program);
+    let fusion = fuse_elementwise(&mut program);
+    prebuild_kernels(&program).map_err(CompileError::from)?;
     let live = liveness(&program);
     let arena = plan_arena(&live);
     let report = CompileReport {
@@ -290,6 +295,7 @@ where
         kernels: program.kernel_count(),
         boxings: program.boxing_count(),
         removed,
+        fusion,
         arena_bytes: arena.bytes,
         external_bytes: program.external_bytes(),
         eager_peak,

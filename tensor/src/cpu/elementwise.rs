@@ -5,6 +5,9 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 use rayon::prelude::*;
 
+use super::elementwise_fns::{
+    with_binary_fn, with_scalar_fn, with_unary_backward_fn, with_unary_fn,
+};
 use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::{FloatElement, TensorElement};
 use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
@@ -74,25 +77,7 @@ fn zip2_into<T: TensorElement>(
 }
 
 fn float_unary<F: FloatElement>(u: UnaryOp, a: &ArrayD<F>, out: &mut ArrayD<F>) {
-    let zero = F::from_f64(0.0);
-    let one = F::one();
-    let half = F::from_f64(0.5);
-    let c = F::from_f64((2.0 / std::f64::consts::PI).sqrt());
-    let k = F::from_f64(0.044715);
-    match u {
-        UnaryOp::Neg => map_into(a, out, |x| -x),
-        UnaryOp::Relu => map_into(a, out, move |x| if x > zero { x } else { zero }),
-        UnaryOp::Gelu => map_into(a, out, move |x| {
-            half * x * (one + (c * (x + k * x * x * x)).tanh())
-        }),
-        UnaryOp::Exp => map_into(a, out, |x| x.exp()),
-        UnaryOp::Log => map_into(a, out, |x| x.ln()),
-        UnaryOp::Tanh => map_into(a, out, |x| x.tanh()),
-        UnaryOp::Sigmoid => map_into(a, out, move |x| one / (one + (-x).exp())),
-        UnaryOp::Sqrt => map_into(a, out, |x| x.sqrt()),
-        UnaryOp::Abs => map_into(a, out, |x| x.abs()),
-        UnaryOp::Square => map_into(a, out, |x| x * x),
-    }
+    with_unary_fn!(u, F, f => map_into(a, out, f))
 }
 
 /// y = f(x).
@@ -123,37 +108,7 @@ fn float_unary_backward<F: FloatElement>(
     x: &ArrayD<F>,
     out: &mut ArrayD<F>,
 ) -> Option<()> {
-    let zero = F::from_f64(0.0);
-    let one = F::one();
-    let half = F::from_f64(0.5);
-    let two = F::from_f64(2.0);
-    let c = F::from_f64((2.0 / std::f64::consts::PI).sqrt());
-    let k = F::from_f64(0.044715);
-    let k3 = F::from_f64(3.0 * 0.044715);
-    match u {
-        UnaryOp::Neg => zip2_into(dy, x, out, |g, _| -g),
-        UnaryOp::Relu => zip2_into(dy, x, out, move |g, x| if x > zero { g } else { zero }),
-        UnaryOp::Gelu => zip2_into(dy, x, out, move |g, x| {
-            let t = (c * (x + k * x * x * x)).tanh();
-            g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x))
-        }),
-        // Exp, tanh and sigmoid read the forward output y (in `x`).
-        UnaryOp::Exp => zip2_into(dy, x, out, |g, y| g * y),
-        UnaryOp::Log => zip2_into(dy, x, out, |g, x| g / x),
-        UnaryOp::Tanh => zip2_into(dy, x, out, move |g, y| g * (one - y * y)),
-        UnaryOp::Sigmoid => zip2_into(dy, x, out, move |g, y| g * y * (one - y)),
-        UnaryOp::Sqrt => zip2_into(dy, x, out, move |g, x| g * half / x.sqrt()),
-        UnaryOp::Abs => zip2_into(dy, x, out, move |g, x| {
-            if x > zero {
-                g
-            } else if x < zero {
-                -g
-            } else {
-                zero
-            }
-        }),
-        UnaryOp::Square => zip2_into(dy, x, out, move |g, x| g * two * x),
-    }
+    with_unary_backward_fn!(u, F, f => zip2_into(dy, x, out, f))
 }
 
 /// dx = dy * f'(x), from the forward input x, or for exp, tanh and sigmoid the output y.
@@ -183,13 +138,7 @@ fn unary_backward(u: UnaryOp, dy: &CpuArray, x: &CpuArray, out: &mut CpuArray) -
 
 fn float_scalar<F: FloatElement>(s: ScalarOp, a: &ArrayD<F>, c: f64, out: &mut ArrayD<F>) {
     let c = F::from_f64(c);
-    match s {
-        ScalarOp::Add => map_into(a, out, move |x| x + c),
-        ScalarOp::Mul => map_into(a, out, move |x| x * c),
-        ScalarOp::RSub => map_into(a, out, move |x| c - x),
-        ScalarOp::RDiv => map_into(a, out, move |x| c / x),
-        ScalarOp::Pow => map_into(a, out, move |x| x.powf(c)),
-    }
+    with_scalar_fn!(s, F, f => map_into(a, out, move |x| f(x, c)))
 }
 
 /// y = x (op) c.
@@ -221,12 +170,7 @@ fn typed_binary<T: TensorElement>(
     y: &ArrayD<T>,
     out: &mut ArrayD<T>,
 ) -> Option<()> {
-    match b {
-        BinaryOp::Add => zip2_into(x, y, out, |p, q| p + q),
-        BinaryOp::Sub => zip2_into(x, y, out, |p, q| p - q),
-        BinaryOp::Mul => zip2_into(x, y, out, |p, q| p * q),
-        BinaryOp::Div => zip2_into(x, y, out, |p, q| p / q),
-    }
+    with_binary_fn!(b, T, f => zip2_into(x, y, out, f))
 }
 
 /// Broadcasting z = x (op) y.

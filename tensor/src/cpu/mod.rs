@@ -8,6 +8,7 @@ mod attention;
 mod custom;
 mod dropout;
 mod elementwise;
+pub(crate) mod elementwise_fns;
 mod gather;
 mod layout;
 mod loss;

@@ -12,7 +12,10 @@ use super::{derr, runtime, Block};
 use crate::Result;
 
 /// The kernel source, compiled at run time.
-pub(crate) const SOURCE: &str = include_str!("source.cu");
+pub(crate) const SOURCE: &str = concat!(
+    include_str!("elementwise_math.cuh"),
+    include_str!("source.cu")
+);
 
 /// Most dims a strided kernel handles (more are collapsed first, or refused).
 pub(crate) const MAXD: usize = 8;

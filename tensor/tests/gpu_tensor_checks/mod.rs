@@ -4,12 +4,14 @@
 //! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
 //! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
 //! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`), the
-//! vocabulary-parallel cross-entropy kernels (`vocab.rs`).
+//! vocabulary-parallel cross-entropy kernels (`vocab.rs`), the generated fused element-wise
+//! kernels against f64 (`fused.rs`).
 
 use super::*;
 
 mod buckets;
 mod flash;
+mod fused;
 mod half;
 mod indexed;
 mod op_cases;
@@ -18,6 +20,7 @@ mod sum_squares;
 mod vocab;
 pub(crate) use buckets::child_buckets;
 pub(crate) use flash::child_flash;
+pub(crate) use fused::child_fused_elementwise;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};

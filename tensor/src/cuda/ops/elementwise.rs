@@ -14,7 +14,7 @@ use crate::op::{BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::Result;
 use oxiflow_dtype::DType;
 
-fn unary_code(u: UnaryOp) -> i32 {
+pub(crate) fn unary_code(u: UnaryOp) -> i32 {
     match u {
         UnaryOp::Neg => 0,
         UnaryOp::Relu => 1,

@@ -6,7 +6,7 @@
 mod attention;
 mod custom;
 mod dropout;
-mod elementwise;
+pub(crate) mod elementwise;
 mod gather;
 mod layout;
 mod loss;

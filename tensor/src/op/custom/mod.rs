@@ -110,4 +110,5 @@ custom_ops! {
     classifier::Classifier(ClassifierOp): ClassifierKernels,
     adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
     sum_squares::SumSquares(SumSquares): SumSquaresKernels,
+    fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,
 }

@@ -5,6 +5,7 @@ mod adamw;
 mod adamw_multi;
 mod classifier;
 mod flash_attention;
+mod fused_elementwise;
 mod linear;
 mod residual_layer_norm;
 mod sum_squares;

@@ -1,0 +1,291 @@
+//! The per-element functions of the element-wise ops on the CPU, one definition each, shared by
+//! the element-wise kernels and the fused element-wise kernel (so a fused program computes
+//! every element with the same arithmetic as the ops it replaces), and macros choosing one by
+//! op as a function item, so the loop that calls it is compiled (and inlined) per function.
+
+use crate::element::{FloatElement, TensorElement};
+
+/// GELU's cubic coefficient.
+const GELU_K: f64 = 0.044715;
+
+pub(crate) fn neg<F: FloatElement>(x: F) -> F {
+    -x
+}
+pub(crate) fn relu<F: FloatElement>(x: F) -> F {
+    let zero = F::from_f64(0.0);
+    if x > zero {
+        x
+    } else {
+        zero
+    }
+}
+pub(crate) fn gelu<F: FloatElement>(x: F) -> F {
+    let (one, half) = (F::one(), F::from_f64(0.5));
+    let (c, k) = (
+        F::from_f64((2.0 / std::f64::consts::PI).sqrt()),
+        F::from_f64(GELU_K),
+    );
+    half * x * (one + (c * (x + k * x * x * x)).tanh())
+}
+pub(crate) fn exp<F: FloatElement>(x: F) -> F {
+    x.exp()
+}
+pub(crate) fn log<F: FloatElement>(x: F) -> F {
+    x.ln()
+}
+pub(crate) fn tanh<F: FloatElement>(x: F) -> F {
+    x.tanh()
+}
+pub(crate) fn sigmoid<F: FloatElement>(x: F) -> F {
+    let one = F::one();
+    one / (one + (-x).exp())
+}
+pub(crate) fn sqrt<F: FloatElement>(x: F) -> F {
+    x.sqrt()
+}
+pub(crate) fn abs<F: FloatElement>(x: F) -> F {
+    x.abs()
+}
+pub(crate) fn square<F: FloatElement>(x: F) -> F {
+    x * x
+}
+
+pub(crate) fn neg_backward<F: FloatElement>(g: F, _x: F) -> F {
+    -g
+}
+pub(crate) fn relu_backward<F: FloatElement>(g: F, x: F) -> F {
+    let zero = F::from_f64(0.0);
+    if x > zero {
+        g
+    } else {
+        zero
+    }
+}
+pub(crate) fn gelu_backward<F: FloatElement>(g: F, x: F) -> F {
+    let (one, half) = (F::one(), F::from_f64(0.5));
+    let (c, k, k3) = (
+        F::from_f64((2.0 / std::f64::consts::PI).sqrt()),
+        F::from_f64(GELU_K),
+        F::from_f64(3.0 * GELU_K),
+    );
+    let t = (c * (x + k * x * x * x)).tanh();
+    g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x))
+}
+/// Exp, tanh and sigmoid read the forward output y (in `y`).
+pub(crate) fn exp_backward<F: FloatElement>(g: F, y: F) -> F {
+    g * y
+}
+pub(crate) fn log_backward<F: FloatElement>(g: F, x: F) -> F {
+    g / x
+}
+pub(crate) fn tanh_backward<F: FloatElement>(g: F, y: F) -> F {
+    g * (F::one() - y * y)
+}
+pub(crate) fn sigmoid_backward<F: FloatElement>(g: F, y: F) -> F {
+    g * y * (F::one() - y)
+}
+pub(crate) fn sqrt_backward<F: FloatElement>(g: F, x: F) -> F {
+    g * F::from_f64(0.5) / x.sqrt()
+}
+pub(crate) fn abs_backward<F: FloatElement>(g: F, x: F) -> F {
+    let zero = F::from_f64(0.0);
+    if x > zero {
+        g
+    } else if x < zero {
+        -g
+    } else {
+        zero
+    }
+}
+pub(crate) fn square_backward<F: FloatElement>(g: F, x: F) -> F {
+    g * F::from_f64(2.0) * x
+}
+
+pub(crate) fn add_scalar<F: FloatElement>(x: F, c: F) -> F {
+    x + c
+}
+pub(crate) fn mul_scalar<F: FloatElement>(x: F, c: F) -> F {
+    x * c
+}
+pub(crate) fn rsub_scalar<F: FloatElement>(x: F, c: F) -> F {
+    c - x
+}
+pub(crate) fn rdiv_scalar<F: FloatElement>(x: F, c: F) -> F {
+    c / x
+}
+pub(crate) fn pow_scalar<F: FloatElement>(x: F, c: F) -> F {
+    x.powf(c)
+}
+
+pub(crate) fn add<T: TensorElement>(p: T, q: T) -> T {
+    p + q
+}
+pub(crate) fn sub<T: TensorElement>(p: T, q: T) -> T {
+    p - q
+}
+pub(crate) fn mul<T: TensorElement>(p: T, q: T) -> T {
+    p * q
+}
+pub(crate) fn div<T: TensorElement>(p: T, q: T) -> T {
+    p / q
+}
+
+/// `$body` with `$f` the function of `UnaryOp` `$u` on element type `$t`.
+macro_rules! with_unary_fn {
+    ($u:expr, $t:ty, $f:ident => $body:expr) => {{
+        use $crate::cpu::elementwise_fns as ef;
+        use $crate::op::UnaryOp as U;
+        match $u {
+            U::Neg => {
+                let $f = ef::neg::<$t>;
+                $body
+            }
+            U::Relu => {
+                let $f = ef::relu::<$t>;
+                $body
+            }
+            U::Gelu => {
+                let $f = ef::gelu::<$t>;
+                $body
+            }
+            U::Exp => {
+                let $f = ef::exp::<$t>;
+                $body
+            }
+            U::Log => {
+                let $f = ef::log::<$t>;
+                $body
+            }
+            U::Tanh => {
+                let $f = ef::tanh::<$t>;
+                $body
+            }
+            U::Sigmoid => {
+                let $f = ef::sigmoid::<$t>;
+                $body
+            }
+            U::Sqrt => {
+                let $f = ef::sqrt::<$t>;
+                $body
+            }
+            U::Abs => {
+                let $f = ef::abs::<$t>;
+                $body
+            }
+            U::Square => {
+                let $f = ef::square::<$t>;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_unary_fn;
+
+/// `$body` with `$f` the backward function `(dy, saved) -> dx` of `UnaryOp` `$u` on `$t`.
+macro_rules! with_unary_backward_fn {
+    ($u:expr, $t:ty, $f:ident => $body:expr) => {{
+        use $crate::cpu::elementwise_fns as ef;
+        use $crate::op::UnaryOp as U;
+        match $u {
+            U::Neg => {
+                let $f = ef::neg_backward::<$t>;
+                $body
+            }
+            U::Relu => {
+                let $f = ef::relu_backward::<$t>;
+                $body
+            }
+            U::Gelu => {
+                let $f = ef::gelu_backward::<$t>;
+                $body
+            }
+            U::Exp => {
+                let $f = ef::exp_backward::<$t>;
+                $body
+            }
+            U::Log => {
+                let $f = ef::log_backward::<$t>;
+                $body
+            }
+            U::Tanh => {
+                let $f = ef::tanh_backward::<$t>;
+                $body
+            }
+            U::Sigmoid => {
+                let $f = ef::sigmoid_backward::<$t>;
+                $body
+            }
+            U::Sqrt => {
+                let $f = ef::sqrt_backward::<$t>;
+                $body
+            }
+            U::Abs => {
+                let $f = ef::abs_backward::<$t>;
+                $body
+            }
+            U::Square => {
+                let $f = ef::square_backward::<$t>;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_unary_backward_fn;
+
+/// `$body` with `$f` the function `(x, c) -> y` of `ScalarOp` `$s` on `$t`.
+macro_rules! with_scalar_fn {
+    ($s:expr, $t:ty, $f:ident => $body:expr) => {{
+        use $crate::cpu::elementwise_fns as ef;
+        use $crate::op::ScalarOp as S;
+        match $s {
+            S::Add => {
+                let $f = ef::add_scalar::<$t>;
+                $body
+            }
+            S::Mul => {
+                let $f = ef::mul_scalar::<$t>;
+                $body
+            }
+            S::RSub => {
+                let $f = ef::rsub_scalar::<$t>;
+                $body
+            }
+            S::RDiv => {
+                let $f = ef::rdiv_scalar::<$t>;
+                $body
+            }
+            S::Pow => {
+                let $f = ef::pow_scalar::<$t>;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_scalar_fn;
+
+/// `$body` with `$f` the function `(p, q) -> r` of `BinaryOp` `$b` on `$t`.
+macro_rules! with_binary_fn {
+    ($b:expr, $t:ty, $f:ident => $body:expr) => {{
+        use $crate::cpu::elementwise_fns as ef;
+        use $crate::op::BinaryOp as B;
+        match $b {
+            B::Add => {
+                let $f = ef::add::<$t>;
+                $body
+            }
+            B::Sub => {
+                let $f = ef::sub::<$t>;
+                $body
+            }
+            B::Mul => {
+                let $f = ef::mul::<$t>;
+                $body
+            }
+            B::Div => {
+                let $f = ef::div::<$t>;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_binary_fn;

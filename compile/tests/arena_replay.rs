@@ -3,7 +3,8 @@
 //! first replay and reused by every later one (the same address, no other arena); the host
 //! memory the replays keep is the planned arena's bytes; a replay allocates none of its
 //! planned values (its peak above what was live stays below the planned values' own peak);
-//! and every replay's loss and gradients are bit-identical to the eager step's.
+//! and every replay's loss and gradients are bit-identical to the eager step's; on the host
+//! every replay runs launch by launch (no device graph) and says nothing about it.
 
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
@@ -142,4 +143,9 @@ fn replays_reuse_one_arena_of_the_planned_bytes_with_eager_bits() {
         arenas_before + 1,
         "one arena for all replays"
     );
+    // The host has no device graphs: every replay ran launch by launch, and nothing is said.
+    let counts = c.replay_counts();
+    assert_eq!((counts.graph, counts.launches), (0, 5), "{counts:?}");
+    assert!(!c.replays_as_graph());
+    assert_eq!(compiled.take_notes(), Vec::<String>::new());
 }

@@ -22,8 +22,8 @@ use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch_multi;
 use crate::op::{
-    kernel_err, no_gradient, Backend, BinaryOp, ElementwiseOp, F64Bits, Inferred,
-    KernelBackend, MetaError, MetaResult, OpFamily, ScalarOp, UnaryOp,
+    kernel_err, no_gradient, Backend, BinaryOp, ElementwiseOp, F64Bits, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, ScalarOp, UnaryOp,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -131,10 +131,17 @@ impl FusedProgram {
         let mut seen = Vec::new();
         for (j, ins) in instrs.iter().enumerate() {
             if !ins.dtype.is_float() {
-                return Err(format!("step {j} ({}) is {}, not a float dtype", ins.step.name(), ins.dtype));
+                return Err(format!(
+                    "step {j} ({}) is {}, not a float dtype",
+                    ins.step.name(),
+                    ins.dtype
+                ));
             }
             if let Some(a) = ins.step.operands().find(|&a| a >= j) {
-                return Err(format!("step {j} ({}) reads step {a}, not an earlier one", ins.step.name()));
+                return Err(format!(
+                    "step {j} ({}) reads step {a}, not an earlier one",
+                    ins.step.name()
+                ));
             }
             match ins.step {
                 FusedStep::Input(k) => {
@@ -373,7 +380,10 @@ impl OpFamily for FusedElementwise {
         let out = self.program.output_shape(s).ok_or_else(|| {
             MetaError::Shape(format!(
                 "inputs {} do not broadcast together",
-                s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+                s.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })?;
         let n = self.program.outputs().len();

@@ -24,9 +24,10 @@ use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
-use oxiflow::nn::{Module, Parameter};
+use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
+use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::PrecisionPolicy;
 use oxiflow::trainer::TrainModel;
 
@@ -171,41 +172,24 @@ impl Bench {
         Ok(loss)
     }
 
-    /// [`Self::passes`] as a compiled program (`--compile`): the batch, the parameters' leaves
-    /// and their compute copies are its inputs, the loss and the gradients its outputs; the
-    /// gradients go back on the leaves. Prints the compile line and how replays run.
+    /// [`Self::passes`] as a compiled program (`--compile`, see `compiled_passes`): prints the
+    /// compile line and how replays run.
     fn compiled_passes(&self, c: &mut CompiledStep, x: &Tensor, y: &Tensor) -> R<Tensor> {
         let params = self.opt.params().to_vec();
-        let mut inputs = vec![x.clone(), y.clone()];
-        inputs.extend(params.iter().map(Parameter::value));
-        for p in &params {
-            inputs.extend(p.ensure_compute_copy()?);
-        }
-        let (mut outs, run) = c.run(&inputs, || -> R<Vec<Tensor>> {
-            let mut out = vec![self.passes(x, y)?];
-            let _ng = oxiflow::no_grad();
-            for p in &params {
-                out.push(
-                    p.grad()
-                        .ok_or_else(|| format!("{} got no gradient", p.name()))?,
-                );
-            }
-            Ok(out)
+        let batch = vec![x.clone(), y.clone()];
+        let done = compiled_passes(c, &params, batch, || -> R<Vec<Tensor>> {
+            Ok(vec![self.passes(x, y)?])
         })?;
-        if let StepRun::Compiled(done) = run {
-            println!("{}", done.report);
+        if let StepRun::Compiled(c) = &done.run {
+            println!("{}", c.report);
         }
-        for n in c.take_notes() {
+        for n in done.notes {
             println!("{n}");
         }
-        if outs.len() != params.len() + 1 {
-            return Err(format!("the compiled step gave {} outputs", outs.len()).into());
-        }
-        let grads = outs.split_off(1);
-        for (p, g) in params.iter().zip(grads) {
-            p.value().autograd().set_grad(Some(g));
-        }
-        Ok(outs.remove(0))
+        done.outputs
+            .into_iter()
+            .next()
+            .ok_or_else(|| "the compiled step gave no loss".into())
     }
 }
 

@@ -138,28 +138,46 @@ fn never(device: Device, inputs: &[Tensor]) -> Option<String> {
     })
 }
 
+/// One replay: its outputs, whether it launched the device graph, and a note when how
+/// replays run changed.
+pub(crate) struct GraphRun {
+    pub outputs: Vec<Tensor>,
+    pub launched_graph: bool,
+    pub note: Option<String>,
+}
+
+impl GraphRun {
+    fn launches(outputs: Vec<Tensor>, note: Option<String>) -> GraphRun {
+        GraphRun {
+            outputs,
+            launched_graph: false,
+            note,
+        }
+    }
+}
+
 /// Runs one replay of `program` (on `device`) per `state`: `launches` runs it launch by
-/// launch. Returns the outputs and a note when how replays run changed.
+/// launch.
 pub(crate) fn replay_with_graph(
     state: &mut GraphState,
     device: Device,
     program: &Program,
     inputs: &[Tensor],
     launches: &mut dyn FnMut() -> Result<Vec<Tensor>>,
-) -> Result<(Vec<Tensor>, Option<String>)> {
+) -> Result<GraphRun> {
     match state {
-        GraphState::Off(_) => Ok((launches()?, None)),
+        GraphState::Off(_) => Ok(GraphRun::launches(launches()?, None)),
         GraphState::Launches { replays } => {
             if let Some(why) = never(device, inputs) {
                 // The host has no graphs: nothing to say there.
                 let note = matches!(device, Device::Cuda(_))
                     .then(|| format!("compiled step: replays launch by launch ({why})"));
                 *state = GraphState::Off(why);
-                return Ok((launches()?, note));
+                return Ok(GraphRun::launches(launches()?, note));
             }
             if *replays == 0 {
                 *replays = 1;
-                return Ok((launches()?, None));
+                return Ok(GraphRun::launches(launches()?, None));
             }
             let mut outs = None;
             let captured = capture_graph(device, &mut || match launches() {
@@ -193,7 +211,11 @@ pub(crate) fn replay_with_graph(
                         g.graph.kept_bytes()
                     );
                     *state = GraphState::Graph(Box::new(g));
-                    Ok((outs, Some(note)))
+                    Ok(GraphRun {
+                        outputs: outs,
+                        launched_graph: true,
+                        note: Some(note),
+                    })
                 }
                 (captured, _) => {
                     let why = match captured {
@@ -214,18 +236,22 @@ pub(crate) fn replay_with_graph(
                     }
                     let note = format!("compiled step: replays launch by launch ({why})");
                     *state = GraphState::Off(why);
-                    Ok((launches()?, Some(note)))
+                    Ok(GraphRun::launches(launches()?, Some(note)))
                 }
             }
         }
         GraphState::Graph(g) => match g.bind(inputs)? {
             Ok(()) => {
                 g.graph.launch()?;
-                Ok((g.outputs(program)?, None))
+                Ok(GraphRun {
+                    outputs: g.outputs(program)?,
+                    launched_graph: true,
+                    note: None,
+                })
             }
             Err(why) => {
                 tracing::debug!("compiled step: this replay runs launch by launch: {why}");
-                Ok((launches()?, None))
+                Ok(GraphRun::launches(launches()?, None))
             }
         },
     }

@@ -70,23 +70,19 @@ impl Compiled {
             });
         };
         let mut state = self.graph.lock().unwrap_or_else(|e| e.into_inner());
-        let mut launched = false;
-        let (outs, note) =
-            replay_with_graph(&mut state, device, &self.program, inputs, &mut || {
-                launched = true;
-                replay(&self.program, &self.live, &self.arena, arena, inputs)
-            })?;
-        // A capture runs the replay under it without launching anything; its graph launches.
-        let ran_graph = !launched || (matches!(*state, GraphState::Graph(_)) && note.is_some());
-        if let Some(n) = note {
+        let ran = replay_with_graph(&mut state, device, &self.program, inputs, &mut || {
+            replay(&self.program, &self.live, &self.arena, arena, inputs)
+        })?;
+        if let Some(n) = ran.note {
             *self.note.lock().unwrap_or_else(|e| e.into_inner()) = Some(n);
         }
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        match *state {
-            GraphState::Graph(_) if ran_graph => counts.graph += 1,
-            _ => counts.launches += 1,
+        if ran.launched_graph {
+            counts.graph += 1;
+        } else {
+            counts.launches += 1;
         }
-        Ok(outs)
+        Ok(ran.outputs)
     }
 
     /// How the replays ran so far.

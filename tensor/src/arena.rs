@@ -20,7 +20,7 @@ use oxiflow_dtype::with_element;
 use smallvec::SmallVec;
 
 use crate::cpu;
-use crate::device::backend_for;
+use crate::device::{backend_for, duplicate_storage};
 use crate::element::TensorElement;
 use crate::executor::executor_for;
 use crate::op::{Op, OutSpec};
@@ -255,12 +255,7 @@ impl PlacedPiece {
 
     /// An owned copy of the piece (for a value the caller keeps past the arena's next use).
     pub fn to_owned_storage(&self) -> Result<Storage> {
-        match self.storage()? {
-            Storage::Cpu(a) => Ok(Storage::Cpu(a.clone())),
-            Storage::Device(d) => Ok(Storage::Device(
-                backend_for("arena", d.device())?.duplicate(d.as_ref())?,
-            )),
-        }
+        duplicate_storage(self.storage()?)
     }
 
     /// Writes `src` (same shape and dtype, same device) into the piece.

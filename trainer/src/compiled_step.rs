@@ -12,7 +12,7 @@
 //! checks and the update stay eager: they read values on the host and take per-step
 //! hyperparameters (learning rate, step count), which a program would hold as constants.
 
-use oxiflow_compile::StepRun;
+use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_models::nn::Parameter;
 use oxiflow_tensor::{no_grad, Tensor, TensorError};
 
@@ -86,28 +86,71 @@ pub(crate) fn compiled_pipelined_batch<M: TrainModel>(
 
 /// Runs `body` (the step's passes, returning what it computed besides the gradients) as the
 /// compiled program of `batch` and the parameters' leaves; puts the gradients it gives back on
-/// the leaves and returns `body`'s own outputs and, when it compiled, the compile line.
+/// the leaves and returns `body`'s own outputs and, when it compiled, the compile line (and,
+/// when that changed, how replays run).
 fn run_compiled<M: TrainModel>(
     t: &mut Trainer<M>,
     batch: Vec<Tensor>,
     body: impl FnOnce(&Trainer<M>) -> Result<Vec<Tensor>, TrainError>,
 ) -> Result<(Vec<Tensor>, Option<String>), TrainError> {
     let params: Vec<Parameter> = t.optimizer.params().to_vec();
-    let mut inputs = batch;
-    inputs.extend(params.iter().map(Parameter::value));
-    // The leaves' compute copies (written by the optimizer with each leaf, or cast now) are
-    // inputs too: the program reads them where eager reads them, and casts nothing.
-    for p in &params {
-        inputs.extend(p.ensure_compute_copy()?);
-    }
     let mut compiled = std::mem::take(&mut t.compiled);
     let trainer = &*t;
-    let step = || -> Result<Vec<Tensor>, TrainError> {
-        let mut out = body(trainer)?;
+    let ran = compiled_passes(&mut compiled, &params, batch, || body(trainer));
+    t.compiled = compiled;
+    let passes = ran?;
+    let mut line = match passes.run {
+        StepRun::Compiled(c) => Some(match &c.report.recompiled_because {
+            Some(why) => format!("compiling again: {why}\n{}", c.report),
+            None => c.report.to_string(),
+        }),
+        StepRun::Replayed => None,
+    };
+    for n in passes.notes {
+        line = Some(match line {
+            Some(l) => format!("{l}\n{n}"),
+            None => n,
+        });
+    }
+    Ok((passes.outputs, line))
+}
+
+/// What one call of [`compiled_passes`] did.
+pub struct CompiledPasses {
+    /// The outputs of the passes' own (the loss, say); the gradients are on the leaves.
+    pub outputs: Vec<Tensor>,
+    /// Whether the call compiled or replayed.
+    pub run: StepRun,
+    /// What changed in how replays run (one device graph, or launch by launch and why).
+    pub notes: Vec<String>,
+}
+
+/// A training step's forward and backward passes `body` through `compiled`: `batch`, the
+/// parameters' leaves and their compute copies (written by the optimizer with each leaf, or
+/// cast now) are the program's inputs, so the program reads the copies where eager reads them
+/// and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
+/// gradients go back on the leaves for the optimizer. A parameter without a gradient is an
+/// error (a compiled step needs every one).
+pub fn compiled_passes<E>(
+    compiled: &mut CompiledStep,
+    params: &[Parameter],
+    batch: Vec<Tensor>,
+    body: impl FnOnce() -> Result<Vec<Tensor>, E>,
+) -> Result<CompiledPasses, E>
+where
+    E: From<CompileError> + From<TensorError>,
+{
+    let mut inputs = batch;
+    inputs.extend(params.iter().map(Parameter::value));
+    for p in params {
+        inputs.extend(p.ensure_compute_copy()?);
+    }
+    let step = || -> Result<Vec<Tensor>, E> {
+        let mut out = body()?;
         let _ng = no_grad();
-        for p in &params {
+        for p in params {
             out.push(p.grad().ok_or_else(|| TensorError::Autograd {
-                op: "train --compile",
+                op: "compiled step",
                 detail: format!(
                     "parameter {} got no gradient; a compiled step needs every parameter's",
                     p.name()
@@ -118,35 +161,25 @@ fn run_compiled<M: TrainModel>(
     };
     let ran = compiled.run(&inputs, step);
     let notes = compiled.take_notes();
-    t.compiled = compiled;
-    let (mut outs, run) = ran?;
-    let mut line = match run {
-        StepRun::Compiled(c) => Some(match &c.report.recompiled_because {
-            Some(why) => format!("compiling again: {why}\n{}", c.report),
-            None => c.report.to_string(),
-        }),
-        StepRun::Replayed => None,
-    };
-    // How replays run (one device graph, or launch by launch and why), when that changed.
-    for n in notes {
-        line = Some(match line {
-            Some(l) => format!("{l}\n{n}"),
-            None => n,
-        });
-    }
-    let Some(own) = outs.len().checked_sub(params.len()) else {
-        return Err(TrainError::Tensor(TensorError::Kernel {
-            op: "train --compile",
+    let (mut outputs, run) = ran?;
+    let Some(own) = outputs.len().checked_sub(params.len()) else {
+        return Err(TensorError::Kernel {
+            op: "compiled step",
             detail: format!(
                 "the compiled step gave {} outputs for {} gradients",
-                outs.len(),
+                outputs.len(),
                 params.len()
             ),
-        }));
+        }
+        .into());
     };
-    let grads = outs.split_off(own);
+    let grads = outputs.split_off(own);
     for (p, g) in params.iter().zip(grads) {
         p.value().autograd().set_grad(Some(g));
     }
-    Ok((outs, line))
+    Ok(CompiledPasses {
+        outputs,
+        run,
+        notes,
+    })
 }

@@ -13,7 +13,7 @@
 //! oxiflow::trainer::main_with(cli, JobHooks::default())?;
 //! ```
 
-mod compiled_step;
+pub mod compiled_step;
 pub mod config;
 mod error;
 pub mod health;

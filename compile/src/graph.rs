@@ -2,9 +2,10 @@
 //! launch by launch (it allocates the arena and warms the libraries' plans up), the second is
 //! captured as one graph and launched, and every later one launches that graph after binding
 //! the step's inputs. The graph reads the addresses its capture saw: the arena's (fixed), the
-//! constants', each step input's piece at the capture, and the output pieces the capture
-//! allocated. So a replay launches it only when it may: an input with another piece is copied
-//! into the captured one, which must then be the graph's alone; a large output piece of an
+//! constants', each step input's piece at the capture (of the inputs it reads: one it never
+//! reads is neither kept nor bound), and the output pieces the capture allocated. So a replay
+//! launches it only when it may: an input with another piece is copied into the captured one,
+//! which must then be the graph's alone; a large output piece of an
 //! earlier launch must no longer be held (the launch writes it again), while small outputs
 //! (a loss a caller keeps for its log) are handed out as copies made after each launch. When
 //! it may not, that replay runs launch by launch (same results, in the same arena). Where no graph can be captured
@@ -54,11 +55,13 @@ impl Default for GraphState {
     }
 }
 
-/// A captured replay: the graph, the piece of each step input it reads and the pieces it
-/// writes the outputs into.
+/// A captured replay: the graph, the piece of each step input it reads (None for an input it
+/// never reads, which is neither bound nor kept) and the pieces it writes the outputs into.
 pub(crate) struct GraphReplay {
     graph: Box<dyn DeviceGraph>,
     inputs: Vec<Option<Arc<Storage>>>,
+    /// Whether the program reads step input `k`.
+    read: Vec<bool>,
     outputs: Vec<Option<Arc<Storage>>>,
     /// Whether output `k` is handed out as a copy (at most `COPIED_OUTPUT_BYTES` bytes).
     copied: Vec<bool>,
@@ -87,7 +90,14 @@ impl GraphReplay {
             }
         }
         let mut copies = Vec::new();
-        for (k, (captured, t)) in self.inputs.iter().zip(inputs).enumerate() {
+        for (k, ((captured, t), _)) in self
+            .inputs
+            .iter()
+            .zip(inputs)
+            .zip(&self.read)
+            .enumerate()
+            .filter(|(_, (_, &read))| read)
+        {
             match (captured, piece_of(t)) {
                 (None, None) => {}
                 (Some(c), Some(now)) if Arc::ptr_eq(c, now) => {}
@@ -194,9 +204,15 @@ pub(crate) fn replay_with_graph(
                 (Ok(graph), Some(outs)) => {
                     let outputs: Vec<_> = outs.iter().map(|t| piece_of(t).cloned()).collect();
                     drop(outs);
+                    let read = program.inputs_read();
                     let g = GraphReplay {
                         graph,
-                        inputs: inputs.iter().map(|t| piece_of(t).cloned()).collect(),
+                        inputs: inputs
+                            .iter()
+                            .zip(&read)
+                            .map(|(t, &r)| piece_of(t).filter(|_| r).cloned())
+                            .collect(),
+                        read,
                         copied: outputs
                             .iter()
                             .map(|p| p.as_ref().is_some_and(|p| p.bytes() <= COPIED_OUTPUT_BYTES))

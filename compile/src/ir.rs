@@ -268,6 +268,25 @@ impl Program {
     pub fn output_values(&self) -> impl Iterator<Item = ValueId> + '_ {
         self.outputs.iter().filter_map(|o| o.value)
     }
+    /// Whether each step input's piece is read by a node or handed out as an output (an
+    /// input no node reads, such as a parameter a mixed-precision step reads only as its
+    /// compute copy, need not be bound).
+    pub fn inputs_read(&self) -> Vec<bool> {
+        let mut read = vec![false; self.key.0.len()];
+        let used = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.inputs.iter().copied())
+            .chain(self.output_values());
+        for v in used {
+            if let Origin::Input(k) = self.values[self.buffer_of(v).index()].origin {
+                if let Some(r) = read.get_mut(k) {
+                    *r = true;
+                }
+            }
+        }
+        read
+    }
     /// Bytes of the inputs and constants the program reads (held outside its arena).
     pub fn external_bytes(&self) -> usize {
         self.values

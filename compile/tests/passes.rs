@@ -101,6 +101,30 @@ fn dead_code_is_removed_and_replay_equals_eager() {
     assert_eq!(c.arena.first_conflict(), None);
 }
 
+/// The program knows which inputs it reads: one read only by dead code, or not at all, is
+/// unread (a device graph neither binds nor keeps it); one handed out as an output is read.
+#[test]
+fn unread_inputs_are_known() {
+    let mut step = CompiledStep::new();
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3]).unwrap();
+    let (unused, dead, passed) = (
+        x.mul_scalar(2.0).unwrap(),
+        x.exp().unwrap(),
+        x.neg().unwrap(),
+    );
+    let inputs = [x.clone(), unused.clone(), dead.clone(), passed.clone()];
+    let (_, run) = step
+        .run::<CompileError, _>(&inputs, || {
+            let _gone = dead.sum_all()?;
+            Ok(vec![x.add_scalar(1.0)?, passed.clone()])
+        })
+        .unwrap();
+    let StepRun::Compiled(c) = run else {
+        panic!("the first call compiles")
+    };
+    assert_eq!(c.program.inputs_read(), vec![true, false, false, true]);
+}
+
 /// On two ranks a boxing whose result this step drops still runs (its all-gather needs every
 /// member) while a dead local slice is removed, and the replay gives the eager result.
 #[test]

@@ -6,7 +6,8 @@
 //! ranks) queued with no synchronisation, results kept alive or dropped, then compared with
 //! the same chains on CPU; (d) every bf16/f16 kernel against f64 on random, never-zero data;
 //! (e) the vocabulary-parallel cross-entropy kernels against the CPU ones; (f) the generated
-//! fused element-wise kernels against f64 in f32, bf16 and f16;
+//! fused element-wise kernels against f64 in f32, bf16 and f16; (g) the fused linear
+//! cross-entropy against f64;
 //! plus the device Philox generator against `rng::philox4x32_10`.
 //! Prints "skipped: no CUDA (...)" where there is no GPU.
 //!
@@ -25,11 +26,12 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
+mod common;
 mod gpu_tensor_checks;
 mod half_cases;
 use gpu_tensor_checks::{
-    child_adamw_copies, child_buckets, child_fused_elementwise, child_sum_squares,
-    child_vocab_parallel,
+    child_adamw_copies, child_buckets, child_fused_elementwise, child_linear_classifier,
+    child_sum_squares, child_vocab_parallel,
 };
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
@@ -389,6 +391,9 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
     checks.report(17, "fused element-wise kernels", child_fused_elementwise(world, cuda), |n| {
         format!("{n} generated fused element-wise kernel cases (f32, bf16, f16; bias rows, strided and scalar broadcasts, backward steps, casts) within their roundings of the f64 unfused ops, bit-equal on a second launch")
     });
+    checks.report(18, "fused linear cross-entropy", child_linear_classifier(world, cuda), |n| {
+        format!("{n} fused linear cross-entropy cases (f32, bf16, f16, f64; loss, dx, dw; padding; several chunks) within their rounding of the f64 reference")
+    });
     let t = Instant::now();
     checks.report(11, "fused attention", child_flash(world, cuda), |n| {
         format!("{n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})", t.elapsed())
@@ -429,6 +434,7 @@ fn cpu_self_check() {
             .and_then(|x| child_buckets(4, rank, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_vocab_parallel(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_fused_elementwise(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_linear_classifier(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

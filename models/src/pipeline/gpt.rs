@@ -59,6 +59,6 @@ impl PipelineModel for Gpt {
             Some(w) => w.clone(),
             None => self.wte.weight.compute()?,
         };
-        self.loss_of(&self.head(y, &w)?, targets)
+        self.head_loss(y, &w, targets)
     }
 }

@@ -177,3 +177,38 @@ pub fn padded_cross_entropy_reference(
     }
     (loss, grad)
 }
+
+/// The f64 reference of the fused linear cross-entropy over the first `classes` rows of the
+/// table `w` `[v, width]` for `x` `[rows, width]` and targets `t`: the sum of the rows' losses
+/// times `c`, and its gradients `c D w` and `c D^T x` (`D` = softmax - onehot, 0 in the
+/// padding).
+pub fn linear_cross_entropy_reference(
+    x: &[f64],
+    w: &[f64],
+    (rows, width, v): (usize, usize, usize),
+    classes: usize,
+    t: &[i64],
+    c: f64,
+) -> (f64, Vec<f64>, Vec<f64>) {
+    let mut logits = vec![0.0; rows * v];
+    for i in 0..rows {
+        let xi = &x[i * width..(i + 1) * width];
+        for j in 0..v {
+            let wj = &w[j * width..(j + 1) * width];
+            logits[i * v + j] = xi.iter().zip(wj).map(|(a, b)| a * b).sum();
+        }
+    }
+    let (loss, d) = padded_cross_entropy_reference(&logits, v, classes, t, &vec![c; rows]);
+    let mut dx = vec![0.0; rows * width];
+    let mut dw = vec![0.0; v * width];
+    for i in 0..rows {
+        for j in 0..classes {
+            let g = d[i * v + j];
+            for k in 0..width {
+                dx[i * width + k] += g * w[j * width + k];
+                dw[j * width + k] += g * x[i * width + k];
+            }
+        }
+    }
+    (c * loss.iter().sum::<f64>(), dx, dw)
+}

@@ -5,7 +5,8 @@
 //! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
 //! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`), the
 //! vocabulary-parallel cross-entropy kernels (`vocab.rs`), the generated fused element-wise
-//! kernels against f64 (`fused.rs`).
+//! kernels against f64 (`fused.rs`), the fused linear cross-entropy against f64
+//! (`linear_classifier.rs`).
 
 use super::*;
 
@@ -14,6 +15,7 @@ mod flash;
 mod fused;
 mod half;
 mod indexed;
+mod linear_classifier;
 mod op_cases;
 mod reductions;
 mod sum_squares;
@@ -23,6 +25,7 @@ pub(crate) use flash::child_flash;
 pub(crate) use fused::child_fused_elementwise;
 pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
+pub(crate) use linear_classifier::child_linear_classifier;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use sum_squares::{child_adamw_copies, child_sum_squares};

@@ -177,14 +177,50 @@ impl Gpt {
     /// tied table `wte` (on the last stage's placement; the columns from `vocab` on are the
     /// padding's).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
-        let x = self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)?;
-        x.matmul_t(wte, false, true)
+        self.head_input(x)?.matmul_t(wte, false, true)
+    }
+
+    /// The final norm of the residual stream, whole on the last stage's tensor-parallel axis:
+    /// what the tied table multiplies.
+    fn head_input(&self, x: &Tensor) -> Result<Tensor> {
+        self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)
+    }
+
+    /// Mean next-token cross-entropy of the residual stream after the last block `x`
+    /// `[B, T, C]` against targets `[B, T]` through the tied table `wte`: the head's product
+    /// and the classifier as one op where a gradient is wanted
+    /// ([`Tensor::linear_classifier_loss_sum`]), so the logits are never kept; equal to
+    /// [`Gpt::loss_of`] of [`Gpt::head`].
+    pub fn head_loss(&self, x: &Tensor, wte: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let h = self.head_input(x)?;
+        check_targets(&h, targets)?;
+        let (rows, c) = match h.shape().dims() {
+            [b, t, c] => (b * t, *c),
+            _ => {
+                return Err(TensorError::Shape {
+                    op: "Gpt::head_loss",
+                    shapes: h.shape().to_string(),
+                    sbps: format!("{:?}", h.nd_sbp()),
+                    detail: "the residual stream must be [B, T, C]".into(),
+                })
+            }
+        };
+        let (h, targets) = (h.reshape([rows, c])?, targets.reshape([rows])?);
+        h.linear_classifier_loss_sum(wte, &targets, self.cfg.vocab)?
+            .mul_scalar(1.0 / rows.max(1) as f64)
     }
 
     /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
     /// first stage) -> logits `[B, T, table_rows]` (on the last stage). Between pipeline stages the
     /// stream moves with `to_global`, and the tied table goes to the last stage the same way.
     pub fn forward(&self, ids: &Tensor, pass: Pass) -> Result<Tensor> {
+        let (x, wte) = self.stream_out(ids, pass)?;
+        self.head(&x, &wte)
+    }
+
+    /// ids -> the residual stream after the last block and the tied table, both on the last
+    /// stage.
+    fn stream_out(&self, ids: &Tensor, pass: Pass) -> Result<(Tensor, Tensor)> {
         // One value of the tied table for both uses (gathered once if stored sharded).
         let wte = self.wte.weight.compute()?;
         let mut x = self.embed(ids, &wte, pass)?;
@@ -203,7 +239,7 @@ impl Gpt {
             }
             _ => wte,
         };
-        self.head(&x, &wte)
+        Ok((x, wte))
     }
 
     /// Mean next-token cross-entropy of `logits` `[B, T, table_rows]` against targets `[B, T]`
@@ -215,14 +251,7 @@ impl Gpt {
             logits.shape().dim(1),
             logits.shape().dim(2),
         );
-        if targets.shape().dims() != [b, t] {
-            return Err(TensorError::Shape {
-                op: "Gpt::loss",
-                shapes: format!("{}, {}", logits.shape(), targets.shape()),
-                sbps: format!("{:?}, {:?}", logits.nd_sbp(), targets.nd_sbp()),
-                detail: "targets must have the ids' shape".into(),
-            });
-        }
+        check_targets(logits, targets)?;
         let (logits, targets) = (logits.reshape([b * t, v])?, targets.reshape([b * t])?);
         // The loss is in the logits' compute dtype (f32 for bf16), over `vocab` classes; one tensor of
         // the logits' size and dtype stays for the backward: classes whole take the fused
@@ -243,9 +272,22 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        let logits = self.forward(ids, pass)?;
-        self.loss_of(&logits, targets)
+        let (x, wte) = self.stream_out(ids, pass)?;
+        self.head_loss(&x, &wte, targets)
     }
+}
+
+/// Targets `[B, T]` for a head output `[B, T, ..]`, else a shape error of `Gpt::loss`.
+fn check_targets(out: &Tensor, targets: &Tensor) -> Result<()> {
+    if out.ndim() >= 2 && targets.shape().dims() == &out.shape().dims()[..2] {
+        return Ok(());
+    }
+    Err(TensorError::Shape {
+        op: "Gpt::loss",
+        shapes: format!("{}, {}", out.shape(), targets.shape()),
+        sbps: format!("{:?}, {:?}", out.nd_sbp(), targets.nd_sbp()),
+        detail: "targets must have the ids' shape".into(),
+    })
 }
 
 impl Module for Gpt {

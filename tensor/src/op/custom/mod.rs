@@ -108,6 +108,7 @@ custom_ops! {
     residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,
+    linear_classifier::LinearClassifier(LinearClassifier): LinearClassifierKernels,
     adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
     sum_squares::SumSquares(SumSquares): SumSquaresKernels,
     fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,

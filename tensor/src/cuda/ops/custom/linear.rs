@@ -16,7 +16,7 @@ use crate::Result;
 impl CudaKernels {
     /// The cuBLASLt product's float type and whether it runs on TF32 tensor cores, when the
     /// precision setting lets cuBLASLt serve pieces of `dt` (None: the composed kernels).
-    fn lt_types(&self, dt: oxiflow_dtype::DType) -> Option<(FloatType, bool)> {
+    pub(super) fn lt_types(&self, dt: oxiflow_dtype::DType) -> Option<(FloatType, bool)> {
         let t = FloatType::of(dt)?;
         match (t, self.rt.matmul_precision()) {
             (FloatType::F32, MatmulPrecision::F32) => Some((t, false)),
@@ -28,7 +28,7 @@ impl CudaKernels {
 
     /// Runs `g` on cuBLASLt: `Ok(true)` when it ran, `Ok(false)` when cuBLASLt does not serve
     /// the call (the caller composes), else its error.
-    fn lt_ran(&self, g: &LtMatmul, a: u64, b: u64, out: u64) -> Result<bool> {
+    pub(super) fn lt_ran(&self, g: &LtMatmul, a: u64, b: u64, out: u64) -> Result<bool> {
         match lt_matmul(&self.rt, g, a, b, out) {
             Ok(()) => Ok(true),
             Err(e) if e.is_fallback() => Ok(false),

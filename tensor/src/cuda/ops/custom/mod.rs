@@ -7,5 +7,6 @@ mod classifier;
 mod flash_attention;
 mod fused_elementwise;
 mod linear;
+mod linear_classifier;
 mod residual_layer_norm;
 mod sum_squares;

@@ -194,8 +194,10 @@ impl<M: TrainModel> Trainer<M> {
     }
 
     /// One step: forward and backward over the step's batch, the gradients' norm, the update.
-    /// Without a pipeline the host waits for the device once: the norm's kernels are queued
-    /// behind the backward pass, then the loss and the norm are read together.
+    /// Without a pipeline the host waits for the device once: the norm's kernels, and the
+    /// update clipped by a device clip ratio where the optimizer can queue one, are queued
+    /// behind the backward pass, then the loss and the norm are read together, and the hooks'
+    /// verdict commits or drops the queued update.
     pub fn train_step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
         let step = self.step;
@@ -237,6 +239,9 @@ impl<M: TrainModel> Trainer<M> {
             ..StepStats::default()
         };
         let sum = self.optimizer.prepare_queued()?;
+        // The update is queued before anything is read (the device runs it while the host
+        // reads the loss and norm), then committed or dropped by the verdict.
+        let queued = self.optimizer.queue_clipped(&sum, self.opts.clip_grad)?;
         let (loss, sum) = match (read_loss, queued_loss) {
             (Some(l), _) => (l, sum.read()?),
             (None, Some(t)) => {
@@ -255,6 +260,8 @@ impl<M: TrainModel> Trainer<M> {
             }
         }
         match verdict {
+            // A queued update equals `apply`'s for a finite norm.
+            Verdict::Update if queued && stats.grad_norm.is_finite() => self.optimizer.commit()?,
             Verdict::Update => self
                 .optimizer
                 .apply(clip_factor(stats.grad_norm, self.opts.clip_grad))?,

@@ -5,13 +5,15 @@
 //! into the moments' coefficients. A step updates every parameter with one multi-tensor op
 //! (one device launch on CUDA) on each rank's pieces, whatever their layouts. A parameter
 //! computed in another dtype (mixed precision) whose state lives in its leaf's own layout gets
-//! its compute copy written by the same op, so its next forward pass casts nothing.
+//! its compute copy written by the same op, so its next forward pass casts nothing. An update
+//! clipped by a device clip ratio can be queued before the host reads anything and committed
+//! (or dropped) after (`queue_apply`, `commit`).
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
-use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
+use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot, AdamWUpdated};
+use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
-use oxiflow_tensor::{no_grad, DType};
 
 use super::{
     check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
@@ -50,6 +52,8 @@ pub struct AdamW {
     m: Vec<Option<Tensor>>,
     v: Vec<Option<Tensor>>,
     steps: u64,
+    /// An update `queue_apply` queued: each parameter's index and new values.
+    pending: Option<Vec<(usize, AdamWUpdated)>>,
 }
 
 impl AdamW {
@@ -64,6 +68,7 @@ impl AdamW {
             m: vec![None; n],
             v: vec![None; n],
             steps: 0,
+            pending: None,
         }
     }
 
@@ -83,11 +88,28 @@ impl AdamW {
     }
 
     /// One update of the parameters `ups` (index and update view) with gradients scaled by
-    /// `c`: one multi-tensor op over this rank's pieces of them all (see
-    /// `Tensor::adamw_multi`), then each new value written back to its leaf's layout, with its
-    /// compute copy where the update ran in that layout (a ZeRO-1/2 shard is gathered in f32
-    /// and cast by the next forward pass, as before).
+    /// `c`, written back at once (see [`AdamW::run_update`]); each old compute copy's memory
+    /// goes back before the op writes the new one.
     fn update_all(&mut self, ups: Vec<(usize, Update)>, c: f64) -> Result<()> {
+        for (i, _) in &ups {
+            self.params[*i].drop_copy();
+        }
+        let views: Vec<(usize, &Update)> = ups.iter().map(|(i, u)| (*i, u)).collect();
+        let updated = self.run_update(&views, c, None)?;
+        self.write_updates(updated)
+    }
+
+    /// The new values of the parameters `ups` (index and update view) with gradients scaled
+    /// by `c` and, with `ratio`, clipped by its device value: one multi-tensor op over this
+    /// rank's pieces of them all (see `Tensor::adamw_multi`), with each compute copy where the
+    /// update runs in its leaf's layout (a ZeRO-1/2 shard is gathered in f32 and cast by the
+    /// next forward pass, as before). Nothing is written back.
+    fn run_update(
+        &self,
+        ups: &[(usize, &Update)],
+        c: f64,
+        ratio: Option<&Tensor>,
+    ) -> Result<Vec<(usize, AdamWUpdated)>> {
         let o = self.opts;
         let hyper = AdamWHyper {
             lr: o.lr,
@@ -97,37 +119,39 @@ impl AdamW {
             step: self.steps + 1,
             grad_scale: c,
         };
-        let copies: Vec<Option<DType>> = ups
-            .iter()
-            .map(|(i, u)| {
-                let p = &self.params[*i];
-                // The old copy's memory goes back before the op writes the new one.
-                p.drop_copy();
-                let (leaf, d) = (p.value(), p.compute_dtype());
-                (d != leaf.dtype() && u.value.layout() == leaf.layout()).then_some(d)
-            })
-            .collect();
         let slots: Vec<AdamWSlot> = ups
             .iter()
-            .zip(&copies)
-            .map(|((i, u), &compute_copy)| AdamWSlot {
-                param: &u.value,
-                grad: &u.grad,
-                m: self.m[*i].as_ref(),
-                v: self.v[*i].as_ref(),
-                weight_decay: self.decay[*i],
-                compute_copy,
+            .map(|&(i, u)| {
+                let p = &self.params[i];
+                let (leaf, d) = (p.value(), p.compute_dtype());
+                AdamWSlot {
+                    param: &u.value,
+                    grad: &u.grad,
+                    m: self.m[i].as_ref(),
+                    v: self.v[i].as_ref(),
+                    weight_decay: self.decay[i],
+                    compute_copy: (d != leaf.dtype() && u.value.layout() == leaf.layout())
+                        .then_some(d),
+                }
             })
             .collect();
-        let updated = Tensor::adamw_multi(&slots, &hyper)?;
-        drop(slots);
-        for ((i, _), new) in ups.iter().zip(updated) {
+        let updated = match ratio {
+            Some(r) => Tensor::adamw_multi_clipped(&slots, &hyper, r)?,
+            None => Tensor::adamw_multi(&slots, &hyper)?,
+        };
+        Ok(ups.iter().map(|(i, _)| *i).zip(updated).collect())
+    }
+
+    /// Each new value written back to its leaf's layout, with its compute copy, and the new
+    /// moments kept.
+    fn write_updates(&mut self, updated: Vec<(usize, AdamWUpdated)>) -> Result<()> {
+        for (i, new) in updated {
             match &new.copy {
-                Some(copy) => self.params[*i].set_value_with_copy(&new.param, Some(copy))?,
-                None => write_back(&self.params[*i], &new.param)?,
+                Some(copy) => self.params[i].set_value_with_copy(&new.param, Some(copy))?,
+                None => write_back(&self.params[i], &new.param)?,
             }
-            self.m[*i] = Some(new.m);
-            self.v[*i] = Some(new.v);
+            self.m[i] = Some(new.m);
+            self.v[i] = Some(new.v);
         }
         Ok(())
     }
@@ -153,12 +177,32 @@ impl Optimizer for AdamW {
     }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
+        self.pending = None;
         let ups = self.prepared.take("AdamW::apply")?;
         self.update_all(ups, scale)?;
         self.steps += 1;
         Ok(())
     }
+    fn queue_apply(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
+        let _ng = no_grad();
+        let views = self.prepared.views("AdamW::queue_apply")?;
+        let updated = self.run_update(&views, 1.0, ratio)?;
+        self.pending = Some(updated);
+        Ok(true)
+    }
+    fn commit(&mut self) -> Result<()> {
+        let _ng = no_grad();
+        let updated = self.pending.take().ok_or(TensorError::Kernel {
+            op: "AdamW::commit",
+            detail: "no update was queued".into(),
+        })?;
+        self.prepared.discard();
+        self.write_updates(updated)?;
+        self.steps += 1;
+        Ok(())
+    }
     fn discard(&mut self) {
+        self.pending = None;
         self.prepared.discard();
     }
     fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {

@@ -15,7 +15,8 @@ mod zero;
 pub use adamw::{AdamW, AdamWOptions};
 pub use bucket::{BucketLaunch, GradBuckets, SyncMode};
 pub use norm::{
-    clip_factor, first_non_finite, global_grad_norm, norm_of, queue_sum_of_squares, QueuedSum,
+    clip_factor, clip_ratio, first_non_finite, global_grad_norm, norm_of, queue_sum_of_squares,
+    QueuedSum,
 };
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
@@ -41,7 +42,25 @@ pub trait Optimizer {
     /// The update from the prepared gradients scaled by `scale` (e.g. a `clip_factor`); an
     /// error without a `prepare` first.
     fn apply(&mut self, scale: f64) -> Result<()>;
-    /// Drops the prepared gradients without an update (a skipped step).
+    /// The update from the prepared gradients, clipped by `min(r, 1)` for `r` the value of the
+    /// device clip ratio `ratio` ([`clip_ratio`]; None: unclipped), queued with nothing read on
+    /// the host and kept pending beside the prepared gradients, so the device runs it while
+    /// the host still reads the step's loss and norm: [`Optimizer::commit`] makes it the
+    /// parameters' values; `apply` and `discard` drop it. Returns false where the optimizer
+    /// cannot queue one (nothing is pending; the caller `apply`s as before).
+    fn queue_apply(&mut self, _ratio: Option<&Tensor>) -> Result<bool> {
+        Ok(false)
+    }
+    /// Makes the update [`Optimizer::queue_apply`] queued the parameters' values (the same
+    /// bits as `apply` with the ratio's clip factor) and drops the prepared gradients; an
+    /// error without one.
+    fn commit(&mut self) -> Result<()> {
+        Err(oxiflow_tensor::TensorError::Kernel {
+            op: "Optimizer::commit",
+            detail: "no update was queued".into(),
+        })
+    }
+    /// Drops the prepared gradients (and a queued update) without an update (a skipped step).
     fn discard(&mut self);
     /// The gradients `prepare` boxed, with their parameters' indices (empty when none are
     /// prepared): what a health check inspects before `apply` or `discard`.
@@ -50,9 +69,29 @@ pub trait Optimizer {
     /// (None: unclipped), as torch's `clip_grad_norm_` then `step`; returns the norm before
     /// clipping.
     fn step_with_norm(&mut self, max_norm: Option<f64>) -> Result<f64> {
-        let norm = self.prepare()?;
-        self.apply(clip_factor(norm, max_norm))?;
+        let sum = self.prepare_queued()?;
+        let queued = self.queue_clipped(&sum, max_norm)?;
+        let norm = norm_of(sum.read()?);
+        if queued && norm.is_finite() {
+            self.commit()?;
+        } else {
+            self.apply(clip_factor(norm, max_norm))?;
+        }
         Ok(norm)
+    }
+    /// [`Optimizer::queue_apply`] clipped to a global norm of `max_norm` (None: unclipped) by
+    /// the device clip ratio of the prepared gradients' queued sum of squares `sum`; false
+    /// where nothing was queued (the ratio needs the host, or the optimizer cannot queue). A
+    /// queued update equals `apply(clip_factor(norm, max_norm))` for a finite norm, which is
+    /// when a caller commits it.
+    fn queue_clipped(&mut self, sum: &QueuedSum, max_norm: Option<f64>) -> Result<bool> {
+        match max_norm {
+            None => self.queue_apply(None),
+            Some(m) => match clip_ratio(sum, m)? {
+                Some(r) => self.queue_apply(Some(&r)),
+                None => Ok(false),
+            },
+        }
     }
     /// The parameters, in order.
     fn params(&self) -> &[Parameter];
@@ -130,6 +169,19 @@ impl Prepared {
     }
     pub(crate) fn discard(&mut self) {
         self.0 = None;
+    }
+    /// The prepared views with their parameters' indices, kept for a later `take` (an error
+    /// without a `prepare`).
+    pub(crate) fn views(&self, op: &'static str) -> Result<Vec<(usize, &Update)>> {
+        let views = self.0.as_ref().ok_or(oxiflow_tensor::TensorError::Kernel {
+            op,
+            detail: "no gradients were prepared".into(),
+        })?;
+        Ok(views
+            .iter()
+            .enumerate()
+            .filter_map(|(i, u)| Some((i, u.as_ref()?)))
+            .collect())
     }
     /// The prepared gradients with their parameters' indices (empty without a `prepare`).
     pub(crate) fn gradients(&self) -> Vec<(usize, Tensor)> {

@@ -217,13 +217,20 @@ __device__ void ln_fwd_warp(i64 rows, int c, float eps, const T* x, const T* a, 
 //   m = m a1 + g b1;  v = v a2 + (g g) b2;  p = p decay - (m step) / (sqrt(v inv_bc2) + eps)
 // with g scaled by grad_scale when it is not 1, and the bf16 copy of p written when asked. The
 // new p, m and v go to param_out, m_out and v_out (which may be param, m and v themselves).
+// With `clip_ratio` (a device f64 r, computed with nothing read on the host), c = min(r, 1)
+// and b1, b2 are (float)(b1d c) and (float)(b2d c c): the host's folding of c, in the same
+// f64 operations.
 struct AdamTensor {
     unsigned long long param, grad, m, v, param_out, m_out, v_out, param_bf16;
     i64 n;
     float decay;
     int grad_bf16;
 };
-struct AdamCoef { float a1, b1, a2, b2, step, inv_bc2, eps, grad_scale; };
+struct AdamCoef {
+    float a1, b1, a2, b2, step, inv_bc2, eps, grad_scale;
+    double b1d, b2d;
+    unsigned long long clip_ratio;
+};
 
 extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
     const AdamTensor t = tensors[blockIdx.y];
@@ -234,11 +241,17 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
     float* mo = (float*)t.m_out;
     float* vo = (float*)t.v_out;
     bf16_t* p16 = (bf16_t*)t.param_bf16;
+    float b1 = k.b1, b2 = k.b2;
+    if (k.clip_ratio) {
+        const double c = fmin(*(const double*)k.clip_ratio, 1.0);
+        b1 = (float)(k.b1d * c);
+        b2 = (float)(k.b2d * c * c);
+    }
     GRID_STRIDE(i, t.n) {
         float g = t.grad_bf16 ? to_f(((const bf16_t*)t.grad)[i]) : ((const float*)t.grad)[i];
         if (k.grad_scale != 1.f) g = g * k.grad_scale;
-        const float mi = m[i] * k.a1 + g * k.b1;
-        const float vi = v[i] * k.a2 + (g * g) * k.b2;
+        const float mi = m[i] * k.a1 + g * b1;
+        const float vi = v[i] * k.a2 + (g * g) * b2;
         const float pi = p[i] * t.decay - (mi * k.step) / (sqrtf(vi * k.inv_bc2) + k.eps);
         mo[i] = mi;
         vo[i] = vi;

@@ -254,6 +254,11 @@ pub(crate) struct AdamCoef {
     inv_bc2: f32,
     eps: f32,
     grad_scale: f32,
+    /// The unclipped `b1` and `b2` in f64, for a device clip ratio.
+    b1d: f64,
+    b2d: f64,
+    /// Address of a device f64 clip ratio r: every gradient is scaled by min(r, 1) (0: none).
+    clip_ratio: u64,
 }
 // SAFETY: plain old data with the C layout of `struct AdamCoef`.
 unsafe impl DeviceRepr for AdamCoef {}
@@ -272,7 +277,16 @@ impl AdamCoef {
             inv_bc2,
             eps,
             grad_scale: 1.0,
+            b1d: c[1],
+            b2d: c[3],
+            clip_ratio: 0,
         }
+    }
+
+    /// These coefficients with every gradient scaled by `min(r, 1)`, r the device f64 at
+    /// `clip_ratio` (`b1` and `b2` unclipped here): the kernel folds it in as the host does.
+    pub(crate) fn clipped_by(self, clip_ratio: u64) -> AdamCoef {
+        AdamCoef { clip_ratio, ..self }
     }
 }
 
@@ -300,6 +314,9 @@ impl AdamHyper {
             inv_bc2: (1.0 / bc2) as f32,
             eps: self.eps as f32,
             grad_scale: self.grad_scale,
+            b1d: 1.0 - self.beta1,
+            b2d: 1.0 - self.beta2,
+            clip_ratio: 0,
         }
     }
     /// A tensor's decay factor for weight decay `wd`.

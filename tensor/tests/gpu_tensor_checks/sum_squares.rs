@@ -108,7 +108,8 @@ pub(crate) fn child_sum_squares(
 }
 
 /// The multi-tensor AdamW's compute copies on `device`: each bit for bit the cast of its new
-/// value (bf16 written by the fused launch, f16 by a cast after it); returns how many.
+/// value (bf16 written by the fused launch, f16 by a cast after it); and a clip ratio read
+/// on the device gives the bits of its factor folded on the host; returns how many checked.
 pub(crate) fn child_adamw_copies(
     world: usize,
     device: DeviceType,
@@ -174,5 +175,37 @@ pub(crate) fn child_adamw_copies(
             (got, _) => return Err(format!("adamw copies: tensor {i}: copy {got:?} for {c:?}")),
         }
     }
+    // The clip factor as a device ratio r (min(r, 1) = 0.7, and r > 1 for 1): the same bits
+    // as the factor folded on the host.
+    for (ratio, factor) in [(0.7, 0.7), (3.5, 1.0)] {
+        let r = Tensor::from_vec(vec![ratio], Vec::<usize>::new())
+            .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
+            .map_err(e)?;
+        let host = AdamWHyper {
+            grad_scale: factor,
+            ..hyper
+        };
+        let want = Tensor::adamw_multi(&slots, &host).map_err(e)?;
+        let got = Tensor::adamw_multi_clipped(&slots, &hyper_unclipped(&hyper), &r).map_err(e)?;
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let pairs = [(&a.param, &b.param), (&a.m, &b.m), (&a.v, &b.v)];
+            for (x, y) in pairs.into_iter().chain(a.copy.iter().zip(b.copy.iter())) {
+                if bits(x).map_err(e)? != bits(y).map_err(e)? {
+                    return Err(format!(
+                        "adamw clip ratio {ratio}: tensor {i} differs from the host's factor {factor}"
+                    ));
+                }
+            }
+            checked += 1;
+        }
+    }
     Ok(checked)
+}
+
+/// `hyper` with its gradients unscaled (a clip ratio operand scales them).
+fn hyper_unclipped(hyper: &AdamWHyper) -> AdamWHyper {
+    AdamWHyper {
+        grad_scale: 1.0,
+        ..*hyper
+    }
 }

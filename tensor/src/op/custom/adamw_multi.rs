@@ -9,7 +9,10 @@
 //! whose layers compute in another dtype (mixed precision) can ask for the new value's copy
 //! in it ([`AdamWSlot::compute_copy`]): the same launch writes it on CUDA (bf16 from f32), a
 //! cast after the passes elsewhere, the same bits either way; [`Tensor::cast_as_copy`] then
-//! stands for the cast of the new value with no kernel.
+//! stands for the cast of the new value with no kernel. A global-norm clip may also come as
+//! a 0-d f64 tensor, the ratio `max_norm / (norm + eps)` computed on the device
+//! ([`Tensor::adamw_multi_clipped`]), so an update is queued with nothing read on the host; it
+//! gives the same bits as the factor `min(ratio, 1)` folded on the host.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Shape};
@@ -44,6 +47,10 @@ pub struct AdamWMulti {
     pub decay: Vec<F64Bits>,
     /// The dtype each tensor's new value is also written in (None: no copy).
     pub copies: Vec<Option<DType>>,
+    /// A last operand, a 0-d f64 clip ratio `r`, scales every gradient by `c = min(r, 1)`:
+    /// `g1` and `g2` are then the unclipped coefficients, and the kernels use `g1 c` and
+    /// `g2 c c` ([`AdamWMulti::with_scale`]).
+    pub clipped: bool,
 }
 
 /// The hyper-parameters of one AdamW step (as `torch.optim.AdamW`).
@@ -114,7 +121,24 @@ impl AdamWMulti {
             copies: (0..weight_decay.len())
                 .map(|i| copies.get(i).copied().flatten())
                 .collect(),
+            clipped: false,
         }
+    }
+
+    /// The op with the gradients' scale `c` (`min(r, 1)` of a clipped op's ratio operand)
+    /// folded into its coefficients as [`AdamWMulti::new`] folds `grad_scale`, bit for bit.
+    pub fn with_scale(&self, c: f64) -> AdamWMulti {
+        AdamWMulti {
+            g1: F64Bits::new(self.g1.get() * c),
+            g2: F64Bits::new(self.g2.get() * c * c),
+            clipped: false,
+            ..self.clone()
+        }
+    }
+
+    /// Number of operands: (p, g, m, v) per tensor, and the clip ratio when `clipped`.
+    fn operands(&self) -> usize {
+        4 * self.decay.len() + usize::from(self.clipped)
     }
 
     /// The output index of tensor `i`'s copy, when it has one.
@@ -205,13 +229,21 @@ impl OpFamily for AdamWMulti {
     }
 
     fn arity(&self) -> (usize, usize) {
-        let n = 4 * self.decay.len();
+        let n = self.operands();
         (n.max(1), n.max(1))
     }
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let mut outs = Vec::with_capacity(3 * self.decay.len());
         let mut dtypes = Vec::with_capacity(outs.capacity());
+        let tensors = 4 * self.decay.len();
+        if self.clipped && (s[tensors].ndim() != 0 || d[tensors] != DType::F64) {
+            return Err(MetaError::Shape(format!(
+                "the clip ratio must be a 0-d f64 value, got {} {}",
+                d[tensors], s[tensors]
+            )));
+        }
+        let (s, d) = (&s[..tensors], &d[..tensors]);
         for (i, (sh, dt)) in s.chunks(4).zip(d.chunks(4)).enumerate() {
             need_float(dt[0], "a parameter")?;
             if sh.iter().any(|x| *x != sh[0]) || dt.iter().any(|&t| t != dt[0]) {
@@ -238,18 +270,18 @@ impl OpFamily for AdamWMulti {
         // path is `Tensor::adamw_multi`, on local pieces).
         let mut r = Rules::new(mode, outs);
         let n_out = r.out_shapes().len();
-        r.push_uniform(s.len(), n_out, oxiflow_sbp::Sbp::B);
+        r.push_uniform(self.operands(), n_out, oxiflow_sbp::Sbp::B);
         Ok(Inferred::outputs(r, &dtypes))
     }
 
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        if x.len() != 4 * self.decay.len() || out.len() != self.outputs() {
+        if x.len() != self.operands() || out.len() != self.outputs() {
             return Err(kernel_err(
                 self.name(),
                 format!(
                     "{} tensors need {} operands and {} outputs, got {} and {}",
                     self.decay.len(),
-                    4 * self.decay.len(),
+                    self.operands(),
                     self.outputs(),
                     x.len(),
                     out.len()
@@ -350,101 +382,155 @@ impl Tensor {
     /// one layout (or all be local on one device); the results have it. Runs on this rank's
     /// pieces only, with one op for them all, so it communicates nothing.
     pub fn adamw_multi(slots: &[AdamWSlot<'_>], hyper: &AdamWHyper) -> Result<Vec<AdamWUpdated>> {
-        let _ng = crate::autograd::no_grad();
-        // Moments before the first step: zeros in the parameter's layout.
-        let zeros = |t: Option<&Tensor>, p: &Tensor| match t {
-            Some(t) => Ok(t.clone()),
-            None => p.mul_scalar(0.0),
-        };
-        let mut full: Vec<[Tensor; 4]> = Vec::with_capacity(slots.len());
-        for (i, s) in slots.iter().enumerate() {
-            let four = [
-                s.param.clone(),
-                s.grad.clone(),
-                zeros(s.m, s.param)?,
-                zeros(s.v, s.param)?,
-            ];
-            for (name, t) in ["grad", "m", "v"].iter().zip(&four[1..]) {
-                if t.shape() != s.param.shape()
-                    || t.dtype() != s.param.dtype()
-                    || t.layout() != s.param.layout()
-                {
-                    return Err(slot_err(
-                        i,
-                        format!(
-                            "{name} is {} but the parameter is {}",
-                            t.describe(),
-                            s.param.describe()
-                        ),
-                    ));
-                }
-            }
-            full.push(four);
-        }
-        // This rank's pieces, one op per device.
-        let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
-        let mut copies: Vec<Option<Tensor>> = vec![None; slots.len()];
-        let mut devices = Vec::new();
-        for d in full
-            .iter()
-            .filter_map(|f| f[0].storage().map(|s| s.device()))
-        {
-            if !devices.contains(&d) {
-                devices.push(d);
-            }
-        }
-        for device in devices {
-            let held: Vec<usize> = (0..slots.len())
-                .filter(|&i| full[i][0].storage().map(|s| s.device()) == Some(device))
-                .collect();
-            let locals: Vec<Tensor> = held
-                .iter()
-                .flat_map(|&i| full[i].iter().map(Tensor::to_local))
-                .collect();
-            let refs: Vec<&Tensor> = locals.iter().collect();
-            let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
-            let wanted: Vec<Option<DType>> = held.iter().map(|&i| slots[i].compute_copy).collect();
-            let op = AdamWMulti::new(hyper, &decay, &wanted);
-            let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
-            let res = dispatch_multi(op.into(), &refs)?;
-            for (k, &i) in held.iter().enumerate() {
-                let mut three = res[3 * k..3 * k + 3].iter();
-                let mut next = || {
-                    three
-                        .next()
-                        .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
-                };
-                out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
-                if let Some(c) = at[k] {
-                    let copy = res
-                        .get(c)
-                        .ok_or_else(|| slot_err(i, "the op gave no compute copy".into()))?;
-                    copies[i] = Some(copy.clone());
-                }
-            }
-        }
-        full.iter()
-            .zip(out)
-            .zip(copies)
-            .zip(slots)
-            .map(|(((f, o), c), s)| {
-                let wrap = |like: &Tensor, local: Option<&Tensor>| match local {
-                    Some(l) => with_piece_of(like, l),
-                    None => Tensor::with_layout_of(like, None),
-                };
-                let o = o.as_ref();
-                let param = wrap(&f[0], o.map(|o| &o[0]))?;
-                let copy = match s.compute_copy {
-                    Some(d) => Some(copy_of(&param, c.as_ref(), d)?),
-                    None => None,
-                };
-                Ok(AdamWUpdated {
-                    param,
-                    m: wrap(&f[2], o.map(|o| &o[1]))?,
-                    v: wrap(&f[3], o.map(|o| &o[2]))?,
-                    copy,
-                })
-            })
-            .collect()
+        adamw_multi_with(slots, hyper, None)
     }
+
+    /// [`Tensor::adamw_multi`] with every gradient also scaled by `min(r, 1)`, `r` the value
+    /// of `ratio`, a 0-d f64 tensor (a global-norm clip ratio computed on the device), read by
+    /// the kernels and never on the host: the same bits as `hyper.grad_scale` set to
+    /// `min(r, 1)`. Every rank holding a slot's piece must hold a piece of `ratio` on that
+    /// device (a broadcast over a placement covering the slots', or a local tensor there).
+    pub fn adamw_multi_clipped(
+        slots: &[AdamWSlot<'_>],
+        hyper: &AdamWHyper,
+        ratio: &Tensor,
+    ) -> Result<Vec<AdamWUpdated>> {
+        if ratio.ndim() != 0 || ratio.dtype() != DType::F64 {
+            return Err(slot_err(
+                0,
+                format!("the clip ratio must be 0-d f64, got {}", ratio.describe()),
+            ));
+        }
+        adamw_multi_with(slots, hyper, Some(ratio))
+    }
+}
+
+/// [`Tensor::adamw_multi`], clipped by `ratio` when given.
+fn adamw_multi_with(
+    slots: &[AdamWSlot<'_>],
+    hyper: &AdamWHyper,
+    ratio: Option<&Tensor>,
+) -> Result<Vec<AdamWUpdated>> {
+    let _ng = crate::autograd::no_grad();
+    // Moments before the first step: zeros in the parameter's layout.
+    let zeros = |t: Option<&Tensor>, p: &Tensor| match t {
+        Some(t) => Ok(t.clone()),
+        None => p.mul_scalar(0.0),
+    };
+    let mut full: Vec<[Tensor; 4]> = Vec::with_capacity(slots.len());
+    for (i, s) in slots.iter().enumerate() {
+        let four = [
+            s.param.clone(),
+            s.grad.clone(),
+            zeros(s.m, s.param)?,
+            zeros(s.v, s.param)?,
+        ];
+        for (name, t) in ["grad", "m", "v"].iter().zip(&four[1..]) {
+            if t.shape() != s.param.shape()
+                || t.dtype() != s.param.dtype()
+                || t.layout() != s.param.layout()
+            {
+                return Err(slot_err(
+                    i,
+                    format!(
+                        "{name} is {} but the parameter is {}",
+                        t.describe(),
+                        s.param.describe()
+                    ),
+                ));
+            }
+        }
+        full.push(four);
+    }
+    // This rank's pieces, one op per device.
+    let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
+    let mut copies: Vec<Option<Tensor>> = vec![None; slots.len()];
+    let mut devices = Vec::new();
+    for d in full
+        .iter()
+        .filter_map(|f| f[0].storage().map(|s| s.device()))
+    {
+        if !devices.contains(&d) {
+            devices.push(d);
+        }
+    }
+    for device in devices {
+        let held: Vec<usize> = (0..slots.len())
+            .filter(|&i| full[i][0].storage().map(|s| s.device()) == Some(device))
+            .collect();
+        let mut locals: Vec<Tensor> = held
+            .iter()
+            .flat_map(|&i| full[i].iter().map(Tensor::to_local))
+            .collect();
+        if let Some(c) = ratio {
+            let here = c.to_local();
+            if here.storage().map(|s| s.device()) != Some(device) {
+                return Err(slot_err(
+                    held[0],
+                    format!(
+                        "the clip ratio {} has no piece on {device} here",
+                        c.describe()
+                    ),
+                ));
+            }
+            locals.push(here);
+        }
+        let refs: Vec<&Tensor> = locals.iter().collect();
+        let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
+        let wanted: Vec<Option<DType>> = held.iter().map(|&i| slots[i].compute_copy).collect();
+        let op = match ratio {
+            Some(_) => AdamWMulti {
+                clipped: true,
+                ..AdamWMulti::new(
+                    &AdamWHyper {
+                        grad_scale: 1.0,
+                        ..*hyper
+                    },
+                    &decay,
+                    &wanted,
+                )
+            },
+            None => AdamWMulti::new(hyper, &decay, &wanted),
+        };
+        let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
+        let res = dispatch_multi(op.into(), &refs)?;
+        for (k, &i) in held.iter().enumerate() {
+            let mut three = res[3 * k..3 * k + 3].iter();
+            let mut next = || {
+                three
+                    .next()
+                    .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
+            };
+            out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
+            if let Some(c) = at[k] {
+                let copy = res
+                    .get(c)
+                    .ok_or_else(|| slot_err(i, "the op gave no compute copy".into()))?;
+                copies[i] = Some(copy.clone());
+            }
+        }
+    }
+    full.iter()
+        .zip(out)
+        .zip(copies)
+        .zip(slots)
+        .map(|(((f, o), c), s)| {
+            let wrap = |like: &Tensor, local: Option<&Tensor>| match local {
+                Some(l) => with_piece_of(like, l),
+                None => Tensor::with_layout_of(like, None),
+            };
+            let o = o.as_ref();
+            let param = wrap(&f[0], o.map(|o| &o[0]))?;
+            let copy = match s.compute_copy {
+                Some(d) => Some(copy_of(&param, c.as_ref(), d)?),
+                None => None,
+            };
+            Ok(AdamWUpdated {
+                param,
+                m: wrap(&f[2], o.map(|o| &o[1]))?,
+                v: wrap(&f[3], o.map(|o| &o[2]))?,
+                copy,
+            })
+        })
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! Multi-tensor AdamW CUDA kernel: one launch of the raw layer's `adamw_multi` for every tensor
 //! whose parameter, gradient and moments are f32 (each written to its output buffers, and a
-//! bf16 compute copy of the new value in the same launch); any other tensor runs its three
-//! fused AdamW passes, and any other copy is a cast after the launch.
+//! bf16 compute copy of the new value in the same launch; a device clip ratio read by the
+//! kernel); any other tensor runs its three fused AdamW passes (a device clip ratio read on
+//! the host first), and any other copy is a cast after the launch.
 
 use oxiflow_dtype::DType;
 
@@ -10,6 +11,7 @@ use crate::cuda::ops::CudaKernels;
 use crate::cuda::storage::CudaStorage;
 use crate::op::custom::{AdamWMulti, AdamWMultiKernels};
 use crate::op::kernel_err;
+use crate::storage::DeviceStorage;
 use crate::Result;
 
 impl AdamWMultiKernels for CudaKernels {
@@ -21,7 +23,7 @@ impl AdamWMultiKernels for CudaKernels {
     ) -> Result<()> {
         let n = op.decay.len();
         let copies = op.copies.iter().filter(|c| c.is_some()).count();
-        if x.len() != 4 * n || out.len() != 3 * n + copies {
+        if x.len() != 4 * n + usize::from(op.clipped) || out.len() != 3 * n + copies {
             return Err(kernel_err(
                 "adamw_multi",
                 format!(
@@ -31,6 +33,21 @@ impl AdamWMultiKernels for CudaKernels {
                 ),
             ));
         }
+        // A tensor outside the one launch takes the composed passes, which fold a device
+        // clip ratio read once on the host.
+        let mut host_op = None;
+        let mut composed = |i: usize, out: &mut [CudaStorage]| -> Result<()> {
+            if host_op.is_none() {
+                host_op = Some(match x.get(4 * n).filter(|_| op.clipped) {
+                    Some(r) => op.with_scale(ratio_value(r)?.min(1.0)),
+                    None => op.clone(),
+                });
+            }
+            match &host_op {
+                Some(h) => h.composed(self, i..i + 1, &x[..4 * n], out),
+                None => Ok(()),
+            }
+        };
         let mut list = Vec::with_capacity(n);
         // Tensors whose copy is cast after the launch.
         let mut cast_after = Vec::new();
@@ -41,7 +58,7 @@ impl AdamWMultiKernels for CudaKernels {
             let f32s = all().all(|p| p.dtype == DType::F32);
             let fits = all().all(|p| p.numel() == count);
             if !f32s || !fits {
-                op.composed(self, i..i + 1, x, out)?;
+                composed(i, out)?;
                 continue;
             }
             let copy = op.copy_index(i).and_then(|k| out.get(k));
@@ -70,16 +87,31 @@ impl AdamWMultiKernels for CudaKernels {
                 grad_bf16: 0,
             });
         }
-        let coef = AdamCoef::new(
+        let mut coef = AdamCoef::new(
             [
                 op.beta1, op.g1, op.beta2, op.g2, op.step, op.inv_bc2, op.eps,
             ]
             .map(|c| c.get()),
         );
+        if op.clipped {
+            let ratio = x
+                .get(4 * n)
+                .filter(|r| r.dtype == DType::F64 && r.numel() == 1)
+                .ok_or_else(|| kernel_err("adamw_multi", "no f64 clip ratio".into()))?;
+            coef = coef.clipped_by(ratio.ptr());
+        }
         adamw_multi(&self.rt, &list, &coef)?;
         for i in cast_after {
             op.cast_copy(self, i, out)?;
         }
         Ok(())
     }
+}
+
+/// The value of a device 0-d f64 (one host read).
+fn ratio_value(r: &CudaStorage) -> Result<f64> {
+    r.to_host()?
+        .as_array::<f64>()
+        .and_then(|a| a.iter().next().copied())
+        .ok_or_else(|| kernel_err("adamw_multi", format!("clip ratio {} {}", r.dtype, r.shape)))
 }

@@ -382,10 +382,12 @@ __device__ void classifier_regs(i64 rows, int v, int ld, float dloss, int strict
     extern __shared__ uint4 cls_tail[];
     const int N = 16 / sizeof(T);
     const int nv = ld / N, B = blockDim.x, t = threadIdx.x, held = V * B;
+    // The next row's target is read a row ahead, so no row waits for its own.
+    i64 tgt = blockIdx.x < rows ? targets[blockIdx.x] : 0;
     for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
         const uint4* x = (const uint4*)(logits + rr * ld);
         uint4* d = (uint4*)(dx + rr * ld);
-        const i64 tgt = targets[rr];
+        const i64 next = rr + gridDim.x < rows ? targets[rr + gridDim.x] : 0;
         if (tgt < 0 || tgt >= v) {
             const float bad = strict ? __int_as_float(0x7fc00000) : 0.f;
             for (int q = t; q < nv; q += B) {
@@ -395,6 +397,7 @@ __device__ void classifier_regs(i64 rows, int v, int ld, float dloss, int strict
                 d[q] = u.u;
             }
             if (t == 0) loss[rr] = bad;
+            tgt = next;
             continue;
         }
         const int tc = (int)tgt;
@@ -430,6 +433,7 @@ __device__ void classifier_regs(i64 rows, int v, int ld, float dloss, int strict
             cls_grad(u, q * N, v, tc, M, inv, lse, dloss, loss + rr);
             d[q] = u.u;
         }
+        tgt = next;
     }
 }
 

@@ -404,6 +404,7 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
             ),
         ];
         if t == FloatType::Bf16 {
+            runs.push(("classifier one-read V1+smem", &separate, one_read(1, 1024)));
             runs.push(("classifier one-read V2+smem", &separate, one_read(2, 1024)));
             runs.push(("classifier one-read V4+smem", &separate, one_read(4, 1024)));
         }

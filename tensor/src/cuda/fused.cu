@@ -1,35 +1,9 @@
 // Fused kernels of the raw layer: residual add + LayerNorm forward and backward, the
-// multi-tensor AdamW step, the fused classifier (loss and logit gradient in place), and 16-byte
-// vectorised element-wise kernels. Every computation is in f32; 16-bit values are rounded once.
+// multi-tensor AdamW step, the two-pass fused classifier (loss and logit gradient, in place or
+// not; the one-read kernels are in classifier_one_read.cu), and 16-byte vectorised element-wise
+// kernels. Every computation is in f32; 16-bit values are rounded once.
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
-
-template <typename T> union Vec16 {
-    uint4 u;
-    T e[16 / sizeof(T)];
-};
-
-// Sum of x over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float x) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_sum(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    x = lane < nw ? part[lane] : 0.f;
-    return warp_sum(x);
-}
-__device__ float block_max(float x) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    x = lane < nw ? part[lane] : NEG_INF;
-    return warp_max(x);
-}
 
 // ---- residual add + LayerNorm -------------------------------------------------------------
 // Per row of c columns: r = x + a (a may be null: r = x; r is rounded to T and written when
@@ -325,118 +299,6 @@ __device__ void classifier(i64 rows, int v, int ld, float dloss, int vec, int st
     }
 }
 
-// ---- fused classifier, row in registers ---------------------------------------------------
-// The results of `classifier` from one read of the logits, for rows of nv = ld / N 16-byte
-// vectors (ld a multiple of N, logits and dx 16-byte aligned). With B = blockDim.x, thread t
-// holds vectors t, t + B, ..., t + (V - 1) B of its block's row in registers; vectors from V B
-// on (a row wider than the registers hold) are copied once into dynamic shared memory (slot
-// q - V B, only ever touched by the thread that copied it), asynchronously on sm_80 and later.
-// Each thread keeps a running max and sum (one rescale per vector); the block takes the max of
-// the maxima and the sum of the sums rescaled to it, and the gradient and the loss come from
-// the held values. A thread whose values so far are all -inf sums relative to 0, so -inf logits
-// contribute 0 and a NaN logit makes its row's loss NaN. An ignored row reads nothing.
-__device__ __forceinline__ void copy16_async(uint4* smem, const uint4* gmem) {
-#if __CUDA_ARCH__ >= 800
-    const u32 sa = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sa), "l"(__cvta_generic_to_global(gmem)));
-#else
-    *smem = *gmem;
-#endif
-}
-__device__ __forceinline__ void copy16_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-template <typename T>
-__device__ __forceinline__ void cls_stats(const Vec16<T>& u, int j0, int v, float& m, float& s) {
-    const int N = 16 / sizeof(T);
-    float vm = NEG_INF;
-#pragma unroll
-    for (int e = 0; e < N; ++e)
-        if (j0 + e < v) vm = fmaxf(vm, to_f(u.e[e]));
-    if (vm > m) { s *= expf(m - vm); m = vm; }
-    const float base = m == NEG_INF ? 0.f : m;
-#pragma unroll
-    for (int e = 0; e < N; ++e)
-        if (j0 + e < v) s += expf(to_f(u.e[e]) - base);
-}
-// (softmax - onehot(tc)) dloss over the vector starting at column j0 (0 past v); the loss
-// lse - logit is written by the thread holding column tc.
-template <typename T>
-__device__ __forceinline__ void cls_grad(Vec16<T>& u, int j0, int v, int tc, float M, float inv, float lse,
-                                         float dloss, float* loss_row) {
-    const int N = 16 / sizeof(T);
-#pragma unroll
-    for (int e = 0; e < N; ++e) {
-        const int j = j0 + e;
-        const float x = to_f(u.e[e]);
-        float gr = 0.f;
-        if (j < v) gr = (expf(x - M) * inv - (j == tc ? 1.f : 0.f)) * dloss;
-        if (j == tc) *loss_row = lse - x;
-        u.e[e] = from_f<T>(gr);
-    }
-}
-template <typename T, int V>
-__device__ void classifier_regs(i64 rows, int v, int ld, float dloss, int strict, const T* logits, T* dx, const i64* targets, float* loss) {
-    extern __shared__ uint4 cls_tail[];
-    const int N = 16 / sizeof(T);
-    const int nv = ld / N, B = blockDim.x, t = threadIdx.x, held = V * B;
-    // The next row's target is read a row ahead, so no row waits for its own.
-    i64 tgt = blockIdx.x < rows ? targets[blockIdx.x] : 0;
-    for (i64 rr = blockIdx.x; rr < rows; rr += gridDim.x) {
-        const uint4* x = (const uint4*)(logits + rr * ld);
-        uint4* d = (uint4*)(dx + rr * ld);
-        const i64 next = rr + gridDim.x < rows ? targets[rr + gridDim.x] : 0;
-        if (tgt < 0 || tgt >= v) {
-            const float bad = strict ? __int_as_float(0x7fc00000) : 0.f;
-            for (int q = t; q < nv; q += B) {
-                Vec16<T> u;
-#pragma unroll
-                for (int e = 0; e < N; ++e) u.e[e] = from_f<T>(q * N + e < v ? bad : 0.f);
-                d[q] = u.u;
-            }
-            if (t == 0) loss[rr] = bad;
-            tgt = next;
-            continue;
-        }
-        const int tc = (int)tgt;
-        for (int q = held + t; q < nv; q += B) copy16_async(cls_tail + (q - held), x + q);
-        Vec16<T> r[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-            if (t + k * B < nv) r[k].u = x[t + k * B];
-        copy16_wait();
-        float m = NEG_INF, s = 0.f;
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-            if (t + k * B < nv) cls_stats(r[k], (t + k * B) * N, v, m, s);
-        for (int q = held + t; q < nv; q += B) {
-            Vec16<T> u;
-            u.u = cls_tail[q - held];
-            cls_stats(u, q * N, v, m, s);
-        }
-        const float M = block_max(m);
-        const float S = block_sum(M == NEG_INF ? s : s * expf(m - M));
-        const float lse = M + logf(S), inv = 1.f / S;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const int q = t + k * B;
-            if (q < nv) {
-                cls_grad(r[k], q * N, v, tc, M, inv, lse, dloss, loss + rr);
-                d[q] = r[k].u;
-            }
-        }
-        for (int q = held + t; q < nv; q += B) {
-            Vec16<T> u;
-            u.u = cls_tail[q - held];
-            cls_grad(u, q * N, v, tc, M, inv, lse, dloss, loss + rr);
-            d[q] = u.u;
-        }
-        tgt = next;
-    }
-}
-
 // ---- row scaling ---------------------------------------------------------------------------
 // y[r, j] = x[r, j] s[r] over rows of c columns (s f32), rounded once; 16-byte accesses when
 // `vec` (c a multiple of the vector width, so no vector crosses a row).
@@ -495,10 +357,6 @@ __device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y
 #define LN_WARP(T, N, V) \
 extern "C" __global__ void ln_fwd_warp##V##_##N(i64 rows, int c, float eps, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd_warp<T, V>(rows, c, eps, x, a, w, b, r, y, mean, rstd); }
 
-// The register classifier with V vectors per thread, for blocks of at most MAXB threads.
-#define CLS_REG(T, N, V, MAXB) \
-extern "C" __global__ void __launch_bounds__(MAXB) classifier_reg##V##_##N(i64 rows, int v, int ld, float dloss, int strict, const T* logits, T* dx, const i64* targets, float* loss) { classifier_regs<T, V>(rows, v, ld, dloss, strict, logits, dx, targets, loss); }
-
 #define FUSED_TYPE(T, N) \
 extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \
 extern "C" __global__ void ln_bwd_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd<T>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); } \
@@ -506,8 +364,7 @@ extern "C" __global__ void ln_bwd_reduce_##N(int g, int c, int acc, const float*
 extern "C" __global__ void classifier_##N(i64 rows, int v, int ld, float dloss, int vec, int strict, const T* logits, T* dx, const i64* targets, float* loss) { classifier<T>(rows, v, ld, dloss, vec, strict, logits, dx, targets, loss); } \
 extern "C" __global__ void row_scale_##N(i64 rows, int c, int vec, const T* x, const float* s, T* y) { row_scale<T>(rows, c, vec, x, s, y); } \
 extern "C" __global__ void ew_##N(i64 n, int op, float c, int vec, const T* a, const T* b, T* y) { ew<T>(n, op, c, vec, a, b, y); } \
-LN_WARP(T, N, 1) LN_WARP(T, N, 2) LN_WARP(T, N, 3) LN_WARP(T, N, 4) LN_WARP(T, N, 6) LN_WARP(T, N, 8) \
-CLS_REG(T, N, 1, 1024) CLS_REG(T, N, 2, 1024) CLS_REG(T, N, 4, 1024) CLS_REG(T, N, 8, 1024)
+LN_WARP(T, N, 1) LN_WARP(T, N, 2) LN_WARP(T, N, 3) LN_WARP(T, N, 4) LN_WARP(T, N, 6) LN_WARP(T, N, 8)
 
 FUSED_TYPE(float, f32)
 FUSED_TYPE(bf16_t, bf16)

@@ -14,8 +14,19 @@ use super::raw::{invalid, FResult, FloatType, FusedError};
 use super::storage::upload;
 use super::{Block, CudaRuntime};
 
-const SOURCE: &str = concat!(include_str!("device_types.cuh"), include_str!("fused.cu"));
+const SOURCE: &str = concat!(
+    include_str!("device_types.cuh"),
+    include_str!("block_reduce.cuh"),
+    include_str!("fused.cu")
+);
 static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
+/// The one-read classifier kernels: a source of their own, built beside `SOURCE`.
+const ONE_READ_SOURCE: &str = concat!(
+    include_str!("device_types.cuh"),
+    include_str!("block_reduce.cuh"),
+    include_str!("classifier_one_read.cu")
+);
+static ONE_READ_MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Shared memory a block may use without opting in.
 const SMEM_BYTES: usize = 48 * 1024;
 
@@ -42,11 +53,26 @@ fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
                 for w in WARP_ROW_VECTORS {
                     v.push(format!("ln_fwd_warp{w}_{}", t.suffix()));
                 }
-                for r in CLASSIFIER_ROW_VECTORS {
-                    v.push(format!("classifier_reg{r}_{}", t.suffix()));
-                }
             }
             v
+        },
+    )
+}
+
+fn one_read_kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
+    module(
+        &ONE_READ_MODULE,
+        rt,
+        op,
+        "one-read classifier kernels",
+        ONE_READ_SOURCE,
+        || {
+            FloatType::ALL
+                .into_iter()
+                .flat_map(|t| {
+                    CLASSIFIER_ROW_VECTORS.map(|r| format!("classifier_reg{r}_{}", t.suffix()))
+                })
+                .collect()
         },
     )
 }
@@ -517,7 +543,8 @@ fn one_read_fn(
     dtype: FloatType,
 ) -> FResult<&'static CudaFunction> {
     let op = "fused classifier";
-    let f = kernels(rt, op)?.get(op, &format!("classifier_reg{}_{}", plan.v, dtype.suffix()))?;
+    let f = one_read_kernels(rt, op)?
+        .get(op, &format!("classifier_reg{}_{}", plan.v, dtype.suffix()))?;
     rt.bind(op)?;
     if plan.smem > SMEM_BYTES {
         f.set_attribute(
@@ -681,10 +708,15 @@ pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()>
     launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
 }
 
-/// Builds the module now (see `build_times::prebuild_kernels`).
+/// Builds the fused module now (see `build_times::prebuild_kernels`).
 pub(crate) fn prebuild(rt: &CudaRuntime) {
     // A failure is kept in the module's cell and reported by the first op that needs it.
     let _ = kernels(rt, "prebuild");
+}
+
+/// Builds the one-read classifier module now (see `build_times::prebuild_kernels`).
+pub(crate) fn prebuild_one_read(rt: &CudaRuntime) {
+    let _ = one_read_kernels(rt, "prebuild");
 }
 
 #[cfg(test)]

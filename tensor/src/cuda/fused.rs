@@ -15,7 +15,7 @@ use super::storage::upload;
 use super::{Block, CudaRuntime};
 
 mod one_read;
-use one_read::{classifier_smem_limit, forced_plan, one_read_fn, row_plan};
+use one_read::{classifier_smem_limit, forced_plan, one_read_fn, resident_blocks, row_plan};
 pub(crate) use one_read::{prebuild_one_read, row_plan_occupancy, RowPlan};
 
 const SOURCE: &str = concat!(
@@ -403,9 +403,10 @@ pub(crate) fn classifier_plan(
 ) -> FResult<Option<RowPlan>> {
     let dx = a.dlogits.unwrap_or(a.logits);
     match kernel {
-        ClassifierKernel::Auto => Ok(aligned(&[a.logits, dx])
-            .then(|| row_plan(a.ld, a.dtype, classifier_smem_limit(rt)))
-            .flatten()),
+        ClassifierKernel::Auto if aligned(&[a.logits, dx]) => {
+            Ok(row_plan(a.ld, a.dtype, classifier_smem_limit(rt)?))
+        }
+        ClassifierKernel::Auto => Ok(None),
         ClassifierKernel::TwoPass => Ok(None),
         ClassifierKernel::OneRead { v, block } => forced_plan(rt, a, v, block).map(Some),
     }
@@ -438,10 +439,9 @@ pub(crate) fn classifier_using(
     let strict = a.strict as i32;
     if let Some(p) = classifier_plan(rt, a, kernel)? {
         let f = one_read_fn(rt, &p, a.dtype)?;
+        rt.bind(op)?;
         // As many blocks as fit on the device at once, each looping over its rows.
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(p.block as u32, p.smem, None)
-            .map_or(1, |n| n.max(1) as usize);
+        let per_sm = resident_blocks(f, &p, a.dtype);
         let cfg = LaunchConfig {
             grid_dim: (a.rows.min(sm_count(rt) * per_sm) as u32, 1, 1),
             block_dim: (p.block as u32, 1, 1),

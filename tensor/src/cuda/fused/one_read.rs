@@ -2,7 +2,7 @@
 //! beside the fused one): which launch a row gets (vectors a thread, threads, shared memory), and
 //! the kernels' registers and occupancy as the device reports them.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::CudaFunction;
@@ -20,22 +20,51 @@ const ONE_READ_SOURCE: &str = concat!(
 );
 static ONE_READ_MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 
-fn one_read_kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(
+/// The one-read kernels' names.
+fn one_read_names() -> Vec<String> {
+    FloatType::ALL
+        .into_iter()
+        .flat_map(|t| CLASSIFIER_ROW_VECTORS.map(|r| format!("classifier_reg{r}_{}", t.suffix())))
+        .collect()
+}
+
+/// The one-read module, and the dynamic shared memory its kernels may use a block: the device's
+/// opt-in limit, granted to every kernel once when the module is first asked for (outside any
+/// graph capture: the start-up build asks), or 48 KiB where that fails.
+fn one_read_kernels(rt: &CudaRuntime, op: &'static str) -> FResult<(&'static Module, usize)> {
+    static GRANTED: OnceLock<usize> = OnceLock::new();
+    let m = module(
         &ONE_READ_MODULE,
         rt,
         op,
         "one-read classifier kernels",
         ONE_READ_SOURCE,
-        || {
-            FloatType::ALL
-                .into_iter()
-                .flat_map(|t| {
-                    CLASSIFIER_ROW_VECTORS.map(|r| format!("classifier_reg{r}_{}", t.suffix()))
-                })
-                .collect()
-        },
-    )
+        one_read_names,
+    )?;
+    let base = SMEM_BYTES - CLASSIFIER_STATIC_SMEM;
+    let granted = *GRANTED.get_or_init(|| {
+        let optin = rt
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_or(0, |n| {
+                (n.max(0) as usize).saturating_sub(CLASSIFIER_STATIC_SMEM)
+            });
+        let grant = |name: &String| {
+            m.get(op, name).is_ok_and(|f| {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    optin as i32,
+                )
+                .is_ok()
+            })
+        };
+        if optin > base && rt.bind(op).is_ok() && one_read_names().iter().all(grant) {
+            optin
+        } else {
+            base
+        }
+    });
+    Ok((m, granted))
 }
 
 /// The classifier kernels that read each row once are built for `V` 16-byte vectors per thread
@@ -83,35 +112,37 @@ pub(crate) fn row_plan(ld: usize, t: FloatType, smem_limit: usize) -> Option<Row
     })
 }
 
-/// Dynamic shared memory a one-read classifier block may opt in to (read once per process).
-pub(super) fn classifier_smem_limit(rt: &CudaRuntime) -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        rt.context()
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map(|n| (n.max(0) as usize).saturating_sub(CLASSIFIER_STATIC_SMEM))
-            .unwrap_or(SMEM_BYTES - CLASSIFIER_STATIC_SMEM)
-    })
+/// Dynamic shared memory a one-read classifier block may use.
+pub(super) fn classifier_smem_limit(rt: &CudaRuntime) -> FResult<usize> {
+    Ok(one_read_kernels(rt, "fused classifier")?.1)
 }
 
-/// The one-read kernel of `plan` for `dtype`, allowed the plan's shared memory.
+/// The one-read kernel of `plan` for `dtype`.
 pub(super) fn one_read_fn(
-    rt: &Arc<CudaRuntime>,
+    rt: &CudaRuntime,
     plan: &RowPlan,
     dtype: FloatType,
 ) -> FResult<&'static CudaFunction> {
     let op = "fused classifier";
-    let f = one_read_kernels(rt, op)?
-        .get(op, &format!("classifier_reg{}_{}", plan.v, dtype.suffix()))?;
-    rt.bind(op)?;
-    if plan.smem > SMEM_BYTES {
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            plan.smem as i32,
-        )
-        .map_err(|e| invalid(op, format!("{} bytes of shared memory: {e}", plan.smem)))?;
+    let name = format!("classifier_reg{}_{}", plan.v, dtype.suffix());
+    one_read_kernels(rt, op)?.0.get(op, &name)
+}
+
+/// Blocks of `plan`'s kernel `f` resident on a multiprocessor, asked of the driver once per
+/// plan (1 where it cannot say).
+pub(super) fn resident_blocks(f: &CudaFunction, plan: &RowPlan, dtype: FloatType) -> usize {
+    type Key = (usize, usize, usize, &'static str);
+    static KNOWN: Mutex<Vec<(Key, usize)>> = Mutex::new(Vec::new());
+    let key = (plan.v, plan.block, plan.smem, dtype.suffix());
+    let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, n)) = known.iter().find(|(k, _)| *k == key) {
+        return *n;
     }
-    Ok(f)
+    let n = f
+        .occupancy_max_active_blocks_per_multiprocessor(plan.block as u32, plan.smem, None)
+        .map_or(1, |n| n.max(1) as usize);
+    known.push((key, n));
+    n
 }
 
 /// What the device made of the one-read kernel of `plan` for `dtype`: registers a thread, local
@@ -123,6 +154,7 @@ pub(crate) fn row_plan_occupancy(
 ) -> FResult<String> {
     let op = "fused classifier";
     let f = one_read_fn(rt, plan, dtype)?;
+    rt.bind(op)?;
     let e = |e: cudarc::driver::DriverError| invalid(op, e.to_string());
     let regs = f.num_regs().map_err(e)?;
     let local = f.local_size_bytes().map_err(e)?;
@@ -149,7 +181,7 @@ pub(super) fn forced_plan(
         || !(32..=CLASSIFIER_MAX_BLOCK).contains(&block)
         || !a.ld.is_multiple_of(per)
         || !aligned(&[a.logits, dx])
-        || smem > classifier_smem_limit(rt)
+        || smem > classifier_smem_limit(rt)?
     {
         return Err(FusedError::Unsupported {
             op,

@@ -51,13 +51,14 @@ pub fn kernel_builds() -> Vec<KernelBuild> {
 }
 
 /// Starts compiling and loading the runtime's other NVRTC sources (the fused norm, AdamW and
-/// classifier kernels, the multi-tensor sum of squares and copy; the element-wise and layout
-/// kernels are built at start-up) on one thread each, in the background. An op that needs a
-/// source before its thread is done waits for it; a failed build is kept and reported by that
-/// op.
+/// classifier kernels, the one-read classifier, the multi-tensor sum of squares and copy; the
+/// element-wise and layout kernels are built at start-up) on one thread each, in the
+/// background. An op that needs a source before its thread is done waits for it; a failed build
+/// is kept and reported by that op.
 pub(crate) fn prebuild_kernels(rt: &Arc<CudaRuntime>) {
-    let jobs: [fn(&CudaRuntime); 3] = [
+    let jobs: [fn(&CudaRuntime); 4] = [
         super::fused::prebuild,
+        super::fused::prebuild_one_read,
         super::sum_squares::prebuild,
         super::copy_many::prebuild,
     ];

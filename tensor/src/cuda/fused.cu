@@ -1,35 +1,9 @@
 // Fused kernels of the raw layer: residual add + LayerNorm forward and backward, the
-// multi-tensor AdamW step, the fused classifier (loss and logit gradient in place), and 16-byte
-// vectorised element-wise kernels. Every computation is in f32; 16-bit values are rounded once.
+// multi-tensor AdamW step, the two-pass fused classifier (loss and logit gradient, in place or
+// not; the one-read kernels are in classifier_one_read.cu), and 16-byte vectorised element-wise
+// kernels. Every computation is in f32; 16-bit values are rounded once.
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
-
-template <typename T> union Vec16 {
-    uint4 u;
-    T e[16 / sizeof(T)];
-};
-
-// Sum of x over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float x) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_sum(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    x = lane < nw ? part[lane] : 0.f;
-    return warp_sum(x);
-}
-__device__ float block_max(float x) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    x = lane < nw ? part[lane] : NEG_INF;
-    return warp_max(x);
-}
 
 // ---- residual add + LayerNorm -------------------------------------------------------------
 // Per row of c columns: r = x + a (a may be null: r = x; r is rounded to T and written when
@@ -266,14 +240,15 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
 // themselves); columns v..ld get 0. A target outside 0..v ignores the row (loss 0, gradient 0),
 // or with `strict` gives it NaN (loss and gradient). One block per row: one pass for the
 // running max and sum (online softmax), one pass writing the gradient; 16-byte accesses when
-// `vec`.
+// `vec`. A running max of -inf has a sum of 0 (or NaN after a NaN logit): -inf logits
+// contribute 0 and a NaN logit makes the row's loss NaN.
 __device__ __forceinline__ void online(float& m, float& s, float x) {
-    if (x > m) { s = (m == NEG_INF ? 0.f : s * expf(m - x)) + 1.f; m = x; }
-    else s += expf(x - m);
+    if (x > m) { s = s * expf(m - x) + 1.f; m = x; }
+    else if (x != NEG_INF) s += expf(x - m);
 }
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
-    if (m2 == NEG_INF) return;
-    if (m == NEG_INF) { m = m2; s = s2; return; }
+    if (m2 == NEG_INF) { s += s2; return; }
+    if (m == NEG_INF) { m = m2; s = s * 0.f + s2; return; }
     const float M = fmaxf(m, m2);
     s = s * expf(m - M) + s2 * expf(m2 - M);
     m = M;

@@ -1,6 +1,7 @@
 //! The fused NVRTC kernels of the raw layer (`fused.cu`, compiled once per process): residual
 //! add + LayerNorm forward and backward, the single-launch multi-tensor AdamW, the fused
-//! classifier, and 16-byte vectorised element-wise kernels. Operands are device addresses of
+//! classifier (one read of each row where it fits the registers and shared memory of a block,
+//! else two), and 16-byte vectorised element-wise kernels. Operands are device addresses of
 //! contiguous row-major arrays of the given `FloatType`; statistics and optimizer state are f32.
 
 use std::sync::{Arc, OnceLock};
@@ -13,7 +14,15 @@ use super::raw::{invalid, FResult, FloatType, FusedError};
 use super::storage::upload;
 use super::{Block, CudaRuntime};
 
-const SOURCE: &str = concat!(include_str!("device_types.cuh"), include_str!("fused.cu"));
+mod one_read;
+use one_read::{classifier_smem_limit, forced_plan, one_read_fn, resident_blocks, row_plan};
+pub(crate) use one_read::{prebuild_one_read, row_plan_occupancy, RowPlan};
+
+const SOURCE: &str = concat!(
+    include_str!("device_types.cuh"),
+    include_str!("block_reduce.cuh"),
+    include_str!("fused.cu")
+);
 static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Shared memory a block may use without opting in.
 const SMEM_BYTES: usize = 48 * 1024;
@@ -64,16 +73,20 @@ fn warp_row_vectors(cols: usize, t: FloatType) -> Option<usize> {
     WARP_ROW_VECTORS.into_iter().find(|&v| v >= need)
 }
 
-/// Blocks for a row-per-block kernel: every row once, at most a few waves of the device.
-fn row_blocks(rt: &CudaRuntime, rows: usize) -> usize {
+/// The device's multiprocessors (read once per process).
+fn sm_count(rt: &CudaRuntime) -> usize {
     static SMS: OnceLock<usize> = OnceLock::new();
-    let sms = *SMS.get_or_init(|| {
+    *SMS.get_or_init(|| {
         rt.context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map(|n| n.max(1) as usize)
             .unwrap_or(132)
-    });
-    rows.clamp(1, sms * 8)
+    })
+}
+
+/// Blocks for a row-per-block kernel: every row once, at most a few waves of the device.
+fn row_blocks(rt: &CudaRuntime, rows: usize) -> usize {
+    rows.clamp(1, sm_count(rt) * 8)
 }
 
 fn aligned(ptrs: &[u64]) -> bool {
@@ -386,7 +399,48 @@ pub(crate) struct Classifier {
     pub strict: bool,
 }
 
+/// Which kernel `classifier_using` launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClassifierKernel {
+    /// The one-read kernel of [`classifier_plan`] where the row fits it, else the two-pass one.
+    Auto,
+    /// The two-pass kernel (the row read twice).
+    TwoPass,
+    /// The one-read kernel with `v` vectors a thread in blocks of `block` threads (an error
+    /// where it cannot run).
+    OneRead { v: usize, block: usize },
+}
+
+/// The one-read launch `classifier_using` makes for `a` with `kernel` (None: the two-pass
+/// kernel). `Auto` takes [`row_plan`] where the logits and the gradient are 16-byte aligned.
+pub(crate) fn classifier_plan(
+    rt: &CudaRuntime,
+    a: &Classifier,
+    kernel: ClassifierKernel,
+) -> FResult<Option<RowPlan>> {
+    let dx = a.dlogits.unwrap_or(a.logits);
+    match kernel {
+        ClassifierKernel::Auto if aligned(&[a.logits, dx]) => {
+            Ok(row_plan(a.ld, a.dtype, classifier_smem_limit(rt)?))
+        }
+        ClassifierKernel::Auto => Ok(None),
+        ClassifierKernel::TwoPass => Ok(None),
+        ClassifierKernel::OneRead { v, block } => forced_plan(rt, a, v, block).map(Some),
+    }
+}
+
+/// Launches the fused classifier `a`: one read of each row where [`row_plan`] finds a launch
+/// for it, else the two-pass kernel.
 pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
+    classifier_using(rt, a, ClassifierKernel::Auto)
+}
+
+/// `classifier` with the kernel chosen by the caller (the kernel check compares them).
+pub(crate) fn classifier_using(
+    rt: &Arc<CudaRuntime>,
+    a: &Classifier,
+    kernel: ClassifierKernel,
+) -> FResult<()> {
     let op = "fused classifier";
     if a.rows == 0 || a.v == 0 || a.ld < a.v || a.ld > i32::MAX as usize {
         return Err(invalid(
@@ -397,17 +451,28 @@ pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
     if [a.logits, a.targets, a.loss].contains(&0) {
         return Err(invalid(op, "null device address"));
     }
-    let m = kernels(rt, op)?;
-    let f = m.get(op, &format!("classifier_{}", a.dtype.suffix()))?;
+    let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
+    let dx = a.dlogits.unwrap_or(a.logits);
+    let strict = a.strict as i32;
+    if let Some(p) = classifier_plan(rt, a, kernel)? {
+        let f = one_read_fn(rt, &p, a.dtype)?;
+        rt.bind(op)?;
+        // As many blocks as fit on the device at once, each looping over its rows.
+        let per_sm = resident_blocks(f, &p, a.dtype);
+        let cfg = LaunchConfig {
+            grid_dim: (a.rows.min(sm_count(rt) * per_sm) as u32, 1, 1),
+            block_dim: (p.block as u32, 1, 1),
+            shared_mem_bytes: p.smem as u32,
+        };
+        return launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, strict, a.logits, dx, a.targets, a.loss);
+    }
+    let f = kernels(rt, op)?.get(op, &format!("classifier_{}", a.dtype.suffix()))?;
     let cfg = LaunchConfig {
         grid_dim: (row_blocks(rt, a.rows) as u32, 1, 1),
         block_dim: (512, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (rows, v, ld) = (a.rows as i64, a.v as i32, a.ld as i32);
-    let dx = a.dlogits.unwrap_or(a.logits);
     let vec = (a.ld.is_multiple_of(16 / a.dtype.size()) && aligned(&[a.logits, dx])) as i32;
-    let strict = a.strict as i32;
     launch_fn!(rt, op, f, cfg; rows, v, ld, a.dloss, vec, strict, a.logits, dx, a.targets, a.loss)
 }
 
@@ -518,7 +583,7 @@ pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()>
     launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
 }
 
-/// Builds the module now (see `build_times::prebuild_kernels`).
+/// Builds the fused module now (see `build_times::prebuild_kernels`).
 pub(crate) fn prebuild(rt: &CudaRuntime) {
     // A failure is kept in the module's cell and reported by the first op that needs it.
     let _ = kernels(rt, "prebuild");

@@ -1,13 +1,13 @@
-//! Checks of the fused NVRTC kernels (residual + LayerNorm forward and backward, the fused
-//! classifier, vectorised element-wise; AdamW in `adamw.rs`) against f64, and the bandwidth
-//! timings of all of them, AdamW included.
+//! Checks of the fused NVRTC kernels (residual + LayerNorm forward and backward, vectorised
+//! element-wise; AdamW in `adamw.rs`, the classifier in `classifier.rs`) against f64, and the
+//! bandwidth timings of them and of AdamW.
 
 use std::sync::Arc;
 
 use super::{rel_err, Buf, Report, Rng, TimingRun};
 use crate::cuda::fused::{
-    adamw_multi, classifier, elementwise, layer_norm_backward, layer_norm_forward, AdamHyper,
-    AdamTensor, Classifier, Elementwise, EwOp, LayerNormBackward, LayerNormForward,
+    adamw_multi, elementwise, layer_norm_backward, layer_norm_forward, AdamHyper, AdamTensor,
+    Elementwise, EwOp, LayerNormBackward, LayerNormForward,
 };
 use crate::cuda::raw::FloatType;
 use crate::cuda::CudaRuntime;
@@ -184,80 +184,6 @@ fn ln_case(
     Ok(())
 }
 
-fn classifier_case(
-    rt: &Arc<CudaRuntime>,
-    rep: &mut Report,
-    t: FloatType,
-    rows: usize,
-    v: usize,
-    ld: usize,
-    seed: u64,
-) -> Result<()> {
-    let mut rng = Rng(seed);
-    let (logits, lv) = Buf::vals(rt, t, &rng.vals(rows * ld, 3.0))?;
-    let targets: Vec<i64> = (0..rows)
-        .map(|i| {
-            if i == 1 {
-                -1
-            } else {
-                (rng.next() % v as u64) as i64
-            }
-        })
-        .collect();
-    let tb: Vec<u8> = targets.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let tbuf = Buf::from(rt, &tb)?;
-    let loss = Buf::new(rt, rows * 4)?;
-    loss.poison(rt)?;
-    let dloss = 1.0 / rows as f32;
-    let args = Classifier {
-        rows,
-        v,
-        ld,
-        dloss,
-        dtype: t,
-        logits: logits.ptr(),
-        dlogits: None,
-        targets: tbuf.ptr(),
-        loss: loss.ptr(),
-        strict: false,
-    };
-    let shape = format!("{rows}x{v} ld{ld}");
-    if let Err(e) = classifier(rt, &args) {
-        rep.fail("classifier", t.suffix(), shape, e.to_string());
-        return Ok(());
-    }
-    let (mut wl, mut wg) = (vec![0.0; rows], vec![0.0; rows * ld]);
-    for i in 0..rows {
-        let row = &lv[i * ld..][..v];
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|x| (x - m).exp()).sum();
-        let tg = targets[i];
-        if tg < 0 {
-            continue;
-        }
-        wl[i] = m + s.ln() - row[tg as usize];
-        for j in 0..v {
-            wg[i * ld + j] =
-                ((row[j] - m).exp() / s - if j as i64 == tg { 1.0 } else { 0.0 }) * dloss as f64;
-        }
-    }
-    rep.check(
-        "classifier loss",
-        FloatType::F32,
-        shape.clone(),
-        rel_err(&loss.read(rt, FloatType::F32)?, &wl),
-        format!("{} logits", t.suffix()),
-    );
-    rep.check(
-        "classifier dlogits in place",
-        t,
-        shape,
-        rel_err(&logits.read(rt, t)?, &wg),
-        "",
-    );
-    Ok(())
-}
-
 fn ew_checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     let n = 10007;
     let mut rng = Rng(400);
@@ -321,8 +247,6 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ln_case(rt, rep, t, 5, 1000, true, s + 2)?;
         ln_case(rt, rep, t, 33, 1024, false, s + 3)?;
         ln_case(rt, rep, t, 3, 2048, true, s + 4)?;
-        classifier_case(rt, rep, t, 16, 1000, 1008, s + 3)?;
-        classifier_case(rt, rep, t, 9, 999, 999, s + 4)?;
     }
     super::adamw::checks(rt, rep)?;
     ew_checks(rt, rep)?;
@@ -452,39 +376,6 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
         bw.clone(),
     );
     drop(bufs);
-
-    // Fused classifier, GPT-2 vocabulary padded to 50304.
-    let (rows, v, ld) = (8192, 50257, 50304);
-    let logits = Buf::repeat(rt, t, &rng.vals(ld * 7, 3.0), rows * ld)?;
-    let tg: Vec<u8> = (0..rows)
-        .flat_map(|i| ((i * 7919 % v) as i64).to_le_bytes())
-        .collect();
-    let tbuf = Buf::from(rt, &tg)?;
-    let loss = Buf::new(rt, rows * 4)?;
-    let args = Classifier {
-        rows,
-        v,
-        ld,
-        dloss: 1.0 / rows as f32,
-        dtype: t,
-        logits: logits.ptr(),
-        dlogits: None,
-        targets: tbuf.ptr(),
-        loss: loss.ptr(),
-        strict: false,
-    };
-    let ms = super::time_ms(rt, run.repeats, |_| {
-        classifier(rt, &args).map_err(Into::into)
-    })?;
-    rep.time(
-        "classifier (in place)",
-        "bf16",
-        format!("{rows}x{v}"),
-        ms,
-        ((3 * rows * ld * 2) as f64, "GB/s"),
-        bw.clone(),
-    );
-    drop(logits);
 
     // Vectorised add.
     let n = 64 << 20;

@@ -6,6 +6,7 @@
 
 mod adamw;
 mod attention;
+mod classifier;
 mod fused;
 mod matmul;
 
@@ -357,6 +358,7 @@ pub fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
     }
     matmul::checks(&rt, &mut rep)?;
     fused::checks(&rt, &mut rep)?;
+    classifier::checks(&rt, &mut rep)?;
     if !opts.no_timing {
         let bw = copy_ceiling(&rt, repeats)?;
         let mm = matmul::ceiling(&rt, repeats)?;
@@ -365,6 +367,7 @@ pub fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
         attention::timings(&rt, &mut rep, &run)?;
         matmul::timings(&rt, &mut rep, &run)?;
         fused::timings(&rt, &mut rep, &run)?;
+        classifier::timings(&rt, &mut rep, &run)?;
     }
     print_table(&rep);
     Ok(Some(rep.checks.iter().all(Check::pass)))

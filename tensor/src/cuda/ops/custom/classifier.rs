@@ -1,6 +1,7 @@
-//! Fused classifier CUDA kernels: the raw layer's one-pass classifier (online softmax over the
-//! class columns; the loss and `softmax - onehot` written to their own buffers, the padded
-//! columns' gradient 0) and its row scaling; f64 logits take the composed kernels.
+//! Fused classifier CUDA kernels: the raw layer's fused classifier (softmax over the class
+//! columns from one read of each row where it fits a block; the loss and `softmax - onehot`
+//! written to their own buffers, the padded columns' gradient 0) and its row scaling; f64
+//! logits take the composed kernels.
 
 use oxiflow_dtype::DType;
 

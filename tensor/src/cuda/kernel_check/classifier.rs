@@ -277,6 +277,7 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
     for (i, t) in FloatType::ALL.into_iter().enumerate() {
         let per = 16 / t.size();
         let wide = |n: usize| n * per;
+        let gpt2_v = if t == FloatType::F32 { 8 } else { 1 };
         let cases = [
             // One vector a thread: many rows (each block loops over several), and one-vector rows.
             Case::new(t, 2500, wide(130) - 5, wide(130), Some(1)),
@@ -285,14 +286,21 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
                 .strict()
                 .separate()
                 .neg_inf(),
+            // Rows that would need 4 vectors a thread take one and shared memory; V4 forced.
             Case {
                 scale: 20.0,
-                ..Case::new(t, 13, wide(4000), wide(4000), Some(4))
+                ..Case::new(t, 13, wide(4000), wide(4000), Some(1))
+            },
+            Case {
+                scale: 20.0,
+                ..Case::new(t, 13, wide(4000), wide(4000), None)
+                    .kernel(ClassifierKernel::OneRead { v: 4, block: 1024 })
             },
             Case::new(t, 21, wide(8192) - 68, wide(8192), Some(8)).neg_inf(),
-            // GPT-2: 16-bit rows in registers, f32 rows continued in shared memory.
-            Case::new(t, 263, gpt2.0, gpt2.1, Some(8)),
-            Case::new(t, 37, gpt2.0, gpt2.1, Some(8))
+            // GPT-2: 16-bit rows one vector a thread and the rest in shared memory (two blocks
+            // a multiprocessor), f32 rows 8 a thread and the rest in shared memory.
+            Case::new(t, 263, gpt2.0, gpt2.1, Some(gpt2_v)),
+            Case::new(t, 37, gpt2.0, gpt2.1, Some(gpt2_v))
                 .strict()
                 .separate(),
             Case::new(t, 5, wide(12500) - 1, wide(12500), Some(8))

@@ -42,7 +42,7 @@ pub enum LinearClassifier {
 }
 
 /// At most this many bytes of logits live at once in a chunked kernel.
-pub const CHUNK_BYTES: usize = 256 << 20;
+pub const CHUNK_BYTES: usize = 512 << 20;
 
 /// Kernels of the fused linear cross-entropy.
 pub trait LinearClassifierKernels: KernelBackend {

@@ -227,8 +227,14 @@ mod tests {
         // GPT-2's padded vocabulary: 6288 bf16 vectors, 1024 in registers and the rest in
         // shared memory (two blocks a multiprocessor); 12576 f32 vectors, 8192 in registers
         // and the rest in shared memory.
-        assert_eq!(row_plan(50304, FloatType::Bf16, limit), plan(1, 1024, 5264 * 16));
-        assert_eq!(row_plan(50304, FloatType::F16, limit), plan(1, 1024, 5264 * 16));
+        assert_eq!(
+            row_plan(50304, FloatType::Bf16, limit),
+            plan(1, 1024, 5264 * 16)
+        );
+        assert_eq!(
+            row_plan(50304, FloatType::F16, limit),
+            plan(1, 1024, 5264 * 16)
+        );
         // Two blocks' shared memory over the limit given: registers.
         assert_eq!(row_plan(50304, FloatType::Bf16, 48 * 1024), plan(8, 800, 0));
         assert_eq!(
@@ -238,7 +244,10 @@ mod tests {
         assert_eq!(row_plan(8, FloatType::Bf16, limit), plan(1, 32, 0));
         assert_eq!(row_plan(1040, FloatType::F32, limit), plan(1, 288, 0));
         assert_eq!(row_plan(8200, FloatType::Bf16, limit), plan(2, 544, 0));
-        assert_eq!(row_plan(32000, FloatType::Bf16, limit), plan(1, 1024, 2976 * 16));
+        assert_eq!(
+            row_plan(32000, FloatType::Bf16, limit),
+            plan(1, 1024, 2976 * 16)
+        );
         assert_eq!(row_plan(65536, FloatType::Bf16, limit), plan(8, 1024, 0));
         assert_eq!(
             row_plan(100000, FloatType::Bf16, limit),

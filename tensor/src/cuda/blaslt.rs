@@ -323,7 +323,8 @@ fn check(op: &'static str, g: &LtMatmul, ptrs: &[u64]) -> FResult<()> {
     Ok(())
 }
 
-/// Runs `g` with `a`, `b`, `out` device addresses on the runtime's compute stream.
+/// Runs `g` with `a`, `b`, `out` device addresses on the runtime's compute stream (`out` is
+/// also the C operand a nonzero `beta` reads).
 pub(crate) fn lt_matmul(
     rt: &Arc<CudaRuntime>,
     g: &LtMatmul,
@@ -331,15 +332,27 @@ pub(crate) fn lt_matmul(
     b: u64,
     out: u64,
 ) -> FResult<()> {
+    lt_matmul_c(rt, g, a, b, out, out)
+}
+
+/// [`lt_matmul`] reading the C operand (`beta c`, laid out as `out`) from `c`.
+pub(crate) fn lt_matmul_c(
+    rt: &Arc<CudaRuntime>,
+    g: &LtMatmul,
+    a: u64,
+    b: u64,
+    c_in: u64,
+    out: u64,
+) -> FResult<()> {
     let op = "cublaslt matmul";
-    check(op, g, &[a, b, out])?;
+    check(op, g, &[a, b, c_in, out])?;
     cuda_libs::ensure_cublas(&LibSearch::default()).map_err(|e| FusedError::Unavailable {
         op,
         lib: "cuBLASLt",
         detail: e.to_string(),
     })?;
     let (bias, pre) = g.epilogue.pointers();
-    let aligned = [a, b, out, bias, pre].iter().all(|p| p % 16 == 0);
+    let aligned = [a, b, c_in, out, bias, pre].iter().all(|p| p % 16 == 0);
     let key = Key {
         dims: [g.batch, g.m, g.n, g.k],
         trans: (g.ta, g.tb),
@@ -369,13 +382,13 @@ pub(crate) fn lt_matmul(
         let c = build(op, state.handle, g)?;
         state.cache.insert(key.clone(), c);
     }
-    let Some(c) = state.cache.get(&key) else {
+    let Some(plan) = state.cache.get(&key) else {
         return Err(invalid(op, "missing cached plan"));
     };
     if bias != 0 {
         set_desc(
             op,
-            c.desc,
+            plan.desc,
             DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
             &bias,
         )?;
@@ -383,33 +396,33 @@ pub(crate) fn lt_matmul(
     if pre != 0 {
         set_desc(
             op,
-            c.desc,
+            plan.desc,
             DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
             &pre,
         )?;
     }
-    let ws = Block::alloc(rt, c.workspace.max(1))?;
+    let ws = Block::alloc(rt, plan.workspace.max(1))?;
     let (alpha, beta) = (g.alpha, g.beta);
     // SAFETY: descriptors and layouts are live and describe a, b and out, which are device
     // allocations of at least the sizes those layouts address; alpha and beta are f32 (the
-    // scale type) and outlive the call; the workspace holds c.workspace bytes.
+    // scale type) and outlive the call; the workspace holds plan.workspace bytes.
     unsafe {
         lt::matmul(
             state.handle,
-            c.desc,
+            plan.desc,
             (&alpha as *const f32).cast(),
             (&beta as *const f32).cast(),
             b as *const c_void,
-            c.a,
+            plan.a,
             a as *const c_void,
-            c.b,
-            out as *const c_void,
-            c.c,
+            plan.b,
+            c_in as *const c_void,
+            plan.c,
             out as *mut c_void,
-            c.c,
-            &c.algo,
+            plan.c,
+            &plan.algo,
             ws.ptr() as *mut c_void,
-            c.workspace,
+            plan.workspace,
             rt.stream().cu_stream() as sys::cudaStream_t,
         )
     }

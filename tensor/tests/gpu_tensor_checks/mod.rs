@@ -6,7 +6,7 @@
 //! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`), the
 //! vocabulary-parallel cross-entropy kernels (`vocab.rs`), the generated fused element-wise
 //! kernels against f64 (`fused.rs`), the fused linear cross-entropy against f64
-//! (`linear_classifier.rs`).
+//! (`linear_classifier.rs`), the fused MLP with its residual add (`residual_mlp.rs`).
 
 use super::*;
 
@@ -18,6 +18,7 @@ mod indexed;
 mod linear_classifier;
 mod op_cases;
 mod reductions;
+mod residual_mlp;
 mod sum_squares;
 mod vocab;
 pub(crate) use buckets::child_buckets;
@@ -28,6 +29,7 @@ pub(crate) use indexed::run_indexed_case;
 pub(crate) use linear_classifier::child_linear_classifier;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
+pub(crate) use residual_mlp::child_residual_mlp;
 pub(crate) use sum_squares::{child_adamw_copies, child_sum_squares};
 pub(crate) use vocab::child_vocab_parallel;
 

@@ -81,6 +81,38 @@ impl GptMlp {
             )?,
         })
     }
+
+    /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
+    /// layers compute with weights and biases whole on every rank (no tensor parallelism;
+    /// ZeRO-3 shards are gathered); None otherwise (the layers compose).
+    pub fn fused_residual(&self, h: &Tensor, residual: &Tensor) -> Result<Option<Tensor>> {
+        let (Some(b_fc), Some(b_proj)) = (&self.fc.bias, &self.proj.bias) else {
+            return Ok(None);
+        };
+        if self.proj.is_partial() {
+            return Ok(None);
+        }
+        // The values the layers compute with (a ZeRO-3 shard gathered whole).
+        let w = [&self.fc.weight, b_fc, &self.proj.weight, b_proj]
+            .map(Parameter::compute)
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        if w.iter().any(split_over_ranks) {
+            return Ok(None);
+        }
+        Ok(Some(h.residual_mlp(&w[0], &w[1], &w[2], &w[3], residual)?))
+    }
+}
+
+/// Whether `t` is split or partial over a mesh axis of several ranks.
+fn split_over_ranks(t: &Tensor) -> bool {
+    match (t.placement(), t.nd_sbp()) {
+        (Some(p), Some(s)) => s
+            .iter()
+            .zip(p.shape().iter())
+            .any(|(a, &n)| n > 1 && a != Sbp::B),
+        _ => false,
+    }
 }
 
 /// A row-parallel projection whose partial sums are reduced straight into `stream` on the
@@ -150,9 +182,15 @@ impl Block {
         let a = pass.dropout(cfg, &format!("{}.attn", self.name), &a)?;
         let (x, h) = self.ln2.forward_residual(x, &a)?;
         let h = layout.relayout(&h, Sbp::B)?;
+        let site = format!("{}.mlp", self.name);
+        if pass.dropout_at(cfg, &site).is_none() {
+            if let Some(y) = self.mlp.fused_residual(&h, &x)? {
+                return layout.relayout(&y, stream);
+            }
+        }
         let h = self.mlp.fc.forward_gelu(&h)?;
         let m = row_parallel(&self.mlp.proj, &h, layout, stream)?;
-        x.add(&pass.dropout(cfg, &format!("{}.mlp", self.name), &m)?)
+        x.add(&pass.dropout(cfg, &site, &m)?)
     }
 }
 

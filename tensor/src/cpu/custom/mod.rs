@@ -9,4 +9,5 @@ mod fused_elementwise;
 mod linear;
 mod linear_classifier;
 mod residual_layer_norm;
+mod residual_mlp;
 mod sum_squares;

@@ -106,6 +106,7 @@ custom_ops! {
     adamw::AdamW(AdamPart): AdamWKernels,
     flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
     residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
+    residual_mlp::ResidualMlp(ResidualMlp): ResidualMlpKernels,
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,
     linear_classifier::LinearClassifier(LinearClassifier): LinearClassifierKernels,

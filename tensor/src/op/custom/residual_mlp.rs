@@ -1,0 +1,274 @@
+//! A transformer's MLP with its residual add, as one op: (x `[.., C]`, w_fc `[C, F]`, b_fc
+//! `[F]`, w_proj `[F, C]`, b_proj `[C]`, residual `[.., C]`) -> `y = residual + gelu(x w_fc +
+//! b_fc) w_proj + b_proj`, with the hidden activation `h = gelu(pre)` and `pre = x w_fc + b_fc`
+//! as outputs saved for the backward (not differentiable). Being one op lets each product
+//! take what follows it into its epilogue: on CUDA the forward is two cuBLASLt products (bias
+//! and GELU in the first's epilogue; bias and the residual, read as the product's C operand, in
+//! the second's), and the backward computes `dpre = (dy w_proj^T) gelu'(pre)` in one product's
+//! epilogue, so neither the residual add nor the GELU backward is a pass of its own. The
+//! residual's gradient is `dy` itself.
+//!
+//! Rows split or whole, every weight whole: a tensor-parallel MLP (split weights) composes the
+//! linear layers instead (the model chooses).
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+
+use crate::dispatch::dispatch_multi;
+use crate::op::custom::Activation;
+use crate::op::{
+    kernel_err, same_float_dtype, scratch, Backend, BinaryOp, Grad, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, Saves, UnaryOp,
+};
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// The fused MLP with its residual add, and its backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResidualMlp {
+    /// (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h, pre).
+    Forward,
+    /// (x, h, pre, w_fc, w_proj, dy) -> (dx, dw_fc, db_fc, dw_proj, db_proj).
+    Backward,
+}
+
+/// Kernels of the fused MLP (float pieces of one dtype).
+pub trait ResidualMlpKernels: KernelBackend {
+    /// `x` = [x, w_fc, b_fc, w_proj, b_proj, residual]; `out` = [y, h, pre].
+    fn residual_mlp(&self, x: [&Self::Piece; 6], out: &mut [Self::Out]) -> Result<()>;
+    /// `x` = [x, h, pre, w_fc, w_proj, dy]; `out` = [dx, dw_fc, db_fc, dw_proj, db_proj].
+    fn residual_mlp_backward(&self, x: [&Self::Piece; 6], out: &mut [Self::Out]) -> Result<()>;
+}
+
+const B: Sbp = Sbp::Broadcast;
+
+/// `x`'s shape with its last dim `n`.
+fn with_last(x: &Shape, n: usize) -> Shape {
+    let mut d = x.dims().to_vec();
+    if let Some(l) = d.last_mut() {
+        *l = n;
+    }
+    Shape::new(d)
+}
+
+fn bad(s: &[&Shape], want: &str) -> MetaError {
+    MetaError::Shape(format!(
+        "needs {want}, got {}",
+        s.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+impl OpFamily for ResidualMlp {
+    fn name(&self) -> &'static str {
+        match self {
+            ResidualMlp::Forward => "residual_mlp",
+            ResidualMlp::Backward => "residual_mlp_backward",
+        }
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (6, 6)
+    }
+
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = same_float_dtype(d, "operand")?;
+        let x = s[0];
+        let Some(&c) = x.dims().last() else {
+            return Err(MetaError::Shape("x must have at least one dim".into()));
+        };
+        let lead = x.ndim() - 1;
+        match self {
+            ResidualMlp::Forward => {
+                let want =
+                    "x [.., C], w_fc [C, F], b_fc [F], w_proj [F, C], b_proj [C], residual like x";
+                let f = match s[1].dims() {
+                    [wc, f] if *wc == c => *f,
+                    _ => return Err(bad(s, want)),
+                };
+                if s[2].dims() != [f] || s[3].dims() != [f, c] || s[4].dims() != [c] || s[5] != x {
+                    return Err(bad(s, want));
+                }
+                let hid = with_last(x, f);
+                let mut r = Rules::new(mode, [x.clone(), hid.clone(), hid]);
+                for i in 0..lead {
+                    r.push(&[Sbp::S(i), B, B, B, B, Sbp::S(i)], &[Sbp::S(i); 3]);
+                }
+                r.push(&[B; 6], &[B; 3]);
+                Ok(Inferred::outputs(r, &[dt; 3]))
+            }
+            ResidualMlp::Backward => {
+                let want = "x [.., C], h and pre [.., F], w_fc [C, F], w_proj [F, C], dy like x";
+                let f = match s[3].dims() {
+                    [wc, f] if *wc == c => *f,
+                    _ => return Err(bad(s, want)),
+                };
+                let hid = with_last(x, f);
+                if *s[1] != hid || *s[2] != hid || s[4].dims() != [f, c] || s[5] != x {
+                    return Err(bad(s, want));
+                }
+                let outs = [
+                    x.clone(),
+                    Shape::new([c, f]),
+                    Shape::new([f]),
+                    Shape::new([f, c]),
+                    Shape::new([c]),
+                ];
+                let mut r = Rules::new(mode, outs);
+                for i in 0..lead {
+                    let si = Sbp::S(i);
+                    r.push(
+                        &[si, si, si, B, B, si],
+                        &[si, Sbp::P, Sbp::P, Sbp::P, Sbp::P],
+                    );
+                }
+                r.push(&[B; 6], &[B; 5]);
+                // Linear in dy.
+                r.push(&[B, B, B, B, B, Sbp::P], &[Sbp::P; 5]);
+                Ok(Inferred::outputs(r, &[dt; 5]))
+            }
+        }
+    }
+
+    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let ins = [x[0], x[1], x[2], x[3], x[4], x[5]];
+        match (self, out.len()) {
+            (ResidualMlp::Forward, 3) => b.residual_mlp(ins, out),
+            (ResidualMlp::Backward, 5) => b.residual_mlp_backward(ins, out),
+            (_, n) => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
+        }
+    }
+
+    fn differentiable(&self, output: usize) -> bool {
+        // h and pre are saved for the backward.
+        *self == ResidualMlp::Backward || output == 0
+    }
+
+    fn saves(&self, needs: &[bool]) -> Saves {
+        match self {
+            ResidualMlp::Forward if needs.iter().take(5).any(|&n| n) => Saves::NOTHING
+                .and_input_if(0, true)
+                .and_input_if(1, true)
+                .and_input_if(3, true)
+                .and_output_if(1, true)
+                .and_output_if(2, true),
+            _ => Saves::NOTHING,
+        }
+    }
+
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        if *self == ResidualMlp::Backward {
+            return Err(Grad::unsupported(
+                self.name(),
+                "higher-order gradients are not supported",
+            ));
+        }
+        let dy = g.dy()?;
+        let residual = g.need(5).then(|| dy.clone());
+        if !(0..5).any(|i| g.need(i)) {
+            return Ok(vec![None, None, None, None, None, residual]);
+        }
+        let ins = [
+            g.input(0)?,
+            g.output(1)?,
+            g.output(2)?,
+            g.input(1)?,
+            g.input(3)?,
+            dy,
+        ];
+        let out = dispatch_multi(ResidualMlp::Backward.into(), &ins)?;
+        let mut v: Vec<Option<Tensor>> = out
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| g.need(i).then_some(t))
+            .collect();
+        v.push(residual);
+        Ok(v)
+    }
+}
+
+impl ResidualMlp {
+    /// The forward composed of the linear layer's kernels and an add (the CPU's kernel, and
+    /// the device's where its libraries refuse); `out` = [y, h, pre].
+    pub(crate) fn composed_forward<B>(
+        b: &B,
+        [x, w_fc, b_fc, w_proj, b_proj, residual]: [&B::Piece; 6],
+        out: &mut [B::Out],
+    ) -> Result<()>
+    where
+        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+    {
+        let (y, hp) = match out {
+            [y, rest @ ..] if rest.len() == 2 => (y, rest),
+            _ => {
+                return Err(kernel_err(
+                    "residual_mlp",
+                    "expects 3 output buffers".into(),
+                ))
+            }
+        };
+        b.linear(Activation::Gelu, x, w_fc, Some(b_fc), hp)?;
+        let spec = b.out_spec(y);
+        let m = scratch(b, &spec, |t| {
+            b.linear(
+                Activation::None,
+                &hp[0],
+                w_proj,
+                Some(b_proj),
+                std::slice::from_mut(t),
+            )
+        })?;
+        b.binary(BinaryOp::Add, residual, &m, y)
+    }
+
+    /// The backward composed of products, the GELU backward and the linear layer's weight
+    /// gradients (the CPU's kernel, and the device's where its libraries refuse); `out` =
+    /// [dx, dw_fc, db_fc, dw_proj, db_proj].
+    pub(crate) fn composed_backward<B>(
+        b: &B,
+        [x, h, pre, w_fc, w_proj, dy]: [&B::Piece; 6],
+        out: &mut [B::Out],
+    ) -> Result<()>
+    where
+        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+    {
+        if out.len() != 5 {
+            return Err(kernel_err(
+                "residual_mlp_backward",
+                format!("expects 5 output buffers, got {}", out.len()),
+            ));
+        }
+        let (dx, rest) = out.split_at_mut(1);
+        let (fc, proj) = rest.split_at_mut(2);
+        let hid = b.out_spec(pre);
+        let dh = scratch(b, &hid, |t| b.matmul_t(dy, w_proj, (false, true), false, t))?;
+        let dpre = scratch(b, &hid, |t| b.unary_backward(UnaryOp::Gelu, &dh, pre, t))?;
+        drop(dh);
+        b.matmul_t(&dpre, w_fc, (false, true), false, &mut dx[0])?;
+        b.linear_weight_grad(x, &dpre, fc)?;
+        b.linear_weight_grad(h, dy, proj)
+    }
+}
+
+impl Tensor {
+    /// `residual + gelu(self w_fc + b_fc) w_proj + b_proj` for self `[.., C]`, w_fc `[C, F]`,
+    /// b_fc `[F]`, w_proj `[F, C]`, b_proj `[C]` and residual like self, as one op (see
+    /// [`ResidualMlp`]). Weights split over ranks are gathered by the op's layouts: a
+    /// tensor-parallel MLP composes its linear layers instead.
+    pub fn residual_mlp(
+        &self,
+        w_fc: &Tensor,
+        b_fc: &Tensor,
+        w_proj: &Tensor,
+        b_proj: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        let ins = [self, w_fc, b_fc, w_proj, b_proj, residual];
+        dispatch_multi(ResidualMlp::Forward.into(), &ins)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| kernel_err("residual_mlp", "gave no output".into()))
+    }
+}

@@ -1,0 +1,132 @@
+//! The GPU suite's check of the fused MLP with its residual add (`residual_mlp`): rows split
+//! over the world's ranks, weights whole, against the same layers unfused in f64 on the host
+//! (output and every gradient), on random never-zero data in f32, bf16, f16 and f64 (the
+//! composed kernels), at a small shape and GPT-2's widths.
+
+use super::*;
+use oxiflow_tensor::custom::Activation;
+
+/// y and the gradients of `sum(y * r)` w.r.t. x, w_fc, b_fc, w_proj, b_proj, residual.
+fn outputs(
+    ins: &[Tensor],
+    fused: bool,
+    whole: &dyn Fn(&Tensor) -> Result<Vec<f64>>,
+) -> Result<Vec<Vec<f64>>> {
+    let [x, w_fc, b_fc, w_proj, b_proj, res, r] = ins else {
+        return Err(oxiflow_tensor::TensorError::Kernel {
+            op: "residual mlp check",
+            detail: "7 inputs".into(),
+        });
+    };
+    let y = if fused {
+        x.residual_mlp(w_fc, b_fc, w_proj, b_proj, res)?
+    } else {
+        let h = x.linear(w_fc, Some(b_fc), Activation::Gelu)?;
+        res.add(&h.linear(w_proj, Some(b_proj), Activation::None)?)?
+    };
+    y.mul(r)?.sum_all()?.backward()?;
+    let mut out = vec![whole(&y)?];
+    for t in &ins[..6] {
+        let g = t
+            .grad()
+            .ok_or_else(|| oxiflow_tensor::TensorError::Kernel {
+                op: "residual mlp check",
+                detail: "no gradient".into(),
+            })?;
+        out.push(whole(&g)?);
+    }
+    Ok(out)
+}
+
+/// Checks every (shape, dtype) case on a 1-d placement of `world` ranks of `dev`; the number
+/// of cases checked.
+pub(crate) fn child_residual_mlp(
+    world: usize,
+    dev: DeviceType,
+) -> std::result::Result<usize, String> {
+    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let b = vec![Sbp::B];
+    let mut checked = 0;
+    for (k, &(rows, c, f)) in [(37usize, 64usize, 256usize), (256, 768, 3072)]
+        .iter()
+        .enumerate()
+    {
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            let what = format!("residual mlp [{rows}, {c}] -> {f} in {dtype}");
+            let e = |x: oxiflow_tensor::TensorError| format!("{what}: {x}");
+            let shapes = [
+                vec![rows, c],
+                vec![c, f],
+                vec![f],
+                vec![f, c],
+                vec![c],
+                vec![rows, c],
+                vec![rows, c],
+            ];
+            let made: Vec<Tensor> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let scale = if i == 1 || i == 3 {
+                        1.0 / (s[0] as f64).sqrt()
+                    } else {
+                        1.0
+                    };
+                    Tensor::randn(s.clone(), 500 + 10 * k as u64 + i as u64, dtype)
+                        .mul_scalar(scale)
+                })
+                .collect::<Result<_>>()
+                .map_err(e)?;
+            let reference: Vec<Tensor> = made
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Ok(t.to_dtype(DType::F64)?.detach().requires_grad_(i < 6)))
+                .collect::<Result<_>>()
+                .map_err(e)?;
+            let want = outputs(&reference, false, &|t| values(t)).map_err(e)?;
+            let device: Vec<Tensor> = made
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let g = t.to_global(&pl, b.clone())?;
+                    let g = if matches!(i, 0 | 5 | 6) {
+                        g.to_global(&pl, vec![Sbp::S(0)])?
+                    } else {
+                        g
+                    };
+                    Ok(g.detach().requires_grad_(i < 6))
+                })
+                .collect::<Result<_>>()
+                .map_err(e)?;
+            let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
+            let got = outputs(&device, true, &whole).map_err(e)?;
+            let tol = match dtype {
+                DType::F64 => 1e-10,
+                DType::F32 => 2e-3,
+                _ => 2f64.powi(-5),
+            };
+            let names = [
+                "y",
+                "dx",
+                "dw_fc",
+                "db_fc",
+                "dw_proj",
+                "db_proj",
+                "dresidual",
+            ];
+            for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+                let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                if let Some((i, (a, v))) = g
+                    .iter()
+                    .zip(w)
+                    .enumerate()
+                    .find(|(_, (a, v))| (*a - *v).abs() > tol * scale)
+                {
+                    return Err(format!("{what}: {name}[{i}] {a} vs {v} (scale {scale})"));
+                }
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}

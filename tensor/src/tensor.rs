@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
-use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
+use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
 
 use crate::autograd::AutogradMeta;
 use crate::context::Context;
@@ -275,6 +275,17 @@ impl Tensor {
     /// Alias of `nd_sbp`.
     pub fn sbp(&self) -> Option<&NdSbp> {
         self.nd_sbp()
+    }
+    /// Whether a mesh axis of more than one rank lays this tensor out with an SBP that
+    /// `which` accepts (false for a local tensor): e.g. split on dim 1, or anything but B.
+    pub fn has_sbp_over_ranks(&self, which: impl Fn(Sbp) -> bool) -> bool {
+        match (self.placement(), self.nd_sbp()) {
+            (Some(p), Some(s)) => s
+                .iter()
+                .zip(p.shape().iter())
+                .any(|(a, &n)| n > 1 && which(a)),
+            _ => false,
+        }
     }
     /// The global layout (shape, placement, nd-SBP) of a global tensor.
     pub fn layout(&self) -> Option<&GlobalLayout> {

@@ -110,6 +110,33 @@ pub(crate) struct LtMatmul {
     pub epilogue: Epilogue,
 }
 
+impl LtMatmul {
+    /// One unbatched product `[m, k] @ [k, n]` (`ta`/`tb`: operand stored transposed) of
+    /// types `t` (inputs, and TF32 for f32 inputs) into an output of the inputs' type,
+    /// overwriting it, with no epilogue; callers change what differs.
+    pub(crate) fn new(
+        (m, n, k): (usize, usize, usize),
+        (ta, tb): (bool, bool),
+        t: (FloatType, bool),
+    ) -> LtMatmul {
+        LtMatmul {
+            batch: 1,
+            m,
+            n,
+            k,
+            ta,
+            tb,
+            strides: (0, 0, 0),
+            in_type: t.0,
+            out_type: t.0,
+            tf32: t.1,
+            alpha: 1.0,
+            beta: 0.0,
+            epilogue: Epilogue::None,
+        }
+    }
+}
+
 fn data_type(t: FloatType) -> cudaDataType {
     match t {
         FloatType::F32 => cudaDataType::CUDA_R_32F,

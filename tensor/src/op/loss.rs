@@ -307,13 +307,7 @@ fn in_dtype(loss: Tensor, dtype: DType) -> Result<Tensor> {
 
 /// Whether `x` is global with dim 1 split over a mesh axis of several ranks.
 pub(crate) fn classes_split(x: &Tensor) -> bool {
-    match (x.placement(), x.nd_sbp()) {
-        (Some(p), Some(s)) => s
-            .iter()
-            .zip(p.shape().iter())
-            .any(|(a, &n)| a == Sbp::S(1) && n > 1),
-        _ => false,
-    }
+    x.has_sbp_over_ranks(|s| s == Sbp::S(1))
 }
 
 /// Candidates of the log-sum-exp partials `[N, parts]`, per mesh axis: the logits' SBP.

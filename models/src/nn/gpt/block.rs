@@ -97,21 +97,10 @@ impl GptMlp {
             .map(Parameter::compute)
             .into_iter()
             .collect::<Result<Vec<_>>>()?;
-        if w.iter().any(split_over_ranks) {
+        if w.iter().any(|t| t.has_sbp_over_ranks(|s| s != Sbp::B)) {
             return Ok(None);
         }
         Ok(Some(h.residual_mlp(&w[0], &w[1], &w[2], &w[3], residual)?))
-    }
-}
-
-/// Whether `t` is split or partial over a mesh axis of several ranks.
-fn split_over_ranks(t: &Tensor) -> bool {
-    match (t.placement(), t.nd_sbp()) {
-        (Some(p), Some(s)) => s
-            .iter()
-            .zip(p.shape().iter())
-            .any(|(a, &n)| n > 1 && a != Sbp::B),
-        _ => false,
     }
 }
 

@@ -60,7 +60,7 @@ pub trait LinearKernels: KernelBackend {
 
 const B: Sbp = Sbp::Broadcast;
 
-fn shapes_text(s: &[&Shape]) -> String {
+pub(super) fn shapes_text(s: &[&Shape]) -> String {
     s.iter()
         .map(|x| x.to_string())
         .collect::<Vec<_>>()
@@ -68,7 +68,7 @@ fn shapes_text(s: &[&Shape]) -> String {
 }
 
 /// `x`'s shape with its last dim `n`.
-fn with_last(x: &Shape, n: usize) -> Shape {
+pub(super) fn with_last(x: &Shape, n: usize) -> Shape {
     let mut d = x.dims().to_vec();
     if let Some(l) = d.last_mut() {
         *l = n;

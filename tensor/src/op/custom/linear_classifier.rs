@@ -253,17 +253,6 @@ impl LinearClassifier {
     }
 }
 
-/// Whether some mesh axis of several ranks gives `t` an SBP that `refused` refuses.
-fn any_axis(t: &Tensor, refused: impl Fn(Sbp) -> bool) -> bool {
-    match (t.placement(), t.nd_sbp()) {
-        (Some(p), Some(s)) => s
-            .iter()
-            .zip(p.shape().iter())
-            .any(|(a, &n)| n > 1 && refused(a)),
-        _ => false,
-    }
-}
-
 impl Tensor {
     /// The sum over rows of the cross-entropy of `self w^T` (self `[N, C]`, table `w`
     /// `[V, C]`, targets `[N]` i64) over its first `classes` columns (`classes` in `1..=V`;
@@ -289,8 +278,9 @@ impl Tensor {
         .map_err(|e| meta_err(&op.into(), e, &[self, w, targets]))?;
         let wants_grad = is_grad_enabled() && (self.requires_grad() || w.requires_grad());
         // The fused op's layouts: rows split or whole, the table whole; others would box.
-        let fused =
-            wants_grad && !any_axis(w, |s| s != B) && !any_axis(self, |s| s != Sbp::S(0) && s != B);
+        let fused = wants_grad
+            && !w.has_sbp_over_ranks(|s| s != B)
+            && !self.has_sbp_over_ranks(|s| s != Sbp::S(0) && s != B);
         if !fused {
             return self
                 .matmul_t(w, false, true)?

@@ -15,6 +15,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::dispatch::dispatch_multi;
+use crate::op::custom::linear::{shapes_text, with_last};
 use crate::op::custom::Activation;
 use crate::op::{
     kernel_err, same_float_dtype, scratch, Backend, BinaryOp, Grad, Inferred, KernelBackend,
@@ -42,23 +43,8 @@ pub trait ResidualMlpKernels: KernelBackend {
 
 const B: Sbp = Sbp::Broadcast;
 
-/// `x`'s shape with its last dim `n`.
-fn with_last(x: &Shape, n: usize) -> Shape {
-    let mut d = x.dims().to_vec();
-    if let Some(l) = d.last_mut() {
-        *l = n;
-    }
-    Shape::new(d)
-}
-
 fn bad(s: &[&Shape], want: &str) -> MetaError {
-    MetaError::Shape(format!(
-        "needs {want}, got {}",
-        s.iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
+    MetaError::Shape(format!("needs {want}, got {}", shapes_text(s)))
 }
 
 impl OpFamily for ResidualMlp {

@@ -3,7 +3,7 @@
 //! in its epilogue. f64 data, f32 data under bf16 matmul precision, a GELU without a bias and
 //! calls cuBLASLt refuses take the composed kernels.
 
-use crate::cuda::blaslt::{lt_matmul, Epilogue, LtMatmul};
+use crate::cuda::blaslt::{lt_matmul_c, Epilogue, LtMatmul};
 use crate::cuda::copy::fill;
 use crate::cuda::derr;
 use crate::cuda::ops::CudaKernels;
@@ -29,37 +29,16 @@ impl CudaKernels {
     /// Runs `g` on cuBLASLt: `Ok(true)` when it ran, `Ok(false)` when cuBLASLt does not serve
     /// the call (the caller composes), else its error.
     pub(super) fn lt_ran(&self, g: &LtMatmul, a: u64, b: u64, out: u64) -> Result<bool> {
-        match lt_matmul(&self.rt, g, a, b, out) {
+        self.lt_ran_c(g, a, b, out, out)
+    }
+
+    /// [`Self::lt_ran`] reading the C operand of a nonzero `beta` from `c` (laid out as `out`).
+    pub(super) fn lt_ran_c(&self, g: &LtMatmul, a: u64, b: u64, c: u64, out: u64) -> Result<bool> {
+        match lt_matmul_c(&self.rt, g, a, b, c, out) {
             Ok(()) => Ok(true),
             Err(e) if e.is_fallback() => Ok(false),
             Err(e) => Err(e.into()),
         }
-    }
-}
-
-/// A product `[m, k] @ [k, n]` of `t` with `epilogue` (ta: a stored `[k, m]`).
-fn product(
-    m: usize,
-    n: usize,
-    k: usize,
-    ta: bool,
-    t: (FloatType, bool),
-    epilogue: Epilogue,
-) -> LtMatmul {
-    LtMatmul {
-        batch: 1,
-        m,
-        n,
-        k,
-        ta,
-        tb: false,
-        strides: (0, 0, 0),
-        in_type: t.0,
-        out_type: t.0,
-        tf32: t.1,
-        alpha: 1.0,
-        beta: 0.0,
-        epilogue,
     }
 }
 
@@ -133,8 +112,12 @@ impl LinearKernels for CudaKernels {
                 }
                 _ => None,
             };
-            if let Some(e) = epilogue {
-                if self.lt_ran(&product(rows, n, k, false, t, e), x.ptr(), w.ptr(), y)? {
+            if let Some(epilogue) = epilogue {
+                let g = LtMatmul {
+                    epilogue,
+                    ..LtMatmul::new((rows, n, k), (false, false), t)
+                };
+                if self.lt_ran(&g, x.ptr(), w.ptr(), y)? {
                     return Ok(());
                 }
             }
@@ -190,7 +173,10 @@ impl LinearKernels for CudaKernels {
                 _ => Epilogue::None,
             };
             // dw [k, n] = x^T dpre: a = x stored [rows, k] transposed, b = dpre [rows, n].
-            let g = product(k, n, rows, true, t, epilogue);
+            let g = LtMatmul {
+                epilogue,
+                ..LtMatmul::new((k, n, rows), (true, false), t)
+            };
             if self.lt_ran(&g, x.ptr(), dpre.ptr(), out[0].ptr())? {
                 return Ok(());
             }

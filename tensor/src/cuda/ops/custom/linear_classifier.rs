@@ -9,7 +9,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
-use crate::cuda::blaslt::{Epilogue, LtMatmul};
+use crate::cuda::blaslt::LtMatmul;
 use crate::cuda::derr;
 use crate::cuda::fused::{classifier, row_scale, Classifier, RowScale};
 use crate::cuda::ops::CudaKernels;
@@ -18,32 +18,6 @@ use crate::cuda::storage::CudaStorage;
 use crate::op::custom::{LinearClassifier, LinearClassifierKernels, CHUNK_BYTES};
 use crate::op::{ElementwiseKernels, KernelBackend, OutSpec, ReductionKernels};
 use crate::Result;
-
-/// One product of the chunked head: `[m, k] @ [k, n]` (a stored `[k, m]` with `ta`, b stored
-/// `[n, k]` with `tb`), `beta` 1 accumulating into an `out_type` output.
-fn product(
-    (m, n, k): (usize, usize, usize),
-    (ta, tb): (bool, bool),
-    t: (FloatType, bool),
-    out_type: FloatType,
-    beta: f32,
-) -> LtMatmul {
-    LtMatmul {
-        batch: 1,
-        m,
-        n,
-        k,
-        ta,
-        tb,
-        strides: (0, 0, 0),
-        in_type: t.0,
-        out_type,
-        tf32: t.1,
-        alpha: 1.0,
-        beta,
-        epilogue: Epilogue::None,
-    }
-}
 
 /// Rows per chunk for `n` rows of `v` logits of `size` bytes: as few chunks as
 /// [`CHUNK_BYTES`] allows, of equal size.
@@ -116,7 +90,7 @@ impl LinearClassifierKernels for CudaKernels {
             let rows = rows_per.min(n - r0);
             let xc = x.ptr() + (r0 * c * size) as u64;
             // logits [rows, v] = x_c w^T.
-            let g = product((rows, v, c), (false, true), t, dtype, 0.0);
+            let g = LtMatmul::new((rows, v, c), (false, true), t);
             if !self.lt_ran(&g, xc, w.ptr(), logits.ptr())? {
                 return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]);
             }
@@ -136,10 +110,14 @@ impl LinearClassifierKernels for CudaKernels {
                 },
             )?;
             // dx rows [rows, c] = D_c w; dw [v, c] (+)= D_c^T x_c.
-            let gx = product((rows, c, v), (false, false), t, dtype, 0.0);
+            let gx = LtMatmul::new((rows, c, v), (false, false), t);
             let dxc = dx.ptr() + (r0 * c * size) as u64;
             let beta = if r0 == 0 { 0.0 } else { 1.0 };
-            let gw = product((v, c, rows), (true, false), t, FloatType::F32, beta);
+            let gw = LtMatmul {
+                out_type: FloatType::F32,
+                beta,
+                ..LtMatmul::new((v, c, rows), (true, false), t)
+            };
             if !self.lt_ran(&gx, logits.ptr(), w.ptr(), dxc)?
                 || !self.lt_ran(&gw, logits.ptr(), xc, acc_ptr)?
             {

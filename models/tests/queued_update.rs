@@ -2,7 +2,9 @@
 //! clip ratio computed on the device, then `commit`) gives bit for bit the update clipped on
 //! the host (`apply(clip_factor(norm))`): a GPT with bf16 compute copies trained both ways,
 //! clipping active and inactive, one rank and in-process meshes (DP2, TP2, DP2xTP2, ZeRO-2,
-//! ZeRO-3). A queued update is dropped by `discard` (the parameters stay as they were) and by
+//! ZeRO-3). `step_queued`, which never reads the norm, gives the same bits, and the same NaN
+//! parameters as the host's NaN clip factor after a step whose gradients hold an infinity or
+//! a NaN. A queued update is dropped by `discard` (the parameters stay as they were) and by
 //! `apply`, and `commit` without one is a typed error.
 
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
-use oxiflow_models::optim::{clip_factor, norm_of, AdamW, AdamWOptions, Optimizer, Zero};
+use oxiflow_models::optim::{clip_factor, norm_of, AdamW, AdamWOptions, Optimizer, StepNorm, Zero};
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{run_ranks, Tensor};
@@ -23,6 +25,18 @@ fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
         .collect()
 }
 
+/// How a step's update is made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Update {
+    /// The norm read, then `apply(clip_factor(norm))`.
+    Host,
+    /// `queue_clipped`, the norm read, then `commit`.
+    Queued,
+    /// `step_queued`, the norm never read.
+    Unread,
+}
+
+/// The bits of `t`'s values (every NaN as one NaN).
 fn bits(t: &Tensor) -> Vec<u64> {
     let t = match t.placement() {
         Some(p) => t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
@@ -33,11 +47,12 @@ fn bits(t: &Tensor) -> Vec<u64> {
         .to_vec::<f64>()
         .unwrap()
         .iter()
-        .map(|v| v.to_bits())
+        .map(|v| if v.is_nan() { f64::NAN } else { *v }.to_bits())
         .collect()
 }
 
-fn model_on(placement: &Option<Placement>) -> (Gpt, GptConfig) {
+/// The test GPT on `placement`: f32 leaves computing in bf16, or f64 throughout.
+fn model_on(placement: &Option<Placement>, dtype: DType) -> (Gpt, GptConfig) {
     let cfg = GptConfig {
         vocab: 24,
         seq_len: 8,
@@ -46,7 +61,7 @@ fn model_on(placement: &Option<Placement>) -> (Gpt, GptConfig) {
         width: 8,
         dropout: 0.0,
         seed: 5,
-        dtype: DType::F32,
+        dtype,
         ..GptConfig::default()
     };
     let layout = match placement {
@@ -54,14 +69,24 @@ fn model_on(placement: &Option<Placement>) -> (Gpt, GptConfig) {
         None => GptLayout::Local,
     };
     let model = Gpt::new(&cfg, &layout).unwrap();
-    model.set_compute_dtype(Some(DType::BF16));
+    if dtype == DType::F32 {
+        model.set_compute_dtype(Some(DType::BF16));
+    }
     (model, cfg)
 }
 
 /// Losses and final parameters (bits) of `STEPS` steps on `mesh` with ZeRO `stage`, clipped
-/// to `max_norm`: `queued` commits updates queued before the norm is read, else the host
-/// folds the clip factor.
-fn train(mesh: Option<[usize; 2]>, stage: u8, max_norm: f64, queued: bool) -> Vec<Vec<u64>> {
+/// to `max_norm`, updated as `how`; the last step's loss is scaled by `poison` when given (an
+/// infinity or a NaN makes its gradients non-finite; 1e155 on an f64 model, their sum of
+/// squares alone): the GPT is then f64 throughout, else f32 computing in bf16.
+fn train(
+    mesh: Option<[usize; 2]>,
+    stage: u8,
+    max_norm: f64,
+    how: Update,
+    poison: Option<f64>,
+) -> Vec<Vec<u64>> {
+    let f64_model = poison.is_some_and(f64::is_finite);
     let n = mesh.map_or(1, |m| m[0] * m[1]);
     let out = run_ranks(n, Duration::from_secs(120), |_| {
         let placement = mesh.map(|m| {
@@ -69,7 +94,8 @@ fn train(mesh: Option<[usize; 2]>, stage: u8, max_norm: f64, queued: bool) -> Ve
                 .and_then(|p| p.reshaped(m))
                 .unwrap()
         });
-        let (model, cfg) = model_on(&placement);
+        let dtype = if f64_model { DType::F64 } else { DType::F32 };
+        let (model, cfg) = model_on(&placement, dtype);
         let zero = match stage {
             0 => Zero::OFF,
             s => Zero::new(s, 0).unwrap(),
@@ -87,19 +113,33 @@ fn train(mesh: Option<[usize; 2]>, stage: u8, max_norm: f64, queued: bool) -> Ve
             };
             let (x, y) = (ids.narrow(1, 0, t).unwrap(), ids.narrow(1, 1, t).unwrap());
             opt.zero_grad();
-            let loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
+            let mut loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
+            if let (Some(f), true) = (poison, s == STEPS - 1) {
+                loss = loss.mul_scalar(f).unwrap();
+            }
             loss.backward().unwrap();
-            let sum = opt.prepare_queued().unwrap();
-            if queued {
-                assert!(opt.queue_clipped(&sum, Some(max_norm)).unwrap());
-                assert!(norm_of(sum.read().unwrap()).is_finite());
-                opt.commit().unwrap();
-            } else {
-                let norm = norm_of(sum.read().unwrap());
-                opt.apply(clip_factor(norm, Some(max_norm))).unwrap();
+            match how {
+                Update::Host => {
+                    let norm = opt.prepare().unwrap();
+                    opt.apply(clip_factor(norm, Some(max_norm))).unwrap();
+                }
+                Update::Queued => {
+                    let sum = opt.prepare_queued().unwrap();
+                    assert!(opt.queue_clipped(&sum, Some(max_norm)).unwrap());
+                    assert_eq!(
+                        norm_of(sum.read().unwrap()).is_finite(),
+                        poison.is_none() || s != STEPS - 1
+                    );
+                    opt.commit().unwrap();
+                }
+                Update::Unread => {
+                    let norm = opt.step_queued(Some(max_norm)).unwrap();
+                    assert!(matches!(norm, StepNorm::Queued(_)), "{norm:?}");
+                }
             }
             out.push(bits(&loss));
         }
+        assert_eq!(opt.step_count(), STEPS);
         out.extend(model.parameters().iter().map(|p| bits(&p.value())));
         out
     });
@@ -118,18 +158,40 @@ fn a_queued_update_equals_the_host_clipped_one_in_every_layout() {
     ] {
         // 0.05 clips every step; 100 never does.
         for max_norm in [0.05, 100.0] {
-            let host = train(mesh, stage, max_norm, false);
-            let queued = train(mesh, stage, max_norm, true);
-            assert_eq!(host, queued, "{mesh:?} ZeRO-{stage} clipped to {max_norm}");
+            let host = train(mesh, stage, max_norm, Update::Host, None);
+            for how in [Update::Queued, Update::Unread] {
+                let queued = train(mesh, stage, max_norm, how, None);
+                assert_eq!(
+                    host, queued,
+                    "{how:?} {mesh:?} ZeRO-{stage} clipped to {max_norm}"
+                );
+            }
         }
     }
     // The clip changes the update: the test can tell the two norms apart.
-    assert_ne!(train(None, 0, 0.05, true), train(None, 0, 100.0, true));
+    assert_ne!(
+        train(None, 0, 0.05, Update::Unread, None),
+        train(None, 0, 100.0, Update::Unread, None)
+    );
+}
+
+#[test]
+fn an_unread_step_with_a_non_finite_norm_gives_the_host_clip_factor_s_nan() {
+    for (mesh, stage) in [(None, 0), (Some([2, 1]), 0), (Some([2, 2]), 3)] {
+        for poison in [f64::INFINITY, f64::NAN, 1e155] {
+            let host = train(mesh, stage, 1.0, Update::Host, Some(poison));
+            let unread = train(mesh, stage, 1.0, Update::Unread, Some(poison));
+            assert_eq!(host, unread, "{mesh:?} ZeRO-{stage}, loss times {poison}");
+            // The poisoned step left NaN parameters, which the comparison saw.
+            let nan = f64::NAN.to_bits();
+            assert!(host[STEPS as usize..].iter().flatten().any(|&b| b == nan));
+        }
+    }
 }
 
 #[test]
 fn a_queued_update_is_dropped_by_discard_and_apply() {
-    let (model, cfg) = model_on(&None);
+    let (model, cfg) = model_on(&None, DType::F32);
     let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
     let ids = Tensor::from_vec(tokens(2, cfg.seq_len, cfg.vocab, 0), [2, 9]).unwrap();
     let (x, y) = (ids.narrow(1, 0, 8).unwrap(), ids.narrow(1, 1, 8).unwrap());

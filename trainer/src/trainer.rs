@@ -260,8 +260,8 @@ impl<M: TrainModel> Trainer<M> {
             }
         }
         match verdict {
-            // A queued update equals `apply`'s for a finite norm.
-            Verdict::Update if queued && stats.grad_norm.is_finite() => self.optimizer.commit()?,
+            // A queued update equals `apply`'s with the norm's clip factor.
+            Verdict::Update if queued => self.optimizer.commit()?,
             Verdict::Update => self
                 .optimizer
                 .apply(clip_factor(stats.grad_norm, self.opts.clip_grad))?,

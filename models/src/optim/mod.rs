@@ -67,23 +67,30 @@ pub trait Optimizer {
     fn prepared_gradients(&self) -> Vec<(usize, Tensor)>;
     /// `prepare`, then `apply` with the gradients clipped to a global norm of `max_norm`
     /// (None: unclipped), as torch's `clip_grad_norm_` then `step`; returns the norm before
-    /// clipping.
+    /// clipping. [`Optimizer::step_queued`], then the norm read: the update is queued and
+    /// made the parameters' values before the host waits for the device.
     fn step_with_norm(&mut self, max_norm: Option<f64>) -> Result<f64> {
+        self.step_queued(max_norm)?.read()
+    }
+    /// [`Optimizer::step_with_norm`] with nothing read on the host where the optimizer can
+    /// queue the update ([`Optimizer::queue_clipped`]): the norm stays on the device until
+    /// [`StepNorm::read`], so a loop that does not read it never waits for the device. The
+    /// same bits as `step_with_norm` for any norm: a queued update is committed whatever the
+    /// norm, since a non-finite norm's device clip ratio is NaN, as `clip_factor` is then.
+    fn step_queued(&mut self, max_norm: Option<f64>) -> Result<StepNorm> {
         let sum = self.prepare_queued()?;
-        let queued = self.queue_clipped(&sum, max_norm)?;
-        let norm = norm_of(sum.read()?);
-        if queued && norm.is_finite() {
+        if self.queue_clipped(&sum, max_norm)? {
             self.commit()?;
-        } else {
-            self.apply(clip_factor(norm, max_norm))?;
+            return Ok(StepNorm::Queued(sum));
         }
-        Ok(norm)
+        let norm = norm_of(sum.read()?);
+        self.apply(clip_factor(norm, max_norm))?;
+        Ok(StepNorm::Read(norm))
     }
     /// [`Optimizer::queue_apply`] clipped to a global norm of `max_norm` (None: unclipped) by
     /// the device clip ratio of the prepared gradients' queued sum of squares `sum`; false
     /// where nothing was queued (the ratio needs the host, or the optimizer cannot queue). A
-    /// queued update equals `apply(clip_factor(norm, max_norm))` for a finite norm, which is
-    /// when a caller commits it.
+    /// queued update equals `apply(clip_factor(norm, max_norm))`.
     fn queue_clipped(&mut self, sum: &QueuedSum, max_norm: Option<f64>) -> Result<bool> {
         match max_norm {
             None => self.queue_apply(None),
@@ -123,6 +130,25 @@ pub trait Optimizer {
 pub(crate) struct Update {
     pub value: Tensor,
     pub grad: Tensor,
+}
+
+/// The global gradient norm of a step taken by [`Optimizer::step_queued`].
+#[derive(Debug)]
+pub enum StepNorm {
+    /// Still on the device: the gradients' queued sum of squares.
+    Queued(QueuedSum),
+    /// Read on the host already (the update needed it).
+    Read(f64),
+}
+
+impl StepNorm {
+    /// The norm (for a queued one, one host synchronisation; every rank reads the same).
+    pub fn read(&self) -> Result<f64> {
+        match self {
+            StepNorm::Queued(sum) => Ok(norm_of(sum.read()?)),
+            StepNorm::Read(n) => Ok(*n),
+        }
+    }
 }
 
 /// The update views of every parameter (None: no gradient), boxed now, with their gradients'

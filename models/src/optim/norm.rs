@@ -228,16 +228,18 @@ pub fn clip_factor(norm: f64, max_norm: Option<f64>) -> f64 {
 /// tensor computed on its device with nothing read on the host: what a clipped update
 /// scales its gradients by `min(ratio, 1)` with ([`Optimizer::queue_apply`]). For a finite
 /// norm `min(ratio, 1)` is `clip_factor(norm_of(sum.read()), Some(max_norm))` bit for bit (the
-/// same f64 operations). None where the sum has several parts (gradients on several devices
-/// besides a placement): its value needs the host then.
+/// same f64 operations); a non-finite sum makes the ratio NaN (it adds `sum * 0`, which is 0
+/// for a finite sum), whose scale is NaN as `clip_factor`'s is. None where the sum has several
+/// parts (gradients on several devices besides a placement): its value needs the host then.
 ///
 /// [`Optimizer::queue_apply`]: super::Optimizer::queue_apply
 pub fn clip_ratio(sum: &QueuedSum, max_norm: f64) -> Result<Option<Tensor>> {
     let _ng = no_grad();
     match sum.parts() {
-        [one] => Ok(Some(
-            one.sqrt()?.add_scalar(CLIP_EPS)?.rdiv_scalar(max_norm)?,
-        )),
+        [one] => {
+            let ratio = one.sqrt()?.add_scalar(CLIP_EPS)?.rdiv_scalar(max_norm)?;
+            Ok(Some(ratio.add(&one.mul_scalar(0.0)?)?))
+        }
         _ => Ok(None),
     }
 }

@@ -192,8 +192,8 @@ __device__ void ln_fwd_warp(i64 rows, int c, float eps, const T* x, const T* a, 
 // with g scaled by grad_scale when it is not 1, and the bf16 copy of p written when asked. The
 // new p, m and v go to param_out, m_out and v_out (which may be param, m and v themselves).
 // With `clip_ratio` (a device f64 r, computed with nothing read on the host), c = min(r, 1)
-// and b1, b2 are (float)(b1d c) and (float)(b2d c c): the host's folding of c, in the same
-// f64 operations.
+// (NaN for a NaN r: a non-finite norm's clip factor) and b1, b2 are (float)(b1d c) and
+// (float)(b2d c c): the host's folding of c, in the same f64 operations.
 struct AdamTensor {
     unsigned long long param, grad, m, v, param_out, m_out, v_out, param_bf16;
     i64 n;
@@ -217,7 +217,8 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
     bf16_t* p16 = (bf16_t*)t.param_bf16;
     float b1 = k.b1, b2 = k.b2;
     if (k.clip_ratio) {
-        const double c = fmin(*(const double*)k.clip_ratio, 1.0);
+        const double r = *(const double*)k.clip_ratio;
+        const double c = r != r ? r : fmin(r, 1.0);
         b1 = (float)(k.b1d * c);
         b2 = (float)(k.b2d * c * c);
     }

@@ -22,11 +22,12 @@ fn host_sum(t: &Tensor) -> Result<f64> {
         .sum())
 }
 
+/// The bits of `t`'s values (every NaN as one NaN).
 fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(t.cast(DType::F64)?
         .to_vec::<f64>()?
         .iter()
-        .map(|v| v.to_bits())
+        .map(|v| if v.is_nan() { f64::NAN } else { *v }.to_bits())
         .collect())
 }
 
@@ -175,9 +176,9 @@ pub(crate) fn child_adamw_copies(
             (got, _) => return Err(format!("adamw copies: tensor {i}: copy {got:?} for {c:?}")),
         }
     }
-    // The clip factor as a device ratio r (min(r, 1) = 0.7, and r > 1 for 1): the same bits
-    // as the factor folded on the host.
-    for (ratio, factor) in [(0.7, 0.7), (3.5, 1.0)] {
+    // The clip factor as a device ratio r (min(r, 1) = 0.7, r > 1 for 1, and NaN, a
+    // non-finite norm's, for NaN): the same bits as the factor folded on the host.
+    for (ratio, factor) in [(0.7, 0.7), (3.5, 1.0), (f64::NAN, f64::NAN)] {
         let r = Tensor::from_vec(vec![ratio], Vec::<usize>::new())
             .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
             .map_err(e)?;

@@ -18,7 +18,7 @@ impl AdamWMultiKernels for CpuBackend {
             .and_then(|s| s.as_array::<f64>())
             .and_then(|a| a.iter().next().copied())
             .ok_or_else(|| kernel_err("adamw_multi", "no f64 clip ratio".into()))?;
-        op.with_scale(r.min(1.0))
+        op.with_scale(AdamWMulti::ratio_scale(r))
             .composed(self, 0..n, &x[..4 * n], out)
     }
 }

@@ -47,7 +47,8 @@ pub struct AdamWMulti {
     pub decay: Vec<F64Bits>,
     /// The dtype each tensor's new value is also written in (None: no copy).
     pub copies: Vec<Option<DType>>,
-    /// A last operand, a 0-d f64 clip ratio `r`, scales every gradient by `c = min(r, 1)`:
+    /// A last operand, a 0-d f64 clip ratio `r`, scales every gradient by `c = min(r, 1)`
+    /// (NaN for a NaN `r`, [`AdamWMulti::ratio_scale`]):
     /// `g1` and `g2` are then the unclipped coefficients, and the kernels use `g1 c` and
     /// `g2 c c` ([`AdamWMulti::with_scale`]).
     pub clipped: bool,
@@ -125,8 +126,19 @@ impl AdamWMulti {
         }
     }
 
-    /// The op with the gradients' scale `c` (`min(r, 1)` of a clipped op's ratio operand)
-    /// folded into its coefficients as [`AdamWMulti::new`] folds `grad_scale`, bit for bit.
+    /// The gradients' scale of a clip ratio operand `r`: `min(r, 1)`, and NaN for a NaN `r`
+    /// (the clip factor of a non-finite norm, see `clip_ratio` in the models crate).
+    pub fn ratio_scale(r: f64) -> f64 {
+        if r.is_nan() {
+            r
+        } else {
+            r.min(1.0)
+        }
+    }
+
+    /// The op with the gradients' scale `c` ([`AdamWMulti::ratio_scale`] of a clipped op's
+    /// ratio operand) folded into its coefficients as [`AdamWMulti::new`] folds `grad_scale`,
+    /// bit for bit.
     pub fn with_scale(&self, c: f64) -> AdamWMulti {
         AdamWMulti {
             g1: F64Bits::new(self.g1.get() * c),
@@ -385,10 +397,10 @@ impl Tensor {
         adamw_multi_with(slots, hyper, None)
     }
 
-    /// [`Tensor::adamw_multi`] with every gradient also scaled by `min(r, 1)`, `r` the value
-    /// of `ratio`, a 0-d f64 tensor (a global-norm clip ratio computed on the device), read by
-    /// the kernels and never on the host: the same bits as `hyper.grad_scale` set to
-    /// `min(r, 1)`. Every rank holding a slot's piece must hold a piece of `ratio` on that
+    /// [`Tensor::adamw_multi`] with every gradient also scaled by `min(r, 1)` (NaN for a NaN
+    /// `r`), `r` the value of `ratio`, a 0-d f64 tensor (a global-norm clip ratio computed on
+    /// the device), read by the kernels and never on the host: the same bits as
+    /// `hyper.grad_scale` set to that scale ([`AdamWMulti::ratio_scale`]). Every rank holding a slot's piece must hold a piece of `ratio` on that
     /// device (a broadcast over a placement covering the slots', or a local tensor there).
     pub fn adamw_multi_clipped(
         slots: &[AdamWSlot<'_>],

@@ -39,7 +39,7 @@ impl AdamWMultiKernels for CudaKernels {
         let mut composed = |i: usize, out: &mut [CudaStorage]| -> Result<()> {
             if host_op.is_none() {
                 host_op = Some(match x.get(4 * n).filter(|_| op.clipped) {
-                    Some(r) => op.with_scale(ratio_value(r)?.min(1.0)),
+                    Some(r) => op.with_scale(AdamWMulti::ratio_scale(ratio_value(r)?)),
                     None => op.clone(),
                 });
             }

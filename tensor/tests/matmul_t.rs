@@ -150,3 +150,142 @@ fn global_matmul_t_equals_local() {
         }
     }
 }
+
+/// (value, grads of a, b and acc) of sum((op(a) op(b) + acc) * w), through `matmul_t_acc`
+/// (`fused`) or a product and an add.
+fn run_acc(
+    (a, b, acc, w): (&Tensor, &Tensor, &Tensor, &Tensor),
+    (ta, tb): (bool, bool),
+    fused: bool,
+) -> [Vec<f64>; 4] {
+    let (a, b, acc) = (
+        a.detach().requires_grad_(true),
+        b.detach().requires_grad_(true),
+        acc.detach().requires_grad_(true),
+    );
+    let y = if fused {
+        a.matmul_t_acc(&b, ta, tb, &acc).unwrap()
+    } else {
+        a.matmul_t(&b, ta, tb).unwrap().add(&acc).unwrap()
+    };
+    y.mul(w).unwrap().sum_all().unwrap().backward().unwrap();
+    [
+        vals(&y),
+        vals(&a.grad().unwrap()),
+        vals(&b.grad().unwrap()),
+        vals(&acc.grad().unwrap()),
+    ]
+}
+
+#[test]
+fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
+    // Local: 2-d and batched, every transpose; m = 5 splits unevenly on 2 ranks below.
+    let flags = [(false, false), (false, true), (true, false), (true, true)];
+    for (batch, mkn) in [(vec![], (5, 3, 4)), (vec![2], (4, 6, 2))] {
+        for &(ta, tb) in &flags {
+            let (sa, sb) = stored(&batch, mkn, ta, tb);
+            let mut so = batch.clone();
+            so.extend([mkn.0, mkn.2]);
+            let ops = (
+                &Tensor::randn(sa, 1, F),
+                &Tensor::randn(sb, 2, F),
+                &Tensor::randn(so.clone(), 3, F),
+                &Tensor::randn(so, 4, F),
+            );
+            let got = run_acc(ops, (ta, tb), true);
+            let want = run_acc(ops, (ta, tb), false);
+            for j in 0..4 {
+                assert_close(&got[j], &want[j], &format!("{batch:?} {ta} {tb}: {j}"));
+            }
+        }
+    }
+    // Global, on 2 ranks and on a 2x2 mesh: x [m, k] @ w [n, k]^T + acc (a linear layer's
+    // input gradient), operands split, broadcast or partial, the accumulator partial too.
+    let (m, k, n) = (5, 4, 6);
+    let make = || {
+        (
+            Tensor::randn([m, k], 5, F),
+            Tensor::randn([n, k], 6, F),
+            Tensor::randn([m, n], 7, F),
+            Tensor::randn([m, n], 8, F),
+        )
+    };
+    let (a, b, acc, w) = make();
+    let want = run_acc((&a, &b, &acc, &w), (false, true), false);
+    let cases: [(&[usize], [NdSbp; 3]); 5] = [
+        (
+            &[2],
+            [
+                NdSbp::new([Sbp::S(0)]),
+                NdSbp::new([Sbp::B]),
+                NdSbp::new([Sbp::S(0)]),
+            ],
+        ),
+        (
+            &[2],
+            [
+                NdSbp::new([Sbp::S(1)]),
+                NdSbp::new([Sbp::S(1)]),
+                NdSbp::new([Sbp::P]),
+            ],
+        ),
+        (
+            &[2],
+            [
+                NdSbp::new([Sbp::B]),
+                NdSbp::new([Sbp::S(0)]),
+                NdSbp::new([Sbp::P]),
+            ],
+        ),
+        (
+            &[2, 2],
+            [
+                NdSbp::new([Sbp::S(0), Sbp::S(1)]),
+                NdSbp::new([Sbp::B, Sbp::S(1)]),
+                NdSbp::new([Sbp::P, Sbp::P]),
+            ],
+        ),
+        (
+            &[2, 2],
+            [
+                NdSbp::new([Sbp::B, Sbp::B]),
+                NdSbp::new([Sbp::S(0), Sbp::B]),
+                NdSbp::new([Sbp::S(1), Sbp::B]),
+            ],
+        ),
+    ];
+    for (mesh, [sa, sb, sc]) in cases {
+        let ranks: usize = mesh.iter().product();
+        let got = run_ranks(ranks, Duration::from_secs(30), |_| {
+            let p = Placement::range(DeviceType::Cpu, ranks)
+                .and_then(|p| p.reshaped(mesh.to_vec()))
+                .unwrap();
+            let all_b = NdSbp::broadcast(mesh.len());
+            let g = |x: &Tensor, s: &NdSbp| {
+                x.to_global(&p, all_b.clone())
+                    .and_then(|t| t.to_global(&p, s.clone()))
+                    .unwrap()
+            };
+            let (a, b, acc, w) = make();
+            let ops = (&g(&a, &sa), &g(&b, &sb), &g(&acc, &sc), &g(&w, &all_b));
+            run_acc(ops, (false, true), true)
+        });
+        for r in got {
+            for j in 0..4 {
+                assert_close(
+                    &r[j],
+                    &want[j],
+                    &format!("{mesh:?} {sa:?} {sb:?} {sc:?}: {j}"),
+                );
+            }
+        }
+    }
+    // An accumulator of another shape or dtype is an error.
+    let (x, w) = (Tensor::randn([3, 4], 1, F), Tensor::randn([5, 4], 2, F));
+    for bad in [
+        Tensor::randn([3, 4], 3, F),
+        Tensor::randn([3, 5], 3, DType::F32),
+    ] {
+        assert!(x.matmul_t_acc(&w, false, true, &bad).is_err());
+    }
+}

@@ -124,6 +124,23 @@ impl Rules {
         let outs: SbpList = std::iter::repeat_n(sbp, n_out).collect();
         self.push(&ins, &outs);
     }
+    /// These candidates with one more input, an accumulator added to output `out` (`y =
+    /// f(..) + acc`) taking that output's SBP in each: a split or broadcast output adds its
+    /// own piece, a partial sum each rank's part. Candidates whose output is a partial max or
+    /// min, which a sum does not pass through, are dropped.
+    pub fn with_accumulator(mut self, out: usize) -> Self {
+        self.axis.retain(|c| {
+            !matches!(
+                c.outs.get(out),
+                Some(Sbp::Partial(ReduceOp::Max | ReduceOp::Min)) | None
+            )
+        });
+        for c in &mut self.axis {
+            let s = c.outs[out];
+            c.ins.push(s);
+        }
+        self
+    }
     /// Appends all-B, which every op accepts, as the last candidate.
     pub(crate) fn push_all_broadcast(&mut self, n_in: usize) {
         let n_out = self.out_shapes.len();

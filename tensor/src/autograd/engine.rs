@@ -2,8 +2,10 @@
 //! rule per node (given one gradient per output), gradient accumulation into the leaves' grad
 //! slots as soon as a leaf's last incoming edge has been walked (the thread's
 //! [`GradReadyHook`](super::GradReadyHook) hears of it then). A node's saved tensors are
-//! released as its backward runs (their last use).
+//! released as its backward runs (their last use). A rule may add an input's gradient so far
+//! into its own (`Grad::take_partial`), saving the add.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use oxiflow_sbp::NdSbp;
@@ -180,8 +182,51 @@ fn settle(leaf: &Tensor, g: Tensor, hook: Option<&dyn GradReadyHook>) -> Result<
     }
 }
 
+/// Where the gradient of `edge`'s input accumulates in this pass: its producer's output slot,
+/// or the leaf's gradient of this pass (registered on first use).
+fn slot_of<'a>(
+    edge: &Edge,
+    grads: &'a mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
+    leaves: &'a mut Vec<(Tensor, Option<Tensor>)>,
+    leaf_index: &mut FxHashMap<usize, usize>,
+) -> Result<&'a mut Option<Tensor>> {
+    match edge {
+        Edge::Node(n, out) => {
+            let name = n.name();
+            let outputs = n.outputs.len();
+            slots(grads, n)
+                .get_mut(*out)
+                .ok_or_else(|| TensorError::Autograd {
+                    op: "backward",
+                    detail: format!("{name} has no output {out} (it has {outputs})"),
+                })
+        }
+        Edge::Leaf(leaf) => {
+            let k = Arc::as_ptr(&leaf.0) as usize;
+            let idx = *leaf_index.entry(k).or_insert_with(|| {
+                leaves.push((leaf.clone(), None));
+                leaves.len() - 1
+            });
+            Ok(&mut leaves[idx].1)
+        }
+    }
+}
+
+/// Whether two edges lead to the same tensor (one producer output, or one leaf).
+fn same_target(a: &Edge, b: &Edge) -> bool {
+    match (a, b) {
+        (Edge::Node(n, i), Edge::Node(m, j)) => Arc::ptr_eq(n, m) && i == j,
+        (Edge::Leaf(x), Edge::Leaf(y)) => Arc::ptr_eq(&x.0, &y.0),
+        _ => false,
+    }
+}
+
 /// Runs `f`'s backward on its outputs' gradients and routes each input's gradient to the
-/// slot of the node it came from, or to the leaf's gradient of this pass.
+/// slot of the node it came from, or to the leaf's gradient of this pass. Each input's
+/// gradient so far (from consumers walked before) is offered to the rule, which may add it
+/// itself (e.g. as the C operand of its product, `Grad::take_partial`): the slot then holds
+/// the rule's gradient as it is; otherwise the two are added. An input whose tensor another
+/// input of `f` also is gets no offer.
 fn walk_node(
     f: &Arc<Node>,
     grads: &mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
@@ -195,10 +240,45 @@ fn walk_node(
     if dys.iter().all(Option::is_none) {
         return Ok(());
     }
-    let dxs = f.backward(&dys, retain)?;
+    let mut partials: SmallVec<[RefCell<Option<Tensor>>; 3]> = SmallVec::new();
+    for (i, edge) in f.edges.iter().enumerate() {
+        let unique = edge.as_ref().filter(|e| {
+            f.edges
+                .iter()
+                .enumerate()
+                .all(|(j, o)| j == i || !o.as_ref().is_some_and(|o| same_target(e, o)))
+        });
+        let partial = match unique {
+            Some(e) => slot_of(e, grads, leaves, leaf_index)?.take(),
+            None => None,
+        };
+        partials.push(RefCell::new(partial));
+    }
+    let offered: SmallVec<[bool; 3]> = partials.iter().map(|p| p.borrow().is_some()).collect();
+    let dxs = f.backward(&dys, retain, &partials)?;
     drop(dys);
-    for ((edge, input), dx) in f.edges.iter().zip(&f.inputs).zip(dxs) {
-        let (Some(edge), Some(dx)) = (edge, dx) else {
+    for (i, ((edge, input), dx)) in f.edges.iter().zip(&f.inputs).zip(dxs).enumerate() {
+        let Some(edge) = edge else {
+            continue;
+        };
+        let offer = offered.get(i).copied().unwrap_or(false);
+        let left = partials.get(i).and_then(|p| p.borrow_mut().take());
+        let taken = offer && left.is_none();
+        let slot = slot_of(edge, grads, leaves, leaf_index)?;
+        if offer {
+            // The offered partial back in its slot, or the slot empty for the rule's sum.
+            *slot = left;
+        }
+        let Some(dx) = dx else {
+            if taken {
+                return Err(TensorError::Autograd {
+                    op: "backward",
+                    detail: format!(
+                        "the backward of {} took input {i}'s partial gradient and gave none",
+                        f.name()
+                    ),
+                });
+            }
             continue;
         };
         if dx.shape() != input.shape() {
@@ -212,29 +292,7 @@ fn walk_node(
                 ),
             });
         }
-        match edge {
-            Edge::Node(n, out) => match slots(grads, n).get_mut(*out) {
-                Some(slot) => accumulate(slot, dx)?,
-                None => {
-                    return Err(TensorError::Autograd {
-                        op: "backward",
-                        detail: format!(
-                            "{} has no output {out} (it has {})",
-                            n.name(),
-                            n.outputs.len()
-                        ),
-                    })
-                }
-            },
-            Edge::Leaf(leaf) => {
-                let k = Arc::as_ptr(&leaf.0) as usize;
-                let idx = *leaf_index.entry(k).or_insert_with(|| {
-                    leaves.push((leaf.clone(), None));
-                    leaves.len() - 1
-                });
-                accumulate(&mut leaves[idx].1, dx)?;
-            }
-        }
+        accumulate(slot, dx)?;
     }
     Ok(())
 }

@@ -107,6 +107,7 @@ impl Node {
         &self,
         dys: &[Option<Tensor>],
         retain: bool,
+        partials: &[std::cell::RefCell<Option<Tensor>>],
     ) -> Result<Vec<Option<Tensor>>> {
         let saved = {
             let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,7 +121,8 @@ impl Node {
             }
         };
         let needs = self.needs();
-        let g = Grad::new(self.name(), &self.inputs, saved.as_ref(), dys, &needs);
+        let g = Grad::new(self.name(), &self.inputs, saved.as_ref(), dys, &needs)
+            .with_partials(partials);
         match &self.kind {
             NodeKind::Op(op) => op.backward(&g),
             NodeKind::ToGlobal { nd_sbp } => Ok(vec![Some(to_global_backward(

@@ -9,7 +9,7 @@ use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Ix2, Zip};
 
 use super::{out_as, CpuBackend};
 use crate::element::TensorElement;
-use crate::op::{kernel_err, MatmulKernels};
+use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, MatmulKernels};
 use crate::storage::CpuArray;
 use crate::{Result, TensorError};
 
@@ -188,5 +188,19 @@ impl MatmulKernels for CpuBackend {
             "matmul_t"
         };
         typed(op, a, b, t, batched, out)
+    }
+    fn matmul_t_acc(
+        &self,
+        a: &CpuArray,
+        b: &CpuArray,
+        t: (bool, bool),
+        batched: bool,
+        c: &CpuArray,
+        out: &mut CpuArray,
+    ) -> Result<()> {
+        let op = "matmul_t_acc";
+        typed(op, a, b, t, batched, out)?;
+        let product = out.clone();
+        self.binary(BinaryOp::Add, &product, c, out)
     }
 }

@@ -4,6 +4,8 @@
 //! was not declared, every input's metadata, the gradient of every output and which inputs need
 //! one), with the tensor constructions several families' rules share.
 
+use std::cell::RefCell;
+
 use oxiflow_sbp::{NdSbp, Shape};
 
 use crate::tensor::{Tensor, TensorMeta};
@@ -111,6 +113,8 @@ pub(crate) struct Grad<'a> {
     saved: Option<&'a Saved>,
     dys: &'a [Option<Tensor>],
     needs: &'a [bool],
+    /// Each input's gradient so far from its other consumers, offered to the rule.
+    partials: &'a [RefCell<Option<Tensor>>],
 }
 
 impl<'a> Grad<'a> {
@@ -127,7 +131,23 @@ impl<'a> Grad<'a> {
             saved,
             dys,
             needs,
+            partials: &[],
         }
+    }
+
+    /// These with the inputs' partial gradients `partials` offered (see `take_partial`).
+    pub fn with_partials(self, partials: &'a [RefCell<Option<Tensor>>]) -> Self {
+        Grad { partials, ..self }
+    }
+
+    /// The gradient input `i` got so far from its other consumers, moved out (None: none
+    /// yet, or none offered). A rule that takes it must return input `i`'s gradient with it
+    /// added (e.g. as the C operand of its product): the walk keeps that as the sum.
+    pub fn take_partial(&self, i: usize) -> Option<Tensor> {
+        if !self.need(i) {
+            return None;
+        }
+        self.partials.get(i).and_then(|p| p.borrow_mut().take())
     }
 
     fn read(

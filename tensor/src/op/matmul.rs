@@ -1,6 +1,8 @@
 //! Matrix products: `a [.., k] @ b [k, n]` and batch matmul `[b.., m, k] @ [b.., k, n]`, and
 //! both with either operand's last two dims transposed in the kernel (`matmul_t`), which the
-//! backward rules use instead of materialised transposes.
+//! backward rules use instead of materialised transposes, also with an accumulator added to
+//! the product (`matmul_t_acc`: a backward rule adding its input gradient to the one other
+//! consumers gave, in the product's epilogue where the backend has one).
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -25,6 +27,9 @@ pub enum MatmulOp {
     MatMulT { ta: bool, tb: bool },
     /// op(a) x op(b) on the last two dims, equal batch dims.
     BatchMatMulT { ta: bool, tb: bool },
+    /// `MatMulT` (or `BatchMatMulT` when `batched`) plus a third operand of the output's
+    /// shape and dtype.
+    MatMulTAcc { ta: bool, tb: bool, batched: bool },
 }
 
 /// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked).
@@ -40,6 +45,16 @@ pub trait MatmulKernels: KernelBackend {
         batched: bool,
         out: &mut Self::Out,
     ) -> Result<()>;
+    /// `op(a) @ op(b) + c` (`c` shaped as `out`).
+    fn matmul_t_acc(
+        &self,
+        a: &Self::Piece,
+        b: &Self::Piece,
+        t: (bool, bool),
+        batched: bool,
+        c: &Self::Piece,
+        out: &mut Self::Out,
+    ) -> Result<()>;
 }
 
 impl OpFamily for MatmulOp {
@@ -49,11 +64,15 @@ impl OpFamily for MatmulOp {
             MatmulOp::BatchMatMul => "batch_matmul",
             MatmulOp::MatMulT { .. } => "matmul_t",
             MatmulOp::BatchMatMulT { .. } => "batch_matmul_t",
+            MatmulOp::MatMulTAcc { .. } => "matmul_t_acc",
         }
     }
 
     fn arity(&self) -> (usize, usize) {
-        (2, 2)
+        match self {
+            MatmulOp::MatMulTAcc { .. } => (3, 3),
+            _ => (2, 2),
+        }
     }
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
@@ -64,6 +83,18 @@ impl OpFamily for MatmulOp {
             MatmulOp::MatMulT { ta, tb } => rules::matmul_t(s[0], s[1], (*ta, *tb), false, mode),
             MatmulOp::BatchMatMulT { ta, tb } => {
                 rules::matmul_t(s[0], s[1], (*ta, *tb), true, mode)
+            }
+            MatmulOp::MatMulTAcc { ta, tb, batched } => {
+                rules::matmul_t(s[0], s[1], (*ta, *tb), *batched, mode).and_then(|r| {
+                    match r.out_shapes().first() {
+                        Some(y) if y == s[2] => Ok(r.with_accumulator(0)),
+                        y => Err(format!(
+                            "the accumulator {} is not the product's shape {}",
+                            s[2],
+                            y.map_or("?".to_string(), Shape::to_string)
+                        )),
+                    }
+                })
             }
         };
         Ok(Inferred::new(shape_rule(r)?, dt))
@@ -76,6 +107,9 @@ impl OpFamily for MatmulOp {
             MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
             MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
             MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
+            MatmulOp::MatMulTAcc { ta, tb, batched } => {
+                b.matmul_t_acc(x[0], x[1], (*ta, *tb), *batched, x[2], y)
+            }
         }
     }
 
@@ -91,9 +125,20 @@ impl OpFamily for MatmulOp {
         let (am, bm, dy) = (g.input_meta(0), g.input_meta(1), g.dy()?);
         let (ta, tb) = match self {
             MatmulOp::MatMul | MatmulOp::BatchMatMul => (false, false),
-            MatmulOp::MatMulT { ta, tb } | MatmulOp::BatchMatMulT { ta, tb } => (*ta, *tb),
+            MatmulOp::MatMulT { ta, tb }
+            | MatmulOp::BatchMatMulT { ta, tb }
+            | MatmulOp::MatMulTAcc { ta, tb, .. } => (*ta, *tb),
         };
-        let batched = matches!(self, MatmulOp::BatchMatMul | MatmulOp::BatchMatMulT { .. });
+        let batched = match self {
+            MatmulOp::BatchMatMul | MatmulOp::BatchMatMulT { .. } => true,
+            MatmulOp::MatMulTAcc { batched, .. } => *batched,
+            MatmulOp::MatMul | MatmulOp::MatMulT { .. } => false,
+        };
+        // The accumulator's gradient is the output's.
+        let gc = match self {
+            MatmulOp::MatMulTAcc { .. } => Some(g.when(2, || Ok(dy.clone()))?),
+            _ => None,
+        };
         if !batched && am.ndim() < 2 {
             // a [k] (never transposed): the plain rules on materialised transposes.
             let ga = g.when(0, || dy.matmul(&g.input(1)?.transpose(-2, -1)?))?;
@@ -103,7 +148,7 @@ impl OpFamily for MatmulOp {
                     .reshape([1, k])?
                     .matmul_t(&dy.reshape([1, n])?, true, false)
             })?;
-            return Ok(vec![ga, gb]);
+            return Ok([ga, gb].into_iter().chain(gc).collect());
         }
         let mm = |x: &Tensor, y: &Tensor, tx: bool, ty: bool| {
             if batched {
@@ -140,7 +185,7 @@ impl OpFamily for MatmulOp {
                 mm(&a2, &dy2, !ta, false)
             }
         })?;
-        Ok(vec![ga, gb])
+        Ok([ga, gb].into_iter().chain(gc).collect())
     }
 }
 
@@ -167,5 +212,15 @@ impl Tensor {
             MatmulOp::BatchMatMulT { ta, tb }
         };
         dispatch(op.into(), &[self, b])
+    }
+    /// `op(self) @ op(b) + acc` (see [`Tensor::matmul_t`]; `acc` has the product's shape and
+    /// dtype, and takes the product's SBP). On CUDA one cuBLASLt product reading `acc` as
+    /// its C operand where the types allow; a product, then an add, elsewhere.
+    pub fn matmul_t_acc(&self, b: &Tensor, ta: bool, tb: bool, acc: &Tensor) -> Result<Tensor> {
+        let batched = b.ndim() != 2;
+        dispatch(
+            MatmulOp::MatMulTAcc { ta, tb, batched }.into(),
+            &[self, b, acc],
+        )
     }
 }

@@ -153,9 +153,14 @@ impl OpFamily for NormOp {
         // The parameters' gradients too: the residual norm's backward without a residual
         // gradient gives dx, dweight and dbias in one kernel (x-hat and the sums over rows in
         // the statistics' dtype, each rank's part rounded once to the weight's dtype: a partial
-        // sum over split rows stays partial, reduced with the other gradients).
+        // sum over split rows stays partial, reduced with the other gradients). x's gradient
+        // from its other consumers (a residual stream's sum) comes in as the residual
+        // gradient the kernel adds, saving the add.
         let op = ResidualLayerNorm::Backward;
-        let out = dispatch_multi(op.into(), &[x, w, mean, rstd, dy])?;
+        let partial = g.take_partial(0);
+        let mut ins = vec![x, w, mean, rstd, dy];
+        ins.extend(partial.as_ref());
+        let out = dispatch_multi(op.into(), &ins)?;
         let [dx, dw, db] = <[Tensor; 3]>::try_from(out)
             .map_err(|v| kernel_err(op.name(), format!("gave {} outputs, not 3", v.len())))?;
         let keep = |i: usize, t: Tensor| g.need(i).then_some(t);

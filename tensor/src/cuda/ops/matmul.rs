@@ -1,7 +1,8 @@
 //! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision), f64,
 //! bf16 and f16 (16-bit in and out, f32 accumulation), either operand transposed by cuBLAS's
 //! operation flags; an NVRTC kernel for i64
-//! (transposed operands copied first).
+//! (transposed operands copied first). A product plus an accumulator is one cuBLASLt product
+//! reading it as C where cuBLASLt serves the types, else the product and an add.
 
 use std::sync::Arc;
 
@@ -14,7 +15,8 @@ use super::super::storage::CudaStorage;
 use super::super::{derr, CudaRuntime};
 use super::layout::permute;
 use super::CudaKernels;
-use crate::op::MatmulKernels;
+use crate::cuda::blaslt::LtMatmul;
+use crate::op::{BinaryOp, ElementwiseKernels, MatmulKernels};
 use crate::Result;
 
 /// `out = op(a) op(b)` for `g` (`out` holds `batch * m * n` elements).
@@ -84,10 +86,23 @@ fn product(
     name: &'static str,
     a: &CudaStorage,
     b: &CudaStorage,
-    (ta, tb): (bool, bool),
+    t: (bool, bool),
     batched: bool,
     out: &CudaStorage,
 ) -> Result<()> {
+    let g = product_shape(name, a, b, t, batched, out)?;
+    matmul(&k.rt, name, a, b, out, g)
+}
+
+/// The gemm of [`product`]'s operands (sizes and strides; errors where they do not multiply).
+fn product_shape(
+    name: &'static str,
+    a: &CudaStorage,
+    b: &CudaStorage,
+    (ta, tb): (bool, bool),
+    batched: bool,
+    out: &CudaStorage,
+) -> Result<Gemm> {
     let (ad, bd) = (a.shape.dims(), b.shape.dims());
     let bad = || {
         derr(
@@ -131,7 +146,7 @@ fn product(
     if kk != bk {
         return Err(bad());
     }
-    let g = Gemm {
+    Ok(Gemm {
         batch,
         m,
         k: kk,
@@ -143,8 +158,7 @@ fn product(
             if batched { (kk * bn) as i64 } else { 0 },
             (m * bn) as i64,
         ),
-    };
-    matmul(&k.rt, name, a, b, out, g)
+    })
 }
 
 impl CudaKernels {
@@ -186,5 +200,43 @@ impl MatmulKernels for CudaKernels {
             "matmul_t"
         };
         product(self, name, a, b, t, batched, out)
+    }
+
+    fn matmul_t_acc(
+        &self,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        t: (bool, bool),
+        batched: bool,
+        c: &CudaStorage,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        let name = "matmul_t_acc";
+        if c.numel() != out.numel() || c.dtype != out.dtype {
+            return Err(derr(
+                name,
+                format!(
+                    "the accumulator {} {} is not the product's {} {}",
+                    c.dtype, c.shape, out.dtype, out.shape
+                ),
+            ));
+        }
+        let g = product_shape(name, a, b, t, batched, out)?;
+        // One cuBLASLt product reading c as its C operand (beta = 1).
+        let lt = self.lt_types(a.dtype).filter(|_| {
+            g.batch == 1 && g.m * g.n * g.k > 0 && a.dtype == b.dtype && a.dtype == out.dtype
+        });
+        if let Some(types) = lt {
+            let p = LtMatmul {
+                beta: 1.0,
+                ..LtMatmul::new((g.m, g.n, g.k), t, types)
+            };
+            if self.lt_ran_c(&p, a.ptr(), b.ptr(), c.ptr(), out.ptr())? {
+                return Ok(());
+            }
+        }
+        matmul(&self.rt, name, a, b, out, g)?;
+        let product = out.clone();
+        self.binary(BinaryOp::Add, &product, c, out)
     }
 }

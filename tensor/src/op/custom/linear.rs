@@ -209,7 +209,12 @@ impl OpFamily for LinearOp {
             Activation::None => dy.clone(),
             Activation::Gelu => dy.unary_backward(UnaryOp::Gelu, g.output(1)?)?,
         };
-        let dx = g.when(0, || dpre.matmul_t(g.input(1)?, false, true))?;
+        // dx = dpre w^T, plus x's gradient from its other consumers in the same product (the
+        // Q, K and V projections of one input).
+        let dx = g.when(0, || match g.take_partial(0) {
+            Some(acc) => dpre.matmul_t_acc(g.input(1)?, false, true, &acc),
+            None => dpre.matmul_t(g.input(1)?, false, true),
+        })?;
         let bias = g.arity() == 3;
         let want_db = bias && g.need(2);
         let (dw, db) = if g.need(1) {

@@ -16,7 +16,10 @@ use crate::Result;
 impl CudaKernels {
     /// The cuBLASLt product's float type and whether it runs on TF32 tensor cores, when the
     /// precision setting lets cuBLASLt serve pieces of `dt` (None: the composed kernels).
-    pub(super) fn lt_types(&self, dt: oxiflow_dtype::DType) -> Option<(FloatType, bool)> {
+    pub(in crate::cuda::ops) fn lt_types(
+        &self,
+        dt: oxiflow_dtype::DType,
+    ) -> Option<(FloatType, bool)> {
         let t = FloatType::of(dt)?;
         match (t, self.rt.matmul_precision()) {
             (FloatType::F32, MatmulPrecision::F32) => Some((t, false)),
@@ -33,7 +36,14 @@ impl CudaKernels {
     }
 
     /// [`Self::lt_ran`] reading the C operand of a nonzero `beta` from `c` (laid out as `out`).
-    pub(super) fn lt_ran_c(&self, g: &LtMatmul, a: u64, b: u64, c: u64, out: u64) -> Result<bool> {
+    pub(in crate::cuda::ops) fn lt_ran_c(
+        &self,
+        g: &LtMatmul,
+        a: u64,
+        b: u64,
+        c: u64,
+        out: u64,
+    ) -> Result<bool> {
         match lt_matmul_c(&self.rt, g, a, b, c, out) {
             Ok(()) => Ok(true),
             Err(e) if e.is_fallback() => Ok(false),

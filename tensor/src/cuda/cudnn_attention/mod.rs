@@ -173,7 +173,7 @@ fn plan_for(
         match built {
             Ok(plan) => {
                 let now = std::time::Instant::now();
-                let origin = super::kernel_cache::Origin::Compiled;
+                let origin = super::build_times::KernelOrigin::Compiled;
                 super::build_times::record(format!("cuDNN {op} plan {var:?}"), origin, start, now);
                 st.plans.insert(key, plan);
                 return Ok(());

@@ -52,6 +52,11 @@ thread_local! {
     static IN_BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Marks this thread's builds as made in the background ([`KernelBuild::background`]).
+pub(crate) fn mark_background_thread() {
+    IN_BACKGROUND.with(|p| p.set(true));
+}
+
 /// Records a build from `origin` that compiled from `start` to `compiled`, then loaded until
 /// now.
 pub(crate) fn record(
@@ -92,7 +97,7 @@ pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
         let spawned = std::thread::Builder::new()
             .name("oxiflow-kernels".into())
             .spawn(move || {
-                IN_BACKGROUND.with(|p| p.set(true));
+                mark_background_thread();
                 job(&rt);
             });
         // Without a thread the source is built by the first op that needs it.

@@ -23,10 +23,12 @@ mod nvrtc_open;
 #[path = "../collectives/src/cuda_libs/places.rs"]
 mod places;
 
-use library_sources::{image_key, nvrtc_options, prebuild_archs, LibrarySource, ALL};
+use library_sources::{
+    image_key, nvrtc_options, pack_image, prebuild_archs, unpack_image, LibrarySource, ALL,
+};
 
-/// One source's CUBIN for one architecture, or NVRTC's error and log.
-type Compiled = Result<Vec<u8>, String>;
+/// One source's CUBIN for one architecture and its packed form, or NVRTC's error and log.
+type Compiled = Result<(Vec<u8>, Vec<u8>), String>;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -78,7 +80,13 @@ fn run() -> Result<(), String> {
                 let Some(&(source, arch)) = jobs.get(i) else {
                     break;
                 };
-                let r = nvrtc.api.compile(source.text, &nvrtc_options(arch));
+                let r = nvrtc
+                    .api
+                    .compile(source.text, &nvrtc_options(arch))
+                    .map(|image| {
+                        let packed = pack_image(&image);
+                        (image, packed)
+                    });
                 images.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
             });
         }
@@ -90,7 +98,7 @@ fn run() -> Result<(), String> {
     let mut rows = String::from("&[\n");
     for (i, ((source, arch), image)) in jobs.iter().zip(images).enumerate() {
         let what = source.what;
-        let image = image
+        let (image, packed) = image
             .ok_or_else(|| format!("{what} for {arch}: no compile ran"))?
             .map_err(|e| {
                 format!(
@@ -101,11 +109,13 @@ fn run() -> Result<(), String> {
         if !image.starts_with(b"\x7fELF") {
             return Err(format!("{what} for {arch}: NVRTC's CUBIN is no ELF image"));
         }
-        let file = dir.join(format!("{i}_{arch}.cubin"));
-        std::fs::write(&file, &image).map_err(|e| format!("writing {}: {e}", file.display()))?;
+        unpack_image(&packed, image.len()).map_err(|e| format!("{what} for {arch}: {e}"))?;
+        let file = dir.join(format!("{i}_{arch}.cubin.deflate"));
+        std::fs::write(&file, &packed).map_err(|e| format!("writing {}: {e}", file.display()))?;
         let key = image_key(source.text, &nvrtc_options(arch));
         rows.push_str(&format!(
-            "    EmbeddedImage {{ arch: {arch:?}, key: {key:#x}, image: include_bytes!({:?}) }},\n",
+            "    EmbeddedImage {{ arch: {arch:?}, key: {key:#x}, len: {}, packed: include_bytes!({:?}) }},\n",
+            image.len(),
             file.display().to_string()
         ));
     }

@@ -42,9 +42,9 @@ fn arch(ctx: &Arc<CudaContext>) -> Result<&'static str, String> {
 }
 
 /// Loads `source` (named `what` in [`super::kernel_builds`]) on `ctx` as machine code for the
-/// device: the embedded image, else the kernel cache's, else compiled by NVRTC. An embedded or
-/// cached image the driver refuses (a driver older than the CUDA that made it, a damaged file)
-/// is compiled again.
+/// device: the embedded image, else the kernel cache's, else compiled by NVRTC. An embedded
+/// image that does not unpack or that the driver refuses (a driver older than the CUDA that
+/// made it), or a cached one it refuses (a damaged file), is compiled again.
 pub(crate) fn load_source(
     ctx: &Arc<CudaContext>,
     what: &str,
@@ -52,9 +52,9 @@ pub(crate) fn load_source(
 ) -> Result<Arc<CudaModule>, String> {
     let options = nvrtc_options(arch(ctx)?);
     let start = Instant::now();
-    if let Some(embedded) = find(EMBEDDED, source, &options) {
+    if let Some(Ok(image)) = find(EMBEDDED, source, &options).map(|e| e.image()) {
         let found = Instant::now();
-        if let Ok(m) = ctx.load_module(Ptx::from_binary(embedded.image.to_vec())) {
+        if let Ok(m) = ctx.load_module(Ptx::from_binary(image)) {
             record(what, KernelOrigin::Embedded, start, found);
             return Ok(m);
         }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::{
-    backward_refusal, build_plan, create_handle, ffi, sdpa, sizes, BackwardViews, Cached, Key,
-    NoPlan, State, STATE,
+    backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes,
+    BackwardViews, Cached, Key, NoPlan, State, STATE,
 };
 use crate::cuda::raw::AttentionBackward;
 use crate::cuda::CudaRuntime;
@@ -85,7 +85,7 @@ fn settle(st: &mut State, key: &Key, built: Result<Cached, NoPlan>) -> Option<Ca
 pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     let op = "cudnn attention backward (background plan)";
     let s = a.shape;
-    let views = [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv];
+    let views = backward_operands(a);
     let Ok(z) = sizes(op, &s, &views) else {
         return;
     };
@@ -112,16 +112,7 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
         let (key, pending) = (key.clone(), pending.clone());
         move || {
             crate::cuda::build_times::mark_background_thread();
-            let x = BackwardViews {
-                q: &a.q,
-                k: &a.k,
-                v: &a.v,
-                o: &a.o,
-                d_o: &a.d_o,
-                dq: &a.dq,
-                dk: &a.dk,
-                dv: &a.dv,
-            };
+            let x = BackwardViews::of(&a);
             let built = create_handle(api, &rt, op)
                 .map_err(NoPlan::Failed)
                 .and_then(|handle| {
@@ -219,12 +210,7 @@ mod tests {
     }
 
     fn key(a: &AttentionBackward) -> Key {
-        Key::of(
-            true,
-            &a.shape,
-            a.deterministic,
-            &[a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv],
-        )
+        Key::of(true, &a.shape, a.deterministic, &backward_operands(a))
     }
 
     #[test]

@@ -55,6 +55,12 @@ impl Key {
     }
 }
 
+/// The operands of backward call `a` in the order its key and graph take them: Q, K, V, O, dO,
+/// dQ, dK, dV.
+fn backward_operands(a: &AttentionBackward) -> [Bhtd; 8] {
+    [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv]
+}
+
 /// A cached plan and the handle it runs with: the process's handle, or the one of the
 /// background thread that built it (a plan runs on the handle that made it).
 struct Cached {
@@ -343,21 +349,12 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
     let op = "cudnn attention backward";
     a.check(op)?;
     let s = a.shape;
-    let views = [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv];
+    let views = backward_operands(a);
     let z = sizes(op, &s, &views)?;
     let key = Key::of(true, &s, a.deterministic, &views);
     // A plan under way on a background thread is waited for, not built twice.
     background::wait_for(&key);
-    let x = BackwardViews {
-        q: &a.q,
-        k: &a.k,
-        v: &a.v,
-        o: &a.o,
-        d_o: &a.d_o,
-        dq: &a.dq,
-        dk: &a.dk,
-        dv: &a.dv,
-    };
+    let x = BackwardViews::of(a);
     with_state(rt, op, |api, st| {
         if let Some(detail) = backward_refusal(st.version, s.seq) {
             return Err(FusedError::Refused {

@@ -352,18 +352,23 @@ fn main() -> R<()> {
             );
         }
     }
+    let archs = cuda::embedded_kernel_archs();
+    println!(
+        "EMBEDDED KERNELS: {}",
+        if archs.is_empty() {
+            "none (this build compiles the library's kernels at run time)".to_string()
+        } else {
+            archs.join(", ")
+        }
+    );
     for b in cuda::kernel_builds() {
         println!(
             "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms{}",
             b.what,
-            if b.cached {
-                "from the kernel cache"
-            } else {
-                "compile"
-            },
+            b.origin,
             b.compile_ms,
             b.load_ms,
-            if b.prebuilt { " (background)" } else { "" }
+            if b.background { " (background)" } else { "" }
         );
     }
     if a.profile > 0 {

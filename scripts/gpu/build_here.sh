@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the GPU binaries on this (CUDA-less) machine and stages them in .carry/ (git-ignored)
 # for the device tool's `carry`. cudarc loads CUDA at run time, so no CUDA is needed here.
+# The library's own CUDA kernels are compiled here for sm_90 and embedded in the binaries
+# (OXIFLOW_PREBUILD_ARCHS, OXIFLOW_NVRTC_LIB: see prebuilt_kernels.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/prebuilt_kernels.sh
 CARRY=.carry
 rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
 cargo build --release -p oxiflow-collectives --bin nccl_bench --bin collectives_bench

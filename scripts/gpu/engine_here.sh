@@ -2,8 +2,11 @@
 # Builds the engine's GPU binaries on this (CUDA-less) machine and stages them with the device
 # scripts and the PyTorch anchors in .carry/engine (git-ignored) for the device tool's `carry`;
 # on the device: `.carry/engine/engine_there.sh` (see its header for what it runs).
+# The library's own CUDA kernels are compiled here for sm_90 and embedded in the binaries
+# (OXIFLOW_PREBUILD_ARCHS, OXIFLOW_NVRTC_LIB: see prebuilt_kernels.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/prebuilt_kernels.sh
 DEST=.carry/engine
 ANCHORS=${ANCHORS:-../shared/anchors}
 rm -rf "$DEST" && mkdir -p "$DEST/bin"

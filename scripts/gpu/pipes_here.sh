@@ -3,8 +3,11 @@
 # machine (cudarc loads CUDA at run time) and stages them, stripped, with pipes_there.sh and
 # twin_gpt.py in DEST (default .carry/pipes, git-ignored) for the device tool's `carry`.
 # Usage: scripts/gpu/pipes_here.sh [DEST]; then on the device: bash DEST/pipes_there.sh
+# The library's own CUDA kernels are compiled here for sm_90 and embedded in the binaries
+# (OXIFLOW_PREBUILD_ARCHS, OXIFLOW_NVRTC_LIB: see prebuilt_kernels.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/prebuilt_kernels.sh
 DEST=${1:-.carry/pipes}
 rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch

@@ -2,8 +2,11 @@
 # Builds and stages what two_gpu_there.sh runs (oflaunch, train, gpt_bench, the gpu_tensor suite; the overlap,
 # pipeline and twin scripts) in .carry/two (git-ignored) for the device tool's `carry`; on a
 # 2-GPU device: `bash .carry/two/two_gpu_there.sh`.
+# The library's own CUDA kernels are compiled here for sm_90 and embedded in the binaries
+# (OXIFLOW_PREBUILD_ARCHS, OXIFLOW_NVRTC_LIB: see prebuilt_kernels.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/prebuilt_kernels.sh
 DEST=.carry/two
 rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch

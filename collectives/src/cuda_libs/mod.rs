@@ -15,14 +15,16 @@
 //!   probed path, so `libnccl.so.2`-only installs work.
 //!
 //! * cuDNN is often installed only inside a Python environment (`site-packages/nvidia/cudnn/lib`);
-//!   [`ensure_cudnn`] also searches those folders ([`site`]) and preloads cuDNN's sub-libraries
+//!   [`ensure_cudnn`] also searches those folders ([`python_lib_dirs`]) and preloads cuDNN's sub-libraries
 //!   from the folder where `libcudnn.so.9` was found.
 //!
 //! A missing library becomes [`CudaLibError`] naming the library and every place looked at.
 
+mod places;
 mod site;
 
-pub use site::{ensure_cudnn, python_lib_dirs, CudnnLibs};
+pub use places::{python_lib_dirs, DEFAULT_DIRS, NVRTC_FILES};
+pub use site::{ensure_cudnn, CudnnLibs};
 
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
@@ -65,7 +67,7 @@ impl CudaLib {
                 "libnvrtc-builtins.so.13",
                 "libnvrtc-builtins.so",
             ],
-            CudaLib::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so"],
+            CudaLib::Nvrtc => NVRTC_FILES,
             CudaLib::CudnnGraph => &["libcudnn_graph.so.9", "libcudnn_graph.so"],
             CudaLib::Cudnn => &["libcudnn.so.9", "libcudnn.so"],
         }
@@ -110,18 +112,6 @@ pub struct LibSearch {
     /// When false, only `extra_dirs` are searched (no built-in folders, no bare-name loading).
     pub only_extra: bool,
 }
-
-/// Folders where CUDA 13 installs usually put their libraries (also the GPU machines' layout).
-pub const DEFAULT_DIRS: &[&str] = &[
-    "/usr/local/nvidia/lib64",
-    "/usr/local/cuda-13.0/targets/x86_64-linux/lib",
-    "/usr/local/cuda/targets/x86_64-linux/lib",
-    "/usr/local/cuda/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/usr/local/lib",
-];
 
 /// A library held loaded for the life of the process.
 #[derive(Debug)]

@@ -1,38 +1,15 @@
-//! cuDNN at run time: the folders where Python environments keep NVIDIA's libraries
-//! (`site-packages/nvidia/cudnn/lib`, `.../nvidia/cu13/lib`), and loading `libcudnn.so.9` with its
+//! cuDNN at run time: loading `libcudnn.so.9` (also from the folders where Python environments
+//! keep NVIDIA's libraries, `site-packages/nvidia/cudnn/lib`, `.../nvidia/cu13/lib`) with its
 //! sub-libraries (`libcudnn_graph.so.9`, the engine libraries, ...) from the folder it was found
 //! in, so that the shim's own `dlopen`s of its sub-libraries find the loaded copies.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::places::python_lib_dirs;
 use super::{
     dlopen, ensure_driver, ensure_nvrtc, load, CudaLib, CudaLibError, LibSearch, LoadedLib,
 };
-
-/// Python site folders, as glob patterns (`*` matches within one path component).
-const SITE_PATTERNS: &[&str] = &[
-    "/usr/local/lib/python3*/dist-packages",
-    "/usr/local/lib/python3*/site-packages",
-    "/usr/lib/python3*/dist-packages",
-    "/usr/lib/python3*/site-packages",
-    "/opt/*/lib/python3*/site-packages",
-    "/opt/*/*/lib/python3*/site-packages",
-    "/opt/*/envs/*/lib/python3*/site-packages",
-    "/root/*/lib/python3*/site-packages",
-    "/root/.*/lib/python3*/site-packages",
-    "/root/.local/lib/python3*/site-packages",
-    "/home/*/.local/lib/python3*/site-packages",
-    "/venv/lib/python3*/site-packages",
-];
-
-/// Library folders inside a site folder (NVIDIA's wheels: per library, or one per CUDA major).
-const WHEEL_LIB_DIRS: &[&str] = &[
-    "nvidia/cudnn/lib",
-    "nvidia/cu13/lib",
-    "nvidia/cublas/lib",
-    "nvidia/cuda_nvrtc/lib",
-];
 
 /// cuDNN 9's sub-libraries, loaded in this order (the graph library first: the others need it).
 const CUDNN_SUBLIBS: &[&str] = &[
@@ -44,72 +21,6 @@ const CUDNN_SUBLIBS: &[&str] = &[
     "libcudnn_cnn.so.9",
     "libcudnn_adv.so.9",
 ];
-
-/// Whether `name` matches `pattern`, where `*` matches any run of characters.
-fn wildcard(pattern: &str, name: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == name;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
-        return false;
-    }
-    let mut rest = &name[first.len()..name.len() - last.len()];
-    for mid in &parts[1..parts.len() - 1] {
-        match rest.find(mid) {
-            Some(i) => rest = &rest[i + mid.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-/// Existing folders matching `pattern` (absolute, `*` within components).
-fn glob_dirs(pattern: &str) -> Vec<PathBuf> {
-    let mut found = vec![PathBuf::from("/")];
-    for comp in pattern.split('/').filter(|c| !c.is_empty()) {
-        let mut next = Vec::new();
-        for base in &found {
-            if !comp.contains('*') {
-                let p = base.join(comp);
-                if p.is_dir() {
-                    next.push(p);
-                }
-                continue;
-            }
-            let Ok(entries) = std::fs::read_dir(base) else {
-                continue;
-            };
-            let mut names: Vec<PathBuf> = entries
-                .flatten()
-                .filter(|e| wildcard(comp, &e.file_name().to_string_lossy()))
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect();
-            names.sort();
-            next.extend(names);
-        }
-        found = next;
-    }
-    found
-}
-
-/// Library folders of NVIDIA's Python wheels on this machine (existing ones, in search order).
-pub fn python_lib_dirs() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    for pattern in SITE_PATTERNS {
-        for site in glob_dirs(pattern) {
-            for sub in WHEEL_LIB_DIRS {
-                let d = site.join(sub);
-                if d.is_dir() && !out.contains(&d) {
-                    out.push(d);
-                }
-            }
-        }
-    }
-    out
-}
 
 /// cuDNN as loaded: the shim, and what became of each sub-library found beside it.
 #[derive(Debug)]
@@ -172,35 +83,6 @@ pub fn ensure_cudnn(search: &LibSearch) -> Result<&'static CudnnLibs, CudaLibErr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wildcards_match_within_a_component() {
-        assert!(wildcard("python3*", "python3.12"));
-        assert!(wildcard("python3*", "python3"));
-        assert!(!wildcard("python3*", "python2.7"));
-        assert!(wildcard(".*", ".venv"));
-        assert!(!wildcard(".*", "venv"));
-        assert!(wildcard("a*b*c", "axxbyyc"));
-        assert!(!wildcard("a*b*c", "axxc"));
-        assert!(wildcard("exact", "exact"));
-    }
-
-    #[test]
-    fn globbing_finds_existing_folders_only() {
-        let root = std::env::temp_dir().join(format!("oxiflow-glob-{}", std::process::id()));
-        for d in [
-            "lib/python3.11/site-packages",
-            "lib/python3.12/site-packages",
-            "lib/other",
-        ] {
-            std::fs::create_dir_all(root.join(d)).unwrap();
-        }
-        let pattern = format!("{}/lib/python3*/site-packages", root.display());
-        let found = glob_dirs(&pattern);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].ends_with("python3.11/site-packages"));
-        std::fs::remove_dir_all(&root).unwrap();
-    }
 
     #[test]
     fn a_missing_cudnn_is_a_typed_error() {

@@ -57,6 +57,12 @@ pub(crate) fn attention_forward(
     }
 }
 
+/// Starts building cuDNN's plan for backward `a` in the background when cuDNN will serve it
+/// (see `cudnn_attention::prepare_backward`); its addresses are not read.
+pub(crate) fn prepare_attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
+    cudnn_attention::prepare_backward(rt, a);
+}
+
 /// dQ, dK, dV of `a`, through cuDNN or the fallback.
 pub(crate) fn attention_backward(
     rt: &Arc<CudaRuntime>,

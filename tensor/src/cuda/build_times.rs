@@ -1,46 +1,76 @@
-//! How long this process spent making its kernels ready: each NVRTC source's compile to the
-//! device's machine code (or its read from the kernel cache) and its load, and each cuDNN
-//! attention plan build, in the order they finished. The runtime starts
-//! building its NVRTC sources on several threads as soon as it is created
-//! (`prebuild_kernels`), so a first step mostly finds them ready.
+//! How long this process spent making its kernels ready: each NVRTC source's machine code
+//! (embedded in the binary at build time, read from the kernel cache, or compiled now) and its
+//! load, and each cuDNN attention plan build, in the order they finished. The runtime starts
+//! making its NVRTC sources ready on several background threads as soon as it is created
+//! (`start_background_builds`), so a first step mostly finds them ready.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::kernel_cache::Origin;
 use super::CudaRuntime;
+
+/// Where a source's machine code came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelOrigin {
+    /// Compiled when the binary was built (`OXIFLOW_PREBUILD_ARCHS`) and embedded in it.
+    Embedded,
+    /// Read from the on-disk kernel cache.
+    DiskCache,
+    /// Compiled in this process (NVRTC; for cuDNN, the graph and its plan built).
+    Compiled,
+}
+
+impl std::fmt::Display for KernelOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelOrigin::Embedded => "embedded at build time",
+            KernelOrigin::DiskCache => "from the kernel cache",
+            KernelOrigin::Compiled => "compiled",
+        })
+    }
+}
 
 /// One kernel source or plan made ready.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelBuild {
     /// The NVRTC source or cuDNN graph.
     pub what: String,
-    /// Milliseconds to compile (NVRTC to the device's machine code, or reading it from the
-    /// kernel cache; cuDNN: building the graph and its plan).
+    /// Where its machine code came from.
+    pub origin: KernelOrigin,
+    /// Milliseconds to get the machine code (finding the embedded image, reading the kernel
+    /// cache, or compiling; cuDNN: building the graph and its plan).
     pub compile_ms: f64,
-    /// The machine code came from the on-disk kernel cache.
-    pub cached: bool,
     /// Milliseconds to load the module.
     pub load_ms: f64,
-    /// The thread was the background prebuild, not the op that first needed it.
-    pub prebuilt: bool,
+    /// Made ready by a start-up background thread, not by the op that first needed it.
+    pub background: bool,
 }
 
 static BUILDS: Mutex<Vec<KernelBuild>> = Mutex::new(Vec::new());
 
 thread_local! {
-    static PREBUILDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static IN_BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread's builds as made in the background ([`KernelBuild::background`]).
+pub(crate) fn mark_background_thread() {
+    IN_BACKGROUND.with(|p| p.set(true));
 }
 
 /// Records a build from `origin` that compiled from `start` to `compiled`, then loaded until
 /// now.
-pub(crate) fn record(what: impl Into<String>, origin: Origin, start: Instant, compiled: Instant) {
+pub(crate) fn record(
+    what: impl Into<String>,
+    origin: KernelOrigin,
+    start: Instant,
+    compiled: Instant,
+) {
     let b = KernelBuild {
         what: what.into(),
+        origin,
         compile_ms: (compiled - start).as_secs_f64() * 1e3,
-        cached: origin == Origin::Cache,
         load_ms: compiled.elapsed().as_secs_f64() * 1e3,
-        prebuilt: PREBUILDING.with(|p| p.get()),
+        background: IN_BACKGROUND.with(|p| p.get()),
     };
     BUILDS.lock().unwrap_or_else(|p| p.into_inner()).push(b);
 }
@@ -50,24 +80,24 @@ pub fn kernel_builds() -> Vec<KernelBuild> {
     BUILDS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-/// Starts compiling and loading the runtime's other NVRTC sources (the fused norm, AdamW and
-/// classifier kernels, the one-read classifier, the multi-tensor sum of squares and copy; the
-/// element-wise and layout kernels are built at start-up) on one thread each, in the
-/// background. An op that needs a source before its thread is done waits for it; a failed build
-/// is kept and reported by that op.
-pub(crate) fn prebuild_kernels(rt: &Arc<CudaRuntime>) {
+/// Starts making the runtime's other NVRTC sources ready (the fused norm, AdamW and classifier
+/// kernels, the one-read classifier, the multi-tensor sum of squares and copy; the element-wise
+/// and layout kernels are made ready at start-up) on one thread each, in the background. An op
+/// that needs a source before its thread is done waits for it; a failed build is kept and
+/// reported by that op.
+pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
     let jobs: [fn(&CudaRuntime); 4] = [
-        super::fused::prebuild,
-        super::fused::prebuild_one_read,
-        super::sum_squares::prebuild,
-        super::copy_many::prebuild,
+        super::fused::build_module,
+        super::fused::build_one_read_module,
+        super::sum_squares::build_module,
+        super::copy_many::build_module,
     ];
     for job in jobs {
         let rt = rt.clone();
         let spawned = std::thread::Builder::new()
             .name("oxiflow-kernels".into())
             .spawn(move || {
-                PREBUILDING.with(|p| p.set(true));
+                mark_background_thread();
                 job(&rt);
             });
         // Without a thread the source is built by the first op that needs it.

@@ -8,15 +8,12 @@ use std::sync::OnceLock;
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+use super::library_sources::COPY_MANY;
 use super::nvrtc_module::{launch_fn, module, Module};
 use super::raw::{invalid, FResult};
 use super::storage::upload;
 use super::{Block, CudaRuntime};
 
-const SOURCE: &str = concat!(
-    include_str!("device_types.cuh"),
-    include_str!("copy_many.cu")
-);
 static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Threads per block of `copy_many` (`COPY_THREADS`).
 const THREADS: usize = 256;
@@ -25,15 +22,13 @@ const MAX_BLOCKS: usize = 1024;
 const PER_BLOCK: usize = 64 << 10;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(&MODULE, rt, op, "multi-range copy", SOURCE, || {
-        vec!["copy_many".into()]
-    })
+    module(&MODULE, rt, op, &COPY_MANY, || vec!["copy_many".into()])
 }
 
-/// Builds the module now (see `build_times::prebuild_kernels`).
-pub(crate) fn prebuild(rt: &CudaRuntime) {
+/// Builds the module now (from `build_times::start_background_builds`).
+pub(crate) fn build_module(rt: &CudaRuntime) {
     // A failure is kept in the module's cell and reported by the first op that needs it.
-    let _ = kernels(rt, "prebuild");
+    let _ = kernels(rt, "background kernel build");
 }
 
 /// One copied range (`struct CopyEntry`): `bytes` bytes from `src` to `dst`, moved by

@@ -7,14 +7,10 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+use super::library_sources::FLASH_ATTENTION;
 use super::nvrtc_module::{launch_fn, module, Module};
 use super::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FResult, FloatType};
 use super::{Block, CudaRuntime};
-
-const SOURCE: &str = concat!(
-    include_str!("device_types.cuh"),
-    include_str!("flash_attention.cu")
-);
 
 /// Rows of a block (4 warps x 4 rows) and its threads (as in the source).
 const BR: usize = 16;
@@ -59,29 +55,21 @@ static MODULES: [OnceLock<Result<Module, String>>; 3] =
     [OnceLock::new(), OnceLock::new(), OnceLock::new()];
 
 fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static Module> {
-    let (i, ty) = match t {
-        FloatType::F32 => (0, "float"),
-        FloatType::Bf16 => (1, "bf16_t"),
-        FloatType::F16 => (2, "f16_t"),
+    let i = match t {
+        FloatType::F32 => 0,
+        FloatType::Bf16 => 1,
+        FloatType::F16 => 2,
     };
     let n = t.suffix();
-    let source = format!("{SOURCE}\nFLASH_TYPE({ty}, {n})\n");
-    module(
-        &MODULES[i],
-        rt,
-        op,
-        &format!("flash attention ({ty})"),
-        &source,
-        || {
-            let mut v = vec![format!("flash_dsum_{n}")];
-            for p in [2, 4, 8] {
-                for k in ["fwd", "dkdv", "dq"] {
-                    v.push(format!("flash_{k}_{n}_{p}"));
-                }
+    module(&MODULES[i], rt, op, &FLASH_ATTENTION[i], || {
+        let mut v = vec![format!("flash_dsum_{n}")];
+        for p in [2, 4, 8] {
+            for k in ["fwd", "dkdv", "dq"] {
+                v.push(format!("flash_{k}_{n}_{p}"));
             }
-            v
-        },
-    )
+        }
+        v
+    })
 }
 
 /// Head-dim elements per lane of the instantiation serving `d`.

@@ -9,51 +9,40 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+use super::library_sources::FUSED;
 use super::nvrtc_module::{launch_fn, module, Module};
 use super::raw::{invalid, FResult, FloatType, FusedError};
 use super::storage::upload;
 use super::{Block, CudaRuntime};
 
 mod one_read;
+pub(crate) use one_read::{build_one_read_module, row_plan_occupancy, RowPlan};
 use one_read::{classifier_smem_limit, forced_plan, one_read_fn, resident_blocks, row_plan};
-pub(crate) use one_read::{prebuild_one_read, row_plan_occupancy, RowPlan};
 
-const SOURCE: &str = concat!(
-    include_str!("device_types.cuh"),
-    include_str!("block_reduce.cuh"),
-    include_str!("fused.cu")
-);
 static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Shared memory a block may use without opting in.
 const SMEM_BYTES: usize = 48 * 1024;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(
-        &MODULE,
-        rt,
-        op,
-        "fused norm, AdamW and classifier kernels",
-        SOURCE,
-        || {
-            let mut v = vec!["adamw_multi".to_string()];
-            for t in FloatType::ALL {
-                for k in [
-                    "ln_fwd",
-                    "ln_bwd",
-                    "ln_bwd_reduce",
-                    "classifier",
-                    "row_scale",
-                    "ew",
-                ] {
-                    v.push(format!("{k}_{}", t.suffix()));
-                }
-                for w in WARP_ROW_VECTORS {
-                    v.push(format!("ln_fwd_warp{w}_{}", t.suffix()));
-                }
+    module(&MODULE, rt, op, &FUSED, || {
+        let mut v = vec!["adamw_multi".to_string()];
+        for t in FloatType::ALL {
+            for k in [
+                "ln_fwd",
+                "ln_bwd",
+                "ln_bwd_reduce",
+                "classifier",
+                "row_scale",
+                "ew",
+            ] {
+                v.push(format!("{k}_{}", t.suffix()));
             }
-            v
-        },
-    )
+            for w in WARP_ROW_VECTORS {
+                v.push(format!("ln_fwd_warp{w}_{}", t.suffix()));
+            }
+        }
+        v
+    })
 }
 
 /// The LayerNorm forward with one warp per row is built for rows of at most `32 * V` 16-byte
@@ -583,8 +572,8 @@ pub(crate) fn elementwise(rt: &Arc<CudaRuntime>, e: &Elementwise) -> FResult<()>
     launch_fn!(rt, op, f, cfg; nn, code, e.c, vec, e.a, e.b, e.y)
 }
 
-/// Builds the fused module now (see `build_times::prebuild_kernels`).
-pub(crate) fn prebuild(rt: &CudaRuntime) {
+/// Builds the fused module now (from `build_times::start_background_builds`).
+pub(crate) fn build_module(rt: &CudaRuntime) {
     // A failure is kept in the module's cell and reported by the first op that needs it.
-    let _ = kernels(rt, "prebuild");
+    let _ = kernels(rt, "background kernel build");
 }

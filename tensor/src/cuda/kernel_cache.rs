@@ -6,18 +6,14 @@
 //! `$HOME/.cache/oxiflow/kernels`; `OXIFLOW_KERNEL_CACHE=off` turns the cache off. A file that
 //! cannot be read or written only costs a compile: the cache never decides what runs.
 
-use std::ffi::{c_char, CString};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
-use cudarc::nvrtc::{result, sys};
+use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use sha2::{Digest, Sha256};
 
-/// Where compiled kernels came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Origin {
-    Compiled,
-    Cache,
-}
+use super::build_times::KernelOrigin;
+use super::nvrtc_compile::Nvrtc;
 
 /// The cache directory (None: off, or no home to put it in).
 fn dir() -> Option<PathBuf> {
@@ -31,17 +27,22 @@ fn dir() -> Option<PathBuf> {
     }
 }
 
-fn nvrtc_version() -> (i32, i32) {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: both pointers are valid for one int each.
-    let _ = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
-    (major, minor)
+/// This process's NVRTC, found by `cuda_libs` (once; a failure is kept and reported again).
+fn nvrtc() -> Result<&'static Nvrtc, String> {
+    static NVRTC: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
+    NVRTC
+        .get_or_init(|| {
+            let lib = cuda_libs::ensure_nvrtc(&LibSearch::default()).map_err(|e| e.to_string())?;
+            Nvrtc::from_symbols(|name| lib.symbol(name))
+                .map_err(|e| format!("{}: {e}", lib.path.display()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
-/// The cache key of `source` under `options` (which name the architecture) with this
-/// process's NVRTC.
-fn key(source: &str, options: &[String]) -> String {
-    key_for(nvrtc_version(), source, options)
+/// The cache key of `source` under `options` (which name the architecture) with `nvrtc`.
+fn key(nvrtc: &Nvrtc, source: &str, options: &[String]) -> String {
+    key_for(nvrtc.version(), source, options)
 }
 
 /// The cache key of `source` under `options` for NVRTC `(major, minor)`.
@@ -59,24 +60,29 @@ fn key_for((major, minor): (i32, i32), source: &str, options: &[String]) -> Stri
 
 /// A CUBIN of `source` compiled with `options` (which must include `--gpu-architecture=sm_XY`):
 /// from the cache when present, else compiled by NVRTC and stored.
-pub(crate) fn cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, Origin), String> {
+pub(crate) fn cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, KernelOrigin), String> {
+    let nvrtc = nvrtc()?;
     if let Some(d) = dir() {
         // An ELF image, whole (a torn write never gets the final name).
-        if let Ok(bytes) = std::fs::read(d.join(format!("{}.cubin", key(source, options)))) {
+        if let Ok(bytes) = std::fs::read(d.join(format!("{}.cubin", key(nvrtc, source, options)))) {
             if bytes.starts_with(b"\x7fELF") {
-                return Ok((bytes, Origin::Cache));
+                return Ok((bytes, KernelOrigin::DiskCache));
             }
         }
     }
-    Ok((recompile(source, options)?, Origin::Compiled))
+    Ok((recompile(source, options)?, KernelOrigin::Compiled))
 }
 
 /// `source` compiled by NVRTC whatever the cache holds, and stored there (e.g. after a cached
 /// image failed to load).
 pub(crate) fn recompile(source: &str, options: &[String]) -> Result<Vec<u8>, String> {
-    let image = compile(source, options)?;
+    let nvrtc = nvrtc()?;
+    let image = nvrtc.compile(source, options)?;
     if let Some(d) = dir() {
-        store(&d.join(format!("{}.cubin", key(source, options))), &image);
+        store(
+            &d.join(format!("{}.cubin", key(nvrtc, source, options))),
+            &image,
+        );
     }
     Ok(image)
 }
@@ -91,48 +97,6 @@ fn store(path: &PathBuf, image: &[u8]) {
     if std::fs::write(&tmp, image).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-}
-
-/// An NVRTC program, destroyed when dropped.
-struct Program(sys::nvrtcProgram);
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from `create_program` and is destroyed only here, once.
-        let _ = unsafe { result::destroy_program(self.0) };
-    }
-}
-
-/// NVRTC's CUBIN of `source` under `options`, or its log.
-fn compile(source: &str, options: &[String]) -> Result<Vec<u8>, String> {
-    let src = CString::new(source).map_err(|_| "NVRTC: the source holds a NUL byte".to_string())?;
-    let prog = Program(result::create_program(&src, None).map_err(|e| format!("NVRTC: {e}"))?);
-    // SAFETY: `prog` is a live program (destroyed only when it drops, after this function).
-    if let Err(e) = unsafe { result::compile_program(prog.0, options) } {
-        // SAFETY: as above; the log is a NUL-terminated string NVRTC wrote.
-        let log = unsafe { result::get_program_log(prog.0) }
-            .map(|l| {
-                let bytes: Vec<u8> = l
-                    .iter()
-                    .take_while(|&&c| c != 0)
-                    .map(|&c| c as u8)
-                    .collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
-            .unwrap_or_default();
-        return Err(format!("NVRTC: {e}: {log}"));
-    }
-    let mut size = 0usize;
-    // SAFETY: `prog` is live and compiled; `size` is valid for one usize.
-    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }
-        .result()
-        .map_err(|e| format!("NVRTC CUBIN size: {e}"))?;
-    let mut image = vec![0u8; size];
-    // SAFETY: `image` holds the `size` bytes NVRTC reported for this program's CUBIN.
-    unsafe { sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast::<c_char>()) }
-        .result()
-        .map_err(|e| format!("NVRTC CUBIN: {e}"))?;
-    Ok(image)
 }
 
 #[cfg(test)]

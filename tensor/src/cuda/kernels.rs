@@ -7,15 +7,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DeviceRepr, LaunchConfig};
 use oxiflow_dtype::DType;
 
+use super::library_sources::ELEMENTWISE_PARTS;
 use super::nvrtc_module::load_source;
 use super::{derr, runtime, Block};
 use crate::Result;
-
-/// The kernel source, compiled at run time.
-pub(crate) const SOURCE: &str = concat!(
-    include_str!("elementwise_math.cuh"),
-    include_str!("source.cu")
-);
 
 /// Most dims a strided kernel handles (more are collapsed first, or refused).
 pub(crate) const MAXD: usize = 8;
@@ -333,9 +328,6 @@ impl std::fmt::Display for Kernel {
     }
 }
 
-/// The parts the source compiles in (`OXI_PART` 0..PARTS, on parallel threads).
-const PARTS: usize = 5;
-
 /// Every kernel of the source, by id.
 pub(crate) struct Kernels {
     funcs: HashMap<Kernel, CudaFunction>,
@@ -345,13 +337,9 @@ pub(crate) struct Kernels {
 impl Kernels {
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, String> {
         let built: Vec<std::result::Result<Arc<CudaModule>, String>> = std::thread::scope(|s| {
-            let parts: Vec<_> = (0..PARTS)
-                .map(|p| {
-                    s.spawn(move || {
-                        let what = format!("element-wise and layout kernels, part {p}");
-                        load_source(ctx, &what, &format!("#define OXI_PART {p}\n{SOURCE}"))
-                    })
-                })
+            let parts: Vec<_> = ELEMENTWISE_PARTS
+                .iter()
+                .map(|part| s.spawn(move || load_source(ctx, part.what, part.text)))
                 .collect();
             parts
                 .into_iter()
@@ -414,6 +402,9 @@ mod tests {
         assert_eq!((p.ndim, p.shape[0], p.shape[1]), (2, 4, 2));
         assert!(Nd::new(&[2; 9], &[1, 0, 1, 0, 1, 0, 1, 0, 1], &[0; 9]).is_none());
     }
+
+    /// The whole source (every part holds it, after its `OXI_PART` line).
+    const SOURCE: &str = ELEMENTWISE_PARTS[0].text;
 
     /// The line of the source that instantiates template group `group` (`INST`, `INST_ALL`)
     /// for dtype `d`.

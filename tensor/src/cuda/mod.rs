@@ -1,5 +1,6 @@
 //! CUDA storage and kernels for the tensor crate: a per-device runtime (context, compute
-//! stream, caching allocator, cuBLAS handle, NVRTC kernels compiled once per process),
+//! stream, caching allocator, cuBLAS handle, NVRTC kernels made ready once per process:
+//! embedded at build time when the build was asked for them, else cached or compiled),
 //! `CudaStorage` behind the device seam, the `CudaBackend` that runs every dispatched op on
 //! device pieces, and `CudaPiece`, the boxing executor's local piece on CUDA memory.
 //!
@@ -22,6 +23,7 @@ mod copy;
 mod copy_many;
 mod create;
 pub(crate) mod cudnn_attention;
+mod embedded_kernels;
 pub(crate) mod flash_attention;
 pub(crate) mod fused;
 pub(crate) mod fused_elementwise;
@@ -29,7 +31,11 @@ pub(crate) mod graph;
 mod kernel_cache;
 mod kernel_check;
 mod kernels;
+mod library_sources;
+mod nvrtc_compile;
 mod nvrtc_module;
+#[cfg(test)]
+mod nvrtc_open;
 mod ops;
 mod piece;
 mod precision;
@@ -52,7 +58,8 @@ use crate::{Result, TensorError};
 
 pub use attention::fused_attention_report;
 pub use backend::CudaBackend;
-pub use build_times::{kernel_builds, KernelBuild};
+pub use build_times::{kernel_builds, KernelBuild, KernelOrigin};
+pub use embedded_kernels::embedded_kernel_archs;
 pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
@@ -224,7 +231,7 @@ fn install(rt: Arc<CudaRuntime>) -> Result<Arc<CudaRuntime>> {
     }
     // Compile the kernels and create the cuBLAS handle now, so errors surface at start-up and
     // no op pays for them; the other sources build meanwhile, in the background.
-    build_times::prebuild_kernels(&rt);
+    build_times::start_background_builds(&rt);
     rt.kernels("cuda init")?;
     rt.with_blas("cuda init", |_| Ok(()))?;
     *g = Some(rt.clone());

@@ -1,7 +1,8 @@
-//! A CUDA source of the raw layer compiled by NVRTC once per process for the device's own
-//! architecture (`sm_XY` machine code, so `mma`/`ldmatrix`-era instructions and the device's
-//! intrinsics are available, through the on-disk kernel cache), with its kernels looked up
-//! once by name.
+//! A CUDA source of the raw layer made ready once per process as machine code for the device's
+//! own architecture (`sm_XY`, so `mma`/`ldmatrix`-era instructions and the device's intrinsics
+//! are available): the image embedded at build time when this build has one for exactly that
+//! source and architecture (`embedded_kernels`), else the on-disk kernel cache's, else NVRTC's;
+//! with its kernels looked up once by name.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -9,9 +10,11 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
-use oxiflow_collectives::cuda_libs::{self, LibSearch};
 
-use super::kernel_cache::{self, Origin};
+use super::build_times::{record, KernelOrigin};
+use super::embedded_kernels::{find, EMBEDDED};
+use super::kernel_cache;
+use super::library_sources::{nvrtc_options, LibrarySource};
 use super::raw::{FResult, FusedError};
 use super::CudaRuntime;
 
@@ -38,37 +41,40 @@ fn arch(ctx: &Arc<CudaContext>) -> Result<&'static str, String> {
     Ok(ARCH.get_or_init(|| name))
 }
 
-/// Loads `source` (named `what` in [`super::kernel_builds`]) on `ctx`, compiled for the device
-/// (through the on-disk kernel cache, `kernel_cache`).
+/// Loads `source` (named `what` in [`super::kernel_builds`]) on `ctx` as machine code for the
+/// device: the embedded image, else the kernel cache's, else compiled by NVRTC. An embedded
+/// image that does not unpack or that the driver refuses (a driver older than the CUDA that
+/// made it), or a cached one it refuses (a damaged file), is compiled again.
 pub(crate) fn load_source(
     ctx: &Arc<CudaContext>,
     what: &str,
     source: &str,
 ) -> Result<Arc<CudaModule>, String> {
-    cuda_libs::ensure_nvrtc(&LibSearch::default()).map_err(|e| e.to_string())?;
-    let options = vec![
-        format!("--gpu-architecture={}", arch(ctx)?),
-        "--fmad=true".to_string(),
-    ];
+    let options = nvrtc_options(arch(ctx)?);
     let start = Instant::now();
+    if let Some(Ok(image)) = find(EMBEDDED, source, &options).map(|e| e.image()) {
+        let found = Instant::now();
+        if let Ok(m) = ctx.load_module(Ptx::from_binary(image)) {
+            record(what, KernelOrigin::Embedded, start, found);
+            return Ok(m);
+        }
+    }
     let (image, origin) = kernel_cache::cubin(source, &options)?;
     let compiled = Instant::now();
     let module = match (ctx.load_module(Ptx::from_binary(image)), origin) {
         (Ok(m), _) => m,
-        // A cached image the driver refuses (another driver, a damaged file) is compiled
-        // again and replaced.
-        (Err(_), Origin::Cache) => ctx
+        (Err(_), KernelOrigin::DiskCache) => ctx
             .load_module(Ptx::from_binary(kernel_cache::recompile(source, &options)?))
             .map_err(|e| format!("loading the module: {e}"))?,
-        (Err(e), Origin::Compiled) => return Err(format!("loading the module: {e}")),
+        (Err(e), _) => return Err(format!("loading the module: {e}")),
     };
-    super::build_times::record(what, origin, start, compiled);
+    record(what, origin, start, compiled);
     Ok(module)
 }
 
 impl Module {
-    /// Compiles `source` (named `what` in [`super::kernel_builds`]) and loads the kernels
-    /// `names`.
+    /// Loads `source` (named `what` in [`super::kernel_builds`], see [`load_source`]) and looks
+    /// up its kernels `names`.
     pub(crate) fn compile(
         ctx: &Arc<CudaContext>,
         what: &str,
@@ -98,17 +104,16 @@ impl Module {
     }
 }
 
-/// The module in `cell` of the source `what`, compiled on first use (a failed compile is kept
-/// and reported again, to `op`).
+/// The module in `cell` of the library's `source`, made ready on first use (a failure is kept
+/// and reported again, to `op`), with its kernels `names`.
 pub(crate) fn module<'a>(
     cell: &'a OnceLock<Result<Module, String>>,
     rt: &CudaRuntime,
     op: &'static str,
-    what: &str,
-    source: &str,
+    source: &LibrarySource,
     names: impl FnOnce() -> Vec<String>,
 ) -> FResult<&'a Module> {
-    cell.get_or_init(|| Module::compile(rt.context(), what, source, &names()))
+    cell.get_or_init(|| Module::compile(rt.context(), source.what, source.text, &names()))
         .as_ref()
         .map_err(|e| FusedError::Tensor(super::derr(op, e)))
 }

@@ -8,15 +8,12 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+use super::library_sources::SUM_SQUARES;
 use super::nvrtc_module::{launch_fn, module, Module};
 use super::raw::{invalid, FResult};
 use super::storage::upload;
 use super::{Block, CudaRuntime};
 
-const SOURCE: &str = concat!(
-    include_str!("device_types.cuh"),
-    include_str!("sum_squares.cu")
-);
 static MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 /// Threads per block of `sum_squares_blocks` (`SUM_THREADS`).
 const THREADS: usize = 256;
@@ -25,20 +22,15 @@ const MAX_BLOCKS: usize = 1024;
 const PER_THREAD: usize = 16;
 
 fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
-    module(
-        &MODULE,
-        rt,
-        op,
-        "multi-tensor sum of squares",
-        SOURCE,
-        || vec!["sum_squares_blocks".into(), "sum_squares_finish".into()],
-    )
+    module(&MODULE, rt, op, &SUM_SQUARES, || {
+        vec!["sum_squares_blocks".into(), "sum_squares_finish".into()]
+    })
 }
 
-/// Builds the module now (see `build_times::prebuild_kernels`).
-pub(crate) fn prebuild(rt: &CudaRuntime) {
+/// Builds the module now (from `build_times::start_background_builds`).
+pub(crate) fn build_module(rt: &CudaRuntime) {
     // A failure is kept in the module's cell and reported by the first op that needs it.
-    let _ = kernels(rt, "prebuild");
+    let _ = kernels(rt, "background kernel build");
 }
 
 /// The element type of one summed tensor (`SumEntry::dtype`).

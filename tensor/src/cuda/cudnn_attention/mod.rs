@@ -6,10 +6,13 @@
 //!
 //! cuDNN is loaded at run time (`cuda_libs::ensure_cudnn`); one handle per process sits on the
 //! runtime's compute stream; execution plans are cached by everything that shapes them (sizes,
-//! type, causal, strides, determinism); workspaces come from the runtime's allocator. cuDNN's
-//! flash engines take bf16 and f16 only: f32 is `Unsupported`. A missing library, a refused
-//! graph or unsupported arguments come back as errors for which `is_fallback()` holds.
+//! type, causal, strides, determinism), a backward's possibly built ahead on a background
+//! thread with a handle of its own (`background`); workspaces come from the runtime's
+//! allocator. cuDNN's flash engines take bf16 and f16 only: f32 is `Unsupported`. A missing
+//! library, a refused graph or unsupported arguments come back as errors for which
+//! `is_fallback()` holds.
 
+mod background;
 mod ffi;
 mod graph;
 mod sdpa;
@@ -18,11 +21,15 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use super::raw::{AttentionBackward, AttentionForward, Bhtd, FResult, FloatType, FusedError};
+use super::raw::{
+    AttentionBackward, AttentionForward, AttentionShape, Bhtd, FResult, FloatType, FusedError,
+};
 use super::{Block, CudaRuntime};
 use ffi::{Api, Raw};
 use graph::{Graph, Plan};
 use sdpa::{uid, BackwardViews, Sizes, VARIANTS};
+
+pub(crate) use background::prepare_backward;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -34,17 +41,47 @@ struct Key {
     strides: Vec<[i64; 4]>,
 }
 
+impl Key {
+    /// The key of a forward (`views` Q, K, V, O) or backward (Q, K, V, O, dO, dQ, dK, dV) call.
+    fn of(backward: bool, s: &AttentionShape, deterministic: bool, views: &[Bhtd]) -> Key {
+        Key {
+            backward,
+            dims: [s.batch, s.heads, s.seq, s.head_dim],
+            dtype: s.dtype,
+            causal: s.causal,
+            deterministic,
+            strides: views.iter().map(|v| v.strides).collect(),
+        }
+    }
+}
+
+/// The operands of backward call `a` in the order its key and graph take them: Q, K, V, O, dO,
+/// dQ, dK, dV.
+fn backward_operands(a: &AttentionBackward) -> [Bhtd; 8] {
+    [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv]
+}
+
+/// A cached plan and the handle it runs with: the process's handle, or the one of the
+/// background thread that built it (a plan runs on the handle that made it).
+struct Cached {
+    plan: Plan,
+    handle: Raw,
+}
+
 /// The process's cuDNN handle and plans.
 struct State {
     handle: Raw,
     version: usize,
-    plans: HashMap<Key, Plan>,
+    plans: HashMap<Key, Cached>,
     /// Keys cuDNN refused, with the reason (not retried).
     refused: HashMap<Key, String>,
+    /// Plans being built on a background thread ([`background`]).
+    pending: HashMap<Key, Arc<background::Pending>>,
 }
 
-// SAFETY: the handle and the plans' descriptors are used only under the STATE mutex; cuDNN
-// allows a handle to be used from any thread as long as calls are not concurrent.
+// SAFETY: the handles and the plans' descriptors in a State are used only under the STATE
+// mutex (a background build uses its handle and plan alone until it hands them over under the
+// mutex); cuDNN allows a handle to be used from any thread as long as calls are not concurrent.
 unsafe impl Send for State {}
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -88,8 +125,8 @@ pub(crate) fn cudnn_report() -> Vec<String> {
                 k.dtype,
                 k.causal,
                 k.deterministic,
-                p.source,
-                p.workspace
+                p.plan.source,
+                p.plan.workspace
             ));
         }
     }
@@ -104,28 +141,7 @@ fn with_state<R>(
     let api = ffi::api(op)?;
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
-        rt.bind(op)?;
-        let mut handle: Raw = std::ptr::null_mut();
-        // SAFETY: handle is a valid out-pointer; the device's context is current.
-        let s = unsafe { (api.create)(&mut handle) };
-        if s != 0 {
-            return Err(FusedError::Unavailable {
-                op,
-                lib: "cuDNN",
-                detail: format!("cudnnCreate: {}", api.describe(s)),
-            });
-        }
-        // SAFETY: handle is live; the stream belongs to the current context.
-        let s = unsafe { (api.set_stream)(handle, rt.stream().cu_stream() as *mut c_void) };
-        if s != 0 {
-            // SAFETY: handle is live and not used again.
-            unsafe { (api.destroy)(handle) };
-            return Err(FusedError::Unavailable {
-                op,
-                lib: "cuDNN",
-                detail: format!("cudnnSetStream: {}", api.describe(s)),
-            });
-        }
+        let handle = create_handle(api, rt, op)?;
         // SAFETY: no arguments.
         let version = unsafe { (api.version)() };
         *g = Some(State {
@@ -133,6 +149,7 @@ fn with_state<R>(
             version,
             plans: HashMap::new(),
             refused: HashMap::new(),
+            pending: HashMap::new(),
         });
     }
     match g.as_mut() {
@@ -145,18 +162,74 @@ fn with_state<R>(
     }
 }
 
-/// Makes sure a plan for `key` is cached, built by `build` over the graph variants on first
-/// use.
-fn plan_for(
+/// A cuDNN handle of this thread's runtime, on its compute stream.
+fn create_handle(api: &'static Api, rt: &CudaRuntime, op: &'static str) -> FResult<Raw> {
+    rt.bind(op)?;
+    let mut handle: Raw = std::ptr::null_mut();
+    // SAFETY: handle is a valid out-pointer; the device's context is current.
+    let s = unsafe { (api.create)(&mut handle) };
+    if s != 0 {
+        return Err(FusedError::Unavailable {
+            op,
+            lib: "cuDNN",
+            detail: format!("cudnnCreate: {}", api.describe(s)),
+        });
+    }
+    // SAFETY: handle is live; the stream belongs to the current context.
+    let s = unsafe { (api.set_stream)(handle, rt.stream().cu_stream() as *mut c_void) };
+    if s != 0 {
+        // SAFETY: handle is live and not used again.
+        unsafe { (api.destroy)(handle) };
+        return Err(FusedError::Unavailable {
+            op,
+            lib: "cuDNN",
+            detail: format!("cudnnSetStream: {}", api.describe(s)),
+        });
+    }
+    Ok(handle)
+}
+
+/// Why a build gave no plan: cuDNN refused every graph variant (why), or a call failed.
+enum NoPlan {
+    Refused(String),
+    Failed(FusedError),
+}
+
+/// A plan built on `handle` by `build` over the graph variants, the first cuDNN accepts.
+fn build_plan(
     api: &'static Api,
-    st: &mut State,
+    handle: Raw,
+    op: &'static str,
+    deterministic: bool,
+    build: impl Fn(&mut Graph, sdpa::Variant) -> FResult<()>,
+) -> Result<Plan, NoPlan> {
+    let mut errors = Vec::new();
+    for var in VARIANTS {
+        let start = std::time::Instant::now();
+        let mut g = Graph::new(api, op);
+        match build(&mut g, var).and_then(|_| g.plan(handle, deterministic)) {
+            Ok(plan) => {
+                let now = std::time::Instant::now();
+                let origin = super::build_times::KernelOrigin::Compiled;
+                super::build_times::record(format!("cuDNN {op} plan {var:?}"), origin, start, now);
+                return Ok(plan);
+            }
+            Err(e) if e.is_fallback() => errors.push(format!("{var:?}: {e}")),
+            Err(e) => return Err(NoPlan::Failed(e)),
+        }
+    }
+    Err(NoPlan::Refused(errors.join(" | ")))
+}
+
+/// The cached plan for `key`, built by `build` on the process's handle on first use (a refusal
+/// is kept and reported again).
+fn plan_for<'s>(
+    api: &'static Api,
+    st: &'s mut State,
     op: &'static str,
     key: Key,
     build: impl Fn(&mut Graph, sdpa::Variant) -> FResult<()>,
-) -> FResult<()> {
-    if st.plans.contains_key(&key) {
-        return Ok(());
-    }
+) -> FResult<&'s Cached> {
     if let Some(why) = st.refused.get(&key) {
         return Err(FusedError::Refused {
             op,
@@ -165,31 +238,33 @@ fn plan_for(
             detail: why.clone(),
         });
     }
-    let mut errors = Vec::new();
-    for var in VARIANTS {
-        let start = std::time::Instant::now();
-        let mut g = Graph::new(api, op);
-        let built = build(&mut g, var).and_then(|_| g.plan(st.handle, key.deterministic));
-        match built {
+    if !st.plans.contains_key(&key) {
+        match build_plan(api, st.handle, op, key.deterministic, build) {
             Ok(plan) => {
-                let now = std::time::Instant::now();
-                let origin = super::kernel_cache::Origin::Compiled;
-                super::build_times::record(format!("cuDNN {op} plan {var:?}"), origin, start, now);
-                st.plans.insert(key, plan);
-                return Ok(());
+                let handle = st.handle;
+                st.plans.insert(key.clone(), Cached { plan, handle });
             }
-            Err(e) if e.is_fallback() => errors.push(format!("{var:?}: {e}")),
-            Err(e) => return Err(e),
+            Err(NoPlan::Refused(detail)) => {
+                st.refused.insert(key, detail.clone());
+                return Err(FusedError::Refused {
+                    op,
+                    lib: "cuDNN",
+                    what: "the attention graph".into(),
+                    detail,
+                });
+            }
+            Err(NoPlan::Failed(e)) => return Err(e),
         }
     }
-    let detail = errors.join(" | ");
-    st.refused.insert(key, detail.clone());
-    Err(FusedError::Refused {
-        op,
-        lib: "cuDNN",
-        what: "the attention graph".into(),
-        detail,
-    })
+    st.plans
+        .get(&key)
+        .ok_or_else(|| super::raw::invalid(op, "plan missing after caching"))
+}
+
+/// Why cuDNN `version` cannot run the backward of sequence length `seq`, if it cannot.
+fn backward_refusal(version: usize, seq: usize) -> Option<String> {
+    (version <= 91500 && !seq.is_multiple_of(128))
+        .then(|| format!("cuDNN {version} needs a padding mask there (fixed in 9.15.1)"))
 }
 
 fn sizes(op: &'static str, s: &super::raw::AttentionShape, views: &[Bhtd]) -> FResult<Sizes> {
@@ -243,23 +318,14 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
     let s = a.shape;
     let views = [a.q, a.k, a.v, a.o];
     let z = sizes(op, &s, &views)?;
-    let key = Key {
-        backward: false,
-        dims: [s.batch, s.heads, s.seq, s.head_dim],
-        dtype: s.dtype,
-        causal: s.causal,
-        deterministic: false,
-        strides: views.iter().map(|v| v.strides).collect(),
-    };
+    let key = Key::of(false, &s, false, &views);
     with_state(rt, op, |api, st| {
-        plan_for(api, st, op, key.clone(), |g, var| {
+        let version = st.version;
+        let cached = plan_for(api, st, op, key, |g, var| {
             sdpa::forward(g, &z, &a.q, &a.k, &a.v, &a.o, var)
         })?;
-        let Some(plan) = st.plans.get(&key) else {
-            return Err(super::raw::invalid(op, "plan missing after caching"));
-        };
-        let ws = Block::alloc(rt, plan.workspace.max(1))?;
-        let (mut scale, mut ninf) = (s.scale, neg_inf(st.version));
+        let ws = Block::alloc(rt, cached.plan.workspace.max(1))?;
+        let (mut scale, mut ninf) = (s.scale, neg_inf(version));
         let bind = [
             (uid::Q, dev(a.q.ptr)),
             (uid::K, dev(a.k.ptr)),
@@ -274,7 +340,7 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
             .filter(|b| s.causal || b.0 != uid::NEG_INF)
             .collect();
         rt.bind(op)?;
-        plan.execute(api, op, st.handle, &bind, ws.ptr())
+        cached.plan.execute(api, op, cached.handle, &bind, ws.ptr())
     })
 }
 
@@ -283,44 +349,26 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
     let op = "cudnn attention backward";
     a.check(op)?;
     let s = a.shape;
-    let views = [a.q, a.k, a.v, a.o, a.d_o, a.dq, a.dk, a.dv];
+    let views = backward_operands(a);
     let z = sizes(op, &s, &views)?;
-    let key = Key {
-        backward: true,
-        dims: [s.batch, s.heads, s.seq, s.head_dim],
-        dtype: s.dtype,
-        causal: s.causal,
-        deterministic: a.deterministic,
-        strides: views.iter().map(|v| v.strides).collect(),
-    };
-    let x = BackwardViews {
-        q: &a.q,
-        k: &a.k,
-        v: &a.v,
-        o: &a.o,
-        d_o: &a.d_o,
-        dq: &a.dq,
-        dk: &a.dk,
-        dv: &a.dv,
-    };
+    let key = Key::of(true, &s, a.deterministic, &views);
+    // A plan under way on a background thread is waited for, not built twice.
+    background::wait_for(&key);
+    let x = BackwardViews::of(a);
     with_state(rt, op, |api, st| {
-        if st.version <= 91500 && !s.seq.is_multiple_of(128) {
+        if let Some(detail) = backward_refusal(st.version, s.seq) {
             return Err(FusedError::Refused {
                 op,
                 lib: "cuDNN",
                 what: format!("a backward with sequence length {}", s.seq),
-                detail: format!(
-                    "cuDNN {} needs a padding mask there (fixed in 9.15.1)",
-                    st.version
-                ),
+                detail,
             });
         }
-        plan_for(api, st, op, key.clone(), |g, var| {
+        let version = st.version;
+        let cached = plan_for(api, st, op, key, |g, var| {
             sdpa::backward(g, &z, &x, a.deterministic, var)
         })?;
-        let Some(plan) = st.plans.get(&key) else {
-            return Err(super::raw::invalid(op, "plan missing after caching"));
-        };
+        let plan = &cached.plan;
         // Workspace: the plan's, then Dsum (f32 [b, h, t]), then the dQ accumulator.
         let align = |n: usize| n.div_ceil(256) * 256;
         let rows = s.batch * s.heads * s.seq;
@@ -335,7 +383,7 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
         };
         let ws = Block::alloc(rt, off_acc + acc_bytes.max(1))?;
         let base = ws.ptr();
-        if acc_bytes > 0 && st.version < 90600 {
+        if acc_bytes > 0 && version < 90600 {
             rt.bind(op)?;
             // SAFETY: the accumulator lies inside the workspace block; the memset is ordered on
             // the compute stream before the execution below.
@@ -351,7 +399,7 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
                 FusedError::Tensor(super::derr(op, format!("zeroing dQ accumulator: {e}")))
             })?;
         }
-        let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(st.version), 1.0f32);
+        let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(version), 1.0f32);
         let mut bind = vec![
             (uid::Q, dev(a.q.ptr)),
             (uid::K, dev(a.k.ptr)),
@@ -373,7 +421,7 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
             bind.push((uid::DQ_ACCUM, dev(base + off_acc as u64)));
         }
         rt.bind(op)?;
-        plan.execute(api, op, st.handle, &bind, base)
+        plan.execute(api, op, cached.handle, &bind, base)
     })
 }
 

@@ -18,7 +18,7 @@ use cudarc::cudnn::sys::{
 };
 
 use super::graph::{packed, Graph, T};
-use crate::cuda::raw::{Bhtd, FResult, FloatType};
+use crate::cuda::raw::{AttentionBackward, Bhtd, FResult, FloatType};
 
 /// Unique ids of the bound tensors.
 pub(super) mod uid {
@@ -199,6 +199,22 @@ pub(super) struct BackwardViews<'a> {
     pub dq: &'a Bhtd,
     pub dk: &'a Bhtd,
     pub dv: &'a Bhtd,
+}
+
+impl<'a> BackwardViews<'a> {
+    /// The views of backward call `a`.
+    pub(super) fn of(a: &'a AttentionBackward) -> BackwardViews<'a> {
+        BackwardViews {
+            q: &a.q,
+            k: &a.k,
+            v: &a.v,
+            o: &a.o,
+            d_o: &a.d_o,
+            dq: &a.dq,
+            dk: &a.dk,
+            dv: &a.dv,
+        }
+    }
 }
 
 /// The backward graph: binds Q, K, V, O, D_O, STATS, DQ, DK, DV, SCALE, NEG_INF, ONE,

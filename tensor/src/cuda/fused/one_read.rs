@@ -8,16 +8,11 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::CudaFunction;
 
 use super::{aligned, invalid, Classifier, SMEM_BYTES};
+use crate::cuda::library_sources::ONE_READ_CLASSIFIER;
 use crate::cuda::nvrtc_module::{module, Module};
 use crate::cuda::raw::{FResult, FloatType, FusedError};
 use crate::cuda::CudaRuntime;
 
-/// The one-read classifier kernels: a source of their own, built beside the fused one.
-const ONE_READ_SOURCE: &str = concat!(
-    include_str!("../device_types.cuh"),
-    include_str!("../block_reduce.cuh"),
-    include_str!("../classifier_one_read.cu")
-);
 static ONE_READ_MODULE: OnceLock<Result<Module, String>> = OnceLock::new();
 
 /// The one-read kernels' names.
@@ -37,8 +32,7 @@ fn one_read_kernels(rt: &CudaRuntime, op: &'static str) -> FResult<(&'static Mod
         &ONE_READ_MODULE,
         rt,
         op,
-        "one-read classifier kernels",
-        ONE_READ_SOURCE,
+        &ONE_READ_CLASSIFIER,
         one_read_names,
     )?;
     let base = SMEM_BYTES - CLASSIFIER_STATIC_SMEM;
@@ -211,9 +205,9 @@ pub(super) fn forced_plan(
     Ok(RowPlan { v, block, smem })
 }
 
-/// Builds the one-read classifier module now (see `build_times::prebuild_kernels`).
-pub(crate) fn prebuild_one_read(rt: &CudaRuntime) {
-    let _ = one_read_kernels(rt, "prebuild");
+/// Builds the one-read classifier module now (from `build_times::start_background_builds`).
+pub(crate) fn build_one_read_module(rt: &CudaRuntime) {
+    let _ = one_read_kernels(rt, "background kernel build");
 }
 
 #[cfg(test)]

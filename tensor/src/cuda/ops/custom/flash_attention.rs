@@ -11,7 +11,9 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
-use crate::cuda::attention::{attention_backward, attention_forward};
+use crate::cuda::attention::{
+    attention_backward, attention_forward, prepare_attention_backward, AttentionPath,
+};
 use crate::cuda::copy::fill;
 use crate::cuda::derr;
 use crate::cuda::kernels::{launch, per_row, Template};
@@ -42,6 +44,29 @@ fn fused_shape(d: &FlashDims, a: FlashAttrs, dt: DType) -> Option<AttentionShape
         scale: a.scale.get() as f32,
         dtype,
     })
+}
+
+/// Whether the fused backward is deterministic: as torch's SDPA, it is not (dQ accumulates
+/// through atomics: faster, not bitwise reproducible).
+const DETERMINISTIC_BACKWARD: bool = false;
+
+/// The fused backward of forward `f` as `flash_attention_backward` will call it: every gradient
+/// laid out as its value (`bthd` of a buffer of its shape), the forward's addresses standing in
+/// for the gradients' (a plan reads only the layout).
+fn expected_backward(f: &AttentionForward) -> AttentionBackward {
+    AttentionBackward {
+        shape: f.shape,
+        q: f.q,
+        k: f.k,
+        v: f.v,
+        o: f.o,
+        d_o: f.o,
+        lse: f.lse,
+        dq: f.q,
+        dk: f.k,
+        dv: f.v,
+        deterministic: DETERMINISTIC_BACKWARD,
+    }
 }
 
 /// The sizes of q, k, v (one float dtype, shapes fitting each other).
@@ -266,7 +291,10 @@ impl FlashAttentionKernels for CudaKernels {
                 o: bthd(o),
                 lse: lse.ptr(),
             };
-            attention_forward(&self.rt, &args)?;
+            let path = attention_forward(&self.rt, &args)?;
+            if path == AttentionPath::Cudnn && crate::autograd::is_grad_enabled() {
+                prepare_attention_backward(&self.rt, &expected_backward(&args));
+            }
             return Ok(());
         }
         let [wq, wk, wv] = [q, k, v].map(|x| self.widened(FWD, x));
@@ -317,9 +345,7 @@ impl FlashAttentionKernels for CudaKernels {
                 dq: bthd(dq),
                 dk: bthd(dk),
                 dv: bthd(dv),
-                // As torch's SDPA: dQ accumulates through atomics (faster, not bitwise
-                // reproducible).
-                deterministic: false,
+                deterministic: DETERMINISTIC_BACKWARD,
             };
             attention_backward(&self.rt, &args)?;
             return Ok(());
@@ -331,5 +357,48 @@ impl FlashAttentionKernels for CudaKernels {
         self.narrow(BWD, &gq, dq)?;
         self.narrow(BWD, &gk, dk)?;
         self.narrow(BWD, &gv, dv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expected_backward_has_the_backward_ops_layout() {
+        let (t, h, d) = (1024, 12, 64);
+        let at = |p: u64| Bhtd::bthd(p, t, h, d);
+        let f = AttentionForward {
+            shape: AttentionShape {
+                batch: 8,
+                heads: h,
+                seq: t,
+                head_dim: d,
+                causal: true,
+                scale: 0.125,
+                dtype: FloatType::Bf16,
+            },
+            q: at(0),
+            k: at(1 << 24),
+            v: at(2 << 24),
+            o: at(3 << 24),
+            lse: 4 << 24,
+        };
+        let e = expected_backward(&f);
+        // `flash_attention_backward` lays every operand out as `bthd` of its own buffer.
+        for (got, buffer) in [
+            (e.q, 0),
+            (e.k, 1),
+            (e.v, 2),
+            (e.o, 3),
+            (e.d_o, 5),
+            (e.dq, 6),
+            (e.dk, 7),
+            (e.dv, 8),
+        ] {
+            assert_eq!(got.strides, at(buffer << 24).strides);
+        }
+        assert_eq!(e.shape, f.shape);
+        assert_eq!(e.deterministic, DETERMINISTIC_BACKWARD);
     }
 }

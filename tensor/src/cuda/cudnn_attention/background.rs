@@ -1,0 +1,275 @@
+//! The backward plan of a fused attention built on a background thread while the forward pass
+//! goes on: a forward that cuDNN served in a step that records gradients asks for the plan its
+//! backward will need ([`prepare_backward`]); a thread with a cuDNN handle of its own (plans are
+//! built on one handle while the op's handle runs the forward) builds it and caches it with that
+//! handle. The backward op waits for a build under way ([`wait_for`], at most [`WAIT`]) instead
+//! of starting a second one; a refusal is cached like the op's own and reported by the backward
+//! op, which falls back as it would have; any other failure leaves the op to build the plan and
+//! report what it meets.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::{
+    backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes,
+    BackwardViews, Cached, Key, NoPlan, State, STATE,
+};
+use crate::cuda::raw::AttentionBackward;
+use crate::cuda::CudaRuntime;
+
+/// The longest a backward op waits for a background build before it builds the plan itself.
+const WAIT: Duration = Duration::from_secs(300);
+
+/// The end of one background build, signalled once.
+#[derive(Default)]
+pub(super) struct Pending {
+    done: Mutex<bool>,
+    ended: Condvar,
+}
+
+impl Pending {
+    /// Marks the build ended and wakes every waiter.
+    fn finish(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.ended.notify_all();
+    }
+    /// Waits until the build ends or `limit` passes; whether it ended.
+    fn wait(&self, limit: Duration) -> bool {
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let (done, _) = self
+            .ended
+            .wait_timeout_while(done, limit, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
+        *done
+    }
+}
+
+/// Registers a background build of `key` in `st`, unless its plan is cached, refused or already
+/// under way.
+fn claim(st: &mut State, key: &Key) -> Option<Arc<Pending>> {
+    if st.plans.contains_key(key) || st.refused.contains_key(key) || st.pending.contains_key(key) {
+        return None;
+    }
+    let p = Arc::new(Pending::default());
+    st.pending.insert(key.clone(), p.clone());
+    Some(p)
+}
+
+/// Caches what the background build of `key` gave (a plan with its handle, or a refusal) and
+/// ends its registration; gives back a plan it did not cache (the op built one meanwhile, after
+/// its wait ran out).
+fn settle(st: &mut State, key: &Key, built: Result<Cached, NoPlan>) -> Option<Cached> {
+    let mut unused = None;
+    match built {
+        Ok(cached) => {
+            if st.plans.contains_key(key) {
+                unused = Some(cached);
+            } else {
+                st.plans.insert(key.clone(), cached);
+            }
+        }
+        Err(NoPlan::Refused(detail)) => {
+            st.refused.entry(key.clone()).or_insert(detail);
+        }
+        Err(NoPlan::Failed(e)) => {
+            tracing::debug!("the background cuDNN attention backward plan failed: {e}");
+        }
+    }
+    st.pending.remove(key);
+    unused
+}
+
+/// Starts building the plan of backward `a` (its views' strides, type and sizes; its addresses
+/// are not read) on a background thread, when cuDNN is in use, would take the call, and has no
+/// plan or build for it yet.
+pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
+    let op = "cudnn attention backward (background plan)";
+    let s = a.shape;
+    let views = backward_operands(a);
+    let Ok(z) = sizes(op, &s, &views) else {
+        return;
+    };
+    let Ok(api) = ffi::api(op) else {
+        return;
+    };
+    let key = Key::of(true, &s, a.deterministic, &views);
+    let pending = {
+        let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        // No state: cuDNN has served no forward in this process.
+        let Some(st) = g.as_mut() else {
+            return;
+        };
+        if backward_refusal(st.version, s.seq).is_some() {
+            return;
+        }
+        match claim(st, &key) {
+            Some(p) => p,
+            None => return,
+        }
+    };
+    let (rt, a) = (rt.clone(), *a);
+    let job = {
+        let (key, pending) = (key.clone(), pending.clone());
+        move || {
+            crate::cuda::build_times::mark_background_thread();
+            let x = BackwardViews::of(&a);
+            let built = create_handle(api, &rt, op)
+                .map_err(NoPlan::Failed)
+                .and_then(|handle| {
+                    build_plan(api, handle, op, a.deterministic, |g, var| {
+                        sdpa::backward(g, &z, &x, a.deterministic, var)
+                    })
+                    .map(|plan| Cached { plan, handle })
+                    .inspect_err(|_| {
+                        // SAFETY: the handle is live, made here and used by nothing else.
+                        unsafe { (api.destroy)(handle) };
+                    })
+                });
+            let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+            let unused = g.as_mut().and_then(|st| settle(st, &key, built));
+            drop(g);
+            pending.finish();
+            if let Some(Cached { plan, handle }) = unused {
+                drop(plan);
+                // SAFETY: the handle is live, made by this thread, and its only plan is gone.
+                unsafe { (api.destroy)(handle) };
+            }
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("oxiflow-cudnn-plan".into())
+        .spawn(job);
+    if spawned.is_err() {
+        // No thread: the backward op builds the plan itself.
+        let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = g.as_mut() {
+            st.pending.remove(&key);
+        }
+        drop(g);
+        pending.finish();
+    }
+}
+
+/// Waits (at most [`WAIT`]) for the background build of `key`, when one is under way.
+pub(super) fn wait_for(key: &Key) {
+    let pending = {
+        let g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().and_then(|st| st.pending.get(key).cloned())
+    };
+    if let Some(p) = pending {
+        if !p.wait(WAIT) {
+            tracing::warn!(
+                "the background cuDNN attention backward plan took over {WAIT:?}; the op builds it"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::FloatType;
+    use super::*;
+    use crate::cuda::raw::FusedError;
+    use crate::cuda::raw::{AttentionShape, Bhtd};
+
+    fn state() -> State {
+        State {
+            handle: std::ptr::null_mut(),
+            version: 91900,
+            plans: HashMap::new(),
+            refused: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    fn backward_args(seq: usize) -> AttentionBackward {
+        let v = Bhtd::bthd(0, seq, 12, 64);
+        AttentionBackward {
+            shape: AttentionShape {
+                batch: 8,
+                heads: 12,
+                seq,
+                head_dim: 64,
+                causal: true,
+                scale: 0.125,
+                dtype: FloatType::Bf16,
+            },
+            q: v,
+            k: v,
+            v,
+            o: v,
+            d_o: v,
+            lse: 0,
+            dq: v,
+            dk: v,
+            dv: v,
+            deterministic: false,
+        }
+    }
+
+    fn key(a: &AttentionBackward) -> Key {
+        Key::of(true, &a.shape, a.deterministic, &backward_operands(a))
+    }
+
+    #[test]
+    fn one_build_a_key_and_none_for_a_cached_or_refused_plan() {
+        let mut st = state();
+        let k = key(&backward_args(1024));
+        let p = claim(&mut st, &k).expect("the first claim");
+        assert!(claim(&mut st, &k).is_none(), "a second build of one key");
+        let other = key(&backward_args(2048));
+        assert!(claim(&mut st, &other).is_some(), "another shape builds");
+        let unused = settle(
+            &mut st,
+            &k,
+            Err(NoPlan::Failed(FusedError::Invalid {
+                op: "t",
+                detail: "d".into(),
+            })),
+        );
+        assert!(unused.is_none());
+        // A failure caches nothing: the op builds (and reports) it; a new claim may start.
+        assert!(st.plans.is_empty() && st.refused.is_empty());
+        assert!(!st.pending.contains_key(&k));
+        assert!(claim(&mut st, &k).is_some());
+        assert!(settle(&mut st, &k, Err(NoPlan::Refused("no engine".into()))).is_none());
+        assert_eq!(st.refused.get(&k).map(String::as_str), Some("no engine"));
+        assert!(
+            claim(&mut st, &k).is_none(),
+            "a refused key is not built again"
+        );
+        drop(p);
+    }
+
+    #[test]
+    fn the_prepared_key_is_the_backward_ops_key() {
+        // `prepare_backward` and `backward` key a call alike; the forward and backward of one
+        // shape do not share a key.
+        let a = backward_args(1024);
+        let mut b = a;
+        b.dq = Bhtd::bthd(4096, 1024, 12, 64);
+        assert_eq!(key(&a), key(&b), "addresses are not part of the key");
+        b.deterministic = true;
+        assert_ne!(key(&a), key(&b));
+        let fwd = Key::of(false, &a.shape, false, &[a.q, a.k, a.v, a.o]);
+        assert_ne!(key(&a), fwd);
+    }
+
+    #[test]
+    fn a_waiter_wakes_when_the_build_ends_and_gives_up_after_its_limit() {
+        let p = Arc::new(Pending::default());
+        assert!(!p.wait(Duration::from_millis(20)), "nothing ended");
+        let q = p.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            q.finish();
+        });
+        let start = std::time::Instant::now();
+        assert!(p.wait(Duration::from_secs(10)));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        t.join().unwrap();
+        assert!(p.wait(Duration::ZERO), "an ended build stays ended");
+    }
+}

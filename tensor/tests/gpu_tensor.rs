@@ -31,7 +31,7 @@ mod gpu_tensor_checks;
 mod half_cases;
 use gpu_tensor_checks::{
     child_adamw_copies, child_buckets, child_fused_elementwise, child_linear_classifier,
-    child_residual_mlp, child_sum_squares, child_vocab_parallel,
+    child_residual_mlp, child_shared_input, child_sum_squares, child_vocab_parallel,
 };
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
@@ -397,6 +397,9 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
     checks.report(19, "fused MLP", child_residual_mlp(world, cuda), |n| {
         format!("{n} fused MLP cases (f32, bf16, f16, f64; y and six gradients; GPT-2 widths) within their rounding of the unfused f64 layers")
     });
+    checks.report(20, "shared inputs", child_shared_input(world, cuda), |n| {
+        format!("{n} shared-input cases (f32, bf16, f16, f64; three linears' and a LayerNorm's input gradients summed in their kernels) within their rounding of the f64 graph")
+    });
     let t = Instant::now();
     checks.report(11, "fused attention", child_flash(world, cuda), |n| {
         format!("{n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})", t.elapsed())
@@ -439,6 +442,7 @@ fn cpu_self_check() {
             .and_then(|x| child_fused_elementwise(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_linear_classifier(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_residual_mlp(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_shared_input(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

@@ -19,6 +19,7 @@ mod linear_classifier;
 mod op_cases;
 mod reductions;
 mod residual_mlp;
+mod shared_input;
 mod sum_squares;
 mod vocab;
 pub(crate) use buckets::child_buckets;
@@ -30,6 +31,7 @@ pub(crate) use linear_classifier::child_linear_classifier;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use residual_mlp::child_residual_mlp;
+pub(crate) use shared_input::child_shared_input;
 pub(crate) use sum_squares::{child_adamw_copies, child_sum_squares};
 pub(crate) use vocab::child_vocab_parallel;
 

@@ -3,7 +3,10 @@
 # eager and compiled steps beside torch.compile (gpt2_bench.py --compile), interleaved: for
 # each micro-batch of $SIZES (default "8 16 32"), $ROUNDS rounds (default 2) of ours eager,
 # ours compiled, torch.compile, so a drift of the GPU touches all alike. $EXTRA adds
-# "tag=path" binaries of gpt_bench (e.g. an older build) to each round. Table of medians last.
+# "tag=path" binaries of gpt_bench (e.g. an older build) to each round. NPROC=2: data
+# parallel on two GPUs (ours --dp 2, torch.compile DDP under torchrun); MODEL=350m: GPT-2
+# medium (24 layers, width 1024, 16 heads); COMPILED=0 leaves our compiled step out. Table of
+# medians last.
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -12,19 +15,30 @@ OUT=${OUT:-/tmp/interleaved}
 SIZES=${SIZES:-8 16 32}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-20}
+NPROC=${NPROC:-1}
+case "${MODEL:-124m}" in
+  350m) OURS_DIMS=(--layers 24 --width 1024 --heads 16); TORCH_DIMS=(--n-layer 24 --n-embd 1024 --n-head 16) ;;
+  *) OURS_DIMS=(); TORCH_DIMS=() ;;
+esac
+DP=(); TORCH=(python3)
+if [ "$NPROC" -gt 1 ]; then
+  DP=(--dp "$NPROC"); TORCH=(torchrun --standalone --nproc-per-node "$NPROC")
+fi
 mkdir -p "$OUT"
 nvidia-smi -L
 ours() { # tag binary micro-batch round [--compile]
-  timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl "$2" --precision bf16-mixed \
-    --micro-batch "$3" --warmup 4 --steps "$STEPS" ${5:-} --tag "$1" > "$OUT/$1-$3-$4.log" 2>&1 \
+  timeout 300 bin/oflaunch --nproc-per-node "$NPROC" --backend nccl "$2" --precision bf16-mixed \
+    --micro-batch "$3" --warmup 4 --steps "$STEPS" "${OURS_DIMS[@]}" "${DP[@]}" ${5:-} --tag "$1" \
+    > "$OUT/$1-$3-$4.log" 2>&1 \
     || echo "$1 mb $3 round $4 failed: $(tail -2 "$OUT/$1-$3-$4.log")"
 }
 for b in $SIZES; do
   for r in $(seq "$ROUNDS"); do
     ours oxiflow bin/gpt_bench "$b" "$r"
-    ours oxiflow-compiled bin/gpt_bench "$b" "$r" --compile
+    [ "${COMPILED:-1}" = 1 ] && ours oxiflow-compiled bin/gpt_bench "$b" "$r" --compile
     for x in ${EXTRA:-}; do ours "${x%%=*}" "${x#*=}" "$b" "$r"; done
-    timeout 300 python3 gpt2_bench.py --micro-batch "$b" --steps "$STEPS" --compile --tag compile \
+    timeout 300 "${TORCH[@]}" gpt2_bench.py --micro-batch "$b" --steps "$STEPS" "${TORCH_DIMS[@]}" \
+      --compile --tag compile \
       > "$OUT/compile-$b-$r.log" 2>&1 || echo "torch.compile mb $b round $r failed"
   done
 done
@@ -34,7 +48,8 @@ from collections import defaultdict
 runs = defaultdict(list)
 for f in sorted(glob.glob(sys.argv[1] + "/*.log")):
     for line in open(f, errors="replace"):
-        if "RESULT {" in line:
+        # One line per run: rank 0's (oflaunch prefixes each rank's lines).
+        if "RESULT {" in line and ("[rank " not in line or "[rank 0]" in line):
             r = json.loads(line[line.index("RESULT {") + 7:])
             runs[(r["tag"], r["micro_batch"])].append(r)
 print("| run | micro-batch | ms/step each | median | tokens/s | MFU | peak GiB | torch.compile / this |")

@@ -11,9 +11,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
-use crate::cuda::attention::{
-    attention_backward, attention_forward, prepare_attention_backward, AttentionPath,
-};
+use crate::cuda::attention::{attention_backward, attention_forward, prepare_attention_backward};
 use crate::cuda::copy::fill;
 use crate::cuda::derr;
 use crate::cuda::kernels::{launch, per_row, Template};
@@ -291,10 +289,12 @@ impl FlashAttentionKernels for CudaKernels {
                 o: bthd(o),
                 lse: lse.ptr(),
             };
-            let path = attention_forward(&self.rt, &args)?;
-            if path == AttentionPath::Cudnn && crate::autograd::is_grad_enabled() {
+            // The backward's plan starts building before the forward's, so the two overlap
+            // (a backward cuDNN does not serve is not built).
+            if crate::autograd::is_grad_enabled() {
                 prepare_attention_backward(&self.rt, &expected_backward(&args));
             }
+            attention_forward(&self.rt, &args)?;
             return Ok(());
         }
         let [wq, wk, wv] = [q, k, v].map(|x| self.widened(FWD, x));

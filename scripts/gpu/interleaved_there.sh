@@ -10,12 +10,12 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 OUT=${OUT:-/tmp/interleaved}
 SIZES=${SIZES:-8 16 32}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-20}
 NPROC=${NPROC:-1}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NPROC - 1)))}
 case "${MODEL:-124m}" in
   350m) OURS_DIMS=(--layers 24 --width 1024 --heads 16); TORCH_DIMS=(--n-layer 24 --n-embd 1024 --n-head 16) ;;
   *) OURS_DIMS=(); TORCH_DIMS=() ;;

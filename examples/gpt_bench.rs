@@ -23,7 +23,7 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
-use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
+use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
@@ -92,6 +92,10 @@ struct Args {
     /// later ones, on CUDA as one CUDA graph from the third on); clipping and AdamW run eagerly.
     #[arg(long)]
     compile: bool,
+    /// Recompute the MLP's GELU output in the backward pass instead of keeping it
+    /// (`Recompute::Gelu`: one `[B, T, 4C]` activation less a block).
+    #[arg(long)]
+    recompute_gelu: bool,
     #[arg(long, default_value = "")]
     tag: String,
 }
@@ -241,7 +245,10 @@ fn main() -> R<()> {
         dtype: DType::F32,
         sequence_parallel: false,
     };
-    let model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
+    let mut model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
+    if a.recompute_gelu {
+        model.recompute = Recompute::Gelu;
+    }
     if a.precision == PrecisionPolicy::Bf16Mixed {
         model.set_compute_dtype(Some(DType::BF16));
     }

@@ -3,7 +3,8 @@
 # eager and compiled steps beside torch.compile (gpt2_bench.py --compile), interleaved: for
 # each micro-batch of $SIZES (default "8 16 32"), $ROUNDS rounds (default 2) of ours eager,
 # ours compiled, torch.compile, so a drift of the GPU touches all alike. $EXTRA adds
-# "tag=path" binaries of gpt_bench (e.g. an older build) to each round. NPROC=2: data
+# "tag=path" binaries of gpt_bench (e.g. an older build) to each round, $VARIANTS "tag=flags"
+# runs of ours with more flags (commas between flags, e.g. "gelu=--recompute-gelu"). NPROC=2: data
 # parallel on two GPUs (ours --dp 2, torch.compile DDP under torchrun); MODEL=350m: GPT-2
 # medium (24 layers, width 1024, 16 heads); COMPILED=0 leaves our compiled step out. Table of
 # medians last.
@@ -26,9 +27,9 @@ if [ "$NPROC" -gt 1 ]; then
 fi
 mkdir -p "$OUT"
 nvidia-smi -L
-ours() { # tag binary micro-batch round [--compile]
+ours() { # tag binary micro-batch round [flags...]
   timeout 300 bin/oflaunch --nproc-per-node "$NPROC" --backend nccl "$2" --precision bf16-mixed \
-    --micro-batch "$3" --warmup 4 --steps "$STEPS" "${OURS_DIMS[@]}" "${DP[@]}" ${5:-} --tag "$1" \
+    --micro-batch "$3" --warmup 4 --steps "$STEPS" "${OURS_DIMS[@]}" "${DP[@]}" "${@:5}" --tag "$1" \
     > "$OUT/$1-$3-$4.log" 2>&1 \
     || echo "$1 mb $3 round $4 failed: $(tail -2 "$OUT/$1-$3-$4.log")"
 }
@@ -37,6 +38,11 @@ for b in $SIZES; do
     ours oxiflow bin/gpt_bench "$b" "$r"
     [ "${COMPILED:-1}" = 1 ] && ours oxiflow-compiled bin/gpt_bench "$b" "$r" --compile
     for x in ${EXTRA:-}; do ours "${x%%=*}" "${x#*=}" "$b" "$r"; done
+    for v in ${VARIANTS:-}; do
+      flags=${v#*=}
+      # shellcheck disable=SC2086
+      ours "${v%%=*}" bin/gpt_bench "$b" "$r" ${flags//,/ }
+    done
     timeout 300 "${TORCH[@]}" gpt2_bench.py --micro-batch "$b" --steps "$STEPS" "${TORCH_DIMS[@]}" \
       --compile --tag compile \
       > "$OUT/compile-$b-$r.log" 2>&1 || echo "torch.compile mb $b round $r failed"

@@ -395,7 +395,7 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         format!("{n} fused linear cross-entropy cases (f32, bf16, f16, f64; loss, dx, dw; padding; several chunks) within their rounding of the f64 reference")
     });
     checks.report(19, "fused MLP", child_residual_mlp(world, cuda), |n| {
-        format!("{n} fused MLP cases (f32, bf16, f16, f64; y and six gradients; GPT-2 widths) within their rounding of the unfused f64 layers")
+        format!("{n} fused MLP cases (f32, bf16, f16, f64; y and six gradients; GPT-2 widths; GELU's output kept or computed again) within their rounding of the unfused f64 layers")
     });
     checks.report(20, "shared inputs", child_shared_input(world, cuda), |n| {
         format!("{n} shared-input cases (f32, bf16, f16, f64; three linears' and a LayerNorm's input gradients summed in their kernels) within their rounding of the f64 graph")

@@ -1,5 +1,6 @@
-//! The fused MLP with its residual add (`residual_mlp`) against the same layers unfused
-//! (`linear` with GELU, `linear`, `add`) on one rank in f64: the output and the gradients of
+//! The fused MLP with its residual add (`residual_mlp`), keeping GELU's output or computing it
+//! again in the backward (`residual_mlp_with(.., true)`, which keeps one tensor less), against
+//! the same layers unfused (`linear` with GELU, `linear`, `add`) on one rank in f64: the output and the gradients of
 //! x, both weights, both biases and the residual, in f64, f32 and bf16, with rows split
 //! unevenly over 1-d and 2-d meshes (empty shards included) and rows whole, 2-d and 3-d x; bad
 //! shapes refused.
@@ -25,16 +26,35 @@ fn vals(x: &Tensor) -> Vec<f64> {
         .0
 }
 
+/// How the MLP runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Unfused,
+    Fused,
+    /// Fused, GELU's output computed again in the backward.
+    Recomputing,
+}
+
 /// (y, dx, dw_fc, db_fc, dw_proj, db_proj, dresidual) of `sum(y * r)` for the six inputs made
-/// by `make` (global or local), fused or unfused, as whole values.
-fn run(inputs: &[Tensor; 7], fused: bool, whole: &dyn Fn(&Tensor) -> Vec<f64>) -> Vec<Vec<f64>> {
+/// by `make` (global or local), along `path`, as whole values.
+fn run(inputs: &[Tensor; 7], path: Path, whole: &dyn Fn(&Tensor) -> Vec<f64>) -> Vec<Vec<f64>> {
     let [x, w_fc, b_fc, w_proj, b_proj, res, r] = inputs;
-    let y = if fused {
-        x.residual_mlp(w_fc, b_fc, w_proj, b_proj, res).unwrap()
-    } else {
-        let h = x.linear(w_fc, Some(b_fc), Activation::Gelu).unwrap();
-        let m = h.linear(w_proj, Some(b_proj), Activation::None).unwrap();
-        res.add(&m).unwrap()
+    let y = match path {
+        Path::Unfused => {
+            let h = x.linear(w_fc, Some(b_fc), Activation::Gelu).unwrap();
+            let m = h.linear(w_proj, Some(b_proj), Activation::None).unwrap();
+            res.add(&m).unwrap()
+        }
+        Path::Fused | Path::Recomputing => {
+            let recompute = path == Path::Recomputing;
+            let y = x
+                .residual_mlp_with(w_fc, b_fc, w_proj, b_proj, res, recompute)
+                .unwrap();
+            // x, both weights and pre, and h unless it is computed again.
+            let kept = y.autograd().grad_fn().map(|f| f.saved_count());
+            assert_eq!(kept, Some(if recompute { 4 } else { 5 }), "{path:?}");
+            y
+        }
     };
     y.mul(r).unwrap().sum_all().unwrap().backward().unwrap();
     let mut out = vec![whole(&y)];
@@ -85,7 +105,7 @@ fn check(
         })
     };
     let local = make(F).map(|t| t.detach().requires_grad_(true));
-    let want = run(&local, false, &|t| vals(t));
+    let want = run(&local, Path::Unfused, &|t| vals(t));
     let b = NdSbp::broadcast(p.ndim());
     let got = run_ranks(p.num_ranks(), Duration::from_secs(60), |_| {
         let ins: [Tensor; 7] = std::array::from_fn(|i| {
@@ -97,13 +117,16 @@ fn check(
             t.detach().requires_grad_(i < 6)
         });
         let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
-        let fused = run(&ins, true, &all);
-        assert_eq!(
-            ins[0].grad().unwrap().nd_sbp(),
-            Some(&x_sbp),
-            "{what}: dx layout"
-        );
-        fused
+        [Path::Fused, Path::Recomputing].map(|path| {
+            let fresh: [Tensor; 7] = std::array::from_fn(|i| ins[i].detach().requires_grad_(i < 6));
+            let outs = run(&fresh, path, &all);
+            assert_eq!(
+                fresh[0].grad().unwrap().nd_sbp(),
+                Some(&x_sbp),
+                "{what}: dx layout"
+            );
+            outs
+        })
     });
     let tol = tolerance(dtype);
     let names = [
@@ -115,7 +138,11 @@ fn check(
         "db_proj",
         "dresidual",
     ];
-    for (rank, outs) in got.into_iter().enumerate() {
+    for (rank, outs) in got
+        .into_iter()
+        .enumerate()
+        .flat_map(|(rank, paths)| paths.map(|o| (rank, o)))
+    {
         for ((name, g), w) in names.iter().zip(&outs).zip(&want) {
             let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
             for (i, (a, b)) in g.iter().zip(w).enumerate() {

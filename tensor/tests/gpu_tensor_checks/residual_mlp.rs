@@ -1,15 +1,17 @@
 //! The GPU suite's check of the fused MLP with its residual add (`residual_mlp`): rows split
 //! over the world's ranks, weights whole, against the same layers unfused in f64 on the host
 //! (output and every gradient), on random never-zero data in f32, bf16, f16 and f64 (the
-//! composed kernels), at a small shape and GPT-2's widths.
+//! composed kernels), at a small shape and GPT-2's widths, keeping GELU's output or computing
+//! it again in the backward.
 
 use super::*;
 use oxiflow_tensor::custom::Activation;
 
 /// y and the gradients of `sum(y * r)` w.r.t. x, w_fc, b_fc, w_proj, b_proj, residual.
+/// `fused`: None for the unfused layers, else whether GELU's output is computed again.
 fn outputs(
     ins: &[Tensor],
-    fused: bool,
+    fused: Option<bool>,
     whole: &dyn Fn(&Tensor) -> Result<Vec<f64>>,
 ) -> Result<Vec<Vec<f64>>> {
     let [x, w_fc, b_fc, w_proj, b_proj, res, r] = ins else {
@@ -18,11 +20,12 @@ fn outputs(
             detail: "7 inputs".into(),
         });
     };
-    let y = if fused {
-        x.residual_mlp(w_fc, b_fc, w_proj, b_proj, res)?
-    } else {
-        let h = x.linear(w_fc, Some(b_fc), Activation::Gelu)?;
-        res.add(&h.linear(w_proj, Some(b_proj), Activation::None)?)?
+    let y = match fused {
+        Some(recompute) => x.residual_mlp_with(w_fc, b_fc, w_proj, b_proj, res, recompute)?,
+        None => {
+            let h = x.linear(w_fc, Some(b_fc), Activation::Gelu)?;
+            res.add(&h.linear(w_proj, Some(b_proj), Activation::None)?)?
+        }
     };
     y.mul(r)?.sum_all()?.backward()?;
     let mut out = vec![whole(&y)?];
@@ -83,49 +86,53 @@ pub(crate) fn child_residual_mlp(
                 .map(|(i, t)| Ok(t.to_dtype(DType::F64)?.detach().requires_grad_(i < 6)))
                 .collect::<Result<_>>()
                 .map_err(e)?;
-            let want = outputs(&reference, false, &|t| values(t)).map_err(e)?;
-            let device: Vec<Tensor> = made
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let g = t.to_global(&pl, b.clone())?;
-                    let g = if matches!(i, 0 | 5 | 6) {
-                        g.to_global(&pl, vec![Sbp::S(0)])?
-                    } else {
-                        g
-                    };
-                    Ok(g.detach().requires_grad_(i < 6))
-                })
-                .collect::<Result<_>>()
-                .map_err(e)?;
-            let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
-            let got = outputs(&device, true, &whole).map_err(e)?;
-            let tol = match dtype {
-                DType::F64 => 1e-10,
-                DType::F32 => 2e-3,
-                _ => 2f64.powi(-5),
-            };
-            let names = [
-                "y",
-                "dx",
-                "dw_fc",
-                "db_fc",
-                "dw_proj",
-                "db_proj",
-                "dresidual",
-            ];
-            for ((name, g), w) in names.iter().zip(&got).zip(&want) {
-                let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-                if let Some((i, (a, v))) = g
+            let want = outputs(&reference, None, &|t| values(t)).map_err(e)?;
+            for recompute in [false, true] {
+                let device: Vec<Tensor> = made
                     .iter()
-                    .zip(w)
                     .enumerate()
-                    .find(|(_, (a, v))| (*a - *v).abs() > tol * scale)
-                {
-                    return Err(format!("{what}: {name}[{i}] {a} vs {v} (scale {scale})"));
+                    .map(|(i, t)| {
+                        let g = t.to_global(&pl, b.clone())?;
+                        let g = if matches!(i, 0 | 5 | 6) {
+                            g.to_global(&pl, vec![Sbp::S(0)])?
+                        } else {
+                            g
+                        };
+                        Ok(g.detach().requires_grad_(i < 6))
+                    })
+                    .collect::<Result<_>>()
+                    .map_err(e)?;
+                let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
+                let got = outputs(&device, Some(recompute), &whole).map_err(e)?;
+                let tol = match dtype {
+                    DType::F64 => 1e-10,
+                    DType::F32 => 2e-3,
+                    _ => 2f64.powi(-5),
+                };
+                let names = [
+                    "y",
+                    "dx",
+                    "dw_fc",
+                    "db_fc",
+                    "dw_proj",
+                    "db_proj",
+                    "dresidual",
+                ];
+                for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+                    let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                    if let Some((i, (a, v))) = g
+                        .iter()
+                        .zip(w)
+                        .enumerate()
+                        .find(|(_, (a, v))| (*a - *v).abs() > tol * scale)
+                    {
+                        return Err(format!(
+                            "{what} (recompute {recompute}): {name}[{i}] {a} vs {v} (scale {scale})"
+                        ));
+                    }
                 }
+                checked += 1;
             }
-            checked += 1;
         }
     }
     Ok(checked)

@@ -36,6 +36,8 @@ pub enum RecomputeArg {
     None,
     Full,
     Selective,
+    /// The MLP's GELU output, computed again from its pre-activation.
+    Gelu,
 }
 
 /// The order of a pipeline's micro-batches.
@@ -237,8 +239,8 @@ pub struct ParallelFlags {
     /// 3 also parameters (gathered at use) [default: 0].
     #[arg(long, value_parser = parse::zero_stage)]
     pub zero: Option<u8>,
-    /// GPT: activation recomputation: none, full (every block) or selective (attention)
-    /// [default: none].
+    /// GPT: activation recomputation: none, full (every block), selective (attention) or
+    /// gelu (the MLP's GELU output, from its kept pre-activation) [default: none].
     #[arg(long, value_enum)]
     pub recompute: Option<RecomputeArg>,
     /// Device of the mesh: auto (cuda when the world runs on NCCL, else cpu), cpu, or cuda

@@ -17,7 +17,8 @@
 //!   of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ the attention's
 //!   log-sum-exp, H / tp values of at least 4 bytes; no probabilities), or 2 C + 8 C / tp
 //!   under selective recomputation, or C under full recomputation (then plus one block's b
-//!   while it reruns); times `a`. Their token ids take 16 r T bytes (inputs and targets,
+//!   while it reruns), or b - 4 C under GELU recomputation without tensor parallelism; times
+//!   `a`. Their token ids take 16 r T bytes (inputs and targets,
 //!   i64). Measured peaks are about twice this (the temporaries of each op are not counted).
 //! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
 //!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
@@ -101,13 +102,17 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: Devic
             // the attention output, q, k, v, the MLP's two 4C activations, and the fused
             // attention's log-sum-exp, one value of the compute dtype per own head), its MLP
             // part only under selective recomputation, its input only under full recomputation
-            // (plus one block's set while it reruns).
+            // (plus one block's set while it reruns), one 4C activation less under GELU
+            // recomputation.
             let lse = (h / tp).max(1.0) * a.max(4.0) / a;
             let block = 4.0 * c + 12.0 * c / tp + lse;
             let (kept, rerun) = match cfg.parallel.recompute {
                 RecomputeArg::None => (block, 0.0),
                 RecomputeArg::Selective => (2.0 * c + 8.0 * c / tp, block),
                 RecomputeArg::Full => (c, block),
+                // One 4C activation less where the MLP is one op (no tensor parallelism).
+                RecomputeArg::Gelu if tp == 1.0 => (block - 4.0 * c, 0.0),
+                RecomputeArg::Gelu => (block, 0.0),
             };
             // The logits and their softmax, split along the vocabulary over tp.
             let activations = a * r * t * (2.0 * v / tp + ceil_div(l, pp) * kept + rerun);

@@ -242,6 +242,7 @@ pub fn gpt_trainer(
         RecomputeArg::None => Recompute::None,
         RecomputeArg::Full => Recompute::Full,
         RecomputeArg::Selective => Recompute::Selective,
+        RecomputeArg::Gelu => Recompute::Gelu,
     };
     let params = model.parameters();
     let decay = params

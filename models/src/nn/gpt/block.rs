@@ -84,8 +84,14 @@ impl GptMlp {
 
     /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
     /// layers compute with weights and biases whole on every rank (no tensor parallelism;
-    /// ZeRO-3 shards are gathered); None otherwise (the layers compose).
-    pub fn fused_residual(&self, h: &Tensor, residual: &Tensor) -> Result<Option<Tensor>> {
+    /// ZeRO-3 shards are gathered); None otherwise (the layers compose). `recompute_hidden`:
+    /// GELU's output is computed again in the backward instead of kept.
+    pub fn fused_residual(
+        &self,
+        h: &Tensor,
+        residual: &Tensor,
+        recompute_hidden: bool,
+    ) -> Result<Option<Tensor>> {
         let (Some(b_fc), Some(b_proj)) = (&self.fc.bias, &self.proj.bias) else {
             return Ok(None);
         };
@@ -100,7 +106,14 @@ impl GptMlp {
         if w.iter().any(|t| t.has_sbp_over_ranks(|s| s != Sbp::B)) {
             return Ok(None);
         }
-        Ok(Some(h.residual_mlp(&w[0], &w[1], &w[2], &w[3], residual)?))
+        Ok(Some(h.residual_mlp_with(
+            &w[0],
+            &w[1],
+            &w[2],
+            &w[3],
+            residual,
+            recompute_hidden,
+        )?))
     }
 }
 
@@ -173,7 +186,8 @@ impl Block {
         let h = layout.relayout(&h, Sbp::B)?;
         let site = format!("{}.mlp", self.name);
         if pass.dropout_at(cfg, &site).is_none() {
-            if let Some(y) = self.mlp.fused_residual(&h, &x)? {
+            let recompute_hidden = recompute == Recompute::Gelu;
+            if let Some(y) = self.mlp.fused_residual(&h, &x, recompute_hidden)? {
                 return layout.relayout(&y, stream);
             }
         }
@@ -201,6 +215,10 @@ pub enum Recompute {
     Full,
     /// Only the attention sublayer's input; that sublayer runs again.
     Selective,
+    /// Everything but the MLP's hidden activation (GELU's output, `[.., 4C]`): the fused MLP's
+    /// backward computes it again from the kept pre-activation, one element-wise pass a block
+    /// (a tensor-parallel MLP, composed of its layers, keeps it).
+    Gelu,
 }
 
 impl Module for Block {

@@ -6,7 +6,9 @@
 //! and GELU in the first's epilogue; bias and the residual, read as the product's C operand, in
 //! the second's), and the backward computes `dpre = (dy w_proj^T) gelu'(pre)` in one product's
 //! epilogue, so neither the residual add nor the GELU backward is a pass of its own. The
-//! residual's gradient is `dy` itself.
+//! residual's gradient is `dy` itself. With `recompute_hidden` the forward keeps `pre` alone
+//! and the backward computes `h = gelu(pre)` again (one element-wise pass), as torch's
+//! min-cut partitioner does for cheap activations: a `[.., F]` tensor less per block.
 //!
 //! Rows split or whole, every weight whole: a tensor-parallel MLP (split weights) composes the
 //! linear layers instead (the model chooses).
@@ -27,8 +29,9 @@ use crate::Result;
 /// The fused MLP with its residual add, and its backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResidualMlp {
-    /// (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h, pre).
-    Forward,
+    /// (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h, pre); h is kept for the backward
+    /// unless `recompute_hidden` (then computed again from pre).
+    Forward { recompute_hidden: bool },
     /// (x, h, pre, w_fc, w_proj, dy) -> (dx, dw_fc, db_fc, dw_proj, db_proj).
     Backward,
 }
@@ -50,7 +53,7 @@ fn bad(s: &[&Shape], want: &str) -> MetaError {
 impl OpFamily for ResidualMlp {
     fn name(&self) -> &'static str {
         match self {
-            ResidualMlp::Forward => "residual_mlp",
+            ResidualMlp::Forward { .. } => "residual_mlp",
             ResidualMlp::Backward => "residual_mlp_backward",
         }
     }
@@ -67,7 +70,7 @@ impl OpFamily for ResidualMlp {
         };
         let lead = x.ndim() - 1;
         match self {
-            ResidualMlp::Forward => {
+            ResidualMlp::Forward { .. } => {
                 let want =
                     "x [.., C], w_fc [C, F], b_fc [F], w_proj [F, C], b_proj [C], residual like x";
                 let f = match s[1].dims() {
@@ -121,7 +124,7 @@ impl OpFamily for ResidualMlp {
     fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         let ins = [x[0], x[1], x[2], x[3], x[4], x[5]];
         match (self, out.len()) {
-            (ResidualMlp::Forward, 3) => b.residual_mlp(ins, out),
+            (ResidualMlp::Forward { .. }, 3) => b.residual_mlp(ins, out),
             (ResidualMlp::Backward, 5) => b.residual_mlp_backward(ins, out),
             (_, n) => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
         }
@@ -134,12 +137,14 @@ impl OpFamily for ResidualMlp {
 
     fn saves(&self, needs: &[bool]) -> Saves {
         match self {
-            ResidualMlp::Forward if needs.iter().take(5).any(|&n| n) => Saves::NOTHING
-                .and_input_if(0, true)
-                .and_input_if(1, true)
-                .and_input_if(3, true)
-                .and_output_if(1, true)
-                .and_output_if(2, true),
+            ResidualMlp::Forward { recompute_hidden } if needs.iter().take(5).any(|&n| n) => {
+                Saves::NOTHING
+                    .and_input_if(0, true)
+                    .and_input_if(1, true)
+                    .and_input_if(3, true)
+                    .and_output_if(1, !recompute_hidden)
+                    .and_output_if(2, true)
+            }
             _ => Saves::NOTHING,
         }
     }
@@ -156,14 +161,18 @@ impl OpFamily for ResidualMlp {
         if !(0..5).any(|i| g.need(i)) {
             return Ok(vec![None, None, None, None, None, residual]);
         }
-        let ins = [
-            g.input(0)?,
-            g.output(1)?,
-            g.output(2)?,
-            g.input(1)?,
-            g.input(3)?,
-            dy,
-        ];
+        let pre = g.output(2)?;
+        let recomputed = match self {
+            ResidualMlp::Forward {
+                recompute_hidden: true,
+            } => Some(pre.unary(UnaryOp::Gelu)?),
+            _ => None,
+        };
+        let h = match &recomputed {
+            Some(h) => h,
+            None => g.output(1)?,
+        };
+        let ins = [g.input(0)?, h, pre, g.input(1)?, g.input(3)?, dy];
         let out = dispatch_multi(ResidualMlp::Backward.into(), &ins)?;
         let mut v: Vec<Option<Tensor>> = out
             .into_iter()
@@ -251,8 +260,23 @@ impl Tensor {
         b_proj: &Tensor,
         residual: &Tensor,
     ) -> Result<Tensor> {
+        self.residual_mlp_with(w_fc, b_fc, w_proj, b_proj, residual, false)
+    }
+
+    /// [`Tensor::residual_mlp`] keeping only the pre-activation for the backward when
+    /// `recompute_hidden` (which computes GELU's output again from it): one `[.., F]` tensor
+    /// less kept, one element-wise pass more.
+    pub fn residual_mlp_with(
+        &self,
+        w_fc: &Tensor,
+        b_fc: &Tensor,
+        w_proj: &Tensor,
+        b_proj: &Tensor,
+        residual: &Tensor,
+        recompute_hidden: bool,
+    ) -> Result<Tensor> {
         let ins = [self, w_fc, b_fc, w_proj, b_proj, residual];
-        dispatch_multi(ResidualMlp::Forward.into(), &ins)?
+        dispatch_multi(ResidualMlp::Forward { recompute_hidden }.into(), &ins)?
             .into_iter()
             .next()
             .ok_or_else(|| kernel_err("residual_mlp", "gave no output".into()))

@@ -91,6 +91,26 @@ fn api_cases() -> Vec<Case> {
             m(8, 3)?.matmul(&m(8, 3)?)?;
             Ok(())
         }),
+        (
+            "matmul_t_acc with a [8,4] accumulator for [8,8]",
+            "accumulator",
+            || {
+                m(8, 3)?.matmul_t_acc(&m(8, 3)?, false, true, &m(8, 4)?)?;
+                Ok(())
+            },
+        ),
+        (
+            "matmul_t_acc with its accumulator on other ranks",
+            "cpu:[2, 3]",
+            || {
+                let a = Placement::new_1d(DeviceType::Cpu, [0, 1])?;
+                let b = Placement::new_1d(DeviceType::Cpu, [2, 3])?;
+                let x = Tensor::ones_global([4, 4], DType::F32, &a, Sbp::S(0))?;
+                let acc = Tensor::ones_global([4, 4], DType::F32, &b, Sbp::B)?;
+                x.matmul_t_acc(&x, false, true, &acc)?;
+                Ok(())
+            },
+        ),
         ("mul across placements", "cpu:[2, 3]", || {
             let a = Placement::new_1d(DeviceType::Cpu, [0, 1])?;
             let b = Placement::new_1d(DeviceType::Cpu, [2, 3])?;

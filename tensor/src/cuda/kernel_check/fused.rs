@@ -247,6 +247,8 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ln_case(rt, rep, t, 5, 1000, true, s + 2)?;
         ln_case(rt, rep, t, 33, 1024, false, s + 3)?;
         ln_case(rt, rep, t, 3, 2048, true, s + 4)?;
+        // Many rows a warp (the warp-per-row backward's column partials over rows).
+        ln_case(rt, rep, t, 4099, 256, true, s + 5)?;
     }
     super::adamw::checks(rt, rep)?;
     ew_checks(rt, rep)?;

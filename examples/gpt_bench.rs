@@ -23,12 +23,12 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
-use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute, DEFAULT_VOCAB_MULTIPLE};
+use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
-use oxiflow::trainer::config::PrecisionPolicy;
+use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
 use oxiflow::trainer::TrainModel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -92,10 +92,10 @@ struct Args {
     /// later ones, on CUDA as one CUDA graph from the third on); clipping and AdamW run eagerly.
     #[arg(long)]
     compile: bool,
-    /// Recompute the MLP's GELU output in the backward pass instead of keeping it
-    /// (`Recompute::Gelu`: one `[B, T, 4C]` activation less a block).
-    #[arg(long)]
-    recompute_gelu: bool,
+    /// What each block keeps for its backward pass, as `train --recompute` (gelu: the MLP's
+    /// GELU output computed again, one `[B, T, 4C]` activation less a block).
+    #[arg(long, value_enum, default_value = "none")]
+    recompute: RecomputeArg,
     #[arg(long, default_value = "")]
     tag: String,
 }
@@ -246,9 +246,7 @@ fn main() -> R<()> {
         sequence_parallel: false,
     };
     let mut model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
-    if a.recompute_gelu {
-        model.recompute = Recompute::Gelu;
-    }
+    model.recompute = a.recompute.into();
     if a.precision == PrecisionPolicy::Bf16Mixed {
         model.set_compute_dtype(Some(DType::BF16));
     }

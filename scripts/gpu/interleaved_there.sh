@@ -4,7 +4,7 @@
 # each micro-batch of $SIZES (default "8 16 32"), $ROUNDS rounds (default 2) of ours eager,
 # ours compiled, torch.compile, so a drift of the GPU touches all alike. $EXTRA adds
 # "tag=path" binaries of gpt_bench (e.g. an older build) to each round, $VARIANTS "tag=flags"
-# runs of ours with more flags (commas between flags, e.g. "gelu=--recompute-gelu"). NPROC=2: data
+# runs of ours with more flags (commas between flags, e.g. "gelu=--recompute,gelu"). NPROC=2: data
 # parallel on two GPUs (ours --dp 2, torch.compile DDP under torchrun); MODEL=350m: GPT-2
 # medium (24 layers, width 1024, 16 heads); COMPILED=0 leaves our compiled step out. Table of
 # medians last.

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use oxiflow_dtype::DType;
+use oxiflow_models::nn::gpt::Recompute;
 use serde::{Deserialize, Serialize};
 
 use super::checks::parse;
@@ -38,6 +39,17 @@ pub enum RecomputeArg {
     Selective,
     /// The MLP's GELU output, computed again from its pre-activation.
     Gelu,
+}
+
+impl From<RecomputeArg> for Recompute {
+    fn from(r: RecomputeArg) -> Self {
+        match r {
+            RecomputeArg::None => Recompute::None,
+            RecomputeArg::Full => Recompute::Full,
+            RecomputeArg::Selective => Recompute::Selective,
+            RecomputeArg::Gelu => Recompute::Gelu,
+        }
+    }
 }
 
 /// The order of a pipeline's micro-batches.

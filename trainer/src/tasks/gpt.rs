@@ -8,9 +8,7 @@ use oxiflow_collectives::DType;
 use oxiflow_models::data::{
     Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{
-    padded_vocab, Gpt, GptConfig, GptLayout, Recompute, StageSplit, DP_AXIS,
-};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, GptConfig, GptLayout, StageSplit, DP_AXIS};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -19,8 +17,7 @@ use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Context, Tensor};
 
 use crate::config::{
-    names_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg,
-    TrainConfig,
+    names_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
@@ -238,12 +235,7 @@ pub fn gpt_trainer(
         Gpt::new_split(&model_cfg, split)?
     };
     model.set_compute_dtype(cfg.compute_dtype(device));
-    model.recompute = match p.recompute {
-        RecomputeArg::None => Recompute::None,
-        RecomputeArg::Full => Recompute::Full,
-        RecomputeArg::Selective => Recompute::Selective,
-        RecomputeArg::Gelu => Recompute::Gelu,
-    };
+    model.recompute = p.recompute.into();
     let params = model.parameters();
     let decay = params
         .iter()

@@ -74,6 +74,10 @@ struct Args {
     /// driver's (the default).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     nccl_memory: OnOff,
+    /// AdamW's update written over the old parameters and state where nothing else holds them
+    /// (the default), or into new memory (the same bits).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    update_in_place: OnOff,
     /// Steps timed op by op after the measurement (0: none).
     #[arg(long, default_value_t = 0)]
     profile: usize,
@@ -267,7 +271,8 @@ fn main() -> R<()> {
             weight_decay: 0.1,
         },
     )
-    .with_weight_decay(decay)?;
+    .with_weight_decay(decay)?
+    .with_in_place_update(a.update_in_place == OnOff::On);
     let mut bench = Bench {
         model,
         opt,
@@ -314,7 +319,7 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.1},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
@@ -347,6 +352,11 @@ fn main() -> R<()> {
         live as f64 / (1u64 << 30) as f64,
         peak as f64 / (1u64 << 30) as f64,
         rt.cached_bytes() as f64 / (1u64 << 30) as f64
+    );
+    println!(
+        "UPDATE {} of {} parameters written in place by the last step",
+        bench.opt.updated_in_place(),
+        bench.opt.params().len()
     );
     if let Some(c) = &bench.compiled {
         for (i, p) in c.programs().iter().enumerate() {

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{
-    capture_graph, copy_storage, duplicate_storage, Device, DeviceGraph, Storage, Tensor,
-    TensorError,
+    capture_graph, copy_storage, duplicate_storage, BoundPiece, Device, DeviceGraph, Storage,
+    Tensor, TensorError,
 };
 
 use crate::error::{CompileError, Result};
@@ -59,7 +59,9 @@ impl Default for GraphState {
 /// never reads, which is neither bound nor kept) and the pieces it writes the outputs into.
 pub(crate) struct GraphReplay {
     graph: Box<dyn DeviceGraph>,
-    inputs: Vec<Option<Arc<Storage>>>,
+    /// Bound (see `BoundPiece`): an update written over one of these pieces is what the
+    /// next bind would copy into it.
+    inputs: Vec<Option<BoundPiece>>,
     /// Whether the program reads step input `k`.
     read: Vec<bool>,
     outputs: Vec<Option<Arc<Storage>>>,
@@ -72,8 +74,8 @@ pub(crate) struct GraphReplay {
 const COPIED_OUTPUT_BYTES: usize = 1 << 20;
 
 /// How many of `list`'s entries are `p`.
-fn held_by(list: &[Option<Arc<Storage>>], p: &Arc<Storage>) -> usize {
-    list.iter().flatten().filter(|q| Arc::ptr_eq(q, p)).count()
+fn held_by<'a>(list: impl IntoIterator<Item = &'a Arc<Storage>>, p: &Arc<Storage>) -> usize {
+    list.into_iter().filter(|q| Arc::ptr_eq(q, p)).count()
 }
 
 impl GraphReplay {
@@ -82,7 +84,7 @@ impl GraphReplay {
     fn bind(&self, inputs: &[Tensor]) -> Result<std::result::Result<(), String>> {
         for (k, p) in self.outputs.iter().enumerate() {
             if let (Some(p), false) = (p, self.copied[k]) {
-                if Arc::strong_count(p) > held_by(&self.outputs, p) {
+                if Arc::strong_count(p) > held_by(self.outputs.iter().flatten(), p) {
                     return Ok(Err(format!(
                         "output {k} of the last replay is still held, and the graph writes it again"
                     )));
@@ -98,11 +100,12 @@ impl GraphReplay {
             .enumerate()
             .filter(|(_, (_, &read))| read)
         {
-            match (captured, piece_of(t)) {
+            match (captured.as_ref().map(BoundPiece::piece), piece_of(t)) {
                 (None, None) => {}
                 (Some(c), Some(now)) if Arc::ptr_eq(c, now) => {}
                 (Some(c), Some(now)) => {
-                    if Arc::strong_count(c) > held_by(&self.inputs, c) {
+                    let bound = self.inputs.iter().flatten().map(BoundPiece::piece);
+                    if Arc::strong_count(c) > held_by(bound, c) {
                         return Ok(Err(format!(
                             "input {k} has a new piece, and the one the graph reads is still held elsewhere"
                         )));
@@ -210,7 +213,7 @@ pub(crate) fn replay_with_graph(
                         inputs: inputs
                             .iter()
                             .zip(&read)
-                            .map(|(t, &r)| piece_of(t).filter(|_| r).cloned())
+                            .map(|(t, &r)| piece_of(t).filter(|_| r).cloned().map(BoundPiece::new))
                             .collect(),
                         read,
                         copied: outputs

@@ -112,7 +112,7 @@ type Outputs = SmallVec<[Tensor; 1]>;
 
 /// How many outputs the caller takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Want {
+pub(crate) enum Want {
     One,
     All,
 }
@@ -181,7 +181,7 @@ fn run_op(op: Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
 
 /// Shape, dtype and (in `Candidates` mode) SBP rules of `op` on `inputs`, with one dtype per
 /// output shape and as many outputs as the caller takes.
-fn infer(op: &Op, inputs: &[&Tensor], mode: RuleMode, want: Want) -> Result<Inferred> {
+pub(crate) fn infer(op: &Op, inputs: &[&Tensor], mode: RuleMode, want: Want) -> Result<Inferred> {
     let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
     let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
     let inferred = op
@@ -355,7 +355,7 @@ fn record_global(
 }
 
 /// The op of a local call: whole tensors, no regions, so every start reads 0.
-fn local_call(op: &Op, shapes: &[&Shape], out0: &Shape) -> Option<Op> {
+pub(crate) fn local_call(op: &Op, shapes: &[&Shape], out0: &Shape) -> Option<Op> {
     op.local(&LocalAt {
         global_inputs: shapes,
         input_regions: &[],

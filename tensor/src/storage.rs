@@ -54,6 +54,11 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn range_shared(&self, _start: usize, _shape: &Shape) -> Option<Arc<dyn DeviceStorage>> {
         None
     }
+    /// Whether no other piece shares this one's memory (a view made by `range_shared`, say).
+    /// The default, false, keeps every piece from being written in place.
+    fn memory_is_its_own(&self) -> bool {
+        false
+    }
 }
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.

@@ -153,6 +153,7 @@ fn adamw_multi_equals_the_three_passes_bit_for_bit() {
                 v: (i != 1).then_some(&t[3]),
                 weight_decay: w,
                 compute_copy: None,
+                reuse: None,
             })
             .collect();
         let got = Tensor::adamw_multi(&slots, &HYPER).unwrap();
@@ -187,6 +188,7 @@ fn adamw_multi_bad_slots_are_typed() {
         v: None,
         weight_decay: 0.0,
         compute_copy: None,
+        reuse: None,
     };
     let e = Tensor::adamw_multi(&[slot], &HYPER)
         .unwrap_err()
@@ -200,6 +202,7 @@ fn adamw_multi_bad_slots_are_typed() {
         v: Some(&i),
         weight_decay: 0.0,
         compute_copy: None,
+        reuse: None,
     };
     let e = Tensor::adamw_multi(&[slot], &HYPER)
         .unwrap_err()
@@ -303,6 +306,7 @@ proptest! {
                     v: Some(&t[3]),
                     weight_decay: 0.1 * i as f64,
                     compute_copy: [None, Some(DType::BF16), Some(DType::F16), Some(DType::F32)][i % 4],
+                    reuse: None,
                 })
                 .collect();
             let out = Tensor::adamw_multi(&slots, &HYPER).unwrap();

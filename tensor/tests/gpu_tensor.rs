@@ -30,8 +30,9 @@ mod common;
 mod gpu_tensor_checks;
 mod half_cases;
 use gpu_tensor_checks::{
-    child_adamw_copies, child_buckets, child_fused_elementwise, child_linear_classifier,
-    child_residual_mlp, child_shared_input, child_sum_squares, child_vocab_parallel,
+    child_adamw_copies, child_adamw_reuse, child_buckets, child_fused_elementwise,
+    child_linear_classifier, child_residual_mlp, child_shared_input, child_sum_squares,
+    child_vocab_parallel,
 };
 use gpu_tensor_checks::{
     child_bf16, child_creation, child_flash, child_half, child_inputs_unchanged,
@@ -400,6 +401,9 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
     checks.report(20, "shared inputs", child_shared_input(world, cuda), |n| {
         format!("{n} shared-input cases (f32, bf16, f16, f64; three linears' and a LayerNorm's input gradients summed in their kernels) within their rounding of the f64 graph")
     });
+    checks.report(21, "AdamW over its own memory", child_adamw_reuse(world, cuda), |n| {
+        format!("{n} AdamW results written over their slots' own memory bit for bit the update into new memory (f32 with bf16/f16 copies, f64; clipped by a device ratio and a host factor); holders of a device piece counted")
+    });
     let t = Instant::now();
     checks.report(11, "fused attention", child_flash(world, cuda), |n| {
         format!("{n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})", t.elapsed())
@@ -443,6 +447,7 @@ fn cpu_self_check() {
             .and_then(|x| child_linear_classifier(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_residual_mlp(4, DeviceType::Cpu).map(|_| x))
             .and_then(|x| child_shared_input(4, DeviceType::Cpu).map(|_| x))
+            .and_then(|x| child_adamw_reuse(4, DeviceType::Cpu).map(|_| x))
     });
     for (rank, r) in res.iter().enumerate() {
         if let Err(e) = r {

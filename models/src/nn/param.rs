@@ -26,8 +26,9 @@ struct ParamInner {
     copy: Mutex<Option<(Tensor, Tensor)>>,
 }
 
-/// A named trainable tensor. Cloning shares it. Tensors are immutable, so an update replaces
-/// the leaf (`set_value`); layers read the current value on every forward through
+/// A named trainable tensor. Cloning shares it. Tensors are values, so an update replaces
+/// the leaf (`set_value`; an optimizer may write the new value over the old one's memory where
+/// nothing else holds it, see [`Parameter::leaf_memory_free_for`]); layers read the current value on every forward through
 /// [`Parameter::compute`], which all-gathers a sharded leaf (ZeRO-3) into the layout the layer
 /// computes with; the gather's backward reduce-scatters the gradient into the shard.
 #[derive(Clone)]
@@ -272,6 +273,36 @@ impl Parameter {
         };
         *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, c.clone()));
         Ok(Some(c))
+    }
+    /// Whether an update may write over `view`'s memory: `view` is the caller's update view
+    /// of this parameter (a handle of the stored leaf, a tensor over its memory, or a shard of
+    /// its own), and nothing but it and this parameter's own handles of the leaf refers to that
+    /// memory (see [`Tensor::data_held_only_by`]). A pending prefetch holds the leaf, so it
+    /// keeps the leaf's memory as it is.
+    pub fn leaf_memory_free_for(&self, view: &Tensor) -> bool {
+        let value = self.0.value.read().unwrap_or_else(|e| e.into_inner());
+        if !view.shares_piece(&value) {
+            return Tensor::data_held_only_by(&[view]);
+        }
+        let copy = self.0.copy.lock().unwrap_or_else(|e| e.into_inner());
+        let mut handles = vec![&*value, view];
+        handles.extend(copy.as_ref().map(|(of, _)| of).filter(|of| of.same(&value)));
+        Tensor::data_held_only_by(&handles)
+    }
+    /// The current compute copy (see [`Parameter::compute_copy`]) when nothing but this
+    /// parameter refers to its memory, so an update may write the next copy over it.
+    pub fn copy_memory_free(&self) -> Option<Tensor> {
+        let leaf = self.value();
+        let d = self.compute_dtype();
+        let copy = self.0.copy.lock().unwrap_or_else(|e| e.into_inner());
+        match &*copy {
+            Some((of, c))
+                if of.same(&leaf) && c.dtype() == d && Tensor::data_held_only_by(&[c]) =>
+            {
+                Some(c.clone())
+            }
+            _ => None,
+        }
     }
     /// Drops the compute copy (its memory), e.g. before an update writes the next one.
     pub fn drop_copy(&self) {

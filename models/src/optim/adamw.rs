@@ -7,13 +7,18 @@
 //! computed in another dtype (mixed precision) whose state lives in its leaf's own layout gets
 //! its compute copy written by the same op, so its next forward pass casts nothing. An update
 //! clipped by a device clip ratio can be queued before the host reads anything and committed
-//! (or dropped) after (`queue_apply`, `commit`).
+//! (or dropped) after (`queue_apply`, `commit`). An update that is the parameters' values at
+//! once (`step`, `apply`, `apply_queued_now`) writes the new values, moments and compute
+//! copies over the old ones (`AdamWReuse`) where nothing else holds them
+//! (`Parameter::leaf_memory_free_for`, `Tensor::data_held_only_by`): no second copy of the
+//! model's state, and a compiled step's device graph reads the same pieces every launch.
 
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
-use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot, AdamWUpdated};
-use oxiflow_tensor::no_grad;
+use oxiflow_dtype::DType;
+use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::Tensor;
+use oxiflow_tensor::{no_grad, Device};
 
 use super::{
     check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
@@ -54,6 +59,10 @@ pub struct AdamW {
     steps: u64,
     /// An update `queue_apply` queued: each parameter's index and new values.
     pending: Option<Vec<(usize, AdamWUpdated)>>,
+    /// Parameters the last update wrote over their old values' memory.
+    in_place: usize,
+    /// Whether updates may write over the old values' memory (`with_in_place_update`).
+    in_place_allowed: bool,
 }
 
 impl AdamW {
@@ -69,6 +78,8 @@ impl AdamW {
             v: vec![None; n],
             steps: 0,
             pending: None,
+            in_place: 0,
+            in_place_allowed: true,
         }
     }
 
@@ -77,6 +88,14 @@ impl AdamW {
         zero.prepare(&self.params)?;
         self.zero = zero;
         Ok(self)
+    }
+
+    /// Whether an update applied at once may be written over the old values' memory where
+    /// nothing else holds it (the default), or always into new memory (the same bits, and a
+    /// second copy of the state while it runs).
+    pub fn with_in_place_update(mut self, on: bool) -> AdamW {
+        self.in_place_allowed = on;
+        self
     }
 
     /// Decays parameter `i` by `per_param[i]` (decay groups: e.g. 0 for biases, norms and
@@ -88,27 +107,58 @@ impl AdamW {
     }
 
     /// One update of the parameters `ups` (index and update view) with gradients scaled by
-    /// `c`, written back at once (see [`AdamW::run_update`]); each old compute copy's memory
-    /// goes back before the op writes the new one.
+    /// `c`, written back at once (see [`AdamW::run_update`]), over the old values' memory
+    /// where nothing else holds it; each other old compute copy's memory goes back before the
+    /// op writes the new one.
     fn update_all(&mut self, ups: Vec<(usize, Update)>, c: f64) -> Result<()> {
-        for (i, _) in &ups {
-            self.params[*i].drop_copy();
-        }
         let views: Vec<(usize, &Update)> = ups.iter().map(|(i, u)| (*i, u)).collect();
-        let updated = self.run_update(&views, c, None)?;
+        let updated = self.run_update(&views, c, None, true)?;
+        self.in_place = in_place_count(&views, &updated);
         self.write_updates(updated)
+    }
+
+    /// How many parameters the last update wrote over their old values' memory (on CUDA,
+    /// where nothing else held it; see [`Optimizer::apply_queued_now`]).
+    pub fn updated_in_place(&self) -> usize {
+        self.in_place
+    }
+
+    /// Whether parameter `i`'s update may be written over its old value, moments and compute
+    /// copy (`view` its update view): nothing but this optimizer and the parameter holds them.
+    /// Returns the old copy to write over (None without one), or None where it may not.
+    fn reusable(&self, i: usize, view: &Update, copy: bool) -> Option<Option<Tensor>> {
+        let own = |t: &Option<Tensor>| t.as_ref().is_some_and(|t| Tensor::data_held_only_by(&[t]));
+        let p = &self.params[i];
+        if view.value.device() == Device::Cpu
+            || oxiflow_tensor::capture::capturing()
+            || !self.in_place_allowed
+        {
+            // The host and a capture write new memory (`AdamWReuse`).
+            return None;
+        }
+        if !(own(&self.m[i]) && own(&self.v[i]) && p.leaf_memory_free_for(&view.value)) {
+            return None;
+        }
+        match copy {
+            true => p.copy_memory_free().map(Some),
+            false => Some(None),
+        }
     }
 
     /// The new values of the parameters `ups` (index and update view) with gradients scaled
     /// by `c` and, with `ratio`, clipped by its device value: one multi-tensor op over this
     /// rank's pieces of them all (see `Tensor::adamw_multi`), with each compute copy where the
     /// update runs in its leaf's layout (a ZeRO-1/2 shard is gathered in f32 and cast by the
-    /// next forward pass, as before). Nothing is written back.
+    /// next forward pass, as before). Nothing is written back. With `in_place`, the new values
+    /// are written over the old ones' memory where nothing else holds it (`AdamWReuse`); the
+    /// other parameters' old compute copies are dropped first, so their memory goes back
+    /// before the op writes the new ones.
     fn run_update(
         &self,
         ups: &[(usize, &Update)],
         c: f64,
         ratio: Option<&Tensor>,
+        in_place: bool,
     ) -> Result<Vec<(usize, AdamWUpdated)>> {
         let o = self.opts;
         let hyper = AdamWHyper {
@@ -119,20 +169,40 @@ impl AdamW {
             step: self.steps + 1,
             grad_scale: c,
         };
-        let slots: Vec<AdamWSlot> = ups
+        let copies: Vec<Option<DType>> = ups
             .iter()
             .map(|&(i, u)| {
                 let p = &self.params[i];
                 let (leaf, d) = (p.value(), p.compute_dtype());
-                AdamWSlot {
-                    param: &u.value,
-                    grad: &u.grad,
-                    m: self.m[i].as_ref(),
-                    v: self.v[i].as_ref(),
-                    weight_decay: self.decay[i],
-                    compute_copy: (d != leaf.dtype() && u.value.layout() == leaf.layout())
-                        .then_some(d),
+                (d != leaf.dtype() && u.value.layout() == leaf.layout()).then_some(d)
+            })
+            .collect();
+        let reuse: Vec<Option<Option<Tensor>>> = ups
+            .iter()
+            .zip(&copies)
+            .map(|(&(i, u), d)| in_place.then(|| self.reusable(i, u, d.is_some())).flatten())
+            .collect();
+        if in_place {
+            for ((i, _), r) in ups.iter().zip(&reuse) {
+                if r.is_none() {
+                    self.params[*i].drop_copy();
                 }
+            }
+        }
+        let slots: Vec<AdamWSlot> = ups
+            .iter()
+            .zip(&copies)
+            .zip(&reuse)
+            .map(|((&(i, u), &compute_copy), r)| AdamWSlot {
+                param: &u.value,
+                grad: &u.grad,
+                m: self.m[i].as_ref(),
+                v: self.v[i].as_ref(),
+                weight_decay: self.decay[i],
+                compute_copy,
+                reuse: r.as_ref().map(|copy| AdamWReuse {
+                    copy: copy.as_ref(),
+                }),
             })
             .collect();
         let updated = match ratio {
@@ -158,6 +228,15 @@ impl AdamW {
 }
 
 const SLOTS: &[&str] = &["exp_avg", "exp_avg_sq"];
+
+/// How many of the updates `updated` of the views `views` are over their views' memory.
+fn in_place_count(views: &[(usize, &Update)], updated: &[(usize, AdamWUpdated)]) -> usize {
+    views
+        .iter()
+        .zip(updated)
+        .filter(|((_, u), (_, new))| new.param.shares_piece(&u.value))
+        .count()
+}
 
 impl Optimizer for AdamW {
     fn step(&mut self) -> Result<()> {
@@ -186,8 +265,20 @@ impl Optimizer for AdamW {
     fn queue_apply(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
         let _ng = no_grad();
         let views = self.prepared.views("AdamW::queue_apply")?;
-        let updated = self.run_update(&views, 1.0, ratio)?;
+        let updated = self.run_update(&views, 1.0, ratio, false)?;
+        self.in_place = 0;
         self.pending = Some(updated);
+        Ok(true)
+    }
+    fn apply_queued_now(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
+        let _ng = no_grad();
+        self.pending = None;
+        let ups = self.prepared.take("AdamW::apply_queued_now")?;
+        let views: Vec<(usize, &Update)> = ups.iter().map(|(i, u)| (*i, u)).collect();
+        let updated = self.run_update(&views, 1.0, ratio, true)?;
+        self.in_place = in_place_count(&views, &updated);
+        self.write_updates(updated)?;
+        self.steps += 1;
         Ok(true)
     }
     fn commit(&mut self) -> Result<()> {

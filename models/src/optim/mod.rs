@@ -79,9 +79,10 @@ pub trait Optimizer {
     /// norm, since a non-finite norm's device clip ratio is NaN, as `clip_factor` is then.
     fn step_queued(&mut self, max_norm: Option<f64>) -> Result<StepNorm> {
         let sum = self.prepare_queued()?;
-        if self.queue_clipped(&sum, max_norm)? {
-            self.commit()?;
-            return Ok(StepNorm::Queued(sum));
+        if let Some(ratio) = device_clip_ratio(&sum, max_norm)? {
+            if self.apply_queued_now(ratio.as_ref())? {
+                return Ok(StepNorm::Queued(sum));
+            }
         }
         let norm = norm_of(sum.read()?);
         self.apply(clip_factor(norm, max_norm))?;
@@ -92,13 +93,21 @@ pub trait Optimizer {
     /// where nothing was queued (the ratio needs the host, or the optimizer cannot queue). A
     /// queued update equals `apply(clip_factor(norm, max_norm))`.
     fn queue_clipped(&mut self, sum: &QueuedSum, max_norm: Option<f64>) -> Result<bool> {
-        match max_norm {
-            None => self.queue_apply(None),
-            Some(m) => match clip_ratio(sum, m)? {
-                Some(r) => self.queue_apply(Some(&r)),
-                None => Ok(false),
-            },
+        match device_clip_ratio(sum, max_norm)? {
+            Some(ratio) => self.queue_apply(ratio.as_ref()),
+            None => Ok(false),
         }
+    }
+    /// [`Optimizer::queue_apply`], then [`Optimizer::commit`]: the update is the parameters'
+    /// values at once (nothing to drop), so an optimizer may write it over the old values'
+    /// memory where nothing else holds it, as torch's in-place update does (AdamW on CUDA:
+    /// no second copy of the parameters and state). False where nothing was queued.
+    fn apply_queued_now(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
+        if !self.queue_apply(ratio)? {
+            return Ok(false);
+        }
+        self.commit()?;
+        Ok(true)
     }
     /// The parameters, in order.
     fn params(&self) -> &[Parameter];
@@ -122,6 +131,16 @@ pub trait Optimizer {
         for p in self.params() {
             p.zero_grad();
         }
+    }
+}
+
+/// The device clip ratio clipping to a global norm of `max_norm` by the queued sum of squares
+/// `sum`: Some(None) unclipped, Some(Some(r)) clipped by `r`, None where the ratio needs the
+/// host.
+fn device_clip_ratio(sum: &QueuedSum, max_norm: Option<f64>) -> Result<Option<Option<Tensor>>> {
+    match max_norm {
+        None => Ok(Some(None)),
+        Some(m) => Ok(clip_ratio(sum, m)?.map(Some)),
     }
 }
 

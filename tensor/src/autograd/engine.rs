@@ -6,14 +6,14 @@
 //! into its own (`Grad::take_partial`), saving the add.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use oxiflow_sbp::NdSbp;
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
 use crate::context::Context;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorImpl};
 use crate::{Result, TensorError};
 
 use super::hook::{self, GradReadyHook};
@@ -126,7 +126,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
     for (i, f) in order.iter().enumerate() {
         for edge in f.edges.iter().flatten() {
             if let Edge::Leaf(leaf) = edge {
-                last_use.insert(Arc::as_ptr(&leaf.0) as usize, i);
+                last_use.insert(Weak::as_ptr(leaf) as usize, i);
             }
         }
     }
@@ -134,7 +134,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
     for (i, f) in order.iter().enumerate() {
         for edge in f.edges.iter().flatten() {
             if let Edge::Leaf(leaf) = edge {
-                let k = Arc::as_ptr(&leaf.0) as usize;
+                let k = Weak::as_ptr(leaf) as usize;
                 if last_use.get(&k) == Some(&i) && !finals[i].contains(&k) {
                     finals[i].push(k);
                 }
@@ -146,15 +146,16 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
         *slot = Some(seed);
     }
     // Leaves in first-seen order, with their gradients of this pass.
-    let mut leaves: Vec<(Tensor, Option<Tensor>)> = Vec::new();
+    let mut leaves: Vec<(Weak<TensorImpl>, Option<Tensor>)> = Vec::new();
     let mut leaf_index: FxHashMap<usize, usize> = FxHashMap::default();
     for (i, f) in order.iter().enumerate() {
         walk_node(f, &mut grads, &mut leaves, &mut leaf_index, retain)?;
         for k in &finals[i] {
             if let Some(&idx) = leaf_index.get(k) {
                 let (leaf, g) = &mut leaves[idx];
-                if let Some(g) = g.take() {
-                    settle(leaf, g, hook.as_deref())?;
+                // A leaf nobody holds has nobody to read its gradient.
+                if let (Some(g), Some(leaf)) = (g.take(), leaf.upgrade()) {
+                    settle(&Tensor(leaf), g, hook.as_deref())?;
                 }
             }
         }
@@ -187,7 +188,7 @@ fn settle(leaf: &Tensor, g: Tensor, hook: Option<&dyn GradReadyHook>) -> Result<
 fn slot_of<'a>(
     edge: &Edge,
     grads: &'a mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
-    leaves: &'a mut Vec<(Tensor, Option<Tensor>)>,
+    leaves: &'a mut Vec<(Weak<TensorImpl>, Option<Tensor>)>,
     leaf_index: &mut FxHashMap<usize, usize>,
 ) -> Result<&'a mut Option<Tensor>> {
     match edge {
@@ -202,7 +203,7 @@ fn slot_of<'a>(
                 })
         }
         Edge::Leaf(leaf) => {
-            let k = Arc::as_ptr(&leaf.0) as usize;
+            let k = Weak::as_ptr(leaf) as usize;
             let idx = *leaf_index.entry(k).or_insert_with(|| {
                 leaves.push((leaf.clone(), None));
                 leaves.len() - 1
@@ -216,7 +217,7 @@ fn slot_of<'a>(
 fn same_target(a: &Edge, b: &Edge) -> bool {
     match (a, b) {
         (Edge::Node(n, i), Edge::Node(m, j)) => Arc::ptr_eq(n, m) && i == j,
-        (Edge::Leaf(x), Edge::Leaf(y)) => Arc::ptr_eq(&x.0, &y.0),
+        (Edge::Leaf(x), Edge::Leaf(y)) => Weak::ptr_eq(x, y),
         _ => false,
     }
 }
@@ -230,7 +231,7 @@ fn same_target(a: &Edge, b: &Edge) -> bool {
 fn walk_node(
     f: &Arc<Node>,
     grads: &mut FxHashMap<usize, SmallVec<[Option<Tensor>; 1]>>,
-    leaves: &mut Vec<(Tensor, Option<Tensor>)>,
+    leaves: &mut Vec<(Weak<TensorImpl>, Option<Tensor>)>,
     leaf_index: &mut FxHashMap<usize, usize>,
     retain: bool,
 ) -> Result<()> {

@@ -3,13 +3,13 @@
 //! its backward rule, releasing those tensors as it does.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use oxiflow_sbp::{NdSbp, Sbp};
 use smallvec::SmallVec;
 
 use crate::op::{Grad, Op, Saved, Saves};
-use crate::tensor::{Tensor, TensorMeta};
+use crate::tensor::{Tensor, TensorImpl, TensorMeta};
 use crate::Result;
 
 use super::is_grad_enabled;
@@ -45,10 +45,13 @@ impl NodeKind {
 }
 
 /// Where the gradient of one input goes: the node that produced it (and which of its outputs
-/// the input is), or the leaf itself, whose grad slot accumulates it.
+/// the input is), or the leaf itself, whose grad slot accumulates it. A graph does not keep
+/// its leaves alive: a leaf nobody holds any more has nobody to read its gradient, which is
+/// then dropped; and a leaf's memory stays its holders' alone (an optimizer may update a
+/// parameter in place while the loss that reached it still lives).
 pub(crate) enum Edge {
     Node(Arc<Node>, usize),
-    Leaf(Tensor),
+    Leaf(Weak<TensorImpl>),
 }
 
 /// The tensors a node keeps, until its backward runs.
@@ -156,7 +159,7 @@ pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], alw
         .map(|t| {
             wants(t).then(|| match t.autograd().grad_edge() {
                 Some((n, i)) => Edge::Node(n, i),
-                None => Edge::Leaf((*t).clone()),
+                None => Edge::Leaf(Arc::downgrade(&t.0)),
             })
         })
         .collect();
@@ -272,8 +275,9 @@ mod tests {
         let node = y.autograd().grad_fn().unwrap();
         assert_eq!(node.saved_count(), 1);
         assert!(x_data.upgrade().is_some(), "dw reads x");
-        // w is the leaf: the edge holds it (its gradient slot), the saved set does not.
-        assert!(w_data.upgrade().is_some());
+        // w is the leaf: neither the saved set nor the edge holds it (dropped, its gradient
+        // has no reader, and the pass drops it).
+        assert!(w_data.upgrade().is_none());
         y.sum_all().unwrap().backward().unwrap();
         assert!(x_data.upgrade().is_none());
     }

@@ -164,4 +164,7 @@ impl DeviceStorage for CudaStorage {
             }) as Arc<dyn DeviceStorage>
         })
     }
+    fn memory_is_its_own(&self) -> bool {
+        Arc::strong_count(&self.block) == 1
+    }
 }

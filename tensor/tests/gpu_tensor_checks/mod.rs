@@ -3,13 +3,15 @@
 //! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
 //! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
 //! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
-//! AdamW's compute copies (`sum_squares.rs`), gradient buckets (`buckets.rs`), the
+//! AdamW's compute copies (`sum_squares.rs`), AdamW written over its own memory
+//! (`adamw_reuse.rs`), gradient buckets (`buckets.rs`), the
 //! vocabulary-parallel cross-entropy kernels (`vocab.rs`), the generated fused element-wise
 //! kernels against f64 (`fused.rs`), the fused linear cross-entropy against f64
 //! (`linear_classifier.rs`), the fused MLP with its residual add (`residual_mlp.rs`).
 
 use super::*;
 
+mod adamw_reuse;
 mod buckets;
 mod flash;
 mod fused;
@@ -22,6 +24,7 @@ mod residual_mlp;
 mod shared_input;
 mod sum_squares;
 mod vocab;
+pub(crate) use adamw_reuse::child_adamw_reuse;
 pub(crate) use buckets::child_buckets;
 pub(crate) use flash::child_flash;
 pub(crate) use fused::child_fused_elementwise;

@@ -254,6 +254,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                     v: None,
                     weight_decay: 0.1,
                     compute_copy: None,
+                    reuse: None,
                 },
                 AdamWSlot {
                     param: &w,
@@ -262,6 +263,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                     v: Some(&v),
                     weight_decay: 0.0,
                     compute_copy: None,
+                    reuse: None,
                 },
             ];
             let hyper = AdamWHyper {

@@ -149,6 +149,7 @@ pub(crate) fn child_adamw_copies(
             v: Some(&t[3]),
             weight_decay: 0.1,
             compute_copy: c,
+            reuse: None,
         })
         .collect();
     let hyper = AdamWHyper {

@@ -78,6 +78,20 @@ pub struct AdamWSlot<'a> {
     pub weight_decay: f64,
     /// Also write the new value cast to this dtype ([`AdamWUpdated::copy`]).
     pub compute_copy: Option<DType>,
+    /// Write the new values over the old ones ([`AdamWReuse`]); None: into new memory.
+    pub reuse: Option<AdamWReuse<'a>>,
+}
+
+/// A slot's memory given to its update ([`AdamWSlot::reuse`]): on a CUDA device, outside a
+/// capture, the new param, m and v are written over the slot's own (its moments must exist)
+/// and the new compute copy over `copy` (the old one, of the copy's dtype and the param's
+/// shape and layout); otherwise the update writes new memory, as without it. The results are
+/// the same bits either way. Every tensor over the given memory sees the new values: give
+/// only memory nothing else holds ([`Tensor::data_held_only_by`]), as an optimizer that
+/// updates in place, as torch's does, with no second copy of its state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AdamWReuse<'a> {
+    pub copy: Option<&'a Tensor>,
 }
 
 /// A tensor's new value and moments, in its slot's layout.
@@ -454,7 +468,8 @@ fn adamw_multi_with(
         }
         full.push(four);
     }
-    // This rank's pieces, one op per device.
+    // This rank's pieces: per device, one op for the slots written into new memory and one
+    // for those written over their own.
     let mut out: Vec<Option<[Tensor; 3]>> = vec![None; slots.len()];
     let mut copies: Vec<Option<Tensor>> = vec![None; slots.len()];
     let mut devices = Vec::new();
@@ -466,59 +481,20 @@ fn adamw_multi_with(
             devices.push(d);
         }
     }
+    let capturing = crate::capture::capturing();
     for device in devices {
-        let held: Vec<usize> = (0..slots.len())
+        let (reusing, fresh): (Vec<usize>, Vec<usize>) = (0..slots.len())
             .filter(|&i| full[i][0].storage().map(|s| s.device()) == Some(device))
-            .collect();
-        let mut locals: Vec<Tensor> = held
-            .iter()
-            .flat_map(|&i| full[i].iter().map(Tensor::to_local))
-            .collect();
-        if let Some(c) = ratio {
-            let here = c.to_local();
-            if here.storage().map(|s| s.device()) != Some(device) {
-                return Err(slot_err(
-                    held[0],
-                    format!(
-                        "the clip ratio {} has no piece on {device} here",
-                        c.describe()
-                    ),
-                ));
-            }
-            locals.push(here);
-        }
-        let refs: Vec<&Tensor> = locals.iter().collect();
-        let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
-        let wanted: Vec<Option<DType>> = held.iter().map(|&i| slots[i].compute_copy).collect();
-        let op = match ratio {
-            Some(_) => AdamWMulti {
-                clipped: true,
-                ..AdamWMulti::new(
-                    &AdamWHyper {
-                        grad_scale: 1.0,
-                        ..*hyper
-                    },
-                    &decay,
-                    &wanted,
-                )
-            },
-            None => AdamWMulti::new(hyper, &decay, &wanted),
-        };
-        let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
-        let res = dispatch_multi(op.into(), &refs)?;
-        for (k, &i) in held.iter().enumerate() {
-            let mut three = res[3 * k..3 * k + 3].iter();
-            let mut next = || {
-                three
-                    .next()
-                    .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
-            };
-            out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
-            if let Some(c) = at[k] {
-                let copy = res
-                    .get(c)
-                    .ok_or_else(|| slot_err(i, "the op gave no compute copy".into()))?;
-                copies[i] = Some(copy.clone());
+            .partition(|&i| !capturing && device != crate::Device::Cpu && reuses(&slots[i]));
+        for (group, reuse) in [(fresh, false), (reusing, true)] {
+            if !group.is_empty() {
+                let g = Group {
+                    slots,
+                    full: &full,
+                    held: &group,
+                    device,
+                };
+                g.run(hyper, ratio, reuse, &mut out, &mut copies)?;
             }
         }
     }
@@ -545,4 +521,112 @@ fn adamw_multi_with(
             })
         })
         .collect()
+}
+
+/// Whether slot `s` gives its memory to the update and can: its moments exist, and its old
+/// compute copy is there when it wants one, of that dtype and the param's shape and layout.
+fn reuses(s: &AdamWSlot<'_>) -> bool {
+    let Some(r) = s.reuse else {
+        return false;
+    };
+    let copy_fits = match (s.compute_copy, r.copy) {
+        (None, _) => true,
+        (Some(d), Some(c)) => {
+            c.dtype() == d && c.shape() == s.param.shape() && c.layout() == s.param.layout()
+        }
+        (Some(_), None) => false,
+    };
+    s.m.is_some() && s.v.is_some() && copy_fits
+}
+
+/// The slots `held` whose pieces live on `device`, updated by one op.
+struct Group<'s, 'a> {
+    slots: &'s [AdamWSlot<'a>],
+    /// (p, g, m, v) of every slot.
+    full: &'s [[Tensor; 4]],
+    held: &'s [usize],
+    device: crate::Device,
+}
+
+impl Group<'_, '_> {
+    /// Runs the group's op (over the slots' own memory with `reuse`, see [`AdamWReuse`]) and
+    /// puts each slot's new local (p, m, v) in `out` and its copy in `copies`.
+    fn run(
+        &self,
+        hyper: &AdamWHyper,
+        ratio: Option<&Tensor>,
+        reuse: bool,
+        out: &mut [Option<[Tensor; 3]>],
+        copies: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        let (slots, full, held) = (self.slots, self.full, self.held);
+        let mut locals: Vec<Tensor> = held
+            .iter()
+            .flat_map(|&i| full[i].iter().map(Tensor::to_local))
+            .collect();
+        if let Some(c) = ratio {
+            let here = c.to_local();
+            if here.storage().map(|s| s.device()) != Some(self.device) {
+                return Err(slot_err(
+                    held[0],
+                    format!(
+                        "the clip ratio {} has no piece on {} here",
+                        c.describe(),
+                        self.device
+                    ),
+                ));
+            }
+            locals.push(here);
+        }
+        let decay: Vec<f64> = held.iter().map(|&i| slots[i].weight_decay).collect();
+        let wanted: Vec<Option<DType>> = held.iter().map(|&i| slots[i].compute_copy).collect();
+        let op = match ratio {
+            Some(_) => AdamWMulti {
+                clipped: true,
+                ..AdamWMulti::new(
+                    &AdamWHyper {
+                        grad_scale: 1.0,
+                        ..*hyper
+                    },
+                    &decay,
+                    &wanted,
+                )
+            },
+            None => AdamWMulti::new(hyper, &decay, &wanted),
+        };
+        let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
+        let refs: Vec<&Tensor> = locals.iter().collect();
+        let res = if reuse {
+            // (p, m, v) of each slot, then the old copies: the op's outputs, in its order.
+            let mut targets: Vec<Tensor> = (0..held.len())
+                .flat_map(|k| [0, 2, 3].map(|j| locals[4 * k + j].clone()))
+                .collect();
+            targets.extend(
+                held.iter()
+                    .filter_map(|&i| slots[i].compute_copy.and(slots[i].reuse?.copy))
+                    .map(Tensor::to_local),
+            );
+            let into: Vec<&Tensor> = targets.iter().collect();
+            crate::in_place::run_local_into(&op.clone().into(), &refs, &into)?;
+            targets
+        } else {
+            dispatch_multi(op.into(), &refs)?
+        };
+        for (k, &i) in held.iter().enumerate() {
+            let mut three = res[3 * k..3 * k + 3].iter();
+            let mut next = || {
+                three
+                    .next()
+                    .ok_or_else(|| slot_err(i, "the op gave too few outputs".into()))
+            };
+            out[i] = Some([next()?.clone(), next()?.clone(), next()?.clone()]);
+            if let Some(c) = at[k] {
+                let copy = res
+                    .get(c)
+                    .ok_or_else(|| slot_err(i, "the op gave no compute copy".into()))?;
+                copies[i] = Some(copy.clone());
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,191 @@
+//! The multi-tensor AdamW written over its slots' own memory (`AdamWReuse`) against the same
+//! update into new memory: the same bits for the new values, moments and compute copies (f32
+//! in the one launch with bf16 and f16 copies, f64 through the composed passes; split and
+//! broadcast pieces; clipped by a device ratio and by a host factor), each result over its
+//! slot's old piece on a device and the old tensors holding the new values there; on the host
+//! new memory and unchanged operands. Also: a clone, a detached tensor or a second hold of a
+//! piece makes `Tensor::data_held_only_by` false on the device, a `BoundPiece` does not.
+
+use oxiflow_tensor::capture::piece_of;
+use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
+use oxiflow_tensor::BoundPiece;
+
+use super::*;
+
+/// The bits of `t`'s values.
+fn bits(t: &Tensor) -> Result<Vec<u64>> {
+    Ok(t.cast(DType::F64)?
+        .to_vec::<f64>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}
+
+/// The results' tensors in order: param, m, v, then the copy when there is one.
+fn parts(u: &AdamWUpdated) -> Vec<&Tensor> {
+    let mut v = vec![&u.param, &u.m, &u.v];
+    v.extend(u.copy.as_ref());
+    v
+}
+
+/// (p, g, m, v) of slot `i`: random never-zero values, `v` positive.
+fn slot_tensors(i: usize, n: usize, dtype: DType, pl: &Placement, sbp: Sbp) -> Result<[Tensor; 4]> {
+    let mk = |k: u64| {
+        Tensor::randn_global([n, 3], 40 * i as u64 + k, DType::F32, pl, sbp)
+            .and_then(|t| t.abs())
+            .and_then(|t| t.add_scalar(0.125))
+            .and_then(|t| t.mul_scalar(if k.is_multiple_of(2) { 0.5 } else { -0.25 }))
+            .and_then(|t| t.cast(dtype))
+    };
+    Ok([mk(0)?, mk(1)?, mk(2)?, mk(4)?])
+}
+
+/// Returns how many results were checked.
+pub(crate) fn child_adamw_reuse(
+    world: usize,
+    device: DeviceType,
+) -> std::result::Result<usize, String> {
+    let e = |what: &str, err: oxiflow_tensor::TensorError| format!("adamw reuse: {what}: {err}");
+    let pl =
+        Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let on_device = device != DeviceType::Cpu;
+    let cases = [
+        (7, DType::F32, Sbp::S(0), Some(DType::BF16)),
+        (4099, DType::F32, Sbp::B, Some(DType::F16)),
+        (65_537, DType::F32, Sbp::S(0), None),
+        (33, DType::F64, Sbp::S(0), Some(DType::F32)),
+        (1, DType::F32, Sbp::B, Some(DType::BF16)),
+    ];
+    let hyper = AdamWHyper {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        step: 3,
+        grad_scale: 1.0,
+    };
+    let ratio = Tensor::from_vec(vec![0.7f64], Vec::<usize>::new())
+        .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
+        .map_err(|x| e("ratio", x))?;
+    let mut checked = 0;
+    for clipped in [false, true] {
+        let tensors: Vec<[Tensor; 4]> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, &(n, d, sbp, _))| slot_tensors(i, n, d, &pl, sbp))
+            .collect::<Result<_>>()
+            .map_err(|x| e("inputs", x))?;
+        let copies: Vec<Option<Tensor>> = tensors
+            .iter()
+            .zip(&cases)
+            .map(|(t, c)| c.3.map(|d| t[0].to_dtype(d)).transpose())
+            .collect::<Result<_>>()
+            .map_err(|x| e("copies", x))?;
+        let slots = |reuse: bool| -> Vec<AdamWSlot> {
+            tensors
+                .iter()
+                .zip(&cases)
+                .zip(&copies)
+                .map(|((t, c), copy)| AdamWSlot {
+                    param: &t[0],
+                    grad: &t[1],
+                    m: Some(&t[2]),
+                    v: Some(&t[3]),
+                    weight_decay: 0.1,
+                    compute_copy: c.3,
+                    reuse: reuse.then_some(AdamWReuse {
+                        copy: copy.as_ref(),
+                    }),
+                })
+                .collect()
+        };
+        let run = |reuse: bool| match clipped {
+            true => Tensor::adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
+            false => Tensor::adamw_multi(
+                &slots(reuse),
+                &AdamWHyper {
+                    grad_scale: 0.7,
+                    ..hyper
+                },
+            ),
+        };
+        let before: Vec<Vec<u64>> = tensors
+            .iter()
+            .flatten()
+            .map(bits)
+            .collect::<Result<_>>()
+            .map_err(|x| e("before", x))?;
+        let want = run(false).map_err(|x| e("into new memory", x))?;
+        let got = run(true).map_err(|x| e("over the old memory", x))?;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w) = (parts(g), parts(w));
+            if g.len() != w.len() {
+                return Err(format!(
+                    "adamw reuse: slot {i}: {} results for {}",
+                    g.len(),
+                    w.len()
+                ));
+            }
+            let olds: Vec<&Tensor> = [&tensors[i][0], &tensors[i][2], &tensors[i][3]]
+                .into_iter()
+                .chain(copies[i].as_ref())
+                .collect();
+            for (k, ((a, b), old)) in g.iter().zip(&w).zip(&olds).enumerate() {
+                let same =
+                    bits(a).map_err(|x| e("got", x))? == bits(b).map_err(|x| e("want", x))?;
+                if !same {
+                    return Err(format!(
+                        "adamw reuse (clipped {clipped}): slot {i} result {k} differs from the update into new memory"
+                    ));
+                }
+                let over_old = a.shares_piece(old) || a.local_shape().numel() == 0;
+                if on_device != over_old {
+                    return Err(format!(
+                        "adamw reuse on {device}: slot {i} result {k} over its old piece: {over_old}"
+                    ));
+                }
+                checked += 1;
+            }
+        }
+        let after: Vec<Vec<u64>> = tensors
+            .iter()
+            .flatten()
+            .map(bits)
+            .collect::<Result<_>>()
+            .map_err(|x| e("after", x))?;
+        // On a device the params and moments (slots' 0, 2 and 3) hold the new values now; the
+        // gradients never change.
+        for (j, (b, a)) in before.iter().zip(&after).enumerate() {
+            let changed = b != a;
+            let expect = on_device && j % 4 != 1;
+            if changed != expect {
+                return Err(format!(
+                    "adamw reuse on {device}: operand {j} of slot {} changed: {changed}",
+                    j / 4
+                ));
+            }
+        }
+    }
+    // Who holds a device piece.
+    let t = Tensor::randn_global([64, 3], 9, DType::F32, &pl, Sbp::S(0))
+        .map_err(|x| e("holders", x))?;
+    let lone = Tensor::data_held_only_by(&[&t]);
+    let c = t.clone();
+    let cloned = Tensor::data_held_only_by(&[&t]);
+    drop(c);
+    let d = t.detach();
+    let detached = Tensor::data_held_only_by(&[&t]) || !Tensor::data_held_only_by(&[&t, &d]);
+    drop(d);
+    let extra = piece_of(&t).cloned();
+    let held = Tensor::data_held_only_by(&[&t]);
+    drop(extra);
+    let bound = piece_of(&t).cloned().map(BoundPiece::new);
+    let with_binding = Tensor::data_held_only_by(&[&t]);
+    drop(bound);
+    if !lone || cloned || detached || held || !with_binding {
+        return Err(format!(
+            "data_held_only_by on {device}: alone {lone}, cloned {cloned}, detached {detached}, extra hold {held}, bound {with_binding}"
+        ));
+    }
+    Ok(checked + 5)
+}

@@ -185,6 +185,93 @@ __device__ void ln_fwd_warp(i64 rows, int c, float eps, const T* x, const T* a, 
     }
 }
 
+// ---- LayerNorm backward, one warp per row -----------------------------------------------
+// The math of ln_bwd for rows of at most 32 * V 16-byte vectors (c a multiple of the vector
+// width, every address 16-byte aligned): warp q of the grid takes rows q, q + warps, ...; lane
+// l holds vectors l, l + 32, ... of its row in registers, its row sums are warp shuffles, and
+// its columns' sums of dy xhat and dy stay in registers across its rows. The block's warps add
+// theirs into shared memory in warp order, and the block's sums go to part_w/part_b
+// [gridDim.x, c] for ln_bwd_reduce: a fixed order (deterministic).
+template <typename T, int V>
+__device__ void ln_bwd_warp(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd,
+                            const T* w, const T* dres, T* dr, float* part_w, float* part_b) {
+    extern __shared__ float acc[];
+    float* aw = acc;
+    float* ab = acc + c;
+    const int N = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nv = c / N;
+    const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
+    float sw[V][N], sb[V][N];
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+#pragma unroll
+        for (int j = 0; j < N; ++j) { sw[k][j] = 0.f; sb[k][j] = 0.f; }
+    for (i64 rr = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; rr < rows; rr += warps) {
+        const float m = mean[rr], s = rstd[rr];
+        float d[V][N], xh[V][N];
+        float sg = 0.f, sgx = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int vi = lane + k * 32;
+            if (vi < nv) {
+                Vec16<T> vd, vx, vw;
+                vd.u = ((const uint4*)(dy + rr * c))[vi];
+                vx.u = ((const uint4*)(r + rr * c))[vi];
+                vw.u = ((const uint4*)w)[vi];
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    d[k][j] = to_f(vd.e[j]);
+                    xh[k][j] = (to_f(vx.e[j]) - m) * s;
+                    const float g = d[k][j] * to_f(vw.e[j]);
+                    sg += g;
+                    sgx += g * xh[k][j];
+                }
+            }
+        }
+        const float mg = warp_sum(sg) / (float)c;
+        const float mgx = warp_sum(sgx) / (float)c;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int vi = lane + k * 32;
+            if (vi < nv) {
+                Vec16<T> vw, vres, vo;
+                vw.u = ((const uint4*)w)[vi];
+                if (dres) vres.u = ((const uint4*)(dres + rr * c))[vi];
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    float v = s * (d[k][j] * to_f(vw.e[j]) - mg - xh[k][j] * mgx);
+                    if (dres) v += to_f(vres.e[j]);
+                    vo.e[j] = from_f<T>(v);
+                    sw[k][j] += d[k][j] * xh[k][j];
+                    sb[k][j] += d[k][j];
+                }
+                ((uint4*)(dr + rr * c))[vi] = vo.u;
+            }
+        }
+    }
+    const int nw = blockDim.x >> 5;
+    for (int q = 0; q < nw; ++q) {
+        if (warp == q) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const int vi = lane + k * 32;
+                if (vi < nv)
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        const int col = vi * N + j;
+                        aw[col] = q == 0 ? sw[k][j] : aw[col] + sw[k][j];
+                        ab[col] = q == 0 ? sb[k][j] : ab[col] + sb[k][j];
+                    }
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        part_w[(i64)blockIdx.x * c + j] = aw[j];
+        part_b[(i64)blockIdx.x * c + j] = ab[j];
+    }
+}
+
 // ---- multi-tensor AdamW -------------------------------------------------------------------
 // One launch over a device array of tensors; blockIdx.y picks the tensor. Per element, exactly
 // the three passes of ElementwiseOp::Adam in f32:
@@ -369,7 +456,8 @@ __device__ void ew(i64 n, int op, float c, int vec, const T* a, const T* b, T* y
 }
 
 #define LN_WARP(T, N, V) \
-extern "C" __global__ void ln_fwd_warp##V##_##N(i64 rows, int c, float eps, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd_warp<T, V>(rows, c, eps, x, a, w, b, r, y, mean, rstd); }
+extern "C" __global__ void ln_fwd_warp##V##_##N(i64 rows, int c, float eps, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd_warp<T, V>(rows, c, eps, x, a, w, b, r, y, mean, rstd); } \
+extern "C" __global__ void ln_bwd_warp##V##_##N(i64 rows, int c, const T* dy, const T* r, const float* mean, const float* rstd, const T* w, const T* dres, T* dr, float* pw, float* pb) { ln_bwd_warp<T, V>(rows, c, dy, r, mean, rstd, w, dres, dr, pw, pb); }
 
 #define FUSED_TYPE(T, N) \
 extern "C" __global__ void ln_fwd_##N(i64 rows, int c, float eps, int vec, const T* x, const T* a, const T* w, const T* b, T* r, T* y, float* mean, float* rstd) { ln_fwd<T>(rows, c, eps, vec, x, a, w, b, r, y, mean, rstd); } \

@@ -39,6 +39,7 @@ fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
             }
             for w in WARP_ROW_VECTORS {
                 v.push(format!("ln_fwd_warp{w}_{}", t.suffix()));
+                v.push(format!("ln_bwd_warp{w}_{}", t.suffix()));
             }
         }
         v
@@ -50,6 +51,9 @@ fn kernels(rt: &CudaRuntime, op: &'static str) -> FResult<&'static Module> {
 const WARP_ROW_VECTORS: [usize; 6] = [1, 2, 3, 4, 6, 8];
 /// Rows of a warp-per-row block.
 const WARPS_PER_BLOCK: usize = 8;
+/// Blocks per multiprocessor of the warp-per-row LayerNorm backward: its warps keep their
+/// columns' sums in registers across rows, so fewer blocks mean fewer partial sums to reduce.
+const LN_BWD_WARP_BLOCKS_PER_SM: usize = 2;
 
 /// The smallest built V of the warp-per-row kernel for rows of `cols` elements of `t` (16-byte
 /// vectors), if the row fits one.
@@ -157,7 +161,9 @@ pub(crate) fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) ->
 /// The LayerNorm backward: `dr = LN'(dy) + residual_grad` (of `dtype`) from the forward's
 /// input `r` and saved statistics; `dweight = sum dy xhat` and `dbias = sum dy` (`[cols]` of
 /// `grad_type`, summed in f32 and added to the existing values when `accumulate`), reduced in a
-/// fixed order (deterministic).
+/// fixed order (deterministic). Rows that fit a warp's registers (at most 32 elements a lane,
+/// 16-byte aligned) take one warp a row, whose columns' sums stay in registers across its rows
+/// (`ln_bwd_warp`); others one block a row (`ln_bwd`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerNormBackward {
     pub rows: usize,
@@ -196,18 +202,35 @@ pub(crate) fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) 
     }
     let n = a.dtype.suffix();
     let m = kernels(rt, op)?;
-    let groups = row_blocks(rt, a.rows).min(528);
+    let dres = opt(a.residual_grad);
+    let all = [a.dy, a.r, a.weight, dres, a.dr];
+    // One warp per row where the row fits a lane's registers (at most 32 elements a lane).
+    let warp = warp_row_vectors(a.cols, a.dtype)
+        .filter(|v| v * 16 / a.dtype.size() <= 32 && aligned(&all));
+    let (name, groups, block) = match warp {
+        Some(v) => (
+            format!("ln_bwd_warp{v}_{n}"),
+            a.rows
+                .div_ceil(WARPS_PER_BLOCK)
+                .min(sm_count(rt) * LN_BWD_WARP_BLOCKS_PER_SM),
+            32 * WARPS_PER_BLOCK,
+        ),
+        None => (
+            format!("ln_bwd_{n}"),
+            row_blocks(rt, a.rows).min(528),
+            a.cols.next_multiple_of(32).clamp(32, 256),
+        ),
+    };
     let parts = Block::alloc(rt, 2 * groups * a.cols * 4)?;
     let pw = parts.ptr();
     let pb = pw + (groups * a.cols * 4) as u64;
-    let f = m.get(op, &format!("ln_bwd_{n}"))?;
+    let f = m.get(op, &name)?;
     let cfg = LaunchConfig {
         grid_dim: (groups as u32, 1, 1),
-        block_dim: (a.cols.next_multiple_of(32).clamp(32, 256) as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
         shared_mem_bytes: (a.cols * 8) as u32,
     };
     let (rows, cols) = (a.rows as i64, a.cols as i32);
-    let dres = opt(a.residual_grad);
     launch_fn!(rt, op, f, cfg; rows, cols, a.dy, a.r, a.mean, a.rstd, a.weight, dres, a.dr, pw, pb)?;
     let f = m.get(op, &format!("ln_bwd_reduce_{}", a.grad_type.suffix()))?;
     let cfg = LaunchConfig {

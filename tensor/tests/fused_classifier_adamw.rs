@@ -177,6 +177,68 @@ fn adamw_multi_equals_the_three_passes_bit_for_bit() {
     }
 }
 
+/// The guarded update: a finite ratio gives `adamw_multi_clipped`'s bits, a NaN one the old
+/// values (and copies of them), where the clipped update gives NaN; with and without moments'
+/// reuse asked (the host writes new memory either way).
+#[test]
+fn adamw_multi_guarded_keeps_everything_on_a_nan_ratio() {
+    let t: Vec<Tensor> = (0..4)
+        .map(|k| {
+            let x = Tensor::randn([4, 5], 30 + k, DType::F32);
+            if k == 3 {
+                x.abs().unwrap()
+            } else {
+                x
+            }
+        })
+        .collect();
+    let copy = t[0].to_dtype(DType::BF16).unwrap();
+    let bits = |x: &Tensor| -> Vec<u64> {
+        x.to_dtype(F)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    for reuse in [false, true] {
+        let slot = AdamWSlot {
+            param: &t[0],
+            grad: &t[1],
+            m: Some(&t[2]),
+            v: Some(&t[3]),
+            weight_decay: 0.1,
+            compute_copy: Some(DType::BF16),
+            reuse: reuse.then_some(oxiflow_tensor::custom::AdamWReuse { copy: Some(&copy) }),
+        };
+        let ratio = |r: f64| Tensor::from_vec(vec![r], Vec::<usize>::new()).unwrap();
+        let finite = Tensor::adamw_multi_guarded(&[slot], &HYPER, &ratio(0.4)).unwrap();
+        let clipped = Tensor::adamw_multi_clipped(&[slot], &HYPER, &ratio(0.4)).unwrap();
+        let (a, b) = (&finite[0], &clipped[0]);
+        for (x, y) in [(&a.param, &b.param), (&a.m, &b.m), (&a.v, &b.v)] {
+            assert_eq!(bits(x), bits(y));
+        }
+        let kept = Tensor::adamw_multi_guarded(&[slot], &HYPER, &ratio(f64::NAN)).unwrap();
+        let k = &kept[0];
+        for (x, old) in [(&k.param, &t[0]), (&k.m, &t[2]), (&k.v, &t[3])] {
+            assert_eq!(
+                bits(x),
+                bits(old),
+                "reuse {reuse}: a NaN ratio keeps the old values"
+            );
+        }
+        assert_eq!(bits(k.copy.as_ref().unwrap()), bits(&copy));
+        let nan = Tensor::adamw_multi_clipped(&[slot], &HYPER, &ratio(f64::NAN)).unwrap();
+        assert!(nan[0]
+            .param
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_nan()));
+    }
+}
+
 #[test]
 fn adamw_multi_bad_slots_are_typed() {
     let p = Tensor::randn([3, 2], 1, F);

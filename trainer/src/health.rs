@@ -62,6 +62,9 @@ impl HealthGuard {
 }
 
 impl StepHook for HealthGuard {
+    fn skips_only_non_finite(&self) -> bool {
+        true
+    }
     fn before_update(&mut self, s: &StepStats) -> Result<Verdict, TrainError> {
         if s.loss.is_finite() && s.grad_norm.is_finite() {
             self.skips_in_a_row = 0;

@@ -14,8 +14,8 @@ use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::Pass;
 use oxiflow_models::optim::{
-    clip_factor, first_non_finite, norm_of, BucketLaunch, GradBuckets, Optimizer, QueuedSum,
-    SyncMode,
+    clip_factor, first_non_finite, guard_ratio, norm_of, BucketLaunch, GradBuckets, Optimizer,
+    QueuedSum, SyncMode,
 };
 use oxiflow_models::pipeline::PipelineSpec;
 use oxiflow_placement::Placement;
@@ -85,7 +85,8 @@ pub struct StepStats {
     /// The gradient buckets reduced, with the accumulation part whose backward pass (or, when
     /// pipelined, the end of whose schedule) reduced them.
     pub buckets: Vec<(usize, BucketLaunch)>,
-    /// The update was skipped (a hook said so).
+    /// The update was skipped (a hook said so, or the device skipped a step whose loss or
+    /// norm is not finite).
     pub skipped: bool,
     /// When the loss or the gradient norm is not finite: the first non-finite tensor ("the
     /// loss", or the gradient of a parameter, found the same on every rank).
@@ -100,10 +101,19 @@ pub enum Verdict {
 }
 
 /// Code the loop runs on every step (e.g. health guards): `before_update` sees the step's
-/// loss and gradient norm (every rank the same values) before the optimizer changes anything.
+/// loss and gradient norm (every rank the same values) before the optimizer changes anything,
+/// unless every hook skips only steps whose loss or norm is not finite
+/// (`skips_only_non_finite`): the update then runs before they decide, skipped on the device
+/// exactly on those steps, and a skip finds nothing changed.
 pub trait StepHook {
     fn before_update(&mut self, _step: &StepStats) -> Result<Verdict, TrainError> {
         Ok(Verdict::Update)
+    }
+    /// Whether `before_update` gives `Skip` only for a step whose loss or gradient norm is not
+    /// finite (an error is fine). The default, false, makes the loop wait for every hook's
+    /// verdict before the update.
+    fn skips_only_non_finite(&self) -> bool {
+        false
     }
     fn after_step(&mut self, _step: &StepStats) -> Result<(), TrainError> {
         Ok(())
@@ -195,9 +205,10 @@ impl<M: TrainModel> Trainer<M> {
 
     /// One step: forward and backward over the step's batch, the gradients' norm, the update.
     /// Without a pipeline the host waits for the device once: the norm's kernels, and the
-    /// update clipped by a device clip ratio where the optimizer can queue one, are queued
+    /// update clipped by a device clip ratio where the optimizer can run one, are queued
     /// behind the backward pass, then the loss and the norm are read together, and the hooks'
-    /// verdict commits or drops the queued update.
+    /// verdict commits or drops the queued update (or, guarded on the device, finds it
+    /// applied or skipped already: see [`StepHook`]).
     pub fn train_step(&mut self) -> Result<StepStats, TrainError> {
         let start = Instant::now();
         let step = self.step;
@@ -239,9 +250,22 @@ impl<M: TrainModel> Trainer<M> {
             ..StepStats::default()
         };
         let sum = self.optimizer.prepare_queued()?;
-        // The update is queued before anything is read (the device runs it while the host
-        // reads the loss and norm), then committed or dropped by the verdict.
-        let queued = self.optimizer.queue_clipped(&sum, self.opts.clip_grad)?;
+        // Where every hook skips only the steps whose loss or norm is not finite, the update
+        // runs at once (in place where the optimizer can), guarded on the device: a non-finite
+        // loss or norm makes its ratio NaN, which leaves everything as it was, so the hooks'
+        // skip has nothing to drop. Else it is queued, then committed or dropped by the verdict.
+        // Either way the device runs it while the host reads the loss and norm.
+        let guarded = match &read_loss {
+            _ if !self.hooks.iter().all(|h| h.skips_only_non_finite()) => None,
+            Some(l) if !l.is_finite() => None,
+            Some(_) => guard_ratio(&sum, self.opts.clip_grad, None)?,
+            None => guard_ratio(&sum, self.opts.clip_grad, queued_loss.as_ref())?,
+        };
+        let applied = match &guarded {
+            Some(r) => self.optimizer.apply_guarded_now(r)?,
+            None => false,
+        };
+        let queued = !applied && self.optimizer.queue_clipped(&sum, self.opts.clip_grad)?;
         let (loss, sum) = match (read_loss, queued_loss) {
             (Some(l), _) => (l, sum.read()?),
             (None, Some(t)) => {
@@ -253,6 +277,12 @@ impl<M: TrainModel> Trainer<M> {
         stats.loss = loss;
         stats.grad_norm = norm_of(sum);
         stats.non_finite = self.first_non_finite(stats.loss, stats.grad_norm)?;
+        if applied && !(stats.loss.is_finite() && stats.grad_norm.is_finite()) {
+            // The device left everything as it was: the step does not count.
+            let n = self.optimizer.step_count();
+            self.optimizer.set_step_count(n.saturating_sub(1));
+            stats.skipped = true;
+        }
         let mut verdict = Verdict::Update;
         for h in &mut self.hooks {
             if h.before_update(&stats)? == Verdict::Skip {
@@ -260,11 +290,18 @@ impl<M: TrainModel> Trainer<M> {
             }
         }
         match verdict {
+            // The prepared gradients were kept for the checks above.
+            Verdict::Update if applied => self.optimizer.discard(),
             // A queued update equals `apply`'s with the norm's clip factor.
             Verdict::Update if queued => self.optimizer.commit()?,
             Verdict::Update => self
                 .optimizer
                 .apply(clip_factor(stats.grad_norm, self.opts.clip_grad))?,
+            // Only a step the device skipped (above) is skipped by such hooks.
+            Verdict::Skip if applied => {
+                self.optimizer.discard();
+                stats.skipped = true;
+            }
             Verdict::Skip => {
                 self.optimizer.discard();
                 stats.skipped = true;

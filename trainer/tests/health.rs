@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use oxiflow_models::checkpoint::{self, Metadata, SaveOptions};
 use oxiflow_models::nn::{Module, Parameter, Pass};
-use oxiflow_models::optim::{Sgd, SgdOptions};
+use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions};
 use oxiflow_tensor::{no_grad, run_ranks, DType, DeviceType, Placement, Sbp, Tensor, UnaryOp};
 use oxiflow_trainer::{
-    Batch, BatchSource, HealthGuard, LrSchedule, NonFinitePolicy, TrainError, TrainModel,
+    Batch, BatchSource, HealthGuard, LrSchedule, NonFinitePolicy, StepHook, TrainError, TrainModel,
     TrainOptions, Trainer,
 };
 
@@ -96,26 +96,52 @@ impl BatchSource for Ramp {
 }
 
 fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Trainer<Probe> {
+    trainer_with(with_b, nan_at, policy, Opt::Sgd)
+}
+
+/// The optimizer of a test's trainer: SGD (its update queued, then committed or dropped by the
+/// verdict), AdamW (applied at once, guarded on the device, since the health guard skips only
+/// non-finite steps), or AdamW beside a hook that may skip anything (queued again).
+#[derive(Clone, Copy, PartialEq)]
+enum Opt {
+    Sgd,
+    AdamW,
+    AdamWQueued,
+}
+
+/// A hook that never skips but does not say so: the loop waits for its verdict.
+struct Bystander;
+impl StepHook for Bystander {}
+
+fn trainer_with(
+    with_b: bool,
+    nan_at: Option<u64>,
+    policy: NonFinitePolicy,
+    opt: Opt,
+) -> Trainer<Probe> {
     let model = Probe {
         a: Parameter::new("a", &global(vec![0.5; 4])),
         b: with_b.then(|| Parameter::new("b", &global(vec![0.0; 3]))),
     };
     let params = model.parameters();
-    let sgd = Sgd::new(
-        params,
-        SgdOptions {
-            lr: 0.1,
-            momentum: 0.0,
-            ..SgdOptions::default()
-        },
-    );
+    let optimizer: Box<dyn Optimizer> = match opt {
+        Opt::Sgd => Box::new(Sgd::new(
+            params,
+            SgdOptions {
+                lr: 0.1,
+                momentum: 0.0,
+                ..SgdOptions::default()
+            },
+        )),
+        Opt::AdamW | Opt::AdamWQueued => Box::new(AdamW::new(params, AdamWOptions::default())),
+    };
     let mut t = Trainer::new(
         model,
-        Box::new(sgd),
+        optimizer,
         Box::new(Ramp { nan_at }),
         TrainOptions {
             schedule: LrSchedule::constant(0.1),
-            clip_grad: None,
+            clip_grad: (opt != Opt::Sgd).then_some(1.0),
             grad_accum: 1,
             bucket_bytes: 0,
             reduce_dtype: None,
@@ -125,6 +151,9 @@ fn trainer(with_b: bool, nan_at: Option<u64>, policy: NonFinitePolicy) -> Traine
     )
     .unwrap();
     t.add_hook(Box::new(HealthGuard::new(policy, 4.0, false)));
+    if opt == Opt::AdamWQueued {
+        t.add_hook(Box::new(Bystander));
+    }
     t
 }
 
@@ -213,4 +242,47 @@ fn a_save_of_nan_state_is_refused_and_the_checkpoint_there_is_kept() {
     );
     assert_eq!(saved_step(&dir), "1");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// AdamW's update runs before the hooks decide, guarded on the device: a NaN batch leaves the
+/// parameters, state and step count as they were, the next step trains, and the parameters
+/// are bit for bit those of the queued update that the verdict drops; a non-finite gradient
+/// under `Stop` changes nothing either.
+#[test]
+fn a_guarded_update_skips_exactly_the_non_finite_steps() {
+    let out = run_ranks(2, Duration::from_secs(20), |_| {
+        let run = |opt: Opt| {
+            let mut t = trainer_with(false, Some(1), NonFinitePolicy::Skip, opt);
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let s = t.train_step().unwrap();
+                seen.push((s.skipped, values(&t.model.a), t.optimizer.step_count()));
+            }
+            seen
+        };
+        let stop = {
+            let mut t = trainer_with(true, None, NonFinitePolicy::Stop, Opt::AdamW);
+            let before = values(&t.model.a);
+            let err = t.train_step().expect_err("the step must stop").to_string();
+            (before == values(&t.model.a), t.optimizer.step_count(), err)
+        };
+        (run(Opt::AdamW), run(Opt::AdamWQueued), stop)
+    });
+    for (guarded, queued, (unchanged, count, err)) in &out {
+        assert_eq!(guarded, queued, "guarded and queued updates differ");
+        let skipped: Vec<bool> = guarded.iter().map(|s| s.0).collect();
+        assert_eq!(skipped, [false, true, false]);
+        assert_eq!(guarded[0].1, guarded[1].1, "the skipped step changed a");
+        assert_ne!(
+            guarded[1].1, guarded[2].1,
+            "the step after it did not train"
+        );
+        let counts: Vec<u64> = guarded.iter().map(|s| s.2).collect();
+        assert_eq!(counts, [1, 1, 2], "a skipped step counted");
+        assert!(
+            *unchanged && *count == 0,
+            "a stopped step changed something"
+        );
+        assert!(err.contains("the gradient of b"), "{err}");
+    }
 }

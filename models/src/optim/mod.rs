@@ -15,8 +15,8 @@ mod zero;
 pub use adamw::{AdamW, AdamWOptions};
 pub use bucket::{BucketLaunch, GradBuckets, SyncMode};
 pub use norm::{
-    clip_factor, clip_ratio, first_non_finite, global_grad_norm, norm_of, queue_sum_of_squares,
-    QueuedSum,
+    clip_factor, clip_ratio, first_non_finite, global_grad_norm, guard_ratio, norm_of,
+    queue_sum_of_squares, QueuedSum,
 };
 pub use sgd::{Sgd, SgdOptions};
 pub use zero::Zero;
@@ -108,6 +108,17 @@ pub trait Optimizer {
         }
         self.commit()?;
         Ok(true)
+    }
+    /// The update from the prepared gradients clipped by `min(r, 1)`, `r` the value of the
+    /// device ratio `ratio` ([`guard_ratio`]), where a NaN `r` leaves the parameters and state
+    /// as they were: the step skipped on the device, with nothing read on the host (the step
+    /// count advances either way; a loop that learns of the skip sets it back). Made the
+    /// values at once, so written over the old memory where an optimizer can, as
+    /// [`Optimizer::apply_queued_now`]; the prepared gradients stay for inspection
+    /// (`prepared_gradients`) until `discard`. False where the optimizer cannot (nothing
+    /// done; the prepared gradients stay for `queue_apply` or `apply`).
+    fn apply_guarded_now(&mut self, _ratio: &Tensor) -> Result<bool> {
+        Ok(false)
     }
     /// The parameters, in order.
     fn params(&self) -> &[Parameter];

@@ -244,6 +244,41 @@ pub fn clip_ratio(sum: &QueuedSum, max_norm: f64) -> Result<Option<Tensor>> {
     }
 }
 
+/// The ratio an update that skips exactly the non-finite steps on the device runs with
+/// ([`Optimizer::apply_guarded_now`]): `clip_ratio(sum, m)` when clipping to `m`, else 1 (the
+/// unclipped update, bit for bit), made NaN where the queued sum of squares `sum` or `loss`
+/// (the step's loss, on the sum's placement) is not finite. None where its value needs the
+/// host: a sum of several parts, or a loss elsewhere than the sum.
+///
+/// [`Optimizer::apply_guarded_now`]: super::Optimizer::apply_guarded_now
+pub fn guard_ratio(
+    sum: &QueuedSum,
+    max_norm: Option<f64>,
+    loss: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let _ng = no_grad();
+    let [one] = sum.parts() else {
+        return Ok(None);
+    };
+    let ratio = match max_norm {
+        Some(m) => match clip_ratio(sum, m)? {
+            Some(r) => r,
+            None => return Ok(None),
+        },
+        None => one.mul_scalar(0.0)?.add_scalar(1.0)?,
+    };
+    let Some(loss) = loss else {
+        return Ok(Some(ratio));
+    };
+    let zero = loss.cast(DType::F64)?.sum_all()?.mul_scalar(0.0)?;
+    let zero = match (zero.placement(), ratio.placement(), ratio.nd_sbp()) {
+        (Some(p), Some(q), Some(nd)) if p == q => zero.to_global(q, nd.clone())?,
+        (None, None, _) if zero.device() == ratio.device() => zero,
+        _ => return Ok(None),
+    };
+    Ok(Some(ratio.add(&zero)?))
+}
+
 /// The value of a one-element tensor (every rank of its placement gets it).
 fn scalar(t: &Tensor) -> Result<f64> {
     t.cast(DType::F64)?

@@ -280,7 +280,8 @@ __device__ void ln_bwd_warp(i64 rows, int c, const T* dy, const T* r, const floa
 // new p, m and v go to param_out, m_out and v_out (which may be param, m and v themselves).
 // With `clip_ratio` (a device f64 r, computed with nothing read on the host), c = min(r, 1)
 // (NaN for a NaN r: a non-finite norm's clip factor) and b1, b2 are (float)(b1d c) and
-// (float)(b2d c c): the host's folding of c, in the same f64 operations.
+// (float)(b2d c c): the host's folding of c, in the same f64 operations; with `skip_nan`, a
+// NaN r leaves every tensor as it was (its outputs get the inputs' values).
 struct AdamTensor {
     unsigned long long param, grad, m, v, param_out, m_out, v_out, param_bf16;
     i64 n;
@@ -291,6 +292,7 @@ struct AdamCoef {
     float a1, b1, a2, b2, step, inv_bc2, eps, grad_scale;
     double b1d, b2d;
     unsigned long long clip_ratio;
+    int skip_nan;
 };
 
 extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
@@ -303,13 +305,23 @@ extern "C" __global__ void adamw_multi(const AdamTensor* tensors, AdamCoef k) {
     float* vo = (float*)t.v_out;
     bf16_t* p16 = (bf16_t*)t.param_bf16;
     float b1 = k.b1, b2 = k.b2;
+    bool keep = false;
     if (k.clip_ratio) {
         const double r = *(const double*)k.clip_ratio;
         const double c = r != r ? r : fmin(r, 1.0);
         b1 = (float)(k.b1d * c);
         b2 = (float)(k.b2d * c * c);
+        keep = k.skip_nan && r != r;
     }
     GRID_STRIDE(i, t.n) {
+        if (keep) {
+            const float pi = p[i];
+            mo[i] = m[i];
+            vo[i] = v[i];
+            po[i] = pi;
+            if (p16) p16[i] = from_f<bf16_t>(pi);
+            continue;
+        }
         float g = t.grad_bf16 ? to_f(((const bf16_t*)t.grad)[i]) : ((const float*)t.grad)[i];
         if (k.grad_scale != 1.f) g = g * k.grad_scale;
         const float mi = m[i] * k.a1 + g * b1;

@@ -284,6 +284,8 @@ pub(crate) struct AdamCoef {
     b2d: f64,
     /// Address of a device f64 clip ratio r: every gradient is scaled by min(r, 1) (0: none).
     clip_ratio: u64,
+    /// Non-zero: a NaN r leaves every tensor as it was.
+    skip_nan: i32,
 }
 // SAFETY: plain old data with the C layout of `struct AdamCoef`.
 unsafe impl DeviceRepr for AdamCoef {}
@@ -305,6 +307,7 @@ impl AdamCoef {
             b1d: c[1],
             b2d: c[3],
             clip_ratio: 0,
+            skip_nan: 0,
         }
     }
 
@@ -312,6 +315,15 @@ impl AdamCoef {
     /// `clip_ratio` (`b1` and `b2` unclipped here): the kernel folds it in as the host does.
     pub(crate) fn clipped_by(self, clip_ratio: u64) -> AdamCoef {
         AdamCoef { clip_ratio, ..self }
+    }
+
+    /// These coefficients with a NaN clip ratio leaving every tensor as it was (the outputs
+    /// get the inputs' values) instead of a NaN update.
+    pub(crate) fn skipping_nan(self) -> AdamCoef {
+        AdamCoef {
+            skip_nan: 1,
+            ..self
+        }
     }
 }
 
@@ -342,6 +354,7 @@ impl AdamHyper {
             b1d: 1.0 - self.beta1,
             b2d: 1.0 - self.beta2,
             clip_ratio: 0,
+            skip_nan: 0,
         }
     }
     /// A tensor's decay factor for weight decay `wd`.

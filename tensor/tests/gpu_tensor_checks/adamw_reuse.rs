@@ -4,7 +4,9 @@
 //! broadcast pieces; clipped by a device ratio and by a host factor), each result over its
 //! slot's old piece on a device and the old tensors holding the new values there; on the host
 //! new memory and unchanged operands. Also: a clone, a detached tensor or a second hold of a
-//! piece makes `Tensor::data_held_only_by` false on the device, a `BoundPiece` does not.
+//! piece makes `Tensor::data_held_only_by` false on the device, a `BoundPiece` does not. And
+//! the guarded update over the slots' memory: a NaN ratio changes nothing, a finite one gives
+//! the clipped update's bits.
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
@@ -164,6 +166,68 @@ pub(crate) fn child_adamw_reuse(
                     j / 4
                 ));
             }
+        }
+    }
+    // Guarded (a NaN ratio keeps everything), over the slots' own memory.
+    let tensors: Vec<[Tensor; 4]> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, d, sbp, _))| slot_tensors(i + 10, n, d, &pl, sbp))
+        .collect::<Result<_>>()
+        .map_err(|x| e("guarded inputs", x))?;
+    let copies: Vec<Option<Tensor>> = tensors
+        .iter()
+        .zip(&cases)
+        .map(|(t, c)| c.3.map(|d| t[0].to_dtype(d)).transpose())
+        .collect::<Result<_>>()
+        .map_err(|x| e("guarded copies", x))?;
+    let slots = |reuse: bool| -> Vec<AdamWSlot> {
+        tensors
+            .iter()
+            .zip(&cases)
+            .zip(&copies)
+            .map(|((t, c), copy)| AdamWSlot {
+                param: &t[0],
+                grad: &t[1],
+                m: Some(&t[2]),
+                v: Some(&t[3]),
+                weight_decay: 0.1,
+                compute_copy: c.3,
+                reuse: reuse.then_some(AdamWReuse {
+                    copy: copy.as_ref(),
+                }),
+            })
+            .collect()
+    };
+    let all_bits = |ts: &[[Tensor; 4]], cs: &[Option<Tensor>]| -> Result<Vec<Vec<u64>>> {
+        ts.iter()
+            .flatten()
+            .chain(cs.iter().flatten())
+            .map(bits)
+            .collect()
+    };
+    let before = all_bits(&tensors, &copies).map_err(|x| e("guarded before", x))?;
+    let want = Tensor::adamw_multi_clipped(&slots(false), &hyper, &ratio)
+        .map_err(|x| e("guarded reference", x))?;
+    let nan = Tensor::from_vec(vec![f64::NAN], Vec::<usize>::new())
+        .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
+        .map_err(|x| e("nan ratio", x))?;
+    let kept =
+        Tensor::adamw_multi_guarded(&slots(true), &hyper, &nan).map_err(|x| e("guarded nan", x))?;
+    drop(kept);
+    if all_bits(&tensors, &copies).map_err(|x| e("guarded after nan", x))? != before {
+        return Err("adamw guarded: a NaN ratio changed a value".into());
+    }
+    let got =
+        Tensor::adamw_multi_guarded(&slots(true), &hyper, &ratio).map_err(|x| e("guarded", x))?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (a, b) in parts(g).iter().zip(parts(w)) {
+            if bits(a).map_err(|x| e("got", x))? != bits(b).map_err(|x| e("want", x))? {
+                return Err(format!(
+                    "adamw guarded: slot {i} differs from the clipped update"
+                ));
+            }
+            checked += 1;
         }
     }
     // Who holds a device piece.

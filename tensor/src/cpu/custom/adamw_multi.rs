@@ -1,5 +1,6 @@
 //! Multi-tensor AdamW CPU kernel: each tensor's three fused AdamW passes, into the executor's
-//! buffers (a clip ratio operand folded into the coefficients first).
+//! buffers (a clip ratio operand folded into the coefficients first; a NaN one of a
+//! `skip_nan` op leaves every tensor as it was).
 
 use crate::cpu::CpuBackend;
 use crate::op::custom::{AdamWMulti, AdamWMultiKernels};
@@ -18,6 +19,9 @@ impl AdamWMultiKernels for CpuBackend {
             .and_then(|s| s.as_array::<f64>())
             .and_then(|a| a.iter().next().copied())
             .ok_or_else(|| kernel_err("adamw_multi", "no f64 clip ratio".into()))?;
+        if op.keeps_all(r) {
+            return op.unchanged(self, 0..n, &x[..4 * n], out);
+        }
         op.with_scale(AdamWMulti::ratio_scale(r))
             .composed(self, 0..n, &x[..4 * n], out)
     }

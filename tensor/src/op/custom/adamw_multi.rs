@@ -52,6 +52,10 @@ pub struct AdamWMulti {
     /// `g1` and `g2` are then the unclipped coefficients, and the kernels use `g1 c` and
     /// `g2 c c` ([`AdamWMulti::with_scale`]).
     pub clipped: bool,
+    /// With `clipped`, a NaN ratio leaves every tensor as it was (the new values are the old
+    /// ones) instead of a NaN update: a step whose loss or gradients are not finite, made a
+    /// NaN ratio on the device, is skipped with nothing read on the host.
+    pub skip_nan: bool,
 }
 
 /// The hyper-parameters of one AdamW step (as `torch.optim.AdamW`).
@@ -137,6 +141,7 @@ impl AdamWMulti {
                 .map(|i| copies.get(i).copied().flatten())
                 .collect(),
             clipped: false,
+            skip_nan: false,
         }
     }
 
@@ -228,6 +233,39 @@ impl AdamWMulti {
             self.cast_copy(b, i, out)?;
         }
         Ok(())
+    }
+
+    /// The tensors `range` left as they were: each output (and copy) gets its input's value.
+    pub(crate) fn unchanged<B>(
+        &self,
+        b: &B,
+        range: std::ops::Range<usize>,
+        x: &[&B::Piece],
+        out: &mut [B::Out],
+    ) -> Result<()>
+    where
+        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+    {
+        for i in range {
+            let (Some(&[p, _, m, v]), Some([po, mo, vo])) =
+                (x.get(4 * i..4 * i + 4), out.get_mut(3 * i..3 * i + 3))
+            else {
+                return Err(kernel_err(
+                    "adamw_multi",
+                    format!("no operands for tensor {i}"),
+                ));
+            };
+            b.cast(p, po)?;
+            b.cast(m, mo)?;
+            b.cast(v, vo)?;
+            self.cast_copy(b, i, out)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a clip ratio `r` leaves every tensor as it was ([`AdamWMulti::skip_nan`]).
+    pub fn keeps_all(&self, r: f64) -> bool {
+        self.clipped && self.skip_nan && r.is_nan()
     }
 
     /// Writes tensor `i`'s copy (when it has one) by casting its new value, already in `out`.
@@ -408,7 +446,7 @@ impl Tensor {
     /// one layout (or all be local on one device); the results have it. Runs on this rank's
     /// pieces only, with one op for them all, so it communicates nothing.
     pub fn adamw_multi(slots: &[AdamWSlot<'_>], hyper: &AdamWHyper) -> Result<Vec<AdamWUpdated>> {
-        adamw_multi_with(slots, hyper, None)
+        adamw_multi_with(slots, hyper, Clip::Host)
     }
 
     /// [`Tensor::adamw_multi`] with every gradient also scaled by `min(r, 1)` (NaN for a NaN
@@ -421,22 +459,69 @@ impl Tensor {
         hyper: &AdamWHyper,
         ratio: &Tensor,
     ) -> Result<Vec<AdamWUpdated>> {
-        if ratio.ndim() != 0 || ratio.dtype() != DType::F64 {
-            return Err(slot_err(
-                0,
-                format!("the clip ratio must be 0-d f64, got {}", ratio.describe()),
-            ));
-        }
-        adamw_multi_with(slots, hyper, Some(ratio))
+        check_ratio(ratio)?;
+        adamw_multi_with(
+            slots,
+            hyper,
+            Clip::Device {
+                ratio,
+                skip_nan: false,
+            },
+        )
+    }
+
+    /// [`Tensor::adamw_multi_clipped`], except that a NaN `ratio` leaves every slot as it was
+    /// (the results hold the old values) instead of giving NaN values: a ratio made NaN on the
+    /// device when a step's loss or gradient norm is not finite skips the step there, with
+    /// nothing read on the host ([`AdamWMulti::skip_nan`]).
+    pub fn adamw_multi_guarded(
+        slots: &[AdamWSlot<'_>],
+        hyper: &AdamWHyper,
+        ratio: &Tensor,
+    ) -> Result<Vec<AdamWUpdated>> {
+        check_ratio(ratio)?;
+        adamw_multi_with(
+            slots,
+            hyper,
+            Clip::Device {
+                ratio,
+                skip_nan: true,
+            },
+        )
     }
 }
 
-/// [`Tensor::adamw_multi`], clipped by `ratio` when given.
+/// A clip ratio operand must be a 0-d f64.
+fn check_ratio(ratio: &Tensor) -> Result<()> {
+    if ratio.ndim() != 0 || ratio.dtype() != DType::F64 {
+        return Err(slot_err(
+            0,
+            format!("the clip ratio must be 0-d f64, got {}", ratio.describe()),
+        ));
+    }
+    Ok(())
+}
+
+/// How [`adamw_multi_with`] scales the gradients.
+#[derive(Clone, Copy)]
+enum Clip<'a> {
+    /// By `hyper.grad_scale` alone.
+    Host,
+    /// By a device ratio; `skip_nan`: a NaN one leaves every tensor as it was.
+    Device { ratio: &'a Tensor, skip_nan: bool },
+}
+
+/// [`Tensor::adamw_multi`], clipped as `clip` says.
 fn adamw_multi_with(
     slots: &[AdamWSlot<'_>],
     hyper: &AdamWHyper,
-    ratio: Option<&Tensor>,
+    clip: Clip<'_>,
 ) -> Result<Vec<AdamWUpdated>> {
+    let ratio = match clip {
+        Clip::Device { ratio, .. } => Some(ratio),
+        Clip::Host => None,
+    };
+    let skip_nan = matches!(clip, Clip::Device { skip_nan: true, .. });
     let _ng = crate::autograd::no_grad();
     // Moments before the first step: zeros in the parameter's layout.
     let zeros = |t: Option<&Tensor>, p: &Tensor| match t {
@@ -494,7 +579,7 @@ fn adamw_multi_with(
                     held: &group,
                     device,
                 };
-                g.run(hyper, ratio, reuse, &mut out, &mut copies)?;
+                g.run(hyper, ratio, skip_nan, reuse, &mut out, &mut copies)?;
             }
         }
     }
@@ -555,6 +640,7 @@ impl Group<'_, '_> {
         &self,
         hyper: &AdamWHyper,
         ratio: Option<&Tensor>,
+        skip_nan: bool,
         reuse: bool,
         out: &mut [Option<[Tensor; 3]>],
         copies: &mut [Option<Tensor>],
@@ -583,6 +669,7 @@ impl Group<'_, '_> {
         let op = match ratio {
             Some(_) => AdamWMulti {
                 clipped: true,
+                skip_nan,
                 ..AdamWMulti::new(
                     &AdamWHyper {
                         grad_scale: 1.0,

@@ -2,7 +2,8 @@
 //! whose parameter, gradient and moments are f32 (each written to its output buffers, and a
 //! bf16 compute copy of the new value in the same launch; a device clip ratio read by the
 //! kernel); any other tensor runs its three fused AdamW passes (a device clip ratio read on
-//! the host first), and any other copy is a cast after the launch.
+//! the host first), and any other copy is a cast after the launch. A NaN ratio of a
+//! `skip_nan` op leaves every tensor as it was.
 
 use oxiflow_dtype::DType;
 
@@ -36,14 +37,20 @@ impl AdamWMultiKernels for CudaKernels {
         // A tensor outside the one launch takes the composed passes, which fold a device
         // clip ratio read once on the host.
         let mut host_op = None;
+        let mut keep = false;
         let mut composed = |i: usize, out: &mut [CudaStorage]| -> Result<()> {
             if host_op.is_none() {
                 host_op = Some(match x.get(4 * n).filter(|_| op.clipped) {
-                    Some(r) => op.with_scale(AdamWMulti::ratio_scale(ratio_value(r)?)),
+                    Some(r) => {
+                        let r = ratio_value(r)?;
+                        keep = op.keeps_all(r);
+                        op.with_scale(AdamWMulti::ratio_scale(r))
+                    }
                     None => op.clone(),
                 });
             }
             match &host_op {
+                Some(h) if keep => h.unchanged(self, i..i + 1, &x[..4 * n], out),
                 Some(h) => h.composed(self, i..i + 1, &x[..4 * n], out),
                 None => Ok(()),
             }
@@ -99,6 +106,9 @@ impl AdamWMultiKernels for CudaKernels {
                 .filter(|r| r.dtype == DType::F64 && r.numel() == 1)
                 .ok_or_else(|| kernel_err("adamw_multi", "no f64 clip ratio".into()))?;
             coef = coef.clipped_by(ratio.ptr());
+            if op.skip_nan {
+                coef = coef.skipping_nan();
+            }
         }
         adamw_multi(&self.rt, &list, &coef)?;
         for i in cast_after {

@@ -42,6 +42,56 @@ fn slot_tensors(i: usize, n: usize, dtype: DType, pl: &Placement, sbp: Sbp) -> R
     Ok([mk(0)?, mk(1)?, mk(2)?, mk(4)?])
 }
 
+/// A slot's case: rows (of 3 columns), dtype, layout, compute copy.
+type Case = (usize, DType, Sbp, Option<DType>);
+
+const CASES: [Case; 5] = [
+    (7, DType::F32, Sbp::S(0), Some(DType::BF16)),
+    (4099, DType::F32, Sbp::B, Some(DType::F16)),
+    (65_537, DType::F32, Sbp::S(0), None),
+    (33, DType::F64, Sbp::S(0), Some(DType::F32)),
+    (1, DType::F32, Sbp::B, Some(DType::BF16)),
+];
+
+/// The cases' (p, g, m, v) (seeds from `base`) and their compute copies.
+fn case_tensors(base: usize, pl: &Placement) -> Result<(Vec<[Tensor; 4]>, Vec<Option<Tensor>>)> {
+    let tensors: Vec<[Tensor; 4]> = CASES
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, d, sbp, _))| slot_tensors(base + i, n, d, pl, sbp))
+        .collect::<Result<_>>()?;
+    let copies = tensors
+        .iter()
+        .zip(&CASES)
+        .map(|(t, c)| c.3.map(|d| t[0].to_dtype(d)).transpose())
+        .collect::<Result<_>>()?;
+    Ok((tensors, copies))
+}
+
+/// The cases' slots over `tensors` and `copies`, written over their memory with `reuse`.
+fn slots_of<'a>(
+    tensors: &'a [[Tensor; 4]],
+    copies: &'a [Option<Tensor>],
+    reuse: bool,
+) -> Vec<AdamWSlot<'a>> {
+    tensors
+        .iter()
+        .zip(&CASES)
+        .zip(copies)
+        .map(|((t, c), copy)| AdamWSlot {
+            param: &t[0],
+            grad: &t[1],
+            m: Some(&t[2]),
+            v: Some(&t[3]),
+            weight_decay: 0.1,
+            compute_copy: c.3,
+            reuse: reuse.then_some(AdamWReuse {
+                copy: copy.as_ref(),
+            }),
+        })
+        .collect()
+}
+
 /// Returns how many results were checked.
 pub(crate) fn child_adamw_reuse(
     world: usize,
@@ -51,13 +101,6 @@ pub(crate) fn child_adamw_reuse(
     let pl =
         Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
     let on_device = device != DeviceType::Cpu;
-    let cases = [
-        (7, DType::F32, Sbp::S(0), Some(DType::BF16)),
-        (4099, DType::F32, Sbp::B, Some(DType::F16)),
-        (65_537, DType::F32, Sbp::S(0), None),
-        (33, DType::F64, Sbp::S(0), Some(DType::F32)),
-        (1, DType::F32, Sbp::B, Some(DType::BF16)),
-    ];
     let hyper = AdamWHyper {
         lr: 1e-2,
         beta1: 0.9,
@@ -71,36 +114,8 @@ pub(crate) fn child_adamw_reuse(
         .map_err(|x| e("ratio", x))?;
     let mut checked = 0;
     for clipped in [false, true] {
-        let tensors: Vec<[Tensor; 4]> = cases
-            .iter()
-            .enumerate()
-            .map(|(i, &(n, d, sbp, _))| slot_tensors(i, n, d, &pl, sbp))
-            .collect::<Result<_>>()
-            .map_err(|x| e("inputs", x))?;
-        let copies: Vec<Option<Tensor>> = tensors
-            .iter()
-            .zip(&cases)
-            .map(|(t, c)| c.3.map(|d| t[0].to_dtype(d)).transpose())
-            .collect::<Result<_>>()
-            .map_err(|x| e("copies", x))?;
-        let slots = |reuse: bool| -> Vec<AdamWSlot> {
-            tensors
-                .iter()
-                .zip(&cases)
-                .zip(&copies)
-                .map(|((t, c), copy)| AdamWSlot {
-                    param: &t[0],
-                    grad: &t[1],
-                    m: Some(&t[2]),
-                    v: Some(&t[3]),
-                    weight_decay: 0.1,
-                    compute_copy: c.3,
-                    reuse: reuse.then_some(AdamWReuse {
-                        copy: copy.as_ref(),
-                    }),
-                })
-                .collect()
-        };
+        let (tensors, copies) = case_tensors(0, &pl).map_err(|x| e("inputs", x))?;
+        let slots = |reuse: bool| slots_of(&tensors, &copies, reuse);
         let run = |reuse: bool| match clipped {
             true => Tensor::adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
             false => Tensor::adamw_multi(
@@ -169,36 +184,8 @@ pub(crate) fn child_adamw_reuse(
         }
     }
     // Guarded (a NaN ratio keeps everything), over the slots' own memory.
-    let tensors: Vec<[Tensor; 4]> = cases
-        .iter()
-        .enumerate()
-        .map(|(i, &(n, d, sbp, _))| slot_tensors(i + 10, n, d, &pl, sbp))
-        .collect::<Result<_>>()
-        .map_err(|x| e("guarded inputs", x))?;
-    let copies: Vec<Option<Tensor>> = tensors
-        .iter()
-        .zip(&cases)
-        .map(|(t, c)| c.3.map(|d| t[0].to_dtype(d)).transpose())
-        .collect::<Result<_>>()
-        .map_err(|x| e("guarded copies", x))?;
-    let slots = |reuse: bool| -> Vec<AdamWSlot> {
-        tensors
-            .iter()
-            .zip(&cases)
-            .zip(&copies)
-            .map(|((t, c), copy)| AdamWSlot {
-                param: &t[0],
-                grad: &t[1],
-                m: Some(&t[2]),
-                v: Some(&t[3]),
-                weight_decay: 0.1,
-                compute_copy: c.3,
-                reuse: reuse.then_some(AdamWReuse {
-                    copy: copy.as_ref(),
-                }),
-            })
-            .collect()
-    };
+    let (tensors, copies) = case_tensors(10, &pl).map_err(|x| e("guarded inputs", x))?;
+    let slots = |reuse: bool| slots_of(&tensors, &copies, reuse);
     let all_bits = |ts: &[[Tensor; 4]], cs: &[Option<Tensor>]| -> Result<Vec<Vec<u64>>> {
         ts.iter()
             .flatten()

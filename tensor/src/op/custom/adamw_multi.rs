@@ -206,13 +206,15 @@ impl AdamWMulti {
     }
 
     /// The step of tensors `range` alone, as their three passes (every backend's kernel where
-    /// no one-launch kernel serves them).
+    /// no one-launch kernel serves them); with `keep`, each output (and copy) gets its input's
+    /// value instead (a step skipped, [`AdamWMulti::skip_nan`]).
     pub(crate) fn composed<B>(
         &self,
         b: &B,
         range: std::ops::Range<usize>,
         x: &[&B::Piece],
         out: &mut [B::Out],
+        keep: bool,
     ) -> Result<()>
     where
         B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
@@ -226,38 +228,16 @@ impl AdamWMulti {
                     format!("no operands for tensor {i}"),
                 ));
             };
-            let [m1, m2, up] = self.parts(i);
-            b.adam(m1, &[m, g], mo)?;
-            b.adam(m2, &[v, g], vo)?;
-            b.adam(up, &[p, mo, vo], po)?;
-            self.cast_copy(b, i, out)?;
-        }
-        Ok(())
-    }
-
-    /// The tensors `range` left as they were: each output (and copy) gets its input's value.
-    pub(crate) fn unchanged<B>(
-        &self,
-        b: &B,
-        range: std::ops::Range<usize>,
-        x: &[&B::Piece],
-        out: &mut [B::Out],
-    ) -> Result<()>
-    where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
-        for i in range {
-            let (Some(&[p, _, m, v]), Some([po, mo, vo])) =
-                (x.get(4 * i..4 * i + 4), out.get_mut(3 * i..3 * i + 3))
-            else {
-                return Err(kernel_err(
-                    "adamw_multi",
-                    format!("no operands for tensor {i}"),
-                ));
-            };
-            b.cast(p, po)?;
-            b.cast(m, mo)?;
-            b.cast(v, vo)?;
+            if keep {
+                b.cast(p, po)?;
+                b.cast(m, mo)?;
+                b.cast(v, vo)?;
+            } else {
+                let [m1, m2, up] = self.parts(i);
+                b.adam(m1, &[m, g], mo)?;
+                b.adam(m2, &[v, g], vo)?;
+                b.adam(up, &[p, mo, vo], po)?;
+            }
             self.cast_copy(b, i, out)?;
         }
         Ok(())

@@ -50,8 +50,7 @@ impl AdamWMultiKernels for CudaKernels {
                 });
             }
             match &host_op {
-                Some(h) if keep => h.unchanged(self, i..i + 1, &x[..4 * n], out),
-                Some(h) => h.composed(self, i..i + 1, &x[..4 * n], out),
+                Some(h) => h.composed(self, i..i + 1, &x[..4 * n], out, keep),
                 None => Ok(()),
             }
         };

@@ -53,8 +53,11 @@ const CASES: [Case; 5] = [
     (1, DType::F32, Sbp::B, Some(DType::BF16)),
 ];
 
+/// Every case's (p, g, m, v), and its compute copy.
+type CaseTensors = (Vec<[Tensor; 4]>, Vec<Option<Tensor>>);
+
 /// The cases' (p, g, m, v) (seeds from `base`) and their compute copies.
-fn case_tensors(base: usize, pl: &Placement) -> Result<(Vec<[Tensor; 4]>, Vec<Option<Tensor>>)> {
+fn case_tensors(base: usize, pl: &Placement) -> Result<CaseTensors> {
     let tensors: Vec<[Tensor; 4]> = CASES
         .iter()
         .enumerate()

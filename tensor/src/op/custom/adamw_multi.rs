@@ -439,15 +439,8 @@ impl Tensor {
         hyper: &AdamWHyper,
         ratio: &Tensor,
     ) -> Result<Vec<AdamWUpdated>> {
-        check_ratio(ratio)?;
-        adamw_multi_with(
-            slots,
-            hyper,
-            Clip::Device {
-                ratio,
-                skip_nan: false,
-            },
-        )
+        let skip_nan = false;
+        adamw_multi_with(slots, hyper, Clip::Device { ratio, skip_nan })
     }
 
     /// [`Tensor::adamw_multi_clipped`], except that a NaN `ratio` leaves every slot as it was
@@ -459,27 +452,20 @@ impl Tensor {
         hyper: &AdamWHyper,
         ratio: &Tensor,
     ) -> Result<Vec<AdamWUpdated>> {
-        check_ratio(ratio)?;
-        adamw_multi_with(
-            slots,
-            hyper,
-            Clip::Device {
-                ratio,
-                skip_nan: true,
-            },
-        )
+        let skip_nan = true;
+        adamw_multi_with(slots, hyper, Clip::Device { ratio, skip_nan })
     }
 }
 
-/// A clip ratio operand must be a 0-d f64.
-fn check_ratio(ratio: &Tensor) -> Result<()> {
+/// A clip ratio operand, which must be a 0-d f64.
+fn check_ratio(ratio: &Tensor) -> Result<&Tensor> {
     if ratio.ndim() != 0 || ratio.dtype() != DType::F64 {
         return Err(slot_err(
             0,
             format!("the clip ratio must be 0-d f64, got {}", ratio.describe()),
         ));
     }
-    Ok(())
+    Ok(ratio)
 }
 
 /// How [`adamw_multi_with`] scales the gradients.
@@ -498,7 +484,7 @@ fn adamw_multi_with(
     clip: Clip<'_>,
 ) -> Result<Vec<AdamWUpdated>> {
     let ratio = match clip {
-        Clip::Device { ratio, .. } => Some(ratio),
+        Clip::Device { ratio, .. } => Some(check_ratio(ratio)?),
         Clip::Host => None,
     };
     let skip_nan = matches!(clip, Clip::Device { skip_nan: true, .. });

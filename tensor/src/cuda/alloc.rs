@@ -26,7 +26,9 @@
 //! then on (its address is baked into the graph's kernels), blocks freed during the capture
 //! are reused only by later allocations of the same capture (ordered on the captured stream),
 //! new blocks come from `cuMemAlloc` (a stream-ordered allocation would become a node of the
-//! graph), no host thread queries an event recorded during the capture, and the capture's
+//! graph), a block from the pool serves only when idle (the captured stream may not wait for
+//! work queued before the capture), no host thread queries an event recorded during the
+//! capture, and the capture's
 //! collective end events are kept so the compute stream joins them before the capture ends.
 //! The graph's blocks go back to the pool when the graph is dropped.
 
@@ -334,14 +336,18 @@ impl Pool {
         }
     }
     /// A free block of `cap` bytes that `stream` may use now: an idle one, else (with
-    /// `MAX_IN_FLIGHT` busy ones waiting) the oldest no send may still read, after `stream`
-    /// waits for its collectives.
-    fn take(&self, cap: usize, stream: &CudaStream) -> Option<Memory> {
+    /// `MAX_IN_FLIGHT` busy ones waiting, and `may_wait`) the oldest no send may still read,
+    /// after `stream` waits for its collectives. While a graph is captured a stream may not
+    /// wait for work queued before the capture (the capture would be invalidated), so only
+    /// an idle block serves then.
+    fn take(&self, cap: usize, stream: &CudaStream, may_wait: bool) -> Option<Memory> {
         let mut g = lock(&self.free);
         let list = g.get_mut(&cap)?;
         let pick = match list.iter_mut().position(Cached::idle) {
             Some(i) => i,
-            None if list.len() >= MAX_IN_FLIGHT => list.iter_mut().position(|c| !c.sending())?,
+            None if may_wait && list.len() >= MAX_IN_FLIGHT => {
+                list.iter_mut().position(|c| !c.sending())?
+            }
             None => return None,
         };
         let c = list.remove(pick);
@@ -469,7 +475,7 @@ impl Block {
             Some(g) => g.take(cap, &rt.stream),
             None => None,
         };
-        let mem = match reused.or_else(|| rt.pool.take(cap, &rt.stream)) {
+        let mem = match reused.or_else(|| rt.pool.take(cap, &rt.stream, graph.is_none())) {
             Some(s) => s,
             None if graph.is_some() => {
                 rt.bind("cuda alloc")?;

@@ -2,6 +2,10 @@
 //! writes, the first node that writes it and the last that reads it (through any alias: a
 //! view or a boxing that left its piece as it was); buffers the step returns live to the end.
 //! Also, per node, the values whose last read it is, which a replay drops after the node.
+//! A collective's result is no buffer of the arena's: the collective writes a piece of its own,
+//! and copying it into a place would make the compute stream wait for the collective there,
+//! while its first reader waits only when it runs (a data-parallel bucket's reduction overlaps
+//! the rest of the backward pass).
 
 use crate::ir::{Origin, Program, ValueId};
 use crate::passes::dce::is_defined;
@@ -70,6 +74,9 @@ pub fn liveness(program: &Program) -> Liveness {
     for (i, v) in program.values.iter().enumerate() {
         let id = ValueId(i as u32);
         if v.alias_of.is_some() || !matches!(v.origin, Origin::Node { .. }) {
+            continue;
+        }
+        if def[i].is_some_and(|d| program.nodes[d].communicates()) {
             continue;
         }
         if !is_defined(program, id) {

@@ -3,7 +3,8 @@
 //! per program and rank, reused by every replay), every node in the captured order: kernels
 //! through the device's executor straight into their placed outputs, views as views of their
 //! source's bytes, boxing plans through the communicator (so collectives run in the recorded
-//! order on every rank) with their results written into their places; each value dropped after
+//! order on every rank) with their results written into their places (a collective's result
+//! has none: it stays the collective's own piece, see `passes::liveness`); each value dropped after
 //! its last read, and the step's outputs (allocated, not placed: they outlive the replay)
 //! rebuilt as tensors of their captured layouts.
 //!

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match};
+use common::{bits, nd_sbp, placement, ranks_match};
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Tensor};
 use proptest::prelude::*;
@@ -193,15 +193,6 @@ fn adamw_multi_guarded_keeps_everything_on_a_nan_ratio() {
         })
         .collect();
     let copy = t[0].to_dtype(DType::BF16).unwrap();
-    let bits = |x: &Tensor| -> Vec<u64> {
-        x.to_dtype(F)
-            .unwrap()
-            .to_vec::<f64>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
     for reuse in [false, true] {
         let slot = AdamWSlot {
             param: &t[0],

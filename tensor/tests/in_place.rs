@@ -4,7 +4,11 @@
 //! multi-tensor AdamW asked to reuse its slots' memory, which the host (and a capture) never
 //! does: the same bits as without, its operands unchanged.
 
+mod common;
+
 use std::time::Duration;
+
+use common::bits;
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
@@ -73,16 +77,6 @@ fn data_held_only_by_on_global_tensors() {
         assert!(alone && !with_local && both, "rank {rank}");
         assert!(held, "rank {rank}: a tensor of its own or without a piece");
     }
-}
-
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.cast(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
 }
 
 fn same(a: &AdamWUpdated, b: &AdamWUpdated) -> bool {

@@ -292,17 +292,9 @@ impl Parameter {
     /// The current compute copy (see [`Parameter::compute_copy`]) when nothing but this
     /// parameter refers to its memory, so an update may write the next copy over it.
     pub fn copy_memory_free(&self) -> Option<Tensor> {
-        let leaf = self.value();
-        let d = self.compute_dtype();
-        let copy = self.0.copy.lock().unwrap_or_else(|e| e.into_inner());
-        match &*copy {
-            Some((of, c))
-                if of.same(&leaf) && c.dtype() == d && Tensor::data_held_only_by(&[c]) =>
-            {
-                Some(c.clone())
-            }
-            _ => None,
-        }
+        // The copy's two handles: the parameter's, and the one `compute_copy` gives.
+        self.compute_copy()
+            .filter(|c| Tensor::data_held_only_by(&[c, c]))
     }
     /// Drops the compute copy (its memory), e.g. before an update writes the next one.
     pub fn drop_copy(&self) {

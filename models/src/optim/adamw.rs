@@ -16,7 +16,7 @@
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
+use oxiflow_tensor::custom::{AdamWClip, AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::Tensor;
 use oxiflow_tensor::{no_grad, Device};
 
@@ -112,30 +112,23 @@ impl AdamW {
     /// op writes the new one.
     fn update_all(&mut self, ups: Vec<(usize, Update)>, c: f64) -> Result<()> {
         let views: Vec<(usize, &Update)> = ups.iter().map(|(i, u)| (*i, u)).collect();
-        let updated = self.run_update(&views, c, Clip::Host, true)?;
+        let updated = self.run_update(&views, c, AdamWClip::Host, true)?;
         self.in_place = in_place_count(&views, &updated);
         self.write_updates(updated)
     }
 
     /// The update from the prepared gradients, clipped as `clip` says, made the values at
     /// once (in place where it can be); `keep` leaves the prepared gradients for inspection.
-    fn apply_now(&mut self, clip: Clip<'_>, keep: bool) -> Result<bool> {
+    fn apply_now(&mut self, clip: AdamWClip<'_>, keep: bool) -> Result<bool> {
         let _ng = no_grad();
         self.pending = None;
-        let op = "AdamW::apply_now";
-        let updated = if keep {
-            let views = self.prepared.views(op)?;
-            let updated = self.run_update(&views, 1.0, clip, true)?;
-            self.in_place = in_place_count(&views, &updated);
-            updated
-        } else {
-            let ups = self.prepared.take(op)?;
-            let views: Vec<(usize, &Update)> = ups.iter().map(|(i, u)| (*i, u)).collect();
-            let updated = self.run_update(&views, 1.0, clip, true)?;
-            self.in_place = in_place_count(&views, &updated);
-            updated
-        };
+        let views = self.prepared.views("AdamW::apply_now")?;
+        let updated = self.run_update(&views, 1.0, clip, true)?;
+        self.in_place = in_place_count(&views, &updated);
         self.write_updates(updated)?;
+        if !keep {
+            self.prepared.discard();
+        }
         self.steps += 1;
         Ok(true)
     }
@@ -180,7 +173,7 @@ impl AdamW {
         &self,
         ups: &[(usize, &Update)],
         c: f64,
-        clip: Clip<'_>,
+        clip: AdamWClip<'_>,
         in_place: bool,
     ) -> Result<Vec<(usize, AdamWUpdated)>> {
         let o = self.opts;
@@ -228,11 +221,7 @@ impl AdamW {
                 }),
             })
             .collect();
-        let updated = match clip {
-            Clip::Ratio(r) => Tensor::adamw_multi_clipped(&slots, &hyper, r)?,
-            Clip::Guarded(r) => Tensor::adamw_multi_guarded(&slots, &hyper, r)?,
-            Clip::Host => Tensor::adamw_multi(&slots, &hyper)?,
-        };
+        let updated = Tensor::adamw_multi_by(&slots, &hyper, clip)?;
         Ok(ups.iter().map(|(i, _)| *i).zip(updated).collect())
     }
 
@@ -252,15 +241,6 @@ impl AdamW {
 }
 
 const SLOTS: &[&str] = &["exp_avg", "exp_avg_sq"];
-
-/// How an update scales the gradients: by the host factor alone, by a device clip ratio, or
-/// by one whose NaN leaves everything as it was (`Tensor::adamw_multi_guarded`).
-#[derive(Clone, Copy)]
-enum Clip<'a> {
-    Host,
-    Ratio(&'a Tensor),
-    Guarded(&'a Tensor),
-}
 
 /// How many of the updates `updated` of the views `views` are over their views' memory.
 fn in_place_count(views: &[(usize, &Update)], updated: &[(usize, AdamWUpdated)]) -> usize {
@@ -298,17 +278,17 @@ impl Optimizer for AdamW {
     fn queue_apply(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
         let _ng = no_grad();
         let views = self.prepared.views("AdamW::queue_apply")?;
-        let clip = ratio.map_or(Clip::Host, Clip::Ratio);
+        let clip = ratio.map_or(AdamWClip::Host, AdamWClip::Ratio);
         let updated = self.run_update(&views, 1.0, clip, false)?;
         self.in_place = 0;
         self.pending = Some(updated);
         Ok(true)
     }
     fn apply_queued_now(&mut self, ratio: Option<&Tensor>) -> Result<bool> {
-        self.apply_now(ratio.map_or(Clip::Host, Clip::Ratio), false)
+        self.apply_now(ratio.map_or(AdamWClip::Host, AdamWClip::Ratio), false)
     }
     fn apply_guarded_now(&mut self, ratio: &Tensor) -> Result<bool> {
-        self.apply_now(Clip::Guarded(ratio), true)
+        self.apply_now(AdamWClip::Guarded(ratio), true)
     }
     fn commit(&mut self) -> Result<()> {
         let _ng = no_grad();

@@ -1,5 +1,5 @@
 //! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, running a
-//! closure on every rank of a placement, reading values (whole global ones too), the weighted
+//! closure on every rank of a placement, reading values (whole global ones too, or their bits), the weighted
 //! sum a gradient test differentiates, finite-difference gradient checks, array comparison
 //! with an f32 tolerance, and the f64 reference of the padded cross-entropy.
 
@@ -50,6 +50,17 @@ pub fn on_ranks<R: Send>(p: &Placement, f: impl Fn(usize) -> R + Sync) -> Vec<R>
 /// The values of an f64 tensor, row-major.
 pub fn vals(x: &Tensor) -> Vec<f64> {
     x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+}
+
+/// The bits of a local tensor's values, each widened to f64 (exact for every float dtype).
+pub fn bits(x: &Tensor) -> Vec<u64> {
+    x.cast(oxiflow_tensor::DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
 
 /// The whole value of the global f64 tensor `t` on `p` (broadcast to every rank), row-major.

@@ -12,16 +12,8 @@ use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::BoundPiece;
 
+use super::sum_squares::bits;
 use super::*;
-
-/// The bits of `t`'s values.
-fn bits(t: &Tensor) -> Result<Vec<u64>> {
-    Ok(t.cast(DType::F64)?
-        .to_vec::<f64>()?
-        .iter()
-        .map(|v| v.to_bits())
-        .collect())
-}
 
 /// The results' tensors in order: param, m, v, then the copy when there is one.
 fn parts(u: &AdamWUpdated) -> Vec<&Tensor> {

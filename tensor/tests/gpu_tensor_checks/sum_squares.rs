@@ -23,7 +23,7 @@ fn host_sum(t: &Tensor) -> Result<f64> {
 }
 
 /// The bits of `t`'s values (every NaN as one NaN).
-fn bits(t: &Tensor) -> Result<Vec<u64>> {
+pub(super) fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(t.cast(DType::F64)?
         .to_vec::<f64>()?
         .iter()

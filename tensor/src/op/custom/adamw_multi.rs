@@ -426,21 +426,21 @@ impl Tensor {
     /// one layout (or all be local on one device); the results have it. Runs on this rank's
     /// pieces only, with one op for them all, so it communicates nothing.
     pub fn adamw_multi(slots: &[AdamWSlot<'_>], hyper: &AdamWHyper) -> Result<Vec<AdamWUpdated>> {
-        adamw_multi_with(slots, hyper, Clip::Host)
+        Tensor::adamw_multi_by(slots, hyper, AdamWClip::Host)
     }
 
     /// [`Tensor::adamw_multi`] with every gradient also scaled by `min(r, 1)` (NaN for a NaN
     /// `r`), `r` the value of `ratio`, a 0-d f64 tensor (a global-norm clip ratio computed on
     /// the device), read by the kernels and never on the host: the same bits as
-    /// `hyper.grad_scale` set to that scale ([`AdamWMulti::ratio_scale`]). Every rank holding a slot's piece must hold a piece of `ratio` on that
-    /// device (a broadcast over a placement covering the slots', or a local tensor there).
+    /// `hyper.grad_scale` set to that scale ([`AdamWMulti::ratio_scale`]). Every rank holding
+    /// a slot's piece must hold a piece of `ratio` on that device (a broadcast over a
+    /// placement covering the slots', or a local tensor there).
     pub fn adamw_multi_clipped(
         slots: &[AdamWSlot<'_>],
         hyper: &AdamWHyper,
         ratio: &Tensor,
     ) -> Result<Vec<AdamWUpdated>> {
-        let skip_nan = false;
-        adamw_multi_with(slots, hyper, Clip::Device { ratio, skip_nan })
+        Tensor::adamw_multi_by(slots, hyper, AdamWClip::Ratio(ratio))
     }
 
     /// [`Tensor::adamw_multi_clipped`], except that a NaN `ratio` leaves every slot as it was
@@ -452,8 +452,17 @@ impl Tensor {
         hyper: &AdamWHyper,
         ratio: &Tensor,
     ) -> Result<Vec<AdamWUpdated>> {
-        let skip_nan = true;
-        adamw_multi_with(slots, hyper, Clip::Device { ratio, skip_nan })
+        Tensor::adamw_multi_by(slots, hyper, AdamWClip::Guarded(ratio))
+    }
+
+    /// The multi-tensor AdamW with its gradients scaled as `clip` says: the one entry the
+    /// three above name.
+    pub fn adamw_multi_by(
+        slots: &[AdamWSlot<'_>],
+        hyper: &AdamWHyper,
+        clip: AdamWClip<'_>,
+    ) -> Result<Vec<AdamWUpdated>> {
+        adamw_multi_with(slots, hyper, clip)
     }
 }
 
@@ -468,26 +477,27 @@ fn check_ratio(ratio: &Tensor) -> Result<&Tensor> {
     Ok(ratio)
 }
 
-/// How [`adamw_multi_with`] scales the gradients.
-#[derive(Clone, Copy)]
-enum Clip<'a> {
-    /// By `hyper.grad_scale` alone.
+/// How a multi-tensor AdamW scales its gradients: by `hyper.grad_scale` alone
+/// ([`Tensor::adamw_multi`]), also by a device clip ratio ([`Tensor::adamw_multi_clipped`]),
+/// or by one whose NaN leaves every tensor as it was ([`Tensor::adamw_multi_guarded`]).
+#[derive(Clone, Copy, Debug)]
+pub enum AdamWClip<'a> {
     Host,
-    /// By a device ratio; `skip_nan`: a NaN one leaves every tensor as it was.
-    Device { ratio: &'a Tensor, skip_nan: bool },
+    Ratio(&'a Tensor),
+    Guarded(&'a Tensor),
 }
 
 /// [`Tensor::adamw_multi`], clipped as `clip` says.
 fn adamw_multi_with(
     slots: &[AdamWSlot<'_>],
     hyper: &AdamWHyper,
-    clip: Clip<'_>,
+    clip: AdamWClip<'_>,
 ) -> Result<Vec<AdamWUpdated>> {
-    let ratio = match clip {
-        Clip::Device { ratio, .. } => Some(check_ratio(ratio)?),
-        Clip::Host => None,
+    let (ratio, skip_nan) = match clip {
+        AdamWClip::Host => (None, false),
+        AdamWClip::Ratio(r) => (Some(check_ratio(r)?), false),
+        AdamWClip::Guarded(r) => (Some(check_ratio(r)?), true),
     };
-    let skip_nan = matches!(clip, Clip::Device { skip_nan: true, .. });
     let _ng = crate::autograd::no_grad();
     // Moments before the first step: zeros in the parameter's layout.
     let zeros = |t: Option<&Tensor>, p: &Tensor| match t {

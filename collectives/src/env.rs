@@ -1,6 +1,8 @@
 //! Launch-environment discovery: rank, world size, local rank, the store's address, token,
-//! timeout and backend, from torchrun's names, then Open MPI's, then MPICH/PMI's, then Slurm's.
-//! Together with the launcher, this is the only code that reads environment variables.
+//! timeout and backend, from torchrun's names, then Open MPI's, then MPICH/PMI's, then Slurm's;
+//! and the process settings beside that contract (`process`: the kernel cache's directory,
+//! device graphs). Together with the launcher, this is the only code that reads environment
+//! variables.
 //!
 //! Rules (the launch contract of docs/design.md, made precise):
 //! - The first launcher family whose rank *or* size variable is set supplies rank and world
@@ -41,6 +43,12 @@ use std::time::Duration;
 
 use crate::rendezvous::validate_token;
 use crate::CommError;
+
+mod process;
+
+pub use process::{
+    device_graphs_allowed, device_graphs_allowed_from, kernel_cache_dir, kernel_cache_dir_from,
+};
 
 /// Rendezvous and collective timeout when `OXIFLOW_TIMEOUT` is unset.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

@@ -24,9 +24,10 @@ use crate::error::{CompileError, Result};
 use crate::ir::Program;
 use crate::replay::output_tensors;
 
-/// Whether replays may use device graphs (`OXIFLOW_CUDA_GRAPH=0` turns them off).
+/// Whether replays may use device graphs (`OXIFLOW_CUDA_GRAPH=0` turns them off; see
+/// `oxiflow_collectives::env::device_graphs_allowed`).
 fn graphs_allowed() -> bool {
-    std::env::var("OXIFLOW_CUDA_GRAPH").map_or(true, |v| v != "0")
+    oxiflow_collectives::env::device_graphs_allowed()
 }
 
 /// How a program's replays run.

@@ -15,16 +15,10 @@ use sha2::{Digest, Sha256};
 use super::build_times::KernelOrigin;
 use super::nvrtc_compile::Nvrtc;
 
-/// The cache directory (None: off, or no home to put it in).
+/// The cache directory (None: off, or no home to put it in; see
+/// `oxiflow_collectives::env::kernel_cache_dir`).
 fn dir() -> Option<PathBuf> {
-    match std::env::var_os("OXIFLOW_KERNEL_CACHE") {
-        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
-        Some(v) => Some(PathBuf::from(v)),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("oxiflow").join("kernels")),
-    }
+    oxiflow_collectives::env::kernel_cache_dir()
 }
 
 /// This process's NVRTC, found by `cuda_libs` (once; a failure is kept and reported again).

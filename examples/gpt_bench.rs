@@ -25,7 +25,7 @@ use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
-use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode};
+use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
@@ -92,6 +92,14 @@ struct Args {
     /// The dtype gradient buckets move as (bf16, f16, f32, f64; default: the gradients' own).
     #[arg(long)]
     reduce_dtype: Option<DType>,
+    /// ZeRO stage over the data-parallel ranks (0: off; 1: AdamW's state sharded; 2: also
+    /// the gradients, reduce-scattered; 3: also the parameters, gathered at use).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    /// Under ZeRO-1/2, the updated shards gathered back into the parameters in buckets of
+    /// this many MiB (0: one all-gather per parameter, the default).
+    #[arg(long, default_value_t = 0.0)]
+    gather_bucket_mb: f64,
     /// Forward and backward as a compiled program (captured on the first step, replayed on
     /// later ones, on CUDA as one CUDA graph from the third on); clipping and AdamW run eagerly.
     #[arg(long)]
@@ -203,6 +211,14 @@ impl Bench {
     }
 }
 
+/// `mb` MiB in bytes (rounded up); `flag` names it when it is not a finite value >= 0.
+fn mib(mb: f64, flag: &str) -> R<usize> {
+    if !(mb.is_finite() && mb >= 0.0) {
+        return Err(format!("{flag} must be a finite value >= 0, got {mb}").into());
+    }
+    Ok((mb * 1024.0 * 1024.0).ceil() as usize)
+}
+
 fn sync() -> R<()> {
     cuda::bound_runtime()
         .ok_or("no CUDA device bound")?
@@ -222,13 +238,7 @@ fn main() -> R<()> {
         )
         .into());
     }
-    if !(a.bucket_mb.is_finite() && a.bucket_mb >= 0.0) {
-        return Err(format!(
-            "--bucket-mb must be a finite value >= 0, got {}",
-            a.bucket_mb
-        )
-        .into());
-    }
+    let bucket_bytes = mib(a.bucket_mb, "--bucket-mb")?;
     let rt = cuda::bound_runtime()
         .ok_or("no CUDA device bound: run under `oflaunch --nproc-per-node 1 --backend nccl`")?;
     rt.set_matmul_precision(match a.precision {
@@ -271,6 +281,9 @@ fn main() -> R<()> {
             weight_decay: 0.1,
         },
     )
+    .with_zero(
+        Zero::new(a.zero, 0)?.with_gather_bytes(mib(a.gather_bucket_mb, "--gather-bucket-mb")?),
+    )?
     .with_weight_decay(decay)?
     .with_in_place_update(a.update_in_place == OnOff::On);
     let mut bench = Bench {
@@ -282,7 +295,7 @@ fn main() -> R<()> {
         clip: (a.clip_grad > 0.0).then_some(a.clip_grad),
         rank: ctx.rank(),
         dp: a.dp,
-        bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0).ceil() as usize,
+        bucket_bytes,
         reduce_dtype: a.reduce_dtype,
         compiled: a.compile.then(CompiledStep::new),
     };
@@ -319,10 +332,11 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
+        a.zero,
         a.bucket_mb,
         a.reduce_dtype.map_or("own", |d| d.as_str()),
         a.precision,

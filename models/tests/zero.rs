@@ -1,7 +1,8 @@
 //! ZeRO stages 0-3 and activation recomputation against one rank: a residual two-block MLP
 //! trained with AdamW and SGD on meshes [2], [4] (data parallel) and [2, 2] (data x tensor
 //! parallel), in-process ranks, f64. Every stage and recompute setting gives the one-rank losses
-//! and parameters; each stage keeps the bytes per rank it promises (state, gradients,
+//! and parameters, whether stages 1 and 2 gather the updated shards per parameter or in
+//! buckets; each stage keeps the bytes per rank it promises (state, gradients,
 //! parameters split over the data-parallel axis). ZeRO-3 prefetches the next block's gathers;
 //! a prefetched gather is used once, and only for the leaf and autograd mode it was made for.
 
@@ -10,7 +11,9 @@ use std::time::Duration;
 use oxiflow_dtype::DType;
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::{Activation, Mlp, Module, Parameter};
-use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions, Zero};
+use oxiflow_models::optim::{
+    AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions, Zero, DEFAULT_GATHER_BYTES,
+};
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{recompute, run_ranks, Tensor};
@@ -189,15 +192,28 @@ fn check_layout(mesh: &[usize], tp: Option<usize>) {
     for opt in [Opt::Adam, Opt::Sgd] {
         let (want_losses, want_params, _) = train(None, None, opt, Zero::OFF, false);
         let mut full: Option<Bytes> = None;
-        for stage in 0..=3u8 {
-            for rc in [false, true] {
-                let what = format!("mesh {mesh:?} {opt:?} zero {stage} recompute {rc}");
+        // Stages 1 and 2 gather the updated shards per parameter, in buckets of a few
+        // parameters, and in one bucket.
+        let runs = (0..=3u8).flat_map(|stage| {
+            let gathers: &[usize] = match stage {
+                1 | 2 => &[DEFAULT_GATHER_BYTES, 600, 25 << 20],
+                _ => &[DEFAULT_GATHER_BYTES],
+            };
+            gathers
+                .iter()
+                .flat_map(move |&g| [(stage, g, false), (stage, g, true)])
+        });
+        for (stage, gather, rc) in runs {
+            {
+                let what =
+                    format!("mesh {mesh:?} {opt:?} zero {stage} gather {gather} recompute {rc}");
                 let runs = run_ranks(n, Duration::from_secs(60), |_| {
                     let p = Placement::new_1d(DeviceType::Cpu, (0..n).collect::<Vec<_>>())
                         .unwrap()
                         .reshaped(mesh.to_vec())
                         .unwrap();
-                    train(Some(&p), tp, opt, Zero::new(stage, 0).unwrap(), rc)
+                    let zero = Zero::new(stage, 0).unwrap().with_gather_bytes(gather);
+                    train(Some(&p), tp, opt, zero, rc)
                 });
                 for (losses, params, _) in &runs {
                     close(losses, &want_losses, &format!("{what}: losses"));

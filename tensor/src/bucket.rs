@@ -52,7 +52,7 @@ pub fn bucket_fits(g: &Tensor, axis: usize, target: BucketTarget) -> bool {
 
 /// The rows `to` gives the member at `at` of the group of `axis`, as a range of the rows of
 /// the piece `from` gives at `coord` (None when that shard is not such a row range).
-fn shard_rows(
+pub(crate) fn shard_rows(
     from: &GlobalLayout,
     to: &GlobalLayout,
     coord: &[usize],
@@ -173,36 +173,51 @@ impl PendingBucket {
         };
         let _ctx = ctx.install();
         let _ng = crate::no_grad();
-        let mine = reduced.to_dtype(own)?;
-        let mine = match mine.ndim() {
-            1 => mine,
-            _ => mine.reshape([mine.numel()])?,
-        };
-        // Outside a capture each piece shares the reduced buffer's memory where the backend
-        // can (a view at its offset: no copy); a capture records the copies it replays.
-        let share = !crate::capture::capturing();
-        let mut at = 0;
-        let mut out = Vec::with_capacity(tos.len());
-        for to in tos {
-            let shape = to.local_shape_at(&coord);
-            let shared = mine
-                .storage()
-                .filter(|_| share)
-                .and_then(|s| s.range_shared(at, &shape));
-            let piece = match shared {
-                Some(s) => Some(Arc::new(s)),
-                None => mine
-                    .narrow(0, at, shape.numel())?
-                    .reshape(shape.clone())?
-                    .0
-                    .piece
-                    .clone(),
-            };
-            at += shape.numel();
-            out.push(Tensor::global_from_shared(piece, to, own, ctx.clone()));
-        }
-        Ok(out)
+        cut_pieces(&reduced.to_dtype(own)?, tos, &coord, &ctx)
     }
+}
+
+/// The tensors laid out `tos` whose pieces at `coord` lie one after another in the flat
+/// buffer `flat` (in their dtype): outside a capture each piece shares the buffer's memory
+/// where the backend can (a view at its offset: no copy); a capture records the copies it
+/// replays.
+pub(crate) fn cut_pieces(
+    flat: &Tensor,
+    tos: Vec<GlobalLayout>,
+    coord: &[usize],
+    ctx: &Context,
+) -> Result<Vec<Tensor>> {
+    let mine = match flat.ndim() {
+        1 => flat.clone(),
+        _ => flat.reshape([flat.numel()])?,
+    };
+    let share = !crate::capture::capturing();
+    let mut at = 0;
+    let mut out = Vec::with_capacity(tos.len());
+    for to in tos {
+        let shape = to.local_shape_at(coord);
+        let shared = mine
+            .storage()
+            .filter(|_| share)
+            .and_then(|s| s.range_shared(at, &shape));
+        let piece = match shared {
+            Some(s) => Some(Arc::new(s)),
+            None => mine
+                .narrow(0, at, shape.numel())?
+                .reshape(shape.clone())?
+                .0
+                .piece
+                .clone(),
+        };
+        at += shape.numel();
+        out.push(Tensor::global_from_shared(
+            piece,
+            to,
+            mine.dtype(),
+            ctx.clone(),
+        ));
+    }
+    Ok(out)
 }
 
 /// Queues the reduction of [`reduce_bucket`] (same arguments, same checks before any
@@ -298,24 +313,29 @@ fn start_checked(
         }
         BucketTarget::Shard => {
             let chunks = (0..group.len())
-                .map(|m| member_chunk(grads, &flats, &tos, &coord, axis, m))
+                .map(|m| member_parts(grads, &flats, &tos, &coord, axis, m))
                 .collect::<Result<Vec<_>>>()?;
-            let width = chunks.iter().map(Tensor::numel).max().unwrap_or(0);
-            let whole = concat(&flats)?;
-            let rows = chunks
+            let width = chunks
                 .iter()
-                .map(|c| {
-                    // Padding (any of this rank's values) sums into columns no member reads.
-                    let row = match width - c.numel() {
-                        0 => c.clone(),
-                        pad => concat(&[c.clone(), whole.narrow(0, 0, pad)?])?,
-                    };
-                    row.reshape([1, width])
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let refs: Vec<&Tensor> = rows.iter().collect();
-            // This rank's row `[1, width]`, flattened in `finish`.
-            Tensor::concat(&refs, 0)?
+                .map(|c| c.iter().map(Tensor::numel).sum::<usize>())
+                .max();
+            let width = width.unwrap_or(0);
+            let mut parts = Vec::new();
+            for mut c in chunks {
+                // Padding sums into columns no member reads.
+                let pad = width - c.iter().map(Tensor::numel).sum::<usize>();
+                if pad > 0 {
+                    c.push(padding(&flats, pad, &sub)?);
+                }
+                parts.extend(c);
+            }
+            if parts.is_empty() {
+                parts.extend(flats.first().map(|f| f.narrow(0, 0, 0)).transpose()?);
+            }
+            // This rank's rows `[group, width]` in one copy, its own row after the collective
+            // (flattened in `finish`).
+            concat(&parts)?
+                .reshape([group.len(), width])?
                 .to_dtype(moved)?
                 .to_global(&sub, partial)?
                 .to_global(&sub, NdSbp::new([Sbp::S(0)]))?
@@ -332,7 +352,7 @@ fn start_checked(
 }
 
 /// One tensor, or the concatenation of several, along dim 0.
-fn concat(flats: &[Tensor]) -> Result<Tensor> {
+pub(crate) fn concat(flats: &[Tensor]) -> Result<Tensor> {
     match flats {
         [one] => Ok(one.clone()),
         _ => {
@@ -342,16 +362,41 @@ fn concat(flats: &[Tensor]) -> Result<Tensor> {
     }
 }
 
+/// Elements `at..at + n` of the 1-d local tensor `flat`: outside a capture a view of its memory
+/// where the backend can (device pieces), else a narrow (a copy, recorded by a capture).
+pub(crate) fn flat_range(flat: &Tensor, at: usize, n: usize) -> Result<Tensor> {
+    let view = flat
+        .storage()
+        .filter(|_| !crate::capture::capturing())
+        .and_then(|s| s.range_shared(at, &crate::Shape::from([n])));
+    match view {
+        Some(s) => Ok(Tensor::from_storage(s)),
+        None => flat.narrow(0, at, n),
+    }
+}
+
+/// `n` elements to pad a row of a bucket with (read by no member): the first elements of a
+/// flat piece long enough, else zeros, on `sub`'s device.
+pub(crate) fn padding(flats: &[Tensor], n: usize, sub: &Placement) -> Result<Tensor> {
+    if let Some(long) = flats.iter().find(|f| f.numel() >= n) {
+        return flat_range(long, 0, n);
+    }
+    let dtype = flats.first().map_or(DType::F32, Tensor::dtype);
+    let members = sub.num_ranks();
+    Ok(Tensor::zeros_global([members * n], dtype, sub, NdSbp::new([Sbp::S(0)]))?.to_local())
+}
+
 /// The elements of this rank's flat pieces that member `m` of the group keeps after the
-/// reduce-scatter: for each tensor, the rows of its piece in `m`'s shard.
-fn member_chunk(
+/// reduce-scatter, in order: for each tensor, the rows of its piece in `m`'s shard (views of
+/// the pieces where the backend can, see [`flat_range`]).
+fn member_parts(
     grads: &[Tensor],
     flats: &[Tensor],
     tos: &[GlobalLayout],
     coord: &[usize],
     axis: usize,
     m: usize,
-) -> Result<Tensor> {
+) -> Result<Vec<Tensor>> {
     let mut at = coord.to_vec();
     at[axis] = m;
     let mut parts = Vec::with_capacity(grads.len());
@@ -366,7 +411,9 @@ fn member_chunk(
             )));
         };
         let row = local.shape().dims().iter().skip(1).product::<usize>();
-        parts.push(flat.narrow(0, rows.start * row, rows.len() * row)?);
+        if !rows.is_empty() && row > 0 {
+            parts.push(flat_range(flat, rows.start * row, rows.len() * row)?);
+        }
     }
-    concat(&parts)
+    Ok(parts)
 }

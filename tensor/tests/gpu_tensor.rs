@@ -383,8 +383,8 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
     checks.report(14, "AdamW copies", child_adamw_copies(world, cuda), |n| {
         format!("{n} AdamW compute copies bit for bit the casts of the new values")
     });
-    checks.report(15, "gradient buckets", child_buckets(world, rank, cuda), |n| {
-        format!("{n} gradient bucket pieces (all-reduce, reduce-scatter; f32, f64, bf16 wire) equal each tensor boxed alone, read and used after the other pieces were dropped")
+    checks.report(15, "gradient and parameter buckets", child_buckets(world, rank, cuda), |n| {
+        format!("{n} bucket pieces (gradients all-reduced and reduce-scattered: f32, f64, bf16 wire; shards all-gathered: f32, bf16, bit for bit) equal each tensor boxed alone, read and used after the other pieces were dropped")
     });
     checks.report(16, "vocabulary-parallel cross-entropy", child_vocab_parallel(world, cuda), |n| {
         format!("{n} vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0")

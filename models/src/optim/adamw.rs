@@ -21,7 +21,7 @@ use oxiflow_tensor::Tensor;
 use oxiflow_tensor::{no_grad, Device};
 
 use super::{
-    check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
+    check_decay, state_in_layout, update_view, write_back_all, Optimizer, Prepared, Update, Zero,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -228,15 +228,16 @@ impl AdamW {
     /// Each new value written back to its leaf's layout, with its compute copy, and the new
     /// moments kept.
     fn write_updates(&mut self, updated: Vec<(usize, AdamWUpdated)>) -> Result<()> {
+        let mut news = Vec::with_capacity(updated.len());
         for (i, new) in updated {
             match &new.copy {
                 Some(copy) => self.params[i].set_value_with_copy(&new.param, Some(copy))?,
-                None => write_back(&self.params[i], &new.param)?,
+                None => news.push((i, new.param)),
             }
             self.m[i] = Some(new.m);
             self.v[i] = Some(new.v);
         }
-        Ok(())
+        write_back_all(&self.params, news, self.zero)
     }
 }
 

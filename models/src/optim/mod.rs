@@ -19,12 +19,12 @@ pub use norm::{
     queue_sum_of_squares, QueuedSum,
 };
 pub use sgd::{Sgd, SgdOptions};
-pub use zero::Zero;
+pub use zero::{Zero, DEFAULT_GATHER_BYTES};
 
 use crate::nn::Parameter;
 use crate::Result;
-use oxiflow_tensor::no_grad;
-use oxiflow_tensor::Tensor;
+use oxiflow_sbp::Sbp;
+use oxiflow_tensor::{gather_bucket, gather_fits, no_grad, Tensor};
 
 /// What checkpoints and training loops need from an optimizer.
 pub trait Optimizer {
@@ -308,6 +308,67 @@ pub(crate) fn write_back(p: &Parameter, new: &Tensor) -> Result<()> {
         _ => new.clone(),
     };
     p.set_value(&new)
+}
+
+/// Writes each updated value `news` (parameter index, value in the state's layout) back as its
+/// parameter's new leaf, as [`write_back`] does one at a time, except that the shards of
+/// ZeRO-1/2 updates are gathered in buckets of at least `zero.gather_bytes()` per dtype and
+/// placement, in the given order (one all-gather each, [`gather_bucket`]); a shard no bucket
+/// can take is gathered alone.
+pub(crate) fn write_back_all(
+    params: &[Parameter],
+    news: Vec<(usize, Tensor)>,
+    zero: Zero,
+) -> Result<()> {
+    let _ng = no_grad();
+    let cap = zero.gather_bytes();
+    // Open buckets: (the parameters and their shards, bytes).
+    let mut open: Vec<(Vec<(usize, Tensor)>, usize)> = Vec::new();
+    let gather = |bucket: Vec<(usize, Tensor)>| -> Result<()> {
+        let shards: Vec<Tensor> = bucket.iter().map(|(_, t)| t.clone()).collect();
+        for ((i, _), full) in bucket.iter().zip(gather_bucket(&shards, zero.axis())?) {
+            params[*i].set_value(&full)?;
+        }
+        Ok(())
+    };
+    for (i, new) in news {
+        let leaf = params[i].value();
+        let own = leaf.nd_sbp();
+        let bucketed = (1..=2).contains(&zero.stage())
+            && cap > 0
+            && own.is_some_and(|o| {
+                new.nd_sbp() != Some(o)
+                    && new
+                        .nd_sbp()
+                        .map(|n| n.with_axis(zero.axis(), Sbp::B))
+                        .as_ref()
+                        == Some(o)
+            })
+            && gather_fits(&new, zero.axis());
+        if !bucketed {
+            write_back(&params[i], &new)?;
+            continue;
+        }
+        let bytes = new.numel() * new.dtype().size();
+        let at = match open.iter().position(|(b, _)| {
+            b[0].1.dtype() == new.dtype() && b[0].1.placement() == new.placement()
+        }) {
+            Some(at) => at,
+            None => {
+                open.push((Vec::new(), 0));
+                open.len() - 1
+            }
+        };
+        open[at].0.push((i, new));
+        open[at].1 += bytes;
+        if open[at].1 >= cap {
+            gather(open.remove(at).0)?;
+        }
+    }
+    for (bucket, _) in open {
+        gather(bucket)?;
+    }
+    Ok(())
 }
 
 /// A state tensor (e.g. from a checkpoint, in any layout of the parameter's placement) boxed

@@ -8,7 +8,7 @@ use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Tensor;
 
 use super::{
-    check_decay, state_in_layout, update_view, write_back, Optimizer, Prepared, Update, Zero,
+    check_decay, state_in_layout, update_view, write_back_all, Optimizer, Prepared, Update, Zero,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,8 +72,9 @@ impl Sgd {
         Ok(self)
     }
 
-    /// The update of parameter `i` from its view, with the gradient scaled by `c`.
-    fn update(&mut self, i: usize, u: Update, c: f64) -> Result<()> {
+    /// The new value of parameter `i` (in its view's layout) from its view, with the gradient
+    /// scaled by `c`; the momentum buffer is updated.
+    fn update(&mut self, i: usize, u: Update, c: f64) -> Result<Tensor> {
         let o = self.opts;
         let Update { value: v, grad: g } = u;
         let mut g = if c == 1.0 { g } else { g.mul_scalar(c)? };
@@ -92,7 +93,7 @@ impl Sgd {
         } else {
             g
         };
-        write_back(&self.params[i], &v.sub(&d.mul_scalar(o.lr)?)?)
+        v.sub(&d.mul_scalar(o.lr)?)
     }
 }
 
@@ -101,11 +102,13 @@ const SLOTS: &[&str] = &["momentum_buffer"];
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _ng = no_grad();
+        let mut news = Vec::new();
         for i in 0..self.params.len() {
             if let Some(u) = update_view(&self.params[i], self.zero)? {
-                self.update(i, u, 1.0)?;
+                news.push((i, self.update(i, u, 1.0)?));
             }
         }
+        write_back_all(&self.params, news, self.zero)?;
         self.steps += 1;
         Ok(())
     }
@@ -114,9 +117,11 @@ impl Optimizer for Sgd {
     }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
+        let mut news = Vec::new();
         for (i, u) in self.prepared.take("Sgd::apply")? {
-            self.update(i, u, scale)?;
+            news.push((i, self.update(i, u, scale)?));
         }
+        write_back_all(&self.params, news, self.zero)?;
         self.steps += 1;
         Ok(())
     }

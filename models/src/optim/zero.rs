@@ -12,18 +12,33 @@ use oxiflow_tensor::Tensor;
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 
-/// ZeRO stage (0: off, 1, 2, 3) and the data-parallel mesh axis it shards over.
+/// ZeRO stage (0: off, 1, 2, 3), the data-parallel mesh axis it shards over, and the size of
+/// the buckets that gather updated shards back into the parameters under stages 1 and 2.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Zero {
     stage: u8,
     axis: usize,
+    gather_bytes: usize,
 }
+
+/// The default size of a bucket of updated shards gathered by one collective: 0, one
+/// all-gather per parameter. Each then writes the parameter's own new memory (no copies) on
+/// the communication stream, and the next forward pass waits only where it first reads that
+/// parameter, so the gathers overlap it. On two H100s over NVLink this beat 25 MiB buckets,
+/// whose copy into and out of the gathered rows runs on the compute stream (see
+/// BENCHMARKS.md); buckets issue fewer collectives, for many small parameters or slow links.
+pub const DEFAULT_GATHER_BYTES: usize = 0;
 
 impl Zero {
     /// No sharding: state, gradients and parameters in the parameters' layouts.
-    pub const OFF: Zero = Zero { stage: 0, axis: 0 };
+    pub const OFF: Zero = Zero {
+        stage: 0,
+        axis: 0,
+        gather_bytes: 0,
+    };
 
-    /// Stage `stage` (0..=3) over mesh axis `axis`.
+    /// Stage `stage` (0..=3) over mesh axis `axis`, gathering updated shards as
+    /// [`DEFAULT_GATHER_BYTES`] says.
     pub fn new(stage: u8, axis: usize) -> Result<Zero> {
         if stage > 3 {
             return Err(TensorError::Autograd {
@@ -31,7 +46,22 @@ impl Zero {
                 detail: format!("ZeRO stage must be 0, 1, 2 or 3, got {stage}"),
             });
         }
-        Ok(Zero { stage, axis })
+        Ok(Zero {
+            stage,
+            axis,
+            gather_bytes: DEFAULT_GATHER_BYTES,
+        })
+    }
+
+    /// Gathers the updated shards of stages 1 and 2 back into the parameters in buckets of at
+    /// least `bytes` (one all-gather per bucket, [`oxiflow_tensor::gather_bucket`]); 0: one
+    /// gather per parameter.
+    pub fn with_gather_bytes(mut self, bytes: usize) -> Zero {
+        self.gather_bytes = bytes;
+        self
+    }
+    pub fn gather_bytes(&self) -> usize {
+        self.gather_bytes
     }
     pub fn stage(&self) -> u8 {
         self.stage

@@ -1,9 +1,11 @@
 //! Gradient buckets on the device: `reduce_bucket` over a 1-d placement (all-reduce and
 //! reduce-scatter targets, the gradients' own dtype and a bf16 wire) against each tensor boxed
 //! alone, with the pieces cut from the reduced buffer (views of its memory on CUDA) read, used
-//! by ops, outliving the buffer's other pieces and the next bucket's allocations.
+//! by ops, outliving the buffer's other pieces and the next bucket's allocations; and
+//! `gather_bucket` (f32, bf16) against each shard gathered alone, bit for bit, its pieces
+//! likewise read after the others were dropped.
 
-use oxiflow_tensor::{reduce_bucket, BucketTarget};
+use oxiflow_tensor::{gather_bucket, reduce_bucket, BucketTarget};
 
 use super::*;
 
@@ -90,6 +92,45 @@ pub(crate) fn child_buckets(
                 .and_then(|t| values(&t))
                 .map_err(|x| e("op", x))?;
             check(i, &doubled, &twice, "doubled")?;
+            checked += 1;
+        }
+    }
+    for (round, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
+        let what = format!("gather {dtype}");
+        let e = |step: &str, err: oxiflow_tensor::TensorError| format!("{what}: {step}: {err}");
+        // Every rank's shards of one broadcast value (uneven, and empty where rows run out).
+        let shards: Vec<Tensor> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let seed = 7_000 + 100 * round as u64 + i as u64;
+                Tensor::randn_global(Shape::from(*s), seed, DType::F32, &pl, Sbp::B)?
+                    .abs()?
+                    .add_scalar(0.125)?
+                    .cast(dtype)?
+                    .to_global(&pl, Sbp::S(0))
+            })
+            .collect::<Result<_>>()
+            .map_err(|x| e("inputs", x))?;
+        let alone: Vec<Vec<f64>> = shards
+            .iter()
+            .map(|s| values(&s.to_global(&pl, Sbp::B)?))
+            .collect::<Result<_>>()
+            .map_err(|x| e("alone", x))?;
+        let mut out = gather_bucket(&shards, 0).map_err(|x| e("gather", x))?;
+        drop(shards);
+        for i in (0..out.len()).rev().filter(|i| i % 2 == 0) {
+            out.remove(i);
+        }
+        for (k, o) in out.iter().enumerate() {
+            let i = 2 * k + 1;
+            if o.dtype() != dtype || o.nd_sbp() != Some(&NdSbp::new([Sbp::B])) {
+                return Err(format!("{what}: tensor {i} came back as {}", o.describe()));
+            }
+            let got = values(o).map_err(|x| e("read", x))?;
+            if got != alone[i] {
+                return Err(format!("{what}: tensor {i} differs from its gather alone"));
+            }
             checked += 1;
         }
     }

@@ -1,0 +1,203 @@
+//! `gather_bucket`: the shards of several tensors gathered over one mesh axis by one
+//! collective equal boxing each tensor alone (S(0) -> B), bit for bit (a P axis aside, whose
+//! parts may be summed in another order): 1-d and 2-d meshes,
+//! either axis, uneven and empty shards, the other axis B, S(0), S(1) or P, f64 and bf16;
+//! shards that are no row ranges of the gathered pieces, mixed dtypes and tensors not split on
+//! dim 0 are a typed error on every rank before any communication.
+
+use std::time::Duration;
+
+use oxiflow_placement::DeviceType;
+use oxiflow_tensor::{
+    gather_bucket, gather_fits, run_ranks, DType, GlobalLayout, NdSbp, Placement, ReduceOp, Sbp,
+    Tensor,
+};
+use proptest::prelude::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// (world size, mesh shape)
+fn mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
+    prop_oneof![
+        Just((1, vec![1])),
+        Just((2, vec![2])),
+        Just((3, vec![3])),
+        Just((4, vec![4])),
+        Just((4, vec![2, 2])),
+        Just((6, vec![2, 3])),
+        Just((6, vec![3, 2])),
+    ]
+}
+
+fn other_sbp() -> impl Strategy<Value = Sbp> {
+    prop_oneof![
+        Just(Sbp::B),
+        Just(Sbp::S(0)),
+        Just(Sbp::S(1)),
+        Just(Sbp::Partial(ReduceOp::Sum))
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    world: usize,
+    shape: Vec<usize>,
+    axis: usize,
+    /// (rows, cols, SBP on the other mesh axis) per tensor; rows may be fewer than members.
+    tensors: Vec<(usize, usize, Sbp)>,
+    dtype: DType,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        mesh(),
+        0usize..2,
+        prop::collection::vec((0usize..9, 1usize..4, other_sbp()), 1..6),
+        prop_oneof![Just(DType::F64), Just(DType::BF16)],
+    )
+        .prop_map(|((world, shape), axis, tensors, dtype)| Case {
+            axis: axis % shape.len(),
+            world,
+            shape,
+            tensors,
+            dtype,
+        })
+}
+
+/// Runs `case` on in-process ranks: (per rank) the pieces the bucket gave with their layouts,
+/// and the pieces each tensor boxed alone gives, or the bucket's error text.
+#[allow(clippy::type_complexity)]
+fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
+    let placement = Placement::new(
+        DeviceType::Cpu,
+        case.shape.clone(),
+        (0..case.world).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    run_ranks(case.world, TIMEOUT, |rank| {
+        let shards: Vec<Tensor> = case
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, &(rows, cols, other))| {
+                let mut sbps = vec![other; case.shape.len()];
+                sbps[case.axis] = Sbp::S(0);
+                let nd = NdSbp::new(sbps);
+                let layout = GlobalLayout::new([rows, cols], &placement, nd.clone()).unwrap();
+                let local = layout.local_shape(rank).unwrap();
+                // Ranks that differ only on a B axis hold the same piece.
+                let coord = placement.coord_of(rank).unwrap();
+                let key: usize = coord
+                    .iter()
+                    .zip(nd.as_slice())
+                    .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
+                    .fold(0, |k, c| k * 10 + c);
+                // Never zero, so a piece copied from the wrong place shows.
+                Tensor::rand(local, (key * 100 + i) as u64, DType::F64)
+                    .add_scalar(0.5)
+                    .unwrap()
+                    .to_dtype(case.dtype)
+                    .unwrap()
+                    .to_global_checked(&placement, nd)
+                    .unwrap()
+            })
+            .collect();
+        let fits = shards.iter().all(|s| gather_fits(s, case.axis));
+        // The whole value on every rank (a P axis may split it into other parts).
+        let whole = |t: &Tensor| {
+            t.to_global(&placement, NdSbp::broadcast(case.shape.len()))
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec::<f64>()
+                .unwrap()
+        };
+        let alone: Vec<Vec<f64>> = shards
+            .iter()
+            .map(|s| {
+                let nd = s.nd_sbp().unwrap().with_axis(case.axis, Sbp::B);
+                whole(&s.to_global(&placement, nd).unwrap())
+            })
+            .collect();
+        match gather_bucket(&shards, case.axis) {
+            Ok(out) => {
+                assert!(fits, "a bucket that does not fit was gathered");
+                for (o, s) in out.iter().zip(&shards) {
+                    let want = s.nd_sbp().unwrap().with_axis(case.axis, Sbp::B);
+                    assert_eq!(o.nd_sbp(), Some(&want));
+                    assert_eq!(o.shape(), s.shape());
+                    assert_eq!(o.dtype(), s.dtype());
+                }
+                let pieces = out.iter().map(whole).collect();
+                Ok((pieces, alone))
+            }
+            Err(e) => {
+                assert!(!fits, "a bucket that fits failed: {e}");
+                Err(e.to_string())
+            }
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn a_bucket_equals_gathering_each_tensor(case in case()) {
+        let got = run(&case);
+        if got.iter().any(|r| r.is_err()) {
+            // Every rank agrees, and only a nested dim-0 split is no row range.
+            prop_assert!(got.iter().all(|r| r.is_err()), "{:?}", got);
+            prop_assert!(case.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
+            for e in got.iter().filter_map(|r| r.as_ref().err()) {
+                prop_assert!(e.contains("not row ranges"), "{}", e);
+            }
+        }
+        // The values move as they are: bit for bit, unless a P axis sums parts (whose order
+        // may differ between the two boxings when it has more than two members).
+        let summed = case.tensors.iter().any(|t| t.2 == Sbp::Partial(ReduceOp::Sum));
+        for (bucket, alone) in got.into_iter().flatten() {
+            if !summed {
+                prop_assert_eq!(bucket, alone);
+                continue;
+            }
+            for (b, a) in bucket.iter().zip(&alone) {
+                prop_assert_eq!(b.len(), a.len());
+                for (x, y) in b.iter().zip(a) {
+                    let tol = if case.dtype == DType::BF16 { 1e-2 } else { 1e-12 };
+                    prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucket_the_gather_cannot_take_is_refused_before_communication() {
+    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+    let errs = run_ranks(2, TIMEOUT, |rank| {
+        let s0 = NdSbp::new([Sbp::S(0)]);
+        let a = Tensor::randn([3], rank as u64, DType::F64)
+            .to_global(&placement, s0.clone())
+            .unwrap();
+        let b = Tensor::randn([3], rank as u64, DType::F32)
+            .to_global(&placement, s0)
+            .unwrap();
+        let c = Tensor::randn([2, 3], rank as u64, DType::F64)
+            .to_global(&placement, Sbp::S(1))
+            .unwrap();
+        (
+            gather_bucket(&[a.clone(), b], 0).unwrap_err().to_string(),
+            gather_bucket(&[a, c], 0).unwrap_err().to_string(),
+        )
+    });
+    for (dtype, split) in errs {
+        assert!(
+            dtype.contains("gather_bucket") && dtype.contains("dtype"),
+            "{dtype}"
+        );
+        assert!(
+            split.contains("not split along dim 0 on mesh axis 0"),
+            "{split}"
+        );
+    }
+}

@@ -2,7 +2,8 @@
 //! --compile` replays each step from its planned arena on the device (one block per program and
 //! rank, every buffer a view at its offset, kernels writing into them, boxing results copied
 //! in) and gives the eager loss curve: f32, 12 steps, at most 1e-5 relative, on 1 GPU, and on 2
-//! GPUs with DP2 (buckets), TP2 and a PP2 1F1B pipeline, the replays from the third step on
+//! GPUs with DP2 (buckets), TP2, a PP2 1F1B pipeline, ZeRO-2 (parameters all-gathered by the
+//! update, outside the graph) and ZeRO-3, the replays from the third step on
 //! launching one CUDA graph per rank (the job says so). Without GPUs it prints "skipped: ...".
 
 mod common;
@@ -53,6 +54,8 @@ fn compiled_steps_on_gpus_equal_eager() {
             (2, &["--dp", "2", "--bucket-mb", "0.05"][..]),
             (2, &["--tp", "2"][..]),
             (2, &["--pp", "2", "--micro-batches", "2"][..]),
+            (2, &["--dp", "2", "--zero", "2"][..]),
+            (2, &["--dp", "2", "--zero", "3"][..]),
         ]);
     } else {
         eprintln!("gpu_compile: the 2-GPU layouts skipped: {gpus} GPU visible");

@@ -7,7 +7,9 @@
 //! launches it only when it may: an input with another piece is copied into the captured one,
 //! which must then be the graph's alone; a large output piece of an
 //! earlier launch must no longer be held (the launch writes it again), while small outputs
-//! (a loss a caller keeps for its log) are handed out as copies made after each launch. When
+//! (a loss a caller keeps for its log) are handed out as copies made after each launch. Before
+//! the capture and each launch the compute stream waits for the collectives that wrote the
+//! inputs (a ZeRO-1/2 parameter's all-gather): a capture cannot record that wait. When
 //! it may not, that replay runs launch by launch (same results, in the same arena). Where no graph can be captured
 //! (the CPU, a device that cannot, ops timed or traced, `OXIFLOW_CUDA_GRAPH=0`) every replay
 //! runs launch by launch, and the note says why.
@@ -16,8 +18,8 @@ use std::sync::Arc;
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{
-    capture_graph, copy_storage, duplicate_storage, BoundPiece, Device, DeviceGraph, Storage,
-    Tensor, TensorError,
+    capture_graph, copy_storage, duplicate_storage, order_after_collectives, BoundPiece, Device,
+    DeviceGraph, Storage, Tensor, TensorError,
 };
 
 use crate::error::{CompileError, Result};
@@ -119,6 +121,10 @@ impl GraphReplay {
         for (now, c) in copies {
             copy_storage(now, c)?;
         }
+        // The launch reads the bound pieces: after the collectives that wrote them.
+        for p in self.inputs.iter().flatten() {
+            order_after_collectives(p.piece());
+        }
         Ok(Ok(()))
     }
 
@@ -192,6 +198,11 @@ pub(crate) fn replay_with_graph(
             if *replays == 0 {
                 *replays = 1;
                 return Ok(GraphRun::launches(launches()?, None));
+            }
+            // A step input written by a collective (a ZeRO-1/2 parameter's all-gather, say) is
+            // waited for now: a capture cannot record the wait on work queued before it.
+            for p in inputs.iter().filter_map(piece_of) {
+                order_after_collectives(p);
             }
             let mut outs = None;
             let captured = capture_graph(device, &mut || match launches() {

@@ -1,10 +1,11 @@
 //! The bf16 compute copies AdamW writes with each update (mixed precision: f32 leaves, bf16
 //! layers) against the cast path: a GPT trained with the copies gives bit for bit the losses
 //! and parameters of the same GPT whose copies are dropped after every step (so every forward
-//! pass casts its leaves), one rank and in-process meshes (DP2, TP2, DP2xTP2, ZeRO-2 and
-//! ZeRO-3). A copy is there exactly where the update ran in the leaf's layout (not under
-//! ZeRO-1/2, whose shards are gathered in f32), equals the leaf's cast, and a leaf replaced by
-//! `set_value` is never computed with its old copy.
+//! pass casts its leaves), one rank and in-process meshes (DP2, TP2, DP2xTP2, ZeRO-1, 2 and
+//! 3; ZeRO-1/2 gathering each shard alone or in buckets). A copy is there exactly where the
+//! update ran in the leaf's layout (not under ZeRO-1/2, whose shards are gathered in f32),
+//! equals the leaf's cast, and a leaf replaced by `set_value` is never computed with its old
+//! copy.
 
 use std::time::Duration;
 
@@ -39,11 +40,12 @@ fn values(t: &Tensor) -> Vec<u64> {
 }
 
 /// Losses and final parameters (as bits) of `STEPS` steps on `mesh` (None: local) with ZeRO
-/// `stage`; `cast_path` drops every copy after each step. Also checks the copies after each
-/// step: present exactly when `copies_expected`, equal to the leaf's cast.
+/// `stage` gathering updated shards in buckets of `gather` bytes (0: each alone); `cast_path`
+/// drops every copy after each step. Also checks the copies after each step: present exactly
+/// when `copies_expected`, equal to the leaf's cast.
 fn train(
     mesh: Option<[usize; 2]>,
-    stage: u8,
+    (stage, gather): (u8, usize),
     cast_path: bool,
     copies_expected: bool,
 ) -> (Vec<u64>, Vec<Vec<u64>>) {
@@ -75,7 +77,7 @@ fn train(
             .with_zero(if stage == 0 {
                 Zero::OFF
             } else {
-                Zero::new(stage, 0).unwrap()
+                Zero::new(stage, 0).unwrap().with_gather_bytes(gather)
             })
             .unwrap();
         let (b, t) = (4, cfg.seq_len);
@@ -119,19 +121,23 @@ fn train(
 #[test]
 fn the_copies_give_the_cast_paths_bits_in_every_layout() {
     for (mesh, stage, copies) in [
-        (None, 0, true),
-        (Some([1, 1]), 0, true),
-        (Some([2, 1]), 0, true),
-        (Some([1, 2]), 0, true),
-        (Some([2, 2]), 0, true),
-        (Some([2, 1]), 2, false),
-        (Some([2, 1]), 3, true),
-        (Some([2, 2]), 3, true),
+        (None, (0, 0), true),
+        (Some([1, 1]), (0, 0), true),
+        (Some([2, 1]), (0, 0), true),
+        (Some([1, 2]), (0, 0), true),
+        (Some([2, 2]), (0, 0), true),
+        (Some([2, 1]), (1, 0), false),
+        (Some([2, 1]), (2, 0), false),
+        (Some([2, 1]), (2, 4096), false),
+        (Some([2, 2]), (2, 0), false),
+        (Some([2, 2]), (1, 1 << 20), false),
+        (Some([2, 1]), (3, 0), true),
+        (Some([2, 2]), (3, 0), true),
     ] {
         let with = train(mesh, stage, false, copies);
         let without = train(mesh, stage, true, copies);
-        assert_eq!(with.0, without.0, "{mesh:?} ZeRO-{stage}: losses");
-        assert_eq!(with.1, without.1, "{mesh:?} ZeRO-{stage}: parameters");
+        assert_eq!(with.0, without.0, "{mesh:?} ZeRO {stage:?}: losses");
+        assert_eq!(with.1, without.1, "{mesh:?} ZeRO {stage:?}: parameters");
         let first = f64::from_bits(with.0[0]);
         assert!(first.is_finite(), "{mesh:?}: {first}");
     }

@@ -148,6 +148,16 @@ pub fn capture_graph(
     }
 }
 
+/// Orders the device's compute stream after the collectives that touched `piece` and that it
+/// has not waited for (see [`DeviceStorage::order_after_collectives`]); nothing on the host.
+/// Do it before a device graph is captured or launched that reads the piece: inside a capture
+/// such a wait would be an operation the capture cannot record.
+pub fn order_after_collectives(piece: &Storage) {
+    if let Storage::Device(d) = piece {
+        d.order_after_collectives();
+    }
+}
+
 /// A copy of `src` in memory of its own (on its device).
 pub fn duplicate_storage(src: &Storage) -> Result<Storage> {
     match src {

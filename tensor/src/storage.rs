@@ -59,6 +59,11 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn memory_is_its_own(&self) -> bool {
         false
     }
+    /// Makes the device's compute stream wait for the collectives that wrote or read this
+    /// piece's memory and that it has not waited for yet, so that work queued there next (a
+    /// graph launched next, say) comes after them. The default does nothing: a backend without
+    /// such collectives has nothing to wait for.
+    fn order_after_collectives(&self) {}
 }
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.

@@ -167,4 +167,9 @@ impl DeviceStorage for CudaStorage {
     fn memory_is_its_own(&self) -> bool {
         Arc::strong_count(&self.block) == 1
     }
+    fn order_after_collectives(&self) {
+        // The address is not used: taking it orders the compute stream after the block's
+        // collectives.
+        let _ = self.block.ptr();
+    }
 }

@@ -142,19 +142,23 @@ fn gather_checked(shards: &[Tensor], axis: usize, tos: Vec<GlobalLayout>) -> Res
     let rank = ctx.rank();
     let placement_err =
         |e: oxiflow_placement::PlacementError| bucket_err(format!("placement {placement}: {e}"));
+    let relabel = || {
+        shards
+            .iter()
+            .zip(&tos)
+            .map(|(s, to)| s.to_global(placement, to.nd_sbp().clone()))
+            .collect()
+    };
     let (Some(group), Some(coord)) = (
         placement.axis_group_of(rank, axis).map_err(placement_err)?,
         placement.coord_of(rank),
     ) else {
-        return Ok(shards.to_vec());
+        // A rank outside the placement holds no piece: only the layouts change.
+        return relabel();
     };
     if group.len() == 1 {
         // One member holds everything: each tensor is relabelled (no copy, no collective).
-        return shards
-            .iter()
-            .zip(&tos)
-            .map(|(s, to)| s.to_global(placement, to.nd_sbp().clone()))
-            .collect();
+        return relabel();
     }
     // (offset in the member's row, elements) of each tensor's part, per member.
     let mut parts = vec![Vec::with_capacity(shards.len()); group.len()];

@@ -5,8 +5,11 @@
 //! shards that are no row ranges of the gathered pieces, mixed dtypes and tensors not split on
 //! dim 0 are a typed error on every rank before any communication.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{bucket_mesh, other_axis_sbp};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     gather_bucket, gather_fits, run_ranks, DType, GlobalLayout, NdSbp, Placement, ReduceOp, Sbp,
@@ -15,28 +18,6 @@ use oxiflow_tensor::{
 use proptest::prelude::*;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// (world size, mesh shape)
-fn mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
-    prop_oneof![
-        Just((1, vec![1])),
-        Just((2, vec![2])),
-        Just((3, vec![3])),
-        Just((4, vec![4])),
-        Just((4, vec![2, 2])),
-        Just((6, vec![2, 3])),
-        Just((6, vec![3, 2])),
-    ]
-}
-
-fn other_sbp() -> impl Strategy<Value = Sbp> {
-    prop_oneof![
-        Just(Sbp::B),
-        Just(Sbp::S(0)),
-        Just(Sbp::S(1)),
-        Just(Sbp::Partial(ReduceOp::Sum))
-    ]
-}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -50,9 +31,9 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     (
-        mesh(),
+        bucket_mesh(),
         0usize..2,
-        prop::collection::vec((0usize..9, 1usize..4, other_sbp()), 1..6),
+        prop::collection::vec((0usize..9, 1usize..4, other_axis_sbp()), 1..6),
         prop_oneof![Just(DType::F64), Just(DType::BF16)],
     )
         .prop_map(|((world, shape), axis, tensors, dtype)| Case {
@@ -199,5 +180,47 @@ fn a_bucket_the_gather_cannot_take_is_refused_before_communication() {
             split.contains("not split along dim 0 on mesh axis 0"),
             "{split}"
         );
+    }
+}
+
+/// A rank outside the tensors' placement (a pipeline stage's parameters seen from another
+/// stage) gets them laid out gathered, with no piece and no communication; the members get the
+/// values.
+#[test]
+fn a_rank_outside_the_placement_gets_the_layouts_only() {
+    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+    let out = run_ranks(3, TIMEOUT, |_| {
+        let whole = Tensor::arange(0.0, 10.0, 1.0, DType::F64)
+            .unwrap()
+            .add_scalar(1.0)
+            .unwrap()
+            .reshape([5, 2])
+            .unwrap();
+        let shard = whole
+            .to_global(&placement, Sbp::B)
+            .unwrap()
+            .to_global(&placement, Sbp::S(0))
+            .unwrap();
+        let got = gather_bucket(&[shard.clone(), shard], 0).unwrap();
+        got.iter()
+            .map(|t| {
+                (
+                    t.nd_sbp().cloned(),
+                    t.shape().clone(),
+                    t.to_local().to_vec::<f64>().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    let want: Vec<f64> = (1..=10).map(f64::from).collect();
+    for (rank, got) in out.iter().enumerate() {
+        for (nd, shape, local) in got {
+            assert_eq!(nd.as_ref(), Some(&NdSbp::new([Sbp::B])), "rank {rank}");
+            assert_eq!(shape.dims(), &[5, 2]);
+            match rank {
+                2 => assert!(local.is_empty(), "rank 2 holds {local:?}"),
+                _ => assert_eq!(local, &want, "rank {rank}"),
+            }
+        }
     }
 }

@@ -6,8 +6,11 @@
 //! summed); a shard that is not a row range of the piece is a typed error on
 //! every rank of the group before any communication.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{bucket_mesh, other_axis_sbp};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, GlobalLayout, NdSbp, Placement,
@@ -16,27 +19,6 @@ use oxiflow_tensor::{
 use proptest::prelude::*;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// (world size, mesh shape)
-fn mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
-    prop_oneof![
-        Just((1, vec![1])),
-        Just((2, vec![2])),
-        Just((3, vec![3])),
-        Just((4, vec![2, 2])),
-        Just((6, vec![2, 3])),
-        Just((6, vec![3, 2])),
-    ]
-}
-
-fn other_sbp() -> impl Strategy<Value = Sbp> {
-    prop_oneof![
-        Just(Sbp::B),
-        Just(Sbp::S(0)),
-        Just(Sbp::S(1)),
-        Just(Sbp::Partial(ReduceOp::Sum))
-    ]
-}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -52,9 +34,9 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     (
-        mesh(),
+        bucket_mesh(),
         0usize..2,
-        prop::collection::vec((0usize..7, 1usize..4, other_sbp()), 1..5),
+        prop::collection::vec((0usize..7, 1usize..4, other_axis_sbp()), 1..5),
         prop_oneof![Just(BucketTarget::Broadcast), Just(BucketTarget::Shard)],
         prop_oneof![Just(None), Just(Some(DType::F32)), Just(Some(DType::BF16))],
     )

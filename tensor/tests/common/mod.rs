@@ -1,14 +1,16 @@
 //! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, running a
 //! closure on every rank of a placement, reading values (whole global ones too, or their bits), the weighted
 //! sum a gradient test differentiates, finite-difference gradient checks, array comparison
-//! with an f32 tolerance, and the f64 reference of the padded cross-entropy.
+//! with an f32 tolerance, the f64 reference of the padded cross-entropy, and the meshes and
+//! SBPs the bucket tests draw.
 
 #![allow(dead_code)]
 
 use std::time::Duration;
 
 use ndarray::ArrayD;
-use oxiflow_tensor::{run_ranks, DeviceType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{run_ranks, DeviceType, NdSbp, Placement, ReduceOp, Sbp, Tensor};
+use proptest::prelude::*;
 
 /// A placement over `n` ranks of mesh `mesh` (product = n), ranks permuted by `perm_seed`.
 pub fn placement(mesh: &[usize], perm_seed: u64) -> Placement {
@@ -222,4 +224,27 @@ pub fn linear_cross_entropy_reference(
         }
     }
     (c * loss.iter().sum::<f64>(), dx, dw)
+}
+
+/// (world size, mesh shape) of the bucket tests: 1-d and 2-d meshes of up to six ranks.
+pub fn bucket_mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
+    prop_oneof![
+        Just((1, vec![1])),
+        Just((2, vec![2])),
+        Just((3, vec![3])),
+        Just((4, vec![4])),
+        Just((4, vec![2, 2])),
+        Just((6, vec![2, 3])),
+        Just((6, vec![3, 2])),
+    ]
+}
+
+/// The SBP of a bucket test's tensor on the mesh axis the bucket does not use.
+pub fn other_axis_sbp() -> impl Strategy<Value = Sbp> {
+    prop_oneof![
+        Just(Sbp::B),
+        Just(Sbp::S(0)),
+        Just(Sbp::S(1)),
+        Just(Sbp::Partial(ReduceOp::Sum))
+    ]
 }

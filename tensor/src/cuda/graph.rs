@@ -80,6 +80,9 @@ pub(crate) fn capture(
     if let Some(why) = refusal() {
         return Err(derr(op, format!("not captured: {why}")));
     }
+    // A background cuDNN plan's warm-up orders the compute stream after its own stream: done
+    // before the capture begins.
+    super::cudnn_attention::wait_for_background_plans();
     rt.bind(op)?;
     let memory = rt
         .pool

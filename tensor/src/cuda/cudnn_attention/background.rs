@@ -1,8 +1,11 @@
 //! The backward plan of a fused attention built on a background thread while the forward pass
-//! goes on: a forward that cuDNN served in a step that records gradients asks for the plan its
-//! backward will need ([`prepare_backward`]); a thread with a cuDNN handle of its own (plans are
-//! built on one handle while the op's handle runs the forward) builds it and caches it with that
-//! handle. The backward op waits for a build under way ([`wait_for`], at most [`WAIT`]) instead
+//! goes on: a forward that cuDNN will serve in a step that records gradients asks for the plan
+//! its backward will need ([`prepare_backward`], before the forward builds its own, so the two
+//! build side by side); a thread with a cuDNN handle of its own (plans are built on one handle
+//! while the op's handle runs the forward) builds it, runs it once on scratch memory on a side
+//! stream (so the driver compiles its kernels there, not at the op's first launch) and caches it
+//! with that handle. A device graph capture first waits for builds under way
+//! ([`wait_for_all`]). The backward op waits for a build under way ([`wait_for`], at most [`WAIT`]) instead
 //! of starting a second one; a refusal is cached like the op's own and reported by the backward
 //! op, which falls back as it would have; any other failure leaves the op to build the plan and
 //! report what it meets.
@@ -10,12 +13,15 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use std::ffi::c_void;
+
 use super::{
-    backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes,
-    BackwardViews, Cached, Key, NoPlan, State, STATE,
+    backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes, state_in,
+    BackwardRun, BackwardViews, BackwardWorkspace, Cached, Key, NoPlan, State, STATE,
 };
-use crate::cuda::raw::AttentionBackward;
-use crate::cuda::CudaRuntime;
+use crate::cuda::raw::{AttentionBackward, Bhtd, FResult, FusedError};
+use crate::cuda::{Block, CudaRuntime};
+use ffi::Api;
 
 /// The longest a backward op waits for a background build before it builds the plan itself.
 const WAIT: Duration = Duration::from_secs(300);
@@ -95,8 +101,9 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     let key = Key::of(true, &s, a.deterministic, &views);
     let pending = {
         let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
-        // No state: cuDNN has served no forward in this process.
-        let Some(st) = g.as_mut() else {
+        // The first forward's call comes before that forward makes the process's state: make
+        // it here, so the two plans build side by side from the first layer on.
+        let Ok(st) = state_in(&mut g, api, rt, op) else {
             return;
         };
         if backward_refusal(st.version, s.seq).is_some() {
@@ -120,6 +127,11 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
                         sdpa::backward(g, &z, &x, a.deterministic, var)
                     })
                     .map(|plan| Cached { plan, handle })
+                    .inspect(|cached| {
+                        if let Err(e) = warm_up(api, &rt, cached, &a) {
+                            tracing::debug!("the cuDNN attention backward warm-up failed: {e}");
+                        }
+                    })
                     .inspect_err(|_| {
                         // SAFETY: the handle is live, made here and used by nothing else.
                         unsafe { (api.destroy)(handle) };
@@ -147,6 +159,119 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
         }
         drop(g);
         pending.finish();
+    }
+}
+
+/// Runs the freshly built plan `cached` once, for the shapes and strides of `a`, on scratch
+/// memory and a stream forked from the compute stream: cuDNN's runtime-compiled kernels are
+/// loaded, and their PTX compiled by the driver, at their first launch, which then happens on
+/// this thread instead of in the backward op. The results are discarded; the compute stream
+/// waits for the run before the scratch memory goes back to the pool. It is skipped where the
+/// scratch would take over an eighth of the free device memory; a failure or a skip only
+/// leaves that compile to the op.
+fn warm_up(
+    api: &'static Api,
+    rt: &Arc<CudaRuntime>,
+    cached: &Cached,
+    a: &AttentionBackward,
+) -> FResult<()> {
+    let op = "cudnn attention backward (warm-up)";
+    let s = a.shape;
+    let dims = [s.batch, s.heads, s.seq, s.head_dim];
+    let extent = |v: &Bhtd| {
+        1 + dims
+            .iter()
+            .zip(v.strides)
+            .map(|(&n, st)| n.saturating_sub(1) * st.max(0) as usize)
+            .sum::<usize>()
+    };
+    let elem = s.dtype.size();
+    // The inputs share one block, and so do the three gradients (their values are not read).
+    let widest = |views: &[Bhtd]| views.iter().map(extent).max().unwrap_or(1) * elem;
+    let inputs = widest(&[a.q, a.k, a.v, a.o, a.d_o]);
+    let outputs = widest(&[a.dq, a.dk, a.dv]);
+    let lse_bytes = s.batch * s.heads * s.seq * 4;
+    let ws = BackwardWorkspace::of(&cached.plan, a);
+    // Skipped where the scratch would take a large part of the free memory: the op then
+    // compiles the kernels at its first launch, as it would without this run.
+    let (free, _) = rt.memory_info()?;
+    let scratch = inputs + outputs + lse_bytes + ws.bytes;
+    if scratch > free / 8 {
+        return Err(FusedError::Unavailable {
+            op,
+            lib: "cuDNN",
+            detail: format!("{scratch} bytes of scratch with {free} bytes free"),
+        });
+    }
+    let input = Block::alloc(rt, inputs)?;
+    let output = Block::alloc(rt, outputs)?;
+    let lse = Block::alloc(rt, lse_bytes)?;
+    let work = Block::alloc(rt, ws.bytes)?;
+    let mut w = *a;
+    for v in [&mut w.q, &mut w.k, &mut w.v, &mut w.o, &mut w.d_o] {
+        v.ptr = input.ptr();
+    }
+    for v in [&mut w.dq, &mut w.dk, &mut w.dv] {
+        v.ptr = output.ptr();
+    }
+    w.lse = lse.ptr();
+    let drv = |what: &str, e: cudarc::driver::DriverError| {
+        FusedError::Tensor(crate::cuda::derr(op, format!("{what}: {e}")))
+    };
+    // The side stream starts after the compute stream's work so far, which includes every
+    // earlier use of the scratch blocks.
+    let side = rt.stream().fork().map_err(|e| drv("forking a stream", e))?;
+    for (ptr, bytes) in [(input.ptr(), inputs), (lse.ptr(), lse_bytes)] {
+        // SAFETY: each range lies inside its block, which outlives the side stream's work
+        // (the compute stream waits for it below, before the blocks are dropped).
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, side.cu_stream()) }
+            .map_err(|e| drv("zeroing the scratch inputs", e))?;
+    }
+    let on = |stream: &cudarc::driver::CudaStream| {
+        // SAFETY: the handle is live and used by this thread alone until it is handed over;
+        // the stream belongs to its context.
+        let st = unsafe { (api.set_stream)(cached.handle, stream.cu_stream() as *mut c_void) };
+        match st {
+            0 => Ok(()),
+            st => Err(FusedError::Unavailable {
+                op,
+                lib: "cuDNN",
+                detail: format!("cudnnSetStream: {}", api.describe(st)),
+            }),
+        }
+    };
+    on(&side)?;
+    // SAFETY: no arguments.
+    let version = unsafe { (api.version)() };
+    let run = BackwardRun {
+        api,
+        op,
+        rt,
+        stream: &side,
+        version,
+    };
+    let ran = run.execute(cached, &w, &ws, work.ptr());
+    let back = on(rt.stream());
+    let joined = rt
+        .stream()
+        .join(&side)
+        .map_err(|e| drv("ordering the compute stream", e));
+    ran.and(back).and(joined)
+}
+
+/// Waits (at most [`WAIT`] each) for every background build under way: a capture on the
+/// compute stream must not see a build's warm-up order that stream after its side stream.
+pub(crate) fn wait_for_all() {
+    let pending: Vec<Arc<Pending>> = {
+        let g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref()
+            .map(|st| st.pending.values().cloned().collect())
+            .unwrap_or_default()
+    };
+    for p in pending {
+        if !p.wait(WAIT) {
+            tracing::warn!("a background cuDNN attention backward plan took over {WAIT:?}");
+        }
     }
 }
 

@@ -6,8 +6,9 @@
 //!
 //! cuDNN is loaded at run time (`cuda_libs::ensure_cudnn`); one handle per process sits on the
 //! runtime's compute stream; execution plans are cached by everything that shapes them (sizes,
-//! type, causal, strides, determinism), a backward's possibly built ahead on a background
-//! thread with a handle of its own (`background`); workspaces come from the runtime's
+//! type, causal, strides, determinism), a backward's possibly built ahead, and run once on
+//! scratch memory so its kernels are compiled, on a background thread with a handle of its own
+//! (`background`); workspaces come from the runtime's
 //! allocator. cuDNN's flash engines take bf16 and f16 only: f32 is `Unsupported`. A missing
 //! library, a refused graph or unsupported arguments come back as errors for which
 //! `is_fallback()` holds.
@@ -29,7 +30,7 @@ use ffi::{Api, Raw};
 use graph::{Graph, Plan};
 use sdpa::{uid, BackwardViews, Sizes, VARIANTS};
 
-pub(crate) use background::prepare_backward;
+pub(crate) use background::{prepare_backward, wait_for_all as wait_for_background_plans};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -133,13 +134,14 @@ pub(crate) fn cudnn_report() -> Vec<String> {
     out
 }
 
-fn with_state<R>(
+/// The process's state in `g`, made (with its handle on `rt`'s compute stream) if there is
+/// none yet.
+fn state_in<'g>(
+    g: &'g mut Option<State>,
+    api: &'static Api,
     rt: &CudaRuntime,
     op: &'static str,
-    f: impl FnOnce(&'static Api, &mut State) -> FResult<R>,
-) -> FResult<R> {
-    let api = ffi::api(op)?;
-    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+) -> FResult<&'g mut State> {
     if g.is_none() {
         let handle = create_handle(api, rt, op)?;
         // SAFETY: no arguments.
@@ -152,6 +154,21 @@ fn with_state<R>(
             pending: HashMap::new(),
         });
     }
+    g.as_mut().ok_or_else(|| FusedError::Unavailable {
+        op,
+        lib: "cuDNN",
+        detail: "no handle".into(),
+    })
+}
+
+fn with_state<R>(
+    rt: &CudaRuntime,
+    op: &'static str,
+    f: impl FnOnce(&'static Api, &mut State) -> FResult<R>,
+) -> FResult<R> {
+    let api = ffi::api(op)?;
+    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    state_in(&mut g, api, rt, op)?;
     match g.as_mut() {
         Some(state) => f(api, state),
         None => Err(FusedError::Unavailable {
@@ -368,8 +385,31 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
         let cached = plan_for(api, st, op, key, |g, var| {
             sdpa::backward(g, &z, &x, a.deterministic, var)
         })?;
-        let plan = &cached.plan;
-        // Workspace: the plan's, then Dsum (f32 [b, h, t]), then the dQ accumulator.
+        let ws = BackwardWorkspace::of(&cached.plan, a);
+        let block = Block::alloc(rt, ws.bytes)?;
+        let run = BackwardRun {
+            api,
+            op,
+            rt,
+            stream: rt.stream(),
+            version,
+        };
+        run.execute(cached, a, &ws, block.ptr())
+    })
+}
+
+/// Where a backward's workspace puts the plan's own part, Dsum (f32 `[b, h, t]`) and the dQ
+/// accumulator (f32, absent when deterministic), and its size.
+struct BackwardWorkspace {
+    off_sum: usize,
+    off_acc: usize,
+    acc_bytes: usize,
+    bytes: usize,
+}
+
+impl BackwardWorkspace {
+    fn of(plan: &Plan, a: &AttentionBackward) -> BackwardWorkspace {
+        let s = a.shape;
         let align = |n: usize| n.div_ceil(256) * 256;
         let rows = s.batch * s.heads * s.seq;
         let (off_sum, off_acc) = (
@@ -381,25 +421,52 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
         } else {
             rows * s.head_dim * 4
         };
-        let ws = Block::alloc(rt, off_acc + acc_bytes.max(1))?;
-        let base = ws.ptr();
-        if acc_bytes > 0 && version < 90600 {
-            rt.bind(op)?;
+        BackwardWorkspace {
+            off_sum,
+            off_acc,
+            acc_bytes,
+            bytes: off_acc + acc_bytes.max(1),
+        }
+    }
+}
+
+/// What one execution of a backward plan runs with: the API, the op's name, the runtime, the
+/// stream its handle is on and the cuDNN version.
+struct BackwardRun<'r> {
+    api: &'static Api,
+    op: &'static str,
+    rt: &'r CudaRuntime,
+    stream: &'r cudarc::driver::CudaStream,
+    version: usize,
+}
+
+impl BackwardRun<'_> {
+    /// Executes `cached` for `a`, the workspace laid out `ws` at device address `base`.
+    fn execute(
+        &self,
+        cached: &Cached,
+        a: &AttentionBackward,
+        ws: &BackwardWorkspace,
+        base: u64,
+    ) -> FResult<()> {
+        let (api, op, s) = (self.api, self.op, a.shape);
+        if ws.acc_bytes > 0 && self.version < 90600 {
+            self.rt.bind(op)?;
             // SAFETY: the accumulator lies inside the workspace block; the memset is ordered on
-            // the compute stream before the execution below.
+            // the plan's stream before the execution below.
             unsafe {
                 cudarc::driver::result::memset_d8_async(
-                    base + off_acc as u64,
+                    base + ws.off_acc as u64,
                     0,
-                    acc_bytes,
-                    rt.stream().cu_stream(),
+                    ws.acc_bytes,
+                    self.stream.cu_stream(),
                 )
             }
             .map_err(|e| {
                 FusedError::Tensor(super::derr(op, format!("zeroing dQ accumulator: {e}")))
             })?;
         }
-        let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(version), 1.0f32);
+        let (mut scale, mut ninf, mut one) = (s.scale, neg_inf(self.version), 1.0f32);
         let mut bind = vec![
             (uid::Q, dev(a.q.ptr)),
             (uid::K, dev(a.k.ptr)),
@@ -412,17 +479,17 @@ pub(crate) fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<
             (uid::DV, dev(a.dv.ptr)),
             (uid::SCALE, (&mut scale as *mut f32).cast()),
             (uid::ONE, (&mut one as *mut f32).cast()),
-            (uid::SOFTMAX_SUM, dev(base + off_sum as u64)),
+            (uid::SOFTMAX_SUM, dev(base + ws.off_sum as u64)),
         ];
         if s.causal {
             bind.push((uid::NEG_INF, (&mut ninf as *mut f32).cast()));
         }
-        if acc_bytes > 0 {
-            bind.push((uid::DQ_ACCUM, dev(base + off_acc as u64)));
+        if ws.acc_bytes > 0 {
+            bind.push((uid::DQ_ACCUM, dev(base + ws.off_acc as u64)));
         }
-        rt.bind(op)?;
-        plan.execute(api, op, cached.handle, &bind, base)
-    })
+        self.rt.bind(op)?;
+        cached.plan.execute(api, op, cached.handle, &bind, base)
+    }
 }
 
 #[cfg(test)]

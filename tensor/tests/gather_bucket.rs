@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bucket_mesh, other_axis_sbp};
+use common::{bucket_mesh, other_axis_sbp, piece_key};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     gather_bucket, gather_fits, run_ranks, DType, GlobalLayout, NdSbp, Placement, ReduceOp, Sbp,
@@ -66,13 +66,7 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
                 let nd = NdSbp::new(sbps);
                 let layout = GlobalLayout::new([rows, cols], &placement, nd.clone()).unwrap();
                 let local = layout.local_shape(rank).unwrap();
-                // Ranks that differ only on a B axis hold the same piece.
-                let coord = placement.coord_of(rank).unwrap();
-                let key: usize = coord
-                    .iter()
-                    .zip(nd.as_slice())
-                    .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
-                    .fold(0, |k, c| k * 10 + c);
+                let key = piece_key(&placement, rank, &nd);
                 // Never zero, so a piece copied from the wrong place shows.
                 Tensor::rand(local, (key * 100 + i) as u64, DType::F64)
                     .add_scalar(0.5)

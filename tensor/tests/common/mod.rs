@@ -248,3 +248,14 @@ pub fn other_axis_sbp() -> impl Strategy<Value = Sbp> {
         Just(Sbp::Partial(ReduceOp::Sum))
     ]
 }
+
+/// A seed for `rank`'s piece of a tensor laid out `nd` on `placement`: ranks that differ only
+/// on a B axis hold the same piece, so they get the same key.
+pub fn piece_key(placement: &Placement, rank: usize, nd: &NdSbp) -> usize {
+    let coord = placement.coord_of(rank).unwrap();
+    coord
+        .iter()
+        .zip(nd.as_slice())
+        .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
+        .fold(0, |k, c| k * 10 + c)
+}

@@ -127,10 +127,18 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
                         sdpa::backward(g, &z, &x, a.deterministic, var)
                     })
                     .map(|plan| Cached { plan, handle })
-                    .inspect(|cached| {
-                        if let Err(e) = warm_up(api, &rt, cached, &a) {
-                            tracing::debug!("the cuDNN attention backward warm-up failed: {e}");
+                    .and_then(|cached| match warm_up(api, &rt, &cached, &a) {
+                        Ok(()) => Ok(cached),
+                        Err(w) if w.handle_usable => {
+                            tracing::debug!(
+                                "the cuDNN attention backward warm-up did not run: {}",
+                                w.error
+                            );
+                            Ok(cached)
                         }
+                        // The handle is not back on the compute stream: neither it nor the
+                        // plan is handed over (the op builds its own).
+                        Err(w) => Err(NoPlan::Failed(*w.error)),
                     })
                     .inspect_err(|_| {
                         // SAFETY: the handle is live, made here and used by nothing else.
@@ -162,19 +170,36 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     }
 }
 
+/// Why a warm-up did not run, and whether the handle is still on the compute stream (so the
+/// plan can be handed over).
+struct WarmUpFailed {
+    error: Box<FusedError>,
+    handle_usable: bool,
+}
+
+impl From<FusedError> for WarmUpFailed {
+    fn from(error: FusedError) -> WarmUpFailed {
+        WarmUpFailed {
+            error: Box::new(error),
+            handle_usable: true,
+        }
+    }
+}
+
 /// Runs the freshly built plan `cached` once, for the shapes and strides of `a`, on scratch
 /// memory and a stream forked from the compute stream: cuDNN's runtime-compiled kernels are
 /// loaded, and their PTX compiled by the driver, at their first launch, which then happens on
-/// this thread instead of in the backward op. The results are discarded; the compute stream
-/// waits for the run before the scratch memory goes back to the pool. It is skipped where the
-/// scratch would take over an eighth of the free device memory; a failure or a skip only
-/// leaves that compile to the op.
+/// this thread instead of in the backward op. The results are discarded; whatever reached the
+/// side stream, the compute stream waits for it before the scratch memory goes back to the
+/// pool. It is skipped where the scratch would take over an eighth of the free device memory;
+/// a failure or a skip only leaves that compile to the op, unless the handle could not be put
+/// back on the compute stream.
 fn warm_up(
     api: &'static Api,
     rt: &Arc<CudaRuntime>,
     cached: &Cached,
     a: &AttentionBackward,
-) -> FResult<()> {
+) -> Result<(), WarmUpFailed> {
     let op = "cudnn attention backward (warm-up)";
     let s = a.shape;
     let dims = [s.batch, s.heads, s.seq, s.head_dim];
@@ -194,19 +219,23 @@ fn warm_up(
     let ws = BackwardWorkspace::of(&cached.plan, a);
     // Skipped where the scratch would take a large part of the free memory: the op then
     // compiles the kernels at its first launch, as it would without this run.
-    let (free, _) = rt.memory_info()?;
+    let (free, _) = rt.memory_info().map_err(FusedError::from)?;
     let scratch = inputs + outputs + lse_bytes + ws.bytes;
     if scratch > free / 8 {
         return Err(FusedError::Unavailable {
             op,
             lib: "cuDNN",
             detail: format!("{scratch} bytes of scratch with {free} bytes free"),
-        });
+        }
+        .into());
     }
-    let input = Block::alloc(rt, inputs)?;
-    let output = Block::alloc(rt, outputs)?;
-    let lse = Block::alloc(rt, lse_bytes)?;
-    let work = Block::alloc(rt, ws.bytes)?;
+    let alloc = |bytes| Block::alloc(rt, bytes).map_err(FusedError::from);
+    let (input, output, lse, work) = (
+        alloc(inputs)?,
+        alloc(outputs)?,
+        alloc(lse_bytes)?,
+        alloc(ws.bytes)?,
+    );
     let mut w = *a;
     for v in [&mut w.q, &mut w.k, &mut w.v, &mut w.o, &mut w.d_o] {
         v.ptr = input.ptr();
@@ -218,15 +247,6 @@ fn warm_up(
     let drv = |what: &str, e: cudarc::driver::DriverError| {
         FusedError::Tensor(crate::cuda::derr(op, format!("{what}: {e}")))
     };
-    // The side stream starts after the compute stream's work so far, which includes every
-    // earlier use of the scratch blocks.
-    let side = rt.stream().fork().map_err(|e| drv("forking a stream", e))?;
-    for (ptr, bytes) in [(input.ptr(), inputs), (lse.ptr(), lse_bytes)] {
-        // SAFETY: each range lies inside its block, which outlives the side stream's work
-        // (the compute stream waits for it below, before the blocks are dropped).
-        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, side.cu_stream()) }
-            .map_err(|e| drv("zeroing the scratch inputs", e))?;
-    }
     let on = |stream: &cudarc::driver::CudaStream| {
         // SAFETY: the handle is live and used by this thread alone until it is handed over;
         // the stream belongs to its context.
@@ -240,23 +260,47 @@ fn warm_up(
             }),
         }
     };
-    on(&side)?;
-    // SAFETY: no arguments.
-    let version = unsafe { (api.version)() };
-    let run = BackwardRun {
-        api,
-        op,
-        rt,
-        stream: &side,
-        version,
-    };
-    let ran = run.execute(cached, &w, &ws, work.ptr());
-    let back = on(rt.stream());
+    // The side stream starts after the compute stream's work so far, which includes every
+    // earlier use of the scratch blocks.
+    let side = rt.stream().fork().map_err(|e| drv("forking a stream", e))?;
+    let mut moved = false;
+    let ran = (|| -> FResult<()> {
+        for (ptr, bytes) in [(input.ptr(), inputs), (lse.ptr(), lse_bytes)] {
+            // SAFETY: each range lies inside its block, which outlives the side stream's work
+            // (the compute stream waits for it below, before the blocks are dropped).
+            unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, side.cu_stream()) }
+                .map_err(|e| drv("zeroing the scratch inputs", e))?;
+        }
+        on(&side)?;
+        moved = true;
+        // SAFETY: no arguments.
+        let version = unsafe { (api.version)() };
+        let run = BackwardRun {
+            api,
+            op,
+            rt,
+            stream: &side,
+            version,
+        };
+        run.execute(cached, &w, &ws, work.ptr())
+    })();
+    let back = if moved { on(rt.stream()) } else { Ok(()) };
     let joined = rt
         .stream()
         .join(&side)
         .map_err(|e| drv("ordering the compute stream", e));
-    ran.and(back).and(joined)
+    if let Err(error) = back {
+        return Err(WarmUpFailed {
+            error: Box::new(error),
+            handle_usable: false,
+        });
+    }
+    if let Err(error) = joined {
+        // The blocks may still be in use by the side stream: they are kept, not reused.
+        std::mem::forget((input, output, lse, work));
+        return Err(error.into());
+    }
+    Ok(ran?)
 }
 
 /// Waits (at most [`WAIT`] each) for every background build under way: a capture on the

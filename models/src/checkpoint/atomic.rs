@@ -74,34 +74,56 @@ fn exists(path: &Path) -> bool {
 
 /// Refuses a save to `path` when `path`, `<path>.old` or `<path>.partial` holds something that
 /// is not ours. Read-only, so every rank can run it before the save's first barrier (and a
-/// training job before its first step).
+/// training job before its first step). It takes no lock, so another save may publish (rename
+/// and remove those names) while it looks: a name is refused only when it looks foreign on
+/// [`LOOKS`] looks a few milliseconds apart (user data stays put; another save's moves end in
+/// microseconds).
 pub fn check_save_target(path: &Path) -> Result<()> {
-    let refuse = |p: &Path, what: &str| {
-        Err(io_err(
+    let mut verdict = foreign_at(path);
+    for _ in 1..LOOKS {
+        if verdict.is_none() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        verdict = foreign_at(path);
+    }
+    match verdict {
+        None => Ok(()),
+        Some((p, what)) => Err(io_err(
             "checkpoint save",
-            p,
+            &p,
             format!("{what}; refusing to replace it (choose another path or remove it)"),
-        ))
-    };
+        )),
+    }
+}
+
+/// How many times [`check_save_target`] looks before it refuses a name.
+const LOOKS: usize = 4;
+
+/// The first of `path`, `<path>.old` and `<path>.partial` that holds something not ours, and
+/// what, as one look sees them.
+fn foreign_at(path: &Path) -> Option<(PathBuf, &'static str)> {
     if exists(path) && !has_manifest(path) {
         let kind = fs::symlink_metadata(path).map(|m| m.file_type());
         return match kind {
-            Ok(k) if k.is_dir() => refuse(
-                path,
+            Ok(k) if k.is_dir() => Some((
+                path.to_path_buf(),
                 "exists and is not an oxiflow checkpoint (no oxiflow manifest.json)",
-            ),
-            _ => refuse(path, "exists and is not a directory"),
+            )),
+            Ok(_) => Some((path.to_path_buf(), "exists and is not a directory")),
+            // Gone since: another save's rename.
+            Err(_) => None,
         };
     }
     let old = sibling(path, ".old");
-    if exists(&old) && !has_manifest(&old) && !is_empty_dir(&old) {
-        return refuse(&old, "exists and is not an oxiflow checkpoint");
+    if exists(&old) && !has_manifest(&old) && !is_empty_dir(&old) && exists(&old) {
+        return Some((old, "exists and is not an oxiflow checkpoint"));
     }
     let partial = sibling(path, ".partial");
-    if exists(&partial) && !is_our_partial(&partial) {
-        return refuse(&partial, "exists and is not a partial save of oxiflow");
+    if exists(&partial) && !is_our_partial(&partial) && exists(&partial) {
+        return Some((partial, "exists and is not a partial save of oxiflow"));
     }
-    Ok(())
+    None
 }
 
 /// A `<path>.partial` made by a save: it carries the marker, or (once complete) our manifest,

@@ -46,9 +46,7 @@ use crate::CommError;
 
 mod process;
 
-pub use process::{
-    device_graphs_allowed, device_graphs_allowed_from, kernel_cache_dir, kernel_cache_dir_from,
-};
+pub use process::{device_graphs_allowed, kernel_cache_dir};
 
 /// Rendezvous and collective timeout when `OXIFLOW_TIMEOUT` is unset.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

@@ -66,6 +66,33 @@ pub(crate) fn shard_rows(
     fits.then(|| want[0].start - have[0].start..want[0].end - have[0].start)
 }
 
+/// `t`'s layout when it may share a bucket with `first`: global, of `first`'s dtype and
+/// placement; otherwise the error `err` makes of why.
+pub(crate) fn member_layout<'t>(
+    t: &'t Tensor,
+    first: &Tensor,
+    err: fn(String) -> TensorError,
+) -> Result<&'t GlobalLayout> {
+    let Some(layout) = t.layout() else {
+        return Err(err(format!("{} is not global", t.describe())));
+    };
+    if t.dtype() != first.dtype() || t.placement() != first.placement() {
+        return Err(err(format!(
+            "{} and {} differ in dtype or placement",
+            first.describe(),
+            t.describe()
+        )));
+    }
+    Ok(layout)
+}
+
+/// Whether `holds` at every coordinate of `layout`'s placement, so every rank of it reaches
+/// one verdict.
+pub(crate) fn at_every_coord(layout: &GlobalLayout, holds: impl Fn(&[usize]) -> bool) -> bool {
+    let mesh = layout.placement();
+    (0..mesh.num_ranks()).all(|idx| holds(&mesh.coord_of_index(idx)))
+}
+
 /// The layout of each tensor after the reduction, checked before any communication: every
 /// tensor global, on one placement, of one dtype, `P(sum)` on `axis`; a shard target needs a
 /// dim 0, and at every coordinate each member's shard must be a row range of the piece.
@@ -75,16 +102,7 @@ fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Gl
     };
     let mut out = Vec::with_capacity(grads.len());
     for g in grads {
-        let Some(layout) = g.layout() else {
-            return Err(bucket_err(format!("{} is not global", g.describe())));
-        };
-        if g.dtype() != first.dtype() || g.placement() != first.placement() {
-            return Err(bucket_err(format!(
-                "{} and {} differ in dtype or placement",
-                first.describe(),
-                g.describe()
-            )));
-        }
+        let layout = member_layout(g, first, bucket_err)?;
         if layout.nd_sbp().as_slice().get(axis) != Some(&Sbp::Partial(ReduceOp::Sum)) {
             return Err(bucket_err(format!(
                 "{} is not a partial sum on mesh axis {axis}",
@@ -100,15 +118,13 @@ fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Gl
         let to = layout
             .with_nd_sbp(layout.nd_sbp().with_axis(axis, target.sbp()))
             .map_err(|e| bucket_err(format!("{}: {e}", g.describe())))?;
-        // Checked at every coordinate, so every rank of the placement reaches one verdict.
         if target == BucketTarget::Shard {
-            let mesh = layout.placement();
-            let rows = (0..mesh.num_ranks()).all(|idx| {
-                let coord = mesh.coord_of_index(idx);
-                (0..mesh.shape()[axis]).all(|m| {
-                    let mut at = coord.clone();
+            let members = layout.placement().shape()[axis];
+            let rows = at_every_coord(layout, |coord| {
+                (0..members).all(|m| {
+                    let mut at = coord.to_vec();
                     at[axis] = m;
-                    shard_rows(layout, &to, &coord, &at).is_some()
+                    shard_rows(layout, &to, coord, &at).is_some()
                 })
             });
             if !rows {

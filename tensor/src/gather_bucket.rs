@@ -13,7 +13,9 @@ use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp};
 
-use crate::bucket::{concat, cut_pieces, flat_range, padding, shard_rows};
+use crate::bucket::{
+    at_every_coord, concat, cut_pieces, flat_range, member_layout, padding, shard_rows,
+};
 use crate::{Result, Tensor, TensorError};
 
 fn bucket_err(detail: String) -> TensorError {
@@ -64,16 +66,7 @@ fn gathered_layouts(shards: &[Tensor], axis: usize) -> Result<Vec<GlobalLayout>>
     };
     let mut out = Vec::with_capacity(shards.len());
     for s in shards {
-        let Some(layout) = s.layout() else {
-            return Err(bucket_err(format!("{} is not global", s.describe())));
-        };
-        if s.dtype() != first.dtype() || s.placement() != first.placement() {
-            return Err(bucket_err(format!(
-                "{} and {} differ in dtype or placement",
-                first.describe(),
-                s.describe()
-            )));
-        }
+        let layout = member_layout(s, first, bucket_err)?;
         if s.ndim() == 0 || layout.nd_sbp().as_slice().get(axis) != Some(&Sbp::S(0)) {
             return Err(bucket_err(format!(
                 "{} is not split along dim 0 on mesh axis {axis}",
@@ -83,11 +76,9 @@ fn gathered_layouts(shards: &[Tensor], axis: usize) -> Result<Vec<GlobalLayout>>
         let to = layout
             .with_nd_sbp(layout.nd_sbp().with_axis(axis, Sbp::B))
             .map_err(|e| bucket_err(format!("{}: {e}", s.describe())))?;
-        // Checked at every coordinate, so every rank of the placement reaches one verdict.
-        let mesh = layout.placement();
-        let rows = (0..mesh.num_ranks()).all(|idx| {
-            let coord = mesh.coord_of_index(idx);
-            member_rows(layout, &to, &coord, axis, mesh.shape()[axis]).is_some()
+        let members = layout.placement().shape()[axis];
+        let rows = at_every_coord(layout, |coord| {
+            member_rows(layout, &to, coord, axis, members).is_some()
         });
         if !rows {
             return Err(bucket_err(format!(

@@ -12,7 +12,7 @@ pub fn kernel_cache_dir() -> Option<PathBuf> {
 }
 
 /// [`kernel_cache_dir`] with the variables read through `get`.
-pub fn kernel_cache_dir_from(get: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+fn kernel_cache_dir_from(get: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
     match get("OXIFLOW_KERNEL_CACHE") {
         Some(v) if v == "off" || v == "0" || v.is_empty() => None,
         Some(v) => Some(PathBuf::from(v)),
@@ -35,7 +35,7 @@ pub fn device_graphs_allowed() -> bool {
 
 /// [`device_graphs_allowed`] with the variables read through `get`: anything but `0` allows
 /// them.
-pub fn device_graphs_allowed_from(get: impl Fn(&str) -> Option<OsString>) -> bool {
+fn device_graphs_allowed_from(get: impl Fn(&str) -> Option<OsString>) -> bool {
     get("OXIFLOW_CUDA_GRAPH").is_none_or(|v| v.to_str().map(str::trim) != Some("0"))
 }
 

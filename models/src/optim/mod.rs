@@ -23,7 +23,6 @@ pub use zero::{Zero, DEFAULT_GATHER_BYTES};
 
 use crate::nn::Parameter;
 use crate::Result;
-use oxiflow_sbp::Sbp;
 use oxiflow_tensor::{gather_bucket, gather_fits, no_grad, Tensor};
 
 /// What checkpoints and training loops need from an optimizer.
@@ -332,18 +331,12 @@ pub(crate) fn write_back_all(
         Ok(())
     };
     for (i, new) in news {
-        let leaf = params[i].value();
-        let own = leaf.nd_sbp();
-        let bucketed = (1..=2).contains(&zero.stage())
-            && cap > 0
-            && own.is_some_and(|o| {
-                new.nd_sbp() != Some(o)
-                    && new
-                        .nd_sbp()
-                        .map(|n| n.with_axis(zero.axis(), Sbp::B))
-                        .as_ref()
-                        == Some(o)
-            })
+        // A ZeRO-1/2 update is in its leaf's shard layout (stage 3 stores the leaf sharded, so
+        // its update is already in the leaf's layout and has no shard layout).
+        let bucketed = cap > 0
+            && zero
+                .shard_layout(&params[i].value())
+                .is_some_and(|shard| new.nd_sbp() == Some(&shard))
             && gather_fits(&new, zero.axis());
         if !bucketed {
             write_back(&params[i], &new)?;

@@ -228,6 +228,7 @@ fn sync() -> R<()> {
 
 fn main() -> R<()> {
     let a = Args::parse();
+    let started = Instant::now();
     let ctx = oxiflow::init_from_env()?;
     if ctx.world_size() != a.dp {
         return Err(format!(
@@ -300,6 +301,10 @@ fn main() -> R<()> {
         compiled: a.compile.then(CompiledStep::new),
     };
     let t_warm = Instant::now();
+    println!(
+        "TIMELINE first step at {:.0} ms after start",
+        (t_warm - started).as_secs_f64() * 1e3
+    );
     let mut step = 0u64;
     for _ in 0..a.warmup {
         bench.step(step)?;
@@ -392,11 +397,15 @@ fn main() -> R<()> {
     );
     for b in cuda::kernel_builds() {
         println!(
-            "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms{}",
+            "KERNEL BUILD {}: {} {:.0} ms, load {:.0} ms, began {:.0} ms after start{}",
             b.what,
             b.origin,
             b.compile_ms,
             b.load_ms,
+            b.started_at
+                .saturating_duration_since(started)
+                .as_secs_f64()
+                * 1e3,
             if b.background { " (background)" } else { "" }
         );
     }

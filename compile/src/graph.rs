@@ -164,6 +164,8 @@ pub(crate) struct GraphRun {
     pub outputs: Vec<Tensor>,
     pub launched_graph: bool,
     pub note: Option<String>,
+    /// How long capturing and instantiating the device graph took, on the replay that did.
+    pub graph_built_in: Option<std::time::Duration>,
 }
 
 impl GraphRun {
@@ -172,6 +174,7 @@ impl GraphRun {
             outputs,
             launched_graph: false,
             note,
+            graph_built_in: None,
         }
     }
 }
@@ -205,6 +208,7 @@ pub(crate) fn replay_with_graph(
                 order_after_collectives(p);
             }
             let mut outs = None;
+            let started = std::time::Instant::now();
             let captured = capture_graph(device, &mut || match launches() {
                 Ok(o) => {
                     outs = Some(o);
@@ -217,6 +221,7 @@ pub(crate) fn replay_with_graph(
             });
             match (captured, outs) {
                 (Ok(graph), Some(outs)) => {
+                    let built_in = started.elapsed();
                     let outputs: Vec<_> = outs.iter().map(|t| piece_of(t).cloned()).collect();
                     drop(outs);
                     let read = program.inputs_read();
@@ -237,15 +242,17 @@ pub(crate) fn replay_with_graph(
                     g.graph.launch()?;
                     let outs = g.outputs(program)?;
                     let note = format!(
-                        "compiled step: replays as one device graph of {} nodes ({} bytes kept for it besides the arena)",
+                        "compiled step: replays as one device graph of {} nodes ({} bytes kept for it besides the arena), captured and instantiated in {} ms",
                         g.graph.nodes(),
-                        g.graph.kept_bytes()
+                        g.graph.kept_bytes(),
+                        built_in.as_millis()
                     );
                     *state = GraphState::Graph(Box::new(g));
                     Ok(GraphRun {
                         outputs: outs,
                         launched_graph: true,
                         note: Some(note),
+                        graph_built_in: Some(built_in),
                     })
                 }
                 (captured, _) => {
@@ -278,6 +285,7 @@ pub(crate) fn replay_with_graph(
                     outputs: g.outputs(program)?,
                     launched_graph: true,
                     note: None,
+                    graph_built_in: None,
                 })
             }
             Err(why) => {

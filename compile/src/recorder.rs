@@ -140,6 +140,11 @@ impl Recording {
 pub(crate) struct Recorder(pub(crate) Rc<RefCell<Recording>>);
 
 impl CaptureSink for Recorder {
+    /// A compile on a device returns the step's outputs from the program's first replay, not
+    /// the capture's (`step.rs`).
+    fn replaces_device_values(&self) -> bool {
+        true
+    }
     fn op(&mut self, e: OpEvent<'_>) {
         let Ok(mut r) = self.0.try_borrow_mut() else {
             return;

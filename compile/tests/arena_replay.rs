@@ -147,5 +147,6 @@ fn replays_reuse_one_arena_of_the_planned_bytes_with_eager_bits() {
     let counts = c.replay_counts();
     assert_eq!((counts.graph, counts.launches), (0, 5), "{counts:?}");
     assert!(!c.replays_as_graph());
+    assert_eq!(c.graph_built_in(), None, "no device graph was built");
     assert_eq!(compiled.take_notes(), Vec::<String>::new());
 }

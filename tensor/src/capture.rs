@@ -79,6 +79,13 @@ pub trait CaptureSink {
     /// A tensor made from host data (`from_vec`, `from_array`, `scalar`) inside the step: a
     /// replay would see the data of the capture, so it must come in as a step input.
     fn host_data(&mut self, what: &'static str, tensor: &Tensor);
+    /// Whether the values the capture computes on a device are replaced before anything reads
+    /// them (the capture's caller replays the recorded program for them): then a kernel may
+    /// compute them by other kernels of the same op while the ones replays run are made ready
+    /// ([`device_values_replaced`]). Default: no.
+    fn replaces_device_values(&self) -> bool {
+        false
+    }
 }
 
 /// Threads with a sink installed.
@@ -97,6 +104,18 @@ pub(crate) fn any_capturing() -> bool {
 /// Whether this thread captures.
 pub fn capturing() -> bool {
     any_capturing() && SINK.with(|s| s.try_borrow().map(|s| s.is_some()).unwrap_or(true))
+}
+
+/// Whether this thread captures into a sink that replaces the values computed on a device
+/// (see [`CaptureSink::replaces_device_values`]).
+pub fn device_values_replaced() -> bool {
+    any_capturing()
+        && SINK.with(|s| {
+            s.try_borrow()
+                .ok()
+                .and_then(|s| s.as_ref().map(|k| k.replaces_device_values()))
+                .unwrap_or(false)
+        })
 }
 
 /// Installs `sink` on this thread until the guard is dropped or [`finish_capture`] runs; an
@@ -226,4 +245,56 @@ pub fn tensor_from_piece(
 /// A tensor's piece, shared (None outside its placement).
 pub fn piece_of(t: &Tensor) -> Option<&Arc<Storage>> {
     t.0.piece.as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink that records nothing and says whether it replaces device values.
+    struct Quiet(bool);
+
+    impl CaptureSink for Quiet {
+        fn op(&mut self, _: OpEvent<'_>) {}
+        fn boxing(&mut self, _: BoxingEvent<'_>) {}
+        fn host_read(&mut self, _: &'static str, _: &Tensor) {}
+        fn host_data(&mut self, _: &'static str, _: &Tensor) {}
+        fn replaces_device_values(&self) -> bool {
+            self.0
+        }
+    }
+
+    /// A sink that does not replace device values by default.
+    struct Plain;
+
+    impl CaptureSink for Plain {
+        fn op(&mut self, _: OpEvent<'_>) {}
+        fn boxing(&mut self, _: BoxingEvent<'_>) {}
+        fn host_read(&mut self, _: &'static str, _: &Tensor) {}
+        fn host_data(&mut self, _: &'static str, _: &Tensor) {}
+    }
+
+    #[test]
+    fn provisional_device_values_only_under_a_sink_that_replaces_them() {
+        assert!(!device_values_replaced(), "no capture");
+        {
+            let _g = start_capture(Box::new(Plain)).unwrap();
+            assert!(capturing());
+            assert!(
+                !device_values_replaced(),
+                "the default keeps the capture's values"
+            );
+        }
+        {
+            let _g = start_capture(Box::new(Quiet(true))).unwrap();
+            assert!(device_values_replaced());
+            // Another thread does not capture.
+            assert!(!std::thread::spawn(device_values_replaced).join().unwrap());
+        }
+        {
+            let _g = start_capture(Box::new(Quiet(false))).unwrap();
+            assert!(!device_values_replaced());
+        }
+        assert!(!device_values_replaced(), "the guard ended the capture");
+    }
 }

@@ -156,6 +156,9 @@ where
                     p.name()
                 ),
             })?);
+            // The outputs hold it now (and a compile on a device drops the capture's before
+            // its replay, which then needs no room for them).
+            p.zero_grad();
         }
         Ok(out)
     };

@@ -1,10 +1,13 @@
 //! Fused attention on the device: cuDNN's flash engines when cuDNN is present and accepts the
 //! call, else the NVRTC flash kernels, with the fallback and its reason logged once per reason.
+//! Under a compile's capture, a call whose cuDNN plan is not cached yet runs the NVRTC kernels
+//! while the plan builds in the background (the capture's values are provisional: the compile
+//! gives the step's outputs from its first replay, which runs cuDNN).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use super::raw::{AttentionBackward, AttentionForward, FResult, FusedError};
+use super::raw::{AttentionBackward, AttentionForward, FResult, FloatType, FusedError};
 use super::{cudnn_attention, flash_attention, CudaRuntime};
 
 /// Which implementation ran.
@@ -41,11 +44,30 @@ pub fn fused_attention_report() -> Vec<String> {
     out
 }
 
+/// Whether a call of `dtype` whose cuDNN plan is not cached runs the NVRTC kernels now, its
+/// plan building in the background: under a capture whose device values are replaced (a
+/// compile's: its first replay gives the step's values, with the plans it waits for), when
+/// those kernels load without compiling.
+fn provisional(rt: &CudaRuntime, dtype: FloatType, cached: impl FnOnce() -> bool) -> bool {
+    crate::capture::device_values_replaced()
+        && flash_attention::loads_at_once(rt, dtype)
+        && !cached()
+}
+
+const PROVISIONAL: &str = "a capture's provisional values while cuDNN's plan builds";
+
 /// O and the log-sum-exp of `a`, through cuDNN or the fallback.
 pub(crate) fn attention_forward(
     rt: &Arc<CudaRuntime>,
     a: &AttentionForward,
 ) -> FResult<AttentionPath> {
+    if provisional(rt, a.shape.dtype, || cudnn_attention::forward_is_cached(a)) {
+        cudnn_attention::prepare_forward(rt, a);
+        flash_attention::forward(rt, a)?;
+        return Ok(AttentionPath::Flash {
+            reason: PROVISIONAL.into(),
+        });
+    }
     match cudnn_attention::forward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),
         Err(e) if e.is_fallback() => {
@@ -68,6 +90,13 @@ pub(crate) fn attention_backward(
     rt: &Arc<CudaRuntime>,
     a: &AttentionBackward,
 ) -> FResult<AttentionPath> {
+    if provisional(rt, a.shape.dtype, || cudnn_attention::backward_is_cached(a)) {
+        cudnn_attention::prepare_backward(rt, a);
+        flash_attention::backward(rt, a)?;
+        return Ok(AttentionPath::Flash {
+            reason: PROVISIONAL.into(),
+        });
+    }
     match cudnn_attention::backward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),
         Err(e) if e.is_fallback() => {

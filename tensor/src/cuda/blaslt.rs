@@ -157,6 +157,21 @@ struct Key {
     aligned: bool,
 }
 
+impl Key {
+    /// The key of product `g` on addresses that are all 16-byte aligned or not (`aligned`).
+    fn of(g: &LtMatmul, aligned: bool) -> Key {
+        Key {
+            dims: [g.batch, g.m, g.n, g.k],
+            trans: (g.ta, g.tb),
+            strides: g.strides,
+            types: (g.in_type, g.out_type, g.tf32),
+            epilogue: g.epilogue.code() as u32,
+            beta_zero: g.beta == 0.0,
+            aligned,
+        }
+    }
+}
+
 /// Cached descriptors and algorithm of one key.
 struct Cached {
     desc: sys::cublasLtMatmulDesc_t,
@@ -313,6 +328,57 @@ fn build(op: &'static str, handle: sys::cublasLtHandle_t, g: &LtMatmul) -> FResu
     })
 }
 
+/// The process's state (its handle created on first use) with the plan of `key` (product
+/// `g`) cached, built on a miss.
+fn plan_in<'s>(
+    op: &'static str,
+    st: &'s mut Option<State>,
+    key: Key,
+    g: &LtMatmul,
+) -> FResult<&'s mut State> {
+    if st.is_none() {
+        let handle = lt::create_handle().map_err(|e| FusedError::Unavailable {
+            op,
+            lib: "cuBLASLt",
+            detail: format!("creating a handle: {e}"),
+        })?;
+        *st = Some(State {
+            handle,
+            cache: HashMap::new(),
+        });
+    }
+    let Some(state) = st.as_mut() else {
+        return Err(invalid(op, "no cuBLASLt state"));
+    };
+    if !state.cache.contains_key(&key) {
+        let c = build(op, state.handle, g)?;
+        state.cache.insert(key, c);
+    }
+    Ok(state)
+}
+
+/// Creates the process's cuBLASLt handle and plans one small bf16 product, so the first
+/// product an op runs does not pay for cuBLASLt's start-up (its heuristics' first query).
+/// Run on a start-up background thread; a failure is left for the first op to meet and report.
+pub(crate) fn start_up(rt: &CudaRuntime) {
+    let op = "cublaslt start-up";
+    if cuda_libs::ensure_cublas(&LibSearch::default()).is_err() || rt.bind(op).is_err() {
+        return;
+    }
+    let g = LtMatmul::new((128, 128, 128), (false, false), (FloatType::Bf16, false));
+    let start = std::time::Instant::now();
+    let mut st = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if plan_in(op, &mut st, Key::of(&g, true), &g).is_ok() {
+        let now = std::time::Instant::now();
+        super::build_times::record(
+            "cuBLASLt handle and first plan",
+            super::build_times::KernelOrigin::Compiled,
+            start,
+            now,
+        );
+    }
+}
+
 fn check(op: &'static str, g: &LtMatmul, ptrs: &[u64]) -> FResult<()> {
     let dims = [g.batch, g.m, g.n, g.k];
     if dims.contains(&0) || dims.iter().any(|&d| d > i32::MAX as usize) {
@@ -380,35 +446,10 @@ pub(crate) fn lt_matmul_c(
     })?;
     let (bias, pre) = g.epilogue.pointers();
     let aligned = [a, b, c_in, out, bias, pre].iter().all(|p| p % 16 == 0);
-    let key = Key {
-        dims: [g.batch, g.m, g.n, g.k],
-        trans: (g.ta, g.tb),
-        strides: g.strides,
-        types: (g.in_type, g.out_type, g.tf32),
-        epilogue: g.epilogue.code() as u32,
-        beta_zero: g.beta == 0.0,
-        aligned,
-    };
+    let key = Key::of(g, aligned);
     rt.bind(op)?;
     let mut st = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    if st.is_none() {
-        let handle = lt::create_handle().map_err(|e| FusedError::Unavailable {
-            op,
-            lib: "cuBLASLt",
-            detail: format!("creating a handle: {e}"),
-        })?;
-        *st = Some(State {
-            handle,
-            cache: HashMap::new(),
-        });
-    }
-    let Some(state) = st.as_mut() else {
-        return Err(invalid(op, "no cuBLASLt state"));
-    };
-    if !state.cache.contains_key(&key) {
-        let c = build(op, state.handle, g)?;
-        state.cache.insert(key.clone(), c);
-    }
+    let state = plan_in(op, &mut st, key.clone(), g)?;
     let Some(plan) = state.cache.get(&key) else {
         return Err(invalid(op, "missing cached plan"));
     };

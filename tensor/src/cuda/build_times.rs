@@ -44,6 +44,8 @@ pub struct KernelBuild {
     pub load_ms: f64,
     /// Made ready by a start-up background thread, not by the op that first needed it.
     pub background: bool,
+    /// When getting the machine code began (a caller's own clock gives the offset).
+    pub started_at: Instant,
 }
 
 static BUILDS: Mutex<Vec<KernelBuild>> = Mutex::new(Vec::new());
@@ -71,6 +73,7 @@ pub(crate) fn record(
         compile_ms: (compiled - start).as_secs_f64() * 1e3,
         load_ms: compiled.elapsed().as_secs_f64() * 1e3,
         background: IN_BACKGROUND.with(|p| p.get()),
+        started_at: start,
     };
     BUILDS.lock().unwrap_or_else(|p| p.into_inner()).push(b);
 }
@@ -82,15 +85,18 @@ pub fn kernel_builds() -> Vec<KernelBuild> {
 
 /// Starts making the runtime's other NVRTC sources ready (the fused norm, AdamW and classifier
 /// kernels, the one-read classifier, the multi-tensor sum of squares and copy; the element-wise
-/// and layout kernels are made ready at start-up) on one thread each, in the background. An op
+/// and layout kernels are made ready at start-up), cuDNN's library and handle and cuBLASLt's
+/// handle and heuristics, on one thread each, in the background. An op
 /// that needs a source before its thread is done waits for it; a failed build is kept and
 /// reported by that op.
 pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
-    let jobs: [fn(&CudaRuntime); 4] = [
+    let jobs: [fn(&CudaRuntime); 6] = [
         super::fused::build_module,
         super::fused::build_one_read_module,
         super::sum_squares::build_module,
         super::copy_many::build_module,
+        super::cudnn_attention::start_up,
+        super::blaslt::start_up,
     ];
     for job in jobs {
         let rt = rt.clone();

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::library_sources::FLASH_ATTENTION;
-use super::nvrtc_module::{launch_fn, module, Module};
+use super::nvrtc_module::{self, launch_fn, module, Module};
 use super::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FResult, FloatType};
 use super::{Block, CudaRuntime};
 
@@ -54,12 +54,17 @@ fn view(v: &Bhtd) -> View {
 static MODULES: [OnceLock<Result<Module, String>>; 3] =
     [OnceLock::new(), OnceLock::new(), OnceLock::new()];
 
-fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static Module> {
-    let i = match t {
+/// The slot of `t`'s module in [`MODULES`] (and its source in `FLASH_ATTENTION`).
+fn slot(t: FloatType) -> usize {
+    match t {
         FloatType::F32 => 0,
         FloatType::Bf16 => 1,
         FloatType::F16 => 2,
-    };
+    }
+}
+
+fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static Module> {
+    let i = slot(t);
     let n = t.suffix();
     module(&MODULES[i], rt, op, &FLASH_ATTENTION[i], || {
         let mut v = vec![format!("flash_dsum_{n}")];
@@ -70,6 +75,12 @@ fn kernels(rt: &CudaRuntime, op: &'static str, t: FloatType) -> FResult<&'static
         }
         v
     })
+}
+
+/// Whether the kernels for `t` are loaded or load from the binary, without compiling.
+pub(crate) fn loads_at_once(rt: &CudaRuntime, t: FloatType) -> bool {
+    let i = slot(t);
+    nvrtc_module::loads_at_once(&MODULES[i], rt.context(), &FLASH_ATTENTION[i])
 }
 
 /// Head-dim elements per lane of the instantiation serving `d`.

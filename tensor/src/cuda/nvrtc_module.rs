@@ -118,6 +118,19 @@ pub(crate) fn module<'a>(
         .map_err(|e| FusedError::Tensor(super::derr(op, e)))
 }
 
+/// Whether the module in `cell` of the library's `source` is ready, or would load from an image
+/// embedded in the binary for `ctx`'s device (no compiling, no disk).
+pub(crate) fn loads_at_once(
+    cell: &OnceLock<Result<Module, String>>,
+    ctx: &Arc<CudaContext>,
+    source: &LibrarySource,
+) -> bool {
+    match cell.get() {
+        Some(m) => m.is_ok(),
+        None => arch(ctx).is_ok_and(|a| find(EMBEDDED, source.text, &nvrtc_options(a)).is_some()),
+    }
+}
+
 /// Launches `$func` on runtime `$rt`'s compute stream with config `$cfg` and the argument
 /// variables (each passed by reference, as the kernel's parameters in order).
 macro_rules! launch_fn {

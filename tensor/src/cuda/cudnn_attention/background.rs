@@ -1,14 +1,15 @@
-//! The backward plan of a fused attention built on a background thread while the forward pass
-//! goes on: a forward that cuDNN will serve in a step that records gradients asks for the plan
-//! its backward will need ([`prepare_backward`], before the forward builds its own, so the two
-//! build side by side); a thread with a cuDNN handle of its own (plans are built on one handle
-//! while the op's handle runs the forward) builds it, runs it once on scratch memory on a side
-//! stream (so the driver compiles its kernels there, not at the op's first launch) and caches it
-//! with that handle. A device graph capture first waits for builds under way
-//! ([`wait_for_all`]). The backward op waits for a build under way ([`wait_for`], at most [`WAIT`]) instead
-//! of starting a second one; a refusal is cached like the op's own and reported by the backward
-//! op, which falls back as it would have; any other failure leaves the op to build the plan and
-//! report what it meets.
+//! Fused attention plans built on background threads while the step goes on: a forward that
+//! cuDNN will serve in a step that records gradients asks for the plan its backward will need
+//! ([`prepare_backward`], before the forward builds its own, so the two build side by side),
+//! and a forward under a capture asks for its own ([`prepare_forward`]: the capture runs the
+//! NVRTC kernels meanwhile). A thread with a cuDNN handle of its own (plans are built on one
+//! handle while the op's handle runs) builds the plan, runs a backward's once on scratch
+//! memory on a side stream (so the driver compiles its kernels there, not at the op's first
+//! launch) and caches it with that handle. A device graph capture first waits for builds under
+//! way ([`wait_for_all`]). An op waits for its key's build under way ([`wait_for`], at most
+//! [`WAIT`]) instead of starting a second one; a refusal is cached like the op's own and
+//! reported by the op, which falls back as it would have; any other failure leaves the op to
+//! build the plan and report what it meets.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -19,9 +20,9 @@ use super::{
     backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes, state_in,
     BackwardRun, BackwardViews, BackwardWorkspace, Cached, Key, NoPlan, State, STATE,
 };
-use crate::cuda::raw::{AttentionBackward, Bhtd, FResult, FusedError};
+use crate::cuda::raw::{AttentionBackward, AttentionForward, Bhtd, FResult, FusedError};
 use crate::cuda::{Block, CudaRuntime};
-use ffi::Api;
+use ffi::{Api, Raw};
 
 /// The longest a backward op waits for a background build before it builds the plan itself.
 const WAIT: Duration = Duration::from_secs(300);
@@ -78,16 +79,41 @@ fn settle(st: &mut State, key: &Key, built: Result<Cached, NoPlan>) -> Option<Ca
             st.refused.entry(key.clone()).or_insert(detail);
         }
         Err(NoPlan::Failed(e)) => {
-            tracing::debug!("the background cuDNN attention backward plan failed: {e}");
+            tracing::debug!("a background cuDNN attention plan failed: {e}");
         }
     }
     st.pending.remove(key);
     unused
 }
 
-/// Starts building the plan of backward `a` (its views' strides, type and sizes; its addresses
+/// Starts building the plan of forward `a` (its views' strides, type and sizes; its addresses
 /// are not read) on a background thread, when cuDNN is in use, would take the call, and has no
 /// plan or build for it yet.
+pub(crate) fn prepare_forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) {
+    let op = "cudnn attention forward (background plan)";
+    let s = a.shape;
+    let views = [a.q, a.k, a.v, a.o];
+    let Ok(z) = sizes(op, &s, &views) else {
+        return;
+    };
+    let a = *a;
+    start(
+        rt,
+        op,
+        Key::of(false, &s, false, &views),
+        |_| false,
+        move |api, handle, _| {
+            build_plan(api, handle, op, false, |g, var| {
+                sdpa::forward(g, &z, &a.q, &a.k, &a.v, &a.o, var)
+            })
+            .map(|plan| Cached { plan, handle })
+        },
+    );
+}
+
+/// Starts building the plan of backward `a` (its views' strides, type and sizes; its addresses
+/// are not read) on a background thread, when cuDNN is in use, would take the call, and has no
+/// plan or build for it yet; the thread then runs it once on scratch memory ([`warm_up`]).
 pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     let op = "cudnn attention backward (background plan)";
     let s = a.shape;
@@ -95,18 +121,56 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     let Ok(z) = sizes(op, &s, &views) else {
         return;
     };
+    let key = Key::of(true, &s, a.deterministic, &views);
+    let refused = move |st: &State| backward_refusal(st.version, s.seq).is_some();
+    let a = *a;
+    start(rt, op, key, refused, move |api, handle, rt| {
+        let x = BackwardViews::of(&a);
+        let plan = build_plan(api, handle, op, a.deterministic, |g, var| {
+            sdpa::backward(g, &z, &x, a.deterministic, var)
+        })?;
+        let cached = Cached { plan, handle };
+        match timed_warm_up(api, rt, &cached, &a) {
+            Ok(()) => Ok(cached),
+            Err(w) if w.handle_usable => {
+                tracing::debug!(
+                    "the cuDNN attention backward warm-up did not run: {}",
+                    w.error
+                );
+                Ok(cached)
+            }
+            // The handle is not back on the compute stream: neither it nor the plan is handed
+            // over (the op builds its own).
+            Err(w) => {
+                drop(cached.plan);
+                Err(NoPlan::Failed(*w.error))
+            }
+        }
+    });
+}
+
+/// Starts `build` of the plan of `key` on a background thread with a cuDNN handle of its own
+/// (destroyed unless `build` hands it over with the plan), unless cuDNN is missing, `refused`
+/// holds for the process's state, or the key's plan is cached, refused or under way; the
+/// thread caches what it gives ([`settle`]).
+fn start(
+    rt: &Arc<CudaRuntime>,
+    op: &'static str,
+    key: Key,
+    refused: impl FnOnce(&State) -> bool,
+    build: impl FnOnce(&'static Api, Raw, &Arc<CudaRuntime>) -> Result<Cached, NoPlan> + Send + 'static,
+) {
     let Ok(api) = ffi::api(op) else {
         return;
     };
-    let key = Key::of(true, &s, a.deterministic, &views);
     let pending = {
         let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
         // The first forward's call comes before that forward makes the process's state: make
-        // it here, so the two plans build side by side from the first layer on.
+        // it here, so the plans build side by side from the first layer on.
         let Ok(st) = state_in(&mut g, api, rt, op) else {
             return;
         };
-        if backward_refusal(st.version, s.seq).is_some() {
+        if refused(st) {
             return;
         }
         match claim(st, &key) {
@@ -114,34 +178,17 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
             None => return,
         }
     };
-    let (rt, a) = (rt.clone(), *a);
+    let rt = rt.clone();
     let job = {
         let (key, pending) = (key.clone(), pending.clone());
         move || {
             crate::cuda::build_times::mark_background_thread();
-            let x = BackwardViews::of(&a);
             let built = create_handle(api, &rt, op)
                 .map_err(NoPlan::Failed)
                 .and_then(|handle| {
-                    build_plan(api, handle, op, a.deterministic, |g, var| {
-                        sdpa::backward(g, &z, &x, a.deterministic, var)
-                    })
-                    .map(|plan| Cached { plan, handle })
-                    .and_then(|cached| match warm_up(api, &rt, &cached, &a) {
-                        Ok(()) => Ok(cached),
-                        Err(w) if w.handle_usable => {
-                            tracing::debug!(
-                                "the cuDNN attention backward warm-up did not run: {}",
-                                w.error
-                            );
-                            Ok(cached)
-                        }
-                        // The handle is not back on the compute stream: neither it nor the
-                        // plan is handed over (the op builds its own).
-                        Err(w) => Err(NoPlan::Failed(*w.error)),
-                    })
-                    .inspect_err(|_| {
-                        // SAFETY: the handle is live, made here and used by nothing else.
+                    build(api, handle, &rt).inspect_err(|_| {
+                        // SAFETY: the handle is live, and nothing else holds it after a
+                        // failed build.
                         unsafe { (api.destroy)(handle) };
                     })
                 });
@@ -151,7 +198,7 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
             pending.finish();
             if let Some(Cached { plan, handle }) = unused {
                 drop(plan);
-                // SAFETY: the handle is live, made by this thread, and its only plan is gone.
+                // SAFETY: the handle is live and held by nothing else now its plan is dropped.
                 unsafe { (api.destroy)(handle) };
             }
         }
@@ -160,7 +207,6 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
         .name("oxiflow-cudnn-plan".into())
         .spawn(job);
     if spawned.is_err() {
-        // No thread: the backward op builds the plan itself.
         let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = g.as_mut() {
             st.pending.remove(&key);
@@ -168,6 +214,12 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
         drop(g);
         pending.finish();
     }
+}
+
+/// Whether the plan of `key` is cached (a call for it builds nothing and waits for nothing).
+pub(super) fn is_cached(key: &Key) -> bool {
+    let g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    g.as_ref().is_some_and(|st| st.plans.contains_key(key))
 }
 
 /// Why a warm-up did not run, and whether the handle is still on the compute stream (so the
@@ -184,6 +236,27 @@ impl From<FusedError> for WarmUpFailed {
             handle_usable: true,
         }
     }
+}
+
+/// [`warm_up`], recorded with the kernel builds when it ran (its time is mostly the driver
+/// compiling the plan's kernels at their first launch).
+fn timed_warm_up(
+    api: &'static Api,
+    rt: &Arc<CudaRuntime>,
+    cached: &Cached,
+    a: &AttentionBackward,
+) -> Result<(), WarmUpFailed> {
+    let start = std::time::Instant::now();
+    warm_up(api, rt, cached, a)?;
+    let now = std::time::Instant::now();
+    let origin = crate::cuda::build_times::KernelOrigin::Compiled;
+    crate::cuda::build_times::record(
+        "cuDNN attention backward first run (on scratch)",
+        origin,
+        start,
+        now,
+    );
+    Ok(())
 }
 
 /// Runs the freshly built plan `cached` once, for the shapes and strides of `a`, on scratch

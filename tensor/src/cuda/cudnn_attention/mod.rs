@@ -30,7 +30,9 @@ use ffi::{Api, Raw};
 use graph::{Graph, Plan};
 use sdpa::{uid, BackwardViews, Sizes, VARIANTS};
 
-pub(crate) use background::{prepare_backward, wait_for_all as wait_for_background_plans};
+pub(crate) use background::{
+    prepare_backward, prepare_forward, wait_for_all as wait_for_background_plans,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -159,6 +161,24 @@ fn state_in<'g>(
         lib: "cuDNN",
         detail: "no handle".into(),
     })
+}
+
+/// Loads cuDNN and creates the process's handle, so the first attention (and the background
+/// build of its backward's plan, which starts from it) does not wait for them. Run on a
+/// start-up background thread; a missing library or a failure is left for the first op to
+/// meet and report.
+pub(crate) fn start_up(rt: &CudaRuntime) {
+    let op = "cudnn start-up";
+    let start = std::time::Instant::now();
+    let Ok(api) = ffi::api(op) else {
+        return;
+    };
+    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if state_in(&mut g, api, rt, op).is_ok() {
+        let now = std::time::Instant::now();
+        let origin = super::build_times::KernelOrigin::Compiled;
+        super::build_times::record("cuDNN library and handle", origin, start, now);
+    }
 }
 
 fn with_state<R>(
@@ -328,6 +348,21 @@ fn dev(p: u64) -> *mut c_void {
     p as *mut c_void
 }
 
+/// Whether cuDNN's plan for forward `a` is cached (a call builds nothing and waits for nothing).
+pub(crate) fn forward_is_cached(a: &AttentionForward) -> bool {
+    background::is_cached(&Key::of(false, &a.shape, false, &[a.q, a.k, a.v, a.o]))
+}
+
+/// Whether cuDNN's plan for backward `a` is cached.
+pub(crate) fn backward_is_cached(a: &AttentionBackward) -> bool {
+    background::is_cached(&Key::of(
+        true,
+        &a.shape,
+        a.deterministic,
+        &backward_operands(a),
+    ))
+}
+
 /// Runs the fused attention forward through cuDNN.
 pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()> {
     let op = "cudnn attention forward";
@@ -336,6 +371,8 @@ pub(crate) fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()
     let views = [a.q, a.k, a.v, a.o];
     let z = sizes(op, &s, &views)?;
     let key = Key::of(false, &s, false, &views);
+    // A plan under way on a background thread is waited for, not built twice.
+    background::wait_for(&key);
     with_state(rt, op, |api, st| {
         let version = st.version;
         let cached = plan_for(api, st, op, key, |g, var| {

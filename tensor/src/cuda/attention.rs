@@ -63,10 +63,13 @@ pub(crate) fn attention_forward(
 ) -> FResult<AttentionPath> {
     if provisional(rt, a.shape.dtype, || cudnn_attention::forward_is_cached(a)) {
         cudnn_attention::prepare_forward(rt, a);
-        flash_attention::forward(rt, a)?;
-        return Ok(AttentionPath::Flash {
-            reason: PROVISIONAL.into(),
-        });
+        // Arguments the NVRTC kernels refuse (checked before they launch) leave the call to
+        // cuDNN, which waits for the plan.
+        if flash_attention::forward(rt, a).is_ok() {
+            return Ok(AttentionPath::Flash {
+                reason: PROVISIONAL.into(),
+            });
+        }
     }
     match cudnn_attention::forward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),
@@ -92,10 +95,11 @@ pub(crate) fn attention_backward(
 ) -> FResult<AttentionPath> {
     if provisional(rt, a.shape.dtype, || cudnn_attention::backward_is_cached(a)) {
         cudnn_attention::prepare_backward(rt, a);
-        flash_attention::backward(rt, a)?;
-        return Ok(AttentionPath::Flash {
-            reason: PROVISIONAL.into(),
-        });
+        if flash_attention::backward(rt, a).is_ok() {
+            return Ok(AttentionPath::Flash {
+                reason: PROVISIONAL.into(),
+            });
+        }
     }
     match cudnn_attention::backward(rt, a) {
         Ok(()) => Ok(AttentionPath::Cudnn),

@@ -5,8 +5,9 @@
 //! GPUs with DP2 (buckets), TP2, a PP2 1F1B pipeline, ZeRO-2 (parameters all-gathered by the
 //! update, outside the graph) and ZeRO-3; bf16-mixed (cuDNN's fused attention, computed
 //! provisionally under the capture) within bf16 rounding on 1 GPU and with ZeRO-2; the replays
-//! from the second step on launching one CUDA graph per rank (the job says so). Without GPUs
-//! it prints "skipped: ...".
+//! from the second step on launching one CUDA graph per rank (the job says so); traced
+//! (`oflaunch --trace`), DP2 replays launch by launch and says so. Without GPUs it prints
+//! "skipped: ...".
 
 mod common;
 
@@ -20,9 +21,15 @@ const STEPS: [&str; 2] = ["--steps", "12"];
 
 /// Rank 0's output of an `n`-GPU `train` job, or what went wrong.
 fn train(n: usize, args: &[&str]) -> Result<String, String> {
+    train_launched(n, &[], args)
+}
+
+/// [`train`] with more `oflaunch` flags (`launch`).
+fn train_launched(n: usize, launch: &[&str], args: &[&str]) -> Result<String, String> {
     let (oflaunch, train) = binaries();
     let out = Command::new(oflaunch)
         .args(["--nproc-per-node", &n.to_string(), "--backend", "nccl"])
+        .args(launch)
         .arg(train)
         .args(GPU_GPT)
         .args(STEPS)
@@ -137,6 +144,30 @@ fn compiled_steps_on_gpus_equal_eager() {
                 println!("gpu_compile: {n} GPU {layout:?}: FAILED: {e}");
                 failures.push(e);
             }
+        }
+    }
+    if gpus >= 2 {
+        // Traced, a program that communicates replays launch by launch and says why (the
+        // trace times each op: the device refuses a capture before queuing anything).
+        let dir = std::env::temp_dir().join(format!("gpu_compile_trace_{}", std::process::id()));
+        let traced = train_launched(
+            2,
+            &["--trace", &dir.to_string_lossy()],
+            &["--precision", "f32", "--dp", "2", "--compile"],
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        match traced {
+            Ok(out) if out.contains("replays launch by launch") => {
+                println!("gpu_compile: 2 GPU traced DP2: replays launch by launch");
+            }
+            Ok(out) => failures.push(format!(
+                "traced DP2 does not say it replays launch by launch: {}",
+                out.lines()
+                    .filter(|l| l.contains("compiled"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            )),
+            Err(e) => failures.push(format!("traced DP2: {e}")),
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

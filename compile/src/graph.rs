@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{
-    capture_graph, copy_storage, duplicate_storage, order_after_collectives, BoundPiece, Device,
-    DeviceGraph, Storage, Tensor, TensorError,
+    capture_graph, copy_storage, duplicate_storage, graph_capture_refusal, order_after_collectives,
+    BoundPiece, Device, DeviceGraph, Storage, Tensor, TensorError,
 };
 
 use crate::error::{CompileError, Result};
@@ -150,6 +150,11 @@ fn never(device: Device, inputs: &[Tensor]) -> Option<String> {
     }
     if !graphs_allowed() {
         return Some("OXIFLOW_CUDA_GRAPH=0".into());
+    }
+    // Refused before anything is queued (ops timed or traced one by one): launch by launch,
+    // where a capture failing midway in a program that communicates is an error.
+    if let Some(why) = graph_capture_refusal(device) {
+        return Some(why);
     }
     inputs.iter().enumerate().find_map(|(k, t)| {
         piece_of(t)

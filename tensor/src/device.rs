@@ -121,6 +121,11 @@ pub trait DeviceBackend: Send + Sync {
         let _ = (ordinal, f);
         Err(unsupported("graph", "capturing a graph".into()))
     }
+    /// Why [`DeviceBackend::capture_graph`] would refuse now, before queuing anything (e.g.
+    /// ops timed one by one), if it would. The default: never refused up front.
+    fn graph_refusal(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Work captured once on a device (`DeviceBackend::capture_graph`) and launched as one unit:
@@ -145,6 +150,18 @@ pub fn capture_graph(
     match device {
         Device::Cpu => Err(unsupported("graph", "capturing a graph on the cpu".into())),
         Device::Cuda(ordinal) => backend_for("graph", device)?.capture_graph(ordinal, f),
+    }
+}
+
+/// Why a graph capture on `device` would be refused now, before it queued anything (the host
+/// has no graphs; a device may refuse while ops are timed or traced one by one), if it would.
+pub fn graph_capture_refusal(device: Device) -> Option<String> {
+    match device {
+        Device::Cpu => Some("the host has no device graphs".into()),
+        Device::Cuda(_) => match backend_for("graph", device) {
+            Ok(b) => b.graph_refusal(),
+            Err(e) => Some(e.to_string()),
+        },
     }
 }
 

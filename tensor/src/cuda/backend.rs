@@ -103,6 +103,10 @@ impl DeviceBackend for CudaBackend {
         super::graph::capture(ordinal, f)
     }
 
+    fn graph_refusal(&self) -> Option<String> {
+        super::graph::refusal().map(String::from)
+    }
+
     fn duplicate(&self, src: &dyn DeviceStorage) -> Result<Arc<dyn DeviceStorage>> {
         let src = cuda_piece("copy", src)?;
         let dst = CudaStorage::alloc(src.runtime(), src.dtype, src.shape.clone())?;

@@ -51,7 +51,7 @@ impl Drop for CudaGraphRun {
 }
 
 /// Why the compute stream cannot be captured now, if it cannot.
-fn refusal() -> Option<&'static str> {
+pub(crate) fn refusal() -> Option<&'static str> {
     if super::timing::timing_on() {
         return Some("ops are timed one by one (a synchronisation around each)");
     }

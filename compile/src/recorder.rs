@@ -136,14 +136,15 @@ impl Recording {
     }
 }
 
-/// The sink installed on the capturing thread: shares the recording with the step driver.
-pub(crate) struct Recorder(pub(crate) Rc<RefCell<Recording>>);
+/// The sink installed on the capturing thread: shares the recording with the step driver,
+/// and says whether the driver replays the program for the step's outputs.
+pub(crate) struct Recorder(pub(crate) Rc<RefCell<Recording>>, pub(crate) bool);
 
 impl CaptureSink for Recorder {
     /// A compile on a device returns the step's outputs from the program's first replay, not
     /// the capture's (`step.rs`).
     fn replaces_device_values(&self) -> bool {
-        true
+        self.1
     }
     fn op(&mut self, e: OpEvent<'_>) {
         let Ok(mut r) = self.0.try_borrow_mut() else {

@@ -285,11 +285,14 @@ where
     F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
 {
     let started = Instant::now();
+    // On a device the step's outputs are the first replay's (decided once, before the
+    // capture, which may then compute provisional values).
+    let replays = on_device(inputs);
     let recording = Rc::new(RefCell::new(Recording::new(inputs)));
     let before = memory_now();
     memory::reset_peaks();
     let outs = {
-        let guard = start_capture(Box::new(Recorder(recording.clone())));
+        let guard = start_capture(Box::new(Recorder(recording.clone(), replays)));
         let _guard = guard.map_err(CompileError::from)?;
         step()
     };
@@ -347,10 +350,10 @@ where
         counts: Mutex::new(ReplayCounts::default()),
         graph_built_in: Mutex::new(None),
     };
-    // On a device the step's outputs are the first replay's: the capture may have computed
-    // provisional values while kernels the replays run were made ready (see
-    // `CaptureSink::replaces_device_values`). Every rank of a device program does this alike.
-    if on_device(inputs) {
+    // The capture may have computed provisional values while kernels the replays run were
+    // made ready (see `CaptureSink::replaces_device_values`). Every rank of a device program
+    // replays alike.
+    if replays {
         drop(std::mem::take(&mut outs));
         outs = compiled.replay(inputs)?;
     }

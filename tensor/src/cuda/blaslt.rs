@@ -11,6 +11,7 @@
 //! b, its B our a, its rows our columns. Descriptors, layouts and the heuristic's algorithm are
 //! cached per shape, types and epilogue; the workspace comes from the runtime's allocator.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -328,14 +329,14 @@ fn build(op: &'static str, handle: sys::cublasLtHandle_t, g: &LtMatmul) -> FResu
     })
 }
 
-/// The process's state (its handle created on first use) with the plan of `key` (product
-/// `g`) cached, built on a miss.
+/// The process's handle (created on first use) and the plan of `key` (product `g`), cached in
+/// `st`, built on a miss.
 fn plan_in<'s>(
     op: &'static str,
     st: &'s mut Option<State>,
     key: Key,
     g: &LtMatmul,
-) -> FResult<&'s mut State> {
+) -> FResult<(sys::cublasLtHandle_t, &'s Cached)> {
     if st.is_none() {
         let handle = lt::create_handle().map_err(|e| FusedError::Unavailable {
             op,
@@ -350,11 +351,11 @@ fn plan_in<'s>(
     let Some(state) = st.as_mut() else {
         return Err(invalid(op, "no cuBLASLt state"));
     };
-    if !state.cache.contains_key(&key) {
-        let c = build(op, state.handle, g)?;
-        state.cache.insert(key, c);
-    }
-    Ok(state)
+    let plan = match state.cache.entry(key) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(build(op, state.handle, g)?),
+    };
+    Ok((state.handle, plan))
 }
 
 /// Creates the process's cuBLASLt handle and plans one small bf16 product, so the first
@@ -449,10 +450,7 @@ pub(crate) fn lt_matmul_c(
     let key = Key::of(g, aligned);
     rt.bind(op)?;
     let mut st = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    let state = plan_in(op, &mut st, key.clone(), g)?;
-    let Some(plan) = state.cache.get(&key) else {
-        return Err(invalid(op, "missing cached plan"));
-    };
+    let (handle, plan) = plan_in(op, &mut st, key, g)?;
     if bias != 0 {
         set_desc(
             op,
@@ -476,7 +474,7 @@ pub(crate) fn lt_matmul_c(
     // scale type) and outlive the call; the workspace holds plan.workspace bytes.
     unsafe {
         lt::matmul(
-            state.handle,
+            handle,
             plan.desc,
             (&alpha as *const f32).cast(),
             (&beta as *const f32).cast(),

@@ -11,10 +11,9 @@
 //! reported by the op, which falls back as it would have; any other failure leaves the op to
 //! build the plan and report what it meets.
 
+use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-
-use std::ffi::c_void;
 
 use super::{
     backward_operands, backward_refusal, build_plan, create_handle, ffi, sdpa, sizes, state_in,
@@ -24,7 +23,7 @@ use crate::cuda::raw::{AttentionBackward, AttentionForward, Bhtd, FResult, Fused
 use crate::cuda::{Block, CudaRuntime};
 use ffi::{Api, Raw};
 
-/// The longest a backward op waits for a background build before it builds the plan itself.
+/// The longest an op waits for a background build before it builds the plan itself.
 const WAIT: Duration = Duration::from_secs(300);
 
 /// The end of one background build, signalled once.
@@ -238,8 +237,7 @@ impl From<FusedError> for WarmUpFailed {
     }
 }
 
-/// [`warm_up`], recorded with the kernel builds when it ran (its time is mostly the driver
-/// compiling the plan's kernels at their first launch).
+/// [`warm_up`], recorded with the kernel builds when it ran.
 fn timed_warm_up(
     api: &'static Api,
     rt: &Arc<CudaRuntime>,
@@ -387,7 +385,7 @@ pub(crate) fn wait_for_all() {
     };
     for p in pending {
         if !p.wait(WAIT) {
-            tracing::warn!("a background cuDNN attention backward plan took over {WAIT:?}");
+            tracing::warn!("a background cuDNN attention plan took over {WAIT:?}");
         }
     }
 }

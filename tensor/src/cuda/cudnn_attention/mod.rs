@@ -188,15 +188,7 @@ fn with_state<R>(
 ) -> FResult<R> {
     let api = ffi::api(op)?;
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    state_in(&mut g, api, rt, op)?;
-    match g.as_mut() {
-        Some(state) => f(api, state),
-        None => Err(FusedError::Unavailable {
-            op,
-            lib: "cuDNN",
-            detail: "no handle".into(),
-        }),
-    }
+    f(api, state_in(&mut g, api, rt, op)?)
 }
 
 /// A cuDNN handle of this thread's runtime, on its compute stream.

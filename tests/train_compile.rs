@@ -175,9 +175,12 @@ fn explain_prints_the_compiled_program_and_its_collectives() {
                 .ok()
         })
         .collect::<Vec<_>>();
+    // The last bucket fills as the backward pass ends: only the optimizer, which reads it, is
+    // left to run (its result is cut into views, which run no kernel).
+    let (_, before) = overlapped.split_last().expect("buckets");
     assert!(
-        overlapped.len() >= 2 && overlapped.iter().all(|&k| k > 0),
-        "every bucket's all-reduce has kernels queued under it: {overlapped:?}\n{text}"
+        before.len() >= 2 && before.iter().all(|&k| k > 0),
+        "every bucket's all-reduce but the last has kernels queued under it: {overlapped:?}\n{text}"
     );
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use oxiflow_boxing::{Plan, StepKind};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
-use oxiflow_tensor::{Context, Device, Op, OutSpec, Storage, Tensor};
+use oxiflow_tensor::{Context, Device, Op, OutSpec, Storage, Tensor, ViewOf};
 
 /// A value of a program (an index into `Program::values`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,8 +48,10 @@ pub struct Value {
     pub dtype: DType,
     pub device: Device,
     /// The value whose buffer this one shares (a view, or a boxing that left its piece as it
-    /// was); its bytes are that buffer's.
+    /// was); its bytes are that buffer's, from `alias_at`.
     pub alias_of: Option<ValueId>,
+    /// Where this value's bytes begin in those of `alias_of` (0 without one).
+    pub alias_at: usize,
 }
 
 impl Value {
@@ -72,14 +74,14 @@ pub struct Signature {
 
 /// One op: `op` with its global attributes, `local_op` what this rank's kernel runs;
 /// `out_specs` the buffers it writes (None: the rank is outside the placement and runs
-/// nothing); `view_of`: output 0 is input `i`'s buffer under a new shape.
+/// nothing); `view_of`: output 0 is a run of an input's buffer under a new shape.
 #[derive(Clone, Debug)]
 pub struct OpNode {
     pub op: Op,
     pub local_op: Op,
     pub signature: Option<Signature>,
     pub out_specs: Option<Vec<OutSpec>>,
-    pub view_of: Option<usize>,
+    pub view_of: Option<ViewOf>,
 }
 
 /// What a node does.

@@ -65,7 +65,7 @@ impl Recording {
         &mut self,
         p: &Arc<Storage>,
         origin: Origin,
-        alias_of: Option<ValueId>,
+        alias: Option<(ValueId, usize)>,
     ) -> ValueId {
         let id = ValueId(self.values.len() as u32);
         self.values.push(Value {
@@ -73,7 +73,8 @@ impl Recording {
             shape: p.shape(),
             dtype: p.dtype(),
             device: p.device(),
-            alias_of,
+            alias_of: alias.map(|(v, _)| v),
+            alias_at: alias.map_or(0, |(_, at)| at),
         });
         self.ids.insert(addr(p), (Arc::downgrade(p), id));
         id
@@ -92,16 +93,17 @@ impl Recording {
         self.push_value(p, Origin::Constant(c), None)
     }
 
-    /// A value a node writes (a new one even for a known piece: an alias of it).
+    /// A value a node writes (a new one even for a known piece: an alias of it), or a view
+    /// `alias` gives: the value and the byte it begins at.
     fn write(
         &mut self,
         p: &Arc<Storage>,
         node: usize,
         output: usize,
-        alias_of: Option<ValueId>,
+        alias: Option<(ValueId, usize)>,
     ) -> ValueId {
-        let alias_of = alias_of.or_else(|| self.known(p));
-        self.push_value(p, Origin::Node { node, output }, alias_of)
+        let alias = alias.or_else(|| self.known(p).map(|v| (v, 0)));
+        self.push_value(p, Origin::Node { node, output }, alias)
     }
 
     fn note_ctx(&mut self, ctx: &Context) {
@@ -160,7 +162,10 @@ impl CaptureSink for Recorder {
                 outputs: g.outputs,
             }
         });
-        let view_alias = e.view_of.and_then(|i| inputs.get(i).copied());
+        let view_alias = e.view_of.and_then(|v| {
+            let src = *inputs.get(v.input)?;
+            Some((src, v.start * r.values[src.index()].dtype.size()))
+        });
         let outputs = e
             .outputs
             .iter()
@@ -200,7 +205,7 @@ impl CaptureSink for Recorder {
             .all(|s| matches!(s.kind, StepKind::Relabel));
         let output = e.output.map(|p| {
             let same = e.input.is_some_and(|i| relabel || Arc::ptr_eq(i, p));
-            r.write(p, node, 0, if same { input } else { None })
+            r.write(p, node, 0, input.filter(|_| same).map(|v| (v, 0)))
         });
         r.nodes.push(Node {
             kind: NodeKind::Boxing {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use oxiflow_boxing::StepKind;
 use oxiflow_tensor::arena::{run_kernel_into, Arena, PlacedPiece};
 use oxiflow_tensor::capture::{piece_of, run_boxing, run_local_kernel, tensor_from_piece};
-use oxiflow_tensor::{Device, OutSpec, Storage, Tensor};
+use oxiflow_tensor::{Device, OutSpec, Storage, Tensor, ViewOf};
 use smallvec::SmallVec;
 
 use crate::error::{CompileError, Result};
@@ -122,7 +122,7 @@ impl Replay<'_> {
         &mut self,
         i: usize,
         node: &Node,
-        view_of: Option<usize>,
+        view_of: Option<ViewOf>,
         specs: &[OutSpec],
     ) -> Result<()> {
         let NodeKind::Op(o) = &node.kind else {
@@ -130,9 +130,9 @@ impl Replay<'_> {
         };
         // A view of a placed piece is a view of its bytes.
         if let (Some(k), [spec], [Some(out)]) = (view_of, specs, node.outputs.as_slice()) {
-            if let Some(src) = node.inputs.get(k) {
+            if let Some(src) = node.inputs.get(k.input) {
                 if let Slot::Placed(p) = self.slot(i, *src)? {
-                    let view = p.view_as(spec)?;
+                    let view = p.view_at(self.program.values[out.index()].alias_at, spec)?;
                     self.table[out.index()] = Some(Slot::Placed(view));
                     return Ok(());
                 }
@@ -213,7 +213,7 @@ impl Replay<'_> {
                     });
                 }
                 let slot = match self.slot(i, src)? {
-                    Slot::Placed(p) => Slot::Placed(p.view_as(&self.spec_of(v))?),
+                    Slot::Placed(p) => Slot::Placed(p.view_at(0, &self.spec_of(v))?),
                     Slot::Held(s) => Slot::Held(s.clone()),
                 };
                 self.table[v.index()] = Some(slot);
@@ -248,7 +248,7 @@ impl Replay<'_> {
         let slot = match (value.alias_of, input_value) {
             // The plan left the piece as it was: the output is the input's bytes.
             (Some(a), Some(src)) if a == src => match self.slot(i, src)? {
-                Slot::Placed(p) => Slot::Placed(p.view_as(&self.spec_of(v))?),
+                Slot::Placed(p) => Slot::Placed(p.view_at(0, &self.spec_of(v))?),
                 Slot::Held(_) => Slot::Held(piece),
             },
             _ => match self.place(v, &self.spec_of(v))? {

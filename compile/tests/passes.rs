@@ -2,7 +2,8 @@
 //! communicating boxing; liveness and the arena plan never give two buffers live at one node
 //! the same bytes, and reuse dead ones (property-tested on random lifetimes and on captured
 //! programs); a step that reads a value on the host is a typed error naming the read on every
-//! rank, without a hang; a step called with other shapes compiles again, naming the change.
+//! rank, without a hang; a step called with other shapes compiles again, naming the change;
+//! element views are recorded at their offsets.
 
 use std::time::Duration;
 
@@ -99,6 +100,73 @@ fn dead_code_is_removed_and_replay_equals_eager() {
     assert!(matches!(run, StepRun::Replayed));
     assert_eq!(out[0].to_vec::<f64>().unwrap(), vec![2.0, 1.25, 17.0]);
     assert_eq!(c.arena.first_conflict(), None);
+}
+
+/// A run of a flat buffer's elements (`Tensor::elements`) is recorded as a view at its offset:
+/// it runs no kernel, shares its source's placed bytes, keeps that buffer alive while it is
+/// read, and replays give eager's bits.
+#[test]
+fn element_views_are_recorded_at_their_offsets_and_replay_as_eager() {
+    let f = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {
+        // `y` is placed in the arena; the views read it past the last op that writes it.
+        let y = x.mul_scalar(2.0)?.tanh()?;
+        let mid = y.elements(5, 10)?.exp()?;
+        let head = y.elements(0, 5)?;
+        let tail = y.elements(15, 9)?.reshape([3, 3])?.sum(&[1], false)?;
+        let joined = Tensor::concat(&[&head, &mid, &tail], 0)?;
+        Ok(vec![joined.sum_all()?, joined])
+    };
+    let input = |k: f64| {
+        Tensor::from_vec(
+            (0..24).map(|i| 0.1 * i as f64 + k).collect::<Vec<f64>>(),
+            [24],
+        )
+        .unwrap()
+    };
+    let mut step = CompiledStep::new();
+    let x0 = input(0.3);
+    let (first, run) = step
+        .run::<CompileError, _>(std::slice::from_ref(&x0), || f(&x0))
+        .unwrap();
+    let StepRun::Compiled(c) = run else {
+        panic!("the first call compiles")
+    };
+    let p = &c.program;
+    let at: Vec<usize> = p
+        .values
+        .iter()
+        .filter(|v| v.alias_of.is_some() && v.shape.ndim() == 1)
+        .map(|v| v.alias_at)
+        .collect();
+    assert!(
+        at.contains(&(5 * 8)) && at.contains(&(15 * 8)) && at.contains(&0),
+        "the views' offsets in bytes: {at:?}"
+    );
+    let views = p.nodes.iter().filter(|n| n.name() == "elements");
+    assert!(views.clone().count() == 3 && views.clone().all(|n| !n.runs_kernel()));
+    assert_eq!(c.arena.first_conflict(), None);
+    let bits = |ts: &[Tensor]| -> Vec<Vec<u64>> {
+        ts.iter()
+            .map(|t| {
+                t.to_vec::<f64>()
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::to_bits)
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(bits(&first), bits(&f(&x0).unwrap()));
+    for k in [1.7, -2.2, 0.05] {
+        let x = input(k);
+        let (out, run) = step
+            .run::<CompileError, _>(std::slice::from_ref(&x), || {
+                panic!("a replay does not run the step")
+            })
+            .unwrap();
+        assert!(matches!(run, StepRun::Replayed));
+        assert_eq!(bits(&out), bits(&f(&x).unwrap()), "input offset {k}");
+    }
 }
 
 /// The program knows which inputs it reads: one read only by dead code, or not at all, is

@@ -142,29 +142,36 @@ impl Arena {
     /// A piece of `spec` at byte `offset` (aligned to [`ARENA_ALIGN`], inside the arena). Its
     /// bytes are whatever the arena holds there: a kernel writing it zeroes them first.
     pub fn place(&self, offset: usize, spec: &OutSpec) -> Result<PlacedPiece> {
-        place_in(&self.mem, self.bytes, self.device, offset, spec)
+        place_in(
+            &self.mem,
+            self.bytes,
+            self.device,
+            offset,
+            spec,
+            ARENA_ALIGN,
+        )
     }
 }
 
-/// [`Arena::place`] in the arena `mem` of `arena_bytes` bytes on `device`.
+/// [`Arena::place`] in the arena `mem` of `arena_bytes` bytes on `device`, at an offset that
+/// is a multiple of `align` (a multiple of the element's size and alignment).
 fn place_in(
     mem: &Arc<ArenaMem>,
     arena_bytes: usize,
     device: Device,
     offset: usize,
     spec: &OutSpec,
+    align: usize,
 ) -> Result<PlacedPiece> {
     let bytes = spec
         .shape
         .checked_numel()
         .and_then(|n| n.checked_mul(spec.dtype.size()))
         .ok_or_else(|| arena_err(format!("{} {} overflows", spec.dtype, spec.shape)))?;
-    if !offset.is_multiple_of(ARENA_ALIGN)
-        || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes)
-    {
+    if !offset.is_multiple_of(align) || offset.checked_add(bytes).is_none_or(|e| e > arena_bytes) {
         return Err(arena_err(format!(
             "{} {} ({bytes} bytes) at offset {offset} does not fit an arena of \
-             {arena_bytes} bytes aligned to {ARENA_ALIGN}",
+             {arena_bytes} bytes aligned to {align}",
             spec.dtype, spec.shape
         )));
     }
@@ -196,8 +203,8 @@ fn host_array(base: *mut u8, spec: &OutSpec) -> CpuArray {
         let v: Vec<T> = if n == 0 {
             Vec::new()
         } else {
-            // SAFETY: `base` is aligned to ARENA_ALIGN (a multiple of every element's alignment)
-            // and has room for `n` elements inside the arena's allocation, which outlives the
+            // SAFETY: `base` is aligned to ARENA_ALIGN or to the element's size (`place_in`
+            // checks the offset; either is a multiple of the element's alignment) and has room for `n` elements inside the arena's allocation, which outlives the
             // array (the placed piece holds the arena). The vector is never dropped, grown or
             // shrunk: `disarm` forgets it, so the allocator never sees this pointer; the
             // arena alone allocates and frees the memory.
@@ -273,15 +280,20 @@ impl PlacedPiece {
         }
     }
 
-    /// A view of the same bytes as `spec` (same dtype, the same or fewer elements): the piece a
-    /// reshape of this one gives.
-    pub fn view_as(&self, spec: &OutSpec) -> Result<PlacedPiece> {
+    /// A view of this piece's bytes from byte `at` as `spec` (same dtype, inside the piece):
+    /// the piece a reshape of this one gives (`at` 0), or a run of its elements.
+    pub fn view_at(&self, at: usize, spec: &OutSpec) -> Result<PlacedPiece> {
         let storage = self.storage()?;
-        if spec.dtype != storage.dtype()
-            || spec.shape.checked_numel() != Some(storage.shape().numel())
-        {
+        let size = storage.dtype().size();
+        let fits = spec
+            .shape
+            .checked_numel()
+            .and_then(|n| n.checked_mul(size))
+            .and_then(|bytes| bytes.checked_add(at))
+            .is_some_and(|end| end <= self.bytes);
+        if spec.dtype != storage.dtype() || !at.is_multiple_of(size) || !fits {
             return Err(arena_err(format!(
-                "cannot view {} {} as {} {}",
+                "cannot view {} {} from byte {at} as {} {}",
                 storage.dtype(),
                 storage.shape(),
                 spec.dtype,
@@ -292,8 +304,9 @@ impl PlacedPiece {
             &self.mem,
             self.arena_bytes,
             storage.device(),
-            self.offset,
+            self.offset + at,
             spec,
+            size,
         )
     }
 }

@@ -10,7 +10,6 @@
 //! [`PendingBucket::finish`] cuts the result, so work queued between them overlaps it.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_dtype::DType;
@@ -194,9 +193,8 @@ impl PendingBucket {
 }
 
 /// The tensors laid out `tos` whose pieces at `coord` lie one after another in the flat
-/// buffer `flat` (in their dtype): outside a capture each piece shares the buffer's memory
-/// where the backend can (a view at its offset: no copy); a capture records the copies it
-/// replays.
+/// buffer `flat` (in their dtype): each piece is a view of the buffer's elements where the
+/// backend shares memory (devices: no copy; a capture records the views), else a copy.
 pub(crate) fn cut_pieces(
     flat: &Tensor,
     tos: Vec<GlobalLayout>,
@@ -207,25 +205,13 @@ pub(crate) fn cut_pieces(
         1 => flat.clone(),
         _ => flat.reshape([flat.numel()])?,
     };
-    let share = !crate::capture::capturing();
     let mut at = 0;
     let mut out = Vec::with_capacity(tos.len());
     for to in tos {
         let shape = to.local_shape_at(coord);
-        let shared = mine
-            .storage()
-            .filter(|_| share)
-            .and_then(|s| s.range_shared(at, &shape));
-        let piece = match shared {
-            Some(s) => Some(Arc::new(s)),
-            None => mine
-                .narrow(0, at, shape.numel())?
-                .reshape(shape.clone())?
-                .0
-                .piece
-                .clone(),
-        };
-        at += shape.numel();
+        let n = shape.numel();
+        let piece = mine.elements(at, n)?.reshape(shape)?.0.piece.clone();
+        at += n;
         out.push(Tensor::global_from_shared(
             piece,
             to,
@@ -378,24 +364,11 @@ pub(crate) fn concat(flats: &[Tensor]) -> Result<Tensor> {
     }
 }
 
-/// Elements `at..at + n` of the 1-d local tensor `flat`: outside a capture a view of its memory
-/// where the backend can (device pieces), else a narrow (a copy, recorded by a capture).
-pub(crate) fn flat_range(flat: &Tensor, at: usize, n: usize) -> Result<Tensor> {
-    let view = flat
-        .storage()
-        .filter(|_| !crate::capture::capturing())
-        .and_then(|s| s.range_shared(at, &crate::Shape::from([n])));
-    match view {
-        Some(s) => Ok(Tensor::from_storage(s)),
-        None => flat.narrow(0, at, n),
-    }
-}
-
 /// `n` elements to pad a row of a bucket with (read by no member): the first elements of a
 /// flat piece long enough, else zeros, on `sub`'s device.
 pub(crate) fn padding(flats: &[Tensor], n: usize, sub: &Placement) -> Result<Tensor> {
     if let Some(long) = flats.iter().find(|f| f.numel() >= n) {
-        return flat_range(long, 0, n);
+        return long.elements(0, n);
     }
     let dtype = flats.first().map_or(DType::F32, Tensor::dtype);
     let members = sub.num_ranks();
@@ -404,7 +377,7 @@ pub(crate) fn padding(flats: &[Tensor], n: usize, sub: &Placement) -> Result<Ten
 
 /// The elements of this rank's flat pieces that member `m` of the group keeps after the
 /// reduce-scatter, in order: for each tensor, the rows of its piece in `m`'s shard (views of
-/// the pieces where the backend can, see [`flat_range`]).
+/// the pieces where the backend can, see [`Tensor::elements`]).
 fn member_parts(
     grads: &[Tensor],
     flats: &[Tensor],
@@ -428,7 +401,7 @@ fn member_parts(
         };
         let row = local.shape().dims().iter().skip(1).product::<usize>();
         if !rows.is_empty() && row > 0 {
-            parts.push(flat_range(flat, rows.start * row, rows.len() * row)?);
+            parts.push(flat.elements(rows.start * row, rows.len() * row)?);
         }
     }
     Ok(parts)

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::executor::run_kernel;
-use crate::op::{Op, OutSpec};
+use crate::op::{Op, OutSpec, ViewOf};
 use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -50,9 +50,9 @@ pub struct OpEvent<'a> {
     pub kernel_inputs: SmallVec<[Arc<Storage>; 3]>,
     /// Each output's local shape and dtype; None outside the placement.
     pub out_specs: Option<&'a [OutSpec]>,
-    /// Output 0 is input `i`'s elements under a new shape (a reshape: a view on devices
-    /// that share memory).
-    pub view_of: Option<usize>,
+    /// Output 0 is a run of an input's elements under a new shape (a reshape, an elements
+    /// range: a view on devices that share memory).
+    pub view_of: Option<ViewOf>,
     /// The outputs, as the caller gets them.
     pub outputs: &'a [Tensor],
 }

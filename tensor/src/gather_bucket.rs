@@ -13,9 +13,7 @@ use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp};
 
-use crate::bucket::{
-    at_every_coord, concat, cut_pieces, flat_range, member_layout, padding, shard_rows,
-};
+use crate::bucket::{at_every_coord, concat, cut_pieces, member_layout, padding, shard_rows};
 use crate::{Result, Tensor, TensorError};
 
 fn bucket_err(detail: String) -> TensorError {
@@ -191,7 +189,7 @@ fn gather_checked(shards: &[Tensor], axis: usize, tos: Vec<GlobalLayout>) -> Res
         mine.push(padding(&flats, width - held, &sub)?);
     }
     if mine.is_empty() {
-        mine.push(flat_range(&flats[0], 0, 0)?);
+        mine.push(flats[0].elements(0, 0)?);
     }
     let gathered = concat(&mine)?
         .reshape([1, width])?
@@ -206,12 +204,12 @@ fn gather_checked(shards: &[Tensor], axis: usize, tos: Vec<GlobalLayout>) -> Res
         for (m, member) in parts.iter().enumerate() {
             let (at, n) = member[i];
             if n > 0 {
-                views.push(flat_range(&gathered, m * width + at, n)?);
+                views.push(gathered.elements(m * width + at, n)?);
             }
         }
     }
     let out = match views.len() {
-        0 => flat_range(&gathered, 0, 0)?,
+        0 => gathered.elements(0, 0)?,
         _ => concat(&views)?,
     };
     cut_pieces(&out, tos, &coord, ctx)

@@ -56,7 +56,7 @@ pub use inprocess::run_ranks;
 pub use op::custom;
 pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
-    LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp,
+    LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp, ViewOf,
 };
 pub use op::{AttentionOp, DropoutOp};
 pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};

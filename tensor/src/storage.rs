@@ -49,12 +49,7 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn to_host(&self) -> Result<CpuArray>;
     /// Downcasting hook for the backend's own kernels.
     fn as_any(&self) -> &dyn Any;
-    /// Elements `start..start + shape.numel()` of the piece (row-major) as `shape`, sharing
-    /// its memory; None when the backend cannot share it or the range does not fit.
-    fn range_shared(&self, _start: usize, _shape: &Shape) -> Option<Arc<dyn DeviceStorage>> {
-        None
-    }
-    /// Whether no other piece shares this one's memory (a view made by `range_shared`, say).
+    /// Whether no other piece shares this one's memory (a view of part of it, say).
     /// The default, false, keeps every piece from being written in place.
     fn memory_is_its_own(&self) -> bool {
         false
@@ -165,13 +160,6 @@ impl Storage {
     /// Bytes of the piece's elements.
     pub fn bytes(&self) -> usize {
         self.shape().numel() * self.dtype().size()
-    }
-    /// [`DeviceStorage::range_shared`] of a device piece (host arrays own their elements: None).
-    pub(crate) fn range_shared(&self, start: usize, shape: &Shape) -> Option<Storage> {
-        match self {
-            Storage::Cpu(_) => None,
-            Storage::Device(d) => d.range_shared(start, shape).map(Storage::Device),
-        }
     }
     /// The host array (a copy for device storage).
     pub fn to_host(&self) -> Result<CpuArray> {

@@ -111,9 +111,15 @@ fn placed_pieces_view_copy_and_refuse_what_does_not_fit() {
         .unwrap();
     p.write_from(&piece(&x)).unwrap();
     assert_eq!(bits(p.storage().unwrap()), bits(&piece(&x)));
-    let v = p.view_as(&spec(&[24], DType::F64)).unwrap();
+    let v = p.view_at(0, &spec(&[24], DType::F64)).unwrap();
     assert_eq!(bits(v.storage().unwrap()), bits(&piece(&x)));
     assert_eq!(v.offset(), ARENA_ALIGN);
+    // A run of elements from the middle: elements 7..17 of the piece, at an offset that is
+    // no multiple of the arena's alignment.
+    let run = p.view_at(7 * 8, &spec(&[2, 5], DType::F64)).unwrap();
+    assert_eq!(run.offset(), ARENA_ALIGN + 56);
+    let flat = piece(&x.reshape([24]).unwrap().narrow(0, 7, 10).unwrap());
+    assert_eq!(bits(run.storage().unwrap()), bits(&flat));
     // A zero-size piece anywhere inside, even at the end.
     arena
         .place(4 * ARENA_ALIGN, &spec(&[0, 3], DType::F32))
@@ -132,9 +138,20 @@ fn placed_pieces_view_copy_and_refuse_what_does_not_fit() {
         .place(usize::MAX - 255, &spec(&[1], DType::F64))
         .map(|_| ()));
     assert!(e.contains("does not fit"), "{e}");
-    let e = err(p.view_as(&spec(&[25], DType::F64)).map(|_| ()));
-    assert!(e.contains("cannot view f64 [4, 6] as f64 [25]"), "{e}");
-    let e = err(p.view_as(&spec(&[24], DType::F32)).map(|_| ()));
+    let e = err(p.view_at(0, &spec(&[25], DType::F64)).map(|_| ()));
+    assert!(
+        e.contains("cannot view f64 [4, 6] from byte 0 as f64 [25]"),
+        "{e}"
+    );
+    let e = err(p.view_at(8, &spec(&[24], DType::F64)).map(|_| ()));
+    assert!(e.contains("from byte 8 as f64 [24]"), "{e}");
+    let e = err(p.view_at(4, &spec(&[2], DType::F64)).map(|_| ()));
+    assert!(e.contains("from byte 4"), "{e}");
+    let e = err(p
+        .view_at(usize::MAX - 7, &spec(&[1], DType::F64))
+        .map(|_| ()));
+    assert!(e.contains("cannot view"), "{e}");
+    let e = err(p.view_at(0, &spec(&[24], DType::F32)).map(|_| ()));
     assert!(e.contains("cannot view"), "{e}");
     let e = err(p.write_from(&piece(&Tensor::randn([6, 4], 1, DType::F64))));
     assert!(e.contains("[6, 4] into [4, 6]"), "{e}");

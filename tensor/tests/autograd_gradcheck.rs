@@ -19,7 +19,7 @@ fn program(ops: &[u8], a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Tensor
     let r = Tensor::randn([2, 3], 99, F);
     let mut h = a.clone();
     for &op in ops {
-        h = match op % 16 {
+        h = match op % 17 {
             0 => h.matmul(b).unwrap(),
             1 => h.add(c).unwrap(),
             2 => h.tanh().unwrap(),
@@ -53,6 +53,16 @@ fn program(ops: &[u8], a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Tensor
                 .reshape([2, 3])
                 .unwrap(),
             14 => h.gelu().unwrap().mul_scalar(1.5).unwrap().sub(c).unwrap(),
+            15 => {
+                // Runs of the flat elements, one of them through exp.
+                let f = h.reshape([6]).unwrap();
+                let (head, tail) = (f.elements(0, 1).unwrap(), f.elements(5, 1).unwrap());
+                let mid = f.elements(1, 4).unwrap().exp().unwrap();
+                Tensor::concat(&[&head, &mid, &tail], 0)
+                    .unwrap()
+                    .reshape([2, 3])
+                    .unwrap()
+            }
             _ => h
                 .mul(&h.exp().unwrap().pow_scalar(0.5).unwrap())
                 .unwrap()

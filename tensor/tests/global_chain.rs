@@ -34,7 +34,7 @@ fn apply(x: &Tensor, id: u8, param: u64, make: &dyn Fn(&[usize], u64) -> Tensor)
             .cast(DType::I64)
             .unwrap()
     };
-    match id % 26 {
+    match id % 27 {
         0 => x.relu().unwrap(),
         1 => x.gelu().unwrap(),
         2 => x.tanh().unwrap().scale(1.5).unwrap(),
@@ -108,6 +108,13 @@ fn apply(x: &Tensor, id: u8, param: u64, make: &dyn Fn(&[usize], u64) -> Tensor)
             let (n, c) = (l.shape().dim(0), l.shape().dim(1));
             Tensor::cross_entropy_backward(&l, &ids(&[n], c, param), &make(&[n], param + 3))
                 .unwrap()
+        }
+        26 => {
+            // A run of the flattened elements (a view where the backend shares memory).
+            let n: usize = shape.iter().product();
+            let start = (param / 7) as usize % n.max(1);
+            let len = (param / 61) as usize % (n - start.min(n) + 1);
+            x.reshape([n]).unwrap().elements(start, len).unwrap()
         }
         _ if nd == 3 => x.bmm(&make(&[shape[0], shape[2], 2], param)).unwrap(),
         _ => x.unary(UnaryOp::Abs).unwrap(),

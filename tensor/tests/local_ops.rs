@@ -80,6 +80,23 @@ fn layout_ops() {
     let n = a.narrow(2, 1, 2).unwrap().to_ndarray::<f32>().unwrap();
     assert_eq!(n.shape(), &[2, 3, 2]);
     assert_eq!(n[[1, 2, 1]], 12. + 8. + 2.);
+    let flat = a.reshape([24]).unwrap();
+    let run = flat.elements(5, 7).unwrap().to_ndarray::<f32>().unwrap();
+    assert_eq!(
+        run.into_raw_vec_and_offset().0,
+        (5..12).map(|x| x as f32).collect::<Vec<_>>()
+    );
+    assert_eq!(flat.elements(24, 0).unwrap().shape().dims(), &[0]);
+    let e = a.elements(0, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("elements views a 1-d tensor, not [2, 3, 4]"),
+        "{e}"
+    );
+    let e = flat.elements(20, 5).unwrap_err().to_string();
+    assert!(
+        e.contains("range 20..20+5 out of bounds for dim 0 of size 24"),
+        "{e}"
+    );
     let c = Tensor::concat(&[&a, &a], 1).unwrap();
     assert_eq!(c.shape().dims(), &[2, 6, 4]);
     let tr = a.transpose(0, -1).unwrap();

@@ -76,29 +76,34 @@ impl KernelBackend for CpuBackend {
     fn finish(&self, out: CpuArray) -> CpuArray {
         out
     }
+    fn piece_spec(&self, x: &CpuArray) -> OutSpec {
+        self.out_spec(x)
+    }
     /// A copy: host pieces own their arrays.
-    fn reshaped(&self, x: &CpuArray, spec: &OutSpec) -> Result<CpuArray> {
-        let n: usize = x.shape().iter().product();
-        if spec.shape.checked_numel() != Some(n) || spec.dtype != x.dtype() {
-            return Err(kernel_err(
-                "reshape",
+    fn viewed(&self, x: &CpuArray, start: usize, spec: &OutSpec) -> Result<CpuArray> {
+        fn to<T: TensorElement>(a: &ArrayD<T>, start: usize, shape: &[usize]) -> Option<ArrayD<T>> {
+            let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+            let end = start.checked_add(n)?;
+            let standard = a.as_standard_layout();
+            let all = standard.as_slice()?;
+            let run = all.get(start..end)?;
+            ArrayD::from_shape_vec(IxDyn(shape), run.to_vec()).ok()
+        }
+        let out = (spec.dtype == x.dtype())
+            .then(|| with_array!(x, a => to(a, start, spec.shape.dims()).map(wrap)))
+            .flatten();
+        out.ok_or_else(|| {
+            kernel_err(
+                "view",
                 format!(
-                    "cannot view {} {:?} as {} {}",
+                    "cannot view elements from {start} of {} {:?} as {} {}",
                     x.dtype(),
                     x.shape(),
                     spec.dtype,
                     spec.shape
                 ),
-            ));
-        }
-        fn to<T: TensorElement>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
-            a.as_standard_layout()
-                .into_owned()
-                .into_shape_with_order(IxDyn(shape))
-                .ok()
-        }
-        let out = with_array!(x, a => to(a, spec.shape.dims()).map(wrap));
-        out.ok_or_else(|| kernel_err("reshape", format!("cannot reshape {:?}", x.shape())))
+            )
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use crate::with_array;
 use crate::Result;
 
 /// A local piece on the process's CUDA device: `shape`'s elements from byte `offset` of a
-/// pooled block. Reshapes share the block; so do the ranges of `range_shared` (blocks are
+/// pooled block. Reshapes share the block; so do element views (`range`; blocks are
 /// never written once a piece holds them, so the pieces sharing one never see each other), and
 /// a collective on one of them fences the whole block. An arena's placed pieces are instead
 /// `Block::view`s, each with its own fences, since the arena's bytes are written again by
@@ -118,6 +118,17 @@ impl CudaStorage {
     pub fn numel(&self) -> usize {
         self.shape.numel()
     }
+    /// Elements `start..start + shape.numel()` under `shape`, sharing the block (no copy);
+    /// None when they do not fit.
+    pub(crate) fn range(&self, start: usize, shape: &Shape) -> Option<CudaStorage> {
+        let end = start.checked_add(shape.checked_numel()?)?;
+        (end <= self.numel()).then(|| CudaStorage {
+            block: self.block.clone(),
+            offset: self.offset + start * self.dtype.size(),
+            dtype: self.dtype,
+            shape: shape.clone(),
+        })
+    }
     /// The same elements under another shape (no copy).
     pub(crate) fn reshaped(&self, shape: Shape) -> CudaStorage {
         CudaStorage {
@@ -152,17 +163,6 @@ impl DeviceStorage for CudaStorage {
     }
     fn as_any(&self) -> &dyn Any {
         self
-    }
-    fn range_shared(&self, start: usize, shape: &Shape) -> Option<Arc<dyn DeviceStorage>> {
-        let end = start.checked_add(shape.numel())?;
-        (end <= self.numel()).then(|| {
-            Arc::new(CudaStorage {
-                block: self.block.clone(),
-                offset: self.offset + start * self.dtype.size(),
-                dtype: self.dtype,
-                shape: shape.clone(),
-            }) as Arc<dyn DeviceStorage>
-        })
     }
     fn memory_is_its_own(&self) -> bool {
         Arc::strong_count(&self.block) == 1

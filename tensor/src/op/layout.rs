@@ -1,12 +1,13 @@
-//! Layout ops: permute (and transpose), reshape, concat, and narrow (slice along one dim).
+//! Layout ops: permute (and transpose), reshape, concat, narrow (slice along one dim), and
+//! elements (a run of a flat tensor's elements, a view like a reshape).
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_sbp::{rules, RuleMode, Rules, Shape};
 
 use super::grad::{zeros_on, Grad};
 use super::{
     dim_ok, norm_dim, same_dtype, shape_rule, single, Backend, Dims, Inferred, KernelBackend,
-    LocalAt, MetaResult, OpFamily, Saves,
+    LocalAt, MetaResult, OpFamily, Saves, ViewOf,
 };
 use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
@@ -31,10 +32,17 @@ pub enum LayoutOp {
         start: usize,
         len: usize,
     },
+    /// Elements `start..start + len` of a 1-d tensor: a view of its memory where the backend
+    /// can share it (as a reshape is), so a compiled step records it as a view too.
+    Elements {
+        start: usize,
+        len: usize,
+    },
 }
 
-/// Layout kernels of a backend; outputs are row-major contiguous. A reshape runs as a view
-/// (`OpFamily::view_of`), so `copy` runs only where a caller asks for one.
+/// Layout kernels of a backend; outputs are row-major contiguous. A reshape and an elements run
+/// as views (`OpFamily::view_of`), so `copy` and `narrow` run for them only where a caller
+/// asks for a copy.
 pub trait LayoutKernels: KernelBackend {
     fn permute(&self, x: &Self::Piece, perm: &[usize], out: &mut Self::Out) -> Result<()>;
     /// `x`'s elements, in order, into `out` (same count; a reshape that copies).
@@ -57,6 +65,7 @@ impl OpFamily for LayoutOp {
             LayoutOp::Reshape { .. } => "reshape",
             LayoutOp::Concat { .. } => "concat",
             LayoutOp::Narrow { .. } => "narrow",
+            LayoutOp::Elements { .. } => "elements",
         }
     }
 
@@ -78,22 +87,28 @@ impl OpFamily for LayoutOp {
             }
             LayoutOp::Narrow { dim, start, len } => {
                 dim_ok(s[0], *dim)?;
-                match start.checked_add(*len) {
-                    Some(end) if end <= s[0].dim(*dim) => {
-                        rules::slice(*dim, *start, end, s[0], mode)
-                    }
-                    _ => Err(format!(
-                        "range {start}..{start}+{len} out of bounds for dim {dim} of size {}",
-                        s[0].dim(*dim)
-                    )),
+                slice_rule(*dim, *start, *len, s[0], mode)
+            }
+            LayoutOp::Elements { start, len } => {
+                if s[0].ndim() == 1 {
+                    slice_rule(0, *start, *len, s[0], mode)
+                } else {
+                    Err(format!("elements views a 1-d tensor, not {}", s[0]))
                 }
             }
         };
         Ok(Inferred::new(shape_rule(r)?, d[0]))
     }
 
-    fn view_of(&self) -> Option<usize> {
-        matches!(self, LayoutOp::Reshape { .. }).then_some(0)
+    fn view_of(&self) -> Option<ViewOf> {
+        match self {
+            LayoutOp::Reshape { .. } => Some(ViewOf { input: 0, start: 0 }),
+            LayoutOp::Elements { start, .. } => Some(ViewOf {
+                input: 0,
+                start: *start,
+            }),
+            _ => None,
+        }
     }
 
     fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
@@ -112,6 +127,7 @@ impl OpFamily for LayoutOp {
             LayoutOp::Reshape { .. } => b.copy(x[0], y),
             LayoutOp::Concat { dim } => b.concat(x, *dim, y),
             LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, y),
+            LayoutOp::Elements { start, len } => b.narrow(x[0], 0, *start, *len, y),
         }
     }
 
@@ -140,24 +156,53 @@ impl OpFamily for LayoutOp {
                 }
                 Ok(gs)
             }
-            LayoutOp::Narrow { dim, start, len } => {
-                let full = g.input_meta(0).shape();
-                let like = dy.meta();
-                let part = |n: usize| zeros_on(&like, full.with_dim(*dim, n));
-                let before = (*start > 0).then(|| part(*start)).transpose()?;
-                let rest = full.dim(*dim).saturating_sub(start + len);
-                let after = (rest > 0).then(|| part(rest)).transpose()?;
-                let mut parts: Vec<&Tensor> = Vec::new();
-                parts.extend(before.as_ref());
-                parts.push(dy);
-                parts.extend(after.as_ref());
-                Grad::one(if parts.len() == 1 {
-                    dy.clone()
-                } else {
-                    Tensor::concat(&parts, *dim as isize)?
-                })
-            }
+            LayoutOp::Elements { start, len } => narrow_backward(g, dy, 0, *start, *len),
+            LayoutOp::Narrow { dim, start, len } => narrow_backward(g, dy, *dim, *start, *len),
         }
+    }
+}
+
+/// The gradient of a narrow of `dim` (or an elements run, dim 0 of a 1-d tensor): `dy` between
+/// zeros.
+fn narrow_backward(
+    g: &Grad<'_>,
+    dy: &Tensor,
+    dim: usize,
+    start: usize,
+    len: usize,
+) -> Result<Vec<Option<Tensor>>> {
+    let full = g.input_meta(0).shape();
+    let like = dy.meta();
+    let part = |n: usize| zeros_on(&like, full.with_dim(dim, n));
+    let before = (start > 0).then(|| part(start)).transpose()?;
+    let rest = full.dim(dim).saturating_sub(start + len);
+    let after = (rest > 0).then(|| part(rest)).transpose()?;
+    let mut parts: Vec<&Tensor> = Vec::new();
+    parts.extend(before.as_ref());
+    parts.push(dy);
+    parts.extend(after.as_ref());
+    Grad::one(if parts.len() == 1 {
+        dy.clone()
+    } else {
+        Tensor::concat(&parts, dim as isize)?
+    })
+}
+
+/// The rules of elements `start..start + len` of `dim` of `shape`, or why they are out of
+/// bounds.
+fn slice_rule(
+    dim: usize,
+    start: usize,
+    len: usize,
+    shape: &Shape,
+    mode: RuleMode,
+) -> std::result::Result<Rules, String> {
+    match start.checked_add(len) {
+        Some(end) if end <= shape.dim(dim) => rules::slice(dim, start, end, shape, mode),
+        _ => Err(format!(
+            "range {start}..{start}+{len} out of bounds for dim {dim} of size {}",
+            shape.dim(dim)
+        )),
     }
 }
 
@@ -203,6 +248,11 @@ impl Tensor {
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
         let dim = norm_dim("narrow", self, dim)?;
         layout(LayoutOp::Narrow { dim, start, len }, &[self])
+    }
+    /// Elements `start..start + len` of a 1-d tensor, sharing its memory where the backend
+    /// can (devices; the host copies them): a view, as a reshape is.
+    pub fn elements(&self, start: usize, len: usize) -> Result<Tensor> {
+        layout(LayoutOp::Elements { start, len }, &[self])
     }
     /// Elements `start..end` of `dim`.
     pub fn slice(&self, dim: isize, start: usize, end: usize) -> Result<Tensor> {

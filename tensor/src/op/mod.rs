@@ -156,10 +156,10 @@ pub trait OpFamily: Clone + fmt::Debug + PartialEq + Eq + Hash + Send + Sync {
     fn local(&self, _at: &LocalAt<'_>) -> Option<Self> {
         None
     }
-    /// Output 0 is input `i`'s elements under the output's shape (a reshape): the executor
-    /// makes it with [`KernelBackend::reshaped`] (a view where the backend can share memory)
-    /// instead of allocating and running a kernel.
-    fn view_of(&self) -> Option<usize> {
+    /// Output 0 is a run of one input's elements under the output's shape (a reshape, or a
+    /// range of a flat tensor): the executor makes it with [`KernelBackend::viewed`] (a view
+    /// where the backend can share memory) instead of allocating and running a kernel.
+    fn view_of(&self) -> Option<ViewOf> {
         None
     }
     /// Runs the op's kernels on one rank's pieces, writing every output into its buffer in
@@ -214,11 +214,36 @@ pub trait KernelBackend {
     fn alloc(&self, spec: &OutSpec) -> Result<Self::Out>;
     /// The shape and dtype of a buffer.
     fn out_spec(&self, out: &Self::Out) -> OutSpec;
+    /// The shape and dtype of a piece.
+    fn piece_spec(&self, x: &Self::Piece) -> OutSpec;
     /// A written buffer as a piece.
     fn finish(&self, out: Self::Out) -> Self::Piece;
-    /// `x`'s elements under `spec`'s shape (same count and dtype): the same memory where the
-    /// backend can share it.
-    fn reshaped(&self, x: &Self::Piece, spec: &OutSpec) -> Result<Self::Piece>;
+    /// `x`'s elements `start..start + spec`'s count (row-major), same dtype, under `spec`'s
+    /// shape: the same memory where the backend can share it, else a copy.
+    fn viewed(&self, x: &Self::Piece, start: usize, spec: &OutSpec) -> Result<Self::Piece>;
+    /// `x`'s elements under `spec`'s shape (same count and dtype): [`KernelBackend::viewed`]
+    /// from element 0.
+    fn reshaped(&self, x: &Self::Piece, spec: &OutSpec) -> Result<Self::Piece> {
+        let have = self.piece_spec(x);
+        if spec.shape.checked_numel() != Some(have.shape.numel()) || spec.dtype != have.dtype {
+            return Err(kernel_err(
+                "reshape",
+                format!(
+                    "cannot view {} {} as {} {}",
+                    have.dtype, have.shape, spec.dtype, spec.shape
+                ),
+            ));
+        }
+        self.viewed(x, 0, spec)
+    }
+}
+
+/// Where a view op's output lies (see [`OpFamily::view_of`]): input `input`'s elements from
+/// `start` (row-major), as many as the output holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ViewOf {
+    pub input: usize,
+    pub start: usize,
 }
 
 /// The only output buffer of a single-output op.
@@ -288,7 +313,7 @@ macro_rules! families {
                     $(Op::$variant(o) => o.local(at).map(Op::$variant)),*
                 }
             }
-            pub(crate) fn view_of(&self) -> Option<usize> {
+            pub(crate) fn view_of(&self) -> Option<ViewOf> {
                 match self {
                     $(Op::$variant(o) => o.view_of()),*
                 }
@@ -380,11 +405,14 @@ impl Op {
         x: &[&B::Piece],
         spec: &OutSpec,
     ) -> Result<B::Piece> {
-        if let Some(i) = self.view_of() {
-            let Some(src) = x.get(i) else {
-                return Err(kernel_err(self.name(), format!("no input {i} to view")));
+        if let Some(v) = self.view_of() {
+            let Some(src) = x.get(v.input) else {
+                return Err(kernel_err(
+                    self.name(),
+                    format!("no input {} to view", v.input),
+                ));
             };
-            return b.reshaped(src, spec);
+            return b.viewed(src, v.start, spec);
         }
         let mut out = b.alloc(spec)?;
         self.run(b, x, std::slice::from_mut(&mut out))?;

@@ -58,18 +58,23 @@ impl KernelBackend for CudaKernels {
     fn finish(&self, out: CudaStorage) -> CudaStorage {
         out
     }
-    /// The same block under another shape (no copy).
-    fn reshaped(&self, x: &CudaStorage, spec: &OutSpec) -> Result<CudaStorage> {
-        if spec.shape.checked_numel() != Some(x.numel()) || spec.dtype != x.dtype {
-            return Err(derr(
-                "reshape",
+    fn piece_spec(&self, x: &CudaStorage) -> OutSpec {
+        self.out_spec(x)
+    }
+    /// The same block from element `start` under `spec`'s shape (no copy).
+    fn viewed(&self, x: &CudaStorage, start: usize, spec: &OutSpec) -> Result<CudaStorage> {
+        let range = (spec.dtype == x.dtype)
+            .then(|| x.range(start, &spec.shape))
+            .flatten();
+        range.ok_or_else(|| {
+            derr(
+                "view",
                 format!(
-                    "cannot view {} {} as {} {}",
+                    "cannot view elements from {start} of {} {} as {} {}",
                     x.dtype, x.shape, spec.dtype, spec.shape
                 ),
-            ));
-        }
-        Ok(x.reshaped(spec.shape.clone()))
+            )
+        })
     }
 }
 

@@ -13,7 +13,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 
-use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, Saves};
+use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, Saves, ViewOf};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -72,7 +72,7 @@ macro_rules! custom_ops {
                     $(CustomOp::$variant(ref o) => o.local(at).map(CustomOp::$variant)),*
                 }
             }
-            fn view_of(&self) -> Option<usize> {
+            fn view_of(&self) -> Option<ViewOf> {
                 match *self {
                     $(CustomOp::$variant(ref o) => o.view_of()),*
                 }

@@ -195,7 +195,7 @@ impl Bench {
     fn compiled_passes(&self, c: &mut CompiledStep, x: &Tensor, y: &Tensor) -> R<Tensor> {
         let params = self.opt.params().to_vec();
         let batch = vec![x.clone(), y.clone()];
-        let done = compiled_passes(c, &params, batch, || -> R<Vec<Tensor>> {
+        let done = compiled_passes(c, &params, self.opt.zero(), batch, || -> R<Vec<Tensor>> {
             Ok(vec![self.passes(x, y)?])
         })?;
         if let StepRun::Compiled(c) = &done.run {

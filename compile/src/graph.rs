@@ -11,15 +11,18 @@
 //! the capture and each launch the compute stream waits for the collectives that wrote the
 //! inputs (a ZeRO-1/2 parameter's all-gather): a capture cannot record that wait. When
 //! it may not, that replay runs launch by launch (same results, in the same arena). Where no graph can be captured
-//! (the CPU, a device that cannot, ops timed or traced, `OXIFLOW_CUDA_GRAPH=0`) every replay
-//! runs launch by launch, and the note says why.
+//! (the CPU, a device that cannot, ops timed or traced, `OXIFLOW_CUDA_GRAPH=0`), and where
+//! an input the program reads is a new piece each step from a collective queued before it (a
+//! ZeRO-1/2 parameter all-gathered anew: a graph would wait for all of them before its first
+//! kernel, launch by launch each op waits for its own), every replay runs launch by launch,
+//! and the note says why.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{
-    capture_graph, copy_storage, duplicate_storage, graph_capture_refusal, order_after_collectives,
-    BoundPiece, Device, DeviceGraph, Storage, Tensor, TensorError,
+    awaits_collectives, capture_graph, copy_storage, duplicate_storage, graph_capture_refusal,
+    order_after_collectives, BoundPiece, Device, DeviceGraph, Storage, Tensor, TensorError,
 };
 
 use crate::error::{CompileError, Result};
@@ -34,8 +37,12 @@ fn graphs_allowed() -> bool {
 
 /// How a program's replays run.
 pub(crate) enum GraphState {
-    /// Launch by launch so far (`replays` of them); the next may capture a graph.
-    Launches { replays: u32 },
+    /// Launch by launch so far (`replays` of them, the last one reading `seen`: each step
+    /// input's piece, where the program reads it); the next may capture a graph.
+    Launches {
+        replays: u32,
+        seen: Vec<Option<Weak<Storage>>>,
+    },
     /// Each replay launches this graph.
     Graph(Box<GraphReplay>),
     /// Launch by launch for good, and why.
@@ -45,7 +52,7 @@ pub(crate) enum GraphState {
 impl std::fmt::Debug for GraphState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GraphState::Launches { replays } => write!(f, "Launches({replays})"),
+            GraphState::Launches { replays, .. } => write!(f, "Launches({replays})"),
             GraphState::Graph(g) => write!(f, "Graph({} nodes)", g.graph.nodes()),
             GraphState::Off(why) => write!(f, "Off({why})"),
         }
@@ -54,7 +61,10 @@ impl std::fmt::Debug for GraphState {
 
 impl Default for GraphState {
     fn default() -> GraphState {
-        GraphState::Launches { replays: 0 }
+        GraphState::Launches {
+            replays: 0,
+            seen: Vec::new(),
+        }
     }
 }
 
@@ -143,8 +153,24 @@ impl GraphReplay {
     }
 }
 
-/// Why a program on `device` with `inputs` is never captured, if it is not.
-fn never(device: Device, inputs: &[Tensor]) -> Option<String> {
+/// The pieces of `inputs` that the program reads (`read`), held weakly: a `Weak` keeps its
+/// allocation's address, so a later piece at the same address is never taken for it.
+fn pieces_read(inputs: &[Tensor], read: &[bool]) -> Vec<Option<Weak<Storage>>> {
+    inputs
+        .iter()
+        .zip(read)
+        .map(|(t, &r)| piece_of(t).filter(|_| r).map(Arc::downgrade))
+        .collect()
+}
+
+/// Why a program on `device` with `inputs` (of which it reads those `read` says; `seen` the
+/// pieces the last replay read) is never captured, if it is not.
+fn never(
+    device: Device,
+    inputs: &[Tensor],
+    read: &[bool],
+    seen: &[Option<Weak<Storage>>],
+) -> Option<String> {
     if !matches!(device, Device::Cuda(_)) {
         return Some(format!("its arena is on {device}"));
     }
@@ -156,11 +182,37 @@ fn never(device: Device, inputs: &[Tensor]) -> Option<String> {
     if let Some(why) = graph_capture_refusal(device) {
         return Some(why);
     }
-    inputs.iter().enumerate().find_map(|(k, t)| {
+    if let Some(why) = inputs.iter().enumerate().find_map(|(k, t)| {
         piece_of(t)
             .filter(|p| p.device() != device)
             .map(|p| format!("input {k} is on {}, not {device}", p.device()))
-    })
+    }) {
+        return Some(why);
+    }
+    // An input with a new piece since the last replay that a collective still touches (a
+    // ZeRO-1/2 parameter all-gathered anew after each step): a graph would copy each such
+    // piece into its own after waiting for every such collective, before its first kernel,
+    // where launch by launch each op waits only for its own inputs' (the forward pass runs
+    // under the later gathers, as eager's does). A piece updated in place (a ZeRO-3 shard,
+    // say) is the one the graph reads, whatever collective read it last.
+    inputs
+        .iter()
+        .zip(read)
+        .zip(seen)
+        .enumerate()
+        .find(|(_, ((t, &r), last))| {
+            let new = |p: &Arc<Storage>| {
+                last.as_ref()
+                    .is_some_and(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(p)))
+            };
+            r && piece_of(t).is_some_and(|p| new(p) && awaits_collectives(p))
+        })
+        .map(|(k, _)| {
+            format!(
+                "input {k} is a new piece written by a collective before each step, which \
+                 launch by launch each op waits for only where it reads it"
+            )
+        })
 }
 
 /// One replay: its outputs, whether it launched the device graph, and a note when how
@@ -195,8 +247,9 @@ pub(crate) fn replay_with_graph(
 ) -> Result<GraphRun> {
     match state {
         GraphState::Off(_) => Ok(GraphRun::launches(launches()?, None)),
-        GraphState::Launches { replays } => {
-            if let Some(why) = never(device, inputs) {
+        GraphState::Launches { replays, seen } => {
+            let read = program.inputs_read();
+            if let Some(why) = never(device, inputs, &read, seen) {
                 // The host has no graphs: nothing to say there.
                 let note = matches!(device, Device::Cuda(_))
                     .then(|| format!("compiled step: replays launch by launch ({why})"));
@@ -205,6 +258,7 @@ pub(crate) fn replay_with_graph(
             }
             if *replays == 0 {
                 *replays = 1;
+                *seen = pieces_read(inputs, &read);
                 return Ok(GraphRun::launches(launches()?, None));
             }
             // A step input written by a collective (a ZeRO-1/2 parameter's all-gather, say) is
@@ -229,7 +283,6 @@ pub(crate) fn replay_with_graph(
                     let built_in = started.elapsed();
                     let outputs: Vec<_> = outs.iter().map(|t| piece_of(t).cloned()).collect();
                     drop(outs);
-                    let read = program.inputs_read();
                     let g = GraphReplay {
                         graph,
                         inputs: inputs

@@ -165,6 +165,15 @@ pub fn graph_capture_refusal(device: Device) -> Option<String> {
     }
 }
 
+/// Whether collectives touched `piece` that the device's compute stream has not waited for
+/// (see [`DeviceStorage::awaits_collectives`]); false on the host.
+pub fn awaits_collectives(piece: &Storage) -> bool {
+    match piece {
+        Storage::Device(d) => d.awaits_collectives(),
+        Storage::Cpu(_) => false,
+    }
+}
+
 /// Orders the device's compute stream after the collectives that touched `piece` and that it
 /// has not waited for (see [`DeviceStorage::order_after_collectives`]); nothing on the host.
 /// Do it before a device graph is captured or launched that reads the piece: inside a capture

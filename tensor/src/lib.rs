@@ -42,8 +42,8 @@ pub use autograd::{
 pub use bucket::{bucket_fits, reduce_bucket, start_bucket, BucketTarget, PendingBucket};
 pub use context::{Context, ContextGuard};
 pub use device::{
-    capture_graph, copy_storage, duplicate_storage, graph_capture_refusal, order_after_collectives,
-    register_device_backend, DeviceBackend, DeviceGraph,
+    awaits_collectives, capture_graph, copy_storage, duplicate_storage, graph_capture_refusal,
+    order_after_collectives, register_device_backend, DeviceBackend, DeviceGraph,
 };
 pub use dispatch::{dispatch, dispatch_multi};
 pub use element::{FloatElement, TensorElement};

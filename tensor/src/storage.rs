@@ -59,6 +59,12 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     /// graph launched next, say) comes after them. The default does nothing: a backend without
     /// such collectives has nothing to wait for.
     fn order_after_collectives(&self) {}
+    /// Whether collectives touched this piece's memory that the compute stream has not waited
+    /// for yet (a parameter's all-gather still queued, say). The default, false: a backend
+    /// without such collectives.
+    fn awaits_collectives(&self) -> bool {
+        false
+    }
 }
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.

@@ -14,6 +14,7 @@
 
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_models::nn::Parameter;
+use oxiflow_models::optim::Zero;
 use oxiflow_tensor::{no_grad, Tensor, TensorError};
 
 use crate::error::TrainError;
@@ -96,7 +97,8 @@ fn run_compiled<M: TrainModel>(
     let params: Vec<Parameter> = t.optimizer.params().to_vec();
     let mut compiled = std::mem::take(&mut t.compiled);
     let trainer = &*t;
-    let ran = compiled_passes(&mut compiled, &params, batch, || body(trainer));
+    let zero = trainer.optimizer.zero();
+    let ran = compiled_passes(&mut compiled, &params, zero, batch, || body(trainer));
     t.compiled = compiled;
     let passes = ran?;
     let mut line = match passes.run {
@@ -131,9 +133,15 @@ pub struct CompiledPasses {
 /// and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
 /// gradients go back on the leaves for the optimizer. A parameter without a gradient is an
 /// error (a compiled step needs every one).
+///
+/// A leaf that `zero` all-gathers anew after every step (ZeRO-1/2) is the exception: the
+/// program casts it where layers first read it, as eager does, so each cast waits only for
+/// its own gather and the forward pass runs under the later ones (cast before the step, the
+/// casts would queue behind every gather).
 pub fn compiled_passes<E>(
     compiled: &mut CompiledStep,
     params: &[Parameter],
+    zero: Zero,
     batch: Vec<Tensor>,
     body: impl FnOnce() -> Result<Vec<Tensor>, E>,
 ) -> Result<CompiledPasses, E>
@@ -143,7 +151,12 @@ where
     let mut inputs = batch;
     inputs.extend(params.iter().map(Parameter::value));
     for p in params {
-        inputs.extend(p.ensure_compute_copy()?);
+        if zero.gathers_leaf(&p.value()) {
+            // The program casts it: a copy kept from before would be read as a constant.
+            p.drop_copy();
+        } else {
+            inputs.extend(p.ensure_compute_copy()?);
+        }
     }
     let step = || -> Result<Vec<Tensor>, E> {
         let mut out = body()?;

@@ -84,6 +84,13 @@ impl Zero {
         Some(nd.with_axis(self.axis, Sbp::S(0)))
     }
 
+    /// Whether each step's update of a parameter laid out `value` is all-gathered back into
+    /// a new leaf (ZeRO-1/2 of a parameter with a shard layout): its leaf comes from a
+    /// collective queued after every step, and any compute copy is cast from it anew.
+    pub fn gathers_leaf(&self, value: &Tensor) -> bool {
+        matches!(self.stage, 1 | 2) && self.shard_layout(value).is_some()
+    }
+
     /// Prepares the parameters for this stage: stage 2 boxes each leaf's gradient to its shard
     /// as it accumulates; stage 3 stores each parameter sharded. Every rank must call it alike.
     pub fn prepare(&self, params: &[Parameter]) -> Result<()> {

@@ -523,6 +523,11 @@ impl Block {
             graph,
         })
     }
+    /// Whether collectives touched the block since the compute stream last waited for them
+    /// (see [`Block::ptr`]).
+    pub(crate) fn awaits_collectives(&self) -> bool {
+        !lock(&self.fences).is_empty()
+    }
     /// The address, for work queued on the compute stream next: the stream first waits for
     /// the collectives that touched the block since it last did (and for sends from it still
     /// running, which the one-way transfers never let happen: they drop their send buffers).

@@ -172,4 +172,7 @@ impl DeviceStorage for CudaStorage {
         // collectives.
         let _ = self.block.ptr();
     }
+    fn awaits_collectives(&self) -> bool {
+        self.block.awaits_collectives()
+    }
 }

@@ -28,7 +28,8 @@
 //! On the CPU every part is host memory, needed once per rank on the host (LOCAL_WORLD_SIZE),
 //! against the host's available memory: `/proc/meminfo`'s MemAvailable, lowered to what the
 //! cgroup's limit leaves (v2 `memory.max - memory.current`, v1 `memory.limit_in_bytes -
-//! memory.usage_in_bytes`). On a GPU the parameters, gradients, state and activations are
+//! memory.usage_in_bytes`), in steps of 256 MiB so that ranks reading it moments apart agree.
+//! On a GPU the parameters, gradients, state and activations are
 //! device memory, against the free memory of the rank's device (`cuMemGetInfo`, plus the
 //! allocator's cached blocks), and the token ids stay host memory.
 
@@ -203,15 +204,23 @@ fn cgroup_room() -> Option<(f64, f64, PathBuf)> {
     None
 }
 
+/// The unit [`host_available`] rounds down to: ranks of one host read the figure moments
+/// apart, and rounded they agree (a jitter of a few MiB crosses a multiple of it rarely), so
+/// they refuse alike, with the same words.
+const HOST_GRAIN: f64 = 256.0 * 1024.0 * 1024.0;
+
 /// Bytes the host can still give, and where that figure comes from; None where nothing says.
+/// What varies from moment to moment is rounded to [`HOST_GRAIN`] against the job: the
+/// available memory down, the cgroup's use up.
 pub fn host_available() -> Option<(f64, String)> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
     let available = meminfo.as_deref().and_then(|t| {
         let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
         let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024.0)
+        Some((kib * 1024.0 / HOST_GRAIN).floor() * HOST_GRAIN)
     });
     let cgroup = cgroup_room().map(|(limit, used, path)| {
+        let used = (used / HOST_GRAIN).ceil() * HOST_GRAIN;
         (
             (limit - used).max(0.0),
             format!(

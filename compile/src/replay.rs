@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 
 use crate::error::{CompileError, Result};
 use crate::ir::{Node, NodeKind, Origin, Program, StepKey, ValueId};
-use crate::passes::arena::ArenaPlan;
+use crate::passes::arena::{ArenaPlan, ARENA_ALIGN};
 use crate::passes::liveness::Liveness;
 
 /// A value during a replay.
@@ -59,7 +59,9 @@ pub fn arena_device(program: &Program, plan: &ArenaPlan) -> Device {
     })
 }
 
-/// Each value's planned offset (None: no place of its own; an alias has its buffer's). The
+/// Each value's planned offset (None: no place of its own; an alias has its buffer's, moved by
+/// the byte offsets along its chain, and none where that is not a place's alignment: a node
+/// writing such a value gets a buffer of its own, as eager's host copy of a view is). The
 /// buffers of the step's outputs are allocated as eager dispatch does instead: they outlive
 /// the replay, and a placed one would be copied out.
 fn offsets(program: &Program, plan: &ArenaPlan) -> Vec<Option<usize>> {
@@ -73,7 +75,16 @@ fn offsets(program: &Program, plan: &ArenaPlan) -> Vec<Option<usize>> {
         }
     }
     (0..program.values.len())
-        .map(|i| own[program.buffer_of(ValueId(i as u32)).index()])
+        .map(|i| {
+            let (mut v, mut at) = (ValueId(i as u32), 0);
+            while let Some(a) = program.values[v.index()].alias_of {
+                at += program.values[v.index()].alias_at;
+                v = a;
+            }
+            own[v.index()]
+                .map(|o| o + at)
+                .filter(|o| o.is_multiple_of(ARENA_ALIGN))
+        })
         .collect()
 }
 

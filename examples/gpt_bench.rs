@@ -101,7 +101,8 @@ struct Args {
     #[arg(long, default_value_t = 0.0)]
     gather_bucket_mb: f64,
     /// Forward and backward as a compiled program (captured on the first step, replayed on
-    /// later ones, on CUDA as one CUDA graph from the third on); clipping and AdamW run eagerly.
+    /// later ones, on CUDA as one CUDA graph from the third on, except under ZeRO-1/2, whose
+    /// all-gathered parameters it reads launch by launch); clipping and AdamW run eagerly.
     #[arg(long)]
     compile: bool,
     /// What each block keeps for its backward pass, as `train --recompute` (gelu: the MLP's

@@ -69,7 +69,12 @@ fn compiled_bf16_mixed_steps_equal_eager_bit_for_bit() {
     compare_at(1, &bf16, &[], 0.0);
     compare_at(2, &bf16, &["--dp", "2", "--zero", "3"], 0.0);
     compare_at(2, &bf16, &["--dp", "2", "--zero", "2"], 0.0);
-    compare_at(2, &bf16, &["--dp", "2", "--zero", "1", "--bucket-mb", "0.05"], 0.0);
+    compare_at(
+        2,
+        &bf16,
+        &["--dp", "2", "--zero", "1", "--bucket-mb", "0.05"],
+        0.0,
+    );
 }
 
 #[test]

@@ -194,9 +194,8 @@ impl Bench {
     /// [`Self::passes`] as a compiled program (`--compile`, see `compiled_passes`): prints the
     /// compile line and how replays run.
     fn compiled_passes(&self, c: &mut CompiledStep, x: &Tensor, y: &Tensor) -> R<Tensor> {
-        let params = self.opt.params().to_vec();
         let batch = vec![x.clone(), y.clone()];
-        let done = compiled_passes(c, &params, self.opt.zero(), batch, || -> R<Vec<Tensor>> {
+        let done = compiled_passes(c, &self.opt, batch, || -> R<Vec<Tensor>> {
             Ok(vec![self.passes(x, y)?])
         })?;
         if let StepRun::Compiled(c) = &done.run {

@@ -8,8 +8,8 @@
 //! which must then be the graph's alone; a large output piece of an
 //! earlier launch must no longer be held (the launch writes it again), while small outputs
 //! (a loss a caller keeps for its log) are handed out as copies made after each launch. Before
-//! the capture and each launch the compute stream waits for the collectives that wrote the
-//! inputs (a ZeRO-1/2 parameter's all-gather): a capture cannot record that wait. When
+//! the capture and each launch the compute stream waits for the collectives that touched the
+//! inputs (a ZeRO-3 shard's last all-gather, say): a capture cannot record that wait. When
 //! it may not, that replay runs launch by launch (same results, in the same arena). Where no graph can be captured
 //! (the CPU, a device that cannot, ops timed or traced, `OXIFLOW_CUDA_GRAPH=0`), and where
 //! an input the program reads is a new piece each step from a collective queued before it (a
@@ -261,7 +261,7 @@ pub(crate) fn replay_with_graph(
                 *seen = pieces_read(inputs, &read);
                 return Ok(GraphRun::launches(launches()?, None));
             }
-            // A step input written by a collective (a ZeRO-1/2 parameter's all-gather, say) is
+            // A step input a collective touched (a ZeRO-3 shard's last all-gather, say) is
             // waited for now: a capture cannot record the wait on work queued before it.
             for p in inputs.iter().filter_map(piece_of) {
                 order_after_collectives(p);

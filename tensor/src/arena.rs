@@ -204,8 +204,9 @@ fn host_array(base: *mut u8, spec: &OutSpec) -> CpuArray {
             Vec::new()
         } else {
             // SAFETY: `base` is aligned to ARENA_ALIGN or to the element's size (`place_in`
-            // checks the offset; either is a multiple of the element's alignment) and has room for `n` elements inside the arena's allocation, which outlives the
-            // array (the placed piece holds the arena). The vector is never dropped, grown or
+            // checks the offset; either is a multiple of the element's alignment) and has room
+            // for `n` elements inside the arena's allocation, which outlives the array (the
+            // placed piece holds the arena). The vector is never dropped, grown or
             // shrunk: `disarm` forgets it, so the allocator never sees this pointer; the
             // arena alone allocates and frees the memory.
             unsafe { Vec::from_raw_parts(base.cast::<T>(), n, n) }

@@ -14,7 +14,7 @@
 
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_models::nn::Parameter;
-use oxiflow_models::optim::Zero;
+use oxiflow_models::optim::Optimizer;
 use oxiflow_tensor::{no_grad, Tensor, TensorError};
 
 use crate::error::TrainError;
@@ -94,11 +94,9 @@ fn run_compiled<M: TrainModel>(
     batch: Vec<Tensor>,
     body: impl FnOnce(&Trainer<M>) -> Result<Vec<Tensor>, TrainError>,
 ) -> Result<(Vec<Tensor>, Option<String>), TrainError> {
-    let params: Vec<Parameter> = t.optimizer.params().to_vec();
     let mut compiled = std::mem::take(&mut t.compiled);
     let trainer = &*t;
-    let zero = trainer.optimizer.zero();
-    let ran = compiled_passes(&mut compiled, &params, zero, batch, || body(trainer));
+    let ran = compiled_passes(&mut compiled, &*trainer.optimizer, batch, || body(trainer));
     t.compiled = compiled;
     let passes = ran?;
     let mut line = match passes.run {
@@ -128,26 +126,27 @@ pub struct CompiledPasses {
 }
 
 /// A training step's forward and backward passes `body` through `compiled`: `batch`, the
-/// parameters' leaves and their compute copies (written by the optimizer with each leaf, or
+/// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with each leaf, or
 /// cast now) are the program's inputs, so the program reads the copies where eager reads them
 /// and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
 /// gradients go back on the leaves for the optimizer. A parameter without a gradient is an
 /// error (a compiled step needs every one).
 ///
-/// A leaf that `zero` all-gathers anew after every step (ZeRO-1/2) is the exception: the
+/// A leaf that the optimizer's ZeRO stage all-gathers anew after every step (ZeRO-1/2) is
+/// the exception: the
 /// program casts it where layers first read it, as eager does, so each cast waits only for
 /// its own gather and the forward pass runs under the later ones (cast before the step, the
 /// casts would queue behind every gather).
 pub fn compiled_passes<E>(
     compiled: &mut CompiledStep,
-    params: &[Parameter],
-    zero: Zero,
+    optimizer: &dyn Optimizer,
     batch: Vec<Tensor>,
     body: impl FnOnce() -> Result<Vec<Tensor>, E>,
 ) -> Result<CompiledPasses, E>
 where
     E: From<CompileError> + From<TensorError>,
 {
+    let (params, zero) = (optimizer.params(), optimizer.zero());
     let mut inputs = batch;
     inputs.extend(params.iter().map(Parameter::value));
     for p in params {

@@ -116,13 +116,13 @@ pub fn assert_grad_matches_fd(
     }
 }
 
-/// Element-wise closeness with an f32 tolerance.
+/// Element-wise closeness with an f32 tolerance (equal infinities and NaN against NaN pass).
 pub fn assert_close(got: &ArrayD<f32>, want: &ArrayD<f32>, what: &str) {
     assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
     for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
         let tol = 2e-4 * (1.0 + w.abs());
         assert!(
-            (g - w).abs() <= tol || (g.is_nan() && w.is_nan()),
+            (g - w).abs() <= tol || g == w || (g.is_nan() && w.is_nan()),
             "{what}: element {i}: got {g}, want {w}"
         );
     }

@@ -1,8 +1,9 @@
 //! `--precision bf16-mixed` on CPU processes: bf16 copies of f32 master weights, bf16
 //! activations, statistics and the loss in f32. The tiny GPT's curve tracks the f32 curve in
-//! one rank and in DP2, TP2 with SP and DP2xTP2 (every layer's forward and backward, the
-//! LayerNorm weight gradients from bf16 data and f32 statistics included), and each layout
-//! gives one rank's bf16-mixed curve within bf16 rounding.
+//! one rank and in DP2, TP2 with SP, DP2xTP2 and ZeRO-2 (every layer's forward and backward,
+//! the LayerNorm weight gradients from bf16 data and f32 statistics included), and each layout
+//! gives one rank's bf16-mixed curve within bf16 rounding. ZeRO-2's f32 master shards
+//! checkpoint like any leaf: a DP2 run resumed from them goes on along ZeRO-2's curve.
 
 mod common;
 
@@ -11,13 +12,18 @@ use common::{curve, launch, max_rel, ok};
 const STEPS: &str = "20";
 
 fn run(nproc: usize, precision: &str, layout: &[&str]) -> Vec<(u64, f64)> {
-    let mut args = common::TINY_GPT.to_vec();
-    args.extend_from_slice(&["--steps", STEPS, "--seed", "5", "--lr", "0.01"]);
-    args.extend_from_slice(&["--precision", precision]);
-    args.extend_from_slice(layout);
-    let c = curve(&ok(launch(nproc, &args)));
+    let c = run_to(nproc, precision, layout, STEPS);
     assert_eq!(c.len(), 20, "{precision} {layout:?}: {c:?}");
     c
+}
+
+/// The curve of a run to step `steps` under `layout` (and any checkpoint flags in it).
+fn run_to(nproc: usize, precision: &str, layout: &[&str], steps: &str) -> Vec<(u64, f64)> {
+    let mut args = common::TINY_GPT.to_vec();
+    args.extend_from_slice(&["--steps", steps, "--seed", "5", "--lr", "0.01"]);
+    args.extend_from_slice(&["--precision", precision]);
+    args.extend_from_slice(layout);
+    curve(&ok(launch(nproc, &args)))
 }
 
 #[test]
@@ -36,6 +42,7 @@ fn bf16_mixed_tracks_f32_and_every_layout_tracks_one_rank() {
         (2, &["--dp", "2"][..]),
         (2, &["--tp", "2", "--sp"][..]),
         (4, &["--dp", "2", "--tp", "2"][..]),
+        (2, &["--dp", "2", "--zero", "2"][..]),
     ] {
         let c = run(nproc, "bf16-mixed", layout);
         let gap = max_rel(&bf16, &c);
@@ -44,4 +51,32 @@ fn bf16_mixed_tracks_f32_and_every_layout_tracks_one_rank() {
             "{layout:?} vs one rank: {gap:.2e}\n{bf16:?}\n{c:?}"
         );
     }
+}
+
+#[test]
+fn zero2_master_shards_resume_as_dp2() {
+    let dir = std::env::temp_dir().join(format!("oxiflow-mixed-zero2-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let zero2 = ["--dp", "2", "--zero", "2"];
+    let whole = run(2, "bf16-mixed", &zero2);
+    let saved = run_to(
+        2,
+        "bf16-mixed",
+        &[&zero2[..], &["--save", d]].concat(),
+        "10",
+    );
+    assert_eq!(saved[..], whole[..10], "the saving run is ZeRO-2's");
+    let resumed = run_to(2, "bf16-mixed", &["--dp", "2", "--resume", d], STEPS);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        resumed.iter().map(|p| p.0).collect::<Vec<_>>(),
+        (11..=20).collect::<Vec<_>>(),
+        "{resumed:?}"
+    );
+    let gap = max_rel(&whole[10..], &resumed);
+    assert!(
+        gap < 0.02,
+        "DP2 from ZeRO-2's checkpoint: {gap:.2e}\n{whole:?}\n{resumed:?}"
+    );
 }

@@ -1,5 +1,5 @@
-//! What training state occupies on this rank: the bytes of its pieces of the parameters, their
-//! gradients and the optimizer state (partial-sum pieces count whole, shards count their
+//! What training state occupies on this rank: the bytes of its pieces of the parameters (their
+//! leaves and the compute copies kept with them), their gradients and the optimizer state (partial-sum pieces count whole, shards count their
 //! share), for the memory table `train` prints beside the allocators' peaks.
 
 use oxiflow_tensor::Tensor;
@@ -18,7 +18,13 @@ pub struct Footprint {
 impl Footprint {
     /// The footprint of `params` (and their gradients now) and `optimizer`'s state.
     pub fn measure(params: &[Parameter], optimizer: &dyn Optimizer) -> Footprint {
-        let parameters = params.iter().map(|p| piece_bytes(&p.value())).sum();
+        let parameters = params
+            .iter()
+            .map(|p| {
+                let copies = [p.compute_copy(), p.gathered_copy()];
+                piece_bytes(&p.value()) + copies.iter().flatten().map(piece_bytes).sum::<usize>()
+            })
+            .sum();
         let gradients = params
             .iter()
             .filter_map(Parameter::grad)

@@ -5,6 +5,8 @@
 //! buckets; each stage keeps the bytes per rank it promises (state, gradients,
 //! parameters split over the data-parallel axis). ZeRO-3 prefetches the next block's gathers;
 //! a prefetched gather is used once, and only for the leaf and autograd mode it was made for.
+//! Under mixed precision (f64 leaves computed as f32) stage 2 keeps master shards whose f32
+//! copies are gathered once per update, and tracks one rank computing in f32.
 
 use std::time::Duration;
 
@@ -106,7 +108,12 @@ fn optimizer(params: Vec<Parameter>, opt: Opt, zero: Zero) -> Box<dyn Optimizer>
 }
 
 fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+    t.to_dtype(F)
+        .unwrap()
+        .to_ndarray::<f64>()
+        .unwrap()
+        .into_raw_vec_and_offset()
+        .0
 }
 
 /// Per-rank bytes after training: (parameters, gradients, optimizer state).
@@ -116,11 +123,25 @@ type Bytes = (usize, usize, usize);
 type Run = (Vec<f64>, Vec<Vec<f64>>, Bytes);
 
 fn train(placement: Option<&Placement>, tp: Option<usize>, opt: Opt, zero: Zero, rc: bool) -> Run {
+    train_as(placement, tp, opt, zero, rc, None)
+}
+
+/// [`train`] with layers computing as `compute` (None: the leaves' f64).
+fn train_as(
+    placement: Option<&Placement>,
+    tp: Option<usize>,
+    opt: Opt,
+    zero: Zero,
+    rc: bool,
+    compute: Option<DType>,
+) -> Run {
     let net = Net::new(placement, tp);
+    net.set_compute_dtype(compute);
     let params = net.parameters();
     let mut o = optimizer(params.clone(), opt, zero);
-    let x = Tensor::randn([ROWS, WIDTH], 11, F);
-    let y = Tensor::randn([ROWS, WIDTH], 12, F);
+    let d = compute.unwrap_or(F);
+    let x = Tensor::randn([ROWS, WIDTH], 11, F).to_dtype(d).unwrap();
+    let y = Tensor::randn([ROWS, WIDTH], 12, F).to_dtype(d).unwrap();
     let (x, y) = match placement {
         Some(p) => {
             let data = NdSbp::broadcast(p.ndim()).with_axis(0, Sbp::S(0));
@@ -309,6 +330,132 @@ fn a_prefetched_gather_is_used_once_and_only_for_its_leaf() {
             w.prefetch().unwrap().unwrap()
         };
         assert!(!w.compute().unwrap().same(&untracked));
+        vals(&fresh)
+    });
+    assert_eq!(runs[0], runs[1]);
+}
+
+#[test]
+fn stage_two_under_mixed_precision_keeps_master_shards_and_one_ranks_curve() {
+    const C: DType = DType::F32;
+    for opt in [Opt::Adam, Opt::Sgd] {
+        let (want_losses, want_params, _) = train_as(None, None, opt, Zero::OFF, false, Some(C));
+        for (mesh, tp) in [(vec![2], None), (vec![2, 2], Some(1))] {
+            let n: usize = mesh.iter().product();
+            let runs = run_ranks(n, Duration::from_secs(60), |_| {
+                let p = Placement::new_1d(DeviceType::Cpu, (0..n).collect::<Vec<_>>())
+                    .unwrap()
+                    .reshaped(mesh.clone())
+                    .unwrap();
+                let net = Net::new(Some(&p), tp);
+                net.set_compute_dtype(Some(C));
+                let params = net.parameters();
+                let _o = optimizer(params.clone(), opt, Zero::new(2, 0).unwrap());
+                for w in &params {
+                    let (leaf, full) = (w.value(), w.compute_layout().unwrap());
+                    assert!(w.keeps_gathered(), "{w:?}");
+                    assert!(leaf.nd_sbp().unwrap().as_slice()[0].is_split(), "{w:?}");
+                    assert_eq!(leaf.dtype(), F, "{w:?}: the master stays f64");
+                    let c = w.compute().unwrap();
+                    assert_eq!((c.dtype(), c.nd_sbp()), (C, Some(&full)), "{w:?}");
+                    let kept = w.gathered_copy().expect("compute gathered the copy");
+                    assert!(c.shares_piece(&kept), "{w:?}: the copy is kept");
+                }
+                let mixed = train_as(Some(&p), tp, opt, Zero::new(2, 0).unwrap(), false, Some(C));
+                let whole = train_as(Some(&p), tp, opt, Zero::OFF, false, Some(C));
+                let recomputed =
+                    train_as(Some(&p), tp, opt, Zero::new(2, 0).unwrap(), true, Some(C));
+                (mixed, whole, recomputed)
+            });
+            for (mixed, whole, recomputed) in &runs {
+                let what = format!("{opt:?} mesh {mesh:?}");
+                for run in [mixed, recomputed] {
+                    near(&run.0, &want_losses, &format!("{what}: losses"));
+                    for (a, b) in run.1.iter().zip(&want_params) {
+                        near(a, b, &format!("{what}: parameters"));
+                    }
+                }
+                if let Opt::Sgd = opt {
+                    // SGD writes no copies: the whole leaves' are cast at each use.
+                    continue;
+                }
+                // AdamW: master shards (f64 / dp), their f32 copies and the whole f32 copy,
+                // against whole f64 leaves and their f32 copies.
+                let slack = 8 * 2 * WIDTH * 7;
+                assert!(
+                    mixed.2 .0 <= whole.2 .0 / mesh[0] + whole.2 .0 / 3 + slack,
+                    "{what}: parameters {:?} vs {:?}",
+                    mixed.2,
+                    whole.2
+                );
+                assert!(
+                    mixed.2 .0 < whole.2 .0,
+                    "{what}: {:?} vs {:?}",
+                    mixed.2,
+                    whole.2
+                );
+            }
+        }
+    }
+}
+
+/// Within f32 rounding: the reductions sum f32 partials in another order than one rank.
+fn near(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+            "{what}: {x} vs {y}"
+        );
+    }
+}
+
+#[test]
+fn a_master_shards_gathered_copy_follows_its_leaf() {
+    let runs = run_ranks(2, Duration::from_secs(60), |_| {
+        let p = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+        let net = Net::new(Some(&p), None);
+        net.set_compute_dtype(Some(DType::F32));
+        let params = net.parameters();
+        let w = params[0].clone();
+        let mut o = optimizer(params, Opt::Adam, Zero::new(2, 0).unwrap());
+        assert!(
+            w.gathered_copy().is_none(),
+            "nothing is gathered before use"
+        );
+        let first = w
+            .prefetch()
+            .unwrap()
+            .expect("a master shard gathers its copy");
+        assert!(w.prefetch().unwrap().unwrap().same(&first), "once per leaf");
+        let x = Tensor::ones([ROWS, WIDTH], DType::F32)
+            .to_global(&p, NdSbp::broadcast(1))
+            .unwrap();
+        net.forward(&x, false)
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g = w.grad().expect("the shard has a gradient");
+        assert_eq!((g.dtype(), g.nd_sbp()), (F, w.value().nd_sbp()));
+        o.step().unwrap();
+        // The update gathered the new copy; the old one is gone with its leaf.
+        let next = w.gathered_copy().expect("the update gathers the new copy");
+        assert!(!next.same(&first));
+        assert_ne!(vals(&next), vals(&first), "the step changed the weight");
+        let copy = w.compute_copy().expect("the update wrote the shard's copy");
+        let whole = copy.to_global(&p, NdSbp::broadcast(1)).unwrap();
+        assert_eq!(
+            vals(&whole),
+            vals(&next),
+            "the gathered copy is the shard's"
+        );
+        // A value set from outside (a checkpoint load) is gathered anew at use.
+        w.set_value(&w.value().mul_scalar(2.0).unwrap()).unwrap();
+        assert!(w.gathered_copy().is_none() && w.compute_copy().is_none());
+        let fresh = w.compute().unwrap();
+        let want: Vec<f64> = vals(&next).iter().map(|v| v * 2.0).collect();
+        assert_eq!(vals(&fresh), want, "the new leaf's copy");
         vals(&fresh)
     });
     assert_eq!(runs[0], runs[1]);

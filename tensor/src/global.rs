@@ -60,6 +60,35 @@ impl Tensor {
         Ok(out)
     }
 
+    /// This global tensor boxed to `copy`'s layout, where `copy` is that boxing's result made
+    /// already (bit for bit what `to_global` gives, e.g. a gather issued ahead of use): `copy`
+    /// itself, with autograd recording the boxing, so the gradient is boxed back to this
+    /// tensor's layout as `to_global`'s is. Communicates nothing. A `copy` of another shape,
+    /// dtype or placement is a typed error.
+    pub fn to_global_as_copy(&self, copy: &Tensor) -> Result<Tensor> {
+        let fits = match (self.placement(), copy.placement(), copy.nd_sbp()) {
+            (Some(p), Some(q), Some(_)) => {
+                p.same_as(q) && copy.shape() == self.shape() && copy.dtype() == self.dtype()
+            }
+            _ => false,
+        };
+        let Some(nd_sbp) = copy.nd_sbp().filter(|_| fits) else {
+            return Err(TensorError::Shape {
+                op: "to_global_as_copy",
+                shapes: format!("{}, {}", self.shape(), copy.shape()),
+                sbps: format!("{:?}, {:?}", self.nd_sbp(), copy.nd_sbp()),
+                detail: format!(
+                    "{} is not a boxing of {} (both global, one placement, shape and dtype)",
+                    copy.describe(),
+                    self.describe()
+                ),
+            });
+        };
+        let out = copy.detach();
+        crate::autograd::record_to_global(self, &out, nd_sbp);
+        Ok(out)
+    }
+
     fn to_global_untracked(&self, placement: &Placement, nd_sbp: &NdSbp) -> Result<Tensor> {
         let nd_sbp = nd_sbp.clone();
         if self.is_global() {

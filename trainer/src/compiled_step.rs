@@ -126,9 +126,9 @@ pub struct CompiledPasses {
 }
 
 /// A training step's forward and backward passes `body` through `compiled`: `batch`, the
-/// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with each leaf, or
-/// cast now) are the program's inputs, so the program reads the copies where eager reads them
-/// and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
+/// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with
+/// each leaf, or cast now; a master shard's gathered copy too) are the program's inputs, so
+/// the program reads the copies where eager reads them and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
 /// gradients go back on the leaves for the optimizer. A parameter without a gradient is an
 /// error (a compiled step needs every one).
 ///
@@ -155,6 +155,7 @@ where
             p.drop_copy();
         } else {
             inputs.extend(p.ensure_compute_copy()?);
+            inputs.extend(p.ensure_gathered()?);
         }
     }
     let step = || -> Result<Vec<Tensor>, E> {

@@ -1,5 +1,6 @@
 //! `Parameter` (a named, replaceable leaf tensor), the `Module` trait and `ParamRegistry`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Result, TensorError};
@@ -24,6 +25,12 @@ struct ParamInner {
     /// optimizer's update), with the leaf it is a copy of: current while that leaf is the
     /// stored one.
     copy: Mutex<Option<(Tensor, Tensor)>>,
+    /// Whether the leaf is a master shard whose compute copy is kept gathered between steps
+    /// (`store_master_shard`).
+    keeps_gathered: AtomicBool,
+    /// The compute copy all-gathered into the compute layout (`ensure_gathered`), with the
+    /// leaf it is a copy of: current while that leaf is the stored one.
+    gathered: Mutex<Option<(Tensor, Tensor)>>,
 }
 
 /// A named trainable tensor. Cloning shares it. Tensors are values, so an update replaces
@@ -45,15 +52,26 @@ impl Parameter {
             grad_layout: RwLock::new(None),
             prefetched: Mutex::new(None),
             copy: Mutex::new(None),
+            keeps_gathered: AtomicBool::new(false),
+            gathered: Mutex::new(None),
         }))
     }
     pub fn name(&self) -> &str {
         &self.0.name
     }
     /// The value in the layout layers compute with: the leaf itself, or the leaf all-gathered
-    /// from its shards (recorded by autograd) when it is stored sharded.
+    /// from its shards (recorded by autograd) when it is stored sharded; for a master shard
+    /// ([`Parameter::store_master_shard`]) its kept gathered copy, with autograd recording
+    /// the cast and the gather it stands for (no kernel, no communication).
     pub fn compute(&self) -> Result<Tensor> {
         let v = self.value();
+        if let Some(full) = self.ensure_gathered()? {
+            let cast = match self.current_copy(&v, full.dtype()) {
+                Some(c) => v.cast_as_copy(&c)?,
+                None => v,
+            };
+            return cast.to_global_as_copy(&full);
+        }
         let ahead = self
             .0
             .prefetched
@@ -74,6 +92,9 @@ impl Parameter {
     /// must call it alike. A prefetch whose leaf was replaced since (an optimizer step), or that
     /// was made in another autograd mode than the `compute`, is not used.
     pub fn prefetch(&self) -> Result<Option<Tensor>> {
+        if self.keeps_gathered() {
+            return self.ensure_gathered();
+        }
         if self.compute_layout().is_none() {
             return Ok(None);
         }
@@ -167,6 +188,57 @@ impl Parameter {
             stored.detach().requires_grad_(true);
         self.apply_grad_layout()
     }
+    /// Stores the leaf in `storage` as [`Parameter::store_sharded`] does, as the master shard
+    /// of a value layers compute with through a copy in the compute dtype gathered into the
+    /// compute layout once per leaf and kept until the leaf is replaced
+    /// ([`Parameter::ensure_gathered`]), rather than gathered at every use: ZeRO-2 under
+    /// mixed precision, where the gathered copy is 16-bit and the f32 leaf a shard. Every rank
+    /// must call it alike.
+    pub fn store_master_shard(&self, storage: NdSbp) -> Result<()> {
+        self.store_sharded(storage)?;
+        self.0.keeps_gathered.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+    /// Whether the leaf is a master shard ([`Parameter::store_master_shard`]).
+    pub fn keeps_gathered(&self) -> bool {
+        self.0.keeps_gathered.load(Ordering::Relaxed)
+    }
+    /// For a master shard: the stored leaf's compute copy gathered into the compute layout,
+    /// issued now where the leaf has none yet (after a cast where it has no compute copy
+    /// either) and kept until the leaf is replaced; None, and nothing done, for any other
+    /// parameter. Runs untracked by autograd (`compute` records it). Every rank must call it
+    /// alike.
+    pub fn ensure_gathered(&self) -> Result<Option<Tensor>> {
+        if !self.keeps_gathered() {
+            return Ok(None);
+        }
+        let leaf = self.value();
+        if let Some(full) = self.gathered_copy_of(&leaf) {
+            return Ok(Some(full));
+        }
+        let copy = self.ensure_compute_copy()?.unwrap_or_else(|| leaf.detach());
+        let full = {
+            let _ng = oxiflow_tensor::no_grad();
+            match (self.compute_layout(), leaf.placement()) {
+                (Some(nd), Some(p)) => copy.to_global(p, nd)?,
+                _ => copy,
+            }
+        };
+        *self.0.gathered.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, full.clone()));
+        Ok(Some(full))
+    }
+    /// The stored leaf's gathered compute copy (see [`Parameter::ensure_gathered`]), when it
+    /// has one; communicates nothing.
+    pub fn gathered_copy(&self) -> Option<Tensor> {
+        self.gathered_copy_of(&self.value())
+    }
+    fn gathered_copy_of(&self, leaf: &Tensor) -> Option<Tensor> {
+        let g = self.0.gathered.lock().unwrap_or_else(|e| e.into_inner());
+        match &*g {
+            Some((of, full)) if of.same(leaf) => Some(full.clone()),
+            _ => None,
+        }
+    }
     /// Boxes the leaf's gradient to `nd` as it accumulates (also for every later leaf).
     pub fn set_grad_layout(&self, nd: NdSbp) -> Result<()> {
         *self
@@ -213,7 +285,7 @@ impl Parameter {
     /// compute with it instead of casting, while this leaf is the stored one. A copy of
     /// another shape or layout is a typed error.
     pub fn set_value_with_copy(&self, t: &Tensor, copy: Option<&Tensor>) -> Result<()> {
-        *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.drop_copy();
         if let Some(c) = copy {
             if c.shape() != t.shape() || c.layout() != t.layout() || !c.dtype().is_float() {
                 return Err(TensorError::Shape {
@@ -285,8 +357,11 @@ impl Parameter {
             return Tensor::data_held_only_by(&[view]);
         }
         let copy = self.0.copy.lock().unwrap_or_else(|e| e.into_inner());
+        let gathered = self.0.gathered.lock().unwrap_or_else(|e| e.into_inner());
         let mut handles = vec![&*value, view];
-        handles.extend(copy.as_ref().map(|(of, _)| of).filter(|of| of.same(&value)));
+        for kept in [&*copy, &*gathered] {
+            handles.extend(kept.as_ref().map(|(of, _)| of).filter(|of| of.same(&value)));
+        }
         Tensor::data_held_only_by(&handles)
     }
     /// The current compute copy (see [`Parameter::compute_copy`]) when nothing but this
@@ -296,9 +371,11 @@ impl Parameter {
         self.compute_copy()
             .filter(|c| Tensor::data_held_only_by(&[c, c]))
     }
-    /// Drops the compute copy (its memory), e.g. before an update writes the next one.
+    /// Drops the compute copy and its gathered copy (their memory), e.g. before an update
+    /// writes the next one.
     pub fn drop_copy(&self) {
         *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.0.gathered.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 

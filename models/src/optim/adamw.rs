@@ -164,8 +164,9 @@ impl AdamW {
     /// The new values of the parameters `ups` (index and update view) with gradients scaled
     /// by `c` and clipped as `clip` says (by a device ratio, or guarded by one): one
     /// multi-tensor op over this rank's pieces of them all (see `Tensor::adamw_multi`), with
-    /// each compute copy where the update runs in its leaf's layout (a ZeRO-1/2 shard is
-    /// gathered in f32 and cast by the next forward pass). Nothing is written back. With `in_place`, the new values
+    /// each compute copy where the update runs in its leaf's layout (a ZeRO-1/2 shard of a
+    /// whole leaf is gathered in f32 and cast by the next forward pass; a master shard's copy
+    /// is written here and gathered). Nothing is written back. With `in_place`, the new values
     /// are written over the old ones' memory where nothing else holds it (`AdamWReuse`); the
     /// other parameters' old compute copies are dropped first, so their memory goes back
     /// before the op writes the new ones.

@@ -313,7 +313,8 @@ pub(crate) fn write_back(p: &Parameter, new: &Tensor) -> Result<()> {
 /// parameter's new leaf, as [`write_back`] does one at a time, except that the shards of
 /// ZeRO-1/2 updates are gathered in buckets of at least `zero.gather_bytes()` per dtype and
 /// placement, in the given order (one all-gather each, [`gather_bucket`]); a shard no bucket
-/// can take is gathered alone.
+/// can take is gathered alone. Then every master shard's new compute copy is gathered
+/// (`Parameter::ensure_gathered`), in parameter order.
 pub(crate) fn write_back_all(
     params: &[Parameter],
     news: Vec<(usize, Tensor)>,
@@ -360,6 +361,12 @@ pub(crate) fn write_back_all(
     }
     for (bucket, _) in open {
         gather(bucket)?;
+    }
+    // Master shards (ZeRO-2 under mixed precision): their new compute copies, gathered now so
+    // the gathers run under the host's work between steps and the next forward pass waits
+    // only where it first reads each.
+    for p in params {
+        p.ensure_gathered()?;
     }
     Ok(())
 }

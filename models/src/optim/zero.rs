@@ -4,7 +4,10 @@
 //! parameter is all-gathered); stage 2 also boxes each gradient straight from its partial sum to
 //! the shard as backward accumulates it (a reduce-scatter instead of an all-reduce, and 1/dp of
 //! the gradient memory); stage 3 also stores the parameters split, and layers all-gather them
-//! at use (`Parameter::compute`), the gather's backward reduce-scattering the gradient.
+//! at use (`Parameter::compute`), the gather's backward reduce-scattering the gradient. Under
+//! mixed precision stage 2 keeps f32 master shards, as DeepSpeed does: the update writes each
+//! shard's 16-bit copy, which is gathered once per step and kept whole for the passes, and the
+//! gradient is reduce-scattered in 16 bits into the shard.
 
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::Tensor;
@@ -85,14 +88,20 @@ impl Zero {
     }
 
     /// Whether each step's update of a parameter laid out `value` is all-gathered back into
-    /// a new leaf (ZeRO-1/2 of a parameter with a shard layout): its leaf comes from a
-    /// collective queued after every step, and any compute copy is cast from it anew.
+    /// a new leaf (ZeRO-1/2 of a parameter with a shard layout; not a master shard, which is
+    /// stored split): its leaf comes from a collective queued after every step, and any
+    /// compute copy is cast from it anew.
     pub fn gathers_leaf(&self, value: &Tensor) -> bool {
         matches!(self.stage, 1 | 2) && self.shard_layout(value).is_some()
     }
 
     /// Prepares the parameters for this stage: stage 2 boxes each leaf's gradient to its shard
-    /// as it accumulates; stage 3 stores each parameter sharded. Every rank must call it alike.
+    /// as it accumulates; stage 3 stores each parameter sharded. Under mixed precision (a
+    /// parameter computed in another dtype than its leaf's, set before this call), stage 2
+    /// stores the leaf as a master shard whose compute copy is gathered after each update
+    /// (`Parameter::store_master_shard`): the update's shard writes its 16-bit copy, and the
+    /// gather moves that instead of the f32 leaf, which is never whole. Every rank must call
+    /// it alike.
     pub fn prepare(&self, params: &[Parameter]) -> Result<()> {
         if self.stage < 2 {
             return Ok(());
@@ -103,6 +112,8 @@ impl Zero {
             };
             if self.stage == 3 {
                 p.store_sharded(shard.clone())?;
+            } else if p.compute_dtype() != p.value().dtype() {
+                p.store_master_shard(shard.clone())?;
             }
             p.set_grad_layout(shard)?;
         }

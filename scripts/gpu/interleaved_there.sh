@@ -4,7 +4,8 @@
 # each micro-batch of $SIZES (default "8 16 32"), $ROUNDS rounds (default 2) of ours eager,
 # ours compiled, torch.compile, so a drift of the GPU touches all alike. $EXTRA adds
 # "tag=path" binaries of gpt_bench (e.g. an older build) to each round, $VARIANTS "tag=flags"
-# runs of ours with more flags (commas between flags, e.g. "gelu=--recompute,gelu"). NPROC=2: data
+# runs of ours with more flags (commas between flags, e.g. "gelu=--recompute,gelu"; a first
+# "bin:PATH" runs that binary instead of bin/gpt_bench). NPROC=2: data
 # parallel on two GPUs (ours --dp 2, torch.compile DDP under torchrun); MODEL=350m: GPT-2
 # medium (24 layers, width 1024, 16 heads); COMPILED=0 leaves our compiled step out. Table of
 # medians last.
@@ -39,9 +40,10 @@ for b in $SIZES; do
     [ "${COMPILED:-1}" = 1 ] && ours oxiflow-compiled bin/gpt_bench "$b" "$r" --compile
     for x in ${EXTRA:-}; do ours "${x%%=*}" "${x#*=}" "$b" "$r"; done
     for v in ${VARIANTS:-}; do
-      flags=${v#*=}
+      flags=${v#*=} binary=bin/gpt_bench
+      case "$flags" in bin:*) binary=${flags%%,*}; binary=${binary#bin:}; flags=${flags#*,} ;; esac
       # shellcheck disable=SC2086
-      ours "${v%%=*}" bin/gpt_bench "$b" "$r" ${flags//,/ }
+      ours "${v%%=*}" "$binary" "$b" "$r" ${flags//,/ }
     done
     timeout 300 "${TORCH[@]}" gpt2_bench.py --micro-batch "$b" --steps "$STEPS" "${TORCH_DIMS[@]}" \
       --compile --tag compile \

@@ -6,7 +6,8 @@
 //! parameters split over the data-parallel axis). ZeRO-3 prefetches the next block's gathers;
 //! a prefetched gather is used once, and only for the leaf and autograd mode it was made for.
 //! Under mixed precision (f64 leaves computed as f32) stage 2 keeps master shards whose f32
-//! copies are gathered once per update, and tracks one rank computing in f32.
+//! copies are gathered once per update, gives the whole leaves' bits on the same mesh, and
+//! tracks one rank computing in f32.
 
 use std::time::Duration;
 
@@ -369,6 +370,10 @@ fn stage_two_under_mixed_precision_keeps_master_shards_and_one_ranks_curve() {
             });
             for (mixed, whole, recomputed) in &runs {
                 let what = format!("{opt:?} mesh {mesh:?}");
+                // The gradients reach the master shards as whole partial sums and are reduced
+                // in the leaves' dtype, as the whole leaves' are: the same bits.
+                assert_eq!(mixed.0, whole.0, "{what}: losses against whole leaves");
+                assert_eq!(mixed.1, whole.1, "{what}: parameters against whole leaves");
                 for run in [mixed, recomputed] {
                     near(&run.0, &want_losses, &format!("{what}: losses"));
                     for (a, b) in run.1.iter().zip(&want_params) {

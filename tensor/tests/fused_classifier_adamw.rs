@@ -449,3 +449,78 @@ fn a_cast_as_copy_is_recorded_as_the_cast() {
     });
     assert!(e[0].contains("not a copy"), "{}", e[0]);
 }
+
+/// `cast_boxed_as_copy` stands for the cast and a boxing of a leaf (a master shard and its
+/// gathered 16-bit copy): the copy's values, recorded by autograd as the cast alone, so the
+/// leaf's gradient arrives as the whole partial sum in the leaf's dtype and its grad layout
+/// boxes it, giving a whole leaf's gradient bit for bit; a tensor with history, a local one or
+/// a copy of another shape is a typed error.
+#[test]
+fn a_cast_boxed_as_copy_is_recorded_as_the_cast_alone() {
+    let w = Tensor::randn([6, 4], 1, DType::F32);
+    let x = Tensor::randn([4, 6], 2, DType::BF16);
+    let runs = run_ranks(2, Duration::from_secs(30), |_| {
+        let p = stage(&[0, 1]);
+        let (b, s0) = (NdSbp::broadcast(1), NdSbp::new([oxiflow_tensor::Sbp::S(0)]));
+        // Rows of the batch split over the ranks: the weight's gradient is a partial sum.
+        let x = x
+            .to_global(&p, b.clone())
+            .unwrap()
+            .to_global(&p, s0.clone())
+            .unwrap();
+        let grad_through = |leaf: &Tensor, wc: Tensor| {
+            x.matmul(&wc)
+                .unwrap()
+                .square()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            leaf.grad().unwrap()
+        };
+        let whole = w.to_global(&p, b.clone()).unwrap().requires_grad_(true);
+        whole.set_grad_layout(s0.clone()).unwrap();
+        let want = grad_through(&whole, whole.to_dtype(DType::BF16).unwrap());
+        let shard = w
+            .to_global(&p, b.clone())
+            .unwrap()
+            .to_global(&p, s0.clone())
+            .unwrap()
+            .requires_grad_(true);
+        shard.set_grad_layout(s0.clone()).unwrap();
+        let copy = {
+            let _ng = oxiflow_tensor::no_grad();
+            shard
+                .to_dtype(DType::BF16)
+                .unwrap()
+                .to_global(&p, b.clone())
+                .unwrap()
+        };
+        let via = shard.cast_boxed_as_copy(&copy).unwrap();
+        assert_eq!(via.grad_fn_name().as_deref(), Some("cast"));
+        assert_eq!((via.dtype(), via.nd_sbp()), (DType::BF16, Some(&b)));
+        assert!(via.shares_piece(&copy), "no kernel, no communication");
+        let got = grad_through(&shard, via);
+        assert_eq!((got.dtype(), got.nd_sbp()), (DType::F32, Some(&s0)));
+        // Without a grad layout the gradient stays the whole partial sum.
+        let loose = shard.detach().requires_grad_(true);
+        let partial = grad_through(&loose, loose.cast_boxed_as_copy(&copy).unwrap());
+        assert!(partial.nd_sbp().unwrap().as_slice()[0].is_partial());
+        let errs = [
+            shard.mul_scalar(1.0).unwrap().cast_boxed_as_copy(&copy),
+            shard.cast_boxed_as_copy(&copy.narrow(0, 0, 3).unwrap()),
+            w.cast_boxed_as_copy(&w.to_dtype(DType::BF16).unwrap()),
+        ]
+        .map(|r| r.unwrap_err().to_string());
+        for e in &errs {
+            assert!(e.contains("cast_boxed_as_copy"), "{e}");
+        }
+        let f = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap().cast(F).unwrap());
+        (f(&got), f(&want), f(&partial))
+    });
+    for (got, want, partial) in &runs {
+        assert_eq!(got, want, "the whole leaf's gradient");
+        assert_eq!(partial, want, "summed");
+    }
+}

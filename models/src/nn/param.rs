@@ -62,15 +62,13 @@ impl Parameter {
     /// The value in the layout layers compute with: the leaf itself, or the leaf all-gathered
     /// from its shards (recorded by autograd) when it is stored sharded; for a master shard
     /// ([`Parameter::store_master_shard`]) its kept gathered copy, with autograd recording
-    /// the cast and the gather it stands for (no kernel, no communication).
+    /// the cast it stands for (no kernel, no communication): the leaf's gradient arrives as
+    /// the whole partial sum cast back to the leaf's dtype, which its grad layout (ZeRO-2's
+    /// shard) or a gradient bucket reduce-scatters.
     pub fn compute(&self) -> Result<Tensor> {
         let v = self.value();
         if let Some(full) = self.ensure_gathered()? {
-            let cast = match self.current_copy(&v, full.dtype()) {
-                Some(c) => v.cast_as_copy(&c)?,
-                None => v,
-            };
-            return cast.to_global_as_copy(&full);
+            return v.cast_boxed_as_copy(&full);
         }
         let ahead = self
             .0

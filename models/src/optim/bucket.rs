@@ -1,10 +1,11 @@
 //! Data-parallel gradient reduction in buckets, launched during the backward pass. A
 //! [`GradBuckets`] is the backward walk's [`GradReadyHook`] for the parameters broadcast on the
-//! data-parallel mesh axis: it takes their gradients (partial sums on that axis) as they
+//! data-parallel mesh axis (and ZeRO-2's master shards, whose gradients arrive whole): it takes their gradients (partial sums on that axis) as they
 //! become final, in the walk's order (the reverse of their use), fills a bucket per dtype,
 //! placement and target until it holds `cap_bytes` of gradients, and reduces the bucket with
 //! one collective over that axis ([`reduce_bucket`]): an all-reduce into the parameters'
-//! layout, or, under ZeRO-2, a reduce-scatter straight into the shard. What no full bucket
+//! layout, or, where the leaf's gradient goes to a shard (ZeRO-2), a reduce-scatter straight
+//! into it. What no full bucket
 //! took is reduced when the walk ends. Under gradient accumulation the earlier parts run in
 //! [`SyncMode::Defer`]: the gradients accumulate locally as partial sums and only the last
 //! part reduces. A bucket may move as another float dtype than the gradients' (`wire`: bf16
@@ -89,8 +90,11 @@ impl GradBuckets {
         let axis = zero.axis();
         let leaves = params
             .iter()
+            .filter(|p| {
+                p.keeps_gathered()
+                    || p.value().nd_sbp().and_then(|nd| nd.as_slice().get(axis)) == Some(&Sbp::B)
+            })
             .map(Parameter::value)
-            .filter(|v| v.nd_sbp().and_then(|nd| nd.as_slice().get(axis)) == Some(&Sbp::B))
             .collect();
         Arc::new(GradBuckets {
             leaves,
@@ -135,10 +139,13 @@ impl GradBuckets {
             // Not a partial sum here, or one over a single rank (the optimizer relabels it).
             return Ok(());
         }
-        let target = if self.zero.stage() >= 2 && self.zero.shard_layout(leaf).is_some() {
-            BucketTarget::Shard
-        } else {
-            BucketTarget::Broadcast
+        let into_shard = leaf
+            .autograd()
+            .grad_layout()
+            .is_some_and(|nd| nd.as_slice().get(axis).is_some_and(|s| s.is_split()));
+        let target = match into_shard {
+            true => BucketTarget::Shard,
+            false => BucketTarget::Broadcast,
         };
         if !bucket_fits(&g, axis, target) {
             // Boxed alone, to the leaf's grad layout when it has one.

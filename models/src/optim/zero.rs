@@ -7,7 +7,8 @@
 //! at use (`Parameter::compute`), the gather's backward reduce-scattering the gradient. Under
 //! mixed precision stage 2 keeps f32 master shards, as DeepSpeed does: the update writes each
 //! shard's 16-bit copy, which is gathered once per step and kept whole for the passes, and the
-//! gradient is reduce-scattered in 16 bits into the shard.
+//! gradient reaches the shard as a whole leaf's does (the f32 partial sum, reduce-scattered
+//! into the shard alone or in buckets), so the steps are DP's bit for bit.
 
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::Tensor;

@@ -294,6 +294,18 @@ fn stage_out_of_range_is_an_error() {
     assert!(Zero::new(4, 0).is_err());
 }
 
+/// One backward pass of the sum of `net` on ones of `dtype` broadcast over `p`.
+fn backward_on_ones(net: &Net, p: &Placement, dtype: DType) {
+    let x = Tensor::ones([ROWS, WIDTH], dtype)
+        .to_global(p, NdSbp::broadcast(1))
+        .unwrap();
+    net.forward(&x, false)
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+}
+
 #[test]
 fn a_prefetched_gather_is_used_once_and_only_for_its_leaf() {
     let runs = run_ranks(2, Duration::from_secs(60), |_| {
@@ -312,14 +324,7 @@ fn a_prefetched_gather_is_used_once_and_only_for_its_leaf() {
         assert!(!again.same(&ahead), "and only once");
         assert_eq!(vals(&again), vals(&ahead));
         // A prefetch made before the leaf changed is not used.
-        let x = Tensor::ones([ROWS, WIDTH], F)
-            .to_global(&p, NdSbp::broadcast(1))
-            .unwrap();
-        net.forward(&x, false)
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        backward_on_ones(&net, &p, F);
         let stale = w.prefetch().unwrap().unwrap();
         o.step().unwrap();
         let fresh = w.compute().unwrap();
@@ -433,14 +438,7 @@ fn a_master_shards_gathered_copy_follows_its_leaf() {
             .unwrap()
             .expect("a master shard gathers its copy");
         assert!(w.prefetch().unwrap().unwrap().same(&first), "once per leaf");
-        let x = Tensor::ones([ROWS, WIDTH], DType::F32)
-            .to_global(&p, NdSbp::broadcast(1))
-            .unwrap();
-        net.forward(&x, false)
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        backward_on_ones(&net, &p, DType::F32);
         let g = w.grad().expect("the shard has a gradient");
         assert_eq!((g.dtype(), g.nd_sbp()), (F, w.value().nd_sbp()));
         o.step().unwrap();

@@ -402,6 +402,19 @@ proptest! {
     }
 }
 
+/// The gradient of `leaf` after a backward pass of `sum((x wc)^2)`, `wc` computed from it.
+fn grad_of_squared_product(x: &Tensor, leaf: &Tensor, wc: &Tensor) -> Tensor {
+    x.matmul(wc)
+        .unwrap()
+        .square()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    leaf.grad().unwrap()
+}
+
 /// `cast_as_copy` stands for the cast: the same values (the copy's), recorded by autograd as
 /// the cast of the leaf, so the leaf's gradient is the one `to_dtype` gives, in its dtype;
 /// a tensor that is not a copy of it (shape, layout, integer dtype) is a typed error.
@@ -411,15 +424,7 @@ fn a_cast_as_copy_is_recorded_as_the_cast() {
     let x = Tensor::randn([3, 5], 2, DType::BF16);
     let grad_through = |wc: Tensor| {
         w.zero_grad();
-        x.matmul(&wc)
-            .unwrap()
-            .square()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        w.grad().unwrap()
+        grad_of_squared_product(&x, &w, &wc)
     };
     let copy = w.detach().to_dtype(DType::BF16).unwrap();
     let via_copy = w.cast_as_copy(&copy).unwrap();
@@ -468,17 +473,7 @@ fn a_cast_boxed_as_copy_is_recorded_as_the_cast_alone() {
             .unwrap()
             .to_global(&p, s0.clone())
             .unwrap();
-        let grad_through = |leaf: &Tensor, wc: Tensor| {
-            x.matmul(&wc)
-                .unwrap()
-                .square()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            leaf.grad().unwrap()
-        };
+        let grad_through = |leaf: &Tensor, wc: Tensor| grad_of_squared_product(&x, leaf, &wc);
         let whole = w.to_global(&p, b.clone()).unwrap().requires_grad_(true);
         whole.set_grad_layout(s0.clone()).unwrap();
         let want = grad_through(&whole, whole.to_dtype(DType::BF16).unwrap());

@@ -1,6 +1,7 @@
 //! What training state occupies on this rank: the bytes of its pieces of the parameters (their
-//! leaves and the compute copies kept with them), their gradients and the optimizer state (partial-sum pieces count whole, shards count their
-//! share), for the memory table `train` prints beside the allocators' peaks.
+//! leaves and the compute copies kept with them), their gradients and the optimizer state
+//! (partial-sum pieces count whole, shards count their share), for the memory table `train`
+//! prints beside the allocators' peaks.
 
 use oxiflow_tensor::Tensor;
 

@@ -88,11 +88,13 @@ impl Tensor {
                 ),
             });
         }
-        let out = copy.detach();
-        if copy.dtype() != self.dtype() || copy.nd_sbp() != self.nd_sbp() {
-            let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
-            crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
+        if copy.dtype() == self.dtype() && copy.nd_sbp() == self.nd_sbp() {
+            // The copy is this leaf's own value.
+            return Ok(self.clone());
         }
+        let out = copy.detach();
+        let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
+        crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
         Ok(out)
     }
 

@@ -128,15 +128,15 @@ pub struct CompiledPasses {
 /// A training step's forward and backward passes `body` through `compiled`: `batch`, the
 /// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with
 /// each leaf, or cast now; a master shard's gathered copy too) are the program's inputs, so
-/// the program reads the copies where eager reads them and casts nothing; `body`'s outputs and every parameter's gradient are its outputs, and the
-/// gradients go back on the leaves for the optimizer. A parameter without a gradient is an
-/// error (a compiled step needs every one).
+/// the program reads the copies where eager reads them and casts nothing; `body`'s outputs
+/// and every parameter's gradient are its outputs, and the gradients go back on the leaves
+/// for the optimizer. A parameter without a gradient is an error (a compiled step needs every
+/// one).
 ///
-/// A leaf that the optimizer's ZeRO stage all-gathers anew after every step (ZeRO-1/2) is
-/// the exception: the
-/// program casts it where layers first read it, as eager does, so each cast waits only for
-/// its own gather and the forward pass runs under the later ones (cast before the step, the
-/// casts would queue behind every gather).
+/// A whole leaf that the optimizer's ZeRO stage all-gathers anew after every step (ZeRO-1/2)
+/// is the exception: the program casts it where layers first read it, as eager does, so each
+/// cast waits only for its own gather and the forward pass runs under the later ones (cast
+/// before the step, the casts would queue behind every gather).
 pub fn compiled_passes<E>(
     compiled: &mut CompiledStep,
     optimizer: &dyn Optimizer,

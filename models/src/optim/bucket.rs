@@ -1,11 +1,11 @@
 //! Data-parallel gradient reduction in buckets, launched during the backward pass. A
 //! [`GradBuckets`] is the backward walk's [`GradReadyHook`] for the parameters broadcast on the
-//! data-parallel mesh axis (and ZeRO-2's master shards, whose gradients arrive whole): it takes their gradients (partial sums on that axis) as they
-//! become final, in the walk's order (the reverse of their use), fills a bucket per dtype,
-//! placement and target until it holds `cap_bytes` of gradients, and reduces the bucket with
-//! one collective over that axis ([`reduce_bucket`]): an all-reduce into the parameters'
-//! layout, or, where the leaf's gradient goes to a shard (ZeRO-2), a reduce-scatter straight
-//! into it. What no full bucket
+//! data-parallel mesh axis (and ZeRO-2's master shards, whose gradients arrive whole): it takes
+//! their gradients (partial sums on that axis) as they become final, in the walk's order (the
+//! reverse of their use), fills a bucket per dtype, placement and target until it holds
+//! `cap_bytes` of gradients, and reduces the bucket with one collective over that axis
+//! ([`reduce_bucket`]): an all-reduce into the parameters' layout, or, where the leaf's
+//! gradient goes to a shard (ZeRO-2), a reduce-scatter straight into it. What no full bucket
 //! took is reduced when the walk ends. Under gradient accumulation the earlier parts run in
 //! [`SyncMode::Defer`]: the gradients accumulate locally as partial sums and only the last
 //! part reduces. A bucket may move as another float dtype than the gradients' (`wire`: bf16

@@ -2,9 +2,9 @@
 //! activations, statistics and the loss in f32. The tiny GPT's curve tracks the f32 curve in
 //! one rank and in DP2, TP2 with SP and DP2xTP2 (every layer's forward and backward, the
 //! LayerNorm weight gradients from bf16 data and f32 statistics included), and each layout
-//! gives one rank's bf16-mixed curve within bf16 rounding. ZeRO-2, with f32 master shards and
-//! their bf16 copies gathered, gives DP2's curve bit for bit, and its shards checkpoint like
-//! any leaf: a DP2 run resumed from them goes on along the same curve.
+//! gives one rank's bf16-mixed curve within bf16 rounding. ZeRO-1 and 2, with f32 master shards
+//! and their bf16 copies gathered, give DP2's curve bit for bit, and the shards checkpoint like
+//! any leaf: a DP2 run resumed from ZeRO-2's goes on along the same curve.
 
 mod common;
 
@@ -54,17 +54,16 @@ fn bf16_mixed_tracks_f32_and_every_layout_tracks_one_rank() {
 }
 
 #[test]
-fn zero2_master_shards_give_dp2s_curve_and_resume_as_dp2() {
+fn zero_master_shards_give_dp2s_curve_and_resume_as_dp2() {
     let dir = std::env::temp_dir().join(format!("oxiflow-mixed-zero2-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
     let zero2 = ["--dp", "2", "--zero", "2"];
     let whole = run(2, "bf16-mixed", &zero2);
-    assert_eq!(
-        whole,
-        run(2, "bf16-mixed", &["--dp", "2"]),
-        "ZeRO-2 against DP2"
-    );
+    let dp2 = run(2, "bf16-mixed", &["--dp", "2"]);
+    assert_eq!(whole, dp2, "ZeRO-2 against DP2");
+    let zero1 = run(2, "bf16-mixed", &["--dp", "2", "--zero", "1"]);
+    assert_eq!(zero1, dp2, "ZeRO-1 against DP2");
     let saved = run_to(
         2,
         "bf16-mixed",

@@ -5,9 +5,9 @@
 //! buckets; each stage keeps the bytes per rank it promises (state, gradients,
 //! parameters split over the data-parallel axis). ZeRO-3 prefetches the next block's gathers;
 //! a prefetched gather is used once, and only for the leaf and autograd mode it was made for.
-//! Under mixed precision (f64 leaves computed as f32) stage 2 keeps master shards whose f32
-//! copies are gathered once per update, gives the whole leaves' bits on the same mesh, and
-//! tracks one rank computing in f32.
+//! Under mixed precision (f64 leaves computed as f32) stages 1 and 2 keep master shards whose
+//! f32 copies are gathered once per update, give the whole leaves' bits on the same mesh, and
+//! track one rank computing in f32.
 
 use std::time::Duration;
 
@@ -342,9 +342,12 @@ fn a_prefetched_gather_is_used_once_and_only_for_its_leaf() {
 }
 
 #[test]
-fn stage_two_under_mixed_precision_keeps_master_shards_and_one_ranks_curve() {
+fn stages_one_and_two_under_mixed_precision_keep_master_shards_and_dps_bits() {
     const C: DType = DType::F32;
-    for opt in [Opt::Adam, Opt::Sgd] {
+    for (opt, stage) in [Opt::Adam, Opt::Sgd]
+        .into_iter()
+        .flat_map(|o| [(o, 1), (o, 2)])
+    {
         let (want_losses, want_params, _) = train_as(None, None, opt, Zero::OFF, false, Some(C));
         for (mesh, tp) in [(vec![2], None), (vec![2, 2], Some(1))] {
             let n: usize = mesh.iter().product();
@@ -356,7 +359,7 @@ fn stage_two_under_mixed_precision_keeps_master_shards_and_one_ranks_curve() {
                 let net = Net::new(Some(&p), tp);
                 net.set_compute_dtype(Some(C));
                 let params = net.parameters();
-                let _o = optimizer(params.clone(), opt, Zero::new(2, 0).unwrap());
+                let _o = optimizer(params.clone(), opt, Zero::new(stage, 0).unwrap());
                 for w in &params {
                     let (leaf, full) = (w.value(), w.compute_layout().unwrap());
                     assert!(w.keeps_gathered(), "{w:?}");
@@ -367,14 +370,27 @@ fn stage_two_under_mixed_precision_keeps_master_shards_and_one_ranks_curve() {
                     let kept = w.gathered_copy().expect("compute gathered the copy");
                     assert!(c.shares_piece(&kept), "{w:?}: the copy is kept");
                 }
-                let mixed = train_as(Some(&p), tp, opt, Zero::new(2, 0).unwrap(), false, Some(C));
+                let mixed = train_as(
+                    Some(&p),
+                    tp,
+                    opt,
+                    Zero::new(stage, 0).unwrap(),
+                    false,
+                    Some(C),
+                );
                 let whole = train_as(Some(&p), tp, opt, Zero::OFF, false, Some(C));
-                let recomputed =
-                    train_as(Some(&p), tp, opt, Zero::new(2, 0).unwrap(), true, Some(C));
+                let recomputed = train_as(
+                    Some(&p),
+                    tp,
+                    opt,
+                    Zero::new(stage, 0).unwrap(),
+                    true,
+                    Some(C),
+                );
                 (mixed, whole, recomputed)
             });
             for (mixed, whole, recomputed) in &runs {
-                let what = format!("{opt:?} mesh {mesh:?}");
+                let what = format!("{opt:?} ZeRO-{stage} mesh {mesh:?}");
                 // The gradients reach the master shards as whole partial sums and are reduced
                 // in the leaves' dtype, as the whole leaves' are: the same bits.
                 assert_eq!(mixed.0, whole.0, "{what}: losses against whole leaves");

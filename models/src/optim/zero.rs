@@ -5,10 +5,11 @@
 //! the shard as backward accumulates it (a reduce-scatter instead of an all-reduce, and 1/dp of
 //! the gradient memory); stage 3 also stores the parameters split, and layers all-gather them
 //! at use (`Parameter::compute`), the gather's backward reduce-scattering the gradient. Under
-//! mixed precision stage 2 keeps f32 master shards, as DeepSpeed does: the update writes each
+//! mixed precision stages 1 and 2 keep f32 master shards, as DeepSpeed does: the update writes each
 //! shard's 16-bit copy, which is gathered once per step and kept whole for the passes, and the
-//! gradient reaches the shard as a whole leaf's does (the f32 partial sum, reduce-scattered
-//! into the shard alone or in buckets), so the steps are DP's bit for bit.
+//! gradient reaches the shard as a whole leaf's does (the f32 partial sum; stage 1 all-reduces
+//! it and updates its shard's slice, stage 2 reduce-scatters it into the shard alone or in
+//! buckets), so the steps are DP's bit for bit.
 
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::Tensor;
@@ -98,15 +99,12 @@ impl Zero {
 
     /// Prepares the parameters for this stage: stage 2 boxes each leaf's gradient to its shard
     /// as it accumulates; stage 3 stores each parameter sharded. Under mixed precision (a
-    /// parameter computed in another dtype than its leaf's, set before this call), stage 2
-    /// stores the leaf as a master shard whose compute copy is gathered after each update
+    /// parameter computed in another dtype than its leaf's, set before this call), stages 1
+    /// and 2 store the leaf as a master shard whose compute copy is gathered after each update
     /// (`Parameter::store_master_shard`): the update's shard writes its 16-bit copy, and the
     /// gather moves that instead of the f32 leaf, which is never whole. Every rank must call
     /// it alike.
     pub fn prepare(&self, params: &[Parameter]) -> Result<()> {
-        if self.stage < 2 {
-            return Ok(());
-        }
         for p in params {
             let Some(shard) = self.shard_layout(&p.value()) else {
                 continue;
@@ -116,7 +114,9 @@ impl Zero {
             } else if p.compute_dtype() != p.value().dtype() {
                 p.store_master_shard(shard.clone())?;
             }
-            p.set_grad_layout(shard)?;
+            if self.stage >= 2 {
+                p.set_grad_layout(shard)?;
+            }
         }
         Ok(())
     }

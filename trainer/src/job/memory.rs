@@ -118,9 +118,9 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: Devic
             // The logits and their softmax, split along the vocabulary over tp.
             let activations = a * r * t * (2.0 * v / tp + ceil_div(l, pp) * kept + rerun);
             // Under mixed precision a 16-bit copy of every held parameter is kept whole (or
-            // gathered whole for the step, ZeRO-3), and ZeRO-2 keeps f32 master shards.
+            // gathered whole for the step, ZeRO-3), and ZeRO-1/2 keep f32 master shards.
             let (leaves, copies) = match a < s {
-                true if zero >= 2 => (held / dp, held),
+                true if zero >= 1 => (held / dp, held),
                 true => (held, held),
                 false => (shard(3), 0.0),
             };

@@ -475,6 +475,12 @@ fn a_master_shards_gathered_copy_follows_its_leaf() {
         let fresh = w.compute().unwrap();
         let want: Vec<f64> = vals(&next).iter().map(|v| v * 2.0).collect();
         assert_eq!(vals(&fresh), want, "the new leaf's copy");
+        // Computing in the leaf's own dtype, the leaf itself is gathered.
+        w.set_compute_dtype(None);
+        let own = w.compute().unwrap();
+        assert_eq!(own.dtype(), F, "no stale f32 copy");
+        let whole = w.value().to_global(&p, NdSbp::broadcast(1)).unwrap();
+        assert_eq!(vals(&own), vals(&whole));
         vals(&fresh)
     });
     assert_eq!(runs[0], runs[1]);

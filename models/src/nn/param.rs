@@ -225,15 +225,17 @@ impl Parameter {
         *self.0.gathered.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, full.clone()));
         Ok(Some(full))
     }
-    /// The stored leaf's gathered compute copy (see [`Parameter::ensure_gathered`]), when it
-    /// has one; communicates nothing.
+    /// The stored leaf's gathered copy in the compute dtype (see
+    /// [`Parameter::ensure_gathered`]), when it has one; communicates nothing.
     pub fn gathered_copy(&self) -> Option<Tensor> {
         self.gathered_copy_of(&self.value())
     }
+    /// The gathered copy of `leaf` in the compute dtype, when it has one.
     fn gathered_copy_of(&self, leaf: &Tensor) -> Option<Tensor> {
+        let dtype = self.compute_dtype();
         let g = self.0.gathered.lock().unwrap_or_else(|e| e.into_inner());
         match &*g {
-            Some((of, full)) if of.same(leaf) => Some(full.clone()),
+            Some((of, full)) if of.same(leaf) && full.dtype() == dtype => Some(full.clone()),
             _ => None,
         }
     }

@@ -370,24 +370,13 @@ fn stages_one_and_two_under_mixed_precision_keep_master_shards_and_dps_bits() {
                     let kept = w.gathered_copy().expect("compute gathered the copy");
                     assert!(c.shares_piece(&kept), "{w:?}: the copy is kept");
                 }
-                let mixed = train_as(
-                    Some(&p),
-                    tp,
-                    opt,
-                    Zero::new(stage, 0).unwrap(),
-                    false,
-                    Some(C),
-                );
-                let whole = train_as(Some(&p), tp, opt, Zero::OFF, false, Some(C));
-                let recomputed = train_as(
-                    Some(&p),
-                    tp,
-                    opt,
-                    Zero::new(stage, 0).unwrap(),
-                    true,
-                    Some(C),
-                );
-                (mixed, whole, recomputed)
+                let run = |zero, rc| train_as(Some(&p), tp, opt, zero, rc, Some(C));
+                let sharded = Zero::new(stage, 0).unwrap();
+                (
+                    run(sharded, false),
+                    run(Zero::OFF, false),
+                    run(sharded, true),
+                )
             });
             for (mixed, whole, recomputed) in &runs {
                 let what = format!("{opt:?} ZeRO-{stage} mesh {mesh:?}");

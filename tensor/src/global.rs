@@ -60,44 +60,6 @@ impl Tensor {
         Ok(out)
     }
 
-    /// This global leaf cast to `copy`'s dtype and boxed to `copy`'s layout, where `copy` is
-    /// that result made already (bit for bit what the cast and `to_global` give, e.g. a 16-bit
-    /// copy of a master shard gathered ahead of use): `copy` itself, with autograd recording
-    /// the cast alone, so the leaf's gradient arrives cast back to its dtype but in the
-    /// gradient's own layout (a partial sum, say) for the leaf's grad layout or a bucket to box
-    /// (`Tensor::set_grad_layout`, `GradReadyHook`), as a whole leaf's gradient does.
-    /// Communicates nothing. A tensor with autograd history, or a `copy` of another shape or
-    /// placement or not of a float dtype, is a typed error.
-    pub fn cast_boxed_as_copy(&self, copy: &Tensor) -> Result<Tensor> {
-        let fits = match (self.placement(), copy.placement(), copy.nd_sbp()) {
-            (Some(p), Some(q), Some(_)) => {
-                p.same_as(q) && copy.shape() == self.shape() && copy.dtype().is_float()
-            }
-            _ => false,
-        };
-        if !fits || !self.is_leaf() {
-            return Err(TensorError::Shape {
-                op: "cast_boxed_as_copy",
-                shapes: format!("{}, {}", self.shape(), copy.shape()),
-                sbps: format!("{:?}, {:?}", self.nd_sbp(), copy.nd_sbp()),
-                detail: format!(
-                    "{} is not a cast and boxing of the leaf {} (both global, one placement and \
-                     shape, a float copy)",
-                    copy.describe(),
-                    self.describe()
-                ),
-            });
-        }
-        if copy.dtype() == self.dtype() && copy.nd_sbp() == self.nd_sbp() {
-            // The copy is this leaf's own value.
-            return Ok(self.clone());
-        }
-        let out = copy.detach();
-        let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
-        crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
-        Ok(out)
-    }
-
     fn to_global_untracked(&self, placement: &Placement, nd_sbp: &NdSbp) -> Result<Tensor> {
         let nd_sbp = nd_sbp.clone();
         if self.is_global() {

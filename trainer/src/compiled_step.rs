@@ -127,7 +127,7 @@ pub struct CompiledPasses {
 
 /// A training step's forward and backward passes `body` through `compiled`: `batch`, the
 /// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with
-/// each leaf, or cast now; a master shard's gathered copy too) are the program's inputs, so
+/// each leaf, or cast now; for a master shard its gathered copy) are the program's inputs, so
 /// the program reads the copies where eager reads them and casts nothing; `body`'s outputs
 /// and every parameter's gradient are its outputs, and the gradients go back on the leaves
 /// for the optimizer. A parameter without a gradient is an error (a compiled step needs every
@@ -153,9 +153,11 @@ where
         if zero.gathers_leaf(&p.value()) {
             // The program casts it: a copy kept from before would be read as a constant.
             p.drop_copy();
+        } else if let Some(gathered) = p.ensure_gathered()? {
+            // A master shard: layers read its gathered copy alone.
+            inputs.push(gathered);
         } else {
             inputs.extend(p.ensure_compute_copy()?);
-            inputs.extend(p.ensure_gathered()?);
         }
     }
     let step = || -> Result<Vec<Tensor>, E> {

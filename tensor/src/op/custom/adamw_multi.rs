@@ -9,7 +9,8 @@
 //! whose layers compute in another dtype (mixed precision) can ask for the new value's copy
 //! in it ([`AdamWSlot::compute_copy`]): the same launch writes it on CUDA (bf16 from f32), a
 //! cast after the passes elsewhere, the same bits either way; [`Tensor::cast_as_copy`] then
-//! stands for the cast of the new value with no kernel. A global-norm clip may also come as
+//! stands for the cast of the new value with no kernel, and [`Tensor::cast_boxed_as_copy`] for
+//! the cast and gather of a master shard's copy gathered ahead of use. A global-norm clip may also come as
 //! a 0-d f64 tensor, the ratio `max_norm / (norm + eps)` computed on the device
 //! ([`Tensor::adamw_multi_clipped`]), so an update is queued with nothing read on the host; it
 //! gives the same bits as the factor `min(ratio, 1)` folded on the host.
@@ -416,10 +417,50 @@ impl Tensor {
         if copy.dtype() == self.dtype() {
             return Ok(self.clone());
         }
+        Ok(self.recorded_cast_to(copy))
+    }
+
+    /// `copy` (detached), with autograd recording it as this tensor cast to its dtype.
+    fn recorded_cast_to(&self, copy: &Tensor) -> Tensor {
         let out = copy.detach();
         let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
         crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
-        Ok(out)
+        out
+    }
+
+    /// This global leaf cast to `copy`'s dtype and boxed to `copy`'s layout, where `copy` is
+    /// that result made already (bit for bit what the cast and `to_global` give, e.g. a 16-bit
+    /// copy of a master shard gathered ahead of use): `copy` itself, with autograd recording
+    /// the cast alone, so the leaf's gradient arrives cast back to its dtype but in the
+    /// gradient's own layout (a partial sum, say) for the leaf's grad layout or a bucket to box
+    /// (`Tensor::set_grad_layout`, `GradReadyHook`), as a whole leaf's gradient does.
+    /// Communicates nothing. A tensor with autograd history, or a `copy` of another shape or
+    /// placement or not of a float dtype, is a typed error.
+    pub fn cast_boxed_as_copy(&self, copy: &Tensor) -> Result<Tensor> {
+        let fits = match (self.placement(), copy.placement(), copy.nd_sbp()) {
+            (Some(p), Some(q), Some(_)) => {
+                p.same_as(q) && copy.shape() == self.shape() && copy.dtype().is_float()
+            }
+            _ => false,
+        };
+        if !fits || !self.is_leaf() {
+            return Err(TensorError::Shape {
+                op: "cast_boxed_as_copy",
+                shapes: format!("{}, {}", self.shape(), copy.shape()),
+                sbps: format!("{:?}, {:?}", self.nd_sbp(), copy.nd_sbp()),
+                detail: format!(
+                    "{} is not a cast and boxing of the leaf {} (both global, one placement and \
+                     shape, a float copy)",
+                    copy.describe(),
+                    self.describe()
+                ),
+            });
+        }
+        if copy.dtype() == self.dtype() && copy.nd_sbp() == self.nd_sbp() {
+            // The copy is this leaf's own value.
+            return Ok(self.clone());
+        }
+        Ok(self.recorded_cast_to(copy))
     }
 
     /// One AdamW step of every slot (see the module docs): each slot's four tensors must share

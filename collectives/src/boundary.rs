@@ -18,37 +18,96 @@ use crate::{
 
 impl<T: BackendHooks> Sealed for T {}
 
-/// Records a call, runs `check` (which turns the arguments into the hook's), then `run`.
-pub(crate) fn recorded<X>(
-    log: &CommLog,
+/// One public call as the flight recorder and the trace see it: the communicator's log, the
+/// call's name, its dtype's name, its bytes and its peer or root.
+pub(crate) struct Call<'l> {
+    log: &'l CommLog,
     name: &'static str,
     dtype: &'static str,
     bytes: usize,
     peer: Option<usize>,
-    check: impl FnOnce() -> Result<X, CommError>,
-    run: impl FnOnce(X) -> Result<(), CommError>,
-) -> Result<(), CommError> {
-    let recorder = flight_recorder();
-    let traced = trace_start();
-    let ticket = log.begin(name, dtype, bytes, peer);
-    let result = check().and_then(|x| {
-        recorder.start(ticket);
-        run(x)
-    });
-    recorder.finish(ticket, result.as_ref().map(|_| ()));
-    trace_end(
-        traced,
-        Lane::Collectives,
-        || Cow::Borrowed(name),
-        || {
-            vec![
-                ("bytes", bytes.into()),
-                ("dtype", dtype.into()),
-                ("group", log.group().into()),
-            ]
-        },
-    );
-    result
+}
+
+impl<'l> Call<'l> {
+    /// A call moving `bytes` of `dtype`.
+    pub(crate) fn new(log: &'l CommLog, name: &'static str, dtype: DType, bytes: usize) -> Self {
+        Call {
+            log,
+            name,
+            dtype: dtype.as_str(),
+            bytes,
+            peer: None,
+        }
+    }
+
+    /// A call that moves no data of its own (a barrier, a sub-group's creation).
+    fn control(log: &'l CommLog, name: &'static str) -> Self {
+        Call {
+            log,
+            name,
+            dtype: "",
+            bytes: 0,
+            peer: None,
+        }
+    }
+
+    /// The same call with a peer or root.
+    pub(crate) fn with_peer(self, peer: usize) -> Self {
+        Call {
+            peer: Some(peer),
+            ..self
+        }
+    }
+
+    /// Records the call, runs `check` (which turns the arguments into the hook's), then `run`.
+    pub(crate) fn run<X>(
+        self,
+        check: impl FnOnce() -> Result<X, CommError>,
+        run: impl FnOnce(X) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let Call {
+            log,
+            name,
+            dtype,
+            bytes,
+            peer,
+        } = self;
+        let recorder = flight_recorder();
+        let traced = trace_start();
+        let ticket = log.begin(name, dtype, bytes, peer);
+        let result = check().and_then(|x| {
+            recorder.start(ticket);
+            run(x)
+        });
+        recorder.finish(ticket, result.as_ref().map(|_| ()));
+        trace_end(
+            traced,
+            Lane::Collectives,
+            || Cow::Borrowed(name),
+            || {
+                vec![
+                    ("bytes", bytes.into()),
+                    ("dtype", dtype.into()),
+                    ("group", log.group().into()),
+                ]
+            },
+        );
+        result
+    }
+}
+
+/// The checks of a call on one member's buffer (a send, receive, broadcast or reduce): `member`
+/// (the `role`: peer or root) is a member and the buffer holds whole elements; their count.
+pub(crate) fn member_and_count<T: BackendHooks>(
+    c: &T,
+    name: &'static str,
+    role: &str,
+    member: usize,
+    dtype: DType,
+    bytes: usize,
+) -> Result<usize, CommError> {
+    args::check_member(name, role, member, Communicator::size(c))?;
+    args::elems_of(name, "buffer", dtype, bytes)
 }
 
 /// `all_gather_v` under the name of the public call (`all_gather` records as itself).
@@ -71,15 +130,9 @@ fn all_gather_named<T: BackendHooks>(
         ))
     };
     let bytes = send.len_bytes();
-    recorded(
-        c.log(),
-        name,
-        dtype.as_str(),
-        bytes,
-        None,
-        check,
-        |(s, r, total)| BackendHooks::all_gather_v(c, dtype, s, r, counts, total),
-    )
+    Call::new(c.log(), name, dtype, bytes).run(check, |(s, r, total)| {
+        BackendHooks::all_gather_v(c, dtype, s, r, counts, total)
+    })
 }
 
 /// `reduce_scatter_v` under the name of the public call.
@@ -106,15 +159,9 @@ fn reduce_scatter_named<T: BackendHooks>(
         ))
     };
     let bytes = send.len_bytes();
-    recorded(
-        c.log(),
-        name,
-        dtype.as_str(),
-        bytes,
-        None,
-        check,
-        |(s, r, total)| BackendHooks::reduce_scatter_v(c, dtype, s, r, counts, total, op),
-    )
+    Call::new(c.log(), name, dtype, bytes).run(check, |(s, r, total)| {
+        BackendHooks::reduce_scatter_v(c, dtype, s, r, counts, total, op)
+    })
 }
 
 /// Both count lists, and the own part: what a member sends itself is what it expects.
@@ -155,15 +202,9 @@ impl<T: BackendHooks> Communicator for T {
             let count = args::elems_of(name, "buffer", dtype, bytes)?;
             Ok((self.write(name, "buffer", buf)?, count))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            None,
-            check,
-            |(b, count)| BackendHooks::all_reduce(self, dtype, b, count, op),
-        )
+        Call::new(self.log(), name, dtype, bytes).run(check, |(b, count)| {
+            BackendHooks::all_reduce(self, dtype, b, count, op)
+        })
     }
 
     fn all_reduce_into(
@@ -190,15 +231,9 @@ impl<T: BackendHooks> Communicator for T {
             let s = self.read(name, "send", send)?;
             Ok((s, self.write(name, "recv", recv)?, count))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            None,
-            check,
-            |(s, r, count)| BackendHooks::all_reduce_into(self, dtype, s, r, count, op),
-        )
+        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r, count)| {
+            BackendHooks::all_reduce_into(self, dtype, s, r, count, op)
+        })
     }
 
     fn all_gather_v(
@@ -243,15 +278,9 @@ impl<T: BackendHooks> Communicator for T {
                 self.write(name, "recv", recv)?,
             ))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            None,
-            check,
-            |(s, r)| BackendHooks::all_to_all_v(self, dtype, s, send_counts, r, recv_counts),
-        )
+        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r)| {
+            BackendHooks::all_to_all_v(self, dtype, s, send_counts, r, recv_counts)
+        })
     }
 
     fn all_to_all_v_others(
@@ -277,15 +306,9 @@ impl<T: BackendHooks> Communicator for T {
                 self.write(name, "recv", recv)?,
             ))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            None,
-            check,
-            |(s, r)| BackendHooks::all_to_all_v_others(self, dtype, s, send_counts, r, recv_counts),
-        )
+        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r)| {
+            BackendHooks::all_to_all_v_others(self, dtype, s, send_counts, r, recv_counts)
+        })
     }
 
     fn all_to_all_v_strided(
@@ -308,44 +331,21 @@ impl<T: BackendHooks> Communicator for T {
             let s = self.read(name, "send", send)?;
             Ok((s, self.write(name, "recv", recv)?, counts))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            None,
-            check,
-            |(s, r, counts)| {
-                BackendHooks::all_to_all_v_strided(
-                    self,
-                    dtype,
-                    s,
-                    send_layout,
-                    &counts,
-                    r,
-                    recv_counts,
-                )
-            },
-        )
+        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r, counts)| {
+            BackendHooks::all_to_all_v_strided(self, dtype, s, send_layout, &counts, r, recv_counts)
+        })
     }
 
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
         let name = "broadcast";
         let bytes = buf.len_bytes();
         let check = || {
-            args::check_member(name, "root", root, Communicator::size(self))?;
-            args::elems_of(name, "buffer", dtype, bytes)?;
+            member_and_count(self, name, "root", root, dtype, bytes)?;
             self.write(name, "buffer", buf)
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            Some(root),
-            check,
-            |b| BackendHooks::broadcast(self, dtype, b, root),
-        )
+        Call::new(self.log(), name, dtype, bytes)
+            .with_peer(root)
+            .run(check, |b| BackendHooks::broadcast(self, dtype, b, root))
     }
 
     fn reduce(
@@ -361,69 +361,42 @@ impl<T: BackendHooks> Communicator for T {
         let name = "reduce";
         let bytes = buf.len_bytes();
         let check = || {
-            args::check_member(name, "root", root, Communicator::size(self))?;
-            let count = args::elems_of(name, "buffer", dtype, bytes)?;
+            let count = member_and_count(self, name, "root", root, dtype, bytes)?;
             Ok((self.write(name, "buffer", buf)?, count))
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            Some(root),
-            check,
-            |(b, count)| BackendHooks::reduce(self, dtype, b, count, root, op),
-        )
+        Call::new(self.log(), name, dtype, bytes)
+            .with_peer(root)
+            .run(check, |(b, count)| {
+                BackendHooks::reduce(self, dtype, b, count, root, op)
+            })
     }
 
     fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
         let name = "send";
         let bytes = buf.len_bytes();
         let check = || {
-            args::check_member(name, "peer", peer, Communicator::size(self))?;
-            args::elems_of(name, "buffer", dtype, bytes)?;
+            member_and_count(self, name, "peer", peer, dtype, bytes)?;
             self.read(name, "buffer", buf)
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            Some(peer),
-            check,
-            |b| BackendHooks::send(self, dtype, b, peer),
-        )
+        Call::new(self.log(), name, dtype, bytes)
+            .with_peer(peer)
+            .run(check, |b| BackendHooks::send(self, dtype, b, peer))
     }
 
     fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
         let name = "recv";
         let bytes = buf.len_bytes();
         let check = || {
-            args::check_member(name, "peer", peer, Communicator::size(self))?;
-            args::elems_of(name, "buffer", dtype, bytes)?;
+            member_and_count(self, name, "peer", peer, dtype, bytes)?;
             self.write(name, "buffer", buf)
         };
-        recorded(
-            self.log(),
-            name,
-            dtype.as_str(),
-            bytes,
-            Some(peer),
-            check,
-            |b| BackendHooks::recv(self, dtype, b, peer),
-        )
+        Call::new(self.log(), name, dtype, bytes)
+            .with_peer(peer)
+            .run(check, |b| BackendHooks::recv(self, dtype, b, peer))
     }
 
     fn barrier(&self) -> Result<(), CommError> {
-        recorded(
-            self.log(),
-            "barrier",
-            "",
-            0,
-            None,
-            || Ok(()),
-            |()| BackendHooks::barrier(self),
-        )
+        Call::control(self.log(), "barrier").run(|| Ok(()), |()| BackendHooks::barrier(self))
     }
 
     fn sub_group(&self, members: &[usize]) -> Result<SharedComm, CommError> {
@@ -432,7 +405,7 @@ impl<T: BackendHooks> Communicator for T {
             let n = Communicator::size(self);
             args::check_sub_group(members, n, BackendHooks::rank(self))
         };
-        recorded(self.log(), "sub_group", "", 0, None, check, |me| {
+        Call::control(self.log(), "sub_group").run(check, |me| {
             out = Some(BackendHooks::sub_group(self, members, me)?);
             Ok(())
         })?;
@@ -461,7 +434,7 @@ impl<T: BackendHooks> Communicator for T {
                 (false, Some(i)) => Ok(i),
             }
         };
-        recorded(self.log(), "one_way", "", 0, None, check, |me| {
+        Call::control(self.log(), "one_way").run(check, |me| {
             out = Some(BackendHooks::one_way(self, from, to, me)?);
             Ok(())
         })?;

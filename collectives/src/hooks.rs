@@ -17,10 +17,13 @@ pub(crate) trait BackendHooks: Send + Sync + 'static {
     type Write<'a>;
 
     fn rank(&self) -> usize;
-    fn world_ranks(&self) -> &[usize];
     fn backend(&self) -> Backend;
     /// This communicator's flight-recorder group and call counter.
     fn log(&self) -> &CommLog;
+    /// The members' world ranks, in member order: the log's group.
+    fn world_ranks(&self) -> &[usize] {
+        self.log().group()
+    }
 
     /// `b` as this backend's memory, or `Unsupported`/`InvalidArgument` for another kind.
     fn read<'a>(&self, op: &str, what: &str, b: Buf<'a>) -> Result<Self::Read<'a>, CommError>;

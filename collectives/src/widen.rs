@@ -9,7 +9,7 @@
 use oxiflow_dtype::Half;
 
 use crate::algorithms::args;
-use crate::boundary::recorded;
+use crate::boundary::{member_and_count, Call};
 use crate::hooks::BackendHooks;
 use crate::{Buf, BufMut, CommError, DType, ReduceOp};
 
@@ -79,7 +79,7 @@ pub(crate) fn all_reduce<T: BackendHooks>(
         h.narrow(&wide, buf);
         Ok(())
     };
-    recorded(c.log(), name, h.dtype().as_str(), bytes, None, check, run)
+    Call::new(c.log(), name, h.dtype(), bytes).run(check, run)
 }
 
 pub(crate) fn all_reduce_into<T: BackendHooks>(
@@ -105,7 +105,7 @@ pub(crate) fn all_reduce_into<T: BackendHooks>(
         h.narrow(&wide, recv);
         Ok(())
     };
-    recorded(c.log(), name, h.dtype().as_str(), bytes, None, check, run)
+    Call::new(c.log(), name, h.dtype(), bytes).run(check, run)
 }
 
 pub(crate) fn reduce_scatter_v<T: BackendHooks>(
@@ -134,7 +134,7 @@ pub(crate) fn reduce_scatter_v<T: BackendHooks>(
         h.narrow(&wide_recv, recv);
         Ok(())
     };
-    recorded(c.log(), name, h.dtype().as_str(), bytes, None, check, run)
+    Call::new(c.log(), name, h.dtype(), bytes).run(check, run)
 }
 
 pub(crate) fn reduce<T: BackendHooks>(
@@ -147,8 +147,7 @@ pub(crate) fn reduce<T: BackendHooks>(
     let name = "reduce";
     let bytes = buf.len_bytes();
     let check = || {
-        args::check_member(name, "root", root, c.world_ranks().len())?;
-        let count = args::elems_of(name, "buffer", h.dtype(), bytes)?;
+        let count = member_and_count(c, name, "root", root, h.dtype(), bytes)?;
         Ok((host_mut(c, name, "buffer", buf)?, count))
     };
     let run = |(buf, count): (&mut [u8], usize)| {
@@ -160,13 +159,7 @@ pub(crate) fn reduce<T: BackendHooks>(
         }
         Ok(())
     };
-    recorded(
-        c.log(),
-        name,
-        h.dtype().as_str(),
-        bytes,
-        Some(root),
-        check,
-        run,
-    )
+    Call::new(c.log(), name, h.dtype(), bytes)
+        .with_peer(root)
+        .run(check, run)
 }

@@ -155,9 +155,6 @@ impl BackendHooks for InProcessComm {
     fn rank(&self) -> usize {
         self.me
     }
-    fn world_ranks(&self) -> &[usize] {
-        &self.group.world_ranks
-    }
     fn backend(&self) -> Backend {
         BACKEND
     }

@@ -242,9 +242,6 @@ impl BackendHooks for MpiComm {
     fn rank(&self) -> usize {
         self.me
     }
-    fn world_ranks(&self) -> &[usize] {
-        &self.ranks
-    }
     fn backend(&self) -> Backend {
         BACKEND
     }

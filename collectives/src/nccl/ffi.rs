@@ -30,7 +30,9 @@ type FnVoid = unsafe extern "C" fn() -> NcclResult;
 type FnErrStr = unsafe extern "C" fn(NcclResult) -> *const c_char;
 type FnLastErr = unsafe extern "C" fn(NcclComm) -> *const c_char;
 type FnVersion = unsafe extern "C" fn(*mut c_int) -> NcclResult;
-type FnAllReduce = unsafe extern "C" fn(
+/// ncclAllReduce, ncclReduceScatter and ncclBroadcast: (send, recv, count, dtype, the reduce
+/// op or the root, comm, stream).
+type FnCollective = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
     usize,
@@ -41,24 +43,6 @@ type FnAllReduce = unsafe extern "C" fn(
 ) -> NcclResult;
 type FnAllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, Stream) -> NcclResult;
-type FnReduceScatter = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    NcclComm,
-    Stream,
-) -> NcclResult;
-type FnBroadcast = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    NcclComm,
-    Stream,
-) -> NcclResult;
 type FnReduce = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -92,10 +76,10 @@ pub struct Nccl {
     pub get_error_string: FnErrStr,
     pub get_last_error: Option<FnLastErr>,
     pub get_version: FnVersion,
-    pub all_reduce: FnAllReduce,
+    pub all_reduce: FnCollective,
     pub all_gather: FnAllGather,
-    pub reduce_scatter: FnReduceScatter,
-    pub broadcast: FnBroadcast,
+    pub reduce_scatter: FnCollective,
+    pub broadcast: FnCollective,
     pub reduce: FnReduce,
     pub send: FnSend,
     pub recv: FnRecv,

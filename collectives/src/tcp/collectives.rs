@@ -26,9 +26,6 @@ impl BackendHooks for TcpComm {
     fn rank(&self) -> usize {
         self.me
     }
-    fn world_ranks(&self) -> &[usize] {
-        &self.ranks
-    }
     fn backend(&self) -> Backend {
         BACKEND
     }

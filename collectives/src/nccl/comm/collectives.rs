@@ -63,6 +63,21 @@ fn prepare<'a>(
     Ok(bufs.iter().map(|d| d.fence).collect())
 }
 
+/// One NCCL call on `bufs` (readied by `prepare`): `call` makes it on the comm stream, and its
+/// result code is checked under `op`'s name.
+fn launch(
+    inner: &Arc<Inner>,
+    op: &'static str,
+    bufs: &[DevicePtr<'_>],
+    end: End,
+    call: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> ffi::NcclResult,
+) -> Result<(), CommError> {
+    let fs = prepare(inner, op, bufs)?;
+    inner.run(op, fs.as_deref(), end, |nc, c, s| {
+        nc.check(op, c, call(nc, c, s))
+    })
+}
+
 /// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
 /// in `send` and goes through the group; without, `send` holds only the other members' parts
 /// and the own region of `recv` is left as it was (`all_to_all_v_others`).
@@ -133,9 +148,6 @@ impl BackendHooks for NcclComm {
     fn rank(&self) -> usize {
         self.inner.rank
     }
-    fn world_ranks(&self) -> &[usize] {
-        &self.inner.world_ranks
-    }
     fn backend(&self) -> Backend {
         Backend::Nccl
     }
@@ -166,16 +178,18 @@ impl BackendHooks for NcclComm {
         n: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
         let p = buf.ptr;
-        let fs = prepare(&self.inner, "all_reduce", &[buf])?;
-        i.run("all_reduce", fs.as_deref(), End::Collective, |nc, c, s| {
-            // SAFETY: in-place all-reduce of n elements of a device buffer of this device
-            // whose size the boundary checked.
-            nc.check("all_reduce", c, unsafe {
-                (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s)
-            })
-        })
+        launch(
+            &self.inner,
+            "all_reduce",
+            &[buf],
+            End::Collective,
+            |nc, c, s| {
+                // SAFETY: in-place all-reduce of n elements of a device buffer of this device
+                // whose size the boundary checked.
+                unsafe { (nc.all_reduce)(p as P, p as P, n, nccl_dtype(dtype), nccl_op(op), c, s) }
+            },
+        )
     }
 
     fn all_reduce_into(
@@ -186,16 +200,20 @@ impl BackendHooks for NcclComm {
         n: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let op = "all_reduce_into";
         let (sp, rp) = (send.ptr, recv.ptr);
-        let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
-            // SAFETY: out-of-place all-reduce of n elements between checked buffers.
-            nc.check(op, c, unsafe {
-                (nc.all_reduce)(sp as P, rp as P, n, nccl_dtype(dtype), nccl_op(rop), c, s)
-            })
-        })
+        let bufs = [send, recv];
+        launch(
+            &self.inner,
+            "all_reduce_into",
+            &bufs,
+            End::Collective,
+            |nc, c, s| {
+                // SAFETY: out-of-place all-reduce of n elements between checked buffers.
+                unsafe {
+                    (nc.all_reduce)(sp as P, rp as P, n, nccl_dtype(dtype), nccl_op(rop), c, s)
+                }
+            },
+        )
     }
 
     fn all_gather_v(
@@ -337,16 +355,18 @@ impl BackendHooks for NcclComm {
     }
 
     fn broadcast(&self, dtype: DType, buf: DevicePtr<'_>, root: usize) -> Result<(), CommError> {
-        let i = &*self.inner;
         let p = buf.ptr;
         let n = buf.bytes / dtype.size();
-        let fs = prepare(&self.inner, "broadcast", &[buf])?;
-        i.run("broadcast", fs.as_deref(), End::Collective, |nc, c, s| {
-            // SAFETY: in-place broadcast.
-            nc.check("broadcast", c, unsafe {
-                (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s)
-            })
-        })
+        launch(
+            &self.inner,
+            "broadcast",
+            &[buf],
+            End::Collective,
+            |nc, c, s| {
+                // SAFETY: in-place broadcast of n elements of a checked buffer.
+                unsafe { (nc.broadcast)(p as P, p as P, n, nccl_dtype(dtype), root as i32, c, s) }
+            },
+        )
     }
 
     fn reduce(
@@ -357,61 +377,33 @@ impl BackendHooks for NcclComm {
         root: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
         let p = buf.ptr;
-        let fs = prepare(&self.inner, "reduce", &[buf])?;
-        i.run("reduce", fs.as_deref(), End::Collective, |nc, c, s| {
-            // SAFETY: in-place reduce.
-            nc.check("reduce", c, unsafe {
-                (nc.reduce)(
-                    p as P,
-                    p as P,
-                    n,
-                    nccl_dtype(dtype),
-                    nccl_op(rop),
-                    root as i32,
-                    c,
-                    s,
-                )
-            })
-        })
+        let (dt, rop) = (nccl_dtype(dtype), nccl_op(rop));
+        launch(
+            &self.inner,
+            "reduce",
+            &[buf],
+            End::Collective,
+            |nc, c, s| {
+                // SAFETY: in-place reduce of n elements of a checked buffer.
+                unsafe { (nc.reduce)(p as P, p as P, n, dt, rop, root as i32, c, s) }
+            },
+        )
     }
 
     fn send(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let (p, bytes) = (buf.ptr, buf.bytes);
-        let fs = prepare(&self.inner, "send", &[buf])?;
-        i.run("send", fs.as_deref(), End::Send, |nc, c, s| {
+        let (p, n) = (buf.ptr, buf.bytes / dtype.size());
+        launch(&self.inner, "send", &[buf], End::Send, |nc, c, s| {
             // SAFETY: send of a checked buffer.
-            nc.check("send", c, unsafe {
-                (nc.send)(
-                    p as P,
-                    bytes / dtype.size(),
-                    nccl_dtype(dtype),
-                    peer as i32,
-                    c,
-                    s,
-                )
-            })
+            unsafe { (nc.send)(p as P, n, nccl_dtype(dtype), peer as i32, c, s) }
         })
     }
 
     fn recv(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let (p, bytes) = (buf.ptr, buf.bytes);
-        let fs = prepare(&self.inner, "recv", &[buf])?;
-        i.run("recv", fs.as_deref(), End::Collective, |nc, c, s| {
+        let (p, n) = (buf.ptr, buf.bytes / dtype.size());
+        launch(&self.inner, "recv", &[buf], End::Collective, |nc, c, s| {
             // SAFETY: recv into a checked buffer.
-            nc.check("recv", c, unsafe {
-                (nc.recv)(
-                    p as P,
-                    bytes / dtype.size(),
-                    nccl_dtype(dtype),
-                    peer as i32,
-                    c,
-                    s,
-                )
-            })
+            unsafe { (nc.recv)(p as P, n, nccl_dtype(dtype), peer as i32, c, s) }
         })
     }
 

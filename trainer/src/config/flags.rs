@@ -370,7 +370,8 @@ pub struct RunFlags {
     /// none (oflaunch --max-restarts); one that already reaches --steps means the job is done.
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Resume even if the checkpoint's seed or optimizer differ from this run's.
+    /// Resume even if the checkpoint's seed, optimizer, batch size, tokenizer or data differ
+    /// from this run's.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_resume_mismatch: bool,
@@ -380,6 +381,11 @@ pub struct RunFlags {
     /// Render the training and held-out loss curves to this file (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Replace an existing --metrics or --plot file of another run (a resumed run appends to
+    /// its own metrics and redraws its own plot without this).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overwrite: bool,
     /// Peak FLOP/s of one device in TFLOP/s, for the model FLOPs utilisation in --metrics.
     #[arg(long, value_parser = parse::positive_finite)]
     pub peak_tflops: Option<f64>,

@@ -355,7 +355,8 @@ pub struct RunFlags {
     #[arg(long, value_parser = parse::positive_u64)]
     pub eval_every: Option<u64>,
     /// Save a checkpoint (directory) here at the end (and every --save-every steps). An
-    /// existing path must be a checkpoint: anything else is refused, never replaced.
+    /// existing path must be a checkpoint: anything else is refused, never replaced. `DIR/` (or
+    /// a folder holding checkpoints or nothing): each save a new `DIR/step-NNNNNNNN`.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Also save every this many steps (needs --save).

@@ -1,7 +1,8 @@
 //! What a run carries across a resume so that its closing lines and plot are the whole run's:
 //! the last losses its final loss averages, and its loss curves (one point per step, thinned to
 //! at most `MAX_POINTS` by doubling the stride, so a run and its resumed continuation draw the
-//! same points), kept in its checkpoints' metadata.
+//! same points), kept in its checkpoints' metadata as text that gives every value back bit for
+//! bit (`loss.recent = "2.5 2.25"`, `curve.train = "1:2.5 2:2.25"`).
 
 use std::collections::VecDeque;
 
@@ -46,10 +47,13 @@ impl History {
     pub fn from_metadata(meta: &Metadata) -> Result<History, TrainError> {
         let [recent, stride, train, heldout] = KEYS;
         let h = History {
-            recent: read(meta, recent)?.unwrap_or_default(),
-            stride: read(meta, stride)?.unwrap_or(1),
-            train: read(meta, train)?.unwrap_or_default(),
-            heldout: read(meta, heldout)?.unwrap_or_default(),
+            recent: losses(meta, recent)?.into(),
+            stride: match meta.get(stride) {
+                Some(v) => v.parse().map_err(|_| unreadable(stride, v))?,
+                None => 1,
+            },
+            train: points(meta, train)?,
+            heldout: points(meta, heldout)?,
         };
         if h.stride == 0 || h.recent.len() > RECENT || h.train.len() > MAX_POINTS {
             return Err(TrainError::Config {
@@ -68,11 +72,21 @@ impl History {
     /// The history as checkpoint metadata.
     pub fn to_metadata(&self) -> Metadata {
         let [recent, stride, train, heldout] = KEYS;
+        let curve = |pts: &[(u64, f64)]| {
+            pts.iter()
+                .map(|(s, l)| format!("{s}:{l:?}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let recent_text = self.recent.iter().map(|l| format!("{l:?}"));
         Metadata::from([
-            (recent.to_string(), json(&self.recent)),
+            (
+                recent.to_string(),
+                recent_text.collect::<Vec<_>>().join(" "),
+            ),
             (stride.to_string(), self.stride.to_string()),
-            (train.to_string(), json(&self.train)),
-            (heldout.to_string(), json(&self.heldout)),
+            (train.to_string(), curve(&self.train)),
+            (heldout.to_string(), curve(&self.heldout)),
         ])
     }
 
@@ -108,22 +122,37 @@ impl History {
     }
 }
 
-/// The value of metadata `key` (None when absent).
-fn read<T: serde::de::DeserializeOwned>(
-    meta: &Metadata,
-    key: &str,
-) -> Result<Option<T>, TrainError> {
-    meta.get(key)
-        .map(|v| serde_json::from_str(v))
-        .transpose()
-        .map_err(|e| TrainError::Config {
-            detail: format!("the checkpoint's metadata {key} is not readable: {e}"),
-        })
+fn unreadable(key: &str, value: &str) -> TrainError {
+    let shown: String = value.chars().take(80).collect();
+    TrainError::Config {
+        detail: format!("the checkpoint's metadata {key} is not readable: {shown:?}"),
+    }
 }
 
-/// JSON of a part of the history (its numbers are all finite, so it always encodes).
-fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+/// The losses of metadata `key` (none when absent).
+fn losses(meta: &Metadata, key: &str) -> Result<Vec<f64>, TrainError> {
+    let Some(v) = meta.get(key) else {
+        return Ok(Vec::new());
+    };
+    v.split_whitespace()
+        .map(|x| x.parse::<f64>().map_err(|_| unreadable(key, v)))
+        .collect()
+}
+
+/// The (step, loss) points of metadata `key` (none when absent).
+fn points(meta: &Metadata, key: &str) -> Result<Vec<(u64, f64)>, TrainError> {
+    let Some(v) = meta.get(key) else {
+        return Ok(Vec::new());
+    };
+    v.split_whitespace()
+        .map(|p| {
+            let (s, l) = p.split_once(':').ok_or_else(|| unreadable(key, v))?;
+            Ok((
+                s.parse().map_err(|_| unreadable(key, v))?,
+                l.parse().map_err(|_| unreadable(key, v))?,
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! two pieces' regions swapped, NaN weights with every checksum recomputed: each refused,
 //! naming the checkpoint and the problem, before any step; a garbage manifest beside a valid
 //! `<path>.old`: resumed from it with a warning naming both). And saves that hit a limit or
-//! another save: two jobs saving to one path take turns, a held lock makes a save wait, a save
+//! another save: a second job saving to a live job's path is refused, a held lock makes a save wait, a save
 //! over the file-size limit or onto a full file system fails naming the limit and leaves no
 //! `.partial`.
 
@@ -200,11 +200,12 @@ fn mlp(args: &[&str]) -> Command {
 }
 
 #[test]
-fn concurrent_saves_to_one_path_take_turns() {
+fn a_second_job_saving_to_a_live_jobs_path_is_refused_and_saves_take_turns() {
     let root = scratch("concurrent");
     let p = root.join("ckpt");
     let ps = p.to_str().unwrap();
-    // Two jobs saving to one path after every step.
+    // Two jobs saving to one path after every step: the path is the first one's for its whole
+    // life, and the second is refused at once, naming the first's pid.
     let jobs: Vec<_> = (0..2)
         .map(|seed| {
             mlp(&[
@@ -223,11 +224,25 @@ fn concurrent_saves_to_one_path_take_turns() {
             .unwrap()
         })
         .collect();
-    for j in jobs {
-        let out = j.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", text(&out).1);
-    }
-    for s in [".partial", ".lock", ".old"] {
+    let pids: Vec<u32> = jobs.iter().map(|j| j.id()).collect();
+    let outs: Vec<_> = jobs
+        .into_iter()
+        .map(|j| j.wait_with_output().unwrap())
+        .collect();
+    let ok: Vec<usize> = (0..2).filter(|&i| outs[i].status.success()).collect();
+    assert_eq!(
+        ok.len(),
+        1,
+        "one job holds the path: {:?}",
+        outs.iter().map(|o| text(o).1).collect::<Vec<_>>()
+    );
+    let (held, refused) = (ok[0], 1 - ok[0]);
+    let why = text(&outs[refused]).1;
+    assert!(
+        why.contains(&format!("held by a live job (pid {} on host", pids[held])),
+        "{why}"
+    );
+    for s in [".partial", ".lock", ".old", ".job.lock"] {
         assert!(!sibling(&p, s).exists(), "{s} left behind");
     }
     let m = oxiflow::checkpoint::read_manifest_at(&p).expect("the last save is complete");

@@ -18,6 +18,14 @@ fn run(nproc: usize, args: &[&str]) -> String {
     ok(launch(nproc, &all))
 }
 
+/// `--explain` of the tiny GPT (its sizes and batch; no step lines or sample to set).
+fn explained(nproc: usize, args: &[&str]) -> String {
+    let mut all = TINY[..10].to_vec();
+    all.push("--explain");
+    all.extend_from_slice(args);
+    ok(launch(nproc, &all))
+}
+
 #[test]
 fn bucketed_reduction_keeps_the_one_rank_curve() {
     let common = [
@@ -110,9 +118,9 @@ fn buckets(out: &str) -> Vec<(usize, usize, String, usize, bool)> {
 #[test]
 fn explain_names_buckets_launched_during_the_last_backward_pass() {
     let explain = |extra: &[&str]| {
-        let mut args = vec!["--dp", "2", "--explain", "--grad-accum", "2"];
+        let mut args = vec!["--dp", "2", "--grad-accum", "2"];
         args.extend_from_slice(extra);
-        buckets(&run(2, &args))
+        buckets(&explained(2, &args))
     };
     let small = explain(&["--bucket-mb", "0.01"]);
     eprintln!("--bucket-mb 0.01: {small:?}");
@@ -149,9 +157,9 @@ fn explain_names_buckets_launched_during_the_last_backward_pass() {
 #[test]
 fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
     let explain = |extra: &[&str]| {
-        let mut args = vec!["--dp", "2", "--explain", "--bucket-mb", "0.01"];
+        let mut args = vec!["--dp", "2", "--bucket-mb", "0.01"];
         args.extend_from_slice(extra);
-        buckets(&run(2, &args))
+        buckets(&explained(2, &args))
     };
     let total = |b: &[(usize, usize, String, usize, bool)]| {
         b.iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
@@ -166,15 +174,9 @@ fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
     let all = total(&f32s);
     assert_eq!(total(&mixed), all, "every f32 gradient, bucketed");
     // One rank has nothing to reduce: its partial sums are relabelled, never copied.
-    let alone = buckets(&run(
+    let alone = buckets(&explained(
         1,
-        &[
-            "--explain",
-            "--bucket-mb",
-            "0.01",
-            "--precision",
-            "bf16-mixed",
-        ],
+        &["--bucket-mb", "0.01", "--precision", "bf16-mixed"],
     ));
     assert!(alone.is_empty(), "{alone:?}");
     let wire = explain(&["--reduce-dtype", "bf16"]);

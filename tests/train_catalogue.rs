@@ -7,6 +7,9 @@
 //! few seconds. Most run as one `train` process (the checks do not depend on the rank); a few
 //! run under `oflaunch --nproc-per-node 2`, where every rank must refuse alike.
 
+mod catalogue_damages;
+mod catalogue_files;
+mod catalogue_flags;
 mod common;
 
 use std::io::Read;
@@ -111,6 +114,9 @@ fn not_refused(e: &Ended, want: &str) -> Option<String> {
     if let Some(f) = forbidden.iter().find(|f| e.stderr.contains(*f)) {
         return Some(format!("stderr holds {f:?}"));
     }
+    if let Some(name) = internal_name(&e.stderr) {
+        return Some(format!("stderr leaks the internal name {name:?}"));
+    }
     if !common::curve(&e.stdout).is_empty() || e.stdout.contains("final loss") {
         return Some("it trained".into());
     }
@@ -118,6 +124,17 @@ fn not_refused(e: &Ended, want: &str) -> Option<String> {
         return Some(format!("took {:?}", e.took));
     }
     None
+}
+
+/// The first `Type::name` in `text` (an internal name a user message must not show).
+fn internal_name(text: &str) -> Option<&str> {
+    let at = text.find("::")?;
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let start = text[..at].rfind(|c| !word(c)).map_or(0, |i| i + 1);
+    let end = text[at + 2..]
+        .find(|c| !word(c))
+        .map_or(text.len(), |i| at + 2 + i);
+    (start < at && end > at + 2).then(|| &text[start..end])
 }
 
 /// A scratch folder with the hostile files the cases name.
@@ -273,6 +290,30 @@ fn cases(s: &Scratch) -> Vec<Case> {
             "--shard-format (data.shard-format)",
         ),
         case(&["--optimizer", "sgd"], "--optimizer sgd"),
+        // Messages say what was given and what to do (and name no internal type).
+        case(
+            &["--data", &p("notes.txt")],
+            "hold no window of 65 tokens (64 and the one after them)",
+        ),
+        case(
+            &["--pp", "2", "--layers", "1"],
+            "1 layers cannot fill 2 stages",
+        ),
+        case(
+            &[
+                "--pp",
+                "2",
+                "--micro-batches",
+                "3",
+                "--schedule",
+                "interleaved",
+            ],
+            "the pipeline of --pp 2 --micro-batches 3 --schedule interleaved",
+        ),
+        case(
+            &["--heads", "4", "--tp", "3"],
+            "--heads 4 is not a multiple of --tp 3",
+        ),
         // Combinations.
         case(&["--explain", "--save", &p("x")], "--explain"),
         mlp(&["--save-every", "5"], "--save-every needs --save"),
@@ -451,6 +492,93 @@ fn every_hostile_case_is_refused_before_training() {
     }
 }
 
+#[test]
+fn no_output_writes_over_an_input_or_another_runs_output() {
+    let (_, train) = common::binaries();
+    let start = Instant::now();
+    let (failures, n) = catalogue_files::run_all(train);
+    eprintln!("{n} file cases in {:.2?}", start.elapsed());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_flag_acts_or_is_refused_in_every_mode() {
+    let (_, train) = common::binaries();
+    let start = Instant::now();
+    let (failures, n) = catalogue_flags::run_all(train);
+    eprintln!("{n} flag x mode cases in {:.2?}", start.elapsed());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_run_continues_only_its_own_outputs_and_a_live_jobs_save_path_is_refused() {
+    let (_, train) = common::binaries();
+    catalogue_files::own_outputs_and_live_saves(train);
+}
+
+/// `train ARGS` under an address-space limit (`ulimit -v`) of `limit` bytes.
+fn limited(train: &std::path::Path, args: &[&str], limit: u64) -> Ended {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(train);
+    cmd.args(args);
+    // SAFETY: between fork and exec the child only calls setrlimit, which is
+    // async-signal-safe, with a limit on the stack.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &lim) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    run_limited(cmd, CASE_LIMIT * 6)
+}
+
+#[test]
+fn memory_limits_are_named_and_a_refused_allocation_is_no_abort() {
+    let (_, train) = common::binaries();
+    let cases: [(&[&str], u64, &str); 2] = [
+        // The estimate reads the address-space limit and names it (as every case must).
+        (
+            &[
+                "--batch-size",
+                "512",
+                "--seq-len",
+                "256",
+                "--gen-tokens",
+                "0",
+            ],
+            1_500_000_000,
+            "address space for this rank",
+        ),
+        // What the estimate does not count fails on an allocation: one line naming its size
+        // and the limit, exit code 1, no abort.
+        (
+            &["--model", "mlp", "--batch-size", "2000000", "--steps", "2"],
+            1_800_000_000,
+            "out of host memory: an allocation of",
+        ),
+    ];
+    for (args, limit, want) in cases {
+        let e = limited(train, args, limit);
+        // Allocating up to the limit takes its time: only the refusal's form is checked.
+        let why = not_refused(&e, want).filter(|w| !w.starts_with("took"));
+        assert!(
+            why.is_none() && e.stderr.contains("RLIMIT_AS (ulimit -v)"),
+            "train {args:?} under ulimit -v {}: {why:?} after {:?}: {}",
+            limit / 1024,
+            e.took,
+            e.stderr
+        );
+        assert_eq!(e.code, Some(1), "{}", e.stderr);
+        eprintln!("{args:?}: {}", e.stderr.lines().last().unwrap_or(""));
+    }
+}
+
 /// Each rank's first stderr line that names `want` (oflaunch prefixes `[rank R] `).
 fn rank_lines(stderr: &str, want: &str) -> Vec<(String, String)> {
     let mut seen: Vec<(String, String)> = Vec::new();
@@ -478,6 +606,8 @@ fn under_oflaunch_every_rank_refuses_alike() {
         case(&["--data", &p("fifo")], "not a regular file"),
         mlp(&["--tp", "3"], "--tp 3"),
         mlp(&["--lr", "nan"], "--lr"),
+        mlp(&["--metrics", &p("notes.txt")], "names no run"),
+        case(&["--virtual-stages", "2"], "--virtual-stages 2 interleaves"),
     ];
     for c in &cases {
         let mut cmd = Command::new(oflaunch);
@@ -547,9 +677,6 @@ fn explain_explains_one_step_and_exits() {
     for model in ["gpt", "mlp"] {
         let mut cmd = Command::new(train);
         cmd.args(["--model", model, "--explain"]);
-        if model == "gpt" {
-            cmd.args(["--gen-tokens", "0"]);
-        }
         let e = run_limited(cmd, Duration::from_secs(30));
         assert_eq!(e.code, Some(0), "{model}: {}", e.stderr);
         assert!(

@@ -65,12 +65,18 @@ fn bad_input_is_refused_before_training_on_every_rank_and_nothing_is_written() {
                 "--shard-format".into(),
                 "llmc".into(),
             ],
-            format!("{} at byte 0: wrong magic 1234", d("magic.bin")),
+            format!(
+                "{} at byte 0: the llm.c header's magic (bytes 0..4) is 1234",
+                d("magic.bin")
+            ),
             1,
         ),
         (
             vec!["--data".into(), d("short.bin")],
-            format!("{} at byte 2024: truncated", d("short.bin")),
+            format!(
+                "{} at byte 8: the llm.c header's token count (bytes 8..12) is 2000",
+                d("short.bin")
+            ),
             1,
         ),
         (

@@ -265,11 +265,15 @@ fn metrics_plots_checkpoint_lines_and_the_saved_configuration() {
         text.contains("[optim]") && text.contains("steps = 20"),
         "{text}"
     );
+    // A copy: the saved job file is an input of the rerun, which saves (and writes its
+    // configuration) beside the same checkpoint.
+    let job = dir.join("job.toml");
+    std::fs::copy(&conf, &job).unwrap();
     let rerun = ok(launch(
         2,
         &[
             "--config",
-            &ps(&conf),
+            &ps(&job),
             "--resume",
             &ps(&ck),
             "--steps",

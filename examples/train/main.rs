@@ -22,9 +22,10 @@ use std::io::Write;
 
 use clap::Parser;
 
-/// Counts host bytes, so `train` can print the peak of a step.
+/// Counts host bytes, so `train` can print the peak of a step; a refused allocation ends the
+/// rank with a line naming its size and the limits, never an abort.
 #[global_allocator]
-static ALLOC: oxiflow::memory::CountingAllocator = oxiflow::memory::CountingAllocator;
+static ALLOC: oxiflow::trainer::GuardedAllocator = oxiflow::trainer::GuardedAllocator;
 
 fn main() {
     // Warnings (e.g. a checkpoint load falling back to `<path>.old`) reach stderr.

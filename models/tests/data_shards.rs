@@ -139,10 +139,22 @@ fn bad_shards_name_the_file_and_offset() {
     };
     write_llmc(&d.join("magic.bin"), 1234, 4, &[1, 2, 3, 4]);
     let e = open("magic.bin", ShardFormat::Llmc);
-    assert!(e.contains("magic.bin at byte 0: wrong magic 1234"), "{e}");
+    assert!(
+        e.contains("magic.bin at byte 0: the llm.c header's magic (bytes 0..4) is 1234"),
+        "{e}"
+    );
+    let e = open("magic.bin", ShardFormat::Auto);
+    assert!(
+        e.contains("magic.bin at byte 0: damaged llm.c header"),
+        "{e}"
+    );
     write_llmc(&d.join("short.bin"), 20240520, 1000, &[1; 500]);
     let e = open("short.bin", ShardFormat::Auto);
-    assert!(e.contains("short.bin at byte 2024: truncated"), "{e}");
+    assert!(
+        e.contains("short.bin at byte 8: the llm.c header's token count (bytes 8..12) is 1000")
+            && e.contains("truncated"),
+        "{e}"
+    );
     std::fs::write(d.join("odd.bin"), [1u8, 0, 2]).unwrap();
     let e = open("odd.bin", ShardFormat::Raw);
     assert!(e.contains("odd.bin at byte 2: truncated"), "{e}");

@@ -20,6 +20,7 @@ pub mod health;
 pub mod job;
 pub mod metrics;
 mod model;
+pub mod oom;
 mod pipelined;
 pub mod plot;
 pub mod prepare;
@@ -37,6 +38,7 @@ pub use error::TrainError;
 pub use health::{HealthGuard, NonFinitePolicy};
 pub use job::JobHooks;
 pub use model::{Batch, BatchSource, TrainModel};
+pub use oom::GuardedAllocator;
 pub use schedule::{Decay, LrSchedule};
 pub use trainer::{PipelineRun, StepHook, StepStats, TrainOptions, Trainer, Verdict};
 

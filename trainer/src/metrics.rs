@@ -1,10 +1,12 @@
-//! `--metrics`: one JSON object per line: `{"kind": "train", "step", "loss", "lr",
-//! "grad_norm", "tokens_per_s", "mfu", "seconds", "memory": {...}}` per logged step and
-//! `{"kind": "eval", "step", "heldout_loss"}` per held-out evaluation (`mfu` is null where the
-//! device's peak is unknown). `read` gives the records of a file back (for the plot).
+//! `--metrics`: one JSON object per line: `{"kind": "run", "run_id", "from_step"}` first (the
+//! run that writes the file) and again where a resumed run continues it, `{"kind": "train",
+//! "step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "seconds", "memory": {...}}` per
+//! logged step and `{"kind": "eval", "step", "heldout_loss"}` per held-out evaluation (`mfu` is
+//! null where the device's peak is unknown). `run_of` gives the run a file belongs to.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,11 @@ pub struct MemoryRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Record {
+    /// The run writing the records that follow, from this step on.
+    Run {
+        run_id: String,
+        from_step: u64,
+    },
     Train {
         step: u64,
         loss: f64,
@@ -59,20 +66,32 @@ fn out_err(path: &Path, detail: String) -> TrainError {
 }
 
 impl MetricsFile {
-    /// Creates (or, when `append`, continues) the file.
-    pub fn open(path: &Path, append: bool) -> Result<MetricsFile, TrainError> {
+    /// Creates (or, when `append`, continues) the file, never through a symlink, and writes
+    /// the record of run `run_id` from step `from_step`.
+    pub fn open(
+        path: &Path,
+        append: bool,
+        run_id: &str,
+        from_step: u64,
+    ) -> Result<MetricsFile, TrainError> {
         let file = OpenOptions::new()
             .create(true)
             .write(true)
             .append(append)
             .truncate(!append)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(path)
             .map_err(|e| out_err(path, e.to_string()))?;
-        Ok(MetricsFile {
+        let mut m = MetricsFile {
             path: path.to_path_buf(),
             file,
             lines: 0,
-        })
+        };
+        m.write(&Record::Run {
+            run_id: run_id.to_string(),
+            from_step,
+        })?;
+        Ok(m)
     }
 
     /// Appends `r` as one line (written through at once).
@@ -92,19 +111,17 @@ impl MetricsFile {
     }
 }
 
-/// The records of a metrics file (lines that are not records are an error naming the line).
-pub fn read(path: &Path) -> Result<Vec<Record>, TrainError> {
+/// The run whose records the metrics file at `path` holds (its first record), or None when
+/// its first line is not a run record (not a metrics file of a run).
+pub fn run_of(path: &Path) -> Result<Option<String>, TrainError> {
     let file = File::open(path).map_err(|e| out_err(path, e.to_string()))?;
-    let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| out_err(path, e.to_string()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        out.push(
-            serde_json::from_str(&line)
-                .map_err(|e| out_err(path, format!("line {}: {e}", i + 1)))?,
-        );
-    }
-    Ok(out)
+    let mut first = Vec::new();
+    // One line of at most 64 KiB: a run record is short, and the file may hold anything.
+    BufReader::new(file.take(1 << 16))
+        .read_until(b'\n', &mut first)
+        .map_err(|e| out_err(path, e.to_string()))?;
+    Ok(match serde_json::from_slice::<Record>(first.trim_ascii()) {
+        Ok(Record::Run { run_id, .. }) => Some(run_id),
+        _ => None,
+    })
 }

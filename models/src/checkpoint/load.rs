@@ -80,7 +80,14 @@ fn load_one(
             let local: Vec<usize> = need.iter().map(|r| r.len()).collect();
             // The shape was validated (its byte size fits), so the local one does too.
             let n: usize = local.iter().product();
-            let mut buf = vec![0u8; n * es];
+            let mut buf = Vec::new();
+            buf.try_reserve_exact(n * es).map_err(|e| {
+                bad(
+                    dir,
+                    format!("{name}: cannot allocate this rank's {} bytes: {e}", n * es),
+                )
+            })?;
+            buf.resize(n * es, 0u8);
             if !zero && n > 0 {
                 for p in &entry.pieces {
                     let region = p.ranges();

@@ -1,3 +1,8 @@
+//! The job lock: a training job holds an exclusive `flock` on `<path>.job.lock` for its whole
+//! life, taken before its first step and never waited for, so a second job saving to the same
+//! path is refused at once, naming the holder's pid and host, instead of the two replacing each
+//! other's checkpoints.
+//!
 //! The save lock: rank 0 of a save holds an exclusive `flock` on `<path>.lock` from before it
 //! prepares `<path>.partial` until the save is published or cleaned up, so two jobs saving to
 //! one path take turns (the second waits, up to a bound, then fails naming the holder) and
@@ -7,7 +12,7 @@
 //! dies with its process (the kernel releases it), so a crashed save never blocks the next.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,6 +50,93 @@ fn open_lock_file(path: &Path) -> Result<File> {
         })
 }
 
+/// Who holds a lock: this process's pid and host.
+fn holder_line() -> String {
+    let host = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "an unknown host".into());
+    format!("pid {} on host {host}", std::process::id())
+}
+
+/// What the lock file at `path` says of its holder (which writes it just after locking: an
+/// empty file is read again for a moment).
+fn holder_of(path: &Path) -> String {
+    let start = Instant::now();
+    loop {
+        let said = fs::read_to_string(path)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        match said {
+            Some(s) => return s,
+            None if start.elapsed() < Duration::from_millis(500) => std::thread::sleep(RETRY),
+            None => return "another process".into(),
+        }
+    }
+}
+
+/// Writes who holds `file` (after checking that it is a lock file: empty, or one of ours).
+fn claim(file: &mut File, path: &Path) -> Result<()> {
+    let mut old = String::new();
+    let _ = (&mut *file).take(4096).read_to_string(&mut old);
+    if !old.is_empty() && !old.starts_with("pid ") {
+        return Err(io_err(
+            "checkpoint save",
+            path,
+            "exists and is not a lock file of oxiflow; refusing to write over it (remove it or \
+             save elsewhere)",
+        ));
+    }
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.seek(SeekFrom::Start(0)))
+        .and_then(|_| writeln!(file, "{}", holder_line()));
+    Ok(())
+}
+
+/// A job's hold on its save path (see the module docs); released (and its file removed) on
+/// drop.
+pub struct JobLock {
+    _lock: SaveLock,
+}
+
+impl JobLock {
+    /// Takes the job lock of saves to `target`, or fails at once naming its live holder.
+    pub fn hold(target: &Path) -> Result<JobLock> {
+        let path = sibling(target, ".job.lock");
+        let parent = parent_of(target);
+        fs::create_dir_all(&parent)
+            .map_err(|e| io_err("checkpoint save", &parent, format!("creating it: {e}")))?;
+        loop {
+            let mut file = open_lock_file(&path)?;
+            match file.try_lock() {
+                Ok(()) if !still_at(&file, &path) => continue,
+                Ok(()) => {
+                    claim(&mut file, &path)?;
+                    return Ok(JobLock {
+                        _lock: SaveLock { file, path },
+                    });
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(io_err(
+                        "checkpoint save",
+                        target,
+                        format!(
+                            "held by a live job ({}, in {}); two jobs saving to one path would \
+                             replace each other's checkpoints: stop that job or save elsewhere",
+                            holder_of(&path),
+                            path.display()
+                        ),
+                    ))
+                }
+                Err(fs::TryLockError::Error(e)) => {
+                    return Err(io_err("checkpoint save", &path, format!("locking: {e}")))
+                }
+            }
+        }
+    }
+}
+
 /// Whether `file` is still the file at `path`.
 fn still_at(file: &File, path: &Path) -> bool {
     match (file.metadata(), fs::symlink_metadata(path)) {
@@ -69,18 +161,12 @@ impl SaveLock {
                         continue;
                     }
                     // Who holds it, for the message of a save that waits in vain.
-                    let _ = file
-                        .set_len(0)
-                        .and_then(|()| writeln!(file, "pid {}", std::process::id()));
+                    claim(&mut file, &path)?;
                     return Ok(SaveLock { file, path });
                 }
                 Err(fs::TryLockError::WouldBlock) => {
                     if start.elapsed() >= wait {
-                        let holder = fs::read_to_string(&path)
-                            .ok()
-                            .map(|s| s.trim().to_string())
-                            .filter(|s| !s.is_empty())
-                            .unwrap_or_else(|| "another process".into());
+                        let holder = holder_of(&path);
                         return Err(io_err(
                             "checkpoint save",
                             target,

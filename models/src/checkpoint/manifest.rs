@@ -3,8 +3,9 @@
 //! was written (its crc32c covers every other field, the version included), names only plain
 //! files inside the checkpoint, gives every tensor a known dtype and a shape whose byte size
 //! fits in memory arithmetic, puts every piece exactly where the tensor's recorded layout puts
-//! it (so pieces tile their tensor, and two swapped regions are refused), and names every
-//! optimizer slot of every parameter as saved or as never initialised. Validation is pure and
+//! it (so pieces tile their tensor, and two swapped regions are refused), names every
+//! optimizer slot of every parameter as saved (in its parameter's shape) or as never
+//! initialised, and counts no more optimizer steps than training steps. Validation is pure and
 //! bounded in time and memory by the input size.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -216,15 +217,26 @@ fn check_optimizer(
         let mut saved = Vec::new();
         for s in &o.slots {
             let key = optim_key(p, s);
-            match (tensors.contains_key(&key), empty.contains(key.as_str())) {
-                (true, false) => saved.push(true),
-                (false, true) => saved.push(false),
-                (true, true) => {
+            match (tensors.get(&key), empty.contains(key.as_str())) {
+                (Some(state), false) => {
+                    let param = tensors.get(p).map(|t| &t.shape);
+                    if param != Some(&state.shape) {
+                        return Err(format!(
+                            "optimizer state {key} has shape {:?} but its parameter {p} has \
+                             {:?}",
+                            state.shape,
+                            param.map_or(&[][..], Vec::as_slice)
+                        ));
+                    }
+                    saved.push(true)
+                }
+                (None, true) => saved.push(false),
+                (Some(_), true) => {
                     return Err(format!(
                         "optimizer state {key} is both saved and listed as empty"
                     ))
                 }
-                (false, false) => {
+                (None, false) => {
                     return Err(format!(
                         "optimizer state {key} is missing: neither saved nor listed as empty"
                     ))
@@ -348,6 +360,16 @@ impl Manifest {
             if let Some(v) = self.metadata.get(key) {
                 v.parse::<u64>()
                     .map_err(|_| format!("metadata {key} = {v:?} is not a step count"))?;
+            }
+        }
+        if let (Some(o), Some(_)) = (&self.optimizer, self.metadata.get("step")) {
+            if o.step_count > self.step() {
+                return Err(format!(
+                    "optimizer.step_count {} is beyond metadata step {}: a run updates at most \
+                     once per step (the manifest was edited)",
+                    o.step_count,
+                    self.step()
+                ));
             }
         }
         Ok(())

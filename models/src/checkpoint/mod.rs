@@ -36,7 +36,7 @@ pub use load::{
     load, load_tensors, load_with, read_manifest_at, read_manifest_names, LoadOptions, LoadReport,
 };
 pub use locate::newest_complete;
-pub use lock::DEFAULT_LOCK_WAIT;
+pub use lock::{JobLock, DEFAULT_LOCK_WAIT};
 pub use manifest::{FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry};
 pub use save::{save, save_tensors};
 

@@ -54,7 +54,7 @@ impl Batch {
 impl WindowSampler {
     /// A sampler over `len` tokens; needs `len > seq_len` (at least one window).
     pub fn new(len: usize, seed: u64, batch: usize, seq_len: usize) -> Result<Self, DataError> {
-        let op = "WindowSampler::new";
+        let op = "token windows";
         if batch == 0 || seq_len == 0 {
             return Err(DataError::Sampling {
                 op,
@@ -65,7 +65,8 @@ impl WindowSampler {
             return Err(DataError::Sampling {
                 op,
                 detail: format!(
-                    "{len} tokens hold no window of {} tokens (seq_len {seq_len} + 1)",
+                    "{len} tokens hold no window of {} tokens ({seq_len} and the one after \
+                     them): give more data or shorter windows",
                     seq_len + 1
                 ),
             });

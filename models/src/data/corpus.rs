@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use super::error::DataError;
 use super::generated::generated_text;
+use super::header::{identify, TokenHeader};
+use super::shards::LLMC_HEADER_BYTES;
 use super::tokenizer::Tokenizer;
 
 /// The largest corpus file read (bytes); larger files are refused.
@@ -128,25 +130,49 @@ impl Corpus {
     }
 
     /// A text file through `tokenizer`, or a pre-tokenized file when it starts with
-    /// `PRETOKENIZED_MAGIC` (its own vocabulary).
+    /// `PRETOKENIZED_MAGIC` (its own vocabulary, at most the tokenizer's, which decodes its
+    /// samples). A damaged header (see `header`) or an llm.c shard is refused.
     pub fn from_path(path: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
-        let op = "Corpus::from_path";
+        let op = "corpus";
         let bytes = read_capped(op, path)?;
-        let Some(rest) = bytes.strip_prefix(PRETOKENIZED_MAGIC.as_slice()) else {
-            let src = CorpusSource::Text(path.to_path_buf());
-            return Corpus::from_bytes(&bytes, src, tokenizer);
-        };
         let bad = |detail: String| DataError::Format {
             op,
             path: path.to_path_buf(),
             detail,
         };
-        let (head, ids) = rest
-            .split_first_chunk::<4>()
-            .ok_or_else(|| bad("the header ends before the vocabulary size".into()))?;
+        let head = &bytes[..bytes.len().min(LLMC_HEADER_BYTES)];
+        match identify(head, bytes.len() as u64).map_err(&bad)? {
+            TokenHeader::Llmc => {
+                return Err(bad(
+                    "an llm.c token shard, which is read as shards (a path ending in .bin, or \
+                     a glob)"
+                        .into(),
+                ))
+            }
+            TokenHeader::Pretokenized => {}
+            TokenHeader::None => {
+                let src = CorpusSource::Text(path.to_path_buf());
+                return Corpus::from_bytes(&bytes, src, tokenizer);
+            }
+        }
+        let rest = &bytes[PRETOKENIZED_MAGIC.len()..];
+        let (head, ids) = rest.split_first_chunk::<4>().ok_or_else(|| {
+            bad("the pre-tokenized header ends before its vocabulary size (bytes 8..12)".into())
+        })?;
         let vocab = u32::from_le_bytes(*head) as usize;
         if vocab == 0 || vocab > usize::from(u16::MAX) + 1 {
-            return Err(bad(format!("vocabulary size {vocab} is not in 1..=65536")));
+            return Err(bad(format!(
+                "the pre-tokenized header's vocabulary size (bytes 8..12) is {vocab}, not in \
+                 1..=65536"
+            )));
+        }
+        if vocab > tokenizer.vocab() {
+            return Err(bad(format!(
+                "the pre-tokenized header's vocabulary size (bytes 8..12) is {vocab}, more than \
+                 the {} tokenizer's {} ids: it was made with another tokenizer (choose that one)",
+                tokenizer.name(),
+                tokenizer.vocab()
+            )));
         }
         if ids.len() % 2 != 0 {
             return Err(bad(format!("{} id bytes: not whole u16 ids", ids.len())));
@@ -174,7 +200,7 @@ impl Corpus {
     /// The regular files (not links) of `dir`, sorted by name and joined by newlines, through
     /// `tokenizer`.
     pub fn from_directory(dir: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
-        let op = "Corpus::from_directory";
+        let op = "corpus folder";
         let io = |source| DataError::Io {
             op,
             path: dir.to_path_buf(),
@@ -290,17 +316,24 @@ mod tests {
             b.extend(id.to_le_bytes());
         }
         let p = temp("ok", &b);
-        let c = Corpus::from_path(&p, Tokenizer::Bytes).unwrap();
+        let c = Corpus::from_path(&p, Tokenizer::Gpt2).unwrap();
         assert_eq!((c.vocab(), c.len()), (300, 3));
+        let e = Corpus::from_path(&p, Tokenizer::Bytes)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vocabulary size (bytes 8..12) is 300, more than the bytes tokenizer's 256"),
+            "{e}"
+        );
         b.extend(300u16.to_le_bytes());
         let p2 = temp("bad", &b);
-        let e = Corpus::from_path(&p2, Tokenizer::Bytes)
+        let e = Corpus::from_path(&p2, Tokenizer::Gpt2)
             .unwrap_err()
             .to_string();
         assert!(e.contains("token 3 is 300"), "{e}");
         b.push(0);
         let p3 = temp("odd", &b);
-        assert!(Corpus::from_path(&p3, Tokenizer::Bytes).is_err());
+        assert!(Corpus::from_path(&p3, Tokenizer::Gpt2).is_err());
         for p in [p, p2, p3] {
             let _ = std::fs::remove_file(p);
         }

@@ -6,12 +6,14 @@
 //!
 //! Pre-tokenized format (`--data` files that start with the magic): the 8 bytes `OXFTOK16`,
 //! the vocabulary size as a little-endian u32, then the token ids as little-endian u16, each
-//! below the vocabulary size. Any other file is text, one token per byte.
+//! below the vocabulary size. Token files are told apart by their headers (`header`), never by
+//! their names alone.
 
 mod batches;
 mod corpus;
 mod error;
 mod generated;
+mod header;
 mod prefetch;
 mod shards;
 mod tokenizer;
@@ -21,6 +23,7 @@ pub use batches::{Batch, WindowSampler};
 pub use corpus::{Corpus, CorpusSource, HELDOUT_FRACTION, MAX_CORPUS_BYTES, PRETOKENIZED_MAGIC};
 pub use error::DataError;
 pub use generated::generated_text;
+pub use header::{identify, identify_file, TokenHeader};
 pub use prefetch::{Prefetcher, PREFETCH_TIMEOUT};
 pub use shards::{
     write_shard, Shard, ShardFormat, ShardSet, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION,

@@ -1,8 +1,10 @@
 //! Token shards on disk, memory-mapped: nanoGPT's raw `.bin` (little-endian u16 ids, nothing
 //! else) and llm.c's (a header of 256 little-endian i32: magic 20240520, version 1, token
-//! count; then the u16 ids). `ShardSet::open` expands a glob, maps each regular file, checks its
-//! header and size against its format and every id against the vocabulary, naming the file and
-//! byte offset of the first problem; `write_shard` writes either format.
+//! count; then the u16 ids). `ShardSet::open` expands a glob, maps each regular file, tells its
+//! format by its header (`header`: a damaged header is refused, a pre-tokenized file is not a
+//! shard), checks header and size against the format and every id against the vocabulary,
+//! naming the file, the field and the byte offset of the first problem; `write_shard` writes
+//! either format.
 
 use std::fs::File;
 use std::io::Write;
@@ -11,6 +13,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::error::DataError;
+use super::header::{identify, TokenHeader};
 
 /// llm.c's header magic.
 pub const LLMC_MAGIC: i32 = 20240520;
@@ -68,7 +71,7 @@ impl Shard {
         vocab: usize,
     ) -> Result<(Shard, ShardFormat), DataError> {
         let io = |source| DataError::Io {
-            op: "Shard::open",
+            op: "token shard",
             path: path.to_path_buf(),
             source,
         };
@@ -92,10 +95,26 @@ impl Shard {
                 .and_then(|b| b.try_into().ok())
                 .map(i32::from_le_bytes)
         };
-        let format = match format {
-            ShardFormat::Auto if header(0) == Some(LLMC_MAGIC) => ShardFormat::Llmc,
-            ShardFormat::Auto => ShardFormat::Raw,
-            f => f,
+        let head = &bytes[..bytes.len().min(LLMC_HEADER_BYTES)];
+        let found = match format {
+            // Told the format: only an exact magic says otherwise (and the format's own checks
+            // name a damaged field).
+            ShardFormat::Auto => identify(head, meta.len()).map_err(|e| shard_err(path, 0, e))?,
+            _ => identify(head, meta.len()).unwrap_or(TokenHeader::None),
+        };
+        if found == TokenHeader::Pretokenized {
+            return Err(shard_err(
+                path,
+                0,
+                "starts with OXFTOK16: a pre-tokenized file, not a token shard (such a file \
+                 is read whole, on its own)"
+                    .into(),
+            ));
+        }
+        let format = match (format, found) {
+            (ShardFormat::Auto, TokenHeader::Llmc) => ShardFormat::Llmc,
+            (ShardFormat::Auto, _) => ShardFormat::Raw,
+            (f, _) => f,
         };
         let (start, len) = match format {
             ShardFormat::Llmc => {
@@ -115,7 +134,8 @@ impl Shard {
                         path,
                         0,
                         format!(
-                            "wrong magic {}: an llm.c shard starts with {LLMC_MAGIC}",
+                            "the llm.c header's magic (bytes 0..4) is {}, not {LLMC_MAGIC} (read \
+                             as an llm.c shard, as asked)",
                             magic.unwrap_or_default()
                         ),
                     ));
@@ -125,7 +145,8 @@ impl Shard {
                         path,
                         4,
                         format!(
-                            "llm.c version {} is not {LLMC_VERSION} (u16 GPT-2 ids)",
+                            "the llm.c header's version (bytes 4..8) is {}, not {LLMC_VERSION} \
+                             (u16 GPT-2 ids)",
                             version.unwrap_or_default()
                         ),
                     ));
@@ -134,34 +155,33 @@ impl Shard {
                     shard_err(
                         path,
                         8,
-                        format!("negative token count {}", count.unwrap_or_default()),
+                        format!(
+                            "the llm.c header's token count (bytes 8..12) is negative: {}",
+                            count.unwrap_or_default()
+                        ),
                     )
                 })?;
                 let want = LLMC_HEADER_BYTES as u64 + 2 * count as u64;
-                if (bytes.len() as u64) < want {
+                if (bytes.len() as u64) != want {
+                    let how = if (bytes.len() as u64) < want {
+                        "truncated or miscounted"
+                    } else {
+                        "longer than counted"
+                    };
                     return Err(shard_err(
                         path,
-                        bytes.len() as u64,
+                        8,
                         format!(
-                            "truncated: the header counts {count} tokens ({want} bytes) but the file has {} bytes",
+                            "the llm.c header's token count (bytes 8..12) is {count} ({want} \
+                             bytes with the header) but the file has {} bytes: {how}",
                             bytes.len()
-                        ),
-                    ));
-                }
-                if (bytes.len() as u64) > want {
-                    return Err(shard_err(
-                        path,
-                        want,
-                        format!(
-                            "{} bytes after the {count} tokens the header counts",
-                            bytes.len() as u64 - want
                         ),
                     ));
                 }
                 (LLMC_HEADER_BYTES, count)
             }
             _ => {
-                if header(0) == Some(LLMC_MAGIC) {
+                if found == TokenHeader::Llmc {
                     return Err(shard_err(
                         path,
                         0,

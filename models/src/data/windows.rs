@@ -41,9 +41,10 @@ impl ShardWindows {
         let held = ((n as f64 * heldout_fraction).ceil() as u64).max(1);
         if n < held + 1 {
             return Err(DataError::Sampling {
-                op: "ShardWindows::split",
+                op: "token windows",
                 detail: format!(
-                    "{}: {n} windows of {} ids cannot be split into training and held-out windows",
+                    "{}: {n} window(s) of {} ids cannot be split into training and held-out \
+                     windows: give more data, shorter windows or separate held-out data",
                     all.set.pattern,
                     seq_len + 1
                 ),
@@ -60,8 +61,8 @@ impl ShardWindows {
     pub fn whole(set: Arc<ShardSet>, seq_len: usize) -> Result<ShardWindows, DataError> {
         if seq_len == 0 {
             return Err(DataError::Sampling {
-                op: "ShardWindows",
-                detail: "seq_len must be at least 1".into(),
+                op: "token windows",
+                detail: "a window must hold at least 1 id".into(),
             });
         }
         let mut before = Vec::with_capacity(set.shards().len());
@@ -72,9 +73,10 @@ impl ShardWindows {
         }
         if n == 0 {
             return Err(DataError::Sampling {
-                op: "ShardWindows",
+                op: "token windows",
                 detail: format!(
-                    "{}: no shard holds a window of {} ids ({} ids in {} shards)",
+                    "{}: no shard holds a window of {} ids (a window and the id after it; {} \
+                     ids in {} shards)",
                     set.pattern,
                     seq_len + 1,
                     set.tokens(),

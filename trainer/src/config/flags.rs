@@ -355,7 +355,8 @@ pub struct RunFlags {
     #[arg(long, value_parser = parse::positive_u64)]
     pub eval_every: Option<u64>,
     /// Save a checkpoint (directory) here at the end (and every --save-every steps). An
-    /// existing path must be a checkpoint: anything else is refused, never replaced.
+    /// existing path must be a checkpoint: anything else is refused, never replaced. `DIR/` (or
+    /// a folder holding checkpoints or nothing): each save a new `DIR/step-NNNNNNNN`.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Also save every this many steps (needs --save).
@@ -370,7 +371,8 @@ pub struct RunFlags {
     /// none (oflaunch --max-restarts); one that already reaches --steps means the job is done.
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Resume even if the checkpoint's seed or optimizer differ from this run's.
+    /// Resume even if the checkpoint's seed, optimizer, batch size, tokenizer or data differ
+    /// from this run's.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_resume_mismatch: bool,
@@ -380,6 +382,11 @@ pub struct RunFlags {
     /// Render the training and held-out loss curves to this file (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Replace an existing --metrics or --plot file of another run (a resumed run appends to
+    /// its own metrics and redraws its own plot without this).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overwrite: bool,
     /// Peak FLOP/s of one device in TFLOP/s, for the model FLOPs utilisation in --metrics.
     #[arg(long, value_parser = parse::positive_finite)]
     pub peak_tflops: Option<f64>,

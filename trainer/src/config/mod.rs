@@ -11,6 +11,7 @@ mod scope;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use oxiflow_models::data::{identify_file, TokenHeader};
 use serde::Serialize;
 
 pub use checks::{parse, MAX_GEN_TOKENS};
@@ -111,6 +112,7 @@ pub struct RunConfig {
     pub allow_resume_mismatch: bool,
     pub metrics: Option<PathBuf>,
     pub plot: Option<PathBuf>,
+    pub overwrite: bool,
     pub peak_tflops: Option<f64>,
     pub on_nonfinite: NonFiniteArg,
     pub loss_spike_factor: f64,
@@ -140,6 +142,9 @@ pub struct TrainConfig {
     /// The keys given (`section.key`, from the job file or the command line), not defaulted.
     #[serde(skip)]
     pub explicit: BTreeSet<String>,
+    /// The job file the configuration was read from (`--config`), an input of the run.
+    #[serde(skip)]
+    pub job_file: Option<PathBuf>,
 }
 
 impl TrainConfig {
@@ -179,6 +184,14 @@ impl TrainConfig {
         toml::to_string(&table).map_err(|e| err(&e))
     }
 
+    /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
+    pub fn only_generates(&self) -> bool {
+        self.model.model == ModelKind::Gpt
+            && self.generate.generate.is_some()
+            && self.run.resume.is_some()
+            && !self.is_set("run.steps")
+    }
+
     /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).
     pub fn pipelined(&self) -> bool {
         let p = &self.parallel;
@@ -189,6 +202,24 @@ impl TrainConfig {
 /// Whether `--data` names token shards: a glob, or a path ending in `.bin`.
 pub fn names_shards(data: &str) -> bool {
     data.contains(['*', '?', '[']) || data.ends_with(".bin")
+}
+
+/// Whether `--data` is read as token shards, by the file's header where it names one file: a
+/// glob; an llm.c header; a `.bin` without a known header (nanoGPT's raw ids). A pre-tokenized
+/// file (`OXFTOK16`) is read whole whatever its name; a damaged header is an error naming it
+/// (a `.bin`'s, as the shard reader of `--shard-format` names it).
+pub fn reads_shards(data: &str) -> Result<bool, TrainError> {
+    if data.contains(['*', '?', '[']) {
+        return Ok(true);
+    }
+    let bin = data.ends_with(".bin");
+    Ok(match identify_file(Path::new(data)) {
+        Ok(TokenHeader::Llmc) => true,
+        Ok(TokenHeader::Pretokenized) => false,
+        Ok(TokenHeader::None) => bin,
+        Err(_) if bin => true,
+        Err(e) => return Err(e.into()),
+    })
 }
 
 /// The job `cli` describes over the job file `config` (when given): the file's keys, then the
@@ -222,7 +253,9 @@ pub fn load(config: Option<&Path>, cli: &Flags) -> Result<TrainConfig, TrainErro
         .map_err(|e: toml::de::Error| TrainError::Config {
             detail: format!("the merged configuration: {}", e.message()),
         })?;
-    TrainConfig::resolve(flags, explicit)
+    let mut cfg = TrainConfig::resolve(flags, explicit)?;
+    cfg.job_file = config.map(Path::to_path_buf);
+    Ok(cfg)
 }
 
 /// A job file's tables, checked against `Flags` (an unknown table or key is an error naming it).

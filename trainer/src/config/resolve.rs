@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use oxiflow_models::nn::gpt::DEFAULT_VOCAB_MULTIPLE;
+use oxiflow_models::pipeline::{PipelineSpec, Schedule};
 
 use super::checks;
 use super::flags::*;
@@ -160,6 +161,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         allow_resume_mismatch: r.allow_resume_mismatch,
         metrics: path("--metrics", &r.metrics)?,
         plot: path("--plot", &r.plot)?,
+        overwrite: r.overwrite,
         peak_tflops: r
             .peak_tflops
             .map(|v| checked("--peak-tflops", v, checks::positive_finite))
@@ -195,6 +197,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         run,
         generate,
         explicit,
+        job_file: None,
     };
     check_combinations(&cfg)?;
     super::scope::refuse_unused(&cfg)?;
@@ -232,6 +235,14 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             "--explain runs one step and saves nothing: drop --save and --resume".into(),
         ));
     }
+    let p = &c.parallel;
+    if p.virtual_stages > 1 && p.pp == 1 {
+        return Err(config_err(format!(
+            "--virtual-stages {} interleaves chunks of layers over pipeline stages, and --pp 1 \
+             has one stage: give --pp 2 or more, or drop --virtual-stages",
+            p.virtual_stages
+        )));
+    }
     if r.compile && c.model.dropout > 0.0 {
         return Err(config_err(format!(
             "--compile with --dropout {}: dropout masks are drawn per step, and a compiled step would replay the captured ones",
@@ -253,6 +264,37 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             "--width {} is not a multiple of --heads {}",
             m.width, m.heads
         )));
+    }
+    if m.model == ModelKind::Gpt && !m.heads.is_multiple_of(c.parallel.tp) {
+        return Err(config_err(format!(
+            "--heads {} is not a multiple of --tp {}: the attention heads are split over the \
+             tensor-parallel ranks",
+            m.heads, c.parallel.tp
+        )));
+    }
+    if m.model == ModelKind::Gpt && c.pipelined() {
+        let p = &c.parallel;
+        let spec = PipelineSpec {
+            schedule: match p.schedule {
+                ScheduleArg::Gpipe => Schedule::GPipe,
+                ScheduleArg::OneFOneB => Schedule::OneFOneB,
+                ScheduleArg::Interleaved => Schedule::Interleaved,
+            },
+            stages: p.pp,
+            micro_batches: p.micro_batches,
+            virtual_stages: p.virtual_stages,
+        };
+        if let Err(e) = spec.validate(m.layers) {
+            let why = match e {
+                oxiflow_tensor::TensorError::Shape { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            return Err(config_err(format!(
+                "the pipeline of --pp {} --micro-batches {} --schedule {} --virtual-stages {} \
+                 over --layers {}: {why}",
+                p.pp, p.micro_batches, spec.schedule, p.virtual_stages, m.layers
+            )));
+        }
     }
     if c.model.model == ModelKind::Gpt && o.optimizer == Opt::Sgd {
         return Err(config_err(

@@ -1,10 +1,11 @@
-//! Which settings a job uses. Some keys belong to one model, optimizer, kind of data, schedule
-//! or output; a key given (on the command line or in a job file) that the resolved job does
-//! not use is refused by name, never silently ignored, and the printed configuration leaves
-//! such keys out (so it stays a job file this check accepts).
+//! Which settings a job uses. Some keys belong to one model, optimizer, kind of data, schedule,
+//! output or mode (a job that trains, one that only explains a step, one that only generates);
+//! a key given (on the command line or in a job file) that the resolved job does not use is
+//! refused by name, never silently ignored, and the printed configuration leaves such keys out
+//! (so it stays a job file this check accepts).
 
 use super::flags::{LrScheduleArg, ModelKind, Opt};
-use super::{names_shards, TrainConfig};
+use super::{names_shards, reads_shards, TrainConfig};
 use crate::error::TrainError;
 
 /// What a key needs of the job to be used.
@@ -20,8 +21,16 @@ enum Needs {
     /// A cosine or linear learning-rate schedule.
     DecayingLr,
     Metrics,
-    /// A GPT sample of at least one token.
+    /// `--metrics` or `--plot`.
+    Outputs,
+    /// A GPT sample of at least one token (not under --explain).
     Sample,
+    /// A GPT that generates a sample (not under --explain).
+    Generates,
+    /// A job that trains (every job but one that only generates).
+    Trains,
+    /// A job that runs its training loop (not --explain, not one that only generates).
+    Loop,
     /// Data-parallel gradient buckets (a GPT with --bucket-mb above 0).
     Buckets,
 }
@@ -34,6 +43,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("model.seq-len", Needs::Gpt),
     ("model.vocab-multiple", Needs::Gpt),
     ("model.dropout", Needs::Gpt),
+    ("model.dropout", Needs::Trains),
     ("model.hidden", Needs::Mlp),
     ("model.features", Needs::Mlp),
     ("model.classes", Needs::Mlp),
@@ -43,16 +53,42 @@ const SCOPED: &[(&str, Needs)] = &[
     ("parallel.virtual-stages", Needs::Gpt),
     ("parallel.zero", Needs::Gpt),
     ("parallel.recompute", Needs::Gpt),
+    ("parallel.recompute", Needs::Trains),
     ("parallel.schedule", Needs::Pipeline),
     ("data.data", Needs::Gpt),
     ("data.tokenizer", Needs::Gpt),
     ("data.val-data", Needs::Shards),
+    ("data.val-data", Needs::Loop),
     ("data.shard-format", Needs::Shards),
+    ("data.batch-size", Needs::Trains),
     ("optim.momentum", Needs::Sgd),
     ("optim.min-lr", Needs::DecayingLr),
     ("optim.reduce-dtype", Needs::Buckets),
+    ("optim.lr", Needs::Trains),
+    ("optim.lr-schedule", Needs::Trains),
+    ("optim.warmup-steps", Needs::Trains),
+    ("optim.min-lr", Needs::Trains),
+    ("optim.weight-decay", Needs::Trains),
+    ("optim.momentum", Needs::Trains),
+    ("optim.clip-grad", Needs::Trains),
+    ("optim.grad-accum", Needs::Trains),
+    ("optim.bucket-mb", Needs::Trains),
+    ("optim.reduce-dtype", Needs::Trains),
+    ("run.on-nonfinite", Needs::Trains),
+    ("run.loss-spike-factor", Needs::Trains),
+    ("run.compile", Needs::Trains),
+    ("run.log-every", Needs::Loop),
+    ("run.eval-every", Needs::Loop),
+    ("run.save", Needs::Loop),
+    ("run.save-every", Needs::Loop),
+    ("run.save-gathered", Needs::Loop),
+    ("run.metrics", Needs::Loop),
+    ("run.plot", Needs::Loop),
     ("run.peak-tflops", Needs::Metrics),
-    ("generate.gen-tokens", Needs::Gpt),
+    ("run.peak-tflops", Needs::Loop),
+    ("run.overwrite", Needs::Outputs),
+    ("run.overwrite", Needs::Loop),
+    ("generate.gen-tokens", Needs::Generates),
     ("generate.generate", Needs::Sample),
     ("generate.temperature", Needs::Sample),
 ];
@@ -64,11 +100,21 @@ impl Needs {
             Needs::Gpt => gpt,
             Needs::Mlp => c.model.model == ModelKind::Mlp,
             Needs::Sgd => c.optim.optimizer == Opt::Sgd,
-            Needs::Shards => gpt && c.data.data.as_deref().is_some_and(names_shards),
+            Needs::Shards => {
+                gpt && c
+                    .data
+                    .data
+                    .as_deref()
+                    .is_some_and(|d| reads_shards(d).unwrap_or_else(|_| names_shards(d)))
+            }
             Needs::Pipeline => gpt && c.pipelined(),
             Needs::DecayingLr => c.optim.lr_schedule != LrScheduleArg::Constant,
             Needs::Metrics => c.run.metrics.is_some(),
-            Needs::Sample => gpt && c.generate.gen_tokens > 0,
+            Needs::Outputs => c.run.metrics.is_some() || c.run.plot.is_some(),
+            Needs::Sample => gpt && c.generate.gen_tokens > 0 && !c.run.explain,
+            Needs::Generates => gpt && !c.run.explain,
+            Needs::Trains => !c.only_generates(),
+            Needs::Loop => !c.only_generates() && !c.run.explain,
             Needs::Buckets => gpt && c.optim.bucket_mb > 0.0,
         }
     }
@@ -78,11 +124,27 @@ impl Needs {
         match (self, c.model.model) {
             (Needs::Mlp, _) => "settings of --model mlp, and this job trains --model gpt",
             (
-                Needs::Gpt | Needs::Shards | Needs::Pipeline | Needs::Sample | Needs::Buckets,
+                Needs::Gpt
+                | Needs::Shards
+                | Needs::Pipeline
+                | Needs::Sample
+                | Needs::Generates
+                | Needs::Buckets,
                 ModelKind::Mlp,
             ) => "settings of --model gpt, and this job trains --model mlp",
+            (Needs::Sample | Needs::Generates | Needs::Loop, _) if c.run.explain => {
+                "settings of the training loop and the sample, and --explain runs one step and \
+                 exits"
+            }
+            (Needs::Trains | Needs::Loop, _) => {
+                "settings of training, and this job only generates (--generate with --resume \
+                 and no --steps)"
+            }
             (Needs::Sgd, _) => "settings of SGD, and this job trains with AdamW",
-            (Needs::Shards, _) => "settings of token shards, and --data names none",
+            (Needs::Shards, _) => {
+                "settings of token shards, and --data names none (a text or pre-tokenized file \
+                 is read whole)"
+            }
             (Needs::Pipeline, _) => {
                 "settings of pipeline micro-batches, and this job has none (--pp 1, \
                  --micro-batches 1, --virtual-stages 1)"
@@ -91,9 +153,13 @@ impl Needs {
                 "where cosine and linear schedules end, and --lr-schedule is constant"
             }
             (Needs::Metrics, _) => "settings of --metrics records, and --metrics is not given",
+            (Needs::Outputs, _) => "settings of --metrics and --plot files, and neither is given",
             (Needs::Sample, _) => "settings of the generated sample, and --gen-tokens is 0",
             (Needs::Buckets, _) => "settings of gradient buckets, and --bucket-mb is 0",
             (Needs::Gpt, ModelKind::Gpt) => "settings of --model gpt",
+            (Needs::Generates, ModelKind::Gpt) => {
+                "settings of the generated sample, and --explain runs one step and exits"
+            }
         }
     }
 }
@@ -107,10 +173,12 @@ fn flag_of(key: &str) -> String {
 pub(super) fn refuse_unused(c: &TrainConfig) -> Result<(), TrainError> {
     // (why, the flags it covers), in the order of `SCOPED`.
     let mut unused: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
     for (key, needs) in SCOPED {
-        if !c.is_set(key) || needs.met(c) {
+        if !c.is_set(key) || needs.met(c) || seen.contains(key) {
             continue;
         }
+        seen.push(key);
         let why = needs.why(c);
         let flag = format!("{} ({key})", flag_of(key));
         match unused.iter_mut().find(|(w, _)| *w == why) {

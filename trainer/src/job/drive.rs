@@ -2,15 +2,19 @@
 //! checkpoints (a line each, the configuration written beside them), metrics records, the
 //! plot, and the closing lines.
 
-use std::collections::VecDeque;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use oxiflow_models::checkpoint::{Metadata, SaveOptions};
 
+use super::history::History;
+use super::outputs::OutputPlan;
+use super::SaveTarget;
 use crate::config::{Precision, TrainConfig};
 use crate::error::TrainError;
-use crate::metrics::{self, MemoryRecord, MetricsFile, Record};
+use crate::metrics::{MemoryRecord, MetricsFile, Record};
 use crate::model::TrainModel;
 use crate::plot::{self, Curves};
 use crate::progress::Progress;
@@ -63,10 +67,13 @@ impl Saver<'_> {
         &self,
         t: &Trainer<M>,
         path: &Path,
+        history: &History,
         progress: &Progress,
     ) -> Result<(), TrainError> {
         let start = Instant::now();
-        t.save(path, &self.meta, &self.opts)?;
+        let mut meta = self.meta.clone();
+        meta.extend(history.to_metadata());
+        t.save(path, &meta, &self.opts)?;
         if !self.lead {
             return Ok(());
         }
@@ -75,7 +82,13 @@ impl Saver<'_> {
         let mut tmp = conf.as_os_str().to_owned();
         tmp.push(".partial");
         let text = self.cfg.to_toml()?;
-        std::fs::write(&tmp, text)
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
             .and_then(|()| std::fs::rename(&tmp, &conf))
             .map_err(|e| TrainError::Output {
                 what: "configuration",
@@ -98,22 +111,25 @@ impl Saver<'_> {
 pub(super) fn drive<M: TrainModel>(
     t: &mut Trainer<M>,
     cfg: &TrainConfig,
-    lead: bool,
     saver: &Saver<'_>,
+    outputs: &OutputPlan,
     devices: usize,
     launcher_bar: bool,
 ) -> Result<Summary, TrainError> {
     let r = &cfg.run;
+    let lead = saver.lead;
     let steps = r.steps;
     let progress = Progress::new(lead, steps, t.step, launcher_bar);
+    let target = r.save.as_deref().map(SaveTarget::of);
     let mut metrics = match (&r.metrics, lead) {
-        (Some(p), true) => Some(MetricsFile::open(p, r.resume.is_some())?),
+        (Some(p), true) => Some(MetricsFile::open(
+            p,
+            outputs.append_metrics,
+            &outputs.run_id,
+            t.step,
+        )?),
         _ => None,
     };
-    let mut earlier: Vec<Record> = Vec::new();
-    if let (Some(p), true, Some(_)) = (&r.metrics, lead, &r.resume) {
-        earlier = metrics::read(p)?;
-    }
     let tokens_per_step = (t.data.batch_size() * t.data.tokens_per_row()) as f64;
     let peak = r.peak_tflops.map(|p| p * 1e12 * devices as f64);
     let flops = t.model.flops_per_token();
@@ -122,19 +138,9 @@ pub(super) fn drive<M: TrainModel>(
     } else {
         8
     };
-    let (mut train_pts, mut held_pts) = (Vec::new(), Vec::new());
-    for rec in &earlier {
-        match *rec {
-            Record::Train { step, loss, .. } if step <= t.step => train_pts.push((step, loss)),
-            Record::Eval { step, heldout_loss } if step <= t.step => {
-                held_pts.push((step, heldout_loss))
-            }
-            _ => {}
-        }
-    }
+    let mut history = outputs.history.clone();
     let start = Instant::now();
     let first = t.step;
-    let mut recent = VecDeque::new();
     let mut last = StepStats::default();
     let mut bubbles = Vec::new();
     while t.step < steps {
@@ -155,11 +161,7 @@ pub(super) fn drive<M: TrainModel>(
                 s.non_finite.as_deref().unwrap_or("none")
             ));
         } else {
-            recent.push_back(s.loss);
-            if recent.len() > 10 {
-                recent.pop_front();
-            }
-            train_pts.push((s.step, s.loss));
+            history.loss(s.step, s.loss);
         }
         bubbles.extend(s.bubble);
         if !s.skipped && (n % r.log_every == 0 || n == steps) {
@@ -195,7 +197,7 @@ pub(super) fn drive<M: TrainModel>(
         if r.eval_every.is_some_and(|e| n % e == 0) && n < steps {
             let h = t.heldout_loss()?;
             progress.say(format!("step {n} held-out loss {h:.6}"));
-            held_pts.push((n, h));
+            history.heldout(n, h);
             if let Some(m) = &mut metrics {
                 m.write(&Record::Eval {
                     step: n,
@@ -203,20 +205,20 @@ pub(super) fn drive<M: TrainModel>(
                 })?;
             }
         }
-        if let (Some(p), Some(every)) = (&r.save, r.save_every) {
+        if let (Some(target), Some(every)) = (&target, r.save_every) {
             if n % every == 0 && n < steps {
-                saver.save(t, p, &progress)?;
+                saver.save(t, &target.at(n), &history, &progress)?;
             }
         }
         last = s;
     }
     let seconds = start.elapsed().as_secs_f64();
-    if let Some(p) = &r.save {
-        saver.save(t, p, &progress)?;
+    if let Some(target) = &target {
+        saver.save(t, &target.at(t.step), &history, &progress)?;
     }
     progress.finish();
     let heldout = t.heldout_loss()?;
-    held_pts.push((t.step, heldout));
+    history.heldout(t.step, heldout);
     if let Some(m) = &mut metrics {
         m.write(&Record::Eval {
             step: t.step,
@@ -234,24 +236,21 @@ pub(super) fn drive<M: TrainModel>(
             p,
             &Curves {
                 title: &title,
-                train: &train_pts,
-                heldout: &held_pts,
+                train: &history.train,
+                heldout: &history.heldout,
             },
+            &outputs.run_id,
         )?;
         println!(
             "plot: {} ({} training and {} held-out points)",
             p.display(),
-            train_pts.len(),
-            held_pts.len()
+            history.train.len(),
+            history.heldout.len()
         );
     }
     let done = (t.step - first) as f64;
     Ok(Summary {
-        final_loss: if recent.is_empty() {
-            f64::NAN
-        } else {
-            recent.iter().sum::<f64>() / recent.len() as f64
-        },
+        final_loss: history.final_loss(),
         heldout,
         steps_per_s: done / seconds.max(1e-9),
         tokens_per_s: done * tokens_per_step / seconds.max(1e-9),

@@ -28,7 +28,9 @@
 //! On the CPU every part is host memory, needed once per rank on the host (LOCAL_WORLD_SIZE),
 //! against the host's available memory: `/proc/meminfo`'s MemAvailable, lowered to what the
 //! cgroup's limit leaves (v2 `memory.max - memory.current`, v1 `memory.limit_in_bytes -
-//! memory.usage_in_bytes`), in steps of 256 MiB so that ranks reading it moments apart agree.
+//! memory.usage_in_bytes`), in steps of 256 MiB so that ranks reading it moments apart agree;
+//! and each rank's host parts against what its address-space limit leaves (`RLIMIT_AS`,
+//! `ulimit -v`, less the process's mapped size, VmSize). The refusal names the limit that binds.
 //! On a GPU the parameters, gradients, state and activations are
 //! device memory, against the free memory of the rank's device (`cuMemGetInfo`, plus the
 //! allocator's cached blocks), and the token ids stay host memory.
@@ -245,6 +247,32 @@ pub fn host_available() -> Option<(f64, String)> {
     }
 }
 
+/// What this process's address-space limit (`RLIMIT_AS`, `ulimit -v`) leaves of its own mapped
+/// size (VmSize, rounded up to [`HOST_GRAIN`]), and where that figure comes from; None where no
+/// limit is set.
+pub fn address_space_room() -> Option<(f64, String)> {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let (soft, _) = getrlimit(Resource::RLIMIT_AS).ok()?;
+    if soft == RLIM_INFINITY {
+        return None;
+    }
+    let limit = soft as f64;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mapped = status
+        .lines()
+        .find(|l| l.starts_with("VmSize:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |kib| (kib * 1024.0 / HOST_GRAIN).ceil() * HOST_GRAIN);
+    Some((
+        (limit - mapped).max(0.0),
+        format!(
+            "the address-space limit RLIMIT_AS (ulimit -v) {} less {} this process has mapped",
+            human(limit),
+            human(mapped)
+        ),
+    ))
+}
+
 /// The flags that size the largest part of `e`.
 fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
     let m = &cfg.model;
@@ -313,6 +341,18 @@ pub fn check_host(
         if need > have {
             let per = format!("host memory for {local_ranks} rank(s) on this host");
             return Err(refuse(cfg, &e, need, &per, have, &source));
+        }
+    }
+    if let Some((have, source)) = address_space_room() {
+        if on_host > have {
+            return Err(refuse(
+                cfg,
+                &e,
+                on_host,
+                "address space for this rank",
+                have,
+                &source,
+            ));
         }
     }
     Ok(e)

@@ -7,14 +7,12 @@ use std::path::{Path, PathBuf};
 
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::{Backend, DType};
-use oxiflow_models::checkpoint::{self, LoadOptions, SaveOptions, SaveStage};
-use oxiflow_models::nn::gpt::TOKEN_TABLE;
+use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, LrScheduleArg, ModelKind, NonFiniteArg, Opt, Precision, PrecisionPolicy, TrainConfig,
-    WorldBackend,
+    Dev, LrScheduleArg, NonFiniteArg, Opt, Precision, PrecisionPolicy, TrainConfig, WorldBackend,
 };
 use crate::error::TrainError;
 use crate::health::{HealthGuard, NonFinitePolicy};
@@ -26,12 +24,19 @@ use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
 
 mod drive;
+mod history;
 pub mod memory;
+mod outputs;
 mod preflight;
+mod resume;
+mod save_target;
 
 pub use drive::config_path;
 use drive::{drive, report, Saver};
-use preflight::check_inputs;
+use outputs::{OutputPlan, RUN_ID_KEY};
+use preflight::{check_inputs, Checked};
+use resume::{load_options, Recorded};
+pub use save_target::SaveTarget;
 
 /// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
 pub const RESUME_AUTO: &str = "auto";
@@ -158,17 +163,9 @@ fn prompt_of(cfg: &TrainConfig) -> &str {
     cfg.generate.generate.as_deref().unwrap_or("The ")
 }
 
-/// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
-fn only_generate(cfg: &TrainConfig) -> bool {
-    cfg.model.model == ModelKind::Gpt
-        && cfg.generate.generate.is_some()
-        && cfg.run.resume.is_some()
-        && !cfg.is_set("run.steps")
-}
-
 /// The step a resumed checkpoint must be below (none when only generating).
 fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
-    (!only_generate(cfg)).then_some(cfg.run.steps)
+    (!cfg.only_generates()).then_some(cfg.run.steps)
 }
 
 /// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
@@ -176,7 +173,7 @@ fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
 fn resolve_resume(cfg: &TrainConfig) -> Result<Option<PathBuf>, TrainError> {
     match cfg.run.resume.as_deref() {
         Some(p) if p == Path::new(RESUME_AUTO) => match &cfg.run.save {
-            Some(save) => Ok(checkpoint::newest_complete(save)?),
+            Some(save) => Ok(checkpoint::newest_complete(SaveTarget::of(save).path())?),
             None => Err(TrainError::Config {
                 detail: "--resume auto needs --save (where to look for checkpoints)".into(),
             }),
@@ -209,7 +206,11 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
             return Ok(());
         }
     }
-    let inputs = check_inputs(cfg)?;
+    let Checked {
+        inputs,
+        outputs,
+        recorded,
+    } = check_inputs(cfg)?;
     let rows = inputs.as_ref().map_or(0, |i| i.table_rows);
     // The layout and the host memory before any communication (so every rank refuses alike),
     // where the launch environment reads; the world's start reports one that does not.
@@ -218,6 +219,13 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         let device = device_before_world(cfg, &env);
         memory::check_host(cfg, &mesh, rows, device, env.local_world_size)?;
     }
+    // The save path is this job's for its whole life: rank 0 holds its job lock, so a second
+    // job saving there is refused now, not after it has trained.
+    let rank0 = LaunchEnv::from_env().map_or(true, |e| e.rank == 0);
+    let _held = match (&cfg.run.save, rank0) {
+        (Some(p), true) => Some(checkpoint::JobLock::hold(SaveTarget::of(p).path())?),
+        _ => None,
+    };
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
     let lead = ctx.rank() == 0;
@@ -230,116 +238,18 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
             println!("{l}");
         }
     }
-    match inputs {
-        Some(inputs) => gpt_job(cfg, mesh, device, inputs, world, lead, hooks),
-        None => mlp_job(cfg, mesh, device, world, lead, hooks),
-    }
-}
-
-/// The values a checkpoint records that a resumed run must repeat: (key, value, flag, whether
-/// `--allow-resume-mismatch` may override a difference).
-fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'static str, bool)> {
-    let m = &cfg.model;
-    let mut v = vec![
-        (
-            "model",
-            format!("{:?}", m.model).to_lowercase(),
-            "--model",
-            false,
-        ),
-        ("seed", m.seed.to_string(), "--seed", true),
-        (
-            "optimizer",
-            format!("{:?}", cfg.optim.optimizer).to_lowercase(),
-            "--optimizer",
-            true,
-        ),
-        ("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
-    ];
-    match m.model {
-        ModelKind::Gpt => v.extend([
-            ("layers", m.layers.to_string(), "--layers", false),
-            ("heads", m.heads.to_string(), "--heads", false),
-            ("width", m.width.to_string(), "--width", false),
-            ("seq_len", m.seq_len.to_string(), "--seq-len", false),
-            ("vocab", vocab.to_string(), "--tokenizer", false),
-        ]),
-        ModelKind::Mlp => v.extend([
-            ("hidden", m.hidden.to_string(), "--hidden", false),
-            ("features", m.features.to_string(), "--features", false),
-            ("classes", m.classes.to_string(), "--classes", false),
-        ]),
-    }
-    v
-}
-
-/// The checkpoint's step when this run may continue it: the recorded values match (or may be
-/// overridden), a GPT's token table has this run's rows (the vocabulary padded to
-/// `--vocab-multiple`), and the step is below `limit` (any step when only generating).
-fn check_resume(
-    cfg: &TrainConfig,
-    inputs: Option<&GptInputs>,
-    path: &Path,
-    limit: Option<u64>,
-) -> Result<u64, TrainError> {
-    let bad = |detail: String| TrainError::Resume {
-        path: path.to_path_buf(),
-        detail,
+    let job = Job {
+        mesh,
+        device,
+        world,
+        lead,
+        hooks,
+        outputs,
+        recorded,
     };
-    let vocab = inputs.map_or(0, |i| i.vocab);
-    let manifest = checkpoint::read_manifest_at(path)?;
-    let meta = manifest.metadata;
-    for (key, want, flag, soft) in recorded(cfg, vocab) {
-        let saved = meta.get(key).map_or("(none)", String::as_str);
-        if saved == want || (soft && cfg.run.allow_resume_mismatch) {
-            continue;
-        }
-        let hint = if soft {
-            format!("; pass {flag} {saved} or --allow-resume-mismatch")
-        } else {
-            String::new()
-        };
-        return Err(bad(format!(
-            "the checkpoint was saved with {key} {saved} but this run has {flag} {want}{hint}"
-        )));
-    }
-    let saved_table = manifest
-        .tensors
-        .get(TOKEN_TABLE)
-        .map(|t| t.shape.as_slice());
-    if let (Some(i), Some(saved)) = (inputs, saved_table) {
-        let rows = i.table_rows;
-        if saved.first() != Some(&rows) {
-            let fits = match saved.first() {
-                Some(&s) if s == vocab => "; --vocab-multiple 1 loads it".to_string(),
-                Some(&s) if s > vocab => format!("; --vocab-multiple {s} loads it"),
-                _ => String::new(),
-            };
-            return Err(bad(format!(
-                "the checkpoint's token table {TOKEN_TABLE} is {saved:?} but this run's is [{rows}, {}] \
-                 (the vocabulary {vocab} padded to --vocab-multiple {}){fits}",
-                cfg.model.width, cfg.model.vocab_multiple
-            )));
-        }
-    }
-    let step: u64 = meta
-        .get("step")
-        .ok_or_else(|| bad("the checkpoint records no step".into()))?
-        .parse()
-        .map_err(|e| bad(format!("bad step: {e}")))?;
-    match limit {
-        Some(s) if step >= s => Err(bad(format!(
-            "the checkpoint is at step {step}, not below --steps {s}"
-        ))),
-        _ => Ok(step),
-    }
-}
-
-/// How `--resume` loads: `--allow-resume-mismatch` also starts the optimizer fresh when the
-/// checkpoint holds no state of this optimizer (the load names every slot it resets).
-fn load_options(cfg: &TrainConfig) -> LoadOptions {
-    LoadOptions {
-        reset_missing_optimizer_state: cfg.run.allow_resume_mismatch,
+    match inputs {
+        Some(inputs) => gpt_job(cfg, inputs, job),
+        None => mlp_job(cfg, job),
     }
 }
 
@@ -352,14 +262,20 @@ fn health_guard(cfg: &TrainConfig, lead: bool) -> Box<dyn StepHook> {
     Box::new(HealthGuard::new(policy, cfg.run.loss_spike_factor, lead))
 }
 
-/// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
-fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
+/// What saves the job's checkpoints: the recorded values and the run's id, `--save-gathered`,
+/// the stage hook.
+fn saver<'a>(
+    cfg: &'a TrainConfig,
+    recorded: &[Recorded],
+    outputs: &OutputPlan,
+    hook: Option<fn(SaveStage)>,
+    lead: bool,
+) -> Saver<'a> {
+    let mut meta = resume::metadata(recorded);
+    meta.insert(RUN_ID_KEY.into(), outputs.run_id.clone());
     Saver {
         cfg,
-        meta: recorded(cfg, vocab)
-            .into_iter()
-            .map(|(k, v, _, _)| (k.to_string(), v))
-            .collect(),
+        meta,
         opts: SaveOptions {
             gathered: cfg.run.save_gathered,
             stage_hook: hook,
@@ -419,19 +335,30 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
     Ok(())
 }
 
-fn gpt_job(
-    cfg: &TrainConfig,
+/// A checked job on its started world.
+struct Job {
     mesh: Mesh,
     device: DeviceType,
-    inputs: GptInputs,
     world: usize,
     lead: bool,
     hooks: JobHooks,
-) -> Result<(), TrainError> {
+    outputs: OutputPlan,
+    recorded: Vec<Recorded>,
+}
+
+fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainError> {
+    let Job {
+        mesh,
+        device,
+        world,
+        lead,
+        hooks,
+        outputs,
+        recorded,
+    } = run;
     let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
-    let vocab = job.trainer.model.cfg.vocab;
     let g = &cfg.generate;
-    let only_generate = only_generate(cfg);
+    let only_generate = cfg.only_generates();
     if let Some(p) = &cfg.run.resume {
         job.trainer.resume_with(p, &load_options(cfg))?;
     }
@@ -463,8 +390,15 @@ fn gpt_job(
         return explain_step(&mut job.trainer, lead);
     }
     if !only_generate {
-        let saver = saver(cfg, vocab, hooks.save_stage, lead);
-        let summary = drive(&mut job.trainer, cfg, lead, &saver, world, launcher_bar())?;
+        let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, lead);
+        let summary = drive(
+            &mut job.trainer,
+            cfg,
+            &saver,
+            &outputs,
+            world,
+            launcher_bar(),
+        )?;
         if lead {
             let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
                 let s = run.spec;
@@ -498,14 +432,16 @@ fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {
     }
 }
 
-fn mlp_job(
-    cfg: &TrainConfig,
-    mesh: Mesh,
-    device: DeviceType,
-    world: usize,
-    lead: bool,
-    hooks: JobHooks,
-) -> Result<(), TrainError> {
+fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
+    let Job {
+        mesh,
+        device,
+        world,
+        lead,
+        hooks,
+        outputs,
+        recorded,
+    } = run;
     let m = &cfg.model;
     let ccfg = ClassifierConfig {
         mesh: Some((mesh.dp, mesh.tp)),
@@ -561,8 +497,8 @@ fn mlp_job(
     if cfg.run.explain {
         return explain_step(&mut t, lead);
     }
-    let saver = saver(cfg, 0, hooks.save_stage, lead);
-    let summary = drive(&mut t, cfg, lead, &saver, world, launcher_bar())?;
+    let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, lead);
+    let summary = drive(&mut t, cfg, &saver, &outputs, world, launcher_bar())?;
     if lead {
         report(cfg, &summary, None, None);
     }

@@ -1,10 +1,12 @@
 //! What a job checks before its world starts, with no communication, so every rank refuses
-//! bad input alike and nothing is written first: the data (GPT: every shard), the checkpoint
-//! to resume (its recorded values, token table and step), the sample's prompt (ids below the
-//! vocabulary), the checkpoint target (`--save`: ours or nothing, where this process may
-//! create it), the outputs (`--metrics`, `--plot`, the configuration beside a checkpoint:
-//! regular files or nothing, in writable folders) and the folders the launch environment
-//! names for traces and flight dumps.
+//! bad input alike and nothing is written first: the outputs against the inputs (`outputs`:
+//! no output names an input, a symlink or another output), the data (GPT: every shard), the
+//! checkpoint to resume (its recorded values, token table and step), the sample's prompt (ids
+//! below the vocabulary), the checkpoint target (`--save`: ours or nothing, where this process
+//! may create it), the outputs (`--metrics`, `--plot`, the configuration beside a checkpoint:
+//! regular files or nothing, in writable folders; an existing metrics file or plot only the
+//! run's own, or `--overwrite`) and the folders the launch environment names for traces and
+//! flight dumps.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,9 @@ use nix::unistd::{access, AccessFlags};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_models::checkpoint;
 
-use super::{check_resume, config_path, prompt_of, resume_limit};
+use super::outputs::{self, OutputPlan};
+use super::resume::{check_resume, recorded, Recorded};
+use super::{config_path, prompt_of, resume_limit, SaveTarget};
 use crate::config::{ModelKind, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::gpt::{prompt_ids, GptInputs};
@@ -112,11 +116,31 @@ fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
     }
 }
 
-/// Every check of the module's documentation; returns the GPT's opened data.
-pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
+/// What the checks found: the GPT's opened data, and how the outputs are written.
+pub(super) struct Checked {
+    pub inputs: Option<GptInputs>,
+    pub outputs: OutputPlan,
+    /// What its checkpoints record of the run.
+    pub recorded: Vec<Recorded>,
+}
+
+/// Every check of the module's documentation.
+pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Checked, TrainError> {
     let r = &cfg.run;
-    if let Some(p) = &r.save {
-        check_save(p)?;
+    outputs::check_paths(cfg)?;
+    outputs::check_heldout(cfg)?;
+    match r.save.as_deref().map(SaveTarget::of) {
+        Some(SaveTarget::One(p)) => check_save(&p)?,
+        Some(SaveTarget::Folder(d)) => {
+            if let Some(why) = uncreatable(&d) {
+                return Err(TrainError::Output {
+                    what: "--save",
+                    path: d,
+                    detail: format!("a folder of checkpoints this process cannot write: {why}"),
+                });
+            }
+        }
+        None => {}
     }
     for (what, path) in [("--metrics", &r.metrics), ("--plot", &r.plot)] {
         if let Some(path) = path {
@@ -141,8 +165,21 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
     if let Some(i) = inputs.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
         prompt_ids(&i.tokenizer, prompt_of(cfg), i.vocab)?;
     }
-    if let Some(p) = &r.resume {
-        check_resume(cfg, inputs.as_ref(), p, resume_limit(cfg))?;
-    }
-    Ok(inputs)
+    let recorded = recorded(cfg, inputs.as_ref())?;
+    let resumed = match &r.resume {
+        Some(p) => Some(check_resume(
+            cfg,
+            inputs.as_ref(),
+            &recorded,
+            p,
+            resume_limit(cfg),
+        )?),
+        None => None,
+    };
+    let outputs = outputs::plan(cfg, resumed.as_ref())?;
+    Ok(Checked {
+        inputs,
+        outputs,
+        recorded,
+    })
 }

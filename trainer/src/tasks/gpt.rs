@@ -17,7 +17,7 @@ use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Context, Tensor};
 
 use crate::config::{
-    names_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
+    reads_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
@@ -111,7 +111,7 @@ fn windows(
         ShardFormatArg::Llmc => ShardFormat::Llmc,
     };
     match cfg.data.data.as_deref() {
-        Some(pattern) if names_shards(pattern) => {
+        Some(pattern) if reads_shards(pattern)? => {
             let vocab = tokenizer.vocab();
             let set = Arc::new(ShardSet::open(pattern, format, vocab)?);
             let val = match &cfg.data.val_data {

@@ -15,6 +15,12 @@ pub(crate) struct LibrarySource {
     pub text: &'static str,
 }
 
+/// The device prelude every source that handles 16-bit floats starts with (`bf16_t`, `f16_t`,
+/// `ld`/`st` through f32, strided views, warp reductions): what `CudaSource` puts before a
+/// source from outside the library (the build script compiles only the library's own).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const DEVICE_TYPES: &str = include_str!("device_types.cuh");
+
 /// The element-wise and layout kernels (`source.cu` after `elementwise_math.cuh`), compiled in
 /// parts `OXI_PART` 0..5 on parallel threads.
 macro_rules! elementwise_part {

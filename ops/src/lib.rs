@@ -4,3 +4,5 @@
 //! table per backend (CPU kernels on host arrays, CUDA kernels compiled through the library's
 //! NVRTC path with `oxiflow_tensor::cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
+
+pub mod swiglu;

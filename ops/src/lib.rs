@@ -5,4 +5,5 @@
 //! NVRTC path with `oxiflow_tensor::cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
+pub mod sum_squares;
 pub mod swiglu;

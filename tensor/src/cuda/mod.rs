@@ -41,7 +41,6 @@ mod piece;
 mod precision;
 pub(crate) mod raw;
 mod storage;
-mod sum_squares;
 mod timing;
 
 use std::sync::atomic::{AtomicU8, Ordering};

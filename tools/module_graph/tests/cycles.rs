@@ -4,7 +4,7 @@
 use oxiflow_module_graph::{workspace_graphs, workspace_root};
 
 /// Most module cycles the workspace may have.
-const MAX_CYCLES: usize = 11;
+const MAX_CYCLES: usize = 10;
 
 #[test]
 fn module_cycles_stay_within_the_budget() {
@@ -23,6 +23,8 @@ fn module_cycles_stay_within_the_budget() {
             all.push((g.name.clone(), c));
         }
     }
+    let ops: Vec<_> = all.iter().filter(|(name, _)| name == "ops").collect();
+    assert!(ops.is_empty(), "the ops crate has module cycles: {ops:?}");
     assert!(
         all.len() <= MAX_CYCLES,
         "{} module cycles, at most {MAX_CYCLES} allowed: {all:?}",

@@ -14,6 +14,10 @@ pub enum CompileError {
     /// the capture's data, so such a tensor must be a step input.
     #[error("{op}: a compiled step cannot make a tensor from host data ({tensor}); make it before the step and pass it in as a step input")]
     HostData { op: &'static str, tensor: String },
+    /// The step ran an extern op whose kernels cannot be replayed from a recording
+    /// (`ExternOp::replay_refusal`): every rank runs the same step, so every rank refuses alike.
+    #[error("{op}: a compiled step cannot replay this op: {why}")]
+    Unreplayable { op: &'static str, why: String },
     /// The inputs of a replay do not fit the program (the caller's bug).
     #[error("replay of a compiled step: {detail}")]
     Inputs { detail: String },

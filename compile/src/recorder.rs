@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use oxiflow_boxing::StepKind;
 use oxiflow_tensor::capture::{piece_of, BoxingEvent, CaptureSink, OpEvent};
-use oxiflow_tensor::{Context, Storage, Tensor};
+use oxiflow_tensor::{Context, Op, Storage, Tensor};
 use rustc_hash::FxHashMap;
 
 use crate::ir::{
@@ -37,6 +37,8 @@ pub(crate) enum Refusal {
     HostRead(&'static str, String),
     /// A tensor made from host data inside the step.
     HostData(&'static str, String),
+    /// An extern op that says its kernels cannot be replayed, and why.
+    Unreplayable(&'static str, String),
 }
 
 fn addr(p: &Arc<Storage>) -> usize {
@@ -152,6 +154,11 @@ impl CaptureSink for Recorder {
         let Ok(mut r) = self.0.try_borrow_mut() else {
             return;
         };
+        if let (None, Op::Extern(x)) = (&r.refused, e.local_op) {
+            if let Some(why) = x.op().replay_refusal() {
+                r.refused = Some(Refusal::Unreplayable(x.op().name(), why));
+            }
+        }
         let node = r.nodes.len();
         let inputs: Vec<ValueId> = e.kernel_inputs.iter().map(|p| r.read(p)).collect();
         let signature = e.global.map(|g| {

@@ -317,6 +317,13 @@ where
             }
             .into())
         }
+        Some(Refusal::Unreplayable(op, why)) => {
+            return Err(CompileError::Unreplayable {
+                op,
+                why: why.clone(),
+            }
+            .into())
+        }
         None => {}
     }
     let mut outs = outs?;

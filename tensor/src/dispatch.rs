@@ -24,7 +24,7 @@ use crate::capture::{self, GlobalSignature, OpEvent};
 use crate::context::Context;
 use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
-use crate::executor::{run_kernel, run_kernel_one};
+use crate::executor::{backend_id, run_kernel, run_kernel_one};
 use crate::explain::{self, explain_enabled};
 use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
 use crate::storage::{Device, Storage};
@@ -224,9 +224,20 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     Ok(dev)
 }
 
+/// A typed error unless `op`, when an extern op, has a kernel on `device`'s backend for the
+/// inputs' dtypes: metadata only, so every rank of a global call decides alike.
+fn check_kernel(op: &Op, inputs: &[&Tensor], device: DeviceType) -> Result<()> {
+    let Op::Extern(e) = op else {
+        return Ok(());
+    };
+    let dtypes: SmallVec<[DType; 3]> = inputs.iter().map(|t| t.dtype()).collect();
+    e.check_kernel(backend_id(op.name(), device)?, &dtypes)
+}
+
 fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
     let device = check_devices(op, inputs)?;
     let Inferred { rules, dtypes } = infer(op, inputs, RuleMode::ShapesOnly, want)?;
+    check_kernel(op, inputs, device.device_type())?;
     let mut pieces: SmallVec<[&Storage; 3]> = SmallVec::new();
     for t in inputs {
         match t.storage() {
@@ -373,6 +384,7 @@ fn build_plan(
     want: Want,
 ) -> Result<DispatchPlan> {
     let Inferred { rules, dtypes } = infer(op, inputs, RuleMode::Candidates, want)?;
+    check_kernel(op, inputs, placement.device())?;
     let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
     let sig_in: SmallVec<[(&Shape, &NdSbp); 3]> =
         layouts.iter().map(|l| (l.shape(), l.nd_sbp())).collect();

@@ -1,11 +1,10 @@
-//! Element traits of tensor storage: `TensorElement` (every dtype of the table: f32, f64, i64,
+//! Host arrays and their element traits: `CpuArray` (one variant per dtype of the table) and
+//! the traits of its elements: `TensorElement` (every dtype of the table: f32, f64, i64,
 //! bf16, f16) and `FloatElement` (f32, f64: the types CPU kernels compute floats in; 16-bit
 //! pieces reach the kernels as f32, see `cpu::execute`).
 
-use ndarray::{ArrayD, LinalgScalar};
-use oxiflow_dtype::{bf16, f16, Element};
-
-use crate::storage::CpuArray;
+use ndarray::{ArrayD, IxDyn, LinalgScalar};
+use oxiflow_dtype::{bf16, f16, with_element, DType, Element};
 
 /// A scalar type a tensor can hold.
 pub trait TensorElement: Element + LinalgScalar + std::ops::Neg<Output = Self> {
@@ -97,3 +96,71 @@ macro_rules! float_elem {
 }
 float_elem!(f32);
 float_elem!(f64);
+
+/// A host array of one of the dtypes. Always standard (row-major contiguous) layout.
+#[derive(Clone, Debug)]
+pub enum CpuArray {
+    F32(ArrayD<f32>),
+    F64(ArrayD<f64>),
+    I64(ArrayD<i64>),
+    BF16(ArrayD<bf16>),
+    F16(ArrayD<f16>),
+}
+
+/// Applies `$body` to the array inside a `CpuArray`, binding it as `$a` (generic over the type).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_array {
+    ($s:expr, $a:ident => $body:expr) => {
+        match $s {
+            $crate::CpuArray::F32($a) => $body,
+            $crate::CpuArray::F64($a) => $body,
+            $crate::CpuArray::I64($a) => $body,
+            $crate::CpuArray::BF16($a) => $body,
+            $crate::CpuArray::F16($a) => $body,
+        }
+    };
+}
+
+impl CpuArray {
+    pub fn dtype(&self) -> DType {
+        with_array!(self, a => elem_dtype(a))
+    }
+    pub fn shape(&self) -> &[usize] {
+        with_array!(self, a => a.shape())
+    }
+    /// An array of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> CpuArray {
+        with_element!(dtype, T => T::wrap(ArrayD::<T>::zeros(IxDyn(shape))))
+    }
+    /// Makes the layout standard (row-major contiguous), copying only when needed.
+    pub fn into_standard(self) -> CpuArray {
+        fn std<T: TensorElement>(a: ArrayD<T>) -> CpuArray {
+            T::wrap(if a.is_standard_layout() {
+                a
+            } else {
+                a.as_standard_layout().into_owned()
+            })
+        }
+        with_array!(self, a => std(a))
+    }
+    /// The array of type `T`, or None for another dtype.
+    pub fn as_array<T: TensorElement>(&self) -> Option<&ArrayD<T>> {
+        T::view(self)
+    }
+    /// Converts every element to `dtype`, each value rounded once (float -> i64 truncates
+    /// toward zero); the same dtype is a copy.
+    pub fn cast(&self, dtype: DType) -> CpuArray {
+        fn conv<S: TensorElement, T: TensorElement>(a: &ArrayD<S>) -> CpuArray {
+            T::wrap(a.mapv(|v| T::from_f64(v.to_f64())))
+        }
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        with_array!(self, a => with_element!(dtype, T => conv::<_, T>(a)))
+    }
+}
+
+fn elem_dtype<T: TensorElement>(_: &ArrayD<T>) -> DType {
+    T::DTYPE
+}

@@ -88,6 +88,15 @@ pub enum TensorError {
         #[source]
         source: oxiflow_collectives::CommError,
     },
+    /// An op has no kernel for the call's backend or input dtypes (raised from metadata before
+    /// any communication, so every rank raises it alike).
+    #[error("{op}: no kernel for this op on backend {backend} for input dtypes {dtypes} (its kernels: {available})")]
+    NoKernel {
+        op: &'static str,
+        backend: &'static str,
+        dtypes: String,
+        available: String,
+    },
     /// A kernel found bad data (e.g. an index out of range).
     #[error("{op}: {detail}")]
     Kernel { op: &'static str, detail: String },

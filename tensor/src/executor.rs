@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use oxiflow_placement::DeviceType;
 use smallvec::SmallVec;
 
-use crate::op::{Op, OutSpec};
+use crate::cpu::CpuBackend;
+use crate::op::{BackendId, Op, OutSpec};
 use crate::storage::{CpuArray, Device, Storage};
 use crate::{Result, TensorError};
 
@@ -18,6 +19,9 @@ use crate::{Result, TensorError};
 /// through `Op::execute` on its implementation of every op family's kernel trait, returning one
 /// piece per output of `outs` (shape and dtype as given).
 pub trait OpExecutor: Send + Sync {
+    /// The kernel-side backend type the executor runs kernels on (`KernelBackend`): the key
+    /// an extern op's kernel table is searched by.
+    fn backend(&self) -> BackendId;
     fn run(&self, op: &Op, inputs: &[&Storage], outs: &[OutSpec])
         -> Result<SmallVec<[Storage; 1]>>;
     /// Runs `op` into the given output pieces (placed in an arena: one per output, of its
@@ -64,6 +68,15 @@ pub(crate) fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn O
         shapes: String::new(),
         detail: format!("no op executor registered for {device}"),
     })
+}
+
+/// The kernel-side backend of `device` type (the built-in CPU backend, or the registered
+/// executor's), or a typed error naming `op` when none is registered.
+pub(crate) fn backend_id(op: &'static str, device: DeviceType) -> Result<BackendId> {
+    match device {
+        DeviceType::Cpu => Ok(BackendId::of::<CpuBackend>()),
+        DeviceType::Cuda => Ok(executor_for(op, Device::Cuda(0))?.backend()),
+    }
 }
 
 /// Runs `op` (local attributes) on pieces of one device through that device's executor: one

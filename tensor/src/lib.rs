@@ -41,6 +41,7 @@ pub use autograd::{
 };
 pub use bucket::{bucket_fits, reduce_bucket, start_bucket, BucketTarget, PendingBucket};
 pub use context::{Context, ContextGuard};
+pub use cpu::CpuBackend;
 pub use device::{
     awaits_collectives, capture_graph, copy_storage, duplicate_storage, graph_capture_refusal,
     order_after_collectives, register_device_backend, DeviceBackend, DeviceGraph,
@@ -59,9 +60,13 @@ pub use op::{
     LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp, ViewOf,
 };
 pub use op::{AttentionOp, DropoutOp};
+pub use op::{
+    BackendId, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelFn, KernelIo, Kernels,
+    MetaError, MetaResult, Saves, ScratchFn,
+};
 pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};
-pub use tensor::Tensor;
+pub use tensor::{Tensor, TensorMeta};
 
 pub use oxiflow_dtype::{bf16, f16, DType};
 pub use oxiflow_placement::{DeviceType, Placement};

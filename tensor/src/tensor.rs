@@ -41,7 +41,7 @@ pub struct Tensor(pub(crate) Arc<TensorImpl>);
 /// A tensor's metadata without its data: logical shape, dtype, device and (for a global
 /// tensor) layout and context. What an autograd node keeps of a tensor it does not save.
 #[derive(Clone)]
-pub(crate) struct TensorMeta {
+pub struct TensorMeta {
     shape: Shape,
     dtype: DType,
     device: Device,

@@ -1,6 +1,6 @@
 //! The global L2 norm of gradients in any layout, and the clipping factor it gives. The
 //! gradients are grouped by what lets one multi-tensor sum of squares serve them without
-//! boxing (`Tensor::sum_squares_multi`: one op per group, all f64): global ones by placement
+//! boxing (`oxiflow_ops::sum_squares`: one op per group, all f64): global ones by placement
 //! and, per mesh axis, split or not; local ones by device. Each group's total is a 0-d tensor,
 //! partial over the axes its tensors are split on; it is made broadcast on its placement, the
 //! totals of one placement are added there, and each placement's sum moves to the union of the
@@ -11,9 +11,9 @@
 //! (`first_non_finite`). Nothing here assumes a layout.
 
 use oxiflow_dtype::DType;
+use oxiflow_ops::sum_squares::{non_finite_sums, sum_squares_multi, TensorSums};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
-use oxiflow_tensor::custom::TensorSums;
 use oxiflow_tensor::{no_grad, Device, Tensor};
 
 use crate::{Result, TensorError};
@@ -78,7 +78,7 @@ pub fn queue_sum_of_squares(grads: &[Tensor]) -> Result<QueuedSum> {
     let mut totals = Vec::with_capacity(groups.len());
     for g in &groups {
         let members: Vec<&Tensor> = g.iter().map(|&i| &grads[i]).collect();
-        totals.push(broadcast(Tensor::sum_squares_multi(&members)?.total)?);
+        totals.push(broadcast(sum_squares_multi(&members)?.total)?);
     }
     queue_sum(&totals)
 }
@@ -94,7 +94,7 @@ pub fn first_non_finite(tensors: &[Tensor]) -> Result<Option<usize>> {
     let mut flags: Vec<(Vec<usize>, Tensor)> = Vec::with_capacity(groups.len());
     for g in groups {
         let members: Vec<&Tensor> = g.iter().map(|&i| &tensors[i]).collect();
-        let TensorSums { each, .. } = Tensor::non_finite_sums(&members)?;
+        let TensorSums { each, .. } = non_finite_sums(&members)?;
         flags.push((g, broadcast(each)?));
     }
     let places: Vec<&Placement> = flags.iter().filter_map(|(_, f)| f.placement()).collect();

@@ -34,6 +34,42 @@ pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
     r
 }
 
+/// A pointwise op on same-shape inputs with `n_out` outputs of that shape: S(i) on every input
+/// -> S(i) on every output; B -> B; and for each input in `linear` (every output is linear in
+/// it, e.g. `up` of `silu(gate) * up`): P on it and B on the others -> P on every output.
+pub fn pointwise(
+    xs: &[&Shape],
+    n_out: usize,
+    linear: &[usize],
+    mode: RuleMode,
+) -> Result<Rules, String> {
+    let Some(&first) = xs.first() else {
+        return Err("no inputs".into());
+    };
+    if let Some(other) = xs.iter().find(|s| **s != first) {
+        return Err(format!(
+            "operands have different shapes {first} and {other}"
+        ));
+    }
+    if let Some(&k) = linear.iter().find(|&&k| k >= xs.len()) {
+        return Err(format!("input {k} of {} is not an operand", xs.len()));
+    }
+    let mut r = Rules::new(mode, std::iter::repeat_n(first.clone(), n_out));
+    if mode == RuleMode::ShapesOnly {
+        return Ok(r);
+    }
+    let outs = |s: Sbp| std::iter::repeat_n(s, n_out).collect::<Vec<_>>();
+    for i in 0..first.ndim() {
+        r.push(&vec![Sbp::S(i); xs.len()], &outs(Sbp::S(i)));
+    }
+    r.push_uniform(xs.len(), n_out, B);
+    for &k in linear {
+        let ins: Vec<Sbp> = (0..xs.len()).map(|j| if j == k { P } else { B }).collect();
+        r.push(&ins, &outs(P));
+    }
+    Ok(r)
+}
+
 /// The numpy broadcast of two shapes.
 pub fn broadcast_shape(a: &Shape, b: &Shape) -> Option<Shape> {
     if a == b {

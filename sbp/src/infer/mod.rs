@@ -35,7 +35,9 @@ pub use reduce::ReduceKind;
 /// returns the output shapes with the op's SBP candidates.
 pub mod rules {
     pub use super::concat::{concat, slice};
-    pub use super::elementwise::{binary, broadcast_shape, broadcast_to, reduce_to_shape, unary};
+    pub use super::elementwise::{
+        binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary,
+    };
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};

@@ -2,7 +2,8 @@
 //! large arrays, matrixmultiply), one file per family, each implementing that family's kernel
 //! trait for [`CpuBackend`] and writing into the buffers its allocator gives the executor.
 //! Dispatch runs them through [`execute`], which widens 16-bit floats to f32 around the
-//! kernels, so each kernel is written for f32, f64 and i64 only.
+//! kernels, so each kernel is written for f32, f64 and i64 only (an extern op's kernels get
+//! the dtypes their table declares, 16-bit ones included).
 
 mod attention;
 mod custom;
@@ -46,6 +47,7 @@ const ZEROED_PAGES: usize = 1 << 12;
 pub struct CpuBackend;
 
 impl KernelBackend for CpuBackend {
+    const NAME: &'static str = "cpu";
     type Piece = CpuArray;
     type Out = CpuArray;
     /// Zeros, row-major: a filled allocation when small (the allocator's fast path), zeroed
@@ -211,8 +213,12 @@ pub(crate) fn copy_into(src: &CpuArray, dst: &mut CpuArray) -> Result<()> {
     with_array!(src, a => to(a, dst))
 }
 
-/// Whether a call has 16-bit inputs or outputs and runs kernels (not a view).
+/// Whether a call has 16-bit inputs or outputs and runs kernels (not a view) that compute
+/// them through f32: an extern op's kernels take the dtypes they declare as they are.
 fn widens(op: &Op, inputs: &[&CpuArray], outs: &[OutSpec]) -> bool {
+    if matches!(op, Op::Extern(_)) {
+        return false;
+    }
     let half = inputs.iter().any(|a| a.dtype().is_half()) || outs.iter().any(|o| o.dtype.is_half());
     half && op.view_of().is_none()
 }

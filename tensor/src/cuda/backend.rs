@@ -19,7 +19,7 @@ use super::storage::CudaStorage;
 use super::{derr, runtime, Block};
 use crate::device::{DeviceBackend, DeviceGraph};
 use crate::executor::OpExecutor;
-use crate::op::{Op, OutSpec};
+use crate::op::{BackendId, Op, OutSpec};
 use crate::rng::ElementInit;
 use crate::storage::{CpuArray, DeviceStorage, Storage};
 use crate::Result;
@@ -173,6 +173,10 @@ fn on_stream<T>(
 }
 
 impl OpExecutor for CudaBackend {
+    fn backend(&self) -> BackendId {
+        BackendId::of::<CudaKernels>()
+    }
+
     fn run(
         &self,
         op: &Op,

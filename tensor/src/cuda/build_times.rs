@@ -84,16 +84,15 @@ pub fn kernel_builds() -> Vec<KernelBuild> {
 }
 
 /// Starts making the runtime's other NVRTC sources ready (the fused norm, AdamW and classifier
-/// kernels, the one-read classifier, the multi-tensor sum of squares and copy; the element-wise
+/// kernels, the one-read classifier, the multi-range copy; the element-wise
 /// and layout kernels are made ready at start-up), cuDNN's library and handle and cuBLASLt's
 /// handle and heuristics, on one thread each, in the background. An op
 /// that needs a source before its thread is done waits for it; a failed build is kept and
 /// reported by that op.
 pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
-    let jobs: [fn(&CudaRuntime); 6] = [
+    let jobs: [fn(&CudaRuntime); 5] = [
         super::fused::build_module,
         super::fused::build_one_read_module,
-        super::sum_squares::build_module,
         super::copy_many::build_module,
         super::cudnn_attention::start_up,
         super::blaslt::start_up,

@@ -4,8 +4,8 @@
 //! ahead of time when `OXIFLOW_PREBUILD_ARCHS` is set), and how an embedded image is packed
 //! (raw deflate); it uses nothing but `std` and `miniz_oxide`, so the build script can take it
 //! as a module of its own. The kernels each source holds are named beside the
-//! code that launches them (`kernels.rs`, `fused.rs`, `fused/one_read.rs`, `sum_squares.rs`,
-//! `copy_many.rs`, `flash_attention.rs`).
+//! code that launches them (`kernels.rs`, `fused.rs`, `fused/one_read.rs`, `copy_many.rs`,
+//! `flash_attention.rs`).
 
 /// One source of the library: its name (in kernel build records and error messages) and its
 /// text as NVRTC compiles it.
@@ -14,6 +14,12 @@ pub(crate) struct LibrarySource {
     pub what: &'static str,
     pub text: &'static str,
 }
+
+/// The device prelude every source that handles 16-bit floats starts with (`bf16_t`, `f16_t`,
+/// `ld`/`st` through f32, strided views, warp reductions): what `CudaSource` puts before a
+/// source from outside the library (the build script compiles only the library's own).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const DEVICE_TYPES: &str = include_str!("device_types.cuh");
 
 /// The element-wise and layout kernels (`source.cu` after `elementwise_math.cuh`), compiled in
 /// parts `OXI_PART` 0..5 on parallel threads.
@@ -80,15 +86,6 @@ pub(crate) const ONE_READ_CLASSIFIER: LibrarySource = LibrarySource {
     ),
 };
 
-/// The multi-tensor sum of squares (`sum_squares.cu`).
-pub(crate) const SUM_SQUARES: LibrarySource = LibrarySource {
-    what: "multi-tensor sum of squares",
-    text: concat!(
-        include_str!("device_types.cuh"),
-        include_str!("sum_squares.cu")
-    ),
-};
-
 /// The multi-range copy (`copy_many.cu`).
 pub(crate) const COPY_MANY: LibrarySource = LibrarySource {
     what: "multi-range copy",
@@ -107,7 +104,7 @@ pub(crate) const FLASH_ATTENTION: [LibrarySource; 3] = [
 
 /// Every source of the library (what the build script compiles).
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) const ALL: [&LibrarySource; 12] = [
+pub(crate) const ALL: [&LibrarySource; 11] = [
     &ELEMENTWISE_PARTS[0],
     &ELEMENTWISE_PARTS[1],
     &ELEMENTWISE_PARTS[2],
@@ -115,7 +112,6 @@ pub(crate) const ALL: [&LibrarySource; 12] = [
     &ELEMENTWISE_PARTS[4],
     &FUSED,
     &ONE_READ_CLASSIFIER,
-    &SUM_SQUARES,
     &COPY_MANY,
     &FLASH_ATTENTION[0],
     &FLASH_ATTENTION[1],

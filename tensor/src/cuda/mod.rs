@@ -41,7 +41,6 @@ mod piece;
 mod precision;
 pub(crate) mod raw;
 mod storage;
-mod sum_squares;
 mod timing;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -63,6 +62,8 @@ pub use embedded_kernels::embedded_kernel_archs;
 pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use kernel_check::{run_kernel_checks, CheckOptions};
 pub use kernels::philox_words_device;
+pub use nvrtc_module::{CudaSource, KernelIds};
+pub use ops::CudaKernels;
 pub use piece::CudaPiece;
 pub use precision::MatmulPrecision;
 pub use storage::CudaStorage;
@@ -71,6 +72,11 @@ pub use timing::{op_timings, reset_op_timings, set_op_timing};
 pub(crate) use alloc::Pool;
 pub use alloc::{AllocCounts, Block};
 pub(crate) use kernels::Kernels;
+
+/// A typed device error naming `op` (what a CUDA kernel reports a launch failure as).
+pub fn device_error(op: &'static str, detail: impl std::fmt::Display) -> TensorError {
+    derr(op, detail)
+}
 
 /// A typed device error naming `op`.
 pub(crate) fn derr(op: &'static str, detail: impl std::fmt::Display) -> TensorError {
@@ -129,6 +135,18 @@ impl CudaRuntime {
     /// The stream every kernel and copy of this runtime runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+    /// A launch of `f` on the compute stream, with this device current on the calling thread:
+    /// push the kernel's arguments in order (`PushKernelArg::arg`), then `launch` it (unsafe:
+    /// the arguments must match the kernel's parameters, every pointer a live allocation
+    /// covering what the kernel indexes).
+    pub fn launcher<'a>(
+        &'a self,
+        op: &'static str,
+        f: &'a cudarc::driver::CudaFunction,
+    ) -> Result<cudarc::driver::LaunchArgs<'a>> {
+        self.bind(op)?;
+        Ok(self.stream.launch_builder(f))
     }
     /// Makes this device current on the calling thread.
     pub(crate) fn bind(&self, op: &'static str) -> Result<()> {

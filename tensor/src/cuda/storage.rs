@@ -109,11 +109,35 @@ impl CudaStorage {
         with_array!(&a, x => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?);
         Ok(s)
     }
-    pub(crate) fn ptr(&self) -> u64 {
+    /// The device address of the piece's first element (what a kernel is given).
+    pub fn ptr(&self) -> u64 {
         self.block.ptr() + self.offset as u64
     }
-    pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
+    /// The runtime of the device the piece lives on.
+    pub fn runtime(&self) -> &Arc<CudaRuntime> {
         self.block.runtime()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Queues a copy of host data `src` into the piece's first bytes on the compute stream (a
+    /// copy a captured graph keeps and repeats at every launch); a typed error naming `op`
+    /// when it does not fit.
+    pub fn write_from_host<T: Copy>(&self, op: &'static str, src: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(src);
+        if bytes > self.bytes() {
+            return Err(derr(
+                op,
+                format!(
+                    "{bytes} bytes do not fit a piece of {} {}",
+                    self.dtype, self.shape
+                ),
+            ));
+        }
+        upload(self.runtime(), self.ptr(), src, op)
+    }
+    pub fn shape(&self) -> &Shape {
+        &self.shape
     }
     pub fn numel(&self) -> usize {
         self.shape.numel()

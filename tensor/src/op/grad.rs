@@ -14,7 +14,7 @@ use crate::{Result, TensorError};
 /// Which inputs and outputs of an op call its backward rule reads (bit `i`: input or output
 /// `i`; all bits: every one, however many). Everything else reaches the rule as metadata only.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Saves {
+pub struct Saves {
     inputs: u64,
     outputs: u64,
 }
@@ -105,8 +105,8 @@ impl Saved {
     }
 }
 
-/// The backward context of one recorded op.
-pub(crate) struct Grad<'a> {
+/// The backward context of one recorded op: what a backward rule reads.
+pub struct Grad<'a> {
     op: &'a str,
     inputs: &'a [TensorMeta],
     /// None: an earlier backward released them.
@@ -118,7 +118,7 @@ pub(crate) struct Grad<'a> {
 }
 
 impl<'a> Grad<'a> {
-    pub fn new(
+    pub(crate) fn new(
         op: &'a str,
         inputs: &'a [TensorMeta],
         saved: Option<&'a Saved>,
@@ -136,7 +136,7 @@ impl<'a> Grad<'a> {
     }
 
     /// These with the inputs' partial gradients `partials` offered (see `take_partial`).
-    pub fn with_partials(self, partials: &'a [RefCell<Option<Tensor>>]) -> Self {
+    pub(crate) fn with_partials(self, partials: &'a [RefCell<Option<Tensor>>]) -> Self {
         Grad { partials, ..self }
     }
 

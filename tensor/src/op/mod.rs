@@ -14,6 +14,7 @@ pub mod custom;
 mod dropout;
 mod elementwise;
 mod embedding;
+mod extern_op;
 mod gather;
 mod grad;
 mod layout;
@@ -43,8 +44,12 @@ pub use elementwise::{
     broadcast_shapes, BinaryOp, ElementwiseKernels, ElementwiseOp, ScalarOp, UnaryOp,
 };
 pub use embedding::{EmbeddingKernels, EmbeddingOp};
+pub use extern_op::{
+    BackendId, Extern, ExternKernels, ExternOp, KernelFn, KernelIo, Kernels, ScratchFn,
+};
 pub use gather::{Addressing, Along, GatherKernels, GatherOp, IndexShard};
-pub(crate) use grad::{Grad, Saved, Saves};
+pub(crate) use grad::Saved;
+pub use grad::{Grad, Saves};
 pub use layout::{LayoutKernels, LayoutOp};
 pub use loss::{ClassShard, LossKernels, LossOp};
 pub use mask::{MaskKernels, MaskOp, Triangle};
@@ -79,14 +84,14 @@ pub struct Inferred {
 
 impl Inferred {
     /// A single-output op's.
-    fn new(rules: Rules, dtype: DType) -> Self {
+    pub fn new(rules: Rules, dtype: DType) -> Self {
         Inferred {
             rules,
             dtypes: smallvec::smallvec![dtype],
         }
     }
     /// An op's with one dtype per output.
-    fn outputs(rules: Rules, dtypes: &[DType]) -> Self {
+    pub fn outputs(rules: Rules, dtypes: &[DType]) -> Self {
         Inferred {
             rules,
             dtypes: dtypes.iter().copied().collect(),
@@ -206,6 +211,8 @@ pub(crate) use no_gradient;
 /// is allocated here by the executor (and every scratch buffer by the kernel that needs it), so
 /// kernels never allocate their outputs.
 pub trait KernelBackend {
+    /// The backend's name, as errors print it (`cpu`, `cuda`).
+    const NAME: &'static str;
     /// A piece a kernel reads.
     type Piece;
     /// A buffer a kernel writes: the shape and dtype of one output, uninitialised.
@@ -358,6 +365,7 @@ families! {
     Mask(MaskOp): MaskKernels,
     Rotary(RotaryOp): RotaryKernels,
     Custom(CustomOp): CustomKernels,
+    Extern(Extern): ExternKernels,
 }
 
 impl Op {

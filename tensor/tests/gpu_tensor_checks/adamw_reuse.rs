@@ -12,7 +12,7 @@ use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::BoundPiece;
 
-use super::sum_squares::bits;
+use super::adamw_copies::bits;
 use super::*;
 
 /// The results' tensors in order: param, m, v, then the copy when there is one.

@@ -2,8 +2,8 @@
 //! boxing (no synchronisation between iterations), boxing leaving its input unchanged,
 //! creation ops computed on the device (every dtype), bf16 matrix products, every 16-bit
 //! kernel against f64 (`half.rs`), fused attention in bf16, f16 and f32 against f64
-//! (`flash.rs`), sums over large pieces (`reductions.rs`), the multi-tensor sum of squares and
-//! AdamW's compute copies (`sum_squares.rs`), AdamW written over its own memory
+//! (`flash.rs`), sums over large pieces (`reductions.rs`), AdamW's compute copies
+//! (`adamw_copies.rs`), AdamW written over its own memory
 //! (`adamw_reuse.rs`), gradient buckets (`buckets.rs`), the
 //! vocabulary-parallel cross-entropy kernels (`vocab.rs`), the generated fused element-wise
 //! kernels against f64 (`fused.rs`), the fused linear cross-entropy against f64
@@ -11,6 +11,7 @@
 
 use super::*;
 
+mod adamw_copies;
 mod adamw_reuse;
 mod buckets;
 mod flash;
@@ -22,8 +23,8 @@ mod op_cases;
 mod reductions;
 mod residual_mlp;
 mod shared_input;
-mod sum_squares;
 mod vocab;
+pub(crate) use adamw_copies::child_adamw_copies;
 pub(crate) use adamw_reuse::child_adamw_reuse;
 pub(crate) use buckets::child_buckets;
 pub(crate) use flash::child_flash;
@@ -35,7 +36,6 @@ pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use residual_mlp::child_residual_mlp;
 pub(crate) use shared_input::child_shared_input;
-pub(crate) use sum_squares::{child_adamw_copies, child_sum_squares};
 pub(crate) use vocab::child_vocab_parallel;
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).

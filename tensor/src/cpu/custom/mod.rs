@@ -10,4 +10,3 @@ mod linear;
 mod linear_classifier;
 mod residual_layer_norm;
 mod residual_mlp;
-mod sum_squares;

@@ -31,12 +31,21 @@ use crate::Result;
 
 pub(crate) use layout::permute;
 
-/// The CUDA backend's kernels on the process's runtime.
-pub(crate) struct CudaKernels {
-    pub rt: Arc<CudaRuntime>,
+/// The CUDA backend's kernels on the process's runtime: the kernel-side backend an extern op's
+/// CUDA kernels are written for (`oxiflow_tensor::Kernels::with::<Op, CudaKernels>`).
+pub struct CudaKernels {
+    pub(crate) rt: Arc<CudaRuntime>,
+}
+
+impl CudaKernels {
+    /// The runtime the kernels launch on (its compute stream, its allocator).
+    pub fn runtime(&self) -> &Arc<CudaRuntime> {
+        &self.rt
+    }
 }
 
 impl KernelBackend for CudaKernels {
+    const NAME: &'static str = "cuda";
     type Piece = CudaStorage;
     type Out = CudaStorage;
     /// An uninitialised piece from the runtime's caching pool.

@@ -111,6 +111,5 @@ custom_ops! {
     classifier::Classifier(ClassifierOp): ClassifierKernels,
     linear_classifier::LinearClassifier(LinearClassifier): LinearClassifierKernels,
     adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
-    sum_squares::SumSquares(SumSquares): SumSquaresKernels,
     fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,
 }

@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{nd_sbp, placement};
+use oxiflow_ops::sum_squares::{non_finite_sums, sum_squares_multi};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -61,7 +62,7 @@ fn local_tensors_of_every_float_dtype_equal_the_f64_sums() {
         })
         .collect();
     let refs: Vec<&Tensor> = ts.iter().collect();
-    let sums = Tensor::sum_squares_multi(&refs).unwrap();
+    let sums = sum_squares_multi(&refs).unwrap();
     assert_eq!(sums.each.shape().dims(), &[ts.len()]);
     assert_eq!(
         (sums.each.dtype(), sums.total.dtype()),
@@ -75,19 +76,16 @@ fn local_tensors_of_every_float_dtype_equal_the_f64_sums() {
     let total = vals(&sums.total)[0];
     assert!(close(total, want.iter().sum()), "{total}");
     // Deterministic: the same bits again.
-    let again = Tensor::sum_squares_multi(&refs).unwrap();
+    let again = sum_squares_multi(&refs).unwrap();
     assert_eq!(vals(&again.total)[0].to_bits(), total.to_bits());
     // Finite values whose squares overflow f32 make the sum infinite (as they would make
     // AdamW's second moment), but not an f64 one; x * 0 is 0 for them.
     let big = Tensor::from_vec(vec![3e19f32, -1.0], [2]).unwrap();
-    let s = Tensor::sum_squares_multi(&[&big, &big.cast(DType::F64).unwrap()]).unwrap();
+    let s = sum_squares_multi(&[&big, &big.cast(DType::F64).unwrap()]).unwrap();
     let each = vals(&s.each);
     assert_eq!(each[0], f64::INFINITY);
     assert!(close(each[1], (3e19f32 as f64).powi(2) + 1.0), "{each:?}");
-    assert_eq!(
-        vals(&Tensor::non_finite_sums(&[&big]).unwrap().each),
-        vec![0.0]
-    );
+    assert_eq!(vals(&non_finite_sums(&[&big]).unwrap().each), vec![0.0]);
 }
 
 #[test]
@@ -99,14 +97,10 @@ fn non_finite_tensors_give_nan_and_finite_ones_zero() {
         .unwrap()
         .cast(DType::BF16)
         .unwrap();
-    let flags = vals(
-        &Tensor::non_finite_sums(&[&ok, &nan, &inf, &h])
-            .unwrap()
-            .each,
-    );
+    let flags = vals(&non_finite_sums(&[&ok, &nan, &inf, &h]).unwrap().each);
     assert_eq!(flags[0], 0.0);
     assert!(flags[1..].iter().all(|f| f.is_nan()), "{flags:?}");
-    let sums = Tensor::sum_squares_multi(&[&ok, &inf]).unwrap();
+    let sums = sum_squares_multi(&[&ok, &inf]).unwrap();
     assert_eq!(vals(&sums.total)[0], f64::INFINITY);
 }
 
@@ -114,11 +108,9 @@ fn non_finite_tensors_give_nan_and_finite_ones_zero() {
 fn integer_inputs_are_typed_errors() {
     let x = Tensor::randn([3], 1, DType::F32);
     let ids = Tensor::from_vec(vec![1i64, 2], [2]).unwrap();
-    let e = Tensor::sum_squares_multi(&[&x, &ids])
-        .unwrap_err()
-        .to_string();
+    let e = sum_squares_multi(&[&x, &ids]).unwrap_err().to_string();
     assert!(e.contains("sum_squares") && e.contains("i64"), "{e}");
-    let e = Tensor::sum_squares_multi(&[]).unwrap_err().to_string();
+    let e = sum_squares_multi(&[]).unwrap_err().to_string();
     assert!(e.contains("sum_squares"), "{e}");
 }
 
@@ -169,8 +161,8 @@ proptest! {
                 })
                 .collect();
             let refs: Vec<&Tensor> = gs.iter().collect();
-            let all = Tensor::sum_squares_multi(&refs).unwrap();
-            let flags = Tensor::non_finite_sums(&refs).unwrap();
+            let all = sum_squares_multi(&refs).unwrap();
+            let flags = non_finite_sums(&refs).unwrap();
             // Per group, as the gradient norm calls it.
             let mut grouped = vec![f64::NAN; gs.len()];
             let mut pending: Vec<usize> = (0..gs.len()).collect();
@@ -182,7 +174,7 @@ proptest! {
                 let (members, rest): (Vec<usize>, Vec<usize>) =
                     pending.iter().partition(|j| key(j) == k0);
                 let group: Vec<&Tensor> = members.iter().map(|&j| &gs[j]).collect();
-                let s = Tensor::sum_squares_multi(&group).unwrap();
+                let s = sum_squares_multi(&group).unwrap();
                 // Partial on the split axes; broadcast where every member is broadcast (a
                 // partial member may be reduce-scattered instead of all-reduced).
                 let out = s.each.nd_sbp().unwrap().clone();

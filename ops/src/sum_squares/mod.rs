@@ -3,9 +3,9 @@
 //! rounded to f32 (f64 for f64 data), as AdamW's second moment squares a gradient, so a finite
 //! value whose square overflows makes the sum infinite as it would make the optimizer state;
 //! the squares are added in f64 in a fixed order (deterministic, no float atomics). What a
-//! global norm of gradients needs in one or two launches instead of several per tensor. The same pass in [`SumTerm::TimesZero`] mode sums `x * 0` instead,
-//! which is NaN exactly when an element is NaN or infinite (a non-finite search that no
-//! overflow can fool).
+//! global norm of gradients needs in one or two launches instead of several per tensor. The
+//! same pass in [`SumTerm::TimesZero`] mode sums `x * 0` instead, which is NaN exactly when an
+//! element is NaN or infinite (a non-finite search that no overflow can fool).
 //!
 //! Layouts: a sum over a split tensor is a partial sum over its mesh axis, a broadcast one
 //! counts once, and squares do not distribute over partial sums, so per mesh axis either every
@@ -14,16 +14,23 @@
 //! candidates are all-B and, per mesh axis, "every input split" on the dims the caller's
 //! layouts name ([`SumSquares::for_inputs`]); group tensors so that each mesh axis is split for
 //! all of them or for none, and nothing is boxed but partial inputs.
+//!
+//! Kernels: CPU for every float dtype (`cpu.rs`), CUDA for every float dtype (`cuda.rs`, two
+//! launches over the whole list; its per-block partial sums and the uploaded list are scratch
+//! the executor allocates).
+
+mod cpu;
+mod cuda;
+
+use std::sync::LazyLock;
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
-
-use crate::dispatch::dispatch_multi;
-use crate::op::{
-    kernel_err, need_float, no_gradient, Backend, Inferred, KernelBackend, MetaResult, OpFamily,
+use oxiflow_sbp::{RuleMode, Rules, Shape};
+use oxiflow_tensor::cuda::CudaKernels;
+use oxiflow_tensor::{
+    dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
+    MetaResult, NdSbp, Result, Saves, Sbp, Tensor, TensorError,
 };
-use crate::tensor::Tensor;
-use crate::Result;
 
 /// What each element adds to its tensor's sum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,7 +41,7 @@ pub enum SumTerm {
     TimesZero,
 }
 
-/// The sums of `terms` over each input: output 0 is f64 `[n]` (one sum per input, in order),
+/// The sums of `term` over each input: output 0 is f64 `[n]` (one sum per input, in order),
 /// output 1 the f64 0-d total (the sum of output 0 in order).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SumSquares {
@@ -44,11 +51,13 @@ pub struct SumSquares {
     pub splits: Vec<Vec<usize>>,
 }
 
-/// Kernels of the multi-tensor sum: `out` = (per-input sums f64 `[n]`, total f64 `[]`).
-pub trait SumSquaresKernels: KernelBackend {
-    fn sum_squares(&self, op: &SumSquares, x: &[&Self::Piece], out: &mut [Self::Out])
-        -> Result<()>;
-}
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<SumSquares, CpuBackend>(FLOATS, cpu::sum_squares)
+        .with_scratch::<SumSquares, CudaKernels>(FLOATS, cuda::sum_squares, cuda::scratch)
+});
 
 impl SumSquares {
     /// The op for `inputs` (all global on one placement, or all local): one split candidate
@@ -79,11 +88,21 @@ impl SumSquares {
     }
 }
 
-impl OpFamily for SumSquares {
+impl ExternOp for SumSquares {
     fn name(&self) -> &'static str {
         match self.term {
             SumTerm::Square => "sum_squares",
             SumTerm::TimesZero => "non_finite_sums",
+        }
+    }
+
+    fn attrs(&self, key: &mut Vec<u8>) {
+        key.push(self.term as u8);
+        for dims in &self.splits {
+            key.extend((dims.len() as u64).to_le_bytes());
+            for &d in dims {
+                key.extend((d as u64).to_le_bytes());
+            }
         }
     }
 
@@ -92,8 +111,10 @@ impl OpFamily for SumSquares {
     }
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        for (i, &dt) in d.iter().enumerate() {
-            need_float(dt, &format!("input {i}"))?;
+        if let Some((i, dt)) = d.iter().enumerate().find(|(_, dt)| !dt.is_float()) {
+            return Err(MetaError::DType(format!(
+                "input {i} must be a float dtype, got {dt}"
+            )));
         }
         let mut r = Rules::new(mode, [Shape::from(&[s.len()][..]), Shape::scalar()]);
         r.push_uniform(s.len(), 2, Sbp::B);
@@ -107,17 +128,22 @@ impl OpFamily for SumSquares {
         Ok(Inferred::outputs(r, &[DType::F64, DType::F64]))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        if out.len() != 2 {
-            return Err(kernel_err(
-                self.name(),
-                format!("expects 2 output buffers, got {}", out.len()),
-            ));
-        }
-        b.sum_squares(self, x, out)
+    fn kernels(&self) -> &Kernels {
+        &KERNELS
     }
 
-    no_gradient!("a norm statistic has no gradient here");
+    fn differentiable(&self, _output: usize) -> bool {
+        false
+    }
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            "a norm statistic has no gradient here",
+        ))
+    }
 }
 
 /// Each input's sum and their total (see [`SumSquares`]).
@@ -129,31 +155,29 @@ pub struct TensorSums {
     pub total: Tensor,
 }
 
-impl Tensor {
-    /// The sum of the squared elements of each of `tensors` and their total, in f64, with one
-    /// op (all global on one placement, or all local on one device; at least one). Global
-    /// results are partial sums over the mesh axes their inputs are split on (see the module
-    /// docs for the layouts that box nothing).
-    pub fn sum_squares_multi(tensors: &[&Tensor]) -> Result<TensorSums> {
-        multi_sum(SumTerm::Square, tensors)
-    }
+/// The sum of the squared elements of each of `tensors` and their total, in f64, with one op
+/// (all global on one placement, or all local on one device; at least one). Global results
+/// are partial sums over the mesh axes their inputs are split on (see the module docs for the
+/// layouts that box nothing).
+pub fn sum_squares_multi(tensors: &[&Tensor]) -> Result<TensorSums> {
+    multi_sum(SumTerm::Square, tensors)
+}
 
-    /// As [`Tensor::sum_squares_multi`] with `x * 0` for `x * x`: each sum is NaN exactly when
-    /// its tensor holds a NaN or an infinity, else 0.
-    pub fn non_finite_sums(tensors: &[&Tensor]) -> Result<TensorSums> {
-        multi_sum(SumTerm::TimesZero, tensors)
-    }
+/// As [`sum_squares_multi`] with `x * 0` for `x * x`: each sum is NaN exactly when its tensor
+/// holds a NaN or an infinity, else 0.
+pub fn non_finite_sums(tensors: &[&Tensor]) -> Result<TensorSums> {
+    multi_sum(SumTerm::TimesZero, tensors)
 }
 
 fn multi_sum(term: SumTerm, tensors: &[&Tensor]) -> Result<TensorSums> {
-    let _ng = crate::autograd::no_grad();
+    let _ng = no_grad();
     let op = SumSquares::for_inputs(term, tensors);
-    let mut out = dispatch_multi(op.into(), tensors)?.into_iter();
+    let mut out = dispatch_multi(Extern::new(op).into(), tensors)?.into_iter();
     match (out.next(), out.next()) {
         (Some(each), Some(total)) => Ok(TensorSums { each, total }),
-        _ => Err(kernel_err(
-            "sum_squares",
-            "the op gave fewer than 2 outputs".into(),
-        )),
+        _ => Err(TensorError::Kernel {
+            op: "sum_squares",
+            detail: "the op gave fewer than 2 outputs".into(),
+        }),
     }
 }

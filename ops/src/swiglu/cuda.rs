@@ -1,0 +1,124 @@
+//! SwiGLU's CUDA kernels (`swiglu.cu`), compiled once per process through the library's NVRTC
+//! path and looked up by [`SwiGluKernel`]; one grid-stride launch per call on the compute
+//! stream, into the executor's output buffers.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use oxiflow_dtype::DType;
+use oxiflow_tensor::cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_tensor::{ExternOp, KernelIo, Result};
+
+use super::{SwiGlu, SwiGluGrad};
+
+/// The kernels of `swiglu.cu`: direction and element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SwiGluKernel {
+    Forward(DType),
+    Backward(DType),
+}
+
+const TYPES: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
+
+impl KernelIds for SwiGluKernel {
+    const ALL: &'static [Self] = &[
+        SwiGluKernel::Forward(TYPES[0]),
+        SwiGluKernel::Forward(TYPES[1]),
+        SwiGluKernel::Forward(TYPES[2]),
+        SwiGluKernel::Forward(TYPES[3]),
+        SwiGluKernel::Backward(TYPES[0]),
+        SwiGluKernel::Backward(TYPES[1]),
+        SwiGluKernel::Backward(TYPES[2]),
+        SwiGluKernel::Backward(TYPES[3]),
+    ];
+    fn entry(self) -> &'static str {
+        match self {
+            SwiGluKernel::Forward(DType::F64) => "swiglu_fwd_f64",
+            SwiGluKernel::Forward(DType::BF16) => "swiglu_fwd_bf16",
+            SwiGluKernel::Forward(DType::F16) => "swiglu_fwd_f16",
+            SwiGluKernel::Forward(_) => "swiglu_fwd_f32",
+            SwiGluKernel::Backward(DType::F64) => "swiglu_bwd_f64",
+            SwiGluKernel::Backward(DType::BF16) => "swiglu_bwd_bf16",
+            SwiGluKernel::Backward(DType::F16) => "swiglu_bwd_f16",
+            SwiGluKernel::Backward(_) => "swiglu_bwd_f32",
+        }
+    }
+}
+
+static SOURCE: CudaSource<SwiGluKernel> = CudaSource::new("swiglu", include_str!("swiglu.cu"));
+
+/// A grid-stride launch over `n` elements (256-thread blocks).
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 65535 * 8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A typed error unless every piece holds `n` elements of `dtype`.
+fn same(op: &'static str, pieces: &[&CudaStorage], n: usize, dtype: DType) -> Result<()> {
+    match pieces.iter().find(|p| p.numel() != n || p.dtype() != dtype) {
+        Some(p) => Err(device_error(
+            op,
+            format!(
+                "a piece of {} {} among operands of {n} {dtype} elements",
+                p.dtype(),
+                p.shape()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn forward(op: &SwiGlu, b: &CudaKernels, io: KernelIo<'_, CudaKernels>) -> Result<()> {
+    let name = op.name();
+    let ([g, u], [y]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 2 inputs and 1 output"));
+    };
+    let (n, dtype) = (g.numel(), g.dtype());
+    same(name, &[g, u, y], n, dtype)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, SwiGluKernel::Forward(dtype))?;
+    let (gp, up, yp, count) = (g.ptr(), u.ptr(), y.ptr(), n as i64);
+    let mut l = rt.launcher(name, f)?;
+    l.arg(&gp).arg(&up).arg(&yp).arg(&count);
+    // SAFETY: swiglu_fwd_<dtype> takes (const T*, const T*, T*, i64); the three pieces hold
+    // `n` elements of `dtype` each (checked above) and stay alive until the stream runs it
+    // (the caller holds them).
+    unsafe { l.launch(grid(n)) }
+        .map(|_| ())
+        .map_err(|e| device_error(name, format!("launch: {e}")))
+}
+
+pub(super) fn backward(
+    op: &SwiGluGrad,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([g, u, dy], [dg, du]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 3 inputs and 2 outputs"));
+    };
+    let (n, dtype) = (g.numel(), g.dtype());
+    same(name, &[g, u, dy, dg, du], n, dtype)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, SwiGluKernel::Backward(dtype))?;
+    let (gp, up, dyp, dgp, dup, count) = (g.ptr(), u.ptr(), dy.ptr(), dg.ptr(), du.ptr(), n as i64);
+    let mut l = rt.launcher(name, f)?;
+    l.arg(&gp)
+        .arg(&up)
+        .arg(&dyp)
+        .arg(&dgp)
+        .arg(&dup)
+        .arg(&count);
+    // SAFETY: swiglu_bwd_<dtype> takes (const T*, const T*, const T*, T*, T*, i64); the five
+    // pieces hold `n` elements of `dtype` each (checked above) and outlive the launch.
+    unsafe { l.launch(grid(n)) }
+        .map(|_| ())
+        .map_err(|e| device_error(name, format!("launch: {e}")))
+}

@@ -1,0 +1,132 @@
+//! SwiGLU, the gated activation of Llama-family MLPs: `y = silu(gate) * up` (`silu(g) = g *
+//! sigmoid(g)`), one fused kernel forward and one backward (`dgate = dy * up * silu'(gate)`,
+//! `dup = dy * silu(gate)`), on same-shape float operands.
+//!
+//! Layouts (`oxiflow_sbp::rules::pointwise`): split alike on any dim, broadcast, or `up`
+//! partial with `gate` broadcast (the output is linear in `up`); the backward likewise, partial
+//! through `dy`. Kernels: CPU in f32, f64 and bf16 (computed in f32, rounded once), CUDA in
+//! f32, f64, bf16 and f16 (`swiglu.cu`, the library's NVRTC path); any other backend or dtype
+//! is `TensorError::NoKernel` on every rank before anything runs.
+
+mod cpu;
+mod cuda;
+
+use std::sync::LazyLock;
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::cuda::CudaKernels;
+use oxiflow_tensor::{
+    dispatch, dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
+    MetaResult, Result, Saves, Tensor, TensorError,
+};
+
+/// `silu(gate) * up` (inputs: gate, up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwiGlu;
+
+/// The gradients of [`SwiGlu`] (inputs: gate, up, dy; outputs: dgate, dup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwiGluGrad;
+
+/// `silu(gate) * up` as one op (same shape and float dtype; local or global alike).
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    dispatch(Extern::new(SwiGlu).into(), &[gate, up])
+}
+
+/// The gradients of `swiglu(gate, up)` given the output's gradient `dy`: (dgate, dup).
+pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let mut g = dispatch_multi(Extern::new(SwiGluGrad).into(), &[gate, up, dy])?.into_iter();
+    match (g.next(), g.next()) {
+        (Some(dgate), Some(dup)) => Ok((dgate, dup)),
+        _ => Err(TensorError::Kernel {
+            op: "swiglu_backward",
+            detail: "the op gave fewer than 2 outputs".into(),
+        }),
+    }
+}
+
+/// The dtypes of every CPU kernel and of every CUDA kernel.
+const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
+const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<SwiGlu, CpuBackend>(CPU_DTYPES, cpu::forward)
+        .with::<SwiGlu, CudaKernels>(CUDA_DTYPES, cuda::forward)
+});
+
+static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<SwiGluGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
+        .with::<SwiGluGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
+});
+
+/// The one float dtype of `dtypes`.
+fn float_operands(dtypes: &[DType]) -> MetaResult<DType> {
+    let d = dtypes[0];
+    if dtypes.iter().any(|&x| x != d) {
+        return Err(MetaError::DType("operands must have the same dtype".into()));
+    }
+    if !d.is_float() {
+        return Err(MetaError::DType(format!(
+            "operands must be a float dtype, got {d}"
+        )));
+    }
+    Ok(d)
+}
+
+impl ExternOp for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (2, 2)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = float_operands(dtypes)?;
+        let r = rules::pointwise(shapes, 1, &[1], mode).map_err(MetaError::Shape)?;
+        Ok(Inferred::new(r, dt))
+    }
+    fn kernels(&self) -> &Kernels {
+        &FORWARD
+    }
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::inputs(&[0, 1])
+    }
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        let (dgate, dup) = swiglu_backward(g.input(0)?, g.input(1)?, g.dy()?)?;
+        Ok(vec![g.need(0).then_some(dgate), g.need(1).then_some(dup)])
+    }
+}
+
+impl ExternOp for SwiGluGrad {
+    fn name(&self) -> &'static str {
+        "swiglu_backward"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (3, 3)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = float_operands(dtypes)?;
+        let r = rules::pointwise(shapes, 2, &[2], mode).map_err(MetaError::Shape)?;
+        Ok(Inferred::outputs(r, &[dt, dt]))
+    }
+    fn kernels(&self) -> &Kernels {
+        &BACKWARD
+    }
+    fn differentiable(&self, _output: usize) -> bool {
+        false
+    }
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            "the gradients of SwiGLU have no gradient here",
+        ))
+    }
+}

@@ -10,13 +10,19 @@ Needs torch and transformers (no network). For each model it writes, under --out
   reference.json: per model, with the windows of --seq-len + 1 tokens of tokens.bin
       (non-overlapping, each window's first token context only):
         eval_loss: the mean next-token loss in float64 (the sum of every predicted token's loss
-            over their count), transformers' model in float64 with its rotary tables computed in
-            float64 too (transformers computes cos/sin in float32 even for a float64 model);
-        eval_loss_f32_rope: the same with transformers' own float32 rotary tables, for the
-            record;
+            over their count) of transformers' model in float64, computed in float64 through
+            and through: transformers keeps three float32 steps in a float64 model (rotary
+            cos/sin tables, RMSNorm's normalisation, the eager attention's softmax), each
+            worth about 1e-8 of the loss; here the rotary tables and RMSNorm are replaced by
+            float64 forms of the same formulas, attention runs as SDPA (float64), and the
+            logits are the final hidden state times the output table, in float64;
+        eval_loss_transformers: the same windows through the unmodified model (its own
+            float32 steps, default attention), for the record;
         tokens: the number of predicted tokens;
-        greedy: for each prompt, the ids greedy decoding appends (up to --gen-tokens, fewer
-            when it produces the config's eos_token_id), with float64 rotary tables.
+        greedy: for each prompt, the ids greedy decoding appends in float64 (arg-max of each
+            next-token distribution over the whole context, no cache), up to --gen-tokens,
+            ending after the config's eos_token_id; greedy_generate_agrees: whether
+            transformers' generate() (greedy, its cache) appended the same ids.
 
 The models (random weights, every tensor perturbed so no norm weight is 1 and no bias 0):
   gpt2:    GPT2LMHeadModel, tied, stored f32, one file.
@@ -159,11 +165,12 @@ def rotary_modules(model):
     return [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
 
 
-def use_f64_rope(model):
+def use_f64_steps(model):
     """Replaces each rotary module's forward by one computing cos/sin in float64 (after checking
-    the float64 frequencies against transformers' own float32 ones)."""
-    inv = inv_freq_f64(model.config)
+    the float64 frequencies against transformers' own float32 ones) and each RMSNorm's by one
+    normalising in the input's dtype."""
     for m in rotary_modules(model):
+        inv = inv_freq_f64(model.config)
         theirs = m.inv_freq.to(torch.float64)
         rel = ((theirs - inv).abs() / inv).max().item()
         assert rel < 1e-6, f"float64 inverse frequencies differ from transformers' by {rel}"
@@ -175,11 +182,26 @@ def use_f64_rope(model):
             return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
 
         m.forward = types.MethodType(forward, m)
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+            assert eps is not None, f"{type(m).__name__} has no epsilon attribute"
+
+            def norm(self, x, eps=eps):
+                return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+            m.forward = types.MethodType(norm, m)
 
 
-def load_f64(path):
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+def load_f64(path, attention):
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention)
     return model.to(torch.float64).eval()
+
+
+def logits_f64(model, ids):
+    """The final hidden state times the output table, in float64."""
+    h = model.base_model(input_ids=ids).last_hidden_state
+    return model.lm_head(h).to(torch.float64)
 
 
 def windows(tokens, seq_len):
@@ -187,9 +209,9 @@ def windows(tokens, seq_len):
     return torch.tensor(tokens[: n * (seq_len + 1)], dtype=torch.long).reshape(n, seq_len + 1)
 
 
-def eval_loss(model, w):
+def eval_loss(model, w, logits_of):
     with torch.no_grad():
-        logits = model(input_ids=w[:, :-1]).logits.to(torch.float64)
+        logits = logits_of(model, w[:, :-1])
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum"
         )
@@ -197,6 +219,20 @@ def eval_loss(model, w):
 
 
 def greedy(model, prompt, n):
+    """Arg-max decoding over the whole context at each step, in float64, ending after eos."""
+    eos = model.config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = logits_f64(model, torch.tensor([ids], dtype=torch.long))[0, -1]
+            ids.append(int(torch.argmax(logits)))
+            if ids[-1] in eos:
+                break
+    return ids[len(prompt):]
+
+
+def greedy_generate(model, prompt, n):
     eos = model.config.eos_token_id
     with torch.no_grad():
         out = model.generate(
@@ -217,14 +253,17 @@ def make(name, cls, cfg, dtype, shard, out, w, gen_tokens, seed):
     model.save_pretrained(path, **kwargs)
     sizes = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))}
     print(f"wrote {path}: {sizes}")
-    ref = load_f64(path)
-    entry = {"architecture": type(ref).__name__, "stored_dtype": str(dtype)}
-    if rotary_modules(ref):
-        entry["eval_loss_f32_rope"] = eval_loss(ref, w)
-        use_f64_rope(ref)
-    entry["eval_loss"] = eval_loss(ref, w)
+    shipped = load_f64(path, None)
+    entry = {"architecture": type(shipped).__name__, "stored_dtype": str(dtype)}
+    entry["eval_loss_transformers"] = eval_loss(shipped, w, lambda m, x: m(input_ids=x).logits)
+    ref = load_f64(path, "sdpa")
+    use_f64_steps(ref)
+    entry["eval_loss"] = eval_loss(ref, w, logits_f64)
     entry["tokens"] = w[:, 1:].numel()
     entry["greedy"] = [greedy(ref, p, gen_tokens) for p in PROMPTS]
+    entry["greedy_generate_agrees"] = [
+        greedy_generate(ref, p, gen_tokens) == g for p, g in zip(PROMPTS, entry["greedy"])
+    ]
     return entry
 
 

@@ -88,7 +88,35 @@ fn expected(name: &str) -> (f64, usize) {
 fn close(name: &str, what: &str, got: f64, want: f64) {
     let rel = (got - want).abs() / want.abs();
     eprintln!("{name} {what}: {got:.15} vs transformers {want:.15} (relative {rel:.2e})");
-    assert!(rel < 1e-9, "{name} {what}: {got} vs {want}: relative {rel:e}");
+    assert!(
+        rel < 1e-9,
+        "{name} {what}: {got} vs {want}: relative {rel:e}"
+    );
+}
+
+#[test]
+fn parameter_shapes_are_the_built_models() {
+    for name in MODELS {
+        let ck = HfCheckpoint::open(&fixtures().join(name)).unwrap();
+        for tie in [false, true] {
+            let arch = oxiflow_models::nn::gpt::Arch {
+                tie_embeddings: tie,
+                ..ck.config.arch.clone()
+            };
+            let cfg = ck.config.gpt_config(&GptConfig::default());
+            let m = Gpt::with_arch(&cfg, &arch, StageSplit::single(2, &GptLayout::Local)).unwrap();
+            let built: Vec<(String, Vec<usize>)> = m
+                .parameters()
+                .iter()
+                .map(|p| (p.name().to_string(), p.value().shape().dims().to_vec()))
+                .collect();
+            assert_eq!(
+                Gpt::parameter_shapes(&cfg, &arch),
+                built,
+                "{name} tied {tie}"
+            );
+        }
+    }
 }
 
 const MODELS: [&str; 4] = ["gpt2", "qwen2", "mistral", "llama"];

@@ -11,6 +11,7 @@
 mod batches;
 mod corpus;
 mod error;
+mod eval_windows;
 mod generated;
 mod prefetch;
 mod shards;
@@ -20,6 +21,7 @@ mod windows;
 pub use batches::{Batch, WindowSampler};
 pub use corpus::{Corpus, CorpusSource, HELDOUT_FRACTION, MAX_CORPUS_BYTES, PRETOKENIZED_MAGIC};
 pub use error::DataError;
+pub use eval_windows::EvalWindows;
 pub use generated::generated_text;
 pub use prefetch::{Prefetcher, PREFETCH_TIMEOUT};
 pub use shards::{

@@ -411,7 +411,10 @@ impl HfConfig {
                 set("intermediate_size", json!(ffn));
                 set("num_hidden_layers", json!(self.layers));
                 set("num_attention_heads", json!(self.heads));
-                set("num_key_value_heads", json!(a.kv_heads.unwrap_or(self.heads)));
+                set(
+                    "num_key_value_heads",
+                    json!(a.kv_heads.unwrap_or(self.heads)),
+                );
                 set("head_dim", json!(self.width / self.heads.max(1)));
                 set("hidden_act", json!("silu"));
                 set("max_position_embeddings", json!(self.max_positions));

@@ -121,8 +121,8 @@ impl HfWeights {
 
     fn open_index(dir: &Path, index: &Path) -> HfResult<HfWeights> {
         let text = std::fs::read_to_string(index).map_err(io(index))?;
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| format_err(index, format!("not JSON: {e}")))?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| format_err(index, format!("not JSON: {e}")))?;
         let Some(Value::Object(map)) = value.get("weight_map") else {
             return Err(format_err(index, "no weight_map object".into()));
         };
@@ -250,7 +250,8 @@ impl HfWeights {
             });
         };
         let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        let values = with_element!(src, S => copy_region::<S>(data, take, shape, &info.shape, region));
+        let values =
+            with_element!(src, S => copy_region::<S>(data, take, shape, &info.shape, region));
         let values = values.ok_or_else(|| {
             format_err(
                 &f.path,

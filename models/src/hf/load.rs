@@ -41,19 +41,20 @@ impl HfCheckpoint {
         })
     }
 
-    /// Each of `params`' source tensor, checked: every parameter has one of the shape it
+    /// The source tensor of each parameter (names and global shapes, as
+    /// `Gpt::parameter_shapes` gives them), checked: every parameter has one of the shape it
     /// needs in a float dtype, and every stored tensor is some parameter's (or a buffer
-    /// transformers also leaves unread). Errors name the file and the tensors.
-    pub fn plan(&self, params: &[Parameter]) -> HfResult<Vec<Source>> {
+    /// transformers also leaves unread). Errors name the file and the tensors. Reads headers
+    /// only.
+    pub fn plan(&self, params: &[(String, Vec<usize>)]) -> HfResult<Vec<Source>> {
         let names = self.names();
         let at = &self.weights.source;
         let mut sources = Vec::with_capacity(params.len());
-        for p in params {
-            let src = names.source(p.name()).ok_or_else(|| HfError::Model {
+        for (name, _) in params {
+            let src = names.source(name).ok_or_else(|| HfError::Model {
                 path: at.clone(),
                 detail: format!(
-                    "parameter {} has no tensor in a {} checkpoint",
-                    p.name(),
+                    "parameter {name} has no tensor in a {} checkpoint",
                     self.config.family.architecture()
                 ),
             })?;
@@ -86,7 +87,7 @@ impl HfCheckpoint {
                 tensors: unexpected,
             });
         }
-        for (p, src) in params.iter().zip(&sources) {
+        for ((_, shape), src) in params.iter().zip(&sources) {
             let Some(stored) = self.weights.stored(&src.name) else {
                 continue;
             };
@@ -97,7 +98,7 @@ impl HfCheckpoint {
                     dtype: stored.dtype_name,
                 });
             }
-            let want = src.take.stored_shape(p.value().shape().dims());
+            let want = src.take.stored_shape(shape);
             if stored.shape != want {
                 return Err(HfError::Shape {
                     path: stored.path.to_path_buf(),
@@ -114,7 +115,11 @@ impl HfCheckpoint {
     /// the region its layout holds, in the parameter's dtype. No communication; nothing is
     /// changed unless every value was read.
     pub fn load_into(&self, params: &[Parameter]) -> HfResult<()> {
-        let sources = self.plan(params)?;
+        let shapes: Vec<(String, Vec<usize>)> = params
+            .iter()
+            .map(|p| (p.name().to_string(), p.value().shape().dims().to_vec()))
+            .collect();
+        let sources = self.plan(&shapes)?;
         let mut values = Vec::with_capacity(params.len());
         for (p, src) in params.iter().zip(&sources) {
             let like = p.value();

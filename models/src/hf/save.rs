@@ -127,8 +127,12 @@ pub fn save_hf(
     }
     if lead && written.is_ok() {
         let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        written = write_json(&dir.join(INDEX_FILE), &index)
-            .and_then(|_| write_json(&dir.join("config.json"), &config.to_json(dtype.safetensors_name())));
+        written = write_json(&dir.join(INDEX_FILE), &index).and_then(|_| {
+            write_json(
+                &dir.join("config.json"),
+                &config.to_json(dtype.safetensors_name()),
+            )
+        });
     }
     agree(written, &root, lead, dir)
 }
@@ -197,12 +201,11 @@ fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -> Vec<u8> {
 }
 
 fn write_shard(path: &Path, dtype: DType, data: &[(String, Vec<usize>, Vec<u8>)]) -> HfResult<()> {
-    let st: Dtype = serde_json::from_value(json!(dtype.safetensors_name())).map_err(|e| {
-        HfError::Format {
+    let st: Dtype =
+        serde_json::from_value(json!(dtype.safetensors_name())).map_err(|e| HfError::Format {
             path: path.to_path_buf(),
             detail: format!("dtype {dtype}: {e}"),
-        }
-    })?;
+        })?;
     let views = data
         .iter()
         .map(|(name, shape, bytes)| {
@@ -214,7 +217,11 @@ fn write_shard(path: &Path, dtype: DType, data: &[(String, Vec<usize>, Vec<u8>)]
                 })
         })
         .collect::<HfResult<Vec<_>>>()?;
-    let meta = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+    let meta = Some(
+        [("format".to_string(), "pt".to_string())]
+            .into_iter()
+            .collect(),
+    );
     let tmp = path.with_extension("safetensors.partial");
     safetensors::serialize_to_file(views, &meta, &tmp).map_err(|e| HfError::Format {
         path: tmp.clone(),
@@ -235,13 +242,19 @@ fn write_json(path: &Path, v: &serde_json::Value) -> HfResult<()> {
 /// on the others.
 fn agree(written: HfResult<()>, root: &Placement, lead: bool, dir: &Path) -> HfResult<()> {
     let _ng = oxiflow_tensor::no_grad();
-    let flag = Tensor::from_vec(vec![i64::from(written.is_err())], [1])?.to_global(root, NdSbp::broadcast(1))?;
-    let world = Placement::range(root.device(), Context::current().map_or(1, |c| c.world_size()))
-        .map_err(|e| HfError::Model {
-            path: dir.to_path_buf(),
-            detail: format!("the world's placement: {e}"),
-        })?;
-    let failed = flag.to_global(&world, NdSbp::broadcast(1))?.to_vec::<i64>()?;
+    let flag = Tensor::from_vec(vec![i64::from(written.is_err())], [1])?
+        .to_global(root, NdSbp::broadcast(1))?;
+    let world = Placement::range(
+        root.device(),
+        Context::current().map_or(1, |c| c.world_size()),
+    )
+    .map_err(|e| HfError::Model {
+        path: dir.to_path_buf(),
+        detail: format!("the world's placement: {e}"),
+    })?;
+    let failed = flag
+        .to_global(&world, NdSbp::broadcast(1))?
+        .to_vec::<i64>()?;
     match (written, failed.first()) {
         (Err(e), _) => Err(e),
         (Ok(()), Some(1)) if !lead => Err(HfError::Model {

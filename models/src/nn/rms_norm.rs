@@ -1,4 +1,4 @@
-//! `RmsNorm` over the last dim with a learned scale (no shift).
+//! `RmsNorm` over the last dim with a learned scale (no shift); 16-bit inputs normalise in f32.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
@@ -30,8 +30,17 @@ impl RmsNorm {
             eps,
         })
     }
+    /// The norm of `x`; a 16-bit `x` is normalised in f32 (with its weight cast to f32) and
+    /// the result cast back, as for LayerNorm under mixed precision.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.rms_norm(&self.weight.compute()?, self.eps)
+        let w = self.weight.compute()?;
+        match x.dtype() {
+            DType::BF16 | DType::F16 => x
+                .to_dtype(DType::F32)?
+                .rms_norm(&w.to_dtype(DType::F32)?, self.eps)?
+                .to_dtype(x.dtype()),
+            _ => x.rms_norm(&w, self.eps),
+        }
     }
 }
 

@@ -18,8 +18,18 @@ use super::checks::parse;
 pub enum ModelKind {
     /// A GPT-2 style language model on text or token shards.
     Gpt,
+    /// A Llama-style decoder (RMSNorm, rotary positions, SwiGLU, grouped-query attention, an
+    /// output table of its own unless --tie-embeddings) on the GPT's data.
+    Llama,
     /// The MLP classifier on Gaussian clusters.
     Mlp,
+}
+
+impl ModelKind {
+    /// Whether the model is a decoder of the GPT family (GPT or Llama).
+    pub fn is_decoder(self) -> bool {
+        matches!(self, ModelKind::Gpt | ModelKind::Llama)
+    }
 }
 
 /// Element type of the model and data.
@@ -217,6 +227,28 @@ pub struct ModelFlags {
     /// Seed of the initial weights, the data and dropout [default: 0].
     #[arg(long, value_parser = parse::u64_any)]
     pub seed: Option<u64>,
+    /// Llama: key/value heads, shared by groups of query heads (divides --heads) [default:
+    /// --heads].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub kv_heads: Option<usize>,
+    /// Llama: the MLP's hidden width [default: 4 x --width].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub ffn_width: Option<usize>,
+    /// Llama: the rotary embedding's base [default: 10000].
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub rope_theta: Option<f64>,
+    /// Llama: RMSNorm's epsilon [default: 1e-5].
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub norm_eps: Option<f64>,
+    /// Llama: the output projection is the token table.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tie_embeddings: bool,
+    /// A Hugging Face model directory (config.json; model.safetensors or its sharded index):
+    /// the architecture (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+    /// MistralForCausalLM), its sizes and its weights, each rank reading only its own pieces.
+    #[arg(long)]
+    pub from_hf: Option<PathBuf>,
 }
 
 /// How the job is laid out on the ranks.
@@ -404,6 +436,16 @@ pub struct RunFlags {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
+    /// Train nothing: print the mean next-token loss over every whole window of --seq-len + 1
+    /// tokens of --data (non-overlapping; each window's first token is context only),
+    /// --batch-size windows at a time, and its perplexity.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eval_only: bool,
+    /// Write the model, after training, as a Hugging Face directory here (config.json,
+    /// safetensors shards and their index; the folder must not exist or be empty).
+    #[arg(long)]
+    pub save_hf: Option<PathBuf>,
 }
 
 /// The GPT's generated sample.

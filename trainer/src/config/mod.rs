@@ -39,6 +39,15 @@ pub struct ModelConfig {
     pub classes: usize,
     pub dtype: Precision,
     pub seed: u64,
+    /// Llama: key/value heads (None: as many as query heads).
+    pub kv_heads: Option<usize>,
+    /// Llama: the MLP's width (None: 4 x width).
+    pub ffn_width: Option<usize>,
+    pub rope_theta: f64,
+    pub norm_eps: f64,
+    pub tie_embeddings: bool,
+    /// A Hugging Face model directory: the architecture, sizes and weights.
+    pub from_hf: Option<PathBuf>,
 }
 
 /// The layout on the ranks (`dp` None: the world size over pp x tp).
@@ -116,6 +125,8 @@ pub struct RunConfig {
     pub loss_spike_factor: f64,
     pub explain: bool,
     pub compile: bool,
+    pub eval_only: bool,
+    pub save_hf: Option<PathBuf>,
 }
 
 /// The GPT's sample.
@@ -177,6 +188,11 @@ impl TrainConfig {
         let mut table = toml::Table::try_from(self).map_err(|e| err(&e))?;
         scope::drop_unused(self, &mut table);
         toml::to_string(&table).map_err(|e| err(&e))
+    }
+
+    /// Whether the job trains a decoder (GPT or Llama, from flags or `--from-hf`).
+    pub fn decoder(&self) -> bool {
+        self.model.model.is_decoder()
     }
 
     /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).

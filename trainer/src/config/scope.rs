@@ -10,7 +10,14 @@ use crate::error::TrainError;
 /// What a key needs of the job to be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Needs {
+    /// A decoder (GPT or Llama).
     Gpt,
+    /// A decoder whose architecture and sizes the flags give (no `--from-hf`).
+    Built,
+    /// A Llama built from the flags.
+    Llama,
+    /// No `--from-hf` (which names the architecture).
+    NoHf,
     Mlp,
     Sgd,
     /// GPT data given as token shards.
@@ -24,19 +31,28 @@ enum Needs {
     Sample,
     /// Data-parallel gradient buckets (a GPT with --bucket-mb above 0).
     Buckets,
+    /// Training steps (no `--eval-only`).
+    Training,
 }
 
 /// Every key only some jobs use (`section.key`), with what it needs.
 const SCOPED: &[(&str, Needs)] = &[
-    ("model.layers", Needs::Gpt),
-    ("model.heads", Needs::Gpt),
-    ("model.width", Needs::Gpt),
+    ("model.model", Needs::NoHf),
+    ("model.layers", Needs::Built),
+    ("model.heads", Needs::Built),
+    ("model.width", Needs::Built),
     ("model.seq-len", Needs::Gpt),
     ("model.vocab-multiple", Needs::Gpt),
     ("model.dropout", Needs::Gpt),
     ("model.hidden", Needs::Mlp),
     ("model.features", Needs::Mlp),
     ("model.classes", Needs::Mlp),
+    ("model.kv-heads", Needs::Llama),
+    ("model.ffn-width", Needs::Llama),
+    ("model.rope-theta", Needs::Llama),
+    ("model.norm-eps", Needs::Llama),
+    ("model.tie-embeddings", Needs::Llama),
+    ("model.from-hf", Needs::Gpt),
     ("parallel.pp", Needs::Gpt),
     ("parallel.sp", Needs::Gpt),
     ("parallel.micro-batches", Needs::Gpt),
@@ -52,6 +68,14 @@ const SCOPED: &[(&str, Needs)] = &[
     ("optim.min-lr", Needs::DecayingLr),
     ("optim.reduce-dtype", Needs::Buckets),
     ("run.peak-tflops", Needs::Metrics),
+    ("run.steps", Needs::Training),
+    ("run.eval-every", Needs::Training),
+    ("run.save", Needs::Training),
+    ("run.save-every", Needs::Training),
+    ("run.metrics", Needs::Training),
+    ("run.plot", Needs::Training),
+    ("run.eval-only", Needs::Gpt),
+    ("run.save-hf", Needs::Gpt),
     ("generate.gen-tokens", Needs::Gpt),
     ("generate.generate", Needs::Sample),
     ("generate.temperature", Needs::Sample),
@@ -59,9 +83,13 @@ const SCOPED: &[(&str, Needs)] = &[
 
 impl Needs {
     fn met(self, c: &TrainConfig) -> bool {
-        let gpt = c.model.model == ModelKind::Gpt;
+        let gpt = c.decoder();
+        let hf = c.model.from_hf.is_some();
         match self {
             Needs::Gpt => gpt,
+            Needs::Built => gpt && !hf,
+            Needs::Llama => c.model.model == ModelKind::Llama && !hf,
+            Needs::NoHf => !hf,
             Needs::Mlp => c.model.model == ModelKind::Mlp,
             Needs::Sgd => c.optim.optimizer == Opt::Sgd,
             Needs::Shards => gpt && c.data.data.as_deref().is_some_and(names_shards),
@@ -70,15 +98,31 @@ impl Needs {
             Needs::Metrics => c.run.metrics.is_some(),
             Needs::Sample => gpt && c.generate.gen_tokens > 0,
             Needs::Buckets => gpt && c.optim.bucket_mb > 0.0,
+            Needs::Training => !c.run.eval_only,
         }
     }
 
     /// Why a job that does not meet this need has no use for the keys.
     fn why(self, c: &TrainConfig) -> &'static str {
+        let hf = c.model.from_hf.is_some();
         match (self, c.model.model) {
-            (Needs::Mlp, _) => "settings of --model mlp, and this job trains --model gpt",
+            (Needs::Mlp, _) => "settings of --model mlp, and this job trains a decoder",
+            (Needs::Built | Needs::Llama | Needs::NoHf, _) if hf => {
+                "the architecture and its sizes, which come from --from-hf's config.json"
+            }
+            (Needs::Llama, ModelKind::Gpt) => {
+                "settings of --model llama, and this job trains --model gpt"
+            }
+            (Needs::Training, _) => "settings of training, and --eval-only trains nothing",
             (
-                Needs::Gpt | Needs::Shards | Needs::Pipeline | Needs::Sample | Needs::Buckets,
+                Needs::Gpt
+                | Needs::Built
+                | Needs::Llama
+                | Needs::NoHf
+                | Needs::Shards
+                | Needs::Pipeline
+                | Needs::Sample
+                | Needs::Buckets,
                 ModelKind::Mlp,
             ) => "settings of --model gpt, and this job trains --model mlp",
             (Needs::Sgd, _) => "settings of SGD, and this job trains with AdamW",
@@ -93,7 +137,9 @@ impl Needs {
             (Needs::Metrics, _) => "settings of --metrics records, and --metrics is not given",
             (Needs::Sample, _) => "settings of the generated sample, and --gen-tokens is 0",
             (Needs::Buckets, _) => "settings of gradient buckets, and --bucket-mb is 0",
-            (Needs::Gpt, ModelKind::Gpt) => "settings of --model gpt",
+            (Needs::Gpt | Needs::Built | Needs::Llama | Needs::NoHf, _) => {
+                "settings of a decoder (--model gpt or llama)"
+            }
         }
     }
 }

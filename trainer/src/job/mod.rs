@@ -20,6 +20,8 @@ use crate::error::TrainError;
 use crate::health::{HealthGuard, NonFinitePolicy};
 use crate::model::TrainModel;
 use crate::schedule::{Decay, LrSchedule};
+use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
+use crate::tasks::eval::evaluate;
 use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
 use crate::tasks::mesh::Mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
@@ -160,15 +162,15 @@ fn prompt_of(cfg: &TrainConfig) -> &str {
 
 /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
 fn only_generate(cfg: &TrainConfig) -> bool {
-    cfg.model.model == ModelKind::Gpt
+    cfg.decoder()
         && cfg.generate.generate.is_some()
         && cfg.run.resume.is_some()
         && !cfg.is_set("run.steps")
 }
 
-/// The step a resumed checkpoint must be below (none when only generating).
+/// The step a resumed checkpoint must be below (none when only generating or evaluating).
 fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
-    (!only_generate(cfg)).then_some(cfg.run.steps)
+    (!only_generate(cfg) && !cfg.run.eval_only).then_some(cfg.run.steps)
 }
 
 /// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
@@ -210,13 +212,13 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         }
     }
     let inputs = check_inputs(cfg)?;
-    let rows = inputs.as_ref().map_or(0, |i| i.table_rows);
+    let spec = inputs.as_ref().map(|i| i.spec.clone());
     // The layout and the host memory before any communication (so every rank refuses alike),
     // where the launch environment reads; the world's start reports one that does not.
     if let Ok(env) = LaunchEnv::from_env() {
         let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
         let device = device_before_world(cfg, &env);
-        memory::check_host(cfg, &mesh, rows, device, env.local_world_size)?;
+        memory::check_host(cfg, &mesh, spec.as_ref(), device, env.local_world_size)?;
     }
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
@@ -224,7 +226,7 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
     let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
-    memory::check(cfg, &mesh, rows, device, local_ranks)?;
+    memory::check(cfg, &mesh, spec.as_ref(), device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {
             println!("{l}");
@@ -237,8 +239,11 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
 }
 
 /// The values a checkpoint records that a resumed run must repeat: (key, value, flag, whether
-/// `--allow-resume-mismatch` may override a difference).
-fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'static str, bool)> {
+/// `--allow-resume-mismatch` may override a difference); a decoder's from `spec`.
+fn recorded(
+    cfg: &TrainConfig,
+    spec: Option<&DecoderSpec>,
+) -> Vec<(&'static str, String, &'static str, bool)> {
     let m = &cfg.model;
     let mut v = vec![
         (
@@ -256,15 +261,44 @@ fn recorded(cfg: &TrainConfig, vocab: usize) -> Vec<(&'static str, String, &'sta
         ),
         ("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
     ];
-    match m.model {
-        ModelKind::Gpt => v.extend([
-            ("layers", m.layers.to_string(), "--layers", false),
-            ("heads", m.heads.to_string(), "--heads", false),
-            ("width", m.width.to_string(), "--width", false),
-            ("seq_len", m.seq_len.to_string(), "--seq-len", false),
-            ("vocab", vocab.to_string(), "--tokenizer", false),
-        ]),
-        ModelKind::Mlp => v.extend([
+    match spec {
+        Some(d) => {
+            let (c, a) = (&d.cfg, &d.arch);
+            v.extend([
+                ("layers", c.layers.to_string(), "--layers", false),
+                ("heads", c.heads.to_string(), "--heads", false),
+                ("width", c.width.to_string(), "--width", false),
+                ("seq_len", c.seq_len.to_string(), "--seq-len", false),
+                ("vocab", c.vocab.to_string(), "--tokenizer", false),
+            ]);
+            // Beyond GPT-2 (whose checkpoints record only the keys above), the architecture.
+            if d.family != oxiflow_models::hf::Family::Gpt2 || d.hf.is_some() {
+                v.extend([
+                    (
+                        "architecture",
+                        d.family.architecture().to_string(),
+                        "--from-hf",
+                        false,
+                    ),
+                    ("kv_heads", a.kv(c).to_string(), "--kv-heads", false),
+                    ("ffn_width", a.ffn(c).to_string(), "--ffn-width", false),
+                    (
+                        "positions",
+                        format!("{:?}", a.positions),
+                        "--rope-theta",
+                        false,
+                    ),
+                    ("norm_eps", a.norm_eps.to_string(), "--norm-eps", false),
+                    (
+                        "tie_embeddings",
+                        a.tie_embeddings.to_string(),
+                        "--tie-embeddings",
+                        false,
+                    ),
+                ]);
+            }
+        }
+        None => v.extend([
             ("hidden", m.hidden.to_string(), "--hidden", false),
             ("features", m.features.to_string(), "--features", false),
             ("classes", m.classes.to_string(), "--classes", false),
@@ -289,7 +323,7 @@ fn check_resume(
     let vocab = inputs.map_or(0, |i| i.vocab);
     let manifest = checkpoint::read_manifest_at(path)?;
     let meta = manifest.metadata;
-    for (key, want, flag, soft) in recorded(cfg, vocab) {
+    for (key, want, flag, soft) in recorded(cfg, inputs.map(|i| &i.spec)) {
         let saved = meta.get(key).map_or("(none)", String::as_str);
         if saved == want || (soft && cfg.run.allow_resume_mismatch) {
             continue;
@@ -353,10 +387,15 @@ fn health_guard(cfg: &TrainConfig, lead: bool) -> Box<dyn StepHook> {
 }
 
 /// What saves the job's checkpoints: the recorded values, `--save-gathered`, the stage hook.
-fn saver(cfg: &TrainConfig, vocab: usize, hook: Option<fn(SaveStage)>, lead: bool) -> Saver<'_> {
+fn saver<'a>(
+    cfg: &'a TrainConfig,
+    spec: Option<&DecoderSpec>,
+    hook: Option<fn(SaveStage)>,
+    lead: bool,
+) -> Saver<'a> {
     Saver {
         cfg,
-        meta: recorded(cfg, vocab)
+        meta: recorded(cfg, spec)
             .into_iter()
             .map(|(k, v, _, _)| (k.to_string(), v))
             .collect(),
@@ -419,6 +458,86 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
     Ok(())
 }
 
+/// `--eval-only`: the decoder built (its weights read from `--from-hf` when given, then from
+/// `--resume`'s checkpoint when given), its loss over every window of the data, then
+/// `--save-hf` when asked for.
+fn eval_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    inputs: GptInputs,
+    lead: bool,
+) -> Result<(), TrainError> {
+    let (stages, _) = stages_of(&mesh, device)?;
+    let spec = &inputs.spec;
+    let model = build_decoder(
+        spec,
+        &stages,
+        cfg.parallel.virtual_stages,
+        cfg.compute_dtype(device),
+    )?;
+    if let Some(path) = &cfg.run.resume {
+        use oxiflow_models::nn::Module;
+        let params = model.parameters();
+        let targets: Vec<(String, oxiflow_tensor::Tensor)> = params
+            .iter()
+            .map(|p| (p.name().to_string(), p.value()))
+            .collect();
+        let (values, _) = checkpoint::load_tensors(path, &targets)?;
+        for (p, v) in params.iter().zip(&values) {
+            p.set_value(v)?;
+        }
+    }
+    let windows = inputs.eval.as_ref().ok_or_else(|| TrainError::Layout {
+        detail: "--eval-only found no evaluation windows".into(),
+    })?;
+    if lead {
+        println!(
+            "eval: {} | mesh [pp {}, dp {}, tp {}] | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
+            spec.describe(),
+            mesh.pp,
+            mesh.dp,
+            mesh.tp,
+            inputs.description,
+            inputs.tokenizer.name(),
+            windows.len(),
+            windows.seq_len() + 1,
+            cfg.data.batch_size
+        );
+    }
+    let r = evaluate(&model, windows, cfg.data.batch_size, &mesh.world(device)?)?;
+    if lead {
+        println!(
+            "eval loss {} over {} tokens perplexity {}",
+            r.loss,
+            r.tokens,
+            r.perplexity()
+        );
+    }
+    if let Some(dir) = &cfg.run.save_hf {
+        save_hf(dir, spec, &model, lead)?;
+    }
+    Ok(())
+}
+
+/// `--save-hf DIR`: `model` written as a Hugging Face directory (every rank calls it).
+fn save_hf(
+    dir: &Path,
+    spec: &DecoderSpec,
+    model: &oxiflow_models::nn::gpt::Gpt,
+    lead: bool,
+) -> Result<(), TrainError> {
+    use oxiflow_models::nn::Module;
+    oxiflow_models::hf::save_hf(dir, &spec.hf_config(), &model.parameters(), HF_SHARD_BYTES)?;
+    if lead {
+        println!("saved a Hugging Face model to {}", dir.display());
+    }
+    Ok(())
+}
+
+/// The most bytes of one safetensors shard `--save-hf` writes.
+const HF_SHARD_BYTES: usize = 2 << 30;
+
 fn gpt_job(
     cfg: &TrainConfig,
     mesh: Mesh,
@@ -428,8 +547,11 @@ fn gpt_job(
     lead: bool,
     hooks: JobHooks,
 ) -> Result<(), TrainError> {
+    if cfg.run.eval_only {
+        return eval_job(cfg, mesh, device, inputs, lead);
+    }
+    let spec = inputs.spec.clone();
     let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
-    let vocab = job.trainer.model.cfg.vocab;
     let g = &cfg.generate;
     let only_generate = only_generate(cfg);
     if let Some(p) = &cfg.run.resume {
@@ -443,9 +565,16 @@ fn gpt_job(
     let p = &cfg.parallel;
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
     if lead {
+        let model = match (&spec.hf, cfg.model.model) {
+            (None, ModelKind::Gpt) => format!(
+                "gpt layers {} heads {} width {} seq-len {} vocab {} (table {} rows) dropout {} dtype {}",
+                m.layers, m.heads, m.width, m.seq_len, m.vocab, m.table_rows(), m.dropout, m.dtype
+            ),
+            _ => format!("{} seq-len {}", spec.describe(), cfg.model.seq_len),
+        };
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} (table {} rows) dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
-            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.table_rows(), m.dropout, m.dtype, m.sequence_parallel,
+            "train: {model} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
@@ -463,7 +592,7 @@ fn gpt_job(
         return explain_step(&mut job.trainer, lead);
     }
     if !only_generate {
-        let saver = saver(cfg, vocab, hooks.save_stage, lead);
+        let saver = saver(cfg, Some(&spec), hooks.save_stage, lead);
         let summary = drive(&mut job.trainer, cfg, lead, &saver, world, launcher_bar())?;
         if lead {
             let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
@@ -478,6 +607,9 @@ fn gpt_job(
             });
             report(cfg, &summary, job.entropy, theory);
         }
+    }
+    if let Some(dir) = &cfg.run.save_hf {
+        save_hf(dir, &spec, &job.trainer.model, lead)?;
     }
     if g.gen_tokens == 0 {
         return Ok(());
@@ -561,7 +693,7 @@ fn mlp_job(
     if cfg.run.explain {
         return explain_step(&mut t, lead);
     }
-    let saver = saver(cfg, 0, hooks.save_stage, lead);
+    let saver = saver(cfg, None, hooks.save_stage, lead);
     let summary = drive(&mut t, cfg, lead, &saver, world, launcher_bar())?;
     if lead {
         report(cfg, &summary, None, None);

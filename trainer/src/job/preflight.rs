@@ -4,7 +4,7 @@
 //! vocabulary), the checkpoint target (`--save`: ours or nothing, where this process may
 //! create it), the outputs (`--metrics`, `--plot`, the configuration beside a checkpoint:
 //! regular files or nothing, in writable folders) and the folders the launch environment
-//! names for traces and flight dumps.
+//! names for traces and flight dumps, and `--save-hf`'s folder (nothing there, or empty).
 
 use std::path::{Path, PathBuf};
 
@@ -112,6 +112,25 @@ fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
     }
 }
 
+/// `--save-hf DIR`: nothing there or an empty folder, where this process may create it.
+fn check_save_hf(dir: &Path) -> Result<(), TrainError> {
+    let bad = |detail: String| TrainError::Output {
+        what: "--save-hf",
+        path: dir.to_path_buf(),
+        detail,
+    };
+    match std::fs::read_dir(dir).map(|mut e| e.next().is_some()) {
+        Ok(true) => Err(bad(
+            "exists and is not empty (a Hugging Face save replaces nothing)".into(),
+        )),
+        Ok(false) => unwritable(dir).map_or(Ok(()), |why| Err(bad(why))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            uncreatable(dir).map_or(Ok(()), |why| Err(bad(why)))
+        }
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
 /// Every check of the module's documentation; returns the GPT's opened data.
 pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
     let r = &cfg.run;
@@ -134,8 +153,11 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
             }
         }
     }
+    if let Some(dir) = &r.save_hf {
+        check_save_hf(dir)?;
+    }
     let inputs = match cfg.model.model {
-        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
+        ModelKind::Gpt | ModelKind::Llama => Some(GptInputs::open(cfg)?),
         ModelKind::Mlp => None,
     };
     if let Some(i) = inputs.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {

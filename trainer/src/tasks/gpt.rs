@@ -1,14 +1,17 @@
-//! The GPT task: `Gpt` as a `TrainModel` (decay on matrix weights only; embeddings, biases and
-//! norms take none), `gpt_trainer`, which builds the model on the job's stages, its data
-//! (corpus or token shards, through the chosen tokenizer) and optimizer, and `generate`.
+//! The decoder task (GPT, Llama, or a Hugging Face model): `Gpt` as a `TrainModel` (decay on
+//! matrix weights only; embeddings, biases and norms take none), its data (`GptInputs`: corpus
+//! or token shards through the chosen tokenizer, or every window of them for an evaluation),
+//! `gpt_trainer`, which builds the model on the job's stages with its optimizer and data, and
+//! `generate`.
 
 use std::sync::Arc;
 
 use oxiflow_collectives::DType;
 use oxiflow_models::data::{
-    Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
+    Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
+    HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, GptConfig, GptLayout, StageSplit, DP_AXIS};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, DP_AXIS};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -21,6 +24,7 @@ use crate::config::{
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
+use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
 use crate::tasks::mesh::Mesh;
 use crate::trainer::{PipelineRun, TrainOptions, Trainer};
@@ -33,15 +37,20 @@ impl TrainModel for Gpt {
         Some(self)
     }
     fn decays(&self, p: &Parameter) -> bool {
-        let embedding = [self.wte.weight.name(), self.wpe.weight.name()].contains(&p.name());
+        let embedding = p.name() == self.wte.weight.name()
+            || self
+                .wpe
+                .as_ref()
+                .is_some_and(|w| w.weight.name() == p.name());
         p.value().ndim() == 2 && !embedding
     }
     fn flops_per_token(&self) -> Option<f64> {
         // nanoGPT's estimate: 6 N + 12 L C T, N without the position table.
+        let positions = self.wpe.as_ref().map(|w| w.weight.name().to_string());
         let n: usize = self
             .parameters()
             .iter()
-            .filter(|p| p.name() != self.wpe.weight.name())
+            .filter(|p| Some(p.name()) != positions.as_deref())
             .map(|p| p.value().numel())
             .sum();
         let c = &self.cfg;
@@ -61,11 +70,14 @@ fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
 
-/// The GPT's data, opened and checked (every shard's header, size and ids) before the world
-/// starts, so every rank refuses bad data alike without communicating.
+/// The decoder's data, opened and checked (every shard's header, size and ids) before the
+/// world starts, so every rank refuses bad data alike without communicating; and the decoder
+/// it feeds (a Hugging Face directory's configuration and weights' headers read).
 pub struct GptInputs {
-    pub train: Windows,
-    pub heldout: Windows,
+    /// The training and held-out windows (None under `--eval-only`).
+    pub windows: Option<(Windows, Windows)>,
+    /// Every window of the data, under `--eval-only`.
+    pub eval: Option<EvalWindows>,
     pub vocab: usize,
     /// The token table's rows: `vocab` rounded up to a multiple of `--vocab-multiple`.
     pub table_rows: usize,
@@ -73,46 +85,112 @@ pub struct GptInputs {
     /// The unigram entropy of the training text (corpus data).
     pub entropy: Option<f64>,
     pub tokenizer: Tokenizer,
+    pub spec: DecoderSpec,
 }
 
 impl GptInputs {
-    /// `cfg`'s data through its tokenizer.
+    /// `cfg`'s data through its tokenizer, and its decoder.
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
         let tokenizer = tokenizer_of(cfg);
-        let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        let hf = DecoderSpec::open_hf(cfg)?;
+        let limit = hf.as_ref().map(|h| h.config.vocab);
+        let (windows, eval, data_vocab, description, entropy) = if cfg.run.eval_only {
+            let (eval, vocab, description) = eval_windows(cfg, tokenizer, limit)?;
+            (None, Some(eval), vocab, description, None)
+        } else {
+            let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer, limit)?;
+            (Some((train, heldout)), None, vocab, description, entropy)
+        };
+        let vocab = limit.unwrap_or(data_vocab);
         let multiple = cfg.model.vocab_multiple;
         let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
             detail: format!(
                 "--vocab-multiple {multiple}: the vocabulary {vocab} rounded up to it overflows"
             ),
         })?;
+        let eos = tokenizer.end_of_text().map(usize::from);
+        let spec = DecoderSpec::resolve(cfg, vocab, eos, hf);
+        spec.check()?;
         Ok(GptInputs {
-            train,
-            heldout,
+            windows,
+            eval,
             vocab,
             table_rows,
             description,
             entropy,
             tokenizer,
+            spec,
         })
     }
 }
 
-/// The training and held-out windows, the vocabulary, a description and (for a corpus) the
-/// unigram entropy of the training text, for `cfg`'s data.
-fn windows(
-    cfg: &TrainConfig,
-    tokenizer: Tokenizer,
-) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
-    let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
-    let format = match cfg.data.shard_format {
+/// Refuses a tokenizer of `vocab` ids for a model of `limit` (a Hugging Face model's).
+fn fits(vocab: usize, limit: Option<usize>, what: &str) -> Result<(), TrainError> {
+    match limit {
+        Some(l) if vocab > l => Err(TrainError::Config {
+            detail: format!(
+                "{what}: ids up to {vocab} do not fit the --from-hf model's vocabulary of {l}"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The shard format `cfg` names.
+fn shard_format(cfg: &TrainConfig) -> ShardFormat {
+    match cfg.data.shard_format {
         ShardFormatArg::Auto => ShardFormat::Auto,
         ShardFormatArg::Raw => ShardFormat::Raw,
         ShardFormatArg::Llmc => ShardFormat::Llmc,
-    };
+    }
+}
+
+/// Every window of `--seq-len` + 1 tokens of `cfg`'s data (shards: ids checked against
+/// `limit`, else the tokenizer's vocabulary), the vocabulary and a description.
+fn eval_windows(
+    cfg: &TrainConfig,
+    tokenizer: Tokenizer,
+    limit: Option<usize>,
+) -> Result<(EvalWindows, usize, String), TrainError> {
+    let t = cfg.model.seq_len;
     match cfg.data.data.as_deref() {
         Some(pattern) if names_shards(pattern) => {
-            let vocab = tokenizer.vocab();
+            let vocab = limit.unwrap_or_else(|| tokenizer.vocab());
+            let set = Arc::new(ShardSet::open(pattern, shard_format(cfg), vocab)?);
+            let description = format!(
+                "{} {} shards {pattern:?} ({} tokens)",
+                set.shards().len(),
+                set.format.name(),
+                set.tokens()
+            );
+            Ok((EvalWindows::of_shards(set, t)?, vocab, description))
+        }
+        other => {
+            let corpus = match other {
+                Some(p) => Corpus::from_path(std::path::Path::new(p), tokenizer)?,
+                None => Corpus::default_corpus(cfg.model.seed, tokenizer)?,
+            };
+            fits(corpus.vocab(), limit, &corpus.source.to_string())?;
+            let description = format!("{} ({} tokens)", corpus.source, corpus.len());
+            let w = EvalWindows::of_tokens(corpus.tokens(), t)?;
+            Ok((w, corpus.vocab(), description))
+        }
+    }
+}
+
+/// The training and held-out windows, the vocabulary, a description and (for a corpus) the
+/// unigram entropy of the training text, for `cfg`'s data (ids checked against `limit`, a
+/// Hugging Face model's vocabulary, when given).
+fn windows(
+    cfg: &TrainConfig,
+    tokenizer: Tokenizer,
+    limit: Option<usize>,
+) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
+    let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
+    let format = shard_format(cfg);
+    match cfg.data.data.as_deref() {
+        Some(pattern) if names_shards(pattern) => {
+            let vocab = limit.unwrap_or_else(|| tokenizer.vocab());
             let set = Arc::new(ShardSet::open(pattern, format, vocab)?);
             let val = match &cfg.data.val_data {
                 Some(v) => Some(Arc::new(ShardSet::open(v, format, vocab)?)),
@@ -141,6 +219,7 @@ fn windows(
                 Some(p) => Corpus::from_path(std::path::Path::new(p), tokenizer)?,
                 None => Corpus::default_corpus(seed, tokenizer)?,
             };
+            fits(corpus.vocab(), limit, &corpus.source.to_string())?;
             let (train, heldout) = corpus_windows(&corpus, seed, b, t)?;
             let description = format!(
                 "{} ({} tokens: {} train, {} held out)",
@@ -172,7 +251,7 @@ pub fn gpt_trainer(
     device: DeviceType,
     inputs: GptInputs,
 ) -> Result<GptJob, TrainError> {
-    let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
+    let (pp, dp) = (mesh.pp, mesh.dp);
     let p = &cfg.parallel;
     let spec = PipelineSpec {
         schedule: match p.schedule {
@@ -184,7 +263,7 @@ pub fn gpt_trainer(
         micro_batches: p.micro_batches,
         virtual_stages: p.virtual_stages,
     };
-    spec.validate(cfg.model.layers)?;
+    spec.validate(inputs.spec.cfg.layers)?;
     let (m, k, b) = (p.micro_batches, cfg.optim.grad_accum, cfg.data.batch_size);
     if !b.is_multiple_of(dp * m * k) {
         let accum = if k > 1 {
@@ -196,45 +275,17 @@ pub fn gpt_trainer(
             "--batch-size {b} must be a multiple of --dp {dp} x --micro-batches {m}{accum}"
         )));
     }
-    let rank = Context::current()
-        .ok_or_else(|| layout_err("no runtime context".into()))?
-        .rank();
-    let stages = mesh.stages(device)?;
-    let stage = stages
-        .iter()
-        .position(|s| s.contains(rank))
-        .ok_or_else(|| {
-            layout_err(format!(
-                "rank {rank} is in no stage of the mesh [pp {pp}, dp {dp}, tp {tp}]"
-            ))
-        })?;
+    let (stages, stage) = stages_of(&mesh, device)?;
+    let rank = Context::current().map_or(0, |c| c.rank());
     let coord = stages[stage].coord_of(rank).unwrap_or_default();
     let dp_coord = coord.get(DP_AXIS).copied().unwrap_or(0);
-    let mc = &cfg.model;
-    let model_cfg = GptConfig {
-        vocab: inputs.vocab,
-        vocab_multiple: mc.vocab_multiple,
-        seq_len: mc.seq_len,
-        layers: mc.layers,
-        heads: mc.heads,
-        width: mc.width,
-        dropout: mc.dropout,
-        seed: mc.seed,
-        dtype: match mc.dtype {
-            crate::config::Precision::F32 => DType::F32,
-            crate::config::Precision::F64 => DType::F64,
-        },
-        sequence_parallel: p.sp,
-    };
     let pipelined = cfg.pipelined();
-    let mut model = if pp == 1 && spec.virtual_stages == 1 {
-        Gpt::new(&model_cfg, &GptLayout::Mesh(stages[0].clone()))?
-    } else {
-        let layouts = stages.iter().cloned().map(GptLayout::Mesh).collect();
-        let split = StageSplit::new(model_cfg.layers, layouts, spec.virtual_stages)?;
-        Gpt::new_split(&model_cfg, split)?
-    };
-    model.set_compute_dtype(cfg.compute_dtype(device));
+    let mut model = build_decoder(
+        &inputs.spec,
+        &stages,
+        spec.virtual_stages,
+        cfg.compute_dtype(device),
+    )?;
     model.recompute = p.recompute.into();
     let params = model.parameters();
     let decay = params
@@ -264,12 +315,10 @@ pub fn gpt_trainer(
         dp,
         coord: dp_coord,
     };
-    let data = GptData::new(
-        (inputs.train, inputs.heldout),
-        split,
-        (first, last.clone()),
-        inputs.description,
-    );
+    let windows = inputs.windows.ok_or_else(|| {
+        layout_err("--eval-only opens no training windows: nothing to train on".into())
+    })?;
+    let data = GptData::new(windows, split, (first, last.clone()), inputs.description);
     let pipeline = pipelined
         .then(|| -> Result<PipelineRun, TrainError> {
             Ok(PipelineRun {

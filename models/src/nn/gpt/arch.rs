@@ -26,7 +26,9 @@ pub enum NormKind {
 pub enum RopeScaling {
     None,
     /// Every inverse frequency divided by `factor` (positions interpolated).
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// Llama 3's: wavelengths above `original / low_freq_factor` divided by `factor`, below
     /// `original / high_freq_factor` kept, and a smooth blend between.
     Llama3 {

@@ -67,7 +67,10 @@ impl GptMlp {
     pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<GptMlp> {
         let (c, f) = (cfg.width, arch.ffn(cfg));
         let opts = |parallel| layout.linear_biased(cfg, parallel, arch.mlp_bias);
-        let (column, row) = (opts(Parallel::Column(TP_AXIS)), opts(Parallel::Row(TP_AXIS)));
+        let (column, row) = (
+            opts(Parallel::Column(TP_AXIS)),
+            opts(Parallel::Row(TP_AXIS)),
+        );
         let (fc, proj, gate) = match arch.mlp {
             MlpKind::Gelu => ("fc", "proj", None),
             MlpKind::SwiGlu => ("up", "down", Some("gate")),

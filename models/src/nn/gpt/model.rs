@@ -13,7 +13,7 @@ use oxiflow_tensor::Tensor;
 use super::super::embedding::Embedding;
 use super::super::init::{param_seed, Init, ParamPlacement};
 use super::super::param::{Module, Parameter};
-use super::arch::{Arch, Positions};
+use super::arch::{Arch, MlpKind, NormKind, Positions};
 use super::block::{Block, Recompute};
 use super::config::{GptConfig, GptLayout};
 use super::norm::Norm;
@@ -106,7 +106,12 @@ impl Gpt {
         };
         let lm_head = match arch.tie_embeddings {
             true => None,
-            false => Some(table(HEAD_TABLE, cfg.table_rows(), cfg, &last.token_embedding())?),
+            false => Some(table(
+                HEAD_TABLE,
+                cfg.table_rows(),
+                cfg,
+                &last.token_embedding(),
+            )?),
         };
         Ok(Gpt {
             wte: table(TOKEN_TABLE, cfg.table_rows(), cfg, &first.token_embedding())?,
@@ -120,6 +125,53 @@ impl Gpt {
             split,
             recompute: Recompute::None,
         })
+    }
+
+    /// The names and global shapes of the parameters a decoder of `cfg` and `arch` has, in
+    /// `parameters()` order, without building it: what a check against a checkpoint needs
+    /// before any tensor exists.
+    pub fn parameter_shapes(cfg: &GptConfig, arch: &Arch) -> Vec<(String, Vec<usize>)> {
+        let (c, hd, rows) = (cfg.width, cfg.head_dim(), cfg.table_rows());
+        let (q, kv, f) = (cfg.heads * hd, arch.kv(cfg) * hd, arch.ffn(cfg));
+        let mut v: Vec<(String, Vec<usize>)> = vec![(TOKEN_TABLE.into(), vec![rows, c])];
+        if arch.positions == Positions::Learned {
+            v.push(("wpe.weight".into(), vec![cfg.seq_len, c]));
+        }
+        let norm = |v: &mut Vec<(String, Vec<usize>)>, name: &str| {
+            v.push((format!("{name}.weight"), vec![c]));
+            if arch.norm == NormKind::LayerNorm {
+                v.push((format!("{name}.bias"), vec![c]));
+            }
+        };
+        let linear = |v: &mut Vec<(String, Vec<usize>)>, name: String, i: usize, o: usize, b| {
+            v.push((format!("{name}.weight"), vec![i, o]));
+            if b {
+                v.push((format!("{name}.bias"), vec![o]));
+            }
+        };
+        for l in 0..cfg.layers {
+            let h = format!("h.{l}");
+            norm(&mut v, &format!("{h}.ln1"));
+            for (n, out) in [("q", q), ("k", kv), ("v", kv)] {
+                linear(&mut v, format!("{h}.attn.{n}"), c, out, arch.qkv_bias);
+            }
+            linear(&mut v, format!("{h}.attn.proj"), q, c, arch.out_bias);
+            norm(&mut v, &format!("{h}.ln2"));
+            let (up, down) = match arch.mlp {
+                MlpKind::Gelu => ("fc", "proj"),
+                MlpKind::SwiGlu => {
+                    linear(&mut v, format!("{h}.mlp.gate"), c, f, arch.mlp_bias);
+                    ("up", "down")
+                }
+            };
+            linear(&mut v, format!("{h}.mlp.{up}"), c, f, arch.mlp_bias);
+            linear(&mut v, format!("{h}.mlp.{down}"), f, c, arch.mlp_bias);
+        }
+        norm(&mut v, "ln_f");
+        if !arch.tie_embeddings {
+            v.push((HEAD_TABLE.into(), vec![rows, c]));
+        }
+        v
     }
 
     /// The layout of the residual stream on the tensor-parallel axis.

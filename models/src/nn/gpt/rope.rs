@@ -1,7 +1,8 @@
 //! `Rope`: the rotary embedding of a block's queries and keys `[B, T, H, D]` at positions
 //! `pos0..pos0 + T` (GPT-NeoX layout: pairs (i, i + D/2) rotate by `pos * inv_freq[i]`), with
-//! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies from position 0 run
-//! as the tensor crate's fused `rotary` op; scaled ones, or a later start (a decoding step), as
+//! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies from position 0 on
+//! f32 or f64 run as the tensor crate's fused `rotary` op; scaled ones, a later start (a
+//! decoding step) or 16-bit inputs (as transformers does, tables in the input's dtype) as
 //! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles, whose gradient follows
 //! by autograd and whose layout follows the input's by inference.
 
@@ -57,7 +58,7 @@ impl Rope {
                 })
             }
         };
-        if let (Some(theta), 0) = (self.fused_theta, pos0) {
+        if let (Some(theta), 0, DType::F32 | DType::F64) = (self.fused_theta, pos0, x.dtype()) {
             return x.rotary(1, theta);
         }
         let (cos, sin) = self.tables(x, pos0, t, d)?;

@@ -315,3 +315,63 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Every `generated ids: a,b,c` line of rank 0.
+fn generated(text: &str) -> Vec<Vec<u64>> {
+    text.lines()
+        .filter_map(|l| l.split("generated ids: ").nth(1))
+        .map(|ids| ids.split(',').map(|i| i.trim().parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
+    let r = reference();
+    let layouts: [(usize, &[&str]); 4] = [
+        (1, &[]),
+        (2, &["--tp", "2"]),
+        (2, &["--dp", "2"]),
+        (2, &["--pp", "2"]),
+    ];
+    for name in MODELS {
+        let want: Vec<Vec<u64>> = r["models"][name]["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                g.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_u64().unwrap())
+                    .collect()
+            })
+            .collect();
+        let dir = fixtures().join(name);
+        for (n, layout) in layouts {
+            // The first two prompts decode as one batch; the third alone.
+            let mut args = vec![
+                "--from-hf",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                "5,17,3;9,9,9;1,2,3,4,5,6,7",
+                "--gen-tokens",
+                "24",
+                "--temperature",
+                "0",
+                "--dtype",
+                "f64",
+            ];
+            args.extend_from_slice(layout);
+            let text = ok(launch(n, &args));
+            assert!(common::curve(&text).is_empty(), "generating trains nothing");
+            let got = generated(&text);
+            eprintln!("{name} {layout:?}: {got:?}");
+            assert_eq!(got.len(), 3, "{text}");
+            assert_eq!(
+                [got[0].clone(), got[2].clone()],
+                [want[0].clone(), want[1].clone()],
+                "{name} {layout:?}"
+            );
+        }
+    }
+}

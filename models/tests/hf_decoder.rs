@@ -189,3 +189,35 @@ fn pipeline_stages_give_transformers_loss() {
         }
     }
 }
+
+#[test]
+fn decoding_through_the_cache_gives_the_whole_sequences_logits() {
+    let _ng = no_grad();
+    for name in MODELS {
+        let m = model(name, StageSplit::single(2, &GptLayout::Local), false);
+        let mut cache = m.new_cache();
+        let seq: Vec<i64> = vec![5, 17, 3, 200, 11, 42, 7, 99];
+        let ids = |v: &[i64]| Tensor::from_vec(v.to_vec(), [1, v.len()]).unwrap();
+        let mut last = m.decode(&ids(&seq[..3]), &mut cache).unwrap();
+        for t in 3..=seq.len() {
+            let whole = m.forward(&ids(&seq[..t]), Pass::Eval).unwrap();
+            let rows = whole.shape().dim(2);
+            let want = whole
+                .narrow(1, t - 1, 1)
+                .unwrap()
+                .reshape([1, rows])
+                .unwrap();
+            let (a, b) = (last.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-12, "{name} at {t}: {worst:e}");
+            if t < seq.len() {
+                last = m.decode(&ids(&seq[t..t + 1]), &mut cache).unwrap();
+            }
+        }
+        assert_eq!(cache.len(), seq.len());
+    }
+}

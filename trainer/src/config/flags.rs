@@ -462,6 +462,17 @@ pub struct GenerateFlags {
     /// GPT: sampling temperature (0: greedy) [default: 0.8].
     #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
     pub temperature: Option<f64>,
+    /// GPT: prompts as token ids, `5,17,3`, several separated by `;`; each continuation is
+    /// printed as `generated ids: a,b,c` (prompts of one length decode as one batch).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// GPT: sample only among the this many most likely ids (0: all) [default: 0].
+    #[arg(long, value_parser = parse::usize_any)]
+    pub top_k: Option<usize>,
+    /// GPT: sample only among the fewest most likely ids holding this much of the
+    /// probability, in (0, 1] [default: 1].
+    #[arg(long, value_parser = parse::probability)]
+    pub top_p: Option<f64>,
 }
 
 /// Every setting, by section (the job file's tables).

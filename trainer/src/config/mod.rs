@@ -136,6 +136,21 @@ pub struct GenerateConfig {
     pub generate: Option<String>,
     pub gen_tokens: usize,
     pub temperature: f64,
+    /// Prompts as token ids, as given (`checks::prompt_ids` parses them).
+    pub prompt_ids: Option<String>,
+    /// 0: every id.
+    pub top_k: usize,
+    pub top_p: f64,
+}
+
+impl GenerateConfig {
+    /// The prompts `--prompt-ids` gives (checked when the configuration resolved).
+    pub fn prompts(&self) -> Vec<Vec<usize>> {
+        self.prompt_ids
+            .as_deref()
+            .and_then(|p| checks::prompt_ids(p).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// A checked training job.

@@ -202,6 +202,16 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             g.temperature.unwrap_or(0.8),
             checks::non_negative,
         )?,
+        prompt_ids: match &g.prompt_ids {
+            Some(p) => Some(
+                checks::prompt_ids(p)
+                    .map(|_| p.clone())
+                    .map_err(|e| config_err(format!("invalid value for --prompt-ids: {e}")))?,
+            ),
+            None => None,
+        },
+        top_k: g.top_k.unwrap_or(0),
+        top_p: checked("--top-p", g.top_p.unwrap_or(1.0), checks::probability)?,
     };
     let cfg = TrainConfig {
         model,

@@ -79,6 +79,9 @@ const SCOPED: &[(&str, Needs)] = &[
     ("generate.gen-tokens", Needs::Gpt),
     ("generate.generate", Needs::Sample),
     ("generate.temperature", Needs::Sample),
+    ("generate.prompt-ids", Needs::Sample),
+    ("generate.top-k", Needs::Sample),
+    ("generate.top-p", Needs::Sample),
 ];
 
 impl Needs {

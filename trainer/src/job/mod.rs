@@ -22,7 +22,8 @@ use crate::model::TrainModel;
 use crate::schedule::{Decay, LrSchedule};
 use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::eval::evaluate;
-use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
+use crate::tasks::generate::{generate_ids, Sampling};
+use crate::tasks::gpt::{gpt_trainer, prompt_ids, GptInputs};
 use crate::tasks::mesh::Mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
@@ -160,12 +161,15 @@ fn prompt_of(cfg: &TrainConfig) -> &str {
     cfg.generate.generate.as_deref().unwrap_or("The ")
 }
 
-/// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
+/// Whether a decoder job only generates: a prompt (`--generate`, `--prompt-ids`) for a model
+/// from `--resume` or `--from-hf`, and no `--steps` (nor `--eval-only`).
 fn only_generate(cfg: &TrainConfig) -> bool {
+    let g = &cfg.generate;
     cfg.decoder()
-        && cfg.generate.generate.is_some()
-        && cfg.run.resume.is_some()
+        && (g.generate.is_some() || g.prompt_ids.is_some())
+        && (cfg.run.resume.is_some() || cfg.model.from_hf.is_some())
         && !cfg.is_set("run.steps")
+        && !cfg.run.eval_only
 }
 
 /// The step a resumed checkpoint must be below (none when only generating or evaluating).
@@ -458,10 +462,10 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
     Ok(())
 }
 
-/// `--eval-only`: the decoder built (its weights read from `--from-hf` when given, then from
-/// `--resume`'s checkpoint when given), its loss over every window of the data, then
-/// `--save-hf` when asked for.
-fn eval_job(
+/// A job that trains nothing (`--eval-only`, or only generating): the decoder built (its
+/// weights read from `--from-hf` when given, then from `--resume`'s checkpoint when given);
+/// its loss over every window of the data under `--eval-only`; `--save-hf`; the sample.
+fn infer_job(
     cfg: &TrainConfig,
     mesh: Mesh,
     device: DeviceType,
@@ -488,34 +492,119 @@ fn eval_job(
             p.set_value(v)?;
         }
     }
-    let windows = inputs.eval.as_ref().ok_or_else(|| TrainError::Layout {
-        detail: "--eval-only found no evaluation windows".into(),
-    })?;
-    if lead {
+    let world = mesh.world(device)?;
+    if let Some(windows) = &inputs.eval {
+        if lead {
+            println!(
+                "eval: {} | mesh [pp {}, dp {}, tp {}] | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
+                spec.describe(),
+                mesh.pp,
+                mesh.dp,
+                mesh.tp,
+                inputs.description,
+                inputs.tokenizer.name(),
+                windows.len(),
+                windows.seq_len() + 1,
+                cfg.data.batch_size
+            );
+        }
+        let r = evaluate(&model, windows, cfg.data.batch_size, &world)?;
+        if lead {
+            println!(
+                "eval loss {} over {} tokens perplexity {}",
+                r.loss,
+                r.tokens,
+                r.perplexity()
+            );
+        }
+    } else if lead {
         println!(
-            "eval: {} | mesh [pp {}, dp {}, tp {}] | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
+            "generate: {} | mesh [pp {}, dp {}, tp {}]",
             spec.describe(),
             mesh.pp,
             mesh.dp,
-            mesh.tp,
-            inputs.description,
-            inputs.tokenizer.name(),
-            windows.len(),
-            windows.seq_len() + 1,
-            cfg.data.batch_size
-        );
-    }
-    let r = evaluate(&model, windows, cfg.data.batch_size, &mesh.world(device)?)?;
-    if lead {
-        println!(
-            "eval loss {} over {} tokens perplexity {}",
-            r.loss,
-            r.tokens,
-            r.perplexity()
+            mesh.tp
         );
     }
     if let Some(dir) = &cfg.run.save_hf {
         save_hf(dir, spec, &model, lead)?;
+    }
+    let g = &cfg.generate;
+    if !cfg.run.eval_only || g.generate.is_some() || g.prompt_ids.is_some() {
+        let eos = spec.eos.clone();
+        sample(
+            cfg,
+            &model,
+            (inputs.tokenizer, inputs.vocab, &eos),
+            &world,
+            lead,
+        )?;
+    }
+    Ok(())
+}
+
+/// The job's samples (after training, or alone): the text prompt (`--generate`, or "The "
+/// when no `--prompt-ids` are given) and each of `--prompt-ids`, continued by `--gen-tokens`
+/// tokens as `--temperature`, `--top-k` and `--top-p` say, ending at the model's
+/// end-of-sequence ids; rank 0 prints the text and each continuation's ids.
+fn sample(
+    cfg: &TrainConfig,
+    model: &oxiflow_models::nn::gpt::Gpt,
+    (tokenizer, vocab, eos): (oxiflow_models::data::Tokenizer, usize, &[usize]),
+    world: &oxiflow_placement::Placement,
+    lead: bool,
+) -> Result<(), TrainError> {
+    let g = &cfg.generate;
+    if g.gen_tokens == 0 {
+        return Ok(());
+    }
+    let text = (g.generate.is_some() || g.prompt_ids.is_none()).then(|| prompt_of(cfg));
+    let mut prompts: Vec<Vec<usize>> = Vec::new();
+    if let Some(t) = text {
+        let mut ids: Vec<usize> = prompt_ids(&tokenizer, t, vocab)?
+            .into_iter()
+            .map(usize::from)
+            .collect();
+        if ids.is_empty() {
+            ids.push(
+                tokenizer
+                    .end_of_text()
+                    .map_or(usize::from(b'\n'), usize::from),
+            );
+        }
+        prompts.push(ids);
+    }
+    prompts.extend(g.prompts());
+    let sampling = Sampling {
+        temperature: g.temperature,
+        top_k: g.top_k,
+        top_p: g.top_p,
+        seed: cfg.model.seed,
+    };
+    let out = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
+    if !lead {
+        return Ok(());
+    }
+    let ids_line = |ids: &[usize]| {
+        let v: Vec<String> = ids.iter().map(usize::to_string).collect();
+        format!("generated ids: {}", v.join(","))
+    };
+    for (i, ids) in out.iter().enumerate() {
+        if let (0, Some(t)) = (i, text) {
+            let decoded = match ids
+                .iter()
+                .map(|&id| u16::try_from(id))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(u) if ids.iter().all(|&id| id < tokenizer.vocab()) => tokenizer.decode(&u)?,
+                _ => format!(
+                    "[ids beyond the {} tokenizer's vocabulary]",
+                    tokenizer.name()
+                ),
+            };
+            println!("sample (temperature {}): {t}{decoded}", g.temperature);
+        }
+        println!("{}", ids_line(ids));
     }
     Ok(())
 }
@@ -547,13 +636,12 @@ fn gpt_job(
     lead: bool,
     hooks: JobHooks,
 ) -> Result<(), TrainError> {
-    if cfg.run.eval_only {
-        return eval_job(cfg, mesh, device, inputs, lead);
+    if cfg.run.eval_only || only_generate(cfg) {
+        return infer_job(cfg, mesh, device, inputs, lead);
     }
     let spec = inputs.spec.clone();
+    let (tokenizer, vocab) = (inputs.tokenizer, inputs.vocab);
     let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
-    let g = &cfg.generate;
-    let only_generate = only_generate(cfg);
     if let Some(p) = &cfg.run.resume {
         job.trainer.resume_with(p, &load_options(cfg))?;
     }
@@ -591,7 +679,7 @@ fn gpt_job(
     if cfg.run.explain {
         return explain_step(&mut job.trainer, lead);
     }
-    if !only_generate {
+    {
         let saver = saver(cfg, Some(&spec), hooks.save_stage, lead);
         let summary = drive(&mut job.trainer, cfg, lead, &saver, world, launcher_bar())?;
         if lead {
@@ -611,15 +699,15 @@ fn gpt_job(
     if let Some(dir) = &cfg.run.save_hf {
         save_hf(dir, &spec, &job.trainer.model, lead)?;
     }
-    if g.gen_tokens == 0 {
-        return Ok(());
-    }
-    let prompt = prompt_of(cfg);
-    let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
-    if lead {
-        println!("sample (temperature {}): {prompt}{text}", g.temperature);
-    }
-    Ok(())
+    let world = job.mesh.world(device)?;
+    let eos = spec.eos.clone();
+    sample(
+        cfg,
+        &job.trainer.model,
+        (tokenizer, vocab, &eos),
+        &world,
+        lead,
+    )
 }
 
 fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {

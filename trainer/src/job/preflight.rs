@@ -162,6 +162,15 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
     };
     if let Some(i) = inputs.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
         prompt_ids(&i.tokenizer, prompt_of(cfg), i.vocab)?;
+        let prompts = cfg.generate.prompts();
+        if let Some(bad) = prompts.iter().flatten().find(|&&id| id >= i.vocab) {
+            return Err(TrainError::Config {
+                detail: format!(
+                    "--prompt-ids: token {bad} is not below the vocabulary size {}",
+                    i.vocab
+                ),
+            });
+        }
     }
     if let Some(p) = &r.resume {
         check_resume(cfg, inputs.as_ref(), p, resume_limit(cfg))?;

@@ -2,11 +2,10 @@
 //! matrix weights only; embeddings, biases and norms take none), its data (`GptInputs`: corpus
 //! or token shards through the chosen tokenizer, or every window of them for an evaluation),
 //! `gpt_trainer`, which builds the model on the job's stages with its optimizer and data, and
-//! `generate`.
+//! the prompts of its samples.
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
 use oxiflow_models::data::{
     Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
     HELDOUT_FRACTION,
@@ -16,8 +15,7 @@ use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
 use oxiflow_placement::DeviceType;
-use oxiflow_sbp::{NdSbp, Sbp};
-use oxiflow_tensor::{no_grad, Context, Tensor};
+use oxiflow_tensor::{Context, Tensor};
 
 use crate::config::{
     names_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
@@ -351,62 +349,6 @@ pub fn gpt_trainer(
     })
 }
 
-/// `prompt` continued by `n` tokens: greedy at temperature 0, else sampled from the softmax at
-/// that temperature with draws from `seed` (every rank draws the same), over the vocabulary's
-/// logits (never the table's padding).
-pub fn generate(
-    job: &GptJob,
-    prompt: &str,
-    n: usize,
-    temperature: f64,
-    seed: u64,
-) -> Result<String, TrainError> {
-    let _ng = no_grad();
-    let model = &job.trainer.model;
-    let t = model.cfg.seq_len;
-    let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
-    let mut ids = prompt_ids(&job.tokenizer, prompt, vocab)?;
-    if ids.is_empty() {
-        ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
-    }
-    let start = ids.len();
-    let first = model
-        .split
-        .layout(0)
-        .placement()
-        .cloned()
-        .ok_or_else(|| layout_err("the GPT is not global".into()))?;
-    let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
-    for i in 0..n {
-        // The last t tokens, padded at the end: the causal mask hides the padding.
-        let ctx = &ids[ids.len().saturating_sub(t)..];
-        let mut row = vec![0i64; t];
-        for (r, &c) in row.iter_mut().zip(ctx) {
-            *r = i64::from(c);
-        }
-        let x = Tensor::from_vec(row, [1, t])?.to_global(&first, sbp.clone())?;
-        let logits = model
-            .forward(&x, Pass::Eval)?
-            .narrow(0, 0, 1)?
-            .narrow(1, ctx.len() - 1, 1)?
-            .cast(DType::F64)?;
-        let logits = match &job.trainer.opts.pipeline {
-            None => logits.to_global(&first, NdSbp::broadcast(2))?,
-            Some(run) => logits.to_global(&run.world, NdSbp::broadcast(1))?,
-        }
-        .to_vec::<f64>()?;
-        if logits.len() != rows {
-            return Err(layout_err(format!(
-                "{} logits for a token table of {rows} rows (vocabulary {vocab})",
-                logits.len()
-            )));
-        }
-        let next = pick(&logits[..vocab], temperature, seed, i as u64);
-        ids.push(u16::try_from(next).unwrap_or(0));
-    }
-    Ok(job.tokenizer.decode(&ids[start..])?)
-}
-
 /// `prompt`'s token ids, each below `vocab` (an id in the token table's padding would read a
 /// row no training touched; one beyond it is out of range).
 pub fn prompt_ids(
@@ -423,35 +365,4 @@ pub fn prompt_ids(
         }),
         None => Ok(ids),
     }
-}
-
-/// The index of the next token: the arg-max at temperature 0, else a draw from
-/// softmax(logits / temperature).
-fn pick(logits: &[f64], temperature: f64, seed: u64, draw: u64) -> usize {
-    let best =
-        logits.iter().enumerate().fold(
-            (0, f64::NEG_INFINITY),
-            |a, (i, &v)| {
-                if v > a.1 {
-                    (i, v)
-                } else {
-                    a
-                }
-            },
-        );
-    if temperature <= 0.0 {
-        return best.0;
-    }
-    let w: Vec<f64> = logits
-        .iter()
-        .map(|&v| ((v - best.1) / temperature).exp())
-        .collect();
-    let mut u = oxiflow_tensor::rng::uniform(seed, draw) * w.iter().sum::<f64>();
-    for (i, x) in w.iter().enumerate() {
-        if u < *x {
-            return i;
-        }
-        u -= x;
-    }
-    best.0
 }

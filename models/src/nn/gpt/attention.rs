@@ -55,6 +55,15 @@ pub fn repeat_heads(x: &Tensor, group: usize, like: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The keys and values one block keeps while decoding: `[B, S, G, D]` each on the block's
+/// layout (heads split over the tensor-parallel axis as the projections split them), for the
+/// `len` positions decoded so far.
+#[derive(Clone, Debug, Default)]
+pub struct KvSlot {
+    pub kv: Option<(Tensor, Tensor)>,
+    pub len: usize,
+}
+
 /// Q, K, V projections `name.{q,k,v}` (`[C, H D]`, `[C, G D]`, `[C, G D]` for H query and G
 /// key/value heads of width D) and the output projection `name.proj` `[H D, C]`.
 #[derive(Clone, Debug)]
@@ -117,6 +126,43 @@ impl CausalSelfAttention {
         let v = repeat_heads(&v, self.heads / self.kv_heads.max(1), &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         causal_attention(&q, &k, &v)?.reshape([b, t, width])
+    }
+
+    /// The attended values of x `[B, T, C]` (as [`CausalSelfAttention::attend`]) for positions
+    /// after those whose keys and values `slot` holds, which it extends by x's: the first call
+    /// (an empty slot) attends causally over x, a later one takes one position (T = 1) and
+    /// attends over every key kept.
+    pub fn attend_cached(&self, x: &Tensor, slot: &mut KvSlot) -> Result<Tensor> {
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        let pos0 = slot.len;
+        if pos0 > 0 && t != 1 {
+            return Err(TensorError::Shape {
+                op: "CausalSelfAttention::attend_cached",
+                shapes: x.shape().to_string(),
+                sbps: format!("{:?}", x.nd_sbp()),
+                detail: format!("after {pos0} cached positions, one position at a time"),
+            });
+        }
+        let (q, k, v) = self.project(x, pos0)?;
+        let (k, v) = match slot.kv.take() {
+            Some((ck, cv)) => (
+                Tensor::concat(&[&ck, &k], 1)?,
+                Tensor::concat(&[&cv, &v], 1)?,
+            ),
+            None => (k, v),
+        };
+        slot.kv = Some((k.clone(), v.clone()));
+        slot.len += t;
+        let group = self.heads / self.kv_heads.max(1);
+        let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
+        let width = q.shape().dim(2) * q.shape().dim(3);
+        let o = if pos0 == 0 {
+            causal_attention(&q, &k, &v)?
+        } else {
+            let d = q.shape().dim(3);
+            q.flash_attention(&k, &v, false, 1.0 / (d.max(1) as f64).sqrt())?
+        };
+        o.reshape([b, t, width])
     }
 
     /// The queries `[B, T, H, D]`, keys and values `[B, T, G, D]` of x `[B, T, C]` at

@@ -11,7 +11,7 @@ use super::super::init::param_seed;
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::arch::{Arch, MlpKind};
-use super::attention::CausalSelfAttention;
+use super::attention::{CausalSelfAttention, KvSlot};
 use super::config::{GptConfig, GptLayout, TP_AXIS};
 use super::norm::Norm;
 use crate::nn::Pass;
@@ -194,8 +194,44 @@ impl Block {
         } else {
             self.attention_part(x, layout, stream)?
         };
+        self.after_attention(x, &a, cfg, layout, stream, pass, recompute)
+    }
+
+    /// [`Block::forward`] in evaluation of the next positions of the sequences whose keys and
+    /// values `cache` holds (see `KvCache`), which it extends.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        cache: &mut KvSlot,
+    ) -> Result<Tensor> {
+        let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
+        let a = row_parallel(
+            &self.attn.proj,
+            &self.attn.attend_cached(&h, cache)?,
+            layout,
+            stream,
+        )?;
+        self.after_attention(x, &a, cfg, layout, stream, Pass::Eval, Recompute::None)
+    }
+
+    /// The rest of the block after the attention sublayer's output `a` (reduced into
+    /// `stream`): the residual, ln2 and the MLP.
+    #[allow(clippy::too_many_arguments)]
+    fn after_attention(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        pass: Pass,
+        recompute: Recompute,
+    ) -> Result<Tensor> {
         // The residual add and ln2 are one op, which gives the sum too.
-        let a = pass.dropout(cfg, &format!("{}.attn", self.name), &a)?;
+        let a = pass.dropout(cfg, &format!("{}.attn", self.name), a)?;
         let (x, h) = self.ln2.forward_residual(x, &a)?;
         let h = layout.relayout(&h, Sbp::B)?;
         let site = format!("{}.mlp", self.name);

@@ -175,7 +175,7 @@ impl Gpt {
     }
 
     /// The layout of the residual stream on the tensor-parallel axis.
-    fn stream(&self) -> Sbp {
+    pub(super) fn stream(&self) -> Sbp {
         if self.cfg.sequence_parallel {
             Sbp::S(1)
         } else {
@@ -210,15 +210,22 @@ impl Gpt {
     /// `wte` (the tied table's compute value; an id in its padding, `vocab..table_rows`, reads
     /// a padded row, one at or beyond `table_rows` is out of range).
     pub fn embed(&self, ids: &Tensor, wte: &Tensor, pass: Pass) -> Result<Tensor> {
+        self.embed_at(ids, wte, pass, 0)
+    }
+
+    /// [`Gpt::embed`] of ids at positions `pos0..pos0 + T` (`pos0 + T <= seq_len`).
+    pub fn embed_at(&self, ids: &Tensor, wte: &Tensor, pass: Pass, pos0: usize) -> Result<Tensor> {
+        let room = self.cfg.seq_len.saturating_sub(pos0);
         let t = match ids.shape().dims() {
-            [_, t] if (1..=self.cfg.seq_len).contains(t) && ids.dtype() == DType::I64 => *t,
+            [_, t] if (1..=room).contains(t) && ids.dtype() == DType::I64 => *t,
             _ => {
                 return Err(TensorError::Shape {
                     op: "Gpt::forward",
                     shapes: ids.shape().to_string(),
                     sbps: format!("{:?}", ids.nd_sbp()),
                     detail: format!(
-                        "ids must be i64 [batch, t] with 1 <= t <= seq_len {}, got {}",
+                        "ids must be i64 [batch, t] with 1 <= t <= seq_len {} - {pos0} earlier \
+                         positions, got {}",
                         self.cfg.seq_len,
                         ids.dtype()
                     ),
@@ -227,7 +234,7 @@ impl Gpt {
         };
         let tok = Tensor::embedding(ids, wte)?;
         let x = match &self.wpe {
-            Some(wpe) => tok.add(&wpe.weight.compute()?.narrow(0, 0, t)?)?,
+            Some(wpe) => tok.add(&wpe.weight.compute()?.narrow(0, pos0, t)?)?,
             None => tok,
         };
         let x = pass.dropout(&self.cfg, "embedding", &x)?;
@@ -274,7 +281,7 @@ impl Gpt {
     }
 
     /// `wte` (on the first stage) on the last stage's placement, in its own nd-SBP.
-    fn to_last_stage(&self, wte: Tensor) -> Result<Tensor> {
+    pub(super) fn to_last_stage(&self, wte: Tensor) -> Result<Tensor> {
         match (self.split.stages(), self.split.last().placement()) {
             (2.., Some(last)) => {
                 let nd = wte.nd_sbp().cloned().unwrap_or_else(|| NdSbp::broadcast(2));
@@ -286,7 +293,7 @@ impl Gpt {
 
     /// The final norm of the residual stream, whole on the last stage's tensor-parallel axis:
     /// what the tied table multiplies.
-    fn head_input(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn head_input(&self, x: &Tensor) -> Result<Tensor> {
         self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)
     }
 

@@ -6,7 +6,7 @@
 
 use oxiflow_collectives::DType;
 use oxiflow_models::data::EvalWindows;
-use oxiflow_models::nn::gpt::Gpt;
+use oxiflow_models::nn::gpt::{Gpt, GptLayout};
 use oxiflow_models::nn::Pass;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
@@ -47,21 +47,12 @@ pub fn evaluate(
     world: &Placement,
 ) -> Result<EvalReport, TrainError> {
     let _ng = no_grad();
-    let layout_err = |detail: &str| TrainError::Layout {
-        detail: detail.into(),
+    let global = |l: &GptLayout| {
+        l.placement().cloned().ok_or_else(|| TrainError::Layout {
+            detail: "the decoder is not global".into(),
+        })
     };
-    let first = model
-        .split
-        .first()
-        .placement()
-        .cloned()
-        .ok_or_else(|| layout_err("the decoder is not global"))?;
-    let last = model
-        .split
-        .last()
-        .placement()
-        .cloned()
-        .ok_or_else(|| layout_err("the decoder is not global"))?;
+    let (first, last) = (global(model.split.first())?, global(model.split.last())?);
     let t = windows.seq_len();
     let (mut sum, mut tokens) = (0.0f64, 0usize);
     let mut at = 0u64;

@@ -385,15 +385,7 @@ impl Gpt {
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<Tensor> {
-        if targets.shape() != ids.shape() {
-            return Err(TensorError::Shape {
-                op: "Gpt::loss",
-                shapes: format!("{}, {}", ids.shape(), targets.shape()),
-                sbps: format!("{:?}, {:?}", ids.nd_sbp(), targets.nd_sbp()),
-                detail: "targets must have the ids' shape".into(),
-            });
-        }
-        let (x, wte) = self.stream_out(ids, pass)?;
+        let (x, wte) = self.stream_out_for("Gpt::loss", ids, targets, pass)?;
         self.head_loss(&x, &wte, targets)
     }
 
@@ -401,16 +393,27 @@ impl Gpt {
     /// tensor on the last stage) and the number of tokens it sums over: what an evaluation
     /// over batches of any size adds up.
     pub fn loss_sum(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<(Tensor, usize)> {
+        let (x, table) = self.stream_out_for("Gpt::loss_sum", ids, targets, pass)?;
+        self.head_loss_sum(&x, &table, targets)
+    }
+
+    /// [`Gpt::stream_out`] of `ids` once `targets` have their shape (else an error of `op`).
+    fn stream_out_for(
+        &self,
+        op: &'static str,
+        ids: &Tensor,
+        targets: &Tensor,
+        pass: Pass,
+    ) -> Result<(Tensor, Tensor)> {
         if targets.shape() != ids.shape() {
             return Err(TensorError::Shape {
-                op: "Gpt::loss_sum",
+                op,
                 shapes: format!("{}, {}", ids.shape(), targets.shape()),
                 sbps: format!("{:?}, {:?}", ids.nd_sbp(), targets.nd_sbp()),
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        let (x, table) = self.stream_out(ids, pass)?;
-        self.head_loss_sum(&x, &table, targets)
+        self.stream_out(ids, pass)
     }
 }
 

@@ -375,3 +375,34 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
         }
     }
 }
+
+#[test]
+fn generation_past_a_sliding_window_is_refused_before_any_step() {
+    let base = tmp("window-gen");
+    let dir = copy("mistral", &base);
+    set_config(&dir, "sliding_window", serde_json::json!(20));
+    let d = dir.to_str().unwrap();
+    let gen = |n: &str| {
+        let args = [
+            "--from-hf",
+            d,
+            "--prompt-ids",
+            "5,17,3",
+            "--gen-tokens",
+            n,
+            "--temperature",
+            "0",
+        ];
+        launch(1, &args)
+    };
+    // 3 + 17 tokens fit the window; 3 + 18 do not.
+    assert_eq!(generated(&ok(gen("17"))).len(), 1);
+    let out = gen("18");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("sliding-window attention of 20 tokens matters for windows of 21 tokens"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -193,7 +193,11 @@ fn a_hugging_face_llama_fine_tunes_alike_on_every_layout() {
 
 #[test]
 fn flags_of_another_architecture_are_refused_by_name() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--model", "llama", "--recompute", "gelu"],
+            "--recompute gelu: this model's MLP is SwiGLU",
+        ),
         (&["--kv-heads", "2"], "--kv-heads (model.kv-heads)"),
         (&["--tie-embeddings"], "settings of --model llama"),
         (

@@ -352,6 +352,12 @@ impl HfConfig {
                 ),
             });
         }
+        self.check_sliding_window(len)
+    }
+
+    /// Refuses sequences of `len` tokens longer than a sliding attention window (which this
+    /// crate does not implement: up to the window, attention is the same).
+    pub fn check_sliding_window(&self, len: usize) -> HfResult<()> {
         match self.sliding_window {
             Some(w) if len > w => Err(HfError::Config {
                 path: self.path.clone(),

@@ -210,6 +210,17 @@ impl TrainConfig {
         self.model.model.is_decoder()
     }
 
+    /// Whether a decoder job only generates: a prompt (`--generate`, `--prompt-ids`) for a
+    /// model from `--resume` or `--from-hf`, and no `--steps` (nor `--eval-only`).
+    pub fn generates_only(&self) -> bool {
+        let g = &self.generate;
+        self.decoder()
+            && (g.generate.is_some() || g.prompt_ids.is_some())
+            && (self.run.resume.is_some() || self.model.from_hf.is_some())
+            && !self.is_set("run.steps")
+            && !self.run.eval_only
+    }
+
     /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).
     pub fn pipelined(&self) -> bool {
         let p = &self.parallel;

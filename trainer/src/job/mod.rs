@@ -161,20 +161,9 @@ fn prompt_of(cfg: &TrainConfig) -> &str {
     cfg.generate.generate.as_deref().unwrap_or("The ")
 }
 
-/// Whether a decoder job only generates: a prompt (`--generate`, `--prompt-ids`) for a model
-/// from `--resume` or `--from-hf`, and no `--steps` (nor `--eval-only`).
-fn only_generate(cfg: &TrainConfig) -> bool {
-    let g = &cfg.generate;
-    cfg.decoder()
-        && (g.generate.is_some() || g.prompt_ids.is_some())
-        && (cfg.run.resume.is_some() || cfg.model.from_hf.is_some())
-        && !cfg.is_set("run.steps")
-        && !cfg.run.eval_only
-}
-
 /// The step a resumed checkpoint must be below (none when only generating or evaluating).
 fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
-    (!only_generate(cfg) && !cfg.run.eval_only).then_some(cfg.run.steps)
+    (!cfg.generates_only() && !cfg.run.eval_only).then_some(cfg.run.steps)
 }
 
 /// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
@@ -636,7 +625,7 @@ fn gpt_job(
     lead: bool,
     hooks: JobHooks,
 ) -> Result<(), TrainError> {
-    if cfg.run.eval_only || only_generate(cfg) {
+    if cfg.run.eval_only || cfg.generates_only() {
         return infer_job(cfg, mesh, device, inputs, lead);
     }
     let spec = inputs.spec.clone();

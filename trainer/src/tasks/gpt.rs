@@ -10,7 +10,7 @@ use oxiflow_models::data::{
     Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
     HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, DP_AXIS};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, DP_AXIS};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -18,7 +18,8 @@ use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{Context, Tensor};
 
 use crate::config::{
-    names_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
+    names_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg,
+    TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
@@ -72,7 +73,8 @@ fn layout_err(detail: String) -> TrainError {
 /// world starts, so every rank refuses bad data alike without communicating; and the decoder
 /// it feeds (a Hugging Face directory's configuration and weights' headers read).
 pub struct GptInputs {
-    /// The training and held-out windows (None under `--eval-only`).
+    /// The training and held-out windows (None under `--eval-only`, or for a Hugging Face
+    /// model only generating).
     pub windows: Option<(Windows, Windows)>,
     /// Every window of the data, under `--eval-only`.
     pub eval: Option<EvalWindows>,
@@ -92,13 +94,18 @@ impl GptInputs {
         let tokenizer = tokenizer_of(cfg);
         let hf = DecoderSpec::open_hf(cfg)?;
         let limit = hf.as_ref().map(|h| h.config.vocab);
-        let (windows, eval, data_vocab, description, entropy) = if cfg.run.eval_only {
-            let (eval, vocab, description) = eval_windows(cfg, tokenizer, limit)?;
-            (None, Some(eval), vocab, description, None)
-        } else {
-            let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer, limit)?;
-            (Some((train, heldout)), None, vocab, description, entropy)
-        };
+        let (windows, eval, data_vocab, description, entropy) =
+            if cfg.generates_only() && hf.is_some() {
+                // A Hugging Face model only generating reads no data.
+                let none = "none (generation only)".to_string();
+                (None, None, tokenizer.vocab(), none, None)
+            } else if cfg.run.eval_only {
+                let (eval, vocab, description) = eval_windows(cfg, tokenizer, limit)?;
+                (None, Some(eval), vocab, description, None)
+            } else {
+                let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer, limit)?;
+                (Some((train, heldout)), None, vocab, description, entropy)
+            };
         let vocab = limit.unwrap_or(data_vocab);
         let multiple = cfg.model.vocab_multiple;
         let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
@@ -109,6 +116,28 @@ impl GptInputs {
         let eos = tokenizer.end_of_text().map(usize::from);
         let spec = DecoderSpec::resolve(cfg, vocab, eos, hf);
         spec.check()?;
+        if let Some(ck) = spec.hf.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
+            let text = match cfg.generate.generate.as_deref() {
+                Some(t) => tokenizer.encode(t)?.len(),
+                None => 0,
+            };
+            let longest = cfg
+                .generate
+                .prompts()
+                .iter()
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            ck.config
+                .check_sliding_window(text.max(longest) + cfg.generate.gen_tokens)?;
+        }
+        if spec.arch.mlp == MlpKind::SwiGlu && cfg.parallel.recompute == RecomputeArg::Gelu {
+            return Err(TrainError::Config {
+                detail: "--recompute gelu: this model's MLP is SwiGLU, with no GELU output to \
+                         recompute"
+                    .into(),
+            });
+        }
         Ok(GptInputs {
             windows,
             eval,

@@ -27,7 +27,8 @@ use Does::{Rw, A, R};
 /// The modes, in the order of the table's columns.
 pub const MODES: [&str; 5] = ["gpt", "mlp", "explain", "generate-only", "prepare"];
 
-/// (flag, value ("": a switch; `{txt}` `{bin}` `{val}` `{ck}` `{job}` `{model}` are filled in),
+/// (flag, value ("": a switch; `{txt}` `{bin}` `{val}` `{ck}` `{job}` `{model}` `{hf}` are
+/// filled in),
 /// companions, what it does in each mode).
 type Row = (
     &'static str,
@@ -142,6 +143,23 @@ pub const FLAGS: &[Row] = &[
     ("--generate", "hi", &[], [A, R, R, A, R]),
     ("--gen-tokens", "4", &[], [A, R, R, A, R]),
     ("--temperature", "0.5", &[], [A, R, R, A, R]),
+    ("--prompt-ids", "5,17", &[], [A, R, R, A, R]),
+    ("--top-k", "3", &[], [A, R, R, A, R]),
+    ("--top-p", "0.9", &[], [A, R, R, A, R]),
+    // A Llama's flags (every mode here builds a GPT or the MLP), and Hugging Face models.
+    ("--kv-heads", "1", &[], [R, R, R, R, R]),
+    ("--ffn-width", "32", &[], [R, R, R, R, R]),
+    ("--rope-theta", "10000", &[], [R, R, R, R, R]),
+    ("--norm-eps", "0.00001", &[], [R, R, R, R, R]),
+    ("--tie-embeddings", "", &[], [R, R, R, R, R]),
+    (
+        "--from-hf",
+        "{hf}",
+        &[],
+        [Rw("--from-hf"), R, Rw("--from-hf"), Rw("--from-hf"), R],
+    ),
+    ("--eval-only", "", &[], [Rw("--eval-only"), R, R, A, R]),
+    ("--save-hf", "hf-out", &[], [A, R, R, A, R]),
     // `train prepare`'s own flags.
     ("--out", "out/q", &[], [R, R, R, R, A]),
     ("--format", "raw", &[], [R, R, R, R, A]),
@@ -235,6 +253,10 @@ impl Fixture {
             .replace("{val}", &self.p("val.bin"))
             .replace("{ck}", &self.p(ck))
             .replace("{job}", &self.p("job.toml"))
+            .replace(
+                "{hf}",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/llama"),
+            )
             .replace("{model}", model)
     }
 

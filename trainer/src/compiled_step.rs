@@ -21,68 +21,72 @@ use crate::error::TrainError;
 use crate::model::TrainModel;
 use crate::trainer::{first, Trainer};
 
-/// Runs step `step`'s batch through the compiled program; returns the mean loss and, when the
-/// step compiled, the compile line (with why it compiled again).
-pub(crate) fn compiled_batch<M: TrainModel>(
-    t: &mut Trainer<M>,
-    step: u64,
-) -> Result<(f64, Option<String>), TrainError> {
-    let k = t.opts.grad_accum;
-    let batches = (0..k)
-        .map(|a| t.data.train_batch(step, a, k))
-        .collect::<Result<Vec<_>, _>>()?;
-    let inputs = batches
-        .iter()
-        .flat_map(|b| [b.inputs.clone(), b.targets.clone()])
-        .collect();
-    let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
-        let mut total: Option<Tensor> = None;
-        for (a, batch) in batches.iter().enumerate() {
-            let (l, _) = trainer.part(batch, step, a)?;
+impl<M: TrainModel> Trainer<M> {
+    /// Runs step `step`'s batch through the compiled program; returns the mean loss and, when the
+    /// step compiled, the compile line (with why it compiled again).
+    pub(crate) fn compiled_batch(
+        &mut self,
+        step: u64,
+    ) -> Result<(f64, Option<String>), TrainError> {
+        let t = self;
+        let k = t.opts.grad_accum;
+        let batches = (0..k)
+            .map(|a| t.data.train_batch(step, a, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let inputs = batches
+            .iter()
+            .flat_map(|b| [b.inputs.clone(), b.targets.clone()])
+            .collect();
+        let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
+            let mut total: Option<Tensor> = None;
+            for (a, batch) in batches.iter().enumerate() {
+                let (l, _) = trainer.part(batch, step, a)?;
+                let _ng = no_grad();
+                total = Some(match total {
+                    Some(s) => s.add(&l)?,
+                    None => l,
+                });
+            }
             let _ng = no_grad();
-            total = Some(match total {
-                Some(s) => s.add(&l)?,
-                None => l,
-            });
-        }
+            let total = total.ok_or_else(|| {
+                TrainError::Tensor(TensorError::Kernel {
+                    op: "train_step",
+                    detail: "no part ran".into(),
+                })
+            })?;
+            Ok(vec![total.mul_scalar(1.0 / k as f64)?])
+        };
+        let (losses, line) = run_compiled(t, inputs, body)?;
+        let [loss] = losses.as_slice() else {
+            return Err(TrainError::Tensor(TensorError::Kernel {
+                op: "train --compile",
+                detail: format!("the compiled step gave {} losses for 1", losses.len()),
+            }));
+        };
         let _ng = no_grad();
-        let total = total.ok_or_else(|| {
-            TrainError::Tensor(TensorError::Kernel {
-                op: "train_step",
-                detail: "no part ran".into(),
-            })
-        })?;
-        Ok(vec![total.mul_scalar(1.0 / k as f64)?])
-    };
-    let (losses, line) = run_compiled(t, inputs, body)?;
-    let [loss] = losses.as_slice() else {
-        return Err(TrainError::Tensor(TensorError::Kernel {
-            op: "train --compile",
-            detail: format!("the compiled step gave {} losses for 1", losses.len()),
-        }));
-    };
-    let _ng = no_grad();
-    Ok((first("train_step", loss)?, line))
-}
+        Ok((first("train_step", loss)?, line))
+    }
 
-/// Runs step `step`'s pipelined batch (every part's run of the schedule on this rank's stage)
-/// through the compiled program; returns the mean loss (every rank gets it) and, when the step
-/// compiled, the compile line.
-pub(crate) fn compiled_pipelined_batch<M: TrainModel>(
-    t: &mut Trainer<M>,
-    step: u64,
-) -> Result<(f64, Option<String>), TrainError> {
-    let parts = t.pipelined_batches(step)?;
-    let inputs = parts
-        .iter()
-        .flat_map(|p| p.inputs.iter().chain(&p.targets).cloned())
-        .collect();
-    let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
-        Ok(trainer.pipelined_parts(step, &parts)?.losses)
-    };
-    let (losses, line) = run_compiled(t, inputs, body)?;
-    let (loss, _) = t.pipelined_loss(&losses, None)?;
-    Ok((loss, line))
+    /// Runs step `step`'s pipelined batch (every part's run of the schedule on this rank's stage)
+    /// through the compiled program; returns the mean loss (every rank gets it) and, when the step
+    /// compiled, the compile line.
+    pub(crate) fn compiled_pipelined_batch(
+        &mut self,
+        step: u64,
+    ) -> Result<(f64, Option<String>), TrainError> {
+        let t = self;
+        let parts = t.pipelined_batches(step)?;
+        let inputs = parts
+            .iter()
+            .flat_map(|p| p.inputs.iter().chain(&p.targets).cloned())
+            .collect();
+        let body = |trainer: &Trainer<M>| -> Result<Vec<Tensor>, TrainError> {
+            Ok(trainer.pipelined_parts(step, &parts)?.losses)
+        };
+        let (losses, line) = run_compiled(t, inputs, body)?;
+        let (loss, _) = t.pipelined_loss(&losses, None)?;
+        Ok((loss, line))
+    }
 }
 
 /// Runs `body` (the step's passes, returning what it computed besides the gradients) as the

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use oxiflow_models::data::DataError;
+use oxiflow_models::hf::HfError;
 use oxiflow_tensor::TensorError;
 
 /// A training job's failure.
@@ -18,6 +19,9 @@ pub enum TrainError {
     Data(#[from] DataError),
     #[error(transparent)]
     Tensor(#[from] TensorError),
+    /// A Hugging Face model directory that does not fit (`--from-hf`, `--save-hf`).
+    #[error(transparent)]
+    Hf(#[from] HfError),
     #[error(transparent)]
     Comm(#[from] oxiflow_collectives::CommError),
     /// A compiled step (`--compile`) that could not be captured or replayed.

@@ -56,7 +56,7 @@ pub struct TrainOptions {
     pub reduce_dtype: Option<DType>,
     pub pipeline: Option<PipelineRun>,
     /// Run each step's forward and backward passes (the whole pipeline schedule when
-    /// pipelined) as a compiled program (`compiled_step.rs`).
+    /// pipelined) as a compiled program (the methods in `compiled_step.rs`).
     pub compile: bool,
 }
 
@@ -220,7 +220,7 @@ impl<M: TrainModel> Trainer<M> {
         let mut compiled = None;
         let (read_loss, queued_loss, bubble) = if self.opts.pipeline.is_some() && self.opts.compile
         {
-            let (loss, line) = crate::compiled_step::compiled_pipelined_batch(self, step)?;
+            let (loss, line) = self.compiled_pipelined_batch(step)?;
             compiled = line;
             (Some(loss), None, None)
         } else if self.opts.pipeline.is_some() {
@@ -230,7 +230,7 @@ impl<M: TrainModel> Trainer<M> {
             let (l, b) = self.pipelined_loss(&done.losses, Some((done.busy, done.span)))?;
             (Some(l), None, b)
         } else if self.opts.compile {
-            let (loss, line) = crate::compiled_step::compiled_batch(self, step)?;
+            let (loss, line) = self.compiled_batch(step)?;
             compiled = line;
             (Some(loss), None, None)
         } else {

@@ -12,6 +12,7 @@
 mod batches;
 mod corpus;
 mod error;
+mod eval_windows;
 mod generated;
 mod header;
 mod prefetch;
@@ -22,6 +23,7 @@ mod windows;
 pub use batches::{Batch, WindowSampler};
 pub use corpus::{Corpus, CorpusSource, HELDOUT_FRACTION, MAX_CORPUS_BYTES, PRETOKENIZED_MAGIC};
 pub use error::DataError;
+pub use eval_windows::EvalWindows;
 pub use generated::generated_text;
 pub use header::{identify, identify_file, TokenHeader};
 pub use prefetch::{Prefetcher, PREFETCH_TIMEOUT};

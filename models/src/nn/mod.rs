@@ -1,5 +1,5 @@
 //! Layers: parameters and their registry, `Linear` (replicated, column- or row-parallel on a
-//! tensor-parallel mesh axis), `Embedding`, `LayerNorm`, an `Mlp` block and a GPT (`gpt`).
+//! tensor-parallel mesh axis), `Embedding`, `LayerNorm`, `RmsNorm`, an `Mlp` block and the decoder family (`gpt`).
 //!
 //! With global view a parallel layer is an ordinary layer whose parameters have chosen nd-SBPs:
 //! a column-parallel weight `[in, out]` is `S(1)` on the tensor-parallel axis, a row-parallel one
@@ -14,6 +14,7 @@ mod linear;
 mod mlp;
 mod param;
 mod pass;
+mod rms_norm;
 
 pub use embedding::Embedding;
 pub use init::{param_seed, Init, ParamPlacement};
@@ -22,3 +23,4 @@ pub use linear::{Linear, LinearOptions, Parallel};
 pub use mlp::{Activation, Mlp};
 pub use param::{Module, ParamRegistry, Parameter};
 pub use pass::Pass;
+pub use rms_norm::RmsNorm;

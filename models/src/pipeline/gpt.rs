@@ -1,5 +1,6 @@
 //! `Gpt` as a `PipelineModel`: the embeddings enter on the first stage, the blocks run chunk by
-//! chunk, the final norm and the tied output projection end on the last stage.
+//! chunk, the final norm and the output projection (the tied token table, brought there by the
+//! runner, or `lm_head`) end on the last stage.
 
 use oxiflow_collectives::DType;
 use oxiflow_placement::Placement;
@@ -55,10 +56,6 @@ impl PipelineModel for Gpt {
         tied: Option<&Tensor>,
         _pass: Pass,
     ) -> Result<Tensor> {
-        let w = match tied {
-            Some(w) => w.clone(),
-            None => self.wte.weight.compute()?,
-        };
-        self.head_loss(y, &w, targets)
+        self.head_loss(y, &self.head_table(tied)?, targets)
     }
 }

@@ -37,6 +37,35 @@ pub fn unit_fraction(v: f64) -> Result<f64, String> {
     }
 }
 
+/// A probability above 0, at most 1.
+pub fn probability(v: f64) -> Result<f64, String> {
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in (0, 1]"))
+    }
+}
+
+/// Prompts as token ids: `5,17,3`, several separated by `;`, none empty.
+pub fn prompt_ids(text: &str) -> Result<Vec<Vec<usize>>, String> {
+    text.split(';')
+        .map(|p| {
+            let ids = p
+                .split(',')
+                .map(|id| {
+                    id.trim()
+                        .parse::<usize>()
+                        .map_err(|e| format!("{id:?} in {p:?} is not a token id: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if ids.is_empty() {
+                return Err(format!("an empty prompt in {text:?}"));
+            }
+            Ok(ids)
+        })
+        .collect()
+}
+
 /// At least 2 classes.
 pub fn class_count(v: u64) -> Result<u64, String> {
     if v < 2 {
@@ -121,6 +150,9 @@ pub mod parse {
     }
     pub fn spike_factor(s: &str) -> Result<f64, String> {
         super::spike_factor(number(s)?)
+    }
+    pub fn probability(s: &str) -> Result<f64, String> {
+        super::probability(number(s)?)
     }
     pub fn zero_stage(s: &str) -> Result<u8, String> {
         let v = super::zero_stage(count(s)?)?;

@@ -18,8 +18,18 @@ use super::checks::parse;
 pub enum ModelKind {
     /// A GPT-2 style language model on text or token shards.
     Gpt,
+    /// A Llama-style decoder (RMSNorm, rotary positions, SwiGLU, grouped-query attention, an
+    /// output table of its own unless --tie-embeddings) on the GPT's data.
+    Llama,
     /// The MLP classifier on Gaussian clusters.
     Mlp,
+}
+
+impl ModelKind {
+    /// Whether the model is a decoder of the GPT family (GPT or Llama).
+    pub fn is_decoder(self) -> bool {
+        matches!(self, ModelKind::Gpt | ModelKind::Llama)
+    }
 }
 
 /// Element type of the model and data.
@@ -28,6 +38,16 @@ pub enum ModelKind {
 pub enum Precision {
     F32,
     F64,
+}
+
+impl Precision {
+    /// The element type it names.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::F64 => DType::F64,
+        }
+    }
 }
 
 /// What each GPT block keeps for its backward pass.
@@ -217,6 +237,28 @@ pub struct ModelFlags {
     /// Seed of the initial weights, the data and dropout [default: 0].
     #[arg(long, value_parser = parse::u64_any)]
     pub seed: Option<u64>,
+    /// Llama: key/value heads, shared by groups of query heads (divides --heads) [default:
+    /// --heads].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub kv_heads: Option<usize>,
+    /// Llama: the MLP's hidden width [default: 4 x --width].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub ffn_width: Option<usize>,
+    /// Llama: the rotary embedding's base [default: 10000].
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub rope_theta: Option<f64>,
+    /// Llama: RMSNorm's epsilon [default: 1e-5].
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub norm_eps: Option<f64>,
+    /// Llama: the output projection is the token table.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tie_embeddings: bool,
+    /// A Hugging Face model directory (config.json; model.safetensors or its sharded index):
+    /// the architecture (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+    /// MistralForCausalLM), its sizes and its weights, each rank reading only its own pieces.
+    #[arg(long)]
+    pub from_hf: Option<PathBuf>,
 }
 
 /// How the job is laid out on the ranks.
@@ -411,6 +453,16 @@ pub struct RunFlags {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
+    /// Train nothing: print the mean next-token loss over every whole window of --seq-len + 1
+    /// tokens of --data (non-overlapping; each window's first token is context only),
+    /// --batch-size windows at a time, and its perplexity.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eval_only: bool,
+    /// Write the model, after training, as a Hugging Face directory here (config.json,
+    /// safetensors shards and their index; the folder must not exist or be empty).
+    #[arg(long)]
+    pub save_hf: Option<PathBuf>,
 }
 
 /// The GPT's generated sample.
@@ -427,6 +479,17 @@ pub struct GenerateFlags {
     /// GPT: sampling temperature (0: greedy) [default: 0.8].
     #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
     pub temperature: Option<f64>,
+    /// GPT: prompts as token ids, `5,17,3`, several separated by `;`; each continuation is
+    /// printed as `generated ids: a,b,c` (prompts of one length decode as one batch).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// GPT: sample only among the this many most likely ids (0: all) [default: 0].
+    #[arg(long, value_parser = parse::usize_any)]
+    pub top_k: Option<usize>,
+    /// GPT: sample only among the fewest most likely ids holding this much of the
+    /// probability, in (0, 1] [default: 1].
+    #[arg(long, value_parser = parse::probability)]
+    pub top_p: Option<f64>,
 }
 
 /// Every setting, by section (the job file's tables).

@@ -22,6 +22,7 @@ pub use flags::{
 };
 
 use crate::error::TrainError;
+use crate::schedule::{Decay, LrSchedule};
 
 /// The model and its sizes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -40,6 +41,15 @@ pub struct ModelConfig {
     pub classes: usize,
     pub dtype: Precision,
     pub seed: u64,
+    /// Llama: key/value heads (None: as many as query heads).
+    pub kv_heads: Option<usize>,
+    /// Llama: the MLP's width (None: 4 x width).
+    pub ffn_width: Option<usize>,
+    pub rope_theta: f64,
+    pub norm_eps: f64,
+    pub tie_embeddings: bool,
+    /// A Hugging Face model directory: the architecture, sizes and weights.
+    pub from_hf: Option<PathBuf>,
 }
 
 /// The layout on the ranks (`dp` None: the world size over pp x tp).
@@ -118,6 +128,8 @@ pub struct RunConfig {
     pub loss_spike_factor: f64,
     pub explain: bool,
     pub compile: bool,
+    pub eval_only: bool,
+    pub save_hf: Option<PathBuf>,
 }
 
 /// The GPT's sample.
@@ -127,6 +139,21 @@ pub struct GenerateConfig {
     pub generate: Option<String>,
     pub gen_tokens: usize,
     pub temperature: f64,
+    /// Prompts as token ids, as given (`checks::prompt_ids` parses them).
+    pub prompt_ids: Option<String>,
+    /// 0: every id.
+    pub top_k: usize,
+    pub top_p: f64,
+}
+
+impl GenerateConfig {
+    /// The prompts `--prompt-ids` gives (checked when the configuration resolved).
+    pub fn prompts(&self) -> Vec<Vec<usize>> {
+        self.prompt_ids
+            .as_deref()
+            .and_then(|p| checks::prompt_ids(p).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// A checked training job.
@@ -184,12 +211,46 @@ impl TrainConfig {
         toml::to_string(&table).map_err(|e| err(&e))
     }
 
-    /// Whether a GPT job only generates (`--generate` with `--resume` and no `--steps`).
-    pub fn only_generates(&self) -> bool {
-        self.model.model == ModelKind::Gpt
-            && self.generate.generate.is_some()
-            && self.run.resume.is_some()
+    /// Whether the job trains a decoder (GPT or Llama, from flags or `--from-hf`).
+    pub fn decoder(&self) -> bool {
+        self.model.model.is_decoder()
+    }
+
+    /// Whether a decoder job only generates: a prompt (`--generate`, `--prompt-ids`) for a
+    /// model from `--resume` or `--from-hf`, and no `--steps` (nor `--eval-only`).
+    pub fn generates_only(&self) -> bool {
+        let g = &self.generate;
+        self.decoder()
+            && (g.generate.is_some() || g.prompt_ids.is_some())
+            && (self.run.resume.is_some() || self.model.from_hf.is_some())
             && !self.is_set("run.steps")
+            && !self.run.eval_only
+    }
+
+    /// The learning-rate schedule the optimizer flags describe.
+    pub fn lr_schedule(&self) -> LrSchedule {
+        let o = &self.optim;
+        LrSchedule {
+            lr: o.lr,
+            min_lr: o.min_lr,
+            warmup: o.warmup_steps,
+            steps: self.run.steps,
+            decay: match o.lr_schedule {
+                LrScheduleArg::Constant => Decay::Constant,
+                LrScheduleArg::Cosine => Decay::Cosine,
+                LrScheduleArg::Linear => Decay::Linear,
+            },
+        }
+    }
+
+    /// The prompt of the decoder's sample (`--generate`, else "The ").
+    pub fn prompt(&self) -> &str {
+        self.generate.generate.as_deref().unwrap_or("The ")
+    }
+
+    /// The step a resumed checkpoint must be below (none when only generating or evaluating).
+    pub fn resume_limit(&self) -> Option<u64> {
+        (!self.generates_only() && !self.run.eval_only).then_some(self.run.steps)
     }
 
     /// Whether GPT steps run through the pipeline runner (stages, micro-batches or chunks).

@@ -59,7 +59,7 @@ fn path<T: AsRef<std::ffi::OsStr> + Clone>(
 
 pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfig, TrainError> {
     let kind = f.model.model.unwrap_or(ModelKind::Gpt);
-    let gpt = kind == ModelKind::Gpt;
+    let gpt = kind.is_decoder();
     let m = &f.model;
     let model = ModelConfig {
         model: kind,
@@ -81,6 +81,20 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         )? as usize,
         dtype: m.dtype.unwrap_or(Precision::F32),
         seed: m.seed.unwrap_or(0),
+        kv_heads: m.kv_heads.map(|k| count("--kv-heads", k)).transpose()?,
+        ffn_width: m.ffn_width.map(|f| count("--ffn-width", f)).transpose()?,
+        rope_theta: checked(
+            "--rope-theta",
+            m.rope_theta.unwrap_or(10000.0),
+            checks::positive_finite,
+        )?,
+        norm_eps: checked(
+            "--norm-eps",
+            m.norm_eps.unwrap_or(1e-5),
+            checks::positive_finite,
+        )?,
+        tie_embeddings: m.tie_embeddings,
+        from_hf: path("--from-hf", &m.from_hf)?,
     };
     let p = &f.parallel;
     let parallel = ParallelConfig {
@@ -174,6 +188,8 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         )?,
         explain: r.explain,
         compile: r.compile,
+        eval_only: r.eval_only,
+        save_hf: path("--save-hf", &r.save_hf)?,
     };
     let g = &f.generate;
     let generate = GenerateConfig {
@@ -188,6 +204,16 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             g.temperature.unwrap_or(0.8),
             checks::non_negative,
         )?,
+        prompt_ids: match &g.prompt_ids {
+            Some(p) => Some(
+                checks::prompt_ids(p)
+                    .map(|_| p.clone())
+                    .map_err(|e| config_err(format!("invalid value for --prompt-ids: {e}")))?,
+            ),
+            None => None,
+        },
+        top_k: g.top_k.unwrap_or(0),
+        top_p: checked("--top-p", g.top_p.unwrap_or(1.0), checks::probability)?,
     };
     let cfg = TrainConfig {
         model,
@@ -259,20 +285,21 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
         }
     }
     let m = &c.model;
-    if m.model == ModelKind::Gpt && !m.width.is_multiple_of(m.heads) {
+    let built = m.model.is_decoder() && m.from_hf.is_none();
+    if built && !m.width.is_multiple_of(m.heads) {
         return Err(config_err(format!(
             "--width {} is not a multiple of --heads {}",
             m.width, m.heads
         )));
     }
-    if m.model == ModelKind::Gpt && !m.heads.is_multiple_of(c.parallel.tp) {
+    if built && !m.heads.is_multiple_of(c.parallel.tp) {
         return Err(config_err(format!(
             "--heads {} is not a multiple of --tp {}: the attention heads are split over the \
              tensor-parallel ranks",
             m.heads, c.parallel.tp
         )));
     }
-    if m.model == ModelKind::Gpt && c.pipelined() {
+    if built && c.pipelined() {
         let p = &c.parallel;
         let spec = PipelineSpec {
             schedule: match p.schedule {
@@ -296,9 +323,30 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             )));
         }
     }
-    if c.model.model == ModelKind::Gpt && o.optimizer == Opt::Sgd {
+    if built && m.model == ModelKind::Llama {
+        let kv = m.kv_heads.unwrap_or(m.heads);
+        if !m.heads.is_multiple_of(kv) {
+            return Err(config_err(format!(
+                "--kv-heads {kv} does not divide --heads {}",
+                m.heads
+            )));
+        }
+        if !(m.width / m.heads).is_multiple_of(2) {
+            return Err(config_err(format!(
+                "--width {} / --heads {} is an odd head width, and rotary positions rotate pairs",
+                m.width, m.heads
+            )));
+        }
+    }
+    if m.model.is_decoder() && o.optimizer == Opt::Sgd {
+        return Err(config_err(format!(
+            "--model {} trains with AdamW: drop --optimizer sgd",
+            format!("{:?}", m.model).to_lowercase()
+        )));
+    }
+    if r.eval_only && r.explain {
         return Err(config_err(
-            "--model gpt trains with AdamW: drop --optimizer sgd".into(),
+            "--eval-only and --explain both replace training: give one".into(),
         ));
     }
     Ok(())

@@ -11,7 +11,14 @@ use crate::error::TrainError;
 /// What a key needs of the job to be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Needs {
+    /// A decoder (GPT or Llama).
     Gpt,
+    /// A decoder whose architecture and sizes the flags give (no `--from-hf`).
+    Built,
+    /// A Llama built from the flags.
+    Llama,
+    /// No `--from-hf` (which names the architecture).
+    NoHf,
     Mlp,
     Sgd,
     /// GPT data given as token shards.
@@ -27,19 +34,26 @@ enum Needs {
     Sample,
     /// A GPT that generates a sample (not under --explain).
     Generates,
-    /// A job that trains (every job but one that only generates).
+    /// A job that trains (every job but one that only generates or only evaluates).
     Trains,
+    /// A job that reads batches of data (every job but one that only generates).
+    Batches,
     /// A job that runs its training loop (not --explain, not one that only generates).
     Loop,
     /// Data-parallel gradient buckets (a GPT with --bucket-mb above 0).
     Buckets,
+    /// Training steps (no `--eval-only`).
+    Training,
+    /// A decoder job that runs to its end (not `--explain`, which runs one step and exits).
+    Runs,
 }
 
 /// Every key only some jobs use (`section.key`), with what it needs.
 const SCOPED: &[(&str, Needs)] = &[
-    ("model.layers", Needs::Gpt),
-    ("model.heads", Needs::Gpt),
-    ("model.width", Needs::Gpt),
+    ("model.model", Needs::NoHf),
+    ("model.layers", Needs::Built),
+    ("model.heads", Needs::Built),
+    ("model.width", Needs::Built),
     ("model.seq-len", Needs::Gpt),
     ("model.vocab-multiple", Needs::Gpt),
     ("model.dropout", Needs::Gpt),
@@ -47,6 +61,12 @@ const SCOPED: &[(&str, Needs)] = &[
     ("model.hidden", Needs::Mlp),
     ("model.features", Needs::Mlp),
     ("model.classes", Needs::Mlp),
+    ("model.kv-heads", Needs::Llama),
+    ("model.ffn-width", Needs::Llama),
+    ("model.rope-theta", Needs::Llama),
+    ("model.norm-eps", Needs::Llama),
+    ("model.tie-embeddings", Needs::Llama),
+    ("model.from-hf", Needs::Gpt),
     ("parallel.pp", Needs::Gpt),
     ("parallel.sp", Needs::Gpt),
     ("parallel.micro-batches", Needs::Gpt),
@@ -60,7 +80,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("data.val-data", Needs::Shards),
     ("data.val-data", Needs::Loop),
     ("data.shard-format", Needs::Shards),
-    ("data.batch-size", Needs::Trains),
+    ("data.batch-size", Needs::Batches),
     ("optim.momentum", Needs::Sgd),
     ("optim.min-lr", Needs::DecayingLr),
     ("optim.reduce-dtype", Needs::Buckets),
@@ -89,15 +109,32 @@ const SCOPED: &[(&str, Needs)] = &[
     ("run.overwrite", Needs::Outputs),
     ("run.overwrite", Needs::Loop),
     ("generate.gen-tokens", Needs::Generates),
+    ("run.steps", Needs::Training),
+    ("run.eval-every", Needs::Training),
+    ("run.save", Needs::Training),
+    ("run.save-every", Needs::Training),
+    ("run.metrics", Needs::Training),
+    ("run.plot", Needs::Training),
+    ("run.eval-only", Needs::Gpt),
+    ("run.save-hf", Needs::Gpt),
+    ("run.save-hf", Needs::Runs),
+    ("generate.gen-tokens", Needs::Gpt),
     ("generate.generate", Needs::Sample),
     ("generate.temperature", Needs::Sample),
+    ("generate.prompt-ids", Needs::Sample),
+    ("generate.top-k", Needs::Sample),
+    ("generate.top-p", Needs::Sample),
 ];
 
 impl Needs {
     fn met(self, c: &TrainConfig) -> bool {
-        let gpt = c.model.model == ModelKind::Gpt;
+        let gpt = c.decoder();
+        let hf = c.model.from_hf.is_some();
         match self {
             Needs::Gpt => gpt,
+            Needs::Built => gpt && !hf,
+            Needs::Llama => c.model.model == ModelKind::Llama && !hf,
+            Needs::NoHf => !hf,
             Needs::Mlp => c.model.model == ModelKind::Mlp,
             Needs::Sgd => c.optim.optimizer == Opt::Sgd,
             Needs::Shards => {
@@ -113,18 +150,33 @@ impl Needs {
             Needs::Outputs => c.run.metrics.is_some() || c.run.plot.is_some(),
             Needs::Sample => gpt && c.generate.gen_tokens > 0 && !c.run.explain,
             Needs::Generates => gpt && !c.run.explain,
-            Needs::Trains => !c.only_generates(),
-            Needs::Loop => !c.only_generates() && !c.run.explain,
+            Needs::Trains => !c.generates_only() && !c.run.eval_only,
+            Needs::Batches => !c.generates_only(),
+            Needs::Loop => !c.generates_only() && !c.run.explain,
             Needs::Buckets => gpt && c.optim.bucket_mb > 0.0,
+            Needs::Training => !c.run.eval_only,
+            Needs::Runs => !c.run.explain,
         }
     }
 
     /// Why a job that does not meet this need has no use for the keys.
     fn why(self, c: &TrainConfig) -> &'static str {
+        let hf = c.model.from_hf.is_some();
         match (self, c.model.model) {
-            (Needs::Mlp, _) => "settings of --model mlp, and this job trains --model gpt",
+            (Needs::Mlp, _) => "settings of --model mlp, and this job trains a decoder",
+            (Needs::Built | Needs::Llama | Needs::NoHf, _) if hf => {
+                "the architecture and its sizes, which come from --from-hf's config.json"
+            }
+            (Needs::Llama, ModelKind::Gpt) => {
+                "settings of --model llama, and this job trains --model gpt"
+            }
+            (Needs::Training, _) => "settings of training, and --eval-only trains nothing",
+            (Needs::Runs, _) => "settings of a whole run, and --explain runs one step and exits",
             (
                 Needs::Gpt
+                | Needs::Built
+                | Needs::Llama
+                | Needs::NoHf
                 | Needs::Shards
                 | Needs::Pipeline
                 | Needs::Sample
@@ -136,9 +188,12 @@ impl Needs {
                 "settings of the training loop and the sample, and --explain runs one step and \
                  exits"
             }
-            (Needs::Trains | Needs::Loop, _) => {
-                "settings of training, and this job only generates (--generate with --resume \
-                 and no --steps)"
+            (Needs::Trains | Needs::Loop, _) if c.run.eval_only => {
+                "settings of training, and --eval-only trains nothing"
+            }
+            (Needs::Trains | Needs::Loop | Needs::Batches, _) => {
+                "settings of training, and this job only generates (a prompt with --resume or \
+                 --from-hf, and no --steps)"
             }
             (Needs::Sgd, _) => "settings of SGD, and this job trains with AdamW",
             (Needs::Shards, _) => {
@@ -156,8 +211,10 @@ impl Needs {
             (Needs::Outputs, _) => "settings of --metrics and --plot files, and neither is given",
             (Needs::Sample, _) => "settings of the generated sample, and --gen-tokens is 0",
             (Needs::Buckets, _) => "settings of gradient buckets, and --bucket-mb is 0",
-            (Needs::Gpt, ModelKind::Gpt) => "settings of --model gpt",
-            (Needs::Generates, ModelKind::Gpt) => {
+            (Needs::Gpt | Needs::Built | Needs::Llama | Needs::NoHf, _) => {
+                "settings of a decoder (--model gpt or llama)"
+            }
+            (Needs::Generates, _) => {
                 "settings of the generated sample, and --explain runs one step and exits"
             }
         }

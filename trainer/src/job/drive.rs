@@ -4,14 +4,14 @@
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use oxiflow_models::checkpoint::{Metadata, SaveOptions};
 
 use super::history::History;
 use super::outputs::OutputPlan;
-use super::SaveTarget;
+use super::{config_path, SaveTarget};
 use crate::config::{Precision, TrainConfig};
 use crate::error::TrainError;
 use crate::metrics::{MemoryRecord, MetricsFile, Record};
@@ -44,13 +44,6 @@ fn dir_bytes(path: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
-}
-
-/// Where the configuration of the checkpoint at `path` is written.
-pub fn config_path(path: &Path) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(".config.toml");
-    PathBuf::from(p)
 }
 
 pub(super) struct Saver<'a> {

@@ -8,8 +8,9 @@
 //! bf16-mixed`, else `s`), `r` this rank's rows of one micro-batch part, and the mesh
 //! `[pp, dp, tp]`:
 //!
-//! - GPT (width C, layers L, heads H, window T, V rows of the token table: the vocabulary
-//!   padded to `--vocab-multiple`): N = V C + T C + L (12 C^2 + 13 C) parameters + 2 C;
+//! - Decoder (width C, layers L, heads H, window T, V rows of the token table: the vocabulary
+//!   padded to `--vocab-multiple`): N parameters as the architecture counts them
+//!   (`Arch::parameter_count`; GPT-2's N = V C + T C + L (12 C^2 + 13 C) + 2 C);
 //!   each rank holds at least N / (pp tp) of them (N / (pp dp tp) under ZeRO-3), as many
 //!   gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp from ZeRO-1).
 //!   r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T tokens keep, per
@@ -20,6 +21,7 @@
 //!   while it reruns), or b - 4 C under GELU recomputation without tensor parallelism; times
 //!   `a`. Their token ids take 16 r T bytes (inputs and targets,
 //!   i64). Measured peaks are about twice this (the temporaries of each op are not counted).
+//!   An evaluation (`--eval-only`) needs the parameters, one batch's logits and ids only.
 //! - MLP (features F, hidden Hd, classes K): N = F Hd + Hd + Hd K + K parameters, N / tp per
 //!   rank, as many gradients and N / tp (SGD momentum) or 2 N / tp (AdamW) of state;
 //!   r = B / dp rows have activations of at least a r (F + 2 Hd / tp + 2 K) and 16 r bytes of
@@ -41,6 +43,7 @@ use oxiflow_placement::DeviceType;
 
 use crate::config::{ModelKind, Opt, Precision, RecomputeArg, TrainConfig};
 use crate::error::TrainError;
+use crate::tasks::decoder::DecoderSpec;
 use crate::tasks::mesh::Mesh;
 
 /// What one rank needs at least, in bytes (see the module's documentation).
@@ -68,8 +71,13 @@ fn ceil_div(a: f64, b: f64) -> f64 {
     (a / b.max(1.0)).ceil()
 }
 
-/// The estimate for `cfg` on `mesh` with a token table of `table_rows` rows (GPT) on `device`.
-pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: DeviceType) -> Estimate {
+/// The estimate for `cfg` on `mesh` with the decoder `decoder` (None for the MLP) on `device`.
+pub fn estimate(
+    cfg: &TrainConfig,
+    mesh: &Mesh,
+    decoder: Option<&DecoderSpec>,
+    device: DeviceType,
+) -> Estimate {
     let (pp, dp, tp) = (mesh.pp as f64, mesh.dp as f64, mesh.tp as f64);
     let m = &cfg.model;
     let s = match m.dtype {
@@ -88,16 +96,16 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: Devic
         Opt::Adamw => 2.0,
         Opt::Sgd => 1.0,
     };
-    match m.model {
-        ModelKind::Gpt => {
+    match decoder {
+        Some(d) => {
             let (c, l, h, t, v) = (
-                m.width as f64,
-                m.layers as f64,
-                m.heads as f64,
+                d.cfg.width as f64,
+                d.cfg.layers as f64,
+                d.cfg.heads as f64,
                 m.seq_len as f64,
-                table_rows as f64,
+                d.cfg.table_rows() as f64,
             );
-            let n = v * c + t * c + l * (12.0 * c * c + 13.0 * c) + 2.0 * c;
+            let n = d.arch.parameter_count(&d.cfg, d.cfg.table_rows()) as f64;
             let held = n / (pp * tp);
             let shard = |from: u8| if zero >= from { held / dp } else { held };
             let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
@@ -126,15 +134,28 @@ pub fn estimate(cfg: &TrainConfig, mesh: &Mesh, table_rows: usize, device: Devic
                 true => (held, held),
                 false => (shard(3), 0.0),
             };
-            Estimate {
+            let e = Estimate {
                 parameters: s * leaves + a * copies,
                 gradients: s * shard(2),
                 optimizer_state: moments * s * shard(1),
                 activations,
                 batches: 16.0 * r * t,
+            };
+            if !cfg.run.eval_only {
+                return e;
+            }
+            // An evaluation keeps no gradients, no optimizer state and nothing for a backward
+            // pass: the parameters, one batch's logits and its token ids.
+            let r = ceil_div(batch, dp);
+            Estimate {
+                gradients: 0.0,
+                optimizer_state: 0.0,
+                activations: a * r * t * 2.0 * v / tp,
+                batches: 16.0 * r * t,
+                ..e
             }
         }
-        ModelKind::Mlp => {
+        None => {
             let (f, hd, k) = (m.features as f64, m.hidden as f64, m.classes as f64);
             let held = (f * hd + hd + hd * k + k) / tp;
             let r = ceil_div(batch, dp);
@@ -278,14 +299,18 @@ fn culprit(cfg: &TrainConfig, e: &Estimate) -> String {
     let m = &cfg.model;
     let b = cfg.data.batch_size;
     let state = e.parameters + e.gradients + e.optimizer_state;
+    let sizes = match &m.from_hf {
+        Some(dir) => format!("the model of --from-hf {}", dir.display()),
+        None => format!("--layers {} and --width {}", m.layers, m.width),
+    };
     match m.model {
-        ModelKind::Gpt if state >= e.activations + e.batches => format!(
-            "the parameters, gradients and optimizer state ({}) grow with --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {}, and --seq-len {})",
-            human(state), m.layers, m.width, m.vocab_multiple, m.seq_len
+        ModelKind::Gpt | ModelKind::Llama if state >= e.activations + e.batches => format!(
+            "the parameters, gradients and optimizer state ({}) grow with {sizes} (and the vocabulary padded to --vocab-multiple {}, and --seq-len {})",
+            human(state), m.vocab_multiple, m.seq_len
         ),
-        ModelKind::Gpt => format!(
-            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, --layers {} and --width {} (and the vocabulary padded to --vocab-multiple {})",
-            human(e.activations + e.batches), m.seq_len, m.layers, m.width, m.vocab_multiple
+        ModelKind::Gpt | ModelKind::Llama => format!(
+            "the activations and token ids ({}) grow with --batch-size {b}, --seq-len {}, {sizes} (and the vocabulary padded to --vocab-multiple {})",
+            human(e.activations + e.batches), m.seq_len, m.vocab_multiple
         ),
         ModelKind::Mlp if state >= e.activations + e.batches => format!(
             "the parameters, gradients and optimizer state ({}) grow with --hidden {}, --features {} and --classes {}",
@@ -327,11 +352,11 @@ fn refuse(
 pub fn check_host(
     cfg: &TrainConfig,
     mesh: &Mesh,
-    table_rows: usize,
+    decoder: Option<&DecoderSpec>,
     device: Option<DeviceType>,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = estimate(cfg, mesh, table_rows, device.unwrap_or(DeviceType::Cuda));
+    let e = estimate(cfg, mesh, decoder, device.unwrap_or(DeviceType::Cuda));
     let on_host = match device {
         Some(DeviceType::Cpu) => e.total(),
         _ => e.batches,
@@ -362,11 +387,11 @@ pub fn check_host(
 pub fn check(
     cfg: &TrainConfig,
     mesh: &Mesh,
-    table_rows: usize,
+    decoder: Option<&DecoderSpec>,
     device: DeviceType,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = check_host(cfg, mesh, table_rows, Some(device), local_ranks)?;
+    let e = check_host(cfg, mesh, decoder, Some(device), local_ranks)?;
     if device == DeviceType::Cuda {
         if let Some(rt) = oxiflow_tensor::cuda::bound_runtime() {
             let (free, _) = rt.memory_info()?;

@@ -6,19 +6,21 @@
 use std::path::{Path, PathBuf};
 
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
-use oxiflow_collectives::{Backend, DType};
+use oxiflow_collectives::Backend;
 use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, LrScheduleArg, NonFiniteArg, Opt, Precision, PrecisionPolicy, TrainConfig, WorldBackend,
+    Dev, ModelKind, NonFiniteArg, Opt, PrecisionPolicy, TrainConfig, WorldBackend,
 };
 use crate::error::TrainError;
 use crate::health::{HealthGuard, NonFinitePolicy};
 use crate::model::TrainModel;
-use crate::schedule::{Decay, LrSchedule};
-use crate::tasks::gpt::{generate, gpt_trainer, GptInputs};
+use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
+use crate::tasks::eval::evaluate;
+use crate::tasks::generate::{generate_ids, Sampling};
+use crate::tasks::gpt::{gpt_trainer, prompt_ids, GptInputs};
 use crate::tasks::mesh::Mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
@@ -31,12 +33,11 @@ mod preflight;
 mod resume;
 mod save_target;
 
-pub use drive::config_path;
 use drive::{drive, report, Saver};
 use outputs::{OutputPlan, RUN_ID_KEY};
 use preflight::{check_inputs, Checked};
 use resume::{load_options, Recorded};
-pub use save_target::SaveTarget;
+pub use save_target::{config_path, SaveTarget};
 
 /// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
 pub const RESUME_AUTO: &str = "auto";
@@ -47,22 +48,6 @@ pub const RESUME_AUTO: &str = "auto";
 pub struct JobHooks {
     pub save_stage: Option<fn(SaveStage)>,
     pub step_hooks: Vec<Box<dyn StepHook>>,
-}
-
-/// The learning-rate schedule a configuration describes.
-pub fn schedule_of(cfg: &TrainConfig) -> LrSchedule {
-    let o = &cfg.optim;
-    LrSchedule {
-        lr: o.lr,
-        min_lr: o.min_lr,
-        warmup: o.warmup_steps,
-        steps: cfg.run.steps,
-        decay: match o.lr_schedule {
-            LrScheduleArg::Constant => Decay::Constant,
-            LrScheduleArg::Cosine => Decay::Cosine,
-            LrScheduleArg::Linear => Decay::Linear,
-        },
-    }
 }
 
 /// Whether oflaunch draws the progress bar from this job's progress lines.
@@ -84,13 +69,6 @@ fn init_world(backend: WorldBackend) -> Result<Context, TrainError> {
             oxiflow_tensor::init_with_world(oxiflow_collectives::init_world(&env)?)
         }
     })
-}
-
-fn dtype_of(p: Precision) -> DType {
-    match p {
-        Precision::F32 => DType::F32,
-        Precision::F64 => DType::F64,
-    }
 }
 
 /// The device of the mesh when the launch environment already says (None: the world's start
@@ -158,16 +136,6 @@ fn config_lines(cfg: &TrainConfig) -> Result<Vec<String>, TrainError> {
     Ok(lines)
 }
 
-/// The prompt of the GPT's sample.
-fn prompt_of(cfg: &TrainConfig) -> &str {
-    cfg.generate.generate.as_deref().unwrap_or("The ")
-}
-
-/// The step a resumed checkpoint must be below (none when only generating).
-fn resume_limit(cfg: &TrainConfig) -> Option<u64> {
-    (!cfg.only_generates()).then_some(cfg.run.steps)
-}
-
 /// `--resume auto`: the newest complete checkpoint at `--save`'s path (None: start fresh);
 /// any other `--resume` as given.
 fn resolve_resume(cfg: &TrainConfig) -> Result<Option<PathBuf>, TrainError> {
@@ -211,13 +179,13 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
         outputs,
         recorded,
     } = check_inputs(cfg)?;
-    let rows = inputs.as_ref().map_or(0, |i| i.table_rows);
+    let spec = inputs.as_ref().map(|i| i.spec.clone());
     // The layout and the host memory before any communication (so every rank refuses alike),
     // where the launch environment reads; the world's start reports one that does not.
     if let Ok(env) = LaunchEnv::from_env() {
         let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
         let device = device_before_world(cfg, &env);
-        memory::check_host(cfg, &mesh, rows, device, env.local_world_size)?;
+        memory::check_host(cfg, &mesh, spec.as_ref(), device, env.local_world_size)?;
     }
     // The save path is this job's for its whole life: rank 0 holds its job lock, so a second
     // job saving there is refused now, not after it has trained.
@@ -232,7 +200,7 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     let mesh = Mesh::resolve(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
     let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
-    memory::check(cfg, &mesh, rows, device, local_ranks)?;
+    memory::check(cfg, &mesh, spec.as_ref(), device, local_ranks)?;
     if lead {
         for l in config_lines(cfg)? {
             println!("{l}");
@@ -335,6 +303,171 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
     Ok(())
 }
 
+/// A job that trains nothing (`--eval-only`, or only generating): the decoder built (its
+/// weights read from `--from-hf` when given, then from `--resume`'s checkpoint when given);
+/// its loss over every window of the data under `--eval-only`; `--save-hf`; the sample.
+fn infer_job(
+    cfg: &TrainConfig,
+    mesh: Mesh,
+    device: DeviceType,
+    inputs: GptInputs,
+    lead: bool,
+) -> Result<(), TrainError> {
+    let (stages, _) = stages_of(&mesh, device)?;
+    let spec = &inputs.spec;
+    let model = build_decoder(
+        spec,
+        &stages,
+        cfg.parallel.virtual_stages,
+        cfg.compute_dtype(device),
+    )?;
+    if let Some(path) = &cfg.run.resume {
+        use oxiflow_models::nn::Module;
+        let params = model.parameters();
+        let targets: Vec<(String, oxiflow_tensor::Tensor)> = params
+            .iter()
+            .map(|p| (p.name().to_string(), p.value()))
+            .collect();
+        let (values, _) = checkpoint::load_tensors(path, &targets)?;
+        for (p, v) in params.iter().zip(&values) {
+            p.set_value(v)?;
+        }
+    }
+    let world = mesh.world(device)?;
+    if let Some(windows) = &inputs.eval {
+        if lead {
+            println!(
+                "eval: {} | mesh [pp {}, dp {}, tp {}] | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
+                spec.describe(),
+                mesh.pp,
+                mesh.dp,
+                mesh.tp,
+                inputs.description,
+                inputs.tokenizer.name(),
+                windows.len(),
+                windows.seq_len() + 1,
+                cfg.data.batch_size
+            );
+        }
+        let r = evaluate(&model, windows, cfg.data.batch_size, &world)?;
+        if lead {
+            println!(
+                "eval loss {} over {} tokens perplexity {}",
+                r.loss,
+                r.tokens,
+                r.perplexity()
+            );
+        }
+    } else if lead {
+        println!(
+            "generate: {} | mesh [pp {}, dp {}, tp {}]",
+            spec.describe(),
+            mesh.pp,
+            mesh.dp,
+            mesh.tp
+        );
+    }
+    if let Some(dir) = &cfg.run.save_hf {
+        save_hf(dir, spec, &model, lead)?;
+    }
+    let g = &cfg.generate;
+    if !cfg.run.eval_only || g.generate.is_some() || g.prompt_ids.is_some() {
+        let eos = spec.eos.clone();
+        sample(
+            cfg,
+            &model,
+            (inputs.tokenizer, inputs.vocab, &eos),
+            &world,
+            lead,
+        )?;
+    }
+    Ok(())
+}
+
+/// The job's samples (after training, or alone): the text prompt (`--generate`, or "The "
+/// when no `--prompt-ids` are given) and each of `--prompt-ids`, continued by `--gen-tokens`
+/// tokens as `--temperature`, `--top-k` and `--top-p` say, ending at the model's
+/// end-of-sequence ids; rank 0 prints the text and each continuation's ids.
+fn sample(
+    cfg: &TrainConfig,
+    model: &oxiflow_models::nn::gpt::Gpt,
+    (tokenizer, vocab, eos): (oxiflow_models::data::Tokenizer, usize, &[usize]),
+    world: &oxiflow_placement::Placement,
+    lead: bool,
+) -> Result<(), TrainError> {
+    let g = &cfg.generate;
+    if g.gen_tokens == 0 {
+        return Ok(());
+    }
+    let text = (g.generate.is_some() || g.prompt_ids.is_none()).then(|| cfg.prompt());
+    let mut prompts: Vec<Vec<usize>> = Vec::new();
+    if let Some(t) = text {
+        let mut ids: Vec<usize> = prompt_ids(&tokenizer, t, vocab)?
+            .into_iter()
+            .map(usize::from)
+            .collect();
+        if ids.is_empty() {
+            ids.push(
+                tokenizer
+                    .end_of_text()
+                    .map_or(usize::from(b'\n'), usize::from),
+            );
+        }
+        prompts.push(ids);
+    }
+    prompts.extend(g.prompts());
+    let sampling = Sampling {
+        temperature: g.temperature,
+        top_k: g.top_k,
+        top_p: g.top_p,
+        seed: cfg.model.seed,
+    };
+    let out = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
+    if !lead {
+        return Ok(());
+    }
+    let ids_line = |ids: &[usize]| {
+        let v: Vec<String> = ids.iter().map(usize::to_string).collect();
+        format!("generated ids: {}", v.join(","))
+    };
+    for (i, ids) in out.iter().enumerate() {
+        if let (0, Some(t)) = (i, text) {
+            let decoded = match ids
+                .iter()
+                .map(|&id| u16::try_from(id))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(u) if ids.iter().all(|&id| id < tokenizer.vocab()) => tokenizer.decode(&u)?,
+                _ => format!(
+                    "[ids beyond the {} tokenizer's vocabulary]",
+                    tokenizer.name()
+                ),
+            };
+            println!("sample (temperature {}): {t}{decoded}", g.temperature);
+        }
+        println!("{}", ids_line(ids));
+    }
+    Ok(())
+}
+
+/// `--save-hf DIR`: `model` written as a Hugging Face directory (every rank calls it).
+fn save_hf(
+    dir: &Path,
+    spec: &DecoderSpec,
+    model: &oxiflow_models::nn::gpt::Gpt,
+    lead: bool,
+) -> Result<(), TrainError> {
+    use oxiflow_models::nn::Module;
+    oxiflow_models::hf::save_hf(dir, &spec.hf_config(), &model.parameters(), HF_SHARD_BYTES)?;
+    if lead {
+        println!("saved a Hugging Face model to {}", dir.display());
+    }
+    Ok(())
+}
+
+/// The most bytes of one safetensors shard `--save-hf` writes.
+const HF_SHARD_BYTES: usize = 2 << 30;
+
 /// A checked job on its started world.
 struct Job {
     mesh: Mesh,
@@ -356,9 +489,12 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         outputs,
         recorded,
     } = run;
+    if cfg.run.eval_only || cfg.generates_only() {
+        return infer_job(cfg, mesh, device, inputs, lead);
+    }
+    let spec = inputs.spec.clone();
+    let (tokenizer, vocab) = (inputs.tokenizer, inputs.vocab);
     let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
-    let g = &cfg.generate;
-    let only_generate = cfg.only_generates();
     if let Some(p) = &cfg.run.resume {
         job.trainer.resume_with(p, &load_options(cfg))?;
     }
@@ -370,9 +506,16 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     let p = &cfg.parallel;
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
     if lead {
+        let model = match (&spec.hf, cfg.model.model) {
+            (None, ModelKind::Gpt) => format!(
+                "gpt layers {} heads {} width {} seq-len {} vocab {} (table {} rows) dropout {} dtype {}",
+                m.layers, m.heads, m.width, m.seq_len, m.vocab, m.table_rows(), m.dropout, m.dtype
+            ),
+            _ => format!("{} seq-len {}", spec.describe(), cfg.model.seq_len),
+        };
         println!(
-            "train: gpt layers {} heads {} width {} seq-len {} vocab {} (table {} rows) dropout {} dtype {} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
-            m.layers, m.heads, m.width, m.seq_len, m.vocab, m.table_rows(), m.dropout, m.dtype, m.sequence_parallel,
+            "train: {model} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
@@ -389,7 +532,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     if cfg.run.explain {
         return explain_step(&mut job.trainer, lead);
     }
-    if !only_generate {
+    {
         let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, lead);
         let summary = drive(
             &mut job.trainer,
@@ -413,15 +556,18 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
             report(cfg, &summary, job.entropy, theory);
         }
     }
-    if g.gen_tokens == 0 {
-        return Ok(());
+    if let Some(dir) = &cfg.run.save_hf {
+        save_hf(dir, &spec, &job.trainer.model, lead)?;
     }
-    let prompt = prompt_of(cfg);
-    let text = generate(&job, prompt, g.gen_tokens, g.temperature, cfg.model.seed)?;
-    if lead {
-        println!("sample (temperature {}): {prompt}{text}", g.temperature);
-    }
-    Ok(())
+    let world = job.mesh.world(device)?;
+    let eos = spec.eos.clone();
+    sample(
+        cfg,
+        &job.trainer.model,
+        (tokenizer, vocab, &eos),
+        &world,
+        lead,
+    )
 }
 
 fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {
@@ -457,14 +603,14 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
             Opt::Adamw => OptimizerKind::AdamW,
         },
         seed: m.seed,
-        dtype: dtype_of(m.dtype),
+        dtype: m.dtype.dtype(),
         device,
         compute_dtype: cfg.compute_dtype(device),
         ..ClassifierConfig::default()
     };
     let mut t = classifier(&ccfg)?;
     t.opts.compile = cfg.run.compile;
-    t.opts.schedule = schedule_of(cfg);
+    t.opts.schedule = cfg.lr_schedule();
     t.opts.clip_grad = cfg.optim.clip_grad;
     t.opts.grad_accum = cfg.optim.grad_accum;
     t.opts.bucket_bytes = cfg.optim.bucket_bytes();

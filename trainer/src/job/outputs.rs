@@ -21,9 +21,8 @@ use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_models::checkpoint::Metadata;
 use sha2::{Digest, Sha256};
 
-use super::drive::config_path;
 use super::history::History;
-use super::SaveTarget;
+use super::{config_path, SaveTarget};
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::{metrics, plot};
@@ -152,6 +151,9 @@ fn inputs(cfg: &TrainConfig) -> Vec<Named> {
     if let Some(f) = &cfg.job_file {
         v.push(Named::new("--config", f, false).as_(Role::JobFile));
     }
+    if let Some(d) = &cfg.model.from_hf {
+        v.push(Named::new("--from-hf", d, true));
+    }
     if let Some(r) = &cfg.run.resume {
         v.push(Named::new("--resume", r, true).as_(Role::Resumed));
         v.push(
@@ -172,6 +174,9 @@ fn outputs(cfg: &TrainConfig) -> Vec<Named> {
     let mut v = Vec::new();
     if let Some(p) = &r.metrics {
         v.push(Named::new("--metrics", p, false));
+    }
+    if let Some(d) = &r.save_hf {
+        v.push(Named::new("--save-hf", d, true));
     }
     if let Some(p) = &r.plot {
         v.push(Named::new("--plot", p, false));

@@ -5,8 +5,8 @@
 //! below the vocabulary), the checkpoint target (`--save`: ours or nothing, where this process
 //! may create it), the outputs (`--metrics`, `--plot`, the configuration beside a checkpoint:
 //! regular files or nothing, in writable folders; an existing metrics file or plot only the
-//! run's own, or `--overwrite`) and the folders the launch environment names for traces and
-//! flight dumps.
+//! run's own, or `--overwrite`), the folders the launch environment names for traces and
+//! flight dumps, and `--save-hf`'s folder (nothing there, or empty).
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ use oxiflow_models::checkpoint;
 
 use super::outputs::{self, OutputPlan};
 use super::resume::{check_resume, recorded, Recorded};
-use super::{config_path, prompt_of, resume_limit, SaveTarget};
+use super::{config_path, SaveTarget};
 use crate::config::{ModelKind, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::gpt::{prompt_ids, GptInputs};
@@ -116,6 +116,25 @@ fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
     }
 }
 
+/// `--save-hf DIR`: nothing there or an empty folder, where this process may create it.
+fn check_save_hf(dir: &Path) -> Result<(), TrainError> {
+    let bad = |detail: String| TrainError::Output {
+        what: "--save-hf",
+        path: dir.to_path_buf(),
+        detail,
+    };
+    match std::fs::read_dir(dir).map(|mut e| e.next().is_some()) {
+        Ok(true) => Err(bad(
+            "exists and is not empty (a Hugging Face save replaces nothing)".into(),
+        )),
+        Ok(false) => unwritable(dir).map_or(Ok(()), |why| Err(bad(why))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            uncreatable(dir).map_or(Ok(()), |why| Err(bad(why)))
+        }
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
 /// What the checks found: the GPT's opened data, and how the outputs are written.
 pub(super) struct Checked {
     pub inputs: Option<GptInputs>,
@@ -158,12 +177,24 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Checked, TrainError> {
             }
         }
     }
+    if let Some(dir) = &r.save_hf {
+        check_save_hf(dir)?;
+    }
     let inputs = match cfg.model.model {
-        ModelKind::Gpt => Some(GptInputs::open(cfg)?),
+        ModelKind::Gpt | ModelKind::Llama => Some(GptInputs::open(cfg)?),
         ModelKind::Mlp => None,
     };
     if let Some(i) = inputs.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
-        prompt_ids(&i.tokenizer, prompt_of(cfg), i.vocab)?;
+        prompt_ids(&i.tokenizer, cfg.prompt(), i.vocab)?;
+        let prompts = cfg.generate.prompts();
+        if let Some(bad) = prompts.iter().flatten().find(|&&id| id >= i.vocab) {
+            return Err(TrainError::Config {
+                detail: format!(
+                    "--prompt-ids: token {bad} is not below the vocabulary size {}",
+                    i.vocab
+                ),
+            });
+        }
     }
     let recorded = recorded(cfg, inputs.as_ref())?;
     let resumed = match &r.resume {
@@ -172,7 +203,7 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Checked, TrainError> {
             inputs.as_ref(),
             &recorded,
             p,
-            resume_limit(cfg),
+            cfg.resume_limit(),
         )?),
         None => None,
     };

@@ -12,10 +12,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use oxiflow_models::checkpoint::{self, LoadOptions, Manifest, Metadata};
+use oxiflow_models::hf::Family;
 use oxiflow_models::nn::gpt::TOKEN_TABLE;
 use serde::{Deserialize, Serialize};
 
-use super::dtype_of;
 use crate::config::{ModelKind, Opt, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::gpt::GptInputs;
@@ -173,7 +173,7 @@ pub(super) fn recorded(
             "--optimizer",
             true,
         ),
-        rec("dtype", format!("{}", dtype_of(m.dtype)), "--dtype", false),
+        rec("dtype", format!("{}", m.dtype.dtype()), "--dtype", false),
         Recorded {
             training: true,
             ..rec(
@@ -185,13 +185,18 @@ pub(super) fn recorded(
         },
     ];
     match m.model {
-        ModelKind::Gpt => {
+        ModelKind::Gpt | ModelKind::Llama => {
             let vocab = inputs.map_or(0, |i| i.vocab);
+            let spec = inputs.map(|i| &i.spec);
+            let sizes = spec.map_or((m.layers, m.heads, m.width, m.seq_len), |d| {
+                (d.cfg.layers, d.cfg.heads, d.cfg.width, d.cfg.seq_len)
+            });
+            let (layers, heads, width, seq_len) = sizes;
             v.extend([
-                rec("layers", m.layers.to_string(), "--layers", false),
-                rec("heads", m.heads.to_string(), "--heads", false),
-                rec("width", m.width.to_string(), "--width", false),
-                rec("seq_len", m.seq_len.to_string(), "--seq-len", false),
+                rec("layers", layers.to_string(), "--layers", false),
+                rec("heads", heads.to_string(), "--heads", false),
+                rec("width", width.to_string(), "--width", false),
+                rec("seq_len", seq_len.to_string(), "--seq-len", false),
                 rec(
                     "tokenizer",
                     inputs.map_or("", |i| i.tokenizer.name()).to_string(),
@@ -205,6 +210,33 @@ pub(super) fn recorded(
                     false,
                 ),
             ]);
+            // Beyond GPT-2 (whose checkpoints record only the keys above), the architecture.
+            if let Some(d) = spec.filter(|d| d.family != Family::Gpt2 || d.hf.is_some()) {
+                let (c, a) = (&d.cfg, &d.arch);
+                v.extend([
+                    rec(
+                        "architecture",
+                        d.family.architecture().to_string(),
+                        "--from-hf",
+                        false,
+                    ),
+                    rec("kv_heads", a.kv(c).to_string(), "--kv-heads", false),
+                    rec("ffn_width", a.ffn(c).to_string(), "--ffn-width", false),
+                    rec(
+                        "positions",
+                        format!("{:?}", a.positions),
+                        "--rope-theta",
+                        false,
+                    ),
+                    rec("norm_eps", a.norm_eps.to_string(), "--norm-eps", false),
+                    rec(
+                        "tie_embeddings",
+                        a.tie_embeddings.to_string(),
+                        "--tie-embeddings",
+                        false,
+                    ),
+                ]);
+            }
             let data = match &cfg.data.data {
                 Some(p) => marks(p)?,
                 None => inputs.map_or(String::new(), |i| i.description.clone()),

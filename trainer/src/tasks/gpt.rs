@@ -1,26 +1,29 @@
-//! The GPT task: `Gpt` as a `TrainModel` (decay on matrix weights only; embeddings, biases and
-//! norms take none), `gpt_trainer`, which builds the model on the job's stages, its data
-//! (corpus or token shards, through the chosen tokenizer) and optimizer, and `generate`.
+//! The decoder task (GPT, Llama, or a Hugging Face model): `Gpt` as a `TrainModel` (decay on
+//! matrix weights only; embeddings, biases and norms take none), its data (`GptInputs`: corpus
+//! or token shards through the chosen tokenizer, or every window of them for an evaluation),
+//! `gpt_trainer`, which builds the model on the job's stages with its optimizer and data, and
+//! the prompts of its samples.
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
 use oxiflow_models::data::{
-    Corpus, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows, HELDOUT_FRACTION,
+    Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
+    HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, GptConfig, GptLayout, StageSplit, DP_AXIS};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, DP_AXIS};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
 use oxiflow_placement::DeviceType;
-use oxiflow_sbp::{NdSbp, Sbp};
-use oxiflow_tensor::{no_grad, Context, Tensor};
+use oxiflow_tensor::{Context, Tensor};
 
 use crate::config::{
-    reads_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
+    reads_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg,
+    TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
+use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
 use crate::tasks::mesh::Mesh;
 use crate::trainer::{PipelineRun, TrainOptions, Trainer};
@@ -33,15 +36,20 @@ impl TrainModel for Gpt {
         Some(self)
     }
     fn decays(&self, p: &Parameter) -> bool {
-        let embedding = [self.wte.weight.name(), self.wpe.weight.name()].contains(&p.name());
+        let embedding = p.name() == self.wte.weight.name()
+            || self
+                .wpe
+                .as_ref()
+                .is_some_and(|w| w.weight.name() == p.name());
         p.value().ndim() == 2 && !embedding
     }
     fn flops_per_token(&self) -> Option<f64> {
         // nanoGPT's estimate: 6 N + 12 L C T, N without the position table.
+        let positions = self.wpe.as_ref().map(|w| w.weight.name().to_string());
         let n: usize = self
             .parameters()
             .iter()
-            .filter(|p| p.name() != self.wpe.weight.name())
+            .filter(|p| Some(p.name()) != positions.as_deref())
             .map(|p| p.value().numel())
             .sum();
         let c = &self.cfg;
@@ -61,11 +69,15 @@ fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
 
-/// The GPT's data, opened and checked (every shard's header, size and ids) before the world
-/// starts, so every rank refuses bad data alike without communicating.
+/// The decoder's data, opened and checked (every shard's header, size and ids) before the
+/// world starts, so every rank refuses bad data alike without communicating; and the decoder
+/// it feeds (a Hugging Face directory's configuration and weights' headers read).
 pub struct GptInputs {
-    pub train: Windows,
-    pub heldout: Windows,
+    /// The training and held-out windows (None under `--eval-only`, or for a Hugging Face
+    /// model only generating).
+    pub windows: Option<(Windows, Windows)>,
+    /// Every window of the data, under `--eval-only`.
+    pub eval: Option<EvalWindows>,
     pub vocab: usize,
     /// The token table's rows: `vocab` rounded up to a multiple of `--vocab-multiple`.
     pub table_rows: usize,
@@ -73,46 +85,139 @@ pub struct GptInputs {
     /// The unigram entropy of the training text (corpus data).
     pub entropy: Option<f64>,
     pub tokenizer: Tokenizer,
+    pub spec: DecoderSpec,
 }
 
 impl GptInputs {
-    /// `cfg`'s data through its tokenizer.
+    /// `cfg`'s data through its tokenizer, and its decoder.
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
         let tokenizer = tokenizer_of(cfg);
-        let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        let hf = DecoderSpec::open_hf(cfg)?;
+        let limit = hf.as_ref().map(|h| h.config.vocab);
+        let (windows, eval, data_vocab, description, entropy) =
+            if cfg.generates_only() && hf.is_some() {
+                // A Hugging Face model only generating reads no data.
+                let none = "none (generation only)".to_string();
+                (None, None, tokenizer.vocab(), none, None)
+            } else if cfg.run.eval_only {
+                let (eval, vocab, description) = eval_windows(cfg, tokenizer, limit)?;
+                (None, Some(eval), vocab, description, None)
+            } else {
+                let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer, limit)?;
+                (Some((train, heldout)), None, vocab, description, entropy)
+            };
+        let vocab = limit.unwrap_or(data_vocab);
         let multiple = cfg.model.vocab_multiple;
         let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
             detail: format!(
                 "--vocab-multiple {multiple}: the vocabulary {vocab} rounded up to it overflows"
             ),
         })?;
+        let eos = tokenizer.end_of_text().map(usize::from);
+        let spec = DecoderSpec::resolve(cfg, vocab, eos, hf);
+        spec.check()?;
+        if let Some(ck) = spec.hf.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
+            let text = match cfg.generate.generate.as_deref() {
+                Some(t) => tokenizer.encode(t)?.len(),
+                None => 0,
+            };
+            let longest = cfg
+                .generate
+                .prompts()
+                .iter()
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            ck.config
+                .check_sliding_window(text.max(longest) + cfg.generate.gen_tokens)?;
+        }
+        if spec.arch.mlp == MlpKind::SwiGlu && cfg.parallel.recompute == RecomputeArg::Gelu {
+            return Err(TrainError::Config {
+                detail: "--recompute gelu: this model's MLP is SwiGLU, with no GELU output to \
+                         recompute"
+                    .into(),
+            });
+        }
         Ok(GptInputs {
-            train,
-            heldout,
+            windows,
+            eval,
             vocab,
             table_rows,
             description,
             entropy,
             tokenizer,
+            spec,
         })
     }
 }
 
-/// The training and held-out windows, the vocabulary, a description and (for a corpus) the
-/// unigram entropy of the training text, for `cfg`'s data.
-fn windows(
-    cfg: &TrainConfig,
-    tokenizer: Tokenizer,
-) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
-    let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
-    let format = match cfg.data.shard_format {
+/// Refuses a tokenizer of `vocab` ids for a model of `limit` (a Hugging Face model's).
+fn fits(vocab: usize, limit: Option<usize>, what: &str) -> Result<(), TrainError> {
+    match limit {
+        Some(l) if vocab > l => Err(TrainError::Config {
+            detail: format!(
+                "{what}: ids up to {vocab} do not fit the --from-hf model's vocabulary of {l}"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The shard format `cfg` names.
+fn shard_format(cfg: &TrainConfig) -> ShardFormat {
+    match cfg.data.shard_format {
         ShardFormatArg::Auto => ShardFormat::Auto,
         ShardFormatArg::Raw => ShardFormat::Raw,
         ShardFormatArg::Llmc => ShardFormat::Llmc,
-    };
+    }
+}
+
+/// Every window of `--seq-len` + 1 tokens of `cfg`'s data (shards: ids checked against
+/// `limit`, else the tokenizer's vocabulary), the vocabulary and a description.
+fn eval_windows(
+    cfg: &TrainConfig,
+    tokenizer: Tokenizer,
+    limit: Option<usize>,
+) -> Result<(EvalWindows, usize, String), TrainError> {
+    let t = cfg.model.seq_len;
     match cfg.data.data.as_deref() {
         Some(pattern) if reads_shards(pattern)? => {
-            let vocab = tokenizer.vocab();
+            let vocab = limit.unwrap_or_else(|| tokenizer.vocab());
+            let set = Arc::new(ShardSet::open(pattern, shard_format(cfg), vocab)?);
+            let description = format!(
+                "{} {} shards {pattern:?} ({} tokens)",
+                set.shards().len(),
+                set.format.name(),
+                set.tokens()
+            );
+            Ok((EvalWindows::of_shards(set, t)?, vocab, description))
+        }
+        other => {
+            let corpus = match other {
+                Some(p) => Corpus::from_path(std::path::Path::new(p), tokenizer)?,
+                None => Corpus::default_corpus(cfg.model.seed, tokenizer)?,
+            };
+            fits(corpus.vocab(), limit, &corpus.source.to_string())?;
+            let description = format!("{} ({} tokens)", corpus.source, corpus.len());
+            let w = EvalWindows::of_tokens(corpus.tokens(), t)?;
+            Ok((w, corpus.vocab(), description))
+        }
+    }
+}
+
+/// The training and held-out windows, the vocabulary, a description and (for a corpus) the
+/// unigram entropy of the training text, for `cfg`'s data (ids checked against `limit`, a
+/// Hugging Face model's vocabulary, when given).
+fn windows(
+    cfg: &TrainConfig,
+    tokenizer: Tokenizer,
+    limit: Option<usize>,
+) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
+    let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
+    let format = shard_format(cfg);
+    match cfg.data.data.as_deref() {
+        Some(pattern) if reads_shards(pattern)? => {
+            let vocab = limit.unwrap_or_else(|| tokenizer.vocab());
             let set = Arc::new(ShardSet::open(pattern, format, vocab)?);
             let val = match &cfg.data.val_data {
                 Some(v) => Some(Arc::new(ShardSet::open(v, format, vocab)?)),
@@ -141,6 +246,7 @@ fn windows(
                 Some(p) => Corpus::from_path(std::path::Path::new(p), tokenizer)?,
                 None => Corpus::default_corpus(seed, tokenizer)?,
             };
+            fits(corpus.vocab(), limit, &corpus.source.to_string())?;
             let (train, heldout) = corpus_windows(&corpus, seed, b, t)?;
             let description = format!(
                 "{} ({} tokens: {} train, {} held out)",
@@ -172,7 +278,7 @@ pub fn gpt_trainer(
     device: DeviceType,
     inputs: GptInputs,
 ) -> Result<GptJob, TrainError> {
-    let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
+    let (pp, dp) = (mesh.pp, mesh.dp);
     let p = &cfg.parallel;
     let spec = PipelineSpec {
         schedule: match p.schedule {
@@ -184,7 +290,7 @@ pub fn gpt_trainer(
         micro_batches: p.micro_batches,
         virtual_stages: p.virtual_stages,
     };
-    spec.validate(cfg.model.layers)?;
+    spec.validate(inputs.spec.cfg.layers)?;
     let (m, k, b) = (p.micro_batches, cfg.optim.grad_accum, cfg.data.batch_size);
     if !b.is_multiple_of(dp * m * k) {
         let accum = if k > 1 {
@@ -196,45 +302,17 @@ pub fn gpt_trainer(
             "--batch-size {b} must be a multiple of --dp {dp} x --micro-batches {m}{accum}"
         )));
     }
-    let rank = Context::current()
-        .ok_or_else(|| layout_err("no runtime context".into()))?
-        .rank();
-    let stages = mesh.stages(device)?;
-    let stage = stages
-        .iter()
-        .position(|s| s.contains(rank))
-        .ok_or_else(|| {
-            layout_err(format!(
-                "rank {rank} is in no stage of the mesh [pp {pp}, dp {dp}, tp {tp}]"
-            ))
-        })?;
+    let (stages, stage) = stages_of(&mesh, device)?;
+    let rank = Context::current().map_or(0, |c| c.rank());
     let coord = stages[stage].coord_of(rank).unwrap_or_default();
     let dp_coord = coord.get(DP_AXIS).copied().unwrap_or(0);
-    let mc = &cfg.model;
-    let model_cfg = GptConfig {
-        vocab: inputs.vocab,
-        vocab_multiple: mc.vocab_multiple,
-        seq_len: mc.seq_len,
-        layers: mc.layers,
-        heads: mc.heads,
-        width: mc.width,
-        dropout: mc.dropout,
-        seed: mc.seed,
-        dtype: match mc.dtype {
-            crate::config::Precision::F32 => DType::F32,
-            crate::config::Precision::F64 => DType::F64,
-        },
-        sequence_parallel: p.sp,
-    };
     let pipelined = cfg.pipelined();
-    let mut model = if pp == 1 && spec.virtual_stages == 1 {
-        Gpt::new(&model_cfg, &GptLayout::Mesh(stages[0].clone()))?
-    } else {
-        let layouts = stages.iter().cloned().map(GptLayout::Mesh).collect();
-        let split = StageSplit::new(model_cfg.layers, layouts, spec.virtual_stages)?;
-        Gpt::new_split(&model_cfg, split)?
-    };
-    model.set_compute_dtype(cfg.compute_dtype(device));
+    let mut model = build_decoder(
+        &inputs.spec,
+        &stages,
+        spec.virtual_stages,
+        cfg.compute_dtype(device),
+    )?;
     model.recompute = p.recompute.into();
     let params = model.parameters();
     let decay = params
@@ -264,12 +342,10 @@ pub fn gpt_trainer(
         dp,
         coord: dp_coord,
     };
-    let data = GptData::new(
-        (inputs.train, inputs.heldout),
-        split,
-        (first, last.clone()),
-        inputs.description,
-    );
+    let windows = inputs.windows.ok_or_else(|| {
+        layout_err("--eval-only opens no training windows: nothing to train on".into())
+    })?;
+    let data = GptData::new(windows, split, (first, last.clone()), inputs.description);
     let pipeline = pipelined
         .then(|| -> Result<PipelineRun, TrainError> {
             Ok(PipelineRun {
@@ -285,7 +361,7 @@ pub fn gpt_trainer(
         Box::new(optimizer),
         Box::new(data),
         TrainOptions {
-            schedule: crate::job::schedule_of(cfg),
+            schedule: cfg.lr_schedule(),
             clip_grad: cfg.optim.clip_grad,
             grad_accum: k,
             bucket_bytes: cfg.optim.bucket_bytes(),
@@ -300,62 +376,6 @@ pub fn gpt_trainer(
         entropy: inputs.entropy,
         mesh,
     })
-}
-
-/// `prompt` continued by `n` tokens: greedy at temperature 0, else sampled from the softmax at
-/// that temperature with draws from `seed` (every rank draws the same), over the vocabulary's
-/// logits (never the table's padding).
-pub fn generate(
-    job: &GptJob,
-    prompt: &str,
-    n: usize,
-    temperature: f64,
-    seed: u64,
-) -> Result<String, TrainError> {
-    let _ng = no_grad();
-    let model = &job.trainer.model;
-    let t = model.cfg.seq_len;
-    let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
-    let mut ids = prompt_ids(&job.tokenizer, prompt, vocab)?;
-    if ids.is_empty() {
-        ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
-    }
-    let start = ids.len();
-    let first = model
-        .split
-        .layout(0)
-        .placement()
-        .cloned()
-        .ok_or_else(|| layout_err("the GPT is not global".into()))?;
-    let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
-    for i in 0..n {
-        // The last t tokens, padded at the end: the causal mask hides the padding.
-        let ctx = &ids[ids.len().saturating_sub(t)..];
-        let mut row = vec![0i64; t];
-        for (r, &c) in row.iter_mut().zip(ctx) {
-            *r = i64::from(c);
-        }
-        let x = Tensor::from_vec(row, [1, t])?.to_global(&first, sbp.clone())?;
-        let logits = model
-            .forward(&x, Pass::Eval)?
-            .narrow(0, 0, 1)?
-            .narrow(1, ctx.len() - 1, 1)?
-            .cast(DType::F64)?;
-        let logits = match &job.trainer.opts.pipeline {
-            None => logits.to_global(&first, NdSbp::broadcast(2))?,
-            Some(run) => logits.to_global(&run.world, NdSbp::broadcast(1))?,
-        }
-        .to_vec::<f64>()?;
-        if logits.len() != rows {
-            return Err(layout_err(format!(
-                "{} logits for a token table of {rows} rows (vocabulary {vocab})",
-                logits.len()
-            )));
-        }
-        let next = pick(&logits[..vocab], temperature, seed, i as u64);
-        ids.push(u16::try_from(next).unwrap_or(0));
-    }
-    Ok(job.tokenizer.decode(&ids[start..])?)
 }
 
 /// `prompt`'s token ids, each below `vocab` (an id in the token table's padding would read a
@@ -374,35 +394,4 @@ pub fn prompt_ids(
         }),
         None => Ok(ids),
     }
-}
-
-/// The index of the next token: the arg-max at temperature 0, else a draw from
-/// softmax(logits / temperature).
-fn pick(logits: &[f64], temperature: f64, seed: u64, draw: u64) -> usize {
-    let best =
-        logits.iter().enumerate().fold(
-            (0, f64::NEG_INFINITY),
-            |a, (i, &v)| {
-                if v > a.1 {
-                    (i, v)
-                } else {
-                    a
-                }
-            },
-        );
-    if temperature <= 0.0 {
-        return best.0;
-    }
-    let w: Vec<f64> = logits
-        .iter()
-        .map(|&v| ((v - best.1) / temperature).exp())
-        .collect();
-    let mut u = oxiflow_tensor::rng::uniform(seed, draw) * w.iter().sum::<f64>();
-    for (i, x) in w.iter().enumerate() {
-        if u < *x {
-            return i;
-        }
-        u -= x;
-    }
-    best.0
 }

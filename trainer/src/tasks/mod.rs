@@ -1,6 +1,10 @@
-//! The models `train` runs, with their data: the GPT (`gpt`, `gpt_data`) and the MLP classifier
-//! (`mlp`), and the job's mesh of stages (`mesh`).
+//! The models `train` runs, with their data: the decoder (`decoder`: GPT, Llama or a Hugging
+//! Face model; `gpt`, `gpt_data`; its evaluation, `eval`; `generate`) and the MLP classifier (`mlp`), and
+//! the job's mesh of stages (`mesh`).
 
+pub mod decoder;
+pub mod eval;
+pub mod generate;
 pub mod gpt;
 pub mod gpt_data;
 pub mod mesh;

@@ -1,12 +1,17 @@
-//! Causal multi-head self-attention, Megatron style on a mesh: Q, K and V column-parallel (each
-//! rank holds whole heads), the output projection row-parallel.
+//! Causal self-attention, Megatron style on a mesh: Q, K and V column-parallel (each rank
+//! holds whole heads), the output projection row-parallel. Grouped-query attention: K and V
+//! have fewer heads, each shared by a group of query heads; under tensor parallelism they split
+//! over the axis when there are enough of them to divide evenly, else every rank computes all of
+//! them. Rotary positions rotate Q and K per head.
 
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
+use super::arch::Arch;
 use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::rope::Rope;
 
 /// Causal scaled-dot-product attention on the heads layout of the projections: q, k, v
 /// `[B, T, H, D]` -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
@@ -26,7 +31,41 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     q.flash_attention(k, v, true, 1.0 / (d.max(1) as f64).sqrt())
 }
 
-/// Q, K, V projections `name.{q,k,v}` and the output projection `name.proj`, all `[C, C]`.
+/// `x` `[B, T, G, D]` with each of its G heads repeated `group` times in place (head `j` of the
+/// result is head `j / group` of `x`), laid out like `like`: the key/value heads a group of
+/// query heads shares. The backward sums each head's copies.
+pub fn repeat_heads(x: &Tensor, group: usize, like: &Tensor) -> Result<Tensor> {
+    if group == 1 {
+        return Ok(x.clone());
+    }
+    let &[b, t, g, d] = x.shape().dims() else {
+        return Err(TensorError::Shape {
+            op: "repeat_heads",
+            shapes: x.shape().to_string(),
+            sbps: format!("{:?}", x.nd_sbp()),
+            detail: "needs [B, T, G, D]".into(),
+        });
+    };
+    let one = x.reshape([b, t, g, 1, d])?;
+    let copies = vec![&one; group];
+    let y = Tensor::concat(&copies, 3)?.reshape([b, t, g * group, d])?;
+    match (like.placement(), like.nd_sbp()) {
+        (Some(p), Some(nd)) => y.to_global(p, nd.clone()),
+        _ => Ok(y),
+    }
+}
+
+/// The keys and values one block keeps while decoding: `[B, S, G, D]` each on the block's
+/// layout (heads split over the tensor-parallel axis as the projections split them), for the
+/// `len` positions decoded so far.
+#[derive(Clone, Debug, Default)]
+pub struct KvSlot {
+    pub kv: Option<(Tensor, Tensor)>,
+    pub len: usize,
+}
+
+/// Q, K, V projections `name.{q,k,v}` (`[C, H D]`, `[C, G D]`, `[C, G D]` for H query and G
+/// key/value heads of width D) and the output projection `name.proj` `[H D, C]`.
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
     pub q: Linear,
@@ -34,32 +73,113 @@ pub struct CausalSelfAttention {
     pub v: Linear,
     pub proj: Linear,
     heads: usize,
+    kv_heads: usize,
+    rope: Option<Rope>,
 }
 
 impl CausalSelfAttention {
+    /// GPT-2's attention (`Arch::gpt2`).
     pub fn new(name: &str, cfg: &GptConfig, layout: &GptLayout) -> Result<CausalSelfAttention> {
-        let c = cfg.width;
-        let column = layout.linear(cfg, Parallel::Column(TP_AXIS));
-        let row = layout.linear(cfg, Parallel::Row(TP_AXIS));
+        CausalSelfAttention::with_arch(name, cfg, &Arch::gpt2(), layout)
+    }
+
+    /// The attention of `arch`.
+    pub fn with_arch(
+        name: &str,
+        cfg: &GptConfig,
+        arch: &Arch,
+        layout: &GptLayout,
+    ) -> Result<CausalSelfAttention> {
+        let (c, hd, kv) = (cfg.width, cfg.head_dim(), arch.kv(cfg));
+        let tp = layout.tp();
+        let column = layout.linear_biased(cfg, Parallel::Column(TP_AXIS), arch.qkv_bias);
+        let kv_parallel = if arch.kv_split(cfg, tp) {
+            Parallel::Column(TP_AXIS)
+        } else {
+            Parallel::Replicated
+        };
+        let kv_opts = layout.linear_biased(cfg, kv_parallel, arch.qkv_bias);
+        let row = layout.linear_biased(cfg, Parallel::Row(TP_AXIS), arch.out_bias);
+        let (q_out, kv_out) = (cfg.heads * hd, kv * hd);
         Ok(CausalSelfAttention {
-            q: Linear::new(&format!("{name}.q"), c, c, &column)?,
-            k: Linear::new(&format!("{name}.k"), c, c, &column)?,
-            v: Linear::new(&format!("{name}.v"), c, c, &column)?,
-            proj: Linear::new(&format!("{name}.proj"), c, c, &row)?,
+            q: Linear::new(&format!("{name}.q"), c, q_out, &column)?,
+            k: Linear::new(&format!("{name}.k"), c, kv_out, &kv_opts)?,
+            v: Linear::new(&format!("{name}.v"), c, kv_out, &kv_opts)?,
+            proj: Linear::new(&format!("{name}.proj"), q_out, c, &row)?,
             heads: cfg.heads,
+            kv_heads: kv,
+            rope: Rope::new(arch, hd),
         })
     }
 
-    /// x `[B, T, C]` (whole on the tensor-parallel axis) -> the attended values `[B, T, C]`
+    /// The query heads and key/value heads.
+    pub fn heads(&self) -> (usize, usize) {
+        (self.heads, self.kv_heads)
+    }
+
+    /// x `[B, T, C]` (whole on the tensor-parallel axis) -> the attended values `[B, T, H D]`
     /// before the output projection, heads merged (split on the tensor-parallel axis).
     pub fn attend(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = (x.shape().dim(0), x.shape().dim(1), x.shape().dim(2));
-        let h = self.heads;
-        let heads = |y: Tensor| y.reshape([b, t, h, c / h]);
-        let q = heads(self.q.forward(x)?)?;
-        let k = heads(self.k.forward(x)?)?;
-        let v = heads(self.v.forward(x)?)?;
-        causal_attention(&q, &k, &v)?.reshape([b, t, c])
+        let (q, k, v) = self.project(x, 0)?;
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        let k = repeat_heads(&k, self.heads / self.kv_heads.max(1), &q)?;
+        let v = repeat_heads(&v, self.heads / self.kv_heads.max(1), &q)?;
+        let width = q.shape().dim(2) * q.shape().dim(3);
+        causal_attention(&q, &k, &v)?.reshape([b, t, width])
+    }
+
+    /// The attended values of x `[B, T, C]` (as [`CausalSelfAttention::attend`]) for positions
+    /// after those whose keys and values `slot` holds, which it extends by x's: the first call
+    /// (an empty slot) attends causally over x, a later one takes one position (T = 1) and
+    /// attends over every key kept.
+    pub fn attend_cached(&self, x: &Tensor, slot: &mut KvSlot) -> Result<Tensor> {
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        let pos0 = slot.len;
+        if pos0 > 0 && t != 1 {
+            return Err(TensorError::Shape {
+                op: "CausalSelfAttention::attend_cached",
+                shapes: x.shape().to_string(),
+                sbps: format!("{:?}", x.nd_sbp()),
+                detail: format!("after {pos0} cached positions, one position at a time"),
+            });
+        }
+        let (q, k, v) = self.project(x, pos0)?;
+        let (k, v) = match slot.kv.take() {
+            Some((ck, cv)) => (
+                Tensor::concat(&[&ck, &k], 1)?,
+                Tensor::concat(&[&cv, &v], 1)?,
+            ),
+            None => (k, v),
+        };
+        slot.kv = Some((k.clone(), v.clone()));
+        slot.len += t;
+        let group = self.heads / self.kv_heads.max(1);
+        let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
+        let width = q.shape().dim(2) * q.shape().dim(3);
+        let o = if pos0 == 0 {
+            causal_attention(&q, &k, &v)?
+        } else {
+            let d = q.shape().dim(3);
+            q.flash_attention(&k, &v, false, 1.0 / (d.max(1) as f64).sqrt())?
+        };
+        o.reshape([b, t, width])
+    }
+
+    /// The queries `[B, T, H, D]`, keys and values `[B, T, G, D]` of x `[B, T, C]` at
+    /// positions `pos0..pos0 + T` (rotated where the positions are rotary).
+    pub fn project(&self, x: &Tensor, pos0: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        let heads = |y: Tensor, h: usize| {
+            let d = y.shape().dim(2) / h.max(1);
+            y.reshape([b, t, h, d])
+        };
+        let q = heads(self.q.forward(x)?, self.heads)?;
+        let k = heads(self.k.forward(x)?, self.kv_heads)?;
+        let v = heads(self.v.forward(x)?, self.kv_heads)?;
+        match &self.rope {
+            Some(r) => Ok((r.apply(&q, pos0)?, r.apply(&k, pos0)?, v)),
+            None => Ok((q, k, v)),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! One pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)), with Megatron tensor
-//! parallelism and, optionally, sequence parallelism between the parallel regions.
+//! One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)), with Megatron tensor
+//! parallelism and, optionally, sequence parallelism between the parallel regions; the norms,
+//! the attention and the MLP as the architecture (`Arch`) names them.
 
 use oxiflow_sbp::{Sbp, Shape};
 
@@ -7,15 +8,13 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::super::init::param_seed;
-use super::super::layer_norm::LayerNorm;
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
-use super::attention::CausalSelfAttention;
+use super::arch::{Arch, MlpKind};
+use super::attention::{CausalSelfAttention, KvSlot};
 use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::norm::Norm;
 use crate::nn::Pass;
-
-/// LayerNorm epsilon of every norm in the model.
-pub const LN_EPS: f64 = 1e-5;
 
 impl Pass {
     /// The dropout probability and mask seed of site `site` in this pass.
@@ -54,32 +53,47 @@ impl Pass {
     }
 }
 
-/// The MLP of a block: `name.fc` `[C, 4C]` (column-parallel) -> GELU -> `name.proj` `[4C, C]`
-/// (row-parallel).
+/// The MLP of a block. GELU: `name.fc` `[C, F]` (column-parallel) -> GELU -> `name.proj`
+/// `[F, C]` (row-parallel). SwiGLU: `name.gate` and `name.up` `[C, F]` (column-parallel) ->
+/// `silu(gate) * up` -> `name.down` `[F, C]` (row-parallel); `fc` is `up`, `proj` is `down`.
 #[derive(Clone, Debug)]
 pub struct GptMlp {
     pub fc: Linear,
+    pub gate: Option<Linear>,
     pub proj: Linear,
 }
 
 impl GptMlp {
-    pub fn new(name: &str, cfg: &GptConfig, layout: &GptLayout) -> Result<GptMlp> {
-        let c = cfg.width;
-        let opts = |parallel| layout.linear(cfg, parallel);
+    pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<GptMlp> {
+        let (c, f) = (cfg.width, arch.ffn(cfg));
+        let opts = |parallel| layout.linear_biased(cfg, parallel, arch.mlp_bias);
+        let (column, row) = (
+            opts(Parallel::Column(TP_AXIS)),
+            opts(Parallel::Row(TP_AXIS)),
+        );
+        let (fc, proj, gate) = match arch.mlp {
+            MlpKind::Gelu => ("fc", "proj", None),
+            MlpKind::SwiGlu => ("up", "down", Some("gate")),
+        };
         Ok(GptMlp {
-            fc: Linear::new(
-                &format!("{name}.fc"),
-                c,
-                4 * c,
-                &opts(Parallel::Column(TP_AXIS)),
-            )?,
-            proj: Linear::new(
-                &format!("{name}.proj"),
-                4 * c,
-                c,
-                &opts(Parallel::Row(TP_AXIS)),
-            )?,
+            gate: gate
+                .map(|g| Linear::new(&format!("{name}.{g}"), c, f, &column))
+                .transpose()?,
+            fc: Linear::new(&format!("{name}.{fc}"), c, f, &column)?,
+            proj: Linear::new(&format!("{name}.{proj}"), f, c, &row)?,
         })
+    }
+
+    /// The hidden activation of h (whole on the tensor-parallel axis): `gelu(fc(h))`, or
+    /// `silu(gate(h)) * up(h)`.
+    pub fn hidden(&self, h: &Tensor) -> Result<Tensor> {
+        match &self.gate {
+            None => self.fc.forward_gelu(h),
+            Some(gate) => {
+                let g = gate.forward(h)?;
+                g.mul(&g.sigmoid()?)?.mul(&self.fc.forward(h)?)
+            }
+        }
     }
 
     /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
@@ -92,7 +106,7 @@ impl GptMlp {
         residual: &Tensor,
         recompute_hidden: bool,
     ) -> Result<Option<Tensor>> {
-        let (Some(b_fc), Some(b_proj)) = (&self.fc.bias, &self.proj.bias) else {
+        let (Some(b_fc), Some(b_proj), None) = (&self.fc.bias, &self.proj.bias, &self.gate) else {
             return Ok(None);
         };
         if self.proj.is_partial() {
@@ -134,21 +148,21 @@ fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Re
 /// `name.ln1`, `name.attn`, `name.ln2`, `name.mlp`.
 #[derive(Clone, Debug)]
 pub struct Block {
-    pub ln1: LayerNorm,
+    pub ln1: Norm,
     pub attn: CausalSelfAttention,
-    pub ln2: LayerNorm,
+    pub ln2: Norm,
     pub mlp: GptMlp,
     name: String,
 }
 
 impl Block {
-    pub fn new(name: &str, cfg: &GptConfig, layout: &GptLayout) -> Result<Block> {
-        let ln = |n: &str| LayerNorm::new(n, cfg.width, LN_EPS, cfg.dtype, &layout.replicated());
+    pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<Block> {
+        let ln = |n: &str| Norm::new(n, cfg, arch, &layout.replicated());
         Ok(Block {
             ln1: ln(&format!("{name}.ln1"))?,
-            attn: CausalSelfAttention::new(&format!("{name}.attn"), cfg, layout)?,
+            attn: CausalSelfAttention::with_arch(&format!("{name}.attn"), cfg, arch, layout)?,
             ln2: ln(&format!("{name}.ln2"))?,
-            mlp: GptMlp::new(&format!("{name}.mlp"), cfg, layout)?,
+            mlp: GptMlp::new(&format!("{name}.mlp"), cfg, arch, layout)?,
             name: name.to_string(),
         })
     }
@@ -180,8 +194,44 @@ impl Block {
         } else {
             self.attention_part(x, layout, stream)?
         };
+        self.after_attention(x, &a, cfg, layout, stream, pass, recompute)
+    }
+
+    /// [`Block::forward`] in evaluation of the next positions of the sequences whose keys and
+    /// values `cache` holds (see `KvCache`), which it extends.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        cache: &mut KvSlot,
+    ) -> Result<Tensor> {
+        let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
+        let a = row_parallel(
+            &self.attn.proj,
+            &self.attn.attend_cached(&h, cache)?,
+            layout,
+            stream,
+        )?;
+        self.after_attention(x, &a, cfg, layout, stream, Pass::Eval, Recompute::None)
+    }
+
+    /// The rest of the block after the attention sublayer's output `a` (reduced into
+    /// `stream`): the residual, ln2 and the MLP.
+    #[allow(clippy::too_many_arguments)]
+    fn after_attention(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        pass: Pass,
+        recompute: Recompute,
+    ) -> Result<Tensor> {
         // The residual add and ln2 are one op, which gives the sum too.
-        let a = pass.dropout(cfg, &format!("{}.attn", self.name), &a)?;
+        let a = pass.dropout(cfg, &format!("{}.attn", self.name), a)?;
         let (x, h) = self.ln2.forward_residual(x, &a)?;
         let h = layout.relayout(&h, Sbp::B)?;
         let site = format!("{}.mlp", self.name);
@@ -191,7 +241,7 @@ impl Block {
                 return layout.relayout(&y, stream);
             }
         }
-        let h = self.mlp.fc.forward_gelu(&h)?;
+        let h = self.mlp.hidden(&h)?;
         let m = row_parallel(&self.mlp.proj, &h, layout, stream)?;
         x.add(&pass.dropout(cfg, &site, &m)?)
     }
@@ -202,6 +252,15 @@ impl Block {
     fn attention_part(&self, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Result<Tensor> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
         row_parallel(&self.attn.proj, &self.attn.attend(&h)?, layout, stream)
+    }
+}
+
+impl Module for GptMlp {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut v: Vec<Parameter> = self.gate.iter().flat_map(|g| g.parameters()).collect();
+        v.extend(self.fc.parameters());
+        v.extend(self.proj.parameters());
+        v
     }
 }
 
@@ -226,8 +285,7 @@ impl Module for Block {
         let mut v = self.ln1.parameters();
         v.extend(self.attn.parameters());
         v.extend(self.ln2.parameters());
-        v.extend(self.mlp.fc.parameters());
-        v.extend(self.mlp.proj.parameters());
+        v.extend(self.mlp.parameters());
         v
     }
 }

@@ -170,10 +170,24 @@ impl GptLayout {
         }
     }
 
-    /// Options of a linear layer of `cfg` split as `parallel` on a mesh (replicated when local).
+    /// The degree of the tensor-parallel axis (1 when local).
+    pub fn tp(&self) -> usize {
+        self.placement()
+            .and_then(|p| p.shape().get(TP_AXIS).copied())
+            .unwrap_or(1)
+    }
+
+    /// Options of a linear layer of `cfg` with a bias, split as `parallel` on a mesh
+    /// (replicated when local).
     pub fn linear(&self, cfg: &GptConfig, parallel: Parallel) -> LinearOptions {
+        self.linear_biased(cfg, parallel, true)
+    }
+
+    /// Options of a linear layer of `cfg`, with a bias or not, split as `parallel` on a mesh
+    /// (replicated when local).
+    pub fn linear_biased(&self, cfg: &GptConfig, parallel: Parallel, bias: bool) -> LinearOptions {
         LinearOptions {
-            bias: true,
+            bias,
             seed: cfg.seed,
             dtype: cfg.dtype,
             placement: self.placement().cloned(),

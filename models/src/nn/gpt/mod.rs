@@ -1,20 +1,29 @@
-//! A GPT-2 style language model on global tensors: pre-LN blocks, learned positions, tied
-//! input/output embedding (the vocabulary padded to an aligned table, the padding outside the
-//! loss). On a `[dp, tp]` mesh the batch is split over `dp`; Megatron tensor
+//! The decoder family on global tensors: GPT-2, Llama, Qwen2 and Mistral are one model
+//! (`Gpt`) parameterised by `Arch` (norm, positions, MLP, grouped-query attention, biases,
+//! tied or untied output table) over the sizes of `GptConfig` (the vocabulary padded to an
+//! aligned table, the padding outside the loss). On a `[dp, tp]` mesh the batch is split over `dp`; Megatron tensor
 //! parallelism follows from the parameters' SBP on `tp` (Q, K, V and the first MLP matrix
 //! column-parallel, the output projections row-parallel, heads split); sequence parallelism
 //! splits the residual stream along the sequence on `tp` between the parallel regions. A
 //! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each).
 
+mod arch;
 mod attention;
 mod block;
 mod config;
+mod decode;
 mod model;
+mod norm;
+mod rope;
 mod stages;
 
 pub use super::Pass;
-pub use attention::{causal_attention, CausalSelfAttention};
-pub use block::{Block, GptMlp, Recompute, LN_EPS};
+pub use arch::{Arch, MlpKind, NormKind, Positions, RopeScaling, LN_EPS};
+pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
+pub use block::{Block, GptMlp, Recompute};
 pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE, DP_AXIS, TP_AXIS};
-pub use model::{Gpt, TOKEN_TABLE};
+pub use decode::KvCache;
+pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};
+pub use norm::Norm;
+pub use rope::Rope;
 pub use stages::StageSplit;

@@ -1,5 +1,6 @@
-//! `Gpt`: token and position embeddings, a stack of pre-LN blocks, a final LayerNorm and the
-//! logits through the token embedding transposed (tied input/output embedding); its pieces
+//! `Gpt`: a decoder of the GPT family (GPT-2, Llama, Qwen2, Mistral: `Arch`): token
+//! embeddings (and learned positions), a stack of pre-norm blocks, a final norm and the logits
+//! through the token table transposed (tied) or an output table of its own; its pieces
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
 use oxiflow_dtype::DType;
@@ -11,10 +12,11 @@ use oxiflow_tensor::Tensor;
 
 use super::super::embedding::Embedding;
 use super::super::init::{param_seed, Init, ParamPlacement};
-use super::super::layer_norm::LayerNorm;
 use super::super::param::{Module, Parameter};
-use super::block::{Block, Recompute, LN_EPS};
+use super::arch::{Arch, MlpKind, NormKind, Positions};
+use super::block::{Block, Recompute};
 use super::config::{GptConfig, GptLayout};
+use super::norm::Norm;
 use super::stages::StageSplit;
 use crate::nn::Pass;
 
@@ -23,6 +25,8 @@ const EMBEDDING_STD: f64 = 0.02;
 
 /// The parameter name of the token table (`wte`, tied to the output projection).
 pub const TOKEN_TABLE: &str = "wte.weight";
+/// The parameter name of an untied output table.
+pub const HEAD_TABLE: &str = "lm_head.weight";
 
 /// An embedding table `wname` of `rows` rows, its initial values keyed by the name and each
 /// element's global index (so the first rows of a padded table are the unpadded one's).
@@ -37,36 +41,47 @@ fn table(wname: &str, rows: usize, cfg: &GptConfig, at: &ParamPlacement) -> Resu
     })
 }
 
-/// A GPT-2 style language model: `wte` `[table_rows, C]` (also the output projection; the
-/// vocabulary padded to an aligned size, see `GptConfig::vocab_multiple`), `wpe`
-/// `[seq_len, C]`, `h.<i>` blocks and `ln_f`. Under a pipeline split (`split`) the blocks
-/// live on their stages' layouts, the embeddings on the first stage and `ln_f` on the last.
+/// A decoder language model: `wte` `[table_rows, C]` (the vocabulary padded to an aligned
+/// size, see `GptConfig::vocab_multiple`; also the output projection when tied), `wpe`
+/// `[seq_len, C]` (learned positions only), `h.<i>` blocks, `ln_f` and, untied, `lm_head`
+/// `[table_rows, C]`. Under a pipeline split (`split`) the blocks live on their stages'
+/// layouts, the embeddings on the first stage, `ln_f` and `lm_head` on the last.
 #[derive(Clone, Debug)]
 pub struct Gpt {
     pub cfg: GptConfig,
+    pub arch: Arch,
     /// The layout of the first stage (the whole model when not split).
     pub layout: GptLayout,
     pub split: StageSplit,
     pub wte: Embedding,
-    pub wpe: Embedding,
+    pub wpe: Option<Embedding>,
     pub blocks: Vec<Block>,
-    pub ln_f: LayerNorm,
+    pub ln_f: Norm,
+    pub lm_head: Option<Embedding>,
     /// What the blocks keep for the backward pass (a memory/compute trade, not a model change).
     pub recompute: Recompute,
 }
 
 impl Gpt {
-    /// A model of `cfg` laid out as `layout` (checked by `GptConfig::validate`). Initial
-    /// values depend on the seed and parameter names only, never on the layout.
+    /// A GPT-2 (`Arch::gpt2`) of `cfg` laid out as `layout` (checked by
+    /// `GptConfig::validate`). Initial values depend on the seed and parameter names only,
+    /// never on the layout.
     pub fn new(cfg: &GptConfig, layout: &GptLayout) -> Result<Gpt> {
         Gpt::new_split(cfg, StageSplit::single(cfg.layers, layout))
     }
 
-    /// A model of `cfg` split into pipeline stages as `split` says (every stage's layout is
+    /// A GPT-2 of `cfg` split into pipeline stages as `split` says (every stage's layout is
     /// checked by `GptConfig::validate`; `split` must cover `cfg.layers` blocks).
     pub fn new_split(cfg: &GptConfig, split: StageSplit) -> Result<Gpt> {
+        Gpt::with_arch(cfg, &Arch::gpt2(), split)
+    }
+
+    /// A decoder of architecture `arch` and sizes `cfg`, split as `split` says (every stage's
+    /// layout is checked by `GptConfig::validate` and `Arch::validate`).
+    pub fn with_arch(cfg: &GptConfig, arch: &Arch, split: StageSplit) -> Result<Gpt> {
         for s in 0..split.stages() {
             cfg.validate(split.layout(s))?;
+            arch.validate(cfg, split.layout(s))?;
         }
         let covered = split.blocks(split.chunks().saturating_sub(1)).end;
         if covered != cfg.layers {
@@ -82,23 +97,85 @@ impl Gpt {
         }
         let first = split.first().clone();
         let blocks = (0..cfg.layers)
-            .map(|i| Block::new(&format!("h.{i}"), cfg, split.block_layout(i)))
+            .map(|i| Block::new(&format!("h.{i}"), cfg, arch, split.block_layout(i)))
             .collect::<Result<Vec<_>>>()?;
         let last = split.last();
+        let wpe = match arch.positions {
+            Positions::Learned => Some(table("wpe.weight", cfg.seq_len, cfg, &first.replicated())?),
+            Positions::Rotary { .. } => None,
+        };
+        let lm_head = match arch.tie_embeddings {
+            true => None,
+            false => Some(table(
+                HEAD_TABLE,
+                cfg.table_rows(),
+                cfg,
+                &last.token_embedding(),
+            )?),
+        };
         Ok(Gpt {
             wte: table(TOKEN_TABLE, cfg.table_rows(), cfg, &first.token_embedding())?,
-            wpe: table("wpe.weight", cfg.seq_len, cfg, &first.replicated())?,
+            wpe,
             blocks,
-            ln_f: LayerNorm::new("ln_f", cfg.width, LN_EPS, cfg.dtype, &last.replicated())?,
+            ln_f: Norm::new("ln_f", cfg, arch, &last.replicated())?,
+            lm_head,
             cfg: cfg.clone(),
+            arch: arch.clone(),
             layout: first,
             split,
             recompute: Recompute::None,
         })
     }
 
+    /// The names and global shapes of the parameters a decoder of `cfg` and `arch` has, in
+    /// `parameters()` order, without building it: what a check against a checkpoint needs
+    /// before any tensor exists.
+    pub fn parameter_shapes(cfg: &GptConfig, arch: &Arch) -> Vec<(String, Vec<usize>)> {
+        let (c, hd, rows) = (cfg.width, cfg.head_dim(), cfg.table_rows());
+        let (q, kv, f) = (cfg.heads * hd, arch.kv(cfg) * hd, arch.ffn(cfg));
+        let mut v: Vec<(String, Vec<usize>)> = vec![(TOKEN_TABLE.into(), vec![rows, c])];
+        if arch.positions == Positions::Learned {
+            v.push(("wpe.weight".into(), vec![cfg.seq_len, c]));
+        }
+        let norm = |v: &mut Vec<(String, Vec<usize>)>, name: &str| {
+            v.push((format!("{name}.weight"), vec![c]));
+            if arch.norm == NormKind::LayerNorm {
+                v.push((format!("{name}.bias"), vec![c]));
+            }
+        };
+        let linear = |v: &mut Vec<(String, Vec<usize>)>, name: String, i: usize, o: usize, b| {
+            v.push((format!("{name}.weight"), vec![i, o]));
+            if b {
+                v.push((format!("{name}.bias"), vec![o]));
+            }
+        };
+        for l in 0..cfg.layers {
+            let h = format!("h.{l}");
+            norm(&mut v, &format!("{h}.ln1"));
+            for (n, out) in [("q", q), ("k", kv), ("v", kv)] {
+                linear(&mut v, format!("{h}.attn.{n}"), c, out, arch.qkv_bias);
+            }
+            linear(&mut v, format!("{h}.attn.proj"), q, c, arch.out_bias);
+            norm(&mut v, &format!("{h}.ln2"));
+            let (up, down) = match arch.mlp {
+                MlpKind::Gelu => ("fc", "proj"),
+                MlpKind::SwiGlu => {
+                    linear(&mut v, format!("{h}.mlp.gate"), c, f, arch.mlp_bias);
+                    ("up", "down")
+                }
+            };
+            linear(&mut v, format!("{h}.mlp.{up}"), c, f, arch.mlp_bias);
+            linear(&mut v, format!("{h}.mlp.{down}"), f, c, arch.mlp_bias);
+        }
+        norm(&mut v, "ln_f");
+        if !arch.tie_embeddings {
+            v.push((HEAD_TABLE.into(), vec![rows, c]));
+        }
+        v
+    }
+
     /// The layout of the residual stream on the tensor-parallel axis.
-    fn stream(&self) -> Sbp {
+    pub(super) fn stream(&self) -> Sbp {
         if self.cfg.sequence_parallel {
             Sbp::S(1)
         } else {
@@ -114,8 +191,11 @@ impl Gpt {
     }
 
     /// Where the tied table is computed with: the first stage's placement and the table's
-    /// compute nd-SBP (None when local).
+    /// compute nd-SBP (None when local or untied).
     pub fn tied_layout(&self) -> Option<(Placement, NdSbp)> {
+        if self.lm_head.is_some() {
+            return None;
+        }
         let v = self.wte.weight.value();
         let nd = self
             .wte
@@ -130,15 +210,22 @@ impl Gpt {
     /// `wte` (the tied table's compute value; an id in its padding, `vocab..table_rows`, reads
     /// a padded row, one at or beyond `table_rows` is out of range).
     pub fn embed(&self, ids: &Tensor, wte: &Tensor, pass: Pass) -> Result<Tensor> {
+        self.embed_at(ids, wte, pass, 0)
+    }
+
+    /// [`Gpt::embed`] of ids at positions `pos0..pos0 + T` (`pos0 + T <= seq_len`).
+    pub fn embed_at(&self, ids: &Tensor, wte: &Tensor, pass: Pass, pos0: usize) -> Result<Tensor> {
+        let room = self.cfg.seq_len.saturating_sub(pos0);
         let t = match ids.shape().dims() {
-            [_, t] if (1..=self.cfg.seq_len).contains(t) && ids.dtype() == DType::I64 => *t,
+            [_, t] if (1..=room).contains(t) && ids.dtype() == DType::I64 => *t,
             _ => {
                 return Err(TensorError::Shape {
                     op: "Gpt::forward",
                     shapes: ids.shape().to_string(),
                     sbps: format!("{:?}", ids.nd_sbp()),
                     detail: format!(
-                        "ids must be i64 [batch, t] with 1 <= t <= seq_len {}, got {}",
+                        "ids must be i64 [batch, t] with 1 <= t <= seq_len {} - {pos0} earlier \
+                         positions, got {}",
                         self.cfg.seq_len,
                         ids.dtype()
                     ),
@@ -146,8 +233,11 @@ impl Gpt {
             }
         };
         let tok = Tensor::embedding(ids, wte)?;
-        let pos = self.wpe.weight.compute()?.narrow(0, 0, t)?;
-        let x = pass.dropout(&self.cfg, "embedding", &tok.add(&pos)?)?;
+        let x = match &self.wpe {
+            Some(wpe) => tok.add(&wpe.weight.compute()?.narrow(0, pos0, t)?)?,
+            None => tok,
+        };
+        let x = pass.dropout(&self.cfg, "embedding", &x)?;
         self.layout.relayout(&x, self.stream())
     }
 
@@ -174,15 +264,36 @@ impl Gpt {
     }
 
     /// The residual stream after the last block -> logits `[B, T, table_rows]` through the
-    /// tied table `wte` (on the last stage's placement; the columns from `vocab` on are the
-    /// padding's).
+    /// output table `wte` (the tied token table or `lm_head`, on the last stage's placement;
+    /// the columns from `vocab` on are the padding's).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
         self.head_input(x)?.matmul_t(wte, false, true)
     }
 
+    /// The output table's value on the last stage: `lm_head`'s, or the tied token table's when
+    /// `tied` is None (moved there from the first stage under a pipeline split).
+    pub fn head_table(&self, tied: Option<&Tensor>) -> Result<Tensor> {
+        match (&self.lm_head, tied) {
+            (Some(h), _) => h.weight.compute(),
+            (None, Some(w)) => Ok(w.clone()),
+            (None, None) => self.to_last_stage(self.wte.weight.compute()?),
+        }
+    }
+
+    /// `wte` (on the first stage) on the last stage's placement, in its own nd-SBP.
+    pub(super) fn to_last_stage(&self, wte: Tensor) -> Result<Tensor> {
+        match (self.split.stages(), self.split.last().placement()) {
+            (2.., Some(last)) => {
+                let nd = wte.nd_sbp().cloned().unwrap_or_else(|| NdSbp::broadcast(2));
+                wte.to_global(last, nd)
+            }
+            _ => Ok(wte),
+        }
+    }
+
     /// The final norm of the residual stream, whole on the last stage's tensor-parallel axis:
     /// what the tied table multiplies.
-    fn head_input(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn head_input(&self, x: &Tensor) -> Result<Tensor> {
         self.split.last().relayout(&self.ln_f.forward(x)?, Sbp::B)
     }
 
@@ -192,6 +303,18 @@ impl Gpt {
     /// ([`Tensor::linear_classifier_loss_sum`]), so the logits are never kept; equal to
     /// [`Gpt::loss_of`] of [`Gpt::head`].
     pub fn head_loss(&self, x: &Tensor, wte: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (sum, rows) = self.head_loss_sum(x, wte, targets)?;
+        sum.mul_scalar(1.0 / rows.max(1) as f64)
+    }
+
+    /// The summed next-token cross-entropy of [`Gpt::head_loss`] (a 0-d tensor) and the
+    /// number of tokens it sums over.
+    pub fn head_loss_sum(
+        &self,
+        x: &Tensor,
+        wte: &Tensor,
+        targets: &Tensor,
+    ) -> Result<(Tensor, usize)> {
         let h = self.head_input(x)?;
         check_targets(&h, targets)?;
         let (rows, c) = match h.shape().dims() {
@@ -206,8 +329,8 @@ impl Gpt {
             }
         };
         let (h, targets) = (h.reshape([rows, c])?, targets.reshape([rows])?);
-        h.linear_classifier_loss_sum(wte, &targets, self.cfg.vocab)?
-            .mul_scalar(1.0 / rows.max(1) as f64)
+        let sum = h.linear_classifier_loss_sum(wte, &targets, self.cfg.vocab)?;
+        Ok((sum, rows))
     }
 
     /// ids `[B, T]` (i64, T <= seq_len; global ids split over the data-parallel axis, on the
@@ -218,10 +341,11 @@ impl Gpt {
         self.head(&x, &wte)
     }
 
-    /// ids -> the residual stream after the last block and the tied table, both on the last
-    /// stage.
+    /// ids -> the residual stream after the last block and the output table, both on the
+    /// last stage.
     fn stream_out(&self, ids: &Tensor, pass: Pass) -> Result<(Tensor, Tensor)> {
-        // One value of the tied table for both uses (gathered once if stored sharded).
+        // One value of the token table for both uses when tied (gathered once if stored
+        // sharded).
         let wte = self.wte.weight.compute()?;
         let mut x = self.embed(ids, &wte, pass)?;
         for g in 0..self.split.chunks() {
@@ -232,14 +356,11 @@ impl Gpt {
             }
             x = self.run_chunk(g, &x, pass)?;
         }
-        let wte = match (self.split.stages(), self.split.last().placement()) {
-            (2.., Some(last)) => {
-                let nd = wte.nd_sbp().cloned().unwrap_or_else(|| NdSbp::broadcast(2));
-                wte.to_global(last, nd)?
-            }
-            _ => wte,
+        let table = match &self.lm_head {
+            Some(h) => h.weight.compute()?,
+            None => self.to_last_stage(wte)?,
         };
-        Ok((x, wte))
+        Ok((x, table))
     }
 
     /// Mean next-token cross-entropy of `logits` `[B, T, table_rows]` against targets `[B, T]`
@@ -264,16 +385,35 @@ impl Gpt {
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<Tensor> {
+        let (x, wte) = self.stream_out_for("Gpt::loss", ids, targets, pass)?;
+        self.head_loss(&x, &wte, targets)
+    }
+
+    /// The summed next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d
+    /// tensor on the last stage) and the number of tokens it sums over: what an evaluation
+    /// over batches of any size adds up.
+    pub fn loss_sum(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<(Tensor, usize)> {
+        let (x, table) = self.stream_out_for("Gpt::loss_sum", ids, targets, pass)?;
+        self.head_loss_sum(&x, &table, targets)
+    }
+
+    /// [`Gpt::stream_out`] of `ids` once `targets` have their shape (else an error of `op`).
+    fn stream_out_for(
+        &self,
+        op: &'static str,
+        ids: &Tensor,
+        targets: &Tensor,
+        pass: Pass,
+    ) -> Result<(Tensor, Tensor)> {
         if targets.shape() != ids.shape() {
             return Err(TensorError::Shape {
-                op: "Gpt::loss",
+                op,
                 shapes: format!("{}, {}", ids.shape(), targets.shape()),
                 sbps: format!("{:?}, {:?}", ids.nd_sbp(), targets.nd_sbp()),
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        let (x, wte) = self.stream_out(ids, pass)?;
-        self.head_loss(&x, &wte, targets)
+        self.stream_out(ids, pass)
     }
 }
 
@@ -293,11 +433,12 @@ fn check_targets(out: &Tensor, targets: &Tensor) -> Result<()> {
 impl Module for Gpt {
     fn parameters(&self) -> Vec<Parameter> {
         let mut v = self.wte.parameters();
-        v.extend(self.wpe.parameters());
+        v.extend(self.wpe.iter().flat_map(Embedding::parameters));
         for b in &self.blocks {
             v.extend(b.parameters());
         }
         v.extend(self.ln_f.parameters());
+        v.extend(self.lm_head.iter().flat_map(Embedding::parameters));
         v
     }
 }

@@ -1,0 +1,299 @@
+//! `Arch`: what distinguishes the members of the decoder family (GPT-2, Llama, Qwen2, Mistral)
+//! beyond their sizes, as Hugging Face configurations say it: the norm and its epsilon,
+//! learned or rotary positions (with `llama3` or `linear` frequency scaling), a GELU or SwiGLU
+//! MLP and its width, multi-head or grouped-query attention, which projections carry biases,
+//! and whether the output projection is the token table. `GptConfig` holds the sizes shared by
+//! every member; `Arch::gpt2` is the GPT the crate trained first, unchanged.
+
+use crate::{Result, TensorError};
+
+use super::config::{GptConfig, GptLayout, TP_AXIS};
+
+/// LayerNorm epsilon of GPT-2's norms.
+pub const LN_EPS: f64 = 1e-5;
+
+/// The normalisation of the residual stream before each sublayer and before the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `(x - mean) / sqrt(var + eps) * weight + bias`.
+    LayerNorm,
+    /// `x / sqrt(mean(x^2) + eps) * weight` (no bias).
+    RmsNorm,
+}
+
+/// How rotary frequencies are rescaled for a context longer than the one trained on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Every inverse frequency divided by `factor` (positions interpolated).
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3's: wavelengths above `original / low_freq_factor` divided by `factor`, below
+    /// `original / high_freq_factor` kept, and a smooth blend between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_positions: usize,
+    },
+}
+
+/// Where a token's position enters the model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Positions {
+    /// A learned table `wpe` `[seq_len, C]` added to the token embeddings.
+    Learned,
+    /// Rotary embedding of each head's queries and keys (GPT-NeoX layout: pairs (i, i + D/2)),
+    /// base `theta`.
+    Rotary { theta: f64, scaling: RopeScaling },
+}
+
+/// The MLP of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpKind {
+    /// `proj(gelu_tanh(fc(x)))`.
+    Gelu,
+    /// `down(silu(gate(x)) * up(x))`.
+    SwiGlu,
+}
+
+/// The members' differences (see the module docs). Sizes live in `GptConfig`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arch {
+    pub norm: NormKind,
+    pub norm_eps: f64,
+    pub positions: Positions,
+    pub mlp: MlpKind,
+    /// The MLP's hidden width (None: 4 C).
+    pub ffn_width: Option<usize>,
+    /// Key/value heads (None: as many as query heads); query heads share them in groups.
+    pub kv_heads: Option<usize>,
+    /// Biases on the query, key and value projections.
+    pub qkv_bias: bool,
+    /// A bias on the attention's output projection.
+    pub out_bias: bool,
+    /// Biases on the MLP's projections.
+    pub mlp_bias: bool,
+    /// The output projection is the token table (else a table `lm_head` of its own).
+    pub tie_embeddings: bool,
+}
+
+impl Default for Arch {
+    fn default() -> Self {
+        Arch::gpt2()
+    }
+}
+
+fn arch_err(detail: String) -> TensorError {
+    TensorError::Shape {
+        op: "Arch::validate",
+        shapes: "-".into(),
+        sbps: "-".into(),
+        detail,
+    }
+}
+
+impl Arch {
+    /// GPT-2: LayerNorm (eps 1e-5), learned positions, GELU MLP of width 4 C, multi-head
+    /// attention, biases everywhere, tied embeddings.
+    pub fn gpt2() -> Arch {
+        Arch {
+            norm: NormKind::LayerNorm,
+            norm_eps: LN_EPS,
+            positions: Positions::Learned,
+            mlp: MlpKind::Gelu,
+            ffn_width: None,
+            kv_heads: None,
+            qkv_bias: true,
+            out_bias: true,
+            mlp_bias: true,
+            tie_embeddings: true,
+        }
+    }
+
+    /// Llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases, an
+    /// output table of its own; `kv_heads`, `ffn_width`, `theta` and `eps` as given.
+    pub fn llama(kv_heads: usize, ffn_width: usize, theta: f64, eps: f64) -> Arch {
+        Arch {
+            norm: NormKind::RmsNorm,
+            norm_eps: eps,
+            positions: Positions::Rotary {
+                theta,
+                scaling: RopeScaling::None,
+            },
+            mlp: MlpKind::SwiGlu,
+            ffn_width: Some(ffn_width),
+            kv_heads: Some(kv_heads),
+            qkv_bias: false,
+            out_bias: false,
+            mlp_bias: false,
+            tie_embeddings: false,
+        }
+    }
+
+    /// The MLP's hidden width for `cfg`.
+    pub fn ffn(&self, cfg: &GptConfig) -> usize {
+        self.ffn_width.unwrap_or(4 * cfg.width)
+    }
+
+    /// Key/value heads for `cfg`.
+    pub fn kv(&self, cfg: &GptConfig) -> usize {
+        self.kv_heads.unwrap_or(cfg.heads)
+    }
+
+    /// Whether the key/value projections split their heads over a tensor-parallel axis of
+    /// `tp` ranks: when there are at least as many key/value heads as ranks and they divide
+    /// evenly; otherwise every rank computes every key/value head (replicated).
+    pub fn kv_split(&self, cfg: &GptConfig, tp: usize) -> bool {
+        let kv = self.kv(cfg);
+        kv >= tp && kv.is_multiple_of(tp)
+    }
+
+    /// Checks the architecture against the sizes and the layout (heads split over the
+    /// tensor-parallel axis).
+    pub fn validate(&self, cfg: &GptConfig, layout: &GptLayout) -> Result<()> {
+        let kv = self.kv(cfg);
+        if kv == 0 || !cfg.heads.is_multiple_of(kv) {
+            return Err(arch_err(format!(
+                "key/value heads {kv} must be at least 1 and divide the query heads {}",
+                cfg.heads
+            )));
+        }
+        if self.ffn(cfg) == 0 {
+            return Err(arch_err("the MLP width must be at least 1".into()));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return Err(arch_err(format!(
+                "norm epsilon {} is not a finite number above 0",
+                self.norm_eps
+            )));
+        }
+        if let Positions::Rotary { theta, scaling } = self.positions {
+            if !(theta.is_finite() && theta > 0.0) {
+                return Err(arch_err(format!(
+                    "rope theta {theta} is not a finite number above 0"
+                )));
+            }
+            if !cfg.head_dim().is_multiple_of(2) {
+                return Err(arch_err(format!(
+                    "rotary positions need an even head width, got {} (width {} / heads {})",
+                    cfg.head_dim(),
+                    cfg.width,
+                    cfg.heads
+                )));
+            }
+            scaling.validate()?;
+        }
+        if let Some(p) = layout.placement() {
+            let tp = p.shape().get(TP_AXIS).copied().unwrap_or(1);
+            if !self.ffn(cfg).is_multiple_of(tp) {
+                return Err(arch_err(format!(
+                    "the MLP width {} must be divisible by the tensor-parallel degree {tp}",
+                    self.ffn(cfg)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The inverse frequencies of the rotary embedding of heads `head_dim` wide (None for
+    /// learned positions): `theta^(-2i/D)` for `i < D/2`, then scaled.
+    pub fn inv_freq(&self, head_dim: usize) -> Option<Vec<f64>> {
+        let Positions::Rotary { theta, scaling } = self.positions else {
+            return None;
+        };
+        let d = head_dim as f64;
+        Some(
+            (0..head_dim / 2)
+                .map(|i| scaling.apply(1.0 / theta.powf(2.0 * i as f64 / d)))
+                .collect(),
+        )
+    }
+
+    /// The number of parameters of a model of `cfg` with a token table of `table_rows` rows.
+    pub fn parameter_count(&self, cfg: &GptConfig, table_rows: usize) -> usize {
+        let (c, hd) = (cfg.width, cfg.head_dim());
+        let (q, kv, f) = (cfg.heads * hd, self.kv(cfg) * hd, self.ffn(cfg));
+        let norm = match self.norm {
+            NormKind::LayerNorm => 2 * c,
+            NormKind::RmsNorm => c,
+        };
+        let attn = c * (q + 2 * kv)
+            + q * c
+            + usize::from(self.qkv_bias) * (q + 2 * kv)
+            + usize::from(self.out_bias) * c;
+        let mlp = match self.mlp {
+            MlpKind::Gelu => 2 * c * f + usize::from(self.mlp_bias) * (f + c),
+            MlpKind::SwiGlu => 3 * c * f + usize::from(self.mlp_bias) * (2 * f + c),
+        };
+        let tables = table_rows * c * if self.tie_embeddings { 1 } else { 2 };
+        let positions = match self.positions {
+            Positions::Learned => cfg.seq_len * c,
+            Positions::Rotary { .. } => 0,
+        };
+        tables + positions + cfg.layers * (2 * norm + attn + mlp) + norm
+    }
+}
+
+impl RopeScaling {
+    fn validate(self) -> Result<()> {
+        let positive = |what: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(arch_err(format!(
+                    "rope scaling {what} {v} is not a finite number above 0"
+                )))
+            }
+        };
+        match self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_positions,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor || original_max_positions == 0 {
+                    return Err(arch_err(format!(
+                        "llama3 rope scaling needs high_freq_factor {high_freq_factor} above \
+                         low_freq_factor {low_freq_factor} and original_max_position_embeddings \
+                         {original_max_positions} above 0"
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The scaled inverse frequency `f` (as transformers' `rope_type` of the same name).
+    pub fn apply(self, f: f64) -> f64 {
+        match self {
+            RopeScaling::None => f,
+            RopeScaling::Linear { factor } => f / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_positions,
+            } => {
+                let old = original_max_positions as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < old / high_freq_factor {
+                    f
+                } else if wavelen > old / low_freq_factor {
+                    f / factor
+                } else {
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * f / factor + smooth * f
+                }
+            }
+        }
+    }
+}

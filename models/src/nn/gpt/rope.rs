@@ -1,0 +1,110 @@
+//! `Rope`: the rotary embedding of a block's queries and keys `[B, T, H, D]` at positions
+//! `pos0..pos0 + T` (GPT-NeoX layout: pairs (i, i + D/2) rotate by `pos * inv_freq[i]`), with
+//! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies from position 0 on
+//! f32 or f64 run as the tensor crate's fused `rotary` op; scaled ones, a later start (a
+//! decoding step) or 16-bit inputs (as transformers does, tables in the input's dtype) as
+//! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles, whose gradient follows
+//! by autograd and whose layout follows the input's by inference.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::NdSbp;
+
+use crate::{Result, TensorError};
+use oxiflow_tensor::Tensor;
+
+use super::arch::{Arch, Positions, RopeScaling};
+
+/// The cos and sin tables `[T, 1, D]` of a window from position 0, by (T, dtype, layout).
+type Tables = HashMap<(usize, DType, String), (Tensor, Tensor)>;
+
+/// A rotary embedding (see the module docs). Cloning shares the kept tables.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    inv_freq: Vec<f64>,
+    /// The unscaled base, when the frequencies are `theta^(-2i/D)` (the fused op's).
+    fused_theta: Option<f64>,
+    tables: Arc<Mutex<Tables>>,
+}
+
+impl Rope {
+    /// The rotary embedding of `arch` for heads `head_dim` wide (None: learned positions).
+    pub fn new(arch: &Arch, head_dim: usize) -> Option<Rope> {
+        let Positions::Rotary { theta, scaling } = arch.positions else {
+            return None;
+        };
+        Some(Rope {
+            inv_freq: arch.inv_freq(head_dim)?,
+            fused_theta: (scaling == RopeScaling::None).then_some(theta),
+            tables: Arc::default(),
+        })
+    }
+
+    /// `x` `[B, T, H, D]` rotated for positions `pos0..pos0 + T`.
+    pub fn apply(&self, x: &Tensor, pos0: usize) -> Result<Tensor> {
+        let (t, d) = match x.shape().dims() {
+            &[_, t, _, d] if d == 2 * self.inv_freq.len() => (t, d),
+            _ => {
+                return Err(TensorError::Shape {
+                    op: "Rope::apply",
+                    shapes: x.shape().to_string(),
+                    sbps: format!("{:?}", x.nd_sbp()),
+                    detail: format!(
+                        "needs [B, T, H, D] with D = {} (the rotary frequencies' pairs)",
+                        2 * self.inv_freq.len()
+                    ),
+                })
+            }
+        };
+        if let (Some(theta), 0, DType::F32 | DType::F64) = (self.fused_theta, pos0, x.dtype()) {
+            return x.rotary(1, theta);
+        }
+        let (cos, sin) = self.tables(x, pos0, t, d)?;
+        let half = d / 2;
+        let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
+        let rotated = Tensor::concat(&[&x2.neg()?, &x1], -1)?;
+        x.mul(&cos)?.add(&rotated.mul(&sin)?)
+    }
+
+    /// The cos and sin tables `[T, 1, D]` of positions `pos0..pos0 + T` in `x`'s dtype,
+    /// broadcast on `x`'s placement (kept for windows from position 0).
+    fn tables(&self, x: &Tensor, pos0: usize, t: usize, d: usize) -> Result<(Tensor, Tensor)> {
+        let key = (
+            t,
+            x.dtype(),
+            x.placement().map_or_else(String::new, |p| p.to_string()),
+        );
+        if pos0 == 0 {
+            let kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pair) = kept.get(&key) {
+                return Ok(pair.clone());
+            }
+        }
+        let half = d / 2;
+        let mut cos = Vec::with_capacity(t * d);
+        let mut sin = Vec::with_capacity(t * d);
+        for p in pos0..pos0 + t {
+            for j in 0..d {
+                let angle = p as f64 * self.inv_freq[j % half];
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let place = |v: Vec<f64>| -> Result<Tensor> {
+            let _ng = oxiflow_tensor::no_grad();
+            let local = Tensor::from_vec(v, [t, 1, d])?.to_dtype(x.dtype())?;
+            match x.placement() {
+                Some(p) => local.to_global(p, NdSbp::broadcast(p.ndim())),
+                None => Ok(local),
+            }
+        };
+        let pair = (place(cos)?, place(sin)?);
+        if pos0 == 0 {
+            let mut kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            kept.insert(key, pair.clone());
+        }
+        Ok(pair)
+    }
+}

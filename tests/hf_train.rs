@@ -1,0 +1,408 @@
+//! `train --from-hf` under `oflaunch` with real processes (CPU/TCP backend), against the
+//! transformers references of `tests/fixtures/hf` (made by `scripts/hf_fixtures.py`):
+//! `--eval-only` prints transformers' float64 loss within 1e-9 relative for GPT-2, Llama,
+//! Qwen2 and Mistral on 1 rank and under `--tp 2`, `--dp 2` and `--pp 2`; `--save-hf` writes a
+//! directory `--from-hf` reads back to the same loss bit for bit, after training steps too;
+//! and each mismatch of a directory (architecture, missing, unexpected, shape, dtype, an index
+//! naming a missing file, a sliding window that matters) is a typed error naming the file and
+//! the tensor, the same on every rank, before any step.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{launch, ok};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+fn reference() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxiflow-hf-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// (loss, tokens) from rank 0's `eval loss L over N tokens` line.
+fn eval_line(text: &str) -> (f64, usize) {
+    let l = text
+        .lines()
+        .find_map(|l| l.split("eval loss ").nth(1))
+        .unwrap_or_else(|| panic!("no eval line in {text}"));
+    let w: Vec<&str> = l.split_whitespace().collect();
+    (w[0].parse().unwrap(), w[2].parse().unwrap())
+}
+
+/// `train --from-hf DIR --eval-only` on the fixture tokens in f64, on `nproc` ranks.
+fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> (f64, usize) {
+    let data = fixtures().join("tokens.bin");
+    let mut args = vec![
+        "--from-hf",
+        dir.to_str().unwrap(),
+        "--eval-only",
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "3",
+        "--dtype",
+        "f64",
+    ];
+    args.extend_from_slice(extra);
+    eval_line(&ok(launch(nproc, &args)))
+}
+
+const MODELS: [&str; 4] = ["gpt2", "llama", "qwen2", "mistral"];
+
+#[test]
+fn eval_only_equals_transformers_on_every_layout() {
+    let r = reference();
+    let layouts: [(usize, &[&str]); 4] = [
+        (1, &[]),
+        (2, &["--tp", "2"]),
+        (2, &["--dp", "2"]),
+        (2, &["--pp", "2"]),
+    ];
+    for name in MODELS {
+        let m = &r["models"][name];
+        let (want, tokens) = (
+            m["eval_loss"].as_f64().unwrap(),
+            m["tokens"].as_u64().unwrap(),
+        );
+        for (n, layout) in layouts {
+            let (got, count) = eval(n, &fixtures().join(name), layout);
+            let rel = (got - want).abs() / want;
+            eprintln!("{name} {layout:?}: {got} vs transformers {want} (relative {rel:.2e})");
+            assert_eq!(count as u64, tokens, "{name} {layout:?}");
+            assert!(rel < 1e-9, "{name} {layout:?}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn save_hf_reads_back_to_the_same_loss_bit_for_bit() {
+    let out = tmp("roundtrip");
+    for name in MODELS {
+        // As loaded.
+        let saved = out.join(name);
+        let s = saved.to_str().unwrap();
+        // Saved from tensor-parallel shards, read back on one rank: one rank's loss.
+        eval(2, &fixtures().join(name), &["--tp", "2", "--save-hf", s]);
+        let before = eval(1, &fixtures().join(name), &[]);
+        let after = eval(1, &saved, &[]);
+        eprintln!("{name}: {before:?} -> saved -> {after:?}");
+        assert_eq!(before, after, "{name}");
+        let index: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(saved.join("model.safetensors.index.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(index["weight_map"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    // After training steps (a pipeline of two stages saving), checked against the trained
+    // checkpoint's own evaluation.
+    let trained = out.join("trained");
+    let ckpt = out.join("ckpt");
+    let data = fixtures().join("tokens.bin");
+    let (t, c) = (trained.to_str().unwrap(), ckpt.to_str().unwrap());
+    let dir = fixtures().join("qwen2");
+    let common = [
+        "--from-hf",
+        dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--dtype",
+        "f64",
+        "--gen-tokens",
+        "0",
+    ];
+    let mut train = common.to_vec();
+    train.extend_from_slice(&["--steps", "3", "--pp", "2", "--save", c, "--save-hf", t]);
+    ok(launch(2, &train));
+    let resumed = eval(1, &dir, &["--resume", c]);
+    let reloaded = eval(1, &trained, &[]);
+    let untrained = eval(1, &dir, &[]);
+    eprintln!("trained: checkpoint {resumed:?}, saved {reloaded:?}, before {untrained:?}");
+    assert_eq!(resumed, reloaded);
+    assert_ne!(resumed, untrained, "the steps changed nothing");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Rewrites the safetensors file `path` with `edit` applied to its (name, dtype, shape,
+/// bytes) tensors.
+fn rewrite(
+    path: &Path,
+    edit: impl Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, path).unwrap();
+}
+
+/// A copy of fixture `name` under `dir`.
+fn copy(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    to
+}
+
+fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
+    let p = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
+}
+
+#[test]
+fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
+    let base = tmp("bad");
+    let case = |n: &str| base.join(n);
+    let qwen = |n: &str| copy("qwen2", &case(n)).join("model.safetensors");
+    let arch = copy("gpt2", &case("arch"));
+    set_config(
+        &arch,
+        "architectures",
+        serde_json::json!(["FalconForCausalLM"]),
+    );
+    let missing = qwen("missing");
+    rewrite(&missing, |t| {
+        t.retain(|x| x.0 != "model.layers.1.mlp.up_proj.weight")
+    });
+    let unexpected = qwen("unexpected");
+    rewrite(&unexpected, |t| {
+        let extra = t[0].clone();
+        t.push((
+            "model.layers.0.extra.weight".into(),
+            extra.1,
+            extra.2,
+            extra.3,
+        ));
+    });
+    let shape = qwen("shape");
+    rewrite(&shape, |t| {
+        let x = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
+        x.2 = vec![x.2[0] / 2];
+        x.3.truncate(x.3.len() / 2);
+    });
+    let dtype = qwen("dtype");
+    rewrite(&dtype, |t| {
+        let x = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
+        x.1 = safetensors::Dtype::I16;
+    });
+    let index = copy("llama", &case("index"));
+    std::fs::remove_file(index.join("model-00003-of-00005.safetensors")).unwrap();
+    let window = copy("mistral", &case("window"));
+    set_config(&window, "sliding_window", serde_json::json!(8));
+    let cases: Vec<(PathBuf, String)> = vec![
+        (
+            arch.clone(),
+            format!(
+                "{}: architecture FalconForCausalLM is not supported (supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)",
+                arch.join("config.json").display()
+            ),
+        ),
+        (
+            case("missing/qwen2"),
+            format!(
+                "{}: missing tensors [\"model.layers.1.mlp.up_proj.weight\"]",
+                missing.display()
+            ),
+        ),
+        (
+            case("unexpected/qwen2"),
+            format!(
+                "{}: unexpected tensors [\"model.layers.0.extra.weight\"]",
+                unexpected.display()
+            ),
+        ),
+        (
+            case("shape/qwen2"),
+            format!(
+                "{}: tensor model.norm.weight is [16], the configuration needs [32]",
+                shape.display()
+            ),
+        ),
+        (
+            case("dtype/qwen2"),
+            format!(
+                "{}: tensor model.norm.weight is stored as I16",
+                dtype.display()
+            ),
+        ),
+        (
+            index.clone(),
+            format!(
+                "{}: tensor model.layers.1.mlp.gate_proj.weight is in model-00003-of-00005.safetensors, which does not exist",
+                index.join("model.safetensors.index.json").display()
+            ),
+        ),
+        (
+            window.clone(),
+            format!(
+                "{}: sliding_window: sliding-window attention of 8 tokens matters for windows of 16 tokens",
+                window.join("config.json").display()
+            ),
+        ),
+    ];
+    let data = fixtures().join("tokens.bin");
+    let (_, train) = common::binaries();
+    for (dir, want) in &cases {
+        let args = [
+            "--from-hf",
+            dir.to_str().unwrap(),
+            "--eval-only",
+            "--data",
+            data.to_str().unwrap(),
+            "--seq-len",
+            "16",
+        ];
+        let out = launch(2, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{dir:?} was accepted");
+        assert!(err.contains(&format!("train: {want}")), "{dir:?}: {err}");
+        // Each rank alone, with no rendezvous to reach: the same refusal.
+        let alone: Vec<String> = ["0", "1"]
+            .iter()
+            .map(|rank| {
+                let o = std::process::Command::new(train)
+                    .args(args)
+                    .env_remove("MASTER_ADDR")
+                    .env_remove("MASTER_PORT")
+                    .env("RANK", rank)
+                    .env("LOCAL_RANK", rank)
+                    .env("WORLD_SIZE", "2")
+                    .output()
+                    .unwrap();
+                assert!(!o.status.success());
+                String::from_utf8_lossy(&o.stderr).into_owned()
+            })
+            .collect();
+        assert_eq!(alone[0], alone[1]);
+        assert!(alone[0].contains(want.as_str()), "{}", alone[0]);
+        eprintln!("{}", alone[0].lines().next().unwrap_or(""));
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Every `generated ids: a,b,c` line of rank 0.
+fn generated(text: &str) -> Vec<Vec<u64>> {
+    text.lines()
+        .filter_map(|l| l.split("generated ids: ").nth(1))
+        .map(|ids| ids.split(',').map(|i| i.trim().parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
+    let r = reference();
+    let layouts: [(usize, &[&str]); 4] = [
+        (1, &[]),
+        (2, &["--tp", "2"]),
+        (2, &["--dp", "2"]),
+        (2, &["--pp", "2"]),
+    ];
+    for name in MODELS {
+        let want: Vec<Vec<u64>> = r["models"][name]["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                g.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_u64().unwrap())
+                    .collect()
+            })
+            .collect();
+        let dir = fixtures().join(name);
+        for (n, layout) in layouts {
+            // The first two prompts decode as one batch; the third alone.
+            let mut args = vec![
+                "--from-hf",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                "5,17,3;9,9,9;1,2,3,4,5,6,7",
+                "--gen-tokens",
+                "24",
+                "--temperature",
+                "0",
+                "--dtype",
+                "f64",
+            ];
+            args.extend_from_slice(layout);
+            let text = ok(launch(n, &args));
+            assert!(common::curve(&text).is_empty(), "generating trains nothing");
+            let got = generated(&text);
+            eprintln!("{name} {layout:?}: {got:?}");
+            assert_eq!(got.len(), 3, "{text}");
+            assert_eq!(
+                [got[0].clone(), got[2].clone()],
+                [want[0].clone(), want[1].clone()],
+                "{name} {layout:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn generation_past_a_sliding_window_is_refused_before_any_step() {
+    let base = tmp("window-gen");
+    let dir = copy("mistral", &base);
+    set_config(&dir, "sliding_window", serde_json::json!(20));
+    let d = dir.to_str().unwrap();
+    let gen = |n: &str| {
+        let args = [
+            "--from-hf",
+            d,
+            "--prompt-ids",
+            "5,17,3",
+            "--gen-tokens",
+            n,
+            "--temperature",
+            "0",
+        ];
+        launch(1, &args)
+    };
+    // 3 + 17 tokens fit the window; 3 + 18 do not.
+    assert_eq!(generated(&ok(gen("17"))).len(), 1);
+    let out = gen("18");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("sliding-window attention of 20 tokens matters for windows of 21 tokens"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -1,0 +1,189 @@
+//! The decoder a job runs: `DecoderSpec`, its sizes and architecture from the flags (`--model
+//! gpt`, `--model llama` with its flags) or from a Hugging Face directory (`--from-hf`, whose
+//! weights it also reads), resolved before the world starts; and `build_decoder`, the model on
+//! the job's stages (pipeline split or not), its weights read from the directory when there is
+//! one (each rank its own pieces, every check before any step), its compute dtype and
+//! recomputation set.
+
+use std::sync::Arc;
+
+use oxiflow_collectives::DType;
+use oxiflow_models::hf::{Family, HfCheckpoint, HfConfig};
+use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, StageSplit};
+use oxiflow_models::nn::Module;
+use oxiflow_placement::{DeviceType, Placement};
+
+use crate::config::{ModelKind, TrainConfig};
+use crate::error::TrainError;
+use crate::tasks::mesh::Mesh;
+
+/// What decoder a job runs (see the module docs).
+#[derive(Clone)]
+pub struct DecoderSpec {
+    /// Its sizes: the vocabulary, the longest sequence (rows of a learned position table),
+    /// layers, heads, width, and the job's dtype, seed, dropout, padding and sequence
+    /// parallelism.
+    pub cfg: GptConfig,
+    pub arch: Arch,
+    /// The Hugging Face architecture it is (and is written back as).
+    pub family: Family,
+    /// The token ids that end a generated sequence.
+    pub eos: Vec<usize>,
+    /// The directory its weights come from (`--from-hf`), opened and its headers read.
+    pub hf: Option<Arc<HfCheckpoint>>,
+}
+
+impl DecoderSpec {
+    /// The Hugging Face directory `--from-hf` names, opened (its configuration checked, its
+    /// weights' headers read); None without the flag.
+    pub fn open_hf(cfg: &TrainConfig) -> Result<Option<Arc<HfCheckpoint>>, TrainError> {
+        let Some(dir) = &cfg.model.from_hf else {
+            return Ok(None);
+        };
+        let ck = HfCheckpoint::open(dir)?;
+        if !cfg.generates_only() {
+            ck.config.check_window(cfg.model.seq_len)?;
+        }
+        Ok(Some(Arc::new(ck)))
+    }
+
+    /// The decoder of `cfg` over a vocabulary of `vocab` ids (the data's; a Hugging Face
+    /// model's own when `hf` is given), ending generated text at `eos`.
+    pub fn resolve(
+        cfg: &TrainConfig,
+        vocab: usize,
+        eos: Option<usize>,
+        hf: Option<Arc<HfCheckpoint>>,
+    ) -> DecoderSpec {
+        let m = &cfg.model;
+        let base = GptConfig {
+            vocab,
+            vocab_multiple: m.vocab_multiple,
+            seq_len: m.seq_len,
+            layers: m.layers,
+            heads: m.heads,
+            width: m.width,
+            dropout: m.dropout,
+            seed: m.seed,
+            dtype: m.dtype.dtype(),
+            sequence_parallel: cfg.parallel.sp,
+        };
+        if let Some(ck) = hf {
+            let c = &ck.config;
+            return DecoderSpec {
+                cfg: c.gpt_config(&base),
+                arch: c.arch.clone(),
+                family: c.family,
+                eos: c.eos.clone(),
+                hf: Some(ck),
+            };
+        }
+        let (arch, family) = match m.model {
+            ModelKind::Llama => {
+                let arch = Arch {
+                    tie_embeddings: m.tie_embeddings,
+                    ..Arch::llama(
+                        m.kv_heads.unwrap_or(m.heads),
+                        m.ffn_width.unwrap_or(4 * m.width),
+                        m.rope_theta,
+                        m.norm_eps,
+                    )
+                };
+                (arch, Family::Llama)
+            }
+            _ => (Arch::gpt2(), Family::Gpt2),
+        };
+        DecoderSpec {
+            cfg: base,
+            arch,
+            family,
+            eos: eos.into_iter().collect(),
+            hf: None,
+        }
+    }
+
+    /// Checks the Hugging Face weights (when there are any) against the decoder's parameters:
+    /// every name, shape and dtype, from the files' headers, before any tensor exists.
+    pub fn check(&self) -> Result<(), TrainError> {
+        if let Some(ck) = &self.hf {
+            ck.plan(&Gpt::parameter_shapes(&self.cfg, &self.arch))?;
+        }
+        Ok(())
+    }
+
+    /// The Hugging Face configuration this decoder is written back with.
+    pub fn hf_config(&self) -> HfConfig {
+        match &self.hf {
+            Some(ck) => ck.config.clone(),
+            None => HfConfig::of_model(self.family, &self.cfg, &self.arch, self.eos.clone()),
+        }
+    }
+
+    /// A one-line description for the log.
+    pub fn describe(&self) -> String {
+        let (c, a) = (&self.cfg, &self.arch);
+        let from = self
+            .hf
+            .as_ref()
+            .map_or(String::new(), |h| format!(" from {}", h.dir.display()));
+        format!(
+            "{}{from} layers {} heads {} kv-heads {} width {} ffn {} vocab {} (table {} rows) {:?} {:?} {} dropout {} dtype {}",
+            self.family.architecture(),
+            c.layers,
+            c.heads,
+            a.kv(c),
+            c.width,
+            a.ffn(c),
+            c.vocab,
+            c.table_rows(),
+            a.norm,
+            a.positions,
+            if a.tie_embeddings { "tied" } else { "untied" },
+            c.dropout,
+            c.dtype
+        )
+    }
+}
+
+/// The decoder of `spec` on `stages` (one `[dp, tp]` placement per pipeline stage) with
+/// `virtual_stages` chunks per stage, its weights read from the Hugging Face directory when
+/// there is one, computing in `compute_dtype`.
+pub fn build_decoder(
+    spec: &DecoderSpec,
+    stages: &[Placement],
+    virtual_stages: usize,
+    compute_dtype: Option<DType>,
+) -> Result<Gpt, TrainError> {
+    let split = if stages.len() == 1 && virtual_stages == 1 {
+        StageSplit::single(spec.cfg.layers, &GptLayout::Mesh(stages[0].clone()))
+    } else {
+        let layouts = stages.iter().cloned().map(GptLayout::Mesh).collect();
+        StageSplit::new(spec.cfg.layers, layouts, virtual_stages)?
+    };
+    let model = Gpt::with_arch(&spec.cfg, &spec.arch, split)?;
+    if let Some(ck) = &spec.hf {
+        ck.load_into(&model.parameters())?;
+    }
+    model.set_compute_dtype(compute_dtype);
+    Ok(model)
+}
+
+/// The stages of `mesh` on `device` and the one holding this process's rank.
+pub fn stages_of(mesh: &Mesh, device: DeviceType) -> Result<(Vec<Placement>, usize), TrainError> {
+    let rank = oxiflow_tensor::Context::current()
+        .ok_or_else(|| TrainError::Layout {
+            detail: "no runtime context".into(),
+        })?
+        .rank();
+    let stages = mesh.stages(device)?;
+    let stage = stages
+        .iter()
+        .position(|s| s.contains(rank))
+        .ok_or_else(|| TrainError::Layout {
+            detail: format!(
+                "rank {rank} is in no stage of the mesh [pp {}, dp {}, tp {}]",
+                mesh.pp, mesh.dp, mesh.tp
+            ),
+        })?;
+    Ok((stages, stage))
+}

@@ -1,0 +1,251 @@
+//! Generation from a decoder on its layout: prompts of one length decode as one batch through
+//! a key/value cache (`Gpt::decode`: the prompt whole, then one token a step; under tensor
+//! parallelism each rank keeps its heads' keys and values), each next token the arg-max at
+//! temperature 0, else a draw from the softmax at that temperature over the `top_k` most likely
+//! ids and the smallest set of them holding `top_p` of the probability (draws from the seed,
+//! the same on every rank); a sequence ends after an end-of-sequence id. Where a sequence
+//! outgrows the model's positions, each further token is predicted from the last window of
+//! them, computed whole.
+
+use std::collections::BTreeMap;
+
+use oxiflow_collectives::DType;
+use oxiflow_models::nn::gpt::{Gpt, KvCache};
+use oxiflow_models::nn::Pass;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::{no_grad, Tensor};
+
+use crate::error::TrainError;
+
+/// How each next token is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0: the arg-max (greedy).
+    pub temperature: f64,
+    /// Only the `top_k` most likely ids (0: all).
+    pub top_k: usize,
+    /// Only the smallest set of most likely ids holding this much of the probability (1: all).
+    pub top_p: f64,
+    pub seed: u64,
+}
+
+fn layout_err(detail: String) -> TrainError {
+    TrainError::Layout { detail }
+}
+
+/// `prompts` (ids below the model's vocabulary, none empty) each continued by up to `n`
+/// tokens, fewer when one of `eos` ends it (that id included), as `sampling` picks them.
+/// `world` holds every rank of the job (where a pipeline's last stage shares the logits).
+/// Every rank calls it alike and gets the same ids.
+pub fn generate_ids(
+    model: &Gpt,
+    world: &Placement,
+    prompts: &[Vec<usize>],
+    n: usize,
+    sampling: &Sampling,
+    eos: &[usize],
+) -> Result<Vec<Vec<usize>>, TrainError> {
+    let _ng = no_grad();
+    let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, p) in prompts.iter().enumerate() {
+        by_len.entry(p.len()).or_default().push(i);
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    for rows in by_len.values() {
+        let batch: Vec<Vec<usize>> = rows.iter().map(|&i| prompts[i].clone()).collect();
+        let got = Decoder { model, world }.run(&batch, rows, n, sampling, eos)?;
+        for (&i, g) in rows.iter().zip(got) {
+            out[i] = g;
+        }
+    }
+    Ok(out)
+}
+
+/// One batch of prompts of one length through `model`.
+struct Decoder<'a> {
+    model: &'a Gpt,
+    world: &'a Placement,
+}
+
+impl Decoder<'_> {
+    /// The generated ids of `batch` (prompts `rows` of the whole request, for the draws).
+    fn run(
+        &self,
+        batch: &[Vec<usize>],
+        rows: &[usize],
+        n: usize,
+        sampling: &Sampling,
+        eos: &[usize],
+    ) -> Result<Vec<Vec<usize>>, TrainError> {
+        let positions = self.model.cfg.seq_len;
+        let mut seqs: Vec<Vec<usize>> = batch.to_vec();
+        let mut done = vec![false; batch.len()];
+        let mut cache = self.model.new_cache();
+        let mut logits = self.step(&seqs, &mut cache, positions)?;
+        for step in 0..n {
+            for (r, seq) in seqs.iter_mut().enumerate() {
+                let next = pick(&logits[r], sampling, (rows[r] as u64) << 32 | step as u64);
+                if !done[r] {
+                    done[r] = eos.contains(&next);
+                }
+                seq.push(next);
+            }
+            if done.iter().all(|&d| d) || step + 1 == n {
+                break;
+            }
+            logits = self.step(&seqs, &mut cache, positions)?;
+        }
+        // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.
+        Ok(seqs
+            .into_iter()
+            .zip(batch)
+            .map(|(s, p)| {
+                let mut g = s[p.len()..].to_vec();
+                if let Some(e) = g.iter().position(|id| eos.contains(id)) {
+                    g.truncate(e + 1);
+                }
+                g
+            })
+            .collect())
+    }
+
+    /// The next-token logits of every sequence (over the vocabulary), through the cache while
+    /// the positions last (the whole sequences when it is empty, else their last token), else
+    /// from the last `positions` tokens computed whole.
+    fn step(
+        &self,
+        seqs: &[Vec<usize>],
+        cache: &mut KvCache,
+        positions: usize,
+    ) -> Result<Vec<Vec<f64>>, TrainError> {
+        let len = seqs.first().map_or(0, Vec::len);
+        let logits = if len <= positions {
+            let from = cache.len();
+            self.model.decode(&self.ids(seqs, from)?, cache)?
+        } else {
+            let window = self.ids(seqs, len - positions)?;
+            let all = self.model.forward(&window, Pass::Eval)?;
+            let (b, rows) = (all.shape().dim(0), all.shape().dim(2));
+            all.narrow(1, positions - 1, 1)?.reshape([b, rows])?
+        };
+        self.read(&logits, seqs.len())
+    }
+
+    /// Every sequence's ids from `from` on, as global `[B, len - from]` ids on the first stage,
+    /// split over the data-parallel axis.
+    fn ids(&self, seqs: &[Vec<usize>], from: usize) -> Result<Tensor, TrainError> {
+        let first = self
+            .model
+            .split
+            .first()
+            .placement()
+            .cloned()
+            .ok_or_else(|| layout_err("the decoder is not global".into()))?;
+        let t = seqs.first().map_or(0, Vec::len) - from;
+        let v: Vec<i64> = seqs
+            .iter()
+            .flat_map(|s| s[from..].iter().map(|&id| id as i64))
+            .collect();
+        let whole = Tensor::from_vec(v, [seqs.len(), t])?.to_global(&first, NdSbp::broadcast(2))?;
+        Ok(whole.to_global(&first, NdSbp::new([Sbp::S(0), Sbp::B]))?)
+    }
+
+    /// Logits `[B, table_rows]` (on the last stage) on every rank, each row cut to the
+    /// vocabulary.
+    fn read(&self, logits: &Tensor, b: usize) -> Result<Vec<Vec<f64>>, TrainError> {
+        let logits = logits.cast(DType::F64)?;
+        let whole = match (self.model.split.stages(), logits.placement()) {
+            (1, Some(p)) => logits.to_global(p, NdSbp::broadcast(p.ndim()))?,
+            _ => logits.to_global(self.world, NdSbp::broadcast(1))?,
+        };
+        let v = whole.to_vec::<f64>()?;
+        let (vocab, rows) = (self.model.cfg.vocab, self.model.cfg.table_rows());
+        if v.len() != b * rows {
+            return Err(layout_err(format!(
+                "{} logits for {b} sequences and a token table of {rows} rows",
+                v.len()
+            )));
+        }
+        Ok(v.chunks_exact(rows).map(|r| r[..vocab].to_vec()).collect())
+    }
+}
+
+/// The next id from `logits`: the arg-max at temperature 0, else a draw (keyed by `draw`)
+/// from the softmax at the temperature over the `top_k` most likely ids and, of those, the
+/// smallest set holding `top_p` of the probability.
+fn pick(logits: &[f64], s: &Sampling, draw: u64) -> usize {
+    let best =
+        logits.iter().enumerate().fold(
+            (0, f64::NEG_INFINITY),
+            |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+        );
+    if s.temperature <= 0.0 {
+        return best.0;
+    }
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if s.top_k > 0 {
+        order.truncate(s.top_k);
+    }
+    let w: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] - best.1) / s.temperature).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut keep = w.len();
+    if s.top_p < 1.0 {
+        let mut mass = 0.0;
+        for (k, x) in w.iter().enumerate() {
+            mass += x / total;
+            if mass >= s.top_p {
+                keep = k + 1;
+                break;
+            }
+        }
+    }
+    let kept: f64 = w[..keep].iter().sum();
+    let mut u = oxiflow_tensor::rng::uniform(s.seed, draw) * kept;
+    for (k, x) in w[..keep].iter().enumerate() {
+        if u < *x {
+            return order[k];
+        }
+        u -= x;
+    }
+    order[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(temperature: f64, top_k: usize, top_p: f64) -> Sampling {
+        Sampling {
+            temperature,
+            top_k,
+            top_p,
+            seed: 9,
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_largest_and_filters_keep_only_the_likeliest() {
+        let logits = [0.5, 2.0, 2.0, -1.0, 1.0];
+        assert_eq!(pick(&logits, &s(0.0, 0, 1.0), 0), 1);
+        // top-k 1 and a tiny top-p leave the arg-max alone at any temperature.
+        for d in 0..50 {
+            assert_eq!(pick(&logits, &s(1.0, 1, 1.0), d), 1);
+            assert_eq!(pick(&logits, &s(1.0, 0, 1e-9), d), 1);
+        }
+        // top-k 3 never draws the two least likely; every draw of the three appears.
+        let drawn: std::collections::BTreeSet<usize> = (0..400)
+            .map(|d| pick(&logits, &s(1.0, 3, 1.0), d))
+            .collect();
+        assert_eq!(drawn, [1, 2, 4].into_iter().collect());
+        // top-p 0.6 keeps the two tied ids (together about 0.63 of the mass).
+        let drawn: std::collections::BTreeSet<usize> = (0..400)
+            .map(|d| pick(&logits, &s(1.0, 0, 0.6), d))
+            .collect();
+        assert_eq!(drawn, [1, 2].into_iter().collect());
+    }
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 
-use crate::procfs::{limits_of, main_thread_frozen, resource_death, Limits};
+use crate::procfs::{dead_but_held, limits_of, main_thread_frozen, resource_death, Limits};
 use crate::rendezvous_join::RemoteEvent;
 use crate::signals::SignalPipe;
 use crate::spawn::Worker;
@@ -142,6 +142,25 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
             if let Some(f) = reap(w, status, limits, sup) {
                 failed.push(f);
             }
+        }
+        // Once the job is being torn down, a worker that died but whose tracer (a debugger
+        // that froze it) has not collected its exit is done: waiting for the tracer could take
+        // as long as its user does.
+        if teardown.is_some() {
+            workers.retain_mut(|w| match dead_but_held(w.pid.as_raw()) {
+                Some(tracer) => {
+                    eprintln!(
+                        "oflaunch: rank {} (pid {}) is dead; its tracer (pid {tracer}) holds its \
+                         exit status, so oflaunch does not wait for it",
+                        w.rank, w.pid
+                    );
+                    if let Some(p) = w.pipes.take() {
+                        p.drain(DRAIN);
+                    }
+                    false
+                }
+                None => true,
+            });
         }
         if let Some(first) = failed.into_iter().next() {
             if outcome.is_none() {

@@ -204,10 +204,14 @@ pub fn resource_death(
         libc::SIGKILL => {
             let cpu = limits.and_then(|l| Some((l.cpu_time.hard?, l.cpu_used?)));
             match cpu {
-                Some((hard, used)) if used + 0.05 >= hard as f64 => Some(format!(
+                // The CPU time read back runs up to a tenth of a second short of the limit
+                // that killed it (per-tick accounting).
+                Some((hard, used)) if used + 0.15 + 0.01 * hard as f64 >= hard as f64 => {
+                    Some(format!(
                     "it reached its hard CPU-time limit (RLIMIT_CPU, `ulimit -Ht`: {hard} s; it \
                      used {used:.1} s)"
-                )),
+                    ))
+                }
                 _ => oom.and_then(OomWatch::evidence),
             }
         }

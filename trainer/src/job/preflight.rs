@@ -99,19 +99,6 @@ fn check_save(path: &Path) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// A folder the launch environment names for files written later: an existing writable folder,
-/// or one whose nearest existing ancestor is a writable folder (it is created when needed).
-fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
-    match uncreatable(dir) {
-        Some(why) => Err(TrainError::Output {
-            what: var,
-            path: dir.to_path_buf(),
-            detail: format!("not a folder this rank can write in: {why}"),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// Every check of the module's documentation; returns the GPT's opened data.
 pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, TrainError> {
     let r = &cfg.run;
@@ -124,15 +111,7 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Option<GptInputs>, Train
         }
     }
     if let Ok(env) = LaunchEnv::from_env() {
-        let folders = [
-            ("OXIFLOW_TRACE_DIR", &env.trace_dir),
-            ("OXIFLOW_FLIGHT_DIR", &env.flight_dir),
-        ];
-        for (var, dir) in folders {
-            if let Some(dir) = dir {
-                check_env_folder(var, dir)?;
-            }
-        }
+        env.check_folders()?;
     }
     let inputs = match cfg.model.model {
         ModelKind::Gpt => Some(GptInputs::open(cfg)?),

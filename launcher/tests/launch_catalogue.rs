@@ -100,11 +100,7 @@ fn a_rank_held_by_a_tracer_ends_the_job_within_a_second_of_naming_it() {
         "{}",
         r.stderr
     );
-    assert!(
-        r.stderr.contains("first failure: rank 1 (node 0"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "first failure: rank 1 (node 0");
     assert!(
         !r.stderr.contains("after SIGTERM; sending SIGKILL"),
         "{}",
@@ -151,17 +147,13 @@ fn a_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
         "rank 1 is frozen: ",
         Duration::from_secs(2 + 15),
     );
-    assert!(
-        r.stderr.contains("first failure: rank 1 (node 0"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "first failure: rank 1 (node 0");
     assert!(
         !r.stderr.contains("after SIGTERM; sending SIGKILL"),
         "{}",
         r.stderr
     );
-    assert!(!r.stderr.contains("not reaped"), "{}", r.stderr);
+    never_says(&r, "not reaped");
 }
 
 /// A rank stopped with SIGSTOP: named within seconds, killed without a grace period.
@@ -181,11 +173,7 @@ fn a_stopped_rank_ends_the_job_within_a_second_of_naming_it() {
         "stopped by SIGSTOP"
     };
     assert_ended_by(&r, frozen_at, named, Duration::from_secs(3 + 5));
-    assert!(
-        r.stderr.contains("first failure: rank 1 (node 0"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "first failure: rank 1 (node 0");
     for pid in pids {
         assert!(!alive(pid), "worker {pid} left running");
     }
@@ -246,17 +234,10 @@ fn a_rank_without_a_store_says_what_it_waits_for_every_10_s() {
         started,
         &format!("rank 1 of 2: waiting for the rendezvous store at 127.0.0.1:{port}, which does not answer (transport error: tcp connect error: Connection refused"),
     );
-    assert!(
-        r.stderr.contains("of at most 12 s (OXIFLOW_TIMEOUT)"),
-        "{}",
-        r.stderr
-    );
-    assert!(
-        r.stderr.contains(&format!(
-            "no rendezvous store answered at 127.0.0.1:{port} within 12s"
-        )),
-        "{}",
-        r.stderr
+    says(&r, "of at most 12 s (OXIFLOW_TIMEOUT)");
+    says(
+        &r,
+        &format!("no rendezvous store answered at 127.0.0.1:{port} within 12s"),
     );
 }
 
@@ -271,11 +252,9 @@ fn a_rank_waiting_for_the_others_to_join_says_so_every_10_s() {
         started,
         "waiting for rank(s) [1, 2] of 3 to join the job at the store",
     );
-    assert!(
-        r.stderr
-            .contains("ranks never arrived: timed out after 12s waiting for rank(s) [1, 2]"),
-        "{}",
-        r.stderr
+    says(
+        &r,
+        "ranks never arrived: timed out after 12s waiting for rank(s) [1, 2]",
     );
 }
 
@@ -306,17 +285,8 @@ fn node_0_waiting_for_a_missing_node_says_so_every_10_s() {
         started,
         &format!("oflaunch on node 0: waiting for node(s) [1] of 2 to join at 127.0.0.1:{port}"),
     );
-    assert!(
-        r.stderr.contains("of at most 12 s (--timeout)"),
-        "{}",
-        r.stderr
-    );
-    assert!(
-        r.stderr
-            .contains("timed out after 12s waiting for node(s) [1] to join"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "of at most 12 s (--timeout)");
+    says(&r, "timed out after 12s waiting for node(s) [1] to join");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a worker ran");
 }
 
@@ -346,11 +316,7 @@ fn a_node_waiting_for_node_0_says_so_every_10_s() {
         started,
         &format!("oflaunch on node 1: waiting for the rendezvous store at 127.0.0.1:{port}, which does not answer"),
     );
-    assert!(
-        r.stderr.contains("cannot reach the store at"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "cannot reach the store at");
 }
 
 #[test]
@@ -450,18 +416,10 @@ fn an_error_every_rank_hit_alike_is_printed_once_with_the_ranks() {
     let error = "train: --data missing.txt: cannot open: No such file or directory";
     let copies: Vec<&str> = r.stderr.lines().filter(|l| l.contains(error)).collect();
     assert_eq!(copies, [format!("[ranks 0-3] {error}")], "{}", r.stderr);
-    assert!(
-        r.stderr.contains("first failure: rank 0 (node 0, host "),
-        "{}",
-        r.stderr
-    );
-    assert!(
-        r.stderr.contains("  ranks 0-3 ended alike (exit code 2)\n"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "first failure: rank 0 (node 0, host ");
+    says(&r, "  ranks 0-3 ended alike (exit code 2)\n");
     for noise in ["no heartbeat", "| train", "state of the ranks"] {
-        assert!(!r.stderr.contains(noise), "{noise:?} in\n{}", r.stderr);
+        never_says(&r, noise);
     }
     for line in r.stderr.lines() {
         assert!(
@@ -493,12 +451,8 @@ fn one_ranks_error_is_printed_once_and_the_others_are_stopped() {
         .filter(|l| l.contains("loss is NaN"))
         .collect();
     assert_eq!(copies, ["[rank 2] step 7: loss is NaN"], "{}", r.stderr);
-    assert!(
-        r.stderr.contains("first failure: rank 2 (node 0"),
-        "{}",
-        r.stderr
-    );
-    assert!(!r.stderr.contains("ended alike"), "{}", r.stderr);
+    says(&r, "first failure: rank 2 (node 0");
+    never_says(&r, "ended alike");
     let failed = r
         .line_at("worker failed (exit code 3)")
         .expect("the failure logged");
@@ -524,8 +478,8 @@ fn a_failed_ranks_lines_the_console_did_not_show_are_in_the_summary() {
         T,
     );
     assert_eq!(r.code(), 5, "{}", r.stderr);
-    assert!(!r.stderr.contains("[rank 1] bad shard"), "{}", r.stderr);
-    assert!(r.stderr.contains("    | bad shard\n"), "{}", r.stderr);
+    never_says(&r, "[rank 1] bad shard");
+    says(&r, "    | bad shard\n");
 }
 
 /// A mistyped program: each folder looked in is named once (oflaunch's own folder is also on

@@ -283,3 +283,15 @@ pub fn stopped_after(stderr: &str) -> Option<f64> {
             .ok()
     })
 }
+
+/// Fails unless the run's stderr contains `text` (showing the stderr).
+#[track_caller]
+pub fn says(r: &Finished, text: &str) {
+    assert!(r.stderr.contains(text), "want {text:?} in:\n{}", r.stderr);
+}
+
+/// Fails if the run's stderr contains `text` (showing the stderr).
+#[track_caller]
+pub fn never_says(r: &Finished, text: &str) {
+    assert!(!r.stderr.contains(text), "{text:?} in:\n{}", r.stderr);
+}

@@ -408,9 +408,21 @@ impl LaunchEnv {
             .iter()
             .any(|r| std::ptr::eq(r.family, &OPEN_MPI) || std::ptr::eq(r.family, &PMI));
         let master_addr = match vars.raw("MASTER_ADDR") {
-            Some(a) if a.trim().is_empty() || a.trim().chars().any(char::is_whitespace) => {
+            Some(a)
+                if a.trim().is_empty()
+                    || !a.trim().chars().all(|c| {
+                        c.is_ascii_alphanumeric()
+                            || matches!(c, '.' | '-' | '_' | ':' | '[' | ']' | '%')
+                    }) =>
+            {
                 return Err(env_err(format!(
                     "MASTER_ADDR={a:?} is not a host name or address"
+                )))
+            }
+            Some(a) if a.matches(':').count() == 1 => {
+                return Err(env_err(format!(
+                    "MASTER_ADDR={a:?} holds a port: the host goes in MASTER_ADDR, the port in \
+                     MASTER_PORT"
                 )))
             }
             Some(a) => a.trim().to_string(),

@@ -542,6 +542,20 @@ fn oflaunchs_contract_variables_and_folders_are_checked() {
         ("OXIFLOW_NNODES", "2"),
         ("OXIFLOW_CUDA_GRAPH", "0"),
     ]));
+    let addressed = |addr: &'static str| {
+        [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", "1"),
+        ]
+    };
+    for addr in ["host!", "a/b", "10.0.0.1:29500"] {
+        err(&addressed(addr), &["MASTER_ADDR", addr]);
+    }
+    for addr in ["::1", "[fe80::1%eth0]", "node-7.cluster_a"] {
+        ok(&addressed(addr));
+    }
     // The folders: ones that cannot hold files, and library folders that do not exist.
     let e = ok(&read_with(&[("OXIFLOW_TRACE_DIR", "/proc/traces")]));
     let msg = e.check_folders().unwrap_err().to_string();

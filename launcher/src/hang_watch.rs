@@ -22,6 +22,8 @@ use crate::stall::{find_behind, find_stall, without_frozen_waiters, Behind, Prog
 pub const BEHIND_AFTER: Duration = Duration::from_secs(3);
 /// How often the heartbeats and the local workers' states are read.
 const WATCH_PERIOD: Duration = Duration::from_millis(500);
+/// A sleep between two reads lasting longer than this means oflaunch itself was paused.
+const PAUSED_AFTER: Duration = Duration::from_secs(3);
 /// Calls of a rank's flight dump shown in the summary.
 const DUMP_CALLS_SHOWN: usize = 3;
 
@@ -61,7 +63,16 @@ impl HangWatch {
             .spawn(move || {
                 let mut progress = Progress::default();
                 let mut beats: Vec<Option<Heartbeat>> = vec![None; cfg.world];
+                let mut slept_at = Instant::now();
                 loop {
+                    // oflaunch itself was paused while it slept (SIGSTOP, a frozen node): the
+                    // heartbeats it missed say nothing about the ranks, so the pause counts as a
+                    // store outage, and no rank is judged until it has watched for the stall
+                    // timeout again.
+                    let woke = Instant::now();
+                    if woke.duration_since(slept_at) > PAUSED_AFTER {
+                        progress.observe_beats(woke, None);
+                    }
                     let read = read_beats(&store, cfg.world);
                     let now = Instant::now();
                     progress.observe_beats(now, read.as_deref());
@@ -104,6 +115,7 @@ impl HangWatch {
                         }
                         s.beats = beats.clone();
                     }
+                    slept_at = Instant::now();
                     match stopped.recv_timeout(WATCH_PERIOD) {
                         Err(RecvTimeoutError::Timeout) => {}
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => return,

@@ -268,18 +268,23 @@ impl Rendezvous {
         Err(LaunchError::Rendezvous(verdict))
     }
 
-    /// Starts polling `failed/g<generation>` (multi-node only). A store that does not answer
-    /// for the stall timeout (else `min(--timeout, 15 s)`) is reported as lost.
+    /// Starts polling `failed/g<generation>` (multi-node only). On nodes other than 0, a store
+    /// that does not answer for the stall timeout (else `min(--timeout, 15 s)`) is reported as
+    /// lost; node 0's is its own, so a call of its that failed only says this process was
+    /// paused, and it polls on.
     pub fn watch_failures(&self, generation: u32) -> Result<FailureWatch, LaunchError> {
         let seen = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(client) = self.client.clone() {
             let key = failed_key(generation);
             let ack = format!("oflaunch/failack/g{generation}/{}", self.spec.node_rank);
-            let lost_after = self
-                .spec
-                .stall_timeout
-                .unwrap_or_else(|| self.spec.timeout.min(Duration::from_secs(15)));
+            let lost_after = match self.spec.node_rank {
+                0 => Duration::MAX,
+                _ => self
+                    .spec
+                    .stall_timeout
+                    .unwrap_or_else(|| self.spec.timeout.min(Duration::from_secs(15))),
+            };
             let where_ = format!(
                 "the rendezvous store at {} (served by node 0, where ranks 0-{} run)",
                 self.endpoint,
@@ -410,7 +415,6 @@ impl Rendezvous {
             self.report_done(client, &done_key);
             return Ok(None);
         }
-        client.set(&done_key, b"1")?;
         let keys: Vec<String> = (0..s.nnodes)
             .map(|r| format!("oflaunch/done/{r}"))
             .collect();
@@ -418,19 +422,25 @@ impl Rendezvous {
         let failed = failed_key(generation);
         let deadline = Instant::now() + s.timeout;
         let mut notice = LongWait::new(s.timeout, LIMIT);
+        let mut said_done = false;
+        // The store is this process's own: a call that fails did so because this process was
+        // paused (SIGSTOP) past its deadline, so it is tried again until --timeout.
         loop {
-            match client.wait(&key_refs, POLL) {
-                Ok(_) => return Ok(None),
-                Err(CommError::StoreTimeout { missing_keys, .. }) => notice.tick(|| {
-                    format!(
-                        "oflaunch on node 0: this node's workers finished; waiting for node(s) \
-                         {:?} to report theirs",
-                        nodes_of(&missing_keys)
-                    )
-                }),
-                Err(e) => return Err(e.into()),
+            said_done = said_done || client.set(&done_key, b"1").is_ok();
+            if said_done {
+                match client.wait(&key_refs, POLL) {
+                    Ok(_) => return Ok(None),
+                    Err(CommError::StoreTimeout { missing_keys, .. }) => notice.tick(|| {
+                        format!(
+                            "oflaunch on node 0: this node's workers finished; waiting for \
+                             node(s) {:?} to report theirs",
+                            nodes_of(&missing_keys)
+                        )
+                    }),
+                    Err(_) => std::thread::sleep(POLL),
+                }
             }
-            if let Some(v) = client.get(&failed)? {
+            if let Ok(Some(v)) = client.get(&failed) {
                 return Ok(Failure::decode(&String::from_utf8_lossy(&v)));
             }
             if Instant::now() >= deadline {
@@ -454,17 +464,23 @@ impl Rendezvous {
                 Ok(()) => return,
                 Err(e) => e,
             };
-            let gone = nobody_listens(&self.endpoint);
-            if gone || Instant::now() >= deadline {
-                let why = if gone {
-                    "nothing listens there any more (node 0 is gone)".to_string()
-                } else {
-                    format!("it did not answer within --timeout {:?}", s.timeout)
-                };
+            if nobody_listens(&self.endpoint) {
+                // A request that timed out may still have been taken before node 0 ended.
+                tracing::warn!(
+                    "this node's workers all finished; the store at {} is gone (nothing listens \
+                     there: node 0 has ended) without confirming that it took the news ({e}); if \
+                     it did not, node 0 reported a failure",
+                    self.endpoint
+                );
+                return;
+            }
+            if Instant::now() >= deadline {
                 tracing::warn!(
                     "this node's workers all finished, but the store at {} did not take the \
-                     news: {why} ({e}); node 0 cannot know that this node succeeded",
-                    self.endpoint
+                     news within --timeout {:?} ({e}); node 0 cannot know that this node \
+                     succeeded",
+                    self.endpoint,
+                    s.timeout
                 );
                 return;
             }

@@ -453,11 +453,9 @@ fn nodes_agree_when_node_0_freezes_near_the_end() {
         "{}",
         r1.stderr
     );
-    assert!(
-        !r1.stderr.contains("did not take the news"),
-        "{}",
-        r1.stderr
-    );
+    // Node 1's news got through: by its retry, or by the request that node 0 took on waking
+    // (node 1 then found node 0 ended).
+    assert!(!r1.stderr.contains("within --timeout"), "{}", r1.stderr);
 }
 
 /// Node 1's workers finish after node 0's store froze and then went away: node 1 still
@@ -478,7 +476,7 @@ fn a_node_whose_workers_finished_survives_a_store_that_is_gone() {
     assert_eq!(r1.code(), 0, "{}", r1.stderr);
     assert!(
         r1.stderr
-            .contains("did not take the news: nothing listens there any more"),
+            .contains("is gone (nothing listens there: node 0 has ended) without confirming"),
         "{}",
         r1.stderr
     );

@@ -35,6 +35,12 @@
 //!   (1: oflaunch draws the progress bar from the job's progress lines), `OXIFLOW_NCCL_MEMORY`
 //!   (1: device blocks of an NCCL world from NCCL's allocator).
 //!
+//! - `OXIFLOW_RESTART_COUNT` (which start of the job this is), `OXIFLOW_NNODES` (the job's
+//!   node count), `OXIFLOW_STORE_PREFIX` (no blanks), `OXIFLOW_CUDA_GRAPH` (0 or 1)
+//!   are checked like the rest; a folder variable set but empty is refused, and `check_folders`
+//!   checks that the folders can hold files and that `OXIFLOW_CUDA_LIB_DIRS` names folders.
+//!   A misspelt `OXIFLOW_*` name (two edits from a known one) is refused by `from_env`.
+//!
 //! Errors (`CommError::Env`) name the variable and its value (never the token's value).
 
 use std::fmt;
@@ -44,8 +50,10 @@ use std::time::Duration;
 use crate::rendezvous::validate_token;
 use crate::CommError;
 
+mod folders;
 mod process;
 
+pub use folders::unfit_folder;
 pub use process::{device_graphs_allowed, kernel_cache_dir};
 
 /// Rendezvous and collective timeout when `OXIFLOW_TIMEOUT` is unset.
@@ -130,6 +138,9 @@ pub struct LaunchEnv {
     /// An NCCL world takes its device blocks from NCCL's allocator (registered, zero-copy
     /// collectives) instead of the driver's (`OXIFLOW_NCCL_MEMORY=1`).
     pub nccl_memory: bool,
+    /// Which start of the job this is (`OXIFLOW_RESTART_COUNT`, set by oflaunch: 0 for the
+    /// first, 1 after the first restart, ...); 0 when unset.
+    pub restart_count: u32,
     /// The data plane of a CPU world (`backend` reads `Cpu` when this is `Mpi`).
     pub cpu_plane: CpuPlane,
     /// Whether an MPI launcher started this process (Open MPI or PMI variables are set), so
@@ -322,8 +333,10 @@ fn parse_tasks_per_node(list: &str) -> Option<Vec<usize>> {
 }
 
 impl LaunchEnv {
-    /// Reads the process environment.
+    /// Reads the process environment; an `OXIFLOW_*` variable that OxiFlow does not read but
+    /// whose name is close to one it does (a typo) is refused, naming the one meant.
     pub fn from_env() -> Result<LaunchEnv, CommError> {
+        check_variable_names(std::env::vars_os().map(|(k, _)| k.to_string_lossy().into_owned()))?;
         LaunchEnv::from_vars(|name| {
             std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
         })
@@ -395,9 +408,21 @@ impl LaunchEnv {
             .iter()
             .any(|r| std::ptr::eq(r.family, &OPEN_MPI) || std::ptr::eq(r.family, &PMI));
         let master_addr = match vars.raw("MASTER_ADDR") {
-            Some(a) if a.trim().is_empty() || a.trim().chars().any(char::is_whitespace) => {
+            Some(a)
+                if a.trim().is_empty()
+                    || !a.trim().chars().all(|c| {
+                        c.is_ascii_alphanumeric()
+                            || matches!(c, '.' | '-' | '_' | ':' | '[' | ']' | '%')
+                    }) =>
+            {
                 return Err(env_err(format!(
                     "MASTER_ADDR={a:?} is not a host name or address"
+                )))
+            }
+            Some(a) if a.matches(':').count() == 1 => {
+                return Err(env_err(format!(
+                    "MASTER_ADDR={a:?} holds a port: the host goes in MASTER_ADDR, the port in \
+                     MASTER_PORT"
                 )))
             }
             Some(a) => a.trim().to_string(),
@@ -479,6 +504,41 @@ impl LaunchEnv {
             }
         };
         let store_prefix = vars.raw("OXIFLOW_STORE_PREFIX").unwrap_or_default();
+        if store_prefix.len() > 256
+            || store_prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(env_err(format!(
+                "OXIFLOW_STORE_PREFIX={store_prefix:?} is not a key prefix (at most 256 \
+                 characters, no blanks or control characters)"
+            )));
+        }
+        let restart_count = match vars.raw("OXIFLOW_RESTART_COUNT") {
+            None => 0,
+            Some(v) => v.trim().parse::<u32>().map_err(|_| {
+                env_err(format!(
+                    "OXIFLOW_RESTART_COUNT={v:?} is not a restart count (0 for the first start, \
+                     1 after the first restart, ...)"
+                ))
+            })?,
+        };
+        if let Some(v) = vars.raw("OXIFLOW_NNODES") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 && n <= world_size => {}
+                _ => {
+                    return Err(env_err(format!(
+                        "OXIFLOW_NNODES={v:?} is not a node count in 1..={world_size} \
+                         ({size_var}={world_size})"
+                    )))
+                }
+            }
+        }
+        if let Some(v) = vars.raw("OXIFLOW_CUDA_GRAPH") {
+            if !matches!(v.trim(), "0" | "1") {
+                return Err(env_err(format!("OXIFLOW_CUDA_GRAPH={v:?} is not 0 or 1")));
+            }
+        }
         let device =
             match vars.raw("OXIFLOW_DEVICE").as_deref().map(str::trim) {
                 None | Some("") => None,
@@ -495,14 +555,14 @@ impl LaunchEnv {
                     .collect()
             })
             .unwrap_or_default();
-        let flight_dir = vars
-            .raw("OXIFLOW_FLIGHT_DIR")
-            .filter(|d| !d.trim().is_empty())
-            .map(std::path::PathBuf::from);
-        let trace_dir = vars
-            .raw("OXIFLOW_TRACE_DIR")
-            .filter(|d| !d.trim().is_empty())
-            .map(std::path::PathBuf::from);
+        let folder = |name: &str| match vars.raw(name) {
+            Some(d) if d.trim().is_empty() => Err(env_err(format!(
+                "{name}={d:?} is set but names no folder (unset it, or name one)"
+            ))),
+            d => Ok(d.map(std::path::PathBuf::from)),
+        };
+        let flight_dir = folder("OXIFLOW_FLIGHT_DIR")?;
+        let trace_dir = folder("OXIFLOW_TRACE_DIR")?;
         let flag = |name: &str| match vars.raw(name).as_deref().map(str::trim) {
             None | Some("") | Some("0") => Ok(false),
             Some("1") => Ok(true),
@@ -535,9 +595,44 @@ impl LaunchEnv {
             trace_dir,
             progress_lines,
             nccl_memory,
+            restart_count,
             cpu_plane,
             mpi_launched,
         })
+    }
+
+    /// Checks the folders this environment names: those for files written later
+    /// (`OXIFLOW_TRACE_DIR`, `OXIFLOW_FLIGHT_DIR`, `OXIFLOW_KERNEL_CACHE`) can hold them (see
+    /// `unfit_folder`), and those searched for libraries (`OXIFLOW_CUDA_LIB_DIRS`) exist. The
+    /// error names the variable and its value.
+    pub fn check_folders(&self) -> Result<(), CommError> {
+        if let Some(d) = self.cuda_lib_dirs.iter().find(|d| !d.is_dir()) {
+            let all: Vec<String> = self
+                .cuda_lib_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            return Err(env_err(format!(
+                "OXIFLOW_CUDA_LIB_DIRS={:?}: {} is not a folder",
+                all.join(":"),
+                d.display()
+            )));
+        }
+        let cache = kernel_cache_dir();
+        let folders = [
+            ("OXIFLOW_TRACE_DIR", self.trace_dir.as_deref()),
+            ("OXIFLOW_FLIGHT_DIR", self.flight_dir.as_deref()),
+            ("OXIFLOW_KERNEL_CACHE", cache.as_deref()),
+        ];
+        for (var, dir) in folders {
+            if let Some(why) = dir.and_then(unfit_folder) {
+                return Err(env_err(format!(
+                    "{var}={:?} cannot hold this rank's files: {why}",
+                    dir.map(|d| d.display().to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the rendezvous must be bootstrapped through MPI: several ranks, started by an
@@ -567,9 +662,23 @@ impl LaunchEnv {
     /// Connects to the job's rendezvous store with the job token and this job's key prefix.
     pub fn connect_store(&self) -> Result<crate::rendezvous::StoreClient, CommError> {
         let token = self.require_token()?;
-        let client =
-            crate::rendezvous::StoreClient::connect(&self.store_addr(), token, self.timeout)?;
+        let client = crate::rendezvous::StoreClient::connect_with(
+            &self.store_addr(),
+            token,
+            self.timeout,
+            self.store_options(),
+        )?;
         Ok(client.with_prefix(&self.store_prefix))
+    }
+
+    /// Store client settings for this rank: its long waits name it (`rank 1 of 4`) and
+    /// `OXIFLOW_TIMEOUT`.
+    pub fn store_options(&self) -> crate::rendezvous::ClientOptions {
+        crate::rendezvous::ClientOptions {
+            caller: format!("rank {} of {}", self.rank, self.world_size),
+            limit_name: "OXIFLOW_TIMEOUT",
+            ..crate::rendezvous::ClientOptions::default()
+        }
     }
 
     /// The store's address as `host:port` (IPv6 literals in brackets).
@@ -591,6 +700,47 @@ impl LaunchEnv {
             ))
         })
     }
+}
+
+/// Every `OXIFLOW_*` variable OxiFlow reads (in any crate, at build or run time).
+pub const KNOWN_VARIABLES: [&str; 17] = [
+    "OXIFLOW_BACKEND",
+    "OXIFLOW_CUDA_GRAPH",
+    "OXIFLOW_CUDA_LIB_DIRS",
+    "OXIFLOW_DEVICE",
+    "OXIFLOW_FLIGHT_DIR",
+    "OXIFLOW_KERNEL_CACHE",
+    "OXIFLOW_NCCL_MEMORY",
+    "OXIFLOW_NNODES",
+    "OXIFLOW_NVRTC_LIB",
+    "OXIFLOW_PREBUILD_ARCHS",
+    "OXIFLOW_PROGRESS",
+    "OXIFLOW_RESTART_COUNT",
+    "OXIFLOW_SHM",
+    "OXIFLOW_STORE_PREFIX",
+    "OXIFLOW_TIMEOUT",
+    "OXIFLOW_TOKEN",
+    "OXIFLOW_TRACE_DIR",
+];
+
+/// Refuses an `OXIFLOW_*` name among `names` that is not one OxiFlow reads but is at most two
+/// edits from one (a misspelling that would otherwise be ignored). Other unknown names (a
+/// test's or a tool's own) pass.
+pub fn check_variable_names(names: impl IntoIterator<Item = String>) -> Result<(), CommError> {
+    for name in names {
+        if !name.starts_with("OXIFLOW_") || KNOWN_VARIABLES.contains(&name.as_str()) {
+            continue;
+        }
+        if let Some(meant) = KNOWN_VARIABLES
+            .iter()
+            .find(|k| strsim::levenshtein(k, &name) <= 2)
+        {
+            return Err(env_err(format!(
+                "{name} is not a variable OxiFlow reads; did you mean {meant}?"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Hand-set torchrun names must agree with an MPI/PMI/Slurm family of the same job size.

@@ -512,3 +512,73 @@ fn nccl_memory_is_off_unless_set_to_one() {
         &["OXIFLOW_NCCL_MEMORY", "yes"],
     );
 }
+
+#[test]
+fn oflaunchs_contract_variables_and_folders_are_checked() {
+    let pair = [("RANK", "1"), ("WORLD_SIZE", "2")];
+    let read_with = |extra: &[(&'static str, &'static str)]| {
+        let mut v = with(&pair);
+        v.extend_from_slice(extra);
+        v
+    };
+    assert_eq!(ok(&read_with(&[])).restart_count, 0);
+    assert_eq!(
+        ok(&read_with(&[("OXIFLOW_RESTART_COUNT", "2")])).restart_count,
+        2
+    );
+    for (var, value) in [
+        ("OXIFLOW_RESTART_COUNT", "abc"),
+        ("OXIFLOW_RESTART_COUNT", "-1"),
+        ("OXIFLOW_NNODES", "0"),
+        ("OXIFLOW_NNODES", "3"),
+        ("OXIFLOW_STORE_PREFIX", "job g0/"),
+        ("OXIFLOW_CUDA_GRAPH", "on"),
+        ("OXIFLOW_TRACE_DIR", ""),
+        ("OXIFLOW_FLIGHT_DIR", "  "),
+    ] {
+        err(&read_with(&[(var, value)]), &[var, &format!("{value:?}")]);
+    }
+    ok(&read_with(&[
+        ("OXIFLOW_NNODES", "2"),
+        ("OXIFLOW_CUDA_GRAPH", "0"),
+    ]));
+    let addressed = |addr: &'static str| {
+        [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", "1"),
+        ]
+    };
+    for addr in ["host!", "a/b", "10.0.0.1:29500"] {
+        err(&addressed(addr), &["MASTER_ADDR", addr]);
+    }
+    for addr in ["::1", "[fe80::1%eth0]", "node-7.cluster_a"] {
+        ok(&addressed(addr));
+    }
+    // The folders: ones that cannot hold files, and library folders that do not exist.
+    let e = ok(&read_with(&[("OXIFLOW_TRACE_DIR", "/proc/traces")]));
+    let msg = e.check_folders().unwrap_err().to_string();
+    assert!(
+        msg.contains("OXIFLOW_TRACE_DIR=\"/proc/traces\"") && msg.contains("procfs"),
+        "{msg}"
+    );
+    let e = ok(&read_with(&[(
+        "OXIFLOW_CUDA_LIB_DIRS",
+        "/tmp:/no/such/lib",
+    )]));
+    let msg = e.check_folders().unwrap_err().to_string();
+    assert!(msg.contains("/no/such/lib is not a folder"), "{msg}");
+    let e = ok(&read_with(&[(
+        "OXIFLOW_FLIGHT_DIR",
+        "/tmp/oxiflow-not-yet",
+    )]));
+    assert!(e.check_folders().is_ok());
+    // A misspelt name is refused, naming the one meant; other unknown names pass.
+    let names = |n: &[&str]| {
+        oxiflow_collectives::env::check_variable_names(n.iter().map(|s| s.to_string()))
+    };
+    let msg = names(&["PATH", "OXIFLOW_TIMOUT"]).unwrap_err().to_string();
+    assert!(msg.contains("did you mean OXIFLOW_TIMEOUT?"), "{msg}");
+    assert!(names(&["OXIFLOW_TEST_BINS", "OXIFLOW_TIMEOUT"]).is_ok());
+}

@@ -55,11 +55,18 @@ fn main() {
     // trace that was asked for and not written fails the run.
     let trace = oxiflow::collectives::trace::write_rank_trace();
     if let Err(e) = result {
-        eprintln!("train: {e}");
+        say_error(&e);
         std::process::exit(e.exit_code());
     }
     if let Err(e) = trace {
-        eprintln!("train: {e}");
+        say_error(&e);
         std::process::exit(1);
     }
+}
+
+/// Writes `train: <error>` to stderr in one write, so a launcher that stops this rank while
+/// another's error ends the job never shows the line cut short (`eprintln!` writes each piece of
+/// the format separately).
+fn say_error(e: &dyn std::fmt::Display) {
+    let _ = std::io::stderr().write_all(format!("train: {e}\n").as_bytes());
 }

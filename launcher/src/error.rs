@@ -8,8 +8,13 @@ use oxiflow_collectives::CommError;
 pub enum LaunchError {
     #[error("usage: {0}")]
     Usage(String),
-    #[error("cannot find program {program:?}; looked in: {looked}")]
-    ProgramNotFound { program: String, looked: String },
+    #[error("cannot find program {program:?}; looked in: {looked}{hint}")]
+    ProgramNotFound {
+        program: String,
+        looked: String,
+        /// `; did you mean ...?` or empty.
+        hint: String,
+    },
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -20,6 +25,9 @@ pub enum LaunchError {
     Store(#[from] CommError),
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// A variable of oflaunch's environment that the workers would refuse.
+    #[error("{0}")]
+    Environment(CommError),
 }
 
 impl LaunchError {

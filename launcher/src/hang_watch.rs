@@ -1,6 +1,7 @@
 //! Watching the ranks: twice a second oflaunch reads each rank's heartbeat from the store (its
 //! flight-recorder progress per communicator group) and the state of this node's workers'
-//! main threads, prints which rank is behind when others have waited `BEHIND_AFTER` for it,
+//! main threads, prints which rank is behind when others have waited `BEHIND_AFTER` for it
+//! (and again every 10 s while they wait),
 //! and declares a rank frozen when others wait for it and it shows no progress for the stall
 //! timeout (see `stall`); the supervisor then ends the job. The latest heartbeats and the
 //! flight dumps the workers wrote go into the failure summary.
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use oxiflow_collectives::heartbeat::{Heartbeat, HEARTBEAT_PREFIX};
-use oxiflow_collectives::rendezvous::StoreClient;
+use oxiflow_collectives::rendezvous::{StoreClient, NOTICE_EVERY};
 use oxiflow_collectives::{FlightDump, FlightState};
 
 use crate::procfs::main_thread_frozen;
@@ -21,6 +22,8 @@ use crate::stall::{find_behind, find_stall, without_frozen_waiters, Behind, Prog
 pub const BEHIND_AFTER: Duration = Duration::from_secs(3);
 /// How often the heartbeats and the local workers' states are read.
 const WATCH_PERIOD: Duration = Duration::from_millis(500);
+/// A sleep between two reads lasting longer than this means oflaunch itself was paused.
+const PAUSED_AFTER: Duration = Duration::from_secs(3);
 /// Calls of a rank's flight dump shown in the summary.
 const DUMP_CALLS_SHOWN: usize = 3;
 
@@ -36,8 +39,8 @@ pub struct WatchConfig {
 #[derive(Default)]
 struct Seen {
     beats: Vec<Option<Heartbeat>>,
-    /// Every rank named as behind so far, as last printed.
-    named: Vec<Behind>,
+    /// Every rank named as behind so far (as last seen), with the wait it was last printed at.
+    named: Vec<(Behind, Duration)>,
     /// The first rank declared frozen.
     stall: Option<Stall>,
 }
@@ -60,7 +63,16 @@ impl HangWatch {
             .spawn(move || {
                 let mut progress = Progress::default();
                 let mut beats: Vec<Option<Heartbeat>> = vec![None; cfg.world];
+                let mut slept_at = Instant::now();
                 loop {
+                    // oflaunch itself was paused while it slept (SIGSTOP, a frozen node): the
+                    // heartbeats it missed say nothing about the ranks, so the pause counts as a
+                    // store outage, and no rank is judged until it has watched for the stall
+                    // timeout again.
+                    let woke = Instant::now();
+                    if woke.duration_since(slept_at) > PAUSED_AFTER {
+                        progress.observe_beats(woke, None);
+                    }
                     let read = read_beats(&store, cfg.world);
                     let now = Instant::now();
                     progress.observe_beats(now, read.as_deref());
@@ -81,11 +93,19 @@ impl HangWatch {
                             let same_call = |n: &Behind| {
                                 n.rank == b.rank && n.group == b.group && n.seq == b.seq
                             };
-                            match s.named.iter_mut().find(|n| same_call(n)) {
-                                Some(n) => *n = b,
+                            // Named once, then again every 10 s while the wait lasts.
+                            match s.named.iter_mut().find(|(n, _)| same_call(n)) {
+                                Some((n, said)) => {
+                                    if b.waited >= *said + NOTICE_EVERY {
+                                        eprintln!("oflaunch: {}", b.line());
+                                        *said = b.waited;
+                                    }
+                                    *n = b;
+                                }
                                 None => {
                                     eprintln!("oflaunch: {}", b.line());
-                                    s.named.push(b);
+                                    let said = b.waited;
+                                    s.named.push((b, said));
                                 }
                             }
                         }
@@ -95,6 +115,7 @@ impl HangWatch {
                         }
                         s.beats = beats.clone();
                     }
+                    slept_at = Instant::now();
                     match stopped.recv_timeout(WATCH_PERIOD) {
                         Err(RecvTimeoutError::Timeout) => {}
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
@@ -109,24 +130,25 @@ impl HangWatch {
         self.seen.lock().ok().and_then(|s| s.stall.clone())
     }
 
-    /// The ranks named as behind and every rank's last reported progress, for the summary.
-    pub fn report(&self) -> String {
+    /// The ranks named as behind and every rank's last reported progress, for the summary;
+    /// ranks in `ended` (which exited on their own) are not listed for having no heartbeat.
+    pub fn report(&self, ended: &[usize]) -> String {
         let Ok(s) = self.seen.lock() else {
             return String::new();
         };
         let mut out = String::new();
-        for b in &s.named {
+        for (b, _) in &s.named {
             out.push_str(&format!("  {}\n", b.line()));
         }
         if let Some(stall) = &s.stall {
             out.push_str(&format!("  {}\n", stall.line()));
         }
-        if s.beats.iter().any(Option::is_some) {
-            out.push_str("  last heartbeat of each rank (newest call per group):\n");
-        }
+        let mut ranks = String::new();
         for (rank, beat) in s.beats.iter().enumerate() {
             let Some(beat) = beat else {
-                out.push_str(&format!("    rank {rank}: no heartbeat\n"));
+                if !ended.contains(&rank) {
+                    ranks.push_str(&format!("    rank {rank}: no heartbeat\n"));
+                }
                 continue;
             };
             let calls: Vec<String> = beat
@@ -147,7 +169,11 @@ impl HangWatch {
             } else {
                 calls.join("; ")
             };
-            out.push_str(&format!("    rank {rank}: {calls}\n"));
+            ranks.push_str(&format!("    rank {rank}: {calls}\n"));
+        }
+        if s.beats.iter().any(Option::is_some) && !ranks.is_empty() {
+            out.push_str("  last heartbeat of each rank (newest call per group):\n");
+            out.push_str(&ranks);
         }
         out
     }

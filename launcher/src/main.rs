@@ -4,6 +4,7 @@
 mod cli;
 mod error;
 mod hang_watch;
+mod merge;
 mod node;
 mod output;
 mod procfs;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nix::sys::signal::{killpg, Signal};
+use oxiflow_collectives::env::unfit_folder;
 use oxiflow_collectives::rendezvous::publish_world_size;
 
 use cli::{BackendArg, Cli};
@@ -37,17 +39,41 @@ use supervise::{supervise, Outcome, Supervision};
 /// Exit code for oflaunch's own errors (bad options, rendezvous refused).
 const LAUNCH_ERROR_CODE: i32 = 2;
 
+/// The variable that sets oflaunch's own log level (a `tracing` filter; default `info`).
+const LOG_VARIABLE: &str = "OFLAUNCH_LOG";
+
+/// An `OFLAUNCH_LOG` that is set but not a log filter, refused like a bad flag.
+fn log_filter_refusal() -> Result<(), LaunchError> {
+    match std::env::var(LOG_VARIABLE) {
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Err(std::env::VarError::NotUnicode(v)) => Err(LaunchError::Usage(format!(
+            "{LOG_VARIABLE}={v:?} is not a log filter (it is not UTF-8)"
+        ))),
+        Ok(v) => tracing_subscriber::EnvFilter::try_new(&v)
+            .map(drop)
+            .map_err(|e| {
+                LaunchError::Usage(format!(
+                    "{LOG_VARIABLE}={v:?} is not a log filter (info, debug, warn, ...): {e}"
+                ))
+            }),
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OFLAUNCH_LOG")
+            tracing_subscriber::EnvFilter::try_from_env(LOG_VARIABLE)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    if let Err(e) = log_filter_refusal() {
+        eprintln!("oflaunch: error: {e}");
+        std::process::exit(LAUNCH_ERROR_CODE);
+    }
     let log_errors = LogErrors::default();
     let code = match run(cli, &log_errors) {
         Ok(code) => code,
@@ -81,6 +107,10 @@ fn with_log_errors(code: i32, log_errors: &LogErrors) -> i32 {
 
 fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
     cli.validate()?;
+    oxiflow_collectives::env::check_variable_names(
+        std::env::vars_os().map(|(k, _)| k.to_string_lossy().into_owned()),
+    )
+    .map_err(LaunchError::Environment)?;
     let token = token::job_token(
         cli.token_file.as_deref(),
         std::env::var("OXIFLOW_TOKEN").ok(),
@@ -114,7 +144,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
         BackendArg::Auto if gpus > 0 => "nccl",
         BackendArg::Auto => "cpu",
     };
-    let output = OutputConfig {
+    let mut output = OutputConfig {
         log_dir: cli.log_dir.clone(),
         log_errors: log_errors.clone(),
         console: cli.log_dir.is_none() || cli.tee,
@@ -125,7 +155,28 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             .transpose()?,
         bar: ((cli.log_dir.is_none() || cli.tee) && std::io::stdout().is_terminal())
             .then(progress::ConsoleBar::default),
+        merger: None,
     };
+    let first = cli.node_rank * nproc;
+    let shown = (first..first + nproc)
+        .filter(|&r| output.console_for(r))
+        .count();
+    if shown > 1 {
+        output.merger = Some(
+            merge::LineMerger::start(output.bar.clone())
+                .map_err(|e| LaunchError::io("starting the output merger", e))?,
+        );
+    }
+    for (flag, dir) in [("--trace", &cli.trace), ("--log-dir", &cli.log_dir)] {
+        if let Some(why) = dir.as_deref().and_then(unfit_folder) {
+            return Err(LaunchError::Usage(format!(
+                "{flag} {}: {why}",
+                dir.as_deref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default()
+            )));
+        }
+    }
     if let Some(dir) = &cli.trace {
         std::fs::create_dir_all(dir)
             .map_err(|e| LaunchError::io(format!("creating --trace {}", dir.display()), e))?;
@@ -136,6 +187,27 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
     }
     let host = summary::hostname();
     let flight = FlightDir::choose(cli.log_dir.as_deref())?;
+    let job_env = |generation: u32, master_port: u16, token: String| JobEnv {
+        master_addr: cli.master_addr.clone(),
+        master_port,
+        world_size,
+        nproc_per_node: nproc,
+        node_rank: cli.node_rank,
+        nnodes: cli.nnodes,
+        token,
+        backend: backend.into(),
+        timeout_secs: cli.timeout,
+        generation,
+        gpus,
+        cpus,
+        flight_dir: flight.path.clone(),
+        trace_dir: cli.trace.clone(),
+        progress: output.bar.is_some(),
+    };
+    // What the workers will read, with a stand-in for the store's port and token, which the
+    // rendezvous decides.
+    let stand_in = job_env(0, cli.master_port.unwrap_or(0).max(1), "stand-in".into());
+    spawn::check_inherited(&stand_in).map_err(LaunchError::Environment)?;
     let signals = SignalPipe::install()?;
 
     let rdzv = Rendezvous::start(JoinSpec {
@@ -159,23 +231,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
     );
     let mut generation: u32 = 0;
     loop {
-        let job = JobEnv {
-            master_addr: cli.master_addr.clone(),
-            master_port: rdzv.port,
-            world_size,
-            nproc_per_node: nproc,
-            node_rank: cli.node_rank,
-            nnodes: cli.nnodes,
-            token: rdzv.token.clone(),
-            backend: backend.into(),
-            timeout_secs: cli.timeout,
-            generation,
-            gpus,
-            cpus,
-            flight_dir: flight.path.clone(),
-            trace_dir: cli.trace.clone(),
-            progress: output.bar.is_some(),
-        };
+        let job = job_env(generation, rdzv.port, rdzv.token.clone());
         let started = std::time::SystemTime::now();
         let job_store = rdzv.job_store(generation);
         if let Some(store) = &job_store {
@@ -193,8 +249,11 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                 .map_err(|e| tracing::warn!("cannot start the hang watcher: {e}"))
                 .ok()
         });
-        let diagnosis = || {
-            let mut s = hangs.as_ref().map(HangWatch::report).unwrap_or_default();
+        let diagnosis = |ended_alone: &[usize]| {
+            let mut s = hangs
+                .as_ref()
+                .map(|h| h.report(ended_alone))
+                .unwrap_or_default();
             s.push_str(&hang_watch::collect_dumps(&flight.path, started));
             if !s.is_empty() {
                 eprint!("oflaunch: state of the ranks when the job ended:\n{s}");
@@ -209,7 +268,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
         let watch = rdzv.watch_failures(generation)?;
         let remote = || watch.event();
         let stalled = || hangs.as_ref().and_then(HangWatch::stall);
-        let outcome = supervise(
+        let supervised = supervise(
             workers,
             &Supervision {
                 signals: &signals,
@@ -221,6 +280,12 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                 stalled: &stalled,
             },
         );
+        // The workers' last lines come before anything oflaunch says about their end.
+        if let Some(m) = &output.merger {
+            m.flush();
+        }
+        let outcome = supervised.outcome;
+        let ended_alone = supervised.on_their_own;
         drop(watch);
         if let Some(stall) = hangs.as_ref().and_then(HangWatch::stall) {
             eprintln!(
@@ -246,8 +311,8 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                     return Ok(0);
                 }
                 Some(f) => {
-                    eprint!("{}", f.summary(true));
-                    diagnosis();
+                    eprint!("{}", f.summary(true, false));
+                    diagnosis(&ended_alone);
                     return Ok(f.exit.shell_code());
                 }
             },
@@ -260,6 +325,7 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
                     exit: ExitKind::Signal(sig as i32),
                     cause: None,
                     tail: vec![format!("oflaunch on node {} received {sig}", cli.node_rank)],
+                    alike: Vec::new(),
                 };
                 rdzv.report_failure(generation, &f);
                 rdzv.settle_failure(generation, SETTLE_PATIENCE);
@@ -268,13 +334,13 @@ fn run(cli: Cli, log_errors: &LogErrors) -> Result<i32, LaunchError> {
             }
             Outcome::Failed(f) => {
                 rdzv.report_failure(generation, &f);
-                eprint!("{}", f.summary(false));
-                diagnosis();
+                eprint!("{}", f.summary(false, output.console_for(f.rank)));
+                diagnosis(&ended_alone);
                 f
             }
             Outcome::Remote(f) => {
-                eprint!("{}", f.summary(true));
-                diagnosis();
+                eprint!("{}", f.summary(true, false));
+                diagnosis(&ended_alone);
                 f
             }
             Outcome::StoreLost(msg, last_answer) => {
@@ -338,10 +404,22 @@ fn spawn_all(
     grace: Duration,
 ) -> Result<Vec<Worker>, LaunchError> {
     let mut workers = Vec::with_capacity(job.nproc_per_node);
+    let ranks = (0..job.nproc_per_node).map(|l| job.node_rank * job.nproc_per_node + l);
+    // Every shown rank's stderr counts as open before the first worker starts: a line of the
+    // first one waits for its twins from the others, however long their starts take.
+    if let Some(m) = output.merger.as_deref() {
+        ranks
+            .clone()
+            .filter(|&r| output.console_for(r))
+            .for_each(|r| m.open(r));
+    }
     for local_rank in 0..job.nproc_per_node {
         match spawn_worker(program, args, job, local_rank, output) {
             Ok(w) => workers.push(w),
             Err(e) => {
+                if let Some(m) = output.merger.as_deref() {
+                    ranks.clone().skip(local_rank).for_each(|r| m.close(r));
+                }
                 for w in &workers {
                     let _ = killpg(w.pid, Signal::SIGKILL);
                 }
@@ -401,7 +479,16 @@ fn remove_dead_flight_dirs(tmp: &std::path::Path) {
 impl FlightDir {
     fn choose(log_dir: Option<&std::path::Path>) -> Result<FlightDir, LaunchError> {
         let (path, ours) = match (std::env::var_os("OXIFLOW_FLIGHT_DIR"), log_dir) {
-            (Some(dir), _) => (std::path::PathBuf::from(dir), false),
+            (Some(dir), _) => {
+                let dir = std::path::PathBuf::from(dir);
+                if let Some(why) = unfit_folder(&dir) {
+                    return Err(LaunchError::Usage(format!(
+                        "OXIFLOW_FLIGHT_DIR={:?} cannot hold the flight dumps: {why}",
+                        dir.display().to_string()
+                    )));
+                }
+                (dir, false)
+            }
             (None, Some(logs)) => (logs.join("flight"), false),
             (None, None) => {
                 let tmp = std::env::temp_dir();

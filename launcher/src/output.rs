@@ -1,6 +1,7 @@
 //! Worker output: one thread per pipe reads whole lines and writes them to the rank's log file
 //! and/or the console as `[rank N] line` (one locked write per line, so lines never
-//! interleave), keeping the last lines of stderr for the failure summary.
+//! interleave; stderr lines of several ranks pass the `merge` of alike lines), keeping the last
+//! lines of stderr for the failure summary.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -12,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::LaunchError;
+use crate::merge::LineMerger;
 use crate::progress::{ConsoleBar, PROGRESS_PREFIX};
 
 /// Lines of stderr kept per rank for the summary.
@@ -50,10 +52,14 @@ pub struct OutputConfig {
     pub ranks_filter: Option<Vec<usize>>,
     /// The bar drawn from rank 0's progress lines (the console is a terminal).
     pub bar: Option<ConsoleBar>,
+    /// Where the console's stderr lines go when several ranks of this node are shown: alike
+    /// lines are printed once, with the ranks' list.
+    pub merger: Option<Arc<LineMerger>>,
 }
 
 impl OutputConfig {
-    fn console_for(&self, rank: usize) -> bool {
+    /// Whether rank `rank`'s output is printed on this console.
+    pub fn console_for(&self, rank: usize) -> bool {
         self.console
             && self
                 .ranks_filter
@@ -104,11 +110,26 @@ impl Pipes {
             let console = cfg.console_for(rank);
             let bar = cfg.bar.clone().filter(|_| console);
             let tail = (stream == Stream::Stderr).then(|| tail.clone());
+            let merger = cfg
+                .merger
+                .clone()
+                .filter(|_| console && stream == Stream::Stderr);
+            if let Some(m) = &merger {
+                m.open(rank);
+            }
             let tx: Sender<()> = tx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("rank{rank}-{}", stream.suffix()))
                 .spawn(move || {
-                    pump(rank, stream, reader, file, console, bar, tail);
+                    let console = match (console, merger.as_deref()) {
+                        (false, _) => Console::Off,
+                        (true, Some(m)) => Console::Merged(m),
+                        (true, None) => Console::Direct(bar.as_ref()),
+                    };
+                    pump(rank, stream, reader, file, &console, tail);
+                    if let Console::Merged(m) = console {
+                        m.close(rank);
+                    }
                     let _ = tx.send(());
                 })
                 .map_err(|e| LaunchError::io("starting an output thread", e))?;
@@ -162,15 +183,33 @@ struct LogFile {
     errors: LogErrors,
 }
 
+/// Where a pipe's lines go on the console.
+enum Console<'a> {
+    Off,
+    /// Printed at once (above the bar, if any).
+    Direct(Option<&'a ConsoleBar>),
+    /// Through the merger of alike lines.
+    Merged(&'a LineMerger),
+}
+
+impl Console<'_> {
+    fn bar(&self) -> Option<&ConsoleBar> {
+        match self {
+            Console::Direct(bar) => *bar,
+            _ => None,
+        }
+    }
+}
+
 fn pump(
     rank: usize,
     stream: Stream,
     reader: Box<dyn Read + Send>,
     mut file: Option<LogFile>,
-    console: bool,
-    bar: Option<ConsoleBar>,
+    console: &Console<'_>,
     tail: Option<Tail>,
 ) {
+    let bar = console.bar();
     let mut drew = false;
     let mut reader = BufReader::new(reader);
     let prefix = format!("[rank {rank}] ");
@@ -187,7 +226,7 @@ fn pump(
             line.push(b'\n');
         }
         if stream == Stream::Stdout && line.starts_with(PROGRESS_PREFIX.as_bytes()) {
-            if let Some(b) = &bar {
+            if let Some(b) = bar {
                 drew |= b.update(&String::from_utf8_lossy(&line));
             }
             continue;
@@ -207,18 +246,22 @@ fn pump(
                 file = None;
             }
         }
-        if console {
-            let mut out = Vec::with_capacity(prefix.len() + line.len());
-            out.extend_from_slice(prefix.as_bytes());
-            out.extend_from_slice(&line);
-            // One write under the stream's lock: whole lines only (above the bar, if any).
-            match &bar {
-                Some(b) => b.write(&out, stream == Stream::Stdout),
-                None => {
-                    let _ = match stream {
-                        Stream::Stdout => std::io::stdout().lock().write_all(&out),
-                        Stream::Stderr => std::io::stderr().lock().write_all(&out),
-                    };
+        match console {
+            Console::Off => {}
+            Console::Merged(m) => m.push(rank, &line),
+            Console::Direct(bar) => {
+                let mut out = Vec::with_capacity(prefix.len() + line.len());
+                out.extend_from_slice(prefix.as_bytes());
+                out.extend_from_slice(&line);
+                // One write under the stream's lock: whole lines only (above the bar, if any).
+                match bar {
+                    Some(b) => b.write(&out, stream == Stream::Stdout),
+                    None => {
+                        let _ = match stream {
+                            Stream::Stdout => std::io::stdout().lock().write_all(&out),
+                            Stream::Stderr => std::io::stderr().lock().write_all(&out),
+                        };
+                    }
                 }
             }
         }
@@ -233,10 +276,10 @@ fn pump(
             }
         }
     }
-    if let (true, Some(b)) = (drew, &bar) {
+    if let (true, Some(b)) = (drew, bar) {
         b.finish();
     }
-    if stream == Stream::Stdout && console {
+    if stream == Stream::Stdout && !matches!(console, Console::Off) {
         let _ = std::io::stdout().lock().flush();
     }
 }

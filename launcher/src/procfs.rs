@@ -25,25 +25,41 @@ impl Frozen {
     }
 }
 
+/// The state letter of a `/proc/.../stat` file (`R`, `S`, `T`, `t`, `Z`, ...).
+fn state_in(stat_path: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    // The state follows the parenthesised command name (which may itself hold parentheses).
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The pid tracing `pid` (`TracerPid` of its status; 0: none).
+fn tracer_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The state of `pid`'s main thread when it is stopped or traced-stopped; None when it runs,
 /// sleeps or cannot be read.
 pub fn main_thread_frozen(pid: i32) -> Option<Frozen> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
-    // The state follows the parenthesised command name (which may itself hold parentheses).
-    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-    match state {
+    match state_in(&format!("/proc/{pid}/task/{pid}/stat"))? {
         'T' => Some(Frozen::Stopped),
-        't' => {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let tracer = status
-                .lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            Some(Frozen::Traced { tracer })
-        }
+        't' => Some(Frozen::Traced {
+            tracer: tracer_of(pid).unwrap_or(0),
+        }),
         _ => None,
     }
+}
+
+/// The tracer of `pid` when `pid` is dead (a zombie) but traced: its tracer (a debugger) must
+/// collect its exit before its parent can, and may never do so while it waits for its user.
+pub fn dead_but_held(pid: i32) -> Option<u32> {
+    if state_in(&format!("/proc/{pid}/stat"))? != 'Z' {
+        return None;
+    }
+    tracer_of(pid).filter(|&t| t != 0)
 }
 
 /// A soft and hard limit of `/proc/PID/limits` (None: unlimited).
@@ -188,10 +204,14 @@ pub fn resource_death(
         libc::SIGKILL => {
             let cpu = limits.and_then(|l| Some((l.cpu_time.hard?, l.cpu_used?)));
             match cpu {
-                Some((hard, used)) if used + 0.05 >= hard as f64 => Some(format!(
+                // The CPU time read back runs up to a tenth of a second short of the limit
+                // that killed it (per-tick accounting).
+                Some((hard, used)) if used + 0.15 + 0.01 * hard as f64 >= hard as f64 => {
+                    Some(format!(
                     "it reached its hard CPU-time limit (RLIMIT_CPU, `ulimit -Ht`: {hard} s; it \
                      used {used:.1} s)"
-                )),
+                    ))
+                }
                 _ => oom.and_then(OomWatch::evidence),
             }
         }

@@ -11,16 +11,22 @@
 //! - `failack/g<gen>/<node>`: a node saw that failure; node 0 keeps the store up (a bounded
 //!   while) until every node has seen it, so nobody learns of it only as a lost store.
 //! - `verdict_ack/<node>`: a node read a refusing verdict (same purpose).
-//! - `restart/g<gen>`: barrier of all nodes before restarting.
+//! - `restart/g<gen>/<node>`: a node stopped its workers of generation `gen`; every node waits
+//!   for all of them before restarting.
 //! - `done/<node>`: set when a node's workers all succeeded; node 0 keeps the store up until
-//!   every node is done (or failed, or `--timeout` passed).
+//!   every node is done (or failed, or `--timeout` passed), and the others retry it while
+//!   node 0 does not answer, so the nodes agree on how the job ended.
+//!
+//! Every wait longer than 10 s says what it waits for (`LongWait`), every 10 s.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use oxiflow_collectives::rendezvous::{generate_token, ClientOptions, StoreClient, StoreServer};
+use oxiflow_collectives::rendezvous::{
+    generate_token, ClientOptions, LongWait, StoreClient, StoreServer,
+};
 use oxiflow_collectives::CommError;
 
 use crate::error::LaunchError;
@@ -36,11 +42,23 @@ const CONTROL_RPC_TIMEOUT: Duration = Duration::from_secs(2);
 pub const SETTLE_PATIENCE: Duration = Duration::from_secs(10);
 pub const SETTLE_PATIENCE_FROZEN: Duration = Duration::from_secs(2);
 
-fn control_options() -> ClientOptions {
+/// The flag that bounds every wait of the rendezvous, as the notices of long waits name it.
+const LIMIT: &str = "--timeout";
+
+fn control_options(node_rank: usize) -> ClientOptions {
     ClientOptions {
         rpc_timeout: CONTROL_RPC_TIMEOUT,
+        caller: format!("oflaunch on node {node_rank}"),
+        limit_name: LIMIT,
         ..ClientOptions::default()
     }
+}
+
+/// The node numbers at the end of `keys` (`.../<node>`).
+fn nodes_of(keys: &[String]) -> Vec<usize> {
+    keys.iter()
+        .filter_map(|k| k.rsplit('/').next()?.parse().ok())
+        .collect()
 }
 
 /// What a node knows about the job's shape.
@@ -92,7 +110,7 @@ impl Rendezvous {
             let endpoint = join_host_port(&spec.master_addr, port);
             tracing::info!("rendezvous store listening on {}", server.local_addr());
             let client = if spec.nnodes > 1 {
-                Some(connect(&endpoint, &token, spec.timeout)?)
+                Some(connect(&endpoint, &token, spec.timeout, 0)?)
             } else {
                 None
             };
@@ -109,7 +127,7 @@ impl Rendezvous {
                 LaunchError::Usage("node rank > 0 needs --token-file or OXIFLOW_TOKEN".into())
             })?;
             let endpoint = join_host_port(&spec.master_addr, spec.master_port);
-            let client = connect(&endpoint, &token, spec.timeout)?;
+            let client = connect(&endpoint, &token, spec.timeout, spec.node_rank)?;
             Ok(Rendezvous {
                 port: spec.master_port,
                 spec,
@@ -130,7 +148,7 @@ impl Rendezvous {
                 &self.endpoint,
                 &self.token,
                 Duration::from_secs(5),
-                control_options(),
+                control_options(self.spec.node_rank),
             )
             .map_err(|e| tracing::warn!("cannot reach this node's own store: {e}"))
             .ok()?,
@@ -156,7 +174,7 @@ impl Rendezvous {
             client.set("oflaunch/config", mine.as_bytes())?;
             self.judge_nodes(client)
         } else {
-            let config = wait_string(client, "oflaunch/config", s.timeout)?;
+            let config = wait_string(client, "oflaunch/config", s, "to publish the job's shape")?;
             // Register even when our options differ, so node 0 can say so too.
             client.set(&format!("oflaunch/node/{}", s.node_rank), mine.as_bytes())?;
             let (nnodes, nproc) = parse_shape(&config).ok_or_else(|| {
@@ -171,7 +189,12 @@ impl Rendezvous {
                 )));
             }
             let key = format!("oflaunch/verdict/{}", s.node_rank);
-            let verdict = wait_string(client, &key, s.timeout)?;
+            let verdict = wait_string(
+                client,
+                &key,
+                s,
+                "to say whether the job may start (it waits until every node has joined)",
+            )?;
             let _ = client.set(&format!("oflaunch/verdict_ack/{}", s.node_rank), b"1");
             if verdict == "ok" {
                 Ok(())
@@ -188,7 +211,15 @@ impl Rendezvous {
             .map(|r| format!("oflaunch/node/{r}"))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        if let Err(e) = client.wait(&key_refs, s.timeout) {
+        let waited = client.wait_saying(&key_refs, s.timeout, LIMIT, |missing| {
+            format!(
+                "oflaunch on node 0: waiting for node(s) {:?} of {} to join at {}",
+                nodes_of(missing),
+                s.nnodes,
+                self.endpoint
+            )
+        });
+        if let Err(e) = waited {
             let mut missing = Vec::new();
             for (r, key) in (1..s.nnodes).zip(&keys) {
                 if client.get(key).ok().flatten().is_none() {
@@ -237,18 +268,23 @@ impl Rendezvous {
         Err(LaunchError::Rendezvous(verdict))
     }
 
-    /// Starts polling `failed/g<generation>` (multi-node only). A store that does not answer
-    /// for the stall timeout (else `min(--timeout, 15 s)`) is reported as lost.
+    /// Starts polling `failed/g<generation>` (multi-node only). On nodes other than 0, a store
+    /// that does not answer for the stall timeout (else `min(--timeout, 15 s)`) is reported as
+    /// lost; node 0's is its own, so a call of its that failed only says this process was
+    /// paused, and it polls on.
     pub fn watch_failures(&self, generation: u32) -> Result<FailureWatch, LaunchError> {
         let seen = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(client) = self.client.clone() {
             let key = failed_key(generation);
             let ack = format!("oflaunch/failack/g{generation}/{}", self.spec.node_rank);
-            let lost_after = self
-                .spec
-                .stall_timeout
-                .unwrap_or_else(|| self.spec.timeout.min(Duration::from_secs(15)));
+            let lost_after = match self.spec.node_rank {
+                0 => Duration::MAX,
+                _ => self
+                    .spec
+                    .stall_timeout
+                    .unwrap_or_else(|| self.spec.timeout.min(Duration::from_secs(15))),
+            };
             let where_ = format!(
                 "the rendezvous store at {} (served by node 0, where ranks 0-{} run)",
                 self.endpoint,
@@ -343,46 +379,68 @@ impl Rendezvous {
         let Some(client) = &self.client else {
             return Ok(());
         };
-        client.barrier(
-            &format!("oflaunch/restart/g{generation}"),
-            self.spec.nnodes,
-            self.spec.timeout,
+        let s = &self.spec;
+        client.set(
+            &format!("oflaunch/restart/g{generation}/{}", s.node_rank),
+            b"1",
         )?;
+        let keys: Vec<String> = (0..s.nnodes)
+            .map(|r| format!("oflaunch/restart/g{generation}/{r}"))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        client.wait_saying(&refs, s.timeout, LIMIT, |missing| {
+            format!(
+                "oflaunch on node {}: waiting for node(s) {:?} to stop their workers before \
+                 the restart",
+                s.node_rank,
+                nodes_of(missing)
+            )
+        })?;
         Ok(())
     }
 
     /// After this node's workers all succeeded: records it; node 0 then keeps the store up
-    /// until every node is done. Returns a failure another node reported meanwhile. A node
-    /// other than 0 whose store vanished (or froze) after its workers finished still succeeds:
-    /// its work is done, and it says it could not report so.
+    /// until every node is done, and returns a failure another node reported meanwhile. A node
+    /// other than 0 retries until the store takes the news (node 0 frozen: up to `--timeout`),
+    /// so both agree on the job's end; if node 0 is gone (nothing listens at its address) or
+    /// does not answer within `--timeout`, it still succeeds (its work is done) and says that
+    /// it could not report.
     pub fn finish(&self, generation: u32) -> Result<Option<Failure>, LaunchError> {
         let Some(client) = &self.client else {
             return Ok(None);
         };
         let s = &self.spec;
-        let done = client.set(&format!("oflaunch/done/{}", s.node_rank), b"1");
+        let done_key = format!("oflaunch/done/{}", s.node_rank);
         if s.node_rank != 0 {
-            if let Err(e) = done {
-                tracing::warn!(
-                    "this node's workers all finished, but the store at {} did not take the \
-                     news: {e}",
-                    self.endpoint
-                );
-            }
+            self.report_done(client, &done_key);
             return Ok(None);
         }
-        done?;
         let keys: Vec<String> = (0..s.nnodes)
             .map(|r| format!("oflaunch/done/{r}"))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let failed = failed_key(generation);
         let deadline = Instant::now() + s.timeout;
+        let mut notice = LongWait::new(s.timeout, LIMIT);
+        let mut said_done = false;
+        // The store is this process's own: a call that fails did so because this process was
+        // paused (SIGSTOP) past its deadline, so it is tried again until --timeout.
         loop {
-            if client.wait(&key_refs, POLL).is_ok() {
-                return Ok(None);
+            said_done = said_done || client.set(&done_key, b"1").is_ok();
+            if said_done {
+                match client.wait(&key_refs, POLL) {
+                    Ok(_) => return Ok(None),
+                    Err(CommError::StoreTimeout { missing_keys, .. }) => notice.tick(|| {
+                        format!(
+                            "oflaunch on node 0: this node's workers finished; waiting for \
+                             node(s) {:?} to report theirs",
+                            nodes_of(&missing_keys)
+                        )
+                    }),
+                    Err(_) => std::thread::sleep(POLL),
+                }
             }
-            if let Some(v) = client.get(&failed)? {
+            if let Ok(Some(v)) = client.get(&failed) {
                 return Ok(Failure::decode(&String::from_utf8_lossy(&v)));
             }
             if Instant::now() >= deadline {
@@ -394,6 +452,60 @@ impl Rendezvous {
             }
         }
     }
+
+    /// A node other than 0: sets `done_key`, retrying while node 0's store does not answer
+    /// (see `finish`).
+    fn report_done(&self, client: &StoreClient, done_key: &str) {
+        let s = &self.spec;
+        let deadline = Instant::now() + s.timeout;
+        let mut notice = LongWait::new(s.timeout, LIMIT);
+        loop {
+            let e = match client.set(done_key, b"1") {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if nobody_listens(&self.endpoint) {
+                // A request that timed out may still have been taken before node 0 ended.
+                tracing::warn!(
+                    "this node's workers all finished; the store at {} is gone (nothing listens \
+                     there: node 0 has ended) without confirming that it took the news ({e}); if \
+                     it did not, node 0 reported a failure",
+                    self.endpoint
+                );
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "this node's workers all finished, but the store at {} did not take the \
+                     news within --timeout {:?} ({e}); node 0 cannot know that this node \
+                     succeeded",
+                    self.endpoint,
+                    s.timeout
+                );
+                return;
+            }
+            notice.tick(|| {
+                format!(
+                    "oflaunch on node {}: this node's workers all finished; waiting for node \
+                     0's store at {} to take the news (node 0 frozen?): {e}",
+                    s.node_rank, self.endpoint
+                )
+            });
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// Whether nothing accepts connections at `endpoint` any more (a frozen process's socket still
+/// does: the kernel completes the handshake).
+fn nobody_listens(endpoint: &str) -> bool {
+    let Some(addr) = endpoint.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return false;
+    };
+    matches!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// A running poll of the store's failure key.
@@ -443,10 +555,24 @@ fn get_string(client: &StoreClient, key: &str) -> Result<String, LaunchError> {
     }
 }
 
-fn wait_string(client: &StoreClient, key: &str, timeout: Duration) -> Result<String, LaunchError> {
-    let values = client.wait(&[key], timeout).map_err(|e| {
-        LaunchError::Rendezvous(format!("waiting {timeout:?} for node 0's {key}: {e}"))
-    })?;
+/// Waits for node 0's `key` (up to `--timeout`), saying every 10 s that node 0 has yet `to`
+/// do what sets it.
+fn wait_string(
+    client: &StoreClient,
+    key: &str,
+    s: &JoinSpec,
+    to: &str,
+) -> Result<String, LaunchError> {
+    let values = client
+        .wait_saying(&[key], s.timeout, LIMIT, |_| {
+            format!(
+                "oflaunch on node {}: waiting for node 0 {to} ({key})",
+                s.node_rank
+            )
+        })
+        .map_err(|e| {
+            LaunchError::Rendezvous(format!("waiting {:?} for node 0's {key}: {e}", s.timeout))
+        })?;
     let v = values.into_iter().next().unwrap_or_default();
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
@@ -470,8 +596,13 @@ fn join_host_port(host: &str, port: u16) -> String {
 
 /// Connects to the store (the client retries until `timeout` while it is not up yet); a
 /// refused token fails at once.
-fn connect(endpoint: &str, token: &str, timeout: Duration) -> Result<StoreClient, LaunchError> {
-    match StoreClient::connect_with(endpoint, token, timeout, control_options()) {
+fn connect(
+    endpoint: &str,
+    token: &str,
+    timeout: Duration,
+    node_rank: usize,
+) -> Result<StoreClient, LaunchError> {
+    match StoreClient::connect_with(endpoint, token, timeout, control_options(node_rank)) {
         Ok(c) => Ok(c),
         Err(CommError::Unauthenticated(m)) => Err(LaunchError::Rendezvous(format!(
             "refused: the store at {endpoint} rejected this node's token ({m}); pass node 0's \

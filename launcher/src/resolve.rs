@@ -10,7 +10,8 @@ use crate::error::LaunchError;
 /// `path_var` is the value of PATH.
 ///
 /// Order: a name containing '/' is a path; else `exe_dir/NAME`, `exe_dir/examples/NAME`, then
-/// each PATH entry. The error lists every place looked at.
+/// each PATH entry. The error lists every folder looked in, once, and the programs built
+/// beside oflaunch whose names are close.
 pub fn resolve_program(
     name: &str,
     exe_dir: Option<&Path>,
@@ -27,29 +28,37 @@ pub fn resolve_program(
             Err(LaunchError::ProgramNotFound {
                 program: name.into(),
                 looked: format!("{} (not an executable file)", p.display()),
+                hint: String::new(),
             })
         };
     }
-    let mut candidates = Vec::new();
+    let mut folders: Vec<PathBuf> = Vec::new();
     if let Some(dir) = exe_dir {
-        candidates.push(dir.join(name));
-        candidates.push(dir.join("examples").join(name));
+        folders.push(dir.to_path_buf());
+        folders.push(dir.join("examples"));
     }
     if let Some(path_var) = path_var {
-        for dir in std::env::split_paths(&path_var) {
-            if !dir.as_os_str().is_empty() {
-                candidates.push(dir.join(name));
-            }
-        }
+        folders.extend(std::env::split_paths(&path_var).filter(|d| !d.as_os_str().is_empty()));
     }
-    if let Some(found) = candidates.iter().find(|c| is_executable(c)) {
-        return Ok(found.clone());
-    }
-    let looked = candidates
+    // A folder named twice (on PATH and as oflaunch's own, or spelled two ways) is looked in
+    // once.
+    let mut seen = std::collections::HashSet::new();
+    folders.retain(|d| seen.insert(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())));
+    if let Some(found) = folders
         .iter()
-        .map(|c| c.display().to_string())
+        .map(|d| d.join(name))
+        .find(|c| is_executable(c))
+    {
+        return Ok(found);
+    }
+    let looked = folders
+        .iter()
+        .map(|d| d.display().to_string())
         .collect::<Vec<_>>()
         .join(", ");
+    let near = exe_dir
+        .map(|dir| near_names(name, &[dir.to_path_buf(), dir.join("examples")]))
+        .unwrap_or_default();
     Err(LaunchError::ProgramNotFound {
         program: name.into(),
         looked: if looked.is_empty() {
@@ -57,7 +66,46 @@ pub fn resolve_program(
         } else {
             looked
         },
+        hint: if near.is_empty() {
+            String::new()
+        } else {
+            format!("; did you mean {}?", near.join(" or "))
+        },
     })
+}
+
+/// The programs in `folders` whose names are at most two edits from `name`.
+fn near_names(name: &str, folders: &[PathBuf]) -> Vec<String> {
+    let mut near: Vec<String> = folders
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| is_executable(&e.path()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.contains('-') && edits(n, name) <= 2)
+        .collect();
+    near.sort();
+    near.dedup();
+    near
+}
+
+/// The Levenshtein distance between `a` and `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -101,6 +149,29 @@ mod tests {
             "{err}"
         );
         assert!(err.contains(&bin.display().to_string()), "{err}");
+        // oflaunch's folder on PATH too, spelled another way: each folder named once; a close
+        // name built beside oflaunch suggested.
+        let twice = std::env::join_paths([target.join("."), bin.clone(), bin.clone()]).unwrap();
+        let err = resolve_program("trian", Some(&target), Some(twice))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "cannot find program \"trian\"; looked in: {}, {}, {}; did you mean train?",
+                target.display(),
+                target.join("examples").display(),
+                bin.display()
+            )
+        );
+        assert_eq!(
+            (
+                edits("trian", "train"),
+                edits("", "ab"),
+                edits("abc", "abc")
+            ),
+            (2, 2, 0)
+        );
         // A path is taken as is, and must be executable.
         std::fs::write(root.join("plain"), "x").unwrap();
         let plain = root.join("plain").display().to_string();

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use nix::unistd::Pid;
+use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::CommError;
 
 use crate::error::LaunchError;
 use crate::output::{OutputConfig, Pipes};
@@ -90,6 +92,34 @@ impl JobEnv {
         }
         v
     }
+}
+
+/// Variables oflaunch sets for its workers that are checked in its own environment all the same.
+const REPLACED_BUT_CHECKED: [&str; 4] = [
+    "OXIFLOW_RESTART_COUNT",
+    "OXIFLOW_STORE_PREFIX",
+    "OXIFLOW_TIMEOUT",
+    "OXIFLOW_BACKEND",
+];
+
+/// Checks oflaunch's environment as a worker of `job` will read it (oflaunch's own variables
+/// over the ones it inherits), so a bad inherited variable (`OXIFLOW_SHM=maybe`, a trace folder
+/// under /proc) is refused before anything starts, once, instead of by every rank.
+pub fn check_inherited(job: &JobEnv) -> Result<(), CommError> {
+    // Set in oflaunch's environment, these are replaced for the workers, but garbage in them is
+    // still refused: whoever set them believed they act.
+    LaunchEnv::from_vars(|name| {
+        REPLACED_BUT_CHECKED
+            .contains(&name)
+            .then(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+            .flatten()
+    })?;
+    let ours = job.vars(0);
+    let env = LaunchEnv::from_vars(|name| match ours.iter().find(|(k, _)| k == name) {
+        Some((_, v)) => Some(v.clone()),
+        None => std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()),
+    })?;
+    env.check_folders()
 }
 
 /// A running worker.

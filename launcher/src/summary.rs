@@ -1,8 +1,13 @@
 //! How a worker ended, and the failure summary oflaunch prints (rank, host, code or signal,
-//! the tail of its stderr).
+//! the ranks that ended alike, the tail of its stderr unless the console showed it).
 
 use std::fmt;
 use std::process::ExitStatus;
+use std::time::Duration;
+
+/// How long a worker may stay stopped (SIGSTOP, SIGTSTP, SIGTTIN/OU) before it counts as
+/// failed: the others would wait for it in their next collective until --timeout.
+pub const STOPPED_LIMIT: Duration = Duration::from_secs(3);
 
 /// How one worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +66,7 @@ impl fmt::Display for ExitKind {
                 f,
                 "stopped by {} and not running for {}s; killed (exit {})",
                 name(s),
-                crate::supervise::STOPPED_LIMIT.as_secs(),
+                STOPPED_LIMIT.as_secs(),
                 128 + s
             ),
             ExitKind::Stalled(ms) => write!(
@@ -87,11 +92,15 @@ pub struct Failure {
     pub cause: Option<String>,
     /// Last lines of the rank's stderr.
     pub tail: Vec<String>,
+    /// The local ranks that ended the same way on their own (before oflaunch stopped them),
+    /// this one included; empty when only it did (or another node reported it).
+    pub alike: Vec<usize>,
 }
 
 impl Failure {
-    /// The human summary printed by oflaunch.
-    pub fn summary(&self, remote: bool) -> String {
+    /// The human summary printed by oflaunch; `tail_shown`: the rank's stderr was printed on
+    /// this console already (so its tail is not repeated).
+    pub fn summary(&self, remote: bool, tail_shown: bool) -> String {
         let mut s = String::new();
         s.push_str("oflaunch: job failed\n");
         s.push_str(&format!(
@@ -110,9 +119,16 @@ impl Failure {
                 ""
             }
         ));
+        if self.alike.len() > 1 {
+            s.push_str(&format!(
+                "  ranks {} ended alike ({})\n",
+                ranks_text(&self.alike),
+                self.exit
+            ));
+        }
         if self.tail.is_empty() {
             s.push_str(&format!("  rank {} wrote nothing to stderr\n", self.rank));
-        } else {
+        } else if !tail_shown {
             s.push_str(&format!(
                 "  last {} line(s) of rank {}'s stderr:\n",
                 self.tail.len(),
@@ -173,8 +189,30 @@ impl Failure {
             exit,
             cause: (!cause.is_empty()).then(|| cause.to_string()),
             tail: lines.map(str::to_string).collect(),
+            alike: Vec::new(),
         })
     }
+}
+
+/// Sorted ranks as runs: `0-3`, `0, 2, 5-7`.
+pub fn ranks_text(ranks: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    runs.iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// This machine's host name (for summaries).
@@ -203,6 +241,7 @@ mod tests {
             exit: ExitKind::Signal(9),
             cause: Some("the kernel's OOM killer".into()),
             tail: vec!["boom".into(), "bang".into()],
+            alike: vec![4, 5, 6],
         };
         let g = Failure::decode(&f.encode()).unwrap();
         assert_eq!(g.rank, 5);
@@ -217,10 +256,18 @@ mod tests {
         let h = Failure::decode(&frozen.encode()).unwrap();
         assert_eq!((h.exit, h.cause), (ExitKind::Stalled(5200), None));
         assert_eq!(h.exit.shell_code(), STALLED_CODE);
-        assert!(frozen.summary(false).contains("no progress for 5.2 s"));
+        assert!(frozen
+            .summary(false, false)
+            .contains("no progress for 5.2 s"));
         assert_eq!(g.exit.shell_code(), 137);
-        assert!(f.summary(true).contains("rank 5"));
-        assert!(f.summary(true).contains("SIGKILL"));
+        assert!(f.summary(true, false).contains("rank 5"));
+        assert!(f.summary(true, false).contains("SIGKILL"));
+        assert!(f.summary(true, false).contains("    | bang\n"));
+        assert!(!f.summary(false, true).contains("boom"));
+        assert!(f
+            .summary(false, true)
+            .contains("  ranks 4-6 ended alike (killed by SIGKILL"));
+        assert_eq!(ranks_text(&[0, 2, 3, 4, 7]), "0, 2-4, 7");
         assert!(Failure::decode("x").is_none());
     }
 }

@@ -1,8 +1,9 @@
 //! Supervising one generation of local workers: reap them as they exit (a death by a resource
 //! limit or the OOM killer explained), tear the group down (SIGTERM to every process group,
-//! SIGKILL after the grace period, at once to a frozen one) on the first failure, a rank
+//! SIGKILL after the grace period, at once to a frozen one) on the first failure (after
+//! `ALIKE_WINDOW`, in which ranks failing alike end on their own and are listed), a rank
 //! declared frozen, a forwarded signal, or a failure reported by another node. Every wait has
-//! a deadline.
+//! a deadline, and one longer than 10 s says which workers it waits for.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
@@ -10,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use oxiflow_collectives::rendezvous::LongWait;
 
-use crate::procfs::{limits_of, main_thread_frozen, resource_death, Limits};
+use crate::procfs::{dead_but_held, limits_of, main_thread_frozen, resource_death, Limits};
 use crate::rendezvous_join::RemoteEvent;
 use crate::signals::SignalPipe;
 use crate::spawn::Worker;
 use crate::stall::Stall;
-use crate::summary::{ExitKind, Failure};
+use crate::summary::{ExitKind, Failure, STOPPED_LIMIT};
 
 /// How often the loop wakes up to reap workers.
 const TICK: Duration = Duration::from_millis(20);
@@ -24,9 +26,9 @@ const TICK: Duration = Duration::from_millis(20);
 const DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for SIGKILLed processes to be reaped before giving up.
 const AFTER_KILL: Duration = Duration::from_secs(10);
-/// How long a worker may stay stopped (SIGSTOP, SIGTSTP, SIGTTIN/OU) before it counts as
-/// failed: the others would wait for it in their next collective until --timeout.
-pub const STOPPED_LIMIT: Duration = Duration::from_secs(3);
+/// After a worker's exit, how long the others may take to end on their own before they are
+/// stopped: ranks that hit the same error exit within it, each with its message whole.
+pub const ALIKE_WINDOW: Duration = Duration::from_millis(500);
 
 /// Why a generation ended.
 #[derive(Debug, Clone)]
@@ -58,33 +60,104 @@ pub struct Supervision<'a> {
 }
 
 struct Teardown {
+    /// While the others may still end on their own (after a worker's exit): when the stop
+    /// signal goes out. None once it went out.
+    stop_at: Option<Instant>,
     killed_at: Instant,
     sigkill_sent: bool,
+    /// The first signal sent to every worker.
+    first: Signal,
+    /// Says every 10 s which workers oflaunch still waits for.
+    notice: LongWait,
 }
 
 impl Teardown {
     /// Sends SIGTERM to every worker still running (SIGKILL to a stopped or ptrace-stopped
     /// one, which acts on no other signal) and starts the grace period.
-    fn begin(workers: &[Worker]) -> Teardown {
+    fn begin(workers: &[Worker], grace: Duration) -> Teardown {
         for w in workers {
             if main_thread_frozen(w.pid.as_raw()).is_some() {
                 let _ = killpg(w.pid, Signal::SIGKILL);
             }
         }
         signal_all(workers, Signal::SIGTERM);
+        Teardown::started(grace, Signal::SIGTERM)
+    }
+
+    /// The teardown of workers just sent `first`.
+    fn started(grace: Duration, first: Signal) -> Teardown {
         Teardown {
+            stop_at: None,
             killed_at: Instant::now(),
             sigkill_sent: false,
+            first,
+            notice: LongWait::new(
+                grace + AFTER_KILL,
+                "--grace-period, then 10 s after SIGKILL",
+            ),
         }
     }
+
+    /// After a worker's exit: the others get `ALIKE_WINDOW` to end on their own (an error every
+    /// rank hit alike ends them all, each saying so whole) before `begin`.
+    fn after_exit(grace: Duration) -> Teardown {
+        Teardown {
+            stop_at: Some(Instant::now() + ALIKE_WINDOW),
+            ..Teardown::started(grace, Signal::SIGTERM)
+        }
+    }
+
+    /// Says which workers are still waited for, when a notice is due.
+    fn tick(&mut self, workers: &[Worker]) {
+        let signal = if self.sigkill_sent {
+            Signal::SIGKILL
+        } else {
+            self.first
+        };
+        self.notice.tick(|| {
+            let ranks: Vec<String> = workers
+                .iter()
+                .map(|w| format!("{} (pid {})", w.rank, w.pid))
+                .collect();
+            format!(
+                "oflaunch: waiting for rank(s) {} to exit after {signal}",
+                ranks.join(", ")
+            )
+        });
+    }
+}
+
+/// How a generation ended, and which local ranks ended on their own (before oflaunch stopped
+/// them).
+#[derive(Debug)]
+pub struct Supervised {
+    pub outcome: Outcome,
+    pub on_their_own: Vec<usize>,
 }
 
 /// Runs the workers to the end. Returns the outcome once every worker is reaped (or, after
 /// SIGKILL, the reap deadline has passed, which is logged).
-pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
+pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Supervised {
     let mut outcome: Option<Outcome> = None;
     let mut teardown: Option<Teardown> = None;
     let mut stopped = StopWatch::default();
+    // Local ranks that ended before any signal of oflaunch, and how.
+    let mut ended: Vec<(usize, ExitKind)> = Vec::new();
+    let finish = |outcome: Option<Outcome>, ended: Vec<(usize, ExitKind)>| {
+        let mut outcome = outcome.unwrap_or(Outcome::Success);
+        if let Outcome::Failed(f) = &mut outcome {
+            f.alike = ended
+                .iter()
+                .filter(|(_, e)| *e == f.exit)
+                .map(|(r, _)| *r)
+                .collect();
+            f.alike.sort_unstable();
+        }
+        Supervised {
+            outcome,
+            on_their_own: ended.into_iter().map(|(r, _)| r).collect(),
+        }
+    };
     loop {
         // Signals to oflaunch; an exiting worker wakes the loop at once.
         let pidfds: Vec<RawFd> = workers
@@ -100,14 +173,14 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                 .is_some_and(|fd| exited.contains(&fd.as_raw_fd()))
         });
         for sig in signals {
-            if outcome.is_none() {
+            let settling = teardown.as_ref().is_some_and(|t| t.stop_at.is_some());
+            if outcome.is_none() || settling {
                 tracing::warn!("received {sig}; forwarding it to the workers");
-                outcome = Some(Outcome::Interrupted(sig));
+                if outcome.is_none() {
+                    outcome = Some(Outcome::Interrupted(sig));
+                }
                 signal_all(&workers, sig);
-                teardown = Some(Teardown {
-                    killed_at: Instant::now(),
-                    sigkill_sent: false,
-                });
+                teardown = Some(Teardown::started(sup.grace, sig));
             } else if teardown.as_ref().is_some_and(|t| !t.sigkill_sent) {
                 tracing::warn!("received {sig} again; killing the workers now");
                 signal_all(&workers, Signal::SIGKILL);
@@ -119,6 +192,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
         }
 
         // Reap whoever exited (those whose exit woke the loop first).
+        let signalled = teardown.as_ref().is_some_and(|t| t.stop_at.is_none());
         let mut failed: Vec<Failure> = Vec::new();
         let mut i = 0;
         while i < workers.len() {
@@ -139,9 +213,31 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                 }
             };
             let w = workers.remove(i);
-            if let Some(f) = reap(w, status, limits, sup) {
-                failed.push(f);
+            let rank = w.rank;
+            let (exit, failure) = reap(w, status, limits, sup);
+            if !signalled {
+                ended.push((rank, exit));
             }
+            failed.extend(failure);
+        }
+        // Once the job is being torn down, a worker that died but whose tracer (a debugger
+        // that froze it) has not collected its exit is done: waiting for the tracer could take
+        // as long as its user does.
+        if teardown.is_some() {
+            workers.retain_mut(|w| match dead_but_held(w.pid.as_raw()) {
+                Some(tracer) => {
+                    eprintln!(
+                        "oflaunch: rank {} (pid {}) is dead; its tracer (pid {tracer}) holds its \
+                         exit status, so oflaunch does not wait for it",
+                        w.rank, w.pid
+                    );
+                    if let Some(p) = w.pipes.take() {
+                        p.drain(DRAIN);
+                    }
+                    false
+                }
+                None => true,
+            });
         }
         if let Some(first) = failed.into_iter().next() {
             if outcome.is_none() {
@@ -151,12 +247,12 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                     first.exit
                 );
                 outcome = Some(Outcome::Failed(first));
-                teardown = Some(Teardown::begin(&workers));
+                teardown = Some(Teardown::after_exit(sup.grace));
             }
         }
 
         if workers.is_empty() {
-            return outcome.unwrap_or(Outcome::Success);
+            return finish(outcome, ended);
         }
 
         // A worker stopped for too long fails the job like one that exited.
@@ -175,7 +271,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                 outcome = Some(Outcome::Failed(failure_of(
                     w.rank, w.pid, exit, None, tail, sup,
                 )));
-                teardown = Some(Teardown::begin(&workers));
+                teardown = Some(Teardown::begin(&workers, sup.grace));
             }
         }
 
@@ -184,7 +280,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
             if let Some(stall) = (sup.stalled)() {
                 tracing::error!("rank {} is frozen; stopping the workers", stall.rank);
                 outcome = Some(Outcome::Failed(stall_failure(&stall, &workers, sup)));
-                teardown = Some(Teardown::begin(&workers));
+                teardown = Some(Teardown::begin(&workers, sup.grace));
             }
         }
 
@@ -210,12 +306,20 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
                         Outcome::StoreLost(message, last_answer)
                     }
                 });
-                teardown = Some(Teardown::begin(&workers));
+                teardown = Some(Teardown::begin(&workers, sup.grace));
             }
         }
 
-        // Escalate, and never wait forever.
+        // Stop the others once the window for ending alike has passed; escalate; and never
+        // wait forever.
         if let Some(t) = teardown.as_mut() {
+            if let Some(at) = t.stop_at {
+                if Instant::now() >= at {
+                    *t = Teardown::begin(&workers, sup.grace);
+                }
+                continue;
+            }
+            t.tick(&workers);
             if !t.sigkill_sent && t.killed_at.elapsed() >= sup.grace {
                 tracing::warn!(
                     "{} worker(s) still running {:?} after SIGTERM; sending SIGKILL",
@@ -228,7 +332,7 @@ pub fn supervise(mut workers: Vec<Worker>, sup: &Supervision<'_>) -> Outcome {
             } else if t.sigkill_sent && t.killed_at.elapsed() >= AFTER_KILL {
                 let pids: Vec<i32> = workers.iter().map(|w| w.pid.as_raw()).collect();
                 tracing::error!("workers {pids:?} not reaped {AFTER_KILL:?} after SIGKILL");
-                return outcome.unwrap_or(Outcome::Success);
+                return finish(outcome, ended);
             }
         }
     }
@@ -261,6 +365,7 @@ fn stall_failure(stall: &Stall, workers: &[Worker], sup: &Supervision<'_>) -> Fa
             stall.why, stall.waiters, stall.call
         )),
         tail,
+        alike: Vec::new(),
     }
 }
 
@@ -274,14 +379,14 @@ fn has_exited(w: &Worker) -> bool {
 }
 
 /// Closes the book on a worker that exited: kills what is left of its process group, drains
-/// its output; returns its failure, if it failed, explained by a resource limit when one was
+/// its output; returns how it ended and its failure, if it failed, explained by a resource limit when one was
 /// hit (`limits`: the worker's, read before it was reaped).
 fn reap(
     mut w: Worker,
     status: std::process::ExitStatus,
     limits: Option<Limits>,
     sup: &Supervision<'_>,
-) -> Option<Failure> {
+) -> (ExitKind, Option<Failure>) {
     let exit = ExitKind::from_status(status);
     // Leftover processes of the worker's group go with it: no orphans.
     let _ = killpg(w.pid, Signal::SIGKILL);
@@ -299,13 +404,16 @@ fn reap(
     };
     tracing::debug!(rank = w.rank, pid = w.pid.as_raw(), "worker ended: {exit}");
     if exit.is_success() {
-        return None;
+        return (exit, None);
     }
     let cause = match exit {
         ExitKind::Signal(sig) => resource_death(sig, limits.as_ref(), Some(&w.oom)),
         _ => None,
     };
-    Some(failure_of(w.rank, w.pid, exit, cause, tail, sup))
+    (
+        exit,
+        Some(failure_of(w.rank, w.pid, exit, cause, tail, sup)),
+    )
 }
 
 /// A local worker's failure as the summary reports it.
@@ -325,6 +433,7 @@ fn failure_of(
         exit,
         cause,
         tail,
+        alike: Vec::new(),
     }
 }
 

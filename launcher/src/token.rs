@@ -12,13 +12,17 @@ use crate::error::LaunchError;
 
 /// The token from `file` (its first line, surrounding whitespace removed), else from `env`
 /// (`OXIFLOW_TOKEN`'s value), else None. A file that other users can read is refused, as is
-/// an empty or malformed token.
+/// an empty or malformed token, and an `OXIFLOW_TOKEN` that is set but empty.
 pub fn job_token(file: Option<&Path>, env: Option<String>) -> Result<Option<String>, LaunchError> {
+    if env.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(LaunchError::Usage(
+            "OXIFLOW_TOKEN is set but empty: unset it (node 0 then makes a token) or set the \
+             job's token"
+                .into(),
+        ));
+    }
     let Some(path) = file else {
-        return match env.filter(|t| !t.is_empty()) {
-            Some(t) => check(t, "OXIFLOW_TOKEN").map(Some),
-            None => Ok(None),
-        };
+        return env.map(|t| check(t, "OXIFLOW_TOKEN")).transpose();
     };
     let shown = path.display();
     let mut f = std::fs::File::open(path)
@@ -74,7 +78,10 @@ mod tests {
             job_token(None, Some("from-env".into())).unwrap().as_deref(),
             Some("from-env")
         );
-        assert_eq!(job_token(None, Some(String::new())).unwrap(), None);
+        let e = job_token(None, Some(String::new()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("OXIFLOW_TOKEN is set but empty"), "{e}");
         assert_eq!(job_token(None, None).unwrap(), None);
         let _ = std::fs::remove_file(p);
     }

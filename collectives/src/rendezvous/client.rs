@@ -11,6 +11,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 use super::config::{validate_token, DEFAULT_MAX_MESSAGE_BYTES};
+use super::long_wait::LongWait;
 use super::proto;
 use super::proto::store_client::StoreClient as GrpcClient;
 use super::{random_hex, TOKEN_METADATA_KEY};
@@ -23,6 +24,11 @@ pub struct ClientOptions {
     pub max_message_bytes: usize,
     /// Deadline of each non-waiting call (set, get, add, delete, compare_set).
     pub rpc_timeout: Duration,
+    /// Who waits, as the notices of a long connect say it (`LongWait`): `rank 1 of 4`,
+    /// `oflaunch on node 1`.
+    pub caller: String,
+    /// The flag or variable that sets the connect timeout, as the notices name it.
+    pub limit_name: &'static str,
 }
 
 impl Default for ClientOptions {
@@ -30,6 +36,8 @@ impl Default for ClientOptions {
         ClientOptions {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             rpc_timeout: Duration::from_secs(60),
+            caller: format!("process {}", std::process::id()),
+            limit_name: "the connect timeout",
         }
     }
 }
@@ -85,6 +93,24 @@ where
     } else {
         rt.block_on(fut)
     }
+}
+
+/// An error with its sources (a transport error says only "transport error" itself).
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    let mut last = text.clone();
+    while let Some(s) = source {
+        let part = s.to_string();
+        // Layers often repeat their inner error's words; each is said once.
+        if part != last {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        last = part;
+        source = s.source();
+    }
+    text
 }
 
 /// Milliseconds rounded up, so a server-side wait never ends before the client's deadline.
@@ -171,6 +197,7 @@ impl StoreClient {
             })?;
         let cap = options.max_message_bytes;
         let deadline = Instant::now() + timeout;
+        let mut notice = LongWait::new(timeout, options.limit_name);
         let connect = async {
             let mut backoff = Duration::from_millis(20);
             loop {
@@ -198,8 +225,15 @@ impl StoreClient {
                             Err(_) => "no answer to ping".to_string(),
                         }
                     }
-                    Err(e) => e.to_string(),
+                    Err(e) => with_sources(&e),
                 };
+                notice.tick(|| {
+                    format!(
+                        "{}: waiting for the rendezvous store at {addr}, which does not answer \
+                         ({last_error})",
+                        options.caller
+                    )
+                });
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(CommError::Rendezvous(format!(
@@ -403,6 +437,43 @@ impl StoreClient {
                     detail: format!("still missing key(s) {:?}", resp.missing),
                     missing_keys: resp.missing,
                 });
+            }
+        }
+    }
+
+    /// As `wait`, saying every `NOTICE_EVERY` what it waits for: `what` gets the keys still
+    /// missing (with this handle's prefix) and names them; `limit_name` is the flag or variable
+    /// that sets `timeout`.
+    pub fn wait_saying(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        limit_name: &'static str,
+        what: impl Fn(&[String]) -> String,
+    ) -> Result<Vec<Vec<u8>>, CommError> {
+        let mut notice = LongWait::new(timeout, limit_name);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let slice = left.min(notice.until_next().max(Duration::from_millis(1)));
+            match self.wait(keys, slice) {
+                Err(CommError::StoreTimeout {
+                    op,
+                    detail,
+                    missing_keys,
+                    ..
+                }) => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(CommError::StoreTimeout {
+                            op,
+                            timeout,
+                            detail,
+                            missing_keys,
+                        });
+                    }
+                    notice.tick(|| what(&missing_keys));
+                }
+                other => return other,
             }
         }
     }

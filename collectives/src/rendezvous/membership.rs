@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::long_wait::LongWait;
 use super::StoreClient;
 use crate::CommError;
 
@@ -162,6 +163,7 @@ pub fn join_world_seated(
 
     let keys: Vec<String> = (0..world).map(|r| format!("{CLAIM_PREFIX}{r}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut notice = LongWait::new(timeout, "OXIFLOW_TIMEOUT");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let waited = store.wait(&key_refs, left.min(POLL));
@@ -174,15 +176,20 @@ pub fn join_world_seated(
         }
         match waited {
             Ok(_) => return Ok(()),
-            Err(CommError::StoreTimeout { .. }) if left > POLL => {}
+            Err(CommError::StoreTimeout { missing_keys, .. }) if left > POLL => {
+                notice.tick(|| {
+                    format!(
+                        "{me}: waiting for rank(s) {:?} of {world} to join the job at the store {}",
+                        ranks_of(&missing_keys),
+                        store.addr()
+                    )
+                });
+            }
             Err(CommError::StoreTimeout { missing_keys, .. }) => {
                 return Err(CommError::Timeout {
                     op: format!("{OP} as {me}: ranks never arrived"),
                     timeout,
-                    missing: missing_keys
-                        .iter()
-                        .filter_map(|k| k.rsplit('/').next()?.parse().ok())
-                        .collect(),
+                    missing: ranks_of(&missing_keys),
                 })
             }
             Err(e) => return Err(e),
@@ -252,6 +259,13 @@ fn refuse(store: &StoreClient, rank: usize, reason: String) -> Result<(), CommEr
             Err(mismatch(reason))
         }
     }
+}
+
+/// The ranks whose claim keys (`.../claim/<rank>`) are among `keys`.
+fn ranks_of(keys: &[String]) -> Vec<usize> {
+    keys.iter()
+        .filter_map(|k| k.rsplit('/').next()?.parse().ok())
+        .collect()
 }
 
 fn mismatch(detail: String) -> CommError {

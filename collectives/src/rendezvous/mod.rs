@@ -5,12 +5,14 @@
 //! the job's secret token in the `x-oxiflow-token` metadata entry (compared in constant time)
 //! or is refused with `unauthenticated`; messages, keys, values, the store's total size, the
 //! number of connections and every wait are bounded, so a faulty or hostile peer cannot make it
-//! fall over or hold it forever. There is no TLS: the token keeps other jobs and stray clients
+//! fall over or hold it forever. A wait longer than `NOTICE_EVERY` says what it waits for
+//! (`LongWait`). There is no TLS: the token keeps other jobs and stray clients
 //! out, but on an untrusted network it can be sniffed, so bind to a private interface.
 
 mod admission;
 mod client;
 mod config;
+mod long_wait;
 mod membership;
 mod refusals;
 mod server;
@@ -31,6 +33,7 @@ pub use client::{ClientOptions, StoreClient};
 pub use config::{
     constant_time_eq, validate_token, StoreConfig, DEFAULT_MAX_MESSAGE_BYTES, MAX_TOKEN_BYTES,
 };
+pub use long_wait::{LongWait, NOTICE_EVERY};
 pub use membership::{
     join_world, join_world_seated, linger_after_refusal, publish_world_size, DeviceSeat,
     WORLD_SIZE_KEY,

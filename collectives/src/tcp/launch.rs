@@ -77,7 +77,7 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
             Err(e) => return Err(e),
         }
     }
-    let store = StoreClient::connect(&addr, token, env.timeout)
+    let store = StoreClient::connect_with(&addr, token, env.timeout, env.store_options())
         .map_err(|e| match e {
             CommError::Unauthenticated(m) => CommError::Unauthenticated(format!(
                 "rank {} of {}: the store at {addr} refused this rank's OXIFLOW_TOKEN ({m}); \
@@ -122,8 +122,8 @@ fn connect_through_mpi(env: &LaunchEnv) -> Result<SharedComm, CommError> {
     let master: SocketAddr = rv.addr.parse().map_err(|_| {
         CommError::Rendezvous(format!("mpi bootstrap: bad store address {:?}", rv.addr))
     })?;
-    let store =
-        StoreClient::connect(&rv.addr, &rv.token, env.timeout)?.with_prefix(&env.store_prefix);
+    let store = StoreClient::connect_with(&rv.addr, &rv.token, env.timeout, env.store_options())?
+        .with_prefix(&env.store_prefix);
     let host = local_host_towards(master);
     TcpComm::connect_serving(
         &store,

@@ -16,6 +16,8 @@
 //! - `allreduce CALLS [SLOW_RANK BEFORE_CALL SECS]`: join the world (CPU backend), run CALLS
 //!   all-reduces of one f32 (checking the sum) and exit 0; rank SLOW_RANK sleeps SECS seconds
 //!   before its call number BEFORE_CALL (from 0), as a rank busy in a long compute would.
+//! - `pace DIR MS`: record the pid, join the world (CPU backend) and all-reduce one f32 every
+//!   MS milliseconds for up to 10 minutes (light on the CPU: a job to freeze or stop).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -69,6 +71,7 @@ fn main() {
         "store" => store_mode(&dir),
         "shm-leak" => shm_leak_mode(&dir),
         "allreduce" => allreduce_mode(&args[1..]),
+        "pace" => pace_mode(&dir, &args[2..]),
         other => {
             eprintln!("oflaunch_testworker: unknown mode {other:?}");
             64
@@ -240,6 +243,32 @@ fn shm_leak_mode(dir: &Path) -> i32 {
     0
 }
 
+/// One all-reduce (sum) of `rank + 1`, checked against the sum over the world; on an error
+/// says so as `mode` and gives the exit code (4: the call failed, 5: a wrong sum).
+fn reduce_once(
+    mode: &str,
+    env: &oxiflow_collectives::env::LaunchEnv,
+    world: &oxiflow_collectives::SharedComm,
+    call: u64,
+) -> Result<(), i32> {
+    let expected = (env.world_size * (env.world_size + 1) / 2) as f32;
+    let mut value = ((env.rank + 1) as f32).to_le_bytes();
+    let reduced = world.all_reduce(
+        oxiflow_collectives::DType::F32,
+        oxiflow_collectives::BufMut::Host(&mut value),
+        oxiflow_collectives::ReduceOp::Sum,
+    );
+    if let Err(e) = reduced {
+        eprintln!("{mode}: call {call}: {e}");
+        return Err(4);
+    }
+    if f32::from_le_bytes(value) != expected {
+        eprintln!("{mode}: call {call}: got {}", f32::from_le_bytes(value));
+        return Err(5);
+    }
+    Ok(())
+}
+
 fn allreduce_mode(args: &[String]) -> i32 {
     let num = |i: usize| args.get(i).and_then(|s| s.parse::<u64>().ok());
     let calls = num(0).unwrap_or(1);
@@ -248,28 +277,38 @@ fn allreduce_mode(args: &[String]) -> i32 {
         Ok(joined) => joined,
         Err(code) => return code,
     };
-    let expected = (env.world_size * (env.world_size + 1) / 2) as f32;
     for call in 0..calls {
         if let (Some(r), Some(before), Some(secs)) = slow {
             if r == env.rank as u64 && before == call {
                 std::thread::sleep(Duration::from_secs(secs));
             }
         }
-        let mut value = ((env.rank + 1) as f32).to_le_bytes();
-        let reduced = world.all_reduce(
-            oxiflow_collectives::DType::F32,
-            oxiflow_collectives::BufMut::Host(&mut value),
-            oxiflow_collectives::ReduceOp::Sum,
-        );
-        if let Err(e) = reduced {
-            eprintln!("allreduce: call {call}: {e}");
-            return 4;
-        }
-        if f32::from_le_bytes(value) != expected {
-            eprintln!("allreduce: call {call}: got {}", f32::from_le_bytes(value));
-            return 5;
+        if let Err(code) = reduce_once("allreduce", &env, &world, call) {
+            return code;
         }
     }
     println!("rank {} did {calls} all-reduce(s)", env.rank);
+    0
+}
+
+fn pace_mode(dir: &Path, args: &[String]) -> i32 {
+    write_pid(dir);
+    let pause = Duration::from_millis(args.first().and_then(|s| s.parse().ok()).unwrap_or(10));
+    let (env, world) = match join_world("pace") {
+        Ok(joined) => joined,
+        Err(code) => return code,
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(600);
+    let mut call = 0u64;
+    while std::time::Instant::now() < end {
+        if let Err(code) = reduce_once("pace", &env, &world, call) {
+            return code;
+        }
+        if call == 20 {
+            eprintln!("rank {} is pacing", env.rank);
+        }
+        call += 1;
+        std::thread::sleep(pause);
+    }
     0
 }

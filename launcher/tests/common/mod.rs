@@ -38,11 +38,15 @@ pub fn token_file(token: &str) -> &'static str {
     Box::leak(path.to_str().unwrap().to_string().into_boxed_str())
 }
 
+/// Lines of stderr as they came, each with the instant it was read.
+pub type TimedLines = std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
+
 /// A running oflaunch (or any command) whose output is collected by threads.
 pub struct Running {
     pub child: Child,
     out: Option<JoinHandle<String>>,
-    err: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<()>>,
+    lines: TimedLines,
 }
 
 /// The end of a run.
@@ -53,35 +57,53 @@ pub struct Finished {
     pub ended: Instant,
     /// When the process was seen to exit, in ms since the Unix epoch.
     pub ended_ms: u128,
+    /// The stderr lines with the instant each was read.
+    pub lines: Vec<(Instant, String)>,
 }
 
 impl Finished {
     pub fn code(&self) -> i32 {
         self.status.code().unwrap_or(-1)
     }
+
+    /// When the first stderr line containing `text` was read.
+    pub fn line_at(&self, text: &str) -> Option<Instant> {
+        self.lines
+            .iter()
+            .find(|(_, l)| l.contains(text))
+            .map(|(t, _)| *t)
+    }
 }
 
 pub fn start(mut cmd: Command) -> Running {
+    use std::io::BufRead;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("start command");
     let mut o = child.stdout.take().unwrap();
-    let mut e = child.stderr.take().unwrap();
+    let e = child.stderr.take().unwrap();
     let out = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = o.read_to_string(&mut s);
         s
     });
+    let lines = TimedLines::default();
+    let sink = lines.clone();
     let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = e.read_to_string(&mut s);
-        s
+        let mut reader = std::io::BufReader::new(e);
+        let mut line = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            let text = String::from_utf8_lossy(&line).into_owned();
+            sink.lock().unwrap().push((Instant::now(), text));
+            line.clear();
+        }
     });
     Running {
         child,
         out: Some(out),
         err: Some(err),
+        lines,
     }
 }
 
@@ -96,20 +118,54 @@ impl Running {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("command still running after {timeout:?}");
+                panic!(
+                    "command still running after {timeout:?}; its stderr:\n{}",
+                    self.stderr_so_far()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         };
         let ended = Instant::now();
         let ended_ms = now_ms();
         let stdout = self.out.take().unwrap().join().unwrap();
-        let stderr = self.err.take().unwrap().join().unwrap();
+        self.err.take().unwrap().join().unwrap();
+        let lines = std::mem::take(&mut *self.lines.lock().unwrap());
+        let stderr = lines.iter().map(|(_, l)| l.as_str()).collect();
         Finished {
             status,
             stdout,
             stderr,
             ended,
             ended_ms,
+            lines,
+        }
+    }
+
+    /// The stderr read so far.
+    pub fn stderr_so_far(&self) -> String {
+        let lines = self.lines.lock().unwrap();
+        lines.iter().map(|(_, l)| l.as_str()).collect()
+    }
+
+    /// Waits (up to `timeout`) for a stderr line containing `text`; returns when it was read.
+    pub fn wait_line(&self, text: &str, timeout: Duration) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((t, _)) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, l)| l.contains(text))
+            {
+                return *t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no stderr line with {text:?} within {timeout:?}:\n{}",
+                self.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -226,4 +282,16 @@ pub fn stopped_after(stderr: &str) -> Option<f64> {
             .parse()
             .ok()
     })
+}
+
+/// Fails unless the run's stderr contains `text` (showing the stderr).
+#[track_caller]
+pub fn says(r: &Finished, text: &str) {
+    assert!(r.stderr.contains(text), "want {text:?} in:\n{}", r.stderr);
+}
+
+/// Fails if the run's stderr contains `text` (showing the stderr).
+#[track_caller]
+pub fn never_says(r: &Finished, text: &str) {
+    assert!(!r.stderr.contains(text), "{text:?} in:\n{}", r.stderr);
 }

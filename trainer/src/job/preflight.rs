@@ -103,19 +103,6 @@ fn check_save(path: &Path) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// A folder the launch environment names for files written later: an existing writable folder,
-/// or one whose nearest existing ancestor is a writable folder (it is created when needed).
-fn check_env_folder(var: &'static str, dir: &Path) -> Result<(), TrainError> {
-    match uncreatable(dir) {
-        Some(why) => Err(TrainError::Output {
-            what: var,
-            path: dir.to_path_buf(),
-            detail: format!("not a folder this rank can write in: {why}"),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// `--save-hf DIR`: nothing there or an empty folder, where this process may create it.
 fn check_save_hf(dir: &Path) -> Result<(), TrainError> {
     let bad = |detail: String| TrainError::Output {
@@ -167,15 +154,7 @@ pub(super) fn check_inputs(cfg: &TrainConfig) -> Result<Checked, TrainError> {
         }
     }
     if let Ok(env) = LaunchEnv::from_env() {
-        let folders = [
-            ("OXIFLOW_TRACE_DIR", &env.trace_dir),
-            ("OXIFLOW_FLIGHT_DIR", &env.flight_dir),
-        ];
-        for (var, dir) in folders {
-            if let Some(dir) = dir {
-                check_env_folder(var, dir)?;
-            }
-        }
+        env.check_folders()?;
     }
     if let Some(dir) = &r.save_hf {
         check_save_hf(dir)?;

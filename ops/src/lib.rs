@@ -5,5 +5,6 @@
 //! NVRTC path with `oxiflow_tensor::cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
+pub mod context_parallel;
 pub mod sum_squares;
 pub mod swiglu;

@@ -26,7 +26,7 @@ use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
 use crate::executor::{backend_id, run_kernel, run_kernel_one};
 use crate::explain::{self, explain_enabled};
-use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
+use crate::op::{full_region, CallSite, Inferred, LocalAt, MetaError, Op, OutSpec};
 use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -373,6 +373,7 @@ pub(crate) fn local_call(op: &Op, shapes: &[&Shape], out0: &Shape) -> Option<Op>
         out_global: out0,
         out_region: &Region::new(),
         out_local: out0,
+        site: None,
     })
 }
 
@@ -465,6 +466,12 @@ fn build_plan(
                 out_global: out0.shape(),
                 out_region: &out_region,
                 out_local: &out_pieces[0].shape,
+                site: Some(CallSite {
+                    world: ctx.world(),
+                    rank: ctx.rank(),
+                    placement,
+                    input_sbps: &sig.inputs,
+                }),
             })
         }
         _ => None,

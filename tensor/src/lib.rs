@@ -62,7 +62,7 @@ pub use op::{
 pub use op::{AttentionOp, DropoutOp};
 pub use op::{
     BackendId, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelFn, KernelIo, Kernels,
-    MetaError, MetaResult, Saves, ScratchFn,
+    MetaError, MetaResult, Peers, Saves, ScratchFn,
 };
 pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};

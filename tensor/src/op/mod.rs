@@ -22,6 +22,7 @@ mod loss;
 mod mask;
 mod matmul;
 mod norm;
+mod peers;
 mod reduction;
 mod rms_norm;
 mod rotary;
@@ -56,6 +57,7 @@ pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
 pub(crate) use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
+pub use peers::Peers;
 pub use reduction::{Extremum, ReductionKernels, ReductionOp};
 pub use rms_norm::{RmsNormKernels, RmsNormOp};
 pub use rotary::{RotaryKernels, RotaryOp};
@@ -122,6 +124,17 @@ pub struct LocalAt<'a> {
     pub out_region: &'a Region,
     /// This rank's output piece shape.
     pub out_local: &'a Shape,
+    /// Where a global call runs (None for a call on local tensors): what `peers_along` reads.
+    pub(crate) site: Option<CallSite<'a>>,
+}
+
+/// Where a global op call runs on this rank: the world, the rank, the placement and each
+/// input's nd-SBP in the chosen signature.
+pub(crate) struct CallSite<'a> {
+    pub world: &'a oxiflow_collectives::SharedComm,
+    pub rank: usize,
+    pub placement: &'a oxiflow_placement::Placement,
+    pub input_sbps: &'a [oxiflow_sbp::NdSbp],
 }
 
 impl LocalAt<'_> {
@@ -136,6 +149,27 @@ impl LocalAt<'_> {
     /// Start of this rank's output region on `dim` (0 when out of range).
     pub fn out_start(&self, dim: usize) -> usize {
         self.out_region.get(dim).map_or(0, |r| r.start)
+    }
+
+    /// The ranks this rank exchanges pieces of input `i` with along `dim` (those of the mesh
+    /// axis splitting `dim` in the chosen signature; this rank alone when none does or the call
+    /// is local), or why there is no such group (the dim split on two mesh axes).
+    pub fn peers_along(&self, i: usize, dim: usize) -> std::result::Result<Peers, String> {
+        let shape = self
+            .global_inputs
+            .get(i)
+            .ok_or_else(|| format!("no input {i}"))?;
+        let len = shape.dims().get(dim).copied().unwrap_or(0);
+        match &self.site {
+            None => Ok(Peers::alone(len)),
+            Some(site) => {
+                let nd_sbp = site
+                    .input_sbps
+                    .get(i)
+                    .ok_or_else(|| format!("no nd-SBP of input {i}"))?;
+                Peers::along(site.world, site.rank, shape, site.placement, nd_sbp, dim)
+            }
+        }
     }
 }
 

@@ -1,0 +1,147 @@
+//! The peers of an op call: the ranks of the placement whose pieces of one input differ only in
+//! their range of one dim (the ranks of the mesh axis that splits that dim), in mesh order, with
+//! the channel between them. What [`LocalAt::peers_along`](super::LocalAt::peers_along) gives an
+//! op whose kernel exchanges pieces with other ranks (a ring over a split sequence); a call on
+//! local tensors, or an input that no mesh axis splits on the dim, has a group of one.
+
+use std::fmt;
+use std::ops::Range;
+
+use oxiflow_collectives::{Buf, BufMut, SharedComm};
+use oxiflow_placement::Placement;
+use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
+
+use crate::element::TensorElement;
+use crate::{Result, TensorError};
+
+/// One rank's exchange group (see the module docs).
+#[derive(Clone)]
+pub struct Peers {
+    /// The group's communicator; None for a group of one.
+    comm: Option<SharedComm>,
+    me: usize,
+    regions: Vec<Range<usize>>,
+}
+
+impl fmt::Debug for Peers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Peers(member {} of {:?})", self.me, self.regions)
+    }
+}
+
+impl Peers {
+    /// The group of one holding `len` indices of the dim (a local call, or no split).
+    pub fn alone(len: usize) -> Peers {
+        Peers {
+            comm: None,
+            me: 0,
+            regions: vec![0..len],
+        }
+    }
+
+    /// The group of `rank` along `dim` of a tensor of `shape` laid out as `nd_sbp` on
+    /// `placement` (`world`: the communicator of the placement's ranks' world). At most one
+    /// mesh axis may split `dim`.
+    pub(crate) fn along(
+        world: &SharedComm,
+        rank: usize,
+        shape: &Shape,
+        placement: &Placement,
+        nd_sbp: &NdSbp,
+        dim: usize,
+    ) -> std::result::Result<Peers, String> {
+        let axes: Vec<usize> = nd_sbp
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| *s == Sbp::Split(dim))
+            .map(|(a, _)| a)
+            .collect();
+        let layout = GlobalLayout::new(shape.clone(), placement, nd_sbp.clone())
+            .map_err(|e| e.to_string())?;
+        let Some(mine) = layout.region_of(rank) else {
+            return Err(format!("rank {rank} is outside {placement}"));
+        };
+        let axis = match axes.as_slice() {
+            [] => return Ok(Peers::alone(mine.get(dim).map_or(0, |r| r.len()))),
+            [axis] => *axis,
+            _ => return Err(format!(
+                "dim {dim} is split on mesh axes {axes:?} of {nd_sbp}; an exchange runs along one"
+            )),
+        };
+        let members = placement
+            .axis_group_of(rank, axis)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("rank {rank} is outside {placement}"))?;
+        let me = members.iter().position(|&r| r == rank).unwrap_or(0);
+        let mut regions = Vec::with_capacity(members.len());
+        for &r in &members {
+            let region = layout
+                .region_of(r)
+                .ok_or_else(|| format!("rank {r} is outside {placement}"))?;
+            regions.push(region.get(dim).cloned().unwrap_or(0..0));
+        }
+        let comm = match members.len() {
+            1 => None,
+            _ => Some(
+                world
+                    .sub_group(&members)
+                    .map_err(|e| format!("the group of ranks {members:?}: {e}"))?,
+            ),
+        };
+        Ok(Peers { comm, me, regions })
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Whether the group is this rank alone (never empty).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// This rank's member index.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    /// Each member's global index range of the dim, in member order.
+    pub fn regions(&self) -> &[Range<usize>] {
+        &self.regions
+    }
+
+    /// One step of a ring: sends `send` to the next member and fills `recv` from the previous
+    /// one (member 0 receives first, the others send first, so a rendezvous send cannot wait in
+    /// a circle). A group of one copies `send` into `recv`. Errors name `op`.
+    pub fn shift<T: TensorElement + bytemuck::Pod>(
+        &self,
+        op: &'static str,
+        send: &[T],
+        recv: &mut [T],
+    ) -> Result<()> {
+        let Some(comm) = &self.comm else {
+            if send.len() != recv.len() {
+                return Err(TensorError::Kernel {
+                    op,
+                    detail: format!("shifts {} elements into {}", send.len(), recv.len()),
+                });
+            }
+            recv.copy_from_slice(send);
+            return Ok(());
+        };
+        let n = self.len();
+        let (next, prev) = ((self.me + 1) % n, (self.me + n - 1) % n);
+        let err = |source| TensorError::Comm { op, source };
+        let to_next = || comm.send(T::DTYPE, Buf::Host(bytemuck::cast_slice(send)), next);
+        if self.me != 0 {
+            to_next().map_err(err)?;
+        }
+        comm.recv(T::DTYPE, BufMut::Host(bytemuck::cast_slice_mut(recv)), prev)
+            .map_err(err)?;
+        if self.me == 0 {
+            to_next().map_err(err)?;
+        }
+        Ok(())
+    }
+}

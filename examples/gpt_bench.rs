@@ -259,6 +259,7 @@ fn main() -> R<()> {
         seed: 1234,
         dtype: DType::F32,
         sequence_parallel: false,
+        ..GptConfig::default()
     };
     let mut model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
     model.recompute = a.recompute.into();

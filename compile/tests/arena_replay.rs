@@ -57,6 +57,7 @@ fn replays_reuse_one_arena_of_the_planned_bytes_with_eager_bits() {
         dtype: DType::F64,
         sequence_parallel: false,
         vocab_multiple: 1,
+        ..GptConfig::default()
     };
     let model = Gpt::new(&config, &GptLayout::Local).unwrap();
     let params: Vec<Parameter> = model.parameters();

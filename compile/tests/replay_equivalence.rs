@@ -50,6 +50,7 @@ fn config(case: Case) -> GptConfig {
         dtype: case.dtype,
         sequence_parallel: case.sp,
         vocab_multiple: 1,
+        ..GptConfig::default()
     }
 }
 

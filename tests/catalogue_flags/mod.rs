@@ -55,6 +55,8 @@ pub const FLAGS: &[Row] = &[
     ("--tp", "1", &[], [A, A, A, A, R]),
     ("--pp", "1", &[], [A, R, A, A, R]),
     ("--sp", "", &[], [A, R, A, A, R]),
+    ("--cp", "1", &[], [A, R, A, A, R]),
+    ("--cp-attention", "alltoall", &[], [A, R, A, A, R]),
     ("--micro-batches", "2", &[], [A, R, A, A, R]),
     (
         "--schedule",

@@ -64,9 +64,11 @@ impl Peers {
         let axis = match axes.as_slice() {
             [] => return Ok(Peers::alone(mine.get(dim).map_or(0, |r| r.len()))),
             [axis] => *axis,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "dim {dim} is split on mesh axes {axes:?} of {nd_sbp}; an exchange runs along one"
-            )),
+            ))
+            }
         };
         let members = placement
             .axis_group_of(rank, axis)

@@ -72,6 +72,17 @@ impl From<RecomputeArg> for Recompute {
     }
 }
 
+/// How attention runs over a sequence split on the context-parallel axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpAttentionArg {
+    /// K/V blocks passed rank to rank around the context-parallel ranks.
+    Ring,
+    /// Heads <-> sequence all-to-all (DeepSpeed-Ulysses); heads and kv heads divisible by the
+    /// ranks they split over.
+    Alltoall,
+}
+
 /// The order of a pipeline's micro-batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum ScheduleArg {
@@ -280,6 +291,14 @@ pub struct ParallelFlags {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sp: bool,
+    /// GPT: context-parallel degree: each sequence split over this many ranks in 2 x cp
+    /// load-balanced causal chunks (rank i holds chunks i and 2cp-1-i) [default: 1]; pp x dp x
+    /// cp x tp must equal the world size.
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub cp: Option<usize>,
+    /// GPT: attention over the context-parallel split: ring or alltoall [default: ring].
+    #[arg(long, value_enum)]
+    pub cp_attention: Option<CpAttentionArg>,
     /// GPT: pipeline micro-batches per step (the batch is split into this many) [default: 1].
     #[arg(long, value_parser = parse::positive_usize)]
     pub micro_batches: Option<usize>,

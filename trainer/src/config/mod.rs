@@ -16,9 +16,9 @@ use serde::Serialize;
 
 pub use checks::{parse, MAX_GEN_TOKENS};
 pub use flags::{
-    DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind, NonFiniteArg, Opt,
-    OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg, ReduceDtypeArg, RunFlags,
-    ScheduleArg, ShardFormatArg, TokenizerArg, WorldBackend,
+    CpAttentionArg, DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind,
+    NonFiniteArg, Opt, OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg,
+    ReduceDtypeArg, RunFlags, ScheduleArg, ShardFormatArg, TokenizerArg, WorldBackend,
 };
 
 use crate::error::TrainError;
@@ -60,6 +60,8 @@ pub struct ParallelConfig {
     pub tp: usize,
     pub pp: usize,
     pub sp: bool,
+    pub cp: usize,
+    pub cp_attention: CpAttentionArg,
     pub micro_batches: usize,
     pub schedule: ScheduleArg,
     pub virtual_stages: usize,

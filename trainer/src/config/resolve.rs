@@ -102,6 +102,8 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         tp: count("--tp", p.tp.unwrap_or(1))?,
         pp: count("--pp", p.pp.unwrap_or(1))?,
         sp: p.sp,
+        cp: count("--cp", p.cp.unwrap_or(1))?,
+        cp_attention: p.cp_attention.unwrap_or(CpAttentionArg::Ring),
         micro_batches: count("--micro-batches", p.micro_batches.unwrap_or(1))?,
         schedule: p.schedule.unwrap_or(ScheduleArg::OneFOneB),
         virtual_stages: count("--virtual-stages", p.virtual_stages.unwrap_or(1))?,
@@ -196,7 +198,10 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         generate: g.generate.clone(),
         gen_tokens: checked(
             "--gen-tokens",
-            g.gen_tokens.unwrap_or(120) as u64,
+            // Decoding runs without a context-parallel axis: no sample after a --cp job unless
+            // asked for (which `context_parallel_fits` refuses).
+            g.gen_tokens
+                .unwrap_or(if parallel.cp > 1 { 0 } else { 120 }) as u64,
             checks::gen_tokens,
         )? as usize,
         temperature: checked(
@@ -299,6 +304,7 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             m.heads, c.parallel.tp
         )));
     }
+    context_parallel_fits(c)?;
     if built && c.pipelined() {
         let p = &c.parallel;
         let spec = PipelineSpec {
@@ -348,6 +354,59 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
         return Err(config_err(
             "--eval-only and --explain both replace training: give one".into(),
         ));
+    }
+    Ok(())
+}
+
+/// A context-parallel axis fits the model and the rest of the layout: a sequence of at least
+/// 2 x cp chunks, no sequence parallelism beside it, eager training steps only (evaluation-only
+/// and generation runs use no such axis, compiled steps no exchanging kernel), and for alltoall
+/// heads and kv heads that divide over the tp x cp ranks the all-to-all splits them over.
+fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
+    let (p, m) = (&c.parallel, &c.model);
+    if p.cp == 1 {
+        return Ok(());
+    }
+    if m.seq_len < 2 * p.cp {
+        return Err(config_err(format!(
+            "--seq-len {} is shorter than the 2 x --cp {} load-balanced chunks each sequence is \
+             cut into",
+            m.seq_len, p.cp
+        )));
+    }
+    if p.sp {
+        return Err(config_err(
+            "--sp and --cp both split the sequence: give one of them".into(),
+        ));
+    }
+    let g = &c.generate;
+    if c.run.eval_only || g.gen_tokens > 0 || g.generate.is_some() || g.prompt_ids.is_some() {
+        return Err(config_err(format!(
+            "--cp {} splits the sequence of training steps; --eval-only and generation \
+             (--generate, --prompt-ids, --gen-tokens above 0) run without a context-parallel axis",
+            p.cp
+        )));
+    }
+    if c.run.compile {
+        return Err(config_err(format!(
+            "--compile with --cp {}: context attention exchanges K/V blocks between ranks inside \
+             its kernel, which a compiled step does not replay",
+            p.cp
+        )));
+    }
+    let kv = m.kv_heads.unwrap_or(m.heads);
+    let ways = p.tp * p.cp;
+    let built = m.model.is_decoder() && m.from_hf.is_none();
+    if built
+        && p.cp_attention == CpAttentionArg::Alltoall
+        && (!m.heads.is_multiple_of(ways) || !kv.is_multiple_of(ways))
+    {
+        return Err(config_err(format!(
+            "--cp-attention alltoall splits the attention heads over --tp {} x --cp {} = {ways} \
+             ranks: --heads {} and the kv heads {kv} must both be divisible by {ways} (or use \
+             --cp-attention ring)",
+            p.tp, p.cp, m.heads
+        )));
     }
     Ok(())
 }

@@ -69,6 +69,8 @@ const SCOPED: &[(&str, Needs)] = &[
     ("model.from-hf", Needs::Gpt),
     ("parallel.pp", Needs::Gpt),
     ("parallel.sp", Needs::Gpt),
+    ("parallel.cp", Needs::Gpt),
+    ("parallel.cp-attention", Needs::Gpt),
     ("parallel.micro-batches", Needs::Gpt),
     ("parallel.virtual-stages", Needs::Gpt),
     ("parallel.zero", Needs::Gpt),

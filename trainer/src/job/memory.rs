@@ -102,7 +102,8 @@ pub fn estimate(
                 d.cfg.width as f64,
                 d.cfg.layers as f64,
                 d.cfg.heads as f64,
-                m.seq_len as f64,
+                // This rank's tokens of each sequence (a context-parallel axis splits them).
+                ceil_div(m.seq_len as f64, mesh.cp as f64),
                 d.cfg.table_rows() as f64,
             );
             let n = d.arch.parameter_count(&d.cfg, d.cfg.table_rows()) as f64;

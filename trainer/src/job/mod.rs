@@ -12,7 +12,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_tensor::Context;
 
 use crate::config::{
-    Dev, ModelKind, NonFiniteArg, Opt, PrecisionPolicy, TrainConfig, WorldBackend,
+    CpAttentionArg, Dev, ModelKind, NonFiniteArg, Opt, PrecisionPolicy, TrainConfig, WorldBackend,
 };
 use crate::error::TrainError;
 use crate::health::{HealthGuard, NonFinitePolicy};
@@ -505,6 +505,15 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     let m = &job.trainer.model.cfg;
     let p = &cfg.parallel;
     let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
+    let cp_text = if mesh.cp > 1 {
+        let algorithm = match p.cp_attention {
+            CpAttentionArg::Ring => "ring",
+            CpAttentionArg::Alltoall => "alltoall",
+        };
+        format!(", cp {} {algorithm}", mesh.cp)
+    } else {
+        String::new()
+    };
     if lead {
         let model = match (&spec.hf, cfg.model.model) {
             (None, ModelKind::Gpt) => format!(
@@ -514,7 +523,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
             _ => format!("{} seq-len {}", spec.describe(), cfg.model.seq_len),
         };
         println!(
-            "train: {model} | mesh [pp {pp}, dp {dp}, tp {tp}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            "train: {model} | mesh [pp {pp}, dp {dp}, tp {tp}{cp_text}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
             m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,

@@ -11,9 +11,10 @@ use oxiflow_collectives::DType;
 use oxiflow_models::hf::{Family, HfCheckpoint, HfConfig};
 use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, StageSplit};
 use oxiflow_models::nn::Module;
+use oxiflow_ops::context_parallel::CpAlgorithm;
 use oxiflow_placement::{DeviceType, Placement};
 
-use crate::config::{ModelKind, TrainConfig};
+use crate::config::{CpAttentionArg, ModelKind, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::mesh::Mesh;
 
@@ -67,6 +68,10 @@ impl DecoderSpec {
             seed: m.seed,
             dtype: m.dtype.dtype(),
             sequence_parallel: cfg.parallel.sp,
+            context_attention: match cfg.parallel.cp_attention {
+                CpAttentionArg::Ring => CpAlgorithm::Ring,
+                CpAttentionArg::Alltoall => CpAlgorithm::AllToAll,
+            },
         };
         if let Some(ck) = hf {
             let c = &ck.config;
@@ -181,8 +186,8 @@ pub fn stages_of(mesh: &Mesh, device: DeviceType) -> Result<(Vec<Placement>, usi
         .position(|s| s.contains(rank))
         .ok_or_else(|| TrainError::Layout {
             detail: format!(
-                "rank {rank} is in no stage of the mesh [pp {}, dp {}, tp {}]",
-                mesh.pp, mesh.dp, mesh.tp
+                "rank {rank} is in no stage of the mesh [pp {}, dp {}, cp {}, tp {}]",
+                mesh.pp, mesh.dp, mesh.cp, mesh.tp
             ),
         })?;
     Ok((stages, stage))

@@ -33,8 +33,10 @@ impl EvalReport {
 /// Host rows `[rows, T]` as global ids on `p`, whole on every rank first, then split over the
 /// data-parallel axis (unevenly where the rows do not divide).
 fn rows_on(p: &Placement, rows: usize, t: usize, v: Vec<i64>) -> Result<Tensor, TrainError> {
-    let whole = Tensor::from_vec(v, [rows, t])?.to_global(p, NdSbp::broadcast(2))?;
-    Ok(whole.to_global(p, NdSbp::new([Sbp::S(0), Sbp::B]))?)
+    let whole = Tensor::from_vec(v, [rows, t])?.to_global(p, NdSbp::broadcast(p.ndim()))?;
+    let mut nd = NdSbp::broadcast(p.ndim());
+    nd.set(0, Sbp::S(0));
+    Ok(whole.to_global(p, nd)?)
 }
 
 /// `model`'s loss over every window of `windows`, `batch` windows at a time; `world` (every

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use oxiflow_models::checkpoint::Metadata;
 use oxiflow_models::data::{self, Prefetcher, StreamOrigin, Windows};
+use oxiflow_models::nn::gpt::GptLayout;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Tensor};
@@ -77,11 +78,10 @@ impl GptData {
     /// Host rows as global `[rows, T]` ids on the first stage and targets on the last.
     fn to_tensors(&self, b: data::Batch) -> Result<Batch, TrainError> {
         let _ng = no_grad();
-        let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
         let shape = [b.rows, b.seq_len];
         Ok(Batch {
-            inputs: Tensor::from_vec(b.inputs, shape)?.to_global(&self.first, sbp.clone())?,
-            targets: Tensor::from_vec(b.targets, shape)?.to_global(&self.last, sbp)?,
+            inputs: rows_on_stage(&self.first, b.inputs, shape)?,
+            targets: rows_on_stage(&self.last, b.targets, shape)?,
         })
     }
 
@@ -104,6 +104,22 @@ impl GptData {
             }),
         }
     }
+}
+
+/// This rank's token rows `[rows, T]` (natural order) as global ids on a stage's placement `p`:
+/// the rows split over the data-parallel axis and, on a context-parallel axis, the tokens in
+/// the load-balanced order and split over it.
+fn rows_on_stage(p: &Placement, v: Vec<i64>, shape: [usize; 2]) -> Result<Tensor, TrainError> {
+    let layout = GptLayout::Mesh(p.clone());
+    let v = layout.seq_order().reorder_rows(&v, shape[1]);
+    let mut whole = NdSbp::broadcast(p.ndim());
+    whole.set(0, Sbp::S(0));
+    let nd = layout
+        .activation_sbp(Sbp::B)
+        .unwrap_or_else(|| whole.clone());
+    Ok(Tensor::from_vec(v, shape)?
+        .to_global(p, whole)?
+        .to_global(p, nd)?)
 }
 
 impl BatchSource for GptData {

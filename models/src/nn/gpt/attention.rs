@@ -2,10 +2,13 @@
 //! holds whole heads), the output projection row-parallel. Grouped-query attention: K and V
 //! have fewer heads, each shared by a group of query heads; under tensor parallelism they split
 //! over the axis when there are enough of them to divide evenly, else every rank computes all of
-//! them. Rotary positions rotate Q and K per head.
+//! them. Rotary positions rotate Q and K per head. On a context-parallel axis the sequence is
+//! split in the load-balanced causal order and attention runs as `context_attention` (ring or
+//! all-to-all), K and V keeping their own heads (GQA inside the op).
 
 use crate::{Result, TensorError};
-use oxiflow_tensor::Tensor;
+use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
+use oxiflow_tensor::{F64Bits, Tensor};
 
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
@@ -75,6 +78,13 @@ pub struct CausalSelfAttention {
     heads: usize,
     kv_heads: usize,
     rope: Option<Rope>,
+    /// The token order along the sequence (load-balanced on a context-parallel axis).
+    order: SeqOrder,
+    /// How attention runs over a context-parallel split.
+    cp_algorithm: CpAlgorithm,
+    /// Whether K and V are repeated to the query heads before a context-parallel attention
+    /// (their heads are not split over the tensor-parallel axis while the queries' are).
+    cp_repeat_kv: bool,
 }
 
 impl CausalSelfAttention {
@@ -101,6 +111,23 @@ impl CausalSelfAttention {
         let kv_opts = layout.linear_biased(cfg, kv_parallel, arch.qkv_bias);
         let row = layout.linear_biased(cfg, Parallel::Row(TP_AXIS), arch.out_bias);
         let (q_out, kv_out) = (cfg.heads * hd, kv * hd);
+        let cp = layout.cp();
+        let cp_repeat_kv = tp > 1 && !arch.kv_split(cfg, tp);
+        if cp > 1 && cfg.context_attention == CpAlgorithm::AllToAll {
+            let kv_heads = if cp_repeat_kv { cfg.heads } else { kv };
+            let ways = tp * cp;
+            if !cfg.heads.is_multiple_of(ways) || !kv_heads.is_multiple_of(ways) {
+                return Err(TensorError::Shape {
+                    op: "CausalSelfAttention",
+                    shapes: format!("{} heads, {kv_heads} kv heads", cfg.heads),
+                    sbps: "-".into(),
+                    detail: format!(
+                        "alltoall context attention splits heads over tp {tp} x cp {cp} = {ways} \
+                         ranks: the heads and kv heads must both be divisible by {ways}"
+                    ),
+                });
+            }
+        }
         Ok(CausalSelfAttention {
             q: Linear::new(&format!("{name}.q"), c, q_out, &column)?,
             k: Linear::new(&format!("{name}.k"), c, kv_out, &kv_opts)?,
@@ -109,6 +136,9 @@ impl CausalSelfAttention {
             heads: cfg.heads,
             kv_heads: kv,
             rope: Rope::new(arch, hd),
+            order: layout.seq_order(),
+            cp_algorithm: cfg.context_attention,
+            cp_repeat_kv,
         })
     }
 
@@ -122,6 +152,21 @@ impl CausalSelfAttention {
     pub fn attend(&self, x: &Tensor) -> Result<Tensor> {
         let (q, k, v) = self.project(x, 0)?;
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        if self.order != SeqOrder::Natural {
+            let group = if self.cp_repeat_kv {
+                self.heads / self.kv_heads.max(1)
+            } else {
+                1
+            };
+            let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
+            let (width, d) = (q.shape().dim(2) * q.shape().dim(3), q.shape().dim(3));
+            let attrs = CpAttrs {
+                causal: true,
+                scale: F64Bits::new(1.0 / (d.max(1) as f64).sqrt()),
+                order: self.order,
+            };
+            return context_attention(&q, &k, &v, attrs, self.cp_algorithm)?.reshape([b, t, width]);
+        }
         let k = repeat_heads(&k, self.heads / self.kv_heads.max(1), &q)?;
         let v = repeat_heads(&v, self.heads / self.kv_heads.max(1), &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
@@ -135,6 +180,14 @@ impl CausalSelfAttention {
     pub fn attend_cached(&self, x: &Tensor, slot: &mut KvSlot) -> Result<Tensor> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         let pos0 = slot.len;
+        if self.order != SeqOrder::Natural {
+            return Err(TensorError::Shape {
+                op: "CausalSelfAttention::attend_cached",
+                shapes: x.shape().to_string(),
+                sbps: format!("{:?}", x.nd_sbp()),
+                detail: "decoding with a KV cache runs without a context-parallel axis".into(),
+            });
+        }
         if pos0 > 0 && t != 1 {
             return Err(TensorError::Shape {
                 op: "CausalSelfAttention::attend_cached",
@@ -177,7 +230,11 @@ impl CausalSelfAttention {
         let k = heads(self.k.forward(x)?, self.kv_heads)?;
         let v = heads(self.v.forward(x)?, self.kv_heads)?;
         match &self.rope {
-            Some(r) => Ok((r.apply(&q, pos0)?, r.apply(&k, pos0)?, v)),
+            Some(r) => Ok((
+                r.apply_in(&q, pos0, self.order)?,
+                r.apply_in(&k, pos0, self.order)?,
+                v,
+            )),
             None => Ok((q, k, v)),
         }
     }

@@ -1,7 +1,9 @@
 //! The sizes of a GPT and where its tensors live: `GptConfig` (checked by `validate`) and
-//! `GptLayout` (local, or a `[dp, tp]` mesh with the activations' nd-SBPs on it).
+//! `GptLayout` (local, or a `[dp, tp]` or `[dp, tp, cp]` mesh with the activations' nd-SBPs on
+//! it; a context-parallel axis splits the sequence in the load-balanced causal order).
 
 use oxiflow_dtype::DType;
+use oxiflow_ops::context_parallel::{CpAlgorithm, SeqOrder};
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
 
@@ -14,6 +16,8 @@ use super::super::linear::{LinearOptions, Parallel};
 pub const DP_AXIS: usize = 0;
 /// The tensor-parallel mesh axis of a `GptLayout::Mesh`.
 pub const TP_AXIS: usize = 1;
+/// The context-parallel mesh axis of a 3-d `GptLayout::Mesh` (the sequence split over it).
+pub const CP_AXIS: usize = 2;
 /// The multiple the programs (`train --vocab-multiple`, `gpt_bench`) round the token table's
 /// rows up to by default: GPT-2's 50257 becomes nanoGPT's 50304, so the logits' product runs
 /// on aligned widths. (`GptConfig::default()` pads nothing: a multiple of 1.)
@@ -51,6 +55,8 @@ pub struct GptConfig {
     /// Sequence parallelism: between blocks the activations are split along the sequence on
     /// the tensor-parallel axis (needs a mesh).
     pub sequence_parallel: bool,
+    /// How attention runs over a sequence split on a context-parallel axis.
+    pub context_attention: CpAlgorithm,
 }
 
 impl Default for GptConfig {
@@ -66,6 +72,7 @@ impl Default for GptConfig {
             seed: 0,
             dtype: DType::F32,
             sequence_parallel: false,
+            context_attention: CpAlgorithm::Ring,
         }
     }
 }
@@ -122,10 +129,25 @@ impl GptConfig {
             GptLayout::Local => Ok(()),
             GptLayout::Mesh(p) => {
                 let tp = p.shape().get(TP_AXIS).copied().unwrap_or(0);
-                if p.ndim() != 2 {
+                if p.ndim() != 2 && p.ndim() != 3 {
                     return Err(config_err(format!(
-                        "the mesh {p} must have two axes [dp, tp]"
+                        "the mesh {p} must have the axes [dp, tp] or [dp, tp, cp]"
                     )));
+                }
+                let cp = layout.cp();
+                if cp > 1 && self.seq_len < 2 * cp {
+                    return Err(config_err(format!(
+                        "seq_len {} is shorter than the 2 x {cp} load-balanced chunks of the \
+                         context-parallel axis",
+                        self.seq_len
+                    )));
+                }
+                if cp > 1 && self.sequence_parallel {
+                    return Err(config_err(
+                        "sequence parallelism and a context-parallel axis both split the sequence; \
+                         use one"
+                            .into(),
+                    ));
                 }
                 if !self.heads.is_multiple_of(tp) {
                     return Err(config_err(format!(
@@ -177,6 +199,23 @@ impl GptLayout {
             .unwrap_or(1)
     }
 
+    /// The degree of the context-parallel axis (1 when local or on a 2-d mesh).
+    pub fn cp(&self) -> usize {
+        self.placement()
+            .filter(|p| p.ndim() > CP_AXIS)
+            .and_then(|p| p.shape().get(CP_AXIS).copied())
+            .unwrap_or(1)
+    }
+
+    /// The order of the tokens along the sequence dim of the activations: load-balanced for
+    /// the context-parallel ranks when there are several, else natural.
+    pub fn seq_order(&self) -> SeqOrder {
+        match self.cp() {
+            1 => SeqOrder::Natural,
+            ranks => SeqOrder::Balanced { ranks },
+        }
+    }
+
     /// Options of a linear layer of `cfg` with a bias, split as `parallel` on a mesh
     /// (replicated when local).
     pub fn linear(&self, cfg: &GptConfig, parallel: Parallel) -> LinearOptions {
@@ -225,10 +264,17 @@ impl GptLayout {
         }
     }
 
-    /// nd-SBP of activations `[B, T, ..]` with the batch split over the data-parallel axis and,
-    /// on the tensor-parallel axis, `tp` (B: whole; S(1): sequence parallel).
+    /// nd-SBP of activations `[B, T, ..]` with the batch split over the data-parallel axis,
+    /// on the tensor-parallel axis `tp` (B: whole; S(1): sequence parallel), and the sequence
+    /// split over a context-parallel axis.
     pub fn activation_sbp(&self, tp: Sbp) -> Option<NdSbp> {
-        self.placement().map(|_| NdSbp::new([Sbp::S(0), tp]))
+        self.placement().map(|p| {
+            let mut axes = vec![Sbp::S(0), tp];
+            if p.ndim() > CP_AXIS {
+                axes.push(Sbp::S(1));
+            }
+            NdSbp::new(axes)
+        })
     }
 
     /// Boxes `x [B, T, ..]` to the batch split on the data-parallel axis and `tp` on the

@@ -4,6 +4,7 @@
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
 use oxiflow_dtype::DType;
+use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
@@ -234,11 +235,30 @@ impl Gpt {
         };
         let tok = Tensor::embedding(ids, wte)?;
         let x = match &self.wpe {
-            Some(wpe) => tok.add(&wpe.weight.compute()?.narrow(0, pos0, t)?)?,
+            Some(wpe) => tok.add(&self.position_rows(&wpe.weight.compute()?, pos0, t)?)?,
             None => tok,
         };
         let x = pass.dropout(&self.cfg, "embedding", &x)?;
         self.layout.relayout(&x, self.stream())
+    }
+
+    /// Rows `pos0..pos0 + t` of the learned position table `wpe`, in the layout's token order.
+    fn position_rows(&self, wpe: &Tensor, pos0: usize, t: usize) -> Result<Tensor> {
+        let order = self.layout.seq_order();
+        if order == SeqOrder::Natural {
+            return wpe.narrow(0, pos0, t);
+        }
+        let rows: Vec<i64> = order
+            .positions(t)
+            .into_iter()
+            .map(|p| (pos0 + p) as i64)
+            .collect();
+        let rows = Tensor::from_vec(rows, [t])?;
+        let rows = match wpe.placement() {
+            Some(p) => rows.to_global(p, NdSbp::broadcast(p.ndim()))?,
+            None => rows,
+        };
+        wpe.index_select(0, &rows)
     }
 
     /// The blocks of virtual stage `g` on the residual stream `x` (on that stage's layout).

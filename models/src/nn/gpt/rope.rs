@@ -1,8 +1,9 @@
 //! `Rope`: the rotary embedding of a block's queries and keys `[B, T, H, D]` at positions
-//! `pos0..pos0 + T` (GPT-NeoX layout: pairs (i, i + D/2) rotate by `pos * inv_freq[i]`), with
+//! `pos0..pos0 + T`, held along T in a `SeqOrder` (GPT-NeoX layout: pairs (i, i + D/2) rotate by `pos * inv_freq[i]`), with
 //! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies from position 0 on
-//! f32 or f64 run as the tensor crate's fused `rotary` op; scaled ones, a later start (a
-//! decoding step) or 16-bit inputs (as transformers does, tables in the input's dtype) as
+//! f32 or f64 in natural order run as the tensor crate's fused `rotary` op; scaled ones, a
+//! later start (a decoding step), the load-balanced order of a context-parallel split or 16-bit
+//! inputs (as transformers does, tables in the input's dtype) as
 //! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles, whose gradient follows
 //! by autograd and whose layout follows the input's by inference.
 
@@ -10,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use oxiflow_dtype::DType;
+use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_sbp::NdSbp;
 
 use crate::{Result, TensorError};
@@ -17,8 +19,8 @@ use oxiflow_tensor::Tensor;
 
 use super::arch::{Arch, Positions, RopeScaling};
 
-/// The cos and sin tables `[T, 1, D]` of a window from position 0, by (T, dtype, layout).
-type Tables = HashMap<(usize, DType, String), (Tensor, Tensor)>;
+/// The cos and sin tables `[T, 1, D]` of a window from position 0, by (T, dtype, layout, order).
+type Tables = HashMap<(usize, DType, String, SeqOrder), (Tensor, Tensor)>;
 
 /// A rotary embedding (see the module docs). Cloning shares the kept tables.
 #[derive(Clone, Debug)]
@@ -44,6 +46,11 @@ impl Rope {
 
     /// `x` `[B, T, H, D]` rotated for positions `pos0..pos0 + T`.
     pub fn apply(&self, x: &Tensor, pos0: usize) -> Result<Tensor> {
+        self.apply_in(x, pos0, SeqOrder::Natural)
+    }
+
+    /// `x` `[B, T, H, D]` rotated for positions `pos0..pos0 + T` held along T in `order`.
+    pub fn apply_in(&self, x: &Tensor, pos0: usize, order: SeqOrder) -> Result<Tensor> {
         let (t, d) = match x.shape().dims() {
             &[_, t, _, d] if d == 2 * self.inv_freq.len() => (t, d),
             _ => {
@@ -58,23 +65,34 @@ impl Rope {
                 })
             }
         };
-        if let (Some(theta), 0, DType::F32 | DType::F64) = (self.fused_theta, pos0, x.dtype()) {
+        let natural = order == SeqOrder::Natural;
+        if let (Some(theta), 0, DType::F32 | DType::F64, true) =
+            (self.fused_theta, pos0, x.dtype(), natural)
+        {
             return x.rotary(1, theta);
         }
-        let (cos, sin) = self.tables(x, pos0, t, d)?;
+        let (cos, sin) = self.tables(x, pos0, order, t, d)?;
         let half = d / 2;
         let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
         let rotated = Tensor::concat(&[&x2.neg()?, &x1], -1)?;
         x.mul(&cos)?.add(&rotated.mul(&sin)?)
     }
 
-    /// The cos and sin tables `[T, 1, D]` of positions `pos0..pos0 + T` in `x`'s dtype,
-    /// broadcast on `x`'s placement (kept for windows from position 0).
-    fn tables(&self, x: &Tensor, pos0: usize, t: usize, d: usize) -> Result<(Tensor, Tensor)> {
+    /// The cos and sin tables `[T, 1, D]` of positions `pos0..pos0 + T` in `order` in `x`'s
+    /// dtype, broadcast on `x`'s placement (kept for windows from position 0).
+    fn tables(
+        &self,
+        x: &Tensor,
+        pos0: usize,
+        order: SeqOrder,
+        t: usize,
+        d: usize,
+    ) -> Result<(Tensor, Tensor)> {
         let key = (
             t,
             x.dtype(),
             x.placement().map_or_else(String::new, |p| p.to_string()),
+            order,
         );
         if pos0 == 0 {
             let kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
@@ -85,7 +103,7 @@ impl Rope {
         let half = d / 2;
         let mut cos = Vec::with_capacity(t * d);
         let mut sin = Vec::with_capacity(t * d);
-        for p in pos0..pos0 + t {
+        for p in order.positions(t).into_iter().map(|i| pos0 + i) {
             for j in 0..d {
                 let angle = p as f64 * self.inv_freq[j % half];
                 cos.push(angle.cos());

@@ -35,7 +35,7 @@ impl Peers {
         Peers {
             comm: None,
             me: 0,
-            regions: vec![0..len],
+            regions: std::iter::once(0..len).collect(),
         }
     }
 
@@ -65,9 +65,10 @@ impl Peers {
             [] => return Ok(Peers::alone(mine.get(dim).map_or(0, |r| r.len()))),
             [axis] => *axis,
             _ => {
+                let axes = format!("{axes:?}");
                 return Err(format!(
-                "dim {dim} is split on mesh axes {axes:?} of {nd_sbp}; an exchange runs along one"
-            ))
+                    "dim {dim} is split on mesh axes {axes} of {nd_sbp}; exchanges run along one"
+                ));
             }
         };
         let members = placement

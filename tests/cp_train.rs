@@ -175,7 +175,19 @@ fn cp_combines_with_pipelines_zero_and_recomputation() {
     let layouts: [(usize, &[&str]); 4] = [
         (4, &["--cp", "2", "--pp", "2", "--micro-batches", "2"]),
         (4, &["--cp", "2", "--dp", "2", "--zero", "1"]),
-        (4, &["--cp", "2", "--dp", "2", "--zero", "3", "--recompute", "full"]),
+        (
+            4,
+            &[
+                "--cp",
+                "2",
+                "--dp",
+                "2",
+                "--zero",
+                "3",
+                "--recompute",
+                "full",
+            ],
+        ),
         (2, &["--cp", "2", "--recompute", "selective"]),
     ];
     agree(&LLAMA, "16", &layouts);

@@ -4,8 +4,8 @@
 //! attention): CP2, CP4 over a sequence that does not divide, CP2 x DP2 and CP2 x TP2, by ring
 //! and by all-to-all attention; PP2 x CP2, ZeRO 1 and 3 and recomputation beside CP2 too. At
 //! seq 2048 a CP4 rank's step peak is at most 0.4 of one rank's. Bad layouts (a --cp that does not divide the world, alltoall
-//! with heads that do not divide, a sequence shorter than 2 x cp chunks, --sp, generation or
-//! --compile beside --cp) are refused by name before step 1 on every rank.
+//! with heads that do not divide, a sequence shorter than 2 x cp chunks, --sp, generation,
+//! --compile or bf16-mixed beside --cp) are refused by name before step 1 on every rank.
 
 mod common;
 
@@ -117,7 +117,7 @@ fn llama_under_cp_gives_the_one_rank_curve_in_f64() {
 
 #[test]
 fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
-    let cases: [(usize, &[&str], &str); 6] = [
+    let cases: [(usize, &[&str], &str); 7] = [
         (
             2,
             &["--cp", "3"],
@@ -153,6 +153,11 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
             "run without a context-parallel axis",
         ),
         (2, &["--cp", "2", "--compile"], "--compile with --cp 2"),
+        (
+            2,
+            &["--cp", "2", "--precision", "bf16-mixed"],
+            "--cp 2 has CPU kernels in f32 and f64 only",
+        ),
     ];
     for (n, args, want) in cases {
         let mut all = vec![

@@ -387,6 +387,13 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
             p.cp
         )));
     }
+    if p.device == Dev::Cuda || p.precision == Some(PrecisionPolicy::Bf16Mixed) {
+        return Err(config_err(format!(
+            "--cp {} has CPU kernels in f32 and f64 only: drop --device cuda and --precision \
+             bf16-mixed",
+            p.cp
+        )));
+    }
     if c.run.compile {
         return Err(config_err(format!(
             "--compile with --cp {}: context attention exchanges K/V blocks between ranks inside \

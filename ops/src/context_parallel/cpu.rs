@@ -177,6 +177,29 @@ fn joined<T>(c: &Call<'_>, h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> R
         .map_err(|_| kerr(c.name, "the ring's exchange thread panicked".into()))?
 }
 
+/// Ring step `s`: runs `work` on the K/V block in hand (its index and `kv`) while the next
+/// block arrives, then leaves the next block in `kv`; returns the next block's K and V sizes.
+fn ring_step(
+    c: &Call<'_>,
+    s: usize,
+    kv: &mut [Vec<f64>; 2],
+    work: impl FnOnce(usize, [&[f64]; 2]),
+) -> Result<[usize; 2]> {
+    let Dims { b, hkv, d, dv, .. } = c.dims;
+    let (blk, next) = (c.block_at(s), c.block_at(s + 1));
+    let lens = [b * hkv * c.rows(next) * d, b * hkv * c.rows(next) * dv];
+    let got = std::thread::scope(|scope| {
+        let last = s + 1 >= c.peers.len();
+        let handle = (!last).then(|| shift_blocks(scope, c, [&kv[0], &kv[1]], lens));
+        work(blk, [&kv[0], &kv[1]]);
+        handle.map(|h| joined(c, h)).transpose()
+    })?;
+    if let Some(got) = got {
+        *kv = got;
+    }
+    Ok(lens)
+}
+
 /// The online-softmax state of every (batch, head, row): max, sum, unnormalised output.
 struct Online {
     m: Vec<f64>,
@@ -234,14 +257,7 @@ fn attend_block(c: &Call<'_>, qf: &[f64], kb: &[f64], vb: &[f64], blk: usize, st
 
 fn forward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Result<()> {
     let c = setup::<T>(op, io.inputs)?;
-    let Dims {
-        b,
-        t,
-        h,
-        hkv,
-        d,
-        dv,
-    } = c.dims;
+    let Dims { b, t, h, dv, .. } = c.dims;
     let qf = heads_first(c.name, input::<T>(c.name, io.inputs, 0)?)?;
     let mut kv = [
         heads_first(c.name, input::<T>(c.name, io.inputs, 1)?)?,
@@ -252,18 +268,10 @@ fn forward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Res
         l: vec![0.0; b * h * t],
         acc: vec![0.0; b * h * t * dv],
     };
-    let n = c.peers.len();
-    for s in 0..n {
-        let (blk, next) = (c.block_at(s), c.block_at(s + 1));
-        let lens = [b * hkv * c.rows(next) * d, b * hkv * c.rows(next) * dv];
-        let got = std::thread::scope(|scope| {
-            let handle = (s + 1 < n).then(|| shift_blocks(scope, &c, [&kv[0], &kv[1]], lens));
-            attend_block(&c, &qf, &kv[0], &kv[1], blk, &mut st);
-            handle.map(|h| joined(&c, h)).transpose()
+    for s in 0..c.peers.len() {
+        ring_step(&c, s, &mut kv, |blk, [k, v]| {
+            attend_block(&c, &qf, k, v, blk, &mut st)
         })?;
-        if let Some(got) = got {
-            kv = got;
-        }
     }
     let mut lse = vec![0.0; b * h * t];
     for (r, x) in lse.iter_mut().enumerate() {
@@ -390,18 +398,10 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
     ];
     let mut dkv = [vec![0.0; kv[0].len()], vec![0.0; kv[1].len()]];
     let mut dq = vec![0.0; b * h * t * d];
-    let n = c.peers.len();
-    for s in 0..n {
-        let (blk, next) = (c.block_at(s), c.block_at(s + 1));
-        let lens = [b * hkv * c.rows(next) * d, b * hkv * c.rows(next) * dv];
-        let got = std::thread::scope(|scope| {
-            let handle = (s + 1 < n).then(|| shift_blocks(scope, &c, [&kv[0], &kv[1]], lens));
-            grad_block(&c, &rows, [&kv[0], &kv[1]], blk, &mut dq, &mut dkv);
-            handle.map(|h| joined(&c, h)).transpose()
+    for s in 0..c.peers.len() {
+        let lens = ring_step(&c, s, &mut kv, |blk, kvb| {
+            grad_block(&c, &rows, kvb, blk, &mut dq, &mut dkv)
         })?;
-        if let Some(got) = got {
-            kv = got;
-        }
         // dK/dV travel with their block; the last step brings this rank's own home.
         let mut back = [vec![0.0; lens[0]], vec![0.0; lens[1]]];
         for (send, recv) in dkv.iter().zip(back.iter_mut()) {

@@ -430,6 +430,8 @@ fn prepare_writes_gpt2_shards_that_train() {
             prefix.to_str().unwrap(),
             "--shard-tokens",
             "4000",
+            "--tokenizer",
+            "gpt2",
         ])
         .args(&inputs)
         .output()
@@ -441,7 +443,9 @@ fn prepare_writes_gpt2_shards_that_train() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("gpt2 tokens in") && text.contains("llmc shards"),
+        text.contains(
+            "tokens of tokenizer gpt2 (vocabulary 50257; each document after <|endoftext|>"
+        ) && text.contains("llmc shards of u16 ids"),
         "{text}"
     );
     let glob = format!("{}_*.bin", prefix.display());

@@ -1,14 +1,17 @@
-//! `train prepare`: text files to token shards. Each file is one document (GPT-2: preceded by
-//! `<|endoftext|>`, as nanoGPT's and llm.c's preparation scripts do); the ids fill shards of
+//! `train prepare`: text files to token shards. Each file is one document, preceded by the
+//! tokenizer's end-of-text token when it has one (GPT-2's `<|endoftext|>`, as nanoGPT's and
+//! llm.c's preparation scripts do; a tokenizer.json's, see `JsonTokenizer`); without one the
+//! documents follow each other unseparated, as the summary says. The ids fill shards of
 //! `--shard-tokens` ids named `PREFIX_000000.bin`, `PREFIX_000001.bin`, ... in llm.c's format
-//! (or raw), with a progress bar over the input bytes.
+//! (or raw), u16 ids when the vocabulary fits them (llm.c's GPT-2 header), else u32 (llm.c's
+//! Llama 3 header; the raw format holds u16 only), with a progress bar over the input bytes.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use oxiflow_models::data::{write_shard, ShardFormat, Tokenizer, MAX_CORPUS_BYTES};
+use oxiflow_models::data::{write_shard, IdWidth, LlmcHeader, ShardFormat, MAX_CORPUS_BYTES};
 
 use crate::config::{parse, ShardFormatArg, TokenizerArg};
 use crate::error::TrainError;
@@ -19,8 +22,9 @@ pub struct PrepareArgs {
     /// The shards' path prefix: PREFIX_000000.bin, PREFIX_000001.bin, ...
     #[arg(long)]
     pub out: PathBuf,
-    /// The tokenizer.
-    #[arg(long, value_enum, default_value = "gpt2")]
+    /// The tokenizer: bytes, gpt2, or a Hugging Face tokenizer.json (its path, or a directory
+    /// holding one).
+    #[arg(long, default_value_t = TokenizerArg::Bytes)]
     pub tokenizer: TokenizerArg,
     /// The shards' layout (auto: llm.c's).
     #[arg(long, value_enum, default_value = "llmc")]
@@ -43,14 +47,23 @@ fn io_err(path: &Path, e: std::io::Error) -> TrainError {
 
 /// The shards `args` asks for; returns their paths.
 pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
-    let tokenizer = match args.tokenizer {
-        TokenizerArg::Bytes => Tokenizer::Bytes,
-        TokenizerArg::Gpt2 => Tokenizer::Gpt2,
-    };
+    let tokenizer = args.tokenizer.open()?;
     let format = match args.format {
         ShardFormatArg::Raw => ShardFormat::Raw,
         _ => ShardFormat::Llmc,
     };
+    let width = IdWidth::for_vocab(tokenizer.vocab());
+    if format == ShardFormat::Raw && width != IdWidth::U16 {
+        return Err(TrainError::Config {
+            detail: format!(
+                "--format raw holds u16 ids (nanoGPT's format) but --tokenizer {} has {} ids, \
+                 which need u32: use --format llmc (llm.c's {} header)",
+                args.tokenizer,
+                tokenizer.vocab(),
+                LlmcHeader::of_width(width).describe()
+            ),
+        });
+    }
     // Every input is checked before anything is written.
     let mut total = 0u64;
     for p in &args.inputs {
@@ -77,18 +90,17 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
     }
     let shard_path = |i: usize| PathBuf::from(format!("{}_{i:06}.bin", args.out.display()));
     let mut written = Vec::new();
-    let mut pending: Vec<u16> = Vec::with_capacity(args.shard_tokens.min(1 << 24));
+    let mut pending: Vec<u32> = Vec::with_capacity(args.shard_tokens.min(1 << 24));
     let mut tokens = 0u64;
     for p in &args.inputs {
         bar.set_message(p.display().to_string());
         let bytes = std::fs::read(p).map_err(|e| io_err(p, e))?;
-        let text = String::from_utf8_lossy(&bytes);
         pending.extend(tokenizer.end_of_text());
-        pending.extend(tokenizer.encode(&text)?);
+        pending.extend(tokenizer.encode_bytes(&bytes)?);
         while pending.len() >= args.shard_tokens {
             let rest = pending.split_off(args.shard_tokens);
             let path = shard_path(written.len());
-            write_shard(&path, format, &pending)?;
+            write_shard(&path, format, width, &pending)?;
             tokens += pending.len() as u64;
             written.push(path);
             pending = rest;
@@ -97,17 +109,32 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
     }
     if !pending.is_empty() || written.is_empty() {
         let path = shard_path(written.len());
-        write_shard(&path, format, &pending)?;
+        write_shard(&path, format, width, &pending)?;
         tokens += pending.len() as u64;
         written.push(path);
     }
     bar.finish_and_clear();
+    let layout = match format {
+        ShardFormat::Raw => "raw shards of u16 ids (nanoGPT's format)".to_string(),
+        _ => {
+            let h = LlmcHeader::of_width(width);
+            format!(
+                "llmc shards of {width} ids (llm.c's {} header: magic {}, version {})",
+                h.model, h.magic, h.version
+            )
+        }
+    };
+    let separator = match tokenizer.describe_end_of_text() {
+        Some(e) => format!("each document after {e}"),
+        None => "documents not separated (the tokenizer has no end-of-text token)".into(),
+    };
     println!(
-        "prepare: {} files ({total} bytes) -> {tokens} {} tokens in {} {} shards: {} .. {}",
+        "prepare: {} files ({total} bytes) -> {tokens} tokens of tokenizer {} (vocabulary {}; \
+         {separator}) in {} {layout}: {} .. {}",
         args.inputs.len(),
-        tokenizer.name(),
+        args.tokenizer,
+        tokenizer.vocab(),
         written.len(),
-        format.name(),
         written[0].display(),
         written[written.len() - 1].display()
     );

@@ -383,7 +383,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         println!(
             "data: {} tokenizer {}{entropy}",
             job.trainer.data.describe(),
-            job.tokenizer.name()
+            job.tokenizer
         );
     }
     if cfg.run.explain {

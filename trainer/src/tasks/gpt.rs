@@ -16,9 +16,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Context, Tensor};
 
-use crate::config::{
-    reads_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg, TrainConfig,
-};
+use crate::config::{reads_shards, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TrainConfig};
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
 use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
@@ -49,14 +47,6 @@ impl TrainModel for Gpt {
     }
 }
 
-/// The tokenizer a configuration names.
-pub fn tokenizer_of(cfg: &TrainConfig) -> Tokenizer {
-    match cfg.data.tokenizer {
-        TokenizerArg::Bytes => Tokenizer::Bytes,
-        TokenizerArg::Gpt2 => Tokenizer::Gpt2,
-    }
-}
-
 fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
@@ -78,8 +68,8 @@ pub struct GptInputs {
 impl GptInputs {
     /// `cfg`'s data through its tokenizer.
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
-        let tokenizer = tokenizer_of(cfg);
-        let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer)?;
+        let tokenizer = cfg.data.tokenizer.open()?;
+        let (train, heldout, vocab, description, entropy) = windows(cfg, &tokenizer)?;
         let multiple = cfg.model.vocab_multiple;
         let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
             detail: format!(
@@ -102,7 +92,7 @@ impl GptInputs {
 /// unigram entropy of the training text, for `cfg`'s data.
 fn windows(
     cfg: &TrainConfig,
-    tokenizer: Tokenizer,
+    tokenizer: &Tokenizer,
 ) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
     let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
     let format = match cfg.data.shard_format {
@@ -121,7 +111,7 @@ fn windows(
             let description = format!(
                 "{} {} shards {pattern:?} ({} tokens{})",
                 set.shards().len(),
-                set.format.name(),
+                set.describe_format(),
                 set.tokens(),
                 val.as_ref().map_or(String::new(), |v| format!(
                     "; held out: {} tokens",
@@ -318,7 +308,15 @@ pub fn generate(
     let (vocab, rows) = (model.cfg.vocab, model.cfg.table_rows());
     let mut ids = prompt_ids(&job.tokenizer, prompt, vocab)?;
     if ids.is_empty() {
-        ids.push(job.tokenizer.end_of_text().unwrap_or(u16::from(b'\n')));
+        // An empty prompt starts a document: after the end-of-text token, else a newline.
+        let start = match job.tokenizer.end_of_text() {
+            Some(e) => vec![e],
+            None => job.tokenizer.encode("\n")?,
+        };
+        ids.extend(start.first().filter(|&&id| (id as usize) < vocab));
+        if ids.is_empty() {
+            ids.push(0);
+        }
     }
     let start = ids.len();
     let first = model
@@ -353,7 +351,7 @@ pub fn generate(
             )));
         }
         let next = pick(&logits[..vocab], temperature, seed, i as u64);
-        ids.push(u16::try_from(next).unwrap_or(0));
+        ids.push(u32::try_from(next).unwrap_or(0));
     }
     Ok(job.tokenizer.decode(&ids[start..])?)
 }
@@ -364,9 +362,9 @@ pub fn prompt_ids(
     tokenizer: &Tokenizer,
     prompt: &str,
     vocab: usize,
-) -> Result<Vec<u16>, TrainError> {
+) -> Result<Vec<u32>, TrainError> {
     let ids = tokenizer.encode(prompt)?;
-    match ids.iter().find(|&&id| usize::from(id) >= vocab) {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
         Some(bad) => Err(TrainError::Config {
             detail: format!(
                 "--generate {prompt:?}: token {bad} is not below the vocabulary size {vocab}"

@@ -22,20 +22,21 @@ fn write_raw(path: &Path, ids: &[u16]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// llm.c's shard: 256 little-endian i32 (20240520, 1, the id count, zeros), then u16 ids.
-fn write_llmc(path: &Path, magic: i32, count: i32, ids: &[u16]) {
-    let mut bytes = Vec::new();
+/// An llm.c header (256 little-endian i32: magic, version, the id count, zeros) followed by
+/// `ids`, the ids' little-endian bytes.
+fn write_llmc_bytes(path: &Path, (magic, version, count): (i32, i32, i32), ids: Vec<u8>) {
     let mut header = [0i32; 256];
-    header[0] = magic;
-    header[1] = 1;
-    header[2] = count;
-    for h in header {
-        bytes.extend(h.to_le_bytes());
-    }
-    for i in ids {
-        bytes.extend(i.to_le_bytes());
-    }
+    (header[0], header[1], header[2]) = (magic, version, count);
+    let mut bytes: Vec<u8> = header.iter().flat_map(|h| h.to_le_bytes()).collect();
+    bytes.extend(ids);
     std::fs::write(path, bytes).unwrap();
+}
+
+/// llm.c's GPT-2 shard: 256 little-endian i32 (20240520, 1, the id count, zeros), then u16
+/// ids.
+fn write_llmc(path: &Path, magic: i32, count: i32, ids: &[u16]) {
+    let b = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    write_llmc_bytes(path, (magic, 1, count), b);
 }
 
 fn ids(n: usize, salt: u16) -> Vec<u16> {
@@ -184,18 +185,8 @@ fn bad_shards_name_the_file_and_offset() {
 /// llm.c's Llama 3 shard (dev/data/data_common.py, `write_datafile(..., "llama-3")`): 256
 /// little-endian i32 (20240801, 7, the id count, zeros), then u32 ids.
 fn write_llmc32(path: &Path, magic: i32, version: i32, count: i32, ids: &[u32]) {
-    let mut bytes = Vec::new();
-    let mut header = [0i32; 256];
-    header[0] = magic;
-    header[1] = version;
-    header[2] = count;
-    for h in header {
-        bytes.extend(h.to_le_bytes());
-    }
-    for i in ids {
-        bytes.extend(i.to_le_bytes());
-    }
-    std::fs::write(path, bytes).unwrap();
+    let b = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    write_llmc_bytes(path, (magic, version, count), b);
 }
 
 /// Ids spread over Llama 3's 128,256-entry vocabulary, most above 65535.

@@ -166,3 +166,61 @@ fn bad_tokenizer_files_name_the_file() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+mod hostile {
+    //! Edited tokenizer.json files (ids out of range or repeated, merges of unknown tokens,
+    //! wrong types, a truncated file) load as an error or as a tokenizer that encodes and
+    //! decodes without panicking.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn edit(doc: &mut Value, which: u8, n: u64) {
+        let vocab = doc["model"]["vocab"].as_object_mut().unwrap();
+        let keys: Vec<String> = vocab.keys().cloned().collect();
+        let key = &keys[n as usize % keys.len()];
+        match which % 10 {
+            0 => vocab[key] = serde_json::json!(n),
+            1 => vocab[key] = serde_json::json!(u32::MAX),
+            2 => vocab[key] = serde_json::json!(-1),
+            3 => {
+                vocab.remove(key);
+            }
+            4 => doc["model"]["merges"][0] = serde_json::json!(["nope", "x"]),
+            5 => doc["added_tokens"][0]["id"] = serde_json::json!(n),
+            6 => doc["added_tokens"][0]["content"] = serde_json::json!(""),
+            7 => {
+                doc["pre_tokenizer"] = serde_json::json!({"type": "Split", "pattern": {"Regex": "(("}, "behavior": "Isolated", "invert": false})
+            }
+            8 => doc["model"]["type"] = serde_json::json!("WordPiece"),
+            _ => doc["decoder"] = serde_json::json!(n),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn edited_files_never_panic(edits in proptest::collection::vec((0u8..10, 0u64..2000), 1..4), cut in 0usize..40_000) {
+            let src = std::fs::read(fixtures().join("gpt2-style/tokenizer.json")).unwrap();
+            let mut doc: Value = serde_json::from_slice(&src).unwrap();
+            for (w, n) in &edits {
+                edit(&mut doc, *w, *n);
+            }
+            let mut bytes = doc.to_string().into_bytes();
+            if cut < bytes.len() && cut % 3 == 0 {
+                bytes.truncate(cut);
+            }
+            let d = std::env::temp_dir().join(format!("oxiflow-tokfuzz-{}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            let f = d.join("tokenizer.json");
+            std::fs::write(&f, &bytes).unwrap();
+            if let Ok(t) = Tokenizer::from_file(&f) {
+                let text = "Hello world, it's 2024! <|endoftext|> café 🦀";
+                if let Ok(ids) = t.encode(text) {
+                    let _ = t.decode(&ids);
+                }
+                let _ = t.decode(&[0, 1, 5000, u32::MAX]);
+            }
+        }
+    }
+}

@@ -229,6 +229,9 @@ fn tokenizer_files(d: &Path) {
         "{\"eos_token\": \"<|nope|>\"}\n",
     )
     .unwrap();
+    std::fs::write(d.join("empty.json"), "").unwrap();
+    std::fs::create_dir_all(d.join("emptytok")).unwrap();
+    std::fs::write(d.join("emptytok/tokenizer.json"), "").unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -275,6 +278,22 @@ impl Drop for Inputs {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The GPT of the checkpoints `gck` and `tck` (no sample) with `rest`.
+fn tiny(rest: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec![
+        "--width",
+        "32",
+        "--layers",
+        "1",
+        "--seq-len",
+        "16",
+        "--gen-tokens",
+        "0",
+    ];
+    v.extend_from_slice(rest);
+    v
 }
 
 /// The cases: `train ARGS` (in the folder) and the fragment the refusal must name.
@@ -491,6 +510,27 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
             vec!["--data", "mix/*.bin", "--tokenizer", "tokw"],
             "holds u32 ids but the set's first shard",
         ),
+        // u16 ids cannot be a tokenizer's whose ids need u32: shards of another tokenizer.
+        (
+            vec!["--data", "llmc.bin", "--tokenizer", "tokw"],
+            "llmc.bin at byte 0: holds u16 ids (llm.c's GPT-2 format, at most 65536 ids) but \
+             the tokenizer's vocabulary has 70344 ids",
+        ),
+        (
+            vec!["--data", "ok.bin", "--tokenizer", "tokw"],
+            "ok.bin at byte 0: holds u16 ids (nanoGPT's raw format",
+        ),
+        (
+            vec![
+                "--data",
+                "l3.bin",
+                "--val-data",
+                "llmc.bin",
+                "--tokenizer",
+                "tokw",
+            ],
+            "llmc.bin at byte 0: holds u16 ids",
+        ),
         (
             vec!["--data", "pre32.bin"],
             "vocabulary size (bytes 8..12) is 70344, more than the bytes tokenizer's 256",
@@ -515,6 +555,14 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
         (
             vec!["--data", "c.txt", "--tokenizer", "notes.txt"],
             "not a tokenizer.json the tokenizers library reads",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", "empty.json"],
+            "tokenizer empty.json: not a tokenizer.json the tokenizers library reads",
+        ),
+        (
+            vec!["prepare", "--out", "pp", "--tokenizer", "emptytok", "c.txt"],
+            "tokenizer emptytok/tokenizer.json: not a tokenizer.json",
         ),
         (
             vec!["--data", "c.txt", "--tokenizer", "badeos"],
@@ -550,53 +598,15 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
         ),
         // Resumes onto something else than the checkpoint's run.
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
-                "--resume",
-                "gck",
-                "--data",
-                "val.bin",
-                "--steps",
-                "4",
-            ],
+            tiny(&["--resume", "gck", "--data", "val.bin", "--steps", "4"]),
             "--data file 1 was",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
-                "--resume",
-                "gck",
-                "--data",
-                "set/*.bin",
-                "--steps",
-                "4",
-            ],
+            tiny(&["--resume", "gck", "--data", "set/*.bin", "--steps", "4"]),
             "but this run reads 2",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -605,19 +615,11 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "8",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved with batch_size 16 but this run has --batch-size 8",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -626,19 +628,11 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "gpt2",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved with tokenizer bytes but this run has --tokenizer gpt2",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -647,19 +641,11 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "tok",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved with tokenizer bytes but this run has --tokenizer sha256:",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "tck",
                 "--data",
@@ -668,7 +654,7 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "tok3",
                 "--steps",
                 "4",
-            ],
+            ]),
             "tok/tokenizer.json but this run has --tokenizer sha256:",
         ),
         (
@@ -689,15 +675,7 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
             "tok/tokenizer.json or --allow-resume-mismatch",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -706,7 +684,7 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "set/b.bin",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved reading no --val-data file but this run reads",
         ),
         (

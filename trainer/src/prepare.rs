@@ -57,7 +57,7 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
         return Err(TrainError::Config {
             detail: format!(
                 "--format raw holds u16 ids (nanoGPT's format) but --tokenizer {} has {} ids, \
-                 which need u32: use --format llmc (llm.c's {} header)",
+                 which need u32: use --format llmc (llm.c's header for them: {})",
                 args.tokenizer,
                 tokenizer.vocab(),
                 LlmcHeader::of_width(width).describe()

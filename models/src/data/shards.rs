@@ -337,6 +337,25 @@ impl ShardSet {
             format = got;
             shards.push(s);
         }
+        let width = shards[0].width;
+        if (vocab as u64) > width.capacity() {
+            let kind = match format {
+                ShardFormat::Raw => "nanoGPT's raw format".to_string(),
+                _ => format!("llm.c's {} format", LlmcHeader::of_width(width).model),
+            };
+            let wide = LlmcHeader::of_width(IdWidth::for_vocab(vocab));
+            return Err(shard_err(
+                &shards[0].path,
+                0,
+                format!(
+                    "holds {width} ids ({kind}, at most {} ids) but the tokenizer's \
+                     vocabulary has {vocab} ids: shards of another tokenizer (text tokenized \
+                     with this one needs llm.c's {})",
+                    width.capacity(),
+                    wide.describe()
+                ),
+            ));
+        }
         Ok(ShardSet {
             pattern: pattern.to_string(),
             format,
@@ -498,6 +517,34 @@ mod tests {
         let e = write_shard(&d.join("c.bin"), ShardFormat::Llmc, IdWidth::U16, &ids).unwrap_err();
         assert!(e.to_string().contains("which does not fit u16"), "{e}");
         assert!(!d.join("c.bin").exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn u16_shards_are_refused_for_a_vocabulary_beyond_16_bits() {
+        let d = dir("narrow");
+        let ids: Vec<u32> = (0..300u32).map(|i| i * 211 % 65_536).collect();
+        for (name, f) in [("a.bin", ShardFormat::Llmc), ("r.bin", ShardFormat::Raw)] {
+            let p = d.join(name);
+            write_shard(&p, f, IdWidth::U16, &ids).unwrap();
+            // Every id is below the vocabulary, and 65,536 ids still fit u16.
+            ShardSet::open(p.to_str().unwrap(), ShardFormat::Auto, 65_536).unwrap();
+            let e = ShardSet::open(p.to_str().unwrap(), ShardFormat::Auto, 65_537)
+                .unwrap_err()
+                .to_string();
+            let kind = if f == ShardFormat::Raw {
+                "nanoGPT's raw format"
+            } else {
+                "llm.c's GPT-2 format"
+            };
+            assert!(
+                e.contains(&format!(
+                    "{name} at byte 0: holds u16 ids ({kind}, at most 65536"
+                )) && e.contains("vocabulary has 65537 ids")
+                    && e.contains("magic 20240801 version 7"),
+                "{e}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -167,6 +167,44 @@ fn bad_tokenizer_files_name_the_file() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// BPE dropout a file configures is switched off: the ids stay the Python package's
+/// deterministic ones, run after run. A byte-level BPE lacking a byte's character (and without
+/// unk_token or byte_fallback) would drop that byte from the ids: refused, naming it; with an
+/// unknown token the byte becomes that token, and the file is accepted.
+#[test]
+fn dropout_is_off_and_a_bpe_that_would_drop_bytes_is_refused() {
+    let d = std::env::temp_dir().join(format!("oxiflow-tokdrop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let sample = std::fs::read_to_string(fixtures().join("sample.txt")).unwrap();
+    let want = ids(&reference()["gpt2-style"]["ids"]);
+    let good = std::fs::read(fixtures().join("gpt2-style/tokenizer.json")).unwrap();
+    let mut doc: Value = serde_json::from_slice(&good).unwrap();
+    doc["model"]["dropout"] = serde_json::json!(0.9);
+    let f = d.join("tokenizer.json");
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let t = Tokenizer::from_file(&f).unwrap();
+    for _ in 0..5 {
+        assert_eq!(t.encode(&sample).unwrap(), want);
+    }
+    // Byte 0's character, U+0100, taken out of the vocabulary (no merge uses it).
+    let mut doc: Value = serde_json::from_slice(&good).unwrap();
+    let vocab = doc["model"]["vocab"].as_object_mut().unwrap();
+    assert!(vocab.remove("\u{100}").is_some());
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let e = Tokenizer::from_file(&f).unwrap_err().to_string();
+    assert!(
+        e.contains(&f.display().to_string())
+            && e.contains("lacks 1 of the 256 byte characters (the first 'Ā', U+0100)"),
+        "{e}"
+    );
+    doc["model"]["unk_token"] = serde_json::json!("<|endoftext|>");
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let t = Tokenizer::from_file(&f).unwrap();
+    assert_eq!(t.encode("a\0b").unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 mod hostile {
     //! Edited tokenizer.json files (ids out of range or repeated, merges of unknown tokens,
     //! wrong types, a truncated file) load as an error or as a tokenizer that encodes and

@@ -213,7 +213,8 @@ fn token_files(d: &Path, ids: &[u16]) {
 
 /// Tokenizer folders from tests/fixtures/tokenizers: `tok` (GPT-2 style), `tok3` (Llama 3
 /// style, as many ids), `tokw` (ids above 65535), and `badeos`, whose tokenizer_config.json
-/// names an end-of-text token the tokenizer does not hold.
+/// names an end-of-text token the tokenizer does not hold; tokenizer files that cannot be
+/// used: `dropbyte.json` (a byte missing), `empty.json`, `emptytok/tokenizer.json`.
 fn tokenizer_files(d: &Path) {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers");
     for (from, to) in [
@@ -229,6 +230,14 @@ fn tokenizer_files(d: &Path) {
         "{\"eos_token\": \"<|nope|>\"}\n",
     )
     .unwrap();
+    // The GPT-2 style BPE without byte 0's character: it would drop that byte.
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(d.join("tok/tokenizer.json")).unwrap()).unwrap();
+    doc["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .remove("\u{100}");
+    std::fs::write(d.join("dropbyte.json"), doc.to_string()).unwrap();
     std::fs::write(d.join("empty.json"), "").unwrap();
     std::fs::create_dir_all(d.join("emptytok")).unwrap();
     std::fs::write(d.join("emptytok/tokenizer.json"), "").unwrap();
@@ -555,6 +564,18 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
         (
             vec!["--data", "c.txt", "--tokenizer", "notes.txt"],
             "not a tokenizer.json the tokenizers library reads",
+        ),
+        (
+            vec![
+                "prepare",
+                "--out",
+                "pp",
+                "--tokenizer",
+                "dropbyte.json",
+                "c.txt",
+            ],
+            "tokenizer dropbyte.json: a byte-level BPE without unk_token or byte_fallback whose \
+             vocabulary lacks 1 of the 256 byte characters",
         ),
         (
             vec!["--data", "c.txt", "--tokenizer", "empty.json"],

@@ -3,10 +3,12 @@
 //! crate, as transformers' fast tokenizers read it. Text encodes without the post-processor's
 //! special tokens (no BOS is prepended) while added tokens written in the text are matched, as
 //! the Python package's `encode(text, add_special_tokens=False)` does; padding and truncation
-//! a file may configure are switched off (no id is lost or invented). Its identity is the
-//! SHA-256 of the file. Its end-of-text token (the document separator of `prepare`, the empty
-//! prompt of generation) is the `eos_token` of a `tokenizer_config.json` beside it, else the
-//! first special added token among `END_OF_TEXT_NAMES`, else none: none is invented.
+//! a file may configure are switched off (no id is lost or invented), and so is BPE dropout
+//! (the same text gives the same ids on every rank and run); a byte-level BPE that would drop
+//! bytes it has no token for is refused. Its identity is the SHA-256 of the file. Its
+//! end-of-text token (the document separator of `prepare`, the empty prompt of generation) is
+//! the `eos_token` of a `tokenizer_config.json` beside it, else the first special added token
+//! among `END_OF_TEXT_NAMES`, else none: none is invented.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -83,6 +85,63 @@ fn configured_eos(config: &serde_json::Value) -> Result<Option<String>, String> 
     }
 }
 
+/// Switches off BPE dropout (random merges at each encoding: ids would differ from run to run
+/// and from rank to rank), and refuses a byte-level BPE without an unknown token or byte
+/// fallback whose vocabulary lacks one of the 256 byte characters: the library drops such a
+/// byte from the ids without a word, losing text.
+fn deterministic_and_whole(inner: &mut tokenizers::Tokenizer) -> Result<(), String> {
+    use tokenizers::models::ModelWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    let ModelWrapper::BPE(bpe) = inner.get_model() else {
+        return Ok(());
+    };
+    if bpe.dropout.is_some() {
+        let mut b = bpe.clone();
+        b.dropout = None;
+        inner.with_model(b);
+    }
+    let ModelWrapper::BPE(bpe) = inner.get_model() else {
+        return Ok(());
+    };
+    if bpe.unk_token.is_some() || bpe.byte_fallback {
+        return Ok(());
+    }
+    let pre = serde_json::to_value(inner.get_pre_tokenizer())
+        .map_err(|e| format!("its pre-tokenizer does not serialize: {e}"))?;
+    if !names_byte_level(&pre) {
+        return Ok(());
+    }
+    let vocab = bpe.get_vocab();
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort_unstable();
+    let missing: Vec<char> = alphabet
+        .into_iter()
+        .filter(|c| !vocab.contains_key(&c.to_string()))
+        .collect();
+    match missing.first() {
+        None => Ok(()),
+        Some(c) => Err(format!(
+            "a byte-level BPE without unk_token or byte_fallback whose vocabulary lacks {} of \
+             the 256 byte characters (the first {c:?}, U+{:04X}): text holding those bytes \
+             would lose them",
+            missing.len(),
+            u32::from(*c)
+        )),
+    }
+}
+
+/// Whether a serialized pre-tokenizer is, or holds, a `ByteLevel` one.
+fn names_byte_level(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.get("type").and_then(|t| t.as_str()) == Some("ByteLevel")
+                || m.values().any(names_byte_level)
+        }
+        serde_json::Value::Array(a) => a.iter().any(names_byte_level),
+        _ => false,
+    }
+}
+
 impl JsonTokenizer {
     /// The tokenizer at `path`: a tokenizer.json, or a directory holding one.
     pub fn open(path: &Path) -> Result<JsonTokenizer, DataError> {
@@ -112,6 +171,7 @@ impl JsonTokenizer {
             .with_truncation(None)
             .map_err(|e| bad(format!("its truncation cannot be switched off: {e}")))?;
         inner.with_padding(None);
+        deterministic_and_whole(&mut inner).map_err(&bad)?;
         let vocab = inner
             .get_vocab(true)
             .values()

@@ -2,7 +2,8 @@
 //! fixture whose ids exceed 16 bits writes llm.c's Llama 3 shards (u32 ids) holding exactly the
 //! ids Python's `tokenizers` package gives (tests/fixtures/tokenizers/reference.json), after its
 //! end-of-text token; `train` reads them back under oflaunch (2 ranks) and samples through the
-//! tokenizer; `prepare` and `train` both default to the byte tokenizer and say so; a checkpoint
+//! tokenizer; `prepare` and `train` both default to the byte tokenizer and say so (and
+//! `prepare` names shards an earlier run left behind its last one); a checkpoint
 //! records a tokenizer file by its hash, so a copy elsewhere resumes and another file is
 //! refused.
 
@@ -167,6 +168,23 @@ fn prepare_and_train_default_to_bytes_and_say_so() {
             .unwrap_or("");
         assert!(tokenizer.contains("[default: bytes]"), "{args:?}: {help}");
     }
+    // Fewer shards than an earlier run over the same prefix: the rest are named.
+    let (code, out, err) = train(
+        &d,
+        &["prepare", "--out", "b", "--shard-tokens", "100", s(&sample)],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    let shards = size.div_ceil(100);
+    let (code, out, err) = train(&d, &["prepare", "--out", "b", s(&sample)]);
+    assert!(
+        code == Some(0)
+            && err.contains(&format!(
+                "{} shard(s) from an earlier run remain after the last one written, from \
+                 b_000001.bin",
+                shards - 1
+            )),
+        "{out}{err}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

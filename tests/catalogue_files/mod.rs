@@ -214,7 +214,8 @@ fn token_files(d: &Path, ids: &[u16]) {
 /// Tokenizer folders from tests/fixtures/tokenizers: `tok` (GPT-2 style), `tok3` (Llama 3
 /// style, as many ids), `tokw` (ids above 65535), and `badeos`, whose tokenizer_config.json
 /// names an end-of-text token the tokenizer does not hold; tokenizer files that cannot be
-/// used: `dropbyte.json` (a byte missing), `empty.json`, `emptytok/tokenizer.json`.
+/// used: `dropbyte.json` (a byte missing), `empty.json`, `emptytok/tokenizer.json`; a text
+/// named like a shard of `prepare --out pq` (`pq_000000.bin`) and a link to it.
 fn tokenizer_files(d: &Path) {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers");
     for (from, to) in [
@@ -239,6 +240,13 @@ fn tokenizer_files(d: &Path) {
         .remove("\u{100}");
     std::fs::write(d.join("dropbyte.json"), doc.to_string()).unwrap();
     std::fs::write(d.join("empty.json"), "").unwrap();
+    // Text named like a shard of `prepare --out pq`, and a link to it.
+    std::fs::write(
+        d.join("pq_000000.bin"),
+        "a text that prepare must not overwrite\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(d.join("pq_000000.bin"), d.join("pqlink.txt")).unwrap();
     std::fs::create_dir_all(d.join("emptytok")).unwrap();
     std::fs::write(d.join("emptytok/tokenizer.json"), "").unwrap();
 }
@@ -576,6 +584,15 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
             ],
             "tokenizer dropbyte.json: a byte-level BPE without unk_token or byte_fallback whose \
              vocabulary lacks 1 of the 256 byte characters",
+        ),
+        // An input among the shards prepare writes would be overwritten before it is read.
+        (
+            vec!["prepare", "--out", "pq", "c.txt", "pq_000000.bin"],
+            "prepare pq_000000.bin: is ",
+        ),
+        (
+            vec!["prepare", "--out", "sub/../pq", "c.txt", "pqlink.txt"],
+            "pq_000000.bin, a shard name of --out sub/../pq (sub/../pq_NNNNNN.bin)",
         ),
         (
             vec!["--data", "c.txt", "--tokenizer", "empty.json"],

@@ -45,6 +45,53 @@ fn io_err(path: &Path, e: std::io::Error) -> TrainError {
     }
 }
 
+/// Whether `name` is a shard `prepare` writes for the prefix file name `stem`
+/// (`STEM_NNNNNN.bin`, six or more digits) or the temporary file of one (`.bin.tmp`).
+fn is_shard_name(stem: &str, name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(stem).and_then(|r| r.strip_prefix('_')) else {
+        return false;
+    };
+    let digits = rest
+        .strip_suffix(".bin")
+        .or_else(|| rest.strip_suffix(".bin.tmp"));
+    digits.is_some_and(|d| d.len() >= 6 && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// An input that is (or, through links, resolves to) one of the shards `out` names would be
+/// overwritten before it is read: an error naming it.
+fn refuse_inputs_among_shards(out: &Path, inputs: &[PathBuf]) -> Result<(), TrainError> {
+    let (Some(stem), parent) = (out.file_name().and_then(|n| n.to_str()), out.parent()) else {
+        return Ok(());
+    };
+    let parent = match parent {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(dir) = std::fs::canonicalize(parent) else {
+        return Ok(());
+    };
+    for p in inputs {
+        let Ok(real) = std::fs::canonicalize(p) else {
+            continue;
+        };
+        let name = real.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if real.parent() == Some(dir.as_path()) && is_shard_name(stem, name) {
+            return Err(TrainError::Output {
+                what: "prepare",
+                path: p.clone(),
+                detail: format!(
+                    "is {}, a shard name of --out {} ({}_NNNNNN.bin), which this run writes: \
+                     it would be overwritten before it is read; choose another --out",
+                    real.display(),
+                    out.display(),
+                    out.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The shards `args` asks for; returns their paths.
 pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
     let tokenizer = args.tokenizer.open()?;
@@ -77,6 +124,7 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
         }
         total += meta.len();
     }
+    refuse_inputs_among_shards(&args.out, &args.inputs)?;
     let bar = ProgressBar::new(total);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -114,6 +162,18 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
         written.push(path);
     }
     bar.finish_and_clear();
+    let stale = (written.len()..)
+        .map(shard_path)
+        .take_while(|p| p.exists())
+        .count();
+    if stale > 0 {
+        eprintln!(
+            "prepare: warning: {stale} shard(s) from an earlier run remain after the last one \
+             written, from {}: a glob over {}_*.bin would read them too",
+            shard_path(written.len()).display(),
+            args.out.display()
+        );
+    }
     let layout = match format {
         ShardFormat::Raw => "raw shards of u16 ids (nanoGPT's format)".to_string(),
         _ => {
@@ -139,4 +199,25 @@ pub fn run(args: &PrepareArgs) -> Result<Vec<PathBuf>, TrainError> {
         written[written.len() - 1].display()
     );
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_are_told_from_other_files() {
+        for name in ["w_000000.bin", "w_000123.bin.tmp", "w_1000000.bin"] {
+            assert!(is_shard_name("w", name), "{name}");
+        }
+        for name in [
+            "w_00000.bin",
+            "w_000000.txt",
+            "x_000000.bin",
+            "w000000.bin",
+            "w_00a000.bin",
+        ] {
+            assert!(!is_shard_name("w", name), "{name}");
+        }
+    }
 }

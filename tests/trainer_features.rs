@@ -375,7 +375,7 @@ fn token_shards_train_alike_in_both_formats_and_resume_mid_shard() {
     };
     // 40 steps of 8 windows run through the 223 training windows once and on.
     let full = run(1, with(&llmc, &["--steps", "40"]));
-    assert!(full.contains("4 llmc shards"), "{full}");
+    assert!(full.contains("4 llmc (u16 ids) shards"), "{full}");
     let full = curve(&full);
     assert_eq!(full.len(), 40);
     let from_raw = curve(&run(2, with(&raw, &["--steps", "40", "--dp", "2"])));

@@ -11,8 +11,8 @@ use super::{
     need_float, need_i64, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt, MetaError,
     MetaResult, Op, OpFamily, Saves,
 };
-use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, meta_err};
+use crate::grad_mode::no_grad;
 use crate::tensor::{Tensor, TensorMeta};
 use crate::Result;
 

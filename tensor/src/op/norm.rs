@@ -11,8 +11,8 @@ use super::{
     kernel_err, same_float_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
     MetaError, MetaResult, OpFamily, Saves,
 };
-use crate::autograd::no_grad;
 use crate::dispatch::{dispatch, dispatch_multi};
+use crate::grad_mode::no_grad;
 use crate::tensor::Tensor;
 use crate::Result;
 

@@ -424,7 +424,7 @@ impl Tensor {
     fn recorded_cast_to(&self, copy: &Tensor) -> Tensor {
         let out = copy.detach();
         let cast = crate::op::ElementwiseOp::Cast(copy.dtype());
-        crate::autograd::record(cast.into(), &[self], std::slice::from_ref(&out));
+        crate::autograd::record(&cast.into(), &[self], std::slice::from_ref(&out));
         out
     }
 
@@ -539,7 +539,7 @@ fn adamw_multi_with(
         AdamWClip::Ratio(r) => (Some(check_ratio(r)?), false),
         AdamWClip::Guarded(r) => (Some(check_ratio(r)?), true),
     };
-    let _ng = crate::autograd::no_grad();
+    let _ng = crate::grad_mode::no_grad();
     // Moments before the first step: zeros in the parameter's layout.
     let zeros = |t: Option<&Tensor>, p: &Tensor| match t {
         Some(t) => Ok(t.clone()),

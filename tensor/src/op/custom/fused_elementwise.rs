@@ -419,7 +419,7 @@ impl Tensor {
         program: &Arc<FusedProgram>,
         inputs: &[&Tensor],
     ) -> Result<Vec<Tensor>> {
-        let _ng = crate::autograd::no_grad();
+        let _ng = crate::grad_mode::no_grad();
         let op = FusedElementwise {
             program: program.clone(),
         };

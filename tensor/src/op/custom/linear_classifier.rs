@@ -19,7 +19,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::autograd::is_grad_enabled;
+use crate::grad_mode::is_grad_enabled;
 use crate::dispatch::{dispatch_multi, meta_err};
 use crate::op::{
     kernel_err, need_i64, norm_stats_dtype, same_float_dtype, scratch, Backend, BinaryOp, Grad,

@@ -24,9 +24,9 @@ use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
 use crate::executor::{backend_id, run_kernel, run_kernel_one};
 use crate::observe::{self, BoxingCall, GlobalCall, OpCall};
-use crate::op::{full_region, Inferred, LocalAt, MetaError, Op, OutSpec};
+use crate::op::{full_region, meta_err, Inferred, LocalAt, Op, OutSpec};
 use crate::storage::{Device, Storage};
-use crate::tensor::Tensor;
+use crate::tensor::{sbps_text, shapes_text, Tensor};
 use crate::{Result, TensorError};
 
 /// Cache key of a global op call: op with attributes, each input's (shape, nd-SBP, dtype), and
@@ -72,46 +72,6 @@ impl Context {
     /// Number of cached dispatch plans.
     pub fn dispatch_cache_len(&self) -> usize {
         plans("dispatch_cache_len", self).map_or(0, |p| p.len())
-    }
-}
-
-pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
-    inputs
-        .iter()
-        .map(|t| t.shape().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
-    inputs
-        .iter()
-        .map(|t| {
-            t.nd_sbp()
-                .map_or_else(|| "local".to_string(), |s| s.to_string())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub(crate) fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
-    match e {
-        MetaError::Shape(detail) => TensorError::Shape {
-            op: op.name(),
-            shapes: shapes_text(inputs),
-            sbps: sbps_text(inputs),
-            detail,
-        },
-        MetaError::DType(detail) => TensorError::DType {
-            op: op.name(),
-            dtypes: inputs
-                .iter()
-                .map(|t| t.dtype().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            shapes: shapes_text(inputs),
-            sbps: sbps_text(inputs),
-            detail,
-        },
     }
 }
 

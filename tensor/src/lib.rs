@@ -31,6 +31,7 @@ mod in_place;
 mod init;
 mod inprocess;
 pub mod memory;
+mod methods;
 mod observe;
 mod op;
 mod op_trace;

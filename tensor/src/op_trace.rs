@@ -8,8 +8,8 @@ use std::sync::Once;
 
 use oxiflow_collectives::trace::{on_trace_enabled, trace_end, trace_start, Lane};
 
-use crate::dispatch::shapes_text;
 use crate::observe::{self, DispatchObserver, OpCall};
+use crate::tensor::shapes_text;
 
 thread_local! {
     /// When this thread's op call in flight began (None: the trace is off).

@@ -413,3 +413,24 @@ impl fmt::Display for Tensor {
         }
     }
 }
+
+/// The shapes of `inputs`, for messages: `[4, 5], [5]`.
+pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| t.shape().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The nd-SBPs of `inputs` (`local` for a local tensor), for messages.
+pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| {
+            t.nd_sbp()
+                .map_or_else(|| "local".to_string(), |s| s.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -17,13 +17,18 @@
 //! `6 N + 12 L d T` (N: parameters without the position table) over `--peak-tflops` (989,
 //! dense bf16 on an H100/H200). `--profile` then runs a few more steps with per-op device
 //! timing (a synchronisation around every op) and prints the ops by total time.
+//! `--arch llama` trains the Llama family instead (RMSNorm, rotary positions, SwiGLU,
+//! grouped-query attention with `--kv-heads`, `--ffn-width`, `--rope-theta`,
+//! `--tie-embeddings`), e.g. Llama-3.2-1B's shape: `--arch llama --layers 16 --width 2048
+//! --heads 32 --kv-heads 8 --ffn-width 8192 --vocab 128256 --tie-embeddings --seq 2048
+//! --micro-batch 4`; its N counts every parameter (it has no position table), a tied table once.
 
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda::{self, MatmulPrecision};
-use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DEFAULT_VOCAB_MULTIPLE};
+use oxiflow::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
 use oxiflow::prelude::*;
@@ -37,9 +42,30 @@ enum OnOff {
     Off,
 }
 
+/// The decoder family trained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ArchArg {
+    Gpt2,
+    Llama,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "GPT training throughput on one GPU")]
 struct Args {
+    #[arg(long, value_enum, default_value = "gpt2")]
+    arch: ArchArg,
+    /// Key/value heads of `--arch llama` (default: --heads).
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// The SwiGLU MLP's hidden width of `--arch llama` (default: 4 x --width).
+    #[arg(long)]
+    ffn_width: Option<usize>,
+    /// Rotary base of `--arch llama`.
+    #[arg(long, default_value_t = 500000.0)]
+    rope_theta: f64,
+    /// `--arch llama` reads its output through the token table.
+    #[arg(long)]
+    tie_embeddings: bool,
     #[arg(long, default_value_t = 12)]
     layers: usize,
     #[arg(long, default_value_t = 768)]
@@ -261,7 +287,23 @@ fn main() -> R<()> {
         sequence_parallel: false,
         ..GptConfig::default()
     };
-    let mut model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone()))?;
+    let arch = match a.arch {
+        ArchArg::Gpt2 => Arch::gpt2(),
+        ArchArg::Llama => Arch {
+            tie_embeddings: a.tie_embeddings,
+            ..Arch::llama(
+                a.kv_heads.unwrap_or(a.heads),
+                a.ffn_width.unwrap_or(4 * a.width),
+                a.rope_theta,
+                1e-5,
+            )
+        },
+    };
+    let mut model = Gpt::with_arch(
+        &cfg,
+        &arch,
+        StageSplit::single(a.layers, &GptLayout::Mesh(placement.clone())),
+    )?;
     model.recompute = a.recompute.into();
     if a.precision == PrecisionPolicy::Bf16Mixed {
         model.set_compute_dtype(Some(DType::BF16));
@@ -272,7 +314,10 @@ fn main() -> R<()> {
         .map(|p| if model.decays(p) { 0.1 } else { 0.0 })
         .collect();
     let n_all: usize = params.iter().map(|p| p.value().numel()).sum();
-    let n_mfu = n_all - a.seq * a.width;
+    let n_mfu = match a.arch {
+        ArchArg::Gpt2 => n_all - a.seq * a.width,
+        ArchArg::Llama => n_all,
+    };
     let opt = AdamW::new(
         params,
         AdamWOptions {

@@ -221,6 +221,10 @@ fn cases(s: &Scratch) -> Vec<Case> {
             "not a regular file",
         ),
         case(&["--val-data", &p("ok.bin")], "--val-data"),
+        // Tokenizers: regular files only, never opened when they are not.
+        case(&["--tokenizer", &p("fifo")], "not a regular file"),
+        case(&["--tokenizer", &p("notes.txt")], "--tokenizer"),
+        case(&["--tokenizer", ""], "--tokenizer"),
         // Job files.
         case(&["--config", &p("fifo.toml")], "not a regular file"),
         case(&["--config", &p("notckpt")], "not a regular file"),
@@ -604,6 +608,7 @@ fn under_oflaunch_every_rank_refuses_alike() {
         mlp(&["--zero", "1", "--layers", "2"], "--zero (parallel.zero)"),
         mlp(&["--save", &p("notes.txt")], "not a directory"),
         case(&["--data", &p("fifo")], "not a regular file"),
+        case(&["--tokenizer", &p("notes.txt")], "not a tokenizer.json"),
         mlp(&["--tp", "3"], "--tp 3"),
         mlp(&["--lr", "nan"], "--lr"),
         mlp(&["--metrics", &p("notes.txt")], "names no run"),

@@ -375,7 +375,7 @@ fn token_shards_train_alike_in_both_formats_and_resume_mid_shard() {
     };
     // 40 steps of 8 windows run through the 223 training windows once and on.
     let full = run(1, with(&llmc, &["--steps", "40"]));
-    assert!(full.contains("4 llmc shards"), "{full}");
+    assert!(full.contains("4 llmc (u16 ids) shards"), "{full}");
     let full = curve(&full);
     assert_eq!(full.len(), 40);
     let from_raw = curve(&run(2, with(&raw, &["--steps", "40", "--dp", "2"])));
@@ -430,6 +430,8 @@ fn prepare_writes_gpt2_shards_that_train() {
             prefix.to_str().unwrap(),
             "--shard-tokens",
             "4000",
+            "--tokenizer",
+            "gpt2",
         ])
         .args(&inputs)
         .output()
@@ -441,7 +443,9 @@ fn prepare_writes_gpt2_shards_that_train() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("gpt2 tokens in") && text.contains("llmc shards"),
+        text.contains(
+            "tokens of tokenizer gpt2 (vocabulary 50257; each document after <|endoftext|>"
+        ) && text.contains("llmc shards of u16 ids"),
         "{text}"
     );
     let glob = format!("{}_*.bin", prefix.display());

@@ -2,13 +2,14 @@
 //! the plan's steps on it through the communicator's sub-groups.
 
 use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
-use oxiflow_collectives::{CommError, SharedComm};
+use oxiflow_collectives::SharedComm;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp};
-use smallvec::SmallVec;
 
+use crate::comm::{member_indices, sub_comm};
 use crate::piece::LocalPiece;
-use crate::plan::{Plan, Step, StepKind};
+use crate::plan::Plan;
+use crate::step::{Step, StepKind};
 use crate::strategy::{
     all_gather, all_reduce, all_to_all, device_copy, group_region, local_slice, p2p_intersections,
     partial_zero, reduce_scatter, AxisCtx,
@@ -16,40 +17,6 @@ use crate::strategy::{
 use crate::{BoxingError, BoxingPlanner};
 
 /// Maps a partial reduction to the communicator's reduce op.
-pub(crate) fn comm_op(op: ReduceOp) -> oxiflow_collectives::ReduceOp {
-    match op {
-        ReduceOp::Sum => oxiflow_collectives::ReduceOp::Sum,
-        ReduceOp::Max => oxiflow_collectives::ReduceOp::Max,
-        ReduceOp::Min => oxiflow_collectives::ReduceOp::Min,
-    }
-}
-
-pub(crate) fn comm_err(step: &Step) -> impl FnOnce(CommError) -> BoxingError + '_ {
-    move |source| BoxingError::Comm {
-        step: step.describe(),
-        source,
-    }
-}
-
-/// Member index in `world` of each world rank, or the rank that is missing.
-pub(crate) fn member_indices(
-    world: &SharedComm,
-    ranks: &[usize],
-) -> Result<SmallVec<[usize; 16]>, usize> {
-    let wr = world.world_ranks();
-    let identity = wr.iter().enumerate().all(|(i, &r)| i == r);
-    ranks
-        .iter()
-        .map(|&r| {
-            if identity {
-                (r < wr.len()).then_some(r).ok_or(r)
-            } else {
-                wr.iter().position(|&x| x == r).ok_or(r)
-            }
-        })
-        .collect()
-}
-
 /// Opens the one-way channels of `pairs` (world ranks, sender first) that this rank belongs
 /// to, in ascending pair order. Every rank opening from the same list (e.g. every pair some
 /// plans of a pipeline step use, `Plan::one_way_pairs`) meets its peers in one order, so the
@@ -79,25 +46,6 @@ pub fn open_one_way(world: &SharedComm, pairs: &[(usize, usize)]) -> Result<(), 
             })?;
     }
     Ok(())
-}
-
-/// The communicator of `ranks` (world ranks, in that member order); `world` itself when equal.
-pub(crate) fn sub_comm(
-    world: &SharedComm,
-    ranks: &[usize],
-    step: &Step,
-) -> Result<SharedComm, BoxingError> {
-    let idx = member_indices(world, ranks).map_err(|rank| BoxingError::RankOutsideWorld {
-        from: step.before.to_string(),
-        to: step.after.to_string(),
-        placement: step.before.placement().to_string(),
-        rank,
-        world: world.world_ranks().to_vec(),
-    })?;
-    if idx.len() == world.size() && idx.iter().enumerate().all(|(i, &x)| i == x) {
-        return Ok(world.clone());
-    }
-    world.sub_group(&idx).map_err(comm_err(step))
 }
 
 /// Checks everything about `plan`, `world` and this rank's piece that can be checked without

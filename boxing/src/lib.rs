@@ -15,6 +15,7 @@
 //! cheaper wins, ties to the collectives. Across placements or rank sets: point-to-point.
 //! Across device types: a device copy first (to CUDA) or last (from CUDA).
 
+mod comm;
 mod error;
 mod execute;
 mod piece;
@@ -22,6 +23,7 @@ mod piece_bytes;
 mod plan;
 pub mod region;
 mod search;
+mod step;
 mod strategy;
 
 pub use error::BoxingError;
@@ -30,7 +32,5 @@ pub use piece::{Fill, HostData, HostPiece, LocalPiece};
 pub use piece_bytes::{
     check_same_dtype, copy_box_bytes, copy_bytes, pack_bytes, unpack_bytes, HostBytes,
 };
-pub use plan::{
-    build_plan, build_plan_with, validate, BoxingPlanner, Plan, Step, StepKind, Strategy,
-};
-pub use strategy::p2p_intersections::{P2pPlan, RankIo, Transfer};
+pub use plan::{build_plan, build_plan_with, validate, BoxingPlanner, Plan, Strategy};
+pub use step::{P2pPlan, RankIo, Step, StepKind, Transfer};

@@ -8,8 +8,8 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp};
 use rustc_hash::FxHashMap;
 
-use crate::plan::{partial_op, Step, StepKind};
 use crate::region::numel;
+use crate::step::{partial_op, Step, StepKind};
 use crate::strategy::group_region;
 use crate::BoxingError;
 use oxiflow_sbp::transition_cost_1d;

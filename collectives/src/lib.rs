@@ -4,6 +4,7 @@
 mod algorithms;
 mod boundary;
 mod buffer;
+mod call;
 mod communicator;
 pub mod cuda_libs;
 pub mod device_trace;

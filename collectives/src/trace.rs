@@ -134,12 +134,41 @@ pub fn trace_enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Starts recording as `rank`; [`write_rank_trace`] writes to `dir`.
+/// Starts recording as `rank`; [`write_rank_trace`] writes to `dir`. Runs the hooks of
+/// [`on_trace_enabled`] when the trace was off.
 pub fn enable_trace(rank: usize, dir: PathBuf) {
-    let mut s = state();
-    s.dir = Some(dir);
-    s.rank = rank;
-    ENABLED.store(true, Ordering::Relaxed);
+    {
+        let mut s = state();
+        s.dir = Some(dir);
+        s.rank = rank;
+    }
+    if !ENABLED.swap(true, Ordering::Relaxed) {
+        let hooks = ENABLE_HOOKS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        hooks.iter().for_each(|h| h());
+    }
+}
+
+/// What runs when the trace is switched on (e.g. a layer above starting its own spans).
+pub type TraceEnableHook = fn();
+
+static ENABLE_HOOKS: Mutex<Vec<TraceEnableHook>> = Mutex::new(Vec::new());
+
+/// Registers `hook` (once per distinct function), run when [`enable_trace`] switches the
+/// trace on, and at once when it is on already.
+pub fn on_trace_enabled(hook: TraceEnableHook) {
+    {
+        let mut h = ENABLE_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+        if h.iter().any(|g| std::ptr::fn_addr_eq(*g, hook)) {
+            return;
+        }
+        h.push(hook);
+    }
+    if trace_enabled() {
+        hook();
+    }
 }
 
 /// The start of an event: the time when tracing is on, else None (nothing else is done).

@@ -9,7 +9,7 @@
 use oxiflow_dtype::Half;
 
 use crate::algorithms::args;
-use crate::boundary::{member_and_count, Call};
+use crate::call::{member_and_count, Call};
 use crate::hooks::BackendHooks;
 use crate::{Buf, BufMut, CommError, DType, ReduceOp};
 

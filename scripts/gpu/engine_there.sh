@@ -2,6 +2,10 @@
 # Runs on the GPU machine from a folder holding bin/ (staged by engine_here.sh) and the anchors
 # (gpt2_bench.py, attention_anchor.py): the engine's device checks in one command, on GPU 0.
 #   SUITE=1   the gpu_tensor suite (every op, fused op, 16-bit case and boxing against the CPU)
+#   OPS=1     the ops crate's CUDA suites (SwiGLU, sum of squares against f64 on the CPU)
+#   HF=1      a Llama fixture trained 3 steps on CPU ranks (PP2, f64) and saved with --save-hf,
+#             loaded in transformers: its f64 loss against `train --eval-only`'s on the save
+#   LLAMA=1   the Llama-3.2-1B shape beside llama_bench.py (llama_there.sh)
 #   CURVE=1   the README's GPT for $CURVE_STEPS steps on one GPU, f32 against bf16-mixed
 #   ATTN=1    the attention op beside torch's SDPA (attention_there.sh)
 #   SIZES="8 16 32"  gpt_bench beside gpt2_bench.py eager (and --compile with COMPILE=1)
@@ -21,6 +25,30 @@ if [ "${SUITE:-1}" = 1 ]; then
   timeout ${SUITE_TIMEOUT:-300} bin/gpu_tensor > "$OUT/gpu_tensor.log" 2>&1
   echo "gpu_tensor suite exit code: $?" | tee -a "$OUT/summary.txt"
   grep -E "^gpu_tensor:|test result|FAILED|panicked" "$OUT/gpu_tensor.log" | tail -40
+fi
+if [ "${OPS:-0}" = 1 ]; then
+  for t in bin/ops_*; do
+    timeout 120 "$t" > "$OUT/$(basename "$t").log" 2>&1
+    echo "$(basename "$t") exit code: $?" | tee -a "$OUT/summary.txt"
+    grep -E "test result|FAILED|panicked|skipped" "$OUT/$(basename "$t").log" | tail -5
+  done
+fi
+if [ "${HF:-0}" = 1 ]; then
+  H="$OUT/hf" && rm -rf "$H" && mkdir -p "$H"
+  common=(--from-hf hf_fixtures/llama --data hf_fixtures/tokens.bin --seq-len 16 --dtype f64)
+  timeout 120 bin/oflaunch --nproc-per-node 2 --backend cpu bin/train "${common[@]}" \
+    --batch-size 4 --gen-tokens 0 --steps 3 --pp 2 --save-hf "$H/saved" > "$H/train.log" 2>&1
+  echo "train --save-hf exit code: $?"
+  timeout 60 bin/train --from-hf "$H/saved" --data hf_fixtures/tokens.bin --seq-len 16 \
+    --dtype f64 --eval-only --batch-size 3 > "$H/eval.log" 2>&1
+  loss=$(grep -o "eval loss [0-9.eE+-]*" "$H/eval.log" | head -1 | cut -d' ' -f3)
+  echo "train --eval-only on the save: ${loss:-none} ($(tail -1 "$H/eval.log"))"
+  timeout 120 python3 hf_check_save.py "$H/saved" --data hf_fixtures/tokens.bin --seq-len 16 \
+    ${loss:+--expect "$loss"} 2>&1 | tee "$H/check.log" | tail -4
+  echo "hf_check_save exit code: ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+fi
+if [ "${LLAMA:-0}" = 1 ]; then
+  OUT="$OUT/llama" ./llama_there.sh
 fi
 if [ "${CURVE:-0}" = 1 ]; then
   for p in f32 bf16-mixed; do

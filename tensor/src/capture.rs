@@ -1,11 +1,12 @@
-//! The capture seam: while a thread has a [`CaptureSink`] installed ([`start_capture`]),
-//! dispatch tells it of every op it runs (the op with its attributes, the global signature
-//! chosen for it, this rank's local op, the pieces the kernel read and wrote), every boxing
-//! plan it runs (inserted before an op or asked for by `to_global`) and every host read of a
-//! tensor's value, so a compiler can record the step as a program and replay it later through
-//! [`run_local_kernel`] and [`run_boxing`] without dispatch. Values are named by their
-//! piece (`Arc<Storage>`): tensors that share a piece share a value. When no thread captures,
-//! each point costs one relaxed atomic load.
+//! The capture seam: while a thread has a [`CaptureSink`] installed ([`start_capture`]), the
+//! capture's observer of dispatch (`observe`) tells it of every op dispatch runs (the op with
+//! its attributes, the global signature chosen for it, this rank's local op, the pieces the
+//! kernel read and wrote) and every boxing plan dispatch runs (inserted before an op or asked
+//! for by `to_global`), and the seam tells it of every host read of a tensor's value, so a
+//! compiler can record the step as a program and replay it later through [`run_local_kernel`]
+//! and [`run_boxing`] without dispatch. Values are named by their piece (`Arc<Storage>`):
+//! tensors that share a piece share a value. When no thread captures, each point costs one
+//! relaxed atomic load.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +19,7 @@ use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::executor::run_kernel;
+use crate::observe::{self, BoxingCall, DispatchObserver, OpCall};
 use crate::op::{Op, OutSpec, ViewOf};
 use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
@@ -128,6 +130,7 @@ pub fn start_capture(sink: Box<dyn CaptureSink>) -> Result<CaptureGuard> {
         }
         *s = Some(sink);
         ACTIVE.fetch_add(1, Ordering::Relaxed);
+        observe::switch_on(&CAPTURE);
         Ok(CaptureGuard { _private: () })
     })
 }
@@ -149,13 +152,14 @@ impl Drop for CaptureGuard {
         let had = SINK.with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()));
         if had.is_some() {
             ACTIVE.fetch_sub(1, Ordering::Relaxed);
+            observe::switch_off();
         }
     }
 }
 
 /// Runs `f` with this thread's sink, if it has one (not re-entered from a callback).
 #[cold]
-pub(crate) fn with_sink(f: impl FnOnce(&mut dyn CaptureSink)) {
+fn with_sink(f: impl FnOnce(&mut dyn CaptureSink)) {
     SINK.with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             if let Some(sink) = s.as_mut() {
@@ -163,6 +167,62 @@ pub(crate) fn with_sink(f: impl FnOnce(&mut dyn CaptureSink)) {
             }
         }
     });
+}
+
+/// The capture's observer of dispatch: hands each op call and boxing run to the thread's sink.
+struct CaptureObserver;
+
+static CAPTURE: CaptureObserver = CaptureObserver;
+
+impl DispatchObserver for CaptureObserver {
+    fn op(&self, call: &OpCall<'_>) {
+        if !any_capturing() {
+            return;
+        }
+        let layouts: SmallVec<[&GlobalLayout; 3]> =
+            call.inputs.iter().filter_map(|t| t.layout()).collect();
+        let global = call.global.as_ref().map(|g| GlobalSignature {
+            inputs: &layouts,
+            input_sbps: layouts
+                .iter()
+                .zip(g.boxing)
+                .map(|(l, b)| match b {
+                    Some(plan) => plan.to.nd_sbp().clone(),
+                    None => l.nd_sbp().clone(),
+                })
+                .collect(),
+            outputs: g.outputs.to_vec(),
+            ctx: g.ctx,
+        });
+        with_sink(|s| {
+            s.op(OpEvent {
+                op: call.op,
+                local_op: call.local_op,
+                global,
+                device: call.device,
+                kernel_inputs: call.kernel_inputs().collect(),
+                out_specs: call.out_specs,
+                view_of: call.local_op.view_of(),
+                outputs: call.outputs,
+            })
+        });
+    }
+
+    fn boxing(&self, call: &BoxingCall<'_>) {
+        if !any_capturing() {
+            return;
+        }
+        with_sink(|s| {
+            s.boxing(BoxingEvent {
+                op: call.op,
+                plan: call.plan,
+                input: call.input,
+                output: call.output,
+                device: call.device,
+                ctx: call.ctx,
+            })
+        });
+    }
 }
 
 /// Tells the thread's sink of a host read of `t` and refuses it: a captured step must not read

@@ -1,15 +1,15 @@
-//! The per-rank runtime context: world communicator, rank, boxing planner and the dispatch cache
-//! (each global op call's signature, boxing plans and local attributes); installable per thread
+//! The per-rank runtime context: world communicator, rank, boxing planner and a cache slot the
+//! layers above fill (dispatch keeps each global op call's signature, boxing plans and local
+//! attributes there, keyed by the op: this layer knows no ops); installable per thread
 //! (in-process ranks) with a process default.
 
+use std::any::Any;
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use oxiflow_boxing::BoxingPlanner;
 use oxiflow_collectives::SharedComm;
-use rustc_hash::FxHashMap;
 
-use crate::dispatch::{DispatchKey, DispatchPlan};
 use crate::{Result, TensorError};
 
 pub(crate) struct ContextInner {
@@ -17,7 +17,8 @@ pub(crate) struct ContextInner {
     rank: usize,
     world_size: usize,
     planner: BoxingPlanner,
-    cache: Mutex<FxHashMap<DispatchKey, Arc<DispatchPlan>>>,
+    /// The cache of the layer above (dispatch's plans), made on first use.
+    cache: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 /// A rank's runtime context. Cheap to clone (shared). Global tensors keep the context they were
@@ -57,7 +58,7 @@ impl Context {
             rank,
             world_size,
             planner: BoxingPlanner::new(),
-            cache: Mutex::new(FxHashMap::default()),
+            cache: OnceLock::new(),
         }))
     }
     /// This process's (or thread's) world rank.
@@ -73,12 +74,13 @@ impl Context {
     pub fn planner(&self) -> &BoxingPlanner {
         &self.0.planner
     }
-    /// Number of cached dispatch plans.
-    pub fn dispatch_cache_len(&self) -> usize {
-        self.cache().len()
-    }
-    pub(crate) fn cache(&self) -> MutexGuard<'_, FxHashMap<DispatchKey, Arc<DispatchPlan>>> {
-        self.0.cache.lock().unwrap_or_else(|e| e.into_inner())
+    /// The context's cache of type `T`, made empty on first use; None when the slot holds
+    /// another type (one layer, dispatch, keeps its cache here).
+    pub(crate) fn cache<T: Any + Send + Sync + Default>(&self) -> Option<&T> {
+        self.0
+            .cache
+            .get_or_init(|| Box::new(T::default()))
+            .downcast_ref()
     }
 
     /// Makes this the current thread's context until the guard drops (for ranks run as threads).

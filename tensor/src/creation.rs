@@ -9,6 +9,7 @@ use oxiflow_placement::Placement;
 use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Region, Shape};
 use rayon::prelude::*;
 
+use crate::capture::note_host_data;
 use crate::context::Context;
 use crate::cpu::PAR_THRESHOLD;
 use crate::device::backend_for;
@@ -177,6 +178,32 @@ fn global(
 }
 
 impl Tensor {
+    /// A local tensor from a host array (made row-major contiguous).
+    pub fn from_array<T: TensorElement>(a: ArrayD<T>) -> Tensor {
+        let t = Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()));
+        note_host_data("from_array", &t);
+        t
+    }
+
+    /// A local tensor from row-major data and a shape.
+    pub fn from_vec<T: TensorElement>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = data.len();
+        ArrayD::from_shape_vec(IxDyn(shape.dims()), data)
+            .map(Tensor::from_array)
+            .map_err(|_| TensorError::Shape {
+                op: "from_vec",
+                shapes: shape.to_string(),
+                sbps: "-".into(),
+                detail: format!("{n} elements do not fill shape {shape}"),
+            })
+    }
+
+    /// A 0-d local tensor.
+    pub fn scalar<T: TensorElement>(v: T) -> Tensor {
+        Tensor::from_array(ArrayD::from_elem(IxDyn(&[]), v))
+    }
+
     /// A local tensor of zeros.
     ///
     /// # Panics

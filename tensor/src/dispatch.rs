@@ -1,47 +1,45 @@
 //! Eager dispatch, the one path every op takes: metadata checks, then for global operands the
 //! cached (signature, boxing plans, local attributes) of the call, boxing of the inputs, the
-//! local kernel, and the output's layout; finally the autograd hook.
+//! local kernel, and the output's layout; finally the observers (`observe`: autograd, capture,
+//! explain, trace), when any is on.
 //!
 //! Ops on global tensors of different placements fail with `TensorError::Placement` naming both
 //! placements (move one explicitly with `to_global(&placement, sbp)`); mixing local and global
 //! operands fails with `TensorError::Mixed`. All checks use metadata only and run before any
 //! communication, so every rank raises the same error.
 
-use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use oxiflow_boxing::{execute, Plan, Strategy};
-use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, Region, SbpError, Shape};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use oxiflow_sbp::{InferEngine, RuleMode};
 
-use crate::autograd;
-use crate::capture::{self, GlobalSignature, OpEvent};
 use crate::context::Context;
 use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
 use crate::executor::{backend_id, run_kernel, run_kernel_one};
-use crate::explain::{self, explain_enabled};
-use crate::op::{full_region, CallSite, Inferred, LocalAt, MetaError, Op, OutSpec};
+use crate::observe::{self, BoxingCall, GlobalCall, OpCall};
+use crate::op::{full_region, meta_err, CallSite, Inferred, LocalAt, Op, OutSpec};
 use crate::storage::{Device, Storage};
-use crate::tensor::Tensor;
+use crate::tensor::{sbps_text, shapes_text, Tensor};
 use crate::{Result, TensorError};
 
 /// Cache key of a global op call: op with attributes, each input's (shape, nd-SBP, dtype), and
 /// the placement. The context holding the cache fixes the rank.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct DispatchKey {
+struct DispatchKey {
     op: Op,
     inputs: SmallVec<[(Shape, NdSbp, DType); 3]>,
     placement: Placement,
 }
 
 /// What a cached global op call does on this rank.
-pub(crate) struct DispatchPlan {
+struct DispatchPlan {
     /// Boxing plan of each input; None when the input already has the signature's layout.
     boxing: SmallVec<[Option<Arc<Plan>>; 3]>,
     /// The op with this rank's local attributes.
@@ -52,43 +50,28 @@ pub(crate) struct DispatchPlan {
     out_local: Option<SmallVec<[OutSpec; 1]>>,
 }
 
-pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
-    inputs
-        .iter()
-        .map(|t| t.shape().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
-    inputs
-        .iter()
-        .map(|t| {
-            t.nd_sbp()
-                .map_or_else(|| "local".to_string(), |s| s.to_string())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+/// A context's dispatch plans, kept in its cache slot.
+#[derive(Default)]
+struct PlanCache(Mutex<FxHashMap<DispatchKey, Arc<DispatchPlan>>>);
+
+/// The plans of `ctx`, or a typed error naming `op` when its cache slot holds something else.
+fn plans<'a>(
+    op: &'static str,
+    ctx: &'a Context,
+) -> Result<MutexGuard<'a, FxHashMap<DispatchKey, Arc<DispatchPlan>>>> {
+    let cache = ctx
+        .cache::<PlanCache>()
+        .ok_or_else(|| TensorError::Kernel {
+            op,
+            detail: "the context's cache slot holds no dispatch plans".into(),
+        })?;
+    Ok(cache.0.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-pub(crate) fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
-    match e {
-        MetaError::Shape(detail) => TensorError::Shape {
-            op: op.name(),
-            shapes: shapes_text(inputs),
-            sbps: sbps_text(inputs),
-            detail,
-        },
-        MetaError::DType(detail) => TensorError::DType {
-            op: op.name(),
-            dtypes: inputs
-                .iter()
-                .map(|t| t.dtype().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            shapes: shapes_text(inputs),
-            sbps: sbps_text(inputs),
-            detail,
-        },
+impl Context {
+    /// Number of cached dispatch plans.
+    pub fn dispatch_cache_len(&self) -> usize {
+        plans("dispatch_cache_len", self).map_or(0, |p| p.len())
     }
 }
 
@@ -163,20 +146,15 @@ fn run_op(op: Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
             detail: format!("takes {lo}..={hi} inputs, got {}", inputs.len()),
         });
     }
-    let traced = trace_start();
-    let out = if global {
-        dispatch_global(&op, inputs, want)?
+    let observed = observe::any_on();
+    if observed {
+        observe::starting();
+    }
+    if global {
+        dispatch_global(&op, inputs, want, observed)
     } else {
-        dispatch_local(&op, inputs, want)?
-    };
-    trace_end(
-        traced,
-        Lane::Ops,
-        || Cow::Borrowed(op.name()),
-        || vec![("inputs", shapes_text(inputs).into())],
-    );
-    autograd::record(op, inputs, &out);
-    Ok(out)
+        dispatch_local(&op, inputs, want, observed)
+    }
 }
 
 /// Shape, dtype and (in `Candidates` mode) SBP rules of `op` on `inputs`, with one dtype per
@@ -234,7 +212,7 @@ fn check_kernel(op: &Op, inputs: &[&Tensor], device: DeviceType) -> Result<()> {
     e.check_kernel(backend_id(op.name(), device)?, &dtypes)
 }
 
-fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
+fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want, observed: bool) -> Result<Outputs> {
     let device = check_devices(op, inputs)?;
     let Inferred { rules, dtypes } = infer(op, inputs, RuleMode::ShapesOnly, want)?;
     check_kernel(op, inputs, device.device_type())?;
@@ -260,7 +238,7 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         let local_op = local.as_ref().unwrap_or(op);
         let storage = run_kernel_one(local_op, &pieces, device, &out)?;
         // The executor allocated the piece from `out`, so it has `out`'s shape.
-        if !capture::any_capturing() {
+        if !observed {
             return Ok(smallvec::smallvec![Tensor::from_storage_of_shape(
                 storage, out.shape
             )]);
@@ -268,7 +246,7 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         let outs: Outputs =
             smallvec::smallvec![Tensor::from_storage_of_shape(storage, out.shape.clone())];
         let specs = std::slice::from_ref(&out);
-        record_local(op, local_op, inputs, device, specs, &outs);
+        observe_local(op, local_op, inputs, device, specs, &outs);
         return Ok(outs);
     }
     let specs: SmallVec<[OutSpec; 1]> = rules
@@ -288,15 +266,15 @@ fn dispatch_local(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         .zip(&specs)
         .map(|(p, spec)| Tensor::from_storage_of_shape(p, spec.shape.clone()))
         .collect();
-    if capture::any_capturing() {
-        record_local(op, local_op, inputs, device, &specs, &outs);
+    if observed {
+        observe_local(op, local_op, inputs, device, &specs, &outs);
     }
     Ok(outs)
 }
 
-/// Tells the thread's capture of a local op call.
+/// Tells the observers of a local op call.
 #[cold]
-fn record_local(
+fn observe_local(
     op: &Op,
     local_op: &Op,
     inputs: &[&Tensor],
@@ -304,24 +282,21 @@ fn record_local(
     specs: &[OutSpec],
     outs: &[Tensor],
 ) {
-    capture::with_sink(|s| {
-        s.op(OpEvent {
-            op,
-            local_op,
-            global: None,
-            device,
-            kernel_inputs: inputs.iter().filter_map(|t| t.0.piece.clone()).collect(),
-            out_specs: Some(specs),
-            view_of: local_op.view_of(),
-            outputs: outs,
-        })
+    observe::op(&OpCall {
+        op,
+        local_op,
+        inputs,
+        outputs: outs,
+        device,
+        out_specs: Some(specs),
+        global: None,
     });
 }
 
-/// Tells the thread's capture of a global op call: the signature from `plan`, the pieces the
-/// kernel read (`boxed` or the inputs' own).
+/// Tells the observers of a global op call: the signature and boxing from `plan`, the pieces
+/// boxing made (`boxed`).
 #[cold]
-fn record_global(
+fn observe_global(
     op: &Op,
     plan: &DispatchPlan,
     inputs: &[&Tensor],
@@ -329,39 +304,19 @@ fn record_global(
     ctx: &Context,
     outs: &[Tensor],
 ) {
-    let layouts: SmallVec<[&GlobalLayout; 3]> = inputs.iter().filter_map(|t| t.layout()).collect();
-    let input_sbps = layouts
-        .iter()
-        .zip(&plan.boxing)
-        .map(|(l, b)| match b {
-            Some(bp) => bp.to.nd_sbp().clone(),
-            None => l.nd_sbp().clone(),
-        })
-        .collect();
-    let kernel_inputs = match plan.out_local {
-        Some(_) => inputs
-            .iter()
-            .zip(boxed)
-            .filter_map(|(t, b)| b.clone().or_else(|| t.0.piece.clone()))
-            .collect(),
-        None => SmallVec::new(),
-    };
-    capture::with_sink(|s| {
-        s.op(OpEvent {
-            op,
-            local_op: &plan.local_op,
-            global: Some(GlobalSignature {
-                inputs: &layouts,
-                input_sbps,
-                outputs: plan.outs.to_vec(),
-                ctx,
-            }),
-            device: inputs[0].device(),
-            kernel_inputs,
-            out_specs: plan.out_local.as_deref(),
-            view_of: plan.local_op.view_of(),
-            outputs: outs,
-        })
+    observe::op(&OpCall {
+        op,
+        local_op: &plan.local_op,
+        inputs,
+        outputs: outs,
+        device: inputs[0].device(),
+        out_specs: plan.out_local.as_deref(),
+        global: Some(GlobalCall {
+            boxing: &plan.boxing,
+            boxed,
+            outputs: &plan.outs,
+            ctx,
+        }),
     });
 }
 
@@ -496,22 +451,15 @@ pub fn run_boxing(
     piece: Option<&Arc<Storage>>,
     device: Device,
 ) -> Result<Option<Arc<Storage>>> {
-    if explain_enabled() {
-        explain::record_boxing(op, plan);
-    }
     let out = run_plan(op, plan, ctx, piece, device)?;
-    if capture::any_capturing() {
-        capture::with_sink(|s| {
-            s.boxing(capture::BoxingEvent {
-                op,
-                plan,
-                input: piece,
-                output: out.as_ref(),
-                device,
-                ctx,
-            })
-        });
-    }
+    observe::boxing(&BoxingCall {
+        op,
+        plan,
+        input: piece,
+        output: out.as_ref(),
+        device,
+        ctx,
+    });
     Ok(out)
 }
 
@@ -552,7 +500,7 @@ fn run_plan(
     }
 }
 
-fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
+fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want, observed: bool) -> Result<Outputs> {
     let (Some(placement), Some(ctx)) = (inputs[0].placement(), inputs[0].context()) else {
         return Err(TensorError::Kernel {
             op: op.name(),
@@ -601,12 +549,12 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
             .collect(),
         placement: placement.clone(),
     };
-    let cached = ctx.cache().get(&key).cloned();
+    let cached = plans(op.name(), ctx)?.get(&key).cloned();
     let plan = match cached {
         Some(p) => p,
         None => {
             let p = Arc::new(build_plan(op, inputs, ctx, placement, want)?);
-            ctx.cache().insert(key, p.clone());
+            plans(op.name(), ctx)?.insert(key, p.clone());
             p
         }
     };
@@ -625,13 +573,9 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
             None => None,
         });
     }
-    if explain_enabled() {
-        let layouts = inputs.iter().filter_map(|t| t.layout().cloned()).collect();
-        explain::record_op(op.name(), layouts, &plan.outs[0].0);
-    }
     let outs = run_global_kernel(op, &plan, inputs, &boxed, ctx)?;
-    if capture::any_capturing() {
-        record_global(op, &plan, inputs, &boxed, ctx, &outs);
+    if observed {
+        observe_global(op, &plan, inputs, &boxed, ctx, &outs);
     }
     Ok(outs)
 }

@@ -1,15 +1,16 @@
-//! The explain recorder: while it is on, dispatch records every global op's input and output
-//! layouts (global shape, placement, nd-SBP) and every boxing it inserts (from and to layout,
-//! bytes), so a program can print what one step of a model does to its tensors. Process-wide;
-//! off by default, when each op pays one relaxed atomic load. At most `MAX_EXPLAIN_EVENTS`
-//! events are kept; later ones are counted as dropped.
+//! The explain recorder: while it is on, its dispatch observer records every global op's input
+//! and output layouts (global shape, placement, nd-SBP) and every boxing dispatch runs (from
+//! and to layout, bytes), so a program can print what one step of a model does to its tensors.
+//! Process-wide; off by default. At most `MAX_EXPLAIN_EVENTS` events are kept; later ones are
+//! counted as dropped.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use oxiflow_boxing::Plan;
 use oxiflow_sbp::GlobalLayout;
+
+use crate::observe::{self, BoxingCall, DispatchObserver, OpCall};
 
 /// Events one recording keeps at most.
 pub const MAX_EXPLAIN_EVENTS: usize = 100_000;
@@ -70,12 +71,16 @@ pub fn explain_enabled() -> bool {
 /// Turns the recorder on, dropping anything recorded before.
 pub fn explain_start() {
     *recording() = Recording::default();
-    ON.store(true, Ordering::Relaxed);
+    if !ON.swap(true, Ordering::Relaxed) {
+        observe::switch_on(&EXPLAIN);
+    }
 }
 
 /// Turns the recorder off and returns what it recorded.
 pub fn explain_finish() -> ExplainRecord {
-    ON.store(false, Ordering::Relaxed);
+    if ON.swap(false, Ordering::Relaxed) {
+        observe::switch_off();
+    }
     let r = std::mem::take(&mut *recording());
     ExplainRecord {
         events: r.events,
@@ -93,25 +98,44 @@ fn push(event: ExplainEvent) {
     }
 }
 
-/// Records a global op (called by dispatch when the recorder is on).
-pub(crate) fn record_op(op: &'static str, inputs: Vec<GlobalLayout>, output: &GlobalLayout) {
-    push(ExplainEvent::Op {
-        op,
-        inputs,
-        output: output.clone(),
-    });
-}
+/// The recorder's observer of dispatch.
+struct ExplainObserver;
 
-/// Records a boxing plan run before `op` (called by dispatch when the recorder is on).
-pub(crate) fn record_boxing(op: &'static str, plan: &Plan) {
-    push(ExplainEvent::Boxing {
-        op,
-        from: plan.from.clone(),
-        to: plan.to.clone(),
-        steps: plan.steps.iter().map(|s| s.describe()).collect(),
-        bytes_max: plan.bytes_max(),
-        bytes_total: plan.steps.iter().map(|s| s.bytes_total).sum(),
-    });
+static EXPLAIN: ExplainObserver = ExplainObserver;
+
+impl DispatchObserver for ExplainObserver {
+    fn op(&self, call: &OpCall<'_>) {
+        let (true, Some(g)) = (explain_enabled(), &call.global) else {
+            return;
+        };
+        let Some((output, _)) = g.outputs.first() else {
+            return;
+        };
+        push(ExplainEvent::Op {
+            op: call.op.name(),
+            inputs: call
+                .inputs
+                .iter()
+                .filter_map(|t| t.layout().cloned())
+                .collect(),
+            output: output.clone(),
+        });
+    }
+
+    fn boxing(&self, call: &BoxingCall<'_>) {
+        if !explain_enabled() {
+            return;
+        }
+        let plan = call.plan;
+        push(ExplainEvent::Boxing {
+            op: call.op,
+            from: plan.from.clone(),
+            to: plan.to.clone(),
+            steps: plan.steps.iter().map(|s| s.describe()).collect(),
+            bytes_max: plan.bytes_max(),
+            bytes_total: plan.steps.iter().map(|s| s.bytes_total).sum(),
+        });
+    }
 }
 
 impl ExplainRecord {

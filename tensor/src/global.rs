@@ -8,10 +8,12 @@ use oxiflow_dtype::DType;
 use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{check_nd_sbp, GlobalLayout, NdSbp, Shape};
 
+use crate::capture::refuse_host_read;
 use crate::context::Context;
 use crate::device::backend_for;
 use crate::dispatch::{run_boxing, sbp_err};
 use crate::element::TensorElement;
+use crate::observe;
 use crate::storage::{CpuArray, Device, Storage};
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
@@ -56,7 +58,7 @@ impl Tensor {
     pub fn to_global(&self, placement: &Placement, nd_sbp: impl Into<NdSbp>) -> Result<Tensor> {
         let nd_sbp = nd_sbp.into();
         let out = self.to_global_untracked(placement, &nd_sbp)?;
-        crate::autograd::record_to_global(self, &out, &nd_sbp);
+        observe::to_global(self, &out, &nd_sbp);
         Ok(out)
     }
 
@@ -275,11 +277,29 @@ impl Tensor {
         }
     }
 
+    /// The local piece as a host array of `T` (a copy). For a global tensor this is the rank's
+    /// piece; use `to_ndarray` for the whole value.
+    pub fn local_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
+        refuse_host_read("local_ndarray", self)?;
+        let host = match self.storage() {
+            Some(s) => s.to_host()?,
+            None => CpuArray::zeros(self.dtype(), self.local_shape().dims()),
+        };
+        let dt = host.dtype();
+        T::unwrap(host).ok_or_else(|| TensorError::DType {
+            op: "to_ndarray",
+            dtypes: dt.to_string(),
+            shapes: self.shape().to_string(),
+            sbps: self.nd_sbp().map_or("-".into(), |s| s.to_string()),
+            detail: format!("asked for {}", T::DTYPE),
+        })
+    }
+
     /// The whole value as a host array. Local: a copy. Global: every rank of the placement must
     /// call it (it boxes to all-B on the placement); ranks outside the placement get an error
     /// without communicating.
     pub fn to_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
-        crate::capture::refuse_host_read("to_ndarray", self)?;
+        refuse_host_read("to_ndarray", self)?;
         let Some(layout) = self.layout() else {
             return self.local_ndarray();
         };

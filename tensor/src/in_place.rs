@@ -14,10 +14,11 @@ use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
 use smallvec::SmallVec;
 
 use crate::capture;
-use crate::dispatch::{infer, local_call, shapes_text, Want};
+use crate::dispatch::{infer, local_call, Want};
 use crate::executor::executor_for;
 use crate::op::{Inferred, Op};
 use crate::storage::{Device, Storage};
+use crate::tensor::shapes_text;
 use crate::tensor::{Tensor, TensorImpl};
 use crate::{Result, TensorError};
 use oxiflow_sbp::{RuleMode, Shape};

@@ -16,10 +16,12 @@ use oxiflow_collectives::nccl::{init_world_nccl, nccl_unavailable, Completion};
 use oxiflow_collectives::SharedComm;
 
 use crate::context::Context;
+use crate::op_trace;
 use crate::{Result, TensorError};
 
 /// Makes a context over `world` the process default and returns it.
 pub fn init_with_world(world: SharedComm) -> Context {
+    op_trace::install();
     let ctx = Context::new(world);
     ctx.set_default();
     ctx

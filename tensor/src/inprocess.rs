@@ -19,6 +19,7 @@ pub fn run_ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(usize) -> R + 
             .enumerate()
             .map(|(rank, comm)| {
                 s.spawn(move || {
+                    crate::op_trace::install();
                     let ctx = Context::new(comm);
                     let _guard = ctx.install();
                     f(rank)

@@ -26,19 +26,20 @@ mod executor;
 pub mod explain;
 mod gather_bucket;
 mod global;
+mod grad_mode;
 mod in_place;
 mod init;
 mod inprocess;
 pub mod memory;
+mod methods;
+mod observe;
 mod op;
+mod op_trace;
 pub mod rng;
 mod storage;
 mod tensor;
 
-pub use autograd::{
-    install_grad_hook, is_grad_enabled, no_grad, recompute, set_grad_enabled, AutogradMeta,
-    GradHookGuard, GradModeGuard, GradReadyHook,
-};
+pub use autograd::{install_grad_hook, recompute, GradHookGuard, GradReadyHook};
 pub use bucket::{bucket_fits, reduce_bucket, start_bucket, BucketTarget, PendingBucket};
 pub use context::{Context, ContextGuard};
 pub use cpu::CpuBackend;
@@ -51,6 +52,7 @@ pub use element::{FloatElement, TensorElement};
 pub use error::{Result, TensorError};
 pub use executor::{register_op_executor, OpExecutor};
 pub use gather_bucket::{gather_bucket, gather_fits};
+pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use in_place::BoundPiece;
 pub use init::{init_from_env, init_with_world};
 pub use inprocess::run_ranks;
@@ -66,7 +68,7 @@ pub use op::{
 };
 pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};
-pub use tensor::{Tensor, TensorMeta};
+pub use tensor::{AutogradMeta, GradFn, Tensor, TensorMeta};
 
 pub use oxiflow_dtype::{bf16, f16, DType};
 pub use oxiflow_placement::{DeviceType, Placement};

@@ -1,18 +1,20 @@
 //! `Tensor`: a cheap-to-clone handle (Arc) to a local tensor or to this rank's view of a global
-//! tensor (local piece + `GlobalLayout` + runtime context), plus autograd metadata.
+//! tensor (local piece + `GlobalLayout` + runtime context), plus its autograd state
+//! ([`AutogradMeta`]): the gradient slot and the backward-graph node that made it, held as a
+//! [`GradFn`] trait object so that this layer knows nothing of ops or of the autograd engine
+//! (which records nodes from above, as a dispatch observer).
 
+use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use ndarray::{ArrayD, IxDyn};
 use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
 
-use crate::autograd::AutogradMeta;
 use crate::context::Context;
-use crate::element::TensorElement;
-use crate::storage::{CpuArray, Device, Storage};
+use crate::storage::{Device, Storage};
 use crate::{Result, TensorError};
 
 /// The global part of a tensor: its layout and the rank's runtime context.
@@ -118,32 +120,6 @@ impl Tensor {
             global: None,
             autograd: AutogradMeta::default(),
         }))
-    }
-
-    /// A local tensor from a host array (made row-major contiguous).
-    pub fn from_array<T: TensorElement>(a: ArrayD<T>) -> Tensor {
-        let t = Tensor::from_storage(Storage::Cpu(T::wrap(a).into_standard()));
-        crate::capture::note_host_data("from_array", &t);
-        t
-    }
-
-    /// A local tensor from row-major data and a shape.
-    pub fn from_vec<T: TensorElement>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
-        let shape = shape.into();
-        let n = data.len();
-        ArrayD::from_shape_vec(IxDyn(shape.dims()), data)
-            .map(Tensor::from_array)
-            .map_err(|_| TensorError::Shape {
-                op: "from_vec",
-                shapes: shape.to_string(),
-                sbps: "-".into(),
-                detail: format!("{n} elements do not fill shape {shape}"),
-            })
-    }
-
-    /// A 0-d local tensor.
-    pub fn scalar<T: TensorElement>(v: T) -> Tensor {
-        Tensor::from_array(ArrayD::from_elem(IxDyn(&[]), v))
     }
 
     /// A tensor laid out like `like` (same global layout and context, or local) holding
@@ -306,11 +282,6 @@ impl Tensor {
     pub fn requires_grad(&self) -> bool {
         self.0.autograd.requires_grad()
     }
-    /// Marks the tensor as a leaf that wants a gradient; returns it for chaining.
-    pub fn requires_grad_(self, v: bool) -> Tensor {
-        self.0.autograd.set_requires_grad(v);
-        self
-    }
     /// The tensor's metadata, without its data.
     pub(crate) fn meta(&self) -> TensorMeta {
         TensorMeta {
@@ -324,28 +295,104 @@ impl Tensor {
     pub fn same(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
-
-    /// The local piece as a host array of `T` (a copy). For a global tensor this is the rank's
-    /// piece; use `to_ndarray` for the whole value.
-    pub fn local_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
-        crate::capture::refuse_host_read("local_ndarray", self)?;
-        let host = match self.storage() {
-            Some(s) => s.to_host()?,
-            None => CpuArray::zeros(self.dtype(), self.local_shape().dims()),
-        };
-        let dt = host.dtype();
-        T::unwrap(host).ok_or_else(|| TensorError::DType {
-            op: "to_ndarray",
-            dtypes: dt.to_string(),
-            shapes: self.shape().to_string(),
-            sbps: self.nd_sbp().map_or("-".into(), |s| s.to_string()),
-            detail: format!("asked for {}", T::DTYPE),
-        })
+    /// A tensor sharing this one's data without autograd history (and not requiring grad).
+    pub fn detach(&self) -> Tensor {
+        Tensor(Arc::new(TensorImpl {
+            piece: self.0.piece.clone(),
+            local_shape: self.0.local_shape.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device,
+            global: self.0.global.clone(),
+            autograd: AutogradMeta::default(),
+        }))
+    }
+    /// Whether the tensor has no autograd history (a leaf, when it requires grad).
+    pub fn is_leaf(&self) -> bool {
+        self.autograd().grad_edge().is_none()
+    }
+    /// The name of the op that made this tensor, when it has autograd history.
+    pub fn grad_fn_name(&self) -> Option<String> {
+        self.autograd().grad_fn().map(|f| f.name().to_string())
+    }
+    /// The accumulated gradient of a leaf.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.autograd().grad()
+    }
+    /// Clears the accumulated gradient.
+    pub fn zero_grad(&self) {
+        self.autograd().set_grad(None)
     }
 
     /// Short description for messages: `[4, 5] f32 (S(0) on cpu:[0, 1])` or `[4, 5] f32 local`.
     pub fn describe(&self) -> String {
         self.meta().describe()
+    }
+}
+
+/// A node of the backward graph as a tensor holds it (the op that made it): the autograd
+/// engine, which records every node, implements it and reads its own node type back.
+pub trait GradFn: Any + Send + Sync + fmt::Debug {
+    /// The op the node differentiates.
+    fn name(&self) -> &str;
+    /// How many tensors the node keeps for its backward now (0 once its backward released
+    /// them).
+    fn saved_count(&self) -> usize;
+}
+
+/// Autograd state of one tensor. Interior mutability: tensors are shared through `Arc`.
+/// Nodes are attached by the autograd observer of dispatch; nothing outside this crate can
+/// install or replace one.
+#[derive(Default)]
+pub struct AutogradMeta {
+    pub(crate) requires_grad: AtomicBool,
+    grad: Mutex<Option<Tensor>>,
+    /// The node that made this tensor and which of its outputs this tensor is.
+    grad_fn: Mutex<Option<(Arc<dyn GradFn>, usize)>>,
+    grad_layout: Mutex<Option<NdSbp>>,
+}
+
+impl AutogradMeta {
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad.load(Ordering::Relaxed)
+    }
+    /// The accumulated gradient, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn set_grad(&self, g: Option<Tensor>) {
+        *self.grad.lock().unwrap_or_else(|e| e.into_inner()) = g;
+    }
+    /// The node that made this tensor (None for leaves and tensors made without grad).
+    pub fn grad_fn(&self) -> Option<Arc<dyn GradFn>> {
+        self.grad_edge().map(|(n, _)| n)
+    }
+    /// The node that made this tensor and the index of this tensor among its outputs.
+    pub(crate) fn grad_edge(&self) -> Option<(Arc<dyn GradFn>, usize)> {
+        self.grad_fn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    /// The nd-SBP a leaf's gradient is boxed to as it accumulates (None: as it comes).
+    pub fn grad_layout(&self) -> Option<NdSbp> {
+        self.grad_layout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub(crate) fn set_grad_layout(&self, nd: Option<NdSbp>) {
+        *self.grad_layout.lock().unwrap_or_else(|e| e.into_inner()) = nd;
+    }
+    pub(crate) fn set_grad_fn(&self, f: Option<(Arc<dyn GradFn>, usize)>) {
+        *self.grad_fn.lock().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+}
+
+impl fmt::Debug for AutogradMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AutogradMeta")
+            .field("requires_grad", &self.requires_grad())
+            .finish()
     }
 }
 
@@ -365,4 +412,25 @@ impl fmt::Display for Tensor {
             None => f.write_str("<no piece on this rank>"),
         }
     }
+}
+
+/// The shapes of `inputs`, for messages: `[4, 5], [5]`.
+pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| t.shape().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The nd-SBPs of `inputs` (`local` for a local tensor), for messages.
+pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| {
+            t.nd_sbp()
+                .map_or_else(|| "local".to_string(), |s| s.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

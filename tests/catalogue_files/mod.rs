@@ -1,7 +1,8 @@
 //! The file part of the hostile catalogue of `train`: outputs aimed at inputs (the same file
 //! by name, `./name`, a hard link, a symlink, a symlinked folder; a checkpoint's own files; one
-//! path for two outputs), outputs of other runs, token files with damaged or misleading headers,
-//! resumes onto other data, batch sizes, tokenizers or shard sets, and checkpoints whose
+//! path for two outputs), outputs of other runs, token files with damaged or misleading headers
+//! (u16 and u32 ids), tokenizer.json files that cannot be used, resumes onto other data, batch
+//! sizes, tokenizers (by name or by a file's hash) or shard sets, and checkpoints whose
 //! manifests were edited with their checksum recomputed. Each case runs in a folder holding
 //! real inputs (a text corpus, token shards, a job file, checkpoints, the metrics and plot of
 //! another run) and must be refused before training, naming the fragment given, with every file
@@ -103,6 +104,7 @@ impl Inputs {
         std::fs::write(d.join("ok.bin"), le(&ids)).unwrap();
         std::fs::write(d.join("val.bin"), le(&ids[..2000])).unwrap();
         token_files(&d, &ids);
+        tokenizer_files(&d);
         std::fs::create_dir_all(d.join("set")).unwrap();
         std::fs::write(d.join("set/a.bin"), le(&ids)).unwrap();
         std::fs::write(d.join("set/b.bin"), le(&ids[..3000])).unwrap();
@@ -135,6 +137,24 @@ impl Inputs {
             "--save",
             "gck",
         ]);
+        run(&[
+            "--data",
+            "c.txt",
+            "--tokenizer",
+            "tok",
+            "--width",
+            "32",
+            "--layers",
+            "1",
+            "--seq-len",
+            "16",
+            "--gen-tokens",
+            "0",
+            "--steps",
+            "2",
+            "--save",
+            "tck",
+        ]);
         edited_copies(&d);
         Inputs(d)
     }
@@ -164,6 +184,71 @@ fn token_files(d: &Path, ids: &[u16]) {
     pre("pre50k.bin", b"OXFTOK16", 50257);
     pre("preflip.bin", b"OXFTOJ16", 256);
     pre("pre.txt", b"OXFTOK16", 50257);
+    // The same with u32 ids: llm.c's Llama 3 shards (one id above 65535) and OXFTOK32.
+    let wide: Vec<u32> = ids.iter().map(|&i| u32::from(i)).chain([70_000]).collect();
+    let llmc32 = |name: &str, magic: i32, version: i32, count: i32| {
+        let mut h = vec![0i32; 256];
+        (h[0], h[1], h[2]) = (magic, version, count);
+        let mut b: Vec<u8> = h.iter().flat_map(|x| x.to_le_bytes()).collect();
+        b.extend(wide.iter().flat_map(|i| i.to_le_bytes()));
+        std::fs::write(d.join(name), b).unwrap();
+    };
+    let n = wide.len() as i32;
+    llmc32("l3.bin", 20240801, 7, n);
+    llmc32("l3flip.bin", 20240801 ^ (1 << 9), 7, n);
+    llmc32("l3version.bin", 20240801, 2, n);
+    llmc32("l3count.bin", 20240801, 7, n + 7);
+    std::fs::create_dir_all(d.join("mix")).unwrap();
+    std::fs::copy(d.join("llmc.bin"), d.join("mix/a.bin")).unwrap();
+    std::fs::copy(d.join("l3.bin"), d.join("mix/b.bin")).unwrap();
+    let pre32 = |name: &str, magic: &[u8], vocab: u32| {
+        let mut b = magic.to_vec();
+        b.extend(vocab.to_le_bytes());
+        b.extend(wide.iter().flat_map(|i| i.to_le_bytes()));
+        std::fs::write(d.join(name), b).unwrap();
+    };
+    pre32("pre32.bin", b"OXFTOK32", 70_344);
+    pre32("pre32flip.bin", b"OXFTOK33", 70_344);
+}
+
+/// Tokenizer folders from tests/fixtures/tokenizers: `tok` (GPT-2 style), `tok3` (Llama 3
+/// style, as many ids), `tokw` (ids above 65535), and `badeos`, whose tokenizer_config.json
+/// names an end-of-text token the tokenizer does not hold; tokenizer files that cannot be
+/// used: `dropbyte.json` (a byte missing), `empty.json`, `emptytok/tokenizer.json`; a text
+/// named like a shard of `prepare --out pq` (`pq_000000.bin`) and a link to it.
+fn tokenizer_files(d: &Path) {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers");
+    for (from, to) in [
+        ("gpt2-style", "tok"),
+        ("llama3-style", "tok3"),
+        ("wide", "tokw"),
+        ("llama3-style", "badeos"),
+    ] {
+        copy_dir(&fixtures.join(from), &d.join(to));
+    }
+    std::fs::write(
+        d.join("badeos/tokenizer_config.json"),
+        "{\"eos_token\": \"<|nope|>\"}\n",
+    )
+    .unwrap();
+    // The GPT-2 style BPE without byte 0's character: it would drop that byte.
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(d.join("tok/tokenizer.json")).unwrap()).unwrap();
+    doc["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .remove("\u{100}");
+    std::fs::write(d.join("dropbyte.json"), doc.to_string()).unwrap();
+    std::fs::write(d.join("empty.json"), "").unwrap();
+    // Text named like a shard of `prepare --out pq`, and a link to it.
+    std::fs::write(
+        d.join("pq_000000.bin"),
+        "a text that prepare must not overwrite\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(d.join("pq_000000.bin"), d.join("pqlink.txt")).unwrap();
+    std::fs::create_dir_all(d.join("emptytok")).unwrap();
+    std::fs::write(d.join("emptytok/tokenizer.json"), "").unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -210,6 +295,22 @@ impl Drop for Inputs {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The GPT of the checkpoints `gck` and `tck` (no sample) with `rest`.
+fn tiny(rest: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec![
+        "--width",
+        "32",
+        "--layers",
+        "1",
+        "--seq-len",
+        "16",
+        "--gen-tokens",
+        "0",
+    ];
+    v.extend_from_slice(rest);
+    v
 }
 
 /// The cases: `train ARGS` (in the folder) and the fragment the refusal must name.
@@ -393,55 +494,157 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
             vec!["--data", "llmc.bin", "--shard-format", "raw"],
             "starts with llm.c's magic",
         ),
-        // Resumes onto something else than the checkpoint's run.
+        (
+            vec!["--data", "l3flip.bin"],
+            "damaged llm.c header: its magic (bytes 0..4) is 20241313, 1 bit(s) away from \
+             llm.c's 20240801",
+        ),
+        (
+            vec!["--data", "l3flip.bin", "--shard-format", "llmc"],
+            "the llm.c header's magic (bytes 0..4) is 20241313, neither",
+        ),
+        (
+            vec!["--data", "l3version.bin"],
+            "version (bytes 4..8) is 2, not 7",
+        ),
+        (
+            vec!["--data", "l3count.bin"],
+            "token count (bytes 8..12) is 4008 (17056 bytes with the header, u32 ids)",
+        ),
+        (
+            vec!["--data", "l3.bin"],
+            "at byte 17024: token 4000 is id 70000, not below the vocabulary size 256",
+        ),
+        (
+            vec!["--data", "l3.bin", "--tokenizer", "tok"],
+            "token 4000 is id 70000, not below the vocabulary size 600",
+        ),
+        (
+            vec!["--data", "l3.bin", "--shard-format", "raw"],
+            "starts with llm.c's magic 20240801",
+        ),
+        (
+            vec!["--data", "mix/*.bin", "--tokenizer", "tokw"],
+            "holds u32 ids but the set's first shard",
+        ),
+        // u16 ids cannot be a tokenizer's whose ids need u32: shards of another tokenizer.
+        (
+            vec!["--data", "llmc.bin", "--tokenizer", "tokw"],
+            "llmc.bin at byte 0: holds u16 ids (llm.c's GPT-2 format, at most 65536 ids) but \
+             the tokenizer's vocabulary has 70344 ids",
+        ),
+        (
+            vec!["--data", "ok.bin", "--tokenizer", "tokw"],
+            "ok.bin at byte 0: holds u16 ids (nanoGPT's raw format",
+        ),
         (
             vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
-                "--resume",
-                "gck",
                 "--data",
-                "val.bin",
-                "--steps",
-                "4",
+                "l3.bin",
+                "--val-data",
+                "llmc.bin",
+                "--tokenizer",
+                "tokw",
             ],
+            "llmc.bin at byte 0: holds u16 ids",
+        ),
+        (
+            vec!["--data", "pre32.bin"],
+            "vocabulary size (bytes 8..12) is 70344, more than the bytes tokenizer's 256",
+        ),
+        (
+            vec!["--data", "pre32.bin", "--tokenizer", "tok"],
+            "vocabulary size (bytes 8..12) is 70344, more than the",
+        ),
+        (
+            vec!["--data", "pre32flip.bin"],
+            "damaged pre-tokenized header: its magic (bytes 0..8)",
+        ),
+        // Tokenizer files that cannot be used.
+        (
+            vec!["--data", "c.txt", "--tokenizer", "nope.json"],
+            "--tokenizer nope.json: not bytes or gpt2",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", "sub"],
+            "a directory without a tokenizer.json",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", "notes.txt"],
+            "not a tokenizer.json the tokenizers library reads",
+        ),
+        (
+            vec![
+                "prepare",
+                "--out",
+                "pp",
+                "--tokenizer",
+                "dropbyte.json",
+                "c.txt",
+            ],
+            "tokenizer dropbyte.json: a byte-level BPE without unk_token or byte_fallback whose \
+             vocabulary lacks 1 of the 256 byte characters",
+        ),
+        // An input among the shards prepare writes would be overwritten before it is read.
+        (
+            vec!["prepare", "--out", "pq", "c.txt", "pq_000000.bin"],
+            "prepare pq_000000.bin: is ",
+        ),
+        (
+            vec!["prepare", "--out", "sub/../pq", "c.txt", "pqlink.txt"],
+            "pq_000000.bin, a shard name of --out sub/../pq (sub/../pq_NNNNNN.bin)",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", "empty.json"],
+            "tokenizer empty.json: not a tokenizer.json the tokenizers library reads",
+        ),
+        (
+            vec!["prepare", "--out", "pp", "--tokenizer", "emptytok", "c.txt"],
+            "tokenizer emptytok/tokenizer.json: not a tokenizer.json",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", "badeos"],
+            "its eos_token \"<|nope|>\" is no token",
+        ),
+        (
+            vec!["--data", "c.txt", "--tokenizer", ""],
+            "empty: give bytes, gpt2",
+        ),
+        (
+            vec![
+                "prepare",
+                "--out",
+                "pp",
+                "--format",
+                "raw",
+                "--tokenizer",
+                "tokw",
+                "c.txt",
+            ],
+            "--format raw holds u16 ids",
+        ),
+        (
+            vec![
+                "prepare",
+                "--out",
+                "pp",
+                "--tokenizer",
+                "notes.txt",
+                "c.txt",
+            ],
+            "--tokenizer notes.txt",
+        ),
+        // Resumes onto something else than the checkpoint's run.
+        (
+            tiny(&["--resume", "gck", "--data", "val.bin", "--steps", "4"]),
             "--data file 1 was",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
-                "--resume",
-                "gck",
-                "--data",
-                "set/*.bin",
-                "--steps",
-                "4",
-            ],
+            tiny(&["--resume", "gck", "--data", "set/*.bin", "--steps", "4"]),
             "but this run reads 2",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -450,19 +653,11 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "8",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved with batch_size 16 but this run has --batch-size 8",
         ),
         (
-            vec![
-                "--width",
-                "32",
-                "--layers",
-                "1",
-                "--seq-len",
-                "16",
-                "--gen-tokens",
-                "0",
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -471,8 +666,34 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "gpt2",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved with tokenizer bytes but this run has --tokenizer gpt2",
+        ),
+        (
+            tiny(&[
+                "--resume",
+                "gck",
+                "--data",
+                "set/a.bin",
+                "--tokenizer",
+                "tok",
+                "--steps",
+                "4",
+            ]),
+            "saved with tokenizer bytes but this run has --tokenizer sha256:",
+        ),
+        (
+            tiny(&[
+                "--resume",
+                "tck",
+                "--data",
+                "c.txt",
+                "--tokenizer",
+                "tok3",
+                "--steps",
+                "4",
+            ]),
+            "tok/tokenizer.json but this run has --tokenizer sha256:",
         ),
         (
             vec![
@@ -482,8 +703,17 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "1",
                 "--seq-len",
                 "16",
-                "--gen-tokens",
-                "0",
+                "--resume",
+                "tck",
+                "--tokenizer",
+                "tok3",
+                "--generate",
+                "hi",
+            ],
+            "tok/tokenizer.json or --allow-resume-mismatch",
+        ),
+        (
+            tiny(&[
                 "--resume",
                 "gck",
                 "--data",
@@ -492,7 +722,7 @@ pub fn cases() -> Vec<(Vec<&'static str>, &'static str)> {
                 "set/b.bin",
                 "--steps",
                 "4",
-            ],
+            ]),
             "saved reading no --val-data file but this run reads",
         ),
         (

@@ -67,7 +67,8 @@ pub struct Cli {
 /// Modes other than training.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Tokenize text files into token shards (llm.c's format or raw u16), with a progress bar.
+    /// Tokenize text files into token shards (llm.c's format, u16 or u32 ids, or raw u16), with
+    /// a progress bar.
     Prepare(prepare::PrepareArgs),
 }
 

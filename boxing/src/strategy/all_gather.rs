@@ -2,10 +2,10 @@
 //! result when the parts of dim d are contiguous (d outermost), else into a staging buffer that
 //! is then rearranged.
 
-use crate::execute::comm_err;
+use crate::comm::comm_err;
 use crate::piece::LocalPiece;
-use crate::plan::Step;
 use crate::region::outer;
+use crate::step::Step;
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 

@@ -3,9 +3,9 @@
 
 use oxiflow_sbp::ReduceOp;
 
-use crate::execute::{comm_err, comm_op};
+use crate::comm::{comm_err, comm_op};
 use crate::piece::LocalPiece;
-use crate::plan::Step;
+use crate::step::Step;
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 

@@ -10,10 +10,10 @@ use std::ops::Range;
 
 use oxiflow_collectives::{Buf, BufMut, StridedBlock};
 
-use crate::execute::comm_err;
+use crate::comm::comm_err;
 use crate::piece::LocalPiece;
-use crate::plan::Step;
 use crate::region::{numel, outer};
+use crate::step::Step;
 use crate::strategy::AxisCtx;
 use crate::BoxingError;
 

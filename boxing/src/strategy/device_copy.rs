@@ -6,7 +6,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_sbp::GlobalLayout;
 
 use crate::piece::LocalPiece;
-use crate::plan::{Step, StepKind};
+use crate::step::{Step, StepKind};
 use crate::BoxingError;
 
 pub(crate) fn plan(before: &GlobalLayout, after: &GlobalLayout, dtype: DType) -> Step {

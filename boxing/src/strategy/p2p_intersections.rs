@@ -20,46 +20,11 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, ReduceOp, Region, Sbp};
 use rustc_hash::FxHashMap;
 
-use crate::execute::{comm_err, comm_op, member_indices, sub_comm};
+use crate::comm::{comm_err, comm_op, member_indices, sub_comm};
 use crate::piece::{Fill, LocalPiece};
-use crate::plan::{partial_op, Step, StepKind};
 use crate::region::{intersect, numel, relative};
+use crate::step::{partial_op, P2pPlan, RankIo, Step, StepKind, Transfer};
 use crate::BoxingError;
-
-/// One piece of data moving from `src` to `dst` (world ranks).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transfer {
-    pub src: usize,
-    pub dst: usize,
-    /// Global index ranges moved.
-    pub region: Region,
-    /// Reduce into the destination (a later P component) rather than write.
-    pub accumulate: bool,
-}
-
-/// The data movement of a point-to-point step.
-#[derive(Clone, Debug)]
-pub struct P2pPlan {
-    /// World ranks of both placements, ascending: the communicator's member order.
-    pub union: Vec<usize>,
-    /// Ordered by destination (target mesh order), then P component, then source tile.
-    pub transfers: Vec<Transfer>,
-    /// The source's partial reduction, if any.
-    pub reduce: Option<ReduceOp>,
-    /// Whether any transfer crosses ranks (else no communication at all).
-    pub needs_comm: bool,
-    /// Per world rank: indices into `transfers` it sends to other ranks, ordered by the
-    /// destination's member index (then plan order), and those it receives from other ranks,
-    /// ordered by the source's member index. Precomputed so execution is linear in its own data.
-    pub io: FxHashMap<usize, RankIo>,
-}
-
-/// The remote transfers of one rank, in the order the all-to-all-v lays them out.
-#[derive(Clone, Debug, Default)]
-pub struct RankIo {
-    pub sends: Vec<usize>,
-    pub recvs: Vec<usize>,
-}
 
 /// Whether the target rank at `coord` holds the value: coordinate 0 on every P(sum) axis.
 pub(crate) fn value_holder(layout: &GlobalLayout, coord: &[usize]) -> bool {

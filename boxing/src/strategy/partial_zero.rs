@@ -17,7 +17,7 @@ pub(crate) fn run<P: LocalPiece>(
     let (dtype, dev) = (piece.dtype(), piece.device());
     match from {
         Sbp::Split(d) => {
-            let fill = Fill::Identity(crate::execute::comm_op(op));
+            let fill = Fill::Identity(crate::comm::comm_op(op));
             let mut out = P::filled(&ctx.group_shape, dtype, dev, fill)?;
             out.write_region(&ctx.part_box(&ctx.group_shape, d, ctx.me), &piece, None)?;
             Ok(out)

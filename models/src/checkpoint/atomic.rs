@@ -22,29 +22,15 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::{Result, TensorError};
+use crate::Result;
 
 use super::limits::{check_file_size, write_error};
+use super::manifest::MANIFEST;
+use super::paths::{io_err, parent_of, sibling};
 use super::SaveStage;
 
-pub(crate) const MANIFEST: &str = "manifest.json";
 /// The file that marks a `<path>.partial` directory as made by a save.
 const PARTIAL_MARKER: &str = ".oxiflow-partial";
-
-pub(crate) fn io_err(op: &'static str, path: &Path, e: impl std::fmt::Display) -> TensorError {
-    TensorError::Checkpoint {
-        op,
-        path: path.display().to_string(),
-        detail: e.to_string(),
-    }
-}
-
-/// `<path><suffix>` (a sibling of the checkpoint directory).
-pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
 
 /// Whether `dir` is a checkpoint of ours: a directory (not a symlink) whose `manifest.json` is a
 /// regular file naming the oxiflow format. Only the format field is read here; `load` validates
@@ -145,13 +131,6 @@ fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| io_err("checkpoint fsync", dir, e))
-}
-
-pub(crate) fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
 }
 
 /// Writes `bytes` to `path` atomically: `<path>.tmp`, fsync, rename, fsync of the directory.

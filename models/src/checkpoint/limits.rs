@@ -10,7 +10,7 @@ use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
 
 use crate::TensorError;
 
-use super::atomic::{io_err, parent_of};
+use super::paths::{io_err, parent_of};
 
 /// The soft file-size limit of this process in bytes; None when unlimited or unknown.
 fn file_size_limit() -> Option<u64> {

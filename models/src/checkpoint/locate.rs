@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 use crate::Result;
 
-use super::atomic::{sibling, MANIFEST};
+use super::manifest::MANIFEST;
 use super::manifest::{Manifest, MAX_MANIFEST_BYTES};
+use super::paths::sibling;
 use super::verify::{bad, read_regular, verify};
 
 /// A complete checkpoint: its directory and manifest, and, when it is `<path>.old` standing in

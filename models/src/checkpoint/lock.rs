@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 
-use super::atomic::{io_err, parent_of, sibling};
+use super::paths::{io_err, parent_of, sibling};
 
 /// How long a save waits for another save of the same path when `SaveOptions::lock_wait` is
 /// not set.

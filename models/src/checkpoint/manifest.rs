@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::layout::{file_name, pieces_of, LayoutEntry};
 use super::{optim_key, Metadata};
 
+/// The name of the manifest file in a checkpoint directory.
+pub(crate) const MANIFEST: &str = "manifest.json";
 pub(crate) const FORMAT: &str = "oxiflow-checkpoint";
 /// Version 3: the manifest's own checksum, piece layouts, the optimizer section. Earlier
 /// versions carry no manifest checksum and are refused.
@@ -340,7 +342,7 @@ impl Manifest {
         check_header(&self.format, self.version)?;
         let mut files = BTreeSet::new();
         for f in &self.files {
-            if !is_plain_file_name(&f.name) || f.name == super::atomic::MANIFEST {
+            if !is_plain_file_name(&f.name) || f.name == MANIFEST {
                 return Err(format!(
                     "file name {:?} is not a plain file name inside the checkpoint",
                     f.name

@@ -23,6 +23,7 @@ mod load;
 mod locate;
 mod lock;
 mod manifest;
+mod paths;
 mod pieces;
 mod save;
 mod verify;

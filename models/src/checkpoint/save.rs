@@ -20,14 +20,15 @@ use oxiflow_tensor::CpuArray;
 use oxiflow_tensor::Tensor;
 
 use super::atomic::{
-    check_save_target, fresh_partial, io_err, publish, recover, remove_partial, sibling,
-    write_file, MANIFEST,
+    check_save_target, fresh_partial, publish, recover, remove_partial, write_file,
 };
 use super::layout::{file_name, pieces_of, LayoutEntry};
 use super::lock::{SaveLock, DEFAULT_LOCK_WAIT};
 use super::manifest::{
-    show_region, FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry, FORMAT, VERSION,
+    show_region, FileEntry, Manifest, OptimizerEntry, PieceEntry, TensorEntry, FORMAT, MANIFEST,
+    VERSION,
 };
+use super::paths::{io_err, sibling};
 use super::pieces::{st_dtype, to_bytes};
 use super::verify::REGIONS_KEY;
 use super::{optim_key, Metadata, SaveOptions, SaveStage};

@@ -14,8 +14,8 @@ use safetensors::SafeTensors;
 
 use crate::{Result, TensorError};
 
-use super::atomic::io_err;
 use super::manifest::{show_region, Manifest, PieceEntry};
+use super::paths::io_err;
 use super::pieces::{first_non_finite, st_dtype};
 
 pub(crate) fn bad(path: &Path, detail: impl Into<String>) -> TensorError {

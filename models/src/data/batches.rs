@@ -99,7 +99,7 @@ impl WindowSampler {
 
     /// Rows `rows` of step `step`'s batch drawn from `tokens` (the sequence this sampler was
     /// made for).
-    pub fn rows(&self, tokens: &[u16], step: u64, rows: Range<usize>) -> Result<Batch, DataError> {
+    pub fn rows(&self, tokens: &[u32], step: u64, rows: Range<usize>) -> Result<Batch, DataError> {
         let op = "WindowSampler::rows";
         if rows.end > self.batch
             || rows.start > rows.end
@@ -142,7 +142,7 @@ mod tests {
         fn shards_make_up_the_whole_batch(
             seed in 0u64..1000, step in 0u64..1000, dp in 1usize..5, per in 1usize..4
         ) {
-            let tokens: Vec<u16> = (0..200u16).collect();
+            let tokens: Vec<u32> = (0..200u32).collect();
             let s = WindowSampler::new(tokens.len(), seed, dp * per, 8).unwrap();
             let whole = s.rows(&tokens, step, 0..dp * per).unwrap();
             let mut joined = Vec::new();

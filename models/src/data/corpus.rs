@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use super::error::DataError;
 use super::generated::generated_text;
-use super::header::{identify, TokenHeader};
-use super::shards::LLMC_HEADER_BYTES;
+use super::header::{
+    identify, IdWidth, TokenHeader, LLMC_HEADER_BYTES, PRETOKENIZED32_MAGIC, PRETOKENIZED_MAGIC,
+};
+use super::shards::write_atomically;
 use super::tokenizer::Tokenizer;
 
 /// The largest corpus file read (bytes); larger files are refused.
 pub const MAX_CORPUS_BYTES: u64 = 1 << 30;
-/// The first bytes of a pre-tokenized file (see the module docs for the format).
-pub const PRETOKENIZED_MAGIC: &[u8; 8] = b"OXFTOK16";
 /// The license texts every Debian/Ubuntu system ships.
 const SYSTEM_LICENSES: &str = "/usr/share/common-licenses";
 /// Size of the generated text used when no corpus is at hand.
@@ -53,7 +53,7 @@ impl std::fmt::Display for CorpusSource {
 /// Token ids, their vocabulary size and the split point of the held-out part.
 #[derive(Clone, Debug)]
 pub struct Corpus {
-    tokens: Arc<[u16]>,
+    tokens: Arc<[u32]>,
     vocab: usize,
     heldout_start: usize,
     pub source: CorpusSource,
@@ -91,7 +91,7 @@ fn read_capped(op: &'static str, path: &Path) -> Result<Vec<u8>, DataError> {
 
 impl Corpus {
     /// A corpus of `tokens` below `vocab`, the last `HELDOUT_FRACTION` held out.
-    fn new(tokens: Vec<u16>, vocab: usize, source: CorpusSource) -> Corpus {
+    fn new(tokens: Vec<u32>, vocab: usize, source: CorpusSource) -> Corpus {
         let held = (tokens.len() as f64 * HELDOUT_FRACTION).ceil() as usize;
         Corpus {
             heldout_start: tokens.len().saturating_sub(held),
@@ -105,7 +105,7 @@ impl Corpus {
     pub fn from_text(
         text: &str,
         source: CorpusSource,
-        tokenizer: Tokenizer,
+        tokenizer: &Tokenizer,
     ) -> Result<Corpus, DataError> {
         Ok(Corpus::new(
             tokenizer.encode(text)?,
@@ -114,25 +114,23 @@ impl Corpus {
         ))
     }
 
-    /// Bytes of text (lossily decoded as UTF-8 by the GPT-2 tokenizer) through `tokenizer`.
+    /// A file's bytes through `tokenizer` (`Tokenizer::encode_bytes`).
     fn from_bytes(
         bytes: &[u8],
         source: CorpusSource,
-        tokenizer: Tokenizer,
+        tokenizer: &Tokenizer,
     ) -> Result<Corpus, DataError> {
-        match tokenizer {
-            Tokenizer::Bytes => {
-                let tokens = bytes.iter().map(|&b| u16::from(b)).collect();
-                Ok(Corpus::new(tokens, tokenizer.vocab(), source))
-            }
-            _ => Corpus::from_text(&String::from_utf8_lossy(bytes), source, tokenizer),
-        }
+        Ok(Corpus::new(
+            tokenizer.encode_bytes(bytes)?,
+            tokenizer.vocab(),
+            source,
+        ))
     }
 
     /// A text file through `tokenizer`, or a pre-tokenized file when it starts with
-    /// `PRETOKENIZED_MAGIC` (its own vocabulary, at most the tokenizer's, which decodes its
+    /// `OXFTOK16` or `OXFTOK32` (its own vocabulary, at most the tokenizer's, which decodes its
     /// samples). A damaged header (see `header`) or an llm.c shard is refused.
-    pub fn from_path(path: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
+    pub fn from_path(path: &Path, tokenizer: &Tokenizer) -> Result<Corpus, DataError> {
         let op = "corpus";
         let bytes = read_capped(op, path)?;
         let bad = |detail: String| DataError::Format {
@@ -141,50 +139,52 @@ impl Corpus {
             detail,
         };
         let head = &bytes[..bytes.len().min(LLMC_HEADER_BYTES)];
-        match identify(head, bytes.len() as u64).map_err(&bad)? {
-            TokenHeader::Llmc => {
+        let width = match identify(head, bytes.len() as u64).map_err(&bad)? {
+            TokenHeader::Llmc(_) => {
                 return Err(bad(
                     "an llm.c token shard, which is read as shards (a path ending in .bin, or \
                      a glob)"
                         .into(),
                 ))
             }
-            TokenHeader::Pretokenized => {}
+            TokenHeader::Pretokenized(width) => width,
             TokenHeader::None => {
                 let src = CorpusSource::Text(path.to_path_buf());
                 return Corpus::from_bytes(&bytes, src, tokenizer);
             }
-        }
+        };
         let rest = &bytes[PRETOKENIZED_MAGIC.len()..];
         let (head, ids) = rest.split_first_chunk::<4>().ok_or_else(|| {
             bad("the pre-tokenized header ends before its vocabulary size (bytes 8..12)".into())
         })?;
-        let vocab = u32::from_le_bytes(*head) as usize;
-        if vocab == 0 || vocab > usize::from(u16::MAX) + 1 {
+        let vocab = u32::from_le_bytes(*head) as u64;
+        if vocab == 0 || vocab > width.capacity() {
             return Err(bad(format!(
                 "the pre-tokenized header's vocabulary size (bytes 8..12) is {vocab}, not in \
-                 1..=65536"
+                 1..={} ({width} ids)",
+                width.capacity()
             )));
         }
+        let vocab = vocab as usize;
         if vocab > tokenizer.vocab() {
             return Err(bad(format!(
                 "the pre-tokenized header's vocabulary size (bytes 8..12) is {vocab}, more than \
                  the {} tokenizer's {} ids: it was made with another tokenizer (choose that one)",
-                tokenizer.name(),
+                tokenizer,
                 tokenizer.vocab()
             )));
         }
-        if ids.len() % 2 != 0 {
-            return Err(bad(format!("{} id bytes: not whole u16 ids", ids.len())));
+        if ids.len() % width.bytes() != 0 {
+            return Err(bad(format!(
+                "{} id bytes: not whole {width} ids",
+                ids.len()
+            )));
         }
-        let tokens: Vec<u16> = ids
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect();
+        let tokens: Vec<u32> = width.decode(ids).collect();
         if let Some((i, id)) = tokens
             .iter()
             .enumerate()
-            .find(|(_, &t)| usize::from(t) >= vocab)
+            .find(|(_, &t)| t as usize >= vocab)
         {
             return Err(bad(format!(
                 "token {i} is {id}, not below the vocabulary size {vocab}"
@@ -199,7 +199,7 @@ impl Corpus {
 
     /// The regular files (not links) of `dir`, sorted by name and joined by newlines, through
     /// `tokenizer`.
-    pub fn from_directory(dir: &Path, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
+    pub fn from_directory(dir: &Path, tokenizer: &Tokenizer) -> Result<Corpus, DataError> {
         let op = "corpus folder";
         let io = |source| DataError::Io {
             op,
@@ -235,7 +235,7 @@ impl Corpus {
 
     /// The default corpus, needing no download: the license texts under
     /// /usr/share/common-licenses when that directory has any, else generated text from `seed`.
-    pub fn default_corpus(seed: u64, tokenizer: Tokenizer) -> Result<Corpus, DataError> {
+    pub fn default_corpus(seed: u64, tokenizer: &Tokenizer) -> Result<Corpus, DataError> {
         match Corpus::from_directory(Path::new(SYSTEM_LICENSES), tokenizer) {
             Ok(c) if !c.is_empty() => Ok(c),
             _ => Corpus::from_text(
@@ -247,7 +247,7 @@ impl Corpus {
     }
 
     /// All token ids (shared).
-    pub fn tokens(&self) -> Arc<[u16]> {
+    pub fn tokens(&self) -> Arc<[u32]> {
         Arc::clone(&self.tokens)
     }
     /// The positions of the training tokens in `tokens()`.
@@ -271,31 +271,63 @@ impl Corpus {
         self.tokens.is_empty()
     }
     /// The training tokens (all but the held-out end).
-    pub fn train(&self) -> &[u16] {
+    pub fn train(&self) -> &[u32] {
         &self.tokens[..self.heldout_start]
     }
     /// The held-out tokens (the last `HELDOUT_FRACTION`).
-    pub fn heldout(&self) -> &[u16] {
+    pub fn heldout(&self) -> &[u32] {
         &self.tokens[self.heldout_start..]
     }
 
     /// Entropy (nats) of the token frequencies of `tokens`: the loss of the best model that
     /// ignores context.
-    pub fn unigram_entropy(tokens: &[u16]) -> f64 {
-        let mut counts = vec![0u64; usize::from(u16::MAX) + 1];
+    pub fn unigram_entropy(tokens: &[u32]) -> f64 {
+        // In id order, so the sum is the same on every run and rank.
+        let mut counts: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
         for &t in tokens {
-            counts[usize::from(t)] += 1;
+            *counts.entry(t).or_default() += 1;
         }
         let n = tokens.len() as f64;
         counts
-            .iter()
-            .filter(|&&c| c > 0)
+            .values()
             .map(|&c| {
                 let p = c as f64 / n;
                 -p * p.ln()
             })
             .sum()
     }
+}
+
+/// Writes `ids`, each below `vocab`, to `path` as a pre-tokenized file: `OXFTOK16` when the
+/// vocabulary fits u16 ids, else `OXFTOK32` (see the module docs of `data`); returns the width
+/// written. An id at or above `vocab` is an error and nothing is written.
+pub fn write_pretokenized(path: &Path, vocab: usize, ids: &[u32]) -> Result<IdWidth, DataError> {
+    let bad = |detail: String| DataError::Format {
+        op: "write_pretokenized",
+        path: path.to_path_buf(),
+        detail,
+    };
+    let v = u32::try_from(vocab)
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or_else(|| bad(format!("vocabulary size {vocab} is not in 1..=4294967295")))?;
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id >= v) {
+        return Err(bad(format!(
+            "token {i} is {id}, not below the vocabulary size {vocab}"
+        )));
+    }
+    let width = IdWidth::for_vocab(vocab);
+    let magic = match width {
+        IdWidth::U16 => PRETOKENIZED_MAGIC,
+        IdWidth::U32 => PRETOKENIZED32_MAGIC,
+    };
+    let mut bytes = magic.to_vec();
+    bytes.extend(v.to_le_bytes());
+    width
+        .encode_into(ids, &mut bytes)
+        .map_err(|(i, id)| bad(format!("token {i} is {id}, which does not fit {width}")))?;
+    write_atomically("write_pretokenized", path, &bytes)?;
+    Ok(width)
 }
 
 #[cfg(test)]
@@ -316,9 +348,9 @@ mod tests {
             b.extend(id.to_le_bytes());
         }
         let p = temp("ok", &b);
-        let c = Corpus::from_path(&p, Tokenizer::Gpt2).unwrap();
+        let c = Corpus::from_path(&p, &Tokenizer::Gpt2).unwrap();
         assert_eq!((c.vocab(), c.len()), (300, 3));
-        let e = Corpus::from_path(&p, Tokenizer::Bytes)
+        let e = Corpus::from_path(&p, &Tokenizer::Bytes)
             .unwrap_err()
             .to_string();
         assert!(
@@ -327,35 +359,83 @@ mod tests {
         );
         b.extend(300u16.to_le_bytes());
         let p2 = temp("bad", &b);
-        let e = Corpus::from_path(&p2, Tokenizer::Gpt2)
+        let e = Corpus::from_path(&p2, &Tokenizer::Gpt2)
             .unwrap_err()
             .to_string();
         assert!(e.contains("token 3 is 300"), "{e}");
         b.push(0);
         let p3 = temp("odd", &b);
-        assert!(Corpus::from_path(&p3, Tokenizer::Gpt2).is_err());
+        assert!(Corpus::from_path(&p3, &Tokenizer::Gpt2).is_err());
         for p in [p, p2, p3] {
             let _ = std::fs::remove_file(p);
         }
     }
 
     #[test]
+    fn pretokenized_files_of_either_width_round_trip() {
+        let wide: Vec<u32> = (0..1000u32).map(|i| i * 131 % 151_936).collect();
+        let p = temp("wide", b"");
+        assert_eq!(
+            write_pretokenized(&p, 151_936, &wide).unwrap(),
+            IdWidth::U32
+        );
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[..12], b"OXFTOK32\x80\x51\x02\x00");
+        assert_eq!(bytes.len(), 12 + 4 * 1000);
+        let big = Tokenizer::from_file(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tokenizers/wide"
+        )))
+        .unwrap();
+        // The wide fixture's 70,344 ids are too few for a 151,936-id file.
+        let e = Corpus::from_path(&p, &big).unwrap_err().to_string();
+        assert!(e.contains("is 151936, more than the"), "{e}");
+        let small: Vec<u32> = wide.iter().map(|i| i % 70_344).collect();
+        assert_eq!(
+            write_pretokenized(&p, 70_344, &small).unwrap(),
+            IdWidth::U32
+        );
+        let c = Corpus::from_path(&p, &big).unwrap();
+        assert_eq!((c.vocab(), &c.tokens()[..]), (70_344, &small[..]));
+        let narrow: Vec<u32> = small.iter().map(|i| i % 300).collect();
+        assert_eq!(write_pretokenized(&p, 300, &narrow).unwrap(), IdWidth::U16);
+        assert_eq!(&std::fs::read(&p).unwrap()[..8], b"OXFTOK16");
+        let c = Corpus::from_path(&p, &Tokenizer::Gpt2).unwrap();
+        assert_eq!(&c.tokens()[..], &narrow[..]);
+        assert!(write_pretokenized(&p, 300, &small).is_err());
+        // An OXFTOK32 file whose id bytes are not whole u32 ids, or an id past its vocabulary.
+        let mut b = b"OXFTOK32".to_vec();
+        b.extend(70_344u32.to_le_bytes());
+        b.extend(70_343u32.to_le_bytes());
+        b.extend([1, 0]);
+        std::fs::write(&p, &b).unwrap();
+        let e = Corpus::from_path(&p, &big).unwrap_err().to_string();
+        assert!(e.contains("6 id bytes: not whole u32 ids"), "{e}");
+        b.truncate(16);
+        b.extend(70_344u32.to_le_bytes());
+        std::fs::write(&p, &b).unwrap();
+        let e = Corpus::from_path(&p, &big).unwrap_err().to_string();
+        assert!(e.contains("token 1 is 70344, not below"), "{e}");
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
     fn text_files_are_bytes_and_the_end_is_held_out() {
         let p = temp("text", b"abcdefghij");
-        let c = Corpus::from_path(&p, Tokenizer::Bytes).unwrap();
+        let c = Corpus::from_path(&p, &Tokenizer::Bytes).unwrap();
         assert_eq!(
             c.train(),
             "abcdefghi"
                 .as_bytes()
                 .iter()
-                .map(|&b| u16::from(b))
+                .map(|&b| u32::from(b))
                 .collect::<Vec<_>>()
         );
-        assert_eq!(c.heldout(), [u16::from(b'j')]);
-        let g = Corpus::from_path(&p, Tokenizer::Gpt2).unwrap();
+        assert_eq!(c.heldout(), [u32::from(b'j')]);
+        let g = Corpus::from_path(&p, &Tokenizer::Gpt2).unwrap();
         assert_eq!(g.vocab(), 50257);
         assert!(std::fs::create_dir_all(std::env::temp_dir()).is_ok());
-        let e = Corpus::from_path(&std::env::temp_dir(), Tokenizer::Bytes).unwrap_err();
+        let e = Corpus::from_path(&std::env::temp_dir(), &Tokenizer::Bytes).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
         let _ = std::fs::remove_file(p);
     }

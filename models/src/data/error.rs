@@ -22,6 +22,9 @@ pub enum DataError {
     Sampling { op: &'static str, detail: String },
     #[error("tokenizer {name}: {detail}")]
     Tokenizer { name: &'static str, detail: String },
+    /// A tokenizer.json (or the tokenizer_config.json beside it) that cannot be used.
+    #[error("tokenizer {path}: {detail}")]
+    TokenizerFile { path: PathBuf, detail: String },
     /// A token shard that cannot be used: `offset` is the byte offset in `path` where the
     /// problem is.
     #[error("{path} at byte {offset}: {detail}")]

@@ -13,7 +13,7 @@ use super::shards::ShardSet;
 #[derive(Clone, Debug)]
 enum Tokens {
     Shards(Arc<ShardSet>),
-    Memory(Arc<[u16]>),
+    Memory(Arc<[u32]>),
 }
 
 /// The windows of an evaluation (see the module docs).
@@ -33,7 +33,7 @@ impl EvalWindows {
     }
 
     /// The windows of one token sequence.
-    pub fn of_tokens(tokens: Arc<[u16]>, seq_len: usize) -> Result<EvalWindows, DataError> {
+    pub fn of_tokens(tokens: Arc<[u32]>, seq_len: usize) -> Result<EvalWindows, DataError> {
         let len = tokens.len();
         EvalWindows::new(Tokens::Memory(tokens), &[len], seq_len)
     }

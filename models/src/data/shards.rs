@@ -1,10 +1,11 @@
 //! Token shards on disk, memory-mapped: nanoGPT's raw `.bin` (little-endian u16 ids, nothing
-//! else) and llm.c's (a header of 256 little-endian i32: magic 20240520, version 1, token
-//! count; then the u16 ids). `ShardSet::open` expands a glob, maps each regular file, tells its
-//! format by its header (`header`: a damaged header is refused, a pre-tokenized file is not a
-//! shard), checks header and size against the format and every id against the vocabulary,
-//! naming the file, the field and the byte offset of the first problem; `write_shard` writes
-//! either format.
+//! else) and llm.c's (a header of 256 little-endian i32: magic, version, token count; then the
+//! ids: u16 under GPT-2's magic 20240520 version 1, u32 under Llama 3's magic 20240801 version
+//! 7). `ShardSet::open` expands a glob, maps each regular file, tells its format and id width
+//! by its header (`header`: a damaged header is refused, a pre-tokenized file is not a shard),
+//! checks header and size against the format and every id against the vocabulary, naming the
+//! file, the field and the byte offset of the first problem; `write_shard` writes either
+//! format at either width llm.c defines.
 
 use std::fs::File;
 use std::io::Write;
@@ -13,25 +14,18 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::error::DataError;
-use super::header::{identify, TokenHeader};
-
-/// llm.c's header magic.
-pub const LLMC_MAGIC: i32 = 20240520;
-/// llm.c's header version for u16 GPT-2 tokens (version 2 holds u32 ids).
-pub const LLMC_VERSION: i32 = 1;
-/// Bytes of llm.c's header (256 i32).
-pub const LLMC_HEADER_BYTES: usize = 1024;
+use super::header::{identify, IdWidth, LlmcHeader, TokenHeader, LLMC_HEADER_BYTES};
 
 /// The layout of a shard file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ShardFormat {
-    /// llm.c when the file starts with its magic, else raw; every shard of a set must then
-    /// be of the first one's format.
+    /// llm.c when the file starts with one of its magics, else raw; every shard of a set must
+    /// then be of the first one's format and id width.
     #[default]
     Auto,
     /// nanoGPT: little-endian u16 ids only.
     Raw,
-    /// llm.c: the 1024-byte header, then little-endian u16 ids.
+    /// llm.c: the 1024-byte header, then little-endian ids of the width its magic says.
     Llmc,
 }
 
@@ -45,13 +39,14 @@ impl ShardFormat {
     }
 }
 
-/// One mapped shard: `len` ids starting at byte `start`.
+/// One mapped shard: `len` ids of `width` starting at byte `start`.
 #[derive(Debug)]
 pub struct Shard {
     path: PathBuf,
     map: Option<Mmap>,
     start: usize,
     len: usize,
+    width: IdWidth,
 }
 
 fn shard_err(path: &Path, offset: u64, detail: String) -> DataError {
@@ -60,6 +55,88 @@ fn shard_err(path: &Path, offset: u64, detail: String) -> DataError {
         offset,
         detail,
     }
+}
+
+/// The (first id's byte, id count, id width) of llm.c shard `bytes` at `path`, its header
+/// checked against its magic's format and the file's size.
+fn llmc_layout(path: &Path, bytes: &[u8]) -> Result<(usize, usize, IdWidth), DataError> {
+    if bytes.len() < LLMC_HEADER_BYTES {
+        return Err(shard_err(
+            path,
+            bytes.len() as u64,
+            format!(
+                "truncated: {} bytes, shorter than llm.c's {LLMC_HEADER_BYTES}-byte header",
+                bytes.len()
+            ),
+        ));
+    }
+    let word = |i: usize| {
+        i32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    };
+    let (magic, version, count) = (word(0), word(1), word(2));
+    let kind = LlmcHeader::of_magic(magic).ok_or_else(|| {
+        shard_err(
+            path,
+            0,
+            format!(
+                "the llm.c header's magic (bytes 0..4) is {magic}, neither {} nor {} (read as \
+                 an llm.c shard, as asked)",
+                LlmcHeader::of_width(IdWidth::U16).describe(),
+                LlmcHeader::of_width(IdWidth::U32).describe()
+            ),
+        )
+    })?;
+    if version != kind.version {
+        let other = LlmcHeader::of_width(match kind.width {
+            IdWidth::U16 => IdWidth::U32,
+            IdWidth::U32 => IdWidth::U16,
+        });
+        return Err(shard_err(
+            path,
+            4,
+            format!(
+                "the llm.c header's version (bytes 4..8) is {version}, not {} (magic {} is \
+                 llm.c's {} format, {} ids; its {} format is {})",
+                kind.version,
+                kind.magic,
+                kind.model,
+                kind.width,
+                other.model,
+                other.describe()
+            ),
+        ));
+    }
+    let count = usize::try_from(count).map_err(|_| {
+        shard_err(
+            path,
+            8,
+            format!("the llm.c header's token count (bytes 8..12) is negative: {count}"),
+        )
+    })?;
+    let want = LLMC_HEADER_BYTES as u64 + kind.width.bytes() as u64 * count as u64;
+    if (bytes.len() as u64) != want {
+        let how = if (bytes.len() as u64) < want {
+            "truncated or miscounted"
+        } else {
+            "longer than counted"
+        };
+        return Err(shard_err(
+            path,
+            8,
+            format!(
+                "the llm.c header's token count (bytes 8..12) is {count} ({want} bytes with \
+                 the header, {} ids) but the file has {} bytes: {how}",
+                kind.width,
+                bytes.len()
+            ),
+        ));
+    }
+    Ok((LLMC_HEADER_BYTES, count, kind.width))
 }
 
 impl Shard {
@@ -89,12 +166,6 @@ impl Shard {
             Some(unsafe { Mmap::map(&file) }.map_err(io)?)
         };
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-        let header = |i: usize| -> Option<i32> {
-            bytes
-                .get(4 * i..4 * i + 4)
-                .and_then(|b| b.try_into().ok())
-                .map(i32::from_le_bytes)
-        };
         let head = &bytes[..bytes.len().min(LLMC_HEADER_BYTES)];
         let found = match format {
             // Told the format: only an exact magic says otherwise (and the format's own checks
@@ -102,91 +173,32 @@ impl Shard {
             ShardFormat::Auto => identify(head, meta.len()).map_err(|e| shard_err(path, 0, e))?,
             _ => identify(head, meta.len()).unwrap_or(TokenHeader::None),
         };
-        if found == TokenHeader::Pretokenized {
+        if let TokenHeader::Pretokenized(w) = found {
             return Err(shard_err(
                 path,
                 0,
-                "starts with OXFTOK16: a pre-tokenized file, not a token shard (such a file \
-                 is read whole, on its own)"
-                    .into(),
+                format!(
+                    "starts with a pre-tokenized magic (OXFTOK, {w} ids): a pre-tokenized \
+                     file, not a token shard (such a file is read whole, on its own)"
+                ),
             ));
         }
         let format = match (format, found) {
-            (ShardFormat::Auto, TokenHeader::Llmc) => ShardFormat::Llmc,
+            (ShardFormat::Auto, TokenHeader::Llmc(_)) => ShardFormat::Llmc,
             (ShardFormat::Auto, _) => ShardFormat::Raw,
             (f, _) => f,
         };
-        let (start, len) = match format {
-            ShardFormat::Llmc => {
-                if bytes.len() < LLMC_HEADER_BYTES {
-                    return Err(shard_err(
-                        path,
-                        bytes.len() as u64,
-                        format!(
-                            "truncated: {} bytes, shorter than llm.c's {LLMC_HEADER_BYTES}-byte header",
-                            bytes.len()
-                        ),
-                    ));
-                }
-                let (magic, version, count) = (header(0), header(1), header(2));
-                if magic != Some(LLMC_MAGIC) {
-                    return Err(shard_err(
-                        path,
-                        0,
-                        format!(
-                            "the llm.c header's magic (bytes 0..4) is {}, not {LLMC_MAGIC} (read \
-                             as an llm.c shard, as asked)",
-                            magic.unwrap_or_default()
-                        ),
-                    ));
-                }
-                if version != Some(LLMC_VERSION) {
-                    return Err(shard_err(
-                        path,
-                        4,
-                        format!(
-                            "the llm.c header's version (bytes 4..8) is {}, not {LLMC_VERSION} \
-                             (u16 GPT-2 ids)",
-                            version.unwrap_or_default()
-                        ),
-                    ));
-                }
-                let count = usize::try_from(count.unwrap_or(-1)).map_err(|_| {
-                    shard_err(
-                        path,
-                        8,
-                        format!(
-                            "the llm.c header's token count (bytes 8..12) is negative: {}",
-                            count.unwrap_or_default()
-                        ),
-                    )
-                })?;
-                let want = LLMC_HEADER_BYTES as u64 + 2 * count as u64;
-                if (bytes.len() as u64) != want {
-                    let how = if (bytes.len() as u64) < want {
-                        "truncated or miscounted"
-                    } else {
-                        "longer than counted"
-                    };
-                    return Err(shard_err(
-                        path,
-                        8,
-                        format!(
-                            "the llm.c header's token count (bytes 8..12) is {count} ({want} \
-                             bytes with the header) but the file has {} bytes: {how}",
-                            bytes.len()
-                        ),
-                    ));
-                }
-                (LLMC_HEADER_BYTES, count)
-            }
+        let (start, len, width) = match format {
+            ShardFormat::Llmc => llmc_layout(path, bytes)?,
             _ => {
-                if found == TokenHeader::Llmc {
+                if let TokenHeader::Llmc(w) = found {
                     return Err(shard_err(
                         path,
                         0,
                         format!(
-                            "starts with llm.c's magic {LLMC_MAGIC} but is read as a raw shard (the set's first shard is raw, or --shard-format raw)"
+                            "starts with llm.c's magic {} but is read as a raw shard (the \
+                             set's first shard is raw, or --shard-format raw)",
+                            LlmcHeader::of_width(w).magic
                         ),
                     ));
                 }
@@ -200,7 +212,7 @@ impl Shard {
                         ),
                     ));
                 }
-                (0, bytes.len() / 2)
+                (0, bytes.len() / 2, IdWidth::U16)
             }
         };
         let shard = Shard {
@@ -208,36 +220,33 @@ impl Shard {
             map,
             start,
             len,
+            width,
         };
         shard.check_vocab(vocab)?;
         Ok((shard, format))
     }
 
     fn ids(&self) -> &[u8] {
+        let w = self.width.bytes();
         self.map
             .as_deref()
-            .map_or(&[][..], |b| &b[self.start..self.start + 2 * self.len])
+            .map_or(&[][..], |b| &b[self.start..self.start + w * self.len])
     }
 
     /// The first id at or above `vocab` is an error naming its byte offset.
     fn check_vocab(&self, vocab: usize) -> Result<(), DataError> {
         let bad = self
-            .ids()
-            .chunks_exact(2)
-            .position(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) >= vocab);
+            .width
+            .decode(self.ids())
+            .enumerate()
+            .find(|&(_, id)| id as usize >= vocab);
         match bad {
             None => Ok(()),
-            Some(i) => {
-                let b = &self.ids()[2 * i..2 * i + 2];
-                Err(shard_err(
-                    &self.path,
-                    (self.start + 2 * i) as u64,
-                    format!(
-                        "token {i} is id {}, not below the vocabulary size {vocab}",
-                        u16::from_le_bytes([b[0], b[1]])
-                    ),
-                ))
-            }
+            Some((i, id)) => Err(shard_err(
+                &self.path,
+                (self.start + self.width.bytes() * i) as u64,
+                format!("token {i} is id {id}, not below the vocabulary size {vocab}"),
+            )),
         }
     }
 
@@ -251,15 +260,20 @@ impl Shard {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// How wide its stored ids are.
+    pub fn width(&self) -> IdWidth {
+        self.width
+    }
     /// Ids `at..at + n` as i64 appended to `out` (ids past the end are an error).
     pub fn read_into(&self, at: usize, n: usize, out: &mut Vec<i64>) -> Result<(), DataError> {
+        let w = self.width.bytes();
         let end = at
             .checked_add(n)
             .filter(|&e| e <= self.len)
             .ok_or_else(|| {
                 shard_err(
                     &self.path,
-                    (self.start + 2 * at) as u64,
+                    (self.start + w * at) as u64,
                     format!(
                         "ids {at}..{} beyond its {} ids",
                         at.saturating_add(n),
@@ -267,26 +281,25 @@ impl Shard {
                     ),
                 )
             })?;
-        let b = &self.ids()[2 * at..2 * end];
-        out.extend(
-            b.chunks_exact(2)
-                .map(|c| i64::from(u16::from_le_bytes([c[0], c[1]]))),
-        );
+        let b = &self.ids()[w * at..w * end];
+        out.extend(self.width.decode(b).map(i64::from));
         Ok(())
     }
 }
 
-/// The shards a glob names, in name order, all of one format.
+/// The shards a glob names, in name order, all of one format and id width.
 #[derive(Debug)]
 pub struct ShardSet {
     pub pattern: String,
     pub format: ShardFormat,
+    pub width: IdWidth,
     shards: Vec<Shard>,
 }
 
 impl ShardSet {
     /// Maps every file `pattern` matches (a path or a glob; at least one) as `format`, checking
-    /// each (see `Shard::open`); under `Auto` the first shard's format is every shard's.
+    /// each (see `Shard::open`); under `Auto` the first shard's format is every shard's, and
+    /// every shard's ids are as wide as the first one's.
     pub fn open(pattern: &str, format: ShardFormat, vocab: usize) -> Result<ShardSet, DataError> {
         let glob_err = |detail: String| DataError::Glob {
             what: "token shards",
@@ -303,15 +316,50 @@ impl ShardSet {
             return Err(glob_err("no file matches".into()));
         }
         let mut format = format;
-        let mut shards = Vec::with_capacity(files.len());
+        let mut shards: Vec<Shard> = Vec::with_capacity(files.len());
         for f in &files {
             let (s, got) = Shard::open(f, format, vocab)?;
+            if let Some(first) = shards.first().filter(|first| first.width != s.width) {
+                return Err(shard_err(
+                    f,
+                    0,
+                    format!(
+                        "holds {} ids but the set's first shard {} holds {} ids (llm.c's {} and \
+                         {} formats: shards of two tokenizers)",
+                        s.width,
+                        first.path.display(),
+                        first.width,
+                        LlmcHeader::of_width(s.width).model,
+                        LlmcHeader::of_width(first.width).model
+                    ),
+                ));
+            }
             format = got;
             shards.push(s);
+        }
+        let width = shards[0].width;
+        if (vocab as u64) > width.capacity() {
+            let kind = match format {
+                ShardFormat::Raw => "nanoGPT's raw format".to_string(),
+                _ => format!("llm.c's {} format", LlmcHeader::of_width(width).model),
+            };
+            let wide = LlmcHeader::of_width(IdWidth::for_vocab(vocab));
+            return Err(shard_err(
+                &shards[0].path,
+                0,
+                format!(
+                    "holds {width} ids ({kind}, at most {} ids) but the tokenizer's \
+                     vocabulary has {vocab} ids: shards of another tokenizer (text tokenized \
+                     with this one needs llm.c's {})",
+                    width.capacity(),
+                    wide.describe()
+                ),
+            ));
         }
         Ok(ShardSet {
             pattern: pattern.to_string(),
             format,
+            width: shards[0].width,
             shards,
         })
     }
@@ -322,18 +370,55 @@ impl ShardSet {
     pub fn tokens(&self) -> usize {
         self.shards.iter().map(Shard::len).sum()
     }
+    /// "llmc (u32 ids)".
+    pub fn describe_format(&self) -> String {
+        format!("{} ({} ids)", self.format.name(), self.width)
+    }
 }
 
-/// Writes `ids` to `path` as one shard of `format` (`Auto` writes llm.c's), through a temporary
-/// file renamed into place.
-pub fn write_shard(path: &Path, format: ShardFormat, ids: &[u16]) -> Result<(), DataError> {
+/// Writes `bytes` to `path` through a temporary file beside it, synced and renamed into place.
+pub(super) fn write_atomically(
+    op: &'static str,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), DataError> {
     let io = |source| DataError::Io {
-        op: "write_shard",
+        op,
         path: path.to_path_buf(),
         source,
     };
-    let mut bytes = Vec::with_capacity(LLMC_HEADER_BYTES + 2 * ids.len());
-    if format != ShardFormat::Raw {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Writes `ids` to `path` as one shard of `format` (`Auto` writes llm.c's) with ids of `width`
+/// (llm.c: its GPT-2 header for u16, its Llama 3 header for u32; raw: u16 only). An id that
+/// does not fit `width` is an error and nothing is written.
+pub fn write_shard(
+    path: &Path,
+    format: ShardFormat,
+    width: IdWidth,
+    ids: &[u32],
+) -> Result<(), DataError> {
+    let mut bytes = Vec::with_capacity(LLMC_HEADER_BYTES + width.bytes() * ids.len());
+    if format == ShardFormat::Raw {
+        if width != IdWidth::U16 {
+            return Err(shard_err(
+                path,
+                0,
+                format!(
+                    "the raw format (nanoGPT's) holds u16 ids only, not {width}: write llm.c's \
+                     format, whose {} header holds them",
+                    LlmcHeader::of_width(width).describe()
+                ),
+            ));
+        }
+    } else {
         let count = i32::try_from(ids.len()).map_err(|_| {
             shard_err(
                 path,
@@ -341,24 +426,24 @@ pub fn write_shard(path: &Path, format: ShardFormat, ids: &[u16]) -> Result<(), 
                 format!("{} ids do not fit llm.c's i32 token count", ids.len()),
             )
         })?;
+        let kind = LlmcHeader::of_width(width);
         let mut header = [0i32; LLMC_HEADER_BYTES / 4];
-        header[0] = LLMC_MAGIC;
-        header[1] = LLMC_VERSION;
+        header[0] = kind.magic;
+        header[1] = kind.version;
         header[2] = count;
         for h in header {
             bytes.extend(h.to_le_bytes());
         }
     }
-    for id in ids {
-        bytes.extend(id.to_le_bytes());
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    let at = bytes.len();
+    width.encode_into(ids, &mut bytes).map_err(|(i, id)| {
+        shard_err(
+            path,
+            (at + width.bytes() * i) as u64,
+            format!("token {i} is id {id}, which does not fit {width}"),
+        )
+    })?;
+    write_atomically("write_shard", path, &bytes)
 }
 
 #[cfg(test)]
@@ -375,9 +460,9 @@ mod tests {
     #[test]
     fn both_formats_round_trip_and_auto_detects_them() {
         let d = dir("roundtrip");
-        let ids: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) % 300).collect();
+        let ids: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(37) % 300).collect();
         for (name, f) in [("a.bin", ShardFormat::Raw), ("b.bin", ShardFormat::Llmc)] {
-            write_shard(&d.join(name), f, &ids).unwrap();
+            write_shard(&d.join(name), f, IdWidth::U16, &ids).unwrap();
             let (s, got) = Shard::open(&d.join(name), ShardFormat::Auto, 300).unwrap();
             assert_eq!(got, f);
             let mut out = Vec::new();
@@ -389,9 +474,77 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("b.bin at byte 0: starts with llm.c's magic"),
+            e.contains("b.bin at byte 0: starts with llm.c's magic 20240520"),
             "{e}"
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn u32_shards_round_trip_and_are_never_mixed_or_narrowed() {
+        let d = dir("wide");
+        let ids: Vec<u32> = (0..500u32).map(|i| i * 263 % 128_256).collect();
+        write_shard(&d.join("a.bin"), ShardFormat::Llmc, IdWidth::U32, &ids).unwrap();
+        let bytes = std::fs::read(d.join("a.bin")).unwrap();
+        assert_eq!(bytes.len(), 1024 + 4 * 500);
+        assert_eq!(
+            &bytes[..12],
+            &[0xa1, 0xd9, 0x34, 0x01, 7, 0, 0, 0, 0xf4, 1, 0, 0]
+        );
+        let (s, got) = Shard::open(&d.join("a.bin"), ShardFormat::Auto, 128_256).unwrap();
+        assert_eq!((got, s.width()), (ShardFormat::Llmc, IdWidth::U32));
+        let mut out = Vec::new();
+        s.read_into(0, 500, &mut out).unwrap();
+        assert_eq!(out, ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>());
+        let e = Shard::open(&d.join("a.bin"), ShardFormat::Auto, 50_257)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not below the vocabulary size 50257"), "{e}");
+        // A u16 shard beside it: two tokenizers' data in one set.
+        let small: Vec<u32> = ids.iter().map(|i| i % 1000).collect();
+        write_shard(&d.join("b.bin"), ShardFormat::Llmc, IdWidth::U16, &small).unwrap();
+        let e = ShardSet::open(
+            d.join("*.bin").to_str().unwrap(),
+            ShardFormat::Auto,
+            128_256,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("b.bin at byte 0: holds u16 ids but"), "{e}");
+        // Writers refuse what their width cannot hold.
+        let e = write_shard(&d.join("c.bin"), ShardFormat::Raw, IdWidth::U32, &ids).unwrap_err();
+        assert!(e.to_string().contains("holds u16 ids only"), "{e}");
+        let e = write_shard(&d.join("c.bin"), ShardFormat::Llmc, IdWidth::U16, &ids).unwrap_err();
+        assert!(e.to_string().contains("which does not fit u16"), "{e}");
+        assert!(!d.join("c.bin").exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn u16_shards_are_refused_for_a_vocabulary_beyond_16_bits() {
+        let d = dir("narrow");
+        let ids: Vec<u32> = (0..300u32).map(|i| i * 211 % 65_536).collect();
+        for (name, f) in [("a.bin", ShardFormat::Llmc), ("r.bin", ShardFormat::Raw)] {
+            let p = d.join(name);
+            write_shard(&p, f, IdWidth::U16, &ids).unwrap();
+            // Every id is below the vocabulary, and 65,536 ids still fit u16.
+            ShardSet::open(p.to_str().unwrap(), ShardFormat::Auto, 65_536).unwrap();
+            let e = ShardSet::open(p.to_str().unwrap(), ShardFormat::Auto, 65_537)
+                .unwrap_err()
+                .to_string();
+            let kind = if f == ShardFormat::Raw {
+                "nanoGPT's raw format"
+            } else {
+                "llm.c's GPT-2 format"
+            };
+            assert!(
+                e.contains(&format!(
+                    "{name} at byte 0: holds u16 ids ({kind}, at most 65536"
+                )) && e.contains("vocabulary has 65537 ids")
+                    && e.contains("magic 20240801 version 7"),
+                "{e}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 }

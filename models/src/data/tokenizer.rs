@@ -1,13 +1,16 @@
 //! Tokenizers: `ByteTokenizer` (one token per byte, vocabulary 256: any text encodes and every
-//! id sequence decodes) and `Gpt2Tokenizer` (GPT-2's byte-level BPE, vocabulary 50257, through
-//! `tiktoken-rs`, whose merge table is compiled into the crate: nothing is downloaded), and
-//! `Tokenizer`, the choice between them.
+//! id sequence decodes), `Gpt2Tokenizer` (GPT-2's byte-level BPE, vocabulary 50257, through
+//! `tiktoken-rs`, whose merge table is compiled into the crate: nothing is downloaded), a
+//! Hugging Face tokenizer.json (`JsonTokenizer`), and `Tokenizer`, the choice between them.
+//! Token ids are u32 (Llama 3's and Qwen2's vocabularies exceed 16 bits).
 
-use std::sync::OnceLock;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use tiktoken_rs::CoreBPE;
 
 use super::error::DataError;
+use super::tokenizer_json::JsonTokenizer;
 
 /// The byte-level tokenizer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,13 +21,13 @@ impl ByteTokenizer {
     pub const VOCAB: usize = 256;
 
     /// The ids of `text`'s bytes.
-    pub fn encode(&self, text: &str) -> Vec<u16> {
-        text.bytes().map(u16::from).collect()
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        text.bytes().map(u32::from).collect()
     }
 
     /// The text of `ids`; ids above 255 (from a pre-tokenized corpus with a larger vocabulary)
     /// print as `<id>`.
-    pub fn decode(&self, ids: &[u16]) -> String {
+    pub fn decode(&self, ids: &[u32]) -> String {
         let mut out = String::new();
         let mut bytes = Vec::new();
         for &id in ids {
@@ -52,7 +55,7 @@ impl Gpt2Tokenizer {
     /// Number of token ids (50,000 merges, 256 bytes, `<|endoftext|>`).
     pub const VOCAB: usize = 50257;
     /// The id of `<|endoftext|>`.
-    pub const END_OF_TEXT: u16 = 50256;
+    pub const END_OF_TEXT: u32 = 50256;
 
     fn bpe() -> Result<&'static CoreBPE, DataError> {
         static BPE: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
@@ -65,29 +68,21 @@ impl Gpt2Tokenizer {
     }
 
     /// The ids of `text`.
-    pub fn encode(&self, text: &str) -> Result<Vec<u16>, DataError> {
-        let ids = Self::bpe()?.encode_ordinary(text);
-        ids.into_iter()
-            .map(|id| {
-                u16::try_from(id).map_err(|_| DataError::Tokenizer {
-                    name: "gpt2",
-                    detail: format!("id {id} does not fit 16 bits"),
-                })
-            })
-            .collect()
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        Ok(Self::bpe()?.encode_ordinary(text))
     }
 
     /// The text of `ids` (bytes that are not UTF-8 show as replacement characters; ids outside
     /// the vocabulary as `<id>`).
-    pub fn decode(&self, ids: &[u16]) -> Result<String, DataError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         let bpe = Self::bpe()?;
         let mut out = Vec::new();
         for &id in ids {
-            if usize::from(id) >= Self::VOCAB {
+            if id as usize >= Self::VOCAB {
                 out.extend(format!("<{id}>").bytes());
                 continue;
             }
-            match bpe.decode_bytes(&[u32::from(id)]) {
+            match bpe.decode_bytes(&[id]) {
                 Ok(b) => out.extend(b),
                 Err(_) => out.extend(format!("<{id}>").bytes()),
             }
@@ -97,47 +92,102 @@ impl Gpt2Tokenizer {
 }
 
 /// The tokenizer of a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub enum Tokenizer {
     #[default]
     Bytes,
     Gpt2,
+    /// A tokenizer.json.
+    Json(Arc<JsonTokenizer>),
+}
+
+impl PartialEq for Tokenizer {
+    fn eq(&self, other: &Tokenizer) -> bool {
+        self.identity() == other.identity()
+    }
+}
+
+impl Eq for Tokenizer {}
+
+impl std::fmt::Display for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tokenizer::Json(t) => write!(f, "{}", t.path().display()),
+            _ => f.write_str(self.builtin_name().unwrap_or_default()),
+        }
+    }
 }
 
 impl Tokenizer {
+    /// The tokenizer.json at `path` (a file, or a directory holding `tokenizer.json`).
+    pub fn from_file(path: &Path) -> Result<Tokenizer, DataError> {
+        Ok(Tokenizer::Json(Arc::new(JsonTokenizer::open(path)?)))
+    }
+
     /// Number of token ids.
-    pub fn vocab(self) -> usize {
+    pub fn vocab(&self) -> usize {
         match self {
             Tokenizer::Bytes => ByteTokenizer::VOCAB,
             Tokenizer::Gpt2 => Gpt2Tokenizer::VOCAB,
+            Tokenizer::Json(t) => t.vocab(),
         }
     }
-    /// The name used on the command line (`bytes`, `gpt2`).
-    pub fn name(self) -> &'static str {
+    /// The name of a built-in tokenizer on the command line (`bytes`, `gpt2`).
+    pub fn builtin_name(&self) -> Option<&'static str> {
         match self {
-            Tokenizer::Bytes => "bytes",
-            Tokenizer::Gpt2 => "gpt2",
+            Tokenizer::Bytes => Some("bytes"),
+            Tokenizer::Gpt2 => Some("gpt2"),
+            Tokenizer::Json(_) => None,
+        }
+    }
+    /// What a checkpoint records of it: a built-in one's name, a file's `sha256:HEX` (the
+    /// same tokenizer wherever the file lies).
+    pub fn identity(&self) -> String {
+        match self {
+            Tokenizer::Json(t) => format!("sha256:{}", t.sha256()),
+            _ => self.to_string(),
         }
     }
     /// The ids of `text`.
-    pub fn encode(self, text: &str) -> Result<Vec<u16>, DataError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
         match self {
             Tokenizer::Bytes => Ok(ByteTokenizer.encode(text)),
             Tokenizer::Gpt2 => Gpt2Tokenizer.encode(text),
+            Tokenizer::Json(t) => t.encode(text),
+        }
+    }
+    /// The ids of a file's `bytes`: each byte for the byte tokenizer, else the text they hold
+    /// (bytes that are not UTF-8 read as replacement characters).
+    pub fn encode_bytes(&self, bytes: &[u8]) -> Result<Vec<u32>, DataError> {
+        match self {
+            Tokenizer::Bytes => Ok(bytes.iter().map(|&b| u32::from(b)).collect()),
+            _ => self.encode(&String::from_utf8_lossy(bytes)),
         }
     }
     /// The text of `ids`.
-    pub fn decode(self, ids: &[u16]) -> Result<String, DataError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         match self {
             Tokenizer::Bytes => Ok(ByteTokenizer.decode(ids)),
             Tokenizer::Gpt2 => Gpt2Tokenizer.decode(ids),
+            Tokenizer::Json(t) => t.decode(ids),
         }
     }
     /// The id separating documents, if the tokenizer has one.
-    pub fn end_of_text(self) -> Option<u16> {
+    pub fn end_of_text(&self) -> Option<u32> {
         match self {
             Tokenizer::Bytes => None,
             Tokenizer::Gpt2 => Some(Gpt2Tokenizer::END_OF_TEXT),
+            Tokenizer::Json(t) => t.end_of_text().map(|e| e.id),
+        }
+    }
+    /// For people: `<|endoftext|> (id 50256, GPT-2's)` or where a file's came from, or None.
+    pub fn describe_end_of_text(&self) -> Option<String> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Gpt2 => Some(format!("<|endoftext|> (id {})", Gpt2Tokenizer::END_OF_TEXT)),
+            Tokenizer::Json(t) => t
+                .end_of_text()
+                .map(|e| format!("{} (id {}, from {})", e.content, e.id, e.from)),
         }
     }
 }

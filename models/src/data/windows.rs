@@ -156,7 +156,7 @@ pub enum Windows {
     /// Positions drawn from (seed, step, row) over `tokens[part]`.
     Random {
         sampler: WindowSampler,
-        tokens: Arc<[u16]>,
+        tokens: Arc<[u32]>,
         part: Range<usize>,
     },
     /// Consecutive shard windows from `origin`, `batch` per step.
@@ -238,6 +238,7 @@ impl Windows {
 
 #[cfg(test)]
 mod tests {
+    use super::super::header::IdWidth;
     use super::super::shards::{write_shard, ShardFormat};
     use super::*;
 
@@ -250,13 +251,15 @@ mod tests {
         write_shard(
             &d.join("a.bin"),
             ShardFormat::Llmc,
-            &(0..9).collect::<Vec<u16>>(),
+            IdWidth::U16,
+            &(0..9).collect::<Vec<u32>>(),
         )
         .unwrap();
         write_shard(
             &d.join("b.bin"),
             ShardFormat::Llmc,
-            &(100..105).collect::<Vec<u16>>(),
+            IdWidth::U16,
+            &(100..105).collect::<Vec<u32>>(),
         )
         .unwrap();
         let set = Arc::new(

@@ -74,7 +74,7 @@ pub struct PipelineSpec {
     pub virtual_stages: usize,
 }
 
-fn spec_err(detail: String) -> TensorError {
+pub(super) fn spec_err(detail: String) -> TensorError {
     TensorError::Shape {
         op: "PipelineSpec::validate",
         shapes: "-".into(),
@@ -92,48 +92,6 @@ impl PipelineSpec {
     /// The pipeline stage of virtual stage `g`.
     pub fn stage_of(&self, g: usize) -> usize {
         g % self.stages.max(1)
-    }
-
-    /// Checks the spec against a model of `layers` blocks (before any communication): counts
-    /// at least 1, `virtual_stages` 1 unless interleaved, interleaved needs micro-batches a
-    /// multiple of the stages and layers a multiple of `pp * v`, every chunk at least one
-    /// layer; then proves every stage's action list runs to the end.
-    pub fn validate(&self, layers: usize) -> Result<()> {
-        let (pp, m, v) = (self.stages, self.micro_batches, self.virtual_stages);
-        if pp == 0 || m == 0 || v == 0 {
-            return Err(spec_err(format!(
-                "stages {pp}, micro-batches {m} and virtual stages {v} must all be at least 1"
-            )));
-        }
-        match self.schedule {
-            Schedule::Interleaved => {
-                if !m.is_multiple_of(pp) {
-                    return Err(spec_err(format!(
-                        "the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline stages ({pp})"
-                    )));
-                }
-                if !layers.is_multiple_of(pp * v) {
-                    return Err(spec_err(format!(
-                        "the interleaved schedule needs layers ({layers}) to be a multiple of stages x virtual stages ({pp} x {v})"
-                    )));
-                }
-            }
-            _ if v != 1 => {
-                return Err(spec_err(format!(
-                    "virtual stages ({v}) need the interleaved schedule, not {:?}",
-                    self.schedule
-                )))
-            }
-            _ => {}
-        }
-        if layers < pp * v {
-            return Err(spec_err(format!(
-                "{layers} layers cannot fill {pp} stages x {v} virtual stages (every chunk needs a layer)"
-            )));
-        }
-        self.simulate()?;
-        self.replay_on(super::streams::Transport::OneWayChannels)
-            .map(|_| ())
     }
 
     /// Stage `stage`'s actions in order.

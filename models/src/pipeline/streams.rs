@@ -23,7 +23,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::schedule::{HostOp, PipelineSpec};
+use super::schedule::{spec_err, HostOp, PipelineSpec, Schedule};
 use crate::{Result, TensorError};
 
 /// Which communicator carries a message between two stages.
@@ -76,6 +76,47 @@ fn channel_of(t: Transport, stage: usize, op: HostOp) -> Option<(usize, usize)> 
 }
 
 impl PipelineSpec {
+    /// Checks the spec against a model of `layers` blocks (before any communication): counts
+    /// at least 1, `virtual_stages` 1 unless interleaved, interleaved needs micro-batches a
+    /// multiple of the stages and layers a multiple of `pp * v`, every chunk at least one
+    /// layer; then proves every stage's action list runs to the end.
+    pub fn validate(&self, layers: usize) -> Result<()> {
+        let (pp, m, v) = (self.stages, self.micro_batches, self.virtual_stages);
+        if pp == 0 || m == 0 || v == 0 {
+            return Err(spec_err(format!(
+                "stages {pp}, micro-batches {m} and virtual stages {v} must all be at least 1"
+            )));
+        }
+        match self.schedule {
+            Schedule::Interleaved => {
+                if !m.is_multiple_of(pp) {
+                    return Err(spec_err(format!(
+                        "the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline stages ({pp})"
+                    )));
+                }
+                if !layers.is_multiple_of(pp * v) {
+                    return Err(spec_err(format!(
+                        "the interleaved schedule needs layers ({layers}) to be a multiple of stages x virtual stages ({pp} x {v})"
+                    )));
+                }
+            }
+            _ if v != 1 => {
+                return Err(spec_err(format!(
+                    "virtual stages ({v}) need the interleaved schedule, not {:?}",
+                    self.schedule
+                )))
+            }
+            _ => {}
+        }
+        if layers < pp * v {
+            return Err(spec_err(format!(
+                "{layers} layers cannot fill {pp} stages x {v} virtual stages (every chunk needs a layer)"
+            )));
+        }
+        self.simulate()?;
+        self.replay_on(Transport::OneWayChannels).map(|_| ())
+    }
+
     /// Replays every stage's program (with the tied table when pp > 1) on `transport`; an
     /// error names what each stuck stage waits for.
     pub fn replay_on(&self, transport: Transport) -> Result<ReplayReport> {

@@ -7,7 +7,8 @@ use std::fmt;
 use oxiflow_placement::Placement;
 use smallvec::SmallVec;
 
-use super::{for_each_nd, Rules};
+use super::candidates::for_each_nd;
+use super::Rules;
 use crate::cost::inference_cost_parts;
 use crate::{check_nd_sbp, NdSbp, SbpError, Shape};
 

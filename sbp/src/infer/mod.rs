@@ -8,6 +8,7 @@
 //! product is taken in lexicographic order, mesh axis 0 outermost, so candidate order (and so
 //! every tie-break) is the same on every rank.
 
+mod candidates;
 mod concat;
 mod elementwise;
 mod embedding;
@@ -22,10 +23,9 @@ mod reshape;
 mod select;
 mod softmax;
 
-use oxiflow_placement::Placement;
 use smallvec::SmallVec;
 
-use crate::{NdSbp, ReduceOp, Sbp, Shape};
+use crate::{ReduceOp, Sbp, Shape};
 
 pub use elementwise::BinaryOp;
 pub use engine::{InferEngine, Signature};
@@ -147,67 +147,5 @@ impl Rules {
     pub(crate) fn push_all_broadcast(&mut self, n_in: usize) {
         let n_out = self.out_shapes.len();
         self.push_uniform(n_in, n_out, Sbp::Broadcast);
-    }
-}
-
-/// Whether an n-d candidate (one per-axis candidate index per mesh axis) is valid beyond what
-/// the per-axis tables say: no tensor mixes partial reductions over its mesh axes (boxing runs
-/// one reduce op per tensor), and a reshape's nested splits line up.
-pub(crate) fn nd_ok(rules: &Rules, placement: &Placement, ins: &[NdSbp], outs: &[NdSbp]) -> bool {
-    if ins.iter().chain(outs).any(NdSbp::mixes_partials) {
-        return false;
-    }
-    match &rules.reshape_from {
-        Some(x) => reshape::nd_ok(x, &rules.out_shapes[0], placement, &ins[0], &outs[0]),
-        None => true,
-    }
-}
-
-/// Visits all n-d candidates in order: the product of the per-axis candidates over the mesh
-/// axes, axis 0 outermost (the last axis varies fastest), filtered by `nd_ok`. `visit` gets the
-/// input and output nd-SBPs of each, in buffers reused between calls (no allocation per
-/// candidate).
-pub(crate) fn for_each_nd(
-    rules: &Rules,
-    placement: &Placement,
-    mut visit: impl FnMut(&[NdSbp], &[NdSbp]),
-) {
-    let axes = placement.ndim();
-    let k = rules.axis.len();
-    if k == 0 {
-        return;
-    }
-    let first = &rules.axis[0];
-    let mut ins: SmallVec<[NdSbp; 3]> =
-        first.ins.iter().map(|&s| NdSbp::uniform(s, axes)).collect();
-    let mut outs: SmallVec<[NdSbp; 3]> = first
-        .outs
-        .iter()
-        .map(|&s| NdSbp::uniform(s, axes))
-        .collect();
-    let mut idx: SmallVec<[usize; 4]> = SmallVec::from_elem(0, axes);
-    loop {
-        if nd_ok(rules, placement, &ins, &outs) {
-            visit(&ins, &outs);
-        }
-        // Next index, last axis fastest; refresh the axes that changed.
-        let mut a = axes;
-        loop {
-            if a == 0 {
-                return;
-            }
-            a -= 1;
-            idx[a] = (idx[a] + 1) % k;
-            let c = &rules.axis[idx[a]];
-            for (nd, &s) in ins.iter_mut().zip(&c.ins) {
-                nd.set(a, s);
-            }
-            for (nd, &s) in outs.iter_mut().zip(&c.outs) {
-                nd.set(a, s);
-            }
-            if idx[a] != 0 {
-                break;
-            }
-        }
     }
 }

@@ -18,7 +18,8 @@ use crate::{Result, TensorError};
 
 use super::hook::{self, GradReadyHook};
 use super::no_grad;
-use super::node::{Edge, Node};
+use super::node::{node_edge, Edge, Node};
+use crate::tensor::GradFn;
 
 fn key(f: &Arc<Node>) -> usize {
     Arc::as_ptr(f) as usize
@@ -101,7 +102,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Res
         None => ones_like(root)?,
     };
     let _ng = no_grad();
-    let Some((root_fn, root_out)) = root.autograd().grad_edge() else {
+    let Some((root_fn, root_out)) = node_edge(root) else {
         if root.requires_grad() {
             let mut slot = root.grad();
             accumulate(&mut slot, seed)?;

@@ -1,7 +1,9 @@
 //! Reverse-mode autograd for local and global tensors.
 //!
-//! Every op goes through `dispatch`, which calls [`record`]: the outputs get a [`Node`] (their
-//! `grad_fn`, with each output's index) when an input requires a gradient and grad mode is on.
+//! Autograd is an observer of dispatch (`observe`), switched on by the first tensor that
+//! requires a gradient: from then on every op call's outputs get a [`Node`] (their `grad_fn`,
+//! held by the tensor as a `GradFn`, with each output's index) when an input requires a
+//! gradient and grad mode is on.
 //! A node keeps edges to the nodes (or leaves) its inputs came from, the metadata of its inputs
 //! and outputs, and only the tensors its op's backward declared (`OpFamily::saves`); it
 //! releases them when its backward runs. `backward()` walks the
@@ -20,70 +22,64 @@
 
 mod engine;
 mod hook;
-mod meta;
 mod node;
 mod recompute;
 
-use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::Once;
 
 use oxiflow_sbp::NdSbp;
 
+pub use crate::grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use hook::{install_grad_hook, GradHookGuard, GradReadyHook};
-pub use meta::AutogradMeta;
 pub use node::Node;
 pub use recompute::recompute;
 
+use crate::observe::{self, DispatchObserver, OpCall};
 use crate::op::Op;
-use crate::tensor::{Tensor, TensorImpl};
+use crate::tensor::{AutogradMeta, Tensor};
 use crate::Result;
 
-thread_local! {
-    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
-}
+/// Autograd's observer of dispatch: records each op call and `to_global`.
+struct Recorder;
 
-/// Whether ops on this thread record the backward graph.
-pub fn is_grad_enabled() -> bool {
-    GRAD_ENABLED.with(|g| g.get())
-}
+static RECORDER: Recorder = Recorder;
 
-/// Restores the thread's previous grad mode when dropped (see [`no_grad`]).
-#[must_use = "grad mode is restored when the guard drops"]
-pub struct GradModeGuard {
-    prev: bool,
-}
+impl DispatchObserver for Recorder {
+    fn op(&self, call: &OpCall<'_>) {
+        node::record_op(call.op, call.inputs, call.outputs);
+    }
 
-impl Drop for GradModeGuard {
-    fn drop(&mut self) {
-        let prev = self.prev;
-        GRAD_ENABLED.with(|g| g.set(prev));
+    fn to_global(&self, input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) {
+        node::record_to_global(input, output, nd_sbp);
     }
 }
 
-/// Turns graph recording off on this thread until the guard drops.
-pub fn no_grad() -> GradModeGuard {
-    set_grad_enabled(false)
-}
-
-/// Sets this thread's grad mode until the guard drops.
-pub fn set_grad_enabled(on: bool) -> GradModeGuard {
-    let prev = GRAD_ENABLED.with(|g| g.replace(on));
-    GradModeGuard { prev }
-}
-
-/// Records a dispatched op (global attributes) as the node of its `outputs` when an input
-/// requires a gradient and grad mode is on. Called by `dispatch` after every op.
-pub(crate) fn record(op: Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+/// Records `op` (global attributes) as the node of its `outputs` when an input requires a
+/// gradient and grad mode is on: what the observer does for a dispatched op, for a result made
+/// without running the op (a cast whose copy exists already).
+pub(crate) fn record(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
     node::record_op(op, inputs, outputs)
 }
 
-/// Records a `to_global` (boxing or local -> global) of `input` into `output`, when `input`
-/// requires a gradient. Called by `Tensor::to_global`.
-pub(crate) fn record_to_global(input: &Tensor, output: &Tensor, nd_sbp: &NdSbp) {
-    node::record_to_global(input, output, nd_sbp)
+impl AutogradMeta {
+    /// Marks whether the tensor wants a gradient. The first tensor marked switches the
+    /// recording observer of dispatch on (for the rest of the process).
+    pub fn set_requires_grad(&self, v: bool) {
+        if v {
+            static RECORDING: Once = Once::new();
+            RECORDING.call_once(|| observe::switch_on(&RECORDER));
+        }
+        self.requires_grad.store(v, Ordering::Relaxed)
+    }
 }
 
 impl Tensor {
+    /// Marks the tensor as a leaf that wants a gradient; returns it for chaining.
+    pub fn requires_grad_(self, v: bool) -> Tensor {
+        self.autograd().set_requires_grad(v);
+        self
+    }
     /// Backpropagates from this tensor (seed gradient: ones of its shape) and accumulates
     /// gradients into the leaves' grad slots. Every rank of a global tensor must call it. Each
     /// node releases the tensors it saved as its backward runs, so a second backward through
@@ -99,10 +95,6 @@ impl Tensor {
     /// through again.
     pub fn backward_retaining(&self) -> Result<()> {
         engine::backward(self, None, true)
-    }
-    /// The accumulated gradient of a leaf.
-    pub fn grad(&self) -> Option<Tensor> {
-        self.autograd().grad()
     }
     /// Boxes this leaf's gradient to `nd_sbp` (on its own placement) as each backward pass
     /// accumulates it, e.g. a data-parallel partial sum reduce-scattered straight into a shard
@@ -122,28 +114,5 @@ impl Tensor {
             })?;
         self.autograd().set_grad_layout(Some(nd_sbp));
         Ok(())
-    }
-    /// Clears the accumulated gradient.
-    pub fn zero_grad(&self) {
-        self.autograd().set_grad(None)
-    }
-    /// A tensor sharing this one's data without autograd history (and not requiring grad).
-    pub fn detach(&self) -> Tensor {
-        Tensor(Arc::new(TensorImpl {
-            piece: self.0.piece.clone(),
-            local_shape: self.0.local_shape.clone(),
-            dtype: self.0.dtype,
-            device: self.0.device,
-            global: self.0.global.clone(),
-            autograd: Default::default(),
-        }))
-    }
-    /// Whether the tensor has no autograd history (a leaf, when it requires grad).
-    pub fn is_leaf(&self) -> bool {
-        self.autograd().grad_fn().is_none()
-    }
-    /// The name of the op that made this tensor, when it has autograd history.
-    pub fn grad_fn_name(&self) -> Option<String> {
-        self.autograd().grad_fn().map(|f| f.name().to_string())
     }
 }

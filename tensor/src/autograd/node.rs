@@ -8,12 +8,10 @@ use std::sync::{Arc, Mutex, Weak};
 use oxiflow_sbp::{NdSbp, Sbp};
 use smallvec::SmallVec;
 
+use crate::grad_mode::is_grad_enabled;
 use crate::op::{Grad, Op, Saved, Saves};
-use crate::tensor::{Tensor, TensorImpl, TensorMeta};
+use crate::tensor::{GradFn, Tensor, TensorImpl, TensorMeta};
 use crate::Result;
-
-use super::is_grad_enabled;
-use super::recompute::{self, Block};
 
 /// What a node differentiates.
 #[derive(Clone, Debug)]
@@ -23,7 +21,13 @@ pub(crate) enum NodeKind {
     /// `to_global` to (placement, nd-SBP): the identity on values.
     ToGlobal { nd_sbp: NdSbp },
     /// A block run again in the backward pass (see `recompute`).
-    Recompute(Block),
+    Recompute(Arc<dyn Rerun>),
+}
+
+/// A block a recompute node runs again in its backward, backpropagating through that second
+/// run (see `recompute`).
+pub(crate) trait Rerun: Send + Sync + fmt::Debug {
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
 }
 
 impl NodeKind {
@@ -83,23 +87,30 @@ impl fmt::Debug for Node {
     }
 }
 
-impl Node {
-    /// The op the node differentiates.
-    pub fn name(&self) -> &str {
+impl GradFn for Node {
+    fn name(&self) -> &str {
         match &self.kind {
             NodeKind::Op(op) => op.name(),
             NodeKind::ToGlobal { .. } => "to_global",
             NodeKind::Recompute(_) => "recompute",
         }
     }
-    /// How many tensors the node keeps for its backward now (0 once its backward released
-    /// them).
-    pub fn saved_count(&self) -> usize {
+    fn saved_count(&self) -> usize {
         match &*self.kept.lock().unwrap_or_else(|e| e.into_inner()) {
             Kept::Saved(s) => s.inputs.iter().chain(&s.outputs).flatten().count(),
             Kept::Released => 0,
         }
     }
+}
+
+/// The node that made `t` (every node is one of this engine's) and which of its outputs `t` is.
+pub(crate) fn node_edge(t: &Tensor) -> Option<(Arc<Node>, usize)> {
+    let (f, i) = t.autograd().grad_edge()?;
+    let any: Arc<dyn std::any::Any + Send + Sync> = f;
+    any.downcast::<Node>().ok().map(|n| (n, i))
+}
+
+impl Node {
     /// Which inputs need a gradient.
     pub(crate) fn needs(&self) -> Vec<bool> {
         self.edges.iter().map(Option::is_some).collect()
@@ -133,7 +144,7 @@ impl Node {
                 g.dy()?,
                 nd_sbp,
             )?)]),
-            NodeKind::Recompute(block) => recompute::backward(block, &g),
+            NodeKind::Recompute(block) => block.backward(&g),
         }
     }
 }
@@ -157,7 +168,7 @@ pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], alw
     let edges: Vec<Option<Edge>> = inputs
         .iter()
         .map(|t| {
-            wants(t).then(|| match t.autograd().grad_edge() {
+            wants(t).then(|| match node_edge(t) {
                 Some((n, i)) => Edge::Node(n, i),
                 None => Edge::Leaf(Arc::downgrade(&t.0)),
             })
@@ -175,15 +186,16 @@ pub(crate) fn attach(kind: NodeKind, inputs: &[&Tensor], outputs: &[Tensor], alw
     for (i, (o, &carry)) in outputs.iter().zip(&carries).enumerate() {
         if carry {
             o.autograd().set_requires_grad(true);
-            o.autograd().set_grad_fn(Some((node.clone(), i)));
+            o.autograd()
+                .set_grad_fn(Some((node.clone() as Arc<dyn GradFn>, i)));
         }
     }
 }
 
 /// Records `op` as the node of `outputs` when grad mode is on and an input requires a gradient.
-pub(crate) fn record_op(op: Op, inputs: &[&Tensor], outputs: &[Tensor]) {
-    if is_grad_enabled() {
-        attach(NodeKind::Op(op), inputs, outputs, false);
+pub(crate) fn record_op(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+    if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
+        attach(NodeKind::Op(op.clone()), inputs, outputs, false);
     }
 }
 

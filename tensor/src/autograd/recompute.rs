@@ -11,15 +11,14 @@ use crate::op::Grad;
 use crate::tensor::Tensor;
 use crate::{Result, TensorError};
 
-use super::node::{attach, NodeKind};
+use super::node::{attach, NodeKind, Rerun};
 use super::{engine, is_grad_enabled, set_grad_enabled};
 
 /// A block's forward: a function of its inputs.
 type BlockFn = dyn Fn(&[Tensor]) -> Result<Tensor> + Send + Sync;
 
 /// The block a recompute node runs again.
-#[derive(Clone)]
-pub(crate) struct Block(Arc<BlockFn>);
+struct Block(Box<BlockFn>);
 
 impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -53,7 +52,7 @@ where
     let result = out.detach();
     let outputs = [result];
     attach(
-        NodeKind::Recompute(Block(Arc::new(f))),
+        NodeKind::Recompute(Arc::new(Block(Box::new(f)))),
         inputs,
         &outputs,
         true,
@@ -62,10 +61,16 @@ where
     Ok(result)
 }
 
+impl Rerun for Block {
+    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        rerun(self, g)
+    }
+}
+
 /// Backward of a recompute node: runs the block again on detached copies of its (saved)
 /// inputs with grad mode on, then backpropagates `dy` through that graph. Captured parameters
 /// accumulate their gradients there; the inputs' gradients are returned.
-pub(crate) fn backward(block: &Block, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+fn rerun(block: &Block, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
     let dy = g.dy()?;
     let _grad = set_grad_enabled(true);
     let mut leaves: Vec<Tensor> = Vec::with_capacity(g.arity());

@@ -8,10 +8,9 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_float_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
-    OpFamily, Saves,
+    same_float_dtype, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
+    RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -89,11 +88,6 @@ impl OpFamily for AttentionOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        b.attention_probs(x[0], x[1], self.causal, self.scale.get(), y)
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         Saves::inputs(&[0, 1]).and_outputs(&[0])
     }
@@ -111,13 +105,9 @@ impl OpFamily for AttentionOp {
     }
 }
 
-impl Tensor {
-    /// The attention probabilities `softmax(self k^T * scale + mask)`, `[B, H, T, S]`, for
-    /// queries `self` `[B, H, T, D]` and keys `k` `[B, H, S, D]` (with `causal`, S == T and
-    /// query `i` attends to keys `0..=i`; masked entries are 0). The fused attention that never
-    /// makes this array is [`Tensor::flash_attention`].
-    pub fn attention_probs(&self, k: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
-        let scale = F64Bits::new(scale);
-        dispatch(AttentionOp { causal, scale }.into(), &[self, k])
+impl<B: AttentionKernels> RunKernels<B> for AttentionOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        b.attention_probs(x[0], x[1], self.causal, self.scale.get(), y)
     }
 }

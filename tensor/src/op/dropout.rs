@@ -10,12 +10,11 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    kernel_err, need_float, single, Backend, Dims, F64Bits, Inferred, KernelBackend, LocalAt,
-    MetaError, MetaResult, OpFamily, Saves,
+    kernel_err, need_float, single, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    MetaResult, OpFamily, RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
-use crate::{Result, TensorError};
+use crate::Result;
 
 /// The dropout family: drop probability `p` in `[0, 1)`, mask seed `seed`. `global` and
 /// `starts` say where the piece sits: the frame's shape and the piece's first index in it on
@@ -101,11 +100,6 @@ impl OpFamily for DropoutOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        b.dropout(x[0], self, y)
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         // The mask is redrawn from the seed.
         Saves::NOTHING
@@ -119,47 +113,9 @@ impl OpFamily for DropoutOp {
     }
 }
 
-impl Tensor {
-    /// Dropout with drop probability `p` in `[0, 1)` and mask seed `seed`: element `i` (global
-    /// row-major index) is kept, scaled by `1 / (1 - p)`, when `rng::uniform(seed, i) >= p`,
-    /// else zeroed. `p == 0` returns the input itself.
-    pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
-        let zeros = vec![0; self.shape().ndim()];
-        self.dropout_in(p, seed, &self.shape().clone(), &zeros)
-    }
-
-    /// Dropout as part of a larger tensor of shape `frame` in which this one starts at index
-    /// `at` on each dim: the mask is the frame's (from its row-major indices), so a micro-batch
-    /// drops what its rows of the whole batch would. `frame` must hold this tensor at `at`.
-    pub fn dropout_in(&self, p: f64, seed: u64, frame: &Shape, at: &[usize]) -> Result<Tensor> {
-        let shape = self.shape();
-        let inside = frame.ndim() == shape.ndim()
-            && at.len() == shape.ndim()
-            && frame.checked_numel().is_some()
-            && (0..shape.ndim()).all(|d| {
-                at[d]
-                    .checked_add(shape.dim(d))
-                    .is_some_and(|end| end <= frame.dim(d))
-            });
-        if !inside {
-            return Err(TensorError::Shape {
-                op: "dropout",
-                shapes: shape.to_string(),
-                sbps: self.nd_sbp().map(|s| s.to_string()).unwrap_or_default(),
-                detail: format!(
-                    "a tensor of shape {shape} does not lie in the frame {frame} at {at:?}"
-                ),
-            });
-        }
-        if p == 0.0 && self.dtype().is_float() {
-            return Ok(self.clone());
-        }
-        let op = DropoutOp {
-            p: F64Bits::new(p),
-            seed,
-            global: frame.clone(),
-            starts: at.iter().copied().collect(),
-        };
-        dispatch(op.into(), &[self])
+impl<B: DropoutKernels> RunKernels<B> for DropoutOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        b.dropout(x[0], self, y)
     }
 }

@@ -9,10 +9,9 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use super::gather::{split_on, Along, GatherKernels, IndexShard};
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, single, Backend, Inferred, LocalAt, MetaResult, OpFamily,
+    need_float, need_i64, shape_rule, single, Inferred, LocalAt, MetaResult, OpFamily, RunKernels,
     Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::{Tensor, TensorMeta};
 use crate::Result;
 
@@ -89,18 +88,6 @@ impl OpFamily for EmbeddingOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let (op, y) = (self.name(), single(self.name(), out)?);
-        match *self {
-            EmbeddingOp::Lookup { shard } => {
-                b.take(op, x[1], x[0], Along::per_position(0, shard), y)
-            }
-            EmbeddingOp::Backward { shard, .. } => {
-                b.put(op, x[0], x[1], Along::per_position(0, shard), y)
-            }
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         match self {
             EmbeddingOp::Lookup { .. } => Saves::inputs(&[0]),
@@ -121,7 +108,7 @@ impl OpFamily for EmbeddingOp {
                     None,
                     g.when(1, || {
                         let dy = broadcast_where_vocab_split(g.dy()?, w)?;
-                        let dw = dispatch(op.into(), &[g.input(0)?, &dy])?;
+                        let dw = Tensor::apply(op, &[g.input(0)?, &dy])?;
                         unsplit_where_weight_whole(dw, w)
                     })?,
                 ])
@@ -134,21 +121,17 @@ impl OpFamily for EmbeddingOp {
     }
 }
 
-impl Tensor {
-    /// Rows of `weight [V, H]` at `ids [..]` (i64) -> `[.., H]`. A global weight may be split
-    /// on the vocabulary (S(0)); with ids B the output is then P(sum).
-    pub fn embedding(ids: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        let shard = IndexShard::default();
-        dispatch(EmbeddingOp::Lookup { shard }.into(), &[ids, weight])
-    }
-    /// Weight gradient `[num, H]` of an embedding lookup: scatter-add of dy rows at ids.
-    pub fn embedding_backward(ids: &Tensor, dy: &Tensor, num: usize) -> Result<Tensor> {
-        let op = EmbeddingOp::Backward {
-            num,
-            vocab_split: false,
-            shard: IndexShard::default(),
-        };
-        dispatch(op.into(), &[ids, dy])
+impl<B: EmbeddingKernels> RunKernels<B> for EmbeddingOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let (op, y) = (self.name(), single(self.name(), out)?);
+        match *self {
+            EmbeddingOp::Lookup { shard } => {
+                b.take(op, x[1], x[0], Along::per_position(0, shard), y)
+            }
+            EmbeddingOp::Backward { shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_position(0, shard), y)
+            }
+        }
     }
 }
 

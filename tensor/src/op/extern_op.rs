@@ -31,7 +31,7 @@ use oxiflow_sbp::{RuleMode, Shape};
 use smallvec::SmallVec;
 
 use super::{
-    kernel_err, Backend, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, OutSpec,
+    kernel_err, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, OutSpec, RunKernels,
     Saves,
 };
 use crate::tensor::Tensor;
@@ -354,9 +354,6 @@ impl OpFamily for Extern {
     fn local(&self, at: &LocalAt<'_>) -> Option<Extern> {
         self.op.local(at)
     }
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        b.run_extern(self, x, out)
-    }
     fn differentiable(&self, output: usize) -> bool {
         self.op.differentiable(output)
     }
@@ -365,6 +362,12 @@ impl OpFamily for Extern {
     }
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         self.op.backward(g)
+    }
+}
+
+impl<B: ExternKernels> RunKernels<B> for Extern {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        b.run_extern(self, x, out)
     }
 }
 

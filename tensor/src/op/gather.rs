@@ -8,10 +8,9 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, norm_dim, shape_rule, single, Backend, Inferred, KernelBackend, LocalAt,
-    MetaResult, OpFamily, Saves,
+    need_float, need_i64, shape_rule, single, Inferred, KernelBackend, LocalAt, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -136,7 +135,12 @@ pub trait GatherKernels: KernelBackend {
 impl GatherOp {
     /// The scatter-add into a dim of `size` along `dim` (`ScatterAdd` with one index per
     /// element, else `IndexAdd`), the read's gradient; its shard is filled in by `local`.
-    fn adding(addressing: Addressing, dim: usize, size: usize, split_first: bool) -> GatherOp {
+    pub(crate) fn adding(
+        addressing: Addressing,
+        dim: usize,
+        size: usize,
+        split_first: bool,
+    ) -> GatherOp {
         let shard = IndexShard::default();
         match addressing {
             Addressing::PerElement => GatherOp::ScatterAdd {
@@ -216,24 +220,6 @@ impl OpFamily for GatherOp {
         Some(op)
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let (op, y) = (self.name(), single(self.name(), out)?);
-        match *self {
-            GatherOp::Gather { dim, shard } => {
-                b.take(op, x[0], x[1], Along::per_element(dim, shard), y)
-            }
-            GatherOp::ScatterAdd { dim, shard, .. } => {
-                b.put(op, x[0], x[1], Along::per_element(dim, shard), y)
-            }
-            GatherOp::IndexSelect { dim, shard } => {
-                b.take(op, x[0], x[1], Along::per_position(dim, shard), y)
-            }
-            GatherOp::IndexAdd { dim, shard, .. } => {
-                b.put(op, x[0], x[1], Along::per_position(dim, shard), y)
-            }
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         match self {
             // The indices: input 1 of the reads, input 0 of the scatter-adds.
@@ -254,7 +240,7 @@ impl OpFamily for GatherOp {
                 };
                 let op = GatherOp::adding(addressing, dim, size, split_first);
                 Ok(vec![
-                    g.when(0, || dispatch(op.into(), &[g.input(1)?, dy]))?,
+                    g.when(0, || Tensor::apply(op, &[g.input(1)?, dy]))?,
                     None,
                 ])
             }
@@ -271,37 +257,27 @@ impl OpFamily for GatherOp {
     }
 }
 
+impl<B: GatherKernels> RunKernels<B> for GatherOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let (op, y) = (self.name(), single(self.name(), out)?);
+        match *self {
+            GatherOp::Gather { dim, shard } => {
+                b.take(op, x[0], x[1], Along::per_element(dim, shard), y)
+            }
+            GatherOp::ScatterAdd { dim, shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_element(dim, shard), y)
+            }
+            GatherOp::IndexSelect { dim, shard } => {
+                b.take(op, x[0], x[1], Along::per_position(dim, shard), y)
+            }
+            GatherOp::IndexAdd { dim, shard, .. } => {
+                b.put(op, x[0], x[1], Along::per_position(dim, shard), y)
+            }
+        }
+    }
+}
+
 /// Whether a global tensor of nd-SBP `nd` is split on `dim` on some mesh axis.
 pub(crate) fn split_on(nd: Option<&NdSbp>, dim: usize) -> bool {
     nd.is_some_and(|s| s.iter().any(|a| a == Sbp::S(dim)))
-}
-
-impl Tensor {
-    /// torch.gather: `out[.., j, ..] = self[.., index[.., j, ..], ..]` along `dim`; `index`
-    /// (i64) has `self`'s shape on every other dim, and the output has index's shape.
-    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
-        let dim = norm_dim("gather", self, dim)?;
-        let shard = IndexShard::default();
-        dispatch(GatherOp::Gather { dim, shard }.into(), &[self, index])
-    }
-    /// The slices of `self` along `dim` at `ids` (1-d i64), in order.
-    pub fn index_select(&self, dim: isize, ids: &Tensor) -> Result<Tensor> {
-        let dim = norm_dim("index_select", self, dim)?;
-        let shard = IndexShard::default();
-        dispatch(GatherOp::IndexSelect { dim, shard }.into(), &[self, ids])
-    }
-    /// Zeros of `index`'s shape with `dim` of size `size`, plus `src` (index's shape) added at
-    /// the indices along `dim` (the gradient of `gather`).
-    pub fn scatter_add(index: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
-        let dim = norm_dim("scatter_add", index, dim)?;
-        let op = GatherOp::adding(Addressing::PerElement, dim, size, false);
-        dispatch(op.into(), &[index, src])
-    }
-    /// Zeros of `src`'s shape with `dim` of size `size`, plus the slices of `src` along `dim`
-    /// added at `ids` (1-d i64; the gradient of `index_select`).
-    pub fn index_add(ids: &Tensor, src: &Tensor, dim: isize, size: usize) -> Result<Tensor> {
-        let dim = norm_dim("index_add", src, dim)?;
-        let op = GatherOp::adding(Addressing::PerPosition, dim, size, false);
-        dispatch(op.into(), &[ids, src])
-    }
 }

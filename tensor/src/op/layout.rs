@@ -6,12 +6,11 @@ use oxiflow_sbp::{rules, RuleMode, Rules, Shape};
 
 use super::grad::{zeros_on, Grad};
 use super::{
-    dim_ok, norm_dim, same_dtype, shape_rule, single, Backend, Dims, Inferred, KernelBackend,
-    LocalAt, MetaResult, OpFamily, Saves, ViewOf,
+    dim_ok, same_dtype, shape_rule, single, Dims, Inferred, KernelBackend, LocalAt, MetaResult,
+    OpFamily, RunKernels, Saves, ViewOf,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
-use crate::{Result, TensorError};
+use crate::Result;
 
 /// The layout family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -120,17 +119,6 @@ impl OpFamily for LayoutOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match self {
-            LayoutOp::Permute { perm } => b.permute(x[0], perm, y),
-            LayoutOp::Reshape { .. } => b.copy(x[0], y),
-            LayoutOp::Concat { dim } => b.concat(x, *dim, y),
-            LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, y),
-            LayoutOp::Elements { start, len } => b.narrow(x[0], 0, *start, *len, y),
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         Saves::NOTHING
     }
@@ -158,6 +146,19 @@ impl OpFamily for LayoutOp {
             }
             LayoutOp::Elements { start, len } => narrow_backward(g, dy, 0, *start, *len),
             LayoutOp::Narrow { dim, start, len } => narrow_backward(g, dy, *dim, *start, *len),
+        }
+    }
+}
+
+impl<B: LayoutKernels> RunKernels<B> for LayoutOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        match self {
+            LayoutOp::Permute { perm } => b.permute(x[0], perm, y),
+            LayoutOp::Reshape { .. } => b.copy(x[0], y),
+            LayoutOp::Concat { dim } => b.concat(x, *dim, y),
+            LayoutOp::Narrow { dim, start, len } => b.narrow(x[0], *dim, *start, *len, y),
+            LayoutOp::Elements { start, len } => b.narrow(x[0], 0, *start, *len, y),
         }
     }
 }
@@ -203,59 +204,5 @@ fn slice_rule(
             "range {start}..{start}+{len} out of bounds for dim {dim} of size {}",
             shape.dim(dim)
         )),
-    }
-}
-
-fn layout(op: LayoutOp, inputs: &[&Tensor]) -> Result<Tensor> {
-    dispatch(op.into(), inputs)
-}
-
-impl Tensor {
-    /// Output dim i is input dim `perm[i]`.
-    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
-        let perm = perm.iter().copied().collect();
-        layout(LayoutOp::Permute { perm }, &[self])
-    }
-    /// Swaps two dims.
-    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
-        let (a, b) = (
-            norm_dim("transpose", self, d0)?,
-            norm_dim("transpose", self, d1)?,
-        );
-        let mut perm: Dims = (0..self.ndim()).collect();
-        perm.swap(a, b);
-        layout(LayoutOp::Permute { perm }, &[self])
-    }
-    /// Row-major reshape (same element count).
-    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        let shape = shape.into();
-        layout(LayoutOp::Reshape { shape }, &[self])
-    }
-    /// Concatenates tensors along `dim`.
-    pub fn concat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
-        let Some(first) = tensors.first() else {
-            return Err(TensorError::Shape {
-                op: "concat",
-                shapes: String::new(),
-                sbps: String::new(),
-                detail: "no inputs".into(),
-            });
-        };
-        let dim = norm_dim("concat", first, dim)?;
-        layout(LayoutOp::Concat { dim }, tensors)
-    }
-    /// Elements `start..start + len` of `dim`.
-    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
-        let dim = norm_dim("narrow", self, dim)?;
-        layout(LayoutOp::Narrow { dim, start, len }, &[self])
-    }
-    /// Elements `start..start + len` of a 1-d tensor, sharing its memory where the backend
-    /// can (devices; the host copies them): a view, as a reshape is.
-    pub fn elements(&self, start: usize, len: usize) -> Result<Tensor> {
-        layout(LayoutOp::Elements { start, len }, &[self])
-    }
-    /// Elements `start..end` of `dim`.
-    pub fn slice(&self, dim: isize, start: usize, end: usize) -> Result<Tensor> {
-        self.narrow(dim, start, end.saturating_sub(start))
     }
 }

@@ -8,10 +8,9 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_on, Grad};
 use super::{
-    same_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
-    MetaResult, OpFamily, Saves,
+    same_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    MetaResult, OpFamily, RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -127,20 +126,6 @@ impl OpFamily for MaskOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match *self {
-            MaskOp::Where => b.where_cond(x[0], x[1], x[2], y),
-            MaskOp::MaskedFill { value } => b.masked_fill(x[0], x[1], value.get(), y),
-            MaskOp::Triangular {
-                keep,
-                k,
-                row0,
-                col0,
-            } => b.triangular(x[0], keep, k, row0, col0, y),
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         match self {
             MaskOp::Where => Saves::inputs(&[0]),
@@ -173,34 +158,30 @@ impl OpFamily for MaskOp {
     }
 }
 
-fn triangular(x: &Tensor, keep: Triangle, k: i64) -> Result<Tensor> {
+impl<B: MaskKernels> RunKernels<B> for MaskOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        match *self {
+            MaskOp::Where => b.where_cond(x[0], x[1], x[2], y),
+            MaskOp::MaskedFill { value } => b.masked_fill(x[0], x[1], value.get(), y),
+            MaskOp::Triangular {
+                keep,
+                k,
+                row0,
+                col0,
+            } => b.triangular(x[0], keep, k, row0, col0, y),
+        }
+    }
+}
+
+/// `x` with the entries outside the triangle `keep` of its last two dims from diagonal `k`
+/// zeroed.
+pub(crate) fn triangular(x: &Tensor, keep: Triangle, k: i64) -> Result<Tensor> {
     let op = MaskOp::Triangular {
         keep,
         k,
         row0: 0,
         col0: 0,
     };
-    dispatch(op.into(), &[x])
-}
-
-impl Tensor {
-    /// `a` where `cond` is nonzero, else `b` (all three broadcast; `cond` of any dtype).
-    pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        dispatch(MaskOp::Where.into(), &[cond, a, b])
-    }
-    /// `self` with `value` where `mask` (any dtype, broadcasting to `self`) is nonzero.
-    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
-        let value = F64Bits::new(value);
-        dispatch(MaskOp::MaskedFill { value }.into(), &[self, mask])
-    }
-    /// The upper triangle of the last two dims from diagonal `k` on (`col - row >= k`), zeros
-    /// elsewhere.
-    pub fn triu(&self, k: i64) -> Result<Tensor> {
-        triangular(self, Triangle::Upper, k)
-    }
-    /// The lower triangle of the last two dims up to diagonal `k` (`col - row <= k`), zeros
-    /// elsewhere.
-    pub fn tril(&self, k: i64) -> Result<Tensor> {
-        triangular(self, Triangle::Lower, k)
-    }
+    Tensor::apply(op, &[x])
 }

@@ -9,9 +9,9 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_dtype, shape_rule, single, Backend, Inferred, KernelBackend, MetaResult, OpFamily, Saves,
+    same_dtype, shape_rule, single, Inferred, KernelBackend, MetaResult, OpFamily, RunKernels,
+    Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -100,19 +100,6 @@ impl OpFamily for MatmulOp {
         Ok(Inferred::new(shape_rule(r)?, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match self {
-            MatmulOp::MatMul => b.matmul(x[0], x[1], y),
-            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
-            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
-            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
-            MatmulOp::MatMulTAcc { ta, tb, batched } => {
-                b.matmul_t_acc(x[0], x[1], (*ta, *tb), *batched, x[2], y)
-            }
-        }
-    }
-
     fn saves(&self, needs: &[bool]) -> Saves {
         // dA reads B and dB reads A: each operand only for the other's gradient.
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
@@ -152,9 +139,9 @@ impl OpFamily for MatmulOp {
         }
         let mm = |x: &Tensor, y: &Tensor, tx: bool, ty: bool| {
             if batched {
-                dispatch(MatmulOp::BatchMatMulT { ta: tx, tb: ty }.into(), &[x, y])
+                Tensor::apply(MatmulOp::BatchMatMulT { ta: tx, tb: ty }, &[x, y])
             } else {
-                dispatch(MatmulOp::MatMulT { ta: tx, tb: ty }.into(), &[x, y])
+                Tensor::apply(MatmulOp::MatMulT { ta: tx, tb: ty }, &[x, y])
             }
         };
         // C = A B with A = op(a), B = op(b): dA = dC B^T, dB = A^T dC; a transposed operand
@@ -189,38 +176,17 @@ impl OpFamily for MatmulOp {
     }
 }
 
-impl Tensor {
-    /// Matrix product. `b` 2-d: `self [.., k] @ b [k, n]`; otherwise batch matmul with equal
-    /// batch dims.
-    pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
-        if b.ndim() != 2 {
-            return self.bmm(b);
+impl<B: MatmulKernels> RunKernels<B> for MatmulOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        match self {
+            MatmulOp::MatMul => b.matmul(x[0], x[1], y),
+            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
+            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
+            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
+            MatmulOp::MatMulTAcc { ta, tb, batched } => {
+                b.matmul_t_acc(x[0], x[1], (*ta, *tb), *batched, x[2], y)
+            }
         }
-        dispatch(MatmulOp::MatMul.into(), &[self, b])
-    }
-    /// Batch matmul `[b.., m, k] @ [b.., k, n]`.
-    pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
-        dispatch(MatmulOp::BatchMatMul.into(), &[self, b])
-    }
-    /// `op(self) @ op(b)`, op transposing the last two dims when `ta` / `tb` is set, without
-    /// materialising the transposes. `b` 2-d: `self [.., m, k]` (or `[k, m]` 2-d with `ta`);
-    /// otherwise a batch product with equal batch dims.
-    pub fn matmul_t(&self, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
-        let op = if b.ndim() == 2 {
-            MatmulOp::MatMulT { ta, tb }
-        } else {
-            MatmulOp::BatchMatMulT { ta, tb }
-        };
-        dispatch(op.into(), &[self, b])
-    }
-    /// `op(self) @ op(b) + acc` (see [`Tensor::matmul_t`]; `acc` has the product's shape and
-    /// dtype, and takes the product's SBP). On CUDA one cuBLASLt product reading `acc` as
-    /// its C operand where the types allow; a product, then an add, elsewhere.
-    pub fn matmul_t_acc(&self, b: &Tensor, ta: bool, tb: bool, acc: &Tensor) -> Result<Tensor> {
-        let batched = b.ndim() != 2;
-        dispatch(
-            MatmulOp::MatMulTAcc { ta, tb, batched }.into(),
-            &[self, b, acc],
-        )
     }
 }

@@ -5,14 +5,11 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use super::custom::ResidualLayerNorm;
 use super::grad::Grad;
 use super::{
-    kernel_err, same_float_dtype, shape_rule, single, Backend, F64Bits, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, Saves,
+    kernel_err, same_float_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend, MetaError,
+    MetaResult, OpFamily, RunKernels, Saves,
 };
-use crate::autograd::no_grad;
-use crate::dispatch::{dispatch, dispatch_multi};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -101,25 +98,6 @@ impl OpFamily for NormOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        match self {
-            NormOp::LayerNorm { eps } => {
-                let n = out.len();
-                let [y, mean, rstd] = out else {
-                    return Err(kernel_err(
-                        self.name(),
-                        format!("expects 3 output buffers, got {n}"),
-                    ));
-                };
-                b.layer_norm(x[0], x[1], x[2], eps.get(), y, mean, rstd)
-            }
-            NormOp::LayerNormBackward => {
-                let dx = single(self.name(), out)?;
-                b.layer_norm_backward(x[0], x[1], x[2], x[3], x[4], dx)
-            }
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // The statistics are saved for the backward, not differentiated through.
         !matches!(self, NormOp::LayerNorm { .. }) || output == 0
@@ -144,7 +122,7 @@ impl OpFamily for NormOp {
         if !g.need(1) && !g.need(2) {
             return Ok(vec![
                 g.when(0, || {
-                    dispatch(NormOp::LayerNormBackward.into(), &[x, w, dy, mean, rstd])
+                    Tensor::apply(NormOp::LayerNormBackward, &[x, w, dy, mean, rstd])
                 })?,
                 None,
                 None,
@@ -156,67 +134,30 @@ impl OpFamily for NormOp {
         // sum over split rows stays partial, reduced with the other gradients). x's gradient
         // from its other consumers (a residual stream's sum) comes in as the residual
         // gradient the kernel adds, saving the add.
-        let op = ResidualLayerNorm::Backward;
         let partial = g.take_partial(0);
-        let mut ins = vec![x, w, mean, rstd, dy];
-        ins.extend(partial.as_ref());
-        let out = dispatch_multi(op.into(), &ins)?;
-        let [dx, dw, db] = <[Tensor; 3]>::try_from(out)
-            .map_err(|v| kernel_err(op.name(), format!("gave {} outputs, not 3", v.len())))?;
+        let [dx, dw, db] = Tensor::layer_norm_grads(x, w, mean, rstd, dy, partial.as_ref())?;
         let keep = |i: usize, t: Tensor| g.need(i).then_some(t);
         Ok(vec![keep(0, dx), keep(1, dw), keep(2, db)])
     }
 }
 
-impl Tensor {
-    /// Layer norm over the last dim with weight and bias `[H]`.
-    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-        Ok(self.layer_norm_stats(weight, bias, eps)?.0)
-    }
-    /// Layer norm over the last dim with its per-row statistics: (y, mean, rstd), mean and
-    /// rstd `[.., 1]` (only y carries a gradient).
-    pub fn layer_norm_stats(
-        &self,
-        weight: &Tensor,
-        bias: &Tensor,
-        eps: f64,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let eps = F64Bits::new(eps);
-        let out = dispatch_multi(NormOp::LayerNorm { eps }.into(), &[self, weight, bias])?;
-        match <[Tensor; 3]>::try_from(out) {
-            Ok([y, mean, rstd]) => Ok((y, mean, rstd)),
-            Err(v) => Err(kernel_err(
-                "layer_norm",
-                format!("gave {} outputs, not 3", v.len()),
-            )),
+impl<B: NormKernels> RunKernels<B> for NormOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        match self {
+            NormOp::LayerNorm { eps } => {
+                let n = out.len();
+                let [y, mean, rstd] = out else {
+                    return Err(kernel_err(
+                        self.name(),
+                        format!("expects 3 output buffers, got {n}"),
+                    ));
+                };
+                b.layer_norm(x[0], x[1], x[2], eps.get(), y, mean, rstd)
+            }
+            NormOp::LayerNormBackward => {
+                let dx = single(self.name(), out)?;
+                b.layer_norm_backward(x[0], x[1], x[2], x[3], x[4], dx)
+            }
         }
-    }
-    /// dx of layer norm over the last dim (the statistics computed from x here).
-    pub fn layer_norm_backward(
-        x: &Tensor,
-        weight: &Tensor,
-        dy: &Tensor,
-        eps: f64,
-    ) -> Result<Tensor> {
-        let (mean, rstd) = {
-            let _ng = no_grad();
-            let zeros = weight.mul_scalar(0.0)?;
-            let (_, mean, rstd) = x.layer_norm_stats(weight, &zeros, eps)?;
-            (mean, rstd)
-        };
-        Tensor::layer_norm_backward_from(x, weight, dy, &mean, &rstd)
-    }
-    /// dx of layer norm over the last dim from the forward's per-row mean and rstd.
-    pub fn layer_norm_backward_from(
-        x: &Tensor,
-        weight: &Tensor,
-        dy: &Tensor,
-        mean: &Tensor,
-        rstd: &Tensor,
-    ) -> Result<Tensor> {
-        dispatch(
-            NormOp::LayerNormBackward.into(),
-            &[x, weight, dy, mean, rstd],
-        )
     }
 }

@@ -6,10 +6,9 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
-    need_float, norm_dims, shape_rule, single, Backend, Dims, Inferred, KernelBackend, LocalAt,
-    MetaResult, OpFamily, Saves, UnaryOp,
+    need_float, shape_rule, single, Dims, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily,
+    RunKernels, Saves, UnaryOp,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 use oxiflow_sbp::ReduceKind;
@@ -139,21 +138,6 @@ impl OpFamily for ReductionOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match self {
-            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, y),
-            ReductionOp::Mean {
-                dims,
-                keepdim,
-                count,
-            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), y),
-            ReductionOp::Max { dims, .. } => b.extremum(Extremum::Max, x[0], dims, y),
-            ReductionOp::Min { dims, .. } => b.extremum(Extremum::Min, x[0], dims, y),
-            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], y),
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         match self {
             // The extrema's positions: where x equals the output.
@@ -205,53 +189,19 @@ impl OpFamily for ReductionOp {
     }
 }
 
-fn reduction(op: ReductionOp, x: &Tensor) -> Result<Tensor> {
-    dispatch(op.into(), &[x])
-}
-
-impl Tensor {
-    /// Sum over `dims` (negative dims count from the end).
-    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let dims = norm_dims("sum", self, dims)?;
-        reduction(ReductionOp::Sum { dims, keepdim }, self)
-    }
-    /// Sum of all elements (0-d result).
-    pub fn sum_all(&self) -> Result<Tensor> {
-        let dims: Vec<isize> = (0..self.ndim() as isize).collect();
-        self.sum(&dims, false)
-    }
-    /// Mean over `dims`: the sum times 1 / (the global count of reduced elements).
-    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let dims = norm_dims("mean", self, dims)?;
-        reduction(
+impl<B: ReductionKernels> RunKernels<B> for ReductionOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        match self {
+            ReductionOp::Sum { dims, keepdim } => b.sum(x[0], dims, *keepdim, None, y),
             ReductionOp::Mean {
                 dims,
                 keepdim,
-                count: 0,
-            },
-            self,
-        )
-    }
-    pub fn mean_all(&self) -> Result<Tensor> {
-        let dims: Vec<isize> = (0..self.ndim() as isize).collect();
-        self.mean(&dims, false)
-    }
-    /// Max over `dims`.
-    pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let dims = norm_dims("max", self, dims)?;
-        reduction(ReductionOp::Max { dims, keepdim }, self)
-    }
-    /// Min over `dims`.
-    pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let dims = norm_dims("min", self, dims)?;
-        reduction(ReductionOp::Min { dims, keepdim }, self)
-    }
-    /// Sums broadcast dims away so the result has `shape` (gradient of broadcasting).
-    pub fn sum_to_shape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        let shape = shape.into();
-        if &shape == self.shape() {
-            return Ok(self.clone());
+                count,
+            } => b.sum(x[0], dims, *keepdim, Some((*count).max(1)), y),
+            ReductionOp::Max { dims, .. } => b.extremum(Extremum::Max, x[0], dims, y),
+            ReductionOp::Min { dims, .. } => b.extremum(Extremum::Min, x[0], dims, y),
+            ReductionOp::SumToShape { .. } => b.sum_to_shape(x[0], y),
         }
-        reduction(ReductionOp::SumToShape { shape }, self)
     }
 }

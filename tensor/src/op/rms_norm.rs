@@ -6,10 +6,9 @@ use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    same_float_dtype, single, Backend, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
-    OpFamily, Saves,
+    same_float_dtype, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
+    RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -56,12 +55,6 @@ impl OpFamily for RmsNormOp {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        let RmsNormOp::Forward { eps } = self;
-        b.rms_norm(x[0], x[1], eps.get(), y)
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         Saves::inputs(&[0, 1])
     }
@@ -88,10 +81,10 @@ impl OpFamily for RmsNormOp {
     }
 }
 
-impl Tensor {
-    /// RMS norm over the last dim with weight `[H]`.
-    pub fn rms_norm(&self, weight: &Tensor, eps: f64) -> Result<Tensor> {
-        let eps = F64Bits::new(eps);
-        dispatch(RmsNormOp::Forward { eps }.into(), &[self, weight])
+impl<B: RmsNormKernels> RunKernels<B> for RmsNormOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        let RmsNormOp::Forward { eps } = self;
+        b.rms_norm(x[0], x[1], eps.get(), y)
     }
 }

@@ -8,10 +8,9 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, need_float, norm_dim, single, Backend, F64Bits, Inferred, KernelBackend, LocalAt,
-    MetaError, MetaResult, OpFamily, Saves,
+    dim_ok, need_float, single, F64Bits, Inferred, KernelBackend, LocalAt, MetaError, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -70,11 +69,6 @@ impl OpFamily for RotaryOp {
         })
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        b.rotary(x[0], self, y)
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         Saves::NOTHING
     }
@@ -85,20 +79,13 @@ impl OpFamily for RotaryOp {
             pos0: 0,
             ..self.clone()
         };
-        Grad::one(dispatch(op.into(), &[g.dy()?])?)
+        Grad::one(Tensor::apply(op, &[g.dy()?])?)
     }
 }
 
-impl Tensor {
-    /// Rotary position embedding of `[.., T, .., D]` (D even) with positions along `seq_dim`
-    /// (not the last dim): pairs (i, i + D/2) rotate by `pos * base^(-2i/D)`.
-    pub fn rotary(&self, seq_dim: isize, base: f64) -> Result<Tensor> {
-        let op = RotaryOp {
-            seq_dim: norm_dim("rotary", self, seq_dim)?,
-            base: F64Bits::new(base),
-            inverse: false,
-            pos0: 0,
-        };
-        dispatch(op.into(), &[self])
+impl<B: RotaryKernels> RunKernels<B> for RotaryOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        b.rotary(x[0], self, y)
     }
 }

@@ -5,10 +5,9 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, norm_dim, same_float_dtype, shape_rule, single, Backend, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, Saves,
+    dim_ok, same_float_dtype, shape_rule, single, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
-use crate::dispatch::dispatch;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -82,14 +81,6 @@ impl OpFamily for SoftmaxOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match self {
-            SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, y),
-            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, y),
-        }
-    }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
         match self {
             SoftmaxOp::Forward { .. } => Saves::outputs(&[0]),
@@ -99,12 +90,11 @@ impl OpFamily for SoftmaxOp {
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         match self {
-            SoftmaxOp::Forward { dim, log } => Grad::one(dispatch(
+            SoftmaxOp::Forward { dim, log } => Grad::one(Tensor::apply(
                 SoftmaxOp::Backward {
                     dim: *dim,
                     log: *log,
-                }
-                .into(),
+                },
                 &[g.output(0)?, g.dy()?],
             )?),
             SoftmaxOp::Backward { .. } => Err(Grad::unsupported(
@@ -115,23 +105,12 @@ impl OpFamily for SoftmaxOp {
     }
 }
 
-impl Tensor {
-    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        let dim = norm_dim("softmax", self, dim)?;
-        dispatch(SoftmaxOp::Forward { dim, log: false }.into(), &[self])
-    }
-    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        let dim = norm_dim("log_softmax", self, dim)?;
-        dispatch(SoftmaxOp::Forward { dim, log: true }.into(), &[self])
-    }
-    /// dx of y = softmax(x, dim) from y and dy.
-    pub fn softmax_backward(y: &Tensor, dy: &Tensor, dim: isize) -> Result<Tensor> {
-        let dim = norm_dim("softmax_backward", y, dim)?;
-        dispatch(SoftmaxOp::Backward { dim, log: false }.into(), &[y, dy])
-    }
-    /// dx of y = log_softmax(x, dim) from y and dy.
-    pub fn log_softmax_backward(y: &Tensor, dy: &Tensor, dim: isize) -> Result<Tensor> {
-        let dim = norm_dim("log_softmax_backward", y, dim)?;
-        dispatch(SoftmaxOp::Backward { dim, log: true }.into(), &[y, dy])
+impl<B: SoftmaxKernels> RunKernels<B> for SoftmaxOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let y = single(self.name(), out)?;
+        match self {
+            SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, y),
+            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, y),
+        }
     }
 }

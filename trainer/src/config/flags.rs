@@ -11,6 +11,7 @@ use oxiflow_models::nn::gpt::Recompute;
 use serde::{Deserialize, Serialize};
 
 use super::checks::parse;
+use super::tokenizer::TokenizerArg;
 
 /// The model a job trains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -163,16 +164,6 @@ impl ReduceDtypeArg {
     }
 }
 
-/// The tokenizer of text data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TokenizerArg {
-    /// One token per byte (vocabulary 256).
-    Bytes,
-    /// GPT-2's BPE (vocabulary 50257; built in, nothing is downloaded).
-    Gpt2,
-}
-
 /// The layout of token shard files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -181,7 +172,8 @@ pub enum ShardFormatArg {
     Auto,
     /// nanoGPT: little-endian u16 ids only.
     Raw,
-    /// llm.c: 256 little-endian i32 (magic 20240520, version 1, token count), then u16 ids.
+    /// llm.c: 256 little-endian i32 (magic, version, token count), then the ids: u16 under
+    /// magic 20240520 version 1 (GPT-2), u32 under magic 20240801 version 7 (Llama 3).
     Llmc,
 }
 
@@ -335,16 +327,18 @@ pub struct ParallelFlags {
 #[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DataFlags {
-    /// GPT: token shards (a path ending in .bin, or a glob: nanoGPT's raw u16 files or llm.c's),
-    /// a text file (through --tokenizer), or a pre-tokenized file (`OXFTOK16`, u32 vocabulary
-    /// size, u16 ids). Default: the texts under /usr/share/common-licenses, else generated text.
+    /// GPT: token shards (a path ending in .bin, or a glob: nanoGPT's raw u16 files or llm.c's,
+    /// u16 or u32 ids), a text file (through --tokenizer), or a pre-tokenized file (`OXFTOK16`
+    /// or `OXFTOK32`, u32 vocabulary size, u16 or u32 ids). Default: the texts under
+    /// /usr/share/common-licenses, else generated text.
     #[arg(long)]
     pub data: Option<String>,
     /// GPT: held-out token shards (a path or glob) [default: the last 10% of --data].
     #[arg(long)]
     pub val_data: Option<String>,
-    /// GPT: tokenizer of text data and samples [default: bytes].
-    #[arg(long, value_enum)]
+    /// GPT: tokenizer of text data and samples: bytes, gpt2, or a Hugging Face tokenizer.json
+    /// (its path, or a directory holding one) [default: bytes].
+    #[arg(long)]
     pub tokenizer: Option<TokenizerArg>,
     /// GPT: the layout of token shards [default: auto].
     #[arg(long, value_enum)]

@@ -7,6 +7,7 @@ mod checks;
 mod flags;
 mod resolve;
 mod scope;
+mod tokenizer;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -18,8 +19,9 @@ pub use checks::{parse, MAX_GEN_TOKENS};
 pub use flags::{
     CpAttentionArg, DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind,
     NonFiniteArg, Opt, OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg,
-    ReduceDtypeArg, RunFlags, ScheduleArg, ShardFormatArg, TokenizerArg, WorldBackend,
+    ReduceDtypeArg, RunFlags, ScheduleArg, ShardFormatArg, WorldBackend,
 };
+pub use tokenizer::TokenizerArg;
 
 use crate::error::TrainError;
 use crate::schedule::{Decay, LrSchedule};
@@ -269,7 +271,7 @@ pub fn names_shards(data: &str) -> bool {
 
 /// Whether `--data` is read as token shards, by the file's header where it names one file: a
 /// glob; an llm.c header; a `.bin` without a known header (nanoGPT's raw ids). A pre-tokenized
-/// file (`OXFTOK16`) is read whole whatever its name; a damaged header is an error naming it
+/// file (`OXFTOK16`, `OXFTOK32`) is read whole whatever its name; a damaged header is an error naming it
 /// (a `.bin`'s, as the shard reader of `--shard-format` names it).
 pub fn reads_shards(data: &str) -> Result<bool, TrainError> {
     if data.contains(['*', '?', '[']) {
@@ -277,8 +279,8 @@ pub fn reads_shards(data: &str) -> Result<bool, TrainError> {
     }
     let bin = data.ends_with(".bin");
     Ok(match identify_file(Path::new(data)) {
-        Ok(TokenHeader::Llmc) => true,
-        Ok(TokenHeader::Pretokenized) => false,
+        Ok(TokenHeader::Llmc(_)) => true,
+        Ok(TokenHeader::Pretokenized(_)) => false,
         Ok(TokenHeader::None) => bin,
         Err(_) if bin => true,
         Err(e) => return Err(e.into()),

@@ -117,7 +117,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
     let data = DataConfig {
         data: path("--data", &d.data)?,
         val_data: path("--val-data", &d.val_data)?,
-        tokenizer: d.tokenizer.unwrap_or(TokenizerArg::Bytes),
+        tokenizer: d.tokenizer.clone().unwrap_or_default(),
         shard_format: d.shard_format.unwrap_or(ShardFormatArg::Auto),
         batch_size: count(
             "--batch-size",

@@ -343,7 +343,7 @@ fn infer_job(
                 mesh.dp,
                 mesh.tp,
                 inputs.description,
-                inputs.tokenizer.name(),
+                inputs.tokenizer,
                 windows.len(),
                 windows.seq_len() + 1,
                 cfg.data.batch_size
@@ -404,14 +404,23 @@ fn sample(
     if let Some(t) = text {
         let mut ids: Vec<usize> = prompt_ids(&tokenizer, t, vocab)?
             .into_iter()
-            .map(usize::from)
+            .map(|id| id as usize)
             .collect();
         if ids.is_empty() {
-            ids.push(
-                tokenizer
-                    .end_of_text()
-                    .map_or(usize::from(b'\n'), usize::from),
+            // An empty prompt starts a document: after the end-of-text token, else a newline.
+            let start = match tokenizer.end_of_text() {
+                Some(e) => vec![e],
+                None => tokenizer.encode("\n")?,
+            };
+            ids.extend(
+                start
+                    .first()
+                    .map(|&id| id as usize)
+                    .filter(|&id| id < vocab),
             );
+            if ids.is_empty() {
+                ids.push(0);
+            }
         }
         prompts.push(ids);
     }
@@ -434,14 +443,11 @@ fn sample(
         if let (0, Some(t)) = (i, text) {
             let decoded = match ids
                 .iter()
-                .map(|&id| u16::try_from(id))
+                .map(|&id| u32::try_from(id))
                 .collect::<Result<Vec<_>, _>>()
             {
                 Ok(u) if ids.iter().all(|&id| id < tokenizer.vocab()) => tokenizer.decode(&u)?,
-                _ => format!(
-                    "[ids beyond the {} tokenizer's vocabulary]",
-                    tokenizer.name()
-                ),
+                _ => format!("[ids beyond the {} tokenizer's vocabulary]", tokenizer),
             };
             println!("sample (temperature {}): {t}{decoded}", g.temperature);
         }
@@ -493,7 +499,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         return infer_job(cfg, mesh, device, inputs, lead);
     }
     let spec = inputs.spec.clone();
-    let (tokenizer, vocab) = (inputs.tokenizer, inputs.vocab);
+    let (tokenizer, vocab) = (inputs.tokenizer.clone(), inputs.vocab);
     let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
     if let Some(p) = &cfg.run.resume {
         job.trainer.resume_with(p, &load_options(cfg))?;
@@ -535,7 +541,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         println!(
             "data: {} tokenizer {}{entropy}",
             job.trainer.data.describe(),
-            job.tokenizer.name()
+            job.tokenizer
         );
     }
     if cfg.run.explain {

@@ -1,6 +1,7 @@
 //! What a checkpoint records of its run, and the checks a run resuming it passes before its
 //! world starts. Recorded: the model's sizes, dtype, seed and optimizer, the batch size, the
-//! tokenizer and the data's identity (each `--data` and `--val-data` file's canonical path,
+//! tokenizer (a built-in one's name; a tokenizer.json's SHA-256 and, for people, its path: the
+//! hash must match, wherever the file lies) and the data's identity (each `--data` and `--val-data` file's canonical path,
 //! size and crc32c of its first 64 KiB, in reading order: the shard set). A resume whose values
 //! differ is refused naming what changed (the data, batch size, tokenizer, seed and optimizer
 //! may be overridden with `--allow-resume-mismatch`; the sizes never). Beyond its checksum a
@@ -12,6 +13,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use oxiflow_models::checkpoint::{self, LoadOptions, Manifest, Metadata};
+use oxiflow_models::data::Tokenizer;
 use oxiflow_models::hf::Family;
 use oxiflow_models::nn::gpt::TOKEN_TABLE;
 use serde::{Deserialize, Serialize};
@@ -199,7 +201,7 @@ pub(super) fn recorded(
                 rec("seq_len", seq_len.to_string(), "--seq-len", false),
                 rec(
                     "tokenizer",
-                    inputs.map_or("", |i| i.tokenizer.name()).to_string(),
+                    inputs.map_or(String::new(), |i| tokenizer_record(&i.tokenizer)),
                     "--tokenizer",
                     true,
                 ),
@@ -262,6 +264,31 @@ pub(super) fn recorded(
         ]),
     }
     Ok(v)
+}
+
+/// Separates a tokenizer file's identity from its path in a record.
+const RECORDED_FROM: &str = " from ";
+
+/// `tokenizer` as a checkpoint records it: `bytes`, `gpt2`, or `sha256:HEX from PATH`.
+fn tokenizer_record(tokenizer: &Tokenizer) -> String {
+    match tokenizer {
+        Tokenizer::Json(t) => format!(
+            "{}{RECORDED_FROM}{}",
+            tokenizer.identity(),
+            std::fs::canonicalize(t.path())
+                .unwrap_or_else(|_| t.path().to_path_buf())
+                .display()
+        ),
+        _ => tokenizer.identity(),
+    }
+}
+
+/// (identity, what `--tokenizer` takes) of a recorded tokenizer.
+fn recorded_tokenizer(record: &str) -> (&str, &str) {
+    match record.split_once(RECORDED_FROM) {
+        Some((identity, path)) => (identity, path),
+        None => (record, record),
+    }
 }
 
 /// The recorded values as checkpoint metadata.
@@ -340,6 +367,13 @@ pub(super) fn check_resume(
         if saved == r.value || (r.soft && cfg.run.allow_resume_mismatch) {
             continue;
         }
+        let (saved, suggested) = match r.key {
+            "tokenizer" if recorded_tokenizer(saved).0 == recorded_tokenizer(&r.value).0 => {
+                continue
+            }
+            "tokenizer" => (saved, recorded_tokenizer(saved).1),
+            _ => (saved, saved),
+        };
         let change = match r.key {
             "data.files" | "data.val_files" => match data_change(r.flag, saved, &r.value) {
                 Some(c) => c,
@@ -353,7 +387,7 @@ pub(super) fn check_resume(
         let hint = match (r.soft, r.key.starts_with("data.")) {
             (false, _) => String::new(),
             (true, true) => "; pass --allow-resume-mismatch to resume on this data".into(),
-            (true, false) => format!("; pass {} {saved} or --allow-resume-mismatch", r.flag),
+            (true, false) => format!("; pass {} {suggested} or --allow-resume-mismatch", r.flag),
         };
         return Err(bad(format!("{change}{hint}")));
     }

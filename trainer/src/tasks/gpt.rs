@@ -18,8 +18,7 @@ use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{Context, Tensor};
 
 use crate::config::{
-    reads_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TokenizerArg,
-    TrainConfig,
+    reads_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TrainConfig,
 };
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
@@ -57,14 +56,6 @@ impl TrainModel for Gpt {
     }
 }
 
-/// The tokenizer a configuration names.
-pub fn tokenizer_of(cfg: &TrainConfig) -> Tokenizer {
-    match cfg.data.tokenizer {
-        TokenizerArg::Bytes => Tokenizer::Bytes,
-        TokenizerArg::Gpt2 => Tokenizer::Gpt2,
-    }
-}
-
 fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
@@ -91,21 +82,22 @@ pub struct GptInputs {
 impl GptInputs {
     /// `cfg`'s data through its tokenizer, and its decoder.
     pub fn open(cfg: &TrainConfig) -> Result<GptInputs, TrainError> {
-        let tokenizer = tokenizer_of(cfg);
+        let tokenizer = cfg.data.tokenizer.open()?;
         let hf = DecoderSpec::open_hf(cfg)?;
         let limit = hf.as_ref().map(|h| h.config.vocab);
-        let (windows, eval, data_vocab, description, entropy) =
-            if cfg.generates_only() && hf.is_some() {
-                // A Hugging Face model only generating reads no data.
-                let none = "none (generation only)".to_string();
-                (None, None, tokenizer.vocab(), none, None)
-            } else if cfg.run.eval_only {
-                let (eval, vocab, description) = eval_windows(cfg, tokenizer, limit)?;
-                (None, Some(eval), vocab, description, None)
-            } else {
-                let (train, heldout, vocab, description, entropy) = windows(cfg, tokenizer, limit)?;
-                (Some((train, heldout)), None, vocab, description, entropy)
-            };
+        let (windows, eval, data_vocab, description, entropy) = if cfg.generates_only()
+            && hf.is_some()
+        {
+            // A Hugging Face model only generating reads no data.
+            let none = "none (generation only)".to_string();
+            (None, None, tokenizer.vocab(), none, None)
+        } else if cfg.run.eval_only {
+            let (eval, vocab, description) = eval_windows(cfg, &tokenizer, limit)?;
+            (None, Some(eval), vocab, description, None)
+        } else {
+            let (train, heldout, vocab, description, entropy) = windows(cfg, &tokenizer, limit)?;
+            (Some((train, heldout)), None, vocab, description, entropy)
+        };
         let vocab = limit.unwrap_or(data_vocab);
         let multiple = cfg.model.vocab_multiple;
         let table_rows = padded_vocab(vocab, multiple).ok_or_else(|| TrainError::Config {
@@ -113,7 +105,7 @@ impl GptInputs {
                 "--vocab-multiple {multiple}: the vocabulary {vocab} rounded up to it overflows"
             ),
         })?;
-        let eos = tokenizer.end_of_text().map(usize::from);
+        let eos = tokenizer.end_of_text().map(|e| e as usize);
         let spec = DecoderSpec::resolve(cfg, vocab, eos, hf);
         spec.check()?;
         if let Some(ck) = spec.hf.as_ref().filter(|_| cfg.generate.gen_tokens > 0) {
@@ -176,7 +168,7 @@ fn shard_format(cfg: &TrainConfig) -> ShardFormat {
 /// `limit`, else the tokenizer's vocabulary), the vocabulary and a description.
 fn eval_windows(
     cfg: &TrainConfig,
-    tokenizer: Tokenizer,
+    tokenizer: &Tokenizer,
     limit: Option<usize>,
 ) -> Result<(EvalWindows, usize, String), TrainError> {
     let t = cfg.model.seq_len;
@@ -187,7 +179,7 @@ fn eval_windows(
             let description = format!(
                 "{} {} shards {pattern:?} ({} tokens)",
                 set.shards().len(),
-                set.format.name(),
+                set.describe_format(),
                 set.tokens()
             );
             Ok((EvalWindows::of_shards(set, t)?, vocab, description))
@@ -210,7 +202,7 @@ fn eval_windows(
 /// Hugging Face model's vocabulary, when given).
 fn windows(
     cfg: &TrainConfig,
-    tokenizer: Tokenizer,
+    tokenizer: &Tokenizer,
     limit: Option<usize>,
 ) -> Result<(Windows, Windows, usize, String, Option<f64>), TrainError> {
     let (b, t, seed) = (cfg.data.batch_size, cfg.model.seq_len, cfg.model.seed);
@@ -226,7 +218,7 @@ fn windows(
             let description = format!(
                 "{} {} shards {pattern:?} ({} tokens{})",
                 set.shards().len(),
-                set.format.name(),
+                set.describe_format(),
                 set.tokens(),
                 val.as_ref().map_or(String::new(), |v| format!(
                     "; held out: {} tokens",
@@ -384,9 +376,9 @@ pub fn prompt_ids(
     tokenizer: &Tokenizer,
     prompt: &str,
     vocab: usize,
-) -> Result<Vec<u16>, TrainError> {
+) -> Result<Vec<u32>, TrainError> {
     let ids = tokenizer.encode(prompt)?;
-    match ids.iter().find(|&&id| usize::from(id) >= vocab) {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
         Some(bad) => Err(TrainError::Config {
             detail: format!(
                 "--generate {prompt:?}: token {bad} is not below the vocabulary size {vocab}"

@@ -199,7 +199,7 @@ pub fn corpus_windows(
     batch: usize,
     seq_len: usize,
 ) -> Result<(Windows, Windows), TrainError> {
-    let tokens: Arc<[u16]> = corpus.tokens();
+    let tokens: Arc<[u32]> = corpus.tokens();
     let make = |part: std::ops::Range<usize>, seed: u64| -> Result<Windows, TrainError> {
         let sampler = data::WindowSampler::new(part.len(), seed, batch, seq_len).map_err(|e| {
             TrainError::Layout {

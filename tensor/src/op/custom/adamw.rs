@@ -4,12 +4,10 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch;
 use crate::op::{
-    need_float, no_gradient, same_dtype, single, Backend, F64Bits, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily,
+    need_float, no_gradient, same_dtype, single, CustomKernels, F64Bits, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, RunKernels,
 };
-use crate::tensor::Tensor;
 use crate::Result;
 
 /// One pass of an AdamW update.
@@ -89,37 +87,11 @@ impl OpFamily for AdamPart {
         Ok(Inferred::new(r, dt))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        b.adam(*self, x, single(self.name(), out)?)
-    }
-
     no_gradient!("an optimizer update has no gradient");
 }
 
-impl Tensor {
-    /// AdamW's moment update in one pass: `a self + b g` (`squared`: `a self + b g^2`).
-    pub fn adam_moment(&self, g: &Tensor, a: f64, b: f64, squared: bool) -> Result<Tensor> {
-        let (a, b) = (F64Bits::new(a), F64Bits::new(b));
-        let part = if squared {
-            AdamPart::Moment2 { a, b }
-        } else {
-            AdamPart::Moment1 { a, b }
-        };
-        dispatch(part.into(), &[self, g])
-    }
-    /// AdamW's new value in one pass: `decay self - (step m) / (sqrt(inv_bc2 v) + eps)`.
-    pub fn adam_update(
-        &self,
-        m: &Tensor,
-        v: &Tensor,
-        [decay, step, inv_bc2, eps]: [f64; 4],
-    ) -> Result<Tensor> {
-        let part = AdamPart::Update {
-            decay: F64Bits::new(decay),
-            step: F64Bits::new(step),
-            inv_bc2: F64Bits::new(inv_bc2),
-            eps: F64Bits::new(eps),
-        };
-        dispatch(part.into(), &[self, m, v])
+impl<B: CustomKernels> RunKernels<B> for AdamPart {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        b.adam(*self, x, single(self.name(), out)?)
     }
 }

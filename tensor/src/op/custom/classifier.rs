@@ -10,11 +10,10 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::{dispatch, dispatch_multi, meta_err};
-use crate::op::loss::{classes_split, vocab_parallel_cross_entropy};
 use crate::op::{
-    kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, Backend, BinaryOp, Grad,
-    Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, Saves, ScalarOp, Triangle,
+    kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, BinaryOp, CustomKernels,
+    Grad, Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, RunKernels, Saves,
+    ScalarOp, Triangle,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -117,19 +116,6 @@ impl OpFamily for ClassifierOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        match *self {
-            ClassifierOp::Forward { classes } => match out {
-                [loss, dlogits] => b.classifier(x[0], x[1], classes, [loss, dlogits]),
-                _ => Err(kernel_err(
-                    self.name(),
-                    format!("expects 2 output buffers, got {}", out.len()),
-                )),
-            },
-            ClassifierOp::Backward => b.classifier_backward(x[0], x[1], single(self.name(), out)?),
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // The logits' gradient is saved for the backward.
         *self == ClassifierOp::Backward || output == 0
@@ -150,9 +136,24 @@ impl OpFamily for ClassifierOp {
             ));
         }
         let dx = g.when(0, || {
-            dispatch(ClassifierOp::Backward.into(), &[g.output(1)?, g.dy()?])
+            Tensor::apply(ClassifierOp::Backward, &[g.output(1)?, g.dy()?])
         })?;
         Ok(vec![dx, None])
+    }
+}
+
+impl<B: CustomKernels> RunKernels<B> for ClassifierOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        match *self {
+            ClassifierOp::Forward { classes } => match out {
+                [loss, dlogits] => b.classifier(x[0], x[1], classes, [loss, dlogits]),
+                _ => Err(kernel_err(
+                    self.name(),
+                    format!("expects 2 output buffers, got {}", out.len()),
+                )),
+            },
+            ClassifierOp::Backward => b.classifier_backward(x[0], x[1], single(self.name(), out)?),
+        }
     }
 }
 
@@ -170,7 +171,7 @@ impl ClassifierOp {
         [loss, dlogits]: [&mut B::Out; 2],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let spec = b.out_spec(dlogits);
         let (n, width) = match spec.shape.dims() {
@@ -220,7 +221,7 @@ impl ClassifierOp {
         out: &mut B::Out,
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let spec = b.out_spec(dloss);
         let column = OutSpec {
@@ -229,44 +230,5 @@ impl ClassifierOp {
         };
         let d = b.reshaped(dloss, &column)?;
         b.binary(BinaryOp::Mul, dlogits, &d, out)
-    }
-}
-
-impl Tensor {
-    /// Per-row cross-entropy of logits `[N, V]` against targets `[N]` (i64) -> `[N]` (f32; f64
-    /// for f64 logits), through the fused classifier: the logits' gradient is computed in the
-    /// forward and kept in their dtype, the logits are not. Logits split on the classes over
-    /// several ranks take the vocabulary-parallel cross-entropy instead (the same loss in the
-    /// same dtype; the logits stay split and are kept for the backward, in their dtype).
-    pub fn classifier_loss(&self, targets: &Tensor) -> Result<Tensor> {
-        let classes = match self.shape().dims() {
-            [_, v] => *v,
-            // Not [N, V]: `infer` names the shapes.
-            _ => 1,
-        };
-        self.classifier_loss_padded(targets, classes)
-    }
-
-    /// [`Tensor::classifier_loss`] over the first `classes` columns of logits `[N, V]` (`classes`
-    /// in `1..=V`): the columns from `classes` on are padding (a vocabulary rounded up to an
-    /// aligned width), outside the softmax, and their gradient is 0; targets must be below
-    /// `classes`. `classes == V` is [`Tensor::classifier_loss`].
-    pub fn classifier_loss_padded(&self, targets: &Tensor, classes: usize) -> Result<Tensor> {
-        let op = ClassifierOp::Forward { classes };
-        if classes_split(self) {
-            // The fused op's checks first, so every layout refuses bad input alike.
-            let shapes = [self.shape(), targets.shape()];
-            op.infer(
-                &shapes,
-                &[self.dtype(), targets.dtype()],
-                RuleMode::ShapesOnly,
-            )
-            .map_err(|e| meta_err(&op.into(), e, &[self, targets]))?;
-            return vocab_parallel_cross_entropy(self, targets, classes);
-        }
-        let out = dispatch_multi(op.into(), &[self, targets])?;
-        out.into_iter()
-            .next()
-            .ok_or_else(|| kernel_err("classifier", "gave no output".into()))
     }
 }

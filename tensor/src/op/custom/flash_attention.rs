@@ -15,13 +15,12 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch_multi;
 use crate::op::{
-    same_float_dtype, Backend, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
-    OpFamily, Saves,
+    same_float_dtype, CustomKernels, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
-use crate::{Result, TensorError};
+use crate::Result;
 
 /// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
 /// `0..=i`; scores are `scale q . k`.
@@ -237,33 +236,6 @@ impl OpFamily for FlashAttention {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let (name, n) = (self.name(), out.len());
-        let count = |want: usize| {
-            crate::op::kernel_err(name, format!("expects {want} output buffers, got {n}"))
-        };
-        match self {
-            FlashAttention::Forward(a) => match out {
-                [o, lse] => b.flash_attention(x[0], x[1], x[2], *a, o, lse),
-                _ => Err(count(2)),
-            },
-            FlashAttention::Backward(a) => {
-                if n != 3 {
-                    return Err(count(3));
-                }
-                let inputs = FlashGradInputs {
-                    q: x[0],
-                    k: x[1],
-                    v: x[2],
-                    o: x[3],
-                    d_o: x[4],
-                    lse: x[5],
-                };
-                b.flash_attention_backward(inputs, *a, out)
-            }
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // The log-sum-exp is a statistic for the backward.
         !matches!(self, FlashAttention::Forward(_) if output == 1)
@@ -295,7 +267,7 @@ impl OpFamily for FlashAttention {
         } else {
             d_o.cast(o.dtype())?
         };
-        let grads = dispatch_multi(FlashAttention::Backward(a).into(), &[q, k, v, o, &d_o, lse])?;
+        let grads = Tensor::apply_all(FlashAttention::Backward(a), &[q, k, v, o, &d_o, lse])?;
         Ok(grads
             .into_iter()
             .enumerate()
@@ -304,62 +276,31 @@ impl OpFamily for FlashAttention {
     }
 }
 
-impl Tensor {
-    /// Fused attention on heads-last operands: queries `self` `[B, T, H, D]`, keys `k`
-    /// `[B, S, H, D]`, values `v` `[B, S, H, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
-    /// `[B, T, H, Dv]` (with `causal`, S == T and query `i` attends to keys `0..=i`). Never
-    /// keeps a `[T, S]` array; the backward recomputes the probabilities from the log-sum-exp.
-    pub fn flash_attention(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        causal: bool,
-        scale: f64,
-    ) -> Result<Tensor> {
-        Ok(self.flash_attention_lse(k, v, causal, scale)?.0)
-    }
-
-    /// Fused attention on heads-first operands: queries `self` `[B, H, T, D]`, keys `k`
-    /// `[B, H, S, D]`, values `v` `[B, H, S, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
-    /// `[B, H, T, Dv]`: [`Tensor::flash_attention`] on the operands permuted to `[B, T, H, D]`
-    /// (a batch or heads split moves with its dim). Never keeps a `[T, S]` array.
-    pub fn attention(&self, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
-        for (what, x) in [("q", self), ("k", k), ("v", v)] {
-            if x.ndim() != 4 {
-                return Err(TensorError::Shape {
-                    op: "attention",
-                    shapes: format!("{}, {}, {}", self.shape(), k.shape(), v.shape()),
-                    sbps: format!("{:?}, {:?}, {:?}", self.nd_sbp(), k.nd_sbp(), v.nd_sbp()),
-                    detail: format!("{what} must be 4-d [B, H, T, D], got {}", x.shape()),
-                });
-            }
-        }
-        let heads_last = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
-        heads_last(self)?
-            .flash_attention(&heads_last(k)?, &heads_last(v)?, causal, scale)?
-            .permute(&[0, 2, 1, 3])
-    }
-
-    /// [`Tensor::flash_attention`] and the log-sum-exp of each row's masked, scaled scores
-    /// `[B, H, T]` (f32 for 16-bit operands, else their dtype; -inf for a row without keys).
-    pub fn flash_attention_lse(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        causal: bool,
-        scale: f64,
-    ) -> Result<(Tensor, Tensor)> {
-        let attrs = FlashAttrs {
-            causal,
-            scale: F64Bits::new(scale),
+impl<B: CustomKernels> RunKernels<B> for FlashAttention {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let (name, n) = (self.name(), out.len());
+        let count = |want: usize| {
+            crate::op::kernel_err(name, format!("expects {want} output buffers, got {n}"))
         };
-        let outs = dispatch_multi(FlashAttention::Forward(attrs).into(), &[self, k, v])?;
-        match <[Tensor; 2]>::try_from(outs) {
-            Ok([o, lse]) => Ok((o, lse)),
-            Err(v) => Err(TensorError::Kernel {
-                op: "flash_attention",
-                detail: format!("expected o and lse, got {} outputs", v.len()),
-            }),
+        match self {
+            FlashAttention::Forward(a) => match out {
+                [o, lse] => b.flash_attention(x[0], x[1], x[2], *a, o, lse),
+                _ => Err(count(2)),
+            },
+            FlashAttention::Backward(a) => {
+                if n != 3 {
+                    return Err(count(3));
+                }
+                let inputs = FlashGradInputs {
+                    q: x[0],
+                    k: x[1],
+                    v: x[2],
+                    o: x[3],
+                    d_o: x[4],
+                    lse: x[5],
+                };
+                b.flash_attention_backward(inputs, *a, out)
+            }
         }
     }
 }

@@ -20,12 +20,10 @@ use std::sync::Arc;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch_multi;
 use crate::op::{
-    kernel_err, no_gradient, Backend, BinaryOp, ElementwiseOp, F64Bits, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, ScalarOp, UnaryOp,
+    kernel_err, no_gradient, BinaryOp, CustomKernels, ElementwiseOp, F64Bits, Inferred,
+    KernelBackend, MetaError, MetaResult, OpFamily, RunKernels, ScalarOp, UnaryOp,
 };
-use crate::tensor::Tensor;
 use crate::Result;
 
 /// Most inputs of one fused op (the CUDA kernel's parameter block holds this many).
@@ -392,7 +390,11 @@ impl OpFamily for FusedElementwise {
         Ok(Inferred::outputs(r, &self.program.output_dtypes()))
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+    no_gradient!("a fused element-wise op appears only in compiled programs");
+}
+
+impl<B: CustomKernels> RunKernels<B> for FusedElementwise {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         if x.len() != self.program.inputs() || out.len() != self.program.outputs().len() {
             return Err(kernel_err(
                 self.name(),
@@ -406,23 +408,5 @@ impl OpFamily for FusedElementwise {
             ));
         }
         b.fused_elementwise(self, x, out)
-    }
-
-    no_gradient!("a fused element-wise op appears only in compiled programs");
-}
-
-impl Tensor {
-    /// Runs fused program `program` on local tensors `inputs` (one per program input, of the
-    /// dtypes it reads, shapes that broadcast together) as one kernel: the values of its output
-    /// steps (the last step first) as the ops it stands for compute them.
-    pub fn fused_elementwise(
-        program: &Arc<FusedProgram>,
-        inputs: &[&Tensor],
-    ) -> Result<Vec<Tensor>> {
-        let _ng = crate::autograd::no_grad();
-        let op = FusedElementwise {
-            program: program.clone(),
-        };
-        dispatch_multi(op.into(), inputs)
     }
 }

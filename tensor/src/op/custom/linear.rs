@@ -8,11 +8,10 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 use smallvec::SmallVec;
 
-use crate::dispatch::dispatch_multi;
 use crate::op::grad::sum_to;
 use crate::op::{
-    kernel_err, same_float_dtype, scratch, Backend, BinaryOp, Grad, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, OutSpec, Saves, UnaryOp,
+    kernel_err, same_float_dtype, scratch, BinaryOp, CustomKernels, Grad, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, OutSpec, RunKernels, Saves, UnaryOp,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -163,23 +162,6 @@ impl OpFamily for LinearOp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let want = match *self {
-            LinearOp::Forward { act } => 1 + (act == Activation::Gelu) as usize,
-            LinearOp::WeightGrad { bias } => 1 + bias as usize,
-        };
-        if out.len() != want {
-            return Err(kernel_err(
-                self.name(),
-                format!("expects {want} output buffers, got {}", out.len()),
-            ));
-        }
-        match *self {
-            LinearOp::Forward { act } => b.linear(act, x[0], x[1], x.get(2).copied(), out),
-            LinearOp::WeightGrad { .. } => b.linear_weight_grad(x[0], x[1], out),
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // The pre-activation is saved for the backward.
         !matches!(self, LinearOp::Forward { .. }) || output == 0
@@ -219,7 +201,7 @@ impl OpFamily for LinearOp {
         let want_db = bias && g.need(2);
         let (dw, db) = if g.need(1) {
             let op = LinearOp::WeightGrad { bias: want_db };
-            let mut out = dispatch_multi(op.into(), &[g.input(0)?, &dpre])?.into_iter();
+            let mut out = Tensor::apply_all(op, &[g.input(0)?, &dpre])?.into_iter();
             (out.next(), out.next())
         } else {
             (None, None)
@@ -236,6 +218,25 @@ impl OpFamily for LinearOp {
     }
 }
 
+impl<B: CustomKernels> RunKernels<B> for LinearOp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let want = match *self {
+            LinearOp::Forward { act } => 1 + (act == Activation::Gelu) as usize,
+            LinearOp::WeightGrad { bias } => 1 + bias as usize,
+        };
+        if out.len() != want {
+            return Err(kernel_err(
+                self.name(),
+                format!("expects {want} output buffers, got {}", out.len()),
+            ));
+        }
+        match *self {
+            LinearOp::Forward { act } => b.linear(act, x[0], x[1], x.get(2).copied(), out),
+            LinearOp::WeightGrad { .. } => b.linear_weight_grad(x[0], x[1], out),
+        }
+    }
+}
+
 impl LinearOp {
     /// The forward composed of the matmul, add and GELU kernels (the CPU's kernel, and the
     /// device's where its fused product does not apply).
@@ -248,7 +249,7 @@ impl LinearOp {
         out: &mut [B::Out],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let n = out.len();
         let (y, pre) = match out {
@@ -285,7 +286,7 @@ impl LinearOp {
         out: &mut [B::Out],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let (xs, ds) = (b.out_spec(x), b.out_spec(dpre));
         let rows = |s: &OutSpec| {
@@ -311,18 +312,5 @@ impl LinearOp {
                 format!("got {} output buffers", out.len()),
             )),
         }
-    }
-}
-
-impl Tensor {
-    /// `act(self w + bias)` for self `[.., K]`, w `[K, N]`, bias `[N]`, in one op (on CUDA one
-    /// cuBLASLt product with the bias and GELU in its epilogue).
-    pub fn linear(&self, w: &Tensor, bias: Option<&Tensor>, act: Activation) -> Result<Tensor> {
-        let mut ins = vec![self, w];
-        ins.extend(bias);
-        let out = dispatch_multi(LinearOp::Forward { act }.into(), &ins)?;
-        out.into_iter()
-            .next()
-            .ok_or_else(|| kernel_err("linear", "gave no output".into()))
     }
 }

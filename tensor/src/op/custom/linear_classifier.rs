@@ -19,11 +19,9 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::autograd::is_grad_enabled;
-use crate::dispatch::{dispatch_multi, meta_err};
 use crate::op::{
-    kernel_err, need_i64, norm_stats_dtype, same_float_dtype, scratch, Backend, BinaryOp, Grad,
-    Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, Saves,
+    kernel_err, need_i64, norm_stats_dtype, same_float_dtype, scratch, BinaryOp, CustomKernels,
+    Grad, Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -102,21 +100,6 @@ impl OpFamily for LinearClassifier {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        match (*self, out) {
-            (LinearClassifier::Forward { classes }, [loss, dx, dw]) => {
-                b.linear_classifier(x[0], x[1], x[2], classes, [loss, dx, dw])
-            }
-            (LinearClassifier::Backward, [dx, dw]) => {
-                b.linear_classifier_backward([x[0], x[1]], x[2], [dx, dw])
-            }
-            (_, out) => Err(kernel_err(
-                self.name(),
-                format!("got {} output buffers", out.len()),
-            )),
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // The forward's gradients are saved for the backward.
         *self == LinearClassifier::Backward || output == 0
@@ -149,9 +132,26 @@ impl OpFamily for LinearClassifier {
         // Both are saved whenever either is wanted, so one op scales them; an unwanted one's
         // output is dropped.
         let ins = [g.output(1)?, g.output(2)?, g.dy()?];
-        let mut out = dispatch_multi(LinearClassifier::Backward.into(), &ins)?.into_iter();
+        let mut out = Tensor::apply_all(LinearClassifier::Backward, &ins)?.into_iter();
         let (dx, dw) = (out.next(), out.next());
         Ok(vec![dx.filter(|_| need_x), dw.filter(|_| need_w), None])
+    }
+}
+
+impl<B: CustomKernels> RunKernels<B> for LinearClassifier {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        match (*self, out) {
+            (LinearClassifier::Forward { classes }, [loss, dx, dw]) => {
+                b.linear_classifier(x[0], x[1], x[2], classes, [loss, dx, dw])
+            }
+            (LinearClassifier::Backward, [dx, dw]) => {
+                b.linear_classifier_backward([x[0], x[1]], x[2], [dx, dw])
+            }
+            (_, out) => Err(kernel_err(
+                self.name(),
+                format!("got {} output buffers", out.len()),
+            )),
+        }
     }
 }
 
@@ -198,7 +198,7 @@ impl LinearClassifier {
         out: [&mut B::Out; 2],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let spec = b.out_spec(dloss);
         let d = b.reshaped(
@@ -225,7 +225,7 @@ impl LinearClassifier {
         [loss, dx, dw]: [&mut B::Out; 3],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let (xs, ws, ls) = (b.out_spec(dx), b.out_spec(dw), b.out_spec(loss));
         let (n, v) = (xs.shape.dim(0), ws.shape.dim(0));
@@ -250,47 +250,6 @@ impl LinearClassifier {
         b.matmul_t(&d, w, (false, false), false, dx)?;
         b.matmul_t(&d, x, (true, false), false, dw)?;
         b.sum_to_shape(&rows, loss)
-    }
-}
-
-impl Tensor {
-    /// The sum over rows of the cross-entropy of `self w^T` (self `[N, C]`, table `w`
-    /// `[V, C]`, targets `[N]` i64) over its first `classes` columns (`classes` in `1..=V`;
-    /// the rest are padding, outside the softmax): a 0-d tensor in the loss dtype of
-    /// [`Tensor::classifier_loss`]. Where a gradient is wanted it runs as one fused op
-    /// ([`LinearClassifier`]) that never keeps the logits; a table split on the classes takes
-    /// the vocabulary-parallel cross-entropy, and a call that wants no gradient the product
-    /// and the fused classifier.
-    pub fn linear_classifier_loss_sum(
-        &self,
-        w: &Tensor,
-        targets: &Tensor,
-        classes: usize,
-    ) -> Result<Tensor> {
-        let op = LinearClassifier::Forward { classes };
-        // The fused op's checks first, so every path refuses bad input alike.
-        let shapes = [self.shape(), w.shape(), targets.shape()];
-        op.infer(
-            &shapes,
-            &[self.dtype(), w.dtype(), targets.dtype()],
-            RuleMode::ShapesOnly,
-        )
-        .map_err(|e| meta_err(&op.into(), e, &[self, w, targets]))?;
-        let wants_grad = is_grad_enabled() && (self.requires_grad() || w.requires_grad());
-        // The fused op's layouts: rows split or whole, the table whole; others would box.
-        let fused = wants_grad
-            && !w.has_sbp_over_ranks(|s| s != B)
-            && !self.has_sbp_over_ranks(|s| s != Sbp::S(0) && s != B);
-        if !fused {
-            return self
-                .matmul_t(w, false, true)?
-                .classifier_loss_padded(targets, classes)?
-                .sum_all();
-        }
-        let out = dispatch_multi(op.into(), &[self, w, targets])?;
-        out.into_iter()
-            .next()
-            .ok_or_else(|| kernel_err("linear_classifier", "gave no output".into()))
     }
 }
 

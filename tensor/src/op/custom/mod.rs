@@ -1,19 +1,23 @@
 //! Custom ops: fused ops that are not core families (in the spirit of candle's `CustomOp` and
-//! OneFlow's user ops). Each lives in one file here holding everything about it as an
-//! [`OpFamily`] impl: attributes, the `Tensor` methods that build it, shape/dtype checks with
-//! SBP candidates, local attributes, the saved set and the backward rule, and its kernel trait;
-//! its kernels live in one file per backend (`cpu/custom/<name>.rs`, `cuda/ops/custom/<name>.rs`).
+//! OneFlow's user ops). Each lives in one file here holding the op as an [`OpFamily`] impl
+//! (attributes, shape/dtype checks with SBP candidates, local attributes, the saved set and the
+//! backward rule) and its kernel trait with its [`RunKernels`] impl; the `Tensor` methods that
+//! build it are `crate::methods::custom::<name>`, and its kernels live in one file per backend
+//! (`cpu/custom/<name>.rs`, `cuda/ops/custom/<name>.rs`). Like the core families, a custom op
+//! never calls dispatch.
 //!
 //! Registering one is one line in `custom_ops!` below (`module::Variant(Type): KernelTrait`):
 //! it declares the module, adds the op to [`CustomOp`] (which dispatches through `Op::Custom`
 //! like any family, hashable as the dispatch cache key) and its kernel trait to
 //! [`CustomKernels`], which every backend must implement, so a backend without its kernels
-//! does not compile.
+//! does not compile; the op table makes each type an `Op` (`with_custom_op_types!`).
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 
-use super::{Backend, Grad, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily, Saves, ViewOf};
+use super::family::{Inferred, LocalAt, MetaResult, OpFamily, RunKernels, ViewOf};
+use super::grad::{Grad, Saves};
+use super::kernels::CoreKernels;
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -38,16 +42,20 @@ macro_rules! custom_ops {
                     CustomOp::$variant(op)
                 }
             }
-            impl From<$ty> for super::Op {
-                fn from(op: $ty) -> super::Op {
-                    super::Op::Custom(CustomOp::$variant(op))
-                }
-            }
         )*
 
-        /// The kernels of every custom op.
-        pub trait CustomKernels: KernelBackend $(+ $kernels)* {}
-        impl<T: KernelBackend $(+ $kernels)*> CustomKernels for T {}
+        /// The kernels of every custom op, and of the core families they compose.
+        pub trait CustomKernels: CoreKernels $(+ $kernels)* {}
+        impl<T: CoreKernels $(+ $kernels)*> CustomKernels for T {}
+
+        /// Calls the macro `$m` with every custom op type (how the op table makes each one an
+        /// `Op`).
+        macro_rules! with_custom_op_types {
+            ($m:ident) => {
+                $m!($($ty),*);
+            };
+        }
+        pub(crate) use with_custom_op_types;
 
         impl OpFamily for CustomOp {
             fn name(&self) -> &'static str {
@@ -77,11 +85,6 @@ macro_rules! custom_ops {
                     $(CustomOp::$variant(ref o) => o.view_of()),*
                 }
             }
-            fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-                match *self {
-                    $(CustomOp::$variant(ref o) => o.run(b, x, out)),*
-                }
-            }
             fn differentiable(&self, output: usize) -> bool {
                 match *self {
                     $(CustomOp::$variant(ref o) => o.differentiable(output)),*
@@ -95,6 +98,14 @@ macro_rules! custom_ops {
             fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
                 match *self {
                     $(CustomOp::$variant(ref o) => o.backward(g)),*
+                }
+            }
+        }
+
+        impl<B: CustomKernels> RunKernels<B> for CustomOp {
+            fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+                match *self {
+                    $(CustomOp::$variant(ref o) => o.run(b, x, out)),*
                 }
             }
         }

@@ -6,11 +6,10 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch_multi;
 use crate::op::{
     kernel_err, need_float, norm_stats_dtype, same_dtype, same_float_dtype, scratch, shape_rule,
-    Backend, BinaryOp, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
-    Saves,
+    BinaryOp, CustomKernels, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -134,21 +133,6 @@ impl OpFamily for ResidualLayerNorm {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let n = out.len();
-        match (self, out) {
-            (ResidualLayerNorm::Forward { eps }, [r, y, mean, rstd]) => {
-                b.residual_layer_norm([x[0], x[1], x[2], x[3]], eps.get(), [r, y, mean, rstd])
-            }
-            (ResidualLayerNorm::Backward, [dx, dw, db]) => b.residual_layer_norm_backward(
-                [x[0], x[1], x[2], x[3], x[4]],
-                x.get(5).copied(),
-                [dx, dw, db],
-            ),
-            _ => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // r and y; the statistics are saved for the backward.
         !matches!(self, ResidualLayerNorm::Forward { .. }) || output < 2
@@ -178,13 +162,7 @@ impl OpFamily for ResidualLayerNorm {
             Some(dy) => {
                 let (r, w) = (g.output(0)?, g.input(2)?);
                 let (mean, rstd) = (g.output(2)?, g.output(3)?);
-                let mut ins = vec![r, w, mean, rstd, dy];
-                ins.extend(dr);
-                let op = ResidualLayerNorm::Backward;
-                let out = dispatch_multi(op.into(), &ins)?;
-                let [dx, dw, db] = <[Tensor; 3]>::try_from(out).map_err(|v| {
-                    kernel_err(op.name(), format!("gave {} outputs, not 3", v.len()))
-                })?;
+                let [dx, dw, db] = Tensor::layer_norm_grads(r, w, mean, rstd, dy, dr)?;
                 (Some(dx), Some(dw), Some(db))
             }
             // Only the sum has a gradient: it passes to both summands.
@@ -200,6 +178,23 @@ impl OpFamily for ResidualLayerNorm {
     }
 }
 
+impl<B: CustomKernels> RunKernels<B> for ResidualLayerNorm {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let n = out.len();
+        match (self, out) {
+            (ResidualLayerNorm::Forward { eps }, [r, y, mean, rstd]) => {
+                b.residual_layer_norm([x[0], x[1], x[2], x[3]], eps.get(), [r, y, mean, rstd])
+            }
+            (ResidualLayerNorm::Backward, [dx, dw, db]) => b.residual_layer_norm_backward(
+                [x[0], x[1], x[2], x[3], x[4]],
+                x.get(5).copied(),
+                [dx, dw, db],
+            ),
+            _ => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
+        }
+    }
+}
+
 impl ResidualLayerNorm {
     /// The forward composed of the add and LayerNorm kernels (the CPU's kernel, and the device's
     /// where its fused kernel does not apply).
@@ -210,7 +205,7 @@ impl ResidualLayerNorm {
         [r, y, mean, rstd]: [&mut B::Out; 4],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         b.binary(BinaryOp::Add, x, a, r)?;
         b.layer_norm(r, w, bias, eps, y, mean, rstd)
@@ -226,7 +221,7 @@ impl ResidualLayerNorm {
         [dx, dw, db]: [&mut B::Out; 3],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let data = b.out_spec(r);
         match dr {
@@ -277,42 +272,5 @@ impl ResidualLayerNorm {
             b.cast(&sum, dw)?;
         }
         b.sum_to_shape(dy, db)
-    }
-}
-
-impl Tensor {
-    /// `r = self + a` and `y = LayerNorm(r)` over the last dim (weight and bias `[H]`) in one
-    /// op: returns (r, y); both carry gradients, and the backward computes the residual
-    /// stream's gradient `dr + LN'(dy)` in one pass.
-    pub fn residual_layer_norm(
-        &self,
-        a: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        eps: f64,
-    ) -> Result<(Tensor, Tensor)> {
-        let (r, y, _, _) = self.residual_layer_norm_stats(a, weight, bias, eps)?;
-        Ok((r, y))
-    }
-    /// [`Tensor::residual_layer_norm`] with the per-row statistics: (r, y, mean, rstd), mean
-    /// and rstd `[.., 1]` (f32 for 16-bit data; no gradient).
-    pub fn residual_layer_norm_stats(
-        &self,
-        a: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        eps: f64,
-    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-        let op = ResidualLayerNorm::Forward {
-            eps: F64Bits::new(eps),
-        };
-        let out = dispatch_multi(op.into(), &[self, a, weight, bias])?;
-        match <[Tensor; 4]>::try_from(out) {
-            Ok([r, y, mean, rstd]) => Ok((r, y, mean, rstd)),
-            Err(v) => Err(kernel_err(
-                op.name(),
-                format!("gave {} outputs, not 4", v.len()),
-            )),
-        }
     }
 }

@@ -16,12 +16,11 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
-use crate::dispatch::dispatch_multi;
 use crate::op::custom::linear::{shapes_text, with_last};
 use crate::op::custom::Activation;
 use crate::op::{
-    kernel_err, same_float_dtype, scratch, Backend, BinaryOp, Grad, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, Saves, UnaryOp,
+    kernel_err, same_float_dtype, scratch, BinaryOp, CustomKernels, Grad, Inferred, KernelBackend,
+    MetaError, MetaResult, OpFamily, RunKernels, Saves, UnaryOp,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -121,15 +120,6 @@ impl OpFamily for ResidualMlp {
         }
     }
 
-    fn run<B: Backend>(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let ins = [x[0], x[1], x[2], x[3], x[4], x[5]];
-        match (self, out.len()) {
-            (ResidualMlp::Forward { .. }, 3) => b.residual_mlp(ins, out),
-            (ResidualMlp::Backward, 5) => b.residual_mlp_backward(ins, out),
-            (_, n) => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
-        }
-    }
-
     fn differentiable(&self, output: usize) -> bool {
         // h and pre are saved for the backward.
         *self == ResidualMlp::Backward || output == 0
@@ -173,7 +163,7 @@ impl OpFamily for ResidualMlp {
             None => g.output(1)?,
         };
         let ins = [g.input(0)?, h, pre, g.input(1)?, g.input(3)?, dy];
-        let out = dispatch_multi(ResidualMlp::Backward.into(), &ins)?;
+        let out = Tensor::apply_all(ResidualMlp::Backward, &ins)?;
         let mut v: Vec<Option<Tensor>> = out
             .into_iter()
             .enumerate()
@@ -181,6 +171,17 @@ impl OpFamily for ResidualMlp {
             .collect();
         v.push(residual);
         Ok(v)
+    }
+}
+
+impl<B: CustomKernels> RunKernels<B> for ResidualMlp {
+    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
+        let ins = [x[0], x[1], x[2], x[3], x[4], x[5]];
+        match (self, out.len()) {
+            (ResidualMlp::Forward { .. }, 3) => b.residual_mlp(ins, out),
+            (ResidualMlp::Backward, 5) => b.residual_mlp_backward(ins, out),
+            (_, n) => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
+        }
     }
 }
 
@@ -193,7 +194,7 @@ impl ResidualMlp {
         out: &mut [B::Out],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let (y, hp) = match out {
             [y, rest @ ..] if rest.len() == 2 => (y, rest),
@@ -227,7 +228,7 @@ impl ResidualMlp {
         out: &mut [B::Out],
     ) -> Result<()>
     where
-        B: Backend + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         if out.len() != 5 {
             return Err(kernel_err(
@@ -244,41 +245,5 @@ impl ResidualMlp {
         b.matmul_t(&dpre, w_fc, (false, true), false, &mut dx[0])?;
         b.linear_weight_grad(x, &dpre, fc)?;
         b.linear_weight_grad(h, dy, proj)
-    }
-}
-
-impl Tensor {
-    /// `residual + gelu(self w_fc + b_fc) w_proj + b_proj` for self `[.., C]`, w_fc `[C, F]`,
-    /// b_fc `[F]`, w_proj `[F, C]`, b_proj `[C]` and residual like self, as one op (see
-    /// [`ResidualMlp`]). Weights split over ranks are gathered by the op's layouts: a
-    /// tensor-parallel MLP composes its linear layers instead.
-    pub fn residual_mlp(
-        &self,
-        w_fc: &Tensor,
-        b_fc: &Tensor,
-        w_proj: &Tensor,
-        b_proj: &Tensor,
-        residual: &Tensor,
-    ) -> Result<Tensor> {
-        self.residual_mlp_with(w_fc, b_fc, w_proj, b_proj, residual, false)
-    }
-
-    /// [`Tensor::residual_mlp`] keeping only the pre-activation for the backward when
-    /// `recompute_hidden` (which computes GELU's output again from it): one `[.., F]` tensor
-    /// less kept, one element-wise pass more.
-    pub fn residual_mlp_with(
-        &self,
-        w_fc: &Tensor,
-        b_fc: &Tensor,
-        w_proj: &Tensor,
-        b_proj: &Tensor,
-        residual: &Tensor,
-        recompute_hidden: bool,
-    ) -> Result<Tensor> {
-        let ins = [self, w_fc, b_fc, w_proj, b_proj, residual];
-        dispatch_multi(ResidualMlp::Forward { recompute_hidden }.into(), &ins)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| kernel_err("residual_mlp", "gave no output".into()))
     }
 }

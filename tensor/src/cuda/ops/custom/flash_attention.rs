@@ -291,7 +291,7 @@ impl FlashAttentionKernels for CudaKernels {
             };
             // The backward's plan starts building before the forward's, so the two overlap
             // (a backward cuDNN does not serve is not built).
-            if crate::autograd::is_grad_enabled() {
+            if crate::grad_mode::is_grad_enabled() {
                 prepare_attention_backward(&self.rt, &expected_backward(&args));
             }
             attention_forward(&self.rt, &args)?;

@@ -1,0 +1,18 @@
+//! The `Tensor` methods of the attention family (`op/attention.rs`): they build its ops
+//! and dispatch them.
+
+use crate::dispatch::dispatch;
+use crate::op::{AttentionOp, F64Bits};
+use crate::tensor::Tensor;
+use crate::Result;
+
+impl Tensor {
+    /// The attention probabilities `softmax(self k^T * scale + mask)`, `[B, H, T, S]`, for
+    /// queries `self` `[B, H, T, D]` and keys `k` `[B, H, S, D]` (with `causal`, S == T and
+    /// query `i` attends to keys `0..=i`; masked entries are 0). The fused attention that never
+    /// makes this array is [`Tensor::flash_attention`].
+    pub fn attention_probs(&self, k: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+        let scale = F64Bits::new(scale);
+        dispatch(AttentionOp { causal, scale }.into(), &[self, k])
+    }
+}

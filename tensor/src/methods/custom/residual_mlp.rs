@@ -1,0 +1,44 @@
+//! The `Tensor` methods of the custom op `op/custom/residual_mlp.rs`: they build its
+//! ops and dispatch them.
+
+use crate::dispatch::dispatch_multi;
+use crate::op::custom::ResidualMlp;
+use crate::op::kernel_err;
+use crate::tensor::Tensor;
+use crate::Result;
+
+impl Tensor {
+    /// `residual + gelu(self w_fc + b_fc) w_proj + b_proj` for self `[.., C]`, w_fc `[C, F]`,
+    /// b_fc `[F]`, w_proj `[F, C]`, b_proj `[C]` and residual like self, as one op (see
+    /// [`ResidualMlp`]). Weights split over ranks are gathered by the op's layouts: a
+    /// tensor-parallel MLP composes its linear layers instead.
+    pub fn residual_mlp(
+        &self,
+        w_fc: &Tensor,
+        b_fc: &Tensor,
+        w_proj: &Tensor,
+        b_proj: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        self.residual_mlp_with(w_fc, b_fc, w_proj, b_proj, residual, false)
+    }
+
+    /// [`Tensor::residual_mlp`] keeping only the pre-activation for the backward when
+    /// `recompute_hidden` (which computes GELU's output again from it): one `[.., F]` tensor
+    /// less kept, one element-wise pass more.
+    pub fn residual_mlp_with(
+        &self,
+        w_fc: &Tensor,
+        b_fc: &Tensor,
+        w_proj: &Tensor,
+        b_proj: &Tensor,
+        residual: &Tensor,
+        recompute_hidden: bool,
+    ) -> Result<Tensor> {
+        let ins = [self, w_fc, b_fc, w_proj, b_proj, residual];
+        dispatch_multi(ResidualMlp::Forward { recompute_hidden }.into(), &ins)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| kernel_err("residual_mlp", "gave no output".into()))
+    }
+}

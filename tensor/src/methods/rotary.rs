@@ -1,0 +1,21 @@
+//! The `Tensor` methods of the rotary family (`op/rotary.rs`): they build its ops
+//! and dispatch them.
+
+use crate::dispatch::dispatch;
+use crate::op::{norm_dim, F64Bits, RotaryOp};
+use crate::tensor::Tensor;
+use crate::Result;
+
+impl Tensor {
+    /// Rotary position embedding of `[.., T, .., D]` (D even) with positions along `seq_dim`
+    /// (not the last dim): pairs (i, i + D/2) rotate by `pos * base^(-2i/D)`.
+    pub fn rotary(&self, seq_dim: isize, base: f64) -> Result<Tensor> {
+        let op = RotaryOp {
+            seq_dim: norm_dim("rotary", self, seq_dim)?,
+            base: F64Bits::new(base),
+            inverse: false,
+            pos0: 0,
+        };
+        dispatch(op.into(), &[self])
+    }
+}

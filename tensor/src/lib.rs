@@ -52,7 +52,7 @@ pub use error::{Result, TensorError};
 pub use executor::{register_op_executor, OpExecutor};
 pub use gather_bucket::{gather_bucket, gather_fits};
 pub use in_place::BoundPiece;
-pub use init::{init_from_env, init_with_world};
+pub use init::{init_from_env, init_with_env, init_with_world};
 pub use inprocess::run_ranks;
 pub use op::custom;
 pub use op::{

@@ -3,10 +3,12 @@
 //! the `x * 0` flags), bit-equal on a second run; on CUDA when a device is visible (else it
 //! says it was skipped), and the same cases on 2 in-process CPU ranks.
 
+mod common;
+
 use std::time::Duration;
 
 use oxiflow_ops::sum_squares::{non_finite_sums, sum_squares_multi, TensorSums};
-use oxiflow_tensor::cuda::{cuda_unavailable, init_cuda};
+use oxiflow_tensor::cuda::cuda_unavailable;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, Placement, Result, Sbp, Tensor};
 
 /// The bits of `t`'s values (every NaN as one NaN).
@@ -112,14 +114,9 @@ fn sums_of_squares_on_cuda() {
         eprintln!("sum_squares_cuda: skipped: no CUDA ({why})");
         return;
     }
-    init_cuda(0).expect("binding cuda:0");
-    let got = run_ranks(1, Duration::from_secs(300), |_| {
-        sums_on(1, DeviceType::Cuda)
-    });
-    assert!(
-        got.iter().all(|r| r.as_ref().is_ok_and(|&n| n > 600)),
-        "{got:?}"
-    );
+    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
+    let got = sums_on(1, DeviceType::Cuda);
+    assert!(got.as_ref().is_ok_and(|&n| n > 600), "{got:?}");
 }
 
 #[test]

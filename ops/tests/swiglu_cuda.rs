@@ -2,11 +2,11 @@
 //! forward and backward for f32, f64, bf16 and f16, empty and large pieces, split over a
 //! device placement. Without a CUDA device it prints that it was skipped.
 
-use std::time::Duration;
+mod common;
 
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
-use oxiflow_tensor::cuda::{cuda_unavailable, init_cuda};
-use oxiflow_tensor::{run_ranks, DType, DeviceType, Placement, Sbp, Tensor};
+use oxiflow_tensor::cuda::cuda_unavailable;
+use oxiflow_tensor::{DType, DeviceType, Placement, Sbp, Tensor};
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -22,9 +22,9 @@ fn swiglu_on_cuda_matches_the_f64_reference() {
         eprintln!("swiglu_cuda: skipped: no CUDA ({why})");
         return;
     }
-    init_cuda(0).expect("binding cuda:0");
+    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
     let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
-    run_ranks(1, Duration::from_secs(300), |_| {
+    {
         for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
             for shape in [vec![0usize, 3], vec![7, 5], vec![1 << 20]] {
                 let mk = |seed| Tensor::randn_global(shape.clone(), seed, dt, &p, Sbp::S(0));
@@ -51,5 +51,5 @@ fn swiglu_on_cuda_matches_the_f64_reference() {
                 }
             }
         }
-    });
+    }
 }

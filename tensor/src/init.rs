@@ -30,17 +30,27 @@ pub fn init_with_world(world: SharedComm) -> Context {
 /// Reads the launch environment (torchrun/oflaunch names, see `collectives::env`), joins the
 /// world through the rendezvous store, and installs the process-wide default context.
 pub fn init_from_env() -> Result<Context> {
+    let env = LaunchEnv::from_env().map_err(|source| TensorError::Comm {
+        op: "init_from_env",
+        source,
+    })?;
+    init_with_env(&env)
+}
+
+/// Joins the world `env` describes (NCCL with each rank bound to its GPU, or the CPU backend)
+/// and installs the process-wide default context: `init_from_env` for a launch environment a
+/// program builds itself (a test's own rendezvous store, say).
+pub fn init_with_env(env: &LaunchEnv) -> Result<Context> {
     let op = "init_from_env";
-    let env = LaunchEnv::from_env().map_err(|source| TensorError::Comm { op, source })?;
     let libs = LibSearch::default();
     let use_nccl = match env.backend {
         BackendChoice::Nccl => true,
         BackendChoice::Cpu => false,
-        BackendChoice::Auto => env.world_size > 1 && nccl_unavailable(&env, &libs).is_none(),
+        BackendChoice::Auto => env.world_size > 1 && nccl_unavailable(env, &libs).is_none(),
     };
     if use_nccl {
         let comm =
-            init_world_nccl(&env, &libs).map_err(|source| TensorError::Comm { op, source })?;
+            init_world_nccl(env, &libs).map_err(|source| TensorError::Comm { op, source })?;
         let rt = crate::cuda::init_cuda_on(comm.context().clone())?;
         // Device blocks from the driver's allocator, unless `OXIFLOW_NCCL_MEMORY=1` asks for
         // NCCL's (registered: large collectives move them zero-copy, but a training step that

@@ -135,7 +135,9 @@ impl CausalSelfAttention {
             proj: Linear::new(&format!("{name}.proj"), q_out, c, &row)?,
             heads: cfg.heads,
             kv_heads: kv,
-            rope: Rope::new(arch, hd),
+            rope: Rope::new(arch, hd)
+                .map(|r| r.with_tables(cfg.seq_len, cfg.dtype, layout.placement()))
+                .transpose()?,
             order: layout.seq_order(),
             cp_algorithm: cfg.context_attention,
             cp_repeat_kv,

@@ -5,7 +5,9 @@
 //! later start (a decoding step), the load-balanced order of a context-parallel split or 16-bit
 //! inputs (as transformers does, tables in the input's dtype) as
 //! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles, whose gradient follows
-//! by autograd and whose layout follows the input's by inference.
+//! by autograd and whose layout follows the input's by inference. The tables of positions
+//! `0..seq_len` are made when the model is (`Rope::with_tables`), in the parameters' dtype on
+//! the block's placement, so a step (a compiled one included) only narrows and casts them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,8 @@ pub struct Rope {
     /// The unscaled base, when the frequencies are `theta^(-2i/D)` (the fused op's).
     fused_theta: Option<f64>,
     tables: Arc<Mutex<Tables>>,
+    /// The cos and sin tables `[seq_len, 1, D]` of positions from 0, made with the model.
+    base: Option<(Tensor, Tensor)>,
 }
 
 impl Rope {
@@ -41,7 +45,20 @@ impl Rope {
             inv_freq: arch.inv_freq(head_dim)?,
             fused_theta: (scaling == RopeScaling::None).then_some(theta),
             tables: Arc::default(),
+            base: None,
         })
+    }
+
+    /// This embedding with the tables of positions `0..len` made now, in `dtype` on
+    /// `placement` (broadcast; local without one).
+    pub fn with_tables(
+        mut self,
+        len: usize,
+        dtype: DType,
+        placement: Option<&oxiflow_placement::Placement>,
+    ) -> Result<Rope> {
+        self.base = Some(self.make(0, SeqOrder::Natural, len, dtype, placement)?);
+        Ok(self)
     }
 
     /// `x` `[B, T, H, D]` rotated for positions `pos0..pos0 + T`.
@@ -71,7 +88,7 @@ impl Rope {
         {
             return x.rotary(1, theta);
         }
-        let (cos, sin) = self.tables(x, pos0, order, t, d)?;
+        let (cos, sin) = self.tables(x, pos0, order, t)?;
         let half = d / 2;
         let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
         let rotated = Tensor::concat(&[&x2.neg()?, &x1], -1)?;
@@ -86,7 +103,6 @@ impl Rope {
         pos0: usize,
         order: SeqOrder,
         t: usize,
-        d: usize,
     ) -> Result<(Tensor, Tensor)> {
         let key = (
             t,
@@ -94,12 +110,38 @@ impl Rope {
             x.placement().map_or_else(String::new, |p| p.to_string()),
             order,
         );
+        if let (Some((cos, sin)), SeqOrder::Natural) = (&self.base, order) {
+            let fits = pos0 + t <= cos.shape().dims()[0];
+            if fits && cos.placement() == x.placement() {
+                let at = |table: &Tensor| table.narrow(0, pos0, t)?.to_dtype(x.dtype());
+                return Ok((at(cos)?, at(sin)?));
+            }
+        }
         if pos0 == 0 {
             let kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(pair) = kept.get(&key) {
                 return Ok(pair.clone());
             }
         }
+        let pair = self.make(pos0, order, t, x.dtype(), x.placement())?;
+        if pos0 == 0 {
+            let mut kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            kept.insert(key, pair.clone());
+        }
+        Ok(pair)
+    }
+
+    /// The cos and sin tables `[t, 1, D]` of positions `pos0..pos0 + t` held in `order`,
+    /// computed in f64 and stored in `dtype`, broadcast on `placement`.
+    fn make(
+        &self,
+        pos0: usize,
+        order: SeqOrder,
+        t: usize,
+        dtype: DType,
+        placement: Option<&oxiflow_placement::Placement>,
+    ) -> Result<(Tensor, Tensor)> {
+        let d = 2 * self.inv_freq.len();
         let half = d / 2;
         let mut cos = Vec::with_capacity(t * d);
         let mut sin = Vec::with_capacity(t * d);
@@ -112,17 +154,12 @@ impl Rope {
         }
         let place = |v: Vec<f64>| -> Result<Tensor> {
             let _ng = oxiflow_tensor::no_grad();
-            let local = Tensor::from_vec(v, [t, 1, d])?.to_dtype(x.dtype())?;
-            match x.placement() {
+            let local = Tensor::from_vec(v, [t, 1, d])?.to_dtype(dtype)?;
+            match placement {
                 Some(p) => local.to_global(p, NdSbp::broadcast(p.ndim())),
                 None => Ok(local),
             }
         };
-        let pair = (place(cos)?, place(sin)?);
-        if pos0 == 0 {
-            let mut kept = self.tables.lock().unwrap_or_else(|e| e.into_inner());
-            kept.insert(key, pair.clone());
-        }
-        Ok(pair)
+        Ok((place(cos)?, place(sin)?))
     }
 }

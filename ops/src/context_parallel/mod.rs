@@ -20,6 +20,7 @@ mod order;
 use std::sync::LazyLock;
 
 use oxiflow_dtype::DType;
+use oxiflow_sbp::rules::attention_candidates;
 use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
 use oxiflow_tensor::{
     dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
@@ -171,27 +172,14 @@ fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
     }
 }
 
-/// The batch, heads, sequence and broadcast candidates of `n_in` inputs and `n_out` outputs
-/// shaped like q but the statistics `lse` at input `stats_in` or output `stats_out`.
-fn candidates(
-    rules: &mut Rules,
-    n_in: usize,
-    n_out: usize,
-    stats_in: Option<usize>,
-    stats_out: Option<usize>,
-) {
-    for (data, stats) in [
-        (Sbp::S(0), Sbp::S(0)),
-        (Sbp::S(2), Sbp::S(1)),
-        (Sbp::S(1), Sbp::S(2)),
-        (Sbp::B, Sbp::B),
-    ] {
-        let pick = |i: usize, at: Option<usize>| if at == Some(i) { stats } else { data };
-        let ins: Vec<Sbp> = (0..n_in).map(|i| pick(i, stats_in)).collect();
-        let outs: Vec<Sbp> = (0..n_out).map(|i| pick(i, stats_out)).collect();
-        rules.push(&ins, &outs);
-    }
-}
+/// The candidates of the attention operands: split on the batch, the heads, the sequence or
+/// broadcast (the statistics `[B, H, T]` split alike).
+const LAYOUTS: [(Sbp, Sbp); 4] = [
+    (Sbp::S(0), Sbp::S(0)),
+    (Sbp::S(2), Sbp::S(1)),
+    (Sbp::S(1), Sbp::S(2)),
+    (Sbp::B, Sbp::B),
+];
 
 impl ExternOp for CpAttention {
     fn name(&self) -> &'static str {
@@ -232,7 +220,7 @@ impl ExternOp for CpAttention {
         match self.pass {
             Pass::Forward => {
                 let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
-                candidates(&mut r, 3, 2, None, Some(1));
+                attention_candidates(&mut r, 3, 2, None, Some(1), &LAYOUTS);
                 Ok(Inferred::outputs(r, &[dt, dt]))
             }
             Pass::Backward => {
@@ -246,7 +234,7 @@ impl ExternOp for CpAttention {
                     )));
                 }
                 let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
-                candidates(&mut r, 6, 3, Some(5), None);
+                attention_candidates(&mut r, 6, 3, Some(5), None, &LAYOUTS);
                 // Linear in dO: a partial dO gives partial gradients.
                 r.push(
                     &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],

@@ -8,6 +8,7 @@
 //! product is taken in lexicographic order, mesh axis 0 outermost, so candidate order (and so
 //! every tie-break) is the same on every rank.
 
+mod attention;
 mod candidates;
 mod concat;
 mod elementwise;
@@ -34,6 +35,7 @@ pub use reduce::ReduceKind;
 /// The rule builders, one function per op (grouped by family): each checks the input shapes and
 /// returns the output shapes with the op's SBP candidates.
 pub mod rules {
+    pub use super::attention::attention_candidates;
     pub use super::concat::{concat, slice};
     pub use super::elementwise::{
         binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary,

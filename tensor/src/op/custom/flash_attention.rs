@@ -13,6 +13,7 @@
 //! softmax is not linear.
 
 use oxiflow_dtype::DType;
+use oxiflow_sbp::rules::attention_candidates;
 use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
 
 use crate::op::{
@@ -166,27 +167,9 @@ fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
     }
 }
 
-/// The batch-split, heads-split and broadcast candidates of `n` operands shaped like q (every
-/// operand but the statistics) and the statistics `lse` at `stats_in` (an input index) or as
-/// output `stats_out`.
-fn candidates(
-    rules: &mut Rules,
-    n_in: usize,
-    n_out: usize,
-    stats_in: Option<usize>,
-    stats_out: Option<usize>,
-) {
-    for (data, stats) in [
-        (Sbp::S(0), Sbp::S(0)),
-        (Sbp::S(2), Sbp::S(1)),
-        (Sbp::B, Sbp::B),
-    ] {
-        let pick = |i: usize, at: Option<usize>| if at == Some(i) { stats } else { data };
-        let ins: Vec<Sbp> = (0..n_in).map(|i| pick(i, stats_in)).collect();
-        let outs: Vec<Sbp> = (0..n_out).map(|i| pick(i, stats_out)).collect();
-        rules.push(&ins, &outs);
-    }
-}
+/// The candidates of the attention operands: split on the batch, the heads or
+/// broadcast (the statistics `[B, H, T]` split alike).
+const LAYOUTS: [(Sbp, Sbp); 3] = [(Sbp::S(0), Sbp::S(0)), (Sbp::S(2), Sbp::S(1)), (Sbp::B, Sbp::B)];
 
 impl OpFamily for FlashAttention {
     fn name(&self) -> &'static str {
@@ -211,7 +194,7 @@ impl OpFamily for FlashAttention {
         match self {
             FlashAttention::Forward(_) => {
                 let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
-                candidates(&mut r, 3, 2, None, Some(1));
+                attention_candidates(&mut r, 3, 2, None, Some(1), &LAYOUTS);
                 Ok(Inferred::outputs(r, &[dt, stats]))
             }
             FlashAttention::Backward(_) => {
@@ -225,7 +208,7 @@ impl OpFamily for FlashAttention {
                     )));
                 }
                 let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
-                candidates(&mut r, 6, 3, Some(5), None);
+                attention_candidates(&mut r, 6, 3, Some(5), None, &LAYOUTS);
                 // Linear in dO: a partial dO gives partial gradients.
                 r.push(
                     &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],

@@ -126,7 +126,17 @@ fn bad_tokenizer_files_name_the_file() {
     let e = err(&d);
     assert!(
         e.contains(&format!("{}", d.join("tokenizer.json").display()))
-            && e.contains("not a tokenizer.json the tokenizers library reads"),
+            && e.contains("not JSON: EOF while parsing"),
+        "{e}"
+    );
+    std::fs::write(
+        d.join("tokenizer.json"),
+        b"{\"version\": \"1.0\", \"model\": 3}",
+    )
+    .unwrap();
+    let e = err(&d);
+    assert!(
+        e.contains("not a tokenizer.json the tokenizers library reads"),
         "{e}"
     );
     let good = std::fs::read(fixtures().join("llama3-style/tokenizer.json")).unwrap();
@@ -202,6 +212,33 @@ fn dropout_is_off_and_a_bpe_that_would_drop_bytes_is_refused() {
     std::fs::write(&f, doc.to_string()).unwrap();
     let t = Tokenizer::from_file(&f).unwrap();
     assert_eq!(t.encode("a\0b").unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_merge_whose_product_left_the_vocabulary_is_refused() {
+    // The library sizes its merge buffer by the longest vocabulary entry; taking that entry out
+    // made a merge's product longer than the buffer (a panic inside the library before this
+    // check).
+    let d = std::env::temp_dir().join(format!("oxiflow-tok-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let good = std::fs::read(fixtures().join("gpt2-style/tokenizer.json")).unwrap();
+    let mut doc: Value = serde_json::from_slice(&good).unwrap();
+    let vocab = doc["model"]["vocab"].as_object_mut().unwrap();
+    let longest = vocab.keys().max_by_key(|k| k.len()).unwrap().clone();
+    vocab.remove(&longest);
+    let f = d.join("tokenizer.json");
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let e = Tokenizer::from_file(&f).unwrap_err().to_string();
+    assert!(
+        e.contains(&f.display().to_string())
+            && e.contains(&format!("{longest:?}, which is not in the vocabulary")),
+        "{e}"
+    );
+    doc["model"]["continuing_subword_prefix"] = serde_json::json!("a-long-prefix");
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let e = Tokenizer::from_file(&f).unwrap_err().to_string();
+    assert!(e.contains("continuing-subword prefix"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -130,6 +130,63 @@ fn deterministic_and_whole(inner: &mut tokenizers::Tokenizer) -> Result<(), Stri
     }
 }
 
+/// Checks what the tokenizers library would panic on instead of refusing, before it reads the
+/// file: the text must be JSON (the library's decoder reader `expect`s a readable value, so a
+/// truncated file panics there), and the merges of a BPE model must each name two tokens of the
+/// vocabulary whose concatenation (the second without the continuing-subword prefix) is one too
+/// (the library copies each concatenation into a buffer as long as the longest vocabulary entry
+/// before looking it up, so a merge making a longer token panics). Other shapes are left to the
+/// library's own errors.
+fn library_safe(bytes: &[u8]) -> Result<(), String> {
+    use serde_json::Value;
+    let doc = serde_json::from_slice::<Value>(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let model = &doc["model"];
+    let (Some(vocab), Some(merges)) = (model["vocab"].as_object(), model["merges"].as_array())
+    else {
+        return Ok(());
+    };
+    if !matches!(model.get("type"), None | Some(Value::String(_)))
+        || model["type"].as_str().is_some_and(|t| t != "BPE")
+    {
+        return Ok(());
+    }
+    let prefix = model["continuing_subword_prefix"].as_str().unwrap_or("");
+    for (rank, merge) in merges.iter().enumerate() {
+        let (a, b) = match merge {
+            Value::String(line) if line.starts_with("#version") => continue,
+            Value::String(line) => match line.split(' ').collect::<Vec<_>>()[..] {
+                [a, b] => (a, b),
+                _ => continue,
+            },
+            Value::Array(pair) => match &pair[..] {
+                [Value::String(a), Value::String(b)] => (a.as_str(), b.as_str()),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let Some(rest) = b.get(prefix.len()..) else {
+            return Err(format!(
+                "its BPE merge {rank} ({a:?}, {b:?}): {b:?} does not hold the continuing-subword \
+                 prefix {prefix:?}'s length in whole characters"
+            ));
+        };
+        for part in [a, b] {
+            if !vocab.contains_key(part) {
+                return Err(format!(
+                    "its BPE merge {rank} ({a:?}, {b:?}) names {part:?}, which is not in the vocabulary"
+                ));
+            }
+        }
+        let joined = format!("{a}{rest}");
+        if !vocab.contains_key(&joined) {
+            return Err(format!(
+                "its BPE merge {rank} ({a:?}, {b:?}) makes {joined:?}, which is not in the vocabulary"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a serialized pre-tokenizer is, or holds, a `ByteLevel` one.
 fn names_byte_level(v: &serde_json::Value) -> bool {
     match v {
@@ -162,6 +219,7 @@ impl JsonTokenizer {
         }
         let bytes = read_regular(&file, MAX_TOKENIZER_BYTES).map_err(&bad)?;
         let sha256 = format!("{:x}", Sha256::digest(&bytes));
+        library_safe(&bytes).map_err(&bad)?;
         let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             bad(format!(
                 "not a tokenizer.json the tokenizers library reads: {e}"

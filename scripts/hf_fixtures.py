@@ -31,6 +31,16 @@ The models (random weights, every tensor perturbed so no norm weight is 1 and no
   qwen2:   Qwen2ForCausalLM, q/k/v biases, tied, stored bf16, one file.
   mistral: MistralForCausalLM, one KV head (replicated under tensor parallelism), linear rope
            scaling, untied, stored f16, sharded with an index.
+  mixtral: MixtralForCausalLM, 8 experts, top-2 (renormalised), untied, stored f32, sharded.
+  qwen2_moe: Qwen2MoeForCausalLM, 6 experts, top-4 without renormalisation, a shared expert
+           with its sigmoid gate, q/k/v biases, untied, stored f32, one file.
+For the mixtures of experts the entry also holds aux_loss: transformers' load-balancing loss
+(router_aux_loss_coef not applied) over the evaluation windows as one batch (float64 except
+the fraction of tokens per expert, which transformers takes in float32: good to about 1e-7), and
+saved_keys: the tensor names save_pretrained wrote.
+
+--models NAME,... makes only those; their entries are merged into an existing reference.json
+under --out (other entries kept).
 
 Usage: python3 scripts/hf_fixtures.py --out DIR
 """
@@ -52,8 +62,12 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
 )
 
 SEED = 1234
@@ -111,11 +125,30 @@ def specs():
         sliding_window=None, initializer_range=0.2,
         **rope_kwargs(10000.0, {"rope_type": "linear", "factor": 2.0}),
     )
+    mixtral = config(
+        MixtralConfig, ids, vocab_size=256, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        sliding_window=None, num_local_experts=8, num_experts_per_tok=2,
+        router_jitter_noise=0.0, router_aux_loss_coef=0.02, output_router_logits=False,
+        initializer_range=0.2, **rope_kwargs(1000000.0, None),
+    )
+    qwen2_moe = config(
+        Qwen2MoeConfig, ids, vocab_size=256, hidden_size=32, intermediate_size=72,
+        moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=6,
+        num_experts_per_tok=4, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        use_sliding_window=False, router_aux_loss_coef=0.001, output_router_logits=False,
+        initializer_range=0.2, **rope_kwargs(1000000.0, None),
+    )
     return [
         ("gpt2", GPT2LMHeadModel, gpt2, torch.float32, None),
         ("llama", LlamaForCausalLM, llama, torch.float32, "60KB"),
         ("qwen2", Qwen2ForCausalLM, qwen2, torch.bfloat16, None),
         ("mistral", MistralForCausalLM, mistral, torch.float16, "30KB"),
+        ("mixtral", MixtralForCausalLM, mixtral, torch.float32, "40KB"),
+        ("qwen2_moe", Qwen2MoeForCausalLM, qwen2_moe, torch.float32, None),
     ]
 
 
@@ -191,10 +224,41 @@ def use_f64_steps(model):
                 return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
             m.forward = types.MethodType(norm, m)
+    for m in model.modules():
+        if type(m).__name__.endswith("TopKRouter"):
+            # Mixtral's router takes `.float()` of its logits and Qwen2-MoE's asks softmax for
+            # float32: the same formulas in the model's float64.
+            renormalise = getattr(m, "norm_topk_prob", True)
+
+            def route(self, x, renormalise=renormalise):
+                x = x.reshape(-1, self.hidden_dim)
+                logits = torch.nn.functional.linear(x, self.weight)
+                probs = _softmax(logits, dim=-1)
+                top, index = torch.topk(probs, self.top_k, dim=-1)
+                if renormalise:
+                    top = top / top.sum(dim=-1, keepdim=True)
+                return logits, top, index
+
+            m.forward = types.MethodType(route, m)
+
+
+_softmax = torch.nn.functional.softmax
+
+
+def softmax_keeping_f64(x, dim=None, _stacklevel=3, dtype=None):
+    """torch's softmax, except that a float64 input stays float64 when float32 is asked for
+    (the MoE routers compute their scores in float32 whatever the model's dtype)."""
+    if dtype == torch.float32 and x.dtype == torch.float64:
+        dtype = torch.float64
+    return _softmax(x, dim=dim, dtype=dtype)
 
 
 def load_f64(path, attention):
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention)
+    # The experts' grouped matrix product takes no float64: the per-expert loop does.
+    with open(os.path.join(path, "config.json")) as f:
+        moe = "router_aux_loss_coef" in json.load(f)
+    extra = {"experts_implementation": "eager"} if moe else {}
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention, **extra)
     return model.to(torch.float64).eval()
 
 
@@ -260,6 +324,19 @@ def make(name, cls, cfg, dtype, shard, out, w, gen_tokens, seed):
     use_f64_steps(ref)
     entry["eval_loss"] = eval_loss(ref, w, logits_f64)
     entry["tokens"] = w[:, 1:].numel()
+    if getattr(ref.config, "router_aux_loss_coef", None) is not None:
+        from safetensors import safe_open
+
+        keys = []
+        for f in sorted(os.listdir(path)):
+            if f.endswith(".safetensors"):
+                with safe_open(os.path.join(path, f), "pt") as st:
+                    keys += list(st.keys())
+        entry["saved_keys"] = sorted(keys)
+        with torch.no_grad():
+            out = ref(input_ids=w[:, :-1], output_router_logits=True)
+        entry["aux_loss"] = float(out.aux_loss.to(torch.float64))
+        entry["router_aux_loss_coef"] = ref.config.router_aux_loss_coef
     entry["greedy"] = [greedy(ref, p, gen_tokens) for p in PROMPTS]
     entry["greedy_generate_agrees"] = [
         greedy_generate(ref, p, gen_tokens) == g for p, g in zip(PROMPTS, entry["greedy"])
@@ -273,7 +350,9 @@ def main():
     ap.add_argument("--seq-len", type=int, default=16)
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--gen-tokens", type=int, default=24)
+    ap.add_argument("--models", default=None, help="comma-separated names (default: all)")
     a = ap.parse_args()
+    torch.nn.functional.softmax = softmax_keeping_f64
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
@@ -294,8 +373,15 @@ def main():
         "gen_tokens": a.gen_tokens,
         "models": {},
     }
+    ref_path = os.path.join(a.out, "reference.json")
+    wanted = a.models.split(",") if a.models else None
+    if wanted and os.path.exists(ref_path):
+        with open(ref_path) as f:
+            reference["models"] = json.load(f)["models"]
     failed = []
     for i, (name, cls, cfg, dtype, shard) in enumerate(specs()):
+        if wanted and name not in wanted:
+            continue
         try:
             entry = make(name, cls, cfg, dtype, shard, a.out, w, a.gen_tokens, SEED + i)
         except Exception:  # noqa: BLE001 - the other models are still made
@@ -304,7 +390,6 @@ def main():
             continue
         reference["models"][name] = entry
         print(f"{name}: {json.dumps(entry)}")
-    ref_path = os.path.join(a.out, "reference.json")
     with open(ref_path, "w") as f:
         json.dump(reference, f, indent=1)
     print(f"wrote {ref_path}")

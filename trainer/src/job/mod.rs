@@ -431,10 +431,19 @@ fn sample(
         top_p: g.top_p,
         seed: cfg.model.seed,
     };
+    let start = std::time::Instant::now();
     let out = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
+    let secs = start.elapsed().as_secs_f64();
     if !lead {
         return Ok(());
     }
+    let new: usize = out.iter().map(Vec::len).sum();
+    println!(
+        "generation: {new} new tokens for {} prompts in {secs:.3} s ({:.1} new tokens/s, the \
+         prompts' prefill included)",
+        out.len(),
+        new as f64 / secs.max(f64::MIN_POSITIVE)
+    );
     let ids_line = |ids: &[usize]| {
         let v: Vec<String> = ids.iter().map(usize::to_string).collect();
         format!("generated ids: {}", v.join(","))

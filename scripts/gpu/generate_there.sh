@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from a folder staged by engine_here.sh: generation with the
+# Llama-3.2-1B shape (random weights saved by transformers, bf16 on disk; ours at
+# --precision bf16-mixed), greedy, 128-token prompts, 256 new tokens, at batch $BATCHES
+# (default "1 16"): `train --from-hf` beside `llama_bench.py --generate` (transformers'
+# generate with a static cache) eager and --compile, in the same command. Each run's
+# nvidia-smi peak. Logs under $OUT; a table last.
+set -uo pipefail
+cd "$(dirname "$0")"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+OUT=${OUT:-/tmp/generate}
+BATCHES=${BATCHES:-1 16}
+NEW=${NEW:-256}
+MODEL=${MODEL:-/tmp/llama1b-hf}
+mkdir -p "$OUT"
+sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
+  local log=$1; shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$log.smi" &
+  local smi=$!
+  "$@" > "$log" 2>&1
+  local code=$?
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  echo "SMI_PEAK_MIB $(sort -n "$log.smi" | tail -1)" >> "$log"
+  [ "$code" = 0 ] || echo "$log failed ($code): $(tail -2 "$log")"
+}
+[ -e "$MODEL/config.json" ] || python3 - "$MODEL" <<'PY'
+import sys, torch, transformers as tf
+torch.manual_seed(1234)
+cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     max_position_embeddings=2048, rope_theta=500000.0, tie_word_embeddings=True,
+                     rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=128255)
+tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
+print("saved", sys.argv[1])
+PY
+for b in $BATCHES; do
+  prompts=$(python3 -c "
+import random; random.seed($b)
+print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) for _ in range($b)))")
+  sampled "$OUT/ours-b$b.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl \
+    bin/train --from-hf "$MODEL" --prompt-ids "$prompts" --gen-tokens "$NEW" --temperature 0
+  for mode in eager compile; do
+    flag=(); [ "$mode" = compile ] && flag=(--compile)
+    sampled "$OUT/torch-$mode-b$b.log" timeout 300 python3 llama_bench.py --generate --batch "$b" \
+      --new "$NEW" "${flag[@]}" --tag "torch-$mode"
+  done
+done
+echo
+printf '%-6s %-16s %12s %10s\n' batch run new_tok/s smi_MiB
+for b in $BATCHES; do
+  r=$(grep -o 'generation: .*' "$OUT/ours-b$b.log" | grep -o '([0-9.]* new tokens/s' | tr -d '(' | cut -d' ' -f1)
+  printf '%-6s %-16s %12s %10s\n' "$b" oxiflow "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/ours-b$b.log" | cut -d' ' -f2)"
+  for mode in eager compile; do
+    r=$(grep -o '"new_tokens_per_s": [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)
+    printf '%-6s %-16s %12s %10s\n' "$b" "torch-$mode" "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)"
+  done
+done

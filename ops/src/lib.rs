@@ -6,5 +6,7 @@
 //! folder and one `pub mod` line below.
 
 pub mod context_parallel;
+mod host_slices;
+pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;

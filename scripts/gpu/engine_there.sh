@@ -2,7 +2,7 @@
 # Runs on the GPU machine from a folder holding bin/ (staged by engine_here.sh) and the anchors
 # (gpt2_bench.py, attention_anchor.py): the engine's device checks in one command, on GPU 0.
 #   SUITE=1   the gpu_tensor suite (every op, fused op, 16-bit case and boxing against the CPU)
-#   OPS=1     the ops crate's CUDA suites (SwiGLU, sum of squares against f64 on the CPU)
+#   OPS=1     the ops crate's CUDA suites (SwiGLU, RMSNorm, sum of squares against f64 references)
 #   HF=1      a Llama fixture trained 3 steps on CPU ranks (PP2, f64) and saved with --save-hf,
 #             loaded in transformers: its f64 loss against `train --eval-only`'s on the save
 #   LLAMA=1   the Llama-3.2-1B shape beside llama_bench.py (llama_there.sh)

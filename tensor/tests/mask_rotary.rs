@@ -125,6 +125,18 @@ fn rotary_matches_the_formula() {
     for (a, b) in vals(&f32y).iter().zip(&y) {
         assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()));
     }
+    // From a later first position: the rows of a longer rotation, in f64 and in 16 bits.
+    let long = Tensor::randn([8, 6], 4, F);
+    let tail = long.narrow(0, 3, 5).unwrap();
+    let whole = vals(&long.rotary(0, 100.0).unwrap().narrow(0, 3, 5).unwrap());
+    for dt in [F, DType::BF16, DType::F16] {
+        let got = tail.cast(dt).unwrap().rotary_from(0, 100.0, 3).unwrap();
+        let got = vals(&got.cast(F).unwrap());
+        let tol = if dt == F { 1e-12 } else { 1e-2 };
+        for (a, b) in got.iter().zip(&whole) {
+            assert!((a - b).abs() < tol * (1.0 + b.abs()), "{dt}: {a} vs {b}");
+        }
+    }
     assert!(
         x.rotary(1, 100.0).is_err(),
         "the sequence dim cannot be the rotated dim"
@@ -178,6 +190,7 @@ proptest! {
         cols in 1usize..6,
         half in 1usize..3,
         k in -3i64..4,
+        start in 0usize..5,
         fill_zero: bool,
         mesh in prop::sample::select(vec![vec![2usize], vec![4], vec![2, 2], vec![1, 3], vec![3, 1]]),
         x_seed: u64,
@@ -198,7 +211,7 @@ proptest! {
                 Tensor::where_cond(mask, other, x).unwrap(),
                 x.triu(k).unwrap(),
                 x.tril(k).unwrap(),
-                x.rotary(seq, 10.0).unwrap(),
+                x.rotary_from(seq, 10.0, start).unwrap(),
             ]
             .into_iter()
             .zip(r)

@@ -1,4 +1,5 @@
-//! `RmsNorm` over the last dim with a learned scale (no shift); 16-bit inputs normalise in f32.
+//! `RmsNorm` over the last dim with a learned scale (no shift), one fused op; 16-bit inputs
+//! normalise in f32.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
@@ -30,17 +31,14 @@ impl RmsNorm {
             eps,
         })
     }
-    /// The norm of `x`; a 16-bit `x` is normalised in f32 (with its weight cast to f32) and
-    /// the result cast back, as for LayerNorm under mixed precision.
+    /// The norm of `x` as one fused op (`oxiflow_ops::rms_norm`), the weight in `x`'s dtype:
+    /// a 16-bit `x` is normalised in f32 and rounded once.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.weight.compute()?;
-        match x.dtype() {
-            DType::BF16 | DType::F16 => x
-                .to_dtype(DType::F32)?
-                .rms_norm(&w.to_dtype(DType::F32)?, self.eps)?
-                .to_dtype(x.dtype()),
-            _ => x.rms_norm(&w, self.eps),
+        let mut w = self.weight.compute()?;
+        if w.dtype() != x.dtype() {
+            w = w.to_dtype(x.dtype())?;
         }
+        oxiflow_ops::rms_norm::rms_norm(x, &w, self.eps)
     }
 }
 

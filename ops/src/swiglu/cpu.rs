@@ -1,130 +1,24 @@
 //! SwiGLU's CPU kernels on host arrays: f32 and bf16 computed in f32 (bf16 rounded once per
 //! output element), f64 in f64; large arrays in parallel chunks.
 
-use std::borrow::Cow;
-
 use half::bf16;
-use ndarray::ArrayD;
-use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result, TensorElement, TensorError};
+use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 use rayon::prelude::*;
 
 use super::{SwiGlu, SwiGluGrad};
-
-/// Elements per parallel chunk.
-const CHUNK: usize = 1 << 14;
-
-/// Arithmetic the kernels compute in (f32 for f32 and bf16, f64 for f64).
-trait Wide: Copy + Send + Sync {
-    fn sigmoid(self) -> Self;
-    fn one() -> Self;
-    fn mul(self, o: Self) -> Self;
-    fn sub(self, o: Self) -> Self;
-    fn add(self, o: Self) -> Self;
-}
-
-macro_rules! wide {
-    ($t:ty) => {
-        impl Wide for $t {
-            fn sigmoid(self) -> Self {
-                1.0 / (1.0 + (-self).exp())
-            }
-            fn one() -> Self {
-                1.0
-            }
-            fn mul(self, o: Self) -> Self {
-                self * o
-            }
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            fn add(self, o: Self) -> Self {
-                self + o
-            }
-        }
-    };
-}
-wide!(f32);
-wide!(f64);
-
-/// An element type and the arithmetic its kernels compute in.
-trait Elem: TensorElement + Send + Sync {
-    type W: Wide;
-    fn widen(self) -> Self::W;
-    fn narrow(w: Self::W) -> Self;
-}
-
-impl Elem for f32 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(w: f32) -> f32 {
-        w
-    }
-}
-impl Elem for f64 {
-    type W = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(w: f64) -> f64 {
-        w
-    }
-}
-impl Elem for bf16 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(w: f32) -> bf16 {
-        bf16::from_f32(w)
-    }
-}
+use crate::host_slices::{input, kernel_err, output, output_pair, Elem, Wide, CHUNK};
 
 /// `silu(g) * u`.
 fn silu_times<W: Wide>(g: W, u: W) -> W {
-    g.mul(g.sigmoid()).mul(u)
+    g * g.sigmoid() * u
 }
 
 /// (dgate, dup) of `silu(g) * u` for output gradient `d`: `d * u * s * (1 + g * (1 - s))` and
 /// `d * g * s`, with `s = sigmoid(g)`.
 fn grads<W: Wide>(g: W, u: W, d: W) -> (W, W) {
-    let s = g.sigmoid();
-    let ds = s.mul(W::one().add(g.mul(W::one().sub(s))));
-    (d.mul(u).mul(ds), d.mul(g.mul(s)))
-}
-
-fn kernel_err(op: &'static str, detail: String) -> TensorError {
-    TensorError::Kernel { op, detail }
-}
-
-/// Input `i` as a row-major slice of `T`.
-fn input<'a, T: Elem>(op: &'static str, x: &'a [&'a CpuArray], i: usize) -> Result<Cow<'a, [T]>> {
-    let a = x
-        .get(i)
-        .and_then(|a| T::view(a))
-        .ok_or_else(|| kernel_err(op, format!("input {i} is not {}", T::DTYPE)))?;
-    Ok(match a.as_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(a.iter().copied().collect()),
-    })
-}
-
-/// Output `i` as a row-major slice of `T` holding `n` elements.
-fn output<'a, T: Elem>(
-    op: &'static str,
-    out: &'a mut [CpuArray],
-    i: usize,
-    n: usize,
-) -> Result<&'a mut [T]> {
-    let a: &mut ArrayD<T> = out
-        .get_mut(i)
-        .and_then(|o| T::view_mut(o))
-        .ok_or_else(|| kernel_err(op, format!("output {i} is not {}", T::DTYPE)))?;
-    let got = a.len();
-    a.as_slice_mut()
-        .filter(|s| s.len() == n)
-        .ok_or_else(|| kernel_err(op, format!("output {i} holds {got} elements, inputs {n}")))
+    let (s, one) = (g.sigmoid(), W::constant(1.0));
+    let ds = s * (one + g * (one - s));
+    (d * u * ds, d * (g * s))
 }
 
 fn forward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()> {
@@ -158,14 +52,7 @@ fn backward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Re
             format!("{n} gates, {} ups and {} gradients", u.len(), d.len()),
         ));
     }
-    let [dg, du] = io.outputs else {
-        return Err(kernel_err(
-            op,
-            format!("expects 2 outputs, got {}", io.outputs.len()),
-        ));
-    };
-    let dg = output::<T>(op, std::slice::from_mut(dg), 0, n)?;
-    let du = output::<T>(op, std::slice::from_mut(du), 0, n)?;
+    let (dg, du) = output_pair::<T, T>(op, io.outputs, n)?;
     let run = |dg: &mut [T], du: &mut [T], g: &[T], u: &[T], d: &[T]| {
         for i in 0..dg.len() {
             let (a, b) = grads(g[i].widen(), u[i].widen(), d[i].widen());

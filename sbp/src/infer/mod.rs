@@ -45,7 +45,8 @@ pub mod rules {
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
     pub use super::matmul::{batch_matmul, matmul, matmul_t};
     pub use super::norm::{
-        backward as layer_norm_backward, forward as layer_norm, stats_shape as layer_norm_stats,
+        backward as layer_norm_backward, forward as layer_norm, rms_norm, rms_norm_backward,
+        stats_shape as layer_norm_stats,
     };
     pub use super::permute::permute;
     pub use super::reduce::reduce;

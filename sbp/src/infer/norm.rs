@@ -1,5 +1,6 @@
 //! Candidate tables of layer normalisation (output, and the per-row mean and 1/std it saves)
-//! and of its input gradient from those statistics.
+//! and of its input gradient from those statistics, and of RMS normalisation (output; input
+//! gradient beside the per-element weight-gradient terms).
 
 use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
@@ -81,5 +82,34 @@ pub fn backward(k: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String
     }
     r.push(&[B, B, P, B, B], &[P]);
     r.push(&[B; 5], &[B]);
+    Ok(r)
+}
+
+/// (x, weight) -> y, RMS-normalised over the last dim: (S(i), B) -> S(i) for a leading dim i;
+/// (B, B) -> B.
+pub fn rms_norm(x: &Shape, w: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    let lead = check(1, x, w)?;
+    let mut r = Rules::new(mode, [x.clone()]);
+    for i in 0..lead {
+        r.push(&[Sbp::S(i), B], &[Sbp::S(i)]);
+    }
+    r.push(&[B, B], &[B]);
+    Ok(r)
+}
+
+/// (x, weight, dy) -> (dx, dy * xhat), both of x's shape: (S(i), B, S(i)) -> (S(i), S(i));
+/// (B, B, P) -> (P, P) (both linear in dy); (B, B, B) -> (B, B).
+pub fn rms_norm_backward(xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
+    let [x, w, dy] = xs else {
+        return Err(format!("takes x, weight and dy, got {} inputs", xs.len()));
+    };
+    let lead = check(1, x, w)?;
+    must_be("dy", dy, x)?;
+    let mut r = Rules::new(mode, [(*x).clone(), (*x).clone()]);
+    for i in 0..lead {
+        r.push(&[Sbp::S(i), B, Sbp::S(i)], &[Sbp::S(i), Sbp::S(i)]);
+    }
+    r.push(&[B, B, P], &[P, P]);
+    r.push(&[B, B, B], &[B, B]);
     Ok(r)
 }

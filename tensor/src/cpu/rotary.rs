@@ -1,7 +1,8 @@
 //! Rotary position embedding CPU kernel, written into the executor's output buffer: pairs
 //! (i, i + D/2) of the last dim rotated by `pos * base^(-2i/D)` (f64 angles), `pos` the global
-//! sequence position.
+//! sequence position; 16-bit inputs rotate in f32.
 
+use half::{bf16, f16};
 use ndarray::ArrayD;
 
 use super::{fits, float_input, out_as, CpuBackend};
@@ -43,11 +44,28 @@ fn rotary_t<F: FloatElement>(x: &ArrayD<F>, op: &RotaryOp, out: &mut ArrayD<F>) 
     Ok(())
 }
 
+/// A 16-bit input rotated in f32 and rounded once per element.
+fn through_f32<H: Copy + Into<f32>>(
+    x: &ArrayD<H>,
+    op: &RotaryOp,
+    out: &mut ArrayD<H>,
+    narrow: fn(f32) -> H,
+) -> Result<()> {
+    let wide = x.mapv(Into::into);
+    let mut y = ArrayD::<f32>::zeros(x.raw_dim());
+    rotary_t(&wide, op, &mut y)?;
+    fits(op.name(), y.shape(), out.shape())?;
+    out.zip_mut_with(&y, |o, &v| *o = narrow(v));
+    Ok(())
+}
+
 impl RotaryKernels for CpuBackend {
     fn rotary(&self, x: &CpuArray, op: &RotaryOp, out: &mut CpuArray) -> Result<()> {
         match x {
             CpuArray::F32(x) => rotary_t(x, op, out_as(op.name(), out)?),
             CpuArray::F64(x) => rotary_t(x, op, out_as(op.name(), out)?),
+            CpuArray::BF16(x) => through_f32(x, op, out_as(op.name(), out)?, bf16::from_f32),
+            CpuArray::F16(x) => through_f32(x, op, out_as(op.name(), out)?, f16::from_f32),
             x => Err(float_input(op.name(), x)),
         }
     }

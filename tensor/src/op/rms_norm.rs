@@ -2,7 +2,7 @@
 //! The backward is written with ops, so its gradients get their SBP by inference.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
@@ -40,18 +40,7 @@ impl OpFamily for RmsNormOp {
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_float_dtype(d, "input")?;
-        let (x, w) = (s[0], s[1]);
-        if x.ndim() == 0 || w.dims() != [x.dim(x.ndim() - 1)] {
-            return Err(MetaError::Shape(format!(
-                "weight must be [H] for input [.., H], got input {x} and weight {w}"
-            )));
-        }
-        // (S(i), B) -> S(i) for a leading (not normalized) dim i; (B, B) -> B.
-        let mut r = Rules::new(mode, [x.clone()]);
-        for i in 0..x.ndim() - 1 {
-            r.push(&[Sbp::S(i), Sbp::B], &[Sbp::S(i)]);
-        }
-        r.push(&[Sbp::B, Sbp::B], &[Sbp::B]);
+        let r = oxiflow_sbp::rules::rms_norm(s[0], s[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
 

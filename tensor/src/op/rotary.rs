@@ -1,6 +1,7 @@
 //! Rotary position embedding (GPT-NeoX / LLaMA layout) on `[.., T, .., D]`: the pairs
-//! (i, i + D/2) of the last dim rotate by `pos * base^(-2i/D)`, `pos` the global index along
-//! the sequence dim (from the piece's region, so a sequence split works). Linear in x; the
+//! (i, i + D/2) of the last dim rotate by `pos * base^(-2i/D)`, `pos` the op's first position
+//! plus the global index along the sequence dim (from the piece's region, so a sequence split
+//! works). Linear in x; the
 //! backward is the inverse rotation.
 
 use oxiflow_dtype::DType;
@@ -64,7 +65,7 @@ impl OpFamily for RotaryOp {
 
     fn local(&self, at: &LocalAt<'_>) -> Option<Self> {
         Some(RotaryOp {
-            pos0: at.input_start(0, self.seq_dim),
+            pos0: self.pos0 + at.input_start(0, self.seq_dim),
             ..self.clone()
         })
     }
@@ -76,7 +77,6 @@ impl OpFamily for RotaryOp {
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let op = RotaryOp {
             inverse: !self.inverse,
-            pos0: 0,
             ..self.clone()
         };
         Grad::one(Tensor::apply(op, &[g.dy()?])?)

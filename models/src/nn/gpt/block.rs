@@ -85,14 +85,11 @@ impl GptMlp {
     }
 
     /// The hidden activation of h (whole on the tensor-parallel axis): `gelu(fc(h))`, or
-    /// `silu(gate(h)) * up(h)`.
+    /// `silu(gate(h)) * up(h)` (one fused op, `oxiflow_ops::swiglu`).
     pub fn hidden(&self, h: &Tensor) -> Result<Tensor> {
         match &self.gate {
             None => self.fc.forward_gelu(h),
-            Some(gate) => {
-                let g = gate.forward(h)?;
-                g.mul(&g.sigmoid()?)?.mul(&self.fc.forward(h)?)
-            }
+            Some(gate) => oxiflow_ops::swiglu::swiglu(&gate.forward(h)?, &self.fc.forward(h)?),
         }
     }
 

@@ -1,11 +1,11 @@
 //! `Rope`: the rotary embedding of a block's queries and keys `[B, T, H, D]` at positions
 //! `pos0..pos0 + T`, held along T in a `SeqOrder` (GPT-NeoX layout: pairs (i, i + D/2) rotate by `pos * inv_freq[i]`), with
-//! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies from position 0 on
-//! f32 or f64 in natural order run as the tensor crate's fused `rotary` op; scaled ones, a
-//! later start (a decoding step), the load-balanced order of a context-parallel split or 16-bit
-//! inputs (as transformers does, tables in the input's dtype) as
-//! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles, whose gradient follows
-//! by autograd and whose layout follows the input's by inference. The tables of positions
+//! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies in natural order run
+//! as the tensor crate's fused `rotary` op from any first position (a decoding step's too; 16-bit
+//! inputs rotate in f32); scaled ones and the load-balanced order of a context-parallel split as
+//! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles (as transformers does,
+//! in the input's dtype), whose gradient follows by autograd and whose layout follows the
+//! input's by inference. The tables of positions
 //! `0..seq_len` are made when the model is (`Rope::with_tables`), in the parameters' dtype on
 //! the block's placement, so a step (a compiled one included) only narrows and casts them.
 
@@ -82,11 +82,8 @@ impl Rope {
                 })
             }
         };
-        let natural = order == SeqOrder::Natural;
-        if let (Some(theta), 0, DType::F32 | DType::F64, true) =
-            (self.fused_theta, pos0, x.dtype(), natural)
-        {
-            return x.rotary(1, theta);
+        if let (Some(theta), SeqOrder::Natural) = (self.fused_theta, order) {
+            return x.rotary_from(1, theta, pos0);
         }
         let (cos, sin) = self.tables(x, pos0, order, t)?;
         let half = d / 2;

@@ -1,0 +1,149 @@
+//! What the CPU kernels of this crate share: row-major slices of the host arrays a kernel gets
+//! (borrowed when contiguous), typed by an element type, and the arithmetic each element type
+//! computes in (`Wide`: f32 for f32 and bf16, f64 for f64), with the typed kernel error.
+
+use std::borrow::Cow;
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+use half::bf16;
+use ndarray::ArrayD;
+use oxiflow_tensor::{CpuArray, Result, TensorElement, TensorError};
+
+/// Elements per parallel chunk of an element-wise kernel.
+pub(crate) const CHUNK: usize = 1 << 14;
+
+/// Arithmetic a kernel computes in.
+pub(crate) trait Wide:
+    TensorElement
+    + Copy
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+{
+    fn constant(v: f64) -> Self;
+    fn exp(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn sigmoid(self) -> Self {
+        Self::constant(1.0) / (Self::constant(1.0) + (-self).exp())
+    }
+}
+
+impl Wide for f32 {
+    fn constant(v: f64) -> f32 {
+        v as f32
+    }
+    fn exp(self) -> f32 {
+        f32::exp(self)
+    }
+    fn sqrt(self) -> f32 {
+        f32::sqrt(self)
+    }
+}
+
+impl Wide for f64 {
+    fn constant(v: f64) -> f64 {
+        v
+    }
+    fn exp(self) -> f64 {
+        f64::exp(self)
+    }
+    fn sqrt(self) -> f64 {
+        f64::sqrt(self)
+    }
+}
+
+/// An element type and the arithmetic its kernels compute in.
+pub(crate) trait Elem: TensorElement + Copy + Send + Sync {
+    type W: Wide;
+    fn widen(self) -> Self::W;
+    fn narrow(w: Self::W) -> Self;
+}
+
+impl Elem for f32 {
+    type W = f32;
+    fn widen(self) -> f32 {
+        self
+    }
+    fn narrow(w: f32) -> f32 {
+        w
+    }
+}
+
+impl Elem for f64 {
+    type W = f64;
+    fn widen(self) -> f64 {
+        self
+    }
+    fn narrow(w: f64) -> f64 {
+        w
+    }
+}
+
+impl Elem for bf16 {
+    type W = f32;
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(w: f32) -> bf16 {
+        bf16::from_f32(w)
+    }
+}
+
+pub(crate) fn kernel_err(op: &'static str, detail: String) -> TensorError {
+    TensorError::Kernel { op, detail }
+}
+
+/// Input `i` as a row-major slice of `T`.
+pub(crate) fn input<'a, T: TensorElement + Copy>(
+    op: &'static str,
+    x: &'a [&'a CpuArray],
+    i: usize,
+) -> Result<Cow<'a, [T]>> {
+    let a = x
+        .get(i)
+        .and_then(|a| T::view(a))
+        .ok_or_else(|| kernel_err(op, format!("input {i} is not {}", T::DTYPE)))?;
+    Ok(match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
+    })
+}
+
+/// Output `i` as a row-major slice of `T` holding `n` elements.
+pub(crate) fn output<'a, T: TensorElement>(
+    op: &'static str,
+    out: &'a mut [CpuArray],
+    i: usize,
+    n: usize,
+) -> Result<&'a mut [T]> {
+    let a: &mut ArrayD<T> = out
+        .get_mut(i)
+        .and_then(|o| T::view_mut(o))
+        .ok_or_else(|| kernel_err(op, format!("output {i} is not {}", T::DTYPE)))?;
+    let got = a.len();
+    a.as_slice_mut()
+        .filter(|s| s.len() == n)
+        .ok_or_else(|| kernel_err(op, format!("output {i} holds {got} elements, inputs {n}")))
+}
+
+/// Outputs 0 and 1 as row-major slices of `A` and `B` holding `n` elements each.
+pub(crate) fn output_pair<'a, A: TensorElement, B: TensorElement>(
+    op: &'static str,
+    out: &'a mut [CpuArray],
+    n: usize,
+) -> Result<(&'a mut [A], &'a mut [B])> {
+    let [a, b] = out else {
+        return Err(kernel_err(
+            op,
+            format!("expects 2 outputs, got {}", out.len()),
+        ));
+    };
+    Ok((
+        output::<A>(op, std::slice::from_mut(a), 0, n)?,
+        output::<B>(op, std::slice::from_mut(b), 0, n)?,
+    ))
+}

@@ -1,0 +1,251 @@
+//! Fused RMS normalisation through the public op contract: the forward and backward kernels
+//! (f32, f64, bf16 on the CPU) against an f64 reference on random, never-zero data, autograd
+//! through it (the weight's gradient the sum of the kernel's terms), the typed errors, and the
+//! global property: any layout of the operands (uneven splits, broadcasts, partial inputs, 1-d
+//! and 2-d meshes, a rank outside the placement) gives the single-rank values and gradients.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{nd_sbp, placement};
+
+use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor, TensorError};
+use proptest::prelude::*;
+
+const EPS: f64 = 1e-5;
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.cast(DType::F64)
+        .unwrap()
+        .to_ndarray::<f64>()
+        .unwrap()
+        .iter()
+        .copied()
+        .collect()
+}
+
+/// Random values in ±[0.1, 2.1): never zero.
+fn nonzero(shape: &[usize], seed: u64, dt: DType) -> Tensor {
+    let u = Tensor::randn(shape.to_vec(), seed, DType::F64);
+    let v: Vec<f64> = vals(&u)
+        .iter()
+        .map(|&x| x.signum() * (0.1 + x.abs().min(2.0)))
+        .collect();
+    Tensor::from_vec(v, shape.to_vec())
+        .unwrap()
+        .cast(dt)
+        .unwrap()
+}
+
+/// The f64 reference of (y, dx, dy * xhat) for rows of width h.
+fn reference(x: &[f64], w: &[f64], dy: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let h = w.len();
+    let (mut y, mut dx, mut t) = (vec![], vec![], vec![]);
+    for ((xr, dr), _) in x.chunks(h).zip(dy.chunks(h)).zip(0..) {
+        let r = 1.0 / (xr.iter().map(|v| v * v).sum::<f64>() / h as f64 + EPS).sqrt();
+        let proj = (0..h).map(|j| dr[j] * w[j] * xr[j] * r).sum::<f64>() / h as f64;
+        for j in 0..h {
+            y.push(xr[j] * r * w[j]);
+            dx.push(r * (dr[j] * w[j] - xr[j] * r * proj));
+            t.push(dr[j] * xr[j] * r);
+        }
+    }
+    (y, dx, t)
+}
+
+/// Asserts `got` is within `rel` (relative, with an absolute floor of `rel`) of `want`.
+fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * w.abs().max(1.0);
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: {g} vs {w} (tolerance {tol})"
+        );
+    }
+}
+
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-5,
+        _ => 2e-2,
+    }
+}
+
+fn check_local(rows: usize, h: usize, seed: u64, dt: DType) {
+    let x = nonzero(&[rows, h], seed, dt);
+    let w = nonzero(&[h], seed + 1, dt);
+    let dy = nonzero(&[rows, h], seed + 2, dt);
+    let y = rms_norm(&x, &w, EPS).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), dt));
+    let (dx, terms) = rms_norm_backward(&x, &w, &dy, EPS).unwrap();
+    assert_eq!((dx.dtype(), terms.dtype()), (dt, wide(dt)));
+    let (ry, rdx, rt) = reference(&vals(&x), &vals(&w), &vals(&dy));
+    let (tol, what) = (tolerance(dt), format!("{dt} [{rows}, {h}]"));
+    close(&vals(&y), &ry, tol, &format!("{what} y"));
+    close(&vals(&dx), &rdx, tol, &format!("{what} dx"));
+    close(&vals(&terms), &rt, tol, &format!("{what} terms"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn kernels_match_the_f64_reference(
+        rows in 0usize..9,
+        h in 1usize..40,
+        seed in any::<u32>(),
+        dt in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16]),
+    ) {
+        check_local(rows, h, u64::from(seed), dt);
+    }
+}
+
+#[test]
+fn large_arrays_run_in_parallel_chunks_alike() {
+    check_local(40, 2048, 7, DType::F32);
+    check_local(3, 70_001, 8, DType::BF16);
+    check_local(20_000, 3, 9, DType::F64);
+}
+
+#[test]
+fn autograd_gives_the_kernel_gradients() {
+    let x = nonzero(&[4, 6], 1, DType::F64).requires_grad_(true);
+    let w = nonzero(&[6], 2, DType::F64).requires_grad_(true);
+    let r = nonzero(&[4, 6], 3, DType::F64);
+    let y = rms_norm(&x, &w, EPS).unwrap();
+    assert_eq!(y.grad_fn_name().as_deref(), Some("rms_norm"));
+    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    let (_, rdx, rt) = reference(&vals(&x), &vals(&w), &vals(&r));
+    close(&vals(&x.grad().unwrap()), &rdx, 1e-12, "dx");
+    let dw: Vec<f64> = (0..6).map(|j| rt.iter().skip(j).step_by(6).sum()).collect();
+    close(&vals(&w.grad().unwrap()), &dw, 1e-12, "dw");
+    // The weight alone: x gets no gradient.
+    let x2 = nonzero(&[4, 6], 1, DType::F64);
+    let w2 = nonzero(&[6], 2, DType::F64).requires_grad_(true);
+    let y2 = rms_norm(&x2, &w2, EPS).unwrap();
+    y2.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    assert!(x2.grad().is_none());
+    close(&vals(&w2.grad().unwrap()), &dw, 1e-12, "dw alone");
+    // bf16: the weight's gradient is summed in f32 and cast to the weight's dtype.
+    let xb = nonzero(&[4, 6], 1, DType::BF16).requires_grad_(true);
+    let wb = nonzero(&[6], 2, DType::BF16).requires_grad_(true);
+    rms_norm(&xb, &wb, EPS)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(wb.grad().unwrap().dtype(), DType::BF16);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let x = Tensor::randn([2, 3], 1, DType::F32);
+    let e = rms_norm(&x, &Tensor::randn([2], 2, DType::F32), EPS).unwrap_err();
+    assert!(
+        matches!(e, TensorError::Shape { op: "rms_norm", .. }),
+        "{e}"
+    );
+    let e = rms_norm(&x, &Tensor::randn([3], 2, DType::F64), EPS).unwrap_err();
+    assert!(
+        matches!(e, TensorError::DType { op: "rms_norm", .. }),
+        "{e}"
+    );
+    let e = rms_norm(&x, &Tensor::randn([3], 2, DType::F32), f64::NAN).unwrap_err();
+    assert!(e.to_string().contains("eps"), "{e}");
+    let e = rms_norm(&Tensor::randn([], 1, DType::F32), &x, EPS).unwrap_err();
+    assert!(matches!(e, TensorError::Shape { .. }), "{e}");
+    // f16 has a CUDA kernel but no CPU one.
+    let h = Tensor::randn([2, 3], 1, DType::F16);
+    let e = rms_norm(&h, &Tensor::randn([3], 1, DType::F16), EPS).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::NoKernel {
+                op: "rms_norm",
+                backend: "cpu",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// The whole forward value and both gradients of `sum(rms_norm(x, w) * r)`.
+type Outcome = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+fn global_case(mesh: &[usize], perm: u64, extra: bool, rows: usize, h: usize, seeds: (u64, u64)) {
+    let p = placement(mesh, perm);
+    let world = p.num_ranks() + usize::from(extra);
+    let x_nd = nd_sbp(p.ndim(), 2, seeds.0, true);
+    let w_nd = nd_sbp(p.ndim(), 1, seeds.1, true);
+    let r_nd = nd_sbp(p.ndim(), 2, seeds.0 ^ seeds.1, false);
+    let shape = vec![rows, h];
+    let results = run_ranks(world, Duration::from_secs(30), |rank| -> Option<Outcome> {
+        let b = NdSbp::broadcast(p.ndim());
+        // Every rank holds the whole values; the layouts are boxed from the broadcast.
+        let lay = |t: Tensor, nd: &NdSbp| {
+            t.to_global(&p, b.clone())
+                .and_then(|g| g.to_global(&p, nd.clone()))
+                .unwrap()
+        };
+        let x = lay(nonzero(&shape, 1, DType::F64), &x_nd)
+            .detach()
+            .requires_grad_(true);
+        let w = lay(nonzero(&[h], 2, DType::F64), &w_nd)
+            .detach()
+            .requires_grad_(true);
+        let r = lay(nonzero(&shape, 3, DType::F64), &r_nd);
+        let y = rms_norm(&x, &w, EPS).unwrap();
+        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        if !p.contains(rank) {
+            return None;
+        }
+        Some((vals(&y), vals(&x.grad().unwrap()), vals(&w.grad().unwrap())))
+    });
+    let x = nonzero(&shape, 1, DType::F64).requires_grad_(true);
+    let w = nonzero(&[h], 2, DType::F64).requires_grad_(true);
+    let r = nonzero(&shape, 3, DType::F64);
+    let y = rms_norm(&x, &w, EPS).unwrap();
+    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    let want = (vals(&y), vals(&x.grad().unwrap()), vals(&w.grad().unwrap()));
+    let what = format!("{mesh:?} on {p}: x {x_nd}, w {w_nd}, r {r_nd}, [{rows}, {h}]");
+    for (rank, got) in results.into_iter().enumerate() {
+        let Some(got) = got else { continue };
+        close(&got.0, &want.0, 1e-12, &format!("rank {rank} y, {what}"));
+        close(&got.1, &want.1, 1e-12, &format!("rank {rank} dx, {what}"));
+        close(&got.2, &want.2, 1e-12, &format!("rank {rank} dw, {what}"));
+    }
+}
+
+fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
+    prop_oneof![
+        (1usize..=5).prop_map(|n| vec![n]),
+        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]]),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn any_layout_equals_one_rank(
+        mesh in mesh_strategy(),
+        perm in any::<u64>(),
+        extra in prop::bool::weighted(0.2),
+        rows in 1usize..8,
+        h in 1usize..7,
+        seeds in (any::<u64>(), any::<u64>()),
+    ) {
+        global_case(&mesh, perm, extra, rows, h, seeds);
+    }
+}
+
+#[test]
+fn uneven_splits_and_partial_inputs_on_a_2d_mesh() {
+    // 5 rows over 2 ranks and a partial weight on the other axis.
+    global_case(&[2, 3], 0, true, 5, 7, (11, 12));
+    global_case(&[3], 5, false, 7, 2, (3, 4));
+}

@@ -5,6 +5,7 @@
 //! NVRTC path with `oxiflow_tensor::cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
+pub mod argmax;
 pub mod context_parallel;
 mod host_slices;
 pub mod rms_norm;

@@ -139,7 +139,8 @@ fn deterministic_and_whole(inner: &mut tokenizers::Tokenizer) -> Result<(), Stri
 /// library's own errors.
 fn library_safe(bytes: &[u8]) -> Result<(), String> {
     use serde_json::Value;
-    let doc = serde_json::from_slice::<Value>(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let doc = serde_json::from_slice::<Value>(bytes)
+        .map_err(|e| format!("not a tokenizer.json the tokenizers library reads: not JSON: {e}"))?;
     let model = &doc["model"];
     let (Some(vocab), Some(merges)) = (model["vocab"].as_object(), model["merges"].as_array())
     else {

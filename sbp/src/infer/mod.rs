@@ -49,7 +49,7 @@ pub mod rules {
         stats_shape as layer_norm_stats,
     };
     pub use super::permute::permute;
-    pub use super::reduce::reduce;
+    pub use super::reduce::{arg_reduce, reduce};
     pub use super::reshape::reshape;
     pub use super::select::{masked_fill, positional, where_cond};
     pub use super::softmax::{backward as softmax_backward, forward as softmax};

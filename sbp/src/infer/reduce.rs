@@ -63,3 +63,21 @@ pub fn reduce(
     r.push(&[partial], &[partial]);
     Ok(r)
 }
+
+/// The index of the largest element along `dim` (the dim removed): S(i) over another dim ->
+/// S(i'), B -> B; the searched dim must be whole (its split has no partial form).
+pub fn arg_reduce(dim: usize, x: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    if dim >= x.ndim() {
+        return Err(format!("dim {dim} is not a dim of input {x}"));
+    }
+    let out: Vec<usize> = (0..x.ndim())
+        .filter(|&i| i != dim)
+        .map(|i| x.dim(i))
+        .collect();
+    let mut r = Rules::new(mode, [Shape::new(out)]);
+    for i in (0..x.ndim()).filter(|&i| i != dim) {
+        r.push(&[Sbp::S(i)], &[Sbp::S(if i < dim { i } else { i - 1 })]);
+    }
+    r.push(&[Sbp::B], &[Sbp::B]);
+    Ok(r)
+}

@@ -1,7 +1,7 @@
 //! Generation from a decoder on its layout: prompts of one length decode as one batch through
 //! a key/value cache (`Gpt::decode`: the prompt whole, then one token a step; under tensor
 //! parallelism each rank keeps its heads' keys and values), each next token the arg-max at
-//! temperature 0, else a draw from the softmax at that temperature over the `top_k` most likely
+//! temperature 0 (`oxiflow_ops::argmax` where the logits are: only the ids travel), else a draw from the softmax at that temperature over the `top_k` most likely
 //! ids and the smallest set of them holding `top_p` of the probability (draws from the seed,
 //! the same on every rank); a sequence ends after an end-of-sequence id. Where a sequence
 //! outgrows the model's positions, each further token is predicted from the last window of
@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use oxiflow_collectives::DType;
 use oxiflow_models::nn::gpt::{Gpt, KvCache};
 use oxiflow_models::nn::Pass;
+use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Tensor};
@@ -84,10 +85,10 @@ impl Decoder<'_> {
         let mut cache = self.model.new_cache();
         let mut logits = self.step(&seqs, &mut cache, positions)?;
         for step in 0..n {
-            for (r, seq) in seqs.iter_mut().enumerate() {
-                let next = pick(&logits[r], sampling, (rows[r] as u64) << 32 | step as u64);
-                if !done[r] {
-                    done[r] = eos.contains(&next);
+            let picks = self.next_ids(&logits, rows, sampling, step)?;
+            for ((seq, next), d) in seqs.iter_mut().zip(picks).zip(done.iter_mut()) {
+                if !*d {
+                    *d = eos.contains(&next);
                 }
                 seq.push(next);
             }
@@ -110,26 +111,51 @@ impl Decoder<'_> {
             .collect())
     }
 
-    /// The next-token logits of every sequence (over the vocabulary), through the cache while
-    /// the positions last (the whole sequences when it is empty, else their last token), else
-    /// from the last `positions` tokens computed whole.
+    /// The next-token logits `[B, table_rows]` of every sequence (on the last stage), through
+    /// the cache while the positions last (the whole sequences when it is empty, else their last
+    /// token), else from the last `positions` tokens computed whole.
     fn step(
         &self,
         seqs: &[Vec<usize>],
         cache: &mut KvCache,
         positions: usize,
-    ) -> Result<Vec<Vec<f64>>, TrainError> {
+    ) -> Result<Tensor, TrainError> {
         let len = seqs.first().map_or(0, Vec::len);
-        let logits = if len <= positions {
+        if len <= positions {
             let from = cache.len();
-            self.model.decode(&self.ids(seqs, from)?, cache)?
-        } else {
-            let window = self.ids(seqs, len - positions)?;
-            let all = self.model.forward(&window, Pass::Eval)?;
-            let (b, rows) = (all.shape().dim(0), all.shape().dim(2));
-            all.narrow(1, positions - 1, 1)?.reshape([b, rows])?
-        };
-        self.read(&logits, seqs.len())
+            return Ok(self.model.decode(&self.ids(seqs, from)?, cache)?);
+        }
+        let window = self.ids(seqs, len - positions)?;
+        let all = self.model.forward(&window, Pass::Eval)?;
+        let (b, rows) = (all.shape().dim(0), all.shape().dim(2));
+        Ok(all.narrow(1, positions - 1, 1)?.reshape([b, rows])?)
+    }
+
+    /// The next id of every sequence (the same on every rank): at temperature 0 the arg-max
+    /// over the vocabulary picked where the logits are (only the ids travel), else drawn on the
+    /// host from the logits (see [`pick`]); `rows` are the sequences' places in the request.
+    fn next_ids(
+        &self,
+        logits: &Tensor,
+        rows: &[usize],
+        sampling: &Sampling,
+        step: usize,
+    ) -> Result<Vec<usize>, TrainError> {
+        let (b, vocab) = (rows.len(), self.model.cfg.vocab);
+        if sampling.temperature <= 0.0 {
+            let picks = argmax(&logits.narrow(1, 0, vocab)?)?;
+            let ids = self.everywhere(&picks)?.to_vec::<i64>()?;
+            if ids.len() != b {
+                return Err(layout_err(format!("{} picks for {b} sequences", ids.len())));
+            }
+            return Ok(ids.into_iter().map(|i| i as usize).collect());
+        }
+        Ok(self
+            .read(logits, b)?
+            .iter()
+            .zip(rows)
+            .map(|(l, &r)| pick(l, sampling, (r as u64) << 32 | step as u64))
+            .collect())
     }
 
     /// Every sequence's ids from `from` on, as global `[B, len - from]` ids on the first stage,
@@ -151,15 +177,20 @@ impl Decoder<'_> {
         Ok(whole.to_global(&first, NdSbp::new([Sbp::S(0), Sbp::B]))?)
     }
 
+    /// `t` (on the last stage) whole on every rank.
+    fn everywhere(&self, t: &Tensor) -> Result<Tensor, TrainError> {
+        Ok(match (self.model.split.stages(), t.placement()) {
+            (1, Some(p)) => t.to_global(p, NdSbp::broadcast(p.ndim()))?,
+            _ => t.to_global(self.world, NdSbp::broadcast(1))?,
+        })
+    }
+
     /// Logits `[B, table_rows]` (on the last stage) on every rank, each row cut to the
     /// vocabulary.
     fn read(&self, logits: &Tensor, b: usize) -> Result<Vec<Vec<f64>>, TrainError> {
-        let logits = logits.cast(DType::F64)?;
-        let whole = match (self.model.split.stages(), logits.placement()) {
-            (1, Some(p)) => logits.to_global(p, NdSbp::broadcast(p.ndim()))?,
-            _ => logits.to_global(self.world, NdSbp::broadcast(1))?,
-        };
-        let v = whole.to_vec::<f64>()?;
+        let v = self
+            .everywhere(&logits.cast(DType::F64)?)?
+            .to_vec::<f64>()?;
         let (vocab, rows) = (self.model.cfg.vocab, self.model.cfg.table_rows());
         if v.len() != b * rows {
             return Err(layout_err(format!(

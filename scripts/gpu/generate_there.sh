@@ -3,7 +3,7 @@
 # Llama-3.2-1B shape (random weights saved by transformers, bf16 on disk; ours at
 # --precision bf16-mixed), greedy, 128-token prompts, 256 new tokens, at batch $BATCHES
 # (default "1 16"): `train --from-hf` beside `llama_bench.py --generate` (transformers'
-# generate with a static cache) eager and --compile, in the same command. Each run's
+# generate with a static cache) in $MODES (default "eager compile"), in the same command. Each run's
 # nvidia-smi peak. Logs under $OUT; a table last.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -12,6 +12,7 @@ OUT=${OUT:-/tmp/generate}
 BATCHES=${BATCHES:-1 16}
 NEW=${NEW:-256}
 MODEL=${MODEL:-/tmp/llama1b-hf}
+MODES=${MODES:-eager compile}
 mkdir -p "$OUT"
 sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
   local log=$1; shift
@@ -39,7 +40,7 @@ import random; random.seed($b)
 print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) for _ in range($b)))")
   sampled "$OUT/ours-b$b.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl \
     bin/train --from-hf "$MODEL" --prompt-ids "$prompts" --gen-tokens "$NEW" --temperature 0
-  for mode in eager compile; do
+  for mode in $MODES; do
     flag=(); [ "$mode" = compile ] && flag=(--compile)
     sampled "$OUT/torch-$mode-b$b.log" timeout 300 python3 llama_bench.py --generate --batch "$b" \
       --new "$NEW" "${flag[@]}" --tag "torch-$mode"
@@ -50,7 +51,7 @@ printf '%-6s %-16s %12s %10s\n' batch run new_tok/s smi_MiB
 for b in $BATCHES; do
   r=$(grep -o 'generation: .*' "$OUT/ours-b$b.log" | grep -o '([0-9.]* new tokens/s' | tr -d '(' | cut -d' ' -f1)
   printf '%-6s %-16s %12s %10s\n' "$b" oxiflow "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/ours-b$b.log" | cut -d' ' -f2)"
-  for mode in eager compile; do
+  for mode in $MODES; do
     r=$(grep -o '"new_tokens_per_s": [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)
     printf '%-6s %-16s %12s %10s\n' "$b" "torch-$mode" "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)"
   done

@@ -50,6 +50,55 @@ fn piece_on(op: &'static str, s: &Storage, placement: &Placement) -> Result<Stor
 }
 
 impl Tensor {
+    /// A tensor laid out like `like` (same global layout and context, or local) holding
+    /// `piece` as this rank's piece (None outside the placement), moved to the placement's
+    /// device type (a host piece read from a file onto the GPU of a cuda placement). The piece
+    /// must have the shape `like`'s layout gives this rank and `like`'s dtype.
+    pub fn with_layout_of(like: &Tensor, piece: Option<Storage>) -> Result<Tensor> {
+        let want = match like.layout() {
+            Some(l) => like.context().and_then(|c| l.local_shape(c.rank())),
+            None => Some(like.shape().clone()),
+        };
+        let got = piece.as_ref().map(|p| (p.shape(), p.dtype()));
+        let fits = match (&want, &got) {
+            (Some(w), Some((s, d))) => w == s && *d == like.dtype(),
+            (None, None) => true,
+            _ => false,
+        };
+        if !fits {
+            return Err(TensorError::Shape {
+                op: "with_layout_of",
+                shapes: like.shape().to_string(),
+                sbps: like
+                    .nd_sbp()
+                    .map_or_else(|| "local".into(), |s| s.to_string()),
+                detail: format!(
+                    "piece {:?} does not fit: this rank needs {:?} of {}",
+                    got.map(|(s, d)| format!("{s} {d}")),
+                    want.map(|s| s.to_string()),
+                    like.dtype()
+                ),
+            });
+        }
+        match (like.layout(), like.context(), piece) {
+            (Some(l), Some(ctx), piece) => Ok(Tensor::global_from_piece(
+                piece
+                    .map(|p| piece_on("with_layout_of", &p, l.placement()))
+                    .transpose()?,
+                l.clone(),
+                like.dtype(),
+                ctx.clone(),
+            )),
+            (_, _, Some(p)) => Ok(Tensor::from_storage(p)),
+            _ => Err(TensorError::Shape {
+                op: "with_layout_of",
+                shapes: like.shape().to_string(),
+                sbps: "local".into(),
+                detail: "a local tensor needs a piece".into(),
+            }),
+        }
+    }
+
     /// A global tensor on `placement` with `nd_sbp`. From a local tensor: this rank's tensor is
     /// its piece and the global shape is derived assuming every rank's piece has this rank's
     /// shape (even splits; use `to_global_checked` for uneven pieces). From a global tensor:

@@ -15,7 +15,6 @@ use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
 
 use crate::context::Context;
 use crate::storage::{Device, Storage};
-use crate::{Result, TensorError};
 
 /// The global part of a tensor: its layout and the rank's runtime context.
 #[derive(Clone)]
@@ -120,52 +119,6 @@ impl Tensor {
             global: None,
             autograd: AutogradMeta::default(),
         }))
-    }
-
-    /// A tensor laid out like `like` (same global layout and context, or local) holding
-    /// `piece` as this rank's piece (None outside the placement). The piece must have the shape
-    /// `like`'s layout gives this rank and `like`'s dtype.
-    pub fn with_layout_of(like: &Tensor, piece: Option<Storage>) -> Result<Tensor> {
-        let want = match like.layout() {
-            Some(l) => like.context().and_then(|c| l.local_shape(c.rank())),
-            None => Some(like.shape().clone()),
-        };
-        let got = piece.as_ref().map(|p| (p.shape(), p.dtype()));
-        let fits = match (&want, &got) {
-            (Some(w), Some((s, d))) => w == s && *d == like.dtype(),
-            (None, None) => true,
-            _ => false,
-        };
-        if !fits {
-            return Err(TensorError::Shape {
-                op: "with_layout_of",
-                shapes: like.shape().to_string(),
-                sbps: like
-                    .nd_sbp()
-                    .map_or_else(|| "local".into(), |s| s.to_string()),
-                detail: format!(
-                    "piece {:?} does not fit: this rank needs {:?} of {}",
-                    got.map(|(s, d)| format!("{s} {d}")),
-                    want.map(|s| s.to_string()),
-                    like.dtype()
-                ),
-            });
-        }
-        match (like.layout(), like.context(), piece) {
-            (Some(l), Some(ctx), piece) => Ok(Tensor::global_from_piece(
-                piece,
-                l.clone(),
-                like.dtype(),
-                ctx.clone(),
-            )),
-            (_, _, Some(p)) => Ok(Tensor::from_storage(p)),
-            _ => Err(TensorError::Shape {
-                op: "with_layout_of",
-                shapes: like.shape().to_string(),
-                sbps: "local".into(),
-                detail: "a local tensor needs a piece".into(),
-            }),
-        }
     }
 
     /// A global tensor from this rank's piece (None outside the placement). Checks the local

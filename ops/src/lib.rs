@@ -6,5 +6,6 @@
 //! folder and one `pub mod` line below.
 
 pub mod context_parallel;
+pub mod moe;
 pub mod sum_squares;
 pub mod swiglu;

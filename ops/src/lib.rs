@@ -6,6 +6,7 @@
 //! folder and one `pub mod` line below.
 
 pub mod context_parallel;
+mod host_float;
 pub mod moe;
 pub mod sum_squares;
 pub mod swiglu;

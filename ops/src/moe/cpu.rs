@@ -11,41 +11,7 @@ use oxiflow_tensor::{
 use rayon::prelude::*;
 
 use super::{ExpertMatmul, ExpertMatmulWgrad, RouterTopk};
-
-/// An element type and the arithmetic its kernels compute in.
-trait Elem: TensorElement + Send + Sync {
-    type W: LinalgScalar + Send + Sync;
-    fn widen(self) -> Self::W;
-    fn narrow(w: Self::W) -> Self;
-}
-
-impl Elem for f32 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(w: f32) -> f32 {
-        w
-    }
-}
-impl Elem for f64 {
-    type W = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(w: f64) -> f64 {
-        w
-    }
-}
-impl Elem for bf16 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(w: f32) -> bf16 {
-        bf16::from_f32(w)
-    }
-}
+use crate::host_float::HostFloat as Elem;
 
 fn kernel_err(op: &'static str, detail: String) -> TensorError {
     TensorError::Kernel { op, detail }
@@ -86,12 +52,18 @@ fn rows_of(op: &'static str, x: &[&CpuArray], i: usize, experts: usize) -> Resul
 }
 
 /// The rows `rows` of `x`, widened.
-fn gather<T: Elem>(x: &ArrayView2<'_, T>, rows: &[usize]) -> Array2<T::W> {
+fn gather<T: Elem>(x: &ArrayView2<'_, T>, rows: &[usize]) -> Array2<T::W>
+where
+    T::W: LinalgScalar,
+{
     Array2::from_shape_fn((rows.len(), x.ncols()), |(r, c)| x[[rows[r], c]].widen())
 }
 
 /// `x` widened.
-fn widen<T: Elem>(x: &ArrayView2<'_, T>) -> Array2<T::W> {
+fn widen<T: Elem>(x: &ArrayView2<'_, T>) -> Array2<T::W>
+where
+    T::W: LinalgScalar,
+{
     x.mapv(Elem::widen)
 }
 
@@ -114,7 +86,10 @@ fn output<'a, T: Elem>(
         .ok_or_else(|| kernel_err(op, format!("output {i} is {got:?}, expected {shape:?}")))
 }
 
-fn matmul_typed<T: Elem>(op: &ExpertMatmul, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+fn matmul_typed<T: Elem>(op: &ExpertMatmul, io: KernelIo<'_, CpuBackend>) -> Result<()>
+where
+    T::W: LinalgScalar,
+{
     let name = op.name();
     let x = matrix::<T>(name, io.inputs, 0)?;
     let rows = rows_of(name, io.inputs, 1, op.experts)?;
@@ -156,7 +131,10 @@ fn matmul_typed<T: Elem>(op: &ExpertMatmul, io: KernelIo<'_, CpuBackend>) -> Res
     Ok(())
 }
 
-fn wgrad_typed<T: Elem>(op: &ExpertMatmulWgrad, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+fn wgrad_typed<T: Elem>(op: &ExpertMatmulWgrad, io: KernelIo<'_, CpuBackend>) -> Result<()>
+where
+    T::W: LinalgScalar,
+{
     let name = op.name();
     let a = matrix::<T>(name, io.inputs, 0)?;
     let rows = rows_of(name, io.inputs, 1, op.experts)?;

@@ -5,10 +5,11 @@ use std::borrow::Cow;
 
 use half::bf16;
 use ndarray::ArrayD;
-use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result, TensorElement, TensorError};
+use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result, TensorError};
 use rayon::prelude::*;
 
 use super::{SwiGlu, SwiGluGrad};
+use crate::host_float::HostFloat as Elem;
 
 /// Elements per parallel chunk.
 const CHUNK: usize = 1 << 14;
@@ -45,41 +46,6 @@ macro_rules! wide {
 }
 wide!(f32);
 wide!(f64);
-
-/// An element type and the arithmetic its kernels compute in.
-trait Elem: TensorElement + Send + Sync {
-    type W: Wide;
-    fn widen(self) -> Self::W;
-    fn narrow(w: Self::W) -> Self;
-}
-
-impl Elem for f32 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(w: f32) -> f32 {
-        w
-    }
-}
-impl Elem for f64 {
-    type W = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(w: f64) -> f64 {
-        w
-    }
-}
-impl Elem for bf16 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(w: f32) -> bf16 {
-        bf16::from_f32(w)
-    }
-}
 
 /// `silu(g) * u`.
 fn silu_times<W: Wide>(g: W, u: W) -> W {
@@ -127,7 +93,10 @@ fn output<'a, T: Elem>(
         .ok_or_else(|| kernel_err(op, format!("output {i} holds {got} elements, inputs {n}")))
 }
 
-fn forward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+fn forward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()>
+where
+    T::W: Wide,
+{
     let (g, u) = (input::<T>(op, io.inputs, 0)?, input::<T>(op, io.inputs, 1)?);
     if g.len() != u.len() {
         return Err(kernel_err(
@@ -147,7 +116,10 @@ fn forward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Res
     Ok(())
 }
 
-fn backward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+fn backward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()>
+where
+    T::W: Wide,
+{
     let g = input::<T>(op, io.inputs, 0)?;
     let u = input::<T>(op, io.inputs, 1)?;
     let d = input::<T>(op, io.inputs, 2)?;

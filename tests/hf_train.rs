@@ -229,7 +229,7 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
         (
             arch.clone(),
             format!(
-                "{}: architecture FalconForCausalLM is not supported (supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)",
+                "{}: architecture FalconForCausalLM is not supported (supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM)",
                 arch.join("config.json").display()
             ),
         ),

@@ -8,6 +8,7 @@
 pub mod argmax;
 pub mod context_parallel;
 mod host_slices;
+pub mod moe;
 pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;

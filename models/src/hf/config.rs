@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use crate::nn::gpt::{Arch, GptConfig, MlpKind, NormKind, Positions, RopeScaling};
+use crate::nn::gpt::{Arch, GptConfig, MlpKind, MoeArch, NormKind, Positions, RopeScaling};
 
 use super::error::{HfError, HfResult};
 
@@ -17,10 +17,21 @@ pub enum Family {
     Llama,
     Qwen2,
     Mistral,
+    /// Mistral's attention with a mixture of experts (top-k renormalised) in every block.
+    Mixtral,
+    /// Qwen2's attention with a mixture of experts and a gated shared expert in every block.
+    Qwen2Moe,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [Family::Gpt2, Family::Llama, Family::Qwen2, Family::Mistral];
+    pub const ALL: [Family; 6] = [
+        Family::Gpt2,
+        Family::Llama,
+        Family::Qwen2,
+        Family::Mistral,
+        Family::Mixtral,
+        Family::Qwen2Moe,
+    ];
 
     /// The architecture's class name in transformers.
     pub fn architecture(self) -> &'static str {
@@ -29,6 +40,8 @@ impl Family {
             Family::Llama => "LlamaForCausalLM",
             Family::Qwen2 => "Qwen2ForCausalLM",
             Family::Mistral => "MistralForCausalLM",
+            Family::Mixtral => "MixtralForCausalLM",
+            Family::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 
@@ -39,6 +52,8 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Mistral => "mistral",
+            Family::Mixtral => "mixtral",
+            Family::Qwen2Moe => "qwen2_moe",
         }
     }
 
@@ -276,6 +291,7 @@ impl HfConfig {
         }
         let (qkv_bias, out_bias, mlp_bias) = match family {
             Family::Qwen2 => (true, false, false),
+            Family::Qwen2Moe => (k.flag_or("qkv_bias", true)?, false, false),
             Family::Llama => {
                 let b = k.flag_or("attention_bias", false)?;
                 (b, b, k.flag_or("mlp_bias", false)?)
@@ -294,6 +310,7 @@ impl HfConfig {
             out_bias,
             mlp_bias,
             tie_embeddings: k.flag_or("tie_word_embeddings", false)?,
+            moe: moe(k, family)?,
         };
         Ok(HfConfig {
             vocab: k.count("vocab_size")?,
@@ -429,6 +446,26 @@ impl HfConfig {
                     set("attention_bias", json!(a.qkv_bias));
                     set("mlp_bias", json!(a.mlp_bias));
                 }
+                if let Some(moe) = &a.moe {
+                    set("num_experts_per_tok", json!(moe.top_k));
+                    set("router_aux_loss_coef", json!(moe.aux_loss_coef));
+                    if self.family == Family::Mixtral {
+                        set("num_local_experts", json!(moe.experts));
+                        set("intermediate_size", json!(moe.expert_width));
+                        set("router_jitter_noise", json!(0.0));
+                    } else {
+                        set("num_experts", json!(moe.experts));
+                        set("norm_topk_prob", json!(moe.renormalize));
+                        set("moe_intermediate_size", json!(moe.expert_width));
+                        set(
+                            "shared_expert_intermediate_size",
+                            json!(moe.shared_width.unwrap_or(0)),
+                        );
+                        set("decoder_sparse_step", json!(1));
+                        set("mlp_only_layers", json!([]));
+                        set("qkv_bias", json!(a.qkv_bias));
+                    }
+                }
                 if let Positions::Rotary { theta, scaling } = a.positions {
                     let mut params = rope_json(scaling);
                     set("rope_theta", json!(theta));
@@ -528,16 +565,75 @@ fn rope(k: &Keys) -> HfResult<Positions> {
     Ok(Positions::Rotary { theta, scaling })
 }
 
+/// The mixture of experts of a Mixtral or Qwen2-MoE configuration (None for the dense
+/// families). Layouts this crate does not build (dense layers among sparse ones, router
+/// jitter) are refused by key.
+fn moe(k: &Keys, family: Family) -> HfResult<Option<MoeArch>> {
+    if !matches!(family, Family::Mixtral | Family::Qwen2Moe) {
+        return Ok(None);
+    }
+    let coef = k.number_or("router_aux_loss_coef", 0.001)?;
+    let top_k = k.count("num_experts_per_tok")?;
+    let moe = match family {
+        Family::Mixtral => {
+            if k.number_or("router_jitter_noise", 0.0)? != 0.0 {
+                return Err(k.err("router_jitter_noise", "router jitter is not supported"));
+            }
+            MoeArch {
+                experts: k.count("num_local_experts")?,
+                top_k,
+                renormalize: true,
+                expert_width: k.count("intermediate_size")?,
+                shared_width: None,
+                aux_loss_coef: coef,
+            }
+        }
+        Family::Qwen2Moe => {
+            if k.count_or("decoder_sparse_step", 1)? != 1 {
+                return Err(k.err(
+                    "decoder_sparse_step",
+                    "only 1 (every layer sparse) is supported",
+                ));
+            }
+            match k.get("mlp_only_layers") {
+                None => {}
+                Some(Value::Array(a)) if a.is_empty() => {}
+                Some(v) => {
+                    return Err(k.err(
+                        "mlp_only_layers",
+                        format!("{v}: dense layers among sparse ones are not supported"),
+                    ))
+                }
+            }
+            MoeArch {
+                experts: k.count("num_experts")?,
+                top_k,
+                renormalize: k.flag_or("norm_topk_prob", false)?,
+                expert_width: k.count("moe_intermediate_size")?,
+                shared_width: Some(k.count("shared_expert_intermediate_size")?),
+                aux_loss_coef: coef,
+            }
+        }
+        _ => return Ok(None),
+    };
+    if moe.top_k > moe.experts {
+        return Err(k.err(
+            "num_experts_per_tok",
+            format!("{} is above the expert count {}", moe.top_k, moe.experts),
+        ));
+    }
+    if coef < 0.0 {
+        return Err(k.err("router_aux_loss_coef", format!("{coef} is below 0")));
+    }
+    Ok(Some(moe))
+}
+
 /// The window of sliding-window attention, where a layer uses it: Mistral's
 /// `sliding_window`; Qwen2's under `use_sliding_window` (or a `layer_types` entry).
 fn sliding_window(k: &Keys, family: Family) -> HfResult<Option<usize>> {
-    let window = match k.get("sliding_window") {
-        Some(_) => Some(k.count("sliding_window")?),
-        None => None,
-    };
     let used = match family {
-        Family::Mistral => true,
-        Family::Qwen2 => {
+        Family::Mistral | Family::Mixtral => true,
+        Family::Qwen2 | Family::Qwen2Moe => {
             let typed = match k.get("layer_types") {
                 Some(Value::Array(a)) => a.iter().any(|t| t.as_str() == Some("sliding_attention")),
                 _ => false,
@@ -546,5 +642,12 @@ fn sliding_window(k: &Keys, family: Family) -> HfResult<Option<usize>> {
         }
         _ => false,
     };
-    Ok(window.filter(|_| used))
+    // An unused window's key (Qwen2-MoE saves 0) is not read.
+    if !used {
+        return Ok(None);
+    }
+    Ok(match k.get("sliding_window") {
+        Some(_) => Some(k.count("sliding_window")?),
+        None => None,
+    })
 }

@@ -1,8 +1,9 @@
 //! Hugging Face model directories in and out of the decoder family (`nn::gpt`): `config.json`
 //! read into a family (`GPT2LMHeadModel`, `LlamaForCausalLM`, `Qwen2ForCausalLM`,
-//! `MistralForCausalLM`), sizes and `Arch` (`config`); each parameter's tensor name and layout
+//! `MistralForCausalLM`, and the mixtures of experts `MixtralForCausalLM` and
+//! `Qwen2MoeForCausalLM`), sizes and `Arch` (`config`); each parameter's tensor name and layout
 //! in the family's checkpoints (`names`: GPT-2's fused `c_attn` Conv1D split into Q, K and V,
-//! `nn.Linear` weights transposed); the weights (`model.safetensors` or the shards of
+//! `nn.Linear` weights transposed, each expert's matrices under its own name); the weights (`model.safetensors` or the shards of
 //! `model.safetensors.index.json`, F32/F64/BF16/F16) memory-mapped, every name, shape and dtype
 //! checked before anything is read, and each rank reading only the byte ranges of its own
 //! regions (`files`, `load`); and the inverse, a directory transformers loads (`save`).

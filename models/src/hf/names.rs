@@ -116,6 +116,12 @@ impl NameMap {
 
     fn llama_block(&self, layer: usize, module: &str, leaf: &str) -> Option<Source> {
         let at = format!("{}layers.{layer}.", self.prefix);
+        if let Some(name) = self.expert_tensor(module) {
+            return Some(Source {
+                name: format!("{at}{name}.{leaf}"),
+                take: Take::Transposed,
+            });
+        }
         let name = match module {
             "ln1" => "input_layernorm",
             "ln2" => "post_attention_layernorm",
@@ -136,6 +142,44 @@ impl NameMap {
             name: format!("{at}{name}.{leaf}"),
             take,
         })
+    }
+
+    /// The checkpoint module of a mixture-of-experts parameter's module (`mlp.router`,
+    /// `mlp.experts.E.{gate,up,down}`, `mlp.shared.{gate,up,down}`, `mlp.shared_gate`): Mixtral's
+    /// `block_sparse_moe.gate` and `experts.E.w1/w3/w2`, Qwen2-MoE's `mlp.gate`,
+    /// `mlp.experts.E.*_proj`, `mlp.shared_expert.*_proj` and `mlp.shared_expert_gate`.
+    fn expert_tensor(&self, module: &str) -> Option<String> {
+        let rest = module.strip_prefix("mlp.")?;
+        let proj = |p: &str| match (self.family, p) {
+            (Family::Mixtral, "gate") => Some("w1"),
+            (Family::Mixtral, "up") => Some("w3"),
+            (Family::Mixtral, "down") => Some("w2"),
+            (Family::Qwen2Moe, "gate") => Some("gate_proj"),
+            (Family::Qwen2Moe, "up") => Some("up_proj"),
+            (Family::Qwen2Moe, "down") => Some("down_proj"),
+            _ => None,
+        };
+        let sparse = match self.family {
+            Family::Mixtral => "block_sparse_moe",
+            Family::Qwen2Moe => "mlp",
+            _ => return None,
+        };
+        if rest == "router" {
+            return Some(format!("{sparse}.gate"));
+        }
+        if let Some(e) = rest.strip_prefix("experts.") {
+            let (e, p) = e.split_once('.')?;
+            let e: usize = e.parse().ok()?;
+            return Some(format!("{sparse}.experts.{e}.{}", proj(p)?));
+        }
+        match (self.family, rest) {
+            (Family::Qwen2Moe, "shared_gate") => Some("mlp.shared_expert_gate".into()),
+            (Family::Qwen2Moe, r) => {
+                let p = r.strip_prefix("shared.")?;
+                Some(format!("mlp.shared_expert.{}", proj(p)?))
+            }
+            _ => None,
+        }
     }
 
     /// Whether a checkpoint tensor no parameter reads may be left unread: buffers older saves

@@ -14,6 +14,7 @@ mod concat;
 mod elementwise;
 mod embedding;
 mod engine;
+mod experts;
 mod gather;
 mod loss;
 mod matmul;
@@ -41,6 +42,7 @@ pub mod rules {
         binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary,
     };
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
+    pub use super::experts::{expert_matmul, expert_matmul_wgrad, router_topk};
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
     pub use super::matmul::{batch_matmul, matmul, matmul_t};

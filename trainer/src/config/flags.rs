@@ -259,7 +259,8 @@ pub struct ModelFlags {
     pub tie_embeddings: bool,
     /// A Hugging Face model directory (config.json; model.safetensors or its sharded index):
     /// the architecture (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
-    /// MistralForCausalLM), its sizes and its weights, each rank reading only its own pieces.
+    /// MistralForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM), its sizes and its
+    /// weights, each rank reading only its own pieces.
     #[arg(long)]
     pub from_hf: Option<PathBuf>,
 }

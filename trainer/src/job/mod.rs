@@ -357,6 +357,9 @@ fn infer_job(
                 r.tokens,
                 r.perplexity()
             );
+            if let Some(aux) = r.router_aux {
+                println!("eval router aux loss {aux}");
+            }
         }
     } else if lead {
         println!(

@@ -2,11 +2,13 @@
 //! (`EvalWindows`), `--batch-size` windows at a time on any layout. A batch need not divide
 //! over the data-parallel ranks (the last one may hold a single window): each batch's loss is
 //! the sum over its tokens, added up on the host in f64 and divided by the number of predicted
-//! tokens once, so the result is exact whatever the batches.
+//! tokens once, so the result is exact whatever the batches. A mixture of experts' routing
+//! statistics are summed over every batch, so its load-balancing loss is the one of all the
+//! windows as one batch.
 
 use oxiflow_collectives::DType;
 use oxiflow_models::data::EvalWindows;
-use oxiflow_models::nn::gpt::{Gpt, GptLayout};
+use oxiflow_models::nn::gpt::{Gpt, GptLayout, RouterLog};
 use oxiflow_models::nn::Pass;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp};
@@ -22,6 +24,8 @@ pub struct EvalReport {
     /// Predicted tokens.
     pub tokens: usize,
     pub windows: u64,
+    /// A mixture of experts' load-balancing loss over every window (without its coefficient).
+    pub router_aux: Option<f64>,
 }
 
 impl EvalReport {
@@ -58,18 +62,23 @@ pub fn evaluate(
     let t = windows.seq_len();
     let (mut sum, mut tokens) = (0.0f64, 0usize);
     let mut at = 0u64;
-    while at < windows.len() {
-        let rows = (windows.len() - at).min(batch.max(1) as u64) as usize;
-        let b = windows.batch(at, rows)?;
-        let ids = rows_on(&first, rows, t, b.inputs)?;
-        let targets = rows_on(&last, rows, t, b.targets)?;
-        let (s, n) = model.loss_sum(&ids, &targets, Pass::Eval)?;
+    let mut log = RouterLog::default();
+    // A 0-d result's value on every rank (shared by a pipeline's last stage).
+    let read = |s: Tensor| -> Result<f64, TrainError> {
         let s = s.cast(DType::F64)?;
         let s = match model.split.stages() {
             1 => s,
             _ => s.to_global(world, NdSbp::broadcast(1))?,
         };
-        sum += s.to_vec::<f64>()?.first().copied().unwrap_or(f64::NAN);
+        Ok(s.to_vec::<f64>()?.first().copied().unwrap_or(f64::NAN))
+    };
+    while at < windows.len() {
+        let rows = (windows.len() - at).min(batch.max(1) as u64) as usize;
+        let b = windows.batch(at, rows)?;
+        let ids = rows_on(&first, rows, t, b.inputs)?;
+        let targets = rows_on(&last, rows, t, b.targets)?;
+        let (s, n) = model.loss_sum_routed(&ids, &targets, Pass::Eval, &mut log)?;
+        sum += read(s)?;
         tokens += n;
         at += rows as u64;
     }
@@ -77,5 +86,6 @@ pub fn evaluate(
         loss: sum / tokens.max(1) as f64,
         tokens,
         windows: windows.len(),
+        router_aux: log.aux_loss()?.map(read).transpose()?,
     })
 }

@@ -2,8 +2,9 @@
 //! beyond their sizes, as Hugging Face configurations say it: the norm and its epsilon,
 //! learned or rotary positions (with `llama3` or `linear` frequency scaling), a GELU or SwiGLU
 //! MLP and its width, multi-head or grouped-query attention, which projections carry biases,
-//! and whether the output projection is the token table. `GptConfig` holds the sizes shared by
-//! every member; `Arch::gpt2` is the GPT the crate trained first, unchanged.
+//! whether the output projection is the token table, and whether the MLP is a mixture of
+//! experts (`MoeArch`). `GptConfig` holds the sizes shared by every member; `Arch::gpt2` is
+//! the GPT the crate trained first, unchanged.
 
 use crate::{Result, TensorError};
 
@@ -77,6 +78,8 @@ pub struct Arch {
     pub mlp_bias: bool,
     /// The output projection is the token table (else a table `lm_head` of its own).
     pub tie_embeddings: bool,
+    /// Every block's MLP is a mixture of these SwiGLU experts (None: the dense MLP).
+    pub moe: Option<MoeArch>,
 }
 
 impl Default for Arch {
@@ -109,6 +112,7 @@ impl Arch {
             out_bias: true,
             mlp_bias: true,
             tie_embeddings: true,
+            moe: None,
         }
     }
 
@@ -129,6 +133,7 @@ impl Arch {
             out_bias: false,
             mlp_bias: false,
             tie_embeddings: false,
+            moe: None,
         }
     }
 
@@ -185,7 +190,10 @@ impl Arch {
             }
             scaling.validate()?;
         }
-        if let Some(p) = layout.placement() {
+        if let Some(moe) = &self.moe {
+            moe.validate(layout.tp())?;
+        }
+        if let Some(p) = layout.placement().filter(|_| self.moe.is_none()) {
             let tp = p.shape().get(TP_AXIS).copied().unwrap_or(1);
             if !self.ffn(cfg).is_multiple_of(tp) {
                 return Err(arch_err(format!(
@@ -223,9 +231,10 @@ impl Arch {
             + q * c
             + usize::from(self.qkv_bias) * (q + 2 * kv)
             + usize::from(self.out_bias) * c;
-        let mlp = match self.mlp {
-            MlpKind::Gelu => 2 * c * f + usize::from(self.mlp_bias) * (f + c),
-            MlpKind::SwiGlu => 3 * c * f + usize::from(self.mlp_bias) * (2 * f + c),
+        let mlp = match (&self.moe, self.mlp) {
+            (Some(moe), _) => moe.parameter_count(c),
+            (None, MlpKind::Gelu) => 2 * c * f + usize::from(self.mlp_bias) * (f + c),
+            (None, MlpKind::SwiGlu) => 3 * c * f + usize::from(self.mlp_bias) * (2 * f + c),
         };
         let tables = table_rows * c * if self.tie_embeddings { 1 } else { 2 };
         let positions = match self.positions {
@@ -233,6 +242,94 @@ impl Arch {
             Positions::Rotary { .. } => 0,
         };
         tables + positions + cfg.layers * (2 * norm + attn + mlp) + norm
+    }
+}
+
+/// What makes a block's MLP a mixture of experts (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeArch {
+    /// Routed experts per block.
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// The k routing weights are divided by their sum (Mixtral; Qwen2-MoE's `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Hidden width of each routed expert.
+    pub expert_width: usize,
+    /// Hidden width of a shared expert every token visits, scaled by `sigmoid(x w)`.
+    pub shared_width: Option<usize>,
+    /// Weight of the load-balancing loss in the training loss.
+    pub aux_loss_coef: f64,
+}
+
+fn moe_err(detail: String) -> TensorError {
+    TensorError::Shape {
+        op: "MoeArch::validate",
+        shapes: "-".into(),
+        sbps: "-".into(),
+        detail,
+    }
+}
+
+impl MoeArch {
+    /// Checks the sizes against each other and the tensor-parallel degree `tp`.
+    pub fn validate(&self, tp: usize) -> Result<()> {
+        if self.experts == 0 {
+            return Err(moe_err(
+                "a mixture of experts needs at least 1 expert".into(),
+            ));
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(moe_err(format!(
+                "the router's top-k {} must be between 1 and the expert count {}",
+                self.top_k, self.experts
+            )));
+        }
+        for (what, w) in [
+            ("expert width", Some(self.expert_width)),
+            ("shared expert width", self.shared_width),
+        ] {
+            match w {
+                Some(0) => return Err(moe_err(format!("the {what} must be at least 1"))),
+                Some(w) if !w.is_multiple_of(tp) => {
+                    return Err(moe_err(format!(
+                        "the {what} {w} must be divisible by the tensor-parallel degree {tp}"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        if !(self.aux_loss_coef.is_finite() && self.aux_loss_coef >= 0.0) {
+            return Err(moe_err(format!(
+                "the router's auxiliary loss coefficient {} is not a finite number >= 0",
+                self.aux_loss_coef
+            )));
+        }
+        Ok(())
+    }
+
+    /// Parameters of one block's mixture for width `c`.
+    pub fn parameter_count(&self, c: usize) -> usize {
+        let shared = self.shared_width.map_or(0, |s| 3 * c * s + c);
+        c * self.experts + self.experts * 3 * c * self.expert_width + shared
+    }
+
+    /// `(name, shape)` of one block's mixture parameters under `name`, in `parameters()` order.
+    pub fn parameter_shapes(&self, name: &str, c: usize) -> Vec<(String, Vec<usize>)> {
+        let mut v = vec![(format!("{name}.router.weight"), vec![c, self.experts])];
+        let swiglu = |v: &mut Vec<(String, Vec<usize>)>, at: String, f: usize| {
+            v.push((format!("{at}.gate.weight"), vec![c, f]));
+            v.push((format!("{at}.up.weight"), vec![c, f]));
+            v.push((format!("{at}.down.weight"), vec![f, c]));
+        };
+        for e in 0..self.experts {
+            swiglu(&mut v, format!("{name}.experts.{e}"), self.expert_width);
+        }
+        if let Some(s) = self.shared_width {
+            swiglu(&mut v, format!("{name}.shared"), s);
+            v.push((format!("{name}.shared_gate.weight"), vec![c, 1]));
+        }
+        v
     }
 }
 

@@ -8,11 +8,13 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::super::init::param_seed;
-use super::super::linear::{Linear, Parallel};
+use super::super::linear::Linear;
 use super::super::param::{Module, Parameter};
-use super::arch::{Arch, MlpKind};
+use super::arch::Arch;
 use super::attention::{CausalSelfAttention, KvSlot};
-use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::config::{GptConfig, GptLayout};
+use super::mlp::GptMlp;
+use super::moe::{MoeMlp, RouterLog};
 use super::norm::Norm;
 use crate::nn::Pass;
 
@@ -53,81 +55,6 @@ impl Pass {
     }
 }
 
-/// The MLP of a block. GELU: `name.fc` `[C, F]` (column-parallel) -> GELU -> `name.proj`
-/// `[F, C]` (row-parallel). SwiGLU: `name.gate` and `name.up` `[C, F]` (column-parallel) ->
-/// `silu(gate) * up` -> `name.down` `[F, C]` (row-parallel); `fc` is `up`, `proj` is `down`.
-#[derive(Clone, Debug)]
-pub struct GptMlp {
-    pub fc: Linear,
-    pub gate: Option<Linear>,
-    pub proj: Linear,
-}
-
-impl GptMlp {
-    pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<GptMlp> {
-        let (c, f) = (cfg.width, arch.ffn(cfg));
-        let opts = |parallel| layout.linear_biased(cfg, parallel, arch.mlp_bias);
-        let (column, row) = (
-            opts(Parallel::Column(TP_AXIS)),
-            opts(Parallel::Row(TP_AXIS)),
-        );
-        let (fc, proj, gate) = match arch.mlp {
-            MlpKind::Gelu => ("fc", "proj", None),
-            MlpKind::SwiGlu => ("up", "down", Some("gate")),
-        };
-        Ok(GptMlp {
-            gate: gate
-                .map(|g| Linear::new(&format!("{name}.{g}"), c, f, &column))
-                .transpose()?,
-            fc: Linear::new(&format!("{name}.{fc}"), c, f, &column)?,
-            proj: Linear::new(&format!("{name}.{proj}"), f, c, &row)?,
-        })
-    }
-
-    /// The hidden activation of h (whole on the tensor-parallel axis): `gelu(fc(h))`, or
-    /// `silu(gate(h)) * up(h)` (one fused op, `oxiflow_ops::swiglu`).
-    pub fn hidden(&self, h: &Tensor) -> Result<Tensor> {
-        match &self.gate {
-            None => self.fc.forward_gelu(h),
-            Some(gate) => oxiflow_ops::swiglu::swiglu(&gate.forward(h)?, &self.fc.forward(h)?),
-        }
-    }
-
-    /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
-    /// layers compute with weights and biases whole on every rank (no tensor parallelism;
-    /// ZeRO-3 shards are gathered); None otherwise (the layers compose). `recompute_hidden`:
-    /// GELU's output is computed again in the backward instead of kept.
-    pub fn fused_residual(
-        &self,
-        h: &Tensor,
-        residual: &Tensor,
-        recompute_hidden: bool,
-    ) -> Result<Option<Tensor>> {
-        let (Some(b_fc), Some(b_proj), None) = (&self.fc.bias, &self.proj.bias, &self.gate) else {
-            return Ok(None);
-        };
-        if self.proj.is_partial() {
-            return Ok(None);
-        }
-        // The values the layers compute with (a ZeRO-3 shard gathered whole).
-        let w = [&self.fc.weight, b_fc, &self.proj.weight, b_proj]
-            .map(Parameter::compute)
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        if w.iter().any(|t| t.has_sbp_over_ranks(|s| s != Sbp::B)) {
-            return Ok(None);
-        }
-        Ok(Some(h.residual_mlp_with(
-            &w[0],
-            &w[1],
-            &w[2],
-            &w[3],
-            residual,
-            recompute_hidden,
-        )?))
-    }
-}
-
 /// A row-parallel projection whose partial sums are reduced straight into `stream` on the
 /// tensor-parallel axis (B: all-reduce; S(1): reduce-scatter along the sequence), then biased;
 /// a weight whole on that axis is one fused op (the bias in the product's epilogue).
@@ -142,13 +69,20 @@ fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Re
     }
 }
 
+/// A block's MLP: dense, or a mixture of experts.
+#[derive(Clone, Debug)]
+pub enum BlockMlp {
+    Dense(GptMlp),
+    Moe(MoeMlp),
+}
+
 /// `name.ln1`, `name.attn`, `name.ln2`, `name.mlp`.
 #[derive(Clone, Debug)]
 pub struct Block {
     pub ln1: Norm,
     pub attn: CausalSelfAttention,
     pub ln2: Norm,
-    pub mlp: GptMlp,
+    pub mlp: BlockMlp,
     name: String,
 }
 
@@ -159,7 +93,12 @@ impl Block {
             ln1: ln(&format!("{name}.ln1"))?,
             attn: CausalSelfAttention::with_arch(&format!("{name}.attn"), cfg, arch, layout)?,
             ln2: ln(&format!("{name}.ln2"))?,
-            mlp: GptMlp::new(&format!("{name}.mlp"), cfg, arch, layout)?,
+            mlp: match &arch.moe {
+                None => BlockMlp::Dense(GptMlp::new(&format!("{name}.mlp"), cfg, arch, layout)?),
+                Some(moe) => {
+                    BlockMlp::Moe(MoeMlp::new(&format!("{name}.mlp"), cfg, arch, moe, layout)?)
+                }
+            },
             name: name.to_string(),
         })
     }
@@ -169,7 +108,8 @@ impl Block {
     /// region gathers its input to B and reduces its output back into `stream`.
     /// Under `Recompute::Full` the whole block, under `Selective` its attention sublayer, keeps
     /// only its input for the backward pass and runs again there (dropout masks are keyed by
-    /// the step, so the rerun draws the same ones).
+    /// the step, so the rerun draws the same ones). A mixture of experts' routing statistics
+    /// are dropped (see [`Block::forward_routed`]).
     pub fn forward(
         &self,
         x: &Tensor,
@@ -179,7 +119,36 @@ impl Block {
         pass: Pass,
         recompute: Recompute,
     ) -> Result<Tensor> {
+        let mut log = RouterLog::default();
+        self.forward_routed(x, cfg, layout, stream, pass, recompute, &mut log)
+    }
+
+    /// [`Block::forward`], adding a mixture of experts' routing statistics to `log`. A
+    /// mixture's block refuses `Recompute::Full` (its statistics would carry no gradient).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_routed(
+        &self,
+        x: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        pass: Pass,
+        recompute: Recompute,
+        log: &mut RouterLog,
+    ) -> Result<Tensor> {
         if recompute == Recompute::Full {
+            if let BlockMlp::Moe(_) = self.mlp {
+                return Err(TensorError::Shape {
+                    op: "Block::forward",
+                    shapes: x.shape().to_string(),
+                    sbps: format!("{:?}", x.nd_sbp()),
+                    detail: format!(
+                        "{}: full recomputation of a mixture-of-experts block is not supported \
+                         (use selective recomputation)",
+                        self.name
+                    ),
+                });
+            }
             let (b, cfg, layout) = (self.clone(), cfg.clone(), layout.clone());
             return oxiflow_tensor::recompute(&[x], move |v| {
                 b.forward(&v[0], &cfg, &layout, stream, pass, Recompute::None)
@@ -191,7 +160,7 @@ impl Block {
         } else {
             self.attention_part(x, layout, stream)?
         };
-        self.after_attention(x, &a, cfg, layout, stream, pass, recompute)
+        self.after_attention(x, &a, cfg, layout, stream, pass, recompute, log)
     }
 
     /// [`Block::forward`] in evaluation of the next positions of the sequences whose keys and
@@ -211,7 +180,17 @@ impl Block {
             layout,
             stream,
         )?;
-        self.after_attention(x, &a, cfg, layout, stream, Pass::Eval, Recompute::None)
+        let mut log = RouterLog::default();
+        self.after_attention(
+            x,
+            &a,
+            cfg,
+            layout,
+            stream,
+            Pass::Eval,
+            Recompute::None,
+            &mut log,
+        )
     }
 
     /// The rest of the block after the attention sublayer's output `a` (reduced into
@@ -226,20 +205,29 @@ impl Block {
         stream: Sbp,
         pass: Pass,
         recompute: Recompute,
+        log: &mut RouterLog,
     ) -> Result<Tensor> {
         // The residual add and ln2 are one op, which gives the sum too.
         let a = pass.dropout(cfg, &format!("{}.attn", self.name), a)?;
         let (x, h) = self.ln2.forward_residual(x, &a)?;
         let h = layout.relayout(&h, Sbp::B)?;
         let site = format!("{}.mlp", self.name);
-        if pass.dropout_at(cfg, &site).is_none() {
-            let recompute_hidden = recompute == Recompute::Gelu;
-            if let Some(y) = self.mlp.fused_residual(&h, &x, recompute_hidden)? {
-                return layout.relayout(&y, stream);
+        let m = match &self.mlp {
+            BlockMlp::Dense(mlp) => {
+                if pass.dropout_at(cfg, &site).is_none() {
+                    let recompute_hidden = recompute == Recompute::Gelu;
+                    if let Some(y) = mlp.fused_residual(&h, &x, recompute_hidden)? {
+                        return layout.relayout(&y, stream);
+                    }
+                }
+                row_parallel(&mlp.proj, &mlp.hidden(&h)?, layout, stream)?
             }
-        }
-        let h = self.mlp.hidden(&h)?;
-        let m = row_parallel(&self.mlp.proj, &h, layout, stream)?;
+            BlockMlp::Moe(moe) => {
+                let (y, stats) = moe.forward(&h)?;
+                log.add(stats)?;
+                layout.relayout(&y, stream)?
+            }
+        };
         x.add(&pass.dropout(cfg, &site, &m)?)
     }
 }
@@ -249,15 +237,6 @@ impl Block {
     fn attention_part(&self, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Result<Tensor> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
         row_parallel(&self.attn.proj, &self.attn.attend(&h)?, layout, stream)
-    }
-}
-
-impl Module for GptMlp {
-    fn parameters(&self) -> Vec<Parameter> {
-        let mut v: Vec<Parameter> = self.gate.iter().flat_map(|g| g.parameters()).collect();
-        v.extend(self.fc.parameters());
-        v.extend(self.proj.parameters());
-        v
     }
 }
 
@@ -275,6 +254,15 @@ pub enum Recompute {
     /// backward computes it again from the kept pre-activation, one element-wise pass a block
     /// (a tensor-parallel MLP, composed of its layers, keeps it).
     Gelu,
+}
+
+impl Module for BlockMlp {
+    fn parameters(&self) -> Vec<Parameter> {
+        match self {
+            BlockMlp::Dense(m) => m.parameters(),
+            BlockMlp::Moe(m) => m.parameters(),
+        }
+    }
 }
 
 impl Module for Block {

@@ -1,4 +1,5 @@
-//! The decoder family on global tensors: GPT-2, Llama, Qwen2 and Mistral are one model
+//! The decoder family on global tensors: GPT-2, Llama, Qwen2, Mistral, Mixtral and Qwen2-MoE
+//! are one model
 //! (`Gpt`) parameterised by `Arch` (norm, positions, MLP, grouped-query attention, biases,
 //! tied or untied output table) over the sizes of `GptConfig` (the vocabulary padded to an
 //! aligned table, the padding outside the loss). On a `[dp, tp]` mesh the batch is split over `dp`; Megatron tensor
@@ -12,20 +13,24 @@ mod attention;
 mod block;
 mod config;
 mod decode;
+mod mlp;
 mod model;
+mod moe;
 mod norm;
 mod rope;
 mod stages;
 
 pub use super::Pass;
-pub use arch::{Arch, MlpKind, NormKind, Positions, RopeScaling, LN_EPS};
+pub use arch::{Arch, MlpKind, MoeArch, NormKind, Positions, RopeScaling, LN_EPS};
 pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
-pub use block::{Block, GptMlp, Recompute};
+pub use block::{Block, BlockMlp, Recompute};
 pub use config::{
     padded_vocab, GptConfig, GptLayout, CP_AXIS, DEFAULT_VOCAB_MULTIPLE, DP_AXIS, TP_AXIS,
 };
 pub use decode::KvCache;
+pub use mlp::GptMlp;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};
+pub use moe::{MoeMlp, RouterLog, RouterStats};
 pub use norm::Norm;
 pub use rope::Rope;
 pub use stages::StageSplit;

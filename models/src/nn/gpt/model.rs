@@ -17,6 +17,7 @@ use super::super::param::{Module, Parameter};
 use super::arch::{Arch, MlpKind, NormKind, Positions};
 use super::block::{Block, Recompute};
 use super::config::{GptConfig, GptLayout};
+use super::moe::RouterLog;
 use super::norm::Norm;
 use super::stages::StageSplit;
 use crate::nn::Pass;
@@ -158,6 +159,10 @@ impl Gpt {
             }
             linear(&mut v, format!("{h}.attn.proj"), q, c, arch.out_bias);
             norm(&mut v, &format!("{h}.ln2"));
+            if let Some(moe) = &arch.moe {
+                v.extend(moe.parameter_shapes(&format!("{h}.mlp"), c));
+                continue;
+            }
             let (up, down) = match arch.mlp {
                 MlpKind::Gelu => ("fc", "proj"),
                 MlpKind::SwiGlu => {
@@ -263,6 +268,17 @@ impl Gpt {
 
     /// The blocks of virtual stage `g` on the residual stream `x` (on that stage's layout).
     pub fn run_chunk(&self, g: usize, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        self.run_chunk_routed(g, x, pass, &mut RouterLog::default())
+    }
+
+    /// [`Gpt::run_chunk`], adding the routing statistics of mixture-of-experts blocks to `log`.
+    pub fn run_chunk_routed(
+        &self,
+        g: usize,
+        x: &Tensor,
+        pass: Pass,
+        log: &mut RouterLog,
+    ) -> Result<Tensor> {
         let layout = self.split.chunk_layout(g);
         let stream = self.stream();
         let mut x = x.clone();
@@ -278,7 +294,7 @@ impl Gpt {
                 self.ln_f.prefetch()?;
             }
             let b = &self.blocks[i];
-            x = b.forward(&x, &self.cfg, layout, stream, pass, self.recompute)?;
+            x = b.forward_routed(&x, &self.cfg, layout, stream, pass, self.recompute, log)?;
         }
         Ok(x)
     }
@@ -357,13 +373,18 @@ impl Gpt {
     /// first stage) -> logits `[B, T, table_rows]` (on the last stage). Between pipeline stages the
     /// stream moves with `to_global`, and the tied table goes to the last stage the same way.
     pub fn forward(&self, ids: &Tensor, pass: Pass) -> Result<Tensor> {
-        let (x, wte) = self.stream_out(ids, pass)?;
+        let (x, wte) = self.stream_out(ids, pass, &mut RouterLog::default())?;
         self.head(&x, &wte)
     }
 
     /// ids -> the residual stream after the last block and the output table, both on the
-    /// last stage.
-    fn stream_out(&self, ids: &Tensor, pass: Pass) -> Result<(Tensor, Tensor)> {
+    /// last stage; mixture-of-experts blocks add their routing statistics to `log`.
+    fn stream_out(
+        &self,
+        ids: &Tensor,
+        pass: Pass,
+        log: &mut RouterLog,
+    ) -> Result<(Tensor, Tensor)> {
         // One value of the token table for both uses when tied (gathered once if stored
         // sharded).
         let wte = self.wte.weight.compute()?;
@@ -374,7 +395,7 @@ impl Gpt {
                     x = x.to_global(&p, nd)?;
                 }
             }
-            x = self.run_chunk(g, &x, pass)?;
+            x = self.run_chunk_routed(g, &x, pass, log)?;
         }
         let table = match &self.lm_head {
             Some(h) => h.weight.compute()?,
@@ -403,17 +424,50 @@ impl Gpt {
             .mean_all()
     }
 
-    /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d tensor).
+    /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d
+    /// tensor), plus the router's auxiliary loss times its coefficient in training passes of
+    /// a mixture of experts ([`Gpt::loss_parts`]).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<Tensor> {
-        let (x, wte) = self.stream_out_for("Gpt::loss", ids, targets, pass)?;
-        self.head_loss(&x, &wte, targets)
+        let (ce, aux) = self.loss_parts(ids, targets, pass)?;
+        match (aux, &self.arch.moe) {
+            (Some(aux), Some(moe)) if pass != Pass::Eval && moe.aux_loss_coef > 0.0 => {
+                ce.add(&aux.mul_scalar(moe.aux_loss_coef)?.cast(ce.dtype())?)
+            }
+            _ => Ok(ce),
+        }
+    }
+
+    /// The mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` and, for
+    /// a mixture of experts, the router's load-balancing loss over every block (without its
+    /// coefficient; see [`RouterLog::aux_loss`]).
+    pub fn loss_parts(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        pass: Pass,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let mut log = RouterLog::default();
+        let (x, wte) = self.stream_out_for("Gpt::loss", ids, targets, pass, &mut log)?;
+        Ok((self.head_loss(&x, &wte, targets)?, log.aux_loss()?))
     }
 
     /// The summed next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d
     /// tensor on the last stage) and the number of tokens it sums over: what an evaluation
     /// over batches of any size adds up.
     pub fn loss_sum(&self, ids: &Tensor, targets: &Tensor, pass: Pass) -> Result<(Tensor, usize)> {
-        let (x, table) = self.stream_out_for("Gpt::loss_sum", ids, targets, pass)?;
+        self.loss_sum_routed(ids, targets, pass, &mut RouterLog::default())
+    }
+
+    /// [`Gpt::loss_sum`], adding the routing statistics of mixture-of-experts blocks to `log`
+    /// (an evaluation's load-balancing loss over all its batches).
+    pub fn loss_sum_routed(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        pass: Pass,
+        log: &mut RouterLog,
+    ) -> Result<(Tensor, usize)> {
+        let (x, table) = self.stream_out_for("Gpt::loss_sum", ids, targets, pass, log)?;
         self.head_loss_sum(&x, &table, targets)
     }
 
@@ -424,6 +478,7 @@ impl Gpt {
         ids: &Tensor,
         targets: &Tensor,
         pass: Pass,
+        log: &mut RouterLog,
     ) -> Result<(Tensor, Tensor)> {
         if targets.shape() != ids.shape() {
             return Err(TensorError::Shape {
@@ -433,7 +488,7 @@ impl Gpt {
                 detail: "targets must have the ids' shape".into(),
             });
         }
-        self.stream_out(ids, pass)
+        self.stream_out(ids, pass, log)
     }
 }
 

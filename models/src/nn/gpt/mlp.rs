@@ -1,0 +1,96 @@
+//! `GptMlp`: the dense MLP of a decoder block (GELU or SwiGLU), Megatron tensor-parallel on
+//! the tensor-parallel axis, and the fused residual MLP where its weights are whole.
+
+use oxiflow_sbp::Sbp;
+
+use crate::Result;
+use oxiflow_tensor::Tensor;
+
+use super::super::linear::{Linear, Parallel};
+use super::super::param::{Module, Parameter};
+use super::arch::{Arch, MlpKind};
+use super::config::{GptConfig, GptLayout, TP_AXIS};
+
+/// The MLP of a block. GELU: `name.fc` `[C, F]` (column-parallel) -> GELU -> `name.proj`
+/// `[F, C]` (row-parallel). SwiGLU: `name.gate` and `name.up` `[C, F]` (column-parallel) ->
+/// `silu(gate) * up` -> `name.down` `[F, C]` (row-parallel); `fc` is `up`, `proj` is `down`.
+#[derive(Clone, Debug)]
+pub struct GptMlp {
+    pub fc: Linear,
+    pub gate: Option<Linear>,
+    pub proj: Linear,
+}
+
+impl GptMlp {
+    pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<GptMlp> {
+        let (c, f) = (cfg.width, arch.ffn(cfg));
+        let opts = |parallel| layout.linear_biased(cfg, parallel, arch.mlp_bias);
+        let (column, row) = (
+            opts(Parallel::Column(TP_AXIS)),
+            opts(Parallel::Row(TP_AXIS)),
+        );
+        let (fc, proj, gate) = match arch.mlp {
+            MlpKind::Gelu => ("fc", "proj", None),
+            MlpKind::SwiGlu => ("up", "down", Some("gate")),
+        };
+        Ok(GptMlp {
+            gate: gate
+                .map(|g| Linear::new(&format!("{name}.{g}"), c, f, &column))
+                .transpose()?,
+            fc: Linear::new(&format!("{name}.{fc}"), c, f, &column)?,
+            proj: Linear::new(&format!("{name}.{proj}"), f, c, &row)?,
+        })
+    }
+
+    /// The hidden activation of h (whole on the tensor-parallel axis): `gelu(fc(h))`, or
+    /// `silu(gate(h)) * up(h)` (one fused op, `oxiflow_ops::swiglu`).
+    pub fn hidden(&self, h: &Tensor) -> Result<Tensor> {
+        match &self.gate {
+            None => self.fc.forward_gelu(h),
+            Some(gate) => oxiflow_ops::swiglu::swiglu(&gate.forward(h)?, &self.fc.forward(h)?),
+        }
+    }
+
+    /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
+    /// layers compute with weights and biases whole on every rank (no tensor parallelism;
+    /// ZeRO-3 shards are gathered); None otherwise (the layers compose). `recompute_hidden`:
+    /// GELU's output is computed again in the backward instead of kept.
+    pub fn fused_residual(
+        &self,
+        h: &Tensor,
+        residual: &Tensor,
+        recompute_hidden: bool,
+    ) -> Result<Option<Tensor>> {
+        let (Some(b_fc), Some(b_proj), None) = (&self.fc.bias, &self.proj.bias, &self.gate) else {
+            return Ok(None);
+        };
+        if self.proj.is_partial() {
+            return Ok(None);
+        }
+        // The values the layers compute with (a ZeRO-3 shard gathered whole).
+        let w = [&self.fc.weight, b_fc, &self.proj.weight, b_proj]
+            .map(Parameter::compute)
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        if w.iter().any(|t| t.has_sbp_over_ranks(|s| s != Sbp::B)) {
+            return Ok(None);
+        }
+        Ok(Some(h.residual_mlp_with(
+            &w[0],
+            &w[1],
+            &w[2],
+            &w[3],
+            residual,
+            recompute_hidden,
+        )?))
+    }
+}
+
+impl Module for GptMlp {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut v: Vec<Parameter> = self.gate.iter().flat_map(|g| g.parameters()).collect();
+        v.extend(self.fc.parameters());
+        v.extend(self.proj.parameters());
+        v
+    }
+}

@@ -1,0 +1,213 @@
+//! The mixture-of-experts MLP of a block (Mixtral, Qwen2-MoE): a router (a linear map to one
+//! logit per expert, softmax, the top k, optionally renormalised), SwiGLU experts each token
+//! visits through its k routes (dropless: every route computes), and an optional shared expert
+//! every token visits, scaled by a sigmoid gate. The experts' matrices split over the
+//! tensor-parallel axis like the dense MLP's (gate and up column-parallel, down row-parallel);
+//! tokens stay on their data-parallel rank. Each block's routing statistics (`RouterStats`)
+//! feed the Switch load-balancing loss over all blocks (`RouterLog::aux_loss`), as
+//! transformers' `load_balancing_loss_func` computes it.
+
+use oxiflow_dtype::DType;
+use oxiflow_ops::moe::{expert_matmul, router_topk};
+use oxiflow_ops::swiglu::swiglu;
+use oxiflow_tensor::Tensor;
+
+use crate::{Result, TensorError};
+
+use super::super::linear::{Linear, Parallel};
+use super::super::param::{Module, Parameter};
+use super::arch::{Arch, MlpKind, MoeArch};
+use super::config::{GptConfig, GptLayout};
+use super::mlp::GptMlp;
+
+/// One block's routing: the rows routed to each expert `[experts]` (no gradient) and the sum
+/// of each expert's router probability over the tokens `[experts]`, over `rows` tokens.
+#[derive(Clone, Debug)]
+pub struct RouterStats {
+    pub counts: Tensor,
+    pub probs: Tensor,
+    pub rows: usize,
+}
+
+/// The routing statistics of the blocks a forward pass ran (summed), and what the
+/// load-balancing loss reads.
+#[derive(Clone, Debug, Default)]
+pub struct RouterLog {
+    sum: Option<RouterStats>,
+    experts: usize,
+}
+
+impl RouterLog {
+    /// Adds one block's statistics (moved onto the first block's placement when a pipeline
+    /// stage of its own computed them).
+    pub fn add(&mut self, s: RouterStats) -> Result<()> {
+        self.experts = s.counts.shape().numel();
+        self.sum = Some(match self.sum.take() {
+            None => s,
+            Some(t) => RouterStats {
+                counts: t.counts.add(&alike(&s.counts, &t.counts)?)?,
+                probs: t.probs.add(&alike(&s.probs, &t.probs)?)?,
+                rows: t.rows + s.rows,
+            },
+        });
+        Ok(())
+    }
+
+    /// Adds every block's statistics of `other`.
+    pub fn extend(&mut self, other: RouterLog) -> Result<()> {
+        match other.sum {
+            Some(s) => self.add(s),
+            None => Ok(()),
+        }
+    }
+
+    /// The Switch load-balancing loss over every block and token logged (a 0-d tensor, None
+    /// when no mixture ran): `experts * sum_e (routes_e / rows) (probability_e / rows)`, each
+    /// sum over blocks and tokens (transformers' `load_balancing_loss_func`).
+    pub fn aux_loss(&self) -> Result<Option<Tensor>> {
+        let Some(s) = &self.sum else {
+            return Ok(None);
+        };
+        let scale = self.experts as f64 / (s.rows.max(1) as f64).powi(2);
+        Ok(Some(s.counts.mul(&s.probs)?.sum_all()?.mul_scalar(scale)?))
+    }
+}
+
+/// `t` on the placement and nd-SBP of `like` (itself when `like` is local or `t` is on its
+/// placement already).
+fn alike(t: &Tensor, like: &Tensor) -> Result<Tensor> {
+    match (like.placement(), like.nd_sbp()) {
+        (Some(p), Some(nd)) if t.placement() != Some(p) => t.to_global(p, nd.clone()),
+        _ => Ok(t.clone()),
+    }
+}
+
+/// A block's mixture of experts: `name.router` `[C, E]`, `name.experts.{e}` SwiGLU MLPs,
+/// and optionally `name.shared` (SwiGLU) with `name.shared_gate` `[C, 1]`.
+#[derive(Clone, Debug)]
+pub struct MoeMlp {
+    pub router: Linear,
+    pub experts: Vec<GptMlp>,
+    pub shared: Option<(GptMlp, Linear)>,
+    pub moe: MoeArch,
+}
+
+impl MoeMlp {
+    pub fn new(
+        name: &str,
+        cfg: &GptConfig,
+        arch: &Arch,
+        moe: &MoeArch,
+        layout: &GptLayout,
+    ) -> Result<MoeMlp> {
+        let c = cfg.width;
+        let replicated = layout.linear_biased(cfg, Parallel::Replicated, false);
+        let swiglu = |at: String, width: usize| {
+            let a = Arch {
+                mlp: MlpKind::SwiGlu,
+                ffn_width: Some(width),
+                mlp_bias: false,
+                ..arch.clone()
+            };
+            GptMlp::new(&at, cfg, &a, layout)
+        };
+        let experts = (0..moe.experts)
+            .map(|e| swiglu(format!("{name}.experts.{e}"), moe.expert_width))
+            .collect::<Result<Vec<_>>>()?;
+        let shared = match moe.shared_width {
+            Some(s) => Some((
+                swiglu(format!("{name}.shared"), s)?,
+                Linear::new(&format!("{name}.shared_gate"), c, 1, &replicated)?,
+            )),
+            None => None,
+        };
+        Ok(MoeMlp {
+            router: Linear::new(&format!("{name}.router"), c, moe.experts, &replicated)?,
+            experts,
+            shared,
+            moe: moe.clone(),
+        })
+    }
+
+    /// h `[B, T, C]` (whole on the tensor-parallel axis) -> the mixture's output `[B, T, C]`
+    /// (a partial sum on that axis when the experts are split over it) and the block's
+    /// routing statistics.
+    pub fn forward(&self, h: &Tensor) -> Result<(Tensor, RouterStats)> {
+        let dims = h.shape().dims().to_vec();
+        let [b, t, c] = dims[..] else {
+            return Err(TensorError::Shape {
+                op: "MoeMlp::forward",
+                shapes: h.shape().to_string(),
+                sbps: format!("{:?}", h.nd_sbp()),
+                detail: "the input must be [B, T, C]".into(),
+            });
+        };
+        let (n, k) = (b * t, self.moe.top_k);
+        let x = h.reshape([n, c])?;
+        // The router in f32 at least (as transformers computes its softmax).
+        let logits = self.router.forward(&x)?;
+        let logits = match logits.dtype() {
+            DType::F64 | DType::F32 => logits,
+            _ => logits.cast(DType::F32)?,
+        };
+        let probs = logits.softmax(-1)?;
+        let (ids, counts) = router_topk(&probs.detach(), k)?;
+        let mut weights = probs.gather(1, &ids)?;
+        if self.moe.renormalize {
+            weights = weights.div(&weights.sum(&[-1], true)?)?;
+        }
+        let weights = weights.cast(x.dtype())?.reshape([n, k, 1])?;
+        // Each token once per route, routes in row order.
+        let x3 = x.reshape([n, 1, c])?;
+        let rows = Tensor::concat(&vec![&x3; k], 1)?.reshape([n * k, c])?;
+        let routes = ids.reshape([n * k])?;
+        let gate = expert_matmul(&rows, &routes, &self.matrices(|e| e.gate.as_ref())?, false)?;
+        let up = expert_matmul(&rows, &routes, &self.matrices(|e| Some(&e.fc))?, false)?;
+        let hidden = swiglu(&gate, &up)?;
+        let down = self.matrices(|e| Some(&e.proj))?;
+        let out = expert_matmul(&hidden, &routes, &down, false)?;
+        let mut y = out.reshape([n, k, c])?.mul(&weights)?.sum(&[1], false)?;
+        if let Some((mlp, gate)) = &self.shared {
+            let s = mlp.proj.forward(&mlp.hidden(&x)?)?;
+            y = y.add(&s.mul(&gate.forward(&x)?.sigmoid()?)?)?;
+        }
+        let stats = RouterStats {
+            counts,
+            probs: probs.sum(&[0], false)?,
+            rows: n,
+        };
+        Ok((y.reshape([b, t, c])?, stats))
+    }
+}
+
+impl MoeMlp {
+    /// The values of one matrix of every expert (`pick`: gate, up or down).
+    fn matrices(&self, pick: impl Fn(&GptMlp) -> Option<&Linear>) -> Result<Vec<Tensor>> {
+        self.experts
+            .iter()
+            .map(|e| {
+                pick(e)
+                    .ok_or_else(|| TensorError::Shape {
+                        op: "MoeMlp::forward",
+                        shapes: "-".into(),
+                        sbps: "-".into(),
+                        detail: "an expert is not a SwiGLU MLP".into(),
+                    })?
+                    .weight
+                    .compute()
+            })
+            .collect()
+    }
+}
+
+impl Module for MoeMlp {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut v = self.router.parameters();
+        v.extend(self.experts.iter().flat_map(Module::parameters));
+        if let Some((mlp, gate)) = &self.shared {
+            v.extend(mlp.parameters());
+            v.extend(gate.parameters());
+        }
+        v
+    }
+}

@@ -21,9 +21,7 @@ pub use super::Pass;
 pub use arch::{Arch, MlpKind, NormKind, Positions, RopeScaling, LN_EPS};
 pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
 pub use block::{Block, GptMlp, Recompute};
-pub use config::{
-    padded_vocab, GptConfig, GptLayout, CP_AXIS, DEFAULT_VOCAB_MULTIPLE, DP_AXIS, TP_AXIS,
-};
+pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
 pub use decode::KvCache;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};
 pub use norm::Norm;

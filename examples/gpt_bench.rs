@@ -31,6 +31,7 @@ use oxiflow::cuda::{self, MatmulPrecision};
 use oxiflow::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
+use oxiflow::placement::{NamedMesh, DP, TP};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
@@ -274,6 +275,7 @@ fn main() -> R<()> {
     });
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
+    let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;
     let cfg = GptConfig {
         vocab: a.vocab,
         vocab_multiple: a.vocab_multiple,
@@ -302,7 +304,7 @@ fn main() -> R<()> {
     let mut model = Gpt::with_arch(
         &cfg,
         &arch,
-        StageSplit::single(a.layers, &GptLayout::Mesh(placement.clone())),
+        StageSplit::single(a.layers, &GptLayout::Mesh(mesh.clone())),
     )?;
     model.recompute = a.recompute.into();
     if a.precision == PrecisionPolicy::Bf16Mixed {
@@ -329,7 +331,8 @@ fn main() -> R<()> {
         },
     )
     .with_zero(
-        Zero::new(a.zero, 0)?.with_gather_bytes(mib(a.gather_bucket_mb, "--gather-bucket-mb")?),
+        Zero::over(a.zero, &mesh)?
+            .with_gather_bytes(mib(a.gather_bucket_mb, "--gather-bucket-mb")?),
     )?
     .with_weight_decay(decay)?
     .with_in_place_update(a.update_in_place == OnOff::On);

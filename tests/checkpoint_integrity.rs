@@ -12,6 +12,8 @@ use std::time::Duration;
 use catalogue_damages::{edit, edit_unsealed, poison};
 use oxiflow::checkpoint::{self, LoadOptions, Manifest, Metadata, SaveOptions};
 use oxiflow::nn::Module;
+use oxiflow::placement::{NamedMesh, DP, TP};
+use oxiflow::sbp::NdSbp;
 use oxiflow::trainer::tasks::mlp::{
     classifier as new_classifier, Classifier, ClassifierConfig as TrainConfig, OptimizerKind,
 };
@@ -317,6 +319,65 @@ fn swapped_regions_are_refused_though_they_tile() {
             ),
         "{err}"
     );
+}
+
+/// `w` saved in two pieces on the mesh `[dp 2, tp 1]` of named axes.
+fn save_on_named_mesh(p: &Path) {
+    run_ranks(2, Duration::from_secs(20), |_| {
+        let pl = Placement::range(DeviceType::Cpu, 2)
+            .and_then(|p| p.reshaped([2, 1]))
+            .unwrap();
+        let mesh = NamedMesh::of(pl.clone(), &[DP, TP]).unwrap();
+        let w = value().to_global(&pl, NdSbp::broadcast(2)).unwrap();
+        let w = w.to_global(&pl, NdSbp::new([Sbp::S(0), Sbp::B])).unwrap();
+        let opts = SaveOptions {
+            meshes: vec![mesh],
+            ..SaveOptions::default()
+        };
+        checkpoint::save_tensors(p, &[("w".into(), w)], &Metadata::new(), &opts).unwrap();
+    });
+}
+
+#[test]
+fn named_mesh_axes_are_recorded_read_back_and_checked() {
+    let p = dir("named-axes");
+    save_on_named_mesh(&p);
+    let manifest: Manifest =
+        serde_json::from_slice(&std::fs::read(p.join("manifest.json")).unwrap()).unwrap();
+    let layout = manifest.tensors["w"].layout.clone().unwrap();
+    assert_eq!(layout.axes, Some(vec!["dp".to_string(), "tp".to_string()]));
+    assert_eq!(layout.mesh_text(), "[dp 2, tp 1]");
+    assert_eq!(load_w(&p).unwrap(), arange12());
+    // A checkpoint written before axes had names (no `axes` field) still loads.
+    edit(&p, |m| {
+        m["tensors"]["w"]["layout"]
+            .as_object_mut()
+            .unwrap()
+            .remove("axes");
+    });
+    assert_eq!(load_w(&p).unwrap(), arange12());
+    // Messages about the layout name the axes.
+    save_on_named_mesh(&p);
+    edit(&p, |m| {
+        m["tensors"]["w"]["layout"]["ranks"] = json!([1, 0]);
+    });
+    let err = checkpoint_err(load_w(&p));
+    assert!(err.contains("on mesh [dp 2, tp 1] puts"), "{err}");
+    // Names that are not one distinct, non-empty name per mesh axis are refused.
+    for (axes, why) in [
+        (json!(["dp"]), "1 names for 2 mesh axes"),
+        (json!(["dp", "dp"]), "dp named twice"),
+        (json!(["dp", ""]), "an empty name \"\""),
+    ] {
+        save_on_named_mesh(&p);
+        edit(&p, |m| m["tensors"]["w"]["layout"]["axes"] = axes.clone());
+        let err = checkpoint_err(load_w(&p));
+        let shown = axes.to_string().replace(',', ", ");
+        assert!(
+            err.contains(&format!("layout axes {shown} of mesh [2, 1]: {why}")),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -143,6 +143,7 @@ fn layout_entry(mesh: &[usize], splits: &[Option<usize>]) -> LayoutEntry {
             .iter()
             .map(|s| s.map_or("B".to_string(), |d| format!("S({d})")))
             .collect(),
+        axes: None,
     }
 }
 

@@ -16,6 +16,7 @@ use oxiflow::collectives::trace::{enable_trace, write_rank_trace};
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
+use oxiflow::placement::{NamedMesh, DP, TP};
 use oxiflow::prelude::*;
 
 /// Token ids `[b, t + 1]` of step `step` below `vocab`.
@@ -44,7 +45,11 @@ fn count_step_ops() -> (BTreeMap<String, usize>, usize) {
             dtype: DType::F32,
             ..GptConfig::default()
         };
-        let model = Gpt::new(&cfg, &GptLayout::Mesh(placement.clone())).unwrap();
+        let model = Gpt::new(
+            &cfg,
+            &GptLayout::Mesh(NamedMesh::of(placement.clone(), &[DP, TP]).unwrap()),
+        )
+        .unwrap();
         model.set_compute_dtype(Some(DType::BF16));
         let params = model.parameters();
         let n = params.len();

@@ -395,6 +395,14 @@ fn token_shards_train_alike_in_both_formats_and_resume_mid_shard() {
     assert_eq!(meta["data.windows"], "160", "{meta}");
     let at = meta["data.position"].as_str().unwrap();
     assert!(at.contains("llmc_2.bin id 576 epoch 0"), "{at}");
+    // Every tensor's saved layout names the axes of the mesh it was saved on.
+    for (name, t) in manifest["tensors"].as_object().unwrap() {
+        assert_eq!(
+            t["layout"]["axes"],
+            serde_json::json!(["dp", "tp"]),
+            "{name}"
+        );
+    }
     let resumed = curve(&run(1, with(&llmc, &["--steps", "40", "--resume", cs])));
     assert_eq!(resumed.first().map(|c| c.0), Some(21));
     let diff = max_rel(&full[20..], &resumed);

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, DP_AXIS};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::{Module, Parameter};
 use oxiflow_models::optim::{Optimizer, Sgd, SgdOptions, Zero};
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::memory::{self, CountingAllocator};
 use oxiflow_tensor::{run_ranks, Tensor};
@@ -105,7 +105,10 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                 )
                 .unwrap_or_else(|e| panic!("{e}"))
             });
-            let layout = placement.clone().map_or(GptLayout::Local, GptLayout::Mesh);
+            let mesh = placement
+                .clone()
+                .map(|p| NamedMesh::of(p, &[DP, TP]).unwrap_or_else(|e| panic!("{e}")));
+            let layout = mesh.clone().map_or(GptLayout::Local, GptLayout::Mesh);
             let model = Gpt::new(&cfg, &layout)?;
             let params: Vec<Parameter> = model.parameters();
             let mut opt = Sgd::new(
@@ -117,8 +120,8 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                     weight_decay: 0.0,
                 },
             );
-            if l.zero3 {
-                opt = opt.with_zero(Zero::new(3, DP_AXIS)?)?;
+            if let (true, Some(m)) = (l.zero3, &mesh) {
+                opt = opt.with_zero(Zero::over(3, m)?)?;
             }
             let mut compiled = CompiledStep::new();
             let mut report = None;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute, DP_AXIS};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute};
 use oxiflow_models::nn::{Module, Parameter};
 use oxiflow_models::optim::{Optimizer, Sgd, SgdOptions, Zero};
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{run_ranks, Tensor};
 
@@ -96,8 +96,11 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         )
         .unwrap()
     });
-    let layout = match &placement {
-        Some(p) => GptLayout::Mesh(p.clone()),
+    let mesh = placement
+        .as_ref()
+        .map(|p| NamedMesh::of(p.clone(), &[DP, TP]).unwrap());
+    let layout = match &mesh {
+        Some(m) => GptLayout::Mesh(m.clone()),
         None => GptLayout::Local,
     };
     let mut model = Gpt::new(&config(case), &layout).unwrap();
@@ -114,8 +117,8 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
             weight_decay: 0.01,
         },
     );
-    if case.zero3 {
-        opt = opt.with_zero(Zero::new(3, DP_AXIS).unwrap()).unwrap();
+    if let (true, Some(m)) = (case.zero3, &mesh) {
+        opt = opt.with_zero(Zero::over(3, m).unwrap()).unwrap();
     }
     let mut step_fn = CompiledStep::new();
     let (mut losses, mut n_compiled, mut n_replayed) = (Vec::new(), 0, 0);

@@ -13,7 +13,7 @@ use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Zero};
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, run_ranks, Tensor};
 
@@ -67,7 +67,7 @@ fn train(
             ..GptConfig::default()
         };
         let layout = match &placement {
-            Some(p) => GptLayout::Mesh(p.clone()),
+            Some(p) => GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
             None => GptLayout::Local,
         };
         let model = Gpt::new(&cfg, &layout).unwrap();

@@ -1,12 +1,19 @@
 //! The GPT model on local tensors: output shapes, the tied input/output embedding (one
 //! parameter, reached by the output projection), causality (future tokens do not change
-//! earlier logits), configuration checks and dropout.
+//! earlier logits), configuration checks and dropout; and on a mesh with an axis the model
+//! has no use for (`ep`): whole along it, the loss one rank's.
 
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
-use oxiflow_placement::{DeviceType, Placement};
-use oxiflow_tensor::Tensor;
+use std::time::Duration;
+
+use oxiflow_models::nn::ParamPlacement;
+use oxiflow_placement::{
+    AxisRole, DeviceType, MeshAxis, MeshLayout, NamedMesh, Placement, DP, EP, PP, TP,
+};
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::{run_ranks, Tensor};
 
 fn tiny() -> GptConfig {
     GptConfig {
@@ -105,7 +112,7 @@ fn configurations_that_cannot_be_laid_out_are_refused() {
         .unwrap()
         .reshaped([1, 4])
         .unwrap();
-    let layout = GptLayout::Mesh(mesh);
+    let layout = GptLayout::Mesh(NamedMesh::of(mesh, &[DP, TP]).unwrap());
     let e = GptConfig { heads: 2, ..tiny() }
         .validate(&layout)
         .unwrap_err();
@@ -150,4 +157,60 @@ fn dropout_is_the_identity_at_zero_and_scales_what_it_keeps() {
     );
     let again = x.dropout(0.25, 1).unwrap().to_vec::<f64>().unwrap();
     assert_eq!(y, again, "the seed decides the mask");
+}
+
+#[test]
+fn an_axis_the_model_does_not_split_over_leaves_it_whole_and_the_loss_unchanged() {
+    let layout = MeshLayout::resolve(&[(DP, None), (EP, Some(2)), (TP, Some(2))], 4).unwrap();
+    let xs = [1, 5, 9, 2, 7, 3, 30, 4, 6, 8, 10, 11, 12, 13, 14, 15];
+    let ys = [5, 9, 2, 7, 3, 30, 4, 0, 8, 10, 11, 12, 13, 14, 15, 31];
+    let local = Gpt::new(&tiny(), &GptLayout::Local).unwrap();
+    let (x, y) = (ids(&xs, 2), ids(&ys, 2));
+    let want = local
+        .loss(&x, &y, Pass::Eval)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()[0];
+    let got = run_ranks(4, Duration::from_secs(120), |_| {
+        let mesh = layout.stages(DeviceType::Cpu).unwrap().remove(0);
+        let gl = GptLayout::Mesh(mesh.clone());
+        assert_eq!(mesh.axis(AxisRole::Experts), Some(1));
+        assert_eq!(
+            gl.activation_sbp(Sbp::B),
+            Some(NdSbp::new([Sbp::S(0), Sbp::B, Sbp::B]))
+        );
+        match gl.token_embedding() {
+            ParamPlacement::Global { nd_sbp, .. } => {
+                assert_eq!(nd_sbp, NdSbp::new([Sbp::B, Sbp::B, Sbp::S(0)]))
+            }
+            ParamPlacement::Local => panic!("a mesh layout gave a local parameter"),
+        }
+        let m = Gpt::new(&tiny(), &gl).unwrap();
+        let p = mesh.placement();
+        let on = |t: Tensor| t.to_global(p, NdSbp::broadcast(3)).unwrap();
+        let (x, y) = (on(ids(&xs, 2)), on(ids(&ys, 2)));
+        m.loss(&x, &y, Pass::Eval).unwrap().to_vec::<f64>().unwrap()[0]
+    });
+    for g in got {
+        assert!((g - want).abs() <= 1e-9 * want.abs(), "{g} vs {want}");
+    }
+}
+
+#[test]
+fn meshes_the_model_cannot_use_are_refused_naming_their_axes() {
+    let p = Placement::range(DeviceType::Cpu, 2).unwrap();
+    let staged = NamedMesh::new(p.clone(), vec![MeshAxis::new(PP, 2)]).unwrap();
+    let e = tiny().validate(&GptLayout::Mesh(staged)).unwrap_err();
+    assert!(e.to_string().contains("has the pipeline axis pp"), "{e}");
+    let no_heads = NamedMesh::of(p, &[DP]).unwrap();
+    let sp = GptConfig {
+        sequence_parallel: true,
+        ..tiny()
+    };
+    let e = sp.validate(&GptLayout::Mesh(no_heads)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("sequence parallelism needs a tensor-parallel axis; the mesh cpu:[0, 1] (--dp 2) has none"),
+        "{e}"
+    );
 }

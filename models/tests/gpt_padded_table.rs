@@ -9,7 +9,7 @@ use std::time::Duration;
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{padded_vocab, Gpt, GptConfig, GptLayout, Pass, TOKEN_TABLE};
 use oxiflow_models::nn::Module;
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{run_ranks, Tensor};
 
@@ -70,7 +70,11 @@ fn mesh_run(dp: usize, tp: usize, multiple: usize) -> Run {
     )
     .unwrap();
     let got = run_ranks(dp * tp, Duration::from_secs(120), |_| {
-        let m = Gpt::new(&cfg(multiple), &GptLayout::Mesh(p.clone())).unwrap();
+        let m = Gpt::new(
+            &cfg(multiple),
+            &GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
+        )
+        .unwrap();
         let rows = NdSbp::new([Sbp::S(0), Sbp::B]);
         let put = |v: Vec<i64>| {
             Tensor::from_vec(v, [B, T])

@@ -13,7 +13,7 @@ use oxiflow_dtype::DType;
 use oxiflow_models::hf::HfCheckpoint;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, StageSplit};
 use oxiflow_models::nn::Module;
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, run_ranks, Context, Tensor};
 
@@ -163,7 +163,14 @@ fn meshes_give_transformers_loss() {
         for (n, dp, tp, sp, batch) in layouts {
             let got = run_ranks(n, Duration::from_secs(120), |_| {
                 let p = mesh(0, dp, tp);
-                let m = model(name, StageSplit::single(2, &GptLayout::Mesh(p.clone())), sp);
+                let m = model(
+                    name,
+                    StageSplit::single(
+                        2,
+                        &GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
+                    ),
+                    sp,
+                );
                 eval(&m, t, batch, &|x, _| on(&p, x))
             });
             for g in got {
@@ -179,7 +186,9 @@ fn pipeline_stages_give_transformers_loss() {
         let (want, t) = expected(name);
         let got = run_ranks(4, Duration::from_secs(120), |_| {
             let (a, b) = (mesh(0, 1, 2), mesh(2, 1, 2));
-            let layouts = vec![GptLayout::Mesh(a.clone()), GptLayout::Mesh(b.clone())];
+            let layouts = [&a, &b]
+                .map(|p| GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()))
+                .to_vec();
             let m = model(name, StageSplit::new(2, layouts, 1).unwrap(), false);
             eval(&m, t, 4, &|x, input| on(if input { &a } else { &b }, x))
         });

@@ -10,7 +10,7 @@
 
 use oxiflow_models::nn::gpt::{GptLayout, StageSplit};
 use oxiflow_models::pipeline::{Action, HostOp, Message, PipelineSpec, Schedule, Transport};
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 
 fn spec(schedule: Schedule, pp: usize, m: usize, v: usize) -> PipelineSpec {
     PipelineSpec {
@@ -214,7 +214,7 @@ fn stage_layouts(pp: usize, per: usize) -> Vec<GptLayout> {
             )
             .and_then(|p| p.reshaped([per, 1]))
             .expect("placement");
-            GptLayout::Mesh(p)
+            GptLayout::Mesh(NamedMesh::of(p, &[DP, TP]).unwrap())
         })
         .collect()
 }

@@ -2,6 +2,8 @@
 
 use thiserror::Error;
 
+use crate::axes::{axes_text, MeshAxis};
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PlacementError {
     #[error("unknown device type {0:?} (expected \"cpu\" or \"cuda\")")]
@@ -46,4 +48,24 @@ pub enum PlacementError {
         coord: Vec<usize>,
         shape: Vec<usize>,
     },
+    #[error("mesh axis --{name} has size 0 (at least 1)")]
+    EmptyAxis { name: String },
+    #[error("mesh axis {name} appears twice in {axes}")]
+    DuplicateAxis { name: String, axes: String },
+    #[error("mesh axes {first} and {second} both split the {role}: a role is on one axis")]
+    RoleTwice {
+        role: String,
+        first: String,
+        second: String,
+    },
+    #[error("the pipeline axis {name} must be the first mesh axis of {axes}")]
+    StagesNotFirst { name: String, axes: String },
+    #[error("mesh axes {first} and {second} both left to infer from the world size: give one")]
+    InferTwice { first: String, second: String },
+    #[error("{} does not divide the world size {world}", axes_text(.axes))]
+    AxesDoNotDivide { axes: Vec<MeshAxis>, world: usize },
+    #[error("{} must equal the world size {world}", axes_text(.axes))]
+    AxesNotWorld { axes: Vec<MeshAxis>, world: usize },
+    #[error("mesh axes {axes} do not match the shape of placement {placement}")]
+    AxesNotMesh { axes: String, placement: String },
 }

@@ -43,6 +43,13 @@ pub enum SbpError {
         index: usize,
         source: Box<SbpError>,
     },
+    /// A split with run-time sizes that does not fit its layout.
+    #[error("run-time split on mesh axis {axis} of {layout}: {detail}")]
+    RuntimeSplit {
+        layout: String,
+        axis: usize,
+        detail: String,
+    },
     #[error(transparent)]
     Placement(#[from] oxiflow_placement::PlacementError),
 }

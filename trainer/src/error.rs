@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use oxiflow_models::data::DataError;
 use oxiflow_models::hf::HfError;
+use oxiflow_placement::PlacementError;
 use oxiflow_tensor::TensorError;
 
 /// A training job's failure.
@@ -15,6 +16,9 @@ pub enum TrainError {
     /// The job's layout does not fit the world or the model.
     #[error("{detail}")]
     Layout { detail: String },
+    /// The mesh's axes do not fit each other or the world.
+    #[error(transparent)]
+    Mesh(#[from] PlacementError),
     #[error(transparent)]
     Data(#[from] DataError),
     #[error(transparent)]

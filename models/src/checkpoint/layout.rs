@@ -6,12 +6,13 @@
 
 use std::ops::Range;
 
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, NamedMesh, Placement};
 use oxiflow_sbp::{GlobalLayout, NdSbp, Region, Sbp, Shape};
 use serde::{Deserialize, Serialize};
 
-/// The layout of a tensor saved in pieces: its placement's mesh and ranks and, per mesh axis,
-/// `S(d)` or `B` (partial sums are reduced before saving, so never `P`).
+/// The layout of a tensor saved in pieces: its placement's mesh and ranks, the names of the mesh
+/// axes when the job named them and, per mesh axis, `S(d)` or `B` (partial sums are reduced
+/// before saving, so never `P`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayoutEntry {
@@ -21,6 +22,10 @@ pub struct LayoutEntry {
     pub ranks: Vec<usize>,
     /// Per mesh axis: `S(d)` or `B`.
     pub sbp: Vec<String>,
+    /// Per mesh axis: its name (`dp`, `tp`, ...); None for a placement the saving job did not
+    /// name (and in checkpoints written before axes had names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub axes: Option<Vec<String>>,
 }
 
 /// The data file a rank writes.
@@ -29,18 +34,69 @@ pub(crate) fn file_name(rank: usize) -> String {
 }
 
 impl LayoutEntry {
-    /// The record of a layout without partial sums.
-    pub(crate) fn of(layout: &GlobalLayout) -> LayoutEntry {
+    /// The record of a layout without partial sums, its axes named after the one of `meshes`
+    /// on its placement.
+    pub(crate) fn of(layout: &GlobalLayout, meshes: &[NamedMesh]) -> LayoutEntry {
+        let axes = meshes
+            .iter()
+            .find(|m| m.placement() == layout.placement())
+            .map(|m| m.axes().iter().map(|a| a.name().to_string()).collect());
         LayoutEntry {
             mesh: layout.placement().shape().to_vec(),
             ranks: layout.placement().ranks().to_vec(),
             sbp: layout.nd_sbp().iter().map(|s| s.to_string()).collect(),
+            axes,
+        }
+    }
+
+    /// The mesh as messages show it: `[dp 2, tp 2]` with named axes, else `[2, 2]`.
+    pub fn mesh_text(&self) -> String {
+        match &self.axes {
+            Some(names) => {
+                let axes: Vec<String> = names
+                    .iter()
+                    .zip(&self.mesh)
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect();
+                format!("[{}]", axes.join(", "))
+            }
+            None => format!("{:?}", self.mesh),
+        }
+    }
+
+    /// Refuses axis names that are not one non-empty, distinct name per mesh axis.
+    fn check_axes(&self) -> Result<(), String> {
+        let Some(names) = &self.axes else {
+            return Ok(());
+        };
+        let bad = if names.len() != self.mesh.len() {
+            Some(format!(
+                "{} names for {} mesh axes",
+                names.len(),
+                self.mesh.len()
+            ))
+        } else if let Some(n) = names.iter().find(|n| n.is_empty()) {
+            Some(format!("an empty name {n:?}"))
+        } else {
+            names
+                .iter()
+                .enumerate()
+                .find(|(i, n)| names[..*i].contains(n))
+                .map(|(_, n)| format!("{n} named twice"))
+        };
+        match bad {
+            Some(why) => Err(format!(
+                "layout axes {names:?} of mesh {:?}: {why}",
+                self.mesh
+            )),
+            None => Ok(()),
         }
     }
 
     /// The layout this record describes for a tensor of `shape` (on a CPU placement: the
     /// device does not matter to regions).
     fn layout(&self, shape: &[usize]) -> Result<GlobalLayout, String> {
+        self.check_axes()?;
         let placement = Placement::new(DeviceType::Cpu, self.mesh.clone(), self.ranks.clone())
             .map_err(|e| format!("layout mesh {:?} ranks {:?}: {e}", self.mesh, self.ranks))?;
         let sbps = self

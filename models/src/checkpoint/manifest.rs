@@ -162,7 +162,7 @@ fn check_tensor(name: &str, t: &TensorEntry, files: &BTreeSet<&str>) -> Result<D
         };
     };
     let expected = pieces_of(&t.shape, record).map_err(|e| format!("{name}: {e}"))?;
-    let under = || format!("its layout {:?} on mesh {:?}", record.sbp, record.mesh);
+    let under = || format!("its layout {:?} on mesh {}", record.sbp, record.mesh_text());
     if expected.len() != listed.len() {
         return Err(format!(
             "{name}: the manifest lists {} piece(s) but {} makes {}",

@@ -31,6 +31,8 @@ mod verify;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use oxiflow_placement::NamedMesh;
+
 pub use atomic::check_save_target;
 pub use layout::LayoutEntry;
 pub use load::{
@@ -54,7 +56,7 @@ pub enum SaveStage {
 }
 
 /// How to save.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct SaveOptions {
     /// The first rank of each placement writes whole tensors (instead of every rank its pieces).
     pub gathered: bool,
@@ -63,6 +65,9 @@ pub struct SaveOptions {
     /// How long rank 0 waits for another save of the same path to finish before failing
     /// (None: `DEFAULT_LOCK_WAIT`).
     pub lock_wait: Option<Duration>,
+    /// The job's named meshes: a tensor saved in pieces on one of their placements records
+    /// the names of its mesh axes.
+    pub meshes: Vec<NamedMesh>,
 }
 
 impl std::fmt::Debug for SaveOptions {
@@ -70,6 +75,7 @@ impl std::fmt::Debug for SaveOptions {
         f.debug_struct("SaveOptions")
             .field("gathered", &self.gathered)
             .field("lock_wait", &self.lock_wait)
+            .field("meshes", &self.meshes)
             .finish()
     }
 }

@@ -55,7 +55,7 @@ fn plan_tensor(
     path: &Path,
     t: &Tensor,
     rank: usize,
-    gathered: bool,
+    opts: &SaveOptions,
     mine: &mut Vec<CpuArray>,
 ) -> Result<Planned> {
     let whole = |writer: usize| Planned {
@@ -69,7 +69,7 @@ fn plan_tensor(
         return Ok(whole(0));
     };
     let placement = layout.placement().clone();
-    if gathered {
+    if opts.gathered {
         let b = t.to_global(&placement, NdSbp::broadcast(placement.ndim()))?;
         let writer = placement.ranks().first().copied().unwrap_or(0);
         if rank == writer {
@@ -87,7 +87,7 @@ fn plan_tensor(
     let Some(layout2) = t2.layout() else {
         return Err(io_err("checkpoint save", path, "boxing lost the layout"));
     };
-    let record = LayoutEntry::of(layout2);
+    let record = LayoutEntry::of(layout2, &opts.meshes);
     let pieces =
         pieces_of(t.shape().dims(), &record).map_err(|e| io_err("checkpoint save", path, e))?;
     if pieces.iter().any(|(w, _)| *w == rank) {
@@ -275,7 +275,7 @@ pub(crate) fn save_with_state(
     let mut writers: Vec<usize> = Vec::new();
     for (name, t) in tensors {
         let mut data = Vec::new();
-        let planned = plan_tensor(path, t, rank, opts.gathered, &mut data)?;
+        let planned = plan_tensor(path, t, rank, opts, &mut data)?;
         if let (Some(a), Some((_, region))) =
             (data.pop(), planned.pieces.iter().find(|(w, _)| *w == rank))
         {

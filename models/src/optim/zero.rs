@@ -11,6 +11,7 @@
 //! it and updates its shard's slice, stage 2 reduce-scatters it into the shard alone or in
 //! buckets), so the steps are DP's bit for bit.
 
+use oxiflow_placement::{AxisRole, NamedMesh};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::Tensor;
 
@@ -56,6 +57,22 @@ impl Zero {
             axis,
             gather_bytes: DEFAULT_GATHER_BYTES,
         })
+    }
+
+    /// Stage `stage` over the axis of `mesh` that shards the parameters (refused for a stage
+    /// above 0 on a mesh without one).
+    pub fn over(stage: u8, mesh: &NamedMesh) -> Result<Zero> {
+        match mesh.axis(AxisRole::Params) {
+            Some(axis) => Zero::new(stage, axis),
+            None if stage == 0 => Ok(Zero::OFF),
+            None => Err(TensorError::Autograd {
+                op: "Zero::over",
+                detail: format!(
+                    "ZeRO stage {stage} needs a mesh axis that shards the parameters; the mesh \
+                     {mesh} has none"
+                ),
+            }),
+        }
     }
 
     /// Gathers the updated shards of stages 1 and 2 back into the parameters in buckets of at

@@ -269,14 +269,14 @@ pub struct ModelFlags {
 #[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ParallelFlags {
-    /// Data-parallel degree, at least 1 [default: world size / (pp x tp)]; pp x dp x tp must
-    /// equal the world size.
+    /// Data-parallel degree, at least 1 [default: world size / (pp x cp x tp)]; pp x dp x cp x
+    /// tp must equal the world size.
     #[arg(long, value_parser = parse::positive_usize)]
     pub dp: Option<usize>,
     /// Tensor-parallel degree, at least 1 [default: 1].
     #[arg(long, value_parser = parse::positive_usize)]
     pub tp: Option<usize>,
-    /// GPT: pipeline stages (mesh axis 0 of [pp, dp, tp]) [default: 1].
+    /// GPT: pipeline stages (the first mesh axis of [pp, dp, cp, tp]) [default: 1].
     #[arg(long, value_parser = parse::positive_usize)]
     pub pp: Option<usize>,
     /// GPT: sequence parallelism (the residual stream split along the sequence on the

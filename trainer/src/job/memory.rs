@@ -5,8 +5,9 @@
 //!
 //! The estimate is a lower bound (what the heaviest rank needs at least), in bytes, with `s`
 //! the element size of `--dtype`, `a` that of the activations (2 under `--precision
-//! bf16-mixed`, else `s`), `r` this rank's rows of one micro-batch part, and the mesh
-//! `[pp, dp, tp]`:
+//! bf16-mixed`, else `s`), `r` this rank's rows of one micro-batch part, and pp, dp, tp the
+//! sizes of the mesh axes that split the stages, the batch and the heads (a sequence axis
+//! divides each window's T among its ranks):
 //!
 //! - Decoder (width C, layers L, heads H, window T, V rows of the token table: the vocabulary
 //!   padded to `--vocab-multiple`): N parameters as the architecture counts them
@@ -39,12 +40,11 @@
 
 use std::path::{Path, PathBuf};
 
-use oxiflow_placement::DeviceType;
+use oxiflow_placement::{AxisRole, DeviceType, MeshLayout};
 
 use crate::config::{ModelKind, Opt, Precision, RecomputeArg, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::decoder::DecoderSpec;
-use crate::tasks::mesh::Mesh;
 
 /// What one rank needs at least, in bytes (see the module's documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -74,11 +74,16 @@ fn ceil_div(a: f64, b: f64) -> f64 {
 /// The estimate for `cfg` on `mesh` with the decoder `decoder` (None for the MLP) on `device`.
 pub fn estimate(
     cfg: &TrainConfig,
-    mesh: &Mesh,
+    mesh: &MeshLayout,
     decoder: Option<&DecoderSpec>,
     device: DeviceType,
 ) -> Estimate {
-    let (pp, dp, tp) = (mesh.pp as f64, mesh.dp as f64, mesh.tp as f64);
+    let size = |role| mesh.size(role) as f64;
+    let (pp, dp, tp) = (
+        size(AxisRole::Stages),
+        size(AxisRole::Batch),
+        size(AxisRole::Heads),
+    );
     let m = &cfg.model;
     let s = match m.dtype {
         Precision::F32 => 4.0,
@@ -103,7 +108,7 @@ pub fn estimate(
                 d.cfg.layers as f64,
                 d.cfg.heads as f64,
                 // This rank's tokens of each sequence (a context-parallel axis splits them).
-                ceil_div(m.seq_len as f64, mesh.cp as f64),
+                ceil_div(m.seq_len as f64, size(AxisRole::Sequence)),
                 d.cfg.table_rows() as f64,
             );
             let n = d.arch.parameter_count(&d.cfg, d.cfg.table_rows()) as f64;
@@ -352,7 +357,7 @@ fn refuse(
 /// device is not known yet (`device` None: before the world starts).
 pub fn check_host(
     cfg: &TrainConfig,
-    mesh: &Mesh,
+    mesh: &MeshLayout,
     decoder: Option<&DecoderSpec>,
     device: Option<DeviceType>,
     local_ranks: usize,
@@ -387,7 +392,7 @@ pub fn check_host(
 /// `check_host` on `device`, and on a GPU one rank's model against its device's free memory.
 pub fn check(
     cfg: &TrainConfig,
-    mesh: &Mesh,
+    mesh: &MeshLayout,
     decoder: Option<&DecoderSpec>,
     device: DeviceType,
     local_ranks: usize,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use oxiflow_collectives::env::{BackendChoice, CpuPlane, LaunchEnv};
 use oxiflow_collectives::Backend;
 use oxiflow_models::checkpoint::{self, SaveOptions, SaveStage};
-use oxiflow_placement::DeviceType;
+use oxiflow_placement::{AxisRole, DeviceType, MeshLayout, NamedMesh};
 use oxiflow_tensor::Context;
 
 use crate::config::{
@@ -21,7 +21,7 @@ use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::eval::evaluate;
 use crate::tasks::generate::{generate_ids, Sampling};
 use crate::tasks::gpt::{gpt_trainer, prompt_ids, GptInputs};
-use crate::tasks::mesh::Mesh;
+use crate::tasks::mesh::job_mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
 use crate::trainer::{StepHook, Trainer};
 
@@ -183,7 +183,7 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     // The layout and the host memory before any communication (so every rank refuses alike),
     // where the launch environment reads; the world's start reports one that does not.
     if let Ok(env) = LaunchEnv::from_env() {
-        let mesh = Mesh::resolve(&cfg.parallel, env.world_size)?;
+        let mesh = job_mesh(&cfg.parallel, env.world_size)?;
         let device = device_before_world(cfg, &env);
         memory::check_host(cfg, &mesh, spec.as_ref(), device, env.local_world_size)?;
     }
@@ -197,7 +197,7 @@ pub fn run(cfg: &TrainConfig, hooks: JobHooks) -> Result<(), TrainError> {
     let ctx = init_world(cfg.parallel.backend)?;
     let world = ctx.world_size();
     let lead = ctx.rank() == 0;
-    let mesh = Mesh::resolve(&cfg.parallel, world)?;
+    let mesh = job_mesh(&cfg.parallel, world)?;
     let device = device_of(cfg, &ctx)?;
     let local_ranks = LaunchEnv::from_env().map_or(1, |e| e.local_world_size);
     memory::check(cfg, &mesh, spec.as_ref(), device, local_ranks)?;
@@ -231,12 +231,13 @@ fn health_guard(cfg: &TrainConfig, lead: bool) -> Box<dyn StepHook> {
 }
 
 /// What saves the job's checkpoints: the recorded values and the run's id, `--save-gathered`,
-/// the stage hook.
+/// the stage hook, the stages' named meshes (their axes' names recorded with each layout).
 fn saver<'a>(
     cfg: &'a TrainConfig,
     recorded: &[Recorded],
     outputs: &OutputPlan,
     hook: Option<fn(SaveStage)>,
+    meshes: Vec<NamedMesh>,
     lead: bool,
 ) -> Saver<'a> {
     let mut meta = resume::metadata(recorded);
@@ -247,6 +248,7 @@ fn saver<'a>(
         opts: SaveOptions {
             gathered: cfg.run.save_gathered,
             stage_hook: hook,
+            meshes,
             ..SaveOptions::default()
         },
         lead,
@@ -308,7 +310,7 @@ fn explain_step<M: TrainModel>(t: &mut Trainer<M>, lead: bool) -> Result<(), Tra
 /// its loss over every window of the data under `--eval-only`; `--save-hf`; the sample.
 fn infer_job(
     cfg: &TrainConfig,
-    mesh: Mesh,
+    mesh: MeshLayout,
     device: DeviceType,
     inputs: GptInputs,
     lead: bool,
@@ -337,11 +339,8 @@ fn infer_job(
     if let Some(windows) = &inputs.eval {
         if lead {
             println!(
-                "eval: {} | mesh [pp {}, dp {}, tp {}] | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
+                "eval: {} | mesh {mesh} | data: {} tokenizer {} | {} windows of {} tokens, batch {}",
                 spec.describe(),
-                mesh.pp,
-                mesh.dp,
-                mesh.tp,
                 inputs.description,
                 inputs.tokenizer,
                 windows.len(),
@@ -362,13 +361,7 @@ fn infer_job(
             }
         }
     } else if lead {
-        println!(
-            "generate: {} | mesh [pp {}, dp {}, tp {}]",
-            spec.describe(),
-            mesh.pp,
-            mesh.dp,
-            mesh.tp
-        );
+        println!("generate: {} | mesh {mesh}", spec.describe());
     }
     if let Some(dir) = &cfg.run.save_hf {
         save_hf(dir, spec, &model, lead)?;
@@ -488,7 +481,7 @@ const HF_SHARD_BYTES: usize = 2 << 30;
 
 /// A checked job on its started world.
 struct Job {
-    mesh: Mesh,
+    mesh: MeshLayout,
     device: DeviceType,
     world: usize,
     lead: bool,
@@ -512,7 +505,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     }
     let spec = inputs.spec.clone();
     let (tokenizer, vocab) = (inputs.tokenizer.clone(), inputs.vocab);
-    let mut job = gpt_trainer(cfg, mesh, device, inputs)?;
+    let mut job = gpt_trainer(cfg, mesh.clone(), device, inputs)?;
     if let Some(p) = &cfg.run.resume {
         job.trainer.resume_with(p, &load_options(cfg))?;
     }
@@ -522,15 +515,13 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     }
     let m = &job.trainer.model.cfg;
     let p = &cfg.parallel;
-    let (pp, dp, tp) = (mesh.pp, mesh.dp, mesh.tp);
-    let cp_text = if mesh.cp > 1 {
-        let algorithm = match p.cp_attention {
-            CpAttentionArg::Ring => "ring",
-            CpAttentionArg::Alltoall => "alltoall",
-        };
-        format!(", cp {} {algorithm}", mesh.cp)
+    let cp_text = if mesh.size(AxisRole::Sequence) > 1 {
+        match p.cp_attention {
+            CpAttentionArg::Ring => " cp-attention ring",
+            CpAttentionArg::Alltoall => " cp-attention alltoall",
+        }
     } else {
-        String::new()
+        ""
     };
     if lead {
         let model = match (&spec.hf, cfg.model.model) {
@@ -541,7 +532,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
             _ => format!("{} seq-len {}", spec.describe(), cfg.model.seq_len),
         };
         println!(
-            "train: {model} | mesh [pp {pp}, dp {dp}, tp {tp}{cp_text}] sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
+            "train: {model} | mesh {mesh}{cp_text} sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
             m.sequence_parallel,
             p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
@@ -560,7 +551,8 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         return explain_step(&mut job.trainer, lead);
     }
     {
-        let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, lead);
+        let meshes = mesh.stages(device)?;
+        let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, meshes, lead);
         let summary = drive(
             &mut job.trainer,
             cfg,
@@ -617,7 +609,7 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
     } = run;
     let m = &cfg.model;
     let ccfg = ClassifierConfig {
-        mesh: Some((mesh.dp, mesh.tp)),
+        mesh: Some((mesh.size(AxisRole::Batch), mesh.size(AxisRole::Heads))),
         batch_size: cfg.data.batch_size,
         features: m.features,
         classes: m.classes,
@@ -659,8 +651,8 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
     }
     if lead {
         println!(
-            "train: mlp features {} hidden {} classes {} | mesh [dp {}, tp {}] world {world} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
-            m.features, m.hidden, m.classes, mesh.dp, mesh.tp, cfg.data.batch_size, cfg.optim.lr,
+            "train: mlp features {} hidden {} classes {} | mesh {mesh} world {world} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
+            m.features, m.hidden, m.classes, cfg.data.batch_size, cfg.optim.lr,
             format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()),
             cfg.optim.grad_accum, m.seed, t.step
@@ -670,7 +662,8 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
     if cfg.run.explain {
         return explain_step(&mut t, lead);
     }
-    let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, lead);
+    let meshes = mesh.stages(device)?;
+    let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, meshes, lead);
     let summary = drive(&mut t, cfg, &saver, &outputs, world, launcher_bar())?;
     if lead {
         report(cfg, &summary, None, None);

@@ -12,11 +12,10 @@ use oxiflow_models::hf::{Family, HfCheckpoint, HfConfig};
 use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, StageSplit};
 use oxiflow_models::nn::Module;
 use oxiflow_ops::context_parallel::CpAlgorithm;
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{DeviceType, MeshLayout, NamedMesh};
 
 use crate::config::{CpAttentionArg, ModelKind, TrainConfig};
 use crate::error::TrainError;
-use crate::tasks::mesh::Mesh;
 
 /// What decoder a job runs (see the module docs).
 #[derive(Clone)]
@@ -150,12 +149,12 @@ impl DecoderSpec {
     }
 }
 
-/// The decoder of `spec` on `stages` (one `[dp, tp]` placement per pipeline stage) with
+/// The decoder of `spec` on `stages` (one named mesh per pipeline stage) with
 /// `virtual_stages` chunks per stage, its weights read from the Hugging Face directory when
 /// there is one, computing in `compute_dtype`.
 pub fn build_decoder(
     spec: &DecoderSpec,
-    stages: &[Placement],
+    stages: &[NamedMesh],
     virtual_stages: usize,
     compute_dtype: Option<DType>,
 ) -> Result<Gpt, TrainError> {
@@ -174,7 +173,10 @@ pub fn build_decoder(
 }
 
 /// The stages of `mesh` on `device` and the one holding this process's rank.
-pub fn stages_of(mesh: &Mesh, device: DeviceType) -> Result<(Vec<Placement>, usize), TrainError> {
+pub fn stages_of(
+    mesh: &MeshLayout,
+    device: DeviceType,
+) -> Result<(Vec<NamedMesh>, usize), TrainError> {
     let rank = oxiflow_tensor::Context::current()
         .ok_or_else(|| TrainError::Layout {
             detail: "no runtime context".into(),
@@ -183,12 +185,9 @@ pub fn stages_of(mesh: &Mesh, device: DeviceType) -> Result<(Vec<Placement>, usi
     let stages = mesh.stages(device)?;
     let stage = stages
         .iter()
-        .position(|s| s.contains(rank))
+        .position(|s| s.placement().contains(rank))
         .ok_or_else(|| TrainError::Layout {
-            detail: format!(
-                "rank {rank} is in no stage of the mesh [pp {}, dp {}, cp {}, tp {}]",
-                mesh.pp, mesh.dp, mesh.cp, mesh.tp
-            ),
+            detail: format!("rank {rank} is in no stage of the mesh {mesh}"),
         })?;
     Ok((stages, stage))
 }

@@ -10,7 +10,7 @@ use oxiflow_collectives::DType;
 use oxiflow_models::data::EvalWindows;
 use oxiflow_models::nn::gpt::{Gpt, GptLayout, RouterLog};
 use oxiflow_models::nn::Pass;
-use oxiflow_placement::Placement;
+use oxiflow_placement::{AxisRole, NamedMesh, Placement};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Tensor};
 
@@ -34,12 +34,20 @@ impl EvalReport {
     }
 }
 
-/// Host rows `[rows, T]` as global ids on `p`, whole on every rank first, then split over the
+/// Host rows `[rows, T]` as global ids on `m`, whole on every rank first, then split over the
 /// data-parallel axis (unevenly where the rows do not divide).
-fn rows_on(p: &Placement, rows: usize, t: usize, v: Vec<i64>) -> Result<Tensor, TrainError> {
+pub(crate) fn rows_on(
+    m: &NamedMesh,
+    rows: usize,
+    t: usize,
+    v: Vec<i64>,
+) -> Result<Tensor, TrainError> {
+    let p = m.placement();
     let whole = Tensor::from_vec(v, [rows, t])?.to_global(p, NdSbp::broadcast(p.ndim()))?;
     let mut nd = NdSbp::broadcast(p.ndim());
-    nd.set(0, Sbp::S(0));
+    if let Some(batch) = m.axis(AxisRole::Batch) {
+        nd.set(batch, Sbp::S(0));
+    }
     Ok(whole.to_global(p, nd)?)
 }
 
@@ -54,7 +62,7 @@ pub fn evaluate(
 ) -> Result<EvalReport, TrainError> {
     let _ng = no_grad();
     let global = |l: &GptLayout| {
-        l.placement().cloned().ok_or_else(|| TrainError::Layout {
+        l.mesh().cloned().ok_or_else(|| TrainError::Layout {
             detail: "the decoder is not global".into(),
         })
     };

@@ -14,10 +14,11 @@ use oxiflow_models::nn::gpt::{Gpt, KvCache};
 use oxiflow_models::nn::Pass;
 use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::Placement;
-use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::{no_grad, Tensor};
 
 use crate::error::TrainError;
+use crate::tasks::eval::rows_on;
 
 /// How each next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -165,16 +166,14 @@ impl Decoder<'_> {
             .model
             .split
             .first()
-            .placement()
-            .cloned()
+            .mesh()
             .ok_or_else(|| layout_err("the decoder is not global".into()))?;
         let t = seqs.first().map_or(0, Vec::len) - from;
         let v: Vec<i64> = seqs
             .iter()
             .flat_map(|s| s[from..].iter().map(|&id| id as i64))
             .collect();
-        let whole = Tensor::from_vec(v, [seqs.len(), t])?.to_global(&first, NdSbp::broadcast(2))?;
-        Ok(whole.to_global(&first, NdSbp::new([Sbp::S(0), Sbp::B]))?)
+        rows_on(first, seqs.len(), t, v)
     }
 
     /// `t` (on the last stage) whole on every rank.

@@ -10,11 +10,11 @@ use oxiflow_models::data::{
     Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
     HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, MoeArch, DP_AXIS};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, MoeArch};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
-use oxiflow_placement::DeviceType;
+use oxiflow_placement::{AxisRole, DeviceType, MeshLayout};
 use oxiflow_tensor::{Context, Tensor};
 
 use crate::config::{
@@ -24,7 +24,6 @@ use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
 use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::gpt_data::{corpus_windows, GptData, RowSplit};
-use crate::tasks::mesh::Mesh;
 use crate::trainer::{PipelineRun, TrainOptions, Trainer};
 
 impl TrainModel for Gpt {
@@ -288,18 +287,18 @@ pub struct GptJob {
     pub tokenizer: Tokenizer,
     /// The unigram entropy of the training text (corpus data).
     pub entropy: Option<f64>,
-    pub mesh: Mesh,
+    pub mesh: MeshLayout,
 }
 
 /// Builds the GPT of `cfg` on `mesh` (on `device`), its optimizer and its data from `inputs`;
 /// needs an installed context.
 pub fn gpt_trainer(
     cfg: &TrainConfig,
-    mesh: Mesh,
+    mesh: MeshLayout,
     device: DeviceType,
     inputs: GptInputs,
 ) -> Result<GptJob, TrainError> {
-    let (pp, dp) = (mesh.pp, mesh.dp);
+    let (pp, dp) = (mesh.size(AxisRole::Stages), mesh.size(AxisRole::Batch));
     let p = &cfg.parallel;
     let spec = PipelineSpec {
         schedule: match p.schedule {
@@ -325,8 +324,7 @@ pub fn gpt_trainer(
     }
     let (stages, stage) = stages_of(&mesh, device)?;
     let rank = Context::current().map_or(0, |c| c.rank());
-    let coord = stages[stage].coord_of(rank).unwrap_or_default();
-    let dp_coord = coord.get(DP_AXIS).copied().unwrap_or(0);
+    let dp_coord = stages[stage].coord(rank, AxisRole::Batch).unwrap_or(0);
     let pipelined = cfg.pipelined();
     let mut model = build_decoder(
         &inputs.spec,
@@ -354,7 +352,7 @@ pub fn gpt_trainer(
             ..AdamWOptions::default()
         },
     )
-    .with_zero(Zero::new(p.zero, DP_AXIS)?)?
+    .with_zero(Zero::over(p.zero, &stages[stage])?)?
     .with_weight_decay(decay)?;
     let first = stages[0].clone();
     let last = stages[pp - 1].clone();
@@ -373,7 +371,7 @@ pub fn gpt_trainer(
                 spec,
                 stage,
                 world: mesh.world(device)?,
-                last,
+                last: last.placement().clone(),
             })
         })
         .transpose()?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use oxiflow_models::checkpoint::Metadata;
 use oxiflow_models::data::{self, Prefetcher, StreamOrigin, Windows};
 use oxiflow_models::nn::gpt::GptLayout;
-use oxiflow_placement::Placement;
+use oxiflow_placement::{AxisRole, NamedMesh};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Tensor};
 
@@ -45,8 +45,8 @@ pub struct GptData {
     heldout: Windows,
     split: RowSplit,
     /// The first stage's placement (inputs) and the last's (targets).
-    first: Placement,
-    last: Placement,
+    first: NamedMesh,
+    last: NamedMesh,
     description: String,
     /// Host rows of (step, part) keys `step * parts + part`, made ahead.
     prefetch: Option<(usize, Prefetcher<data::Batch>)>,
@@ -60,7 +60,7 @@ impl GptData {
     pub fn new(
         (train, heldout): (Windows, Windows),
         split: RowSplit,
-        (first, last): (Placement, Placement),
+        (first, last): (NamedMesh, NamedMesh),
         description: String,
     ) -> GptData {
         GptData {
@@ -106,14 +106,17 @@ impl GptData {
     }
 }
 
-/// This rank's token rows `[rows, T]` (natural order) as global ids on a stage's placement `p`:
+/// This rank's token rows `[rows, T]` (natural order) as global ids on a stage's mesh `m`:
 /// the rows split over the data-parallel axis and, on a context-parallel axis, the tokens in
 /// the load-balanced order and split over it.
-fn rows_on_stage(p: &Placement, v: Vec<i64>, shape: [usize; 2]) -> Result<Tensor, TrainError> {
-    let layout = GptLayout::Mesh(p.clone());
+fn rows_on_stage(m: &NamedMesh, v: Vec<i64>, shape: [usize; 2]) -> Result<Tensor, TrainError> {
+    let p = m.placement();
+    let layout = GptLayout::Mesh(m.clone());
     let v = layout.seq_order().reorder_rows(&v, shape[1]);
     let mut whole = NdSbp::broadcast(p.ndim());
-    whole.set(0, Sbp::S(0));
+    if let Some(batch) = m.axis(AxisRole::Batch) {
+        whole.set(batch, Sbp::S(0));
+    }
     let nd = layout
         .activation_sbp(Sbp::B)
         .unwrap_or_else(|| whole.clone());

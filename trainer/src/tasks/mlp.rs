@@ -10,7 +10,7 @@ use oxiflow_models::nn::{
     param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter, Pass,
 };
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Sgd, SgdOptions};
-use oxiflow_placement::{DeviceType, Placement};
+use oxiflow_placement::{AxisRole, DeviceType, NamedMesh, Placement};
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 use oxiflow_tensor::{no_grad, Tensor};
 
@@ -119,21 +119,29 @@ pub type Classifier = Trainer<MlpClassifier>;
 const HELDOUT_STEP: u64 = 1 << 62;
 
 impl ClusterData {
+    /// The data of `cfg`, on `mesh` split over its batch axis (None: local).
     pub fn new(
         cfg: &ClassifierConfig,
-        placement: Option<&Placement>,
+        mesh: Option<&NamedMesh>,
     ) -> Result<ClusterData, TrainError> {
         let shape = Shape::new([cfg.classes, cfg.features]);
         let seed = param_seed(cfg.seed, "data.centers");
         let init = Init::Normal { seed, std: 1.0 };
-        let (centers, at) = match placement {
+        let (centers, at) = match mesh {
             None => (init.build(shape, cfg.dtype, &ParamPlacement::Local)?, None),
-            Some(p) => {
+            Some(m) => {
+                let p = m.placement();
                 let at = ParamPlacement::Global {
                     placement: p.clone(),
                     nd_sbp: NdSbp::broadcast(p.ndim()),
                 };
-                let data_sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
+                let data_sbp = NdSbp::new(m.axes().iter().map(|a| {
+                    if a.kind.splits(AxisRole::Batch) {
+                        Sbp::S(0)
+                    } else {
+                        Sbp::B
+                    }
+                }));
                 (
                     init.build(shape, cfg.dtype, &at)?,
                     Some((p.clone(), data_sbp)),
@@ -160,13 +168,7 @@ impl ClusterData {
                 Tensor::randn([n, f], s_noise, c.dtype),
             ),
             Some((p, s)) => (
-                Tensor::rand_global(
-                    [n],
-                    s_lab,
-                    DType::F64,
-                    p,
-                    NdSbp::new([s.as_slice()[0], Sbp::B]),
-                )?,
+                Tensor::rand_global([n], s_lab, DType::F64, p, s.clone())?,
                 Tensor::randn_global([n, f], s_noise, c.dtype, p, s.clone())?,
             ),
         };
@@ -231,11 +233,10 @@ impl BatchSource for ClusterData {
 /// step 0, trained at a constant learning rate, no clipping, no accumulation (change
 /// `opts` for those).
 pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, TrainError> {
-    let placement = cfg
+    let mesh = cfg
         .mesh
         .map(|(d, t)| mesh_placement(d, t, cfg.device))
         .transpose()?;
-    let tp_axis = placement.as_ref().map(|_| 1);
     let mlp = Mlp::new(
         "mlp",
         cfg.features,
@@ -244,8 +245,8 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
         Activation::Relu,
         cfg.seed,
         cfg.dtype,
-        placement.as_ref(),
-        tp_axis,
+        mesh.as_ref().map(NamedMesh::placement),
+        mesh.as_ref().and_then(|m| m.axis(AxisRole::Heads)),
     )?;
     let model = MlpClassifier { mlp };
     model.set_compute_dtype(cfg.compute_dtype);
@@ -283,7 +284,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             .with_weight_decay(decay)?,
         ),
     };
-    let data = ClusterData::new(cfg, placement.as_ref())?;
+    let data = ClusterData::new(cfg, mesh.as_ref())?;
     Trainer::new(
         model,
         optimizer,

@@ -8,7 +8,7 @@
 
 use crate::{Result, TensorError};
 
-use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::config::{GptConfig, GptLayout};
 
 /// LayerNorm epsilon of GPT-2's norms.
 pub const LN_EPS: f64 = 1e-5;
@@ -193,8 +193,8 @@ impl Arch {
         if let Some(moe) = &self.moe {
             moe.validate(layout.tp())?;
         }
-        if let Some(p) = layout.placement().filter(|_| self.moe.is_none()) {
-            let tp = p.shape().get(TP_AXIS).copied().unwrap_or(1);
+        if layout.placement().is_some() && self.moe.is_none() {
+            let tp = layout.tp();
             if !self.ffn(cfg).is_multiple_of(tp) {
                 return Err(arch_err(format!(
                     "the MLP width {} must be divisible by the tensor-parallel degree {tp}",

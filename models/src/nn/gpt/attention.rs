@@ -13,7 +13,7 @@ use oxiflow_tensor::{F64Bits, Tensor};
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::arch::Arch;
-use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::config::{GptConfig, GptLayout};
 use super::rope::Rope;
 
 /// Causal scaled-dot-product attention on the heads layout of the projections: q, k, v
@@ -102,14 +102,14 @@ impl CausalSelfAttention {
     ) -> Result<CausalSelfAttention> {
         let (c, hd, kv) = (cfg.width, cfg.head_dim(), arch.kv(cfg));
         let tp = layout.tp();
-        let column = layout.linear_biased(cfg, Parallel::Column(TP_AXIS), arch.qkv_bias);
+        let column = layout.linear_biased(cfg, layout.column(), arch.qkv_bias);
         let kv_parallel = if arch.kv_split(cfg, tp) {
-            Parallel::Column(TP_AXIS)
+            layout.column()
         } else {
             Parallel::Replicated
         };
         let kv_opts = layout.linear_biased(cfg, kv_parallel, arch.qkv_bias);
-        let row = layout.linear_biased(cfg, Parallel::Row(TP_AXIS), arch.out_bias);
+        let row = layout.linear_biased(cfg, layout.row(), arch.out_bias);
         let (q_out, kv_out) = (cfg.heads * hd, kv * hd);
         let cp = layout.cp();
         let cp_repeat_kv = tp > 1 && !arch.kv_split(cfg, tp);

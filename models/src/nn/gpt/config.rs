@@ -1,10 +1,10 @@
 //! The sizes of a GPT and where its tensors live: `GptConfig` (checked by `validate`) and
-//! `GptLayout` (local, or a `[dp, tp]` or `[dp, tp, cp]` mesh with the activations' nd-SBPs on
-//! it; a context-parallel axis splits the sequence in the load-balanced causal order).
+//! `GptLayout` (local, or a mesh of named axes with the activations' nd-SBPs on it, each axis's
+//! SBP from its role: the batch, the heads, the sequence in the load-balanced causal order).
 
 use oxiflow_dtype::DType;
 use oxiflow_ops::context_parallel::{CpAlgorithm, SeqOrder};
-use oxiflow_placement::Placement;
+use oxiflow_placement::{AxisRole, NamedMesh, Placement};
 use oxiflow_sbp::{NdSbp, Sbp};
 
 use crate::{Result, TensorError};
@@ -12,12 +12,6 @@ use crate::{Result, TensorError};
 use super::super::init::ParamPlacement;
 use super::super::linear::{LinearOptions, Parallel};
 
-/// The data-parallel mesh axis of a `GptLayout::Mesh`.
-pub const DP_AXIS: usize = 0;
-/// The tensor-parallel mesh axis of a `GptLayout::Mesh`.
-pub const TP_AXIS: usize = 1;
-/// The context-parallel mesh axis of a 3-d `GptLayout::Mesh` (the sequence split over it).
-pub const CP_AXIS: usize = 2;
 /// The multiple the programs (`train --vocab-multiple`, `gpt_bench`) round the token table's
 /// rows up to by default: GPT-2's 50257 becomes nanoGPT's 50304, so the logits' product runs
 /// on aligned widths. (`GptConfig::default()` pads nothing: a multiple of 1.)
@@ -127,14 +121,19 @@ impl GptConfig {
                 "sequence parallelism needs a [dp, tp] mesh".into(),
             )),
             GptLayout::Local => Ok(()),
-            GptLayout::Mesh(p) => {
-                let tp = p.shape().get(TP_AXIS).copied().unwrap_or(0);
-                if p.ndim() != 2 && p.ndim() != 3 {
+            GptLayout::Mesh(m) => {
+                if self.sequence_parallel && m.axis(AxisRole::Heads).is_none() {
                     return Err(config_err(format!(
-                        "the mesh {p} must have the axes [dp, tp] or [dp, tp, cp]"
+                        "sequence parallelism needs a tensor-parallel axis; the mesh {m} has none"
                     )));
                 }
-                let cp = layout.cp();
+                if let Some(a) = m.axes().iter().find(|a| a.kind.splits(AxisRole::Stages)) {
+                    return Err(config_err(format!(
+                        "the mesh {m} of one stage has the pipeline axis {}",
+                        a.name()
+                    )));
+                }
+                let (tp, cp) = (layout.tp(), layout.cp());
                 if cp > 1 && self.seq_len < 2 * cp {
                     return Err(config_err(format!(
                         "seq_len {} is shorter than the 2 x {cp} load-balanced chunks of the \
@@ -178,33 +177,57 @@ impl GptConfig {
 pub enum GptLayout {
     /// Local tensors on this process.
     Local,
-    /// Global tensors on a 2-d mesh `[dp, tp]`: the batch split on axis `DP_AXIS`, heads and
-    /// MLP columns on `TP_AXIS`.
-    Mesh(Placement),
+    /// Global tensors on a mesh of named axes: the batch split over the axis with that role,
+    /// heads and MLP columns over the tensor-parallel one, the sequence over a context-parallel
+    /// one.
+    Mesh(NamedMesh),
 }
 
 impl GptLayout {
-    /// The placement, if global.
-    pub fn placement(&self) -> Option<&Placement> {
+    /// The named mesh, if global.
+    pub fn mesh(&self) -> Option<&NamedMesh> {
         match self {
             GptLayout::Local => None,
-            GptLayout::Mesh(p) => Some(p),
+            GptLayout::Mesh(m) => Some(m),
         }
     }
 
-    /// The degree of the tensor-parallel axis (1 when local).
-    pub fn tp(&self) -> usize {
-        self.placement()
-            .and_then(|p| p.shape().get(TP_AXIS).copied())
-            .unwrap_or(1)
+    /// The placement, if global.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.mesh().map(NamedMesh::placement)
     }
 
-    /// The degree of the context-parallel axis (1 when local or on a 2-d mesh).
+    /// The size of the axis that splits `role` (1 when local or without such an axis).
+    pub fn size(&self, role: AxisRole) -> usize {
+        self.mesh().map_or(1, |m| m.size(role))
+    }
+
+    /// The degree of the tensor-parallel axis (1 when local or without one).
+    pub fn tp(&self) -> usize {
+        self.size(AxisRole::Heads)
+    }
+
+    /// The degree of the context-parallel axis (1 when local or without one).
     pub fn cp(&self) -> usize {
-        self.placement()
-            .filter(|p| p.ndim() > CP_AXIS)
-            .and_then(|p| p.shape().get(CP_AXIS).copied())
-            .unwrap_or(1)
+        self.size(AxisRole::Sequence)
+    }
+
+    /// A layer whose output columns (heads, MLP hidden units) are split over the
+    /// tensor-parallel axis (replicated without one).
+    pub fn column(&self) -> Parallel {
+        self.heads_axis()
+            .map_or(Parallel::Replicated, Parallel::Column)
+    }
+
+    /// A layer whose input rows are split over the tensor-parallel axis (replicated without
+    /// one).
+    pub fn row(&self) -> Parallel {
+        self.heads_axis()
+            .map_or(Parallel::Replicated, Parallel::Row)
+    }
+
+    fn heads_axis(&self) -> Option<usize> {
+        self.mesh().and_then(|m| m.axis(AxisRole::Heads))
     }
 
     /// The order of the tokens along the sequence dim of the activations: load-balanced for
@@ -253,27 +276,36 @@ impl GptLayout {
     fn param_at(&self, tp: Sbp) -> ParamPlacement {
         match self {
             GptLayout::Local => ParamPlacement::Local,
-            GptLayout::Mesh(p) => {
-                let mut s = NdSbp::broadcast(p.ndim());
-                s.set(TP_AXIS, tp);
-                ParamPlacement::Global {
-                    placement: p.clone(),
-                    nd_sbp: s,
-                }
-            }
+            GptLayout::Mesh(m) => ParamPlacement::Global {
+                placement: m.placement().clone(),
+                nd_sbp: NdSbp::new(m.axes().iter().map(|a| {
+                    if a.kind.splits(AxisRole::Heads) {
+                        tp
+                    } else {
+                        Sbp::B
+                    }
+                })),
+            },
         }
     }
 
-    /// nd-SBP of activations `[B, T, ..]` with the batch split over the data-parallel axis,
-    /// on the tensor-parallel axis `tp` (B: whole; S(1): sequence parallel), and the sequence
-    /// split over a context-parallel axis.
+    /// nd-SBP of activations `[B, T, ..]`, per mesh axis by its role: the batch split over the
+    /// data-parallel axis, `tp` on the tensor-parallel axis (B: whole; S(1): sequence
+    /// parallel), the sequence split over a context-parallel axis, whole on any other.
     pub fn activation_sbp(&self, tp: Sbp) -> Option<NdSbp> {
-        self.placement().map(|p| {
-            let mut axes = vec![Sbp::S(0), tp];
-            if p.ndim() > CP_AXIS {
-                axes.push(Sbp::S(1));
-            }
-            NdSbp::new(axes)
+        self.mesh().map(|m| {
+            NdSbp::new(m.axes().iter().map(|a| {
+                let splits = |r| a.kind.splits(r);
+                if splits(AxisRole::Batch) {
+                    Sbp::S(0)
+                } else if splits(AxisRole::Heads) {
+                    tp
+                } else if splits(AxisRole::Sequence) {
+                    Sbp::S(1)
+                } else {
+                    Sbp::B
+                }
+            }))
         })
     }
 

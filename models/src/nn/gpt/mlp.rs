@@ -6,10 +6,10 @@ use oxiflow_sbp::Sbp;
 use crate::Result;
 use oxiflow_tensor::Tensor;
 
-use super::super::linear::{Linear, Parallel};
+use super::super::linear::Linear;
 use super::super::param::{Module, Parameter};
 use super::arch::{Arch, MlpKind};
-use super::config::{GptConfig, GptLayout, TP_AXIS};
+use super::config::{GptConfig, GptLayout};
 
 /// The MLP of a block. GELU: `name.fc` `[C, F]` (column-parallel) -> GELU -> `name.proj`
 /// `[F, C]` (row-parallel). SwiGLU: `name.gate` and `name.up` `[C, F]` (column-parallel) ->
@@ -25,10 +25,7 @@ impl GptMlp {
     pub fn new(name: &str, cfg: &GptConfig, arch: &Arch, layout: &GptLayout) -> Result<GptMlp> {
         let (c, f) = (cfg.width, arch.ffn(cfg));
         let opts = |parallel| layout.linear_biased(cfg, parallel, arch.mlp_bias);
-        let (column, row) = (
-            opts(Parallel::Column(TP_AXIS)),
-            opts(Parallel::Row(TP_AXIS)),
-        );
+        let (column, row) = (opts(layout.column()), opts(layout.row()));
         let (fc, proj, gate) = match arch.mlp {
             MlpKind::Gelu => ("fc", "proj", None),
             MlpKind::SwiGlu => ("up", "down", Some("gate")),

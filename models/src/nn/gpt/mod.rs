@@ -24,9 +24,7 @@ pub use super::Pass;
 pub use arch::{Arch, MlpKind, MoeArch, NormKind, Positions, RopeScaling, LN_EPS};
 pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
 pub use block::{Block, BlockMlp, Recompute};
-pub use config::{
-    padded_vocab, GptConfig, GptLayout, CP_AXIS, DEFAULT_VOCAB_MULTIPLE, DP_AXIS, TP_AXIS,
-};
+pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
 pub use decode::KvCache;
 pub use mlp::GptMlp;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};

@@ -98,7 +98,7 @@ impl GptMlp {
 
     /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
     /// layers compute with weights and biases whole on every rank (no tensor parallelism;
-    /// ZeRO-3 shards are gathered); None otherwise (the layers compose). `recompute_hidden`:
+    /// ZeRO-3 shards are gathered) and carry no adapter; None otherwise (the layers compose). `recompute_hidden`:
     /// GELU's output is computed again in the backward instead of kept.
     pub fn fused_residual(
         &self,
@@ -109,7 +109,7 @@ impl GptMlp {
         let (Some(b_fc), Some(b_proj), None) = (&self.fc.bias, &self.proj.bias, &self.gate) else {
             return Ok(None);
         };
-        if self.proj.is_partial() {
+        if self.proj.is_partial() || self.fc.lora.is_some() || self.proj.lora.is_some() {
             return Ok(None);
         }
         // The values the layers compute with (a ZeRO-3 shard gathered whole).
@@ -138,7 +138,7 @@ fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Re
     if !lin.is_partial() {
         return layout.relayout(&lin.forward(x)?, stream);
     }
-    let y = layout.relayout(&x.matmul(&lin.weight.compute()?)?, stream)?;
+    let y = layout.relayout(&lin.product(x)?, stream)?;
     match &lin.bias {
         Some(b) => y.add(&b.compute()?),
         None => Ok(y),

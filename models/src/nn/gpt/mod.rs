@@ -5,13 +5,15 @@
 //! parallelism follows from the parameters' SBP on `tp` (Q, K, V and the first MLP matrix
 //! column-parallel, the output projections row-parallel, heads split); sequence parallelism
 //! splits the residual stream along the sequence on `tp` between the parallel regions. A
-//! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each).
+//! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each). LoRA
+//! adapters (`LoraSpec`) go on the blocks' linear layers, the base frozen.
 
 mod arch;
 mod attention;
 mod block;
 mod config;
 mod decode;
+mod lora;
 mod model;
 mod norm;
 mod rope;
@@ -25,6 +27,7 @@ pub use config::{
     padded_vocab, GptConfig, GptLayout, CP_AXIS, DEFAULT_VOCAB_MULTIPLE, DP_AXIS, TP_AXIS,
 };
 pub use decode::KvCache;
+pub use lora::LoraSpec;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};
 pub use norm::Norm;
 pub use rope::Rope;

@@ -431,3 +431,85 @@ fn lora_costs_against_a_full_fine_tune() {
     );
     assert_eq!(full_bf16.parameter_bytes, 6 * base, "{full_bf16:?}");
 }
+
+/// The refusal of `train args` under an address-space limit of `kib` KiB (stderr).
+fn refused_under_limit(args: &[&str], kib: u64) -> String {
+    let (_, train) = common::binaries();
+    let mut line = format!("ulimit -v {kib}; exec {}", train.display());
+    for a in args {
+        line.push(' ');
+        line.push_str(a);
+    }
+    let out = std::process::Command::new("sh")
+        .args(["-c", &line])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} ran: {text}");
+    text
+}
+
+/// The size the refusal `text` gives its part `key` (", gradients ", ...), in bytes.
+fn part(text: &str, key: &str) -> f64 {
+    let l = text
+        .split("per rank at least ")
+        .nth(1)
+        .and_then(|parts| parts.split(key).nth(1))
+        .unwrap_or_else(|| panic!("no {key:?} in {text}"));
+    let mut w = l.split_whitespace();
+    let v: f64 = w
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size after {key:?} in {text}"));
+    let unit = w.next().unwrap().trim_end_matches(',');
+    let scale = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        other => panic!("unit {other} in {text}"),
+    };
+    v * scale
+}
+
+#[test]
+fn the_memory_estimate_counts_gradients_and_state_of_the_adapters_only() {
+    // A Llama of about 537 M parameters (2.1 GB in f32) under a 1.4 GB address space: refused
+    // before anything big is allocated, with the estimate's parts named.
+    let model = [
+        "--model",
+        "llama",
+        "--layers",
+        "8",
+        "--width",
+        "2048",
+        "--heads",
+        "16",
+        "--ffn-width",
+        "8192",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--steps",
+        "1",
+        "--gen-tokens",
+        "0",
+    ];
+    let full = refused_under_limit(&model, 1_400_000);
+    let lora = refused_under_limit(
+        &[&model[..], &["--lora-rank", "8", "--lora-targets", "q,v"]].concat(),
+        1_400_000,
+    );
+    let (fg, lg) = (part(&full, ", gradients "), part(&lora, ", gradients "));
+    let (fo, lo) = (
+        part(&full, ", optimizer state "),
+        part(&lora, ", optimizer state "),
+    );
+    eprintln!("full: gradients {fg} state {fo}; LoRA: gradients {lg} state {lo}");
+    // r (in + out) for q and v of 8 blocks: 8 x 8 x (2 x 4096) f32 values.
+    let adapters = 8.0 * 8.0 * 8192.0;
+    assert!((lg - 4.0 * adapters).abs() < 0.01 * lg, "{lora}");
+    assert!((lo - 8.0 * adapters).abs() < 0.01 * lo, "{lora}");
+    assert!(fg > 500.0 * lg, "{full}");
+}

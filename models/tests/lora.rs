@@ -375,6 +375,13 @@ fn bad_ranks_and_targets_are_named() {
         .map(|p| p.name().to_string())
         .collect();
     assert_eq!(names.len(), 4 * m.blocks.len());
+    // The count the memory estimate uses, from the sizes alone.
+    let numel: usize = m
+        .trainable_parameters()
+        .iter()
+        .map(|p| p.value().numel())
+        .sum();
+    assert_eq!(spec(2, "q,v").parameter_count(&m.cfg, &m.arch), numel);
     let e = err(&mut m, spec(2, "k"));
     assert!(e.contains("adapters already"), "{e}");
     assert!(

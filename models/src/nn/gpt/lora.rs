@@ -113,6 +113,24 @@ impl LoraSpec {
         Ok(())
     }
 
+    /// The adapters' parameters in a decoder of `cfg` and `arch`: r (in + out) for every
+    /// targeted layer of every block (0 when a target is unknown, which `check` refuses).
+    pub fn parameter_count(&self, cfg: &GptConfig, arch: &Arch) -> usize {
+        let Ok(layers) = self.layers(arch) else {
+            return 0;
+        };
+        let shapes = Gpt::parameter_shapes(cfg, arch);
+        let per_block: usize = layers
+            .iter()
+            .filter_map(|(layer, _)| {
+                let name = format!("h.0.{layer}.weight");
+                shapes.iter().find(|(n, _)| *n == name)
+            })
+            .map(|(_, s)| self.options.rank * s.iter().sum::<usize>())
+            .sum();
+        per_block * cfg.layers
+    }
+
     /// The Hugging Face module names of the targets (PEFT's `target_modules`).
     pub fn hf_modules(&self, arch: &Arch) -> Result<Vec<String>> {
         let mut v: Vec<String> = self

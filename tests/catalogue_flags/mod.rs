@@ -162,6 +162,32 @@ pub const FLAGS: &[Row] = &[
     ),
     ("--eval-only", "", &[], [Rw("--eval-only"), R, R, A, R]),
     ("--save-hf", "hf-out", &[], [A, R, R, A, R]),
+    // LoRA: the generating mode's checkpoint holds no adapters.
+    ("--lora-rank", "2", &[], [A, R, A, Rw("lora_A"), R]),
+    (
+        "--lora-alpha",
+        "4",
+        &["--lora-rank", "2"],
+        [A, R, A, Rw("lora_A"), R],
+    ),
+    (
+        "--lora-targets",
+        "c_fc",
+        &["--lora-rank", "2"],
+        [A, R, A, Rw("lora_A"), R],
+    ),
+    (
+        "--lora-dropout",
+        "0",
+        &["--lora-rank", "2"],
+        [A, R, A, Rw("lora_A"), R],
+    ),
+    (
+        "--merge-lora",
+        "",
+        &["--lora-rank", "2", "--save-hf", "hf-out"],
+        [A, R, R, Rw("lora_A"), R],
+    ),
     // `train prepare`'s own flags.
     ("--out", "out/q", &[], [R, R, R, R, A]),
     ("--format", "raw", &[], [R, R, R, R, A]),

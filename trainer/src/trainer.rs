@@ -432,11 +432,11 @@ impl<M: TrainModel> Trainer<M> {
         Ok(sum / n as f64)
     }
 
-    /// Saves the parameters, optimizer state, `meta`, the step and the data position (every
-    /// rank calls). Training state holding a NaN or infinity is refused before anything is
+    /// Saves the trainable parameters (a frozen base is not saved: it is rebuilt as it was
+    /// made), optimizer state, `meta`, the step and the data position (every rank calls). Training state holding a NaN or infinity is refused before anything is
     /// written, so a checkpoint already at `path` is kept.
     pub fn save(&self, path: &Path, meta: &Metadata, opts: &SaveOptions) -> Result<(), TrainError> {
-        let params = self.model.parameters();
+        let params = self.model.trainable_parameters();
         let o = self.optimizer.as_ref();
         let mut names: Vec<String> = params.iter().map(|p| p.name().to_string()).collect();
         let mut state: Vec<Tensor> = params.iter().map(|p| p.value()).collect();
@@ -463,7 +463,7 @@ impl<M: TrainModel> Trainer<M> {
         meta.extend(self.data.position(self.step));
         Ok(checkpoint::save(
             path,
-            &self.model.parameters(),
+            &params,
             Some(self.optimizer.as_ref()),
             &meta,
             opts,
@@ -481,7 +481,7 @@ impl<M: TrainModel> Trainer<M> {
     pub fn resume_with(&mut self, path: &Path, opts: &LoadOptions) -> Result<u64, TrainError> {
         let meta = checkpoint::load_with(
             path,
-            &self.model.parameters(),
+            &self.model.trainable_parameters(),
             Some(self.optimizer.as_mut()),
             opts,
         )?

@@ -30,7 +30,7 @@ struct Output {
     parts: Vec<(usize, Take)>,
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> HfError + '_ {
+pub(super) fn io(path: &Path) -> impl Fn(std::io::Error) -> HfError + '_ {
     move |source| HfError::Io {
         path: path.to_path_buf(),
         source,
@@ -138,7 +138,7 @@ pub fn save_hf(
 }
 
 /// `dir` created, or empty.
-fn prepare(dir: &Path) -> HfResult<()> {
+pub(super) fn prepare(dir: &Path) -> HfResult<()> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut entries = std::fs::read_dir(dir).map_err(io(dir))?;
     if entries.next().is_some() {
@@ -152,7 +152,7 @@ fn prepare(dir: &Path) -> HfResult<()> {
 
 /// `t` whole on rank 0 as little-endian bytes (empty on other ranks); every rank of its
 /// placement calls it.
-fn whole_on_root(t: &Tensor, root: &Placement, lead: bool) -> HfResult<Vec<u8>> {
+pub(super) fn whole_on_root(t: &Tensor, root: &Placement, lead: bool) -> HfResult<Vec<u8>> {
     let _ng = oxiflow_tensor::no_grad();
     let t = match t.placement() {
         Some(_) => t.to_global(root, NdSbp::broadcast(1))?,
@@ -165,7 +165,7 @@ fn whole_on_root(t: &Tensor, root: &Placement, lead: bool) -> HfResult<Vec<u8>> 
 }
 
 /// The bytes of a checkpoint tensor of `shape` from its parameters' bytes (`es` per element).
-fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -> Vec<u8> {
+pub(super) fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -> Vec<u8> {
     let n: usize = shape.iter().product();
     let mut out = vec![0u8; n * es];
     for (v, take) in values {
@@ -200,7 +200,11 @@ fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -> Vec<u8> {
     out
 }
 
-fn write_shard(path: &Path, dtype: DType, data: &[(String, Vec<usize>, Vec<u8>)]) -> HfResult<()> {
+pub(super) fn write_shard(
+    path: &Path,
+    dtype: DType,
+    data: &[(String, Vec<usize>, Vec<u8>)],
+) -> HfResult<()> {
     let st: Dtype =
         serde_json::from_value(json!(dtype.safetensors_name())).map_err(|e| HfError::Format {
             path: path.to_path_buf(),
@@ -230,7 +234,7 @@ fn write_shard(path: &Path, dtype: DType, data: &[(String, Vec<usize>, Vec<u8>)]
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-fn write_json(path: &Path, v: &serde_json::Value) -> HfResult<()> {
+pub(super) fn write_json(path: &Path, v: &serde_json::Value) -> HfResult<()> {
     let text = serde_json::to_string_pretty(v).map_err(|e| HfError::Format {
         path: path.to_path_buf(),
         detail: e.to_string(),
@@ -240,7 +244,12 @@ fn write_json(path: &Path, v: &serde_json::Value) -> HfResult<()> {
 
 /// Rank 0's outcome on every rank: its error as is there, and an error naming the directory
 /// on the others.
-fn agree(written: HfResult<()>, root: &Placement, lead: bool, dir: &Path) -> HfResult<()> {
+pub(super) fn agree(
+    written: HfResult<()>,
+    root: &Placement,
+    lead: bool,
+    dir: &Path,
+) -> HfResult<()> {
     let _ng = oxiflow_tensor::no_grad();
     let flag = Tensor::from_vec(vec![i64::from(written.is_err())], [1])?
         .to_global(root, NdSbp::broadcast(1))?;

@@ -2,7 +2,8 @@
 //! features over a mesh axis, Megatron's first MLP layer) or row-parallel (split on its input
 //! features, the second layer; its output is a partial sum that inference reduces lazily).
 //! Unless its weight is split on its input features over several ranks, the layer is one fused
-//! op (the product with the bias, and GELU in `forward_gelu`, in its epilogue).
+//! op (the product with the bias, and GELU in `forward_gelu`, in its epilogue). A LoRA adapter
+//! (`attach_lora`) adds its low-rank product to the layer's, before the activation.
 
 use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
@@ -13,6 +14,7 @@ use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::Tensor;
 
 use super::init::{param_seed, Init, ParamPlacement};
+use super::lora::{Lora, LoraOptions, LoraSite};
 use super::param::{Module, Parameter};
 
 /// How a layer's weight is split over the tensor-parallel mesh axis.
@@ -69,6 +71,11 @@ pub struct Linear {
     /// The weight is split on its input features over several ranks: the product is a
     /// partial sum, reduced before the bias is added (so never the fused op).
     partial: bool,
+    /// How the weight is split, and where it lives (what an adapter follows).
+    parallel: Parallel,
+    placement: Option<Placement>,
+    /// The low-rank adapter added to the product, when attached.
+    pub lora: Option<Lora>,
 }
 
 impl Linear {
@@ -134,7 +141,83 @@ impl Linear {
             in_features,
             out_features,
             partial,
+            parallel: o.parallel,
+            placement: o.placement.clone(),
+            lora: None,
         })
+    }
+
+    /// Attaches a fresh LoRA adapter `name.lora_A` / `name.lora_B` of `options` (split as the
+    /// weight is, in the weight's dtype, seeded by `seed`) and freezes the layer's own
+    /// parameters: only the adapter trains. The layer's name is its weight's without `.weight`.
+    /// A layer takes one adapter.
+    pub fn attach_lora(&mut self, options: LoraOptions, seed: u64) -> Result<()> {
+        let wname = self.weight.name();
+        let name = wname.strip_suffix(".weight").unwrap_or(wname).to_string();
+        if self.lora.is_some() {
+            return Err(TensorError::Shape {
+                op: "Linear::attach_lora",
+                shapes: format!("[{}, {}]", self.in_features, self.out_features),
+                sbps: "-".into(),
+                detail: format!("layer {name} has an adapter already"),
+            });
+        }
+        let (a_at, b_at) = self.adapter_layouts();
+        let lora = Lora::new(
+            &LoraSite {
+                name: &name,
+                in_features: self.in_features,
+                out_features: self.out_features,
+                a_at,
+                b_at,
+                dtype: self.weight.value().dtype(),
+                seed,
+            },
+            options,
+        )?;
+        self.weight.freeze();
+        if let Some(b) = &self.bias {
+            b.freeze();
+        }
+        self.lora = Some(lora);
+        Ok(())
+    }
+
+    /// Where an adapter's A `[in, r]` and B `[r, out]` live: column-parallel splits B as the
+    /// weight (on its output features) and replicates A; row-parallel splits A as the weight
+    /// (on its input features) and replicates B.
+    fn adapter_layouts(&self) -> (ParamPlacement, ParamPlacement) {
+        let Some(p) = &self.placement else {
+            return (ParamPlacement::Local, ParamPlacement::Local);
+        };
+        let at = |axis, sbp| ParamPlacement::Global {
+            placement: p.clone(),
+            nd_sbp: on_axis(p, axis, sbp),
+        };
+        match self.parallel {
+            Parallel::Replicated => (at(None, Sbp::B), at(None, Sbp::B)),
+            Parallel::Column(a) => (at(None, Sbp::B), at(Some(a), Sbp::S(1))),
+            Parallel::Row(a) => (at(Some(a), Sbp::S(0)), at(None, Sbp::B)),
+        }
+    }
+
+    /// The weight with the adapter merged in (`W + (alpha / r) A B`, see `Lora::merged`), or
+    /// the weight itself without an adapter.
+    pub fn merged_weight(&self) -> Result<Tensor> {
+        match &self.lora {
+            Some(l) => l.merged(&self.weight.value()),
+            None => Ok(self.weight.value()),
+        }
+    }
+
+    /// x `[.., in]` times the weight, plus the adapter's product when attached: a partial sum
+    /// when the layer is (see [`Linear::is_partial`]); no bias.
+    pub fn product(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.weight.compute()?)?;
+        match &self.lora {
+            Some(l) => y.add(&l.delta(x)?),
+            None => Ok(y),
+        }
     }
 
     /// Whether the weight is split on its input features over several ranks (row-parallel on
@@ -154,8 +237,23 @@ impl Linear {
     }
 
     fn forward_as(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
-        let w = self.weight.compute()?;
         let b = self.bias.as_ref().map(Parameter::compute).transpose()?;
+        if let Some(l) = &self.lora {
+            // The base product as without the adapter (one fused op where it can be), then the
+            // adapter's term, then the activation.
+            let y = match (&b, self.partial) {
+                (Some(b), false) => x
+                    .linear(&self.weight.compute()?, Some(b), Activation::None)?
+                    .add(&l.delta(x)?)?,
+                (Some(b), true) => self.product(x)?.add(b)?,
+                (None, _) => self.product(x)?,
+            };
+            return match act {
+                Activation::Gelu => y.gelu(),
+                Activation::None => Ok(y),
+            };
+        }
+        let w = self.weight.compute()?;
         if !self.partial && (b.is_some() || act != Activation::None) {
             return x.linear(&w, b.as_ref(), act);
         }
@@ -175,6 +273,7 @@ impl Module for Linear {
     fn parameters(&self) -> Vec<Parameter> {
         let mut v = vec![self.weight.clone()];
         v.extend(self.bias.clone());
+        v.extend(self.lora.iter().flat_map(Lora::parameters));
         v
     }
 }

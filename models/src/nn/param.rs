@@ -1,4 +1,5 @@
-//! `Parameter` (a named, replaceable leaf tensor), the `Module` trait and `ParamRegistry`.
+//! `Parameter` (a named, replaceable leaf tensor, trainable or frozen), the `Module` trait and
+//! `ParamRegistry`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,6 +29,8 @@ struct ParamInner {
     /// Whether the leaf is a master shard whose compute copy is kept gathered between steps
     /// (`store_master_shard`).
     keeps_gathered: AtomicBool,
+    /// Whether the parameter is frozen (`freeze`): its leaf wants no gradient.
+    frozen: AtomicBool,
     /// The compute copy all-gathered into the compute layout (`ensure_gathered`), with the
     /// leaf it is a copy of: current while that leaf is the stored one.
     gathered: Mutex<Option<(Tensor, Tensor)>>,
@@ -53,11 +56,28 @@ impl Parameter {
             prefetched: Mutex::new(None),
             copy: Mutex::new(None),
             keeps_gathered: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
             gathered: Mutex::new(None),
         }))
     }
     pub fn name(&self) -> &str {
         &self.0.name
+    }
+    /// Freezes the parameter: its leaf (and every later one) wants no gradient, so a backward
+    /// pass computes and stores none for it, and optimizers are built without it
+    /// ([`Module::trainable_parameters`]).
+    pub fn freeze(&self) {
+        self.0.frozen.store(true, Ordering::Relaxed);
+        let mut v = self.0.value.write().unwrap_or_else(|e| e.into_inner());
+        *v = v.detach().requires_grad_(false);
+    }
+    /// Whether the parameter is frozen ([`Parameter::freeze`]).
+    pub fn is_frozen(&self) -> bool {
+        self.0.frozen.load(Ordering::Relaxed)
+    }
+    /// A new leaf of `t`'s values, wanting a gradient unless the parameter is frozen.
+    fn leaf(&self, t: &Tensor) -> Tensor {
+        t.detach().requires_grad_(!self.is_frozen())
     }
     /// The value in the layout layers compute with: the leaf itself, or the leaf all-gathered
     /// from its shards (recorded by autograd) when it is stored sharded; for a master shard
@@ -144,6 +164,23 @@ impl Parameter {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = dtype;
     }
+    /// Stores a frozen parameter's leaf in its compute dtype: nothing updates it, so no master
+    /// copy is needed (a frozen base under bf16 mixed precision holds 16-bit weights only).
+    /// A trainable parameter, or one computing in its own dtype, is left as it is.
+    pub fn store_frozen_in_compute_dtype(&self) -> Result<()> {
+        let d = self.compute_dtype();
+        let leaf = self.value();
+        if !self.is_frozen() || leaf.dtype() == d {
+            return Ok(());
+        }
+        let cast = {
+            let _ng = oxiflow_tensor::no_grad();
+            leaf.detach().to_dtype(d)?
+        };
+        self.drop_copy();
+        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = self.leaf(&cast);
+        Ok(())
+    }
     /// The dtype [`Parameter::compute`] gives.
     pub fn compute_dtype(&self) -> DType {
         let d = *self
@@ -182,8 +219,7 @@ impl Parameter {
         };
         let compute = self.compute_layout().unwrap_or(cur);
         *self.0.compute.write().unwrap_or_else(|e| e.into_inner()) = Some(compute);
-        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) =
-            stored.detach().requires_grad_(true);
+        *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = self.leaf(&stored);
         self.apply_grad_layout()
     }
     /// Stores the leaf in `storage` as [`Parameter::store_sharded`] does, as the master shard
@@ -315,7 +351,7 @@ impl Parameter {
                 ),
             });
         }
-        let leaf = t.detach().requires_grad_(true);
+        let leaf = self.leaf(t);
         *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = leaf.clone();
         if let Some(c) = copy {
             *self.0.copy.lock().unwrap_or_else(|e| e.into_inner()) = Some((leaf, c.detach()));
@@ -389,6 +425,14 @@ impl std::fmt::Debug for Parameter {
 pub trait Module {
     /// The parameters, in a fixed order, with unique names.
     fn parameters(&self) -> Vec<Parameter>;
+    /// The parameters that train (not frozen), in `parameters()` order: what optimizers update
+    /// and checkpoints save.
+    fn trainable_parameters(&self) -> Vec<Parameter> {
+        self.parameters()
+            .into_iter()
+            .filter(|p| !p.is_frozen())
+            .collect()
+    }
     /// A registry of the parameters (fails on duplicate names).
     fn registry(&self) -> Result<ParamRegistry> {
         ParamRegistry::new(self.parameters())

@@ -390,10 +390,10 @@ fn run_action(
     }
 }
 
-/// Gives every parameter this rank holds no piece of an absent zero gradient (no data), so
+/// Gives every trainable parameter this rank holds no piece of an absent zero gradient (no data), so
 /// optimizers step (and keep state for) every parameter on every rank alike.
 fn absent_grads(model: &dyn PipelineModel) -> Result<()> {
-    for p in model.parameters() {
+    for p in model.trainable_parameters() {
         let v = p.value();
         let (Some(pl), Some(nd), Some(ctx)) = (v.placement(), v.nd_sbp(), v.context()) else {
             continue;

@@ -263,6 +263,21 @@ pub struct ModelFlags {
     /// weights, each rank reading only its own pieces.
     #[arg(long)]
     pub from_hf: Option<PathBuf>,
+    /// LoRA fine-tuning: freeze every weight and train rank-R adapters `W + (alpha/R) B A` on the
+    /// --lora-targets layers (R at least 1, at most min(in, out) of each).
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub lora_rank: Option<usize>,
+    /// LoRA: the adapters' scale is alpha / rank [default: 8, PEFT's].
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub lora_alpha: Option<f64>,
+    /// LoRA: the adapted layers, comma-separated: q,k,v,o,gate,up,down (Llama, Qwen2,
+    /// Mistral; or PEFT's q_proj ... down_proj), c_fc,c_proj (GPT-2) [default: q,v (GPT-2:
+    /// c_fc,c_proj)].
+    #[arg(long)]
+    pub lora_targets: Option<String>,
+    /// LoRA: dropout on the adapters' input; only 0 is supported [default: 0].
+    #[arg(long, value_parser = parse::unit_fraction, allow_hyphen_values = true)]
+    pub lora_dropout: Option<f64>,
 }
 
 /// How the job is laid out on the ranks.
@@ -477,6 +492,12 @@ pub struct RunFlags {
     /// safetensors shards and their index; the folder must not exist or be empty).
     #[arg(long)]
     pub save_hf: Option<PathBuf>,
+    /// LoRA: --save-hf writes the base weights with the adapters merged in (W + (alpha/R) B A)
+    /// under the Hugging Face names, instead of the adapters alone in PEFT's layout
+    /// (adapter_model.safetensors, adapter_config.json).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub merge_lora: bool,
 }
 
 /// The GPT's generated sample.

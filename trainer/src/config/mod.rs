@@ -52,6 +52,13 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// A Hugging Face model directory: the architecture, sizes and weights.
     pub from_hf: Option<PathBuf>,
+    /// LoRA fine-tuning: the adapters' rank (None: a full fine-tune).
+    pub lora_rank: Option<usize>,
+    pub lora_alpha: f64,
+    /// The adapted layers as given (None: the architecture's default).
+    pub lora_targets: Option<String>,
+    /// Dropout on the adapters' input: 0 (nothing else is accepted).
+    pub lora_dropout: f64,
 }
 
 /// The layout on the ranks (`dp` None: the world size over pp x tp).
@@ -134,6 +141,8 @@ pub struct RunConfig {
     pub compile: bool,
     pub eval_only: bool,
     pub save_hf: Option<PathBuf>,
+    /// LoRA: --save-hf merges the adapters into the weights.
+    pub merge_lora: bool,
 }
 
 /// The GPT's sample.

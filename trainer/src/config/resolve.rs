@@ -95,7 +95,25 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         )?,
         tie_embeddings: m.tie_embeddings,
         from_hf: path("--from-hf", &m.from_hf)?,
+        lora_rank: m.lora_rank.map(|r| count("--lora-rank", r)).transpose()?,
+        lora_alpha: checked(
+            "--lora-alpha",
+            m.lora_alpha.unwrap_or(8.0),
+            checks::positive_finite,
+        )?,
+        lora_targets: m.lora_targets.clone(),
+        lora_dropout: checked(
+            "--lora-dropout",
+            m.lora_dropout.unwrap_or(0.0),
+            checks::unit_fraction,
+        )?,
     };
+    if model.lora_dropout != 0.0 {
+        return Err(config_err(format!(
+            "--lora-dropout {}: adapters train without dropout; only 0 is supported",
+            model.lora_dropout
+        )));
+    }
     let p = &f.parallel;
     let parallel = ParallelConfig {
         dp: p.dp.map(|d| count("--dp", d)).transpose()?,
@@ -192,6 +210,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         compile: r.compile,
         eval_only: r.eval_only,
         save_hf: path("--save-hf", &r.save_hf)?,
+        merge_lora: r.merge_lora,
     };
     let g = &f.generate;
     let generate = GenerateConfig {
@@ -350,12 +369,31 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
             format!("{:?}", m.model).to_lowercase()
         )));
     }
+    lora_fits(c)?;
     if r.eval_only && r.explain {
         return Err(config_err(
             "--eval-only and --explain both replace training: give one".into(),
         ));
     }
     Ok(())
+}
+
+/// LoRA fits the rest of the job: `--merge-lora` with adapters and `--save-hf`; eager steps
+/// (a compiled step is not shown to equal an eager one with adapters).
+fn lora_fits(c: &TrainConfig) -> Result<(), TrainError> {
+    let r = &c.run;
+    match c.model.lora_rank {
+        None if r.merge_lora => Err(config_err(
+            "--merge-lora merges LoRA adapters: it needs --lora-rank".into(),
+        )),
+        Some(_) if r.merge_lora && r.save_hf.is_none() => Err(config_err(
+            "--merge-lora says how --save-hf writes the model: it needs --save-hf".into(),
+        )),
+        Some(rank) if r.compile => Err(config_err(format!(
+            "--lora-rank {rank} with --compile: LoRA runs eagerly; drop --compile"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least

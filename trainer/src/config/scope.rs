@@ -46,6 +46,8 @@ enum Needs {
     Training,
     /// A decoder job that runs to its end (not `--explain`, which runs one step and exits).
     Runs,
+    /// LoRA adapters (`--lora-rank`).
+    Lora,
 }
 
 /// Every key only some jobs use (`section.key`), with what it needs.
@@ -67,6 +69,12 @@ const SCOPED: &[(&str, Needs)] = &[
     ("model.norm-eps", Needs::Llama),
     ("model.tie-embeddings", Needs::Llama),
     ("model.from-hf", Needs::Gpt),
+    ("model.lora-rank", Needs::Gpt),
+    ("model.lora-alpha", Needs::Lora),
+    ("model.lora-targets", Needs::Lora),
+    ("model.lora-dropout", Needs::Lora),
+    ("run.merge-lora", Needs::Lora),
+    ("run.merge-lora", Needs::Runs),
     ("parallel.pp", Needs::Gpt),
     ("parallel.sp", Needs::Gpt),
     ("parallel.cp", Needs::Gpt),
@@ -158,6 +166,7 @@ impl Needs {
             Needs::Buckets => gpt && c.optim.bucket_mb > 0.0,
             Needs::Training => !c.run.eval_only,
             Needs::Runs => !c.run.explain,
+            Needs::Lora => gpt && c.model.lora_rank.is_some(),
         }
     }
 
@@ -219,6 +228,7 @@ impl Needs {
             (Needs::Generates, _) => {
                 "settings of the generated sample, and --explain runs one step and exits"
             }
+            (Needs::Lora, _) => "settings of LoRA adapters, and --lora-rank is not given",
         }
     }
 }

@@ -13,7 +13,9 @@
 //!   padded to `--vocab-multiple`): N parameters as the architecture counts them
 //!   (`Arch::parameter_count`; GPT-2's N = V C + T C + L (12 C^2 + 13 C) + 2 C);
 //!   each rank holds at least N / (pp tp) of them (N / (pp dp tp) under ZeRO-3), as many
-//!   gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp from ZeRO-1).
+//!   gradients (/ dp from ZeRO-2) and twice as much AdamW state (/ dp from ZeRO-1); under
+//!   LoRA only the adapters' parameters have gradients and state, the frozen rest one copy
+//!   in the compute dtype.
 //!   r = B / (dp M K) rows (batch B, micro-batches M, accumulation K) of T tokens keep, per
 //!   token, the logits and their softmax (2 V / tp) and, for each of the ceil(L / pp) blocks
 //!   of a stage, what its backward pass needs: b = 4 C + 12 C / tp (+ the attention's
@@ -113,7 +115,12 @@ pub fn estimate(
             );
             let n = d.arch.parameter_count(&d.cfg, d.cfg.table_rows()) as f64;
             let held = n / (pp * tp);
-            let shard = |from: u8| if zero >= from { held / dp } else { held };
+            // LoRA: only the adapters train (gradients, state); the frozen base is one copy
+            // in the compute dtype.
+            let trained = d.lora.as_ref().map_or(held, |l| {
+                l.parameter_count(&d.cfg, &d.arch) as f64 / (pp * tp)
+            });
+            let shard = |from: u8| if zero >= from { trained / dp } else { trained };
             let r = ceil_div(batch, dp * cfg.parallel.micro_batches as f64 * accum);
             // Per token: what a block keeps for its backward pass (its input, two norms' outputs,
             // the attention output, q, k, v, the MLP's two 4C activations, and the fused
@@ -136,12 +143,13 @@ pub fn estimate(
             // Under mixed precision a 16-bit copy of every held parameter is kept whole (or
             // gathered whole for the step, ZeRO-3), and ZeRO-1/2 keep f32 master shards.
             let (leaves, copies) = match a < s {
-                true if zero >= 1 => (held / dp, held),
-                true => (held, held),
+                true if zero >= 1 => (trained / dp, trained),
+                true => (trained, trained),
                 false => (shard(3), 0.0),
             };
+            let frozen = a * (held - trained).max(0.0);
             let e = Estimate {
-                parameters: s * leaves + a * copies,
+                parameters: s * leaves + a * copies + frozen,
                 gradients: s * shard(2),
                 optimizer_state: moments * s * shard(1),
                 activations,

@@ -325,7 +325,7 @@ fn infer_job(
     )?;
     if let Some(path) = &cfg.run.resume {
         use oxiflow_models::nn::Module;
-        let params = model.parameters();
+        let params = model.trainable_parameters();
         let targets: Vec<(String, oxiflow_tensor::Tensor)> = params
             .iter()
             .map(|p| (p.name().to_string(), p.value()))
@@ -364,7 +364,7 @@ fn infer_job(
         println!("generate: {} | mesh {mesh}", spec.describe());
     }
     if let Some(dir) = &cfg.run.save_hf {
-        save_hf(dir, spec, &model, lead)?;
+        save_hf(dir, cfg, spec, &model, lead)?;
     }
     let g = &cfg.generate;
     if !cfg.run.eval_only || g.generate.is_some() || g.prompt_ids.is_some() {
@@ -461,17 +461,42 @@ fn sample(
     Ok(())
 }
 
-/// `--save-hf DIR`: `model` written as a Hugging Face directory (every rank calls it).
+/// `--save-hf DIR`: `model` written as a Hugging Face directory; with LoRA adapters, its
+/// weights with the adapters merged in (`--merge-lora`) or the adapters alone in PEFT's layout
+/// (every rank calls it).
 fn save_hf(
     dir: &Path,
+    cfg: &TrainConfig,
     spec: &DecoderSpec,
     model: &oxiflow_models::nn::gpt::Gpt,
     lead: bool,
 ) -> Result<(), TrainError> {
-    use oxiflow_models::nn::Module;
-    oxiflow_models::hf::save_hf(dir, &spec.hf_config(), &model.parameters(), HF_SHARD_BYTES)?;
+    use oxiflow_models::hf::{save_adapter, AdapterConfig};
+    let config = spec.hf_config();
+    let what = match &spec.lora {
+        Some(l) if !cfg.run.merge_lora => {
+            let adapter = AdapterConfig {
+                rank: l.options.rank,
+                alpha: l.options.alpha,
+                target_modules: l.hf_modules(&spec.arch)?,
+                base: spec.hf.as_ref().map(|h| h.dir.display().to_string()),
+            };
+            save_adapter(dir, &config, &adapter, &model.adapted())?;
+            "LoRA adapters (PEFT layout)"
+        }
+        Some(_) => {
+            let merged = model.merged_parameters()?;
+            oxiflow_models::hf::save_hf(dir, &config, &merged, HF_SHARD_BYTES)?;
+            "Hugging Face model, LoRA adapters merged,"
+        }
+        None => {
+            use oxiflow_models::nn::Module;
+            oxiflow_models::hf::save_hf(dir, &config, &model.parameters(), HF_SHARD_BYTES)?;
+            "Hugging Face model"
+        }
+    };
     if lead {
-        println!("saved a Hugging Face model to {}", dir.display());
+        println!("saved a {what} to {}", dir.display());
     }
     Ok(())
 }
@@ -546,6 +571,22 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
             job.trainer.data.describe(),
             job.tokenizer
         );
+        if let Some(l) = &spec.lora {
+            use oxiflow_models::nn::Module;
+            let count = |ps: Vec<oxiflow_models::nn::Parameter>| -> usize {
+                ps.iter().map(|p| p.value().numel()).sum()
+            };
+            let model = &job.trainer.model;
+            println!(
+                "lora: rank {} alpha {} targets {} | trainable parameters {} of {} ({} adapted layers; the rest frozen)",
+                l.options.rank,
+                l.options.alpha,
+                l.targets.join(","),
+                count(model.trainable_parameters()),
+                count(model.parameters()),
+                model.adapted().len()
+            );
+        }
     }
     if cfg.run.explain {
         return explain_step(&mut job.trainer, lead);
@@ -576,7 +617,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         }
     }
     if let Some(dir) = &cfg.run.save_hf {
-        save_hf(dir, &spec, &job.trainer.model, lead)?;
+        save_hf(dir, cfg, &spec, &job.trainer.model, lead)?;
     }
     let world = job.mesh.world(device)?;
     let eos = spec.eos.clone();

@@ -2,15 +2,15 @@
 //! gpt`, `--model llama` with its flags) or from a Hugging Face directory (`--from-hf`, whose
 //! weights it also reads), resolved before the world starts; and `build_decoder`, the model on
 //! the job's stages (pipeline split or not), its weights read from the directory when there is
-//! one (each rank its own pieces, every check before any step), its compute dtype and
-//! recomputation set.
+//! one (each rank its own pieces, every check before any step), LoRA adapters attached when
+//! asked for, its compute dtype and recomputation set.
 
 use std::sync::Arc;
 
 use oxiflow_collectives::DType;
 use oxiflow_models::hf::{Family, HfCheckpoint, HfConfig};
-use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, StageSplit};
-use oxiflow_models::nn::Module;
+use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, LoraSpec, MlpKind, StageSplit};
+use oxiflow_models::nn::{LoraOptions, Module};
 use oxiflow_ops::context_parallel::CpAlgorithm;
 use oxiflow_placement::{DeviceType, MeshLayout, NamedMesh};
 
@@ -31,6 +31,8 @@ pub struct DecoderSpec {
     pub eos: Vec<usize>,
     /// The directory its weights come from (`--from-hf`), opened and its headers read.
     pub hf: Option<Arc<HfCheckpoint>>,
+    /// LoRA adapters on its linear layers, the base frozen (`--lora-rank`).
+    pub lora: Option<LoraSpec>,
 }
 
 impl DecoderSpec {
@@ -76,6 +78,7 @@ impl DecoderSpec {
             let c = &ck.config;
             return DecoderSpec {
                 cfg: c.gpt_config(&base),
+                lora: lora_spec(cfg, &c.arch),
                 arch: c.arch.clone(),
                 family: c.family,
                 eos: c.eos.clone(),
@@ -99,6 +102,7 @@ impl DecoderSpec {
         };
         DecoderSpec {
             cfg: base,
+            lora: lora_spec(cfg, &arch),
             arch,
             family,
             eos: eos.into_iter().collect(),
@@ -111,6 +115,17 @@ impl DecoderSpec {
     pub fn check(&self) -> Result<(), TrainError> {
         if let Some(ck) = &self.hf {
             ck.plan(&Gpt::parameter_shapes(&self.cfg, &self.arch))?;
+        }
+        if let Some(l) = &self.lora {
+            l.check(&self.cfg, &self.arch)
+                .map_err(|e| TrainError::Config {
+                    detail: format!(
+                        "--lora-rank {} --lora-targets {}: {}",
+                        l.options.rank,
+                        l.targets.join(","),
+                        lora_detail(e)
+                    ),
+                })?;
         }
         Ok(())
     }
@@ -149,6 +164,33 @@ impl DecoderSpec {
     }
 }
 
+/// The LoRA adapters `cfg` asks for on a decoder of `arch` (the targets by default: q,v for a
+/// Llama-style MLP, PEFT's default; c_fc,c_proj for GPT-2).
+fn lora_spec(cfg: &TrainConfig, arch: &Arch) -> Option<LoraSpec> {
+    let m = &cfg.model;
+    let rank = m.lora_rank?;
+    let targets = match (&m.lora_targets, arch.mlp) {
+        (Some(t), _) => t.split(',').map(|s| s.trim().to_string()).collect(),
+        (None, MlpKind::SwiGlu) => vec!["q".into(), "v".into()],
+        (None, MlpKind::Gelu) => vec!["c_fc".into(), "c_proj".into()],
+    };
+    Some(LoraSpec {
+        options: LoraOptions {
+            rank,
+            alpha: m.lora_alpha,
+        },
+        targets,
+    })
+}
+
+/// The detail of a LoRA check's error.
+fn lora_detail(e: oxiflow_tensor::TensorError) -> String {
+    match e {
+        oxiflow_tensor::TensorError::Shape { detail, .. } => detail,
+        other => other.to_string(),
+    }
+}
+
 /// The decoder of `spec` on `stages` (one named mesh per pipeline stage) with
 /// `virtual_stages` chunks per stage, its weights read from the Hugging Face directory when
 /// there is one, computing in `compute_dtype`.
@@ -164,11 +206,21 @@ pub fn build_decoder(
         let layouts = stages.iter().cloned().map(GptLayout::Mesh).collect();
         StageSplit::new(spec.cfg.layers, layouts, virtual_stages)?
     };
-    let model = Gpt::with_arch(&spec.cfg, &spec.arch, split)?;
+    let mut model = Gpt::with_arch(&spec.cfg, &spec.arch, split)?;
     if let Some(ck) = &spec.hf {
         ck.load_into(&model.parameters())?;
     }
+    if let Some(l) = &spec.lora {
+        model.attach_lora(l)?;
+    }
     model.set_compute_dtype(compute_dtype);
+    if spec.lora.is_some() {
+        // The frozen base is stored as it computes (bf16 under bf16-mixed), the adapters in
+        // the model's dtype.
+        for p in model.parameters() {
+            p.store_frozen_in_compute_dtype()?;
+        }
+    }
     Ok(model)
 }
 

@@ -333,7 +333,7 @@ pub fn gpt_trainer(
         cfg.compute_dtype(device),
     )?;
     model.recompute = p.recompute.into();
-    let params = model.parameters();
+    let params = model.trainable_parameters();
     let decay = params
         .iter()
         .map(|q| {

@@ -62,7 +62,7 @@ fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Re
     if !lin.is_partial() {
         return layout.relayout(&lin.forward(x)?, stream);
     }
-    let y = layout.relayout(&x.matmul(&lin.weight.compute()?)?, stream)?;
+    let y = layout.relayout(&lin.product(x)?, stream)?;
     match &lin.bias {
         Some(b) => y.add(&b.compute()?),
         None => Ok(y),

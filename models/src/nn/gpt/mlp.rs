@@ -50,7 +50,7 @@ impl GptMlp {
 
     /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
     /// layers compute with weights and biases whole on every rank (no tensor parallelism;
-    /// ZeRO-3 shards are gathered); None otherwise (the layers compose). `recompute_hidden`:
+    /// ZeRO-3 shards are gathered) and carry no adapter; None otherwise (the layers compose). `recompute_hidden`:
     /// GELU's output is computed again in the backward instead of kept.
     pub fn fused_residual(
         &self,
@@ -61,7 +61,7 @@ impl GptMlp {
         let (Some(b_fc), Some(b_proj), None) = (&self.fc.bias, &self.proj.bias, &self.gate) else {
             return Ok(None);
         };
-        if self.proj.is_partial() {
+        if self.proj.is_partial() || self.fc.lora.is_some() || self.proj.lora.is_some() {
             return Ok(None);
         }
         // The values the layers compute with (a ZeRO-3 shard gathered whole).

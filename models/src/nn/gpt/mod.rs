@@ -6,13 +6,15 @@
 //! parallelism follows from the parameters' SBP on `tp` (Q, K, V and the first MLP matrix
 //! column-parallel, the output projections row-parallel, heads split); sequence parallelism
 //! splits the residual stream along the sequence on `tp` between the parallel regions. A
-//! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each).
+//! `StageSplit` puts chunks of blocks on pipeline stages (one `[dp, tp]` layout each). LoRA
+//! adapters (`LoraSpec`) go on the blocks' linear layers, the base frozen.
 
 mod arch;
 mod attention;
 mod block;
 mod config;
 mod decode;
+mod lora;
 mod mlp;
 mod model;
 mod moe;
@@ -26,6 +28,7 @@ pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot}
 pub use block::{Block, BlockMlp, Recompute};
 pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
 pub use decode::KvCache;
+pub use lora::LoraSpec;
 pub use mlp::GptMlp;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};
 pub use moe::{MoeMlp, RouterLog, RouterStats};

@@ -1,8 +1,9 @@
 //! OxiFlow, the facade users import: the tensor crate's items at the root (global tensors with
 //! placements and SBP), the models built on them as modules (`nn`, `optim`, `checkpoint`,
-//! `data`, `pipeline`, `footprint`), the training loop (`trainer`), and the crates underneath
-//! the tensor crate (dtype, placement, sbp, boxing, collectives) as modules. Each item has one
-//! path here (plus `prelude`).
+//! `data`, `pipeline`, `footprint`), the training loop (`trainer`), the CUDA backend (`cuda`,
+//! whose `init_from_env` is the root's: it registers the NCCL world's CUDA binding), and the
+//! crates underneath the tensor crate (dtype, placement, sbp, boxing, collectives) as modules.
+//! Each item has one path here (plus `prelude`).
 //!
 //! ```text
 //! use oxiflow::prelude::*;
@@ -16,6 +17,7 @@
 pub use oxiflow_boxing as boxing;
 pub use oxiflow_collectives as collectives;
 pub use oxiflow_compile as compile;
+pub use oxiflow_cuda as cuda;
 pub use oxiflow_dtype as dtype;
 pub use oxiflow_placement as placement;
 pub use oxiflow_sbp as sbp;
@@ -23,6 +25,9 @@ pub use oxiflow_trainer as trainer;
 
 pub use oxiflow_models::{checkpoint, data, footprint, nn, optim, pipeline};
 pub use oxiflow_tensor::*;
+// Process start-up with the CUDA backend registered (shadows the core's CPU-and-registered-only
+// start-up of the glob above).
+pub use oxiflow_cuda::{init_from_env, init_with_env};
 
 /// Any error of the crates underneath, so a program can use `?` on all of them (boxed, so a
 /// `Result` stays small). Its `Debug` form is its message, so `fn main() -> Result<(),

@@ -2,7 +2,7 @@
 //! (`oxiflow_tensor::ExternOp`): attributes, shapes and dtypes, SBP candidates from
 //! `oxiflow_sbp::rules`, saved tensors and a backward written with dispatched ops, and a kernel
 //! table per backend (CPU kernels on host arrays, CUDA kernels compiled through the library's
-//! NVRTC path with `oxiflow_tensor::cuda::CudaSource`). One folder per op; adding one is its
+//! NVRTC path with `oxiflow_cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
 pub mod argmax;

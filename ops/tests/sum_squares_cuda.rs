@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
+use oxiflow_cuda::cuda_unavailable;
 use oxiflow_ops::sum_squares::{non_finite_sums, sum_squares_multi, TensorSums};
-use oxiflow_tensor::cuda::cuda_unavailable;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, Placement, Result, Sbp, Tensor};
 
 /// The bits of `t`'s values (every NaN as one NaN).

@@ -4,8 +4,8 @@
 
 mod common;
 
+use oxiflow_cuda::cuda_unavailable;
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
-use oxiflow_tensor::cuda::cuda_unavailable;
 use oxiflow_tensor::{DType, DeviceType, Placement, Sbp, Tensor};
 
 fn sigmoid(x: f64) -> f64 {

@@ -12,12 +12,12 @@ ANCHORS=${ANCHORS:-../shared/anchors}
 rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train --example gpt_bench
-cargo build --release -p oxiflow-tensor --bins
+cargo build --release -p oxiflow-cuda --bins
 cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
 for b in gpu_kernels_check attention_bench; do
   [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"
 done
-cp "$(scripts/gpu/test_executable.sh oxiflow-tensor gpu_tensor)" "$DEST/bin/gpu_tensor"
+cp "$(scripts/gpu/test_executable.sh oxiflow-cuda gpu_tensor)" "$DEST/bin/gpu_tensor"
 cp "$(scripts/gpu/test_executable.sh oxiflow gpu_compile)" "$DEST/bin/gpu_compile"
 for t in swiglu_cuda sum_squares_cuda rms_norm_cuda argmax_cuda; do
   cp "$(scripts/gpu/test_executable.sh oxiflow-ops "$t")" "$DEST/bin/ops_$t"

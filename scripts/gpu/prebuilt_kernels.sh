@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the *_here.sh scripts before they build device binaries: the library's own CUDA
 # kernels are compiled at build time for the device machines' architecture and embedded in the
-# binaries (tensor/build.rs), so a process with an empty kernel cache compiles only a compiled
+# binaries (cuda/build.rs), so a process with an empty kernel cache compiles only a compiled
 # step's generated kernels. OXIFLOW_PREBUILD_ARCHS defaults to sm_90 (H100/H200; set it empty
 # to build without); OXIFLOW_NVRTC_LIB, unless set, is this machine's NVRTC when found in a
 # Python environment's nvidia/cu13/lib (else the build searches CUDA_HOME, LD_LIBRARY_PATH, the

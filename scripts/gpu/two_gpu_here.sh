@@ -12,7 +12,7 @@ rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train --example gpt_bench
 cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
-cp "$(scripts/gpu/test_executable.sh oxiflow-tensor gpu_tensor)" "$DEST/bin/gpu_tensor"
+cp "$(scripts/gpu/test_executable.sh oxiflow-cuda gpu_tensor)" "$DEST/bin/gpu_tensor"
 strip "$DEST"/bin/*
 cp scripts/gpu/two_gpu_there.sh scripts/gpu/overlap_there.sh scripts/gpu/trace_overlap.py scripts/gpu/trace_breakdown.py \
   scripts/gpu/pipes_there.sh scripts/gpu/twin_gpt.py "$DEST/"

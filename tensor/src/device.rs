@@ -1,7 +1,7 @@
-//! The device seam: `DeviceBackend`, what a non-CPU backend (CUDA, in `cuda/`) provides for its
-//! pieces (uploads, device-side creation, boxing in its own worlds), and the process-wide
-//! backend registry. It knows pieces (`Storage`, `DeviceStorage`), boxing plans and
-//! communicators, and nothing of ops, contexts or tensors: running ops is the executor seam
+//! The device seam: `DeviceBackend`, what a non-CPU backend (CUDA: the `oxiflow-cuda` crate)
+//! provides for its pieces (uploads, device-side creation, boxing in its own worlds), and the
+//! process-wide backend registry. It knows pieces (`Storage`, `DeviceStorage`), boxing plans
+//! and communicators, and nothing of ops, contexts or tensors: running ops is the executor seam
 //! (`executor::OpExecutor`), which a backend registers beside this one.
 //!
 //! # Contract for a device backend (CUDA)

@@ -12,12 +12,12 @@
 
 pub mod arena;
 pub mod autograd;
+pub mod backend;
 mod bucket;
 pub mod capture;
 mod context;
 mod cpu;
 mod creation;
-pub mod cuda;
 mod device;
 mod dispatch;
 mod element;
@@ -54,7 +54,7 @@ pub use executor::{register_op_executor, OpExecutor};
 pub use gather_bucket::{gather_bucket, gather_fits};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use in_place::BoundPiece;
-pub use init::{init_from_env, init_with_env, init_with_world};
+pub use init::{init_from_env, init_with_env, init_with_world, register_nccl_world, NcclWorldJoin};
 pub use inprocess::run_ranks;
 pub use op::custom;
 pub use op::{

@@ -109,11 +109,13 @@ pub fn reset_peaks() {
     DEVICE.reset_peak();
 }
 
-pub(crate) fn device_alloc(bytes: usize) {
+/// Counts `bytes` a device backend's allocator took from the driver for tensors' blocks.
+pub fn device_alloc(bytes: usize) {
     DEVICE.add(bytes);
 }
 
-pub(crate) fn device_free(bytes: usize) {
+/// Counts `bytes` a device backend's allocator gave back to the driver.
+pub fn device_free(bytes: usize) {
     DEVICE.sub(bytes);
 }
 

@@ -1,6 +1,6 @@
 //! Where CUDA libraries are looked for: the usual CUDA folders, the folders of NVIDIA's Python
 //! wheels, NVRTC's file names. Plain `std` only, so a build script can take this file as a
-//! module of its own (`tensor/build.rs` finds NVRTC with it).
+//! module of its own (`cuda/build.rs` finds NVRTC with it).
 
 use std::path::PathBuf;
 

@@ -461,7 +461,7 @@ pub fn prebuild_kernels(program: &Program) -> oxiflow_tensor::Result<usize> {
             continue;
         };
         let dims = |v: &ValueId| program.values[v.index()].shape.dims().to_vec();
-        calls.push(oxiflow_tensor::cuda::FusedCall {
+        calls.push(oxiflow_cuda::FusedCall {
             program: &f.program,
             inputs: node.inputs.iter().map(dims).collect(),
             out: dims(out),
@@ -470,5 +470,5 @@ pub fn prebuild_kernels(program: &Program) -> oxiflow_tensor::Result<usize> {
     if calls.is_empty() {
         return Ok(0);
     }
-    oxiflow_tensor::cuda::prebuild_fused_elementwise(&calls)
+    oxiflow_cuda::prebuild_fused_elementwise(&calls)
 }

@@ -5,9 +5,9 @@
 //! partial sums and the uploaded tensor list are scratch buffers the executor allocates.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use oxiflow_cuda::{device_error, CudaKernels, CudaSource, KernelIds};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
-use oxiflow_tensor::cuda::{device_error, CudaKernels, CudaSource, KernelIds};
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Result};
 
 use super::{SumSquares, SumTerm};

@@ -24,9 +24,9 @@ mod cuda;
 
 use std::sync::LazyLock;
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Rules, Shape};
-use oxiflow_tensor::cuda::CudaKernels;
 use oxiflow_tensor::{
     dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
     MetaResult, NdSbp, Result, Saves, Sbp, Tensor, TensorError,

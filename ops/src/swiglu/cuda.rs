@@ -3,8 +3,8 @@
 //! stream, into the executor's output buffers.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use oxiflow_cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
 use super::{SwiGlu, SwiGluGrad};

@@ -4,8 +4,9 @@
 
 use oxiflow_collectives::env::{BackendChoice, LaunchEnv};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
+use oxiflow_cuda::init_with_env;
 use oxiflow_placement::Placement;
-use oxiflow_tensor::{init_with_env, Context, DeviceType, NdSbp, Sbp};
+use oxiflow_tensor::{Context, DeviceType, NdSbp, Sbp};
 
 /// This process as rank 0 of a one-rank NCCL world bound to cuda:0, through a rendezvous store
 /// of its own (kept alive by the returned server), installed as the default context: how a

@@ -36,7 +36,8 @@ use crate::storage::CpuArray;
 use crate::{with_array, Result, TensorError};
 
 pub(crate) use elementwise::PAR_THRESHOLD;
-pub(crate) use piece::{array_of_host_piece, host_piece_of, CpuPiece};
+pub(crate) use piece::CpuPiece;
+pub use piece::{array_of_host_piece, host_piece_of};
 
 /// Output buffers of at least this many elements come zeroed from the system (`calloc`);
 /// smaller ones are filled after a plain allocation, which takes the allocator's fast path.

@@ -42,7 +42,7 @@ fn storage_bytes(storage: &Storage) -> Option<&[u8]> {
 }
 
 /// A copy of a storage as a host piece (device storage comes through the host).
-pub(crate) fn host_piece_of(storage: &Storage) -> Result<HostPiece> {
+pub fn host_piece_of(storage: &Storage) -> Result<HostPiece> {
     let host = storage.to_host()?.into_standard();
     let shape = Shape::from(host.shape());
     let data = with_array!(host, a => HostData::from(a.into_raw_vec_and_offset().0));
@@ -50,7 +50,7 @@ pub(crate) fn host_piece_of(storage: &Storage) -> Result<HostPiece> {
 }
 
 /// A host piece as a `CpuArray` (moves the vector; no copy).
-pub(crate) fn array_of_host_piece(piece: HostPiece) -> Result<CpuArray> {
+pub fn array_of_host_piece(piece: HostPiece) -> Result<CpuArray> {
     let dims = IxDyn(piece.shape.dims());
     let bad = |e: ndarray::ShapeError| TensorError::Kernel {
         op: "boxing",

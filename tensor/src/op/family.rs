@@ -366,6 +366,6 @@ pub(crate) fn norm_dims(op: &'static str, t: &Tensor, dims: &[isize]) -> Result<
 }
 
 /// A typed error for a kernel handed data it cannot handle.
-pub(crate) fn kernel_err(op: &'static str, detail: String) -> TensorError {
+pub fn kernel_err(op: &'static str, detail: String) -> TensorError {
     TensorError::Kernel { op, detail }
 }

@@ -9,8 +9,9 @@
 //!
 //! Adding a family: a file here implementing [`OpFamily`] and [`RunKernels`] and declaring its
 //! kernel trait, one line in `families!` below and one in [`CoreKernels`], its `Tensor`
-//! methods in `crate::methods`, and one kernel file per backend (`cpu/`, `cuda/ops/`). A fused
-//! op that is not a core family is a custom op (`custom/`): the same, one folder down.
+//! methods in `crate::methods`, and one kernel file per backend (`cpu/`, the cuda crate's
+//! `ops/`). A fused op that is not a core family is a custom op (`custom/`): the same, one
+//! folder down.
 
 mod attention;
 pub mod custom;
@@ -51,12 +52,12 @@ pub use elementwise::{
 pub use embedding::EmbeddingOp;
 pub use extern_op::{BackendId, Extern, ExternOp, KernelFn, KernelIo, Kernels, ScratchFn};
 pub(crate) use family::{
-    dim_ok, full_region, kernel_err, need_float, need_i64, no_gradient, norm_dim, norm_dims,
-    same_dtype, same_float_dtype, scratch, shape_rule, single, CallSite,
+    dim_ok, full_region, need_float, need_i64, no_gradient, norm_dim, norm_dims, same_dtype,
+    same_float_dtype, scratch, shape_rule, single, CallSite,
 };
 pub use family::{
-    Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError, MetaResult, OpFamily, OutSpec,
-    RunKernels, ViewOf,
+    kernel_err, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError, MetaResult, OpFamily,
+    OutSpec, RunKernels, ViewOf,
 };
 pub use gather::{Addressing, Along, GatherKernels, GatherOp, IndexShard};
 pub(crate) use grad::Saved;
@@ -68,7 +69,7 @@ pub use loss::{ClassShard, LossKernels, LossOp};
 pub(crate) use mask::triangular;
 pub use mask::{MaskKernels, MaskOp, Triangle};
 pub use matmul::{MatmulKernels, MatmulOp};
-pub(crate) use norm::stats_dtype as norm_stats_dtype;
+pub use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
 pub use peers::Peers;
 pub use reduction::{Extremum, ReductionKernels, ReductionOp};

@@ -15,7 +15,7 @@ use crate::Result;
 
 /// The dtype of the statistics of `dt` data: f32 for 16-bit floats (they are computed in f32),
 /// else `dt` itself.
-pub(crate) fn stats_dtype(dt: DType) -> DType {
+pub fn stats_dtype(dt: DType) -> DType {
     if dt.is_half() {
         DType::F32
     } else {

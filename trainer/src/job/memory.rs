@@ -407,7 +407,7 @@ pub fn check(
 ) -> Result<Estimate, TrainError> {
     let e = check_host(cfg, mesh, decoder, Some(device), local_ranks)?;
     if device == DeviceType::Cuda {
-        if let Some(rt) = oxiflow_tensor::cuda::bound_runtime() {
+        if let Some(rt) = oxiflow_cuda::bound_runtime() {
             let (free, _) = rt.memory_info()?;
             let have = (free + rt.cached_bytes()) as f64;
             if e.model() > have {

@@ -58,7 +58,7 @@ fn launcher_bar() -> bool {
 /// The world of the launch environment on the chosen backend.
 fn init_world(backend: WorldBackend) -> Result<Context, TrainError> {
     Ok(match backend {
-        WorldBackend::Auto => oxiflow_tensor::init_from_env()?,
+        WorldBackend::Auto => oxiflow_cuda::init_from_env()?,
         chosen => {
             let mut env = LaunchEnv::from_env()?;
             env.backend = BackendChoice::Cpu;
@@ -91,7 +91,7 @@ fn device_before_world(cfg: &TrainConfig, env: &LaunchEnv) -> Option<DeviceType>
 fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
     let device = match cfg.parallel.device {
         Dev::Cpu => DeviceType::Cpu,
-        Dev::Cuda if oxiflow_tensor::cuda::bound_runtime().is_none() => {
+        Dev::Cuda if oxiflow_cuda::bound_runtime().is_none() => {
             let backend = format!("{:?}", ctx.world().backend()).to_lowercase();
             return Err(TrainError::Layout {
                 detail: format!(
@@ -106,10 +106,10 @@ fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError>
     };
     match (cfg.policy(device), device) {
         (PrecisionPolicy::Tf32, DeviceType::Cuda) => {
-            let rt = oxiflow_tensor::cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
+            let rt = oxiflow_cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
                 detail: "--precision tf32 needs a CUDA device bound to this process".into(),
             })?;
-            rt.set_matmul_precision(oxiflow_tensor::cuda::MatmulPrecision::Tf32);
+            rt.set_matmul_precision(oxiflow_cuda::MatmulPrecision::Tf32);
         }
         (PrecisionPolicy::Tf32, DeviceType::Cpu) => {
             return Err(TrainError::Layout {

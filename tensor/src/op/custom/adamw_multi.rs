@@ -208,7 +208,7 @@ impl AdamWMulti {
     /// The step of tensors `range` alone, as their three passes (every backend's kernel where
     /// no one-launch kernel serves them); with `keep`, each output (and copy) gets its input's
     /// value instead (a step skipped, [`AdamWMulti::skip_nan`]).
-    pub(crate) fn composed<B>(
+    pub fn composed<B>(
         &self,
         b: &B,
         range: std::ops::Range<usize>,
@@ -249,7 +249,7 @@ impl AdamWMulti {
     }
 
     /// Writes tensor `i`'s copy (when it has one) by casting its new value, already in `out`.
-    pub(crate) fn cast_copy<B>(&self, b: &B, i: usize, out: &mut [B::Out]) -> Result<()>
+    pub fn cast_copy<B>(&self, b: &B, i: usize, out: &mut [B::Out]) -> Result<()>
     where
         B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {

@@ -163,7 +163,7 @@ impl ClassifierOp {
     /// (`classes` below the width) they run on the class columns (a narrowed copy), and the
     /// padding's gradient is a triangle no column reaches (exact zeros, whatever the padded
     /// logits hold), joined after them.
-    pub(crate) fn composed_forward<B>(
+    pub fn composed_forward<B>(
         b: &B,
         logits: &B::Piece,
         targets: &B::Piece,
@@ -214,7 +214,7 @@ impl ClassifierOp {
     }
 
     /// The backward composed of a broadcasting product (dloss viewed as `[N, 1]`).
-    pub(crate) fn composed_backward<B>(
+    pub fn composed_backward<B>(
         b: &B,
         dlogits: &B::Piece,
         dloss: &B::Piece,

@@ -9,7 +9,7 @@
 //! in f64 for f64 steps, then rounds it to its own dtype (a 16-bit step's value is rounded to 16
 //! bits exactly where the unfused op would have stored it). The CPU kernel calls the same
 //! per-element functions as the element-wise kernels, so fused equals unfused bit for bit; the
-//! CUDA kernel is CUDA C generated from the program (`cuda/fused_elementwise.rs`).
+//! CUDA kernel is CUDA C generated from the program (the cuda crate's `fused_elementwise.rs`).
 //!
 //! The op runs on local pieces only (its one SBP candidate is all-broadcast) and has no
 //! gradient: it exists in compiled programs, after autograd recorded the step.

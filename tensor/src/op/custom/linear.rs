@@ -240,7 +240,7 @@ impl<B: CustomKernels> RunKernels<B> for LinearOp {
 impl LinearOp {
     /// The forward composed of the matmul, add and GELU kernels (the CPU's kernel, and the
     /// device's where its fused product does not apply).
-    pub(crate) fn composed_forward<B>(
+    pub fn composed_forward<B>(
         b: &B,
         act: Activation,
         x: &B::Piece,
@@ -279,7 +279,7 @@ impl LinearOp {
 
     /// The parameter gradients composed of kernels: `x^T dpre` over x's rows (x viewed as
     /// `[rows, K]`) and dpre's row sums.
-    pub(crate) fn composed_weight_grad<B>(
+    pub fn composed_weight_grad<B>(
         b: &B,
         x: &B::Piece,
         dpre: &B::Piece,

@@ -191,7 +191,7 @@ fn forward_rules(
 
 impl LinearClassifier {
     /// The backward composed of broadcasting products (dloss viewed as `[1, 1]`).
-    pub(crate) fn composed_backward<B>(
+    pub fn composed_backward<B>(
         b: &B,
         saved: [&B::Piece; 2],
         dloss: &B::Piece,
@@ -216,7 +216,7 @@ impl LinearClassifier {
 
     /// The op composed of the product, classifier, product and sum kernels over all rows (the
     /// CPU's kernel, and the device's for f64 data and calls its libraries refuse).
-    pub(crate) fn composed<B>(
+    pub fn composed<B>(
         b: &B,
         x: &B::Piece,
         w: &B::Piece,

@@ -3,8 +3,8 @@
 //! (attributes, shape/dtype checks with SBP candidates, local attributes, the saved set and the
 //! backward rule) and its kernel trait with its [`RunKernels`] impl; the `Tensor` methods that
 //! build it are `crate::methods::custom::<name>`, and its kernels live in one file per backend
-//! (`cpu/custom/<name>.rs`, `cuda/ops/custom/<name>.rs`). Like the core families, a custom op
-//! never calls dispatch.
+//! (`cpu/custom/<name>.rs`, the cuda crate's `ops/custom/<name>.rs`). Like the core families, a
+//! custom op never calls dispatch.
 //!
 //! Registering one is one line in `custom_ops!` below (`module::Variant(Type): KernelTrait`):
 //! it declares the module, adds the op to [`CustomOp`] (which dispatches through `Op::Custom`

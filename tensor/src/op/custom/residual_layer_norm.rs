@@ -198,7 +198,7 @@ impl<B: CustomKernels> RunKernels<B> for ResidualLayerNorm {
 impl ResidualLayerNorm {
     /// The forward composed of the add and LayerNorm kernels (the CPU's kernel, and the device's
     /// where its fused kernel does not apply).
-    pub(crate) fn composed_forward<B>(
+    pub fn composed_forward<B>(
         b: &B,
         [x, a, w, bias]: [&B::Piece; 4],
         eps: f64,
@@ -214,7 +214,7 @@ impl ResidualLayerNorm {
     /// The backward composed of kernels: LayerNorm's input gradient plus `dr`, and the weight and
     /// bias gradients as sums over the rows of `dy xhat` and `dy` (the statistics cast to the
     /// data's dtype where they differ).
-    pub(crate) fn composed_backward<B>(
+    pub fn composed_backward<B>(
         b: &B,
         [r, w, mean, rstd, dy]: [&B::Piece; 5],
         dr: Option<&B::Piece>,

@@ -188,7 +188,7 @@ impl<B: CustomKernels> RunKernels<B> for ResidualMlp {
 impl ResidualMlp {
     /// The forward composed of the linear layer's kernels and an add (the CPU's kernel, and
     /// the device's where its libraries refuse); `out` = [y, h, pre].
-    pub(crate) fn composed_forward<B>(
+    pub fn composed_forward<B>(
         b: &B,
         [x, w_fc, b_fc, w_proj, b_proj, residual]: [&B::Piece; 6],
         out: &mut [B::Out],
@@ -222,7 +222,7 @@ impl ResidualMlp {
     /// The backward composed of products, the GELU backward and the linear layer's weight
     /// gradients (the CPU's kernel, and the device's where its libraries refuse); `out` =
     /// [dx, dw_fc, db_fc, dw_proj, db_proj].
-    pub(crate) fn composed_backward<B>(
+    pub fn composed_backward<B>(
         b: &B,
         [x, h, pre, w_fc, w_proj, dy]: [&B::Piece; 6],
         out: &mut [B::Out],

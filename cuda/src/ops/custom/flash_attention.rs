@@ -1,0 +1,404 @@
+//! Fused attention CUDA kernels, written into the executor's output pieces. bf16 and f16 with
+//! S == T, Dv == D <= 256 run cuDNN's flash engines (`cuda::attention`, which falls back to the
+//! NVRTC flash kernels, logged, when cuDNN is missing or refuses) on `[B, H, T, D]` views of the
+//! `[B, T, H, D]` pieces, with no copies. Everything else (f32, f64, and the 16-bit shapes those
+//! engines do not take, through f32 copies) runs the composed path: per batch entry, the scores
+//! of all heads by one strided-batched cuBLAS product reading the pieces in place, a row kernel
+//! turning them into probabilities and the log-sum-exp (backward: probabilities from lse and
+//! the scores' gradient), and the products with v (backward: with dO, k, q). The scores are
+//! scratch from the runtime's allocator, one batch entry at a time, never kept.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::Shape;
+
+use crate::attention::{attention_backward, attention_forward, prepare_attention_backward};
+use crate::copy::fill;
+use crate::derr;
+use crate::kernels::{launch, per_row, Template};
+use crate::ops::CudaKernels;
+use crate::precision::{gemm_at, Gemm, Operand};
+use crate::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FloatType};
+use crate::storage::CudaStorage;
+use oxiflow_tensor::custom::{FlashAttentionKernels, FlashAttrs, FlashDims, FlashGradInputs};
+use oxiflow_tensor::Result;
+use oxiflow_tensor::{KernelBackend, OutSpec};
+
+const FWD: &str = "flash_attention";
+const BWD: &str = "flash_attention_backward";
+
+/// The cuDNN (or flash fallback) problem of a call of `dt` data it can serve.
+fn fused_shape(d: &FlashDims, a: FlashAttrs, dt: DType) -> Option<AttentionShape> {
+    let dtype = match dt {
+        DType::BF16 => FloatType::Bf16,
+        DType::F16 => FloatType::F16,
+        _ => return None,
+    };
+    (d.s == d.t && d.dv == d.d && d.d <= 256).then_some(AttentionShape {
+        batch: d.b,
+        heads: d.h,
+        seq: d.t,
+        head_dim: d.d,
+        causal: a.causal,
+        scale: a.scale.get() as f32,
+        dtype,
+    })
+}
+
+/// Whether the fused backward is deterministic: as torch's SDPA, it is not (dQ accumulates
+/// through atomics: faster, not bitwise reproducible).
+const DETERMINISTIC_BACKWARD: bool = false;
+
+/// The fused backward of forward `f` as `flash_attention_backward` will call it: every gradient
+/// laid out as its value (`bthd` of a buffer of its shape), the forward's addresses standing in
+/// for the gradients' (a plan reads only the layout).
+fn expected_backward(f: &AttentionForward) -> AttentionBackward {
+    AttentionBackward {
+        shape: f.shape,
+        q: f.q,
+        k: f.k,
+        v: f.v,
+        o: f.o,
+        d_o: f.o,
+        lse: f.lse,
+        dq: f.q,
+        dk: f.k,
+        dv: f.v,
+        deterministic: DETERMINISTIC_BACKWARD,
+    }
+}
+
+/// The sizes of q, k, v (one float dtype, shapes fitting each other).
+fn dims(op: &'static str, x: [&CudaStorage; 3], causal: bool) -> Result<FlashDims> {
+    let dt = x[0].dtype;
+    let d = FlashDims::of(
+        x[0].shape.dims(),
+        x[1].shape.dims(),
+        x[2].shape.dims(),
+        causal,
+    );
+    match d {
+        Some(d) if dt.is_float() && x.iter().all(|p| p.dtype == dt) => Ok(d),
+        _ => Err(derr(
+            op,
+            format!(
+                "q {} {}, k {} {}, v {} {} are not [B, T, H, D], [B, S, H, D], [B, S, H, Dv] of \
+                 one float dtype",
+                x[0].dtype, x[0].shape, x[1].dtype, x[1].shape, x[2].dtype, x[2].shape
+            ),
+        )),
+    }
+}
+
+/// A typed error unless `p` has `shape` and `dtype`.
+fn expect(
+    op: &'static str,
+    what: &str,
+    p: &CudaStorage,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<()> {
+    if p.shape.dims() == shape && p.dtype == dtype {
+        Ok(())
+    } else {
+        Err(derr(
+            op,
+            format!("{what} is {} {}, want {dtype} {shape:?}", p.dtype, p.shape),
+        ))
+    }
+}
+
+/// `[B, T, H, D]` piece `p` seen as `[B, H, T, D]`.
+fn bthd(p: &CudaStorage) -> Bhtd {
+    let [_, t, h, d] = dims4(p);
+    Bhtd::bthd(p.ptr(), t, h, d)
+}
+
+/// The row kernels' arguments (rows, T, S, scale, causal) of one batch entry's `[H, T, S]`
+/// scores.
+fn row_args(h: usize, t: usize, s: usize, a: FlashAttrs) -> (i64, i64, i64, f64, i32) {
+    (
+        (h * t) as i64,
+        t as i64,
+        s as i64,
+        a.scale.get(),
+        a.causal as i32,
+    )
+}
+
+/// `piece` from element `offset` on, rows `ld` apart.
+fn at(piece: &CudaStorage, offset: usize, ld: usize) -> Operand<'_> {
+    Operand { piece, offset, ld }
+}
+
+fn dims4(p: &CudaStorage) -> [usize; 4] {
+    match *p.shape.dims() {
+        [b, t, h, d] => [b, t, h, d],
+        _ => [0; 4],
+    }
+}
+
+impl CudaKernels {
+    /// A scratch `[H, T, S]` array of `dtype` for one batch entry's scores.
+    fn scores(&self, d: &FlashDims, dtype: DType) -> Result<CudaStorage> {
+        self.alloc(&OutSpec {
+            shape: Shape::new([d.h, d.t, d.s]),
+            dtype,
+        })
+    }
+
+    /// The composed forward (see the module docs) of f32 or f64 q, k, v into o and lse.
+    fn composed_forward(
+        &self,
+        d: &FlashDims,
+        a: FlashAttrs,
+        [q, k, v]: [&CudaStorage; 3],
+        o: &CudaStorage,
+        lse: &CudaStorage,
+    ) -> Result<()> {
+        let (rt, dt) = (&self.rt, q.dtype);
+        let (t, s, h, hd, hv) = (d.t, d.s, d.h, d.h * d.d, d.h * d.dv);
+        let ls = lse.dtype.size() as u64;
+        for b in 0..d.b {
+            let (qo, ko, vo, oo) = (b * t * hd, b * s * hd, b * s * hv, b * t * hv);
+            let p = self.scores(d, dt)?;
+            // scores[h] = q[b, :, h] k[b, :, h]^T, [T, S] per head.
+            let g = Gemm {
+                batch: h,
+                m: t,
+                k: d.d,
+                n: s,
+                ta: false,
+                tb: true,
+                strides: (d.d as i64, d.d as i64, (t * s) as i64),
+            };
+            gemm_at(rt, FWD, at(q, qo, hd), at(k, ko, hd), at(&p, 0, s), g)?;
+            let (rows, tt, ss, sc, c) = row_args(h, t, s, a);
+            let (xp, lp) = (p.ptr(), lse.ptr() + (b * h * t) as u64 * ls);
+            launch!(rt, FWD, Template::FlashRows.at(dt), per_row(h * t); rows, tt, ss, sc, c, xp, lp)?;
+            // o[b, :, h] = P[h] v[b, :, h].
+            let g = Gemm {
+                batch: h,
+                m: t,
+                k: s,
+                n: d.dv,
+                ta: false,
+                tb: false,
+                strides: ((t * s) as i64, d.dv as i64, d.dv as i64),
+            };
+            gemm_at(rt, FWD, at(&p, 0, s), at(v, vo, hv), at(o, oo, hv), g)?;
+        }
+        Ok(())
+    }
+
+    /// The composed backward of f32 or f64 operands into dq, dk, dv.
+    fn composed_backward(
+        &self,
+        d: &FlashDims,
+        a: FlashAttrs,
+        [q, k, v, d_o, lse]: [&CudaStorage; 5],
+        [dq, dk, dv]: [&CudaStorage; 3],
+    ) -> Result<()> {
+        let (rt, dt) = (&self.rt, q.dtype);
+        let (t, s, h, hd, hv) = (d.t, d.s, d.h, d.h * d.d, d.h * d.dv);
+        let ls = lse.dtype.size() as u64;
+        let (ts, dd, dvv) = ((t * s) as i64, d.d as i64, d.dv as i64);
+        for b in 0..d.b {
+            let (qo, ko, vo, oo) = (b * t * hd, b * s * hd, b * s * hv, b * t * hv);
+            let (p, ds) = (self.scores(d, dt)?, self.scores(d, dt)?);
+            let g = |m, k, n, ta, tb, strides| Gemm {
+                batch: h,
+                m,
+                k,
+                n,
+                ta,
+                tb,
+                strides,
+            };
+            // Scores q k^T, and dP = dO v^T.
+            let scores = g(t, d.d, s, false, true, (dd, dd, ts));
+            gemm_at(rt, BWD, at(q, qo, hd), at(k, ko, hd), at(&p, 0, s), scores)?;
+            let dp = g(t, d.dv, s, false, true, (dvv, dvv, ts));
+            gemm_at(rt, BWD, at(d_o, oo, hv), at(v, vo, hv), at(&ds, 0, s), dp)?;
+            // P = exp(scale scores - lse) (masked 0); dS = P (dP - rowsum(P dP)) scale.
+            let (rows, tt, ss, sc, c) = row_args(h, t, s, a);
+            let (xp, gp, lp) = (p.ptr(), ds.ptr(), lse.ptr() + (b * h * t) as u64 * ls);
+            launch!(rt, BWD, Template::FlashRowsBw.at(dt), per_row(h * t); rows, tt, ss, sc, c, xp, gp, lp)?;
+            // dv = P^T dO, dq = dS k, dk = dS^T q.
+            for (x, y, out, geometry) in [
+                (
+                    &p,
+                    at(d_o, oo, hv),
+                    at(dv, vo, hv),
+                    g(s, t, d.dv, true, false, (ts, dvv, dvv)),
+                ),
+                (
+                    &ds,
+                    at(k, ko, hd),
+                    at(dq, qo, hd),
+                    g(t, s, d.d, false, false, (ts, dd, dd)),
+                ),
+                (
+                    &ds,
+                    at(q, qo, hd),
+                    at(dk, ko, hd),
+                    g(s, t, d.d, true, false, (ts, dd, dd)),
+                ),
+            ] {
+                gemm_at(rt, BWD, at(x, 0, s), y, out, geometry)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FlashAttentionKernels for CudaKernels {
+    fn flash_attention(
+        &self,
+        q: &CudaStorage,
+        k: &CudaStorage,
+        v: &CudaStorage,
+        a: FlashAttrs,
+        o: &mut CudaStorage,
+        lse: &mut CudaStorage,
+    ) -> Result<()> {
+        let d = dims(FWD, [q, k, v], a.causal)?;
+        expect(FWD, "the o buffer", o, &d.o(), q.dtype)?;
+        expect(FWD, "the lse buffer", lse, &d.lse(), q.dtype.compute())?;
+        if d.b * d.h * d.t == 0 {
+            return Ok(());
+        }
+        if d.s == 0 {
+            // No keys: every output row is empty of weight.
+            fill(&self.rt, FWD, o.dtype, o.ptr(), o.numel(), 0.0, 0)?;
+            return fill(
+                &self.rt,
+                FWD,
+                lse.dtype,
+                lse.ptr(),
+                lse.numel(),
+                f64::NEG_INFINITY,
+                0,
+            );
+        }
+        if let Some(shape) = fused_shape(&d, a, q.dtype) {
+            let args = AttentionForward {
+                shape,
+                q: bthd(q),
+                k: bthd(k),
+                v: bthd(v),
+                o: bthd(o),
+                lse: lse.ptr(),
+            };
+            // The backward's plan starts building before the forward's, so the two overlap
+            // (a backward cuDNN does not serve is not built).
+            if oxiflow_tensor::is_grad_enabled() {
+                prepare_attention_backward(&self.rt, &expected_backward(&args));
+            }
+            attention_forward(&self.rt, &args)?;
+            return Ok(());
+        }
+        let [wq, wk, wv] = [q, k, v].map(|x| self.widened(FWD, x));
+        let wo = self.wide_out(o)?;
+        self.composed_forward(&d, a, [&wq?, &wk?, &wv?], &wo, lse)?;
+        self.narrow(FWD, &wo, o)
+    }
+
+    fn flash_attention_backward(
+        &self,
+        x: FlashGradInputs<'_, CudaStorage>,
+        a: FlashAttrs,
+        out: &mut [CudaStorage],
+    ) -> Result<()> {
+        let d = dims(BWD, [x.q, x.k, x.v], a.causal)?;
+        let dt = x.q.dtype;
+        expect(BWD, "o", x.o, &d.o(), dt)?;
+        expect(BWD, "the gradient of o", x.d_o, &d.o(), dt)?;
+        expect(BWD, "lse", x.lse, &d.lse(), dt.compute())?;
+        let [dq, dk, dv] = out else {
+            return Err(derr(
+                BWD,
+                format!("expects 3 output buffers, got {}", out.len()),
+            ));
+        };
+        expect(BWD, "the dq buffer", dq, x.q.shape.dims(), dt)?;
+        expect(BWD, "the dk buffer", dk, x.k.shape.dims(), dt)?;
+        expect(BWD, "the dv buffer", dv, x.v.shape.dims(), dt)?;
+        if d.b * d.h == 0 {
+            return Ok(());
+        }
+        if d.t == 0 || d.s == 0 {
+            // No query meets a key: every gradient is zero.
+            for g in [&*dq, &*dk, &*dv] {
+                fill(&self.rt, BWD, g.dtype, g.ptr(), g.numel(), 0.0, 0)?;
+            }
+            return Ok(());
+        }
+        if let Some(shape) = fused_shape(&d, a, dt) {
+            let args = AttentionBackward {
+                shape,
+                q: bthd(x.q),
+                k: bthd(x.k),
+                v: bthd(x.v),
+                o: bthd(x.o),
+                d_o: bthd(x.d_o),
+                lse: x.lse.ptr(),
+                dq: bthd(dq),
+                dk: bthd(dk),
+                dv: bthd(dv),
+                deterministic: DETERMINISTIC_BACKWARD,
+            };
+            attention_backward(&self.rt, &args)?;
+            return Ok(());
+        }
+        let [wq, wk, wv, wdo] = [x.q, x.k, x.v, x.d_o].map(|p| self.widened(BWD, p));
+        let [gq, gk, gv] = [&*dq, &*dk, &*dv].map(|g| self.wide_out(g));
+        let (gq, gk, gv) = (gq?, gk?, gv?);
+        self.composed_backward(&d, a, [&wq?, &wk?, &wv?, &wdo?, x.lse], [&gq, &gk, &gv])?;
+        self.narrow(BWD, &gq, dq)?;
+        self.narrow(BWD, &gk, dk)?;
+        self.narrow(BWD, &gv, dv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expected_backward_has_the_backward_ops_layout() {
+        let (t, h, d) = (1024, 12, 64);
+        let at = |p: u64| Bhtd::bthd(p, t, h, d);
+        let f = AttentionForward {
+            shape: AttentionShape {
+                batch: 8,
+                heads: h,
+                seq: t,
+                head_dim: d,
+                causal: true,
+                scale: 0.125,
+                dtype: FloatType::Bf16,
+            },
+            q: at(0),
+            k: at(1 << 24),
+            v: at(2 << 24),
+            o: at(3 << 24),
+            lse: 4 << 24,
+        };
+        let e = expected_backward(&f);
+        // `flash_attention_backward` lays every operand out as `bthd` of its own buffer.
+        for (got, buffer) in [
+            (e.q, 0),
+            (e.k, 1),
+            (e.v, 2),
+            (e.o, 3),
+            (e.d_o, 5),
+            (e.dq, 6),
+            (e.dk, 7),
+            (e.dv, 8),
+        ] {
+            assert_eq!(got.strides, at(buffer << 24).strides);
+        }
+        assert_eq!(e.shape, f.shape);
+        assert_eq!(e.deterministic, DETERMINISTIC_BACKWARD);
+    }
+}

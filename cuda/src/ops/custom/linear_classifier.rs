@@ -1,0 +1,183 @@
+//! Fused linear cross-entropy CUDA kernels: the rows in chunks of at most
+//! [`CHUNK_BYTES`] of logits; per chunk one cuBLASLt product into a scratch buffer, the
+//! one-pass classifier turning it into the logits' gradient in place (the rows' losses beside
+//! it), and two products writing the chunk's rows of `dx` and adding its share of `dw` to an
+//! f32 accumulator (the table's gradient itself for f32 data); then the rows' losses summed.
+//! The backward scales both gradients by dloss with the row-scaling kernel (each piece one
+//! row). f64 data, empty pieces and products cuBLASLt refuses take the composed kernels.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::Shape;
+
+use crate::blaslt::LtMatmul;
+use crate::derr;
+use crate::fused::{classifier, row_scale, RowScale};
+use crate::ops::CudaKernels;
+use crate::raw::Classifier;
+use crate::raw::FloatType;
+use crate::storage::CudaStorage;
+use oxiflow_tensor::backend::{ElementwiseKernels, ReductionKernels};
+use oxiflow_tensor::custom::{LinearClassifier, LinearClassifierKernels, CHUNK_BYTES};
+use oxiflow_tensor::Result;
+use oxiflow_tensor::{KernelBackend, OutSpec};
+
+/// Rows per chunk for `n` rows of `v` logits of `size` bytes: as few chunks as
+/// [`CHUNK_BYTES`] allows, of equal size.
+fn chunk_rows(n: usize, v: usize, size: usize) -> usize {
+    let most = (CHUNK_BYTES / (v * size).max(1)).max(1);
+    let chunks = n.div_ceil(most).max(1);
+    n.div_ceil(chunks)
+}
+
+impl LinearClassifierKernels for CudaKernels {
+    fn linear_classifier(
+        &self,
+        x: &CudaStorage,
+        w: &CudaStorage,
+        targets: &CudaStorage,
+        classes: usize,
+        out: [&mut CudaStorage; 3],
+    ) -> Result<()> {
+        let op = "linear_classifier";
+        let [loss, dx, dw] = out;
+        let (n, c, v) = match (x.shape.dims(), w.shape.dims()) {
+            ([n, c], [v, wc]) if c == wc => (*n, *c, *v),
+            _ => return Err(derr(op, format!("x {} and table {}", x.shape, w.shape))),
+        };
+        if w.dtype != x.dtype
+            || dx.dtype != x.dtype
+            || dw.dtype != x.dtype
+            || targets.dtype != DType::I64
+            || targets.numel() != n
+            || dx.numel() != n * c
+            || dw.numel() != v * c
+            || loss.numel() != 1
+            || !(1..=v).contains(&classes)
+        {
+            return Err(derr(
+                op,
+                format!(
+                    "x {} {}, table {} {}, targets {} {}, outputs {} {}, {} {}, {} {} for {classes} classes",
+                    x.dtype, x.shape, w.dtype, w.shape, targets.dtype, targets.shape,
+                    loss.dtype, loss.shape, dx.dtype, dx.shape, dw.dtype, dw.shape
+                ),
+            ));
+        }
+        let t = match self.lt_types(x.dtype) {
+            Some(t) if n > 0 && c > 0 && loss.dtype == DType::F32 => t,
+            _ => return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]),
+        };
+        let dtype = t.0;
+        let size = dtype.size();
+        let rows_per = chunk_rows(n, v, size);
+        let logits = self.alloc(&OutSpec {
+            shape: Shape::new([rows_per, v]),
+            dtype: x.dtype,
+        })?;
+        let row_loss = self.alloc(&OutSpec {
+            shape: Shape::new([n]),
+            dtype: DType::F32,
+        })?;
+        // dw's sums in f32: dw itself for f32 data, else a scratch cast into it at the end.
+        let acc = match dtype {
+            FloatType::F32 => None,
+            _ => Some(self.alloc(&OutSpec {
+                shape: Shape::new([v, c]),
+                dtype: DType::F32,
+            })?),
+        };
+        let acc_ptr = acc.as_ref().map_or(dw.ptr(), |a| a.ptr());
+        let mut r0 = 0;
+        while r0 < n {
+            let rows = rows_per.min(n - r0);
+            let xc = x.ptr() + (r0 * c * size) as u64;
+            // logits [rows, v] = x_c w^T.
+            let g = LtMatmul::new((rows, v, c), (false, true), t);
+            if !self.lt_ran(&g, xc, w.ptr(), logits.ptr())? {
+                return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]);
+            }
+            classifier(
+                &self.rt,
+                &Classifier {
+                    rows,
+                    v: classes,
+                    ld: v,
+                    dloss: 1.0,
+                    dtype,
+                    logits: logits.ptr(),
+                    dlogits: None,
+                    targets: targets.ptr() + (r0 * 8) as u64,
+                    loss: row_loss.ptr() + (r0 * 4) as u64,
+                    strict: true,
+                },
+            )?;
+            // dx rows [rows, c] = D_c w; dw [v, c] (+)= D_c^T x_c.
+            let gx = LtMatmul::new((rows, c, v), (false, false), t);
+            let dxc = dx.ptr() + (r0 * c * size) as u64;
+            let beta = if r0 == 0 { 0.0 } else { 1.0 };
+            let gw = LtMatmul {
+                out_type: FloatType::F32,
+                beta,
+                ..LtMatmul::new((v, c, rows), (true, false), t)
+            };
+            if !self.lt_ran(&gx, logits.ptr(), w.ptr(), dxc)?
+                || !self.lt_ran(&gw, logits.ptr(), xc, acc_ptr)?
+            {
+                return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]);
+            }
+            r0 += rows;
+        }
+        drop(logits);
+        if let Some(acc) = acc {
+            self.cast(&acc, dw)?;
+        }
+        self.sum_to_shape(&row_loss, loss)
+    }
+
+    fn linear_classifier_backward(
+        &self,
+        saved: [&CudaStorage; 2],
+        dloss: &CudaStorage,
+        out: [&mut CudaStorage; 2],
+    ) -> Result<()> {
+        let op = "linear_classifier_backward";
+        if dloss.numel() != 1
+            || saved
+                .iter()
+                .zip(out.iter())
+                .any(|(x, y)| x.numel() != y.numel() || x.dtype != y.dtype)
+        {
+            return Err(derr(
+                op,
+                format!(
+                    "dloss {} and outputs {:?} for gradients {:?}",
+                    dloss.shape,
+                    out.iter().map(|o| o.shape.to_string()).collect::<Vec<_>>(),
+                    saved
+                        .iter()
+                        .map(|s| s.shape.to_string())
+                        .collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let one_row = saved.iter().all(|x| x.numel() <= i32::MAX as usize);
+        match FloatType::of(saved[0].dtype) {
+            Some(dtype) if dloss.dtype == DType::F32 && one_row => {
+                for (x, y) in saved.into_iter().zip(out) {
+                    // The whole piece as one row scaled by dloss's value.
+                    let args = RowScale {
+                        rows: 1,
+                        cols: x.numel(),
+                        dtype,
+                        x: x.ptr(),
+                        scale: dloss.ptr(),
+                        y: y.ptr(),
+                    };
+                    row_scale(&self.rt, &args)?;
+                }
+                Ok(())
+            }
+            _ => LinearClassifier::composed_backward(self, saved, dloss, out),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! `CudaStorage`: one immutable, row-major local piece in a pooled device block, and the host
+//! <-> device copies on the compute stream.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+use oxiflow_dtype::{with_element, DType};
+use oxiflow_sbp::Shape;
+
+use super::{derr, runtime, Block, CudaRuntime};
+use oxiflow_tensor::with_array;
+use oxiflow_tensor::CpuArray;
+use oxiflow_tensor::Result;
+use oxiflow_tensor::TensorElement;
+use oxiflow_tensor::{Device, DeviceStorage, Storage};
+
+/// A local piece on the process's CUDA device: `shape`'s elements from byte `offset` of a
+/// pooled block. Reshapes share the block; so do element views (`range`; blocks are
+/// never written once a piece holds them, so the pieces sharing one never see each other), and
+/// a collective on one of them fences the whole block. An arena's placed pieces are instead
+/// `Block::view`s, each with its own fences, since the arena's bytes are written again by
+/// every replay.
+#[derive(Clone, Debug)]
+pub struct CudaStorage {
+    pub(crate) block: Arc<Block>,
+    pub(crate) offset: usize,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Shape,
+}
+
+/// Queues a host -> device copy of `src` to `dst`.
+pub fn upload<T: Copy>(rt: &CudaRuntime, dst: u64, src: &[T], op: &'static str) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    rt.bind(op)?;
+    // While a graph is captured the copy reads its source at every launch: a pinned copy
+    // that lives with the graph.
+    if let Some(graph) = rt.pool.capture() {
+        // SAFETY: `src` is plain `Copy` data; its bytes are read as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src))
+        };
+        let kept = graph
+            .upload_source(bytes)
+            .map_err(|e| derr(op, format!("pinned copy for a captured upload: {e}")))?;
+        // SAFETY: dst holds at least kept.len() bytes; `kept` lives as long as the graph.
+        return unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, kept, rt.stream().cu_stream())
+        }
+        .map_err(|e| derr(op, format!("host to device copy: {e}")));
+    }
+    // SAFETY: dst holds at least size_of_val(src) bytes; a pageable source is staged by the
+    // driver before the call returns.
+    unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, rt.stream().cu_stream()) }
+        .map_err(|e| derr(op, format!("host to device copy: {e}")))
+}
+
+/// Copies device memory at `src` into `dst` (waits for the compute stream).
+pub fn download<T: Copy>(
+    rt: &CudaRuntime,
+    src: u64,
+    dst: &mut [T],
+    op: &'static str,
+) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    rt.bind(op)?;
+    // SAFETY: src holds at least size_of_val(dst) bytes; we wait before reading dst.
+    unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, rt.stream().cu_stream()) }
+        .map_err(|e| derr(op, format!("device to host copy: {e}")))?;
+    rt.stream()
+        .synchronize()
+        .map_err(|e| derr(op, format!("waiting for the device: {e}")))
+}
+
+impl CudaStorage {
+    /// An uninitialised piece (every element is written by the caller before it is read).
+    pub(crate) fn alloc(rt: &Arc<CudaRuntime>, dtype: DType, shape: Shape) -> Result<CudaStorage> {
+        let block = Block::alloc(rt, shape.numel() * dtype.size())?;
+        Ok(CudaStorage::whole(Arc::new(block), dtype, shape))
+    }
+    /// The piece that starts at the start of `block`.
+    pub(crate) fn whole(block: Arc<Block>, dtype: DType, shape: Shape) -> CudaStorage {
+        CudaStorage {
+            block,
+            offset: 0,
+            dtype,
+            shape,
+        }
+    }
+    pub(crate) fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// Uploads a host array.
+    pub fn from_host(array: &CpuArray) -> Result<CudaStorage> {
+        let op = "to cuda";
+        let rt = runtime(op)?;
+        let a = array.clone().into_standard();
+        let s = CudaStorage::alloc(&rt, a.dtype(), Shape::from(a.shape()))?;
+        let p = s.ptr();
+        with_array!(&a, x => upload(&rt, p, x.as_slice().unwrap_or(&[]), op)?);
+        Ok(s)
+    }
+    /// The device address of the piece's first element (what a kernel is given).
+    pub fn ptr(&self) -> u64 {
+        self.block.ptr() + self.offset as u64
+    }
+    /// The runtime of the device the piece lives on.
+    pub fn runtime(&self) -> &Arc<CudaRuntime> {
+        self.block.runtime()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Queues a copy of host data `src` into the piece's first bytes on the compute stream (a
+    /// copy a captured graph keeps and repeats at every launch); a typed error naming `op`
+    /// when it does not fit.
+    pub fn write_from_host<T: Copy>(&self, op: &'static str, src: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(src);
+        if bytes > self.bytes() {
+            return Err(derr(
+                op,
+                format!(
+                    "{bytes} bytes do not fit a piece of {} {}",
+                    self.dtype, self.shape
+                ),
+            ));
+        }
+        upload(self.runtime(), self.ptr(), src, op)
+    }
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+    /// Elements `start..start + shape.numel()` under `shape`, sharing the block (no copy);
+    /// None when they do not fit.
+    pub(crate) fn range(&self, start: usize, shape: &Shape) -> Option<CudaStorage> {
+        let end = start.checked_add(shape.checked_numel()?)?;
+        (end <= self.numel()).then(|| CudaStorage {
+            block: self.block.clone(),
+            offset: self.offset + start * self.dtype.size(),
+            dtype: self.dtype,
+            shape: shape.clone(),
+        })
+    }
+    /// The same elements under another shape (no copy).
+    pub(crate) fn reshaped(&self, shape: Shape) -> CudaStorage {
+        CudaStorage {
+            block: self.block.clone(),
+            offset: self.offset,
+            dtype: self.dtype,
+            shape,
+        }
+    }
+}
+
+fn host<T: TensorElement + Default>(s: &CudaStorage, op: &'static str) -> Result<CpuArray> {
+    let mut v = vec![T::default(); s.numel()];
+    download(s.runtime(), s.ptr(), &mut v, op)?;
+    let a = ArrayD::from_shape_vec(IxDyn(s.shape.dims()), v).map_err(|e| derr(op, e))?;
+    Ok(T::wrap(a))
+}
+
+impl DeviceStorage for CudaStorage {
+    fn device(&self) -> Device {
+        Device::Cuda(self.block.runtime().ordinal())
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    fn to_host(&self) -> Result<CpuArray> {
+        let op = "to host";
+        with_element!(self.dtype, T => host::<T>(self, op))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn memory_is_its_own(&self) -> bool {
+        Arc::strong_count(&self.block) == 1
+    }
+    fn order_after_collectives(&self) {
+        // The address is not used: taking it orders the compute stream after the block's
+        // collectives.
+        let _ = self.block.ptr();
+    }
+    fn awaits_collectives(&self) -> bool {
+        self.block.awaits_collectives()
+    }
+}
+
+/// The CUDA piece inside a storage, or a typed error naming `op`.
+pub(crate) fn cuda_of<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Device(d) => cuda_piece(op, d.as_ref()),
+        Storage::Cpu(_) => Err(derr(op, "expected a CUDA piece, got host storage")),
+    }
+}
+
+/// The CUDA piece behind a device storage, or a typed error naming `op`.
+pub(crate) fn cuda_piece<'a>(
+    op: &'static str,
+    d: &'a dyn DeviceStorage,
+) -> Result<&'a CudaStorage> {
+    d.as_any()
+        .downcast_ref::<CudaStorage>()
+        .ok_or_else(|| derr(op, format!("piece on {} is not CUDA storage", d.device())))
+}

@@ -4,8 +4,8 @@
 
 mod common;
 
+use oxiflow_cuda::cuda_unavailable;
 use oxiflow_ops::argmax::argmax;
-use oxiflow_tensor::cuda::cuda_unavailable;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 fn first_largest(row: &[f64]) -> i64 {

@@ -5,8 +5,8 @@
 
 mod common;
 
+use oxiflow_cuda::cuda_unavailable;
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
-use oxiflow_tensor::cuda::cuda_unavailable;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const EPS: f64 = 1e-6;

@@ -12,9 +12,9 @@ mod cuda;
 
 use std::sync::LazyLock;
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
-use oxiflow_tensor::cuda::CudaKernels;
 use oxiflow_tensor::{
     dispatch, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result,
     Saves, Tensor,

@@ -3,8 +3,8 @@
 //! stream (a 256-thread block per row, grid-stride over rows), into the executor's outputs.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use oxiflow_cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
 use super::{wide, RmsNorm, RmsNormGrad};

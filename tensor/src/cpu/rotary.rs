@@ -2,8 +2,8 @@
 //! (i, i + D/2) of the last dim rotated by `pos * base^(-2i/D)` (f64 angles), `pos` the global
 //! sequence position; 16-bit inputs rotate in f32.
 
-use half::{bf16, f16};
 use ndarray::ArrayD;
+use oxiflow_dtype::{bf16, f16};
 
 use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;

@@ -20,11 +20,11 @@ fn rstd<T: Elem>(x: &[T], eps: f64) -> T::W {
     T::W::constant(1.0) / (mean + T::W::constant(eps)).sqrt()
 }
 
+/// x and w as slices, and the row width.
+type Rows<'a, T> = (Cow<'a, [T]>, Cow<'a, [T]>, usize);
+
 /// x and w as slices, and the row width, or why they do not fit.
-fn rows<'a, T: Elem>(
-    op: &'static str,
-    inputs: &'a [&'a CpuArray],
-) -> Result<(Cow<'a, [T]>, Cow<'a, [T]>, usize)> {
+fn rows<'a, T: Elem>(op: &'static str, inputs: &'a [&'a CpuArray]) -> Result<Rows<'a, T>> {
     let (x, w) = (input::<T>(op, inputs, 0)?, input::<T>(op, inputs, 1)?);
     let h = w.len();
     if (h == 0 && !x.is_empty()) || (h > 0 && x.len() % h != 0) {
@@ -65,6 +65,33 @@ fn forward_typed<T: Elem>(op: &RmsNorm, io: KernelIo<'_, CpuBackend>) -> Result<
     Ok(())
 }
 
+/// One backward row's outputs (dx, terms) beside its inputs (x, dy).
+type RowsOut<'r, T> = ((&'r mut [T], &'r mut [<T as Elem>::W]), (&'r [T], &'r [T]));
+
+/// `dx` and the weight-gradient terms `dy * xhat` of one row.
+fn backward_row<T: Elem>(
+    eps: f64,
+    w: &[T],
+    inv_h: T::W,
+    dx: &mut [T],
+    terms: &mut [T::W],
+    x: &[T],
+    dy: &[T],
+) {
+    let r = rstd(x, eps);
+    // mean over the row of dy w xhat
+    let mut proj = T::W::constant(0.0);
+    for ((&x, &dy), &w) in x.iter().zip(dy).zip(w.iter()) {
+        proj = proj + dy.widen() * w.widen() * (x.widen() * r);
+    }
+    proj = proj * inv_h;
+    for i in 0..x.len() {
+        let (xh, d) = (x[i].widen() * r, dy[i].widen());
+        dx[i] = T::narrow(r * (d * w[i].widen() - xh * proj));
+        terms[i] = d * xh;
+    }
+}
+
 fn backward_typed<T: Elem>(op: &RmsNormGrad, io: KernelIo<'_, CpuBackend>) -> Result<()> {
     let name = op.name();
     let (x, w, h) = rows::<T>(name, io.inputs)?;
@@ -80,20 +107,8 @@ fn backward_typed<T: Elem>(op: &RmsNormGrad, io: KernelIo<'_, CpuBackend>) -> Re
         return Ok(());
     }
     let inv_h = T::W::constant(1.0 / h as f64);
-    let row = |((dx, terms), (x, dy)): ((&mut [T], &mut [T::W]), (&[T], &[T]))| {
-        let r = rstd(x, op.eps);
-        // mean over the row of dy w xhat
-        let mut proj = T::W::constant(0.0);
-        for ((&x, &dy), &w) in x.iter().zip(dy).zip(w.iter()) {
-            proj = proj + dy.widen() * w.widen() * (x.widen() * r);
-        }
-        proj = proj * inv_h;
-        for i in 0..x.len() {
-            let (xh, d) = (x[i].widen() * r, dy[i].widen());
-            dx[i] = T::narrow(r * (d * w[i].widen() - xh * proj));
-            terms[i] = d * xh;
-        }
-    };
+    let row =
+        |((dx, terms), (x, dy)): RowsOut<'_, T>| backward_row(op.eps, &w, inv_h, dx, terms, x, dy);
     let per = rows_per_chunk(h) * h;
     if x.len() >= CHUNK {
         dx.par_chunks_mut(per)

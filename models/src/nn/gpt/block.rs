@@ -71,6 +71,8 @@ fn row_parallel(lin: &Linear, x: &Tensor, layout: &GptLayout, stream: Sbp) -> Re
 
 /// A block's MLP: dense, or a mixture of experts.
 #[derive(Clone, Debug)]
+// One per block, built once and matched per step: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum BlockMlp {
     Dense(GptMlp),
     Moe(MoeMlp),

@@ -9,6 +9,7 @@ pub mod argmax;
 pub mod context_parallel;
 mod host_slices;
 pub mod moe;
+mod operand_dtypes;
 pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;

@@ -23,6 +23,8 @@ use oxiflow_tensor::{
     MetaResult, Result, Saves, Tensor, TensorError,
 };
 
+use crate::operand_dtypes::one_float_dtype;
+
 /// `x * (mean(x^2) + eps)^-1/2 * w` over the last dim (inputs: x `[.., H]`, w `[H]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNorm {
@@ -87,27 +89,6 @@ pub fn wide(dt: DType) -> DType {
     }
 }
 
-/// The one float dtype of `dtypes`.
-fn float_operands(dtypes: &[DType]) -> MetaResult<DType> {
-    let d = dtypes[0];
-    if dtypes.iter().any(|&x| x != d) {
-        return Err(MetaError::DType(format!(
-            "operands must have the same dtype, got {}",
-            dtypes
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    if !d.is_float() {
-        return Err(MetaError::DType(format!(
-            "operands must be a float dtype, got {d}"
-        )));
-    }
-    Ok(d)
-}
-
 /// A finite, non-negative epsilon, or why not.
 fn checked_eps(eps: f64) -> MetaResult<()> {
     if eps.is_finite() && eps >= 0.0 {
@@ -131,7 +112,7 @@ impl ExternOp for RmsNorm {
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         checked_eps(self.eps)?;
-        let dt = float_operands(dtypes)?;
+        let dt = one_float_dtype(dtypes)?;
         let r = rules::rms_norm(shapes[0], shapes[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
@@ -161,7 +142,7 @@ impl ExternOp for RmsNormGrad {
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         checked_eps(self.eps)?;
-        let dt = float_operands(dtypes)?;
+        let dt = one_float_dtype(dtypes)?;
         let r = rules::rms_norm_backward(shapes, mode).map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &[dt, wide(dt)]))
     }

@@ -21,6 +21,8 @@ use oxiflow_tensor::{
     MetaResult, Result, Saves, Tensor, TensorError,
 };
 
+use crate::operand_dtypes::one_float_dtype;
+
 /// `silu(gate) * up` (inputs: gate, up).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwiGlu;
@@ -62,20 +64,6 @@ static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
         .with::<SwiGluGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
 });
 
-/// The one float dtype of `dtypes`.
-fn float_operands(dtypes: &[DType]) -> MetaResult<DType> {
-    let d = dtypes[0];
-    if dtypes.iter().any(|&x| x != d) {
-        return Err(MetaError::DType("operands must have the same dtype".into()));
-    }
-    if !d.is_float() {
-        return Err(MetaError::DType(format!(
-            "operands must be a float dtype, got {d}"
-        )));
-    }
-    Ok(d)
-}
-
 impl ExternOp for SwiGlu {
     fn name(&self) -> &'static str {
         "swiglu"
@@ -85,7 +73,7 @@ impl ExternOp for SwiGlu {
         (2, 2)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let dt = float_operands(dtypes)?;
+        let dt = one_float_dtype(dtypes)?;
         let r = rules::pointwise(shapes, 1, &[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
@@ -110,7 +98,7 @@ impl ExternOp for SwiGluGrad {
         (3, 3)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let dt = float_operands(dtypes)?;
+        let dt = one_float_dtype(dtypes)?;
         let r = rules::pointwise(shapes, 2, &[2], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &[dt, dt]))
     }

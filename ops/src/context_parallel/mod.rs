@@ -20,8 +20,7 @@ mod order;
 use std::sync::LazyLock;
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::rules::attention_candidates;
-use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
     dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
     MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,
@@ -172,15 +171,6 @@ fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
     }
 }
 
-/// The candidates of the attention operands: split on the batch, the heads, the sequence or
-/// broadcast (the statistics `[B, H, T]` split alike).
-const LAYOUTS: [(Sbp, Sbp); 4] = [
-    (Sbp::S(0), Sbp::S(0)),
-    (Sbp::S(2), Sbp::S(1)),
-    (Sbp::S(1), Sbp::S(2)),
-    (Sbp::B, Sbp::B),
-];
-
 impl ExternOp for CpAttention {
     fn name(&self) -> &'static str {
         match self.pass {
@@ -219,8 +209,8 @@ impl ExternOp for CpAttention {
         let dims = check_qkv(s[0].dims(), s[1].dims(), s[2].dims()).map_err(shape_err)?;
         match self.pass {
             Pass::Forward => {
-                let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
-                attention_candidates(&mut r, 3, 2, None, Some(1), &LAYOUTS);
+                let (o, lse) = (Shape::new(dims.o()), Shape::new(dims.lse()));
+                let r = rules::fused_attention(o, lse, &rules::SEQUENCE_LAYOUTS, mode);
                 Ok(Inferred::outputs(r, &[dt, dt]))
             }
             Pass::Backward => {
@@ -233,13 +223,8 @@ impl ExternOp for CpAttention {
                         d[5]
                     )));
                 }
-                let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
-                attention_candidates(&mut r, 6, 3, Some(5), None, &LAYOUTS);
-                // Linear in dO: a partial dO gives partial gradients.
-                r.push(
-                    &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],
-                    &[Sbp::P, Sbp::P, Sbp::P],
-                );
+                let qkv = [s[0], s[1], s[2]];
+                let r = rules::fused_attention_backward(qkv, &rules::SEQUENCE_LAYOUTS, mode);
                 Ok(Inferred::outputs(r, &[dt, dt, dt]))
             }
         }

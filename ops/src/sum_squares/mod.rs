@@ -26,7 +26,7 @@ use std::sync::LazyLock;
 
 use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
     dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
     MetaResult, NdSbp, Result, Saves, Sbp, Tensor, TensorError,
@@ -116,15 +116,7 @@ impl ExternOp for SumSquares {
                 "input {i} must be a float dtype, got {dt}"
             )));
         }
-        let mut r = Rules::new(mode, [Shape::from(&[s.len()][..]), Shape::scalar()]);
-        r.push_uniform(s.len(), 2, Sbp::B);
-        for dims in &self.splits {
-            let fits = dims.len() == s.len() && dims.iter().zip(s).all(|(&k, sh)| k < sh.ndim());
-            if fits {
-                let ins: Vec<Sbp> = dims.iter().map(|&k| Sbp::S(k)).collect();
-                r.push(&ins, &[Sbp::P, Sbp::P]);
-            }
-        }
+        let r = rules::sum_squares(s, &self.splits, mode);
         Ok(Inferred::outputs(r, &[DType::F64, DType::F64]))
     }
 

@@ -1,8 +1,8 @@
 //! Candidate table of attention ops over `[B, T, H, D]` operands (queries, keys, values, outputs
 //! and their gradients) beside per-head statistics `[B, H, T]` (the log-sum-exp).
 
-use super::Rules;
-use crate::Sbp;
+use super::{RuleMode, Rules};
+use crate::{Sbp, Shape};
 
 /// Pushes one candidate per `(data, stats)` pair of `layouts`: every input and output takes
 /// `data` but the statistics, input `stats_in` or output `stats_out`, which take `stats`
@@ -21,4 +21,77 @@ pub fn attention_candidates(
         let outs: Vec<Sbp> = (0..n_out).map(|i| pick(i, stats_out)).collect();
         rules.push(&ins, &outs);
     }
+}
+
+/// The layouts of fused attention over `[B, T, H, D]` with `[B, H, T]` statistics: the batch
+/// split, the heads split, or all whole.
+pub const HEAD_LAYOUTS: [(Sbp, Sbp); 3] = [
+    (Sbp::S(0), Sbp::S(0)),
+    (Sbp::S(2), Sbp::S(1)),
+    (Sbp::B, Sbp::B),
+];
+
+/// [`HEAD_LAYOUTS`] and the sequence split (context-parallel attention, whose kernel exchanges
+/// key/value blocks between the ranks of that axis).
+pub const SEQUENCE_LAYOUTS: [(Sbp, Sbp); 4] = [
+    (Sbp::S(0), Sbp::S(0)),
+    (Sbp::S(2), Sbp::S(1)),
+    (Sbp::S(1), Sbp::S(2)),
+    (Sbp::B, Sbp::B),
+];
+
+/// Fused attention's forward (q, k, v) -> (o `[B, T, H, Dv]`, lse `[B, H, T]`) on `layouts`.
+pub fn fused_attention(o: Shape, lse: Shape, layouts: &[(Sbp, Sbp)], mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [o, lse]);
+    attention_candidates(&mut r, 3, 2, None, Some(1), layouts);
+    r
+}
+
+/// Its backward (q, k, v, o, dO, lse) -> (dq, dk, dv) on `layouts`, and linear in dO: a partial
+/// dO gives partial gradients.
+pub fn fused_attention_backward(qkv: [&Shape; 3], layouts: &[(Sbp, Sbp)], mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, qkv.map(Shape::clone));
+    attention_candidates(&mut r, 6, 3, Some(5), None, layouts);
+    r.push(
+        &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],
+        &[Sbp::P, Sbp::P, Sbp::P],
+    );
+    r
+}
+
+/// The attention probabilities softmax(q k^T scale) `[B, H, T, S]` of q `[B, H, T, D]` and k
+/// `[B, H, S, D]` (S == T when causal): the batch split, the heads split (every operand and
+/// the output alike), or all whole; the softmax over keys stays within the rank's (batch, head)
+/// pairs. No P: not linear.
+pub fn attention_probs(
+    q: &Shape,
+    k: &Shape,
+    causal: bool,
+    mode: RuleMode,
+) -> Result<Rules, String> {
+    let four = |what: &str, s: &Shape, dims: &str| {
+        if s.ndim() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{what} must be 4-d {dims}, got {s}"))
+        }
+    };
+    four("q", q, "[B, H, T, D]")?;
+    four("k", k, "[B, H, S, D]")?;
+    let (qd, kd) = (q.dims(), k.dims());
+    if qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
+        return Err(format!(
+            "k must be [B, H, S, D] for q [B, H, T, D] (same B, H, D), got q {q} and k {k}"
+        ));
+    }
+    if causal && qd[2] != kd[2] {
+        return Err(format!(
+            "causal attention needs as many keys as queries (S == T), got q {q} and k {k}"
+        ));
+    }
+    let mut r = Rules::new(mode, [Shape::new([qd[0], qd[1], qd[2], kd[2]])]);
+    for sbp in [Sbp::S(0), Sbp::S(1), Sbp::B] {
+        r.push_uniform(2, 1, sbp);
+    }
+    Ok(r)
 }

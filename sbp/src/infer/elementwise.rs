@@ -195,3 +195,12 @@ pub fn reduce_to_shape(x: &Shape, shape: &Shape, mode: RuleMode) -> Result<Rules
     r.push(&[P], &[P]);
     Ok(r)
 }
+
+/// An op that computes only on whole operands (a fused element-wise program, a multi-tensor
+/// optimizer update on global operands): `n_in` inputs and every output broadcast.
+pub fn whole(outs: impl IntoIterator<Item = Shape>, n_in: usize, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, outs);
+    let n_out = r.out_shapes().len();
+    r.push_uniform(n_in, n_out, B);
+    r
+}

@@ -16,6 +16,7 @@ mod embedding;
 mod engine;
 mod experts;
 mod gather;
+mod linear;
 mod loss;
 mod matmul;
 mod norm;
@@ -36,22 +37,32 @@ pub use reduce::ReduceKind;
 /// The rule builders, one function per op (grouped by family): each checks the input shapes and
 /// returns the output shapes with the op's SBP candidates.
 pub mod rules {
-    pub use super::attention::attention_candidates;
+    pub use super::attention::{
+        attention_candidates, attention_probs, fused_attention, fused_attention_backward,
+        HEAD_LAYOUTS, SEQUENCE_LAYOUTS,
+    };
     pub use super::concat::{concat, slice};
     pub use super::elementwise::{
-        binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary,
+        binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary, whole,
     };
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
     pub use super::experts::{expert_matmul, expert_matmul_wgrad, router_topk};
     pub use super::gather::{gather, index_add, index_select, scatter_add};
-    pub use super::loss::{backward as cross_entropy_backward, forward as cross_entropy};
+    pub use super::linear::{
+        linear, linear_classifier, linear_classifier_backward, linear_weight_grad, residual_mlp,
+        residual_mlp_backward,
+    };
+    pub use super::loss::{
+        backward as cross_entropy_backward, classifier, classifier_backward,
+        forward as cross_entropy, vocab_parallel, vocab_parallel_lse,
+    };
     pub use super::matmul::{batch_matmul, matmul, matmul_t};
     pub use super::norm::{
-        backward as layer_norm_backward, forward as layer_norm, rms_norm, rms_norm_backward,
-        stats_shape as layer_norm_stats,
+        backward as layer_norm_backward, forward as layer_norm, residual_layer_norm,
+        residual_layer_norm_backward, rms_norm, rms_norm_backward, stats_shape as layer_norm_stats,
     };
     pub use super::permute::permute;
-    pub use super::reduce::{arg_reduce, reduce};
+    pub use super::reduce::{arg_reduce, reduce, sum_squares};
     pub use super::reshape::reshape;
     pub use super::select::{masked_fill, positional, where_cond};
     pub use super::softmax::{backward as softmax_backward, forward as softmax};

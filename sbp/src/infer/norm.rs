@@ -113,3 +113,33 @@ pub fn rms_norm_backward(xs: &[&Shape], mode: RuleMode) -> Result<Rules, String>
     r.push(&[B, B, B], &[B, B]);
     Ok(r)
 }
+
+/// The residual add fused with layer normalisation (x, residual branch, weight, bias) ->
+/// (r = x + branch, y, mean, rstd): rows split alike on a leading dim with the parameters
+/// broadcast, or everything whole; never P (not linear).
+pub fn residual_layer_norm(x: &Shape, stats: &Shape, mode: RuleMode) -> Rules {
+    let outs = [x.clone(), x.clone(), stats.clone(), stats.clone()];
+    let mut r = Rules::new(mode, outs);
+    for i in 0..x.ndim().saturating_sub(1) {
+        r.push(&[Sbp::S(i), Sbp::S(i), B, B], &[Sbp::S(i); 4]);
+    }
+    r.push(&[B; 4], &[B; 4]);
+    r
+}
+
+/// Its backward (r, weight, mean, rstd, dy (, dr)) -> (dr_in, dweight, dbias), `n_in` inputs:
+/// rows split -> the parameter gradients partial sums over the row shards; linear in (dy, dr)
+/// given r and the statistics; all whole.
+pub fn residual_layer_norm_backward(x: &Shape, w: &Shape, n_in: usize, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [x.clone(), w.clone(), w.clone()]);
+    for i in 0..x.ndim().saturating_sub(1) {
+        let mut ins = vec![Sbp::S(i); n_in];
+        ins[1] = B;
+        r.push(&ins, &[Sbp::S(i), P, P]);
+    }
+    let mut ins = vec![B; n_in];
+    ins.iter_mut().skip(4).for_each(|t| *t = P);
+    r.push(&ins, &[P; 3]);
+    r.push(&vec![B; n_in], &[B; 3]);
+    r
+}

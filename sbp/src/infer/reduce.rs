@@ -81,3 +81,19 @@ pub fn arg_reduce(dim: usize, x: &Shape, mode: RuleMode) -> Result<Rules, String
     r.push(&[Sbp::B], &[Sbp::B]);
     Ok(r)
 }
+
+/// The per-tensor sums of squares of `xs` -> (sums `[len]`, total `[]`): all whole, and for
+/// each entry of `splits` (one dim per input) that fits, every input split on its dim -> both
+/// partial sums.
+pub fn sum_squares(xs: &[&Shape], splits: &[Vec<usize>], mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [Shape::from(&[xs.len()][..]), Shape::scalar()]);
+    r.push_uniform(xs.len(), 2, Sbp::B);
+    for dims in splits {
+        let fits = dims.len() == xs.len() && dims.iter().zip(xs).all(|(&k, sh)| k < sh.ndim());
+        if fits {
+            let ins: Vec<Sbp> = dims.iter().map(|&k| Sbp::S(k)).collect();
+            r.push(&ins, &[Sbp::P, Sbp::P]);
+        }
+    }
+    r
+}

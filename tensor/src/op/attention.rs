@@ -4,12 +4,12 @@
 //! Split on batch or heads; the backward reads the probabilities and is written with ops.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_float_dtype, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
-    RunKernels, Saves,
+    same_float_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
+    OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -34,33 +34,6 @@ pub trait AttentionKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-/// Checks q `[B, H, T, D]` and k `[B, H, S, D]`; returns the output shape `[B, H, T, S]`.
-fn out_shape(q: &Shape, k: &Shape, causal: bool) -> MetaResult<Shape> {
-    let four = |what: &str, s: &Shape, dims: &str| {
-        if s.ndim() == 4 {
-            Ok(())
-        } else {
-            Err(MetaError::Shape(format!(
-                "{what} must be 4-d {dims}, got {s}"
-            )))
-        }
-    };
-    four("q", q, "[B, H, T, D]")?;
-    four("k", k, "[B, H, S, D]")?;
-    let (qd, kd) = (q.dims(), k.dims());
-    if qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
-        return Err(MetaError::Shape(format!(
-            "k must be [B, H, S, D] for q [B, H, T, D] (same B, H, D), got q {q} and k {k}"
-        )));
-    }
-    if causal && qd[2] != kd[2] {
-        return Err(MetaError::Shape(format!(
-            "causal attention needs as many keys as queries (S == T), got q {q} and k {k}"
-        )));
-    }
-    Ok(Shape::new([qd[0], qd[1], qd[2], kd[2]]))
-}
-
 impl OpFamily for AttentionOp {
     fn name(&self) -> &'static str {
         "attention_probs"
@@ -78,13 +51,7 @@ impl OpFamily for AttentionOp {
                 "scale must be finite, got {scale}"
             )));
         }
-        let out = out_shape(s[0], s[1], self.causal)?;
-        // Batch split, heads split (every operand and the output alike), or all broadcast: the
-        // softmax over keys stays within the rank's (batch, head) pairs. No P: not linear.
-        let mut r = Rules::new(mode, [out]);
-        for sbp in [Sbp::S(0), Sbp::S(1), Sbp::B] {
-            r.push_uniform(s.len(), 1, sbp);
-        }
+        let r = shape_rule(rules::attention_probs(s[0], s[1], self.causal, mode))?;
         Ok(Inferred::new(r, dt))
     }
 

@@ -4,7 +4,7 @@
 //! are never gathered, copied or masked.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, NdSbp, RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
@@ -148,7 +148,7 @@ impl OpFamily for LossOp {
                 Ok(Inferred::new(shape_rule(r)?, d[0]))
             }
             LossOp::VocabParallelLse { at, parts } => Ok(Inferred::new(
-                lse_rules(s[0], at, parts, mode)?,
+                shape_rule(rules::vocab_parallel_lse(s[0], at.classes, parts, mode))?,
                 d[0].compute(),
             )),
             LossOp::VocabParallel { at } | LossOp::VocabParallelBackward { at } => {
@@ -162,7 +162,8 @@ impl OpFamily for LossOp {
                     )));
                 }
                 let out = if s.len() == 3 { stats } else { d[0] };
-                Ok(Inferred::new(vocab_parallel_rules(s, at, mode)?, out))
+                let r = shape_rule(rules::vocab_parallel(s, at.classes, mode))?;
+                Ok(Inferred::new(r, out))
             }
         }
     }
@@ -245,51 +246,6 @@ impl<B: LossKernels> RunKernels<B> for LossOp {
             }
         }
     }
-}
-
-/// Candidates of the log-sum-exp partials `[N, parts]`, per mesh axis: the logits' SBP.
-fn lse_rules(x: &Shape, at: ClassShard, parts: usize, mode: RuleMode) -> MetaResult<Rules> {
-    let classes = at.classes;
-    match x.dims() {
-        [n, c] if parts >= 1 && (1..=*c).contains(&classes) => {
-            let mut r = Rules::new(mode, [Shape::from([*n, parts])]);
-            for sbp in [Sbp::S(1), Sbp::S(0), Sbp::B] {
-                r.push(&[sbp], &[sbp]);
-            }
-            Ok(r)
-        }
-        _ => Err(MetaError::Shape(format!(
-            "needs logits [N, C] with classes {classes} in 1..=C and at least one class \
-             shard, got {x} and {parts} shards"
-        ))),
-    }
-}
-
-/// Candidates of the vocabulary-parallel loss and backward, per mesh axis: logits split on the
-/// classes with the per-row inputs B -> loss P / dlogits S(1); all split on the rows -> S(0);
-/// all B -> B.
-fn vocab_parallel_rules(s: &[&Shape], at: ClassShard, mode: RuleMode) -> MetaResult<Rules> {
-    let (x, rows) = (s[0], Shape::from([s[0].dim(0), 1]));
-    let classes_fit = x.ndim() == 2 && (1..=x.dim(1)).contains(&at.classes);
-    if !classes_fit || s[1..].iter().any(|t| **t != rows) {
-        return Err(MetaError::Shape(format!(
-            "needs logits [N, C] with classes {} in 1..=C and labels, lse (and dy) [N, 1], \
-             got {}",
-            at.classes,
-            s.iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    let n = s.len();
-    let mut r = Rules::new(mode, [if n == 3 { rows } else { x.clone() }]);
-    let mut ins = vec![Sbp::B; n];
-    ins[0] = Sbp::S(1);
-    r.push(&ins, &[if n == 3 { Sbp::P } else { Sbp::S(1) }]);
-    r.push(&vec![Sbp::S(0); n], &[Sbp::S(0)]);
-    r.push(&vec![Sbp::B; n], &[Sbp::B]);
-    Ok(r)
 }
 
 /// A per-row tensor `[N, k]` boxed to the layout that fits the class-split logits `x`: split

@@ -2,11 +2,11 @@
 //! and the new value), each reading its same-shape float operands once; no gradient.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
-    need_float, no_gradient, same_dtype, single, CustomKernels, F64Bits, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, RunKernels,
+    need_float, no_gradient, same_dtype, shape_rule, single, CustomKernels, F64Bits, Inferred,
+    KernelBackend, MetaError, MetaResult, OpFamily, RunKernels,
 };
 use crate::Result;
 
@@ -79,12 +79,7 @@ impl OpFamily for AdamPart {
             )));
         }
         // Non-linear in every operand: all split alike, or all whole.
-        let mut r = Rules::new(mode, [s[0].clone()]);
-        for i in 0..s[0].ndim() {
-            r.push_uniform(s.len(), 1, Sbp::S(i));
-        }
-        r.push_uniform(s.len(), 1, Sbp::Broadcast);
-        Ok(Inferred::new(r, dt))
+        Ok(Inferred::new(shape_rule(rules::pointwise(s, 1, &[], mode))?, dt))
     }
 
     no_gradient!("an optimizer update has no gradient");

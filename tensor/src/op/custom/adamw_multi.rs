@@ -16,7 +16,7 @@
 //! gives the same bits as the factor `min(ratio, 1)` folded on the host.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::custom::AdamPart;
 use crate::op::{
@@ -312,9 +312,7 @@ impl OpFamily for AdamWMulti {
         }
         // Element-wise on every tensor: global operands compute whole (the layout-preserving
         // path is `Tensor::adamw_multi`, on local pieces).
-        let mut r = Rules::new(mode, outs);
-        let n_out = r.out_shapes().len();
-        r.push_uniform(self.operands(), n_out, oxiflow_sbp::Sbp::B);
+        let r = rules::whole(outs, self.operands(), mode);
         Ok(Inferred::outputs(r, &dtypes))
     }
 

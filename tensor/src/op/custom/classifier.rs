@@ -8,7 +8,7 @@
 //! vocabulary-parallel cross-entropy instead (see [`Tensor::cross_entropy_padded`]).
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
     kernel_err, need_float, need_i64, norm_stats_dtype, scratch, single, BinaryOp, CustomKernels,
@@ -52,7 +52,6 @@ pub trait ClassifierKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-const B: Sbp = Sbp::Broadcast;
 
 fn bad_shapes(what: &str, s: &[&Shape]) -> MetaError {
     MetaError::Shape(format!(
@@ -79,8 +78,8 @@ impl OpFamily for ClassifierOp {
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "logits")?;
         let (x, rows) = (s[0], s[1]);
-        let (n, v) = match x.dims() {
-            [n, v] if rows.dims() == [*n] => (*n, *v),
+        let v = match x.dims() {
+            [n, v] if rows.dims() == [*n] => *v,
             _ => return Err(bad_shapes("logits [N, V] and per-row values [N]", s)),
         };
         let loss = norm_stats_dtype(d[0]);
@@ -92,11 +91,7 @@ impl OpFamily for ClassifierOp {
                     )));
                 }
                 need_i64(d[1], "targets")?;
-                let mut r = Rules::new(mode, [Shape::new([n]), x.clone()]);
-                // Rows split or whole; never P (not linear), classes whole.
-                r.push(&[Sbp::S(0), Sbp::S(0)], &[Sbp::S(0), Sbp::S(0)]);
-                r.push(&[B, B], &[B, B]);
-                Ok(Inferred::outputs(r, &[loss, d[0]]))
+                Ok(Inferred::outputs(rules::classifier(x, mode), &[loss, d[0]]))
             }
             ClassifierOp::Backward => {
                 if d[1] != loss {
@@ -105,13 +100,7 @@ impl OpFamily for ClassifierOp {
                         d[0], d[1]
                     )));
                 }
-                let mut r = Rules::new(mode, [x.clone()]);
-                r.push(&[Sbp::S(0), Sbp::S(0)], &[Sbp::S(0)]);
-                r.push(&[Sbp::S(1), B], &[Sbp::S(1)]);
-                // Linear in dloss.
-                r.push(&[B, Sbp::P], &[Sbp::P]);
-                r.push(&[B, B], &[B]);
-                Ok(Inferred::new(r, d[0]))
+                Ok(Inferred::new(rules::classifier_backward(x, mode), d[0]))
             }
         }
     }

@@ -13,8 +13,7 @@
 //! softmax is not linear.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::rules::attention_candidates;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
     same_float_dtype, CustomKernels, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
@@ -167,10 +166,6 @@ fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
     }
 }
 
-/// The candidates of the attention operands: split on the batch, the heads or
-/// broadcast (the statistics `[B, H, T]` split alike).
-const LAYOUTS: [(Sbp, Sbp); 3] = [(Sbp::S(0), Sbp::S(0)), (Sbp::S(2), Sbp::S(1)), (Sbp::B, Sbp::B)];
-
 impl OpFamily for FlashAttention {
     fn name(&self) -> &'static str {
         match self {
@@ -193,8 +188,8 @@ impl OpFamily for FlashAttention {
         let stats = dt.compute();
         match self {
             FlashAttention::Forward(_) => {
-                let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
-                attention_candidates(&mut r, 3, 2, None, Some(1), &LAYOUTS);
+                let (o, lse) = (Shape::new(dims.o()), Shape::new(dims.lse()));
+                let r = rules::fused_attention(o, lse, &rules::HEAD_LAYOUTS, mode);
                 Ok(Inferred::outputs(r, &[dt, stats]))
             }
             FlashAttention::Backward(_) => {
@@ -207,13 +202,8 @@ impl OpFamily for FlashAttention {
                         d[5]
                     )));
                 }
-                let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
-                attention_candidates(&mut r, 6, 3, Some(5), None, &LAYOUTS);
-                // Linear in dO: a partial dO gives partial gradients.
-                r.push(
-                    &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],
-                    &[Sbp::P, Sbp::P, Sbp::P],
-                );
+                let qkv = [s[0], s[1], s[2]];
+                let r = rules::fused_attention_backward(qkv, &rules::HEAD_LAYOUTS, mode);
                 Ok(Inferred::outputs(r, &[dt, dt, dt]))
             }
         }

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
     kernel_err, no_gradient, BinaryOp, CustomKernels, ElementwiseOp, F64Bits, Inferred,
@@ -385,8 +385,7 @@ impl OpFamily for FusedElementwise {
             ))
         })?;
         let n = self.program.outputs().len();
-        let mut r = Rules::new(mode, std::iter::repeat_n(out, n));
-        r.push_uniform(s.len(), n, Sbp::B);
+        let r = rules::whole(std::iter::repeat_n(out, n), s.len(), mode);
         Ok(Inferred::outputs(r, &self.program.output_dtypes()))
     }
 

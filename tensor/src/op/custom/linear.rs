@@ -5,8 +5,7 @@
 //! and bias gradients in one op (`x^T dpre` with the bias gradient's row sums fused).
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
-use smallvec::SmallVec;
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::grad::sum_to;
 use crate::op::{
@@ -57,7 +56,6 @@ pub trait LinearKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-const B: Sbp = Sbp::Broadcast;
 
 pub(super) fn shapes_text(s: &[&Shape]) -> String {
     s.iter()
@@ -116,21 +114,8 @@ impl OpFamily for LinearOp {
                         shapes_text(s)
                     )));
                 }
-                let y = with_last(x, n);
                 let outs = if act == Activation::Gelu { 2 } else { 1 };
-                let mut r = Rules::new(mode, std::iter::repeat_n(y, outs));
-                let ins = |xs: Sbp, ws: Sbp, bs: Sbp| {
-                    let mut v: SmallVec<[Sbp; 3]> = smallvec::smallvec![xs, ws];
-                    v.extend(s.get(2).map(|_| bs));
-                    v
-                };
-                // Rows split on a leading dim; output features split (column-parallel); whole.
-                // Never a partial sum: the bias and GELU are not linear in one.
-                for i in 0..last {
-                    r.push(&ins(Sbp::S(i), B, B), &vec![Sbp::S(i); outs]);
-                }
-                r.push(&ins(B, Sbp::S(1), Sbp::S(0)), &vec![Sbp::S(last); outs]);
-                r.push(&ins(B, B, B), &vec![B; outs]);
+                let r = rules::linear(x, s.len() == 3, with_last(x, n), outs, mode);
                 Ok(Inferred::outputs(r, &vec![dt; outs]))
             }
             LinearOp::WeightGrad { bias } => {
@@ -147,16 +132,7 @@ impl OpFamily for LinearOp {
                     outs.push(Shape::new([n]));
                 }
                 let m = outs.len();
-                let mut r = Rules::new(mode, outs);
-                let pick = |dw: Sbp, db: Sbp| [dw, db][..m].to_vec();
-                // Rows split: partial sums over the row shards.
-                for i in 0..last {
-                    r.push(&[Sbp::S(i), Sbp::S(i)], &pick(Sbp::P, Sbp::P));
-                }
-                r.push(&[B, Sbp::S(last)], &pick(Sbp::S(1), Sbp::S(0)));
-                r.push(&[Sbp::S(last), B], &pick(Sbp::S(0), B));
-                r.push(&[B, Sbp::P], &pick(Sbp::P, Sbp::P));
-                r.push(&[B, B], &pick(B, B));
+                let r = rules::linear_weight_grad(x, outs, mode);
                 Ok(Inferred::outputs(r, &vec![dt; m]))
             }
         }

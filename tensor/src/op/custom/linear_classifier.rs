@@ -17,7 +17,7 @@
 //! cross-entropy instead ([`Tensor::linear_classifier_loss_sum`] chooses).
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
     kernel_err, need_i64, norm_stats_dtype, same_float_dtype, scratch, BinaryOp, CustomKernels,
@@ -63,7 +63,6 @@ pub trait LinearClassifierKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-const B: Sbp = Sbp::Broadcast;
 
 impl OpFamily for LinearClassifier {
     fn name(&self) -> &'static str {
@@ -90,11 +89,7 @@ impl OpFamily for LinearClassifier {
                         s[2]
                     )));
                 }
-                let mut r = Rules::new(mode, [s[0].clone(), s[1].clone()]);
-                r.push(&[Sbp::S(0), Sbp::P, B], &[Sbp::S(0), Sbp::P]);
-                r.push(&[B, B, B], &[B, B]);
-                // Linear in dloss.
-                r.push(&[B, B, Sbp::P], &[Sbp::P, Sbp::P]);
+                let r = rules::linear_classifier_backward(s[0], s[1], mode);
                 Ok(Inferred::outputs(r, &[dt, dt]))
             }
         }
@@ -178,14 +173,7 @@ fn forward_rules(
             "classes {classes} must be in 1..={v} (the table's rows)"
         )));
     }
-    let mut r = Rules::new(
-        mode,
-        [Shape::scalar(), Shape::new([n, c]), Shape::new([v, c])],
-    );
-    // Rows split: the loss and the table's gradient are partial sums. Never P inputs (the
-    // softmax is not linear) and the classes whole.
-    r.push(&[Sbp::S(0), B, Sbp::S(0)], &[Sbp::P, Sbp::S(0), Sbp::P]);
-    r.push(&[B, B, B], &[B, B, B]);
+    let r = rules::linear_classifier(n, c, v, mode);
     Ok(Inferred::outputs(r, &[norm_stats_dtype(dt), dt, dt]))
 }
 

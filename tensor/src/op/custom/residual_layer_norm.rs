@@ -4,7 +4,7 @@
 //! gradient `dr + LN'(dy)` in one pass, with the weight and bias gradients.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
     kernel_err, need_float, norm_stats_dtype, same_dtype, same_float_dtype, scratch, shape_rule,
@@ -45,7 +45,6 @@ pub trait ResidualLayerNormKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-const B: Sbp = Sbp::Broadcast;
 
 fn mismatch(what: &str, got: &Shape, want: &Shape) -> MetaError {
     MetaError::Shape(format!("{what} must be {want}, got {got}"))
@@ -75,13 +74,7 @@ impl OpFamily for ResidualLayerNorm {
                 }
                 // The plain norm's rules check the shapes and give (y, mean, rstd).
                 let ln = shape_rule(rules::layer_norm(1, &[s[0], s[2], s[3]], mode))?;
-                let stats = ln.out_shapes()[1].clone();
-                let mut r = Rules::new(mode, [s[0].clone(), s[0].clone(), stats.clone(), stats]);
-                // Rows split alike on a leading dim, or everything whole; never P (not linear).
-                for i in 0..s[0].ndim().saturating_sub(1) {
-                    r.push(&[Sbp::S(i), Sbp::S(i), B, B], &[Sbp::S(i); 4]);
-                }
-                r.push(&[B; 4], &[B; 4]);
+                let r = rules::residual_layer_norm(s[0], &ln.out_shapes()[1], mode);
                 let st = norm_stats_dtype(dt);
                 Ok(Inferred::outputs(r, &[dt, dt, st, st]))
             }
@@ -115,19 +108,7 @@ impl OpFamily for ResidualLayerNorm {
                         return Err(mismatch(what, got, want));
                     }
                 }
-                let n = s.len();
-                let mut r = Rules::new(mode, [x.clone(), w.clone(), w.clone()]);
-                // Rows split: the parameter gradients are partial sums over the row shards.
-                for i in 0..x.ndim().saturating_sub(1) {
-                    let mut ins = vec![Sbp::S(i); n];
-                    ins[1] = B;
-                    r.push(&ins, &[Sbp::S(i), Sbp::P, Sbp::P]);
-                }
-                // Linear in (dy, dr) given r and the statistics.
-                let mut ins = vec![B; n];
-                ins[4..].iter_mut().for_each(|t| *t = Sbp::P);
-                r.push(&ins, &[Sbp::P; 3]);
-                r.push(&vec![B; n], &[B; 3]);
+                let r = rules::residual_layer_norm_backward(x, w, s.len(), mode);
                 Ok(Inferred::outputs(r, &[dt, dt, dt]))
             }
         }

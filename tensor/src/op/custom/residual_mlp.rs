@@ -14,7 +14,7 @@
 //! linear layers instead (the model chooses).
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::custom::linear::{shapes_text, with_last};
 use crate::op::custom::Activation;
@@ -43,7 +43,6 @@ pub trait ResidualMlpKernels: KernelBackend {
     fn residual_mlp_backward(&self, x: [&Self::Piece; 6], out: &mut [Self::Out]) -> Result<()>;
 }
 
-const B: Sbp = Sbp::Broadcast;
 
 fn bad(s: &[&Shape], want: &str) -> MetaError {
     MetaError::Shape(format!("needs {want}, got {}", shapes_text(s)))
@@ -67,7 +66,6 @@ impl OpFamily for ResidualMlp {
         let Some(&c) = x.dims().last() else {
             return Err(MetaError::Shape("x must have at least one dim".into()));
         };
-        let lead = x.ndim() - 1;
         match self {
             ResidualMlp::Forward { .. } => {
                 let want =
@@ -79,12 +77,7 @@ impl OpFamily for ResidualMlp {
                 if s[2].dims() != [f] || s[3].dims() != [f, c] || s[4].dims() != [c] || s[5] != x {
                     return Err(bad(s, want));
                 }
-                let hid = with_last(x, f);
-                let mut r = Rules::new(mode, [x.clone(), hid.clone(), hid]);
-                for i in 0..lead {
-                    r.push(&[Sbp::S(i), B, B, B, B, Sbp::S(i)], &[Sbp::S(i); 3]);
-                }
-                r.push(&[B; 6], &[B; 3]);
+                let r = rules::residual_mlp(x, &with_last(x, f), mode);
                 Ok(Inferred::outputs(r, &[dt; 3]))
             }
             ResidualMlp::Backward => {
@@ -104,17 +97,7 @@ impl OpFamily for ResidualMlp {
                     Shape::new([f, c]),
                     Shape::new([c]),
                 ];
-                let mut r = Rules::new(mode, outs);
-                for i in 0..lead {
-                    let si = Sbp::S(i);
-                    r.push(
-                        &[si, si, si, B, B, si],
-                        &[si, Sbp::P, Sbp::P, Sbp::P, Sbp::P],
-                    );
-                }
-                r.push(&[B; 6], &[B; 5]);
-                // Linear in dy.
-                r.push(&[B, B, B, B, B, Sbp::P], &[Sbp::P; 5]);
+                let r = rules::residual_mlp_backward(x, outs, mode);
                 Ok(Inferred::outputs(r, &[dt; 5]))
             }
         }

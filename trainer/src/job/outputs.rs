@@ -300,12 +300,10 @@ pub(super) fn check_heldout(cfg: &TrainConfig) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Which start of an oflaunch job this is (`OXIFLOW_RESTART_COUNT`; 0 outside oflaunch).
-fn restart_count() -> u64 {
-    std::env::var("OXIFLOW_RESTART_COUNT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+/// Which start of an oflaunch job this is (the launch contract's `restart_count`; 0 outside
+/// oflaunch).
+fn restart_count() -> u32 {
+    LaunchEnv::from_env().map_or(0, |e| e.restart_count)
 }
 
 /// The run's id: the resumed checkpoint's; else, under a launcher's job token, one derived

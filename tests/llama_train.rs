@@ -216,3 +216,59 @@ fn flags_of_another_architecture_are_refused_by_name() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The `generated ids: a,b,c` line of a run's output.
+fn generated_ids(text: &str) -> String {
+    text.lines()
+        .find_map(|l| {
+            l.split_once("generated ids: ")
+                .map(|(_, ids)| ids.to_string())
+        })
+        .unwrap_or_else(|| panic!("no generated ids in: {text}"))
+}
+
+#[test]
+fn a_checkpoint_generates_without_its_architecture_restated() {
+    let dir = std::env::temp_dir().join(format!("oxiflow-llama-arch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ckpt = dir.join("ckpt");
+    let cs = ckpt.to_str().unwrap();
+    let mut train = TINY.to_vec();
+    train.extend(["--steps", "3", "--dtype", "f64", "--save", cs]);
+    ok(launch(1, &train));
+    let prompt = [
+        "--resume",
+        cs,
+        "--prompt-ids",
+        "5,17,3",
+        "--gen-tokens",
+        "6",
+        "--temperature",
+        "0",
+    ];
+    let mut restated: Vec<&str> = TINY[..14].iter().chain(&TINY[18..]).copied().collect();
+    restated.extend(["--dtype", "f64"]);
+    restated.extend(prompt);
+    let want = generated_ids(&ok(launch(1, &restated)));
+    // The sizes, kv heads, FFN width, rope theta and dtype come from the checkpoint's
+    // configuration, on another layout too.
+    let alone = generated_ids(&ok(launch(1, &prompt)));
+    assert_eq!(alone, want);
+    let mut tp2 = prompt.to_vec();
+    tp2.extend(["--tp", "2"]);
+    assert_eq!(generated_ids(&ok(launch(2, &tp2))), want);
+    // A flag given still wins, and a size that differs from the checkpoint's is refused by name.
+    let mut other = prompt.to_vec();
+    other.extend(["--layers", "2"]);
+    let out = launch(1, &other);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a 2-block run resumed a 4-block checkpoint"
+    );
+    assert!(
+        err.contains("layers 4") && err.contains("--layers 2"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

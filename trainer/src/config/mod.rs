@@ -322,6 +322,7 @@ pub fn load(config: Option<&Path>, cli: &Flags) -> Result<TrainConfig, TrainErro
             explicit.extend(t.keys().map(|k| format!("{section}.{k}")));
         }
     }
+    architecture_of_resumed(&mut merged)?;
     let flags: Flags = merged
         .try_into()
         .map_err(|e: toml::de::Error| TrainError::Config {
@@ -330,6 +331,73 @@ pub fn load(config: Option<&Path>, cli: &Flags) -> Result<TrainConfig, TrainErro
     let mut cfg = TrainConfig::resolve(flags, explicit)?;
     cfg.job_file = config.map(Path::to_path_buf);
     Ok(cfg)
+}
+
+/// `--resume auto`: the newest complete checkpoint at `--save`'s path.
+pub const RESUME_AUTO: &str = "auto";
+
+/// Where the configuration of the checkpoint at `path` is written (beside it).
+pub fn config_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".config.toml");
+    PathBuf::from(p)
+}
+
+/// The keys of a checkpoint's configuration that say what model it holds: a run resuming it
+/// takes each one it does not give itself, so `--resume CKPT --generate ...` needs no sizes.
+const ARCHITECTURE_KEYS: [(&str, &str); 20] = [
+    ("model", "model"),
+    ("model", "layers"),
+    ("model", "heads"),
+    ("model", "width"),
+    ("model", "seq-len"),
+    ("model", "vocab-multiple"),
+    ("model", "hidden"),
+    ("model", "features"),
+    ("model", "classes"),
+    ("model", "dtype"),
+    ("model", "kv-heads"),
+    ("model", "ffn-width"),
+    ("model", "rope-theta"),
+    ("model", "norm-eps"),
+    ("model", "tie-embeddings"),
+    ("model", "from-hf"),
+    ("model", "lora-rank"),
+    ("model", "lora-alpha"),
+    ("model", "lora-targets"),
+    ("data", "tokenizer"),
+];
+
+/// With `--resume PATH` (not `auto`, whose checkpoints are this job's own), the architecture
+/// keys of the configuration saved beside the checkpoint that `merged` lacks, added as defaults
+/// (not counted as given). A checkpoint without one keeps the flags as they are; its recorded
+/// sizes still refuse a run that differs.
+fn architecture_of_resumed(merged: &mut toml::Table) -> Result<(), TrainError> {
+    let resume = merged
+        .get("run")
+        .and_then(|r| r.get("resume"))
+        .and_then(toml::Value::as_str)
+        .map(PathBuf::from);
+    let Some(ckpt) = resume.filter(|p| p.as_os_str() != RESUME_AUTO) else {
+        return Ok(());
+    };
+    let saved_path = config_path(&ckpt);
+    if !saved_path.is_file() {
+        return Ok(());
+    }
+    let saved = read_job_file(&saved_path)?;
+    for (section, key) in ARCHITECTURE_KEYS {
+        let Some(value) = saved.get(section).and_then(|t| t.get(key)) else {
+            continue;
+        };
+        let into = merged
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(t) = into {
+            t.entry(key).or_insert_with(|| value.clone());
+        }
+    }
+    Ok(())
 }
 
 /// A job file's tables, checked against `Flags` (an unknown table or key is an error naming it).

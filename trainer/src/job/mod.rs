@@ -33,14 +33,12 @@ mod preflight;
 mod resume;
 mod save_target;
 
+pub use crate::config::{config_path, RESUME_AUTO};
 use drive::{drive, report, Saver};
 use outputs::{OutputPlan, RUN_ID_KEY};
 use preflight::{check_inputs, Checked};
 use resume::{load_options, Recorded};
-pub use save_target::{config_path, SaveTarget};
-
-/// The `--resume` value that means the newest complete checkpoint at `--save`'s path.
-pub const RESUME_AUTO: &str = "auto";
+pub use save_target::SaveTarget;
 
 /// Seams for programs and tests: code run at each save stage (tests crash a save on purpose)
 /// and on every step.

@@ -66,10 +66,3 @@ impl SaveTarget {
         }
     }
 }
-
-/// Where the configuration of the checkpoint at `path` is written.
-pub fn config_path(path: &Path) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(".config.toml");
-    PathBuf::from(p)
-}

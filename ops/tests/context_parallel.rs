@@ -2,7 +2,8 @@
 //! and the gradients of q, k and v for a sequence split over a mesh axis in the load-balanced
 //! causal order, by ring and by all-to-all, with GQA, uneven splits, CP on a 1-d mesh and beside
 //! a data- or tensor-parallel axis of a 2-d mesh; a proptest over lengths, rank counts, GQA
-//! ratios, orders and algorithms; the typed error of an all-to-all whose heads do not divide,
+//! ratios, orders and algorithms; bf16 and f16 operands computed wide and rounded once; the
+//! typed error of an all-to-all whose heads do not divide,
 //! the same on every rank before any communication.
 
 use std::time::Duration;
@@ -267,16 +268,59 @@ fn alltoall_with_heads_not_divisible_is_refused_alike_before_communicating() {
     );
 }
 
+/// One rank's result for `c` with q, k, v, w rounded to `dtype` (or in f64): the output and the
+/// gradients of `sum(o * w)`, as f64.
+fn local_in(c: &Case, dtype: DType) -> [Vec<f64>; 4] {
+    let [q, k, v, w] = operands(c).map(|x| x.cast(dtype).unwrap());
+    let (q, k, v) = (
+        q.requires_grad_(true),
+        k.requires_grad_(true),
+        v.requires_grad_(true),
+    );
+    let attrs = CpAttrs {
+        causal: c.causal,
+        scale: F64Bits::new(c.scale()),
+        order: SeqOrder::Natural,
+    };
+    let o = context_attention(&q, &k, &v, attrs, CpAlgorithm::Ring).unwrap();
+    assert_eq!(o.dtype(), dtype);
+    o.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let f64s = |t: &Tensor| vals(&t.cast(DType::F64).unwrap());
+    [
+        f64s(&o),
+        f64s(&q.grad().unwrap()),
+        f64s(&k.grad().unwrap()),
+        f64s(&v.grad().unwrap()),
+    ]
+}
+
 #[test]
-fn a_dtype_without_a_kernel_is_a_typed_error() {
-    let q = Tensor::randn([1, 4, 2, 3], 1, DType::BF16);
+fn bf16_and_f16_compute_wide_and_round_their_results() {
+    let c = gqa(2, 7, 4, 2);
+    let want = local_in(&c, DType::F64);
+    // 16-bit operands carry 8 (bf16) or 11 (f16) significant bits; their results stay within
+    // a few of their units of the f64 result (inputs rounded once, everything computed in f64).
+    for (dtype, tol) in [(DType::BF16, 3e-2), (DType::F16, 4e-3)] {
+        let got = local_in(&c, dtype);
+        for (i, name) in ["o", "dq", "dk", "dv"].iter().enumerate() {
+            let big = want[i].iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            for (j, (g, w)) in got[i].iter().zip(&want[i]).enumerate() {
+                assert!(
+                    (g - w).abs() <= tol * big,
+                    "{dtype} {name}[{j}]: {g} vs {w} (largest {big})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn operands_that_do_not_fit_are_a_typed_error() {
     let attrs = CpAttrs {
         causal: true,
         scale: F64Bits::new(0.5),
         order: SeqOrder::Natural,
     };
-    let e = context_attention(&q, &q, &q, attrs, CpAlgorithm::Ring).unwrap_err();
-    assert!(matches!(e, TensorError::NoKernel { .. }), "{e}");
     let k = Tensor::randn([1, 4, 3, 3], 1, DType::F64);
     let q = Tensor::randn([1, 4, 2, 3], 1, DType::F64);
     let e = context_attention(&q, &k, &k, attrs, CpAlgorithm::Ring).unwrap_err();
@@ -284,6 +328,9 @@ fn a_dtype_without_a_kernel_is_a_typed_error() {
         matches!(e, TensorError::Shape { .. }) && e.to_string().contains("multiple"),
         "{e}"
     );
+    let i = Tensor::from_vec(vec![1i64; 24], [1, 4, 2, 3]).unwrap();
+    let e = context_attention(&i, &i, &i, attrs, CpAlgorithm::Ring).unwrap_err();
+    assert!(e.to_string().contains("float"), "{e}");
 }
 
 proptest! {

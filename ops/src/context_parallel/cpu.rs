@@ -2,11 +2,13 @@
 //! arrays; the ring passes K/V blocks (and, backward, their dK/dV) in f64 between the members of
 //! the sequence split, sending the next block on a scoped thread while the block in hand is
 //! attended to. Scores are masked by token position (the op's `SeqOrder`), softmax statistics
-//! merge online per block, and results round once to the output dtype. (batch, head) rows run in
+//! merge online per block, and results round once to the output dtype (16-bit data keeps its
+//! statistics in f32). (batch, head) rows run in
 //! parallel; the backward runs one task per (batch, kv head) so a GQA group's dK/dV sum in one
 //! place.
 
 use ndarray::ArrayD;
+use oxiflow_dtype::{bf16, f16, Element};
 use oxiflow_tensor::{
     CpuArray, CpuBackend, DType, ExternOp, KernelIo, Peers, Result, TensorElement, TensorError,
 };
@@ -14,26 +16,22 @@ use rayon::prelude::*;
 
 use super::{check_qkv, CpAttention, Dims};
 
-/// An element type the kernels read and write (computed in f64).
-trait Elem: TensorElement + Copy {
-    fn to64(self) -> f64;
-    fn from64(x: f64) -> Self;
+/// An element type the kernels read and write (computed in f64, rounded once on the way out),
+/// and the dtype of its softmax statistics: f32 for 16-bit data.
+trait Elem: TensorElement {
+    type Stats: TensorElement;
 }
 impl Elem for f32 {
-    fn to64(self) -> f64 {
-        f64::from(self)
-    }
-    fn from64(x: f64) -> f32 {
-        x as f32
-    }
+    type Stats = f32;
 }
 impl Elem for f64 {
-    fn to64(self) -> f64 {
-        self
-    }
-    fn from64(x: f64) -> f64 {
-        x
-    }
+    type Stats = f64;
+}
+impl Elem for bf16 {
+    type Stats = f32;
+}
+impl Elem for f16 {
+    type Stats = f32;
 }
 
 fn kerr(op: &'static str, detail: String) -> TensorError {
@@ -41,7 +39,11 @@ fn kerr(op: &'static str, detail: String) -> TensorError {
 }
 
 /// Input `i` as an array of `T`.
-fn input<'a, T: Elem>(op: &'static str, x: &'a [&'a CpuArray], i: usize) -> Result<&'a ArrayD<T>> {
+fn input<'a, T: TensorElement>(
+    op: &'static str,
+    x: &'a [&'a CpuArray],
+    i: usize,
+) -> Result<&'a ArrayD<T>> {
     x.get(i)
         .and_then(|a| T::view(a))
         .ok_or_else(|| kerr(op, format!("input {i} is not {}", T::DTYPE)))
@@ -53,7 +55,7 @@ fn heads_first<T: Elem>(op: &'static str, x: &ArrayD<T>) -> Result<Vec<f64>> {
         return Err(kerr(op, format!("an input is {:?}, not 4-d", x.shape())));
     }
     let p = x.view().permuted_axes(vec![0, 2, 1, 3]);
-    Ok(p.iter().map(|v| v.to64()).collect())
+    Ok(p.iter().map(|v| v.to_f64()).collect())
 }
 
 /// Writes `x` `[b, h, t, d]` into output `out` `[b, t, h, d]` of `T`.
@@ -73,7 +75,7 @@ fn write_heads_last<T: Elem>(
     }
     let mut p = a.view_mut().permuted_axes(vec![0, 2, 1, 3]);
     for (o, &v) in p.iter_mut().zip(x) {
-        *o = T::from64(v);
+        *o = T::from_f64(v);
     }
     Ok(())
 }
@@ -291,14 +293,17 @@ fn forward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Res
         ));
     };
     write_heads_last::<T>(c.name, &st.acc, [b, h, t, dv], o)?;
-    let a = T::view_mut(lse_out).ok_or_else(|| kerr(c.name, "lse has another dtype".into()))?;
+    let a =
+        T::Stats::view_mut(lse_out).ok_or_else(|| kerr(c.name, "lse has another dtype".into()))?;
     if a.len() != lse.len() {
         return Err(kerr(
             c.name,
             format!("lse holds {}, expected {}", a.len(), lse.len()),
         ));
     }
-    a.iter_mut().zip(&lse).for_each(|(o, &x)| *o = T::from64(x));
+    a.iter_mut()
+        .zip(&lse)
+        .for_each(|(o, &x)| *o = T::Stats::from_f64(x));
     Ok(())
 }
 
@@ -379,7 +384,7 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
     let name = c.name;
     let of = heads_first(name, input::<T>(name, io.inputs, 3)?)?;
     let dof = heads_first(name, input::<T>(name, io.inputs, 4)?)?;
-    let lse_in = input::<T>(name, io.inputs, 5)?;
+    let lse_in = input::<T::Stats>(name, io.inputs, 5)?;
     if of.len() != b * h * t * dv || dof.len() != of.len() || lse_in.len() != b * h * t {
         return Err(kerr(name, "o, dO or lse do not fit q and v".into()));
     }
@@ -389,7 +394,7 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
     let rows = Rows {
         qf: heads_first(name, input::<T>(name, io.inputs, 0)?)?,
         dof,
-        lse: lse_in.iter().map(|x| x.to64()).collect(),
+        lse: lse_in.iter().map(|x| x.to_f64()).collect(),
         delta,
     };
     let mut kv = [
@@ -425,6 +430,8 @@ macro_rules! by_dtype {
         match $io.inputs.first().map(|a| a.dtype()) {
             Some(DType::F32) => $f::<f32>($op, $io),
             Some(DType::F64) => $f::<f64>($op, $io),
+            Some(DType::BF16) => $f::<bf16>($op, $io),
+            Some(DType::F16) => $f::<f16>($op, $io),
             d => Err(kerr($op.name(), format!("no CPU kernel for {d:?}"))),
         }
     };

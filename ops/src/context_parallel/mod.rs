@@ -11,7 +11,8 @@
 //! partial outputs merge by online softmax; the backward ring carries dK/dV with their block and
 //! brings them home. [`context_attention`] with [`CpAlgorithm::AllToAll`] (Ulysses) instead
 //! boxes q, k, v from the sequence split to the heads split (an all-to-all), attends locally and
-//! boxes o back. CPU kernels in f32 and f64 (computed in f64); other backends and dtypes are
+//! boxes o back. CPU kernels in f32, f64, bf16 and f16 (computed in f64; 16-bit data keeps its
+//! softmax statistics in f32); other backends and dtypes are
 //! `TensorError::NoKernel` on every rank before anything runs.
 
 mod cpu;
@@ -95,7 +96,8 @@ impl CpAttention {
     }
 }
 
-const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64];
+/// The input dtypes of the CPU kernels (16-bit data with f32 statistics).
+const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
 static FORWARD: LazyLock<Kernels> =
     LazyLock::new(|| Kernels::new().with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::forward));
@@ -211,15 +213,16 @@ impl ExternOp for CpAttention {
             Pass::Forward => {
                 let (o, lse) = (Shape::new(dims.o()), Shape::new(dims.lse()));
                 let r = rules::fused_attention(o, lse, &rules::SEQUENCE_LAYOUTS, mode);
-                Ok(Inferred::outputs(r, &[dt, dt]))
+                Ok(Inferred::outputs(r, &[dt, dt.compute()]))
             }
             Pass::Backward => {
                 must_be("o", s[3], &dims.o())?;
                 must_be("the gradient of o", s[4], &dims.o())?;
                 must_be("lse", s[5], &dims.lse())?;
-                if d[5] != dt {
+                if d[5] != dt.compute() {
                     return Err(MetaError::DType(format!(
-                        "lse must be {dt} for {dt} operands, got {}",
+                        "lse must be {} for {dt} operands, got {}",
+                        dt.compute(),
                         d[5]
                     )));
                 }

@@ -425,10 +425,9 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
             p.cp
         )));
     }
-    if p.device == Dev::Cuda || p.precision == Some(PrecisionPolicy::Bf16Mixed) {
+    if p.device == Dev::Cuda {
         return Err(config_err(format!(
-            "--cp {} has CPU kernels in f32 and f64 only: drop --device cuda and --precision \
-             bf16-mixed",
+            "--cp {} has CPU kernels only: drop --device cuda",
             p.cp
         )));
     }

@@ -1,7 +1,8 @@
 //! `train --from-hf` under `oflaunch` with real processes (CPU/TCP backend), against the
 //! transformers references of `tests/fixtures/hf` (made by `scripts/hf_fixtures.py`):
 //! `--eval-only` prints transformers' float64 loss within 1e-9 relative for GPT-2, Llama,
-//! Qwen2 and Mistral on 1 rank and under `--tp 2`, `--dp 2` and `--pp 2`; `--save-hf` writes a
+//! Qwen2 and Mistral on 1 rank and under `--tp 2`, `--dp 2`, `--pp 2`, `--cp 2` and
+//! `--cp 2 --dp 2` (the sequence split in load-balanced chunks); `--save-hf` writes a
 //! directory `--from-hf` reads back to the same loss bit for bit, after training steps too;
 //! and each mismatch of a directory (architecture, missing, unexpected, shape, dtype, an index
 //! naming a missing file, a sliding window that matters) is a typed error naming the file and
@@ -64,11 +65,13 @@ const MODELS: [&str; 4] = ["gpt2", "llama", "qwen2", "mistral"];
 #[test]
 fn eval_only_equals_transformers_on_every_layout() {
     let r = reference();
-    let layouts: [(usize, &[&str]); 4] = [
+    let layouts: [(usize, &[&str]); 6] = [
         (1, &[]),
         (2, &["--tp", "2"]),
         (2, &["--dp", "2"]),
         (2, &["--pp", "2"]),
+        (2, &["--cp", "2"]),
+        (4, &["--cp", "2", "--dp", "2"]),
     ];
     for name in MODELS {
         let m = &r["models"][name];
@@ -327,11 +330,13 @@ fn generated(text: &str) -> Vec<Vec<u64>> {
 #[test]
 fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
     let r = reference();
-    let layouts: [(usize, &[&str]); 4] = [
+    let layouts: [(usize, &[&str]); 6] = [
         (1, &[]),
         (2, &["--tp", "2"]),
         (2, &["--dp", "2"]),
         (2, &["--pp", "2"]),
+        (2, &["--cp", "2"]),
+        (4, &["--cp", "2", "--dp", "2"]),
     ];
     for name in MODELS {
         let want: Vec<Vec<u64>> = r["models"][name]["greedy"]

@@ -225,6 +225,26 @@ fn cp2_beside_a_data_parallel_axis_equals_one_rank() {
 }
 
 #[test]
+fn a_sequence_split_on_two_mesh_axes_rings_over_both() {
+    // Inference may also split the sequence on an axis of one rank, or on a data-parallel axis
+    // a batch of one row leaves free: the ring then runs over the ranks of both axes.
+    check(
+        gqa(1, 9, 4, 2),
+        &[2, 2],
+        NdSbp::new([Sbp::S(1), Sbp::S(1)]),
+        SeqOrder::Balanced { ranks: 2 },
+        CpAlgorithm::Ring,
+    );
+    check(
+        gqa(2, 7, 4, 2),
+        &[1, 2],
+        NdSbp::new([Sbp::S(1), Sbp::S(1)]),
+        SeqOrder::Balanced { ranks: 2 },
+        CpAlgorithm::Ring,
+    );
+}
+
+#[test]
 fn cp2_beside_a_tensor_parallel_axis_equals_one_rank() {
     // tp (axis 0) splits heads, cp (axis 1) the sequence; the all-to-all then splits heads 4 ways.
     check(

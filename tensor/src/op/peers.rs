@@ -1,5 +1,5 @@
 //! The peers of an op call: the ranks of the placement whose pieces of one input differ only in
-//! their range of one dim (the ranks of the mesh axis that splits that dim), in mesh order, with
+//! their range of one dim (the ranks of the mesh axes that split that dim), in mesh order, with
 //! the channel between them. What [`LocalAt::peers_along`](super::LocalAt::peers_along) gives an
 //! op whose kernel exchanges pieces with other ranks (a ring over a split sequence); a call on
 //! local tensors, or an input that no mesh axis splits on the dim, has a group of one.
@@ -40,8 +40,9 @@ impl Peers {
     }
 
     /// The group of `rank` along `dim` of a tensor of `shape` laid out as `nd_sbp` on
-    /// `placement` (`world`: the communicator of the placement's ranks' world). At most one
-    /// mesh axis may split `dim`.
+    /// `placement` (`world`: the communicator of the placement's ranks' world): the ranks that
+    /// differ from `rank` only on the mesh axes splitting `dim` (several axes split it
+    /// nested).
     pub(crate) fn along(
         world: &SharedComm,
         rank: usize,
@@ -50,10 +51,11 @@ impl Peers {
         nd_sbp: &NdSbp,
         dim: usize,
     ) -> std::result::Result<Peers, String> {
+        // An axis of one rank splits nothing: it holds the whole dim.
         let axes: Vec<usize> = nd_sbp
             .iter()
             .enumerate()
-            .filter(|(_, s)| *s == Sbp::Split(dim))
+            .filter(|&(a, s)| s == Sbp::Split(dim) && placement.shape().get(a) > Some(&1))
             .map(|(a, _)| a)
             .collect();
         let layout = GlobalLayout::new(shape.clone(), placement, nd_sbp.clone())
@@ -61,20 +63,26 @@ impl Peers {
         let Some(mine) = layout.region_of(rank) else {
             return Err(format!("rank {rank} is outside {placement}"));
         };
-        let axis = match axes.as_slice() {
-            [] => return Ok(Peers::alone(mine.get(dim).map_or(0, |r| r.len()))),
-            [axis] => *axis,
-            _ => {
-                let axes = format!("{axes:?}");
-                return Err(format!(
-                    "dim {dim} is split on mesh axes {axes} of {nd_sbp}; exchanges run along one"
-                ));
-            }
-        };
-        let members = placement
-            .axis_group_of(rank, axis)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("rank {rank} is outside {placement}"))?;
+        if axes.is_empty() {
+            return Ok(Peers::alone(mine.get(dim).map_or(0, |r| r.len())));
+        }
+        // The ranks whose coordinates differ from this rank's only on the splitting axes, in
+        // mesh order: nested splits give them consecutive ranges of the dim in that order.
+        let outside = || format!("rank {rank} is outside {placement}");
+        let at = placement.coord_of(rank).ok_or_else(outside)?;
+        let members: Vec<usize> = placement
+            .ranks()
+            .iter()
+            .copied()
+            .filter(|&r| {
+                placement.coord_of(r).is_some_and(|c| {
+                    c.iter()
+                        .zip(&at)
+                        .enumerate()
+                        .all(|(a, (x, y))| x == y || axes.contains(&a))
+                })
+            })
+            .collect();
         let me = members.iter().position(|&r| r == rank).unwrap_or(0);
         let mut regions = Vec::with_capacity(members.len());
         for &r in &members {

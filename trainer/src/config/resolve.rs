@@ -397,8 +397,8 @@ fn lora_fits(c: &TrainConfig) -> Result<(), TrainError> {
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least
-/// 2 x cp chunks, no sequence parallelism beside it, eager training steps only (evaluation-only
-/// and generation runs use no such axis, compiled steps no exchanging kernel), and for alltoall
+/// 2 x cp chunks, no sequence parallelism beside it, eager training and evaluation steps only
+/// (generation runs use no such axis, compiled steps no exchanging kernel), and for alltoall
 /// heads and kv heads that divide over the tp x cp ranks the all-to-all splits them over.
 fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     let (p, m) = (&c.parallel, &c.model);
@@ -418,10 +418,11 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
         ));
     }
     let g = &c.generate;
-    if c.run.eval_only || g.gen_tokens > 0 || g.generate.is_some() || g.prompt_ids.is_some() {
+    if g.gen_tokens > 0 || g.generate.is_some() || g.prompt_ids.is_some() {
         return Err(config_err(format!(
-            "--cp {} splits the sequence of training steps; --eval-only and generation \
-             (--generate, --prompt-ids, --gen-tokens above 0) run without a context-parallel axis",
+            "--cp {} splits the sequence of training and evaluation steps; decoding steps \
+             (--generate, --prompt-ids, --gen-tokens above 0) run without a context-parallel \
+             axis",
             p.cp
         )));
     }

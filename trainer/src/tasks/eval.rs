@@ -10,7 +10,7 @@ use oxiflow_collectives::DType;
 use oxiflow_models::data::EvalWindows;
 use oxiflow_models::nn::gpt::{Gpt, GptLayout, RouterLog};
 use oxiflow_models::nn::Pass;
-use oxiflow_placement::{AxisRole, NamedMesh, Placement};
+use oxiflow_placement::{NamedMesh, Placement};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{no_grad, Tensor};
 
@@ -34,8 +34,9 @@ impl EvalReport {
     }
 }
 
-/// Host rows `[rows, T]` as global ids on `m`, whole on every rank first, then split over the
-/// data-parallel axis (unevenly where the rows do not divide).
+/// Host rows `[rows, T]` (natural order) as global ids on `m`, whole on every rank first, then
+/// split over the data-parallel axis (unevenly where the rows do not divide) and, on a
+/// context-parallel axis, the tokens in the load-balanced order and split over it.
 pub(crate) fn rows_on(
     m: &NamedMesh,
     rows: usize,
@@ -43,11 +44,12 @@ pub(crate) fn rows_on(
     v: Vec<i64>,
 ) -> Result<Tensor, TrainError> {
     let p = m.placement();
+    let layout = GptLayout::Mesh(m.clone());
+    let v = layout.seq_order().reorder_rows(&v, t);
     let whole = Tensor::from_vec(v, [rows, t])?.to_global(p, NdSbp::broadcast(p.ndim()))?;
-    let mut nd = NdSbp::broadcast(p.ndim());
-    if let Some(batch) = m.axis(AxisRole::Batch) {
-        nd.set(batch, Sbp::S(0));
-    }
+    let nd = layout
+        .activation_sbp(Sbp::B)
+        .unwrap_or_else(|| NdSbp::broadcast(p.ndim()));
     Ok(whole.to_global(p, nd)?)
 }
 

@@ -11,50 +11,22 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, launch, max_rel, ok};
 
 /// A tiny GPT: 2 blocks, width 32, 4 heads.
-const GPT: [&str; 8] = [
-    "--model", "gpt", "--layers", "2", "--width", "32", "--heads", "4",
-];
+const GPT: &str = "--model gpt --layers 2 --width 32 --heads 4";
 
 /// A tiny Llama: 2 blocks, width 32, 4 query and 2 key/value heads, MLP 48 wide.
-const LLAMA: [&str; 14] = [
-    "--model",
-    "llama",
-    "--layers",
-    "2",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--kv-heads",
-    "2",
-    "--ffn-width",
-    "48",
-    "--rope-theta",
-    "500",
-];
+const LLAMA: &str =
+    "--model llama --layers 2 --width 32 --heads 4 --kv-heads 2 --ffn-width 48 --rope-theta 500";
 
 /// f64 steps on 8 windows of `seq` tokens, the loss every step.
 fn run(nproc: usize, model: &[&str], seq: &str, layout: &[&str]) -> Vec<(u64, f64)> {
     let mut args = model.to_vec();
-    args.extend_from_slice(&[
-        "--seq-len",
-        seq,
-        "--batch-size",
-        "8",
-        "--steps",
-        "6",
-        "--seed",
-        "3",
-        "--dtype",
-        "f64",
-        "--log-every",
-        "1",
-        "--gen-tokens",
-        "0",
-    ]);
+    args.extend(["--seq-len", seq]);
+    args.extend(argv(
+        "--batch-size 8 --steps 6 --seed 3 --dtype f64 --log-every 1 --gen-tokens 0",
+    ));
     args.extend_from_slice(layout);
     curve(&ok(launch(nproc, &args)))
 }
@@ -83,9 +55,9 @@ const RING_LAYOUTS: [(usize, &[&str]); 4] = [
 
 #[test]
 fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
-    agree(&GPT, "16", &RING_LAYOUTS);
+    agree(&argv(GPT), "16", &RING_LAYOUTS);
     agree(
-        &GPT,
+        &argv(GPT),
         "16",
         &[
             (2, &["--cp", "2", "--cp-attention", "alltoall"]),
@@ -94,7 +66,7 @@ fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
     );
     // 18 tokens over 4 ranks: shares of 5, 5, 4, 4 in chunks of 3 + 2 and 2 + 2.
     agree(
-        &GPT,
+        &argv(GPT),
         "18",
         &[
             (4, &["--cp", "4"]),
@@ -105,16 +77,16 @@ fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
 
 #[test]
 fn llama_under_cp_gives_the_one_rank_curve_in_f64() {
-    agree(&LLAMA, "16", &RING_LAYOUTS);
+    agree(&argv(LLAMA), "16", &RING_LAYOUTS);
     agree(
-        &LLAMA,
+        &argv(LLAMA),
         "16",
         &[
             (2, &["--cp", "2", "--cp-attention", "alltoall"]),
             (4, &["--cp", "2", "--dp", "2", "--cp-attention", "alltoall"]),
         ],
     );
-    agree(&LLAMA, "18", &[(4, &["--cp", "4"])]);
+    agree(&argv(LLAMA), "18", &[(4, &["--cp", "4"])]);
 }
 
 #[test]
@@ -127,16 +99,7 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
         ),
         (
             4,
-            &[
-                "--cp",
-                "4",
-                "--cp-attention",
-                "alltoall",
-                "--model",
-                "llama",
-                "--kv-heads",
-                "2",
-            ],
+            &argv("--cp 4 --cp-attention alltoall --model llama --kv-heads 2"),
             "--cp-attention alltoall splits the attention heads over --tp 1 x --cp 4 = 4 ranks",
         ),
         (
@@ -162,9 +125,7 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
         ),
     ];
     for (n, args, want) in cases {
-        let mut all = vec![
-            "--layers", "1", "--width", "16", "--heads", "4", "--steps", "1",
-        ];
+        let mut all = argv("--layers 1 --width 16 --heads 4 --steps 1");
         all.extend_from_slice(args);
         let out = launch(n, &all);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -217,23 +178,11 @@ fn cp_combines_with_pipelines_zero_and_recomputation() {
     let layouts: [(usize, &[&str]); 4] = [
         (4, &["--cp", "2", "--pp", "2", "--micro-batches", "2"]),
         (4, &["--cp", "2", "--dp", "2", "--zero", "1"]),
-        (
-            4,
-            &[
-                "--cp",
-                "2",
-                "--dp",
-                "2",
-                "--zero",
-                "3",
-                "--recompute",
-                "full",
-            ],
-        ),
+        (4, &argv("--cp 2 --dp 2 --zero 3 --recompute full")),
         (2, &["--cp", "2", "--recompute", "selective"]),
     ];
-    agree(&LLAMA, "16", &layouts);
-    agree(&GPT, "16", &layouts[..1]);
+    agree(&argv(LLAMA), "16", &layouts);
+    agree(&argv(GPT), "16", &layouts[..1]);
 }
 
 /// The `step peak host N B` of rank 0's memory line.
@@ -247,22 +196,9 @@ fn step_peak(text: &str) -> u64 {
 
 #[test]
 fn a_cp4_ranks_step_peak_is_at_most_0_4_of_one_ranks_at_seq_2048() {
-    let args = [
-        "--layers",
-        "2",
-        "--width",
-        "64",
-        "--heads",
-        "4",
-        "--seq-len",
-        "2048",
-        "--batch-size",
-        "2",
-        "--steps",
-        "2",
-        "--gen-tokens",
-        "0",
-    ];
+    let args = argv(
+        "--layers 2 --width 64 --heads 4 --seq-len 2048 --batch-size 2 --steps 2 --gen-tokens 0",
+    );
     let one = step_peak(&ok(launch(1, &args)));
     let mut cp4 = args.to_vec();
     cp4.extend_from_slice(&["--cp", "4"]);

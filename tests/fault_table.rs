@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, binaries, finish_job, start_job, wait_line};
+use common::{alive, argv, binaries, finish_job, start_job, wait_line};
 
 const VICTIM: usize = 2;
 /// Longest any fault may take to end the job (a stopped rank included).
@@ -220,25 +220,13 @@ fn store_killed_row() -> Row {
 fn rank_behind_row() -> Row {
     use std::sync::mpsc::channel;
     let (oflaunch, _) = binaries();
-    common::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "oxiflow-launcher",
-        "--bin",
-        "oflaunch_testworker",
-    ]);
+    common::cargo(&argv(
+        "build --release -p oxiflow-launcher --bin oflaunch_testworker",
+    ));
     let worker = common::release_dir().join("oflaunch_testworker");
     let t0 = Instant::now();
     let mut child = Command::new(oflaunch)
-        .args([
-            "--nproc-per-node",
-            "4",
-            "--backend",
-            "cpu",
-            "--timeout",
-            "8",
-        ])
+        .args(argv("--nproc-per-node 4 --backend cpu --timeout 8"))
         .arg(worker)
         .args(["allreduce", "4", &VICTIM.to_string(), "2", "40"])
         .stdin(Stdio::null())

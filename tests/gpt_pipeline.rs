@@ -8,14 +8,10 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, launch, max_rel, ok};
 
 /// A tiny model: 4 blocks, width 32, 4 heads, 16-token windows, 8 per batch.
-const TINY: [&str; 14] = {
-    let mut t = common::TINY_GPT;
-    t[1] = "4";
-    t
-};
+const TINY: [&str; 14] = common::gpt_flags("4", "32", "16");
 
 fn tiny_out(nproc: usize, args: &[&str]) -> String {
     let mut all = TINY.to_vec();
@@ -63,65 +59,23 @@ fn pipelines_give_the_one_rank_curve_in_f64() {
             ),
             (
                 2,
-                &[
-                    "--pp",
-                    "2",
-                    "--micro-batches",
-                    "4",
-                    "--schedule",
-                    "interleaved",
-                    "--virtual-stages",
-                    "2",
-                ],
+                &argv("--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2"),
             ),
             (4, &["--pp", "4", "--micro-batches", "4"]),
             (
                 4,
-                &[
-                    "--pp",
-                    "2",
-                    "--dp",
-                    "2",
-                    "--micro-batches",
-                    "2",
-                    "--zero",
-                    "1",
-                    "--recompute",
-                    "full",
-                ],
+                &argv("--pp 2 --dp 2 --micro-batches 2 --zero 1 --recompute full"),
             ),
             (
                 4,
-                &[
-                    "--pp",
-                    "2",
-                    "--tp",
-                    "2",
-                    "--micro-batches",
-                    "4",
-                    "--schedule",
-                    "interleaved",
-                    "--virtual-stages",
-                    "2",
-                    "--sp",
-                ],
+                &argv(
+                    "--pp 2 --tp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 \
+                    --sp",
+                ),
             ),
             (
                 8,
-                &[
-                    "--pp",
-                    "2",
-                    "--dp",
-                    "2",
-                    "--tp",
-                    "2",
-                    "--micro-batches",
-                    "2",
-                    "--zero",
-                    "3",
-                    "--recompute",
-                    "selective",
-                ],
+                &argv("--pp 2 --dp 2 --tp 2 --micro-batches 2 --zero 3 --recompute selective"),
             ),
         ],
     );
@@ -139,20 +93,10 @@ fn pipelines_give_the_one_rank_curve_in_f32() {
             ),
             (
                 4,
-                &[
-                    "--pp",
-                    "2",
-                    "--dp",
-                    "2",
-                    "--micro-batches",
-                    "2",
-                    "--zero",
-                    "2",
-                    "--schedule",
-                    "interleaved",
-                    "--virtual-stages",
-                    "2",
-                ],
+                &argv(
+                    "--pp 2 --dp 2 --micro-batches 2 --zero 2 --schedule interleaved \
+                    --virtual-stages 2",
+                ),
             ),
         ],
     );
@@ -168,20 +112,7 @@ fn sample(out: &str) -> String {
 
 #[test]
 fn dropout_and_generation_match_one_rank_through_stages() {
-    let args = [
-        "--steps",
-        "6",
-        "--seed",
-        "5",
-        "--dtype",
-        "f64",
-        "--dropout",
-        "0.1",
-        "--gen-tokens",
-        "12",
-        "--temperature",
-        "0",
-    ];
+    let args = argv("--steps 6 --seed 5 --dtype f64 --dropout 0.1 --gen-tokens 12 --temperature 0");
     // TINY without its "--gen-tokens 0".
     let mut base: Vec<&str> = TINY[..10].to_vec();
     base.extend_from_slice(&TINY[12..]);
@@ -197,18 +128,9 @@ fn dropout_and_generation_match_one_rank_through_stages() {
     // Micro-batches draw their rows of the whole batch's masks: 2 micro-batches through an
     // interleaved PP2xDP2 pipeline give the unsplit batch's curve with dropout on.
     base.truncate(base.len() - 4);
-    base.extend_from_slice(&[
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--micro-batches",
-        "2",
-        "--schedule",
-        "interleaved",
-        "--virtual-stages",
-        "2",
-    ]);
+    base.extend_from_slice(&argv(
+        "--pp 2 --dp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2",
+    ));
     let micro = ok(launch(4, &base));
     let diff = max_rel(&curve(&one), &curve(&micro));
     eprintln!(
@@ -225,18 +147,7 @@ fn dropout_and_generation_match_one_rank_through_stages() {
 fn the_bubble_line_reports_the_theory() {
     let out = tiny_out(
         2,
-        &[
-            "--steps",
-            "3",
-            "--pp",
-            "2",
-            "--micro-batches",
-            "4",
-            "--schedule",
-            "interleaved",
-            "--virtual-stages",
-            "2",
-        ],
+        &argv("--steps 3 --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2"),
     );
     let line = out
         .lines()
@@ -263,16 +174,7 @@ fn a_checkpoint_resumes_across_pipeline_and_zero_layouts() {
     };
     let full = tiny(1, &with(&["--steps", "10"]));
     assert_eq!(full.len(), 10);
-    let pp2_zero: &[&str] = &[
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--micro-batches",
-        "2",
-        "--zero",
-        "2",
-    ];
+    let pp2_zero: &[&str] = &argv("--pp 2 --dp 2 --micro-batches 2 --zero 2");
     let dp2tp2: &[&str] = &["--dp", "2", "--tp", "2", "--zero", "1"];
     for (name, save_at, resume_at) in [
         ("pp2dp2zero2-to-dp2tp2", pp2_zero, dp2tp2),
@@ -304,46 +206,19 @@ fn invalid_pipelines_are_refused_on_every_rank() {
     let cases: [(usize, &[&str], &str); 4] = [
         (
             2,
-            &[
-                "--pp",
-                "2",
-                "--micro-batches",
-                "3",
-                "--schedule",
-                "interleaved",
-                "--virtual-stages",
-                "2",
-                "--batch-size",
-                "6",
-            ],
+            &argv(
+                "--pp 2 --micro-batches 3 --schedule interleaved --virtual-stages 2 --batch-size 6",
+            ),
             "multiple of the pipeline stages",
         ),
         (
             2,
-            &[
-                "--pp",
-                "2",
-                "--micro-batches",
-                "2",
-                "--schedule",
-                "interleaved",
-                "--virtual-stages",
-                "3",
-            ],
+            &argv("--pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 3"),
             "multiple of stages x virtual stages",
         ),
         (
             4,
-            &[
-                "--pp",
-                "2",
-                "--dp",
-                "2",
-                "--micro-batches",
-                "4",
-                "--batch-size",
-                "12",
-            ],
+            &argv("--pp 2 --dp 2 --micro-batches 4 --batch-size 12"),
             "--batch-size 12 must be a multiple of --dp 2 x --micro-batches 4",
         ),
         (

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok, TINY_GPT as TINY};
+use common::{argv, curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 /// `launch` of the tiny GPT with `args` added.
 fn tiny(nproc: usize, args: &[&str]) -> Vec<(u64, f64)> {
@@ -48,16 +48,7 @@ fn gpt_loss_curves_are_equal_across_layouts_in_f64() {
 
 #[test]
 fn dropout_masks_are_the_same_for_every_layout() {
-    let common = [
-        "--steps",
-        "20",
-        "--seed",
-        "5",
-        "--dtype",
-        "f64",
-        "--dropout",
-        "0.2",
-    ];
+    let common = argv("--steps 20 --seed 5 --dtype f64 --dropout 0.2");
     let one = tiny(1, &common);
     let mut args = common.to_vec();
     args.extend_from_slice(&["--dp", "2", "--tp", "2", "--sp"]);
@@ -110,19 +101,7 @@ fn zero_stages_and_recompute_keep_the_curve_and_shrink_memory() {
         (4, &["--dp", "4", "--zero", "2"][..]),
         (4, &["--dp", "4", "--zero", "3"][..]),
         (4, &["--dp", "4", "--zero", "3", "--recompute", "full"][..]),
-        (
-            4,
-            &[
-                "--dp",
-                "2",
-                "--tp",
-                "2",
-                "--zero",
-                "2",
-                "--recompute",
-                "selective",
-            ][..],
-        ),
+        (4, &argv("--dp 2 --tp 2 --zero 2 --recompute selective")[..]),
         (4, &["--dp", "4", "--zero", "0", "--recompute", "gelu"][..]),
     ] {
         let mut args = TINY.to_vec();

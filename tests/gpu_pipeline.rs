@@ -11,7 +11,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{binaries, curve, max_rel, GPU_GPT};
+use common::{argv, binaries, curve, max_rel, GPU_GPT};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 use oxiflow::collectives::rendezvous::{generate_token, StoreServer};
 
@@ -68,29 +68,11 @@ fn pipelines_and_other_layouts_on_two_gpus_give_the_cpu_curves() {
         ),
         (
             "PP2 interleaved",
-            &[
-                "--pp",
-                "2",
-                "--micro-batches",
-                "4",
-                "--schedule",
-                "interleaved",
-                "--virtual-stages",
-                "2",
-            ],
+            &argv("--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2"),
         ),
         (
             "PP2 1F1B ZeRO-1 recompute",
-            &[
-                "--pp",
-                "2",
-                "--micro-batches",
-                "4",
-                "--zero",
-                "1",
-                "--recompute",
-                "full",
-            ],
+            &argv("--pp 2 --micro-batches 4 --zero 1 --recompute full"),
         ),
         ("DP2", &["--dp", "2"]),
         ("TP2", &["--tp", "2"]),

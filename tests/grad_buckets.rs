@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok, TINY_GPT as TINY};
+use common::{argv, curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 fn run(nproc: usize, args: &[&str]) -> String {
     let mut all = TINY.to_vec();
@@ -28,18 +28,7 @@ fn explained(nproc: usize, args: &[&str]) -> String {
 
 #[test]
 fn bucketed_reduction_keeps_the_one_rank_curve() {
-    let common = [
-        "--steps",
-        "12",
-        "--seed",
-        "3",
-        "--dtype",
-        "f64",
-        "--grad-accum",
-        "2",
-        "--bucket-mb",
-        "0.01",
-    ];
+    let common = argv("--steps 12 --seed 3 --dtype f64 --grad-accum 2 --bucket-mb 0.01");
     let one = curve(&run(1, &common));
     assert_eq!(one.len(), 12);
     for (n, layout) in [
@@ -62,16 +51,7 @@ fn bucketed_reduction_keeps_the_one_rank_curve() {
 
 #[test]
 fn f32_buckets_give_the_unbucketed_curve_bit_for_bit() {
-    let common = [
-        "--steps",
-        "12",
-        "--seed",
-        "4",
-        "--dtype",
-        "f32",
-        "--grad-accum",
-        "2",
-    ];
+    let common = argv("--steps 12 --seed 4 --dtype f32 --grad-accum 2");
     let one = curve(&run(1, &common));
     for layout in [&["--dp", "2"][..], &["--dp", "2", "--zero", "1"][..]] {
         let mut plain = common.to_vec();

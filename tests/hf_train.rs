@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{launch, ok};
+use common::{eval_hf, from_hf, launch, ok, rank_alone};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
@@ -30,56 +30,34 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// (loss, tokens) from rank 0's `eval loss L over N tokens` line.
-fn eval_line(text: &str) -> (f64, usize) {
-    let l = text
-        .lines()
-        .find_map(|l| l.split("eval loss ").nth(1))
-        .unwrap_or_else(|| panic!("no eval line in {text}"));
-    let w: Vec<&str> = l.split_whitespace().collect();
-    (w[0].parse().unwrap(), w[2].parse().unwrap())
-}
-
-/// `train --from-hf DIR --eval-only` on the fixture tokens in f64, on `nproc` ranks.
+/// `train --from-hf DIR --eval-only` on the fixture tokens, on `nproc` ranks.
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> (f64, usize) {
     let data = fixtures().join("tokens.bin");
-    let mut args = vec![
-        "--from-hf",
-        dir.to_str().unwrap(),
-        "--eval-only",
-        "--data",
-        data.to_str().unwrap(),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "3",
-        "--dtype",
-        "f64",
-    ];
-    args.extend_from_slice(extra);
-    eval_line(&ok(launch(nproc, &args)))
+    eval_hf(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra)
 }
 
 const MODELS: [&str; 4] = ["gpt2", "llama", "qwen2", "mistral"];
 
+/// One rank, then two ranks under each parallel axis.
+const LAYOUTS: [(usize, &[&str]); 4] = [
+    (1, &[]),
+    (2, &["--tp", "2"]),
+    (2, &["--dp", "2"]),
+    (2, &["--pp", "2"]),
+];
+
 #[test]
 fn eval_only_equals_transformers_on_every_layout() {
     let r = reference();
-    let layouts: [(usize, &[&str]); 6] = [
-        (1, &[]),
-        (2, &["--tp", "2"]),
-        (2, &["--dp", "2"]),
-        (2, &["--pp", "2"]),
-        (2, &["--cp", "2"]),
-        (4, &["--cp", "2", "--dp", "2"]),
-    ];
+    // Evaluation also runs on a sequence split over a context-parallel axis.
+    let cp: [(usize, &[&str]); 2] = [(2, &["--cp", "2"]), (4, &["--cp", "2", "--dp", "2"])];
     for name in MODELS {
         let m = &r["models"][name];
         let (want, tokens) = (
             m["eval_loss"].as_f64().unwrap(),
             m["tokens"].as_u64().unwrap(),
         );
-        for (n, layout) in layouts {
+        for (n, layout) in LAYOUTS.into_iter().chain(cp) {
             let (got, count) = eval(n, &fixtures().join(name), layout);
             let rel = (got - want).abs() / want;
             eprintln!("{name} {layout:?}: {got} vs transformers {want} (relative {rel:.2e})");
@@ -117,22 +95,12 @@ fn save_hf_reads_back_to_the_same_loss_bit_for_bit() {
     let data = fixtures().join("tokens.bin");
     let (t, c) = (trained.to_str().unwrap(), ckpt.to_str().unwrap());
     let dir = fixtures().join("qwen2");
-    let common = [
-        "--from-hf",
-        dir.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--dtype",
-        "f64",
-        "--gen-tokens",
-        "0",
-    ];
-    let mut train = common.to_vec();
-    train.extend_from_slice(&["--steps", "3", "--pp", "2", "--save", c, "--save-hf", t]);
+    let (d, tokens) = (dir.to_str().unwrap(), data.to_str().unwrap());
+    let train = from_hf(
+        d,
+        tokens,
+        &["--steps", "3", "--pp", "2", "--save", c, "--save-hf", t],
+    );
     ok(launch(2, &train));
     let resumed = eval(1, &dir, &["--resume", c]);
     let reloaded = eval(1, &trained, &[]);
@@ -282,12 +250,13 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
     let data = fixtures().join("tokens.bin");
     let (_, train) = common::binaries();
     for (dir, want) in &cases {
+        let (d, tokens) = (dir.to_str().unwrap(), data.to_str().unwrap());
         let args = [
             "--from-hf",
-            dir.to_str().unwrap(),
+            d,
             "--eval-only",
             "--data",
-            data.to_str().unwrap(),
+            tokens,
             "--seq-len",
             "16",
         ];
@@ -299,15 +268,7 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
         let alone: Vec<String> = ["0", "1"]
             .iter()
             .map(|rank| {
-                let o = std::process::Command::new(train)
-                    .args(args)
-                    .env_remove("MASTER_ADDR")
-                    .env_remove("MASTER_PORT")
-                    .env("RANK", rank)
-                    .env("LOCAL_RANK", rank)
-                    .env("WORLD_SIZE", "2")
-                    .output()
-                    .unwrap();
+                let o = rank_alone(train, &args, rank);
                 assert!(!o.status.success());
                 String::from_utf8_lossy(&o.stderr).into_owned()
             })
@@ -330,14 +291,6 @@ fn generated(text: &str) -> Vec<Vec<u64>> {
 #[test]
 fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
     let r = reference();
-    let layouts: [(usize, &[&str]); 6] = [
-        (1, &[]),
-        (2, &["--tp", "2"]),
-        (2, &["--dp", "2"]),
-        (2, &["--pp", "2"]),
-        (2, &["--cp", "2"]),
-        (4, &["--cp", "2", "--dp", "2"]),
-    ];
     for name in MODELS {
         let want: Vec<Vec<u64>> = r["models"][name]["greedy"]
             .as_array()
@@ -352,7 +305,7 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
             })
             .collect();
         let dir = fixtures().join(name);
-        for (n, layout) in layouts {
+        for (n, layout) in LAYOUTS {
             // The first two prompts decode as one batch; the third alone.
             let mut args = vec![
                 "--from-hf",

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::argv;
+
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -112,14 +114,7 @@ fn a_train_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
     }
     let job = Watched::start(oflaunch_train(
         3,
-        &[
-            "--model",
-            "mlp",
-            "--steps",
-            "100000000",
-            "--log-every",
-            "100",
-        ],
+        &argv("--model mlp --steps 100000000 --log-every 100"),
     ));
     job.wait_line("step 200 loss");
     let victim = common::workers_of(job.child.id(), 3)[1].1;

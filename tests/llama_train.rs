@@ -9,34 +9,14 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, from_hf, launch, max_rel, ok};
 
 /// A tiny Llama: 4 blocks, width 32, 4 query and 2 key/value heads, MLP 48 wide.
-const TINY: [&str; 20] = [
-    "--model",
-    "llama",
-    "--layers",
-    "4",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--kv-heads",
-    "2",
-    "--ffn-width",
-    "48",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--rope-theta",
-    "500",
-];
+const TINY: &str = "--model llama --layers 4 --width 32 --heads 4 --kv-heads 2 --ffn-width 48 \
+    --seq-len 16 --batch-size 8 --gen-tokens 0 --rope-theta 500";
 
 fn tiny(nproc: usize, args: &[&str]) -> Vec<(u64, f64)> {
-    let mut all = TINY.to_vec();
+    let mut all = argv(TINY);
     all.extend_from_slice(args);
     curve(&ok(launch(nproc, &all)))
 }
@@ -58,21 +38,12 @@ fn agree(common: &[&str], tolerance: f64, layouts: &[(usize, &[&str])]) {
     }
 }
 
-const F64: [&str; 8] = [
-    "--steps",
-    "8",
-    "--seed",
-    "3",
-    "--dtype",
-    "f64",
-    "--log-every",
-    "1",
-];
+const F64: &str = "--steps 8 --seed 3 --dtype f64 --log-every 1";
 
 #[test]
 fn llama_layouts_give_the_one_rank_curve_in_f64() {
     agree(
-        &F64,
+        &argv(F64),
         1e-9,
         &[
             (4, &["--dp", "4"]),
@@ -92,22 +63,13 @@ fn llama_layouts_give_the_one_rank_curve_in_f64() {
 #[test]
 fn llama_pipelines_give_the_one_rank_curve_in_f64() {
     agree(
-        &F64,
+        &argv(F64),
         1e-9,
         &[
             (2, &["--pp", "2", "--micro-batches", "4"]),
             (
                 2,
-                &[
-                    "--pp",
-                    "2",
-                    "--micro-batches",
-                    "4",
-                    "--schedule",
-                    "interleaved",
-                    "--virtual-stages",
-                    "2",
-                ],
+                &argv("--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2"),
             ),
             (4, &["--pp", "2", "--tp", "2", "--micro-batches", "2"]),
         ],
@@ -116,12 +78,12 @@ fn llama_pipelines_give_the_one_rank_curve_in_f64() {
 
 #[test]
 fn tied_llama_and_compiled_steps_give_the_one_rank_curve() {
-    let mut tied = F64.to_vec();
+    let mut tied = argv(F64);
     tied.push("--tie-embeddings");
     agree(&tied, 1e-9, &[(2, &["--tp", "2"]), (2, &["--pp", "2"])]);
-    let one = tiny(1, &F64);
+    let one = tiny(1, &argv(F64));
     for (n, layout) in [(1, &[][..]), (2, &["--dp", "2"][..])] {
-        let mut args = F64.to_vec();
+        let mut args = argv(F64);
         args.extend_from_slice(layout);
         args.push("--compile");
         let c = tiny(n, &args);
@@ -133,16 +95,7 @@ fn tied_llama_and_compiled_steps_give_the_one_rank_curve() {
 
 #[test]
 fn bf16_mixed_llama_tracks_one_rank() {
-    let common = [
-        "--steps",
-        "10",
-        "--seed",
-        "3",
-        "--precision",
-        "bf16-mixed",
-        "--log-every",
-        "1",
-    ];
+    let common = argv("--steps 10 --seed 3 --precision bf16-mixed --log-every 1");
     agree(
         &common,
         0.02,
@@ -155,26 +108,11 @@ fn a_hugging_face_llama_fine_tunes_alike_on_every_layout() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
     let data = dir.join("../tokens.bin");
     let run = |n: usize, layout: &[&str]| {
-        let mut args = vec![
-            "--from-hf",
+        let mut args = from_hf(
             dir.to_str().unwrap(),
-            "--data",
             data.to_str().unwrap(),
-            "--seq-len",
-            "16",
-            "--batch-size",
-            "4",
-            "--steps",
-            "6",
-            "--log-every",
-            "1",
-            "--dtype",
-            "f64",
-            "--gen-tokens",
-            "0",
-            "--lr",
-            "0.001",
-        ];
+            &argv("--steps 6 --log-every 1 --lr 0.001"),
+        );
         args.extend_from_slice(layout);
         curve(&ok(launch(n, &args)))
     };

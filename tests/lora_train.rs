@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, eval_hf, from_hf, launch, max_rel, ok};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
@@ -27,26 +27,6 @@ fn tmp(name: &str) -> PathBuf {
 
 const TARGETS: &str = "q,k,v,o,gate,up,down";
 
-/// `--from-hf DIR` on the fixture tokens in f64 with `extra`.
-fn args<'a>(dir: &'a str, data: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a = vec![
-        "--from-hf",
-        dir,
-        "--data",
-        data,
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--dtype",
-        "f64",
-        "--gen-tokens",
-        "0",
-    ];
-    a.extend_from_slice(extra);
-    a
-}
-
 /// LoRA training flags: rank 4, every layer, a learning rate that moves the adapters.
 const LORA: [&str; 8] = [
     "--lora-rank",
@@ -58,16 +38,6 @@ const LORA: [&str; 8] = [
     "--lr",
     "0.02",
 ];
-
-/// (loss, tokens) from rank 0's `eval loss L over N tokens` line.
-fn eval_line(text: &str) -> (f64, usize) {
-    let l = text
-        .lines()
-        .find_map(|l| l.split("eval loss ").nth(1))
-        .unwrap_or_else(|| panic!("no eval line in {text}"));
-    let w: Vec<&str> = l.split_whitespace().collect();
-    (w[0].parse().unwrap(), w[2].parse().unwrap())
-}
 
 fn llama() -> String {
     fixtures().join("llama").to_str().unwrap().to_string()
@@ -84,7 +54,7 @@ fn lora_training_equals_one_rank_on_tp2_and_dp2() {
         let mut extra = LORA.to_vec();
         extra.extend_from_slice(&["--steps", "4", "--log-every", "1"]);
         extra.extend_from_slice(layout);
-        let text = ok(launch(n, &args(&dir, &data, &extra)));
+        let text = ok(launch(n, &from_hf(&dir, &data, &extra)));
         assert!(text.contains("lora: rank 4 alpha 8"), "{text}");
         curve(&text)
     };
@@ -119,7 +89,7 @@ fn a_resumed_lora_run_continues_the_same_curve() {
         let mut e = LORA.to_vec();
         e.extend_from_slice(&["--log-every", "1"]);
         e.extend_from_slice(extra);
-        curve(&ok(launch(2, &args(&dir, &data, &e))))
+        curve(&ok(launch(2, &from_hf(&dir, &data, &e))))
     };
     let straight = run(&["--steps", "4", "--tp", "2"]);
     run(&["--steps", "2", "--dp", "2", "--save", c]);
@@ -155,29 +125,13 @@ fn merged_export_reloads_to_the_adapted_models_eval_loss() {
         m,
         "--merge-lora",
     ]);
-    let text = ok(launch(2, &args(&dir, &data, &extra)));
+    let text = ok(launch(2, &from_hf(&dir, &data, &extra)));
     assert!(text.contains("LoRA adapters merged"), "{text}");
     let mut extra = LORA.to_vec();
     extra.extend_from_slice(&["--steps", "3", "--tp", "2", "--save-hf", a]);
-    ok(launch(2, &args(&dir, &data, &extra)));
+    ok(launch(2, &from_hf(&dir, &data, &extra)));
 
-    let eval = |d: &str, extra: &[&str]| {
-        let mut a = vec![
-            "--from-hf",
-            d,
-            "--data",
-            &data,
-            "--seq-len",
-            "16",
-            "--batch-size",
-            "3",
-            "--dtype",
-            "f64",
-            "--eval-only",
-        ];
-        a.extend_from_slice(extra);
-        eval_line(&ok(launch(1, &a)))
-    };
+    let eval = |d: &str, extra: &[&str]| eval_hf(1, d, &data, extra);
     let mut adapted_flags = LORA[..6].to_vec();
     adapted_flags.extend_from_slice(&["--resume", c]);
     let adapted = eval(&dir, &adapted_flags);
@@ -237,15 +191,7 @@ fn merged_export_reloads_to_the_adapted_models_eval_loss() {
         .collect();
     assert_eq!(
         targets,
-        [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj"
-        ]
+        argv("q_proj k_proj v_proj o_proj gate_proj up_proj down_proj")
     );
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -268,7 +214,7 @@ fn refused(n: usize, extra: &[&str], want: &[&str]) {
     let (dir, data) = (llama(), data());
     let mut e = vec!["--steps", "2"];
     e.extend_from_slice(extra);
-    let out = launch(n, &args(&dir, &data, &e));
+    let out = launch(n, &from_hf(&dir, &data, &e));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -357,28 +303,10 @@ fn costs(text: &str, tokens: usize) -> Costs {
 #[test]
 fn lora_costs_against_a_full_fine_tune() {
     // A bigger random Llama built from flags, so the adapters are small beside it.
-    let model = [
-        "--model",
-        "llama",
-        "--layers",
-        "4",
-        "--width",
-        "256",
-        "--heads",
-        "8",
-        "--kv-heads",
-        "4",
-        "--ffn-width",
-        "768",
-        "--seq-len",
-        "128",
-        "--batch-size",
-        "8",
-        "--steps",
-        "6",
-        "--gen-tokens",
-        "0",
-    ];
+    let model = argv(
+        "--model llama --layers 4 --width 256 --heads 8 --kv-heads 4 --ffn-width 768 \
+        --seq-len 128 --batch-size 8 --steps 6 --gen-tokens 0",
+    );
     let run = |extra: &[&str]| {
         let mut a = model.to_vec();
         a.extend_from_slice(extra);
@@ -476,26 +404,10 @@ fn part(text: &str, key: &str) -> f64 {
 fn the_memory_estimate_counts_gradients_and_state_of_the_adapters_only() {
     // A Llama of about 537 M parameters (2.1 GB in f32) under a 1.4 GB address space: refused
     // before anything big is allocated, with the estimate's parts named.
-    let model = [
-        "--model",
-        "llama",
-        "--layers",
-        "8",
-        "--width",
-        "2048",
-        "--heads",
-        "16",
-        "--ffn-width",
-        "8192",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "2",
-        "--steps",
-        "1",
-        "--gen-tokens",
-        "0",
-    ];
+    let model = argv(
+        "--model llama --layers 8 --width 2048 --heads 16 --ffn-width 8192 --seq-len \
+        32 --batch-size 2 --steps 1 --gen-tokens 0",
+    );
     let full = refused_under_limit(&model, 1_400_000);
     let lora = refused_under_limit(
         &[&model[..], &["--lora-rank", "8", "--lora-targets", "q,v"]].concat(),

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use common::{cargo, curve, max_rel, release_dir};
+use common::{argv, cargo, curve, max_rel, release_dir};
 
 const MPI: bool = cfg!(feature = "mpi");
 const ARGS: [&str; 8] = [
@@ -35,14 +35,7 @@ fn binaries() -> &'static (PathBuf, PathBuf) {
             train_build.extend(["--features", "mpi"]);
         }
         cargo(&train_build);
-        cargo(&[
-            "build",
-            "--release",
-            "-p",
-            "oxiflow-launcher",
-            "--bin",
-            "oflaunch",
-        ]);
+        cargo(&argv("build --release -p oxiflow-launcher --bin oflaunch"));
         let rel = release_dir();
         // A copy: other tests may rebuild train with other features meanwhile.
         let train = rel.join(format!("train-mpi-test-{}", std::process::id()));

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::argv;
+
 use std::process::Command;
 
 use oxiflow::prelude::*;
@@ -193,22 +195,11 @@ fn random_op_chains_on_real_processes_equal_single_rank_results() {
     let (oflaunch, _) = common::binaries();
     let me = std::env::current_exe().expect("test binary path");
     let out = Command::new(oflaunch)
-        .args([
-            "--nproc-per-node",
-            "4",
-            "--backend",
-            "cpu",
-            "--timeout",
-            "60",
-        ])
+        .args(argv("--nproc-per-node 4 --backend cpu --timeout 60"))
         .arg(&me)
-        .args([
-            "--exact",
-            "ops_worker_entry",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(argv(
+            "--exact ops_worker_entry --nocapture --test-threads 1",
+        ))
         .env(WORKER_VAR, "1")
         .output()
         .expect("run oflaunch");

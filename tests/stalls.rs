@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive, finish_job, ptrace_freeze, start_job, wait_line, workers_of, TINY_GPT};
+use common::{alive, argv, finish_job, ptrace_freeze, start_job, wait_line, workers_of, TINY_GPT};
 
 /// The longest oflaunch may take, by its own measure, from a rank's last progress to stopping
 /// the workers: the 10 s bound and a small margin for a loaded machine.
@@ -69,14 +69,7 @@ fn freeze_and_check(nproc: usize, args: &[&str], ready: &str, victim: usize) -> 
 fn a_rank_frozen_under_ptrace_ends_the_job_naming_it() {
     freeze_and_check(
         3,
-        &[
-            "--model",
-            "mlp",
-            "--steps",
-            "100000000",
-            "--log-every",
-            "100",
-        ],
+        &argv("--model mlp --steps 100000000 --log-every 100"),
         "step 200 loss",
         1,
     );
@@ -89,16 +82,7 @@ fn a_rank_frozen_under_ptrace_ends_the_job_naming_it() {
 fn a_frozen_pipeline_stage_is_blamed_not_its_neighbours() {
     let mut args = vec!["--model", "gpt"];
     args.extend(TINY_GPT);
-    args.extend([
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--micro-batches",
-        "2",
-        "--steps",
-        "100000000",
-    ]);
+    args.extend(argv("--pp 2 --dp 2 --micro-batches 2 --steps 100000000"));
     let stderr = freeze_and_check(4, &args, "step 10 loss", 3);
     for line in stderr.lines().filter(|l| l.contains(" is behind: ")) {
         let line = line.trim_start().trim_start_matches("oflaunch: ");

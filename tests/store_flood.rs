@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{binaries, launch, ok};
+use common::{argv, binaries, launch, ok};
 
 const TRAIN_ARGS: &[&str] = &["--model", "mlp", "--steps", "400", "--log-every", "100"];
 /// Connections held open by each of the `FLOODERS` threads: together more than the store's
@@ -84,14 +84,7 @@ fn a_job_finishes_with_the_right_loss_under_a_connection_flood() {
     // Each worker waits for the go file, so the flood is in place before any rank rendezvous.
     let gate = r#"go=$1; shift; while [ ! -e "$go" ]; do sleep 0.01; done; exec "$@""#;
     let mut job = Command::new(oflaunch)
-        .args([
-            "--nproc-per-node",
-            "4",
-            "--backend",
-            "cpu",
-            "--timeout",
-            "60",
-        ])
+        .args(argv("--nproc-per-node 4 --backend cpu --timeout 60"))
         .args(["--master-port", &port.to_string()])
         .args(["/bin/sh", "-c", gate, "gate"])
         .arg(&go)

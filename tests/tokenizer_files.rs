@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{curve, launch, ok};
+use common::{argv, curve, launch, ok};
 use serde_json::Value;
 
 fn tmp(name: &str) -> PathBuf {
@@ -45,20 +45,7 @@ fn train(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-const SMALL: [&str; 12] = [
-    "--layers",
-    "1",
-    "--width",
-    "16",
-    "--heads",
-    "2",
-    "--seq-len",
-    "8",
-    "--batch-size",
-    "4",
-    "--log-every",
-    "1",
-];
+const SMALL: &str = "--layers 1 --width 16 --heads 2 --seq-len 8 --batch-size 4 --log-every 1";
 
 #[test]
 fn prepare_writes_u32_shards_of_the_python_ids_that_train_reads() {
@@ -104,7 +91,7 @@ fn prepare_writes_u32_shards_of_the_python_ids_that_train_reads() {
     assert_eq!(ids, want);
     // Two ranks train on it and sample through the tokenizer.
     let glob = format!("{}/w_*.bin", d.display());
-    let mut args = SMALL.to_vec();
+    let mut args = argv(SMALL);
     args.extend([
         "--tokenizer",
         s(&wide),
@@ -146,15 +133,8 @@ fn prepare_and_train_default_to_bytes_and_say_so() {
             .contains("llmc shards of u16 ids (llm.c's GPT-2 header: magic 20240520, version 1)"),
         "{out}"
     );
-    let mut args = SMALL.to_vec();
-    args.extend([
-        "--data",
-        "b_000000.bin",
-        "--steps",
-        "1",
-        "--gen-tokens",
-        "0",
-    ]);
+    let mut args = argv(SMALL);
+    args.extend(argv("--data b_000000.bin --steps 1 --gen-tokens 0"));
     let (code, out, err) = train(&d, &args);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("tokenizer bytes"), "{out}");
@@ -209,7 +189,7 @@ fn a_checkpoint_knows_its_tokenizer_file_by_its_hash() {
         .collect();
     std::fs::write(d.join("text.txt"), text).unwrap();
     let base = |tok: &str, steps: &str| {
-        let mut v: Vec<String> = SMALL.iter().map(|a| a.to_string()).collect();
+        let mut v: Vec<String> = argv(SMALL).into_iter().map(String::from).collect();
         v.extend(
             [
                 "--data",

@@ -12,6 +12,8 @@ mod catalogue_files;
 mod catalogue_flags;
 mod common;
 
+use common::argv;
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -304,14 +306,7 @@ fn cases(s: &Scratch) -> Vec<Case> {
             "1 layers cannot fill 2 stages",
         ),
         case(
-            &[
-                "--pp",
-                "2",
-                "--micro-batches",
-                "3",
-                "--schedule",
-                "interleaved",
-            ],
+            &argv("--pp 2 --micro-batches 3 --schedule interleaved"),
             "the pipeline of --pp 2 --micro-batches 3 --schedule interleaved",
         ),
         case(
@@ -548,14 +543,7 @@ fn memory_limits_are_named_and_a_refused_allocation_is_no_abort() {
     let cases: [(&[&str], u64, &str); 2] = [
         // The estimate reads the address-space limit and names it (as every case must).
         (
-            &[
-                "--batch-size",
-                "512",
-                "--seq-len",
-                "256",
-                "--gen-tokens",
-                "0",
-            ],
+            &argv("--batch-size 512 --seq-len 256 --gen-tokens 0"),
             1_500_000_000,
             "address space for this rank",
         ),

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, launch, max_rel, ok};
 
 const STEPS: &str = "5";
 
@@ -93,19 +93,7 @@ fn compiled_gpt_steps_equal_eager_dp2_tp2_sp_with_buckets() {
 
 #[test]
 fn compiled_gpt_steps_equal_eager_zero3_recompute_grad_accum() {
-    compare(
-        2,
-        &[
-            "--dp",
-            "2",
-            "--zero",
-            "3",
-            "--recompute",
-            "full",
-            "--grad-accum",
-            "2",
-        ],
-    );
+    compare(2, &argv("--dp 2 --zero 3 --recompute full --grad-accum 2"));
 }
 
 #[test]
@@ -128,36 +116,15 @@ const PIPELINED: [&str; 8] = [
 #[test]
 fn compiled_gpt_pipelines_equal_eager_pp2_dp2() {
     let mut interleaved = PIPELINED.to_vec();
-    interleaved.extend_from_slice(&[
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--micro-batches",
-        "4",
-        "--schedule",
-        "interleaved",
-        "--virtual-stages",
-        "2",
-        "--zero",
-        "2",
-        "--bucket-mb",
-        "0.01",
-    ]);
+    interleaved.extend_from_slice(&argv(
+        "--pp 2 --dp 2 --micro-batches 4 --schedule interleaved \
+        --virtual-stages 2 --zero 2 --bucket-mb 0.01",
+    ));
     compare(4, &interleaved);
     let mut one_f_one_b = PIPELINED.to_vec();
-    one_f_one_b.extend_from_slice(&[
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--micro-batches",
-        "2",
-        "--schedule",
-        "1f1b",
-        "--grad-accum",
-        "2",
-    ]);
+    one_f_one_b.extend_from_slice(&argv(
+        "--pp 2 --dp 2 --micro-batches 2 --schedule 1f1b --grad-accum 2",
+    ));
     compare(4, &one_f_one_b);
 }
 

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use clap::Parser;
-use common::{curve, final_line, launch_mlp as launch, max_rel, ok};
+use common::{argv, curve, final_line, launch_mlp as launch, max_rel, ok};
 use oxiflow::checkpoint::SaveStage;
 use oxiflow::trainer::{main_with, Cli, JobHooks, StepHook, StepStats, TrainError};
 
@@ -113,14 +113,9 @@ fn a_crashed_save_leaves_a_checkpoint_that_resumes_under_another_layout() {
         let crashed = Command::new(oflaunch)
             .args(["--nproc-per-node", "4", "--backend", "cpu"])
             .arg(&me)
-            .args([
-                "--exact",
-                "crash_rank",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+            .args(argv(
+                "--exact crash_rank --ignored --nocapture --test-threads 1",
+            ))
             .env("OXIFLOW_TEST_CRASH_STAGE", stage)
             .env(
                 "OXIFLOW_TEST_TRAIN_ARGS",

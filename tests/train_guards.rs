@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use catalogue_damages::poison;
-use common::{binaries, curve, launch, TINY_GPT};
+use common::{argv, binaries, curve, launch, TINY_GPT};
 use oxiflow::checkpoint;
 
 fn tmp(name: &str) -> PathBuf {
@@ -124,18 +124,9 @@ fn every_rank_stops_alike_and_the_last_good_checkpoint_is_whole() {
 
 #[test]
 fn skip_drops_non_finite_steps_and_stops_after_ten_in_a_row() {
-    let out = train(&[
-        "--model",
-        "mlp",
-        "--lr",
-        "1000",
-        "--steps",
-        "60",
-        "--log-every",
-        "1",
-        "--on-nonfinite",
-        "skip",
-    ]);
+    let out = train(&argv(
+        "--model mlp --lr 1000 --steps 60 --log-every 1 --on-nonfinite skip",
+    ));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     let skipped: Vec<&str> = stdout

@@ -9,9 +9,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{binaries, curve, launch};
+use common::{binaries, curve, launch, rank_alone};
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxiflow-badinput-{}-{name}", std::process::id()));
@@ -151,15 +150,7 @@ fn bad_input_is_refused_before_training_on_every_rank_and_nothing_is_written() {
         let alone: Vec<(Option<i32>, String)> = ["0", "1"]
             .iter()
             .map(|rank| {
-                let o = Command::new(train)
-                    .args(&all)
-                    .env_remove("MASTER_ADDR")
-                    .env_remove("MASTER_PORT")
-                    .env("RANK", rank)
-                    .env("LOCAL_RANK", rank)
-                    .env("WORLD_SIZE", "2")
-                    .output()
-                    .unwrap();
+                let o = rank_alone(train, &refs, rank);
                 (
                     o.status.code(),
                     String::from_utf8_lossy(&o.stderr).into_owned(),

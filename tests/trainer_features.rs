@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{curve, launch, max_rel, ok};
+use common::{argv, curve, launch, max_rel, ok, succeed_in};
 use serde_json::Value;
 
 const TINY: [&str; 14] = common::TINY_GPT;
@@ -117,32 +117,9 @@ fn schedules_clipping_and_accumulation_keep_the_one_rank_curve_in_every_layout()
         (4, &["--dp", "2", "--tp", "2", "--sp", "--grad-accum", "2"]),
         (
             4,
-            &[
-                "--pp",
-                "2",
-                "--dp",
-                "2",
-                "--zero",
-                "3",
-                "--micro-batches",
-                "2",
-                "--grad-accum",
-                "2",
-            ],
+            &argv("--pp 2 --dp 2 --zero 3 --micro-batches 2 --grad-accum 2"),
         ),
-        (
-            4,
-            &[
-                "--pp",
-                "2",
-                "--tp",
-                "2",
-                "--micro-batches",
-                "2",
-                "--grad-accum",
-                "2",
-            ],
-        ),
+        (4, &argv("--pp 2 --tp 2 --micro-batches 2 --grad-accum 2")),
     ];
     for (i, (n, layout)) in layouts.iter().enumerate() {
         let mut args = vec!["--clip-grad", CLIP];
@@ -215,24 +192,10 @@ fn metrics_plots_checkpoint_lines_and_the_saved_configuration() {
         assert!(rel(r.1, *l) < 1e-7, "{r:?} vs {n} {l}");
     }
     for r in recs.iter().filter(|r| r["kind"] == "train") {
-        for key in [
-            "step",
-            "loss",
-            "lr",
-            "grad_norm",
-            "tokens_per_s",
-            "mfu",
-            "seconds",
-        ] {
+        for key in argv("step loss lr grad_norm tokens_per_s mfu seconds") {
             assert!(r[key].is_number(), "{key} in {r}");
         }
-        for key in [
-            "parameters",
-            "gradients",
-            "optimizer_state",
-            "host_peak",
-            "device_peak",
-        ] {
+        for key in argv("parameters gradients optimizer_state host_peak device_peak") {
             assert!(r["memory"][key].is_number(), "memory.{key} in {r}");
         }
         assert!(r["mfu"].as_f64().unwrap() > 0.0);
@@ -315,20 +278,7 @@ fn a_job_file_sets_flags_and_the_command_line_overrides_it() {
     );
     let flags = tiny(
         2,
-        &[
-            "--seed",
-            "7",
-            "--dtype",
-            "f64",
-            "--lr",
-            "0.01",
-            "--lr-schedule",
-            "linear",
-            "--warmup-steps",
-            "2",
-            "--steps",
-            "6",
-        ],
+        &argv("--seed 7 --dtype f64 --lr 0.01 --lr-schedule linear --warmup-steps 2 --steps 6"),
     );
     let diff = max_rel(&curve(&from_file), &curve(&flags));
     assert!(
@@ -475,27 +425,11 @@ fn resume_auto_starts_fresh_continues_and_says_when_the_job_is_done() {
     let dir = tmp("resume-auto");
     let (_, train) = common::binaries();
     let ck = dir.join("ck");
+    let ck = ck.to_str().unwrap();
     let run = |steps: &str| {
-        let out = std::process::Command::new(train)
-            .args([
-                "--model",
-                "mlp",
-                "--log-every",
-                "1",
-                "--resume",
-                "auto",
-                "--steps",
-                steps,
-            ])
-            .args(["--save", ck.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut args = argv("--model mlp --log-every 1 --resume auto --save");
+        args.extend([ck, "--steps", steps]);
+        succeed_in(train, &dir, &args)
     };
     let first = run("3");
     assert!(first.contains("from step 0"), "{first}");

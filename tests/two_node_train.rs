@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{binaries, curve, launch, max_rel, ok};
+use common::{argv, binaries, curve, launch, max_rel, ok};
 
 const ADDR_A: &str = "10.78.0.1";
 const TOKEN: &str = "two-node-train-test-token-0123456789abcdef";
@@ -132,20 +132,7 @@ fn two_nodes_in_namespaces_train_like_one_node() {
             return;
         }
     };
-    let args = [
-        "--model",
-        "mlp",
-        "--dp",
-        "2",
-        "--tp",
-        "2",
-        "--steps",
-        "50",
-        "--log-every",
-        "1",
-        "--seed",
-        "3",
-    ];
+    let args = argv("--model mlp --dp 2 --tp 2 --steps 50 --log-every 1 --seed 3");
     let single = curve(&ok(launch(4, &args)));
     assert_eq!(single.len(), 50);
 

@@ -20,22 +20,16 @@ proptest! {
         let mut cases = Vec::new();
         for (i, a) in sbps_2d().into_iter().enumerate() {
             for (j, b) in sbps_2d().into_iter().enumerate() {
-                cases.push(Case {
-                    from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
-                    to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
-                    dtype: dtype_of(seed.wrapping_add((i * 4 + j) as u64)),
-                    global: global.clone(),
-                    seed: seed ^ (i * 4 + j) as u64,
-                    force: None,
-                });
-                cases.push(Case {
-                    from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
-                    to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
-                    dtype: dtype_of(seed.wrapping_add((i * 4 + j) as u64)),
-                    global: global.clone(),
-                    seed: seed ^ (i * 4 + j) as u64,
-                    force: Some(Strategy::PointToPoint),
-                });
+                for force in [None, Some(Strategy::PointToPoint)] {
+                    cases.push(Case {
+                        from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
+                        to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
+                        dtype: dtype_of(seed.wrapping_add((i * 4 + j) as u64)),
+                        global: global.clone(),
+                        seed: seed ^ (i * 4 + j) as u64,
+                        force,
+                    });
+                }
             }
         }
         if let Err(e) = run_cases(n, cases) {
@@ -58,14 +52,7 @@ proptest! {
                 if !(a.partial_op().is_some_and(|o| o != ReduceOp::Sum) || b.partial_op().is_some_and(|o| o != ReduceOp::Sum)) {
                     continue;
                 }
-                cases.push(Case {
-                    from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
-                    to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
-                    dtype: dtype_of(rng.next()),
-                    global: global.clone(),
-                    seed: rng.next(),
-                    force: None,
-                });
+                cases.push(Case::on(&pl, &shape, (a, b), &global, &mut rng, None));
             }
         }
         if let Err(e) = run_cases(n, cases) {
@@ -90,14 +77,7 @@ fn vectors_and_scalars() {
             let global = random_global(&shape, &mut rng);
             for &a in &sbps {
                 for &b in &sbps {
-                    cases.push(Case {
-                        from: GlobalLayout::new(shape.clone(), &pl, a).unwrap(),
-                        to: GlobalLayout::new(shape.clone(), &pl, b).unwrap(),
-                        dtype: dtype_of(rng.next()),
-                        global: global.clone(),
-                        seed: rng.next(),
-                        force: None,
-                    });
+                    cases.push(Case::on(&pl, &shape, (a, b), &global, &mut rng, None));
                 }
             }
         }

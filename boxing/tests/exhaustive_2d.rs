@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use oxiflow_boxing::Strategy;
-use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
+use oxiflow_sbp::{NdSbp, Sbp, Shape};
 use proptest::prelude::*;
 
 fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), String> {
@@ -31,14 +31,8 @@ fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), St
     for x in &nds {
         for y in &nds {
             for force in [None, Some(Strategy::PerAxis), Some(Strategy::PointToPoint)] {
-                cases.push(Case {
-                    from: GlobalLayout::new(shape.clone(), &pl, x.clone()).unwrap(),
-                    to: GlobalLayout::new(shape.clone(), &pl, y.clone()).unwrap(),
-                    dtype: dtype_of(rng.next()),
-                    global: global.clone(),
-                    seed: rng.next(),
-                    force,
-                });
+                let sbps = (x.clone(), y.clone());
+                cases.push(Case::on(&pl, &shape, sbps, &global, &mut rng, force));
             }
         }
     }
@@ -83,14 +77,8 @@ fn random_3d(mesh: [usize; 3], dims: [usize; 3], seed: u64) -> Result<(), String
     for _ in 0..10 {
         let (x, y) = (pick(&mut rng), pick(&mut rng));
         for force in [None, Some(Strategy::PerAxis)] {
-            cases.push(Case {
-                from: GlobalLayout::new(shape.clone(), &pl, x.clone()).unwrap(),
-                to: GlobalLayout::new(shape.clone(), &pl, y.clone()).unwrap(),
-                dtype: dtype_of(rng.next()),
-                global: global.clone(),
-                seed: rng.next(),
-                force,
-            });
+            let sbps = (x.clone(), y.clone());
+            cases.push(Case::on(&pl, &shape, sbps, &global, &mut rng, force));
         }
     }
     run_cases(n, cases)

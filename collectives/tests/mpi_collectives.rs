@@ -7,6 +7,7 @@
 #![cfg(feature = "mpi")]
 
 mod multiprocess_common;
+mod process_world;
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -16,11 +17,8 @@ use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::{
     init_world, Backend, BufMut, CommError, DType, InProcessWorld, ReduceOp, SharedComm,
 };
+use process_world::{run_worker, var};
 use proptest::prelude::*;
-
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
 
 /// The same bad calls on two communicators of the same size and rank: equal errors.
 fn same_errors(mpi: &SharedComm, reference: &SharedComm) -> Result<(), String> {
@@ -111,12 +109,7 @@ fn worker() -> Result<(), String> {
 
 #[test]
 fn mpi_worker_entry() {
-    if var("OXF_MPI_ROLE") == "worker" {
-        if let Err(e) = worker() {
-            eprintln!("WORKER FAILED: {e}");
-            std::process::exit(1);
-        }
-    }
+    run_worker("OXF_MPI_ROLE", worker);
 }
 
 fn have_mpirun() -> bool {

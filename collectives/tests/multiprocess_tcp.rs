@@ -4,19 +4,16 @@
 //! sequences must match the reference; a rank that dies or never arrives must be named.
 
 mod multiprocess_common;
+mod process_world;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
+use multiprocess_common::{run_rank, Case, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
-use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{init_world, CommError, DType, ReduceOp};
+use process_world::{assert_all_ok, run_worker, var, World};
 use proptest::prelude::*;
-
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
 
 /// What a worker does once connected (chosen by `OXF_MP_MODE`).
 fn worker() -> Result<(), String> {
@@ -37,13 +34,7 @@ fn worker() -> Result<(), String> {
     let comm = comm.map_err(|e| format!("init_world: {e}"))?;
     match mode.as_str() {
         "case" => {
-            let case = Case::generate(
-                var("OXF_MP_SEED").parse().unwrap(),
-                env.world_size,
-                dtype_of(var("OXF_MP_DTYPE").parse().unwrap()),
-                var("OXF_MP_STEPS").parse().unwrap(),
-                var("OXF_MP_MAX").parse().unwrap(),
-            );
+            let case = Case::from_vars(env.world_size);
             run_rank(&comm, &case)
         }
         "early" => {
@@ -113,11 +104,7 @@ fn worker() -> Result<(), String> {
 
 #[test]
 fn worker_entry() {
-    if var("OXF_MP_ROLE") == "worker" {
-        if let Err(e) = worker() {
-            eprintln!("WORKER FAILED: {e}");
-            std::process::exit(1);
-        }
+    if run_worker("OXF_MP_ROLE", worker) {
         return;
     }
     // Not a worker: a world of one process must run a case without any peers.
@@ -133,50 +120,20 @@ fn spawn_world(
     timeout_s: f64,
     extra: &[(&str, String)],
 ) -> Vec<(usize, Output)> {
-    let token = generate_token().unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
-    let port = server.local_addr().port();
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..world)
+    let world_procs = World::new(world);
+    let timeout = timeout_s.to_string();
+    let children = (0..world)
         .filter(|r| Some(*r) != skip)
         .map(|r| {
-            let mut c = Command::new(&exe);
-            c.args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
-                .env("OXF_MP_ROLE", "worker")
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXIFLOW_TOKEN", &token)
-                .env("OXIFLOW_TIMEOUT", timeout_s.to_string())
-                .env("OXIFLOW_BACKEND", "cpu")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped());
+            let mut c = world_procs.rank("worker_entry", r, &timeout);
+            c.env("OXF_MP_ROLE", "worker");
             for (k, v) in extra {
                 c.env(k, v);
             }
             (r, c.spawn().unwrap())
         })
         .collect();
-    let out = children
-        .into_iter()
-        .map(|(r, c)| (r, c.wait_with_output().unwrap()))
-        .collect();
-    drop(server);
-    out
-}
-
-fn assert_all_ok(outs: &[(usize, Output)], what: &str) {
-    for (r, o) in outs {
-        assert!(
-            o.status.success(),
-            "{what}: rank {r} failed ({:?}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    world_procs.wait(children)
 }
 
 proptest! {

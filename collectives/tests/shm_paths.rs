@@ -5,17 +5,14 @@
 //! no segment of these workers may be left in /dev/shm.
 
 mod multiprocess_common;
+mod process_world;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
+use multiprocess_common::{run_rank, Case, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
 use oxiflow_collectives::init_world;
-use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
-
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
+use process_world::{assert_all_ok, run_worker, var, World};
 
 fn mapped_segments() -> usize {
     std::fs::read_to_string("/proc/self/maps")
@@ -36,13 +33,7 @@ fn worker() -> Result<(), String> {
             env.rank
         ));
     }
-    let case = Case::generate(
-        var("OXF_MP_SEED").parse().unwrap(),
-        env.world_size,
-        dtype_of(var("OXF_MP_DTYPE").parse().unwrap()),
-        var("OXF_MP_STEPS").parse().unwrap(),
-        var("OXF_MP_MAX").parse().unwrap(),
-    );
+    let case = Case::from_vars(env.world_size);
     run_rank(&comm, &case)
 }
 
@@ -56,66 +47,23 @@ fn spawn(
     max: usize,
     pids: &mut Vec<u32>,
 ) -> Vec<(usize, Output)> {
-    let token = generate_token().unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
-    let port = server.local_addr().port();
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..world)
+    let procs = World::new(world);
+    let children = (0..world)
         .map(|r| {
-            let mut c = Command::new(&exe);
-            c.args([
-                "shm_worker_entry",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("OXF_SHM_ROLE", "worker")
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("LOCAL_RANK", r.to_string())
-            .env("LOCAL_WORLD_SIZE", world.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("OXIFLOW_TOKEN", &token)
-            .env("OXIFLOW_TIMEOUT", "30")
-            .env("OXIFLOW_BACKEND", "cpu")
-            .env("OXIFLOW_SHM", if shm_off.contains(&r) { "0" } else { "1" })
-            .env("OXF_SHM_EXPECT_MAPS", maps[r].to_string())
-            .env("OXF_MP_SEED", seed.to_string())
-            .env("OXF_MP_DTYPE", (seed % DTYPES as u64).to_string())
-            .env("OXF_MP_STEPS", "14")
-            .env("OXF_MP_MAX", max.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            let mut c = procs.rank("shm_worker_entry", r, "30");
+            c.env("OXF_SHM_ROLE", "worker")
+                .env("OXIFLOW_SHM", if shm_off.contains(&r) { "0" } else { "1" })
+                .env("OXF_SHM_EXPECT_MAPS", maps[r].to_string())
+                .env("OXF_MP_SEED", seed.to_string())
+                .env("OXF_MP_DTYPE", (seed % DTYPES as u64).to_string())
+                .env("OXF_MP_STEPS", "14")
+                .env("OXF_MP_MAX", max.to_string());
             let child = c.spawn().unwrap();
             pids.push(child.id());
             (r, child)
         })
         .collect();
-    let out = children
-        .into_iter()
-        .map(|(r, c)| (r, c.wait_with_output().unwrap()))
-        .collect();
-    drop(server);
-    out
-}
-
-fn assert_ok(outs: &[(usize, Output)], what: &str) {
-    let all: String = outs
-        .iter()
-        .map(|(r, o)| format!("rank {r}: {}\n", String::from_utf8_lossy(&o.stderr)))
-        .collect();
-    for (r, o) in outs {
-        if !o.status.success() {
-            eprintln!("{what}:\n{all}");
-        }
-        assert!(
-            o.status.success(),
-            "{what}: rank {r} failed ({:?}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    procs.wait(children)
 }
 
 /// Segments in /dev/shm created by one of `pids` (a segment's header holds its creator's pid
@@ -141,12 +89,7 @@ fn leftovers(pids: &[u32]) -> Vec<String> {
 
 #[test]
 fn shm_worker_entry() {
-    if var("OXF_SHM_ROLE") == "worker" {
-        if let Err(e) = worker() {
-            eprintln!("WORKER FAILED: {e}");
-            std::process::exit(1);
-        }
-    }
+    run_worker("OXF_SHM_ROLE", worker);
 }
 
 /// One test, so the scenarios run one after the other and the /dev/shm check sees them all.
@@ -156,20 +99,20 @@ fn shm_and_tcp_planes_match_the_reference_and_leave_nothing() {
     // Shared memory (default): every rank maps all segments of its world.
     for (seed, world) in [(1u64, 2usize), (2, 3), (3, 4), (4, 5)] {
         let outs = spawn(world, &[], &vec![world; world], seed, 3000, &mut pids);
-        assert_ok(&outs, &format!("shm seed {seed} world {world}"));
+        assert_all_ok(&outs, &format!("shm seed {seed} world {world}"));
     }
     // Large pieces: many rounds through the two slots.
     let outs = spawn(3, &[], &[3; 3], 11, 1_500_000, &mut pids);
-    assert_ok(&outs, "shm large pieces");
+    assert_all_ok(&outs, "shm large pieces");
     // TCP only.
     for (seed, world) in [(5u64, 2usize), (6, 4)] {
         let outs = spawn(world, &[0, 1, 2, 3], &[0; 4], seed, 3000, &mut pids);
-        assert_ok(&outs, &format!("tcp seed {seed} world {world}"));
+        assert_all_ok(&outs, &format!("tcp seed {seed} world {world}"));
     }
     // Mixed: rank 1 opts out; 0, 2, 3 share memory, groups with rank 1 go over TCP.
     for seed in [7u64, 8] {
         let outs = spawn(4, &[1], &[3, 0, 3, 3], seed, 3000, &mut pids);
-        assert_ok(&outs, &format!("mixed seed {seed}"));
+        assert_all_ok(&outs, &format!("mixed seed {seed}"));
     }
     let after = leftovers(&pids);
     assert!(after.is_empty(), "segments left in /dev/shm: {after:?}");

@@ -5,16 +5,17 @@
 //! itself as the ranks (`worker_entry`, selected by `OXF_SA_ROLE=worker`).
 
 mod multiprocess_common;
+mod process_world;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use multiprocess_common::{decode, dtype_of, encode, Rng, DTYPES};
 use oxiflow_collectives::env::LaunchEnv;
-use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{
     init_world, Buf, BufMut, CommError, DType, InProcessWorld, SharedComm, StridedBlock,
 };
+use process_world::{assert_all_ok, run_worker, var, World};
 use proptest::prelude::*;
 
 /// One strided all-to-all: `layouts[i][j]` is member i's block for member j, inside a send
@@ -187,16 +188,9 @@ fn in_process(seed: u64, world: usize, dt: DType, big: bool) -> Result<(), Strin
     }
 }
 
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
-
 #[test]
 fn worker_entry() {
-    if var("OXF_SA_ROLE") != "worker" {
-        return;
-    }
-    let run = || -> Result<(), String> {
+    run_worker("OXF_SA_ROLE", || {
         let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
         let comm = init_world(&env).map_err(|e| format!("init_world: {e}"))?;
         let steps = generate(
@@ -210,60 +204,26 @@ fn worker_entry() {
             dtype_of(var("OXF_SA_DTYPE").parse().unwrap()),
             &steps,
         )
-    };
-    if let Err(e) = run() {
-        eprintln!("WORKER FAILED: {e}");
-        std::process::exit(1);
-    }
+    });
 }
 
 fn spawn_world(world: usize, shm: bool, seed: u64, dt: usize, big: bool) -> Vec<(usize, Output)> {
-    let token = generate_token().unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), token.clone()).unwrap();
-    let port = server.local_addr().port();
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..world)
+    let procs = World::new(world);
+    let children = (0..world)
         .map(|r| {
-            let c = Command::new(&exe)
-                .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
+            let c = procs
+                .rank("worker_entry", r, "30")
                 .env("OXF_SA_ROLE", "worker")
                 .env("OXF_SA_SEED", seed.to_string())
                 .env("OXF_SA_DTYPE", dt.to_string())
                 .env("OXF_SA_BIG", if big { "1" } else { "0" })
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXIFLOW_TOKEN", &token)
-                .env("OXIFLOW_TIMEOUT", "30")
-                .env("OXIFLOW_BACKEND", "cpu")
                 .env("OXIFLOW_SHM", if shm { "1" } else { "0" })
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap();
             (r, c)
         })
         .collect();
-    let out = children
-        .into_iter()
-        .map(|(r, c)| (r, c.wait_with_output().unwrap()))
-        .collect();
-    drop(server);
-    out
-}
-
-fn assert_all_ok(outs: &[(usize, Output)], what: &str) {
-    for (r, o) in outs {
-        assert!(
-            o.status.success(),
-            "{what}: rank {r} failed ({:?}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    procs.wait(children)
 }
 
 proptest! {

@@ -38,8 +38,7 @@ fn depth(layers: usize) -> oxiflow_compile::Result<()> {
         SgdOptions {
             lr: 0.01,
             momentum: 0.9,
-            dampening: 0.0,
-            weight_decay: 0.0,
+            ..SgdOptions::default()
         },
     );
     let n = BATCH * cfg.seq_len;

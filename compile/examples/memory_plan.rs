@@ -116,8 +116,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                 SgdOptions {
                     lr: 0.01,
                     momentum: 0.9,
-                    dampening: 0.0,
-                    weight_decay: 0.0,
+                    ..SgdOptions::default()
                 },
             );
             if let (true, Some(m)) = (l.zero3, &mesh) {

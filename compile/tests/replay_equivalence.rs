@@ -113,8 +113,8 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         SgdOptions {
             lr: 0.05,
             momentum: 0.9,
-            dampening: 0.0,
             weight_decay: 0.01,
+            ..SgdOptions::default()
         },
     );
     if let (true, Some(m)) = (case.zero3, &mesh) {

@@ -52,14 +52,7 @@ fn a_rank_behind_in_a_collective_is_named_within_10_seconds() {
 
     let t0 = Instant::now();
     let mut child = std::process::Command::new(OFLAUNCH)
-        .args([
-            "--nproc-per-node",
-            "3",
-            "--backend",
-            "cpu",
-            "--timeout",
-            "8",
-        ])
+        .args(argv("--nproc-per-node 3 --backend cpu --timeout 8"))
         .args([WORKER, "allreduce", "4", "1", "2", "40"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

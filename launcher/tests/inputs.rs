@@ -133,21 +133,7 @@ fn help_documents_every_flag_and_what_the_timeout_covers() {
     let r = oflaunch(&["--help"], T);
     assert_eq!(r.code(), 0, "{}", r.stderr);
     let help = r.stdout;
-    for flag in [
-        "--nproc-per-node",
-        "--nnodes",
-        "--node-rank",
-        "--master-addr",
-        "--master-port",
-        "--backend",
-        "--log-dir",
-        "--tee",
-        "--ranks-filter",
-        "--timeout",
-        "--max-restarts",
-        "--grace-period",
-        "--token-file",
-    ] {
+    for flag in argv("--nproc-per-node --nnodes --node-rank --master-addr --master-port --backend --log-dir --tee --ranks-filter --timeout --max-restarts --grace-period --token-file") {
         let documented = help
             .split(&format!("\n      {flag}"))
             .nth(1)

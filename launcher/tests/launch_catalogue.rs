@@ -370,17 +370,10 @@ fn oflaunch_waiting_for_workers_to_exit_says_which_every_10_s() {
 fn a_rank_behind_is_named_again_every_10_s() {
     let started = Instant::now();
     let r = oflaunch(
-        &[
-            "--nproc-per-node",
-            "2",
-            "--backend",
-            "cpu",
-            "--timeout",
-            "40",
-        ]
-        .into_iter()
-        .chain([WORKER, "allreduce", "3", "1", "1", "15"])
-        .collect::<Vec<_>>(),
+        &argv("--nproc-per-node 2 --backend cpu --timeout 40")
+            .into_iter()
+            .chain([WORKER, "allreduce", "3", "1", "1", "15"])
+            .collect::<Vec<_>>(),
         T,
     );
     assert_eq!(r.code(), 0, "{}", r.stderr);

@@ -99,6 +99,23 @@ fn node_args<'a>(node: &'a str, nproc: &'a str, addr: &'a str, port: &'a str) ->
     ]
 }
 
+/// Starts node `node` of two on loopback with `nproc` workers, the token `token` (from a
+/// file), `--timeout timeout` and then `tail`.
+fn loopback_node(
+    node: &str,
+    nproc: &str,
+    port: &str,
+    (token, timeout): (&str, &str),
+    tail: &[&str],
+) -> Running {
+    let mut args = node_args(node, nproc, "127.0.0.1", port);
+    args.extend(["--token-file", token_file(token), "--timeout", timeout]);
+    args.extend(tail);
+    let mut cmd = Command::new(OFLAUNCH);
+    cmd.args(&args);
+    start(cmd)
+}
+
 #[test]
 fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
     let pair = match NetPair::create() {
@@ -148,14 +165,7 @@ fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
 /// Runs node 0 and node 1 (2 workers each) on loopback with the same trailing arguments.
 fn two_loopback_nodes(tail: &[&str]) -> (Finished, Finished) {
     let port = free_port().to_string();
-    let start_node = |node: &str| {
-        let mut args = node_args(node, "2", "127.0.0.1", &port);
-        args.extend(["--token-file", token_file(TOKEN), "--timeout", "30"]);
-        args.extend(tail);
-        let mut cmd = Command::new(OFLAUNCH);
-        cmd.args(&args);
-        start(cmd)
-    };
+    let start_node = |node| loopback_node(node, "2", &port, (TOKEN, "30"), tail);
     let node0 = start_node("0");
     let node1 = start_node("1");
     let r1 = node1.finish(T);
@@ -230,32 +240,9 @@ fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
     let dir = scratch("wrongnproc");
     let d = dir.to_str().unwrap();
     let port = free_port().to_string();
-    let mut a = node_args("0", "2", "127.0.0.1", &port);
-    a.extend([
-        "--token-file",
-        token_file(TOKEN),
-        "--timeout",
-        "20",
-        WORKER,
-        "env",
-        d,
-    ]);
-    let mut b = node_args("1", "3", "127.0.0.1", &port);
-    b.extend([
-        "--token-file",
-        token_file(TOKEN),
-        "--timeout",
-        "20",
-        WORKER,
-        "env",
-        d,
-    ]);
-    let mut c0 = Command::new(OFLAUNCH);
-    c0.args(&a);
-    let mut c1 = Command::new(OFLAUNCH);
-    c1.args(&b);
-    let node0 = start(c0);
-    let node1 = start(c1);
+    let tail = [WORKER, "env", d];
+    let node0 = loopback_node("0", "2", &port, (TOKEN, "20"), &tail);
+    let node1 = loopback_node("1", "3", &port, (TOKEN, "20"), &tail);
     let r1 = node1.finish(T);
     let r0 = node0.finish(T);
     assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
@@ -277,32 +264,9 @@ fn a_node_with_the_wrong_token_is_refused() {
     let dir = scratch("wrongtoken");
     let d = dir.to_str().unwrap();
     let port = free_port().to_string();
-    let mut a = node_args("0", "2", "127.0.0.1", &port);
-    a.extend([
-        "--token-file",
-        token_file(TOKEN),
-        "--timeout",
-        "4",
-        WORKER,
-        "env",
-        d,
-    ]);
-    let mut b = node_args("1", "2", "127.0.0.1", &port);
-    b.extend([
-        "--token-file",
-        token_file("not-the-job-token"),
-        "--timeout",
-        "20",
-        WORKER,
-        "env",
-        d,
-    ]);
-    let mut c0 = Command::new(OFLAUNCH);
-    c0.args(&a);
-    let mut c1 = Command::new(OFLAUNCH);
-    c1.args(&b);
-    let node0 = start(c0);
-    let node1 = start(c1);
+    let tail = [WORKER, "env", d];
+    let node0 = loopback_node("0", "2", &port, (TOKEN, "4"), &tail);
+    let node1 = loopback_node("1", "2", &port, ("not-the-job-token", "20"), &tail);
     let r1 = node1.finish(T);
     let r0 = node0.finish(T);
     assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
@@ -328,14 +292,8 @@ const FROZEN_BOUND: f64 = 10.5;
 /// the other node's end and how long after the freeze it came; the frozen node is killed.
 fn freeze_a_node(frozen: usize) -> (Finished, f64) {
     let port = free_port().to_string();
-    let start_node = |node: &str| {
-        let mut args = node_args(node, "2", "127.0.0.1", &port);
-        args.extend(["--token-file", token_file(TOKEN), "--timeout", "60"]);
-        args.extend([WORKER, "allreduce", "100000000"]);
-        let mut cmd = Command::new(OFLAUNCH);
-        cmd.args(&args);
-        start(cmd)
-    };
+    let tail = [WORKER, "allreduce", "100000000"];
+    let start_node = |node| loopback_node(node, "2", &port, (TOKEN, "60"), &tail);
     let mut nodes = [Some(start_node("0")), Some(start_node("1"))];
     let pid_of = |n: &Option<Running>| n.as_ref().unwrap().child.id();
     let t0 = std::time::Instant::now();
@@ -366,53 +324,47 @@ fn freeze_a_node(frozen: usize) -> (Finished, f64) {
     (r, took)
 }
 
+/// `freeze_a_node(frozen)`: the other node exits with `code` within the bound after the last
+/// sign of life it measured, its stderr holding each of `says`.
+fn the_other_node_ends(frozen: usize, code: i32, says: &[&str]) {
+    let (r, took) = freeze_a_node(frozen);
+    let measured = stopped_after(&r.stderr).expect("a measured end");
+    eprintln!("node {frozen} frozen: the other node stopped its workers {measured:.1} s after the last sign of life, exited {took:.1} s after the freeze");
+    assert_eq!(r.code(), code, "{}", r.stderr);
+    for want in says {
+        assert!(r.stderr.contains(want), "{want:?} in:\n{}", r.stderr);
+    }
+    assert!(measured <= FROZEN_BOUND, "{}", r.stderr);
+}
+
 #[test]
 fn a_frozen_node_0_and_its_store_end_node_1_within_the_bound() {
-    let (r1, took) = freeze_a_node(0);
-    let measured = stopped_after(&r1.stderr).expect("a measured end");
-    eprintln!("node 0 frozen: node 1 stopped its workers {measured:.1} s after the store last answered, exited {took:.1} s after the freeze");
-    assert_eq!(r1.code(), 1, "{}", r1.stderr);
-    assert!(
-        r1.stderr
-            .contains("(served by node 0, where ranks 0-1 run) has not answered for")
-            && r1.stderr.contains("(node 0 is frozen or gone)"),
-        "{}",
-        r1.stderr
+    the_other_node_ends(
+        0,
+        1,
+        &[
+            "(served by node 0, where ranks 0-1 run) has not answered for",
+            "(node 0 is frozen or gone)",
+        ],
     );
-    assert!(measured <= FROZEN_BOUND, "{}", r1.stderr);
 }
 
 #[test]
 fn a_frozen_node_1_ends_node_0_within_the_bound_naming_its_ranks() {
-    let (r0, took) = freeze_a_node(1);
-    let measured = stopped_after(&r0.stderr).expect("a measured end");
-    eprintln!("node 1 frozen: node 0 stopped its workers {measured:.1} s after rank 2 last showed progress, exited {took:.1} s after the freeze");
-    assert_eq!(r0.code(), 124, "{}", r0.stderr);
-    assert!(
-        r0.stderr
-            .contains("rank 2 (ranks [3] too) is frozen: its heartbeat stopped changing"),
-        "{}",
-        r0.stderr
+    the_other_node_ends(
+        1,
+        124,
+        &[
+            "rank 2 (ranks [3] too) is frozen: its heartbeat stopped changing",
+            "first failure: rank 2 (node 1",
+        ],
     );
-    assert!(
-        r0.stderr.contains("first failure: rank 2 (node 1"),
-        "{}",
-        r0.stderr
-    );
-    assert!(measured <= FROZEN_BOUND, "{}", r0.stderr);
 }
 
 /// Two loopback nodes of 2 workers running `script`, `--timeout 60`.
 fn two_script_nodes(script: &str) -> (Running, Running) {
     let port = free_port().to_string();
-    let start_node = |node: &str| {
-        let mut args = node_args(node, "2", "127.0.0.1", &port);
-        args.extend(["--token-file", token_file(TOKEN), "--timeout", "60"]);
-        args.extend(["sh", "-c", script]);
-        let mut cmd = Command::new(OFLAUNCH);
-        cmd.args(&args);
-        start(cmd)
-    };
+    let start_node = |node| loopback_node(node, "2", &port, (TOKEN, "60"), &["sh", "-c", script]);
     (start_node("0"), start_node("1"))
 }
 

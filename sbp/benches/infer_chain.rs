@@ -32,60 +32,35 @@ struct Step {
 fn layer(ndim: usize) -> Vec<Step> {
     let b = NdSbp::broadcast(ndim);
     let w = |dims: &[usize]| (Shape::from(dims), b.clone());
-    vec![
-        Step {
-            op: RuleCall::MatMul,
-            weights: vec![w(&[HIDDEN, HIDDEN])],
-        },
-        Step {
-            op: RuleCall::Binary(BinaryOp::Add),
-            weights: vec![w(&[HIDDEN])],
-        },
-        Step {
-            op: RuleCall::Unary { linear: false },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::LayerNorm { normalized_dims: 1 },
-            weights: vec![w(&[HIDDEN]), w(&[HIDDEN])],
-        },
-        Step {
-            op: RuleCall::Reshape {
-                shape: Shape::scalar(),
-            },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::Permute {
-                perm: [1, 0, 2].into_iter().collect(),
-            },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::Softmax { dim: 2 },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::Permute {
-                perm: [1, 0, 2].into_iter().collect(),
-            },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::Reshape {
-                shape: Shape::scalar(),
-            },
-            weights: vec![],
-        },
-        Step {
-            op: RuleCall::Reduce {
-                kind: ReduceKind::Sum,
-                dims: [1].into_iter().collect(),
-                keepdim: true,
-            },
-            weights: vec![],
-        },
+    let permute = || RuleCall::Permute {
+        perm: [1, 0, 2].into_iter().collect(),
+    };
+    let reshape = || RuleCall::Reshape {
+        shape: Shape::scalar(),
+    };
+    let sum = RuleCall::Reduce {
+        kind: ReduceKind::Sum,
+        dims: [1].into_iter().collect(),
+        keepdim: true,
+    };
+    [
+        (RuleCall::MatMul, vec![w(&[HIDDEN, HIDDEN])]),
+        (RuleCall::Binary(BinaryOp::Add), vec![w(&[HIDDEN])]),
+        (RuleCall::Unary { linear: false }, vec![]),
+        (
+            RuleCall::LayerNorm { normalized_dims: 1 },
+            vec![w(&[HIDDEN]), w(&[HIDDEN])],
+        ),
+        (reshape(), vec![]),
+        (permute(), vec![]),
+        (RuleCall::Softmax { dim: 2 }, vec![]),
+        (permute(), vec![]),
+        (reshape(), vec![]),
+        (sum, vec![]),
     ]
+    .into_iter()
+    .map(|(op, weights)| Step { op, weights })
+    .collect()
 }
 
 /// Infers a chain of `n` ops; returns the elapsed time and a checksum of costs.

@@ -101,14 +101,7 @@ impl GlobalLayout {
         placement: &Placement,
         nd_sbp: &NdSbp,
     ) -> Result<Shape, SbpError> {
-        if nd_sbp.len() != placement.ndim() {
-            return Err(SbpError::NdLengthMismatch {
-                nd_sbp: nd_sbp.to_string(),
-                placement: placement.to_string(),
-                expected: placement.ndim(),
-                got: nd_sbp.len(),
-            });
-        }
+        check_nd_len(placement, nd_sbp)?;
         let first = local_shapes.first().cloned().unwrap_or_default();
         let mut dims = first.to_vec();
         for (d, n) in dims.iter_mut().enumerate() {
@@ -133,16 +126,22 @@ impl GlobalLayout {
     }
 }
 
+/// An nd-SBP of one SBP per mesh axis of `placement`.
+fn check_nd_len(placement: &Placement, nd_sbp: &NdSbp) -> Result<(), SbpError> {
+    if nd_sbp.len() == placement.ndim() {
+        return Ok(());
+    }
+    Err(SbpError::NdLengthMismatch {
+        nd_sbp: nd_sbp.to_string(),
+        placement: placement.to_string(),
+        expected: placement.ndim(),
+        got: nd_sbp.len(),
+    })
+}
+
 /// Validates an nd-SBP against a shape and placement.
 pub fn check_nd_sbp(shape: &Shape, placement: &Placement, nd_sbp: &NdSbp) -> Result<(), SbpError> {
-    if nd_sbp.len() != placement.ndim() {
-        return Err(SbpError::NdLengthMismatch {
-            nd_sbp: nd_sbp.to_string(),
-            placement: placement.to_string(),
-            expected: placement.ndim(),
-            got: nd_sbp.len(),
-        });
-    }
+    check_nd_len(placement, nd_sbp)?;
     for sbp in nd_sbp.iter() {
         if let Sbp::Split(d) = sbp {
             if d >= shape.ndim() {

@@ -6,26 +6,12 @@
 mod reference;
 
 use oxiflow_placement::{DeviceType, Placement};
-use oxiflow_sbp::{BalancedSplitter, GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};
+use oxiflow_sbp::{BalancedSplitter, GlobalLayout, NdSbp, Sbp, Shape};
 use proptest::prelude::*;
-use reference::{materialise, reassemble, Arr};
+use reference::{materialise, nd_of, reassemble, Arr};
 
 fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
     (1usize..=3).prop_flat_map(|axes| proptest::collection::vec(1usize..=4, axes))
-}
-
-/// An nd-SBP with one random SBP per mesh axis, splits only over existing dims.
-fn nd_of(ndim: usize, pick: &[usize]) -> NdSbp {
-    NdSbp::new(pick.iter().map(|&c| {
-        let c = c % (ndim + 4);
-        match c.checked_sub(ndim) {
-            None => Sbp::S(c),
-            Some(0) => Sbp::B,
-            Some(1) => Sbp::P,
-            Some(2) => Sbp::Partial(ReduceOp::Max),
-            _ => Sbp::Partial(ReduceOp::Min),
-        }
-    }))
 }
 
 /// Local size of dim `d` at `coord`, from part sizes alone: each axis that splits d takes its

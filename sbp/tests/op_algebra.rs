@@ -6,13 +6,11 @@
 mod reference;
 
 use oxiflow_placement::{DeviceType, Placement};
-use oxiflow_sbp::{
-    inference_cost, BinaryOp, GlobalLayout, NdSbp, ReduceKind, ReduceOp, Sbp, Shape,
-};
+use oxiflow_sbp::{inference_cost, BinaryOp, GlobalLayout, NdSbp, ReduceKind, Shape};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use reference::op::{candidates, infer, Dims, RuleCall};
-use reference::{check_signature, shape_of, Arr};
+use reference::{check_signature, nd_of, shape_of, Arr};
 
 const MESHES: &[&[usize]] = &[
     &[1],
@@ -311,20 +309,6 @@ fn build(kind: usize, d: &[usize], r: &[usize], seed: u64) -> Case {
     }
 }
 
-/// A current nd-SBP for an input of `ndim` dims on a mesh of `axes` axes.
-fn current_nd(ndim: usize, axes: usize, pick: &[usize]) -> NdSbp {
-    NdSbp::new((0..axes).map(|a| {
-        let c = pick[a] % (ndim + 4);
-        match c.checked_sub(ndim) {
-            None => Sbp::S(c),
-            Some(0) => Sbp::B,
-            Some(1) => Sbp::P,
-            Some(2) => Sbp::Partial(ReduceOp::Max),
-            _ => Sbp::Partial(ReduceOp::Min),
-        }
-    }))
-}
-
 fn check_case(
     kind: usize,
     d: &[usize],
@@ -346,7 +330,7 @@ fn check_case(
     let current: Vec<NdSbp> = shapes
         .iter()
         .enumerate()
-        .map(|(i, s)| current_nd(s.ndim(), mesh.len(), &pick[i * 3..]))
+        .map(|(i, s)| nd_of(s.ndim(), &pick[i * 3..i * 3 + mesh.len()]))
         .collect();
     let inputs: Vec<(&Shape, &NdSbp)> = shapes.iter().zip(&current).collect();
     let sig = infer(&case.op, &inputs, &placement, 4)

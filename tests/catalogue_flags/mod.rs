@@ -11,6 +11,7 @@ use std::process::Command;
 use clap::CommandFactory;
 
 use super::{run_limited, Ended, CASE_LIMIT};
+use crate::common::{argv, succeed_in};
 
 /// What a flag does in a mode.
 #[derive(Clone, Copy, Debug)]
@@ -234,36 +235,14 @@ impl Fixture {
         std::fs::write(dir.join("job.toml"), "[model]\nseed = 0\n").unwrap();
         let f = Fixture { dir };
         let make = |args: &[&str]| {
-            let out = Command::new(train)
-                .args(args)
-                .current_dir(&f.dir)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeed_in(train, &f.dir, args);
         };
         let txt = f.p("tiny.txt");
-        make(&[
-            "--data",
-            &txt,
-            "--layers",
-            "1",
-            "--width",
-            "16",
-            "--heads",
-            "2",
-            "--seq-len",
-            "8",
-            "--steps",
-            "2",
-            "--gen-tokens",
-            "0",
-            "--save",
-            "gck",
-        ]);
+        let mut gpt = vec!["--data", &txt];
+        gpt.extend(argv(
+            "--layers 1 --width 16 --heads 2 --seq-len 8 --steps 2 --gen-tokens 0 --save gck",
+        ));
+        make(&gpt);
         make(&["--model", "mlp", "--steps", "2", "--save", "mck"]);
         f
     }
@@ -290,18 +269,7 @@ impl Fixture {
 
     /// The command line of `flag value` with `companions` in `mode`.
     pub fn args(&self, mode: &str, flag: &str, value: &str, companions: &[&str]) -> Vec<String> {
-        let gpt = [
-            "--data",
-            "{txt}",
-            "--layers",
-            "1",
-            "--width",
-            "16",
-            "--heads",
-            "2",
-            "--seq-len",
-            "8",
-        ];
+        let gpt = argv("--data {txt} --layers 1 --width 16 --heads 2 --seq-len 8");
         let base: Vec<&str> = match mode {
             "gpt" => [&gpt[..], &["--steps", "2"]].concat(),
             "mlp" => vec!["--model", "mlp", "--steps", "2"],
@@ -370,13 +338,7 @@ fn wrong(e: &Ended, flag: &str, does: Does) -> Option<String> {
                 .filter(|l| l.starts_with("config ["))
                 .collect();
             let printed = config.iter().any(|l| l.contains(&format!(" {key}=")));
-            let keyless = [
-                "--config",
-                "--out",
-                "--format",
-                "--shard-tokens",
-                "--tokenizer",
-            ];
+            let keyless = argv("--config --out --format --shard-tokens --tokenizer");
             (!printed && !config.is_empty() && !keyless.contains(&flag))
                 .then(|| format!("accepted, but its configuration has no {key}: {config:?}"))
         }

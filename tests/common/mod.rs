@@ -65,6 +65,67 @@ pub fn launch(nproc: usize, args: &[&str]) -> Output {
         .expect("run oflaunch")
 }
 
+/// A command line written as one string (`"--pp 2 --micro-batches 4"`), split at white space
+/// into its arguments; arguments that are empty or hold white space are written as lists.
+pub fn argv(line: &'static str) -> Vec<&'static str> {
+    line.split_ascii_whitespace().collect()
+}
+
+/// `train --from-hf DIR --data DATA` in f64 on 16-token windows, 4 per batch, no sample, with
+/// `extra`.
+pub fn from_hf<'a>(dir: &'a str, data: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["--from-hf", dir, "--data", data];
+    a.extend(argv(
+        "--seq-len 16 --batch-size 4 --dtype f64 --gen-tokens 0",
+    ));
+    a.extend_from_slice(extra);
+    a
+}
+
+/// Rank `rank` of a 2-rank job started alone with `args`, with no rendezvous to reach.
+pub fn rank_alone(bin: &Path, args: &[&str], rank: &str) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env_remove("MASTER_ADDR")
+        .env_remove("MASTER_PORT")
+        .env("RANK", rank)
+        .env("LOCAL_RANK", rank)
+        .env("WORLD_SIZE", "2")
+        .output()
+        .expect("run one rank alone")
+}
+
+/// `bin ARGS` run in `dir`, which must succeed; returns its stdout.
+pub fn succeed_in(bin: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run the binary");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `train --from-hf DIR --eval-only --data DATA` in f64 on 16-token windows, 3 per batch, with
+/// `extra`, on `nproc` ranks: (loss, tokens) from rank 0's `eval loss L over N tokens` line.
+pub fn eval_hf(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> (f64, usize) {
+    let mut args = vec!["--from-hf", dir, "--eval-only", "--data", data];
+    args.extend(argv("--seq-len 16 --batch-size 3 --dtype f64"));
+    args.extend_from_slice(extra);
+    let text = ok(launch(nproc, &args));
+    let l = text
+        .lines()
+        .find_map(|l| l.split("eval loss ").nth(1))
+        .unwrap_or_else(|| panic!("no eval line in {text}"));
+    let w: Vec<&str> = l.split_whitespace().collect();
+    (w[0].parse().unwrap(), w[2].parse().unwrap())
+}
+
 /// `launch` of the MLP classifier (`train --model mlp ARGS`).
 pub fn launch_mlp(nproc: usize, args: &[&str]) -> Output {
     let mut all = vec!["--model", "mlp"];
@@ -197,43 +258,37 @@ pub fn workers_of(pid: u32, n: usize) -> Vec<(usize, i32)> {
     }
 }
 
-/// The tiny GPT of the tests: 2 blocks, width 32, 4 heads, 16-token windows, 8 per batch, no
-/// sample, the loss every step.
-pub const TINY_GPT: [&str; 14] = [
-    "--layers",
-    "2",
-    "--width",
-    "32",
-    "--heads",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
+/// A GPT of the tests with `layers` blocks, `width` wide, 4 heads, `seq_len`-token windows,
+/// 8 per batch, no sample, the loss every step.
+pub const fn gpt_flags(
+    layers: &'static str,
+    width: &'static str,
+    seq_len: &'static str,
+) -> [&'static str; 14] {
+    [
+        "--layers",
+        layers,
+        "--width",
+        width,
+        "--heads",
+        "4",
+        "--seq-len",
+        seq_len,
+        "--batch-size",
+        "8",
+        "--gen-tokens",
+        "0",
+        "--log-every",
+        "1",
+    ]
+}
 
-/// The GPT of the GPU suites: 4 blocks (PP2 x 2 chunks), width 64, 4 heads, 32-token windows,
-/// 8 per batch, no sample, the loss every step (the suites add `--steps`).
-pub const GPU_GPT: [&str; 14] = [
-    "--layers",
-    "4",
-    "--width",
-    "64",
-    "--heads",
-    "4",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--gen-tokens",
-    "0",
-    "--log-every",
-    "1",
-];
+/// The tiny GPT of the tests: 2 blocks, width 32, 16-token windows.
+pub const TINY_GPT: [&str; 14] = gpt_flags("2", "32", "16");
+
+/// The GPT of the GPU suites: 4 blocks (PP2 x 2 chunks), width 64, 32-token windows (the
+/// suites add `--steps`).
+pub const GPU_GPT: [&str; 14] = gpt_flags("4", "64", "32");
 
 /// A running `oflaunch ... train` job: its stdout lines as they come, its stderr at the end.
 pub struct Job {

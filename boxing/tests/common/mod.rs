@@ -281,6 +281,28 @@ pub struct Case {
     pub force: Option<Strategy>,
 }
 
+impl Case {
+    /// `global` (of `shape` on `pl`) boxed from `sbps.0` to `sbps.1`, in a dtype and with a
+    /// seed drawn from `rng` (in that order), the strategy forced to `force`.
+    pub fn on(
+        pl: &Placement,
+        shape: &Shape,
+        sbps: (impl Into<NdSbp>, impl Into<NdSbp>),
+        global: &[f64],
+        rng: &mut SplitMix,
+        force: Option<Strategy>,
+    ) -> Case {
+        Case {
+            from: GlobalLayout::new(shape.clone(), pl, sbps.0).unwrap(),
+            to: GlobalLayout::new(shape.clone(), pl, sbps.1).unwrap(),
+            dtype: dtype_of(rng.next()),
+            global: global.to_vec(),
+            seed: rng.next(),
+            force,
+        }
+    }
+}
+
 /// Runs every case in sequence on an in-process world of `world` ranks (one thread per rank,
 /// SPMD) and checks each target's global value. Returns a failure description.
 pub fn run_cases(world: usize, cases: Vec<Case>) -> Result<(), String> {

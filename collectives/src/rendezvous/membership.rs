@@ -146,14 +146,11 @@ pub fn join_world_seated(
     let claims = store.add(&format!("{CLAIM_PREFIX}{rank}"), 1)?;
     store.set(&format!("{MEMBER_PREFIX}{rank}/{claims}"), who.as_bytes())?;
     if claims > 1 {
-        let first = store
-            .wait(&[&format!("{MEMBER_PREFIX}{rank}/1")], DESCRIBE_WAIT)
-            .ok()
-            .and_then(|v| v.into_iter().next())
-            .map_or_else(
-                || "another process".to_string(),
-                |v| String::from_utf8_lossy(&v).into_owned(),
-            );
+        let first = first_claim(
+            store,
+            &format!("{MEMBER_PREFIX}{rank}/1"),
+            "another process",
+        );
         return refuse(
             store,
             rank,
@@ -215,14 +212,11 @@ fn take_seat(
     if n == 1 {
         return Ok(());
     }
-    let first = store
-        .wait(&[&format!("{SEAT_PREFIX}{host}/{device}/1")], DESCRIBE_WAIT)
-        .ok()
-        .and_then(|v| v.into_iter().next())
-        .map_or_else(
-            || "another rank".to_string(),
-            |v| String::from_utf8_lossy(&v).into_owned(),
-        );
+    let first = first_claim(
+        store,
+        &format!("{SEAT_PREFIX}{host}/{device}/1"),
+        "another rank",
+    );
     refuse(
         store,
         rank,
@@ -241,6 +235,19 @@ pub fn linger_after_refusal(store: &StoreClient, world: usize, limit: Duration) 
     if let Err(e) = store.wait(&key_refs, limit) {
         tracing::debug!("{OP}: not every rank saw the refusal: {e}");
     }
+}
+
+/// What the first claimant wrote under `key` (who it is), or `unknown` when that cannot be
+/// read within `DESCRIBE_WAIT`.
+fn first_claim(store: &StoreClient, key: &str, unknown: &str) -> String {
+    store
+        .wait(&[key], DESCRIBE_WAIT)
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .map_or_else(
+            || unknown.to_string(),
+            |v| String::from_utf8_lossy(&v).into_owned(),
+        )
 }
 
 /// Publishes `reason` as the job's refusal (the first one wins) and returns it as this rank's

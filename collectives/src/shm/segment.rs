@@ -77,14 +77,19 @@ pub(crate) fn path_of(nonce: &[u8], rank: usize) -> String {
     format!("/dev/shm/oxiflow-{hex}-{rank}")
 }
 
+/// `path` as a C string for `open`.
+fn c_path(path: &str) -> Result<CString, CommError> {
+    CString::new(path).map_err(|_| CommError::InvalidArgument {
+        op: "shm setup".into(),
+        detail: format!("segment path {path:?} contains a NUL byte"),
+    })
+}
+
 impl Segment {
     /// Creates (exclusively) and maps this rank's segment.
     pub fn create(path: &str, world: usize, rank: usize) -> Result<Segment, CommError> {
         let layout = Layout::new(world);
-        let c = CString::new(path).map_err(|_| CommError::InvalidArgument {
-            op: "shm setup".into(),
-            detail: format!("segment path {path:?} contains a NUL byte"),
-        })?;
+        let c = c_path(path)?;
         // SAFETY: valid C string; flags create a new private (0600) file.
         let fd = unsafe {
             libc::open(
@@ -127,10 +132,7 @@ impl Segment {
     /// Maps a peer's segment and checks its header.
     pub fn open(path: &str, world: usize, rank: usize) -> Result<Segment, CommError> {
         let layout = Layout::new(world);
-        let c = CString::new(path).map_err(|_| CommError::InvalidArgument {
-            op: "shm setup".into(),
-            detail: format!("segment path {path:?} contains a NUL byte"),
-        })?;
+        let c = c_path(path)?;
         // SAFETY: valid C string.
         let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if fd < 0 {

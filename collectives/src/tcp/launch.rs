@@ -87,9 +87,20 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
             other => other,
         })?
         .with_prefix(&env.store_prefix);
+    tcp_world(env, &store, master, server)
+}
+
+/// The TCP world of `env` through `store`, this rank reachable at its address towards
+/// `master`; `server` is the store this rank serves, if any.
+fn tcp_world(
+    env: &LaunchEnv,
+    store: &StoreClient,
+    master: SocketAddr,
+    server: Option<StoreServer>,
+) -> Result<SharedComm, CommError> {
     let host = local_host_towards(master);
     TcpComm::connect_serving(
-        &store,
+        store,
         env.rank,
         env.world_size,
         &host,
@@ -124,16 +135,7 @@ fn connect_through_mpi(env: &LaunchEnv) -> Result<SharedComm, CommError> {
     })?;
     let store = StoreClient::connect_with(&rv.addr, &rv.token, env.timeout, env.store_options())?
         .with_prefix(&env.store_prefix);
-    let host = local_host_towards(master);
-    TcpComm::connect_serving(
-        &store,
-        env.rank,
-        env.world_size,
-        &host,
-        env.timeout,
-        env.shm,
-        rv.server,
-    )
+    tcp_world(env, &store, master, rv.server)
 }
 
 /// Without MPI support nothing can tell the ranks where the store is.

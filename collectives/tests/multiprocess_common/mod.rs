@@ -105,6 +105,19 @@ fn op(rng: &mut Rng) -> ReduceOp {
 }
 
 impl Case {
+    /// The case a worker process is told to run: `generate` of the variables `OXF_MP_SEED`,
+    /// `OXF_MP_DTYPE` (an index of `dtype_of`), `OXF_MP_STEPS` and `OXF_MP_MAX`.
+    pub fn from_vars(world: usize) -> Case {
+        let var = |name: &str| -> usize {
+            let v = std::env::var(name).unwrap_or_default();
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v:?} is no count"))
+        };
+        let seed = var("OXF_MP_SEED") as u64;
+        let (dtype, steps, max) = (var("OXF_MP_DTYPE"), var("OXF_MP_STEPS"), var("OXF_MP_MAX"));
+        Case::generate(seed, world, dtype_of(dtype), steps, max)
+    }
+
     /// Expands `seed` into `nsteps` collectives on a world of `world` ranks with counts up to
     /// `max` elements per piece.
     pub fn generate(seed: u64, world: usize, dtype: DType, nsteps: usize, max: usize) -> Case {

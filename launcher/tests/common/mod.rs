@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 pub const OFLAUNCH: &str = env!("CARGO_BIN_EXE_oflaunch");
 pub const WORKER: &str = env!("CARGO_BIN_EXE_oflaunch_testworker");
 
+/// A command line written as one string, split at white space into its arguments; arguments
+/// that are empty or hold white space are written as lists.
+pub fn argv(line: &'static str) -> Vec<&'static str> {
+    line.split_ascii_whitespace().collect()
+}
+
 /// A fresh, empty scratch directory.
 pub fn scratch(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);

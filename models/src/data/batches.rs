@@ -28,13 +28,15 @@ pub struct WindowSampler {
 }
 
 impl Batch {
-    /// Empty input and target buffers with room for `rows` windows of `seq_len` ids: a size
-    /// that overflows or that the system refuses is an error, not an abort.
-    pub(crate) fn buffers(
+    /// A batch of `rows` windows of `seq_len + 1` ids, window `r` written by `read(r, window)`
+    /// into the emptied `window`. A size that overflows or that the system refuses is an
+    /// error, not an abort.
+    pub(crate) fn of_windows(
         op: &'static str,
         rows: usize,
         seq_len: usize,
-    ) -> Result<(Vec<i64>, Vec<i64>), DataError> {
+        mut read: impl FnMut(usize, &mut Vec<i64>) -> Result<(), DataError>,
+    ) -> Result<Batch, DataError> {
         let refuse = |why: String| DataError::Sampling {
             op,
             detail: format!("{rows} windows of {seq_len} token ids: {why}"),
@@ -47,7 +49,19 @@ impl Batch {
             .try_reserve_exact(n)
             .and_then(|()| targets.try_reserve_exact(n))
             .map_err(|e| refuse(format!("cannot allocate them: {e}")))?;
-        Ok((inputs, targets))
+        let mut window = Vec::with_capacity(seq_len + 1);
+        for r in 0..rows {
+            window.clear();
+            read(r, &mut window)?;
+            inputs.extend_from_slice(&window[..seq_len]);
+            targets.extend_from_slice(&window[1..]);
+        }
+        Ok(Batch {
+            rows,
+            seq_len,
+            inputs,
+            targets,
+        })
     }
 }
 
@@ -116,18 +130,10 @@ impl WindowSampler {
             });
         }
         let t = self.seq_len;
-        let (mut inputs, mut targets) = Batch::buffers(op, rows.len(), t)?;
-        for r in rows.clone() {
-            let s = self.window_start(step, r);
-            let w = &tokens[s..s + t + 1];
-            inputs.extend(w[..t].iter().map(|&x| i64::from(x)));
-            targets.extend(w[1..].iter().map(|&x| i64::from(x)));
-        }
-        Ok(Batch {
-            rows: rows.len(),
-            seq_len: t,
-            inputs,
-            targets,
+        Batch::of_windows(op, rows.len(), t, |r, window| {
+            let s = self.window_start(step, rows.start + r);
+            window.extend(tokens[s..s + t + 1].iter().map(|&x| i64::from(x)));
+            Ok(())
         })
     }
 }

@@ -92,26 +92,17 @@ impl EvalWindows {
                 detail: format!("windows {first}..{end} of {}", self.len()),
             });
         }
-        let (mut inputs, mut targets) = Batch::buffers("EvalWindows::batch", rows, t)?;
-        let mut window = Vec::with_capacity(t + 1);
-        for n in first..end {
+        Batch::of_windows("EvalWindows::batch", rows, t, |r, window| {
+            let n = first + r as u64;
             let part = self.before.partition_point(|&b| b <= n) - 1;
             let at = (n - self.before[part]) as usize * (t + 1);
-            window.clear();
             match &self.tokens {
-                Tokens::Shards(set) => set.shards()[part].read_into(at, t + 1, &mut window)?,
+                Tokens::Shards(set) => set.shards()[part].read_into(at, t + 1, window),
                 Tokens::Memory(ids) => {
-                    window.extend(ids[at..at + t + 1].iter().map(|&id| i64::from(id)))
+                    window.extend(ids[at..at + t + 1].iter().map(|&id| i64::from(id)));
+                    Ok(())
                 }
             }
-            inputs.extend_from_slice(&window[..t]);
-            targets.extend_from_slice(&window[1..]);
-        }
-        Ok(Batch {
-            rows,
-            seq_len: t,
-            inputs,
-            targets,
         })
     }
 }

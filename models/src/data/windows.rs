@@ -125,20 +125,9 @@ impl ShardWindows {
     /// Windows `first..first + rows` of the split as a batch.
     pub fn batch(&self, first: u64, rows: usize) -> Result<Batch, DataError> {
         let t = self.seq_len;
-        let (mut inputs, mut targets) = Batch::buffers("ShardWindows::batch", rows, t)?;
-        let mut window = Vec::with_capacity(t + 1);
-        for r in 0..rows as u64 {
-            let (shard, at, _) = self.locate(first + r);
-            window.clear();
-            self.set.shards()[shard].read_into(at, t + 1, &mut window)?;
-            inputs.extend_from_slice(&window[..t]);
-            targets.extend_from_slice(&window[1..]);
-        }
-        Ok(Batch {
-            rows,
-            seq_len: t,
-            inputs,
-            targets,
+        Batch::of_windows("ShardWindows::batch", rows, t, |r, window| {
+            let (shard, at, _) = self.locate(first + r as u64);
+            self.set.shards()[shard].read_into(at, t + 1, window)
         })
     }
 }

@@ -15,6 +15,21 @@ use op::RuleCall;
 
 pub use arr::{close, concat, Arr};
 
+/// An nd-SBP of one SBP per entry of `pick` for an input of `ndim` dims: each entry chooses
+/// S over an existing dim, B, P, P(max) or P(min).
+pub fn nd_of(ndim: usize, pick: &[usize]) -> NdSbp {
+    NdSbp::new(pick.iter().map(|&c| {
+        let c = c % (ndim + 4);
+        match c.checked_sub(ndim) {
+            None => Sbp::S(c),
+            Some(0) => Sbp::B,
+            Some(1) => Sbp::P,
+            Some(2) => Sbp::Partial(ReduceOp::Max),
+            _ => Sbp::Partial(ReduceOp::Min),
+        }
+    }))
+}
+
 /// Local pieces of `whole` on every rank (row-major mesh order) under `nd`. Mesh axes apply in
 /// order, axis 0 outermost: S(d) splits the current block's dim d with the balanced splitter,
 /// B copies it, P(op) replaces it by p components that reduce with op to the block (element-

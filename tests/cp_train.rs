@@ -141,7 +141,7 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
 #[test]
 fn bf16_mixed_under_cp_tracks_one_rank() {
     let bf16 = |n: usize, layout: &[&str]| {
-        let mut args = LLAMA.to_vec();
+        let mut args = argv(LLAMA);
         args.extend_from_slice(&[
             "--seq-len",
             "16",

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
-use oxiflow::cuda::{self, MatmulPrecision};
+use oxiflow::cuda;
 use oxiflow::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
@@ -269,10 +269,13 @@ fn main() -> R<()> {
     let bucket_bytes = mib(a.bucket_mb, "--bucket-mb")?;
     let rt = cuda::bound_runtime()
         .ok_or("no CUDA device bound: run under `oflaunch --nproc-per-node 1 --backend nccl`")?;
-    rt.set_matmul_precision(match a.precision {
-        PrecisionPolicy::Tf32 => MatmulPrecision::Tf32,
-        PrecisionPolicy::F32 | PrecisionPolicy::Bf16Mixed => MatmulPrecision::F32,
-    });
+    let param = a.precision.param().unwrap_or(DType::F32);
+    let precision = a.precision.with_param(param)?;
+    let precision = match a.reduce_dtype {
+        Some(r) => precision.with_reduce(r)?,
+        None => precision,
+    };
+    rt.set_matmul_precision(precision.matmul());
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;
@@ -285,7 +288,7 @@ fn main() -> R<()> {
         width: a.width,
         dropout: 0.0,
         seed: 1234,
-        dtype: DType::F32,
+        dtype: precision.param(),
         sequence_parallel: false,
         ..GptConfig::default()
     };
@@ -307,9 +310,7 @@ fn main() -> R<()> {
         StageSplit::single(a.layers, &GptLayout::Mesh(mesh.clone())),
     )?;
     model.recompute = a.recompute.into();
-    if a.precision == PrecisionPolicy::Bf16Mixed {
-        model.set_compute_dtype(Some(DType::BF16));
-    }
+    model.set_precision(&precision)?;
     let params = model.parameters();
     let decay: Vec<f64> = params
         .iter()
@@ -346,7 +347,7 @@ fn main() -> R<()> {
         rank: ctx.rank(),
         dp: a.dp,
         bucket_bytes,
-        reduce_dtype: a.reduce_dtype,
+        reduce_dtype: Some(precision.reduce()),
         compiled: a.compile.then(CompiledStep::new),
     };
     let t_warm = Instant::now();

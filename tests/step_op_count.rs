@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oxiflow::collectives::trace::{enable_trace, write_rank_trace};
+use oxiflow::dtype::MixedPrecision;
 use oxiflow::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, Optimizer};
@@ -50,7 +51,9 @@ fn count_step_ops() -> (BTreeMap<String, usize>, usize) {
             &GptLayout::Mesh(NamedMesh::of(placement.clone(), &[DP, TP]).unwrap()),
         )
         .unwrap();
-        model.set_compute_dtype(Some(DType::BF16));
+        model
+            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
+            .unwrap();
         let params = model.parameters();
         let n = params.len();
         let mut opt = AdamW::new(params, AdamWOptions::default());

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
+use oxiflow_dtype::MatmulPrecision;
 use oxiflow_tensor::Result;
 
 use crate::alloc::{AllocCounts, Pool};
@@ -22,7 +23,7 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     pub(crate) pool: Pool,
-    /// How f32 matrix products run (`MatmulPrecision::code`).
+    /// How f32 matrix products run (an index into `MatmulPrecision::ALL`).
     matmul_precision: AtomicU8,
 }
 
@@ -50,7 +51,7 @@ impl CudaRuntime {
             blas: Mutex::new(None),
             kernels: OnceLock::new(),
             pool: Pool::default(),
-            matmul_precision: AtomicU8::new(0),
+            matmul_precision: AtomicU8::new(MatmulPrecision::F32 as u8),
         }))
     }
     pub fn ordinal(&self) -> usize {
@@ -118,11 +119,15 @@ impl CudaRuntime {
     }
     /// How f32 matrix products run from now on, in this process.
     pub fn set_matmul_precision(&self, p: MatmulPrecision) {
-        self.matmul_precision.store(p.code(), Ordering::Relaxed);
+        self.matmul_precision.store(p as u8, Ordering::Relaxed);
     }
     /// How f32 matrix products run.
     pub fn matmul_precision(&self) -> MatmulPrecision {
-        MatmulPrecision::from_code(self.matmul_precision.load(Ordering::Relaxed))
+        let code = usize::from(self.matmul_precision.load(Ordering::Relaxed));
+        MatmulPrecision::ALL
+            .get(code)
+            .copied()
+            .unwrap_or(MatmulPrecision::F32)
     }
     /// Whether new device blocks come from NCCL's allocator, which collectives register for
     /// zero-copy transfers (on in an NCCL world, set by `init_from_env`). NCCL requires both
@@ -168,33 +173,4 @@ pub fn bound_runtime() -> Option<Arc<CudaRuntime>> {
 /// The bound runtime or a typed error naming `op`.
 pub(crate) fn runtime(op: &'static str) -> Result<Arc<CudaRuntime>> {
     bound_runtime().ok_or_else(|| derr(op, "no CUDA device bound in this process (init_cuda)"))
-}
-
-/// How f32 matrix products run on the device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MatmulPrecision {
-    /// f32 inputs, f32 accumulation (the default; equal to the CPU up to summation order).
-    #[default]
-    F32,
-    /// f32 inputs and outputs on TF32 tensor cores (inputs rounded to 10 mantissa bits).
-    Tf32,
-    /// Inputs rounded to bf16 (nearest even), f32 accumulation and output.
-    Bf16,
-}
-
-impl MatmulPrecision {
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            MatmulPrecision::F32 => 0,
-            MatmulPrecision::Tf32 => 1,
-            MatmulPrecision::Bf16 => 2,
-        }
-    }
-    pub(crate) fn from_code(c: u8) -> MatmulPrecision {
-        match c {
-            1 => MatmulPrecision::Tf32,
-            2 => MatmulPrecision::Bf16,
-            _ => MatmulPrecision::F32,
-        }
-    }
 }

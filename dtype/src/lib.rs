@@ -2,7 +2,8 @@
 //! fact about a dtype (byte size, names, float or 16-bit float, the safetensors name), the
 //! [`Element`] trait of the Rust scalars that have a dtype (f32, f64, i64, `half::bf16`,
 //! `half::f16`), and [`Half`], the 16-bit floats with their f32 conversions of raw bytes
-//! (reductions and CPU kernels compute 16-bit data in f32 and round once).
+//! (reductions and CPU kernels compute 16-bit data in f32 and round once); and the one
+//! precision policy, [`MixedPrecision`] with its [`MatmulPrecision`].
 //!
 //! ```
 //! use oxiflow_dtype::DType;
@@ -15,8 +16,16 @@ use std::str::FromStr;
 
 pub use half::{bf16, f16};
 
+mod precision;
+pub use precision::{MatmulPrecision, MixedPrecision, PrecisionError, UnknownMatmulPrecision};
+
 /// Element type of a buffer or tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum DType {
     F32,
     F64,

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Zero};
@@ -71,7 +71,9 @@ fn train(
             None => GptLayout::Local,
         };
         let model = Gpt::new(&cfg, &layout).unwrap();
-        model.set_compute_dtype(Some(DType::BF16));
+        model
+            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
+            .unwrap();
         let mut opt = AdamW::new(model.parameters(), AdamWOptions::default())
             .with_zero(if stage == 0 {
                 Zero::OFF
@@ -159,7 +161,9 @@ fn a_replaced_leaf_is_never_computed_with_a_stale_copy() {
         ..GptConfig::default()
     };
     let model = Gpt::new(&cfg, &GptLayout::Local).unwrap();
-    model.set_compute_dtype(Some(DType::BF16));
+    model
+        .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
+        .unwrap();
     let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
     let ids = Tensor::from_vec(tokens(2, 4, 16, 0), [2, 5]).unwrap();
     let (x, y) = (ids.narrow(1, 0, 4).unwrap(), ids.narrow(1, 1, 4).unwrap());

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
 use oxiflow_models::optim::{clip_factor, norm_of, AdamW, AdamWOptions, Optimizer, StepNorm, Zero};
@@ -70,7 +70,9 @@ fn model_on(placement: &Option<Placement>, dtype: DType) -> (Gpt, GptConfig) {
     };
     let model = Gpt::new(&cfg, &layout).unwrap();
     if dtype == DType::F32 {
-        model.set_compute_dtype(Some(DType::BF16));
+        model
+            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
+            .unwrap();
     }
     (model, cfg)
 }

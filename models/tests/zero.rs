@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision, MixedPrecision};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::{Activation, Mlp, Module, Parameter};
 use oxiflow_models::optim::{
@@ -22,6 +22,11 @@ use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{recompute, run_ranks, Tensor};
 
 const F: DType = DType::F64;
+
+/// The policy of f64 master weights computed with as `compute`.
+fn computing_as(compute: DType) -> MixedPrecision {
+    MixedPrecision::new(F, compute, F, MatmulPrecision::F32).unwrap()
+}
 const ROWS: usize = 6;
 const WIDTH: usize = 5;
 const STEPS: usize = 4;
@@ -137,7 +142,8 @@ fn train_as(
     compute: Option<DType>,
 ) -> Run {
     let net = Net::new(placement, tp);
-    net.set_compute_dtype(compute);
+    net.set_precision(&computing_as(compute.unwrap_or(F)))
+        .unwrap();
     let params = net.parameters();
     let mut o = optimizer(params.clone(), opt, zero);
     let d = compute.unwrap_or(F);
@@ -357,7 +363,7 @@ fn stages_one_and_two_under_mixed_precision_keep_master_shards_and_dps_bits() {
                     .reshaped(mesh.clone())
                     .unwrap();
                 let net = Net::new(Some(&p), tp);
-                net.set_compute_dtype(Some(C));
+                net.set_precision(&computing_as(C)).unwrap();
                 let params = net.parameters();
                 let _o = optimizer(params.clone(), opt, Zero::new(stage, 0).unwrap());
                 for w in &params {
@@ -430,7 +436,7 @@ fn a_master_shards_gathered_copy_follows_its_leaf() {
     let runs = run_ranks(2, Duration::from_secs(60), |_| {
         let p = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
         let net = Net::new(Some(&p), None);
-        net.set_compute_dtype(Some(DType::F32));
+        net.set_precision(&computing_as(DType::F32)).unwrap();
         let params = net.parameters();
         let w = params[0].clone();
         let mut o = optimizer(params, Opt::Adam, Zero::new(2, 0).unwrap());

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use oxiflow_collectives::DType;
+use oxiflow_dtype::MixedPrecision;
 use oxiflow_models::checkpoint::{self, LoadOptions, Metadata, SaveOptions};
 use oxiflow_models::footprint::Footprint;
 use oxiflow_models::nn::Pass;
@@ -52,8 +53,9 @@ pub struct TrainOptions {
     /// `GradBuckets`); 0: no buckets, each gradient is reduced by the optimizer's `prepare`
     /// (or, under ZeRO-2, boxed to its shard at the end of each backward pass).
     pub bucket_bytes: usize,
-    /// The dtype the buckets move as (None: the gradients' own).
-    pub reduce_dtype: Option<DType>,
+    /// The precision policy the model's parameters were given: the buckets move as its
+    /// `reduce` dtype (None: as the gradients' own).
+    pub precision: Option<MixedPrecision>,
     pub pipeline: Option<PipelineRun>,
     /// Run each step's forward and backward passes (the whole pipeline schedule when
     /// pipelined) as a compiled program (the methods in `compiled_step.rs`).
@@ -347,7 +349,7 @@ impl<M: TrainModel> Trainer<M> {
                 self.optimizer.zero(),
                 self.opts.bucket_bytes,
                 mode,
-                self.opts.reduce_dtype,
+                self.opts.precision.map(|p| p.reduce()),
             )
         })
     }

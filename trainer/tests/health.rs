@@ -144,7 +144,7 @@ fn trainer_with(
             clip_grad: (opt != Opt::Sgd).then_some(1.0),
             grad_accum: 1,
             bucket_bytes: 0,
-            reduce_dtype: None,
+            precision: None,
             pipeline: None,
             compile: false,
         },

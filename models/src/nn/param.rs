@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Result, TensorError};
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
@@ -154,6 +154,34 @@ impl Parameter {
             Some((of, c)) if of.same(leaf) && c.dtype() == dtype => Some(c.clone()),
             _ => None,
         }
+    }
+    /// Makes layers compute with this parameter as `precision` says (its `compute` dtype), or
+    /// a typed error, changing nothing, when the leaf is not in its `param` dtype (a frozen
+    /// leaf may be stored in the compute dtype: [`Parameter::store_frozen_in_compute_dtype`]).
+    /// The stored leaf, its gradient and the optimizer's state keep the leaf's dtype.
+    pub fn set_precision(&self, precision: &MixedPrecision) -> Result<()> {
+        self.check_precision(precision)?;
+        self.set_compute_dtype(Some(precision.compute()));
+        Ok(())
+    }
+    /// A typed error when the leaf is in neither `precision`'s `param` dtype nor, frozen, its
+    /// `compute` dtype.
+    fn check_precision(&self, precision: &MixedPrecision) -> Result<()> {
+        let leaf = self.value();
+        let d = leaf.dtype();
+        if d == precision.param() || (self.is_frozen() && d == precision.compute()) {
+            return Ok(());
+        }
+        Err(TensorError::DType {
+            op: "Parameter::set_precision",
+            dtypes: d.to_string(),
+            shapes: leaf.shape().to_string(),
+            sbps: format!("{:?}", leaf.nd_sbp()),
+            detail: format!(
+                "parameter {} is {d}, not the master weights' dtype of the policy ({precision})",
+                self.name()
+            ),
+        })
     }
     /// Makes layers compute with this parameter as `dtype` (None: the leaf's own dtype). The
     /// stored leaf, its gradient and the optimizer's state keep the leaf's dtype.
@@ -445,11 +473,15 @@ pub trait Module {
         }
         Ok(())
     }
-    /// Makes every parameter compute as `dtype` (see [`Parameter::set_compute_dtype`]).
-    fn set_compute_dtype(&self, dtype: Option<DType>) {
-        for p in self.parameters() {
-            p.set_compute_dtype(dtype);
-        }
+    /// Gives every parameter the precision policy (see [`Parameter::set_precision`]): layers
+    /// compute in its `compute` dtype over master weights in its `param` dtype. Checks every
+    /// parameter before changing any.
+    fn set_precision(&self, precision: &MixedPrecision) -> Result<()> {
+        let params = self.parameters();
+        params
+            .iter()
+            .try_for_each(|p| p.check_precision(precision))?;
+        params.iter().try_for_each(|p| p.set_precision(precision))
     }
     /// Clears every parameter's gradient.
     fn zero_grad(&self) {

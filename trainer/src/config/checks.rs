@@ -2,6 +2,8 @@
 //! check) and the configuration's resolution (which checks every value again, whatever set it:
 //! a job file bypasses the command line's parsers).
 
+use oxiflow_dtype::DType;
+
 /// A count of at least 1.
 pub fn positive(v: u64) -> Result<u64, String> {
     if v == 0 {
@@ -105,8 +107,30 @@ pub fn zero_stage(v: u64) -> Result<u64, String> {
     Ok(v)
 }
 
+/// A dtype master weights and data may have (f32 or f64).
+pub fn param_dtype(d: DType) -> Result<DType, String> {
+    match d {
+        DType::F32 | DType::F64 => Ok(d),
+        _ => Err(format!("{d} is not f32 or f64")),
+    }
+}
+
+/// A float dtype (bf16, f16, f32, f64).
+pub fn float_dtype(d: DType) -> Result<DType, String> {
+    if d.is_float() {
+        Ok(d)
+    } else {
+        Err(format!("{d} is not a float dtype (bf16, f16, f32, f64)"))
+    }
+}
+
 /// Parsers of command-line text: parse, then the check above.
 pub mod parse {
+    use oxiflow_dtype::DType;
+
+    fn dtype(s: &str) -> Result<DType, String> {
+        s.parse::<DType>().map_err(|e| e.to_string())
+    }
     /// A count a job file could also hold (TOML integers are i64).
     fn count(s: &str) -> Result<u64, String> {
         let v = s.parse::<u64>().map_err(|e| format!("not a count: {e}"))?;
@@ -153,6 +177,12 @@ pub mod parse {
     }
     pub fn probability(s: &str) -> Result<f64, String> {
         super::probability(number(s)?)
+    }
+    pub fn param_dtype(s: &str) -> Result<DType, String> {
+        super::param_dtype(dtype(s)?)
+    }
+    pub fn float_dtype(s: &str) -> Result<DType, String> {
+        super::float_dtype(dtype(s)?)
     }
     pub fn zero_stage(s: &str) -> Result<u8, String> {
         let v = super::zero_stage(count(s)?)?;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision, MixedPrecision, PrecisionError};
 use oxiflow_models::nn::gpt::Recompute;
 use serde::{Deserialize, Serialize};
 
@@ -30,24 +30,6 @@ impl ModelKind {
     /// Whether the model is a decoder of the GPT family (GPT or Llama).
     pub fn is_decoder(self) -> bool {
         matches!(self, ModelKind::Gpt | ModelKind::Llama)
-    }
-}
-
-/// Element type of the model and data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Precision {
-    F32,
-    F64,
-}
-
-impl Precision {
-    /// The element type it names.
-    pub fn dtype(self) -> DType {
-        match self {
-            Precision::F32 => DType::F32,
-            Precision::F64 => DType::F64,
-        }
     }
 }
 
@@ -129,12 +111,15 @@ pub enum WorldBackend {
     Mpi,
 }
 
-/// How parameters and activations are computed with (the mixed-precision policy).
+/// The precision policy (`--precision`), made into the one `MixedPrecision` value by
+/// `TrainConfig::precision` with `--dtype` and `--reduce-dtype` as overrides of its fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PrecisionPolicy {
-    /// Everything in the parameters' dtype (`--dtype`).
+    /// Everything in f32.
     F32,
+    /// Everything in f64.
+    F64,
     /// As f32, with f32 matrix products on TF32 tensor cores (cuda only).
     Tf32,
     /// Master weights, gradients and optimizer state in `--dtype`; layers compute with bf16
@@ -143,23 +128,33 @@ pub enum PrecisionPolicy {
     Bf16Mixed,
 }
 
-/// A dtype gradient buckets may move as (`--reduce-dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReduceDtypeArg {
-    Bf16,
-    F16,
-    F32,
-    F64,
-}
-
-impl ReduceDtypeArg {
-    pub fn dtype(self) -> DType {
+impl PrecisionPolicy {
+    /// The name `--precision` takes.
+    pub fn as_str(self) -> &'static str {
         match self {
-            ReduceDtypeArg::Bf16 => DType::BF16,
-            ReduceDtypeArg::F16 => DType::F16,
-            ReduceDtypeArg::F32 => DType::F32,
-            ReduceDtypeArg::F64 => DType::F64,
+            PrecisionPolicy::F32 => "f32",
+            PrecisionPolicy::F64 => "f64",
+            PrecisionPolicy::Tf32 => "tf32",
+            PrecisionPolicy::Bf16Mixed => "bf16-mixed",
+        }
+    }
+    /// The master weights' dtype the policy names (None: bf16-mixed, over `--dtype`).
+    pub fn param(self) -> Option<DType> {
+        match self {
+            PrecisionPolicy::F32 | PrecisionPolicy::Tf32 => Some(DType::F32),
+            PrecisionPolicy::F64 => Some(DType::F64),
+            PrecisionPolicy::Bf16Mixed => None,
+        }
+    }
+    /// The policy's value over master weights in `param` (where the policy names a dtype,
+    /// everything is in `param`: `resolve` refuses a `--dtype` other than the named one).
+    pub fn with_param(self, param: DType) -> Result<MixedPrecision, PrecisionError> {
+        match self {
+            PrecisionPolicy::F32 | PrecisionPolicy::F64 => MixedPrecision::full(param),
+            PrecisionPolicy::Tf32 => {
+                MixedPrecision::full(param).and_then(|p| p.with_matmul(MatmulPrecision::Tf32))
+            }
+            PrecisionPolicy::Bf16Mixed => MixedPrecision::bf16_mixed(param),
         }
     }
 }
@@ -234,9 +229,10 @@ pub struct ModelFlags {
     /// MLP: number of classes (at least 2) [default: 4].
     #[arg(long, value_parser = parse::class_count)]
     pub classes: Option<usize>,
-    /// Element type of the model and data [default: f32].
-    #[arg(long, value_enum)]
-    pub dtype: Option<Precision>,
+    /// Element type of the model's master weights and data: f32 or f64 (the policy's
+    /// `param` field) [default: the --precision policy's, f32].
+    #[arg(long, value_parser = parse::param_dtype)]
+    pub dtype: Option<DType>,
     /// Seed of the initial weights, the data and dropout [default: 0].
     #[arg(long, value_parser = parse::u64_any)]
     pub seed: Option<u64>,
@@ -332,9 +328,9 @@ pub struct ParallelFlags {
     /// [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<WorldBackend>,
-    /// Mixed-precision policy: f32, tf32 (f32 products on tensor cores, cuda only) or
-    /// bf16-mixed (bf16 compute copies and activations over f32 master weights) [default:
-    /// bf16-mixed on cuda, f32 on cpu].
+    /// Precision policy: f32, f64, tf32 (f32 products on tensor cores, cuda only) or
+    /// bf16-mixed (bf16 compute copies and activations over --dtype master weights) [default:
+    /// bf16-mixed on cuda, everything in --dtype on cpu].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionPolicy>,
 }
@@ -404,11 +400,11 @@ pub struct OptimFlags {
     /// on its own after the backward pass [default: 25].
     #[arg(long, value_parser = parse::non_negative, allow_hyphen_values = true)]
     pub bucket_mb: Option<f64>,
-    /// The dtype gradient buckets move as: each rank's part is converted (rounded once) and the
-    /// collective sums in it; bf16 halves the bytes of f32 gradients [default: the gradients'
-    /// own dtype].
-    #[arg(long, value_enum)]
-    pub reduce_dtype: Option<ReduceDtypeArg>,
+    /// The dtype gradient buckets move as (the policy's `reduce` field: bf16, f16, f32 or
+    /// f64): each rank's part is converted (rounded once) and the collective sums in it; bf16
+    /// halves the bytes of f32 gradients [default: the gradients' own dtype].
+    #[arg(long, value_parser = parse::float_dtype)]
+    pub reduce_dtype: Option<DType>,
 }
 
 /// The run: its length, logs, checkpoints and outputs.

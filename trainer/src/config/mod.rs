@@ -5,6 +5,8 @@
 
 mod checks;
 mod flags;
+#[cfg(test)]
+mod precision_tests;
 mod resolve;
 mod scope;
 mod tokenizer;
@@ -12,14 +14,16 @@ mod tokenizer;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::data::{identify_file, TokenHeader};
+use oxiflow_placement::DeviceType;
 use serde::Serialize;
 
 pub use checks::{parse, MAX_GEN_TOKENS};
 pub use flags::{
     CpAttentionArg, DataFlags, Dev, Flags, GenerateFlags, LrScheduleArg, ModelFlags, ModelKind,
-    NonFiniteArg, Opt, OptimFlags, ParallelFlags, Precision, PrecisionPolicy, RecomputeArg,
-    ReduceDtypeArg, RunFlags, ScheduleArg, ShardFormatArg, WorldBackend,
+    NonFiniteArg, Opt, OptimFlags, ParallelFlags, PrecisionPolicy, RecomputeArg, RunFlags,
+    ScheduleArg, ShardFormatArg, WorldBackend,
 };
 pub use tokenizer::TokenizerArg;
 
@@ -41,7 +45,8 @@ pub struct ModelConfig {
     pub hidden: usize,
     pub features: usize,
     pub classes: usize,
-    pub dtype: Precision,
+    /// The master weights' and the data's dtype (the precision policy's `param`).
+    pub dtype: DType,
     pub seed: u64,
     /// Llama: key/value heads (None: as many as query heads).
     pub kv_heads: Option<usize>,
@@ -78,7 +83,7 @@ pub struct ParallelConfig {
     pub recompute: RecomputeArg,
     pub device: Dev,
     pub backend: WorldBackend,
-    /// None: by device (bf16-mixed on cuda, f32 on cpu).
+    /// None: by device (bf16-mixed on cuda, everything in `model.dtype` on cpu).
     pub precision: Option<PrecisionPolicy>,
 }
 
@@ -109,7 +114,7 @@ pub struct OptimConfig {
     /// MiB per data-parallel gradient bucket (0: no buckets).
     pub bucket_mb: f64,
     /// The dtype gradient buckets move as (None: the gradients' own).
-    pub reduce_dtype: Option<ReduceDtypeArg>,
+    pub reduce_dtype: Option<DType>,
 }
 
 impl OptimConfig {
@@ -188,19 +193,33 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// The precision policy on `device`: the flag's, else bf16-mixed on cuda and f32 on cpu.
-    pub fn policy(&self, device: oxiflow_placement::DeviceType) -> PrecisionPolicy {
-        self.parallel.precision.unwrap_or(match device {
-            oxiflow_placement::DeviceType::Cuda => PrecisionPolicy::Bf16Mixed,
-            oxiflow_placement::DeviceType::Cpu => PrecisionPolicy::F32,
+    /// The precision policy on `device`, the one place `--precision`, `--dtype` and
+    /// `--reduce-dtype` become a value: the flag's policy (by default bf16-mixed on cuda and
+    /// everything in `--dtype` on cpu) over `--dtype` master weights, gradients moving as
+    /// `--reduce-dtype` (default: the master weights' dtype). A combination the value refuses
+    /// is a configuration error naming it (`resolve` already tried both devices).
+    pub fn precision(&self, device: DeviceType) -> Result<MixedPrecision, TrainError> {
+        let param = self.model.dtype;
+        let policy = self.parallel.precision.unwrap_or(match device {
+            DeviceType::Cuda => PrecisionPolicy::Bf16Mixed,
+            DeviceType::Cpu => PrecisionPolicy::F32,
+        });
+        let policy = policy.with_param(param);
+        let policy = match self.optim.reduce_dtype {
+            Some(r) => policy.and_then(|p| p.with_reduce(r)),
+            None => policy,
+        };
+        policy.map_err(|e| TrainError::Config {
+            detail: format!(
+                "--precision {} --dtype {param}{}: {e}",
+                self.parallel
+                    .precision
+                    .map_or("(default)", PrecisionPolicy::as_str),
+                self.optim
+                    .reduce_dtype
+                    .map_or(String::new(), |r| format!(" --reduce-dtype {r}")),
+            ),
         })
-    }
-    /// The dtype layers compute with under the policy on `device` (None: the parameters').
-    pub fn compute_dtype(
-        &self,
-        device: oxiflow_placement::DeviceType,
-    ) -> Option<oxiflow_dtype::DType> {
-        (self.policy(device) == PrecisionPolicy::Bf16Mixed).then_some(oxiflow_dtype::DType::BF16)
     }
 
     /// `flags` checked and completed with the defaults (of the chosen model).

@@ -3,8 +3,10 @@
 
 use std::collections::BTreeSet;
 
+use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::DEFAULT_VOCAB_MULTIPLE;
 use oxiflow_models::pipeline::{PipelineSpec, Schedule};
+use oxiflow_placement::DeviceType;
 
 use super::checks;
 use super::flags::*;
@@ -79,7 +81,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             m.classes.unwrap_or(4) as u64,
             checks::class_count,
         )? as usize,
-        dtype: m.dtype.unwrap_or(Precision::F32),
+        dtype: param_dtype(f.parallel.precision, m.dtype)?,
         seed: m.seed.unwrap_or(0),
         kv_heads: m.kv_heads.map(|k| count("--kv-heads", k)).transpose()?,
         ffn_width: m.ffn_width.map(|f| count("--ffn-width", f)).transpose()?,
@@ -180,7 +182,10 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
             .transpose()?,
         grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
         bucket_mb: bucket_mb(o.bucket_mb)?,
-        reduce_dtype: o.reduce_dtype,
+        reduce_dtype: o
+            .reduce_dtype
+            .map(|d| checked("--reduce-dtype", d, checks::float_dtype))
+            .transpose()?,
     };
     let positive_opt =
         |flag: &str, v: Option<u64>| v.map(|v| checked(flag, v, checks::positive)).transpose();
@@ -251,7 +256,31 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
     };
     check_combinations(&cfg)?;
     super::scope::refuse_unused(&cfg)?;
+    // The precision policy on either device (the device may be known only at run time).
+    for device in [DeviceType::Cpu, DeviceType::Cuda] {
+        cfg.precision(device)?;
+    }
     Ok(cfg)
+}
+
+/// The master weights' dtype: the one `--precision f32|f64|tf32` names, `--dtype` (checked:
+/// f32 or f64) under bf16-mixed and the default policy, else f32; a `--dtype` that disagrees
+/// with the policy's is refused with the spelling that says what was meant.
+fn param_dtype(policy: Option<PrecisionPolicy>, dtype: Option<DType>) -> Result<DType, TrainError> {
+    let dtype = dtype
+        .map(|d| checked("--dtype", d, checks::param_dtype))
+        .transpose()?;
+    let named = policy.and_then(PrecisionPolicy::param);
+    match (policy, named, dtype) {
+        (Some(p), Some(n), Some(d)) if n != d => Err(config_err(format!(
+            "--precision {} keeps everything in {n} and --dtype {d} asks for {d} master \
+             weights: give --precision {d} (everything in {d}) or --precision bf16-mixed \
+             --dtype {d} (bf16 compute over {d} master weights)",
+            p.as_str()
+        ))),
+        (_, Some(n), _) => Ok(n),
+        (_, None, d) => Ok(d.unwrap_or(DType::F32)),
+    }
 }
 
 /// The checks that involve several values.

@@ -12,7 +12,7 @@ use oxiflow_models::checkpoint::{Metadata, SaveOptions};
 use super::history::History;
 use super::outputs::OutputPlan;
 use super::{config_path, SaveTarget};
-use crate::config::{Precision, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::metrics::{MemoryRecord, MetricsFile, Record};
 use crate::model::TrainModel;
@@ -126,7 +126,7 @@ pub(super) fn drive<M: TrainModel>(
     let tokens_per_step = (t.data.batch_size() * t.data.tokens_per_row()) as f64;
     let peak = r.peak_tflops.map(|p| p * 1e12 * devices as f64);
     let flops = t.model.flops_per_token();
-    let digits = if cfg.model.dtype == Precision::F64 {
+    let digits = if cfg.model.dtype == oxiflow_dtype::DType::F64 {
         14
     } else {
         8

@@ -42,9 +42,10 @@
 
 use std::path::{Path, PathBuf};
 
+use oxiflow_dtype::DType;
 use oxiflow_placement::{AxisRole, DeviceType, MeshLayout};
 
-use crate::config::{ModelKind, Opt, Precision, RecomputeArg, TrainConfig};
+use crate::config::{ModelKind, Opt, RecomputeArg, TrainConfig};
 use crate::error::TrainError;
 use crate::tasks::decoder::DecoderSpec;
 
@@ -79,7 +80,7 @@ pub fn estimate(
     mesh: &MeshLayout,
     decoder: Option<&DecoderSpec>,
     device: DeviceType,
-) -> Estimate {
+) -> Result<Estimate, TrainError> {
     let size = |role| mesh.size(role) as f64;
     let (pp, dp, tp) = (
         size(AxisRole::Stages),
@@ -87,15 +88,12 @@ pub fn estimate(
         size(AxisRole::Heads),
     );
     let m = &cfg.model;
-    let s = match m.dtype {
-        Precision::F32 => 4.0,
-        Precision::F64 => 8.0,
-    };
+    let bytes = |d: DType| d.size() as f64;
+    let s = bytes(m.dtype);
     // Activations in the dtype layers compute with (bf16 under --precision bf16-mixed).
-    let a = cfg
-        .compute_dtype(device)
-        .map_or(s, |d| d.size() as f64)
-        .min(s);
+    let a = bytes(cfg.precision(device)?.compute());
+    // Token ids and labels: i64.
+    let id = bytes(DType::I64);
     let batch = cfg.data.batch_size as f64;
     let accum = cfg.optim.grad_accum as f64;
     let zero = cfg.parallel.zero;
@@ -103,7 +101,7 @@ pub fn estimate(
         Opt::Adamw => 2.0,
         Opt::Sgd => 1.0,
     };
-    match decoder {
+    Ok(match decoder {
         Some(d) => {
             let (c, l, h, t, v) = (
                 d.cfg.width as f64,
@@ -128,7 +126,7 @@ pub fn estimate(
             // part only under selective recomputation, its input only under full recomputation
             // (plus one block's set while it reruns), one 4C activation less under GELU
             // recomputation.
-            let lse = (h / tp).max(1.0) * a.max(4.0) / a;
+            let lse = (h / tp).max(1.0) * a.max(bytes(DType::F32)) / a;
             let block = 4.0 * c + 12.0 * c / tp + lse;
             let (kept, rerun) = match cfg.parallel.recompute {
                 RecomputeArg::None => (block, 0.0),
@@ -153,10 +151,10 @@ pub fn estimate(
                 gradients: s * shard(2),
                 optimizer_state: moments * s * shard(1),
                 activations,
-                batches: 16.0 * r * t,
+                batches: 2.0 * id * r * t,
             };
             if !cfg.run.eval_only {
-                return e;
+                return Ok(e);
             }
             // An evaluation keeps no gradients, no optimizer state and nothing for a backward
             // pass: the parameters, one batch's logits and its token ids.
@@ -165,7 +163,7 @@ pub fn estimate(
                 gradients: 0.0,
                 optimizer_state: 0.0,
                 activations: a * r * t * 2.0 * v / tp,
-                batches: 16.0 * r * t,
+                batches: 2.0 * id * r * t,
                 ..e
             }
         }
@@ -180,10 +178,10 @@ pub fn estimate(
                 // The input, the hidden layer before and after its ReLU, the logits and their
                 // softmax.
                 activations: a * r * (f + 2.0 * hd / tp + 2.0 * k),
-                batches: 16.0 * r,
+                batches: 2.0 * id * r,
             }
         }
-    }
+    })
 }
 
 /// Bytes as a person reads them (KiB, MiB, ... with 3 significant digits).
@@ -370,7 +368,7 @@ pub fn check_host(
     device: Option<DeviceType>,
     local_ranks: usize,
 ) -> Result<Estimate, TrainError> {
-    let e = estimate(cfg, mesh, decoder, device.unwrap_or(DeviceType::Cuda));
+    let e = estimate(cfg, mesh, decoder, device.unwrap_or(DeviceType::Cuda))?;
     let on_host = match device {
         Some(DeviceType::Cpu) => e.total(),
         _ => e.batches,

@@ -102,19 +102,26 @@ fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError>
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
     };
-    match (cfg.policy(device), device) {
-        (PrecisionPolicy::Tf32, DeviceType::Cuda) => {
-            let rt = oxiflow_cuda::bound_runtime().ok_or_else(|| TrainError::Layout {
-                detail: "--precision tf32 needs a CUDA device bound to this process".into(),
-            })?;
-            rt.set_matmul_precision(oxiflow_cuda::MatmulPrecision::Tf32);
-        }
-        (PrecisionPolicy::Tf32, DeviceType::Cpu) => {
+    let matmul = cfg.precision(device)?.matmul();
+    let flag = format!(
+        "--precision {}",
+        cfg.parallel
+            .precision
+            .map_or("(default)", PrecisionPolicy::as_str)
+    );
+    match (device, oxiflow_cuda::bound_runtime()) {
+        (DeviceType::Cuda, Some(rt)) => rt.set_matmul_precision(matmul),
+        _ if matmul == oxiflow_dtype::MatmulPrecision::F32 => {}
+        (DeviceType::Cuda, None) => {
             return Err(TrainError::Layout {
-                detail: "--precision tf32 needs --device cuda (or auto on an NCCL world)".into(),
+                detail: format!("{flag} needs a CUDA device bound to this process"),
             });
         }
-        _ => {}
+        (DeviceType::Cpu, _) => {
+            return Err(TrainError::Layout {
+                detail: format!("{flag} needs --device cuda (or auto on an NCCL world)"),
+            });
+        }
     }
     Ok(device)
 }
@@ -319,7 +326,7 @@ fn infer_job(
         spec,
         &stages,
         cfg.parallel.virtual_stages,
-        cfg.compute_dtype(device),
+        &cfg.precision(device)?,
     )?;
     if let Some(path) = &cfg.run.resume {
         use oxiflow_models::nn::Module;
@@ -661,9 +668,9 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
             Opt::Adamw => OptimizerKind::AdamW,
         },
         seed: m.seed,
-        dtype: m.dtype.dtype(),
+        dtype: m.dtype,
         device,
-        compute_dtype: cfg.compute_dtype(device),
+        precision: Some(cfg.precision(device)?),
         ..ClassifierConfig::default()
     };
     let mut t = classifier(&ccfg)?;

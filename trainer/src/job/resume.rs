@@ -175,7 +175,7 @@ pub(super) fn recorded(
             "--optimizer",
             true,
         ),
-        rec("dtype", format!("{}", m.dtype.dtype()), "--dtype", false),
+        rec("dtype", m.dtype.to_string(), "--dtype", false),
         Recorded {
             training: true,
             ..rec(

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use oxiflow_collectives::DType;
+use oxiflow_dtype::MixedPrecision;
 use oxiflow_models::hf::{Family, HfCheckpoint, HfConfig};
 use oxiflow_models::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, LoraSpec, MlpKind, StageSplit};
 use oxiflow_models::nn::{LoraOptions, Module};
@@ -67,7 +67,7 @@ impl DecoderSpec {
             width: m.width,
             dropout: m.dropout,
             seed: m.seed,
-            dtype: m.dtype.dtype(),
+            dtype: m.dtype,
             sequence_parallel: cfg.parallel.sp,
             context_attention: match cfg.parallel.cp_attention {
                 CpAttentionArg::Ring => CpAlgorithm::Ring,
@@ -193,12 +193,12 @@ fn lora_detail(e: oxiflow_tensor::TensorError) -> String {
 
 /// The decoder of `spec` on `stages` (one named mesh per pipeline stage) with
 /// `virtual_stages` chunks per stage, its weights read from the Hugging Face directory when
-/// there is one, computing in `compute_dtype`.
+/// there is one, given the precision policy `precision`.
 pub fn build_decoder(
     spec: &DecoderSpec,
     stages: &[NamedMesh],
     virtual_stages: usize,
-    compute_dtype: Option<DType>,
+    precision: &MixedPrecision,
 ) -> Result<Gpt, TrainError> {
     let split = if stages.len() == 1 && virtual_stages == 1 {
         StageSplit::single(spec.cfg.layers, &GptLayout::Mesh(stages[0].clone()))
@@ -213,7 +213,7 @@ pub fn build_decoder(
     if let Some(l) = &spec.lora {
         model.attach_lora(l)?;
     }
-    model.set_compute_dtype(compute_dtype);
+    model.set_precision(precision)?;
     if spec.lora.is_some() {
         // The frozen base is stored as it computes (bf16 under bf16-mixed), the adapters in
         // the model's dtype.

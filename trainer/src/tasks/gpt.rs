@@ -17,9 +17,7 @@ use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
 use oxiflow_placement::{AxisRole, DeviceType, MeshLayout};
 use oxiflow_tensor::{Context, Tensor};
 
-use crate::config::{
-    reads_shards, RecomputeArg, ReduceDtypeArg, ScheduleArg, ShardFormatArg, TrainConfig,
-};
+use crate::config::{reads_shards, RecomputeArg, ScheduleArg, ShardFormatArg, TrainConfig};
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
 use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
@@ -326,12 +324,8 @@ pub fn gpt_trainer(
     let rank = Context::current().map_or(0, |c| c.rank());
     let dp_coord = stages[stage].coord(rank, AxisRole::Batch).unwrap_or(0);
     let pipelined = cfg.pipelined();
-    let mut model = build_decoder(
-        &inputs.spec,
-        &stages,
-        spec.virtual_stages,
-        cfg.compute_dtype(device),
-    )?;
+    let precision = cfg.precision(device)?;
+    let mut model = build_decoder(&inputs.spec, &stages, spec.virtual_stages, &precision)?;
     model.recompute = p.recompute.into();
     let params = model.trainable_parameters();
     let decay = params
@@ -384,7 +378,7 @@ pub fn gpt_trainer(
             clip_grad: cfg.optim.clip_grad,
             grad_accum: k,
             bucket_bytes: cfg.optim.bucket_bytes(),
-            reduce_dtype: cfg.optim.reduce_dtype.map(ReduceDtypeArg::dtype),
+            precision: Some(precision),
             pipeline,
             compile: cfg.run.compile,
         },

@@ -5,6 +5,7 @@
 //! value depends only on the seed and the step, so every layout trains the same function.
 
 use oxiflow_collectives::DType;
+use oxiflow_dtype::MixedPrecision;
 use oxiflow_models::checkpoint::Metadata;
 use oxiflow_models::nn::{
     param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter, Pass,
@@ -46,8 +47,8 @@ pub struct ClassifierConfig {
     pub noise: f64,
     /// Device type of the mesh placement (cpu, or cuda: one GPU per rank).
     pub device: DeviceType,
-    /// The dtype layers compute with (mixed precision), when not `dtype`.
-    pub compute_dtype: Option<DType>,
+    /// The precision policy over master weights in `dtype` (None: everything in `dtype`).
+    pub precision: Option<MixedPrecision>,
 }
 
 impl Default for ClassifierConfig {
@@ -66,7 +67,7 @@ impl Default for ClassifierConfig {
             dtype: DType::F32,
             noise: 1.0,
             device: DeviceType::Cpu,
-            compute_dtype: None,
+            precision: None,
         }
     }
 }
@@ -249,7 +250,13 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
         mesh.as_ref().and_then(|m| m.axis(AxisRole::Heads)),
     )?;
     let model = MlpClassifier { mlp };
-    model.set_compute_dtype(cfg.compute_dtype);
+    let precision = match cfg.precision {
+        Some(p) => p,
+        None => MixedPrecision::full(cfg.dtype).map_err(|e| TrainError::Config {
+            detail: format!("the classifier's dtype {}: {e}", cfg.dtype),
+        })?,
+    };
+    model.set_precision(&precision)?;
     let params = model.parameters();
     let decay: Vec<f64> = params
         .iter()
@@ -294,7 +301,7 @@ pub fn classifier(cfg: &ClassifierConfig) -> Result<Trainer<MlpClassifier>, Trai
             clip_grad: None,
             grad_accum: 1,
             bucket_bytes: 0,
-            reduce_dtype: None,
+            precision: Some(precision),
             pipeline: None,
             compile: false,
         },

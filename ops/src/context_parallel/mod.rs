@@ -20,8 +20,8 @@ mod order;
 use std::sync::LazyLock;
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::rules::attention_candidates;
-use oxiflow_sbp::{NdSbp, RuleMode, Rules, Sbp, Shape};
+use oxiflow_sbp::{NdSbp, RuleMode, Sbp, Shape};
+use oxiflow_tensor::custom::AttentionRules;
 use oxiflow_tensor::{
     dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
     MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,
@@ -163,15 +163,6 @@ pub(crate) fn check_qkv(
     })
 }
 
-/// `what` must have shape `want`.
-fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
-    if x.dims() == want {
-        Ok(())
-    } else {
-        Err(shape_err(format!("{what} must be {want:?}, got {x}")))
-    }
-}
-
 /// The candidates of the attention operands: split on the batch, the heads, the sequence or
 /// broadcast (the statistics `[B, H, T]` split alike).
 const LAYOUTS: [(Sbp, Sbp); 4] = [
@@ -217,31 +208,16 @@ impl ExternOp for CpAttention {
             )));
         }
         let dims = check_qkv(s[0].dims(), s[1].dims(), s[2].dims()).map_err(shape_err)?;
+        let rules = AttentionRules {
+            layouts: &LAYOUTS,
+            o: dims.o(),
+            lse: dims.lse(),
+            dtype: dt,
+            stats: dt,
+        };
         match self.pass {
-            Pass::Forward => {
-                let mut r = Rules::new(mode, [Shape::new(dims.o()), Shape::new(dims.lse())]);
-                attention_candidates(&mut r, 3, 2, None, Some(1), &LAYOUTS);
-                Ok(Inferred::outputs(r, &[dt, dt]))
-            }
-            Pass::Backward => {
-                must_be("o", s[3], &dims.o())?;
-                must_be("the gradient of o", s[4], &dims.o())?;
-                must_be("lse", s[5], &dims.lse())?;
-                if d[5] != dt {
-                    return Err(MetaError::DType(format!(
-                        "lse must be {dt} for {dt} operands, got {}",
-                        d[5]
-                    )));
-                }
-                let mut r = Rules::new(mode, [s[0].clone(), s[1].clone(), s[2].clone()]);
-                attention_candidates(&mut r, 6, 3, Some(5), None, &LAYOUTS);
-                // Linear in dO: a partial dO gives partial gradients.
-                r.push(
-                    &[Sbp::B, Sbp::B, Sbp::B, Sbp::B, Sbp::P, Sbp::B],
-                    &[Sbp::P, Sbp::P, Sbp::P],
-                );
-                Ok(Inferred::outputs(r, &[dt, dt, dt]))
-            }
+            Pass::Forward => Ok(rules.forward(mode)),
+            Pass::Backward => rules.backward(s, d, mode),
         }
     }
 

@@ -56,27 +56,50 @@ fn provisional(rt: &CudaRuntime, dtype: FloatType, cached: impl FnOnce() -> bool
 
 const PROVISIONAL: &str = "a capture's provisional values while cuDNN's plan builds";
 
+/// One attention pass's two ways: whether cuDNN's plan for a call is cached, starting to build
+/// it, and running the call through cuDNN or through the NVRTC flash kernels.
+struct Pass<A> {
+    cached: fn(&A) -> bool,
+    prepare: fn(&Arc<CudaRuntime>, &A),
+    cudnn: fn(&Arc<CudaRuntime>, &A) -> FResult<()>,
+    flash: fn(&Arc<CudaRuntime>, &A) -> FResult<()>,
+}
+
+impl<A> Pass<A> {
+    /// Runs `a` (of element type `dtype`) through cuDNN, or the fallback where cuDNN refuses
+    /// it or its plan is still building while a capture runs.
+    fn run(&self, rt: &Arc<CudaRuntime>, a: &A, dtype: FloatType) -> FResult<AttentionPath> {
+        if provisional(rt, dtype, || (self.cached)(a)) {
+            (self.prepare)(rt, a);
+            // Arguments the NVRTC kernels refuse (checked before they launch) leave the call
+            // to cuDNN, which waits for the plan.
+            if (self.flash)(rt, a).is_ok() {
+                return Ok(AttentionPath::Flash {
+                    reason: PROVISIONAL.into(),
+                });
+            }
+        }
+        match (self.cudnn)(rt, a) {
+            Ok(()) => Ok(AttentionPath::Cudnn),
+            Err(e) if e.is_fallback() => {
+                let reason = log_fallback(&e);
+                (self.flash)(rt, a)?;
+                Ok(AttentionPath::Flash { reason })
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// O and the log-sum-exp of `a`, through cuDNN or the fallback.
 pub fn attention_forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<AttentionPath> {
-    if provisional(rt, a.shape.dtype, || cudnn_attention::forward_is_cached(a)) {
-        cudnn_attention::prepare_forward(rt, a);
-        // Arguments the NVRTC kernels refuse (checked before they launch) leave the call to
-        // cuDNN, which waits for the plan.
-        if flash_attention::forward(rt, a).is_ok() {
-            return Ok(AttentionPath::Flash {
-                reason: PROVISIONAL.into(),
-            });
-        }
-    }
-    match cudnn_attention::forward(rt, a) {
-        Ok(()) => Ok(AttentionPath::Cudnn),
-        Err(e) if e.is_fallback() => {
-            let reason = log_fallback(&e);
-            flash_attention::forward(rt, a)?;
-            Ok(AttentionPath::Flash { reason })
-        }
-        Err(e) => Err(e),
-    }
+    let pass = Pass {
+        cached: cudnn_attention::forward_is_cached,
+        prepare: cudnn_attention::prepare_forward,
+        cudnn: cudnn_attention::forward,
+        flash: flash_attention::forward,
+    };
+    pass.run(rt, a, a.shape.dtype)
 }
 
 /// Starts building cuDNN's plan for backward `a` in the background when cuDNN will serve it
@@ -87,21 +110,11 @@ pub(crate) fn prepare_attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBac
 
 /// dQ, dK, dV of `a`, through cuDNN or the fallback.
 pub fn attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<AttentionPath> {
-    if provisional(rt, a.shape.dtype, || cudnn_attention::backward_is_cached(a)) {
-        cudnn_attention::prepare_backward(rt, a);
-        if flash_attention::backward(rt, a).is_ok() {
-            return Ok(AttentionPath::Flash {
-                reason: PROVISIONAL.into(),
-            });
-        }
-    }
-    match cudnn_attention::backward(rt, a) {
-        Ok(()) => Ok(AttentionPath::Cudnn),
-        Err(e) if e.is_fallback() => {
-            let reason = log_fallback(&e);
-            flash_attention::backward(rt, a)?;
-            Ok(AttentionPath::Flash { reason })
-        }
-        Err(e) => Err(e),
-    }
+    let pass = Pass {
+        cached: cudnn_attention::backward_is_cached,
+        prepare: cudnn_attention::prepare_backward,
+        cudnn: cudnn_attention::backward,
+        flash: flash_attention::backward,
+    };
+    pass.run(rt, a, a.shape.dtype)
 }

@@ -104,17 +104,27 @@ pub struct LayerNormForward {
     pub rstd: u64,
 }
 
-pub fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) -> FResult<()> {
-    let op = "fused layer norm";
-    if a.rows == 0 || a.cols == 0 || a.cols > i32::MAX as usize {
-        return Err(invalid(op, format!("shape [{}, {}]", a.rows, a.cols)));
+/// A LayerNorm pass's shape: some rows, 1 to `i32::MAX` columns, and a row at `col_bytes` a
+/// column fitting shared memory (else `Unsupported`).
+fn check_rows(op: &'static str, rows: usize, cols: usize, col_bytes: usize) -> FResult<()> {
+    if rows == 0 || cols == 0 || cols > i32::MAX as usize {
+        return Err(invalid(op, format!("shape [{rows}, {cols}]")));
     }
-    if a.cols * 4 > SMEM_BYTES {
+    if cols * col_bytes > SMEM_BYTES {
         return Err(FusedError::Unsupported {
             op,
-            detail: format!("rows of {} columns (at most {})", a.cols, SMEM_BYTES / 4),
+            detail: format!(
+                "rows of {cols} columns (at most {})",
+                SMEM_BYTES / col_bytes
+            ),
         });
     }
+    Ok(())
+}
+
+pub fn layer_norm_forward(rt: &Arc<CudaRuntime>, a: &LayerNormForward) -> FResult<()> {
+    let op = "fused layer norm";
+    check_rows(op, a.rows, a.cols, 4)?;
     if a.sum_out.is_some() && a.residual.is_none() {
         return Err(invalid(
             op,
@@ -179,15 +189,7 @@ pub struct LayerNormBackward {
 
 pub fn layer_norm_backward(rt: &Arc<CudaRuntime>, a: &LayerNormBackward) -> FResult<()> {
     let op = "fused layer norm backward";
-    if a.rows == 0 || a.cols == 0 || a.cols > i32::MAX as usize {
-        return Err(invalid(op, format!("shape [{}, {}]", a.rows, a.cols)));
-    }
-    if a.cols * 8 > SMEM_BYTES {
-        return Err(FusedError::Unsupported {
-            op,
-            detail: format!("rows of {} columns (at most {})", a.cols, SMEM_BYTES / 8),
-        });
-    }
+    check_rows(op, a.rows, a.cols, 8)?;
     if [
         a.dy, a.r, a.mean, a.rstd, a.weight, a.dr, a.dweight, a.dbias,
     ]

@@ -56,7 +56,7 @@ pub use build_times::{kernel_builds, KernelBuild, KernelOrigin};
 pub use create::philox_words_device;
 pub use cuda_source::{CudaSource, KernelIds};
 pub use embedded_kernels::embedded_kernel_archs;
-pub use error::device_error;
+pub use error::{device_error, launched};
 pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use init::{init_cuda, init_cuda_on};
 pub use ops::CudaKernels;

@@ -140,9 +140,7 @@ macro_rules! launch_fn {
         $( b.arg(&$a); )*
         // SAFETY: the arguments match the kernel's parameters in order and type; every pointer
         // is a live device allocation covering what the kernel indexes (checked by the caller).
-        unsafe { b.launch($cfg) }
-            .map(|_| ())
-            .map_err(|e| $crate::raw::FusedError::Tensor($crate::derr($op, format!("launch: {e}"))))
+        $crate::launched($op, unsafe { b.launch($cfg) }).map_err($crate::raw::FusedError::Tensor)
     }};
 }
 pub(crate) use launch_fn;

@@ -215,6 +215,14 @@ fn box_series(regions: &[&[Range<usize>]], strides: &[i64]) -> Option<(Vec<usize
     series.then_some((bx, start as usize, step))
 }
 
+/// The device bytes of `s` for a collective, fenced by its block: a collective on them leaves
+/// its end event on the block (no compute-stream wait).
+fn fenced_span(s: &CudaStorage) -> DevicePtr<'_> {
+    // SAFETY: the block outlives the borrow and holds the view's numel * size bytes from its
+    // offset.
+    unsafe { DevicePtr::new(s.ptr(), s.bytes(), s.block.runtime().ordinal()) }.with_fence(&*s.block)
+}
+
 fn host_data_upload(r: &CudaRuntime, ptr: u64, d: &HostData) -> Result<(), BoxingError> {
     let op = "boxing to cuda";
     with_host_vec!(d, v => upload(r, ptr, v, op)).map_err(|e| lerr(op, e))
@@ -378,27 +386,14 @@ impl LocalPiece for CudaPiece {
     fn as_buf(&self) -> Buf<'_> {
         match self {
             CudaPiece::Host(h) => h.as_buf(),
-            CudaPiece::Device(s) => {
-                // SAFETY: the block outlives the borrow and holds the view's numel * size
-                // bytes from its offset. A collective on it leaves its end event on the block
-                // (no compute-stream wait).
-                Buf::Device(
-                    unsafe { DevicePtr::new(s.ptr(), s.bytes(), s.block.runtime().ordinal()) }
-                        .with_fence(&*s.block),
-                )
-            }
+            CudaPiece::Device(s) => Buf::Device(fenced_span(s)),
         }
     }
     fn as_buf_mut(&mut self) -> BufMut<'_> {
         match self {
             CudaPiece::Host(h) => h.as_buf_mut(),
-            CudaPiece::Device(s) => {
-                // SAFETY: as above; the executor writes only pieces it owns (see from_storage).
-                BufMut::Device(
-                    unsafe { DevicePtr::new(s.ptr(), s.bytes(), s.block.runtime().ordinal()) }
-                        .with_fence(&*s.block),
-                )
-            }
+            // The executor writes only pieces it owns (see from_storage).
+            CudaPiece::Device(s) => BufMut::Device(fenced_span(s)),
         }
     }
 }

@@ -59,6 +59,11 @@ fn close_to(a: &[f64], b: &[f64], tol: f64) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The first `n` of `failures`, each on an indented line of its own.
+fn first_failures(failures: &[String], n: usize) -> String {
+    failures[..failures.len().min(n)].join("\n  ")
+}
+
 fn values(t: &Tensor) -> Result<Vec<f64>> {
     t.cast(DType::F64)?.to_vec::<f64>()
 }
@@ -137,12 +142,7 @@ fn child_ops(world: usize, cases: u32, dev: DeviceType) -> std::result::Result<u
         Err(format!(
             "{} of {cases} op cases failed; first:\n  {}",
             cases as usize - done,
-            failures
-                .iter()
-                .take(6)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n  ")
+            first_failures(&failures, 6)
         ))
     }
 }
@@ -275,12 +275,7 @@ fn child_boxing(
         Err(format!(
             "{} of {cases} boxing cases failed; first:\n  {}",
             failures.len(),
-            failures
-                .iter()
-                .take(6)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n  ")
+            first_failures(&failures, 6)
         ))
     }
 }

@@ -13,3 +13,4 @@ mod operand_dtypes;
 pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;
+mod two_outputs;

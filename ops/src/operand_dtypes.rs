@@ -1,7 +1,25 @@
-//! The dtype check the element-wise fused ops share: every operand of one float dtype.
+//! What the element-wise fused ops share about dtypes: the check that every operand has one
+//! float dtype, and their kernel table (the CPU kernel for f32, f64 and bf16, the CUDA kernel
+//! for those and f16).
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
-use oxiflow_tensor::{MetaError, MetaResult};
+use oxiflow_tensor::{CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaResult};
+
+/// The dtypes of every CPU kernel and of every CUDA kernel.
+const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
+const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+
+/// The kernel table of an element-wise fused op of type `O`: `cpu` for f32, f64 and bf16,
+/// `cuda` for f32, f64, bf16 and f16.
+pub(crate) fn float_kernels<O: ExternOp>(
+    cpu: KernelFn<O, CpuBackend>,
+    cuda: KernelFn<O, CudaKernels>,
+) -> Kernels {
+    Kernels::new()
+        .with::<O, CpuBackend>(CPU_DTYPES, cpu)
+        .with::<O, CudaKernels>(CUDA_DTYPES, cuda)
+}
 
 /// The one float dtype of `dtypes`, or why they are not.
 pub(crate) fn one_float_dtype(dtypes: &[DType]) -> MetaResult<DType> {

@@ -7,22 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{first_largest, nd_sbp, placement};
 
 use oxiflow_ops::argmax::argmax;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor, TensorError};
 use proptest::prelude::*;
-
-/// The host's greedy pick: a `>`-scan from (0, -inf).
-fn first_largest(row: &[f64]) -> i64 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f64::NEG_INFINITY),
-            |a, (i, &v)| if v > a.1 { (i, v) } else { a },
-        )
-        .0 as i64
-}
 
 fn want(v: &[f64], n: usize) -> Vec<i64> {
     v.chunks(n).map(first_largest).collect()

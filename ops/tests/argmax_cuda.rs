@@ -4,27 +4,16 @@
 
 mod common;
 
-use oxiflow_cuda::cuda_unavailable;
+use common::first_largest;
+
 use oxiflow_ops::argmax::argmax;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
-fn first_largest(row: &[f64]) -> i64 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f64::NEG_INFINITY),
-            |a, (i, &v)| if v > a.1 { (i, v) } else { a },
-        )
-        .0 as i64
-}
-
 #[test]
 fn argmax_on_cuda_matches_the_host_scan() {
-    if let Some(why) = cuda_unavailable() {
-        eprintln!("argmax_cuda: skipped: no CUDA ({why})");
+    let Some(_world) = common::cuda_world_or_skip("argmax_cuda") else {
         return;
-    }
-    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
+    };
     let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (rows, n, seed) in [

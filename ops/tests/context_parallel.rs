@@ -6,7 +6,11 @@
 //! typed error of an all-to-all whose heads do not divide,
 //! the same on every rank before any communication.
 
+mod common;
+
 use std::time::Duration;
+
+use common::vals;
 
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
 use oxiflow_placement::Placement;
@@ -56,10 +60,6 @@ fn operands(c: &Case) -> [Tensor; 4] {
 
 fn ids(v: &[usize]) -> Tensor {
     Tensor::from_vec(v.iter().map(|&x| x as i64).collect::<Vec<_>>(), [v.len()]).unwrap()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_ndarray::<f64>().unwrap().iter().copied().collect()
 }
 
 /// One rank's attention: output and gradients of `sum(o * w)` by the existing fused attention

@@ -4,8 +4,12 @@
 //! `NoKernel` error for a dtype it has no kernel for, records and replays in a compiled step,
 //! and an op that says it cannot be replayed makes the compile refuse the step by its name.
 
+mod common;
+
 use std::sync::LazyLock;
 use std::time::Duration;
+
+use common::vals;
 
 use oxiflow_compile::{CompileError, CompiledStep};
 use oxiflow_dtype::DType;
@@ -94,10 +98,6 @@ fn axpy(x: &Tensor, a: f64) -> Result<Tensor> {
         .into(),
         &[x],
     )
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_ndarray::<f64>().unwrap().iter().copied().collect()
 }
 
 #[test]

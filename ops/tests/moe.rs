@@ -9,32 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{close, nd_sbp, placement, vals};
 
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .iter()
-        .copied()
-        .collect()
-}
-
-fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = rel * w.abs().max(1.0);
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: element {i}: {g} vs {w} (tolerance {tol})"
-        );
-    }
-}
 
 /// Expert ids of `m` rows over `experts` experts from `seed`.
 fn ids_of(m: usize, experts: usize, seed: u64) -> Vec<i64> {

@@ -6,25 +6,13 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{nd_sbp, placement};
+use common::{assert_layouts_equal_one_rank, close, mesh_strategy, nd_sbp, placement, vals};
 
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor, TensorError};
+use oxiflow_tensor::{DType, Tensor, TensorError};
 use proptest::prelude::*;
 
 const EPS: f64 = 1e-5;
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .iter()
-        .copied()
-        .collect()
-}
 
 /// Random values in ±[0.1, 2.1): never zero.
 fn nonzero(shape: &[usize], seed: u64, dt: DType) -> Tensor {
@@ -53,18 +41,6 @@ fn reference(x: &[f64], w: &[f64], dy: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>)
         }
     }
     (y, dx, t)
-}
-
-/// Asserts `got` is within `rel` (relative, with an absolute floor of `rel`) of `want`.
-fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = rel * w.abs().max(1.0);
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: element {i}: {g} vs {w} (tolerance {tol})"
-        );
-    }
 }
 
 fn tolerance(dt: DType) -> f64 {
@@ -174,58 +150,27 @@ fn bad_input_is_a_typed_error() {
     );
 }
 
-/// The whole forward value and both gradients of `sum(rms_norm(x, w) * r)`.
-type Outcome = (Vec<f64>, Vec<f64>, Vec<f64>);
-
+/// x `[rows, h]`, w `[h]` and the loss weight on `mesh` as the seeds draw them: the value
+/// and gradients equal one rank's.
 fn global_case(mesh: &[usize], perm: u64, extra: bool, rows: usize, h: usize, seeds: (u64, u64)) {
     let p = placement(mesh, perm);
-    let world = p.num_ranks() + usize::from(extra);
-    let x_nd = nd_sbp(p.ndim(), 2, seeds.0, true);
-    let w_nd = nd_sbp(p.ndim(), 1, seeds.1, true);
-    let r_nd = nd_sbp(p.ndim(), 2, seeds.0 ^ seeds.1, false);
-    let shape = vec![rows, h];
-    let results = run_ranks(world, Duration::from_secs(30), |rank| -> Option<Outcome> {
-        let b = NdSbp::broadcast(p.ndim());
-        // Every rank holds the whole values; the layouts are boxed from the broadcast.
-        let lay = |t: Tensor, nd: &NdSbp| {
-            t.to_global(&p, b.clone())
-                .and_then(|g| g.to_global(&p, nd.clone()))
-                .unwrap()
-        };
-        let x = lay(nonzero(&shape, 1, DType::F64), &x_nd)
-            .detach()
-            .requires_grad_(true);
-        let w = lay(nonzero(&[h], 2, DType::F64), &w_nd)
-            .detach()
-            .requires_grad_(true);
-        let r = lay(nonzero(&shape, 3, DType::F64), &r_nd);
-        let y = rms_norm(&x, &w, EPS).unwrap();
-        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-        if !p.contains(rank) {
-            return None;
-        }
-        Some((vals(&y), vals(&x.grad().unwrap()), vals(&w.grad().unwrap())))
-    });
-    let x = nonzero(&shape, 1, DType::F64).requires_grad_(true);
-    let w = nonzero(&[h], 2, DType::F64).requires_grad_(true);
-    let r = nonzero(&shape, 3, DType::F64);
-    let y = rms_norm(&x, &w, EPS).unwrap();
-    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-    let want = (vals(&y), vals(&x.grad().unwrap()), vals(&w.grad().unwrap()));
+    let nds = [
+        nd_sbp(p.ndim(), 2, seeds.0, true),
+        nd_sbp(p.ndim(), 1, seeds.1, true),
+        nd_sbp(p.ndim(), 2, seeds.0 ^ seeds.1, false),
+    ];
+    let shapes = [vec![rows, h], vec![h], vec![rows, h]];
+    let [x_nd, w_nd, r_nd] = &nds;
     let what = format!("{mesh:?} on {p}: x {x_nd}, w {w_nd}, r {r_nd}, [{rows}, {h}]");
-    for (rank, got) in results.into_iter().enumerate() {
-        let Some(got) = got else { continue };
-        close(&got.0, &want.0, 1e-12, &format!("rank {rank} y, {what}"));
-        close(&got.1, &want.1, 1e-12, &format!("rank {rank} dx, {what}"));
-        close(&got.2, &want.2, 1e-12, &format!("rank {rank} dw, {what}"));
-    }
-}
-
-fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
-    prop_oneof![
-        (1usize..=5).prop_map(|n| vec![n]),
-        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]]),
-    ]
+    assert_layouts_equal_one_rank(
+        &p,
+        extra,
+        &nds,
+        |i| nonzero(&shapes[i], i as u64 + 1, DType::F64),
+        |x, w| rms_norm(x, w, EPS).unwrap(),
+        ["y", "dx", "dw"],
+        &what,
+    );
 }
 
 proptest! {

@@ -5,15 +5,12 @@
 
 mod common;
 
-use oxiflow_cuda::cuda_unavailable;
+use common::vals;
+
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const EPS: f64 = 1e-6;
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
-}
 
 /// Random host values in ±[0.1, 2.1) (never zero), rounded to `dt`, as f64.
 fn nonzero(n: usize, seed: u64, dt: DType) -> Vec<f64> {
@@ -27,11 +24,9 @@ fn nonzero(n: usize, seed: u64, dt: DType) -> Vec<f64> {
 
 #[test]
 fn rms_norm_on_cuda_matches_the_f64_reference() {
-    if let Some(why) = cuda_unavailable() {
-        eprintln!("rms_norm_cuda: skipped: no CUDA ({why})");
+    let Some(_world) = common::cuda_world_or_skip("rms_norm_cuda") else {
         return;
-    }
-    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
+    };
     let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let on_device = |v: &[f64], shape: Vec<usize>, dt: DType, sbp: Sbp| {
         Tensor::from_vec(v.to_vec(), shape)

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use oxiflow_cuda::cuda_unavailable;
 use oxiflow_ops::sum_squares::{non_finite_sums, sum_squares_multi, TensorSums};
 use oxiflow_tensor::{run_ranks, DType, DeviceType, Placement, Result, Sbp, Tensor};
 
@@ -110,11 +109,9 @@ fn sums_on(world: usize, device: DeviceType) -> std::result::Result<usize, Strin
 
 #[test]
 fn sums_of_squares_on_cuda() {
-    if let Some(why) = cuda_unavailable() {
-        eprintln!("sum_squares_cuda: skipped: no CUDA ({why})");
+    let Some(_world) = common::cuda_world_or_skip("sum_squares_cuda") else {
         return;
-    }
-    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
+    };
     let got = sums_on(1, DeviceType::Cuda);
     assert!(got.as_ref().is_ok_and(|&n| n > 600), "{got:?}");
 }

@@ -8,11 +8,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{assert_layouts_equal_one_rank, close, mesh_strategy, nd_sbp, placement, vals};
 
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
 use oxiflow_placement::Placement;
-use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Sbp, Tensor, TensorError};
+use oxiflow_tensor::{run_ranks, DType, DeviceType, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
 fn sigmoid(x: f64) -> f64 {
@@ -23,28 +23,6 @@ fn sigmoid(x: f64) -> f64 {
 fn reference(g: f64, u: f64, d: f64) -> (f64, f64, f64) {
     let s = sigmoid(g);
     (g * s * u, d * u * s * (1.0 + g * (1.0 - s)), d * g * s)
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .iter()
-        .copied()
-        .collect()
-}
-
-/// Asserts `got` is within `rel` (relative, with an absolute floor of `rel`) of `want`.
-fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = rel * w.abs().max(1.0);
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: element {i}: {g} vs {w} (tolerance {tol})"
-        );
-    }
 }
 
 /// Tolerance of a dtype's results against the f64 reference of its (rounded) inputs.
@@ -196,59 +174,27 @@ fn a_dtype_without_a_kernel_fails_alike_on_every_rank_before_communicating() {
     );
 }
 
-/// The whole forward value and both gradients of `sum(swiglu(g, u) * r)`.
-type Outcome = (Vec<f64>, Vec<f64>, Vec<f64>);
-
+/// gate, up and the loss weight of `shape` on `mesh` as the seeds draw them (a partial `up`
+/// among them): the value and gradients equal one rank's.
 fn global_case(mesh: &[usize], perm: u64, extra: bool, shape: &[usize], seeds: (u64, u64)) {
     let p = placement(mesh, perm);
-    let world = p.num_ranks() + usize::from(extra);
-    let g_nd = nd_sbp(p.ndim(), shape.len(), seeds.0, false);
-    let u_nd = nd_sbp(p.ndim(), shape.len(), seeds.1, true);
-    let r_nd = nd_sbp(p.ndim(), shape.len(), seeds.0 ^ seeds.1, false);
-    let results = run_ranks(world, Duration::from_secs(30), |rank| -> Option<Outcome> {
-        let g = Tensor::randn_global(shape.to_vec(), 1, DType::F64, &p, g_nd.clone())
-            .unwrap()
-            .requires_grad_(true);
-        let b = NdSbp::broadcast(p.ndim());
-        let u = Tensor::randn_global(shape.to_vec(), 2, DType::F64, &p, b)
-            .unwrap()
-            .to_global(&p, u_nd.clone())
-            .unwrap()
-            .detach()
-            .requires_grad_(true);
-        let r = Tensor::randn_global(shape.to_vec(), 3, DType::F64, &p, r_nd.clone()).unwrap();
-        let y = swiglu(&g, &u).unwrap();
-        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-        if !p.contains(rank) {
-            return None;
-        }
-        Some((vals(&y), vals(&g.grad().unwrap()), vals(&u.grad().unwrap())))
-    });
-    let g = Tensor::randn(shape.to_vec(), 1, DType::F64).requires_grad_(true);
-    let u = Tensor::randn(shape.to_vec(), 2, DType::F64).requires_grad_(true);
-    let r = Tensor::randn(shape.to_vec(), 3, DType::F64);
-    let y = swiglu(&g, &u).unwrap();
-    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-    let want = (vals(&y), vals(&g.grad().unwrap()), vals(&u.grad().unwrap()));
+    let n = shape.len();
+    let nds = [
+        nd_sbp(p.ndim(), n, seeds.0, false),
+        nd_sbp(p.ndim(), n, seeds.1, true),
+        nd_sbp(p.ndim(), n, seeds.0 ^ seeds.1, false),
+    ];
+    let [g_nd, u_nd, r_nd] = &nds;
     let what = format!("{mesh:?} on {p}: gate {g_nd}, up {u_nd}, r {r_nd}, shape {shape:?}");
-    for (rank, got) in results.into_iter().enumerate() {
-        let Some(got) = got else { continue };
-        close(&got.0, &want.0, 1e-12, &format!("rank {rank} y, {what}"));
-        close(
-            &got.1,
-            &want.1,
-            1e-12,
-            &format!("rank {rank} dgate, {what}"),
-        );
-        close(&got.2, &want.2, 1e-12, &format!("rank {rank} dup, {what}"));
-    }
-}
-
-fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
-    prop_oneof![
-        (1usize..=5).prop_map(|n| vec![n]),
-        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]]),
-    ]
+    assert_layouts_equal_one_rank(
+        &p,
+        extra,
+        &nds,
+        |i| Tensor::randn(shape.to_vec(), i as u64 + 1, DType::F64),
+        |g, u| swiglu(g, u).unwrap(),
+        ["y", "dgate", "dup"],
+        &what,
+    );
 }
 
 proptest! {

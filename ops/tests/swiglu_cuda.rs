@@ -4,7 +4,8 @@
 
 mod common;
 
-use oxiflow_cuda::cuda_unavailable;
+use common::vals;
+
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
 use oxiflow_tensor::{DType, DeviceType, Placement, Sbp, Tensor};
 
@@ -12,17 +13,11 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
-}
-
 #[test]
 fn swiglu_on_cuda_matches_the_f64_reference() {
-    if let Some(why) = cuda_unavailable() {
-        eprintln!("swiglu_cuda: skipped: no CUDA ({why})");
+    let Some(_world) = common::cuda_world_or_skip("swiglu_cuda") else {
         return;
-    }
-    let _world = common::cuda_world().expect("a one-rank NCCL world on cuda:0");
+    };
     let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     {
         for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {

@@ -12,14 +12,13 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use oxiflow_boxing::Plan;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{GlobalLayout, NdSbp};
 use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::executor::run_kernel;
-use crate::observe::{self, BoxingCall, DispatchObserver, OpCall};
+use crate::observe::{self, DispatchObserver, OpCall};
 use crate::op::{Op, OutSpec, ViewOf};
 use crate::storage::{Device, Storage};
 use crate::tensor::Tensor;
@@ -57,18 +56,6 @@ pub struct OpEvent<'a> {
     pub view_of: Option<ViewOf>,
     /// The outputs, as the caller gets them.
     pub outputs: &'a [Tensor],
-}
-
-/// One boxing run on this rank: `input` (None outside the source placement) became `output`
-/// (None outside the target placement); the same piece when the plan left it unchanged.
-pub struct BoxingEvent<'a> {
-    /// The op that asked for it (`to_global` for an explicit conversion).
-    pub op: &'static str,
-    pub plan: &'a Arc<Plan>,
-    pub input: Option<&'a Arc<Storage>>,
-    pub output: Option<&'a Arc<Storage>>,
-    pub device: Device,
-    pub ctx: &'a Context,
 }
 
 /// What a capture is told. Callbacks run inside dispatch: they must not run ops.
@@ -208,20 +195,11 @@ impl DispatchObserver for CaptureObserver {
         });
     }
 
-    fn boxing(&self, call: &BoxingCall<'_>) {
+    fn boxing(&self, call: &BoxingEvent<'_>) {
         if !any_capturing() {
             return;
         }
-        with_sink(|s| {
-            s.boxing(BoxingEvent {
-                op: call.op,
-                plan: call.plan,
-                input: call.input,
-                output: call.output,
-                device: call.device,
-                ctx: call.ctx,
-            })
-        });
+        with_sink(|s| s.boxing(*call));
     }
 }
 
@@ -263,6 +241,7 @@ pub fn run_local_kernel(
 
 /// Runs a boxing plan on this rank's piece as dispatch does.
 pub use crate::dispatch::run_boxing;
+pub use crate::observe::BoxingEvent;
 
 /// A tensor over `piece`: global with `layout` in `ctx` when given, else local (which needs a
 /// piece). The piece must have the shape the layout gives this rank and `dtype`.

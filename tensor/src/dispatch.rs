@@ -23,7 +23,7 @@ use crate::context::Context;
 use crate::cpu::CpuPiece;
 use crate::device::{backend_for, registered_backends};
 use crate::executor::{backend_id, run_kernel, run_kernel_one};
-use crate::observe::{self, BoxingCall, GlobalCall, OpCall};
+use crate::observe::{self, BoxingEvent, GlobalCall, OpCall};
 use crate::op::{full_region, meta_err, CallSite, Inferred, LocalAt, Op, OutSpec};
 use crate::storage::{Device, Storage};
 use crate::tensor::{sbps_text, shapes_text, Tensor};
@@ -452,7 +452,7 @@ pub fn run_boxing(
     device: Device,
 ) -> Result<Option<Arc<Storage>>> {
     let out = run_plan(op, plan, ctx, piece, device)?;
-    observe::boxing(&BoxingCall {
+    observe::boxing(&BoxingEvent {
         op,
         plan,
         input: piece,

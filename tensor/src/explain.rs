@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use oxiflow_sbp::GlobalLayout;
 
-use crate::observe::{self, BoxingCall, DispatchObserver, OpCall};
+use crate::observe::{self, BoxingEvent, DispatchObserver, OpCall};
 
 /// Events one recording keeps at most.
 pub const MAX_EXPLAIN_EVENTS: usize = 100_000;
@@ -122,7 +122,7 @@ impl DispatchObserver for ExplainObserver {
         });
     }
 
-    fn boxing(&self, call: &BoxingCall<'_>) {
+    fn boxing(&self, call: &BoxingEvent<'_>) {
         if !explain_enabled() {
             return;
         }

@@ -69,7 +69,8 @@ impl OpCall<'_> {
 
 /// One boxing run on this rank: `input` (None outside the source placement) became `output`
 /// (None outside the target placement); the same piece when the plan left it unchanged.
-pub(crate) struct BoxingCall<'a> {
+#[derive(Clone, Copy)]
+pub struct BoxingEvent<'a> {
     /// The op that asked for it (`to_global` for an explicit conversion).
     pub op: &'static str,
     pub plan: &'a Arc<Plan>,
@@ -86,7 +87,7 @@ pub(crate) trait DispatchObserver: Sync {
     /// An op call ran and gave its outputs.
     fn op(&self, call: &OpCall<'_>);
     /// A boxing plan ran (inserted before an op, or asked for by `to_global`).
-    fn boxing(&self, _call: &BoxingCall<'_>) {}
+    fn boxing(&self, _call: &BoxingEvent<'_>) {}
     /// `to_global` made `output` of `input` (boxing, or a local tensor made global).
     fn to_global(&self, _input: &Tensor, _output: &Tensor, _nd_sbp: &NdSbp) {}
 }
@@ -146,7 +147,7 @@ pub(crate) fn op(call: &OpCall<'_>) {
 }
 
 /// Tells every observer of a boxing run, when any is on.
-pub(crate) fn boxing(call: &BoxingCall<'_>) {
+pub(crate) fn boxing(call: &BoxingEvent<'_>) {
     if any_on() {
         registered().for_each(|o| o.boxing(call));
     }

@@ -5,15 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement};
+use common::{nd_sbp, placement, vals};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 /// One AdamW step's (m, v, p) from the three fused passes.
 fn step(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> [Tensor; 3] {

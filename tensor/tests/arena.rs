@@ -4,6 +4,8 @@
 //! pieces; and what does not fit (a misaligned or overflowing offset, a view of another size,
 //! a copy of another shape) is a typed error.
 
+mod common;
+
 use std::sync::Arc;
 
 use oxiflow_tensor::arena::{run_kernel_into, Arena, ARENA_ALIGN};
@@ -17,15 +19,9 @@ fn piece(t: &Tensor) -> Arc<Storage> {
     piece_of(t).unwrap().clone()
 }
 
+/// The bits of a piece's values, each widened to f64.
 fn bits(s: &Storage) -> Vec<u64> {
-    let t = tensor_from_piece(Some(Arc::new(s.clone())), None, s.dtype()).unwrap();
-    t.cast(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(f64::to_bits)
-        .collect()
+    common::bits(&tensor_from_piece(Some(Arc::new(s.clone())), None, s.dtype()).unwrap())
 }
 
 fn spec(shape: &[usize], dtype: DType) -> OutSpec {

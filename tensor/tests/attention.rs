@@ -10,21 +10,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, weighted_sum, Tol};
+use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, Tol};
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.cast(F)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .into_raw_vec_and_offset()
-        .0
-}
 
 fn arr(x: &Tensor) -> ArrayD<f64> {
     x.cast(F).unwrap().to_ndarray::<f64>().unwrap()

@@ -6,15 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match};
+use common::{nd_sbp, placement, ranks_match, vals};
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn close(a: &[f64], b: &[f64]) -> bool {
     a.len() == b.len()

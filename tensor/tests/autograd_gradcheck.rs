@@ -1,6 +1,9 @@
 //! Autograd against finite differences (f64): random small graphs (proptest) over the op set,
 //! plus fixed checks of the loss/embedding/max/layer-norm rules, accumulation and no_grad.
 
+mod common;
+
+use common::vals;
 use oxiflow_tensor::{no_grad, DType, Tensor};
 use proptest::prelude::*;
 
@@ -8,10 +11,6 @@ const F: DType = DType::F64;
 
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap()
-}
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
 }
 
 /// Builds h from the leaves by applying `ops` in order; returns sum(h * r).

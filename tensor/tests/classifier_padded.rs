@@ -10,20 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, padded_cross_entropy_reference as reference, placement};
+use common::{nd_sbp, padded_cross_entropy_reference as reference, placement, vals};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_dtype(F)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .into_raw_vec_and_offset()
-        .0
-}
 
 fn targets(rows: usize, classes: usize, seed: u64) -> Vec<i64> {
     (0..rows as u64)

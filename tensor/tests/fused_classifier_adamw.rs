@@ -6,16 +6,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bits, nd_sbp, placement, ranks_match};
+use common::{bits, nd_sbp, placement, ranks_match, vals};
 use oxiflow_tensor::custom::{AdamWHyper, AdamWSlot};
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn targets(rows: usize, classes: usize, seed: u64) -> Tensor {
     let ids: Vec<i64> = (0..rows)
@@ -230,36 +226,30 @@ fn adamw_multi_guarded_keeps_everything_on_a_nan_ratio() {
     }
 }
 
+/// The error text of one AdamW step on a slot of `param` and `grad` (m and v: `moments`).
+fn adamw_error(param: &Tensor, grad: &Tensor, moments: Option<&Tensor>) -> String {
+    let slot = AdamWSlot {
+        param,
+        grad,
+        m: moments,
+        v: moments,
+        weight_decay: 0.0,
+        compute_copy: None,
+        reuse: None,
+    };
+    Tensor::adamw_multi(&[slot], &HYPER)
+        .unwrap_err()
+        .to_string()
+}
+
 #[test]
 fn adamw_multi_bad_slots_are_typed() {
     let p = Tensor::randn([3, 2], 1, F);
     let g = Tensor::randn([2, 3], 2, F);
-    let slot = AdamWSlot {
-        param: &p,
-        grad: &g,
-        m: None,
-        v: None,
-        weight_decay: 0.0,
-        compute_copy: None,
-        reuse: None,
-    };
-    let e = Tensor::adamw_multi(&[slot], &HYPER)
-        .unwrap_err()
-        .to_string();
+    let e = adamw_error(&p, &g, None);
     assert!(e.contains("adamw_multi") && e.contains("grad"), "{e}");
     let i = Tensor::zeros([3, 2], DType::I64);
-    let slot = AdamWSlot {
-        param: &i,
-        grad: &i,
-        m: Some(&i),
-        v: Some(&i),
-        weight_decay: 0.0,
-        compute_copy: None,
-        reuse: None,
-    };
-    let e = Tensor::adamw_multi(&[slot], &HYPER)
-        .unwrap_err()
-        .to_string();
+    let e = adamw_error(&i, &i, Some(&i));
     assert!(e.contains("adamw_multi") && e.contains("float"), "{e}");
 }
 

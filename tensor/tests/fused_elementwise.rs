@@ -3,23 +3,16 @@
 //! round; empty tensors; every output of a program writing intermediates too); malformed
 //! programs and calls are typed errors naming what is wrong.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::bits;
 use oxiflow_tensor::custom::{FusedInstr, FusedProgram, FusedStep};
 use oxiflow_tensor::{BinaryOp, DType, F64Bits, ScalarOp, Tensor, TensorError, UnaryOp};
 
 fn at(step: FusedStep, dtype: DType) -> FusedInstr {
     FusedInstr { step, dtype }
-}
-
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(f64::to_bits)
-        .collect()
 }
 
 /// (x [R, C] * col [R, 1] + bias [C]) -> gelu -> * 0.5 -> cast f32 -> exp -> cast back.

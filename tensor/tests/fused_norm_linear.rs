@@ -7,16 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match};
+use common::{nd_sbp, placement, ranks_match, vals};
 use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn close(got: &[f64], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -9,11 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bucket_mesh, other_axis_sbp, piece_key};
+use common::{bucket_mesh, bucket_piece, bucket_placement, other_axis_sbp};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
-    gather_bucket, gather_fits, run_ranks, DType, GlobalLayout, NdSbp, Placement, ReduceOp, Sbp,
-    Tensor,
+    gather_bucket, gather_fits, run_ranks, DType, NdSbp, Placement, ReduceOp, Sbp, Tensor,
 };
 use proptest::prelude::*;
 
@@ -49,26 +48,17 @@ fn case() -> impl Strategy<Value = Case> {
 /// and the pieces each tensor boxed alone gives, or the bucket's error text.
 #[allow(clippy::type_complexity)]
 fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
-    let placement = Placement::new(
-        DeviceType::Cpu,
-        case.shape.clone(),
-        (0..case.world).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let placement = bucket_placement(case.world, &case.shape);
     run_ranks(case.world, TIMEOUT, |rank| {
         let shards: Vec<Tensor> = case
             .tensors
             .iter()
             .enumerate()
-            .map(|(i, &(rows, cols, other))| {
-                let mut sbps = vec![other; case.shape.len()];
-                sbps[case.axis] = Sbp::S(0);
-                let nd = NdSbp::new(sbps);
-                let layout = GlobalLayout::new([rows, cols], &placement, nd.clone()).unwrap();
-                let local = layout.local_shape(rank).unwrap();
-                let key = piece_key(&placement, rank, &nd);
+            .map(|(i, &t)| {
+                let (nd, local, seed) =
+                    bucket_piece(&placement, rank, (case.axis, Sbp::S(0)), t, i);
                 // Never zero, so a piece copied from the wrong place shows.
-                Tensor::rand(local, (key * 100 + i) as u64, DType::F64)
+                Tensor::rand(local, seed, DType::F64)
                     .add_scalar(0.5)
                     .unwrap()
                     .to_dtype(case.dtype)

@@ -10,11 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bucket_mesh, other_axis_sbp, piece_key};
+use common::{bucket_mesh, bucket_piece, bucket_placement, other_axis_sbp};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
-    bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, GlobalLayout, NdSbp, Placement,
-    ReduceOp, Sbp, Tensor,
+    bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, NdSbp, Placement, ReduceOp, Sbp,
+    Tensor,
 };
 use proptest::prelude::*;
 
@@ -55,26 +55,17 @@ fn case() -> impl Strategy<Value = Case> {
 /// text.
 #[allow(clippy::type_complexity)]
 fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
-    let placement = Placement::new(
-        DeviceType::Cpu,
-        case.shape.clone(),
-        (0..case.world).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let placement = bucket_placement(case.world, &case.shape);
     run_ranks(case.world, TIMEOUT, |rank| {
         // Each gradient, and it as the ranks' parts converted to the wire dtype.
         let (grads, moved): (Vec<Tensor>, Vec<Tensor>) = case
             .tensors
             .iter()
             .enumerate()
-            .map(|(i, &(rows, cols, other))| {
-                let mut sbps = vec![other; case.shape.len()];
-                sbps[case.axis] = Sbp::Partial(ReduceOp::Sum);
-                let nd = NdSbp::new(sbps);
-                let layout = GlobalLayout::new([rows, cols], &placement, nd.clone()).unwrap();
-                let local = layout.local_shape(rank).unwrap();
-                let key = piece_key(&placement, rank, &nd);
-                let part = Tensor::randn(local, (key * 100 + i) as u64, DType::F64);
+            .map(|(i, &t)| {
+                let on_axis = (case.axis, Sbp::Partial(ReduceOp::Sum));
+                let (nd, local, seed) = bucket_piece(&placement, rank, on_axis, t, i);
+                let part = Tensor::randn(local, seed, DType::F64);
                 let wired = match case.wire {
                     Some(w) => part.to_dtype(w).unwrap(),
                     None => part.clone(),

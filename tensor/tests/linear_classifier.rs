@@ -9,21 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{linear_cross_entropy_reference as expected, placement};
+use common::{linear_cross_entropy_reference as expected, placement, vals};
 use oxiflow_tensor::{no_grad, run_ranks, DType, NdSbp, Sbp, Shape, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
 const B: Sbp = Sbp::B;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_dtype(F)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .into_raw_vec_and_offset()
-        .0
-}
 
 /// Targets below `classes`, the same on every rank.
 fn targets(rows: usize, classes: usize) -> Vec<i64> {

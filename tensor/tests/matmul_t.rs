@@ -2,15 +2,14 @@
 //! plain products: values and gradients, local and global (2 ranks as threads, every
 //! operand split on each of its dims or broadcast).
 
+mod common;
+
 use std::time::Duration;
 
+use common::vals;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn assert_close(a: &[f64], b: &[f64], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");

@@ -6,16 +6,15 @@
 //! and on meshes (data- and tensor-parallel layouts, 2 ranks and 2x2), against the sum of
 //! each consumer's gradient from its own backward pass.
 
+mod common;
+
 use std::time::Duration;
 
+use common::vals;
 use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 /// The parameters: three (w, b) pairs of [8, 8] and [8], and a readout per output.
 fn params() -> Vec<Tensor> {

@@ -9,22 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::placement;
+use common::{placement, vals};
 use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
 const B: Sbp = Sbp::B;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_dtype(F)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .into_raw_vec_and_offset()
-        .0
-}
 
 /// How the MLP runs.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,15 +9,11 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::placement;
+use common::{placement, vals};
 use oxiflow_collectives::flight_recorder;
 use oxiflow_tensor::{run_ranks, Context, DType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
-
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
-}
 
 fn labels(n: usize, classes: usize, seed: u64) -> Vec<i64> {
     (0..n as u64)

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{log_sum_exp as lse, padded_cross_entropy_reference as reference, placement};
+use common::{log_sum_exp as lse, padded_cross_entropy_reference as reference, placement, vals};
 use oxiflow_tensor::{
     dispatch, run_ranks, ClassShard, DType, GlobalLayout, LossOp, NdSbp, Op, Placement, Sbp, Shape,
     Tensor,
@@ -23,16 +23,6 @@ const B: Sbp = Sbp::B;
 #[allow(non_snake_case)]
 fn S(d: usize) -> Sbp {
     Sbp::S(d)
-}
-
-/// Values of any float tensor as f64, row-major.
-fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_dtype(F)
-        .unwrap()
-        .to_ndarray::<f64>()
-        .unwrap()
-        .into_raw_vec_and_offset()
-        .0
 }
 
 /// Logits: `3 randn` (the same values in every layout).

@@ -57,14 +57,7 @@ pub(crate) fn child_adamw_copies(
             reuse: None,
         })
         .collect();
-    let hyper = AdamWHyper {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        step: 3,
-        grad_scale: 0.7,
-    };
+    let hyper = adamw_hyper(0.7);
     let out = Tensor::adamw_multi(&slots, &hyper).map_err(e)?;
     let mut checked = 0;
     for (i, (u, c)) in out.iter().zip(copies).enumerate() {
@@ -88,12 +81,9 @@ pub(crate) fn child_adamw_copies(
         let r = Tensor::from_vec(vec![ratio], Vec::<usize>::new())
             .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
             .map_err(e)?;
-        let host = AdamWHyper {
-            grad_scale: factor,
-            ..hyper
-        };
-        let want = Tensor::adamw_multi(&slots, &host).map_err(e)?;
-        let got = Tensor::adamw_multi_clipped(&slots, &hyper_unclipped(&hyper), &r).map_err(e)?;
+        let want = Tensor::adamw_multi(&slots, &adamw_hyper(factor)).map_err(e)?;
+        // The ratio operand scales the gradients: the hyper-parameters leave them unscaled.
+        let got = Tensor::adamw_multi_clipped(&slots, &adamw_hyper(1.0), &r).map_err(e)?;
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             let pairs = [(&a.param, &b.param), (&a.m, &b.m), (&a.v, &b.v)];
             for (x, y) in pairs.into_iter().chain(a.copy.iter().zip(b.copy.iter())) {
@@ -107,12 +97,4 @@ pub(crate) fn child_adamw_copies(
         }
     }
     Ok(checked)
-}
-
-/// `hyper` with its gradients unscaled (a clip ratio operand scales them).
-fn hyper_unclipped(hyper: &AdamWHyper) -> AdamWHyper {
-    AdamWHyper {
-        grad_scale: 1.0,
-        ..*hyper
-    }
 }

@@ -9,7 +9,7 @@
 //! the clipped update's bits.
 
 use oxiflow_tensor::capture::piece_of;
-use oxiflow_tensor::custom::{AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
+use oxiflow_tensor::custom::{AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::BoundPiece;
 
 use super::adamw_copies::bits;
@@ -93,17 +93,9 @@ pub(crate) fn child_adamw_reuse(
     device: DeviceType,
 ) -> std::result::Result<usize, String> {
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("adamw reuse: {what}: {err}");
-    let pl =
-        Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, device)?;
     let on_device = device != DeviceType::Cpu;
-    let hyper = AdamWHyper {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        step: 3,
-        grad_scale: 1.0,
-    };
+    let hyper = adamw_hyper(1.0);
     let ratio = Tensor::from_vec(vec![0.7f64], Vec::<usize>::new())
         .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
         .map_err(|x| e("ratio", x))?;
@@ -113,13 +105,7 @@ pub(crate) fn child_adamw_reuse(
         let slots = |reuse: bool| slots_of(&tensors, &copies, reuse);
         let run = |reuse: bool| match clipped {
             true => Tensor::adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
-            false => Tensor::adamw_multi(
-                &slots(reuse),
-                &AdamWHyper {
-                    grad_scale: 0.7,
-                    ..hyper
-                },
-            ),
+            false => Tensor::adamw_multi(&slots(reuse), &adamw_hyper(0.7)),
         };
         let before: Vec<Vec<u64>> = tensors
             .iter()

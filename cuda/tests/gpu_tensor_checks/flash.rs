@@ -59,7 +59,7 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 /// Runs every case, dtype and layout on a 1-d placement of `world` ranks of `dev`; the number
 /// of (case, dtype, layout) runs within tolerance of the f64 reference.
 pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let rt = cuda::bound_runtime().filter(|_| dev == DeviceType::Cuda);
     let mut runs = vec![
         (DType::BF16, false, 1e-2),
@@ -148,12 +148,7 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
         Err(format!(
             "{} fused attention runs failed; first:\n  {}",
             failures.len(),
-            failures
-                .iter()
-                .take(8)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n  ")
+            first_failures(&failures, 8)
         ))
     }
 }

@@ -140,7 +140,7 @@ pub(crate) fn child_fused_elementwise(
     world: usize,
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     // (name, steps, inputs, output steps besides the last).
     type Case<'a> = (&'a str, Steps, &'a [Input], &'a [usize]);
     let cases: [Case; 3] = [

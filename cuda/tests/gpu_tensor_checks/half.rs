@@ -48,7 +48,7 @@ fn padding_gradient_is_zero(pl: &Placement, dtype: DType) -> std::result::Result
 /// of (case, dtype) pairs within their rounding of the f64 reference (and of dtypes whose
 /// padded classifier gradient is exactly 0 in the padding).
 pub(crate) fn child_half(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let values = |t: &Tensor| t.cast(DType::F64)?.to_vec::<f64>();
     let mut checked = 0;
     let mut failures = Vec::new();
@@ -102,12 +102,7 @@ pub(crate) fn child_half(world: usize, dev: DeviceType) -> std::result::Result<u
         Err(format!(
             "{} 16-bit cases failed; first:\n  {}",
             failures.len(),
-            failures
-                .iter()
-                .take(8)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n  ")
+            first_failures(&failures, 8)
         ))
     }
 }

@@ -13,7 +13,7 @@ pub(crate) fn child_linear_classifier(
     world: usize,
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let b = vec![Sbp::B];
     let mut checked = 0;
     // (rows, width, table rows, classes, dtypes): padding classes; a row longer than a block;
@@ -80,15 +80,7 @@ pub(crate) fn child_linear_classifier(
                 return Err(format!("{what}: loss {} vs {want_l}", l[0]));
             }
             for (name, got, want) in [("dx", &dx, &want_dx), ("dw", &dw, &want_dw)] {
-                let scale = want.iter().fold(1.0f64, |m, a| m.max(a.abs()));
-                if let Some((i, (g, w))) = got
-                    .iter()
-                    .zip(want.iter())
-                    .enumerate()
-                    .find(|(_, (g, w))| (*g - *w).abs() > tol * scale)
-                {
-                    return Err(format!("{what}: {name}[{i}] {g} vs {w} (scale {scale})"));
-                }
+                within_scale(name, got, want, tol).map_err(|x| format!("{what}: {x}"))?;
             }
             if dw[classes * width..].iter().any(|&g| g != 0.0) {
                 return Err(format!("{what}: a padding row's gradient is not 0"));

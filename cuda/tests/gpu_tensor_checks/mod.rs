@@ -20,6 +20,7 @@ mod half;
 mod indexed;
 mod linear_classifier;
 mod op_cases;
+mod operands;
 mod reductions;
 mod residual_mlp;
 mod shared_input;
@@ -33,10 +34,26 @@ pub(crate) use half::child_half;
 pub(crate) use indexed::run_indexed_case;
 pub(crate) use linear_classifier::child_linear_classifier;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
+use operands::{
+    device_leaves, f64_leaves, grad_of, random_operands, within_scale, world_placement,
+};
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use residual_mlp::child_residual_mlp;
 pub(crate) use shared_input::child_shared_input;
 pub(crate) use vocab::child_vocab_parallel;
+
+/// The AdamW checks' hyper-parameters (lr 1e-2, betas 0.9 and 0.95, eps 1e-8, step 3), the
+/// gradients scaled by `grad_scale`.
+fn adamw_hyper(grad_scale: f64) -> AdamWHyper {
+    AdamWHyper {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        step: 3,
+        grad_scale,
+    }
+}
 
 /// Boxes a tensor (global: `to_global`; local CPU reference: the identity).
 type Boxer<'a> = dyn Fn(&Tensor, &[Sbp]) -> Result<Tensor> + 'a;
@@ -88,7 +105,7 @@ pub(crate) fn child_pipelined(
 ) -> std::result::Result<(usize, usize, f64), String> {
     const ITERS: usize = 30;
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
-    let pl1 = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl1 = world_placement(world, dev)?;
     let pl2 = if world == 4 {
         Some(pl1.reshaped([2, 2]).map_err(|x| x.to_string())?)
     } else {
@@ -171,7 +188,7 @@ pub(crate) fn child_pipelined(
         return Err(format!(
             "{} kept results differ from CPU; first:\n  {}",
             failures.len(),
-            failures[..failures.len().min(6)].join("\n  ")
+            first_failures(&failures, 6)
         ));
     }
     Ok((ITERS, iters_checked.len(), ms))
@@ -186,7 +203,7 @@ pub(crate) fn child_inputs_unchanged(
     dev: DeviceType,
 ) -> std::result::Result<(), String> {
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let shape = [3 * world + 1, 33];
     let piece = |r: usize| Tensor::randn(Shape::from(&shape[..]), 77 + r as u64, DType::F32);
     let p = piece(rank)

@@ -30,13 +30,7 @@ fn outputs(
     y.mul(r)?.sum_all()?.backward()?;
     let mut out = vec![whole(&y)?];
     for t in &ins[..6] {
-        let g = t
-            .grad()
-            .ok_or_else(|| oxiflow_tensor::TensorError::Kernel {
-                op: "residual mlp check",
-                detail: "no gradient".into(),
-            })?;
-        out.push(whole(&g)?);
+        out.push(whole(&grad_of(t, "residual mlp check")?)?);
     }
     Ok(out)
 }
@@ -47,7 +41,7 @@ pub(crate) fn child_residual_mlp(
     world: usize,
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let b = vec![Sbp::B];
     let mut checked = 0;
     for (k, &(rows, c, f)) in [(37usize, 64usize, 256usize), (256, 768, 3072)]
@@ -66,42 +60,13 @@ pub(crate) fn child_residual_mlp(
                 vec![rows, c],
                 vec![rows, c],
             ];
-            let made: Vec<Tensor> = shapes
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let scale = if i == 1 || i == 3 {
-                        1.0 / (s[0] as f64).sqrt()
-                    } else {
-                        1.0
-                    };
-                    Tensor::randn(s.clone(), 500 + 10 * k as u64 + i as u64, dtype)
-                        .mul_scalar(scale)
-                })
-                .collect::<Result<_>>()
-                .map_err(e)?;
-            let reference: Vec<Tensor> = made
-                .iter()
-                .enumerate()
-                .map(|(i, t)| Ok(t.to_dtype(DType::F64)?.detach().requires_grad_(i < 6)))
-                .collect::<Result<_>>()
-                .map_err(e)?;
+            let weight = |i: usize| i == 1 || i == 3;
+            let made = random_operands(&shapes, 500 + 10 * k as u64, dtype, weight).map_err(e)?;
+            let reference = f64_leaves(&made, |i| i < 6).map_err(e)?;
             let want = outputs(&reference, None, &|t| values(t)).map_err(e)?;
             for recompute in [false, true] {
-                let device: Vec<Tensor> = made
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        let g = t.to_global(&pl, b.clone())?;
-                        let g = if matches!(i, 0 | 5 | 6) {
-                            g.to_global(&pl, vec![Sbp::S(0)])?
-                        } else {
-                            g
-                        };
-                        Ok(g.detach().requires_grad_(i < 6))
-                    })
-                    .collect::<Result<_>>()
-                    .map_err(e)?;
+                let rows_split = |i: usize| matches!(i, 0 | 5 | 6);
+                let device = device_leaves(&made, &pl, rows_split, |i| i < 6).map_err(e)?;
                 let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
                 let got = outputs(&device, Some(recompute), &whole).map_err(e)?;
                 let tol = match dtype {
@@ -119,17 +84,8 @@ pub(crate) fn child_residual_mlp(
                     "dresidual",
                 ];
                 for ((name, g), w) in names.iter().zip(&got).zip(&want) {
-                    let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-                    if let Some((i, (a, v))) = g
-                        .iter()
-                        .zip(w)
-                        .enumerate()
-                        .find(|(_, (a, v))| (*a - *v).abs() > tol * scale)
-                    {
-                        return Err(format!(
-                            "{what} (recompute {recompute}): {name}[{i}] {a} vs {v} (scale {scale})"
-                        ));
-                    }
+                    within_scale(name, g, w, tol)
+                        .map_err(|x| format!("{what} (recompute {recompute}): {x}"))?;
                 }
                 checked += 1;
             }

@@ -33,7 +33,7 @@ pub(crate) fn child_shared_input(
     world: usize,
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let b = vec![Sbp::B];
     let mut checked = 0;
     for (k, &(rows, c)) in [(37usize, 64usize), (256, 768)].iter().enumerate() {
@@ -45,44 +45,14 @@ pub(crate) fn child_shared_input(
                 shapes.extend([vec![c, c], vec![c], vec![rows, c]]);
             }
             shapes.push(vec![rows, c]);
-            let made: Vec<Tensor> = shapes
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let scale = if s.len() == 2 && s[0] == c {
-                        1.0 / (c as f64).sqrt()
-                    } else {
-                        1.0
-                    };
-                    Tensor::randn(s.clone(), 700 + 20 * k as u64 + i as u64, dtype)
-                        .mul_scalar(scale)
-                })
-                .collect::<Result<_>>()
-                .map_err(e)?;
+            let weight = |i: usize| shapes[i].len() == 2 && shapes[i][0] == c;
+            let made = random_operands(&shapes, 700 + 20 * k as u64, dtype, weight).map_err(e)?;
             // x and the LayerNorm's parameters need gradients (its fused backward then runs).
             let grads = |i: usize| i < 3;
-            let reference: Vec<Tensor> = made
-                .iter()
-                .enumerate()
-                .map(|(i, t)| Ok(t.to_dtype(DType::F64)?.detach().requires_grad_(grads(i))))
-                .collect::<Result<_>>()
-                .map_err(e)?;
+            let reference = f64_leaves(&made, grads).map_err(e)?;
             let want = x_grad(&reference, &|t| values(t)).map_err(e)?;
-            let device: Vec<Tensor> = made
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let g = t.to_global(&pl, b.clone())?;
-                    let rows_split = shapes[i].first() == Some(&rows) && shapes[i].len() == 2;
-                    let g = if rows_split {
-                        g.to_global(&pl, vec![Sbp::S(0)])?
-                    } else {
-                        g
-                    };
-                    Ok(g.detach().requires_grad_(grads(i)))
-                })
-                .collect::<Result<_>>()
-                .map_err(e)?;
+            let rows_split = |i: usize| shapes[i].first() == Some(&rows) && shapes[i].len() == 2;
+            let device = device_leaves(&made, &pl, rows_split, grads).map_err(e)?;
             let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
             let got = x_grad(&device, &whole).map_err(e)?;
             let tol = match dtype {
@@ -90,15 +60,7 @@ pub(crate) fn child_shared_input(
                 DType::F32 => 2e-3,
                 _ => 2f64.powi(-5),
             };
-            let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-            if let Some((i, (a, v))) = got
-                .iter()
-                .zip(&want)
-                .enumerate()
-                .find(|(_, (a, v))| (*a - *v).abs() > tol * scale)
-            {
-                return Err(format!("{what}: dx[{i}] {a} vs {v} (scale {scale})"));
-            }
+            within_scale("dx", &got, &want, tol).map_err(|x| format!("{what}: {x}"))?;
             checked += 1;
         }
     }

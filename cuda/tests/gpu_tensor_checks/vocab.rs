@@ -45,12 +45,7 @@ fn vocab_outputs(
     let xg = x.detach().requires_grad_(true);
     let l2 = xg.classifier_loss_padded(labels, classes)?;
     l2.mul(c)?.sum_all()?.backward()?;
-    let g2 = xg
-        .grad()
-        .ok_or_else(|| oxiflow_tensor::TensorError::Kernel {
-            op: "vocab check",
-            detail: "no gradient".into(),
-        })?;
+    let g2 = grad_of(&xg, "vocab check")?;
     [&lse, &loss, &dx, &l2, &g2]
         .into_iter()
         .map(whole)
@@ -63,7 +58,7 @@ pub(crate) fn child_vocab_parallel(
     world: usize,
     dev: DeviceType,
 ) -> std::result::Result<usize, String> {
-    let pl = Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
+    let pl = world_placement(world, dev)?;
     let mut checked = 0;
     // Uneven splits, shards of padding only ([4, 7] over 2 classes on 2 or more ranks),
     // classes == C, rows longer than a block.

@@ -3,7 +3,7 @@
 //! 256-thread block per row, grid-stride over rows), into the executor's output.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, CudaKernels, CudaSource, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, KernelIds};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -66,7 +66,5 @@ pub(super) fn argmax(op: &ArgMax, b: &CudaKernels, io: KernelIo<'_, CudaKernels>
     };
     // SAFETY: argmax_<dtype> takes (const T*, i64*, i64 rows, i64 n); x holds rows * n elements
     // of its dtype and y rows i64 (checked above); the pieces outlive the launch.
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(cfg) })
 }

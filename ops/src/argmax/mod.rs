@@ -16,8 +16,8 @@ use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result,
-    Saves, Tensor,
+    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
+    Tensor,
 };
 
 /// The arg-max over the last dim (input: x).
@@ -65,13 +65,7 @@ impl ExternOp for ArgMax {
     fn kernels(&self) -> &Kernels {
         &KERNELS
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(self.name(), "an index has no gradient"))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("an index has no gradient")
     }
 }

@@ -22,6 +22,7 @@ use std::sync::LazyLock;
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
+use oxiflow_tensor::custom::AttentionRules;
 use oxiflow_tensor::{
     dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
     MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,
@@ -164,15 +165,6 @@ pub(crate) fn check_qkv(
     })
 }
 
-/// `what` must have shape `want`.
-fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
-    if x.dims() == want {
-        Ok(())
-    } else {
-        Err(shape_err(format!("{what} must be {want:?}, got {x}")))
-    }
-}
-
 impl ExternOp for CpAttention {
     fn name(&self) -> &'static str {
         match self.pass {
@@ -209,27 +201,16 @@ impl ExternOp for CpAttention {
             )));
         }
         let dims = check_qkv(s[0].dims(), s[1].dims(), s[2].dims()).map_err(shape_err)?;
+        let attention = AttentionRules {
+            layouts: &rules::SEQUENCE_LAYOUTS,
+            o: dims.o(),
+            lse: dims.lse(),
+            dtype: dt,
+            stats: dt.compute(),
+        };
         match self.pass {
-            Pass::Forward => {
-                let (o, lse) = (Shape::new(dims.o()), Shape::new(dims.lse()));
-                let r = rules::fused_attention(o, lse, &rules::SEQUENCE_LAYOUTS, mode);
-                Ok(Inferred::outputs(r, &[dt, dt.compute()]))
-            }
-            Pass::Backward => {
-                must_be("o", s[3], &dims.o())?;
-                must_be("the gradient of o", s[4], &dims.o())?;
-                must_be("lse", s[5], &dims.lse())?;
-                if d[5] != dt.compute() {
-                    return Err(MetaError::DType(format!(
-                        "lse must be {} for {dt} operands, got {}",
-                        dt.compute(),
-                        d[5]
-                    )));
-                }
-                let qkv = [s[0], s[1], s[2]];
-                let r = rules::fused_attention_backward(qkv, &rules::SEQUENCE_LAYOUTS, mode);
-                Ok(Inferred::outputs(r, &[dt, dt, dt]))
-            }
+            Pass::Forward => Ok(attention.forward(mode)),
+            Pass::Backward => attention.backward(s, d, mode),
         }
     }
 

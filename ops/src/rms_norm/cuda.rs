@@ -3,7 +3,7 @@
 //! stream (a 256-thread block per row, grid-stride over rows), into the executor's outputs.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -101,9 +101,7 @@ pub(super) fn forward(op: &RmsNorm, b: &CudaKernels, io: KernelIo<'_, CudaKernel
     // SAFETY: rms_norm_fwd_<dtype> takes (const T*, const T*, T*, i64 rows, i64 h, double);
     // x and y hold rows * h elements of `dt` and w holds h (checked above); the caller keeps
     // the pieces alive until the stream runs the launch.
-    unsafe { l.launch(grid(rows)) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(grid(rows)) })
 }
 
 pub(super) fn backward(
@@ -146,7 +144,5 @@ pub(super) fn backward(
     // SAFETY: rms_norm_bwd_<dtype> takes (const T*, const T*, const T*, T*, W*, i64, i64,
     // double) with W the wide dtype; x, dy and dx hold rows * h elements of `dt`, terms rows * h
     // of `wide(dt)`, w h of `dt` (checked above); the pieces outlive the launch.
-    unsafe { l.launch(grid(rows)) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(grid(rows)) })
 }

@@ -15,15 +15,15 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
-    MetaResult, Result, Saves, Tensor, TensorError,
+    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Saves,
+    Tensor,
 };
 
-use crate::operand_dtypes::one_float_dtype;
+use crate::operand_dtypes::{float_kernels, one_float_dtype};
+use crate::two_outputs::dispatch_pair;
 
 /// `x * (mean(x^2) + eps)^-1/2 * w` over the last dim (inputs: x `[.., H]`, w `[H]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,32 +53,14 @@ pub fn rms_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let mut g =
-        dispatch_multi(Extern::new(RmsNormGrad { eps }).into(), &[x, weight, dy])?.into_iter();
-    match (g.next(), g.next()) {
-        (Some(dx), Some(terms)) => Ok((dx, terms)),
-        _ => Err(TensorError::Kernel {
-            op: "rms_norm_backward",
-            detail: "the op gave fewer than 2 outputs".into(),
-        }),
-    }
+    dispatch_pair(RmsNormGrad { eps }, &[x, weight, dy])
 }
 
-/// The dtypes of every CPU kernel and of every CUDA kernel.
-const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
-const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<RmsNorm>(cpu::forward, cuda::forward));
 
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RmsNorm, CpuBackend>(CPU_DTYPES, cpu::forward)
-        .with::<RmsNorm, CudaKernels>(CUDA_DTYPES, cuda::forward)
-});
-
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RmsNormGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
-        .with::<RmsNormGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<RmsNormGrad>(cpu::backward, cuda::backward));
 
 /// The dtype the kernels compute (and write the weight-gradient terms) in.
 pub fn wide(dt: DType) -> DType {
@@ -149,16 +131,7 @@ impl ExternOp for RmsNormGrad {
     fn kernels(&self) -> &Kernels {
         &BACKWARD
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "the gradients of RMS normalisation have no gradient here",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the gradients of RMS normalisation have no gradient here")
     }
 }

@@ -5,7 +5,7 @@
 //! partial sums and the uploaded tensor list are scratch buffers the executor allocates.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, CudaKernels, CudaSource, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, KernelIds};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Result};
@@ -165,7 +165,7 @@ pub(super) fn sum_squares(
     // SAFETY: sum_squares_blocks takes (const SumEntry*, int, int, double*): the list holds
     // `nt` entries whose pointers cover `n` elements of their dtype each, and `partial` one
     // f64 per block of the grid (checked above); the pieces outlive the launch.
-    unsafe { l.launch(cfg) }.map_err(|e| device_error(name, format!("launch: {e}")))?;
+    launched(name, unsafe { l.launch(cfg) })?;
     let f = SOURCE.function(rt, name, SumKernel::Finish)?;
     let mut l = rt.launcher(name, f)?;
     l.arg(&lp).arg(&nt).arg(&pp).arg(&ep).arg(&tp);
@@ -176,7 +176,5 @@ pub(super) fn sum_squares(
     };
     // SAFETY: sum_squares_finish takes (const SumEntry*, int, const double*, double*,
     // double*): `each` holds `nt` f64s and `total` one (checked above).
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(cfg) })
 }

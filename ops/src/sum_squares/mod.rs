@@ -28,8 +28,8 @@ use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
-    MetaResult, NdSbp, Result, Saves, Sbp, Tensor, TensorError,
+    dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError,
+    MetaResult, NdSbp, Result, Sbp, Tensor, TensorError,
 };
 
 /// What each element adds to its tensor's sum.
@@ -123,18 +123,8 @@ impl ExternOp for SumSquares {
     fn kernels(&self) -> &Kernels {
         &KERNELS
     }
-
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "a norm statistic has no gradient here",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("a norm statistic has no gradient here")
     }
 }
 

@@ -2,8 +2,9 @@
 //! path and looked up by [`SwiGluKernel`]; one grid-stride launch per call on the compute
 //! stream, into the executor's output buffers.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use cudarc::driver::PushKernelArg;
+use oxiflow_cuda::kernel_layer::grid;
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -45,15 +46,6 @@ impl KernelIds for SwiGluKernel {
 
 static SOURCE: CudaSource<SwiGluKernel> = CudaSource::new("swiglu", include_str!("swiglu.cu"));
 
-/// A grid-stride launch over `n` elements (256-thread blocks).
-fn grid(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(256).clamp(1, 65535 * 8) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 /// A typed error unless every piece holds `n` elements of `dtype`.
 fn same(op: &'static str, pieces: &[&CudaStorage], n: usize, dtype: DType) -> Result<()> {
     match pieces.iter().find(|p| p.numel() != n || p.dtype() != dtype) {
@@ -87,9 +79,7 @@ pub(super) fn forward(op: &SwiGlu, b: &CudaKernels, io: KernelIo<'_, CudaKernels
     // SAFETY: swiglu_fwd_<dtype> takes (const T*, const T*, T*, i64); the three pieces hold
     // `n` elements of `dtype` each (checked above) and stay alive until the stream runs it
     // (the caller holds them).
-    unsafe { l.launch(grid(n)) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(grid(n)) })
 }
 
 pub(super) fn backward(
@@ -118,7 +108,5 @@ pub(super) fn backward(
         .arg(&count);
     // SAFETY: swiglu_bwd_<dtype> takes (const T*, const T*, const T*, T*, T*, i64); the five
     // pieces hold `n` elements of `dtype` each (checked above) and outlive the launch.
-    unsafe { l.launch(grid(n)) }
-        .map(|_| ())
-        .map_err(|e| device_error(name, format!("launch: {e}")))
+    launched(name, unsafe { l.launch(grid(n)) })
 }

@@ -13,15 +13,15 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
-    MetaResult, Result, Saves, Tensor, TensorError,
+    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Saves,
+    Tensor,
 };
 
-use crate::operand_dtypes::one_float_dtype;
+use crate::operand_dtypes::{float_kernels, one_float_dtype};
+use crate::two_outputs::dispatch_pair;
 
 /// `silu(gate) * up` (inputs: gate, up).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,31 +38,14 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 /// The gradients of `swiglu(gate, up)` given the output's gradient `dy`: (dgate, dup).
 pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    let mut g = dispatch_multi(Extern::new(SwiGluGrad).into(), &[gate, up, dy])?.into_iter();
-    match (g.next(), g.next()) {
-        (Some(dgate), Some(dup)) => Ok((dgate, dup)),
-        _ => Err(TensorError::Kernel {
-            op: "swiglu_backward",
-            detail: "the op gave fewer than 2 outputs".into(),
-        }),
-    }
+    dispatch_pair(SwiGluGrad, &[gate, up, dy])
 }
 
-/// The dtypes of every CPU kernel and of every CUDA kernel.
-const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
-const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<SwiGlu>(cpu::forward, cuda::forward));
 
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<SwiGlu, CpuBackend>(CPU_DTYPES, cpu::forward)
-        .with::<SwiGlu, CudaKernels>(CUDA_DTYPES, cuda::forward)
-});
-
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<SwiGluGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
-        .with::<SwiGluGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<SwiGluGrad>(cpu::backward, cuda::backward));
 
 impl ExternOp for SwiGlu {
     fn name(&self) -> &'static str {
@@ -105,16 +88,7 @@ impl ExternOp for SwiGluGrad {
     fn kernels(&self) -> &Kernels {
         &BACKWARD
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "the gradients of SwiGLU have no gradient here",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the gradients of SwiGLU have no gradient here")
     }
 }

@@ -1,12 +1,16 @@
-//! Shared helpers of the ops tests: placements and nd-SBPs drawn from seeds.
+//! Shared helpers of the ops tests: the one-rank CUDA world, placements, meshes and nd-SBPs
+//! drawn from seeds, values read as f64 and compared within a tolerance, per rank.
 
 #![allow(dead_code)]
 
+use std::time::Duration;
+
 use oxiflow_collectives::env::{BackendChoice, LaunchEnv};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
-use oxiflow_cuda::init_with_env;
+use oxiflow_cuda::{cuda_unavailable, init_with_env};
 use oxiflow_placement::Placement;
-use oxiflow_tensor::{Context, DeviceType, NdSbp, Sbp};
+use oxiflow_tensor::{run_ranks, Context, DType, DeviceType, NdSbp, Sbp, Tensor};
+use proptest::prelude::*;
 
 /// This process as rank 0 of a one-rank NCCL world bound to cuda:0, through a rendezvous store
 /// of its own (kept alive by the returned server), installed as the default context: how a
@@ -27,6 +31,16 @@ pub fn cuda_world() -> Result<(Context, StoreServer), String> {
     env.backend = BackendChoice::Nccl;
     let ctx = init_with_env(&env).map_err(|e| e.to_string())?;
     Ok((ctx, server))
+}
+
+/// The world of [`cuda_world`], or None (having printed that test `name` was skipped) where
+/// there is no CUDA device.
+pub fn cuda_world_or_skip(name: &str) -> Option<(Context, StoreServer)> {
+    if let Some(why) = cuda_unavailable() {
+        eprintln!("{name}: skipped: no CUDA ({why})");
+        return None;
+    }
+    Some(cuda_world().expect("a one-rank NCCL world on cuda:0"))
 }
 
 /// A placement over mesh `mesh` with its ranks permuted by `perm`.
@@ -56,4 +70,101 @@ pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
             _ => Sbp::P,
         }
     }))
+}
+
+/// 1-d meshes of 1 to 5 ranks and a few 2-d ones.
+pub fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
+    prop_oneof![
+        (1usize..=5).prop_map(|n| vec![n]),
+        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]]),
+    ]
+}
+
+/// The values of `t` (any float dtype; global: this rank's view of the whole) as f64.
+pub fn vals(t: &Tensor) -> Vec<f64> {
+    t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
+}
+
+/// Asserts `got` is within `rel` (relative, with an absolute floor of `rel`) of `want`.
+pub fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * w.abs().max(1.0);
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: {g} vs {w} (tolerance {tol})"
+        );
+    }
+}
+
+/// Asserts every rank's values (None: a rank outside the placement) equal the one-rank
+/// values `want` within 1e-12, each named by `names` in the message beside `what`.
+pub fn assert_ranks_equal<const N: usize>(
+    results: Vec<Option<[Vec<f64>; N]>>,
+    want: &[Vec<f64>; N],
+    names: [&str; N],
+    what: &str,
+) {
+    for (rank, got) in results.into_iter().enumerate() {
+        let Some(got) = got else { continue };
+        for ((g, w), name) in got.iter().zip(want).zip(names) {
+            close(g, w, 1e-12, &format!("rank {rank} {name}, {what}"));
+        }
+    }
+}
+
+/// The forward value and both input gradients of `sum(op(a, b) * r)`, read where `read` (a
+/// rank outside the placement runs the ops but holds no values).
+fn weighted_outcome(
+    op: impl Fn(&Tensor, &Tensor) -> Tensor,
+    [a, b, r]: [Tensor; 3],
+    read: bool,
+) -> Option<[Vec<f64>; 3]> {
+    let (a, b) = (
+        a.detach().requires_grad_(true),
+        b.detach().requires_grad_(true),
+    );
+    let y = op(&a, &b);
+    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    read.then(|| [vals(&y), vals(&a.grad().unwrap()), vals(&b.grad().unwrap())])
+}
+
+/// Asserts the global property of a two-input op: on `p` (and one rank outside it with
+/// `extra`), its inputs `make(0)`, `make(1)` and the loss weight `make(2)` (whole values on
+/// every rank, boxed from broadcast to `nds`) give the value and input gradients of
+/// `sum(op(a, b) * r)` that one rank gives, each named by `names` beside `what`.
+pub fn assert_layouts_equal_one_rank(
+    p: &Placement,
+    extra: bool,
+    nds: &[NdSbp; 3],
+    make: impl Fn(usize) -> Tensor + Sync,
+    op: impl Fn(&Tensor, &Tensor) -> Tensor + Sync,
+    names: [&str; 3],
+    what: &str,
+) {
+    let world = p.num_ranks() + usize::from(extra);
+    let results = run_ranks(world, Duration::from_secs(30), |rank| {
+        let b = NdSbp::broadcast(p.ndim());
+        let lay = |i: usize| {
+            make(i)
+                .to_global(p, b.clone())
+                .and_then(|g| g.to_global(p, nds[i].clone()))
+                .unwrap()
+        };
+        weighted_outcome(&op, [lay(0), lay(1), lay(2)], p.contains(rank))
+    });
+    let want = weighted_outcome(&op, [make(0), make(1), make(2)], true).expect("read");
+    assert_ranks_equal(results, &want, names, what);
+}
+
+/// The host's arg-max of a row: the first index of the largest value above -inf (a `>`-scan
+/// from (0, -inf)), 0 when there is none.
+pub fn first_largest(row: &[f64]) -> i64 {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f64::NEG_INFINITY),
+            |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+        )
+        .0 as i64
 }

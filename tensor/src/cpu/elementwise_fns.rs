@@ -2,8 +2,11 @@
 //! the element-wise kernels and the fused element-wise kernel (so a fused program computes
 //! every element with the same arithmetic as the ops it replaces), and macros choosing one by
 //! op as a function item, so the loop that calls it is compiled (and inlined) per function.
+//! The same functions at one f64 value are public as [`UnaryOp::eval_f64`] and
+//! [`UnaryOp::backward_f64`]: the host reference of device kernels.
 
 use crate::element::{FloatElement, TensorElement};
+use crate::op::UnaryOp;
 
 /// GELU's cubic coefficient.
 const GELU_K: f64 = 0.044715;
@@ -231,6 +234,18 @@ macro_rules! with_unary_backward_fn {
     }};
 }
 pub(crate) use with_unary_backward_fn;
+
+impl UnaryOp {
+    /// The function at one f64 value, computed as the CPU kernels compute it.
+    pub fn eval_f64(self, x: f64) -> f64 {
+        with_unary_fn!(self, f64, f => f(x))
+    }
+    /// `dx = dy f'(x)` at one f64 value, as the CPU kernels compute it; `saved` is y for the
+    /// functions whose backward reads their output ([`UnaryOp::saves_output`]), else x.
+    pub fn backward_f64(self, dy: f64, saved: f64) -> f64 {
+        with_unary_backward_fn!(self, f64, f => f(dy, saved))
+    }
+}
 
 /// `$body` with `$f` the function `(x, c) -> y` of `ScalarOp` `$s` on `$t`.
 macro_rules! with_scalar_fn {

@@ -57,15 +57,29 @@ pub trait ExternOp: Send + Sync + fmt::Debug + Any {
     }
     /// The op's kernels, one per backend and dtype list.
     fn kernels(&self) -> &Kernels;
-    /// Whether output `i` carries a gradient.
+    /// Why the op has no gradient at all (it returns indices, a statistic, another op's
+    /// gradients), if it has none: then no output is differentiable, the op saves nothing and
+    /// its backward is the typed error naming the op and this reason. A differentiable op
+    /// returns None and defines `saves` and `backward`.
+    fn no_gradient(&self) -> Option<&'static str> {
+        None
+    }
+    /// Whether output `i` carries a gradient (every output, unless `no_gradient` says why not).
     fn differentiable(&self, _output: usize) -> bool {
-        true
+        self.no_gradient().is_none()
     }
     /// The inputs and outputs the backward reads, given which inputs need a gradient.
-    fn saves(&self, needs: &[bool]) -> Saves;
+    fn saves(&self, _needs: &[bool]) -> Saves {
+        Saves::NOTHING
+    }
     /// Input gradients from the output gradients, written with dispatched ops (None where an
     /// input needs none).
-    fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>>;
+    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
+        Err(Grad::unsupported(
+            self.name(),
+            self.no_gradient().unwrap_or("the op defines no backward"),
+        ))
+    }
     /// Why a compiled step cannot replay this op's kernels from a recording (e.g. it acts on
     /// the host), if it cannot; the compile then refuses the step naming the op and this.
     fn replay_refusal(&self) -> Option<String> {

@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use ndarray::ArrayD;
-use oxiflow_tensor::{run_ranks, DeviceType, NdSbp, Placement, ReduceOp, Sbp, Tensor};
+use oxiflow_tensor::{
+    run_ranks, DeviceType, GlobalLayout, NdSbp, Placement, ReduceOp, Sbp, Shape, Tensor,
+};
 use proptest::prelude::*;
 
 /// A placement over `n` ranks of mesh `mesh` (product = n), ranks permuted by `perm_seed`.
@@ -49,9 +51,14 @@ pub fn on_ranks<R: Send>(p: &Placement, f: impl Fn(usize) -> R + Sync) -> Vec<R>
     run_ranks(p.num_ranks(), Duration::from_secs(30), f)
 }
 
-/// The values of an f64 tensor, row-major.
+/// The values of a float tensor as f64, row-major.
 pub fn vals(x: &Tensor) -> Vec<f64> {
-    x.to_ndarray::<f64>().unwrap().into_raw_vec_and_offset().0
+    x.to_dtype(oxiflow_tensor::DType::F64)
+        .unwrap()
+        .to_ndarray::<f64>()
+        .unwrap()
+        .into_raw_vec_and_offset()
+        .0
 }
 
 /// The bits of a local tensor's values, each widened to f64 (exact for every float dtype).
@@ -258,4 +265,33 @@ pub fn piece_key(placement: &Placement, rank: usize, nd: &NdSbp) -> usize {
         .zip(nd.as_slice())
         .map(|(c, s)| if *s == Sbp::B { 0 } else { *c + 1 })
         .fold(0, |k, c| k * 10 + c)
+}
+
+/// The placement of a bucket case: mesh `shape` over ranks `0..world` in order.
+pub fn bucket_placement(world: usize, shape: &[usize]) -> Placement {
+    Placement::new(
+        DeviceType::Cpu,
+        shape.to_vec(),
+        (0..world).collect::<Vec<_>>(),
+    )
+    .unwrap()
+}
+
+/// Tensor `i` (`rows x cols`, `other` on the mesh axes but `axis`, which is `on_axis`) of a
+/// bucket case on `rank`: its nd-SBP, the rank's piece shape and a seed for that piece (the
+/// same on ranks that hold the same piece).
+pub fn bucket_piece(
+    placement: &Placement,
+    rank: usize,
+    (axis, on_axis): (usize, Sbp),
+    (rows, cols, other): (usize, usize, Sbp),
+    i: usize,
+) -> (NdSbp, Shape, u64) {
+    let mut sbps = vec![other; placement.ndim()];
+    sbps[axis] = on_axis;
+    let nd = NdSbp::new(sbps);
+    let layout = GlobalLayout::new([rows, cols], placement, nd.clone()).unwrap();
+    let local = layout.local_shape(rank).unwrap();
+    let key = piece_key(placement, rank, &nd);
+    (nd, local, (key * 100 + i) as u64)
 }

@@ -7,17 +7,15 @@ use crate::harness::{rel_err, Buf, Report, Rng, TimingRun};
 use oxiflow_cuda::kernel_layer::FloatType;
 use oxiflow_cuda::kernel_layer::{lt_matmul, Epilogue, LtMatmul};
 use oxiflow_cuda::CudaRuntime;
-use oxiflow_tensor::Result;
+use oxiflow_tensor::{Result, UnaryOp};
 
-const GELU_C: f64 = 0.797_884_560_802_865_4;
-const GELU_K: f64 = 0.044715;
-
+/// GELU at `x` (the CPU kernels' arithmetic in f64).
 pub(super) fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + (GELU_C * (x + GELU_K * x * x * x)).tanh())
+    UnaryOp::Gelu.eval_f64(x)
 }
+/// GELU's derivative at `x`.
 pub(super) fn dgelu(x: f64) -> f64 {
-    let t = (GELU_C * (x + GELU_K * x * x * x)).tanh();
-    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_K * x * x)
+    UnaryOp::Gelu.backward_f64(1.0, x)
 }
 
 /// Row-major `op(a) op(b)` of one batch entry.

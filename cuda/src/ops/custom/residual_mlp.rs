@@ -14,14 +14,16 @@ use oxiflow_tensor::custom::{Activation, LinearKernels, ResidualMlp, ResidualMlp
 use oxiflow_tensor::Result;
 use oxiflow_tensor::{KernelBackend, OutSpec};
 
-/// The (rows, C, F) of an MLP on `x` `[.., C]` with `w_fc` `[C, F]`, every piece of one dtype;
-/// else an error of `op` naming the pieces.
+/// The (rows, C, F) of an MLP on `x` `[.., C]` with `w_fc` `[C, F]` (`ins[0]` and `ins[w]`),
+/// every input and output piece of one dtype; else an error of `op` naming the pieces.
 fn sizes(
     op: &'static str,
-    x: &CudaStorage,
-    w_fc: &CudaStorage,
-    all: &[&CudaStorage],
+    ins: [&CudaStorage; 6],
+    w: usize,
+    out: &[CudaStorage],
 ) -> Result<(usize, usize, usize)> {
+    let (x, w_fc) = (ins[0], ins[w]);
+    let all: Vec<&CudaStorage> = ins.into_iter().chain(out).collect();
     let c = x.shape.dims().last().copied().unwrap_or(0);
     let f = match w_fc.shape.dims() {
         [wc, f] if *wc == c => *f,
@@ -45,9 +47,7 @@ impl ResidualMlpKernels for CudaKernels {
     fn residual_mlp(&self, x: [&CudaStorage; 6], out: &mut [CudaStorage]) -> Result<()> {
         let op = "residual_mlp";
         let [xi, w_fc, b_fc, w_proj, b_proj, res] = x;
-        let mut all = x.to_vec();
-        all.extend(out.iter());
-        let (rows, c, f) = sizes(op, xi, w_fc, &all)?;
+        let (rows, c, f) = sizes(op, x, 1, out)?;
         let t = match self.lt_types(xi.dtype) {
             Some(t) if rows > 0 && c > 0 && f > 0 && out.len() == 3 => t,
             _ => return ResidualMlp::composed_forward(self, x, out),
@@ -68,9 +68,7 @@ impl ResidualMlpKernels for CudaKernels {
     fn residual_mlp_backward(&self, x: [&CudaStorage; 6], out: &mut [CudaStorage]) -> Result<()> {
         let op = "residual_mlp_backward";
         let [xi, h, pre, w_fc, w_proj, dy] = x;
-        let mut all = x.to_vec();
-        all.extend(out.iter());
-        let (rows, c, f) = sizes(op, xi, w_fc, &all)?;
+        let (rows, c, f) = sizes(op, x, 3, out)?;
         let t = match self.lt_types(xi.dtype) {
             Some(t) if rows > 0 && c > 0 && f > 0 && f % 8 == 0 && out.len() == 5 => t,
             _ => return ResidualMlp::composed_backward(self, x, out),

@@ -13,7 +13,7 @@
 //! softmax is not linear.
 
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
 
 use crate::op::{
     same_float_dtype, CustomKernels, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
@@ -157,14 +157,53 @@ fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> MetaResult<Flash
         .ok_or_else(|| shape_err(format!("q {q}, k {k} and v {v} do not fit")))
 }
 
-/// `what` must have shape `want`.
-fn must_be(what: &str, x: &Shape, want: &[usize]) -> MetaResult<()> {
-    if x.dims() == want {
-        Ok(())
-    } else {
-        Err(shape_err(format!("{what} must be {want:?}, got {x}")))
+/// The rules of a fused attention pass, for these ops and for ops outside the crate that
+/// attend alike (context-parallel attention): every operand split as one of `layouts` (an
+/// operand's SBP and beside it the statistics' SBP).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionRules<'a> {
+    pub layouts: &'a [(Sbp, Sbp)],
+    /// The dims of o `[B, T, H, Dv]` and of the statistics lse `[B, H, T]`.
+    pub o: [usize; 4],
+    pub lse: [usize; 3],
+    /// The operands' dtype and the statistics' dtype.
+    pub dtype: DType,
+    pub stats: DType,
+}
+
+impl AttentionRules<'_> {
+    /// The forward's rules: (q, k, v) -> (o, lse).
+    pub fn forward(&self, mode: RuleMode) -> Inferred {
+        let (o, lse) = (Shape::new(self.o), Shape::new(self.lse));
+        let r = rules::fused_attention(o, lse, self.layouts, mode);
+        Inferred::outputs(r, &[self.dtype, self.stats])
+    }
+
+    /// The backward's rules: (q, k, v, o, dO, lse) -> (dq, dk, dv), also partial through a
+    /// partial dO; o, dO and lse must have the forward's output shapes, lse the stats dtype.
+    pub fn backward(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let must_be = |what: &str, x: &Shape, want: &[usize]| {
+            if x.dims() == want {
+                Ok(())
+            } else {
+                Err(shape_err(format!("{what} must be {want:?}, got {x}")))
+            }
+        };
+        must_be("o", s[3], &self.o)?;
+        must_be("the gradient of o", s[4], &self.o)?;
+        must_be("lse", s[5], &self.lse)?;
+        let (dt, stats) = (self.dtype, self.stats);
+        if d[5] != stats {
+            return Err(MetaError::DType(format!(
+                "lse must be {stats} for {dt} operands, got {}",
+                d[5]
+            )));
+        }
+        let r = rules::fused_attention_backward([s[0], s[1], s[2]], self.layouts, mode);
+        Ok(Inferred::outputs(r, &[dt, dt, dt]))
     }
 }
+
 
 impl OpFamily for FlashAttention {
     fn name(&self) -> &'static str {
@@ -185,27 +224,16 @@ impl OpFamily for FlashAttention {
         let a = self.attrs();
         let dt = same_float_dtype(&d[..d.len().min(5)], "q, k and v")?;
         let dims = check_qkv(s[0], s[1], s[2], a)?;
-        let stats = dt.compute();
+        let attention = AttentionRules {
+            layouts: &rules::HEAD_LAYOUTS,
+            o: dims.o(),
+            lse: dims.lse(),
+            dtype: dt,
+            stats: dt.compute(),
+        };
         match self {
-            FlashAttention::Forward(_) => {
-                let (o, lse) = (Shape::new(dims.o()), Shape::new(dims.lse()));
-                let r = rules::fused_attention(o, lse, &rules::HEAD_LAYOUTS, mode);
-                Ok(Inferred::outputs(r, &[dt, stats]))
-            }
-            FlashAttention::Backward(_) => {
-                must_be("o", s[3], &dims.o())?;
-                must_be("the gradient of o", s[4], &dims.o())?;
-                must_be("lse", s[5], &dims.lse())?;
-                if d[5] != stats {
-                    return Err(MetaError::DType(format!(
-                        "lse must be {stats} for {dt} operands, got {}",
-                        d[5]
-                    )));
-                }
-                let qkv = [s[0], s[1], s[2]];
-                let r = rules::fused_attention_backward(qkv, &rules::HEAD_LAYOUTS, mode);
-                Ok(Inferred::outputs(r, &[dt, dt, dt]))
-            }
+            FlashAttention::Forward(_) => Ok(attention.forward(mode)),
+            FlashAttention::Backward(_) => attention.backward(s, d, mode),
         }
     }
 

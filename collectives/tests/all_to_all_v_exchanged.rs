@@ -4,25 +4,13 @@
 //! bad counts fail on every member before anything is sent. (The TCP backend runs it inside
 //! the random scenarios of `multiprocess_tcp`.)
 
+mod multiprocess_common;
+
 use std::time::{Duration, Instant};
 
-use oxiflow_collectives::{CommError, DType, InProcessWorld, SharedComm};
+use multiprocess_common::run_threads;
+use oxiflow_collectives::{CommError, DType, InProcessWorld};
 use proptest::prelude::*;
-
-fn run_threads<T: Send + 'static>(
-    comms: Vec<SharedComm>,
-    f: impl Fn(SharedComm) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let f = std::sync::Arc::new(f);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let f = f.clone();
-            std::thread::spawn(move || f(c))
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
-}
 
 /// The bytes of the `n` elements member `from` sends member `to`: element k is
 /// `from * 10_000 + to * 100 + k`, the element's bytes repeated as the dtype's size needs.

@@ -253,6 +253,23 @@ fn check(what: String, got: Vec<f64>, want: Vec<f64>) -> Result<(), String> {
     }
 }
 
+/// Runs `f` on every communicator of `comms`, each on a thread of its own (in-process ranks);
+/// their results in member order.
+pub fn run_threads<T: Send + 'static>(
+    comms: Vec<SharedComm>,
+    f: impl Fn(SharedComm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let f = f.clone();
+            std::thread::spawn(move || f(c))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// Runs `case` as world rank `comm.rank()`, checking every result; the error names the step.
 pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
     let me = world.rank();

@@ -6,7 +6,8 @@
 //! under `--tp 2`, `--dp 2` and `--pp 2`; greedy generation gives transformers' ids; `--save-hf`
 //! writes transformers' tensor names and reads back to the same loss bit for bit; training in
 //! f64 (the load-balancing loss included) gives one rank's curve to 1e-9 under DP2, TP2 and
-//! pipelines (PP2, micro-batches, PP2 x DP2);
+//! pipelines (PP2 eager and compiled, PP2 x TP2, micro-batches, PP2 x DP2 with and without
+//! ZeRO-2);
 //! and what is not supported is refused by name before any step.
 
 mod common;
@@ -235,14 +236,30 @@ fn pipelines_train_with_the_load_balancing_loss_as_one_rank() {
         let whole = run(1, &[]);
         let parts = run(1, &["--grad-accum", "2"]);
         assert_eq!(whole.len(), 4);
-        let cases: [(&Curve, usize, &[&str]); 4] = [
+        let cases: [(&Curve, usize, &[&str]); 7] = [
             (&whole, 2, &["--pp", "2"]),
+            (&whole, 2, &["--pp", "2", "--compile"]),
+            (&whole, 4, &["--pp", "2", "--tp", "2"]),
             (&parts, 1, &["--micro-batches", "2"]),
             (&parts, 2, &["--pp", "2", "--micro-batches", "2"]),
             (
                 &parts,
                 4,
                 &["--pp", "2", "--dp", "2", "--micro-batches", "2"],
+            ),
+            (
+                &parts,
+                4,
+                &[
+                    "--pp",
+                    "2",
+                    "--dp",
+                    "2",
+                    "--zero",
+                    "2",
+                    "--micro-batches",
+                    "2",
+                ],
             ),
         ];
         for (want, n, layout) in cases {

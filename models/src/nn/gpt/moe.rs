@@ -98,7 +98,7 @@ impl RouterLog {
                         .to_global(placement, nd.clone())
                 };
                 let rows =
-                    Tensor::from_vec(vec![s.rows as f64], [1])?.to_global(placement, nd.clone())?;
+                    Tensor::full_global([1], s.rows as f64, DType::F64, placement, nd.clone())?;
                 Tensor::concat(&[&b(&s.counts)?, &b(&s.probs)?, &rows], 0)?
             }
             Some(_) => {
@@ -148,18 +148,19 @@ impl RouterLog {
     }
 }
 
-/// `experts * sum_e C_e p_e / R^2` for the routes C and rows R of the pack `totals` and
-/// probability sums `probs` `[experts]`, in `probs`' dtype.
+/// `experts * sum_e C_e p_e / R^2` for the routes C and rows R (at least 1) of the pack
+/// `totals` and probability sums `probs` `[experts]`, in `probs`' dtype; tensor ops only (no
+/// host read, so a compiled step replays it).
 fn scaled_routes(totals: &Tensor, experts: usize, probs: &Tensor) -> Result<Tensor> {
-    let rows = totals
-        .narrow(0, 2 * experts, 1)?
-        .to_vec::<f64>()?
-        .first()
-        .copied()
-        .unwrap_or(0.0);
+    let rows = totals.narrow(0, 2 * experts, 1)?;
+    let one = rows.mul_scalar(0.0)?.add_scalar(1.0)?;
+    let scale = Tensor::concat(&[&rows, &one], 0)?
+        .max(&[0], false)?
+        .pow_scalar(-2.0)?
+        .mul_scalar(experts as f64)?
+        .cast(probs.dtype())?;
     let counts = totals.narrow(0, 0, experts)?.cast(probs.dtype())?;
-    let scale = experts as f64 / rows.max(1.0).powi(2);
-    counts.mul(probs)?.sum_all()?.mul_scalar(scale)
+    counts.mul(probs)?.sum_all()?.mul(&scale)
 }
 
 /// `t` on the placement and nd-SBP of `like` (itself when `like` is local or `t` is on its

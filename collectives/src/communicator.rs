@@ -157,9 +157,7 @@ pub trait Communicator: Send + Sync + sealed::Sealed {
     /// member j: entry i is member i's `send_counts[rank()]` (a small all-to-all of the counts,
     /// one per member pair). Every member calls it; host memory, so a device backend answers
     /// `Unsupported`.
-    fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>, CommError> {
-        crate::exchanged::exchange_counts(self, send_counts)
-    }
+    fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>, CommError>;
     /// All-to-all-v whose receive counts are data: the counts are exchanged first
     /// ([`exchange_counts`](Communicator::exchange_counts)), then `send` (`send_counts[j]`
     /// elements for member j, in member order) moves by `all_to_all_v`. Returns the received
@@ -169,9 +167,7 @@ pub trait Communicator: Send + Sync + sealed::Sealed {
         dtype: DType,
         send: &[u8],
         send_counts: &[usize],
-    ) -> Result<(Vec<u8>, Vec<usize>), CommError> {
-        crate::exchanged::all_to_all_v_exchanged(self, dtype, send, send_counts)
-    }
+    ) -> Result<(Vec<u8>, Vec<usize>), CommError>;
     /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
     fn reduce_scatter(
         &self,

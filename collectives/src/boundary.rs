@@ -6,6 +6,7 @@
 use crate::algorithms::args;
 use crate::call::{member_and_count, Call};
 use crate::communicator::sealed::Sealed;
+use crate::exchanged;
 use crate::hooks::BackendHooks;
 use crate::strided::check_layout;
 use crate::widen;
@@ -186,6 +187,19 @@ impl<T: BackendHooks> Communicator for T {
         Call::new(self.log(), name, dtype, bytes).run(check, |(s, r)| {
             BackendHooks::all_to_all_v(self, dtype, s, send_counts, r, recv_counts)
         })
+    }
+
+    fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>, CommError> {
+        exchanged::exchange_counts(self, send_counts)
+    }
+
+    fn all_to_all_v_exchanged(
+        &self,
+        dtype: DType,
+        send: &[u8],
+        send_counts: &[usize],
+    ) -> Result<(Vec<u8>, Vec<usize>), CommError> {
+        exchanged::all_to_all_v_exchanged(self, dtype, send, send_counts)
     }
 
     fn all_to_all_v_others(

@@ -153,6 +153,21 @@ pub trait Communicator: Send + Sync + sealed::Sealed {
         recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError>;
+    /// What each member sends this one when every member sends `send_counts[j]` elements to
+    /// member j: entry i is member i's `send_counts[rank()]` (a small all-to-all of the counts,
+    /// one per member pair). Every member calls it; host memory, so a device backend answers
+    /// `Unsupported`.
+    fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>, CommError>;
+    /// All-to-all-v whose receive counts are data: the counts are exchanged first
+    /// ([`exchange_counts`](Communicator::exchange_counts)), then `send` (`send_counts[j]`
+    /// elements for member j, in member order) moves by `all_to_all_v`. Returns the received
+    /// elements (member i's `recv_counts[i]`, in member order) and `recv_counts`. Host memory.
+    fn all_to_all_v_exchanged(
+        &self,
+        dtype: DType,
+        send: &[u8],
+        send_counts: &[usize],
+    ) -> Result<(Vec<u8>, Vec<usize>), CommError>;
     /// Reduce-scatter with equal counts: `send.len() == size() * recv.len()`.
     fn reduce_scatter(
         &self,

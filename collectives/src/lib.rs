@@ -10,6 +10,7 @@ pub mod cuda_libs;
 pub mod device_trace;
 pub mod env;
 mod error;
+mod exchanged;
 pub mod flight;
 pub mod heartbeat;
 mod hooks;

@@ -5,26 +5,9 @@ mod multiprocess_common;
 
 use std::time::{Duration, Instant};
 
-use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
-use oxiflow_collectives::{
-    Buf, BufMut, CommError, DType, DevicePtr, InProcessWorld, ReduceOp, SharedComm,
-};
+use multiprocess_common::{dtype_of, run_rank, run_threads, Case, DTYPES};
+use oxiflow_collectives::{Buf, BufMut, CommError, DType, DevicePtr, InProcessWorld, ReduceOp};
 use proptest::prelude::*;
-
-fn run_threads<T: Send + 'static>(
-    comms: Vec<SharedComm>,
-    f: impl Fn(SharedComm) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let f = std::sync::Arc::new(f);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let f = f.clone();
-            std::thread::spawn(move || f(c))
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]

@@ -23,10 +23,12 @@ pub enum Step {
         counts: Vec<usize>,
         op: ReduceOp,
     },
-    /// `matrix[i][j]`: elements member i sends to member j.
+    /// `matrix[i][j]`: elements member i sends to member j; `exchanged`: through
+    /// `all_to_all_v_exchanged` (receivers learn their counts from the call).
     AllToAllV {
         group: Vec<usize>,
         matrix: Vec<Vec<usize>>,
+        exchanged: bool,
     },
     Broadcast {
         group: Vec<usize>,
@@ -123,7 +125,7 @@ impl Case {
     pub fn generate(seed: u64, world: usize, dtype: DType, nsteps: usize, max: usize) -> Case {
         let mut rng = Rng::new(seed);
         let steps = (0..nsteps)
-            .map(|_| {
+            .map(|s| {
                 let group = random_group(&mut rng, world);
                 let n = group.len();
                 match rng.below(8) {
@@ -145,6 +147,7 @@ impl Case {
                         matrix: (0..n)
                             .map(|_| (0..n).map(|_| count(&mut rng, max)).collect())
                             .collect(),
+                        exchanged: s % 2 == 1,
                         group,
                     },
                     4 => Step::Broadcast {
@@ -263,6 +266,23 @@ fn check(what: String, got: Vec<f64>, want: Vec<f64>) -> Result<(), String> {
     }
 }
 
+/// Runs `f` on every communicator of `comms`, each on a thread of its own (in-process ranks);
+/// their results in member order.
+pub fn run_threads<T: Send + 'static>(
+    comms: Vec<SharedComm>,
+    f: impl Fn(SharedComm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let f = f.clone();
+            std::thread::spawn(move || f(c))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// Runs `case` as world rank `comm.rank()`, checking every result; the error names the step.
 pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
     let me = world.rank();
@@ -328,7 +348,9 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                     reduced(dt, group, s, off, counts[m], *op),
                 )?;
             }
-            Step::AllToAllV { matrix, .. } => {
+            Step::AllToAllV {
+                matrix, exchanged, ..
+            } => {
                 let n = group.len();
                 let sc: Vec<usize> = matrix[m].clone();
                 let rc: Vec<usize> = (0..n).map(|i| matrix[i][m]).collect();
@@ -337,9 +359,19 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                     .flat_map(|j| inputs(dt, me, s, 1000 * j, sc[j]))
                     .collect();
                 let send = encode(dt, &send_v);
-                let mut recv = vec![0u8; rc.iter().sum::<usize>() * dt.size()];
-                comm.all_to_all_v(dt, (&send[..]).into(), &sc, (&mut recv[..]).into(), &rc)
-                    .map_err(ctx)?;
+                let recv = if *exchanged {
+                    let (recv, counts) =
+                        comm.all_to_all_v_exchanged(dt, &send, &sc).map_err(ctx)?;
+                    if counts != rc {
+                        return Err(format!("{}: received counts {counts:?}", what()));
+                    }
+                    recv
+                } else {
+                    let mut recv = vec![0u8; rc.iter().sum::<usize>() * dt.size()];
+                    comm.all_to_all_v(dt, (&send[..]).into(), &sc, (&mut recv[..]).into(), &rc)
+                        .map_err(ctx)?;
+                    recv
+                };
                 let want: Vec<f64> = (0..n)
                     .flat_map(|i| inputs(dt, group[i], s, 1000 * m, rc[i]))
                     .collect();

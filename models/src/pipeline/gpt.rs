@@ -7,7 +7,7 @@ use oxiflow_placement::Placement;
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
-use crate::nn::gpt::Gpt;
+use crate::nn::gpt::{Gpt, RouterLog};
 use crate::nn::Pass;
 use crate::Result;
 
@@ -48,6 +48,23 @@ impl PipelineModel for Gpt {
     }
     fn run_chunk(&self, g: usize, x: &Tensor, pass: Pass) -> Result<Tensor> {
         Gpt::run_chunk(self, g, x, pass)
+    }
+    fn aux_loss(&self, pass: Pass) -> Option<(f64, usize)> {
+        match &self.arch.moe {
+            Some(m) if pass != Pass::Eval && m.aux_loss_coef > 0.0 => {
+                Some((m.aux_loss_coef, m.experts))
+            }
+            _ => None,
+        }
+    }
+    fn run_chunk_routed(
+        &self,
+        g: usize,
+        x: &Tensor,
+        pass: Pass,
+        log: &mut RouterLog,
+    ) -> Result<Tensor> {
+        Gpt::run_chunk_routed(self, g, x, pass, log)
     }
     fn exit_loss(
         &self,

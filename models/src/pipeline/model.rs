@@ -8,6 +8,7 @@ use oxiflow_placement::Placement;
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
+use crate::nn::gpt::RouterLog;
 use crate::nn::{Module, Parameter, Pass};
 use crate::Result;
 
@@ -40,6 +41,24 @@ pub trait PipelineModel: Module {
     fn enter(&self, inputs: &Tensor, pass: Pass) -> Result<Tensor>;
     /// Chunk `g` on the stream `x`.
     fn run_chunk(&self, g: usize, x: &Tensor, pass: Pass) -> Result<Tensor>;
+    /// The routers' load-balancing loss `pass` adds to the loss: its coefficient and the
+    /// experts of every router (None: no such loss).
+    fn aux_loss(&self, pass: Pass) -> Option<(f64, usize)> {
+        let _ = pass;
+        None
+    }
+    /// [`PipelineModel::run_chunk`], adding the routing statistics of the chunk's routers to
+    /// `log`.
+    fn run_chunk_routed(
+        &self,
+        g: usize,
+        x: &Tensor,
+        pass: Pass,
+        log: &mut RouterLog,
+    ) -> Result<Tensor> {
+        let _ = log;
+        self.run_chunk(g, x, pass)
+    }
     /// The mean loss of the last chunk's output `y` against `targets` (0-d); `tied`: the
     /// shared parameter's value on the last stage, when the runner brought it there.
     fn exit_loss(

@@ -9,7 +9,11 @@
 //! its gradient comes back at the end. Micro-batch losses are scaled by `1/m` (times
 //! the caller's scale, e.g. `1/k` for `k` accumulated runs), so the accumulated gradients are
 //! the full batch's; each micro-batch draws its rows of the whole batch's dropout masks
-//! (`Pass::micro`), so the step equals the unsplit one.
+//! (`Pass::micro`), so the step equals the unsplit one. A model whose routers add a
+//! load-balancing loss (`PipelineModel::aux_loss`) sends each stream and each gradient with a
+//! routing pack beside it (`RouterLog::pack`: the routing sums of every block so far, then the
+//! pipeline's totals): the last stage adds the whole loss, every other stage its share's
+//! gradient, so loss and gradients are the unsplit micro-batch's.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,6 +22,7 @@ use oxiflow_collectives::DType;
 use oxiflow_sbp::{NdSbp, Shape};
 use oxiflow_tensor::{Context, Tensor};
 
+use crate::nn::gpt::RouterLog;
 use crate::nn::Pass;
 use crate::{Result, TensorError};
 
@@ -53,11 +58,21 @@ pub struct MicroBatches<'a> {
 }
 
 /// The tensors one forward keeps for its backward: the stream it received (a leaf whose
-/// gradient goes back) and its output (the stream sent on, or the loss).
+/// gradient goes back), its output (the stream sent on, or the loss), its routers'
+/// statistics and, on the last chunk, the routing pack of the whole pipeline.
 struct Saved {
     input: Option<Tensor>,
     output: Tensor,
+    log: RouterLog,
+    totals: Option<Tensor>,
 }
+
+/// A message's sending and receiving stages, nd-SBP (the same on both), shape and dtype.
+type MessageLayout = (usize, usize, NdSbp, Vec<usize>, DType);
+
+/// What an action computed for the send after it: the message, its tensor and the routing
+/// pack that goes with it.
+type Produced = (Message, Tensor, Option<Tensor>);
 
 struct Stage<'a> {
     model: &'a dyn PipelineModel,
@@ -65,6 +80,10 @@ struct Stage<'a> {
     stage: usize,
     /// Messages received (or kept from this stage's own sends) and not used yet.
     stash: HashMap<Message, Tensor>,
+    /// The routing packs that came with them.
+    packs: HashMap<Message, Tensor>,
+    /// The load-balancing loss's coefficient and the routers' experts, when the step adds it.
+    aux: Option<(f64, usize)>,
     /// The stream's shape and dtype.
     stream_shape: Vec<usize>,
     stream_dtype: DType,
@@ -74,7 +93,7 @@ struct Stage<'a> {
 impl Stage<'_> {
     /// The source and target stages of `msg`, its nd-SBP (the same on both), shape and dtype
     /// (the dtype layers compute with: the tied table's compute copy, the stream's).
-    fn layout_of(&self, msg: Message) -> Result<(usize, usize, NdSbp, Vec<usize>, DType)> {
+    fn layout_of(&self, msg: Message) -> Result<MessageLayout> {
         let pp = self.spec.stages;
         let (to, g) = match msg {
             Message::Activation { to, .. } | Message::Gradient { to, .. } => {
@@ -104,21 +123,52 @@ impl Stage<'_> {
         }
     }
 
+    /// The layout of the routing pack beside `msg` (a stream or its gradient, when the step
+    /// adds a load-balancing loss): as `layout_of`, broadcast, f64 `[2 experts + 1]`.
+    fn pack_layout(&self, msg: Message) -> Result<Option<MessageLayout>> {
+        let (Some((_, experts)), Message::Activation { .. } | Message::Gradient { .. }) =
+            (self.aux, msg)
+        else {
+            return Ok(None);
+        };
+        let (from, to, _, _, _) = self.layout_of(msg)?;
+        let nd = NdSbp::broadcast(self.placement(to)?.ndim());
+        Ok(Some((from, to, nd, vec![2 * experts + 1], DType::F64)))
+    }
+
     fn placement(&self, stage: usize) -> Result<oxiflow_placement::Placement> {
         self.model
             .stage_placement(stage)
             .ok_or_else(|| runner_err("pipeline stages must be global".into()))
     }
 
-    /// Sends `t` as `msg` (kept here when this stage receives it itself).
-    fn send(&mut self, msg: Message, t: &Tensor) -> Result<()> {
+    /// Sends `t` as `msg` (kept here when this stage receives it itself), and `pack` after
+    /// it when the step carries routing packs.
+    fn send(&mut self, msg: Message, t: &Tensor, pack: Option<&Tensor>) -> Result<()> {
         let (_, to, nd, _, _) = self.layout_of(msg)?;
+        let pack = match (self.pack_layout(msg)?, pack) {
+            (Some((_, _, nd, _, _)), Some(p)) => Some((p, nd)),
+            (None, None) => None,
+            (want, _) => {
+                return Err(runner_err(format!(
+                    "stage {} sends {msg:?} {} a routing pack",
+                    self.stage,
+                    if want.is_some() { "without" } else { "with" }
+                )))
+            }
+        };
         if to == self.stage {
             self.stash.insert(msg, t.detach());
+            if let Some((p, _)) = pack {
+                self.packs.insert(msg, p.detach());
+            }
             return Ok(());
         }
         let p = self.placement(to)?;
         t.detach().to_global(&p, nd)?;
+        if let Some((t, nd)) = pack {
+            t.detach().to_global(&p, nd)?;
+        }
         Ok(())
     }
 
@@ -136,9 +186,26 @@ impl Stage<'_> {
         let (src, dst) = (self.placement(from)?, self.placement(to)?);
         let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
         let t = absent.to_global(&dst, nd)?.detach();
+        if let Some((_, _, nd, shape, dtype)) = self.pack_layout(msg)? {
+            let absent = Tensor::zeros_global(shape, dtype, &src, nd.clone())?;
+            self.packs.insert(msg, absent.to_global(&dst, nd)?.detach());
+        }
         self.waiting += start.elapsed();
         self.stash.insert(msg, t);
         Ok(())
+    }
+
+    /// The routing pack that came with `msg`, when the step carries them.
+    fn take_pack(&mut self, msg: Message) -> Result<Option<Tensor>> {
+        if self.aux.is_none() {
+            return Ok(None);
+        }
+        self.packs.remove(&msg).map(Some).ok_or_else(|| {
+            runner_err(format!(
+                "stage {} needs the routing pack of {msg:?} before receiving it",
+                self.stage
+            ))
+        })
     }
 
     /// The kept tensor of `msg`.
@@ -163,16 +230,18 @@ fn open_channels(st: &Stage<'_>, tied: bool) -> Result<()> {
     let mut pairs = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (_, _, msg) in st.spec.messages(tied) {
-        let (from, to, nd, shape, dtype) = st.layout_of(msg)?;
-        if !seen.insert((from, to, nd.clone(), shape.clone(), dtype)) {
-            continue;
+        let layouts = std::iter::once(st.layout_of(msg)?).chain(st.pack_layout(msg)?);
+        for (from, to, nd, shape, dtype) in layouts {
+            if !seen.insert((from, to, nd.clone(), shape.clone(), dtype)) {
+                continue;
+            }
+            let (src, dst) = (st.placement(from)?, st.placement(to)?);
+            let plan = ctx
+                .planner()
+                .plan_parts(&Shape::new(shape), (&src, &nd), (&dst, &nd), dtype)
+                .map_err(|e| runner_err(format!("planning {msg:?}: {e}")))?;
+            pairs.extend(plan.one_way_pairs());
         }
-        let (src, dst) = (st.placement(from)?, st.placement(to)?);
-        let plan = ctx
-            .planner()
-            .plan_parts(&Shape::new(shape), (&src, &nd), (&dst, &nd), dtype)
-            .map_err(|e| runner_err(format!("planning {msg:?}: {e}")))?;
-        pairs.extend(plan.one_way_pairs());
     }
     oxiflow_boxing::open_one_way(ctx.world(), &pairs)
         .map_err(|e| runner_err(format!("opening the pipeline's channels: {e}")))
@@ -218,6 +287,8 @@ pub fn run_step(
         spec: *spec,
         stage,
         stash: HashMap::new(),
+        packs: HashMap::new(),
+        aux: model.aux_loss(pass),
         stream_shape,
         stream_dtype,
         waiting: Duration::ZERO,
@@ -237,7 +308,7 @@ pub fn run_step(
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let mut losses: Vec<Tensor> = Vec::new();
     // What the last action computed for the `Send` after it.
-    let mut outgoing: Option<(Message, Tensor)> = None;
+    let mut outgoing: Option<Produced> = None;
     for op in spec.program(stage, tied.is_some()) {
         match op {
             HostOp::Recv { msg, .. } => {
@@ -254,21 +325,21 @@ pub fn run_step(
                 }
             }
             HostOp::Send { msg, .. } => {
-                let t = match (msg, &tied, &tied_last) {
+                let (t, pack) = match (msg, &tied, &tied_last) {
                     (Message::Tied, Some(t), _) => {
                         let w = t.param.compute()?;
                         tied_sent = Some(w.reshape(w.shape().clone())?);
-                        w
+                        (w, None)
                     }
                     (Message::TiedGradient, Some(t), Some(w)) => {
                         let last = st.placement(pp - 1)?;
                         let dw = w.grad().ok_or_else(|| {
                             runner_err("the last stage's tied table has no gradient".into())
                         })?;
-                        dw.to_global(&last, t.layout.clone())?
+                        (dw.to_global(&last, t.layout.clone())?, None)
                     }
                     _ => match outgoing.take() {
-                        Some((m, t)) if m == msg => t,
+                        Some((m, t, pack)) if m == msg => (t, pack),
                         _ => {
                             return Err(runner_err(format!(
                                 "stage {stage} sends {msg:?}, which no action computed"
@@ -276,7 +347,7 @@ pub fn run_step(
                         }
                     },
                 };
-                st.send(msg, &t)?;
+                st.send(msg, &t, pack.as_ref())?;
             }
             HostOp::Run(a) => {
                 let produced = run_action(
@@ -288,11 +359,11 @@ pub fn run_step(
                     &mut saved,
                     &mut losses,
                 )?;
-                if let Some((msg, t)) = produced {
+                if let Some((msg, t, pack)) = produced {
                     match spec.sends(stage, a) {
                         // Kept for this stage's own next chunk.
-                        Some((to, _)) if to == stage => st.send(msg, &t)?,
-                        _ => outgoing = Some((msg, t)),
+                        Some((to, _)) if to == stage => st.send(msg, &t, pack.as_ref())?,
+                        _ => outgoing = Some((msg, t, pack)),
                     }
                 }
             }
@@ -330,7 +401,7 @@ fn run_action(
     tied_last: Option<&Tensor>,
     saved: &mut HashMap<(usize, usize), Saved>,
     losses: &mut Vec<Tensor>,
-) -> Result<Option<(Message, Tensor)>> {
+) -> Result<Option<Produced>> {
     let (model, stage) = (st.model, st.stage);
     let chunks = st.spec.chunks();
     let m = st.spec.micro_batches;
@@ -350,17 +421,41 @@ fn run_action(
                     .requires_grad_(true);
                 (Some(leaf.clone()), leaf)
             };
-            let y = model.run_chunk(g, &x, pass_of(mb))?;
-            let (output, produced) = if g + 1 == chunks {
-                let loss = model.exit_loss(&y, &batches.targets[mb], tied_last, pass_of(mb))?;
+            let earlier = match g {
+                0 => None,
+                _ => st.take_pack(Message::Activation { mb, to: g })?,
+            };
+            let mut log = RouterLog::default();
+            let y = model.run_chunk_routed(g, &x, pass_of(mb), &mut log)?;
+            // The routing sums of every block so far (the whole pipeline's after the last).
+            let pack = match st.aux {
+                Some((_, experts)) => {
+                    Some(log.pack(earlier.as_ref(), experts, &st.placement(stage)?)?)
+                }
+                None => None,
+            };
+            let (output, produced, totals) = if g + 1 == chunks {
+                let mut loss = model.exit_loss(&y, &batches.targets[mb], tied_last, pass_of(mb))?;
+                if let (Some((coef, experts)), Some(totals)) = (st.aux, &pack) {
+                    if let Some(aux) = log.aux_loss_after(earlier.as_ref(), totals, experts)? {
+                        loss = loss.add(&aux.mul_scalar(coef)?.cast(loss.dtype())?)?;
+                    }
+                }
                 losses.push(loss.detach());
-                (loss, None)
+                (loss, None, pack)
             } else {
                 let (p, nd) = stream(g)?;
                 let y = y.to_global(&p, nd)?;
-                (y.clone(), Some((Message::Activation { mb, to: g + 1 }, y)))
+                let msg = Message::Activation { mb, to: g + 1 };
+                (y.clone(), Some((msg, y, pack)), None)
             };
-            saved.insert((mb, chunk), Saved { input, output });
+            let s = Saved {
+                input,
+                output,
+                log,
+                totals,
+            };
+            saved.insert((mb, chunk), s);
             Ok(produced)
         }
         Action::Backward { mb, chunk } => {
@@ -369,12 +464,29 @@ fn run_action(
                     "stage {stage}: backward of {a:?} before its forward"
                 ))
             })?;
-            if g + 1 == chunks {
-                s.output.mul_scalar(batches.scale / m as f64)?.backward()?;
+            let scale = batches.scale / m as f64;
+            let totals = if g + 1 == chunks {
+                s.output.mul_scalar(scale)?.backward()?;
+                s.totals
             } else {
-                let dy = st.take(Message::Gradient { mb, to: g })?;
-                s.output.backward_with(&dy)?;
-            }
+                let msg = Message::Gradient { mb, to: g };
+                let (dy, totals) = (st.take(msg)?, st.take_pack(msg)?);
+                // The routers' share of the load-balancing loss, given the pipeline's totals,
+                // backpropagates with the stream's gradient in one pass.
+                let share = match (st.aux, &totals) {
+                    (Some((coef, _)), Some(t)) => s.log.aux_share(t)?.map(|a| (a, coef)),
+                    _ => None,
+                };
+                match share {
+                    Some((a, coef)) => {
+                        let a = a.mul_scalar(coef * scale)?;
+                        let streamed = s.output.mul(&dy)?.sum_all()?;
+                        streamed.add(&a.cast(streamed.dtype())?)?.backward()?;
+                    }
+                    None => s.output.backward_with(&dy)?,
+                }
+                totals
+            };
             let Some(input) = s.input else {
                 return Ok(None);
             };
@@ -385,6 +497,7 @@ fn run_action(
             Ok(Some((
                 Message::Gradient { mb, to: g - 1 },
                 dx.to_global(&p, nd)?,
+                totals,
             )))
         }
     }

@@ -10,7 +10,7 @@ use oxiflow_models::data::{
     Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
     HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, MoeArch};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -57,22 +57,9 @@ fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
 
-/// Refuses, before the world starts, what a mixture of experts does not support: a pipeline
-/// training with the router's load-balancing loss (it sums over the blocks of every stage,
-/// which the schedule does not carry between stages) and full recomputation (the routing
-/// statistics of a recomputed block would carry no gradient).
-fn check_moe(cfg: &TrainConfig, moe: &MoeArch) -> Result<(), TrainError> {
-    let trains = !cfg.generates_only() && !cfg.run.eval_only;
-    if trains && cfg.parallel.pp > 1 && moe.aux_loss_coef > 0.0 {
-        return Err(TrainError::Config {
-            detail: format!(
-                "--pp {}: training a mixture of experts with its load-balancing loss \
-                 (router_aux_loss_coef {}) in a pipeline is not supported (the loss sums the \
-                 routing of every stage's blocks); train with --dp or --tp",
-                cfg.parallel.pp, moe.aux_loss_coef
-            ),
-        });
-    }
+/// Refuses, before the world starts, what a mixture of experts does not support: full
+/// recomputation (the routing statistics of a recomputed block would carry no gradient).
+fn check_moe(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.parallel.recompute == RecomputeArg::Full {
         return Err(TrainError::Config {
             detail: "--recompute full: a mixture-of-experts block's routing statistics would \
@@ -146,8 +133,8 @@ impl GptInputs {
             ck.config
                 .check_sliding_window(text.max(longest) + cfg.generate.gen_tokens)?;
         }
-        if let Some(moe) = &spec.arch.moe {
-            check_moe(cfg, moe)?;
+        if spec.arch.moe.is_some() {
+            check_moe(cfg)?;
         }
         if spec.arch.mlp == MlpKind::SwiGlu && cfg.parallel.recompute == RecomputeArg::Gelu {
             return Err(TrainError::Config {

@@ -10,6 +10,8 @@
 use oxiflow_dtype::DType;
 use oxiflow_ops::moe::{expert_matmul, router_topk};
 use oxiflow_ops::swiglu::swiglu;
+use oxiflow_placement::Placement;
+use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
 use crate::{Result, TensorError};
@@ -71,6 +73,94 @@ impl RouterLog {
         let scale = self.experts as f64 / (s.rows.max(1) as f64).powi(2);
         Ok(Some(s.counts.mul(&s.probs)?.sum_all()?.mul_scalar(scale)?))
     }
+}
+
+/// The routing statistics a pipeline stage passes on: what every block before it and its own
+/// blocks routed, as one f64 vector `[counts | probabilities | rows]` (`2 experts + 1`
+/// values, broadcast on the stage's placement, no gradient). The load-balancing loss is a
+/// product of sums over all blocks, so a stage's share of its gradient needs the totals of
+/// the whole pipeline: they travel forward with the stream and back with its gradient.
+impl RouterLog {
+    /// This log's sums plus `earlier` (the pack received from the stage before, on
+    /// `placement`), packed on `placement` for routers of `experts` experts.
+    pub fn pack(
+        &self,
+        earlier: Option<&Tensor>,
+        experts: usize,
+        placement: &Placement,
+    ) -> Result<Tensor> {
+        let nd = NdSbp::broadcast(placement.ndim());
+        let own = match &self.sum {
+            Some(s) if self.experts == experts => {
+                let b = |t: &Tensor| {
+                    t.detach()
+                        .cast(DType::F64)?
+                        .to_global(placement, nd.clone())
+                };
+                let rows =
+                    Tensor::full_global([1], s.rows as f64, DType::F64, placement, nd.clone())?;
+                Tensor::concat(&[&b(&s.counts)?, &b(&s.probs)?, &rows], 0)?
+            }
+            Some(_) => {
+                return Err(TensorError::Shape {
+                    op: "RouterLog::pack",
+                    shapes: format!("{} experts", self.experts),
+                    sbps: "-".into(),
+                    detail: format!("the pipeline's routers have {experts} experts"),
+                })
+            }
+            None => Tensor::zeros_global([2 * experts + 1], DType::F64, placement, nd)?,
+        };
+        match earlier {
+            Some(e) => own.add(e),
+            None => Ok(own),
+        }
+    }
+
+    /// The share of the load-balancing loss of the blocks logged here, given the pipeline's
+    /// `totals` (the pack after its last block): `experts * sum_e (C_e / R)(p_e / R)` with
+    /// C and R every block's routes and rows and p these blocks' probabilities. Its gradient
+    /// is the whole loss's gradient through these blocks (C carries none). None when
+    /// nothing was logged.
+    pub fn aux_share(&self, totals: &Tensor) -> Result<Option<Tensor>> {
+        match &self.sum {
+            Some(s) => Ok(Some(scaled_routes(totals, self.experts, &s.probs)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The whole load-balancing loss on the pipeline's last stage, whose gradient flows
+    /// through the blocks logged here (the earlier stages' probabilities in `earlier` enter as
+    /// values; each stage adds its own share's gradient with [`RouterLog::aux_share`]).
+    pub fn aux_loss_after(
+        &self,
+        earlier: Option<&Tensor>,
+        totals: &Tensor,
+        experts: usize,
+    ) -> Result<Option<Tensor>> {
+        let before = earlier
+            .map(|e| scaled_routes(totals, experts, &e.narrow(0, experts, experts)?))
+            .transpose()?;
+        match (before, self.aux_share(totals)?) {
+            (Some(b), Some(own)) => Ok(Some(own.add(&b.cast(own.dtype())?)?)),
+            (b, own) => Ok(own.or(b)),
+        }
+    }
+}
+
+/// `experts * sum_e C_e p_e / R^2` for the routes C and rows R (at least 1) of the pack
+/// `totals` and probability sums `probs` `[experts]`, in `probs`' dtype; tensor ops only (no
+/// host read, so a compiled step replays it).
+fn scaled_routes(totals: &Tensor, experts: usize, probs: &Tensor) -> Result<Tensor> {
+    let rows = totals.narrow(0, 2 * experts, 1)?;
+    let one = rows.mul_scalar(0.0)?.add_scalar(1.0)?;
+    let scale = Tensor::concat(&[&rows, &one], 0)?
+        .max(&[0], false)?
+        .pow_scalar(-2.0)?
+        .mul_scalar(experts as f64)?
+        .cast(probs.dtype())?;
+    let counts = totals.narrow(0, 0, experts)?.cast(probs.dtype())?;
+    counts.mul(probs)?.sum_all()?.mul(&scale)
 }
 
 /// `t` on the placement and nd-SBP of `like` (itself when `like` is local or `t` is on its

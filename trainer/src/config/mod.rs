@@ -404,7 +404,12 @@ fn architecture_of_resumed(merged: &mut toml::Table) -> Result<(), TrainError> {
     if !saved_path.is_file() {
         return Ok(());
     }
-    let saved = read_job_file(&saved_path)?;
+    let what = format!(
+        "--resume {}: its configuration {}",
+        ckpt.display(),
+        saved_path.display()
+    );
+    let saved = read_flags_file(&saved_path, &what)?;
     for (section, key) in ARCHITECTURE_KEYS {
         let Some(value) = saved.get(section).and_then(|t| t.get(key)) else {
             continue;
@@ -421,8 +426,14 @@ fn architecture_of_resumed(merged: &mut toml::Table) -> Result<(), TrainError> {
 
 /// A job file's tables, checked against `Flags` (an unknown table or key is an error naming it).
 fn read_job_file(path: &Path) -> Result<toml::Table, TrainError> {
+    read_flags_file(path, &format!("--config {}", path.display()))
+}
+
+/// The tables of a file of flags (at most 1 MiB, every key one `Flags` knows); errors begin
+/// with `what`, which names the file as the user gave it.
+fn read_flags_file(path: &Path, what: &str) -> Result<toml::Table, TrainError> {
     let bad = |detail: String| TrainError::Config {
-        detail: format!("--config {}: {detail}", path.display()),
+        detail: format!("{what}: {detail}"),
     };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() || meta.len() > 1 << 20 {

@@ -101,6 +101,11 @@ struct Args {
     /// driver's (the default).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     nccl_memory: OnOff,
+    /// Device blocks of at least this many MiB go back to the driver's stream-ordered pool when
+    /// freed, which serves any size from their bytes (0: every block cached by size; default:
+    /// the library's `DRIVER_REUSE_FROM`).
+    #[arg(long)]
+    driver_reuse_mib: Option<f64>,
     /// AdamW's update written over the old parameters and state where nothing else holds them
     /// (the default), or into new memory (the same bits).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
@@ -277,6 +282,9 @@ fn main() -> R<()> {
     };
     rt.set_matmul_precision(precision.matmul());
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
+    if let Some(mib) = a.driver_reuse_mib {
+        rt.set_driver_reuse_from((mib > 0.0).then_some((mib * (1u64 << 20) as f64) as usize))?;
+    }
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;
     let cfg = GptConfig {
@@ -387,7 +395,7 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
@@ -414,6 +422,12 @@ fn main() -> R<()> {
         (c1.fresh - c0.fresh) as f64 / n,
         (c1.given_back - c0.given_back) as f64 / n,
         (c1.released_all - c0.released_all) as f64 / n,
+        a.driver_reuse_mib
+            .unwrap_or(cuda::DRIVER_REUSE_FROM as f64 / (1u64 << 20) as f64),
+        rt.driver_pool_peak().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        rt.memory_info()
+            .map_or(0, |(free, total)| total.saturating_sub(free)) as f64
+            / (1u64 << 30) as f64,
     );
     let live = oxiflow::memory::device().live;
     println!(

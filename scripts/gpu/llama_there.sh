@@ -16,16 +16,7 @@ STEPS=${STEPS:-10}
 ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 nvidia-smi -L
-sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
-  local log=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$log.smi" &
-  local smi=$!
-  "$@" > "$log" 2>&1
-  local code=$?
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-  echo "SMI_PEAK_MIB $(sort -n "$log.smi" | tail -1)" >> "$log"
-  [ "$code" = 0 ] || echo "$log failed ($code): $(tail -2 "$log")"
-}
+. ./sampled.sh
 DIMS=(--layers 16 --width 2048 --heads 32)
 for r in $(seq "$ROUNDS"); do
   for mode in eager compile; do

@@ -14,16 +14,7 @@ SEQS=${SEQS:-"16384 32768"}
 STEPS=${STEPS:-4}
 mkdir -p "$OUT"
 nvidia-smi -L
-sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
-  local log=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$log.smi" &
-  local smi=$!
-  "$@" > "$log" 2>&1
-  local code=$?
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-  echo "SMI_PEAK_MIB $(sort -n "$log.smi" | tail -1)" >> "$log"
-  [ "$code" = 0 ] || echo "$log failed ($code): $(grep -iE "error|memory" "$log" | tail -2 | cut -c1-200)"
-}
+. ./sampled.sh
 for S in $SEQS; do
   for rc in none full; do
     sampled "$OUT/ours-$S-$rc.log" timeout 240 bin/oflaunch --nproc-per-node 1 --backend nccl \

@@ -22,13 +22,17 @@
 //! `--tie-embeddings`), e.g. Llama-3.2-1B's shape: `--arch llama --layers 16 --width 2048
 //! --heads 32 --kv-heads 8 --ffn-width 8192 --vocab 128256 --tie-embeddings --seq 2048
 //! --micro-batch 4`; its N counts every parameter (it has no position table), a tied table once.
+//! `--experts E --top-k K` makes every block's MLP a Mixtral-style mixture of E experts of
+//! `--ffn-width` (N then counts K of them: the parameters a token meets).
 
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda;
-use oxiflow::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE};
+use oxiflow::nn::gpt::{
+    Arch, Gpt, GptConfig, GptLayout, MoeArch, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE,
+};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
 use oxiflow::placement::{NamedMesh, DP, TP};
@@ -67,6 +71,14 @@ struct Args {
     /// `--arch llama` reads its output through the token table.
     #[arg(long)]
     tie_embeddings: bool,
+    /// `--arch llama` with a mixture of this many SwiGLU experts in every block (Mixtral's:
+    /// softmax router, top-k renormalised, no shared expert, no load-balancing loss); 0: the
+    /// dense MLP.
+    #[arg(long, default_value_t = 0)]
+    experts: usize,
+    /// Experts each token is routed to.
+    #[arg(long, default_value_t = 2)]
+    top_k: usize,
     #[arg(long, default_value_t = 12)]
     layers: usize,
     #[arg(long, default_value_t = 768)]
@@ -300,16 +312,20 @@ fn main() -> R<()> {
         sequence_parallel: false,
         ..GptConfig::default()
     };
+    let ffn = a.ffn_width.unwrap_or(4 * a.width);
     let arch = match a.arch {
         ArchArg::Gpt2 => Arch::gpt2(),
         ArchArg::Llama => Arch {
             tie_embeddings: a.tie_embeddings,
-            ..Arch::llama(
-                a.kv_heads.unwrap_or(a.heads),
-                a.ffn_width.unwrap_or(4 * a.width),
-                a.rope_theta,
-                1e-5,
-            )
+            moe: (a.experts > 0).then_some(MoeArch {
+                experts: a.experts,
+                top_k: a.top_k,
+                renormalize: true,
+                expert_width: ffn,
+                shared_width: None,
+                aux_loss_coef: 0.0,
+            }),
+            ..Arch::llama(a.kv_heads.unwrap_or(a.heads), ffn, a.rope_theta, 1e-5)
         },
     };
     let mut model = Gpt::with_arch(
@@ -325,9 +341,12 @@ fn main() -> R<()> {
         .map(|p| if model.decays(p) { 0.1 } else { 0.0 })
         .collect();
     let n_all: usize = params.iter().map(|p| p.value().numel()).sum();
+    // The parameters a token meets: the position table is looked up, not multiplied; of the
+    // experts, only its top-k.
+    let idle_experts = a.layers * a.experts.saturating_sub(a.top_k) * 3 * a.width * ffn;
     let n_mfu = match a.arch {
         ArchArg::Gpt2 => n_all - a.seq * a.width,
-        ArchArg::Llama => n_all,
+        ArchArg::Llama => n_all - idle_experts,
     };
     let opt = AdamW::new(
         params,

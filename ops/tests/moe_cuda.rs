@@ -14,15 +14,7 @@ use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Tensor};
 /// Expert ids of `m` rows over `experts` experts from `seed`, never the last expert (so one
 /// expert gets no row).
 fn ids_of(m: usize, experts: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed;
-    (0..m)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) as usize % (experts - 1)) as i64
-        })
-        .collect()
+    common::expert_ids(m, experts - 1, seed)
 }
 
 /// Random never-zero values `[dims]` (magnitudes in [0.25, 1.25)) of `dt`, and their f64

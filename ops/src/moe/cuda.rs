@@ -10,9 +10,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
-use oxiflow_cuda::kernel_layer::{
-    download, grid, lt_matmul, upload, Epilogue, FloatType, LtMatmul,
-};
+use oxiflow_cuda::kernel_layer::{download, grid, lt_matmul, upload, FloatType, LtMatmul};
 use oxiflow_cuda::{
     device_error, launched, CudaKernels, CudaRuntime, CudaSource, CudaStorage, KernelIds,
 };
@@ -158,8 +156,7 @@ fn move_rows(
 }
 
 /// One product of cuBLASLt, row-major: `out [m, n] = a [m, k] @ b [k, n]` with `ta`/`tb` for
-/// operands stored transposed.
-#[allow(clippy::too_many_arguments)]
+/// operands stored transposed (f32 without TF32).
 fn product(
     rt: &Arc<CudaRuntime>,
     t: FloatType,
@@ -167,21 +164,7 @@ fn product(
     (ta, tb): (bool, bool),
     (a, b, out): (u64, u64, u64),
 ) -> Result<()> {
-    let g = LtMatmul {
-        batch: 1,
-        m,
-        n,
-        k,
-        ta,
-        tb,
-        strides: (0, 0, 0),
-        in_type: t,
-        out_type: t,
-        tf32: false,
-        alpha: 1.0,
-        beta: 0.0,
-        epilogue: Epilogue::None,
-    };
+    let g = LtMatmul::new((m, n, k), (ta, tb), (t, false));
     Ok(lt_matmul(rt, &g, a, b, out)?)
 }
 

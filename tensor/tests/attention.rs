@@ -2,7 +2,8 @@
 //! dk, dv against a naive f64 formula on never-zero data (several query and key blocks, causal
 //! and not, S != T, Dv != D, the parallel path), the op against the composed reference
 //! (`attention_probs` + `bmm` on permuted heads, f64) in value and gradient on global layouts
-//! (1-d and 2-d meshes, batch and head splits, uneven and empty shards, broadcast, P inputs),
+//! (1-d and 2-d meshes, batch and head splits, uneven and empty shards, broadcast, P inputs;
+//! grouped-query heads against key/value heads repeated to the query heads),
 //! 16-bit operands through f32, edge shapes and typed errors. `attention_probs` against the
 //! naive formula and finite differences.
 
@@ -10,6 +11,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::attention::{composed, nz, repeated};
 use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, Tol};
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
@@ -19,18 +21,6 @@ const F: DType = DType::F64;
 
 fn arr(x: &Tensor) -> ArrayD<f64> {
     x.cast(F).unwrap().to_ndarray::<f64>().unwrap()
-}
-
-/// Never-zero values: magnitude 0.1..1, either sign, from `seed`.
-fn nz(shape: &[usize], seed: u64) -> Tensor {
-    let mag = vals(&Tensor::rand(shape.to_vec(), seed, F));
-    let sign = vals(&Tensor::rand(shape.to_vec(), seed ^ 0x5eed, F));
-    let v: Vec<f64> = mag
-        .iter()
-        .zip(&sign)
-        .map(|(m, s)| (0.1 + 0.9 * m) * if *s < 0.5 { -1.0 } else { 1.0 })
-        .collect();
-    Tensor::from_vec(v, shape.to_vec()).unwrap()
 }
 
 /// The naive formula on `[B, T, H, D]` operands: o `[B, T, H, Dv]`, lse `[B, H, T]` and, for
@@ -172,19 +162,6 @@ fn flash_matches_the_naive_formula_over_blocks() {
     }
 }
 
-/// The composed reference: heads moved to dim 1, `attention_probs` + `bmm`, moved back.
-fn composed(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Tensor {
-    let heads = |x: &Tensor| x.permute(&[0, 2, 1, 3]).unwrap();
-    heads(
-        &q.permute(&[0, 2, 1, 3])
-            .unwrap()
-            .attention_probs(&heads(k), causal, scale)
-            .unwrap()
-            .bmm(&heads(v))
-            .unwrap(),
-    )
-}
-
 #[test]
 fn flash_equals_the_composed_reference_with_its_gradients() {
     for causal in [false, true] {
@@ -208,12 +185,18 @@ fn flash_equals_the_composed_reference_with_its_gradients() {
 
 #[test]
 fn sixteen_bit_operands_compute_in_f32_and_round_once() {
-    let x = [
-        nz(&[2, 9, 2, 8], 5),
-        nz(&[2, 9, 2, 8], 6),
-        nz(&[2, 9, 2, 8], 7),
-    ];
-    for dtype in [DType::BF16, DType::F16] {
+    // 2 heads over 2 key/value heads, and 6 over 2 (grouped).
+    for (h, g, dtype) in [
+        (2, 2, DType::BF16),
+        (2, 2, DType::F16),
+        (6, 2, DType::BF16),
+        (6, 2, DType::F16),
+    ] {
+        let x = [
+            nz(&[2, 9, h, 8], 5),
+            nz(&[2, 9, g, 8], 6),
+            nz(&[2, 9, g, 8], 7),
+        ];
         let h: Vec<Tensor> = x.iter().map(|t| t.cast(dtype).unwrap()).collect();
         let wide: Vec<Tensor> = h.iter().map(|t| t.cast(DType::F32).unwrap()).collect();
         let (o, lse) = h[0].flash_attention_lse(&h[1], &h[2], true, 0.35).unwrap();
@@ -432,7 +415,8 @@ proptest! {
     #[test]
     fn global_layouts_equal_the_composed_reference(
         b in 1usize..4,
-        h in 1usize..4,
+        g in 1usize..4,
+        group in 1usize..3,
         t in 1usize..5,
         s in 1usize..5,
         d in 1usize..4,
@@ -443,10 +427,11 @@ proptest! {
         sbp_seeds: [u64; 3],
         perm_seed: u64,
     ) {
-        let s = if causal { t } else { s };
+        // H = group x G query heads over G key/value heads (group 1: multi-head).
+        let (s, h) = (if causal { t } else { s }, g * group);
         let p = placement(&mesh, perm_seed);
         let sbps: Vec<NdSbp> = sbp_seeds.iter().map(|&z| nd_sbp(mesh.len(), 4, z, true)).collect();
-        let shapes = [vec![b, t, h, d], vec![b, s, h, d], vec![b, s, h, d + 1]];
+        let shapes = [vec![b, t, h, d], vec![b, s, g, d], vec![b, s, g, d + 1]];
         let r_shape = vec![b, t, h, d + 1];
         let local: Vec<Tensor> = shapes
             .iter()
@@ -454,10 +439,11 @@ proptest! {
             .map(|(i, sh)| Tensor::randn(sh.clone(), 20 + i as u64, F).requires_grad_(true))
             .collect();
         let r = Tensor::randn(r_shape.clone(), 30, F);
-        let want_y = composed(&local[0], &local[1], &local[2], causal, 0.6);
+        let (k, v) = (repeated(&local[1], group), repeated(&local[2], group));
+        let want_y = composed(&local[0], &k, &v, causal, 0.6);
         weighted_sum(&want_y, &r).backward().unwrap();
         let want_g: Vec<Vec<f64>> = local.iter().map(|x| vals(&x.grad().unwrap())).collect();
-        let want_lse = flat(&naive(&local[0], &local[1], &local[2], &r, causal, 0.6).lse);
+        let want_lse = flat(&naive(&local[0], &k, &v, &r, causal, 0.6).lse);
         let want_y = vals(&want_y);
         let got = on_ranks(&p, |_| {
             let bc = NdSbp::broadcast(p.ndim());

@@ -3,17 +3,24 @@
 //! products), forward (o, lse) and backward (dq, dk, dv through autograd), against the op's f64
 //! CPU kernel on the same never-zero values (rounded to the dtype first, so only the kernels'
 //! error counts): shapes of the cuDNN route (T == S, Dv == D <= 256, causal and not, a head size
-//! cuDNN may refuse) and of the composed one (S != T, Dv != D).
+//! cuDNN may refuse) and of the composed one (S != T, Dv != D), each with as many key/value
+//! heads as query heads and grouped (G < H, G = 1 included; the f64 reference is the CPU
+//! kernel, itself checked against repeated heads).
 
 use super::*;
 use crate::half_cases::{input_values, Input};
 
-/// (B, T, S, H, D, Dv, causal).
-const CASES: [(usize, usize, usize, usize, usize, usize, bool); 4] = [
-    (2, 128, 128, 4, 64, 64, true),
-    (2, 96, 96, 3, 64, 64, false),
-    (1, 70, 70, 2, 40, 40, true),
-    (2, 33, 47, 2, 16, 8, false),
+/// (B, T, S, H, G, D, Dv, causal): G key/value heads for H query heads.
+type Case = (usize, usize, usize, usize, usize, usize, usize, bool);
+const CASES: [Case; 8] = [
+    (2, 128, 128, 4, 4, 64, 64, true),
+    (2, 96, 96, 3, 3, 64, 64, false),
+    (1, 70, 70, 2, 2, 40, 40, true),
+    (2, 33, 47, 2, 2, 16, 8, false),
+    (2, 128, 128, 8, 2, 64, 64, true),
+    (2, 96, 96, 6, 3, 64, 64, false),
+    (1, 70, 70, 4, 1, 40, 40, true),
+    (2, 33, 47, 4, 2, 16, 8, false),
 ];
 
 /// o, lse, dq, dk, dv of `x` (q, k, v, dO) through the op and autograd, as f64 values.
@@ -71,11 +78,11 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
     }
     let names = ["o", "lse", "dq", "dk", "dv"];
     let (mut checked, mut failures) = (0, Vec::new());
-    for (ci, &(b, t, s, h, d, dv, causal)) in CASES.iter().enumerate() {
+    for (ci, &(b, t, s, h, g, d, dv, causal)) in CASES.iter().enumerate() {
         let shapes = [
             vec![b, t, h, d],
-            vec![b, s, h, d],
-            vec![b, s, h, dv],
+            vec![b, s, g, d],
+            vec![b, s, g, dv],
             vec![b, t, h, dv],
         ];
         let scale = 1.0 / (d as f64).sqrt();

@@ -5,14 +5,27 @@ use oxiflow_placement::Placement;
 use smallvec::SmallVec;
 
 use super::{reshape, Rules};
-use crate::NdSbp;
+use crate::{NdSbp, Sbp};
 
 /// Whether an n-d candidate (one per-axis candidate index per mesh axis) is valid beyond what
 /// the per-axis tables say: no tensor mixes partial reductions over its mesh axes (boxing runs
-/// one reduce op per tensor), and a reshape's nested splits line up.
+/// one reduce op per tensor), a reshape's nested splits line up, and an even split asked for
+/// ([`Rules::with_even_split`]) is even.
 pub(crate) fn nd_ok(rules: &Rules, placement: &Placement, ins: &[NdSbp], outs: &[NdSbp]) -> bool {
     if ins.iter().chain(outs).any(NdSbp::mixes_partials) {
         return false;
+    }
+    if let Some((input, dim, groups)) = rules.even_split {
+        let ways: usize = ins.get(input).map_or(1, |nd| {
+            nd.iter()
+                .zip(placement.shape())
+                .filter(|(s, _)| *s == Sbp::S(dim))
+                .map(|(_, &n)| n)
+                .product()
+        });
+        if groups % ways.max(1) != 0 {
+            return false;
+        }
     }
     match &rules.reshape_from {
         Some(x) => reshape::nd_ok(x, &rules.out_shapes[0], placement, &ins[0], &outs[0]),

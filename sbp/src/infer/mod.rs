@@ -97,6 +97,10 @@ pub struct Rules {
     mode: RuleMode,
     /// A reshape's input shape: its n-d candidates need the nested-split check of `reshape`.
     pub(crate) reshape_from: Option<Shape>,
+    /// (input, dim, groups): an n-d candidate splitting that input's dim must split it into
+    /// whole groups, `groups` dividing evenly over the ranks of the splitting axes (grouped-
+    /// query attention: each rank's query heads then meet their own key/value heads).
+    pub(crate) even_split: Option<(usize, usize, usize)>,
 }
 
 /// The three partial reductions, in candidate order.
@@ -113,7 +117,14 @@ impl Rules {
             axis: Vec::new(),
             mode,
             reshape_from: None,
+            even_split: None,
         }
+    }
+    /// Keeps only the n-d candidates that split input `input`'s dim `dim` (of `groups` whole
+    /// groups) evenly: the product of the sizes of the mesh axes splitting it divides `groups`.
+    pub fn with_even_split(mut self, input: usize, dim: usize, groups: usize) -> Self {
+        self.even_split = Some((input, dim, groups));
+        self
     }
     /// The output shapes (one per output).
     pub fn out_shapes(&self) -> &[Shape] {

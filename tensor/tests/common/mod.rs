@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod attention;
+
 use std::time::Duration;
 
 use ndarray::ArrayD;

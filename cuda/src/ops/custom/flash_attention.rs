@@ -7,14 +7,20 @@
 //! turning them into probabilities and the log-sum-exp (backward: probabilities from lse and
 //! the scores' gradient), and the products with v (backward: with dO, k, q). The scores are
 //! scratch from the runtime's allocator, one batch entry at a time, never kept.
+//!
+//! Grouped-query heads (k, v `[B, S, G, D]` for q's H = group x G heads) run both paths on
+//! transient `[B, S, H, D]` copies of k and v (each head written `group` times, one strided
+//! copy each), freed when the call returns: nothing saved for the backward holds them. The
+//! backward's dK and dV come out per query head in scratch and sum over each group (one
+//! column-sum launch each).
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::attention::{attention_backward, attention_forward, prepare_attention_backward};
-use crate::copy::fill;
+use crate::copy::{copy_nd, fill};
 use crate::derr;
-use crate::kernels::{launch, per_row, Template};
+use crate::kernels::{grid, launch, per_row, Template};
 use crate::ops::CudaKernels;
 use crate::precision::{gemm_at, Gemm, Operand};
 use crate::raw::{AttentionBackward, AttentionForward, AttentionShape, Bhtd, FloatType};
@@ -81,8 +87,8 @@ fn dims(op: &'static str, x: [&CudaStorage; 3], causal: bool) -> Result<FlashDim
         _ => Err(derr(
             op,
             format!(
-                "q {} {}, k {} {}, v {} {} are not [B, T, H, D], [B, S, H, D], [B, S, H, Dv] of \
-                 one float dtype",
+                "q {} {}, k {} {}, v {} {} are not [B, T, H, D], [B, S, G, D], [B, S, G, Dv] of \
+                 one float dtype with H a multiple of G",
                 x[0].dtype, x[0].shape, x[1].dtype, x[1].shape, x[2].dtype, x[2].shape
             ),
         )),
@@ -138,6 +144,49 @@ fn dims4(p: &CudaStorage) -> [usize; 4] {
 }
 
 impl CudaKernels {
+    /// `x` `[B, S, G, E]` with each head written `group` times in place: a scratch
+    /// `[B, S, G group, E]` whose head `j` is head `j / group` of `x`.
+    fn repeat_heads(&self, op: &'static str, x: &CudaStorage, group: usize) -> Result<CudaStorage> {
+        let [b, s, g, e] = dims4(x);
+        let out = self.alloc(&OutSpec {
+            shape: Shape::new([b, s, g * group, e]),
+            dtype: x.dtype,
+        })?;
+        let (ge, e64) = ((group * e) as i64, e as i64);
+        copy_nd(
+            &self.rt,
+            op,
+            x.dtype,
+            &[b * s * g, group, e],
+            x.ptr(),
+            0,
+            &[e64, 0, 1],
+            out.ptr(),
+            0,
+            &[ge, e64, 1],
+            0,
+        )?;
+        Ok(out)
+    }
+
+    /// `grad` `[B, S, G group, E]` (per query head) summed over each group of `group` heads
+    /// into `out` `[B, S, G, E]`.
+    fn sum_groups(
+        &self,
+        op: &'static str,
+        grad: &CudaStorage,
+        group: usize,
+        out: &CudaStorage,
+    ) -> Result<()> {
+        let [_, _, _, e] = dims4(out);
+        let groups = out.numel() / e.max(1);
+        let (rows, cols) = ((groups * group) as i64, e as i64);
+        let (chunk, scale) = (group as i64, 1.0f64);
+        let (rt, name) = (&self.rt, Template::ReduceCols.at(grad.dtype));
+        let (xp, yp) = (grad.ptr(), out.ptr());
+        launch!(rt, op, name, grid(groups * e); rows, cols, chunk, scale, xp, yp)
+    }
+
     /// A scratch `[H, T, S]` array of `dtype` for one batch entry's scores.
     fn scores(&self, d: &FlashDims, dtype: DType) -> Result<CudaStorage> {
         self.alloc(&OutSpec {
@@ -267,40 +316,15 @@ impl FlashAttentionKernels for CudaKernels {
         if d.b * d.h * d.t == 0 {
             return Ok(());
         }
-        if d.s == 0 {
-            // No keys: every output row is empty of weight.
-            fill(&self.rt, FWD, o.dtype, o.ptr(), o.numel(), 0.0, 0)?;
-            return fill(
-                &self.rt,
-                FWD,
-                lse.dtype,
-                lse.ptr(),
-                lse.numel(),
-                f64::NEG_INFINITY,
-                0,
+        if d.g != d.h && d.s > 0 {
+            let group = d.group();
+            let (k, v) = (
+                self.repeat_heads(FWD, k, group)?,
+                self.repeat_heads(FWD, v, group)?,
             );
+            return self.heads_forward(&FlashDims { g: d.h, ..d }, a, [q, &k, &v], o, lse);
         }
-        if let Some(shape) = fused_shape(&d, a, q.dtype) {
-            let args = AttentionForward {
-                shape,
-                q: bthd(q),
-                k: bthd(k),
-                v: bthd(v),
-                o: bthd(o),
-                lse: lse.ptr(),
-            };
-            // The backward's plan starts building before the forward's, so the two overlap
-            // (a backward cuDNN does not serve is not built).
-            if oxiflow_tensor::is_grad_enabled() {
-                prepare_attention_backward(&self.rt, &expected_backward(&args));
-            }
-            attention_forward(&self.rt, &args)?;
-            return Ok(());
-        }
-        let [wq, wk, wv] = [q, k, v].map(|x| self.widened(FWD, x));
-        let wo = self.wide_out(o)?;
-        self.composed_forward(&d, a, [&wq?, &wk?, &wv?], &wo, lse)?;
-        self.narrow(FWD, &wo, o)
+        self.heads_forward(&d, a, [q, k, v], o, lse)
     }
 
     fn flash_attention_backward(
@@ -323,17 +347,92 @@ impl FlashAttentionKernels for CudaKernels {
         expect(BWD, "the dq buffer", dq, x.q.shape.dims(), dt)?;
         expect(BWD, "the dk buffer", dk, x.k.shape.dims(), dt)?;
         expect(BWD, "the dv buffer", dv, x.v.shape.dims(), dt)?;
+        if d.g == d.h || d.b * d.h * d.t * d.s == 0 {
+            return self.heads_backward(&d, a, x, [&*dq, &*dk, &*dv]);
+        }
+        let group = d.group();
+        let (k, v) = (
+            self.repeat_heads(BWD, x.k, group)?,
+            self.repeat_heads(BWD, x.v, group)?,
+        );
+        let spec = |p: &CudaStorage| OutSpec {
+            shape: p.shape.clone(),
+            dtype: dt,
+        };
+        let (gk, gv) = (self.alloc(&spec(&k))?, self.alloc(&spec(&v))?);
+        let wide = FlashGradInputs { k: &k, v: &v, ..x };
+        self.heads_backward(&FlashDims { g: d.h, ..d }, a, wide, [&*dq, &gk, &gv])?;
+        self.sum_groups(BWD, &gk, group, dk)?;
+        self.sum_groups(BWD, &gv, group, dv)
+    }
+}
+
+impl CudaKernels {
+    /// The forward of q, k, v with one key/value head per query head (sizes checked).
+    fn heads_forward(
+        &self,
+        d: &FlashDims,
+        a: FlashAttrs,
+        [q, k, v]: [&CudaStorage; 3],
+        o: &CudaStorage,
+        lse: &CudaStorage,
+    ) -> Result<()> {
+        if d.s == 0 {
+            // No keys: every output row is empty of weight.
+            fill(&self.rt, FWD, o.dtype, o.ptr(), o.numel(), 0.0, 0)?;
+            return fill(
+                &self.rt,
+                FWD,
+                lse.dtype,
+                lse.ptr(),
+                lse.numel(),
+                f64::NEG_INFINITY,
+                0,
+            );
+        }
+        if let Some(shape) = fused_shape(d, a, q.dtype) {
+            let args = AttentionForward {
+                shape,
+                q: bthd(q),
+                k: bthd(k),
+                v: bthd(v),
+                o: bthd(o),
+                lse: lse.ptr(),
+            };
+            // The backward's plan starts building before the forward's, so the two overlap
+            // (a backward cuDNN does not serve is not built).
+            if oxiflow_tensor::is_grad_enabled() {
+                prepare_attention_backward(&self.rt, &expected_backward(&args));
+            }
+            attention_forward(&self.rt, &args)?;
+            return Ok(());
+        }
+        let [wq, wk, wv] = [q, k, v].map(|x| self.widened(FWD, x));
+        let wo = self.wide_out(o)?;
+        self.composed_forward(d, a, [&wq?, &wk?, &wv?], &wo, lse)?;
+        self.narrow(FWD, &wo, o)
+    }
+
+    /// The backward with one key/value head per query head (sizes checked) into dq, dk, dv.
+    fn heads_backward(
+        &self,
+        d: &FlashDims,
+        a: FlashAttrs,
+        x: FlashGradInputs<'_, CudaStorage>,
+        [dq, dk, dv]: [&CudaStorage; 3],
+    ) -> Result<()> {
+        let dt = x.q.dtype;
         if d.b * d.h == 0 {
             return Ok(());
         }
         if d.t == 0 || d.s == 0 {
             // No query meets a key: every gradient is zero.
-            for g in [&*dq, &*dk, &*dv] {
+            for g in [dq, dk, dv] {
                 fill(&self.rt, BWD, g.dtype, g.ptr(), g.numel(), 0.0, 0)?;
             }
             return Ok(());
         }
-        if let Some(shape) = fused_shape(&d, a, dt) {
+        if let Some(shape) = fused_shape(d, a, dt) {
             let args = AttentionBackward {
                 shape,
                 q: bthd(x.q),
@@ -351,9 +450,9 @@ impl FlashAttentionKernels for CudaKernels {
             return Ok(());
         }
         let [wq, wk, wv, wdo] = [x.q, x.k, x.v, x.d_o].map(|p| self.widened(BWD, p));
-        let [gq, gk, gv] = [&*dq, &*dk, &*dv].map(|g| self.wide_out(g));
+        let [gq, gk, gv] = [dq, dk, dv].map(|g| self.wide_out(g));
         let (gq, gk, gv) = (gq?, gk?, gv?);
-        self.composed_backward(&d, a, [&wq?, &wk?, &wv?, &wdo?, x.lse], [&gq, &gk, &gv])?;
+        self.composed_backward(d, a, [&wq?, &wk?, &wv?, &wdo?, x.lse], [&gq, &gk, &gv])?;
         self.narrow(BWD, &gq, dq)?;
         self.narrow(BWD, &gk, dk)?;
         self.narrow(BWD, &gv, dv)

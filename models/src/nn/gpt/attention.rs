@@ -1,8 +1,10 @@
 //! Causal self-attention, Megatron style on a mesh: Q, K and V column-parallel (each rank
 //! holds whole heads), the output projection row-parallel. Grouped-query attention: K and V
-//! have fewer heads, each shared by a group of query heads; under tensor parallelism they split
-//! over the axis when there are enough of them to divide evenly, else every rank computes all of
-//! them. Rotary positions rotate Q and K per head. On a context-parallel axis the sequence is
+//! have fewer heads, each shared by a group of query heads, which the fused attention op
+//! takes as they are; under tensor parallelism they split over the axis when there are enough
+//! of them to divide evenly, else every rank computes all of them and attention repeats each
+//! the fewest times that make them split into whole groups beside the queries' heads.
+//! Rotary positions rotate Q and K per head. On a context-parallel axis the sequence is
 //! split in the load-balanced causal order and attention runs as `context_attention` (ring or
 //! all-to-all), K and V keeping their own heads (GQA inside the op).
 
@@ -16,18 +18,24 @@ use super::arch::Arch;
 use super::config::{GptConfig, GptLayout};
 use super::rope::Rope;
 
-/// Causal scaled-dot-product attention on the heads layout of the projections: q, k, v
-/// `[B, T, H, D]` -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
+/// Causal scaled-dot-product attention on the heads layout of the projections: q
+/// `[B, T, H, D]`, k and v `[B, T, G, D]` (H a multiple of G: query head `h` reads key/value
+/// head `h / (H / G)`) -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
 /// `flash_attention` op (no `[T, T]` probabilities kept: the backward recomputes them from the
 /// saved log-sum-exp). Batch and heads may be split; the softmax runs over each rank's own
 /// heads.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-    if q.ndim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
+    let (qd, kd) = (q.shape().dims(), k.shape().dims());
+    let fits = qd.len() == 4
+        && kd.len() == 4
+        && (kd[0], kd[1], kd[3]) == (qd[0], qd[1], qd[3])
+        && v.shape() == k.shape();
+    if !fits {
         return Err(TensorError::Shape {
             op: "causal_attention",
             shapes: format!("{}, {}, {}", q.shape(), k.shape(), v.shape()),
             sbps: format!("{:?}, {:?}, {:?}", q.nd_sbp(), k.nd_sbp(), v.nd_sbp()),
-            detail: "q, k and v must be [B, T, H, D] of one shape".into(),
+            detail: "q must be [B, T, H, D], k and v [B, T, G, D] of one shape".into(),
         });
     }
     let d = q.shape().dim(3);
@@ -85,6 +93,10 @@ pub struct CausalSelfAttention {
     /// Whether K and V are repeated to the query heads before a context-parallel attention
     /// (their heads are not split over the tensor-parallel axis while the queries' are).
     cp_repeat_kv: bool,
+    /// How many times the fused attention repeats each key/value head: 1 where they split over
+    /// the tensor-parallel axis as the queries' heads do (or there is none), else the fewest
+    /// copies whose count the axis divides (every rank then holds whole groups).
+    kv_repeat: usize,
 }
 
 impl CausalSelfAttention {
@@ -141,6 +153,11 @@ impl CausalSelfAttention {
             order: layout.seq_order(),
             cp_algorithm: cfg.context_attention,
             cp_repeat_kv,
+            kv_repeat: if tp > 1 && !arch.kv_split(cfg, tp) {
+                tp / gcd(kv, tp)
+            } else {
+                1
+            },
         })
     }
 
@@ -169,10 +186,19 @@ impl CausalSelfAttention {
             };
             return context_attention(&q, &k, &v, attrs, self.cp_algorithm)?.reshape([b, t, width]);
         }
-        let k = repeat_heads(&k, self.heads / self.kv_heads.max(1), &q)?;
-        let v = repeat_heads(&v, self.heads / self.kv_heads.max(1), &q)?;
+        let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         causal_attention(&q, &k, &v)?.reshape([b, t, width])
+    }
+
+    /// k and v `[B, T, G, D]` as the fused attention takes them beside q: as they are where
+    /// their heads split as q's do, else each head repeated `kv_repeat` times and laid out as
+    /// q (a split of whole groups).
+    fn kv_beside(&self, k: &Tensor, v: &Tensor, q: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            repeat_heads(k, self.kv_repeat, q)?,
+            repeat_heads(v, self.kv_repeat, q)?,
+        ))
     }
 
     /// The attended values of x `[B, T, C]` (as [`CausalSelfAttention::attend`]) for positions
@@ -208,8 +234,7 @@ impl CausalSelfAttention {
         };
         slot.kv = Some((k.clone(), v.clone()));
         slot.len += t;
-        let group = self.heads / self.kv_heads.max(1);
-        let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
+        let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         let o = if pos0 == 0 {
             causal_attention(&q, &k, &v)?
@@ -239,6 +264,15 @@ impl CausalSelfAttention {
             )),
             None => Ok((q, k, v)),
         }
+    }
+}
+
+/// The greatest common divisor of `a` and `b` (`b` when `a` is 0).
+fn gcd(a: usize, b: usize) -> usize {
+    if a == 0 {
+        b
+    } else {
+        gcd(b % a, a)
     }
 }
 

@@ -1,9 +1,10 @@
 //! Fused attention CPU kernels, the blocked reference: per (batch, head) pair (rayon over the
-//! pairs when large), blocks of `QB` queries against blocks of `KB` keys with an online
-//! softmax (running row max, sum and output rescaled as each key block arrives), so at most one
-//! `[QB, KB]` block of scores exists per pair; o and lse as the op defines them. The backward
+//! pairs when large; query head `h` reads key/value head `h / group`), blocks of `QB` queries
+//! against blocks of `KB` keys with an online softmax (running row max, sum and output
+//! rescaled as each key block arrives), so at most one `[QB, KB]` block of scores exists per
+//! pair; o and lse as the op defines them. The backward
 //! recomputes each block's probabilities from lse and takes each row's softmax correction from
-//! dO . o. Products by matrixmultiply on strided views of the `[B, T, H, D]` pieces.
+//! dO . o; a key/value head's dK and dV sum those of its group's query heads. Products by matrixmultiply on strided views of the `[B, T, H, D]` pieces.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayD, ArrayView2, ArrayView4, ArrayViewMut2, Ix4};
@@ -191,7 +192,8 @@ fn four<'a, F>(op: &'static str, a: &'a ArrayD<F>) -> Result<ArrayView4<'a, F>> 
         .map_err(|e| kernel_err(op, format!("piece {:?} is not 4-d: {e}", a.shape())))
 }
 
-/// The `[n, d]` matrix of pair (b, h) of a `[B, n, H, d]` piece.
+/// The `[n, d]` matrix of pair (b, h) of a `[B, n, H, d]` piece (or of key/value head h of
+/// a `[B, n, G, d]` one).
 fn pair<'a, F>(a: &ArrayView4<'a, F>, b: usize, h: usize) -> ArrayView2<'a, F> {
     (*a).slice_move(s![b, .., h, ..])
 }
@@ -202,7 +204,8 @@ fn dims_of<F>(op: &'static str, x: [&ArrayD<F>; 3], causal: bool) -> Result<Flas
         kernel_err(
             op,
             format!(
-                "q {:?}, k {:?}, v {:?} are not [B, T, H, D], [B, S, H, D], [B, S, H, Dv]",
+                "q {:?}, k {:?}, v {:?} are not [B, T, H, D], [B, S, G, D], [B, S, G, Dv] with H \
+                 a multiple of G",
                 x[0].shape(),
                 x[1].shape(),
                 x[2].shape()
@@ -240,9 +243,11 @@ fn forward_t<F: FloatElement>(
         scale: F::from_f64(a.scale.get()),
     };
     let work = d.b * d.h * d.t * d.s * (d.d + d.dv);
+    let group = d.group();
     let out = over_pairs(d.b * d.h, work, |p| {
         let (b, h) = (p / d.h, p % d.h);
-        forward_pair((pair(&q, b, h), pair(&k, b, h), pair(&v, b, h)), bl)
+        let j = h / group;
+        forward_pair((pair(&q, b, h), pair(&k, b, j), pair(&v, b, j)), bl)
     });
     let mut o4 = o
         .view_mut()
@@ -282,11 +287,12 @@ fn backward_t<F: FloatElement>(
         scale: F::from_f64(a.scale.get()),
     };
     let work = 2 * d.b * d.h * d.t * d.s * (d.d + d.dv);
+    let group = d.group();
     let grads = over_pairs(d.b * d.h, work, |p| {
         let (b, h) = (p / d.h, p % d.h);
-        let rows = &lse[p * d.t..(p + 1) * d.t];
+        let (j, rows) = (h / group, &lse[p * d.t..(p + 1) * d.t]);
         backward_pair(
-            (pair(&q, b, h), pair(&k, b, h), pair(&v, b, h)),
+            (pair(&q, b, h), pair(&k, b, j), pair(&v, b, j)),
             (pair(&o, b, h), pair(&d_o, b, h)),
             rows,
             bl,
@@ -309,10 +315,22 @@ fn backward_t<F: FloatElement>(
                 .map_err(|e| kernel_err(op, e.to_string()))?,
         );
     }
-    for (p, g) in grads.into_iter().enumerate() {
+    let [oq, ok, ov] = &mut outs[..] else {
+        return Err(kernel_err(op, "expects 3 gradient views".into()));
+    };
+    // A key/value head's dk and dv: the sum of its group's query heads', in head order.
+    for (p, [dq, dk, dv]) in grads.into_iter().enumerate() {
         let (b, h) = (p / d.h, p % d.h);
-        for (dst, src) in outs.iter_mut().zip(g) {
-            dst.slice_mut(s![b, .., h, ..]).assign(&src);
+        oq.slice_mut(s![b, .., h, ..]).assign(&dq);
+        let j = h / group;
+        if h % group == 0 {
+            ok.slice_mut(s![b, .., j, ..]).assign(&dk);
+            ov.slice_mut(s![b, .., j, ..]).assign(&dv);
+        } else {
+            ok.slice_mut(s![b, .., j, ..])
+                .zip_mut_with(&dk, |a, &x| *a += x);
+            ov.slice_mut(s![b, .., j, ..])
+                .zip_mut_with(&dv, |a, &x| *a += x);
         }
     }
     Ok(())

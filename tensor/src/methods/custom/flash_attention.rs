@@ -9,7 +9,8 @@ use crate::{Result, TensorError};
 
 impl Tensor {
     /// Fused attention on heads-last operands: queries `self` `[B, T, H, D]`, keys `k`
-    /// `[B, S, H, D]`, values `v` `[B, S, H, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
+    /// `[B, S, G, D]`, values `v` `[B, S, G, Dv]` (H a multiple of G: query head `h` reads
+    /// key/value head `h / (H / G)`) give `softmax(scale q k^T [+ causal mask]) v`
     /// `[B, T, H, Dv]` (with `causal`, S == T and query `i` attends to keys `0..=i`). Never
     /// keeps a `[T, S]` array; the backward recomputes the probabilities from the log-sum-exp.
     pub fn flash_attention(
@@ -23,7 +24,7 @@ impl Tensor {
     }
 
     /// Fused attention on heads-first operands: queries `self` `[B, H, T, D]`, keys `k`
-    /// `[B, H, S, D]`, values `v` `[B, H, S, Dv]` give `softmax(scale q k^T [+ causal mask]) v`
+    /// `[B, G, S, D]`, values `v` `[B, G, S, Dv]` (grouped heads as above) give `softmax(scale q k^T [+ causal mask]) v`
     /// `[B, H, T, Dv]`: [`Tensor::flash_attention`] on the operands permuted to `[B, T, H, D]`
     /// (a batch or heads split moves with its dim). Never keeps a `[T, S]` array.
     pub fn attention(&self, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {

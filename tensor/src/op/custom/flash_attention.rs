@@ -1,7 +1,9 @@
 //! Fused (flash) attention on the heads layout of a Linear's output: q `[B, T, H, D]`, k
-//! `[B, S, H, D]`, v `[B, S, H, Dv]` give `o = softmax(scale q k^T [+ causal mask]) v`
-//! `[B, T, H, Dv]` and the log-sum-exp of each row of masked, scaled scores, `lse` `[B, H, T]`
-//! in the compute dtype (f32 for 16-bit floats, else the input's), which the backward reads
+//! `[B, S, G, D]`, v `[B, S, G, Dv]` with H a multiple of G (grouped-query attention: query
+//! head `h` reads key/value head `h / (H / G)`; G == H is multi-head attention) give
+//! `o = softmax(scale q k^T [+ causal mask]) v` `[B, T, H, Dv]` and the log-sum-exp of each
+//! row of masked, scaled scores, `lse` `[B, H, T]` in the compute dtype (f32 for 16-bit
+//! floats, else the input's), which the backward reads
 //! instead of any `[T, S]` probabilities. No kernel keeps the scores: the CPU runs an
 //! online softmax over key blocks, CUDA runs cuDNN's flash engines (or the composed path for
 //! what they do not take, with the scores as transient scratch).
@@ -9,8 +11,10 @@
 //! Both passes are variants of one custom op: `Forward` (q, k, v) -> (o, lse), `lse` saved and
 //! not differentiable; `Backward` (q, k, v, o, dO, lse) -> (dq, dk, dv), linear in dO. Split on
 //! batch (every tensor S(0)), on heads (q, k, v, o S(2), lse S(1)) or all broadcast; the
-//! backward also takes a partial dO (its outputs then partial). No P input to the forward: the
-//! softmax is not linear.
+//! backward also takes a partial dO (its outputs then partial). A heads split of grouped heads
+//! (G < H) must split the G key/value heads evenly, so every rank holds whole groups and its
+//! query heads meet their own key/value heads; the backward's dK and dV sum over each group's
+//! query heads. No P input to the forward: the softmax is not linear.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
@@ -39,26 +43,52 @@ pub enum FlashAttention {
     Backward(FlashAttrs),
 }
 
-/// The sizes of one call: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, dv]`.
+/// The sizes of one call: q `[b, t, h, d]`, k `[b, s, g, d]`, v `[b, s, g, dv]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashDims {
     pub b: usize,
     pub t: usize,
     pub s: usize,
     pub h: usize,
+    /// Key/value heads: h is a multiple of g (0 only when h is).
+    pub g: usize,
     pub d: usize,
     pub dv: usize,
+}
+
+/// Whether h query heads share g key/value heads in whole groups.
+fn groups_fit(h: usize, g: usize) -> bool {
+    if g == 0 {
+        h == 0
+    } else {
+        h.is_multiple_of(g)
+    }
 }
 
 impl FlashDims {
     /// The sizes of q, k, v shapes when they fit each other (and S == T when `causal`): the
     /// kernels' check of what the op's inference let through.
     pub fn of(q: &[usize], k: &[usize], v: &[usize], causal: bool) -> Option<FlashDims> {
-        let (&[b, t, h, d], &[_, s, _, _], &[_, _, _, dv]) = (q, k, v) else {
+        let (&[b, t, h, d], &[_, s, g, _], &[_, _, _, dv]) = (q, k, v) else {
             return None;
         };
-        let fits = k == [b, s, h, d] && v == [b, s, h, dv] && (!causal || s == t);
-        fits.then_some(FlashDims { b, t, s, h, d, dv })
+        let fits = k == [b, s, g, d]
+            && v == [b, s, g, dv]
+            && groups_fit(h, g)
+            && (!causal || s == t);
+        fits.then_some(FlashDims {
+            b,
+            t,
+            s,
+            h,
+            g,
+            d,
+            dv,
+        })
+    }
+    /// Query heads per key/value head (1 when there are none).
+    pub fn group(&self) -> usize {
+        self.h.checked_div(self.g).unwrap_or(1)
     }
     /// o's shape `[b, t, h, dv]`.
     pub fn o(&self) -> [usize; 4] {
@@ -114,27 +144,33 @@ fn shape_err(detail: String) -> MetaError {
     MetaError::Shape(detail)
 }
 
-/// Checks q `[B, T, H, D]`, k `[B, S, H, D]`, v `[B, S, H, Dv]` (S == T when causal) and the
-/// scale; returns the sizes.
+/// Checks q `[B, T, H, D]`, k `[B, S, G, D]`, v `[B, S, G, Dv]` (H a multiple of G; S == T
+/// when causal) and the scale; returns the sizes.
 fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> MetaResult<FlashDims> {
     for (what, x, dims) in [
         ("q", q, "[B, T, H, D]"),
-        ("k", k, "[B, S, H, D]"),
-        ("v", v, "[B, S, H, Dv]"),
+        ("k", k, "[B, S, G, D]"),
+        ("v", v, "[B, S, G, Dv]"),
     ] {
         if x.ndim() != 4 {
             return Err(shape_err(format!("{what} must be 4-d {dims}, got {x}")));
         }
     }
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
-    if (kd[0], kd[2], kd[3]) != (qd[0], qd[2], qd[3]) {
+    if (kd[0], kd[3]) != (qd[0], qd[3]) {
         return Err(shape_err(format!(
-            "k must be [B, S, H, D] for q [B, T, H, D] (same B, H, D), got q {q} and k {k}"
+            "k must be [B, S, G, D] for q [B, T, H, D] (same B, D), got q {q} and k {k}"
+        )));
+    }
+    if !groups_fit(qd[2], kd[2]) {
+        return Err(shape_err(format!(
+            "the {} query heads of q {q} must be a multiple of the {} key/value heads of k {k}",
+            qd[2], kd[2]
         )));
     }
     if vd[..3] != kd[..3] {
         return Err(shape_err(format!(
-            "v must be [B, S, H, Dv] for k [B, S, H, D] (same B, S, H), got k {k} and v {v}"
+            "v must be [B, S, G, Dv] for k [B, S, G, D] (same B, S, G), got k {k} and v {v}"
         )));
     }
     if a.causal && kd[1] != qd[1] {
@@ -174,14 +210,31 @@ pub struct AttentionRules<'a> {
 impl AttentionRules<'_> {
     /// The forward's rules: (q, k, v) -> (o, lse).
     pub fn forward(&self, mode: RuleMode) -> Inferred {
+        self.forward_grouped(mode, None)
+    }
+
+    /// The forward's rules where k's heads (dim 2) are `groups` key/value heads shared by
+    /// groups of query heads: only splits of whole groups.
+    fn forward_grouped(&self, mode: RuleMode, groups: Option<usize>) -> Inferred {
         let (o, lse) = (Shape::new(self.o), Shape::new(self.lse));
         let r = rules::fused_attention(o, lse, self.layouts, mode);
-        Inferred::outputs(r, &[self.dtype, self.stats])
+        Inferred::outputs(whole_groups(r, groups), &[self.dtype, self.stats])
     }
 
     /// The backward's rules: (q, k, v, o, dO, lse) -> (dq, dk, dv), also partial through a
     /// partial dO; o, dO and lse must have the forward's output shapes, lse the stats dtype.
     pub fn backward(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        self.backward_grouped(s, d, mode, None)
+    }
+
+    /// [`AttentionRules::backward`] of grouped heads (see [`AttentionRules::forward_grouped`]).
+    fn backward_grouped(
+        &self,
+        s: &[&Shape],
+        d: &[DType],
+        mode: RuleMode,
+        groups: Option<usize>,
+    ) -> MetaResult<Inferred> {
         let must_be = |what: &str, x: &Shape, want: &[usize]| {
             if x.dims() == want {
                 Ok(())
@@ -200,7 +253,15 @@ impl AttentionRules<'_> {
             )));
         }
         let r = rules::fused_attention_backward([s[0], s[1], s[2]], self.layouts, mode);
-        Ok(Inferred::outputs(r, &[dt, dt, dt]))
+        Ok(Inferred::outputs(whole_groups(r, groups), &[dt, dt, dt]))
+    }
+}
+
+/// `r` keeping only candidates that split k's heads (input 1, dim 2) into whole groups.
+fn whole_groups(r: rules::Rules, groups: Option<usize>) -> rules::Rules {
+    match groups {
+        Some(g) => r.with_even_split(1, 2, g),
+        None => r,
     }
 }
 
@@ -231,9 +292,10 @@ impl OpFamily for FlashAttention {
             dtype: dt,
             stats: dt.compute(),
         };
+        let groups = (dims.g != dims.h).then_some(dims.g);
         match self {
-            FlashAttention::Forward(_) => Ok(attention.forward(mode)),
-            FlashAttention::Backward(_) => attention.backward(s, d, mode),
+            FlashAttention::Forward(_) => Ok(attention.forward_grouped(mode, groups)),
+            FlashAttention::Backward(_) => attention.backward_grouped(s, d, mode, groups),
         }
     }
 

@@ -14,8 +14,13 @@
 //! routing weights, gathered from the probabilities by the ids, carry it). Kernels: CPU in
 //! f32, f64 and bf16 (computed in f32, rounded once); the top-k in f32 and f64. Any other
 //! backend or dtype is `TensorError::NoKernel` on every rank before anything runs.
+//!
+//! [`routed::routed_experts`] runs whole SwiGLU experts stacked on one tensor, exchanging the
+//! rows with the ranks that hold their experts where a mesh axis splits both (expert
+//! parallelism).
 
 mod cpu;
+pub mod routed;
 
 use std::sync::LazyLock;
 

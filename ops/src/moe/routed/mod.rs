@@ -18,8 +18,8 @@
 //! experts reached it) and the rows' gradients, which travel back. Uneven expert counts per
 //! rank follow the balanced splitter. Kernels: CPU in f32, f64 and bf16 (computed in f32,
 //! rounded once); other backends and dtypes are `TensorError::NoKernel` on every rank
-//! before anything runs. A compiled step refuses the op: its exchanges' sizes change each
-//! step.
+//! before anything runs. A compiled step refuses the op where it exchanges rows (their counts
+//! change each step) and replays it where it does not.
 
 mod cpu;
 
@@ -192,10 +192,12 @@ impl ExternOp for RoutedExperts {
     }
 
     fn replay_refusal(&self) -> Option<String> {
-        Some(
+        // Only an exchange over several ranks (every rank of the placement has as many).
+        let exchanges = matches!(&self.peers, Some(Ok(p)) if p.len() > 1);
+        exchanges.then(|| {
             "its kernel exchanges token rows with the ranks holding their experts, in counts \
              that change each step"
-                .into(),
-        )
+                .into()
+        })
     }
 }

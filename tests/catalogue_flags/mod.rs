@@ -57,6 +57,7 @@ pub const FLAGS: &[Row] = &[
     ("--pp", "1", &[], [A, R, A, A, R]),
     ("--sp", "", &[], [A, R, A, A, R]),
     ("--cp", "1", &[], [A, R, A, A, R]),
+    ("--ep", "1", &[], [A, R, A, A, R]),
     ("--cp-attention", "alltoall", &[], [A, R, A, A, R]),
     ("--micro-batches", "2", &[], [A, R, A, A, R]),
     (

@@ -229,6 +229,49 @@ impl HfWeights {
         region: &[Range<usize>],
         dtype: DType,
     ) -> HfResult<CpuArray> {
+        let values = self.region_values(name, take, shape, region)?;
+        self.host_array(values, region, dtype)
+    }
+
+    /// The region `region` of a stacked `[experts, a, b]` parameter of dtype `dtype` from its
+    /// experts' tensors `names` (one per expert, each stored `[b, a]`): only the tensors of the
+    /// region's experts are read.
+    pub fn read_experts(
+        &self,
+        names: &[String],
+        shape: &[usize],
+        region: &[Range<usize>],
+        dtype: DType,
+    ) -> HfResult<CpuArray> {
+        let (Some(experts), Some(matrix), Some(inner)) =
+            (region.first(), shape.get(1..), region.get(1..))
+        else {
+            return Err(format_err(
+                &self.source,
+                format!("region {region:?} of stacked experts {shape:?}"),
+            ));
+        };
+        let mut values = Vec::new();
+        for e in experts.clone() {
+            let name = names.get(e).ok_or_else(|| {
+                format_err(
+                    &self.source,
+                    format!("no tensor of expert {e} in {names:?}"),
+                )
+            })?;
+            values.extend(self.region_values(name, Take::Transposed, matrix, inner)?);
+        }
+        self.host_array(values, region, dtype)
+    }
+
+    /// The values of `region` (see [`HfWeights::read_region`]) in f64.
+    fn region_values(
+        &self,
+        name: &str,
+        take: Take,
+        shape: &[usize],
+        region: &[Range<usize>],
+    ) -> HfResult<Vec<f64>> {
         let Some((f, info)) = self
             .by_name
             .get(name)
@@ -249,10 +292,9 @@ impl HfWeights {
                 dtype: src_name,
             });
         };
-        let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
         let values =
             with_element!(src, S => copy_region::<S>(data, take, shape, &info.shape, region));
-        let values = values.ok_or_else(|| {
+        values.ok_or_else(|| {
             format_err(
                 &f.path,
                 format!(
@@ -261,12 +303,22 @@ impl HfWeights {
                     info.shape
                 ),
             )
-        })?;
+        })
+    }
+
+    /// `values` of `region` as a host array of `dtype`.
+    fn host_array(
+        &self,
+        values: Vec<f64>,
+        region: &[Range<usize>],
+        dtype: DType,
+    ) -> HfResult<CpuArray> {
+        let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
         with_element!(dtype, T => {
             let v: Vec<T> = values.iter().map(|&x| T::from_f64(x)).collect();
             ArrayD::from_shape_vec(IxDyn(&local), v)
                 .map(TensorElement::wrap)
-                .map_err(|e| format_err(&f.path, format!("tensor {name}: {e}")))
+                .map_err(|e| format_err(&self.source, format!("region {region:?}: {e}")))
         })
     }
 }

@@ -15,7 +15,7 @@ use crate::nn::Parameter;
 use super::config::HfConfig;
 use super::error::{HfError, HfResult};
 use super::files::HfWeights;
-use super::names::{NameMap, Source};
+use super::names::{NameMap, Source, Take};
 
 /// A model directory: its configuration and weights (see the module docs).
 pub struct HfCheckpoint {
@@ -41,17 +41,18 @@ impl HfCheckpoint {
         })
     }
 
-    /// The source tensor of each parameter (names and global shapes, as
+    /// The source tensors of each parameter (one, or one per expert of stacked expert
+    /// matrices; names and global shapes, as
     /// `Gpt::parameter_shapes` gives them), checked: every parameter has one of the shape it
     /// needs in a float dtype, and every stored tensor is some parameter's (or a buffer
     /// transformers also leaves unread). Errors name the file and the tensors. Reads headers
     /// only.
-    pub fn plan(&self, params: &[(String, Vec<usize>)]) -> HfResult<Vec<Source>> {
+    pub fn plan(&self, params: &[(String, Vec<usize>)]) -> HfResult<Vec<Vec<Source>>> {
         let names = self.names();
         let at = &self.weights.source;
         let mut sources = Vec::with_capacity(params.len());
-        for (name, _) in params {
-            let src = names.source(name).ok_or_else(|| HfError::Model {
+        for (name, shape) in params {
+            let src = names.sources(name, shape).ok_or_else(|| HfError::Model {
                 path: at.clone(),
                 detail: format!(
                     "parameter {name} has no tensor in a {} checkpoint",
@@ -62,6 +63,7 @@ impl HfCheckpoint {
         }
         let missing: Vec<String> = sources
             .iter()
+            .flatten()
             .map(|s| s.name.clone())
             .filter(|n| !self.weights.has(n))
             .collect::<BTreeSet<_>>()
@@ -73,7 +75,7 @@ impl HfCheckpoint {
                 tensors: missing,
             });
         }
-        let used: BTreeSet<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+        let used: BTreeSet<&str> = sources.iter().flatten().map(|s| s.name.as_str()).collect();
         let tied = self.config.arch.tie_embeddings;
         let unexpected: Vec<String> = self
             .weights
@@ -87,7 +89,11 @@ impl HfCheckpoint {
                 tensors: unexpected,
             });
         }
-        for ((_, shape), src) in params.iter().zip(&sources) {
+        let each = params
+            .iter()
+            .zip(&sources)
+            .flat_map(|((_, shape), srcs)| srcs.iter().map(move |src| (shape, src)));
+        for (shape, src) in each {
             let Some(stored) = self.weights.stored(&src.name) else {
                 continue;
             };
@@ -121,18 +127,29 @@ impl HfCheckpoint {
             .collect();
         let sources = self.plan(&shapes)?;
         let mut values = Vec::with_capacity(params.len());
-        for (p, src) in params.iter().zip(&sources) {
+        for (p, srcs) in params.iter().zip(&sources) {
             let like = p.value();
             let shape = like.shape().dims().to_vec();
-            let piece = match region_of(&like) {
-                None => None,
-                Some(region) => Some(Storage::Cpu(self.weights.read_region(
-                    &src.name,
-                    src.take,
-                    &shape,
-                    &region,
-                    like.dtype(),
-                )?)),
+            let piece = match (region_of(&like), &srcs[..]) {
+                (None, _) => None,
+                (Some(region), [src]) if !matches!(src.take, Take::Expert { .. }) => {
+                    Some(Storage::Cpu(self.weights.read_region(
+                        &src.name,
+                        src.take,
+                        &shape,
+                        &region,
+                        like.dtype(),
+                    )?))
+                }
+                (Some(region), _) => {
+                    let names: Vec<String> = srcs.iter().map(|s| s.name.clone()).collect();
+                    Some(Storage::Cpu(self.weights.read_experts(
+                        &names,
+                        &shape,
+                        &region,
+                        like.dtype(),
+                    )?))
+                }
             };
             values.push(Tensor::with_layout_of(&like, piece)?);
         }

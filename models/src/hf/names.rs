@@ -18,6 +18,9 @@ pub enum Take {
     /// Part `index` of `parts` equal parts of the last dim: a parameter `[a, b]` is columns
     /// `[index b, (index + 1) b)` of a stored `[a, parts b]` (`[parts b]` for a 1-d one).
     Part { index: usize, parts: usize },
+    /// Expert `index`'s slice `[a, b]` of a stacked `[experts, a, b]` parameter, stored as
+    /// `[b, a]` in a tensor of its own.
+    Expert { index: usize },
 }
 
 impl Take {
@@ -25,7 +28,7 @@ impl Take {
     pub fn stored_shape(self, shape: &[usize]) -> Vec<usize> {
         match (self, shape) {
             (Take::Table { vocab }, [_, c]) => vec![vocab, *c],
-            (Take::Transposed, [a, b]) => vec![*b, *a],
+            (Take::Transposed, [a, b]) | (Take::Expert { .. }, [_, a, b]) => vec![*b, *a],
             (Take::Part { parts, .. }, [a, b]) => vec![*a, parts * b],
             (Take::Part { parts, .. }, [b]) => vec![parts * b],
             _ => shape.to_vec(),
@@ -66,6 +69,33 @@ impl NameMap {
     }
 
     /// The source of parameter `param` (None: a name no decoder of this family has).
+    /// The sources of parameter `param` of `shape`: one tensor, or one per expert of a
+    /// mixture's stacked expert matrices (`h.L.mlp.experts.{gate,up,down}.weight`).
+    pub fn sources(&self, param: &str, shape: &[usize]) -> Option<Vec<Source>> {
+        let stacked = param
+            .strip_prefix("h.")
+            .and_then(|r| r.split_once(".mlp.experts."))
+            .and_then(|(layer, r)| {
+                Some((layer.parse::<usize>().ok()?, r.strip_suffix(".weight")?))
+            });
+        match (stacked, shape) {
+            (Some((layer, proj)), [experts, _, _]) => (0..*experts)
+                .map(|e| {
+                    let module = format!("mlp.experts.{e}.{proj}");
+                    Some(Source {
+                        name: format!(
+                            "{}layers.{layer}.{}.weight",
+                            self.prefix,
+                            self.expert_tensor(&module)?
+                        ),
+                        take: Take::Expert { index: e },
+                    })
+                })
+                .collect(),
+            _ => self.source(param).map(|s| vec![s]),
+        }
+    }
+
     pub fn source(&self, param: &str) -> Option<Source> {
         let (p, table) = (&self.prefix, Take::Table { vocab: self.vocab });
         let src = |name: String, take: Take| Some(Source { name, take });

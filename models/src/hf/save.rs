@@ -41,18 +41,23 @@ pub(super) fn io(path: &Path) -> impl Fn(std::io::Error) -> HfError + '_ {
 fn outputs(params: &[Parameter], names: &NameMap, at: &Path) -> HfResult<Vec<Output>> {
     let mut out: Vec<Output> = Vec::new();
     for (i, p) in params.iter().enumerate() {
-        let src = names.source(p.name()).ok_or_else(|| HfError::Model {
-            path: at.to_path_buf(),
-            detail: format!("parameter {} has no Hugging Face name", p.name()),
-        })?;
-        let shape = src.take.stored_shape(p.value().shape().dims());
-        match out.iter_mut().find(|o| o.name == src.name) {
-            Some(o) => o.parts.push((i, src.take)),
-            None => out.push(Output {
-                name: src.name,
-                shape,
-                parts: vec![(i, src.take)],
-            }),
+        let dims = p.value().shape().dims().to_vec();
+        let srcs = names
+            .sources(p.name(), &dims)
+            .ok_or_else(|| HfError::Model {
+                path: at.to_path_buf(),
+                detail: format!("parameter {} has no Hugging Face name", p.name()),
+            })?;
+        for src in srcs {
+            let shape = src.take.stored_shape(&dims);
+            match out.iter_mut().find(|o| o.name == src.name) {
+                Some(o) => o.parts.push((i, src.take)),
+                None => out.push(Output {
+                    name: src.name,
+                    shape,
+                    parts: vec![(i, src.take)],
+                }),
+            }
         }
     }
     Ok(out)
@@ -172,14 +177,10 @@ pub(super) fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -
         match (*take, shape) {
             (Take::Same, _) => out.copy_from_slice(&v[..n * es]),
             (Take::Table { vocab }, [_, c]) => out.copy_from_slice(&v[..vocab * c * es]),
-            (Take::Transposed, [b, a]) => {
-                // The parameter is [a, b]; stored [b, a].
-                for i in 0..*a {
-                    for j in 0..*b {
-                        let (src, dst) = ((i * b + j) * es, (j * a + i) * es);
-                        out[dst..dst + es].copy_from_slice(&v[src..src + es]);
-                    }
-                }
+            (Take::Transposed, [b, a]) => transpose_into(&mut out, v, *a, *b, es),
+            (Take::Expert { index }, [b, a]) => {
+                let n = a * b * es;
+                transpose_into(&mut out, &v[index * n..(index + 1) * n], *a, *b, es);
             }
             (Take::Part { index, parts }, [rows, width]) => {
                 let part = width / parts;
@@ -198,6 +199,16 @@ pub(super) fn assemble(shape: &[usize], values: &[(Vec<u8>, Take)], es: usize) -
         }
     }
     out
+}
+
+/// The `[a, b]` values `v` (`es` bytes each) into `out` as `[b, a]`.
+fn transpose_into(out: &mut [u8], v: &[u8], a: usize, b: usize, es: usize) {
+    for i in 0..a {
+        for j in 0..b {
+            let (src, dst) = ((i * b + j) * es, (j * a + i) * es);
+            out[dst..dst + es].copy_from_slice(&v[src..src + es]);
+        }
+    }
 }
 
 pub(super) fn write_shard(

@@ -16,9 +16,14 @@
 //! products with f32 accumulation, the ids read back once per call: see `cuda.rs`); the
 //! top-k in f32 and f64 on both. Any other backend or dtype is `TensorError::NoKernel` on
 //! every rank before anything runs.
+//!
+//! [`routed::routed_experts`] runs whole SwiGLU experts stacked on one tensor, exchanging the
+//! rows with the ranks that hold their experts where a mesh axis splits both (expert
+//! parallelism).
 
 mod cpu;
 mod cuda;
+pub mod routed;
 
 use std::sync::LazyLock;
 

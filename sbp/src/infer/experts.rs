@@ -1,7 +1,9 @@
 //! Candidate tables of the mixture-of-experts ops: the routed product of token rows with
-//! their experts' matrices, its weight gradient, and the router's top-k selection. Rows are
-//! independent (each row reads only its own expert id), so splitting the rows splits the
-//! result; the experts' matrices split like a matmul's right operand.
+//! their experts' matrices, its weight gradient, the router's top-k selection, and the routed
+//! SwiGLU experts whose rows travel to the ranks holding their experts. Rows are independent
+//! (each row reads only its own expert id), so splitting the rows splits the result; the
+//! experts' matrices split like a matmul's right operand, or (stacked `[experts, ..]`) by
+//! expert, where rows and experts split on one mesh axis mean an exchange of rows over it.
 
 use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
@@ -116,5 +118,74 @@ pub fn router_topk(probs: &Shape, k: usize, mode: RuleMode) -> Result<Rules, Str
     );
     r.push(&[Sbp::S(0)], &[Sbp::S(0), P]);
     r.push(&[B], &[B, B]);
+    Ok(r)
+}
+
+/// Checks the routed experts' operands: rows x `[m, c]`, ids `[m]`, gate and up `[e, c, f]`,
+/// down `[e, f, c]`; returns `[m, c]`.
+fn check_routed(op: &str, s: &[&Shape]) -> Result<Shape, String> {
+    let [x, ids, gate, up, down, ..] = s else {
+        return Err(format!(
+            "{op} needs x, ids, gate, up and down, got {} inputs",
+            s.len()
+        ));
+    };
+    let fits = x.ndim() == 2
+        && ids.ndim() == 1
+        && ids.dim(0) == x.dim(0)
+        && gate.ndim() == 3
+        && up == gate
+        && gate.dim(1) == x.dim(1)
+        && **down == Shape::new([gate.dim(0), gate.dim(2), x.dim(1)])
+        && gate.dim(0) > 0;
+    if !fits {
+        return Err(format!(
+            "{op} needs rows x [m, c], expert ids [m], gate and up [experts, c, f] and down \
+             [experts, f, c] (at least one expert), got x {x}, ids {ids}, gate {gate}, up {up} \
+             and down {down}"
+        ));
+    }
+    Ok((*x).clone())
+}
+
+/// The routed SwiGLU experts `y[m] = swiglu(x[m] gate[e], x[m] up[e]) down[e]` with
+/// `e = ids[m]` (inputs x `[m, c]`, ids `[m]`, gate and up `[e, c, f]`, down `[e, f, c]`),
+/// per mesh axis: rows and experts split (S(0) on all) -> S(0), the rows going to the ranks
+/// of their experts and back; rows split, experts whole -> S(0); each expert's hidden columns
+/// split (gate, up S(2), down S(1)) -> P; all B -> B. The output is not linear in x: no
+/// partial x.
+pub fn routed_experts(s: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
+    let y = check_routed("routed_experts", s)?;
+    let s0 = Sbp::S(0);
+    let mut r = Rules::new(mode, [y]);
+    r.push(&[s0, s0, s0, s0, s0], &[s0]);
+    r.push(&[s0, s0, B, B, B], &[s0]);
+    r.push(&[B, B, Sbp::S(2), Sbp::S(2), Sbp::S(1)], &[P]);
+    r.push(&[B, B, B, B, B], &[B]);
+    Ok(r)
+}
+
+/// The gradients of [`routed_experts`] (inputs x, ids, gate, up, down and dy `[m, c]`;
+/// outputs dx, dgate, dup, ddown): rows and experts split -> (S(0), S(0), S(0), S(0)) (each
+/// expert's rows all reach its rank); rows split, experts whole -> (S(0), P, P, P); hidden
+/// columns split -> (P, S(2), S(2), S(1)); a partial dy (every gradient is linear in it) ->
+/// P; all B -> B.
+pub fn routed_experts_backward(s: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
+    let y = check_routed("routed_experts_backward", s)?;
+    match s.get(5) {
+        Some(dy) if **dy == y => {}
+        dy => {
+            return Err(format!(
+                "routed_experts_backward: dy {dy:?} must have the output's shape {y}"
+            ))
+        }
+    }
+    let (s0, s1, s2) = (Sbp::S(0), Sbp::S(1), Sbp::S(2));
+    let mut r = Rules::new(mode, [y, (*s[2]).clone(), (*s[3]).clone(), (*s[4]).clone()]);
+    r.push(&[s0, s0, s0, s0, s0, s0], &[s0, s0, s0, s0]);
+    r.push(&[s0, s0, B, B, B, s0], &[s0, P, P, P]);
+    r.push(&[B, B, s2, s2, s1, B], &[P, s2, s2, s1]);
+    r.push(&[B, B, B, B, B, P], &[P, P, P, P]);
+    r.push(&[B, B, B, B, B, B], &[B, B, B, B]);
     Ok(r)
 }

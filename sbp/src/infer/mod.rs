@@ -46,7 +46,9 @@ pub mod rules {
         binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary, whole,
     };
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
-    pub use super::experts::{expert_matmul, expert_matmul_wgrad, router_topk};
+    pub use super::experts::{
+        expert_matmul, expert_matmul_wgrad, routed_experts, routed_experts_backward, router_topk,
+    };
     pub use super::gather::{gather, index_add, index_select, scatter_add};
     pub use super::linear::{
         linear, linear_classifier, linear_classifier_backward, linear_weight_grad, residual_mlp,

@@ -155,4 +155,42 @@ impl Peers {
         }
         Ok(())
     }
+
+    /// An all-to-all whose receive counts are data: `send` holds `counts[j]` elements for
+    /// member j, in member order; returns what every member sent this one (in member order)
+    /// and how many elements each sent. The counts travel first, so the members need not know
+    /// them. A group of one keeps `send`. Errors name `op`.
+    pub fn all_to_all_v<T: TensorElement + bytemuck::Pod>(
+        &self,
+        op: &'static str,
+        send: &[T],
+        counts: &[usize],
+    ) -> Result<(Vec<T>, Vec<usize>)> {
+        let Some(comm) = &self.comm else {
+            if counts.len() != 1 || counts[0] != send.len() {
+                return Err(TensorError::Kernel {
+                    op,
+                    detail: format!("sends {counts:?} of {} elements to itself", send.len()),
+                });
+            }
+            return Ok((send.to_vec(), counts.to_vec()));
+        };
+        let (recv, recv_counts) = comm
+            .all_to_all_v_exchanged(T::DTYPE, bytemuck::cast_slice(send), counts)
+            .map_err(|source| TensorError::Comm { op, source })?;
+        let mut out = vec![T::zeroed(); recv_counts.iter().sum()];
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(&mut out);
+        if bytes.len() != recv.len() {
+            return Err(TensorError::Kernel {
+                op,
+                detail: format!(
+                    "received {} bytes for {recv_counts:?} elements of {}",
+                    recv.len(),
+                    T::DTYPE
+                ),
+            });
+        }
+        bytes.copy_from_slice(&recv);
+        Ok((out, recv_counts))
+    }
 }

@@ -300,6 +300,11 @@ pub struct ParallelFlags {
     /// cp x tp must equal the world size.
     #[arg(long, value_parser = parse::positive_usize)]
     pub cp: Option<usize>,
+    /// GPT: expert-parallel degree: the experts of every mixture-of-experts block split over
+    /// this many of the data-parallel ranks, tokens sent to their experts' ranks and back
+    /// (must divide --dp and the expert count) [default: 1].
+    #[arg(long, value_parser = parse::positive_usize)]
+    pub ep: Option<usize>,
     /// GPT: attention over the context-parallel split: ring or alltoall [default: ring].
     #[arg(long, value_enum)]
     pub cp_attention: Option<CpAttentionArg>,

@@ -75,6 +75,8 @@ pub struct ParallelConfig {
     pub pp: usize,
     pub sp: bool,
     pub cp: usize,
+    /// Expert-parallel ranks, drawn from the data-parallel ones (`dp` counts them).
+    pub ep: usize,
     pub cp_attention: CpAttentionArg,
     pub micro_batches: usize,
     pub schedule: ScheduleArg,

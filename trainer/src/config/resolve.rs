@@ -123,6 +123,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         pp: count("--pp", p.pp.unwrap_or(1))?,
         sp: p.sp,
         cp: count("--cp", p.cp.unwrap_or(1))?,
+        ep: count("--ep", p.ep.unwrap_or(1))?,
         cp_attention: p.cp_attention.unwrap_or(CpAttentionArg::Ring),
         micro_batches: count("--micro-batches", p.micro_batches.unwrap_or(1))?,
         schedule: p.schedule.unwrap_or(ScheduleArg::OneFOneB),
@@ -353,6 +354,7 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
         )));
     }
     context_parallel_fits(c)?;
+    expert_parallel_fits(c)?;
     if built && c.pipelined() {
         let p = &c.parallel;
         let spec = PipelineSpec {
@@ -423,6 +425,37 @@ fn lora_fits(c: &TrainConfig) -> Result<(), TrainError> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// An expert-parallel axis fits the rest of the layout: ranks drawn from the
+/// data-parallel ones (ep divides dp), CPU kernels, eager steps (the expert exchange's sizes
+/// change every step). The model's experts are checked once its architecture is known.
+fn expert_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
+    let p = &c.parallel;
+    if p.ep == 1 {
+        return Ok(());
+    }
+    if let Some(dp) = p.dp.filter(|d| !d.is_multiple_of(p.ep)) {
+        return Err(config_err(format!(
+            "--ep {} must divide --dp {dp}: the expert-parallel ranks are drawn from the \
+             data-parallel ones",
+            p.ep
+        )));
+    }
+    if p.device == Dev::Cuda {
+        return Err(config_err(format!(
+            "--ep {} has CPU kernels only: drop --device cuda",
+            p.ep
+        )));
+    }
+    if c.run.compile {
+        return Err(config_err(format!(
+            "--compile with --ep {}: the token rows sent to each expert's rank change in number \
+             every step, which a compiled step's fixed buffers cannot replay",
+            p.ep
+        )));
+    }
+    Ok(())
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least

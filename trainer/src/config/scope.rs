@@ -78,6 +78,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("parallel.pp", Needs::Gpt),
     ("parallel.sp", Needs::Gpt),
     ("parallel.cp", Needs::Gpt),
+    ("parallel.ep", Needs::Gpt),
     ("parallel.cp-attention", Needs::Gpt),
     ("parallel.micro-batches", Needs::Gpt),
     ("parallel.virtual-stages", Needs::Gpt),

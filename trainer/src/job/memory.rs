@@ -84,7 +84,7 @@ pub fn estimate(
     let size = |role| mesh.size(role) as f64;
     let (pp, dp, tp) = (
         size(AxisRole::Stages),
-        size(AxisRole::Batch),
+        size(AxisRole::Batch) * size(AxisRole::Experts),
         size(AxisRole::Heads),
     );
     let m = &cfg.model;

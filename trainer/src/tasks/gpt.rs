@@ -10,7 +10,7 @@ use oxiflow_models::data::{
     Corpus, EvalWindows, ShardFormat, ShardSet, ShardWindows, StreamOrigin, Tokenizer, Windows,
     HELDOUT_FRACTION,
 };
-use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind};
+use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, MoeArch};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
 use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
@@ -37,7 +37,8 @@ impl TrainModel for Gpt {
                 .wpe
                 .as_ref()
                 .is_some_and(|w| w.weight.name() == p.name());
-        p.value().ndim() == 2 && !embedding
+        // Matrices, and the experts' stacked matrices.
+        p.value().ndim() >= 2 && !embedding
     }
     fn flops_per_token(&self) -> Option<f64> {
         // nanoGPT's estimate: 6 N + 12 L C T, N without the position table.
@@ -58,8 +59,30 @@ fn layout_err(detail: String) -> TrainError {
 }
 
 /// Refuses, before the world starts, what a mixture of experts does not support: full
-/// recomputation (the routing statistics of a recomputed block would carry no gradient).
-fn check_moe(cfg: &TrainConfig) -> Result<(), TrainError> {
+/// recomputation (the routing statistics of a recomputed block would carry no gradient), an
+/// expert-parallel degree that does not divide the experts; and `--ep` on a dense model.
+fn check_moe(cfg: &TrainConfig, moe: Option<&MoeArch>) -> Result<(), TrainError> {
+    let ep = cfg.parallel.ep;
+    let Some(moe) = moe else {
+        if ep > 1 {
+            return Err(TrainError::Config {
+                detail: format!(
+                    "--ep {ep} splits the experts of a mixture of experts; this model's MLPs \
+                     are dense"
+                ),
+            });
+        }
+        return Ok(());
+    };
+    if !moe.experts.is_multiple_of(ep) {
+        return Err(TrainError::Config {
+            detail: format!(
+                "--ep {ep} must divide the {} experts of each mixture-of-experts block (every \
+                 expert-parallel rank holds as many)",
+                moe.experts
+            ),
+        });
+    }
     if cfg.parallel.recompute == RecomputeArg::Full {
         return Err(TrainError::Config {
             detail: "--recompute full: a mixture-of-experts block's routing statistics would \
@@ -133,9 +156,7 @@ impl GptInputs {
             ck.config
                 .check_sliding_window(text.max(longest) + cfg.generate.gen_tokens)?;
         }
-        if spec.arch.moe.is_some() {
-            check_moe(cfg)?;
-        }
+        check_moe(cfg, spec.arch.moe.as_ref())?;
         if spec.arch.mlp == MlpKind::SwiGlu && cfg.parallel.recompute == RecomputeArg::Gelu {
             return Err(TrainError::Config {
                 detail: "--recompute gelu: this model's MLP is SwiGLU, with no GELU output to \
@@ -283,7 +304,9 @@ pub fn gpt_trainer(
     device: DeviceType,
     inputs: GptInputs,
 ) -> Result<GptJob, TrainError> {
-    let (pp, dp) = (mesh.size(AxisRole::Stages), mesh.size(AxisRole::Batch));
+    // The expert-parallel ranks are data-parallel ranks too (the batch split over both).
+    let (pp, ep) = (mesh.size(AxisRole::Stages), mesh.size(AxisRole::Experts));
+    let dp = mesh.size(AxisRole::Batch) * ep;
     let p = &cfg.parallel;
     let spec = PipelineSpec {
         schedule: match p.schedule {
@@ -309,7 +332,8 @@ pub fn gpt_trainer(
     }
     let (stages, stage) = stages_of(&mesh, device)?;
     let rank = Context::current().map_or(0, |c| c.rank());
-    let dp_coord = stages[stage].coord(rank, AxisRole::Batch).unwrap_or(0);
+    let coord = |role| stages[stage].coord(rank, role).unwrap_or(0);
+    let dp_coord = coord(AxisRole::Batch) * ep + coord(AxisRole::Experts);
     let pipelined = cfg.pipelined();
     let precision = cfg.precision(device)?;
     let mut model = build_decoder(&inputs.spec, &stages, spec.virtual_stages, &precision)?;

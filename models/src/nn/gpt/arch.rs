@@ -322,9 +322,10 @@ impl MoeArch {
             v.push((format!("{at}.up.weight"), vec![c, f]));
             v.push((format!("{at}.down.weight"), vec![f, c]));
         };
-        for e in 0..self.experts {
-            swiglu(&mut v, format!("{name}.experts.{e}"), self.expert_width);
-        }
+        let (e, f) = (self.experts, self.expert_width);
+        v.push((format!("{name}.experts.gate.weight"), vec![e, c, f]));
+        v.push((format!("{name}.experts.up.weight"), vec![e, c, f]));
+        v.push((format!("{name}.experts.down.weight"), vec![e, f, c]));
         if let Some(s) = self.shared_width {
             swiglu(&mut v, format!("{name}.shared"), s);
             v.push((format!("{name}.shared_gate.weight"), vec![c, 1]));

@@ -290,13 +290,13 @@ impl GptLayout {
     }
 
     /// nd-SBP of activations `[B, T, ..]`, per mesh axis by its role: the batch split over the
-    /// data-parallel axis, `tp` on the tensor-parallel axis (B: whole; S(1): sequence
+    /// data-parallel axis and an expert-parallel one (its ranks are data-parallel too), `tp` on the tensor-parallel axis (B: whole; S(1): sequence
     /// parallel), the sequence split over a context-parallel axis, whole on any other.
     pub fn activation_sbp(&self, tp: Sbp) -> Option<NdSbp> {
         self.mesh().map(|m| {
             NdSbp::new(m.axes().iter().map(|a| {
                 let splits = |r| a.kind.splits(r);
-                if splits(AxisRole::Batch) {
+                if splits(AxisRole::Batch) || splits(AxisRole::Experts) {
                     Sbp::S(0)
                 } else if splits(AxisRole::Heads) {
                     tp

@@ -1,21 +1,25 @@
 //! The mixture-of-experts MLP of a block (Mixtral, Qwen2-MoE): a router (a linear map to one
 //! logit per expert, softmax, the top k, optionally renormalised), SwiGLU experts each token
 //! visits through its k routes (dropless: every route computes), and an optional shared expert
-//! every token visits, scaled by a sigmoid gate. The experts' matrices split over the
-//! tensor-parallel axis like the dense MLP's (gate and up column-parallel, down row-parallel);
-//! tokens stay on their data-parallel rank. Each block's routing statistics (`RouterStats`)
+//! every token visits, scaled by a sigmoid gate. The routed experts' matrices are stacked on
+//! one tensor each (`experts.gate`, `experts.up` `[E, C, F]`, `experts.down` `[E, F, C]`),
+//! run by `oxiflow_ops::moe::routed::routed_experts`: each expert's hidden columns split over
+//! the tensor-parallel axis like the dense MLP's, the experts themselves over an axis that
+//! splits experts, where the token rows travel to their experts' ranks and back; tokens
+//! otherwise stay on their data-parallel rank. Each block's routing statistics (`RouterStats`)
 //! feed the Switch load-balancing loss over all blocks (`RouterLog::aux_loss`), as
 //! transformers' `load_balancing_loss_func` computes it.
 
 use oxiflow_dtype::DType;
-use oxiflow_ops::moe::{expert_matmul, router_topk};
-use oxiflow_ops::swiglu::swiglu;
-use oxiflow_placement::Placement;
-use oxiflow_sbp::NdSbp;
+use oxiflow_ops::moe::routed::routed_experts;
+use oxiflow_ops::moe::router_topk;
+use oxiflow_placement::{AxisRole, Placement};
+use oxiflow_sbp::{NdSbp, Sbp, Shape};
 use oxiflow_tensor::Tensor;
 
 use crate::{Result, TensorError};
 
+use super::super::init::{param_seed, Init, ParamPlacement};
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::arch::{Arch, MlpKind, MoeArch};
@@ -172,12 +176,18 @@ fn alike(t: &Tensor, like: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// A block's mixture of experts: `name.router` `[C, E]`, `name.experts.{e}` SwiGLU MLPs,
-/// and optionally `name.shared` (SwiGLU) with `name.shared_gate` `[C, 1]`.
+/// A block's mixture of experts: `name.router` `[C, E]`, the routed experts' stacked
+/// matrices `name.experts.{gate,up,down}`, and optionally `name.shared` (SwiGLU) with
+/// `name.shared_gate` `[C, 1]`.
 #[derive(Clone, Debug)]
 pub struct MoeMlp {
     pub router: Linear,
-    pub experts: Vec<GptMlp>,
+    /// `[E, C, F]`.
+    pub gate: Parameter,
+    /// `[E, C, F]`.
+    pub up: Parameter,
+    /// `[E, F, C]`.
+    pub down: Parameter,
     pub shared: Option<(GptMlp, Linear)>,
     pub moe: MoeArch,
 }
@@ -201,9 +211,20 @@ impl MoeMlp {
             };
             GptMlp::new(&at, cfg, &a, layout)
         };
-        let experts = (0..moe.experts)
-            .map(|e| swiglu(format!("{name}.experts.{e}"), moe.expert_width))
-            .collect::<Result<Vec<_>>>()?;
+        let (e, f) = (moe.experts, moe.expert_width);
+        // Each expert's matrix drawn as its dense layer's (uniform, bound 1/sqrt(inputs)).
+        let stacked = |what: &str, shape: [usize; 3], hidden_dim: usize| -> Result<Parameter> {
+            let name = format!("{name}.experts.{what}.weight");
+            let init = Init::Uniform {
+                seed: param_seed(cfg.seed, &name),
+                bound: 1.0 / (shape[1].max(1) as f64).sqrt(),
+            };
+            let at = expert_placement(layout, hidden_dim);
+            Ok(Parameter::new(
+                name,
+                &init.build(Shape::new(shape), cfg.dtype, &at)?,
+            ))
+        };
         let shared = match moe.shared_width {
             Some(s) => Some((
                 swiglu(format!("{name}.shared"), s)?,
@@ -213,7 +234,9 @@ impl MoeMlp {
         };
         Ok(MoeMlp {
             router: Linear::new(&format!("{name}.router"), c, moe.experts, &replicated)?,
-            experts,
+            gate: stacked("gate", [e, c, f], 2)?,
+            up: stacked("up", [e, c, f], 2)?,
+            down: stacked("down", [e, f, c], 1)?,
             shared,
             moe: moe.clone(),
         })
@@ -251,11 +274,13 @@ impl MoeMlp {
         let x3 = x.reshape([n, 1, c])?;
         let rows = Tensor::concat(&vec![&x3; k], 1)?.reshape([n * k, c])?;
         let routes = ids.reshape([n * k])?;
-        let gate = expert_matmul(&rows, &routes, &self.matrices(|e| e.gate.as_ref())?, false)?;
-        let up = expert_matmul(&rows, &routes, &self.matrices(|e| Some(&e.fc))?, false)?;
-        let hidden = swiglu(&gate, &up)?;
-        let down = self.matrices(|e| Some(&e.proj))?;
-        let out = expert_matmul(&hidden, &routes, &down, false)?;
+        let out = routed_experts(
+            &rows,
+            &routes,
+            &self.gate.compute()?,
+            &self.up.compute()?,
+            &self.down.compute()?,
+        )?;
         let mut y = out.reshape([n, k, c])?.mul(&weights)?.sum(&[1], false)?;
         if let Some((mlp, gate)) = &self.shared {
             let s = mlp.proj.forward(&mlp.hidden(&x)?)?;
@@ -270,30 +295,31 @@ impl MoeMlp {
     }
 }
 
-impl MoeMlp {
-    /// The values of one matrix of every expert (`pick`: gate, up or down).
-    fn matrices(&self, pick: impl Fn(&GptMlp) -> Option<&Linear>) -> Result<Vec<Tensor>> {
-        self.experts
-            .iter()
-            .map(|e| {
-                pick(e)
-                    .ok_or_else(|| TensorError::Shape {
-                        op: "MoeMlp::forward",
-                        shapes: "-".into(),
-                        sbps: "-".into(),
-                        detail: "an expert is not a SwiGLU MLP".into(),
-                    })?
-                    .weight
-                    .compute()
-            })
-            .collect()
+/// Where a stacked expert matrix lives: the experts (dim 0) split over the mesh axis that
+/// splits experts, each expert's hidden units (dim `hidden_dim`) over the tensor-parallel
+/// axis, whole on every other axis.
+fn expert_placement(layout: &GptLayout, hidden_dim: usize) -> ParamPlacement {
+    match layout.mesh() {
+        None => ParamPlacement::Local,
+        Some(m) => ParamPlacement::Global {
+            placement: m.placement().clone(),
+            nd_sbp: NdSbp::new(m.axes().iter().map(|a| {
+                if a.kind.splits(AxisRole::Experts) {
+                    Sbp::S(0)
+                } else if a.kind.splits(AxisRole::Heads) {
+                    Sbp::S(hidden_dim)
+                } else {
+                    Sbp::B
+                }
+            })),
+        },
     }
 }
 
 impl Module for MoeMlp {
     fn parameters(&self) -> Vec<Parameter> {
         let mut v = self.router.parameters();
-        v.extend(self.experts.iter().flat_map(Module::parameters));
+        v.extend([self.gate.clone(), self.up.clone(), self.down.clone()]);
         if let Some((mlp, gate)) = &self.shared {
             v.extend(mlp.parameters());
             v.extend(gate.parameters());

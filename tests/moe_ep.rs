@@ -1,0 +1,309 @@
+//! Expert parallelism (`--ep`) under `oflaunch` with real processes (CPU/TCP backend), on the
+//! mixture-of-experts fixtures of `tests/fixtures/hf` (Mixtral: 8 experts top-2; Qwen2-MoE: 6
+//! experts top-4 with a shared expert): `--eval-only` under `--dp 2 --ep 2` and `--dp 4 --ep
+//! 2` prints transformers' float64 loss within 1e-9 relative, and greedy generation under
+//! `--dp 2 --ep 2` its ids; f64 training with a large load-balancing coefficient gives one
+//! rank's curve within 1e-9 under EP2, EP4, EP2 x TP2, PP2 x EP2, EP2 with ZeRO-2 and with
+//! selective recomputation; `--save-hf` from expert shards reads back to the same loss;
+//! `--explain` shows the experts split over the ep axis; and bad layouts are refused by name
+//! on every rank before any step.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{curve, launch, max_rel, ok};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+fn reference(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    r["models"][name].clone()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxiflow-ep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The number after `key` on rank 0's first line holding it.
+fn number_after(text: &str, key: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.split(key).nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// `train --from-hf DIR --eval-only` on the fixture tokens in f64 on `nproc` ranks: rank 0's
+/// output.
+fn eval_text(nproc: usize, dir: &Path, extra: &[&str]) -> String {
+    let data = fixtures().join("tokens.bin");
+    let mut args = vec![
+        "--from-hf",
+        dir.to_str().unwrap(),
+        "--eval-only",
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "3",
+        "--dtype",
+        "f64",
+    ];
+    args.extend_from_slice(extra);
+    ok(launch(nproc, &args))
+}
+
+fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> f64 {
+    number_after(&eval_text(nproc, dir, extra), "eval loss ")
+}
+
+#[test]
+fn eval_only_under_expert_parallelism_equals_transformers() {
+    let layouts: [(usize, &[&str]); 2] = [
+        (2, &["--dp", "2", "--ep", "2"]),
+        (4, &["--dp", "4", "--ep", "2"]),
+    ];
+    for name in ["mixtral", "qwen2_moe"] {
+        let want = reference(name)["eval_loss"].as_f64().unwrap();
+        for (n, layout) in layouts {
+            let got = eval(n, &fixtures().join(name), layout);
+            let rel = (got - want).abs() / want;
+            eprintln!("{name} {layout:?}: {got} vs {want} (relative {rel:.2e})");
+            assert!(rel < 1e-9, "{name} {layout:?}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_under_expert_parallelism_equals_transformers() {
+    for name in ["mixtral", "qwen2_moe"] {
+        let want = reference(name)["greedy"]
+            .to_string()
+            .replace(['[', ']', ' '], "");
+        let dir = fixtures().join(name);
+        let text = ok(launch(
+            2,
+            &[
+                "--from-hf",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                "5,17,3;1,2,3,4,5,6,7",
+                "--gen-tokens",
+                "24",
+                "--temperature",
+                "0",
+                "--dtype",
+                "f64",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+            ],
+        ));
+        let got: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split("generated ids: ").nth(1))
+            .map(str::trim)
+            .collect();
+        assert_eq!(got.join(","), want, "{name}: {text}");
+    }
+}
+
+#[test]
+fn save_hf_from_expert_shards_reads_back() {
+    let out = tmp("roundtrip");
+    let saved = out.join("mixtral");
+    let s = saved.to_str().unwrap();
+    eval(
+        2,
+        &fixtures().join("mixtral"),
+        &["--dp", "2", "--ep", "2", "--save-hf", s],
+    );
+    let before = eval(1, &fixtures().join("mixtral"), &[]);
+    let after = eval(1, &saved, &[]);
+    assert_eq!(before, after, "saved under --ep 2 and read back");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn explain_shows_the_experts_split_over_the_ep_axis() {
+    let (dir, data) = (fixtures().join("mixtral"), fixtures().join("tokens.bin"));
+    let text = ok(launch(
+        2,
+        &[
+            "--from-hf",
+            dir.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+            "--dtype",
+            "f64",
+            "--dp",
+            "2",
+            "--ep",
+            "2",
+            "--explain",
+        ],
+    ));
+    assert!(text.contains("ep 2"), "no ep axis in the mesh: {text}");
+    // The mesh [dp 1, ep 2, tp 1]: experts split over ep, the router whole.
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_string()
+    };
+    for name in ["mlp.experts.gate.weight", "mlp.experts.down.weight"] {
+        assert!(line(name).contains("as (B, S(0), S("), "{}", line(name));
+    }
+    let router = line("mlp.router.weight");
+    assert!(router.contains("as (B, B, B)"), "{router}");
+}
+
+fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
+    let p = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
+}
+
+/// A copy of fixture `name` under `dir`.
+fn copy(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    to
+}
+
+/// The arguments of `steps` f64 training steps of the model in `dir` on the fixture tokens.
+fn train_args(dir: &Path, steps: usize, extra: &[&str]) -> Vec<String> {
+    let data = fixtures().join("tokens.bin");
+    let mut a: Vec<String> = [
+        "--from-hf",
+        dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--steps",
+        &steps.to_string(),
+        "--log-every",
+        "1",
+        "--dtype",
+        "f64",
+        "--gen-tokens",
+        "0",
+        "--lr",
+        "0.003",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn train_curve(dir: &Path, n: usize, layout: &[&str]) -> Vec<(u64, f64)> {
+    let args = train_args(dir, 3, layout);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    curve(&ok(launch(n, &args)))
+}
+
+#[test]
+fn training_under_expert_parallelism_gives_one_ranks_curve() {
+    // A load-balancing coefficient large enough that a wrong routing count or a lost share of
+    // its gradient moves the curve far beyond the tolerance.
+    let base = tmp("train");
+    for name in ["mixtral", "qwen2_moe"] {
+        let dir = copy(name, &base);
+        set_config(&dir, "router_aux_loss_coef", serde_json::json!(0.5));
+        let one = train_curve(&dir, 1, &[]);
+        assert_eq!(one.len(), 3);
+        let mut cases: Vec<(usize, &[&str])> = vec![
+            (2, &["--dp", "2", "--ep", "2"]),
+            (4, &["--dp", "2", "--ep", "2", "--tp", "2"]),
+            (4, &["--pp", "2", "--dp", "2", "--ep", "2"]),
+            (4, &["--dp", "4", "--ep", "2", "--zero", "2"]),
+            (2, &["--dp", "2", "--ep", "2", "--recompute", "selective"]),
+        ];
+        if name == "mixtral" {
+            // 8 experts: 2 on each of 4 ranks (Qwen2-MoE's 6 do not divide by 4).
+            cases.push((4, &["--dp", "4", "--ep", "4"]));
+        }
+        for (n, layout) in cases {
+            let diff = max_rel(&one, &train_curve(&dir, n, layout));
+            eprintln!("{name} {layout:?}: {diff:.3e}");
+            assert!(diff <= 1e-9, "{name} {layout:?} differs by {diff:e}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn bad_expert_layouts_are_refused_by_name_on_every_rank_before_any_step() {
+    let base = tmp("bad");
+    let topk = copy("qwen2_moe", &base.join("topk"));
+    set_config(&topk, "num_experts_per_tok", serde_json::json!(7));
+    let (mixtral, qwen, llama) = (
+        fixtures().join("mixtral"),
+        fixtures().join("qwen2_moe"),
+        fixtures().join("llama"),
+    );
+    let cases: Vec<(usize, Vec<String>, &str)> = vec![
+        (
+            2,
+            train_args(&mixtral, 2, &["--dp", "2", "--ep", "4"]),
+            "--ep 4 must divide --dp 2",
+        ),
+        (
+            4,
+            train_args(&qwen, 2, &["--dp", "4", "--ep", "4"]),
+            "--ep 4 must divide the 6 experts",
+        ),
+        (
+            2,
+            train_args(&topk, 2, &["--dp", "2", "--ep", "2"]),
+            "num_experts_per_tok",
+        ),
+        (
+            2,
+            train_args(&llama, 2, &["--dp", "2", "--ep", "2"]),
+            "--ep 2 splits the experts of a mixture of experts",
+        ),
+        (
+            2,
+            train_args(&mixtral, 2, &["--dp", "2", "--ep", "2", "--compile"]),
+            "--compile with --ep 2",
+        ),
+    ];
+    for (n, args, want) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = launch(n, &args);
+        let (so, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(curve(&so).is_empty(), "{args:?} ran a step: {so}");
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -22,13 +22,17 @@
 //! `--tie-embeddings`), e.g. Llama-3.2-1B's shape: `--arch llama --layers 16 --width 2048
 //! --heads 32 --kv-heads 8 --ffn-width 8192 --vocab 128256 --tie-embeddings --seq 2048
 //! --micro-batch 4`; its N counts every parameter (it has no position table), a tied table once.
+//! `--experts E --top-k K` makes every block's MLP a Mixtral-style mixture of E experts of
+//! `--ffn-width` (N then counts K of them: the parameters a token meets).
 
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
 use oxiflow::cuda;
-use oxiflow::nn::gpt::{Arch, Gpt, GptConfig, GptLayout, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE};
+use oxiflow::nn::gpt::{
+    Arch, Gpt, GptConfig, GptLayout, MoeArch, Pass, StageSplit, DEFAULT_VOCAB_MULTIPLE,
+};
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
 use oxiflow::placement::{NamedMesh, DP, TP};
@@ -67,6 +71,14 @@ struct Args {
     /// `--arch llama` reads its output through the token table.
     #[arg(long)]
     tie_embeddings: bool,
+    /// `--arch llama` with a mixture of this many SwiGLU experts in every block (Mixtral's:
+    /// softmax router, top-k renormalised, no shared expert, no load-balancing loss); 0: the
+    /// dense MLP.
+    #[arg(long, default_value_t = 0)]
+    experts: usize,
+    /// Experts each token is routed to.
+    #[arg(long, default_value_t = 2)]
+    top_k: usize,
     #[arg(long, default_value_t = 12)]
     layers: usize,
     #[arg(long, default_value_t = 768)]
@@ -101,6 +113,11 @@ struct Args {
     /// driver's (the default).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     nccl_memory: OnOff,
+    /// Device blocks of at least this many MiB go back to the driver's stream-ordered pool when
+    /// freed, which serves any size from their bytes (0: every block cached by size; default:
+    /// the library's `DRIVER_REUSE_FROM`).
+    #[arg(long)]
+    driver_reuse_mib: Option<f64>,
     /// AdamW's update written over the old parameters and state where nothing else holds them
     /// (the default), or into new memory (the same bits).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
@@ -277,6 +294,9 @@ fn main() -> R<()> {
     };
     rt.set_matmul_precision(precision.matmul());
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
+    if let Some(mib) = a.driver_reuse_mib {
+        rt.set_driver_reuse_from((mib > 0.0).then_some((mib * (1u64 << 20) as f64) as usize))?;
+    }
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;
     let cfg = GptConfig {
@@ -292,16 +312,20 @@ fn main() -> R<()> {
         sequence_parallel: false,
         ..GptConfig::default()
     };
+    let ffn = a.ffn_width.unwrap_or(4 * a.width);
     let arch = match a.arch {
         ArchArg::Gpt2 => Arch::gpt2(),
         ArchArg::Llama => Arch {
             tie_embeddings: a.tie_embeddings,
-            ..Arch::llama(
-                a.kv_heads.unwrap_or(a.heads),
-                a.ffn_width.unwrap_or(4 * a.width),
-                a.rope_theta,
-                1e-5,
-            )
+            moe: (a.experts > 0).then_some(MoeArch {
+                experts: a.experts,
+                top_k: a.top_k,
+                renormalize: true,
+                expert_width: ffn,
+                shared_width: None,
+                aux_loss_coef: 0.0,
+            }),
+            ..Arch::llama(a.kv_heads.unwrap_or(a.heads), ffn, a.rope_theta, 1e-5)
         },
     };
     let mut model = Gpt::with_arch(
@@ -317,9 +341,12 @@ fn main() -> R<()> {
         .map(|p| if model.decays(p) { 0.1 } else { 0.0 })
         .collect();
     let n_all: usize = params.iter().map(|p| p.value().numel()).sum();
+    // The parameters a token meets: the position table is looked up, not multiplied; of the
+    // experts, only its top-k.
+    let idle_experts = a.layers * a.experts.saturating_sub(a.top_k) * 3 * a.width * ffn;
     let n_mfu = match a.arch {
         ArchArg::Gpt2 => n_all - a.seq * a.width,
-        ArchArg::Llama => n_all,
+        ArchArg::Llama => n_all - idle_experts,
     };
     let opt = AdamW::new(
         params,
@@ -387,7 +414,7 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
@@ -414,6 +441,12 @@ fn main() -> R<()> {
         (c1.fresh - c0.fresh) as f64 / n,
         (c1.given_back - c0.given_back) as f64 / n,
         (c1.released_all - c0.released_all) as f64 / n,
+        a.driver_reuse_mib
+            .unwrap_or(cuda::DRIVER_REUSE_FROM as f64 / (1u64 << 20) as f64),
+        rt.driver_pool_peak().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        rt.memory_info()
+            .map_or(0, |(free, total)| total.saturating_sub(free)) as f64
+            / (1u64 << 30) as f64,
     );
     let live = oxiflow::memory::device().live;
     println!(

@@ -14,6 +14,12 @@
 //! may still read is handed out again only once the send ended (a bucket allocates afresh
 //! instead), kept past the cache limit, and kept through a release after an out-of-memory.
 //!
+//! Blocks of at least `DRIVER_REUSE_FROM` bytes (`set_driver_reuse_from`) are not kept in a
+//! free list when freed: they go back, in stream order, to the device's stream-ordered pool
+//! (`driver_pool`), which keeps the bytes and serves allocations of any size from them. The
+//! free lists reuse a block only for its own bucket, so they hold the most-ever-live blocks of
+//! every size at once; the driver's pool holds about the most bytes ever live together.
+//!
 //! When asked (`set_nccl_memory`), the blocks come from NCCL's allocator (`NcclMemory`), which collectives
 //! register for zero-copy transfers; blocks under `SLAB` bytes are carved from `SLAB`-byte
 //! allocations (NCCL's allocator rounds every request up to the VMM granularity). Every block
@@ -239,7 +245,11 @@ pub(crate) struct Pool {
     nccl: AtomicBool,
     /// The free lists' limit in bytes (0: not read off the device yet).
     limit: AtomicUsize,
-    /// Driver allocations, blocks given back past the limit, and full releases (out of memory).
+    /// Driver blocks of at least this many bytes go back to the device's stream-ordered pool
+    /// when freed, which serves any size from them (0: every block is cached by bucket).
+    driver_from: AtomicUsize,
+    /// Driver allocations, blocks given back (past the limit or to the driver's pool), and
+    /// full releases (out of memory).
     counts: [AtomicUsize; 3],
     /// The graph being captured, if any (see the module doc).
     capture: Mutex<Option<Arc<GraphMemory>>>,
@@ -248,7 +258,8 @@ pub(crate) struct Pool {
 }
 
 /// How often the pool went to the driver: `(allocations, blocks given back past the cache
-/// limit, full releases after an out-of-memory)`, since the process started.
+/// limit or to the driver's stream-ordered pool, full releases after an out-of-memory)`, since
+/// the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AllocCounts {
     pub fresh: usize,
@@ -281,6 +292,37 @@ impl Pool {
         let l = cache_limit(total);
         self.limit.store(l, Ordering::Relaxed);
         l
+    }
+    /// Driver blocks of at least `from` bytes (None: none) go back to the device's
+    /// stream-ordered pool when freed instead of to a free list, and that pool keeps what is
+    /// freed to it: one reservation serves every size, where the free lists keep each bucket's
+    /// most-ever-live blocks apart. The blocks cached at or above `from` are given back now.
+    pub(crate) fn set_driver_from(
+        &self,
+        from: Option<usize>,
+        ctx: &CudaContext,
+        stream: &CudaStream,
+    ) -> std::result::Result<(), String> {
+        if from.is_some() {
+            super::driver_pool::keep_freed(ctx)?;
+        }
+        let from = from.map_or(0, |b| b.max(1));
+        if self.driver_from.swap(from, Ordering::AcqRel) != from
+            && from != 0
+            && self.cached_bytes() > 0
+        {
+            self.release_all(stream);
+        }
+        Ok(())
+    }
+    /// Whether a freed block of `cap` bytes in `mem` goes back to the driver's pool (never while
+    /// a graph is captured: the free would become a node of the graph).
+    fn to_driver(&self, cap: usize, mem: &Memory) -> bool {
+        let from = self.driver_from.load(Ordering::Relaxed);
+        from != 0
+            && cap >= from
+            && matches!(mem, Memory::Driver(_))
+            && !self.capturing.load(Ordering::Acquire)
     }
     pub(crate) fn cached_bytes(&self) -> usize {
         self.cached.load(Ordering::Relaxed)
@@ -365,10 +407,12 @@ impl Pool {
             mut sends,
         } = cached;
         sends.retain(|e| !e.is_complete());
-        if sends.is_empty() && self.cached.load(Ordering::Relaxed) + cap > self.limit(ctx) {
+        let over_limit = self.cached.load(Ordering::Relaxed) + cap > self.limit(ctx);
+        if sends.is_empty() && (over_limit || self.to_driver(cap, &mem)) {
             self.count(1);
             // Freed on the compute stream, after the collectives that may still use it (NCCL
-            // memory once the stream got there).
+            // memory once the stream got there; driver memory in stream order, to the device's
+            // pool, which hands its bytes out again only to work queued after this point).
             order_after(stream, &fences);
             if mem.freed_at_once() {
                 let _ = stream.synchronize();

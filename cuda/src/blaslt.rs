@@ -115,7 +115,7 @@ impl LtMatmul {
     /// One unbatched product `[m, k] @ [k, n]` (`ta`/`tb`: operand stored transposed) of
     /// types `t` (inputs, and TF32 for f32 inputs) into an output of the inputs' type,
     /// overwriting it, with no epilogue; callers change what differs.
-    pub(crate) fn new(
+    pub fn new(
         (m, n, k): (usize, usize, usize),
         (ta, tb): (bool, bool),
         t: (FloatType, bool),

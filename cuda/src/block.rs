@@ -79,6 +79,9 @@ impl Block {
                         // Out of memory: give the cached blocks back and try once more.
                         rt.pool.release_all(&rt.stream);
                         rt.synchronize()?;
+                        // What the frees gave the driver's pool, back to the driver (a
+                        // failed trim leaves the retry to the pool's own reuse).
+                        let _ = super::driver_pool::trim(&rt.ctx);
                         fresh(rt, cap).map_err(|e| {
                             derr(
                                 "cuda alloc",

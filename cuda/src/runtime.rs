@@ -33,6 +33,10 @@ impl std::fmt::Debug for CudaRuntime {
     }
 }
 
+/// Blocks of at least this many bytes go back to the device's stream-ordered pool when freed
+/// (see [`CudaRuntime::set_driver_reuse_from`]).
+pub const DRIVER_REUSE_FROM: usize = 4 << 20;
+
 /// The runtime this process is bound to (set once by `init::install`).
 pub(crate) static RUNTIME: Mutex<Option<Arc<CudaRuntime>>> = Mutex::new(None);
 
@@ -44,7 +48,7 @@ impl CudaRuntime {
         let stream = ctx
             .new_stream()
             .map_err(|e| derr("cuda init", format!("new stream: {e}")))?;
-        Ok(Arc::new(CudaRuntime {
+        let rt = Arc::new(CudaRuntime {
             ordinal: ctx.ordinal(),
             ctx,
             stream,
@@ -52,7 +56,11 @@ impl CudaRuntime {
             kernels: OnceLock::new(),
             pool: Pool::default(),
             matmul_precision: AtomicU8::new(MatmulPrecision::F32 as u8),
-        }))
+        });
+        if rt.ctx.has_async_alloc() {
+            rt.set_driver_reuse_from(Some(DRIVER_REUSE_FROM))?;
+        }
+        Ok(rt)
     }
     pub fn ordinal(&self) -> usize {
         self.ordinal
@@ -139,6 +147,21 @@ impl CudaRuntime {
     /// Whether new device blocks come from NCCL's allocator.
     pub fn nccl_memory(&self) -> bool {
         self.pool.nccl()
+    }
+    /// Device blocks of at least `from` bytes go back to the device's stream-ordered pool when
+    /// freed (which serves any size from their bytes) instead of to the allocator's per-size
+    /// free lists; None: every block is cached by size. The default is
+    /// [`DRIVER_REUSE_FROM`] where the device has that pool.
+    pub fn set_driver_reuse_from(&self, from: Option<usize>) -> Result<()> {
+        self.bind("cuda driver pool")?;
+        self.pool
+            .set_driver_from(from, &self.ctx, &self.stream)
+            .map_err(|e| derr("cuda driver pool", format!("cuda:{}: {e}", self.ordinal)))
+    }
+    /// The most bytes the device's stream-ordered pool ever reserved (None: not known).
+    pub fn driver_pool_peak(&self) -> Option<usize> {
+        self.bind("cuda driver pool").ok()?;
+        super::driver_pool::reserved_high(&self.ctx)
     }
     /// Bytes held in the allocator's free lists.
     pub fn cached_bytes(&self) -> usize {

@@ -14,16 +14,7 @@ NEW=${NEW:-256}
 MODEL=${MODEL:-/tmp/llama1b-hf}
 MODES=${MODES:-eager compile}
 mkdir -p "$OUT"
-sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
-  local log=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$log.smi" &
-  local smi=$!
-  "$@" > "$log" 2>&1
-  local code=$?
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-  echo "SMI_PEAK_MIB $(sort -n "$log.smi" | tail -1)" >> "$log"
-  [ "$code" = 0 ] || echo "$log failed ($code): $(tail -2 "$log")"
-}
+. ./sampled.sh
 [ -e "$MODEL/config.json" ] || python3 - "$MODEL" <<'PY'
 import sys, torch, transformers as tf
 torch.manual_seed(1234)

@@ -6,7 +6,8 @@
 # beside llama_bench.py eager and --compile, $ROUNDS rounds (default 1) interleaved. Each run's
 # peak device memory as nvidia-smi sees it (what an out-of-memory error sees: the GPU's used
 # memory sampled every 100 ms, only that process running) beside the program's own count.
-# Logs under $OUT; a table of medians last.
+# A last run of ours eager with every block cached by size (--driver-reuse-mib 0). Logs under
+# $OUT; a table of medians last (median_table.py).
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -16,16 +17,7 @@ STEPS=${STEPS:-10}
 ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 nvidia-smi -L
-sampled() { # log command...: runs the command with nvidia-smi sampling; appends "SMI_PEAK_MIB n"
-  local log=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$log.smi" &
-  local smi=$!
-  "$@" > "$log" 2>&1
-  local code=$?
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-  echo "SMI_PEAK_MIB $(sort -n "$log.smi" | tail -1)" >> "$log"
-  [ "$code" = 0 ] || echo "$log failed ($code): $(tail -2 "$log")"
-}
+. ./sampled.sh
 DIMS=(--layers 16 --width 2048 --heads 32)
 for r in $(seq "$ROUNDS"); do
   for mode in eager compile; do
@@ -37,31 +29,12 @@ for r in $(seq "$ROUNDS"); do
     sampled "$OUT/torch-$mode-$r.log" timeout 400 python3 llama_bench.py --micro-batch "$MB" \
       --steps "$STEPS" "${flag[@]}" --tag "torch-$mode"
   done
+  # The allocator caching every block by size (as before blocks of 4 MiB and more went back to
+  # the driver's stream-ordered pool).
+  sampled "$OUT/ours-eager-bucketed-$r.log" timeout 300 bin/oflaunch --nproc-per-node 1 \
+    --backend nccl bin/gpt_bench --arch llama "${DIMS[@]}" --kv-heads 8 --ffn-width 8192 \
+    --vocab 128256 --tie-embeddings --seq 2048 --micro-batch "$MB" --warmup 4 --steps "$STEPS" \
+    --precision bf16-mixed --driver-reuse-mib 0 --tag oxiflow-eager-bucketed-pool
 done
-python3 - "$OUT" <<'PY'
-import glob, json, statistics, sys
-runs = {}
-for f in sorted(glob.glob(sys.argv[1] + "/*.log")):
-    r, smi = None, None
-    for line in open(f, errors="replace"):
-        if "RESULT {" in line:
-            r = json.loads(line[line.index("RESULT {") + 7:])
-        if line.startswith("SMI_PEAK_MIB "):
-            smi = float(line.split()[1] or "nan")
-    if r:
-        r["smi_GiB"] = smi / 1024 if smi else float("nan")
-        runs.setdefault(r["tag"], []).append(r)
-def med(tag, k):
-    v = [x.get(k) for x in runs.get(tag, []) if isinstance(x.get(k), (int, float))]
-    return statistics.median(v) if v else float("nan")
-print("| run | ms/step | tokens/s | MFU | own peak GiB | process peak GiB (nvidia-smi) | vs torch.compile | mem vs torch.compile |")
-print("|---|---|---|---|---|---|---|---|")
-for tag in ["oxiflow-eager", "oxiflow-compile", "torch-eager", "torch-compile"]:
-    if tag not in runs:
-        print(f"| {tag} | failed |||||||"); continue
-    ms, tok = med(tag, "ms_per_step"), med(tag, "tokens_per_s")
-    own = med(tag, "peak_mem_GiB")
-    smi = med(tag, "smi_GiB")
-    tc_tok, tc_smi = med("torch-compile", "tokens_per_s"), med("torch-compile", "smi_GiB")
-    print(f"| {tag} | {ms:.2f} | {tok:,.0f} | {100 * med(tag, 'mfu'):.1f}% | {own:.2f} | {smi:.2f} | {tok / tc_tok:.3f} | {smi / tc_smi:.2f} |")
-PY
+python3 median_table.py "$OUT" torch-compile oxiflow-eager oxiflow-eager-bucketed-pool \
+  oxiflow-compile torch-eager torch-compile

@@ -12,18 +12,22 @@
 //! operands. Gradients: the product's flow to its rows (the transposed product) and to the
 //! matrices (the weight gradient); the expert ids and the top-k selection have none (the
 //! routing weights, gathered from the probabilities by the ids, carry it). Kernels: CPU in
-//! f32, f64 and bf16 (computed in f32, rounded once); the top-k in f32 and f64. Any other
-//! backend or dtype is `TensorError::NoKernel` on every rank before anything runs.
+//! f32, f64 and bf16 (computed in f32, rounded once); CUDA in f32, bf16 and f16 (cuBLASLt
+//! products with f32 accumulation, the ids read back once per call: see `cuda.rs`); the
+//! top-k in f32 and f64 on both. Any other backend or dtype is `TensorError::NoKernel` on
+//! every rank before anything runs.
 //!
 //! [`routed::routed_experts`] runs whole SwiGLU experts stacked on one tensor, exchanging the
 //! rows with the ranks that hold their experts where a mesh axis splits both (expert
 //! parallelism).
 
 mod cpu;
+mod cuda;
 pub mod routed;
 
 use std::sync::LazyLock;
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
@@ -102,17 +106,34 @@ pub fn router_topk(probs: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
 }
 
 const FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::I64];
+/// cuBLASLt's float types beside the ids (f64 products have no CUDA kernel).
+const CUDA_FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I64];
+const PROBABILITIES: &[DType] = &[DType::F32, DType::F64];
 
 static MATMUL: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new().with::<ExpertMatmul, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul)
+    Kernels::new()
+        .with::<ExpertMatmul, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul)
+        .with_scratch::<ExpertMatmul, CudaKernels>(
+            CUDA_FLOATS_AND_IDS,
+            cuda::expert_matmul,
+            cuda::matmul_scratch,
+        )
 });
 
 static WGRAD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new().with::<ExpertMatmulWgrad, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul_wgrad)
+    Kernels::new()
+        .with::<ExpertMatmulWgrad, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul_wgrad)
+        .with_scratch::<ExpertMatmulWgrad, CudaKernels>(
+            CUDA_FLOATS_AND_IDS,
+            cuda::expert_matmul_wgrad,
+            cuda::wgrad_scratch,
+        )
 });
 
 static TOPK: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new().with::<RouterTopk, CpuBackend>(&[DType::F32, DType::F64], cpu::router_topk)
+    Kernels::new()
+        .with::<RouterTopk, CpuBackend>(PROBABILITIES, cpu::router_topk)
+        .with::<RouterTopk, CudaKernels>(PROBABILITIES, cuda::router_topk)
 });
 
 /// The float dtype of the operands `floats` (all alike) beside i64 expert ids `ids`.

@@ -168,3 +168,16 @@ pub fn first_largest(row: &[f64]) -> i64 {
         )
         .0 as i64
 }
+
+/// Expert ids of `m` rows over `experts` experts from `seed`.
+pub fn expert_ids(m: usize, experts: usize, seed: u64) -> Vec<i64> {
+    let mut s = seed;
+    (0..m)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) as usize % experts) as i64
+        })
+        .collect()
+}

@@ -1,0 +1,198 @@
+//! The mixture-of-experts CUDA kernels against an f64 reference on the host: the routed product
+//! (plain and transposed) and its weight gradient in f32, bf16 and f16 with an expert no row
+//! reaches, empty rows, and many rows; the router's top-k equal to the CPU kernel's on the
+//! same probabilities (ties and NaN included); autograd through the product on the device; an
+//! out-of-range id a typed error. Without a CUDA device it prints that it was skipped.
+
+mod common;
+
+use common::{close, vals};
+
+use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
+use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Tensor};
+
+/// Expert ids of `m` rows over `experts` experts from `seed`, never the last expert (so one
+/// expert gets no row).
+fn ids_of(m: usize, experts: usize, seed: u64) -> Vec<i64> {
+    common::expert_ids(m, experts - 1, seed)
+}
+
+/// Random never-zero values `[dims]` (magnitudes in [0.25, 1.25)) of `dt`, and their f64
+/// values after rounding to `dt`.
+fn values(dims: [usize; 2], seed: u64, dt: DType) -> (Tensor, Vec<f64>) {
+    let r = Tensor::randn(dims, seed, DType::F64)
+        .to_vec::<f64>()
+        .unwrap();
+    let v: Vec<f64> = r
+        .iter()
+        .map(|x| x.signum() * (0.25 + (x.abs() % 1.0)))
+        .collect();
+    let t = Tensor::from_vec(v, dims).unwrap().cast(dt).unwrap();
+    let rounded = vals(&t);
+    (t, rounded)
+}
+
+fn on_device(t: &Tensor, p: &Placement) -> Tensor {
+    t.to_global(p, NdSbp::broadcast(1)).unwrap()
+}
+
+fn tolerance(dt: DType, inner: usize) -> f64 {
+    let unit = match dt {
+        DType::F32 => 1e-6,
+        DType::F16 => 1e-3,
+        _ => 8e-3,
+    };
+    unit * (inner as f64).sqrt().max(4.0)
+}
+
+#[test]
+fn expert_products_on_cuda_match_the_f64_reference() {
+    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let experts = 5;
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for (m, k, n, seed) in [
+            (0usize, 8usize, 6usize, 1u64),
+            (37, 24, 40, 2),
+            (4096, 64, 96, 3),
+        ] {
+            let ids = ids_of(m, experts, seed);
+            let id_t = on_device(&Tensor::from_vec(ids.clone(), [m]).unwrap(), &p);
+            let (x, xv) = values([m, k], seed + 10, dt);
+            let (dy, dyv) = values([m, n], seed + 20, dt);
+            let (ws, wv): (Vec<Tensor>, Vec<Vec<f64>>) = (0..experts)
+                .map(|e| values([k, n], seed + 30 + e as u64, dt))
+                .map(|(t, v)| (on_device(&t, &p), v))
+                .unzip();
+            let (x, dy) = (on_device(&x, &p), on_device(&dy, &p));
+            let tol = tolerance(dt, k.max(n).max(m / experts));
+            // y = x @ w[id]
+            let y = vals(&expert_matmul(&x, &id_t, &ws, false).unwrap());
+            let mut want = vec![0.0; m * n];
+            for (r, &e) in ids.iter().enumerate() {
+                for j in 0..n {
+                    want[r * n + j] = (0..k)
+                        .map(|i| xv[r * k + i] * wv[e as usize][i * n + j])
+                        .sum();
+                }
+            }
+            close(&y, &want, tol, &format!("{dt} [{m}, {k}] x [{k}, {n}]"));
+            // dx = dy @ w[id]^T
+            let dx = vals(&expert_matmul(&dy, &id_t, &ws, true).unwrap());
+            let mut want = vec![0.0; m * k];
+            for (r, &e) in ids.iter().enumerate() {
+                for i in 0..k {
+                    want[r * k + i] = (0..n)
+                        .map(|j| dyv[r * n + j] * wv[e as usize][i * n + j])
+                        .sum();
+                }
+            }
+            close(&dx, &want, tol, &format!("{dt} transposed [{m}, {n}]"));
+            // g[e] = sum x^T dy over e's rows (the last expert none: zeros)
+            let g = expert_matmul_wgrad(&x, &id_t, &dy, experts).unwrap();
+            for (e, ge) in g.iter().enumerate() {
+                let mut want = vec![0.0; k * n];
+                for (r, &id) in ids.iter().enumerate() {
+                    if id as usize == e {
+                        for i in 0..k {
+                            for j in 0..n {
+                                want[i * n + j] += xv[r * k + i] * dyv[r * n + j];
+                            }
+                        }
+                    }
+                }
+                let tol = tolerance(dt, m.max(1));
+                close(
+                    &vals(ge),
+                    &want,
+                    tol,
+                    &format!("{dt} wgrad expert {e} of {m} rows"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn autograd_through_the_product_on_cuda_equals_the_cpu() {
+    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let (m, k, n, experts) = (64, 16, 12, 4);
+    let ids = Tensor::from_vec(ids_of(m, experts, 9), [m]).unwrap();
+    let (x, _) = values([m, k], 11, DType::F32);
+    let ws: Vec<Tensor> = (0..experts)
+        .map(|e| values([k, n], 12 + e as u64, DType::F32).0)
+        .collect();
+    let run = |on: Option<&Placement>| {
+        let put = |t: &Tensor| match on {
+            Some(p) => on_device(t, p),
+            None => t.clone(),
+        };
+        let x = put(&x).requires_grad_(true);
+        let ws: Vec<Tensor> = ws.iter().map(|w| put(w).requires_grad_(true)).collect();
+        let y = expert_matmul(&x, &put(&ids), &ws, false).unwrap();
+        y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut out = vec![vals(&x.grad().unwrap())];
+        out.extend(ws.iter().map(|w| vals(&w.grad().unwrap())));
+        out
+    };
+    let (cpu, cuda) = (run(None), run(Some(&p)));
+    for (i, (a, b)) in cuda.iter().zip(&cpu).enumerate() {
+        close(a, b, 1e-4, &format!("gradient {i}"));
+    }
+}
+
+#[test]
+fn router_topk_on_cuda_equals_the_cpu_kernel() {
+    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    for dt in [DType::F32, DType::F64] {
+        for (m, e, k) in [
+            (0usize, 4usize, 2usize),
+            (9, 8, 2),
+            (2048, 60, 4),
+            (3, 3, 3),
+        ] {
+            let r = Tensor::randn([m, e], 5, DType::F64)
+                .to_vec::<f64>()
+                .unwrap();
+            // Quarter steps make ties; the first row holds NaN and equal values.
+            let mut v: Vec<f64> = r.iter().map(|x| (x * 4.0).round() / 4.0).collect();
+            if m > 0 {
+                v[0] = f64::NAN;
+                v[1..e].iter_mut().for_each(|x| *x = 0.5);
+            }
+            let probs = Tensor::from_vec(v, [m, e]).unwrap().cast(dt).unwrap();
+            let (cpu_ids, cpu_counts) = router_topk(&probs, k).unwrap();
+            let (ids, counts) = router_topk(&on_device(&probs, &p), k).unwrap();
+            assert_eq!(
+                ids.to_vec::<i64>().unwrap(),
+                cpu_ids.to_vec::<i64>().unwrap(),
+                "{dt} [{m}, {e}] top {k}"
+            );
+            assert_eq!(vals(&counts), vals(&cpu_counts), "{dt} counts");
+        }
+    }
+}
+
+#[test]
+fn an_out_of_range_id_is_a_typed_error_on_cuda() {
+    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let x = on_device(&values([3, 2], 1, DType::F32).0, &p);
+    let ws = vec![on_device(&values([2, 4], 2, DType::F32).0, &p); 2];
+    let ids = on_device(&Tensor::from_vec(vec![0i64, 2, 1], [3]).unwrap(), &p);
+    let e = expert_matmul(&x, &ids, &ws, false).unwrap_err().to_string();
+    assert!(
+        e.contains("expert_matmul") && e.contains("expert 2 of 2"),
+        "{e}"
+    );
+}

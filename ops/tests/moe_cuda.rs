@@ -34,6 +34,20 @@ fn values(dims: [usize; 2], seed: u64, dt: DType) -> (Tensor, Vec<f64>) {
     (t, rounded)
 }
 
+/// Asserts every element of `got` is within `rel` times the root mean square of `want` (at
+/// least 1) of `want`'s.
+fn within_rms(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let tol = rel * rms.max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: {g} vs {w} (tolerance {tol}, rms {rms})"
+        );
+    }
+}
+
 fn on_device(t: &Tensor, p: &Placement) -> Tensor {
     t.to_global(p, NdSbp::broadcast(1)).unwrap()
 }
@@ -247,26 +261,23 @@ fn routed_experts_on_cuda_match_the_f64_cpu_kernel() {
             };
             let (want_y, want_g) = run(None, true);
             let (got_y, got_g) = run(Some(&p), false);
+            // 16-bit runs round the hidden activations the f64 kernel keeps whole: errors
+            // scale with the values' size, not with an element that cancels to near zero.
             let tol = match dt {
-                DType::F32 => 2e-4,
-                _ => 4e-2,
-            } * (c.max(f) as f64).sqrt();
-            close(
+                DType::F32 => 1e-5,
+                _ => 2e-2,
+            };
+            within_rms(
                 &got_y,
                 &want_y,
                 tol,
                 &format!("{dt} routed experts, {m} rows"),
             );
             for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
-                let scale = if i == 0 {
-                    1.0
-                } else {
-                    (m.max(1) as f64).sqrt()
-                };
-                close(
+                within_rms(
                     g,
                     w,
-                    tol * scale,
+                    tol,
                     &format!("{dt} routed experts gradient {i}, {m} rows"),
                 );
             }

@@ -264,7 +264,7 @@ fn routed_experts_on_cuda_match_the_f64_cpu_kernel() {
             // 16-bit runs round the hidden activations the f64 kernel keeps whole: errors
             // scale with the values' size, not with an element that cancels to near zero.
             let tol = match dt {
-                DType::F32 => 1e-5,
+                DType::F32 => 1e-4,
                 _ => 2e-2,
             };
             within_rms(

@@ -1,13 +1,15 @@
 //! The mixture-of-experts CUDA kernels against an f64 reference on the host: the routed product
 //! (plain and transposed) and its weight gradient in f32, bf16 and f16 with an expert no row
 //! reaches, empty rows, and many rows; the router's top-k equal to the CPU kernel's on the
-//! same probabilities (ties and NaN included); autograd through the product on the device; an
-//! out-of-range id a typed error. Without a CUDA device it prints that it was skipped.
+//! same probabilities (ties and NaN included); autograd through the product on the device; the
+//! routed SwiGLU experts (forward and backward) against the CPU kernel in f64; an out-of-range
+//! id a typed error. Without a CUDA device it prints that it was skipped.
 
 mod common;
 
 use common::{close, vals};
 
+use oxiflow_ops::moe::routed::routed_experts;
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Tensor};
 
@@ -30,6 +32,20 @@ fn values(dims: [usize; 2], seed: u64, dt: DType) -> (Tensor, Vec<f64>) {
     let t = Tensor::from_vec(v, dims).unwrap().cast(dt).unwrap();
     let rounded = vals(&t);
     (t, rounded)
+}
+
+/// Asserts every element of `got` is within `rel` times the root mean square of `want` (at
+/// least 1) of `want`'s.
+fn within_rms(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let tol = rel * rms.max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: {g} vs {w} (tolerance {tol}, rms {rms})"
+        );
+    }
 }
 
 fn on_device(t: &Tensor, p: &Placement) -> Tensor {
@@ -128,9 +144,10 @@ fn autograd_through_the_product_on_cuda_equals_the_cpu() {
         .map(|e| values([k, n], 12 + e as u64, DType::F32).0)
         .collect();
     let run = |on: Option<&Placement>| {
+        // A fresh leaf each run (a clone shares its original's autograd state).
         let put = |t: &Tensor| match on {
-            Some(p) => on_device(t, p),
-            None => t.clone(),
+            Some(p) => on_device(&t.detach(), p).detach(),
+            None => t.detach(),
         };
         let x = put(&x).requires_grad_(true);
         let ws: Vec<Tensor> = ws.iter().map(|w| put(w).requires_grad_(true)).collect();
@@ -195,4 +212,75 @@ fn an_out_of_range_id_is_a_typed_error_on_cuda() {
         e.contains("expert_matmul") && e.contains("expert 2 of 2"),
         "{e}"
     );
+}
+
+#[test]
+fn routed_experts_on_cuda_match_the_f64_cpu_kernel() {
+    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let experts = 5;
+    for dt in [DType::F32, DType::BF16] {
+        for (m, c, f, seed) in [(0usize, 8usize, 12usize, 40u64), (300, 32, 48, 41)] {
+            let ids = Tensor::from_vec(ids_of(m, experts, seed), [m]).unwrap();
+            let x = values([m, c], seed + 1, dt).0;
+            let stacked = |shape: [usize; 3], s: u64| {
+                let v = values([shape[0], shape[1] * shape[2]], s, dt).0;
+                v.reshape(shape).unwrap()
+            };
+            let (gate, up, down) = (
+                stacked([experts, c, f], seed + 2),
+                stacked([experts, c, f], seed + 3),
+                stacked([experts, f, c], seed + 4),
+            );
+            let r = values([m, c], seed + 5, dt).0;
+            // Forward and gradients of sum(y * r): on the device in `dt`, on the CPU in f64.
+            let run = |on: Option<&Placement>, wide: bool| {
+                let put = |t: &Tensor| {
+                    let t = if wide {
+                        t.cast(DType::F64).unwrap()
+                    } else {
+                        t.clone()
+                    };
+                    match on {
+                        Some(p) => on_device(&t, p).detach().requires_grad_(true),
+                        None => t.detach().requires_grad_(true),
+                    }
+                };
+                let (xv, gv, uv, dv) = (put(&x), put(&gate), put(&up), put(&down));
+                let idv = match on {
+                    Some(p) => on_device(&ids, p),
+                    None => ids.clone(),
+                };
+                let y = routed_experts(&xv, &idv, &gv, &uv, &dv).unwrap();
+                let rv = put(&r).detach();
+                y.mul(&rv).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads = [&xv, &gv, &uv, &dv].map(|t| vals(&t.grad().unwrap()));
+                (vals(&y), grads)
+            };
+            let (want_y, want_g) = run(None, true);
+            let (got_y, got_g) = run(Some(&p), false);
+            // 16-bit runs round the hidden activations the f64 kernel keeps whole: errors
+            // scale with the values' size, not with an element that cancels to near zero.
+            let tol = match dt {
+                DType::F32 => 1e-4,
+                _ => 2e-2,
+            };
+            within_rms(
+                &got_y,
+                &want_y,
+                tol,
+                &format!("{dt} routed experts, {m} rows"),
+            );
+            for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+                within_rms(
+                    g,
+                    w,
+                    tol,
+                    &format!("{dt} routed experts gradient {i}, {m} rows"),
+                );
+            }
+        }
+    }
 }

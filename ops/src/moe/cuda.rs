@@ -65,7 +65,7 @@ impl KernelIds for MoeKernel {
 static SOURCE: CudaSource<MoeKernel> = CudaSource::new("moe", include_str!("moe.cu"));
 
 /// The cuBLASLt type of the float operands (f64 has no CUDA kernel: its entry is absent).
-fn float_type(op: &'static str, d: DType) -> Result<FloatType> {
+pub(super) fn float_type(op: &'static str, d: DType) -> Result<FloatType> {
     match d {
         DType::F32 => Ok(FloatType::F32),
         DType::BF16 => Ok(FloatType::Bf16),
@@ -76,7 +76,7 @@ fn float_type(op: &'static str, d: DType) -> Result<FloatType> {
 
 /// The rows of each of `experts` experts from the ids piece (read back to the host; each id
 /// checked to name an expert): the row list in expert order and each expert's count.
-fn grouped(
+pub(super) fn grouped(
     rt: &CudaRuntime,
     op: &'static str,
     ids: &CudaStorage,
@@ -121,7 +121,7 @@ fn grouped(
 /// Moves `r` rows of `row_bytes` bytes listed by the i32 row indices at `list`: gathers
 /// `from`'s listed rows into `to` (`gather`), or scatters `from`'s rows to the listed rows of
 /// `to`.
-fn move_rows(
+pub(super) fn move_rows(
     rt: &Arc<CudaRuntime>,
     op: &'static str,
     gather: bool,
@@ -157,18 +157,33 @@ fn move_rows(
 
 /// One product of cuBLASLt, row-major: `out [m, n] = a [m, k] @ b [k, n]` with `ta`/`tb` for
 /// operands stored transposed (f32 without TF32).
-fn product(
+pub(super) fn product(
     rt: &Arc<CudaRuntime>,
     t: FloatType,
-    (m, n, k): (usize, usize, usize),
-    (ta, tb): (bool, bool),
-    (a, b, out): (u64, u64, u64),
+    dims: (usize, usize, usize),
+    stored: (bool, bool),
+    at: (u64, u64, u64),
 ) -> Result<()> {
-    let g = LtMatmul::new((m, n, k), (ta, tb), (t, false));
+    product_plus(rt, t, dims, stored, at, 0.0)
+}
+
+/// [`product`] added to `beta` times what `out` holds.
+pub(super) fn product_plus(
+    rt: &Arc<CudaRuntime>,
+    t: FloatType,
+    dims: (usize, usize, usize),
+    stored: (bool, bool),
+    (a, b, out): (u64, u64, u64),
+    beta: f32,
+) -> Result<()> {
+    let g = LtMatmul {
+        beta,
+        ..LtMatmul::new(dims, stored, (t, false))
+    };
     Ok(lt_matmul(rt, &g, a, b, out)?)
 }
 
-fn spec(dims: &[usize], dtype: DType) -> OutSpec {
+pub(super) fn spec(dims: &[usize], dtype: DType) -> OutSpec {
     OutSpec {
         shape: Shape::from(dims),
         dtype,
@@ -355,7 +370,7 @@ pub(super) fn expert_matmul_wgrad(
 }
 
 /// Fills `x` with zero bytes on the compute stream.
-fn zero(rt: &CudaRuntime, op: &'static str, x: &CudaStorage) -> Result<()> {
+pub(super) fn zero(rt: &CudaRuntime, op: &'static str, x: &CudaStorage) -> Result<()> {
     let bytes = x.numel() * x.dtype().size();
     if bytes == 0 {
         return Ok(());

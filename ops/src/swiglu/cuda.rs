@@ -4,7 +4,9 @@
 
 use cudarc::driver::PushKernelArg;
 use oxiflow_cuda::kernel_layer::grid;
-use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_cuda::{
+    device_error, launched, CudaKernels, CudaRuntime, CudaSource, CudaStorage, KernelIds,
+};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -68,17 +70,27 @@ pub(super) fn forward(op: &SwiGlu, b: &CudaKernels, io: KernelIo<'_, CudaKernels
     };
     let (n, dtype) = (g.numel(), g.dtype());
     same(name, &[g, u, y], n, dtype)?;
+    forward_at(b.runtime(), name, dtype, (g.ptr(), u.ptr(), y.ptr()), n)
+}
+
+/// `y = silu(g) * u` over `n` elements of `dtype` at device addresses (g, u, y); `y` may be
+/// `g` or `u` (each element is read before it is written).
+pub(crate) fn forward_at(
+    rt: &CudaRuntime,
+    name: &'static str,
+    dtype: DType,
+    (gp, up, yp): (u64, u64, u64),
+    n: usize,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let rt = b.runtime();
     let f = SOURCE.function(rt, name, SwiGluKernel::Forward(dtype))?;
-    let (gp, up, yp, count) = (g.ptr(), u.ptr(), y.ptr(), n as i64);
+    let count = n as i64;
     let mut l = rt.launcher(name, f)?;
     l.arg(&gp).arg(&up).arg(&yp).arg(&count);
-    // SAFETY: swiglu_fwd_<dtype> takes (const T*, const T*, T*, i64); the three pieces hold
-    // `n` elements of `dtype` each (checked above) and stay alive until the stream runs it
-    // (the caller holds them).
+    // SAFETY: swiglu_fwd_<dtype> takes (const T*, const T*, T*, i64); the callers' three
+    // buffers hold `n` elements of `dtype` each and stay alive until the stream runs it.
     launched(name, unsafe { l.launch(grid(n)) })
 }
 
@@ -93,12 +105,31 @@ pub(super) fn backward(
     };
     let (n, dtype) = (g.numel(), g.dtype());
     same(name, &[g, u, dy, dg, du], n, dtype)?;
+    backward_at(
+        b.runtime(),
+        name,
+        dtype,
+        (g.ptr(), u.ptr(), dy.ptr()),
+        (dg.ptr(), du.ptr()),
+        n,
+    )
+}
+
+/// `(dg, du)` of `y = silu(g) * u` given `dy`, over `n` elements of `dtype` at device
+/// addresses; `dg` may be `g` and `du` may be `u` (each element is read before it is written).
+pub(crate) fn backward_at(
+    rt: &CudaRuntime,
+    name: &'static str,
+    dtype: DType,
+    (gp, up, dyp): (u64, u64, u64),
+    (dgp, dup): (u64, u64),
+    n: usize,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let rt = b.runtime();
     let f = SOURCE.function(rt, name, SwiGluKernel::Backward(dtype))?;
-    let (gp, up, dyp, dgp, dup, count) = (g.ptr(), u.ptr(), dy.ptr(), dg.ptr(), du.ptr(), n as i64);
+    let count = n as i64;
     let mut l = rt.launcher(name, f)?;
     l.arg(&gp)
         .arg(&up)
@@ -106,7 +137,7 @@ pub(super) fn backward(
         .arg(&dgp)
         .arg(&dup)
         .arg(&count);
-    // SAFETY: swiglu_bwd_<dtype> takes (const T*, const T*, const T*, T*, T*, i64); the five
-    // pieces hold `n` elements of `dtype` each (checked above) and outlive the launch.
+    // SAFETY: swiglu_bwd_<dtype> takes (const T*, const T*, const T*, T*, T*, i64); the
+    // callers' five buffers hold `n` elements of `dtype` each and outlive the launch.
     launched(name, unsafe { l.launch(grid(n)) })
 }

@@ -9,7 +9,7 @@
 //! is `TensorError::NoKernel` on every rank before anything runs.
 
 mod cpu;
-mod cuda;
+pub(crate) mod cuda;
 
 use std::sync::LazyLock;
 

@@ -17,14 +17,17 @@
 //! experts' ranks, each computes its experts' weight gradients (whole: every row of its
 //! experts reached it) and the rows' gradients, which travel back. Uneven expert counts per
 //! rank follow the balanced splitter. Kernels: CPU in f32, f64 and bf16 (computed in f32,
-//! rounded once); other backends and dtypes are `TensorError::NoKernel` on every rank
-//! before anything runs. A compiled step refuses the op where it exchanges rows (their counts
-//! change each step) and replays it where it does not.
+//! rounded once); CUDA in f32, bf16 and f16 where no axis splits the experts (`cuda.rs`);
+//! other backends and dtypes are `TensorError::NoKernel` on every rank before anything runs.
+//! A compiled step refuses the op where it exchanges rows (their counts change each step) and
+//! replays it where it does not.
 
 mod cpu;
+mod cuda;
 
 use std::sync::LazyLock;
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
@@ -58,11 +61,26 @@ impl RoutedExperts {
 
 const FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::I64];
 
+/// cuBLASLt's float types beside the ids.
+const CUDA_FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I64];
+
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new().with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::forward)
+    Kernels::new()
+        .with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::forward)
+        .with_scratch::<RoutedExperts, CudaKernels>(
+            CUDA_FLOATS_AND_IDS,
+            cuda::forward,
+            cuda::forward_scratch,
+        )
 });
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new().with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::backward)
+    Kernels::new()
+        .with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::backward)
+        .with_scratch::<RoutedExperts, CudaKernels>(
+            CUDA_FLOATS_AND_IDS,
+            cuda::backward,
+            cuda::backward_scratch,
+        )
 });
 
 /// The experts' SwiGLU MLPs applied to the rows `x [m, c]` routed by `ids [m]` (i64, each in

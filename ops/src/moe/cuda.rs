@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::PushKernelArg;
 use oxiflow_cuda::kernel_layer::{download, grid, lt_matmul, upload, FloatType, LtMatmul};
 use oxiflow_cuda::{
@@ -75,7 +76,8 @@ pub(super) fn float_type(op: &'static str, d: DType) -> Result<FloatType> {
 }
 
 /// The rows of each of `experts` experts from the ids piece (read back to the host; each id
-/// checked to name an expert): the row list in expert order and each expert's count.
+/// checked to name an expert): the row list in expert order and each expert's count. A typed
+/// error while the stream is captured into a device graph.
 pub(super) fn grouped(
     rt: &CudaRuntime,
     op: &'static str,
@@ -86,6 +88,17 @@ pub(super) fn grouped(
         return Err(device_error(
             op,
             format!("the expert ids are {}, not i64", ids.dtype()),
+        ));
+    }
+    let capturing = rt
+        .stream()
+        .capture_status()
+        .is_ok_and(|s| s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    if capturing {
+        return Err(device_error(
+            op,
+            "it reads each call's routing back to the host, which a device graph cannot \
+             replay: run steps with a mixture of experts eagerly on CUDA (without --compile)",
         ));
     }
     let mut host = vec![0i64; ids.numel()];

@@ -3,7 +3,8 @@
 # llama_bench.py): the Llama-3.2-1B shape (16 layers, width 2048, 32 heads, 8 KV heads, FFN
 # 8192, vocabulary 128256, tied, rope theta 500000, seq 2048, micro-batch $MB (4), bf16-mixed,
 # AdamW, clipping at 1.0) on one GPU: ours (`gpt_bench --arch llama`, eager and --compile)
-# beside llama_bench.py eager and --compile, $ROUNDS rounds (default 1) interleaved. Each run's
+# beside llama_bench.py in $TORCH_MODES (eager and compile), $ROUNDS rounds (default 1)
+# interleaved. Each run's
 # peak device memory as nvidia-smi sees it (what an out-of-memory error sees: the GPU's used
 # memory sampled every 100 ms, only that process running) beside the program's own count.
 # A last run of ours eager with every block cached by size (--driver-reuse-mib 0). Logs under
@@ -15,6 +16,7 @@ OUT=${OUT:-/tmp/llama}
 MB=${MB:-4}
 STEPS=${STEPS:-10}
 ROUNDS=${ROUNDS:-1}
+TORCH_MODES=${TORCH_MODES:-eager compile}
 mkdir -p "$OUT"
 nvidia-smi -L
 . ./sampled.sh
@@ -26,6 +28,7 @@ for r in $(seq "$ROUNDS"); do
       bin/gpt_bench --arch llama "${DIMS[@]}" --kv-heads 8 --ffn-width 8192 --vocab 128256 \
       --tie-embeddings --seq 2048 --micro-batch "$MB" --warmup 4 --steps "$STEPS" \
       --precision bf16-mixed "${flag[@]}" --tag "oxiflow-$mode"
+    [[ " $TORCH_MODES " == *" $mode "* ]] || continue
     sampled "$OUT/torch-$mode-$r.log" timeout 400 python3 llama_bench.py --micro-batch "$MB" \
       --steps "$STEPS" "${flag[@]}" --tag "torch-$mode"
   done

@@ -275,7 +275,6 @@ fn main() -> R<()> {
         Some(r) => precision.with_reduce(r)?,
         None => precision,
     };
-    rt.set_matmul_precision(precision.matmul());
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
     let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
     let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;

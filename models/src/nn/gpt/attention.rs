@@ -8,7 +8,7 @@
 
 use crate::{Result, TensorError};
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
-use oxiflow_tensor::{F64Bits, Tensor};
+use oxiflow_tensor::{F64Bits, MatmulPrecision, Tensor};
 
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
@@ -20,8 +20,13 @@ use super::rope::Rope;
 /// `[B, T, H, D]` -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
 /// `flash_attention` op (no `[T, T]` probabilities kept: the backward recomputes them from the
 /// saved log-sum-exp). Batch and heads may be split; the softmax runs over each rank's own
-/// heads.
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+/// heads. f32 products run at `precision` on a device.
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    precision: MatmulPrecision,
+) -> Result<Tensor> {
     if q.ndim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
         return Err(TensorError::Shape {
             op: "causal_attention",
@@ -31,7 +36,7 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         });
     }
     let d = q.shape().dim(3);
-    q.flash_attention(k, v, true, 1.0 / (d.max(1) as f64).sqrt())
+    q.flash_attention_at(k, v, (true, 1.0 / (d.max(1) as f64).sqrt()), precision)
 }
 
 /// `x` `[B, T, G, D]` with each of its G heads repeated `group` times in place (head `j` of the
@@ -172,7 +177,8 @@ impl CausalSelfAttention {
         let k = repeat_heads(&k, self.heads / self.kv_heads.max(1), &q)?;
         let v = repeat_heads(&v, self.heads / self.kv_heads.max(1), &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
-        causal_attention(&q, &k, &v)?.reshape([b, t, width])
+        let mp = self.q.weight.matmul_precision();
+        causal_attention(&q, &k, &v, mp)?.reshape([b, t, width])
     }
 
     /// The attended values of x `[B, T, C]` (as [`CausalSelfAttention::attend`]) for positions
@@ -211,11 +217,12 @@ impl CausalSelfAttention {
         let group = self.heads / self.kv_heads.max(1);
         let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
         let width = q.shape().dim(2) * q.shape().dim(3);
+        let mp = self.q.weight.matmul_precision();
         let o = if pos0 == 0 {
-            causal_attention(&q, &k, &v)?
+            causal_attention(&q, &k, &v, mp)?
         } else {
             let d = q.shape().dim(3);
-            q.flash_attention(&k, &v, false, 1.0 / (d.max(1) as f64).sqrt())?
+            q.flash_attention_at(&k, &v, (false, 1.0 / (d.max(1) as f64).sqrt()), mp)?
         };
         o.reshape([b, t, width])
     }

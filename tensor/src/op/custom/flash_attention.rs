@@ -12,7 +12,7 @@
 //! backward also takes a partial dO (its outputs then partial). No P input to the forward: the
 //! softmax is not linear.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
 
 use crate::op::{
@@ -28,6 +28,8 @@ use crate::Result;
 pub struct FlashAttrs {
     pub causal: bool,
     pub scale: F64Bits,
+    /// How the composed path's f32 products run on a device.
+    pub precision: MatmulPrecision,
 }
 
 /// Fused attention, forward or backward (see the module docs).

@@ -292,7 +292,6 @@ fn main() -> R<()> {
         Some(r) => precision.with_reduce(r)?,
         None => precision,
     };
-    rt.set_matmul_precision(precision.matmul());
     rt.set_nccl_memory(a.nccl_memory == OnOff::On);
     if let Some(mib) = a.driver_reuse_mib {
         rt.set_driver_reuse_from((mib > 0.0).then_some((mib * (1u64 << 20) as f64) as usize))?;

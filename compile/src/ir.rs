@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use oxiflow_boxing::{Plan, StepKind};
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{GlobalLayout, NdSbp, Shape};
 use oxiflow_tensor::{Context, Device, Op, OutSpec, Storage, Tensor, ViewOf};
 
@@ -175,19 +175,24 @@ impl fmt::Display for InputKey {
     }
 }
 
-/// What a program is specialised on: every input's shape, dtype, device and layout.
+/// What a program is specialised on: every input's shape, dtype, device and layout, and the
+/// matmul precision the step's products were built at (an attribute of their ops, which a
+/// replay keeps).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StepKey(pub Vec<InputKey>);
+pub struct StepKey {
+    pub inputs: Vec<InputKey>,
+    pub matmul: MatmulPrecision,
+}
 
 impl StepKey {
-    /// The key of `inputs`.
-    pub fn of(inputs: &[Tensor]) -> StepKey {
+    /// The key of `inputs` for a step whose products run at `matmul`.
+    pub fn of(inputs: &[Tensor], matmul: MatmulPrecision) -> StepKey {
         let pieces: Vec<Option<*const Storage>> = inputs
             .iter()
             .map(|t| oxiflow_tensor::capture::piece_of(t).map(Arc::as_ptr))
             .collect();
-        StepKey(
-            inputs
+        StepKey {
+            inputs: inputs
                 .iter()
                 .enumerate()
                 .map(|(i, t)| InputKey {
@@ -198,26 +203,33 @@ impl StepKey {
                     same_as: pieces[i].and_then(|p| pieces[..i].iter().position(|q| *q == Some(p))),
                 })
                 .collect(),
-        )
+            matmul,
+        }
     }
 
     /// Why `self` (the new call's key) does not match `old`, naming what changed.
     pub fn changes_from(&self, old: &StepKey) -> String {
-        if self.0.len() != old.0.len() {
+        if self.inputs.len() != old.inputs.len() {
             return format!(
                 "the step takes {} inputs instead of {}",
-                self.0.len(),
-                old.0.len()
+                self.inputs.len(),
+                old.inputs.len()
             );
         }
-        let changed: Vec<String> = self
-            .0
+        let mut changed: Vec<String> = self
+            .inputs
             .iter()
-            .zip(&old.0)
+            .zip(&old.inputs)
             .enumerate()
             .filter(|(_, (new, old))| new != old)
             .map(|(i, (new, old))| format!("input {i} is {new} instead of {old}"))
             .collect();
+        if self.matmul != old.matmul {
+            changed.push(format!(
+                "products run at matmul precision {} instead of {}",
+                self.matmul, old.matmul
+            ));
+        }
         if changed.is_empty() {
             "nothing changed".into()
         } else {
@@ -274,7 +286,7 @@ impl Program {
     /// input no node reads, such as a parameter a mixed-precision step reads only as its
     /// compute copy, need not be bound).
     pub fn inputs_read(&self) -> Vec<bool> {
-        let mut read = vec![false; self.key.0.len()];
+        let mut read = vec![false; self.key.inputs.len()];
         let used = self
             .nodes
             .iter()

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use oxiflow_tensor::arena::Arena;
 use oxiflow_tensor::capture::start_capture;
-use oxiflow_tensor::{memory, Device, DeviceType, Tensor};
+use oxiflow_tensor::{memory, Device, DeviceType, MatmulPrecision, Tensor};
 
 use crate::error::CompileError;
 use crate::graph::{replay_with_graph, GraphState};
@@ -238,7 +238,8 @@ impl CompiledStep {
     /// Runs the step on `inputs`: replays the program compiled for their key, or captures
     /// `step` (running it eagerly) and compiles it. Returns the step's outputs and what
     /// happened; the step's own errors come back as they are, the compiler's converted. Every
-    /// rank must call it alike.
+    /// rank must call it alike. The step's products are f32 ones ([`CompiledStep::run_at`]
+    /// names another precision).
     pub fn run<E, F>(
         &mut self,
         inputs: &[Tensor],
@@ -248,7 +249,22 @@ impl CompiledStep {
         E: From<CompileError>,
         F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
     {
-        let key = StepKey::of(inputs);
+        self.run_at(inputs, MatmulPrecision::F32, step)
+    }
+
+    /// [`CompiledStep::run`] of a step whose products run at `matmul` (its model's policy):
+    /// a program is replayed only for calls at the precision it was captured at.
+    pub fn run_at<E, F>(
+        &mut self,
+        inputs: &[Tensor],
+        matmul: MatmulPrecision,
+        step: F,
+    ) -> std::result::Result<(Vec<Tensor>, StepRun), E>
+    where
+        E: From<CompileError>,
+        F: FnOnce() -> std::result::Result<Vec<Tensor>, E>,
+    {
+        let key = StepKey::of(inputs, matmul);
         let found = self.programs.iter().find(|c| c.program.key == key).cloned();
         if let Some(c) = found {
             self.last_key = Some(key);

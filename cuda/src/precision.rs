@@ -1,6 +1,6 @@
-//! The precision of f32 matrix products on the device, chosen per process with
-//! `CudaRuntime::set_matmul_precision`: plain f32, TF32 tensor cores (f32 in and out), or bf16
-//! inputs with f32 accumulation and output. `gemm` runs every float product through
+//! Matrix products on the device, f32 ones at the precision their op carries
+//! ([`MatmulPrecision`], a [`Gemm`]'s field): plain f32, TF32 tensor cores (f32 in and out), or
+//! bf16 inputs with f32 accumulation and output. `gemm` runs every float product through
 //! `cublasGemmStridedBatchedEx` with either operand transposed by cuBLAS's operation flags (no
 //! copies). The bf16 copy of an f32 piece is made once per device block and kept beside it
 //! (blocks are immutable once a piece holds them), so a weight or activation used by several
@@ -31,7 +31,8 @@ fn bf16_of(rt: &std::sync::Arc<CudaRuntime>, op: &'static str, x: &CudaStorage) 
 
 /// One (batched) row-major product `out[i] = op(a[i]) op(b[i])`, `out[i]` `[m, n]`:
 /// a stored `[m, k]`, or `[k, m]` with `ta`; b stored `[k, n]`, or `[n, k]` with `tb`.
-/// Strides are in elements between batch entries (0: shared).
+/// Strides are in elements between batch entries (0: shared); f32 operands multiply at
+/// `precision` (other dtypes as they are).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Gemm {
     pub batch: usize,
@@ -41,6 +42,7 @@ pub(crate) struct Gemm {
     pub ta: bool,
     pub tb: bool,
     pub strides: (i64, i64, i64),
+    pub precision: MatmulPrecision,
 }
 
 fn flag(t: bool) -> cublasOperation_t {
@@ -98,7 +100,7 @@ impl Operand<'_> {
 }
 
 /// Runs `g` on float pieces `a`, `b` into `out` (all of one float dtype, each packed row-major):
-/// f32 at the runtime's precision, f64, or bf16/f16 in and out with f32 accumulation.
+/// f32 at `g`'s precision, f64, or bf16/f16 in and out with f32 accumulation.
 pub(crate) fn gemm(
     rt: &std::sync::Arc<CudaRuntime>,
     op: &'static str,
@@ -154,7 +156,7 @@ pub(crate) fn gemm_at(
     // array's row stride is its column-major leading dimension.
     let (ld_first, ld_second, ld_out) =
         (b.ld.max(1) as i32, a.ld.max(1) as i32, out.ld.max(1) as i32);
-    let precision = rt.matmul_precision();
+    let precision = g.precision;
     let (a_piece, b_piece, out_piece) = (a.piece, b.piece, out.piece);
     let (ty, compute, a_ptr, b_ptr, in_size) = match (out_piece.dtype, precision) {
         (DType::F64, _) => (

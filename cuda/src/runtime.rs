@@ -1,14 +1,11 @@
 //! `CudaRuntime`, everything one process needs on its CUDA device (context, compute stream,
-//! cuBLAS handle, NVRTC kernels, the caching pool, the matmul precision), and the process's
-//! bound runtime.
+//! cuBLAS handle, NVRTC kernels, the caching pool), and the process's bound runtime.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
-use oxiflow_dtype::MatmulPrecision;
 use oxiflow_tensor::Result;
 
 use crate::alloc::{AllocCounts, Pool};
@@ -23,8 +20,6 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
     pub(crate) pool: Pool,
-    /// How f32 matrix products run (an index into `MatmulPrecision::ALL`).
-    matmul_precision: AtomicU8,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -55,7 +50,6 @@ impl CudaRuntime {
             blas: Mutex::new(None),
             kernels: OnceLock::new(),
             pool: Pool::default(),
-            matmul_precision: AtomicU8::new(MatmulPrecision::F32 as u8),
         });
         if rt.ctx.has_async_alloc() {
             rt.set_driver_reuse_from(Some(DRIVER_REUSE_FROM))?;
@@ -124,18 +118,6 @@ impl CudaRuntime {
             .synchronize()
             .and_then(|_| self.ctx.synchronize())
             .map_err(|e| derr("cuda synchronize", e))
-    }
-    /// How f32 matrix products run from now on, in this process.
-    pub fn set_matmul_precision(&self, p: MatmulPrecision) {
-        self.matmul_precision.store(p as u8, Ordering::Relaxed);
-    }
-    /// How f32 matrix products run.
-    pub fn matmul_precision(&self) -> MatmulPrecision {
-        let code = usize::from(self.matmul_precision.load(Ordering::Relaxed));
-        MatmulPrecision::ALL
-            .get(code)
-            .copied()
-            .unwrap_or(MatmulPrecision::F32)
     }
     /// Whether new device blocks come from NCCL's allocator, which collectives register for
     /// zero-copy transfers (on in an NCCL world, set by `init_from_env`). NCCL requires both

@@ -59,7 +59,8 @@ pub use inprocess::run_ranks;
 pub use op::custom;
 pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,
-    LossOp, MatmulOp, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp, UnaryOp, ViewOf,
+    LossOp, MatmulOp, MatmulProduct, NormOp, Op, OutSpec, ReductionOp, ScalarOp, SoftmaxOp,
+    UnaryOp, ViewOf,
 };
 pub use op::{AttentionOp, DropoutOp};
 pub use op::{
@@ -70,6 +71,6 @@ pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
 pub use storage::{CpuArray, Device, DeviceStorage, Storage};
 pub use tensor::{AutogradMeta, GradFn, Tensor, TensorMeta};
 
-pub use oxiflow_dtype::{bf16, f16, DType};
+pub use oxiflow_dtype::{bf16, f16, DType, MatmulPrecision};
 pub use oxiflow_placement::{DeviceType, Placement};
 pub use oxiflow_sbp::{GlobalLayout, NdSbp, ReduceOp, Sbp, Shape};

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use oxiflow_tensor::arena::{run_kernel_into, Arena, ARENA_ALIGN};
 use oxiflow_tensor::capture::{piece_of, run_local_kernel, tensor_from_piece};
 use oxiflow_tensor::{
-    BinaryOp, DType, Device, ElementwiseOp, MatmulOp, Op, OutSpec, Shape, SoftmaxOp, Storage,
-    Tensor, UnaryOp,
+    BinaryOp, DType, Device, ElementwiseOp, MatmulOp, MatmulPrecision, MatmulProduct, Op, OutSpec,
+    Shape, SoftmaxOp, Storage, Tensor, UnaryOp,
 };
 
 fn piece(t: &Tensor) -> Arc<Storage> {
@@ -73,7 +73,7 @@ fn kernels_into_placed_pieces_give_the_allocated_bits() {
         &[spec(&[7, 5], DType::F64)],
     );
     same_bits(
-        Op::Matmul(MatmulOp::MatMul),
+        Op::Matmul(MatmulOp::new(MatmulProduct::MatMul, MatmulPrecision::F32)),
         &[a.clone(), w],
         &[spec(&[7, 3], DType::F64)],
     );

@@ -288,3 +288,79 @@ fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
         assert!(x.matmul_t_acc(&w, false, true, &bad).is_err());
     }
 }
+
+/// The matmul precision is an attribute of the ops that run products: a product at another
+/// precision is another dispatch-cache entry (equal ones share one), while on the CPU, which
+/// has no TF32 or bf16 products, every precision gives the f32 product's bits, forward and
+/// backward (the backward's products carry the forward's precision).
+#[test]
+fn matmul_precision_keys_the_dispatch_cache_and_changes_no_cpu_bits() {
+    use oxiflow_tensor::custom::Activation;
+    use oxiflow_tensor::MatmulPrecision;
+
+    let p = Placement::new(DeviceType::Cpu, vec![2], vec![0, 1]).unwrap();
+    let got = run_ranks(2, Duration::from_secs(30), |_| {
+        let a = Tensor::randn_global([6, 5], 3, DType::F32, &p, Sbp::S(0)).unwrap();
+        let w = Tensor::randn_global([5, 4], 4, DType::F32, &p, Sbp::B).unwrap();
+        let bias = Tensor::randn_global([4], 5, DType::F32, &p, Sbp::B).unwrap();
+        let ctx = a.context().unwrap().clone();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect()
+        };
+        // Values and gradients of a product, a transposed product and a linear layer.
+        let run = |mp: MatmulPrecision| -> Vec<Vec<u32>> {
+            let (a, w) = (
+                a.detach().requires_grad_(true),
+                w.detach().requires_grad_(true),
+            );
+            let y = a.matmul_at(&w, mp).unwrap();
+            let z = y.matmul_t_at(&w, (false, true), mp).unwrap();
+            let l = a.linear_at(&w, Some(&bias), Activation::Gelu, mp).unwrap();
+            z.sum_all()
+                .unwrap()
+                .add(&l.sum_all().unwrap())
+                .unwrap()
+                .backward()
+                .unwrap();
+            vec![
+                bits(&y),
+                bits(&z),
+                bits(&l),
+                bits(&a.grad().unwrap()),
+                bits(&w.grad().unwrap()),
+            ]
+        };
+        let f32_bits = run(MatmulPrecision::F32);
+        let n = ctx.dispatch_cache_len();
+        let _ = a.matmul_at(&w, MatmulPrecision::F32).unwrap();
+        assert_eq!(
+            ctx.dispatch_cache_len(),
+            n,
+            "an equal precision: the same entry"
+        );
+        let _ = a.matmul_at(&w, MatmulPrecision::Tf32).unwrap();
+        assert_eq!(
+            ctx.dispatch_cache_len(),
+            n + 1,
+            "another precision: another entry"
+        );
+        let _ = a.matmul_at(&w, MatmulPrecision::Tf32).unwrap();
+        assert_eq!(ctx.dispatch_cache_len(), n + 1);
+        (
+            f32_bits,
+            run(MatmulPrecision::Tf32),
+            run(MatmulPrecision::Bf16),
+        )
+    });
+    for (f32_bits, tf32_bits, bf16_bits) in got {
+        assert_eq!(f32_bits, tf32_bits, "tf32 changes nothing on the CPU");
+        assert_eq!(
+            f32_bits, bf16_bits,
+            "bf16 products change nothing on the CPU"
+        );
+    }
+}

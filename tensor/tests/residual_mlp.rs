@@ -1,5 +1,5 @@
 //! The fused MLP with its residual add (`residual_mlp`), keeping GELU's output or computing it
-//! again in the backward (`residual_mlp_with(.., true)`, which keeps one tensor less), against
+//! again in the backward (`residual_mlp_with(.., (true, _))`, which keeps one tensor less), against
 //! the same layers unfused (`linear` with GELU, `linear`, `add`) on one rank in f64: the output and the gradients of
 //! x, both weights, both biases and the residual, in f64, f32 and bf16, with rows split
 //! unevenly over 1-d and 2-d meshes (empty shards included) and rows whole, 2-d and 3-d x; bad
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{placement, vals};
 use oxiflow_tensor::custom::Activation;
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
+use oxiflow_tensor::{run_ranks, DType, MatmulPrecision, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
@@ -39,7 +39,14 @@ fn run(inputs: &[Tensor; 7], path: Path, whole: &dyn Fn(&Tensor) -> Vec<f64>) ->
         Path::Fused | Path::Recomputing => {
             let recompute = path == Path::Recomputing;
             let y = x
-                .residual_mlp_with(w_fc, b_fc, w_proj, b_proj, res, recompute)
+                .residual_mlp_with(
+                    w_fc,
+                    b_fc,
+                    w_proj,
+                    b_proj,
+                    res,
+                    (recompute, MatmulPrecision::F32),
+                )
                 .unwrap();
             // x, both weights and pre, and h unless it is computed again.
             let kept = y.autograd().grad_fn().map(|f| f.saved_count());

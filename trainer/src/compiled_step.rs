@@ -3,7 +3,8 @@
 //! micro-batches when pipelined) and the parameters' leaves are the program's inputs; the
 //! parts' losses and every parameter's gradient its outputs, which go back on the leaves for
 //! the optimizer. Captured on the first step (run eagerly), replayed while the inputs keep
-//! their shapes, dtypes and layouts, compiled again when they change. Pipelined, each rank
+//! their shapes, dtypes and layouts and the parameters their matmul precision, compiled again
+//! when they change. Pipelined, each rank
 //! captures its own stage's run of the schedule: its forward and backward actions, the
 //! sends and receives between stages (one-way transfers, replayed in the order the schedule
 //! made them), the tied table's trip and the bucketed reduction after the last part; the
@@ -15,7 +16,7 @@
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_models::nn::Parameter;
 use oxiflow_models::optim::Optimizer;
-use oxiflow_tensor::{no_grad, Tensor, TensorError};
+use oxiflow_tensor::{no_grad, MatmulPrecision, Tensor, TensorError};
 
 use crate::error::TrainError;
 use crate::model::TrainModel;
@@ -129,6 +130,28 @@ pub struct CompiledPasses {
     pub notes: Vec<String>,
 }
 
+/// The matmul precision every parameter computes with (the model's policy, one for the whole
+/// step), or a typed error naming two that differ.
+fn matmul_precision_of(params: &[Parameter]) -> Result<MatmulPrecision, TensorError> {
+    let Some(first) = params.first() else {
+        return Ok(MatmulPrecision::F32);
+    };
+    let p = first.matmul_precision();
+    match params.iter().find(|q| q.matmul_precision() != p) {
+        None => Ok(p),
+        Some(q) => Err(TensorError::Autograd {
+            op: "compiled step",
+            detail: format!(
+                "parameters {} ({p}) and {} ({}) compute at different matmul precisions; a \
+                 compiled step runs at one",
+                first.name(),
+                q.name(),
+                q.matmul_precision()
+            ),
+        }),
+    }
+}
+
 /// A training step's forward and backward passes `body` through `compiled`: `batch`, the
 /// leaves of `optimizer`'s parameters and their compute copies (written by the optimizer with
 /// each leaf, or cast now; for a master shard its gathered copy) are the program's inputs, so
@@ -151,6 +174,7 @@ where
     E: From<CompileError> + From<TensorError>,
 {
     let (params, zero) = (optimizer.params(), optimizer.zero());
+    let matmul = matmul_precision_of(params)?;
     let mut inputs = batch;
     inputs.extend(params.iter().map(Parameter::value));
     for p in params {
@@ -181,7 +205,7 @@ where
         }
         Ok(out)
     };
-    let ran = compiled.run(&inputs, step);
+    let ran = compiled.run_at(&inputs, matmul, step);
     let notes = compiled.take_notes();
     let (mut outputs, run) = ran?;
     let Some(own) = outputs.len().checked_sub(params.len()) else {

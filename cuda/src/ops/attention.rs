@@ -1,7 +1,7 @@
 //! Attention probabilities on CUDA, written into the executor's output piece: scores `q k^T` by
 //! cuBLAS (k transposed by the gemm flag) into scratch from the runtime's pool, then the
-//! scaled, optionally causal row softmax kernel (under bf16 matrix products it also writes the
-//! probabilities' bf16 copy, which the next product reads).
+//! scaled, optionally causal row softmax kernel (when the op's products are bf16 it also writes
+//! the probabilities' bf16 copy, which the next product reads).
 
 use oxiflow_sbp::Shape;
 
@@ -21,7 +21,7 @@ impl CudaKernels {
         op: &'static str,
         q: &CudaStorage,
         k: &CudaStorage,
-        (causal, scale): (bool, f64),
+        (causal, scale, precision): (bool, f64, MatmulPrecision),
         p: &CudaStorage,
     ) -> Result<()> {
         float_only(op, q.dtype)?;
@@ -61,12 +61,12 @@ impl CudaKernels {
             .ok_or_else(|| derr(op, format!("scores {} overflow", spec.shape)))?;
         // The scores are scratch; the softmax writes the probabilities into `p`.
         let scores = self.alloc(&spec)?;
-        self.product_t(op, q, k, (false, true), true, &scores)?;
+        self.product_t(op, q, k, (false, true), true, precision, &scores)?;
         if rows > 0 {
             let rt = &self.rt;
             let (r, tt, ss, sc, c) = (rows as i64, t as i64, s as i64, scale, causal as i32);
             let (xp, yp) = (scores.ptr(), p.ptr());
-            if q.dtype == DType::F32 && rt.matmul_precision() == MatmulPrecision::Bf16 {
+            if q.dtype == DType::F32 && precision == MatmulPrecision::Bf16 {
                 // The probabilities feed bf16 products: their bf16 copy comes with them.
                 let h = Block::alloc(rt, p.numel() * 2)?;
                 let hp = h.ptr();
@@ -87,8 +87,9 @@ impl AttentionKernels for CudaKernels {
         k: &CudaStorage,
         causal: bool,
         scale: f64,
+        precision: MatmulPrecision,
         out: &mut CudaStorage,
     ) -> Result<()> {
-        self.probs("attention_probs", q, k, (causal, scale), out)
+        self.probs("attention_probs", q, k, (causal, scale, precision), out)
     }
 }

@@ -1,4 +1,4 @@
-//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the runtime's precision), f64,
+//! Matmul CUDA kernels: cuBLAS strided-batched gemm for f32 (at the op's precision), f64,
 //! bf16 and f16 (16-bit in and out, f32 accumulation), either operand transposed by cuBLAS's
 //! operation flags; an NVRTC kernel for i64
 //! (transposed operands copied first). A product plus an accumulator is one cuBLASLt product
@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 
 use super::super::copy::fill;
 use super::super::kernels::{grid, launch, Kernel};
@@ -81,7 +81,8 @@ fn matmul(
 
 /// The product of `a` (`[.., m, k]`, or `[.., k, m]` with `ta`) and `b` (`[.., k, n]`, or
 /// `[.., n, k]` with `tb`): batched over equal leading dims when `batched`, else `b` 2-d and
-/// every leading dim of `a` folded into m.
+/// every leading dim of `a` folded into m; f32 operands at `precision`.
+#[allow(clippy::too_many_arguments)]
 fn product(
     k: &CudaKernels,
     name: &'static str,
@@ -89,13 +90,15 @@ fn product(
     b: &CudaStorage,
     t: (bool, bool),
     batched: bool,
+    precision: MatmulPrecision,
     out: &CudaStorage,
 ) -> Result<()> {
     let g = product_shape(name, a, b, t, batched, out)?;
-    matmul(&k.rt, name, a, b, out, g)
+    matmul(&k.rt, name, a, b, out, Gemm { precision, ..g })
 }
 
-/// The gemm of [`product`]'s operands (sizes and strides; errors where they do not multiply).
+/// The gemm of [`product`]'s operands (sizes and strides, f32 products in f32; errors where
+/// they do not multiply).
 fn product_shape(
     name: &'static str,
     a: &CudaStorage,
@@ -159,12 +162,14 @@ fn product_shape(
             if batched { (kk * bn) as i64 } else { 0 },
             (m * bn) as i64,
         ),
+        precision: MatmulPrecision::F32,
     })
 }
 
 impl CudaKernels {
     /// `op(a) @ op(b)` on device pieces into `out` (see `MatmulKernels::matmul_t`), for the
     /// other kernels.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn product_t(
         &self,
         name: &'static str,
@@ -172,19 +177,33 @@ impl CudaKernels {
         b: &CudaStorage,
         t: (bool, bool),
         batched: bool,
+        precision: MatmulPrecision,
         out: &CudaStorage,
     ) -> Result<()> {
-        product(self, name, a, b, t, batched, out)
+        product(self, name, a, b, t, batched, precision, out)
     }
 }
 
 impl MatmulKernels for CudaKernels {
-    fn matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
-        product(self, "matmul", a, b, (false, false), false, out)
+    fn matmul(
+        &self,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        precision: MatmulPrecision,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        product(self, "matmul", a, b, (false, false), false, precision, out)
     }
 
-    fn batch_matmul(&self, a: &CudaStorage, b: &CudaStorage, out: &mut CudaStorage) -> Result<()> {
-        product(self, "batch_matmul", a, b, (false, false), true, out)
+    fn batch_matmul(
+        &self,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        precision: MatmulPrecision,
+        out: &mut CudaStorage,
+    ) -> Result<()> {
+        let t = (false, false);
+        product(self, "batch_matmul", a, b, t, true, precision, out)
     }
 
     fn matmul_t(
@@ -193,6 +212,7 @@ impl MatmulKernels for CudaKernels {
         b: &CudaStorage,
         t: (bool, bool),
         batched: bool,
+        precision: MatmulPrecision,
         out: &mut CudaStorage,
     ) -> Result<()> {
         let name = if batched {
@@ -200,7 +220,7 @@ impl MatmulKernels for CudaKernels {
         } else {
             "matmul_t"
         };
-        product(self, name, a, b, t, batched, out)
+        product(self, name, a, b, t, batched, precision, out)
     }
 
     fn matmul_t_acc(
@@ -210,6 +230,7 @@ impl MatmulKernels for CudaKernels {
         t: (bool, bool),
         batched: bool,
         c: &CudaStorage,
+        precision: MatmulPrecision,
         out: &mut CudaStorage,
     ) -> Result<()> {
         let name = "matmul_t_acc";
@@ -222,9 +243,12 @@ impl MatmulKernels for CudaKernels {
                 ),
             ));
         }
-        let g = product_shape(name, a, b, t, batched, out)?;
+        let g = Gemm {
+            precision,
+            ..product_shape(name, a, b, t, batched, out)?
+        };
         // One cuBLASLt product reading c as its C operand (beta = 1).
-        let lt = self.lt_types(a.dtype).filter(|_| {
+        let lt = self.lt_types(a.dtype, precision).filter(|_| {
             g.batch == 1 && g.m * g.n * g.k > 0 && a.dtype == b.dtype && a.dtype == out.dtype
         });
         if let Some(types) = lt {

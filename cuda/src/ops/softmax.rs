@@ -1,6 +1,6 @@
 //! Softmax CUDA kernels, written into the executor's output piece: softmax / log-softmax over one dim and their backward, one block per
-//! row over the last dim, else one thread per lane. Under bf16 matrix products the row
-//! backward also writes its output's bf16 copy (attention's dS feeds two products).
+//! row over the last dim, else one thread per lane. When its output feeds bf16 products (the op
+//! says) the row backward also writes the output's bf16 copy (attention's dS feeds two).
 
 use oxiflow_dtype::DType;
 
@@ -39,6 +39,7 @@ impl SoftmaxKernels for CudaKernels {
         dy: &CudaStorage,
         dim: usize,
         log: bool,
+        feeds: MatmulPrecision,
         out: &mut CudaStorage,
     ) -> Result<()> {
         let rt = &self.rt;
@@ -63,11 +64,7 @@ impl SoftmaxKernels for CudaKernels {
             y.ptr(),
         );
         if o * inner > 0 {
-            if dt == DType::F32
-                && inner == 1
-                && !log
-                && rt.matmul_precision() == MatmulPrecision::Bf16
-            {
+            if dt == DType::F32 && inner == 1 && !log && feeds == MatmulPrecision::Bf16 {
                 // Row gradients (attention's dS) feed bf16 products: their bf16 copy comes along.
                 let h = Block::alloc(rt, y.numel() * 2)?;
                 let hp = h.ptr();

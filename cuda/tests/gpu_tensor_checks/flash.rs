@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::half_cases::{input_values, Input};
+use oxiflow_tensor::MatmulPrecision;
 
 /// (B, T, S, H, G, D, Dv, causal): G key/value heads for H query heads.
 type Case = (usize, usize, usize, usize, usize, usize, usize, bool);
@@ -23,13 +24,14 @@ const CASES: [Case; 8] = [
     (2, 33, 47, 4, 2, 16, 8, false),
 ];
 
-/// o, lse, dq, dk, dv of `x` (q, k, v, dO) through the op and autograd, as f64 values.
-fn run(x: &[Tensor], causal: bool, scale: f64) -> Result<Vec<Vec<f64>>> {
+/// o, lse, dq, dk, dv of `x` (q, k, v, dO) through the op (its f32 products at `precision`)
+/// and autograd, as f64 values.
+fn run(x: &[Tensor], attrs: (bool, f64), precision: MatmulPrecision) -> Result<Vec<Vec<f64>>> {
     let qkv: Vec<Tensor> = x[..3]
         .iter()
         .map(|t| t.detach().requires_grad_(true))
         .collect();
-    let (o, lse) = qkv[0].flash_attention_lse(&qkv[1], &qkv[2], causal, scale)?;
+    let (o, lse) = qkv[0].flash_attention_lse_at(&qkv[1], &qkv[2], attrs, precision)?;
     o.backward_with(&x[3])?;
     let mut out = vec![o, lse];
     for t in &qkv {
@@ -67,13 +69,13 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 /// of (case, dtype, layout) runs within tolerance of the f64 reference.
 pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
     let pl = world_placement(world, dev)?;
-    let rt = cuda::bound_runtime().filter(|_| dev == DeviceType::Cuda);
+    let on_cuda = cuda::bound_runtime().is_some() && dev == DeviceType::Cuda;
     let mut runs = vec![
         (DType::BF16, false, 1e-2),
         (DType::F16, false, 5e-3),
         (DType::F32, false, 1e-4),
     ];
-    if rt.is_some() {
+    if on_cuda {
         runs.push((DType::F32, true, 3e-2));
     }
     let names = ["o", "lse", "dq", "dk", "dv"];
@@ -106,7 +108,7 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
                 if bf16_products { " bf16 products" } else { "" }
             );
             let want = local(DType::F64)
-                .and_then(|x| run(&x, causal, scale))
+                .and_then(|x| run(&x, (causal, scale), MatmulPrecision::F32))
                 .map_err(|e| format!("{what}: reference: {e}"))?;
             for sbp in [Sbp::S(0), Sbp::S(2), Sbp::B] {
                 let got = local(dtype).and_then(|x| {
@@ -114,16 +116,12 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
                         .into_iter()
                         .map(|t| t.to_global(&pl, Sbp::B)?.to_global(&pl, sbp))
                         .collect::<Result<Vec<_>>>()?;
-                    if let Some(rt) = &rt {
-                        if bf16_products {
-                            rt.set_matmul_precision(cuda::MatmulPrecision::Bf16);
-                        }
-                    }
-                    let r = run(&x, causal, scale);
-                    if let Some(rt) = &rt {
-                        rt.set_matmul_precision(cuda::MatmulPrecision::F32);
-                    }
-                    r
+                    let precision = if bf16_products {
+                        MatmulPrecision::Bf16
+                    } else {
+                        MatmulPrecision::F32
+                    };
+                    run(&x, (causal, scale), precision)
                 });
                 match got {
                     Ok(g) => {

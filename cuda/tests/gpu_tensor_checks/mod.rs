@@ -356,12 +356,13 @@ fn bf16(x: f32) -> f32 {
     f32::from_bits((b.wrapping_add(0x7fff + ((b >> 16) & 1))) & 0xffff_0000)
 }
 
-/// `MatmulPrecision::Bf16`: a global matmul (S(0) x B) on the device equals
-/// the product of the bf16-rounded inputs accumulated in f64 (within f32 accumulation error)
-/// and differs from the f32 product by bf16 rounding; F32 restores the f32 product.
+/// `MatmulPrecision::Bf16`, an attribute of the matmul op: a global matmul (S(0) x B) on the
+/// device at bf16 equals the product of the bf16-rounded inputs accumulated in f64 (within f32
+/// accumulation error) and differs from the f32 product by bf16 rounding; the same product at
+/// F32 is the f32 product.
 pub(crate) fn child_bf16(world: usize) -> std::result::Result<f64, String> {
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
-    let rt = cuda::bound_runtime().ok_or("no CUDA runtime")?;
+    cuda::bound_runtime().ok_or("no CUDA runtime")?;
     let pl = Placement::new_1d(DeviceType::Cuda, (0..world).collect::<Vec<_>>())
         .map_err(|x| x.to_string())?;
     let (m, k, n) = (37, 300, 29);
@@ -385,10 +386,10 @@ pub(crate) fn child_bf16(world: usize) -> std::result::Result<f64, String> {
             .map(|(&g, &w)| (g as f64 - w).abs() / (1.0 + w.abs()))
             .fold(0f64, f64::max)
     };
-    rt.set_matmul_precision(cuda::MatmulPrecision::Bf16);
-    let low = a.matmul(&b).and_then(|c| c.to_vec::<f32>());
-    rt.set_matmul_precision(cuda::MatmulPrecision::F32);
-    let low = low.map_err(|x| e("bf16 matmul", x))?;
+    let low = a
+        .matmul_at(&b, cuda::MatmulPrecision::Bf16)
+        .and_then(|c| c.to_vec::<f32>())
+        .map_err(|x| e("bf16 matmul", x))?;
     let full = a
         .matmul(&b)
         .and_then(|c| c.to_vec::<f32>())
@@ -408,14 +409,13 @@ pub(crate) fn child_bf16(world: usize) -> std::result::Result<f64, String> {
     // Attention and its gradients under bf16 products (the probabilities and dS bring their
     // bf16 copies from the softmax kernels) against the same in f32.
     let attention = |p: cuda::MatmulPrecision| -> std::result::Result<Vec<Vec<f32>>, String> {
-        rt.set_matmul_precision(p);
         let run = || -> oxiflow_tensor::Result<Vec<Vec<f32>>> {
             let mk = |seed: u64| {
                 Tensor::randn_global([2, 3, 40, 16], seed, DType::F32, &pl, Sbp::B)
                     .map(|t| t.requires_grad_(true))
             };
             let (q, k, v) = (mk(7)?, mk(8)?, mk(9)?);
-            let y = q.attention_probs(&k, true, 0.25)?.bmm(&v)?;
+            let y = q.attention_probs_at(&k, true, 0.25, p)?.bmm_at(&v, p)?;
             y.square()?.mean_all()?.backward()?;
             let mut out = vec![y.to_vec::<f32>()?];
             for t in [&q, &k, &v] {
@@ -425,9 +425,7 @@ pub(crate) fn child_bf16(world: usize) -> std::result::Result<f64, String> {
             }
             Ok(out)
         };
-        let r = run();
-        rt.set_matmul_precision(cuda::MatmulPrecision::F32);
-        r.map_err(|x| e("attention", x))
+        run().map_err(|x| e("attention", x))
     };
     let (low, full) = (
         attention(cuda::MatmulPrecision::Bf16)?,

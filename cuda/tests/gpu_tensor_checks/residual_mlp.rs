@@ -6,6 +6,7 @@
 
 use super::*;
 use oxiflow_tensor::custom::Activation;
+use oxiflow_tensor::MatmulPrecision;
 
 /// y and the gradients of `sum(y * r)` w.r.t. x, w_fc, b_fc, w_proj, b_proj, residual.
 /// `fused`: None for the unfused layers, else whether GELU's output is computed again.
@@ -21,7 +22,14 @@ fn outputs(
         });
     };
     let y = match fused {
-        Some(recompute) => x.residual_mlp_with(w_fc, b_fc, w_proj, b_proj, res, recompute)?,
+        Some(recompute) => x.residual_mlp_with(
+            w_fc,
+            b_fc,
+            w_proj,
+            b_proj,
+            res,
+            (recompute, MatmulPrecision::F32),
+        )?,
         None => {
             let h = x.linear(w_fc, Some(b_fc), Activation::Gelu)?;
             res.add(&h.linear(w_proj, Some(b_proj), Activation::None)?)?

@@ -213,7 +213,8 @@ impl Linear {
     /// x `[.., in]` times the weight, plus the adapter's product when attached: a partial sum
     /// when the layer is (see [`Linear::is_partial`]); no bias.
     pub fn product(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.compute()?)?;
+        let mp = self.weight.matmul_precision();
+        let y = x.matmul_at(&self.weight.compute()?, mp)?;
         match &self.lora {
             Some(l) => y.add(&l.delta(x)?),
             None => Ok(y),
@@ -238,12 +239,13 @@ impl Linear {
 
     fn forward_as(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
         let b = self.bias.as_ref().map(Parameter::compute).transpose()?;
+        let mp = self.weight.matmul_precision();
         if let Some(l) = &self.lora {
             // The base product as without the adapter (one fused op where it can be), then the
             // adapter's term, then the activation.
             let y = match (&b, self.partial) {
                 (Some(b), false) => x
-                    .linear(&self.weight.compute()?, Some(b), Activation::None)?
+                    .linear_at(&self.weight.compute()?, Some(b), Activation::None, mp)?
                     .add(&l.delta(x)?)?,
                 (Some(b), true) => self.product(x)?.add(b)?,
                 (None, _) => self.product(x)?,
@@ -255,9 +257,9 @@ impl Linear {
         }
         let w = self.weight.compute()?;
         if !self.partial && (b.is_some() || act != Activation::None) {
-            return x.linear(&w, b.as_ref(), act);
+            return x.linear_at(&w, b.as_ref(), act, mp);
         }
-        let y = x.matmul(&w)?;
+        let y = x.matmul_at(&w, mp)?;
         let y = match &b {
             Some(b) => y.add(b)?,
             None => y,

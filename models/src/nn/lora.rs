@@ -123,7 +123,10 @@ impl Lora {
         } else {
             (a, b)
         };
-        x.matmul(&a)?.matmul(&b)?.mul_scalar(self.options.scale())
+        let mp = self.a.matmul_precision();
+        x.matmul_at(&a, mp)?
+            .matmul_at(&b, mp)?
+            .mul_scalar(self.options.scale())
     }
 
     /// `w + (alpha / r) A B` for the base weight `w` `[in, out]` (in w's layout and dtype),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Result, TensorError};
-use oxiflow_dtype::{DType, MixedPrecision};
+use oxiflow_dtype::{DType, MatmulPrecision, MixedPrecision};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::Tensor;
 
@@ -15,8 +15,9 @@ struct ParamInner {
     /// The layout layers compute with, when the stored leaf is sharded (ZeRO-3).
     compute: RwLock<Option<NdSbp>>,
     /// The dtype layers compute with, when it differs from the stored leaf's (mixed
-    /// precision: an f32 master leaf computed with as bf16).
-    compute_dtype: RwLock<Option<DType>>,
+    /// precision: an f32 master leaf computed with as bf16), and the precision of the f32
+    /// products that read it (the policy's, an attribute of those products' ops).
+    compute_dtype: RwLock<(Option<DType>, MatmulPrecision)>,
     /// The layout the leaf's gradient is boxed to as it accumulates (ZeRO-2 and 3).
     grad_layout: RwLock<Option<NdSbp>>,
     /// A gather issued ahead of use (`prefetch`): the leaf it was gathered from, whether
@@ -51,7 +52,7 @@ impl Parameter {
             name: name.into(),
             value: RwLock::new(value.detach().requires_grad_(true)),
             compute: RwLock::new(None),
-            compute_dtype: RwLock::new(None),
+            compute_dtype: RwLock::new((None, MatmulPrecision::F32)),
             grad_layout: RwLock::new(None),
             prefetched: Mutex::new(None),
             copy: Mutex::new(None),
@@ -155,14 +156,28 @@ impl Parameter {
             _ => None,
         }
     }
-    /// Makes layers compute with this parameter as `precision` says (its `compute` dtype), or
-    /// a typed error, changing nothing, when the leaf is not in its `param` dtype (a frozen
-    /// leaf may be stored in the compute dtype: [`Parameter::store_frozen_in_compute_dtype`]).
-    /// The stored leaf, its gradient and the optimizer's state keep the leaf's dtype.
+    /// Makes layers compute with this parameter as `precision` says (its `compute` dtype, its
+    /// products at its `matmul` precision), or a typed error, changing nothing, when the leaf
+    /// is not in its `param` dtype (a frozen leaf may be stored in the compute dtype:
+    /// [`Parameter::store_frozen_in_compute_dtype`]). The stored leaf, its gradient and the
+    /// optimizer's state keep the leaf's dtype.
     pub fn set_precision(&self, precision: &MixedPrecision) -> Result<()> {
         self.check_precision(precision)?;
-        self.set_compute_dtype(Some(precision.compute()));
+        *self
+            .0
+            .compute_dtype
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = (Some(precision.compute()), precision.matmul());
         Ok(())
+    }
+    /// The precision of the f32 products layers compute with this parameter (the policy's,
+    /// f32 until [`Parameter::set_precision`]).
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        self.0
+            .compute_dtype
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
     }
     /// A typed error when the leaf is in neither `precision`'s `param` dtype nor, frozen, its
     /// `compute` dtype.
@@ -186,11 +201,11 @@ impl Parameter {
     /// Makes layers compute with this parameter as `dtype` (None: the leaf's own dtype). The
     /// stored leaf, its gradient and the optimizer's state keep the leaf's dtype.
     pub fn set_compute_dtype(&self, dtype: Option<DType>) {
-        *self
-            .0
+        self.0
             .compute_dtype
             .write()
-            .unwrap_or_else(|e| e.into_inner()) = dtype;
+            .unwrap_or_else(|e| e.into_inner())
+            .0 = dtype;
     }
     /// Stores a frozen parameter's leaf in its compute dtype: nothing updates it, so no master
     /// copy is needed (a frozen base under bf16 mixed precision holds 16-bit weights only).
@@ -211,11 +226,12 @@ impl Parameter {
     }
     /// The dtype [`Parameter::compute`] gives.
     pub fn compute_dtype(&self) -> DType {
-        let d = *self
+        let d = self
             .0
             .compute_dtype
             .read()
-            .unwrap_or_else(|e| e.into_inner());
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
         d.unwrap_or_else(|| self.value().dtype())
     }
     /// The layout [`Parameter::compute`] gathers into, when the leaf is stored sharded.

@@ -5,6 +5,7 @@
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
+use oxiflow_dtype::MatmulPrecision;
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
@@ -142,6 +143,7 @@ impl AttentionKernels for CpuBackend {
         k: &CpuArray,
         causal: bool,
         scale: f64,
+        _precision: MatmulPrecision,
         out: &mut CpuArray,
     ) -> Result<()> {
         let (op, attrs) = ("attention_probs", (causal, scale));

@@ -6,6 +6,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::parallel::prelude::*;
 use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewMut2, Axis, Ix2, Zip};
+use oxiflow_dtype::MatmulPrecision;
 
 use super::{out_as, CpuBackend};
 use crate::element::TensorElement;
@@ -168,10 +169,23 @@ fn typed(
 }
 
 impl MatmulKernels for CpuBackend {
-    fn matmul(&self, a: &CpuArray, b: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    // The precision is a device notion: f32 products run in f32 here whatever it says.
+    fn matmul(
+        &self,
+        a: &CpuArray,
+        b: &CpuArray,
+        _precision: MatmulPrecision,
+        out: &mut CpuArray,
+    ) -> Result<()> {
         typed("matmul", a, b, (false, false), false, out)
     }
-    fn batch_matmul(&self, a: &CpuArray, b: &CpuArray, out: &mut CpuArray) -> Result<()> {
+    fn batch_matmul(
+        &self,
+        a: &CpuArray,
+        b: &CpuArray,
+        _precision: MatmulPrecision,
+        out: &mut CpuArray,
+    ) -> Result<()> {
         typed("batch_matmul", a, b, (false, false), true, out)
     }
     fn matmul_t(
@@ -180,6 +194,7 @@ impl MatmulKernels for CpuBackend {
         b: &CpuArray,
         t: (bool, bool),
         batched: bool,
+        _precision: MatmulPrecision,
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = if batched {
@@ -196,6 +211,7 @@ impl MatmulKernels for CpuBackend {
         t: (bool, bool),
         batched: bool,
         c: &CpuArray,
+        _precision: MatmulPrecision,
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "matmul_t_acc";

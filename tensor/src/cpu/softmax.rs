@@ -2,6 +2,7 @@
 //! one dim, and their backward; one lane at a time (rayon when large).
 
 use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Zip};
+use oxiflow_dtype::MatmulPrecision;
 
 use super::elementwise::PAR_THRESHOLD;
 use super::{fits, float_input, out_as, CpuBackend};
@@ -132,6 +133,7 @@ impl SoftmaxKernels for CpuBackend {
         dy: &CpuArray,
         dim: usize,
         log: bool,
+        _feeds: MatmulPrecision,
         out: &mut CpuArray,
     ) -> Result<()> {
         softmax_backward(dy, y, dim, log, out)

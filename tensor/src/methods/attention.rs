@@ -1,6 +1,8 @@
 //! The `Tensor` methods of the attention family (`op/attention.rs`): they build its ops
 //! and dispatch them.
 
+use oxiflow_dtype::MatmulPrecision;
+
 use crate::dispatch::dispatch;
 use crate::op::{AttentionOp, F64Bits};
 use crate::tensor::Tensor;
@@ -12,7 +14,22 @@ impl Tensor {
     /// query `i` attends to keys `0..=i`; masked entries are 0). The fused attention that never
     /// makes this array is [`Tensor::flash_attention`].
     pub fn attention_probs(&self, k: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+        self.attention_probs_at(k, causal, scale, MatmulPrecision::F32)
+    }
+    /// [`Tensor::attention_probs`] with f32 products at `precision` on a device.
+    pub fn attention_probs_at(
+        &self,
+        k: &Tensor,
+        causal: bool,
+        scale: f64,
+        precision: MatmulPrecision,
+    ) -> Result<Tensor> {
         let scale = F64Bits::new(scale);
-        dispatch(AttentionOp { causal, scale }.into(), &[self, k])
+        let op = AttentionOp {
+            causal,
+            scale,
+            precision,
+        };
+        dispatch(op.into(), &[self, k])
     }
 }

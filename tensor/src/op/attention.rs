@@ -1,9 +1,10 @@
 //! The attention probabilities `softmax(q k^T * scale + causal mask)` `[B, H, T, S]` of queries
 //! `[B, H, T, D]` and keys `[B, H, S, D]` as one op (the composed attention: with `bmm` by the
 //! values it is the reference the fused op, `custom::flash_attention`, is checked against).
-//! Split on batch or heads; the backward reads the probabilities and is written with ops.
+//! Split on batch or heads; the backward reads the probabilities and is written with ops. Its
+//! products run at the op's [`MatmulPrecision`] (as the backward's do).
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
@@ -19,6 +20,7 @@ use crate::Result;
 pub struct AttentionOp {
     pub causal: bool,
     pub scale: F64Bits,
+    pub precision: MatmulPrecision,
 }
 
 /// Attention kernels of a backend (float pieces of one dtype, shapes as `infer` checked: with
@@ -30,6 +32,7 @@ pub trait AttentionKernels: KernelBackend {
         k: &Self::Piece,
         causal: bool,
         scale: f64,
+        precision: MatmulPrecision,
         out: &mut Self::Out,
     ) -> Result<()>;
 }
@@ -60,14 +63,16 @@ impl OpFamily for AttentionOp {
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let scale = self.scale.get();
+        let (scale, mp) = (self.scale.get(), self.precision);
         let (q, k, p) = (g.input(0)?, g.input(1)?, g.output(0)?);
         // With P = softmax(S), S = q k^T * scale: dS = softmax_backward(P, dP); dq = dS k *
         // scale, dk = dS^T q * scale (masked entries have P = 0, so dS = 0 there).
-        let ds = Tensor::softmax_backward(p, g.dy()?, -1)?;
+        let ds = Tensor::softmax_backward_feeding(p, g.dy()?, -1, mp)?;
         Ok(vec![
-            g.when(0, || ds.bmm(k)?.mul_scalar(scale))?,
-            g.when(1, || ds.matmul_t(q, true, false)?.mul_scalar(scale))?,
+            g.when(0, || ds.bmm_at(k, mp)?.mul_scalar(scale))?,
+            g.when(1, || {
+                ds.matmul_t_at(q, (true, false), mp)?.mul_scalar(scale)
+            })?,
         ])
     }
 }
@@ -75,6 +80,6 @@ impl OpFamily for AttentionOp {
 impl<B: AttentionKernels> RunKernels<B> for AttentionOp {
     fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         let y = single(self.name(), out)?;
-        b.attention_probs(x[0], x[1], self.causal, self.scale.get(), y)
+        b.attention_probs(x[0], x[1], self.causal, self.scale.get(), self.precision, y)
     }
 }

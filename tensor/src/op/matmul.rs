@@ -2,9 +2,13 @@
 //! both with either operand's last two dims transposed in the kernel (`matmul_t`), which the
 //! backward rules use instead of materialised transposes, also with an accumulator added to
 //! the product (`matmul_t_acc`: a backward rule adding its input gradient to the one other
-//! consumers gave, in the product's epilogue where the backend has one).
+//! consumers gave, in the product's epilogue where the backend has one). Every matmul op
+//! carries its [`MatmulPrecision`] (how f32 products run on a device), so dispatch and the
+//! compiled step's cache key on it; the backward's products take the forward's. The CPU
+//! kernels compute f32 products in f32 whatever it says (TF32 and bf16 inputs are device
+//! notions).
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
@@ -15,9 +19,16 @@ use super::{
 use crate::tensor::Tensor;
 use crate::Result;
 
-/// The matmul family.
+/// The matmul family: a product and the precision its f32 operands multiply at.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum MatmulOp {
+pub struct MatmulOp {
+    pub product: MatmulProduct,
+    pub precision: MatmulPrecision,
+}
+
+/// The products of the matmul family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulProduct {
     /// a [.., k] x b [k, n] -> [.., n]
     MatMul,
     /// a [b.., m, k] x b [b.., k, n] -> [b.., m, n] (equal batch dims)
@@ -32,20 +43,35 @@ pub enum MatmulOp {
     MatMulTAcc { ta: bool, tb: bool, batched: bool },
 }
 
-/// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked).
+/// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked; f32
+/// products at `precision` where the backend has such modes).
 pub trait MatmulKernels: KernelBackend {
-    fn matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    fn batch_matmul(&self, a: &Self::Piece, b: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    /// `op(a) @ op(b)` (see `MatmulOp::MatMulT`; `batched`: `BatchMatMulT`).
+    fn matmul(
+        &self,
+        a: &Self::Piece,
+        b: &Self::Piece,
+        precision: MatmulPrecision,
+        out: &mut Self::Out,
+    ) -> Result<()>;
+    fn batch_matmul(
+        &self,
+        a: &Self::Piece,
+        b: &Self::Piece,
+        precision: MatmulPrecision,
+        out: &mut Self::Out,
+    ) -> Result<()>;
+    /// `op(a) @ op(b)` (see `MatmulProduct::MatMulT`; `batched`: `BatchMatMulT`).
     fn matmul_t(
         &self,
         a: &Self::Piece,
         b: &Self::Piece,
         t: (bool, bool),
         batched: bool,
+        precision: MatmulPrecision,
         out: &mut Self::Out,
     ) -> Result<()>;
     /// `op(a) @ op(b) + c` (`c` shaped as `out`).
+    #[allow(clippy::too_many_arguments)]
     fn matmul_t_acc(
         &self,
         a: &Self::Piece,
@@ -53,38 +79,48 @@ pub trait MatmulKernels: KernelBackend {
         t: (bool, bool),
         batched: bool,
         c: &Self::Piece,
+        precision: MatmulPrecision,
         out: &mut Self::Out,
     ) -> Result<()>;
 }
 
+impl MatmulOp {
+    /// `product` at `precision`.
+    pub fn new(product: MatmulProduct, precision: MatmulPrecision) -> MatmulOp {
+        MatmulOp { product, precision }
+    }
+}
+
 impl OpFamily for MatmulOp {
     fn name(&self) -> &'static str {
-        match self {
-            MatmulOp::MatMul => "matmul",
-            MatmulOp::BatchMatMul => "batch_matmul",
-            MatmulOp::MatMulT { .. } => "matmul_t",
-            MatmulOp::BatchMatMulT { .. } => "batch_matmul_t",
-            MatmulOp::MatMulTAcc { .. } => "matmul_t_acc",
+        match &self.product {
+            MatmulProduct::MatMul => "matmul",
+            MatmulProduct::BatchMatMul => "batch_matmul",
+            MatmulProduct::MatMulT { .. } => "matmul_t",
+            MatmulProduct::BatchMatMulT { .. } => "batch_matmul_t",
+            MatmulProduct::MatMulTAcc { .. } => "matmul_t_acc",
         }
     }
 
     fn arity(&self) -> (usize, usize) {
-        match self {
-            MatmulOp::MatMulTAcc { .. } => (3, 3),
+        match &self.product {
+            MatmulProduct::MatMulTAcc { .. } => (3, 3),
             _ => (2, 2),
         }
     }
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_dtype(d)?;
-        let r = match self {
-            MatmulOp::MatMul => rules::matmul(s[0], s[1], mode),
-            MatmulOp::BatchMatMul => rules::batch_matmul(s[0], s[1], mode),
-            MatmulOp::MatMulT { ta, tb } => rules::matmul_t(s[0], s[1], (*ta, *tb), false, mode),
-            MatmulOp::BatchMatMulT { ta, tb } => {
+        let r = match &self.product {
+            MatmulProduct::MatMul => rules::matmul(s[0], s[1], mode),
+            MatmulProduct::BatchMatMul => rules::batch_matmul(s[0], s[1], mode),
+            MatmulProduct::MatMulT { ta, tb } => {
+                rules::matmul_t(s[0], s[1], (*ta, *tb), false, mode)
+            }
+            MatmulProduct::BatchMatMulT { ta, tb } => {
                 rules::matmul_t(s[0], s[1], (*ta, *tb), true, mode)
             }
-            MatmulOp::MatMulTAcc { ta, tb, batched } => {
+            MatmulProduct::MatMulTAcc { ta, tb, batched } => {
                 rules::matmul_t(s[0], s[1], (*ta, *tb), *batched, mode).and_then(|r| {
                     match r.out_shapes().first() {
                         Some(y) if y == s[2] => Ok(r.with_accumulator(0)),
@@ -110,39 +146,44 @@ impl OpFamily for MatmulOp {
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let (am, bm, dy) = (g.input_meta(0), g.input_meta(1), g.dy()?);
-        let (ta, tb) = match self {
-            MatmulOp::MatMul | MatmulOp::BatchMatMul => (false, false),
-            MatmulOp::MatMulT { ta, tb }
-            | MatmulOp::BatchMatMulT { ta, tb }
-            | MatmulOp::MatMulTAcc { ta, tb, .. } => (*ta, *tb),
+        let (ta, tb) = match &self.product {
+            MatmulProduct::MatMul | MatmulProduct::BatchMatMul => (false, false),
+            MatmulProduct::MatMulT { ta, tb }
+            | MatmulProduct::BatchMatMulT { ta, tb }
+            | MatmulProduct::MatMulTAcc { ta, tb, .. } => (*ta, *tb),
         };
-        let batched = match self {
-            MatmulOp::BatchMatMul | MatmulOp::BatchMatMulT { .. } => true,
-            MatmulOp::MatMulTAcc { batched, .. } => *batched,
-            MatmulOp::MatMul | MatmulOp::MatMulT { .. } => false,
+        let batched = match &self.product {
+            MatmulProduct::BatchMatMul | MatmulProduct::BatchMatMulT { .. } => true,
+            MatmulProduct::MatMulTAcc { batched, .. } => *batched,
+            MatmulProduct::MatMul | MatmulProduct::MatMulT { .. } => false,
         };
         // The accumulator's gradient is the output's.
-        let gc = match self {
-            MatmulOp::MatMulTAcc { .. } => Some(g.when(2, || Ok(dy.clone()))?),
+        let gc = match &self.product {
+            MatmulProduct::MatMulTAcc { .. } => Some(g.when(2, || Ok(dy.clone()))?),
             _ => None,
         };
         if !batched && am.ndim() < 2 {
             // a [k] (never transposed): the plain rules on materialised transposes.
-            let ga = g.when(0, || dy.matmul(&g.input(1)?.transpose(-2, -1)?))?;
+            let ga = g.when(0, || {
+                dy.matmul_at(&g.input(1)?.transpose(-2, -1)?, self.precision)
+            })?;
             let gb = g.when(1, || {
                 let (k, n) = (bm.shape().dim(0), bm.shape().dim(1));
-                g.input(0)?
-                    .reshape([1, k])?
-                    .matmul_t(&dy.reshape([1, n])?, true, false)
+                g.input(0)?.reshape([1, k])?.matmul_t_at(
+                    &dy.reshape([1, n])?,
+                    (true, false),
+                    self.precision,
+                )
             })?;
             return Ok([ga, gb].into_iter().chain(gc).collect());
         }
         let mm = |x: &Tensor, y: &Tensor, tx: bool, ty: bool| {
-            if batched {
-                Tensor::apply(MatmulOp::BatchMatMulT { ta: tx, tb: ty }, &[x, y])
+            let product = if batched {
+                MatmulProduct::BatchMatMulT { ta: tx, tb: ty }
             } else {
-                Tensor::apply(MatmulOp::MatMulT { ta: tx, tb: ty }, &[x, y])
-            }
+                MatmulProduct::MatMulT { ta: tx, tb: ty }
+            };
+            Tensor::apply(MatmulOp::new(product, self.precision), &[x, y])
         };
         // C = A B with A = op(a), B = op(b): dA = dC B^T, dB = A^T dC; a transposed operand
         // gets the transpose of its gradient, written as products of the stored operands.
@@ -178,14 +219,16 @@ impl OpFamily for MatmulOp {
 
 impl<B: MatmulKernels> RunKernels<B> for MatmulOp {
     fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let y = single(self.name(), out)?;
-        match self {
-            MatmulOp::MatMul => b.matmul(x[0], x[1], y),
-            MatmulOp::BatchMatMul => b.batch_matmul(x[0], x[1], y),
-            MatmulOp::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, y),
-            MatmulOp::BatchMatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), true, y),
-            MatmulOp::MatMulTAcc { ta, tb, batched } => {
-                b.matmul_t_acc(x[0], x[1], (*ta, *tb), *batched, x[2], y)
+        let (y, p) = (single(self.name(), out)?, self.precision);
+        match &self.product {
+            MatmulProduct::MatMul => b.matmul(x[0], x[1], p, y),
+            MatmulProduct::BatchMatMul => b.batch_matmul(x[0], x[1], p, y),
+            MatmulProduct::MatMulT { ta, tb } => b.matmul_t(x[0], x[1], (*ta, *tb), false, p, y),
+            MatmulProduct::BatchMatMulT { ta, tb } => {
+                b.matmul_t(x[0], x[1], (*ta, *tb), true, p, y)
+            }
+            MatmulProduct::MatMulTAcc { ta, tb, batched } => {
+                b.matmul_t_acc(x[0], x[1], (*ta, *tb), *batched, x[2], p, y)
             }
         }
     }

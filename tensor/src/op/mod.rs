@@ -68,7 +68,7 @@ pub(crate) use loss::to_row_layout;
 pub use loss::{ClassShard, LossKernels, LossOp};
 pub(crate) use mask::triangular;
 pub use mask::{MaskKernels, MaskOp, Triangle};
-pub use matmul::{MatmulKernels, MatmulOp};
+pub use matmul::{MatmulKernels, MatmulOp, MatmulProduct};
 pub use norm::stats_dtype as norm_stats_dtype;
 pub use norm::{NormKernels, NormOp};
 pub use peers::Peers;

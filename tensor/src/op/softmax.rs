@@ -1,6 +1,6 @@
 //! Softmax and log-softmax over one dim, and their backward from the output and its gradient.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
@@ -18,10 +18,12 @@ pub enum SoftmaxOp {
         dim: usize,
         log: bool,
     },
-    /// (y, dy) -> dx for y = (log_)softmax(x, dim)
+    /// (y, dy) -> dx for y = (log_)softmax(x, dim); `feeds`: the precision of the products
+    /// dx feeds (attention's dS; bf16: a device kernel writes dx's bf16 copy with it).
     Backward {
         dim: usize,
         log: bool,
+        feeds: MatmulPrecision,
     },
 }
 
@@ -34,6 +36,7 @@ pub trait SoftmaxKernels: KernelBackend {
         dy: &Self::Piece,
         dim: usize,
         log: bool,
+        feeds: MatmulPrecision,
         out: &mut Self::Out,
     ) -> Result<()>;
 }
@@ -94,6 +97,7 @@ impl OpFamily for SoftmaxOp {
                 SoftmaxOp::Backward {
                     dim: *dim,
                     log: *log,
+                    feeds: MatmulPrecision::F32,
                 },
                 &[g.output(0)?, g.dy()?],
             )?),
@@ -110,7 +114,9 @@ impl<B: SoftmaxKernels> RunKernels<B> for SoftmaxOp {
         let y = single(self.name(), out)?;
         match self {
             SoftmaxOp::Forward { dim, log } => b.softmax(x[0], *dim, *log, y),
-            SoftmaxOp::Backward { dim, log } => b.softmax_backward(x[0], x[1], *dim, *log, y),
+            SoftmaxOp::Backward { dim, log, feeds } => {
+                b.softmax_backward(x[0], x[1], *dim, *log, *feeds, y)
+            }
         }
     }
 }

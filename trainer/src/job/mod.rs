@@ -85,7 +85,7 @@ fn device_before_world(cfg: &TrainConfig, env: &LaunchEnv) -> Option<DeviceType>
     }
 }
 
-/// The device of the mesh, with the precision policy's matrix-product mode set on it.
+/// The device of the mesh (a typed error for a matrix-product mode the device lacks).
 fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError> {
     let device = match cfg.parallel.device {
         Dev::Cpu => DeviceType::Cpu,
@@ -102,26 +102,17 @@ fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError>
         Dev::Auto if ctx.world().backend() == Backend::Nccl => DeviceType::Cuda,
         Dev::Auto => DeviceType::Cpu,
     };
+    // The policy's matmul precision is an attribute of the model's products; TF32 and bf16
+    // products are device modes, which a CPU run does not have.
     let matmul = cfg.precision(device)?.matmul();
-    let flag = format!(
-        "--precision {}",
-        cfg.parallel
+    if device == DeviceType::Cpu && matmul != oxiflow_dtype::MatmulPrecision::F32 {
+        let flag = cfg
+            .parallel
             .precision
-            .map_or("(default)", PrecisionPolicy::as_str)
-    );
-    match (device, oxiflow_cuda::bound_runtime()) {
-        (DeviceType::Cuda, Some(rt)) => rt.set_matmul_precision(matmul),
-        _ if matmul == oxiflow_dtype::MatmulPrecision::F32 => {}
-        (DeviceType::Cuda, None) => {
-            return Err(TrainError::Layout {
-                detail: format!("{flag} needs a CUDA device bound to this process"),
-            });
-        }
-        (DeviceType::Cpu, _) => {
-            return Err(TrainError::Layout {
-                detail: format!("{flag} needs --device cuda (or auto on an NCCL world)"),
-            });
-        }
+            .map_or("(default)", PrecisionPolicy::as_str);
+        return Err(TrainError::Layout {
+            detail: format!("--precision {flag} needs --device cuda (or auto on an NCCL world)"),
+        });
     }
     Ok(device)
 }

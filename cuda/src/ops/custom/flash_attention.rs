@@ -219,6 +219,7 @@ impl CudaKernels {
                 ta: false,
                 tb: true,
                 strides: (d.d as i64, d.d as i64, (t * s) as i64),
+                precision: a.precision,
             };
             gemm_at(rt, FWD, at(q, qo, hd), at(k, ko, hd), at(&p, 0, s), g)?;
             let (rows, tt, ss, sc, c) = row_args(h, t, s, a);
@@ -233,6 +234,7 @@ impl CudaKernels {
                 ta: false,
                 tb: false,
                 strides: ((t * s) as i64, d.dv as i64, d.dv as i64),
+                precision: a.precision,
             };
             gemm_at(rt, FWD, at(&p, 0, s), at(v, vo, hv), at(o, oo, hv), g)?;
         }
@@ -262,6 +264,7 @@ impl CudaKernels {
                 ta,
                 tb,
                 strides,
+                precision: a.precision,
             };
             // Scores q k^T, and dP = dO v^T.
             let scores = g(t, d.d, s, false, true, (dd, dd, ts));

@@ -1,7 +1,7 @@
 //! Fused linear layer CUDA kernels: one cuBLASLt product with the bias (and GELU, saving the
 //! pre-activation) in its epilogue, and the weight gradient with the bias gradient's row sums
-//! in its epilogue. f64 data, f32 data under bf16 matmul precision, a GELU without a bias and
-//! calls cuBLASLt refuses take the composed kernels.
+//! in its epilogue, f32 products at the op's precision. f64 data, f32 data at bf16 matmul
+//! precision, a GELU without a bias and calls cuBLASLt refuses take the composed kernels.
 
 use crate::blaslt::{lt_matmul_c, Epilogue, LtMatmul};
 use crate::copy::fill;
@@ -9,16 +9,20 @@ use crate::derr;
 use crate::ops::CudaKernels;
 use crate::raw::FloatType;
 use crate::storage::CudaStorage;
-use crate::MatmulPrecision;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_tensor::custom::{Activation, LinearKernels, LinearOp};
 use oxiflow_tensor::Result;
 
 impl CudaKernels {
-    /// The cuBLASLt product's float type and whether it runs on TF32 tensor cores, when the
-    /// precision setting lets cuBLASLt serve pieces of `dt` (None: the composed kernels).
-    pub(in crate::ops) fn lt_types(&self, dt: oxiflow_dtype::DType) -> Option<(FloatType, bool)> {
+    /// The cuBLASLt product's float type and whether it runs on TF32 tensor cores, when
+    /// cuBLASLt serves pieces of `dt` at `precision` (None: the composed kernels).
+    pub(in crate::ops) fn lt_types(
+        &self,
+        dt: DType,
+        precision: MatmulPrecision,
+    ) -> Option<(FloatType, bool)> {
         let t = FloatType::of(dt)?;
-        match (t, self.rt.matmul_precision()) {
+        match (t, precision) {
             (FloatType::F32, MatmulPrecision::F32) => Some((t, false)),
             (FloatType::F32, MatmulPrecision::Tf32) => Some((t, true)),
             (FloatType::F32, MatmulPrecision::Bf16) => None,
@@ -67,6 +71,7 @@ impl LinearKernels for CudaKernels {
     fn linear(
         &self,
         act: Activation,
+        precision: MatmulPrecision,
         x: &CudaStorage,
         w: &CudaStorage,
         bias: Option<&CudaStorage>,
@@ -105,7 +110,7 @@ impl LinearKernels for CudaKernels {
         if rows == 0 || n == 0 {
             return Ok(());
         }
-        if let (Some(t), true) = (self.lt_types(x.dtype), k > 0) {
+        if let (Some(t), true) = (self.lt_types(x.dtype, precision), k > 0) {
             let (y, pre) = match &*out {
                 [y] => (y.ptr(), 0),
                 [y, pre] => (y.ptr(), pre.ptr()),
@@ -129,11 +134,12 @@ impl LinearKernels for CudaKernels {
                 }
             }
         }
-        LinearOp::composed_forward(self, act, x, w, bias, out)
+        LinearOp::composed_forward(self, (act, precision), x, w, bias, out)
     }
 
     fn linear_weight_grad(
         &self,
+        precision: MatmulPrecision,
         x: &CudaStorage,
         dpre: &CudaStorage,
         out: &mut [CudaStorage],
@@ -146,7 +152,7 @@ impl LinearKernels for CudaKernels {
         same_dtype(op, &all)?;
         if k == 0 || n == 0 {
             // Empty weight gradients (and the bias gradient's plain row sums).
-            return LinearOp::composed_weight_grad(self, x, dpre, out);
+            return LinearOp::composed_weight_grad(self, precision, x, dpre, out);
         }
         let rows = x.numel() / k;
         let fits = match &*out {
@@ -172,7 +178,7 @@ impl LinearKernels for CudaKernels {
             }
             return Ok(());
         }
-        if let Some(t) = self.lt_types(x.dtype) {
+        if let Some(t) = self.lt_types(x.dtype, precision) {
             let epilogue = match &*out {
                 [_, db] => Epilogue::BiasGradCols {
                     bias_grad: db.ptr(),
@@ -188,6 +194,6 @@ impl LinearKernels for CudaKernels {
                 return Ok(());
             }
         }
-        LinearOp::composed_weight_grad(self, x, dpre, out)
+        LinearOp::composed_weight_grad(self, precision, x, dpre, out)
     }
 }

@@ -6,7 +6,7 @@
 //! The backward scales both gradients by dloss with the row-scaling kernel (each piece one
 //! row). f64 data, empty pieces and products cuBLASLt refuses take the composed kernels.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::Shape;
 
 use crate::blaslt::LtMatmul;
@@ -36,6 +36,7 @@ impl LinearClassifierKernels for CudaKernels {
         w: &CudaStorage,
         targets: &CudaStorage,
         classes: usize,
+        precision: MatmulPrecision,
         out: [&mut CudaStorage; 3],
     ) -> Result<()> {
         let op = "linear_classifier";
@@ -63,9 +64,10 @@ impl LinearClassifierKernels for CudaKernels {
                 ),
             ));
         }
-        let t = match self.lt_types(x.dtype) {
+        let attrs = (classes, precision);
+        let t = match self.lt_types(x.dtype, precision) {
             Some(t) if n > 0 && c > 0 && loss.dtype == DType::F32 => t,
-            _ => return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]),
+            _ => return LinearClassifier::composed(self, x, w, targets, attrs, [loss, dx, dw]),
         };
         let dtype = t.0;
         let size = dtype.size();
@@ -94,7 +96,7 @@ impl LinearClassifierKernels for CudaKernels {
             // logits [rows, v] = x_c w^T.
             let g = LtMatmul::new((rows, v, c), (false, true), t);
             if !self.lt_ran(&g, xc, w.ptr(), logits.ptr())? {
-                return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]);
+                return LinearClassifier::composed(self, x, w, targets, attrs, [loss, dx, dw]);
             }
             classifier(
                 &self.rt,
@@ -123,7 +125,7 @@ impl LinearClassifierKernels for CudaKernels {
             if !self.lt_ran(&gx, logits.ptr(), w.ptr(), dxc)?
                 || !self.lt_ran(&gw, logits.ptr(), xc, acc_ptr)?
             {
-                return LinearClassifier::composed(self, x, w, targets, classes, [loss, dx, dw]);
+                return LinearClassifier::composed(self, x, w, targets, attrs, [loss, dx, dw]);
             }
             r0 += rows;
         }

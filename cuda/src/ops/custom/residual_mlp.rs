@@ -9,6 +9,7 @@ use crate::blaslt::{Epilogue, LtMatmul};
 use crate::derr;
 use crate::ops::CudaKernels;
 use crate::storage::CudaStorage;
+use oxiflow_dtype::MatmulPrecision;
 use oxiflow_tensor::backend::MatmulKernels;
 use oxiflow_tensor::custom::{Activation, LinearKernels, ResidualMlp, ResidualMlpKernels};
 use oxiflow_tensor::Result;
@@ -44,15 +45,21 @@ fn sizes(
 }
 
 impl ResidualMlpKernels for CudaKernels {
-    fn residual_mlp(&self, x: [&CudaStorage; 6], out: &mut [CudaStorage]) -> Result<()> {
+    fn residual_mlp(
+        &self,
+        x: [&CudaStorage; 6],
+        precision: MatmulPrecision,
+        out: &mut [CudaStorage],
+    ) -> Result<()> {
         let op = "residual_mlp";
         let [xi, w_fc, b_fc, w_proj, b_proj, res] = x;
         let (rows, c, f) = sizes(op, x, 1, out)?;
-        let t = match self.lt_types(xi.dtype) {
+        let t = match self.lt_types(xi.dtype, precision) {
             Some(t) if rows > 0 && c > 0 && f > 0 && out.len() == 3 => t,
-            _ => return ResidualMlp::composed_forward(self, x, out),
+            _ => return ResidualMlp::composed_forward(self, x, precision, out),
         };
-        self.linear(Activation::Gelu, xi, w_fc, Some(b_fc), &mut out[1..3])?;
+        let gelu = Activation::Gelu;
+        self.linear(gelu, precision, xi, w_fc, Some(b_fc), &mut out[1..3])?;
         // y = h w_proj + b_proj + residual.
         let g = LtMatmul {
             beta: 1.0,
@@ -62,16 +69,21 @@ impl ResidualMlpKernels for CudaKernels {
         if self.lt_ran_c(&g, out[1].ptr(), w_proj.ptr(), res.ptr(), out[0].ptr())? {
             return Ok(());
         }
-        ResidualMlp::composed_forward(self, x, out)
+        ResidualMlp::composed_forward(self, x, precision, out)
     }
 
-    fn residual_mlp_backward(&self, x: [&CudaStorage; 6], out: &mut [CudaStorage]) -> Result<()> {
+    fn residual_mlp_backward(
+        &self,
+        x: [&CudaStorage; 6],
+        precision: MatmulPrecision,
+        out: &mut [CudaStorage],
+    ) -> Result<()> {
         let op = "residual_mlp_backward";
         let [xi, h, pre, w_fc, w_proj, dy] = x;
         let (rows, c, f) = sizes(op, x, 3, out)?;
-        let t = match self.lt_types(xi.dtype) {
+        let t = match self.lt_types(xi.dtype, precision) {
             Some(t) if rows > 0 && c > 0 && f > 0 && f % 8 == 0 && out.len() == 5 => t,
-            _ => return ResidualMlp::composed_backward(self, x, out),
+            _ => return ResidualMlp::composed_backward(self, x, precision, out),
         };
         let (dx, rest) = out.split_at_mut(1);
         let (fc, proj) = rest.split_at_mut(2);
@@ -88,10 +100,10 @@ impl ResidualMlpKernels for CudaKernels {
             ..LtMatmul::new((rows, f, c), (false, true), t)
         };
         if !self.lt_ran_c(&g, dy.ptr(), w_proj.ptr(), dpre.ptr(), dpre.ptr())? {
-            return ResidualMlp::composed_backward(self, x, out);
+            return ResidualMlp::composed_backward(self, x, precision, out);
         }
-        self.linear_weight_grad(h, dy, proj)?;
-        self.matmul_t(&dpre, w_fc, (false, true), false, &mut dx[0])?;
-        self.linear_weight_grad(xi, &dpre, fc)
+        self.linear_weight_grad(precision, h, dy, proj)?;
+        self.matmul_t(&dpre, w_fc, (false, true), false, precision, &mut dx[0])?;
+        self.linear_weight_grad(precision, xi, &dpre, fc)
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::{Result, TensorError};
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
-use oxiflow_tensor::{F64Bits, Tensor};
+use oxiflow_tensor::{F64Bits, MatmulPrecision, Tensor};
 
 use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
@@ -23,8 +23,13 @@ use super::rope::Rope;
 /// head `h / (H / G)`) -> `[B, T, H, D]`, softmax(q k^T / sqrt(D) + mask) v, by the fused
 /// `flash_attention` op (no `[T, T]` probabilities kept: the backward recomputes them from the
 /// saved log-sum-exp). Batch and heads may be split; the softmax runs over each rank's own
-/// heads.
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+/// heads. f32 products run at `precision` on a device.
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    precision: MatmulPrecision,
+) -> Result<Tensor> {
     let (qd, kd) = (q.shape().dims(), k.shape().dims());
     let fits = qd.len() == 4
         && kd.len() == 4
@@ -39,7 +44,7 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         });
     }
     let d = q.shape().dim(3);
-    q.flash_attention(k, v, true, 1.0 / (d.max(1) as f64).sqrt())
+    q.flash_attention_at(k, v, (true, 1.0 / (d.max(1) as f64).sqrt()), precision)
 }
 
 /// `x` `[B, T, G, D]` with each of its G heads repeated `group` times in place (head `j` of the
@@ -188,7 +193,8 @@ impl CausalSelfAttention {
         }
         let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
-        causal_attention(&q, &k, &v)?.reshape([b, t, width])
+        let mp = self.q.weight.matmul_precision();
+        causal_attention(&q, &k, &v, mp)?.reshape([b, t, width])
     }
 
     /// k and v `[B, T, G, D]` as the fused attention takes them beside q: as they are where
@@ -236,11 +242,12 @@ impl CausalSelfAttention {
         slot.len += t;
         let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
+        let mp = self.q.weight.matmul_precision();
         let o = if pos0 == 0 {
-            causal_attention(&q, &k, &v)?
+            causal_attention(&q, &k, &v, mp)?
         } else {
             let d = q.shape().dim(3);
-            q.flash_attention(&k, &v, false, 1.0 / (d.max(1) as f64).sqrt())?
+            q.flash_attention_at(&k, &v, (false, 1.0 / (d.max(1) as f64).sqrt()), mp)?
         };
         o.reshape([b, t, width])
     }

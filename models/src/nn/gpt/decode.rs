@@ -82,6 +82,6 @@ impl Gpt {
         let h = self.head_input(&x)?;
         let (b, t, c) = (h.shape().dim(0), h.shape().dim(1), h.shape().dim(2));
         let last = h.narrow(1, t - 1, 1)?.reshape(Shape::new([b, c]))?;
-        last.matmul_t(&table, false, true)
+        last.matmul_t_at(&table, (false, true), self.matmul_precision())
     }
 }

@@ -78,7 +78,7 @@ impl GptMlp {
             &w[2],
             &w[3],
             residual,
-            recompute_hidden,
+            (recompute_hidden, self.fc.weight.matmul_precision()),
         )?))
     }
 }

@@ -3,7 +3,7 @@
 //! through the token table transposed (tied) or an output table of its own; its pieces
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
@@ -303,7 +303,17 @@ impl Gpt {
     /// output table `wte` (the tied token table or `lm_head`, on the last stage's placement;
     /// the columns from `vocab` on are the padding's).
     pub fn head(&self, x: &Tensor, wte: &Tensor) -> Result<Tensor> {
-        self.head_input(x)?.matmul_t(wte, false, true)
+        let mp = self.matmul_precision();
+        self.head_input(x)?.matmul_t_at(wte, (false, true), mp)
+    }
+
+    /// The precision of the head's f32 products: the output table's, from the model's
+    /// precision policy ([`Module::set_precision`]).
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        self.lm_head
+            .as_ref()
+            .map_or(&self.wte.weight, |h| &h.weight)
+            .matmul_precision()
     }
 
     /// The output table's value on the last stage: `lm_head`'s, or the tied token table's when
@@ -365,7 +375,8 @@ impl Gpt {
             }
         };
         let (h, targets) = (h.reshape([rows, c])?, targets.reshape([rows])?);
-        let sum = h.linear_classifier_loss_sum(wte, &targets, self.cfg.vocab)?;
+        let mp = self.matmul_precision();
+        let sum = h.linear_classifier_loss_sum_at(wte, &targets, self.cfg.vocab, mp)?;
         Ok((sum, rows))
     }
 

@@ -1,6 +1,8 @@
 //! Fused linear cross-entropy CPU kernels: the product, classifier, product and sum kernels
 //! composed over all rows into the executor's buffers; the backward a broadcasting product.
 
+use oxiflow_dtype::MatmulPrecision;
+
 use crate::cpu::CpuBackend;
 use crate::op::custom::{LinearClassifier, LinearClassifierKernels};
 use crate::storage::CpuArray;
@@ -13,9 +15,10 @@ impl LinearClassifierKernels for CpuBackend {
         w: &CpuArray,
         targets: &CpuArray,
         classes: usize,
+        precision: MatmulPrecision,
         out: [&mut CpuArray; 3],
     ) -> Result<()> {
-        LinearClassifier::composed(self, x, w, targets, classes, out)
+        LinearClassifier::composed(self, x, w, targets, (classes, precision), out)
     }
     fn linear_classifier_backward(
         &self,

@@ -1,6 +1,8 @@
 //! The `Tensor` methods of the custom op `op/custom/flash_attention.rs`: they build its
 //! ops and dispatch them.
 
+use oxiflow_dtype::MatmulPrecision;
+
 use crate::dispatch::dispatch_multi;
 use crate::op::custom::{FlashAttention, FlashAttrs};
 use crate::op::F64Bits;
@@ -20,7 +22,19 @@ impl Tensor {
         causal: bool,
         scale: f64,
     ) -> Result<Tensor> {
-        Ok(self.flash_attention_lse(k, v, causal, scale)?.0)
+        self.flash_attention_at(k, v, (causal, scale), MatmulPrecision::F32)
+    }
+
+    /// [`Tensor::flash_attention`] with `(causal, scale)` and f32 products at `precision` on
+    /// a device.
+    pub fn flash_attention_at(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        attrs: (bool, f64),
+        precision: MatmulPrecision,
+    ) -> Result<Tensor> {
+        Ok(self.flash_attention_lse_at(k, v, attrs, precision)?.0)
     }
 
     /// Fused attention on heads-first operands: queries `self` `[B, H, T, D]`, keys `k`
@@ -53,9 +67,22 @@ impl Tensor {
         causal: bool,
         scale: f64,
     ) -> Result<(Tensor, Tensor)> {
+        self.flash_attention_lse_at(k, v, (causal, scale), MatmulPrecision::F32)
+    }
+
+    /// [`Tensor::flash_attention_lse`] with `(causal, scale)` and f32 products at `precision`
+    /// on a device.
+    pub fn flash_attention_lse_at(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        (causal, scale): (bool, f64),
+        precision: MatmulPrecision,
+    ) -> Result<(Tensor, Tensor)> {
         let attrs = FlashAttrs {
             causal,
             scale: F64Bits::new(scale),
+            precision,
         };
         let outs = dispatch_multi(FlashAttention::Forward(attrs).into(), &[self, k, v])?;
         match <[Tensor; 2]>::try_from(outs) {

@@ -1,6 +1,7 @@
 //! The `Tensor` methods of the custom op `op/custom/linear_classifier.rs`: they build its
 //! ops and dispatch them.
 
+use oxiflow_dtype::MatmulPrecision;
 use oxiflow_sbp::{RuleMode, Sbp};
 
 use crate::dispatch::dispatch_multi;
@@ -24,7 +25,17 @@ impl Tensor {
         targets: &Tensor,
         classes: usize,
     ) -> Result<Tensor> {
-        let op = LinearClassifier::Forward { classes };
+        self.linear_classifier_loss_sum_at(w, targets, classes, MatmulPrecision::F32)
+    }
+    /// [`Tensor::linear_classifier_loss_sum`] with f32 products at `precision` on a device.
+    pub fn linear_classifier_loss_sum_at(
+        &self,
+        w: &Tensor,
+        targets: &Tensor,
+        classes: usize,
+        precision: MatmulPrecision,
+    ) -> Result<Tensor> {
+        let op = LinearClassifier::Forward { classes, precision };
         // The fused op's checks first, so every path refuses bad input alike.
         let shapes = [self.shape(), w.shape(), targets.shape()];
         op.infer(
@@ -40,7 +51,7 @@ impl Tensor {
             && !self.has_sbp_over_ranks(|s| s != Sbp::S(0) && s != Sbp::Broadcast);
         if !fused {
             return self
-                .matmul_t(w, false, true)?
+                .matmul_t_at(w, (false, true), precision)?
                 .classifier_loss_padded(targets, classes)?
                 .sum_all();
         }

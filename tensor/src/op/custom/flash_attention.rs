@@ -16,7 +16,7 @@
 //! query heads meet their own key/value heads; the backward's dK and dV sum over each group's
 //! query heads. No P input to the forward: the softmax is not linear.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
 
 use crate::op::{
@@ -32,6 +32,8 @@ use crate::Result;
 pub struct FlashAttrs {
     pub causal: bool,
     pub scale: F64Bits,
+    /// How the composed path's f32 products run on a device.
+    pub precision: MatmulPrecision,
 }
 
 /// Fused attention, forward or backward (see the module docs).

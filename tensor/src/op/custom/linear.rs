@@ -2,9 +2,10 @@
 //! `y = act(x w + bias)`, act none or GELU (the tanh form of [`Tensor::gelu`]); with GELU the
 //! pre-activation `x w + bias` is a second output, saved for the backward (not
 //! differentiable). The backward is `dpre = dy gelu'(pre)`, `dx = dpre w^T` and the weight
-//! and bias gradients in one op (`x^T dpre` with the bias gradient's row sums fused).
+//! and bias gradients in one op (`x^T dpre` with the bias gradient's row sums fused). Its
+//! products run at the op's [`MatmulPrecision`], as the backward's do.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::grad::sum_to;
@@ -30,10 +31,16 @@ pub enum Activation {
 pub enum LinearOp {
     /// (x `[.., K]`, w `[K, N]`[, bias `[N]`]) -> y `[.., N]`, and with GELU the
     /// pre-activation `[.., N]`.
-    Forward { act: Activation },
+    Forward {
+        act: Activation,
+        precision: MatmulPrecision,
+    },
     /// (x `[.., K]`, dpre `[.., N]`) -> dw `[K, N]` = x^T dpre over every leading dim, and with
     /// `bias` db `[N]` = the sum of dpre's rows.
-    WeightGrad { bias: bool },
+    WeightGrad {
+        bias: bool,
+        precision: MatmulPrecision,
+    },
 }
 
 /// Kernels of the fused linear layer (float pieces of one dtype).
@@ -42,6 +49,7 @@ pub trait LinearKernels: KernelBackend {
     fn linear(
         &self,
         act: Activation,
+        precision: MatmulPrecision,
         x: &Self::Piece,
         w: &Self::Piece,
         bias: Option<&Self::Piece>,
@@ -50,6 +58,7 @@ pub trait LinearKernels: KernelBackend {
     /// `out` = [dw] or, with a bias, [dw, db].
     fn linear_weight_grad(
         &self,
+        precision: MatmulPrecision,
         x: &Self::Piece,
         dpre: &Self::Piece,
         out: &mut [Self::Out],
@@ -78,9 +87,11 @@ impl OpFamily for LinearOp {
         match self {
             LinearOp::Forward {
                 act: Activation::None,
+                ..
             } => "linear",
             LinearOp::Forward {
                 act: Activation::Gelu,
+                ..
             } => "linear_gelu",
             LinearOp::WeightGrad { .. } => "linear_weight_grad",
         }
@@ -101,7 +112,7 @@ impl OpFamily for LinearOp {
         };
         let last = x.ndim() - 1;
         match *self {
-            LinearOp::Forward { act } => {
+            LinearOp::Forward { act, .. } => {
                 let w = s[1];
                 let (wk, n) = match w.dims() {
                     [wk, n] => (*wk, *n),
@@ -118,7 +129,7 @@ impl OpFamily for LinearOp {
                 let r = rules::linear(x, s.len() == 3, with_last(x, n), outs, mode);
                 Ok(Inferred::outputs(r, &vec![dt; outs]))
             }
-            LinearOp::WeightGrad { bias } => {
+            LinearOp::WeightGrad { bias, .. } => {
                 let dp = s[1];
                 if dp.ndim() != x.ndim() || dp.dims()[..last] != x.dims()[..last] {
                     return Err(MetaError::Shape(format!(
@@ -147,7 +158,7 @@ impl OpFamily for LinearOp {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
         match *self {
             // w for dx; x for dw; the pre-activation for dpre.
-            LinearOp::Forward { act } => Saves::NOTHING
+            LinearOp::Forward { act, .. } => Saves::NOTHING
                 .and_input_if(1, need(0))
                 .and_input_if(0, need(1))
                 .and_output_if(1, act == Activation::Gelu),
@@ -156,7 +167,7 @@ impl OpFamily for LinearOp {
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let LinearOp::Forward { act } = *self else {
+        let LinearOp::Forward { act, precision } = *self else {
             return Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
@@ -170,13 +181,16 @@ impl OpFamily for LinearOp {
         // dx = dpre w^T, plus x's gradient from its other consumers in the same product (the
         // Q, K and V projections of one input).
         let dx = g.when(0, || match g.take_partial(0) {
-            Some(acc) => dpre.matmul_t_acc(g.input(1)?, false, true, &acc),
-            None => dpre.matmul_t(g.input(1)?, false, true),
+            Some(acc) => dpre.matmul_t_acc_at(g.input(1)?, (false, true), &acc, precision),
+            None => dpre.matmul_t_at(g.input(1)?, (false, true), precision),
         })?;
         let bias = g.arity() == 3;
         let want_db = bias && g.need(2);
         let (dw, db) = if g.need(1) {
-            let op = LinearOp::WeightGrad { bias: want_db };
+            let op = LinearOp::WeightGrad {
+                bias: want_db,
+                precision,
+            };
             let mut out = Tensor::apply_all(op, &[g.input(0)?, &dpre])?.into_iter();
             (out.next(), out.next())
         } else {
@@ -197,8 +211,8 @@ impl OpFamily for LinearOp {
 impl<B: CustomKernels> RunKernels<B> for LinearOp {
     fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         let want = match *self {
-            LinearOp::Forward { act } => 1 + (act == Activation::Gelu) as usize,
-            LinearOp::WeightGrad { bias } => 1 + bias as usize,
+            LinearOp::Forward { act, .. } => 1 + (act == Activation::Gelu) as usize,
+            LinearOp::WeightGrad { bias, .. } => 1 + bias as usize,
         };
         if out.len() != want {
             return Err(kernel_err(
@@ -207,8 +221,12 @@ impl<B: CustomKernels> RunKernels<B> for LinearOp {
             ));
         }
         match *self {
-            LinearOp::Forward { act } => b.linear(act, x[0], x[1], x.get(2).copied(), out),
-            LinearOp::WeightGrad { .. } => b.linear_weight_grad(x[0], x[1], out),
+            LinearOp::Forward { act, precision } => {
+                b.linear(act, precision, x[0], x[1], x.get(2).copied(), out)
+            }
+            LinearOp::WeightGrad { precision, .. } => {
+                b.linear_weight_grad(precision, x[0], x[1], out)
+            }
         }
     }
 }
@@ -218,7 +236,7 @@ impl LinearOp {
     /// device's where its fused product does not apply).
     pub fn composed_forward<B>(
         b: &B,
-        act: Activation,
+        (act, precision): (Activation, MatmulPrecision),
         x: &B::Piece,
         w: &B::Piece,
         bias: Option<&B::Piece>,
@@ -242,10 +260,10 @@ impl LinearOp {
         };
         match bias {
             Some(bias) => {
-                let t = scratch(b, &spec, |t| b.matmul(x, w, t))?;
+                let t = scratch(b, &spec, |t| b.matmul(x, w, precision, t))?;
                 b.binary(BinaryOp::Add, &t, bias, target)?;
             }
-            None => b.matmul(x, w, target)?,
+            None => b.matmul(x, w, precision, target)?,
         }
         if let [y, pre] = out {
             b.unary(UnaryOp::Gelu, pre, y)?;
@@ -257,6 +275,7 @@ impl LinearOp {
     /// `[rows, K]`) and dpre's row sums.
     pub fn composed_weight_grad<B>(
         b: &B,
+        precision: MatmulPrecision,
         x: &B::Piece,
         dpre: &B::Piece,
         out: &mut [B::Out],
@@ -278,9 +297,9 @@ impl LinearOp {
         };
         let (x2, d2) = (b.reshaped(x, &rows(&xs))?, b.reshaped(dpre, &rows(&ds))?);
         match out {
-            [dw] => b.matmul_t(&x2, &d2, (true, false), false, dw),
+            [dw] => b.matmul_t(&x2, &d2, (true, false), false, precision, dw),
             [dw, db] => {
-                b.matmul_t(&x2, &d2, (true, false), false, dw)?;
+                b.matmul_t(&x2, &d2, (true, false), false, precision, dw)?;
                 b.sum_to_shape(dpre, db)
             }
             _ => Err(kernel_err(

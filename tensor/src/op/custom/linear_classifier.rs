@@ -14,9 +14,10 @@
 //!
 //! Rows split or whole, the table whole: the loss and `dw` of a row shard are partial sums.
 //! Classes split over ranks (a vocabulary-parallel table) take the vocabulary-parallel
-//! cross-entropy instead ([`Tensor::linear_classifier_loss_sum`] chooses).
+//! cross-entropy instead ([`Tensor::linear_classifier_loss_sum`] chooses). Its products run
+//! at the op's [`MatmulPrecision`].
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::{
@@ -33,7 +34,10 @@ pub enum LinearClassifier {
     /// `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V, C]`), the loss f32 for
     /// 16-bit and f32 data (f64 for f64), dx and dw in the data's dtype and not
     /// differentiable.
-    Forward { classes: usize },
+    Forward {
+        classes: usize,
+        precision: MatmulPrecision,
+    },
     /// (dx, dw, dloss `[]`) -> (dx, dw) each times dloss (computed in the loss's precision,
     /// rounded once).
     Backward,
@@ -52,6 +56,7 @@ pub trait LinearClassifierKernels: KernelBackend {
         w: &Self::Piece,
         targets: &Self::Piece,
         classes: usize,
+        precision: MatmulPrecision,
         out: [&mut Self::Out; 3],
     ) -> Result<()>;
     /// `out[i]` = `saved[i]` times the one value of `dloss`.
@@ -78,7 +83,7 @@ impl OpFamily for LinearClassifier {
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         match *self {
-            LinearClassifier::Forward { classes } => forward_rules(classes, s, d, mode),
+            LinearClassifier::Forward { classes, .. } => forward_rules(classes, s, d, mode),
             LinearClassifier::Backward => {
                 let dt = same_float_dtype(&d[..2], "gradients")?;
                 if d[2] != norm_stats_dtype(dt) || s[2].ndim() != 0 {
@@ -136,8 +141,8 @@ impl OpFamily for LinearClassifier {
 impl<B: CustomKernels> RunKernels<B> for LinearClassifier {
     fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         match (*self, out) {
-            (LinearClassifier::Forward { classes }, [loss, dx, dw]) => {
-                b.linear_classifier(x[0], x[1], x[2], classes, [loss, dx, dw])
+            (LinearClassifier::Forward { classes, precision }, [loss, dx, dw]) => {
+                b.linear_classifier(x[0], x[1], x[2], classes, precision, [loss, dx, dw])
             }
             (LinearClassifier::Backward, [dx, dw]) => {
                 b.linear_classifier_backward([x[0], x[1]], x[2], [dx, dw])
@@ -209,7 +214,7 @@ impl LinearClassifier {
         x: &B::Piece,
         w: &B::Piece,
         targets: &B::Piece,
-        classes: usize,
+        (classes, precision): (usize, MatmulPrecision),
         [loss, dx, dw]: [&mut B::Out; 3],
     ) -> Result<()>
     where
@@ -223,7 +228,7 @@ impl LinearClassifier {
                 shape: Shape::new([n, v]),
                 dtype: xs.dtype,
             },
-            |t| b.matmul_t(x, w, (false, true), false, t),
+            |t| b.matmul_t(x, w, (false, true), false, precision, t),
         )?;
         let mut rows = b.alloc(&OutSpec {
             shape: Shape::new([n]),
@@ -235,8 +240,8 @@ impl LinearClassifier {
         }
         drop(logits);
         let (rows, d) = (b.finish(rows), b.finish(d));
-        b.matmul_t(&d, w, (false, false), false, dx)?;
-        b.matmul_t(&d, x, (true, false), false, dw)?;
+        b.matmul_t(&d, w, (false, false), false, precision, dx)?;
+        b.matmul_t(&d, x, (true, false), false, precision, dw)?;
         b.sum_to_shape(&rows, loss)
     }
 }
@@ -247,7 +252,10 @@ mod tests {
 
     #[test]
     fn infer_checks_shapes_classes_and_dtypes() {
-        let op = LinearClassifier::Forward { classes: 5 };
+        let op = LinearClassifier::Forward {
+            classes: 5,
+            precision: MatmulPrecision::F32,
+        };
         let (x, w, t) = (Shape::new([4, 3]), Shape::new([6, 3]), Shape::new([4]));
         let ok = op.infer(
             &[&x, &w, &t],
@@ -263,7 +271,10 @@ mod tests {
                 RuleMode::ShapesOnly
             )
             .is_err());
-        let wide = LinearClassifier::Forward { classes: 7 };
+        let wide = LinearClassifier::Forward {
+            classes: 7,
+            precision: MatmulPrecision::F32,
+        };
         assert!(wide
             .infer(
                 &[&x, &w, &t],

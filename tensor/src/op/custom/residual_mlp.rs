@@ -11,9 +11,10 @@
 //! min-cut partitioner does for cheap activations: a `[.., F]` tensor less per block.
 //!
 //! Rows split or whole, every weight whole: a tensor-parallel MLP (split weights) composes the
-//! linear layers instead (the model chooses).
+//! linear layers instead (the model chooses). Its products run at the op's
+//! [`MatmulPrecision`], forward and backward.
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::op::custom::linear::{shapes_text, with_last};
@@ -30,17 +31,30 @@ use crate::Result;
 pub enum ResidualMlp {
     /// (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h, pre); h is kept for the backward
     /// unless `recompute_hidden` (then computed again from pre).
-    Forward { recompute_hidden: bool },
+    Forward {
+        recompute_hidden: bool,
+        precision: MatmulPrecision,
+    },
     /// (x, h, pre, w_fc, w_proj, dy) -> (dx, dw_fc, db_fc, dw_proj, db_proj).
-    Backward,
+    Backward { precision: MatmulPrecision },
 }
 
 /// Kernels of the fused MLP (float pieces of one dtype).
 pub trait ResidualMlpKernels: KernelBackend {
     /// `x` = [x, w_fc, b_fc, w_proj, b_proj, residual]; `out` = [y, h, pre].
-    fn residual_mlp(&self, x: [&Self::Piece; 6], out: &mut [Self::Out]) -> Result<()>;
+    fn residual_mlp(
+        &self,
+        x: [&Self::Piece; 6],
+        precision: MatmulPrecision,
+        out: &mut [Self::Out],
+    ) -> Result<()>;
     /// `x` = [x, h, pre, w_fc, w_proj, dy]; `out` = [dx, dw_fc, db_fc, dw_proj, db_proj].
-    fn residual_mlp_backward(&self, x: [&Self::Piece; 6], out: &mut [Self::Out]) -> Result<()>;
+    fn residual_mlp_backward(
+        &self,
+        x: [&Self::Piece; 6],
+        precision: MatmulPrecision,
+        out: &mut [Self::Out],
+    ) -> Result<()>;
 }
 
 
@@ -52,7 +66,7 @@ impl OpFamily for ResidualMlp {
     fn name(&self) -> &'static str {
         match self {
             ResidualMlp::Forward { .. } => "residual_mlp",
-            ResidualMlp::Backward => "residual_mlp_backward",
+            ResidualMlp::Backward { .. } => "residual_mlp_backward",
         }
     }
 
@@ -80,7 +94,7 @@ impl OpFamily for ResidualMlp {
                 let r = rules::residual_mlp(x, &with_last(x, f), mode);
                 Ok(Inferred::outputs(r, &[dt; 3]))
             }
-            ResidualMlp::Backward => {
+            ResidualMlp::Backward { .. } => {
                 let want = "x [.., C], h and pre [.., F], w_fc [C, F], w_proj [F, C], dy like x";
                 let f = match s[3].dims() {
                     [wc, f] if *wc == c => *f,
@@ -105,12 +119,14 @@ impl OpFamily for ResidualMlp {
 
     fn differentiable(&self, output: usize) -> bool {
         // h and pre are saved for the backward.
-        *self == ResidualMlp::Backward || output == 0
+        matches!(self, ResidualMlp::Backward { .. }) || output == 0
     }
 
     fn saves(&self, needs: &[bool]) -> Saves {
         match self {
-            ResidualMlp::Forward { recompute_hidden } if needs.iter().take(5).any(|&n| n) => {
+            ResidualMlp::Forward {
+                recompute_hidden, ..
+            } if needs.iter().take(5).any(|&n| n) => {
                 Saves::NOTHING
                     .and_input_if(0, true)
                     .and_input_if(1, true)
@@ -123,12 +139,12 @@ impl OpFamily for ResidualMlp {
     }
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        if *self == ResidualMlp::Backward {
+        let ResidualMlp::Forward { precision, .. } = *self else {
             return Err(Grad::unsupported(
                 self.name(),
                 "higher-order gradients are not supported",
             ));
-        }
+        };
         let dy = g.dy()?;
         let residual = g.need(5).then(|| dy.clone());
         if !(0..5).any(|i| g.need(i)) {
@@ -138,6 +154,7 @@ impl OpFamily for ResidualMlp {
         let recomputed = match self {
             ResidualMlp::Forward {
                 recompute_hidden: true,
+                ..
             } => Some(pre.unary(UnaryOp::Gelu)?),
             _ => None,
         };
@@ -146,7 +163,7 @@ impl OpFamily for ResidualMlp {
             None => g.output(1)?,
         };
         let ins = [g.input(0)?, h, pre, g.input(1)?, g.input(3)?, dy];
-        let out = Tensor::apply_all(ResidualMlp::Backward, &ins)?;
+        let out = Tensor::apply_all(ResidualMlp::Backward { precision }, &ins)?;
         let mut v: Vec<Option<Tensor>> = out
             .into_iter()
             .enumerate()
@@ -161,8 +178,10 @@ impl<B: CustomKernels> RunKernels<B> for ResidualMlp {
     fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
         let ins = [x[0], x[1], x[2], x[3], x[4], x[5]];
         match (self, out.len()) {
-            (ResidualMlp::Forward { .. }, 3) => b.residual_mlp(ins, out),
-            (ResidualMlp::Backward, 5) => b.residual_mlp_backward(ins, out),
+            (ResidualMlp::Forward { precision, .. }, 3) => b.residual_mlp(ins, *precision, out),
+            (ResidualMlp::Backward { precision }, 5) => {
+                b.residual_mlp_backward(ins, *precision, out)
+            }
             (_, n) => Err(kernel_err(self.name(), format!("got {n} output buffers"))),
         }
     }
@@ -174,6 +193,7 @@ impl ResidualMlp {
     pub fn composed_forward<B>(
         b: &B,
         [x, w_fc, b_fc, w_proj, b_proj, residual]: [&B::Piece; 6],
+        precision: MatmulPrecision,
         out: &mut [B::Out],
     ) -> Result<()>
     where
@@ -188,11 +208,12 @@ impl ResidualMlp {
                 ))
             }
         };
-        b.linear(Activation::Gelu, x, w_fc, Some(b_fc), hp)?;
+        b.linear(Activation::Gelu, precision, x, w_fc, Some(b_fc), hp)?;
         let spec = b.out_spec(y);
         let m = scratch(b, &spec, |t| {
             b.linear(
                 Activation::None,
+                precision,
                 &hp[0],
                 w_proj,
                 Some(b_proj),
@@ -208,6 +229,7 @@ impl ResidualMlp {
     pub fn composed_backward<B>(
         b: &B,
         [x, h, pre, w_fc, w_proj, dy]: [&B::Piece; 6],
+        precision: MatmulPrecision,
         out: &mut [B::Out],
     ) -> Result<()>
     where
@@ -222,11 +244,13 @@ impl ResidualMlp {
         let (dx, rest) = out.split_at_mut(1);
         let (fc, proj) = rest.split_at_mut(2);
         let hid = b.out_spec(pre);
-        let dh = scratch(b, &hid, |t| b.matmul_t(dy, w_proj, (false, true), false, t))?;
+        let dh = scratch(b, &hid, |t| {
+            b.matmul_t(dy, w_proj, (false, true), false, precision, t)
+        })?;
         let dpre = scratch(b, &hid, |t| b.unary_backward(UnaryOp::Gelu, &dh, pre, t))?;
         drop(dh);
-        b.matmul_t(&dpre, w_fc, (false, true), false, &mut dx[0])?;
-        b.linear_weight_grad(x, &dpre, fc)?;
-        b.linear_weight_grad(h, dy, proj)
+        b.matmul_t(&dpre, w_fc, (false, true), false, precision, &mut dx[0])?;
+        b.linear_weight_grad(precision, x, &dpre, fc)?;
+        b.linear_weight_grad(precision, h, dy, proj)
     }
 }

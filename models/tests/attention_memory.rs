@@ -5,7 +5,7 @@
 //! attention keeps its key/value heads as they are: not the copies repeated to the query heads,
 //! which repeating before a multi-head attention keeps (so the measure sees those too).
 
-use oxiflow_dtype::DType;
+use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_models::nn::gpt::{
     causal_attention, repeat_heads, Arch, CausalSelfAttention, GptConfig, GptLayout,
 };
@@ -122,7 +122,7 @@ fn grouped_query_attention_keeps_its_key_value_heads_unrepeated() {
             repeat_heads(&k, H, &q).unwrap(),
             repeat_heads(&v, H, &q).unwrap(),
         );
-        causal_attention(&q, &k, &v)
+        causal_attention(&q, &k, &v, MatmulPrecision::F32)
             .unwrap()
             .reshape([B, T, C])
             .unwrap()

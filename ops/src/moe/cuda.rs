@@ -131,6 +131,20 @@ pub(super) fn grouped(
     Ok((rows, counts))
 }
 
+/// The experts that got rows (of `counts`, each expert's rows): each with its first row in
+/// expert order and its number of rows.
+pub(super) fn blocks(counts: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    counts
+        .iter()
+        .enumerate()
+        .scan(0usize, |next, (x, &r)| {
+            let first = *next;
+            *next += r;
+            Some((x, first, r))
+        })
+        .filter(|&(_, _, r)| r > 0)
+}
+
 /// Moves `r` rows of `row_bytes` bytes listed by the i32 row indices at `list`: gathers
 /// `from`'s listed rows into `to` (`gather`), or scatters `from`'s rows to the listed rows of
 /// `to`.
@@ -278,22 +292,13 @@ pub(super) fn expert_matmul(
         (list.ptr(), m),
         inner * elem,
     )?;
-    let mut at = 0usize;
-    for (w, &r) in ws.iter().zip(&counts) {
-        if r > 0 {
-            let (a, o) = (
-                xs.ptr() + (at * inner * elem) as u64,
-                ys.ptr() + (at * outer * elem) as u64,
-            );
-            product(
-                rt,
-                t,
-                (r, outer, inner),
-                (false, op.transposed),
-                (a, w.ptr(), o),
-            )?;
-        }
-        at += r;
+    for (x, at, r) in blocks(&counts) {
+        let (a, o) = (
+            xs.ptr() + (at * inner * elem) as u64,
+            ys.ptr() + (at * outer * elem) as u64,
+        );
+        let dims = (r, outer, inner);
+        product(rt, t, dims, (false, op.transposed), (a, ws[x].ptr(), o))?;
     }
     move_rows(
         rt,
@@ -363,21 +368,25 @@ pub(super) fn expert_matmul_wgrad(
         move_rows(rt, name, true, (a.ptr(), a_s.ptr()), rows, ka * elem)?;
         move_rows(rt, name, true, (bm.ptr(), b_s.ptr()), rows, nb * elem)?;
     }
-    let mut at = 0usize;
-    for (g, &r) in io.outputs.iter().zip(&counts) {
-        if ka * nb == 0 {
-            continue;
-        }
-        if r == 0 {
-            zero(rt, name, g)?;
-        } else {
-            let (ap, bp) = (
-                a_s.ptr() + (at * ka * elem) as u64,
-                b_s.ptr() + (at * nb * elem) as u64,
-            );
-            product(rt, t, (ka, nb, r), (true, false), (ap, bp, g.ptr()))?;
-        }
-        at += r;
+    // An expert no row reaches keeps a zero gradient.
+    for g in io.outputs.iter() {
+        zero(rt, name, g)?;
+    }
+    if ka * nb == 0 {
+        return Ok(());
+    }
+    for (x, at, r) in blocks(&counts) {
+        let (ap, bp) = (
+            a_s.ptr() + (at * ka * elem) as u64,
+            b_s.ptr() + (at * nb * elem) as u64,
+        );
+        product(
+            rt,
+            t,
+            (ka, nb, r),
+            (true, false),
+            (ap, bp, io.outputs[x].ptr()),
+        )?;
     }
     Ok(())
 }

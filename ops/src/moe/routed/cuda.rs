@@ -15,7 +15,9 @@ use oxiflow_cuda::{device_error, CudaKernels, CudaRuntime, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Result};
 
-use super::super::cuda::{float_type, grouped, move_rows, product, product_plus, spec, zero};
+use super::super::cuda::{
+    blocks, float_type, grouped, move_rows, product, product_plus, spec, zero,
+};
 use super::RoutedExperts;
 use crate::swiglu::cuda::{backward_at as swiglu_backward_at, forward_at as swiglu_forward_at};
 
@@ -160,27 +162,23 @@ fn hidden(
     (gate, up): (u64, u64),
     (hg, hu): (u64, u64),
 ) -> Result<()> {
-    let mut at = 0;
-    for (x, &r) in counts.iter().enumerate() {
-        if r > 0 {
-            let a = s.row(xs, at, s.c);
-            let dims = (r, s.f, s.c);
-            product(
-                rt,
-                s.t,
-                dims,
-                (false, false),
-                (a, s.matrix(gate, x), s.row(hg, at, s.f)),
-            )?;
-            product(
-                rt,
-                s.t,
-                dims,
-                (false, false),
-                (a, s.matrix(up, x), s.row(hu, at, s.f)),
-            )?;
-        }
-        at += r;
+    for (x, at, r) in blocks(counts) {
+        let a = s.row(xs, at, s.c);
+        let dims = (r, s.f, s.c);
+        product(
+            rt,
+            s.t,
+            dims,
+            (false, false),
+            (a, s.matrix(gate, x), s.row(hg, at, s.f)),
+        )?;
+        product(
+            rt,
+            s.t,
+            dims,
+            (false, false),
+            (a, s.matrix(up, x), s.row(hu, at, s.f)),
+        )?;
     }
     Ok(())
 }
@@ -225,19 +223,15 @@ pub(super) fn forward(
     )?;
     // The activation over every row at once, written over the gate's product.
     swiglu_forward_at(rt, name, s.dtype, (hg.ptr(), hu.ptr(), hg.ptr()), s.m * s.f)?;
-    let mut at = 0;
-    for (x, &r) in counts.iter().enumerate() {
-        if r > 0 {
-            let (a, o) = (s.row(hg.ptr(), at, s.f), s.row(ys.ptr(), at, s.c));
-            product(
-                rt,
-                s.t,
-                (r, s.c, s.f),
-                (false, false),
-                (a, s.matrix(down.ptr(), x), o),
-            )?;
-        }
-        at += r;
+    for (x, at, r) in blocks(&counts) {
+        let (a, o) = (s.row(hg.ptr(), at, s.f), s.row(ys.ptr(), at, s.c));
+        product(
+            rt,
+            s.t,
+            (r, s.c, s.f),
+            (false, false),
+            (a, s.matrix(down.ptr(), x), o),
+        )?;
     }
     move_rows(
         rt,
@@ -310,26 +304,22 @@ pub(super) fn backward(
         s.m * s.f,
     )?;
     // ddown = act^T dy, then the activation's gradient dy down^T over the activation.
-    let mut at = 0;
-    for (x, &r) in counts.iter().enumerate() {
-        if r > 0 {
-            let (a, d) = (s.row(act.ptr(), at, s.f), s.row(dys.ptr(), at, s.c));
-            product(
-                rt,
-                s.t,
-                (s.f, s.c, r),
-                (true, false),
-                (a, d, s.matrix(ddown.ptr(), x)),
-            )?;
-            product(
-                rt,
-                s.t,
-                (r, s.f, s.c),
-                (false, true),
-                (d, s.matrix(down.ptr(), x), a),
-            )?;
-        }
-        at += r;
+    for (x, at, r) in blocks(&counts) {
+        let (a, d) = (s.row(act.ptr(), at, s.f), s.row(dys.ptr(), at, s.c));
+        product(
+            rt,
+            s.t,
+            (s.f, s.c, r),
+            (true, false),
+            (a, d, s.matrix(ddown.ptr(), x)),
+        )?;
+        product(
+            rt,
+            s.t,
+            (r, s.f, s.c),
+            (false, true),
+            (d, s.matrix(down.ptr(), x), a),
+        )?;
     }
     // The gate's and up's gradients over their products.
     swiglu_backward_at(
@@ -340,35 +330,31 @@ pub(super) fn backward(
         (hg.ptr(), hu.ptr()),
         s.m * s.f,
     )?;
-    let mut at = 0;
-    for (x, &r) in counts.iter().enumerate() {
-        if r > 0 {
-            let (a, dg, du) = (
-                s.row(xs.ptr(), at, s.c),
-                s.row(hg.ptr(), at, s.f),
-                s.row(hu.ptr(), at, s.f),
-            );
-            let (wg, wu) = (s.matrix(gate.ptr(), x), s.matrix(up.ptr(), x));
-            let wgrad = (s.c, s.f, r);
-            product(
-                rt,
-                s.t,
-                wgrad,
-                (true, false),
-                (a, dg, s.matrix(dgate.ptr(), x)),
-            )?;
-            product(
-                rt,
-                s.t,
-                wgrad,
-                (true, false),
-                (a, du, s.matrix(dup.ptr(), x)),
-            )?;
-            let o = s.row(dxs.ptr(), at, s.c);
-            product(rt, s.t, (r, s.c, s.f), (false, true), (dg, wg, o))?;
-            product_plus(rt, s.t, (r, s.c, s.f), (false, true), (du, wu, o), 1.0)?;
-        }
-        at += r;
+    for (x, at, r) in blocks(&counts) {
+        let (a, dg, du) = (
+            s.row(xs.ptr(), at, s.c),
+            s.row(hg.ptr(), at, s.f),
+            s.row(hu.ptr(), at, s.f),
+        );
+        let (wg, wu) = (s.matrix(gate.ptr(), x), s.matrix(up.ptr(), x));
+        let wgrad = (s.c, s.f, r);
+        product(
+            rt,
+            s.t,
+            wgrad,
+            (true, false),
+            (a, dg, s.matrix(dgate.ptr(), x)),
+        )?;
+        product(
+            rt,
+            s.t,
+            wgrad,
+            (true, false),
+            (a, du, s.matrix(dup.ptr(), x)),
+        )?;
+        let o = s.row(dxs.ptr(), at, s.c);
+        product(rt, s.t, (r, s.c, s.f), (false, true), (dg, wg, o))?;
+        product_plus(rt, s.t, (r, s.c, s.f), (false, true), (du, wu, o), 1.0)?;
     }
     move_rows(
         rt,

@@ -34,13 +34,13 @@ fn values(dims: [usize; 2], seed: u64, dt: DType) -> (Tensor, Vec<f64>) {
     (t, rounded)
 }
 
-/// Asserts every element of `got` is within `rel` times the root mean square of `want` (at
-/// least 1) of `want`'s.
+/// Asserts every element of `got` is within `rel` times the larger of its own size and the
+/// root mean square of `want` (at least 1) of `want`'s.
 fn within_rms(got: &[f64], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
-    let tol = rel * rms.max(1.0);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * rms.max(w.abs()).max(1.0);
         assert!(
             (g - w).abs() <= tol,
             "{what}: element {i}: {g} vs {w} (tolerance {tol}, rms {rms})"

@@ -160,7 +160,7 @@ fn dropout_is_the_identity_at_zero_and_scales_what_it_keeps() {
 }
 
 #[test]
-fn an_axis_the_model_does_not_split_over_leaves_it_whole_and_the_loss_unchanged() {
+fn an_experts_axis_splits_the_batch_of_a_dense_model_and_leaves_the_loss_unchanged() {
     let layout = MeshLayout::resolve(&[(DP, None), (EP, Some(2)), (TP, Some(2))], 4).unwrap();
     let xs = [1, 5, 9, 2, 7, 3, 30, 4, 6, 8, 10, 11, 12, 13, 14, 15];
     let ys = [5, 9, 2, 7, 3, 30, 4, 0, 8, 10, 11, 12, 13, 14, 15, 31];
@@ -175,9 +175,10 @@ fn an_axis_the_model_does_not_split_over_leaves_it_whole_and_the_loss_unchanged(
         let mesh = layout.stages(DeviceType::Cpu).unwrap().remove(0);
         let gl = GptLayout::Mesh(mesh.clone());
         assert_eq!(mesh.axis(AxisRole::Experts), Some(1));
+        // The expert-parallel ranks are data-parallel ranks too: the batch splits over both.
         assert_eq!(
             gl.activation_sbp(Sbp::B),
-            Some(NdSbp::new([Sbp::S(0), Sbp::B, Sbp::B]))
+            Some(NdSbp::new([Sbp::S(0), Sbp::S(0), Sbp::B]))
         );
         match gl.token_embedding() {
             ParamPlacement::Global { nd_sbp, .. } => {

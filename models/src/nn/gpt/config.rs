@@ -290,8 +290,9 @@ impl GptLayout {
     }
 
     /// nd-SBP of activations `[B, T, ..]`, per mesh axis by its role: the batch split over the
-    /// data-parallel axis and an expert-parallel one (its ranks are data-parallel too), `tp` on the tensor-parallel axis (B: whole; S(1): sequence
-    /// parallel), the sequence split over a context-parallel axis, whole on any other.
+    /// data-parallel axis and an expert-parallel one (its ranks are data-parallel too), `tp` on
+    /// the tensor-parallel axis (B: whole; S(1): sequence parallel), the sequence split over a
+    /// context-parallel axis, whole on any other.
     pub fn activation_sbp(&self, tp: Sbp) -> Option<NdSbp> {
         self.mesh().map(|m| {
             NdSbp::new(m.axes().iter().map(|a| {

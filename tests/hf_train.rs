@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use common::{eval_hf, from_hf, launch, ok, rank_alone};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+    common::hf_fixtures()
 }
 
 fn reference() -> serde_json::Value {
@@ -24,10 +24,7 @@ fn reference() -> serde_json::Value {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-hf-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("hf", name)
 }
 
 /// `train --from-hf DIR --eval-only` on the fixture tokens, on `nproc` ranks.

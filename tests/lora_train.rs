@@ -15,14 +15,11 @@ use std::path::{Path, PathBuf};
 use common::{argv, curve, eval_hf, from_hf, launch, max_rel, ok};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+    common::hf_fixtures()
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-lora-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("lora", name)
 }
 
 const TARGETS: &str = "q,k,v,o,gate,up,down";
@@ -273,13 +270,8 @@ struct Costs {
     seconds_per_step: f64,
 }
 
-/// The number after `key` on the first line that has it.
 fn number_after(text: &str, key: &str) -> usize {
-    text.lines()
-        .find_map(|l| l.split(key).nth(1))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
+    common::number_after(text, key)
 }
 
 /// The costs a run's output shows, for steps of `tokens` tokens.

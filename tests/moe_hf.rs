@@ -22,30 +22,19 @@ const MODELS: [&str; 2] = ["mixtral", "qwen2_moe"];
 type Curve = [(u64, f64)];
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+    common::hf_fixtures()
 }
 
 fn reference(name: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
-    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
-    r["models"][name].clone()
+    common::hf_reference(name)
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-moe-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("moe", name)
 }
 
-/// The number after `key` on rank 0's first line holding it.
 fn number_after(text: &str, key: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.split(key).nth(1))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
-        .parse()
-        .unwrap()
+    common::number_after(text, key)
 }
 
 /// `train --from-hf DIR --eval-only` on the fixture tokens in f64 on `nproc` ranks: (loss,

@@ -16,10 +16,7 @@ use common::{argv, curve, launch, ok};
 use serde_json::Value;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-tokfiles-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("tokfiles", name)
 }
 
 fn fixtures() -> PathBuf {

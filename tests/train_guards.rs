@@ -17,10 +17,7 @@ use common::{argv, binaries, curve, launch, TINY_GPT};
 use oxiflow::checkpoint;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-guards-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("guards", name)
 }
 
 fn train(args: &[&str]) -> Output {

@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 use common::{binaries, curve, launch, rank_alone};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-badinput-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("badinput", name)
 }
 
 /// An llm.c shard with `magic`, a header count of `count` and `ids`.

@@ -16,10 +16,7 @@ use serde_json::Value;
 const TINY: [&str; 14] = common::TINY_GPT;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oxiflow-trainer-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir("trainer", name)
 }
 
 fn tiny(nproc: usize, args: &[&str]) -> String {

@@ -373,3 +373,32 @@ pub fn finish_job(
     let stderr = job.stderr.join().expect("stderr reader");
     (took, status.code().unwrap_or(-1), stderr)
 }
+
+/// A fresh, empty scratch folder `oxiflow-{suite}-{pid}-{name}` in the temporary directory.
+pub fn scratch_dir(suite: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxiflow-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The Hugging Face fixtures (`tests/fixtures/hf`, made by `scripts/hf_fixtures.py`).
+pub fn hf_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+/// transformers' reference values for fixture `model` (`reference.json`'s `models` entry).
+pub fn hf_reference(model: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(hf_fixtures().join("reference.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    r["models"][model].clone()
+}
+
+/// The number after `key` on the first line of `text` holding it.
+pub fn number_after<T: std::str::FromStr>(text: &str, key: &str) -> T {
+    text.lines()
+        .find_map(|l| l.split(key).nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
+}

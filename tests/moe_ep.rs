@@ -34,21 +34,7 @@ fn number_after(text: &str, key: &str) -> f64 {
 /// output.
 fn eval_text(nproc: usize, dir: &Path, extra: &[&str]) -> String {
     let data = fixtures().join("tokens.bin");
-    let mut args = vec![
-        "--from-hf",
-        dir.to_str().unwrap(),
-        "--eval-only",
-        "--data",
-        data.to_str().unwrap(),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "3",
-        "--dtype",
-        "f64",
-    ];
-    args.extend_from_slice(extra);
-    ok(launch(nproc, &args))
+    common::eval_hf_text(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra)
 }
 
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> f64 {

@@ -41,21 +41,7 @@ fn number_after(text: &str, key: &str) -> f64 {
 /// load-balancing loss).
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> (f64, f64) {
     let data = fixtures().join("tokens.bin");
-    let mut args = vec![
-        "--from-hf",
-        dir.to_str().unwrap(),
-        "--eval-only",
-        "--data",
-        data.to_str().unwrap(),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "3",
-        "--dtype",
-        "f64",
-    ];
-    args.extend_from_slice(extra);
-    let text = ok(launch(nproc, &args));
+    let text = common::eval_hf_text(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra);
     (
         number_after(&text, "eval loss "),
         number_after(&text, "eval router aux loss "),

@@ -17,15 +17,7 @@ use proptest::prelude::*;
 
 /// Expert ids of `m` rows over `experts` experts from `seed`.
 fn ids_of(m: usize, experts: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed;
-    (0..m)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) as usize % experts) as i64
-        })
-        .collect()
+    common::expert_ids(m, experts, seed)
 }
 
 /// `y[r] = x[r] @ w[ids[r]]` (`t`: with w transposed) on the host: x `[m, a]`, each w

@@ -112,12 +112,17 @@ pub fn succeed_in(bin: &Path, dir: &Path, args: &[&str]) -> String {
 }
 
 /// `train --from-hf DIR --eval-only --data DATA` in f64 on 16-token windows, 3 per batch, with
-/// `extra`, on `nproc` ranks: (loss, tokens) from rank 0's `eval loss L over N tokens` line.
-pub fn eval_hf(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> (f64, usize) {
+/// `extra`, on `nproc` ranks, which must succeed: rank 0's output.
+pub fn eval_hf_text(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> String {
     let mut args = vec!["--from-hf", dir, "--eval-only", "--data", data];
     args.extend(argv("--seq-len 16 --batch-size 3 --dtype f64"));
     args.extend_from_slice(extra);
-    let text = ok(launch(nproc, &args));
+    ok(launch(nproc, &args))
+}
+
+/// [`eval_hf_text`]'s (loss, tokens) from rank 0's `eval loss L over N tokens` line.
+pub fn eval_hf(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> (f64, usize) {
+    let text = eval_hf_text(nproc, dir, data, extra);
     let l = text
         .lines()
         .find_map(|l| l.split("eval loss ").nth(1))

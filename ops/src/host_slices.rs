@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use half::bf16;
+use half::{bf16, f16};
 use ndarray::ArrayD;
 use oxiflow_tensor::{CpuArray, Result, TensorElement, TensorError};
 
@@ -23,6 +23,7 @@ pub(crate) trait Wide:
     + Mul<Output = Self>
     + Div<Output = Self>
     + Neg<Output = Self>
+    + PartialOrd
 {
     fn constant(v: f64) -> Self;
     fn exp(self) -> Self;
@@ -90,6 +91,16 @@ impl Elem for bf16 {
     }
     fn narrow(w: f32) -> bf16 {
         bf16::from_f32(w)
+    }
+}
+
+impl Elem for f16 {
+    type W = f32;
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(w: f32) -> f16 {
+        f16::from_f32(w)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod argmax;
 pub mod context_parallel;
+pub mod decode;
 mod host_slices;
 pub mod moe;
 mod operand_dtypes;

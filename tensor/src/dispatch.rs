@@ -500,7 +500,13 @@ fn run_plan(
     }
 }
 
-fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want, observed: bool) -> Result<Outputs> {
+/// The cached plan of a global call of `op` on `inputs` (built on the first call): its
+/// signature's boxing of each input, the local op and the outputs' layouts.
+fn global_plan<'t>(
+    op: &Op,
+    inputs: &[&'t Tensor],
+    want: Want,
+) -> Result<(Arc<DispatchPlan>, &'t Context)> {
     let (Some(placement), Some(ctx)) = (inputs[0].placement(), inputs[0].context()) else {
         return Err(TensorError::Kernel {
             op: op.name(),
@@ -558,6 +564,58 @@ fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want, observed: bool) -> R
             p
         }
     };
+    Ok((plan, ctx))
+}
+
+/// How a global call of an op runs into given tensors (see `in_place::dispatch_into`).
+pub(crate) enum CallInto {
+    /// Inference boxes an input or gives an output another layout than its target's: why.
+    Refused(String),
+    /// This rank holds no piece: nothing to run here.
+    Outside,
+    /// This rank runs the local op on its pieces.
+    Local(Op),
+}
+
+/// How the global call of `op` on `inputs` runs with its outputs written over `targets`
+/// (global tensors): only with the signature inference picks taking every input as it is and
+/// giving every output its target's layout.
+pub(crate) fn global_call_into(
+    op: &Op,
+    inputs: &[&Tensor],
+    targets: &[&Tensor],
+) -> Result<CallInto> {
+    let (plan, _) = global_plan(op, inputs, Want::All)?;
+    if let Some(i) = plan.boxing.iter().position(Option::is_some) {
+        return Ok(CallInto::Refused(format!(
+            "input {i} ({}) needs boxing",
+            inputs[i].describe()
+        )));
+    }
+    if plan.outs.len() != targets.len() {
+        return Ok(CallInto::Refused(format!(
+            "{} outputs for {} targets",
+            plan.outs.len(),
+            targets.len()
+        )));
+    }
+    for (i, ((layout, dtype), t)) in plan.outs.iter().zip(targets).enumerate() {
+        if t.layout() != Some(layout) || t.dtype() != *dtype {
+            return Ok(CallInto::Refused(format!(
+                "output {i} is {dtype} {layout}, target {}",
+                t.describe()
+            )));
+        }
+    }
+    Ok(match plan.out_local {
+        None => CallInto::Outside,
+        Some(_) => CallInto::Local(plan.local_op.clone()),
+    })
+}
+
+/// Runs `op` on global `inputs` (see [`dispatch`]).
+fn dispatch_global(op: &Op, inputs: &[&Tensor], want: Want, observed: bool) -> Result<Outputs> {
+    let (plan, ctx) = global_plan(op, inputs, want)?;
     if want == Want::One && plan.outs.len() != 1 {
         return Err(TensorError::Kernel {
             op: op.name(),

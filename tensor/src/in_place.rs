@@ -123,6 +123,61 @@ impl Tensor {
     }
 }
 
+/// Runs `op` on `inputs` with its outputs written over the memory of `targets` (one per
+/// output, of its shape and dtype; for global tensors its layout), which every tensor over that
+/// memory then shows, where that changes no value anyone else holds: each target held once, by
+/// the caller ([`Tensor::data_held_only_by`]), on a device whose executor runs into given
+/// pieces (CUDA), outside a capture (a program records values, not writes), and for global
+/// tensors with the signature inference picks taking every input as it is. Returns whether it
+/// ran; when not, nothing ran and the caller dispatches the op instead. Metadata errors
+/// (shapes, dtypes, placements) come back as errors, the same on every rank.
+pub fn dispatch_into(op: Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<bool> {
+    let all: SmallVec<[&Tensor; 8]> = inputs.iter().chain(targets).copied().collect();
+    if all.is_empty() || capture::capturing() {
+        return Ok(false);
+    }
+    let global = all[0].is_global();
+    if all.iter().any(|t| t.is_global() != global) {
+        return Err(TensorError::Mixed {
+            op: op.name(),
+            kinds: all
+                .iter()
+                .map(|t| if t.is_global() { "global" } else { "local" })
+                .collect::<Vec<_>>()
+                .join(", "),
+            shapes: shapes_text(&all),
+        });
+    }
+    let device_type = |t: &Tensor| match t.placement() {
+        Some(p) => p.device() != oxiflow_placement::DeviceType::Cpu,
+        None => t.device() != Device::Cpu,
+    };
+    if !all.iter().all(|t| device_type(t)) {
+        return Ok(false);
+    }
+    if !targets.iter().all(|t| Tensor::data_held_only_by(&[t])) {
+        return Ok(false);
+    }
+    if !global {
+        run_local_into(&op, inputs, targets)?;
+        return Ok(true);
+    }
+    let local_op = match crate::dispatch::global_call_into(&op, inputs, targets)? {
+        crate::dispatch::CallInto::Refused(why) => {
+            tracing::debug!("{} runs into new tensors: {why}", op.name());
+            return Ok(false);
+        }
+        crate::dispatch::CallInto::Outside => return Ok(true),
+        crate::dispatch::CallInto::Local(op) => op,
+    };
+    let ins: SmallVec<[Tensor; 8]> = inputs.iter().map(|t| t.to_local()).collect();
+    let outs: SmallVec<[Tensor; 8]> = targets.iter().map(|t| t.to_local()).collect();
+    let ins: SmallVec<[&Tensor; 8]> = ins.iter().collect();
+    let outs: SmallVec<[&Tensor; 8]> = outs.iter().collect();
+    run_local_into(&local_op, &ins, &outs)?;
+    Ok(true)
+}
+
 /// Runs `op` on the local tensors `inputs` into the pieces of the local tensors `targets` (one
 /// per output, of its shape and dtype), which its kernels overwrite: every tensor over those
 /// pieces sees the new values (see [`Tensor::data_held_only_by`]). Only on a device whose

@@ -95,3 +95,26 @@ pub fn attention_probs(
     }
     Ok(r)
 }
+
+/// Decoding attention (q `[B, 1, H, D]`, the cached keys and values `[B, P, G, D]`, the new
+/// position's key and value `[B, 1, G, D]`, the position `[1]`) -> o `[B, 1, H, D]`: the batch
+/// split or the heads split on every operand but the position (broadcast), or all whole. A
+/// heads split keeps whole groups of the `kv_heads` key/value heads on each rank.
+pub fn decode_attention(o: Shape, kv_heads: usize, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [o]);
+    for s in [Sbp::S(0), Sbp::S(2), Sbp::B] {
+        r.push(&[s, s, s, s, s, Sbp::B], &[s]);
+    }
+    r.with_even_split(1, 2, kv_heads)
+}
+
+/// The rotary embedding of x `[B, T, H, D]` at positions from a device position `[1]` (with
+/// the frequencies `[D / 2]`, whole): the batch or the heads split, all whole, or a partial x
+/// (the rotation is linear in it). Not a split of T: a rank's rows would need their offset.
+pub fn rotary_at(x: &Shape, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [x.clone()]);
+    for s in [Sbp::S(0), Sbp::S(2), Sbp::B, Sbp::P] {
+        r.push(&[s, Sbp::B, Sbp::B], &[s]);
+    }
+    r
+}

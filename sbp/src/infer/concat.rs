@@ -59,3 +59,35 @@ pub fn slice(
     }
     Ok(r)
 }
+
+/// Rows written into n caches along `dim` (inputs: the caches, then their rows, each shaped as
+/// its cache but along `dim`) -> the n caches: a split of any other dim on every operand, or
+/// all whole.
+pub fn write_rows(dim: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
+    let n = xs.len() / 2;
+    if n == 0 || xs.len() != 2 * n {
+        return Err(format!(
+            "needs caches and as many row blocks, got {} operands",
+            xs.len()
+        ));
+    }
+    let (caches, rows) = xs.split_at(n);
+    for (c, r) in caches.iter().zip(rows) {
+        let fits = dim < c.ndim()
+            && r.ndim() == c.ndim()
+            && (0..c.ndim()).all(|i| i == dim || r.dim(i) == c.dim(i));
+        if !fits {
+            return Err(format!("rows {r} do not fit cache {c} outside dim {dim}"));
+        }
+    }
+    let nd = caches[0].ndim();
+    if caches.iter().any(|c| c.ndim() != nd) {
+        return Err("every cache must have the same number of dims".into());
+    }
+    let mut r = Rules::new(mode, caches.iter().map(|c| (*c).clone()));
+    for i in (0..nd).filter(|&i| i != dim) {
+        r.push_uniform(2 * n, n, Sbp::S(i));
+    }
+    r.push_uniform(2 * n, n, Sbp::B);
+    Ok(r)
+}

@@ -38,10 +38,10 @@ pub use reduce::ReduceKind;
 /// returns the output shapes with the op's SBP candidates.
 pub mod rules {
     pub use super::attention::{
-        attention_candidates, attention_probs, fused_attention, fused_attention_backward,
-        HEAD_LAYOUTS, SEQUENCE_LAYOUTS,
+        attention_candidates, attention_probs, decode_attention, fused_attention,
+        fused_attention_backward, rotary_at, HEAD_LAYOUTS, SEQUENCE_LAYOUTS,
     };
-    pub use super::concat::{concat, slice};
+    pub use super::concat::{concat, slice, write_rows};
     pub use super::elementwise::{
         binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary, whole,
     };

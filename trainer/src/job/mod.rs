@@ -424,7 +424,7 @@ fn sample(
         seed: cfg.model.seed,
     };
     let start = std::time::Instant::now();
-    let out = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
+    let (out, steps) = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
     let secs = start.elapsed().as_secs_f64();
     if !lead {
         return Ok(());
@@ -432,9 +432,14 @@ fn sample(
     let new: usize = out.iter().map(Vec::len).sum();
     println!(
         "generation: {new} new tokens for {} prompts in {secs:.3} s ({:.1} new tokens/s, the \
-         prompts' prefill included)",
+         prompts' prefill included); decoding steps: {} compiled ({} as one device graph), {} \
+         eager, {} over a whole window",
         out.len(),
-        new as f64 / secs.max(f64::MIN_POSITIVE)
+        new as f64 / secs.max(f64::MIN_POSITIVE),
+        steps.compiled,
+        steps.graph,
+        steps.eager,
+        steps.whole
     );
     let ids_line = |ids: &[usize]| {
         let v: Vec<String> = ids.iter().map(usize::to_string).collect();

@@ -3,14 +3,18 @@
 //! parallelism each rank keeps its heads' keys and values), each next token the arg-max at
 //! temperature 0 (`oxiflow_ops::argmax` where the logits are: only the ids travel), else a draw from the softmax at that temperature over the `top_k` most likely
 //! ids and the smallest set of them holding `top_p` of the probability (draws from the seed,
-//! the same on every rank); a sequence ends after an end-of-sequence id. Where a sequence
-//! outgrows the model's positions, each further token is predicted from the last window of
-//! them, computed whole.
+//! the same on every rank); a sequence ends after an end-of-sequence id. After the prompt the
+//! cache moves into tensors of the positions the request can reach (`FixedKvCache`), and each
+//! token runs as one compiled step (`Gpt::decode_at`, the position a device value: one
+//! program, replayed as one device graph on CUDA), its keys and values written into the cache
+//! in place. Where a sequence outgrows the model's positions, each further token is predicted
+//! from the last window of them, computed whole.
 
 use std::collections::BTreeMap;
 
 use oxiflow_collectives::DType;
-use oxiflow_models::nn::gpt::{Gpt, KvCache};
+use oxiflow_compile::{CompileError, CompiledStep};
+use oxiflow_models::nn::gpt::{FixedKvCache, Gpt};
 use oxiflow_models::nn::Pass;
 use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::Placement;
@@ -36,6 +40,28 @@ fn layout_err(detail: String) -> TrainError {
     TrainError::Layout { detail }
 }
 
+/// How the decoding steps of a request ran (the prompts' prefill not counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeSteps {
+    /// Steps run as a compiled step (its capture included).
+    pub compiled: usize,
+    /// Of those, replays that launched one device graph.
+    pub graph: usize,
+    /// Steps run eagerly over the cache (a step the compile cannot replay).
+    pub eager: usize,
+    /// Steps whose sequences outgrew the positions, each computed whole over the last window.
+    pub whole: usize,
+}
+
+impl DecodeSteps {
+    fn add(&mut self, o: DecodeSteps) {
+        self.compiled += o.compiled;
+        self.graph += o.graph;
+        self.eager += o.eager;
+        self.whole += o.whole;
+    }
+}
+
 /// `prompts` (ids below the model's vocabulary, none empty) each continued by up to `n`
 /// tokens, fewer when one of `eos` ends it (that id included), as `sampling` picks them.
 /// `world` holds every rank of the job (where a pipeline's last stage shares the logits).
@@ -47,8 +73,9 @@ pub fn generate_ids(
     n: usize,
     sampling: &Sampling,
     eos: &[usize],
-) -> Result<Vec<Vec<usize>>, TrainError> {
+) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
     let _ng = no_grad();
+    let mut steps = DecodeSteps::default();
     let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, p) in prompts.iter().enumerate() {
         by_len.entry(p.len()).or_default().push(i);
@@ -56,12 +83,20 @@ pub fn generate_ids(
     let mut out = vec![Vec::new(); prompts.len()];
     for rows in by_len.values() {
         let batch: Vec<Vec<usize>> = rows.iter().map(|&i| prompts[i].clone()).collect();
-        let got = Decoder { model, world }.run(&batch, rows, n, sampling, eos)?;
+        let (got, s) = Decoder { model, world }.run(&batch, rows, n, sampling, eos)?;
+        steps.add(s);
         for (&i, g) in rows.iter().zip(got) {
             out[i] = g;
         }
     }
-    Ok(out)
+    Ok((out, steps))
+}
+
+/// What a batch's next ids are picked from: the logits `[B, table_rows]`, or the arg-max ids
+/// `[B]` a compiled greedy step picked where the logits were.
+enum Next {
+    Logits(Tensor),
+    Picks(Tensor),
 }
 
 /// One batch of prompts of one length through `model`.
@@ -79,14 +114,36 @@ impl Decoder<'_> {
         n: usize,
         sampling: &Sampling,
         eos: &[usize],
-    ) -> Result<Vec<Vec<usize>>, TrainError> {
+    ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
+        let mut steps = DecodeSteps::default();
         let positions = self.model.cfg.seq_len;
         let mut seqs: Vec<Vec<usize>> = batch.to_vec();
         let mut done = vec![false; batch.len()];
-        let mut cache = self.model.new_cache();
-        let mut logits = self.step(&seqs, &mut cache, positions)?;
+        let prompt = seqs.first().map_or(0, Vec::len);
+        let mut logits = None;
+        let mut fixed = None;
+        if prompt <= positions {
+            let mut cache = self.model.new_cache();
+            logits = Some(self.model.decode(&self.ids(&seqs, 0)?, &mut cache)?);
+            let reach = (prompt + n).min(positions);
+            if n > 1 && reach > prompt {
+                fixed = Some(self.model.fix_cache(&cache, reach)?);
+            }
+        }
+        let greedy = sampling.temperature <= 0.0;
+        let mut compiled = Some(CompiledStep::new());
+        let mut next = logits.map(Next::Logits);
         for step in 0..n {
-            let picks = self.next_ids(&logits, rows, sampling, step)?;
+            let picks = match next.take() {
+                Some(Next::Logits(l)) => self.next_ids(&l, rows, sampling, step)?,
+                Some(Next::Picks(p)) => self.read_picks(&p, rows.len())?,
+                None => {
+                    if step > 0 {
+                        steps.whole += 1;
+                    }
+                    self.next_ids(&self.window(&seqs, positions)?, rows, sampling, step)?
+                }
+            };
             for ((seq, next), d) in seqs.iter_mut().zip(picks).zip(done.iter_mut()) {
                 if !*d {
                     *d = eos.contains(&next);
@@ -96,10 +153,19 @@ impl Decoder<'_> {
             if done.iter().all(|&d| d) || step + 1 == n {
                 break;
             }
-            logits = self.step(&seqs, &mut cache, positions)?;
+            if let Some(cache) = fixed.as_mut().filter(|c| c.len() < c.positions()) {
+                next = Some(self.step_at(&seqs, cache, &mut compiled, greedy)?);
+                match compiled {
+                    Some(_) => steps.compiled += 1,
+                    None => steps.eager += 1,
+                }
+            }
         }
+        steps.graph = compiled.as_ref().map_or(0, |c| {
+            c.programs().iter().map(|p| p.replay_counts().graph).sum()
+        });
         // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.
-        Ok(seqs
+        let ids = seqs
             .into_iter()
             .zip(batch)
             .map(|(s, p)| {
@@ -109,27 +175,78 @@ impl Decoder<'_> {
                 }
                 g
             })
-            .collect())
+            .collect();
+        Ok((ids, steps))
     }
 
-    /// The next-token logits `[B, table_rows]` of every sequence (on the last stage), through
-    /// the cache while the positions last (the whole sequences when it is empty, else their last
-    /// token), else from the last `positions` tokens computed whole.
-    fn step(
+    /// The next-token logits `[B, table_rows]` of every sequence (on the last stage) from its
+    /// last `positions` tokens, computed whole.
+    fn window(&self, seqs: &[Vec<usize>], positions: usize) -> Result<Tensor, TrainError> {
+        let len = seqs.first().map_or(0, Vec::len);
+        let window = self.ids(seqs, len.saturating_sub(positions))?;
+        let all = self.model.forward(&window, Pass::Eval)?;
+        let (b, t, rows) = (all.shape().dim(0), all.shape().dim(1), all.shape().dim(2));
+        Ok(all.narrow(1, t - 1, 1)?.reshape([b, rows])?)
+    }
+
+    /// Every sequence's last token through `cache` (at its next position) as one compiled
+    /// step (`compiled`, captured on the first call, replayed after; None: eagerly): the
+    /// arg-max ids where `greedy`, else the logits; the step's keys and values are then
+    /// written into the cache.
+    fn step_at(
         &self,
         seqs: &[Vec<usize>],
-        cache: &mut KvCache,
-        positions: usize,
-    ) -> Result<Tensor, TrainError> {
+        cache: &mut FixedKvCache,
+        compiled: &mut Option<CompiledStep>,
+        greedy: bool,
+    ) -> Result<Next, TrainError> {
         let len = seqs.first().map_or(0, Vec::len);
-        if len <= positions {
-            let from = cache.len();
-            return Ok(self.model.decode(&self.ids(seqs, from)?, cache)?);
+        let first = self
+            .model
+            .split
+            .first()
+            .mesh()
+            .ok_or_else(|| layout_err("the decoder is not global".into()))?;
+        let p = first.placement();
+        let pos = Tensor::from_vec(vec![cache.len() as i64], [1])?
+            .to_global(p, NdSbp::broadcast(p.ndim()))?;
+        let mut inputs = vec![self.ids(seqs, len - 1)?, pos];
+        inputs.extend(cache.kv.iter().flat_map(|(k, v)| [k.clone(), v.clone()]));
+        let eager = || self.decode_step(&inputs, greedy);
+        let outs = match compiled.as_mut() {
+            Some(c) => match c.run(&inputs, eager) {
+                Ok((outs, _)) => outs,
+                // A step the compile cannot replay (it reads routing on the host, say) runs
+                // eagerly from now on; every rank refuses alike.
+                Err(TrainError::Compile(
+                    e @ (CompileError::HostRead { .. }
+                    | CompileError::HostData { .. }
+                    | CompileError::Unreplayable { .. }),
+                )) => {
+                    tracing::info!("generation: decoding steps run eagerly ({e})");
+                    *compiled = None;
+                    eager()?
+                }
+                Err(e) => return Err(e),
+            },
+            None => eager()?,
+        };
+        // The cache's tensors are held by the cache alone again: written in place.
+        drop(inputs);
+        let mut outs = outs.into_iter();
+        let head = outs
+            .next()
+            .ok_or_else(|| layout_err("the decoding step gave no outputs".into()))?;
+        let mut rows = Vec::with_capacity(cache.kv.len());
+        while let (Some(k), Some(v)) = (outs.next(), outs.next()) {
+            rows.push((k, v));
         }
-        let window = self.ids(seqs, len - positions)?;
-        let all = self.model.forward(&window, Pass::Eval)?;
-        let (b, rows) = (all.shape().dim(0), all.shape().dim(2));
-        Ok(all.narrow(1, positions - 1, 1)?.reshape([b, rows])?)
+        cache.push(&rows)?;
+        Ok(if greedy {
+            Next::Picks(head)
+        } else {
+            Next::Logits(head)
+        })
     }
 
     /// The next id of every sequence (the same on every rank): at temperature 0 the arg-max
@@ -144,12 +261,7 @@ impl Decoder<'_> {
     ) -> Result<Vec<usize>, TrainError> {
         let (b, vocab) = (rows.len(), self.model.cfg.vocab);
         if sampling.temperature <= 0.0 {
-            let picks = argmax(&logits.narrow(1, 0, vocab)?)?;
-            let ids = self.everywhere(&picks)?.to_vec::<i64>()?;
-            if ids.len() != b {
-                return Err(layout_err(format!("{} picks for {b} sequences", ids.len())));
-            }
-            return Ok(ids.into_iter().map(|i| i as usize).collect());
+            return self.read_picks(&argmax(&logits.narrow(1, 0, vocab)?)?, b);
         }
         Ok(self
             .read(logits, b)?
@@ -157,6 +269,34 @@ impl Decoder<'_> {
             .zip(rows)
             .map(|(l, &r)| pick(l, sampling, (r as u64) << 32 | step as u64))
             .collect())
+    }
+
+    /// One decoding step on `inputs` (ids, position, then each block's cached keys and
+    /// values): the arg-max ids where `greedy`, else the logits, then each block's new key and
+    /// value.
+    fn decode_step(&self, inputs: &[Tensor], greedy: bool) -> Result<Vec<Tensor>, TrainError> {
+        let kv: Vec<(Tensor, Tensor)> = inputs[2..]
+            .chunks_exact(2)
+            .map(|c| (c[0].clone(), c[1].clone()))
+            .collect();
+        let (logits, rows) = self.model.decode_at(&inputs[0], &inputs[1], &kv)?;
+        let head = if greedy {
+            argmax(&logits.narrow(1, 0, self.model.cfg.vocab)?)?
+        } else {
+            logits
+        };
+        let mut outs = vec![head];
+        outs.extend(rows.into_iter().flat_map(|(k, v)| [k, v]));
+        Ok(outs)
+    }
+
+    /// The arg-max ids `[B]` (on the last stage) on the host of every rank.
+    fn read_picks(&self, picks: &Tensor, b: usize) -> Result<Vec<usize>, TrainError> {
+        let ids = self.everywhere(picks)?.to_vec::<i64>()?;
+        if ids.len() != b {
+            return Err(layout_err(format!("{} picks for {b} sequences", ids.len())));
+        }
+        Ok(ids.into_iter().map(|i| i as usize).collect())
     }
 
     /// Every sequence's ids from `from` on, as global `[B, len - from]` ids on the first stage,

@@ -10,6 +10,7 @@
 
 use crate::{Result, TensorError};
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
+use oxiflow_ops::decode::decode_attention;
 use oxiflow_tensor::{F64Bits, MatmulPrecision, Tensor};
 
 use super::super::linear::{Linear, Parallel};
@@ -72,8 +73,9 @@ pub fn repeat_heads(x: &Tensor, group: usize, like: &Tensor) -> Result<Tensor> {
 }
 
 /// The keys and values one block keeps while decoding: `[B, S, G, D]` each on the block's
-/// layout (heads split over the tensor-parallel axis as the projections split them), for the
-/// `len` positions decoded so far.
+/// layout as the fused attention takes them beside the queries (heads split over the
+/// tensor-parallel axis as the projections split them, repeated where those do not divide
+/// over it), for the `len` positions decoded so far.
 #[derive(Clone, Debug, Default)]
 pub struct KvSlot {
     pub kv: Option<(Tensor, Tensor)>,
@@ -231,6 +233,7 @@ impl CausalSelfAttention {
             });
         }
         let (q, k, v) = self.project(x, pos0)?;
+        let (k, v) = self.kv_beside(&k, &v, &q)?;
         let (k, v) = match slot.kv.take() {
             Some((ck, cv)) => (
                 Tensor::concat(&[&ck, &k], 1)?,
@@ -240,21 +243,61 @@ impl CausalSelfAttention {
         };
         slot.kv = Some((k.clone(), v.clone()));
         slot.len += t;
-        let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         let mp = self.q.weight.matmul_precision();
         let o = if pos0 == 0 {
             causal_attention(&q, &k, &v, mp)?
         } else {
-            let d = q.shape().dim(3);
-            q.flash_attention_at(&k, &v, (false, 1.0 / (d.max(1) as f64).sqrt()), mp)?
+            q.flash_attention_at(&k, &v, (false, self.scale(&q)), mp)?
         };
         o.reshape([b, t, width])
+    }
+
+    /// The attended values of one position x `[B, 1, C]` at the device position `pos` (one
+    /// i64, broadcast on the block's placement) over the keys and values `cache` holds at the
+    /// positions before it (`[B, P, G, D]` each, laid out as [`KvSlot`] keeps them), and the
+    /// position's own key and value `[B, 1, G, D]`, which the caller writes into the cache at
+    /// `pos` afterwards: nothing here reads `pos` on the host, so one captured program serves
+    /// every step.
+    pub fn attend_at(
+        &self,
+        x: &Tensor,
+        cache: (&Tensor, &Tensor),
+        pos: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
+        if t != 1 || self.order != SeqOrder::Natural {
+            return Err(TensorError::Shape {
+                op: "CausalSelfAttention::attend_at",
+                shapes: x.shape().to_string(),
+                sbps: format!("{:?}", x.nd_sbp()),
+                detail: "decodes one position at a time, without a context-parallel axis".into(),
+            });
+        }
+        let (q, k, v) = self.project_with(x, |r, y| r.apply_at(y, pos))?;
+        let (k, v) = self.kv_beside(&k, &v, &q)?;
+        let width = q.shape().dim(2) * q.shape().dim(3);
+        let o = decode_attention(&q, cache, (&k, &v), pos, self.scale(&q))?;
+        Ok((o.reshape([b, t, width])?, k, v))
+    }
+
+    /// The scores' scale 1 / sqrt(D) for q `[B, T, H, D]`.
+    fn scale(&self, q: &Tensor) -> f64 {
+        1.0 / (q.shape().dim(3).max(1) as f64).sqrt()
     }
 
     /// The queries `[B, T, H, D]`, keys and values `[B, T, G, D]` of x `[B, T, C]` at
     /// positions `pos0..pos0 + T` (rotated where the positions are rotary).
     pub fn project(&self, x: &Tensor, pos0: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        self.project_with(x, |r, y| r.apply_in(y, pos0, self.order))
+    }
+
+    /// [`CausalSelfAttention::project`] with Q and K rotated by `rotate` (with rotary positions).
+    fn project_with(
+        &self,
+        x: &Tensor,
+        rotate: impl Fn(&Rope, &Tensor) -> Result<Tensor>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         let heads = |y: Tensor, h: usize| {
             let d = y.shape().dim(2) / h.max(1);
@@ -264,11 +307,7 @@ impl CausalSelfAttention {
         let k = heads(self.k.forward(x)?, self.kv_heads)?;
         let v = heads(self.v.forward(x)?, self.kv_heads)?;
         match &self.rope {
-            Some(r) => Ok((
-                r.apply_in(&q, pos0, self.order)?,
-                r.apply_in(&k, pos0, self.order)?,
-                v,
-            )),
+            Some(r) => Ok((rotate(r, &q)?, rotate(r, &k)?, v)),
             None => Ok((q, k, v)),
         }
     }

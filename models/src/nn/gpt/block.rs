@@ -195,6 +195,36 @@ impl Block {
         )
     }
 
+    /// One position x `[B, 1, C]` at the device position `pos` through the block, attending
+    /// over the keys and values `cache` holds before it (see
+    /// [`CausalSelfAttention::attend_at`]): the block's output and the position's key and
+    /// value, for the caller to write into the cache.
+    pub fn forward_at(
+        &self,
+        x: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+        cache: (&Tensor, &Tensor),
+        pos: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
+        let (o, k, v) = self.attn.attend_at(&h, cache, pos)?;
+        let a = row_parallel(&self.attn.proj, &o, layout, stream)?;
+        let mut log = RouterLog::default();
+        let y = self.after_attention(
+            x,
+            &a,
+            cfg,
+            layout,
+            stream,
+            Pass::Eval,
+            Recompute::None,
+            &mut log,
+        )?;
+        Ok((y, k, v))
+    }
+
     /// The rest of the block after the attention sublayer's output `a` (reduced into
     /// `stream`): the residual, ln2 and the MLP.
     #[allow(clippy::too_many_arguments)]

@@ -4,8 +4,16 @@
 //! a batch of sequences through the stages, extending the cache, to the logits of the last
 //! position. A prompt is decoded whole (causal attention over it), then one token at a time
 //! (its query over every key kept), so each step projects only the new token.
+//!
+//! `FixedKvCache` holds the same keys and values in tensors of a fixed number of positions
+//! (made from a filled `KvCache`), and `Gpt::decode_at` runs one position whose index is a
+//! device value over it: its shapes and ops are the same at every step, so a compiled step
+//! captures it once and replays it (as one device graph on CUDA) for every token. Each step's
+//! keys and values are written into the cache afterwards (`FixedKvCache::push`), in the
+//! tensors' own memory where nothing else holds them.
 
-use oxiflow_sbp::Shape;
+use oxiflow_ops::decode::write_rows_in_place;
+use oxiflow_sbp::{NdSbp, Shape};
 
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
@@ -30,7 +38,187 @@ impl KvCache {
     }
 }
 
+/// Every block's keys and values in tensors `[B, P, G, D]` of a fixed number P of positions,
+/// the first `len` of them written (see the module docs).
+#[derive(Clone, Debug)]
+pub struct FixedKvCache {
+    /// Each block's keys and values.
+    pub kv: Vec<(Tensor, Tensor)>,
+    len: usize,
+}
+
+impl FixedKvCache {
+    /// Positions written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Positions the tensors hold.
+    pub fn positions(&self) -> usize {
+        self.kv.first().map_or(0, |(k, _)| k.shape().dim(1))
+    }
+
+    /// Writes each block's key and value `[B, 1, G, D]` of one decoding step (`rows`, in block
+    /// order) at the next position: in the tensors' own memory where nothing else holds them
+    /// (one write per placement), else into new tensors put in their place.
+    pub fn push(&mut self, rows: &[(Tensor, Tensor)]) -> Result<()> {
+        if rows.len() != self.kv.len() || self.len >= self.positions() {
+            return Err(TensorError::Shape {
+                op: "FixedKvCache::push",
+                shapes: format!("{} blocks' rows", rows.len()),
+                sbps: String::new(),
+                detail: format!(
+                    "a cache of {} blocks with {} of {} positions written",
+                    self.kv.len(),
+                    self.len,
+                    self.positions()
+                ),
+            });
+        }
+        let mut all: Vec<Tensor> = std::mem::take(&mut self.kv)
+            .into_iter()
+            .flat_map(|(k, v)| [k, v])
+            .collect();
+        let mut written = Ok(());
+        let mut start = 0;
+        while start < all.len() && written.is_ok() {
+            let place = all[start].placement().cloned();
+            let end = (start..all.len())
+                .step_by(2)
+                .find(|&i| all[i].placement() != place.as_ref())
+                .unwrap_or(all.len());
+            let new: Vec<&Tensor> = rows[start / 2..end / 2]
+                .iter()
+                .flat_map(|(k, v)| [k, v])
+                .collect();
+            written = write_rows_in_place(&mut all[start..end], &new, 1, self.len);
+            start = end;
+        }
+        let mut back = all.into_iter();
+        while let (Some(k), Some(v)) = (back.next(), back.next()) {
+            self.kv.push((k, v));
+        }
+        written?;
+        self.len += 1;
+        Ok(())
+    }
+}
+
 impl Gpt {
+    /// The keys and values `cache` holds in a [`FixedKvCache`] of `positions` positions (at
+    /// least those held, at most the model's).
+    pub fn fix_cache(&self, cache: &KvCache, positions: usize) -> Result<FixedKvCache> {
+        let len = cache.len();
+        let mut kv = Vec::with_capacity(cache.slots.len());
+        for slot in &cache.slots {
+            let Some((k, v)) = &slot.kv else {
+                return Err(TensorError::Shape {
+                    op: "Gpt::fix_cache",
+                    shapes: String::new(),
+                    sbps: String::new(),
+                    detail: "a block's cache is empty: decode the prompt first".into(),
+                });
+            };
+            if positions < len || positions > self.cfg.seq_len {
+                return Err(TensorError::Shape {
+                    op: "Gpt::fix_cache",
+                    shapes: k.shape().to_string(),
+                    sbps: format!("{:?}", k.nd_sbp()),
+                    detail: format!(
+                        "{positions} positions for {len} held and a model of {}",
+                        self.cfg.seq_len
+                    ),
+                });
+            }
+            let mut pair = Vec::with_capacity(2);
+            for t in [k, v] {
+                let shape = t.shape().with_dim(1, positions);
+                let zeros = match (t.placement(), t.nd_sbp()) {
+                    (Some(p), Some(nd)) => Tensor::zeros_global(shape, t.dtype(), p, nd.clone())?,
+                    _ => Tensor::zeros(shape, t.dtype()),
+                };
+                pair.push(zeros);
+            }
+            write_rows_in_place(&mut pair, &[k, v], 1, 0)?;
+            let v = pair.pop();
+            let k = pair.pop();
+            if let (Some(k), Some(v)) = (k, v) {
+                kv.push((k, v));
+            }
+        }
+        Ok(FixedKvCache { kv, len })
+    }
+
+    /// ids `[B, 1]` (i64, split over the data-parallel axis, on the first stage) at the device
+    /// position `pos` (one i64, broadcast on the first stage; the position `cache` writes next)
+    /// -> the logits `[B, table_rows]` (on the last stage) and every block's key and value of
+    /// the position, for [`FixedKvCache::push`]. Reads nothing on the host: one compiled step
+    /// serves every position.
+    pub fn decode_at(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        cache: &[(Tensor, Tensor)],
+    ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        if cache.len() != self.blocks.len() || ids.shape().dims().get(1) != Some(&1) {
+            return Err(TensorError::Shape {
+                op: "Gpt::decode_at",
+                shapes: ids.shape().to_string(),
+                sbps: format!("{:?}", ids.nd_sbp()),
+                detail: format!(
+                    "needs ids [B, 1] and a cache of {} blocks, got {}",
+                    self.blocks.len(),
+                    cache.len()
+                ),
+            });
+        }
+        let wte = self.wte.weight.compute()?;
+        let tok = Tensor::embedding(ids, &wte)?;
+        let x = match &self.wpe {
+            Some(wpe) => {
+                let at = Tensor::embedding(&pos.reshape([1, 1])?, &wpe.weight.compute()?)?;
+                tok.add(&at)?
+            }
+            None => tok,
+        };
+        let mut x = self.layout.relayout(&x, self.stream())?;
+        let mut pos = pos.clone();
+        let mut rows = Vec::with_capacity(self.blocks.len());
+        let stream = self.stream();
+        for g in 0..self.split.chunks() {
+            let layout = self.split.chunk_layout(g);
+            if g > 0 && self.split.stage_of(g) != self.split.stage_of(g - 1) {
+                if let Some((p, nd)) = self.stream_layout(g) {
+                    x = x.to_global(&p, nd)?;
+                }
+                if let Some(p) = layout.placement() {
+                    pos = pos.to_global(p, NdSbp::broadcast(p.ndim()))?;
+                }
+            }
+            for i in self.split.blocks(g) {
+                let (k, v) = &cache[i];
+                let (y, nk, nv) =
+                    self.blocks[i].forward_at(&x, &self.cfg, layout, stream, (k, v), &pos)?;
+                x = y;
+                rows.push((nk, nv));
+            }
+        }
+        let table = match &self.lm_head {
+            Some(h) => h.weight.compute()?,
+            None => self.to_last_stage(wte)?,
+        };
+        let h = self.head_input(&x)?;
+        let (b, c) = (h.shape().dim(0), h.shape().dim(2));
+        let logits = h.reshape(Shape::new([b, c]))?.matmul_t_at(
+            &table,
+            (false, true),
+            self.matmul_precision(),
+        )?;
+        Ok((logits, rows))
+    }
+
     /// An empty cache for this model.
     pub fn new_cache(&self) -> KvCache {
         KvCache {

@@ -27,7 +27,7 @@ pub use arch::{Arch, MlpKind, MoeArch, NormKind, Positions, RopeScaling, LN_EPS}
 pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
 pub use block::{Block, BlockMlp, Recompute};
 pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
-pub use decode::KvCache;
+pub use decode::{FixedKvCache, KvCache};
 pub use lora::LoraSpec;
 pub use mlp::GptMlp;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};

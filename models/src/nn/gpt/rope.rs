@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use oxiflow_dtype::DType;
 use oxiflow_ops::context_parallel::SeqOrder;
+use oxiflow_ops::decode::rotary_at;
 use oxiflow_sbp::NdSbp;
 
 use crate::{Result, TensorError};
@@ -33,6 +34,8 @@ pub struct Rope {
     tables: Arc<Mutex<Tables>>,
     /// The cos and sin tables `[seq_len, 1, D]` of positions from 0, made with the model.
     base: Option<(Tensor, Tensor)>,
+    /// The frequencies as an f64 tensor `[D / 2]` beside the tables (for [`Rope::apply_at`]).
+    freq: Option<Tensor>,
 }
 
 impl Rope {
@@ -46,6 +49,7 @@ impl Rope {
             fused_theta: (scaling == RopeScaling::None).then_some(theta),
             tables: Arc::default(),
             base: None,
+            freq: None,
         })
     }
 
@@ -58,6 +62,7 @@ impl Rope {
         placement: Option<&oxiflow_placement::Placement>,
     ) -> Result<Rope> {
         self.base = Some(self.make(0, SeqOrder::Natural, len, dtype, placement)?);
+        self.freq = Some(self.frequencies(placement)?);
         Ok(self)
     }
 
@@ -90,6 +95,31 @@ impl Rope {
         let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
         let rotated = Tensor::concat(&[&x2.neg()?, &x1], -1)?;
         x.mul(&cos)?.add(&rotated.mul(&sin)?)
+    }
+
+    /// `x` `[B, T, H, D]` rotated for positions `pos..pos + T`, `pos` one i64 on the device
+    /// (broadcast on x's placement): the angles as [`Rope::apply`]'s, read from the device
+    /// (`oxiflow_ops::decode::rotary_at`), so a captured decoding step serves every position.
+    pub fn apply_at(&self, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
+        let made;
+        let freq = match &self.freq {
+            Some(f) if f.placement() == x.placement() => f,
+            _ => {
+                made = self.frequencies(x.placement())?;
+                &made
+            }
+        };
+        rotary_at(x, freq, pos)
+    }
+
+    /// The frequencies as an f64 tensor `[D / 2]`, broadcast on `placement`.
+    fn frequencies(&self, placement: Option<&oxiflow_placement::Placement>) -> Result<Tensor> {
+        let _ng = oxiflow_tensor::no_grad();
+        let local = Tensor::from_vec(self.inv_freq.clone(), [self.inv_freq.len()])?;
+        match placement {
+            Some(p) => local.to_global(p, NdSbp::broadcast(p.ndim())),
+            None => Ok(local),
+        }
     }
 
     /// The cos and sin tables `[T, 1, D]` of positions `pos0..pos0 + T` in `order` in `x`'s

@@ -1,0 +1,100 @@
+//! `DecodeAttention`: one query position of each sequence over the keys and values cached at
+//! positions `0..pos` and its own key and value (position `pos`, a device value), softmax of the
+//! scaled scores, no mask beyond that: q `[B, 1, H, D]`, caches `[B, P, G, D]` (P >= pos),
+//! new key and value `[B, 1, G, D]` -> o `[B, 1, H, D]`, query head h reading key/value head
+//! `h / (H / G)`. Scores and the softmax in f32 (f64 for f64).
+
+use std::sync::LazyLock;
+
+use oxiflow_cuda::CudaKernels;
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{
+    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
+    Tensor,
+};
+
+use super::{check_position, cpu, cuda, DTYPES};
+
+/// Decoding attention with `scale` on the scores (inputs: q, k cache, v cache, k, v, pos).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeAttention {
+    pub scale: f64,
+}
+
+/// The attention of q `[B, 1, H, D]` over the cached keys and values `kc`, `vc` `[B, P, G, D]`
+/// before `pos` and the new `k`, `v` `[B, 1, G, D]` at `pos` (one i64 on the device), scores
+/// scaled by `scale` (see the module docs).
+pub fn decode_attention(
+    q: &Tensor,
+    kv_cache: (&Tensor, &Tensor),
+    kv: (&Tensor, &Tensor),
+    pos: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let op = Extern::new(DecodeAttention { scale });
+    dispatch(op.into(), &[q, kv_cache.0, kv_cache.1, kv.0, kv.1, pos])
+}
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<DecodeAttention, CpuBackend>(DTYPES, cpu::decode_attention)
+        .with::<DecodeAttention, CudaKernels>(DTYPES, cuda::decode_attention)
+});
+
+/// The kernels' widest head (the CUDA kernel keeps D / 32 elements a lane).
+pub(super) const MAX_HEAD_DIM: usize = 256;
+
+impl ExternOp for DecodeAttention {
+    fn name(&self) -> &'static str {
+        "decode_attention"
+    }
+    fn attrs(&self, key: &mut Vec<u8>) {
+        key.extend(self.scale.to_bits().to_le_bytes());
+    }
+    fn arity(&self) -> (usize, usize) {
+        (6, 6)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let (q, kc, vc, k, v) = (shapes[0], shapes[1], shapes[2], shapes[3], shapes[4]);
+        let d = dtypes[0];
+        if !d.is_float() || dtypes[..5].iter().any(|&x| x != d) {
+            return Err(MetaError::DType(format!(
+                "q, the caches and the new key and value must share a float dtype, got {:?}",
+                &dtypes[..5]
+            )));
+        }
+        let bad = || {
+            MetaError::Shape(format!(
+                "needs q [B, 1, H, D], caches [B, P, G, D] and key/value [B, 1, G, D] with G \
+                 dividing H and D <= {MAX_HEAD_DIM}, got q {q}, caches {kc} {vc}, key/value {k} {v}"
+            ))
+        };
+        let (&[b, 1, h, hd], &[b2, _, g, d2]) = (q.dims(), kc.dims()) else {
+            return Err(bad());
+        };
+        let new = [b, 1, g, hd];
+        if b2 != b
+            || d2 != hd
+            || vc != kc
+            || k.dims() != new
+            || v.dims() != new
+            || g == 0
+            || h % g != 0
+            || hd > MAX_HEAD_DIM
+        {
+            return Err(bad());
+        }
+        check_position(shapes[5], dtypes[5])?;
+        Ok(Inferred::new(
+            rules::decode_attention(q.clone(), g, mode),
+            d,
+        ))
+    }
+    fn kernels(&self) -> &Kernels {
+        &KERNELS
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("decoding runs without gradients")
+    }
+}

@@ -1,0 +1,219 @@
+//! The decoding ops' CPU kernels: typed by the input's element type (16-bit ones computed in
+//! f32, f64 in f64), rows in parallel.
+
+use half::{bf16, f16};
+use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
+use rayon::prelude::*;
+
+use super::{DecodeAttention, RotaryAt, WriteRows};
+use crate::host_slices::{input, kernel_err, output, Elem, Wide};
+
+/// The position held by input `i` (one i64).
+fn position(op: &'static str, x: &[&CpuArray], i: usize) -> Result<usize> {
+    let p = input::<i64>(op, x, i)?;
+    match p.first() {
+        Some(&v) if v >= 0 && p.len() == 1 => Ok(v as usize),
+        _ => Err(kernel_err(
+            op,
+            format!("the position must be one i64 >= 0, got {p:?}"),
+        )),
+    }
+}
+
+/// Runs `$f::<T>` for the float element type of input 0.
+macro_rules! by_float {
+    ($op:expr, $io:expr, $f:ident) => {{
+        let name = $op.name();
+        match $io.inputs.first().map(|a| a.dtype()) {
+            Some(DType::F32) => $f::<f32>($op, name, $io),
+            Some(DType::F64) => $f::<f64>($op, name, $io),
+            Some(DType::BF16) => $f::<bf16>($op, name, $io),
+            Some(DType::F16) => $f::<f16>($op, name, $io),
+            d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
+        }
+    }};
+}
+
+pub(super) fn rotary_at(
+    op: &RotaryAt,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    by_float!(op, io, rotary_typed)
+}
+
+fn rotary_typed<T: Elem>(
+    _op: &RotaryAt,
+    name: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let dims = io.inputs[0].shape().to_vec();
+    let &[_, t, h, d] = dims.as_slice() else {
+        return Err(kernel_err(
+            name,
+            format!("x must be [B, T, H, D], got {dims:?}"),
+        ));
+    };
+    let x = input::<T>(name, io.inputs, 0)?;
+    let freq = input::<f64>(name, io.inputs, 1)?;
+    let p0 = position(name, io.inputs, 2)?;
+    let half = d / 2;
+    if freq.len() != half {
+        return Err(kernel_err(
+            name,
+            format!("{} frequencies for D = {d}", freq.len()),
+        ));
+    }
+    let y = output::<T>(name, io.outputs, 0, x.len())?;
+    let row = (h * d).max(1);
+    y.par_chunks_mut(row)
+        .zip(x.par_chunks(row))
+        .enumerate()
+        .for_each(|(r, (yr, xr))| {
+            let pos = (p0 + r % t.max(1)) as f64;
+            for (yh, xh) in yr.chunks_mut(d).zip(xr.chunks(d)) {
+                for i in 0..half {
+                    let angle = pos * freq[i];
+                    let (s, c) = (T::W::constant(angle.sin()), T::W::constant(angle.cos()));
+                    let (a, b) = (xh[i].widen(), xh[i + half].widen());
+                    yh[i] = T::narrow(a * c - b * s);
+                    yh[i + half] = T::narrow(a * s + b * c);
+                }
+            }
+        });
+    Ok(())
+}
+
+pub(super) fn decode_attention(
+    op: &DecodeAttention,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    by_float!(op, io, attention_typed)
+}
+
+fn attention_typed<T: Elem>(
+    op: &DecodeAttention,
+    name: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let (qd, cd) = (io.inputs[0].shape().to_vec(), io.inputs[1].shape().to_vec());
+    let (&[_, _, h, d], &[_, p_len, g, _]) = (qd.as_slice(), cd.as_slice()) else {
+        return Err(kernel_err(name, format!("q {qd:?} and caches {cd:?}")));
+    };
+    let [q, kc, vc, k, v] = [0, 1, 2, 3, 4].map(|i| input::<T>(name, io.inputs, i));
+    let (q, kc, vc, k, v) = (q?, kc?, vc?, k?, v?);
+    let pos = position(name, io.inputs, 5)?;
+    if pos > p_len {
+        return Err(kernel_err(
+            name,
+            format!("position {pos} is past the cache's {p_len} positions"),
+        ));
+    }
+    let y = output::<T>(name, io.outputs, 0, q.len())?;
+    let group = h / g.max(1);
+    let scale = T::W::constant(op.scale);
+    y.par_chunks_mut(d.max(1))
+        .enumerate()
+        .for_each(|(bh, out)| {
+            let (bi, hi) = (bh / h, bh % h);
+            let gi = hi / group.max(1);
+            let qr = &q[bh * d..(bh + 1) * d];
+            // Key/value row j of this head's group: cached for j < pos, the new one at pos.
+            let row = |c: &[T], n: &[T], j: usize| -> Vec<T::W> {
+                let at = if j < pos {
+                    ((bi * p_len + j) * g + gi) * d
+                } else {
+                    (bi * g + gi) * d
+                };
+                let src = if j < pos { c } else { n };
+                src[at..at + d].iter().map(|e| e.widen()).collect()
+            };
+            let scores: Vec<T::W> = (0..=pos)
+                .map(|j| {
+                    let kr = row(&kc, &k, j);
+                    let dot = qr
+                        .iter()
+                        .zip(&kr)
+                        .fold(T::W::constant(0.0), |a, (x, y)| a + x.widen() * *y);
+                    dot * scale
+                })
+                .collect();
+            let m = scores
+                .iter()
+                .copied()
+                .fold(
+                    T::W::constant(f64::NEG_INFINITY),
+                    |a, s| if s > a { s } else { a },
+                );
+            let mut acc = vec![T::W::constant(0.0); d];
+            let mut total = T::W::constant(0.0);
+            for (j, &s) in scores.iter().enumerate() {
+                let w = (s - m).exp();
+                total = total + w;
+                for (a, x) in acc.iter_mut().zip(row(&vc, &v, j)) {
+                    *a = *a + w * x;
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = T::narrow(a / total);
+            }
+        });
+    Ok(())
+}
+
+pub(super) fn write_rows(
+    op: &WriteRows,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let name = op.name();
+    match io.inputs.first().map(|a| a.dtype()) {
+        Some(DType::F32) => rows_typed::<f32>(op, name, io),
+        Some(DType::F64) => rows_typed::<f64>(op, name, io),
+        Some(DType::BF16) => rows_typed::<bf16>(op, name, io),
+        Some(DType::F16) => rows_typed::<f16>(op, name, io),
+        Some(DType::I64) => rows_typed::<i64>(op, name, io),
+        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
+    }
+}
+
+fn rows_typed<T: TensorElement + Copy + Send + Sync>(
+    op: &WriteRows,
+    name: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let n = io.outputs.len();
+    if io.inputs.len() != 2 * n {
+        return Err(kernel_err(
+            name,
+            format!("{} inputs for {n} caches", io.inputs.len()),
+        ));
+    }
+    for i in 0..n {
+        let dims = io.inputs[i].shape().to_vec();
+        let rdims = io.inputs[n + i].shape().to_vec();
+        let (Some(&len), Some(&t)) = (dims.get(op.dim), rdims.get(op.dim)) else {
+            return Err(kernel_err(name, format!("cache {dims:?}, rows {rdims:?}")));
+        };
+        if op.at + t > len {
+            return Err(kernel_err(
+                name,
+                format!("rows {rdims:?} from {} overrun cache {dims:?}", op.at),
+            ));
+        }
+        let inner: usize = dims[op.dim + 1..].iter().product();
+        let cache = input::<T>(name, io.inputs, i)?;
+        let rows = input::<T>(name, io.inputs, n + i)?;
+        let out = output::<T>(name, io.outputs, i, cache.len())?;
+        out.copy_from_slice(&cache);
+        let (block, written) = (len * inner, t * inner);
+        if written == 0 {
+            continue;
+        }
+        for (o, r) in out.chunks_mut(block.max(1)).zip(rows.chunks(written)) {
+            o[op.at * inner..op.at * inner + written].copy_from_slice(r);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! The decoding ops' CUDA kernels (`decode.cu`), compiled once per process through the
+//! library's NVRTC path and looked up by [`DecodeKernel`]; launches on the compute stream into
+//! the executor's outputs (a cache write into the cache's own memory when the output is it).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use oxiflow_cuda::kernel_layer::grid;
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_dtype::DType;
+use oxiflow_tensor::{ExternOp, KernelIo, Result};
+
+use super::attend::MAX_HEAD_DIM;
+use super::{DecodeAttention, RotaryAt, WriteRows};
+
+/// The kernels of `decode.cu`: rotary and attention by element type, the cache write by
+/// element width in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecodeKernel {
+    Rotary(DType),
+    Attention(DType),
+    Rows(usize),
+}
+
+impl KernelIds for DecodeKernel {
+    const ALL: &'static [Self] = &[
+        DecodeKernel::Rotary(DType::F32),
+        DecodeKernel::Rotary(DType::F64),
+        DecodeKernel::Rotary(DType::BF16),
+        DecodeKernel::Rotary(DType::F16),
+        DecodeKernel::Attention(DType::F32),
+        DecodeKernel::Attention(DType::F64),
+        DecodeKernel::Attention(DType::BF16),
+        DecodeKernel::Attention(DType::F16),
+        DecodeKernel::Rows(2),
+        DecodeKernel::Rows(4),
+        DecodeKernel::Rows(8),
+    ];
+    fn entry(self) -> &'static str {
+        match self {
+            DecodeKernel::Rotary(DType::F64) => "rotary_at_f64",
+            DecodeKernel::Rotary(DType::BF16) => "rotary_at_bf16",
+            DecodeKernel::Rotary(DType::F16) => "rotary_at_f16",
+            DecodeKernel::Rotary(_) => "rotary_at_f32",
+            DecodeKernel::Attention(DType::F64) => "decode_attention_f64",
+            DecodeKernel::Attention(DType::BF16) => "decode_attention_bf16",
+            DecodeKernel::Attention(DType::F16) => "decode_attention_f16",
+            DecodeKernel::Attention(_) => "decode_attention_f32",
+            DecodeKernel::Rows(2) => "write_rows_b2",
+            DecodeKernel::Rows(4) => "write_rows_b4",
+            DecodeKernel::Rows(_) => "write_rows_b8",
+        }
+    }
+}
+
+static SOURCE: CudaSource<DecodeKernel> = CudaSource::new("decode", include_str!("decode.cu"));
+
+/// Warps of a decoding attention block (`DA_WARPS` in the source).
+const ATTENTION_WARPS: usize = 8;
+
+fn dims4(op: &'static str, what: &str, p: &CudaStorage) -> Result<[usize; 4]> {
+    match p.shape().dims() {
+        &[a, b, c, d] => Ok([a, b, c, d]),
+        _ => Err(device_error(
+            op,
+            format!("{what} must be 4-d, got {}", p.shape()),
+        )),
+    }
+}
+
+pub(super) fn rotary_at(
+    op: &RotaryAt,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([x, freq, pos], [y]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 3 inputs and 1 output"));
+    };
+    let [_, t, h, d] = dims4(name, "x", x)?;
+    if y.numel() != x.numel() || y.dtype() != x.dtype() || freq.numel() * 2 != d || pos.numel() != 1
+    {
+        return Err(device_error(
+            name,
+            format!(
+                "x {} {}, frequencies {}, position {}, output {} {}",
+                x.dtype(),
+                x.shape(),
+                freq.shape(),
+                pos.shape(),
+                y.dtype(),
+                y.shape()
+            ),
+        ));
+    }
+    let pairs = x.numel() / 2;
+    if pairs == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::Rotary(x.dtype()))?;
+    let (xp, fp, pp, yp) = (x.ptr(), freq.ptr(), pos.ptr(), y.ptr());
+    let (n, tl, hh, dd) = (pairs as i64, t as i64, h as i64, d as i64);
+    let mut l = rt.launcher(name, f)?;
+    l.arg(&xp)
+        .arg(&fp)
+        .arg(&pp)
+        .arg(&yp)
+        .arg(&n)
+        .arg(&tl)
+        .arg(&hh)
+        .arg(&dd);
+    // SAFETY: rotary_at_<dtype> takes (const T*, const double*, const i64*, T*, i64 pairs,
+    // i64 t, i64 h, i64 d); x and y hold 2 * pairs elements of T, freq d / 2 f64 (the op's
+    // inference checked its dtype), pos one i64; the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(pairs)) })
+}
+
+pub(super) fn decode_attention(
+    op: &DecodeAttention,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([q, kc, vc, kn, vn, pos], [y]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 6 inputs and 1 output"));
+    };
+    let [bs, _, h, d] = dims4(name, "q", q)?;
+    let [_, p_len, g, _] = dims4(name, "the key cache", kc)?;
+    let dtype = q.dtype();
+    let fits = g > 0
+        && h % g == 0
+        && d <= MAX_HEAD_DIM
+        && [kc, vc, kn, vn, y].iter().all(|p| p.dtype() == dtype)
+        && vc.numel() == kc.numel()
+        && kc.numel() == bs * p_len * g * d
+        && kn.numel() == bs * g * d
+        && vn.numel() == kn.numel()
+        && y.numel() == q.numel()
+        && pos.numel() == 1;
+    if !fits {
+        return Err(device_error(
+            name,
+            format!(
+                "q {} {}, caches {} {}, key/value {} {}, output {}",
+                dtype,
+                q.shape(),
+                kc.shape(),
+                vc.shape(),
+                kn.shape(),
+                vn.shape(),
+                y.shape()
+            ),
+        ));
+    }
+    if q.numel() == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::Attention(dtype))?;
+    let wide = if dtype == DType::F64 { 8 } else { 4 };
+    let cfg = LaunchConfig {
+        grid_dim: (h as u32, bs as u32, 1),
+        block_dim: (32 * ATTENTION_WARPS as u32, 1, 1),
+        shared_mem_bytes: (wide * ATTENTION_WARPS * (d + 2)) as u32,
+    };
+    let ptrs = [
+        q.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+        kn.ptr(),
+        vn.ptr(),
+        pos.ptr(),
+        y.ptr(),
+    ];
+    let (pl, hh, gg, dd) = (p_len as i64, h as i32, g as i32, d as i32);
+    let mut l = rt.launcher(name, f)?;
+    for p in &ptrs {
+        l.arg(p);
+    }
+    l.arg(&pl).arg(&hh).arg(&gg).arg(&dd);
+    let (s64, s32) = (op.scale, op.scale as f32);
+    if dtype == DType::F64 {
+        l.arg(&s64);
+    } else {
+        l.arg(&s32);
+    }
+    // SAFETY: decode_attention_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const i64*,
+    // y: T*, i64 p_len, int h, int g, int d, W scale) with W f64 for f64 and f32 otherwise;
+    // the pieces hold the element counts checked above, the block's dynamic shared memory is
+    // DA_WARPS * (d + 2) W's, and the pieces outlive the launch.
+    launched(name, unsafe { l.launch(cfg) })
+}
+
+pub(super) fn write_rows(
+    op: &WriteRows,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let n = io.outputs.len();
+    if io.inputs.len() != 2 * n {
+        return Err(device_error(
+            name,
+            format!("{} inputs for {n} caches", io.inputs.len()),
+        ));
+    }
+    let rt = b.runtime();
+    for i in 0..n {
+        let (cache, rows, out) = (io.inputs[i], io.inputs[n + i], &io.outputs[i]);
+        let dims = cache.shape().dims();
+        let (Some(&len), Some(&t)) = (dims.get(op.dim), rows.shape().dims().get(op.dim)) else {
+            return Err(device_error(
+                name,
+                format!("cache {}, rows {}", cache.shape(), rows.shape()),
+            ));
+        };
+        let inner: usize = dims[op.dim + 1..].iter().product();
+        let outer: usize = dims[..op.dim].iter().product();
+        let width = cache.dtype().size();
+        let fits = out.numel() == cache.numel()
+            && rows.numel() == outer * t * inner
+            && op.at + t <= len
+            && rows.dtype() == cache.dtype()
+            && out.dtype() == cache.dtype()
+            && matches!(width, 2 | 4 | 8);
+        if !fits {
+            return Err(device_error(
+                name,
+                format!(
+                    "cache {} {}, rows {} {} at {} along dim {}, output {} {}",
+                    cache.dtype(),
+                    cache.shape(),
+                    rows.dtype(),
+                    rows.shape(),
+                    op.at,
+                    op.dim,
+                    out.dtype(),
+                    out.shape()
+                ),
+            ));
+        }
+        // Into the cache's own memory only the rows move; else every element.
+        let all = i32::from(out.ptr() != cache.ptr());
+        let count = if all == 1 {
+            cache.numel()
+        } else {
+            rows.numel()
+        };
+        if count == 0 {
+            continue;
+        }
+        let f = SOURCE.function(rt, name, DecodeKernel::Rows(width))?;
+        let (cp, rp, op_) = (cache.ptr(), rows.ptr(), out.ptr());
+        let (o, l_, tt, inn, at) = (
+            outer as i64,
+            len as i64,
+            t as i64,
+            inner as i64,
+            op.at as i64,
+        );
+        let mut l = rt.launcher(name, f)?;
+        l.arg(&cp)
+            .arg(&rp)
+            .arg(&op_)
+            .arg(&o)
+            .arg(&l_)
+            .arg(&tt)
+            .arg(&inn)
+            .arg(&at)
+            .arg(&all);
+        // SAFETY: write_rows_b<width> takes (const E*, const E*, E*, i64 outer, i64 len, i64 t,
+        // i64 inner, i64 at, int all) with E of the elements' width; cache and out hold
+        // outer * len * inner elements, rows outer * t * inner, at + t <= len (checked above);
+        // the pieces outlive the launch.
+        launched(name, unsafe { l.launch(grid(count)) })?;
+    }
+    Ok(())
+}

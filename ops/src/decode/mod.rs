@@ -1,0 +1,36 @@
+//! The ops of a decoding step over a preallocated key/value cache, whose position is a device
+//! value (so one captured program serves every step): [`rotary_at`] rotates queries and keys for
+//! positions from a device position, [`decode_attention`] attends one query position over the
+//! cached keys before it and its own key (grouped-query heads read their group's key/value head
+//! in place), and [`write_rows`] writes each step's keys and values into the caches, in their
+//! own memory where nothing else holds them ([`write_rows_in_place`]).
+//!
+//! Layouts (`oxiflow_sbp::rules::{rotary_at, decode_attention, write_rows}`): the batch or the
+//! heads split, or all whole; the position broadcast. Kernels: CPU and CUDA in f32, f64, bf16
+//! and f16 (16-bit inputs computed in f32, f64 in f64). Not differentiable: decoding runs
+//! without gradients.
+
+mod attend;
+mod cpu;
+mod cuda;
+mod rotary;
+mod rows;
+
+pub use attend::{decode_attention, DecodeAttention};
+pub use rotary::{rotary_at, RotaryAt};
+pub use rows::{write_rows, write_rows_in_place, WriteRows};
+
+use oxiflow_dtype::DType;
+
+/// The float dtypes of the kernels, with the i64 of a position and the f64 of frequencies.
+const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
+
+/// A typed error unless `pos` is one i64 position.
+fn check_position(shape: &oxiflow_sbp::Shape, dtype: DType) -> oxiflow_tensor::MetaResult<()> {
+    if dtype != DType::I64 || shape.numel() != 1 {
+        return Err(oxiflow_tensor::MetaError::Shape(format!(
+            "the position must be one i64 element, got {dtype} {shape}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! `RotaryAt`: the rotary embedding of x `[B, T, H, D]` for positions `pos..pos + T`, `pos` a
+//! device value: pairs (i, i + D/2) rotate by `position * inv_freq[i]` (GPT-NeoX layout, the
+//! frequencies an f64 input `[D / 2]`, so scaled ones serve too); angles in f64, 16-bit inputs
+//! rotated in f32 and rounded once.
+
+use std::sync::LazyLock;
+
+use oxiflow_cuda::CudaKernels;
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{
+    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
+    Tensor,
+};
+
+use super::{check_position, cpu, cuda, DTYPES};
+
+/// The rotary embedding at a device position (inputs: x, inv_freq, pos).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotaryAt;
+
+/// x `[B, T, H, D]` rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64
+/// `[D / 2]`); `pos` is one i64 on the device (see the module docs).
+pub fn rotary_at(x: &Tensor, inv_freq: &Tensor, pos: &Tensor) -> Result<Tensor> {
+    dispatch(Extern::new(RotaryAt).into(), &[x, inv_freq, pos])
+}
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<RotaryAt, CpuBackend>(DTYPES, cpu::rotary_at)
+        .with::<RotaryAt, CudaKernels>(DTYPES, cuda::rotary_at)
+});
+
+impl ExternOp for RotaryAt {
+    fn name(&self) -> &'static str {
+        "rotary_at"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (3, 3)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let (x, freq) = (shapes[0], shapes[1]);
+        if !dtypes[0].is_float() {
+            return Err(MetaError::DType(format!(
+                "x must be a float dtype, got {}",
+                dtypes[0]
+            )));
+        }
+        let d = match x.dims() {
+            &[_, _, _, d] if d % 2 == 0 => d,
+            _ => {
+                return Err(MetaError::Shape(format!(
+                    "x must be [B, T, H, D] with an even D, got {x}"
+                )))
+            }
+        };
+        if dtypes[1] != DType::F64 || freq.dims() != [d / 2] {
+            return Err(MetaError::Shape(format!(
+                "the frequencies must be f64 [{}] for x {x}, got {} {freq}",
+                d / 2,
+                dtypes[1]
+            )));
+        }
+        check_position(shapes[2], dtypes[2])?;
+        Ok(Inferred::new(rules::rotary_at(x, mode), dtypes[0]))
+    }
+    fn kernels(&self) -> &Kernels {
+        &KERNELS
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("decoding runs without gradients")
+    }
+}

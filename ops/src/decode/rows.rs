@@ -1,0 +1,124 @@
+//! `WriteRows`: n caches with rows written along one dim from a given position (inputs: the
+//! caches, then their rows; outputs: the caches with `rows[i]` at `at..at + t` of `dim`, the
+//! rest as it was). [`write_rows_in_place`] writes them in the caches' own memory where
+//! nothing else holds it (a decoding loop's cache, one launch per step), else makes new
+//! caches and puts them in place of the old ones.
+
+use std::sync::LazyLock;
+
+use oxiflow_cuda::CudaKernels;
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{
+    dispatch_into, dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError,
+    MetaResult, Result, Tensor, TensorError,
+};
+
+use super::{cpu, cuda, DTYPES};
+
+/// Rows written into caches along `dim` from position `at` (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteRows {
+    pub dim: usize,
+    pub at: usize,
+}
+
+/// The `caches` with `rows[i]` written at `at..` along `dim` of `caches[i]` (new tensors).
+pub fn write_rows(
+    caches: &[&Tensor],
+    rows: &[&Tensor],
+    dim: usize,
+    at: usize,
+) -> Result<Vec<Tensor>> {
+    let inputs = operands(caches, rows)?;
+    dispatch_multi(Extern::new(WriteRows { dim, at }).into(), &inputs)
+}
+
+/// [`write_rows`] into `caches` themselves: in their own memory where nothing but these
+/// handles holds it (see `oxiflow_tensor::dispatch_into`), else by putting the new caches in
+/// their place. Every rank calls it alike.
+pub fn write_rows_in_place(
+    caches: &mut [Tensor],
+    rows: &[&Tensor],
+    dim: usize,
+    at: usize,
+) -> Result<()> {
+    let op = Extern::new(WriteRows { dim, at });
+    let written = {
+        let cs: Vec<&Tensor> = caches.iter().collect();
+        let inputs = operands(&cs, rows)?;
+        dispatch_into(op.clone().into(), &inputs, &cs)?
+    };
+    if !written {
+        let new = {
+            let cs: Vec<&Tensor> = caches.iter().collect();
+            dispatch_multi(op.into(), &operands(&cs, rows)?)?
+        };
+        for (c, n) in caches.iter_mut().zip(new) {
+            *c = n;
+        }
+    }
+    Ok(())
+}
+
+/// The op's inputs: the caches, then their rows.
+fn operands<'a>(caches: &[&'a Tensor], rows: &[&'a Tensor]) -> Result<Vec<&'a Tensor>> {
+    if caches.is_empty() || caches.len() != rows.len() {
+        return Err(TensorError::Shape {
+            op: "write_rows",
+            shapes: format!("{} caches, {} row blocks", caches.len(), rows.len()),
+            sbps: String::new(),
+            detail: "needs one row block per cache, and at least one".into(),
+        });
+    }
+    Ok(caches.iter().chain(rows).copied().collect())
+}
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<WriteRows, CpuBackend>(DTYPES, cpu::write_rows)
+        .with::<WriteRows, CudaKernels>(DTYPES, cuda::write_rows)
+});
+
+impl ExternOp for WriteRows {
+    fn name(&self) -> &'static str {
+        "write_rows"
+    }
+    fn attrs(&self, key: &mut Vec<u8>) {
+        key.extend((self.dim as u64).to_le_bytes());
+        key.extend((self.at as u64).to_le_bytes());
+    }
+    fn arity(&self) -> (usize, usize) {
+        (2, usize::MAX)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let n = shapes.len() / 2;
+        let r = rules::write_rows(self.dim, shapes, mode).map_err(MetaError::Shape)?;
+        for i in 0..n {
+            let (c, rows) = (shapes[i], shapes[n + i]);
+            if dtypes[i] != dtypes[n + i] {
+                return Err(MetaError::DType(format!(
+                    "cache {i} is {} but its rows are {}",
+                    dtypes[i],
+                    dtypes[n + i]
+                )));
+            }
+            if self.at + rows.dim(self.dim) > c.dim(self.dim) {
+                return Err(MetaError::Shape(format!(
+                    "rows {rows} from position {} overrun cache {c} along dim {}",
+                    self.at, self.dim
+                )));
+            }
+        }
+        Ok(Inferred {
+            rules: r,
+            dtypes: dtypes[..n].to_vec().into(),
+        })
+    }
+    fn kernels(&self) -> &Kernels {
+        &KERNELS
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("a cache write has no gradient")
+    }
+}

@@ -51,12 +51,14 @@ pub struct DecodeSteps {
     pub eager: usize,
     /// Steps whose sequences outgrew the positions, each computed whole over the last window.
     pub whole: usize,
+    /// Time spent once compiling the step and capturing its device graph (the compile's
+    /// capture, passes and first replay, and the graph's capture and instantiation).
+    pub setup: std::time::Duration,
 }
 
 impl DecodeSteps {
     fn add(&mut self, o: DecodeSteps) {
         self.compiled += o.compiled;
-        self.graph += o.graph;
         self.eager += o.eager;
         self.whole += o.whole;
     }
@@ -76,6 +78,8 @@ pub fn generate_ids(
 ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
     let _ng = no_grad();
     let mut steps = DecodeSteps::default();
+    // One compiled step for every batch: batches of the same shapes replay one program.
+    let mut compiled = Some(CompiledStep::new());
     let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, p) in prompts.iter().enumerate() {
         by_len.entry(p.len()).or_default().push(i);
@@ -83,10 +87,17 @@ pub fn generate_ids(
     let mut out = vec![Vec::new(); prompts.len()];
     for rows in by_len.values() {
         let batch: Vec<Vec<usize>> = rows.iter().map(|&i| prompts[i].clone()).collect();
-        let (got, s) = Decoder { model, world }.run(&batch, rows, n, sampling, eos)?;
+        let (got, s) =
+            Decoder { model, world }.run(&batch, rows, n, sampling, eos, &mut compiled)?;
         steps.add(s);
         for (&i, g) in rows.iter().zip(got) {
             out[i] = g;
+        }
+    }
+    if let Some(c) = &compiled {
+        for p in c.programs() {
+            steps.graph += p.replay_counts().graph;
+            steps.setup += p.report.compile_time + p.graph_built_in().unwrap_or_default();
         }
     }
     Ok((out, steps))
@@ -114,6 +125,7 @@ impl Decoder<'_> {
         n: usize,
         sampling: &Sampling,
         eos: &[usize],
+        compiled: &mut Option<CompiledStep>,
     ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
         let mut steps = DecodeSteps::default();
         let positions = self.model.cfg.seq_len;
@@ -131,7 +143,6 @@ impl Decoder<'_> {
             }
         }
         let greedy = sampling.temperature <= 0.0;
-        let mut compiled = Some(CompiledStep::new());
         let mut next = logits.map(Next::Logits);
         for step in 0..n {
             let picks = match next.take() {
@@ -154,16 +165,13 @@ impl Decoder<'_> {
                 break;
             }
             if let Some(cache) = fixed.as_mut().filter(|c| c.len() < c.positions()) {
-                next = Some(self.step_at(&seqs, cache, &mut compiled, greedy)?);
+                next = Some(self.step_at(&seqs, cache, compiled, greedy)?);
                 match compiled {
                     Some(_) => steps.compiled += 1,
                     None => steps.eager += 1,
                 }
             }
         }
-        steps.graph = compiled.as_ref().map_or(0, |c| {
-            c.programs().iter().map(|p| p.replay_counts().graph).sum()
-        });
         // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.
         let ids = seqs
             .into_iter()

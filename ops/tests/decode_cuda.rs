@@ -1,0 +1,154 @@
+//! The decoding ops' CUDA kernels (through the library's NVRTC path) against the CPU kernels
+//! in f64 on the same (rounded) values: attention over caches of up to 300 positions with
+//! grouped-query heads of width 64 and 128, the position at the start, inside and at the end
+//! of the cache; rotary at a device position; rows written into a cache held only by the
+//! caller in its own memory (the same piece after), and into a new one when another handle
+//! holds it (that handle's value unchanged). Every float dtype; without a CUDA device it
+//! prints that it was skipped.
+
+mod common;
+
+use common::{close, vals};
+
+use oxiflow_ops::decode::{decode_attention, rotary_at, write_rows_in_place};
+use oxiflow_tensor::capture::piece_of;
+use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
+
+fn on(t: &Tensor, p: &Placement, nd: &NdSbp) -> Tensor {
+    t.to_global(p, NdSbp::broadcast(1))
+        .unwrap()
+        .to_global(p, nd.clone())
+        .unwrap()
+}
+
+/// Never-zero values in (-1.5, -0.1] U [0.1, 1.5) from `seed`.
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let r = Tensor::rand([n], seed, DType::F64).to_vec::<f64>().unwrap();
+    r.iter()
+        .enumerate()
+        .map(|(i, u)| (0.1 + 1.4 * u) * if i % 3 == 0 { -1.0 } else { 1.0 })
+        .collect()
+}
+
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-5,
+        _ => 2e-2,
+    }
+}
+
+#[test]
+fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
+    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let b1 = NdSbp::new([Sbp::B]);
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        for (b, h, g, d, plen, pos, seed) in [
+            (1usize, 32usize, 8usize, 64usize, 300usize, 137usize, 1u64),
+            (3, 4, 4, 128, 40, 0, 2),
+            (2, 6, 2, 64, 17, 17, 3),
+            (4, 8, 1, 32, 9, 5, 4),
+            (1, 2, 1, 256, 70, 69, 5),
+        ] {
+            let shapes = [
+                vec![b, 1, h, d],
+                vec![b, plen, g, d],
+                vec![b, plen, g, d],
+                vec![b, 1, g, d],
+                vec![b, 1, g, d],
+            ];
+            let host: Vec<Tensor> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let n = s.iter().product();
+                    Tensor::from_vec(values(n, seed * 10 + i as u64), s.clone())
+                        .unwrap()
+                        .cast(dt)
+                        .unwrap()
+                })
+                .collect();
+            let wide: Vec<Tensor> = host.iter().map(|t| t.cast(DType::F64).unwrap()).collect();
+            let scale = 1.0 / (d as f64).sqrt();
+            let pos_host = Tensor::from_vec(vec![pos as i64], [1]).unwrap();
+            let want = decode_attention(
+                &wide[0],
+                (&wide[1], &wide[2]),
+                (&wide[3], &wide[4]),
+                &pos_host,
+                scale,
+            )
+            .unwrap();
+            let batch = NdSbp::new([Sbp::S(0)]);
+            let dev: Vec<Tensor> = host.iter().map(|t| on(t, &p, &batch)).collect();
+            let pos_dev = on(&pos_host, &p, &b1);
+            let got = decode_attention(
+                &dev[0],
+                (&dev[1], &dev[2]),
+                (&dev[3], &dev[4]),
+                &pos_dev,
+                scale,
+            )
+            .unwrap();
+            let what = format!("decode_attention {dt} b{b} h{h} g{g} d{d} P{plen} pos{pos}");
+            close(&vals(&got), &vals(&want), tolerance(dt), &what);
+
+            // Rotary at the device position, frequencies of a Llama-3 base.
+            let half = d / 2;
+            let freq: Vec<f64> = (0..half)
+                .map(|i| 500_000f64.powf(-2.0 * i as f64 / d as f64))
+                .collect();
+            let f = Tensor::from_vec(freq, [half]).unwrap();
+            let want = rotary_at(&wide[0], &f, &pos_host).unwrap();
+            let got = rotary_at(&dev[0], &on(&f, &p, &b1), &pos_dev).unwrap();
+            close(
+                &vals(&got),
+                &vals(&want),
+                tolerance(dt).max(1e-6),
+                &format!("rotary_at {what}"),
+            );
+
+            // Rows into a cache only the caller holds: its own memory, the same piece after.
+            let at = pos.min(plen - 1);
+            let mut caches = vec![dev[1].clone(), dev[2].clone()];
+            drop(dev);
+            let before = caches[0].clone();
+            let mut want = wide[1].to_vec::<f64>().unwrap();
+            let rows = wide[3].to_vec::<f64>().unwrap();
+            for bi in 0..b {
+                let o = ((bi * plen + at) * g) * d;
+                want[o..o + g * d].copy_from_slice(&rows[bi * g * d..(bi + 1) * g * d]);
+            }
+            let rk = on(&host[3], &p, &batch);
+            let rv = on(&host[4], &p, &batch);
+            // Another handle holds the key cache: a new tensor, the held one unchanged.
+            write_rows_in_place(&mut caches, &[&rk, &rv], 1, at).unwrap();
+            assert!(
+                !caches[0].shares_piece(&before),
+                "{what}: a held cache was written"
+            );
+            close(
+                &vals(&before),
+                &vals(&wide[1]),
+                0.0,
+                &format!("held cache {what}"),
+            );
+            close(&vals(&caches[0]), &want, 0.0, &format!("new cache {what}"));
+            drop(before);
+            // Held by the caller alone now: written in its own memory (the same piece).
+            let address = |t: &Tensor| piece_of(t).map(|p| std::sync::Arc::as_ptr(p) as usize);
+            let was = address(&caches[0]);
+            write_rows_in_place(&mut caches, &[&rk, &rv], 1, at).unwrap();
+            assert_eq!(address(&caches[0]), was, "{what}: not written in place");
+            close(
+                &vals(&caches[0]),
+                &want,
+                0.0,
+                &format!("cache in place {what}"),
+            );
+        }
+    }
+}

@@ -141,7 +141,7 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             // Held by the caller alone now: written in its own memory (the same piece).
             let address = |t: &Tensor| piece_of(t).map(|p| std::sync::Arc::as_ptr(p) as usize);
             let was = address(&caches[0]);
-            write_rows_in_place(&mut caches, &[&rk, &rv], 1, at).unwrap();
+            assert!(write_rows_in_place(&mut caches, &[&rk, &rv], 1, at).unwrap());
             assert_eq!(address(&caches[0]), was, "{what}: not written in place");
             close(
                 &vals(&caches[0]),

@@ -2,7 +2,7 @@
 # Runs on the GPU machine from a folder staged by engine_here.sh: generation with the
 # Llama-3.2-1B shape (random weights saved by transformers, bf16 on disk; ours at
 # --precision bf16-mixed), greedy, 128-token prompts, 256 new tokens, at batch $BATCHES
-# (default "1 16"): `train --from-hf` beside `llama_bench.py --generate` (transformers'
+# (default "1 16"; NOGRAPH=1 adds ours with OXIFLOW_CUDA_GRAPH=0): `train --from-hf` beside `llama_bench.py --generate` (transformers'
 # generate with a static cache) in $MODES (default "eager compile"), in the same command. Each run's
 # nvidia-smi peak. Logs under $OUT; a table last.
 set -uo pipefail
@@ -31,6 +31,11 @@ import random; random.seed($b)
 print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) for _ in range($b)))")
   sampled "$OUT/ours-b$b.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl \
     bin/train --from-hf "$MODEL" --prompt-ids "$prompts" --gen-tokens "$NEW" --temperature 0
+  if [ "${NOGRAPH:-0}" = 1 ]; then
+    OXIFLOW_CUDA_GRAPH=0 sampled "$OUT/ours-nograph-b$b.log" timeout 300 bin/oflaunch \
+      --nproc-per-node 1 --backend nccl bin/train --from-hf "$MODEL" --prompt-ids "$prompts" \
+      --gen-tokens "$NEW" --temperature 0
+  fi
   for mode in $MODES; do
     flag=(); [ "$mode" = compile ] && flag=(--compile)
     sampled "$OUT/torch-$mode-b$b.log" timeout 300 python3 llama_bench.py --generate --batch "$b" \
@@ -38,12 +43,20 @@ print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) fo
   done
 done
 echo
-printf '%-6s %-16s %12s %10s\n' batch run new_tok/s smi_MiB
+# Ours: cold (every one-time cost in) and warm (without compiling the step and capturing its
+# graph, as the warm-up run leaves torch's); torch: its timed run after a warm-up.
+printf '%-6s %-16s %12s %12s %10s\n' batch run new_tok/s warm_tok/s smi_MiB
 for b in $BATCHES; do
-  r=$(grep -o 'generation: .*' "$OUT/ours-b$b.log" | grep -o '([0-9.]* new tokens/s' | tr -d '(' | cut -d' ' -f1)
-  printf '%-6s %-16s %12s %10s\n' "$b" oxiflow "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/ours-b$b.log" | cut -d' ' -f2)"
+  for run in ours ours-nograph; do
+    f="$OUT/$run-b$b.log"
+    [ -e "$f" ] || continue
+    cold=$(grep -o '([0-9.]* new tokens/s' "$f" | tr -d '(' | cut -d' ' -f1)
+    warm=$(grep -o '[0-9.]* new tokens/s without' "$f" | cut -d' ' -f1)
+    printf '%-6s %-16s %12s %12s %10s\n' "$b" "$run" "${cold:-FAIL}" "${warm:--}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$f" | cut -d' ' -f2)"
+  done
   for mode in $MODES; do
     r=$(grep -o '"new_tokens_per_s": [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)
-    printf '%-6s %-16s %12s %10s\n' "$b" "torch-$mode" "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)"
+    printf '%-6s %-16s %12s %12s %10s\n' "$b" "torch-$mode" "${r:-FAIL}" "${r:-FAIL}" "$(grep -o 'SMI_PEAK_MIB [0-9]*' "$OUT/torch-$mode-b$b.log" | cut -d' ' -f2)"
   done
 done
+grep -h "decoding steps" "$OUT"/ours*-b*.log | sed 's/.*decoding steps/decoding steps/' | sort | uniq -c

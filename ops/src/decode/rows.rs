@@ -36,13 +36,13 @@ pub fn write_rows(
 
 /// [`write_rows`] into `caches` themselves: in their own memory where nothing but these
 /// handles holds it (see `oxiflow_tensor::dispatch_into`), else by putting the new caches in
-/// their place. Every rank calls it alike.
+/// their place; returns whether it wrote in place. Every rank calls it alike.
 pub fn write_rows_in_place(
     caches: &mut [Tensor],
     rows: &[&Tensor],
     dim: usize,
     at: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let op = Extern::new(WriteRows { dim, at });
     let written = {
         let cs: Vec<&Tensor> = caches.iter().collect();
@@ -58,7 +58,7 @@ pub fn write_rows_in_place(
             *c = n;
         }
     }
-    Ok(())
+    Ok(written)
 }
 
 /// The op's inputs: the caches, then their rows.

@@ -435,14 +435,26 @@ fn sample(
         "generation: {new} new tokens for {} prompts in {secs:.3} s ({:.1} new tokens/s, the \
          prompts' prefill included; {setup:.3} s of it compiling the decoding step and \
          capturing its graph once, {:.1} new tokens/s without); decoding steps: {} compiled \
-         ({} as one device graph), {} eager, {} over a whole window",
+         ({} as one device graph), {} eager, {} over a whole window, {} writing the cache in \
+         place; ms a step: {}",
         out.len(),
         new as f64 / secs.max(f64::MIN_POSITIVE),
         new as f64 / (secs - setup).max(f64::MIN_POSITIVE),
         steps.compiled,
         steps.graph,
         steps.eager,
-        steps.whole
+        steps.whole,
+        steps.in_place,
+        {
+            let n = (steps.compiled + steps.eager).max(1) as f64;
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / n;
+            format!(
+                "{:.3} run, {:.3} cache write, {:.3} reading ids",
+                ms(steps.parts[0]),
+                ms(steps.parts[1]),
+                ms(steps.parts[2])
+            )
+        }
     );
     let ids_line = |ids: &[usize]| {
         let v: Vec<String> = ids.iter().map(usize::to_string).collect();

@@ -11,6 +11,7 @@
 //! from the last window of them, computed whole.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use oxiflow_collectives::DType;
 use oxiflow_compile::{CompileError, CompiledStep};
@@ -51,6 +52,11 @@ pub struct DecodeSteps {
     pub eager: usize,
     /// Steps whose sequences outgrew the positions, each computed whole over the last window.
     pub whole: usize,
+    /// Steps whose keys and values were written into the cache in place.
+    pub in_place: usize,
+    /// Time of the steps over the cache in their three parts: running the step (its inputs
+    /// made, the program replayed), writing the cache, reading the next ids on the host.
+    pub parts: [std::time::Duration; 3],
     /// Time spent once compiling the step and capturing its device graph (the compile's
     /// capture, passes and first replay, and the graph's capture and instantiation).
     pub setup: std::time::Duration,
@@ -61,6 +67,10 @@ impl DecodeSteps {
         self.compiled += o.compiled;
         self.eager += o.eager;
         self.whole += o.whole;
+        self.in_place += o.in_place;
+        for (a, b) in self.parts.iter_mut().zip(o.parts) {
+            *a += b;
+        }
     }
 }
 
@@ -145,9 +155,14 @@ impl Decoder<'_> {
         let greedy = sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
         for step in 0..n {
+            let read = Instant::now();
             let picks = match next.take() {
                 Some(Next::Logits(l)) => self.next_ids(&l, rows, sampling, step)?,
-                Some(Next::Picks(p)) => self.read_picks(&p, rows.len())?,
+                Some(Next::Picks(p)) => {
+                    let ids = self.read_picks(&p, rows.len())?;
+                    steps.parts[2] += read.elapsed();
+                    ids
+                }
                 None => {
                     if step > 0 {
                         steps.whole += 1;
@@ -165,7 +180,7 @@ impl Decoder<'_> {
                 break;
             }
             if let Some(cache) = fixed.as_mut().filter(|c| c.len() < c.positions()) {
-                next = Some(self.step_at(&seqs, cache, compiled, greedy)?);
+                next = Some(self.step_at(&seqs, cache, compiled, greedy, &mut steps)?);
                 match compiled {
                     Some(_) => steps.compiled += 1,
                     None => steps.eager += 1,
@@ -207,7 +222,9 @@ impl Decoder<'_> {
         cache: &mut FixedKvCache,
         compiled: &mut Option<CompiledStep>,
         greedy: bool,
+        steps: &mut DecodeSteps,
     ) -> Result<Next, TrainError> {
+        let started = Instant::now();
         let len = seqs.first().map_or(0, Vec::len);
         let first = self
             .model
@@ -249,7 +266,10 @@ impl Decoder<'_> {
         while let (Some(k), Some(v)) = (outs.next(), outs.next()) {
             rows.push((k, v));
         }
-        cache.push(&rows)?;
+        let pushed = Instant::now();
+        steps.parts[0] += pushed - started;
+        steps.in_place += usize::from(cache.push(&rows)?);
+        steps.parts[1] += pushed.elapsed();
         Ok(if greedy {
             Next::Picks(head)
         } else {

@@ -62,8 +62,9 @@ impl FixedKvCache {
 
     /// Writes each block's key and value `[B, 1, G, D]` of one decoding step (`rows`, in block
     /// order) at the next position: in the tensors' own memory where nothing else holds them
-    /// (one write per placement), else into new tensors put in their place.
-    pub fn push(&mut self, rows: &[(Tensor, Tensor)]) -> Result<()> {
+    /// (one write per placement), else into new tensors put in their place; returns whether
+    /// every write was in place.
+    pub fn push(&mut self, rows: &[(Tensor, Tensor)]) -> Result<bool> {
         if rows.len() != self.kv.len() || self.len >= self.positions() {
             return Err(TensorError::Shape {
                 op: "FixedKvCache::push",
@@ -81,9 +82,10 @@ impl FixedKvCache {
             .into_iter()
             .flat_map(|(k, v)| [k, v])
             .collect();
-        let mut written = Ok(());
+        let mut written = Ok(true);
         let mut start = 0;
         while start < all.len() && written.is_ok() {
+            let in_place = written.as_ref().is_ok_and(|&w| w);
             let place = all[start].placement().cloned();
             let end = (start..all.len())
                 .step_by(2)
@@ -93,16 +95,17 @@ impl FixedKvCache {
                 .iter()
                 .flat_map(|(k, v)| [k, v])
                 .collect();
-            written = write_rows_in_place(&mut all[start..end], &new, 1, self.len);
+            written =
+                write_rows_in_place(&mut all[start..end], &new, 1, self.len).map(|w| w && in_place);
             start = end;
         }
         let mut back = all.into_iter();
         while let (Some(k), Some(v)) = (back.next(), back.next()) {
             self.kv.push((k, v));
         }
-        written?;
+        let in_place = written?;
         self.len += 1;
-        Ok(())
+        Ok(in_place)
     }
 }
 

@@ -44,6 +44,20 @@ pub fn write_rows_in_place(
     at: usize,
 ) -> Result<bool> {
     let op = Extern::new(WriteRows { dim, at });
+    // Rows laid out as their caches (a relabel where the layouts differ only in name), so
+    // the write needs no boxing and gives each cache its own layout.
+    let moved: Vec<Tensor> = caches
+        .iter()
+        .zip(rows)
+        .map(|(c, r)| match (c.placement(), c.nd_sbp()) {
+            (Some(p), Some(nd)) if r.nd_sbp() != Some(nd) || r.placement() != Some(p) => {
+                r.to_global(p, nd.clone())
+            }
+            _ => Ok((*r).clone()),
+        })
+        .collect::<Result<_>>()?;
+    let rows: Vec<&Tensor> = moved.iter().collect();
+    let rows = rows.as_slice();
     let written = {
         let cs: Vec<&Tensor> = caches.iter().collect();
         let inputs = operands(&cs, rows)?;

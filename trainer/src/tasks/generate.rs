@@ -16,7 +16,7 @@ use std::time::Instant;
 use oxiflow_collectives::DType;
 use oxiflow_compile::{CompileError, CompiledStep};
 use oxiflow_models::nn::gpt::{FixedKvCache, Gpt};
-use oxiflow_models::nn::Pass;
+use oxiflow_models::nn::{Module, Pass};
 use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::NdSbp;
@@ -87,6 +87,11 @@ pub fn generate_ids(
     eos: &[usize],
 ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
     let _ng = no_grad();
+    // Every parameter's compute copy made once (kept with it): the decoding step reads them
+    // as constants rather than casting every weight at every token.
+    for p in model.parameters() {
+        p.ensure_compute_copy()?;
+    }
     let mut steps = DecodeSteps::default();
     // One compiled step for every batch: batches of the same shapes replay one program.
     let mut compiled = Some(CompiledStep::new());

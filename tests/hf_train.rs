@@ -322,8 +322,9 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
             let got = generated(&text);
             eprintln!("{name} {layout:?}: {got:?}");
             // Both batches decode their 23 steps after the prompt as one compiled step over
-            // the fixed cache.
-            let steps = "decoding steps: 46 compiled (0 as one device graph), 0 eager";
+            // the fixed cache: one program for each of the two cache sizes.
+            let steps =
+                "decoding steps: 46 compiled (2 programs, 0 replays as one device graph), 0 eager";
             assert!(text.contains(steps), "{name} {layout:?}: {text}");
             assert_eq!(got.len(), 3, "{text}");
             assert_eq!(

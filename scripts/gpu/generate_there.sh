@@ -25,6 +25,10 @@ cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192
 tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
 print("saved", sys.argv[1])
 PY
+# A short run first fills the on-disk cache of the ops' kernels (NVRTC), as the warm-up
+# generate torch runs before its timed one compiles and caches its own.
+timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl bin/train --from-hf "$MODEL" \
+  --prompt-ids 1,2,3 --gen-tokens 4 --temperature 0 > "$OUT/warm-up.log" 2>&1
 for b in $BATCHES; do
   prompts=$(python3 -c "
 import random; random.seed($b)

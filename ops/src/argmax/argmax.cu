@@ -30,6 +30,7 @@ __device__ __forceinline__ void argmax_rows(const T* x, i64* y, i64 rows, i64 n,
         const T* xr = x + row * n;
         W v = lowest;
         i64 i = NONE;
+#pragma unroll 4
         for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
             W e = ld(xr + j);
             if (e > v) {  // strictly larger: the thread's first such index (j ascends)

@@ -1,6 +1,6 @@
 //! The arg-max's CUDA kernel (`argmax.cu`), compiled once per process through the library's
 //! NVRTC path and looked up by [`ArgMaxKernel`]; one launch per call on the compute stream (a
-//! 256-thread block per row, grid-stride over rows), into the executor's output.
+//! 1024-thread block per row, grid-stride over rows), into the executor's output.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, KernelIds};
@@ -61,7 +61,7 @@ pub(super) fn argmax(op: &ArgMax, b: &CudaKernels, io: KernelIo<'_, CudaKernels>
     l.arg(&xp).arg(&yp).arg(&r).arg(&nn);
     let cfg = LaunchConfig {
         grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (1024, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: argmax_<dtype> takes (const T*, i64*, i64 rows, i64 n); x holds rows * n elements

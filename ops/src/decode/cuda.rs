@@ -54,7 +54,7 @@ impl KernelIds for DecodeKernel {
 static SOURCE: CudaSource<DecodeKernel> = CudaSource::new("decode", include_str!("decode.cu"));
 
 /// Warps of a decoding attention block (`DA_WARPS` in the source).
-const ATTENTION_WARPS: usize = 8;
+const ATTENTION_WARPS: usize = 16;
 
 fn dims4(op: &'static str, what: &str, p: &CudaStorage) -> Result<[usize; 4]> {
     match p.shape().dims() {

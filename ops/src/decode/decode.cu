@@ -40,12 +40,13 @@ ROTARY_AT(bf16_t, float, bf16)
 ROTARY_AT(f16_t, float, f16)
 ROTARY_AT(double, double, f64)
 
-// decode_attention: a block per (head, sequence), DA_WARPS warps; warp w takes keys w*4.. in
-// steps of DA_WARPS*4, four at a time (their loads in flight together), keeping a running max,
+// decode_attention: a block per (head, sequence), DA_WARPS warps; warp w takes keys w*DA_KEYS..
+// in steps of DA_WARPS*DA_KEYS, DA_KEYS at a time (their loads in flight together), keeping a running max,
 // sum and weighted values (D / 32 elements a lane); the warps' results then combine. Keys
 // 0..pos-1 come from the cache (row stride G*D), key pos is the new one. A position past the
 // cache's P is taken as P (the host-side op checks the position it writes).
-#define DA_WARPS 8
+#define DA_WARPS 16
+#define DA_KEYS 8
 #define DA_MAXE 8
 template <typename T, typename W>
 __device__ __forceinline__ void decode_heads(const T* q, const T* kc, const T* vc, const T* kn,
@@ -73,10 +74,10 @@ __device__ __forceinline__ void decode_heads(const T* q, const T* kc, const T* v
     const T* knew = kn + ((i64)bi * g + gi) * d;
     const T* vnew = vn + ((i64)bi * g + gi) * d;
     W m = (W)NEG_INF, l = (W)0;
-    for (i64 j0 = (i64)warp * 4; j0 <= p; j0 += DA_WARPS * 4) {
-        W s[4];
+    for (i64 j0 = (i64)warp * DA_KEYS; j0 <= p; j0 += DA_WARPS * DA_KEYS) {
+        W s[DA_KEYS];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < DA_KEYS; u++) {
             const i64 j = j0 + u;
             W dot = (W)0;
             if (j <= p) {
@@ -90,9 +91,9 @@ __device__ __forceinline__ void decode_heads(const T* q, const T* kc, const T* v
             s[u] = dot;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) s[u] = wsum(s[u]) * scale;
+        for (int u = 0; u < DA_KEYS; u++) s[u] = wsum(s[u]) * scale;
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < DA_KEYS; u++) {
             const i64 j = j0 + u;
             if (j > p) break;
             const W mn = s[u] > m ? s[u] : m;

@@ -435,12 +435,13 @@ fn sample(
         "generation: {new} new tokens for {} prompts in {secs:.3} s ({:.1} new tokens/s, the \
          prompts' prefill included; {setup:.3} s of it compiling the decoding step and \
          capturing its graph once, {:.1} new tokens/s without); decoding steps: {} compiled \
-         ({} as one device graph), {} eager, {} over a whole window, {} writing the cache in \
+         ({} programs, {} replays as one device graph), {} eager, {} over a whole window, {} writing the cache in \
          place; ms a step: {}",
         out.len(),
         new as f64 / secs.max(f64::MIN_POSITIVE),
         new as f64 / (secs - setup).max(f64::MIN_POSITIVE),
         steps.compiled,
+        steps.programs,
         steps.graph,
         steps.eager,
         steps.whole,

@@ -48,6 +48,8 @@ pub struct DecodeSteps {
     pub compiled: usize,
     /// Of those, replays that launched one device graph.
     pub graph: usize,
+    /// Programs compiled for them (one per shape of the batch and cache).
+    pub programs: usize,
     /// Steps run eagerly over the cache (a step the compile cannot replay).
     pub eager: usize,
     /// Steps whose sequences outgrew the positions, each computed whole over the last window.
@@ -63,6 +65,13 @@ pub struct DecodeSteps {
 }
 
 impl DecodeSteps {
+    /// One step over the cache, compiled or (without a compiled step) eager.
+    fn count(&mut self, compiled: &Option<CompiledStep>) {
+        match compiled {
+            Some(_) => self.compiled += 1,
+            None => self.eager += 1,
+        }
+    }
     fn add(&mut self, o: DecodeSteps) {
         self.compiled += o.compiled;
         self.eager += o.eager;
@@ -110,6 +119,7 @@ pub fn generate_ids(
         }
     }
     if let Some(c) = &compiled {
+        steps.programs = c.programs().len();
         for p in c.programs() {
             steps.graph += p.replay_counts().graph;
             steps.setup += p.report.compile_time + p.graph_built_in().unwrap_or_default();
@@ -119,10 +129,16 @@ pub fn generate_ids(
 }
 
 /// What a batch's next ids are picked from: the logits `[B, table_rows]`, or the arg-max ids
-/// `[B]` a compiled greedy step picked where the logits were.
+/// `[B]` a greedy step over the cache picked where the logits were, with the device ids
+/// `[B, 1]` and position `[1]` that feed the step after it (so that step can be launched
+/// before these ids are read on the host).
 enum Next {
     Logits(Tensor),
-    Picks(Tensor),
+    Picks {
+        picks: Tensor,
+        ids: Tensor,
+        pos: Tensor,
+    },
 }
 
 /// One batch of prompts of one length through `model`.
@@ -160,11 +176,26 @@ impl Decoder<'_> {
         let greedy = sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
         for step in 0..n {
+            // A greedy step's successor runs ahead, fed by its device outputs, while its ids
+            // are read and checked here: the device never waits for the host. Where every
+            // sequence then ends, the successor's token is dropped (its row in the cache with
+            // it).
+            let ahead = match (&next, fixed.as_mut()) {
+                (Some(Next::Picks { ids, pos, .. }), Some(cache))
+                    if step + 1 < n && cache.len() < cache.positions() =>
+                {
+                    let (ids, pos) = (ids.clone(), pos.clone());
+                    let launched = self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
+                    steps.count(compiled);
+                    Some(launched)
+                }
+                _ => None,
+            };
             let read = Instant::now();
             let picks = match next.take() {
                 Some(Next::Logits(l)) => self.next_ids(&l, rows, sampling, step)?,
-                Some(Next::Picks(p)) => {
-                    let ids = self.read_picks(&p, rows.len())?;
+                Some(Next::Picks { picks, .. }) => {
+                    let ids = self.read_picks(&picks, rows.len())?;
                     steps.parts[2] += read.elapsed();
                     ids
                 }
@@ -184,13 +215,19 @@ impl Decoder<'_> {
             if done.iter().all(|&d| d) || step + 1 == n {
                 break;
             }
-            if let Some(cache) = fixed.as_mut().filter(|c| c.len() < c.positions()) {
-                next = Some(self.step_at(&seqs, cache, compiled, greedy, &mut steps)?);
-                match compiled {
-                    Some(_) => steps.compiled += 1,
-                    None => steps.eager += 1,
-                }
-            }
+            next = match ahead {
+                Some(a) => Some(a),
+                None => match fixed.as_mut().filter(|c| c.len() < c.positions()) {
+                    Some(cache) => {
+                        let (ids, pos) = self.feed(&seqs, cache.len())?;
+                        let launched =
+                            self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
+                        steps.count(compiled);
+                        Some(launched)
+                    }
+                    None => None,
+                },
+            };
         }
         // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.
         let ids = seqs
@@ -217,19 +254,9 @@ impl Decoder<'_> {
         Ok(all.narrow(1, t - 1, 1)?.reshape([b, rows])?)
     }
 
-    /// Every sequence's last token through `cache` (at its next position) as one compiled
-    /// step (`compiled`, captured on the first call, replayed after; None: eagerly): the
-    /// arg-max ids where `greedy`, else the logits; the step's keys and values are then
-    /// written into the cache.
-    fn step_at(
-        &self,
-        seqs: &[Vec<usize>],
-        cache: &mut FixedKvCache,
-        compiled: &mut Option<CompiledStep>,
-        greedy: bool,
-        steps: &mut DecodeSteps,
-    ) -> Result<Next, TrainError> {
-        let started = Instant::now();
+    /// Every sequence's last token and its position, from the host: ids `[B, 1]` on the first
+    /// stage and the position `[1]` broadcast there.
+    fn feed(&self, seqs: &[Vec<usize>], pos: usize) -> Result<(Tensor, Tensor), TrainError> {
         let len = seqs.first().map_or(0, Vec::len);
         let first = self
             .model
@@ -238,9 +265,27 @@ impl Decoder<'_> {
             .mesh()
             .ok_or_else(|| layout_err("the decoder is not global".into()))?;
         let p = first.placement();
-        let pos = Tensor::from_vec(vec![cache.len() as i64], [1])?
-            .to_global(p, NdSbp::broadcast(p.ndim()))?;
-        let mut inputs = vec![self.ids(seqs, len - 1)?, pos];
+        let pos =
+            Tensor::from_vec(vec![pos as i64], [1])?.to_global(p, NdSbp::broadcast(p.ndim()))?;
+        Ok((self.ids(seqs, len - 1)?, pos))
+    }
+
+    /// The tokens `ids` `[B, 1]` at the device position `pos` (the cache's next) through
+    /// `cache` as one compiled step (`compiled`, captured on the first call, replayed after;
+    /// None: eagerly): where `greedy` the arg-max ids and what feeds the step after, else the
+    /// logits; the step's keys and values are then written into the cache (queued behind
+    /// the step on a device: nothing here waits for it).
+    fn step_at(
+        &self,
+        ids: Tensor,
+        pos: Tensor,
+        cache: &mut FixedKvCache,
+        compiled: &mut Option<CompiledStep>,
+        greedy: bool,
+        steps: &mut DecodeSteps,
+    ) -> Result<Next, TrainError> {
+        let started = Instant::now();
+        let mut inputs = vec![ids, pos];
         inputs.extend(cache.kv.iter().flat_map(|(k, v)| [k.clone(), v.clone()]));
         let eager = || self.decode_step(&inputs, greedy);
         let outs = match compiled.as_mut() {
@@ -264,22 +309,28 @@ impl Decoder<'_> {
         // The cache's tensors are held by the cache alone again: written in place.
         drop(inputs);
         let mut outs = outs.into_iter();
-        let head = outs
-            .next()
-            .ok_or_else(|| layout_err("the decoding step gave no outputs".into()))?;
+        let mut take = || {
+            outs.next()
+                .ok_or_else(|| layout_err("the decoding step gave too few outputs".into()))
+        };
+        let next = if greedy {
+            Next::Picks {
+                picks: take()?,
+                ids: take()?,
+                pos: take()?,
+            }
+        } else {
+            Next::Logits(take()?)
+        };
         let mut rows = Vec::with_capacity(cache.kv.len());
-        while let (Some(k), Some(v)) = (outs.next(), outs.next()) {
-            rows.push((k, v));
+        for _ in 0..cache.kv.len() {
+            rows.push((take()?, take()?));
         }
         let pushed = Instant::now();
         steps.parts[0] += pushed - started;
         steps.in_place += usize::from(cache.push(&rows)?);
         steps.parts[1] += pushed.elapsed();
-        Ok(if greedy {
-            Next::Picks(head)
-        } else {
-            Next::Logits(head)
-        })
+        Ok(next)
     }
 
     /// The next id of every sequence (the same on every rank): at temperature 0 the arg-max
@@ -305,21 +356,36 @@ impl Decoder<'_> {
     }
 
     /// One decoding step on `inputs` (ids, position, then each block's cached keys and
-    /// values): the arg-max ids where `greedy`, else the logits, then each block's new key and
-    /// value.
+    /// values): where `greedy` the arg-max ids `[B]`, the same ids as the next step's input
+    /// and the next position, else the logits; then each block's new key and value, laid out
+    /// as its cache.
     fn decode_step(&self, inputs: &[Tensor], greedy: bool) -> Result<Vec<Tensor>, TrainError> {
         let kv: Vec<(Tensor, Tensor)> = inputs[2..]
             .chunks_exact(2)
             .map(|c| (c[0].clone(), c[1].clone()))
             .collect();
-        let (logits, rows) = self.model.decode_at(&inputs[0], &inputs[1], &kv)?;
-        let head = if greedy {
-            argmax(&logits.narrow(1, 0, self.model.cfg.vocab)?)?
-        } else {
-            logits
+        let (ids, pos) = (&inputs[0], &inputs[1]);
+        let (logits, rows) = self.model.decode_at(ids, pos, &kv)?;
+        let like = |t: Tensor, of: &Tensor| -> Result<Tensor, TrainError> {
+            Ok(match (of.placement(), of.nd_sbp()) {
+                (Some(p), Some(nd)) if t.nd_sbp() != Some(nd) || t.placement() != Some(p) => {
+                    t.to_global(p, nd.clone())?
+                }
+                _ => t,
+            })
         };
-        let mut outs = vec![head];
-        outs.extend(rows.into_iter().flat_map(|(k, v)| [k, v]));
+        let mut outs = if greedy {
+            let picks = argmax(&logits.narrow(1, 0, self.model.cfg.vocab)?)?;
+            let b = picks.shape().dim(0);
+            let next_ids = like(picks.reshape([b, 1])?, ids)?;
+            vec![picks, next_ids, pos.add_scalar(1.0)?]
+        } else {
+            vec![logits]
+        };
+        for ((k, v), (ck, cv)) in rows.into_iter().zip(&kv) {
+            outs.push(like(k, ck)?);
+            outs.push(like(v, cv)?);
+        }
         Ok(outs)
     }
 

@@ -130,8 +130,7 @@ pub fn generate_ids(
 
 /// What a batch's next ids are picked from: the logits `[B, table_rows]`, or the arg-max ids
 /// `[B]` a greedy step over the cache picked where the logits were, with the device ids
-/// `[B, 1]` and position `[1]` that feed the step after it (so that step can be launched
-/// before these ids are read on the host).
+/// `[B, 1]` and position `[1]` that feed the step after it (nothing uploaded from the host).
 enum Next {
     Logits(Tensor),
     Picks {
@@ -175,26 +174,14 @@ impl Decoder<'_> {
         }
         let greedy = sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
+        // The ids and position a greedy step left on the device for the step after it.
+        let mut feed = None;
         for step in 0..n {
-            // A greedy step's successor runs ahead, fed by its device outputs, while its ids
-            // are read and checked here: the device never waits for the host. Where every
-            // sequence then ends, the successor's token is dropped (its row in the cache with
-            // it).
-            let ahead = match (&next, fixed.as_mut()) {
-                (Some(Next::Picks { ids, pos, .. }), Some(cache))
-                    if step + 1 < n && cache.len() < cache.positions() =>
-                {
-                    let (ids, pos) = (ids.clone(), pos.clone());
-                    let launched = self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
-                    steps.count(compiled);
-                    Some(launched)
-                }
-                _ => None,
-            };
             let read = Instant::now();
             let picks = match next.take() {
                 Some(Next::Logits(l)) => self.next_ids(&l, rows, sampling, step)?,
-                Some(Next::Picks { picks, .. }) => {
+                Some(Next::Picks { picks, ids, pos }) => {
+                    feed = Some((ids, pos));
                     let ids = self.read_picks(&picks, rows.len())?;
                     steps.parts[2] += read.elapsed();
                     ids
@@ -215,18 +202,17 @@ impl Decoder<'_> {
             if done.iter().all(|&d| d) || step + 1 == n {
                 break;
             }
-            next = match ahead {
-                Some(a) => Some(a),
-                None => match fixed.as_mut().filter(|c| c.len() < c.positions()) {
-                    Some(cache) => {
-                        let (ids, pos) = self.feed(&seqs, cache.len())?;
-                        let launched =
-                            self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
-                        steps.count(compiled);
-                        Some(launched)
-                    }
-                    None => None,
-                },
+            next = match fixed.as_mut().filter(|c| c.len() < c.positions()) {
+                Some(cache) => {
+                    let (ids, pos) = match feed.take() {
+                        Some(f) => f,
+                        None => self.feed(&seqs, cache.len())?,
+                    };
+                    let launched = self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
+                    steps.count(compiled);
+                    Some(launched)
+                }
+                None => None,
             };
         }
         // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.

@@ -53,8 +53,14 @@ impl KernelIds for DecodeKernel {
 
 static SOURCE: CudaSource<DecodeKernel> = CudaSource::new("decode", include_str!("decode.cu"));
 
-/// Warps of a decoding attention block (`DA_WARPS` in the source).
-const ATTENTION_WARPS: usize = 16;
+/// Warps of a decoding attention block of `dtype` (the kernels' `WARPS` in the source).
+fn attention_warps(dtype: DType) -> usize {
+    if dtype == DType::F64 {
+        8
+    } else {
+        16
+    }
+}
 
 fn dims4(op: &'static str, what: &str, p: &CudaStorage) -> Result<[usize; 4]> {
     match p.shape().dims() {
@@ -157,10 +163,11 @@ pub(super) fn decode_attention(
     let rt = b.runtime();
     let f = SOURCE.function(rt, name, DecodeKernel::Attention(dtype))?;
     let wide = if dtype == DType::F64 { 8 } else { 4 };
+    let warps = attention_warps(dtype);
     let cfg = LaunchConfig {
         grid_dim: (h as u32, bs as u32, 1),
-        block_dim: (32 * ATTENTION_WARPS as u32, 1, 1),
-        shared_mem_bytes: (wide * ATTENTION_WARPS * (d + 2)) as u32,
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: (wide * warps * (d + 2)) as u32,
     };
     let ptrs = [
         q.ptr(),
@@ -186,7 +193,7 @@ pub(super) fn decode_attention(
     // SAFETY: decode_attention_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const i64*,
     // y: T*, i64 p_len, int h, int g, int d, W scale) with W f64 for f64 and f32 otherwise;
     // the pieces hold the element counts checked above, the block's dynamic shared memory is
-    // DA_WARPS * (d + 2) W's, and the pieces outlive the launch.
+    // WARPS * (d + 2) W's for the kernel's WARPS, and the pieces outlive the launch.
     launched(name, unsafe { l.launch(cfg) })
 }
 

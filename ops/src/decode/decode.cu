@@ -40,15 +40,14 @@ ROTARY_AT(bf16_t, float, bf16)
 ROTARY_AT(f16_t, float, f16)
 ROTARY_AT(double, double, f64)
 
-// decode_attention: a block per (head, sequence), DA_WARPS warps; warp w takes keys w*DA_KEYS..
-// in steps of DA_WARPS*DA_KEYS, DA_KEYS at a time (their loads in flight together), keeping a running max,
+// decode_attention: a block per (head, sequence), WARPS warps; warp w takes keys w*KEYS.. in
+// steps of WARPS*KEYS, KEYS at a time (their loads in flight together), keeping a running max,
 // sum and weighted values (D / 32 elements a lane); the warps' results then combine. Keys
 // 0..pos-1 come from the cache (row stride G*D), key pos is the new one. A position past the
-// cache's P is taken as P (the host-side op checks the position it writes).
-#define DA_WARPS 16
-#define DA_KEYS 8
+// cache's P is taken as P (the host-side op checks the position it writes). 16 warps with 8
+// keys in flight for f32 arithmetic; f64's registers allow 8 warps with 4.
 #define DA_MAXE 8
-template <typename T, typename W>
+template <typename T, typename W, int DA_WARPS, int DA_KEYS>
 __device__ __forceinline__ void decode_heads(const T* q, const T* kc, const T* vc, const T* kn,
                                              const T* vn, const i64* pos, T* y, i64 p_len,
                                              int h, int g, int d, W scale) {
@@ -133,17 +132,16 @@ __device__ __forceinline__ void decode_heads(const T* q, const T* kc, const T* v
     }
 }
 
-#define DECODE_ATTENTION(T, W, N)                                                              \
-    extern "C" __global__ void decode_attention_##N(const T* q, const T* kc, const T* vc,     \
-                                                    const T* kn, const T* vn, const i64* pos,  \
-                                                    T* y, i64 p_len, int h, int g, int d,      \
-                                                    W scale) {                                 \
-        decode_heads<T, W>(q, kc, vc, kn, vn, pos, y, p_len, h, g, d, scale);                 \
+#define DECODE_ATTENTION(T, W, N, WARPS, KEYS)                                                 \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                   \
+    decode_attention_##N(const T* q, const T* kc, const T* vc, const T* kn, const T* vn,       \
+                         const i64* pos, T* y, i64 p_len, int h, int g, int d, W scale) {      \
+        decode_heads<T, W, WARPS, KEYS>(q, kc, vc, kn, vn, pos, y, p_len, h, g, d, scale);    \
     }
-DECODE_ATTENTION(float, float, f32)
-DECODE_ATTENTION(bf16_t, float, bf16)
-DECODE_ATTENTION(f16_t, float, f16)
-DECODE_ATTENTION(double, double, f64)
+DECODE_ATTENTION(float, float, f32, 16, 8)
+DECODE_ATTENTION(bf16_t, float, bf16, 16, 8)
+DECODE_ATTENTION(f16_t, float, f16, 16, 8)
+DECODE_ATTENTION(double, double, f64, 8, 4)
 
 // write_rows: rows [O, t, I] into a cache [O, P, I] at positions at..at+t. `all`: every
 // element of the output (from the cache or the rows); else only the rows' (the output is the

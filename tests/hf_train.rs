@@ -321,11 +321,16 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
             assert!(common::curve(&text).is_empty(), "generating trains nothing");
             let got = generated(&text);
             eprintln!("{name} {layout:?}: {got:?}");
-            // Both batches decode their 23 steps after the prompt as one compiled step over
-            // the fixed cache: one program for each of the two cache sizes.
-            let steps =
-                "decoding steps: 46 compiled (2 programs, 0 replays as one device graph), 0 eager";
-            assert!(text.contains(steps), "{name} {layout:?}: {text}");
+            // Every step after a prompt runs as one compiled step over the fixed cache (one
+            // program for each of the two cache sizes; a batch ends early at its EOS ids).
+            let steps: usize = common::number_after(&text, "decoding steps: ");
+            let line = format!(
+                "decoding steps: {steps} compiled (2 programs, 0 replays as one device graph), 0 eager"
+            );
+            assert!(
+                steps >= 2 && text.contains(&line),
+                "{name} {layout:?}: {text}"
+            );
             assert_eq!(got.len(), 3, "{text}");
             assert_eq!(
                 [got[0].clone(), got[2].clone()],

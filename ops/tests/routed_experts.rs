@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, vals};
+use common::{close, never_zero, vals};
 
 use oxiflow_ops::moe::expert_matmul;
 use oxiflow_ops::moe::routed::routed_experts;
@@ -103,24 +103,6 @@ impl Case {
     fn ids(&self) -> Tensor {
         Tensor::from_vec(self.ids.clone(), [self.m]).unwrap()
     }
-}
-
-/// `n` values in ±[0.2, 1.2) from `seed`.
-fn never_zero(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
-            if (s >> 40) & 1 == 0 {
-                0.2 + u
-            } else {
-                -0.2 - u
-            }
-        })
-        .collect()
 }
 
 /// Output, dx, dgate, dup, ddown of `sum(y * w)` on one rank, by the routed product and

@@ -14,13 +14,8 @@ use oxiflow_tensor::{
     Tensor,
 };
 
+use super::op_types::{DecodeAttention, MAX_HEAD_DIM};
 use super::{check_position, cpu, cuda, DTYPES};
-
-/// Decoding attention with `scale` on the scores (inputs: q, k cache, v cache, k, v, pos).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DecodeAttention {
-    pub scale: f64,
-}
 
 /// The attention of q `[B, 1, H, D]` over the cached keys and values `kc`, `vc` `[B, P, G, D]`
 /// before `pos` and the new `k`, `v` `[B, 1, G, D]` at `pos` (one i64 on the device), scores
@@ -41,9 +36,6 @@ static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
         .with::<DecodeAttention, CpuBackend>(DTYPES, cpu::decode_attention)
         .with::<DecodeAttention, CudaKernels>(DTYPES, cuda::decode_attention)
 });
-
-/// The kernels' widest head (the CUDA kernel keeps D / 32 elements a lane).
-pub(super) const MAX_HEAD_DIM: usize = 256;
 
 impl ExternOp for DecodeAttention {
     fn name(&self) -> &'static str {

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
-use super::{DecodeAttention, RotaryAt, WriteRows};
+use super::op_types::{DecodeAttention, RotaryAt, WriteRows};
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
 
 /// The position held by input `i` (one i64).

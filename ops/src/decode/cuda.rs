@@ -8,8 +8,7 @@ use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage,
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
-use super::attend::MAX_HEAD_DIM;
-use super::{DecodeAttention, RotaryAt, WriteRows};
+use super::op_types::{DecodeAttention, RotaryAt, WriteRows, MAX_HEAD_DIM};
 
 /// The kernels of `decode.cu`: rotary and attention by element type, the cache write by
 /// element width in bytes.

@@ -13,12 +13,14 @@
 mod attend;
 mod cpu;
 mod cuda;
+mod op_types;
 mod rotary;
 mod rows;
 
-pub use attend::{decode_attention, DecodeAttention};
-pub use rotary::{rotary_at, RotaryAt};
-pub use rows::{write_rows, write_rows_in_place, WriteRows};
+pub use attend::decode_attention;
+pub use op_types::{DecodeAttention, RotaryAt, WriteRows};
+pub use rotary::rotary_at;
+pub use rows::{write_rows, write_rows_in_place};
 
 use oxiflow_dtype::DType;
 

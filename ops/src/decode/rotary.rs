@@ -13,11 +13,8 @@ use oxiflow_tensor::{
     Tensor,
 };
 
+use super::op_types::RotaryAt;
 use super::{check_position, cpu, cuda, DTYPES};
-
-/// The rotary embedding at a device position (inputs: x, inv_freq, pos).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RotaryAt;
 
 /// x `[B, T, H, D]` rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64
 /// `[D / 2]`); `pos` is one i64 on the device (see the module docs).

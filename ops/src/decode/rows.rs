@@ -14,14 +14,8 @@ use oxiflow_tensor::{
     MetaResult, Result, Tensor, TensorError,
 };
 
+use super::op_types::WriteRows;
 use super::{cpu, cuda, DTYPES};
-
-/// Rows written into caches along `dim` from position `at` (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WriteRows {
-    pub dim: usize,
-    pub at: usize,
-}
 
 /// The `caches` with `rows[i]` written at `at..` along `dim` of `caches[i]` (new tensors).
 pub fn write_rows(

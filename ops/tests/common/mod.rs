@@ -181,3 +181,21 @@ pub fn expert_ids(m: usize, experts: usize, seed: u64) -> Vec<i64> {
         })
         .collect()
 }
+
+/// `n` values in ±[0.2, 1.2) from `seed`.
+pub fn never_zero(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+            if (s >> 40) & 1 == 0 {
+                0.2 + u
+            } else {
+                -0.2 - u
+            }
+        })
+        .collect()
+}

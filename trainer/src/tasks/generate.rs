@@ -18,7 +18,7 @@ use oxiflow_compile::{CompileError, CompiledStep};
 use oxiflow_models::nn::gpt::{FixedKvCache, Gpt};
 use oxiflow_models::nn::{Module, Pass};
 use oxiflow_ops::argmax::argmax;
-use oxiflow_placement::Placement;
+use oxiflow_placement::{NamedMesh, Placement};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::{no_grad, Tensor};
 
@@ -244,16 +244,19 @@ impl Decoder<'_> {
     /// stage and the position `[1]` broadcast there.
     fn feed(&self, seqs: &[Vec<usize>], pos: usize) -> Result<(Tensor, Tensor), TrainError> {
         let len = seqs.first().map_or(0, Vec::len);
-        let first = self
-            .model
-            .split
-            .first()
-            .mesh()
-            .ok_or_else(|| layout_err("the decoder is not global".into()))?;
-        let p = first.placement();
+        let p = self.first_mesh()?.placement();
         let pos =
             Tensor::from_vec(vec![pos as i64], [1])?.to_global(p, NdSbp::broadcast(p.ndim()))?;
         Ok((self.ids(seqs, len - 1)?, pos))
+    }
+
+    /// The mesh of the first stage.
+    fn first_mesh(&self) -> Result<&NamedMesh, TrainError> {
+        self.model
+            .split
+            .first()
+            .mesh()
+            .ok_or_else(|| layout_err("the decoder is not global".into()))
     }
 
     /// The tokens `ids` `[B, 1]` at the device position `pos` (the cache's next) through
@@ -387,12 +390,7 @@ impl Decoder<'_> {
     /// Every sequence's ids from `from` on, as global `[B, len - from]` ids on the first stage,
     /// split over the data-parallel axis.
     fn ids(&self, seqs: &[Vec<usize>], from: usize) -> Result<Tensor, TrainError> {
-        let first = self
-            .model
-            .split
-            .first()
-            .mesh()
-            .ok_or_else(|| layout_err("the decoder is not global".into()))?;
+        let first = self.first_mesh()?;
         let t = seqs.first().map_or(0, Vec::len) - from;
         let v: Vec<i64> = seqs
             .iter()

@@ -176,23 +176,8 @@ impl Block {
         cache: &mut KvSlot,
     ) -> Result<Tensor> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
-        let a = row_parallel(
-            &self.attn.proj,
-            &self.attn.attend_cached(&h, cache)?,
-            layout,
-            stream,
-        )?;
-        let mut log = RouterLog::default();
-        self.after_attention(
-            x,
-            &a,
-            cfg,
-            layout,
-            stream,
-            Pass::Eval,
-            Recompute::None,
-            &mut log,
-        )
+        let o = self.attn.attend_cached(&h, cache)?;
+        self.decoded(x, &o, cfg, layout, stream)
     }
 
     /// One position x `[B, 1, C]` at the device position `pos` through the block, attending
@@ -210,9 +195,22 @@ impl Block {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
         let (o, k, v) = self.attn.attend_at(&h, cache, pos)?;
-        let a = row_parallel(&self.attn.proj, &o, layout, stream)?;
+        Ok((self.decoded(x, &o, cfg, layout, stream)?, k, v))
+    }
+
+    /// The block's output in evaluation for x and its attended values `o` (before the output
+    /// projection): the projection, the residual, ln2 and the MLP.
+    fn decoded(
+        &self,
+        x: &Tensor,
+        o: &Tensor,
+        cfg: &GptConfig,
+        layout: &GptLayout,
+        stream: Sbp,
+    ) -> Result<Tensor> {
+        let a = row_parallel(&self.attn.proj, o, layout, stream)?;
         let mut log = RouterLog::default();
-        let y = self.after_attention(
+        self.after_attention(
             x,
             &a,
             cfg,
@@ -221,8 +219,7 @@ impl Block {
             Pass::Eval,
             Recompute::None,
             &mut log,
-        )?;
-        Ok((y, k, v))
+        )
     }
 
     /// The rest of the block after the attention sublayer's output `a` (reduced into

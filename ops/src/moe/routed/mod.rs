@@ -208,14 +208,4 @@ impl ExternOp for RoutedExperts {
         let dx = next(0)?;
         Ok(vec![dx, None, next(2)?, next(3)?, next(4)?])
     }
-
-    fn replay_refusal(&self) -> Option<String> {
-        // Only an exchange over several ranks (every rank of the placement has as many).
-        let exchanges = matches!(&self.peers, Some(Ok(p)) if p.len() > 1);
-        exchanges.then(|| {
-            "its kernel exchanges token rows with the ranks holding their experts, in counts \
-             that change each step"
-                .into()
-        })
-    }
 }

@@ -297,10 +297,6 @@ impl ExternOp for CpAttention {
             .map(|(i, t)| g.need(i).then_some(t))
             .collect())
     }
-
-    fn replay_refusal(&self) -> Option<String> {
-        Some("its kernel exchanges K/V blocks with the ranks of the sequence split".into())
-    }
 }
 
 fn err(detail: String) -> TensorError {

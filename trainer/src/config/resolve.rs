@@ -452,8 +452,8 @@ fn expert_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least
-/// 2 x cp chunks, no sequence parallelism beside it, eager training and evaluation steps only
-/// (generation runs use no such axis, compiled steps no exchanging kernel), and for alltoall
+/// 2 x cp chunks, no sequence parallelism beside it, training and evaluation steps only
+/// (generation runs use no such axis), and for alltoall
 /// heads and kv heads that divide over the tp x cp ranks the all-to-all splits them over.
 fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     let (p, m) = (&c.parallel, &c.model);
@@ -484,13 +484,6 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     if p.device == Dev::Cuda {
         return Err(config_err(format!(
             "--cp {} has CPU kernels only: drop --device cuda",
-            p.cp
-        )));
-    }
-    if c.run.compile {
-        return Err(config_err(format!(
-            "--compile with --cp {}: context attention exchanges K/V blocks between ranks inside \
-             its kernel, which a compiled step does not replay",
             p.cp
         )));
     }

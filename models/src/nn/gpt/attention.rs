@@ -155,7 +155,14 @@ impl CausalSelfAttention {
             heads: cfg.heads,
             kv_heads: kv,
             rope: Rope::new(arch, hd)
-                .map(|r| r.with_tables(cfg.seq_len, cfg.dtype, layout.placement()))
+                .map(|r| {
+                    r.with_tables(
+                        cfg.seq_len,
+                        cfg.dtype,
+                        layout.placement(),
+                        layout.seq_order(),
+                    )
+                })
                 .transpose()?,
             order: layout.seq_order(),
             cp_algorithm: cfg.context_attention,

@@ -62,6 +62,10 @@ pub struct Gpt {
     pub lm_head: Option<Embedding>,
     /// What the blocks keep for the backward pass (a memory/compute trade, not a model change).
     pub recompute: Recompute,
+    /// The rows of `wpe` a window of `seq_len` tokens reads in the layout's token order, made
+    /// with the model where that order is not the natural one (so a step, a compiled one
+    /// included, makes no tensor from host data).
+    window_rows: Option<Tensor>,
 }
 
 impl Gpt {
@@ -115,6 +119,13 @@ impl Gpt {
                 &last.token_embedding(),
             )?),
         };
+        let order = first.seq_order();
+        let window_rows = match (&wpe, order) {
+            (Some(w), o) if o != SeqOrder::Natural => {
+                Some(order_rows(&w.weight.value(), o, 0, cfg.seq_len)?)
+            }
+            _ => None,
+        };
         Ok(Gpt {
             wte: table(TOKEN_TABLE, cfg.table_rows(), cfg, &first.token_embedding())?,
             wpe,
@@ -126,6 +137,7 @@ impl Gpt {
             layout: first,
             split,
             recompute: Recompute::None,
+            window_rows,
         })
     }
 
@@ -253,17 +265,17 @@ impl Gpt {
         if order == SeqOrder::Natural {
             return wpe.narrow(0, pos0, t);
         }
-        let rows: Vec<i64> = order
-            .positions(t)
-            .into_iter()
-            .map(|p| (pos0 + p) as i64)
-            .collect();
-        let rows = Tensor::from_vec(rows, [t])?;
-        let rows = match wpe.placement() {
-            Some(p) => rows.to_global(p, NdSbp::broadcast(p.ndim()))?,
-            None => rows,
+        let made;
+        let rows = match &self.window_rows {
+            Some(r) if pos0 == 0 && r.shape().dims() == [t] && r.placement() == wpe.placement() => {
+                r
+            }
+            _ => {
+                made = order_rows(wpe, order, pos0, t)?;
+                &made
+            }
         };
-        wpe.index_select(0, &rows)
+        wpe.index_select(0, rows)
     }
 
     /// The blocks of virtual stage `g` on the residual stream `x` (on that stage's layout).
@@ -526,5 +538,19 @@ impl Module for Gpt {
         v.extend(self.ln_f.parameters());
         v.extend(self.lm_head.iter().flat_map(Embedding::parameters));
         v
+    }
+}
+
+/// The indices of positions `pos0..pos0 + t` held in `order`, broadcast on `like`'s placement.
+fn order_rows(like: &Tensor, order: SeqOrder, pos0: usize, t: usize) -> Result<Tensor> {
+    let rows: Vec<i64> = order
+        .positions(t)
+        .into_iter()
+        .map(|p| (pos0 + p) as i64)
+        .collect();
+    let rows = Tensor::from_vec(rows, [t])?;
+    match like.placement() {
+        Some(p) => rows.to_global(p, NdSbp::broadcast(p.ndim())),
+        None => Ok(rows),
     }
 }

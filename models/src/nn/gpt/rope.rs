@@ -36,6 +36,9 @@ pub struct Rope {
     base: Option<(Tensor, Tensor)>,
     /// The frequencies as an f64 tensor `[D / 2]` beside the tables (for [`Rope::apply_at`]).
     freq: Option<Tensor>,
+    /// The cos and sin tables of a whole window of positions from 0 held in the layout's
+    /// order, where that is not the natural one, made with the model.
+    ordered: Option<(SeqOrder, Tensor, Tensor)>,
 }
 
 impl Rope {
@@ -50,19 +53,25 @@ impl Rope {
             tables: Arc::default(),
             base: None,
             freq: None,
+            ordered: None,
         })
     }
 
     /// This embedding with the tables of positions `0..len` made now, in `dtype` on
-    /// `placement` (broadcast; local without one).
+    /// `placement` (broadcast; local without one), in the natural order and in `order`.
     pub fn with_tables(
         mut self,
         len: usize,
         dtype: DType,
         placement: Option<&oxiflow_placement::Placement>,
+        order: SeqOrder,
     ) -> Result<Rope> {
         self.base = Some(self.make(0, SeqOrder::Natural, len, dtype, placement)?);
         self.freq = Some(self.frequencies(placement)?);
+        if order != SeqOrder::Natural {
+            let (cos, sin) = self.make(0, order, len, dtype, placement)?;
+            self.ordered = Some((order, cos, sin));
+        }
         Ok(self)
     }
 
@@ -142,6 +151,12 @@ impl Rope {
             if fits && cos.placement() == x.placement() {
                 let at = |table: &Tensor| table.narrow(0, pos0, t)?.to_dtype(x.dtype());
                 return Ok((at(cos)?, at(sin)?));
+            }
+        }
+        if let Some((o, cos, sin)) = &self.ordered {
+            let fits = *o == order && pos0 == 0 && cos.shape().dims()[0] == t;
+            if fits && cos.placement() == x.placement() {
+                return Ok((cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?));
             }
         }
         if pos0 == 0 {

@@ -15,16 +15,7 @@ MODEL=${MODEL:-/tmp/llama1b-hf}
 MODES=${MODES:-eager compile}
 mkdir -p "$OUT"
 . ./sampled.sh
-[ -e "$MODEL/config.json" ] || python3 - "$MODEL" <<'PY'
-import sys, torch, transformers as tf
-torch.manual_seed(1234)
-cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     max_position_embeddings=2048, rope_theta=500000.0, tie_word_embeddings=True,
-                     rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=128255)
-tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
-print("saved", sys.argv[1])
-PY
+[ -e "$MODEL/config.json" ] || python3 llama1b_hf.py "$MODEL"
 # A short run first fills the on-disk cache of the ops' kernels (NVRTC), as the warm-up
 # generate torch runs before its timed one compiles and caches its own.
 timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl bin/train --from-hf "$MODEL" \

@@ -7,15 +7,7 @@ cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 OUT=${OUT:-/tmp/genprobe}; mkdir -p "$OUT"
 MODEL=/tmp/llama1b-hf
-[ -e "$MODEL/config.json" ] || python3 - "$MODEL" <<'PY'
-import sys, torch, transformers as tf
-torch.manual_seed(1234)
-cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     max_position_embeddings=2048, rope_theta=500000.0, tie_word_embeddings=True,
-                     rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=128255)
-tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
-PY
+[ -e "$MODEL/config.json" ] || python3 llama1b_hf.py "$MODEL"
 prompts=$(python3 -c "
 import random; random.seed(1)
 print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) for _ in range(${B:-1})))")
@@ -25,5 +17,5 @@ echo "graph:"; gen
 echo "no graph:"; OXIFLOW_CUDA_GRAPH=0 gen
 rm -rf "$OUT/trace"
 NEW=32 gen --trace "$OUT/trace" > /dev/null
-python3 gen_trace.py "$OUT/trace/trace.json" --top 18 2>&1 | tail -80
+python3 generate_trace.py "$OUT/trace/trace.json" --top 18 2>&1 | tail -80
 rm -rf "$OUT/trace"

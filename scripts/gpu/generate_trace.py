@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Totals of an `oflaunch --trace` timeline by lane and name: count, total and mean time of
 each event name on each lane (lane 4 is the CUDA compute stream, timed by device events), and
-each lane's busy time over the traced span. Usage: gen_trace.py TRACE.json [--top N]"""
+each lane's busy time over the traced span. Usage: generate_trace.py TRACE.json [--top N]"""
 import argparse, json
 from collections import defaultdict
 ap = argparse.ArgumentParser(); ap.add_argument("trace"); ap.add_argument("--top", type=int, default=20)

@@ -140,14 +140,7 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
     for (n, args, want) in cases {
         let mut all = argv("--layers 1 --width 16 --heads 4 --steps 1");
         all.extend_from_slice(args);
-        let out = launch(n, &all);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(
-            curve(&String::from_utf8_lossy(&out.stdout)).is_empty(),
-            "{args:?} trained"
-        );
+        common::assert_refused(n, &all, want);
     }
 }
 

@@ -231,10 +231,6 @@ fn invalid_pipelines_are_refused_on_every_rank() {
         let mut all = TINY.to_vec();
         all.retain(|a| *a != "--batch-size" && *a != "8");
         all.extend_from_slice(args);
-        let out = launch(n, &all);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(curve(&String::from_utf8_lossy(&out.stdout)).is_empty());
+        common::assert_refused(n, &all, want);
     }
 }

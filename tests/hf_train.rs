@@ -134,32 +134,13 @@ fn rewrite(
     safetensors::serialize_to_file(views, &None, path).unwrap();
 }
 
-/// A copy of fixture `name` under `dir`.
-fn copy(name: &str, dir: &Path) -> PathBuf {
-    let to = dir.join(name);
-    std::fs::create_dir_all(&to).unwrap();
-    for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-    to
-}
-
-fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
-    let p = dir.join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    c[key] = value;
-    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
-}
-
 #[test]
 fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
     let base = tmp("bad");
     let case = |n: &str| base.join(n);
-    let qwen = |n: &str| copy("qwen2", &case(n)).join("model.safetensors");
-    let arch = copy("gpt2", &case("arch"));
-    set_config(
+    let qwen = |n: &str| common::hf_fixture_copy("qwen2", &case(n)).join("model.safetensors");
+    let arch = common::hf_fixture_copy("gpt2", &case("arch"));
+    common::set_hf_config(
         &arch,
         "architectures",
         serde_json::json!(["FalconForCausalLM"]),
@@ -189,10 +170,10 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
         let x = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
         x.1 = safetensors::Dtype::I16;
     });
-    let index = copy("llama", &case("index"));
+    let index = common::hf_fixture_copy("llama", &case("index"));
     std::fs::remove_file(index.join("model-00003-of-00005.safetensors")).unwrap();
-    let window = copy("mistral", &case("window"));
-    set_config(&window, "sliding_window", serde_json::json!(8));
+    let window = common::hf_fixture_copy("mistral", &case("window"));
+    common::set_hf_config(&window, "sliding_window", serde_json::json!(8));
     let cases: Vec<(PathBuf, String)> = vec![
         (
             arch.clone(),
@@ -344,8 +325,8 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
 #[test]
 fn generation_past_a_sliding_window_is_refused_before_any_step() {
     let base = tmp("window-gen");
-    let dir = copy("mistral", &base);
-    set_config(&dir, "sliding_window", serde_json::json!(20));
+    let dir = common::hf_fixture_copy("mistral", &base);
+    common::set_hf_config(&dir, "sliding_window", serde_json::json!(20));
     let d = dir.to_str().unwrap();
     let gen = |n: &str| {
         let args = [

@@ -147,25 +147,6 @@ fn explain_shows_the_experts_split_over_the_ep_axis() {
     assert!(router.contains("as (B, B, B)"), "{router}");
 }
 
-fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
-    let p = dir.join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    c[key] = value;
-    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
-}
-
-/// A copy of fixture `name` under `dir`.
-fn copy(name: &str, dir: &Path) -> PathBuf {
-    let to = dir.join(name);
-    std::fs::create_dir_all(&to).unwrap();
-    for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-    to
-}
-
 /// The arguments of `steps` f64 training steps of the model in `dir` on the fixture tokens.
 fn train_args(dir: &Path, steps: usize, extra: &[&str]) -> Vec<String> {
     let data = fixtures().join("tokens.bin");
@@ -208,8 +189,8 @@ fn training_under_expert_parallelism_gives_one_ranks_curve() {
     // its gradient moves the curve far beyond the tolerance.
     let base = tmp("train");
     for name in ["mixtral", "qwen2_moe"] {
-        let dir = copy(name, &base);
-        set_config(&dir, "router_aux_loss_coef", serde_json::json!(0.5));
+        let dir = common::hf_fixture_copy(name, &base);
+        common::set_hf_config(&dir, "router_aux_loss_coef", serde_json::json!(0.5));
         let one = train_curve(&dir, 1, &[]);
         assert_eq!(one.len(), 3);
         let mut cases: Vec<(usize, &[&str])> = vec![
@@ -238,8 +219,8 @@ fn training_under_expert_parallelism_gives_one_ranks_curve() {
 #[test]
 fn bad_expert_layouts_are_refused_by_name_on_every_rank_before_any_step() {
     let base = tmp("bad");
-    let topk = copy("qwen2_moe", &base.join("topk"));
-    set_config(&topk, "num_experts_per_tok", serde_json::json!(7));
+    let topk = common::hf_fixture_copy("qwen2_moe", &base.join("topk"));
+    common::set_hf_config(&topk, "num_experts_per_tok", serde_json::json!(7));
     let (mixtral, qwen, llama) = (
         fixtures().join("mixtral"),
         fixtures().join("qwen2_moe"),
@@ -269,14 +250,7 @@ fn bad_expert_layouts_are_refused_by_name_on_every_rank_before_any_step() {
     ];
     for (n, args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = launch(n, &args);
-        let (so, err) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(curve(&so).is_empty(), "{args:?} ran a step: {so}");
+        common::assert_refused(n, &args, want);
     }
     let _ = std::fs::remove_dir_all(&base);
 }

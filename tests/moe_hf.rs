@@ -203,8 +203,8 @@ fn pipelines_train_with_the_load_balancing_loss_as_one_rank() {
     // moves the curve far beyond the tolerance.
     let base = tmp("pipeline");
     for name in MODELS {
-        let dir = copy(name, &base);
-        set_config(&dir, "router_aux_loss_coef", serde_json::json!(0.5));
+        let dir = common::hf_fixture_copy(name, &base);
+        common::set_hf_config(&dir, "router_aux_loss_coef", serde_json::json!(0.5));
         let run = |n: usize, layout: &[&str]| train_curve(&dir, n, 4, layout);
         // The loss of a micro-batch has its own load-balancing term: pipelines of two
         // micro-batches equal one rank accumulating two parts.
@@ -246,32 +246,13 @@ fn pipelines_train_with_the_load_balancing_loss_as_one_rank() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
-    let p = dir.join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    c[key] = value;
-    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
-}
-
-/// A copy of fixture `name` under `dir`.
-fn copy(name: &str, dir: &Path) -> PathBuf {
-    let to = dir.join(name);
-    std::fs::create_dir_all(&to).unwrap();
-    for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-    to
-}
-
 #[test]
 fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
     let base = tmp("bad");
     let data = fixtures().join("tokens.bin");
     let case = |n: &str, fixture: &str, key: &str, v: serde_json::Value| {
-        let d = copy(fixture, &base.join(n));
-        set_config(&d, key, v);
+        let d = common::hf_fixture_copy(fixture, &base.join(n));
+        common::set_hf_config(&d, key, v);
         d
     };
     let topk = case(
@@ -330,14 +311,7 @@ fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
     ];
     for (n, args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = launch(n, &args);
-        let (so, err) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(curve(&so).is_empty(), "{args:?} ran a step: {so}");
+        common::assert_refused(n, &args, want);
     }
     let _ = std::fs::remove_dir_all(&base);
 }

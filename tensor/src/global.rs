@@ -111,6 +111,17 @@ impl Tensor {
         Ok(out)
     }
 
+    /// This tensor on the placement and nd-SBP of `like` (boxed where they differ); itself
+    /// where `like` is local or the layouts already agree.
+    pub fn to_layout_of(&self, like: &Tensor) -> Result<Tensor> {
+        match (like.placement(), like.nd_sbp()) {
+            (Some(p), Some(nd)) if self.placement() != Some(p) || self.nd_sbp() != Some(nd) => {
+                self.to_global(p, nd.clone())
+            }
+            _ => Ok(self.clone()),
+        }
+    }
+
     fn to_global_untracked(&self, placement: &Placement, nd_sbp: &NdSbp) -> Result<Tensor> {
         let nd_sbp = nd_sbp.clone();
         if self.is_global() {

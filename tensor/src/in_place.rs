@@ -148,13 +148,16 @@ pub fn dispatch_into(op: Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<
             shapes: shapes_text(&all),
         });
     }
-    let device_type = |t: &Tensor| match t.placement() {
+    let on_device = |t: &Tensor| match t.placement() {
         Some(p) => p.device() != oxiflow_placement::DeviceType::Cpu,
         None => t.device() != Device::Cpu,
     };
-    if !all.iter().all(|t| device_type(t)) {
+    if !all.iter().all(|t| on_device(t)) {
         return Ok(false);
     }
+    // Whether the targets are held elsewhere may differ between ranks; the signature does
+    // not. A rank that writes in place and one that dispatches the op instead run the same
+    // signature, which boxes nothing (else every rank refuses below), so they stay in step.
     if !targets.iter().all(|t| Tensor::data_held_only_by(&[t])) {
         return Ok(false);
     }

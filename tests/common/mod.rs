@@ -138,6 +138,19 @@ pub fn launch_mlp(nproc: usize, args: &[&str]) -> Output {
     launch(nproc, &all)
 }
 
+/// Asserts that `train args` on `nproc` ranks is refused: the job fails, its error names
+/// `want`, and no step ran.
+pub fn assert_refused(nproc: usize, args: &[&str], want: &str) {
+    let out = launch(nproc, args);
+    let (so, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{args:?} was accepted");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(curve(&so).is_empty(), "{args:?} ran a step: {so}");
+}
+
 pub fn ok(out: Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -390,6 +403,26 @@ pub fn scratch_dir(suite: &str, name: &str) -> PathBuf {
 /// The Hugging Face fixtures (`tests/fixtures/hf`, made by `scripts/hf_fixtures.py`).
 pub fn hf_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+/// A copy of Hugging Face fixture `name` under `dir`.
+pub fn hf_fixture_copy(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for e in std::fs::read_dir(hf_fixtures().join(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    to
+}
+
+/// Sets `key` of the model directory `dir`'s `config.json` to `value`.
+pub fn set_hf_config(dir: &Path, key: &str, value: serde_json::Value) {
+    let p = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
 }
 
 /// transformers' reference values for fixture `model` (`reference.json`'s `models` entry).

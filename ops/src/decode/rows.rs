@@ -38,35 +38,26 @@ pub fn write_rows_in_place(
     at: usize,
 ) -> Result<bool> {
     let op = Extern::new(WriteRows { dim, at });
+    let cs: Vec<&Tensor> = caches.iter().collect();
+    operands(&cs, rows)?;
     // Rows laid out as their caches (a relabel where the layouts differ only in name), so
     // the write needs no boxing and gives each cache its own layout.
-    let moved: Vec<Tensor> = caches
+    let moved = rows
         .iter()
-        .zip(rows)
-        .map(|(c, r)| match (c.placement(), c.nd_sbp()) {
-            (Some(p), Some(nd)) if r.nd_sbp() != Some(nd) || r.placement() != Some(p) => {
-                r.to_global(p, nd.clone())
-            }
-            _ => Ok((*r).clone()),
-        })
-        .collect::<Result<_>>()?;
-    let rows: Vec<&Tensor> = moved.iter().collect();
-    let rows = rows.as_slice();
-    let written = {
-        let cs: Vec<&Tensor> = caches.iter().collect();
-        let inputs = operands(&cs, rows)?;
-        dispatch_into(op.clone().into(), &inputs, &cs)?
-    };
-    if !written {
-        let new = {
-            let cs: Vec<&Tensor> = caches.iter().collect();
-            dispatch_multi(op.into(), &operands(&cs, rows)?)?
-        };
-        for (c, n) in caches.iter_mut().zip(new) {
-            *c = n;
-        }
+        .zip(&cs)
+        .map(|(r, c)| r.to_layout_of(c))
+        .collect::<Result<Vec<_>>>()?;
+    let moved: Vec<&Tensor> = moved.iter().collect();
+    let inputs = operands(&cs, &moved)?;
+    if dispatch_into(op.clone().into(), &inputs, &cs)? {
+        return Ok(true);
     }
-    Ok(written)
+    let new = dispatch_multi(op.into(), &inputs)?;
+    drop(cs);
+    for (c, n) in caches.iter_mut().zip(new) {
+        *c = n;
+    }
+    Ok(false)
 }
 
 /// The op's inputs: the caches, then their rows.

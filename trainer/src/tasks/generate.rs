@@ -1,9 +1,10 @@
 //! Generation from a decoder on its layout: prompts of one length decode as one batch through
 //! a key/value cache (`Gpt::decode`: the prompt whole, then one token a step; under tensor
 //! parallelism each rank keeps its heads' keys and values), each next token the arg-max at
-//! temperature 0 (`oxiflow_ops::argmax` where the logits are: only the ids travel), else a draw from the softmax at that temperature over the `top_k` most likely
-//! ids and the smallest set of them holding `top_p` of the probability (draws from the seed,
-//! the same on every rank); a sequence ends after an end-of-sequence id. After the prompt the
+//! temperature 0 (`oxiflow_ops::argmax` where the logits are: only the ids travel), else a
+//! draw from the softmax at that temperature over the `top_k` most likely ids and the smallest
+//! set of them holding `top_p` of the probability (draws from the seed, the same on every
+//! rank); a sequence ends after an end-of-sequence id. After the prompt the
 //! cache moves into tensors of the positions the request can reach (`FixedKvCache`), and each
 //! token runs as one compiled step (`Gpt::decode_at`, the position a device value: one
 //! program, replayed as one device graph on CUDA), its keys and values written into the cache
@@ -72,15 +73,6 @@ impl DecodeSteps {
             None => self.eager += 1,
         }
     }
-    fn add(&mut self, o: DecodeSteps) {
-        self.compiled += o.compiled;
-        self.eager += o.eager;
-        self.whole += o.whole;
-        self.in_place += o.in_place;
-        for (a, b) in self.parts.iter_mut().zip(o.parts) {
-            *a += b;
-        }
-    }
 }
 
 /// `prompts` (ids below the model's vocabulary, none empty) each continued by up to `n`
@@ -108,12 +100,17 @@ pub fn generate_ids(
     for (i, p) in prompts.iter().enumerate() {
         by_len.entry(p.len()).or_default().push(i);
     }
+    let decoder = Decoder {
+        model,
+        world,
+        n,
+        sampling,
+        eos,
+    };
     let mut out = vec![Vec::new(); prompts.len()];
     for rows in by_len.values() {
         let batch: Vec<Vec<usize>> = rows.iter().map(|&i| prompts[i].clone()).collect();
-        let (got, s) =
-            Decoder { model, world }.run(&batch, rows, n, sampling, eos, &mut compiled)?;
-        steps.add(s);
+        let got = decoder.run(&batch, rows, &mut compiled, &mut steps)?;
         for (&i, g) in rows.iter().zip(got) {
             out[i] = g;
         }
@@ -140,24 +137,27 @@ enum Next {
     },
 }
 
-/// One batch of prompts of one length through `model`.
+/// Batches of prompts of one length through `model`, each continued by up to `n` tokens as
+/// `sampling` picks them, until one of `eos`.
 struct Decoder<'a> {
     model: &'a Gpt,
     world: &'a Placement,
+    n: usize,
+    sampling: &'a Sampling,
+    eos: &'a [usize],
 }
 
 impl Decoder<'_> {
-    /// The generated ids of `batch` (prompts `rows` of the whole request, for the draws).
+    /// The generated ids of `batch` (prompts `rows` of the whole request, for the draws),
+    /// its steps counted into `steps`.
     fn run(
         &self,
         batch: &[Vec<usize>],
         rows: &[usize],
-        n: usize,
-        sampling: &Sampling,
-        eos: &[usize],
         compiled: &mut Option<CompiledStep>,
-    ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
-        let mut steps = DecodeSteps::default();
+        steps: &mut DecodeSteps,
+    ) -> Result<Vec<Vec<usize>>, TrainError> {
+        let (n, eos) = (self.n, self.eos);
         let positions = self.model.cfg.seq_len;
         let mut seqs: Vec<Vec<usize>> = batch.to_vec();
         let mut done = vec![false; batch.len()];
@@ -172,14 +172,14 @@ impl Decoder<'_> {
                 fixed = Some(self.model.fix_cache(&cache, reach)?);
             }
         }
-        let greedy = sampling.temperature <= 0.0;
+        let greedy = self.sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
         // The ids and position a greedy step left on the device for the step after it.
         let mut feed = None;
         for step in 0..n {
             let read = Instant::now();
             let picks = match next.take() {
-                Some(Next::Logits(l)) => self.next_ids(&l, rows, sampling, step)?,
+                Some(Next::Logits(l)) => self.next_ids(&l, rows, step)?,
                 Some(Next::Picks { picks, ids, pos }) => {
                     feed = Some((ids, pos));
                     let ids = self.read_picks(&picks, rows.len())?;
@@ -190,7 +190,7 @@ impl Decoder<'_> {
                     if step > 0 {
                         steps.whole += 1;
                     }
-                    self.next_ids(&self.window(&seqs, positions)?, rows, sampling, step)?
+                    self.next_ids(&self.window(&seqs, positions)?, rows, step)?
                 }
             };
             for ((seq, next), d) in seqs.iter_mut().zip(picks).zip(done.iter_mut()) {
@@ -208,7 +208,7 @@ impl Decoder<'_> {
                         Some(f) => f,
                         None => self.feed(&seqs, cache.len())?,
                     };
-                    let launched = self.step_at(ids, pos, cache, compiled, greedy, &mut steps)?;
+                    let launched = self.step_at(ids, pos, cache, compiled, greedy, steps)?;
                     steps.count(compiled);
                     Some(launched)
                 }
@@ -227,7 +227,7 @@ impl Decoder<'_> {
                 g
             })
             .collect();
-        Ok((ids, steps))
+        Ok(ids)
     }
 
     /// The next-token logits `[B, table_rows]` of every sequence (on the last stage) from its
@@ -329,10 +329,9 @@ impl Decoder<'_> {
         &self,
         logits: &Tensor,
         rows: &[usize],
-        sampling: &Sampling,
         step: usize,
     ) -> Result<Vec<usize>, TrainError> {
-        let (b, vocab) = (rows.len(), self.model.cfg.vocab);
+        let (b, vocab, sampling) = (rows.len(), self.model.cfg.vocab, self.sampling);
         if sampling.temperature <= 0.0 {
             return self.read_picks(&argmax(&logits.narrow(1, 0, vocab)?)?, b);
         }
@@ -355,25 +354,17 @@ impl Decoder<'_> {
             .collect();
         let (ids, pos) = (&inputs[0], &inputs[1]);
         let (logits, rows) = self.model.decode_at(ids, pos, &kv)?;
-        let like = |t: Tensor, of: &Tensor| -> Result<Tensor, TrainError> {
-            Ok(match (of.placement(), of.nd_sbp()) {
-                (Some(p), Some(nd)) if t.nd_sbp() != Some(nd) || t.placement() != Some(p) => {
-                    t.to_global(p, nd.clone())?
-                }
-                _ => t,
-            })
-        };
         let mut outs = if greedy {
             let picks = argmax(&logits.narrow(1, 0, self.model.cfg.vocab)?)?;
             let b = picks.shape().dim(0);
-            let next_ids = like(picks.reshape([b, 1])?, ids)?;
+            let next_ids = picks.reshape([b, 1])?.to_layout_of(ids)?;
             vec![picks, next_ids, pos.add_scalar(1.0)?]
         } else {
             vec![logits]
         };
         for ((k, v), (ck, cv)) in rows.into_iter().zip(&kv) {
-            outs.push(like(k, ck)?);
-            outs.push(like(v, cv)?);
+            outs.push(k.to_layout_of(ck)?);
+            outs.push(v.to_layout_of(cv)?);
         }
         Ok(outs)
     }

@@ -65,11 +65,9 @@ pub fn repeat_heads(x: &Tensor, group: usize, like: &Tensor) -> Result<Tensor> {
     };
     let one = x.reshape([b, t, g, 1, d])?;
     let copies = vec![&one; group];
-    let y = Tensor::concat(&copies, 3)?.reshape([b, t, g * group, d])?;
-    match (like.placement(), like.nd_sbp()) {
-        (Some(p), Some(nd)) => y.to_global(p, nd.clone()),
-        _ => Ok(y),
-    }
+    Tensor::concat(&copies, 3)?
+        .reshape([b, t, g * group, d])?
+        .to_layout_of(like)
 }
 
 /// The keys and values one block keeps while decoding: `[B, S, G, D]` each on the block's

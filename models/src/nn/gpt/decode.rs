@@ -13,12 +13,13 @@
 //! tensors' own memory where nothing else holds them.
 
 use oxiflow_ops::decode::write_rows_in_place;
-use oxiflow_sbp::{NdSbp, Shape};
+use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::attention::KvSlot;
+use super::config::GptLayout;
 use super::model::Gpt;
 use crate::nn::Pass;
 
@@ -82,21 +83,19 @@ impl FixedKvCache {
             .into_iter()
             .flat_map(|(k, v)| [k, v])
             .collect();
+        let new: Vec<&Tensor> = rows.iter().flat_map(|(k, v)| [k, v]).collect();
+        // One write per run of caches on one placement (a pipeline stage's blocks).
         let mut written = Ok(true);
         let mut start = 0;
-        while start < all.len() && written.is_ok() {
-            let in_place = written.as_ref().is_ok_and(|&w| w);
-            let place = all[start].placement().cloned();
+        while start < all.len() {
             let end = (start..all.len())
-                .step_by(2)
-                .find(|&i| all[i].placement() != place.as_ref())
+                .find(|&i| all[i].placement() != all[start].placement())
                 .unwrap_or(all.len());
-            let new: Vec<&Tensor> = rows[start / 2..end / 2]
-                .iter()
-                .flat_map(|(k, v)| [k, v])
-                .collect();
-            written =
-                write_rows_in_place(&mut all[start..end], &new, 1, self.len).map(|w| w && in_place);
+            written = write_rows_in_place(&mut all[start..end], &new[start..end], 1, self.len)
+                .and_then(|w| Ok(w && written?));
+            if written.is_err() {
+                break;
+            }
             start = end;
         }
         let mut back = all.into_iter();
@@ -114,6 +113,17 @@ impl Gpt {
     /// least those held, at most the model's).
     pub fn fix_cache(&self, cache: &KvCache, positions: usize) -> Result<FixedKvCache> {
         let len = cache.len();
+        if positions < len || positions > self.cfg.seq_len {
+            return Err(TensorError::Shape {
+                op: "Gpt::fix_cache",
+                shapes: String::new(),
+                sbps: String::new(),
+                detail: format!(
+                    "{positions} positions for {len} held and a model of {}",
+                    self.cfg.seq_len
+                ),
+            });
+        }
         let mut kv = Vec::with_capacity(cache.slots.len());
         for slot in &cache.slots {
             let Some((k, v)) = &slot.kv else {
@@ -124,32 +134,18 @@ impl Gpt {
                     detail: "a block's cache is empty: decode the prompt first".into(),
                 });
             };
-            if positions < len || positions > self.cfg.seq_len {
-                return Err(TensorError::Shape {
-                    op: "Gpt::fix_cache",
-                    shapes: k.shape().to_string(),
-                    sbps: format!("{:?}", k.nd_sbp()),
-                    detail: format!(
-                        "{positions} positions for {len} held and a model of {}",
-                        self.cfg.seq_len
-                    ),
-                });
-            }
-            let mut pair = Vec::with_capacity(2);
-            for t in [k, v] {
+            // Zeros of `positions` positions laid out as the held keys or values.
+            let room = |t: &Tensor| -> Result<Tensor> {
                 let shape = t.shape().with_dim(1, positions);
-                let zeros = match (t.placement(), t.nd_sbp()) {
-                    (Some(p), Some(nd)) => Tensor::zeros_global(shape, t.dtype(), p, nd.clone())?,
-                    _ => Tensor::zeros(shape, t.dtype()),
-                };
-                pair.push(zeros);
-            }
+                match (t.placement(), t.nd_sbp()) {
+                    (Some(p), Some(nd)) => Tensor::zeros_global(shape, t.dtype(), p, nd.clone()),
+                    _ => Ok(Tensor::zeros(shape, t.dtype())),
+                }
+            };
+            let mut pair = [room(k)?, room(v)?];
             write_rows_in_place(&mut pair, &[k, v], 1, 0)?;
-            let v = pair.pop();
-            let k = pair.pop();
-            if let (Some(k), Some(v)) = (k, v) {
-                kv.push((k, v));
-            }
+            let [k, v] = pair;
+            kv.push((k, v));
         }
         Ok(FixedKvCache { kv, len })
     }
@@ -186,39 +182,27 @@ impl Gpt {
             }
             None => tok,
         };
-        let mut x = self.layout.relayout(&x, self.stream())?;
-        let mut pos = pos.clone();
+        let x = self.layout.relayout(&x, self.stream())?;
         let mut rows = Vec::with_capacity(self.blocks.len());
-        let stream = self.stream();
-        for g in 0..self.split.chunks() {
-            let layout = self.split.chunk_layout(g);
-            if g > 0 && self.split.stage_of(g) != self.split.stage_of(g - 1) {
-                if let Some((p, nd)) = self.stream_layout(g) {
-                    x = x.to_global(&p, nd)?;
-                }
-                if let Some(p) = layout.placement() {
-                    pos = pos.to_global(p, NdSbp::broadcast(p.ndim()))?;
-                }
-            }
-            for i in self.split.blocks(g) {
-                let (k, v) = &cache[i];
-                let (y, nk, nv) =
-                    self.blocks[i].forward_at(&x, &self.cfg, layout, stream, (k, v), &pos)?;
-                x = y;
-                rows.push((nk, nv));
-            }
-        }
-        let table = match &self.lm_head {
-            Some(h) => h.weight.compute()?,
-            None => self.to_last_stage(wte)?,
-        };
-        let h = self.head_input(&x)?;
-        let (b, c) = (h.shape().dim(0), h.shape().dim(2));
-        let logits = h.reshape(Shape::new([b, c]))?.matmul_t_at(
-            &table,
-            (false, true),
-            self.matmul_precision(),
-        )?;
+        let x = self.through_blocks(x, Some(pos.clone()), |i, x, layout, stream, pos| {
+            let pos = pos.ok_or_else(|| TensorError::Shape {
+                op: "Gpt::decode_at",
+                shapes: String::new(),
+                sbps: String::new(),
+                detail: "the position did not travel with the stream".into(),
+            })?;
+            let (y, k, v) = self.blocks[i].forward_at(
+                x,
+                &self.cfg,
+                layout,
+                stream,
+                (&cache[i].0, &cache[i].1),
+                pos,
+            )?;
+            rows.push((k, v));
+            Ok(y)
+        })?;
+        let logits = self.last_logits(&x, wte)?;
         Ok((logits, rows))
     }
 
@@ -247,30 +231,49 @@ impl Gpt {
             });
         }
         let wte = self.wte.weight.compute()?;
-        let mut x = self.embed_at(ids, &wte, Pass::Eval, cache.len())?;
+        let x = self.embed_at(ids, &wte, Pass::Eval, cache.len())?;
+        let x = self.through_blocks(x, None, |i, x, layout, stream, _| {
+            self.blocks[i].forward_cached(x, &self.cfg, layout, stream, &mut cache.slots[i])
+        })?;
+        self.last_logits(&x, wte)
+    }
+
+    /// The residual stream `x` (on the first stage) through every block in stage order, each
+    /// as `block(i, x, layout, stream, along)` runs it, moved from stage to stage, and `along`
+    /// (a position) moved with it, broadcast on each stage.
+    fn through_blocks(
+        &self,
+        mut x: Tensor,
+        mut along: Option<Tensor>,
+        mut block: impl FnMut(usize, &Tensor, &GptLayout, Sbp, Option<&Tensor>) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let stream = self.stream();
         for g in 0..self.split.chunks() {
+            let layout = self.split.chunk_layout(g);
             if g > 0 && self.split.stage_of(g) != self.split.stage_of(g - 1) {
                 if let Some((p, nd)) = self.stream_layout(g) {
                     x = x.to_global(&p, nd)?;
                 }
+                if let (Some(a), Some(p)) = (&along, layout.placement()) {
+                    along = Some(a.to_global(p, NdSbp::broadcast(p.ndim()))?);
+                }
             }
-            let layout = self.split.chunk_layout(g);
             for i in self.split.blocks(g) {
-                x = self.blocks[i].forward_cached(
-                    &x,
-                    &self.cfg,
-                    layout,
-                    stream,
-                    &mut cache.slots[i],
-                )?;
+                x = block(i, &x, layout, stream, along.as_ref())?;
             }
         }
+        Ok(x)
+    }
+
+    /// The logits `[B, table_rows]` (on the last stage) of the last position of the blocks'
+    /// output `x` `[B, T, C]`, through the head table (`wte`, the token table's compute value,
+    /// where it is tied).
+    fn last_logits(&self, x: &Tensor, wte: Tensor) -> Result<Tensor> {
         let table = match &self.lm_head {
             Some(h) => h.weight.compute()?,
             None => self.to_last_stage(wte)?,
         };
-        let h = self.head_input(&x)?;
+        let h = self.head_input(x)?;
         let (b, t, c) = (h.shape().dim(0), h.shape().dim(1), h.shape().dim(2));
         let last = h.narrow(1, t - 1, 1)?.reshape(Shape::new([b, c]))?;
         last.matmul_t_at(&table, (false, true), self.matmul_precision())

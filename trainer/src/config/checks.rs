@@ -90,6 +90,19 @@ pub fn gen_tokens(v: u64) -> Result<u64, String> {
     Ok(v)
 }
 
+/// The most untimed runs of a generation request before the timed one.
+pub const MAX_GEN_WARMUP: u64 = 100;
+
+/// A warm-up count of at most `MAX_GEN_WARMUP`.
+pub fn gen_warmup(v: u64) -> Result<u64, String> {
+    if v > MAX_GEN_WARMUP {
+        return Err(format!(
+            "{v} warm-up runs is more than {MAX_GEN_WARMUP} (each runs the whole request)"
+        ));
+    }
+    Ok(v)
+}
+
 /// A finite factor above 1.
 pub fn spike_factor(v: f64) -> Result<f64, String> {
     if v.is_finite() && v > 1.0 {
@@ -170,6 +183,10 @@ pub mod parse {
     }
     pub fn gen_tokens(s: &str) -> Result<usize, String> {
         let v = super::gen_tokens(count(s)?)?;
+        usize::try_from(v).map_err(|e| e.to_string())
+    }
+    pub fn gen_warmup(s: &str) -> Result<usize, String> {
+        let v = super::gen_warmup(count(s)?)?;
         usize::try_from(v).map_err(|e| e.to_string())
     }
     pub fn spike_factor(s: &str) -> Result<f64, String> {

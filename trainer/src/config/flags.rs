@@ -519,6 +519,11 @@ pub struct GenerateFlags {
     /// printed as `generated ids: a,b,c` (prompts of one length decode as one batch).
     #[arg(long)]
     pub prompt_ids: Option<String>,
+    /// GPT: run the whole generation request this many times untimed before the timed one
+    /// (the one-time device costs, such as attention plans and the decoding step's compile,
+    /// paid before timing, as benchmarks' warm-ups do; at most 100) [default: 0].
+    #[arg(long, value_parser = parse::gen_warmup)]
+    pub gen_warmup: Option<usize>,
     /// GPT: sample only among the this many most likely ids (0: all) [default: 0].
     #[arg(long, value_parser = parse::usize_any)]
     pub top_k: Option<usize>,

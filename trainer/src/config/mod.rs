@@ -158,6 +158,8 @@ pub struct RunConfig {
 pub struct GenerateConfig {
     pub generate: Option<String>,
     pub gen_tokens: usize,
+    /// Untimed runs of the request before the timed one.
+    pub gen_warmup: usize,
     pub temperature: f64,
     /// Prompts as token ids, as given (`checks::prompt_ids` parses them).
     pub prompt_ids: Option<String>,

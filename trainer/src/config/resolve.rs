@@ -229,6 +229,11 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
                 .unwrap_or(if parallel.cp > 1 { 0 } else { 120 }) as u64,
             checks::gen_tokens,
         )? as usize,
+        gen_warmup: checked(
+            "--gen-warmup",
+            g.gen_warmup.unwrap_or(0) as u64,
+            checks::gen_warmup,
+        )? as usize,
         temperature: checked(
             "--temperature",
             g.temperature.unwrap_or(0.8),

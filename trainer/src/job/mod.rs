@@ -19,7 +19,7 @@ use crate::health::{HealthGuard, NonFinitePolicy};
 use crate::model::TrainModel;
 use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
 use crate::tasks::eval::evaluate;
-use crate::tasks::generate::{generate_ids, Sampling};
+use crate::tasks::generate::{generate_with, DecodeSession, Sampling};
 use crate::tasks::gpt::{gpt_trainer, prompt_ids, GptInputs};
 use crate::tasks::mesh::job_mesh;
 use crate::tasks::mlp::{classifier, ClassifierConfig, OptimizerKind};
@@ -423,22 +423,50 @@ fn sample(
         top_p: g.top_p,
         seed: cfg.model.seed,
     };
+    let mut session = DecodeSession::default();
+    for _ in 0..g.gen_warmup {
+        generate_with(
+            &mut session,
+            model,
+            world,
+            &prompts,
+            g.gen_tokens,
+            &sampling,
+            eos,
+        )?;
+    }
     let start = std::time::Instant::now();
-    let (out, steps) = generate_ids(model, world, &prompts, g.gen_tokens, &sampling, eos)?;
+    let (out, steps) = generate_with(
+        &mut session,
+        model,
+        world,
+        &prompts,
+        g.gen_tokens,
+        &sampling,
+        eos,
+    )?;
     let secs = start.elapsed().as_secs_f64();
     if !lead {
         return Ok(());
     }
     let new: usize = out.iter().map(Vec::len).sum();
     let setup = steps.setup.as_secs_f64().min(secs);
+    let warmed = match g.gen_warmup {
+        0 => String::new(),
+        w => format!(
+            " after {w} untimed warm-up run{}",
+            if w == 1 { "" } else { "s" }
+        ),
+    };
     println!(
-        "generation: {new} new tokens for {} prompts in {secs:.3} s ({:.1} new tokens/s, the \
-         prompts' prefill included; {setup:.3} s of it compiling the decoding step and \
-         capturing its graph once, {:.1} new tokens/s without); decoding steps: {} compiled \
+        "generation: {new} new tokens for {} prompts in {secs:.3} s{warmed} ({:.1} new tokens/s, \
+         the prompts' prefill included: {:.3} s; {setup:.3} s of it compiling the decoding step \
+         and capturing its graph once, {:.1} new tokens/s without); decoding steps: {} compiled \
          ({} programs, {} replays as one device graph), {} eager, {} over a whole window, {} writing the cache in \
          place; ms a step: {}",
         out.len(),
         new as f64 / secs.max(f64::MIN_POSITIVE),
+        steps.prefill.as_secs_f64(),
         new as f64 / (secs - setup).max(f64::MIN_POSITIVE),
         steps.compiled,
         steps.programs,

@@ -63,6 +63,10 @@ pub struct DecodeSteps {
     /// Time spent once compiling the step and capturing its device graph (the compile's
     /// capture, passes and first replay, and the graph's capture and instantiation).
     pub setup: std::time::Duration,
+    /// Time before the steps over the cache: the compute copies of the weights, each batch's
+    /// prompts through a new cache (until their first ids are read) and the cache fixed at the
+    /// positions they reach.
+    pub prefill: std::time::Duration,
 }
 
 impl DecodeSteps {
@@ -75,10 +79,40 @@ impl DecodeSteps {
     }
 }
 
+/// The compiled decoding step of one model, kept across requests: a later request of the same
+/// batch and cache shapes replays the program (and device graph) an earlier one made. None
+/// once the compile refused the step (every later step runs eagerly).
+pub struct DecodeSession {
+    compiled: Option<CompiledStep>,
+}
+
+impl Default for DecodeSession {
+    fn default() -> Self {
+        DecodeSession {
+            compiled: Some(CompiledStep::new()),
+        }
+    }
+}
+
+impl DecodeSession {
+    /// The one-time cost of the programs so far (compiling, capturing the device graph) and
+    /// their replays as one device graph.
+    fn spent(&self) -> (std::time::Duration, usize) {
+        self.compiled.as_ref().map_or_else(Default::default, |c| {
+            c.programs().iter().fold(Default::default(), |(t, g), p| {
+                (
+                    t + p.report.compile_time + p.graph_built_in().unwrap_or_default(),
+                    g + p.replay_counts().graph,
+                )
+            })
+        })
+    }
+}
+
 /// `prompts` (ids below the model's vocabulary, none empty) each continued by up to `n`
 /// tokens, fewer when one of `eos` ends it (that id included), as `sampling` picks them.
 /// `world` holds every rank of the job (where a pipeline's last stage shares the logits).
-/// Every rank calls it alike and gets the same ids.
+/// Every rank calls it alike and gets the same ids. A one-request [`generate_with`].
 pub fn generate_ids(
     model: &Gpt,
     world: &Placement,
@@ -87,15 +121,38 @@ pub fn generate_ids(
     sampling: &Sampling,
     eos: &[usize],
 ) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
+    generate_with(
+        &mut DecodeSession::default(),
+        model,
+        world,
+        prompts,
+        n,
+        sampling,
+        eos,
+    )
+}
+
+/// [`generate_ids`] through `session`'s compiled step (made by the first request that
+/// needs it, replayed by the later ones); the steps count only this request's work.
+pub fn generate_with(
+    session: &mut DecodeSession,
+    model: &Gpt,
+    world: &Placement,
+    prompts: &[Vec<usize>],
+    n: usize,
+    sampling: &Sampling,
+    eos: &[usize],
+) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
     let _ng = no_grad();
+    let mut steps = DecodeSteps::default();
+    let started = Instant::now();
     // Every parameter's compute copy made once (kept with it): the decoding step reads them
     // as constants rather than casting every weight at every token.
     for p in model.parameters() {
         p.ensure_compute_copy()?;
     }
-    let mut steps = DecodeSteps::default();
-    // One compiled step for every batch: batches of the same shapes replay one program.
-    let mut compiled = Some(CompiledStep::new());
+    steps.prefill += started.elapsed();
+    let (spent, graphs) = session.spent();
     let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, p) in prompts.iter().enumerate() {
         by_len.entry(p.len()).or_default().push(i);
@@ -110,18 +167,15 @@ pub fn generate_ids(
     let mut out = vec![Vec::new(); prompts.len()];
     for rows in by_len.values() {
         let batch: Vec<Vec<usize>> = rows.iter().map(|&i| prompts[i].clone()).collect();
-        let got = decoder.run(&batch, rows, &mut compiled, &mut steps)?;
+        let got = decoder.run(&batch, rows, &mut session.compiled, &mut steps)?;
         for (&i, g) in rows.iter().zip(got) {
             out[i] = g;
         }
     }
-    if let Some(c) = &compiled {
-        steps.programs = c.programs().len();
-        for p in c.programs() {
-            steps.graph += p.replay_counts().graph;
-            steps.setup += p.report.compile_time + p.graph_built_in().unwrap_or_default();
-        }
-    }
+    let (spent_now, graphs_now) = session.spent();
+    steps.setup = spent_now.saturating_sub(spent);
+    steps.graph = graphs_now.saturating_sub(graphs);
+    steps.programs = session.compiled.as_ref().map_or(0, |c| c.programs().len());
     Ok((out, steps))
 }
 
@@ -165,12 +219,14 @@ impl Decoder<'_> {
         let mut logits = None;
         let mut fixed = None;
         if prompt <= positions {
+            let started = Instant::now();
             let mut cache = self.model.new_cache();
             logits = Some(self.model.decode(&self.ids(&seqs, 0)?, &mut cache)?);
             let reach = (prompt + n).min(positions);
             if n > 1 && reach > prompt {
                 fixed = Some(self.model.fix_cache(&cache, reach)?);
             }
+            steps.prefill += started.elapsed();
         }
         let greedy = self.sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
@@ -179,7 +235,14 @@ impl Decoder<'_> {
         for step in 0..n {
             let read = Instant::now();
             let picks = match next.take() {
-                Some(Next::Logits(l)) => self.next_ids(&l, rows, step)?,
+                Some(Next::Logits(l)) => {
+                    let ids = self.next_ids(&l, rows, step)?;
+                    if step == 0 {
+                        // The prompts' logits: the prefill's device work is done by now.
+                        steps.prefill += read.elapsed();
+                    }
+                    ids
+                }
                 Some(Next::Picks { picks, ids, pos }) => {
                     feed = Some((ids, pos));
                     let ids = self.read_picks(&picks, rows.len())?;

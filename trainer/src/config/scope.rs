@@ -131,6 +131,7 @@ const SCOPED: &[(&str, Needs)] = &[
     ("run.save-hf", Needs::Runs),
     ("generate.gen-tokens", Needs::Gpt),
     ("generate.generate", Needs::Sample),
+    ("generate.gen-warmup", Needs::Sample),
     ("generate.temperature", Needs::Sample),
     ("generate.prompt-ids", Needs::Sample),
     ("generate.top-k", Needs::Sample),

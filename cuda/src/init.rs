@@ -80,11 +80,10 @@ pub fn init_cuda_on(ctx: Arc<CudaContext>) -> Result<Arc<CudaRuntime>> {
 /// that needs a source before its thread is done waits for it; a failed build is kept and
 /// reported by that op.
 pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
-    let jobs: [fn(&CudaRuntime); 6] = [
+    let jobs: [fn(&CudaRuntime); 5] = [
         crate::fused::build_module,
         crate::fused::build_one_read_module,
         crate::copy_many::build_module,
-        crate::few_rows::build_module,
         crate::cudnn_attention::start_up,
         crate::blaslt::start_up,
     ];

@@ -4,7 +4,7 @@
 //! ahead of time when `OXIFLOW_PREBUILD_ARCHS` is set), and how an embedded image is packed
 //! (raw deflate); it uses nothing but `std` and `miniz_oxide`, so the build script can take it
 //! as a module of its own. The kernels each source holds are named beside the
-//! code that launches them (`kernels.rs`, `fused.rs`, `fused/one_read.rs`, `copy_many.rs`, `few_rows.rs`,
+//! code that launches them (`kernels.rs`, `fused.rs`, `fused/one_read.rs`, `copy_many.rs`,
 //! `flash_attention.rs`).
 
 /// One source of the library: its name (in kernel build records and error messages) and its
@@ -95,15 +95,6 @@ pub(crate) const COPY_MANY: LibrarySource = LibrarySource {
     ),
 };
 
-/// Products of one to sixteen 16-bit rows (`few_rows.cu`).
-pub(crate) const FEW_ROW_PRODUCTS: LibrarySource = LibrarySource {
-    what: "few-row products",
-    text: concat!(
-        include_str!("device_types.cuh"),
-        include_str!("few_rows.cu")
-    ),
-};
-
 /// Flash attention for f32, bf16 and f16 operands, in `FloatType::ALL`'s order.
 pub(crate) const FLASH_ATTENTION: [LibrarySource; 3] = [
     flash_attention!("float", "f32"),
@@ -113,7 +104,7 @@ pub(crate) const FLASH_ATTENTION: [LibrarySource; 3] = [
 
 /// Every source of the library (what the build script compiles).
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) const ALL: [&LibrarySource; 12] = [
+pub(crate) const ALL: [&LibrarySource; 11] = [
     &ELEMENTWISE_PARTS[0],
     &ELEMENTWISE_PARTS[1],
     &ELEMENTWISE_PARTS[2],
@@ -122,7 +113,6 @@ pub(crate) const ALL: [&LibrarySource; 12] = [
     &FUSED,
     &ONE_READ_CLASSIFIER,
     &COPY_MANY,
-    &FEW_ROW_PRODUCTS,
     &FLASH_ATTENTION[0],
     &FLASH_ATTENTION[1],
     &FLASH_ATTENTION[2],

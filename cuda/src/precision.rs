@@ -100,8 +100,7 @@ impl Operand<'_> {
 }
 
 /// Runs `g` on float pieces `a`, `b` into `out` (all of one float dtype, each packed row-major):
-/// f32 at `g`'s precision, f64, or bf16/f16 in and out with f32 accumulation (a product of a
-/// few 16-bit rows by the few-row kernels, see `few_rows`).
+/// f32 at `g`'s precision, f64, or bf16/f16 in and out with f32 accumulation.
 pub(crate) fn gemm(
     rt: &std::sync::Arc<CudaRuntime>,
     op: &'static str,
@@ -110,9 +109,6 @@ pub(crate) fn gemm(
     out: &CudaStorage,
     g: Gemm,
 ) -> Result<()> {
-    if super::few_rows::few_row_product(rt, op, a, b, out, &g)? {
-        return Ok(());
-    }
     let at = |piece, ld| Operand {
         piece,
         offset: 0,

@@ -13,7 +13,7 @@ use oxiflow_tensor::with_array;
 use oxiflow_tensor::CpuArray;
 use oxiflow_tensor::Result;
 use oxiflow_tensor::TensorElement;
-use oxiflow_tensor::{Device, DeviceStorage, Storage};
+use oxiflow_tensor::{Device, DeviceStorage, HostRead, Storage};
 
 /// A local piece on the process's CUDA device: `shape`'s elements from byte `offset` of a
 /// pooled block. Reshapes share the block; so do element views (`range`; blocks are
@@ -166,6 +166,81 @@ fn host<T: TensorElement + Default>(s: &CudaStorage, op: &'static str) -> Result
     Ok(T::wrap(a))
 }
 
+/// Page-locked host memory a device copy writes into while the host does other work.
+struct PinnedBytes {
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+// SAFETY: the allocation is owned by this value alone (nothing else holds the pointer), so
+// moving the value to another thread moves that ownership with it.
+unsafe impl Send for PinnedBytes {}
+
+impl PinnedBytes {
+    fn alloc(len: usize, op: &'static str) -> Result<PinnedBytes> {
+        // SAFETY: a fresh allocation of len (> 0) bytes; the caller bound the context.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(len, 0) }
+            .map_err(|e| derr(op, format!("page-locked host memory of {len} bytes: {e}")))?;
+        Ok(PinnedBytes { ptr, len })
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `len` bytes owned by this value.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from malloc_host and is freed once, here. A failure leaks it.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr) };
+    }
+}
+
+/// A piece's copy to the host queued on the compute stream, the event after it, and the
+/// piece (its block stays allocated until the copy is done).
+struct CudaHostRead {
+    pinned: PinnedBytes,
+    done: cudarc::driver::CudaEvent,
+    piece: CudaStorage,
+}
+
+/// `bytes` as a host array of `T` shaped `shape`.
+fn host_from_bytes<T: TensorElement + Default>(
+    bytes: &[u8],
+    shape: &Shape,
+    op: &'static str,
+) -> Result<CpuArray> {
+    let mut v = vec![T::default(); shape.numel()];
+    // SAFETY: `T` is a plain element type; its bytes are written as bytes, and `v` holds
+    // exactly bytes.len() of them (the piece's element count times the element size).
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
+    };
+    if dst.len() != bytes.len() {
+        return Err(derr(
+            op,
+            format!("{} bytes read for {} {}", bytes.len(), T::DTYPE, shape),
+        ));
+    }
+    dst.copy_from_slice(bytes);
+    let a = ArrayD::from_shape_vec(IxDyn(shape.dims()), v).map_err(|e| derr(op, e))?;
+    Ok(T::wrap(a))
+}
+
+impl HostRead for CudaHostRead {
+    fn wait(self: Box<Self>) -> Result<CpuArray> {
+        let op = "to host";
+        self.done
+            .synchronize()
+            .map_err(|e| derr(op, format!("waiting for the device: {e}")))?;
+        let CudaHostRead {
+            mut pinned, piece, ..
+        } = *self;
+        let bytes = pinned.bytes_mut();
+        with_element!(piece.dtype, T => host_from_bytes::<T>(bytes, &piece.shape, op))
+    }
+}
+
 impl DeviceStorage for CudaStorage {
     fn device(&self) -> Device {
         Device::Cuda(self.block.runtime().ordinal())
@@ -179,6 +254,37 @@ impl DeviceStorage for CudaStorage {
     fn to_host(&self) -> Result<CpuArray> {
         let op = "to host";
         with_element!(self.dtype, T => host::<T>(self, op))
+    }
+    fn start_host_read(&self) -> Result<Box<dyn HostRead>> {
+        let op = "to host";
+        let len = self.bytes();
+        if len == 0 {
+            return Ok(Box::new(oxiflow_tensor::ReadDone(self.to_host()?)));
+        }
+        let rt = self.runtime();
+        rt.bind(op)?;
+        let mut pinned = PinnedBytes::alloc(len, op)?;
+        // Taking the address orders the compute stream after the collectives on the block.
+        let src = self.ptr();
+        // SAFETY: `src` holds `len` bytes; the page-locked destination holds as many and is
+        // read only after the event behind the copy completes (`wait`).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                pinned.bytes_mut(),
+                src,
+                rt.stream().cu_stream(),
+            )
+        }
+        .map_err(|e| derr(op, format!("device to host copy: {e}")))?;
+        let done = rt
+            .stream()
+            .record_event(None)
+            .map_err(|e| derr(op, format!("event after a device to host copy: {e}")))?;
+        Ok(Box::new(CudaHostRead {
+            pinned,
+            done,
+            piece: self.clone(),
+        }))
     }
     fn as_any(&self) -> &dyn Any {
         self

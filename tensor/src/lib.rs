@@ -27,6 +27,7 @@ pub mod explain;
 mod gather_bucket;
 mod global;
 mod grad_mode;
+mod host_read;
 mod in_place;
 mod init;
 mod inprocess;
@@ -53,6 +54,7 @@ pub use error::{Result, TensorError};
 pub use executor::{register_op_executor, OpExecutor};
 pub use gather_bucket::{gather_bucket, gather_fits};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
+pub use host_read::PendingRead;
 pub use in_place::{dispatch_into, BoundPiece};
 pub use init::{init_from_env, init_with_env, init_with_world, register_nccl_world, NcclWorldJoin};
 pub use inprocess::run_ranks;
@@ -68,7 +70,7 @@ pub use op::{
     MetaError, MetaResult, Peers, Saves, ScratchFn,
 };
 pub use op::{ClassShard, GatherOp, IndexShard, MaskOp, RotaryOp, Triangle};
-pub use storage::{CpuArray, Device, DeviceStorage, Storage};
+pub use storage::{CpuArray, Device, DeviceStorage, HostRead, ReadDone, Storage};
 pub use tensor::{AutogradMeta, GradFn, Tensor, TensorMeta};
 
 pub use oxiflow_dtype::{bf16, f16, DType, MatmulPrecision};

@@ -46,6 +46,12 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     fn shape(&self) -> &Shape;
     /// Copies the piece to the host.
     fn to_host(&self) -> Result<CpuArray>;
+    /// Starts copying the piece to the host behind the work queued on its device so far: the
+    /// read's `wait` waits for that work and the copy only, not for work queued after this
+    /// call. The default copies now (a backend without a queue has nothing to overlap).
+    fn start_host_read(&self) -> Result<Box<dyn HostRead>> {
+        Ok(Box::new(ReadDone(self.to_host()?)))
+    }
     /// Downcasting hook for the backend's own kernels.
     fn as_any(&self) -> &dyn Any;
     /// Whether no other piece shares this one's memory (a view of part of it, say).
@@ -63,6 +69,22 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug {
     /// without such collectives.
     fn awaits_collectives(&self) -> bool {
         false
+    }
+}
+
+/// A copy of a piece to the host that may still be under way
+/// ([`DeviceStorage::start_host_read`]).
+pub trait HostRead: Send {
+    /// The piece's elements, once the device work before the read and the copy are done.
+    fn wait(self: Box<Self>) -> Result<CpuArray>;
+}
+
+/// A read that finished when it started.
+pub struct ReadDone(pub CpuArray);
+
+impl HostRead for ReadDone {
+    fn wait(self: Box<Self>) -> Result<CpuArray> {
+        Ok(self.0)
     }
 }
 

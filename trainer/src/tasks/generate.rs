@@ -21,7 +21,7 @@ use oxiflow_models::nn::{Module, Pass};
 use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::{NamedMesh, Placement};
 use oxiflow_sbp::NdSbp;
-use oxiflow_tensor::{no_grad, Tensor};
+use oxiflow_tensor::{no_grad, PendingRead, Tensor};
 
 use crate::error::TrainError;
 use crate::tasks::eval::rows_on;
@@ -179,6 +179,15 @@ pub fn generate_with(
     Ok((out, steps))
 }
 
+/// The `b` arg-max ids of a started read, once it is done.
+fn picked(pending: PendingRead<i64>, b: usize) -> Result<Vec<usize>, TrainError> {
+    let ids = pending.wait()?;
+    if ids.len() != b {
+        return Err(layout_err(format!("{} picks for {b} sequences", ids.len())));
+    }
+    Ok(ids.into_iter().map(|i| i as usize).collect())
+}
+
 /// What a batch's next ids are picked from: the logits `[B, table_rows]`, or the arg-max ids
 /// `[B]` a greedy step over the cache picked where the logits were, with the device ids
 /// `[B, 1]` and position `[1]` that feed the step after it (nothing uploaded from the host).
@@ -230,10 +239,11 @@ impl Decoder<'_> {
         }
         let greedy = self.sampling.temperature <= 0.0;
         let mut next = logits.map(Next::Logits);
-        // The ids and position a greedy step left on the device for the step after it.
-        let mut feed = None;
+        let room = |c: &FixedKvCache| c.len() < c.positions();
         for step in 0..n {
             let read = Instant::now();
+            // A step over the cache launched before this one's ids reach the host.
+            let mut ahead = None;
             let picks = match next.take() {
                 Some(Next::Logits(l)) => {
                     let ids = self.next_ids(&l, rows, step)?;
@@ -244,10 +254,18 @@ impl Decoder<'_> {
                     ids
                 }
                 Some(Next::Picks { picks, ids, pos }) => {
-                    feed = Some((ids, pos));
-                    let ids = self.read_picks(&picks, rows.len())?;
+                    // The read waits for this step alone, so the next step (fed on the
+                    // device) runs while the host waits; it is wasted only when every
+                    // sequence ends here.
+                    let pending = self.start_picks(&picks)?;
+                    if let Some(cache) = fixed.as_mut().filter(|c| step + 1 < n && room(c)) {
+                        ahead = Some(self.step_at(ids, pos, cache, compiled, greedy, steps)?);
+                        steps.count(compiled);
+                    }
+                    let read = Instant::now();
+                    let got = picked(pending, rows.len())?;
                     steps.parts[2] += read.elapsed();
-                    ids
+                    got
                 }
                 None => {
                     if step > 0 {
@@ -265,17 +283,15 @@ impl Decoder<'_> {
             if done.iter().all(|&d| d) || step + 1 == n {
                 break;
             }
-            next = match fixed.as_mut().filter(|c| c.len() < c.positions()) {
-                Some(cache) => {
-                    let (ids, pos) = match feed.take() {
-                        Some(f) => f,
-                        None => self.feed(&seqs, cache.len())?,
-                    };
+            next = match (ahead, fixed.as_mut().filter(|c| room(c))) {
+                (Some(launched), _) => Some(launched),
+                (None, Some(cache)) => {
+                    let (ids, pos) = self.feed(&seqs, cache.len())?;
                     let launched = self.step_at(ids, pos, cache, compiled, greedy, steps)?;
                     steps.count(compiled);
                     Some(launched)
                 }
-                None => None,
+                (None, None) => None,
             };
         }
         // Each sequence's ids after its prompt, up to and with its first end-of-sequence id.
@@ -434,11 +450,13 @@ impl Decoder<'_> {
 
     /// The arg-max ids `[B]` (on the last stage) on the host of every rank.
     fn read_picks(&self, picks: &Tensor, b: usize) -> Result<Vec<usize>, TrainError> {
-        let ids = self.everywhere(picks)?.to_vec::<i64>()?;
-        if ids.len() != b {
-            return Err(layout_err(format!("{} picks for {b} sequences", ids.len())));
-        }
-        Ok(ids.into_iter().map(|i| i as usize).collect())
+        picked(self.start_picks(picks)?, b)
+    }
+
+    /// Starts reading the arg-max ids `[B]` (on the last stage) to the host of every rank,
+    /// behind the work queued so far (see [`picked`]).
+    fn start_picks(&self, picks: &Tensor) -> Result<PendingRead<i64>, TrainError> {
+        Ok(self.everywhere(picks)?.start_read::<i64>()?)
     }
 
     /// Every sequence's ids from `from` on, as global `[B, len - from]` ids on the first stage,

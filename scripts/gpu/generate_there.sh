@@ -2,8 +2,8 @@
 # Runs on the GPU machine from a folder staged by engine_here.sh: generation with the
 # Llama-3.2-1B shape (random weights saved by transformers, bf16 on disk; ours at
 # --precision bf16-mixed), greedy, 128-token prompts, 256 new tokens, at batch $BATCHES
-# (default "1 16"; NOGRAPH=1 adds ours with OXIFLOW_CUDA_GRAPH=0, CUBLAS=1 ours with every
-# product on cuBLAS, OXIFLOW_FEW_ROW_PRODUCTS=0): `train --from-hf --gen-warmup $WARMUP` (default
+# (default "1 16"; NOGRAPH=1 adds ours with OXIFLOW_CUDA_GRAPH=0): `train --from-hf
+# --gen-warmup $WARMUP` (default
 # 1: the request once untimed, as torch's timed generate follows a warm-up one) beside
 # `llama_bench.py --generate` (transformers' generate with a static cache) in $MODES (default
 # "eager compile"), in the same command. Each run's nvidia-smi peak. Logs under $OUT; a table
@@ -35,10 +35,6 @@ print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) fo
     OXIFLOW_CUDA_GRAPH=0 sampled "$OUT/ours-nograph-b$b.log" timeout 300 bin/oflaunch \
       --nproc-per-node 1 --backend nccl "${ours[@]}"
   fi
-  if [ "${CUBLAS:-0}" = 1 ]; then
-    OXIFLOW_FEW_ROW_PRODUCTS=0 sampled "$OUT/ours-cublas-b$b.log" timeout 300 bin/oflaunch \
-      --nproc-per-node 1 --backend nccl "${ours[@]}"
-  fi
   for mode in $MODES; do
     flag=(); [ "$mode" = compile ] && flag=(--compile)
     sampled "$OUT/torch-$mode-b$b.log" timeout 300 python3 llama_bench.py --generate --batch "$b" \
@@ -50,7 +46,7 @@ echo
 # graph, as the warm-up run leaves torch's); torch: its timed run after a warm-up.
 printf '%-6s %-16s %12s %12s %10s\n' batch run new_tok/s warm_tok/s smi_MiB
 for b in $BATCHES; do
-  for run in ours ours-nograph ours-cublas; do
+  for run in ours ours-nograph; do
     f="$OUT/$run-b$b.log"
     [ -e "$f" ] || continue
     cold=$(grep -o '([0-9.]* new tokens/s' "$f" | tr -d '(' | cut -d' ' -f1)

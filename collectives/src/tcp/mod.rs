@@ -366,6 +366,23 @@ impl TcpComm {
         links.run(&self.name(name), sends, recvs, self.world.timeout, progress)
     }
 
+    /// The other members' parts, each with its member's world rank: `lo` holds the parts of
+    /// the members before this one, `hi` of those after it.
+    fn of_peers<'a, I>(&'a self, lo: I, hi: I) -> impl Iterator<Item = (usize, I::Item)> + 'a
+    where
+        I: IntoIterator + 'a,
+    {
+        let me = self.me;
+        lo.into_iter()
+            .enumerate()
+            .chain(
+                hi.into_iter()
+                    .enumerate()
+                    .map(move |(i, c)| (i + me + 1, c)),
+            )
+            .map(|(k, c)| (self.ranks[k], c))
+    }
+
     fn peers(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let me = self.me;
         self.ranks
@@ -397,11 +414,9 @@ impl TcpComm {
                     op: self.name(name),
                     detail: "member index outside the chunk list".into(),
                 })?;
-            let mut sends: Vec<SendOp<'_>> = lo
-                .iter()
-                .enumerate()
-                .chain(hi.iter().enumerate().map(|(i, c)| (i + self.me + 1, c)))
-                .map(|(k, c)| SendOp::new(self.ranks[k], tag, c))
+            let mut sends: Vec<SendOp<'_>> = self
+                .of_peers(lo.iter(), hi.iter())
+                .map(|(r, c)| SendOp::new(r, tag, c))
                 .collect();
             self.reduce_from_peers(links, name, tag, (dtype, op), &mut sends, acc)?;
         }
@@ -453,11 +468,9 @@ impl TcpComm {
             .peers()
             .map(|(_, r)| SendOp::new(r, tag, mine))
             .collect();
-        let mut recvs: Vec<RecvOp<'_>> = lo
-            .iter_mut()
-            .enumerate()
-            .chain(hi.iter_mut().enumerate().map(|(i, c)| (i + self.me + 1, c)))
-            .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+        let mut recvs: Vec<RecvOp<'_>> = self
+            .of_peers(lo.iter_mut(), hi.iter_mut())
+            .map(|(r, c)| RecvOp::new(r, tag, c))
             .collect();
         self.run(links, name, &mut sends, &mut recvs, &mut no_progress)
     }

@@ -5,11 +5,13 @@
 //! with a report naming both; and the newest complete checkpoint of a directory is found.
 
 mod catalogue_damages;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use catalogue_damages::{edit, edit_unsealed, poison};
+use catalogue_damages::{edit, edit_unsealed, flip_bit, poison};
+use common::classifier_values as values;
 use oxiflow::checkpoint::{self, LoadOptions, Manifest, Metadata, SaveOptions};
 use oxiflow::nn::Module;
 use oxiflow::placement::{NamedMesh, DP, TP};
@@ -206,14 +208,6 @@ fn classifier(opt: OptimizerKind) -> Classifier {
     .unwrap()
 }
 
-fn values(c: &Classifier) -> Vec<Vec<f32>> {
-    c.model
-        .parameters()
-        .iter()
-        .map(|p| p.value().to_vec::<f32>().unwrap())
-        .collect()
-}
-
 /// An AdamW classifier trained `steps` steps and saved at `p`.
 fn saved_adamw(p: &Path, steps: usize) -> Classifier {
     let mut c = classifier(OptimizerKind::AdamW);
@@ -237,15 +231,7 @@ fn step_flips_in_the_manifest_are_refused() {
         ("\"step\": \"40\"", "\"step\": \"50\""),
         ("\"step_count\": 40", "\"step_count\": 50"),
     ] {
-        assert_eq!(original.matches(from).count(), 1, "{from}");
-        let flipped = original.replace(from, to);
-        let differing: u32 = original
-            .bytes()
-            .zip(flipped.bytes())
-            .map(|(a, b)| (a ^ b).count_ones())
-            .sum();
-        assert_eq!(differing, 1, "one bit flipped");
-        std::fs::write(&file, &flipped).unwrap();
+        flip_bit(&p, from, to);
         let mut c = classifier(OptimizerKind::AdamW);
         let before = values(&c);
         let err = resume_err(c.resume(&p));

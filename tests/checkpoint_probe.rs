@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use catalogue_damages::{edit, poison};
+use catalogue_damages::{edit, flip_bit, poison};
 use common::{binaries, curve, launch, TINY_GPT};
 use serde_json::{json, Value};
 
@@ -59,20 +59,6 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
-/// Replaces the one occurrence of `from` in the manifest's bytes (a one-bit change).
-fn flip(d: &Path, from: &str, to: &str) {
-    let path = d.join("manifest.json");
-    let m = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(m.matches(from).count(), 1, "{from}");
-    let bits: u32 = from
-        .bytes()
-        .zip(to.bytes())
-        .map(|(a, b)| (a ^ b).count_ones())
-        .sum();
-    assert_eq!(bits, 1, "{from} -> {to} is one bit");
-    std::fs::write(&path, m.replace(from, to)).unwrap();
-}
-
 /// The first tensor of the manifest in `d` saved in two pieces (split over TP=2).
 fn two_piece_tensor(d: &Path) -> String {
     let m: Value =
@@ -102,12 +88,12 @@ fn the_probe_cases_are_refused_by_train_or_fall_back_with_a_warning() {
         (
             "data.step 40 -> 50",
             "manifest checksum mismatch".into(),
-            Box::new(|d| flip(d, "\"data.step\": \"40\"", "\"data.step\": \"50\"")),
+            Box::new(|d| flip_bit(d, "\"data.step\": \"40\"", "\"data.step\": \"50\"")),
         ),
         (
             "optimizer step count 40 -> 50",
             "manifest checksum mismatch".into(),
-            Box::new(|d| flip(d, "\"step_count\": 40", "\"step_count\": 50")),
+            Box::new(|d| flip_bit(d, "\"step_count\": 40", "\"step_count\": 50")),
         ),
         (
             "optimizer state deleted (checksum recomputed)",

@@ -1,13 +1,15 @@
 //! Checkpoints: save under one parallel layout and resume under another (the continued loss
 //! curve equals an uninterrupted run), gathered saves, and crash safety at every save stage.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use common::classifier_values as values;
 use oxiflow::checkpoint::{self, SaveOptions, SaveStage};
-use oxiflow::nn::Module;
 use oxiflow::run_ranks;
 use oxiflow::trainer::tasks::mlp::{
     classifier as new_classifier, ClassifierConfig as TrainConfig, OptimizerKind,
@@ -171,12 +173,7 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
         }
         clf.save(&p, &Default::default(), &SaveOptions::default())
             .unwrap();
-        let saved: Vec<Vec<f32>> = clf
-            .model
-            .parameters()
-            .iter()
-            .map(|q| q.value().to_vec::<f32>().unwrap())
-            .collect();
+        let saved = values(&clf);
         for _ in 0..3 {
             clf.train_step().unwrap();
         }
@@ -195,12 +192,7 @@ fn a_crash_at_any_save_stage_leaves_the_previous_checkpoint_loadable() {
         let mut back = new_classifier(&c).unwrap();
         back.resume(&p).unwrap();
         assert_eq!(back.step, 5, "stage {stage}");
-        let loaded: Vec<Vec<f32>> = back
-            .model
-            .parameters()
-            .iter()
-            .map(|q| q.value().to_vec::<f32>().unwrap())
-            .collect();
+        let loaded = values(&back);
         assert_eq!(loaded, saved, "stage {stage}");
         // The next save recovers from the leftovers and publishes step 8.
         clf.save(&p, &Default::default(), &SaveOptions::default())

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{argv, curve, launch, max_rel, ok};
+use common::{argv, assert_close, curve, launch, max_rel, ok};
 
 /// A tiny GPT: 2 blocks, width 32, 4 heads.
 const GPT: &str = "--model gpt --layers 2 --width 32 --heads 4";
@@ -173,9 +173,7 @@ fn bf16_mixed_under_cp_tracks_one_rank() {
         &["--cp", "2"][..],
         &["--cp", "2", "--cp-attention", "alltoall"],
     ] {
-        let diff = max_rel(&one, &bf16(2, layout));
-        eprintln!("bf16-mixed {layout:?}: max relative difference {diff:.3e}");
-        assert!(diff <= 0.02, "{layout:?} differs by {diff:e}");
+        assert_close(format_args!("{layout:?}"), &one, &bf16(2, layout), 0.02);
     }
 }
 

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{argv, curve, launch, max_rel, ok};
+use common::{argv, assert_close, curve, launch, max_rel, ok};
 
 /// A tiny model: 4 blocks, width 32, 4 heads, 16-token windows, 8 per batch.
 const TINY: [&str; 14] = common::gpt_flags("4", "32", "16");
@@ -36,9 +36,7 @@ fn agree(dtype: &str, tolerance: f64, layouts: &[(usize, &[&str])]) {
         args.extend_from_slice(layout);
         let c = tiny(*n, &args);
         assert_eq!(c.len(), one.len(), "{layout:?}: {c:?}");
-        let diff = max_rel(&one, &c);
-        eprintln!("{dtype} {layout:?}: max relative difference {diff:.3e}");
-        assert!(diff <= tolerance, "{dtype} {layout:?} differs by {diff:e}");
+        assert_close(format_args!("{dtype} {layout:?}"), &one, &c, tolerance);
     }
 }
 
@@ -194,9 +192,12 @@ fn a_checkpoint_resumes_across_pipeline_and_zero_layouts() {
             &[with(&["--steps", "10", "--resume", ps]), resume_at.to_vec()].concat(),
         );
         assert_eq!(resumed.first().map(|c| c.0), Some(7), "{name}: {resumed:?}");
-        let diff = max_rel(&full[6..], &resumed);
-        eprintln!("{name}: max relative difference {diff:.3e}");
-        assert!(diff <= 1e-12, "{name}: resumed curve differs by {diff:e}");
+        assert_close(
+            format_args!("{name}: resumed curve"),
+            &full[6..],
+            &resumed,
+            1e-12,
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

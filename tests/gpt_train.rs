@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{argv, curve, launch, max_rel, ok, TINY_GPT as TINY};
+use common::{argv, assert_close, curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 /// `launch` of the tiny GPT with `args` added.
 fn tiny(nproc: usize, args: &[&str]) -> Vec<(u64, f64)> {
@@ -35,9 +35,7 @@ fn layouts_agree(dtype: &str, tolerance: f64) {
         let mut args = common.to_vec();
         args.extend_from_slice(layout);
         let c = tiny(n, &args);
-        let diff = max_rel(&one, &c);
-        eprintln!("{dtype} {layout:?}: max relative difference {diff:.3e}");
-        assert!(diff <= tolerance, "{dtype} {layout:?} differs by {diff:e}");
+        assert_close(format_args!("{dtype} {layout:?}"), &one, &c, tolerance);
     }
 }
 
@@ -53,9 +51,7 @@ fn dropout_masks_are_the_same_for_every_layout() {
     let mut args = common.to_vec();
     args.extend_from_slice(&["--dp", "2", "--tp", "2", "--sp"]);
     let four = tiny(4, &args);
-    let diff = max_rel(&one, &four);
-    eprintln!("dropout 0.2, dp 2 x tp 2 with sp: max relative difference {diff:.3e}");
-    assert!(diff <= 1e-5, "dropout differs by {diff:e}");
+    assert_close("dropout", &one, &four, 1e-5);
     let mut plain = common.to_vec();
     plain.truncate(6);
     assert_ne!(tiny(1, &plain), one, "dropout changes the curve");
@@ -108,9 +104,7 @@ fn zero_stages_and_recompute_keep_the_curve_and_shrink_memory() {
         args.extend_from_slice(&common);
         args.extend_from_slice(extra);
         let out = ok(launch(n, &args));
-        let diff = max_rel(&one, &curve(&out));
-        eprintln!("{extra:?}: max relative difference {diff:.3e}");
-        assert!(diff <= 1e-9, "{extra:?} differs by {diff:e}");
+        assert_close(format_args!("{extra:?}"), &one, &curve(&out), 1e-9);
         mem.push(memory_line(&out));
     }
     let (p0, g0, s0, peak0) = mem[0];

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{curve, launch, max_rel, ok, TINY_GPT};
+use common::{assert_close, curve, launch, max_rel, ok, TINY_GPT};
 
 const VOCAB: u32 = 90;
 
@@ -93,9 +93,7 @@ fn a_padded_vocabulary_trains_on_the_unpadded_curve_in_every_layout() {
                 "{out}"
             );
             let c = curve(&out);
-            let diff = max_rel(&plain, &c);
-            eprintln!("{dtype} padded {layout:?}: max relative difference {diff:.3e}");
-            assert!(diff <= tolerance, "{dtype} {layout:?} differs by {diff:e}");
+            assert_close(format_args!("{dtype} {layout:?}"), &plain, &c, tolerance);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

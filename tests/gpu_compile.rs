@@ -13,7 +13,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{binaries, curve, max_rel, GPU_GPT};
+use common::{binaries, curve, max_rel, stdout_or_tail, GPU_GPT};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 
 /// The suites' GPT for 12 steps.
@@ -36,19 +36,8 @@ fn train_launched(n: usize, launch: &[&str], args: &[&str]) -> Result<String, St
         .args(["--device", "cuda"])
         .args(args)
         .env("NCCL_NVLS_ENABLE", "0")
-        .output()
-        .map_err(|e| format!("oflaunch: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(12).collect();
-        return Err(format!(
-            "{args:?} failed ({}): {}",
-            out.status,
-            tail.join(" | ")
-        ));
-    }
-    Ok(text)
+        .output();
+    stdout_or_tail(out, &format!("{args:?}"))
 }
 
 #[test]

@@ -11,7 +11,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{argv, binaries, curve, max_rel, GPU_GPT};
+use common::{argv, binaries, curve, max_rel, stdout_or_tail, GPU_GPT};
 use oxiflow::collectives::cuda_libs::{self, LibSearch};
 use oxiflow::collectives::rendezvous::{generate_token, StoreServer};
 
@@ -35,19 +35,8 @@ fn train(backend: &str, device: &str, layout: &[&str]) -> Result<Vec<(u64, f64)>
         .args(["--device", device, "--precision", "f32"])
         .args(layout)
         .env("NCCL_NVLS_ENABLE", "0")
-        .output()
-        .map_err(|e| format!("oflaunch: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(12).collect();
-        return Err(format!(
-            "{backend} run failed ({}): {}",
-            out.status,
-            tail.join(" | ")
-        ));
-    }
-    Ok(curve(&text))
+        .output();
+    Ok(curve(&stdout_or_tail(out, &format!("{backend} run"))?))
 }
 
 #[test]

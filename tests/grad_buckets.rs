@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{argv, curve, launch, max_rel, ok, TINY_GPT as TINY};
+use common::{argv, assert_close, curve, launch, max_rel, ok, TINY_GPT as TINY};
 
 fn run(nproc: usize, args: &[&str]) -> String {
     let mut all = TINY.to_vec();
@@ -43,9 +43,7 @@ fn bucketed_reduction_keeps_the_one_rank_curve() {
         let mut args = common.to_vec();
         args.extend_from_slice(layout);
         let c = curve(&run(n, &args));
-        let diff = max_rel(&one, &c);
-        eprintln!("f64 {layout:?}: max relative difference {diff:.3e}");
-        assert!(diff <= 1e-9, "{layout:?} differs by {diff:e}");
+        assert_close(format_args!("{layout:?}"), &one, &c, 1e-9);
     }
 }
 

@@ -12,16 +12,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{eval_hf, from_hf, launch, ok, rank_alone};
-
-fn fixtures() -> PathBuf {
-    common::hf_fixtures()
-}
-
-fn reference() -> serde_json::Value {
-    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
+use common::{
+    eval_hf, from_hf, generated_ids, greedy_hf, hf_fixtures, hf_greedy_ids, hf_reference, launch,
+    ok, rank_alone, save_hf_round_trip,
+};
 
 fn tmp(name: &str) -> PathBuf {
     common::scratch_dir("hf", name)
@@ -29,7 +23,7 @@ fn tmp(name: &str) -> PathBuf {
 
 /// `train --from-hf DIR --eval-only` on the fixture tokens, on `nproc` ranks.
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> (f64, usize) {
-    let data = fixtures().join("tokens.bin");
+    let data = hf_fixtures().join("tokens.bin");
     eval_hf(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra)
 }
 
@@ -45,17 +39,16 @@ const LAYOUTS: [(usize, &[&str]); 4] = [
 
 #[test]
 fn eval_only_equals_transformers_on_every_layout() {
-    let r = reference();
     // Evaluation also runs on a sequence split over a context-parallel axis.
     let cp: [(usize, &[&str]); 2] = [(2, &["--cp", "2"]), (4, &["--cp", "2", "--dp", "2"])];
     for name in MODELS {
-        let m = &r["models"][name];
+        let m = hf_reference(name);
         let (want, tokens) = (
             m["eval_loss"].as_f64().unwrap(),
             m["tokens"].as_u64().unwrap(),
         );
         for (n, layout) in LAYOUTS.into_iter().chain(cp) {
-            let (got, count) = eval(n, &fixtures().join(name), layout);
+            let (got, count) = eval(n, &hf_fixtures().join(name), layout);
             let rel = (got - want).abs() / want;
             eprintln!("{name} {layout:?}: {got} vs transformers {want} (relative {rel:.2e})");
             assert_eq!(count as u64, tokens, "{name} {layout:?}");
@@ -68,19 +61,8 @@ fn eval_only_equals_transformers_on_every_layout() {
 fn save_hf_reads_back_to_the_same_loss_bit_for_bit() {
     let out = tmp("roundtrip");
     for name in MODELS {
-        // As loaded.
-        let saved = out.join(name);
-        let s = saved.to_str().unwrap();
-        // Saved from tensor-parallel shards, read back on one rank: one rank's loss.
-        eval(2, &fixtures().join(name), &["--tp", "2", "--save-hf", s]);
-        let before = eval(1, &fixtures().join(name), &[]);
-        let after = eval(1, &saved, &[]);
-        eprintln!("{name}: {before:?} -> saved -> {after:?}");
-        assert_eq!(before, after, "{name}");
-        let index: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(saved.join("model.safetensors.index.json")).unwrap(),
-        )
-        .unwrap();
+        // As loaded, saved from tensor-parallel shards, read back on one rank: one rank's loss.
+        let index = save_hf_round_trip(name, &out.join(name), eval);
         assert!(index["weight_map"]
             .as_object()
             .is_some_and(|m| !m.is_empty()));
@@ -89,9 +71,9 @@ fn save_hf_reads_back_to_the_same_loss_bit_for_bit() {
     // checkpoint's own evaluation.
     let trained = out.join("trained");
     let ckpt = out.join("ckpt");
-    let data = fixtures().join("tokens.bin");
+    let data = hf_fixtures().join("tokens.bin");
     let (t, c) = (trained.to_str().unwrap(), ckpt.to_str().unwrap());
-    let dir = fixtures().join("qwen2");
+    let dir = hf_fixtures().join("qwen2");
     let (d, tokens) = (dir.to_str().unwrap(), data.to_str().unwrap());
     let train = from_hf(
         d,
@@ -225,7 +207,7 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
             ),
         ),
     ];
-    let data = fixtures().join("tokens.bin");
+    let data = hf_fixtures().join("tokens.bin");
     let (_, train) = common::binaries();
     for (dir, want) in &cases {
         let (d, tokens) = (dir.to_str().unwrap(), data.to_str().unwrap());
@@ -258,49 +240,17 @@ fn every_mismatch_is_a_typed_error_naming_the_file_and_tensor_on_every_rank() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// Every `generated ids: a,b,c` line of rank 0.
-fn generated(text: &str) -> Vec<Vec<u64>> {
-    text.lines()
-        .filter_map(|l| l.split("generated ids: ").nth(1))
-        .map(|ids| ids.split(',').map(|i| i.trim().parse().unwrap()).collect())
-        .collect()
-}
-
 #[test]
 fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
-    let r = reference();
     for name in MODELS {
-        let want: Vec<Vec<u64>> = r["models"][name]["greedy"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                g.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i.as_u64().unwrap())
-                    .collect()
-            })
-            .collect();
-        let dir = fixtures().join(name);
+        let want = hf_greedy_ids(name);
+        let dir = hf_fixtures().join(name);
         for (n, layout) in LAYOUTS {
             // The first two prompts decode as one batch; the third alone.
-            let mut args = vec![
-                "--from-hf",
-                dir.to_str().unwrap(),
-                "--prompt-ids",
-                "5,17,3;9,9,9;1,2,3,4,5,6,7",
-                "--gen-tokens",
-                "24",
-                "--temperature",
-                "0",
-                "--dtype",
-                "f64",
-            ];
-            args.extend_from_slice(layout);
+            let args = greedy_hf(dir.to_str().unwrap(), "5,17,3;9,9,9;1,2,3,4,5,6,7", layout);
             let text = ok(launch(n, &args));
             assert!(common::curve(&text).is_empty(), "generating trains nothing");
-            let got = generated(&text);
+            let got = generated_ids(&text);
             eprintln!("{name} {layout:?}: {got:?}");
             // Every step after a prompt runs as one compiled step over the fixed cache (one
             // program for each of the two cache sizes; a batch ends early at its EOS ids).
@@ -391,7 +341,7 @@ fn generation_past_a_sliding_window_is_refused_before_any_step() {
         launch(1, &args)
     };
     // 3 + 17 tokens fit the window; 3 + 18 do not.
-    assert_eq!(generated(&ok(gen("17"))).len(), 1);
+    assert_eq!(generated_ids(&ok(gen("17"))).len(), 1);
     let out = gen("18");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

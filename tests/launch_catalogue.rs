@@ -5,6 +5,8 @@
 //! holds the same classes and more with the launcher's test worker.)
 
 mod common;
+#[path = "../launcher/tests/gdb/mod.rs"]
+mod gdb;
 
 use common::argv;
 
@@ -108,8 +110,7 @@ fn oflaunch_train(nproc: usize, args: &[&str]) -> Command {
 /// not after a grace period and a reap timeout.
 #[test]
 fn a_train_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
-    if Command::new("gdb").arg("--version").output().is_err() {
-        eprintln!("SKIP: gdb is not installed");
+    if !gdb::have_gdb("a_train_rank_under_gdb") {
         return;
     }
     let job = Watched::start(oflaunch_train(
@@ -119,20 +120,7 @@ fn a_train_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
     job.wait_line("step 200 loss");
     let victim = common::workers_of(job.child.id(), 3)[1].1;
     let frozen_at = Instant::now();
-    let mut gdb = Command::new("gdb")
-        .args([
-            "-q",
-            "-batch",
-            "-p",
-            &victim.to_string(),
-            "-ex",
-            "shell sleep 60",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut gdb = gdb::attach(victim, 60);
     let named_at = job.wait_line("rank 1 is frozen: ");
     let (code, ended, text) = job.finish();
     let _ = gdb.kill();

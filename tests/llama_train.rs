@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{argv, curve, from_hf, launch, max_rel, ok};
+use common::{argv, assert_close, curve, from_hf, launch, ok};
 
 /// A tiny Llama: 4 blocks, width 32, 4 query and 2 key/value heads, MLP 48 wide.
 const TINY: &str = "--model llama --layers 4 --width 32 --heads 4 --kv-heads 2 --ffn-width 48 \
@@ -32,9 +32,7 @@ fn agree(common: &[&str], tolerance: f64, layouts: &[(usize, &[&str])]) {
         let mut args = common.to_vec();
         args.extend_from_slice(layout);
         let c = tiny(*n, &args);
-        let diff = max_rel(&one, &c);
-        eprintln!("{common:?} {layout:?}: max relative difference {diff:.3e}");
-        assert!(diff <= tolerance, "{layout:?} differs by {diff:e}");
+        assert_close(format_args!("{layout:?}"), &one, &c, tolerance);
     }
 }
 
@@ -87,9 +85,7 @@ fn tied_llama_and_compiled_steps_give_the_one_rank_curve() {
         args.extend_from_slice(layout);
         args.push("--compile");
         let c = tiny(n, &args);
-        let diff = max_rel(&one, &c);
-        eprintln!("--compile {layout:?}: {diff:.3e}");
-        assert!(diff <= 1e-9, "--compile {layout:?} differs by {diff:e}");
+        assert_close(format_args!("--compile {layout:?}"), &one, &c, 1e-9);
     }
 }
 
@@ -123,9 +119,7 @@ fn a_hugging_face_llama_fine_tunes_alike_on_every_layout() {
         (2, &["--tp", "2"][..]),
         (2, &["--pp", "2", "--micro-batches", "2"][..]),
     ] {
-        let diff = max_rel(&one, &run(n, layout));
-        eprintln!("--from-hf llama {layout:?}: {diff:.3e}");
-        assert!(diff <= 1e-9, "{layout:?} differs by {diff:e}");
+        assert_close(format_args!("{layout:?}"), &one, &run(n, layout), 1e-9);
     }
 }
 

@@ -12,11 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{argv, curve, eval_hf, from_hf, launch, max_rel, ok};
-
-fn fixtures() -> PathBuf {
-    common::hf_fixtures()
-}
+use common::{argv, curve, eval_hf, from_hf, hf_fixtures, launch, max_rel, number_after, ok};
 
 fn tmp(name: &str) -> PathBuf {
     common::scratch_dir("lora", name)
@@ -37,11 +33,15 @@ const LORA: [&str; 8] = [
 ];
 
 fn llama() -> String {
-    fixtures().join("llama").to_str().unwrap().to_string()
+    hf_fixtures().join("llama").to_str().unwrap().to_string()
 }
 
 fn data() -> String {
-    fixtures().join("tokens.bin").to_str().unwrap().to_string()
+    hf_fixtures()
+        .join("tokens.bin")
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -270,14 +270,10 @@ struct Costs {
     seconds_per_step: f64,
 }
 
-fn number_after(text: &str, key: &str) -> usize {
-    common::number_after(text, key)
-}
-
 /// The costs a run's output shows, for steps of `tokens` tokens.
 fn costs(text: &str, tokens: usize) -> Costs {
-    let parameter_bytes = number_after(text, ": parameters ");
-    let tokens_per_s = number_after(text, " tokens/s ").max(1);
+    let parameter_bytes = number_after::<usize>(text, ": parameters ");
+    let tokens_per_s = number_after::<usize>(text, " tokens/s ").max(1);
     Costs {
         // A full fine-tune trains every parameter: its f32 bytes over 4.
         trainable: if text.contains("trainable parameters ") {

@@ -12,33 +12,17 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{curve, launch, max_rel, ok};
-
-fn fixtures() -> PathBuf {
-    common::hf_fixtures()
-}
-
-fn reference(name: &str) -> serde_json::Value {
-    common::hf_reference(name)
-}
+use common::{
+    argv, assert_close, curve, eval_fixture_text, from_hf, generated_ids, greedy_hf, hf_fixtures,
+    hf_greedy_ids, hf_reference, launch, number_after, ok,
+};
 
 fn tmp(name: &str) -> PathBuf {
     common::scratch_dir("ep", name)
 }
 
-fn number_after(text: &str, key: &str) -> f64 {
-    common::number_after(text, key)
-}
-
-/// `train --from-hf DIR --eval-only` on the fixture tokens in f64 on `nproc` ranks: rank 0's
-/// output.
-fn eval_text(nproc: usize, dir: &Path, extra: &[&str]) -> String {
-    let data = fixtures().join("tokens.bin");
-    common::eval_hf_text(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra)
-}
-
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> f64 {
-    number_after(&eval_text(nproc, dir, extra), "eval loss ")
+    number_after(&eval_fixture_text(nproc, dir, extra), "eval loss ")
 }
 
 #[test]
@@ -48,9 +32,9 @@ fn eval_only_under_expert_parallelism_equals_transformers() {
         (4, &["--dp", "4", "--ep", "2"]),
     ];
     for name in ["mixtral", "qwen2_moe"] {
-        let want = reference(name)["eval_loss"].as_f64().unwrap();
+        let want = hf_reference(name)["eval_loss"].as_f64().unwrap();
         for (n, layout) in layouts {
-            let got = eval(n, &fixtures().join(name), layout);
+            let got = eval(n, &hf_fixtures().join(name), layout);
             let rel = (got - want).abs() / want;
             eprintln!("{name} {layout:?}: {got} vs {want} (relative {rel:.2e})");
             assert!(rel < 1e-9, "{name} {layout:?}: {got} vs {want}");
@@ -61,35 +45,12 @@ fn eval_only_under_expert_parallelism_equals_transformers() {
 #[test]
 fn greedy_generation_under_expert_parallelism_equals_transformers() {
     for name in ["mixtral", "qwen2_moe"] {
-        let want = reference(name)["greedy"]
-            .to_string()
-            .replace(['[', ']', ' '], "");
-        let dir = fixtures().join(name);
-        let text = ok(launch(
-            2,
-            &[
-                "--from-hf",
-                dir.to_str().unwrap(),
-                "--prompt-ids",
-                "5,17,3;1,2,3,4,5,6,7",
-                "--gen-tokens",
-                "24",
-                "--temperature",
-                "0",
-                "--dtype",
-                "f64",
-                "--dp",
-                "2",
-                "--ep",
-                "2",
-            ],
-        ));
-        let got: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.split("generated ids: ").nth(1))
-            .map(str::trim)
-            .collect();
-        assert_eq!(got.join(","), want, "{name}: {text}");
+        let want = hf_greedy_ids(name);
+        let dir = hf_fixtures().join(name);
+        let layout = argv("--dp 2 --ep 2");
+        let args = greedy_hf(dir.to_str().unwrap(), "5,17,3;1,2,3,4,5,6,7", &layout);
+        let text = ok(launch(2, &args));
+        assert_eq!(generated_ids(&text), want, "{name}: {text}");
     }
 }
 
@@ -100,10 +61,10 @@ fn save_hf_from_expert_shards_reads_back() {
     let s = saved.to_str().unwrap();
     eval(
         2,
-        &fixtures().join("mixtral"),
+        &hf_fixtures().join("mixtral"),
         &["--dp", "2", "--ep", "2", "--save-hf", s],
     );
-    let before = eval(1, &fixtures().join("mixtral"), &[]);
+    let before = eval(1, &hf_fixtures().join("mixtral"), &[]);
     let after = eval(1, &saved, &[]);
     assert_eq!(before, after, "saved under --ep 2 and read back");
     let _ = std::fs::remove_dir_all(&out);
@@ -111,27 +72,20 @@ fn save_hf_from_expert_shards_reads_back() {
 
 #[test]
 fn explain_shows_the_experts_split_over_the_ep_axis() {
-    let (dir, data) = (fixtures().join("mixtral"), fixtures().join("tokens.bin"));
-    let text = ok(launch(
-        2,
-        &[
-            "--from-hf",
-            dir.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--seq-len",
-            "16",
-            "--batch-size",
-            "4",
-            "--dtype",
-            "f64",
-            "--dp",
-            "2",
-            "--ep",
-            "2",
-            "--explain",
-        ],
+    let (dir, data) = (
+        hf_fixtures().join("mixtral"),
+        hf_fixtures().join("tokens.bin"),
+    );
+    let mut args = vec![
+        "--from-hf",
+        dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    args.extend(argv(
+        "--seq-len 16 --batch-size 4 --dtype f64 --dp 2 --ep 2 --explain",
     ));
+    let text = ok(launch(2, &args));
     assert!(text.contains("ep 2"), "no ep axis in the mesh: {text}");
     // The mesh [dp 1, ep 2, tp 1]: experts split over ep, the router whole.
     let line = |name: &str| {
@@ -149,32 +103,14 @@ fn explain_shows_the_experts_split_over_the_ep_axis() {
 
 /// The arguments of `steps` f64 training steps of the model in `dir` on the fixture tokens.
 fn train_args(dir: &Path, steps: usize, extra: &[&str]) -> Vec<String> {
-    let data = fixtures().join("tokens.bin");
-    let mut a: Vec<String> = [
-        "--from-hf",
-        dir.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--steps",
-        &steps.to_string(),
-        "--log-every",
-        "1",
-        "--dtype",
-        "f64",
-        "--gen-tokens",
-        "0",
-        "--lr",
-        "0.003",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
+    let data = hf_fixtures().join("tokens.bin");
+    let steps = steps.to_string();
+    let mut a = vec!["--steps", &steps, "--log-every", "1", "--lr", "0.003"];
+    a.extend_from_slice(extra);
+    from_hf(dir.to_str().unwrap(), data.to_str().unwrap(), &a)
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 fn train_curve(dir: &Path, n: usize, layout: &[&str]) -> Vec<(u64, f64)> {
@@ -208,9 +144,12 @@ fn training_under_expert_parallelism_gives_one_ranks_curve() {
             cases.push((4, &["--dp", "4", "--ep", "4"]));
         }
         for (n, layout) in cases {
-            let diff = max_rel(&one, &train_curve(&dir, n, layout));
-            eprintln!("{name} {layout:?}: {diff:.3e}");
-            assert!(diff <= 1e-9, "{name} {layout:?} differs by {diff:e}");
+            assert_close(
+                format_args!("{name} {layout:?}"),
+                &one,
+                &train_curve(&dir, n, layout),
+                1e-9,
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&base);
@@ -222,9 +161,9 @@ fn bad_expert_layouts_are_refused_by_name_on_every_rank_before_any_step() {
     let topk = common::hf_fixture_copy("qwen2_moe", &base.join("topk"));
     common::set_hf_config(&topk, "num_experts_per_tok", serde_json::json!(7));
     let (mixtral, qwen, llama) = (
-        fixtures().join("mixtral"),
-        fixtures().join("qwen2_moe"),
-        fixtures().join("llama"),
+        hf_fixtures().join("mixtral"),
+        hf_fixtures().join("qwen2_moe"),
+        hf_fixtures().join("llama"),
     );
     let cases: Vec<(usize, Vec<String>, &str)> = vec![
         (

@@ -14,34 +14,24 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{curve, launch, max_rel, ok};
+use common::{
+    assert_close, curve, eval_fixture_text, generated_ids, greedy_hf, hf_fixtures, hf_greedy_ids,
+    hf_reference, launch, number_after, ok, save_hf_round_trip,
+};
 
 const MODELS: [&str; 2] = ["mixtral", "qwen2_moe"];
 
 /// A loss curve: (step, loss) pairs.
 type Curve = [(u64, f64)];
 
-fn fixtures() -> PathBuf {
-    common::hf_fixtures()
-}
-
-fn reference(name: &str) -> serde_json::Value {
-    common::hf_reference(name)
-}
-
 fn tmp(name: &str) -> PathBuf {
     common::scratch_dir("moe", name)
-}
-
-fn number_after(text: &str, key: &str) -> f64 {
-    common::number_after(text, key)
 }
 
 /// `train --from-hf DIR --eval-only` on the fixture tokens in f64 on `nproc` ranks: (loss,
 /// load-balancing loss).
 fn eval(nproc: usize, dir: &Path, extra: &[&str]) -> (f64, f64) {
-    let data = fixtures().join("tokens.bin");
-    let text = common::eval_hf_text(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra);
+    let text = eval_fixture_text(nproc, dir, extra);
     (
         number_after(&text, "eval loss "),
         number_after(&text, "eval router aux loss "),
@@ -57,13 +47,13 @@ fn eval_only_equals_transformers_on_every_layout() {
         (2, &["--pp", "2"]),
     ];
     for name in MODELS {
-        let r = reference(name);
+        let r = hf_reference(name);
         let (want, want_aux) = (
             r["eval_loss"].as_f64().unwrap(),
             r["aux_loss"].as_f64().unwrap(),
         );
         for (n, layout) in layouts {
-            let (got, aux) = eval(n, &fixtures().join(name), layout);
+            let (got, aux) = eval(n, &hf_fixtures().join(name), layout);
             let rel = (got - want).abs() / want;
             eprintln!(
                 "{name} {layout:?}: {got} vs {want} (relative {rel:.2e}); aux {aux} vs {want_aux}"
@@ -77,45 +67,14 @@ fn eval_only_equals_transformers_on_every_layout() {
     }
 }
 
-/// Every `generated ids: a,b,c` line of rank 0.
-fn generated(text: &str) -> Vec<Vec<u64>> {
-    text.lines()
-        .filter_map(|l| l.split("generated ids: ").nth(1))
-        .map(|ids| ids.split(',').map(|i| i.trim().parse().unwrap()).collect())
-        .collect()
-}
-
 #[test]
 fn greedy_generation_equals_transformers() {
     for name in MODELS {
-        let want: Vec<Vec<u64>> = reference(name)["greedy"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                g.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i.as_u64().unwrap())
-                    .collect()
-            })
-            .collect();
-        let dir = fixtures().join(name);
+        let want = hf_greedy_ids(name);
+        let dir = hf_fixtures().join(name);
         for (n, layout) in [(1, &[][..]), (2, &["--tp", "2"][..])] {
-            let mut args = vec![
-                "--from-hf",
-                dir.to_str().unwrap(),
-                "--prompt-ids",
-                "5,17,3;1,2,3,4,5,6,7",
-                "--gen-tokens",
-                "24",
-                "--temperature",
-                "0",
-                "--dtype",
-                "f64",
-            ];
-            args.extend_from_slice(layout);
-            let got = generated(&ok(launch(n, &args)));
+            let args = greedy_hf(dir.to_str().unwrap(), "5,17,3;1,2,3,4,5,6,7", layout);
+            let got = generated_ids(&ok(launch(n, &args)));
             eprintln!("{name} {layout:?}: {got:?}");
             assert_eq!(got, want, "{name} {layout:?}");
         }
@@ -126,18 +85,8 @@ fn greedy_generation_equals_transformers() {
 fn save_hf_writes_transformers_names_and_reads_back_bit_for_bit() {
     let out = tmp("roundtrip");
     for name in MODELS {
-        let saved = out.join(name);
-        let s = saved.to_str().unwrap();
         // Saved from tensor-parallel shards (the experts split), read back on one rank.
-        eval(2, &fixtures().join(name), &["--tp", "2", "--save-hf", s]);
-        let before = eval(1, &fixtures().join(name), &[]);
-        let after = eval(1, &saved, &[]);
-        eprintln!("{name}: {before:?} -> saved -> {after:?}");
-        assert_eq!(before, after, "{name}");
-        let index: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(saved.join("model.safetensors.index.json")).unwrap(),
-        )
-        .unwrap();
+        let index = save_hf_round_trip(name, &out.join(name), eval);
         let mut keys: Vec<String> = index["weight_map"]
             .as_object()
             .unwrap()
@@ -145,7 +94,7 @@ fn save_hf_writes_transformers_names_and_reads_back_bit_for_bit() {
             .cloned()
             .collect();
         keys.sort();
-        let want = reference(name)["saved_keys"].clone();
+        let want = hf_reference(name)["saved_keys"].clone();
         let mut want: Vec<String> = serde_json::from_value(want).unwrap();
         want.sort();
         assert_eq!(keys, want, "{name}");
@@ -156,7 +105,7 @@ fn save_hf_writes_transformers_names_and_reads_back_bit_for_bit() {
 /// Rank 0's loss curve of `steps` f64 training steps of the model in `dir` on the fixture
 /// tokens on `n` ranks under `layout`.
 fn train_curve(dir: &Path, n: usize, steps: usize, layout: &[&str]) -> Vec<(u64, f64)> {
-    let data = fixtures().join("tokens.bin");
+    let data = hf_fixtures().join("tokens.bin");
     let steps = steps.to_string();
     let mut args = vec![
         "--from-hf",
@@ -185,14 +134,17 @@ fn train_curve(dir: &Path, n: usize, steps: usize, layout: &[&str]) -> Vec<(u64,
 #[test]
 fn training_with_the_load_balancing_loss_gives_one_ranks_curve() {
     for name in MODELS {
-        let dir = fixtures().join(name);
+        let dir = hf_fixtures().join(name);
         let run = |n: usize, layout: &[&str]| train_curve(&dir, n, 5, layout);
         let one = run(1, &[]);
         assert_eq!(one.len(), 5);
         for (n, layout) in [(2, &["--dp", "2"][..]), (2, &["--tp", "2"][..])] {
-            let diff = max_rel(&one, &run(n, layout));
-            eprintln!("{name} {layout:?}: {diff:.3e}");
-            assert!(diff <= 1e-9, "{name} {layout:?} differs by {diff:e}");
+            assert_close(
+                format_args!("{name} {layout:?}"),
+                &one,
+                &run(n, layout),
+                1e-9,
+            );
         }
     }
 }
@@ -238,9 +190,12 @@ fn pipelines_train_with_the_load_balancing_loss_as_one_rank() {
             ),
         ];
         for (want, n, layout) in cases {
-            let diff = max_rel(want, &run(n, layout));
-            eprintln!("{name} {layout:?}: {diff:.3e}");
-            assert!(diff <= 1e-9, "{name} {layout:?} differs by {diff:e}");
+            assert_close(
+                format_args!("{name} {layout:?}"),
+                want,
+                &run(n, layout),
+                1e-9,
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&base);
@@ -249,7 +204,7 @@ fn pipelines_train_with_the_load_balancing_loss_as_one_rank() {
 #[test]
 fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
     let base = tmp("bad");
-    let data = fixtures().join("tokens.bin");
+    let data = hf_fixtures().join("tokens.bin");
     let case = |n: &str, fixture: &str, key: &str, v: serde_json::Value| {
         let d = common::hf_fixture_copy(fixture, &base.join(n));
         common::set_hf_config(&d, key, v);
@@ -279,7 +234,7 @@ fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
         "router_jitter_noise",
         serde_json::json!(0.1),
     );
-    let mixtral = fixtures().join("mixtral");
+    let mixtral = hf_fixtures().join("mixtral");
     let train = |dir: &Path, extra: &[&str]| {
         let mut a = vec![
             "--from-hf".to_string(),

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{argv, curve, launch, max_rel, ok, succeed_in};
+use common::{argv, assert_close, curve, launch, max_rel, ok, succeed_in};
 use serde_json::Value;
 
 const TINY: [&str; 14] = common::TINY_GPT;
@@ -326,9 +326,7 @@ fn token_shards_train_alike_in_both_formats_and_resume_mid_shard() {
     let full = curve(&full);
     assert_eq!(full.len(), 40);
     let from_raw = curve(&run(2, with(&raw, &["--steps", "40", "--dp", "2"])));
-    let diff = max_rel(&full, &from_raw);
-    eprintln!("raw shards under DP2 against llm.c shards on one rank: {diff:.1e}");
-    assert!(diff <= 1e-12, "raw DP2 differs by {diff:e}");
+    assert_close("raw DP2", &full, &from_raw, 1e-12);
     // Saved under DP2 at step 20 (window 160: inside the third shard), resumed on one rank.
     let ck = dir.join("ckpt");
     let cs = ck.to_str().unwrap();
@@ -352,9 +350,7 @@ fn token_shards_train_alike_in_both_formats_and_resume_mid_shard() {
     }
     let resumed = curve(&run(1, with(&llmc, &["--steps", "40", "--resume", cs])));
     assert_eq!(resumed.first().map(|c| c.0), Some(21));
-    let diff = max_rel(&full[20..], &resumed);
-    eprintln!("resumed mid-shard at step 20: {diff:.1e}");
-    assert!(diff <= 1e-12, "the resumed curve differs by {diff:e}");
+    assert_close("the resumed curve", &full[20..], &resumed, 1e-12);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

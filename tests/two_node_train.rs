@@ -4,74 +4,17 @@
 //! 4-worker run. Prints SKIP (and passes) only where namespaces cannot be created (not root).
 
 mod common;
+#[path = "../launcher/tests/netns/mod.rs"]
+mod netns;
 
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{argv, binaries, curve, launch, max_rel, ok};
+use netns::NetPair;
 
 const ADDR_A: &str = "10.78.0.1";
 const TOKEN: &str = "two-node-train-test-token-0123456789abcdef";
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Two namespaces `a` (10.78.0.1) and `b` (10.78.0.2) joined by a veth pair; deleted on drop.
-struct Namespaces {
-    a: String,
-    b: String,
-}
-
-impl Namespaces {
-    fn create() -> Result<Namespaces, String> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let tag = format!(
-            "{}{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let ns = Namespaces {
-            a: format!("oxt{tag}a"),
-            b: format!("oxt{tag}b"),
-        };
-        ip(&["netns", "add", &ns.a])?;
-        ip(&["netns", "add", &ns.b])?;
-        ip(&[
-            "link", "add", "veth-a", "netns", &ns.a, "type", "veth", "peer", "name", "veth-b",
-            "netns", &ns.b,
-        ])?;
-        for (n, dev, addr) in [
-            (&ns.a, "veth-a", "10.78.0.1/24"),
-            (&ns.b, "veth-b", "10.78.0.2/24"),
-        ] {
-            ip(&["-n", n, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", n, "link", "set", dev, "up"])?;
-            ip(&["-n", n, "link", "set", "lo", "up"])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
 
 fn node(ns: &str, node_rank: &str, train_args: &[&str]) -> std::process::Child {
     let (oflaunch, train) = binaries();
@@ -125,7 +68,7 @@ fn finish(mut child: std::process::Child, limit: Duration) -> Output {
 
 #[test]
 fn two_nodes_in_namespaces_train_like_one_node() {
-    let ns = match Namespaces::create() {
+    let ns = match NetPair::create("oxt", "10.78.0") {
         Ok(ns) => ns,
         Err(e) => {
             eprintln!("SKIP two_nodes_in_namespaces_train_like_one_node: cannot create network namespaces: {e}");

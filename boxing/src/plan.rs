@@ -37,6 +37,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan of `steps` from `from` to `to`.
+    fn of(
+        from: &GlobalLayout,
+        to: &GlobalLayout,
+        dtype: DType,
+        strategy: Strategy,
+        steps: Vec<Step>,
+    ) -> Plan {
+        let (from, to) = (from.clone(), to.clone());
+        Plan {
+            from,
+            to,
+            dtype,
+            strategy,
+            steps,
+        }
+    }
     /// Sum over steps of the most bytes a rank receives (the cost the planner minimises;
     /// device copies are not network bytes and do not count).
     pub fn bytes_max(&self) -> u64 {
@@ -176,13 +193,7 @@ pub fn build_plan(
     } else {
         strategy
     };
-    Ok(Plan {
-        from: from.clone(),
-        to: to.clone(),
-        dtype,
-        strategy,
-        steps,
-    })
+    Ok(Plan::of(from, to, dtype, strategy, steps))
 }
 
 /// A plan forced to one strategy on one placement (tests and benchmarks compare strategies):
@@ -210,13 +221,7 @@ pub fn build_plan_with(
         Strategy::PerAxis => axis_plan(from, to.nd_sbp(), dtype)?,
         Strategy::PointToPoint => vec![plan_p2p(from, to, dtype)],
     };
-    Ok(Plan {
-        from: from.clone(),
-        to: to.clone(),
-        dtype,
-        strategy,
-        steps,
-    })
+    Ok(Plan::of(from, to, dtype, strategy, steps))
 }
 
 fn plan_same_device(

@@ -57,13 +57,7 @@ pub(crate) fn all_to_all_v_exchanged<C: Communicator + ?Sized>(
     args::check_len(name, "send", dtype, send.len(), total)?;
     let recv_counts = exchange_counts(c, send_counts)?;
     let rtotal = args::check_counts(name, "the received counts", &recv_counts, c.size())?;
-    let bytes = rtotal
-        .checked_mul(dtype.size())
-        .ok_or_else(|| CommError::InvalidArgument {
-            op: name.into(),
-            detail: format!("{rtotal} elements of {dtype} to receive overflow usize"),
-        })?;
-    let mut recv = vec![0u8; bytes];
+    let mut recv = vec![0u8; args::bytes_of(name, "the received counts", dtype, rtotal)?];
     c.all_to_all_v(
         dtype,
         send.into(),

@@ -2,6 +2,7 @@
 //! elements), its checks, the packing the default implementation does, and `Runs`, the byte
 //! view backends copy from without packing.
 
+use crate::algorithms::args;
 use crate::{CommError, DType};
 
 /// One destination's part of a send buffer, in elements: `runs` runs of `run_len` consecutive
@@ -56,24 +57,8 @@ pub(crate) fn check_layout(
     layout: &[StridedBlock],
     n: usize,
 ) -> Result<Vec<usize>, CommError> {
-    if layout.len() != n {
-        return Err(CommError::InvalidArgument {
-            op: op.to_string(),
-            detail: format!(
-                "send_layout has {} blocks for a group of {n} members",
-                layout.len()
-            ),
-        });
-    }
-    let elems = send_bytes / dtype.size();
-    if !send_bytes.is_multiple_of(dtype.size()) {
-        return Err(CommError::BufferSize {
-            op: op.to_string(),
-            expected: elems * dtype.size(),
-            got: send_bytes,
-            detail: format!("send buffer: not a whole number of {dtype} elements"),
-        });
-    }
+    args::check_entries(op, "send_layout", layout.len(), n)?;
+    let elems = args::elems_of(op, "send buffer", dtype, send_bytes)?;
     let mut counts = Vec::with_capacity(n);
     for (j, b) in layout.iter().enumerate() {
         let end = b

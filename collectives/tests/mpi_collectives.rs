@@ -9,7 +9,7 @@
 mod multiprocess_common;
 mod process_world;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use multiprocess_common::{dtype_of, run_rank, Case, DTYPES};
@@ -112,16 +112,14 @@ fn mpi_worker_entry() {
     run_worker("OXF_MPI_ROLE", worker);
 }
 
-fn have_mpirun() -> bool {
-    let found = Command::new("mpirun").arg("--version").output().is_ok();
-    if !found {
+/// `mpirun -np n` of this binary's worker in `mode` on `backend` with `vars` set (and no
+/// oflaunch variables), asserting that every rank passed; skipped (with a note) when mpirun is
+/// not installed.
+fn mpirun(n: usize, backend: &str, mode: &str, vars: &[(&str, String)]) {
+    if Command::new("mpirun").arg("--version").output().is_err() {
         eprintln!("mpi_collectives: skipped: mpirun is not installed");
+        return;
     }
-    found
-}
-
-/// `mpirun -np n` of this binary's worker with `vars` set (and no oflaunch variables).
-fn mpirun(n: usize, vars: &[(&str, String)]) -> Output {
     let exe = std::env::current_exe().unwrap();
     let mut c = Command::new("mpirun");
     c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
@@ -134,7 +132,9 @@ fn mpirun(n: usize, vars: &[(&str, String)]) -> Output {
             "--test-threads=1",
         ])
         .env("OXF_MPI_ROLE", "worker")
-        .env("OXIFLOW_TIMEOUT", "60");
+        .env("OXIFLOW_TIMEOUT", "60")
+        .env("OXIFLOW_BACKEND", backend)
+        .env("OXF_MPI_MODE", mode);
     for k in [
         "RANK",
         "WORLD_SIZE",
@@ -144,19 +144,16 @@ fn mpirun(n: usize, vars: &[(&str, String)]) -> Output {
     ] {
         c.env_remove(k);
     }
-    for k in ["MASTER_PORT", "OXIFLOW_TOKEN", "OXIFLOW_BACKEND"] {
+    for k in ["MASTER_PORT", "OXIFLOW_TOKEN"] {
         c.env_remove(k);
     }
     for (k, v) in vars {
         c.env(k, v);
     }
-    c.output().unwrap()
-}
-
-fn assert_ok(out: &Output, what: &str) {
+    let out = c.output().unwrap();
     assert!(
         out.status.success(),
-        "{what}: mpirun failed ({:?}):\n{}\n{}",
+        "{mode} on {backend}, {n} ranks, {vars:?}: mpirun failed ({:?}):\n{}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -167,64 +164,24 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(6))]
     #[test]
     fn random_collectives_match_the_reference_on_mpi(seed in any::<u64>(), world in 1usize..=4) {
-        if !have_mpirun() {
-            return Ok(());
-        }
         let seeds: Vec<String> = (0..4).map(|k| seed.wrapping_add(k).to_string()).collect();
-        let out = mpirun(world, &[
-            ("OXIFLOW_BACKEND", "mpi".into()),
-            ("OXF_MPI_MODE", "case".into()),
-            ("OXF_MPI_SEEDS", seeds.join(",")),
-        ]);
-        assert_ok(&out, &format!("seeds {seeds:?} world {world}"));
+        mpirun(world, "mpi", "case", &[("OXF_MPI_SEEDS", seeds.join(","))]);
     }
 }
 
 #[test]
 fn bad_arguments_get_the_in_process_errors_on_mpi() {
-    if !have_mpirun() {
-        return;
-    }
-    let out = mpirun(
-        3,
-        &[
-            ("OXIFLOW_BACKEND", "mpi".into()),
-            ("OXF_MPI_MODE", "bad-args".into()),
-        ],
-    );
-    assert_ok(&out, "bad arguments");
+    mpirun(3, "mpi", "bad-args", &[]);
 }
 
 #[test]
 fn the_cpu_world_bootstraps_its_rendezvous_through_mpi() {
-    if !have_mpirun() {
-        return;
-    }
-    let out = mpirun(
-        3,
-        &[
-            ("OXIFLOW_BACKEND", "cpu".into()),
-            ("OXF_MPI_MODE", "bootstrap".into()),
-            ("OXF_MPI_SEEDS", "11,12".into()),
-        ],
-    );
-    assert_ok(&out, "bootstrap");
+    mpirun(3, "cpu", "bootstrap", &[("OXF_MPI_SEEDS", "11,12".into())]);
 }
 
 #[test]
 fn a_world_size_the_environment_contradicts_is_named() {
-    if !have_mpirun() {
-        return;
-    }
     // WORLD_SIZE/RANK set by hand for 3 ranks while mpirun starts 2.
-    let out = mpirun(
-        2,
-        &[
-            ("OXIFLOW_BACKEND", "mpi".into()),
-            ("OXF_MPI_MODE", "mismatch".into()),
-            ("RANK", "0".into()),
-            ("WORLD_SIZE", "3".into()),
-        ],
-    );
-    assert_ok(&out, "mismatch");
+    let vars = [("RANK", "0".into()), ("WORLD_SIZE", "3".into())];
+    mpirun(2, "mpi", "mismatch", &vars);
 }

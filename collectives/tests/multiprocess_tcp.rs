@@ -136,17 +136,31 @@ fn spawn_world(
     world_procs.wait(children)
 }
 
+/// The variables of mode `case`: `steps` random collectives of at most `max` elements of
+/// dtype `dt`, from `seed`.
+fn case(seed: u64, dt: usize, steps: usize, max: usize) -> [(&'static str, String); 5] {
+    [
+        ("OXF_MP_MODE", "case".into()),
+        ("OXF_MP_SEED", seed.to_string()),
+        ("OXF_MP_DTYPE", dt.to_string()),
+        ("OXF_MP_STEPS", steps.to_string()),
+        ("OXF_MP_MAX", max.to_string()),
+    ]
+}
+
+/// The variables of a failure `mode` whose victim is rank `rank`.
+fn victim(mode: &str, rank: usize) -> [(&'static str, String); 2] {
+    [
+        ("OXF_MP_MODE", mode.into()),
+        ("OXF_MP_VICTIM", rank.to_string()),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     #[test]
     fn processes_match_reference(seed in any::<u64>(), world in 1usize..=6, dt in 0usize..DTYPES) {
-        let outs = spawn_world(world, None, 30.0, &[
-            ("OXF_MP_MODE", "case".into()),
-            ("OXF_MP_SEED", seed.to_string()),
-            ("OXF_MP_DTYPE", dt.to_string()),
-            ("OXF_MP_STEPS", "10".into()),
-            ("OXF_MP_MAX", "3000".into()),
-        ]);
+        let outs = spawn_world(world, None, 30.0, &case(seed, dt, 10, 3000));
         assert_all_ok(&outs, &format!("seed {seed} world {world} dtype {dt}"));
     }
 }
@@ -154,18 +168,7 @@ proptest! {
 #[test]
 fn large_pieces_across_processes() {
     // Large counts exercise the reduce-scatter + all-gather path and socket back-pressure.
-    let outs = spawn_world(
-        3,
-        None,
-        60.0,
-        &[
-            ("OXF_MP_MODE", "case".into()),
-            ("OXF_MP_SEED", "11".into()),
-            ("OXF_MP_DTYPE", "0".into()),
-            ("OXF_MP_STEPS", "12".into()),
-            ("OXF_MP_MAX", "400000".into()),
-        ],
-    );
+    let outs = spawn_world(3, None, 60.0, &case(11, 0, 12, 400_000));
     assert_all_ok(&outs, "large pieces");
 }
 
@@ -187,42 +190,21 @@ fn a_rank_that_finishes_early_is_not_lost() {
 #[test]
 fn a_rank_that_dies_is_named() {
     let start = Instant::now();
-    let outs = spawn_world(
-        4,
-        None,
-        5.0,
-        &[("OXF_MP_MODE", "die".into()), ("OXF_MP_VICTIM", "2".into())],
-    );
+    let outs = spawn_world(4, None, 5.0, &victim("die", 2));
     assert_all_ok(&outs, "die");
     assert!(start.elapsed() < Duration::from_secs(30));
 }
 
 #[test]
 fn a_rank_that_stalls_is_named_within_the_timeout() {
-    let outs = spawn_world(
-        3,
-        None,
-        1.5,
-        &[
-            ("OXF_MP_MODE", "absent".into()),
-            ("OXF_MP_VICTIM", "1".into()),
-        ],
-    );
+    let outs = spawn_world(3, None, 1.5, &victim("absent", 1));
     assert_all_ok(&outs, "absent");
 }
 
 #[test]
 fn a_rank_that_never_starts_is_named() {
     let start = Instant::now();
-    let outs = spawn_world(
-        3,
-        Some(2),
-        1.5,
-        &[
-            ("OXF_MP_MODE", "absent-bootstrap".into()),
-            ("OXF_MP_VICTIM", "2".into()),
-        ],
-    );
+    let outs = spawn_world(3, Some(2), 1.5, &victim("absent-bootstrap", 2));
     assert_all_ok(&outs, "absent at bootstrap");
     assert!(start.elapsed() < Duration::from_secs(20));
 }

@@ -27,6 +27,14 @@ fn start() -> (StoreServer, String) {
     start_with(StoreConfig::default())
 }
 
+/// A store that holds 4 connections at the most.
+fn start_capped() -> (StoreServer, String) {
+    start_with(StoreConfig {
+        max_connections: 4,
+        ..StoreConfig::default()
+    })
+}
+
 /// Reads from `s` until the server closes it: end-of-file or a reset within `within`. A read
 /// that times out means the server kept the connection open, and fails the test.
 fn assert_closed_by_server(s: &mut TcpStream, within: Duration, what: &str) {
@@ -273,10 +281,7 @@ fn garbage_bytes_and_idle_connections_do_not_take_the_server_down() {
 
 #[test]
 fn connections_beyond_the_cap_are_closed() {
-    let (server, token) = start_with(StoreConfig {
-        max_connections: 4,
-        ..StoreConfig::default()
-    });
+    let (server, token) = start_capped();
     let addr = server.local_addr();
     // Four clients that presented the token hold every slot.
     let holders: Vec<StoreClient> = (0..4)
@@ -305,10 +310,7 @@ fn connections_beyond_the_cap_are_closed() {
 
 #[test]
 fn at_the_cap_connections_without_the_token_make_room() {
-    let (server, token) = start_with(StoreConfig {
-        max_connections: 4,
-        ..StoreConfig::default()
-    });
+    let (server, token) = start_capped();
     let addr = server.local_addr();
     let mut squatters: Vec<TcpStream> = (0..4).map(|_| admitted_connection(addr)).collect();
     // A client with the token gets in: the oldest squatter is closed for it.

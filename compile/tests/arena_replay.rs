@@ -6,9 +6,12 @@
 //! and every replay's loss and gradients are bit-identical to the eager step's; on the host
 //! every replay runs launch by launch (no device graph) and says nothing about it.
 
+mod common;
+
+use common::{bits, small_gpt};
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow_models::nn::gpt::{Gpt, GptLayout, Pass};
 use oxiflow_models::nn::{Module, Parameter};
 use oxiflow_tensor::arena::arenas_allocated;
 use oxiflow_tensor::memory::{self, CountingAllocator};
@@ -30,14 +33,6 @@ fn batch(step: usize) -> (Tensor, Tensor) {
     )
 }
 
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_vec::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(f64::to_bits)
-        .collect()
-}
-
 fn host_live() -> usize {
     memory::host()
         .expect("the counting allocator is installed")
@@ -46,19 +41,7 @@ fn host_live() -> usize {
 
 #[test]
 fn replays_reuse_one_arena_of_the_planned_bytes_with_eager_bits() {
-    let config = GptConfig {
-        vocab: 32,
-        seq_len: SEQ,
-        layers: 2,
-        heads: 2,
-        width: 16,
-        dropout: 0.0,
-        seed: 7,
-        dtype: DType::F64,
-        sequence_parallel: false,
-        vocab_multiple: 1,
-        ..GptConfig::default()
-    };
+    let config = small_gpt(SEQ, DType::F64, false);
     let model = Gpt::new(&config, &GptLayout::Local).unwrap();
     let params: Vec<Parameter> = model.parameters();
     let step = |ids: &Tensor, targets: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {

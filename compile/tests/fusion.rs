@@ -7,6 +7,9 @@
 //! unfused; no group spans a collective but groups read through relabelling boxings; repeated
 //! blocks share one generated kernel.
 
+mod common;
+
+use common::{bits, compile_first, split_row};
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::Tensor;
@@ -27,17 +30,6 @@ fn block(x: &Tensor, p: &[Tensor]) -> R<Tensor> {
     let g = gelu_formula(&h)?;
     let s = g.mul(&g.sigmoid()?)?;
     Ok(s.matmul(&p[2])?.add(&p[3])?.mul_scalar(0.5)?.add(x)?)
-}
-
-/// The values' bits, widened to f64 (exactly).
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(f64::to_bits)
-        .collect()
 }
 
 /// The MLP's parameters (w1 [D, H], b1 [H], w2 [H, D], b2 [D]) of `dtype` from `seed`.
@@ -166,10 +158,7 @@ fn forward_chain_fuses_into_one_kernel_with_eager_bits() {
     let mut compiled = CompiledStep::new();
     let (x, w, b) = make(1);
     let inputs = [x.clone(), w.clone(), b.clone()];
-    let (_, run) = compiled.run(&inputs, || f(&x, &w, &b)).unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("compiles")
-    };
+    let (_, c) = compile_first(&mut compiled, &inputs, || f(&x, &w, &b));
     let r = &c.report;
     // matmul, then add, cast, 9 GELU ops, sigmoid, mul, mul_scalar, cast, add: 16 -> 1.
     assert_eq!((r.ops, r.kernels), (17, 2), "{r:?}");
@@ -221,10 +210,7 @@ fn values_read_outside_escape_only_after_the_root() {
     ] {
         let mut compiled = CompiledStep::new();
         let inputs = [x.clone()];
-        let (eager, run) = compiled.run(&inputs, || f(&x)).unwrap();
-        let StepRun::Compiled(c) = run else {
-            panic!("compiles")
-        };
+        let (eager, c) = compile_first(&mut compiled, &inputs, || f(&x));
         let fusion = &c.report.fusion;
         assert_eq!(
             (fusion.groups, fusion.escapes),
@@ -254,10 +240,7 @@ fn repeated_blocks_share_one_kernel() {
     let x = Tensor::randn([4, 4], 2, DType::F32);
     let mut compiled = CompiledStep::new();
     let inputs = [x.clone()];
-    let (eager, run) = compiled.run(&inputs, || f(&x)).unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("compiles")
-    };
+    let (eager, c) = compile_first(&mut compiled, &inputs, || f(&x));
     let fusion = &c.report.fusion;
     assert_eq!(fusion.groups, 4, "{fusion:?}");
     assert_eq!(fusion.kernels.len(), 1, "{fusion:?}");
@@ -277,12 +260,7 @@ fn no_group_spans_a_collective() {
     use std::time::Duration;
     let results = oxiflow_tensor::run_ranks(2, Duration::from_secs(60), |rank| {
         let p = Placement::range(DeviceType::Cpu, 2).unwrap();
-        let make = |k: f64| {
-            Tensor::from_vec(vec![k + rank as f64, 0.5 * k], [1, 2])
-                .unwrap()
-                .to_global(&p, Sbp::S(0))
-                .unwrap()
-        };
+        let make = |k: f64| split_row(&p, [k + rank as f64, 0.5 * k]);
         let (x, w) = (make(1.0), make(2.0));
         let mut groups = Vec::new();
         for between in [true, false] {
@@ -298,10 +276,7 @@ fn no_group_spans_a_collective() {
             };
             let mut compiled = CompiledStep::new();
             let inputs = [x.clone(), w.clone()];
-            let (eager, run) = compiled.run(&inputs, || f(&x, &w)).unwrap();
-            let StepRun::Compiled(c) = run else {
-                panic!("compiles")
-            };
+            let (eager, c) = compile_first(&mut compiled, &inputs, || f(&x, &w));
             groups.push(c.report.fusion.groups);
             let (got, _) = compiled
                 .run::<CompileError, _>(&inputs, || panic!("replays"))
@@ -339,10 +314,7 @@ fn groups_read_through_relabelling_boxings() {
         };
         let mut compiled = CompiledStep::new();
         let inputs = [x.clone()];
-        let (eager, run) = compiled.run(&inputs, || f(&x)).unwrap();
-        let StepRun::Compiled(c) = run else {
-            panic!("compiles")
-        };
+        let (eager, c) = compile_first(&mut compiled, &inputs, || f(&x));
         let fusion = c.report.fusion.clone();
         let (got, _) = compiled
             .run::<CompileError, _>(&inputs, || panic!("replays"))

@@ -5,6 +5,9 @@
 //! op fuses into one kernel, and the replay on fresh inputs equals the unfused ops run eagerly,
 //! bit for bit (NaN where eager has NaN), whatever the group writes besides its root.
 
+mod common;
+
+use common::bits;
 use oxiflow_compile::{CompileError, CompiledStep, StepRun};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{Tensor, UnaryOp};
@@ -67,17 +70,6 @@ fn inputs(rows: usize, cols: usize, dtype: DType, seed: u64) -> Vec<Tensor> {
         .iter()
         .enumerate()
         .map(|(i, s)| Tensor::randn(s.clone(), seed * 7 + i as u64, dtype))
-        .collect()
-}
-
-/// Bits of the values widened to f64, every NaN alike.
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() })
         .collect()
 }
 

@@ -5,8 +5,11 @@
 //! rank, without a hang; a step called with other shapes compiles again, naming the change;
 //! element views are recorded at their offsets.
 
+mod common;
+
 use std::time::Duration;
 
+use common::split_row;
 use oxiflow_compile::ir::ValueId;
 use oxiflow_compile::passes::arena::{plan_arena, ARENA_ALIGN};
 use oxiflow_compile::passes::liveness::{BufferLife, Liveness};
@@ -199,12 +202,7 @@ fn unread_inputs_are_known() {
 fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
     let results = run_ranks(2, Duration::from_secs(30), |rank| {
         let p = Placement::range(DeviceType::Cpu, 2).unwrap();
-        let make = |k: f64| {
-            Tensor::from_vec(vec![k + rank as f64, 2.0 * k], [1, 2])
-                .unwrap()
-                .to_global(&p, Sbp::S(0))
-                .unwrap()
-        };
+        let make = |k: f64| split_row(&p, [k + rank as f64, 2.0 * k]);
         let body = |x: &Tensor| -> oxiflow_compile::Result<Vec<Tensor>> {
             let _dropped = x.to_global(&p, Sbp::B)?;
             let y = x.mul_scalar(3.0)?.to_global(&p, Sbp::B)?;

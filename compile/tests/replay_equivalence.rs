@@ -4,8 +4,11 @@
 //! curve and parameters on 1 rank, DP2, TP2, DP2 x TP2 with sequence parallelism and ZeRO-3
 //! with full recomputation (in-process ranks, f64: 1e-9 relative; one f32 case: 1e-5).
 
+mod common;
+
 use std::time::Duration;
 
+use common::small_gpt;
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute};
@@ -39,19 +42,7 @@ const ONE: Case = Case {
 };
 
 fn config(case: Case) -> GptConfig {
-    GptConfig {
-        vocab: 32,
-        seq_len: SEQ,
-        layers: 2,
-        heads: 2,
-        width: 16,
-        dropout: 0.0,
-        seed: 7,
-        dtype: case.dtype,
-        sequence_parallel: case.sp,
-        vocab_multiple: 1,
-        ..GptConfig::default()
-    }
+    small_gpt(SEQ, case.dtype, case.sp)
 }
 
 /// The batch of `step` (ids and next-token targets), whole on every rank, then laid out as

@@ -366,25 +366,23 @@ mod tests {
 
     const ALL: &[usize] = &[0, 1, 2];
 
+    /// Rank `rank`'s heartbeat at 10 s: its last call is all-reduce `seq` of all three ranks,
+    /// in `state` since `started`.
+    fn all_reduce_at(rank: usize, seq: u64, state: FlightState, started: u64) -> Option<Heartbeat> {
+        Some(beat(
+            rank,
+            10_000,
+            &[(ALL, seq, "all_reduce", None, state, started)],
+        ))
+    }
+
     #[test]
     fn a_frozen_ranks_own_wait_names_nobody() {
         // Rank 2 froze inside call 5; rank 1 never entered it. Only rank 2 "waits" there.
         let beats = vec![
-            Some(beat(
-                0,
-                10_000,
-                &[(ALL, 5, "all_reduce", None, FlightState::Finished, 5_000)],
-            )),
-            Some(beat(
-                1,
-                10_000,
-                &[(ALL, 4, "all_reduce", None, FlightState::Finished, 4_000)],
-            )),
-            Some(beat(
-                2,
-                10_000,
-                &[(ALL, 5, "all_reduce", None, FlightState::Started, 5_000)],
-            )),
+            all_reduce_at(0, 5, FlightState::Finished, 5_000),
+            all_reduce_at(1, 4, FlightState::Finished, 4_000),
+            all_reduce_at(2, 5, FlightState::Started, 5_000),
         ];
         let found = find_behind(&beats, Duration::from_secs(3));
         assert_eq!(found.len(), 1, "{found:?}");
@@ -396,21 +394,9 @@ mod tests {
     #[test]
     fn names_the_rank_that_has_not_entered_the_call() {
         let beats = vec![
-            Some(beat(
-                0,
-                10_000,
-                &[(ALL, 5, "all_reduce", None, FlightState::Started, 5_000)],
-            )),
-            Some(beat(
-                1,
-                10_000,
-                &[(ALL, 4, "all_reduce", None, FlightState::Finished, 4_000)],
-            )),
-            Some(beat(
-                2,
-                10_000,
-                &[(ALL, 5, "all_reduce", None, FlightState::Started, 6_000)],
-            )),
+            all_reduce_at(0, 5, FlightState::Started, 5_000),
+            all_reduce_at(1, 4, FlightState::Finished, 4_000),
+            all_reduce_at(2, 5, FlightState::Started, 6_000),
         ];
         let found = find_behind(&beats, Duration::from_secs(3));
         assert_eq!(found.len(), 1, "{found:?}");

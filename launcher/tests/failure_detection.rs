@@ -34,11 +34,9 @@ fn a_stopped_rank_is_named_within_10_seconds() {
     eprintln!("stopped rank named after {took:?}");
     assert!(took <= Duration::from_secs(10), "took {took:?}");
     assert_eq!(r.code(), 128 + libc::SIGSTOP, "{}", r.stderr);
-    assert!(r.stderr.contains("first failure: rank 2"), "{}", r.stderr);
-    assert!(r.stderr.contains("stopped by SIGSTOP"), "{}", r.stderr);
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} survived");
-    }
+    says(&r, "first failure: rank 2");
+    says(&r, "stopped by SIGSTOP");
+    assert_gone(pids);
 }
 
 /// A rank busy outside any collective (sleeping before its call 2, not stopped) while the

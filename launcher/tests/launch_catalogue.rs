@@ -3,6 +3,7 @@
 //! their exit) or stopped end the job within about a second of being named.
 
 mod common;
+mod gdb;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -101,41 +102,21 @@ fn a_rank_held_by_a_tracer_ends_the_job_within_a_second_of_naming_it() {
         r.stderr
     );
     says(&r, "first failure: rank 1 (node 0");
-    assert!(
-        !r.stderr.contains("after SIGTERM; sending SIGKILL"),
-        "{}",
-        r.stderr
-    );
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} left running");
-    }
+    never_says(&r, "after SIGTERM; sending SIGKILL");
+    assert_gone(pids);
 }
 
 /// The same under a real gdb in batch mode, busy with a shell command (so it does not collect
 /// the killed rank either), when gdb is installed.
 #[test]
 fn a_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
-    if Command::new("gdb").arg("--version").output().is_err() {
-        eprintln!("SKIP a_rank_under_gdb: gdb is not installed");
+    if !gdb::have_gdb("a_rank_under_gdb") {
         return;
     }
     let dir = scratch("gdb");
     let (job, pids) = paced_job(&dir);
     let frozen_at = Instant::now();
-    let mut gdb = Command::new("gdb")
-        .args([
-            "-q",
-            "-batch",
-            "-p",
-            &pids[1].to_string(),
-            "-ex",
-            "shell sleep 40",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut gdb = gdb::attach(pids[1], 40);
     let r = job.finish(T);
     let _ = gdb.kill();
     let _ = gdb.wait();
@@ -148,11 +129,7 @@ fn a_rank_under_gdb_ends_the_job_within_a_second_of_naming_it() {
         Duration::from_secs(2 + 15),
     );
     says(&r, "first failure: rank 1 (node 0");
-    assert!(
-        !r.stderr.contains("after SIGTERM; sending SIGKILL"),
-        "{}",
-        r.stderr
-    );
+    never_says(&r, "after SIGTERM; sending SIGKILL");
     never_says(&r, "not reaped");
 }
 
@@ -174,9 +151,7 @@ fn a_stopped_rank_ends_the_job_within_a_second_of_naming_it() {
     };
     assert_ended_by(&r, frozen_at, named, Duration::from_secs(3 + 5));
     says(&r, "first failure: rank 1 (node 0");
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} left running");
-    }
+    assert_gone(pids);
 }
 
 /// A notice of a long wait: read between 10 s (less a little for the clocks) and 10 s plus a

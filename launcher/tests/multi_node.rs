@@ -3,83 +3,24 @@
 //! propagation paths.
 
 mod common;
+mod netns;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use netns::NetPair;
 
 const T: Duration = Duration::from_secs(90);
 const TOKEN: &str = "multinode-test-token-0123456789abcdef";
 
-/// Two network namespaces joined by a veth pair: `a` has 10.77.0.1, `b` has 10.77.0.2.
-/// Deleted on drop.
-pub struct NetPair {
-    pub a: String,
-    pub b: String,
-}
+const ADDR_A: &str = "10.77.0.1";
 
-pub const ADDR_A: &str = "10.77.0.1";
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl NetPair {
-    pub fn create() -> Result<NetPair, String> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let tag = format!(
-            "{}{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let pair = NetPair {
-            a: format!("ofl{tag}a"),
-            b: format!("ofl{tag}b"),
-        };
-        ip(&["netns", "add", &pair.a])?;
-        ip(&["netns", "add", &pair.b])?;
-        ip(&[
-            "link", "add", "veth-a", "netns", &pair.a, "type", "veth", "peer", "name", "veth-b",
-            "netns", &pair.b,
-        ])?;
-        for (ns, dev, addr) in [
-            (&pair.a, "veth-a", "10.77.0.1/24"),
-            (&pair.b, "veth-b", "10.77.0.2/24"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(pair)
-    }
-
-    /// `ip netns exec NS oflaunch ARGS`.
-    pub fn oflaunch_in(ns: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns, OFLAUNCH]).args(args);
-        cmd
-    }
-}
-
-impl Drop for NetPair {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
+/// `ip netns exec NS oflaunch ARGS`.
+fn oflaunch_in(ns: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, OFLAUNCH]).args(args);
+    cmd
 }
 
 fn node_args<'a>(node: &'a str, nproc: &'a str, addr: &'a str, port: &'a str) -> Vec<&'a str> {
@@ -118,7 +59,7 @@ fn loopback_node(
 
 #[test]
 fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
-    let pair = match NetPair::create() {
+    let pair = match NetPair::create("ofl", "10.77.0") {
         Ok(p) => p,
         Err(e) => {
             eprintln!("SKIP two_nodes_in_network_namespaces: cannot create namespaces: {e}");
@@ -139,8 +80,8 @@ fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
     ]);
     let mut b = node_args("1", "2", ADDR_A, "29500");
     b.extend(["--timeout", "30", WORKER, "store", d]);
-    let node0 = start(NetPair::oflaunch_in(&pair.a, &a));
-    let mut cmd_b = NetPair::oflaunch_in(&pair.b, &b);
+    let node0 = start(oflaunch_in(&pair.a, &a));
+    let mut cmd_b = oflaunch_in(&pair.b, &b);
     cmd_b.env("OXIFLOW_TOKEN", TOKEN); // the token from the environment this time
     let node1 = start(cmd_b);
     let r1 = node1.finish(T);
@@ -200,11 +141,7 @@ fn failure_propagates(failing_rank: usize) {
     let other = if failing_node == 0 { &r1 } else { &r0 };
     let took = other.ended_ms.saturating_sub(failed_at);
     assert!(took < 5000, "the other node took {took} ms to stop");
-    let pids = recorded_pids(&dir);
-    assert_eq!(pids.len(), 4);
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} survived");
-    }
+    assert_workers_gone(&dir, 4);
 }
 
 #[test]
@@ -246,15 +183,11 @@ fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
     let r1 = node1.finish(T);
     let r0 = node0.finish(T);
     assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
-    assert!(r1.stderr.contains("refused"), "{}", r1.stderr);
-    assert!(r1.stderr.contains("--nproc-per-node 3"), "{}", r1.stderr);
+    says(&r1, "refused");
+    says(&r1, "--nproc-per-node 3");
     assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
-    assert!(r0.stderr.contains("node 1"), "{}", r0.stderr);
-    assert!(
-        r0.stderr.contains("--nproc-per-node 3, expected"),
-        "{}",
-        r0.stderr
-    );
+    says(&r0, "node 1");
+    says(&r0, "--nproc-per-node 3, expected");
     // No worker was started anywhere.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
@@ -270,17 +203,9 @@ fn a_node_with_the_wrong_token_is_refused() {
     let r1 = node1.finish(T);
     let r0 = node0.finish(T);
     assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
-    assert!(
-        r1.stderr.contains("rejected this node's token"),
-        "{}",
-        r1.stderr
-    );
+    says(&r1, "rejected this node's token");
     assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
-    assert!(
-        r0.stderr.contains("waiting for node(s) [1] to join"),
-        "{}",
-        r0.stderr
-    );
+    says(&r0, "waiting for node(s) [1] to join");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
 
@@ -407,7 +332,7 @@ fn nodes_agree_when_node_0_freezes_near_the_end() {
     );
     // Node 1's news got through: by its retry, or by the request that node 0 took on waking
     // (node 1 then found node 0 ended).
-    assert!(!r1.stderr.contains("within --timeout"), "{}", r1.stderr);
+    never_says(&r1, "within --timeout");
 }
 
 /// Node 1's workers finish after node 0's store froze and then went away: node 1 still

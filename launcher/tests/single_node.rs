@@ -90,24 +90,12 @@ fn a_worker_exiting_3_stops_the_job_within_2s() {
         .unwrap();
     let took = r.ended_ms.saturating_sub(failed_at);
     assert!(took < 2000, "oflaunch took {took} ms after the failure");
-    assert!(r.stderr.contains("first failure: rank 2"), "{}", r.stderr);
-    assert!(r.stderr.contains("exit code 3"), "{}", r.stderr);
+    says(&r, "first failure: rank 2");
+    says(&r, "exit code 3");
     // Its lines are on the console once, not again in the summary.
-    assert!(
-        r.stderr.contains("[rank 2] the failure reason is 3\n"),
-        "{}",
-        r.stderr
-    );
-    assert!(
-        !r.stderr.contains("| the failure reason is 3"),
-        "{}",
-        r.stderr
-    );
-    let pids = recorded_pids(&dir);
-    assert_eq!(pids.len(), 4);
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} survived");
-    }
+    says(&r, "[rank 2] the failure reason is 3\n");
+    never_says(&r, "| the failure reason is 3");
+    assert_workers_gone(&dir, 4);
 }
 
 #[test]
@@ -119,17 +107,11 @@ fn a_worker_killed_by_sigkill_gives_137_and_a_summary() {
         T,
     );
     assert_eq!(r.code(), 137, "stderr:\n{}", r.stderr);
-    assert!(r.stderr.contains("first failure: rank 1"), "{}", r.stderr);
-    assert!(r.stderr.contains("SIGKILL"), "{}", r.stderr);
-    assert!(
-        r.stderr.contains("[rank 1] rank 1 about to fail\n"),
-        "{}",
-        r.stderr
-    );
-    assert!(!r.stderr.contains("| rank 1 about to fail"), "{}", r.stderr);
-    for pid in recorded_pids(&dir) {
-        assert!(!alive(pid), "worker {pid} survived");
-    }
+    says(&r, "first failure: rank 1");
+    says(&r, "SIGKILL");
+    says(&r, "[rank 1] rank 1 about to fail\n");
+    never_says(&r, "| rank 1 about to fail");
+    assert_gone(recorded_pids(&dir));
 }
 
 fn sigterm_case(ignore_term: bool) {
@@ -161,9 +143,7 @@ fn sigterm_case(ignore_term: bool) {
     // Within the grace period (plus scheduling slack on a busy 2-core machine).
     let limit = if ignore_term { 1500 + 1000 } else { 1000 };
     assert!(took.as_millis() < limit, "took {took:?}");
-    for pid in pids {
-        assert!(!alive(pid), "worker {pid} survived");
-    }
+    assert_gone(pids);
 }
 
 #[test]
@@ -285,8 +265,8 @@ fn a_taken_port_is_a_clear_error() {
     let port = taken.local_addr().unwrap().port().to_string();
     let r = oflaunch(&["--master-port", &port, "true"], T);
     assert_eq!(r.code(), 2);
-    assert!(r.stderr.contains("cannot serve the store"), "{}", r.stderr);
-    assert!(r.stderr.contains(&port), "{}", r.stderr);
+    says(&r, "cannot serve the store");
+    says(&r, &port);
 }
 
 #[test]
@@ -310,11 +290,7 @@ fn max_restarts_restarts_the_group() {
         T,
     );
     assert_eq!(r.code(), 0, "stderr:\n{}", r.stderr);
-    assert!(
-        r.stderr.contains("restarting the workers (1/2)"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "restarting the workers (1/2)");
     assert!(dir.join("gen_1").exists());
     assert!(!dir.join("gen_2").exists());
     // Without restarts left the failure is final.
@@ -331,11 +307,7 @@ fn max_restarts_restarts_the_group() {
         T,
     );
     assert_eq!(r.code(), 4, "stderr:\n{}", r.stderr);
-    assert!(
-        r.stderr.contains("giving up after 1 restart(s)"),
-        "{}",
-        r.stderr
-    );
+    says(&r, "giving up after 1 restart(s)");
 }
 
 #[test]

@@ -7,35 +7,20 @@
 //! replaced by `set_value` is never computed with its old copy (nor with its old gathered
 //! copy).
 
-use std::time::Duration;
+mod common;
 
+use common::{batch, bits, on_mesh, tiny_gpt};
 use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
 use oxiflow_models::optim::{AdamW, AdamWOptions, Optimizer, Zero};
-use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
-use oxiflow_sbp::{NdSbp, Sbp};
-use oxiflow_tensor::{no_grad, run_ranks, Tensor};
+use oxiflow_tensor::{no_grad, Tensor};
 
 const STEPS: u64 = 3;
 
 fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
     (0..b * (t + 1))
         .map(|i| ((i as u64 * 5 + step * 11 + i as u64 / 3) % vocab as u64) as i64)
-        .collect()
-}
-
-fn values(t: &Tensor) -> Vec<u64> {
-    let t = match t.placement() {
-        Some(p) => t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
-        None => t.clone(),
-    };
-    t.cast(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
         .collect()
 }
 
@@ -48,32 +33,8 @@ fn train(
     (stage, gather): (u8, usize),
     cast_path: bool,
 ) -> (Vec<u64>, Vec<Vec<u64>>) {
-    let n = mesh.map_or(1, |m| m[0] * m[1]);
-    let out = run_ranks(n, Duration::from_secs(120), |_| {
-        let placement = mesh.map(|m| {
-            Placement::range(DeviceType::Cpu, n)
-                .and_then(|p| p.reshaped(m))
-                .unwrap()
-        });
-        let cfg = GptConfig {
-            vocab: 24,
-            seq_len: 8,
-            layers: 2,
-            heads: 2,
-            width: 8,
-            dropout: 0.0,
-            seed: 7,
-            dtype: DType::F32,
-            ..GptConfig::default()
-        };
-        let layout = match &placement {
-            Some(p) => GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
-            None => GptLayout::Local,
-        };
-        let model = Gpt::new(&cfg, &layout).unwrap();
-        model
-            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
-            .unwrap();
+    on_mesh(mesh, |placement| {
+        let (model, cfg) = tiny_gpt(&placement, DType::F32, 7);
         let mut opt = AdamW::new(model.parameters(), AdamWOptions::default())
             .with_zero(if stage == 0 {
                 Zero::OFF
@@ -84,24 +45,19 @@ fn train(
         let (b, t) = (4, cfg.seq_len);
         let mut losses = Vec::new();
         for s in 0..STEPS {
-            let ids = Tensor::from_vec(tokens(b, t, cfg.vocab, s), [b, t + 1]).unwrap();
-            let ids = match &placement {
-                Some(p) => ids.to_global(p, NdSbp::new([Sbp::S(0), Sbp::B])).unwrap(),
-                None => ids,
-            };
-            let (x, y) = (ids.narrow(1, 0, t).unwrap(), ids.narrow(1, 1, t).unwrap());
+            let (x, y) = batch(tokens(b, t, cfg.vocab, s), b, t, &placement);
             opt.zero_grad();
             let loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
             loss.backward().unwrap();
             opt.step_with_norm(Some(1.0)).unwrap();
-            losses.extend(values(&loss));
+            losses.extend(bits(&loss));
             for p in model.parameters() {
                 let c = p.compute_copy();
                 let c = c.unwrap_or_else(|| panic!("{} has no copy after step {s}", p.name()));
                 {
                     let _ng = no_grad();
                     let cast = p.value().to_dtype(DType::BF16).unwrap();
-                    assert_eq!(values(&c), values(&cast), "{}'s copy vs its cast", p.name());
+                    assert_eq!(bits(&c), bits(&cast), "{}'s copy vs its cast", p.name());
                 }
                 if cast_path {
                     p.set_value(&p.value()).unwrap();
@@ -113,11 +69,10 @@ fn train(
         let params = model
             .parameters()
             .iter()
-            .map(|p| values(&p.value()))
+            .map(|p| bits(&p.value()))
             .collect();
         (losses, params)
-    });
-    out.into_iter().next().unwrap()
+    })
 }
 
 #[test]
@@ -177,15 +132,12 @@ fn a_replaced_leaf_is_never_computed_with_a_stale_copy() {
     let c = p.compute_copy().expect("AdamW wrote a copy");
     let computed = p.compute().unwrap();
     assert_eq!(computed.grad_fn_name().as_deref(), Some("cast"));
-    assert_eq!(values(&computed), values(&c));
+    assert_eq!(bits(&computed), bits(&c));
     let other = p.value().mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap();
     p.set_value(&other).unwrap();
     assert!(p.compute_copy().is_none());
     let computed = p.compute().unwrap();
-    assert_eq!(
-        values(&computed),
-        values(&other.to_dtype(DType::BF16).unwrap())
-    );
+    assert_eq!(bits(&computed), bits(&other.to_dtype(DType::BF16).unwrap()));
     // A copy that does not fit the value is refused.
     let bad = Tensor::zeros([1], DType::BF16);
     let e = p

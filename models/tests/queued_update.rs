@@ -7,15 +7,14 @@
 //! a NaN. A queued update is dropped by `discard` (the parameters stay as they were) and by
 //! `apply`, and `commit` without one is a typed error.
 
-use std::time::Duration;
+mod common;
 
-use oxiflow_dtype::{DType, MixedPrecision};
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use common::{batch, bits, on_mesh, tiny_gpt};
+use oxiflow_dtype::DType;
+use oxiflow_models::nn::gpt::Pass;
 use oxiflow_models::nn::Module;
 use oxiflow_models::optim::{clip_factor, norm_of, AdamW, AdamWOptions, Optimizer, StepNorm, Zero};
-use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
-use oxiflow_sbp::{NdSbp, Sbp};
-use oxiflow_tensor::{run_ranks, Tensor};
+use oxiflow_tensor::Tensor;
 
 const STEPS: u64 = 3;
 
@@ -36,47 +35,6 @@ enum Update {
     Unread,
 }
 
-/// The bits of `t`'s values (every NaN as one NaN).
-fn bits(t: &Tensor) -> Vec<u64> {
-    let t = match t.placement() {
-        Some(p) => t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
-        None => t.clone(),
-    };
-    t.cast(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .iter()
-        .map(|v| if v.is_nan() { f64::NAN } else { *v }.to_bits())
-        .collect()
-}
-
-/// The test GPT on `placement`: f32 leaves computing in bf16, or f64 throughout.
-fn model_on(placement: &Option<Placement>, dtype: DType) -> (Gpt, GptConfig) {
-    let cfg = GptConfig {
-        vocab: 24,
-        seq_len: 8,
-        layers: 2,
-        heads: 2,
-        width: 8,
-        dropout: 0.0,
-        seed: 5,
-        dtype,
-        ..GptConfig::default()
-    };
-    let layout = match placement {
-        Some(p) => GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
-        None => GptLayout::Local,
-    };
-    let model = Gpt::new(&cfg, &layout).unwrap();
-    if dtype == DType::F32 {
-        model
-            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
-            .unwrap();
-    }
-    (model, cfg)
-}
-
 /// Losses and final parameters (bits) of `STEPS` steps on `mesh` with ZeRO `stage`, clipped
 /// to `max_norm`, updated as `how`; the last step's loss is scaled by `poison` when given (an
 /// infinity or a NaN makes its gradients non-finite; 1e155 on an f64 model, their sum of
@@ -89,15 +47,9 @@ fn train(
     poison: Option<f64>,
 ) -> Vec<Vec<u64>> {
     let f64_model = poison.is_some_and(f64::is_finite);
-    let n = mesh.map_or(1, |m| m[0] * m[1]);
-    let out = run_ranks(n, Duration::from_secs(120), |_| {
-        let placement = mesh.map(|m| {
-            Placement::range(DeviceType::Cpu, n)
-                .and_then(|p| p.reshaped(m))
-                .unwrap()
-        });
+    on_mesh(mesh, |placement| {
         let dtype = if f64_model { DType::F64 } else { DType::F32 };
-        let (model, cfg) = model_on(&placement, dtype);
+        let (model, cfg) = tiny_gpt(&placement, dtype, 5);
         let zero = match stage {
             0 => Zero::OFF,
             s => Zero::new(s, 0).unwrap(),
@@ -108,12 +60,7 @@ fn train(
         let (b, t) = (4, cfg.seq_len);
         let mut out = Vec::new();
         for s in 0..STEPS {
-            let ids = Tensor::from_vec(tokens(b, t, cfg.vocab, s), [b, t + 1]).unwrap();
-            let ids = match &placement {
-                Some(p) => ids.to_global(p, NdSbp::new([Sbp::S(0), Sbp::B])).unwrap(),
-                None => ids,
-            };
-            let (x, y) = (ids.narrow(1, 0, t).unwrap(), ids.narrow(1, 1, t).unwrap());
+            let (x, y) = batch(tokens(b, t, cfg.vocab, s), b, t, &placement);
             opt.zero_grad();
             let mut loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
             if let (Some(f), true) = (poison, s == STEPS - 1) {
@@ -144,8 +91,7 @@ fn train(
         assert_eq!(opt.step_count(), STEPS);
         out.extend(model.parameters().iter().map(|p| bits(&p.value())));
         out
-    });
-    out.into_iter().next().unwrap()
+    })
 }
 
 #[test]
@@ -193,7 +139,7 @@ fn an_unread_step_with_a_non_finite_norm_gives_the_host_clip_factor_s_nan() {
 
 #[test]
 fn a_queued_update_is_dropped_by_discard_and_apply() {
-    let (model, cfg) = model_on(&None, DType::F32);
+    let (model, cfg) = tiny_gpt(&None, DType::F32, 5);
     let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
     let ids = Tensor::from_vec(tokens(2, cfg.seq_len, cfg.vocab, 0), [2, 9]).unwrap();
     let (x, y) = (ids.narrow(1, 0, 8).unwrap(), ids.narrow(1, 1, 8).unwrap());

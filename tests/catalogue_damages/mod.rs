@@ -28,6 +28,21 @@ pub fn saved(case: &str) -> PathBuf {
     d
 }
 
+/// Replaces the one occurrence of `from` in the manifest of checkpoint `d` with `to`, which
+/// differs from it in one bit (the manifest's checksum left as it was).
+pub fn flip_bit(d: &Path, from: &str, to: &str) {
+    let path = d.join("manifest.json");
+    let m = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(m.matches(from).count(), 1, "{from}");
+    let bits: u32 = from
+        .bytes()
+        .zip(to.bytes())
+        .map(|(a, b)| (a ^ b).count_ones())
+        .sum();
+    assert_eq!(bits, 1, "{from} -> {to} is one bit");
+    std::fs::write(&path, m.replace(from, to)).unwrap();
+}
+
 /// The bytes of a manifest edited as `v`, its checksum recomputed when it still has the
 /// manifest's fields (a hostile edit that passes the checksum).
 pub fn sealed(v: &Value) -> Vec<u8> {

@@ -120,6 +120,12 @@ pub fn eval_hf_text(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> Stri
     ok(launch(nproc, &args))
 }
 
+/// [`eval_hf_text`] of the checkpoint in `dir` on the fixture tokens of `tests/fixtures/hf`.
+pub fn eval_fixture_text(nproc: usize, dir: &Path, extra: &[&str]) -> String {
+    let data = hf_fixtures().join("tokens.bin");
+    eval_hf_text(nproc, dir.to_str().unwrap(), data.to_str().unwrap(), extra)
+}
+
 /// [`eval_hf_text`]'s (loss, tokens) from rank 0's `eval loss L over N tokens` line.
 pub fn eval_hf(nproc: usize, dir: &str, data: &str, extra: &[&str]) -> (f64, usize) {
     let text = eval_hf_text(nproc, dir, data, extra);
@@ -186,6 +192,45 @@ pub fn final_line(text: &str) -> (f64, f64) {
         .expect("final line");
     let w: Vec<&str> = l.split_whitespace().collect();
     (w[0].parse().unwrap(), w[2].parse().unwrap())
+}
+
+/// Rank 0's stdout of a finished `oflaunch`, or an error naming `what`, the exit status and
+/// the last 12 lines of stderr.
+pub fn stdout_or_tail(out: std::io::Result<Output>, what: &str) -> Result<String, String> {
+    let out = out.map_err(|e| format!("oflaunch: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(12).collect();
+        return Err(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            tail.join(" | ")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The values of the MLP classifier's parameters, in order.
+pub fn classifier_values(c: &oxiflow::trainer::tasks::mlp::Classifier) -> Vec<Vec<f32>> {
+    use oxiflow::nn::Module;
+    c.model
+        .parameters()
+        .iter()
+        .map(|p| p.value().to_vec::<f32>().unwrap())
+        .collect()
+}
+
+/// Asserts that curve `got` is within relative `tol` of `want` ([`max_rel`]), printing the
+/// difference under `what`.
+pub fn assert_close(
+    what: impl std::fmt::Display,
+    want: &[(u64, f64)],
+    got: &[(u64, f64)],
+    tol: f64,
+) {
+    let diff = max_rel(want, got);
+    eprintln!("{what}: max relative difference {diff:.3e}");
+    assert!(diff <= tol, "{what} differs by {diff:e}");
 }
 
 pub fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
@@ -430,6 +475,62 @@ pub fn hf_reference(model: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(hf_fixtures().join("reference.json")).unwrap();
     let r: serde_json::Value = serde_json::from_str(&text).unwrap();
     r["models"][model].clone()
+}
+
+/// `--from-hf DIR` greedy generation of 24 tokens in f64 after `prompts` (`--prompt-ids`),
+/// with `extra`.
+pub fn greedy_hf<'a>(dir: &'a str, prompts: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["--from-hf", dir, "--prompt-ids", prompts];
+    a.extend(argv("--gen-tokens 24 --temperature 0 --dtype f64"));
+    a.extend_from_slice(extra);
+    a
+}
+
+/// transformers' greedy ids for fixture `model`, one list per prompt.
+pub fn hf_greedy_ids(model: &str) -> Vec<Vec<u64>> {
+    let ids = |g: &serde_json::Value| -> Vec<u64> {
+        g.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap())
+            .collect()
+    };
+    hf_reference(model)["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ids)
+        .collect()
+}
+
+/// Every `generated ids: a,b,c` line of rank 0's output `text`.
+pub fn generated_ids(text: &str) -> Vec<Vec<u64>> {
+    text.lines()
+        .filter_map(|l| l.split("generated ids: ").nth(1))
+        .map(|ids| ids.split(',').map(|i| i.trim().parse().unwrap()).collect())
+        .collect()
+}
+
+/// Saves fixture `name` with `--save-hf` from tensor-parallel shards (`--tp 2`) to `saved`,
+/// checks that `eval` on one rank reads it back to the fixture's own result bit for bit, and
+/// returns the saved `model.safetensors.index.json`.
+pub fn save_hf_round_trip<T: PartialEq + std::fmt::Debug>(
+    name: &str,
+    saved: &Path,
+    eval: impl Fn(usize, &Path, &[&str]) -> T,
+) -> serde_json::Value {
+    let fixture = hf_fixtures().join(name);
+    eval(
+        2,
+        &fixture,
+        &["--tp", "2", "--save-hf", saved.to_str().unwrap()],
+    );
+    let before = eval(1, &fixture, &[]);
+    let after = eval(1, saved, &[]);
+    eprintln!("{name}: {before:?} -> saved -> {after:?}");
+    assert_eq!(before, after, "{name}");
+    let index = std::fs::read_to_string(saved.join("model.safetensors.index.json")).unwrap();
+    serde_json::from_str(&index).unwrap()
 }
 
 /// The number after `key` on the first line of `text` holding it.

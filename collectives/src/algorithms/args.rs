@@ -51,12 +51,7 @@ pub(crate) fn check_len(
     got: usize,
     elems: usize,
 ) -> Result<(), CommError> {
-    let expected = elems
-        .checked_mul(dtype.size())
-        .ok_or_else(|| CommError::InvalidArgument {
-            op: op.to_string(),
-            detail: format!("{what}: {elems} elements of {dtype} overflow usize"),
-        })?;
+    let expected = bytes_of(op, what, dtype, elems)?;
     if got != expected {
         return Err(CommError::BufferSize {
             op: op.to_string(),
@@ -66,6 +61,32 @@ pub(crate) fn check_len(
         });
     }
     Ok(())
+}
+
+/// The bytes of `elems` elements of `dtype`, or an error when they overflow usize.
+pub(crate) fn bytes_of(
+    op: &str,
+    what: &str,
+    dtype: DType,
+    elems: usize,
+) -> Result<usize, CommError> {
+    elems
+        .checked_mul(dtype.size())
+        .ok_or_else(|| CommError::InvalidArgument {
+            op: op.to_string(),
+            detail: format!("{what}: {elems} elements of {dtype} overflow usize"),
+        })
+}
+
+/// The list `what` has `n` entries, one per member of a group of `size`.
+pub(crate) fn check_entries(op: &str, what: &str, n: usize, size: usize) -> Result<(), CommError> {
+    if n == size {
+        return Ok(());
+    }
+    Err(CommError::InvalidArgument {
+        op: op.to_string(),
+        detail: format!("{what} has {n} entries for a group of {size} members"),
+    })
 }
 
 /// A whole number of elements of `dtype`; returns the element count.
@@ -88,15 +109,7 @@ pub(crate) fn check_counts(
     counts: &[usize],
     size: usize,
 ) -> Result<usize, CommError> {
-    if counts.len() != size {
-        return Err(CommError::InvalidArgument {
-            op: op.to_string(),
-            detail: format!(
-                "{what} has {} entries for a group of {size} members",
-                counts.len()
-            ),
-        });
-    }
+    check_entries(op, what, counts.len(), size)?;
     counts
         .iter()
         .try_fold(0usize, |acc, &c| acc.checked_add(c))

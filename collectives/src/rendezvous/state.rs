@@ -229,8 +229,14 @@ impl StoreState {
         Ok(outcome)
     }
 
-    /// Waits until every key exists or `deadline` passes.
-    pub async fn wait(&self, keys: &[String], deadline: Instant) -> Result<WaitOutcome, Status> {
+    /// Runs `check` on the store now and after every change until it answers (`Some`); a
+    /// blocked call while it waits, `shutting_down` once the store closes. `check` sees the
+    /// deadline itself (a change or the deadline wakes it, whichever comes first).
+    async fn wait_for<T>(
+        &self,
+        deadline: Instant,
+        mut check: impl FnMut(&Inner) -> Result<Option<T>, Status>,
+    ) -> Result<T, Status> {
         let _blocked = BlockedCall::enter(&self.blocked_calls);
         loop {
             let notified = self.changed.notified();
@@ -239,27 +245,32 @@ impl StoreState {
             if self.closed.load(Ordering::SeqCst) {
                 return Err(shutting_down());
             }
-            {
-                let inner = self.lock();
-                let missing: Vec<String> = keys
-                    .iter()
-                    .filter(|k| !inner.kv.contains_key(*k))
-                    .cloned()
-                    .collect();
-                if missing.is_empty() {
-                    let values = keys
-                        .iter()
-                        .map(|k| inner.kv.get(k).cloned().unwrap_or_default())
-                        .collect();
-                    return Ok(WaitOutcome::Done(values));
-                }
-                if Instant::now() >= deadline {
-                    return Ok(WaitOutcome::Missing(missing));
-                }
+            let answer = check(&self.lock())?;
+            if let Some(out) = answer {
+                return Ok(out);
             }
-            // Either a change or the deadline; both loop back to re-check.
             let _ = tokio::time::timeout_at(deadline, notified).await;
         }
+    }
+
+    /// Waits until every key exists or `deadline` passes.
+    pub async fn wait(&self, keys: &[String], deadline: Instant) -> Result<WaitOutcome, Status> {
+        self.wait_for(deadline, |inner| {
+            let missing: Vec<String> = keys
+                .iter()
+                .filter(|k| !inner.kv.contains_key(*k))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                let values = keys
+                    .iter()
+                    .map(|k| inner.kv.get(k).cloned().unwrap_or_default())
+                    .collect();
+                return Ok(Some(WaitOutcome::Done(values)));
+            }
+            Ok((Instant::now() >= deadline).then_some(WaitOutcome::Missing(missing)))
+        })
+        .await
     }
 
     /// One arrival at barrier `name` of `n` members. The arrival counts only while its call is
@@ -353,41 +364,32 @@ impl StoreState {
             generation,
             active: true,
         };
-        let _blocked = BlockedCall::enter(&self.blocked_calls);
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.closed.load(Ordering::SeqCst) {
-                return Err(shutting_down());
+        self.wait_for(deadline, |inner| {
+            let Some(b) = inner.barriers.get(name) else {
+                return Err(Status::internal(format!("barrier {name:?} vanished")));
+            };
+            if b.generation != generation {
+                guard.active = false;
+                return Ok(Some(BarrierOutcome {
+                    done: true,
+                    arrived: n,
+                    arrived_ranks: Vec::new(),
+                }));
             }
-            {
-                let inner = self.lock();
-                let Some(b) = inner.barriers.get(name) else {
-                    return Err(Status::internal(format!("barrier {name:?} vanished")));
-                };
-                if b.generation != generation {
-                    guard.active = false;
-                    return Ok(BarrierOutcome {
-                        done: true,
-                        arrived: n,
-                        arrived_ranks: Vec::new(),
-                    });
-                }
-                if Instant::now() >= deadline {
-                    let mut arrived_ranks: Vec<u32> = b.seen.values().flatten().copied().collect();
-                    arrived_ranks.sort_unstable();
-                    arrived_ranks.dedup();
-                    return Ok(BarrierOutcome {
-                        done: false,
-                        arrived: u32::try_from(b.seen.len()).unwrap_or(u32::MAX),
-                        arrived_ranks,
-                    });
-                    // `guard` withdraws this arrival on the way out.
-                }
+            if Instant::now() < deadline {
+                return Ok(None);
             }
-            let _ = tokio::time::timeout_at(deadline, notified).await;
-        }
+            let mut arrived_ranks: Vec<u32> = b.seen.values().flatten().copied().collect();
+            arrived_ranks.sort_unstable();
+            arrived_ranks.dedup();
+            // `guard` withdraws this arrival on the way out.
+            Ok(Some(BarrierOutcome {
+                done: false,
+                arrived: u32::try_from(b.seen.len()).unwrap_or(u32::MAX),
+                arrived_ranks,
+            }))
+        })
+        .await
     }
 }
 

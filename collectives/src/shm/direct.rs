@@ -117,28 +117,13 @@ impl Call<'_> {
     ) -> Result<(), CommError> {
         let n = self.n();
         let me = self.me;
-        let b = sub(n);
         let peers: Vec<usize> = (0..n).filter(|&k| k != me).collect();
         let staged = peers.iter().any(|&j| {
             let p = &pieces[j];
             p.run() < p.len() && p.run() < DIRECT_MIN_RUN
         });
-        let r_w = if staged {
-            peers
-                .iter()
-                .map(|&j| rounds(pieces[j].len(), b))
-                .max()
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let r_r = peers
-            .iter()
-            .map(|&i| rounds(chunks[i].len(), b))
-            .max()
-            .unwrap_or(0);
         if staged {
-            return self.all_to_all_rounds(pieces, chunks, r_w, r_r);
+            return self.all_to_all_rounds(pieces, chunks, true);
         }
         self.acquire(0)?;
         let own = self.seg(me)?;
@@ -157,26 +142,34 @@ impl Call<'_> {
             .collect();
         self.post(0, 0, 0, &readers)?;
         self.or_withdraw(|c| {
-            c.all_to_all_rounds(pieces, chunks, 0, r_r)?;
+            c.all_to_all_rounds(pieces, chunks, false)?;
             // Our pieces must stay readable until every peer has copied its own.
             c.acquire(0)
         })
     }
 
-    /// The rounds of `all_to_all_direct`: this member writes rounds `0..r_w` (staged; none
-    /// when direct, its round 0 being posted already) and reads every peer's piece, straight
-    /// from a direct writer's memory in round 0, from a staged writer's slot round by round.
-    fn all_to_all_rounds(
+    /// The rounds of an all-to-all: this member writes its pieces to its slots round by round
+    /// when `staged` (otherwise its round 0 is posted already, direct) and reads every peer's
+    /// piece, straight from a direct writer's memory in round 0, from a staged writer's slot
+    /// round by round.
+    pub(super) fn all_to_all_rounds(
         &mut self,
         pieces: &[Runs<'_>],
         chunks: &mut [&mut [u8]],
-        r_w: usize,
-        r_r: usize,
+        staged: bool,
     ) -> Result<(), CommError> {
         let n = self.n();
         let me = self.me;
         let b = sub(n);
         let peers: Vec<usize> = (0..n).filter(|&k| k != me).collect();
+        let most_rounds = |lens: &mut dyn Iterator<Item = usize>| {
+            lens.map(|len| rounds(len, b)).max().unwrap_or(0)
+        };
+        let r_w = match staged {
+            true => most_rounds(&mut peers.iter().map(|&j| pieces[j].len())),
+            false => 0,
+        };
+        let r_r = most_rounds(&mut peers.iter().map(|&i| chunks[i].len()));
         let mut direct_from = vec![false; n];
         for r in 0..r_w.max(r_r) {
             let s = r % 2;

@@ -277,56 +277,13 @@ impl Call<'_> {
     }
 
     /// All-to-all: `pieces[j]` (runs at a stride) goes to member j, `chunks[i]` comes from
-    /// member i.
+    /// member i, staged through the slots round by round.
     pub fn all_to_all(
         &mut self,
         pieces: &[Runs<'_>],
         chunks: &mut [&mut [u8]],
     ) -> Result<(), CommError> {
-        let n = self.n();
-        let me = self.me;
-        let b = sub(n);
-        let peers = self.peers();
-        let r_w = peers
-            .iter()
-            .map(|&j| rounds(pieces[j].len(), b))
-            .max()
-            .unwrap_or(0);
-        let r_r = peers
-            .iter()
-            .map(|&i| rounds(chunks[i].len(), b))
-            .max()
-            .unwrap_or(0);
-        for r in 0..r_w.max(r_r) {
-            let s = r % 2;
-            if r < r_w {
-                self.acquire(s)?;
-                let mut readers = Vec::new();
-                for &j in &peers {
-                    let w = win(pieces[j].len(), r, b);
-                    if !w.is_empty() {
-                        self.fill_own_runs(s, j * b, &pieces[j], w)?;
-                        readers.push(j);
-                    }
-                }
-                for (j, p) in pieces.iter().enumerate() {
-                    self.set_meta(s, j, p.len())?;
-                }
-                self.post(s, r, 0, &readers)?;
-            }
-            for &i in &peers {
-                let w = win(chunks[i].len(), r, b);
-                if w.is_empty() {
-                    continue;
-                }
-                let seg = self.wait_post(i, s, r, 0)?;
-                self.check_meta(seg, s, i, me, chunks[i].len())?;
-                chunks[i][w.clone()]
-                    .copy_from_slice(&self.peer_slot(i, s)?[me * b..me * b + w.len()]);
-                self.ack(i, s, self.word(r, 0))?;
-            }
-        }
-        Ok(())
+        self.all_to_all_rounds(pieces, chunks, true)
     }
 
     /// Broadcast of `buf` from member `root`.

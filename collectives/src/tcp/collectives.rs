@@ -7,8 +7,8 @@ use std::sync::Mutex;
 
 use super::engine::{RecvOp, SendOp};
 use super::{
-    balanced, group_state, lock, no_progress, ordered_reduce, split, split_ref, TcpComm, BACKEND,
-    SHM_DIRECT_MIN, SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
+    balanced, group_state, lock, no_progress, split, split_ref, TcpComm, BACKEND, SHM_DIRECT_MIN,
+    SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
 use crate::flight::CommLog;
 use crate::hooks::{host_hooks, BackendHooks};
@@ -58,51 +58,22 @@ impl BackendHooks for TcpComm {
             return r;
         }
         let mut links = lock(&self.world.links);
-        let mut scratch = lock(&self.world.scratch);
         if b.len() <= SMALL_ALL_REDUCE || count < n {
             // One round: everyone sends its whole buffer to everyone, then reduces in member order.
+            let mut scratch = lock(&self.world.scratch);
             let len = b.len();
             scratch.resize(len * n, 0);
             let mut slots = split(&mut scratch[..], std::iter::repeat_n(len, n));
             slots[self.me].copy_from_slice(b);
-            let tag = self.tag(seq, 0);
-            {
-                let (lo, rest) = slots.split_at_mut(self.me);
-                let (mine, hi) =
-                    rest.split_first_mut()
-                        .ok_or_else(|| CommError::InvalidArgument {
-                            op: self.name(name),
-                            detail: "member index out of range".into(),
-                        })?;
-                let mine: &[u8] = mine;
-                let mut sends: Vec<SendOp<'_>> = self
-                    .peers()
-                    .map(|(_, r)| SendOp::new(r, tag, mine))
-                    .collect();
-                let mut recvs: Vec<RecvOp<'_>> = lo
-                    .iter_mut()
-                    .enumerate()
-                    .chain(hi.iter_mut().enumerate().map(|(i, c)| (i + self.me + 1, c)))
-                    .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
-                    .collect();
-                self.run(&mut links, name, &mut sends, &mut recvs, &mut no_progress)?;
-            }
+            self.all_gather_in_place(&mut links, name, self.tag(seq, 0), &mut slots)?;
             b.copy_from_slice(slots[0]);
             for s in &slots[1..] {
                 reduce_into(dtype, b, s, op);
             }
             return Ok(());
         }
-        let mut chunks = split(b, balanced(count, n, dtype.size()));
-        self.reduce_scatter_in_place(
-            &mut links,
-            &mut scratch,
-            name,
-            self.tag(seq, 0),
-            dtype,
-            op,
-            &mut chunks,
-        )?;
+        let mut chunks =
+            self.reduce_scatter_in_place(&mut links, name, seq, (dtype, op), b, count)?;
         self.all_gather_in_place(&mut links, name, self.tag(seq, 1), &mut chunks)
     }
 
@@ -163,31 +134,12 @@ impl BackendHooks for TcpComm {
         }
         let tag = self.tag(seq, 0);
         let mut links = lock(&self.world.links);
-        let mut scratch = lock(&self.world.scratch);
-        let mine = r.len();
-        scratch.resize(mine * (n - 1), 0);
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(n);
-        let mut o = 0;
-        for c in counts {
-            pieces.push(&s[o..o + c * sz]);
-            o += c * sz;
-        }
+        let pieces = split_ref(s, counts.iter().map(|c| c * sz));
         let mut sends: Vec<SendOp<'_>> = self
             .peers()
             .map(|(k, rk)| SendOp::new(rk, tag, pieces[k]))
             .collect();
-        let mut recvs: Vec<RecvOp<'_>> = self
-            .peers()
-            .zip(split(&mut scratch[..], std::iter::repeat_n(mine, n - 1)))
-            .map(|((_, rk), t)| RecvOp::new(rk, tag, t))
-            .collect();
-        let mut done = vec![0usize; n - 1];
-        self.run(&mut links, name, &mut sends, &mut recvs, &mut |rs| {
-            ordered_reduce(dtype, op, r, rs, &mut done);
-            Ok(())
-        })?;
-        ordered_reduce(dtype, op, r, &recvs, &mut done);
-        Ok(())
+        self.reduce_from_peers(&mut links, name, tag, (dtype, op), &mut sends, r)
     }
 
     fn all_to_all_v(
@@ -267,17 +219,7 @@ impl BackendHooks for TcpComm {
             return r;
         }
         let mut links = lock(&self.world.links);
-        let mut scratch = lock(&self.world.scratch);
-        let mut chunks = split(b, balanced(count, n, dtype.size()));
-        self.reduce_scatter_in_place(
-            &mut links,
-            &mut scratch,
-            name,
-            self.tag(seq, 0),
-            dtype,
-            op,
-            &mut chunks,
-        )?;
+        let chunks = self.reduce_scatter_in_place(&mut links, name, seq, (dtype, op), b, count)?;
         // Gather the reduced chunks at the root.
         let tag = self.tag(seq, 1);
         if self.me == root {

@@ -366,6 +366,23 @@ impl TcpComm {
         links.run(&self.name(name), sends, recvs, self.world.timeout, progress)
     }
 
+    /// The other members' parts, each with its member's world rank: `lo` holds the parts of
+    /// the members before this one, `hi` of those after it.
+    fn of_peers<'a, I>(&'a self, lo: I, hi: I) -> impl Iterator<Item = (usize, I::Item)> + 'a
+    where
+        I: IntoIterator + 'a,
+    {
+        let me = self.me;
+        lo.into_iter()
+            .enumerate()
+            .chain(
+                hi.into_iter()
+                    .enumerate()
+                    .map(move |(i, c)| (i + me + 1, c)),
+            )
+            .map(|(k, c)| (self.ranks[k], c))
+    }
+
     fn peers(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let me = self.me;
         self.ranks
@@ -375,41 +392,58 @@ impl TcpComm {
             .filter(move |&(k, _)| k != me)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    /// Reduce-scatter of `buf` in place: chunk `me` (of `lens`) ends reduced over all members.
-    fn reduce_scatter_in_place(
+    /// Reduce-scatter of `b` (`count` elements) in place over the balanced chunks of `b` (tag
+    /// round 0 of `seq`): returns the chunks, chunk `me` reduced over all members.
+    fn reduce_scatter_in_place<'b>(
         &self,
         links: &mut Links,
-        scratch: &mut Vec<u8>,
+        name: &str,
+        seq: u64,
+        (dtype, op): (DType, ReduceOp),
+        b: &'b mut [u8],
+        count: usize,
+    ) -> Result<Vec<&'b mut [u8]>, CommError> {
+        let n = self.ranks.len();
+        let mut chunks = split(b, balanced(count, n, dtype.size()));
+        let tag = self.tag(seq, 0);
+        {
+            let (lo, rest) = chunks.split_at_mut(self.me);
+            let (acc, hi) = rest
+                .split_first_mut()
+                .ok_or_else(|| CommError::InvalidArgument {
+                    op: self.name(name),
+                    detail: "member index outside the chunk list".into(),
+                })?;
+            let mut sends: Vec<SendOp<'_>> = self
+                .of_peers(lo.iter(), hi.iter())
+                .map(|(r, c)| SendOp::new(r, tag, c))
+                .collect();
+            self.reduce_from_peers(links, name, tag, (dtype, op), &mut sends, acc)?;
+        }
+        Ok(chunks)
+    }
+
+    /// Sends `sends` (one part per peer) while the peers' parts for this member arrive in the
+    /// scratch buffer and reduce into `acc` in member order (the order of operations fixed).
+    fn reduce_from_peers(
+        &self,
+        links: &mut Links,
         name: &str,
         tag: Tag,
-        dtype: DType,
-        op: ReduceOp,
-        chunks: &mut [&mut [u8]],
+        (dtype, op): (DType, ReduceOp),
+        sends: &mut [SendOp<'_>],
+        acc: &mut [u8],
     ) -> Result<(), CommError> {
-        let mine = chunks[self.me].len();
-        let n = self.ranks.len();
+        let (n, mine) = (self.ranks.len(), acc.len());
+        let mut scratch = lock(&self.world.scratch);
         scratch.resize(mine * (n - 1), 0);
-        let (lo, rest) = chunks.split_at_mut(self.me);
-        let (acc, hi) = rest
-            .split_first_mut()
-            .ok_or_else(|| CommError::InvalidArgument {
-                op: self.name(name),
-                detail: "member index outside the chunk list".into(),
-            })?;
-        let mut sends: Vec<SendOp<'_>> = lo
-            .iter()
-            .enumerate()
-            .chain(hi.iter().enumerate().map(|(i, c)| (i + self.me + 1, c)))
-            .map(|(k, c)| SendOp::new(self.ranks[k], tag, c))
-            .collect();
         let mut recvs: Vec<RecvOp<'_>> = self
             .peers()
             .zip(split(&mut scratch[..], std::iter::repeat_n(mine, n - 1)))
             .map(|((_, r), t)| RecvOp::new(r, tag, t))
             .collect();
-        let mut done = vec![0usize; recvs.len()];
-        self.run(links, name, &mut sends, &mut recvs, &mut |rs| {
+        let mut done = vec![0usize; n - 1];
+        self.run(links, name, sends, &mut recvs, &mut |rs| {
             ordered_reduce(dtype, op, acc, rs, &mut done);
             Ok(())
         })?;
@@ -434,11 +468,9 @@ impl TcpComm {
             .peers()
             .map(|(_, r)| SendOp::new(r, tag, mine))
             .collect();
-        let mut recvs: Vec<RecvOp<'_>> = lo
-            .iter_mut()
-            .enumerate()
-            .chain(hi.iter_mut().enumerate().map(|(i, c)| (i + self.me + 1, c)))
-            .map(|(k, c)| RecvOp::new(self.ranks[k], tag, c))
+        let mut recvs: Vec<RecvOp<'_>> = self
+            .of_peers(lo.iter_mut(), hi.iter_mut())
+            .map(|(r, c)| RecvOp::new(r, tag, c))
             .collect();
         self.run(links, name, &mut sends, &mut recvs, &mut no_progress)
     }

@@ -3,7 +3,7 @@
 //! sequential reference computed from the (deterministic) inputs of all ranks.
 #![allow(dead_code)]
 
-use oxiflow_collectives::{Communicator, DType, ReduceOp, SharedComm};
+use oxiflow_collectives::{CommError, Communicator, DType, InProcessWorld, ReduceOp, SharedComm};
 use oxiflow_dtype::{bf16, f16};
 
 /// One collective of a scenario; `group` lists world ranks in member order.
@@ -283,6 +283,23 @@ pub fn run_threads<T: Send + 'static>(
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// Runs `call` on every member of an in-process world of 3 (300 ms timeout) but member 2,
+/// which never arrives: every other member fails within 5 s with a timeout naming member 2.
+pub fn assert_member_2_missing<T: std::fmt::Debug + Send + 'static>(
+    call: impl Fn(&SharedComm) -> Result<T, CommError> + Send + Sync + 'static,
+) {
+    let comms = InProcessWorld::new(3, std::time::Duration::from_millis(300));
+    let start = std::time::Instant::now();
+    let out = run_threads(comms, move |c| (c.rank() != 2).then(|| call(&c)));
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    for r in out.into_iter().flatten() {
+        match r {
+            Err(CommError::Timeout { missing, .. }) => assert_eq!(missing, vec![2]),
+            other => panic!("expected a timeout naming rank 2, got {other:?}"),
+        }
+    }
+}
+
 /// Runs `case` as world rank `comm.rank()`, checking every result; the error names the step.
 pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
     let me = world.rank();
@@ -313,15 +330,12 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
         }
         let ctx = |e: oxiflow_collectives::CommError| format!("rank {me} step {s} {step:?}: {e}");
         let what = || format!("rank {me} step {s} {step:?}");
+        let expect = |got: &[u8], want: Vec<f64>| check(what(), decode(dt, got), want);
         match step {
             Step::AllReduce { count, op, .. } => {
                 let mut b = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.all_reduce(dt, (&mut b[..]).into(), *op).map_err(ctx)?;
-                check(
-                    what(),
-                    decode(dt, &b),
-                    reduced(dt, group, s, 0, *count, *op),
-                )?;
+                expect(&b, reduced(dt, group, s, 0, *count, *op))?;
             }
             Step::AllGatherV { counts, .. } => {
                 let send = encode(dt, &inputs(dt, me, s, 0, counts[m]));
@@ -333,7 +347,7 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                     .zip(counts)
                     .flat_map(|(&r, &c)| inputs(dt, r, s, 0, c))
                     .collect();
-                check(what(), decode(dt, &recv), want)?;
+                expect(&recv, want)?;
             }
             Step::ReduceScatterV { counts, op, .. } => {
                 let total: usize = counts.iter().sum();
@@ -342,11 +356,7 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 comm.reduce_scatter_v(dt, (&send[..]).into(), (&mut recv[..]).into(), counts, *op)
                     .map_err(ctx)?;
                 let off: usize = counts[..m].iter().sum();
-                check(
-                    what(),
-                    decode(dt, &recv),
-                    reduced(dt, group, s, off, counts[m], *op),
-                )?;
+                expect(&recv, reduced(dt, group, s, off, counts[m], *op))?;
             }
             Step::AllToAllV {
                 matrix, exchanged, ..
@@ -375,17 +385,13 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 let want: Vec<f64> = (0..n)
                     .flat_map(|i| inputs(dt, group[i], s, 1000 * m, rc[i]))
                     .collect();
-                check(what(), decode(dt, &recv), want)?;
+                expect(&recv, want)?;
             }
             Step::Broadcast { count, root, .. } => {
                 let mut b = encode(dt, &inputs(dt, me, s, 0, *count));
                 comm.broadcast(dt, (&mut b[..]).into(), *root)
                     .map_err(ctx)?;
-                check(
-                    what(),
-                    decode(dt, &b),
-                    inputs(dt, group[*root], s, 0, *count),
-                )?;
+                expect(&b, inputs(dt, group[*root], s, 0, *count))?;
             }
             Step::Reduce {
                 count, root, op, ..
@@ -394,11 +400,7 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 comm.reduce(dt, (&mut b[..]).into(), *root, *op)
                     .map_err(ctx)?;
                 if m == *root {
-                    check(
-                        what(),
-                        decode(dt, &b),
-                        reduced(dt, group, s, 0, *count, *op),
-                    )?;
+                    expect(&b, reduced(dt, group, s, 0, *count, *op))?;
                 }
             }
             Step::SendRecv { count, .. } => {
@@ -407,11 +409,7 @@ pub fn run_rank(world: &SharedComm, case: &Case) -> Result<(), String> {
                 comm.send(dt, (&send[..]).into(), peer).map_err(ctx)?;
                 let mut recv = vec![0u8; count * dt.size()];
                 comm.recv(dt, (&mut recv[..]).into(), peer).map_err(ctx)?;
-                check(
-                    what(),
-                    decode(dt, &recv),
-                    inputs(dt, group[peer], s, 0, *count),
-                )?;
+                expect(&recv, inputs(dt, group[peer], s, 0, *count))?;
             }
             Step::Barrier { .. } => comm.barrier().map_err(ctx)?,
         }

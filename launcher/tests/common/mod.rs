@@ -290,6 +290,22 @@ pub fn stopped_after(stderr: &str) -> Option<f64> {
     })
 }
 
+/// Fails unless the `n` workers whose pids the job recorded in `dir` are gone.
+#[track_caller]
+pub fn assert_workers_gone(dir: &Path, n: usize) {
+    let pids = recorded_pids(dir);
+    assert_eq!(pids.len(), n);
+    assert_gone(pids);
+}
+
+/// Fails unless every worker of `pids` is gone.
+#[track_caller]
+pub fn assert_gone(pids: impl IntoIterator<Item = i32>) {
+    for pid in pids {
+        assert!(!alive(pid), "worker {pid} survived");
+    }
+}
+
 /// Fails unless the run's stderr contains `text` (showing the stderr).
 #[track_caller]
 pub fn says(r: &Finished, text: &str) {

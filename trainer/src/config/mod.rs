@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::data::{identify_file, TokenHeader};
+use oxiflow_models::pipeline::{PipelineSpec, Schedule};
 use oxiflow_placement::DeviceType;
 use serde::Serialize;
 
@@ -87,6 +88,23 @@ pub struct ParallelConfig {
     pub backend: WorldBackend,
     /// None: by device (bf16-mixed on cuda, everything in `model.dtype` on cpu).
     pub precision: Option<PrecisionPolicy>,
+}
+
+impl ParallelConfig {
+    /// The pipeline the flags ask for: `--schedule` over `--pp` stages of `--micro-batches`
+    /// and `--virtual-stages` (unchecked: `PipelineSpec::validate`).
+    pub fn pipeline_spec(&self) -> PipelineSpec {
+        PipelineSpec {
+            schedule: match self.schedule {
+                ScheduleArg::Gpipe => Schedule::GPipe,
+                ScheduleArg::OneFOneB => Schedule::OneFOneB,
+                ScheduleArg::Interleaved => Schedule::Interleaved,
+            },
+            stages: self.pp,
+            micro_batches: self.micro_batches,
+            virtual_stages: self.virtual_stages,
+        }
+    }
 }
 
 /// The data.

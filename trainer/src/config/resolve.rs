@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::DEFAULT_VOCAB_MULTIPLE;
-use oxiflow_models::pipeline::{PipelineSpec, Schedule};
 use oxiflow_placement::DeviceType;
 
 use super::checks;
@@ -362,16 +361,7 @@ fn check_combinations(c: &TrainConfig) -> Result<(), TrainError> {
     expert_parallel_fits(c)?;
     if built && c.pipelined() {
         let p = &c.parallel;
-        let spec = PipelineSpec {
-            schedule: match p.schedule {
-                ScheduleArg::Gpipe => Schedule::GPipe,
-                ScheduleArg::OneFOneB => Schedule::OneFOneB,
-                ScheduleArg::Interleaved => Schedule::Interleaved,
-            },
-            stages: p.pp,
-            micro_batches: p.micro_batches,
-            virtual_stages: p.virtual_stages,
-        };
+        let spec = p.pipeline_spec();
         if let Err(e) = spec.validate(m.layers) {
             let why = match e {
                 oxiflow_tensor::TensorError::Shape { detail, .. } => detail,

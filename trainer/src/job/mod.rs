@@ -604,7 +604,7 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         println!(
             "train: {model} | mesh {mesh}{cp_text} sp {} world {world} | micro-batches {} schedule {} virtual-stages {} grad-accum {} | batch {} lr {} schedule {} warmup {} clip {} seed {} from step {}",
             m.sequence_parallel,
-            p.micro_batches, schedule_name(p.schedule), p.virtual_stages, cfg.optim.grad_accum,
+            p.micro_batches, p.pipeline_spec().schedule, p.virtual_stages, cfg.optim.grad_accum,
             cfg.data.batch_size, cfg.optim.lr, format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()), m.seed, job.trainer.step
         );
@@ -673,14 +673,6 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
         &world,
         lead,
     )
-}
-
-fn schedule_name(s: crate::config::ScheduleArg) -> &'static str {
-    match s {
-        crate::config::ScheduleArg::Gpipe => "gpipe",
-        crate::config::ScheduleArg::OneFOneB => "1f1b",
-        crate::config::ScheduleArg::Interleaved => "interleaved",
-    }
 }
 
 fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {

@@ -13,11 +13,11 @@ use oxiflow_models::data::{
 use oxiflow_models::nn::gpt::{padded_vocab, Gpt, MlpKind, MoeArch};
 use oxiflow_models::nn::{Module, Parameter, Pass};
 use oxiflow_models::optim::{AdamW, AdamWOptions, Zero};
-use oxiflow_models::pipeline::{PipelineModel, PipelineSpec, Schedule};
+use oxiflow_models::pipeline::{PipelineModel, PipelineSpec};
 use oxiflow_placement::{AxisRole, DeviceType, MeshLayout};
 use oxiflow_tensor::{Context, Tensor};
 
-use crate::config::{reads_shards, RecomputeArg, ScheduleArg, ShardFormatArg, TrainConfig};
+use crate::config::{reads_shards, RecomputeArg, ShardFormatArg, TrainConfig};
 use crate::error::TrainError;
 use crate::model::{Batch, TrainModel};
 use crate::tasks::decoder::{build_decoder, stages_of, DecoderSpec};
@@ -308,15 +308,10 @@ pub fn gpt_trainer(
     let (pp, ep) = (mesh.size(AxisRole::Stages), mesh.size(AxisRole::Experts));
     let dp = mesh.size(AxisRole::Batch) * ep;
     let p = &cfg.parallel;
+    // The stages as the mesh has them.
     let spec = PipelineSpec {
-        schedule: match p.schedule {
-            ScheduleArg::Gpipe => Schedule::GPipe,
-            ScheduleArg::OneFOneB => Schedule::OneFOneB,
-            ScheduleArg::Interleaved => Schedule::Interleaved,
-        },
         stages: pp,
-        micro_batches: p.micro_batches,
-        virtual_stages: p.virtual_stages,
+        ..p.pipeline_spec()
     };
     spec.validate(inputs.spec.cfg.layers)?;
     let (m, k, b) = (p.micro_batches, cfg.optim.grad_accum, cfg.data.batch_size);

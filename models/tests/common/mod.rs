@@ -1,0 +1,80 @@
+//! Helpers shared by the model suites that train the small GPT on every layout: the mesh's
+//! in-process world, the model, a batch of token windows and a tensor's bits.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use oxiflow_dtype::{DType, MixedPrecision};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout};
+use oxiflow_models::nn::Module;
+use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
+use oxiflow_sbp::{NdSbp, Sbp};
+use oxiflow_tensor::{run_ranks, Tensor};
+
+/// Runs `f` with the CPU placement of `mesh` ([dp, tp]; None: local) on every rank of an
+/// in-process world (120 s timeout); rank 0's result.
+pub fn on_mesh<T: Send>(mesh: Option<[usize; 2]>, f: impl Fn(Option<Placement>) -> T + Sync) -> T {
+    let n = mesh.map_or(1, |m| m[0] * m[1]);
+    let placement = || {
+        mesh.map(|m| {
+            Placement::range(DeviceType::Cpu, n)
+                .and_then(|p| p.reshaped(m))
+                .unwrap()
+        })
+    };
+    let out = run_ranks(n, Duration::from_secs(120), |_| f(placement()));
+    out.into_iter().next().unwrap()
+}
+
+/// The test GPT (vocabulary 24, 8 positions, 2 layers of width 8, 2 heads) from `seed` on
+/// `placement` (None: local): f32 leaves computing in bf16, or `dtype` throughout.
+pub fn tiny_gpt(placement: &Option<Placement>, dtype: DType, seed: u64) -> (Gpt, GptConfig) {
+    let cfg = GptConfig {
+        vocab: 24,
+        seq_len: 8,
+        layers: 2,
+        heads: 2,
+        width: 8,
+        dropout: 0.0,
+        seed,
+        dtype,
+        ..GptConfig::default()
+    };
+    let layout = match placement {
+        Some(p) => GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap()),
+        None => GptLayout::Local,
+    };
+    let model = Gpt::new(&cfg, &layout).unwrap();
+    if dtype == DType::F32 {
+        model
+            .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
+            .unwrap();
+    }
+    (model, cfg)
+}
+
+/// The inputs and targets of `b` windows of `t` + 1 tokens `ids`, split over the data axis
+/// of `placement`.
+pub fn batch(ids: Vec<i64>, b: usize, t: usize, placement: &Option<Placement>) -> (Tensor, Tensor) {
+    let ids = Tensor::from_vec(ids, [b, t + 1]).unwrap();
+    let ids = match placement {
+        Some(p) => ids.to_global(p, NdSbp::new([Sbp::S(0), Sbp::B])).unwrap(),
+        None => ids,
+    };
+    (ids.narrow(1, 0, t).unwrap(), ids.narrow(1, 1, t).unwrap())
+}
+
+/// The bits of `t`'s values, gathered and as f64 (every NaN as one NaN).
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    let t = match t.placement() {
+        Some(p) => t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap(),
+        None => t.clone(),
+    };
+    t.cast(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .map(|v| if v.is_nan() { f64::NAN } else { *v }.to_bits())
+        .collect()
+}

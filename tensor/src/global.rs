@@ -360,16 +360,20 @@ impl Tensor {
     /// without communicating.
     pub fn to_ndarray<T: TensorElement>(&self) -> Result<ArrayD<T>> {
         refuse_host_read("to_ndarray", self)?;
-        let Some(layout) = self.layout() else {
-            return self.local_ndarray();
+        self.whole_here("to_ndarray")?.local_ndarray()
+    }
+
+    /// The whole value on this rank: a local tensor itself, a global one boxed to all-B on its
+    /// placement (every rank of the placement must call it); a rank outside the placement gets
+    /// an error naming `op`, without communicating.
+    pub(crate) fn whole_here(&self, op: &'static str) -> Result<Tensor> {
+        let (Some(layout), Some(ctx)) = (self.layout(), self.context()) else {
+            return Ok(self.clone());
         };
         let placement = layout.placement().clone();
-        let Some(ctx) = self.context() else {
-            return self.local_ndarray();
-        };
         if !placement.contains(ctx.rank()) {
             return Err(TensorError::World {
-                op: "to_ndarray",
+                op,
                 placement: placement.to_string(),
                 world_size: ctx.world_size(),
                 detail: format!(
@@ -378,8 +382,7 @@ impl Tensor {
                 ),
             });
         }
-        let b = self.to_global(&placement, NdSbp::broadcast(placement.ndim()))?;
-        b.local_ndarray()
+        self.to_global(&placement, NdSbp::broadcast(placement.ndim()))
     }
 
     /// The whole value as a row-major vector (see `to_ndarray`).

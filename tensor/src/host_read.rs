@@ -5,8 +5,6 @@
 
 use std::marker::PhantomData;
 
-use oxiflow_sbp::NdSbp;
-
 use crate::capture::refuse_host_read;
 use crate::element::TensorElement;
 use crate::storage::{CpuArray, HostRead, ReadDone, Storage};
@@ -55,24 +53,7 @@ impl Tensor {
                 detail: format!("asked for {}", T::DTYPE),
             });
         }
-        let whole = match (self.layout(), self.context()) {
-            (Some(layout), Some(ctx)) => {
-                let placement = layout.placement().clone();
-                if !placement.contains(ctx.rank()) {
-                    return Err(TensorError::World {
-                        op: "start_read",
-                        placement: placement.to_string(),
-                        world_size: ctx.world_size(),
-                        detail: format!(
-                            "rank {} is outside the placement and holds no part of the value",
-                            ctx.rank()
-                        ),
-                    });
-                }
-                self.to_global(&placement, NdSbp::broadcast(placement.ndim()))?
-            }
-            _ => self.clone(),
-        };
+        let whole = self.whole_here("start_read")?;
         let read: Box<dyn HostRead> = match whole.storage() {
             Some(Storage::Device(d)) => d.start_host_read()?,
             Some(Storage::Cpu(a)) => Box::new(ReadDone(a.clone())),

@@ -424,7 +424,7 @@ fn sample(
         seed: cfg.model.seed,
     };
     let mut session = DecodeSession::default();
-    for _ in 0..g.gen_warmup {
+    let mut request = || {
         generate_with(
             &mut session,
             model,
@@ -433,18 +433,13 @@ fn sample(
             g.gen_tokens,
             &sampling,
             eos,
-        )?;
+        )
+    };
+    for _ in 0..g.gen_warmup {
+        request()?;
     }
     let start = std::time::Instant::now();
-    let (out, steps) = generate_with(
-        &mut session,
-        model,
-        world,
-        &prompts,
-        g.gen_tokens,
-        &sampling,
-        eos,
-    )?;
+    let (out, steps) = request()?;
     let secs = start.elapsed().as_secs_f64();
     if !lead {
         return Ok(());

@@ -110,30 +110,11 @@ impl DecodeSession {
 }
 
 /// `prompts` (ids below the model's vocabulary, none empty) each continued by up to `n`
-/// tokens, fewer when one of `eos` ends it (that id included), as `sampling` picks them.
-/// `world` holds every rank of the job (where a pipeline's last stage shares the logits).
-/// Every rank calls it alike and gets the same ids. A one-request [`generate_with`].
-pub fn generate_ids(
-    model: &Gpt,
-    world: &Placement,
-    prompts: &[Vec<usize>],
-    n: usize,
-    sampling: &Sampling,
-    eos: &[usize],
-) -> Result<(Vec<Vec<usize>>, DecodeSteps), TrainError> {
-    generate_with(
-        &mut DecodeSession::default(),
-        model,
-        world,
-        prompts,
-        n,
-        sampling,
-        eos,
-    )
-}
-
-/// [`generate_ids`] through `session`'s compiled step (made by the first request that
-/// needs it, replayed by the later ones); the steps count only this request's work.
+/// tokens, fewer when one of `eos` ends it (that id included), as `sampling` picks them,
+/// through `session`'s compiled step (made by the first request that needs it, replayed by
+/// the later ones; a fresh session for a one-off request); the steps count only this
+/// request's work. `world` holds every rank of the job (where a pipeline's last stage shares
+/// the logits). Every rank calls it alike and gets the same ids.
 pub fn generate_with(
     session: &mut DecodeSession,
     model: &Gpt,

@@ -84,7 +84,7 @@ pub mod kernel_layer {
     pub use crate::block::Block;
     pub use crate::fused::{
         adamw_multi, classifier_plan, classifier_using, elementwise, layer_norm_backward,
-        layer_norm_forward, row_plan_occupancy, AdamHyper, AdamTensor, ClassifierKernel,
+        layer_norm_forward, row_plan_occupancy, AdamCoef, AdamHyper, AdamTensor, ClassifierKernel,
         Elementwise, EwOp, LayerNormBackward, LayerNormForward, RowPlan,
     };
     pub use crate::kernels::{grid, Kernel, Kernels, Template};

@@ -5,6 +5,7 @@
 //! NVRTC path with `oxiflow_cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
+pub mod adamw;
 pub mod argmax;
 pub mod context_parallel;
 pub mod decode;

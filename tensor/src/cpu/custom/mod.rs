@@ -1,8 +1,6 @@
 //! CPU kernels of the custom ops (`op/custom/`): one file per op, implementing its kernel trait
 //! for `CpuBackend`.
 
-mod adamw;
-mod adamw_multi;
 mod classifier;
 mod flash_attention;
 mod fused_elementwise;

@@ -1,7 +1,5 @@
 //! The `Tensor` methods of the custom ops (`op/custom/`), one file per op.
 
-mod adamw;
-mod adamw_multi;
 mod classifier;
 mod flash_attention;
 mod fused_elementwise;

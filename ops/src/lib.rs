@@ -12,6 +12,7 @@ pub mod decode;
 mod host_slices;
 pub mod moe;
 mod operand_dtypes;
+pub mod residual_layer_norm;
 pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;

@@ -229,7 +229,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let b = mk(&[c.c], s + 3, 2)?.requires_grad_(true);
             let fw = mk(&[c.c, n], s + 4, [2, 1][c.sb % 2])?.requires_grad_(true);
             let fb = mk(&[n], s + 5, [2, 0][c.sb % 2])?.requires_grad_(true);
-            let (r, y) = xa.residual_layer_norm(&aa, &w, &b, 1e-5)?;
+            let (r, y) = residual_layer_norm(&xa, &aa, &w, &b, 1e-5)?;
             let h = y.linear(&fw, Some(&fb), Activation::Gelu)?;
             let lab = labels(mk, c.r, s + 6, c.sa % 3, n)?;
             // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).

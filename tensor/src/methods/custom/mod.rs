@@ -5,5 +5,4 @@ mod flash_attention;
 mod fused_elementwise;
 mod linear;
 mod linear_classifier;
-mod residual_layer_norm;
 mod residual_mlp;

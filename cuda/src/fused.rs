@@ -290,7 +290,7 @@ unsafe impl DeviceRepr for AdamCoef {}
 impl AdamCoef {
     /// The coefficients `[a1, b1, a2, b2, step, inv_bc2, eps]` (see the kernel) rounded to f32,
     /// with gradients taken as they are (any clip factor folded into `b1` and `b2`).
-    pub(crate) fn new(c: [f64; 7]) -> AdamCoef {
+    pub fn new(c: [f64; 7]) -> AdamCoef {
         let [a1, b1, a2, b2, step, inv_bc2, eps] = c.map(|x| x as f32);
         AdamCoef {
             a1,
@@ -310,13 +310,13 @@ impl AdamCoef {
 
     /// These coefficients with every gradient scaled by `min(r, 1)`, r the device f64 at
     /// `clip_ratio` (`b1` and `b2` unclipped here): the kernel folds it in as the host does.
-    pub(crate) fn clipped_by(self, clip_ratio: u64) -> AdamCoef {
+    pub fn clipped_by(self, clip_ratio: u64) -> AdamCoef {
         AdamCoef { clip_ratio, ..self }
     }
 
     /// These coefficients with a NaN clip ratio leaving every tensor as it was (the outputs
     /// get the inputs' values) instead of a NaN update.
-    pub(crate) fn skipping_nan(self) -> AdamCoef {
+    pub fn skipping_nan(self) -> AdamCoef {
         AdamCoef {
             skip_nan: 1,
             ..self

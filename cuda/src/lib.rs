@@ -60,7 +60,7 @@ pub use embedded_kernels::embedded_kernel_archs;
 pub use error::{device_error, launched};
 pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
 pub use init::{init_cuda, init_cuda_on};
-pub use ops::CudaKernels;
+pub use ops::{residual_layer_norm_forward, CudaKernels};
 pub use oxiflow_dtype::MatmulPrecision;
 pub use piece::CudaPiece;
 pub use runtime::{bound_runtime, cuda_unavailable, CudaRuntime, DRIVER_REUSE_FROM};
@@ -84,7 +84,7 @@ pub mod kernel_layer {
     pub use crate::block::Block;
     pub use crate::fused::{
         adamw_multi, classifier_plan, classifier_using, elementwise, layer_norm_backward,
-        layer_norm_forward, row_plan_occupancy, AdamHyper, AdamTensor, ClassifierKernel,
+        layer_norm_forward, row_plan_occupancy, AdamCoef, AdamHyper, AdamTensor, ClassifierKernel,
         Elementwise, EwOp, LayerNormBackward, LayerNormForward, RowPlan,
     };
     pub use crate::kernels::{grid, Kernel, Kernels, Template};

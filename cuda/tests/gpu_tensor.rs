@@ -19,7 +19,12 @@ use std::time::{Duration, Instant};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_cuda::{self as cuda, init_from_env};
-use oxiflow_tensor::custom::{Activation, AdamWHyper, AdamWSlot};
+use oxiflow_ops::adamw::{
+    adam_moment, adam_update, adamw_multi, adamw_multi_clipped, adamw_multi_guarded, AdamWHyper,
+    AdamWSlot,
+};
+use oxiflow_ops::residual_layer_norm::residual_layer_norm;
+use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Result, Sbp, Shape, Tensor, UnaryOp};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

@@ -1,13 +1,16 @@
 //! What the CPU kernels of this crate share: row-major slices of the host arrays a kernel gets
 //! (borrowed when contiguous), typed by an element type, and the arithmetic each element type
-//! computes in (`Wide`: f32 for f32 and bf16, f64 for f64), with the typed kernel error.
+//! computes in (`Wide`: f32 for f32 and bf16, f64 for f64), with the typed kernel error, and
+//! the core's way of running an f32 kernel on 16-bit data ([`through_wide`]).
 
 use std::borrow::Cow;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use half::{bf16, f16};
 use ndarray::ArrayD;
-use oxiflow_tensor::{CpuArray, Result, TensorElement, TensorError};
+use oxiflow_dtype::DType;
+use oxiflow_tensor::backend::ElementwiseKernels;
+use oxiflow_tensor::{CpuArray, CpuBackend, Result, TensorElement, TensorError};
 
 /// Elements per parallel chunk of an element-wise kernel.
 pub(crate) const CHUNK: usize = 1 << 14;
@@ -102,6 +105,46 @@ impl Elem for f16 {
     fn narrow(w: f32) -> f16 {
         f16::from_f32(w)
     }
+}
+
+/// Runs `kernel` on `x` into `out` as the core's CPU backend runs its own kernels on 16-bit
+/// data: 16-bit inputs widened to f32, each 16-bit output computed in f32 (f64 where an input
+/// is f64) and rounded once into its buffer; without 16-bit data, `kernel` as it is.
+pub(crate) fn through_wide(
+    x: &[&CpuArray],
+    out: &mut [CpuArray],
+    kernel: impl FnOnce(&[&CpuArray], &mut [CpuArray]) -> Result<()>,
+) -> Result<()> {
+    let half = x.iter().any(|a| a.dtype().is_half()) || out.iter().any(|o| o.dtype().is_half());
+    if !half {
+        return kernel(x, out);
+    }
+    let wide = if x.iter().any(|a| a.dtype() == DType::F64) {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let widened: Vec<Cow<'_, CpuArray>> = x
+        .iter()
+        .map(|&a| match a.dtype().is_half() {
+            true => Cow::Owned(a.cast(DType::F32)),
+            false => Cow::Borrowed(a),
+        })
+        .collect();
+    let refs: Vec<&CpuArray> = widened.iter().map(|a| a.as_ref()).collect();
+    let mut computed: Vec<CpuArray> = out
+        .iter()
+        .map(|o| match o.dtype().is_half() {
+            true => CpuArray::zeros(wide, o.shape()),
+            false => CpuArray::zeros(o.dtype(), o.shape()),
+        })
+        .collect();
+    kernel(&refs, &mut computed)?;
+    // Into the executor's own buffers (it may own their memory): each rounded once.
+    for (y, o) in computed.iter().zip(out.iter_mut()) {
+        CpuBackend.cast(y, o)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn kernel_err(op: &'static str, detail: String) -> TensorError {

@@ -5,12 +5,14 @@
 //! NVRTC path with `oxiflow_cuda::CudaSource`). One folder per op; adding one is its
 //! folder and one `pub mod` line below.
 
+pub mod adamw;
 pub mod argmax;
 pub mod context_parallel;
 pub mod decode;
 mod host_slices;
 pub mod moe;
 mod operand_dtypes;
+pub mod residual_layer_norm;
 pub mod rms_norm;
 pub mod sum_squares;
 pub mod swiglu;

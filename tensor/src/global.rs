@@ -99,6 +99,44 @@ impl Tensor {
         }
     }
 
+    /// A tensor laid out like `like` (its global layout and context) in `dtype`, over the piece
+    /// of the local tensor `local` (shared, not copied; None outside the placement): how an op
+    /// run on this rank's pieces hands its results back in their tensors' layouts. A local
+    /// `like` gives `local` itself. `local` must be of the shape `like`'s layout gives this
+    /// rank and of `dtype`.
+    pub fn with_layout_over(like: &Tensor, local: Option<&Tensor>, dtype: DType) -> Result<Tensor> {
+        let (Some(layout), Some(ctx)) = (like.layout(), like.context()) else {
+            return local.cloned().ok_or_else(|| TensorError::Shape {
+                op: "with_layout_over",
+                shapes: like.shape().to_string(),
+                sbps: "local".into(),
+                detail: "a local tensor needs a piece".into(),
+            });
+        };
+        let want = layout.local_shape(ctx.rank());
+        if let Some(l) = local {
+            if l.is_global() || want.as_ref() != Some(l.shape()) || l.dtype() != dtype {
+                return Err(TensorError::Shape {
+                    op: "with_layout_over",
+                    shapes: format!("{}, {}", like.shape(), l.shape()),
+                    sbps: layout.nd_sbp().to_string(),
+                    detail: format!(
+                        "piece {} does not fit {dtype} {}: this rank needs {:?}",
+                        l.describe(),
+                        like.describe(),
+                        want.map(|s| s.to_string())
+                    ),
+                });
+            }
+        }
+        Ok(Tensor::global_from_shared(
+            local.and_then(|l| l.0.piece.clone()),
+            layout.clone(),
+            dtype,
+            ctx.clone(),
+        ))
+    }
+
     /// A global tensor on `placement` with `nd_sbp`. From a local tensor: this rank's tensor is
     /// its piece and the global shape is derived assuming every rank's piece has this rank's
     /// shape (even splits; use `to_global_checked` for uneven pieces). From a global tensor:

@@ -186,7 +186,7 @@ pub fn dispatch_into(op: Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<
 /// pieces sees the new values (see [`Tensor::data_held_only_by`]). Only on a device whose
 /// executor runs into given pieces (CUDA), never under a capture (a program records values,
 /// not writes); checked before anything runs. Traced as an op, as dispatch does.
-pub(crate) fn run_local_into(op: &Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<()> {
+pub fn run_local_into(op: &Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<()> {
     let name = op.name();
     let all: SmallVec<[&Tensor; 8]> = inputs.iter().chain(targets).copied().collect();
     let fail = |detail: String| TensorError::Kernel { op: name, detail };

@@ -55,7 +55,7 @@ pub use executor::{register_op_executor, OpExecutor};
 pub use gather_bucket::{gather_bucket, gather_fits};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use host_read::PendingRead;
-pub use in_place::{dispatch_into, BoundPiece};
+pub use in_place::{dispatch_into, run_local_into, BoundPiece};
 pub use init::{init_from_env, init_with_env, init_with_world, register_nccl_world, NcclWorldJoin};
 pub use inprocess::run_ranks;
 pub use op::custom;

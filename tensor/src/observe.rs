@@ -9,6 +9,7 @@
 //!
 //! Callbacks run inside dispatch: they must not dispatch ops.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -81,7 +82,7 @@ pub struct BoxingEvent<'a> {
 }
 
 /// What watches dispatch (see the module docs).
-pub(crate) trait DispatchObserver: Sync {
+pub(crate) trait DispatchObserver: Sync + Any {
     /// An op call begins (before any check).
     fn starting(&self) {}
     /// An op call ran and gave its outputs.
@@ -111,8 +112,9 @@ pub(crate) fn any_on() -> bool {
 pub(crate) fn switch_on(observer: &'static dyn DispatchObserver) {
     {
         let _g = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
+        // Told apart by type: the observers are zero-sized statics, which may share an address.
         let fresh = OBSERVERS.iter().find(|slot| match slot.get() {
-            Some(o) => std::ptr::addr_eq(*o, observer),
+            Some(o) => (*o as &dyn Any).type_id() == (observer as &dyn Any).type_id(),
             None => true,
         });
         match fresh {

@@ -1,4 +1,4 @@
-//! The fused residual LayerNorm and linear custom ops against the ops they fuse (f64), in value
+//! The fused residual LayerNorm (the ops crate's) and linear custom ops against the ops they fuse (f64), in value
 //! and gradient: on local tensors, and on global layouts (random SBPs, P inputs boxed, 1-d and
 //! 2-d meshes, uneven and empty shards) against one rank; the signatures they keep (rows split,
 //! column-parallel), and their typed errors.
@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{nd_sbp, placement, ranks_match, vals};
+use oxiflow_ops::residual_layer_norm::{residual_layer_norm, residual_layer_norm_stats};
 use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
@@ -34,7 +35,7 @@ fn residual_loss(
 ) -> (Tensor, Tensor, Tensor) {
     let [x, a, w, b] = ins;
     let (r, y) = if fused {
-        x.residual_layer_norm(a, w, b, 1e-5).unwrap()
+        residual_layer_norm(x, a, w, b, 1e-5).unwrap()
     } else {
         let r = x.add(a).unwrap();
         let y = r.layer_norm(w, b, 1e-5).unwrap();
@@ -98,7 +99,7 @@ fn residual_layer_norm_equals_add_then_layer_norm() {
     }
     let x = Tensor::randn([2, 5], 1, F);
     let w = Tensor::randn([5], 2, F);
-    let (r, y, mean, rstd) = x.residual_layer_norm_stats(&x, &w, &w, 1e-5).unwrap();
+    let (r, y, mean, rstd) = residual_layer_norm_stats(&x, &x, &w, &w, 1e-5).unwrap();
     assert_eq!(mean.shape().dims(), &[2, 1]);
     let (y2, m2, s2) = r.layer_norm_stats(&w, &w, 1e-5).unwrap();
     close(&vals(&y), &vals(&y2), "y");
@@ -110,7 +111,7 @@ fn residual_layer_norm_equals_add_then_layer_norm() {
 fn residual_layer_norm_keeps_the_sum_weight_and_statistics_only() {
     let x = Tensor::randn([3, 4], 1, F).requires_grad_(true);
     let w = Tensor::randn([4], 2, F).requires_grad_(true);
-    let (r, y, mean, _) = x.residual_layer_norm_stats(&x, &w, &w, 1e-5).unwrap();
+    let (r, y, mean, _) = residual_layer_norm_stats(&x, &x, &w, &w, 1e-5).unwrap();
     assert!(r.requires_grad() && y.requires_grad() && !mean.requires_grad());
     assert_eq!(
         y.autograd().grad_fn().map(|f| f.saved_count()),
@@ -123,30 +124,26 @@ fn residual_layer_norm_keeps_the_sum_weight_and_statistics_only() {
 fn residual_layer_norm_bad_input_is_typed() {
     let x = Tensor::randn([3, 4], 1, F);
     let w = Tensor::randn([4], 2, F);
-    let e = x
-        .residual_layer_norm(&Tensor::randn([3, 5], 1, F), &w, &w, 1e-5)
+    let e = residual_layer_norm(&x, &Tensor::randn([3, 5], 1, F), &w, &w, 1e-5)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("residual_layer_norm") && e.contains("[3, 5]"),
         "{e}"
     );
-    let e = x
-        .residual_layer_norm(&x, &Tensor::randn([5], 2, F), &w, 1e-5)
+    let e = residual_layer_norm(&x, &x, &Tensor::randn([5], 2, F), &w, 1e-5)
         .unwrap_err()
         .to_string();
     assert!(e.contains("residual_layer_norm"), "{e}");
     let ids = Tensor::zeros([3, 4], DType::I64);
-    let e = ids
-        .residual_layer_norm(&ids, &ids, &ids, 1e-5)
+    let e = residual_layer_norm(&ids, &ids, &ids, &ids, 1e-5)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("residual_layer_norm") && e.contains("float"),
         "{e}"
     );
-    let e = x
-        .residual_layer_norm(&x.to_dtype(DType::F32).unwrap(), &w, &w, 1e-5)
+    let e = residual_layer_norm(&x, &x.to_dtype(DType::F32).unwrap(), &w, &w, 1e-5)
         .unwrap_err()
         .to_string();
     assert!(

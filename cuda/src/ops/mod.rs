@@ -14,6 +14,7 @@ mod mask;
 mod matmul;
 mod norm;
 mod reduction;
+mod residual_layer_norm;
 mod rms_norm;
 mod rotary;
 mod softmax;
@@ -30,6 +31,7 @@ use oxiflow_tensor::Result;
 use oxiflow_tensor::{KernelBackend, OutSpec};
 
 pub(crate) use layout::permute;
+pub use residual_layer_norm::residual_layer_norm_forward;
 
 /// The CUDA backend's kernels on the process's runtime: the kernel-side backend an extern op's
 /// CUDA kernels are written for (`oxiflow_tensor::Kernels::with::<Op, CudaKernels>`).

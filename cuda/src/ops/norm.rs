@@ -33,6 +33,15 @@ fn stats_fit(
 }
 
 impl NormKernels for CudaKernels {
+    fn layer_norm_grads(
+        &self,
+        x: [&CudaStorage; 5],
+        dr: Option<&CudaStorage>,
+        out: [&mut CudaStorage; 3],
+    ) -> Result<()> {
+        super::residual_layer_norm::layer_norm_grads(self, x, dr, out)
+    }
+
     fn layer_norm(
         &self,
         a: &CudaStorage,

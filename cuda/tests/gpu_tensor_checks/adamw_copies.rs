@@ -58,7 +58,7 @@ pub(crate) fn child_adamw_copies(
         })
         .collect();
     let hyper = adamw_hyper(0.7);
-    let out = Tensor::adamw_multi(&slots, &hyper).map_err(e)?;
+    let out = adamw_multi(&slots, &hyper).map_err(e)?;
     let mut checked = 0;
     for (i, (u, c)) in out.iter().zip(copies).enumerate() {
         match (&u.copy, c) {
@@ -81,9 +81,9 @@ pub(crate) fn child_adamw_copies(
         let r = Tensor::from_vec(vec![ratio], Vec::<usize>::new())
             .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
             .map_err(e)?;
-        let want = Tensor::adamw_multi(&slots, &adamw_hyper(factor)).map_err(e)?;
+        let want = adamw_multi(&slots, &adamw_hyper(factor)).map_err(e)?;
         // The ratio operand scales the gradients: the hyper-parameters leave them unscaled.
-        let got = Tensor::adamw_multi_clipped(&slots, &adamw_hyper(1.0), &r).map_err(e)?;
+        let got = adamw_multi_clipped(&slots, &adamw_hyper(1.0), &r).map_err(e)?;
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             let pairs = [(&a.param, &b.param), (&a.m, &b.m), (&a.v, &b.v)];
             for (x, y) in pairs.into_iter().chain(a.copy.iter().zip(b.copy.iter())) {

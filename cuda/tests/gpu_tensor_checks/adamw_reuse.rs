@@ -8,8 +8,8 @@
 //! the guarded update over the slots' memory: a NaN ratio changes nothing, a finite one gives
 //! the clipped update's bits.
 
+use oxiflow_ops::adamw::{AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::capture::piece_of;
-use oxiflow_tensor::custom::{AdamWReuse, AdamWSlot, AdamWUpdated};
 use oxiflow_tensor::BoundPiece;
 
 use super::adamw_copies::bits;
@@ -104,8 +104,8 @@ pub(crate) fn child_adamw_reuse(
         let (tensors, copies) = case_tensors(0, &pl).map_err(|x| e("inputs", x))?;
         let slots = |reuse: bool| slots_of(&tensors, &copies, reuse);
         let run = |reuse: bool| match clipped {
-            true => Tensor::adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
-            false => Tensor::adamw_multi(&slots(reuse), &adamw_hyper(0.7)),
+            true => adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
+            false => adamw_multi(&slots(reuse), &adamw_hyper(0.7)),
         };
         let before: Vec<Vec<u64>> = tensors
             .iter()
@@ -175,19 +175,17 @@ pub(crate) fn child_adamw_reuse(
             .collect()
     };
     let before = all_bits(&tensors, &copies).map_err(|x| e("guarded before", x))?;
-    let want = Tensor::adamw_multi_clipped(&slots(false), &hyper, &ratio)
+    let want = adamw_multi_clipped(&slots(false), &hyper, &ratio)
         .map_err(|x| e("guarded reference", x))?;
     let nan = Tensor::from_vec(vec![f64::NAN], Vec::<usize>::new())
         .and_then(|r| r.to_global(&pl, vec![Sbp::B]))
         .map_err(|x| e("nan ratio", x))?;
-    let kept =
-        Tensor::adamw_multi_guarded(&slots(true), &hyper, &nan).map_err(|x| e("guarded nan", x))?;
+    let kept = adamw_multi_guarded(&slots(true), &hyper, &nan).map_err(|x| e("guarded nan", x))?;
     drop(kept);
     if all_bits(&tensors, &copies).map_err(|x| e("guarded after nan", x))? != before {
         return Err("adamw guarded: a NaN ratio changed a value".into());
     }
-    let got =
-        Tensor::adamw_multi_guarded(&slots(true), &hyper, &ratio).map_err(|x| e("guarded", x))?;
+    let got = adamw_multi_guarded(&slots(true), &hyper, &ratio).map_err(|x| e("guarded", x))?;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         for (a, b) in parts(g).iter().zip(parts(w)) {
             if bits(a).map_err(|x| e("got", x))? != bits(b).map_err(|x| e("want", x))? {

@@ -169,9 +169,9 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                 mean,
                 rstd,
                 p.rms_norm(&w, 1e-5)?,
-                p.adam_moment(&g, 0.9, 0.1, false)?,
-                v.adam_moment(&g, 0.999, 0.001, true)?,
-                p.adam_update(&g, &v, [0.99, 1e-2, 1.5, 1e-8])?,
+                adam_moment(&p, &g, 0.9, 0.1, false)?,
+                adam_moment(&v, &g, 0.999, 0.001, true)?,
+                adam_update(&p, &g, &v, [0.99, 1e-2, 1.5, 1e-8])?,
             ]
         }
         7 => {
@@ -229,7 +229,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let b = mk(&[c.c], s + 3, 2)?.requires_grad_(true);
             let fw = mk(&[c.c, n], s + 4, [2, 1][c.sb % 2])?.requires_grad_(true);
             let fb = mk(&[n], s + 5, [2, 0][c.sb % 2])?.requires_grad_(true);
-            let (r, y) = xa.residual_layer_norm(&aa, &w, &b, 1e-5)?;
+            let (r, y) = residual_layer_norm(&xa, &aa, &w, &b, 1e-5)?;
             let h = y.linear(&fw, Some(&fb), Activation::Gelu)?;
             let lab = labels(mk, c.r, s + 6, c.sa % 3, n)?;
             // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).
@@ -274,7 +274,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
                 step: 2,
                 grad_scale: 0.5,
             };
-            for u in Tensor::adamw_multi(&slots, &hyper)? {
+            for u in adamw_multi(&slots, &hyper)? {
                 out.extend([u.param, u.m, u.v]);
             }
             out

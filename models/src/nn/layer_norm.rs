@@ -4,6 +4,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::Result;
+use oxiflow_ops::residual_layer_norm::residual_layer_norm;
 use oxiflow_tensor::Tensor;
 
 use super::init::{Init, ParamPlacement};
@@ -38,7 +39,8 @@ impl LayerNorm {
     }
     /// The residual sum `r = x + a` and this norm of it, `(r, LayerNorm(r))`, as one op.
     pub fn forward_residual(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
-        x.residual_layer_norm(a, &self.weight.compute()?, &self.bias.compute()?, self.eps)
+        let (w, b) = (self.weight.compute()?, self.bias.compute()?);
+        residual_layer_norm(x, a, &w, &b, self.eps)
     }
 }
 

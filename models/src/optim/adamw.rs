@@ -16,7 +16,9 @@
 use crate::nn::Parameter;
 use crate::{Result, TensorError};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::custom::{AdamWClip, AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated};
+use oxiflow_ops::adamw::{
+    adamw_multi_by, AdamWClip, AdamWHyper, AdamWReuse, AdamWSlot, AdamWUpdated,
+};
 use oxiflow_tensor::Tensor;
 use oxiflow_tensor::{no_grad, Device};
 
@@ -163,7 +165,7 @@ impl AdamW {
 
     /// The new values of the parameters `ups` (index and update view) with gradients scaled
     /// by `c` and clipped as `clip` says (by a device ratio, or guarded by one): one
-    /// multi-tensor op over this rank's pieces of them all (see `Tensor::adamw_multi`), with
+    /// multi-tensor op over this rank's pieces of them all (see `oxiflow_ops::adamw::adamw_multi`), with
     /// each compute copy where the update runs in its leaf's layout (a ZeRO-1/2 shard of a
     /// whole leaf is gathered in f32 and cast by the next forward pass; a master shard's copy
     /// is written here and gathered). Nothing is written back. With `in_place`, the new values
@@ -222,7 +224,7 @@ impl AdamW {
                 }),
             })
             .collect();
-        let updated = Tensor::adamw_multi_by(&slots, &hyper, clip)?;
+        let updated = adamw_multi_by(&slots, &hyper, clip)?;
         Ok(ups.iter().map(|(i, _)| *i).zip(updated).collect())
     }
 

@@ -85,6 +85,11 @@ pub fn vals(t: &Tensor) -> Vec<f64> {
     t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
 }
 
+/// The bits of `t`'s values, each widened to f64 (exact for every float dtype).
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    vals(t).iter().map(|v| v.to_bits()).collect()
+}
+
 /// Asserts `got` is within `rel` (relative, with an absolute floor of `rel`) of `want`.
 pub fn close(got: &[f64], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -7,7 +7,7 @@ use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Ix1, Zip};
 use super::elementwise::PAR_THRESHOLD;
 use super::{out_as, rows, CpuBackend};
 use crate::element::FloatElement;
-use crate::op::{kernel_err, NormKernels};
+use crate::op::{composed_layer_norm_grads, kernel_err, NormKernels};
 use crate::storage::CpuArray;
 use crate::Result;
 
@@ -153,6 +153,14 @@ fn layer_norm_backward_t<F: FloatElement>(
 }
 
 impl NormKernels for CpuBackend {
+    fn layer_norm_grads(
+        &self,
+        x: [&CpuArray; 5],
+        dr: Option<&CpuArray>,
+        out: [&mut CpuArray; 3],
+    ) -> Result<()> {
+        composed_layer_norm_grads(self, x, dr, out)
+    }
     fn layer_norm(
         &self,
         x: &CpuArray,

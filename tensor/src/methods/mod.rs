@@ -5,6 +5,7 @@
 //! method takes.
 
 mod attention;
+mod cast_copy;
 mod custom;
 mod dropout;
 mod elementwise;

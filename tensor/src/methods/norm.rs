@@ -58,4 +58,28 @@ impl Tensor {
             &[x, weight, dy, mean, rstd],
         )
     }
+
+    /// The gradients (dx, dweight, dbias) of a layer norm over the last dim of `x` from `dy`,
+    /// the rows' `mean` and `rstd` saved by the forward, with `dr` (a gradient `x` has from its
+    /// other consumers, such as a residual stream's) added to dx: one kernel. dweight and dbias
+    /// are each rank's part, rounded once to the weight's dtype (a partial sum over split rows
+    /// stays partial).
+    pub fn layer_norm_grads(
+        x: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dr: Option<&Tensor>,
+    ) -> Result<[Tensor; 3]> {
+        let mut ins = vec![x, weight, mean, rstd, dy];
+        ins.extend(dr);
+        let out = dispatch_multi(NormOp::LayerNormGrads.into(), &ins)?;
+        <[Tensor; 3]>::try_from(out).map_err(|v| {
+            kernel_err(
+                "residual_layer_norm_backward",
+                format!("gave {} outputs, not 3", v.len()),
+            )
+        })
+    }
 }

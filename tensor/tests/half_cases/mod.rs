@@ -5,6 +5,7 @@
 //! how many rounding steps a case may take (ops composed of several 16-bit steps, gradients).
 #![allow(dead_code)]
 
+use oxiflow_ops::residual_layer_norm::residual_layer_norm;
 use oxiflow_tensor::{DType, Placement, Result, Sbp, Tensor, UnaryOp};
 
 /// What an input holds.
@@ -308,22 +309,22 @@ fn fused_cases() -> Vec<HalfCase> {
     let pad13 = [(&[5, 13][..], F), (&[5], Input::Ids(9))];
     vec![
         case("residual_layer_norm", &rln, 4.0, |x| {
-            Ok(x[0].residual_layer_norm(&x[1], &x[2], &x[3], 1e-5)?.1)
+            Ok(residual_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?.1)
         }),
         case("residual_layer_norm_sum", &rln, 1.0, |x| {
-            Ok(x[0].residual_layer_norm(&x[1], &x[2], &x[3], 1e-5)?.0)
+            Ok(residual_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?.0)
         }),
         case("grad_residual_layer_norm", &rln, 8.0, |x| {
             let (a, w, b) = (x[1].clone(), x[2].clone(), x[3].clone());
             grad_of(&x[0], move |t| {
-                let (r, y) = t.residual_layer_norm(&a, &w, &b, 1e-5)?;
+                let (r, y) = residual_layer_norm(t, &a, &w, &b, 1e-5)?;
                 r.add(&y)
             })
         }),
         case("grad_residual_layer_norm_weight", &rln, 8.0, |x| {
             let (t, a, b) = (x[0].clone(), x[1].clone(), x[3].clone());
             grad_of(&x[2], move |w| {
-                Ok(t.residual_layer_norm(&a, w, &b, 1e-5)?.1)
+                Ok(residual_layer_norm(&t, &a, w, &b, 1e-5)?.1)
             })
         }),
         case("linear", &lin, 2.0, |x| {

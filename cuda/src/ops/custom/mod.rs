@@ -1,12 +1,9 @@
 //! CUDA kernels of the custom ops (`op/custom/`): one file per op, implementing its kernel trait
 //! for `CudaKernels`.
 
-mod adamw;
-mod adamw_multi;
 mod classifier;
 mod flash_attention;
 mod fused_elementwise;
 mod linear;
 mod linear_classifier;
-mod residual_layer_norm;
 mod residual_mlp;

@@ -1,11 +1,8 @@
 //! The `Tensor` methods of the custom ops (`op/custom/`), one file per op.
 
-mod adamw;
-mod adamw_multi;
 mod classifier;
 mod flash_attention;
 mod fused_elementwise;
 mod linear;
 mod linear_classifier;
-mod residual_layer_norm;
 mod residual_mlp;

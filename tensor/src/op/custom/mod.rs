@@ -114,13 +114,10 @@ macro_rules! custom_ops {
 
 custom_ops! {
     // module::Variant(Type): KernelTrait,
-    adamw::AdamW(AdamPart): AdamWKernels,
     flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
-    residual_layer_norm::ResidualLayerNorm(ResidualLayerNorm): ResidualLayerNormKernels,
     residual_mlp::ResidualMlp(ResidualMlp): ResidualMlpKernels,
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,
     linear_classifier::LinearClassifier(LinearClassifier): LinearClassifierKernels,
-    adamw_multi::AdamWMulti(AdamWMulti): AdamWMultiKernels,
     fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,
 }

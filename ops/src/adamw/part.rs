@@ -1,14 +1,10 @@
-//! Fused AdamW, the first custom op: three element-wise passes per parameter (the two moments
-//! and the new value), each reading its same-shape float operands once; no gradient.
+//! One pass of an AdamW update ([`AdamPart`]): its coefficients, operands and metadata.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{F64Bits, Inferred, MetaError, MetaResult};
 
-use crate::op::{
-    need_float, no_gradient, same_dtype, shape_rule, single, CustomKernels, F64Bits, Inferred,
-    KernelBackend, MetaError, MetaResult, OpFamily, RunKernels,
-};
-use crate::Result;
+use crate::operand_dtypes::one_float_dtype;
 
 /// One pass of an AdamW update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,15 +42,9 @@ impl AdamPart {
             AdamPart::Moment1 { .. } | AdamPart::Moment2 { .. } => 2,
         }
     }
-}
 
-/// AdamW kernels of a backend: one pass on same-shape float operands of one dtype.
-pub trait AdamWKernels: KernelBackend {
-    fn adam(&self, part: AdamPart, x: &[&Self::Piece], out: &mut Self::Out) -> Result<()>;
-}
-
-impl OpFamily for AdamPart {
-    fn name(&self) -> &'static str {
+    /// The pass's op name.
+    pub fn op_name(&self) -> &'static str {
         match self {
             AdamPart::Moment1 { .. } => "adam_moment1",
             AdamPart::Moment2 { .. } => "adam_moment2",
@@ -62,13 +52,22 @@ impl OpFamily for AdamPart {
         }
     }
 
-    fn arity(&self) -> (usize, usize) {
-        (self.operands(), self.operands())
+    /// The pass's kind and coefficients as bytes (the op's attributes).
+    pub(super) fn key(&self, key: &mut Vec<u8>) {
+        let kind: u8 = match self {
+            AdamPart::Moment1 { .. } => 0,
+            AdamPart::Moment2 { .. } => 1,
+            AdamPart::Update { .. } => 2,
+        };
+        key.push(kind);
+        for c in self.coefficients() {
+            key.extend_from_slice(&c.to_bits().to_le_bytes());
+        }
     }
 
-    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let dt = same_dtype(d)?;
-        need_float(dt, "input")?;
+    /// The output's dtype and rules: same-shape operands of one float dtype.
+    pub(super) fn meta(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = one_float_dtype(d)?;
         if s.iter().any(|x| *x != s[0]) {
             return Err(MetaError::Shape(format!(
                 "the operands must have one shape, got {}",
@@ -79,14 +78,7 @@ impl OpFamily for AdamPart {
             )));
         }
         // Non-linear in every operand: all split alike, or all whole.
-        Ok(Inferred::new(shape_rule(rules::pointwise(s, 1, &[], mode))?, dt))
-    }
-
-    no_gradient!("an optimizer update has no gradient");
-}
-
-impl<B: CustomKernels> RunKernels<B> for AdamPart {
-    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        b.adam(*self, x, single(self.name(), out)?)
+        let r = rules::pointwise(s, 1, &[], mode).map_err(MetaError::Shape)?;
+        Ok(Inferred::new(r, dt))
     }
 }

@@ -1,30 +1,31 @@
-//! Multi-tensor AdamW: one op updates every tensor of an optimizer step. AdamW is element-wise,
-//! so a rank updates its own pieces of (param, grad, m, v), which share a layout whatever it is
-//! (ZeRO shards, tensor-parallel splits, pipeline stages): [`Tensor::adamw_multi`] runs the op
-//! on the rank's local pieces and wraps the results back into their global layouts, with no
-//! communication. The math is the fused three-pass AdamW's ([`AdamPart`]), element for element:
-//! `m = beta1 m + g1 g`, `v = beta2 v + g2 g^2`, `p = decay p - (step m) / (sqrt(inv_bc2 v) +
-//! eps)` with the clip factor folded into `g1` and `g2`; on CUDA one launch for every f32
-//! tensor (the raw layer's `adamw_multi`), the three passes per tensor elsewhere. A tensor
-//! whose layers compute in another dtype (mixed precision) can ask for the new value's copy
-//! in it ([`AdamWSlot::compute_copy`]): the same launch writes it on CUDA (bf16 from f32), a
-//! cast after the passes elsewhere, the same bits either way; [`Tensor::cast_as_copy`] then
-//! stands for the cast of the new value with no kernel, and [`Tensor::cast_boxed_as_copy`] for
-//! the cast and gather of a master shard's copy gathered ahead of use. A global-norm clip may also come as
-//! a 0-d f64 tensor, the ratio `max_norm / (norm + eps)` computed on the device
-//! ([`Tensor::adamw_multi_clipped`]), so an update is queued with nothing read on the host; it
-//! gives the same bits as the factor `min(ratio, 1)` folded on the host.
+//! The multi-tensor AdamW op: one op updates every tensor of an optimizer step, its math the
+//! three passes' ([`AdamPart`]) element for element: `m = beta1 m + g1 g`, `v = beta2 v + g2
+//! g^2`, `p = decay p - (step m) / (sqrt(inv_bc2 v) + eps)` with the clip factor folded into
+//! `g1` and `g2`; on CUDA one launch for every f32 tensor, the three passes per tensor
+//! elsewhere. A tensor whose layers compute in another dtype (mixed precision) can ask for the
+//! new value's copy in it ([`AdamWSlot::compute_copy`]): the same launch writes it on CUDA
+//! (bf16 from f32), a cast after the passes elsewhere, the same bits either way. A global-norm
+//! clip may also come as a 0-d f64 operand, the ratio `max_norm / (norm + eps)` computed on the
+//! device, so an update is queued with nothing read on the host; it gives the same bits as the
+//! factor `min(ratio, 1)` folded on the host.
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::backend::{kernel_err, ElementwiseKernels};
+use oxiflow_tensor::{F64Bits, Inferred, KernelBackend, MetaError, MetaResult, Result, Tensor};
 
-use crate::op::custom::AdamPart;
-use crate::op::{
-    kernel_err, need_float, no_gradient, CustomKernels, F64Bits, Inferred, KernelBackend,
-    MetaError, MetaResult, OpFamily, RunKernels,
-};
-use crate::tensor::Tensor;
-use crate::Result;
+use super::part::AdamPart;
+
+/// A typed error unless `dt` is a float dtype (`what` names the operand).
+fn need_float(dt: DType, what: &str) -> MetaResult<()> {
+    if dt.is_float() {
+        Ok(())
+    } else {
+        Err(MetaError::DType(format!(
+            "{what} must be a float dtype, got {dt}"
+        )))
+    }
+}
 
 /// One AdamW step over several tensors: inputs (p, g, m, v) per tensor, in that order; outputs
 /// (p, m, v) per tensor, then the new value of each tensor with a `copies` dtype cast to it,
@@ -108,14 +109,6 @@ pub struct AdamWUpdated {
     pub copy: Option<Tensor>,
 }
 
-/// Kernels of the multi-tensor AdamW (f32 or f64 operands; each tensor's four of one dtype).
-pub trait AdamWMultiKernels: KernelBackend {
-    /// `x` = (p, g, m, v) per tensor; `out` = (p, m, v) per tensor, then the copies
-    /// ([`AdamWMulti::copy_index`]).
-    fn adamw_multi(&self, op: &AdamWMulti, x: &[&Self::Piece], out: &mut [Self::Out])
-        -> Result<()>;
-}
-
 impl AdamWMulti {
     /// The op of one step of `hyper` for tensors decaying by `weight_decay`, tensor `i` also
     /// written as `copies[i]` (missing entries: no copy).
@@ -168,7 +161,7 @@ impl AdamWMulti {
     }
 
     /// Number of operands: (p, g, m, v) per tensor, and the clip ratio when `clipped`.
-    fn operands(&self) -> usize {
+    pub(super) fn operands(&self) -> usize {
         4 * self.decay.len() + usize::from(self.clipped)
     }
 
@@ -180,8 +173,24 @@ impl AdamWMulti {
     }
 
     /// Number of outputs: (p, m, v) per tensor and the copies.
-    fn outputs(&self) -> usize {
+    pub(super) fn outputs(&self) -> usize {
         3 * self.decay.len() + self.copies.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// A kernel error unless a kernel got this op's number of operands and outputs.
+    pub(super) fn check_io(&self, inputs: usize, outputs: usize) -> Result<()> {
+        if inputs == self.operands() && outputs == self.outputs() {
+            return Ok(());
+        }
+        Err(kernel_err(
+            "adamw_multi",
+            format!(
+                "{} tensors need {} operands and {} outputs, got {inputs} and {outputs}",
+                self.decay.len(),
+                self.operands(),
+                self.outputs(),
+            ),
+        ))
     }
 
     /// The three passes of tensor `i`.
@@ -208,17 +217,14 @@ impl AdamWMulti {
     /// The step of tensors `range` alone, as their three passes (every backend's kernel where
     /// no one-launch kernel serves them); with `keep`, each output (and copy) gets its input's
     /// value instead (a step skipped, [`AdamWMulti::skip_nan`]).
-    pub fn composed<B>(
+    pub(super) fn composed<B: AdamPasses>(
         &self,
         b: &B,
         range: std::ops::Range<usize>,
         x: &[&B::Piece],
         out: &mut [B::Out],
         keep: bool,
-    ) -> Result<()>
-    where
-        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         for i in range {
             let (Some(&[p, g, m, v]), Some([po, mo, vo])) =
                 (x.get(4 * i..4 * i + 4), out.get_mut(3 * i..3 * i + 3))
@@ -234,9 +240,9 @@ impl AdamWMulti {
                 b.cast(v, vo)?;
             } else {
                 let [m1, m2, up] = self.parts(i);
-                b.adam(m1, &[m, g], mo)?;
-                b.adam(m2, &[v, g], vo)?;
-                b.adam(up, &[p, mo, vo], po)?;
+                b.pass(m1, &[m, g], mo)?;
+                b.pass(m2, &[v, g], vo)?;
+                b.pass(up, &[p, mo, vo], po)?;
             }
             self.cast_copy(b, i, out)?;
         }
@@ -249,10 +255,12 @@ impl AdamWMulti {
     }
 
     /// Writes tensor `i`'s copy (when it has one) by casting its new value, already in `out`.
-    pub fn cast_copy<B>(&self, b: &B, i: usize, out: &mut [B::Out]) -> Result<()>
-    where
-        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    pub(super) fn cast_copy<B: AdamPasses>(
+        &self,
+        b: &B,
+        i: usize,
+        out: &mut [B::Out],
+    ) -> Result<()> {
         let Some(k) = self.copy_index(i) else {
             return Ok(());
         };
@@ -267,17 +275,38 @@ impl AdamWMulti {
     }
 }
 
-impl OpFamily for AdamWMulti {
-    fn name(&self) -> &'static str {
-        "adamw_multi"
+/// The backend kernels the composed passes use: one [`AdamPart`] pass into an output buffer
+/// and a cast (every backend's element-wise kernel).
+pub(super) trait AdamPasses:
+    KernelBackend<Out = <Self as KernelBackend>::Piece> + ElementwiseKernels
+{
+    fn pass(&self, part: AdamPart, x: &[&Self::Piece], out: &mut Self::Out) -> Result<()>;
+}
+
+impl AdamWMulti {
+    /// The op's coefficients, copies and clip flags as bytes (its attributes).
+    pub(super) fn key(&self, key: &mut Vec<u8>) {
+        let scalars = [
+            self.beta1,
+            self.g1,
+            self.beta2,
+            self.g2,
+            self.step,
+            self.inv_bc2,
+            self.eps,
+        ];
+        for c in scalars.iter().chain(&self.decay) {
+            key.extend_from_slice(&c.get().to_bits().to_le_bytes());
+        }
+        key.extend_from_slice(&(self.decay.len() as u64).to_le_bytes());
+        // A copy's dtype code, or one past every code for no copy.
+        key.extend(self.copies.iter().map(|c| c.map_or(u8::MAX, DType::code)));
+        key.extend([u8::from(self.clipped), u8::from(self.skip_nan)]);
     }
 
-    fn arity(&self) -> (usize, usize) {
-        let n = self.operands();
-        (n.max(1), n.max(1))
-    }
-
-    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+    /// Every output's dtype and the rules: per tensor four operands of one shape and float
+    /// dtype, then the clip ratio, a 0-d f64, when clipped.
+    pub(super) fn meta(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let mut outs = Vec::with_capacity(3 * self.decay.len());
         let mut dtypes = Vec::with_capacity(outs.capacity());
         let tensors = 4 * self.decay.len();
@@ -311,36 +340,15 @@ impl OpFamily for AdamWMulti {
             }
         }
         // Element-wise on every tensor: global operands compute whole (the layout-preserving
-        // path is `Tensor::adamw_multi`, on local pieces).
+        // path is `adamw_multi`, on local pieces).
         let r = rules::whole(outs, self.operands(), mode);
         Ok(Inferred::outputs(r, &dtypes))
-    }
-
-    no_gradient!("an optimizer update has no gradient");
-}
-
-impl<B: CustomKernels> RunKernels<B> for AdamWMulti {
-    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        if x.len() != self.operands() || out.len() != self.outputs() {
-            return Err(kernel_err(
-                self.name(),
-                format!(
-                    "{} tensors need {} operands and {} outputs, got {} and {}",
-                    self.decay.len(),
-                    self.operands(),
-                    self.outputs(),
-                    x.len(),
-                    out.len()
-                ),
-            ));
-        }
-        b.adamw_multi(self, x, out)
     }
 }
 
 /// How a multi-tensor AdamW scales its gradients: by `hyper.grad_scale` alone
-/// ([`Tensor::adamw_multi`]), also by a device clip ratio ([`Tensor::adamw_multi_clipped`]),
-/// or by one whose NaN leaves every tensor as it was ([`Tensor::adamw_multi_guarded`]).
+/// ([`adamw_multi`](super::adamw_multi)), also by a device clip ratio ([`adamw_multi_clipped`](super::adamw_multi_clipped)),
+/// or by one whose NaN leaves every tensor as it was ([`adamw_multi_guarded`](super::adamw_multi_guarded)).
 #[derive(Clone, Copy, Debug)]
 pub enum AdamWClip<'a> {
     Host,

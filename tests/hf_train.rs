@@ -274,35 +274,17 @@ fn greedy_generation_through_the_cache_equals_transformers_on_every_layout() {
 
 #[test]
 fn a_warmed_up_generation_replays_the_warm_up_programs_and_gives_the_same_ids() {
-    let r = reference();
-    let want = &r["models"]["llama"]["greedy"][0];
-    let want: Vec<u64> = want
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap())
-        .collect();
-    let dir = fixtures().join("llama");
+    let dir = hf_fixtures().join("llama");
+    let d = dir.to_str().unwrap();
     let text = ok(launch(
         2,
-        &[
-            "--from-hf",
-            dir.to_str().unwrap(),
-            "--prompt-ids",
-            "5,17,3",
-            "--gen-tokens",
-            "24",
-            "--temperature",
-            "0",
-            "--dtype",
-            "f64",
-            "--gen-warmup",
-            "2",
-            "--tp",
-            "2",
-        ],
+        &greedy_hf(d, "5,17,3", &["--gen-warmup", "2", "--tp", "2"]),
     ));
-    assert_eq!(generated(&text), vec![want], "{text}");
+    assert_eq!(
+        generated_ids(&text),
+        vec![hf_greedy_ids("llama")[0].clone()],
+        "{text}"
+    );
     // The timed request compiles nothing: its one program is the warm-up's.
     assert!(
         text.contains("after 2 untimed warm-up runs")
@@ -310,10 +292,7 @@ fn a_warmed_up_generation_replays_the_warm_up_programs_and_gives_the_same_ids() 
             && text.contains("compiled (1 programs, 0 replays as one device graph), 0 eager"),
         "{text}"
     );
-    let bad = launch(
-        1,
-        &["--from-hf", dir.to_str().unwrap(), "--gen-warmup", "101"],
-    );
+    let bad = launch(1, &["--from-hf", d, "--gen-warmup", "101"]);
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
         !bad.status.success() && err.contains("--gen-warmup"),

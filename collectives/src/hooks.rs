@@ -4,7 +4,6 @@
 //! counts say, roots and peers are members, sub-group members are distinct members including
 //! this one, and buffers are in the backend's memory (`Read`/`Write`).
 
-use crate::algorithms::args;
 use crate::flight::CommLog;
 use crate::strided::pack;
 use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock};
@@ -230,7 +229,10 @@ pub(crate) fn host_read<'a>(
     what: &str,
     b: Buf<'a>,
 ) -> Result<&'a [u8], CommError> {
-    args::host(op, what, backend, b)
+    match b {
+        Buf::Host(s) => Ok(s),
+        Buf::Device(d) => Err(device_buffer(backend, op, what, d.bytes, d.device)),
+    }
 }
 
 /// Host memory of a write buffer (`Unsupported` for device memory).
@@ -240,7 +242,27 @@ pub(crate) fn host_write<'a>(
     what: &str,
     b: BufMut<'a>,
 ) -> Result<&'a mut [u8], CommError> {
-    args::host_mut(op, what, backend, b)
+    match b {
+        BufMut::Host(s) => Ok(s),
+        BufMut::Device(d) => Err(device_buffer(backend, op, what, d.bytes, d.device)),
+    }
+}
+
+/// `Unsupported`: buffer `what` of `op` is device memory, which `backend` does not take.
+fn device_buffer(
+    backend: Backend,
+    op: &str,
+    what: &str,
+    bytes: usize,
+    device: impl std::fmt::Display,
+) -> CommError {
+    CommError::Unsupported {
+        op: op.to_string(),
+        backend: backend.to_string(),
+        detail: format!(
+            "{what} is a device buffer ({bytes} bytes on device {device}); host buffers only"
+        ),
+    }
 }
 
 /// Out-of-place all-reduce as a copy and an in-place one.

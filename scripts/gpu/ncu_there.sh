@@ -15,24 +15,4 @@ timeout 500 "$NCU" --target-processes all --metrics gpu__time_duration.sum --csv
   --micro-batch "${B:-8}" --warmup 4 --steps 2 ${ARGS:-} > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 echo "ncu exit code: $?"
 tail -3 "$OUT/ncu.err"
-python3 - "$OUT/ncu.csv" <<'PY'
-import csv, sys
-from collections import defaultdict
-rows = []
-lines = [l for l in open(sys.argv[1], errors="replace") if l.startswith('"')]
-for r in csv.DictReader(lines):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        unit = r.get("Metric Unit", "nsecond")
-        v = float(r["Metric Value"].replace(",", ""))
-        v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
-        rows.append((r["Kernel Name"], v))
-tot = sum(v for _, v in rows)
-print(f"{len(rows)} kernels, {tot / 1e3:.2f} ms in all")
-by = defaultdict(lambda: [0.0, 0])
-for n, v in rows:
-    k = n.split("(")[0][:100]
-    by[k][0] += v
-    by[k][1] += 1
-for k, (t, c) in sorted(by.items(), key=lambda x: -x[1][0])[:40]:
-    print(f"  {t / 1e3:7.3f} ms {c:5d}x {t / c:8.1f} us  {k}")
-PY
+python3 ncu_table.py "$OUT/ncu.csv"

@@ -146,6 +146,7 @@ pub const FLAGS: &[Row] = &[
     ("--compile", "", &[], [A, A, A, R, R]),
     ("--generate", "hi", &[], [A, R, R, A, R]),
     ("--gen-tokens", "4", &[], [A, R, R, A, R]),
+    ("--gen-warmup", "1", &[], [A, R, R, A, R]),
     ("--temperature", "0.5", &[], [A, R, R, A, R]),
     ("--prompt-ids", "5,17", &[], [A, R, R, A, R]),
     ("--top-k", "3", &[], [A, R, R, A, R]),

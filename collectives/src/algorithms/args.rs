@@ -1,47 +1,7 @@
 //! The argument checks the `Communicator` boundary runs before any backend communicates
-//! (buffer sizes, counts, ranks, memory kind).
+//! (buffer sizes, counts, ranks).
 
-use crate::{Backend, Buf, BufMut, CommError, DType};
-
-/// The host bytes of a read buffer, or `Unsupported` for device memory.
-pub(crate) fn host<'a>(
-    op: &str,
-    what: &str,
-    backend: Backend,
-    b: Buf<'a>,
-) -> Result<&'a [u8], CommError> {
-    match b {
-        Buf::Host(s) => Ok(s),
-        Buf::Device(d) => Err(CommError::Unsupported {
-            op: op.to_string(),
-            backend: backend.to_string(),
-            detail: format!(
-                "{what} is a device buffer ({} bytes on device {}); host buffers only",
-                d.bytes, d.device
-            ),
-        }),
-    }
-}
-
-/// The host bytes of a write buffer, or `Unsupported` for device memory.
-pub(crate) fn host_mut<'a>(
-    op: &str,
-    what: &str,
-    backend: Backend,
-    b: BufMut<'a>,
-) -> Result<&'a mut [u8], CommError> {
-    match b {
-        BufMut::Host(s) => Ok(s),
-        BufMut::Device(d) => Err(CommError::Unsupported {
-            op: op.to_string(),
-            backend: backend.to_string(),
-            detail: format!(
-                "{what} is a device buffer ({} bytes on device {}); host buffers only",
-                d.bytes, d.device
-            ),
-        }),
-    }
-}
+use crate::{CommError, DType};
 
 /// `got` bytes must hold exactly `elems` elements of `dtype`.
 pub(crate) fn check_len(

@@ -191,6 +191,9 @@ impl PinnedBytes {
 
 impl Drop for PinnedBytes {
     fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
         // SAFETY: `ptr` came from malloc_host and is freed once, here. A failure leaks it.
         let _ = unsafe { cudarc::driver::result::free_host(self.ptr) };
     }
@@ -228,16 +231,31 @@ fn host_from_bytes<T: TensorElement + Default>(
 }
 
 impl HostRead for CudaHostRead {
-    fn wait(self: Box<Self>) -> Result<CpuArray> {
+    fn wait(mut self: Box<Self>) -> Result<CpuArray> {
         let op = "to host";
         self.done
             .synchronize()
             .map_err(|e| derr(op, format!("waiting for the device: {e}")))?;
-        let CudaHostRead {
-            mut pinned, piece, ..
-        } = *self;
-        let bytes = pinned.bytes_mut();
-        with_element!(piece.dtype, T => host_from_bytes::<T>(bytes, &piece.shape, op))
+        let (dtype, shape) = (self.piece.dtype, self.piece.shape.clone());
+        let bytes = self.pinned.bytes_mut();
+        with_element!(dtype, T => host_from_bytes::<T>(bytes, &shape, op))
+    }
+}
+
+impl Drop for CudaHostRead {
+    fn drop(&mut self) {
+        // A read dropped unwaited (its caller failed) keeps the page-locked memory until the
+        // copy into it is done; a failed wait leaves it allocated rather than freed under
+        // the copy.
+        if self.done.synchronize().is_err() {
+            std::mem::forget(std::mem::replace(
+                &mut self.pinned,
+                PinnedBytes {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                },
+            ));
+        }
     }
 }
 

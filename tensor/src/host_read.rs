@@ -5,6 +5,8 @@
 
 use std::marker::PhantomData;
 
+use oxiflow_sbp::Shape;
+
 use crate::capture::refuse_host_read;
 use crate::element::TensorElement;
 use crate::storage::{CpuArray, HostRead, ReadDone, Storage};
@@ -14,7 +16,7 @@ use crate::{Result, TensorError};
 /// A read of a tensor's whole value to the host, started by [`Tensor::start_read`].
 pub struct PendingRead<T> {
     read: Box<dyn HostRead>,
-    what: String,
+    shape: Shape,
     _element: PhantomData<T>,
 }
 
@@ -27,7 +29,7 @@ impl<T: TensorElement> PendingRead<T> {
         let a = T::unwrap(host).ok_or_else(|| TensorError::DType {
             op: "start_read",
             dtypes: dt.to_string(),
-            shapes: self.what.clone(),
+            shapes: self.shape.to_string(),
             sbps: "-".into(),
             detail: format!("asked for {}", T::DTYPE),
         })?;
@@ -43,7 +45,6 @@ impl Tensor {
     /// tensor's, a rank outside the placement, or a read inside a compiled step's capture.
     pub fn start_read<T: TensorElement>(&self) -> Result<PendingRead<T>> {
         refuse_host_read("start_read", self)?;
-        let what = self.describe();
         if T::DTYPE != self.dtype() {
             return Err(TensorError::DType {
                 op: "start_read",
@@ -64,7 +65,7 @@ impl Tensor {
         };
         Ok(PendingRead {
             read,
-            what,
+            shape: self.shape().clone(),
             _element: PhantomData,
         })
     }

@@ -176,25 +176,28 @@ pub fn first_largest(row: &[f64]) -> i64 {
 
 /// Expert ids of `m` rows over `experts` experts from `seed`.
 pub fn expert_ids(m: usize, experts: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed;
-    (0..m)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) as usize % experts) as i64
-        })
+    lcg(seed)
+        .take(m)
+        .map(|s| ((s >> 33) as usize % experts) as i64)
         .collect()
+}
+
+/// The states of a 64-bit linear congruential generator after `seed` (Knuth's constants).
+fn lcg(seed: u64) -> impl Iterator<Item = u64> {
+    std::iter::successors(Some(seed), |s| {
+        Some(
+            s.wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        )
+    })
+    .skip(1)
 }
 
 /// `n` values in ±[0.2, 1.2) from `seed`.
 pub fn never_zero(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+    lcg(seed)
+        .take(n)
+        .map(|s| {
             let u = (s >> 11) as f64 / (1u64 << 53) as f64;
             if (s >> 40) & 1 == 0 {
                 0.2 + u

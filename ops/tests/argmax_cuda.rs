@@ -21,6 +21,8 @@ fn argmax_on_cuda_matches_the_host_scan() {
             (16, 128_256, 2),
             (4096, 33, 3),
             (1, 1, 4),
+            (3, 1000, 5),
+            (2, 4100, 6),
         ] {
             let r = Tensor::randn([rows * n], seed, DType::F64);
             let mut v: Vec<f64> = r

@@ -52,6 +52,9 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             (2, 6, 2, 64, 17, 17, 3),
             (4, 8, 1, 32, 9, 5, 4),
             (1, 2, 1, 256, 70, 69, 5),
+            (1, 4, 2, 64, 1100, 1050, 6),
+            (2, 3, 1, 20, 45, 44, 7),
+            (1, 2, 2, 24, 600, 599, 8),
         ] {
             let shapes = [
                 vec![b, 1, h, d],
@@ -148,6 +151,54 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
                 &want,
                 0.0,
                 &format!("cache in place {what}"),
+            );
+        }
+    }
+}
+
+/// Seventy caches written in their own memory by one call (two launches of a table of
+/// caches): every cache gets its own rows at the position, and nothing else changes.
+#[test]
+fn many_caches_are_written_in_place_each_with_its_own_rows() {
+    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let batch = NdSbp::new([Sbp::S(0)]);
+    let (b, plen, g, d, at, n) = (2usize, 5usize, 3usize, 4usize, 3usize, 70usize);
+    for dt in [DType::F32, DType::F64, DType::BF16] {
+        let host_caches: Vec<Tensor> = (0..n)
+            .map(|i| {
+                Tensor::from_vec(values(b * plen * g * d, 100 + i as u64), [b, plen, g, d])
+                    .unwrap()
+                    .cast(dt)
+                    .unwrap()
+            })
+            .collect();
+        let host_rows: Vec<Tensor> = (0..n)
+            .map(|i| {
+                Tensor::from_vec(values(b * g * d, 900 + i as u64), [b, 1, g, d])
+                    .unwrap()
+                    .cast(dt)
+                    .unwrap()
+            })
+            .collect();
+        let mut caches: Vec<Tensor> = host_caches.iter().map(|t| on(t, &p, &batch)).collect();
+        let rows: Vec<Tensor> = host_rows.iter().map(|t| on(t, &p, &batch)).collect();
+        let row_refs: Vec<&Tensor> = rows.iter().collect();
+        assert!(write_rows_in_place(&mut caches, &row_refs, 1, at).unwrap());
+        for i in 0..n {
+            let mut want = vals(&host_caches[i]);
+            let r = vals(&host_rows[i]);
+            for bi in 0..b {
+                let o = ((bi * plen + at) * g) * d;
+                want[o..o + g * d].copy_from_slice(&r[bi * g * d..(bi + 1) * g * d]);
+            }
+            close(
+                &vals(&caches[i]),
+                &want,
+                0.0,
+                &format!("{dt} cache {i} of {n}"),
             );
         }
     }

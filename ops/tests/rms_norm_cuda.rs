@@ -45,6 +45,9 @@ fn rms_norm_on_cuda_matches_the_f64_reference() {
             (33, 2048),
             (3, 70_001),
             (1 << 12, 64),
+            (1, 8192),
+            (2, 8193),
+            (300, 300),
         ] {
             let (xv, wv, dv) = (
                 nonzero(rows * h, 1, dt),

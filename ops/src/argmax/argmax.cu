@@ -1,10 +1,13 @@
 // Arg-max over each row (one block per row, grid-stride over rows): each thread keeps the
-// first index of its largest value above -inf, warps and then the block combine (larger value,
+// first index of its largest value above -inf (reading 16-byte pieces where the rows allow), warps and then the block combine (larger value,
 // or equal value and smaller index); a row with no value above -inf gives index 0. 16- and
 // 32-bit floats compare in f32 (exact), f64 in f64.
 #define NONE 0x7fffffffffffffffLL
+#define ARGMAX_FLIGHT 8
 
 __device__ __forceinline__ double ld(const double* p) { return *p; }
+__device__ __forceinline__ double to_w(double v) { return v; }
+template <typename T> __device__ __forceinline__ float to_w(T v) { return to_f(v); }
 
 template <typename W>
 __device__ __forceinline__ void better(W& v, i64& i, W v2, i64 i2) {
@@ -26,16 +29,49 @@ __device__ __forceinline__ void warp_best(W& v, i64& i) {
 template <typename T, typename W>
 __device__ __forceinline__ void argmax_rows(const T* x, i64* y, i64 rows, i64 n, W* shv, i64* shi) {
     const W lowest = (W)NEG_INF;
+    constexpr int per = 16 / sizeof(T);
+    // Whole 16-byte pieces per row, from a 16-byte aligned start.
+    const bool vec = (n * (i64)sizeof(T)) % 16 == 0 && ((unsigned long long)x) % 16 == 0;
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
         const T* xr = x + row * n;
         W v = lowest;
         i64 i = NONE;
-#pragma unroll 4
-        for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
-            W e = ld(xr + j);
-            if (e > v) {  // strictly larger: the thread's first such index (j ascends)
-                v = e;
-                i = j;
+        if (vec) {
+            // 16-byte pieces, ARGMAX_FLIGHT in flight a thread: piece k holds indices k*per..
+            // in order.
+            const uint4* xv = (const uint4*)xr;
+            const i64 pieces = n / per;
+            for (i64 k0 = threadIdx.x; k0 < pieces; k0 += ARGMAX_FLIGHT * (i64)blockDim.x) {
+                uint4 got[ARGMAX_FLIGHT];
+#pragma unroll
+                for (int f = 0; f < ARGMAX_FLIGHT; f++) {
+                    const i64 k = k0 + (i64)f * blockDim.x;
+                    if (k < pieces) got[f] = xv[k];
+                }
+#pragma unroll
+                for (int f = 0; f < ARGMAX_FLIGHT; f++) {
+                    const i64 k = k0 + (i64)f * blockDim.x;
+                    if (k >= pieces) break;
+                    union { uint4 u; T t[per]; } piece;
+                    piece.u = got[f];
+#pragma unroll
+                    for (int e = 0; e < per; e++) {
+                        const W val = to_w(piece.t[e]);
+                        if (val > v) {
+                            v = val;
+                            i = k * per + e;
+                        }
+                    }
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+                W e = ld(xr + j);
+                if (e > v) {  // strictly larger: the thread's first such index (j ascends)
+                    v = e;
+                    i = j;
+                }
             }
         }
         warp_best(v, i);
@@ -56,7 +92,7 @@ __device__ __forceinline__ void argmax_rows(const T* x, i64* y, i64 rows, i64 n,
 }
 
 #define ARGMAX(T, W, N)                                                                  \
-    extern "C" __global__ void argmax_##N(const T* x, i64* y, i64 rows, i64 n) {       \
+    extern "C" __global__ void __launch_bounds__(1024) argmax_##N(const T* x, i64* y, i64 rows, i64 n) {       \
         __shared__ W shv[32];                                                            \
         __shared__ i64 shi[32];                                                          \
         argmax_rows<T, W>(x, y, rows, n, shv, shi);                                      \

@@ -2,7 +2,7 @@
 //! library's NVRTC path and looked up by [`DecodeKernel`]; launches on the compute stream into
 //! the executor's outputs (a cache write into the cache's own memory when the output is it).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use oxiflow_cuda::kernel_layer::grid;
 use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
 use oxiflow_dtype::DType;
@@ -10,13 +10,14 @@ use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
 use super::op_types::{DecodeAttention, RotaryAt, WriteRows, MAX_HEAD_DIM};
 
-/// The kernels of `decode.cu`: rotary and attention by element type, the cache write by
-/// element width in bytes.
+/// The kernels of `decode.cu`: rotary and attention by element type, the cache writes (one
+/// cache, or a table of them) by element width in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DecodeKernel {
     Rotary(DType),
     Attention(DType),
     Rows(usize),
+    RowsTable(usize),
 }
 
 impl KernelIds for DecodeKernel {
@@ -32,6 +33,9 @@ impl KernelIds for DecodeKernel {
         DecodeKernel::Rows(2),
         DecodeKernel::Rows(4),
         DecodeKernel::Rows(8),
+        DecodeKernel::RowsTable(2),
+        DecodeKernel::RowsTable(4),
+        DecodeKernel::RowsTable(8),
     ];
     fn entry(self) -> &'static str {
         match self {
@@ -46,6 +50,9 @@ impl KernelIds for DecodeKernel {
             DecodeKernel::Rows(2) => "write_rows_b2",
             DecodeKernel::Rows(4) => "write_rows_b4",
             DecodeKernel::Rows(_) => "write_rows_b8",
+            DecodeKernel::RowsTable(2) => "write_rows_table_b2",
+            DecodeKernel::RowsTable(4) => "write_rows_table_b4",
+            DecodeKernel::RowsTable(_) => "write_rows_table_b8",
         }
     }
 }
@@ -166,7 +173,7 @@ pub(super) fn decode_attention(
     let cfg = LaunchConfig {
         grid_dim: (h as u32, bs as u32, 1),
         block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: (wide * warps * (d + 2)) as u32,
+        shared_mem_bytes: (wide * (d + warps * (d + 2))) as u32,
     };
     let ptrs = [
         q.ptr(),
@@ -192,9 +199,42 @@ pub(super) fn decode_attention(
     // SAFETY: decode_attention_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const i64*,
     // y: T*, i64 p_len, int h, int g, int d, W scale) with W f64 for f64 and f32 otherwise;
     // the pieces hold the element counts checked above, the block's dynamic shared memory is
-    // WARPS * (d + 2) W's for the kernel's WARPS, and the pieces outlive the launch.
+    // d + WARPS * (d + 2) W's for the kernel's WARPS, and the pieces outlive the launch.
     launched(name, unsafe { l.launch(cfg) })
 }
+
+/// One cache write's pieces and geometry, checked: the rows of `rows` go into `out` (the
+/// cache's own memory where `in_place`) at `at..at + t` of a dim of `len` positions, with
+/// `outer` runs before it and `inner` elements after it, `width` bytes an element.
+struct RowsWrite<'a> {
+    cache: &'a CudaStorage,
+    rows: &'a CudaStorage,
+    out: &'a CudaStorage,
+    geometry: RowsGeometry,
+    in_place: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct RowsGeometry {
+    outer: usize,
+    len: usize,
+    t: usize,
+    inner: usize,
+    width: usize,
+}
+
+/// Caches in one launch of `write_rows_table_b<width>` (the kernels' `ROWS_TABLE`).
+const ROWS_TABLE: usize = 64;
+
+/// The pointer table of `write_rows_table_b<width>` (`struct RowsTable`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RowsTable {
+    rows: [u64; ROWS_TABLE],
+    out: [u64; ROWS_TABLE],
+}
+// SAFETY: plain old data with the C layout of `struct RowsTable`.
+unsafe impl DeviceRepr for RowsTable {}
 
 pub(super) fn write_rows(
     op: &WriteRows,
@@ -209,7 +249,7 @@ pub(super) fn write_rows(
             format!("{} inputs for {n} caches", io.inputs.len()),
         ));
     }
-    let rt = b.runtime();
+    let mut writes = Vec::with_capacity(n);
     for i in 0..n {
         let (cache, rows, out) = (io.inputs[i], io.inputs[n + i], &io.outputs[i]);
         let dims = cache.shape().dims();
@@ -244,40 +284,116 @@ pub(super) fn write_rows(
                 ),
             ));
         }
-        // Into the cache's own memory only the rows move; else every element.
-        let all = i32::from(out.ptr() != cache.ptr());
-        let count = if all == 1 {
-            cache.numel()
-        } else {
-            rows.numel()
-        };
-        if count == 0 {
-            continue;
+        writes.push(RowsWrite {
+            cache,
+            rows,
+            out,
+            geometry: RowsGeometry {
+                outer,
+                len,
+                t,
+                inner,
+                width,
+            },
+            in_place: out.ptr() == cache.ptr(),
+        });
+    }
+    let listed = writes.first().is_some_and(|w| {
+        writes
+            .iter()
+            .all(|x| x.in_place && x.geometry == w.geometry)
+    });
+    if listed {
+        for chunk in writes.chunks(ROWS_TABLE) {
+            write_listed(op, b, chunk)?;
         }
-        let f = SOURCE.function(rt, name, DecodeKernel::Rows(width))?;
-        let (cp, rp, op_) = (cache.ptr(), rows.ptr(), out.ptr());
-        let (o, l_, tt, inn, at) = (
-            outer as i64,
-            len as i64,
-            t as i64,
-            inner as i64,
-            op.at as i64,
-        );
-        let mut l = rt.launcher(name, f)?;
-        l.arg(&cp)
-            .arg(&rp)
-            .arg(&op_)
-            .arg(&o)
-            .arg(&l_)
-            .arg(&tt)
-            .arg(&inn)
-            .arg(&at)
-            .arg(&all);
-        // SAFETY: write_rows_b<width> takes (const E*, const E*, E*, i64 outer, i64 len, i64 t,
-        // i64 inner, i64 at, int all) with E of the elements' width; cache and out hold
-        // outer * len * inner elements, rows outer * t * inner, at + t <= len (checked above);
-        // the pieces outlive the launch.
-        launched(name, unsafe { l.launch(grid(count)) })?;
+        return Ok(());
+    }
+    for w in &writes {
+        write_one(op, b, w)?;
     }
     Ok(())
+}
+
+/// The rows of `writes` (at most [`ROWS_TABLE`], in place, of one geometry) in one launch.
+fn write_listed(op: &WriteRows, b: &CudaKernels, writes: &[RowsWrite<'_>]) -> Result<()> {
+    let name = op.name();
+    let Some(g) = writes.first().map(|w| w.geometry) else {
+        return Ok(());
+    };
+    let count = g.outer * g.t * g.inner * writes.len();
+    if count == 0 {
+        return Ok(());
+    }
+    let mut table = RowsTable {
+        rows: [0; ROWS_TABLE],
+        out: [0; ROWS_TABLE],
+    };
+    for (i, w) in writes.iter().enumerate() {
+        table.rows[i] = w.rows.ptr();
+        table.out[i] = w.out.ptr();
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::RowsTable(g.width))?;
+    let (c, o, l_, tt, inn, at) = (
+        writes.len() as i32,
+        g.outer as i64,
+        g.len as i64,
+        g.t as i64,
+        g.inner as i64,
+        op.at as i64,
+    );
+    let mut l = rt.launcher(name, f)?;
+    l.arg(&table)
+        .arg(&c)
+        .arg(&o)
+        .arg(&l_)
+        .arg(&tt)
+        .arg(&inn)
+        .arg(&at);
+    // SAFETY: write_rows_table_b<width> takes (RowsTable by value, int count, i64 outer,
+    // i64 len, i64 t, i64 inner, i64 at) with E of the elements' width; the first `count`
+    // entries point at rows of outer * t * inner elements and caches (their own memory) of
+    // outer * len * inner, at + t <= len (checked by the caller); the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(count)) })
+}
+
+/// One cache's write: into its own memory only the rows move; else every element.
+fn write_one(op: &WriteRows, b: &CudaKernels, w: &RowsWrite<'_>) -> Result<()> {
+    let name = op.name();
+    let g = w.geometry;
+    let all = i32::from(!w.in_place);
+    let count = if w.in_place {
+        w.rows.numel()
+    } else {
+        w.cache.numel()
+    };
+    if count == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::Rows(g.width))?;
+    let (cp, rp, op_) = (w.cache.ptr(), w.rows.ptr(), w.out.ptr());
+    let (o, l_, tt, inn, at) = (
+        g.outer as i64,
+        g.len as i64,
+        g.t as i64,
+        g.inner as i64,
+        op.at as i64,
+    );
+    let mut l = rt.launcher(name, f)?;
+    l.arg(&cp)
+        .arg(&rp)
+        .arg(&op_)
+        .arg(&o)
+        .arg(&l_)
+        .arg(&tt)
+        .arg(&inn)
+        .arg(&at)
+        .arg(&all);
+    // SAFETY: write_rows_b<width> takes (const E*, const E*, E*, i64 outer, i64 len, i64 t,
+    // i64 inner, i64 at, int all) with E of the elements' width; cache and out hold
+    // outer * len * inner elements, rows outer * t * inner, at + t <= len (checked by the
+    // caller); the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(count)) })
 }

@@ -1,6 +1,6 @@
 //! RMS normalisation's CUDA kernels (`rms_norm.cu`), compiled once per process through the
 //! library's NVRTC path and looked up by [`RmsNormKernel`]; one launch per call on the compute
-//! stream (a 256-thread block per row, grid-stride over rows), into the executor's outputs.
+//! stream (a block per row, grid-stride over rows), into the executor's outputs.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
@@ -43,14 +43,21 @@ impl KernelIds for RmsNormKernel {
 
 static SOURCE: CudaSource<RmsNormKernel> = CudaSource::new("rms_norm", include_str!("rms_norm.cu"));
 
-/// One 256-thread block per row, at most 2^20 blocks (grid-stride beyond).
+/// One block per row, at most 2^20 blocks (grid-stride beyond): 1024 threads where the rows
+/// are too few to fill the device twice over with 256-thread blocks (a decoding step's one
+/// row per sequence: the row's loads spread over more threads, fewer in turn on each), else
+/// 256.
 fn grid(rows: usize) -> LaunchConfig {
+    let threads = if rows <= FEW_ROWS { 1024 } else { 256 };
     LaunchConfig {
         grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
+
+/// Row counts at or below which a row gets a 1024-thread block.
+const FEW_ROWS: usize = 264;
 
 /// (rows, row width) of x against the weight, with every piece's element count and dtype
 /// checked: `pieces` are (piece, elements, dtype).

@@ -21,12 +21,34 @@ __device__ __forceinline__ W block_total(W v, W* sh) {
     return warp_total(lane < warps ? sh[lane] : (W)0);
 }
 
+// A row of at most RMS_HELD values a thread is read once, its values and weights held in
+// registers (all loads in flight together); a longer one is read twice.
+#define RMS_HELD 8
 template <typename T, typename W>
 __device__ __forceinline__ void rms_fwd(const T* x, const T* w, T* y, i64 rows, i64 h, double eps, W* sh) {
+    const bool held = h <= (i64)RMS_HELD * blockDim.x;
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
         const T* xr = x + row * h;
         T* yr = y + row * h;
         W ss = 0;
+        if (held) {
+            W xv[RMS_HELD], wv[RMS_HELD];
+#pragma unroll
+            for (int k = 0; k < RMS_HELD; k++) {
+                const i64 j = threadIdx.x + (i64)k * blockDim.x;
+                xv[k] = j < h ? (W)ld(xr + j) : (W)0;
+                wv[k] = j < h ? (W)ld(w + j) : (W)0;
+                ss += xv[k] * xv[k];
+            }
+            ss = block_total(ss, sh);
+            const W r = (W)1 / sqrt(ss / (W)h + (W)eps);
+#pragma unroll
+            for (int k = 0; k < RMS_HELD; k++) {
+                const i64 j = threadIdx.x + (i64)k * blockDim.x;
+                if (j < h) st(yr + j, xv[k] * r * wv[k]);
+            }
+            continue;
+        }
         for (i64 j = threadIdx.x; j < h; j += blockDim.x) {
             W v = ld(xr + j);
             ss += v * v;
@@ -61,11 +83,11 @@ __device__ __forceinline__ void rms_bwd(const T* x, const T* w, const T* dy, T* 
 }
 
 #define RMS_NORM(T, W, N)                                                                                     \
-    extern "C" __global__ void rms_norm_fwd_##N(const T* x, const T* w, T* y, i64 rows, i64 h, double eps) { \
+    extern "C" __global__ void __launch_bounds__(1024) rms_norm_fwd_##N(const T* x, const T* w, T* y, i64 rows, i64 h, double eps) { \
         __shared__ W sh[32];                                                                                  \
         rms_fwd<T, W>(x, w, y, rows, h, eps, sh);                                                             \
     }                                                                                                         \
-    extern "C" __global__ void rms_norm_bwd_##N(const T* x, const T* w, const T* dy, T* dx, W* terms,       \
+    extern "C" __global__ void __launch_bounds__(1024) rms_norm_bwd_##N(const T* x, const T* w, const T* dy, T* dx, W* terms,       \
                                                 i64 rows, i64 h, double eps) {                                \
         __shared__ W sh[32];                                                                                  \
         rms_bwd<T, W>(x, w, dy, dx, terms, rows, h, eps, sh);                                                 \

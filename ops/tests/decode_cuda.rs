@@ -10,7 +10,7 @@ mod common;
 
 use common::{close, vals};
 
-use oxiflow_ops::decode::{decode_attention, rotary_at, write_rows_in_place};
+use oxiflow_ops::decode::{decode_attention, rotary_at, rotary_qkv_at, write_rows_in_place};
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
@@ -200,6 +200,50 @@ fn many_caches_are_written_in_place_each_with_its_own_rows() {
                 0.0,
                 &format!("{dt} cache {i} of {n}"),
             );
+        }
+    }
+}
+
+/// The split and rotation of a fused query/key/value projection on the device against the
+/// CPU kernel in f64 on the same (rounded) values: Llama-1B's groups (8 of 4 query heads of
+/// 64) at batch 1 and 16, and small odd shapes, every float dtype.
+#[test]
+fn rotary_qkv_on_cuda_matches_the_cpu_kernel_in_f64() {
+    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let (b1, batch) = (NdSbp::new([Sbp::B]), NdSbp::new([Sbp::S(0)]));
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        for (b, t, g, r, d, pos, seed) in [
+            (1usize, 1usize, 8usize, 4usize, 64usize, 200usize, 1u64),
+            (16, 1, 8, 4, 64, 383, 2),
+            (2, 3, 3, 1, 6, 0, 3),
+            (3, 2, 1, 5, 128, 77, 4),
+        ] {
+            let shape = vec![b, t, g, r + 2, d];
+            let x = Tensor::from_vec(values(shape.iter().product(), seed), shape)
+                .unwrap()
+                .cast(dt)
+                .unwrap();
+            let half = d / 2;
+            let freq: Vec<f64> = (0..half)
+                .map(|i| 500_000f64.powf(-2.0 * i as f64 / d as f64))
+                .collect();
+            let f = Tensor::from_vec(freq, [half]).unwrap();
+            let pos_host = Tensor::from_vec(vec![pos as i64], [1]).unwrap();
+            let (wq, wk, wv) = rotary_qkv_at(&x.cast(DType::F64).unwrap(), &f, &pos_host).unwrap();
+            let (q, k, v) = rotary_qkv_at(
+                &on(&x, &p, &batch),
+                &on(&f, &p, &b1),
+                &on(&pos_host, &p, &b1),
+            )
+            .unwrap();
+            let what = format!("rotary_qkv_at {dt} b{b} t{t} g{g} r{r} d{d} pos{pos}");
+            let tol = tolerance(dt).max(1e-6);
+            close(&vals(&q), &vals(&wq), tol, &format!("q {what}"));
+            close(&vals(&k), &vals(&wk), tol, &format!("k {what}"));
+            close(&vals(&v), &vals(&wv), 0.0, &format!("v {what}"));
         }
     }
 }

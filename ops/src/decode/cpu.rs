@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
-use super::op_types::{DecodeAttention, RotaryAt, WriteRows};
+use super::op_types::{DecodeAttention, RotaryAt, RotaryQkvAt, WriteRows};
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
 
 /// The position held by input `i` (one i64).
@@ -72,13 +72,80 @@ fn rotary_typed<T: Elem>(
         .for_each(|(r, (yr, xr))| {
             let pos = (p0 + r % t.max(1)) as f64;
             for (yh, xh) in yr.chunks_mut(d).zip(xr.chunks(d)) {
-                for i in 0..half {
-                    let angle = pos * freq[i];
-                    let (s, c) = (T::W::constant(angle.sin()), T::W::constant(angle.cos()));
-                    let (a, b) = (xh[i].widen(), xh[i + half].widen());
-                    yh[i] = T::narrow(a * c - b * s);
-                    yh[i + half] = T::narrow(a * s + b * c);
+                rotate_head(xh, yh, &freq, pos);
+            }
+        });
+    Ok(())
+}
+
+pub(super) fn rotary_qkv_at(
+    op: &RotaryQkvAt,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    by_float!(op, io, rotary_qkv_typed)
+}
+
+/// Head `xh` rotated for `pos` by `freq` into `yh` (pairs (i, i + D/2)).
+fn rotate_head<T: Elem>(xh: &[T], yh: &mut [T], freq: &[f64], pos: f64) {
+    let half = freq.len();
+    for i in 0..half {
+        let angle = pos * freq[i];
+        let (s, c) = (T::W::constant(angle.sin()), T::W::constant(angle.cos()));
+        let (a, b) = (xh[i].widen(), xh[i + half].widen());
+        yh[i] = T::narrow(a * c - b * s);
+        yh[i + half] = T::narrow(a * s + b * c);
+    }
+}
+
+fn rotary_qkv_typed<T: Elem>(
+    _op: &RotaryQkvAt,
+    name: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let dims = io.inputs[0].shape().to_vec();
+    let &[_, t, g, r2, d] = dims.as_slice() else {
+        return Err(kernel_err(
+            name,
+            format!("qkv must be [B, T, G, R + 2, D], got {dims:?}"),
+        ));
+    };
+    let x = input::<T>(name, io.inputs, 0)?;
+    let freq = input::<f64>(name, io.inputs, 1)?;
+    let p0 = position(name, io.inputs, 2)?;
+    if freq.len() * 2 != d || r2 < 3 {
+        return Err(kernel_err(
+            name,
+            format!("{} frequencies for qkv {dims:?}", freq.len()),
+        ));
+    }
+    let r = r2 - 2;
+    let rows = x.len() / (g * r2 * d).max(1);
+    let [qo, ko, vo] = io.outputs else {
+        return Err(kernel_err(name, "expects 3 outputs".into()));
+    };
+    let q = output::<T>(name, std::slice::from_mut(qo), 0, rows * g * r * d)?;
+    let k = output::<T>(name, std::slice::from_mut(ko), 0, rows * g * d)?;
+    let v = output::<T>(name, std::slice::from_mut(vo), 0, rows * g * d)?;
+    // Row (b, t) of every output, beside its input row: its groups' heads in order.
+    let q_rows = q.par_chunks_mut((g * r * d).max(1));
+    let k_rows = k.par_chunks_mut((g * d).max(1));
+    let v_rows = v.par_chunks_mut((g * d).max(1));
+    q_rows
+        .zip(k_rows)
+        .zip(v_rows)
+        .zip(x.par_chunks((g * r2 * d).max(1)))
+        .enumerate()
+        .for_each(|(row, (((qr, kr), vr), xr))| {
+            let pos = (p0 + row % t.max(1)) as f64;
+            for (gi, xg) in xr.chunks(r2 * d).enumerate() {
+                for j in 0..r {
+                    let at = (gi * r + j) * d;
+                    rotate_head(&xg[j * d..(j + 1) * d], &mut qr[at..at + d], &freq, pos);
                 }
+                let kh = &mut kr[gi * d..(gi + 1) * d];
+                rotate_head(&xg[r * d..(r + 1) * d], kh, &freq, pos);
+                vr[gi * d..(gi + 1) * d].copy_from_slice(&xg[(r + 1) * d..]);
             }
         });
     Ok(())

@@ -8,13 +8,14 @@ use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage,
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
-use super::op_types::{DecodeAttention, RotaryAt, WriteRows, MAX_HEAD_DIM};
+use super::op_types::{DecodeAttention, RotaryAt, RotaryQkvAt, WriteRows, MAX_HEAD_DIM};
 
 /// The kernels of `decode.cu`: rotary and attention by element type, the cache writes (one
 /// cache, or a table of them) by element width in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DecodeKernel {
     Rotary(DType),
+    RotaryQkv(DType),
     Attention(DType),
     Rows(usize),
     RowsTable(usize),
@@ -26,6 +27,10 @@ impl KernelIds for DecodeKernel {
         DecodeKernel::Rotary(DType::F64),
         DecodeKernel::Rotary(DType::BF16),
         DecodeKernel::Rotary(DType::F16),
+        DecodeKernel::RotaryQkv(DType::F32),
+        DecodeKernel::RotaryQkv(DType::F64),
+        DecodeKernel::RotaryQkv(DType::BF16),
+        DecodeKernel::RotaryQkv(DType::F16),
         DecodeKernel::Attention(DType::F32),
         DecodeKernel::Attention(DType::F64),
         DecodeKernel::Attention(DType::BF16),
@@ -43,6 +48,10 @@ impl KernelIds for DecodeKernel {
             DecodeKernel::Rotary(DType::BF16) => "rotary_at_bf16",
             DecodeKernel::Rotary(DType::F16) => "rotary_at_f16",
             DecodeKernel::Rotary(_) => "rotary_at_f32",
+            DecodeKernel::RotaryQkv(DType::F64) => "rotary_qkv_at_f64",
+            DecodeKernel::RotaryQkv(DType::BF16) => "rotary_qkv_at_bf16",
+            DecodeKernel::RotaryQkv(DType::F16) => "rotary_qkv_at_f16",
+            DecodeKernel::RotaryQkv(_) => "rotary_qkv_at_f32",
             DecodeKernel::Attention(DType::F64) => "decode_attention_f64",
             DecodeKernel::Attention(DType::BF16) => "decode_attention_bf16",
             DecodeKernel::Attention(DType::F16) => "decode_attention_f16",
@@ -123,6 +132,71 @@ pub(super) fn rotary_at(
     // SAFETY: rotary_at_<dtype> takes (const T*, const double*, const i64*, T*, i64 pairs,
     // i64 t, i64 h, i64 d); x and y hold 2 * pairs elements of T, freq d / 2 f64 (the op's
     // inference checked its dtype), pos one i64; the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(pairs)) })
+}
+
+pub(super) fn rotary_qkv_at(
+    op: &RotaryQkvAt,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([x, freq, pos], [q, k, v]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 3 inputs and 3 outputs"));
+    };
+    let (t, g, r2, d) = match x.shape().dims() {
+        &[_, t, g, r2, d] if r2 >= 3 => (t, g, r2, d),
+        _ => {
+            return Err(device_error(
+                name,
+                format!("qkv must be [B, T, G, R + 2, D], got {}", x.shape()),
+            ))
+        }
+    };
+    let heads = x.numel() / d.max(1);
+    let (rows, r) = (heads / (g * r2).max(1), r2 - 2);
+    let dt = x.dtype();
+    let fits = freq.numel() * 2 == d
+        && pos.numel() == 1
+        && q.numel() == rows * g * r * d
+        && k.numel() == rows * g * d
+        && v.numel() == k.numel()
+        && [q, k, v].iter().all(|p| p.dtype() == dt);
+    if !fits {
+        return Err(device_error(
+            name,
+            format!(
+                "qkv {} {}, frequencies {}, position {}, outputs {} {} {}",
+                dt,
+                x.shape(),
+                freq.shape(),
+                pos.shape(),
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    let pairs = x.numel() / 2;
+    if pairs == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::RotaryQkv(dt))?;
+    let ptrs = [x.ptr(), freq.ptr(), pos.ptr(), q.ptr(), k.ptr(), v.ptr()];
+    let dims = [pairs as i64, t as i64, g as i64, r as i64, d as i64];
+    let mut l = rt.launcher(name, f)?;
+    for p in &ptrs {
+        l.arg(p);
+    }
+    for n in &dims {
+        l.arg(n);
+    }
+    // SAFETY: rotary_qkv_at_<dtype> takes (const T* x, const double* freq, const i64* pos,
+    // T* q, T* k, T* v, i64 pairs, i64 t, i64 g, i64 r, i64 d); x holds 2 * pairs elements of
+    // T in rows of G (R + 2) heads of D, q R heads of D and k and v one per group and row
+    // (checked above), freq D / 2 f64 (the op's inference checked its dtype), pos one i64;
+    // the pieces outlive the launch.
     launched(name, unsafe { l.launch(grid(pairs)) })
 }
 

@@ -41,6 +41,46 @@ ROTARY_AT(bf16_t, float, bf16)
 ROTARY_AT(f16_t, float, f16)
 ROTARY_AT(double, double, f64)
 
+// rotary_qkv_at: qkv [B, T, G, R + 2, D] -> q [B, T, G R, D], k, v [B, T, G, D]; head j of
+// group gi in row (b, t) is query head gi*R + j (j < R, rotated), the key (j = R, rotated) or
+// the value (j = R + 1, copied). One thread per pair (i, i + D/2) of an input head.
+template <typename T, typename W>
+__device__ __forceinline__ void rotary_qkv_pairs(const T* x, const double* freq, const i64* pos,
+                                                 T* q, T* k, T* v, i64 pairs, i64 t_len, i64 g,
+                                                 i64 r, i64 d) {
+    const i64 half = d / 2, p0 = *pos, heads = g * (r + 2);
+    for (i64 l = blockIdx.x * (i64)blockDim.x + threadIdx.x; l < pairs;
+         l += (i64)gridDim.x * blockDim.x) {
+        const i64 i = l % half, head = l / half, row = head / heads, at = head % heads;
+        const i64 gi = at / (r + 2), j = at % (r + 2), t = row % t_len;
+        const T* xr = x + head * d;
+        if (j == r + 1) {
+            T* yr = v + (row * g + gi) * d;
+            yr[i] = xr[i];
+            yr[i + half] = xr[i + half];
+            continue;
+        }
+        T* yr = j < r ? q + ((row * g + gi) * r + j) * d : k + (row * g + gi) * d;
+        double s, c;
+        sincos((double)(p0 + t) * freq[i], &s, &c);
+        const W sw = (W)s, cw = (W)c;
+        const W a = (W)ld(xr + i), b = (W)ld(xr + i + half);
+        st(yr + i, a * cw - b * sw);
+        st(yr + i + half, a * sw + b * cw);
+    }
+}
+
+#define ROTARY_QKV_AT(T, W, N)                                                                 \
+    extern "C" __global__ void rotary_qkv_at_##N(const T* x, const double* freq, const i64* pos, \
+                                                 T* q, T* k, T* v, i64 pairs, i64 t_len, i64 g, \
+                                                 i64 r, i64 d) {                               \
+        rotary_qkv_pairs<T, W>(x, freq, pos, q, k, v, pairs, t_len, g, r, d);                  \
+    }
+ROTARY_QKV_AT(float, float, f32)
+ROTARY_QKV_AT(bf16_t, float, bf16)
+ROTARY_QKV_AT(f16_t, float, f16)
+ROTARY_QKV_AT(double, double, f64)
+
 // decode_attention: a block per (head, sequence), WARPS warps. Warp w scores keys
 // w*32 + lane, then steps of WARPS*32: each lane dots one whole key with the block's query (kept
 // in shared memory), reading the key in 16-byte pieces where the rows allow it; the warp's

@@ -1,11 +1,12 @@
 //! The ops of a decoding step over a preallocated key/value cache, whose position is a device
 //! value (so one captured program serves every step): [`rotary_at`] rotates queries and keys for
-//! positions from a device position, [`decode_attention`] attends one query position over the
+//! positions from a device position ([`rotary_qkv_at`]: straight from a fused query/key/value
+//! projection, split into the three), [`decode_attention`] attends one query position over the
 //! cached keys before it and its own key (grouped-query heads read their group's key/value head
 //! in place), and [`write_rows`] writes each step's keys and values into the caches, in their
 //! own memory where nothing else holds them ([`write_rows_in_place`]).
 //!
-//! Layouts (`oxiflow_sbp::rules::{rotary_at, decode_attention, write_rows}`): the batch or the
+//! Layouts (`oxiflow_sbp::rules::{rotary_at, rotary_qkv_at, decode_attention, write_rows}`): the batch or the
 //! heads split, or all whole; the position broadcast. Kernels: CPU and CUDA in f32, f64, bf16
 //! and f16 (16-bit inputs computed in f32, f64 in f64). Not differentiable: decoding runs
 //! without gradients.
@@ -14,11 +15,13 @@ mod attend;
 mod cpu;
 mod cuda;
 mod op_types;
+mod qkv;
 mod rotary;
 mod rows;
 
 pub use attend::decode_attention;
-pub use op_types::{DecodeAttention, RotaryAt, WriteRows};
+pub use op_types::{DecodeAttention, RotaryAt, RotaryQkvAt, WriteRows};
+pub use qkv::rotary_qkv_at;
 pub use rotary::rotary_at;
 pub use rows::{write_rows, write_rows_in_place};
 

@@ -108,6 +108,27 @@ pub fn decode_attention(o: Shape, kv_heads: usize, mode: RuleMode) -> Rules {
     r.with_even_split(1, 2, kv_heads)
 }
 
+/// A fused query/key/value projection `[B, T, G, R + 2, D]` (per key/value group: its R query
+/// heads, its key, its value) split into q `[B, T, G R, D]` and k, v `[B, T, G, D]`, q and k
+/// rotated at positions from a device position (with the frequencies and the position whole):
+/// the batch or the groups split (the groups evenly, so each rank's query heads are its
+/// groups'), all whole, or a partial input (the split and rotation are linear in it).
+pub fn rotary_qkv_at(qkv: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    let &[b, t, g, r2, d] = qkv.dims() else {
+        return Err(format!("qkv must be [B, T, G, R + 2, D], got {qkv}"));
+    };
+    if r2 < 3 {
+        return Err(format!("qkv {qkv} holds no query head (R + 2 = {r2})"));
+    }
+    let q = Shape::new([b, t, g * (r2 - 2), d]);
+    let kv = Shape::new([b, t, g, d]);
+    let mut r = Rules::new(mode, [q, kv.clone(), kv]);
+    for s in [Sbp::S(0), Sbp::S(2), Sbp::B, Sbp::P] {
+        r.push(&[s, Sbp::B, Sbp::B], &[s, s, s]);
+    }
+    Ok(r.with_even_split(0, 2, g))
+}
+
 /// The rotary embedding of x `[B, T, H, D]` at positions from a device position `[1]` (with
 /// the frequencies `[D / 2]`, whole): the batch or the heads split, all whole, or a partial x
 /// (the rotation is linear in it). Not a split of T: a rank's rows would need their offset.

@@ -8,7 +8,8 @@
 //! cache moves into tensors of the positions the request can reach (`FixedKvCache`), and each
 //! token runs as one compiled step (`Gpt::decode_at`, the position a device value: one
 //! program, replayed as one device graph on CUDA), its keys and values written into the cache
-//! in place. Where a sequence outgrows the model's positions, each further token is predicted
+//! in place; each block's query/key/value projections run there as one product where they
+//! fuse (`DecodeWeights`, step inputs the session keeps and each request rewrites in place). Where a sequence outgrows the model's positions, each further token is predicted
 //! from the last window of them, computed whole.
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 use oxiflow_collectives::DType;
 use oxiflow_compile::{CompileError, CompiledStep};
-use oxiflow_models::nn::gpt::{FixedKvCache, Gpt};
+use oxiflow_models::nn::gpt::{DecodeWeights, FixedKvCache, Gpt};
 use oxiflow_models::nn::{Module, Pass};
 use oxiflow_ops::argmax::argmax;
 use oxiflow_placement::{NamedMesh, Placement};
@@ -84,12 +85,16 @@ impl DecodeSteps {
 /// once the compile refused the step (every later step runs eagerly).
 pub struct DecodeSession {
     compiled: Option<CompiledStep>,
+    /// The model's decoding weights (fused projections), step inputs written again in place
+    /// by each request from the parameters' values then.
+    weights: Option<DecodeWeights>,
 }
 
 impl Default for DecodeSession {
     fn default() -> Self {
         DecodeSession {
             compiled: Some(CompiledStep::new()),
+            weights: None,
         }
     }
 }
@@ -132,6 +137,8 @@ pub fn generate_with(
     for p in model.parameters() {
         p.ensure_compute_copy()?;
     }
+    let weights = model.decode_weights(session.weights.take())?;
+    session.weights = Some(weights.clone());
     steps.prefill += started.elapsed();
     let (spent, graphs) = session.spent();
     let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -140,6 +147,7 @@ pub fn generate_with(
     }
     let decoder = Decoder {
         model,
+        weights: &weights,
         world,
         n,
         sampling,
@@ -185,6 +193,7 @@ enum Next {
 /// `sampling` picks them, until one of `eos`.
 struct Decoder<'a> {
     model: &'a Gpt,
+    weights: &'a DecodeWeights,
     world: &'a Placement,
     n: usize,
     sampling: &'a Sampling,
@@ -336,6 +345,7 @@ impl Decoder<'_> {
         let started = Instant::now();
         let mut inputs = vec![ids, pos];
         inputs.extend(cache.kv.iter().flat_map(|(k, v)| [k.clone(), v.clone()]));
+        inputs.extend(self.weights.tensors());
         let eager = || self.decode_step(&inputs, greedy);
         let outs = match compiled.as_mut() {
             Some(c) => match c.run(&inputs, eager) {
@@ -403,17 +413,27 @@ impl Decoder<'_> {
             .collect())
     }
 
-    /// One decoding step on `inputs` (ids, position, then each block's cached keys and
-    /// values): where `greedy` the arg-max ids `[B]`, the same ids as the next step's input
-    /// and the next position, else the logits; then each block's new key and value, laid out
-    /// as its cache.
+    /// One decoding step on `inputs` (ids, position, each block's cached keys and values,
+    /// then the decoding weights' tensors): where `greedy` the arg-max ids `[B]`, the same ids
+    /// as the next step's input and the next position, else the logits; then each block's new
+    /// key and value, laid out as its cache.
     fn decode_step(&self, inputs: &[Tensor], greedy: bool) -> Result<Vec<Tensor>, TrainError> {
-        let kv: Vec<(Tensor, Tensor)> = inputs[2..]
+        let caches = 2 + 2 * self.model.blocks.len();
+        if inputs.len() < caches {
+            return Err(layout_err(format!(
+                "a decoding step of {} inputs for {} blocks",
+                inputs.len(),
+                self.model.blocks.len()
+            )));
+        }
+        let (head, rest) = inputs.split_at(caches);
+        let kv: Vec<(Tensor, Tensor)> = head[2..]
             .chunks_exact(2)
             .map(|c| (c[0].clone(), c[1].clone()))
             .collect();
+        let weights = self.weights.with_tensors(rest)?;
         let (ids, pos) = (&inputs[0], &inputs[1]);
-        let (logits, rows) = self.model.decode_at(ids, pos, &kv)?;
+        let (logits, rows) = self.model.decode_at(ids, pos, &kv, &weights)?;
         let mut outs = if greedy {
             let picks = argmax(&logits.narrow(1, 0, self.model.cfg.vocab)?)?;
             let b = picks.shape().dim(0);

@@ -17,6 +17,7 @@ use super::super::linear::{Linear, Parallel};
 use super::super::param::{Module, Parameter};
 use super::arch::Arch;
 use super::config::{GptConfig, GptLayout};
+use super::fused_qkv::{FusedQkv, Projections};
 use super::rope::Rope;
 
 /// Causal scaled-dot-product attention on the heads layout of the projections: q
@@ -263,12 +264,14 @@ impl CausalSelfAttention {
     /// positions before it (`[B, P, G, D]` each, laid out as [`KvSlot`] keeps them), and the
     /// position's own key and value `[B, 1, G, D]`, which the caller writes into the cache at
     /// `pos` afterwards: nothing here reads `pos` on the host, so one captured program serves
-    /// every step.
+    /// every step. With `fused` (made by [`CausalSelfAttention::fused_qkv`]) q, k and v come
+    /// from one product, split and rotated by one op.
     pub fn attend_at(
         &self,
         x: &Tensor,
         cache: (&Tensor, &Tensor),
         pos: &Tensor,
+        fused: Option<&FusedQkv>,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         if t != 1 || self.order != SeqOrder::Natural {
@@ -279,11 +282,52 @@ impl CausalSelfAttention {
                 detail: "decodes one position at a time, without a context-parallel axis".into(),
             });
         }
-        let (q, k, v) = self.project_with(x, |r, y| r.apply_at(y, pos))?;
+        let (q, k, v) = match (fused, self.fusable_qkv()) {
+            (Some(f), Some(rope)) => {
+                f.project_at(x, rope, pos, self.q.weight.matmul_precision())?
+            }
+            _ => self.project_with(x, |r, y| r.apply_at(y, pos))?,
+        };
         let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         let o = decode_attention(&q, cache, (&k, &v), pos, self.scale(&q))?;
         Ok((o.reshape([b, t, width])?, k, v))
+    }
+
+    /// The rotary positions where decoding may run q, k and v as one product ([`FusedQkv`]):
+    /// rotary positions in natural order, the key/value heads laid out as the queries' (no
+    /// repeats), whole groups of query heads, no adapters, and biases on all three or none.
+    pub(super) fn fusable_qkv(&self) -> Option<&Rope> {
+        let plain = [&self.q, &self.k, &self.v]
+            .iter()
+            .all(|l| l.lora.is_none() && l.bias.is_some() == self.q.bias.is_some());
+        let grouped = self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads);
+        let fits = plain && grouped && self.kv_repeat == 1 && self.order == SeqOrder::Natural;
+        self.rope.as_ref().filter(|_| fits)
+    }
+
+    /// Its q, k and v projections as one for decoding, or None where they do not fuse (see
+    /// [`CausalSelfAttention::fusable_qkv`]).
+    pub fn fused_qkv(&self) -> Result<Option<FusedQkv>> {
+        match self.fusable_qkv() {
+            Some(_) => FusedQkv::new(self.projections()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the projections' current values into `fused` (made by
+    /// [`CausalSelfAttention::fused_qkv`]), in place where it may; returns whether it did.
+    pub fn refresh_fused_qkv(&self, fused: &mut FusedQkv) -> Result<bool> {
+        fused.refresh(self.projections())
+    }
+
+    fn projections(&self) -> Projections<'_> {
+        Projections {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            heads: (self.heads, self.kv_heads),
+        }
     }
 
     /// The scores' scale 1 / sqrt(D) for q `[B, T, H, D]`.

@@ -13,6 +13,7 @@ use super::super::param::{Module, Parameter};
 use super::arch::Arch;
 use super::attention::{CausalSelfAttention, KvSlot};
 use super::config::{GptConfig, GptLayout};
+use super::fused_qkv::FusedQkv;
 use super::mlp::GptMlp;
 use super::moe::{MoeMlp, RouterLog};
 use super::norm::Norm;
@@ -183,7 +184,9 @@ impl Block {
     /// One position x `[B, 1, C]` at the device position `pos` through the block, attending
     /// over the keys and values `cache` holds before it (see
     /// [`CausalSelfAttention::attend_at`]): the block's output and the position's key and
-    /// value, for the caller to write into the cache.
+    /// value, for the caller to write into the cache. `fused`: the attention's fused
+    /// query/key/value projection, where it has one.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_at(
         &self,
         x: &Tensor,
@@ -192,9 +195,10 @@ impl Block {
         stream: Sbp,
         cache: (&Tensor, &Tensor),
         pos: &Tensor,
+        fused: Option<&FusedQkv>,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
-        let (o, k, v) = self.attn.attend_at(&h, cache, pos)?;
+        let (o, k, v) = self.attn.attend_at(&h, cache, pos, fused)?;
         Ok((self.decoded(x, &o, cfg, layout, stream)?, k, v))
     }
 

@@ -20,6 +20,7 @@ use oxiflow_tensor::Tensor;
 
 use super::attention::KvSlot;
 use super::config::GptLayout;
+use super::fused_qkv::FusedQkv;
 use super::model::Gpt;
 use crate::nn::Pass;
 
@@ -108,7 +109,84 @@ impl FixedKvCache {
     }
 }
 
+/// What a decoding step reads beside the model's parameters: each block's fused
+/// query/key/value projection where it has one ([`FusedQkv`]). Made once by
+/// [`Gpt::decode_weights`] and written again in place by later calls, so a captured step that
+/// takes its tensors as inputs reads them where they are.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeWeights {
+    qkv: Vec<Option<FusedQkv>>,
+}
+
+impl DecodeWeights {
+    /// Every tensor, in block order (the weight, then the bias where there is one).
+    pub fn tensors(&self) -> Vec<Tensor> {
+        self.qkv
+            .iter()
+            .flatten()
+            .flat_map(|f| std::iter::once(f.weight.clone()).chain(f.bias.clone()))
+            .collect()
+    }
+
+    /// The same structure over `tensors` (as [`DecodeWeights::tensors`] lists them: a step's
+    /// inputs).
+    pub fn with_tensors(&self, tensors: &[Tensor]) -> Result<DecodeWeights> {
+        let mut it = tensors.iter();
+        let mut qkv = Vec::with_capacity(self.qkv.len());
+        for f in &self.qkv {
+            qkv.push(match f {
+                None => None,
+                Some(f) => {
+                    let weight = it.next().cloned();
+                    let bias = match f.bias {
+                        Some(_) => it.next().cloned().map(Some),
+                        None => Some(None),
+                    };
+                    match (weight, bias) {
+                        (Some(weight), Some(bias)) => Some(f.with(weight, bias)),
+                        _ => return Err(weights_err(tensors.len(), self.tensors().len())),
+                    }
+                }
+            });
+        }
+        if it.next().is_some() {
+            return Err(weights_err(tensors.len(), self.tensors().len()));
+        }
+        Ok(DecodeWeights { qkv })
+    }
+}
+
+fn weights_err(got: usize, want: usize) -> TensorError {
+    TensorError::Shape {
+        op: "DecodeWeights::with_tensors",
+        shapes: format!("{got} tensors"),
+        sbps: String::new(),
+        detail: format!("the decoding weights hold {want}"),
+    }
+}
+
 impl Gpt {
+    /// The decoding weights of this model's current parameters: `kept` (made by an earlier
+    /// call for this model) written again in place where nothing else holds its memory, else
+    /// new ones. Every rank calls it alike.
+    pub fn decode_weights(&self, kept: Option<DecodeWeights>) -> Result<DecodeWeights> {
+        let _ng = oxiflow_tensor::no_grad();
+        if let Some(mut w) = kept.filter(|w| w.qkv.len() == self.blocks.len()) {
+            for (f, block) in w.qkv.iter_mut().zip(&self.blocks) {
+                if let Some(f) = f {
+                    block.attn.refresh_fused_qkv(f)?;
+                }
+            }
+            return Ok(w);
+        }
+        let qkv = self
+            .blocks
+            .iter()
+            .map(|b| b.attn.fused_qkv())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DecodeWeights { qkv })
+    }
+
     /// The keys and values `cache` holds in a [`FixedKvCache`] of `positions` positions (at
     /// least those held, at most the model's).
     pub fn fix_cache(&self, cache: &KvCache, positions: usize) -> Result<FixedKvCache> {
@@ -160,6 +238,7 @@ impl Gpt {
         ids: &Tensor,
         pos: &Tensor,
         cache: &[(Tensor, Tensor)],
+        weights: &DecodeWeights,
     ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         if cache.len() != self.blocks.len() || ids.shape().dims().get(1) != Some(&1) {
             return Err(TensorError::Shape {
@@ -198,6 +277,7 @@ impl Gpt {
                 stream,
                 (&cache[i].0, &cache[i].1),
                 pos,
+                weights.qkv.get(i).and_then(Option::as_ref),
             )?;
             rows.push((k, v));
             Ok(y)

@@ -14,6 +14,7 @@ mod attention;
 mod block;
 mod config;
 mod decode;
+mod fused_qkv;
 mod lora;
 mod mlp;
 mod model;
@@ -27,7 +28,8 @@ pub use arch::{Arch, MlpKind, MoeArch, NormKind, Positions, RopeScaling, LN_EPS}
 pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot};
 pub use block::{Block, BlockMlp, Recompute};
 pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
-pub use decode::{FixedKvCache, KvCache};
+pub use decode::{DecodeWeights, FixedKvCache, KvCache};
+pub use fused_qkv::FusedQkv;
 pub use lora::LoraSpec;
 pub use mlp::GptMlp;
 pub use model::{Gpt, HEAD_TABLE, TOKEN_TABLE};

@@ -110,15 +110,19 @@ impl Rope {
     /// (broadcast on x's placement): the angles as [`Rope::apply`]'s, read from the device
     /// (`oxiflow_ops::decode::rotary_at`), so a captured decoding step serves every position.
     pub fn apply_at(&self, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
-        let made;
-        let freq = match &self.freq {
-            Some(f) if f.placement() == x.placement() => f,
-            _ => {
-                made = self.frequencies(x.placement())?;
-                &made
-            }
-        };
-        rotary_at(x, freq, pos)
+        rotary_at(x, &self.frequencies_on(x.placement())?, pos)
+    }
+
+    /// The frequencies as an f64 tensor `[D / 2]`, broadcast on `placement` (the kept ones
+    /// where they are there), for the ops that rotate at a device position.
+    pub fn frequencies_on(
+        &self,
+        placement: Option<&oxiflow_placement::Placement>,
+    ) -> Result<Tensor> {
+        match &self.freq {
+            Some(f) if f.placement() == placement => Ok(f.clone()),
+            _ => self.frequencies(placement),
+        }
     }
 
     /// The frequencies as an f64 tensor `[D / 2]`, broadcast on `placement`.

@@ -1,0 +1,83 @@
+//! `RotaryQkvAt`: the output of a fused query/key/value projection, `[B, T, G, R + 2, D]` (per
+//! key/value group: its R query heads, then its key, then its value; the layout whose groups a
+//! tensor-parallel split keeps whole), as q `[B, T, G R, D]` and k, v `[B, T, G, D]`, q and k
+//! rotated for positions `pos..pos + T` as [`super::rotary_at`] rotates them (`pos` a device
+//! value): one pass in place of two rotations and the copies that would split the projection.
+
+use std::sync::LazyLock;
+
+use oxiflow_cuda::CudaKernels;
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{
+    dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
+    Tensor, TensorError,
+};
+
+use super::op_types::RotaryQkvAt;
+use super::{check_position, cpu, cuda, DTYPES};
+
+/// qkv `[B, T, G, R + 2, D]` split into (q `[B, T, G R, D]`, k, v `[B, T, G, D]`), q and k
+/// rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64 `[D / 2]`); `pos`
+/// is one i64 on the device (see the module docs).
+pub fn rotary_qkv_at(
+    qkv: &Tensor,
+    inv_freq: &Tensor,
+    pos: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let out = dispatch_multi(Extern::new(RotaryQkvAt).into(), &[qkv, inv_freq, pos])?;
+    match <[Tensor; 3]>::try_from(out) {
+        Ok([q, k, v]) => Ok((q, k, v)),
+        Err(v) => Err(TensorError::Kernel {
+            op: "rotary_qkv_at",
+            detail: format!("gave {} outputs, not 3", v.len()),
+        }),
+    }
+}
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<RotaryQkvAt, CpuBackend>(DTYPES, cpu::rotary_qkv_at)
+        .with::<RotaryQkvAt, CudaKernels>(DTYPES, cuda::rotary_qkv_at)
+});
+
+impl ExternOp for RotaryQkvAt {
+    fn name(&self) -> &'static str {
+        "rotary_qkv_at"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (3, 3)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let (qkv, freq) = (shapes[0], shapes[1]);
+        if !dtypes[0].is_float() {
+            return Err(MetaError::DType(format!(
+                "qkv must be a float dtype, got {}",
+                dtypes[0]
+            )));
+        }
+        let r = rules::rotary_qkv_at(qkv, mode).map_err(MetaError::Shape)?;
+        let d = qkv.dims()[4];
+        if d % 2 != 0 {
+            return Err(MetaError::Shape(format!(
+                "qkv {qkv} must have an even head width"
+            )));
+        }
+        if dtypes[1] != DType::F64 || freq.dims() != [d / 2] {
+            return Err(MetaError::Shape(format!(
+                "the frequencies must be f64 [{}] for qkv {qkv}, got {} {freq}",
+                d / 2,
+                dtypes[1]
+            )));
+        }
+        check_position(shapes[2], dtypes[2])?;
+        Ok(Inferred::outputs(r, &[dtypes[0]; 3]))
+    }
+    fn kernels(&self) -> &Kernels {
+        &KERNELS
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("decoding runs without gradients")
+    }
+}

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, never_zero, placement, vals};
+use common::{close, nd_sbp_of, never_zero, placement, vals};
 
 use oxiflow_ops::decode::{decode_attention, rotary_at, write_rows, write_rows_in_place};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
@@ -300,13 +300,7 @@ fn bad_input_is_a_typed_error() {
 /// One SBP per mesh axis for the decoding operands: the batch (dim 0) or the heads (dim 2)
 /// split, or broadcast.
 fn layout(naxes: usize, seed: u64) -> NdSbp {
-    let mut s = seed;
-    NdSbp::new((0..naxes).map(|_| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        [Sbp::S(0), Sbp::S(2), Sbp::B][(s >> 33) as usize % 3]
-    }))
+    nd_sbp_of(naxes, seed, &[Sbp::S(0), Sbp::S(2), Sbp::B])
 }
 
 fn global_case(p: &Placement, extra: bool, d: Dims, seed: u64, lseed: u64) {

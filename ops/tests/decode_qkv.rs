@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, never_zero, placement, vals};
+use common::{close, nd_sbp_of, never_zero, placement, vals};
 
 use oxiflow_ops::decode::{rotary_at, rotary_qkv_at};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
@@ -156,13 +156,7 @@ fn bad_input_is_a_typed_error() {
 /// One SBP per mesh axis for qkv: the batch (dim 0) or the groups (dim 2) split, broadcast or
 /// partial.
 fn layout(naxes: usize, seed: u64) -> NdSbp {
-    let mut s = seed;
-    NdSbp::new((0..naxes).map(|_| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        [Sbp::S(0), Sbp::S(2), Sbp::B, Sbp::P][(s >> 33) as usize % 4]
-    }))
+    nd_sbp_of(naxes, seed, &[Sbp::S(0), Sbp::S(2), Sbp::B, Sbp::P])
 }
 
 fn global_case(p: &Placement, extra: bool, d: Dims, seed: u64, lseed: u64) {

@@ -72,6 +72,17 @@ pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
     }))
 }
 
+/// One SBP per mesh axis from `seed`, each one of `choices`.
+pub fn nd_sbp_of(naxes: usize, seed: u64, choices: &[Sbp]) -> NdSbp {
+    let mut s = seed;
+    NdSbp::new((0..naxes).map(|_| {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        choices[(s >> 33) as usize % choices.len()]
+    }))
+}
+
 /// 1-d meshes of 1 to 5 ranks and a few 2-d ones.
 pub fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
     prop_oneof![

@@ -75,5 +75,8 @@ fn main() -> Result<(), oxiflow::Error> {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     println!("rank {rank}: z gathered:\n{whole}\nmax |z - single-device z| = {err:e}");
+    // On a GPU the device's start-up builds may still run: the process must not exit under
+    // them.
+    oxiflow::finish_background_builds(std::time::Duration::from_secs(120));
     Ok(())
 }

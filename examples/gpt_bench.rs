@@ -25,7 +25,7 @@
 //! `--experts E --top-k K` makes every block's MLP a Mixtral-style mixture of E experts of
 //! `--ffn-width` (N then counts K of them: the parameters a token meets).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use oxiflow::compile::{CompiledStep, StepRun};
@@ -523,5 +523,7 @@ fn main() -> R<()> {
     }
     // With OXIFLOW_TRACE_DIR set (oflaunch --trace), this rank's timeline; else nothing.
     oxiflow::collectives::trace::write_rank_trace()?;
+    // The process must not exit under the device's start-up builds.
+    cuda::finish_background_builds(Duration::from_secs(120));
     Ok(())
 }

@@ -27,7 +27,8 @@ pub use oxiflow_models::{checkpoint, data, footprint, nn, optim, pipeline};
 pub use oxiflow_tensor::*;
 // Process start-up with the CUDA backend registered (shadows the core's CPU-and-registered-only
 // start-up of the glob above).
-pub use oxiflow_cuda::{init_from_env, init_with_env};
+// A program that binds CUDA waits for the device's start-up builds before it exits.
+pub use oxiflow_cuda::{finish_background_builds, init_from_env, init_with_env};
 
 /// Any error of the crates underneath, so a program can use `?` on all of them (boxed, so a
 /// `Result` stays small). Its `Debug` form is its message, so `fn main() -> Result<(),

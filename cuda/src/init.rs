@@ -2,7 +2,9 @@
 //! cuBLAS handle made ready at start-up, the other sources built in the background) and the
 //! CUDA backend registered with the tensor core's device and executor registries.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
@@ -78,7 +80,38 @@ pub fn init_cuda_on(ctx: Arc<CudaContext>) -> Result<Arc<CudaRuntime>> {
 /// and layout kernels are made ready at start-up), cuDNN's library and handle and cuBLASLt's
 /// handle and heuristics, on one thread each, in the background. An op
 /// that needs a source before its thread is done waits for it; a failed build is kept and
-/// reported by that op.
+/// reported by that op. The threads are kept for [`finish_background_builds`].
+/// The start-up background threads not yet waited for.
+static BACKGROUND: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits up to `timeout` in all for the start-up background builds (cuDNN's and cuBLASLt's
+/// libraries and handles, the NVRTC sources: see `start_background_builds`) to finish, and
+/// returns whether they all did. A process must not exit while one of them is inside one of
+/// those libraries: the libraries' exit-time teardown would run under it (a crash at exit,
+/// typically of a short run that never needed the library the thread was loading).
+/// `oxiflow::trainer::main_with` calls it before it returns; a program of its own that binds
+/// CUDA calls it before `main` ends. Without a runtime it returns true at once.
+pub fn finish_background_builds(timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut threads = BACKGROUND.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let (done, running): (Vec<_>, Vec<_>) =
+            threads.drain(..).partition(JoinHandle::is_finished);
+        *threads = running;
+        for t in done {
+            // A build's failure is kept for the op that needs it; a panic here has no reader.
+            let _ = t.join();
+        }
+        if threads.is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
     let jobs: [fn(&CudaRuntime); 5] = [
         crate::fused::build_module,
@@ -96,6 +129,8 @@ pub(crate) fn start_background_builds(rt: &Arc<CudaRuntime>) {
                 job(&rt);
             });
         // Without a thread the source is built by the first op that needs it.
-        drop(spawned);
+        if let Ok(t) = spawned {
+            BACKGROUND.lock().unwrap_or_else(|p| p.into_inner()).push(t);
+        }
     }
 }

@@ -59,7 +59,7 @@ pub use cuda_source::{CudaSource, KernelIds};
 pub use embedded_kernels::embedded_kernel_archs;
 pub use error::{device_error, launched};
 pub use fused_elementwise::{prebuild_fused_elementwise, FusedCall};
-pub use init::{init_cuda, init_cuda_on};
+pub use init::{finish_background_builds, init_cuda, init_cuda_on};
 pub use ops::{residual_layer_norm_forward, CudaKernels};
 pub use oxiflow_dtype::MatmulPrecision;
 pub use piece::CudaPiece;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from a folder staged by engine_here.sh: greedy generation from the
-# Hugging Face fixtures (hf_fixtures: random weights saved by transformers) on one GPU in f64,
+# Hugging Face fixtures (hf_fixtures: random weights saved by transformers) on one GPU, all in
+# f64 (--precision f64: the device default is bf16-mixed),
 # through the fixed cache's compiled step and its CUDA graph, against transformers' greedy ids
 # in hf_fixtures/reference.json (the prompts 5,17,3 and 1,2,3,4,5,6,7; 9,9,9 beside the first
 # in its batch). Prints a line per model, "same" or "DIFFERENT"; logs under $OUT.
@@ -12,7 +13,7 @@ mkdir -p "$OUT"
 for m in ${MODELS:-llama qwen2 mistral gpt2}; do
   log="$OUT/greedy-$m.log"
   timeout 180 bin/oflaunch --nproc-per-node 1 --backend nccl bin/train --from-hf "hf_fixtures/$m" \
-    --prompt-ids "5,17,3;9,9,9;1,2,3,4,5,6,7" --gen-tokens 24 --temperature 0 --dtype f64 \
+    --prompt-ids "5,17,3;9,9,9;1,2,3,4,5,6,7" --gen-tokens 24 --temperature 0 --precision f64 \
     > "$log" 2>&1
   python3 - "$m" "$log" <<'PY'
 import json, re, sys

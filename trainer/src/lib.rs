@@ -75,11 +75,22 @@ pub enum Command {
 /// What `train` does with its command line: prepare shards, or resolve the configuration
 /// (before any tensor work) and run the job.
 pub fn main_with(cli: Cli, hooks: JobHooks) -> Result<(), TrainError> {
-    match cli.command {
+    let result = match cli.command {
         Some(Command::Prepare(args)) => prepare::run(&args).map(|_| ()),
         None => {
-            let cfg = config::load(cli.config.as_deref(), &cli.flags)?;
-            job::run(&cfg, hooks)
+            config::load(cli.config.as_deref(), &cli.flags).and_then(|cfg| job::run(&cfg, hooks))
         }
+    };
+    // The process may exit next: the device's start-up builds must not be inside a library
+    // then (see `oxiflow_cuda::finish_background_builds`).
+    if !oxiflow_cuda::finish_background_builds(BACKGROUND_BUILDS_WAIT) {
+        tracing::warn!(
+            "the device's start-up kernel builds were still running after {:?}",
+            BACKGROUND_BUILDS_WAIT
+        );
     }
+    result
 }
+
+/// How long a finished job waits for the device's start-up builds before it returns.
+const BACKGROUND_BUILDS_WAIT: std::time::Duration = std::time::Duration::from_secs(120);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{assert_layouts_equal_one_rank, close, mesh_strategy, nd_sbp, placement, vals};
 
-use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
+use oxiflow_ops::swiglu::{swiglu, swiglu_backward, swiglu_pairs};
 use oxiflow_placement::Placement;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
@@ -216,4 +216,64 @@ fn uneven_splits_and_a_partial_up_on_a_2d_mesh() {
     // 5 rows over 2 ranks and 7 columns over 3: uneven on both axes.
     global_case(&[2, 3], 0, true, &[5, 7], (11, 12));
     global_case(&[3], 5, false, &[7, 2], (3, 4));
+}
+
+/// The packed input's gates and ups as two tensors `[.., F]`.
+fn pairs_of(x: &Tensor) -> (Tensor, Tensor) {
+    let nd = x.shape().ndim();
+    let dims = x.shape().dims()[..nd - 1].to_vec();
+    let part = |i| x.narrow(-1, i, 1).unwrap().reshape(dims.clone()).unwrap();
+    (part(0), part(1))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
+    /// The packed form equals `swiglu` on its gates and ups bit for bit, and on any layout (a
+    /// leading dim or F split, uneven or empty pieces, or whole) one rank's values.
+    #[test]
+    fn swiglu_pairs_is_swiglu_of_its_parts_on_any_layout(
+        lead in prop::collection::vec(1usize..5, 0..=2),
+        f in 1usize..9,
+        seed in any::<u64>(),
+        dt in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16]),
+        mesh in mesh_strategy(),
+        perm in any::<u64>(),
+    ) {
+        let mut shape = lead.clone();
+        shape.extend([f, 2]);
+        let x = Tensor::randn(shape.clone(), seed, DType::F64).cast(dt).unwrap();
+        let y = swiglu_pairs(&x).unwrap();
+        let (g, u) = pairs_of(&x);
+        let want = vals(&swiglu(&g, &u).unwrap());
+        prop_assert_eq!(vals(&y), want.clone());
+        let p = placement(&mesh, perm);
+        let nd = p.ndim();
+        // One SBP per axis: a leading dim or F split, or broadcast.
+        let choices: Vec<Sbp> = (0..=lead.len()).map(Sbp::S).chain([Sbp::B]).collect();
+        let sbp = common::nd_sbp_of(nd, seed, &choices);
+        let got = run_ranks(p.num_ranks(), Duration::from_secs(30), |_| {
+            let xg = x
+                .to_global(&p, oxiflow_tensor::NdSbp::broadcast(nd))
+                .unwrap()
+                .to_global(&p, sbp.clone())
+                .unwrap();
+            vals(&swiglu_pairs(&xg).unwrap())
+        });
+        for v in got {
+            prop_assert_eq!(&v, &want);
+        }
+    }
+}
+
+#[test]
+fn swiglu_pairs_needs_pairs_on_the_last_dim() {
+    for shape in [vec![2usize], vec![3, 4], vec![2, 3, 1]] {
+        let e = swiglu_pairs(&Tensor::zeros(shape.clone(), DType::F32))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("swiglu_pairs") && e.contains("[.., F, 2]"),
+            "{shape:?}: {e}"
+        );
+    }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::vals;
 
-use oxiflow_ops::swiglu::{swiglu, swiglu_backward};
+use oxiflow_ops::swiglu::{swiglu, swiglu_backward, swiglu_pairs};
 use oxiflow_tensor::{DType, DeviceType, Placement, Sbp, Tensor};
 
 fn sigmoid(x: f64) -> f64 {
@@ -44,6 +44,41 @@ fn swiglu_on_cuda_matches_the_f64_reference() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The packed form on the device against the CPU's f64 value of the same (rounded) inputs.
+#[test]
+fn swiglu_pairs_on_cuda_matches_the_f64_reference() {
+    let Some(_world) = common::cuda_world_or_skip("swiglu_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        for shape in [
+            vec![1usize, 1, 8192, 2],
+            vec![16, 1, 8192, 2],
+            vec![3, 5, 2],
+            vec![0, 4, 2],
+        ] {
+            let x = Tensor::randn_global(shape.clone(), 4, dt, &p, Sbp::S(0)).unwrap();
+            let y = swiglu_pairs(&x).unwrap();
+            let (xv, yv) = (vals(&x), vals(&y));
+            let tol = match dt {
+                DType::F64 => 1e-12,
+                DType::F32 => 1e-5,
+                _ => 1.6e-2,
+            };
+            assert_eq!(yv.len(), xv.len() / 2);
+            for (i, got) in yv.iter().enumerate() {
+                let (a, b) = (xv[2 * i], xv[2 * i + 1]);
+                let want = a * sigmoid(a) * b;
+                assert!(
+                    (got - want).abs() <= tol * want.abs().max(1.0),
+                    "{dt} {shape:?} element {i}: {got} vs {want}"
+                );
             }
         }
     }

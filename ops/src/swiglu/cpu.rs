@@ -5,7 +5,7 @@ use half::bf16;
 use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 use rayon::prelude::*;
 
-use super::{SwiGlu, SwiGluGrad};
+use super::{SwiGlu, SwiGluGrad, SwiGluPairs};
 use crate::host_slices::{input, kernel_err, output, output_pair, Elem, Wide, CHUNK};
 
 /// `silu(g) * u`.
@@ -93,6 +93,33 @@ pub(super) fn backward(
         Some(oxiflow_tensor::DType::F32) => backward_typed::<f32>(name, io),
         Some(oxiflow_tensor::DType::F64) => backward_typed::<f64>(name, io),
         Some(oxiflow_tensor::DType::BF16) => backward_typed::<bf16>(name, io),
+        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
+    }
+}
+
+fn pairs_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+    let x = input::<T>(op, io.inputs, 0)?;
+    if x.len() % 2 != 0 {
+        return Err(kernel_err(op, format!("{} elements are no pairs", x.len())));
+    }
+    let y = output::<T>(op, io.outputs, 0, x.len() / 2)?;
+    let f = |(y, p): (&mut T, &[T])| *y = T::narrow(silu_times(p[0].widen(), p[1].widen()));
+    if y.len() >= CHUNK {
+        y.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(2 * CHUNK))
+            .for_each(|(y, x)| y.iter_mut().zip(x.chunks_exact(2)).for_each(f));
+    } else {
+        y.iter_mut().zip(x.chunks_exact(2)).for_each(f);
+    }
+    Ok(())
+}
+
+pub(super) fn pairs(op: &SwiGluPairs, _b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
+    let name = oxiflow_tensor::ExternOp::name(op);
+    match io.inputs.first().map(|a| a.dtype()) {
+        Some(oxiflow_tensor::DType::F32) => pairs_typed::<f32>(name, io),
+        Some(oxiflow_tensor::DType::F64) => pairs_typed::<f64>(name, io),
+        Some(oxiflow_tensor::DType::BF16) => pairs_typed::<bf16>(name, io),
         d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
     }
 }

@@ -10,13 +10,14 @@ use oxiflow_cuda::{
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
-use super::{SwiGlu, SwiGluGrad};
+use super::{SwiGlu, SwiGluGrad, SwiGluPairs};
 
-/// The kernels of `swiglu.cu`: direction and element type.
+/// The kernels of `swiglu.cu`: forward, backward or packed forward, and element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SwiGluKernel {
     Forward(DType),
     Backward(DType),
+    Pairs(DType),
 }
 
 const TYPES: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
@@ -31,6 +32,10 @@ impl KernelIds for SwiGluKernel {
         SwiGluKernel::Backward(TYPES[1]),
         SwiGluKernel::Backward(TYPES[2]),
         SwiGluKernel::Backward(TYPES[3]),
+        SwiGluKernel::Pairs(TYPES[0]),
+        SwiGluKernel::Pairs(TYPES[1]),
+        SwiGluKernel::Pairs(TYPES[2]),
+        SwiGluKernel::Pairs(TYPES[3]),
     ];
     fn entry(self) -> &'static str {
         match self {
@@ -42,6 +47,10 @@ impl KernelIds for SwiGluKernel {
             SwiGluKernel::Backward(DType::BF16) => "swiglu_bwd_bf16",
             SwiGluKernel::Backward(DType::F16) => "swiglu_bwd_f16",
             SwiGluKernel::Backward(_) => "swiglu_bwd_f32",
+            SwiGluKernel::Pairs(DType::F64) => "swiglu_pairs_f64",
+            SwiGluKernel::Pairs(DType::BF16) => "swiglu_pairs_bf16",
+            SwiGluKernel::Pairs(DType::F16) => "swiglu_pairs_f16",
+            SwiGluKernel::Pairs(_) => "swiglu_pairs_f32",
         }
     }
 }
@@ -139,5 +148,36 @@ pub(crate) fn backward_at(
         .arg(&count);
     // SAFETY: swiglu_bwd_<dtype> takes (const T*, const T*, const T*, T*, T*, i64); the
     // callers' five buffers hold `n` elements of `dtype` each and outlive the launch.
+    launched(name, unsafe { l.launch(grid(n)) })
+}
+
+pub(super) fn pairs(
+    op: &SwiGluPairs,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([x], [y]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 1 input and 1 output"));
+    };
+    let dtype = x.dtype();
+    if x.numel() % 2 != 0 {
+        return Err(device_error(
+            name,
+            format!("x {} is no (gate, up) pairs", x.shape()),
+        ));
+    }
+    let n = x.numel() / 2;
+    same(name, &[y], n, dtype)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let func = SOURCE.function(rt, name, SwiGluKernel::Pairs(dtype))?;
+    let (xp, yp, count) = (x.ptr(), y.ptr(), n as i64);
+    let mut l = rt.launcher(name, func)?;
+    l.arg(&xp).arg(&yp).arg(&count);
+    // SAFETY: swiglu_pairs_<dtype> takes (const T*, T*, i64 n); x holds 2 n elements of
+    // `dtype` and y n (checked above); the pieces outlive the launch.
     launched(name, unsafe { l.launch(grid(n)) })
 }

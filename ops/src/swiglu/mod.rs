@@ -1,6 +1,7 @@
 //! SwiGLU, the gated activation of Llama-family MLPs: `y = silu(gate) * up` (`silu(g) = g *
 //! sigmoid(g)`), one fused kernel forward and one backward (`dgate = dy * up * silu'(gate)`,
-//! `dup = dy * silu(gate)`), on same-shape float operands.
+//! `dup = dy * silu(gate)`), on same-shape float operands; and [`swiglu_pairs`], the forward
+//! of one packed `[.., F, 2]` input (a fused gate/up product's), for decoding.
 //!
 //! Layouts (`oxiflow_sbp::rules::pointwise`): split alike on any dim, broadcast, or `up`
 //! partial with `gate` broadcast (the output is linear in `up`); the backward likewise, partial
@@ -10,6 +11,9 @@
 
 mod cpu;
 pub(crate) mod cuda;
+mod pairs;
+
+pub use pairs::{swiglu_pairs, SwiGluPairs};
 
 use std::sync::LazyLock;
 
@@ -43,6 +47,9 @@ pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tenso
 
 static FORWARD: LazyLock<Kernels> =
     LazyLock::new(|| float_kernels::<SwiGlu>(cpu::forward, cuda::forward));
+
+static PAIRS: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<SwiGluPairs>(cpu::pairs, cuda::pairs));
 
 static BACKWARD: LazyLock<Kernels> =
     LazyLock::new(|| float_kernels::<SwiGluGrad>(cpu::backward, cuda::backward));

@@ -24,8 +24,18 @@ __device__ __forceinline__ void swiglu_bwd(const T* g, const T* u, const T* dy, 
     }
 }
 
+// Packed: x of n (gate, up) pairs -> y of n.
+template <typename T>
+__device__ __forceinline__ void swiglu_pairs_fwd(const T* x, T* y, i64 n) {
+    GRID_LOOP(i, n) {
+        float a = ld(x + 2 * i);
+        st(y + i, a * sigmoid_f(a) * ld(x + 2 * i + 1));
+    }
+}
+
 #define SWIGLU(T, N) \
     extern "C" __global__ void swiglu_fwd_##N(const T* g, const T* u, T* y, i64 n) { swiglu_fwd(g, u, y, n); } \
+    extern "C" __global__ void swiglu_pairs_##N(const T* x, T* y, i64 n) { swiglu_pairs_fwd(x, y, n); } \
     extern "C" __global__ void swiglu_bwd_##N(const T* g, const T* u, const T* dy, T* dg, T* du, i64 n) { \
         swiglu_bwd(g, u, dy, dg, du, n); \
     }
@@ -47,5 +57,12 @@ extern "C" __global__ void swiglu_bwd_f64(const double* g, const double* u, cons
         double s = sigmoid_d(a);
         dg[i] = d * b * (s * (1.0 + a * (1.0 - s)));
         du[i] = d * (a * s);
+    }
+}
+
+extern "C" __global__ void swiglu_pairs_f64(const double* x, double* y, i64 n) {
+    GRID_LOOP(i, n) {
+        double a = x[2 * i];
+        y[i] = a * sigmoid_d(a) * x[2 * i + 1];
     }
 }

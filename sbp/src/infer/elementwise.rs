@@ -34,6 +34,21 @@ pub fn unary(x: &Shape, linear: bool, mode: RuleMode) -> Rules {
     r
 }
 
+/// SwiGLU of a packed input x `[.., F, 2]` (each gate value beside its up value) -> `[.., F]`:
+/// any dim but the pairs' split alike, or whole. Never P (not linear in the gate).
+pub fn swiglu_pairs(x: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    let nd = x.ndim();
+    if nd < 2 || x.dim(nd - 1) != 2 {
+        return Err(format!("x must be [.., F, 2] (gate and up pairs), got {x}"));
+    }
+    let mut r = Rules::new(mode, [Shape::new(x.dims()[..nd - 1].to_vec())]);
+    for i in 0..nd - 1 {
+        r.push(&[Sbp::S(i)], &[Sbp::S(i)]);
+    }
+    r.push(&[B], &[B]);
+    Ok(r)
+}
+
 /// A pointwise op on same-shape inputs with `n_out` outputs of that shape: S(i) on every input
 /// -> S(i) on every output; B -> B; and for each input in `linear` (every output is linear in
 /// it, e.g. `up` of `silu(gate) * up`): P on it and B on the others -> P on every output.

@@ -43,7 +43,8 @@ pub mod rules {
     };
     pub use super::concat::{concat, slice, write_rows};
     pub use super::elementwise::{
-        binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, unary, whole,
+        binary, broadcast_shape, broadcast_to, pointwise, reduce_to_shape, swiglu_pairs, unary,
+        whole,
     };
     pub use super::embedding::{backward as embedding_backward, forward as embedding};
     pub use super::experts::{

@@ -13,6 +13,7 @@ use super::super::param::{Module, Parameter};
 use super::arch::Arch;
 use super::attention::{CausalSelfAttention, KvSlot};
 use super::config::{GptConfig, GptLayout};
+use super::fused_gate_up::FusedGateUp;
 use super::fused_qkv::FusedQkv;
 use super::mlp::GptMlp;
 use super::moe::{MoeMlp, RouterLog};
@@ -185,7 +186,7 @@ impl Block {
     /// over the keys and values `cache` holds before it (see
     /// [`CausalSelfAttention::attend_at`]): the block's output and the position's key and
     /// value, for the caller to write into the cache. `fused`: the attention's fused
-    /// query/key/value projection, where it has one.
+    /// query/key/value projection and the MLP's fused gate/up, where it has them.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_at(
         &self,
@@ -195,10 +196,18 @@ impl Block {
         stream: Sbp,
         cache: (&Tensor, &Tensor),
         pos: &Tensor,
-        fused: Option<&FusedQkv>,
+        fused: (Option<&FusedQkv>, Option<&FusedGateUp>),
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
-        let (o, k, v) = self.attn.attend_at(&h, cache, pos, fused)?;
+        let (o, k, v) = self.attn.attend_at(&h, cache, pos, fused.0)?;
+        if let (Some(f), BlockMlp::Dense(mlp)) = (fused.1, &self.mlp) {
+            // The rest of the block in evaluation, its gate and up one product.
+            let a = row_parallel(&self.attn.proj, &o, layout, stream)?;
+            let (x, h) = self.ln2.forward_residual(x, &a)?;
+            let h = layout.relayout(&h, Sbp::B)?;
+            let m = row_parallel(&mlp.proj, &mlp.hidden_with(&h, Some(f))?, layout, stream)?;
+            return Ok((x.add(&m)?, k, v));
+        }
         Ok((self.decoded(x, &o, cfg, layout, stream)?, k, v))
     }
 

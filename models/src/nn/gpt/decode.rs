@@ -19,7 +19,9 @@ use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
 use super::attention::KvSlot;
+use super::block::BlockMlp;
 use super::config::GptLayout;
+use super::fused_gate_up::FusedGateUp;
 use super::fused_qkv::FusedQkv;
 use super::model::Gpt;
 use crate::nn::Pass;
@@ -110,49 +112,69 @@ impl FixedKvCache {
 }
 
 /// What a decoding step reads beside the model's parameters: each block's fused
-/// query/key/value projection where it has one ([`FusedQkv`]). Made once by
-/// [`Gpt::decode_weights`] and written again in place by later calls, so a captured step that
-/// takes its tensors as inputs reads them where they are.
+/// query/key/value projection ([`FusedQkv`]) and fused gate/up ([`FusedGateUp`]) where it has
+/// them. Made once by [`Gpt::decode_weights`] and written again in place by later calls, so a
+/// captured step that takes its tensors as inputs reads them where they are.
 #[derive(Clone, Debug, Default)]
 pub struct DecodeWeights {
     qkv: Vec<Option<FusedQkv>>,
+    gate_up: Vec<Option<FusedGateUp>>,
 }
 
 impl DecodeWeights {
-    /// Every tensor, in block order (the weight, then the bias where there is one).
+    /// Every tensor: the fused projections' in block order (the weight, then the bias where
+    /// there is one), then the fused gates/ups' in block order.
     pub fn tensors(&self) -> Vec<Tensor> {
-        self.qkv
+        let qkv = self
+            .qkv
             .iter()
             .flatten()
-            .flat_map(|f| std::iter::once(f.weight.clone()).chain(f.bias.clone()))
-            .collect()
+            .flat_map(|f| std::iter::once(f.weight.clone()).chain(f.bias.clone()));
+        let gate_up = self.gate_up.iter().flatten().map(|f| f.weight.clone());
+        qkv.chain(gate_up).collect()
+    }
+
+    /// How many blocks run their query/key/value projections as one product, and how many
+    /// their gate and up.
+    pub fn fused_blocks(&self) -> (usize, usize) {
+        (
+            self.qkv.iter().flatten().count(),
+            self.gate_up.iter().flatten().count(),
+        )
     }
 
     /// The same structure over `tensors` (as [`DecodeWeights::tensors`] lists them: a step's
     /// inputs).
     pub fn with_tensors(&self, tensors: &[Tensor]) -> Result<DecodeWeights> {
-        let mut it = tensors.iter();
+        let err = || weights_err(tensors.len(), self.tensors().len());
+        let mut it = tensors.iter().cloned();
         let mut qkv = Vec::with_capacity(self.qkv.len());
         for f in &self.qkv {
             qkv.push(match f {
                 None => None,
                 Some(f) => {
-                    let weight = it.next().cloned();
+                    let weight = it.next().ok_or_else(err)?;
                     let bias = match f.bias {
-                        Some(_) => it.next().cloned().map(Some),
-                        None => Some(None),
+                        Some(_) => Some(it.next().ok_or_else(err)?),
+                        None => None,
                     };
-                    match (weight, bias) {
-                        (Some(weight), Some(bias)) => Some(f.with(weight, bias)),
-                        _ => return Err(weights_err(tensors.len(), self.tensors().len())),
-                    }
+                    Some(f.with(weight, bias))
                 }
             });
         }
-        if it.next().is_some() {
-            return Err(weights_err(tensors.len(), self.tensors().len()));
+        let mut gate_up = Vec::with_capacity(self.gate_up.len());
+        for f in &self.gate_up {
+            gate_up.push(match f {
+                None => None,
+                Some(_) => Some(FusedGateUp {
+                    weight: it.next().ok_or_else(err)?,
+                }),
+            });
         }
-        Ok(DecodeWeights { qkv })
+        if it.next().is_some() {
+            return Err(err());
+        }
+        Ok(DecodeWeights { qkv, gate_up })
     }
 }
 
@@ -171,20 +193,27 @@ impl Gpt {
     /// new ones. Every rank calls it alike.
     pub fn decode_weights(&self, kept: Option<DecodeWeights>) -> Result<DecodeWeights> {
         let _ng = oxiflow_tensor::no_grad();
-        if let Some(mut w) = kept.filter(|w| w.qkv.len() == self.blocks.len()) {
-            for (f, block) in w.qkv.iter_mut().zip(&self.blocks) {
-                if let Some(f) = f {
-                    block.attn.refresh_fused_qkv(f)?;
+        let n = self.blocks.len();
+        if let Some(mut w) = kept.filter(|w| w.qkv.len() == n && w.gate_up.len() == n) {
+            for ((q, g), block) in w.qkv.iter_mut().zip(&mut w.gate_up).zip(&self.blocks) {
+                if let Some(q) = q {
+                    block.attn.refresh_fused_qkv(q)?;
+                }
+                if let (Some(g), BlockMlp::Dense(mlp)) = (g, &block.mlp) {
+                    mlp.refresh_fused_gate_up(g)?;
                 }
             }
             return Ok(w);
         }
-        let qkv = self
-            .blocks
-            .iter()
-            .map(|b| b.attn.fused_qkv())
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DecodeWeights { qkv })
+        let mut w = DecodeWeights::default();
+        for block in &self.blocks {
+            w.qkv.push(block.attn.fused_qkv()?);
+            w.gate_up.push(match &block.mlp {
+                BlockMlp::Dense(mlp) => mlp.fused_gate_up()?,
+                BlockMlp::Moe(_) => None,
+            });
+        }
+        Ok(w)
     }
 
     /// The keys and values `cache` holds in a [`FixedKvCache`] of `positions` positions (at
@@ -277,7 +306,10 @@ impl Gpt {
                 stream,
                 (&cache[i].0, &cache[i].1),
                 pos,
-                weights.qkv.get(i).and_then(Option::as_ref),
+                (
+                    weights.qkv.get(i).and_then(Option::as_ref),
+                    weights.gate_up.get(i).and_then(Option::as_ref),
+                ),
             )?;
             rows.push((k, v));
             Ok(y)

@@ -78,23 +78,9 @@ impl FusedQkv {
         let pieces = Pieces::of(p)?;
         let (r, d) = (self.group, self.head_dim);
         let starts = [0, r * d, (r + 1) * d];
-        let mut in_place = true;
-        for (w, &at) in pieces.weights.iter().zip(&starts) {
-            let mut one = [std::mem::replace(
-                &mut self.weight,
-                Tensor::zeros([0], w.dtype()),
-            )];
-            in_place &= write_rows_in_place(&mut one, &[w], 2, at)?;
-            let [w] = one;
-            self.weight = w;
-        }
+        let mut in_place = refill(&mut self.weight, &pieces.weights, 2, &starts)?;
         if let (Some(bias), Some(bs)) = (self.bias.as_mut(), &pieces.biases) {
-            for (b, &at) in bs.iter().zip(&starts) {
-                let mut one = [std::mem::replace(bias, Tensor::zeros([0], b.dtype()))];
-                in_place &= write_rows_in_place(&mut one, &[b], 1, at)?;
-                let [b] = one;
-                *bias = b;
-            }
+            in_place &= refill(bias, bs, 1, &starts)?;
         }
         Ok(in_place)
     }
@@ -132,6 +118,26 @@ impl FusedQkv {
         let y = y.reshape([b, t, g, self.group + 2, self.head_dim])?;
         rotary_qkv_at(&y, &rope.frequencies_on(y.placement())?, pos)
     }
+}
+
+/// Writes each of `pieces` into `target` along `dim` from its start in `starts`, in
+/// `target`'s own memory where nothing else holds it (else into a new tensor put in its
+/// place); returns whether every write was in place.
+pub(super) fn refill(
+    target: &mut Tensor,
+    pieces: &[Tensor],
+    dim: usize,
+    starts: &[usize],
+) -> Result<bool> {
+    let mut in_place = true;
+    for (piece, &at) in pieces.iter().zip(starts) {
+        let mut one = [std::mem::replace(target, Tensor::zeros([0], piece.dtype()))];
+        let written = write_rows_in_place(&mut one, &[piece], dim, at);
+        let [t] = one;
+        *target = t;
+        in_place &= written?;
+    }
+    Ok(in_place)
 }
 
 impl Pieces {

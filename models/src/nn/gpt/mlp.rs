@@ -10,6 +10,7 @@ use super::super::linear::Linear;
 use super::super::param::{Module, Parameter};
 use super::arch::{Arch, MlpKind};
 use super::config::{GptConfig, GptLayout};
+use super::fused_gate_up::FusedGateUp;
 
 /// The MLP of a block. GELU: `name.fc` `[C, F]` (column-parallel) -> GELU -> `name.proj`
 /// `[F, C]` (row-parallel). SwiGLU: `name.gate` and `name.up` `[C, F]` (column-parallel) ->
@@ -37,6 +38,44 @@ impl GptMlp {
             fc: Linear::new(&format!("{name}.{fc}"), c, f, &column)?,
             proj: Linear::new(&format!("{name}.{proj}"), f, c, &row)?,
         })
+    }
+
+    /// Its gate and up projections as one for decoding, or None where they do not fuse (no
+    /// gate, or biases or adapters on them).
+    pub fn fused_gate_up(&self) -> Result<Option<FusedGateUp>> {
+        match self.fusable_gate() {
+            Some(gate) => FusedGateUp::new(gate, &self.fc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the projections' current values into `fused` (made by
+    /// [`GptMlp::fused_gate_up`]), in place where it may; returns whether it did.
+    pub fn refresh_fused_gate_up(&self, fused: &mut FusedGateUp) -> Result<bool> {
+        match self.fusable_gate() {
+            Some(gate) => fused.refresh(gate, &self.fc),
+            None => Err(crate::TensorError::Shape {
+                op: "GptMlp::refresh_fused_gate_up",
+                shapes: fused.weight.shape().to_string(),
+                sbps: String::new(),
+                detail: "the MLP's gate and up no longer fuse".into(),
+            }),
+        }
+    }
+
+    /// The gate where gate and up fuse: both without bias or adapter.
+    fn fusable_gate(&self) -> Option<&Linear> {
+        let plain = |l: &Linear| l.bias.is_none() && l.lora.is_none();
+        self.gate.as_ref().filter(|g| plain(g) && plain(&self.fc))
+    }
+
+    /// The hidden activation of h with the gate and up as one product where `fused` is given
+    /// (made by [`GptMlp::fused_gate_up`]), else as [`GptMlp::hidden`].
+    pub fn hidden_with(&self, h: &Tensor, fused: Option<&FusedGateUp>) -> Result<Tensor> {
+        match (fused, self.fusable_gate()) {
+            (Some(f), Some(_)) => f.hidden(h, self.fc.weight.matmul_precision()),
+            _ => self.hidden(h),
+        }
     }
 
     /// The hidden activation of h (whole on the tensor-parallel axis): `gelu(fc(h))`, or

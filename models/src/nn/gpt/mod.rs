@@ -14,6 +14,7 @@ mod attention;
 mod block;
 mod config;
 mod decode;
+mod fused_gate_up;
 mod fused_qkv;
 mod lora;
 mod mlp;
@@ -29,6 +30,7 @@ pub use attention::{causal_attention, repeat_heads, CausalSelfAttention, KvSlot}
 pub use block::{Block, BlockMlp, Recompute};
 pub use config::{padded_vocab, GptConfig, GptLayout, DEFAULT_VOCAB_MULTIPLE};
 pub use decode::{DecodeWeights, FixedKvCache, KvCache};
+pub use fused_gate_up::FusedGateUp;
 pub use fused_qkv::FusedQkv;
 pub use lora::LoraSpec;
 pub use mlp::GptMlp;

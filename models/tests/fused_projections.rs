@@ -1,9 +1,10 @@
-//! Decoding with fused query/key/value projections (`Gpt::decode_weights`) against the
-//! separate projections: each fixture of `tests/fixtures/hf` in f64, after its prompt, gives
-//! the same logits and keys and values at every step of `Gpt::decode_at` (within 1e-12),
-//! locally and on a tensor-parallel mesh of 2 CPU ranks; the fixtures with rotary positions
-//! fuse (Mistral's one key/value head only where it is not replicated over the axis), GPT-2's
-//! learned positions do not. Weights refreshed after a parameter changes give the new
+//! Decoding with fused projections (`Gpt::decode_weights`: q/k/v as one product, a SwiGLU
+//! MLP's gate and up as one) against the separate projections: each fixture of
+//! `tests/fixtures/hf` in f64, after its prompt, gives the same logits and keys and values at
+//! every step of `Gpt::decode_at` (within 1e-12), locally and on a tensor-parallel mesh of 2
+//! CPU ranks; the fixtures with rotary positions fuse q/k/v (Mistral's one key/value head only
+//! where it is not replicated over the axis) and gate/up, GPT-2 (learned positions, GELU)
+//! neither. Weights refreshed after a parameter changes give the new
 //! parameter's logits (written in place on a device; the CPU writes new tensors).
 
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use oxiflow_dtype::DType;
 use oxiflow_models::hf::HfCheckpoint;
-use oxiflow_models::nn::gpt::{DecodeWeights, Gpt, GptConfig, GptLayout, StageSplit};
+use oxiflow_models::nn::gpt::{BlockMlp, DecodeWeights, Gpt, GptConfig, GptLayout, StageSplit};
 use oxiflow_models::nn::Module;
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::NdSbp;
@@ -53,15 +54,15 @@ fn worst(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// Four decoding steps after a prompt of 3 tokens (batch 2), fused and separate side by
-/// side; returns how many blocks fused.
-fn fused_equals_separate(name: &str, m: &Gpt, p: Option<&Placement>) -> usize {
+/// side; returns how many blocks fused q/k/v and gate/up.
+fn fused_equals_separate(name: &str, m: &Gpt, p: Option<&Placement>) -> (usize, usize) {
     let _ng = no_grad();
     let mut cache = m.new_cache();
     m.decode(&ids(&[5, 17, 3, 9, 9, 9], 2, p), &mut cache)
         .unwrap();
     let fixed = m.fix_cache(&cache, 8).unwrap();
     let fused = m.decode_weights(None).unwrap();
-    let blocks = fused.tensors().len();
+    let blocks = fused.fused_blocks();
     let separate = DecodeWeights::default();
     for step in 0..4 {
         let at = Tensor::from_vec(vec![(3 + step) as i64], [1]).unwrap();
@@ -83,15 +84,15 @@ fn fused_equals_separate(name: &str, m: &Gpt, p: Option<&Placement>) -> usize {
 
 #[test]
 fn fused_projections_decode_as_the_separate_ones() {
-    for (name, fuses_local, fuses_tp2) in [
-        ("llama", true, true),
-        ("qwen2", true, true),
-        ("mistral", true, false),
-        ("gpt2", false, false),
+    // Blocks fusing (q/k/v, gate/up) on one rank and under TP2: 2 blocks each.
+    for (name, local, tp2) in [
+        ("llama", (2, 2), (2, 2)),
+        ("qwen2", (2, 2), (2, 2)),
+        ("mistral", (2, 2), (0, 2)),
+        ("gpt2", (0, 0), (0, 0)),
     ] {
         let m = model(name, &GptLayout::Local);
-        let fused = fused_equals_separate(name, &m, None);
-        assert_eq!(fused > 0, fuses_local, "{name}: {fused} fused tensors");
+        assert_eq!(fused_equals_separate(name, &m, None), local, "{name}");
         let got = run_ranks(2, Duration::from_secs(120), |_| {
             let p = Placement::new(DeviceType::Cpu, vec![1, 2], vec![0, 1]).unwrap();
             let layout = GptLayout::Mesh(NamedMesh::of(p.clone(), &[DP, TP]).unwrap());
@@ -99,7 +100,7 @@ fn fused_projections_decode_as_the_separate_ones() {
             fused_equals_separate(name, &m, Some(&p))
         });
         for fused in got {
-            assert_eq!(fused > 0, fuses_tp2, "{name} tp 2: {fused} fused tensors");
+            assert_eq!(fused, tp2, "{name} tp 2");
         }
     }
 }
@@ -109,14 +110,15 @@ fn refreshed_weights_follow_the_parameters() {
     let _ng = no_grad();
     let m = model("qwen2", &GptLayout::Local);
     let w = m.decode_weights(None).unwrap();
-    assert_eq!(
-        w.tensors().len(),
-        2 * m.blocks.len(),
-        "a weight and a bias a block"
-    );
-    // A changed query projection (weight and bias) of the first block.
+    // Per block a q/k/v weight and bias, then per block a gate/up weight.
+    assert_eq!(w.tensors().len(), 3 * m.blocks.len());
+    // A changed query projection (weight and bias) and gate of the first block.
     let q = &m.blocks[0].attn.q;
-    for p in [&q.weight, q.bias.as_ref().unwrap()] {
+    let BlockMlp::Dense(mlp) = &m.blocks[0].mlp else {
+        panic!("qwen2's MLP is dense");
+    };
+    let gate = &mlp.gate.as_ref().unwrap().weight;
+    for p in [&q.weight, q.bias.as_ref().unwrap(), gate] {
         let v = p.value();
         p.set_value(&v.mul_scalar(1.5).unwrap()).unwrap();
     }

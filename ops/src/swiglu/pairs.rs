@@ -1,0 +1,44 @@
+//! `SwiGluPairs`: SwiGLU of one packed input `[.., F, 2]` (each gate value beside its up value)
+//! -> `[.., F]`: what a fused gate/up product gives with its columns interleaved, so that a
+//! split of F over the tensor-parallel axis (the product's output columns in contiguous
+//! blocks) keeps each rank's pairs whole. Decoding uses it; it has no gradient.
+
+use oxiflow_dtype::DType;
+use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_tensor::{
+    dispatch, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
+};
+
+use super::PAIRS;
+use crate::operand_dtypes::one_float_dtype;
+
+/// SwiGLU of a packed `[.., F, 2]` input (inputs: x).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwiGluPairs;
+
+/// `silu(x[.., :, 0]) * x[.., :, 1]` for x `[.., F, 2]` -> `[.., F]` (one float dtype; local
+/// or global alike).
+pub fn swiglu_pairs(x: &Tensor) -> Result<Tensor> {
+    dispatch(Extern::new(SwiGluPairs).into(), &[x])
+}
+
+impl ExternOp for SwiGluPairs {
+    fn name(&self) -> &'static str {
+        "swiglu_pairs"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (1, 1)
+    }
+    fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = one_float_dtype(dtypes)?;
+        let r = rules::swiglu_pairs(shapes[0], mode).map_err(MetaError::Shape)?;
+        Ok(Inferred::new(r, dt))
+    }
+    fn kernels(&self) -> &Kernels {
+        &PAIRS
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the packed SwiGLU serves decoding, which runs without gradients")
+    }
+}

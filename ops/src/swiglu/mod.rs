@@ -13,7 +13,7 @@ mod cpu;
 pub(crate) mod cuda;
 mod pairs;
 
-pub use pairs::{swiglu_pairs, SwiGluPairs};
+pub use pairs::swiglu_pairs;
 
 use std::sync::LazyLock;
 
@@ -31,6 +31,10 @@ use crate::two_outputs::dispatch_pair;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwiGlu;
 
+/// SwiGLU of a packed `[.., F, 2]` input (inputs: x; see [`swiglu_pairs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwiGluPairs;
+
 /// The gradients of [`SwiGlu`] (inputs: gate, up, dy; outputs: dgate, dup).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwiGluGrad;
@@ -47,9 +51,6 @@ pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tenso
 
 static FORWARD: LazyLock<Kernels> =
     LazyLock::new(|| float_kernels::<SwiGlu>(cpu::forward, cuda::forward));
-
-static PAIRS: LazyLock<Kernels> =
-    LazyLock::new(|| float_kernels::<SwiGluPairs>(cpu::pairs, cuda::pairs));
 
 static BACKWARD: LazyLock<Kernels> =
     LazyLock::new(|| float_kernels::<SwiGluGrad>(cpu::backward, cuda::backward));

@@ -3,18 +3,19 @@
 //! split of F over the tensor-parallel axis (the product's output columns in contiguous
 //! blocks) keeps each rank's pairs whole. Decoding uses it; it has no gradient.
 
+use std::sync::LazyLock;
+
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
     dispatch, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
 };
 
-use super::PAIRS;
-use crate::operand_dtypes::one_float_dtype;
+use super::{cpu, cuda, SwiGluPairs};
+use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
-/// SwiGLU of a packed `[.., F, 2]` input (inputs: x).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SwiGluPairs;
+static PAIRS: LazyLock<Kernels> =
+    LazyLock::new(|| float_kernels::<SwiGluPairs>(cpu::pairs, cuda::pairs));
 
 /// `silu(x[.., :, 0]) * x[.., :, 1]` for x `[.., F, 2]` -> `[.., F]` (one float dtype; local
 /// or global alike).

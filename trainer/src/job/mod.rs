@@ -114,6 +114,16 @@ fn device_of(cfg: &TrainConfig, ctx: &Context) -> Result<DeviceType, TrainError>
             detail: format!("--precision {flag} needs --device cuda (or auto on an NCCL world)"),
         });
     }
+    if device == DeviceType::Cuda
+        && cfg.parallel.precision.is_none()
+        && cfg.model.dtype == oxiflow_dtype::DType::F64
+    {
+        // The device's default policy computes in bf16 over the f64 masters.
+        tracing::warn!(
+            "--dtype f64 on cuda keeps f64 master weights and computes in bf16 (the default \
+             --precision bf16-mixed); --precision f64 computes everything in f64"
+        );
+    }
     Ok(device)
 }
 

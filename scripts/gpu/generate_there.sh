@@ -6,7 +6,7 @@
 # --gen-warmup $WARMUP` (default
 # 1: the request once untimed, as torch's timed generate follows a warm-up one) beside
 # `llama_bench.py --generate` (transformers' generate with a static cache) in $MODES (default
-# "eager compile"), in the same command. Each run's nvidia-smi peak. Logs under $OUT; a table
+# "eager compile"), in the same command. $OURS_ARGS: more flags for ours. Each run's nvidia-smi peak. Logs under $OUT; a table
 # last.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -29,7 +29,7 @@ for b in $BATCHES; do
 import random; random.seed($b)
 print(';'.join(','.join(str(random.randrange(1, 128000)) for _ in range(128)) for _ in range($b)))")
   ours=(bin/train --from-hf "$MODEL" --prompt-ids "$prompts" --gen-tokens "$NEW" --temperature 0
-    --gen-warmup "$WARMUP")
+    --gen-warmup "$WARMUP" ${OURS_ARGS:-})
   sampled "$OUT/ours-b$b.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl "${ours[@]}"
   if [ "${NOGRAPH:-0}" = 1 ]; then
     OXIFLOW_CUDA_GRAPH=0 sampled "$OUT/ours-nograph-b$b.log" timeout 300 bin/oflaunch \

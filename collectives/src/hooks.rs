@@ -153,10 +153,23 @@ pub(crate) trait HostHooks:
 impl<T> HostHooks for T where T: for<'a> BackendHooks<Read<'a> = &'a [u8], Write<'a> = &'a mut [u8]> {}
 
 /// Items of a `BackendHooks` impl that every host-memory backend writes alike, by name:
-/// `host_hooks!(buffers: BACKEND)` (the buffer types and their conversion), and
+/// `host_hooks!(identity: BACKEND)` (the rank, backend and log of a communicator with `me`
+/// and `log` fields), `host_hooks!(buffers: BACKEND)` (the buffer types and their
+/// conversion), and
 /// `host_hooks!(all_reduce_into)`, `host_hooks!(all_to_all_v_others)`,
 /// `host_hooks!(all_to_all_v_strided)` (the derived calls through the shared host functions).
 macro_rules! host_hooks {
+    (identity: $backend:expr) => {
+        fn rank(&self) -> usize {
+            self.me
+        }
+        fn backend(&self) -> Backend {
+            $backend
+        }
+        fn log(&self) -> &CommLog {
+            &self.log
+        }
+    };
     (buffers: $backend:expr) => {
         type Read<'a> = &'a [u8];
         type Write<'a> = &'a mut [u8];

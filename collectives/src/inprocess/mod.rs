@@ -151,16 +151,7 @@ impl BackendHooks for InProcessComm {
     host_hooks!(all_reduce_into);
     host_hooks!(all_to_all_v_others);
     host_hooks!(all_to_all_v_strided);
-
-    fn rank(&self) -> usize {
-        self.me
-    }
-    fn backend(&self) -> Backend {
-        BACKEND
-    }
-    fn log(&self) -> &CommLog {
-        &self.log
-    }
+    host_hooks!(identity: BACKEND);
 
     fn all_reduce(
         &self,

@@ -238,16 +238,7 @@ impl BackendHooks for MpiComm {
     host_hooks!(buffers: BACKEND);
     host_hooks!(all_to_all_v_others);
     host_hooks!(all_to_all_v_strided);
-
-    fn rank(&self) -> usize {
-        self.me
-    }
-    fn backend(&self) -> Backend {
-        BACKEND
-    }
-    fn log(&self) -> &CommLog {
-        &self.log
-    }
+    host_hooks!(identity: BACKEND);
 
     fn all_reduce(
         &self,

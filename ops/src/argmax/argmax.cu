@@ -1,7 +1,8 @@
 // Arg-max over each row (one block per row, grid-stride over rows): each thread keeps the
-// first index of its largest value above -inf (reading 16-byte pieces where the rows allow), warps and then the block combine (larger value,
-// or equal value and smaller index); a row with no value above -inf gives index 0. 16- and
-// 32-bit floats compare in f32 (exact), f64 in f64.
+// first index of its largest value above -inf (reading 16-byte pieces where the rows allow),
+// warps and then the block combine (larger value, or equal value and smaller index); a row
+// with no value above -inf gives index 0. 16- and 32-bit floats compare in f32 (exact), f64
+// in f64.
 #define NONE 0x7fffffffffffffffLL
 #define ARGMAX_FLIGHT 8
 

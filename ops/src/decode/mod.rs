@@ -6,8 +6,8 @@
 //! in place), and [`write_rows`] writes each step's keys and values into the caches, in their
 //! own memory where nothing else holds them ([`write_rows_in_place`]).
 //!
-//! Layouts (`oxiflow_sbp::rules::{rotary_at, rotary_qkv_at, decode_attention, write_rows}`): the batch or the
-//! heads split, or all whole; the position broadcast. Kernels: CPU and CUDA in f32, f64, bf16
+//! Layouts (`oxiflow_sbp::rules::{rotary_at, rotary_qkv_at, decode_attention, write_rows}`):
+//! the batch or the heads split, or all whole; the position broadcast. Kernels: CPU and CUDA in f32, f64, bf16
 //! and f16 (16-bit inputs computed in f32, f64 in f64). Not differentiable: decoding runs
 //! without gradients.
 

@@ -1,6 +1,6 @@
 //! The decoding ops as values (their attributes), apart from their definitions (`attend.rs`,
-//! `rotary.rs`, `qkv.rs`, `rows.rs`: rules and kernel tables) so that the kernels (`cpu.rs`, `cuda.rs`)
-//! and the definitions both build on them.
+//! `rotary.rs`, `qkv.rs`, `rows.rs`: rules and kernel tables) so that the kernels (`cpu.rs`,
+//! `cuda.rs`) and the definitions both build on them.
 
 /// The rotary embedding at a device position (inputs: x, inv_freq, pos).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

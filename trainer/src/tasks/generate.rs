@@ -8,9 +8,10 @@
 //! cache moves into tensors of the positions the request can reach (`FixedKvCache`), and each
 //! token runs as one compiled step (`Gpt::decode_at`, the position a device value: one
 //! program, replayed as one device graph on CUDA), its keys and values written into the cache
-//! in place; each block's query/key/value projections run there as one product where they
-//! fuse (`DecodeWeights`, step inputs the session keeps and each request rewrites in place). Where a sequence outgrows the model's positions, each further token is predicted
-//! from the last window of them, computed whole.
+//! in place; each block's query/key/value projections and gate/up run there each as one
+//! product where they fuse (`DecodeWeights`, step inputs the session keeps and each request
+//! rewrites in place). Where a sequence outgrows the model's positions, each further token is
+//! predicted from the last window of them, computed whole.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -137,17 +138,17 @@ pub fn generate_with(
     for p in model.parameters() {
         p.ensure_compute_copy()?;
     }
-    let weights = model.decode_weights(session.weights.take())?;
-    session.weights = Some(weights.clone());
-    steps.prefill += started.elapsed();
     let (spent, graphs) = session.spent();
+    let kept = session.weights.take();
+    let weights = &*session.weights.insert(model.decode_weights(kept)?);
+    steps.prefill += started.elapsed();
     let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, p) in prompts.iter().enumerate() {
         by_len.entry(p.len()).or_default().push(i);
     }
     let decoder = Decoder {
         model,
-        weights: &weights,
+        weights,
         world,
         n,
         sampling,

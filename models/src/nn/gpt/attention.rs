@@ -316,8 +316,8 @@ impl CausalSelfAttention {
     }
 
     /// Writes the projections' current values into `fused` (made by
-    /// [`CausalSelfAttention::fused_qkv`]), in place where it may; returns whether it did.
-    pub fn refresh_fused_qkv(&self, fused: &mut FusedQkv) -> Result<bool> {
+    /// [`CausalSelfAttention::fused_qkv`]), in place where it may.
+    pub fn refresh_fused_qkv(&self, fused: &mut FusedQkv) -> Result<()> {
         fused.refresh(self.projections())
     }
 

@@ -164,7 +164,7 @@ impl Block {
         } else {
             self.attention_part(x, layout, stream)?
         };
-        self.after_attention(x, &a, cfg, layout, stream, pass, recompute, log)
+        self.after_attention(x, &a, cfg, layout, stream, (pass, recompute, None), log)
     }
 
     /// [`Block::forward`] in evaluation of the next positions of the sequences whose keys and
@@ -179,7 +179,7 @@ impl Block {
     ) -> Result<Tensor> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
         let o = self.attn.attend_cached(&h, cache)?;
-        self.decoded(x, &o, cfg, layout, stream)
+        self.decoded(x, &o, cfg, layout, stream, None)
     }
 
     /// One position x `[B, 1, C]` at the device position `pos` through the block, attending
@@ -200,19 +200,12 @@ impl Block {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let h = layout.relayout(&self.ln1.forward(x)?, Sbp::B)?;
         let (o, k, v) = self.attn.attend_at(&h, cache, pos, fused.0)?;
-        if let (Some(f), BlockMlp::Dense(mlp)) = (fused.1, &self.mlp) {
-            // The rest of the block in evaluation, its gate and up one product.
-            let a = row_parallel(&self.attn.proj, &o, layout, stream)?;
-            let (x, h) = self.ln2.forward_residual(x, &a)?;
-            let h = layout.relayout(&h, Sbp::B)?;
-            let m = row_parallel(&mlp.proj, &mlp.hidden_with(&h, Some(f))?, layout, stream)?;
-            return Ok((x.add(&m)?, k, v));
-        }
-        Ok((self.decoded(x, &o, cfg, layout, stream)?, k, v))
+        Ok((self.decoded(x, &o, cfg, layout, stream, fused.1)?, k, v))
     }
 
     /// The block's output in evaluation for x and its attended values `o` (before the output
-    /// projection): the projection, the residual, ln2 and the MLP.
+    /// projection): the projection, the residual, ln2 and the MLP (its gate and up one product
+    /// with `gate_up`).
     fn decoded(
         &self,
         x: &Tensor,
@@ -220,23 +213,17 @@ impl Block {
         cfg: &GptConfig,
         layout: &GptLayout,
         stream: Sbp,
+        gate_up: Option<&FusedGateUp>,
     ) -> Result<Tensor> {
         let a = row_parallel(&self.attn.proj, o, layout, stream)?;
         let mut log = RouterLog::default();
-        self.after_attention(
-            x,
-            &a,
-            cfg,
-            layout,
-            stream,
-            Pass::Eval,
-            Recompute::None,
-            &mut log,
-        )
+        let how = (Pass::Eval, Recompute::None, gate_up);
+        self.after_attention(x, &a, cfg, layout, stream, how, &mut log)
     }
 
     /// The rest of the block after the attention sublayer's output `a` (reduced into
-    /// `stream`): the residual, ln2 and the MLP.
+    /// `stream`): the residual, ln2 and the MLP, in `pass` keeping what `recompute` says (a
+    /// dense MLP's gate and up one product with a fused `gate_up`).
     #[allow(clippy::too_many_arguments)]
     fn after_attention(
         &self,
@@ -245,8 +232,7 @@ impl Block {
         cfg: &GptConfig,
         layout: &GptLayout,
         stream: Sbp,
-        pass: Pass,
-        recompute: Recompute,
+        (pass, recompute, gate_up): (Pass, Recompute, Option<&FusedGateUp>),
         log: &mut RouterLog,
     ) -> Result<Tensor> {
         // The residual add and ln2 are one op, which gives the sum too.
@@ -262,7 +248,7 @@ impl Block {
                         return layout.relayout(&y, stream);
                     }
                 }
-                row_parallel(&mlp.proj, &mlp.hidden(&h)?, layout, stream)?
+                row_parallel(&mlp.proj, &mlp.hidden_with(&h, gate_up)?, layout, stream)?
             }
             BlockMlp::Moe(moe) => {
                 let (y, stats) = moe.forward(&h)?;

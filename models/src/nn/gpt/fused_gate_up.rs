@@ -32,8 +32,8 @@ impl FusedGateUp {
     }
 
     /// Writes the current compute values of `gate` and `up` into the weight, in its own
-    /// memory where nothing else holds it; returns whether it was.
-    pub(super) fn refresh(&mut self, gate: &Linear, up: &Linear) -> Result<bool> {
+    /// memory where nothing else holds it (else into a new tensor put in its place).
+    pub(super) fn refresh(&mut self, gate: &Linear, up: &Linear) -> Result<()> {
         refill(&mut self.weight, &pieces(gate, up)?, 2, &[0, 1])
     }
 

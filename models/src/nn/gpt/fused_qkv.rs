@@ -73,16 +73,16 @@ impl FusedQkv {
 
     /// Writes the current compute values of `p` (the projections this was made from) into
     /// these tensors, in their own memory where nothing else holds it (else into new tensors
-    /// put in their place); returns whether every write was in place.
-    pub(super) fn refresh(&mut self, p: Projections<'_>) -> Result<bool> {
+    /// put in their place).
+    pub(super) fn refresh(&mut self, p: Projections<'_>) -> Result<()> {
         let pieces = Pieces::of(p)?;
         let (r, d) = (self.group, self.head_dim);
         let starts = [0, r * d, (r + 1) * d];
-        let mut in_place = refill(&mut self.weight, &pieces.weights, 2, &starts)?;
+        refill(&mut self.weight, &pieces.weights, 2, &starts)?;
         if let (Some(bias), Some(bs)) = (self.bias.as_mut(), &pieces.biases) {
-            in_place &= refill(bias, bs, 1, &starts)?;
+            refill(bias, bs, 1, &starts)?;
         }
-        Ok(in_place)
+        Ok(())
     }
 
     /// q `[B, T, H, D]` and k, v `[B, T, G, D]` of x `[B, T, C]` at positions from the device
@@ -122,22 +122,17 @@ impl FusedQkv {
 
 /// Writes each of `pieces` into `target` along `dim` from its start in `starts`, in
 /// `target`'s own memory where nothing else holds it (else into a new tensor put in its
-/// place); returns whether every write was in place.
+/// place).
 pub(super) fn refill(
     target: &mut Tensor,
     pieces: &[Tensor],
     dim: usize,
     starts: &[usize],
-) -> Result<bool> {
-    let mut in_place = true;
+) -> Result<()> {
     for (piece, &at) in pieces.iter().zip(starts) {
-        let mut one = [std::mem::replace(target, Tensor::zeros([0], piece.dtype()))];
-        let written = write_rows_in_place(&mut one, &[piece], dim, at);
-        let [t] = one;
-        *target = t;
-        in_place &= written?;
+        write_rows_in_place(std::slice::from_mut(target), &[piece], dim, at)?;
     }
-    Ok(in_place)
+    Ok(())
 }
 
 impl Pieces {

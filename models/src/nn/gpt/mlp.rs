@@ -50,8 +50,8 @@ impl GptMlp {
     }
 
     /// Writes the projections' current values into `fused` (made by
-    /// [`GptMlp::fused_gate_up`]), in place where it may; returns whether it did.
-    pub fn refresh_fused_gate_up(&self, fused: &mut FusedGateUp) -> Result<bool> {
+    /// [`GptMlp::fused_gate_up`]), in place where it may.
+    pub fn refresh_fused_gate_up(&self, fused: &mut FusedGateUp) -> Result<()> {
         match self.fusable_gate() {
             Some(gate) => fused.refresh(gate, &self.fc),
             None => Err(crate::TensorError::Shape {

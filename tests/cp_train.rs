@@ -133,8 +133,8 @@ fn bad_context_parallel_layouts_are_refused_by_name_on_every_rank() {
         ),
         (
             2,
-            &["--cp", "2", "--device", "cuda"],
-            "--cp 2 has CPU kernels only",
+            &["--cp", "2", "--device", "cuda", "--seq-len", "6"],
+            "--seq-len 6 does not cut into 2 x --cp 2 equal chunks",
         ),
     ];
     for (n, args, want) in cases {

@@ -14,7 +14,7 @@ use oxiflow_tensor::{
 };
 use rayon::prelude::*;
 
-use super::{check_qkv, CpAttention, Dims};
+use super::{block_positions, check_qkv, CpAttention, Dims};
 
 /// An element type the kernels read and write (computed in f64, rounded once on the way out),
 /// and the dtype of its softmax statistics: f32 for 16-bit data.
@@ -131,18 +131,8 @@ fn setup<'a, T: Elem>(op: &'a CpAttention, x: &'a [&'a CpuArray]) -> Result<Call
             ),
         ));
     }
-    let positions = op.attrs.order.positions(at.seq_len);
-    let block_pos = peers
-        .regions()
-        .iter()
-        .map(|r| positions.get(r.clone()).map(<[usize]>::to_vec))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| {
-            kerr(
-                name,
-                format!("ranges {:?} of {}", peers.regions(), at.seq_len),
-            )
-        })?;
+    let block_pos =
+        block_positions(op.attrs.order, at.seq_len, peers).map_err(|e| kerr(name, e))?;
     Ok(Call {
         name,
         dims,

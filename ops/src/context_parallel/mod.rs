@@ -12,14 +12,17 @@
 //! brings them home. [`context_attention`] with [`CpAlgorithm::AllToAll`] (Ulysses) instead
 //! boxes q, k, v from the sequence split to the heads split (an all-to-all), attends locally and
 //! boxes o back. CPU kernels in f32, f64, bf16 and f16 (computed in f64; 16-bit data keeps its
-//! softmax statistics in f32); other backends and dtypes are
+//! softmax statistics in f32); CUDA kernels in f32, bf16 and f16 (the fused attention per pair
+//! of token runs, the ring over NCCL: see `cuda`); other backends and dtypes are
 //! `TensorError::NoKernel` on every rank before anything runs.
 
 mod cpu;
+mod cuda;
 mod order;
 
 use std::sync::LazyLock;
 
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use oxiflow_tensor::custom::AttentionRules;
@@ -100,10 +103,19 @@ impl CpAttention {
 /// The input dtypes of the CPU kernels (16-bit data with f32 statistics).
 const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| Kernels::new().with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::forward));
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| Kernels::new().with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::backward));
+/// The input dtypes of the CUDA kernels (16-bit data and f32 with f32 statistics).
+const CUDA_DTYPES: &[DType] = &[DType::F32, DType::BF16, DType::F16];
+
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::forward)
+        .with_scratch::<CpAttention, CudaKernels>(CUDA_DTYPES, cuda::forward, cuda::scratch)
+});
+static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::backward)
+        .with_scratch::<CpAttention, CudaKernels>(CUDA_DTYPES, cuda::backward, cuda::scratch)
+});
 
 /// The sizes of one call: q `[b, t, h, d]`, k `[b, t, hkv, d]`, v `[b, t, hkv, dv]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +175,22 @@ pub(crate) fn check_qkv(
         d,
         dv,
     })
+}
+
+/// The token position of every row of each member's block of `peers` (in member order), for a
+/// sequence of `seq_len` tokens in `order`.
+pub(crate) fn block_positions(
+    order: SeqOrder,
+    seq_len: usize,
+    peers: &Peers,
+) -> std::result::Result<Vec<Vec<usize>>, String> {
+    let positions = order.positions(seq_len);
+    peers
+        .regions()
+        .iter()
+        .map(|r| positions.get(r.clone()).map(<[usize]>::to_vec))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("ranges {:?} of {seq_len}", peers.regions()))
 }
 
 impl ExternOp for CpAttention {

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::ops::Range;
 
-use oxiflow_collectives::{Buf, BufMut, SharedComm};
+use oxiflow_collectives::{Buf, BufMut, DevicePtr, SharedComm};
+use oxiflow_dtype::DType;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp, Shape};
 
@@ -154,6 +155,54 @@ impl Peers {
             to_next().map_err(err)?;
         }
         Ok(())
+    }
+
+    /// One step of a ring on device memory: `send` (elements of `dtype`) goes to the next
+    /// member while `recv` fills from the previous one, both directions in one grouped call (no
+    /// member order can wait in a circle). Buffers carrying a fence get the call's end event
+    /// instead of the caller's stream waiting for it, so the exchange overlaps later kernels. A
+    /// group of one has nobody to exchange with: a typed error (its caller keeps its own block).
+    /// Errors name `op`.
+    pub fn shift_device(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        send: DevicePtr<'_>,
+        recv: DevicePtr<'_>,
+    ) -> Result<()> {
+        let n = self.len();
+        let (next, prev) = ((self.me + 1) % n, (self.me + n - 1) % n);
+        let (mut send_counts, mut recv_counts) = (vec![0; n], vec![0; n]);
+        send_counts[next] = send.bytes / dtype.size();
+        recv_counts[prev] = recv.bytes / dtype.size();
+        self.all_to_all_v_device(op, dtype, (send, &send_counts), (recv, &recv_counts))
+    }
+
+    /// An all-to-all-v on device memory: `send` holds `counts[j]` elements of `dtype` for member
+    /// j, in member order, and `recv` receives its `counts[i]` from member i, in member order,
+    /// as one grouped call. Fences as in [`Peers::shift_device`]; a group of one is a typed
+    /// error. Errors name `op`.
+    pub fn all_to_all_v_device(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        (send, send_counts): (DevicePtr<'_>, &[usize]),
+        (recv, recv_counts): (DevicePtr<'_>, &[usize]),
+    ) -> Result<()> {
+        let Some(comm) = &self.comm else {
+            return Err(TensorError::Kernel {
+                op,
+                detail: "a group of one has nobody to exchange device memory with".into(),
+            });
+        };
+        comm.all_to_all_v(
+            dtype,
+            Buf::Device(send),
+            send_counts,
+            BufMut::Device(recv),
+            recv_counts,
+        )
+        .map_err(|source| TensorError::Comm { op, source })
     }
 
     /// An all-to-all whose receive counts are data: `send` holds `counts[j]` elements for

@@ -422,9 +422,8 @@ fn lora_fits(c: &TrainConfig) -> Result<(), TrainError> {
     }
 }
 
-/// An expert-parallel axis fits the rest of the layout: ranks drawn from the
-/// data-parallel ones (ep divides dp), CPU kernels, eager steps (the expert exchange's sizes
-/// change every step). The model's experts are checked once its architecture is known.
+/// An expert-parallel axis fits the rest of the layout: ranks drawn from the data-parallel
+/// ones (ep divides dp). The model's experts are checked once its architecture is known.
 fn expert_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     let p = &c.parallel;
     if p.ep == 1 {
@@ -437,18 +436,12 @@ fn expert_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
             p.ep
         )));
     }
-    if p.device == Dev::Cuda {
-        return Err(config_err(format!(
-            "--ep {} has CPU kernels only: drop --device cuda",
-            p.ep
-        )));
-    }
     Ok(())
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least
-/// 2 x cp chunks, no sequence parallelism beside it, training and evaluation steps only
-/// (generation runs use no such axis), and for alltoall
+/// 2 x cp chunks (on CUDA, equal ones), no sequence parallelism beside it, training and
+/// evaluation steps only (generation runs use no such axis), and for alltoall
 /// heads and kv heads that divide over the tp x cp ranks the all-to-all splits them over.
 fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     let (p, m) = (&c.parallel, &c.model);
@@ -476,10 +469,14 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
             p.cp
         )));
     }
-    if p.device == Dev::Cuda {
+    if p.device == Dev::Cuda && !m.seq_len.is_multiple_of(2 * p.cp) {
         return Err(config_err(format!(
-            "--cp {} has CPU kernels only: drop --device cuda",
-            p.cp
+            "--seq-len {} does not cut into 2 x --cp {} equal chunks, which the fused attention \
+             on CUDA needs (each chunk meets the others as a square block): use a multiple of \
+             {}",
+            m.seq_len,
+            p.cp,
+            2 * p.cp
         )));
     }
     let kv = m.kv_heads.unwrap_or(m.heads);

@@ -22,11 +22,11 @@ use std::sync::{Arc, Weak};
 use oxiflow_tensor::capture::piece_of;
 use oxiflow_tensor::{
     awaits_collectives, capture_graph, copy_storage, duplicate_storage, graph_capture_refusal,
-    order_after_collectives, BoundPiece, Device, DeviceGraph, Storage, Tensor, TensorError,
+    order_after_collectives, BoundPiece, Device, DeviceGraph, Op, Storage, Tensor, TensorError,
 };
 
 use crate::error::{CompileError, Result};
-use crate::ir::Program;
+use crate::ir::{NodeKind, Program};
 use crate::replay::output_tensors;
 
 /// Whether replays may use device graphs (`OXIFLOW_CUDA_GRAPH=0` turns them off; see
@@ -163,10 +163,12 @@ fn pieces_read(inputs: &[Tensor], read: &[bool]) -> Vec<Option<Weak<Storage>>> {
         .collect()
 }
 
-/// Why a program on `device` with `inputs` (of which it reads those `read` says; `seen` the
-/// pieces the last replay read) is never captured, if it is not.
+/// Why `program` on `device` with `inputs` (of which it reads those `read` says; `seen` the
+/// pieces the last replay read) is never captured, if it is not: an op whose kernels a graph
+/// cannot hold among them.
 fn never(
     device: Device,
+    program: &Program,
     inputs: &[Tensor],
     read: &[bool],
     seen: &[Option<Weak<Storage>>],
@@ -180,6 +182,18 @@ fn never(
     // Refused before anything is queued (ops timed or traced one by one): launch by launch,
     // where a capture failing midway in a program that communicates is an error.
     if let Some(why) = graph_capture_refusal(device) {
+        return Some(why);
+    }
+    if let Some(why) = program.nodes.iter().find_map(|n| match &n.kind {
+        NodeKind::Op(o) => match &o.local_op {
+            Op::Extern(x) => x
+                .op()
+                .graph_refusal()
+                .map(|why| format!("{}: {why}", x.op().name())),
+            _ => None,
+        },
+        NodeKind::Boxing { .. } => None,
+    }) {
         return Some(why);
     }
     if let Some(why) = inputs.iter().enumerate().find_map(|(k, t)| {
@@ -249,7 +263,7 @@ pub(crate) fn replay_with_graph(
         GraphState::Off(_) => Ok(GraphRun::launches(launches()?, None)),
         GraphState::Launches { replays, seen } => {
             let read = program.inputs_read();
-            if let Some(why) = never(device, inputs, &read, seen) {
+            if let Some(why) = never(device, program, inputs, &read, seen) {
                 // The host has no graphs: nothing to say there.
                 let note = matches!(device, Device::Cuda(_))
                     .then(|| format!("compiled step: replays launch by launch ({why})"));

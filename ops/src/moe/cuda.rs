@@ -84,6 +84,16 @@ pub(super) fn grouped(
     ids: &CudaStorage,
     experts: usize,
 ) -> Result<(Vec<i32>, Vec<usize>)> {
+    grouped_host(op, &ids_on_host(rt, op, ids)?, experts)
+}
+
+/// The i64 expert ids of `ids`, read back to the host. A typed error while the stream is
+/// captured into a device graph (which cannot replay a read whose sizes follow from it).
+pub(super) fn ids_on_host(
+    rt: &CudaRuntime,
+    op: &'static str,
+    ids: &CudaStorage,
+) -> Result<Vec<i64>> {
     if ids.dtype() != DType::I64 {
         return Err(device_error(
             op,
@@ -103,6 +113,16 @@ pub(super) fn grouped(
     }
     let mut host = vec![0i64; ids.numel()];
     download(rt, ids.ptr(), &mut host, op)?;
+    Ok(host)
+}
+
+/// The rows of each of `experts` experts from host ids `host` (each checked to name an
+/// expert): the row list in expert order (row order within an expert) and each expert's count.
+pub(super) fn grouped_host(
+    op: &'static str,
+    host: &[i64],
+    experts: usize,
+) -> Result<(Vec<i32>, Vec<usize>)> {
     let mut counts = vec![0usize; experts];
     for (m, &e) in host.iter().enumerate() {
         let slot = usize::try_from(e)

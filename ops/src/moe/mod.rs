@@ -157,7 +157,16 @@ fn routed_dtypes(dtypes: &[DType], ids: usize) -> MetaResult<DType> {
     Ok(d)
 }
 
+/// Why a device graph cannot hold the routed products: their CUDA kernels read each call's
+/// expert ids back to the host to size each expert's product.
+pub(crate) const READS_ROUTING: &str =
+    "its CUDA kernels read each call's expert ids back to the host to size the experts' products";
+
 impl ExternOp for ExpertMatmul {
+    fn graph_refusal(&self) -> Option<String> {
+        Some(READS_ROUTING.into())
+    }
+
     fn name(&self) -> &'static str {
         "expert_matmul"
     }
@@ -215,6 +224,10 @@ impl ExternOp for ExpertMatmul {
 }
 
 impl ExternOp for ExpertMatmulWgrad {
+    fn graph_refusal(&self) -> Option<String> {
+        Some(READS_ROUTING.into())
+    }
+
     fn name(&self) -> &'static str {
         "expert_matmul_wgrad"
     }

@@ -85,6 +85,12 @@ pub trait ExternOp: Send + Sync + fmt::Debug + Any {
     fn replay_refusal(&self) -> Option<String> {
         None
     }
+    /// Why a device graph cannot capture this op's kernels (e.g. they read device values back
+    /// to the host to size their work), if it cannot; a compiled step holding it then replays
+    /// launch by launch, saying why.
+    fn graph_refusal(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A backend's identity for kernel lookup: its kernel-side type (and its name for messages).

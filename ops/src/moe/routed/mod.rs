@@ -17,13 +17,15 @@
 //! experts' ranks, each computes its experts' weight gradients (whole: every row of its
 //! experts reached it) and the rows' gradients, which travel back. Uneven expert counts per
 //! rank follow the balanced splitter. Kernels: CPU in f32, f64 and bf16 (computed in f32,
-//! rounded once); CUDA in f32, bf16 and f16 where no axis splits the experts (`cuda.rs`);
+//! rounded once); CUDA in f32, bf16 and f16, the exchange over NCCL (`cuda.rs`);
 //! other backends and dtypes are `TensorError::NoKernel` on every rank before anything runs.
-//! A compiled step refuses the op where it exchanges rows (their counts change each step) and
-//! replays it where it does not.
+//! A compiled step replays the op launch by launch, and on CUDA outside any device graph (its
+//! kernels read the routing back to the host).
 
 mod cpu;
 mod cuda;
+mod cuda_exchange;
+mod cuda_rows;
 
 use std::sync::LazyLock;
 
@@ -100,6 +102,10 @@ pub fn routed_experts(
 }
 
 impl ExternOp for RoutedExperts {
+    fn graph_refusal(&self) -> Option<String> {
+        Some(super::READS_ROUTING.into())
+    }
+
     fn name(&self) -> &'static str {
         match self.pass {
             Pass::Forward => "routed_experts",

@@ -14,6 +14,7 @@ pub mod moe;
 mod operand_dtypes;
 pub mod residual_layer_norm;
 pub mod rms_norm;
+pub mod rotary;
 pub mod sum_squares;
 pub mod swiglu;
 mod two_outputs;

@@ -139,3 +139,26 @@ pub fn rotary_at(x: &Shape, mode: RuleMode) -> Rules {
     }
     r
 }
+
+/// The rotary embedding of x `[B, T, H, D]` by cos and sin tables `[T, 1, D]` of its rows'
+/// positions: the batch or the heads split with the tables whole, the rows split with the
+/// tables' rows split alike (a context-parallel sequence), all whole, or a partial x with whole
+/// tables (the rotation is linear in x).
+pub fn rotary_tables(x: &Shape, table: &Shape, mode: RuleMode) -> Result<Rules, String> {
+    let (&[_, t, _, d], &[tt, 1, td]) = (x.dims(), table.dims()) else {
+        return Err(format!(
+            "x must be [B, T, H, D] and the tables [T, 1, D], got {x} and {table}"
+        ));
+    };
+    if (tt, td) != (t, d) || d % 2 != 0 {
+        return Err(format!(
+            "tables {table} do not fit x {x} (they must be [T, 1, D] with an even D)"
+        ));
+    }
+    let mut r = Rules::new(mode, [x.clone()]);
+    for s in [Sbp::S(0), Sbp::S(2), Sbp::B, Sbp::P] {
+        r.push(&[s, Sbp::B, Sbp::B], &[s]);
+    }
+    r.push(&[Sbp::S(1), Sbp::S(0), Sbp::S(0)], &[Sbp::S(1)]);
+    Ok(r)
+}

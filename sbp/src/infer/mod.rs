@@ -39,7 +39,8 @@ pub use reduce::ReduceKind;
 pub mod rules {
     pub use super::attention::{
         attention_candidates, attention_probs, decode_attention, fused_attention,
-        fused_attention_backward, rotary_at, rotary_qkv_at, HEAD_LAYOUTS, SEQUENCE_LAYOUTS,
+        fused_attention_backward, rotary_at, rotary_qkv_at, rotary_tables, HEAD_LAYOUTS,
+        SEQUENCE_LAYOUTS,
     };
     pub use super::concat::{concat, slice, write_rows};
     pub use super::elementwise::{

@@ -3,9 +3,9 @@
 //! the architecture's frequencies (`Arch::inv_freq`). Unscaled frequencies in natural order run
 //! as the tensor crate's fused `rotary` op from any first position (a decoding step's too; 16-bit
 //! inputs rotate in f32); scaled ones and the load-balanced order of a context-parallel split as
-//! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles (as transformers does,
-//! in the input's dtype), whose gradient follows by autograd and whose layout follows the
-//! input's by inference. The tables of positions
+//! `x cos + rotate_half(x) sin` over cos/sin tables of the same angles in the input's dtype
+//! (as transformers does), by the fused `oxiflow_ops::rotary` op (computed in f32 for 16-bit
+//! inputs), whose tables are split as the input's rows are. The tables of positions
 //! `0..seq_len` are made when the model is (`Rope::with_tables`), in the parameters' dtype on
 //! the block's placement, so a step (a compiled one included) only narrows and casts them.
 
@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use oxiflow_dtype::DType;
 use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_ops::decode::rotary_at;
+use oxiflow_ops::rotary::rotary_tables;
 use oxiflow_sbp::NdSbp;
 
 use crate::{Result, TensorError};
@@ -82,8 +83,8 @@ impl Rope {
 
     /// `x` `[B, T, H, D]` rotated for positions `pos0..pos0 + T` held along T in `order`.
     pub fn apply_in(&self, x: &Tensor, pos0: usize, order: SeqOrder) -> Result<Tensor> {
-        let (t, d) = match x.shape().dims() {
-            &[_, t, _, d] if d == 2 * self.inv_freq.len() => (t, d),
+        let t = match x.shape().dims() {
+            &[_, t, _, d] if d == 2 * self.inv_freq.len() => t,
             _ => {
                 return Err(TensorError::Shape {
                     op: "Rope::apply",
@@ -100,10 +101,7 @@ impl Rope {
             return x.rotary_from(1, theta, pos0);
         }
         let (cos, sin) = self.tables(x, pos0, order, t)?;
-        let half = d / 2;
-        let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
-        let rotated = Tensor::concat(&[&x2.neg()?, &x1], -1)?;
-        x.mul(&cos)?.add(&rotated.mul(&sin)?)
+        rotary_tables(x, &cos, &sin)
     }
 
     /// `x` `[B, T, H, D]` rotated for positions `pos..pos + T`, `pos` one i64 on the device

@@ -1,6 +1,7 @@
 //! Data-parallel gradient reduction in buckets, launched during the backward pass. A
 //! [`GradBuckets`] is the backward walk's [`GradReadyHook`] for the parameters broadcast on the
-//! data-parallel mesh axis (and ZeRO-2's master shards, whose gradients arrive whole): it takes
+//! data-parallel mesh axis (a context-parallel one where the data-parallel axis holds one rank
+//! and ZeRO is off; and ZeRO-2's master shards, whose gradients arrive whole): it takes
 //! their gradients (partial sums on that axis) as they become final, in the walk's order (the
 //! reverse of their use), fills a bucket per dtype, placement and target until it holds
 //! `cap_bytes` of gradients, and reduces the bucket with one collective over that axis
@@ -66,10 +67,35 @@ struct State {
     launched: Vec<BucketLaunch>,
 }
 
+/// The mesh axis gradient buckets reduce over: `zero`'s data-parallel axis, or, where that
+/// holds a single rank and ZeRO is off, the first axis of more than one rank on which every
+/// parameter is broadcast (a context-parallel one, over which the gradients arrive as partial
+/// sums).
+fn sync_axis(params: &[Parameter], zero: &Zero) -> usize {
+    let Some(placement) = params.first().and_then(|p| p.value().placement().cloned()) else {
+        return zero.axis();
+    };
+    let shape = placement.shape();
+    if zero.stage() > 0 || shape.get(zero.axis()).is_some_and(|&n| n > 1) {
+        return zero.axis();
+    }
+    let everywhere_b = |a: usize| {
+        params.iter().all(|p| {
+            p.value()
+                .nd_sbp()
+                .is_some_and(|nd| nd.as_slice().get(a) == Some(&Sbp::B))
+        })
+    };
+    (0..shape.len())
+        .find(|&a| shape[a] > 1 && everywhere_b(a))
+        .unwrap_or(zero.axis())
+}
+
 /// The bucketed reduction of one backward pass (see the module's doc).
 pub struct GradBuckets {
     leaves: Vec<Tensor>,
-    zero: Zero,
+    /// The mesh axis the buckets reduce over (see [`sync_axis`]).
+    axis: usize,
     cap_bytes: usize,
     mode: SyncMode,
     wire: Option<DType>,
@@ -87,7 +113,7 @@ impl GradBuckets {
         mode: SyncMode,
         wire: Option<DType>,
     ) -> Arc<Self> {
-        let axis = zero.axis();
+        let axis = sync_axis(params, &zero);
         let leaves = params
             .iter()
             .filter(|p| {
@@ -98,7 +124,7 @@ impl GradBuckets {
             .collect();
         Arc::new(GradBuckets {
             leaves,
-            zero,
+            axis,
             cap_bytes: cap_bytes.max(1),
             mode,
             wire,
@@ -126,7 +152,7 @@ impl GradBuckets {
 
     /// Puts `leaf`'s gradient in its open bucket, launching the bucket when it is full.
     fn add(&self, leaf: &Tensor) -> Result<()> {
-        let axis = self.zero.axis();
+        let axis = self.axis;
         let Some(g) = leaf.grad() else {
             return Ok(());
         };
@@ -209,7 +235,7 @@ impl GradBuckets {
             .filter_map(|l| Some((l.clone(), l.grad()?)))
             .unzip();
         let wire = self.wire.filter(|&w| w != b.dtype);
-        let pending = start_bucket(&grads, self.zero.axis(), b.target, wire)?;
+        let pending = start_bucket(&grads, self.axis, b.target, wire)?;
         tracing::debug!(
             tensors = b.leaves.len(),
             bytes = b.bytes,

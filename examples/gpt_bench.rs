@@ -8,6 +8,7 @@
 //! ```text
 //! oflaunch --nproc-per-node 1 --backend nccl gpt_bench --precision bf16-mixed --micro-batch 16
 //! oflaunch --nproc-per-node 2 --backend nccl gpt_bench --dp 2 --micro-batch 8 --bucket-mb 25
+//! oflaunch --nproc-per-node 2 --backend nccl gpt_bench --arch llama --cp 2 --seq 16384 --micro-batch 1
 //! ```
 //! With `--dp N` every GPU runs `--micro-batch` sequences of its own (tokens/s are per GPU) and
 //! the gradients are all-reduced in `--bucket-mb` buckets during the backward pass (0: by the
@@ -35,7 +36,7 @@ use oxiflow::nn::gpt::{
 };
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
-use oxiflow::placement::{NamedMesh, DP, TP};
+use oxiflow::placement::{NamedMesh, CP, DP, TP};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
@@ -129,6 +130,11 @@ struct Args {
     /// its own.
     #[arg(long, default_value_t = 1)]
     dp: usize,
+    /// Context-parallel ranks: each sequence's tokens split over this many GPUs in the
+    /// load-balanced causal order, attention by the ring over them (the world is `dp x cp`;
+    /// tokens/s and MFU are per GPU).
+    #[arg(long, default_value_t = 1)]
+    cp: usize,
     /// Data-parallel gradient buckets of this many MiB reduced during the backward pass; 0:
     /// each gradient all-reduced by the optimizer after the backward pass.
     #[arg(long, default_value_t = 25.0)]
@@ -179,7 +185,9 @@ struct Bench {
     model: Gpt,
     opt: AdamW,
     placement: Placement,
-    /// Sequences per rank.
+    /// The mesh `[dp, cp, tp]`.
+    mesh: NamedMesh,
+    /// Sequences per data-parallel rank.
     b: usize,
     t: usize,
     clip: Option<f64>,
@@ -195,12 +203,27 @@ struct Bench {
 impl Bench {
     fn step(&mut self, step: u64) -> R<Tensor> {
         let (b, t) = (self.b, self.t);
-        // This rank's rows of the global batch.
-        let seed = step * self.dp as u64 + self.rank as u64;
+        // This data-parallel rank's rows of the global batch, inputs and targets each laid out
+        // as the activations (on a context-parallel axis: in the load-balanced order, split).
+        let cp = self.placement.shape()[1];
+        let seed = step * self.dp as u64 + (self.rank / cp) as u64;
         let ids = tokens(b, t, self.model.cfg.vocab, seed);
-        let sbp = NdSbp::new([Sbp::S(0), Sbp::B]);
-        let all = Tensor::from_vec(ids, [b, t + 1])?.to_global(&self.placement, sbp)?;
-        let (x, y) = (all.narrow(1, 0, t)?, all.narrow(1, 1, t)?);
+        let layout = GptLayout::Mesh(self.mesh.clone());
+        let whole = NdSbp::new([Sbp::S(0), Sbp::B, Sbp::B]);
+        let nd = layout
+            .activation_sbp(Sbp::B)
+            .unwrap_or_else(|| whole.clone());
+        let rows = |from: usize| -> R<Tensor> {
+            let v: Vec<i64> = ids
+                .chunks(t + 1)
+                .flat_map(|row| row[from..from + t].to_vec())
+                .collect();
+            let v = layout.seq_order().reorder_rows(&v, t);
+            Ok(Tensor::from_vec(v, [b, t])?
+                .to_global(&self.placement, whole.clone())?
+                .to_global(&self.placement, nd.clone())?)
+        };
+        let (x, y) = (rows(0)?, rows(1)?);
         self.opt.zero_grad();
         let loss = match self.compiled.take() {
             Some(mut compiled) => {
@@ -274,11 +297,12 @@ fn main() -> R<()> {
     let a = Args::parse();
     let started = Instant::now();
     let ctx = oxiflow::init_from_env()?;
-    if ctx.world_size() != a.dp {
+    if ctx.world_size() != a.dp * a.cp {
         return Err(format!(
-            "gpt_bench --dp {} runs on {} ranks, got {}",
+            "gpt_bench --dp {} --cp {} runs on {} ranks, got {}",
             a.dp,
-            a.dp,
+            a.cp,
+            a.dp * a.cp,
             ctx.world_size()
         )
         .into());
@@ -296,8 +320,8 @@ fn main() -> R<()> {
     if let Some(mib) = a.driver_reuse_mib {
         rt.set_driver_reuse_from((mib > 0.0).then_some((mib * (1u64 << 20) as f64) as usize))?;
     }
-    let placement = Placement::range(DeviceType::Cuda, a.dp)?.reshaped([a.dp, 1])?;
-    let mesh = NamedMesh::of(placement.clone(), &[DP, TP])?;
+    let placement = Placement::range(DeviceType::Cuda, a.dp * a.cp)?.reshaped([a.dp, a.cp, 1])?;
+    let mesh = NamedMesh::of(placement.clone(), &[DP, CP, TP])?;
     let cfg = GptConfig {
         vocab: a.vocab,
         vocab_multiple: a.vocab_multiple,
@@ -366,6 +390,7 @@ fn main() -> R<()> {
     let mut bench = Bench {
         model,
         opt,
+        mesh: mesh.clone(),
         placement,
         b: a.micro_batch,
         t: a.seq,
@@ -406,17 +431,19 @@ fn main() -> R<()> {
         Some(l) => l.to_vec::<f32>()?.first().copied().unwrap_or(f32::NAN),
         None => f32::NAN,
     };
-    let tok_s = (a.micro_batch * a.seq) as f64 / dt;
+    // Per GPU: a context-parallel group of `cp` GPUs shares each sequence.
+    let tok_s = (a.micro_batch * a.seq) as f64 / dt / a.cp as f64;
     let flops_tok = 6.0 * n_mfu as f64 + 12.0 * (a.layers * a.width * a.seq) as f64;
     let mfu = tok_s * flops_tok / (a.peak_tflops * 1e12);
     let peak = oxiflow::memory::device().peak;
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"cp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
+        a.cp,
         a.zero,
         a.bucket_mb,
         a.reduce_dtype.map_or("own", |d| d.as_str()),

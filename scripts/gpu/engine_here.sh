@@ -19,7 +19,7 @@ for b in gpu_kernels_check attention_bench; do
 done
 cp "$(scripts/gpu/test_executable.sh oxiflow-cuda gpu_tensor)" "$DEST/bin/gpu_tensor"
 cp "$(scripts/gpu/test_executable.sh oxiflow gpu_compile)" "$DEST/bin/gpu_compile"
-for t in swiglu_cuda sum_squares_cuda rms_norm_cuda argmax_cuda moe_cuda decode_cuda; do
+for t in swiglu_cuda sum_squares_cuda rms_norm_cuda argmax_cuda moe_cuda decode_cuda context_parallel_cuda rotary_cuda; do
   cp "$(scripts/gpu/test_executable.sh oxiflow-ops "$t")" "$DEST/bin/ops_$t"
 done
 strip "$DEST"/bin/*

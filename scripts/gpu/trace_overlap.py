@@ -62,7 +62,8 @@ def main():
     pct = 100.0 * under / total if total > 0 else 0.0
     print(f"rank {a.rank}: {len(comm)} {a.op} on the NCCL lane in the trace, {len(step)} in the last step "
           f"({total / 1e3:.2f} ms), {under / 1e3:.2f} ms of it under compute kernels")
-    print(f"all-reduce time overlapped with backward kernels: {pct:.1f}%")
+    what = "all-reduce" if a.op == "all_reduce" else a.op
+    print(f"{what} time overlapped with {'backward' if a.op == 'all_reduce' else 'compute'} kernels: {pct:.1f}%")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 //! their bytes those of the whole model; `--bucket-mb 0` reduces none in buckets. Under
 //! bf16-mixed the f32 gradients reach the buckets the same way (the bf16 -> f32 conversion of
 //! each compute copy's gradient keeps it a partial sum), and `--reduce-dtype bf16` moves the
-//! buckets as bf16, tracking the one-rank curve to bf16 rounding.
+//! buckets as bf16, tracking the one-rank curve to bf16 rounding. With one data-parallel rank,
+//! `--cp 2` fills the buckets with the partial sums over the context-parallel axis.
 
 mod common;
 
@@ -167,4 +168,18 @@ fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
     let diff = max_rel(&one, &curve(&run(2, &args)));
     eprintln!("--reduce-dtype bf16, DP2: {diff:.3e} from one rank (f32)");
     assert!(diff > 0.0 && diff <= 1e-2, "{diff:e}");
+}
+
+/// With one data-parallel rank, the gradients' partial sums over a context-parallel axis fill
+/// the buckets instead: several reduced while the backward pass runs, and the curve is the
+/// unbucketed run's bit for bit (f32).
+#[test]
+fn a_context_parallel_axis_reduces_in_buckets_without_data_parallelism() {
+    let small = buckets(&explained(2, &["--cp", "2", "--bucket-mb", "0.01"]));
+    eprintln!("--cp 2 --bucket-mb 0.01: {small:?}");
+    assert!(small.len() >= 3, "{small:?}");
+    assert!(small.iter().filter(|b| b.4).count() >= 2, "{small:?}");
+    assert!(small.iter().all(|b| b.2 == "all-reduce"), "{small:?}");
+    let f32_run = |mb: &str| curve(&run(2, &["--cp", "2", "--dtype", "f32", "--bucket-mb", mb]));
+    assert_eq!(f32_run("0"), f32_run("0.01"), "buckets change the curve");
 }

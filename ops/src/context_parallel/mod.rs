@@ -18,6 +18,9 @@
 
 mod cpu;
 mod cuda;
+mod cuda_glue;
+mod cuda_plan;
+mod cuda_ring;
 mod order;
 
 use std::sync::LazyLock;

@@ -40,6 +40,7 @@ use oxiflow::placement::{NamedMesh, CP, DP, TP};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
+use oxiflow::trainer::tasks::gpt_data::rows_on_stage;
 use oxiflow::trainer::TrainModel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -208,20 +209,12 @@ impl Bench {
         let cp = self.placement.shape()[1];
         let seed = step * self.dp as u64 + (self.rank / cp) as u64;
         let ids = tokens(b, t, self.model.cfg.vocab, seed);
-        let layout = GptLayout::Mesh(self.mesh.clone());
-        let whole = NdSbp::new([Sbp::S(0), Sbp::B, Sbp::B]);
-        let nd = layout
-            .activation_sbp(Sbp::B)
-            .unwrap_or_else(|| whole.clone());
         let rows = |from: usize| -> R<Tensor> {
             let v: Vec<i64> = ids
                 .chunks(t + 1)
                 .flat_map(|row| row[from..from + t].to_vec())
                 .collect();
-            let v = layout.seq_order().reorder_rows(&v, t);
-            Ok(Tensor::from_vec(v, [b, t])?
-                .to_global(&self.placement, whole.clone())?
-                .to_global(&self.placement, nd.clone())?)
+            Ok(rows_on_stage(&self.mesh, v, [b, t])?)
         };
         let (x, y) = (rows(0)?, rows(1)?);
         self.opt.zero_grad();

@@ -1,10 +1,11 @@
 //! What the element-wise fused ops share about dtypes: the check that every operand has one
 //! float dtype, and their kernel table (the CPU kernel for f32, f64 and bf16, the CUDA kernel
-//! for those and f16).
+//! for those and f16); and the element type cuBLASLt and the fused attention take for a dtype.
 
-use oxiflow_cuda::CudaKernels;
+use oxiflow_cuda::kernel_layer::FloatType;
+use oxiflow_cuda::{device_error, CudaKernels};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::{CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaResult};
+use oxiflow_tensor::{CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaResult, Result};
 
 /// The dtypes of every CPU kernel and of every CUDA kernel.
 const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
@@ -37,4 +38,15 @@ pub(crate) fn one_float_dtype(dtypes: &[DType]) -> MetaResult<DType> {
         )));
     }
     Ok(d)
+}
+
+/// The element type of cuBLASLt's products and the fused attention for `d` (f32, bf16, f16;
+/// f64 has none: a typed error naming `op`).
+pub(crate) fn cuda_float_type(op: &'static str, d: DType) -> Result<FloatType> {
+    match d {
+        DType::F32 => Ok(FloatType::F32),
+        DType::BF16 => Ok(FloatType::Bf16),
+        DType::F16 => Ok(FloatType::F16),
+        d => Err(device_error(op, format!("no CUDA kernel for {d}"))),
+    }
 }

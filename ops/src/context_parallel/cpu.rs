@@ -14,7 +14,7 @@ use oxiflow_tensor::{
 };
 use rayon::prelude::*;
 
-use super::{block_positions, check_qkv, CpAttention, Dims};
+use super::{CpAttention, Dims, RankCall};
 
 /// An element type the kernels read and write (computed in f64, rounded once on the way out),
 /// and the dtype of its softmax statistics: f32 for 16-bit data.
@@ -108,31 +108,18 @@ impl Call<'_> {
 
 fn setup<'a, T: Elem>(op: &'a CpAttention, x: &'a [&'a CpuArray]) -> Result<Call<'a>> {
     let name = op.name();
-    let at = op.at.as_ref().ok_or_else(|| {
-        kerr(
-            name,
-            "runs only through dispatch, which gives it its ranks".into(),
-        )
-    })?;
-    let peers = at.peers.as_ref().map_err(|e| kerr(name, e.clone()))?;
     let (q, k, v) = (
         input::<T>(name, x, 0)?,
         input::<T>(name, x, 1)?,
         input::<T>(name, x, 2)?,
     );
-    let dims = check_qkv(q.shape(), k.shape(), v.shape()).map_err(|e| kerr(name, e))?;
-    let mine = peers.regions()[peers.me()].clone();
-    if mine.len() != dims.t || mine.end > at.seq_len {
-        return Err(kerr(
-            name,
-            format!(
-                "this rank's {} rows do not fit its sequence range {mine:?} of {}",
-                dims.t, at.seq_len
-            ),
-        ));
-    }
-    let block_pos =
-        block_positions(op.attrs.order, at.seq_len, peers).map_err(|e| kerr(name, e))?;
+    let RankCall {
+        dims,
+        peers,
+        block_pos,
+    } = op
+        .rank_call(q.shape(), k.shape(), v.shape())
+        .map_err(|e| kerr(name, e))?;
     Ok(Call {
         name,
         dims,

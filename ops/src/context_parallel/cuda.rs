@@ -17,8 +17,8 @@
 //! the exchanges `cuda_ring`'s.
 //!
 //! The fused kernels take one length for queries and keys, so the runs are cut into pieces of
-//! one length (the largest dividing them all); a sequence that would need more than
-//! 64 pieces (`cuda_plan`) (lengths that do not split evenly) is refused by every rank before
+//! one length (the largest dividing them all); a sequence that would need more than 64
+//! pieces (`cuda_plan::MAX_RUNS`: lengths that do not split evenly) is refused by every rank before
 //! anything moves, as are value heads of another width than key heads.
 
 use std::sync::Arc;
@@ -36,6 +36,7 @@ use super::cuda_glue::Glue;
 use super::cuda_plan::{layout, Layout, Plan};
 use super::cuda_ring::Ring;
 use super::{CpAttention, Dims, Pass};
+use crate::operand_dtypes::cuda_float_type;
 
 pub(super) use super::cuda_plan::scratch;
 
@@ -43,16 +44,6 @@ pub(super) use super::cuda_plan::scratch;
 /// `[B, heads, .., e]` view.
 fn rows_view(ptr: u64, elem: usize, rows: usize, heads: usize, e: usize, at: usize) -> Bhtd {
     Bhtd::bthd(ptr + (at * heads * e * elem) as u64, rows, heads, e)
-}
-
-/// The fused kernels' element type of `dt`.
-fn float_type(name: &'static str, dt: DType) -> Result<FloatType> {
-    match dt {
-        DType::F32 => Ok(FloatType::F32),
-        DType::BF16 => Ok(FloatType::Bf16),
-        DType::F16 => Ok(FloatType::F16),
-        d => Err(device_error(name, format!("no CUDA kernel for {d}"))),
-    }
 }
 
 /// A typed error unless `p` is `dtype` of `shape`.
@@ -81,7 +72,7 @@ struct Call<'a> {
     plan: Plan<'a>,
     layout: Layout,
     glue: Glue<'a>,
-    shape: AttentionShape,
+    dtype: FloatType,
     elem: usize,
     base: u64,
 }
@@ -95,7 +86,7 @@ fn call<'a>(
 ) -> Result<Call<'a>> {
     let name = op.name();
     let dt = q.dtype();
-    let dtype = float_type(name, dt)?;
+    let dtype = cuda_float_type(name, dt)?;
     if k.dtype() != dt || v.dtype() != dt {
         return Err(device_error(
             name,
@@ -116,15 +107,6 @@ fn call<'a>(
             ),
         ));
     }
-    let shape = AttentionShape {
-        batch: plan.dims.b,
-        heads: plan.dims.h,
-        seq: 0,
-        head_dim: plan.dims.d,
-        causal: false,
-        scale: plan.scale,
-        dtype,
-    };
     Ok(Call {
         plan,
         layout,
@@ -133,7 +115,7 @@ fn call<'a>(
             name,
             dt,
         },
-        shape,
+        dtype,
         elem,
         base: scratch.ptr(),
     })
@@ -185,11 +167,17 @@ impl Call<'_> {
         Ok((k, v))
     }
 
+    /// The fused attention call of `rows` query rows against as many keys.
     fn shape(&self, rows: usize, causal: bool) -> AttentionShape {
+        let Dims { b, h, d, .. } = self.plan.dims;
         AttentionShape {
+            batch: b,
+            heads: h,
             seq: rows,
+            head_dim: d,
             causal,
-            ..self.shape
+            scale: self.plan.scale,
+            dtype: self.dtype,
         }
     }
 }
@@ -221,11 +209,7 @@ pub(super) fn forward(
     );
     g.fill(lse.ptr(), f32::NEG_INFINITY, nb * h * t)?;
     g.fill(acc, 0.0, nb * t * h * d)?;
-    let mut ring = Ring {
-        rt: g.rt,
-        name,
-        posted: Vec::new(),
-    };
+    let mut ring = Ring::new(g.rt, name);
     let mut held = (k.ptr(), v.ptr());
     for s in 0..c.plan.members() {
         let blk = c.plan.block_at(s);
@@ -304,11 +288,7 @@ pub(super) fn backward(
     let [k0, v0] = grads.acc[0];
     g.fill(at(k0), 0.0, block(c.plan.block_at(0)))?;
     g.fill(at(v0), 0.0, block(c.plan.block_at(0)))?;
-    let mut ring = Ring {
-        rt: g.rt,
-        name,
-        posted: Vec::new(),
-    };
+    let mut ring = Ring::new(g.rt, name);
     let mut held = (k.ptr(), v.ptr());
     // The arrival of the dK/dV accumulators of the block held at the current step.
     let mut grads_in: Vec<Arc<CudaEvent>> = Vec::new();

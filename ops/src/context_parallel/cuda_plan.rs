@@ -6,7 +6,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 use oxiflow_tensor::{OutSpec, Peers};
 
-use super::{block_positions, check_qkv, CpAttention, Dims, Pass};
+use super::{CpAttention, Dims, Pass, RankCall};
 
 /// Consecutive token positions `pos .. pos + len` held at rows `at .. at + len` of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,12 +109,11 @@ impl<'a> Plan<'a> {
         k: &[usize],
         v: &[usize],
     ) -> std::result::Result<Plan<'a>, String> {
-        let at = op
-            .at
-            .as_ref()
-            .ok_or("runs only through dispatch, which gives it its ranks")?;
-        let peers = at.peers.as_ref().map_err(Clone::clone)?;
-        let dims = check_qkv(q, k, v)?;
+        let RankCall {
+            dims,
+            peers,
+            block_pos: positions,
+        } = op.rank_call(q, k, v)?;
         if dims.d != dims.dv || dims.d > 256 {
             return Err(format!(
                 "the fused attention on CUDA takes value heads as wide as key heads, at most 256 \
@@ -122,21 +121,14 @@ impl<'a> Plan<'a> {
                 dims.d, dims.dv
             ));
         }
-        let mine = &peers.regions()[peers.me()];
-        if mine.len() != dims.t || mine.end > at.seq_len {
-            return Err(format!(
-                "this rank's {} rows do not fit its sequence range {mine:?} of {}",
-                dims.t, at.seq_len
-            ));
-        }
-        let positions = block_positions(op.attrs.order, at.seq_len, peers)?;
+        let seq_len: usize = positions.iter().map(Vec::len).sum();
         let runs = equal_runs(&positions).ok_or_else(|| {
             format!(
                 "the fused attention on CUDA takes blocks of equal length, but {} tokens over \
                  {} ranks in {:?} order do not cut into at most {MAX_RUNS} equal runs: use a \
                  sequence length that splits evenly (a multiple of twice the ranks in the \
                  load-balanced order)",
-                at.seq_len,
+                seq_len,
                 peers.len(),
                 op.attrs.order,
             )

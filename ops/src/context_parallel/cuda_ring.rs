@@ -27,12 +27,21 @@ impl DeviceFence for Arrival {
 /// The exchanges a call has posted: the compute stream waits for every one before the call
 /// returns (its scratch is freed on that stream), on every path out.
 pub(super) struct Ring<'a> {
-    pub rt: &'a Arc<CudaRuntime>,
-    pub name: &'static str,
-    pub posted: Vec<Arc<CudaEvent>>,
+    rt: &'a Arc<CudaRuntime>,
+    name: &'static str,
+    posted: Vec<Arc<CudaEvent>>,
 }
 
-impl Ring<'_> {
+impl<'a> Ring<'a> {
+    /// A call's ring on `rt`, its errors naming `name`.
+    pub(super) fn new(rt: &'a Arc<CudaRuntime>, name: &'static str) -> Ring<'a> {
+        Ring {
+            rt,
+            name,
+            posted: Vec::new(),
+        }
+    }
+
     /// Posts one ring step: `send` (address, bytes) to the next member, `recv` from the
     /// previous, elements of `dt`; returns the step's end events.
     pub(super) fn shift(

@@ -180,20 +180,48 @@ pub(crate) fn check_qkv(
     })
 }
 
-/// The token position of every row of each member's block of `peers` (in member order), for a
-/// sequence of `seq_len` tokens in `order`.
-pub(crate) fn block_positions(
-    order: SeqOrder,
-    seq_len: usize,
-    peers: &Peers,
-) -> std::result::Result<Vec<Vec<usize>>, String> {
-    let positions = order.positions(seq_len);
-    peers
-        .regions()
-        .iter()
-        .map(|r| positions.get(r.clone()).map(<[usize]>::to_vec))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| format!("ranges {:?} of {seq_len}", peers.regions()))
+/// One rank's call as every backend's kernels take it: its sizes, its ring, and the token
+/// position of every row of each member's block (in member order).
+pub(crate) struct RankCall<'a> {
+    pub dims: Dims,
+    pub peers: &'a Peers,
+    pub block_pos: Vec<Vec<usize>>,
+}
+
+impl CpAttention {
+    /// This rank's call on local q, k, v of these shapes, or why its pieces do not fit a ring.
+    pub(crate) fn rank_call(
+        &self,
+        q: &[usize],
+        k: &[usize],
+        v: &[usize],
+    ) -> std::result::Result<RankCall<'_>, String> {
+        let at = self
+            .at
+            .as_ref()
+            .ok_or("runs only through dispatch, which gives it its ranks")?;
+        let peers = at.peers.as_ref().map_err(Clone::clone)?;
+        let dims = check_qkv(q, k, v)?;
+        let mine = &peers.regions()[peers.me()];
+        if mine.len() != dims.t || mine.end > at.seq_len {
+            return Err(format!(
+                "this rank's {} rows do not fit its sequence range {mine:?} of {}",
+                dims.t, at.seq_len
+            ));
+        }
+        let positions = self.attrs.order.positions(at.seq_len);
+        let block_pos = peers
+            .regions()
+            .iter()
+            .map(|r| positions.get(r.clone()).map(<[usize]>::to_vec))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| format!("ranges {:?} of {}", peers.regions(), at.seq_len))?;
+        Ok(RankCall {
+            dims,
+            peers,
+            block_pos,
+        })
+    }
 }
 
 impl ExternOp for CpAttention {

@@ -20,6 +20,7 @@ use oxiflow_sbp::Shape;
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Result};
 
 use super::{ExpertMatmul, ExpertMatmulWgrad, RouterTopk};
+use crate::operand_dtypes::cuda_float_type;
 
 /// The kernels of `moe.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,16 +65,6 @@ impl KernelIds for MoeKernel {
 }
 
 static SOURCE: CudaSource<MoeKernel> = CudaSource::new("moe", include_str!("moe.cu"));
-
-/// The cuBLASLt type of the float operands (f64 has no CUDA kernel: its entry is absent).
-pub(super) fn float_type(op: &'static str, d: DType) -> Result<FloatType> {
-    match d {
-        DType::F32 => Ok(FloatType::F32),
-        DType::BF16 => Ok(FloatType::Bf16),
-        DType::F16 => Ok(FloatType::F16),
-        d => Err(device_error(op, format!("no CUDA product for {d}"))),
-    }
-}
 
 /// The rows of each of `experts` experts from the ids piece (read back to the host; each id
 /// checked to name an expert): the row list in expert order and each expert's count. A typed
@@ -273,7 +264,7 @@ pub(super) fn expert_matmul(
     let ([y], [xs, ys, list]) = (&*io.outputs, &*io.scratch) else {
         return Err(device_error(name, "expects 1 output and 3 scratch buffers"));
     };
-    let t = float_type(name, x.dtype())?;
+    let t = cuda_float_type(name, x.dtype())?;
     let (m, inner) = (x.shape().dim(0), x.shape().dim(1));
     let (wk, wn) = ws
         .first()
@@ -359,7 +350,7 @@ pub(super) fn expert_matmul_wgrad(
             "expects a, ids, b and 3 scratch buffers",
         ));
     };
-    let t = float_type(name, a.dtype())?;
+    let t = cuda_float_type(name, a.dtype())?;
     let (m, ka, nb) = (a.shape().dim(0), a.shape().dim(1), bm.shape().dim(1));
     if bm.shape().dim(0) != m
         || bm.dtype() != a.dtype()

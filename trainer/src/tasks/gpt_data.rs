@@ -109,7 +109,7 @@ impl GptData {
 /// This rank's token rows `[rows, T]` (natural order) as global ids on a stage's mesh `m`:
 /// the rows split over the data-parallel axis (and an expert-parallel one) and, on a context-parallel axis, the tokens in
 /// the load-balanced order and split over it.
-fn rows_on_stage(m: &NamedMesh, v: Vec<i64>, shape: [usize; 2]) -> Result<Tensor, TrainError> {
+pub fn rows_on_stage(m: &NamedMesh, v: Vec<i64>, shape: [usize; 2]) -> Result<Tensor, TrainError> {
     let p = m.placement();
     let layout = GptLayout::Mesh(m.clone());
     let v = layout.seq_order().reorder_rows(&v, shape[1]);

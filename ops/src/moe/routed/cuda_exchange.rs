@@ -182,6 +182,90 @@ fn buffers(
     Ok(out)
 }
 
+/// This call's rows on their way: where they go (`routes`, the send order in `list`), and the
+/// moves of a `[rows, c]` buffer out to the experts' ranks and back.
+struct Travel<'a> {
+    b: &'a CudaKernels,
+    name: &'static str,
+    peers: &'a Peers,
+    s: &'a Sizes,
+    routes: Routes,
+    list: &'a CudaStorage,
+}
+
+impl Travel<'_> {
+    fn row_bytes(&self) -> usize {
+        self.s.c * self.s.elem() as usize
+    }
+
+    /// `from`'s rows in send order (through `staging`, `[m, c]`) to the experts' ranks: what
+    /// this rank receives, `[rows in, c]`.
+    fn out(&self, from: &CudaStorage, staging: &CudaStorage) -> Result<CudaStorage> {
+        let (s, r) = (self.s, &self.routes);
+        let list = (self.list.ptr(), s.m);
+        move_rows(
+            self.b.runtime(),
+            self.name,
+            true,
+            (from.ptr(), staging.ptr()),
+            list,
+            self.row_bytes(),
+        )?;
+        let got = alloc(self.b, &[r.rows_in(), s.c], s.dtype)?;
+        let at = (self.name, self.peers, s.dtype);
+        exchange(
+            self.b,
+            at,
+            (staging.ptr(), &r.sent),
+            (got.ptr(), &r.received),
+            s.c,
+        )?;
+        Ok(got)
+    }
+
+    /// `results` (one per received row) back to the rows' ranks (through `staging`) and into
+    /// `to` in row order.
+    fn back(&self, results: &CudaStorage, staging: &CudaStorage, to: &CudaStorage) -> Result<()> {
+        let (s, r) = (self.s, &self.routes);
+        let at = (self.name, self.peers, s.dtype);
+        exchange(
+            self.b,
+            at,
+            (results.ptr(), &r.received),
+            (staging.ptr(), &r.sent),
+            s.c,
+        )?;
+        let list = (self.list.ptr(), s.m);
+        move_rows(
+            self.b.runtime(),
+            self.name,
+            false,
+            (staging.ptr(), to.ptr()),
+            list,
+            self.row_bytes(),
+        )
+    }
+
+    /// The sizes of the received rows.
+    fn here(&self) -> Sizes {
+        Sizes {
+            m: self.routes.rows_in(),
+            ..*self.s
+        }
+    }
+
+    /// Scratch `[rows in, width]` for each of `widths`, then the row list, as addresses.
+    fn scratch<const N: usize>(
+        &self,
+        widths: [usize; N],
+    ) -> Result<(Vec<CudaStorage>, [u64; N], u64)> {
+        let bufs = buffers(self.b, self.routes.rows_in(), &widths, self.s.dtype)?;
+        let ptrs = std::array::from_fn(|i| bufs[i].ptr());
+        let list = bufs[N].ptr();
+        Ok((bufs, ptrs, list))
+    }
+}
+
 /// The forward where the rows travel: `x`'s rows (routed by `ids`) to their experts' ranks and
 /// the results back into `y`, on scratch `[xs, ys, list]` (rows and results in send order,
 /// the send list).
@@ -194,50 +278,34 @@ pub(super) fn forward_exchanged(
     weights: Weights,
     [xs, ys, list]: [&CudaStorage; 3],
 ) -> Result<()> {
-    let rt = b.runtime();
-    let r = routes(b, (name, peers), s, ids, list)?;
-    let row_bytes = s.c * s.elem() as usize;
-    move_rows(
-        rt,
+    let routes = routes(b, (name, peers), s, ids, list)?;
+    let t = Travel {
+        b,
         name,
-        true,
-        (x.ptr(), xs.ptr()),
-        (list.ptr(), s.m),
-        row_bytes,
-    )?;
-    let rows_in = r.rows_in();
-    let (xr, yr) = (
-        alloc(b, &[rows_in, s.c], s.dtype)?,
-        alloc(b, &[rows_in, s.c], s.dtype)?,
-    );
-    let at = (name, peers, s.dtype);
-    exchange(b, at, (xs.ptr(), &r.sent), (xr.ptr(), &r.received), s.c)?;
-    let here = Sizes { m: rows_in, ..*s };
+        peers,
+        s,
+        routes,
+        list,
+    };
+    let xr = t.out(x, xs)?;
+    let here = t.here();
+    let yr = alloc(b, &[here.m, s.c], s.dtype)?;
     if s.f == 0 || s.e == 0 {
-        zero(rt, name, &yr)?;
-    } else if rows_in > 0 && s.c > 0 {
-        let sc = buffers(b, rows_in, &[s.c, s.f, s.f, s.c], s.dtype)?;
-        let p: Vec<u64> = sc.iter().map(CudaStorage::ptr).collect();
-        let sc = [p[0], p[1], p[2], p[3], p[4]];
+        zero(b.runtime(), name, &yr)?;
+    } else if here.m > 0 && s.c > 0 {
+        let (_held, [a, b1, c, d], l) = t.scratch([s.c, s.f, s.f, s.c])?;
+        let rows = (xr.ptr(), yr.ptr());
         forward_rows(
-            rt,
+            b.runtime(),
             name,
             &here,
-            &r.grouped,
-            (xr.ptr(), yr.ptr()),
+            &t.routes.grouped,
+            rows,
             weights,
-            sc,
+            [a, b1, c, d, l],
         )?;
     }
-    exchange(b, at, (yr.ptr(), &r.received), (ys.ptr(), &r.sent), s.c)?;
-    move_rows(
-        rt,
-        name,
-        false,
-        (ys.ptr(), y.ptr()),
-        (list.ptr(), s.m),
-        row_bytes,
-    )
+    t.back(&yr, ys, y)
 }
 
 /// The backward where the rows travel: rows and output gradients to their experts' ranks, the
@@ -252,42 +320,33 @@ pub(super) fn backward_exchanged(
     (weights, grads): (Weights, Weights),
     [xs, dys, dxs, list]: [&CudaStorage; 4],
 ) -> Result<()> {
-    let rt = b.runtime();
-    let r = routes(b, (name, peers), s, ids, list)?;
-    let row_bytes = s.c * s.elem() as usize;
-    for (from, to) in [(x, xs), (dy, dys)] {
-        move_rows(
-            rt,
+    let routes = routes(b, (name, peers), s, ids, list)?;
+    let t = Travel {
+        b,
+        name,
+        peers,
+        s,
+        routes,
+        list,
+    };
+    let (xr, dyr) = (t.out(x, xs)?, t.out(dy, dys)?);
+    let here = t.here();
+    let dxr = alloc(b, &[here.m, s.c], s.dtype)?;
+    if s.f == 0 || s.e == 0 {
+        zero(b.runtime(), name, &dxr)?;
+    } else if here.m > 0 && s.c > 0 {
+        let (_held, p, l) = t.scratch([s.c, s.c, s.f, s.f, s.f, s.c])?;
+        let sc = [p[0], p[1], p[2], p[3], p[4], p[5], l];
+        let rows = (xr.ptr(), dyr.ptr(), dxr.ptr());
+        backward_rows(
+            b.runtime(),
             name,
-            true,
-            (from.ptr(), to.ptr()),
-            (list.ptr(), s.m),
-            row_bytes,
+            &here,
+            &t.routes.grouped,
+            rows,
+            (weights, grads),
+            sc,
         )?;
     }
-    let rows_in = r.rows_in();
-    let at = (name, peers, s.dtype);
-    let [xr, dyr, dxr] = [(); 3].map(|_| alloc(b, &[rows_in, s.c], s.dtype));
-    let (xr, dyr, dxr) = (xr?, dyr?, dxr?);
-    exchange(b, at, (xs.ptr(), &r.sent), (xr.ptr(), &r.received), s.c)?;
-    exchange(b, at, (dys.ptr(), &r.sent), (dyr.ptr(), &r.received), s.c)?;
-    let here = Sizes { m: rows_in, ..*s };
-    if s.f == 0 || s.e == 0 {
-        zero(rt, name, &dxr)?;
-    } else if rows_in > 0 && s.c > 0 {
-        let sc = buffers(b, rows_in, &[s.c, s.c, s.f, s.f, s.f, s.c], s.dtype)?;
-        let p: Vec<u64> = sc.iter().map(CudaStorage::ptr).collect();
-        let sc = [p[0], p[1], p[2], p[3], p[4], p[5], p[6]];
-        let rows = (xr.ptr(), dyr.ptr(), dxr.ptr());
-        backward_rows(rt, name, &here, &r.grouped, rows, (weights, grads), sc)?;
-    }
-    exchange(b, at, (dxr.ptr(), &r.received), (dxs.ptr(), &r.sent), s.c)?;
-    move_rows(
-        rt,
-        name,
-        false,
-        (dxs.ptr(), dx.ptr()),
-        (list.ptr(), s.m),
-        row_bytes,
-    )
+    t.back(&dxr, dxs, dx)
 }

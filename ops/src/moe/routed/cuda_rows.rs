@@ -12,8 +12,9 @@ use oxiflow_cuda::{device_error, CudaRuntime, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, Result};
 
-use super::super::cuda::{blocks, float_type, move_rows, product, product_plus};
+use super::super::cuda::{blocks, move_rows, product, product_plus};
 use super::RoutedExperts;
+use crate::operand_dtypes::cuda_float_type;
 use crate::swiglu::cuda::{backward_at as swiglu_backward_at, forward_at as swiglu_forward_at};
 
 /// The sizes of one call: rows `m`, width `c`, hidden width `f`, experts `e`, the float type.
@@ -51,7 +52,7 @@ pub(super) fn sizes(op: &RoutedExperts, inputs: &[&CudaStorage]) -> Result<Sizes
     let (m, c) = (x.shape().dim(0), x.shape().dim(1));
     let (e, f) = (gate.shape().dim(0), gate.shape().dim(2));
     let dtype = x.dtype();
-    let t = float_type(name, dtype)?;
+    let t = cuda_float_type(name, dtype)?;
     let fits = x.shape().ndim() == 2
         && gate.shape().dims() == [e, c, f]
         && up.shape().dims() == [e, c, f]

@@ -30,6 +30,7 @@ pub(crate) trait Wide:
 {
     fn constant(v: f64) -> Self;
     fn exp(self) -> Self;
+    fn ln(self) -> Self;
     fn sqrt(self) -> Self;
     fn sigmoid(self) -> Self {
         Self::constant(1.0) / (Self::constant(1.0) + (-self).exp())
@@ -43,6 +44,9 @@ impl Wide for f32 {
     fn exp(self) -> f32 {
         f32::exp(self)
     }
+    fn ln(self) -> f32 {
+        f32::ln(self)
+    }
     fn sqrt(self) -> f32 {
         f32::sqrt(self)
     }
@@ -54,6 +58,9 @@ impl Wide for f64 {
     }
     fn exp(self) -> f64 {
         f64::exp(self)
+    }
+    fn ln(self) -> f64 {
+        f64::ln(self)
     }
     fn sqrt(self) -> f64 {
         f64::sqrt(self)

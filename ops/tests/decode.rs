@@ -4,7 +4,10 @@
 //! position, `write_rows` against the rows placed by hand (and `write_rows_in_place` on the
 //! host making new caches); each in every float dtype; the typed errors; and the global
 //! property: batch or heads split (uneven batches, empty pieces) or broadcast on 1-d and 2-d
-//! meshes give one rank's values.
+//! meshes give one rank's values. `decode_attention_blocks` (the cache cut into blocks, each
+//! attended to apart and merged) against the same reference, whole and with the caches split
+//! on their positions over a mesh axis (a context-parallel cache) beside a batch split or
+//! broadcast on another, with `write_rows` into caches split on the written dim.
 
 mod common;
 
@@ -12,7 +15,10 @@ use std::time::Duration;
 
 use common::{close, nd_sbp_of, never_zero, placement, vals};
 
-use oxiflow_ops::decode::{decode_attention, rotary_at, write_rows, write_rows_in_place};
+use oxiflow_ops::decode::{
+    decode_attention, decode_attention_blocks, decode_attention_parts, rotary_at, write_rows,
+    write_rows_in_place,
+};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -373,5 +379,140 @@ proptest! {
         lseed in any::<u64>(),
     ) {
         global_case(&placement(&mesh, perm), extra, d, seed, lseed);
+    }
+}
+
+/// Cases of the blocks' attention: `blocks` blocks of 1 to 3 positions, every position.
+fn blocks_dims() -> impl Strategy<Value = (Dims, usize)> {
+    (
+        1usize..3,
+        prop::sample::select(vec![(1, 1), (2, 1), (4, 2), (6, 3)]),
+        prop::sample::select(vec![1usize, 2, 8]),
+        1usize..5,
+        1usize..4,
+    )
+        .prop_flat_map(|(b, (h, g), d, blocks, per)| {
+            let p = blocks * per;
+            (0..=p).prop_map(move |pos| (Dims { b, h, g, d, p, pos }, blocks))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn blocks_merge_to_the_f64_reference(
+        (d, blocks) in blocks_dims(),
+        seed in any::<u64>(),
+        dt in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16, DType::F16]),
+    ) {
+        let ops = operands(d, seed);
+        let scale = 1.0 / (d.d as f64).sqrt();
+        let [q, kc, vc, k, v] = tensors(d, &ops, dt);
+        let got = decode_attention_blocks(&q, (&kc, &vc), (&k, &v), &position(d.pos), scale, blocks).unwrap();
+        prop_assert_eq!(got.dtype(), dt);
+        prop_assert_eq!(got.shape().dims(), &[d.b, 1, d.h, d.d][..]);
+        let rounded: [Vec<f64>; 5] = [&q, &kc, &vc, &k, &v].map(vals);
+        close(&vals(&got), &reference(d, &rounded, scale), tolerance(dt), "decode_attention_blocks");
+        // A block without keys (wholly at or after the position, not holding it) is zeros and
+        // -inf; the others' log-sum-exp is finite.
+        let (o, lse) = decode_attention_parts(&q, (&kc, &vc), (&k, &v), &position(d.pos), scale, blocks).unwrap();
+        prop_assert_eq!(o.dtype(), dt.compute());
+        let per = d.p / blocks;
+        let owner = (d.pos / per).min(blocks - 1);
+        let (o, lse) = (vals(&o), vals(&lse));
+        for (i, l) in lse.iter().enumerate() {
+            let c = i / d.h % blocks;
+            let empty = c * per >= d.pos && c != owner;
+            prop_assert_eq!(l.is_infinite() && *l < 0.0, empty, "block {} of {:?}", c, d);
+            if empty {
+                let row = &o[i * d.d..(i + 1) * d.d];
+                prop_assert!(row.iter().all(|&x| x == 0.0));
+            }
+        }
+    }
+}
+
+/// The blocks' attention with the caches split on their positions over mesh axis `seq` (q,
+/// the new key and value whole there) and the batch split or all whole on the others, and rows
+/// written into caches so split, against one rank's values.
+fn split_cache_case(p: &Placement, seq: usize, d: Dims, blocks: usize, seed: u64, lseed: u64) {
+    let others = nd_sbp_of(p.ndim(), lseed, &[Sbp::S(0), Sbp::B]);
+    let with = |s: Sbp| {
+        NdSbp::new(
+            others
+                .iter()
+                .enumerate()
+                .map(|(a, o)| if a == seq { s } else { o })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (whole, split) = (with(Sbp::B), with(Sbp::S(1)));
+    let ops = operands(d, seed);
+    let scale = 0.6;
+    let want = reference(d, &ops, scale);
+    // Two rows written from just before the last block's start (across a boundary).
+    let rows_at = d.p.saturating_sub(d.p / blocks + 1).min(d.p - 2.min(d.p));
+    let t = 2.min(d.p);
+    let rows = never_zero(d.b * t * d.g * d.d, seed.wrapping_add(7));
+    let results = run_ranks(p.num_ranks(), Duration::from_secs(30), |_| {
+        let b = NdSbp::broadcast(p.ndim());
+        let lay = |t: &Tensor, nd: &NdSbp| {
+            t.to_global(p, b.clone())
+                .unwrap()
+                .to_global(p, nd.clone())
+                .unwrap()
+        };
+        let [q, kc, vc, k, v] = tensors(d, &ops, DType::F64);
+        let (q, k, v) = (lay(&q, &whole), lay(&k, &whole), lay(&v, &whole));
+        let (kc, vc) = (lay(&kc, &split), lay(&vc, &split));
+        let pos = position(d.pos).to_global(p, b.clone()).unwrap();
+        let o = decode_attention_blocks(&q, (&kc, &vc), (&k, &v), &pos, scale, blocks).unwrap();
+        let r = lay(
+            &Tensor::from_vec(rows.clone(), [d.b, t, d.g, d.d]).unwrap(),
+            &whole,
+        );
+        let mut caches = vec![kc];
+        write_rows_in_place(&mut caches, &[&r], 1, rows_at).unwrap();
+        assert_eq!(caches[0].nd_sbp(), Some(&split));
+        (vals(&o), vals(&caches[0]))
+    });
+    let [_, kc, _, _, _] = tensors(d, &ops, DType::F64);
+    let r = Tensor::from_vec(rows, [d.b, t, d.g, d.d]).unwrap();
+    let cache_want = vals(&write_rows(&[&kc], &[&r], 1, rows_at).unwrap()[0]);
+    for (rank, (o, cache)) in results.into_iter().enumerate() {
+        let what = format!("rank {rank} on {p}, caches {split}, {blocks} blocks, {d:?}");
+        close(&o, &want, 1e-12, &format!("blocks' attention, {what}"));
+        close(
+            &cache,
+            &cache_want,
+            0.0,
+            &format!("rows into split caches, {what}"),
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
+    #[test]
+    fn a_cache_split_on_its_positions_equals_one_rank(
+        mesh in prop_oneof![
+            (1usize..=4).prop_map(|n| vec![n]),
+            prop::sample::select(vec![vec![2, 2], vec![2, 1], vec![1, 3]]),
+        ],
+        perm in any::<u64>(),
+        seq_axis in 0usize..2,
+        per_rank in 1usize..3,
+        per in 1usize..4,
+        (b, (h, g), dh) in (1usize..4, prop::sample::select(vec![(1, 1), (4, 2), (6, 3)]), prop::sample::select(vec![2usize, 8])),
+        seed in any::<u64>(),
+        lseed in any::<u64>(),
+        pos_at in 0.0f64..=1.0,
+    ) {
+        let seq = seq_axis.min(mesh.len() - 1);
+        let blocks = mesh[seq] * per_rank;
+        let p = blocks * per;
+        let pos = ((p as f64) * pos_at).round() as usize;
+        let d = Dims { b, h, g, d: dh, p, pos };
+        split_cache_case(&placement(&mesh, perm), seq, d, blocks, seed, lseed);
     }
 }

@@ -3,16 +3,23 @@
 //! grouped-query heads of width 64 and 128, the position at the start, inside and at the end
 //! of the cache; rotary at a device position; rows written into a cache held only by the
 //! caller in its own memory (the same piece after), and into a new one when another handle
-//! holds it (that handle's value unchanged). Every float dtype; without a CUDA device it
-//! prints that it was skipped.
+//! holds it (that handle's value unchanged); the blocks' attention (the cache cut into blocks,
+//! each attended to apart, merged) against the same f64 attention, and a window of rows written
+//! (a rank's part of a cache split on positions), new and in place. Every float dtype; without
+//! a CUDA device it prints that it was skipped.
 
 mod common;
 
 use common::{close, vals};
 
-use oxiflow_ops::decode::{decode_attention, rotary_at, rotary_qkv_at, write_rows_in_place};
+use oxiflow_ops::decode::{
+    decode_attention, decode_attention_blocks, rotary_at, rotary_qkv_at, write_rows_in_place,
+    WriteRows,
+};
 use oxiflow_tensor::capture::piece_of;
-use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{
+    dispatch_into, dispatch_multi, DType, DeviceType, Extern, NdSbp, Placement, Sbp, Tensor,
+};
 
 fn on(t: &Tensor, p: &Placement, nd: &NdSbp) -> Tensor {
     t.to_global(p, NdSbp::broadcast(1))
@@ -98,6 +105,28 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             .unwrap();
             let what = format!("decode_attention {dt} b{b} h{h} g{g} d{d} P{plen} pos{pos}");
             close(&vals(&got), &vals(&want), tolerance(dt), &what);
+            // The same by blocks of the cache: empty blocks after the position, the one
+            // holding it, and full ones before.
+            let blocks = [4, 3, 5, 2, 7, 17]
+                .into_iter()
+                .find(|c| plen % c == 0)
+                .unwrap_or(1);
+            let by_blocks = decode_attention_blocks(
+                &dev[0],
+                (&dev[1], &dev[2]),
+                (&dev[3], &dev[4]),
+                &pos_dev,
+                scale,
+                blocks,
+            )
+            .unwrap();
+            assert_eq!(by_blocks.dtype(), dt);
+            close(
+                &vals(&by_blocks),
+                &vals(&want),
+                tolerance(dt),
+                &format!("{what} in {blocks} blocks"),
+            );
 
             // Rotary at the device position, frequencies of a Llama-3 base.
             let half = d / 2;
@@ -201,6 +230,52 @@ fn many_caches_are_written_in_place_each_with_its_own_rows() {
                 &format!("{dt} cache {i} of {n}"),
             );
         }
+    }
+}
+
+/// Rows 1..3 of three written at positions 2..4 of a cache of six (the window a rank's part of
+/// a cache split on its positions writes): into a new cache, then in the cache's own memory.
+#[test]
+fn a_window_of_rows_lands_at_its_positions() {
+    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+        return;
+    };
+    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
+    let batch = NdSbp::new([Sbp::S(0)]);
+    let (b, plen, t, inner) = (2usize, 6usize, 3usize, 5usize);
+    let op = WriteRows {
+        dim: 1,
+        at: 2,
+        window: Some((1, 2)),
+    };
+    for dt in [DType::F32, DType::F64, DType::BF16] {
+        let cache = Tensor::from_vec(values(b * plen * inner, 41), [b, plen, inner])
+            .unwrap()
+            .cast(dt)
+            .unwrap();
+        let rows = Tensor::from_vec(values(b * t * inner, 42), [b, t, inner])
+            .unwrap()
+            .cast(dt)
+            .unwrap();
+        let mut want = vals(&cache);
+        let r = vals(&rows);
+        for bi in 0..b {
+            for j in 0..2 {
+                let (to, from) = (((bi * plen) + 2 + j) * inner, ((bi * t) + 1 + j) * inner);
+                want[to..to + inner].copy_from_slice(&r[from..from + inner]);
+            }
+        }
+        let (c, r) = (on(&cache, &p, &batch), on(&rows, &p, &batch));
+        let new = dispatch_multi(Extern::new(op).into(), &[&c, &r]).unwrap();
+        close(
+            &vals(&new[0]),
+            &want,
+            0.0,
+            &format!("{dt} window, new cache"),
+        );
+        drop(new);
+        assert!(dispatch_into(Extern::new(op).into(), &[&c, &r], &[&c]).unwrap());
+        close(&vals(&c), &want, 0.0, &format!("{dt} window, in place"));
     }
 }
 

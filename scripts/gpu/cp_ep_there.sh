@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a 2-GPU machine from the folder engine_here.sh staged: context and expert parallelism
 # on CUDA, the parts named in $PARTS (default "kernels curves experts speed"):
-#  kernels  ops_context_parallel_cuda, ops_moe_cuda and ops_rotary_cuda: the CUDA kernels against the CPU ones
-#           in f64 (one GPU);
+#  kernels  ops_context_parallel_cuda, ops_moe_cuda, ops_rotary_cuda and ops_decode_cuda: the
+#           CUDA kernels against the CPU ones in f64 (one GPU);
+#  generate a small Llama trained on one GPU, then greedy and sampled generation from its
+#           checkpoint on one GPU and under --cp 2 (the KV cache's positions split over the two
+#           GPUs, each decoding step compiled): the ids side by side;
 #  curves   a small Llama under `train --device cuda`: one GPU beside CP2 by ring and by
 #           all-to-all and compiled CP2 by ring, in f32 and bf16-mixed, the largest relative gap of the logged losses;
 #  experts  the Hugging Face fixtures Mixtral and Qwen2-MoE trained in f32 (load-balancing
@@ -19,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cp}
-PARTS=${PARTS:-"kernels curves experts speed"}
+PARTS=${PARTS:-"kernels generate curves experts speed"}
 SEQ=${SEQ:-16384}
 STEPS=${STEPS:-4}
 CPS=${CPS:-"1 2"}
@@ -28,11 +31,36 @@ mkdir -p "$OUT"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 . ./sampled.sh
 if has kernels; then
-  for t in context_parallel_cuda moe_cuda rotary_cuda; do
+  for t in context_parallel_cuda moe_cuda rotary_cuda decode_cuda; do
     s=$(date +%s)
     CUDA_VISIBLE_DEVICES=0 timeout 300 bin/ops_$t > "$OUT/kernels-$t.log" 2>&1
     echo "ops_$t exit code: $? ($(( $(date +%s) - s )) s)"
     grep -E "test result|FAILED|panicked|skipped" "$OUT/kernels-$t.log" | tail -8 | cut -c1-300
+  done
+fi
+if has generate; then
+  LLAMA="--model llama --layers 2 --width 64 --heads 4 --kv-heads 2 --ffn-width 96 --rope-theta 500"
+  timeout 180 bin/oflaunch --nproc-per-node 1 --backend nccl bin/train --device cuda $LLAMA \
+    --seq-len 64 --batch-size 8 --steps 40 --seed 3 --gen-tokens 0 --precision f32 \
+    --save "$OUT/gen-ckpt" > "$OUT/generate-train.log" 2>&1
+  echo "generate: training exit code: $?"
+  for sampling in "greedy --temperature 0" "sampled --temperature 0.8 --top-k 20"; do
+    read -r kind how <<< "$sampling"
+    for run in "one 1" "cp2 2 --cp 2"; do
+      read -r tag n layout <<< "$run"
+      timeout 180 bin/oflaunch --nproc-per-node "$n" --backend nccl bin/train --device cuda \
+        --resume "$OUT/gen-ckpt" --seed 3 --precision f32 --gen-tokens 40 \
+        --prompt-ids "5,17,3,9,2;4,4,8,1,30;7,3,11,2,9,40,41" $how $layout \
+        > "$OUT/generate-$kind-$tag.log" 2>&1
+      echo "generate $kind $tag exit code: $?"
+      grep -E "generation:|rror" "$OUT/generate-$kind-$tag.log" | head -3 | cut -c1-400
+      grep "generated ids" "$OUT/generate-$kind-$tag.log" | sed "s/^/  $tag: /" | cut -c1-200
+    done
+  done
+  for kind in greedy sampled; do
+    a=$(grep "generated ids" "$OUT/generate-$kind-one.log" | md5sum)
+    b=$(grep "generated ids" "$OUT/generate-$kind-cp2.log" | md5sum)
+    echo "generate $kind: one GPU and CP2 ids $([ "$a" = "$b" ] && echo EQUAL || echo DIFFER)"
   done
 fi
 if has curves; then

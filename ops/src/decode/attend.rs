@@ -31,6 +31,52 @@ pub fn decode_attention(
     dispatch(op.into(), &[q, kv_cache.0, kv_cache.1, kv.0, kv.1, pos])
 }
 
+/// The sizes of a decoding attention's operands: batch, query heads, key/value heads, head
+/// width and cached positions.
+pub(super) struct Operands {
+    pub b: usize,
+    pub h: usize,
+    pub g: usize,
+    pub d: usize,
+    pub p: usize,
+}
+
+/// Checks a decoding attention's operands (q, the caches, the new key and value, the
+/// position; see the module docs); returns their sizes.
+pub(super) fn check_operands(shapes: &[&Shape], dtypes: &[DType]) -> MetaResult<Operands> {
+    let (q, kc, vc, k, v) = (shapes[0], shapes[1], shapes[2], shapes[3], shapes[4]);
+    let d = dtypes[0];
+    if !d.is_float() || dtypes[..5].iter().any(|&x| x != d) {
+        return Err(MetaError::DType(format!(
+            "q, the caches and the new key and value must share a float dtype, got {:?}",
+            &dtypes[..5]
+        )));
+    }
+    let bad = || {
+        MetaError::Shape(format!(
+            "needs q [B, 1, H, D], caches [B, P, G, D] and key/value [B, 1, G, D] with G \
+             dividing H and D <= {MAX_HEAD_DIM}, got q {q}, caches {kc} {vc}, key/value {k} {v}"
+        ))
+    };
+    let (&[b, 1, h, hd], &[b2, p, g, d2]) = (q.dims(), kc.dims()) else {
+        return Err(bad());
+    };
+    let new = [b, 1, g, hd];
+    if b2 != b
+        || d2 != hd
+        || vc != kc
+        || k.dims() != new
+        || v.dims() != new
+        || g == 0
+        || h % g != 0
+        || hd > MAX_HEAD_DIM
+    {
+        return Err(bad());
+    }
+    check_position(shapes[5], dtypes[5])?;
+    Ok(Operands { b, h, g, d: hd, p })
+}
+
 static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
     Kernels::new()
         .with::<DecodeAttention, CpuBackend>(DTYPES, cpu::decode_attention)
@@ -48,39 +94,10 @@ impl ExternOp for DecodeAttention {
         (6, 6)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (q, kc, vc, k, v) = (shapes[0], shapes[1], shapes[2], shapes[3], shapes[4]);
-        let d = dtypes[0];
-        if !d.is_float() || dtypes[..5].iter().any(|&x| x != d) {
-            return Err(MetaError::DType(format!(
-                "q, the caches and the new key and value must share a float dtype, got {:?}",
-                &dtypes[..5]
-            )));
-        }
-        let bad = || {
-            MetaError::Shape(format!(
-                "needs q [B, 1, H, D], caches [B, P, G, D] and key/value [B, 1, G, D] with G \
-                 dividing H and D <= {MAX_HEAD_DIM}, got q {q}, caches {kc} {vc}, key/value {k} {v}"
-            ))
-        };
-        let (&[b, 1, h, hd], &[b2, _, g, d2]) = (q.dims(), kc.dims()) else {
-            return Err(bad());
-        };
-        let new = [b, 1, g, hd];
-        if b2 != b
-            || d2 != hd
-            || vc != kc
-            || k.dims() != new
-            || v.dims() != new
-            || g == 0
-            || h % g != 0
-            || hd > MAX_HEAD_DIM
-        {
-            return Err(bad());
-        }
-        check_position(shapes[5], dtypes[5])?;
+        let sizes = check_operands(shapes, dtypes)?;
         Ok(Inferred::new(
-            rules::decode_attention(q.clone(), g, mode),
-            d,
+            rules::decode_attention(shapes[0].clone(), sizes.g, mode),
+            dtypes[0],
         ))
     }
     fn kernels(&self) -> &Kernels {

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
-use super::op_types::{DecodeAttention, RotaryAt, RotaryQkvAt, WriteRows};
+use super::op_types::{DecodeAttention, DecodeAttentionParts, RotaryAt, RotaryQkvAt, WriteRows};
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
 
 /// The position held by input `i` (one i64).
@@ -184,49 +184,159 @@ fn attention_typed<T: Elem>(
         .enumerate()
         .for_each(|(bh, out)| {
             let (bi, hi) = (bh / h, bh % h);
-            let gi = hi / group.max(1);
-            let qr = &q[bh * d..(bh + 1) * d];
-            // Key/value row j of this head's group: cached for j < pos, the new one at pos.
-            let row = |c: &[T], n: &[T], j: usize| -> Vec<T::W> {
-                let at = if j < pos {
-                    ((bi * p_len + j) * g + gi) * d
-                } else {
-                    (bi * g + gi) * d
-                };
-                let src = if j < pos { c } else { n };
-                src[at..at + d].iter().map(|e| e.widen()).collect()
+            let rows = HeadRows {
+                cache: (&kc, &vc),
+                new: (&k, &v),
+                first: (bi * p_len) * g + hi / group.max(1),
+                new_at: bi * g + hi / group.max(1),
+                stride: g,
+                d,
             };
-            let scores: Vec<T::W> = (0..=pos)
-                .map(|j| {
-                    let kr = row(&kc, &k, j);
-                    let dot = qr
-                        .iter()
-                        .zip(&kr)
-                        .fold(T::W::constant(0.0), |a, (x, y)| a + x.widen() * *y);
-                    dot * scale
-                })
-                .collect();
-            let m = scores
-                .iter()
-                .copied()
-                .fold(
-                    T::W::constant(f64::NEG_INFINITY),
-                    |a, s| if s > a { s } else { a },
-                );
-            let mut acc = vec![T::W::constant(0.0); d];
-            let mut total = T::W::constant(0.0);
-            for (j, &s) in scores.iter().enumerate() {
-                let w = (s - m).exp();
-                total = total + w;
-                for (a, x) in acc.iter_mut().zip(row(&vc, &v, j)) {
-                    *a = *a + w * x;
-                }
-            }
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = T::narrow(a / total);
+            let s = attend_keys(&q[bh * d..(bh + 1) * d], &rows, (pos, true), scale);
+            for (o, a) in out.iter_mut().zip(s.acc) {
+                *o = T::narrow(a / s.total);
             }
         });
     Ok(())
+}
+
+pub(super) fn decode_attention_parts(
+    op: &DecodeAttentionParts,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    by_float!(op, io, parts_typed)
+}
+
+fn parts_typed<T: Elem>(
+    op: &DecodeAttentionParts,
+    name: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    let (qd, cd) = (io.inputs[0].shape().to_vec(), io.inputs[1].shape().to_vec());
+    let od = io
+        .outputs
+        .first()
+        .map(|o| o.shape().to_vec())
+        .unwrap_or_default();
+    let (&[_, _, h, d], &[_, p_len, g, _], &[_, nl, _, _]) =
+        (qd.as_slice(), cd.as_slice(), od.as_slice())
+    else {
+        return Err(kernel_err(
+            name,
+            format!("q {qd:?}, caches {cd:?}, blocks {od:?}"),
+        ));
+    };
+    let (per, _) = op.block_span(p_len, nl).map_err(|e| kernel_err(name, e))?;
+    let [q, kc, vc, k, v] = [0, 1, 2, 3, 4].map(|i| input::<T>(name, io.inputs, i));
+    let (q, kc, vc, k, v) = (q?, kc?, vc?, k?, v?);
+    let pos = position(name, io.inputs, 5)?.min(op.blocks * per);
+    let owner = op.owner(pos, per);
+    let rows_out = q.len() / d.max(1) * nl;
+    if io.outputs.len() != 2 {
+        return Err(kernel_err(name, "expects 2 outputs".into()));
+    }
+    let (o_out, lse_out) = io.outputs.split_at_mut(1);
+    let o = output::<T::W>(name, o_out, 0, rows_out * d)?;
+    let lse = output::<T::W>(name, lse_out, 0, rows_out)?;
+    let group = h / g.max(1);
+    let scale = T::W::constant(op.scale);
+    o.par_chunks_mut(d.max(1))
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, (out, l))| {
+            // Row r of o [B, nl, H, D]: sequence bi, local block cl, head hi.
+            let (bi, cl, hi) = (r / (nl * h), r / h % nl, r % h);
+            let block = op.first_block + cl;
+            let cached = pos.saturating_sub(block * per).min(per);
+            let rows = HeadRows {
+                cache: (&kc, &vc),
+                new: (&k, &v),
+                first: (bi * p_len + cl * per) * g + hi / group.max(1),
+                new_at: bi * g + hi / group.max(1),
+                stride: g,
+                d,
+            };
+            let qr = &q[(bi * h + hi) * d..(bi * h + hi + 1) * d];
+            let s = attend_keys(qr, &rows, (cached, block == owner), scale);
+            let empty = s.total <= T::W::constant(0.0);
+            for (o, a) in out.iter_mut().zip(s.acc) {
+                *o = if empty { a } else { a / s.total };
+            }
+            *l = if empty {
+                T::W::constant(f64::NEG_INFINITY)
+            } else {
+                s.max + s.total.ln()
+            };
+        });
+    Ok(())
+}
+
+/// Where one query head's key and value rows lie: the caches' rows `first + j * stride` (in
+/// rows of `d`) for the cached keys, the new ones' row `new_at`.
+struct HeadRows<'a, T> {
+    cache: (&'a [T], &'a [T]),
+    new: (&'a [T], &'a [T]),
+    first: usize,
+    new_at: usize,
+    stride: usize,
+    d: usize,
+}
+
+impl<T> HeadRows<'_, T> {
+    /// Key (`value` false) or value row `j`: cached for `j < cached`, else the new one.
+    fn row(&self, value: bool, j: usize, cached: usize) -> &[T] {
+        let (src, at) = match (j < cached, value) {
+            (true, false) => (self.cache.0, self.first + j * self.stride),
+            (true, true) => (self.cache.1, self.first + j * self.stride),
+            (false, false) => (self.new.0, self.new_at),
+            (false, true) => (self.new.1, self.new_at),
+        };
+        &src[at * self.d..(at + 1) * self.d]
+    }
+}
+
+/// One query head's softmax over its keys: the values weighted by exp(score - max), unscaled,
+/// the largest score and the weights' sum (zeros, -inf and 0 over no keys).
+struct Softmaxed<W> {
+    acc: Vec<W>,
+    max: W,
+    total: W,
+}
+
+/// q's softmax over the `cached` keys `rows` holds and, `with_new`, the new one after them.
+fn attend_keys<T: Elem>(
+    q: &[T],
+    rows: &HeadRows<'_, T>,
+    (cached, with_new): (usize, bool),
+    scale: T::W,
+) -> Softmaxed<T::W> {
+    let n = cached + usize::from(with_new);
+    let zero = T::W::constant(0.0);
+    let scores: Vec<T::W> = (0..n)
+        .map(|j| {
+            let dot = q
+                .iter()
+                .zip(rows.row(false, j, cached))
+                .fold(zero, |a, (x, y)| a + x.widen() * y.widen());
+            dot * scale
+        })
+        .collect();
+    let max =
+        scores.iter().copied().fold(
+            T::W::constant(f64::NEG_INFINITY),
+            |a, s| if s > a { s } else { a },
+        );
+    let mut acc = vec![zero; rows.d];
+    let mut total = zero;
+    for (j, &s) in scores.iter().enumerate() {
+        let w = (s - max).exp();
+        total = total + w;
+        for (a, x) in acc.iter_mut().zip(rows.row(true, j, cached)) {
+            *a = *a + w * x.widen();
+        }
+    }
+    Softmaxed { acc, max, total }
 }
 
 pub(super) fn write_rows(
@@ -263,10 +373,15 @@ fn rows_typed<T: TensorElement + Copy + Send + Sync>(
         let (Some(&len), Some(&t)) = (dims.get(op.dim), rdims.get(op.dim)) else {
             return Err(kernel_err(name, format!("cache {dims:?}, rows {rdims:?}")));
         };
-        if op.at + t > len {
+        let (first, count) = op.rows_written(t);
+        if op.at + count > len || first + count > t {
             return Err(kernel_err(
                 name,
-                format!("rows {rdims:?} from {} overrun cache {dims:?}", op.at),
+                format!(
+                    "rows {first}..{} of {rdims:?} from {} overrun cache {dims:?}",
+                    first + count,
+                    op.at
+                ),
             ));
         }
         let inner: usize = dims[op.dim + 1..].iter().product();
@@ -274,12 +389,13 @@ fn rows_typed<T: TensorElement + Copy + Send + Sync>(
         let rows = input::<T>(name, io.inputs, n + i)?;
         let out = output::<T>(name, io.outputs, i, cache.len())?;
         out.copy_from_slice(&cache);
-        let (block, written) = (len * inner, t * inner);
+        let (block, written) = (len * inner, count * inner);
         if written == 0 {
             continue;
         }
-        for (o, r) in out.chunks_mut(block.max(1)).zip(rows.chunks(written)) {
-            o[op.at * inner..op.at * inner + written].copy_from_slice(r);
+        for (o, r) in out.chunks_mut(block.max(1)).zip(rows.chunks(t * inner)) {
+            o[op.at * inner..op.at * inner + written]
+                .copy_from_slice(&r[first * inner..first * inner + written]);
         }
     }
     Ok(())

@@ -8,7 +8,9 @@ use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage,
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
-use super::op_types::{DecodeAttention, RotaryAt, RotaryQkvAt, WriteRows, MAX_HEAD_DIM};
+use super::op_types::{
+    DecodeAttention, DecodeAttentionParts, RotaryAt, RotaryQkvAt, WriteRows, MAX_HEAD_DIM,
+};
 
 /// The kernels of `decode.cu`: rotary and attention by element type, the cache writes (one
 /// cache, or a table of them) by element width in bytes.
@@ -17,6 +19,7 @@ enum DecodeKernel {
     Rotary(DType),
     RotaryQkv(DType),
     Attention(DType),
+    Parts(DType),
     Rows(usize),
     RowsTable(usize),
 }
@@ -35,6 +38,10 @@ impl KernelIds for DecodeKernel {
         DecodeKernel::Attention(DType::F64),
         DecodeKernel::Attention(DType::BF16),
         DecodeKernel::Attention(DType::F16),
+        DecodeKernel::Parts(DType::F32),
+        DecodeKernel::Parts(DType::F64),
+        DecodeKernel::Parts(DType::BF16),
+        DecodeKernel::Parts(DType::F16),
         DecodeKernel::Rows(2),
         DecodeKernel::Rows(4),
         DecodeKernel::Rows(8),
@@ -56,6 +63,10 @@ impl KernelIds for DecodeKernel {
             DecodeKernel::Attention(DType::BF16) => "decode_attention_bf16",
             DecodeKernel::Attention(DType::F16) => "decode_attention_f16",
             DecodeKernel::Attention(_) => "decode_attention_f32",
+            DecodeKernel::Parts(DType::F64) => "decode_attention_parts_f64",
+            DecodeKernel::Parts(DType::BF16) => "decode_attention_parts_bf16",
+            DecodeKernel::Parts(DType::F16) => "decode_attention_parts_f16",
+            DecodeKernel::Parts(_) => "decode_attention_parts_f32",
             DecodeKernel::Rows(2) => "write_rows_b2",
             DecodeKernel::Rows(4) => "write_rows_b4",
             DecodeKernel::Rows(_) => "write_rows_b8",
@@ -242,13 +253,7 @@ pub(super) fn decode_attention(
     }
     let rt = b.runtime();
     let f = SOURCE.function(rt, name, DecodeKernel::Attention(dtype))?;
-    let wide = if dtype == DType::F64 { 8 } else { 4 };
-    let warps = attention_warps(dtype);
-    let cfg = LaunchConfig {
-        grid_dim: (h as u32, bs as u32, 1),
-        block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: (wide * (d + warps * (d + 2))) as u32,
-    };
+    let cfg = heads_launch(dtype, (h, bs, 1), d);
     let ptrs = [
         q.ptr(),
         kc.ptr(),
@@ -277,9 +282,118 @@ pub(super) fn decode_attention(
     launched(name, unsafe { l.launch(cfg) })
 }
 
-/// One cache write's pieces and geometry, checked: the rows of `rows` go into `out` (the
-/// cache's own memory where `in_place`) at `at..at + t` of a dim of `len` positions, with
-/// `outer` runs before it and `inner` elements after it, `width` bytes an element.
+/// The launch of a decoding attention kernel of `dtype` over `grid` (heads, sequences,
+/// blocks) for heads of `d`: the kernel's WARPS warps a block, its dynamic shared memory
+/// `d + WARPS * (d + 2)` elements of its arithmetic (f64 for f64, else f32).
+fn heads_launch(dtype: DType, grid: (usize, usize, usize), d: usize) -> LaunchConfig {
+    let wide = if dtype == DType::F64 { 8 } else { 4 };
+    let warps = attention_warps(dtype);
+    LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: (wide * (d + warps * (d + 2))) as u32,
+    }
+}
+
+pub(super) fn decode_attention_parts(
+    op: &DecodeAttentionParts,
+    b: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let name = op.name();
+    let ([q, kc, vc, kn, vn, pos], [o, lse]) = (io.inputs, &*io.outputs) else {
+        return Err(device_error(name, "expects 6 inputs and 2 outputs"));
+    };
+    let [bs, _, h, d] = dims4(name, "q", q)?;
+    let [_, p_len, g, _] = dims4(name, "the key cache", kc)?;
+    let [_, nl, _, _] = dims4(name, "the blocks' values", o)?;
+    let (per, _) = op
+        .block_span(p_len, nl)
+        .map_err(|e| device_error(name, e))?;
+    let dtype = q.dtype();
+    let wide = dtype.compute();
+    let fits = g > 0
+        && h % g == 0
+        && d <= MAX_HEAD_DIM
+        && [kc, vc, kn, vn].iter().all(|p| p.dtype() == dtype)
+        && [o, lse].iter().all(|p| p.dtype() == wide)
+        && vc.numel() == kc.numel()
+        && kc.numel() == bs * p_len * g * d
+        && kn.numel() == bs * g * d
+        && vn.numel() == kn.numel()
+        && o.numel() == bs * nl * h * d
+        && lse.numel() == bs * nl * h
+        && pos.numel() == 1;
+    if !fits {
+        return Err(device_error(
+            name,
+            format!(
+                "q {} {}, caches {} {}, key/value {} {}, blocks {} {} and {}",
+                dtype,
+                q.shape(),
+                kc.shape(),
+                vc.shape(),
+                kn.shape(),
+                vn.shape(),
+                o.dtype(),
+                o.shape(),
+                lse.shape()
+            ),
+        ));
+    }
+    if o.numel() == 0 {
+        return Ok(());
+    }
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, DecodeKernel::Parts(dtype))?;
+    let cfg = heads_launch(dtype, (h, bs, nl), d);
+    let ptrs = [
+        q.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+        kn.ptr(),
+        vn.ptr(),
+        pos.ptr(),
+        o.ptr(),
+        lse.ptr(),
+    ];
+    let (per, nl, first, blocks) = (
+        per as i64,
+        nl as i32,
+        op.first_block as i64,
+        op.blocks as i64,
+    );
+    let (hh, gg, dd) = (h as i32, g as i32, d as i32);
+    let mut l = rt.launcher(name, f)?;
+    for p in &ptrs {
+        l.arg(p);
+    }
+    l.arg(&per)
+        .arg(&nl)
+        .arg(&first)
+        .arg(&blocks)
+        .arg(&hh)
+        .arg(&gg)
+        .arg(&dd);
+    let (s64, s32) = (op.scale, op.scale as f32);
+    if dtype == DType::F64 {
+        l.arg(&s64);
+    } else {
+        l.arg(&s32);
+    }
+    // SAFETY: decode_attention_parts_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const
+    // i64*, o, lse: W*, i64 per, int nl, i64 first_block, i64 blocks, int h, int g, int d,
+    // W scale) with W f64 for f64 and f32 otherwise (the outputs' dtype, checked); the pieces
+    // hold the element counts checked above (caches of nl blocks of per positions), the
+    // block's dynamic shared memory is d + WARPS * (d + 2) W's for the kernel's WARPS, and the
+    // pieces outlive the launch.
+    launched(name, unsafe { l.launch(cfg) })
+}
+
+/// One cache write's pieces and geometry, checked: rows `from..from + count` of `rows` go into
+/// `out` (the cache's own memory where `in_place`) at `at..at + count` of a dim of `len`
+/// positions, with `outer` runs before it and `inner` elements after it, `width` bytes an
+/// element.
 struct RowsWrite<'a> {
     cache: &'a CudaStorage,
     rows: &'a CudaStorage,
@@ -295,6 +409,20 @@ struct RowsGeometry {
     t: usize,
     inner: usize,
     width: usize,
+    /// The rows written: `count` of the `t` given, from `from`.
+    from: usize,
+    count: usize,
+}
+
+impl RowsGeometry {
+    /// The kernels' geometry arguments for a write at `at`: (outer, len, t, inner, at, from,
+    /// count).
+    fn args(&self, at: usize) -> [i64; 7] {
+        [
+            self.outer, self.len, self.t, self.inner, at, self.from, self.count,
+        ]
+        .map(|v| v as i64)
+    }
 }
 
 /// Caches in one launch of `write_rows_table_b<width>` (the kernels' `ROWS_TABLE`).
@@ -336,9 +464,11 @@ pub(super) fn write_rows(
         let inner: usize = dims[op.dim + 1..].iter().product();
         let outer: usize = dims[..op.dim].iter().product();
         let width = cache.dtype().size();
+        let (from, count) = op.rows_written(t);
         let fits = out.numel() == cache.numel()
             && rows.numel() == outer * t * inner
-            && op.at + t <= len
+            && op.at + count <= len
+            && from + count <= t
             && rows.dtype() == cache.dtype()
             && out.dtype() == cache.dtype()
             && matches!(width, 2 | 4 | 8);
@@ -346,9 +476,10 @@ pub(super) fn write_rows(
             return Err(device_error(
                 name,
                 format!(
-                    "cache {} {}, rows {} {} at {} along dim {}, output {} {}",
+                    "cache {} {}, rows {from}..{} of {} {} at {} along dim {}, output {} {}",
                     cache.dtype(),
                     cache.shape(),
+                    from + count,
                     rows.dtype(),
                     rows.shape(),
                     op.at,
@@ -368,6 +499,8 @@ pub(super) fn write_rows(
                 t,
                 inner,
                 width,
+                from,
+                count,
             },
             in_place: out.ptr() == cache.ptr(),
         });
@@ -395,8 +528,8 @@ fn write_listed(op: &WriteRows, b: &CudaKernels, writes: &[RowsWrite<'_>]) -> Re
     let Some(g) = writes.first().map(|w| w.geometry) else {
         return Ok(());
     };
-    let count = g.outer * g.t * g.inner * writes.len();
-    if count == 0 {
+    let elements = g.outer * g.count * g.inner * writes.len();
+    if elements == 0 {
         return Ok(());
     }
     let mut table = RowsTable {
@@ -409,27 +542,19 @@ fn write_listed(op: &WriteRows, b: &CudaKernels, writes: &[RowsWrite<'_>]) -> Re
     }
     let rt = b.runtime();
     let f = SOURCE.function(rt, name, DecodeKernel::RowsTable(g.width))?;
-    let (c, o, l_, tt, inn, at) = (
-        writes.len() as i32,
-        g.outer as i64,
-        g.len as i64,
-        g.t as i64,
-        g.inner as i64,
-        op.at as i64,
-    );
+    let c = writes.len() as i32;
+    let geometry = g.args(op.at);
     let mut l = rt.launcher(name, f)?;
-    l.arg(&table)
-        .arg(&c)
-        .arg(&o)
-        .arg(&l_)
-        .arg(&tt)
-        .arg(&inn)
-        .arg(&at);
-    // SAFETY: write_rows_table_b<width> takes (RowsTable by value, int count, i64 outer,
-    // i64 len, i64 t, i64 inner, i64 at) with E of the elements' width; the first `count`
-    // entries point at rows of outer * t * inner elements and caches (their own memory) of
-    // outer * len * inner, at + t <= len (checked by the caller); the pieces outlive the launch.
-    launched(name, unsafe { l.launch(grid(count)) })
+    l.arg(&table).arg(&c);
+    for a in &geometry {
+        l.arg(a);
+    }
+    // SAFETY: write_rows_table_b<width> takes (RowsTable by value, int caches, i64 outer,
+    // i64 len, i64 t, i64 inner, i64 at, i64 from, i64 count) with E of the elements' width;
+    // the first `caches` entries point at rows of outer * t * inner elements and caches (their
+    // own memory) of outer * len * inner, at + count <= len and from + count <= t (checked by
+    // the caller); the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(elements)) })
 }
 
 /// One cache's write: into its own memory only the rows move; else every element.
@@ -437,37 +562,27 @@ fn write_one(op: &WriteRows, b: &CudaKernels, w: &RowsWrite<'_>) -> Result<()> {
     let name = op.name();
     let g = w.geometry;
     let all = i32::from(!w.in_place);
-    let count = if w.in_place {
-        w.rows.numel()
+    let elements = if w.in_place {
+        g.outer * g.count * g.inner
     } else {
         w.cache.numel()
     };
-    if count == 0 {
+    if elements == 0 {
         return Ok(());
     }
     let rt = b.runtime();
     let f = SOURCE.function(rt, name, DecodeKernel::Rows(g.width))?;
     let (cp, rp, op_) = (w.cache.ptr(), w.rows.ptr(), w.out.ptr());
-    let (o, l_, tt, inn, at) = (
-        g.outer as i64,
-        g.len as i64,
-        g.t as i64,
-        g.inner as i64,
-        op.at as i64,
-    );
+    let geometry = g.args(op.at);
     let mut l = rt.launcher(name, f)?;
-    l.arg(&cp)
-        .arg(&rp)
-        .arg(&op_)
-        .arg(&o)
-        .arg(&l_)
-        .arg(&tt)
-        .arg(&inn)
-        .arg(&at)
-        .arg(&all);
+    l.arg(&cp).arg(&rp).arg(&op_);
+    for a in &geometry {
+        l.arg(a);
+    }
+    l.arg(&all);
     // SAFETY: write_rows_b<width> takes (const E*, const E*, E*, i64 outer, i64 len, i64 t,
-    // i64 inner, i64 at, int all) with E of the elements' width; cache and out hold
-    // outer * len * inner elements, rows outer * t * inner, at + t <= len (checked by the
-    // caller); the pieces outlive the launch.
-    launched(name, unsafe { l.launch(grid(count)) })
+    // i64 inner, i64 at, i64 from, i64 count, int all) with E of the elements' width; cache
+    // and out hold outer * len * inner elements, rows outer * t * inner, at + count <= len and
+    // from + count <= t (checked by the caller); the pieces outlive the launch.
+    launched(name, unsafe { l.launch(grid(elements)) })
 }

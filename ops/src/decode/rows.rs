@@ -1,6 +1,7 @@
 //! `WriteRows`: n caches with rows written along one dim from a given position (inputs: the
 //! caches, then their rows; outputs: the caches with `rows[i]` at `at..at + t` of `dim`, the
-//! rest as it was). [`write_rows_in_place`] writes them in the caches' own memory where
+//! rest as it was). Caches split on that dim (a sequence split over ranks) take whole rows:
+//! each rank writes those that fall in its part. [`write_rows_in_place`] writes them in the caches' own memory where
 //! nothing else holds it (a decoding loop's cache, one launch per step), else makes new
 //! caches and puts them in place of the old ones.
 
@@ -8,10 +9,10 @@ use std::sync::LazyLock;
 
 use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
-use oxiflow_sbp::{rules, RuleMode, Shape};
+use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
-    dispatch_into, dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError,
-    MetaResult, Result, Tensor, TensorError,
+    dispatch_into, dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, LocalAt,
+    MetaError, MetaResult, Result, Tensor, TensorError,
 };
 
 use super::op_types::WriteRows;
@@ -25,7 +26,15 @@ pub fn write_rows(
     at: usize,
 ) -> Result<Vec<Tensor>> {
     let inputs = operands(caches, rows)?;
-    dispatch_multi(Extern::new(WriteRows { dim, at }).into(), &inputs)
+    dispatch_multi(
+        Extern::new(WriteRows {
+            dim,
+            at,
+            window: None,
+        })
+        .into(),
+        &inputs,
+    )
 }
 
 /// [`write_rows`] into `caches` themselves: in their own memory where nothing but these
@@ -37,7 +46,11 @@ pub fn write_rows_in_place(
     dim: usize,
     at: usize,
 ) -> Result<bool> {
-    let op = Extern::new(WriteRows { dim, at });
+    let op = Extern::new(WriteRows {
+        dim,
+        at,
+        window: None,
+    });
     let cs: Vec<&Tensor> = caches.iter().collect();
     operands(&cs, rows)?;
     // Rows laid out as their caches (a relabel where the layouts differ only in name), so
@@ -45,7 +58,7 @@ pub fn write_rows_in_place(
     let moved = rows
         .iter()
         .zip(&cs)
-        .map(|(r, c)| r.to_layout_of(c))
+        .map(|(r, c)| rows_beside(r, c, dim))
         .collect::<Result<Vec<_>>>()?;
     let moved: Vec<&Tensor> = moved.iter().collect();
     let inputs = operands(&cs, &moved)?;
@@ -58,6 +71,22 @@ pub fn write_rows_in_place(
         *c = n;
     }
     Ok(false)
+}
+
+/// `rows` laid out for a write into `cache` along `dim`: as the cache, but whole on the mesh
+/// axes that split the cache on `dim` (each rank then writes the rows in its part).
+pub fn rows_beside(rows: &Tensor, cache: &Tensor, dim: usize) -> Result<Tensor> {
+    match (cache.placement(), cache.nd_sbp()) {
+        (Some(p), Some(nd)) if nd.iter().any(|s| s == Sbp::S(dim)) => {
+            let whole = NdSbp::new(
+                nd.iter()
+                    .map(|s| if s == Sbp::S(dim) { Sbp::B } else { s })
+                    .collect::<Vec<_>>(),
+            );
+            rows.to_global(p, whole)
+        }
+        _ => rows.to_layout_of(cache),
+    }
 }
 
 /// The op's inputs: the caches, then their rows.
@@ -86,6 +115,10 @@ impl ExternOp for WriteRows {
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend((self.dim as u64).to_le_bytes());
         key.extend((self.at as u64).to_le_bytes());
+        if let Some((first, count)) = self.window {
+            key.extend((first as u64).to_le_bytes());
+            key.extend((count as u64).to_le_bytes());
+        }
     }
     fn arity(&self) -> (usize, usize) {
         (2, usize::MAX)
@@ -113,6 +146,26 @@ impl ExternOp for WriteRows {
             rules: r,
             dtypes: dtypes[..n].to_vec().into(),
         })
+    }
+    fn local(&self, at: &LocalAt<'_>) -> Option<Extern> {
+        // Caches split on `dim` (one length, so one region): this rank writes the rows that
+        // fall in its part, from its part's start.
+        let n = at.global_inputs.len() / 2;
+        let part = at.input_regions.first()?.get(self.dim)?.clone();
+        let (len, t) = (
+            at.global_inputs.first()?.dims().get(self.dim).copied()?,
+            at.global_inputs.get(n)?.dims().get(self.dim).copied()?,
+        );
+        if part == (0..len) {
+            return None;
+        }
+        let (lo, hi) = (self.at.max(part.start), (self.at + t).min(part.end));
+        let count = hi.saturating_sub(lo);
+        Some(Extern::new(WriteRows {
+            dim: self.dim,
+            at: if count > 0 { lo - part.start } else { 0 },
+            window: Some((if count > 0 { lo - self.at } else { 0 }, count)),
+        }))
     }
     fn kernels(&self) -> &Kernels {
         &KERNELS

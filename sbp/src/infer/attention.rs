@@ -108,6 +108,21 @@ pub fn decode_attention(o: Shape, kv_heads: usize, mode: RuleMode) -> Rules {
     r.with_even_split(1, 2, kv_heads)
 }
 
+/// Decoding attention by blocks of the cache (inputs as [`decode_attention`]'s, the caches'
+/// P positions in `blocks` equal blocks) -> each block's attended values `o` `[B, C, H, D]` and
+/// log-sum-exp `lse` `[B, C, H]`: the batch split or the heads split on every operand but the
+/// position (broadcast), the caches split on their positions (whole blocks a rank) beside q,
+/// the new key/value and the position whole, the outputs split on their blocks; or all whole.
+pub fn decode_attention_parts(o: Shape, lse: Shape, blocks: usize, mode: RuleMode) -> Rules {
+    let mut r = Rules::new(mode, [o, lse]);
+    for s in [Sbp::S(0), Sbp::S(2), Sbp::B] {
+        r.push(&[s, s, s, s, s, Sbp::B], &[s, s]);
+    }
+    let b = Sbp::B;
+    r.push(&[b, Sbp::S(1), Sbp::S(1), b, b, b], &[Sbp::S(1), Sbp::S(1)]);
+    r.with_even_split(1, 1, blocks)
+}
+
 /// A fused query/key/value projection `[B, T, G, R + 2, D]` (per key/value group: its R query
 /// heads, its key, its value) split into q `[B, T, G R, D]` and k, v `[B, T, G, D]`, q and k
 /// rotated at positions from a device position (with the frequencies and the position whole):

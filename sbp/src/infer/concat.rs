@@ -61,8 +61,9 @@ pub fn slice(
 }
 
 /// Rows written into n caches along `dim` (inputs: the caches, then their rows, each shaped as
-/// its cache but along `dim`) -> the n caches: a split of any other dim on every operand, or
-/// all whole.
+/// its cache but along `dim`) -> the n caches: a split of any other dim on every operand, the
+/// caches split on `dim` beside whole rows (each rank writes the rows that fall in its part),
+/// or all whole.
 pub fn write_rows(dim: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, String> {
     let n = xs.len() / 2;
     if n == 0 || xs.len() != 2 * n {
@@ -89,5 +90,13 @@ pub fn write_rows(dim: usize, xs: &[&Shape], mode: RuleMode) -> Result<Rules, St
         r.push_uniform(2 * n, n, Sbp::S(i));
     }
     r.push_uniform(2 * n, n, Sbp::B);
+    // A split of `dim` cuts caches of one length alike, so the rows land alike in each.
+    if caches.iter().any(|c| c.dim(dim) != caches[0].dim(dim)) {
+        return Ok(r);
+    }
+    let split: Vec<Sbp> = std::iter::repeat_n(Sbp::S(dim), n)
+        .chain(std::iter::repeat_n(Sbp::B, n))
+        .collect();
+    r.push(&split, &split[..n]);
     Ok(r)
 }

@@ -38,9 +38,9 @@ pub use reduce::ReduceKind;
 /// returns the output shapes with the op's SBP candidates.
 pub mod rules {
     pub use super::attention::{
-        attention_candidates, attention_probs, decode_attention, fused_attention,
-        fused_attention_backward, rotary_at, rotary_qkv_at, rotary_tables, HEAD_LAYOUTS,
-        SEQUENCE_LAYOUTS,
+        attention_candidates, attention_probs, decode_attention, decode_attention_parts,
+        fused_attention, fused_attention_backward, rotary_at, rotary_qkv_at, rotary_tables,
+        HEAD_LAYOUTS, SEQUENCE_LAYOUTS,
     };
     pub use super::concat::{concat, slice, write_rows};
     pub use super::elementwise::{

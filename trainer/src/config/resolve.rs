@@ -222,10 +222,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         generate: g.generate.clone(),
         gen_tokens: checked(
             "--gen-tokens",
-            // Decoding runs without a context-parallel axis: no sample after a --cp job unless
-            // asked for (which `context_parallel_fits` refuses).
-            g.gen_tokens
-                .unwrap_or(if parallel.cp > 1 { 0 } else { 120 }) as u64,
+            g.gen_tokens.unwrap_or(120) as u64,
             checks::gen_tokens,
         )? as usize,
         gen_warmup: checked(
@@ -440,8 +437,7 @@ fn expert_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
 }
 
 /// A context-parallel axis fits the model and the rest of the layout: a sequence of at least
-/// 2 x cp chunks (on CUDA, equal ones), no sequence parallelism beside it, training and
-/// evaluation steps only (generation runs use no such axis), and for alltoall
+/// 2 x cp chunks (on CUDA, equal ones), no sequence parallelism beside it, and for alltoall
 /// heads and kv heads that divide over the tp x cp ranks the all-to-all splits them over.
 fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
     let (p, m) = (&c.parallel, &c.model);
@@ -459,15 +455,6 @@ fn context_parallel_fits(c: &TrainConfig) -> Result<(), TrainError> {
         return Err(config_err(
             "--sp and --cp both split the sequence: give one of them".into(),
         ));
-    }
-    let g = &c.generate;
-    if g.gen_tokens > 0 || g.generate.is_some() || g.prompt_ids.is_some() {
-        return Err(config_err(format!(
-            "--cp {} splits the sequence of training and evaluation steps; decoding steps \
-             (--generate, --prompt-ids, --gen-tokens above 0) run without a context-parallel \
-             axis",
-            p.cp
-        )));
     }
     if p.device == Dev::Cuda && !m.seq_len.is_multiple_of(2 * p.cp) {
         return Err(config_err(format!(

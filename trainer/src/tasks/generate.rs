@@ -21,6 +21,8 @@ use oxiflow_compile::{CompileError, CompiledStep};
 use oxiflow_models::nn::gpt::{DecodeWeights, FixedKvCache, Gpt};
 use oxiflow_models::nn::{Module, Pass};
 use oxiflow_ops::argmax::argmax;
+use oxiflow_ops::context_parallel::SeqOrder;
+use oxiflow_ops::decode::rows_beside;
 use oxiflow_placement::{NamedMesh, Placement};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::{no_grad, PendingRead, Tensor};
@@ -221,7 +223,21 @@ impl Decoder<'_> {
         if prompt <= positions {
             let started = Instant::now();
             let mut cache = self.model.new_cache();
-            logits = Some(self.model.decode(&self.ids(&seqs, 0)?, &mut cache)?);
+            // On a context-parallel axis the prompt is padded to whole load-balanced chunks.
+            let padded = match self.model.layout.seq_order() {
+                SeqOrder::Natural => prompt,
+                SeqOrder::Balanced { ranks } => prompt
+                    .next_multiple_of(2 * ranks)
+                    .min(positions)
+                    .max(prompt),
+            };
+            let padding = |s: &Vec<usize>| {
+                let mut s = s.clone();
+                s.resize(padded, 0);
+                s
+            };
+            let ids = self.ids(&seqs.iter().map(padding).collect::<Vec<_>>(), 0)?;
+            logits = Some(self.model.decode_prompt(&ids, prompt, &mut cache)?);
             let reach = (prompt + n).min(positions);
             if n > 1 && reach > prompt {
                 fixed = Some(self.model.fix_cache(&cache, reach)?);
@@ -307,7 +323,10 @@ impl Decoder<'_> {
         let window = self.ids(seqs, len.saturating_sub(positions))?;
         let all = self.model.forward(&window, Pass::Eval)?;
         let (b, t, rows) = (all.shape().dim(0), all.shape().dim(1), all.shape().dim(2));
-        Ok(all.narrow(1, t - 1, 1)?.reshape([b, rows])?)
+        // The row of the last token in the sequence's order (load-balanced under --cp).
+        let order = self.model.layout.seq_order().positions(t);
+        let last = order.iter().position(|&p| p + 1 == t).unwrap_or(t - 1);
+        Ok(all.narrow(1, last, 1)?.reshape([b, rows])?)
     }
 
     /// Every sequence's last token and its position, from the host: ids `[B, 1]` on the first
@@ -444,8 +463,8 @@ impl Decoder<'_> {
             vec![logits]
         };
         for ((k, v), (ck, cv)) in rows.into_iter().zip(&kv) {
-            outs.push(k.to_layout_of(ck)?);
-            outs.push(v.to_layout_of(cv)?);
+            outs.push(rows_beside(&k, ck, 1)?);
+            outs.push(rows_beside(&v, cv, 1)?);
         }
         Ok(outs)
     }

@@ -10,7 +10,7 @@
 
 use crate::{Result, TensorError};
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
-use oxiflow_ops::decode::decode_attention;
+use oxiflow_ops::decode::{decode_attention, decode_attention_blocks, rows_beside};
 use oxiflow_tensor::{F64Bits, MatmulPrecision, Tensor};
 
 use super::super::linear::{Linear, Parallel};
@@ -183,26 +183,34 @@ impl CausalSelfAttention {
     /// before the output projection, heads merged (split on the tensor-parallel axis).
     pub fn attend(&self, x: &Tensor) -> Result<Tensor> {
         let (q, k, v) = self.project(x, 0)?;
-        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         if self.order != SeqOrder::Natural {
-            let group = if self.cp_repeat_kv {
-                self.heads / self.kv_heads.max(1)
-            } else {
-                1
-            };
-            let (k, v) = (repeat_heads(&k, group, &q)?, repeat_heads(&v, group, &q)?);
-            let (width, d) = (q.shape().dim(2) * q.shape().dim(3), q.shape().dim(3));
-            let attrs = CpAttrs {
-                causal: true,
-                scale: F64Bits::new(1.0 / (d.max(1) as f64).sqrt()),
-                order: self.order,
-            };
-            return context_attention(&q, &k, &v, attrs, self.cp_algorithm)?.reshape([b, t, width]);
+            return self.attend_split(&q, &k, &v);
         }
+        let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
         let mp = self.q.weight.matmul_precision();
         causal_attention(&q, &k, &v, mp)?.reshape([b, t, width])
+    }
+
+    /// Causal attention of q, k, v `[B, T, .., D]` whose sequence lies in the context-parallel
+    /// order, as `context_attention` runs it (K and V repeated to the query heads where their
+    /// heads do not split as the queries' do) -> `[B, T, H D]`.
+    fn attend_split(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let group = if self.cp_repeat_kv {
+            self.heads / self.kv_heads.max(1)
+        } else {
+            1
+        };
+        let (k, v) = (repeat_heads(k, group, q)?, repeat_heads(v, group, q)?);
+        let (b, t) = (q.shape().dim(0), q.shape().dim(1));
+        let (width, d) = (q.shape().dim(2) * q.shape().dim(3), q.shape().dim(3));
+        let attrs = CpAttrs {
+            causal: true,
+            scale: F64Bits::new(1.0 / (d.max(1) as f64).sqrt()),
+            order: self.order,
+        };
+        context_attention(q, &k, &v, attrs, self.cp_algorithm)?.reshape([b, t, width])
     }
 
     /// k and v `[B, T, G, D]` as the fused attention takes them beside q: as they are where
@@ -218,17 +226,30 @@ impl CausalSelfAttention {
     /// The attended values of x `[B, T, C]` (as [`CausalSelfAttention::attend`]) for positions
     /// after those whose keys and values `slot` holds, which it extends by x's: the first call
     /// (an empty slot) attends causally over x, a later one takes one position (T = 1) and
-    /// attends over every key kept.
+    /// attends over every key kept. On a context-parallel axis the first call runs as
+    /// `attend` does (x's sequence split in its order, and so the slot's); later positions
+    /// decode over a [`FixedKvCache`](super::FixedKvCache) made from it
+    /// ([`CausalSelfAttention::attend_at`]).
     pub fn attend_cached(&self, x: &Tensor, slot: &mut KvSlot) -> Result<Tensor> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         let pos0 = slot.len;
         if self.order != SeqOrder::Natural {
-            return Err(TensorError::Shape {
-                op: "CausalSelfAttention::attend_cached",
-                shapes: x.shape().to_string(),
-                sbps: format!("{:?}", x.nd_sbp()),
-                detail: "decoding with a KV cache runs without a context-parallel axis".into(),
-            });
+            if pos0 > 0 {
+                return Err(TensorError::Shape {
+                    op: "CausalSelfAttention::attend_cached",
+                    shapes: x.shape().to_string(),
+                    sbps: format!("{:?}", x.nd_sbp()),
+                    detail: format!(
+                        "on a context-parallel axis a cache of {pos0} positions is extended \
+                         through a fixed cache (Gpt::fix_cache, then Gpt::decode_at)"
+                    ),
+                });
+            }
+            let (q, k, v) = self.project(x, 0)?;
+            let o = self.attend_split(&q, &k, &v)?;
+            slot.kv = Some(self.kv_beside(&k, &v, &q)?);
+            slot.len = t;
+            return Ok(o);
         }
         if pos0 > 0 && t != 1 {
             return Err(TensorError::Shape {
@@ -265,7 +286,12 @@ impl CausalSelfAttention {
     /// position's own key and value `[B, 1, G, D]`, which the caller writes into the cache at
     /// `pos` afterwards: nothing here reads `pos` on the host, so one captured program serves
     /// every step. With `fused` (made by [`CausalSelfAttention::fused_qkv`]) q, k and v come
-    /// from one product, split and rotated by one op.
+    /// from one product, split and rotated by one op. On a context-parallel axis the caches'
+    /// positions split over its ranks in equal blocks (as [`Gpt::fix_cache`] lays them out),
+    /// each attended to where it lies and the blocks merged (`decode_attention_blocks`); the
+    /// position's key and value come back whole on that axis.
+    ///
+    /// [`Gpt::fix_cache`]: super::Gpt::fix_cache
     pub fn attend_at(
         &self,
         x: &Tensor,
@@ -274,12 +300,12 @@ impl CausalSelfAttention {
         fused: Option<&FusedQkv>,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
-        if t != 1 || self.order != SeqOrder::Natural {
+        if t != 1 {
             return Err(TensorError::Shape {
                 op: "CausalSelfAttention::attend_at",
                 shapes: x.shape().to_string(),
                 sbps: format!("{:?}", x.nd_sbp()),
-                detail: "decodes one position at a time, without a context-parallel axis".into(),
+                detail: "decodes one position at a time".into(),
             });
         }
         let (q, k, v) = match (fused, self.fusable_qkv()) {
@@ -290,7 +316,18 @@ impl CausalSelfAttention {
         };
         let (k, v) = self.kv_beside(&k, &v, &q)?;
         let width = q.shape().dim(2) * q.shape().dim(3);
-        let o = decode_attention(&q, cache, (&k, &v), pos, self.scale(&q))?;
+        let o = match self.order {
+            SeqOrder::Natural => decode_attention(&q, cache, (&k, &v), pos, self.scale(&q))?,
+            SeqOrder::Balanced { ranks } => {
+                // The caches' positions split over the context-parallel ranks in `ranks`
+                // blocks: each attends over its own, the new position's query, key and value
+                // whole beside them.
+                let whole = |y: &Tensor| rows_beside(y, cache.0, 1);
+                let (q, k, v) = (whole(&q)?, whole(&k)?, whole(&v)?);
+                let o = decode_attention_blocks(&q, cache, (&k, &v), pos, self.scale(&q), ranks)?;
+                return Ok((o.reshape([b, t, width])?, k, v));
+            }
+        };
         Ok((o.reshape([b, t, width])?, k, v))
     }
 

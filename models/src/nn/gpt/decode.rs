@@ -11,7 +11,15 @@
 //! captures it once and replays it (as one device graph on CUDA) for every token. Each step's
 //! keys and values are written into the cache afterwards (`FixedKvCache::push`), in the
 //! tensors' own memory where nothing else holds them.
+//!
+//! On a context-parallel axis the prompt decodes as training runs it (its sequence split over
+//! the axis in the load-balanced order, attention by `context_attention`), and the fixed cache
+//! splits its positions over the axis in equal blocks: each rank keeps its share of a long
+//! context's keys and values, a step attends over each block where it lies
+//! (`decode_attention_blocks`), and each new position's key and value land on the rank whose
+//! block holds it.
 
+use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_ops::decode::write_rows_in_place;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
@@ -43,12 +51,16 @@ impl KvCache {
 }
 
 /// Every block's keys and values in tensors `[B, P, G, D]` of a fixed number P of positions,
-/// the first `len` of them written (see the module docs).
+/// the first `len` of them written (see the module docs). On a context-parallel axis P splits
+/// over its ranks in equal blocks (rounded up to a multiple of them; decoding fills at most
+/// the positions asked for).
 #[derive(Clone, Debug)]
 pub struct FixedKvCache {
     /// Each block's keys and values.
     pub kv: Vec<(Tensor, Tensor)>,
     len: usize,
+    /// The positions decoding may fill (at most the tensors' P).
+    limit: usize,
 }
 
 impl FixedKvCache {
@@ -59,9 +71,9 @@ impl FixedKvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// Positions the tensors hold.
+    /// Positions decoding may fill (those asked of [`Gpt::fix_cache`]).
     pub fn positions(&self) -> usize {
-        self.kv.first().map_or(0, |(k, _)| k.shape().dim(1))
+        self.limit
     }
 
     /// Writes each block's key and value `[B, 1, G, D]` of one decoding step (`rows`, in block
@@ -109,6 +121,57 @@ impl FixedKvCache {
         self.len += 1;
         Ok(in_place)
     }
+}
+
+/// The first `len` token positions of `x` `[B, T, ..]`, whose sequence lies in `order`, in
+/// position order (whole on the mesh axes that split the sequence: the rows a cache write
+/// takes).
+fn in_position_order(x: &Tensor, order: SeqOrder, len: usize) -> Result<Tensor> {
+    let t = x.shape().dim(1);
+    if order == SeqOrder::Natural {
+        return if len == t {
+            Ok(x.clone())
+        } else {
+            x.narrow(1, 0, len)
+        };
+    }
+    let at = order.positions(t);
+    let index: Vec<i64> = (0..len)
+        .map(|p| at.iter().position(|&q| q == p).map(|i| i as i64))
+        .collect::<Option<_>>()
+        .ok_or_else(|| TensorError::Shape {
+            op: "Gpt::fix_cache",
+            shapes: x.shape().to_string(),
+            sbps: format!("{:?}", x.nd_sbp()),
+            detail: format!("{len} positions held of {t} in {order:?} order"),
+        })?;
+    let index = Tensor::from_vec(index, [len])?;
+    match (x.placement(), x.nd_sbp()) {
+        (Some(p), Some(nd)) => {
+            let whole = NdSbp::new(
+                nd.iter()
+                    .map(|s| if s == Sbp::S(1) { Sbp::B } else { s })
+                    .collect::<Vec<_>>(),
+            );
+            let index = index.to_global(p, NdSbp::broadcast(p.ndim()))?;
+            x.to_global(p, whole)?.index_select(1, &index)
+        }
+        _ => x.index_select(1, &index),
+    }
+}
+
+/// The index along a sequence of `t` tokens in `order` of the token at position `pos`.
+fn index_of(order: SeqOrder, t: usize, pos: usize) -> Result<usize> {
+    order
+        .positions(t)
+        .iter()
+        .position(|&p| p == pos)
+        .ok_or_else(|| TensorError::Shape {
+            op: "Gpt::decode_prompt",
+            shapes: String::new(),
+            sbps: String::new(),
+            detail: format!("no token at position {pos} of {t} in {order:?} order"),
+        })
 }
 
 /// What a decoding step reads beside the model's parameters: each block's fused
@@ -217,7 +280,9 @@ impl Gpt {
     }
 
     /// The keys and values `cache` holds in a [`FixedKvCache`] of `positions` positions (at
-    /// least those held, at most the model's).
+    /// least those held, at most the model's). On a context-parallel axis the prompt's keys
+    /// and values (split in its token order) move into position order, the positions split
+    /// over the axis's ranks in equal blocks.
     pub fn fix_cache(&self, cache: &KvCache, positions: usize) -> Result<FixedKvCache> {
         let len = cache.len();
         if positions < len || positions > self.cfg.seq_len {
@@ -231,6 +296,11 @@ impl Gpt {
                 ),
             });
         }
+        let order = self.layout.seq_order();
+        let room = match order {
+            SeqOrder::Natural => positions,
+            SeqOrder::Balanced { ranks } => positions.div_ceil(ranks) * ranks,
+        };
         let mut kv = Vec::with_capacity(cache.slots.len());
         for slot in &cache.slots {
             let Some((k, v)) = &slot.kv else {
@@ -241,20 +311,28 @@ impl Gpt {
                     detail: "a block's cache is empty: decode the prompt first".into(),
                 });
             };
-            // Zeros of `positions` positions laid out as the held keys or values.
-            let room = |t: &Tensor| -> Result<Tensor> {
-                let shape = t.shape().with_dim(1, positions);
+            // Zeros of `room` positions laid out as the held keys or values.
+            let zeros = |t: &Tensor| -> Result<Tensor> {
+                let shape = t.shape().with_dim(1, room);
                 match (t.placement(), t.nd_sbp()) {
                     (Some(p), Some(nd)) => Tensor::zeros_global(shape, t.dtype(), p, nd.clone()),
                     _ => Ok(Tensor::zeros(shape, t.dtype())),
                 }
             };
-            let mut pair = [room(k)?, room(v)?];
-            write_rows_in_place(&mut pair, &[k, v], 1, 0)?;
+            let mut pair = [zeros(k)?, zeros(v)?];
+            let held = [
+                in_position_order(k, order, len)?,
+                in_position_order(v, order, len)?,
+            ];
+            write_rows_in_place(&mut pair, &[&held[0], &held[1]], 1, 0)?;
             let [k, v] = pair;
             kv.push((k, v));
         }
-        Ok(FixedKvCache { kv, len })
+        Ok(FixedKvCache {
+            kv,
+            len,
+            limit: positions,
+        })
     }
 
     /// ids `[B, 1]` (i64, split over the data-parallel axis, on the first stage) at the device
@@ -314,7 +392,7 @@ impl Gpt {
             rows.push((k, v));
             Ok(y)
         })?;
-        let logits = self.last_logits(&x, wte)?;
+        let logits = self.logits_at(&x, wte, 0)?;
         Ok((logits, rows))
     }
 
@@ -328,8 +406,32 @@ impl Gpt {
     /// ids `[B, T]` (i64; global ids split over the data-parallel axis, on the first stage) at
     /// the positions after those `cache` holds -> the logits `[B, table_rows]` of their last
     /// position (on the last stage), the cache extended by them. An empty cache takes any T
-    /// the positions allow; a filled one, T = 1.
+    /// the positions allow; a filled one, T = 1 (not on a context-parallel axis: see
+    /// [`Gpt::fix_cache`]).
     pub fn decode(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let t = ids.shape().dims().get(1).copied().unwrap_or(0);
+        self.decode_prompt(ids, t, cache)
+    }
+
+    /// [`Gpt::decode`] of ids `[B, T]` whose first `len` tokens are the prompt and the rest
+    /// pad it (causal attention keeps them out of the prompt's results): the logits of
+    /// position `len - 1`, the cache holding `len` positions. Padding lets a prompt on a
+    /// context-parallel axis cut into equal chunks (which CUDA's fused attention needs); it
+    /// takes an empty cache.
+    pub fn decode_prompt(&self, ids: &Tensor, len: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let t = ids.shape().dims().get(1).copied().unwrap_or(0);
+        if len == 0 || len > t || (len < t && !cache.is_empty()) {
+            return Err(TensorError::Shape {
+                op: "Gpt::decode_prompt",
+                shapes: ids.shape().to_string(),
+                sbps: format!("{:?}", ids.nd_sbp()),
+                detail: format!(
+                    "{len} of the ids' {t} positions are the prompt (at least 1; fewer only \
+                     into an empty cache, which holds {})",
+                    cache.len()
+                ),
+            });
+        }
         if cache.slots.len() != self.blocks.len() {
             return Err(TensorError::Shape {
                 op: "Gpt::decode",
@@ -347,7 +449,18 @@ impl Gpt {
         let x = self.through_blocks(x, None, |i, x, layout, stream, _| {
             self.blocks[i].forward_cached(x, &self.cfg, layout, stream, &mut cache.slots[i])
         })?;
-        self.last_logits(&x, wte)
+        let order = self.layout.seq_order();
+        if len < t {
+            for slot in &mut cache.slots {
+                // The padding's keys and values leave a cache in position order now; one in
+                // the context-parallel order keeps them until `fix_cache` picks the prompt's.
+                if let (Some((k, v)), SeqOrder::Natural) = (&slot.kv, order) {
+                    slot.kv = Some((k.narrow(1, 0, len)?, v.narrow(1, 0, len)?));
+                }
+                slot.len = len;
+            }
+        }
+        self.logits_at(&x, wte, index_of(order, t, len - 1)?)
     }
 
     /// The residual stream `x` (on the first stage) through every block in stage order, each
@@ -377,17 +490,17 @@ impl Gpt {
         Ok(x)
     }
 
-    /// The logits `[B, table_rows]` (on the last stage) of the last position of the blocks'
+    /// The logits `[B, table_rows]` (on the last stage) of row `index` along T of the blocks'
     /// output `x` `[B, T, C]`, through the head table (`wte`, the token table's compute value,
     /// where it is tied).
-    fn last_logits(&self, x: &Tensor, wte: Tensor) -> Result<Tensor> {
+    fn logits_at(&self, x: &Tensor, wte: Tensor, index: usize) -> Result<Tensor> {
         let table = match &self.lm_head {
             Some(h) => h.weight.compute()?,
             None => self.to_last_stage(wte)?,
         };
         let h = self.head_input(x)?;
-        let (b, t, c) = (h.shape().dim(0), h.shape().dim(1), h.shape().dim(2));
-        let last = h.narrow(1, t - 1, 1)?.reshape(Shape::new([b, c]))?;
+        let (b, c) = (h.shape().dim(0), h.shape().dim(2));
+        let last = h.narrow(1, index, 1)?.reshape(Shape::new([b, c]))?;
         last.matmul_t_at(&table, (false, true), self.matmul_precision())
     }
 }

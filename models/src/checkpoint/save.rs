@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use oxiflow_collectives::{BufMut, DType, ReduceOp};
+use oxiflow_placement::{DeviceType, Placement};
 use oxiflow_sbp::{NdSbp, Region, Sbp, Shape};
 use safetensors::tensor::TensorView;
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,7 @@ use oxiflow_tensor::no_grad;
 use oxiflow_tensor::Context;
 use oxiflow_tensor::CpuArray;
 use oxiflow_tensor::Tensor;
+use oxiflow_tensor::TensorError;
 
 use super::atomic::{
     check_save_target, fresh_partial, publish, recover, remove_partial, write_file,
@@ -181,50 +182,68 @@ fn collect_sums(partial: &Path, w: usize, manifest: &mut Manifest) -> Result<()>
 
 /// Every rank learns whether any rank's step failed (`mine` on each rank) and the failing
 /// rank's message: a failing rank returns its own error, the others one naming it. Without a
-/// world (local tensors) it is `mine`.
-fn agree(ctx: Option<&Context>, path: &Path, step: &str, mine: Result<()>) -> Result<()> {
-    let Some(c) = ctx else {
+/// world (local tensors) it is `mine`. The flags and the message travel as global tensors on
+/// the world's ranks of `device` (the saved tensors' device: an NCCL world takes device
+/// buffers only).
+fn agree(site: Option<&SaveSite>, path: &Path, step: &str, mine: Result<()>) -> Result<()> {
+    let Some(site) = site else {
         return mine;
     };
-    let comm = |e: oxiflow_collectives::CommError| {
-        io_err("checkpoint save", path, format!("agreeing on {step}: {e}"))
+    let fail = |e: TensorError| io_err("checkpoint save", path, format!("agreeing on {step}: {e}"));
+    let (rank, size) = (site.ctx.rank(), site.ctx.world_size());
+    let world = Placement::range(site.device, size).map_err(|e| {
+        io_err(
+            "checkpoint save",
+            path,
+            format!("the world's placement: {e}"),
+        )
+    })?;
+    // Each rank's row of a partial sum: its flag, then its message where it failed; summed,
+    // every row is its rank's.
+    let words = AGREE_MESSAGE_BYTES / 8;
+    let gathered = |row: Vec<i64>, width: usize| -> std::result::Result<Vec<i64>, TensorError> {
+        let mut all = vec![0i64; size * width];
+        all[rank * width..(rank + 1) * width].copy_from_slice(&row);
+        Tensor::from_vec(all, [size, width])?
+            .to_global(&world, NdSbp::new([Sbp::P]))?
+            .to_global(&world, NdSbp::broadcast(1))?
+            .to_vec::<i64>()
     };
-    let world = c.world();
-    let flag = if mine.is_err() {
-        c.rank() as i64 + 1
-    } else {
-        0
-    };
-    let mut who = flag.to_le_bytes();
-    world
-        .all_reduce(DType::I64, BufMut::Host(&mut who), ReduceOp::Max)
-        .map_err(comm)?;
-    let who = i64::from_le_bytes(who);
-    if who == 0 {
+    let flags = gathered(vec![i64::from(mine.is_err())], 1).map_err(fail)?;
+    let Some(root) = flags.iter().position(|&f| f != 0) else {
         return Ok(());
-    }
-    let root = (who - 1) as usize;
+    };
     let mut msg = vec![0u8; AGREE_MESSAGE_BYTES];
-    if let Err(e) = &mine {
-        if c.rank() == root {
-            let text = e.to_string();
-            let n = text.len().min(msg.len());
-            msg[..n].copy_from_slice(&text.as_bytes()[..n]);
-        }
+    if let (Err(e), true) = (&mine, rank == root) {
+        let text = e.to_string();
+        let n = text.len().min(msg.len());
+        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
     }
-    world
-        .broadcast(DType::I64, BufMut::Host(&mut msg), root)
-        .map_err(comm)?;
+    let row: Vec<i64> = msg
+        .chunks_exact(8)
+        .map(|w| i64::from_le_bytes(w.try_into().unwrap_or_default()))
+        .collect();
+    let all = gathered(row, words).map_err(fail)?;
     mine?;
-    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    let text: Vec<u8> = all[root * words..(root + 1) * words]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
     Err(io_err(
         "checkpoint save",
         path,
         format!(
             "rank {root} failed {step}: {}",
-            String::from_utf8_lossy(&msg[..end])
+            String::from_utf8_lossy(&text[..end])
         ),
     ))
+}
+
+/// Where a save's ranks agree: the world and the device of the saved tensors.
+struct SaveSite {
+    ctx: Context,
+    device: DeviceType,
 }
 
 /// The longest failure message one rank tells the others (a multiple of 8 bytes).
@@ -256,10 +275,15 @@ pub(crate) fn save_with_state(
         .find_map(|(_, t)| t.context().cloned())
         .or_else(Context::current);
     let rank = ctx.as_ref().map_or(0, Context::rank);
+    let device = tensors
+        .iter()
+        .find_map(|(_, t)| t.placement().map(Placement::device))
+        .unwrap_or(DeviceType::Cpu);
+    let site = ctx.clone().map(|ctx| SaveSite { ctx, device });
     // Every rank checks the target before rank 0 changes anything next to it (recover,
     // fresh_partial): agreeing keeps a rank's check from seeing rank 0's new `.partial`.
     agree(
-        ctx.as_ref(),
+        site.as_ref(),
         path,
         "checking the target",
         check_save_target(path),
@@ -327,14 +351,14 @@ pub(crate) fn save_with_state(
         Ok(())
     };
     let partial = sibling(path, ".partial");
-    let saved = agree(ctx.as_ref(), path, "preparing <path>.partial", prepared)
+    let saved = agree(site.as_ref(), path, "preparing <path>.partial", prepared)
         .and_then(|()| {
             let written = if mine.is_empty() {
                 Ok(())
             } else {
                 write_mine(path, &partial, rank, &mine, &hook)
             };
-            agree(ctx.as_ref(), path, "writing its checkpoint file", written)
+            agree(site.as_ref(), path, "writing its checkpoint file", written)
         })
         .and_then(|()| {
             let done = if rank == 0 {
@@ -342,7 +366,7 @@ pub(crate) fn save_with_state(
             } else {
                 Ok(())
             };
-            agree(ctx.as_ref(), path, "publishing the checkpoint", done)
+            agree(site.as_ref(), path, "publishing the checkpoint", done)
         });
     if saved.is_err() {
         // Only the holder of the lock may remove `.partial`: without it, it is another save's.

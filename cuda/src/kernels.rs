@@ -164,13 +164,14 @@ pub enum Template {
     Create,
     ReduceRows,
     ReduceCols,
+    ReduceMid,
     Take,
     Where,
     Triangular,
 }
 
 impl Template {
-    const ALL: [Template; 29] = [
+    const ALL: [Template; 30] = [
         Template::Unary,
         Template::UnaryBw,
         Template::Scalar,
@@ -197,6 +198,7 @@ impl Template {
         Template::Create,
         Template::ReduceRows,
         Template::ReduceCols,
+        Template::ReduceMid,
         Template::Take,
         Template::Where,
         Template::Triangular,
@@ -231,6 +233,7 @@ impl Template {
             Template::Create => "create",
             Template::ReduceRows => "reduce_rows",
             Template::ReduceCols => "reduce_cols",
+            Template::ReduceMid => "reduce_mid",
             Template::Take => "take",
             Template::Where => "where",
             Template::Triangular => "triangular",
@@ -250,6 +253,7 @@ impl Template {
             | Template::Create
             | Template::ReduceRows
             | Template::ReduceCols
+            | Template::ReduceMid
             | Template::Take
             | Template::Where
             | Template::Triangular => EVERY,

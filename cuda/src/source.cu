@@ -559,6 +559,20 @@ template <typename T> __device__ void reduce_cols_t(i64 rows, i64 cols, i64 chun
     }
 }
 
+// Sum, max or min over the middle dim of x [outer, len, inner] into y [outer, inner] (times
+// scale): one thread per output, the threads of a block reading consecutive columns of each
+// row. For a short reduced dim beside a long inner one, where a block per output row would
+// leave most of its threads idle.
+template <typename T> __device__ void reduce_mid_t(i64 outer, i64 len, i64 inner, int mode, double scale, const T* x, T* y) {
+    ACC
+    GRID_LOOP(i, outer * inner) {
+        const T* p = x + (i / inner) * len * inner + i % inner;
+        C acc = mode == 1 ? m_lowest((C)0) : mode == 2 ? m_highest((C)0) : (C)0;
+        for (i64 j = 0; j < len; ++j) acc = combine_t(mode, acc, (C)p[j * inner]);
+        y[i] = (T)(scale == 1.0 ? acc : (C)(acc * (C)scale));
+    }
+}
+
 // attn_softmax_t on f32 that also writes each probability's bf16 copy to yh (the copy a bf16
 // matrix product reads next).
 extern "C" __global__ void attn_softmax_with_bf16_copy(i64 rows, i64 t, i64 s, double scale, int causal, const float* x, float* y, unsigned short* yh) {
@@ -622,6 +636,7 @@ extern "C" __global__ void fill_##NAME(i64 n, T v, T* y) { fill_t<T>(n, v, y); }
 extern "C" __global__ void create_##NAME(i64 n, int kind, double a, double b, unsigned k0, unsigned k1, i64 base, Nd p, T* y) { create_t<T>(n, kind, a, b, k0, k1, base, p, y); } \
 extern "C" __global__ void reduce_rows_##NAME(i64 rows, i64 len, int mx, double sc, const T* x, T* y) { reduce_rows_t<T>(rows, len, mx, sc, x, y); } \
 extern "C" __global__ void reduce_cols_##NAME(i64 rows, i64 cols, i64 ch, double sc, const T* x, T* y) { reduce_cols_t<T>(rows, cols, ch, sc, x, y); } \
+extern "C" __global__ void reduce_mid_##NAME(i64 o, i64 l, i64 in, int mx, double sc, const T* x, T* y) { reduce_mid_t<T>(o, l, in, mx, sc, x, y); } \
 extern "C" __global__ void where_##NAME(i64 n, const double* c, const T* a, const T* b, T* y) { where_t<T>(n, c, a, b, y); } \
 extern "C" __global__ void triangular_##NAME(i64 n, i64 r, i64 c, i64 r0, i64 c0, i64 k, int up, const T* x, T* y) { triangular_t<T>(n, r, c, r0, c0, k, up, x, y); } \
 extern "C" __global__ void take_##NAME(i64 n, i64 ni, i64 in, i64 nx, i64 st, i64 tot, int pe, const T* x, const i64* idx, T* y) { take_t<T>(n, ni, in, nx, st, tot, pe, x, idx, y); }

@@ -6,7 +6,9 @@
 # llama --experts 8`, eager) beside transformers' MixtralForCausalLM in $TORCH_MODES (eager and
 # compile),
 # $ROUNDS rounds (default 1). Process peaks by nvidia-smi (sampled.sh). Logs under $OUT; a table
-# of medians last (median_table.py).
+# of medians last (median_table.py). With PROFILE=1, first ours alone under `oflaunch --trace`
+# with `gpt_bench --profile 2`: the device time of each op (a sync around each) and, from the
+# timeline, the compute stream's busy share of a step, its top kernels and its longest gaps.
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -18,11 +20,20 @@ TORCH_MODES=${TORCH_MODES:-eager compile}
 mkdir -p "$OUT"
 nvidia-smi -L
 . ./sampled.sh
+SHAPE=(--arch llama --layers 16 --width 1024 --heads 16 --kv-heads 8 --ffn-width 3584
+  --experts 8 --top-k 2 --vocab 32000 --seq 2048 --micro-batch "$MB" --precision bf16-mixed)
+if [ "${PROFILE:-0}" = 1 ]; then
+  timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl --trace "$OUT/trace" \
+    bin/gpt_bench "${SHAPE[@]}" --warmup 3 --steps 3 --profile 2 --tag oxiflow-profile \
+    > "$OUT/profile.log" 2>&1
+  echo "profile exit code: $?"
+  grep -E "PROFILE|oxiflow-profile" "$OUT/profile.log" | cut -c1-200
+  python3 trace_breakdown.py "$OUT/trace/trace.json" --top 25 --gaps 12 | cut -c1-200
+  rm -rf "$OUT/trace"
+fi
 for r in $(seq "$ROUNDS"); do
   sampled "$OUT/ours-eager-$r.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl \
-    bin/gpt_bench --arch llama --layers 16 --width 1024 --heads 16 --kv-heads 8 \
-    --ffn-width 3584 --experts 8 --top-k 2 --vocab 32000 --seq 2048 --micro-batch "$MB" \
-    --warmup 4 --steps "$STEPS" --precision bf16-mixed --tag oxiflow-eager
+    bin/gpt_bench "${SHAPE[@]}" --warmup 4 --steps "$STEPS" --tag oxiflow-eager
   for mode in $TORCH_MODES; do
     flag=(); [ "$mode" = compile ] && flag=(--compile)
     sampled "$OUT/torch-$mode-$r.log" timeout 400 python3 mixtral_bench.py --micro-batch "$MB" \

@@ -1,5 +1,5 @@
-//! Reduction CUDA kernels, written into the executor's output piece: sum, mean, max and min over dims (a permute then a per-row reduction),
-//! and sum-to-shape.
+//! Reduction CUDA kernels, written into the executor's output piece: sum, mean, max and min over dims (leading dims by
+//! column passes, a short run of middle dims in place, else a permute then a per-row reduction), and sum-to-shape.
 
 use std::sync::Arc;
 
@@ -63,6 +63,24 @@ fn reduce(
     if leading && !red.is_empty() && len > 1 && matches!(combine, Combine::Sum) {
         return column_sum(rt, op, x, out, [len, rows], scale);
     }
+    // A short run of consecutive reduced dims before kept ones (the sum over top-k routes of
+    // `[tokens, k, width]`): one thread per output reads it in place, no transposed copy.
+    let consecutive = red.windows(2).all(|w| w[1] == w[0] + 1);
+    let inner: usize = d[red.last().map_or(d.len(), |&l| l + 1)..].iter().product();
+    if consecutive && !red.is_empty() && inner > 1 && len <= MID_MAX_LEN {
+        let outer = rows / inner;
+        let (o, l, inn, mx, sc, xp, yp) = (
+            outer as i64,
+            len as i64,
+            inner as i64,
+            combine as i32,
+            scale,
+            x.ptr(),
+            out.ptr(),
+        );
+        let name = Template::ReduceMid.at(x.dtype);
+        return launch!(rt, op, name, grid(rows); o, l, inn, mx, sc, xp, yp);
+    }
     let identity = perm.iter().enumerate().all(|(i, &p)| i == p);
     let tmp;
     let src = if identity || len <= 1 {
@@ -82,6 +100,10 @@ fn reduce(
     let name = Template::ReduceRows.at(x.dtype);
     launch!(rt, op, name, per_row(rows); r, l, mx, sc, xp, yp)
 }
+
+/// The longest run of reduced elements one thread of a middle-dim reduction walks (longer
+/// runs with few outputs take the block-per-row kernel).
+const MID_MAX_LEN: usize = 64;
 
 /// Rows of a column-sum pass: each thread sums `CHUNK` rows of its column.
 const CHUNK: usize = 64;

@@ -1,5 +1,7 @@
 //! Sums over large pieces (the multi-pass paths: a whole piece of a million elements, a few
-//! columns of many rows, bias-gradient shapes) against f64 sums of the same values.
+//! columns of many rows, bias-gradient shapes) against f64 sums of the same values, and sums,
+//! means and maxima over a short run of middle dims (the top-k routes of `[tokens, k, width]`,
+//! read in place) against the host's.
 
 use super::*;
 
@@ -47,6 +49,55 @@ pub(crate) fn child_large_reductions(
         for (c, (&g, &w)) in got.iter().zip(&want).enumerate() {
             if ((g as f64) - w).abs() > 2e-4 * w.abs() {
                 return Err(format!("{what}: column {c} is {g}, the f64 sum {w}"));
+            }
+        }
+        checked += 1;
+    }
+    // (shape, the first reduced dim, how many): a short middle run beside a long inner one.
+    let middle: [(&[usize], usize, usize); 4] = [
+        (&[8192, 2, 1024], 1, 1),
+        (&[3, 5, 7, 11], 1, 2),
+        (&[2, 64, 3], 1, 1),
+        (&[4, 65, 5], 1, 1),
+    ];
+    for (i, &(shape, first, n)) in middle.iter().enumerate() {
+        let dims: Vec<isize> = (first..first + n).map(|d| d as isize).collect();
+        let what = format!("reductions over {dims:?} of {shape:?}");
+        let x = Tensor::randn_global(shape.to_vec(), 60 + i as u64, DType::F32, &pl, Sbp::B)
+            .map_err(|x| e(what.clone(), x))?;
+        let v = x.to_vec::<f32>().map_err(|x| e(what.clone(), x))?;
+        let outer: usize = shape[..first].iter().product();
+        let len: usize = shape[first..first + n].iter().product();
+        let inner: usize = shape[first + n..].iter().product();
+        let at = |o: usize, j: usize, c: usize| v[(o * len + j) * inner + c] as f64;
+        let rows = |f: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+            (0..outer * inner)
+                .map(|i| f(i / inner, i % inner))
+                .collect()
+        };
+        let sum = rows(&|o, c| (0..len).map(|j| at(o, j, c)).sum());
+        let mean: Vec<f64> = sum.iter().map(|s| s / len as f64).collect();
+        let max = rows(&|o, c| (0..len).map(|j| at(o, j, c)).fold(f64::MIN, f64::max));
+        let got = [
+            x.sum(&dims, false),
+            x.mean(&dims, false),
+            x.max(&dims, false),
+        ];
+        for ((name, want), got) in [("sum", sum), ("mean", mean), ("max", max)].iter().zip(got) {
+            let got = got
+                .and_then(|g| g.to_vec::<f32>())
+                .map_err(|x| e(format!("{name} {what}"), x))?;
+            if got.len() != want.len() {
+                return Err(format!(
+                    "{name} {what}: {} values, want {}",
+                    got.len(),
+                    want.len()
+                ));
+            }
+            for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+                if ((g as f64) - w).abs() > 1e-5 * w.abs().max(1.0) {
+                    return Err(format!("{name} {what}: output {k} is {g}, the host's {w}"));
+                }
             }
         }
         checked += 1;

@@ -7,34 +7,17 @@
 //! within 1e-10, on CP2, CP3 and CP2 x TP2 meshes of CPU ranks. Each rank holds only its block
 //! of the cache's positions.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::model;
+
 use std::time::Duration;
 
-use oxiflow_dtype::DType;
-use oxiflow_models::hf::HfCheckpoint;
-use oxiflow_models::nn::gpt::{DecodeWeights, Gpt, GptConfig, GptLayout, StageSplit};
-use oxiflow_models::nn::Module;
+use oxiflow_models::nn::gpt::{DecodeWeights, Gpt, GptLayout};
 use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, CP, TP};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::{no_grad, run_ranks, Tensor};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf")
-}
-
-fn model(name: &str, layout: &GptLayout) -> Gpt {
-    let ck = HfCheckpoint::open(&fixtures().join(name)).unwrap();
-    let base = GptConfig {
-        dtype: DType::F64,
-        vocab_multiple: 64,
-        ..GptConfig::default()
-    };
-    let split = StageSplit::single(2, layout);
-    let m = Gpt::with_arch(&ck.config.gpt_config(&base), &ck.config.arch, split).unwrap();
-    ck.load_into(&m.parameters()).unwrap();
-    m
-}
 
 /// Ids `[B, T]` (rows `v` of `t` tokens) as the model's activations lie: on a mesh, in its
 /// sequence order and laid out as its activations; else local.

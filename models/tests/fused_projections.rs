@@ -7,33 +7,16 @@
 //! neither. Weights refreshed after a parameter changes give the new
 //! parameter's logits (written in place on a device; the CPU writes new tensors).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::model;
+
 use std::time::Duration;
 
-use oxiflow_dtype::DType;
-use oxiflow_models::hf::HfCheckpoint;
-use oxiflow_models::nn::gpt::{BlockMlp, DecodeWeights, Gpt, GptConfig, GptLayout, StageSplit};
-use oxiflow_models::nn::Module;
+use oxiflow_models::nn::gpt::{BlockMlp, DecodeWeights, Gpt, GptLayout};
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::NdSbp;
 use oxiflow_tensor::{no_grad, run_ranks, Tensor};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf")
-}
-
-fn model(name: &str, layout: &GptLayout) -> Gpt {
-    let ck = HfCheckpoint::open(&fixtures().join(name)).unwrap();
-    let base = GptConfig {
-        dtype: DType::F64,
-        vocab_multiple: 64,
-        ..GptConfig::default()
-    };
-    let split = StageSplit::single(2, layout);
-    let m = Gpt::with_arch(&ck.config.gpt_config(&base), &ck.config.arch, split).unwrap();
-    ck.load_into(&m.parameters()).unwrap();
-    m
-}
 
 /// Ids `[B, T]` on the model's first stage (broadcast), or local.
 fn ids(v: &[i64], b: usize, p: Option<&Placement>) -> Tensor {

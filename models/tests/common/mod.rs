@@ -1,11 +1,14 @@
-//! Helpers shared by the model suites that train the small GPT on every layout: the mesh's
-//! in-process world, the model, a batch of token windows and a tensor's bits.
+//! Helpers shared by the model suites: for those that train the small GPT on every layout, the
+//! mesh's in-process world, the model, a batch of token windows and a tensor's bits; for the
+//! decoding suites, the Hugging Face fixtures of `tests/fixtures/hf` loaded in f64.
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oxiflow_dtype::{DType, MixedPrecision};
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout};
+use oxiflow_models::hf::HfCheckpoint;
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, StageSplit};
 use oxiflow_models::nn::Module;
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
@@ -77,4 +80,23 @@ pub fn bits(t: &Tensor) -> Vec<u64> {
         .iter()
         .map(|v| if v.is_nan() { f64::NAN } else { *v }.to_bits())
         .collect()
+}
+
+/// The Hugging Face fixtures' folder.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf")
+}
+
+/// The fixture `name` in f64 on `layout` (one stage), its weights loaded.
+pub fn model(name: &str, layout: &GptLayout) -> Gpt {
+    let ck = HfCheckpoint::open(&fixtures().join(name)).unwrap();
+    let base = GptConfig {
+        dtype: DType::F64,
+        vocab_multiple: 64,
+        ..GptConfig::default()
+    };
+    let split = StageSplit::single(2, layout);
+    let m = Gpt::with_arch(&ck.config.gpt_config(&base), &ck.config.arch, split).unwrap();
+    ck.load_into(&m.parameters()).unwrap();
+    m
 }

@@ -220,32 +220,12 @@ pub(super) fn decode_attention(
     let ([q, kc, vc, kn, vn, pos], [y]) = (io.inputs, &*io.outputs) else {
         return Err(device_error(name, "expects 6 inputs and 1 output"));
     };
-    let [bs, _, h, d] = dims4(name, "q", q)?;
-    let [_, p_len, g, _] = dims4(name, "the key cache", kc)?;
+    let [bs, h, g, d, p_len] = heads_operands(name, [q, kc, vc, kn, vn, pos], &[y])?;
     let dtype = q.dtype();
-    let fits = g > 0
-        && h % g == 0
-        && d <= MAX_HEAD_DIM
-        && [kc, vc, kn, vn, y].iter().all(|p| p.dtype() == dtype)
-        && vc.numel() == kc.numel()
-        && kc.numel() == bs * p_len * g * d
-        && kn.numel() == bs * g * d
-        && vn.numel() == kn.numel()
-        && y.numel() == q.numel()
-        && pos.numel() == 1;
-    if !fits {
+    if y.numel() != q.numel() || y.dtype() != dtype {
         return Err(device_error(
             name,
-            format!(
-                "q {} {}, caches {} {}, key/value {} {}, output {}",
-                dtype,
-                q.shape(),
-                kc.shape(),
-                vc.shape(),
-                kn.shape(),
-                vn.shape(),
-                y.shape()
-            ),
+            format!("output {} {} for q {}", y.dtype(), y.shape(), q.shape()),
         ));
     }
     if q.numel() == 0 {
@@ -282,6 +262,45 @@ pub(super) fn decode_attention(
     launched(name, unsafe { l.launch(cfg) })
 }
 
+/// A decoding attention's operands checked (q `[B, 1, H, D]`, caches `[B, P, G, D]` and the
+/// new key and value `[B, 1, G, D]` of q's dtype, G dividing H, D at most [`MAX_HEAD_DIM`],
+/// one position; `outs` only named in the error): `[B, H, G, D, P]`.
+fn heads_operands(
+    name: &'static str,
+    [q, kc, vc, kn, vn, pos]: [&CudaStorage; 6],
+    outs: &[&CudaStorage],
+) -> Result<[usize; 5]> {
+    let [bs, _, h, d] = dims4(name, "q", q)?;
+    let [_, p_len, g, _] = dims4(name, "the key cache", kc)?;
+    let dtype = q.dtype();
+    let fits = g > 0
+        && h % g == 0
+        && d <= MAX_HEAD_DIM
+        && [kc, vc, kn, vn].iter().all(|p| p.dtype() == dtype)
+        && vc.numel() == kc.numel()
+        && kc.numel() == bs * p_len * g * d
+        && kn.numel() == bs * g * d
+        && vn.numel() == kn.numel()
+        && pos.numel() == 1;
+    if !fits {
+        let outs: Vec<String> = outs.iter().map(|o| o.shape().to_string()).collect();
+        return Err(device_error(
+            name,
+            format!(
+                "q {} {}, caches {} {}, key/value {} {}, outputs {}",
+                dtype,
+                q.shape(),
+                kc.shape(),
+                vc.shape(),
+                kn.shape(),
+                vn.shape(),
+                outs.join(", ")
+            ),
+        ));
+    }
+    Ok([bs, h, g, d, p_len])
+}
+
 /// The launch of a decoding attention kernel of `dtype` over `grid` (heads, sequences,
 /// blocks) for heads of `d`: the kernel's WARPS warps a block, its dynamic shared memory
 /// `d + WARPS * (d + 2)` elements of its arithmetic (f64 for f64, else f32).
@@ -304,40 +323,26 @@ pub(super) fn decode_attention_parts(
     let ([q, kc, vc, kn, vn, pos], [o, lse]) = (io.inputs, &*io.outputs) else {
         return Err(device_error(name, "expects 6 inputs and 2 outputs"));
     };
-    let [bs, _, h, d] = dims4(name, "q", q)?;
-    let [_, p_len, g, _] = dims4(name, "the key cache", kc)?;
+    let [bs, h, g, d, p_len] = heads_operands(name, [q, kc, vc, kn, vn, pos], &[o, lse])?;
     let [_, nl, _, _] = dims4(name, "the blocks' values", o)?;
     let (per, _) = op
         .block_span(p_len, nl)
         .map_err(|e| device_error(name, e))?;
     let dtype = q.dtype();
     let wide = dtype.compute();
-    let fits = g > 0
-        && h % g == 0
-        && d <= MAX_HEAD_DIM
-        && [kc, vc, kn, vn].iter().all(|p| p.dtype() == dtype)
-        && [o, lse].iter().all(|p| p.dtype() == wide)
-        && vc.numel() == kc.numel()
-        && kc.numel() == bs * p_len * g * d
-        && kn.numel() == bs * g * d
-        && vn.numel() == kn.numel()
+    let fits = [o, lse].iter().all(|p| p.dtype() == wide)
         && o.numel() == bs * nl * h * d
-        && lse.numel() == bs * nl * h
-        && pos.numel() == 1;
+        && lse.numel() == bs * nl * h;
     if !fits {
         return Err(device_error(
             name,
             format!(
-                "q {} {}, caches {} {}, key/value {} {}, blocks {} {} and {}",
-                dtype,
-                q.shape(),
-                kc.shape(),
-                vc.shape(),
-                kn.shape(),
-                vn.shape(),
+                "blocks {} {} and {} for q {} {}",
                 o.dtype(),
                 o.shape(),
-                lse.shape()
+                lse.shape(),
+                dtype,
+                q.shape()
             ),
         ));
     }

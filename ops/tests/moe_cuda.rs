@@ -175,6 +175,7 @@ fn router_topk_on_cuda_equals_the_cpu_kernel() {
             (9, 8, 2),
             (2048, 60, 4),
             (3, 3, 3),
+            (70_000, 8, 2),
         ] {
             let r = Tensor::randn([m, e], 5, DType::F64)
                 .to_vec::<f64>()

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use oxiflow_cuda::kernel_layer::{download, grid, lt_matmul, upload, FloatType, LtMatmul};
 use oxiflow_cuda::{
     device_error, launched, CudaKernels, CudaRuntime, CudaSource, CudaStorage, KernelIds,
@@ -414,6 +414,9 @@ pub(super) fn zero(rt: &CudaRuntime, op: &'static str, x: &CudaStorage) -> Resul
         .map_err(|e| device_error(op, format!("zero fill: {e}")))
 }
 
+/// Threads of a `count_routes` block (the kernel's `COUNT_THREADS`).
+const COUNT_THREADS: u32 = 256;
+
 pub(super) fn router_topk(
     op: &RouterTopk,
     b: &CudaKernels,
@@ -467,7 +470,14 @@ pub(super) fn router_topk(
     let (ip, n, cp) = (ids.ptr(), (m * op.k) as i64, counts.ptr());
     let mut l = rt.launcher(name, f)?;
     l.arg(&ip).arg(&n).arg(&cp).arg(&e);
-    // SAFETY: count_routes_<T> takes (const i64*, i64, T*, int); `ids` holds n i64 ids (none
-    // read when n is 0) and `counts` e values of T; both outlive the launch.
-    launched(name, unsafe { l.launch(grid(experts)) })
+    // A block of the kernel's COUNT_THREADS threads per expert.
+    let per_expert = LaunchConfig {
+        grid_dim: (experts.clamp(1, 65535) as u32, 1, 1),
+        block_dim: (COUNT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: count_routes_<T> takes (const i64*, i64, T*, int) and runs COUNT_THREADS threads
+    // a block (its shared array's length); `ids` holds n i64 ids (none read when n is 0) and
+    // `counts` e values of T; both outlive the launch.
+    launched(name, unsafe { l.launch(per_expert) })
 }

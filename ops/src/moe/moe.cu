@@ -64,13 +64,24 @@ __device__ __forceinline__ void topk(const T* p, long long* ids, i64 m, int e, i
     }
 }
 
-// counts[x] = how many of the n ids are x, for each of e experts.
+// counts[x] = how many of the n ids are x, for each of e experts: a block of COUNT_THREADS
+// threads per expert, striding over the ids, their counts summed in shared memory (integers:
+// the same total in any order).
+#define COUNT_THREADS 256
 template <typename T>
 __device__ __forceinline__ void count_routes(const long long* ids, i64 n, T* counts, int e) {
-    GRID_LOOP(x, (i64)e) {
-        i64 c = 0;
-        for (i64 i = 0; i < n; ++i) c += ids[i] == x;
-        counts[x] = (T)c;
+    __shared__ long long part[COUNT_THREADS];
+    for (int x = blockIdx.x; x < e; x += gridDim.x) {
+        long long c = 0;
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) c += ids[i] == x;
+        part[threadIdx.x] = c;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) counts[x] = (T)part[0];
+        __syncthreads();
     }
 }
 

@@ -227,7 +227,7 @@ fn parts_typed<T: Elem>(
             format!("q {qd:?}, caches {cd:?}, blocks {od:?}"),
         ));
     };
-    let (per, _) = op.block_span(p_len, nl).map_err(|e| kernel_err(name, e))?;
+    let per = op.block_len(p_len, nl).map_err(|e| kernel_err(name, e))?;
     let [q, kc, vc, k, v] = [0, 1, 2, 3, 4].map(|i| input::<T>(name, io.inputs, i));
     let (q, kc, vc, k, v) = (q?, kc?, vc?, k?, v?);
     let pos = position(name, io.inputs, 5)?.min(op.blocks * per);

@@ -325,9 +325,7 @@ pub(super) fn decode_attention_parts(
     };
     let [bs, h, g, d, p_len] = heads_operands(name, [q, kc, vc, kn, vn, pos], &[o, lse])?;
     let [_, nl, _, _] = dims4(name, "the blocks' values", o)?;
-    let (per, _) = op
-        .block_span(p_len, nl)
-        .map_err(|e| device_error(name, e))?;
+    let per = op.block_len(p_len, nl).map_err(|e| device_error(name, e))?;
     let dtype = q.dtype();
     let wide = dtype.compute();
     let fits = [o, lse].iter().all(|p| p.dtype() == wide)

@@ -131,14 +131,13 @@ impl ExternOp for DecodeAttentionParts {
 }
 
 impl DecodeAttentionParts {
-    /// Where one rank's call sits, from its pieces' sizes (caches of `p_local` positions, `o`
-    /// of `blocks_local` blocks): the positions of a block and the position the call's first
-    /// one holds, or why the pieces do not fit.
-    pub(super) fn block_span(
+    /// The positions of a block in one rank's call, from its pieces' sizes (caches of
+    /// `p_local` positions, `o` of `blocks_local` blocks), or why the pieces do not fit.
+    pub(super) fn block_len(
         &self,
         p_local: usize,
         blocks_local: usize,
-    ) -> std::result::Result<(usize, usize), String> {
+    ) -> std::result::Result<usize, String> {
         let fits = (blocks_local > 0 && p_local.is_multiple_of(blocks_local))
             || (blocks_local == 0 && p_local == 0);
         if !fits || self.first_block + blocks_local > self.blocks {
@@ -147,8 +146,7 @@ impl DecodeAttentionParts {
                 self.blocks, self.first_block
             ));
         }
-        let per = p_local.checked_div(blocks_local).unwrap_or(0);
-        Ok((per, self.first_block * per))
+        Ok(p_local.checked_div(blocks_local).unwrap_or(0))
     }
 
     /// The block holding position `pos` (of caches of `per` positions a block): the one that

@@ -324,8 +324,7 @@ impl Decoder<'_> {
         let all = self.model.forward(&window, Pass::Eval)?;
         let (b, t, rows) = (all.shape().dim(0), all.shape().dim(1), all.shape().dim(2));
         // The row of the last token in the sequence's order (load-balanced under --cp).
-        let order = self.model.layout.seq_order().positions(t);
-        let last = order.iter().position(|&p| p + 1 == t).unwrap_or(t - 1);
+        let last = self.model.layout.seq_order().indices(t)[t - 1];
         Ok(all.narrow(1, last, 1)?.reshape([b, rows])?)
     }
 

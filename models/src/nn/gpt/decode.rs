@@ -20,7 +20,7 @@
 //! block holds it.
 
 use oxiflow_ops::context_parallel::SeqOrder;
-use oxiflow_ops::decode::write_rows_in_place;
+use oxiflow_ops::decode::{rows_beside, write_rows_in_place};
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
 use crate::{Result, TensorError};
@@ -135,43 +135,24 @@ fn in_position_order(x: &Tensor, order: SeqOrder, len: usize) -> Result<Tensor> 
             x.narrow(1, 0, len)
         };
     }
-    let at = order.positions(t);
-    let index: Vec<i64> = (0..len)
-        .map(|p| at.iter().position(|&q| q == p).map(|i| i as i64))
-        .collect::<Option<_>>()
+    let index = order
+        .indices(t)
+        .get(..len)
+        .map(|i| i.iter().map(|&i| i as i64).collect::<Vec<_>>())
         .ok_or_else(|| TensorError::Shape {
             op: "Gpt::fix_cache",
             shapes: x.shape().to_string(),
             sbps: format!("{:?}", x.nd_sbp()),
-            detail: format!("{len} positions held of {t} in {order:?} order"),
+            detail: format!("{len} positions held of {t}"),
         })?;
     let index = Tensor::from_vec(index, [len])?;
-    match (x.placement(), x.nd_sbp()) {
-        (Some(p), Some(nd)) => {
-            let whole = NdSbp::new(
-                nd.iter()
-                    .map(|s| if s == Sbp::S(1) { Sbp::B } else { s })
-                    .collect::<Vec<_>>(),
-            );
+    match x.placement() {
+        Some(p) => {
             let index = index.to_global(p, NdSbp::broadcast(p.ndim()))?;
-            x.to_global(p, whole)?.index_select(1, &index)
+            rows_beside(x, x, 1)?.index_select(1, &index)
         }
-        _ => x.index_select(1, &index),
+        None => x.index_select(1, &index),
     }
-}
-
-/// The index along a sequence of `t` tokens in `order` of the token at position `pos`.
-fn index_of(order: SeqOrder, t: usize, pos: usize) -> Result<usize> {
-    order
-        .positions(t)
-        .iter()
-        .position(|&p| p == pos)
-        .ok_or_else(|| TensorError::Shape {
-            op: "Gpt::decode_prompt",
-            shapes: String::new(),
-            sbps: String::new(),
-            detail: format!("no token at position {pos} of {t} in {order:?} order"),
-        })
 }
 
 /// What a decoding step reads beside the model's parameters: each block's fused
@@ -460,7 +441,7 @@ impl Gpt {
                 slot.len = len;
             }
         }
-        self.logits_at(&x, wte, index_of(order, t, len - 1)?)
+        self.logits_at(&x, wte, order.indices(t)[len - 1])
     }
 
     /// The residual stream `x` (on the first stage) through every block in stage order, each

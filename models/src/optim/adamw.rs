@@ -142,10 +142,13 @@ impl AdamW {
     }
 
     /// Whether parameter `i`'s update may be written over its old value, moments and compute
-    /// copy (`view` its update view): nothing but this optimizer and the parameter holds them.
-    /// Returns the old copy to write over (None without one), or None where it may not.
+    /// copy (`view` its update view): nothing but this optimizer and the parameter holds them
+    /// (moments not made yet, before the first step, are zeros the update makes itself, so the
+    /// first step holds no second copy of the parameters and their moments either). Returns
+    /// the old compute copy to write over (None: the new one goes to new memory), or None where
+    /// the update may not.
     fn reusable(&self, i: usize, view: &Update, copy: bool) -> Option<Option<Tensor>> {
-        let own = |t: &Option<Tensor>| t.as_ref().is_some_and(|t| Tensor::data_held_only_by(&[t]));
+        let own = |t: &Option<Tensor>| t.as_ref().is_none_or(|t| Tensor::data_held_only_by(&[t]));
         let p = &self.params[i];
         if view.value.device() == Device::Cpu
             || oxiflow_tensor::capture::capturing()
@@ -157,10 +160,7 @@ impl AdamW {
         if !(own(&self.m[i]) && own(&self.v[i]) && p.leaf_memory_free_for(&view.value)) {
             return None;
         }
-        match copy {
-            true => p.copy_memory_free().map(Some),
-            false => Some(None),
-        }
+        Some(copy.then(|| p.copy_memory_free()).flatten())
     }
 
     /// The new values of the parameters `ups` (index and update view) with gradients scaled
@@ -170,7 +170,7 @@ impl AdamW {
     /// whole leaf is gathered in f32 and cast by the next forward pass; a master shard's copy
     /// is written here and gathered). Nothing is written back. With `in_place`, the new values
     /// are written over the old ones' memory where nothing else holds it (`AdamWReuse`); the
-    /// other parameters' old compute copies are dropped first, so their memory goes back
+    /// old compute copies not written over are dropped first, so their memory goes back
     /// before the op writes the new ones.
     fn run_update(
         &self,
@@ -203,7 +203,7 @@ impl AdamW {
             .collect();
         if in_place {
             for ((i, _), r) in ups.iter().zip(&reuse) {
-                if r.is_none() {
+                if !matches!(r, Some(Some(_))) {
                     self.params[*i].drop_copy();
                 }
             }

@@ -162,20 +162,20 @@ pub fn adamw_multi_by(
         .collect()
 }
 
-/// Whether slot `s` gives its memory to the update and can: its moments exist, and its old
-/// compute copy is there when it wants one, of that dtype and the param's shape and layout.
+/// Whether slot `s` gives its memory to the update and can: an old compute copy it gives is of
+/// the copy's dtype and the param's shape and layout (without one, the new copy is written
+/// into new memory). Moments not made yet (the first step) are the zeros made above, which
+/// nothing else holds.
 fn reuses(s: &AdamWSlot<'_>) -> bool {
     let Some(r) = s.reuse else {
         return false;
     };
-    let copy_fits = match (s.compute_copy, r.copy) {
-        (None, _) => true,
+    match (s.compute_copy, r.copy) {
         (Some(d), Some(c)) => {
             c.dtype() == d && c.shape() == s.param.shape() && c.layout() == s.param.layout()
         }
-        (Some(_), None) => false,
-    };
-    s.m.is_some() && s.v.is_some() && copy_fits
+        _ => true,
+    }
 }
 
 /// The slots `held` whose pieces live on `device`, updated by one op.
@@ -238,15 +238,20 @@ impl Group<'_, '_> {
         let at: Vec<Option<usize>> = (0..held.len()).map(|k| op.copy_index(k)).collect();
         let refs: Vec<&Tensor> = locals.iter().collect();
         let res = if reuse {
-            // (p, m, v) of each slot, then the old copies: the op's outputs, in its order.
+            // (p, m, v) of each slot, then the copies (over the old ones, else new memory of
+            // the copy's dtype): the op's outputs, in its order.
             let mut targets: Vec<Tensor> = (0..held.len())
                 .flat_map(|k| [0, 2, 3].map(|j| locals[4 * k + j].clone()))
                 .collect();
-            targets.extend(
-                held.iter()
-                    .filter_map(|&i| slots[i].compute_copy.and(slots[i].reuse?.copy))
-                    .map(Tensor::to_local),
-            );
+            for (k, &i) in held.iter().enumerate() {
+                let Some(d) = slots[i].compute_copy else {
+                    continue;
+                };
+                targets.push(match slots[i].reuse.and_then(|r| r.copy) {
+                    Some(old) => old.to_local(),
+                    None => locals[4 * k].to_dtype(d)?,
+                });
+            }
             let into: Vec<&Tensor> = targets.iter().collect();
             run_local_into(&Extern::new(op.clone()).into(), &refs, &into)?;
             targets

@@ -24,7 +24,9 @@
 //! --heads 32 --kv-heads 8 --ffn-width 8192 --vocab 128256 --tie-embeddings --seq 2048
 //! --micro-batch 4`; its N counts every parameter (it has no position table), a tied table once.
 //! `--experts E --top-k K` makes every block's MLP a Mixtral-style mixture of E experts of
-//! `--ffn-width` (N then counts K of them: the parameters a token meets).
+//! `--ffn-width` (N then counts K of them: the parameters a token meets); with `--dp D --ep E`
+//! the experts split over E of the D data-parallel GPUs (`train --ep`), e.g.
+//! `oflaunch --nproc-per-node 2 --backend nccl gpt_bench --arch llama --experts 8 --dp 2 --ep 2`.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +38,7 @@ use oxiflow::nn::gpt::{
 };
 use oxiflow::nn::Module;
 use oxiflow::optim::{AdamW, AdamWOptions, GradBuckets, Optimizer, SyncMode, Zero};
-use oxiflow::placement::{NamedMesh, CP, DP, TP};
+use oxiflow::placement::{MeshLayout, NamedMesh, CP, DP, EP, TP};
 use oxiflow::prelude::*;
 use oxiflow::trainer::compiled_step::compiled_passes;
 use oxiflow::trainer::config::{PrecisionPolicy, RecomputeArg};
@@ -136,6 +138,10 @@ struct Args {
     /// tokens/s and MFU are per GPU).
     #[arg(long, default_value_t = 1)]
     cp: usize,
+    /// Expert-parallel ranks among the data-parallel ones (as `train --ep`): the experts of
+    /// every mixture split over them, each token's rows sent to its experts' rank and back.
+    #[arg(long, default_value_t = 1)]
+    ep: usize,
     /// Data-parallel gradient buckets of this many MiB reduced during the backward pass; 0:
     /// each gradient all-reduced by the optimizer after the backward pass.
     #[arg(long, default_value_t = 25.0)]
@@ -185,8 +191,11 @@ fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
 struct Bench {
     model: Gpt,
     opt: AdamW,
-    placement: Placement,
-    /// The mesh `[dp, cp, tp]`.
+    /// Context-parallel ranks.
+    cp: usize,
+    /// Prints the device blocks' memory after the passes of each step.
+    report_memory: bool,
+    /// The mesh `[dp, ep, cp, tp]`.
     mesh: NamedMesh,
     /// Sequences per data-parallel rank.
     b: usize,
@@ -206,7 +215,7 @@ impl Bench {
         let (b, t) = (self.b, self.t);
         // This data-parallel rank's rows of the global batch, inputs and targets each laid out
         // as the activations (on a context-parallel axis: in the load-balanced order, split).
-        let cp = self.placement.shape()[1];
+        let cp = self.cp;
         let seed = step * self.dp as u64 + (self.rank / cp) as u64;
         let ids = tokens(b, t, self.model.cfg.vocab, seed);
         let rows = |from: usize| -> R<Tensor> {
@@ -226,6 +235,15 @@ impl Bench {
             }
             None => self.passes(&x, &y)?,
         };
+        if self.report_memory {
+            sync()?;
+            let m = oxiflow::memory::device();
+            println!(
+                "MEMORY step {step} forward and backward: device blocks live {:.2} GiB, peak {:.2} GiB",
+                gib(m.live),
+                gib(m.peak)
+            );
+        }
         // As the PyTorch anchor's loop: the step's norm is never read, so the host does not
         // wait for the device between steps.
         self.opt.step_queued(self.clip)?;
@@ -279,6 +297,11 @@ fn mib(mb: f64, flag: &str) -> R<usize> {
     Ok((mb * 1024.0 * 1024.0).ceil() as usize)
 }
 
+/// `b` bytes in GiB.
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
 fn sync() -> R<()> {
     cuda::bound_runtime()
         .ok_or("no CUDA device bound")?
@@ -313,8 +336,19 @@ fn main() -> R<()> {
     if let Some(mib) = a.driver_reuse_mib {
         rt.set_driver_reuse_from((mib > 0.0).then_some((mib * (1u64 << 20) as f64) as usize))?;
     }
-    let placement = Placement::range(DeviceType::Cuda, a.dp * a.cp)?.reshaped([a.dp, a.cp, 1])?;
-    let mesh = NamedMesh::of(placement.clone(), &[DP, CP, TP])?;
+    if a.ep == 0 || !a.dp.is_multiple_of(a.ep) {
+        return Err(format!("gpt_bench --ep {} must divide --dp {}", a.ep, a.dp).into());
+    }
+    let axes = [
+        (DP, Some(a.dp / a.ep)),
+        (EP, Some(a.ep)),
+        (CP, Some(a.cp)),
+        (TP, Some(1)),
+    ];
+    let mesh: NamedMesh = MeshLayout::resolve(&axes, a.dp * a.cp)?
+        .stages(DeviceType::Cuda)?
+        .pop()
+        .ok_or("an empty mesh")?;
     let cfg = GptConfig {
         vocab: a.vocab,
         vocab_multiple: a.vocab_multiple,
@@ -384,7 +418,8 @@ fn main() -> R<()> {
         model,
         opt,
         mesh: mesh.clone(),
-        placement,
+        cp: a.cp,
+        report_memory: true,
         b: a.micro_batch,
         t: a.seq,
         clip: (a.clip_grad > 0.0).then_some(a.clip_grad),
@@ -401,10 +436,22 @@ fn main() -> R<()> {
     );
     let mut step = 0u64;
     for _ in 0..a.warmup {
+        oxiflow::memory::reset_peaks();
         bench.step(step)?;
+        sync()?;
+        let m = oxiflow::memory::device();
+        println!(
+            "MEMORY warm-up step {step}: device blocks live {:.2} GiB, peak {:.2} GiB; driver pool high-water {:.2} GiB; free lists {:.2} GiB; {} of {} parameters updated in place",
+            gib(m.live),
+            gib(m.peak),
+            gib(rt.driver_pool_peak().unwrap_or(0)),
+            gib(rt.cached_bytes()),
+            bench.opt.updated_in_place(),
+            bench.opt.params().len(),
+        );
         step += 1;
     }
-    sync()?;
+    bench.report_memory = false;
     let warm_s = t_warm.elapsed().as_secs_f64();
     println!(
         "MEMORY device blocks live after the warm-up {:.2} GiB",
@@ -432,10 +479,11 @@ fn main() -> R<()> {
     let c1 = rt.alloc_counts();
     let n = a.steps.max(1) as f64;
     println!(
-        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"cp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
+        "RESULT {{\"impl\":\"oxiflow\",\"tag\":\"{}\",\"compile\":{},\"dp\":{},\"ep\":{},\"cp\":{},\"zero\":{},\"bucket_mb\":{},\"reduce_dtype\":\"{}\",\"precision\":\"{:?}\",\"clip\":{},\"n_layer\":{},\"n_embd\":{},\"params_M\":{:.2},\"params_mfu_M\":{:.2},\"micro_batch\":{},\"seq\":{},\"ms_per_step\":{:.2},\"tokens_per_s\":{:.0},\"tflops\":{:.1},\"mfu\":{:.4},\"warmup_s\":{:.1},\"final_loss\":{:.4},\"peak_mem_GiB\":{:.2},\"cached_GiB\":{:.1},\"nccl_memory\":{},\"driver_allocs_per_step\":{:.1},\"given_back_per_step\":{:.1},\"full_releases_per_step\":{:.2},\"driver_reuse_mib\":{:.1},\"driver_pool_peak_GiB\":{:.2},\"device_used_GiB\":{:.2}}}",
         a.tag,
         a.compile,
         a.dp,
+        a.ep,
         a.cp,
         a.zero,
         a.bucket_mb,

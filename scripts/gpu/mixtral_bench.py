@@ -4,14 +4,29 @@ in the loss: `output_router_logits` off), random tokens, f32 parameters with bf1
 attention, fused AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1 on matrices), clipping at
 1.0; `--compile` wraps the model in torch.compile. Prints RESULT {json} as llama_bench.py does,
 its MFU over the parameters a token meets (the top-k experts of each block, a tied table once).
+Under torchrun with several ranks: DistributedDataParallel (every expert on every GPU, 25 MiB
+gradient buckets), each GPU its own `--micro-batch` sequences; tokens/s and memory per GPU
+(rank 0's), the twin of `gpt_bench --dp N [--ep E]`.
 
   python3 mixtral_bench.py [--compile] [--experts 8 --top-k 2 --ffn 3584 --layers 16]
+  torchrun --standalone --nproc-per-node 2 mixtral_bench.py [--compile]
 """
-import argparse, json, time
+import argparse, json, os, time
 import torch
 import transformers as tf
 
-from llama_bench import process_mib
+
+def process_mib(index):
+    """Device memory used on GPU `index` of this process's visible list, by NVML (what an
+    out-of-memory error sees)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        phys = int(visible.split(",")[index]) if visible else index
+        return round(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(phys)).used / 2**20)
+    except Exception:
+        return None
 
 
 def main():
@@ -25,7 +40,12 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
-    dev = torch.device("cuda", 0)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    dev = torch.device("cuda", local)
+    torch.cuda.set_device(dev)
+    if world > 1:
+        torch.distributed.init_process_group("nccl", device_id=dev)
     torch.manual_seed(1234)
     torch.backends.cuda.matmul.allow_tf32 = True
     cfg = tf.MixtralConfig(vocab_size=a.vocab, hidden_size=a.width, intermediate_size=a.ffn,
@@ -43,8 +63,9 @@ def main():
     no_decay = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    fwd = torch.compile(m) if a.compile else m
-    g = torch.Generator(device=dev).manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(m, device_ids=[local]) if world > 1 else m
+    fwd = torch.compile(model) if a.compile else model
+    g = torch.Generator(device=dev).manual_seed(rank)
     B, T = a.micro_batch, a.seq
 
     def step():
@@ -70,13 +91,16 @@ def main():
     dt = (time.perf_counter() - t1) / a.steps
     tok_s = B * T / dt
     flops_tok = 6 * n_mfu + 12 * a.layers * a.width * a.seq
-    r = {"tag": a.tag, "mode": "train", "compile": a.compile, "params_M": round(n_all / 1e6, 1),
+    r = {"tag": a.tag, "mode": "train", "compile": a.compile, "world": world, "params_M": round(n_all / 1e6, 1),
          "active_params_M": round(n_mfu / 1e6, 1), "micro_batch": B, "seq": T,
          "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s),
          "mfu": round(tok_s * flops_tok / (a.peak_tflops * 1e12), 4), "warmup_s": round(warm, 1),
          "final_loss": round(loss.item(), 4), "peak_mem_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-         "process_MiB": process_mib(), "transformers": tf.__version__, "torch": torch.__version__}
-    print("RESULT " + json.dumps(r), flush=True)
+         "process_MiB": process_mib(local), "transformers": tf.__version__, "torch": torch.__version__}
+    if rank == 0:
+        print("RESULT " + json.dumps(r), flush=True)
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

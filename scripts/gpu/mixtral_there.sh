@@ -9,9 +9,14 @@
 # of medians last (median_table.py). With PROFILE=1, first ours alone under `oflaunch --trace`
 # with `gpt_bench --profile 2`: the device time of each op (a sync around each) and, from the
 # timeline, the compute stream's busy share of a step, its top kernels and its longest gaps.
+# With GPUS=2: two GPUs, ours in each of $LAYOUTS ("ep2": --dp 2 --ep 2, the experts split;
+# "dp2": --dp 2, every expert on both) beside transformers' Mixtral under torchrun with
+# DistributedDataParallel (the same global batch: $MB sequences a GPU); memory is GPU 0's.
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+GPUS=${GPUS:-1}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((GPUS - 1)))}
 OUT=${OUT:-/tmp/mixtral}
 MB=${MB:-4}
 STEPS=${STEPS:-10}
@@ -31,13 +36,27 @@ if [ "${PROFILE:-0}" = 1 ]; then
   python3 trace_breakdown.py "$OUT/trace/trace.json" --top 25 --gaps 12 | cut -c1-200
   rm -rf "$OUT/trace"
 fi
+if [ "$GPUS" = 1 ]; then
+  LAYOUTS=eager; TORCH=(python3)
+else
+  LAYOUTS=${LAYOUTS:-ep2 dp2}; TORCH=(torchrun --standalone --nproc-per-node "$GPUS")
+fi
 for r in $(seq "$ROUNDS"); do
-  sampled "$OUT/ours-eager-$r.log" timeout 300 bin/oflaunch --nproc-per-node 1 --backend nccl \
-    bin/gpt_bench "${SHAPE[@]}" --warmup 4 --steps "$STEPS" --tag oxiflow-eager
+  for layout in $LAYOUTS; do
+    case $layout in
+      ep*) flags=(--dp "$GPUS" --ep "${layout#ep}") ;;
+      dp*) flags=(--dp "$GPUS") ;;
+      *) flags=() ;;
+    esac
+    sampled "$OUT/ours-$layout-$r.log" timeout 300 bin/oflaunch --nproc-per-node "$GPUS" \
+      --backend nccl bin/gpt_bench "${SHAPE[@]}" "${flags[@]}" --warmup 4 --steps "$STEPS" \
+      --tag "oxiflow-$layout"
+  done
   for mode in $TORCH_MODES; do
     flag=(); [ "$mode" = compile ] && flag=(--compile)
-    sampled "$OUT/torch-$mode-$r.log" timeout 400 python3 mixtral_bench.py --micro-batch "$MB" \
-      --steps "$STEPS" "${flag[@]}" --tag "torch-$mode"
+    sampled "$OUT/torch-$mode-$r.log" timeout 400 "${TORCH[@]}" mixtral_bench.py \
+      --micro-batch "$MB" --steps "$STEPS" "${flag[@]}" --tag "torch-$mode"
   done
 done
-python3 median_table.py "$OUT" torch-compile oxiflow-eager torch-eager torch-compile
+python3 median_table.py "$OUT" torch-compile $(printf "oxiflow-%s " $LAYOUTS) \
+  $(printf "torch-%s " $TORCH_MODES)

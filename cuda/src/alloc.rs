@@ -425,8 +425,13 @@ impl Pool {
             .or_default()
             .push(Cached { mem, fences, sends });
     }
+    /// Gives every cached block back (an out-of-memory's full release, counted as one).
     pub(crate) fn release_all(&self, stream: &CudaStream) {
         self.count(2);
+        self.give_back_cached(stream);
+    }
+    /// Gives every cached block no send may still read back, in stream order.
+    pub(crate) fn give_back_cached(&self, stream: &CudaStream) {
         let mut all: Vec<Cached> = Vec::new();
         let mut kept = 0;
         for (cap, list) in lock(&self.free).iter_mut() {

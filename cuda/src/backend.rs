@@ -64,6 +64,8 @@ impl DeviceBackend for CudaBackend {
     /// One block of the runtime's pool, seen as `bytes / 4` f32 elements.
     fn arena(&self, bytes: usize, _ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
         let rt = runtime("arena")?;
+        // The arena takes the bytes the step that planned it left cached, not more beside them.
+        rt.release_cached_memory()?;
         Ok(Arc::new(CudaStorage::whole(
             Arc::new(Block::alloc(&rt, bytes)?),
             DType::F32,

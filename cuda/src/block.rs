@@ -76,12 +76,10 @@ impl Block {
                 match fresh(rt, cap) {
                     Ok(s) => s,
                     Err(_) => {
-                        // Out of memory: give the cached blocks back and try once more.
-                        rt.pool.release_all(&rt.stream);
-                        rt.synchronize()?;
-                        // What the frees gave the driver's pool, back to the driver (a
-                        // failed trim leaves the retry to the pool's own reuse).
-                        let _ = super::driver_pool::trim(&rt.ctx);
+                        // Out of memory: give the cached blocks and the driver pool's unused
+                        // bytes back, and try once more.
+                        rt.pool.count(2);
+                        rt.release_cached_memory()?;
                         fresh(rt, cap).map_err(|e| {
                             derr(
                                 "cuda alloc",

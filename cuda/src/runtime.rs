@@ -140,6 +140,22 @@ impl CudaRuntime {
             .set_driver_from(from, &self.ctx, &self.stream)
             .map_err(|e| derr("cuda driver pool", format!("cuda:{}: {e}", self.ordinal)))
     }
+    /// Gives the allocator's cached blocks and the bytes the device's stream-ordered pool holds
+    /// unused back to the driver, after the compute stream synchronised (blocks a send may
+    /// still read stay). Before one large allocation (a compiled program's arena), so the
+    /// driver serves it from those bytes instead of beside them. Nothing while a graph is
+    /// captured (the capture would be invalidated).
+    pub fn release_cached_memory(&self) -> Result<()> {
+        if self.pool.capturing.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        self.bind("cuda release cached memory")?;
+        self.pool.give_back_cached(&self.stream);
+        self.synchronize()?;
+        // A failed trim leaves the bytes to the pool's own reuse.
+        let _ = super::driver_pool::trim(&self.ctx);
+        Ok(())
+    }
     /// The most bytes the device's stream-ordered pool ever reserved (None: not known).
     pub fn driver_pool_peak(&self) -> Option<usize> {
         self.bind("cuda driver pool").ok()?;

@@ -146,7 +146,11 @@ impl CudaRuntime {
     /// driver serves it from those bytes instead of beside them. Nothing while a graph is
     /// captured (the capture would be invalidated).
     pub fn release_cached_memory(&self) -> Result<()> {
-        if self.pool.capturing.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .pool
+            .capturing
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Ok(());
         }
         self.bind("cuda release cached memory")?;

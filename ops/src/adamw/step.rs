@@ -239,7 +239,8 @@ impl Group<'_, '_> {
         let refs: Vec<&Tensor> = locals.iter().collect();
         let res = if reuse {
             // (p, m, v) of each slot, then the copies (over the old ones, else new memory of
-            // the copy's dtype): the op's outputs, in its order.
+            // the copy's dtype, never the param's even where the dtypes agree): the op's
+            // outputs, in its order.
             let mut targets: Vec<Tensor> = (0..held.len())
                 .flat_map(|k| [0, 2, 3].map(|j| locals[4 * k + j].clone()))
                 .collect();
@@ -249,7 +250,7 @@ impl Group<'_, '_> {
                 };
                 targets.push(match slots[i].reuse.and_then(|r| r.copy) {
                     Some(old) => old.to_local(),
-                    None => locals[4 * k].to_dtype(d)?,
+                    None => locals[4 * k].mul_scalar(0.0)?.to_dtype(d)?,
                 });
             }
             let into: Vec<&Tensor> = targets.iter().collect();

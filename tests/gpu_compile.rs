@@ -7,7 +7,8 @@
 //! provisionally under the capture) within bf16 rounding on 1 GPU and with ZeRO-2; the replays
 //! from the second step on launching one CUDA graph per rank (the job says so), except
 //! ZeRO-2's, which run launch by launch and say why; traced (`oflaunch --trace`), DP2 replays
-//! launch by launch and says so. Without GPUs it prints "skipped: ...".
+//! launch by launch and says so. Rank 0's memory line gives the bytes the driver counts in use,
+//! at least the step's peak of its own blocks. Without GPUs it prints "skipped: ...".
 
 mod common;
 
@@ -38,6 +39,20 @@ fn train_launched(n: usize, launch: &[&str], args: &[&str]) -> Result<String, St
         .env("NCCL_NVLS_ENABLE", "0")
         .output();
     stdout_or_tail(out, &format!("{args:?}"))
+}
+
+/// (the step's device peak, the bytes the driver counts in use) of rank 0's memory line.
+fn device_memory(out: &str) -> Option<(u64, u64)> {
+    let line = out.lines().find(|l| l.contains("memory rank 0"))?;
+    let number = |text: &str| text.split_whitespace().next()?.parse().ok();
+    let peak = number(
+        line.split("step peak host ")
+            .nth(1)?
+            .split(" device ")
+            .nth(1)?,
+    )?;
+    let used = number(line.split("device in use ").nth(1)?)?;
+    Some((peak, used))
 }
 
 #[test]
@@ -91,6 +106,15 @@ fn compiled_steps_on_gpus_equal_eager() {
     let mut failures = Vec::new();
     for (n, layout, tolerance) in layouts {
         let result = train(n, layout).and_then(|eager| {
+            // The driver's count of the device in use holds at least the step's own blocks.
+            match device_memory(&eager) {
+                Some((peak, used)) if used >= peak && peak > 0 => {}
+                other => {
+                    return Err(format!(
+                        "the memory line's (step peak, device in use): {other:?}"
+                    ))
+                }
+            }
             let mut args = layout.to_vec();
             args.push("--compile");
             let compiled = train(n, &args)?;

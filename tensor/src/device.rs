@@ -81,6 +81,12 @@ pub trait DeviceBackend: Send + Sync {
         let _ = (op, plan, world, piece);
         None
     }
+    /// Bytes in use on the device this process computes on, as its driver counts them: the
+    /// whole device's (one process a device, as `oflaunch` starts them, makes it the
+    /// process's), what an out-of-memory error sees. The default: not known.
+    fn device_in_use(&self) -> Option<usize> {
+        None
+    }
     /// One allocation of `bytes` bytes on device `ordinal` for an arena (`crate::arena`). The
     /// default: unsupported, a typed error.
     fn arena(&self, bytes: usize, ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {

@@ -103,6 +103,14 @@ pub fn device() -> MemoryStats {
     DEVICE.stats()
 }
 
+/// Bytes in use on the device this process computes on, as its driver counts them (see
+/// `DeviceBackend::device_in_use`): beside [`device`]'s own count, what the allocator's
+/// caches, the libraries' workspaces and the driver's context add. None on the host, or where
+/// the backend does not say.
+pub fn device_in_use() -> Option<usize> {
+    crate::device::registered_backends().find_map(|b| b.device_in_use())
+}
+
 /// Starts new peaks at the live counts (e.g. before the training step to measure).
 pub fn reset_peaks() {
     HOST.reset_peak();

@@ -22,6 +22,10 @@ pub struct MemoryRecord {
     /// Host peak during the step (null when the counting allocator is not installed).
     pub host_peak: Option<usize>,
     pub device_peak: usize,
+    /// Bytes in use on the device as its driver counts them after the step (null on the host;
+    /// see `oxiflow_tensor::memory::device_in_use`).
+    #[serde(default)]
+    pub device_in_use: Option<usize>,
 }
 
 /// One line of the metrics file.

@@ -182,6 +182,7 @@ pub(super) fn drive<M: TrainModel>(
                         optimizer_state: s.footprint.optimizer_state,
                         host_peak: s.peak.0,
                         device_peak: s.peak.1,
+                        device_in_use: oxiflow_tensor::memory::device_in_use(),
                     },
                 })?;
             }
@@ -268,8 +269,13 @@ pub(super) fn report(
         .peak
         .0
         .map_or_else(|| "not counted".to_string(), |b| format!("{b} B"));
+    // What the device's driver counts in use (the allocator's caches, workspaces and context
+    // beside the blocks counted above), where it says.
+    let in_use = oxiflow_tensor::memory::device_in_use().map_or_else(String::new, |b| {
+        format!("; device in use {b} B (the driver's count)")
+    });
     println!(
-        "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {} B",
+        "memory rank 0 (zero {} recompute {:?}): parameters {} B gradients {} B optimizer-state {} B; step peak host {host} device {} B{in_use}",
         cfg.parallel.zero, cfg.parallel.recompute, f.parameters, f.gradients, f.optimizer_state, s.last.peak.1
     );
     if let (Some((theory, what)), false) = (bubble_theory, s.bubbles.is_empty()) {

@@ -339,6 +339,13 @@ fn main() -> R<()> {
     if a.ep == 0 || !a.dp.is_multiple_of(a.ep) {
         return Err(format!("gpt_bench --ep {} must divide --dp {}", a.ep, a.dp).into());
     }
+    if a.ep > 1 && (a.experts == 0 || !a.experts.is_multiple_of(a.ep)) {
+        return Err(format!(
+            "gpt_bench --ep {} splits the experts of a mixture: --experts {} must be a multiple of it",
+            a.ep, a.experts
+        )
+        .into());
+    }
     let axes = [
         (DP, Some(a.dp / a.ep)),
         (EP, Some(a.ep)),

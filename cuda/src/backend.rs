@@ -61,12 +61,12 @@ impl DeviceBackend for CudaBackend {
         super::boxing::run_boxing_cuda(op, plan, world, piece)
     }
 
-    /// One block of the runtime's pool, seen as `bytes / 4` f32 elements.
     fn device_in_use(&self) -> Option<usize> {
         let (free, total) = crate::bound_runtime()?.memory_info().ok()?;
         Some(total.saturating_sub(free))
     }
 
+    /// One block of the runtime's pool, seen as `bytes / 4` f32 elements.
     fn arena(&self, bytes: usize, _ordinal: usize) -> Result<Arc<dyn DeviceStorage>> {
         let rt = runtime("arena")?;
         // The arena takes the bytes the step that planned it left cached, not more beside them.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from a folder staged by engine_here.sh (bin/oflaunch, bin/gpt_bench,
 # gpt2_bench.py): the GPT-2 shapes of $SHAPES ("124m:8 124m:16 124m:32 350m:8 350m:16
-# 1.5b:8", size:micro-batch) on one GPU, ours in each of $MODES ("eager", "compile": `gpt_bench`
-# [--compile], bf16-mixed, AdamW, clipping) beside torch.compile (`gpt2_bench.py --compile`) in the same command, each run's process
-# peak sampled by nvidia-smi (sampled.sh: what an out-of-memory error sees). One table per
-# shape last (median_table.py): speed and process memory against torch.compile.
+# 1.5b:8", size:micro-batch) on one GPU, ours in each of $MODES ("eager", "compile":
+# `gpt_bench` [--compile], bf16-mixed, AdamW, clipping) beside torch.compile (`gpt2_bench.py
+# --compile`) in the same command, each run's process peak sampled by nvidia-smi (sampled.sh:
+# what an out-of-memory error sees). One table per shape last (median_table.py): speed and
+# process memory against torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}

@@ -15,18 +15,7 @@ import argparse, json, os, time
 import torch
 import transformers as tf
 
-
-def process_mib(index):
-    """Device memory used on GPU `index` of this process's visible list, by NVML (what an
-    out-of-memory error sees)."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        phys = int(visible.split(",")[index]) if visible else index
-        return round(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(phys)).used / 2**20)
-    except Exception:
-        return None
+from llama_bench import process_mib
 
 
 def main():
@@ -96,8 +85,8 @@ def main():
          "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s),
          "mfu": round(tok_s * flops_tok / (a.peak_tflops * 1e12), 4), "warmup_s": round(warm, 1),
          "final_loss": round(loss.item(), 4), "peak_mem_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-         "process_MiB": process_mib(local), "transformers": tf.__version__, "torch": torch.__version__}
-    if rank == 0:
+         "process_MiB": process_mib(), "transformers": tf.__version__, "torch": torch.__version__}
+    if rank == 0:  # local rank 0: the first visible GPU, the one process_mib reads
         print("RESULT " + json.dumps(r), flush=True)
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -89,9 +89,9 @@ pub struct AdamWSlot<'a> {
 
 /// A slot's memory given to its update ([`AdamWSlot::reuse`]): on a CUDA device, outside a
 /// capture, the new param, m and v are written over the slot's own (moments not made yet, before
-/// the first step, over the zeros made for them) and the new compute copy over `copy` (None:
-/// into new memory) (the old one, of the copy's dtype and the param's
-/// shape and layout); otherwise the update writes new memory, as without it. The results are
+/// the first step, over the zeros made for them) and the new compute copy over `copy` (the old
+/// one, of the copy's dtype and the param's shape and layout; None: into new memory);
+/// otherwise the update writes new memory, as without it. The results are
 /// the same bits either way. Every tensor over the given memory sees the new values: give
 /// only memory nothing else holds ([`Tensor::data_held_only_by`]), as an optimizer that
 /// updates in place, as torch's does, with no second copy of its state.

@@ -104,7 +104,7 @@ pub fn attention_forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult
 
 /// Starts building cuDNN's plan for backward `a` in the background when cuDNN will serve it
 /// (see `cudnn_attention::prepare_backward`); its addresses are not read.
-pub(crate) fn prepare_attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
+pub fn prepare_attention_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
     cudnn_attention::prepare_backward(rt, a);
 }
 

@@ -12,7 +12,7 @@ use oxiflow_tensor::Result;
 /// Copies box `shape` from `src` (offset, strides) to `dst` (offset, strides); `op` 0 copies,
 /// 1/2/3 reduce into dst (sum/max/min).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_nd(
+pub fn copy_nd(
     rt: &CudaRuntime,
     opname: &'static str,
     dtype: DType,
@@ -107,7 +107,7 @@ fn copy_rows(
 }
 
 /// Fills `n` elements at `ptr` with `v` (converted to `dtype`).
-pub(crate) fn fill(
+pub fn fill(
     rt: &CudaRuntime,
     op: &'static str,
     dtype: DType,

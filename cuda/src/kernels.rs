@@ -100,7 +100,7 @@ pub(crate) fn rows_grid(batch: usize, rows: usize, run: usize) -> LaunchConfig {
 }
 
 /// One block of 256 threads per row (grid-stride over rows).
-pub(crate) fn per_row(rows: usize) -> LaunchConfig {
+pub fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.clamp(1, 65535 * 4) as u32, 1, 1),
         block_dim: (256, 1, 1),

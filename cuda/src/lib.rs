@@ -79,16 +79,20 @@ pub(crate) use runtime::runtime;
 /// ([`launch!`]) and the runtime's blocks with their host copies. The device check
 /// (`gpu_kernels_check`) drives these against f64 references.
 pub mod kernel_layer {
-    pub use crate::attention::{attention_backward, attention_forward, AttentionPath};
+    pub use crate::attention::{
+        attention_backward, attention_forward, prepare_attention_backward, AttentionPath,
+    };
     pub use crate::blaslt::{lt_matmul, Epilogue, LtMatmul};
     pub use crate::block::Block;
+    pub use crate::copy::{copy_nd, fill};
     pub use crate::fused::{
         adamw_multi, classifier_plan, classifier_using, elementwise, layer_norm_backward,
         layer_norm_forward, row_plan_occupancy, AdamCoef, AdamHyper, AdamTensor, ClassifierKernel,
         Elementwise, EwOp, LayerNormBackward, LayerNormForward, RowPlan,
     };
-    pub use crate::kernels::{grid, Kernel, Kernels, Template};
+    pub use crate::kernels::{grid, per_row, Kernel, Kernels, Template};
     pub use crate::launch;
+    pub use crate::precision::{gemm_at, Gemm, Operand};
     pub use crate::raw::{
         AttentionBackward, AttentionForward, AttentionShape, Bhtd, Classifier, FResult, FloatType,
         FusedError,

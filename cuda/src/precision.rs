@@ -34,7 +34,7 @@ fn bf16_of(rt: &std::sync::Arc<CudaRuntime>, op: &'static str, x: &CudaStorage) 
 /// Strides are in elements between batch entries (0: shared); f32 operands multiply at
 /// `precision` (other dtypes as they are).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Gemm {
+pub struct Gemm {
     pub batch: usize,
     pub m: usize,
     pub k: usize,
@@ -56,7 +56,7 @@ fn flag(t: bool) -> cublasOperation_t {
 /// One operand of a product: `piece`'s elements from `offset` on, as rows `ld` elements apart
 /// (a view of a larger array, such as one head of a `[B, T, H, D]` piece).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Operand<'a> {
+pub struct Operand<'a> {
     pub piece: &'a CudaStorage,
     pub offset: usize,
     pub ld: usize,
@@ -119,7 +119,7 @@ pub(crate) fn gemm(
 }
 
 /// [`gemm`] on operand views (each checked to lie inside its piece).
-pub(crate) fn gemm_at(
+pub fn gemm_at(
     rt: &std::sync::Arc<CudaRuntime>,
     op: &'static str,
     a: Operand<'_>,

@@ -7,6 +7,7 @@
 
 pub mod adamw;
 pub mod argmax;
+pub mod attention;
 pub mod context_parallel;
 pub mod decode;
 mod host_slices;

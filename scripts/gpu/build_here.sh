@@ -10,7 +10,8 @@ CARRY=.carry
 rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
 cargo build --release -p oxiflow-collectives --bin nccl_bench --bin collectives_bench
 cargo build --release -p oxiflow-tensor --bin dispatch_bench
-cargo build --release -p oxiflow-cuda --bin attention_bench --bin gpu_boxing_bench
+cargo build --release -p oxiflow-cuda --bin gpu_boxing_bench
+cargo build --release -p oxiflow-ops --bin attention_bench
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train
 cp target/release/nccl_bench target/release/gpu_boxing_bench target/release/oflaunch "$CARRY/bin/"

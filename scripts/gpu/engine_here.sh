@@ -13,6 +13,7 @@ rm -rf "$DEST" && mkdir -p "$DEST/bin"
 cargo build --release -p oxiflow-launcher --bin oflaunch
 cargo build --release --example train --example gpt_bench
 cargo build --release -p oxiflow-cuda --bins
+cargo build --release -p oxiflow-ops --bin attention_bench
 cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
 for b in gpu_kernels_check attention_bench; do
   [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"

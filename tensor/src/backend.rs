@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use crate::op::{Op, OutSpec};
 use crate::Result;
 
-pub use crate::cpu::{array_of_host_piece, host_piece_of};
+pub use crate::cpu::{array_of_host_piece, host_piece_of, PAR_THRESHOLD};
 pub use crate::op::{
     composed_layer_norm_grads, kernel_err, norm_stats_dtype, Addressing, Along, AttentionKernels,
     Backend, CoreKernels, DropoutKernels, ElementwiseKernels, Extremum, GatherKernels,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::attention::{composed, nz, repeated};
 use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, Tol};
 use ndarray::{ArrayD, IxDyn};
+use oxiflow_ops::attention::{attention, flash_attention, flash_attention_lse};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -107,9 +108,7 @@ fn run_op(
         .iter()
         .map(|t| t.detach().cast(dtype).unwrap().requires_grad_(true))
         .collect();
-    let (o, lse) = xs[0]
-        .flash_attention_lse(&xs[1], &xs[2], causal, scale)
-        .unwrap();
+    let (o, lse) = flash_attention_lse(&xs[0], &xs[1], &xs[2], causal, scale).unwrap();
     assert_eq!(o.dtype(), dtype);
     assert_eq!(lse.dtype(), dtype.compute());
     o.mul(&r.cast(dtype).unwrap())
@@ -199,10 +198,8 @@ fn sixteen_bit_operands_compute_in_f32_and_round_once() {
         ];
         let h: Vec<Tensor> = x.iter().map(|t| t.cast(dtype).unwrap()).collect();
         let wide: Vec<Tensor> = h.iter().map(|t| t.cast(DType::F32).unwrap()).collect();
-        let (o, lse) = h[0].flash_attention_lse(&h[1], &h[2], true, 0.35).unwrap();
-        let (wo, wlse) = wide[0]
-            .flash_attention_lse(&wide[1], &wide[2], true, 0.35)
-            .unwrap();
+        let (o, lse) = flash_attention_lse(&h[0], &h[1], &h[2], true, 0.35).unwrap();
+        let (wo, wlse) = flash_attention_lse(&wide[0], &wide[1], &wide[2], true, 0.35).unwrap();
         assert_eq!((o.dtype(), lse.dtype()), (dtype, DType::F32));
         assert_eq!(vals(&o), vals(&wo.cast(dtype).unwrap()), "{dtype} o");
         assert_eq!(vals(&lse), vals(&wlse), "{dtype} lse");
@@ -215,7 +212,7 @@ fn edge_shapes() {
     let q = nz(&[2, 4, 3, 5], 1).requires_grad_(true);
     let k = Tensor::randn([2, 0, 3, 5], 2, F).requires_grad_(true);
     let v = Tensor::randn([2, 0, 3, 2], 3, F).requires_grad_(true);
-    let (o, lse) = q.flash_attention_lse(&k, &v, false, 1.0).unwrap();
+    let (o, lse) = flash_attention_lse(&q, &k, &v, false, 1.0).unwrap();
     assert_eq!(o.shape().dims(), [2, 4, 3, 2]);
     assert!(vals(&o).iter().all(|&x| x == 0.0));
     assert!(vals(&lse).iter().all(|&x| x == f64::NEG_INFINITY));
@@ -229,7 +226,7 @@ fn edge_shapes() {
         ([2, 4, 0, 5], [2, 4, 0, 5]),
     ] {
         let (q, k) = (Tensor::randn(qs, 1, F), Tensor::randn(ks, 2, F));
-        let (o, lse) = q.flash_attention_lse(&k, &k, false, 1.0).unwrap();
+        let (o, lse) = flash_attention_lse(&q, &k, &k, false, 1.0).unwrap();
         assert_eq!(o.shape().dims(), qs);
         assert_eq!(lse.shape().dims(), [qs[0], qs[2], qs[1]]);
     }
@@ -240,7 +237,7 @@ fn lse_is_a_statistic_and_only_needed_inputs_get_gradients() {
     let q = nz(&[1, 3, 2, 2], 1);
     let k = nz(&[1, 3, 2, 2], 2);
     let v = nz(&[1, 3, 2, 2], 3).requires_grad_(true);
-    let (o, lse) = q.flash_attention_lse(&k, &v, true, 0.7).unwrap();
+    let (o, lse) = flash_attention_lse(&q, &k, &v, true, 0.7).unwrap();
     assert!(o.requires_grad() && !lse.requires_grad());
     let r = nz(&[1, 3, 2, 2], 4);
     weighted_sum(&o, &r).backward().unwrap();
@@ -265,34 +262,37 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
         }
         other => panic!("{what}: expected a shape error, got {other:?}"),
     };
-    shape_err(t(&[4, 3, 5]).flash_attention(&q, &q, false, 1.0), "3-d q");
+    shape_err(flash_attention(&t(&[4, 3, 5]), &q, &q, false, 1.0), "3-d q");
     shape_err(
-        q.flash_attention(&t(&[2, 4, 3, 6]), &q, false, 1.0),
+        flash_attention(&q, &t(&[2, 4, 3, 6]), &q, false, 1.0),
         "k with another D",
     );
     shape_err(
-        q.flash_attention(&t(&[2, 4, 2, 5]), &q, false, 1.0),
+        flash_attention(&q, &t(&[2, 4, 2, 5]), &q, false, 1.0),
         "k with another H",
     );
     shape_err(
-        q.flash_attention(&t(&[1, 4, 3, 5]), &q, false, 1.0),
+        flash_attention(&q, &t(&[1, 4, 3, 5]), &q, false, 1.0),
         "k with another B",
     );
     shape_err(
-        q.flash_attention(&q, &t(&[2, 5, 3, 5]), false, 1.0),
+        flash_attention(&q, &q, &t(&[2, 5, 3, 5]), false, 1.0),
         "v with another S",
     );
-    shape_err(q.flash_attention(&q, &t(&[2, 4, 3]), false, 1.0), "3-d v");
+    shape_err(flash_attention(&q, &q, &t(&[2, 4, 3]), false, 1.0), "3-d v");
     let k6 = t(&[2, 6, 3, 5]);
-    shape_err(q.flash_attention(&k6, &k6, true, 1.0), "causal with S != T");
-    shape_err(q.flash_attention(&q, &q, false, f64::NAN), "NaN scale");
     shape_err(
-        q.flash_attention(&q, &q, false, f64::INFINITY),
+        flash_attention(&q, &k6, &k6, true, 1.0),
+        "causal with S != T",
+    );
+    shape_err(flash_attention(&q, &q, &q, false, f64::NAN), "NaN scale");
+    shape_err(
+        flash_attention(&q, &q, &q, false, f64::INFINITY),
         "infinite scale",
     );
     let q0 = t(&[2, 4, 3, 0]);
-    shape_err(q0.flash_attention(&q0, &q0, false, 1.0), "head size 0");
-    assert!(q.flash_attention(&k6, &k6, false, 1.0).is_ok());
+    shape_err(flash_attention(&q0, &q0, &q0, false, 1.0), "head size 0");
+    assert!(flash_attention(&q, &k6, &k6, false, 1.0).is_ok());
     let dtype_err = |r: oxiflow_tensor::Result<Tensor>, what: &str| match r {
         Err(
             e @ TensorError::DType {
@@ -310,13 +310,12 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
         other => panic!("{what}: expected a dtype error, got {other:?}"),
     };
     let q32 = q.cast(DType::F32).unwrap();
-    dtype_err(q.flash_attention(&q32, &q, false, 1.0), "mixed dtypes");
+    dtype_err(flash_attention(&q, &q32, &q, false, 1.0), "mixed dtypes");
     let qb = q.cast(DType::BF16).unwrap();
-    dtype_err(q.flash_attention(&q, &qb, false, 1.0), "f64 with bf16");
+    dtype_err(flash_attention(&q, &q, &qb, false, 1.0), "f64 with bf16");
     let qi = q.cast(DType::I64).unwrap();
-    dtype_err(qi.flash_attention(&qi, &qi, false, 1.0), "i64");
-    let named = qi
-        .flash_attention(&qi, &qi, false, 1.0)
+    dtype_err(flash_attention(&qi, &qi, &qi, false, 1.0), "i64");
+    let named = flash_attention(&qi, &qi, &qi, false, 1.0)
         .unwrap_err()
         .to_string();
     assert!(named.contains("i64"), "the dtype is named: {named}");
@@ -331,7 +330,7 @@ fn batch_and_head_splits_stay_split() {
         for sbp in [Sbp::S(0), Sbp::S(2), Sbp::B] {
             let x =
                 |seed| Tensor::randn_global([3, 4, 3, 2], seed, F, &p, NdSbp::new([sbp])).unwrap();
-            let (o, lse) = x(1).flash_attention_lse(&x(2), &x(3), true, 0.5).unwrap();
+            let (o, lse) = flash_attention_lse(&x(1), &x(2), &x(3), true, 0.5).unwrap();
             sbps.push((o.nd_sbp().cloned(), lse.nd_sbp().cloned()));
         }
         sbps
@@ -384,7 +383,7 @@ fn heads_first_attention_equals_the_composed_reference_on_a_2d_mesh() {
                     .requires_grad_(true)
             })
             .collect();
-        let y = xs[0].attention(&xs[1], &xs[2], true, 0.45).unwrap();
+        let y = attention(&xs[0], &xs[1], &xs[2], true, 0.45).unwrap();
         let sbp = y.nd_sbp().cloned();
         let r = r.to_global(&p, bc.clone()).unwrap();
         weighted_sum(&y, &r).backward().unwrap();
@@ -401,7 +400,7 @@ fn heads_first_attention_equals_the_composed_reference_on_a_2d_mesh() {
     }
     let bad = local[0].reshape([9, 5, 3]).unwrap();
     assert!(matches!(
-        bad.attention(&local[1], &local[2], true, 0.45),
+        attention(&bad, &local[1], &local[2], true, 0.45),
         Err(TensorError::Shape {
             op: "attention",
             ..
@@ -459,7 +458,7 @@ proptest! {
                 .collect();
             let r = Tensor::randn_global(r_shape.clone(), 30, F, &p, bc.clone()).unwrap();
             let all = |x: &Tensor| vals(&x.to_global(&p, bc.clone()).unwrap());
-            let (y, lse) = xs[0].flash_attention_lse(&xs[1], &xs[2], causal, 0.6).unwrap();
+            let (y, lse) = flash_attention_lse(&xs[0], &xs[1], &xs[2], causal, 0.6).unwrap();
             weighted_sum(&y, &r).backward().unwrap();
             let g: Vec<Vec<f64>> = xs.iter().map(|x| all(&x.grad().unwrap())).collect();
             (all(&y), all(&lse), g)

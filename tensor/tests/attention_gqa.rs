@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::attention::{composed, nz, repeated};
 use common::{placement, vals, weighted_sum};
+use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -32,10 +33,8 @@ fn reference(x: &[Tensor; 3], r: &Tensor, group: usize, causal: bool, scale: f64
     let (k, v) = (repeated(&xs[1], group), repeated(&xs[2], group));
     let o = composed(&xs[0], &k, &v, causal, scale);
     weighted_sum(&o, &r.cast(F).unwrap()).backward().unwrap();
-    let (_, lse) = xs[0]
-        .detach()
-        .flash_attention_lse(&k.detach(), &v.detach(), causal, scale)
-        .unwrap();
+    let (_, lse) =
+        flash_attention_lse(&xs[0].detach(), &k.detach(), &v.detach(), causal, scale).unwrap();
     Want {
         o: vals(&o),
         lse: vals(&lse),
@@ -49,9 +48,7 @@ fn run_op(x: &[Tensor; 3], r: &Tensor, causal: bool, scale: f64, dtype: DType) -
         .iter()
         .map(|t| t.detach().cast(dtype).unwrap().requires_grad_(true))
         .collect();
-    let (o, lse) = xs[0]
-        .flash_attention_lse(&xs[1], &xs[2], causal, scale)
-        .unwrap();
+    let (o, lse) = flash_attention_lse(&xs[0], &xs[1], &xs[2], causal, scale).unwrap();
     assert_eq!(o.shape().dims(), r.shape().dims());
     weighted_sum(&o, &r.cast(dtype).unwrap())
         .backward()
@@ -145,9 +142,7 @@ fn a_heads_split_stays_split_only_over_whole_groups() {
                         .requires_grad_(true)
                 })
                 .collect();
-            let (y, lse) = xs[0]
-                .flash_attention_lse(&xs[1], &xs[2], true, 0.5)
-                .unwrap();
+            let (y, lse) = flash_attention_lse(&xs[0], &xs[1], &xs[2], true, 0.5).unwrap();
             let sbp = y.nd_sbp().cloned();
             weighted_sum(&y, &r.to_global(&p, bc.clone()).unwrap())
                 .backward()
@@ -176,7 +171,7 @@ fn heads_that_do_not_form_whole_groups_are_typed_errors() {
     let q = nz(&[1, 4, 6, 2], 1);
     for g in [4usize, 0, 7] {
         let k = Tensor::zeros([1, 4, g, 2], F);
-        match q.flash_attention(&k, &k, true, 1.0) {
+        match flash_attention(&q, &k, &k, true, 1.0) {
             Err(TensorError::Shape { op, detail, .. }) => {
                 assert_eq!(op, "flash_attention");
                 assert!(detail.contains("multiple"), "G = {g}: {detail}");
@@ -187,7 +182,7 @@ fn heads_that_do_not_form_whole_groups_are_typed_errors() {
     let v = Tensor::zeros([1, 4, 2, 2], F);
     let k3 = Tensor::zeros([1, 4, 3, 2], F);
     assert!(matches!(
-        q.flash_attention(&k3, &v, true, 1.0),
+        flash_attention(&q, &k3, &v, true, 1.0),
         Err(TensorError::Shape { .. })
     ));
 }

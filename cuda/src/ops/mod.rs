@@ -92,7 +92,7 @@ impl KernelBackend for CudaKernels {
 impl CudaKernels {
     /// `x` itself, or its f32 copy when it is 16-bit (for kernels that compute 16-bit data
     /// through f32).
-    fn widened(&self, op: &'static str, x: &CudaStorage) -> Result<CudaStorage> {
+    pub fn widened(&self, op: &'static str, x: &CudaStorage) -> Result<CudaStorage> {
         if !x.dtype.is_half() {
             return Ok(x.clone());
         }
@@ -112,7 +112,7 @@ impl CudaKernels {
 
     /// The buffer a kernel computing through f32 writes for output `out`: itself, or an f32
     /// one when 16-bit ([`CudaKernels::narrow`] rounds it into `out`).
-    fn wide_out(&self, out: &CudaStorage) -> Result<CudaStorage> {
+    pub fn wide_out(&self, out: &CudaStorage) -> Result<CudaStorage> {
         if !out.dtype.is_half() {
             return Ok(out.clone());
         }
@@ -123,7 +123,7 @@ impl CudaKernels {
     }
 
     /// Rounds `wide` into `out` when they differ.
-    fn narrow(&self, op: &'static str, wide: &CudaStorage, out: &CudaStorage) -> Result<()> {
+    pub fn narrow(&self, op: &'static str, wide: &CudaStorage, out: &CudaStorage) -> Result<()> {
         if wide.dtype == out.dtype {
             return Ok(());
         }

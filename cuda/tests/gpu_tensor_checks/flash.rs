@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::half_cases::{input_values, Input};
+use oxiflow_ops::attention::flash_attention_lse_at;
 use oxiflow_tensor::MatmulPrecision;
 
 /// (B, T, S, H, G, D, Dv, causal): G key/value heads for H query heads.
@@ -31,7 +32,7 @@ fn run(x: &[Tensor], attrs: (bool, f64), precision: MatmulPrecision) -> Result<V
         .iter()
         .map(|t| t.detach().requires_grad_(true))
         .collect();
-    let (o, lse) = qkv[0].flash_attention_lse_at(&qkv[1], &qkv[2], attrs, precision)?;
+    let (o, lse) = flash_attention_lse_at(&qkv[0], &qkv[1], &qkv[2], attrs, precision)?;
     o.backward_with(&x[3])?;
     let mut out = vec![o, lse];
     for t in &qkv {

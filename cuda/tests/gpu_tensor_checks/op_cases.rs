@@ -3,6 +3,7 @@
 //! the op of a case run on inputs made locally (the CPU reference) or globally on the device.
 
 use super::*;
+use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 
 /// One op case: the op family (`kind`), shapes, input layouts, a variant and a seed.
 #[derive(Clone, Debug)]
@@ -194,9 +195,9 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let k2 = mk(&[b, s2 + 1, h, d], s + 3, c.sa)?;
             let v2 = mk(&[b, s2 + 1, h, 2], s + 4, c.sa)?;
             let scale = 1.0 / (d as f64).sqrt();
-            let y = q.flash_attention(&k, &v, true, scale)?;
+            let y = flash_attention(&q, &k, &v, true, scale)?;
             y.square()?.mean_all()?.backward()?;
-            let (y2, lse2) = q.flash_attention_lse(&k2, &v2, false, scale)?;
+            let (y2, lse2) = flash_attention_lse(&q, &k2, &v2, false, scale)?;
             let heads = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
             let mut out = vec![
                 y,

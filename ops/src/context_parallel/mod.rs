@@ -25,10 +25,10 @@ mod order;
 
 use std::sync::LazyLock;
 
+use crate::attention::AttentionRules;
 use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
-use oxiflow_tensor::custom::AttentionRules;
 use oxiflow_tensor::{
     dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
     MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,

@@ -35,7 +35,7 @@ use crate::op::{kernel_err, KernelBackend, Op, OutSpec};
 use crate::storage::CpuArray;
 use crate::{with_array, Result, TensorError};
 
-pub(crate) use elementwise::PAR_THRESHOLD;
+pub use elementwise::PAR_THRESHOLD;
 pub(crate) use piece::CpuPiece;
 pub use piece::{array_of_host_piece, host_piece_of};
 

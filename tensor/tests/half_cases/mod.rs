@@ -5,6 +5,7 @@
 //! how many rounding steps a case may take (ops composed of several 16-bit steps, gradients).
 #![allow(dead_code)]
 
+use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 use oxiflow_ops::residual_layer_norm::residual_layer_norm;
 use oxiflow_tensor::{DType, Placement, Result, Sbp, Tensor, UnaryOp};
 
@@ -126,19 +127,19 @@ pub fn half_cases() -> Vec<HalfCase> {
             "flash_attention",
             &[(&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F), (&[1, 6, 2, 8], F)],
             4.0,
-            |x| x[0].flash_attention(&x[1], &x[2], true, 0.35),
+            |x| flash_attention(&x[0], &x[1], &x[2], true, 0.35),
         ),
         case(
             "flash_attention_lse",
             &[(&[2, 6, 2, 8], F), (&[2, 6, 2, 8], F), (&[2, 6, 2, 8], F)],
             1.0,
-            |x| Ok(x[0].flash_attention_lse(&x[1], &x[2], false, 0.35)?.1),
+            |x| Ok(flash_attention_lse(&x[0], &x[1], &x[2], false, 0.35)?.1),
         ),
         case(
             "flash_attention_cross",
             &[(&[1, 6, 2, 8], F), (&[1, 5, 2, 8], F), (&[1, 5, 2, 4], F)],
             4.0,
-            |x| x[0].flash_attention(&x[1], &x[2], false, 0.35),
+            |x| flash_attention(&x[0], &x[1], &x[2], false, 0.35),
         ),
         case(
             "attention_probs",
@@ -261,7 +262,7 @@ pub fn half_cases() -> Vec<HalfCase> {
             16.0,
             |x| {
                 let (k, v) = (x[1].clone(), x[2].clone());
-                grad_of(&x[0], move |t| t.flash_attention(&k, &v, true, 0.35))
+                grad_of(&x[0], move |t| flash_attention(&t, &k, &v, true, 0.35))
             },
         ),
         case(
@@ -270,7 +271,7 @@ pub fn half_cases() -> Vec<HalfCase> {
             16.0,
             |x| {
                 let (q, v) = (x[0].clone(), x[2].clone());
-                grad_of(&x[1], move |t| q.flash_attention(t, &v, true, 0.35))
+                grad_of(&x[1], move |t| flash_attention(&q, t, &v, true, 0.35))
             },
         ),
         case(
@@ -279,7 +280,7 @@ pub fn half_cases() -> Vec<HalfCase> {
             16.0,
             |x| {
                 let (q, k) = (x[0].clone(), x[1].clone());
-                grad_of(&x[2], move |t| q.flash_attention(&k, t, true, 0.35))
+                grad_of(&x[2], move |t| flash_attention(&q, &k, t, true, 0.35))
             },
         ),
         case("grad_rotary", &[(&[2, 6, 8], F)], 4.0, |x| {

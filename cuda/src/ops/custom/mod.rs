@@ -2,7 +2,6 @@
 //! for `CudaKernels`.
 
 mod classifier;
-mod flash_attention;
 mod fused_elementwise;
 mod linear;
 mod linear_classifier;

@@ -9,6 +9,7 @@
 //! all-to-all), K and V keeping their own heads (GQA inside the op).
 
 use crate::{Result, TensorError};
+use oxiflow_ops::attention::flash_attention_at;
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
 use oxiflow_ops::decode::{decode_attention, decode_attention_blocks, rows_beside};
 use oxiflow_tensor::{F64Bits, MatmulPrecision, Tensor};
@@ -46,7 +47,7 @@ pub fn causal_attention(
         });
     }
     let d = q.shape().dim(3);
-    q.flash_attention_at(k, v, (true, 1.0 / (d.max(1) as f64).sqrt()), precision)
+    flash_attention_at(q, k, v, (true, 1.0 / (d.max(1) as f64).sqrt()), precision)
 }
 
 /// `x` `[B, T, G, D]` with each of its G heads repeated `group` times in place (head `j` of the
@@ -275,7 +276,7 @@ impl CausalSelfAttention {
         let o = if pos0 == 0 {
             causal_attention(&q, &k, &v, mp)?
         } else {
-            q.flash_attention_at(&k, &v, (false, self.scale(&q)), mp)?
+            flash_attention_at(&q, &k, &v, (false, self.scale(&q)), mp)?
         };
         o.reshape([b, t, width])
     }

@@ -2,7 +2,6 @@
 //! for `CpuBackend`.
 
 mod classifier;
-mod flash_attention;
 mod fused_elementwise;
 mod linear;
 mod linear_classifier;

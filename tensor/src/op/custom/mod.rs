@@ -114,7 +114,6 @@ macro_rules! custom_ops {
 
 custom_ops! {
     // module::Variant(Type): KernelTrait,
-    flash_attention::FlashAttention(FlashAttention): FlashAttentionKernels,
     residual_mlp::ResidualMlp(ResidualMlp): ResidualMlpKernels,
     linear::Linear(LinearOp): LinearKernels,
     classifier::Classifier(ClassifierOp): ClassifierKernels,

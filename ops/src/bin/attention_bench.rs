@@ -1,4 +1,4 @@
-//! The fused attention op (`Tensor::flash_attention`) alone on CUDA device 0, through dispatch
+//! The fused attention op (`oxiflow_ops::attention::flash_attention`) alone on CUDA device 0, through dispatch
 //! and autograd as a model runs it: q, k, v `[B, T, H, D]` (three Linear outputs' layout),
 //! forward and forward+backward TFLOP/s (medians of host-timed, device-synchronised runs after
 //! warm-up, two input sets alternating; forward+backward counted as 3.5x the forward's
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use oxiflow_cuda::{self as cuda, CudaStorage};
+use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 use oxiflow_tensor::{memory, no_grad, DType, Storage, Tensor};
 
 type R<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -152,7 +153,7 @@ fn run(x: &[Tensor; 4], s: &Shape) -> R<[Tensor; 5]> {
         .iter()
         .map(|t| t.detach().requires_grad_(true))
         .collect();
-    let (o, lse) = qkv[0].flash_attention_lse(&qkv[1], &qkv[2], s.causal, s.scale())?;
+    let (o, lse) = flash_attention_lse(&qkv[0], &qkv[1], &qkv[2], s.causal, s.scale())?;
     o.backward_with(&x[3])?;
     let g = |i: usize| -> R<Tensor> {
         qkv[i]
@@ -289,7 +290,7 @@ fn bench(a: &Args) -> R<bool> {
     let fwd = median_ms(a.reps, &rt, |i| {
         let x = &sets[i % 2].dev;
         let _g = no_grad();
-        x[0].flash_attention(&x[1], &x[2], s.causal, s.scale())?;
+        flash_attention(&x[0], &x[1], &x[2], s.causal, s.scale())?;
         Ok(())
     })?;
     rt.synchronize()?;

@@ -10,14 +10,13 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayD, ArrayView2, ArrayView4, ArrayViewMut2, Ix4};
 use rayon::prelude::*;
 
-use crate::cpu::{CpuBackend, PAR_THRESHOLD};
-use crate::element::{FloatElement, TensorElement};
-use crate::op::custom::{
-    FlashAttention, FlashAttentionKernels, FlashAttrs, FlashDims, FlashGradInputs,
+use oxiflow_tensor::backend::{kernel_err, PAR_THRESHOLD};
+use oxiflow_tensor::{
+    CpuArray, CpuBackend, FloatElement, KernelIo, Result, TensorElement, TensorError,
 };
-use crate::op::{kernel_err, OpFamily};
-use crate::storage::CpuArray;
-use crate::{Result, TensorError};
+
+use super::{FlashAttention, FlashAttentionGrad, FlashAttrs, FlashDims};
+use crate::host_slices::through_wide;
 
 /// Queries per block.
 const QB: usize = 64;
@@ -240,7 +239,7 @@ fn forward_t<F: FloatElement>(
         t: d.t,
         s: d.s,
         causal: a.causal,
-        scale: F::from_f64(a.scale.get()),
+        scale: F::from_f64(a.scale),
     };
     let work = d.b * d.h * d.t * d.s * (d.d + d.dv);
     let group = d.group();
@@ -284,7 +283,7 @@ fn backward_t<F: FloatElement>(
         t: d.t,
         s: d.s,
         causal: a.causal,
-        scale: F::from_f64(a.scale.get()),
+        scale: F::from_f64(a.scale),
     };
     let work = 2 * d.b * d.h * d.t * d.s * (d.d + d.dv);
     let group = d.group();
@@ -341,67 +340,69 @@ fn all<'a, F: TensorElement>(x: &[&'a CpuArray]) -> Option<Vec<&'a ArrayD<F>>> {
     x.iter().map(|a| F::view(a)).collect()
 }
 
-fn dtype_err(op: &'static str, x: &[&CpuArray]) -> TensorError {
+fn dtype_err(op: &'static str, x: &[&CpuArray], outputs: usize, want: usize) -> TensorError {
     kernel_err(
         op,
         format!(
-            "needs f32 or f64 pieces of one dtype, got {:?}",
+            "needs f32 or f64 pieces of one dtype and {want} output buffers, got {:?} and {outputs}",
             x.iter().map(|a| a.dtype()).collect::<Vec<_>>()
         ),
     )
 }
 
-impl FlashAttentionKernels for CpuBackend {
-    fn flash_attention(
-        &self,
-        q: &CpuArray,
-        k: &CpuArray,
-        v: &CpuArray,
-        attrs: FlashAttrs,
-        o: &mut CpuArray,
-        lse: &mut CpuArray,
-    ) -> Result<()> {
-        let x = [q, k, v];
-        let op = FlashAttention::Forward(attrs).name();
-        fn run<F: FloatElement>(
-            x: &[&CpuArray],
-            a: FlashAttrs,
-            o: &mut CpuArray,
-            lse: &mut CpuArray,
-        ) -> Option<Result<()>> {
-            let v = all::<F>(x)?;
-            let (o, lse) = (F::view_mut(o)?, F::view_mut(lse)?);
-            Some(forward_t([v[0], v[1], v[2]], a, o, lse))
-        }
-        match q {
-            CpuArray::F32(_) => run::<f32>(&x, attrs, o, lse),
-            CpuArray::F64(_) => run::<f64>(&x, attrs, o, lse),
-            _ => None,
-        }
-        .unwrap_or_else(|| Err(dtype_err(op, &x)))
-    }
-
-    fn flash_attention_backward(
-        &self,
-        x: FlashGradInputs<'_, CpuArray>,
-        attrs: FlashAttrs,
+/// o and lse of q, k, v (16-bit operands through f32).
+pub(super) fn forward(
+    op: &FlashAttention,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    fn run<F: FloatElement>(
+        x: &[&CpuArray],
+        a: FlashAttrs,
         out: &mut [CpuArray],
-    ) -> Result<()> {
-        let x = [x.q, x.k, x.v, x.o, x.d_o, x.lse];
-        let op = FlashAttention::Backward(attrs).name();
-        fn run<F: FloatElement>(
-            x: &[&CpuArray],
-            a: FlashAttrs,
-            out: &mut [CpuArray],
-        ) -> Option<Result<()>> {
-            let v = all::<F>(x)?;
-            Some(backward_t([v[0], v[1], v[2], v[3], v[4], v[5]], a, out))
-        }
-        match x[0] {
-            CpuArray::F32(_) => run::<f32>(&x, attrs, out),
-            CpuArray::F64(_) => run::<f64>(&x, attrs, out),
+    ) -> Option<Result<()>> {
+        let v = all::<F>(x)?;
+        let [o, lse] = out else {
+            return None;
+        };
+        let (o, lse) = (F::view_mut(o)?, F::view_mut(lse)?);
+        Some(forward_t([v[0], v[1], v[2]], a, o, lse))
+    }
+    let a = op.0;
+    through_wide(io.inputs, io.outputs, |x, out| {
+        match x.first() {
+            Some(CpuArray::F32(_)) => run::<f32>(x, a, out),
+            Some(CpuArray::F64(_)) => run::<f64>(x, a, out),
             _ => None,
         }
-        .unwrap_or_else(|| Err(dtype_err(op, &x)))
+        .unwrap_or_else(|| Err(dtype_err("flash_attention", x, out.len(), 2)))
+    })
+}
+
+/// dq, dk, dv from q, k, v, o, dO and lse (16-bit operands through f32).
+pub(super) fn backward(
+    op: &FlashAttentionGrad,
+    _b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+) -> Result<()> {
+    fn run<F: FloatElement>(
+        x: &[&CpuArray],
+        a: FlashAttrs,
+        out: &mut [CpuArray],
+    ) -> Option<Result<()>> {
+        let v = all::<F>(x)?;
+        let [q, k, v_, o, d_o, lse] = v[..] else {
+            return None;
+        };
+        Some(backward_t([q, k, v_, o, d_o, lse], a, out))
     }
+    let a = op.0;
+    through_wide(io.inputs, io.outputs, |x, out| {
+        match x.first() {
+            Some(CpuArray::F32(_)) => run::<f32>(x, a, out),
+            Some(CpuArray::F64(_)) => run::<f64>(x, a, out),
+            _ => None,
+        }
+        .unwrap_or_else(|| Err(dtype_err("flash_attention_backward", x, out.len(), 3)))
+    })
 }

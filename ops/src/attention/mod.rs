@@ -8,42 +8,59 @@
 //! online softmax over key blocks, CUDA runs cuDNN's flash engines (or the composed path for
 //! what they do not take, with the scores as transient scratch).
 //!
-//! Both passes are variants of one custom op: `Forward` (q, k, v) -> (o, lse), `lse` saved and
-//! not differentiable; `Backward` (q, k, v, o, dO, lse) -> (dq, dk, dv), linear in dO. Split on
+//! Two ops through the public op contract: [`FlashAttention`] (q, k, v) -> (o, lse), `lse`
+//! saved and not differentiable; [`FlashAttentionGrad`] (q, k, v, o, dO, lse) -> (dq, dk, dv),
+//! linear in dO. Split on
 //! batch (every tensor S(0)), on heads (q, k, v, o S(2), lse S(1)) or all broadcast; the
 //! backward also takes a partial dO (its outputs then partial). A heads split of grouped heads
 //! (G < H) must split the G key/value heads evenly, so every rank holds whole groups and its
 //! query heads meet their own key/value heads; the backward's dK and dV sum over each group's
-//! query heads. No P input to the forward: the softmax is not linear.
+//! query heads. No P input to the forward: the softmax is not linear. Kernels: CPU in f32 and
+//! f64 (16-bit through f32, `cpu.rs`), CUDA in f32, f64, bf16 and f16 (`cuda.rs`); any other
+//! backend or dtype is `TensorError::NoKernel` on every rank before anything runs.
 
+mod cpu;
+mod cuda;
+
+use std::sync::LazyLock;
+
+use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
-
-use crate::op::{
-    same_float_dtype, CustomKernels, F64Bits, Grad, Inferred, KernelBackend, MetaError, MetaResult,
-    OpFamily, RunKernels, Saves,
+use oxiflow_tensor::{
+    dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult,
+    Result, Saves, Tensor, TensorError,
 };
-use crate::tensor::Tensor;
-use crate::Result;
+
+use crate::operand_dtypes::one_float_dtype;
+use crate::two_outputs::dispatch_pair;
 
 /// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
 /// `0..=i`; scores are `scale q . k`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlashAttrs {
     pub causal: bool,
-    pub scale: F64Bits,
+    pub scale: f64,
     /// How the composed path's f32 products run on a device.
     pub precision: MatmulPrecision,
 }
 
-/// Fused attention, forward or backward (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FlashAttention {
-    /// (q, k, v) -> (o, lse).
-    Forward(FlashAttrs),
-    /// (q, k, v, o, dO, lse) -> (dq, dk, dv).
-    Backward(FlashAttrs),
+impl FlashAttrs {
+    /// The attribute bytes: causal, the scale's bits, the precision.
+    fn key(&self, key: &mut Vec<u8>) {
+        key.push(u8::from(self.causal));
+        key.extend_from_slice(&self.scale.to_bits().to_le_bytes());
+        key.push(self.precision as u8);
+    }
 }
+
+/// Fused attention's forward: (q, k, v) -> (o, lse).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashAttention(pub FlashAttrs);
+
+/// Fused attention's backward: (q, k, v, o, dO, lse) -> (dq, dk, dv).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashAttentionGrad(pub FlashAttrs);
 
 /// The sizes of one call: q `[b, t, h, d]`, k `[b, s, g, d]`, v `[b, s, g, dv]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,10 +91,8 @@ impl FlashDims {
         let (&[b, t, h, d], &[_, s, g, _], &[_, _, _, dv]) = (q, k, v) else {
             return None;
         };
-        let fits = k == [b, s, g, d]
-            && v == [b, s, g, dv]
-            && groups_fit(h, g)
-            && (!causal || s == t);
+        let fits =
+            k == [b, s, g, d] && v == [b, s, g, dv] && groups_fit(h, g) && (!causal || s == t);
         fits.then_some(FlashDims {
             b,
             t,
@@ -99,46 +114,6 @@ impl FlashDims {
     /// lse's shape `[b, h, t]`.
     pub fn lse(&self) -> [usize; 3] {
         [self.b, self.h, self.t]
-    }
-}
-
-/// The operands of the backward kernel.
-pub struct FlashGradInputs<'a, P> {
-    pub q: &'a P,
-    pub k: &'a P,
-    pub v: &'a P,
-    pub o: &'a P,
-    pub d_o: &'a P,
-    pub lse: &'a P,
-}
-
-/// Fused attention kernels of a backend (pieces as the op's inference checked them: q, k, v,
-/// o, dO of one float dtype, lse of its compute dtype).
-pub trait FlashAttentionKernels: KernelBackend {
-    /// o and lse of q, k, v.
-    fn flash_attention(
-        &self,
-        q: &Self::Piece,
-        k: &Self::Piece,
-        v: &Self::Piece,
-        attrs: FlashAttrs,
-        o: &mut Self::Out,
-        lse: &mut Self::Out,
-    ) -> Result<()>;
-    /// dq, dk, dv (`out`, in that order) from the forward's operands, o, lse and dO.
-    fn flash_attention_backward(
-        &self,
-        x: FlashGradInputs<'_, Self::Piece>,
-        attrs: FlashAttrs,
-        out: &mut [Self::Out],
-    ) -> Result<()>;
-}
-
-impl FlashAttention {
-    pub fn attrs(self) -> FlashAttrs {
-        match self {
-            FlashAttention::Forward(a) | FlashAttention::Backward(a) => a,
-        }
     }
 }
 
@@ -180,7 +155,7 @@ fn check_qkv(q: &Shape, k: &Shape, v: &Shape, a: FlashAttrs) -> MetaResult<Flash
             "causal attention needs as many keys as queries (S == T), got q {q} and k {k}"
         )));
     }
-    if !a.scale.get().is_finite() {
+    if !a.scale.is_finite() {
         return Err(shape_err(format!(
             "scale must be finite, got {:?}",
             a.scale
@@ -267,61 +242,68 @@ fn whole_groups(r: rules::Rules, groups: Option<usize>) -> rules::Rules {
     }
 }
 
+/// The checked sizes and rules of a call with attributes `a` (both passes check q, k, v; the
+/// backward's other operands are checked by [`AttentionRules::backward`]).
+fn attention_rules(
+    s: &[&Shape],
+    d: &[DType],
+    a: FlashAttrs,
+) -> MetaResult<(AttentionRules<'static>, Option<usize>)> {
+    let dt = one_float_dtype(&d[..d.len().min(5)])?;
+    let dims = check_qkv(s[0], s[1], s[2], a)?;
+    let rules = AttentionRules {
+        layouts: &rules::HEAD_LAYOUTS,
+        o: dims.o(),
+        lse: dims.lse(),
+        dtype: dt,
+        stats: dt.compute(),
+    };
+    Ok((rules, (dims.g != dims.h).then_some(dims.g)))
+}
 
-impl OpFamily for FlashAttention {
+/// The dtypes of the CPU kernels (16-bit computed through f32) and of the CUDA kernels.
+const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<FlashAttention, CpuBackend>(CPU_DTYPES, cpu::forward)
+        .with::<FlashAttention, CudaKernels>(CUDA_DTYPES, cuda::forward)
+});
+
+static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<FlashAttentionGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
+        .with::<FlashAttentionGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
+});
+
+impl ExternOp for FlashAttention {
     fn name(&self) -> &'static str {
-        match self {
-            FlashAttention::Forward(_) => "flash_attention",
-            FlashAttention::Backward(_) => "flash_attention_backward",
-        }
+        "flash_attention"
     }
-
+    fn attrs(&self, key: &mut Vec<u8>) {
+        self.0.key(key)
+    }
     fn arity(&self) -> (usize, usize) {
-        match self {
-            FlashAttention::Forward(_) => (3, 3),
-            FlashAttention::Backward(_) => (6, 6),
-        }
+        (3, 3)
     }
-
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let a = self.attrs();
-        let dt = same_float_dtype(&d[..d.len().min(5)], "q, k and v")?;
-        let dims = check_qkv(s[0], s[1], s[2], a)?;
-        let attention = AttentionRules {
-            layouts: &rules::HEAD_LAYOUTS,
-            o: dims.o(),
-            lse: dims.lse(),
-            dtype: dt,
-            stats: dt.compute(),
-        };
-        let groups = (dims.g != dims.h).then_some(dims.g);
-        match self {
-            FlashAttention::Forward(_) => Ok(attention.forward_grouped(mode, groups)),
-            FlashAttention::Backward(_) => attention.backward_grouped(s, d, mode, groups),
-        }
+        let (attention, groups) = attention_rules(s, d, self.0)?;
+        Ok(attention.forward_grouped(mode, groups))
     }
-
+    fn kernels(&self) -> &Kernels {
+        &FORWARD
+    }
     fn differentiable(&self, output: usize) -> bool {
         // The log-sum-exp is a statistic for the backward.
-        !matches!(self, FlashAttention::Forward(_) if output == 1)
+        output == 0
     }
-
     fn saves(&self, _needs: &[bool]) -> Saves {
-        match self {
-            // The backward recomputes each block of probabilities from q, k and lse; dO . o
-            // gives each row's softmax correction.
-            FlashAttention::Forward(_) => Saves::inputs(&[0, 1, 2]).and_outputs(&[0, 1]),
-            FlashAttention::Backward(_) => Saves::NOTHING,
-        }
+        // The backward recomputes each block of probabilities from q, k and lse; dO . o gives
+        // each row's softmax correction.
+        Saves::inputs(&[0, 1, 2]).and_outputs(&[0, 1])
     }
-
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        let FlashAttention::Forward(a) = *self else {
-            return Err(Grad::unsupported(
-                self.name(),
-                "the attention backward has no gradient of its own (no double backward)",
-            ));
-        };
         let Some(Some(d_o)) = g.dys().first() else {
             return Ok(vec![None, None, None]);
         };
@@ -332,7 +314,8 @@ impl OpFamily for FlashAttention {
         } else {
             d_o.cast(o.dtype())?
         };
-        let grads = Tensor::apply_all(FlashAttention::Backward(a), &[q, k, v, o, &d_o, lse])?;
+        let op = Extern::new(FlashAttentionGrad(self.0));
+        let grads = dispatch_multi(op.into(), &[q, k, v, o, &d_o, lse])?;
         Ok(grads
             .into_iter()
             .enumerate()
@@ -341,31 +324,104 @@ impl OpFamily for FlashAttention {
     }
 }
 
-impl<B: CustomKernels> RunKernels<B> for FlashAttention {
-    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        let (name, n) = (self.name(), out.len());
-        let count = |want: usize| {
-            crate::op::kernel_err(name, format!("expects {want} output buffers, got {n}"))
-        };
-        match self {
-            FlashAttention::Forward(a) => match out {
-                [o, lse] => b.flash_attention(x[0], x[1], x[2], *a, o, lse),
-                _ => Err(count(2)),
-            },
-            FlashAttention::Backward(a) => {
-                if n != 3 {
-                    return Err(count(3));
-                }
-                let inputs = FlashGradInputs {
-                    q: x[0],
-                    k: x[1],
-                    v: x[2],
-                    o: x[3],
-                    d_o: x[4],
-                    lse: x[5],
-                };
-                b.flash_attention_backward(inputs, *a, out)
-            }
+impl ExternOp for FlashAttentionGrad {
+    fn name(&self) -> &'static str {
+        "flash_attention_backward"
+    }
+    fn attrs(&self, key: &mut Vec<u8>) {
+        self.0.key(key)
+    }
+    fn arity(&self) -> (usize, usize) {
+        (6, 6)
+    }
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let (attention, groups) = attention_rules(s, d, self.0)?;
+        attention.backward_grouped(s, d, mode, groups)
+    }
+    fn kernels(&self) -> &Kernels {
+        &BACKWARD
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the attention backward has no gradient of its own (no double backward)")
+    }
+}
+
+/// Fused attention on heads-last operands: queries `q` `[B, T, H, D]`, keys `k` `[B, S, G,
+/// D]`, values `v` `[B, S, G, Dv]` (H a multiple of G: query head `h` reads key/value head `h
+/// / (H / G)`) give `softmax(scale q k^T [+ causal mask]) v` `[B, T, H, Dv]` (with `causal`, S
+/// == T and query `i` attends to keys `0..=i`). Never keeps a `[T, S]` array; the backward
+/// recomputes the probabilities from the log-sum-exp.
+pub fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Tensor> {
+    flash_attention_at(q, k, v, (causal, scale), MatmulPrecision::F32)
+}
+
+/// [`flash_attention`] with `(causal, scale)` and f32 products at `precision` on a device.
+pub fn flash_attention_at(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attrs: (bool, f64),
+    precision: MatmulPrecision,
+) -> Result<Tensor> {
+    Ok(flash_attention_lse_at(q, k, v, attrs, precision)?.0)
+}
+
+/// Fused attention on heads-first operands: queries `q` `[B, H, T, D]`, keys `k` `[B, G, S,
+/// D]`, values `v` `[B, G, S, Dv]` (grouped heads as above) give `softmax(scale q k^T [+
+/// causal mask]) v` `[B, H, T, Dv]`: [`flash_attention`] on the operands permuted to `[B, T,
+/// H, D]` (a batch or heads split moves with its dim). Never keeps a `[T, S]` array.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+    for (what, x) in [("q", q), ("k", k), ("v", v)] {
+        if x.ndim() != 4 {
+            return Err(TensorError::Shape {
+                op: "attention",
+                shapes: format!("{}, {}, {}", q.shape(), k.shape(), v.shape()),
+                sbps: format!("{:?}, {:?}, {:?}", q.nd_sbp(), k.nd_sbp(), v.nd_sbp()),
+                detail: format!("{what} must be 4-d [B, H, T, D], got {}", x.shape()),
+            });
         }
     }
+    let heads_last = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
+    flash_attention(
+        &heads_last(q)?,
+        &heads_last(k)?,
+        &heads_last(v)?,
+        causal,
+        scale,
+    )?
+    .permute(&[0, 2, 1, 3])
+}
+
+/// [`flash_attention`] and the log-sum-exp of each row's masked, scaled scores `[B, H, T]` (f32
+/// for 16-bit operands, else their dtype; -inf for a row without keys).
+pub fn flash_attention_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    flash_attention_lse_at(q, k, v, (causal, scale), MatmulPrecision::F32)
+}
+
+/// [`flash_attention_lse`] with `(causal, scale)` and f32 products at `precision` on a device.
+pub fn flash_attention_lse_at(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (causal, scale): (bool, f64),
+    precision: MatmulPrecision,
+) -> Result<(Tensor, Tensor)> {
+    let attrs = FlashAttrs {
+        causal,
+        scale,
+        precision,
+    };
+    dispatch_pair(FlashAttention(attrs), &[q, k, v])
 }

@@ -431,7 +431,7 @@ pub fn classifier_plan(
 
 /// Launches the fused classifier `a`: one read of each row where [`row_plan`] finds a launch
 /// for it, else the two-pass kernel.
-pub(crate) fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
+pub fn classifier(rt: &Arc<CudaRuntime>, a: &Classifier) -> FResult<()> {
     classifier_using(rt, a, ClassifierKernel::Auto)
 }
 
@@ -480,7 +480,7 @@ pub fn classifier_using(
 /// `[rows]`), computed in f32 and rounded once: a per-row loss gradient applied to the saved
 /// logits' gradient.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct RowScale {
+pub struct RowScale {
     pub rows: usize,
     pub cols: usize,
     pub dtype: FloatType,
@@ -489,7 +489,7 @@ pub(crate) struct RowScale {
     pub y: u64,
 }
 
-pub(crate) fn row_scale(rt: &Arc<CudaRuntime>, a: &RowScale) -> FResult<()> {
+pub fn row_scale(rt: &Arc<CudaRuntime>, a: &RowScale) -> FResult<()> {
     let op = "fused row scale";
     if a.rows == 0 || a.cols == 0 {
         return Ok(());

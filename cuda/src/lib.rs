@@ -86,12 +86,14 @@ pub mod kernel_layer {
     pub use crate::block::Block;
     pub use crate::copy::{copy_nd, fill};
     pub use crate::fused::{
-        adamw_multi, classifier_plan, classifier_using, elementwise, layer_norm_backward,
-        layer_norm_forward, row_plan_occupancy, AdamCoef, AdamHyper, AdamTensor, ClassifierKernel,
-        Elementwise, EwOp, LayerNormBackward, LayerNormForward, RowPlan,
+        adamw_multi, classifier, classifier_plan, classifier_using, elementwise,
+        layer_norm_backward, layer_norm_forward, row_plan_occupancy, row_scale, AdamCoef,
+        AdamHyper, AdamTensor, ClassifierKernel, Elementwise, EwOp, LayerNormBackward,
+        LayerNormForward, RowPlan, RowScale,
     };
     pub use crate::kernels::{grid, per_row, Kernel, Kernels, Template};
     pub use crate::launch;
+    pub use crate::ops::last_dim_rows;
     pub use crate::precision::{gemm_at, Gemm, Operand};
     pub use crate::raw::{
         AttentionBackward, AttentionForward, AttentionShape, Bhtd, Classifier, FResult, FloatType,

@@ -34,7 +34,7 @@ impl FloatType {
     pub const ALL: [FloatType; 3] = [FloatType::F32, FloatType::Bf16, FloatType::F16];
     /// The float type of tensor dtype `d` (None: f64 and i64, which the raw kernels do not
     /// take).
-    pub(crate) fn of(d: DType) -> Option<FloatType> {
+    pub fn of(d: DType) -> Option<FloatType> {
         match d {
             DType::F32 => Some(FloatType::F32),
             DType::BF16 => Some(FloatType::Bf16),

@@ -8,9 +8,11 @@
 pub mod adamw;
 pub mod argmax;
 pub mod attention;
+pub mod classifier;
 pub mod context_parallel;
 pub mod decode;
 mod host_slices;
+pub mod linear_classifier;
 pub mod moe;
 mod operand_dtypes;
 pub mod residual_layer_norm;

@@ -11,10 +11,11 @@ use crate::Result;
 
 pub use crate::cpu::{array_of_host_piece, host_piece_of, PAR_THRESHOLD};
 pub use crate::op::{
-    composed_layer_norm_grads, kernel_err, norm_stats_dtype, Addressing, Along, AttentionKernels,
-    Backend, CoreKernels, DropoutKernels, ElementwiseKernels, Extremum, GatherKernels,
-    LayoutKernels, LossKernels, MaskKernels, MatmulKernels, NormKernels, OpFamily,
-    ReductionKernels, RmsNormKernels, RotaryKernels, RunKernels, SoftmaxKernels,
+    composed_layer_norm_grads, kernel_err, meta_err, need_float, need_i64, norm_stats_dtype,
+    scratch, Addressing, Along, AttentionKernels, Backend, CoreKernels, DropoutKernels,
+    ElementwiseKernels, Extremum, GatherKernels, LayoutKernels, LossKernels, MaskKernels,
+    MatmulKernels, NormKernels, OpFamily, ReductionKernels, RmsNormKernels, RotaryKernels,
+    RunKernels, SoftmaxKernels,
 };
 
 /// Runs `op`'s kernels on backend `b` over the input pieces `x`, allocating one output per spec

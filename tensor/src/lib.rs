@@ -58,6 +58,7 @@ pub use host_read::PendingRead;
 pub use in_place::{dispatch_into, run_local_into, BoundPiece};
 pub use init::{init_from_env, init_with_env, init_with_world, register_nccl_world, NcclWorldJoin};
 pub use inprocess::run_ranks;
+pub use methods::loss::vocab_parallel_cross_entropy;
 pub use op::custom;
 pub use op::{
     broadcast_shapes, BinaryOp, Dims, ElementwiseOp, EmbeddingOp, F64Bits, LayoutOp, LocalAt,

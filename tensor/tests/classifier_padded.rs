@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{nd_sbp, padded_cross_entropy_reference as reference, placement, vals};
+use oxiflow_ops::classifier::{classifier_loss, classifier_loss_padded};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -97,7 +98,7 @@ fn padded_classifier_equals_the_f64_reference_in_every_float_dtype() {
             let c = Tensor::randn([rows], 3, F)
                 .to_dtype(loss_dtype(dt))
                 .unwrap();
-            let (l, g) = loss_and_grad(&x, &c, |x| x.classifier_loss_padded(&t, classes));
+            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, classes));
             assert_eq!((l.dtype(), g.dtype()), (loss_dtype(dt), dt), "{what}");
             let (wl, wg) = reference(&vals(&x), width, classes, &tv, &vals(&c));
             let (gl, gg) = (vals(&l), vals(&g));
@@ -119,15 +120,15 @@ fn padding_changes_nothing_that_counts() {
     let wide = Tensor::concat(&[&x, &junk], 1).unwrap();
     let t = Tensor::from_vec(targets(rows, v, 1), [rows]).unwrap();
     let c = Tensor::randn([rows], 6, F);
-    let (l0, g0) = loss_and_grad(&x, &c, |x| x.classifier_loss(&t));
-    let (l1, g1) = loss_and_grad(&wide, &c, |x| x.classifier_loss_padded(&t, v));
+    let (l0, g0) = loss_and_grad(&x, &c, |x| classifier_loss(&x, &t));
+    let (l1, g1) = loss_and_grad(&wide, &c, |x| classifier_loss_padded(&x, &t, v));
     assert_eq!(vals(&l0), vals(&l1));
     let g1 = vals(&g1);
     let real: Vec<f64> = g1.chunks(v + pad).flat_map(|r| r[..v].to_vec()).collect();
     assert_eq!(vals(&g0), real);
     padding_is_zero(&g1, v + pad, v).unwrap();
     // classes == width is the unpadded classifier; the cross-entropy likewise.
-    let (l2, _) = loss_and_grad(&x, &c, |x| x.classifier_loss_padded(&t, v));
+    let (l2, _) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, v));
     assert_eq!(vals(&l0), vals(&l2));
     let (l3, g3) = loss_and_grad(&wide, &c, |x| x.cross_entropy_padded(&t, v));
     within(&vals(&l3), &vals(&l0), F, 4.0).unwrap();
@@ -138,7 +139,7 @@ fn padding_changes_nothing_that_counts() {
 fn padded_classifier_keeps_only_the_logits_gradient() {
     let x = Tensor::randn([4, 16], 1, F).requires_grad_(true);
     let t = Tensor::from_vec(targets(4, 9, 1), [4]).unwrap();
-    let loss = x.classifier_loss_padded(&t, 9).unwrap();
+    let loss = classifier_loss_padded(&x, &t, 9).unwrap();
     assert_eq!(loss.autograd().grad_fn().map(|f| f.saved_count()), Some(1));
 }
 
@@ -147,8 +148,7 @@ fn bad_class_counts_and_targets_in_the_padding_are_typed_errors() {
     let x = Tensor::randn([4, 9], 1, F);
     let t = Tensor::from_vec(targets(4, 5, 1), [4]).unwrap();
     for classes in [0, 10] {
-        let e = x
-            .classifier_loss_padded(&t, classes)
+        let e = classifier_loss_padded(&x, &t, classes)
             .unwrap_err()
             .to_string();
         assert!(
@@ -170,7 +170,7 @@ fn bad_class_counts_and_targets_in_the_padding_are_typed_errors() {
     assert!(e.contains("cross_entropy") && e.contains("[N, C]"), "{e}");
     // A target in the padding (5..9 of 9 columns with 5 classes) is out of range.
     let bad = Tensor::from_vec(vec![0i64, 5, 1, 2], [4]).unwrap();
-    let e = x.classifier_loss_padded(&bad, 5).unwrap_err().to_string();
+    let e = classifier_loss_padded(&x, &bad, 5).unwrap_err().to_string();
     assert!(e.contains("5") && e.contains("range"), "{e}");
     let e = x.cross_entropy_padded(&bad, 5).unwrap_err().to_string();
     assert!(e.contains("5") && e.contains("range"), "{e}");
@@ -286,7 +286,7 @@ proptest! {
                 .unwrap()
                 .to_global(&p, nd_sbp(p.ndim(), 1, seeds[3], false))
                 .unwrap();
-            let (l, g) = loss_and_grad(&x, &c, |x| x.classifier_loss_padded(&t, classes));
+            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, classes));
             let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
             (all(&l), all(&g))
         });

@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{linear_cross_entropy_reference as expected, placement, vals};
+use oxiflow_ops::linear_classifier::linear_classifier_loss_sum;
 use oxiflow_tensor::{no_grad, run_ranks, DType, NdSbp, Sbp, Shape, Tensor};
 use proptest::prelude::*;
 
@@ -96,7 +97,7 @@ fn check(
         let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
         match path {
             Path::Grad => {
-                let loss = xg.linear_classifier_loss_sum(&wg, &t, classes).unwrap();
+                let loss = linear_classifier_loss_sum(&xg, &wg, &t, classes).unwrap();
                 let scaled = loss.mul_scalar(c).unwrap();
                 scaled.backward().unwrap();
                 let (gx, gw) = (xg.grad().unwrap(), wg.grad().unwrap());
@@ -106,7 +107,7 @@ fn check(
             }
             Path::NoGrad => {
                 let _ng = no_grad();
-                let loss = xg.linear_classifier_loss_sum(&wg, &t, classes).unwrap();
+                let loss = linear_classifier_loss_sum(&xg, &wg, &t, classes).unwrap();
                 (loss.dtype(), all(&loss.mul_scalar(c).unwrap()), None)
             }
         }
@@ -236,10 +237,10 @@ fn bad_input_is_refused_on_every_path() {
     for grad in [true, false] {
         let run = |x: &Tensor, w: &Tensor, t: &Tensor, classes: usize| {
             if grad {
-                x.linear_classifier_loss_sum(w, t, classes)
+                linear_classifier_loss_sum(&x, w, t, classes)
             } else {
                 let _ng = no_grad();
-                x.linear_classifier_loss_sum(w, t, classes)
+                linear_classifier_loss_sum(&x, w, t, classes)
             }
         };
         let e = run(&x, &w, &t, 7).unwrap_err().to_string();

@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use oxiflow_ops::classifier::classifier_loss_padded;
 use oxiflow_tensor::memory::{self, CountingAllocator};
 use oxiflow_tensor::{run_ranks, Context, DType, NdSbp, Placement, Sbp, Tensor};
 
@@ -37,7 +38,7 @@ fn extra_bytes(rows: usize, width: usize, classes: usize, dtype: DType, classifi
         }
         world.barrier().unwrap();
         let loss = if classifier {
-            x.classifier_loss_padded(&t, classes).unwrap()
+            classifier_loss_padded(&x, &t, classes).unwrap()
         } else {
             x.cross_entropy_padded(&t, classes).unwrap()
         };

@@ -10,6 +10,7 @@ pub(crate) mod elementwise;
 mod gather;
 mod layout;
 mod loss;
+mod lt;
 mod mask;
 mod matmul;
 mod norm;
@@ -153,7 +154,7 @@ fn lanes(shape: &Shape, dim: usize) -> (usize, usize, usize) {
 }
 
 /// (rows, last-dim length) of a piece viewed as rows of its last dim.
-fn last_dim_rows(x: &CudaStorage) -> (usize, usize) {
+pub fn last_dim_rows(x: &CudaStorage) -> (usize, usize) {
     let h = x.shape.dims().last().copied().unwrap_or(1);
     (x.numel().checked_div(h).unwrap_or(0), h)
 }

@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::half_cases::{global_inputs, half_cases, local_inputs, within};
+use oxiflow_ops::classifier::classifier_loss_padded;
 
 /// The padded classifier's gradient in `dtype` on `pl` (logits with rows split, 16-byte rows
 /// and unaligned ones; f64 takes the composed kernels): exactly 0 in every padded column (the
@@ -22,7 +23,7 @@ fn padding_gradient_is_zero(pl: &Placement, dtype: DType) -> std::result::Result
         let t = Tensor::from_vec(ids, [rows])
             .and_then(|t| t.to_global(pl, NdSbp::new([Sbp::B])))
             .map_err(e)?;
-        x.classifier_loss_padded(&t, classes)
+        classifier_loss_padded(&x, &t, classes)
             .and_then(|l| l.sum_all())
             .and_then(|l| l.backward())
             .map_err(e)?;

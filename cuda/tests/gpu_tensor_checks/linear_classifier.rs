@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::common::linear_cross_entropy_reference;
+use oxiflow_ops::linear_classifier::linear_classifier_loss_sum;
 
 /// Checks every (shape, dtype) case on a 1-d placement of `world` ranks of `dev`; the number
 /// of cases checked.
@@ -56,9 +57,7 @@ pub(crate) fn child_linear_classifier(
                 .and_then(|t| t.to_global(&pl, b.clone()))
                 .and_then(|t| t.to_global(&pl, vec![Sbp::S(0)]))
                 .map_err(e)?;
-            let loss = xg
-                .linear_classifier_loss_sum(&wg, &tg, classes)
-                .map_err(e)?;
+            let loss = linear_classifier_loss_sum(&xg, &wg, &tg, classes).map_err(e)?;
             let scaled = loss.mul_scalar(c).map_err(e)?;
             scaled.backward().map_err(e)?;
             let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));

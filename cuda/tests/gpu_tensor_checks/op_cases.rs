@@ -4,6 +4,7 @@
 
 use super::*;
 use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
+use oxiflow_ops::classifier::{classifier_loss, classifier_loss_padded};
 
 /// One op case: the op family (`kind`), shapes, input layouts, a variant and a seed.
 #[derive(Clone, Debug)]
@@ -236,9 +237,8 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).
             let classes = n - 1 - c.v % 4;
             let lab_p = wrapped(&lab, classes)?;
-            let padded = h.classifier_loss_padded(&lab_p, classes)?;
-            let loss = h
-                .classifier_loss(&lab)?
+            let padded = classifier_loss_padded(&h, &lab_p, classes)?;
+            let loss = classifier_loss(&h, &lab)?
                 .mean_all()?
                 .add(&padded.mean_all()?)?
                 .add(&r.square()?.mean_all()?)?;

@@ -5,6 +5,7 @@
 //! the same values, in f32, bf16, f16 and f64; the padding's gradient exactly 0.
 
 use super::*;
+use oxiflow_ops::classifier::classifier_loss_padded;
 use oxiflow_tensor::{dispatch, ClassShard, LossOp, Op};
 
 /// The per-row log-sum-exp from the per-shard partials `[N, shards]`.
@@ -43,7 +44,7 @@ fn vocab_outputs(
         &[x, &lab, &lse, dy],
     )?;
     let xg = x.detach().requires_grad_(true);
-    let l2 = xg.classifier_loss_padded(labels, classes)?;
+    let l2 = classifier_loss_padded(&xg, labels, classes)?;
     l2.mul(c)?.sum_all()?.backward()?;
     let g2 = grad_of(&xg, "vocab check")?;
     [&lse, &loss, &dx, &l2, &g2]

@@ -83,7 +83,7 @@ pub(crate) fn classes_split(x: &Tensor) -> bool {
 /// keeps the logits for its backward, `dy (exp(logits - lse) - onehot)` on each shard (0 in
 /// the padding). Only `[N, 1]` and `[N, shards]` values move between ranks, and no kernel
 /// makes a temporary of the logits' size. Partial logits are first reduced onto class shards.
-pub(crate) fn vocab_parallel_cross_entropy(
+pub fn vocab_parallel_cross_entropy(
     logits: &Tensor,
     labels: &Tensor,
     classes: usize,

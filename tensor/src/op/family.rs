@@ -260,7 +260,7 @@ pub(crate) fn single<'a, T>(op: &'static str, out: &'a mut [T]) -> Result<&'a mu
 }
 
 /// A scratch piece of `spec` written by `f` (for ops whose `run` composes kernels).
-pub(crate) fn scratch<B: KernelBackend>(
+pub fn scratch<B: KernelBackend>(
     b: &B,
     spec: &OutSpec,
     f: impl FnOnce(&mut B::Out) -> Result<()>,
@@ -294,7 +294,8 @@ pub(crate) fn shape_rule(r: std::result::Result<Rules, String>) -> MetaResult<Ru
     r.map_err(MetaError::Shape)
 }
 
-pub(crate) fn need_float(dt: DType, what: &str) -> MetaResult<()> {
+/// A dtype error naming `what` unless `dt` is a float dtype.
+pub fn need_float(dt: DType, what: &str) -> MetaResult<()> {
     if dt.is_float() {
         Ok(())
     } else {
@@ -304,7 +305,8 @@ pub(crate) fn need_float(dt: DType, what: &str) -> MetaResult<()> {
     }
 }
 
-pub(crate) fn need_i64(dt: DType, what: &str) -> MetaResult<()> {
+/// A dtype error naming `what` unless `dt` is i64.
+pub fn need_i64(dt: DType, what: &str) -> MetaResult<()> {
     if dt == DType::I64 {
         Ok(())
     } else {

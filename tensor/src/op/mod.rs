@@ -53,12 +53,12 @@ pub use elementwise::{
 pub use embedding::EmbeddingOp;
 pub use extern_op::{BackendId, Extern, ExternOp, KernelFn, KernelIo, Kernels, ScratchFn};
 pub(crate) use family::{
-    dim_ok, full_region, need_float, need_i64, no_gradient, norm_dim, norm_dims, same_dtype,
-    same_float_dtype, scratch, shape_rule, single, CallSite,
+    dim_ok, full_region, no_gradient, norm_dim, norm_dims, same_dtype, same_float_dtype,
+    shape_rule, single, CallSite,
 };
 pub use family::{
-    kernel_err, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError, MetaResult, OpFamily,
-    OutSpec, RunKernels, ViewOf,
+    kernel_err, need_float, need_i64, scratch, Dims, F64Bits, Inferred, KernelBackend, LocalAt,
+    MetaError, MetaResult, OpFamily, OutSpec, RunKernels, ViewOf,
 };
 pub use gather::{Addressing, Along, GatherKernels, GatherOp, IndexShard};
 pub(crate) use grad::Saved;
@@ -251,7 +251,7 @@ impl fmt::Display for Op {
 }
 
 /// `e` as the typed error of `op` on `inputs` (naming their shapes, dtypes and SBPs).
-pub(crate) fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
+pub fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
     match e {
         MetaError::Shape(detail) => TensorError::Shape {
             op: op.name(),

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
+use oxiflow_ops::classifier::{classifier_loss, classifier_loss_padded};
 use oxiflow_ops::residual_layer_norm::residual_layer_norm;
 use oxiflow_tensor::{DType, Placement, Result, Sbp, Tensor, UnaryOp};
 
@@ -347,25 +348,25 @@ fn fused_cases() -> Vec<HalfCase> {
             grad_of(&x[2], move |b| t.linear(&w, Some(b), Plain))
         }),
         case("classifier_loss", &cls, 1.0, |x| {
-            x[0].classifier_loss(&x[1])
+            classifier_loss(&x[0], &x[1])
         }),
         case("grad_classifier", &cls, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| t.classifier_loss(&l))
+            grad_of(&x[0], move |t| classifier_loss(&t, &l))
         }),
         case("classifier_loss_padded", &pad16, 1.0, |x| {
-            x[0].classifier_loss_padded(&x[1], 11)
+            classifier_loss_padded(&x[0], &x[1], 11)
         }),
         case("grad_classifier_padded", &pad16, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| t.classifier_loss_padded(&l, 11))
+            grad_of(&x[0], move |t| classifier_loss_padded(&t, &l, 11))
         }),
         case("classifier_loss_padded_unaligned", &pad13, 1.0, |x| {
-            x[0].classifier_loss_padded(&x[1], 9)
+            classifier_loss_padded(&x[0], &x[1], 9)
         }),
         case("grad_classifier_padded_unaligned", &pad13, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| t.classifier_loss_padded(&l, 9))
+            grad_of(&x[0], move |t| classifier_loss_padded(&t, &l, 9))
         }),
     ]
 }

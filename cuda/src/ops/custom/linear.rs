@@ -3,55 +3,15 @@
 //! in its epilogue, f32 products at the op's precision. f64 data, f32 data at bf16 matmul
 //! precision, a GELU without a bias and calls cuBLASLt refuses take the composed kernels.
 
-use crate::blaslt::{lt_matmul_c, Epilogue, LtMatmul};
+use crate::blaslt::{Epilogue, LtMatmul};
 use crate::copy::fill;
 use crate::derr;
 use crate::ops::CudaKernels;
-use crate::raw::FloatType;
+
 use crate::storage::CudaStorage;
-use oxiflow_dtype::{DType, MatmulPrecision};
+use oxiflow_dtype::MatmulPrecision;
 use oxiflow_tensor::custom::{Activation, LinearKernels, LinearOp};
 use oxiflow_tensor::Result;
-
-impl CudaKernels {
-    /// The cuBLASLt product's float type and whether it runs on TF32 tensor cores, when
-    /// cuBLASLt serves pieces of `dt` at `precision` (None: the composed kernels).
-    pub(in crate::ops) fn lt_types(
-        &self,
-        dt: DType,
-        precision: MatmulPrecision,
-    ) -> Option<(FloatType, bool)> {
-        let t = FloatType::of(dt)?;
-        match (t, precision) {
-            (FloatType::F32, MatmulPrecision::F32) => Some((t, false)),
-            (FloatType::F32, MatmulPrecision::Tf32) => Some((t, true)),
-            (FloatType::F32, MatmulPrecision::Bf16) => None,
-            _ => Some((t, false)),
-        }
-    }
-
-    /// Runs `g` on cuBLASLt: `Ok(true)` when it ran, `Ok(false)` when cuBLASLt does not serve
-    /// the call (the caller composes), else its error.
-    pub(super) fn lt_ran(&self, g: &LtMatmul, a: u64, b: u64, out: u64) -> Result<bool> {
-        self.lt_ran_c(g, a, b, out, out)
-    }
-
-    /// [`Self::lt_ran`] reading the C operand of a nonzero `beta` from `c` (laid out as `out`).
-    pub(in crate::ops) fn lt_ran_c(
-        &self,
-        g: &LtMatmul,
-        a: u64,
-        b: u64,
-        c: u64,
-        out: u64,
-    ) -> Result<bool> {
-        match lt_matmul_c(&self.rt, g, a, b, c, out) {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_fallback() => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
 
 fn same_dtype(op: &'static str, pieces: &[&CudaStorage]) -> Result<()> {
     let dt = pieces[0].dtype;

@@ -4,7 +4,9 @@
 //! (`embed`, `run_chunk`, `head`) are what pipeline stages run.
 
 use oxiflow_dtype::{DType, MatmulPrecision};
+use oxiflow_ops::classifier::classifier_loss_padded;
 use oxiflow_ops::context_parallel::SeqOrder;
+use oxiflow_ops::linear_classifier::linear_classifier_loss_sum_at;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
@@ -388,7 +390,7 @@ impl Gpt {
         };
         let (h, targets) = (h.reshape([rows, c])?, targets.reshape([rows])?);
         let mp = self.matmul_precision();
-        let sum = h.linear_classifier_loss_sum_at(wte, &targets, self.cfg.vocab, mp)?;
+        let sum = linear_classifier_loss_sum_at(&h, wte, &targets, self.cfg.vocab, mp)?;
         Ok((sum, rows))
     }
 
@@ -442,9 +444,7 @@ impl Gpt {
         // the logits' size and dtype stays for the backward: classes whole take the fused
         // classifier (which keeps the logits' gradient), classes split over several ranks the
         // vocabulary-parallel cross-entropy (which keeps the logits).
-        logits
-            .classifier_loss_padded(&targets, self.cfg.vocab)?
-            .mean_all()
+        classifier_loss_padded(&logits, &targets, self.cfg.vocab)?.mean_all()
     }
 
     /// Mean next-token cross-entropy of ids `[B, T]` predicting targets `[B, T]` (a 0-d

@@ -116,7 +116,5 @@ custom_ops! {
     // module::Variant(Type): KernelTrait,
     residual_mlp::ResidualMlp(ResidualMlp): ResidualMlpKernels,
     linear::Linear(LinearOp): LinearKernels,
-    classifier::Classifier(ClassifierOp): ClassifierKernels,
-    linear_classifier::LinearClassifier(LinearClassifier): LinearClassifierKernels,
     fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,
 }

@@ -14,117 +14,96 @@
 //!
 //! Rows split or whole, the table whole: the loss and `dw` of a row shard are partial sums.
 //! Classes split over ranks (a vocabulary-parallel table) take the vocabulary-parallel
-//! cross-entropy instead ([`Tensor::linear_classifier_loss_sum`] chooses). Its products run
-//! at the op's [`MatmulPrecision`].
+//! cross-entropy instead ([`linear_classifier_loss_sum`] chooses). Its products run at the
+//! op's [`MatmulPrecision`].
+//!
+//! Two ops through the public op contract, [`LinearClassifier`] and [`LinearClassifierGrad`].
+//! Kernels: CPU in f32 and f64 (composed; 16-bit through f32), CUDA in f32, bf16 and f16
+//! (chunked) and f64 (composed); any other backend or dtype is `TensorError::NoKernel` on
+//! every rank before anything runs.
+
+mod cpu;
+mod cuda;
+
+use std::sync::LazyLock;
 
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use crate::op::{
-    kernel_err, need_i64, norm_stats_dtype, same_float_dtype, scratch, BinaryOp, CustomKernels,
-    Grad, Inferred, KernelBackend, MetaError, MetaResult, OpFamily, OutSpec, RunKernels, Saves,
+use oxiflow_cuda::CudaKernels;
+use oxiflow_tensor::backend::{
+    kernel_err, meta_err, need_i64, norm_stats_dtype, scratch, CoreKernels,
 };
-use crate::tensor::Tensor;
-use crate::Result;
+use oxiflow_tensor::{
+    dispatch_multi, is_grad_enabled, BinaryOp, CpuBackend, Extern, ExternOp, Grad, Inferred,
+    KernelBackend, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, Tensor,
+};
 
-/// The fused linear cross-entropy and its backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinearClassifier {
-    /// Over the first `classes` rows of the table (`classes` in `1..=V`): (x `[N, C]`, w
-    /// `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V, C]`), the loss f32 for
-    /// 16-bit and f32 data (f64 for f64), dx and dw in the data's dtype and not
-    /// differentiable.
-    Forward {
-        classes: usize,
-        precision: MatmulPrecision,
-    },
-    /// (dx, dw, dloss `[]`) -> (dx, dw) each times dloss (computed in the loss's precision,
-    /// rounded once).
-    Backward,
+use crate::classifier::classifier_loss_padded;
+use crate::operand_dtypes::one_float_dtype;
+
+/// The fused linear cross-entropy over the first `classes` rows of the table (`classes` in
+/// `1..=V`): (x `[N, C]`, w `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V,
+/// C]`), the loss f32 for 16-bit and f32 data (f64 for f64), dx and dw in the data's dtype and
+/// not differentiable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearClassifier {
+    pub classes: usize,
+    pub precision: MatmulPrecision,
 }
+
+/// Its backward: (dx, dw, dloss `[]`) -> (dx, dw) each times dloss (computed in the loss's
+/// precision, rounded once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearClassifierGrad;
 
 /// At most this many bytes of logits live at once in a chunked kernel.
 pub const CHUNK_BYTES: usize = 512 << 20;
 
-/// Kernels of the fused linear cross-entropy.
-pub trait LinearClassifierKernels: KernelBackend {
-    /// `out` = [loss, dx, dw] (see [`LinearClassifier::Forward`]); a target outside
-    /// `0..classes` is a typed error on the CPU and makes the loss NaN on a device.
-    fn linear_classifier(
-        &self,
-        x: &Self::Piece,
-        w: &Self::Piece,
-        targets: &Self::Piece,
-        classes: usize,
-        precision: MatmulPrecision,
-        out: [&mut Self::Out; 3],
-    ) -> Result<()>;
-    /// `out[i]` = `saved[i]` times the one value of `dloss`.
-    fn linear_classifier_backward(
-        &self,
-        saved: [&Self::Piece; 2],
-        dloss: &Self::Piece,
-        out: [&mut Self::Out; 2],
-    ) -> Result<()>;
-}
+/// The dtypes of the CPU kernels (16-bit through f32) and of the CUDA kernels (targets i64).
+const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
 
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<LinearClassifier, CpuBackend>(DTYPES, cpu::forward)
+        .with::<LinearClassifier, CudaKernels>(DTYPES, cuda::forward)
+});
 
-impl OpFamily for LinearClassifier {
+static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
+    Kernels::new()
+        .with::<LinearClassifierGrad, CpuBackend>(DTYPES, cpu::backward)
+        .with::<LinearClassifierGrad, CudaKernels>(DTYPES, cuda::backward)
+});
+
+impl ExternOp for LinearClassifier {
     fn name(&self) -> &'static str {
-        match self {
-            LinearClassifier::Forward { .. } => "linear_classifier",
-            LinearClassifier::Backward => "linear_classifier_backward",
-        }
+        "linear_classifier"
     }
-
+    fn attrs(&self, key: &mut Vec<u8>) {
+        key.extend_from_slice(&(self.classes as u64).to_le_bytes());
+        key.push(self.precision as u8);
+    }
     fn arity(&self) -> (usize, usize) {
         (3, 3)
     }
-
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        match *self {
-            LinearClassifier::Forward { classes, .. } => forward_rules(classes, s, d, mode),
-            LinearClassifier::Backward => {
-                let dt = same_float_dtype(&d[..2], "gradients")?;
-                if d[2] != norm_stats_dtype(dt) || s[2].ndim() != 0 {
-                    return Err(MetaError::Shape(format!(
-                        "needs a 0-d {} dloss, got {} {}",
-                        norm_stats_dtype(dt),
-                        d[2],
-                        s[2]
-                    )));
-                }
-                let r = rules::linear_classifier_backward(s[0], s[1], mode);
-                Ok(Inferred::outputs(r, &[dt, dt]))
-            }
-        }
+        forward_rules(self.classes, s, d, mode)
     }
-
+    fn kernels(&self) -> &Kernels {
+        &FORWARD
+    }
     fn differentiable(&self, output: usize) -> bool {
         // The forward's gradients are saved for the backward.
-        *self == LinearClassifier::Backward || output == 0
+        output == 0
     }
-
     fn saves(&self, needs: &[bool]) -> Saves {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
-        match self {
-            LinearClassifier::Forward { .. } => {
-                let either = need(0) || need(1);
-                Saves::NOTHING
-                    .and_output_if(1, either)
-                    .and_output_if(2, either)
-            }
-            LinearClassifier::Backward => Saves::NOTHING,
-        }
+        let either = need(0) || need(1);
+        Saves::NOTHING
+            .and_output_if(1, either)
+            .and_output_if(2, either)
     }
-
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        if *self == LinearClassifier::Backward {
-            return Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            ));
-        }
         let (need_x, need_w) = (g.need(0), g.need(1));
         if !need_x && !need_w {
             return Ok(vec![None, None, None]);
@@ -132,26 +111,39 @@ impl OpFamily for LinearClassifier {
         // Both are saved whenever either is wanted, so one op scales them; an unwanted one's
         // output is dropped.
         let ins = [g.output(1)?, g.output(2)?, g.dy()?];
-        let mut out = Tensor::apply_all(LinearClassifier::Backward, &ins)?.into_iter();
+        let op = Extern::new(LinearClassifierGrad);
+        let mut out = dispatch_multi(op.into(), &ins)?.into_iter();
         let (dx, dw) = (out.next(), out.next());
         Ok(vec![dx.filter(|_| need_x), dw.filter(|_| need_w), None])
     }
 }
 
-impl<B: CustomKernels> RunKernels<B> for LinearClassifier {
-    fn run(&self, b: &B, x: &[&B::Piece], out: &mut [B::Out]) -> Result<()> {
-        match (*self, out) {
-            (LinearClassifier::Forward { classes, precision }, [loss, dx, dw]) => {
-                b.linear_classifier(x[0], x[1], x[2], classes, precision, [loss, dx, dw])
-            }
-            (LinearClassifier::Backward, [dx, dw]) => {
-                b.linear_classifier_backward([x[0], x[1]], x[2], [dx, dw])
-            }
-            (_, out) => Err(kernel_err(
-                self.name(),
-                format!("got {} output buffers", out.len()),
-            )),
+impl ExternOp for LinearClassifierGrad {
+    fn name(&self) -> &'static str {
+        "linear_classifier_backward"
+    }
+    fn attrs(&self, _key: &mut Vec<u8>) {}
+    fn arity(&self) -> (usize, usize) {
+        (3, 3)
+    }
+    fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
+        let dt = one_float_dtype(&d[..2])?;
+        if d[2] != norm_stats_dtype(dt) || s[2].ndim() != 0 {
+            return Err(MetaError::Shape(format!(
+                "needs a 0-d {} dloss, got {} {}",
+                norm_stats_dtype(dt),
+                d[2],
+                s[2]
+            )));
         }
+        let r = rules::linear_classifier_backward(s[0], s[1], mode);
+        Ok(Inferred::outputs(r, &[dt, dt]))
+    }
+    fn kernels(&self) -> &Kernels {
+        &BACKWARD
+    }
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("higher-order gradients are not supported")
     }
 }
 
@@ -162,7 +154,7 @@ fn forward_rules(
     d: &[DType],
     mode: RuleMode,
 ) -> MetaResult<Inferred> {
-    let dt = same_float_dtype(&d[..2], "x and table")?;
+    let dt = one_float_dtype(&d[..2])?;
     need_i64(d[2], "targets")?;
     let (n, c, v) = match (s[0].dims(), s[1].dims(), s[2].dims()) {
         ([n, c], [v, wc], [tn]) if wc == c && tn == n => (*n, *c, *v),
@@ -182,16 +174,28 @@ fn forward_rules(
     Ok(Inferred::outputs(r, &[norm_stats_dtype(dt), dt, dt]))
 }
 
-impl LinearClassifier {
+/// A backend's fused classifier kernel (logits, targets, classes) -> [loss, dlogits].
+pub(crate) type Classify<B> = fn(
+    &B,
+    &<B as KernelBackend>::Piece,
+    &<B as KernelBackend>::Piece,
+    usize,
+    [&mut <B as KernelBackend>::Out; 2],
+) -> Result<()>;
+
+/// The fused linear cross-entropy's kernels composed of core kernels, on any backend.
+pub(crate) struct Composed;
+
+impl Composed {
     /// The backward composed of broadcasting products (dloss viewed as `[1, 1]`).
-    pub fn composed_backward<B>(
+    pub(crate) fn backward<B>(
         b: &B,
         saved: [&B::Piece; 2],
         dloss: &B::Piece,
         out: [&mut B::Out; 2],
     ) -> Result<()>
     where
-        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let spec = b.out_spec(dloss);
         let d = b.reshaped(
@@ -209,16 +213,17 @@ impl LinearClassifier {
 
     /// The op composed of the product, classifier, product and sum kernels over all rows (the
     /// CPU's kernel, and the device's for f64 data and calls its libraries refuse).
-    pub fn composed<B>(
+    pub(crate) fn forward<B>(
         b: &B,
         x: &B::Piece,
         w: &B::Piece,
         targets: &B::Piece,
         (classes, precision): (usize, MatmulPrecision),
         [loss, dx, dw]: [&mut B::Out; 3],
+        classify: Classify<B>,
     ) -> Result<()>
     where
-        B: CustomKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
+        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
     {
         let (xs, ws, ls) = (b.out_spec(dx), b.out_spec(dw), b.out_spec(loss));
         let (n, v) = (xs.shape.dim(0), ws.shape.dim(0));
@@ -236,7 +241,7 @@ impl LinearClassifier {
         })?;
         let mut d = b.alloc(&b.out_spec(&logits))?;
         if n > 0 {
-            b.classifier(&logits, targets, classes, [&mut rows, &mut d])?;
+            classify(b, &logits, targets, classes, [&mut rows, &mut d])?;
         }
         drop(logits);
         let (rows, d) = (b.finish(rows), b.finish(d));
@@ -246,13 +251,59 @@ impl LinearClassifier {
     }
 }
 
+/// The sum over rows of the cross-entropy of `x w^T` (x `[N, C]`, table `w` `[V, C]`) against
+/// i64 targets `[N]` over the table's first `classes` rows, as one fused op
+/// ([`LinearClassifier`]) that never keeps the logits; a table split on the classes takes the
+/// vocabulary-parallel cross-entropy of the product, and a call without gradients the plain
+/// product and classifier.
+pub fn linear_classifier_loss_sum(
+    x: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    classes: usize,
+) -> Result<Tensor> {
+    linear_classifier_loss_sum_at(x, w, targets, classes, MatmulPrecision::F32)
+}
+
+/// [`linear_classifier_loss_sum`] with its products at `precision`.
+pub fn linear_classifier_loss_sum_at(
+    x: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    classes: usize,
+    precision: MatmulPrecision,
+) -> Result<Tensor> {
+    let op = LinearClassifier { classes, precision };
+    // The fused op's checks first, so every path refuses bad input alike.
+    let shapes = [x.shape(), w.shape(), targets.shape()];
+    op.infer(
+        &shapes,
+        &[x.dtype(), w.dtype(), targets.dtype()],
+        RuleMode::ShapesOnly,
+    )
+    .map_err(|e| meta_err(&Extern::new(op).into(), e, &[x, w, targets]))?;
+    let wants_grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad());
+    // The fused op's layouts: rows split or whole, the table whole; others would box.
+    let fused = wants_grad
+        && !w.has_sbp_over_ranks(|s| s != Sbp::Broadcast)
+        && !x.has_sbp_over_ranks(|s| s != Sbp::S(0) && s != Sbp::Broadcast);
+    if !fused {
+        let logits = x.matmul_t_at(w, (false, true), precision)?;
+        return classifier_loss_padded(&logits, targets, classes)?.sum_all();
+    }
+    let out = dispatch_multi(Extern::new(op).into(), &[x, w, targets])?;
+    out.into_iter()
+        .next()
+        .ok_or_else(|| kernel_err("linear_classifier", "gave no output".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn infer_checks_shapes_classes_and_dtypes() {
-        let op = LinearClassifier::Forward {
+        let op = LinearClassifier {
             classes: 5,
             precision: MatmulPrecision::F32,
         };
@@ -271,7 +322,7 @@ mod tests {
                 RuleMode::ShapesOnly
             )
             .is_err());
-        let wide = LinearClassifier::Forward {
+        let wide = LinearClassifier {
             classes: 7,
             precision: MatmulPrecision::F32,
         };

@@ -1,0 +1,131 @@
+//! Fused classifier CUDA kernels: the raw layer's fused classifier (softmax over the class
+//! columns from one read of each row where it fits a block; the loss and `softmax - onehot`
+//! written to their own buffers, the padded columns' gradient 0) and its row scaling; f64
+//! logits take the composed kernels.
+
+use oxiflow_cuda::kernel_layer::{
+    classifier, last_dim_rows, row_scale, Classifier as RawClassifier, FloatType, RowScale,
+};
+use oxiflow_cuda::{device_error as derr, CudaKernels, CudaStorage};
+use oxiflow_dtype::DType;
+use oxiflow_tensor::{KernelIo, Result};
+
+use super::{Classifier, ClassifierGrad, Composed};
+
+/// [loss, dlogits] of logits and targets into the executor's buffers.
+pub(super) fn forward(
+    op: &Classifier,
+    cu: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
+    let (&[logits, targets], [loss, dlogits]) = (io.inputs, io.outputs) else {
+        return Err(derr(
+            "classifier",
+            format!("expects 2 inputs and 2 output buffers, got {n_in} and {n_out}"),
+        ));
+    };
+    cuda_classify(cu, logits, targets, op.classes, [loss, dlogits])
+}
+
+/// The fused classifier over the first `classes` columns of `logits` into [loss, dlogits]
+/// (the composed kernels for f64).
+pub(crate) fn cuda_classify(
+    cu: &CudaKernels,
+    logits: &CudaStorage,
+    targets: &CudaStorage,
+    classes: usize,
+    [loss, dlogits]: [&mut CudaStorage; 2],
+) -> Result<()> {
+    let op = "classifier";
+    let (rows, v) = last_dim_rows(logits);
+    if targets.dtype() != DType::I64
+        || !(1..=v).contains(&classes)
+        || targets.numel() != rows
+        || loss.numel() != rows
+        || dlogits.numel() != logits.numel()
+        || dlogits.dtype() != logits.dtype()
+    {
+        return Err(derr(
+            op,
+            format!(
+                "targets {} {}, loss {} and dlogits {} {} for logits {} {} of {classes} classes",
+                targets.dtype(),
+                targets.shape(),
+                loss.shape(),
+                dlogits.dtype(),
+                dlogits.shape(),
+                logits.dtype(),
+                logits.shape()
+            ),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    match FloatType::of(logits.dtype()) {
+        Some(dtype) if loss.dtype() == DType::F32 => {
+            let args = RawClassifier {
+                rows,
+                v: classes,
+                ld: v,
+                dloss: 1.0,
+                dtype,
+                logits: logits.ptr(),
+                targets: targets.ptr(),
+                loss: loss.ptr(),
+                dlogits: Some(dlogits.ptr()),
+                strict: true,
+            };
+            Ok(classifier(cu.runtime(), &args)?)
+        }
+        _ => Composed::forward(cu, logits, targets, classes, [loss, dlogits]),
+    }
+}
+
+/// dlogits scaled by dloss row by row into the executor's buffer.
+pub(super) fn backward(
+    _op: &ClassifierGrad,
+    cu: &CudaKernels,
+    io: KernelIo<'_, CudaKernels>,
+) -> Result<()> {
+    let op = "classifier_backward";
+    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
+    let (&[dlogits, dloss], [out]) = (io.inputs, io.outputs) else {
+        return Err(derr(
+            op,
+            format!("expects 2 inputs and 1 output buffer, got {n_in} and {n_out}"),
+        ));
+    };
+    let (rows, cols) = last_dim_rows(dlogits);
+    if dloss.numel() != rows || out.numel() != dlogits.numel() || out.dtype() != dlogits.dtype() {
+        return Err(derr(
+            op,
+            format!(
+                "dloss {} and output {} {} for dlogits {} {}",
+                dloss.shape(),
+                out.dtype(),
+                out.shape(),
+                dlogits.dtype(),
+                dlogits.shape()
+            ),
+        ));
+    }
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    match FloatType::of(dlogits.dtype()) {
+        Some(dtype) if dloss.dtype() == DType::F32 => {
+            let args = RowScale {
+                rows,
+                cols,
+                dtype,
+                x: dlogits.ptr(),
+                scale: dloss.ptr(),
+                y: out.ptr(),
+            };
+            Ok(row_scale(cu.runtime(), &args)?)
+        }
+        _ => Composed::backward(cu, dlogits, dloss, out),
+    }
+}

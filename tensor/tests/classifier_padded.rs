@@ -98,7 +98,7 @@ fn padded_classifier_equals_the_f64_reference_in_every_float_dtype() {
             let c = Tensor::randn([rows], 3, F)
                 .to_dtype(loss_dtype(dt))
                 .unwrap();
-            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, classes));
+            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(x, &t, classes));
             assert_eq!((l.dtype(), g.dtype()), (loss_dtype(dt), dt), "{what}");
             let (wl, wg) = reference(&vals(&x), width, classes, &tv, &vals(&c));
             let (gl, gg) = (vals(&l), vals(&g));
@@ -120,15 +120,15 @@ fn padding_changes_nothing_that_counts() {
     let wide = Tensor::concat(&[&x, &junk], 1).unwrap();
     let t = Tensor::from_vec(targets(rows, v, 1), [rows]).unwrap();
     let c = Tensor::randn([rows], 6, F);
-    let (l0, g0) = loss_and_grad(&x, &c, |x| classifier_loss(&x, &t));
-    let (l1, g1) = loss_and_grad(&wide, &c, |x| classifier_loss_padded(&x, &t, v));
+    let (l0, g0) = loss_and_grad(&x, &c, |x| classifier_loss(x, &t));
+    let (l1, g1) = loss_and_grad(&wide, &c, |x| classifier_loss_padded(x, &t, v));
     assert_eq!(vals(&l0), vals(&l1));
     let g1 = vals(&g1);
     let real: Vec<f64> = g1.chunks(v + pad).flat_map(|r| r[..v].to_vec()).collect();
     assert_eq!(vals(&g0), real);
     padding_is_zero(&g1, v + pad, v).unwrap();
     // classes == width is the unpadded classifier; the cross-entropy likewise.
-    let (l2, _) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, v));
+    let (l2, _) = loss_and_grad(&x, &c, |x| classifier_loss_padded(x, &t, v));
     assert_eq!(vals(&l0), vals(&l2));
     let (l3, g3) = loss_and_grad(&wide, &c, |x| x.cross_entropy_padded(&t, v));
     within(&vals(&l3), &vals(&l0), F, 4.0).unwrap();
@@ -286,7 +286,7 @@ proptest! {
                 .unwrap()
                 .to_global(&p, nd_sbp(p.ndim(), 1, seeds[3], false))
                 .unwrap();
-            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(&x, &t, classes));
+            let (l, g) = loss_and_grad(&x, &c, |x| classifier_loss_padded(x, &t, classes));
             let all = |t: &Tensor| vals(&t.to_global(&p, b.clone()).unwrap());
             (all(&l), all(&g))
         });

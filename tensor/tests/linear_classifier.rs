@@ -237,10 +237,10 @@ fn bad_input_is_refused_on_every_path() {
     for grad in [true, false] {
         let run = |x: &Tensor, w: &Tensor, t: &Tensor, classes: usize| {
             if grad {
-                linear_classifier_loss_sum(&x, w, t, classes)
+                linear_classifier_loss_sum(x, w, t, classes)
             } else {
                 let _ng = no_grad();
-                linear_classifier_loss_sum(&x, w, t, classes)
+                linear_classifier_loss_sum(x, w, t, classes)
             }
         };
         let e = run(&x, &w, &t, 7).unwrap_err().to_string();

@@ -263,7 +263,7 @@ pub fn half_cases() -> Vec<HalfCase> {
             16.0,
             |x| {
                 let (k, v) = (x[1].clone(), x[2].clone());
-                grad_of(&x[0], move |t| flash_attention(&t, &k, &v, true, 0.35))
+                grad_of(&x[0], move |t| flash_attention(t, &k, &v, true, 0.35))
             },
         ),
         case(
@@ -352,21 +352,21 @@ fn fused_cases() -> Vec<HalfCase> {
         }),
         case("grad_classifier", &cls, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| classifier_loss(&t, &l))
+            grad_of(&x[0], move |t| classifier_loss(t, &l))
         }),
         case("classifier_loss_padded", &pad16, 1.0, |x| {
             classifier_loss_padded(&x[0], &x[1], 11)
         }),
         case("grad_classifier_padded", &pad16, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| classifier_loss_padded(&t, &l, 11))
+            grad_of(&x[0], move |t| classifier_loss_padded(t, &l, 11))
         }),
         case("classifier_loss_padded_unaligned", &pad13, 1.0, |x| {
             classifier_loss_padded(&x[0], &x[1], 9)
         }),
         case("grad_classifier_padded_unaligned", &pad13, 4.0, |x| {
             let l = x[1].clone();
-            grad_of(&x[0], move |t| classifier_loss_padded(&t, &l, 9))
+            grad_of(&x[0], move |t| classifier_loss_padded(t, &l, 9))
         }),
     ]
 }

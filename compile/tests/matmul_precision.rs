@@ -6,7 +6,8 @@
 use oxiflow_compile::ir::NodeKind;
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::{DType, MatmulPrecision};
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear_at;
+use oxiflow_ops::linear::Activation;
 use oxiflow_tensor::{Op, Tensor};
 
 type R<T> = oxiflow_compile::Result<T>;
@@ -17,7 +18,7 @@ fn step(x: &Tensor, w: &Tensor, b: &Tensor, mp: MatmulPrecision) -> R<Vec<Tensor
         w.detach().requires_grad_(true),
         b.detach().requires_grad_(true),
     );
-    let h = x.linear_at(&w, Some(&b), Activation::Gelu, mp)?;
+    let h = linear_at(x, &w, Some(&b), Activation::Gelu, mp)?;
     let y = h.matmul_t_at(&w, (false, true), mp)?.matmul_at(&w, mp)?;
     let loss = y.square()?.sum_all()?;
     loss.backward()?;

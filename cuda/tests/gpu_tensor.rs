@@ -23,8 +23,8 @@ use oxiflow_ops::adamw::{
     adam_moment, adam_update, adamw_multi, adamw_multi_clipped, adamw_multi_guarded, AdamWHyper,
     AdamWSlot,
 };
+use oxiflow_ops::linear::Activation;
 use oxiflow_ops::residual_layer_norm::residual_layer_norm;
-use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Result, Sbp, Shape, Tensor, UnaryOp};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

@@ -8,8 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{nd_sbp, placement, ranks_match, vals};
+use oxiflow_ops::linear::linear;
+use oxiflow_ops::linear::Activation;
 use oxiflow_ops::residual_layer_norm::{residual_layer_norm, residual_layer_norm_stats};
-use oxiflow_tensor::custom::Activation;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -167,7 +168,7 @@ fn linear_case(
     let c = make(&[rows, 3, n], 4, 4);
     let bias_ref = bias.then_some(&b);
     let y = if fused {
-        x.linear(&w, bias_ref, act).unwrap()
+        linear(&x, &w, bias_ref, act).unwrap()
     } else {
         let y = x.matmul(&w).unwrap();
         let y = if bias { y.add(&b).unwrap() } else { y };
@@ -208,7 +209,7 @@ fn linear_gelu_saves_its_pre_activation_not_its_output() {
     let x = Tensor::randn([4, 3], 1, F).requires_grad_(true);
     let w = Tensor::randn([3, 8], 2, F).requires_grad_(true);
     let b = Tensor::randn([8], 3, F).requires_grad_(true);
-    let y = x.linear(&w, Some(&b), Activation::Gelu).unwrap();
+    let y = linear(&x, &w, Some(&b), Activation::Gelu).unwrap();
     assert_eq!(
         y.autograd().grad_fn().map(|f| f.saved_count()),
         Some(3),
@@ -216,7 +217,7 @@ fn linear_gelu_saves_its_pre_activation_not_its_output() {
     );
     // An input that needs no gradient is not kept: a frozen x keeps w out.
     let x0 = Tensor::randn([4, 3], 1, F);
-    let y = x0.linear(&w, Some(&b), Activation::None).unwrap();
+    let y = linear(&x0, &w, Some(&b), Activation::None).unwrap();
     assert_eq!(
         y.autograd().grad_fn().map(|f| f.saved_count()),
         Some(1),
@@ -227,19 +228,16 @@ fn linear_gelu_saves_its_pre_activation_not_its_output() {
 #[test]
 fn linear_bad_input_is_typed() {
     let x = Tensor::randn([4, 3], 1, F);
-    let e = x
-        .linear(&Tensor::randn([4, 2], 2, F), None, Activation::None)
+    let e = linear(&x, &Tensor::randn([4, 2], 2, F), None, Activation::None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("linear") && e.contains("[4, 2]"), "{e}");
     let w = Tensor::randn([3, 2], 2, F);
-    let e = x
-        .linear(&w, Some(&Tensor::randn([3], 3, F)), Activation::Gelu)
+    let e = linear(&x, &w, Some(&Tensor::randn([3], 3, F)), Activation::Gelu)
         .unwrap_err()
         .to_string();
     assert!(e.contains("linear_gelu"), "{e}");
-    let e = x
-        .linear(&w.to_dtype(DType::F32).unwrap(), None, Activation::None)
+    let e = linear(&x, &w.to_dtype(DType::F32).unwrap(), None, Activation::None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("linear") && e.contains("dtype"), "{e}");
@@ -254,11 +252,11 @@ fn linear_keeps_column_parallel_and_row_split_layouts() {
         let x = Tensor::randn_global([4, 3], 1, F, &p, NdSbp::broadcast(1)).unwrap();
         let w = Tensor::randn_global([3, 6], 2, F, &p, NdSbp::new([Sbp::S(1)])).unwrap();
         let b = Tensor::randn_global([6], 3, F, &p, NdSbp::new([Sbp::S(0)])).unwrap();
-        let col = x.linear(&w, Some(&b), Activation::Gelu).unwrap();
+        let col = linear(&x, &w, Some(&b), Activation::Gelu).unwrap();
         let xs = Tensor::randn_global([4, 3], 1, F, &p, NdSbp::new([Sbp::S(0)])).unwrap();
         let wb = w.to_global(&p, NdSbp::broadcast(1)).unwrap();
         let bb = b.to_global(&p, NdSbp::broadcast(1)).unwrap();
-        let rows = xs.linear(&wb, Some(&bb), Activation::None).unwrap();
+        let rows = linear(&xs, &wb, Some(&bb), Activation::None).unwrap();
         (col.nd_sbp().cloned(), rows.nd_sbp().cloned())
     });
     for (col, rows) in got {

@@ -295,7 +295,7 @@ fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
 /// backward (the backward's products carry the forward's precision).
 #[test]
 fn matmul_precision_keys_the_dispatch_cache_and_changes_no_cpu_bits() {
-    use oxiflow_tensor::custom::Activation;
+    use oxiflow_ops::linear::{linear_at, Activation};
     use oxiflow_tensor::MatmulPrecision;
 
     let p = Placement::new(DeviceType::Cpu, vec![2], vec![0, 1]).unwrap();
@@ -319,7 +319,7 @@ fn matmul_precision_keys_the_dispatch_cache_and_changes_no_cpu_bits() {
             );
             let y = a.matmul_at(&w, mp).unwrap();
             let z = y.matmul_t_at(&w, (false, true), mp).unwrap();
-            let l = a.linear_at(&w, Some(&bias), Activation::Gelu, mp).unwrap();
+            let l = linear_at(&a, &w, Some(&bias), Activation::Gelu, mp).unwrap();
             z.sum_all()
                 .unwrap()
                 .add(&l.sum_all().unwrap())

@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::vals;
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear;
+use oxiflow_ops::linear::Activation;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
@@ -55,9 +56,7 @@ fn loss(x: &Tensor, p: &[Tensor], which: Option<usize>) -> Tensor {
     }
     for i in 0..3 {
         if on(i + 1) {
-            let y = x
-                .linear(&p[3 * i], Some(&p[3 * i + 1]), Activation::None)
-                .unwrap();
+            let y = linear(x, &p[3 * i], Some(&p[3 * i + 1]), Activation::None).unwrap();
             terms.push(y.mul(&p[3 * i + 2]).unwrap().sum_all().unwrap());
         }
     }

@@ -10,7 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::{placement, vals};
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear;
+use oxiflow_ops::linear::Activation;
+use oxiflow_ops::residual_mlp::{residual_mlp, residual_mlp_with};
 use oxiflow_tensor::{run_ranks, DType, MatmulPrecision, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -32,22 +34,22 @@ fn run(inputs: &[Tensor; 7], path: Path, whole: &dyn Fn(&Tensor) -> Vec<f64>) ->
     let [x, w_fc, b_fc, w_proj, b_proj, res, r] = inputs;
     let y = match path {
         Path::Unfused => {
-            let h = x.linear(w_fc, Some(b_fc), Activation::Gelu).unwrap();
-            let m = h.linear(w_proj, Some(b_proj), Activation::None).unwrap();
+            let h = linear(x, w_fc, Some(b_fc), Activation::Gelu).unwrap();
+            let m = linear(&h, w_proj, Some(b_proj), Activation::None).unwrap();
             res.add(&m).unwrap()
         }
         Path::Fused | Path::Recomputing => {
             let recompute = path == Path::Recomputing;
-            let y = x
-                .residual_mlp_with(
-                    w_fc,
-                    b_fc,
-                    w_proj,
-                    b_proj,
-                    res,
-                    (recompute, MatmulPrecision::F32),
-                )
-                .unwrap();
+            let y = residual_mlp_with(
+                x,
+                w_fc,
+                b_fc,
+                w_proj,
+                b_proj,
+                res,
+                (recompute, MatmulPrecision::F32),
+            )
+            .unwrap();
             // x, both weights and pre, and h unless it is computed again.
             let kept = y.autograd().grad_fn().map(|f| f.saved_count());
             assert_eq!(kept, Some(if recompute { 4 } else { 5 }), "{path:?}");
@@ -186,7 +188,7 @@ fn the_fused_mlp_equals_its_layers_in_every_layout() {
 fn bad_shapes_are_refused() {
     let t = |s: &[usize]| Tensor::randn(s.to_vec(), 1, F);
     let (x, wf, bf, wp, bp) = (t(&[3, 4]), t(&[4, 8]), t(&[8]), t(&[8, 4]), t(&[4]));
-    assert!(x.residual_mlp(&wf, &bf, &wp, &bp, &x).is_ok());
+    assert!(residual_mlp(&x, &wf, &bf, &wp, &bp, &x).is_ok());
     for (wf2, bf2, wp2, bp2, r2) in [
         (t(&[5, 8]), bf.clone(), wp.clone(), bp.clone(), x.clone()),
         (wf.clone(), t(&[7]), wp.clone(), bp.clone(), x.clone()),
@@ -194,14 +196,12 @@ fn bad_shapes_are_refused() {
         (wf.clone(), bf.clone(), wp.clone(), t(&[5]), x.clone()),
         (wf.clone(), bf.clone(), wp.clone(), bp.clone(), t(&[2, 4])),
     ] {
-        let e = x
-            .residual_mlp(&wf2, &bf2, &wp2, &bp2, &r2)
+        let e = residual_mlp(&x, &wf2, &bf2, &wp2, &bp2, &r2)
             .unwrap_err()
             .to_string();
         assert!(e.contains("residual_mlp"), "{e}");
     }
-    let e = x
-        .residual_mlp(&wf.to_dtype(DType::F32).unwrap(), &bf, &wp, &bp, &x)
+    let e = residual_mlp(&x, &wf.to_dtype(DType::F32).unwrap(), &bf, &wp, &bp, &x)
         .unwrap_err()
         .to_string();
     assert!(e.contains("residual_mlp"), "{e}");

@@ -5,6 +5,7 @@
 use super::*;
 use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 use oxiflow_ops::classifier::{classifier_loss, classifier_loss_padded};
+use oxiflow_ops::linear::linear;
 
 /// One op case: the op family (`kind`), shapes, input layouts, a variant and a seed.
 #[derive(Clone, Debug)]
@@ -232,7 +233,7 @@ pub(crate) fn run_case(c: &OpCase, mk: &Make) -> Result<Vec<Tensor>> {
             let fw = mk(&[c.c, n], s + 4, [2, 1][c.sb % 2])?.requires_grad_(true);
             let fb = mk(&[n], s + 5, [2, 0][c.sb % 2])?.requires_grad_(true);
             let (r, y) = residual_layer_norm(&xa, &aa, &w, &b, 1e-5)?;
-            let h = y.linear(&fw, Some(&fb), Activation::Gelu)?;
+            let h = linear(&y, &fw, Some(&fb), Activation::Gelu)?;
             let lab = labels(mk, c.r, s + 6, c.sa % 3, n)?;
             // Padded: the first n - 1 - v % 4 columns are the classes (labels wrapped to them).
             let classes = n - 1 - c.v % 4;

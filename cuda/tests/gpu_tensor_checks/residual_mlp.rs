@@ -5,7 +5,9 @@
 //! it again in the backward.
 
 use super::*;
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear;
+use oxiflow_ops::linear::Activation;
+use oxiflow_ops::residual_mlp::residual_mlp_with;
 use oxiflow_tensor::MatmulPrecision;
 
 /// y and the gradients of `sum(y * r)` w.r.t. x, w_fc, b_fc, w_proj, b_proj, residual.
@@ -22,7 +24,8 @@ fn outputs(
         });
     };
     let y = match fused {
-        Some(recompute) => x.residual_mlp_with(
+        Some(recompute) => residual_mlp_with(
+            x,
             w_fc,
             b_fc,
             w_proj,
@@ -31,8 +34,8 @@ fn outputs(
             (recompute, MatmulPrecision::F32),
         )?,
         None => {
-            let h = x.linear(w_fc, Some(b_fc), Activation::Gelu)?;
-            res.add(&h.linear(w_proj, Some(b_proj), Activation::None)?)?
+            let h = linear(x, w_fc, Some(b_fc), Activation::Gelu)?;
+            res.add(&linear(&h, w_proj, Some(b_proj), Activation::None)?)?
         }
     };
     y.mul(r)?.sum_all()?.backward()?;

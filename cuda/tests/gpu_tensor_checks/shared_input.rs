@@ -6,7 +6,8 @@
 //! host, on random never-zero data in f32, bf16, f16 and f64.
 
 use super::*;
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear;
+use oxiflow_ops::linear::Activation;
 
 /// The input's gradient of `sum(LN(x) r0) + sum_i sum((x w_i + b_i) r_i)` for `ins` = x, the
 /// LayerNorm's weight and bias, then (w_i, b_i, r_i) for the three layers and r0.
@@ -20,7 +21,7 @@ fn x_grad(ins: &[Tensor], whole: &dyn Fn(&Tensor) -> Result<Vec<f64>>) -> Result
     };
     let mut loss = x.layer_norm(lw, lb, 1e-5)?.mul(&rest[9])?.sum_all()?;
     for l in rest[..9].chunks(3) {
-        let y = x.linear(&l[0], Some(&l[1]), Activation::None)?;
+        let y = linear(x, &l[0], Some(&l[1]), Activation::None)?;
         loss = loss.add(&y.mul(&l[2])?.sum_all()?)?;
     }
     loss.backward()?;

@@ -6,11 +6,12 @@
 //! (`attach_lora`) adds its low-rank product to the layer's, before the activation.
 
 use oxiflow_dtype::DType;
+use oxiflow_ops::linear::linear_at;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
 use crate::{Result, TensorError};
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::Activation;
 use oxiflow_tensor::Tensor;
 
 use super::init::{param_seed, Init, ParamPlacement};
@@ -244,9 +245,10 @@ impl Linear {
             // The base product as without the adapter (one fused op where it can be), then the
             // adapter's term, then the activation.
             let y = match (&b, self.partial) {
-                (Some(b), false) => x
-                    .linear_at(&self.weight.compute()?, Some(b), Activation::None, mp)?
-                    .add(&l.delta(x)?)?,
+                (Some(b), false) => {
+                    linear_at(x, &self.weight.compute()?, Some(b), Activation::None, mp)?
+                        .add(&l.delta(x)?)?
+                }
                 (Some(b), true) => self.product(x)?.add(b)?,
                 (None, _) => self.product(x)?,
             };
@@ -257,7 +259,7 @@ impl Linear {
         }
         let w = self.weight.compute()?;
         if !self.partial && (b.is_some() || act != Activation::None) {
-            return x.linear_at(&w, b.as_ref(), act, mp);
+            return linear_at(x, &w, b.as_ref(), act, mp);
         }
         let y = x.matmul_at(&w, mp)?;
         let y = match &b {

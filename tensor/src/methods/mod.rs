@@ -21,7 +21,7 @@ mod rms_norm;
 mod rotary;
 mod softmax;
 
-use crate::dispatch::{dispatch, dispatch_multi};
+use crate::dispatch::dispatch;
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -30,9 +30,5 @@ impl Tensor {
     /// Runs a single-output `op` on `inputs` through dispatch.
     pub(crate) fn apply(op: impl Into<Op>, inputs: &[&Tensor]) -> Result<Tensor> {
         dispatch(op.into(), inputs)
-    }
-    /// Runs `op` on `inputs` through dispatch and returns every output, in order.
-    pub(crate) fn apply_all(op: impl Into<Op>, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        dispatch_multi(op.into(), inputs)
     }
 }

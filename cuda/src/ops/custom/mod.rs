@@ -2,5 +2,3 @@
 //! for `CudaKernels`.
 
 mod fused_elementwise;
-mod linear;
-mod residual_mlp;

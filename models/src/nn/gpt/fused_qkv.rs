@@ -9,7 +9,8 @@
 //! memory stays where a captured step reads it).
 
 use oxiflow_ops::decode::{rotary_qkv_at, write_rows_in_place};
-use oxiflow_tensor::custom::Activation;
+use oxiflow_ops::linear::linear_at;
+use oxiflow_ops::linear::Activation;
 use oxiflow_tensor::{MatmulPrecision, Tensor};
 
 use super::super::linear::Linear;
@@ -106,7 +107,8 @@ impl FusedQkv {
         };
         let w = self.weight.reshape([c, g * width])?;
         let y = match &self.bias {
-            Some(b) => x.linear_at(
+            Some(b) => linear_at(
+                x,
                 &w,
                 Some(&b.reshape([g * width])?),
                 Activation::None,

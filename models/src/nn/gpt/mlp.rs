@@ -1,6 +1,7 @@
 //! `GptMlp`: the dense MLP of a decoder block (GELU or SwiGLU), Megatron tensor-parallel on
 //! the tensor-parallel axis, and the fused residual MLP where its weights are whole.
 
+use oxiflow_ops::residual_mlp::residual_mlp_with;
 use oxiflow_sbp::Sbp;
 
 use crate::Result;
@@ -111,7 +112,8 @@ impl GptMlp {
         if w.iter().any(|t| t.has_sbp_over_ranks(|s| s != Sbp::B)) {
             return Ok(None);
         }
-        Ok(Some(h.residual_mlp_with(
+        Ok(Some(residual_mlp_with(
+            h,
             &w[0],
             &w[1],
             &w[2],

@@ -2,5 +2,3 @@
 //! for `CpuBackend`.
 
 mod fused_elementwise;
-mod linear;
-mod residual_mlp;

@@ -1,5 +1,3 @@
 //! The `Tensor` methods of the custom ops (`op/custom/`), one file per op.
 
 mod fused_elementwise;
-mod linear;
-mod residual_mlp;

@@ -114,7 +114,5 @@ macro_rules! custom_ops {
 
 custom_ops! {
     // module::Variant(Type): KernelTrait,
-    residual_mlp::ResidualMlp(ResidualMlp): ResidualMlpKernels,
-    linear::Linear(LinearOp): LinearKernels,
     fused_elementwise::FusedElementwise(FusedElementwise): FusedElementwiseKernels,
 }

@@ -5,15 +5,14 @@
 //! projection's weight gradient, `dpre w_fc^T`, and w_fc's gradient with b_fc's in its
 //! epilogue. f64 data, empty pieces and calls cuBLASLt refuses take the composed kernels.
 
-use crate::blaslt::{Epilogue, LtMatmul};
-use crate::derr;
-use crate::ops::CudaKernels;
-use crate::storage::CudaStorage;
+use oxiflow_cuda::kernel_layer::{Epilogue, LtMatmul};
+use oxiflow_cuda::{device_error as derr, CudaKernels, CudaStorage};
 use oxiflow_dtype::MatmulPrecision;
 use oxiflow_tensor::backend::MatmulKernels;
-use oxiflow_tensor::custom::{Activation, LinearKernels, ResidualMlp, ResidualMlpKernels};
-use oxiflow_tensor::Result;
-use oxiflow_tensor::{KernelBackend, OutSpec};
+use oxiflow_tensor::{KernelBackend, OutSpec, Result};
+
+use super::{Composed, ResidualMlpKernels};
+use crate::linear::{Activation, LinearKernels};
 
 /// The (rows, C, F) of an MLP on `x` `[.., C]` with `w_fc` `[C, F]` (`ins[0]` and `ins[w]`),
 /// every input and output piece of one dtype; else an error of `op` naming the pieces.
@@ -25,18 +24,18 @@ fn sizes(
 ) -> Result<(usize, usize, usize)> {
     let (x, w_fc) = (ins[0], ins[w]);
     let all: Vec<&CudaStorage> = ins.into_iter().chain(out).collect();
-    let c = x.shape.dims().last().copied().unwrap_or(0);
-    let f = match w_fc.shape.dims() {
+    let c = x.shape().dims().last().copied().unwrap_or(0);
+    let f = match w_fc.shape().dims() {
         [wc, f] if *wc == c => *f,
         _ => 0,
     };
-    if all.iter().any(|p| p.dtype != x.dtype) || f == 0 && w_fc.numel() != 0 {
+    if all.iter().any(|p| p.dtype() != x.dtype()) || f == 0 && w_fc.numel() != 0 {
         return Err(derr(
             op,
             format!(
                 "pieces {:?} do not make an MLP",
                 all.iter()
-                    .map(|p| format!("{} {}", p.dtype, p.shape))
+                    .map(|p| format!("{} {}", p.dtype(), p.shape()))
                     .collect::<Vec<_>>()
             ),
         ));
@@ -54,9 +53,9 @@ impl ResidualMlpKernels for CudaKernels {
         let op = "residual_mlp";
         let [xi, w_fc, b_fc, w_proj, b_proj, res] = x;
         let (rows, c, f) = sizes(op, x, 1, out)?;
-        let t = match self.lt_types(xi.dtype, precision) {
+        let t = match self.lt_types(xi.dtype(), precision) {
             Some(t) if rows > 0 && c > 0 && f > 0 && out.len() == 3 => t,
-            _ => return ResidualMlp::composed_forward(self, x, precision, out),
+            _ => return Composed::forward(self, x, precision, out),
         };
         let gelu = Activation::Gelu;
         self.linear(gelu, precision, xi, w_fc, Some(b_fc), &mut out[1..3])?;
@@ -69,7 +68,7 @@ impl ResidualMlpKernels for CudaKernels {
         if self.lt_ran_c(&g, out[1].ptr(), w_proj.ptr(), res.ptr(), out[0].ptr())? {
             return Ok(());
         }
-        ResidualMlp::composed_forward(self, x, precision, out)
+        Composed::forward(self, x, precision, out)
     }
 
     fn residual_mlp_backward(
@@ -81,16 +80,16 @@ impl ResidualMlpKernels for CudaKernels {
         let op = "residual_mlp_backward";
         let [xi, h, pre, w_fc, w_proj, dy] = x;
         let (rows, c, f) = sizes(op, x, 3, out)?;
-        let t = match self.lt_types(xi.dtype, precision) {
+        let t = match self.lt_types(xi.dtype(), precision) {
             Some(t) if rows > 0 && c > 0 && f > 0 && f % 8 == 0 && out.len() == 5 => t,
-            _ => return ResidualMlp::composed_backward(self, x, precision, out),
+            _ => return Composed::backward(self, x, precision, out),
         };
         let (dx, rest) = out.split_at_mut(1);
         let (fc, proj) = rest.split_at_mut(2);
         // dpre = (dy w_proj^T) gelu'(pre), with b_fc's gradient its column sums.
         let dpre = self.alloc(&OutSpec {
-            shape: pre.shape.clone(),
-            dtype: pre.dtype,
+            shape: pre.shape().clone(),
+            dtype: pre.dtype(),
         })?;
         // dpre = (dy w_proj^T) gelu'(pre) in the product's epilogue. (cuBLASLt's epilogue that
         // also sums b_fc's gradient ran 1.5 ms slower over GPT-2's 12 layers on an H100 than
@@ -100,7 +99,7 @@ impl ResidualMlpKernels for CudaKernels {
             ..LtMatmul::new((rows, f, c), (false, true), t)
         };
         if !self.lt_ran_c(&g, dy.ptr(), w_proj.ptr(), dpre.ptr(), dpre.ptr())? {
-            return ResidualMlp::composed_backward(self, x, precision, out);
+            return Composed::backward(self, x, precision, out);
         }
         self.linear_weight_grad(precision, h, dy, proj)?;
         self.matmul_t(&dpre, w_fc, (false, true), false, precision, &mut dx[0])?;

@@ -3,24 +3,21 @@
 //! in its epilogue, f32 products at the op's precision. f64 data, f32 data at bf16 matmul
 //! precision, a GELU without a bias and calls cuBLASLt refuses take the composed kernels.
 
-use crate::blaslt::{Epilogue, LtMatmul};
-use crate::copy::fill;
-use crate::derr;
-use crate::ops::CudaKernels;
-
-use crate::storage::CudaStorage;
+use oxiflow_cuda::kernel_layer::{fill, Epilogue, LtMatmul};
+use oxiflow_cuda::{device_error as derr, CudaKernels, CudaStorage};
 use oxiflow_dtype::MatmulPrecision;
-use oxiflow_tensor::custom::{Activation, LinearKernels, LinearOp};
 use oxiflow_tensor::Result;
 
+use super::{Activation, Composed, LinearKernels};
+
 fn same_dtype(op: &'static str, pieces: &[&CudaStorage]) -> Result<()> {
-    let dt = pieces[0].dtype;
-    if pieces.iter().any(|p| p.dtype != dt) {
+    let dt = pieces[0].dtype();
+    if pieces.iter().any(|p| p.dtype() != dt) {
         return Err(derr(
             op,
             format!(
                 "pieces of several dtypes: {:?}",
-                pieces.iter().map(|p| p.dtype).collect::<Vec<_>>()
+                pieces.iter().map(|p| p.dtype()).collect::<Vec<_>>()
             ),
         ));
     }
@@ -38,9 +35,9 @@ impl LinearKernels for CudaKernels {
         out: &mut [CudaStorage],
     ) -> Result<()> {
         let op = "linear";
-        let (k, n) = match w.shape.dims() {
+        let (k, n) = match w.shape().dims() {
             [k, n] => (*k, *n),
-            _ => return Err(derr(op, format!("weight {} is not 2-d", w.shape))),
+            _ => return Err(derr(op, format!("weight {} is not 2-d", w.shape()))),
         };
         // Rows from x, or from the output when x holds no elements (K = 0).
         let rows = match (k, n) {
@@ -52,7 +49,7 @@ impl LinearKernels for CudaKernels {
         all.extend(bias);
         all.extend(out.iter());
         same_dtype(op, &all)?;
-        if x.shape.dims().last() != Some(&k)
+        if x.shape().dims().last() != Some(&k)
             || bias.is_some_and(|b| b.numel() != n)
             || out.iter().any(|o| o.numel() != rows * n)
         {
@@ -60,17 +57,19 @@ impl LinearKernels for CudaKernels {
                 op,
                 format!(
                     "x {}, weight {}, bias {:?} and outputs {:?} do not fit",
-                    x.shape,
-                    w.shape,
-                    bias.map(|b| b.shape.to_string()),
-                    out.iter().map(|o| o.shape.to_string()).collect::<Vec<_>>()
+                    x.shape(),
+                    w.shape(),
+                    bias.map(|b| b.shape().to_string()),
+                    out.iter()
+                        .map(|o| o.shape().to_string())
+                        .collect::<Vec<_>>()
                 ),
             ));
         }
         if rows == 0 || n == 0 {
             return Ok(());
         }
-        if let (Some(t), true) = (self.lt_types(x.dtype, precision), k > 0) {
+        if let (Some(t), true) = (self.lt_types(x.dtype(), precision), k > 0) {
             let (y, pre) = match &*out {
                 [y] => (y.ptr(), 0),
                 [y, pre] => (y.ptr(), pre.ptr()),
@@ -94,7 +93,7 @@ impl LinearKernels for CudaKernels {
                 }
             }
         }
-        LinearOp::composed_forward(self, (act, precision), x, w, bias, out)
+        Composed::forward(self, (act, precision), x, w, bias, out)
     }
 
     fn linear_weight_grad(
@@ -105,14 +104,14 @@ impl LinearKernels for CudaKernels {
         out: &mut [CudaStorage],
     ) -> Result<()> {
         let op = "linear_weight_grad";
-        let k = x.shape.dims().last().copied().unwrap_or(0);
-        let n = dpre.shape.dims().last().copied().unwrap_or(0);
+        let k = x.shape().dims().last().copied().unwrap_or(0);
+        let n = dpre.shape().dims().last().copied().unwrap_or(0);
         let mut all = vec![x, dpre];
         all.extend(out.iter());
         same_dtype(op, &all)?;
         if k == 0 || n == 0 {
             // Empty weight gradients (and the bias gradient's plain row sums).
-            return LinearOp::composed_weight_grad(self, precision, x, dpre, out);
+            return Composed::weight_grad(self, precision, x, dpre, out);
         }
         let rows = x.numel() / k;
         let fits = match &*out {
@@ -125,20 +124,22 @@ impl LinearKernels for CudaKernels {
                 op,
                 format!(
                     "x {} and dpre {} do not give outputs {:?}",
-                    x.shape,
-                    dpre.shape,
-                    out.iter().map(|o| o.shape.to_string()).collect::<Vec<_>>()
+                    x.shape(),
+                    dpre.shape(),
+                    out.iter()
+                        .map(|o| o.shape().to_string())
+                        .collect::<Vec<_>>()
                 ),
             ));
         }
         if rows == 0 {
             // Sums over no rows.
             for o in out.iter() {
-                fill(&self.rt, op, o.dtype, o.ptr(), o.numel(), 0.0, 0)?;
+                fill(self.runtime(), op, o.dtype(), o.ptr(), o.numel(), 0.0, 0)?;
             }
             return Ok(());
         }
-        if let Some(t) = self.lt_types(x.dtype, precision) {
+        if let Some(t) = self.lt_types(x.dtype(), precision) {
             let epilogue = match &*out {
                 [_, db] => Epilogue::BiasGradCols {
                     bias_grad: db.ptr(),
@@ -154,6 +155,6 @@ impl LinearKernels for CudaKernels {
                 return Ok(());
             }
         }
-        LinearOp::composed_weight_grad(self, precision, x, dpre, out)
+        Composed::weight_grad(self, precision, x, dpre, out)
     }
 }

@@ -10,7 +10,9 @@ use half::{bf16, f16};
 use ndarray::ArrayD;
 use oxiflow_dtype::DType;
 use oxiflow_tensor::backend::ElementwiseKernels;
-use oxiflow_tensor::{CpuArray, CpuBackend, Result, TensorElement, TensorError};
+use oxiflow_tensor::{
+    CpuArray, CpuBackend, KernelFn, KernelIo, Result, TensorElement, TensorError,
+};
 
 /// Elements per parallel chunk of an element-wise kernel.
 pub(crate) const CHUNK: usize = 1 << 14;
@@ -152,6 +154,27 @@ pub(crate) fn through_wide(
         CpuBackend.cast(y, o)?;
     }
     Ok(())
+}
+
+/// Kernel `run` of op `op` on the CPU with 16-bit data through f32 ([`through_wide`]).
+pub(crate) fn wide_kernel<O>(
+    op: &O,
+    b: &CpuBackend,
+    io: KernelIo<'_, CpuBackend>,
+    run: KernelFn<O, CpuBackend>,
+) -> Result<()> {
+    through_wide(io.inputs, io.outputs, |inputs, outputs| {
+        let scratch = &mut [];
+        run(
+            op,
+            b,
+            KernelIo {
+                inputs,
+                outputs,
+                scratch,
+            },
+        )
+    })
 }
 
 pub(crate) fn kernel_err(op: &'static str, detail: String) -> TensorError {

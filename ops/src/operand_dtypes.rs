@@ -11,15 +11,31 @@ use oxiflow_tensor::{CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaRes
 const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
 const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
+/// Every float dtype, what the fused ops whose CPU kernels compute 16-bit data through f32
+/// take on both backends.
+pub(crate) const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+/// Every float dtype and i64 (for ops reading class ids beside their floats).
+pub(crate) const FLOATS_AND_IDS: &[DType] =
+    &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
+
+/// The kernel table of op type `O`: `cpu` for inputs of `cpu_dtypes`, `cuda` for inputs of
+/// `cuda_dtypes`.
+pub(crate) fn cpu_and_cuda<O: ExternOp>(
+    (cpu_dtypes, cpu): (&[DType], KernelFn<O, CpuBackend>),
+    (cuda_dtypes, cuda): (&[DType], KernelFn<O, CudaKernels>),
+) -> Kernels {
+    Kernels::new()
+        .with::<O, CpuBackend>(cpu_dtypes, cpu)
+        .with::<O, CudaKernels>(cuda_dtypes, cuda)
+}
+
 /// The kernel table of an element-wise fused op of type `O`: `cpu` for f32, f64 and bf16,
 /// `cuda` for f32, f64, bf16 and f16.
 pub(crate) fn float_kernels<O: ExternOp>(
     cpu: KernelFn<O, CpuBackend>,
     cuda: KernelFn<O, CudaKernels>,
 ) -> Kernels {
-    Kernels::new()
-        .with::<O, CpuBackend>(CPU_DTYPES, cpu)
-        .with::<O, CudaKernels>(CUDA_DTYPES, cuda)
+    cpu_and_cuda((CPU_DTYPES, cpu), (CUDA_DTYPES, cuda))
 }
 
 /// The one float dtype of `dtypes`, or why they are not.

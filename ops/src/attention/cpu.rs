@@ -350,6 +350,27 @@ fn dtype_err(op: &'static str, x: &[&CpuArray], outputs: usize, want: usize) -> 
     )
 }
 
+/// A pass typed by its float element: None when a piece is not of that type.
+type Typed = fn(&[&CpuArray], FlashAttrs, &mut [CpuArray]) -> Option<Result<()>>;
+
+/// The pass of `op` for f32 or f64 pieces (by the first input; 16-bit ones through f32) with
+/// attributes `a` into its `outputs` buffers, or the typed error naming the pieces' dtypes.
+fn by_float(
+    op: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+    (a, outputs): (FlashAttrs, usize),
+    [wide, double]: [Typed; 2],
+) -> Result<()> {
+    through_wide(io.inputs, io.outputs, |x, out| {
+        match x.first() {
+            Some(CpuArray::F32(_)) => wide(x, a, out),
+            Some(CpuArray::F64(_)) => double(x, a, out),
+            _ => None,
+        }
+        .unwrap_or_else(|| Err(dtype_err(op, x, out.len(), outputs)))
+    })
+}
+
 /// o and lse of q, k, v (16-bit operands through f32).
 pub(super) fn forward(
     op: &FlashAttention,
@@ -368,15 +389,7 @@ pub(super) fn forward(
         let (o, lse) = (F::view_mut(o)?, F::view_mut(lse)?);
         Some(forward_t([v[0], v[1], v[2]], a, o, lse))
     }
-    let a = op.0;
-    through_wide(io.inputs, io.outputs, |x, out| {
-        match x.first() {
-            Some(CpuArray::F32(_)) => run::<f32>(x, a, out),
-            Some(CpuArray::F64(_)) => run::<f64>(x, a, out),
-            _ => None,
-        }
-        .unwrap_or_else(|| Err(dtype_err("flash_attention", x, out.len(), 2)))
-    })
+    by_float("flash_attention", io, (op.0, 2), [run::<f32>, run::<f64>])
 }
 
 /// dq, dk, dv from q, k, v, o, dO and lse (16-bit operands through f32).
@@ -396,13 +409,10 @@ pub(super) fn backward(
         };
         Some(backward_t([q, k, v_, o, d_o, lse], a, out))
     }
-    let a = op.0;
-    through_wide(io.inputs, io.outputs, |x, out| {
-        match x.first() {
-            Some(CpuArray::F32(_)) => run::<f32>(x, a, out),
-            Some(CpuArray::F64(_)) => run::<f64>(x, a, out),
-            _ => None,
-        }
-        .unwrap_or_else(|| Err(dtype_err("flash_attention_backward", x, out.len(), 3)))
-    })
+    by_float(
+        "flash_attention_backward",
+        io,
+        (op.0, 3),
+        [run::<f32>, run::<f64>],
+    )
 }

@@ -14,6 +14,7 @@
 //! backward's dK and dV come out per query head in scratch and sum over each group (one
 //! column-sum launch each).
 
+use crate::kernel_io::io_arrays;
 use oxiflow_cuda::kernel_layer::{
     attention_backward, attention_forward, copy_nd, fill, gemm_at, grid, per_row,
     prepare_attention_backward, AttentionBackward, AttentionForward, AttentionShape, Bhtd,
@@ -321,13 +322,7 @@ pub(super) fn forward(
     io: KernelIo<'_, CudaKernels>,
 ) -> Result<()> {
     let a = op.0;
-    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
-    let (&[q, k, v], [o, lse]) = (io.inputs, io.outputs) else {
-        return Err(derr(
-            FWD,
-            format!("expects 3 inputs and 2 output buffers, got {n_in} and {n_out}"),
-        ));
-    };
+    let ([q, k, v], [o, lse]) = io_arrays(FWD, io.inputs, io.outputs)?;
     let d = dims(FWD, [q, k, v], a.causal)?;
     expect(FWD, "the o buffer", o, &d.o(), q.dtype())?;
     expect(FWD, "the lse buffer", lse, &d.lse(), q.dtype().compute())?;
@@ -351,13 +346,8 @@ pub(super) fn backward(
     cu: &CudaKernels,
     io: KernelIo<'_, CudaKernels>,
 ) -> Result<()> {
-    let (a, out) = (op.0, io.outputs);
-    let &[q, k, v, o, d_o, lse] = io.inputs else {
-        return Err(derr(
-            BWD,
-            format!("expects 6 inputs, got {}", io.inputs.len()),
-        ));
-    };
+    let a = op.0;
+    let ([q, k, v, o, d_o, lse], out) = io_arrays::<_, _, 6, 3>(BWD, io.inputs, io.outputs)?;
     let x = GradInputs {
         q,
         k,
@@ -371,12 +361,7 @@ pub(super) fn backward(
     expect(BWD, "o", x.o, &d.o(), dt)?;
     expect(BWD, "the gradient of o", x.d_o, &d.o(), dt)?;
     expect(BWD, "lse", x.lse, &d.lse(), dt.compute())?;
-    let [dq, dk, dv] = out else {
-        return Err(derr(
-            BWD,
-            format!("expects 3 output buffers, got {}", out.len()),
-        ));
-    };
+    let [dq, dk, dv] = out;
     expect(BWD, "the dq buffer", dq, x.q.shape().dims(), dt)?;
     expect(BWD, "the dk buffer", dk, x.k.shape().dims(), dt)?;
     expect(BWD, "the dv buffer", dv, x.v.shape().dims(), dt)?;

@@ -24,16 +24,15 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult,
-    Result, Saves, Tensor, TensorError,
+    dispatch_multi, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result,
+    Saves, Tensor, TensorError,
 };
 
-use crate::operand_dtypes::one_float_dtype;
-use crate::two_outputs::dispatch_pair;
+use crate::dispatch_outputs::dispatch_pair;
+use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
 
 /// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
 /// `0..=i`; scores are `scale q . k`.
@@ -261,21 +260,11 @@ fn attention_rules(
     Ok((rules, (dims.g != dims.h).then_some(dims.g)))
 }
 
-/// The dtypes of the CPU kernels (16-bit computed through f32) and of the CUDA kernels.
-const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
-const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, cuda::forward)));
 
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<FlashAttention, CpuBackend>(CPU_DTYPES, cpu::forward)
-        .with::<FlashAttention, CudaKernels>(CUDA_DTYPES, cuda::forward)
-});
-
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<FlashAttentionGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
-        .with::<FlashAttentionGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::backward), (FLOATS, cuda::backward)));
 
 impl ExternOp for FlashAttention {
     fn name(&self) -> &'static str {

@@ -5,15 +5,14 @@
 use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 
 use super::{Classifier, ClassifierGrad, Composed};
-use crate::host_slices::{kernel_err, through_wide};
+use crate::host_slices::through_wide;
+use crate::kernel_io::io_arrays;
 
 /// [loss, dlogits] of logits and targets.
 pub(super) fn forward(op: &Classifier, b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| match (x, out) {
-        (&[logits, targets], [loss, dlogits]) => {
-            Composed::forward(b, logits, targets, op.classes, [loss, dlogits])
-        }
-        (x, out) => Err(counts("classifier", x.len(), out.len())),
+    through_wide(io.inputs, io.outputs, |x, out| {
+        let ([logits, targets], [loss, dlogits]) = io_arrays("classifier", x, out)?;
+        Composed::forward(b, logits, targets, op.classes, [loss, dlogits])
     })
 }
 
@@ -23,15 +22,8 @@ pub(super) fn backward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| match (x, out) {
-        (&[dlogits, dloss], [y]) => Composed::backward(b, dlogits, dloss, y),
-        (x, out) => Err(counts("classifier_backward", x.len(), out.len())),
+    through_wide(io.inputs, io.outputs, |x, out| {
+        let ([dlogits, dloss], [y]) = io_arrays("classifier_backward", x, out)?;
+        Composed::backward(b, dlogits, dloss, y)
     })
-}
-
-fn counts(op: &'static str, inputs: usize, outputs: usize) -> oxiflow_tensor::TensorError {
-    kernel_err(
-        op,
-        format!("expects 2 inputs and its output buffers, got {inputs} and {outputs}"),
-    )
 }

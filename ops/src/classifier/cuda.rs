@@ -3,6 +3,7 @@
 //! written to their own buffers, the padded columns' gradient 0) and its row scaling; f64
 //! logits take the composed kernels.
 
+use crate::kernel_io::io_arrays;
 use oxiflow_cuda::kernel_layer::{
     classifier, last_dim_rows, row_scale, Classifier as RawClassifier, FloatType, RowScale,
 };
@@ -18,13 +19,7 @@ pub(super) fn forward(
     cu: &CudaKernels,
     io: KernelIo<'_, CudaKernels>,
 ) -> Result<()> {
-    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
-    let (&[logits, targets], [loss, dlogits]) = (io.inputs, io.outputs) else {
-        return Err(derr(
-            "classifier",
-            format!("expects 2 inputs and 2 output buffers, got {n_in} and {n_out}"),
-        ));
-    };
+    let ([logits, targets], [loss, dlogits]) = io_arrays("classifier", io.inputs, io.outputs)?;
     cuda_classify(cu, logits, targets, op.classes, [loss, dlogits])
 }
 
@@ -90,13 +85,7 @@ pub(super) fn backward(
     io: KernelIo<'_, CudaKernels>,
 ) -> Result<()> {
     let op = "classifier_backward";
-    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
-    let (&[dlogits, dloss], [out]) = (io.inputs, io.outputs) else {
-        return Err(derr(
-            op,
-            format!("expects 2 inputs and 1 output buffer, got {n_in} and {n_out}"),
-        ));
-    };
+    let ([dlogits, dloss], [out]) = io_arrays(op, io.inputs, io.outputs)?;
     let (rows, cols) = last_dim_rows(dlogits);
     if dloss.numel() != rows || out.numel() != dlogits.numel() || out.dtype() != dlogits.dtype() {
         return Err(derr(

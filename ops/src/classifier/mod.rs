@@ -22,14 +22,15 @@ use std::sync::LazyLock;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use oxiflow_cuda::CudaKernels;
+use crate::dispatch_outputs::dispatch_first;
+use crate::operand_dtypes::{cpu_and_cuda, FLOATS_AND_IDS};
 use oxiflow_tensor::backend::{
     kernel_err, meta_err, need_float, need_i64, norm_stats_dtype, scratch, CoreKernels,
 };
 use oxiflow_tensor::{
-    dispatch, dispatch_multi, vocab_parallel_cross_entropy, BinaryOp, CpuBackend, Extern, ExternOp,
-    Grad, Inferred, KernelBackend, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp,
-    ScalarOp, Tensor, Triangle,
+    dispatch, vocab_parallel_cross_entropy, BinaryOp, Extern, ExternOp, Grad, Inferred,
+    KernelBackend, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, ScalarOp, Tensor,
+    Triangle,
 };
 
 /// The fused classifier: (logits `[N, V]`, targets `[N]` i64) -> (loss `[N]`, dlogits `[N,
@@ -67,20 +68,18 @@ fn logits_width(s: &[&Shape], d: &[DType]) -> MetaResult<usize> {
     }
 }
 
-/// The dtypes of the CPU kernels (logits; 16-bit through f32) and of the CUDA kernels.
-const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
-const CUDA_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
-
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<Classifier, CpuBackend>(CPU_DTYPES, cpu::forward)
-        .with::<Classifier, CudaKernels>(CUDA_DTYPES, cuda::forward)
+    cpu_and_cuda(
+        (FLOATS_AND_IDS, cpu::forward),
+        (FLOATS_AND_IDS, cuda::forward),
+    )
 });
 
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ClassifierGrad, CpuBackend>(CPU_DTYPES, cpu::backward)
-        .with::<ClassifierGrad, CudaKernels>(CUDA_DTYPES, cuda::backward)
+    cpu_and_cuda(
+        (FLOATS_AND_IDS, cpu::backward),
+        (FLOATS_AND_IDS, cuda::backward),
+    )
 });
 
 impl ExternOp for Classifier {
@@ -261,8 +260,5 @@ pub fn classifier_loss_padded(logits: &Tensor, targets: &Tensor, classes: usize)
         .map_err(|e| meta_err(&Extern::new(op).into(), e, &[logits, targets]))?;
         return vocab_parallel_cross_entropy(logits, targets, classes);
     }
-    let out = dispatch_multi(Extern::new(op).into(), &[logits, targets])?;
-    out.into_iter()
-        .next()
-        .ok_or_else(|| kernel_err("classifier", "gave no output".into()))
+    dispatch_first(op, &[logits, targets])
 }

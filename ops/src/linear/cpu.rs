@@ -7,7 +7,7 @@ use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result};
 use super::{
     run_forward, run_weight_grad, Activation, Composed, Linear, LinearKernels, LinearWeightGrad,
 };
-use crate::host_slices::through_wide;
+use crate::host_slices::wide_kernel;
 
 impl LinearKernels for CpuBackend {
     fn linear(
@@ -34,17 +34,7 @@ impl LinearKernels for CpuBackend {
 
 /// The forward, 16-bit data through f32.
 pub(super) fn forward(op: &Linear, b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |inputs, outputs| {
-        run_forward(
-            op,
-            b,
-            KernelIo {
-                inputs,
-                outputs,
-                scratch: &mut [],
-            },
-        )
-    })
+    wide_kernel(op, b, io, run_forward)
 }
 
 /// The weight gradients, 16-bit data through f32.
@@ -53,15 +43,5 @@ pub(super) fn weight_grad(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |inputs, outputs| {
-        run_weight_grad(
-            op,
-            b,
-            KernelIo {
-                inputs,
-                outputs,
-                scratch: &mut [],
-            },
-        )
-    })
+    wide_kernel(op, b, io, run_weight_grad)
 }

@@ -22,11 +22,12 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_cuda::CudaKernels;
 use oxiflow_tensor::backend::{kernel_err, scratch, CoreKernels};
 use oxiflow_tensor::{
-    dispatch_multi, BinaryOp, CpuBackend, Extern, ExternOp, Grad, Inferred, KernelBackend,
-    KernelIo, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Tensor, UnaryOp,
+    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelIo, Kernels,
+    MetaError, MetaResult, OutSpec, Result, Saves, Tensor, UnaryOp,
 };
 
-use crate::operand_dtypes::one_float_dtype;
+use crate::dispatch_outputs::dispatch_first;
+use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
 
 /// The function applied to a linear layer's biased product.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -93,19 +94,14 @@ pub(crate) fn with_last(x: &Shape, n: usize) -> Shape {
     Shape::new(d)
 }
 
-/// The dtypes of the kernels (16-bit through f32 on the CPU).
-const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
-
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<Linear, CpuBackend>(DTYPES, cpu::forward)
-        .with::<Linear, CudaKernels>(DTYPES, run_forward::<CudaKernels>)
-});
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, run_forward::<CudaKernels>)));
 
 static WEIGHT_GRAD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<LinearWeightGrad, CpuBackend>(DTYPES, cpu::weight_grad)
-        .with::<LinearWeightGrad, CudaKernels>(DTYPES, run_weight_grad::<CudaKernels>)
+    cpu_and_cuda(
+        (FLOATS, cpu::weight_grad),
+        (FLOATS, run_weight_grad::<CudaKernels>),
+    )
 });
 
 /// The forward on backend `b`: every output buffer of the call, checked against the op.
@@ -365,8 +361,5 @@ pub fn linear_at(
 ) -> Result<Tensor> {
     let mut ins = vec![x, w];
     ins.extend(bias);
-    let out = dispatch_multi(Extern::new(Linear { act, precision }).into(), &ins)?;
-    out.into_iter()
-        .next()
-        .ok_or_else(|| kernel_err("linear", "gave no output".into()))
+    dispatch_first(Linear { act, precision }, &ins)
 }

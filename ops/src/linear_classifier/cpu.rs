@@ -6,7 +6,8 @@ use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 
 use super::{Composed, LinearClassifier, LinearClassifierGrad};
 use crate::classifier::Composed as ComposedClassifier;
-use crate::host_slices::{kernel_err, through_wide};
+use crate::host_slices::through_wide;
+use crate::kernel_io::io_arrays;
 
 /// [loss, dx, dw] of x, the table and targets.
 pub(super) fn forward(
@@ -15,17 +16,10 @@ pub(super) fn forward(
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
     let attrs = (op.classes, op.precision);
-    through_wide(io.inputs, io.outputs, |x, out| match (x, out) {
-        (&[x, w, targets], [loss, dx, dw]) => Composed::forward(
-            b,
-            x,
-            w,
-            targets,
-            attrs,
-            [loss, dx, dw],
-            ComposedClassifier::forward,
-        ),
-        (x, out) => Err(counts("linear_classifier", x.len(), out.len())),
+    through_wide(io.inputs, io.outputs, |x, out| {
+        let ([x, w, targets], [loss, dx, dw]) = io_arrays("linear_classifier", x, out)?;
+        let classify = ComposedClassifier::forward;
+        Composed::forward(b, x, w, targets, attrs, [loss, dx, dw], classify)
     })
 }
 
@@ -35,15 +29,8 @@ pub(super) fn backward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| match (x, out) {
-        (&[dx, dw, dloss], [ox, ow]) => Composed::backward(b, [dx, dw], dloss, [ox, ow]),
-        (x, out) => Err(counts("linear_classifier_backward", x.len(), out.len())),
+    through_wide(io.inputs, io.outputs, |x, out| {
+        let ([dx, dw, dloss], [ox, ow]) = io_arrays("linear_classifier_backward", x, out)?;
+        Composed::backward(b, [dx, dw], dloss, [ox, ow])
     })
-}
-
-fn counts(op: &'static str, inputs: usize, outputs: usize) -> oxiflow_tensor::TensorError {
-    kernel_err(
-        op,
-        format!("expects 3 inputs and its output buffers, got {inputs} and {outputs}"),
-    )
 }

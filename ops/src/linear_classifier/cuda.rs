@@ -9,6 +9,7 @@
 use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
+use crate::kernel_io::io_arrays;
 use oxiflow_cuda::kernel_layer::{
     classifier, row_scale, Classifier, FloatType, LtMatmul, RowScale,
 };
@@ -35,13 +36,7 @@ pub(super) fn forward(
 ) -> Result<()> {
     let (classes, precision) = (op.classes, op.precision);
     let op = "linear_classifier";
-    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
-    let (&[x, w, targets], [loss, dx, dw]) = (io.inputs, io.outputs) else {
-        return Err(derr(
-            op,
-            format!("expects 3 inputs and 3 output buffers, got {n_in} and {n_out}"),
-        ));
-    };
+    let ([x, w, targets], [loss, dx, dw]) = io_arrays(op, io.inputs, io.outputs)?;
     let (n, c, v) = match (x.shape().dims(), w.shape().dims()) {
         ([n, c], [v, wc]) if c == wc => (*n, *c, *v),
         _ => return Err(derr(op, format!("x {} and table {}", x.shape(), w.shape()))),
@@ -144,13 +139,7 @@ pub(super) fn backward(
     io: KernelIo<'_, CudaKernels>,
 ) -> Result<()> {
     let op = "linear_classifier_backward";
-    let (n_in, n_out) = (io.inputs.len(), io.outputs.len());
-    let (&[sx, sw, dloss], [ox, ow]) = (io.inputs, io.outputs) else {
-        return Err(derr(
-            op,
-            format!("expects 3 inputs and 2 output buffers, got {n_in} and {n_out}"),
-        ));
-    };
+    let ([sx, sw, dloss], [ox, ow]) = io_arrays(op, io.inputs, io.outputs)?;
     let (saved, out) = ([sx, sw], [ox, ow]);
     if dloss.numel() != 1
         || saved

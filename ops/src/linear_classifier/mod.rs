@@ -30,17 +30,15 @@ use std::sync::LazyLock;
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use oxiflow_cuda::CudaKernels;
-use oxiflow_tensor::backend::{
-    kernel_err, meta_err, need_i64, norm_stats_dtype, scratch, CoreKernels,
-};
+use oxiflow_tensor::backend::{meta_err, need_i64, norm_stats_dtype, scratch, CoreKernels};
 use oxiflow_tensor::{
-    dispatch_multi, is_grad_enabled, BinaryOp, CpuBackend, Extern, ExternOp, Grad, Inferred,
-    KernelBackend, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, Tensor,
+    dispatch_multi, is_grad_enabled, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend,
+    Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, Tensor,
 };
 
 use crate::classifier::classifier_loss_padded;
-use crate::operand_dtypes::one_float_dtype;
+use crate::dispatch_outputs::dispatch_first;
+use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS_AND_IDS};
 
 /// The fused linear cross-entropy over the first `classes` rows of the table (`classes` in
 /// `1..=V`): (x `[N, C]`, w `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V,
@@ -60,19 +58,18 @@ pub struct LinearClassifierGrad;
 /// At most this many bytes of logits live at once in a chunked kernel.
 pub const CHUNK_BYTES: usize = 512 << 20;
 
-/// The dtypes of the CPU kernels (16-bit through f32) and of the CUDA kernels (targets i64).
-const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64];
-
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<LinearClassifier, CpuBackend>(DTYPES, cpu::forward)
-        .with::<LinearClassifier, CudaKernels>(DTYPES, cuda::forward)
+    cpu_and_cuda(
+        (FLOATS_AND_IDS, cpu::forward),
+        (FLOATS_AND_IDS, cuda::forward),
+    )
 });
 
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<LinearClassifierGrad, CpuBackend>(DTYPES, cpu::backward)
-        .with::<LinearClassifierGrad, CudaKernels>(DTYPES, cuda::backward)
+    cpu_and_cuda(
+        (FLOATS_AND_IDS, cpu::backward),
+        (FLOATS_AND_IDS, cuda::backward),
+    )
 });
 
 impl ExternOp for LinearClassifier {
@@ -291,10 +288,7 @@ pub fn linear_classifier_loss_sum_at(
         let logits = x.matmul_t_at(w, (false, true), precision)?;
         return classifier_loss_padded(&logits, targets, classes)?.sum_all();
     }
-    let out = dispatch_multi(Extern::new(op).into(), &[x, w, targets])?;
-    out.into_iter()
-        .next()
-        .ok_or_else(|| kernel_err("linear_classifier", "gave no output".into()))
+    dispatch_first(op, &[x, w, targets])
 }
 
 #[cfg(test)]

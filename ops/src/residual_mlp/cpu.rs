@@ -8,7 +8,7 @@ use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result};
 use super::{
     run_backward, run_forward, Composed, ResidualMlp, ResidualMlpGrad, ResidualMlpKernels,
 };
-use crate::host_slices::through_wide;
+use crate::host_slices::wide_kernel;
 
 impl ResidualMlpKernels for CpuBackend {
     fn residual_mlp(
@@ -35,17 +35,7 @@ pub(super) fn forward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |inputs, outputs| {
-        run_forward(
-            op,
-            b,
-            KernelIo {
-                inputs,
-                outputs,
-                scratch: &mut [],
-            },
-        )
-    })
+    wide_kernel(op, b, io, run_forward)
 }
 
 /// The backward, 16-bit data through f32.
@@ -54,15 +44,5 @@ pub(super) fn backward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |inputs, outputs| {
-        run_backward(
-            op,
-            b,
-            KernelIo {
-                inputs,
-                outputs,
-                scratch: &mut [],
-            },
-        )
-    })
+    wide_kernel(op, b, io, run_backward)
 }

@@ -30,12 +30,14 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_cuda::CudaKernels;
 use oxiflow_tensor::backend::{kernel_err, scratch, CoreKernels};
 use oxiflow_tensor::{
-    dispatch_multi, BinaryOp, CpuBackend, Extern, ExternOp, Grad, Inferred, KernelBackend,
-    KernelIo, Kernels, MetaError, MetaResult, Result, Saves, Tensor, UnaryOp,
+    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelIo, Kernels,
+    MetaError, MetaResult, Result, Saves, Tensor, UnaryOp,
 };
 
+use crate::dispatch_outputs::dispatch_first;
+use crate::kernel_io::io_arrays;
 use crate::linear::{shapes_text, with_last, Activation, LinearKernels};
-use crate::operand_dtypes::one_float_dtype;
+use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
 
 /// The fused MLP with its residual add: (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h,
 /// pre); h is kept for the backward unless `recompute_hidden` (then computed again from pre).
@@ -73,39 +75,20 @@ fn bad(s: &[&Shape], want: &str) -> MetaError {
     MetaError::Shape(format!("needs {want}, got {}", shapes_text(s)))
 }
 
-/// The dtypes of the kernels (16-bit through f32 on the CPU).
-const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
-
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ResidualMlp, CpuBackend>(DTYPES, cpu::forward)
-        .with::<ResidualMlp, CudaKernels>(DTYPES, run_forward::<CudaKernels>)
-});
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, run_forward::<CudaKernels>)));
 
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ResidualMlpGrad, CpuBackend>(DTYPES, cpu::backward)
-        .with::<ResidualMlpGrad, CudaKernels>(DTYPES, run_backward::<CudaKernels>)
+    cpu_and_cuda(
+        (FLOATS, cpu::backward),
+        (FLOATS, run_backward::<CudaKernels>),
+    )
 });
-
-/// The six inputs of a call of `op`, with `want` output buffers.
-fn six<'a, P>(op: &'static str, x: &[&'a P], outputs: usize, want: usize) -> Result<[&'a P; 6]> {
-    match x {
-        &[a, b, c, d, e, f] if outputs == want => Ok([a, b, c, d, e, f]),
-        _ => Err(kernel_err(
-            op,
-            format!(
-                "expects 6 inputs and {want} output buffers, got {} and {outputs}",
-                x.len()
-            ),
-        )),
-    }
-}
 
 /// The forward on backend `b`.
 fn run_forward<B: ResidualMlpKernels>(op: &ResidualMlp, b: &B, io: KernelIo<'_, B>) -> Result<()> {
-    let ins = six(op.name(), io.inputs, io.outputs.len(), 3)?;
-    b.residual_mlp(ins, op.precision, io.outputs)
+    let (ins, out) = io_arrays::<_, _, 6, 3>(op.name(), io.inputs, io.outputs)?;
+    b.residual_mlp(ins, op.precision, out)
 }
 
 /// The backward on backend `b`.
@@ -114,8 +97,8 @@ fn run_backward<B: ResidualMlpKernels>(
     b: &B,
     io: KernelIo<'_, B>,
 ) -> Result<()> {
-    let ins = six(op.name(), io.inputs, io.outputs.len(), 5)?;
-    b.residual_mlp_backward(ins, op.precision, io.outputs)
+    let (ins, out) = io_arrays::<_, _, 6, 5>(op.name(), io.inputs, io.outputs)?;
+    b.residual_mlp_backward(ins, op.precision, out)
 }
 
 /// The one float dtype of the operands and x's last dim C.
@@ -339,12 +322,9 @@ pub fn residual_mlp_with(
     (recompute_hidden, precision): (bool, MatmulPrecision),
 ) -> Result<Tensor> {
     let ins = [x, w_fc, b_fc, w_proj, b_proj, residual];
-    let op = Extern::new(ResidualMlp {
+    let op = ResidualMlp {
         recompute_hidden,
         precision,
-    });
-    dispatch_multi(op.into(), &ins)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| kernel_err("residual_mlp", "gave no output".into()))
+    };
+    dispatch_first(op, &ins)
 }

@@ -22,8 +22,8 @@ use oxiflow_tensor::{
     Tensor,
 };
 
+use crate::dispatch_outputs::dispatch_pair;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
-use crate::two_outputs::dispatch_pair;
 
 /// `x * (mean(x^2) + eps)^-1/2 * w` over the last dim (inputs: x `[.., H]`, w `[H]`).
 #[derive(Clone, Copy, Debug, PartialEq)]

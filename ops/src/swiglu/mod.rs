@@ -24,8 +24,8 @@ use oxiflow_tensor::{
     Tensor,
 };
 
+use crate::dispatch_outputs::dispatch_pair;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
-use crate::two_outputs::dispatch_pair;
 
 /// `silu(gate) * up` (inputs: gate, up).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

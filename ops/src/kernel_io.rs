@@ -1,0 +1,23 @@
+//! What the kernels of this crate share about a call: its inputs and output buffers as arrays
+//! of the op's arity, or the typed error naming the op and both counts.
+
+use oxiflow_tensor::{Result, TensorError};
+
+/// `inputs` as `I` pieces and `outputs` as `N` buffers, or the kernel error of `op`.
+pub(crate) fn io_arrays<'a, 'p, P, O, const I: usize, const N: usize>(
+    op: &'static str,
+    inputs: &'a [&'p P],
+    outputs: &'a mut [O],
+) -> Result<([&'p P; I], &'a mut [O; N])> {
+    let (n_in, n_out) = (inputs.len(), outputs.len());
+    match (
+        <[&P; I]>::try_from(inputs),
+        <&mut [O; N]>::try_from(outputs),
+    ) {
+        (Ok(i), Ok(o)) => Ok((i, o)),
+        _ => Err(TensorError::Kernel {
+            op,
+            detail: format!("expects {I} inputs and {N} output buffers, got {n_in} and {n_out}"),
+        }),
+    }
+}

@@ -18,7 +18,10 @@
 //! free list when freed: they go back, in stream order, to the device's stream-ordered pool
 //! (`driver_pool`), which keeps the bytes and serves allocations of any size from them. The
 //! free lists reuse a block only for its own bucket, so they hold the most-ever-live blocks of
-//! every size at once; the driver's pool holds about the most bytes ever live together.
+//! every size at once; the driver's pool holds about the most bytes ever live together. Such
+//! a block freed while a collective still uses it (a gradient bucket's buffer, dropped once
+//! its all-reduce is queued) waits on the side until the collective's end event completes and
+//! goes back then (the next free looks), so the compute stream never waits for it.
 //!
 //! When asked (`set_nccl_memory`), the blocks come from NCCL's allocator (`NcclMemory`), which collectives
 //! register for zero-copy transfers; blocks under `SLAB` bytes are carved from `SLAB`-byte
@@ -251,6 +254,10 @@ pub(crate) struct Pool {
     /// Driver allocations, blocks given back (past the limit or to the driver's pool), and
     /// full releases (out of memory).
     counts: [AtomicUsize; 3],
+    /// Blocks bound for the driver whose collectives were still running when they were
+    /// freed: given back once those end (every `put` looks), so freeing a collective's
+    /// buffer never makes the compute stream wait for the collective.
+    deferred: Mutex<Vec<Cached>>,
     /// The graph being captured, if any (see the module doc).
     capture: Mutex<Option<Arc<GraphMemory>>>,
     /// Whether `capture` is set (read on every allocation and free).
@@ -407,9 +414,21 @@ impl Pool {
             mut sends,
         } = cached;
         sends.retain(|e| !e.is_complete());
+        // No event is queried while a graph is captured (see the module doc).
+        let capturing = self.capturing.load(Ordering::Acquire);
+        if !capturing {
+            self.give_back_finished();
+        }
         let over_limit = self.cached.load(Ordering::Relaxed) + cap > self.limit(ctx);
         if sends.is_empty() && (over_limit || self.to_driver(cap, &mem)) {
             self.count(1);
+            let running = || fences.iter().any(|e| !e.is_complete());
+            if !capturing && !mem.freed_at_once() && running() {
+                // A collective still uses it: given back once the collective ends, so the
+                // compute stream runs on meanwhile.
+                lock(&self.deferred).push(Cached { mem, fences, sends });
+                return;
+            }
             // Freed on the compute stream, after the collectives that may still use it (NCCL
             // memory once the stream got there; driver memory in stream order, to the device's
             // pool, which hands its bytes out again only to work queued after this point).
@@ -424,6 +443,23 @@ impl Pool {
             .entry(cap)
             .or_default()
             .push(Cached { mem, fences, sends });
+    }
+    /// Gives back the deferred blocks whose collectives have ended, in stream order (their
+    /// memory is driver memory, freed on the compute stream: no wait, the collectives are
+    /// done).
+    fn give_back_finished(&self) {
+        let done: Vec<Cached> = {
+            let mut deferred = lock(&self.deferred);
+            if deferred.is_empty() {
+                return;
+            }
+            let (done, busy) = std::mem::take(&mut *deferred)
+                .into_iter()
+                .partition(|c| c.fences.iter().all(|e| e.is_complete()));
+            *deferred = busy;
+            done
+        };
+        drop(done);
     }
     /// Gives every cached block back (an out-of-memory's full release, counted as one).
     pub(crate) fn release_all(&self, stream: &CudaStream) {
@@ -444,6 +480,7 @@ impl Pool {
                 }
             }
         }
+        all.append(&mut lock(&self.deferred));
         for c in &all {
             order_after(stream, &c.fences);
         }

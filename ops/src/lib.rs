@@ -18,6 +18,7 @@ pub mod linear;
 pub mod linear_classifier;
 pub mod moe;
 mod operand_dtypes;
+mod operand_shapes;
 pub mod residual_layer_norm;
 pub mod residual_mlp;
 pub mod rms_norm;

@@ -5,6 +5,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{F64Bits, Inferred, MetaError, MetaResult};
 
 use crate::operand_dtypes::one_float_dtype;
+use crate::operand_shapes::shapes_text;
 
 /// One pass of an AdamW update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,10 +72,7 @@ impl AdamPart {
         if s.iter().any(|x| *x != s[0]) {
             return Err(MetaError::Shape(format!(
                 "the operands must have one shape, got {}",
-                s.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                shapes_text(s)
             )));
         }
         // Non-linear in every operand: all split alike, or all whole.

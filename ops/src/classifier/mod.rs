@@ -24,6 +24,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::dispatch_outputs::dispatch_first;
 use crate::operand_dtypes::{cpu_and_cuda, FLOATS_AND_IDS};
+use crate::operand_shapes::shapes_text;
 use oxiflow_tensor::backend::{
     kernel_err, meta_err, need_float, need_i64, norm_stats_dtype, scratch, CoreKernels,
 };
@@ -49,13 +50,7 @@ pub struct Classifier {
 pub struct ClassifierGrad;
 
 fn bad_shapes(what: &str, s: &[&Shape]) -> MetaError {
-    MetaError::Shape(format!(
-        "needs {what}, got {}",
-        s.iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
+    MetaError::Shape(format!("needs {what}, got {}", shapes_text(s)))
 }
 
 /// The logits' width V after checking logits `[N, V]` (a float dtype) beside per-row values

@@ -6,7 +6,7 @@
 //! products run at the op's [`MatmulPrecision`], as the backward's do.
 //!
 //! Two ops through the public op contract, [`Linear`] and [`LinearWeightGrad`], on the
-//! backends that implement [`LinearKernels`]: the CPU composes the matmul, add and GELU
+//! backends that implement `LinearKernels`: the CPU composes the matmul, add and GELU
 //! kernels (16-bit through f32); CUDA runs one cuBLASLt product with the epilogue (f64, bf16
 //! matmul precision and what cuBLASLt refuses composed). Any other backend or dtype is
 //! `TensorError::NoKernel` on every rank before anything runs.
@@ -27,7 +27,8 @@ use oxiflow_tensor::{
 };
 
 use crate::dispatch_outputs::dispatch_first;
-use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
+use crate::operand_dtypes::{cpu_and_cuda, FLOATS};
+use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The function applied to a linear layer's biased product.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -78,22 +79,6 @@ pub(crate) trait LinearKernels: KernelBackend {
     ) -> Result<()>;
 }
 
-pub(crate) fn shapes_text(s: &[&Shape]) -> String {
-    s.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `x`'s shape with its last dim `n`.
-pub(crate) fn with_last(x: &Shape, n: usize) -> Shape {
-    let mut d = x.dims().to_vec();
-    if let Some(l) = d.last_mut() {
-        *l = n;
-    }
-    Shape::new(d)
-}
-
 static FORWARD: LazyLock<Kernels> =
     LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, run_forward::<CudaKernels>)));
 
@@ -134,15 +119,6 @@ fn run_weight_grad<B: LinearKernels>(
     b.linear_weight_grad(op.precision, x[0], x[1], out)
 }
 
-/// The one float dtype of the operands and x's last dim K.
-fn float_rows(s: &[&Shape], d: &[DType]) -> MetaResult<(DType, usize)> {
-    let dt = one_float_dtype(d)?;
-    match s[0].dims().last() {
-        Some(&k) => Ok((dt, k)),
-        None => Err(MetaError::Shape("x must have at least one dim".into())),
-    }
-}
-
 impl ExternOp for Linear {
     fn name(&self) -> &'static str {
         match self.act {
@@ -157,7 +133,7 @@ impl ExternOp for Linear {
         (2, 3)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (dt, k) = float_rows(s, d)?;
+        let (dt, k) = float_last_dim(s, d)?;
         let (x, w) = (s[0], s[1]);
         let (wk, n) = match w.dims() {
             [wk, n] => (*wk, *n),
@@ -237,7 +213,7 @@ impl ExternOp for LinearWeightGrad {
         (2, 2)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (dt, k) = float_rows(s, d)?;
+        let (dt, k) = float_last_dim(s, d)?;
         let (x, dp) = (s[0], s[1]);
         let last = x.ndim() - 1;
         if dp.ndim() != x.ndim() || dp.dims()[..last] != x.dims()[..last] {

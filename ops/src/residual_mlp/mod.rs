@@ -15,7 +15,7 @@
 //! [`MatmulPrecision`], forward and backward.
 //!
 //! Two ops through the public op contract, [`ResidualMlp`] and [`ResidualMlpGrad`], on the
-//! backends that implement [`ResidualMlpKernels`] (CPU composed, 16-bit through f32; CUDA
+//! backends that implement `ResidualMlpKernels` (CPU composed, 16-bit through f32; CUDA
 //! cuBLASLt epilogues, f64 composed); any other backend or dtype is `TensorError::NoKernel` on
 //! every rank before anything runs.
 
@@ -36,8 +36,9 @@ use oxiflow_tensor::{
 
 use crate::dispatch_outputs::dispatch_first;
 use crate::kernel_io::io_arrays;
-use crate::linear::{shapes_text, with_last, Activation, LinearKernels};
-use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
+use crate::linear::{Activation, LinearKernels};
+use crate::operand_dtypes::{cpu_and_cuda, FLOATS};
+use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The fused MLP with its residual add: (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h,
 /// pre); h is kept for the backward unless `recompute_hidden` (then computed again from pre).
@@ -101,15 +102,6 @@ fn run_backward<B: ResidualMlpKernels>(
     b.residual_mlp_backward(ins, op.precision, out)
 }
 
-/// The one float dtype of the operands and x's last dim C.
-fn float_width(s: &[&Shape], d: &[DType]) -> MetaResult<(DType, usize)> {
-    let dt = one_float_dtype(d)?;
-    match s[0].dims().last() {
-        Some(&c) => Ok((dt, c)),
-        None => Err(MetaError::Shape("x must have at least one dim".into())),
-    }
-}
-
 impl ExternOp for ResidualMlp {
     fn name(&self) -> &'static str {
         "residual_mlp"
@@ -121,7 +113,7 @@ impl ExternOp for ResidualMlp {
         (6, 6)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (dt, c) = float_width(s, d)?;
+        let (dt, c) = float_last_dim(s, d)?;
         let x = s[0];
         let want = "x [.., C], w_fc [C, F], b_fc [F], w_proj [F, C], b_proj [C], residual like x";
         let f = match s[1].dims() {
@@ -193,7 +185,7 @@ impl ExternOp for ResidualMlpGrad {
         (6, 6)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (dt, c) = float_width(s, d)?;
+        let (dt, c) = float_last_dim(s, d)?;
         let x = s[0];
         let want = "x [.., C], h and pre [.., F], w_fc [C, F], w_proj [F, C], dy like x";
         let f = match s[3].dims() {

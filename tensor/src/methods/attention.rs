@@ -12,7 +12,7 @@ impl Tensor {
     /// The attention probabilities `softmax(self k^T * scale + mask)`, `[B, H, T, S]`, for
     /// queries `self` `[B, H, T, D]` and keys `k` `[B, H, S, D]` (with `causal`, S == T and
     /// query `i` attends to keys `0..=i`; masked entries are 0). The fused attention that never
-    /// makes this array is [`Tensor::flash_attention`].
+    /// makes this array is `oxiflow_ops::attention::flash_attention`.
     pub fn attention_probs(&self, k: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
         self.attention_probs_at(k, causal, scale, MatmulPrecision::F32)
     }

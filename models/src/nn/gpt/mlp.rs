@@ -88,7 +88,7 @@ impl GptMlp {
         }
     }
 
-    /// `residual + proj(gelu(fc(h)))` as one fused op (`Tensor::residual_mlp`) where both
+    /// `residual + proj(gelu(fc(h)))` as one fused op ([`residual_mlp_with`]) where both
     /// layers compute with weights and biases whole on every rank (no tensor parallelism;
     /// ZeRO-3 shards are gathered) and carry no adapter; None otherwise (the layers compose). `recompute_hidden`:
     /// GELU's output is computed again in the backward instead of kept.

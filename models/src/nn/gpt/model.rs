@@ -360,7 +360,7 @@ impl Gpt {
     /// Mean next-token cross-entropy of the residual stream after the last block `x`
     /// `[B, T, C]` against targets `[B, T]` through the tied table `wte`: the head's product
     /// and the classifier as one op where a gradient is wanted
-    /// ([`Tensor::linear_classifier_loss_sum`]), so the logits are never kept; equal to
+    /// ([`linear_classifier_loss_sum_at`]), so the logits are never kept; equal to
     /// [`Gpt::loss_of`] of [`Gpt::head`].
     pub fn head_loss(&self, x: &Tensor, wte: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let (sum, rows) = self.head_loss_sum(x, wte, targets)?;

@@ -4,7 +4,7 @@
 //! bad arguments with the same typed error, before it communicates.
 
 use crate::algorithms::args;
-use crate::call::{member_and_count, Call};
+use crate::call::{member_call, reduce_scatter_total, Call};
 use crate::communicator::sealed::Sealed;
 use crate::exchanged;
 use crate::hooks::BackendHooks;
@@ -55,9 +55,8 @@ fn reduce_scatter_named<T: BackendHooks>(
         return widen::reduce_scatter_v(c, name, h, send, recv, counts, op);
     }
     let check = || {
-        let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
-        args::check_len(name, "send", dtype, send.len_bytes(), total)?;
-        args::check_len(name, "recv", dtype, recv.len_bytes(), counts[c.rank()])?;
+        let total =
+            reduce_scatter_total(c, name, dtype, counts, send.len_bytes(), recv.len_bytes())?;
         Ok((
             c.read(name, "send", send)?,
             c.write(name, "recv", recv)?,
@@ -70,18 +69,52 @@ fn reduce_scatter_named<T: BackendHooks>(
     })
 }
 
-/// Both count lists, and the own part: what a member sends itself is what it expects.
-fn all_to_all_counts(
-    name: &str,
-    me: usize,
-    n: usize,
+/// Which parts of an all-to-all's send buffer the caller passes: every member's
+/// (`all_to_all_v`) or only the other members' (`all_to_all_v_others`).
+#[derive(Clone, Copy)]
+enum SendParts {
+    All,
+    Others,
+}
+
+/// An all-to-all-v of `parts`: both count lists, the own part (what a member sends itself is
+/// what it expects) and both buffers are checked, then the matching hook runs.
+fn all_to_all_parts<T: BackendHooks>(
+    c: &T,
+    parts: SendParts,
+    dtype: DType,
+    send: Buf<'_>,
     send_counts: &[usize],
+    recv: BufMut<'_>,
     recv_counts: &[usize],
-) -> Result<(usize, usize), CommError> {
-    let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
-    let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
-    args::check_own(name, me, send_counts, recv_counts)?;
-    Ok((stotal, rtotal))
+) -> Result<(), CommError> {
+    let name = match parts {
+        SendParts::All => "all_to_all_v",
+        SendParts::Others => "all_to_all_v_others",
+    };
+    let bytes = send.len_bytes();
+    let check = || {
+        let n = Communicator::size(c);
+        let me = BackendHooks::rank(c);
+        let stotal = args::check_counts(name, "send_counts", send_counts, n)?;
+        let rtotal = args::check_counts(name, "recv_counts", recv_counts, n)?;
+        args::check_own(name, me, send_counts, recv_counts)?;
+        match parts {
+            SendParts::All => args::check_len(name, "send", dtype, bytes, stotal)?,
+            SendParts::Others => {
+                let what = "send (the other members' parts)";
+                args::check_len(name, what, dtype, bytes, stotal - send_counts[me])?
+            }
+        }
+        args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
+        Ok((c.read(name, "send", send)?, c.write(name, "recv", recv)?))
+    };
+    Call::new(c.log(), name, dtype, bytes).run(check, |(s, r)| match parts {
+        SendParts::All => BackendHooks::all_to_all_v(c, dtype, s, send_counts, r, recv_counts),
+        SendParts::Others => {
+            BackendHooks::all_to_all_v_others(c, dtype, s, send_counts, r, recv_counts)
+        }
+    })
 }
 
 impl<T: BackendHooks> Communicator for T {
@@ -126,14 +159,7 @@ impl<T: BackendHooks> Communicator for T {
         let name = "all_reduce_into";
         let bytes = send.len_bytes();
         let check = || {
-            let count = args::elems_of(name, "send", dtype, bytes)?;
-            args::check_len(
-                name,
-                "recv (as long as send)",
-                dtype,
-                recv.len_bytes(),
-                count,
-            )?;
+            let count = args::check_into(name, dtype, bytes, recv.len_bytes())?;
             let s = self.read(name, "send", send)?;
             Ok((s, self.write(name, "recv", recv)?, count))
         };
@@ -171,22 +197,15 @@ impl<T: BackendHooks> Communicator for T {
         recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
-        let name = "all_to_all_v";
-        let bytes = send.len_bytes();
-        let check = || {
-            let n = Communicator::size(self);
-            let me = BackendHooks::rank(self);
-            let (stotal, rtotal) = all_to_all_counts(name, me, n, send_counts, recv_counts)?;
-            args::check_len(name, "send", dtype, bytes, stotal)?;
-            args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
-            Ok((
-                self.read(name, "send", send)?,
-                self.write(name, "recv", recv)?,
-            ))
-        };
-        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r)| {
-            BackendHooks::all_to_all_v(self, dtype, s, send_counts, r, recv_counts)
-        })
+        all_to_all_parts(
+            self,
+            SendParts::All,
+            dtype,
+            send,
+            send_counts,
+            recv,
+            recv_counts,
+        )
     }
 
     fn exchange_counts(&self, send_counts: &[usize]) -> Result<Vec<usize>, CommError> {
@@ -210,24 +229,15 @@ impl<T: BackendHooks> Communicator for T {
         recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
-        let name = "all_to_all_v_others";
-        let bytes = send.len_bytes();
-        let check = || {
-            let n = Communicator::size(self);
-            let me = BackendHooks::rank(self);
-            let (stotal, rtotal) = all_to_all_counts(name, me, n, send_counts, recv_counts)?;
-            let others = stotal - send_counts[me];
-            let what = "send (the other members' parts)";
-            args::check_len(name, what, dtype, bytes, others)?;
-            args::check_len(name, "recv", dtype, recv.len_bytes(), rtotal)?;
-            Ok((
-                self.read(name, "send", send)?,
-                self.write(name, "recv", recv)?,
-            ))
-        };
-        Call::new(self.log(), name, dtype, bytes).run(check, |(s, r)| {
-            BackendHooks::all_to_all_v_others(self, dtype, s, send_counts, r, recv_counts)
-        })
+        all_to_all_parts(
+            self,
+            SendParts::Others,
+            dtype,
+            send,
+            send_counts,
+            recv,
+            recv_counts,
+        )
     }
 
     fn all_to_all_v_strided(
@@ -256,15 +266,11 @@ impl<T: BackendHooks> Communicator for T {
     }
 
     fn broadcast(&self, dtype: DType, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
-        let name = "broadcast";
-        let bytes = buf.len_bytes();
-        let check = || {
-            member_and_count(self, name, "root", root, dtype, bytes)?;
-            self.write(name, "buffer", buf)
-        };
-        Call::new(self.log(), name, dtype, bytes)
-            .with_peer(root)
-            .run(check, |b| BackendHooks::broadcast(self, dtype, b, root))
+        let (name, bytes) = ("broadcast", buf.len_bytes());
+        let buffer = || self.write(name, "buffer", buf);
+        member_call(self, name, dtype, bytes, ("root", root), buffer, |b, _| {
+            BackendHooks::broadcast(self, dtype, b, root)
+        })
     }
 
     fn reduce(
@@ -277,41 +283,33 @@ impl<T: BackendHooks> Communicator for T {
         if let Some(h) = widen::needed(self, dtype) {
             return widen::reduce(self, h, buf, root, op);
         }
-        let name = "reduce";
-        let bytes = buf.len_bytes();
-        let check = || {
-            let count = member_and_count(self, name, "root", root, dtype, bytes)?;
-            Ok((self.write(name, "buffer", buf)?, count))
-        };
-        Call::new(self.log(), name, dtype, bytes)
-            .with_peer(root)
-            .run(check, |(b, count)| {
-                BackendHooks::reduce(self, dtype, b, count, root, op)
-            })
+        let (name, bytes) = ("reduce", buf.len_bytes());
+        let buffer = || self.write(name, "buffer", buf);
+        member_call(
+            self,
+            name,
+            dtype,
+            bytes,
+            ("root", root),
+            buffer,
+            |b, count| BackendHooks::reduce(self, dtype, b, count, root, op),
+        )
     }
 
     fn send(&self, dtype: DType, buf: Buf<'_>, peer: usize) -> Result<(), CommError> {
-        let name = "send";
-        let bytes = buf.len_bytes();
-        let check = || {
-            member_and_count(self, name, "peer", peer, dtype, bytes)?;
-            self.read(name, "buffer", buf)
-        };
-        Call::new(self.log(), name, dtype, bytes)
-            .with_peer(peer)
-            .run(check, |b| BackendHooks::send(self, dtype, b, peer))
+        let (name, bytes) = ("send", buf.len_bytes());
+        let buffer = || self.read(name, "buffer", buf);
+        member_call(self, name, dtype, bytes, ("peer", peer), buffer, |b, _| {
+            BackendHooks::send(self, dtype, b, peer)
+        })
     }
 
     fn recv(&self, dtype: DType, buf: BufMut<'_>, peer: usize) -> Result<(), CommError> {
-        let name = "recv";
-        let bytes = buf.len_bytes();
-        let check = || {
-            member_and_count(self, name, "peer", peer, dtype, bytes)?;
-            self.write(name, "buffer", buf)
-        };
-        Call::new(self.log(), name, dtype, bytes)
-            .with_peer(peer)
-            .run(check, |b| BackendHooks::recv(self, dtype, b, peer))
+        let (name, bytes) = ("recv", buf.len_bytes());
+        let buffer = || self.write(name, "buffer", buf);
+        member_call(self, name, dtype, bytes, ("peer", peer), buffer, |b, _| {
+            BackendHooks::recv(self, dtype, b, peer)
+        })
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -1,5 +1,6 @@
 //! One public call of a communicator as the flight recorder and the trace see it, and the
-//! member-and-count check calls on one member's buffer share.
+//! checks and recording that several public calls share (calls on one member's buffer, and a
+//! reduce-scatter's counts, alike whether or not its reduction is widened).
 
 use std::borrow::Cow;
 
@@ -87,16 +88,41 @@ impl<'l> Call<'l> {
     }
 }
 
-/// The checks of a call on one member's buffer (a send, receive, broadcast or reduce): `member`
-/// (the `role`: peer or root) is a member and the buffer holds whole elements; their count.
-pub(crate) fn member_and_count<T: BackendHooks>(
+/// A call on this member's one buffer (`bytes` long) with a peer or root (its role and member
+/// index), as a send, receive, broadcast or reduce makes it: the peer is checked to be a member
+/// and the buffer to hold whole elements of `dtype`, `buffer` then turns the buffer into the
+/// hook's, and `run` gets that and the element count. The call is recorded with the peer.
+pub(crate) fn member_call<T: BackendHooks, B>(
     c: &T,
     name: &'static str,
-    role: &str,
-    member: usize,
     dtype: DType,
     bytes: usize,
+    (role, member): (&str, usize),
+    buffer: impl FnOnce() -> Result<B, CommError>,
+    run: impl FnOnce(B, usize) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    let check = || {
+        args::check_member(name, role, member, Communicator::size(c))?;
+        let count = args::elems_of(name, "buffer", dtype, bytes)?;
+        Ok((buffer()?, count))
+    };
+    Call::new(c.log(), name, dtype, bytes)
+        .with_peer(member)
+        .run(check, |(b, count)| run(b, count))
+}
+
+/// The checks of a reduce-scatter-v: one count per member, `send_bytes` hold their sum and
+/// `recv_bytes` this member's count; returns the sum.
+pub(crate) fn reduce_scatter_total<T: BackendHooks>(
+    c: &T,
+    name: &'static str,
+    dtype: DType,
+    counts: &[usize],
+    send_bytes: usize,
+    recv_bytes: usize,
 ) -> Result<usize, CommError> {
-    args::check_member(name, role, member, Communicator::size(c))?;
-    args::elems_of(name, "buffer", dtype, bytes)
+    let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
+    args::check_len(name, "send", dtype, send_bytes, total)?;
+    args::check_len(name, "recv", dtype, recv_bytes, counts[c.rank()])?;
+    Ok(total)
 }

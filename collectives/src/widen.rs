@@ -9,7 +9,7 @@
 use oxiflow_dtype::Half;
 
 use crate::algorithms::args;
-use crate::call::{member_and_count, Call};
+use crate::call::{member_call, reduce_scatter_total, Call};
 use crate::hooks::BackendHooks;
 use crate::{Buf, BufMut, CommError, DType, ReduceOp};
 
@@ -92,9 +92,7 @@ pub(crate) fn all_reduce_into<T: BackendHooks>(
     let name = "all_reduce_into";
     let bytes = send.len_bytes();
     let check = || {
-        let count = args::elems_of(name, "send", h.dtype(), bytes)?;
-        let what = "recv (as long as send)";
-        args::check_len(name, what, h.dtype(), recv.len_bytes(), count)?;
+        let count = args::check_into(name, h.dtype(), bytes, recv.len_bytes())?;
         let s = host(c, name, "send", send)?;
         Ok((s, host_mut(c, name, "recv", recv)?, count))
     };
@@ -119,9 +117,7 @@ pub(crate) fn reduce_scatter_v<T: BackendHooks>(
 ) -> Result<(), CommError> {
     let bytes = send.len_bytes();
     let check = || {
-        let total = args::check_counts(name, "counts", counts, c.world_ranks().len())?;
-        args::check_len(name, "send", h.dtype(), bytes, total)?;
-        args::check_len(name, "recv", h.dtype(), recv.len_bytes(), counts[c.rank()])?;
+        let total = reduce_scatter_total(c, name, h.dtype(), counts, bytes, recv.len_bytes())?;
         let s = host(c, name, "send", send)?;
         Ok((s, host_mut(c, name, "recv", recv)?, total))
     };
@@ -144,13 +140,9 @@ pub(crate) fn reduce<T: BackendHooks>(
     root: usize,
     op: ReduceOp,
 ) -> Result<(), CommError> {
-    let name = "reduce";
-    let bytes = buf.len_bytes();
-    let check = || {
-        let count = member_and_count(c, name, "root", root, h.dtype(), bytes)?;
-        Ok((host_mut(c, name, "buffer", buf)?, count))
-    };
-    let run = |(buf, count): (&mut [u8], usize)| {
+    let (name, bytes) = ("reduce", buf.len_bytes());
+    let buffer = || host_mut(c, name, "buffer", buf);
+    let run = |buf: &mut [u8], count| {
         let mut wide = h.widened(buf);
         let w = c.write(name, "buffer", BufMut::Host(f32_bytes(&mut wide)))?;
         BackendHooks::reduce(c, DType::F32, w, count, root, op)?;
@@ -159,7 +151,5 @@ pub(crate) fn reduce<T: BackendHooks>(
         }
         Ok(())
     };
-    Call::new(c.log(), name, h.dtype(), bytes)
-        .with_peer(root)
-        .run(check, run)
+    member_call(c, name, h.dtype(), bytes, ("root", root), buffer, run)
 }

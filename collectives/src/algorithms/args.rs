@@ -62,6 +62,19 @@ pub(crate) fn elems_of(op: &str, what: &str, dtype: DType, got: usize) -> Result
     Ok(got / dtype.size())
 }
 
+/// The buffers of an out-of-place call: `send_bytes` hold whole elements of `dtype` and
+/// `recv_bytes` as many; returns their count.
+pub(crate) fn check_into(
+    op: &str,
+    dtype: DType,
+    send_bytes: usize,
+    recv_bytes: usize,
+) -> Result<usize, CommError> {
+    let count = elems_of(op, "send", dtype, send_bytes)?;
+    check_len(op, "recv (as long as send)", dtype, recv_bytes, count)?;
+    Ok(count)
+}
+
 /// One count per member; returns their sum.
 pub(crate) fn check_counts(
     op: &str,

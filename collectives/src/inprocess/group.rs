@@ -139,6 +139,15 @@ impl Slot {
             counts2: RawCounts::EMPTY,
         }
     }
+
+    /// A slot publishing `send`, which holds pieces of `counts` elements in member order.
+    pub fn pieces(kind: Kind, dtype: DType, send: &[u8], counts: &[usize]) -> Self {
+        Slot {
+            send: Raw::of(send),
+            counts: RawCounts::of(counts),
+            ..Slot::new(kind, dtype)
+        }
+    }
 }
 
 struct SyncState {

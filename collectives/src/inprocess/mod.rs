@@ -208,9 +208,7 @@ impl BackendHooks for InProcessComm {
             r.copy_from_slice(s);
             return Ok(());
         }
-        let mut slot = Slot::new(Kind::AllGatherV, dtype);
-        slot.send = Raw::of(s);
-        slot.counts = RawCounts::of(counts);
+        let slot = Slot::pieces(Kind::AllGatherV, dtype, s, counts);
         let me = self.me;
         self.collective(name, slot, same_counts, |slots| {
             for (k, (off, len)) in args::byte_offsets(counts, dtype).enumerate() {
@@ -241,10 +239,8 @@ impl BackendHooks for InProcessComm {
             r.copy_from_slice(s);
             return Ok(());
         }
-        let mut slot = Slot::new(Kind::ReduceScatterV, dtype);
+        let mut slot = Slot::pieces(Kind::ReduceScatterV, dtype, s, counts);
         slot.op = Some(op);
-        slot.send = Raw::of(s);
-        slot.counts = RawCounts::of(counts);
         let me = self.me;
         self.collective(name, slot, same_counts, |slots| {
             let (off, len) = args::byte_offsets(counts, dtype).nth(me).unwrap_or((0, 0));
@@ -273,9 +269,7 @@ impl BackendHooks for InProcessComm {
             r.copy_from_slice(s);
             return Ok(());
         }
-        let mut slot = Slot::new(Kind::AllToAllV, dtype);
-        slot.send = Raw::of(s);
-        slot.counts = RawCounts::of(send_counts);
+        let mut slot = Slot::pieces(Kind::AllToAllV, dtype, s, send_counts);
         slot.counts2 = RawCounts::of(recv_counts);
         let me = self.me;
         let sz = dtype.size();

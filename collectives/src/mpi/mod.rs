@@ -145,6 +145,17 @@ fn placed_mut<'a>(b: &'a mut [u8], spare: &'a mut [u8; 1]) -> &'a mut [u8] {
     }
 }
 
+/// An MPI reduction between two buffers (`MPI_Allreduce`, `MPI_Reduce_scatter_block`,
+/// `MPI_Reduce_scatter`): send, receive, the count argument, element type, op, communicator.
+type MpiReduction<N> = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    N,
+    ffi::MPI_Datatype,
+    ffi::MPI_Op,
+    ffi::MPI_Comm,
+) -> i32;
+
 fn datatype(dtype: DType) -> ffi::MPI_Datatype {
     match dtype {
         DType::F32 => f32::equivalent_datatype().as_raw(),
@@ -194,6 +205,47 @@ impl MpiComm {
             "{}: {call} returned error code {code}",
             self.name(op)
         )))
+    }
+
+    /// The send copy of an in-place reduction of `b`, in the scratch buffer kept between calls.
+    fn send_copy(&self, b: &[u8]) -> MutexGuard<'_, Vec<u8>> {
+        let mut scratch = lock(&self.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(b);
+        scratch
+    }
+
+    /// Runs the MPI reduction `f` (named `call`) from `send` into `recv` with `n` (an element
+    /// count, or one count per member) of `dtype` under `op` on this communicator, and checks
+    /// its result code under `name`.
+    ///
+    /// # Safety
+    /// `send` and `recv` hold what `n` says `f` reads and writes, and do not overlap.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduction<N>(
+        &self,
+        name: &str,
+        call: &str,
+        f: MpiReduction<N>,
+        send: &[u8],
+        recv: &mut [u8],
+        n: N,
+        (dtype, op): (DType, ReduceOp),
+    ) -> Result<(), CommError> {
+        let (s, r) = (send.as_ptr(), recv.as_mut_ptr());
+        // SAFETY: the caller guarantees the buffers match `n`; the call returns when MPI is
+        // done with them.
+        let code = unsafe {
+            f(
+                s as *const c_void,
+                r as *mut c_void,
+                n,
+                datatype(dtype),
+                mpi_op(op),
+                self.comm.0.as_raw(),
+            )
+        };
+        self.check(name, call, code)
     }
 
     /// Completes the buffered sends MPI has finished (all of them with `wait`).
@@ -247,10 +299,8 @@ impl BackendHooks for MpiComm {
         n: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let mut scratch = lock(&self.scratch);
-        scratch.clear();
-        scratch.extend_from_slice(b);
-        self.all_reduce_into(dtype, &scratch, b, n, op)
+        let send = self.send_copy(b);
+        self.all_reduce_into(dtype, &send, b, n, op)
     }
 
     fn all_reduce_into(
@@ -268,18 +318,18 @@ impl BackendHooks for MpiComm {
         let n = count(name, "buffer", n)?;
         let _call = self.watchdog.enter(|| self.name(name));
         // SAFETY: both buffers hold `n` elements of `dtype` (checked at the boundary) and do
-        // not overlap; the call returns when MPI is done with them.
-        let code = unsafe {
-            ffi::MPI_Allreduce(
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
+        // not overlap.
+        unsafe {
+            self.reduction(
+                name,
+                "MPI_Allreduce",
+                ffi::MPI_Allreduce,
+                send,
+                recv,
                 n,
-                datatype(dtype),
-                mpi_op(op),
-                self.comm.0.as_raw(),
+                (dtype, op),
             )
-        };
-        self.check(name, "MPI_Allreduce", code)
+        }
     }
 
     fn all_gather_v(
@@ -320,31 +370,31 @@ impl BackendHooks for MpiComm {
         let _call = self.watchdog.enter(|| self.name(name));
         if equal {
             // SAFETY: as below, with every member's chunk `counts[0]` elements long.
-            let code = unsafe {
-                ffi::MPI_Reduce_scatter_block(
-                    s.as_ptr() as *const c_void,
-                    r.as_mut_ptr() as *mut c_void,
+            return unsafe {
+                self.reduction(
+                    name,
+                    "MPI_Reduce_scatter_block",
+                    ffi::MPI_Reduce_scatter_block,
+                    s,
+                    r,
                     counts[0],
-                    datatype(dtype),
-                    mpi_op(op),
-                    self.comm.0.as_raw(),
+                    (dtype, op),
                 )
             };
-            return self.check(name, "MPI_Reduce_scatter_block", code);
         }
         // SAFETY: `s` holds sum(counts) and `r` counts[me] elements of `dtype` (checked at the
         // boundary); `counts` has one entry per member; nothing overlaps.
-        let code = unsafe {
-            ffi::MPI_Reduce_scatter(
-                s.as_ptr() as *const c_void,
-                r.as_mut_ptr() as *mut c_void,
+        unsafe {
+            self.reduction(
+                name,
+                "MPI_Reduce_scatter",
+                ffi::MPI_Reduce_scatter,
+                s,
+                r,
                 counts.as_ptr(),
-                datatype(dtype),
-                mpi_op(op),
-                self.comm.0.as_raw(),
+                (dtype, op),
             )
-        };
-        self.check(name, "MPI_Reduce_scatter", code)
+        }
     }
 
     fn all_to_all_v(
@@ -391,9 +441,7 @@ impl BackendHooks for MpiComm {
             return Ok(());
         }
         let n = count(name, "buffer", n)?;
-        let mut send = lock(&self.scratch);
-        send.clear();
-        send.extend_from_slice(b);
+        let send = self.send_copy(b);
         let recv: *mut c_void = if root == self.me {
             b.as_mut_ptr() as *mut c_void
         } else {

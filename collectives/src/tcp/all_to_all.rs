@@ -4,8 +4,6 @@
 //! rounds (see `shm::direct`); without it writers copy runs into their slots. Over TCP runs go
 //! out by vectored writes; pieces of runs shorter than `MIN_RUN` are packed first.
 
-use std::sync::atomic::Ordering;
-
 use super::engine::{RecvOp, SendOp};
 use super::{lock, no_progress, split, TcpComm};
 use crate::shm::OpCode;
@@ -29,7 +27,7 @@ impl TcpComm {
     ) -> Result<(), CommError> {
         let n = self.ranks.len();
         let sz = dtype.size();
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let mut chunks = split(recv, recv_counts.iter().map(|c| c * sz));
         pieces[self.me].copy_to(0, chunks[self.me]);
         if n == 1 {

@@ -1,7 +1,6 @@
 //! The backend hooks of the TCP backend: the exchanges (arguments are checked at the boundary).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::sync::Mutex;
 
@@ -36,7 +35,7 @@ impl BackendHooks for TcpComm {
         if n == 1 {
             return Ok(());
         }
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let check = [b.len(), dtype as usize, op as usize];
         let sz = dtype.size();
         if let Some(r) = self.shm_run(name, seq, OpCode::AllReduce, &check, |c| {
@@ -78,7 +77,7 @@ impl BackendHooks for TcpComm {
     ) -> Result<(), CommError> {
         let name = "all_gather_v";
         let n = self.ranks.len();
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let mut chunks = split(r, counts.iter().map(|c| c * dtype.size()));
         chunks[self.me].copy_from_slice(s);
         if n == 1 {
@@ -109,7 +108,7 @@ impl BackendHooks for TcpComm {
     ) -> Result<(), CommError> {
         let name = "reduce_scatter_v";
         let n = self.ranks.len();
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let sz = dtype.size();
         let off: usize = counts[..self.me].iter().sum::<usize>() * sz;
         r.copy_from_slice(&s[off..off + r.len()]);
@@ -168,7 +167,7 @@ impl BackendHooks for TcpComm {
         if self.ranks.len() == 1 {
             return Ok(());
         }
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let check = [b.len(), root];
         if let Some(r) = self.shm_run(name, seq, OpCode::Broadcast, &check, |c| {
             c.broadcast(b, root)
@@ -202,7 +201,7 @@ impl BackendHooks for TcpComm {
         if n == 1 {
             return Ok(());
         }
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         let check = [b.len(), root, dtype as usize, op as usize];
         if let Some(r) = self.shm_run(name, seq, OpCode::Reduce, &check, |c| {
             c.reduce(dtype, op, b, root)
@@ -246,7 +245,7 @@ impl BackendHooks for TcpComm {
         if self.ranks.len() == 1 {
             return Ok(());
         }
-        let seq = self.group.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq();
         if let Some(r) = self.shm_run(name, seq, OpCode::Barrier, &[], |c| c.barrier()) {
             return r;
         }

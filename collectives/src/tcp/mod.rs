@@ -16,7 +16,7 @@ pub(crate) mod mesh;
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -298,6 +298,12 @@ impl TcpComm {
 
     fn name(&self, op: &str) -> String {
         format!("{op} on ranks {:?}", self.ranks)
+    }
+
+    /// The sequence number of this group's next collective: every member counts its calls
+    /// alike, so the members of one collective get the same number.
+    fn next_seq(&self) -> u64 {
+        self.group.seq.fetch_add(1, Ordering::Relaxed)
     }
 
     fn tag(&self, seq: u64, phase: u64) -> Tag {

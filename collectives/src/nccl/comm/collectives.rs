@@ -78,6 +78,54 @@ fn launch(
     })
 }
 
+/// A collective over one piece per member (`counts[k]` elements of member k, in member order):
+/// with equal counts the one NCCL call `whole` makes it, otherwise one NCCL group of
+/// `piece(root, byte offset, count)` calls, one per member whose piece is not empty.
+fn by_pieces(
+    comm: &NcclComm,
+    op: &'static str,
+    dtype: DType,
+    bufs: [DevicePtr<'_>; 2],
+    counts: &[usize],
+    whole: impl FnOnce(&Nccl, ffi::NcclComm, Stream) -> ffi::NcclResult,
+    piece: impl Fn(&Nccl, ffi::NcclComm, Stream, usize, u64, usize) -> ffi::NcclResult,
+) -> Result<(), CommError> {
+    let i = &*comm.inner;
+    let equal = counts.iter().all(|&c| c == counts[0]);
+    let offs = offsets(counts, dtype.size());
+    let fs = prepare(&comm.inner, op, &bufs)?;
+    i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
+        if equal {
+            return nc.check(op, c, whole(nc, c, s));
+        }
+        i.group(op, || {
+            for (root, &cnt) in counts.iter().enumerate() {
+                if cnt > 0 {
+                    nc.check(op, c, piece(nc, c, s, root, offs[root] as u64, cnt))?;
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// A new communicator of `world` (world ranks, in member order) under `key`, this member being
+/// its member `me`: on `i`'s device, with `i`'s streams, id exchange, timeout and completion.
+fn open(i: &Inner, key: String, me: usize, world: Vec<usize>) -> Result<SharedComm, CommError> {
+    let comm = NcclComm::create(
+        i.nccl,
+        i.ctx.clone(),
+        lock(&i.compute).clone(),
+        i.exchange.clone(),
+        key,
+        me,
+        world,
+        i.timeout,
+        *lock(&i.completion),
+    )?;
+    Ok(Arc::new(comm))
+}
+
 /// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
 /// in `send` and goes through the group; without, `send` holds only the other members' parts
 /// and the own region of `recv` is left as it was (`all_to_all_v_others`).
@@ -224,43 +272,25 @@ impl BackendHooks for NcclComm {
         counts: &[usize],
         _total: usize,
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let op = "all_gather_v";
-        let esz = dtype.size();
-        let (sp, rp) = (send.ptr, recv.ptr);
-        let equal = counts.iter().all(|&c| c == counts[0]);
-        let offs = offsets(counts, esz);
-        let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
-            if equal {
+        let (sp, rp, me) = (send.ptr, recv.ptr, self.inner.rank);
+        let dt = nccl_dtype(dtype);
+        by_pieces(
+            self,
+            "all_gather_v",
+            dtype,
+            [send, recv],
+            counts,
+            |nc, c, s| {
                 // SAFETY: checked buffers: send counts[0], recv size*counts[0] elements.
-                return nc.check(op, c, unsafe {
-                    (nc.all_gather)(sp as P, rp as P, counts[0], nccl_dtype(dtype), c, s)
-                });
-            }
-            i.group(op, || {
-                for (root, &cnt) in counts.iter().enumerate() {
-                    if cnt == 0 {
-                        continue;
-                    }
-                    let dst = rp + offs[root] as u64;
-                    let src = if root == i.rank { sp } else { dst };
-                    // SAFETY: broadcast of root's piece into its slot of recv.
-                    nc.check(op, c, unsafe {
-                        (nc.broadcast)(
-                            src as P,
-                            dst as P,
-                            cnt,
-                            nccl_dtype(dtype),
-                            root as i32,
-                            c,
-                            s,
-                        )
-                    })?;
-                }
-                Ok(())
-            })
-        })
+                unsafe { (nc.all_gather)(sp as P, rp as P, counts[0], dt, c, s) }
+            },
+            |nc, c, s, root, off, cnt| {
+                let dst = rp + off;
+                let src = if root == me { sp } else { dst };
+                // SAFETY: broadcast of root's piece into its slot of recv.
+                unsafe { (nc.broadcast)(src as P, dst as P, cnt, dt, root as i32, c, s) }
+            },
+        )
     }
 
     fn reduce_scatter_v(
@@ -272,52 +302,25 @@ impl BackendHooks for NcclComm {
         _total: usize,
         rop: ReduceOp,
     ) -> Result<(), CommError> {
-        let i = &*self.inner;
-        let op = "reduce_scatter_v";
-        let esz = dtype.size();
-        let (sp, rp) = (send.ptr, recv.ptr);
-        let equal = counts.iter().all(|&c| c == counts[0]);
-        let offs = offsets(counts, esz);
-        let fs = prepare(&self.inner, op, &[send, recv])?;
-        i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
-            if equal {
+        let (sp, rp, me) = (send.ptr, recv.ptr, self.inner.rank);
+        let (dt, rop) = (nccl_dtype(dtype), nccl_op(rop));
+        by_pieces(
+            self,
+            "reduce_scatter_v",
+            dtype,
+            [send, recv],
+            counts,
+            |nc, c, s| {
                 // SAFETY: checked buffers.
-                return nc.check(op, c, unsafe {
-                    (nc.reduce_scatter)(
-                        sp as P,
-                        rp as P,
-                        counts[0],
-                        nccl_dtype(dtype),
-                        nccl_op(rop),
-                        c,
-                        s,
-                    )
-                });
-            }
-            i.group(op, || {
-                for (root, &cnt) in counts.iter().enumerate() {
-                    if cnt == 0 {
-                        continue;
-                    }
-                    let src = sp + offs[root] as u64;
-                    let dst = if root == i.rank { rp } else { src };
-                    // SAFETY: reduce of chunk `root` to its owner; non-roots' recvbuff unused.
-                    nc.check(op, c, unsafe {
-                        (nc.reduce)(
-                            src as P,
-                            dst as P,
-                            cnt,
-                            nccl_dtype(dtype),
-                            nccl_op(rop),
-                            root as i32,
-                            c,
-                            s,
-                        )
-                    })?;
-                }
-                Ok(())
-            })
-        })
+                unsafe { (nc.reduce_scatter)(sp as P, rp as P, counts[0], dt, rop, c, s) }
+            },
+            |nc, c, s, root, off, cnt| {
+                let src = sp + off;
+                let dst = if root == me { rp } else { src };
+                // SAFETY: reduce of chunk `root` to its owner; non-roots' recvbuff unused.
+                unsafe { (nc.reduce)(src as P, dst as P, cnt, dt, rop, root as i32, c, s) }
+            },
+        )
     }
 
     fn all_to_all_v(
@@ -444,18 +447,7 @@ impl BackendHooks for NcclComm {
         }
         let world = vec![i.world_ranks[from], i.world_ranks[to]];
         let key = format!("{}/one_way[{}->{}]", i.key, world[0], world[1]);
-        let channel = NcclComm::create(
-            i.nccl,
-            i.ctx.clone(),
-            lock(&i.compute).clone(),
-            i.exchange.clone(),
-            key,
-            me,
-            world,
-            i.timeout,
-            *lock(&i.completion),
-        )?;
-        let shared: SharedComm = Arc::new(channel);
+        let shared = open(i, key, me, world)?;
         lock(&i.channels).insert((from, to), shared.clone());
         Ok(shared)
     }
@@ -475,18 +467,7 @@ impl BackendHooks for NcclComm {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        let sub = NcclComm::create(
-            i.nccl,
-            i.ctx.clone(),
-            lock(&i.compute).clone(),
-            i.exchange.clone(),
-            key,
-            me,
-            world,
-            i.timeout,
-            *lock(&i.completion),
-        )?;
-        let shared: SharedComm = Arc::new(sub);
+        let shared = open(i, key, me, world)?;
         lock(&i.subs).push((members.to_vec(), shared.clone()));
         Ok(shared)
     }

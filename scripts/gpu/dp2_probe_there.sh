@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs on a 2-GPU machine from a folder holding bin/ (oflaunch, gpt_bench): where DP2's step
+# time over one GPU goes (GPT-2 124M, bf16-mixed, micro-batch 8 per GPU), as medians over
+# REPEATS rounds of: one GPU; two independent one-GPU runs at once (interference without
+# communication); DP2 with 10/25/100 MiB buckets and with one bucket at the end (1000 MiB: no
+# overlap); 25 MiB buckets moving bf16; NCCL held to 4 and 8 channels (a slower all-reduce:
+# how much of it the step sees); and the compiled step with 25 MiB buckets and one bucket.
+# Logs under $OUT; prints one line a variant: median ms, each run, scaling (one GPU / it).
+set -uo pipefail
+cd "$(dirname "$0")"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+OUT=${OUT:-/tmp/dp2}
+mkdir -p "$OUT"
+STEPS=${STEPS:-20}
+REPEATS=${REPEATS:-2}
+gb() { # tag nproc flags...
+  local tag=$1 n=$2
+  shift 2
+  timeout 300 bin/oflaunch --nproc-per-node "$n" --backend nccl bin/gpt_bench --dp "$n" \
+    --precision bf16-mixed --micro-batch 8 --warmup 3 --steps "$STEPS" --tag "$tag" "$@" \
+    > "$OUT/$tag@$r.log" 2>&1
+}
+for r in $(seq 1 "$REPEATS"); do
+  gb one 1
+  gb one-compiled 1 --compile
+  CUDA_VISIBLE_DEVICES=0 gb pair-a 1 &
+  CUDA_VISIBLE_DEVICES=1 gb pair-b 1 &
+  wait
+  for mb in 10 25 100 1000; do gb "b$mb" 2 --bucket-mb "$mb"; done
+  gb b25-bf16 2 --bucket-mb 25 --reduce-dtype bf16
+  NCCL_MAX_NCHANNELS=4 gb b25-ch4 2 --bucket-mb 25
+  NCCL_MAX_NCHANNELS=8 gb b25-ch8 2 --bucket-mb 25
+  gb b25-compiled 2 --bucket-mb 25 --compile
+  gb b1000-compiled 2 --bucket-mb 1000 --compile
+done
+grep -h "rror" "$OUT"/*.log | head -5
+python3 - "$OUT" <<'PY'
+import glob, json, os, statistics, sys
+runs = {}
+for path in sorted(glob.glob(f"{sys.argv[1]}/*@*.log")):
+    tag = os.path.basename(path)[:-4].split("@")[0]
+    for line in open(path, errors="replace"):
+        if "RESULT {" in line and ("[rank 0]" in line or "[rank" not in line):
+            runs.setdefault(tag, []).append(json.loads(line[line.index("RESULT {") + 7:])["ms_per_step"])
+            break
+one = statistics.median(runs.get("one", [float("nan")]))
+for tag, v in sorted(runs.items()):
+    m = statistics.median(v)
+    print(f"{tag:16s} {m:7.2f} ms  each {v}  scaling {one / m:.3f}")
+PY

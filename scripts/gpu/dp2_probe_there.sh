@@ -5,7 +5,8 @@
 # communication); DP2 with 10/25/100 MiB buckets and with one bucket at the end (1000 MiB: no
 # overlap); 25 MiB buckets moving bf16; NCCL held to 4 and 8 channels (a slower all-reduce:
 # how much of it the step sees); and the compiled step with 25 MiB buckets and one bucket.
-# Logs under $OUT; prints one line a variant: median ms, each run, scaling (one GPU / it).
+# ONLY (a regex of tags) runs a subset. Logs under $OUT; prints one line a variant: median ms,
+# each run, scaling (one GPU / it).
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -14,9 +15,11 @@ OUT=${OUT:-/tmp/dp2}
 mkdir -p "$OUT"
 STEPS=${STEPS:-20}
 REPEATS=${REPEATS:-2}
+ONLY=${ONLY:-.}
 gb() { # tag nproc flags...
   local tag=$1 n=$2
   shift 2
+  [[ $tag == one || $tag =~ $ONLY ]] || return 0
   timeout 300 bin/oflaunch --nproc-per-node "$n" --backend nccl bin/gpt_bench --dp "$n" \
     --precision bf16-mixed --micro-batch 8 --warmup 3 --steps "$STEPS" --tag "$tag" "$@" \
     > "$OUT/$tag@$r.log" 2>&1

@@ -387,3 +387,29 @@ pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// The placements of `inputs` (empty for a local tensor), for messages: `a vs b`.
+pub(crate) fn placements_text(inputs: &[&Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|t| t.placement().map_or_else(String::new, |p| p.to_string()))
+        .collect::<Vec<_>>()
+        .join(" vs ")
+}
+
+/// A `Mixed` error naming `op` when `inputs` mix global and local tensors.
+pub(crate) fn check_not_mixed(op: &'static str, inputs: &[&Tensor]) -> crate::Result<()> {
+    let global = inputs.first().is_some_and(|t| t.is_global());
+    if inputs.iter().any(|t| t.is_global() != global) {
+        return Err(crate::TensorError::Mixed {
+            op,
+            kinds: inputs
+                .iter()
+                .map(|t| if t.is_global() { "global" } else { "local" })
+                .collect::<Vec<_>>()
+                .join(", "),
+            shapes: shapes_text(inputs),
+        });
+    }
+    Ok(())
+}

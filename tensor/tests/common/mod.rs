@@ -297,3 +297,31 @@ pub fn bucket_piece(
     let key = piece_key(placement, rank, &nd);
     (nd, local, (key * 100 + i) as u64)
 }
+
+/// Asserts that each output of a bucket has its input's shape and dtype, and the input's
+/// nd-SBP with `sbp` on mesh axis `axis`.
+pub fn assert_bucket_layouts(out: &[Tensor], inputs: &[Tensor], axis: usize, sbp: Sbp) {
+    for (o, t) in out.iter().zip(inputs) {
+        let want = t.nd_sbp().unwrap().with_axis(axis, sbp);
+        assert_eq!(o.nd_sbp(), Some(&want));
+        assert_eq!(o.shape(), t.shape());
+        assert_eq!(o.dtype(), t.dtype());
+    }
+}
+
+/// Checks that a bucket's values (`bucket[tensor]`) equal those of each tensor boxed alone,
+/// tensor by tensor, within `tol` times `max(|alone|, 1)`.
+pub fn bucket_close(
+    bucket: &[Vec<f64>],
+    alone: &[Vec<f64>],
+    tol: f64,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(bucket.len(), alone.len());
+    for (b, a) in bucket.iter().zip(alone) {
+        prop_assert_eq!(b.len(), a.len());
+        for (x, y) in b.iter().zip(a) {
+            prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
+        }
+    }
+    Ok(())
+}

@@ -31,6 +31,21 @@ pub fn placement(mesh: &[usize], perm_seed: u64) -> Placement {
     Placement::new(DeviceType::Cpu, mesh.to_vec(), ranks).unwrap()
 }
 
+/// A placement over ranks `0..n` in order, shaped as `mesh` (product = n).
+pub fn ordered_placement(mesh: &[usize]) -> Placement {
+    Placement::range(DeviceType::Cpu, mesh.iter().product())
+        .and_then(|p| p.reshaped(mesh.to_vec()))
+        .unwrap()
+}
+
+/// The local tensor `x` (the same value on every rank) laid out `s` on `p`: broadcast to every
+/// rank, then boxed.
+pub fn boxed_from_b(x: &Tensor, p: &Placement, s: &NdSbp) -> Tensor {
+    x.to_global(p, NdSbp::broadcast(p.ndim()))
+        .and_then(|t| t.to_global(p, s.clone()))
+        .unwrap()
+}
+
 /// One SBP per mesh axis chosen by `seed` among S(0..ndim), B, P (P only when `allow_p`).
 pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
     let mut s = seed;
@@ -123,6 +138,20 @@ pub fn assert_grad_matches_fd(
         let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
         assert!(tol.allows(*g, fd), "{what} element {i}: {g} vs {fd}");
     }
+}
+
+/// Makes the f64 tensor `x` a leaf that requires a gradient, runs the backward of the scalar
+/// `loss` at it, and asserts that its gradient matches the central differences of `loss`
+/// ([`assert_grad_matches_fd`]).
+pub fn assert_backward_matches_fd(
+    x: &Tensor,
+    tol: Tol,
+    loss: impl Fn(&Tensor) -> Tensor,
+    what: &str,
+) {
+    let x = x.clone().requires_grad_(true);
+    loss(&x).backward().unwrap();
+    assert_grad_matches_fd(&x, &x.grad().unwrap(), tol, loss, what);
 }
 
 /// Element-wise closeness with an f32 tolerance (equal infinities and NaN against NaN pass).

@@ -26,7 +26,9 @@ use crate::executor::{backend_id, run_kernel, run_kernel_one};
 use crate::observe::{self, BoxingEvent, GlobalCall, OpCall};
 use crate::op::{full_region, meta_err, CallSite, Inferred, LocalAt, Op, OutSpec};
 use crate::storage::{Device, Storage};
-use crate::tensor::{check_not_mixed, placements_text, sbps_text, shapes_text, Tensor};
+use crate::tensor::{
+    check_not_mixed, devices_text, placements_text, sbps_text, shapes_text, Tensor,
+};
 use crate::{Result, TensorError};
 
 /// Cache key of a global op call: op with attributes, each input's (shape, nd-SBP, dtype), and
@@ -180,11 +182,7 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     if inputs.iter().any(|t| t.device() != dev) {
         return Err(TensorError::Device {
             op: op.name(),
-            devices: inputs
-                .iter()
-                .map(|t| t.device().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            devices: devices_text(inputs),
             shapes: shapes_text(inputs),
             detail: "operands live on different devices".into(),
         });

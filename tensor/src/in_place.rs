@@ -18,7 +18,7 @@ use crate::dispatch::{infer, local_call, Want};
 use crate::executor::executor_for;
 use crate::op::{Inferred, Op};
 use crate::storage::{Device, Storage};
-use crate::tensor::{check_not_mixed, shapes_text};
+use crate::tensor::{check_not_mixed, devices_text, shapes_text};
 use crate::tensor::{Tensor, TensorImpl};
 use crate::{Result, TensorError};
 use oxiflow_sbp::{RuleMode, Shape};
@@ -189,11 +189,7 @@ pub fn run_local_into(op: &Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Resul
     if device == Device::Cpu || all.iter().any(|t| t.device() != device) {
         return Err(TensorError::Device {
             op: name,
-            devices: all
-                .iter()
-                .map(|t| t.device().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            devices: devices_text(&all),
             shapes: shapes_text(&all),
             detail: "an op runs into given tensors on one device other than the host".into(),
         });

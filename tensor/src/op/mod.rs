@@ -41,7 +41,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 use smallvec::SmallVec;
 
-use crate::tensor::{sbps_text, shapes_text, Tensor};
+use crate::tensor::{inputs_text, sbps_text, shapes_text, Tensor};
 use crate::{Result, TensorError};
 
 pub use attention::{AttentionKernels, AttentionOp};
@@ -261,11 +261,7 @@ pub fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
         },
         MetaError::DType(detail) => TensorError::DType {
             op: op.name(),
-            dtypes: inputs
-                .iter()
-                .map(|t| t.dtype().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            dtypes: inputs_text(inputs, ", ", Tensor::dtype),
             shapes: shapes_text(inputs),
             sbps: sbps_text(inputs),
             detail,

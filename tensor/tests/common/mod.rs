@@ -94,6 +94,12 @@ pub fn whole(t: &Tensor, p: &Placement) -> Vec<f64> {
     vals(&t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap())
 }
 
+/// How many tensors the autograd node that made `y` keeps for its backward (None for a
+/// tensor no node made).
+pub fn saved_count(y: &Tensor) -> Option<usize> {
+    y.autograd().grad_fn().map(|f| f.saved_count())
+}
+
 /// `sum(y * r)`: a scalar whose gradient reaches every element of `y` (weighted by `r`).
 pub fn weighted_sum(y: &Tensor, r: &Tensor) -> Tensor {
     y.mul(r).unwrap().sum_all().unwrap()

@@ -261,52 +261,7 @@ impl Tensor {
         try_local("randn", ElementInit::Randn(seed), shape.into(), dtype)
     }
 
-    pub fn zeros_global(
-        shape: impl Into<Shape>,
-        dtype: DType,
-        placement: &Placement,
-        nd_sbp: impl Into<NdSbp>,
-    ) -> Result<Tensor> {
-        global(
-            "zeros",
-            ElementInit::Full(0.0),
-            shape.into(),
-            dtype,
-            placement,
-            nd_sbp.into(),
-        )
-    }
-    pub fn ones_global(
-        shape: impl Into<Shape>,
-        dtype: DType,
-        placement: &Placement,
-        nd_sbp: impl Into<NdSbp>,
-    ) -> Result<Tensor> {
-        global(
-            "ones",
-            ElementInit::Full(1.0),
-            shape.into(),
-            dtype,
-            placement,
-            nd_sbp.into(),
-        )
-    }
-    pub fn full_global(
-        shape: impl Into<Shape>,
-        value: f64,
-        dtype: DType,
-        placement: &Placement,
-        nd_sbp: impl Into<NdSbp>,
-    ) -> Result<Tensor> {
-        global(
-            "full",
-            ElementInit::Full(value),
-            shape.into(),
-            dtype,
-            placement,
-            nd_sbp.into(),
-        )
-    }
+    /// `[start, start + step, ...]` below `end` (1-d), global: this rank's region of it.
     pub fn arange_global(
         start: f64,
         end: f64,
@@ -325,38 +280,41 @@ impl Tensor {
             nd_sbp.into(),
         )
     }
-    pub fn rand_global(
-        shape: impl Into<Shape>,
-        seed: u64,
-        dtype: DType,
-        placement: &Placement,
-        nd_sbp: impl Into<NdSbp>,
-    ) -> Result<Tensor> {
-        global(
-            "rand",
-            ElementInit::Rand(seed),
-            shape.into(),
-            dtype,
-            placement,
-            nd_sbp.into(),
-        )
-    }
-    pub fn randn_global(
-        shape: impl Into<Shape>,
-        seed: u64,
-        dtype: DType,
-        placement: &Placement,
-        nd_sbp: impl Into<NdSbp>,
-    ) -> Result<Tensor> {
-        global(
-            "randn",
-            ElementInit::Randn(seed),
-            shape.into(),
-            dtype,
-            placement,
-            nd_sbp.into(),
-        )
-    }
+}
+
+/// The global constructors that fill a shape given by the caller: each is
+/// `name(shape, extra.., dtype, placement, nd_sbp)`, creating with the named op's `ElementInit`.
+macro_rules! global_constructors {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $op:literal, $init:expr;)+) => {
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                pub fn $name(
+                    shape: impl Into<Shape>,
+                    $($arg: $ty,)*
+                    dtype: DType,
+                    placement: &Placement,
+                    nd_sbp: impl Into<NdSbp>,
+                ) -> Result<Tensor> {
+                    global($op, $init, shape.into(), dtype, placement, nd_sbp.into())
+                }
+            )+
+        }
+    };
+}
+
+global_constructors! {
+    /// Zeros, global: this rank's region of them.
+    zeros_global() => "zeros", ElementInit::Full(0.0);
+    /// Ones, global.
+    ones_global() => "ones", ElementInit::Full(1.0);
+    /// `value` everywhere, global.
+    full_global(value: f64) => "full", ElementInit::Full(value);
+    /// [`Tensor::rand`]'s values, global: each element's value depends only on `seed` and its
+    /// global index.
+    rand_global(seed: u64) => "rand", ElementInit::Rand(seed);
+    /// [`Tensor::randn`]'s values, global, as `rand_global`.
+    randn_global(seed: u64) => "randn", ElementInit::Randn(seed);
 }
 
 fn arange_shape(start: f64, end: f64, step: f64) -> Result<Shape> {

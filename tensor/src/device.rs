@@ -24,7 +24,7 @@
 //! The dispatcher does everything else (shape/dtype/SBP checks, signature inference, boxing
 //! plans, output layout) identically for every device.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use oxiflow_boxing::Plan;
 use oxiflow_collectives::SharedComm;
@@ -32,6 +32,7 @@ use oxiflow_dtype::DType;
 use oxiflow_placement::DeviceType;
 use oxiflow_sbp::{Region, Shape};
 
+use crate::device_slot::DeviceSlot;
 use crate::op::OutSpec;
 use crate::rng::ElementInit;
 use crate::storage::{CpuArray, Device, DeviceStorage, Storage};
@@ -224,41 +225,20 @@ fn unsupported(op: &'static str, what: String) -> TensorError {
     }
 }
 
-static CUDA_BACKEND: RwLock<Option<Arc<dyn DeviceBackend>>> = RwLock::new(None);
+static CUDA_BACKEND: DeviceSlot<dyn DeviceBackend> =
+    DeviceSlot::new("backend", "the CPU backend is built in");
 
 /// Registers the backend of a device type (only `Cuda` can be registered; CPU is built in).
 pub fn register_device_backend(device: DeviceType, backend: Arc<dyn DeviceBackend>) -> Result<()> {
-    match device {
-        DeviceType::Cuda => {
-            if let Ok(mut g) = CUDA_BACKEND.write() {
-                *g = Some(backend);
-            }
-            Ok(())
-        }
-        DeviceType::Cpu => Err(TensorError::Device {
-            op: "register_device_backend",
-            devices: "cpu".into(),
-            shapes: String::new(),
-            detail: "the CPU backend is built in".into(),
-        }),
-    }
+    CUDA_BACKEND.register("register_device_backend", device, backend)
 }
 
 /// Every registered device backend (the dispatcher offers each a boxing plan first).
 pub(crate) fn registered_backends() -> impl Iterator<Item = Arc<dyn DeviceBackend>> {
-    CUDA_BACKEND.read().ok().and_then(|g| g.clone()).into_iter()
+    CUDA_BACKEND.cuda().into_iter()
 }
 
 /// The registered backend of `device`, or a typed error naming `op`.
 pub(crate) fn backend_for(op: &'static str, device: Device) -> Result<Arc<dyn DeviceBackend>> {
-    let found = match device {
-        Device::Cpu => None,
-        Device::Cuda(_) => CUDA_BACKEND.read().ok().and_then(|g| g.clone()),
-    };
-    found.ok_or_else(|| TensorError::Device {
-        op,
-        devices: device.to_string(),
-        shapes: String::new(),
-        detail: format!("no backend registered for {device}"),
-    })
+    CUDA_BACKEND.of(op, device)
 }

@@ -26,7 +26,9 @@ use crate::executor::{backend_id, run_kernel, run_kernel_one};
 use crate::observe::{self, BoxingEvent, GlobalCall, OpCall};
 use crate::op::{full_region, meta_err, CallSite, Inferred, LocalAt, Op, OutSpec};
 use crate::storage::{Device, Storage};
-use crate::tensor::{sbps_text, shapes_text, Tensor};
+use crate::tensor::{
+    check_not_mixed, devices_text, placements_text, sbps_text, shapes_text, Tensor,
+};
 use crate::{Result, TensorError};
 
 /// Cache key of a global op call: op with attributes, each input's (shape, nd-SBP, dtype), and
@@ -126,17 +128,7 @@ fn run_op(op: Op, inputs: &[&Tensor], want: Want) -> Result<Outputs> {
         });
     };
     let global = first.is_global();
-    if inputs.iter().any(|t| t.is_global() != global) {
-        return Err(TensorError::Mixed {
-            op: op.name(),
-            kinds: inputs
-                .iter()
-                .map(|t| if t.is_global() { "global" } else { "local" })
-                .collect::<Vec<_>>()
-                .join(", "),
-            shapes: shapes_text(inputs),
-        });
-    }
+    check_not_mixed(op.name(), inputs)?;
     let (lo, hi) = op.arity();
     if inputs.len() < lo || inputs.len() > hi {
         return Err(TensorError::Shape {
@@ -190,11 +182,7 @@ fn check_devices(op: &Op, inputs: &[&Tensor]) -> Result<Device> {
     if inputs.iter().any(|t| t.device() != dev) {
         return Err(TensorError::Device {
             op: op.name(),
-            devices: inputs
-                .iter()
-                .map(|t| t.device().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            devices: devices_text(inputs),
             shapes: shapes_text(inputs),
             detail: "operands live on different devices".into(),
         });
@@ -520,11 +508,7 @@ fn global_plan<'t>(
     {
         return Err(TensorError::Device {
             op: op.name(),
-            devices: inputs
-                .iter()
-                .map(|t| t.placement().map_or_else(String::new, |p| p.to_string()))
-                .collect::<Vec<_>>()
-                .join(" vs "),
+            devices: placements_text(inputs),
             shapes: shapes_text(inputs),
             detail: format!(
                 "operands are on different device types (nd-SBPs {})",
@@ -535,11 +519,7 @@ fn global_plan<'t>(
     if inputs.iter().any(|t| t.placement() != Some(placement)) {
         return Err(TensorError::Placement {
             op: op.name(),
-            placements: inputs
-                .iter()
-                .map(|t| t.placement().map_or_else(String::new, |p| p.to_string()))
-                .collect::<Vec<_>>()
-                .join(" vs "),
+            placements: placements_text(inputs),
             shapes: shapes_text(inputs),
             sbps: sbps_text(inputs),
         });

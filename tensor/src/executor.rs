@@ -4,12 +4,13 @@
 //! registered one. Every executor runs an op through `Op::execute`, so its outputs come from
 //! the backend's allocator before the kernels write them.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use oxiflow_placement::DeviceType;
 use smallvec::SmallVec;
 
 use crate::cpu::CpuBackend;
+use crate::device_slot::DeviceSlot;
 use crate::op::{BackendId, Op, OutSpec};
 use crate::storage::{CpuArray, Device, Storage};
 use crate::{Result, TensorError};
@@ -36,38 +37,17 @@ pub trait OpExecutor: Send + Sync {
     }
 }
 
-static CUDA_EXECUTOR: RwLock<Option<Arc<dyn OpExecutor>>> = RwLock::new(None);
+static CUDA_EXECUTOR: DeviceSlot<dyn OpExecutor> =
+    DeviceSlot::new("op executor", "the CPU executor is built in");
 
 /// Registers the op executor of a device type (only `Cuda`; the CPU executor is built in).
 pub fn register_op_executor(device: DeviceType, executor: Arc<dyn OpExecutor>) -> Result<()> {
-    match device {
-        DeviceType::Cuda => {
-            if let Ok(mut g) = CUDA_EXECUTOR.write() {
-                *g = Some(executor);
-            }
-            Ok(())
-        }
-        DeviceType::Cpu => Err(TensorError::Device {
-            op: "register_op_executor",
-            devices: "cpu".into(),
-            shapes: String::new(),
-            detail: "the CPU executor is built in".into(),
-        }),
-    }
+    CUDA_EXECUTOR.register("register_op_executor", device, executor)
 }
 
 /// The registered op executor of `device`, or a typed error naming `op`.
 pub(crate) fn executor_for(op: &'static str, device: Device) -> Result<Arc<dyn OpExecutor>> {
-    let found = match device {
-        Device::Cpu => None,
-        Device::Cuda(_) => CUDA_EXECUTOR.read().ok().and_then(|g| g.clone()),
-    };
-    found.ok_or_else(|| TensorError::Device {
-        op,
-        devices: device.to_string(),
-        shapes: String::new(),
-        detail: format!("no op executor registered for {device}"),
-    })
+    CUDA_EXECUTOR.of(op, device)
 }
 
 /// The kernel-side backend of `device` type (the built-in CPU backend, or the registered

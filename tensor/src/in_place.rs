@@ -18,7 +18,7 @@ use crate::dispatch::{infer, local_call, Want};
 use crate::executor::executor_for;
 use crate::op::{Inferred, Op};
 use crate::storage::{Device, Storage};
-use crate::tensor::shapes_text;
+use crate::tensor::{check_not_mixed, devices_text, shapes_text};
 use crate::tensor::{Tensor, TensorImpl};
 use crate::{Result, TensorError};
 use oxiflow_sbp::{RuleMode, Shape};
@@ -137,17 +137,7 @@ pub fn dispatch_into(op: Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Result<
         return Ok(false);
     }
     let global = all[0].is_global();
-    if all.iter().any(|t| t.is_global() != global) {
-        return Err(TensorError::Mixed {
-            op: op.name(),
-            kinds: all
-                .iter()
-                .map(|t| if t.is_global() { "global" } else { "local" })
-                .collect::<Vec<_>>()
-                .join(", "),
-            shapes: shapes_text(&all),
-        });
-    }
+    check_not_mixed(op.name(), &all)?;
     let on_device = |t: &Tensor| match t.placement() {
         Some(p) => p.device() != oxiflow_placement::DeviceType::Cpu,
         None => t.device() != Device::Cpu,
@@ -199,11 +189,7 @@ pub fn run_local_into(op: &Op, inputs: &[&Tensor], targets: &[&Tensor]) -> Resul
     if device == Device::Cpu || all.iter().any(|t| t.device() != device) {
         return Err(TensorError::Device {
             op: name,
-            devices: all
-                .iter()
-                .map(|t| t.device().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            devices: devices_text(&all),
             shapes: shapes_text(&all),
             detail: "an op runs into given tensors on one device other than the host".into(),
         });

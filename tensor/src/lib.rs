@@ -19,6 +19,7 @@ mod context;
 mod cpu;
 mod creation;
 mod device;
+mod device_slot;
 mod dispatch;
 mod element;
 mod error;

@@ -367,23 +367,63 @@ impl fmt::Display for Tensor {
     }
 }
 
-/// The shapes of `inputs`, for messages: `[4, 5], [5]`.
-pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
+/// `text` of each of `inputs`, joined by `sep`, for messages.
+pub(crate) fn inputs_text<S: ToString>(
+    inputs: &[&Tensor],
+    sep: &str,
+    text: impl Fn(&Tensor) -> S,
+) -> String {
     inputs
         .iter()
-        .map(|t| t.shape().to_string())
+        .map(|t| text(t).to_string())
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(sep)
+}
+
+/// The shapes of `inputs`, for messages: `[4, 5], [5]`.
+pub(crate) fn shapes_text(inputs: &[&Tensor]) -> String {
+    inputs_text(inputs, ", ", |t| t.shape().to_string())
 }
 
 /// The nd-SBPs of `inputs` (`local` for a local tensor), for messages.
 pub(crate) fn sbps_text(inputs: &[&Tensor]) -> String {
-    inputs
-        .iter()
-        .map(|t| {
-            t.nd_sbp()
-                .map_or_else(|| "local".to_string(), |s| s.to_string())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    inputs_text(inputs, ", ", |t| {
+        t.nd_sbp()
+            .map_or_else(|| "local".to_string(), |s| s.to_string())
+    })
+}
+
+/// The devices of `inputs`, for messages: `cpu, cuda:0`.
+pub(crate) fn devices_text(inputs: &[&Tensor]) -> String {
+    inputs_text(inputs, ", ", Tensor::device)
+}
+
+/// The placements of `inputs` (empty for a local tensor), for messages: `a vs b`.
+pub(crate) fn placements_text(inputs: &[&Tensor]) -> String {
+    inputs_text(inputs, " vs ", |t| {
+        t.placement().map_or_else(String::new, |p| p.to_string())
+    })
+}
+
+/// A `Mixed` error naming `op` when `inputs` mix global and local tensors.
+pub(crate) fn check_not_mixed(op: &'static str, inputs: &[&Tensor]) -> crate::Result<()> {
+    let global = inputs.first().is_some_and(|t| t.is_global());
+    if inputs.iter().any(|t| t.is_global() != global) {
+        return Err(crate::TensorError::Mixed {
+            op,
+            kinds: inputs_text(
+                inputs,
+                ", ",
+                |t| {
+                    if t.is_global() {
+                        "global"
+                    } else {
+                        "local"
+                    }
+                },
+            ),
+            shapes: shapes_text(inputs),
+        });
+    }
+    Ok(())
 }

@@ -120,40 +120,54 @@ fn placed_pieces_view_copy_and_refuse_what_does_not_fit() {
     arena
         .place(4 * ARENA_ALIGN, &spec(&[0, 3], DType::F32))
         .unwrap();
-    let err = |r: oxiflow_tensor::Result<_>| match r {
-        Err(e) => e.to_string(),
-        Ok(_) => panic!("accepted"),
-    };
-    let e = err(arena.place(8, &spec(&[2], DType::F64)).map(|_| ()));
-    assert!(e.contains("at offset 8 does not fit"), "{e}");
-    let e = err(arena
-        .place(3 * ARENA_ALIGN, &spec(&[33], DType::F64))
-        .map(|_| ()));
-    assert!(e.contains("(264 bytes) at offset 768"), "{e}");
-    let e = err(arena
-        .place(usize::MAX - 255, &spec(&[1], DType::F64))
-        .map(|_| ()));
-    assert!(e.contains("does not fit"), "{e}");
-    let e = err(p.view_at(0, &spec(&[25], DType::F64)).map(|_| ()));
-    assert!(
-        e.contains("cannot view f64 [4, 6] from byte 0 as f64 [25]"),
-        "{e}"
+    refused(
+        arena.place(8, &spec(&[2], DType::F64)),
+        "at offset 8 does not fit",
     );
-    let e = err(p.view_at(8, &spec(&[24], DType::F64)).map(|_| ()));
-    assert!(e.contains("from byte 8 as f64 [24]"), "{e}");
-    let e = err(p.view_at(4, &spec(&[2], DType::F64)).map(|_| ()));
-    assert!(e.contains("from byte 4"), "{e}");
-    let e = err(p
-        .view_at(usize::MAX - 7, &spec(&[1], DType::F64))
-        .map(|_| ()));
-    assert!(e.contains("cannot view"), "{e}");
-    let e = err(p.view_at(0, &spec(&[24], DType::F32)).map(|_| ()));
-    assert!(e.contains("cannot view"), "{e}");
-    let e = err(p.write_from(&piece(&Tensor::randn([6, 4], 1, DType::F64))));
-    assert!(e.contains("[6, 4] into [4, 6]"), "{e}");
-    let e = err(p.write_from(&piece(&Tensor::randn([4, 6], 1, DType::F32))));
-    assert!(e.contains("dtypes differ"), "{e}");
+    refused(
+        arena.place(3 * ARENA_ALIGN, &spec(&[33], DType::F64)),
+        "(264 bytes) at offset 768",
+    );
+    refused(
+        arena.place(usize::MAX - 255, &spec(&[1], DType::F64)),
+        "does not fit",
+    );
+    refused(
+        p.view_at(0, &spec(&[25], DType::F64)),
+        "cannot view f64 [4, 6] from byte 0 as f64 [25]",
+    );
+    refused(
+        p.view_at(8, &spec(&[24], DType::F64)),
+        "from byte 8 as f64 [24]",
+    );
+    refused(p.view_at(4, &spec(&[2], DType::F64)), "from byte 4");
+    refused(
+        p.view_at(usize::MAX - 7, &spec(&[1], DType::F64)),
+        "cannot view",
+    );
+    refused(p.view_at(0, &spec(&[24], DType::F32)), "cannot view");
+    refused(
+        p.write_from(&piece(&Tensor::randn([6, 4], 1, DType::F64))),
+        "[6, 4] into [4, 6]",
+    );
+    refused(
+        p.write_from(&piece(&Tensor::randn([4, 6], 1, DType::F32))),
+        "dtypes differ",
+    );
     // A device arena needs the device's backend.
-    let e = err(Arena::new(Device::Cuda(0), 1024).map(|_| ()));
-    assert!(e.contains("no backend registered for cuda:0"), "{e}");
+    refused(
+        Arena::new(Device::Cuda(0), 1024),
+        "no backend registered for cuda:0",
+    );
+}
+
+/// Asserts that `r` is an error whose message contains `want`.
+fn refused<T>(r: oxiflow_tensor::Result<T>, want: &str) {
+    match r {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        Ok(_) => panic!("accepted"),
+    }
 }

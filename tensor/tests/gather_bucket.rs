@@ -9,7 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bucket_mesh, bucket_piece, bucket_placement, other_axis_sbp};
+use common::{
+    assert_bucket_layouts, bucket_close, bucket_mesh, bucket_piece, bucket_placement,
+    other_axis_sbp,
+};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     gather_bucket, gather_fits, run_ranks, DType, NdSbp, Placement, ReduceOp, Sbp, Tensor,
@@ -87,12 +90,7 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
         match gather_bucket(&shards, case.axis) {
             Ok(out) => {
                 assert!(fits, "a bucket that does not fit was gathered");
-                for (o, s) in out.iter().zip(&shards) {
-                    let want = s.nd_sbp().unwrap().with_axis(case.axis, Sbp::B);
-                    assert_eq!(o.nd_sbp(), Some(&want));
-                    assert_eq!(o.shape(), s.shape());
-                    assert_eq!(o.dtype(), s.dtype());
-                }
+                assert_bucket_layouts(&out, &shards, case.axis, Sbp::B);
                 let pieces = out.iter().map(whole).collect();
                 Ok((pieces, alone))
             }
@@ -120,18 +118,13 @@ proptest! {
         // The values move as they are: bit for bit, unless a P axis sums parts (whose order
         // may differ between the two boxings when it has more than two members).
         let summed = case.tensors.iter().any(|t| t.2 == Sbp::Partial(ReduceOp::Sum));
+        let tol = if case.dtype == DType::BF16 { 1e-2 } else { 1e-12 };
         for (bucket, alone) in got.into_iter().flatten() {
             if !summed {
                 prop_assert_eq!(bucket, alone);
                 continue;
             }
-            for (b, a) in bucket.iter().zip(&alone) {
-                prop_assert_eq!(b.len(), a.len());
-                for (x, y) in b.iter().zip(a) {
-                    let tol = if case.dtype == DType::BF16 { 1e-2 } else { 1e-12 };
-                    prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
-                }
-            }
+            bucket_close(&bucket, &alone, tol)?;
         }
     }
 }

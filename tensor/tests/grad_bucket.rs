@@ -10,7 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bucket_mesh, bucket_piece, bucket_placement, other_axis_sbp};
+use common::{
+    assert_bucket_layouts, bucket_close, bucket_mesh, bucket_piece, bucket_placement,
+    other_axis_sbp,
+};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, NdSbp, Placement, ReduceOp, Sbp,
@@ -96,12 +99,7 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
         match reduce_bucket(&grads, case.axis, case.target, case.wire) {
             Ok(out) => {
                 assert!(fits, "a bucket that does not fit was reduced");
-                for (o, g) in out.iter().zip(&grads) {
-                    let want = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
-                    assert_eq!(o.nd_sbp(), Some(&want));
-                    assert_eq!(o.shape(), g.shape());
-                    assert_eq!(o.dtype(), g.dtype());
-                }
+                assert_bucket_layouts(&out, &grads, case.axis, sbp);
                 let pieces = out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect();
                 Ok((pieces, alone))
             }
@@ -134,13 +132,7 @@ proptest! {
             Some(_) => 2e-2,
         };
         for (bucket, alone) in got.into_iter().flatten() {
-            prop_assert_eq!(bucket.len(), alone.len());
-            for (b, a) in bucket.iter().zip(&alone) {
-                prop_assert_eq!(b.len(), a.len());
-                for (x, y) in b.iter().zip(a) {
-                    prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
-                }
-            }
+            bucket_close(&bucket, &alone, tol)?;
         }
     }
 }

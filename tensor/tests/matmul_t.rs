@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::vals;
+use common::{boxed_from_b, ordered_placement, vals};
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
@@ -128,11 +128,7 @@ fn global_matmul_t_equals_local() {
             for xb in sbps {
                 let got = run_ranks(2, Duration::from_secs(30), |_| {
                     let p = Placement::new_1d(DeviceType::Cpu, [0, 1]).unwrap();
-                    let g = |x: &Tensor, s: Sbp| {
-                        x.to_global(&p, NdSbp::new([Sbp::B]))
-                            .and_then(|t| t.to_global(&p, NdSbp::new([s])))
-                            .unwrap()
-                    };
+                    let g = |x: &Tensor, s: Sbp| boxed_from_b(x, &p, &NdSbp::new([s]));
                     let (a, b, w) = make();
                     run(&g(&a, xa), &g(&b, xb), &g(&w, Sbp::B), ta, tb, true)
                 });
@@ -256,15 +252,9 @@ fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
     for (mesh, [sa, sb, sc]) in cases {
         let ranks: usize = mesh.iter().product();
         let got = run_ranks(ranks, Duration::from_secs(30), |_| {
-            let p = Placement::range(DeviceType::Cpu, ranks)
-                .and_then(|p| p.reshaped(mesh.to_vec()))
-                .unwrap();
+            let p = ordered_placement(mesh);
             let all_b = NdSbp::broadcast(mesh.len());
-            let g = |x: &Tensor, s: &NdSbp| {
-                x.to_global(&p, all_b.clone())
-                    .and_then(|t| t.to_global(&p, s.clone()))
-                    .unwrap()
-            };
+            let g = |x: &Tensor, s: &NdSbp| boxed_from_b(x, &p, s);
             let (a, b, acc, w) = make();
             let ops = (&g(&a, &sa), &g(&b, &sb), &g(&acc, &sc), &g(&w, &all_b));
             run_acc(ops, (false, true), true)

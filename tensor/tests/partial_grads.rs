@@ -10,10 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::vals;
+use common::{boxed_from_b, ordered_placement, vals};
 use oxiflow_ops::linear::linear;
 use oxiflow_ops::linear::Activation;
-use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 
 const F: DType = DType::F64;
 
@@ -132,15 +132,8 @@ fn a_shared_input_s_gradient_equals_the_sum_of_its_consumers_gradients() {
     for (mesh, sx, [sw, sb, sr]) in cases {
         let ranks: usize = mesh.iter().product();
         let got = run_ranks(ranks, Duration::from_secs(30), |_| {
-            let pl = Placement::range(DeviceType::Cpu, ranks)
-                .and_then(|p| p.reshaped(mesh.to_vec()))
-                .unwrap();
-            let all_b = NdSbp::broadcast(mesh.len());
-            let g = |t: &Tensor, s: &NdSbp| {
-                t.to_global(&pl, all_b.clone())
-                    .and_then(|t| t.to_global(&pl, s.clone()))
-                    .unwrap()
-            };
+            let pl = ordered_placement(mesh);
+            let g = |t: &Tensor, s: &NdSbp| boxed_from_b(t, &pl, s);
             let p: Vec<Tensor> = params()
                 .iter()
                 .enumerate()

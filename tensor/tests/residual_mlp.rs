@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{placement, vals};
+use common::{placement, saved_count, vals};
 use oxiflow_ops::linear::linear;
 use oxiflow_ops::linear::Activation;
 use oxiflow_ops::residual_mlp::{residual_mlp, residual_mlp_with};
@@ -51,7 +51,7 @@ fn run(inputs: &[Tensor; 7], path: Path, whole: &dyn Fn(&Tensor) -> Vec<f64>) ->
             )
             .unwrap();
             // x, both weights and pre, and h unless it is computed again.
-            let kept = y.autograd().grad_fn().map(|f| f.saved_count());
+            let kept = saved_count(&y);
             assert_eq!(kept, Some(if recompute { 4 } else { 5 }), "{path:?}");
             y
         }

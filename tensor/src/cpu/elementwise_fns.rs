@@ -133,105 +133,64 @@ pub(crate) fn div<T: TensorElement>(p: T, q: T) -> T {
     p / q
 }
 
-/// `$body` with `$f` the function of `UnaryOp` `$u` on element type `$t`.
-macro_rules! with_unary_fn {
-    ($u:expr, $t:ty, $f:ident => $body:expr) => {{
+/// `$body` with `$f` the function item `elementwise_fns::$func::<$t>` of the arm `$arm` that
+/// `$v` matches: the match every `with_*_fn` macro below makes over its op enum.
+macro_rules! with_fn_of {
+    ($v:expr, $t:ty, $f:ident => $body:expr; $($arm:pat => $func:ident),+ $(,)?) => {{
         use $crate::cpu::elementwise_fns as ef;
-        use $crate::op::UnaryOp as U;
-        match $u {
-            U::Neg => {
-                let $f = ef::neg::<$t>;
+        match $v {
+            $($arm => {
+                let $f = ef::$func::<$t>;
                 $body
-            }
-            U::Relu => {
-                let $f = ef::relu::<$t>;
-                $body
-            }
-            U::Gelu => {
-                let $f = ef::gelu::<$t>;
-                $body
-            }
-            U::Exp => {
-                let $f = ef::exp::<$t>;
-                $body
-            }
-            U::Log => {
-                let $f = ef::log::<$t>;
-                $body
-            }
-            U::Tanh => {
-                let $f = ef::tanh::<$t>;
-                $body
-            }
-            U::Sigmoid => {
-                let $f = ef::sigmoid::<$t>;
-                $body
-            }
-            U::Sqrt => {
-                let $f = ef::sqrt::<$t>;
-                $body
-            }
-            U::Abs => {
-                let $f = ef::abs::<$t>;
-                $body
-            }
-            U::Square => {
-                let $f = ef::square::<$t>;
-                $body
-            }
+            })+
         }
     }};
+}
+pub(crate) use with_fn_of;
+
+/// `$body` with `$f` the forward (`forward`) or backward (`backward`) function of `UnaryOp`
+/// `$u` on `$t`, from the one table of each unary op's two functions.
+macro_rules! with_unary_table_fn {
+    ($which:ident, $u:expr, $t:ty, $f:ident => $body:expr) => {
+        $crate::cpu::elementwise_fns::with_unary_table_fn!(@pick $which, $u, $t, $f => $body;
+            Neg => neg, neg_backward;
+            Relu => relu, relu_backward;
+            Gelu => gelu, gelu_backward;
+            Exp => exp, exp_backward;
+            Log => log, log_backward;
+            Tanh => tanh, tanh_backward;
+            Sigmoid => sigmoid, sigmoid_backward;
+            Sqrt => sqrt, sqrt_backward;
+            Abs => abs, abs_backward;
+            Square => square, square_backward;
+        )
+    };
+    (@pick forward, $u:expr, $t:ty, $f:ident => $body:expr;
+        $($v:ident => $fwd:ident, $bwd:ident;)+) => {{
+        use $crate::op::UnaryOp as U;
+        $crate::cpu::elementwise_fns::with_fn_of!($u, $t, $f => $body; $(U::$v => $fwd),+)
+    }};
+    (@pick backward, $u:expr, $t:ty, $f:ident => $body:expr;
+        $($v:ident => $fwd:ident, $bwd:ident;)+) => {{
+        use $crate::op::UnaryOp as U;
+        $crate::cpu::elementwise_fns::with_fn_of!($u, $t, $f => $body; $(U::$v => $bwd),+)
+    }};
+}
+pub(crate) use with_unary_table_fn;
+
+/// `$body` with `$f` the function of `UnaryOp` `$u` on element type `$t`.
+macro_rules! with_unary_fn {
+    ($u:expr, $t:ty, $f:ident => $body:expr) => {
+        $crate::cpu::elementwise_fns::with_unary_table_fn!(forward, $u, $t, $f => $body)
+    };
 }
 pub(crate) use with_unary_fn;
 
 /// `$body` with `$f` the backward function `(dy, saved) -> dx` of `UnaryOp` `$u` on `$t`.
 macro_rules! with_unary_backward_fn {
-    ($u:expr, $t:ty, $f:ident => $body:expr) => {{
-        use $crate::cpu::elementwise_fns as ef;
-        use $crate::op::UnaryOp as U;
-        match $u {
-            U::Neg => {
-                let $f = ef::neg_backward::<$t>;
-                $body
-            }
-            U::Relu => {
-                let $f = ef::relu_backward::<$t>;
-                $body
-            }
-            U::Gelu => {
-                let $f = ef::gelu_backward::<$t>;
-                $body
-            }
-            U::Exp => {
-                let $f = ef::exp_backward::<$t>;
-                $body
-            }
-            U::Log => {
-                let $f = ef::log_backward::<$t>;
-                $body
-            }
-            U::Tanh => {
-                let $f = ef::tanh_backward::<$t>;
-                $body
-            }
-            U::Sigmoid => {
-                let $f = ef::sigmoid_backward::<$t>;
-                $body
-            }
-            U::Sqrt => {
-                let $f = ef::sqrt_backward::<$t>;
-                $body
-            }
-            U::Abs => {
-                let $f = ef::abs_backward::<$t>;
-                $body
-            }
-            U::Square => {
-                let $f = ef::square_backward::<$t>;
-                $body
-            }
-        }
-    }};
+    ($u:expr, $t:ty, $f:ident => $body:expr) => {
+        $crate::cpu::elementwise_fns::with_unary_table_fn!(backward, $u, $t, $f => $body)
+    };
 }
 pub(crate) use with_unary_backward_fn;
 
@@ -250,30 +209,14 @@ impl UnaryOp {
 /// `$body` with `$f` the function `(x, c) -> y` of `ScalarOp` `$s` on `$t`.
 macro_rules! with_scalar_fn {
     ($s:expr, $t:ty, $f:ident => $body:expr) => {{
-        use $crate::cpu::elementwise_fns as ef;
         use $crate::op::ScalarOp as S;
-        match $s {
-            S::Add => {
-                let $f = ef::add_scalar::<$t>;
-                $body
-            }
-            S::Mul => {
-                let $f = ef::mul_scalar::<$t>;
-                $body
-            }
-            S::RSub => {
-                let $f = ef::rsub_scalar::<$t>;
-                $body
-            }
-            S::RDiv => {
-                let $f = ef::rdiv_scalar::<$t>;
-                $body
-            }
-            S::Pow => {
-                let $f = ef::pow_scalar::<$t>;
-                $body
-            }
-        }
+        $crate::cpu::elementwise_fns::with_fn_of!($s, $t, $f => $body;
+            S::Add => add_scalar,
+            S::Mul => mul_scalar,
+            S::RSub => rsub_scalar,
+            S::RDiv => rdiv_scalar,
+            S::Pow => pow_scalar,
+        )
     }};
 }
 pub(crate) use with_scalar_fn;
@@ -281,26 +224,13 @@ pub(crate) use with_scalar_fn;
 /// `$body` with `$f` the function `(p, q) -> r` of `BinaryOp` `$b` on `$t`.
 macro_rules! with_binary_fn {
     ($b:expr, $t:ty, $f:ident => $body:expr) => {{
-        use $crate::cpu::elementwise_fns as ef;
         use $crate::op::BinaryOp as B;
-        match $b {
-            B::Add => {
-                let $f = ef::add::<$t>;
-                $body
-            }
-            B::Sub => {
-                let $f = ef::sub::<$t>;
-                $body
-            }
-            B::Mul => {
-                let $f = ef::mul::<$t>;
-                $body
-            }
-            B::Div => {
-                let $f = ef::div::<$t>;
-                $body
-            }
-        }
+        $crate::cpu::elementwise_fns::with_fn_of!($b, $t, $f => $body;
+            B::Add => add,
+            B::Sub => sub,
+            B::Mul => mul,
+            B::Div => div,
+        )
     }};
 }
 pub(crate) use with_binary_fn;

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_float_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult,
+    kernel_trait, same_float_dtype, shape_rule, single, F64Bits, Inferred, MetaError, MetaResult,
     OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -23,18 +23,18 @@ pub struct AttentionOp {
     pub precision: MatmulPrecision,
 }
 
-/// Attention kernels of a backend (float pieces of one dtype, shapes as `infer` checked: with
-/// `causal`, query row `i` attends to key columns `0..=i`).
-pub trait AttentionKernels: KernelBackend {
-    fn attention_probs(
-        &self,
-        q: &Self::Piece,
-        k: &Self::Piece,
-        causal: bool,
-        scale: f64,
-        precision: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Attention kernels of a backend (float pieces of one dtype, shapes as `infer` checked: with
+    /// `causal`, query row `i` attends to key columns `0..=i`).
+    pub trait AttentionKernels {
+        fn attention_probs(
+            q: &Self::Piece,
+            k: &Self::Piece,
+            causal: bool,
+            scale: f64,
+            precision: MatmulPrecision,
+        );
+    }
 }
 
 impl OpFamily for AttentionOp {

@@ -10,7 +10,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    kernel_err, need_float, single, Dims, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    kernel_err, kernel_trait, need_float, single, Dims, F64Bits, Inferred, LocalAt, MetaError,
     MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -28,10 +28,12 @@ pub struct DropoutOp {
     pub starts: Dims,
 }
 
-/// Dropout kernels of a backend (float pieces): element at local index `l` of the piece has
-/// global index `sum((starts[d] + l[d]) * global_strides[d])`.
-pub trait DropoutKernels: KernelBackend {
-    fn dropout(&self, x: &Self::Piece, op: &DropoutOp, out: &mut Self::Out) -> Result<()>;
+kernel_trait! {
+    /// Dropout kernels of a backend (float pieces): element at local index `l` of the piece has
+    /// global index `sum((starts[d] + l[d]) * global_strides[d])`.
+    pub trait DropoutKernels {
+        fn dropout(x: &Self::Piece, op: &DropoutOp);
+    }
 }
 
 impl DropoutOp {

@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, BinaryOp as SbpBinary, RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    need_float, same_dtype, same_float_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend,
+    kernel_trait, need_float, same_dtype, same_float_dtype, shape_rule, single, F64Bits, Inferred,
     MetaError, MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -149,26 +149,16 @@ pub enum ElementwiseOp {
     UnaryBackward(UnaryOp),
 }
 
-/// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
-/// `binary` broadcasts both operands to `out.shape`.
-pub trait ElementwiseKernels: KernelBackend {
-    fn unary(&self, u: UnaryOp, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    fn scalar(&self, s: ScalarOp, c: f64, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    fn binary(
-        &self,
-        b: BinaryOp,
-        x: &Self::Piece,
-        y: &Self::Piece,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn cast(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    fn unary_backward(
-        &self,
-        u: UnaryOp,
-        dy: &Self::Piece,
-        x: &Self::Piece,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Element-wise kernels of a backend. Inputs and output have the dtypes `infer` allowed;
+    /// `binary` broadcasts both operands to `out.shape`.
+    pub trait ElementwiseKernels {
+        fn unary(u: UnaryOp, x: &Self::Piece);
+        fn scalar(s: ScalarOp, c: f64, x: &Self::Piece);
+        fn binary(b: BinaryOp, x: &Self::Piece, y: &Self::Piece);
+        fn cast(x: &Self::Piece);
+        fn unary_backward(u: UnaryOp, dy: &Self::Piece, x: &Self::Piece);
+    }
 }
 
 /// Broadcast two shapes (numpy rules, aligned from the right).

@@ -201,6 +201,30 @@ macro_rules! no_gradient {
 }
 pub(crate) use no_gradient;
 
+/// Declares an op family's kernel trait over [`KernelBackend`]: each `fn name(args..);` in it is
+/// a kernel method `fn name(&self, args.., out: &mut Self::Out) -> Result<()>` that writes the
+/// op's one output into `out`.
+macro_rules! kernel_trait {
+    (
+        $(#[$attr:meta])*
+        pub trait $name:ident {
+            $(
+                $(#[$fattr:meta])*
+                fn $f:ident($($arg:ident: $ty:ty),* $(,)?);
+            )*
+        }
+    ) => {
+        $(#[$attr])*
+        pub trait $name: $crate::op::KernelBackend {
+            $(
+                $(#[$fattr])*
+                fn $f(&self, $($arg: $ty,)* out: &mut Self::Out) -> $crate::Result<()>;
+            )*
+        }
+    };
+}
+pub(crate) use kernel_trait;
+
 /// The buffers a backend's kernels read and write, and its one allocator: every output buffer
 /// is allocated here by the executor (and every scratch buffer by the kernel that needs it), so
 /// kernels never allocate their outputs.

@@ -8,7 +8,7 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, single, Inferred, KernelBackend, LocalAt, MetaResult,
+    kernel_trait, need_float, need_i64, shape_rule, single, Inferred, LocalAt, MetaResult,
     OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -106,30 +106,18 @@ impl Along {
     }
 }
 
-/// Gather kernels of a backend: the reads (`take`: gather, index_select, embedding lookup) and
-/// the scatter-adds that are their gradients (`put`), `op` naming the op in errors. Data pieces
-/// are float (and i64 for the reads), indices i64; indices outside `0..shard.total` are a typed
-/// error on the CPU (NaN rows on CUDA, which cannot raise one without a sync).
-pub trait GatherKernels: KernelBackend {
-    /// `out` (the indexed side) gets `x` at `ids` along `along.dim`; zeros for other ranks' ids.
-    fn take(
-        &self,
-        op: &'static str,
-        x: &Self::Piece,
-        ids: &Self::Piece,
-        along: Along,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `out` (the dense side) gets zeros plus `src` added at `ids` along `along.dim`; other
-    /// ranks' ids are skipped.
-    fn put(
-        &self,
-        op: &'static str,
-        ids: &Self::Piece,
-        src: &Self::Piece,
-        along: Along,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Gather kernels of a backend: the reads (`take`: gather, index_select, embedding lookup) and
+    /// the scatter-adds that are their gradients (`put`), `op` naming the op in errors. Data pieces
+    /// are float (and i64 for the reads), indices i64; indices outside `0..shard.total` are a typed
+    /// error on the CPU (NaN rows on CUDA, which cannot raise one without a sync).
+    pub trait GatherKernels {
+        /// `out` (the indexed side) gets `x` at `ids` along `along.dim`; zeros for other ranks' ids.
+        fn take(op: &'static str, x: &Self::Piece, ids: &Self::Piece, along: Along);
+        /// `out` (the dense side) gets zeros plus `src` added at `ids` along `along.dim`; other
+        /// ranks' ids are skipped.
+        fn put(op: &'static str, ids: &Self::Piece, src: &Self::Piece, along: Along);
+    }
 }
 
 impl GatherOp {

@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Rules, Shape};
 
 use super::grad::{zeros_on, Grad};
 use super::{
-    dim_ok, same_dtype, shape_rule, single, Dims, Inferred, KernelBackend, LocalAt, MetaResult,
+    dim_ok, kernel_trait, same_dtype, shape_rule, single, Dims, Inferred, LocalAt, MetaResult,
     OpFamily, RunKernels, Saves, ViewOf,
 };
 use crate::tensor::Tensor;
@@ -39,22 +39,17 @@ pub enum LayoutOp {
     },
 }
 
-/// Layout kernels of a backend; outputs are row-major contiguous. A reshape and an elements run
-/// as views (`OpFamily::view_of`), so `copy` and `narrow` run for them only where a caller
-/// asks for a copy.
-pub trait LayoutKernels: KernelBackend {
-    fn permute(&self, x: &Self::Piece, perm: &[usize], out: &mut Self::Out) -> Result<()>;
-    /// `x`'s elements, in order, into `out` (same count; a reshape that copies).
-    fn copy(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
-    fn concat(&self, parts: &[&Self::Piece], dim: usize, out: &mut Self::Out) -> Result<()>;
-    fn narrow(
-        &self,
-        x: &Self::Piece,
-        dim: usize,
-        start: usize,
-        len: usize,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Layout kernels of a backend; outputs are row-major contiguous. A reshape and an elements run
+    /// as views (`OpFamily::view_of`), so `copy` and `narrow` run for them only where a caller
+    /// asks for a copy.
+    pub trait LayoutKernels {
+        fn permute(x: &Self::Piece, perm: &[usize]);
+        /// `x`'s elements, in order, into `out` (same count; a reshape that copies).
+        fn copy(x: &Self::Piece);
+        fn concat(parts: &[&Self::Piece], dim: usize);
+        fn narrow(x: &Self::Piece, dim: usize, start: usize, len: usize);
+    }
 }
 
 impl OpFamily for LayoutOp {

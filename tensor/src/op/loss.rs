@@ -8,7 +8,7 @@ use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 
 use super::grad::Grad;
 use super::{
-    need_float, need_i64, shape_rule, single, Inferred, KernelBackend, LocalAt, MetaError,
+    kernel_trait, need_float, need_i64, shape_rule, single, Inferred, LocalAt, MetaError,
     MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::{Tensor, TensorMeta};
@@ -60,53 +60,35 @@ pub enum LossOp {
     },
 }
 
-/// Loss kernels of a backend. Labels out of range are a typed error (NaN rows on devices,
-/// which cannot raise one without a synchronisation).
-pub trait LossKernels: KernelBackend {
-    fn cross_entropy(
-        &self,
-        logits: &Self::Piece,
-        labels: &Self::Piece,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn cross_entropy_backward(
-        &self,
-        logits: &Self::Piece,
-        labels: &Self::Piece,
-        dy: &Self::Piece,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `out` `[rows, 1]` (compute dtype): per row of `logits` `[rows, width]`, the log-sum-exp
-    /// of its class columns (`at.class_columns(width)`), -inf where there are none; one pass
-    /// (a running max and the sum of exponentials relative to it), no temporary of the
-    /// logits' size.
-    fn vocab_parallel_lse(
-        &self,
-        logits: &Self::Piece,
-        at: ClassShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `out` `[rows, 1]` (compute dtype): `lse` where `at.start` is 0 (else 0), minus the
-    /// row's label logit where this piece holds its column.
-    fn vocab_parallel_loss(
-        &self,
-        logits: &Self::Piece,
-        labels: &Self::Piece,
-        lse: &Self::Piece,
-        at: ClassShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `out` of the logits' shape and dtype: `dy (exp(logits - lse) - onehot(label))` in the
-    /// class columns, exactly 0 in the padding columns.
-    fn vocab_parallel_backward(
-        &self,
-        logits: &Self::Piece,
-        labels: &Self::Piece,
-        lse: &Self::Piece,
-        dy: &Self::Piece,
-        at: ClassShard,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Loss kernels of a backend. Labels out of range are a typed error (NaN rows on devices,
+    /// which cannot raise one without a synchronisation).
+    pub trait LossKernels {
+        fn cross_entropy(logits: &Self::Piece, labels: &Self::Piece);
+        fn cross_entropy_backward(logits: &Self::Piece, labels: &Self::Piece, dy: &Self::Piece);
+        /// `out` `[rows, 1]` (compute dtype): per row of `logits` `[rows, width]`, the log-sum-exp
+        /// of its class columns (`at.class_columns(width)`), -inf where there are none; one pass
+        /// (a running max and the sum of exponentials relative to it), no temporary of the
+        /// logits' size.
+        fn vocab_parallel_lse(logits: &Self::Piece, at: ClassShard);
+        /// `out` `[rows, 1]` (compute dtype): `lse` where `at.start` is 0 (else 0), minus the
+        /// row's label logit where this piece holds its column.
+        fn vocab_parallel_loss(
+            logits: &Self::Piece,
+            labels: &Self::Piece,
+            lse: &Self::Piece,
+            at: ClassShard,
+        );
+        /// `out` of the logits' shape and dtype: `dy (exp(logits - lse) - onehot(label))` in the
+        /// class columns, exactly 0 in the padding columns.
+        fn vocab_parallel_backward(
+            logits: &Self::Piece,
+            labels: &Self::Piece,
+            lse: &Self::Piece,
+            dy: &Self::Piece,
+            at: ClassShard,
+        );
+    }
 }
 
 impl OpFamily for LossOp {

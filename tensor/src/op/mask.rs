@@ -8,7 +8,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{sum_to, zeros_on, Grad};
 use super::{
-    same_dtype, shape_rule, single, F64Bits, Inferred, KernelBackend, LocalAt, MetaError,
+    kernel_trait, same_dtype, shape_rule, single, F64Bits, Inferred, LocalAt, MetaError,
     MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -39,32 +39,14 @@ pub enum MaskOp {
     },
 }
 
-/// Mask kernels of a backend (pieces of f32/f64/i64; conditions and masks of any dtype).
-pub trait MaskKernels: KernelBackend {
-    fn where_cond(
-        &self,
-        cond: &Self::Piece,
-        a: &Self::Piece,
-        b: &Self::Piece,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn masked_fill(
-        &self,
-        x: &Self::Piece,
-        mask: &Self::Piece,
-        value: f64,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// Zeros outside the triangle; (`row0`, `col0`): global position of the piece's corner.
-    fn triangular(
-        &self,
-        x: &Self::Piece,
-        keep: Triangle,
-        k: i64,
-        row0: usize,
-        col0: usize,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Mask kernels of a backend (pieces of f32/f64/i64; conditions and masks of any dtype).
+    pub trait MaskKernels {
+        fn where_cond(cond: &Self::Piece, a: &Self::Piece, b: &Self::Piece);
+        fn masked_fill(x: &Self::Piece, mask: &Self::Piece, value: f64);
+        /// Zeros outside the triangle; (`row0`, `col0`): global position of the piece's corner.
+        fn triangular(x: &Self::Piece, keep: Triangle, k: i64, row0: usize, col0: usize);
+    }
 }
 
 impl OpFamily for MaskOp {

@@ -13,8 +13,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    same_dtype, shape_rule, single, Inferred, KernelBackend, MetaResult, OpFamily, RunKernels,
-    Saves,
+    kernel_trait, same_dtype, shape_rule, single, Inferred, MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -43,45 +42,31 @@ pub enum MatmulProduct {
     MatMulTAcc { ta: bool, tb: bool, batched: bool },
 }
 
-/// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked; f32
-/// products at `precision` where the backend has such modes).
-pub trait MatmulKernels: KernelBackend {
-    fn matmul(
-        &self,
-        a: &Self::Piece,
-        b: &Self::Piece,
-        precision: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    fn batch_matmul(
-        &self,
-        a: &Self::Piece,
-        b: &Self::Piece,
-        precision: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `op(a) @ op(b)` (see `MatmulProduct::MatMulT`; `batched`: `BatchMatMulT`).
-    fn matmul_t(
-        &self,
-        a: &Self::Piece,
-        b: &Self::Piece,
-        t: (bool, bool),
-        batched: bool,
-        precision: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// `op(a) @ op(b) + c` (`c` shaped as `out`).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_t_acc(
-        &self,
-        a: &Self::Piece,
-        b: &Self::Piece,
-        t: (bool, bool),
-        batched: bool,
-        c: &Self::Piece,
-        precision: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Matmul kernels of a backend (operands of one dtype, shapes as `infer` checked; f32
+    /// products at `precision` where the backend has such modes).
+    pub trait MatmulKernels {
+        fn matmul(a: &Self::Piece, b: &Self::Piece, precision: MatmulPrecision);
+        fn batch_matmul(a: &Self::Piece, b: &Self::Piece, precision: MatmulPrecision);
+        /// `op(a) @ op(b)` (see `MatmulProduct::MatMulT`; `batched`: `BatchMatMulT`).
+        fn matmul_t(
+            a: &Self::Piece,
+            b: &Self::Piece,
+            t: (bool, bool),
+            batched: bool,
+            precision: MatmulPrecision,
+        );
+        /// `op(a) @ op(b) + c` (`c` shaped as `out`).
+        #[allow(clippy::too_many_arguments)]
+        fn matmul_t_acc(
+            a: &Self::Piece,
+            b: &Self::Piece,
+            t: (bool, bool),
+            batched: bool,
+            c: &Self::Piece,
+            precision: MatmulPrecision,
+        );
+    }
 }
 
 impl MatmulOp {

@@ -41,7 +41,7 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 use smallvec::SmallVec;
 
-use crate::tensor::{sbps_text, shapes_text, Tensor};
+use crate::tensor::{inputs_text, sbps_text, shapes_text, Tensor};
 use crate::{Result, TensorError};
 
 pub use attention::{AttentionKernels, AttentionOp};
@@ -53,8 +53,8 @@ pub use elementwise::{
 pub use embedding::EmbeddingOp;
 pub use extern_op::{BackendId, Extern, ExternOp, KernelFn, KernelIo, Kernels, ScratchFn};
 pub(crate) use family::{
-    dim_ok, full_region, no_gradient, norm_dim, norm_dims, same_dtype, same_float_dtype,
-    shape_rule, single, CallSite,
+    dim_ok, full_region, kernel_trait, no_gradient, norm_dim, norm_dims, same_dtype,
+    same_float_dtype, shape_rule, single, CallSite,
 };
 pub use family::{
     kernel_err, need_float, need_i64, scratch, Dims, F64Bits, Inferred, KernelBackend, LocalAt,
@@ -261,11 +261,7 @@ pub fn meta_err(op: &Op, e: MetaError, inputs: &[&Tensor]) -> TensorError {
         },
         MetaError::DType(detail) => TensorError::DType {
             op: op.name(),
-            dtypes: inputs
-                .iter()
-                .map(|t| t.dtype().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            dtypes: inputs_text(inputs, ", ", Tensor::dtype),
             shapes: shapes_text(inputs),
             sbps: sbps_text(inputs),
             detail,

@@ -6,7 +6,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::{keepdim_shape, zeros_like, Grad};
 use super::{
-    need_float, shape_rule, single, Dims, Inferred, KernelBackend, LocalAt, MetaResult, OpFamily,
+    kernel_trait, need_float, shape_rule, single, Dims, Inferred, LocalAt, MetaResult, OpFamily,
     RunKernels, Saves, UnaryOp,
 };
 use crate::tensor::Tensor;
@@ -59,27 +59,16 @@ impl Extremum {
     }
 }
 
-/// Reduction kernels of a backend. `sum` divides by `count` when given (a mean). The output
-/// buffer's shape says whether the reduced dims are kept.
-pub trait ReductionKernels: KernelBackend {
-    fn sum(
-        &self,
-        x: &Self::Piece,
-        dims: &[usize],
-        keepdim: bool,
-        count: Option<usize>,
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// The max or min over `dims`.
-    fn extremum(
-        &self,
-        which: Extremum,
-        x: &Self::Piece,
-        dims: &[usize],
-        out: &mut Self::Out,
-    ) -> Result<()>;
-    /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
-    fn sum_to_shape(&self, x: &Self::Piece, out: &mut Self::Out) -> Result<()>;
+kernel_trait! {
+    /// Reduction kernels of a backend. `sum` divides by `count` when given (a mean). The output
+    /// buffer's shape says whether the reduced dims are kept.
+    pub trait ReductionKernels {
+        fn sum(x: &Self::Piece, dims: &[usize], keepdim: bool, count: Option<usize>);
+        /// The max or min over `dims`.
+        fn extremum(which: Extremum, x: &Self::Piece, dims: &[usize]);
+        /// Sums `x` down to `out.shape`, which broadcasts to `x`'s shape.
+        fn sum_to_shape(x: &Self::Piece);
+    }
 }
 
 /// The number of elements a reduction over `dims` of `shape` combines (at least 1).

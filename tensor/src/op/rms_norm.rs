@@ -6,7 +6,7 @@ use oxiflow_sbp::{RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    same_float_dtype, single, F64Bits, Inferred, KernelBackend, MetaError, MetaResult, OpFamily,
+    kernel_trait, same_float_dtype, single, F64Bits, Inferred, MetaError, MetaResult, OpFamily,
     RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -18,15 +18,11 @@ pub enum RmsNormOp {
     Forward { eps: F64Bits },
 }
 
-/// RMS-norm kernels of a backend (float pieces of one dtype).
-pub trait RmsNormKernels: KernelBackend {
-    fn rms_norm(
-        &self,
-        x: &Self::Piece,
-        weight: &Self::Piece,
-        eps: f64,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// RMS-norm kernels of a backend (float pieces of one dtype).
+    pub trait RmsNormKernels {
+        fn rms_norm(x: &Self::Piece, weight: &Self::Piece, eps: f64);
+    }
 }
 
 impl OpFamily for RmsNormOp {

@@ -9,7 +9,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, need_float, single, F64Bits, Inferred, KernelBackend, LocalAt, MetaError, MetaResult,
+    dim_ok, kernel_trait, need_float, single, F64Bits, Inferred, LocalAt, MetaError, MetaResult,
     OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -25,9 +25,11 @@ pub struct RotaryOp {
     pub pos0: usize,
 }
 
-/// Rotary kernels of a backend (float pieces).
-pub trait RotaryKernels: KernelBackend {
-    fn rotary(&self, x: &Self::Piece, op: &RotaryOp, out: &mut Self::Out) -> Result<()>;
+kernel_trait! {
+    /// Rotary kernels of a backend (float pieces).
+    pub trait RotaryKernels {
+        fn rotary(x: &Self::Piece, op: &RotaryOp);
+    }
 }
 
 impl OpFamily for RotaryOp {

@@ -5,7 +5,7 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    dim_ok, same_float_dtype, shape_rule, single, Inferred, KernelBackend, MetaError, MetaResult,
+    dim_ok, kernel_trait, same_float_dtype, shape_rule, single, Inferred, MetaError, MetaResult,
     OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
@@ -27,18 +27,18 @@ pub enum SoftmaxOp {
     },
 }
 
-/// Softmax kernels of a backend (float pieces).
-pub trait SoftmaxKernels: KernelBackend {
-    fn softmax(&self, x: &Self::Piece, dim: usize, log: bool, out: &mut Self::Out) -> Result<()>;
-    fn softmax_backward(
-        &self,
-        y: &Self::Piece,
-        dy: &Self::Piece,
-        dim: usize,
-        log: bool,
-        feeds: MatmulPrecision,
-        out: &mut Self::Out,
-    ) -> Result<()>;
+kernel_trait! {
+    /// Softmax kernels of a backend (float pieces).
+    pub trait SoftmaxKernels {
+        fn softmax(x: &Self::Piece, dim: usize, log: bool);
+        fn softmax_backward(
+            y: &Self::Piece,
+            dy: &Self::Piece,
+            dim: usize,
+            log: bool,
+            feeds: MatmulPrecision,
+        );
+    }
 }
 
 impl OpFamily for SoftmaxOp {

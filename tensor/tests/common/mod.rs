@@ -31,6 +31,21 @@ pub fn placement(mesh: &[usize], perm_seed: u64) -> Placement {
     Placement::new(DeviceType::Cpu, mesh.to_vec(), ranks).unwrap()
 }
 
+/// A placement over ranks `0..n` in order, shaped as `mesh` (product = n).
+pub fn ordered_placement(mesh: &[usize]) -> Placement {
+    Placement::range(DeviceType::Cpu, mesh.iter().product())
+        .and_then(|p| p.reshaped(mesh.to_vec()))
+        .unwrap()
+}
+
+/// The local tensor `x` (the same value on every rank) laid out `s` on `p`: broadcast to every
+/// rank, then boxed.
+pub fn boxed_from_b(x: &Tensor, p: &Placement, s: &NdSbp) -> Tensor {
+    x.to_global(p, NdSbp::broadcast(p.ndim()))
+        .and_then(|t| t.to_global(p, s.clone()))
+        .unwrap()
+}
+
 /// One SBP per mesh axis chosen by `seed` among S(0..ndim), B, P (P only when `allow_p`).
 pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
     let mut s = seed;
@@ -79,6 +94,12 @@ pub fn whole(t: &Tensor, p: &Placement) -> Vec<f64> {
     vals(&t.to_global(p, NdSbp::broadcast(p.ndim())).unwrap())
 }
 
+/// How many tensors the autograd node that made `y` keeps for its backward (None for a
+/// tensor no node made).
+pub fn saved_count(y: &Tensor) -> Option<usize> {
+    y.autograd().grad_fn().map(|f| f.saved_count())
+}
+
 /// `sum(y * r)`: a scalar whose gradient reaches every element of `y` (weighted by `r`).
 pub fn weighted_sum(y: &Tensor, r: &Tensor) -> Tensor {
     y.mul(r).unwrap().sum_all().unwrap()
@@ -123,6 +144,20 @@ pub fn assert_grad_matches_fd(
         let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
         assert!(tol.allows(*g, fd), "{what} element {i}: {g} vs {fd}");
     }
+}
+
+/// Makes the f64 tensor `x` a leaf that requires a gradient, runs the backward of the scalar
+/// `loss` at it, and asserts that its gradient matches the central differences of `loss`
+/// ([`assert_grad_matches_fd`]).
+pub fn assert_backward_matches_fd(
+    x: &Tensor,
+    tol: Tol,
+    loss: impl Fn(&Tensor) -> Tensor,
+    what: &str,
+) {
+    let x = x.clone().requires_grad_(true);
+    loss(&x).backward().unwrap();
+    assert_grad_matches_fd(&x, &x.grad().unwrap(), tol, loss, what);
 }
 
 /// Element-wise closeness with an f32 tolerance (equal infinities and NaN against NaN pass).
@@ -296,4 +331,32 @@ pub fn bucket_piece(
     let local = layout.local_shape(rank).unwrap();
     let key = piece_key(placement, rank, &nd);
     (nd, local, (key * 100 + i) as u64)
+}
+
+/// Asserts that each output of a bucket has its input's shape and dtype, and the input's
+/// nd-SBP with `sbp` on mesh axis `axis`.
+pub fn assert_bucket_layouts(out: &[Tensor], inputs: &[Tensor], axis: usize, sbp: Sbp) {
+    for (o, t) in out.iter().zip(inputs) {
+        let want = t.nd_sbp().unwrap().with_axis(axis, sbp);
+        assert_eq!(o.nd_sbp(), Some(&want));
+        assert_eq!(o.shape(), t.shape());
+        assert_eq!(o.dtype(), t.dtype());
+    }
+}
+
+/// Checks that a bucket's values (`bucket[tensor]`) equal those of each tensor boxed alone,
+/// tensor by tensor, within `tol` times `max(|alone|, 1)`.
+pub fn bucket_close(
+    bucket: &[Vec<f64>],
+    alone: &[Vec<f64>],
+    tol: f64,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(bucket.len(), alone.len());
+    for (b, a) in bucket.iter().zip(alone) {
+        prop_assert_eq!(b.len(), a.len());
+        for (x, y) in b.iter().zip(a) {
+            prop_assert!((x - y).abs() <= tol * y.abs().max(1.0), "{:?} {:?}", b, a);
+        }
+    }
+    Ok(())
 }

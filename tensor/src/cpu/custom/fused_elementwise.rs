@@ -143,6 +143,25 @@ fn owned(lanes: &mut [Lane], a: usize, j: usize, last: &[usize], keep: bool) -> 
     })
 }
 
+/// `Some` lane of `first`'s values each replaced by `f(first, second)` element by element, `$f`
+/// the function that `$with!($op, ..)` picks for the lanes' type; `None` when the lanes' types
+/// differ.
+macro_rules! zip_lanes {
+    ($with:ident!($op:expr), $first:expr, $second:expr) => {
+        match ($first, $second) {
+            (Lane::F32(mut v), Lane::F32(w)) => {
+                $with!($op, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                Some(Lane::F32(v))
+            }
+            (Lane::F64(mut v), Lane::F64(w)) => {
+                $with!($op, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
+                Some(Lane::F64(v))
+            }
+            _ => None,
+        }
+    };
+}
+
 /// The values of every output over elements `start..start + len`, in output order.
 fn run_chunk(
     program: &FusedProgram,
@@ -192,31 +211,13 @@ fn run_chunk(
             }
             FusedStep::Binary(b, a, c) => {
                 let first = owned(&mut lanes, a, j, last, a == c).ok_or_else(gone)?;
-                match (first, lanes.get(c).ok_or_else(gone)?) {
-                    (Lane::F32(mut v), Lane::F32(w)) => {
-                        with_binary_fn!(b, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                        Lane::F32(v)
-                    }
-                    (Lane::F64(mut v), Lane::F64(w)) => {
-                        with_binary_fn!(b, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                        Lane::F64(v)
-                    }
-                    _ => return Err(mismatch(j, &ins.step)),
-                }
+                let second = lanes.get(c).ok_or_else(gone)?;
+                zip_lanes!(with_binary_fn!(b), first, second).ok_or_else(gone)?
             }
             FusedStep::UnaryBackward(u, g, x) => {
                 let first = owned(&mut lanes, g, j, last, g == x).ok_or_else(gone)?;
-                match (first, lanes.get(x).ok_or_else(gone)?) {
-                    (Lane::F32(mut v), Lane::F32(w)) => {
-                        with_unary_backward_fn!(u, f32, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                        Lane::F32(v)
-                    }
-                    (Lane::F64(mut v), Lane::F64(w)) => {
-                        with_unary_backward_fn!(u, f64, f => v.iter_mut().zip(w).for_each(|(x, y)| *x = f(*x, *y)));
-                        Lane::F64(v)
-                    }
-                    _ => return Err(mismatch(j, &ins.step)),
-                }
+                let second = lanes.get(x).ok_or_else(gone)?;
+                zip_lanes!(with_unary_backward_fn!(u), first, second).ok_or_else(gone)?
             }
             FusedStep::Cast(a) => {
                 let d = ins.dtype;

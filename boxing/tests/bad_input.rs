@@ -103,112 +103,93 @@ fn boxing_plan(
     oxiflow_boxing::execute(plan, w, p)
 }
 
+/// One side of a boxing: the placement, the global shape and the nd-SBP.
+type Side = (Placement, &'static [usize], NdSbp);
+
+/// Boxes, on every rank, a piece of shape `held.0` and dtype `held.1` from `from` to `to` as
+/// `dtype`; every rank must fail fast with an error `want` accepts.
+fn boxing_fails(
+    from: Side,
+    to: Side,
+    dtype: DType,
+    held: (&'static [usize], DType),
+    want: impl Fn(&BoxingError) -> bool,
+) {
+    let (res, t) = on_all(move |_, w, planner| {
+        let from = GlobalLayout::new(from.1, &from.0, from.2.clone())?;
+        let to = GlobalLayout::new(to.1, &to.0, to.2.clone())?;
+        boxing(planner, w, &from, &to, dtype, Some(piece(held.0, held.1)))
+    });
+    all_err(&res, t, want);
+}
+
 #[test]
 fn placement_naming_ranks_outside_the_world() {
-    let (res, t) = on_all(|r, w, planner| {
-        let from = GlobalLayout::new([8], &cpu(&[4], &[0, 1, 2, 3]), Sbp::S(0))?;
-        let to = GlobalLayout::new(
-            [8],
-            &cpu(&[2, 2], &[0, 1, 2, 7]),
+    boxing_fails(
+        (cpu(&[4], &[0, 1, 2, 3]), &[8], Sbp::S(0).into()),
+        (
+            cpu(&[2, 2], &[0, 1, 2, 7]),
+            &[8],
             NdSbp::new([Sbp::S(0), Sbp::B]),
-        )?;
-        let _ = r;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::F32,
-            Some(piece(&[2], DType::F32)),
-        )
-    });
-    all_err(&res, t, |e| {
-        matches!(e, BoxingError::RankOutsideWorld { rank: 7, .. })
-    });
+        ),
+        DType::F32,
+        (&[2], DType::F32),
+        |e| matches!(e, BoxingError::RankOutsideWorld { rank: 7, .. }),
+    );
 }
 
 #[test]
 fn mixed_partial_and_shape_mismatch() {
-    let (res, t) = on_all(|_, w, planner| {
-        let pl = cpu(&[2, 2], &[0, 1, 2, 3]);
-        let from = GlobalLayout::new([4], &pl, NdSbp::new([Sbp::P, Sbp::Partial(ReduceOp::Max)]))?;
-        let to = GlobalLayout::new([4], &pl, NdSbp::new([Sbp::B, Sbp::B]))?;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::I64,
-            Some(piece(&[4], DType::I64)),
-        )
-    });
-    all_err(&res, t, |e| matches!(e, BoxingError::MixedPartial { .. }));
-    let (res, t) = on_all(|_, w, planner| {
-        let pl = cpu(&[4], &[0, 1, 2, 3]);
-        let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
-        let to = GlobalLayout::new([8, 1], &pl, Sbp::B)?;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::F32,
-            Some(piece(&[2], DType::F32)),
-        )
-    });
-    all_err(&res, t, |e| matches!(e, BoxingError::ShapeMismatch { .. }));
+    let pl = cpu(&[2, 2], &[0, 1, 2, 3]);
+    boxing_fails(
+        (
+            pl.clone(),
+            &[4],
+            NdSbp::new([Sbp::P, Sbp::Partial(ReduceOp::Max)]),
+        ),
+        (pl, &[4], NdSbp::new([Sbp::B, Sbp::B])),
+        DType::I64,
+        (&[4], DType::I64),
+        |e| matches!(e, BoxingError::MixedPartial { .. }),
+    );
+    let pl = cpu(&[4], &[0, 1, 2, 3]);
+    boxing_fails(
+        (pl.clone(), &[8], Sbp::S(0).into()),
+        (pl, &[8, 1], Sbp::B.into()),
+        DType::F32,
+        (&[2], DType::F32),
+        |e| matches!(e, BoxingError::ShapeMismatch { .. }),
+    );
 }
 
 #[test]
 fn piece_not_matching_the_plan() {
+    let pl = cpu(&[4], &[0, 1, 2, 3]);
     // Every rank hands a piece of the wrong dtype (i64 for an f32 plan).
-    let (res, t) = on_all(|_, w, planner| {
-        let pl = cpu(&[4], &[0, 1, 2, 3]);
-        let from = GlobalLayout::new([8], &pl, Sbp::P)?;
-        let to = GlobalLayout::new([8], &pl, Sbp::B)?;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::F32,
-            Some(piece(&[8], DType::I64)),
-        )
-    });
-    all_err(&res, t, |e| matches!(e, BoxingError::DTypeMismatch { .. }));
+    boxing_fails(
+        (pl.clone(), &[8], Sbp::P.into()),
+        (pl.clone(), &[8], Sbp::B.into()),
+        DType::F32,
+        (&[8], DType::I64),
+        |e| matches!(e, BoxingError::DTypeMismatch { .. }),
+    );
     // Every rank hands the full shape where the layout gives it a slice.
-    let (res, t) = on_all(|_, w, planner| {
-        let pl = cpu(&[4], &[0, 1, 2, 3]);
-        let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
-        let to = GlobalLayout::new([8], &pl, Sbp::B)?;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::F32,
-            Some(piece(&[8], DType::F32)),
-        )
-    });
-    all_err(&res, t, |e| matches!(e, BoxingError::LocalShape { .. }));
+    boxing_fails(
+        (pl.clone(), &[8], Sbp::S(0).into()),
+        (pl.clone(), &[8], Sbp::B.into()),
+        DType::F32,
+        (&[8], DType::F32),
+        |e| matches!(e, BoxingError::LocalShape { .. }),
+    );
     // A cuda placement cannot be boxed with host pieces.
-    let (res, t) = on_all(|_, w, planner| {
-        let pl = cpu(&[4], &[0, 1, 2, 3]);
-        let gpu = pl.with_device(oxiflow_placement::DeviceType::Cuda);
-        let from = GlobalLayout::new([8], &pl, Sbp::S(0))?;
-        let to = GlobalLayout::new([8], &gpu, Sbp::B)?;
-        boxing(
-            planner,
-            w,
-            &from,
-            &to,
-            DType::F32,
-            Some(piece(&[2], DType::F32)),
-        )
-    });
-    all_err(&res, t, |e| {
-        matches!(e, BoxingError::UnsupportedDevice { .. })
-    });
+    let gpu = pl.with_device(oxiflow_placement::DeviceType::Cuda);
+    boxing_fails(
+        (pl, &[8], Sbp::S(0).into()),
+        (gpu, &[8], Sbp::B.into()),
+        DType::F32,
+        (&[2], DType::F32),
+        |e| matches!(e, BoxingError::UnsupportedDevice { .. }),
+    );
 }
 
 #[test]

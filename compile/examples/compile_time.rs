@@ -9,15 +9,18 @@
 //!
 //! `cargo run --release -p oxiflow-compile --example compile_time`
 
+#[path = "../tests/common/sgd_step.rs"]
+mod sgd_step;
+
 use std::time::{Duration, Instant};
 
 use oxiflow_compile::passes::{arena::plan_arena, dce::eliminate_dead_code, liveness::liveness};
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout};
 use oxiflow_models::nn::{Module, Parameter};
-use oxiflow_models::optim::{Optimizer, Sgd, SgdOptions};
 use oxiflow_tensor::Tensor;
+use sgd_step::{momentum_sgd, sgd_step};
 
 const BATCH: usize = 16;
 
@@ -33,14 +36,7 @@ fn depth(layers: usize) -> oxiflow_compile::Result<()> {
     };
     let model = Gpt::new(&cfg, &GptLayout::Local)?;
     let params: Vec<Parameter> = model.parameters();
-    let mut opt = Sgd::new(
-        params.clone(),
-        SgdOptions {
-            lr: 0.01,
-            momentum: 0.9,
-            ..SgdOptions::default()
-        },
-    );
+    let mut opt = momentum_sgd(params.clone(), 0.01, 0.0);
     let n = BATCH * cfg.seq_len;
     let ids = Tensor::from_vec(
         (0..n).map(|i| (i * 31 % cfg.vocab) as i64).collect(),
@@ -50,14 +46,7 @@ fn depth(layers: usize) -> oxiflow_compile::Result<()> {
         (0..n).map(|i| ((i + 1) * 31 % cfg.vocab) as i64).collect(),
         [BATCH, cfg.seq_len],
     )?;
-    let mut body = || -> oxiflow_compile::Result<Vec<Tensor>> {
-        let loss = model.loss(&ids, &targets, Pass::Train { step: 0 })?;
-        loss.backward()?;
-        opt.step()?;
-        let mut out = vec![loss.detach()];
-        out.extend(params.iter().map(Parameter::value));
-        Ok(out)
-    };
+    let mut body = || sgd_step(&model, &mut opt, &params, &ids, &targets, false);
     // Two eager steps (the first creates the momentum and warms the caches); the second timed.
     body()?;
     let t = Instant::now();

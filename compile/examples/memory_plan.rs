@@ -8,18 +8,22 @@
 //!
 //! `cargo run --release -p oxiflow-compile --example memory_plan`
 
+#[path = "../tests/common/sgd_step.rs"]
+mod sgd_step;
+
 use std::sync::{Barrier, Mutex};
 use std::time::Duration;
 
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout};
 use oxiflow_models::nn::{Module, Parameter};
-use oxiflow_models::optim::{Optimizer, Sgd, SgdOptions, Zero};
+use oxiflow_models::optim::{Optimizer, Zero};
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::memory::{self, CountingAllocator};
 use oxiflow_tensor::{run_ranks, Tensor};
+use sgd_step::{momentum_sgd, sgd_step};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -111,14 +115,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
             let layout = mesh.clone().map_or(GptLayout::Local, GptLayout::Mesh);
             let model = Gpt::new(&cfg, &layout)?;
             let params: Vec<Parameter> = model.parameters();
-            let mut opt = Sgd::new(
-                params.clone(),
-                SgdOptions {
-                    lr: 0.01,
-                    momentum: 0.9,
-                    ..SgdOptions::default()
-                },
-            );
+            let mut opt = momentum_sgd(params.clone(), 0.01, 0.0);
             if let (true, Some(m)) = (l.zero3, &mesh) {
                 opt = opt.with_zero(Zero::over(3, m)?)?;
             }
@@ -129,15 +126,7 @@ fn run_layout(l: &Layout) -> oxiflow_compile::Result<()> {
                 let mut inputs = vec![ids.clone(), targets.clone()];
                 inputs.extend(params.iter().map(Parameter::value));
                 inputs.extend((0..params.len()).filter_map(|i| opt.state(i, "momentum_buffer")));
-                let mut body = || -> oxiflow_compile::Result<Vec<Tensor>> {
-                    let loss = model.loss(&ids, &targets, Pass::Train { step: 0 })?;
-                    loss.backward()?;
-                    opt.step()?;
-                    let mut out = vec![loss.detach()];
-                    out.extend(params.iter().map(Parameter::value));
-                    out.extend((0..params.len()).filter_map(|i| opt.state(i, "momentum_buffer")));
-                    Ok(out)
-                };
+                let mut body = || sgd_step(&model, &mut opt, &params, &ids, &targets, true);
                 let mut result = None;
                 match step {
                     // Step 0 creates the momentum; step 1 is the measured eager step.

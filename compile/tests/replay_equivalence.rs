@@ -8,12 +8,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::sgd_step::{momentum_sgd, sgd_step};
 use common::small_gpt;
 use oxiflow_compile::{CompiledStep, StepRun};
 use oxiflow_dtype::DType;
-use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass, Recompute};
+use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Recompute};
 use oxiflow_models::nn::{Module, Parameter};
-use oxiflow_models::optim::{Optimizer, Sgd, SgdOptions, Zero};
+use oxiflow_models::optim::{Optimizer, Zero};
 use oxiflow_placement::{DeviceType, NamedMesh, Placement, DP, TP};
 use oxiflow_sbp::{NdSbp, Sbp};
 use oxiflow_tensor::{run_ranks, Tensor};
@@ -99,15 +100,7 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         model.recompute = Recompute::Full;
     }
     let params: Vec<Parameter> = model.parameters();
-    let mut opt = Sgd::new(
-        params.clone(),
-        SgdOptions {
-            lr: 0.05,
-            momentum: 0.9,
-            weight_decay: 0.01,
-            ..SgdOptions::default()
-        },
-    );
+    let mut opt = momentum_sgd(params.clone(), 0.05, 0.01);
     if let (true, Some(m)) = (case.zero3, &mesh) {
         opt = opt.with_zero(Zero::over(3, m).unwrap()).unwrap();
     }
@@ -121,15 +114,7 @@ fn train(case: Case, compiled: bool, rank: usize) -> Run {
         let mut inputs = vec![ids.clone(), targets.clone()];
         inputs.extend(params.iter().map(Parameter::value));
         inputs.extend(states.iter().cloned());
-        let mut body = || -> oxiflow_compile::Result<Vec<Tensor>> {
-            let loss = model.loss(&ids, &targets, Pass::Train { step: 0 })?;
-            loss.backward()?;
-            opt.step()?;
-            let mut out = vec![loss.detach()];
-            out.extend(params.iter().map(Parameter::value));
-            out.extend((0..params.len()).filter_map(|i| opt.state(i, "momentum_buffer")));
-            Ok(out)
-        };
+        let mut body = || sgd_step(&model, &mut opt, &params, &ids, &targets, true);
         let outs: Vec<Tensor> = if compiled {
             let (outs, run) = step_fn.run(&inputs, &mut body).unwrap();
             match run {

@@ -296,65 +296,38 @@ pub fn convert<S: Element, D: Element>(src: &[S]) -> Vec<D> {
     src.iter().map(|&v| D::from_f64(v.to_f64())).collect()
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    const LOWEST: f32 = f32::NEG_INFINITY;
-    const HIGHEST: f32 = f32::INFINITY;
-    fn zero() -> Self {
-        0.0
-    }
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Element for f64 {
-    const DTYPE: DType = DType::F64;
-    const LOWEST: f64 = f64::NEG_INFINITY;
-    const HIGHEST: f64 = f64::INFINITY;
-    fn zero() -> Self {
-        0.0
-    }
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-}
-
-macro_rules! half_element {
-    ($t:ident, $d:ident) => {
+/// `Element` for a float type `$t` of dtype `$d`: the infinities as the identities of max and
+/// min, `+` as `add`; `$to` converts a value `$x` to f64, `$from` a value `$v` from f64.
+macro_rules! float_element {
+    ($t:ident, $d:ident, $zero:expr, |$x:ident| $to:expr, |$v:ident| $from:expr) => {
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             const LOWEST: $t = $t::NEG_INFINITY;
             const HIGHEST: $t = $t::INFINITY;
             fn zero() -> Self {
-                $t::ZERO
+                $zero
             }
             fn add(self, o: Self) -> Self {
                 self + o
             }
             fn to_f64(self) -> f64 {
-                self.to_f64()
+                let $x = self;
+                $to
             }
-            fn from_f64(v: f64) -> Self {
-                $t::from_f32(f32_round_to_odd(v))
+            fn from_f64($v: f64) -> Self {
+                $from
             }
         }
     };
 }
-half_element!(bf16, BF16);
-half_element!(f16, F16);
+float_element!(f32, F32, 0.0, |x| f64::from(x), |v| v as f32);
+float_element!(f64, F64, 0.0, |x| x, |v| v);
+float_element!(bf16, BF16, bf16::ZERO, |x| x.to_f64(), |v| bf16::from_f32(
+    f32_round_to_odd(v)
+));
+float_element!(f16, F16, f16::ZERO, |x| x.to_f64(), |v| f16::from_f32(
+    f32_round_to_odd(v)
+));
 
 impl Element for i64 {
     const DTYPE: DType = DType::I64;

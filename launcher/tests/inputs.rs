@@ -80,52 +80,57 @@ fn refused(args: &[&str], expect: &str) {
 
 #[test]
 fn bad_flag_values_are_refused_before_any_worker_starts() {
-    refused(
-        &["--nproc-per-node", "100000"],
-        "--nproc-per-node 100000 exceeds",
-    );
-    refused(
-        &["--nproc-per-node", "0"],
-        "--nproc-per-node must be at least 1",
-    );
-    refused(&["--nproc-per-node", "-1"], "--nproc-per-node \"-1\"");
-    refused(&["--nproc-per-node", "2x"], "expected a positive count");
-    refused(&["--nnodes", "0"], "--nnodes must be at least 1");
-    refused(&["--nnodes", "-2"], "invalid value '-2' for '--nnodes");
-    refused(
-        &["--nnodes", "2", "--node-rank", "2"],
-        "--node-rank 2 is out of range",
-    );
-    refused(&["--timeout", "0"], "--timeout must be a positive number");
-    refused(&["--timeout", "-5"], "--timeout must be a positive number");
-    refused(&["--timeout", "nan"], "--timeout must be a positive number");
-    refused(&["--timeout", "inf"], "--timeout must be a positive number");
-    refused(
-        &["--grace-period", "0"],
-        "--grace-period must be a positive number",
-    );
-    for bad in ["-1", "nan", "inf"] {
-        refused(
-            &["--stall-timeout", bad],
-            "--stall-timeout must be a positive number",
-        );
+    const POSITIVE_TIMEOUT: &str = "--timeout must be a positive number";
+    const POSITIVE_STALL: &str = "--stall-timeout must be a positive number";
+    // (the flags, what the refusal says)
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--nproc-per-node", "100000"],
+            "--nproc-per-node 100000 exceeds",
+        ),
+        (
+            &["--nproc-per-node", "0"],
+            "--nproc-per-node must be at least 1",
+        ),
+        (&["--nproc-per-node", "-1"], "--nproc-per-node \"-1\""),
+        (&["--nproc-per-node", "2x"], "expected a positive count"),
+        (&["--nnodes", "0"], "--nnodes must be at least 1"),
+        (&["--nnodes", "-2"], "invalid value '-2' for '--nnodes"),
+        (
+            &["--nnodes", "2", "--node-rank", "2"],
+            "--node-rank 2 is out of range",
+        ),
+        (&["--timeout", "0"], POSITIVE_TIMEOUT),
+        (&["--timeout", "-5"], POSITIVE_TIMEOUT),
+        (&["--timeout", "nan"], POSITIVE_TIMEOUT),
+        (&["--timeout", "inf"], POSITIVE_TIMEOUT),
+        (
+            &["--grace-period", "0"],
+            "--grace-period must be a positive number",
+        ),
+        (&["--stall-timeout", "-1"], POSITIVE_STALL),
+        (&["--stall-timeout", "nan"], POSITIVE_STALL),
+        (&["--stall-timeout", "inf"], POSITIVE_STALL),
+        (
+            &["--max-restarts", "-1"],
+            "invalid value '-1' for '--max-restarts",
+        ),
+        (&["--master-port", "70000"], "--master-port"),
+        (&["--backend", "tpu"], "--backend"),
+        (
+            &["--nproc-per-node", "2", "--ranks-filter", "0,5"],
+            "rank 5 does not exist (the job has ranks 0-1)",
+        ),
+        (
+            &["--ranks-filter", "0-99999999999999999"],
+            "rank 99999999999999999 does not exist",
+        ),
+        (&["--ranks-filter", ""], "--ranks-filter"),
+        (&["--ranks-filter", "0,,0"], "cannot read"),
+    ];
+    for (args, expect) in cases {
+        refused(args, expect);
     }
-    refused(
-        &["--max-restarts", "-1"],
-        "invalid value '-1' for '--max-restarts",
-    );
-    refused(&["--master-port", "70000"], "--master-port");
-    refused(&["--backend", "tpu"], "--backend");
-    refused(
-        &["--nproc-per-node", "2", "--ranks-filter", "0,5"],
-        "rank 5 does not exist (the job has ranks 0-1)",
-    );
-    refused(
-        &["--ranks-filter", "0-99999999999999999"],
-        "rank 99999999999999999 does not exist",
-    );
-    refused(&["--ranks-filter", ""], "--ranks-filter");
-    refused(&["--ranks-filter", "0,,0"], "cannot read");
 }
 
 #[test]

@@ -15,5 +15,6 @@ pub mod hf;
 pub mod nn;
 pub mod optim;
 pub mod pipeline;
+mod shape_error;
 
 pub use oxiflow_tensor::{Result, TensorError};

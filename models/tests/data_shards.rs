@@ -68,8 +68,7 @@ fn both_formats_read_back_exactly() {
         ("llmc_*.bin", ShardFormat::Llmc),
         ("llmc_*.bin", ShardFormat::Auto),
     ] {
-        let p = d.join(pattern);
-        let set = ShardSet::open(p.to_str().unwrap(), format, 50257).unwrap();
+        let set = open_ok(&d, pattern, format, 50257);
         assert_eq!(set.shards().len(), 2);
         assert_eq!(set.tokens(), want.len());
         assert_eq!(all_ids(&set), want, "{pattern} as {format:?}");
@@ -83,14 +82,7 @@ fn a_stream_resumed_mid_shard_continues_the_same_batches() {
     for i in 0..4u16 {
         write_llmc(&d.join(format!("s_{i}.bin")), 20240520, 1000, &ids(1000, i));
     }
-    let set = Arc::new(
-        ShardSet::open(
-            d.join("s_*.bin").to_str().unwrap(),
-            ShardFormat::Auto,
-            50257,
-        )
-        .unwrap(),
-    );
+    let set = Arc::new(open_ok(&d, "s_*.bin", ShardFormat::Auto, 50257));
     let (train, _) = ShardWindows::split(set, 16, 0.1, None).unwrap();
     let stream = |origin| Windows::Sequential {
         windows: train.clone(),
@@ -131,14 +123,23 @@ fn a_stream_resumed_mid_shard_continues_the_same_batches() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// The shards `name` (a file or a pattern) in `d` opened as `format` for a vocabulary of
+/// `vocab`.
+fn open_ok(d: &Path, name: &str, format: ShardFormat, vocab: usize) -> ShardSet {
+    ShardSet::open(d.join(name).to_str().unwrap(), format, vocab).unwrap()
+}
+
+/// The error of opening the shards `name` in `d` as `format` for a vocabulary of `vocab`.
+fn open_err(d: &Path, name: &str, format: ShardFormat, vocab: usize) -> String {
+    ShardSet::open(d.join(name).to_str().unwrap(), format, vocab)
+        .unwrap_err()
+        .to_string()
+}
+
 #[test]
 fn bad_shards_name_the_file_and_offset() {
     let d = dir("bad");
-    let open = |name: &str, format| {
-        ShardSet::open(d.join(name).to_str().unwrap(), format, 256)
-            .unwrap_err()
-            .to_string()
-    };
+    let open = |name: &str, format| open_err(&d, name, format, 256);
     write_llmc(&d.join("magic.bin"), 1234, 4, &[1, 2, 3, 4]);
     let e = open("magic.bin", ShardFormat::Llmc);
     assert!(
@@ -205,19 +206,12 @@ fn llama3_shards_read_back_exactly_above_16_bits() {
     write_llmc32(&d.join("l_001.bin"), 20240801, 7, b.len() as i32, &b);
     let want: Vec<i64> = a.iter().chain(&b).map(|&i| i64::from(i)).collect();
     for format in [ShardFormat::Llmc, ShardFormat::Auto] {
-        let set = ShardSet::open(d.join("l_*.bin").to_str().unwrap(), format, 128_256).unwrap();
+        let set = open_ok(&d, "l_*.bin", format, 128_256);
         assert_eq!(set.describe_format(), "llmc (u32 ids)");
         assert_eq!(all_ids(&set), want, "{format:?}");
     }
     // Windows over u32 shards carry the ids unchanged.
-    let set = Arc::new(
-        ShardSet::open(
-            d.join("l_*.bin").to_str().unwrap(),
-            ShardFormat::Auto,
-            128_256,
-        )
-        .unwrap(),
-    );
+    let set = Arc::new(open_ok(&d, "l_*.bin", ShardFormat::Auto, 128_256));
     let w = ShardWindows::whole(set, 8).unwrap();
     let batch = w.batch(0, 2).unwrap();
     let first: Vec<i64> = a[..17].iter().map(|&i| i64::from(i)).collect();
@@ -229,11 +223,7 @@ fn llama3_shards_read_back_exactly_above_16_bits() {
 #[test]
 fn damaged_llama3_headers_name_the_field() {
     let d = dir("llama3-bad");
-    let open = |name: &str, format| {
-        ShardSet::open(d.join(name).to_str().unwrap(), format, 128_256)
-            .unwrap_err()
-            .to_string()
-    };
+    let open = |name: &str, format| open_err(&d, name, format, 128_256);
     let ids = wide_ids(100, 3);
     // The GPT-2 version under the Llama 3 magic, and the reverse.
     write_llmc32(&d.join("v1.bin"), 20240801, 1, 100, &ids);

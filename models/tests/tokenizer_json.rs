@@ -116,43 +116,32 @@ fn bad_tokenizer_files_name_the_file() {
         Err(e @ DataError::TokenizerFile { .. }) => e.to_string(),
         other => panic!("{p:?}: {other:?}"),
     };
+    // The error of the folder after writing `bytes` to its file `name`.
+    let err_with = |name: &str, bytes: &[u8]| {
+        std::fs::write(d.join(name), bytes).unwrap();
+        err(&d)
+    };
     let e = err(&d);
     assert!(e.contains("a directory without a tokenizer.json"), "{e}");
-    std::fs::write(
-        d.join("tokenizer.json"),
-        b"{\"version\": \"1.0\", \"model\": ",
-    )
-    .unwrap();
-    let e = err(&d);
+    let e = err_with("tokenizer.json", b"{\"version\": \"1.0\", \"model\": ");
     assert!(
         e.contains(&format!("{}", d.join("tokenizer.json").display()))
             && e.contains("not JSON: EOF while parsing"),
         "{e}"
     );
-    std::fs::write(
-        d.join("tokenizer.json"),
-        b"{\"version\": \"1.0\", \"model\": 3}",
-    )
-    .unwrap();
-    let e = err(&d);
+    let e = err_with("tokenizer.json", b"{\"version\": \"1.0\", \"model\": 3}");
     assert!(
         e.contains("not a tokenizer.json the tokenizers library reads"),
         "{e}"
     );
     let good = std::fs::read(fixtures().join("llama3-style/tokenizer.json")).unwrap();
     std::fs::write(d.join("tokenizer.json"), &good).unwrap();
-    std::fs::write(
-        d.join("tokenizer_config.json"),
-        b"{\"eos_token\": \"<|nope|>\"}",
-    )
-    .unwrap();
-    let e = err(&d);
+    let e = err_with("tokenizer_config.json", b"{\"eos_token\": \"<|nope|>\"}");
     assert!(
         e.contains("tokenizer_config.json") && e.contains("eos_token \"<|nope|>\" is no token"),
         "{e}"
     );
-    std::fs::write(d.join("tokenizer_config.json"), b"not json").unwrap();
-    assert!(err(&d).contains("not JSON"));
+    assert!(err_with("tokenizer_config.json", b"not json").contains("not JSON"));
     // No config: its added <|end_of_text|> is the end of a text.
     std::fs::remove_file(d.join("tokenizer_config.json")).unwrap();
     let t = Tokenizer::from_file(&d).unwrap();

@@ -204,14 +204,16 @@ fn train_as(
     (losses, finals, bytes)
 }
 
-fn close(a: &[f64], b: &[f64], what: &str) {
+/// `a` equals `b` element by element within `rel` of `1 + |b|`.
+fn within(a: &[f64], b: &[f64], rel: f64, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}");
     for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
-            "{what}: {x} vs {y}"
-        );
+        assert!((x - y).abs() <= rel * (1.0 + y.abs()), "{what}: {x} vs {y}");
     }
+}
+
+fn close(a: &[f64], b: &[f64], what: &str) {
+    within(a, b, 1e-10, what);
 }
 
 fn check_layout(mesh: &[usize], tp: Option<usize>) {
@@ -422,13 +424,7 @@ fn stages_one_and_two_under_mixed_precision_keep_master_shards_and_dps_bits() {
 
 /// Within f32 rounding: the reductions sum f32 partials in another order than one rank.
 fn near(a: &[f64], b: &[f64], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}");
-    for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-            "{what}: {x} vs {y}"
-        );
-    }
+    within(a, b, 1e-5, what);
 }
 
 #[test]

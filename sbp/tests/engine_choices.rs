@@ -19,44 +19,59 @@ fn infer(op: RuleCall, inputs: &[(&[usize], &str)], p: &Placement) -> Signature 
     reference::op::infer(&op, &args, p, 4).unwrap()
 }
 
+/// A matmul input: its dims and its nd-SBP.
+type Operand = (&'static [usize], &'static str);
+
 #[test]
 fn matmul_choices_follow_the_table() {
     let p = Placement::range(DeviceType::Cuda, 4).unwrap();
-    // Data parallel: x S(0), weight B.
-    let s = infer(RuleCall::MatMul, &[(&[8, 16], "S(0)"), (&[16, 4], "B")], &p);
-    assert_eq!(s.to_string(), "S(0), B -> S(0)");
-    assert_eq!(
-        (s.cost, s.output_shapes[0].clone()),
-        (0, Shape::from([8, 4]))
-    );
-    // Tensor parallel: x B, weight S(1).
-    let s = infer(RuleCall::MatMul, &[(&[8, 16], "B"), (&[16, 4], "S(1)")], &p);
-    assert_eq!(s.to_string(), "B, S(1) -> S(1)");
-    // Weight gradient x^T @ dy with x S(0) (so x^T S(1)) and dy S(0): P, no communication.
-    let s = infer(
-        RuleCall::MatMul,
-        &[(&[16, 8], "S(1)"), (&[8, 4], "S(0)")],
-        &p,
-    );
-    assert_eq!((s.to_string().as_str(), s.cost), ("S(1), S(0) -> P", 0));
-    // All B stays all B (the fewest boxed axes wins a tie at 0 bytes).
-    let s = infer(RuleCall::MatMul, &[(&[8, 16], "B"), (&[16, 4], "B")], &p);
-    assert_eq!(s.to_string(), "B, B -> B");
-    // x S(0) with a split weight: two all-to-alls into the k-split (512 B * 3/16 + 256 B * 3/16
-    // = 144) beat all-gathering the weight (256 B * 3/4 = 192). Only input boxing is priced.
-    let s = infer(
-        RuleCall::MatMul,
-        &[(&[8, 16], "S(0)"), (&[16, 4], "S(1)")],
-        &p,
-    );
-    assert_eq!((s.to_string().as_str(), s.cost), ("S(1), S(0) -> P", 144));
-    // With a wide x, all-gathering the weight is the cheaper one.
-    let s = infer(
-        RuleCall::MatMul,
-        &[(&[64, 16], "S(0)"), (&[16, 4], "S(1)")],
-        &p,
-    );
-    assert_eq!((s.to_string().as_str(), s.cost), ("S(0), B -> S(0)", 192));
+    let matmul = |x: Operand, w: Operand| infer(RuleCall::MatMul, &[x, w], &p);
+    // (x, weight, the signature chosen, its cost where the case names one)
+    let cases: [(Operand, Operand, &str, Option<u64>); 6] = [
+        // Data parallel: x S(0), weight B.
+        (
+            (&[8, 16], "S(0)"),
+            (&[16, 4], "B"),
+            "S(0), B -> S(0)",
+            Some(0),
+        ),
+        // Tensor parallel: x B, weight S(1).
+        ((&[8, 16], "B"), (&[16, 4], "S(1)"), "B, S(1) -> S(1)", None),
+        // Weight gradient x^T @ dy with x S(0) (so x^T S(1)) and dy S(0): P, no communication.
+        (
+            (&[16, 8], "S(1)"),
+            (&[8, 4], "S(0)"),
+            "S(1), S(0) -> P",
+            Some(0),
+        ),
+        // All B stays all B (the fewest boxed axes wins a tie at 0 bytes).
+        ((&[8, 16], "B"), (&[16, 4], "B"), "B, B -> B", None),
+        // x S(0) with a split weight: two all-to-alls into the k-split (512 B * 3/16 + 256 B *
+        // 3/16 = 144) beat all-gathering the weight (256 B * 3/4 = 192). Only input boxing is
+        // priced.
+        (
+            (&[8, 16], "S(0)"),
+            (&[16, 4], "S(1)"),
+            "S(1), S(0) -> P",
+            Some(144),
+        ),
+        // With a wide x, all-gathering the weight is the cheaper one.
+        (
+            (&[64, 16], "S(0)"),
+            (&[16, 4], "S(1)"),
+            "S(0), B -> S(0)",
+            Some(192),
+        ),
+    ];
+    for (x, w, want, cost) in cases {
+        let s = matmul(x, w);
+        assert_eq!(s.to_string(), want);
+        if let Some(cost) = cost {
+            assert_eq!(s.cost, cost, "{want}");
+        }
+    }
+    let s = matmul((&[8, 16], "S(0)"), (&[16, 4], "B"));
+    assert_eq!(s.output_shapes[0], Shape::from([8, 4]));
 }
 
 #[test]
@@ -159,39 +174,26 @@ fn reductions_and_partial_kinds() {
 #[test]
 fn reshape_keeps_even_splits_and_boxes_uneven_ones() {
     let p = Placement::range(DeviceType::Cpu, 2).unwrap();
-    let s = infer(
-        RuleCall::Reshape {
-            shape: Shape::from([4, 2, 3]),
-        },
-        &[(&[4, 6], "S(0)")],
-        &p,
-    );
-    assert_eq!(s.to_string(), "S(0) -> S(0)");
-    let s = infer(
-        RuleCall::Reshape {
-            shape: Shape::from([24]),
-        },
-        &[(&[4, 6], "S(0)")],
-        &p,
-    );
-    assert_eq!(s.to_string(), "S(0) -> S(0)");
-    // 5 rows over 2 ranks (3, 2) do not line up with 10 elements over 2 (5, 5): boxed to B.
-    let s = infer(
-        RuleCall::Reshape {
-            shape: Shape::from([10]),
-        },
-        &[(&[5, 2], "S(0)")],
-        &p,
-    );
-    assert_eq!(s.to_string(), "B -> B");
+    // The signature of reshaping `dims` laid out as `sbp` to `to`.
+    let reshape = |dims: &[usize], sbp: &str, to: &[usize]| {
+        let shape = Shape::from(to);
+        infer(RuleCall::Reshape { shape }, &[(dims, sbp)], &p)
+    };
+    let cases: [(&[usize], &[usize], &str); 3] = [
+        (&[4, 6], &[4, 2, 3], "S(0) -> S(0)"),
+        (&[4, 6], &[24], "S(0) -> S(0)"),
+        // 5 rows over 2 ranks (3, 2) do not line up with 10 elements over 2 (5, 5): boxed to B.
+        (&[5, 2], &[10], "B -> B"),
+    ];
+    for (dims, to, want) in cases {
+        assert_eq!(
+            reshape(dims, "S(0)", to).to_string(),
+            want,
+            "{dims:?} -> {to:?}"
+        );
+    }
     // Splitting the second dim of a group cannot survive.
-    let s = infer(
-        RuleCall::Reshape {
-            shape: Shape::from([24]),
-        },
-        &[(&[4, 6], "S(1)")],
-        &p,
-    );
+    let s = reshape(&[4, 6], "S(1)", &[24]);
     assert_eq!(s.outputs[0], NdSbp::from(Sbp::S(0)));
     assert!(s.cost > 0);
 }

@@ -8,11 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/prebuilt_kernels.sh
+. scripts/gpu/stage_launcher.sh
 DEST=.carry/compile
-rm -rf "$DEST" && mkdir -p "$DEST/bin"
-cargo build --release -p oxiflow-launcher --bin oflaunch
-cargo build --release --example train
-cp target/release/oflaunch target/release/examples/train "$DEST/bin/"
+stage_launcher "$DEST" train
 cp "$(scripts/gpu/test_executable.sh oxiflow gpu_compile)" "$DEST/bin/gpu_compile"
 strip "$DEST"/bin/*
 du -sh "$DEST"

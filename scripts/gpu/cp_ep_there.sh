@@ -143,16 +143,12 @@ if has speed; then
     done
   done
   python3 - "$OUT" <<'PY'
-import glob, json, sys
+import glob, sys
+from result_logs import last_result_and_peak
 print("| run | seq | ms/step | tokens/s per GPU | MFU | own peak GiB | process peak GiB (GPU 0, nvidia-smi) |")
 print("|---|---|---|---|---|---|---|")
 for f in sorted(glob.glob(sys.argv[1] + "/ours-*.log") + glob.glob(sys.argv[1] + "/torch-*.log")):
-    r, smi = None, None
-    for line in open(f, errors="replace"):
-        if "RESULT {" in line:
-            r = json.loads(line[line.index("RESULT {") + 7:])
-        if line.startswith("SMI_PEAK_MIB") and len(line.split()) > 1:
-            smi = float(line.split()[1])
+    r, smi = last_result_and_peak(f)
     s = f"{smi / 1024:.2f}" if smi else "-"
     tag = f.split("/")[-1][:-4]
     if not r:

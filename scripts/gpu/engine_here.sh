@@ -7,14 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/prebuilt_kernels.sh
+. scripts/gpu/stage_launcher.sh
 DEST=.carry/engine
 ANCHORS=${ANCHORS:-../shared/anchors}
-rm -rf "$DEST" && mkdir -p "$DEST/bin"
-cargo build --release -p oxiflow-launcher --bin oflaunch
-cargo build --release --example train --example gpt_bench
+stage_launcher "$DEST" train gpt_bench
 cargo build --release -p oxiflow-cuda --bins
 cargo build --release -p oxiflow-ops --bin attention_bench
-cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
 for b in gpu_kernels_check attention_bench; do
   [ -x "target/release/$b" ] && cp "target/release/$b" "$DEST/bin/"
 done

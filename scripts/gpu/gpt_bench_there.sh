@@ -38,12 +38,9 @@ if [ "${COMPILE:-0}" = 1 ]; then
   grep -h RESULT "$OUT/torch-compile.log" || tail -5 "$OUT/torch-compile.log"
 fi
 python3 - "$OUT" <<'EOF'
-import glob, json, sys
-rows = []
-for f in sorted(glob.glob(sys.argv[1] + "/*.log")):
-    for line in open(f, errors="replace"):
-        if "RESULT {" in line:
-            rows.append(json.loads(line[line.index("RESULT {") + 7:]))
+import sys
+from result_logs import results
+rows = results(sys.argv[1])
 torch = {r["tag"]: r["tokens_per_s"] for r in rows if "impl" not in r}
 print("| run | micro-batch | ms/step | tokens/s | MFU | peak GiB | vs torch eager | vs torch compile |")
 print("|---|---|---|---|---|---|---|---|")

@@ -27,12 +27,9 @@ for b in $SIZES; do
   fi
 done
 python3 - "$OUT" <<'PY'
-import glob, json, sys
-rows = []
-for f in sorted(glob.glob(sys.argv[1] + "/*.log")):
-    for line in open(f, errors="replace"):
-        if "RESULT {" in line:
-            rows.append(json.loads(line[line.index("RESULT {") + 7:]))
+import sys
+from result_logs import results
+rows = results(sys.argv[1])
 torch = {(r["tag"], r["micro_batch"]): r for r in rows if "impl" not in r}
 print("| run | micro-batch | ms/step | tokens/s | MFU | peak GiB | vs torch eager | vs torch.compile | mem vs eager |")
 print("|---|---|---|---|---|---|---|---|---|")

@@ -19,6 +19,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hf_train_bench import adamw_with_decay_groups, clip_and_step, timed_steps
+
 
 def process_mib(index):
     try:
@@ -64,10 +66,7 @@ def main():
     t0 = time.perf_counter()
     m = tf.LlamaForCausalLM(cfg).to(dev)
     n_all = sum(p.numel() for p in m.parameters())
-    decay = [p for p in m.parameters() if p.dim() >= 2]
-    no_decay = [p for p in m.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = adamw_with_decay_groups(m)
     ddp = DDP(m, device_ids=[local]) if world > 1 else m
     fwd = torch.compile(ddp) if a.compile else ddp
     g = torch.Generator(device=dev).manual_seed(0)
@@ -83,21 +82,10 @@ def main():
                 logits = fwd(input_ids=inp, position_ids=pos).logits
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten())
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        clip_and_step(m, opt)
         return loss
 
-    for _ in range(a.warmup):
-        loss = step()
-    torch.cuda.synchronize()
-    warm = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    t1 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t1) / a.steps
+    loss, warm, dt = timed_steps(step, a.warmup, a.steps, t0)
     tok_s = B * T / dt / world
     flops_tok = 6 * n_all + 12 * a.layers * a.width * a.seq
     r = {"tag": a.tag, "mode": "train", "compile": a.compile, "cp": world, "rotate": a.rotate,

@@ -4,17 +4,14 @@ and each tag's speed and process memory against the reference tag.
 
   python3 median_table.py OUT REFERENCE_TAG TAG...
 """
-import glob, json, statistics, sys
+import glob, statistics, sys
+
+from result_logs import last_result_and_peak
 
 out, ref, tags = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {}
 for f in sorted(glob.glob(out + "/*.log")):
-    r, smi = None, None
-    for line in open(f, errors="replace"):
-        if "RESULT {" in line:
-            r = json.loads(line[line.index("RESULT {") + 7:])
-        if line.startswith("SMI_PEAK_MIB ") and len(line.split()) > 1:
-            smi = float(line.split()[1])
+    r, smi = last_result_and_peak(f)
     if r:
         r["smi_GiB"] = smi / 1024 if smi else float("nan")
         runs.setdefault(r["tag"], []).append(r)

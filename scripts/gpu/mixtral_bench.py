@@ -15,6 +15,7 @@ import argparse, json, os, time
 import torch
 import transformers as tf
 
+from hf_train_bench import adamw_with_decay_groups, clip_and_step, timed_steps
 from llama_bench import process_mib
 
 
@@ -48,10 +49,7 @@ def main():
     m = tf.MixtralForCausalLM(cfg).to(dev)
     n_all = sum(p.numel() for p in m.parameters())
     n_mfu = n_all - a.layers * (a.experts - a.top_k) * 3 * a.width * a.ffn
-    decay = [p for p in m.parameters() if p.dim() >= 2]
-    no_decay = [p for p in m.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = adamw_with_decay_groups(m)
     model = torch.nn.parallel.DistributedDataParallel(m, device_ids=[local]) if world > 1 else m
     fwd = torch.compile(model) if a.compile else model
     g = torch.Generator(device=dev).manual_seed(rank)
@@ -63,21 +61,10 @@ def main():
             logits = fwd(input_ids=tok[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tok[:, 1:].flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        clip_and_step(m, opt)
         return loss
 
-    for _ in range(a.warmup):
-        loss = step()
-    torch.cuda.synchronize()
-    warm = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    t1 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t1) / a.steps
+    loss, warm, dt = timed_steps(step, a.warmup, a.steps, t0)
     tok_s = B * T / dt
     flops_tok = 6 * n_mfu + 12 * a.layers * a.width * a.seq
     r = {"tag": a.tag, "mode": "train", "compile": a.compile, "world": world, "params_M": round(n_all / 1e6, 1),

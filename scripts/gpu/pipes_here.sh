@@ -8,12 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/prebuilt_kernels.sh
+. scripts/gpu/stage_launcher.sh
 DEST=${1:-.carry/pipes}
-rm -rf "$DEST" && mkdir -p "$DEST/bin"
-cargo build --release -p oxiflow-launcher --bin oflaunch
-cargo build --release -p oxiflow --example train
+stage_launcher "$DEST" train
 exe=$(scripts/gpu/test_executable.sh oxiflow gpu_pipeline)
-cp target/release/oflaunch target/release/examples/train "$DEST/bin/"
 cp "$exe" "$DEST/bin/gpu_pipeline"
 strip "$DEST"/bin/*
 cp scripts/gpu/pipes_there.sh scripts/gpu/twin_gpt.py "$DEST/"

@@ -4,11 +4,8 @@
 # overhead benchmark. Usage: scripts/gpu/run_cpu_there.sh [ranks] [max-bytes]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-OUT=${OUT:-/tmp/oxiflow-gpu}
-mkdir -p "$OUT"
-B=$PWD/.carry/bin
+. scripts/gpu/carry_env.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 RANKS=${1:-2,4}
 MAX=${2:-67108864}
 echo "cores: $(nproc)" | tee "$OUT/cpu_bench.md"

@@ -4,12 +4,7 @@
 # Usage: scripts/gpu/run_tensor_there.sh [worlds] [steps]   (binaries from build_here.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# NVLink multicast must stay off on these machines, in every process we start.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/oxiflow-gpu}
-mkdir -p "$OUT"
-B=$PWD/.carry/bin
+. scripts/gpu/carry_env.sh
 WORLDS=${1:-"2 4"}
 STEPS=${2:-200}
 status=0

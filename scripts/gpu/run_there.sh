@@ -3,12 +3,7 @@
 # DTensor alongside, logs and a merged table under $OUT. Usage: scripts/gpu/run_there.sh [worlds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# NVLink multicast must stay off on these machines, in every process we start.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/oxiflow-gpu}
-mkdir -p "$OUT"
-B=.carry/bin
+. scripts/gpu/carry_env.sh
 WORLDS=${1:-"2 4"}
 SIZES=${SIZES:-1,4,16,64,256,1024}
 { nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/gpus.txt" 2>&1

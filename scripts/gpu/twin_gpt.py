@@ -149,6 +149,16 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def autocast_fwd_bwd(module, dev):
+    """The forward and backward pass of `module` under bf16 autocast: (x, y) -> the detached loss."""
+    def fwd_bwd(x, y):
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = cross_entropy(module(x), y)
+        loss.backward()
+        return loss.detach()
+    return fwd_bwd
+
+
 def clip(params, max_norm, dev, across=None):
     """Clips to the global L2 norm of every gradient (DTensor or not; `across`: a group whose
     ranks hold disjoint parameters, as pipeline stages)."""
@@ -182,13 +192,7 @@ def build(a, layout, dims, dev, world, rank):
         from torch.nn.parallel import DistributedDataParallel as DDP
         m = full()
         ddp = DDP(m, device_ids=[dev.index] if dev.type == "cuda" else None)
-
-        def fwd_bwd(x, y):
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
-                loss = cross_entropy(ddp(x), y)
-            loss.backward()
-            return loss.detach()
-        return fwd_bwd, list(m.parameters()), None, "data"
+        return autocast_fwd_bwd(ddp, dev), list(m.parameters()), None, "data"
     if layout in ("fsdp", "fsdp-keep"):
         from torch.distributed.fsdp import fully_shard
         m = full()
@@ -196,13 +200,7 @@ def build(a, layout, dims, dev, world, rank):
         for b in m.h:
             fully_shard(b, reshard_after_forward=reshard)
         fully_shard(m, reshard_after_forward=reshard)
-
-        def fwd_bwd(x, y):
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
-                loss = cross_entropy(m(x), y)
-            loss.backward()
-            return loss.detach()
-        return fwd_bwd, list(m.parameters()), None, "data"
+        return autocast_fwd_bwd(m, dev), list(m.parameters()), None, "data"
     if layout in ("tp", "tp-sp"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor

@@ -7,11 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/prebuilt_kernels.sh
+. scripts/gpu/stage_launcher.sh
 DEST=.carry/two
-rm -rf "$DEST" && mkdir -p "$DEST/bin"
-cargo build --release -p oxiflow-launcher --bin oflaunch
-cargo build --release --example train --example gpt_bench
-cp target/release/oflaunch target/release/examples/train target/release/examples/gpt_bench "$DEST/bin/"
+stage_launcher "$DEST" train gpt_bench
 cp "$(scripts/gpu/test_executable.sh oxiflow-cuda gpu_tensor)" "$DEST/bin/gpu_tensor"
 strip "$DEST"/bin/*
 cp scripts/gpu/two_gpu_there.sh scripts/gpu/overlap_there.sh scripts/gpu/trace_overlap.py scripts/gpu/trace_breakdown.py \

@@ -2,6 +2,8 @@
 //! the small GPT the replays train.
 #![allow(dead_code)]
 
+pub mod sgd_step;
+
 use std::sync::Arc;
 
 use oxiflow_compile::{CompileError, Compiled, CompiledStep, StepRun};

@@ -237,20 +237,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         // Shard a: 9 ids (2 windows of 4 + 1), shard b: 5 ids (1 window).
-        write_shard(
-            &d.join("a.bin"),
-            ShardFormat::Llmc,
-            IdWidth::U16,
-            &(0..9).collect::<Vec<u32>>(),
-        )
-        .unwrap();
-        write_shard(
-            &d.join("b.bin"),
-            ShardFormat::Llmc,
-            IdWidth::U16,
-            &(100..105).collect::<Vec<u32>>(),
-        )
-        .unwrap();
+        for (name, ids) in [("a.bin", 0..9), ("b.bin", 100..105)] {
+            let ids: Vec<u32> = ids.collect();
+            write_shard(&d.join(name), ShardFormat::Llmc, IdWidth::U16, &ids).unwrap();
+        }
         let set = Arc::new(
             ShardSet::open(d.join("*.bin").to_str().unwrap(), ShardFormat::Auto, 200).unwrap(),
         );

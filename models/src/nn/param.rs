@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::shape_error::pair_shape_err;
 use crate::{Result, TensorError};
 use oxiflow_dtype::{DType, MatmulPrecision, MixedPrecision};
 use oxiflow_sbp::NdSbp;
@@ -368,32 +369,32 @@ impl Parameter {
         self.drop_copy();
         if let Some(c) = copy {
             if c.shape() != t.shape() || c.layout() != t.layout() || !c.dtype().is_float() {
-                return Err(TensorError::Shape {
-                    op: "Parameter::set_value_with_copy",
-                    shapes: format!("{}, {}", t.shape(), c.shape()),
-                    sbps: format!("{:?}, {:?}", t.nd_sbp(), c.nd_sbp()),
-                    detail: format!(
+                return Err(pair_shape_err(
+                    "Parameter::set_value_with_copy",
+                    t,
+                    c,
+                    format!(
                         "parameter {}: {} is not a copy of {}",
                         self.name(),
                         c.describe(),
                         t.describe()
                     ),
-                });
+                ));
             }
         }
         let cur = self.value();
         if t.shape() != cur.shape() || t.dtype() != cur.dtype() || t.layout() != cur.layout() {
-            return Err(TensorError::Shape {
-                op: "Parameter::set_value",
-                shapes: format!("{}, {}", cur.shape(), t.shape()),
-                sbps: format!("{:?}, {:?}", cur.nd_sbp(), t.nd_sbp()),
-                detail: format!(
+            return Err(pair_shape_err(
+                "Parameter::set_value",
+                &cur,
+                t,
+                format!(
                     "parameter {} is {} but the new value is {}",
                     self.name(),
                     cur.describe(),
                     t.describe()
                 ),
-            });
+            ));
         }
         let leaf = self.leaf(t);
         *self.0.value.write().unwrap_or_else(|e| e.into_inner()) = leaf.clone();

@@ -268,9 +268,6 @@ impl Optimizer for AdamW {
         self.steps += 1;
         Ok(())
     }
-    fn prepare_queued(&mut self) -> Result<super::QueuedSum> {
-        self.prepared.prepare(&self.params, self.zero)
-    }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
         self.pending = None;
@@ -309,15 +306,6 @@ impl Optimizer for AdamW {
         self.pending = None;
         self.prepared.discard();
     }
-    fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {
-        self.prepared.gradients()
-    }
-    fn params(&self) -> &[Parameter] {
-        &self.params
-    }
-    fn slot_names(&self) -> &'static [&'static str] {
-        SLOTS
-    }
     fn state(&self, index: usize, slot: &str) -> Option<Tensor> {
         match slot {
             "exp_avg" => self.m.get(index).cloned().flatten(),
@@ -345,19 +333,5 @@ impl Optimizer for AdamW {
         }
         Ok(())
     }
-    fn zero(&self) -> Zero {
-        self.zero
-    }
-    fn step_count(&self) -> u64 {
-        self.steps
-    }
-    fn set_step_count(&mut self, n: u64) {
-        self.steps = n;
-    }
-    fn lr(&self) -> f64 {
-        self.opts.lr
-    }
-    fn set_lr(&mut self, lr: f64) {
-        self.opts.lr = lr;
-    }
+    optimizer_bookkeeping!();
 }

@@ -6,6 +6,42 @@
 //! `with_weight_decay`); `step_with_norm` measures the global gradient norm (`norm`) of the
 //! boxed gradients and clips by scaling them inside the update.
 
+/// The `Optimizer` methods every optimizer here writes alike, over its fields `params`,
+/// `prepared` (`Prepared`), `zero`, `steps` and `opts.lr`, and its module's `SLOTS`: the
+/// prepared gradients, the parameters, the slot names, the ZeRO stage, the step count and
+/// the learning rate.
+macro_rules! optimizer_bookkeeping {
+    () => {
+        fn prepare_queued(&mut self) -> $crate::Result<$crate::optim::QueuedSum> {
+            self.prepared.prepare(&self.params, self.zero)
+        }
+        fn prepared_gradients(&self) -> Vec<(usize, oxiflow_tensor::Tensor)> {
+            self.prepared.gradients()
+        }
+        fn params(&self) -> &[$crate::nn::Parameter] {
+            &self.params
+        }
+        fn slot_names(&self) -> &'static [&'static str] {
+            SLOTS
+        }
+        fn zero(&self) -> $crate::optim::Zero {
+            self.zero
+        }
+        fn step_count(&self) -> u64 {
+            self.steps
+        }
+        fn set_step_count(&mut self, n: u64) {
+            self.steps = n;
+        }
+        fn lr(&self) -> f64 {
+            self.opts.lr
+        }
+        fn set_lr(&mut self, lr: f64) {
+            self.opts.lr = lr;
+        }
+    };
+}
+
 mod adamw;
 mod bucket;
 mod norm;
@@ -22,6 +58,7 @@ pub use sgd::{Sgd, SgdOptions};
 pub use zero::{Zero, DEFAULT_GATHER_BYTES};
 
 use crate::nn::Parameter;
+use crate::shape_error::pair_shape_err;
 use crate::Result;
 use oxiflow_tensor::{gather_bucket, gather_fits, no_grad, Tensor};
 
@@ -396,17 +433,17 @@ pub(crate) fn state_in_layout(
 fn check_state(op: &'static str, p: &Parameter, slot: &str, t: &Tensor) -> Result<()> {
     let v = p.value();
     if t.shape() != v.shape() || t.dtype() != v.dtype() || t.placement() != v.placement() {
-        return Err(oxiflow_tensor::TensorError::Shape {
+        return Err(pair_shape_err(
             op,
-            shapes: format!("{}, {}", v.shape(), t.shape()),
-            sbps: format!("{:?}, {:?}", v.nd_sbp(), t.nd_sbp()),
-            detail: format!(
+            &v,
+            t,
+            format!(
                 "state {slot} of {} must be {} but is {}",
                 p.name(),
                 v.describe(),
                 t.describe()
             ),
-        });
+        ));
     }
     Ok(())
 }

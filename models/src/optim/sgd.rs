@@ -112,9 +112,6 @@ impl Optimizer for Sgd {
         self.steps += 1;
         Ok(())
     }
-    fn prepare_queued(&mut self) -> Result<super::QueuedSum> {
-        self.prepared.prepare(&self.params, self.zero)
-    }
     fn apply(&mut self, scale: f64) -> Result<()> {
         let _ng = no_grad();
         let mut news = Vec::new();
@@ -127,15 +124,6 @@ impl Optimizer for Sgd {
     }
     fn discard(&mut self) {
         self.prepared.discard();
-    }
-    fn prepared_gradients(&self) -> Vec<(usize, Tensor)> {
-        self.prepared.gradients()
-    }
-    fn params(&self) -> &[Parameter] {
-        &self.params
-    }
-    fn slot_names(&self) -> &'static [&'static str] {
-        SLOTS
     }
     fn state(&self, index: usize, slot: &str) -> Option<Tensor> {
         (slot == SLOTS[0])
@@ -153,19 +141,5 @@ impl Optimizer for Sgd {
         self.bufs[index] = Some(t);
         Ok(())
     }
-    fn zero(&self) -> Zero {
-        self.zero
-    }
-    fn step_count(&self) -> u64 {
-        self.steps
-    }
-    fn set_step_count(&mut self, n: u64) {
-        self.steps = n;
-    }
-    fn lr(&self) -> f64 {
-        self.opts.lr
-    }
-    fn set_lr(&mut self, lr: f64) {
-        self.opts.lr = lr;
-    }
+    optimizer_bookkeeping!();
 }

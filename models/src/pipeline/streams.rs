@@ -375,17 +375,26 @@ mod tests {
     fn both_send_first() -> (Message, Message, Vec<Vec<HostOp>>) {
         let a = Message::Activation { mb: 0, to: 1 };
         let g = Message::Gradient { mb: 0, to: 0 };
-        let programs = vec![
+        (a, g, exchange(a, g, true))
+    }
+
+    /// Stage 0 sends `a` then receives `g`; stage 1 sends `g` and receives `a`, the send first
+    /// where `stage1_sends_first`.
+    fn exchange(a: Message, g: Message, stage1_sends_first: bool) -> Vec<Vec<HostOp>> {
+        let mut stage1 = vec![
+            HostOp::Send { to: 0, msg: g },
+            HostOp::Recv { from: 0, msg: a },
+        ];
+        if !stage1_sends_first {
+            stage1.reverse();
+        }
+        vec![
             vec![
                 HostOp::Send { to: 1, msg: a },
                 HostOp::Recv { from: 1, msg: g },
             ],
-            vec![
-                HostOp::Send { to: 0, msg: g },
-                HostOp::Recv { from: 0, msg: a },
-            ],
-        ];
-        (a, g, programs)
+            stage1,
+        ]
     }
 
     /// Two stages that each send first: opening each one's channel waits for the other, whose
@@ -398,16 +407,7 @@ mod tests {
             .to_string();
         assert!(e.contains("the hosts deadlock"), "{e}");
         // Received in the other order, both open.
-        let programs = vec![
-            vec![
-                HostOp::Send { to: 1, msg: a },
-                HostOp::Recv { from: 1, msg: g },
-            ],
-            vec![
-                HostOp::Recv { from: 0, msg: a },
-                HostOp::Send { to: 0, msg: g },
-            ],
-        ];
+        let programs = exchange(a, g, false);
         assert_eq!(
             hosts(&spec(), Transport::OneWayChannels, &programs).ok(),
             Some(2)

@@ -4,6 +4,15 @@
 
 use oxiflow_dtype::DType;
 
+/// `v` where `ok`, else the error "`v` `what`".
+fn accept<T: std::fmt::Display>(v: T, ok: bool, what: &str) -> Result<T, String> {
+    if ok {
+        Ok(v)
+    } else {
+        Err(format!("{v} {what}"))
+    }
+}
+
 /// A count of at least 1.
 pub fn positive(v: u64) -> Result<u64, String> {
     if v == 0 {
@@ -14,38 +23,30 @@ pub fn positive(v: u64) -> Result<u64, String> {
 
 /// A finite number above 0.
 pub fn positive_finite(v: f64) -> Result<f64, String> {
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not a finite number above 0"))
-    }
+    accept(
+        v,
+        v.is_finite() && v > 0.0,
+        "is not a finite number above 0",
+    )
 }
 
 /// A finite number at least 0.
 pub fn non_negative(v: f64) -> Result<f64, String> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not a finite number at least 0"))
-    }
+    accept(
+        v,
+        v.is_finite() && v >= 0.0,
+        "is not a finite number at least 0",
+    )
 }
 
 /// A finite number in [0, 1).
 pub fn unit_fraction(v: f64) -> Result<f64, String> {
-    if (0.0..1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not in [0, 1)"))
-    }
+    accept(v, (0.0..1.0).contains(&v), "is not in [0, 1)")
 }
 
 /// A probability above 0, at most 1.
 pub fn probability(v: f64) -> Result<f64, String> {
-    if v > 0.0 && v <= 1.0 {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not in (0, 1]"))
-    }
+    accept(v, v > 0.0 && v <= 1.0, "is not in (0, 1]")
 }
 
 /// Prompts as token ids: `5,17,3`, several separated by `;`, none empty.
@@ -70,10 +71,7 @@ pub fn prompt_ids(text: &str) -> Result<Vec<Vec<usize>>, String> {
 
 /// At least 2 classes.
 pub fn class_count(v: u64) -> Result<u64, String> {
-    if v < 2 {
-        return Err(format!("{v} classes: a classifier needs at least 2"));
-    }
-    Ok(v)
+    accept(v, v >= 2, "classes: a classifier needs at least 2")
 }
 
 /// The most tokens a generated sample may have: each is a forward pass over the window, so
@@ -82,12 +80,11 @@ pub const MAX_GEN_TOKENS: u64 = 100_000;
 
 /// A sample length of at most `MAX_GEN_TOKENS`.
 pub fn gen_tokens(v: u64) -> Result<u64, String> {
-    if v > MAX_GEN_TOKENS {
-        return Err(format!(
-            "{v} tokens is more than a sample's {MAX_GEN_TOKENS} (each token is a forward pass)"
-        ));
-    }
-    Ok(v)
+    accept(
+        v,
+        v <= MAX_GEN_TOKENS,
+        &format!("tokens is more than a sample's {MAX_GEN_TOKENS} (each token is a forward pass)"),
+    )
 }
 
 /// The most untimed runs of a generation request before the timed one.
@@ -95,21 +92,20 @@ pub const MAX_GEN_WARMUP: u64 = 100;
 
 /// A warm-up count of at most `MAX_GEN_WARMUP`.
 pub fn gen_warmup(v: u64) -> Result<u64, String> {
-    if v > MAX_GEN_WARMUP {
-        return Err(format!(
-            "{v} warm-up runs is more than {MAX_GEN_WARMUP} (each runs the whole request)"
-        ));
-    }
-    Ok(v)
+    accept(
+        v,
+        v <= MAX_GEN_WARMUP,
+        &format!("warm-up runs is more than {MAX_GEN_WARMUP} (each runs the whole request)"),
+    )
 }
 
 /// A finite factor above 1.
 pub fn spike_factor(v: f64) -> Result<f64, String> {
-    if v.is_finite() && v > 1.0 {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not a finite factor above 1"))
-    }
+    accept(
+        v,
+        v.is_finite() && v > 1.0,
+        "is not a finite factor above 1",
+    )
 }
 
 /// A ZeRO stage.
@@ -130,11 +126,11 @@ pub fn param_dtype(d: DType) -> Result<DType, String> {
 
 /// A float dtype (bf16, f16, f32, f64).
 pub fn float_dtype(d: DType) -> Result<DType, String> {
-    if d.is_float() {
-        Ok(d)
-    } else {
-        Err(format!("{d} is not a float dtype (bf16, f16, f32, f64)"))
-    }
+    accept(
+        d,
+        d.is_float(),
+        "is not a float dtype (bf16, f16, f32, f64)",
+    )
 }
 
 /// Parsers of command-line text: parse, then the check above.
@@ -155,54 +151,41 @@ pub mod parse {
     fn number(s: &str) -> Result<f64, String> {
         s.parse::<f64>().map_err(|e| format!("not a number: {e}"))
     }
-    pub fn positive_usize(s: &str) -> Result<usize, String> {
-        let v = super::positive(count(s)?)?;
+    fn same<T>(v: T) -> Result<T, String> {
+        Ok(v)
+    }
+    fn to_usize(v: u64) -> Result<usize, String> {
         usize::try_from(v).map_err(|e| e.to_string())
     }
-    pub fn positive_u64(s: &str) -> Result<u64, String> {
-        super::positive(count(s)?)
-    }
-    pub fn u64_any(s: &str) -> Result<u64, String> {
-        count(s)
-    }
-    pub fn usize_any(s: &str) -> Result<usize, String> {
-        usize::try_from(count(s)?).map_err(|e| e.to_string())
-    }
-    pub fn positive_finite(s: &str) -> Result<f64, String> {
-        super::positive_finite(number(s)?)
-    }
-    pub fn non_negative(s: &str) -> Result<f64, String> {
-        super::non_negative(number(s)?)
-    }
-    pub fn unit_fraction(s: &str) -> Result<f64, String> {
-        super::unit_fraction(number(s)?)
-    }
-    pub fn class_count(s: &str) -> Result<usize, String> {
-        let v = super::class_count(count(s)?)?;
-        usize::try_from(v).map_err(|e| e.to_string())
-    }
-    pub fn gen_tokens(s: &str) -> Result<usize, String> {
-        let v = super::gen_tokens(count(s)?)?;
-        usize::try_from(v).map_err(|e| e.to_string())
-    }
-    pub fn gen_warmup(s: &str) -> Result<usize, String> {
-        let v = super::gen_warmup(count(s)?)?;
-        usize::try_from(v).map_err(|e| e.to_string())
-    }
-    pub fn spike_factor(s: &str) -> Result<f64, String> {
-        super::spike_factor(number(s)?)
-    }
-    pub fn probability(s: &str) -> Result<f64, String> {
-        super::probability(number(s)?)
-    }
-    pub fn param_dtype(s: &str) -> Result<DType, String> {
-        super::param_dtype(dtype(s)?)
-    }
-    pub fn float_dtype(s: &str) -> Result<DType, String> {
-        super::float_dtype(dtype(s)?)
-    }
-    pub fn zero_stage(s: &str) -> Result<u8, String> {
-        let v = super::zero_stage(count(s)?)?;
+    fn to_u8(v: u64) -> Result<u8, String> {
         u8::try_from(v).map_err(|e| e.to_string())
+    }
+    /// `pub fn name(s: &str) -> Result<T, String>` for each `name: read, check, out -> T`:
+    /// `read` the text, then `check` the value, then `out` converts it to `T`.
+    macro_rules! parsers {
+        ($($name:ident: $read:ident, $check:path, $out:ident -> $t:ty;)*) => {
+            $(
+                pub fn $name(s: &str) -> Result<$t, String> {
+                    $out($check($read(s)?)?)
+                }
+            )*
+        };
+    }
+    parsers! {
+        positive_usize: count, super::positive, to_usize -> usize;
+        positive_u64: count, super::positive, same -> u64;
+        u64_any: count, same, same -> u64;
+        usize_any: count, same, to_usize -> usize;
+        positive_finite: number, super::positive_finite, same -> f64;
+        non_negative: number, super::non_negative, same -> f64;
+        unit_fraction: number, super::unit_fraction, same -> f64;
+        class_count: count, super::class_count, to_usize -> usize;
+        gen_tokens: count, super::gen_tokens, to_usize -> usize;
+        gen_warmup: count, super::gen_warmup, to_usize -> usize;
+        spike_factor: number, super::spike_factor, same -> f64;
+        probability: number, super::probability, same -> f64;
+        param_dtype: dtype, super::param_dtype, same -> DType;
+        float_dtype: dtype, super::float_dtype, same -> DType;
+        zero_stage: count, super::zero_stage, to_u8 -> u8;
     }
 }

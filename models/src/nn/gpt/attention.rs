@@ -8,6 +8,7 @@
 //! split in the load-balanced causal order and attention runs as `context_attention` (ring or
 //! all-to-all), K and V keeping their own heads (GQA inside the op).
 
+use crate::shape_error::shape_err;
 use crate::{Result, TensorError};
 use oxiflow_ops::attention::flash_attention_at;
 use oxiflow_ops::context_parallel::{context_attention, CpAlgorithm, CpAttrs, SeqOrder};
@@ -58,12 +59,7 @@ pub fn repeat_heads(x: &Tensor, group: usize, like: &Tensor) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let &[b, t, g, d] = x.shape().dims() else {
-        return Err(TensorError::Shape {
-            op: "repeat_heads",
-            shapes: x.shape().to_string(),
-            sbps: format!("{:?}", x.nd_sbp()),
-            detail: "needs [B, T, G, D]".into(),
-        });
+        return Err(shape_err("repeat_heads", x, "needs [B, T, G, D]".into()));
     };
     let one = x.reshape([b, t, g, 1, d])?;
     let copies = vec![&one; group];
@@ -236,15 +232,14 @@ impl CausalSelfAttention {
         let pos0 = slot.len;
         if self.order != SeqOrder::Natural {
             if pos0 > 0 {
-                return Err(TensorError::Shape {
-                    op: "CausalSelfAttention::attend_cached",
-                    shapes: x.shape().to_string(),
-                    sbps: format!("{:?}", x.nd_sbp()),
-                    detail: format!(
+                return Err(shape_err(
+                    "CausalSelfAttention::attend_cached",
+                    x,
+                    format!(
                         "on a context-parallel axis a cache of {pos0} positions is extended \
                          through a fixed cache (Gpt::fix_cache, then Gpt::decode_at)"
                     ),
-                });
+                ));
             }
             let (q, k, v) = self.project(x, 0)?;
             let o = self.attend_split(&q, &k, &v)?;
@@ -253,12 +248,11 @@ impl CausalSelfAttention {
             return Ok(o);
         }
         if pos0 > 0 && t != 1 {
-            return Err(TensorError::Shape {
-                op: "CausalSelfAttention::attend_cached",
-                shapes: x.shape().to_string(),
-                sbps: format!("{:?}", x.nd_sbp()),
-                detail: format!("after {pos0} cached positions, one position at a time"),
-            });
+            return Err(shape_err(
+                "CausalSelfAttention::attend_cached",
+                x,
+                format!("after {pos0} cached positions, one position at a time"),
+            ));
         }
         let (q, k, v) = self.project(x, pos0)?;
         let (k, v) = self.kv_beside(&k, &v, &q)?;
@@ -302,12 +296,11 @@ impl CausalSelfAttention {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = (x.shape().dim(0), x.shape().dim(1));
         if t != 1 {
-            return Err(TensorError::Shape {
-                op: "CausalSelfAttention::attend_at",
-                shapes: x.shape().to_string(),
-                sbps: format!("{:?}", x.nd_sbp()),
-                detail: "decodes one position at a time".into(),
-            });
+            return Err(shape_err(
+                "CausalSelfAttention::attend_at",
+                x,
+                "decodes one position at a time".into(),
+            ));
         }
         let (q, k, v) = match (fused, self.fusable_qkv()) {
             (Some(f), Some(rope)) => {

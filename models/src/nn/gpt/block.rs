@@ -4,6 +4,7 @@
 
 use oxiflow_sbp::{Sbp, Shape};
 
+use crate::shape_error::shape_err;
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
@@ -142,16 +143,15 @@ impl Block {
     ) -> Result<Tensor> {
         if recompute == Recompute::Full {
             if let BlockMlp::Moe(_) = self.mlp {
-                return Err(TensorError::Shape {
-                    op: "Block::forward",
-                    shapes: x.shape().to_string(),
-                    sbps: format!("{:?}", x.nd_sbp()),
-                    detail: format!(
+                return Err(shape_err(
+                    "Block::forward",
+                    x,
+                    format!(
                         "{}: full recomputation of a mixture-of-experts block is not supported \
                          (use selective recomputation)",
                         self.name
                     ),
-                });
+                ));
             }
             let (b, cfg, layout) = (self.clone(), cfg.clone(), layout.clone());
             return oxiflow_tensor::recompute(&[x], move |v| {

@@ -23,6 +23,7 @@ use oxiflow_ops::context_parallel::SeqOrder;
 use oxiflow_ops::decode::{rows_beside, write_rows_in_place};
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
+use crate::shape_error::shape_err;
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
@@ -139,12 +140,7 @@ fn in_position_order(x: &Tensor, order: SeqOrder, len: usize) -> Result<Tensor> 
         .indices(t)
         .get(..len)
         .map(|i| i.iter().map(|&i| i as i64).collect::<Vec<_>>())
-        .ok_or_else(|| TensorError::Shape {
-            op: "Gpt::fix_cache",
-            shapes: x.shape().to_string(),
-            sbps: format!("{:?}", x.nd_sbp()),
-            detail: format!("{len} positions held of {t}"),
-        })?;
+        .ok_or_else(|| shape_err("Gpt::fix_cache", x, format!("{len} positions held of {t}")))?;
     let index = Tensor::from_vec(index, [len])?;
     match x.placement() {
         Some(p) => {
@@ -329,16 +325,15 @@ impl Gpt {
         weights: &DecodeWeights,
     ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         if cache.len() != self.blocks.len() || ids.shape().dims().get(1) != Some(&1) {
-            return Err(TensorError::Shape {
-                op: "Gpt::decode_at",
-                shapes: ids.shape().to_string(),
-                sbps: format!("{:?}", ids.nd_sbp()),
-                detail: format!(
+            return Err(shape_err(
+                "Gpt::decode_at",
+                ids,
+                format!(
                     "needs ids [B, 1] and a cache of {} blocks, got {}",
                     self.blocks.len(),
                     cache.len()
                 ),
-            });
+            ));
         }
         let wte = self.wte.weight.compute()?;
         let tok = Tensor::embedding(ids, &wte)?;
@@ -402,28 +397,26 @@ impl Gpt {
     pub fn decode_prompt(&self, ids: &Tensor, len: usize, cache: &mut KvCache) -> Result<Tensor> {
         let t = ids.shape().dims().get(1).copied().unwrap_or(0);
         if len == 0 || len > t || (len < t && !cache.is_empty()) {
-            return Err(TensorError::Shape {
-                op: "Gpt::decode_prompt",
-                shapes: ids.shape().to_string(),
-                sbps: format!("{:?}", ids.nd_sbp()),
-                detail: format!(
+            return Err(shape_err(
+                "Gpt::decode_prompt",
+                ids,
+                format!(
                     "{len} of the ids' {t} positions are the prompt (at least 1; fewer only \
                      into an empty cache, which holds {})",
                     cache.len()
                 ),
-            });
+            ));
         }
         if cache.slots.len() != self.blocks.len() {
-            return Err(TensorError::Shape {
-                op: "Gpt::decode",
-                shapes: ids.shape().to_string(),
-                sbps: format!("{:?}", ids.nd_sbp()),
-                detail: format!(
+            return Err(shape_err(
+                "Gpt::decode",
+                ids,
+                format!(
                     "a cache of {} blocks for a model of {}",
                     cache.slots.len(),
                     self.blocks.len()
                 ),
-            });
+            ));
         }
         let wte = self.wte.weight.compute()?;
         let x = self.embed_at(ids, &wte, Pass::Eval, cache.len())?;

@@ -10,6 +10,7 @@ use oxiflow_ops::linear_classifier::linear_classifier_loss_sum_at;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 
+use crate::shape_error::{pair_shape_err, shape_err};
 use crate::{Result, TensorError};
 use oxiflow_tensor::Tensor;
 
@@ -239,17 +240,16 @@ impl Gpt {
         let t = match ids.shape().dims() {
             [_, t] if (1..=room).contains(t) && ids.dtype() == DType::I64 => *t,
             _ => {
-                return Err(TensorError::Shape {
-                    op: "Gpt::forward",
-                    shapes: ids.shape().to_string(),
-                    sbps: format!("{:?}", ids.nd_sbp()),
-                    detail: format!(
+                return Err(shape_err(
+                    "Gpt::forward",
+                    ids,
+                    format!(
                         "ids must be i64 [batch, t] with 1 <= t <= seq_len {} - {pos0} earlier \
                          positions, got {}",
                         self.cfg.seq_len,
                         ids.dtype()
                     ),
-                })
+                ))
             }
         };
         let tok = Tensor::embedding(ids, wte)?;
@@ -380,12 +380,11 @@ impl Gpt {
         let (rows, c) = match h.shape().dims() {
             [b, t, c] => (b * t, *c),
             _ => {
-                return Err(TensorError::Shape {
-                    op: "Gpt::head_loss",
-                    shapes: h.shape().to_string(),
-                    sbps: format!("{:?}", h.nd_sbp()),
-                    detail: "the residual stream must be [B, T, C]".into(),
-                })
+                return Err(shape_err(
+                    "Gpt::head_loss",
+                    &h,
+                    "the residual stream must be [B, T, C]".into(),
+                ))
             }
         };
         let (h, targets) = (h.reshape([rows, c])?, targets.reshape([rows])?);
@@ -504,12 +503,12 @@ impl Gpt {
         log: &mut RouterLog,
     ) -> Result<(Tensor, Tensor)> {
         if targets.shape() != ids.shape() {
-            return Err(TensorError::Shape {
+            return Err(pair_shape_err(
                 op,
-                shapes: format!("{}, {}", ids.shape(), targets.shape()),
-                sbps: format!("{:?}, {:?}", ids.nd_sbp(), targets.nd_sbp()),
-                detail: "targets must have the ids' shape".into(),
-            });
+                ids,
+                targets,
+                "targets must have the ids' shape".into(),
+            ));
         }
         self.stream_out(ids, pass, log)
     }
@@ -520,12 +519,12 @@ fn check_targets(out: &Tensor, targets: &Tensor) -> Result<()> {
     if out.ndim() >= 2 && targets.shape().dims() == &out.shape().dims()[..2] {
         return Ok(());
     }
-    Err(TensorError::Shape {
-        op: "Gpt::loss",
-        shapes: format!("{}, {}", out.shape(), targets.shape()),
-        sbps: format!("{:?}, {:?}", out.nd_sbp(), targets.nd_sbp()),
-        detail: "targets must have the ids' shape".into(),
-    })
+    Err(pair_shape_err(
+        "Gpt::loss",
+        out,
+        targets,
+        "targets must have the ids' shape".into(),
+    ))
 }
 
 impl Module for Gpt {

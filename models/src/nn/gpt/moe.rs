@@ -17,6 +17,7 @@ use oxiflow_placement::{AxisRole, Placement};
 use oxiflow_sbp::{NdSbp, Sbp, Shape};
 use oxiflow_tensor::Tensor;
 
+use crate::shape_error::shape_err;
 use crate::{Result, TensorError};
 
 use super::super::init::{param_seed, Init, ParamPlacement};
@@ -248,12 +249,11 @@ impl MoeMlp {
     pub fn forward(&self, h: &Tensor) -> Result<(Tensor, RouterStats)> {
         let dims = h.shape().dims().to_vec();
         let [b, t, c] = dims[..] else {
-            return Err(TensorError::Shape {
-                op: "MoeMlp::forward",
-                shapes: h.shape().to_string(),
-                sbps: format!("{:?}", h.nd_sbp()),
-                detail: "the input must be [B, T, C]".into(),
-            });
+            return Err(shape_err(
+                "MoeMlp::forward",
+                h,
+                "the input must be [B, T, C]".into(),
+            ));
         };
         let (n, k) = (b * t, self.moe.top_k);
         let x = h.reshape([n, c])?;

@@ -18,7 +18,8 @@ use oxiflow_ops::decode::rotary_at;
 use oxiflow_ops::rotary::rotary_tables;
 use oxiflow_sbp::NdSbp;
 
-use crate::{Result, TensorError};
+use crate::shape_error::shape_err;
+use crate::Result;
 use oxiflow_tensor::Tensor;
 
 use super::arch::{Arch, Positions, RopeScaling};
@@ -86,15 +87,14 @@ impl Rope {
         let t = match x.shape().dims() {
             &[_, t, _, d] if d == 2 * self.inv_freq.len() => t,
             _ => {
-                return Err(TensorError::Shape {
-                    op: "Rope::apply",
-                    shapes: x.shape().to_string(),
-                    sbps: format!("{:?}", x.nd_sbp()),
-                    detail: format!(
+                return Err(shape_err(
+                    "Rope::apply",
+                    x,
+                    format!(
                         "needs [B, T, H, D] with D = {} (the rotary frequencies' pairs)",
                         2 * self.inv_freq.len()
                     ),
-                })
+                ))
             }
         };
         if let (Some(theta), SeqOrder::Natural) = (self.fused_theta, order) {

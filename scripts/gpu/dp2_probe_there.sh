@@ -39,14 +39,9 @@ for r in $(seq 1 "$REPEATS"); do
 done
 grep -h "rror" "$OUT"/*.log | head -5
 python3 - "$OUT" <<'PY'
-import glob, json, os, statistics, sys
-runs = {}
-for path in sorted(glob.glob(f"{sys.argv[1]}/*@*.log")):
-    tag = os.path.basename(path)[:-4].split("@")[0]
-    for line in open(path, errors="replace"):
-        if "RESULT {" in line and ("[rank 0]" in line or "[rank" not in line):
-            runs.setdefault(tag, []).append(json.loads(line[line.index("RESULT {") + 7:])["ms_per_step"])
-            break
+import statistics, sys
+from result_logs import rank0_rounds
+runs = {t: [r["ms_per_step"] for r in rs] for t, rs in rank0_rounds(sys.argv[1]).items()}
 one = statistics.median(runs.get("one", [float("nan")]))
 for tag, v in sorted(runs.items()):
     m = statistics.median(v)

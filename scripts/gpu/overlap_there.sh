@@ -49,14 +49,9 @@ timeout 300 bin/oflaunch --nproc-per-node 2 --backend nccl --trace "$OUT/trace" 
   > "$OUT/traced.log" 2>&1
 echo "traced exit code: $?"
 python3 - "$OUT" <<'PY'
-import glob, json, os, statistics, sys
-runs = {}
-for path in sorted(glob.glob(f"{sys.argv[1]}/*@*.log")):
-    tag = os.path.basename(path)[:-4].split("@")[0]
-    for line in open(path, errors="replace"):
-        if "RESULT {" in line and ("[rank 0]" in line or "[rank" not in line):
-            runs.setdefault(tag, []).append(json.loads(line[line.index("RESULT {") + 7:]))
-            break
+import statistics, sys
+from result_logs import rank0_rounds
+runs = rank0_rounds(sys.argv[1])
 med = {t: statistics.median(r["ms_per_step"] for r in rs) for t, rs in runs.items()}
 one = med.get("one")
 print("| run | GPUs | micro-batch per GPU | buckets MiB | reduce dtype | runs | ms/step (median) | ms/step (each) | tokens/s per GPU | peak GiB | scaling (1-GPU median / median) |")

@@ -33,3 +33,16 @@ def last_result_and_peak(path):
         if line.startswith("SMI_PEAK_MIB ") and len(line.split()) > 1:
             smi = float(line.split()[1])
     return r, smi
+
+
+def rank0_rounds(folder):
+    """The first rank-0 RESULT json of each folder/TAG@ROUND.log, grouped by TAG (rounds in
+    name order): what overlap_there.sh and dp2_probe_there.sh take medians over."""
+    runs = {}
+    for path in sorted(glob.glob(folder + "/*@*.log")):
+        tag = path.rsplit("/", 1)[-1][:-4].split("@")[0]
+        for line in open(path, errors="replace"):
+            if MARK in line and ("[rank 0]" in line or "[rank" not in line):
+                runs.setdefault(tag, []).append(result_of(line))
+                break
+    return runs

@@ -21,6 +21,43 @@ __device__ void load_tile(float* dst, int pitch, const View& v, int b, int h, in
     }
 }
 
+// acc[dd] += sum over the tile's columns c < n of w_c * M[c * pitch + lane + 32 dd] (d < D),
+// where lane c % 32 holds w_c in w[c / 32]: a warp's weighted sum of tile rows, in column order.
+template <int DPL>
+__device__ __forceinline__ void accumulate_tile_rows(float (&acc)[DPL], const float (&w)[CPL], const float* M, int pitch, int n, int D, int lane) {
+#pragma unroll
+    for (int jj = 0; jj < CPL; ++jj) {
+#pragma unroll 2
+        for (int src = 0; src < 32; ++src) {
+            const int c = src + 32 * jj;
+            if (c >= n) break;
+            const float wc = __shfl_sync(FULL_MASK, w[jj], src);
+#pragma unroll
+            for (int dd = 0; dd < DPL; ++dd) {
+                int d = lane + 32 * dd;
+                if (d < D) acc[dd] = fmaf(wc, M[c * pitch + d], acc[dd]);
+            }
+        }
+    }
+}
+
+// row[d] = acc[dd] * mul for the lane's head-dim elements d = lane + 32 dd < D.
+template <typename T, int DPL>
+__device__ __forceinline__ void store_row(T* row, i64 stride, const float (&acc)[DPL], float mul, int D, int lane) {
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) {
+        int d = lane + 32 * dd;
+        if (d < D) st(row + d * stride, acc[dd] * mul);
+    }
+}
+
+// (q . k, g . v) over D elements: a backward score and its dP.
+__device__ __forceinline__ float2 score_and_dp(const float* qr, const float* kr, const float* gr, const float* vr, int D) {
+    float s = 0.f, dp = 0.f;
+    for (int d = 0; d < D; ++d) { s = fmaf(qr[d], kr[d], s); dp = fmaf(gr[d], vr[d], dp); }
+    return make_float2(s, dp);
+}
+
 template <typename T, int DPL>
 __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const View& v, const View& o, float* lse) {
     extern __shared__ float sm[];
@@ -82,33 +119,14 @@ __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const Vie
             m[r] = mnew;
 #pragma unroll
             for (int dd = 0; dd < DPL; ++dd) acc[r][dd] *= alpha;
-#pragma unroll
-            for (int jj = 0; jj < CPL; ++jj) {
-#pragma unroll 2
-                for (int src = 0; src < 32; ++src) {
-                    const int c = src + 32 * jj;
-                    if (c >= bc) break;
-                    const float p = __shfl_sync(FULL_MASK, s[jj], src);
-#pragma unroll
-                    for (int dd = 0; dd < DPL; ++dd) {
-                        int d = lane + 32 * dd;
-                        if (d < D) acc[r][dd] = fmaf(p, Vs[c * D + d], acc[r][dd]);
-                    }
-                }
-            }
+            accumulate_tile_rows<DPL>(acc[r], s, Vs, D, bc, D, lane);
         }
     }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int t = q0 + warp * RPW + r;
         if (t >= z.T) continue;
-        const float inv = 1.f / l[r];
-        T* orow = vrow<T>(o, b, h, t);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-            int d = lane + 32 * dd;
-            if (d < D) st(orow + d * o.s3, acc[r][dd] * inv);
-        }
+        store_row<T, DPL>(vrow<T>(o, b, h, t), o.s3, acc[r], 1.f / l[r], D, lane);
         if (lane == 0) lse[((i64)b * z.H + h) * z.T + t] = m[r] + logf(l[r]);
     }
 }
@@ -176,48 +194,21 @@ __device__ void flash_dkdv(const Dims& z, const View& q, const View& k, const Vi
                 int c = lane + 32 * jj;
                 p[jj] = 0.f; ds[jj] = 0.f;
                 if (c < bq && (!z.causal || qs0 + c >= j)) {
-                    const float* qr = Qs + c * Dp;
-                    const float* gr = Gs + c * Dp;
-                    float s = 0.f, dp = 0.f;
-                    for (int d = 0; d < D; ++d) { s = fmaf(qr[d], kr[d], s); dp = fmaf(gr[d], vr[d], dp); }
-                    p[jj] = expf(s * z.scale - Ls[c]);
-                    ds[jj] = p[jj] * (dp - Ss[c]);
+                    const float2 sd = score_and_dp(Qs + c * Dp, kr, Gs + c * Dp, vr, D);
+                    p[jj] = expf(sd.x * z.scale - Ls[c]);
+                    ds[jj] = p[jj] * (sd.y - Ss[c]);
                 }
             }
-#pragma unroll
-            for (int jj = 0; jj < CPL; ++jj) {
-#pragma unroll 2
-                for (int src = 0; src < 32; ++src) {
-                    const int c = src + 32 * jj;
-                    if (c >= bq) break;
-                    const float pc = __shfl_sync(FULL_MASK, p[jj], src);
-                    const float dc = __shfl_sync(FULL_MASK, ds[jj], src);
-#pragma unroll
-                    for (int dd = 0; dd < DPL; ++dd) {
-                        int d = lane + 32 * dd;
-                        if (d < D) {
-                            gv[r][dd] = fmaf(pc, Gs[c * Dp + d], gv[r][dd]);
-                            gk[r][dd] = fmaf(dc, Qs[c * Dp + d], gk[r][dd]);
-                        }
-                    }
-                }
-            }
+            accumulate_tile_rows<DPL>(gv[r], p, Gs, Dp, bq, D, lane);
+            accumulate_tile_rows<DPL>(gk[r], ds, Qs, Dp, bq, D, lane);
         }
     }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int j = k0 + warp * RPW + r;
         if (j >= z.T) continue;
-        T* krow = vrow<T>(dk, b, h, j);
-        T* vrow_ = vrow<T>(dv, b, h, j);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-            int d = lane + 32 * dd;
-            if (d < D) {
-                st(krow + d * dk.s3, gk[r][dd] * z.scale);
-                st(vrow_ + d * dv.s3, gv[r][dd]);
-            }
-        }
+        store_row<T, DPL>(vrow<T>(dk, b, h, j), dk.s3, gk[r], z.scale, D, lane);
+        store_row<T, DPL>(vrow<T>(dv, b, h, j), dv.s3, gv[r], 1.f, D, lane);
     }
 }
 
@@ -267,39 +258,18 @@ __device__ void flash_dq(const Dims& z, const View& q, const View& k, const View
                 int c = lane + 32 * jj;
                 ds[jj] = 0.f;
                 if (c < bc && (!z.causal || k0 + c <= t)) {
-                    const float* kr = Ks + c * Dp;
-                    const float* vr = Vs + c * Dp;
-                    float s = 0.f, dp = 0.f;
-                    for (int d = 0; d < D; ++d) { s = fmaf(qr[d], kr[d], s); dp = fmaf(gr[d], vr[d], dp); }
-                    ds[jj] = expf(s * z.scale - lr[r]) * (dp - sr[r]);
+                    const float2 sd = score_and_dp(qr, Ks + c * Dp, gr, Vs + c * Dp, D);
+                    ds[jj] = expf(sd.x * z.scale - lr[r]) * (sd.y - sr[r]);
                 }
             }
-#pragma unroll
-            for (int jj = 0; jj < CPL; ++jj) {
-#pragma unroll 2
-                for (int src = 0; src < 32; ++src) {
-                    const int c = src + 32 * jj;
-                    if (c >= bc) break;
-                    const float dc = __shfl_sync(FULL_MASK, ds[jj], src);
-#pragma unroll
-                    for (int dd = 0; dd < DPL; ++dd) {
-                        int d = lane + 32 * dd;
-                        if (d < D) acc[r][dd] = fmaf(dc, Ks[c * Dp + d], acc[r][dd]);
-                    }
-                }
-            }
+            accumulate_tile_rows<DPL>(acc[r], ds, Ks, Dp, bc, D, lane);
         }
     }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int t = q0 + warp * RPW + r;
         if (t >= z.T) continue;
-        T* row = vrow<T>(dq, b, h, t);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-            int d = lane + 32 * dd;
-            if (d < D) st(row + d * dq.s3, acc[r][dd] * z.scale);
-        }
+        store_row<T, DPL>(vrow<T>(dq, b, h, t), dq.s3, acc[r], z.scale, D, lane);
     }
 }
 

@@ -21,6 +21,21 @@ __device__ void load_tile(float* dst, int pitch, const View& v, int b, int h, in
     }
 }
 
+// One past the last key a block of query rows q0 .. q0 + BR attends to (causal: its last row).
+__device__ __forceinline__ int keys_end(const Dims& z, int q0) {
+    return z.causal ? min(q0 + BR, z.T) : z.T;
+}
+
+// The key tile k0 .. k0 + bc of K (row pitch Dp) and V (row pitch vpitch) into shared memory,
+// between barriers. Called by the whole block.
+template <typename T>
+__device__ void load_key_tile(float* Ks, float* Vs, int vpitch, const View& k, const View& v, int b, int h, int k0, int bc, int Bc, int D) {
+    __syncthreads();
+    load_tile<T>(Ks, D + 1, k, b, h, k0, bc, Bc, D, 1.f);
+    load_tile<T>(Vs, vpitch, v, b, h, k0, bc, Bc, D, 1.f);
+    __syncthreads();
+}
+
 // acc[dd] += sum over the tile's columns c < n of w_c * M[c * pitch + lane + 32 dd] (d < D),
 // where lane c % 32 holds w_c in w[c / 32]: a warp's weighted sum of tile rows, in column order.
 template <int DPL>
@@ -76,14 +91,10 @@ __device__ void flash_fwd(const Dims& z, const View& q, const View& k, const Vie
 #pragma unroll
         for (int dd = 0; dd < DPL; ++dd) acc[r][dd] = 0.f;
     }
-    const int q_last = min(q0 + BR, z.T) - 1;
-    const int k_end = z.causal ? q_last + 1 : z.T;
+    const int k_end = keys_end(z, q0);
     for (int k0 = 0; k0 < k_end; k0 += Bc) {
         const int bc = min(Bc, k_end - k0);
-        __syncthreads();
-        load_tile<T>(Ks, Dp, k, b, h, k0, bc, Bc, D, 1.f);
-        load_tile<T>(Vs, D, v, b, h, k0, bc, Bc, D, 1.f);
-        __syncthreads();
+        load_key_tile<T>(Ks, Vs, D, k, v, b, h, k0, bc, Bc, D);
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rl = warp * RPW + r, t = q0 + rl;
@@ -238,14 +249,10 @@ __device__ void flash_dq(const Dims& z, const View& q, const View& k, const View
 #pragma unroll
         for (int dd = 0; dd < DPL; ++dd) acc[r][dd] = 0.f;
     }
-    const int q_last = min(q0 + BR, z.T) - 1;
-    const int k_end = z.causal ? q_last + 1 : z.T;
+    const int k_end = keys_end(z, q0);
     for (int k0 = 0; k0 < k_end; k0 += Bc) {
         const int bc = min(Bc, k_end - k0);
-        __syncthreads();
-        load_tile<T>(Ks, Dp, k, b, h, k0, bc, Bc, D, 1.f);
-        load_tile<T>(Vs, Dp, v, b, h, k0, bc, Bc, D, 1.f);
-        __syncthreads();
+        load_key_tile<T>(Ks, Vs, Dp, k, v, b, h, k0, bc, Bc, D);
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rl = warp * RPW + r, t = q0 + rl;

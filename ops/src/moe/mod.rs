@@ -241,17 +241,8 @@ impl ExternOp for ExpertMatmulWgrad {
     fn kernels(&self) -> &Kernels {
         &WGRAD
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "the experts' weight gradients have no gradient here",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the experts' weight gradients have no gradient here")
     }
 }
 
@@ -273,16 +264,7 @@ impl ExternOp for RouterTopk {
     fn kernels(&self) -> &Kernels {
         &TOPK
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "a selection has no gradient (the probabilities gathered by its ids carry it)",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("a selection has no gradient (the probabilities gathered by its ids carry it)")
     }
 }

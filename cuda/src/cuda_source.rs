@@ -88,3 +88,108 @@ impl<K: KernelIds> CudaSource<K> {
             .ok_or_else(|| derr(op, format!("{k:?} is not listed in its KernelIds::ALL")))
     }
 }
+
+/// Implements [`KernelIds`] for the kernels of a source whose ids are kinds over values (an
+/// element type, a byte width): `ALL` lists every kind with every value of its group, in
+/// order, then the kinds without a value; a kernel's entry point is its kind's prefix, `_` and
+/// the value's suffix (`F32` -> `f32`, `F64` -> `f64`, `BF16` -> `bf16`, `F16` -> `f16`, a
+/// byte width `2` -> `b2`). Element types are written as `DType`'s variants (with `DType` in
+/// scope where the macro is called). An id outside `ALL` has no entry point (`""`).
+///
+/// ```text
+/// kernel_ids!(DecodeKernel {
+///     [F32, F64, BF16, F16] { Rotary => "rotary_at", Attention => "decode_attention" },
+///     [2, 4, 8] { Rows => "write_rows" },
+///     Fill => "fill",
+/// });
+/// kernel_ids!(ArgMaxKernel([F32, F64, BF16, F16]) => "argmax"); // a tuple struct over values
+/// ```
+#[macro_export]
+macro_rules! kernel_ids {
+    ($ty:ident([$($v:tt),+ $(,)?]) => $prefix:literal) => {
+        impl $crate::KernelIds for $ty {
+            const ALL: &'static [Self] = &[$($ty($crate::kernel_ids!(@value $v))),+];
+            fn entry(self) -> &'static str {
+                $(
+                    if self == $ty($crate::kernel_ids!(@value $v)) {
+                        return concat!($prefix, "_", $crate::kernel_ids!(@suffix $v));
+                    }
+                )+
+                ""
+            }
+        }
+    };
+    ($ty:ident { $($body:tt)* }) => {
+        impl $crate::KernelIds for $ty {
+            const ALL: &'static [Self] = $crate::kernel_ids!(@all $ty [] $($body)*);
+            fn entry(self) -> &'static str {
+                $crate::kernel_ids!(@entry self $ty $($body)*);
+                ""
+            }
+        }
+    };
+    // `ALL`, accumulated kind by kind.
+    (@all $ty:ident [$($acc:tt)*] $(,)?) => {
+        &[$($acc)*]
+    };
+    (@all $ty:ident [$($acc:tt)*] [$($v:tt),+ $(,)?] {} $($rest:tt)*) => {
+        $crate::kernel_ids!(@all $ty [$($acc)*] $($rest)*)
+    };
+    (@all $ty:ident [$($acc:tt)*] [$($v:tt),+ $(,)?]
+        { $kind:ident => $prefix:literal $(, $($more:tt)*)? } $($rest:tt)*) => {
+        $crate::kernel_ids!(
+            @all $ty [$($acc)* $($ty::$kind($crate::kernel_ids!(@value $v)),)+]
+            [$($v),+] { $($($more)*)? } $($rest)*
+        )
+    };
+    (@all $ty:ident [$($acc:tt)*] , $($rest:tt)*) => {
+        $crate::kernel_ids!(@all $ty [$($acc)*] $($rest)*)
+    };
+    (@all $ty:ident [$($acc:tt)*] $unit:ident => $entry:literal $($rest:tt)*) => {
+        $crate::kernel_ids!(@all $ty [$($acc)* $ty::$unit,] $($rest)*)
+    };
+    // `entry`, one `if` per kernel.
+    (@entry $self:ident $ty:ident $(,)?) => {};
+    (@entry $self:ident $ty:ident [$($v:tt),+ $(,)?] {} $($rest:tt)*) => {
+        $crate::kernel_ids!(@entry $self $ty $($rest)*)
+    };
+    (@entry $self:ident $ty:ident [$($v:tt),+ $(,)?]
+        { $kind:ident => $prefix:literal $(, $($more:tt)*)? } $($rest:tt)*) => {
+        $(
+            if $self == $ty::$kind($crate::kernel_ids!(@value $v)) {
+                return concat!($prefix, "_", $crate::kernel_ids!(@suffix $v));
+            }
+        )+
+        $crate::kernel_ids!(@entry $self $ty [$($v),+] { $($($more)*)? } $($rest)*)
+    };
+    (@entry $self:ident $ty:ident , $($rest:tt)*) => {
+        $crate::kernel_ids!(@entry $self $ty $($rest)*)
+    };
+    (@entry $self:ident $ty:ident $unit:ident => $entry:literal $($rest:tt)*) => {
+        if $self == $ty::$unit {
+            return $entry;
+        }
+        $crate::kernel_ids!(@entry $self $ty $($rest)*)
+    };
+    (@value $d:ident) => {
+        DType::$d
+    };
+    (@value $bytes:literal) => {
+        $bytes
+    };
+    (@suffix F32) => {
+        "f32"
+    };
+    (@suffix F64) => {
+        "f64"
+    };
+    (@suffix BF16) => {
+        "bf16"
+    };
+    (@suffix F16) => {
+        "f16"
+    };
+    (@suffix $bytes:literal) => {
+        concat!("b", $bytes)
+    };
+}

@@ -5,7 +5,9 @@
 use oxiflow_cuda::kernel_layer::FloatType;
 use oxiflow_cuda::{device_error, CudaKernels};
 use oxiflow_dtype::DType;
-use oxiflow_tensor::{CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaResult, Result};
+use oxiflow_tensor::{
+    CpuBackend, ExternOp, KernelFn, Kernels, MetaError, MetaResult, Result, ScratchFn,
+};
 
 /// The dtypes of every CPU kernel and of every CUDA kernel.
 const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16];
@@ -27,6 +29,26 @@ pub(crate) fn cpu_and_cuda<O: ExternOp>(
     Kernels::new()
         .with::<O, CpuBackend>(cpu_dtypes, cpu)
         .with::<O, CudaKernels>(cuda_dtypes, cuda)
+}
+
+/// The kernel table of op type `O`: `cpu` and `cuda`, both for inputs of `dtypes`.
+pub(crate) fn kernels_for<O: ExternOp>(
+    dtypes: &[DType],
+    cpu: KernelFn<O, CpuBackend>,
+    cuda: KernelFn<O, CudaKernels>,
+) -> Kernels {
+    cpu_and_cuda((dtypes, cpu), (dtypes, cuda))
+}
+
+/// The kernel table of op type `O`: `cpu` for inputs of `cpu_dtypes`, `cuda` with the scratch
+/// buffers `scratch` declares for inputs of `cuda_dtypes`.
+pub(crate) fn cpu_and_cuda_scratch<O: ExternOp>(
+    (cpu_dtypes, cpu): (&[DType], KernelFn<O, CpuBackend>),
+    (cuda_dtypes, cuda, scratch): (&[DType], KernelFn<O, CudaKernels>, ScratchFn<O>),
+) -> Kernels {
+    Kernels::new()
+        .with::<O, CpuBackend>(cpu_dtypes, cpu)
+        .with_scratch::<O, CudaKernels>(cuda_dtypes, cuda, scratch)
 }
 
 /// The kernel table of an element-wise fused op of type `O`: `cpu` for f32, f64 and bf16,

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{first_largest, nd_sbp, placement};
+use common::{first_largest, meshes, nd_sbp, placement};
 
 use oxiflow_ops::argmax::argmax;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor, TensorError};
@@ -119,10 +119,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in prop_oneof![
-            (1usize..=4).prop_map(|n| vec![n]),
-            prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
-        ],
+        mesh in meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
         perm in any::<u64>(),
         extra in prop::bool::weighted(0.2),
         shape in prop::collection::vec(1usize..7, 1..=3),

@@ -13,7 +13,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, nd_sbp_of, never_zero, placement, vals};
+use common::{close, meshes, nd_sbp_of, never_zero, placement, vals};
 
 use oxiflow_ops::decode::{
     decode_attention, decode_attention_blocks, decode_attention_parts, rotary_at, write_rows,
@@ -368,10 +368,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in prop_oneof![
-            (1usize..=4).prop_map(|n| vec![n]),
-            prop::sample::select(vec![vec![2, 2], vec![2, 1]]),
-        ],
+        mesh in meshes(4, vec![vec![2, 2], vec![2, 1]]),
         perm in any::<u64>(),
         extra in prop::bool::weighted(0.2),
         d in dims(),
@@ -495,10 +492,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
     #[test]
     fn a_cache_split_on_its_positions_equals_one_rank(
-        mesh in prop_oneof![
-            (1usize..=4).prop_map(|n| vec![n]),
-            prop::sample::select(vec![vec![2, 2], vec![2, 1], vec![1, 3]]),
-        ],
+        mesh in meshes(4, vec![vec![2, 2], vec![2, 1], vec![1, 3]]),
         perm in any::<u64>(),
         seq_axis in 0usize..2,
         per_rank in 1usize..3,

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, nd_sbp, placement, vals};
+use common::{close, meshes, nd_sbp, placement, vals};
 
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
@@ -295,18 +295,11 @@ fn global_case(
     }
 }
 
-fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
-    prop_oneof![
-        (1usize..=4).prop_map(|n| vec![n]),
-        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in mesh_strategy(),
+        mesh in meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
         perm in any::<u64>(),
         extra in prop::bool::weighted(0.2),
         dims in (1usize..9, 1usize..6, 1usize..6, 1usize..5),

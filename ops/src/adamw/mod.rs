@@ -19,11 +19,11 @@ mod step;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
+use crate::operand_dtypes::kernels_for;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, CpuBackend, Extern, ExternOp, F64Bits, Inferred, Kernels, MetaResult, Result, Tensor,
+    dispatch, Extern, ExternOp, F64Bits, Inferred, Kernels, MetaResult, Result, Tensor,
 };
 
 pub use multi::{AdamWClip, AdamWHyper, AdamWMulti, AdamWReuse, AdamWSlot, AdamWUpdated};
@@ -60,17 +60,11 @@ pub fn adam_update(
     dispatch(Extern::new(part).into(), &[p, m, v])
 }
 
-static PASS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<AdamPart, CpuBackend>(DTYPES, cpu::pass)
-        .with::<AdamPart, CudaKernels>(DTYPES, cuda::pass)
-});
+static PASS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<AdamPart>(DTYPES, cpu::pass, cuda::pass));
 
-static MULTI: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<AdamWMulti, CpuBackend>(DTYPES, cpu::multi)
-        .with::<AdamWMulti, CudaKernels>(DTYPES, cuda::multi)
-});
+static MULTI: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<AdamWMulti>(DTYPES, cpu::multi, cuda::multi));
 
 const NO_GRADIENT: &str = "an optimizer update has no gradient";
 

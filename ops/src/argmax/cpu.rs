@@ -2,10 +2,11 @@
 //! rows in parallel.
 
 use half::{bf16, f16};
-use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
+use oxiflow_tensor::{CpuBackend, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
 use super::ArgMax;
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output};
 
 /// The first index of the largest value of `row` above -inf, else 0.
@@ -20,9 +21,9 @@ pub(crate) fn first_largest(row: impl Iterator<Item = f64>) -> usize {
 
 fn typed<T: TensorElement + Copy + Send + Sync + Into<f64>>(
     op: &'static str,
-    x: &[&CpuArray],
-    out: &mut [CpuArray],
+    io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
+    let (x, out) = (io.inputs, io.outputs);
     let n = x
         .first()
         .map_or(0, |a| a.shape().last().copied().unwrap_or(0));
@@ -40,13 +41,7 @@ fn typed<T: TensorElement + Copy + Send + Sync + Into<f64>>(
     Ok(())
 }
 
-pub(super) fn argmax(op: &ArgMax, _b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    let name = op.name();
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(DType::F32) => typed::<f32>(name, io.inputs, io.outputs),
-        Some(DType::F64) => typed::<f64>(name, io.inputs, io.outputs),
-        Some(DType::BF16) => typed::<bf16>(name, io.inputs, io.outputs),
-        Some(DType::F16) => typed::<f16>(name, io.inputs, io.outputs),
-        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16, f16];
+    pub(super) fn argmax(ArgMax) => typed(name);
 }

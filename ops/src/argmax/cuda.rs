@@ -3,7 +3,7 @@
 //! 1024-thread block per row, grid-stride over rows), into the executor's output.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -13,22 +13,7 @@ use super::ArgMax;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ArgMaxKernel(DType);
 
-impl KernelIds for ArgMaxKernel {
-    const ALL: &'static [Self] = &[
-        ArgMaxKernel(DType::F32),
-        ArgMaxKernel(DType::F64),
-        ArgMaxKernel(DType::BF16),
-        ArgMaxKernel(DType::F16),
-    ];
-    fn entry(self) -> &'static str {
-        match self.0 {
-            DType::F64 => "argmax_f64",
-            DType::BF16 => "argmax_bf16",
-            DType::F16 => "argmax_f16",
-            _ => "argmax_f32",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(ArgMaxKernel([F32, F64, BF16, F16]) => "argmax");
 
 static SOURCE: CudaSource<ArgMaxKernel> = CudaSource::new("argmax", include_str!("argmax.cu"));
 

@@ -12,12 +12,12 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
-    Tensor,
+    dispatch, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
 };
 
 /// The arg-max over the last dim (input: x).
@@ -32,20 +32,11 @@ pub fn argmax(x: &Tensor) -> Result<Tensor> {
 
 const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
-static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ArgMax, CpuBackend>(DTYPES, cpu::argmax)
-        .with::<ArgMax, CudaKernels>(DTYPES, cuda::argmax)
-});
+static KERNELS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<ArgMax>(DTYPES, cpu::argmax, cuda::argmax));
 
 impl ExternOp for ArgMax {
-    fn name(&self) -> &'static str {
-        "argmax"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (1, 1)
-    }
+    op_signature!("argmax", 1);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let x = shapes[0];
         if !dtypes[0].is_float() {

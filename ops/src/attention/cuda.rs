@@ -14,6 +14,7 @@
 //! backward's dK and dV come out per query head in scratch and sum over each group (one
 //! column-sum launch each).
 
+use crate::kernel_io::expect;
 use crate::kernel_io::io_arrays;
 use oxiflow_cuda::kernel_layer::{
     attention_backward, attention_forward, copy_nd, fill, gemm_at, grid, per_row,
@@ -103,28 +104,6 @@ fn dims(op: &'static str, x: [&CudaStorage; 3], causal: bool) -> Result<FlashDim
             ),
             ))
         }
-    }
-}
-
-/// A typed error unless `p` has `shape` and `dtype`.
-fn expect(
-    op: &'static str,
-    what: &str,
-    p: &CudaStorage,
-    shape: &[usize],
-    dtype: DType,
-) -> Result<()> {
-    if p.shape().dims() == shape && p.dtype() == dtype {
-        Ok(())
-    } else {
-        Err(derr(
-            op,
-            format!(
-                "{what} is {} {}, want {dtype} {shape:?}",
-                p.dtype(),
-                p.shape()
-            ),
-        ))
     }
 }
 

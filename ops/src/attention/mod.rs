@@ -32,7 +32,8 @@ use oxiflow_tensor::{
 };
 
 use crate::dispatch_outputs::dispatch_pair;
-use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, one_float_dtype, FLOATS};
 
 /// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
 /// `0..=i`; scores are `scale q . k`.
@@ -261,20 +262,15 @@ fn attention_rules(
 }
 
 static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, cuda::forward)));
+    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, cuda::forward));
 
 static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::backward), (FLOATS, cuda::backward)));
+    LazyLock::new(|| kernels_for(FLOATS, cpu::backward, cuda::backward));
 
 impl ExternOp for FlashAttention {
-    fn name(&self) -> &'static str {
-        "flash_attention"
-    }
+    op_signature!("flash_attention", 3);
     fn attrs(&self, key: &mut Vec<u8>) {
         self.0.key(key)
-    }
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (attention, groups) = attention_rules(s, d, self.0)?;
@@ -314,14 +310,9 @@ impl ExternOp for FlashAttention {
 }
 
 impl ExternOp for FlashAttentionGrad {
-    fn name(&self) -> &'static str {
-        "flash_attention_backward"
-    }
+    op_signature!("flash_attention_backward", 6);
     fn attrs(&self, key: &mut Vec<u8>) {
         self.0.key(key)
-    }
-    fn arity(&self) -> (usize, usize) {
-        (6, 6)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (attention, groups) = attention_rules(s, d, self.0)?;

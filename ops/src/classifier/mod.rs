@@ -23,7 +23,8 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use crate::dispatch_outputs::dispatch_first;
-use crate::operand_dtypes::{cpu_and_cuda, FLOATS_AND_IDS};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, FLOATS_AND_IDS};
 use crate::operand_shapes::shapes_text;
 use oxiflow_tensor::backend::{
     kernel_err, meta_err, need_float, need_i64, norm_stats_dtype, scratch, CoreKernels,
@@ -63,29 +64,16 @@ fn logits_width(s: &[&Shape], d: &[DType]) -> MetaResult<usize> {
     }
 }
 
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS_AND_IDS, cpu::forward),
-        (FLOATS_AND_IDS, cuda::forward),
-    )
-});
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::forward, cuda::forward));
 
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS_AND_IDS, cpu::backward),
-        (FLOATS_AND_IDS, cuda::backward),
-    )
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::backward, cuda::backward));
 
 impl ExternOp for Classifier {
-    fn name(&self) -> &'static str {
-        "classifier"
-    }
+    op_signature!("classifier", 2);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&(self.classes as u64).to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let v = logits_width(s, d)?;
@@ -121,13 +109,7 @@ impl ExternOp for Classifier {
 }
 
 impl ExternOp for ClassifierGrad {
-    fn name(&self) -> &'static str {
-        "classifier_backward"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
-    }
+    op_signature!("classifier_backward", 2);
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         logits_width(s, d)?;
         let loss = norm_stats_dtype(d[0]);

@@ -10,11 +10,12 @@
 use ndarray::ArrayD;
 use oxiflow_dtype::{bf16, f16, Element};
 use oxiflow_tensor::{
-    CpuArray, CpuBackend, DType, ExternOp, KernelIo, Peers, Result, TensorElement, TensorError,
+    CpuArray, CpuBackend, ExternOp, KernelIo, Peers, Result, TensorElement, TensorError,
 };
 use rayon::prelude::*;
 
 use super::{CpAttention, Dims, RankCall};
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 
 /// An element type the kernels read and write (computed in f64, rounded once on the way out),
 /// and the dtype of its softmax statistics: f32 for 16-bit data.
@@ -402,30 +403,8 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
     write_heads_last::<T>(name, &dkv[1], [b, hkv, t, dv], dv_out)
 }
 
-macro_rules! by_dtype {
-    ($f:ident, $op:expr, $io:expr) => {
-        match $io.inputs.first().map(|a| a.dtype()) {
-            Some(DType::F32) => $f::<f32>($op, $io),
-            Some(DType::F64) => $f::<f64>($op, $io),
-            Some(DType::BF16) => $f::<bf16>($op, $io),
-            Some(DType::F16) => $f::<f16>($op, $io),
-            d => Err(kerr($op.name(), format!("no CPU kernel for {d:?}"))),
-        }
-    };
-}
-
-pub(super) fn forward(
-    op: &CpAttention,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_dtype!(forward_typed, op, io)
-}
-
-pub(super) fn backward(
-    op: &CpAttention,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_dtype!(backward_typed, op, io)
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16, f16];
+    pub(super) fn forward(CpAttention) => forward_typed;
+    pub(super) fn backward(CpAttention) => backward_typed;
 }

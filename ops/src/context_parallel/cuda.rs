@@ -36,6 +36,7 @@ use super::cuda_glue::Glue;
 use super::cuda_plan::{layout, Layout, Plan};
 use super::cuda_ring::Ring;
 use super::{CpAttention, Dims, Pass};
+use crate::kernel_io::expect;
 use crate::operand_dtypes::cuda_float_type;
 
 pub(super) use super::cuda_plan::scratch;
@@ -44,27 +45,6 @@ pub(super) use super::cuda_plan::scratch;
 /// `[B, heads, .., e]` view.
 fn rows_view(ptr: u64, elem: usize, rows: usize, heads: usize, e: usize, at: usize) -> Bhtd {
     Bhtd::bthd(ptr + (at * heads * e * elem) as u64, rows, heads, e)
-}
-
-/// A typed error unless `p` is `dtype` of `shape`.
-fn expect(
-    name: &'static str,
-    what: &str,
-    p: &CudaStorage,
-    shape: &[usize],
-    dtype: DType,
-) -> Result<()> {
-    if p.shape().dims() == shape && p.dtype() == dtype {
-        return Ok(());
-    }
-    Err(device_error(
-        name,
-        format!(
-            "{what} is {} {}, want {dtype} {shape:?}",
-            p.dtype(),
-            p.shape()
-        ),
-    ))
 }
 
 /// What both passes check and derive before anything runs.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 use oxiflow_cuda::kernel_layer::grid;
-use oxiflow_cuda::{device_error, launched, CudaRuntime, CudaSource, CudaStorage, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaRuntime, CudaSource, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::Result;
 
@@ -29,44 +29,17 @@ enum CpKernel {
     Fill,
 }
 
-impl KernelIds for CpKernel {
-    const ALL: &'static [Self] = &[
-        CpKernel::Gather(DType::F32),
-        CpKernel::Gather(DType::BF16),
-        CpKernel::Gather(DType::F16),
-        CpKernel::Merge(DType::F32),
-        CpKernel::Merge(DType::BF16),
-        CpKernel::Merge(DType::F16),
-        CpKernel::AddGroups(DType::F32),
-        CpKernel::AddGroups(DType::BF16),
-        CpKernel::AddGroups(DType::F16),
-        CpKernel::Store(DType::F32),
-        CpKernel::Store(DType::BF16),
-        CpKernel::Store(DType::F16),
-        CpKernel::MergeLse,
-        CpKernel::LseRows,
-        CpKernel::Fill,
-    ];
-    fn entry(self) -> &'static str {
-        match self {
-            CpKernel::Gather(DType::BF16) => "cp_gather_rows_bf16",
-            CpKernel::Gather(DType::F16) => "cp_gather_rows_f16",
-            CpKernel::Gather(_) => "cp_gather_rows_f32",
-            CpKernel::Merge(DType::BF16) => "cp_merge_bf16",
-            CpKernel::Merge(DType::F16) => "cp_merge_f16",
-            CpKernel::Merge(_) => "cp_merge_f32",
-            CpKernel::AddGroups(DType::BF16) => "cp_add_groups_bf16",
-            CpKernel::AddGroups(DType::F16) => "cp_add_groups_f16",
-            CpKernel::AddGroups(_) => "cp_add_groups_f32",
-            CpKernel::Store(DType::BF16) => "cp_store_bf16",
-            CpKernel::Store(DType::F16) => "cp_store_f16",
-            CpKernel::Store(_) => "cp_store_f32",
-            CpKernel::MergeLse => "cp_merge_lse",
-            CpKernel::LseRows => "cp_lse_rows",
-            CpKernel::Fill => "cp_fill",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(CpKernel {
+    [F32, BF16, F16] {
+        Gather => "cp_gather_rows",
+        Merge => "cp_merge",
+        AddGroups => "cp_add_groups",
+        Store => "cp_store",
+    },
+    MergeLse => "cp_merge_lse",
+    LseRows => "cp_lse_rows",
+    Fill => "cp_fill",
+});
 
 static SOURCE: CudaSource<CpKernel> = CudaSource::new("context_parallel", include_str!("cp.cu"));
 

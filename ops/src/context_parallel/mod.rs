@@ -26,12 +26,12 @@ mod order;
 use std::sync::LazyLock;
 
 use crate::attention::AttentionRules;
-use oxiflow_cuda::CudaKernels;
+use crate::operand_dtypes::cpu_and_cuda_scratch;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt,
-    MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,
+    dispatch_multi, Extern, ExternOp, F64Bits, Grad, Inferred, Kernels, LocalAt, MetaError,
+    MetaResult, Peers, Result, Saves, Tensor, TensorError,
 };
 
 pub use order::SeqOrder;
@@ -110,14 +110,16 @@ const CPU_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 const CUDA_DTYPES: &[DType] = &[DType::F32, DType::BF16, DType::F16];
 
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::forward)
-        .with_scratch::<CpAttention, CudaKernels>(CUDA_DTYPES, cuda::forward, cuda::scratch)
+    cpu_and_cuda_scratch::<CpAttention>(
+        (CPU_DTYPES, cpu::forward),
+        (CUDA_DTYPES, cuda::forward, cuda::scratch),
+    )
 });
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<CpAttention, CpuBackend>(CPU_DTYPES, cpu::backward)
-        .with_scratch::<CpAttention, CudaKernels>(CUDA_DTYPES, cuda::backward, cuda::scratch)
+    cpu_and_cuda_scratch::<CpAttention>(
+        (CPU_DTYPES, cpu::backward),
+        (CUDA_DTYPES, cuda::backward, cuda::scratch),
+    )
 });
 
 /// The sizes of one call: q `[b, t, h, d]`, k `[b, t, hkv, d]`, v `[b, t, hkv, dv]`.

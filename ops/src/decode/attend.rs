@@ -6,16 +6,16 @@
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
-    Tensor,
+    dispatch, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
 };
 
 use super::op_types::{DecodeAttention, MAX_HEAD_DIM};
 use super::{check_position, cpu, cuda, DTYPES};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 
 /// The attention of q `[B, 1, H, D]` over the cached keys and values `kc`, `vc` `[B, P, G, D]`
 /// before `pos` and the new `k`, `v` `[B, 1, G, D]` at `pos` (one i64 on the device), scores
@@ -78,20 +78,13 @@ pub(super) fn check_operands(shapes: &[&Shape], dtypes: &[DType]) -> MetaResult<
 }
 
 static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<DecodeAttention, CpuBackend>(DTYPES, cpu::decode_attention)
-        .with::<DecodeAttention, CudaKernels>(DTYPES, cuda::decode_attention)
+    kernels_for::<DecodeAttention>(DTYPES, cpu::decode_attention, cuda::decode_attention)
 });
 
 impl ExternOp for DecodeAttention {
-    fn name(&self) -> &'static str {
-        "decode_attention"
-    }
+    op_signature!("decode_attention", 6);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend(self.scale.to_bits().to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (6, 6)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let sizes = check_operands(shapes, dtypes)?;

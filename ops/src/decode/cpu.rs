@@ -2,11 +2,20 @@
 //! f32, f64 in f64), rows in parallel.
 
 use half::{bf16, f16};
-use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result, TensorElement};
+use oxiflow_tensor::{CpuArray, CpuBackend, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
 use super::op_types::{DecodeAttention, DecodeAttentionParts, RotaryAt, RotaryQkvAt, WriteRows};
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
+
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16, f16];
+    pub(super) fn rotary_at(RotaryAt) => rotary_typed(op, name);
+    pub(super) fn rotary_qkv_at(RotaryQkvAt) => rotary_qkv_typed(op, name);
+    pub(super) fn decode_attention(DecodeAttention) => attention_typed(op, name);
+    pub(super) fn decode_attention_parts(DecodeAttentionParts) => parts_typed(op, name);
+}
 
 /// The position held by input `i` (one i64).
 fn position(op: &'static str, x: &[&CpuArray], i: usize) -> Result<usize> {
@@ -18,28 +27,6 @@ fn position(op: &'static str, x: &[&CpuArray], i: usize) -> Result<usize> {
             format!("the position must be one i64 >= 0, got {p:?}"),
         )),
     }
-}
-
-/// Runs `$f::<T>` for the float element type of input 0.
-macro_rules! by_float {
-    ($op:expr, $io:expr, $f:ident) => {{
-        let name = $op.name();
-        match $io.inputs.first().map(|a| a.dtype()) {
-            Some(DType::F32) => $f::<f32>($op, name, $io),
-            Some(DType::F64) => $f::<f64>($op, name, $io),
-            Some(DType::BF16) => $f::<bf16>($op, name, $io),
-            Some(DType::F16) => $f::<f16>($op, name, $io),
-            d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-        }
-    }};
-}
-
-pub(super) fn rotary_at(
-    op: &RotaryAt,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_float!(op, io, rotary_typed)
 }
 
 fn rotary_typed<T: Elem>(
@@ -76,14 +63,6 @@ fn rotary_typed<T: Elem>(
             }
         });
     Ok(())
-}
-
-pub(super) fn rotary_qkv_at(
-    op: &RotaryQkvAt,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_float!(op, io, rotary_qkv_typed)
 }
 
 /// Head `xh` rotated for `pos` by `freq` into `yh` (pairs (i, i + D/2)).
@@ -151,14 +130,6 @@ fn rotary_qkv_typed<T: Elem>(
     Ok(())
 }
 
-pub(super) fn decode_attention(
-    op: &DecodeAttention,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_float!(op, io, attention_typed)
-}
-
 fn attention_typed<T: Elem>(
     op: &DecodeAttention,
     name: &'static str,
@@ -198,14 +169,6 @@ fn attention_typed<T: Elem>(
             }
         });
     Ok(())
-}
-
-pub(super) fn decode_attention_parts(
-    op: &DecodeAttentionParts,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_float!(op, io, parts_typed)
 }
 
 fn parts_typed<T: Elem>(
@@ -339,20 +302,9 @@ fn attend_keys<T: Elem>(
     Softmaxed { acc, max, total }
 }
 
-pub(super) fn write_rows(
-    op: &WriteRows,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    let name = op.name();
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(DType::F32) => rows_typed::<f32>(op, name, io),
-        Some(DType::F64) => rows_typed::<f64>(op, name, io),
-        Some(DType::BF16) => rows_typed::<bf16>(op, name, io),
-        Some(DType::F16) => rows_typed::<f16>(op, name, io),
-        Some(DType::I64) => rows_typed::<i64>(op, name, io),
-        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16, f16, i64];
+    pub(super) fn write_rows(WriteRows) => rows_typed(op, name);
 }
 
 fn rows_typed<T: TensorElement + Copy + Send + Sync>(

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use oxiflow_cuda::kernel_layer::grid;
-use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -24,58 +24,15 @@ enum DecodeKernel {
     RowsTable(usize),
 }
 
-impl KernelIds for DecodeKernel {
-    const ALL: &'static [Self] = &[
-        DecodeKernel::Rotary(DType::F32),
-        DecodeKernel::Rotary(DType::F64),
-        DecodeKernel::Rotary(DType::BF16),
-        DecodeKernel::Rotary(DType::F16),
-        DecodeKernel::RotaryQkv(DType::F32),
-        DecodeKernel::RotaryQkv(DType::F64),
-        DecodeKernel::RotaryQkv(DType::BF16),
-        DecodeKernel::RotaryQkv(DType::F16),
-        DecodeKernel::Attention(DType::F32),
-        DecodeKernel::Attention(DType::F64),
-        DecodeKernel::Attention(DType::BF16),
-        DecodeKernel::Attention(DType::F16),
-        DecodeKernel::Parts(DType::F32),
-        DecodeKernel::Parts(DType::F64),
-        DecodeKernel::Parts(DType::BF16),
-        DecodeKernel::Parts(DType::F16),
-        DecodeKernel::Rows(2),
-        DecodeKernel::Rows(4),
-        DecodeKernel::Rows(8),
-        DecodeKernel::RowsTable(2),
-        DecodeKernel::RowsTable(4),
-        DecodeKernel::RowsTable(8),
-    ];
-    fn entry(self) -> &'static str {
-        match self {
-            DecodeKernel::Rotary(DType::F64) => "rotary_at_f64",
-            DecodeKernel::Rotary(DType::BF16) => "rotary_at_bf16",
-            DecodeKernel::Rotary(DType::F16) => "rotary_at_f16",
-            DecodeKernel::Rotary(_) => "rotary_at_f32",
-            DecodeKernel::RotaryQkv(DType::F64) => "rotary_qkv_at_f64",
-            DecodeKernel::RotaryQkv(DType::BF16) => "rotary_qkv_at_bf16",
-            DecodeKernel::RotaryQkv(DType::F16) => "rotary_qkv_at_f16",
-            DecodeKernel::RotaryQkv(_) => "rotary_qkv_at_f32",
-            DecodeKernel::Attention(DType::F64) => "decode_attention_f64",
-            DecodeKernel::Attention(DType::BF16) => "decode_attention_bf16",
-            DecodeKernel::Attention(DType::F16) => "decode_attention_f16",
-            DecodeKernel::Attention(_) => "decode_attention_f32",
-            DecodeKernel::Parts(DType::F64) => "decode_attention_parts_f64",
-            DecodeKernel::Parts(DType::BF16) => "decode_attention_parts_bf16",
-            DecodeKernel::Parts(DType::F16) => "decode_attention_parts_f16",
-            DecodeKernel::Parts(_) => "decode_attention_parts_f32",
-            DecodeKernel::Rows(2) => "write_rows_b2",
-            DecodeKernel::Rows(4) => "write_rows_b4",
-            DecodeKernel::Rows(_) => "write_rows_b8",
-            DecodeKernel::RowsTable(2) => "write_rows_table_b2",
-            DecodeKernel::RowsTable(4) => "write_rows_table_b4",
-            DecodeKernel::RowsTable(_) => "write_rows_table_b8",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(DecodeKernel {
+    [F32, F64, BF16, F16] {
+        Rotary => "rotary_at",
+        RotaryQkv => "rotary_qkv_at",
+        Attention => "decode_attention",
+        Parts => "decode_attention_parts",
+    },
+    [2, 4, 8] { Rows => "write_rows", RowsTable => "write_rows_table" },
+});
 
 static SOURCE: CudaSource<DecodeKernel> = CudaSource::new("decode", include_str!("decode.cu"));
 

@@ -15,17 +15,18 @@
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, LocalAt, MetaError,
-    MetaResult, Result, Tensor, TensorError,
+    dispatch_multi, Extern, ExternOp, Inferred, Kernels, LocalAt, MetaError, MetaResult, Result,
+    Tensor, TensorError,
 };
 
 use super::attend::check_operands;
 use super::op_types::DecodeAttentionParts;
 use super::{cpu, cuda, DTYPES};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 
 /// Each of `blocks` blocks' attention of q `[B, 1, H, D]` over the cached keys and values
 /// `kv_cache` `[B, P, G, D]` (with the new `kv` `[B, 1, G, D]` at `pos`): `(o [B, C, H, D],
@@ -79,22 +80,19 @@ pub fn decode_attention_blocks(
 }
 
 static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<DecodeAttentionParts, CpuBackend>(DTYPES, cpu::decode_attention_parts)
-        .with::<DecodeAttentionParts, CudaKernels>(DTYPES, cuda::decode_attention_parts)
+    kernels_for::<DecodeAttentionParts>(
+        DTYPES,
+        cpu::decode_attention_parts,
+        cuda::decode_attention_parts,
+    )
 });
 
 impl ExternOp for DecodeAttentionParts {
-    fn name(&self) -> &'static str {
-        "decode_attention_parts"
-    }
+    op_signature!("decode_attention_parts", 6);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend(self.scale.to_bits().to_le_bytes());
         key.extend((self.blocks as u64).to_le_bytes());
         key.extend((self.first_block as u64).to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (6, 6)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let n = check_operands(shapes, dtypes)?;

@@ -6,16 +6,17 @@
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
-    Tensor, TensorError,
+    dispatch_multi, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
+    TensorError,
 };
 
 use super::op_types::RotaryQkvAt;
 use super::{check_position, cpu, cuda, DTYPES};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 
 /// qkv `[B, T, G, R + 2, D]` split into (q `[B, T, G R, D]`, k, v `[B, T, G, D]`), q and k
 /// rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64 `[D / 2]`); `pos`
@@ -35,20 +36,11 @@ pub fn rotary_qkv_at(
     }
 }
 
-static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RotaryQkvAt, CpuBackend>(DTYPES, cpu::rotary_qkv_at)
-        .with::<RotaryQkvAt, CudaKernels>(DTYPES, cuda::rotary_qkv_at)
-});
+static KERNELS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<RotaryQkvAt>(DTYPES, cpu::rotary_qkv_at, cuda::rotary_qkv_at));
 
 impl ExternOp for RotaryQkvAt {
-    fn name(&self) -> &'static str {
-        "rotary_qkv_at"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
-    }
+    op_signature!("rotary_qkv_at", 3);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (qkv, freq) = (shapes[0], shapes[1]);
         if !dtypes[0].is_float() {

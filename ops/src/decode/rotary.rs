@@ -5,16 +5,16 @@
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result,
-    Tensor,
+    dispatch, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
 };
 
 use super::op_types::RotaryAt;
 use super::{check_position, cpu, cuda, DTYPES};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 
 /// x `[B, T, H, D]` rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64
 /// `[D / 2]`); `pos` is one i64 on the device (see the module docs).
@@ -22,20 +22,11 @@ pub fn rotary_at(x: &Tensor, inv_freq: &Tensor, pos: &Tensor) -> Result<Tensor> 
     dispatch(Extern::new(RotaryAt).into(), &[x, inv_freq, pos])
 }
 
-static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RotaryAt, CpuBackend>(DTYPES, cpu::rotary_at)
-        .with::<RotaryAt, CudaKernels>(DTYPES, cuda::rotary_at)
-});
+static KERNELS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<RotaryAt>(DTYPES, cpu::rotary_at, cuda::rotary_at));
 
 impl ExternOp for RotaryAt {
-    fn name(&self) -> &'static str {
-        "rotary_at"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
-    }
+    op_signature!("rotary_at", 3);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (x, freq) = (shapes[0], shapes[1]);
         if !dtypes[0].is_float() {

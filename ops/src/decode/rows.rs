@@ -7,16 +7,17 @@
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, NdSbp, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
-    dispatch_into, dispatch_multi, CpuBackend, Extern, ExternOp, Inferred, Kernels, LocalAt,
-    MetaError, MetaResult, Result, Tensor, TensorError,
+    dispatch_into, dispatch_multi, Extern, ExternOp, Inferred, Kernels, LocalAt, MetaError,
+    MetaResult, Result, Tensor, TensorError,
 };
 
 use super::op_types::WriteRows;
 use super::{cpu, cuda, DTYPES};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::kernels_for;
 
 /// The `caches` with `rows[i]` written at `at..` along `dim` of `caches[i]` (new tensors).
 pub fn write_rows(
@@ -102,16 +103,11 @@ fn operands<'a>(caches: &[&'a Tensor], rows: &[&'a Tensor]) -> Result<Vec<&'a Te
     Ok(caches.iter().chain(rows).copied().collect())
 }
 
-static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<WriteRows, CpuBackend>(DTYPES, cpu::write_rows)
-        .with::<WriteRows, CudaKernels>(DTYPES, cuda::write_rows)
-});
+static KERNELS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<WriteRows>(DTYPES, cpu::write_rows, cuda::write_rows));
 
 impl ExternOp for WriteRows {
-    fn name(&self) -> &'static str {
-        "write_rows"
-    }
+    op_signature!("write_rows", 2..=usize::MAX);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend((self.dim as u64).to_le_bytes());
         key.extend((self.at as u64).to_le_bytes());
@@ -119,9 +115,6 @@ impl ExternOp for WriteRows {
             key.extend((first as u64).to_le_bytes());
             key.extend((count as u64).to_le_bytes());
         }
-    }
-    fn arity(&self) -> (usize, usize) {
-        (2, usize::MAX)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let n = shapes.len() / 2;

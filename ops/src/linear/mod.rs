@@ -27,7 +27,8 @@ use oxiflow_tensor::{
 };
 
 use crate::dispatch_outputs::dispatch_first;
-use crate::operand_dtypes::{cpu_and_cuda, FLOATS};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, FLOATS};
 use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The function applied to a linear layer's biased product.
@@ -80,14 +81,10 @@ pub(crate) trait LinearKernels: KernelBackend {
 }
 
 static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, run_forward::<CudaKernels>)));
+    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, run_forward::<CudaKernels>));
 
-static WEIGHT_GRAD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS, cpu::weight_grad),
-        (FLOATS, run_weight_grad::<CudaKernels>),
-    )
-});
+static WEIGHT_GRAD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS, cpu::weight_grad, run_weight_grad::<CudaKernels>));
 
 /// The forward on backend `b`: every output buffer of the call, checked against the op.
 fn run_forward<B: LinearKernels>(op: &Linear, b: &B, io: KernelIo<'_, B>) -> Result<()> {
@@ -203,14 +200,9 @@ impl ExternOp for Linear {
 }
 
 impl ExternOp for LinearWeightGrad {
-    fn name(&self) -> &'static str {
-        "linear_weight_grad"
-    }
+    op_signature!("linear_weight_grad", 2);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&[u8::from(self.bias), self.precision as u8]);
-    }
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (dt, k) = float_last_dim(s, d)?;

@@ -38,7 +38,8 @@ use oxiflow_tensor::{
 
 use crate::classifier::classifier_loss_padded;
 use crate::dispatch_outputs::dispatch_first;
-use crate::operand_dtypes::{cpu_and_cuda, one_float_dtype, FLOATS_AND_IDS};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, one_float_dtype, FLOATS_AND_IDS};
 
 /// The fused linear cross-entropy over the first `classes` rows of the table (`classes` in
 /// `1..=V`): (x `[N, C]`, w `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V,
@@ -58,30 +59,17 @@ pub struct LinearClassifierGrad;
 /// At most this many bytes of logits live at once in a chunked kernel.
 pub const CHUNK_BYTES: usize = 512 << 20;
 
-static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS_AND_IDS, cpu::forward),
-        (FLOATS_AND_IDS, cuda::forward),
-    )
-});
+static FORWARD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::forward, cuda::forward));
 
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS_AND_IDS, cpu::backward),
-        (FLOATS_AND_IDS, cuda::backward),
-    )
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::backward, cuda::backward));
 
 impl ExternOp for LinearClassifier {
-    fn name(&self) -> &'static str {
-        "linear_classifier"
-    }
+    op_signature!("linear_classifier", 3);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&(self.classes as u64).to_le_bytes());
         key.push(self.precision as u8);
-    }
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         forward_rules(self.classes, s, d, mode)
@@ -116,13 +104,7 @@ impl ExternOp for LinearClassifier {
 }
 
 impl ExternOp for LinearClassifierGrad {
-    fn name(&self) -> &'static str {
-        "linear_classifier_backward"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
-    }
+    op_signature!("linear_classifier_backward", 3);
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = one_float_dtype(&d[..2])?;
         if d[2] != norm_stats_dtype(dt) || s[2].ndim() != 0 {

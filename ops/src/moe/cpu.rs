@@ -11,7 +11,8 @@ use oxiflow_tensor::{
 use rayon::prelude::*;
 
 use super::{ExpertMatmul, ExpertMatmulWgrad, RouterTopk};
-use crate::host_slices::Elem;
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
+use crate::host_slices::{Elem, Wide};
 
 fn kernel_err(op: &'static str, detail: String) -> TensorError {
     TensorError::Kernel { op, detail }
@@ -159,12 +160,8 @@ where
     Ok(())
 }
 
-/// `from_count`: a count as `T` (exact for counts below 2^24 in f32, 2^53 in f64).
-fn topk_typed<T: Elem + Into<f64>>(
-    op: &RouterTopk,
-    io: KernelIo<'_, CpuBackend>,
-    from_count: fn(usize) -> T,
-) -> Result<()> {
+/// The counts are written as `T` (exact for counts below 2^24 in f32, 2^53 in f64).
+fn topk_typed<T: Elem + Into<f64>>(op: &RouterTopk, io: KernelIo<'_, CpuBackend>) -> Result<()> {
     let name = op.name();
     let p = matrix::<T>(name, io.inputs, 0)?;
     let (m, experts) = p.dim();
@@ -206,45 +203,18 @@ fn topk_typed<T: Elem + Into<f64>>(
     let mut n = vec![0usize; experts];
     chosen.iter().flatten().for_each(|&e| n[e] += 1);
     for (c, &n) in counts.iter_mut().zip(&n) {
-        *c = from_count(n);
+        *c = T::narrow(<T::W as Wide>::constant(n as f64));
     }
     Ok(())
 }
 
-pub(super) fn expert_matmul(
-    op: &ExpertMatmul,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => matmul_typed::<f32>(op, io),
-        Some(oxiflow_tensor::DType::F64) => matmul_typed::<f64>(op, io),
-        Some(oxiflow_tensor::DType::BF16) => matmul_typed::<bf16>(op, io),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16];
+    pub(super) fn expert_matmul(ExpertMatmul) => matmul_typed;
+    pub(super) fn expert_matmul_wgrad(ExpertMatmulWgrad) => wgrad_typed;
 }
 
-pub(super) fn expert_matmul_wgrad(
-    op: &ExpertMatmulWgrad,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => wgrad_typed::<f32>(op, io),
-        Some(oxiflow_tensor::DType::F64) => wgrad_typed::<f64>(op, io),
-        Some(oxiflow_tensor::DType::BF16) => wgrad_typed::<bf16>(op, io),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
-}
-
-pub(super) fn router_topk(
-    op: &RouterTopk,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => topk_typed::<f32>(op, io, |n| n as f32),
-        Some(oxiflow_tensor::DType::F64) => topk_typed::<f64>(op, io, |n| n as f64),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64];
+    pub(super) fn router_topk(RouterTopk) => topk_typed;
 }

@@ -27,12 +27,13 @@ pub mod routed;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{cpu_and_cuda_scratch, kernels_for};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, MetaError,
-    MetaResult, Result, Saves, Tensor, TensorError,
+    dispatch, dispatch_multi, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult,
+    Result, Saves, Tensor, TensorError,
 };
 
 /// `y[m] = x[m] @ w[ids[m]]` (`transposed`: `x[m] @ w[ids[m]]^T`) over `experts` matrices
@@ -111,30 +112,29 @@ const CUDA_FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::BF16, DType::F16, DTy
 const PROBABILITIES: &[DType] = &[DType::F32, DType::F64];
 
 static MATMUL: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ExpertMatmul, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul)
-        .with_scratch::<ExpertMatmul, CudaKernels>(
+    cpu_and_cuda_scratch::<ExpertMatmul>(
+        (FLOATS_AND_IDS, cpu::expert_matmul),
+        (
             CUDA_FLOATS_AND_IDS,
             cuda::expert_matmul,
             cuda::matmul_scratch,
-        )
+        ),
+    )
 });
 
 static WGRAD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ExpertMatmulWgrad, CpuBackend>(FLOATS_AND_IDS, cpu::expert_matmul_wgrad)
-        .with_scratch::<ExpertMatmulWgrad, CudaKernels>(
+    cpu_and_cuda_scratch::<ExpertMatmulWgrad>(
+        (FLOATS_AND_IDS, cpu::expert_matmul_wgrad),
+        (
             CUDA_FLOATS_AND_IDS,
             cuda::expert_matmul_wgrad,
             cuda::wgrad_scratch,
-        )
+        ),
+    )
 });
 
-static TOPK: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RouterTopk, CpuBackend>(PROBABILITIES, cpu::router_topk)
-        .with::<RouterTopk, CudaKernels>(PROBABILITIES, cuda::router_topk)
-});
+static TOPK: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<RouterTopk>(PROBABILITIES, cpu::router_topk, cuda::router_topk));
 
 /// The float dtype of the operands `floats` (all alike) beside i64 expert ids `ids`.
 fn routed_dtypes(dtypes: &[DType], ids: usize) -> MetaResult<DType> {
@@ -228,14 +228,9 @@ impl ExternOp for ExpertMatmulWgrad {
         Some(READS_ROUTING.into())
     }
 
-    fn name(&self) -> &'static str {
-        "expert_matmul_wgrad"
-    }
+    op_signature!("expert_matmul_wgrad", 3);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&(self.experts as u64).to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = routed_dtypes(dtypes, 1)?;
@@ -246,29 +241,15 @@ impl ExternOp for ExpertMatmulWgrad {
     fn kernels(&self) -> &Kernels {
         &WGRAD
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "the experts' weight gradients have no gradient here",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("the experts' weight gradients have no gradient here")
     }
 }
 
 impl ExternOp for RouterTopk {
-    fn name(&self) -> &'static str {
-        "router_topk"
-    }
+    op_signature!("router_topk", 1);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&(self.k as u64).to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (1, 1)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let d = dtypes[0];
@@ -283,16 +264,7 @@ impl ExternOp for RouterTopk {
     fn kernels(&self) -> &Kernels {
         &TOPK
     }
-    fn differentiable(&self, _output: usize) -> bool {
-        false
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::NOTHING
-    }
-    fn backward(&self, _g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
-        Err(Grad::unsupported(
-            self.name(),
-            "a selection has no gradient (the probabilities gathered by its ids carry it)",
-        ))
+    fn no_gradient(&self) -> Option<&'static str> {
+        Some("a selection has no gradient (the probabilities gathered by its ids carry it)")
     }
 }

@@ -14,16 +14,16 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::backend::{kernel_err, norm_stats_dtype, ElementwiseKernels, NormKernels};
 use oxiflow_tensor::{
-    dispatch_multi, BinaryOp, CpuBackend, Extern, ExternOp, F64Bits, Grad, Inferred, KernelBackend,
-    Kernels, MetaError, MetaResult, Result, Saves, Tensor,
+    dispatch_multi, BinaryOp, Extern, ExternOp, F64Bits, Grad, Inferred, KernelBackend, Kernels,
+    MetaError, MetaResult, Result, Saves, Tensor,
 };
 
-use crate::operand_dtypes::one_float_dtype;
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, one_float_dtype};
 
 /// The fused residual LayerNorm with its epsilon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,11 +70,8 @@ pub fn residual_layer_norm_stats(
 /// The dtypes of the kernels, on the CPU (16-bit data through f32) and on CUDA.
 const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
-static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<ResidualLayerNorm, CpuBackend>(DTYPES, cpu::forward)
-        .with::<ResidualLayerNorm, CudaKernels>(DTYPES, cuda::forward)
-});
+static KERNELS: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for::<ResidualLayerNorm>(DTYPES, cpu::forward, cuda::forward));
 
 /// The forward composed of the add and LayerNorm kernels (the CPU's kernel, and the device's
 /// where its fused kernel does not serve the call).
@@ -92,14 +89,9 @@ where
 }
 
 impl ExternOp for ResidualLayerNorm {
-    fn name(&self) -> &'static str {
-        "residual_layer_norm"
-    }
+    op_signature!("residual_layer_norm", 4);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&self.eps.get().to_bits().to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (4, 4)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = one_float_dtype(d)?;

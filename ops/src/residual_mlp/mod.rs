@@ -37,7 +37,8 @@ use oxiflow_tensor::{
 use crate::dispatch_outputs::dispatch_first;
 use crate::kernel_io::io_arrays;
 use crate::linear::{Activation, LinearKernels};
-use crate::operand_dtypes::{cpu_and_cuda, FLOATS};
+use crate::op_signature::op_signature;
+use crate::operand_dtypes::{kernels_for, FLOATS};
 use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The fused MLP with its residual add: (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h,
@@ -77,14 +78,10 @@ fn bad(s: &[&Shape], want: &str) -> MetaError {
 }
 
 static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| cpu_and_cuda((FLOATS, cpu::forward), (FLOATS, run_forward::<CudaKernels>)));
+    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, run_forward::<CudaKernels>));
 
-static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    cpu_and_cuda(
-        (FLOATS, cpu::backward),
-        (FLOATS, run_backward::<CudaKernels>),
-    )
-});
+static BACKWARD: LazyLock<Kernels> =
+    LazyLock::new(|| kernels_for(FLOATS, cpu::backward, run_backward::<CudaKernels>));
 
 /// The forward on backend `b`.
 fn run_forward<B: ResidualMlpKernels>(op: &ResidualMlp, b: &B, io: KernelIo<'_, B>) -> Result<()> {
@@ -103,14 +100,9 @@ fn run_backward<B: ResidualMlpKernels>(
 }
 
 impl ExternOp for ResidualMlp {
-    fn name(&self) -> &'static str {
-        "residual_mlp"
-    }
+    op_signature!("residual_mlp", 6);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&[u8::from(self.recompute_hidden), self.precision as u8]);
-    }
-    fn arity(&self) -> (usize, usize) {
-        (6, 6)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (dt, c) = float_last_dim(s, d)?;
@@ -175,14 +167,9 @@ impl ExternOp for ResidualMlp {
 }
 
 impl ExternOp for ResidualMlpGrad {
-    fn name(&self) -> &'static str {
-        "residual_mlp_backward"
-    }
+    op_signature!("residual_mlp_backward", 6);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.push(self.precision as u8);
-    }
-    fn arity(&self) -> (usize, usize) {
-        (6, 6)
     }
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let (dt, c) = float_last_dim(s, d)?;

@@ -5,10 +5,11 @@
 use std::borrow::Cow;
 
 use half::bf16;
-use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Result};
+use oxiflow_tensor::{CpuArray, CpuBackend, ExternOp, KernelIo, Result};
 use rayon::prelude::*;
 
 use super::{RmsNorm, RmsNormGrad};
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output, output_pair, Elem, Wide, CHUNK};
 
 /// `(mean(x^2) + eps)^-1/2` of one row.
@@ -129,24 +130,8 @@ fn backward_typed<T: Elem>(op: &RmsNormGrad, io: KernelIo<'_, CpuBackend>) -> Re
     Ok(())
 }
 
-pub(super) fn forward(op: &RmsNorm, _b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(DType::F32) => forward_typed::<f32>(op, io),
-        Some(DType::F64) => forward_typed::<f64>(op, io),
-        Some(DType::BF16) => forward_typed::<bf16>(op, io),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
-}
-
-pub(super) fn backward(
-    op: &RmsNormGrad,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(DType::F32) => backward_typed::<f32>(op, io),
-        Some(DType::F64) => backward_typed::<f64>(op, io),
-        Some(DType::BF16) => backward_typed::<bf16>(op, io),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16];
+    pub(super) fn forward(RmsNorm) => forward_typed;
+    pub(super) fn backward(RmsNormGrad) => backward_typed;
 }

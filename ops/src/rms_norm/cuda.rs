@@ -3,7 +3,7 @@
 //! stream (a block per row, grid-stride over rows), into the executor's outputs.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -16,30 +16,9 @@ enum RmsNormKernel {
     Backward(DType),
 }
 
-impl KernelIds for RmsNormKernel {
-    const ALL: &'static [Self] = &[
-        RmsNormKernel::Forward(DType::F32),
-        RmsNormKernel::Forward(DType::F64),
-        RmsNormKernel::Forward(DType::BF16),
-        RmsNormKernel::Forward(DType::F16),
-        RmsNormKernel::Backward(DType::F32),
-        RmsNormKernel::Backward(DType::F64),
-        RmsNormKernel::Backward(DType::BF16),
-        RmsNormKernel::Backward(DType::F16),
-    ];
-    fn entry(self) -> &'static str {
-        match self {
-            RmsNormKernel::Forward(DType::F64) => "rms_norm_fwd_f64",
-            RmsNormKernel::Forward(DType::BF16) => "rms_norm_fwd_bf16",
-            RmsNormKernel::Forward(DType::F16) => "rms_norm_fwd_f16",
-            RmsNormKernel::Forward(_) => "rms_norm_fwd_f32",
-            RmsNormKernel::Backward(DType::F64) => "rms_norm_bwd_f64",
-            RmsNormKernel::Backward(DType::BF16) => "rms_norm_bwd_bf16",
-            RmsNormKernel::Backward(DType::F16) => "rms_norm_bwd_f16",
-            RmsNormKernel::Backward(_) => "rms_norm_bwd_f32",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(RmsNormKernel {
+    [F32, F64, BF16, F16] { Forward => "rms_norm_fwd", Backward => "rms_norm_bwd" },
+});
 
 static SOURCE: CudaSource<RmsNormKernel> = CudaSource::new("rms_norm", include_str!("rms_norm.cu"));
 

@@ -23,6 +23,7 @@ use oxiflow_tensor::{
 };
 
 use crate::dispatch_outputs::dispatch_pair;
+use crate::op_signature::op_signature;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
 /// `x * (mean(x^2) + eps)^-1/2 * w` over the last dim (inputs: x `[.., H]`, w `[H]`).
@@ -83,14 +84,9 @@ fn checked_eps(eps: f64) -> MetaResult<()> {
 }
 
 impl ExternOp for RmsNorm {
-    fn name(&self) -> &'static str {
-        "rms_norm"
-    }
+    op_signature!("rms_norm", 2);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&self.eps.to_bits().to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         checked_eps(self.eps)?;
@@ -113,14 +109,9 @@ impl ExternOp for RmsNorm {
 }
 
 impl ExternOp for RmsNormGrad {
-    fn name(&self) -> &'static str {
-        "rms_norm_backward"
-    }
+    op_signature!("rms_norm_backward", 3);
     fn attrs(&self, key: &mut Vec<u8>) {
         key.extend_from_slice(&self.eps.to_bits().to_le_bytes());
-    }
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
     }
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         checked_eps(self.eps)?;

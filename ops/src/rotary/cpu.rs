@@ -2,10 +2,11 @@
 //! rounded once per output element), f64 in f64; rows in parallel.
 
 use half::bf16;
-use oxiflow_tensor::{CpuBackend, DType, ExternOp, KernelIo, Result};
+use oxiflow_tensor::{CpuBackend, ExternOp, KernelIo, Result};
 use rayon::prelude::*;
 
 use super::RotaryTables;
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
 
 fn rotate_typed<T: Elem>(op: &RotaryTables, io: KernelIo<'_, CpuBackend>) -> Result<()> {
@@ -62,15 +63,7 @@ fn rotate_typed<T: Elem>(op: &RotaryTables, io: KernelIo<'_, CpuBackend>) -> Res
     Ok(())
 }
 
-pub(super) fn rotate(
-    op: &RotaryTables,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(DType::F32) => rotate_typed::<f32>(op, io),
-        Some(DType::F64) => rotate_typed::<f64>(op, io),
-        Some(DType::BF16) => rotate_typed::<bf16>(op, io),
-        d => Err(kernel_err(op.name(), format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16];
+    pub(super) fn rotate(RotaryTables) => rotate_typed;
 }

@@ -3,7 +3,7 @@
 
 use cudarc::driver::PushKernelArg;
 use oxiflow_cuda::kernel_layer::grid;
-use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource, KernelIds};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaSource};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -13,22 +13,7 @@ use super::RotaryTables;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RotaryKernel(DType);
 
-impl KernelIds for RotaryKernel {
-    const ALL: &'static [Self] = &[
-        RotaryKernel(DType::F32),
-        RotaryKernel(DType::F64),
-        RotaryKernel(DType::BF16),
-        RotaryKernel(DType::F16),
-    ];
-    fn entry(self) -> &'static str {
-        match self.0 {
-            DType::F64 => "rotary_tables_f64",
-            DType::BF16 => "rotary_tables_bf16",
-            DType::F16 => "rotary_tables_f16",
-            _ => "rotary_tables_f32",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(RotaryKernel([F32, F64, BF16, F16]) => "rotary_tables");
 
 static SOURCE: CudaSource<RotaryKernel> = CudaSource::new("rotary", include_str!("rotary.cu"));
 

@@ -24,12 +24,12 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
+use crate::operand_dtypes::cpu_and_cuda_scratch;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, no_grad, CpuBackend, Extern, ExternOp, Inferred, Kernels, MetaError,
-    MetaResult, NdSbp, Result, Sbp, Tensor, TensorError,
+    dispatch_multi, no_grad, Extern, ExternOp, Inferred, Kernels, MetaError, MetaResult, NdSbp,
+    Result, Sbp, Tensor, TensorError,
 };
 
 /// What each element adds to its tensor's sum.
@@ -54,9 +54,10 @@ pub struct SumSquares {
 const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
 
 static KERNELS: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<SumSquares, CpuBackend>(FLOATS, cpu::sum_squares)
-        .with_scratch::<SumSquares, CudaKernels>(FLOATS, cuda::sum_squares, cuda::scratch)
+    cpu_and_cuda_scratch::<SumSquares>(
+        (FLOATS, cpu::sum_squares),
+        (FLOATS, cuda::sum_squares, cuda::scratch),
+    )
 });
 
 impl SumSquares {

@@ -6,6 +6,7 @@ use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 use rayon::prelude::*;
 
 use super::{SwiGlu, SwiGluGrad, SwiGluPairs};
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output, output_pair, Elem, Wide, CHUNK};
 
 /// `silu(g) * u`.
@@ -73,28 +74,11 @@ fn backward_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Re
     Ok(())
 }
 
-pub(super) fn forward(op: &SwiGlu, _b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    let name = oxiflow_tensor::ExternOp::name(op);
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => forward_typed::<f32>(name, io),
-        Some(oxiflow_tensor::DType::F64) => forward_typed::<f64>(name, io),
-        Some(oxiflow_tensor::DType::BF16) => forward_typed::<bf16>(name, io),
-        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-    }
-}
-
-pub(super) fn backward(
-    op: &SwiGluGrad,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    let name = oxiflow_tensor::ExternOp::name(op);
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => backward_typed::<f32>(name, io),
-        Some(oxiflow_tensor::DType::F64) => backward_typed::<f64>(name, io),
-        Some(oxiflow_tensor::DType::BF16) => backward_typed::<bf16>(name, io),
-        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-    }
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16];
+    pub(super) fn forward(SwiGlu) => forward_typed(name);
+    pub(super) fn backward(SwiGluGrad) => backward_typed(name);
+    pub(super) fn pairs(SwiGluPairs) => pairs_typed(name);
 }
 
 fn pairs_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Result<()> {
@@ -112,14 +96,4 @@ fn pairs_typed<T: Elem>(op: &'static str, io: KernelIo<'_, CpuBackend>) -> Resul
         y.iter_mut().zip(x.chunks_exact(2)).for_each(f);
     }
     Ok(())
-}
-
-pub(super) fn pairs(op: &SwiGluPairs, _b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    let name = oxiflow_tensor::ExternOp::name(op);
-    match io.inputs.first().map(|a| a.dtype()) {
-        Some(oxiflow_tensor::DType::F32) => pairs_typed::<f32>(name, io),
-        Some(oxiflow_tensor::DType::F64) => pairs_typed::<f64>(name, io),
-        Some(oxiflow_tensor::DType::BF16) => pairs_typed::<bf16>(name, io),
-        d => Err(kernel_err(name, format!("no CPU kernel for {d:?}"))),
-    }
 }

@@ -4,9 +4,7 @@
 
 use cudarc::driver::PushKernelArg;
 use oxiflow_cuda::kernel_layer::grid;
-use oxiflow_cuda::{
-    device_error, launched, CudaKernels, CudaRuntime, CudaSource, CudaStorage, KernelIds,
-};
+use oxiflow_cuda::{device_error, launched, CudaKernels, CudaRuntime, CudaSource, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, Result};
 
@@ -20,40 +18,13 @@ enum SwiGluKernel {
     Pairs(DType),
 }
 
-const TYPES: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
-
-impl KernelIds for SwiGluKernel {
-    const ALL: &'static [Self] = &[
-        SwiGluKernel::Forward(TYPES[0]),
-        SwiGluKernel::Forward(TYPES[1]),
-        SwiGluKernel::Forward(TYPES[2]),
-        SwiGluKernel::Forward(TYPES[3]),
-        SwiGluKernel::Backward(TYPES[0]),
-        SwiGluKernel::Backward(TYPES[1]),
-        SwiGluKernel::Backward(TYPES[2]),
-        SwiGluKernel::Backward(TYPES[3]),
-        SwiGluKernel::Pairs(TYPES[0]),
-        SwiGluKernel::Pairs(TYPES[1]),
-        SwiGluKernel::Pairs(TYPES[2]),
-        SwiGluKernel::Pairs(TYPES[3]),
-    ];
-    fn entry(self) -> &'static str {
-        match self {
-            SwiGluKernel::Forward(DType::F64) => "swiglu_fwd_f64",
-            SwiGluKernel::Forward(DType::BF16) => "swiglu_fwd_bf16",
-            SwiGluKernel::Forward(DType::F16) => "swiglu_fwd_f16",
-            SwiGluKernel::Forward(_) => "swiglu_fwd_f32",
-            SwiGluKernel::Backward(DType::F64) => "swiglu_bwd_f64",
-            SwiGluKernel::Backward(DType::BF16) => "swiglu_bwd_bf16",
-            SwiGluKernel::Backward(DType::F16) => "swiglu_bwd_f16",
-            SwiGluKernel::Backward(_) => "swiglu_bwd_f32",
-            SwiGluKernel::Pairs(DType::F64) => "swiglu_pairs_f64",
-            SwiGluKernel::Pairs(DType::BF16) => "swiglu_pairs_bf16",
-            SwiGluKernel::Pairs(DType::F16) => "swiglu_pairs_f16",
-            SwiGluKernel::Pairs(_) => "swiglu_pairs_f32",
-        }
-    }
-}
+oxiflow_cuda::kernel_ids!(SwiGluKernel {
+    [F32, F64, BF16, F16] {
+        Forward => "swiglu_fwd",
+        Backward => "swiglu_bwd",
+        Pairs => "swiglu_pairs",
+    },
+});
 
 static SOURCE: CudaSource<SwiGluKernel> = CudaSource::new("swiglu", include_str!("swiglu.cu"));
 

@@ -25,6 +25,7 @@ use oxiflow_tensor::{
 };
 
 use crate::dispatch_outputs::dispatch_pair;
+use crate::op_signature::op_signature;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
 /// `silu(gate) * up` (inputs: gate, up).
@@ -56,13 +57,7 @@ static BACKWARD: LazyLock<Kernels> =
     LazyLock::new(|| float_kernels::<SwiGluGrad>(cpu::backward, cuda::backward));
 
 impl ExternOp for SwiGlu {
-    fn name(&self) -> &'static str {
-        "swiglu"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
-    }
+    op_signature!("swiglu", 2);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = one_float_dtype(dtypes)?;
         let r = rules::pointwise(shapes, 1, &[1], mode).map_err(MetaError::Shape)?;
@@ -81,13 +76,7 @@ impl ExternOp for SwiGlu {
 }
 
 impl ExternOp for SwiGluGrad {
-    fn name(&self) -> &'static str {
-        "swiglu_backward"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (3, 3)
-    }
+    op_signature!("swiglu_backward", 3);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = one_float_dtype(dtypes)?;
         let r = rules::pointwise(shapes, 2, &[2], mode).map_err(MetaError::Shape)?;

@@ -12,6 +12,7 @@ use oxiflow_tensor::{
 };
 
 use super::{cpu, cuda, SwiGluPairs};
+use crate::op_signature::op_signature;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
 static PAIRS: LazyLock<Kernels> =
@@ -24,13 +25,7 @@ pub fn swiglu_pairs(x: &Tensor) -> Result<Tensor> {
 }
 
 impl ExternOp for SwiGluPairs {
-    fn name(&self) -> &'static str {
-        "swiglu_pairs"
-    }
-    fn attrs(&self, _key: &mut Vec<u8>) {}
-    fn arity(&self) -> (usize, usize) {
-        (1, 1)
-    }
+    op_signature!("swiglu_pairs", 1);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = one_float_dtype(dtypes)?;
         let r = rules::swiglu_pairs(shapes[0], mode).map_err(MetaError::Shape)?;

@@ -85,9 +85,14 @@ pub fn nd_sbp_of(naxes: usize, seed: u64, choices: &[Sbp]) -> NdSbp {
 
 /// 1-d meshes of 1 to 5 ranks and a few 2-d ones.
 pub fn mesh_strategy() -> impl Strategy<Value = Vec<usize>> {
+    meshes(5, vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]])
+}
+
+/// 1-d meshes of 1 to `ranks` ranks and the 2-d meshes `grids`, as often each.
+pub fn meshes(ranks: usize, grids: Vec<Vec<usize>>) -> impl Strategy<Value = Vec<usize>> {
     prop_oneof![
-        (1usize..=5).prop_map(|n| vec![n]),
-        prop::sample::select(vec![vec![2, 2], vec![2, 3], vec![3, 2], vec![1, 3]]),
+        (1usize..=ranks).prop_map(|n| vec![n]),
+        prop::sample::select(grids),
     ]
 }
 

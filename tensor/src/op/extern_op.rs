@@ -43,8 +43,9 @@ pub trait ExternOp: Send + Sync + fmt::Debug + Any {
     /// The op's name, as errors, explain and traces print it.
     fn name(&self) -> &'static str;
     /// Writes the op's attributes as bytes: two ops of one type are the same op (one dispatch
-    /// cache entry, one recorded node) exactly when their bytes are equal.
-    fn attrs(&self, key: &mut Vec<u8>);
+    /// cache entry, one recorded node) exactly when their bytes are equal. An op without
+    /// attributes writes none (the default).
+    fn attrs(&self, _key: &mut Vec<u8>) {}
     /// Number of inputs (min, max).
     fn arity(&self) -> (usize, usize);
     /// Checks shapes and dtypes; returns every output's dtype and the op's rules (each

@@ -6,10 +6,11 @@
 
 use half::bf16;
 use ndarray::{Array2, ArrayView2, LinalgScalar, Zip};
-use oxiflow_tensor::{CpuArray, CpuBackend, DType, ExternOp, KernelIo, Peers, Result};
+use oxiflow_tensor::{CpuArray, CpuBackend, ExternOp, KernelIo, Peers, Result};
 use rayon::prelude::*;
 
 use super::RoutedExperts;
+use crate::cpu_dispatch::cpu_kernels_by_dtype;
 use crate::host_slices::{input, kernel_err, output, Elem, Wide};
 
 /// What the kernels need of a wide element type: products, and bytes to send.
@@ -356,29 +357,8 @@ where
     Ok(())
 }
 
-macro_rules! by_dtype {
-    ($typed:ident, $op:expr, $io:expr) => {
-        match $io.inputs.first().map(|a| a.dtype()) {
-            Some(DType::F32) => $typed::<f32>($op, $io),
-            Some(DType::F64) => $typed::<f64>($op, $io),
-            Some(DType::BF16) => $typed::<bf16>($op, $io),
-            d => Err(kernel_err($op.name(), format!("no CPU kernel for {d:?}"))),
-        }
-    };
-}
-
-pub(super) fn forward(
-    op: &RoutedExperts,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_dtype!(forward_typed, op, io)
-}
-
-pub(super) fn backward(
-    op: &RoutedExperts,
-    _b: &CpuBackend,
-    io: KernelIo<'_, CpuBackend>,
-) -> Result<()> {
-    by_dtype!(backward_typed, op, io)
+cpu_kernels_by_dtype! {
+    [f32, f64, bf16];
+    pub(super) fn forward(RoutedExperts) => forward_typed;
+    pub(super) fn backward(RoutedExperts) => backward_typed;
 }

@@ -5,13 +5,13 @@
 //! routing and allocated once that is known. f32 (without TF32), bf16 and f16 with f32
 //! accumulation.
 
-use oxiflow_cuda::{device_error, CudaKernels};
+use oxiflow_cuda::{device_error, CudaKernels, CudaRuntime, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Peers, Result};
 
 use super::super::cuda::{grouped, spec, zero};
 use super::cuda_exchange::{backward_exchanged, forward_exchanged};
-use super::cuda_rows::{backward_rows, forward_rows, sizes};
+use super::cuda_rows::{backward_rows, forward_rows, sizes, Sizes};
 use super::RoutedExperts;
 
 /// Where a mesh axis splits the experts: that axis's ranks (more than one).
@@ -79,6 +79,25 @@ fn dims_of(ins: &[OutSpec]) -> (usize, usize, usize, DType) {
     (x.shape.dim(0), x.shape.dim(1), f, x.dtype)
 }
 
+/// The rows of a call on this rank alone grouped by expert, or None when there is nothing to
+/// compute: no rows or no width, or no hidden width or no experts (then `out` is zeroed).
+fn local_groups(
+    rt: &CudaRuntime,
+    name: &'static str,
+    s: &Sizes,
+    ids: &CudaStorage,
+    out: &CudaStorage,
+) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+    if s.m == 0 || s.c == 0 {
+        return Ok(None);
+    }
+    if s.f == 0 || s.e == 0 {
+        zero(rt, name, out)?;
+        return Ok(None);
+    }
+    grouped(rt, name, ids, s.e).map(Some)
+}
+
 pub(super) fn forward(
     op: &RoutedExperts,
     b: &CudaKernels,
@@ -106,13 +125,9 @@ pub(super) fn forward(
     let [xs, hg, hu, ys, list] = &*io.scratch else {
         return Err(device_error(name, "expects 5 scratch buffers"));
     };
-    if s.m == 0 || s.c == 0 {
+    let Some(g) = local_groups(rt, name, &s, ids, y)? else {
         return Ok(());
-    }
-    if s.f == 0 || s.e == 0 {
-        return zero(rt, name, y);
-    }
-    let g = grouped(rt, name, ids, s.e)?;
+    };
     let sc = [xs, hg, hu, ys, list].map(|p| p.ptr());
     forward_rows(rt, name, &s, &g, (x.ptr(), y.ptr()), weights, sc)
 }
@@ -161,13 +176,9 @@ pub(super) fn backward(
     let [xs, dys, hg, hu, act, dxs, list] = &*io.scratch else {
         return Err(device_error(name, "expects 7 scratch buffers"));
     };
-    if s.m == 0 || s.c == 0 {
+    let Some(g) = local_groups(rt, name, &s, ids, dx)? else {
         return Ok(());
-    }
-    if s.f == 0 || s.e == 0 {
-        return zero(rt, name, dx);
-    }
-    let g = grouped(rt, name, ids, s.e)?;
+    };
     let sc = [xs, dys, hg, hu, act, dxs, list].map(|p| p.ptr());
     let rows = (x.ptr(), dy.ptr(), dx.ptr());
     backward_rows(rt, name, &s, &g, rows, (weights, grads), sc)

@@ -193,7 +193,26 @@ struct Travel<'a> {
     list: &'a CudaStorage,
 }
 
-impl Travel<'_> {
+impl<'a> Travel<'a> {
+    /// The exchange of a call whose rows go by the expert ids `ids`, its send list in `list`.
+    fn new(
+        b: &'a CudaKernels,
+        (name, peers): (&'static str, &'a Peers),
+        s: &'a Sizes,
+        ids: &CudaStorage,
+        list: &'a CudaStorage,
+    ) -> Result<Travel<'a>> {
+        let routes = routes(b, (name, peers), s, ids, list)?;
+        Ok(Travel {
+            b,
+            name,
+            peers,
+            s,
+            routes,
+            list,
+        })
+    }
+
     fn row_bytes(&self) -> usize {
         self.s.c * self.s.elem() as usize
     }
@@ -278,15 +297,7 @@ pub(super) fn forward_exchanged(
     weights: Weights,
     [xs, ys, list]: [&CudaStorage; 3],
 ) -> Result<()> {
-    let routes = routes(b, (name, peers), s, ids, list)?;
-    let t = Travel {
-        b,
-        name,
-        peers,
-        s,
-        routes,
-        list,
-    };
+    let t = Travel::new(b, (name, peers), s, ids, list)?;
     let xr = t.out(x, xs)?;
     let here = t.here();
     let yr = alloc(b, &[here.m, s.c], s.dtype)?;
@@ -320,15 +331,7 @@ pub(super) fn backward_exchanged(
     (weights, grads): (Weights, Weights),
     [xs, dys, dxs, list]: [&CudaStorage; 4],
 ) -> Result<()> {
-    let routes = routes(b, (name, peers), s, ids, list)?;
-    let t = Travel {
-        b,
-        name,
-        peers,
-        s,
-        routes,
-        list,
-    };
+    let t = Travel::new(b, (name, peers), s, ids, list)?;
     let (xr, dyr) = (t.out(x, xs)?, t.out(dy, dys)?);
     let here = t.here();
     let dxr = alloc(b, &[here.m, s.c], s.dtype)?;

@@ -29,12 +29,12 @@ mod cuda_rows;
 
 use std::sync::LazyLock;
 
-use oxiflow_cuda::CudaKernels;
+use crate::operand_dtypes::cpu_and_cuda_scratch;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, dispatch_multi, CpuBackend, Extern, ExternOp, Grad, Inferred, Kernels, LocalAt,
-    MetaError, MetaResult, Peers, Result, Saves, Tensor, TensorError,
+    dispatch, dispatch_multi, Extern, ExternOp, Grad, Inferred, Kernels, LocalAt, MetaError,
+    MetaResult, Peers, Result, Saves, Tensor, TensorError,
 };
 
 /// Which pass of the op.
@@ -67,22 +67,16 @@ const FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::I
 const CUDA_FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I64];
 
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::forward)
-        .with_scratch::<RoutedExperts, CudaKernels>(
-            CUDA_FLOATS_AND_IDS,
-            cuda::forward,
-            cuda::forward_scratch,
-        )
+    cpu_and_cuda_scratch::<RoutedExperts>(
+        (FLOATS_AND_IDS, cpu::forward),
+        (CUDA_FLOATS_AND_IDS, cuda::forward, cuda::forward_scratch),
+    )
 });
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
-    Kernels::new()
-        .with::<RoutedExperts, CpuBackend>(FLOATS_AND_IDS, cpu::backward)
-        .with_scratch::<RoutedExperts, CudaKernels>(
-            CUDA_FLOATS_AND_IDS,
-            cuda::backward,
-            cuda::backward_scratch,
-        )
+    cpu_and_cuda_scratch::<RoutedExperts>(
+        (FLOATS_AND_IDS, cpu::backward),
+        (CUDA_FLOATS_AND_IDS, cuda::backward, cuda::backward_scratch),
+    )
 });
 
 /// The experts' SwiGLU MLPs applied to the rows `x [m, c]` routed by `ids [m]` (i64, each in

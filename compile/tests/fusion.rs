@@ -76,12 +76,7 @@ fn check_training(dtype: DType) {
         v.extend(p.iter().cloned());
         v
     };
-    let (_, run) = compiled
-        .run(&inputs(&x0, &p0), || train_step(&x0, &p0))
-        .unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("the first call compiles")
-    };
+    let (_, c) = compile_first(&mut compiled, &inputs(&x0, &p0), || train_step(&x0, &p0));
     let r = &c.report;
     eprintln!(
         "{dtype}: {} ops -> {} kernels; {} element-wise ops fused into {} kernels",

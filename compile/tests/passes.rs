@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::split_row;
+use common::{compile_first, split_row};
 use oxiflow_compile::ir::ValueId;
 use oxiflow_compile::passes::arena::{plan_arena, ARENA_ALIGN};
 use oxiflow_compile::passes::liveness::{BufferLife, Liveness};
@@ -79,12 +79,7 @@ fn dead_code_is_removed_and_replay_equals_eager() {
         Ok(vec![x.mul(x)?.add_scalar(1.0)?])
     };
     let x0 = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3]).unwrap();
-    let (out, run) = step
-        .run::<CompileError, _>(std::slice::from_ref(&x0), || f(&x0))
-        .unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("the first call compiles")
-    };
+    let (out, c) = compile_first(&mut step, std::slice::from_ref(&x0), || f(&x0));
     assert_eq!(
         c.report.removed.ops, 2,
         "exp and sum are dead: {:?}",
@@ -128,12 +123,7 @@ fn element_views_are_recorded_at_their_offsets_and_replay_as_eager() {
     };
     let mut step = CompiledStep::new();
     let x0 = input(0.3);
-    let (first, run) = step
-        .run::<CompileError, _>(std::slice::from_ref(&x0), || f(&x0))
-        .unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("the first call compiles")
-    };
+    let (first, c) = compile_first(&mut step, std::slice::from_ref(&x0), || f(&x0));
     let p = &c.program;
     let at: Vec<usize> = p
         .values
@@ -184,15 +174,10 @@ fn unread_inputs_are_known() {
         x.neg().unwrap(),
     );
     let inputs = [x.clone(), unused.clone(), dead.clone(), passed.clone()];
-    let (_, run) = step
-        .run::<CompileError, _>(&inputs, || {
-            let _gone = dead.sum_all()?;
-            Ok(vec![x.add_scalar(1.0)?, passed.clone()])
-        })
-        .unwrap();
-    let StepRun::Compiled(c) = run else {
-        panic!("the first call compiles")
-    };
+    let (_, c) = compile_first::<CompileError>(&mut step, &inputs, || {
+        let _gone = dead.sum_all()?;
+        Ok(vec![x.add_scalar(1.0)?, passed.clone()])
+    });
     assert_eq!(c.program.inputs_read(), vec![true, false, false, true]);
 }
 
@@ -212,12 +197,7 @@ fn communicating_boxing_is_kept_and_collectives_replay_in_order() {
         };
         let mut step = CompiledStep::new();
         let x = make(1.0);
-        let (eager, run) = step
-            .run::<CompileError, _>(std::slice::from_ref(&x), || body(&x))
-            .unwrap();
-        let StepRun::Compiled(c) = run else {
-            panic!("compiles")
-        };
+        let (eager, c) = compile_first(&mut step, std::slice::from_ref(&x), || body(&x));
         assert_eq!(c.report.removed.boxings, 1, "{:?}", c.report);
         assert!(c.report.boxings >= 2);
         let x2 = make(5.0);

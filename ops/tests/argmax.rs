@@ -7,10 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{first_largest, meshes, nd_sbp, placement};
+use common::{assert_op_error, first_largest, layouts, meshes, nd_sbp, placement};
 
 use oxiflow_ops::argmax::argmax;
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor, TensorError};
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
 fn want(v: &[f64], n: usize) -> Vec<i64> {
@@ -69,14 +69,14 @@ fn rows_of_only_nan_or_minus_infinity_give_index_zero() {
 #[test]
 fn bad_input_is_a_typed_error() {
     let e = argmax(&Tensor::randn([2, 0], 1, DType::F32)).unwrap_err();
-    assert!(matches!(e, TensorError::Shape { op: "argmax", .. }), "{e}");
+    assert_op_error!(e, Shape, "argmax");
     let e = argmax(&Tensor::randn([], 1, DType::F32)).unwrap_err();
-    assert!(matches!(e, TensorError::Shape { op: "argmax", .. }), "{e}");
+    assert_op_error!(e, Shape, "argmax");
     let ints = Tensor::randn([2, 3], 1, DType::F32)
         .cast(DType::I64)
         .unwrap();
     let e = argmax(&ints).unwrap_err();
-    assert!(matches!(e, TensorError::DType { op: "argmax", .. }), "{e}");
+    assert_op_error!(e, DType, "argmax");
     let x = Tensor::randn([2, 3], 1, DType::F32).requires_grad_(true);
     assert!(argmax(&x).unwrap().grad_fn_name().is_none());
 }
@@ -119,9 +119,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
+        (mesh, perm, extra) in layouts(meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]])),
         shape in prop::collection::vec(1usize..7, 1..=3),
         seed in any::<u64>(),
     ) {

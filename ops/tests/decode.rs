@@ -13,13 +13,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, meshes, nd_sbp_of, never_zero, placement, vals};
+use common::{assert_op_error, close, meshes, nd_sbp_of, never_zero, placement, vals};
 
 use oxiflow_ops::decode::{
     decode_attention, decode_attention_blocks, decode_attention_parts, rotary_at, write_rows,
     write_rows_in_place,
 };
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
 /// Sizes of one decoding attention case.
@@ -211,30 +211,12 @@ fn bad_input_is_a_typed_error() {
     let [q, kc, vc, k, v] = tensors(d, &operands(d, 5), DType::F32);
     // A position past the cache's end.
     let e = decode_attention(&q, (&kc, &vc), (&k, &v), &position(4), 0.5).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Kernel {
-                op: "decode_attention",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Kernel, "decode_attention");
     // Key/value heads that do not divide the query heads.
     let d3 = Dims { g: 3, ..d };
     let [_, kc3, vc3, k3, v3] = tensors(d3, &operands(d3, 5), DType::F32);
     let e = decode_attention(&q, (&kc3, &vc3), (&k3, &v3), &position(1), 0.5).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "decode_attention",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "decode_attention");
     // Mixed dtypes; a position that is not one i64.
     let e = decode_attention(
         &q,
@@ -244,63 +226,18 @@ fn bad_input_is_a_typed_error() {
         0.5,
     )
     .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::DType {
-                op: "decode_attention",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, DType, "decode_attention");
     let two = Tensor::from_vec(vec![1i64, 2], [2]).unwrap();
     let e = decode_attention(&q, (&kc, &vc), (&k, &v), &two, 0.5).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "decode_attention",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "decode_attention");
     // Frequencies of the wrong length; rows that overrun the cache.
     let f = Tensor::from_vec(vec![1.0f64; 3], [3]).unwrap();
     let e = rotary_at(&q, &f, &position(0)).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "rotary_at",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "rotary_at");
     let e = write_rows(&[&kc], &[&k], 1, 3).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "write_rows",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "write_rows");
     let e = write_rows(&[&kc], &[], 1, 0).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "write_rows",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "write_rows");
 }
 
 /// One SBP per mesh axis for the decoding operands: the batch (dim 0) or the heads (dim 2)
@@ -364,20 +301,7 @@ fn global_case(p: &Placement, extra: bool, d: Dims, seed: u64, lseed: u64) {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
-    #[test]
-    fn any_layout_equals_one_rank(
-        mesh in meshes(4, vec![vec![2, 2], vec![2, 1]]),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
-        d in dims(),
-        seed in any::<u64>(),
-        lseed in any::<u64>(),
-    ) {
-        global_case(&placement(&mesh, perm), extra, d, seed, lseed);
-    }
-}
+common::decode_layouts_equal_one_rank!();
 
 /// Cases of the blocks' attention: `blocks` blocks of 1 to 3 positions, every position.
 fn blocks_dims() -> impl Strategy<Value = (Dims, usize)> {

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, meshes, nd_sbp_of, never_zero, placement, vals};
+use common::{close, nd_sbp_of, never_zero, vals};
 
 use oxiflow_ops::decode::{rotary_at, rotary_qkv_at};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
@@ -191,17 +191,4 @@ fn global_case(p: &Placement, extra: bool, d: Dims, seed: u64, lseed: u64) {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
-    #[test]
-    fn any_layout_equals_one_rank(
-        mesh in meshes(4, vec![vec![2, 2], vec![2, 1]]),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
-        d in dims(),
-        seed in any::<u64>(),
-        lseed in any::<u64>(),
-    ) {
-        global_case(&placement(&mesh, perm), extra, d, seed, lseed);
-    }
-}
+common::decode_layouts_equal_one_rank!();

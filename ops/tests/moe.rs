@@ -9,10 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, meshes, nd_sbp, placement, vals};
+use common::{assert_op_error, close, layouts, meshes, nd_sbp, placement, vals};
 
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
-use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
+use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
 /// Expert ids of `m` rows over `experts` experts from `seed`.
@@ -141,27 +141,9 @@ fn topk_picks_the_largest_and_counts_each_expert() {
     assert_eq!(ids.to_vec::<i64>().unwrap(), vec![1, 2, 0, 2, 0, 1]);
     assert_eq!(counts.to_vec::<f64>().unwrap(), vec![2.0, 2.0, 2.0, 0.0]);
     let e = router_topk(&p, 5).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "router_topk",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "router_topk");
     let e = router_topk(&p.cast(DType::BF16).unwrap(), 1).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::DType {
-                op: "router_topk",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, DType, "router_topk");
 }
 
 #[test]
@@ -173,27 +155,9 @@ fn bad_ids_and_shapes_are_typed_errors() {
     assert!(e.to_string().contains("expert 2 of 2"), "{e}");
     let ids = Tensor::from_vec(vec![0i64, 1, 1], [3]).unwrap();
     let e = expert_matmul(&x, &ids, &ws, true).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::Shape {
-                op: "expert_matmul",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, Shape, "expert_matmul");
     let e = expert_matmul(&x, &x, &ws, false).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TensorError::DType {
-                op: "expert_matmul",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_op_error!(e, DType, "expert_matmul");
 }
 
 #[test]
@@ -299,9 +263,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]]),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
+        (mesh, perm, extra) in layouts(meshes(4, vec![vec![2, 2], vec![2, 3], vec![1, 3]])),
         dims in (1usize..9, 1usize..6, 1usize..6, 1usize..5),
         t in any::<bool>(),
         seed in any::<u64>(),

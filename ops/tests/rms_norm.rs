@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assert_layouts_equal_one_rank, close, mesh_strategy, nd_sbp, placement, vals};
+use common::{
+    assert_layouts_equal_one_rank, close, layouts, mesh_strategy, nd_sbp, placement, vals,
+};
 
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
 use oxiflow_tensor::{DType, Tensor, TensorError};
@@ -177,9 +179,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in mesh_strategy(),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
+        (mesh, perm, extra) in layouts(mesh_strategy()),
         rows in 1usize..8,
         h in 1usize..7,
         seeds in (any::<u64>(), any::<u64>()),

@@ -8,7 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_layouts_equal_one_rank, close, mesh_strategy, nd_sbp, placement, vals};
+use common::{
+    assert_layouts_equal_one_rank, assert_op_error, close, layouts, mesh_strategy, nd_sbp,
+    placement, vals,
+};
 
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward, swiglu_pairs};
 use oxiflow_placement::Placement;
@@ -122,9 +125,9 @@ fn autograd_gives_the_kernel_gradients() {
 fn bad_input_is_a_typed_error() {
     let a = Tensor::randn([2, 3], 1, DType::F32);
     let e = swiglu(&a, &Tensor::randn([3, 2], 2, DType::F32)).unwrap_err();
-    assert!(matches!(e, TensorError::Shape { op: "swiglu", .. }), "{e}");
+    assert_op_error!(e, Shape, "swiglu");
     let e = swiglu(&a, &Tensor::randn([2, 3], 2, DType::F64)).unwrap_err();
-    assert!(matches!(e, TensorError::DType { op: "swiglu", .. }), "{e}");
+    assert_op_error!(e, DType, "swiglu");
     let ids = Tensor::randn([2, 3], 2, DType::F32)
         .cast(DType::I64)
         .unwrap();
@@ -135,7 +138,7 @@ fn bad_input_is_a_typed_error() {
     run_ranks(1, Duration::from_secs(10), |_| {
         let global = Tensor::randn_global([2, 3], 1, DType::F32, &p, Sbp::B).unwrap();
         let e = swiglu(&local, &global).unwrap_err();
-        assert!(matches!(e, TensorError::Mixed { op: "swiglu", .. }), "{e}");
+        assert_op_error!(e, Mixed, "swiglu");
     });
 }
 
@@ -201,9 +204,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
     #[test]
     fn any_layout_equals_one_rank(
-        mesh in mesh_strategy(),
-        perm in any::<u64>(),
-        extra in prop::bool::weighted(0.2),
+        (mesh, perm, extra) in layouts(mesh_strategy()),
         shape in prop::collection::vec(1usize..8, 1..=3),
         seeds in (any::<u64>(), any::<u64>()),
     ) {

@@ -12,7 +12,10 @@ mod common;
 use std::time::Duration;
 
 use common::attention::{composed, nz, repeated};
-use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, Tol};
+use common::{
+    assert_grad_matches_fd, nd_sbp, on_ranks, placement, small_meshes_either_way, vals,
+    weighted_sum, Tol,
+};
 use ndarray::{ArrayD, IxDyn};
 use oxiflow_ops::attention::{attention, flash_attention, flash_attention_lse};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
@@ -420,9 +423,7 @@ proptest! {
         s in 1usize..5,
         d in 1usize..4,
         causal: bool,
-        mesh in prop::sample::select(vec![
-            vec![2usize], vec![4], vec![2, 2], vec![1, 3], vec![3, 1],
-        ]),
+        mesh in small_meshes_either_way(),
         sbp_seeds: [u64; 3],
         perm_seed: u64,
     ) {

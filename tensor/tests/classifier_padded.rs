@@ -10,7 +10,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, padded_cross_entropy_reference as reference, placement, saved_count, vals};
+use common::{
+    nd_sbp, padded_cross_entropy_reference as reference, placement, saved_count, small_meshes, vals,
+};
 use oxiflow_ops::classifier::{classifier_loss, classifier_loss_padded};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
@@ -264,7 +266,7 @@ proptest! {
         width in 2usize..13,
         cut in 0usize..12,
         dtype in prop::sample::select(vec![F, DType::F32, DType::BF16, DType::F16]),
-        mesh in prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3]]),
+        mesh in small_meshes(),
         seeds in proptest::collection::vec(any::<u64>(), 4),
     ) {
         let classes = width - cut % width;

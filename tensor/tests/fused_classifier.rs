@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match, saved_count, vals};
+use common::{nd_sbp, placement, ranks_match, saved_count, small_meshes, vals};
 use oxiflow_ops::classifier::classifier_loss;
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Tensor};
 use proptest::prelude::*;
@@ -95,7 +95,7 @@ proptest! {
     fn classifier_on_global_layouts_equals_one_rank(
         rows in 1usize..7,
         v in 1usize..9,
-        mesh in prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3]]),
+        mesh in small_meshes(),
         seeds in proptest::collection::vec(any::<u64>(), 4),
     ) {
         let x = Tensor::randn([rows, v], 1, F);

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match, saved_count, vals};
+use common::{nd_sbp, one_mesh_of, placement, ranks_match, saved_count, vals};
 use oxiflow_ops::linear::linear;
 use oxiflow_ops::linear::Activation;
 use oxiflow_ops::residual_layer_norm::{residual_layer_norm, residual_layer_norm_stats};
@@ -253,14 +253,38 @@ fn linear_keeps_column_parallel_and_row_split_layouts() {
     }
 }
 
+/// Whether `case(make, fused, gather)` (a computation on inputs `make(shape, seed, which)`,
+/// its outputs read by `gather`) gives on every rank of `mesh` (ranks permuted by `seeds[0]`,
+/// input `which` laid out as `seeds[which]` draws, outputs gathered to broadcast) the unfused
+/// values of one rank; the first difference otherwise.
+fn global_equals_one_rank(
+    mesh: &[usize],
+    seeds: &[u64],
+    case: impl Fn(
+            &dyn Fn(&[usize], u64, usize) -> Tensor,
+            bool,
+            &dyn Fn(&Tensor) -> Vec<f64>,
+        ) -> Vec<Vec<f64>>
+        + Sync,
+) -> Result<(), String> {
+    let local = |s: &[usize], seed: u64, _: usize| Tensor::randn(s.to_vec(), seed, F);
+    let want = case(&local, false, &vals);
+    let p = placement(mesh, seeds[0]);
+    let world: usize = mesh.iter().product();
+    let got = run_ranks(world, Duration::from_secs(60), |_| {
+        let all_b = NdSbp::broadcast(p.ndim());
+        let make = |s: &[usize], seed: u64, which: usize| {
+            let nd = nd_sbp(p.ndim(), s.len(), seeds[which], true);
+            Tensor::randn_global(s.to_vec(), seed, F, &p, nd).unwrap()
+        };
+        let gather = |t: &Tensor| vals(&t.to_global(&p, all_b.clone()).unwrap());
+        case(&make, true, &gather)
+    });
+    ranks_match(&got, &want)
+}
+
 fn meshes() -> impl Strategy<Value = Vec<usize>> {
-    prop::sample::select(vec![
-        vec![2usize],
-        vec![3],
-        vec![2, 2],
-        vec![1, 3],
-        vec![3, 2],
-    ])
+    one_mesh_of(&[&[2], &[3], &[2, 2], &[1, 3], &[3, 2]])
 }
 
 proptest! {
@@ -276,20 +300,9 @@ proptest! {
     ) {
         let (use_r, use_y) = [(true, true), (false, true), (true, false)][terms];
         let shape = [rows, 3, 5];
-        let local = |s: &[usize], seed: u64, _: usize| Tensor::randn(s.to_vec(), seed, F);
-        let want = residual_case(&local, &shape, false, use_r, use_y, &vals);
-        let p = placement(&mesh, seeds[0]);
-        let n: usize = mesh.iter().product();
-        let got = run_ranks(n, Duration::from_secs(60), |_| {
-            let all_b = NdSbp::broadcast(p.ndim());
-            let make = |s: &[usize], seed: u64, k: usize| {
-                let nd = nd_sbp(p.ndim(), s.len(), seeds[k], true);
-                Tensor::randn_global(s.to_vec(), seed, F, &p, nd).unwrap()
-            };
-            let gather = |t: &Tensor| vals(&t.to_global(&p, all_b.clone()).unwrap());
-            residual_case(&make, &shape, true, use_r, use_y, &gather)
+        let res = global_equals_one_rank(&mesh, &seeds, |make, fused, gather| {
+            residual_case(make, &shape, fused, use_r, use_y, gather)
         });
-        let res = ranks_match(&got, &want);
         prop_assert!(res.is_ok(), "{res:?}");
     }
 
@@ -305,20 +318,9 @@ proptest! {
         seeds in proptest::collection::vec(any::<u64>(), 5),
     ) {
         let act = if gelu { Activation::Gelu } else { Activation::None };
-        let local = |s: &[usize], seed: u64, _: usize| Tensor::randn(s.to_vec(), seed, F);
-        let want = linear_case(&local, (rows, k, n), act, bias, false, &vals);
-        let p = placement(&mesh, seeds[0]);
-        let world: usize = mesh.iter().product();
-        let got = run_ranks(world, Duration::from_secs(60), |_| {
-            let all_b = NdSbp::broadcast(p.ndim());
-            let make = |s: &[usize], seed: u64, i: usize| {
-                let nd = nd_sbp(p.ndim(), s.len(), seeds[i], true);
-                Tensor::randn_global(s.to_vec(), seed, F, &p, nd).unwrap()
-            };
-            let gather = |t: &Tensor| vals(&t.to_global(&p, all_b.clone()).unwrap());
-            linear_case(&make, (rows, k, n), act, bias, true, &gather)
+        let res = global_equals_one_rank(&mesh, &seeds, |make, fused, gather| {
+            linear_case(make, (rows, k, n), act, bias, fused, gather)
         });
-        let res = ranks_match(&got, &want);
         prop_assert!(res.is_ok(), "{res:?}");
     }
 }

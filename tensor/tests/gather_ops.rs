@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_backward_matches_fd, nd_sbp, on_ranks, placement, ranks_match, vals, weighted_sum,
-    whole, Tol,
+    assert_backward_matches_fd, nd_sbp, on_ranks, placement, ranks_match, small_meshes_either_way,
+    vals, weighted_sum, whole, Tol,
 };
 use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
@@ -142,7 +142,7 @@ proptest! {
         cols in 1usize..7,
         k in 1usize..5,
         dim in 0usize..2,
-        mesh in prop::sample::select(vec![vec![2usize], vec![4], vec![2, 2], vec![1, 3], vec![3, 1]]),
+        mesh in small_meshes_either_way(),
         x_seed: u64,
         i_seed: u64,
         perm_seed: u64,

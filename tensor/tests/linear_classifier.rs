@@ -175,58 +175,59 @@ fn fused_head_on_rows_split_unevenly_and_whole() {
     }
 }
 
-#[test]
-fn no_rows_give_a_zero_loss_and_zero_gradients() {
+/// One fused-head case on the ranks: the mesh, the layouts of x and the table, (rows, width,
+/// padded vocabulary), the real classes, the path and the seed.
+type Case = (
+    &'static [usize],
+    NdSbp,
+    NdSbp,
+    (usize, usize, usize),
+    usize,
+    Path,
+    u64,
+);
+
+/// Runs every case of `cases` in each float dtype.
+fn check_in_every_dtype(cases: &[Case]) {
     for dtype in [F, DType::F32, DType::BF16] {
-        check(&[1], s(&[B]), s(&[B]), (0, 3, 4), 4, dtype, Path::Grad, 3);
-        check(
-            &[2],
-            s(&[Sbp::S(0)]),
-            s(&[B]),
-            (0, 3, 4),
-            2,
-            dtype,
-            Path::Grad,
-            4,
-        );
+        for (mesh, x_sbp, w_sbp, dims, classes, path, seed) in cases.iter().cloned() {
+            check(mesh, x_sbp, w_sbp, dims, classes, dtype, path, seed);
+        }
     }
 }
 
 #[test]
+fn no_rows_give_a_zero_loss_and_zero_gradients() {
+    check_in_every_dtype(&[
+        (&[1], s(&[B]), s(&[B]), (0, 3, 4), 4, Path::Grad, 3),
+        (&[2], s(&[Sbp::S(0)]), s(&[B]), (0, 3, 4), 2, Path::Grad, 4),
+    ]);
+}
+
+#[test]
 fn split_table_and_no_gradient_take_the_unfused_paths() {
-    for dtype in [F, DType::F32, DType::BF16] {
+    check_in_every_dtype(&[
         // The table split on the classes: the vocabulary-parallel cross-entropy.
-        check(
-            &[2],
-            s(&[B]),
-            s(&[Sbp::S(0)]),
-            (5, 4, 11),
-            9,
-            dtype,
-            Path::Grad,
-            5,
-        );
-        check(
+        (&[2], s(&[B]), s(&[Sbp::S(0)]), (5, 4, 11), 9, Path::Grad, 5),
+        (
             &[2, 2],
             s(&[Sbp::S(0), B]),
             s(&[B, Sbp::S(0)]),
             (6, 3, 7),
             7,
-            dtype,
             Path::Grad,
             6,
-        );
-        check(
+        ),
+        (
             &[2],
             s(&[Sbp::S(0)]),
             s(&[B]),
             (5, 4, 11),
             9,
-            dtype,
             Path::NoGrad,
             7,
-        );
-    }
+        ),
+    ]);
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{nd_sbp, on_ranks, placement, vals, whole};
+use common::{nd_sbp, on_ranks, placement, small_meshes, vals, whole};
 use oxiflow_tensor::{no_grad, recompute, DType, NdSbp, Result, Tensor};
 use proptest::prelude::*;
 
@@ -140,7 +140,7 @@ proptest! {
     #[test]
     fn global_layouts_equal_one_rank(
         rows in 1usize..6,
-        mesh in prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3]]),
+        mesh in small_meshes(),
         x_seed: u64,
         w_seed: u64,
         perm_seed: u64,

@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, whole, Tol};
+use common::{
+    assert_grad_matches_fd, nd_sbp, on_ranks, placement, small_meshes, vals, weighted_sum, whole,
+    Tol,
+};
 use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
 
@@ -62,7 +65,7 @@ proptest! {
     fn global_layouts_equal_one_rank(
         rows in 1usize..7,
         cols in 1usize..6,
-        mesh in prop::sample::select(vec![vec![2usize], vec![3], vec![2, 2], vec![1, 3]]),
+        mesh in small_meshes(),
         sbp_seed: u64,
         w_seed: u64,
         perm_seed: u64,

@@ -96,6 +96,52 @@ pub fn meshes(ranks: usize, grids: Vec<Vec<usize>>) -> impl Strategy<Value = Vec
     ]
 }
 
+/// Where a global case runs: a mesh drawn from `mesh`, the seed that permutes its ranks (see
+/// `placement`), and whether one rank outside the placement runs beside it (one case in five).
+pub fn layouts(
+    mesh: impl Strategy<Value = Vec<usize>>,
+) -> impl Strategy<Value = (Vec<usize>, u64, bool)> {
+    (mesh, any::<u64>(), prop::bool::weighted(0.2))
+}
+
+/// The global property test of a decoding op's file, `any_layout_equals_one_rank`: on 1-d
+/// meshes of 1 to 4 ranks and the 2x2 and 2x1 grids (see `layouts`), with the file's `dims()`
+/// and two seeds, the file's `global_case(placement, extra, dims, seed, layout_seed)` holds.
+macro_rules! decode_layouts_equal_one_rank {
+    () => {
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 16, ..ProptestConfig::default() })]
+            #[test]
+            fn any_layout_equals_one_rank(
+                (mesh, perm, extra) in crate::common::layouts(
+                    crate::common::meshes(4, vec![vec![2, 2], vec![2, 1]]),
+                ),
+                d in dims(),
+                seed in any::<u64>(),
+                lseed in any::<u64>(),
+            ) {
+                global_case(&crate::common::placement(&mesh, perm), extra, d, seed, lseed);
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use decode_layouts_equal_one_rank;
+
+/// Asserts that the error `e` is a `TensorError::$kind` raised by op `$op`, with the error's
+/// message as the failure's.
+macro_rules! assert_op_error {
+    ($e:expr, $kind:ident, $op:literal) => {{
+        let e = &$e;
+        assert!(
+            matches!(e, oxiflow_tensor::TensorError::$kind { op: $op, .. }),
+            "{e}"
+        );
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use assert_op_error;
+
 /// The values of `t` (any float dtype; global: this rank's view of the whole) as f64.
 pub fn vals(t: &Tensor) -> Vec<f64> {
     t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()

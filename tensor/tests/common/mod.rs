@@ -1,8 +1,8 @@
 //! Shared helpers of the tensor integration tests: placements and nd-SBPs from seeds, running a
 //! closure on every rank of a placement, reading values (whole global ones too, or their bits), the weighted
 //! sum a gradient test differentiates, finite-difference gradient checks, array comparison
-//! with an f32 tolerance, the f64 reference of the padded cross-entropy, and the meshes and
-//! SBPs the bucket tests draw.
+//! with an f32 tolerance, the f64 reference of the padded cross-entropy, the small meshes the
+//! global property tests draw, and the meshes and SBPs the bucket tests draw.
 
 #![allow(dead_code)]
 
@@ -176,21 +176,14 @@ pub fn assert_close(got: &ArrayD<f32>, want: &ArrayD<f32>, what: &str) {
 /// within a relative 1e-9; the first difference otherwise.
 pub fn ranks_match(got: &[Vec<Vec<f64>>], want: &[Vec<f64>]) -> Result<(), String> {
     for (rank, outs) in got.iter().enumerate() {
-        if outs.len() != want.len() {
-            return Err(format!(
-                "rank {rank}: {} outputs, want {}",
-                outs.len(),
-                want.len()
-            ));
-        }
+        counts_match(&format!("rank {rank}"), outs.len(), want.len(), "outputs")?;
         for (o, (g, w)) in outs.iter().zip(want).enumerate() {
-            if g.len() != w.len() {
-                return Err(format!(
-                    "rank {rank} output {o}: {} values, want {}",
-                    g.len(),
-                    w.len()
-                ));
-            }
+            counts_match(
+                &format!("rank {rank} output {o}"),
+                g.len(),
+                w.len(),
+                "values",
+            )?;
             for (i, (a, b)) in g.iter().zip(w).enumerate() {
                 if (a - b).abs() >= 1e-9 * (1.0 + b.abs()) {
                     return Err(format!("rank {rank} output {o} [{i}]: {a} vs {b}"));
@@ -199,6 +192,15 @@ pub fn ranks_match(got: &[Vec<Vec<f64>>], want: &[Vec<f64>]) -> Result<(), Strin
         }
     }
     Ok(())
+}
+
+/// `Err("{what}: {got} {unit}, want {want}")` where the counts differ.
+fn counts_match(what: &str, got: usize, want: usize, unit: &str) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: {got} {unit}, want {want}"))
+    }
 }
 
 /// The f64 log-sum-exp of `values` (-inf for none).
@@ -268,6 +270,22 @@ pub fn linear_cross_entropy_reference(
         }
     }
     (c * loss.iter().sum::<f64>(), dx, dw)
+}
+
+/// One of `meshes`, each as often.
+pub fn one_mesh_of(meshes: &[&[usize]]) -> impl Strategy<Value = Vec<usize>> {
+    prop::sample::select(meshes.iter().map(|m| m.to_vec()).collect::<Vec<_>>())
+}
+
+/// Meshes of 2 to 4 ranks, as often each: 2 and 3 in a row, 2x2 and 1x3.
+pub fn small_meshes() -> impl Strategy<Value = Vec<usize>> {
+    one_mesh_of(&[&[2], &[3], &[2, 2], &[1, 3]])
+}
+
+/// Meshes of 2 to 4 ranks with three ranks on either axis, as often each: 2 and 4 in a row,
+/// 2x2, 1x3 and 3x1.
+pub fn small_meshes_either_way() -> impl Strategy<Value = Vec<usize>> {
+    one_mesh_of(&[&[2], &[4], &[2, 2], &[1, 3], &[3, 1]])
 }
 
 /// (world size, mesh shape) of the bucket tests: 1-d and 2-d meshes of up to six ranks.

@@ -5,8 +5,10 @@
 # communication); DP2 with 10/25/100 MiB buckets and with one bucket at the end (1000 MiB: no
 # overlap); 25 MiB buckets moving bf16; NCCL held to 4 and 8 channels (a slower all-reduce:
 # how much of it the step sees); and the compiled step with 25 MiB buckets and one bucket.
-# ONLY (a regex of tags) runs a subset. Logs under $OUT; prints one line a variant: median ms,
-# each run, scaling (one GPU / it).
+# ONLY (a regex of tags) runs a subset. With TORCH=1 (and gpt2_bench.py beside), also torch's
+# scaling at the same shape: eager and torch.compile on one GPU, then DDP under torchrun (tags
+# torch1, torch2, torch1-compile, torch2-compile). Logs under $OUT; prints one line a variant:
+# median ms, each run, scaling (one GPU / it); torch's rows after.
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -36,14 +38,27 @@ for r in $(seq 1 "$REPEATS"); do
   NCCL_MAX_NCHANNELS=8 gb b25-ch8 2 --bucket-mb 25
   gb b25-compiled 2 --bucket-mb 25 --compile
   gb b1000-compiled 2 --bucket-mb 1000 --compile
+  if [ "${TORCH:-0}" = 1 ]; then
+    for c in "" --compile; do
+      CUDA_VISIBLE_DEVICES=0 timeout 300 python3 gpt2_bench.py --micro-batch 8 --steps "$STEPS" \
+        $c --tag "torch1$c" > "$OUT/torch1$c@$r.log" 2>&1
+      timeout 300 torchrun --standalone --nproc-per-node 2 gpt2_bench.py --micro-batch 8 \
+        --steps "$STEPS" $c --tag "torch2$c" > "$OUT/torch2$c@$r.log" 2>&1
+    done
+  fi
 done
 grep -h "rror" "$OUT"/*.log | head -5
 python3 - "$OUT" <<'PY'
 import statistics, sys
 from result_logs import rank0_rounds
 runs = {t: [r["ms_per_step"] for r in rs] for t, rs in rank0_rounds(sys.argv[1]).items()}
-one = statistics.median(runs.get("one", [float("nan")]))
-for tag, v in sorted(runs.items()):
-    m = statistics.median(v)
-    print(f"{tag:16s} {m:7.2f} ms  each {v}  scaling {one / m:.3f}")
+def show(tags, one):
+    for tag in tags:
+        m = statistics.median(runs[tag])
+        print(f"{tag:16s} {m:7.2f} ms  each {runs[tag]}  scaling {one / m:.3f}")
+ours = sorted(t for t in runs if not t.startswith("torch"))
+show(ours, statistics.median(runs.get("one", [float("nan")])))
+for c in ["", "--compile"]:
+    if f"torch1{c}" in runs:
+        show([t for t in (f"torch1{c}", f"torch2{c}") if t in runs], statistics.median(runs[f"torch1{c}"]))
 PY

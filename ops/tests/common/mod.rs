@@ -107,6 +107,7 @@ pub fn layouts(
 /// The global property test of a decoding op's file, `any_layout_equals_one_rank`: on 1-d
 /// meshes of 1 to 4 ranks and the 2x2 and 2x1 grids (see `layouts`), with the file's `dims()`
 /// and two seeds, the file's `global_case(placement, extra, dims, seed, layout_seed)` holds.
+#[allow(unused_macros)]
 macro_rules! decode_layouts_equal_one_rank {
     () => {
         proptest! {
@@ -130,6 +131,7 @@ pub(crate) use decode_layouts_equal_one_rank;
 
 /// Asserts that the error `e` is a `TensorError::$kind` raised by op `$op`, with the error's
 /// message as the failure's.
+#[allow(unused_macros)]
 macro_rules! assert_op_error {
     ($e:expr, $kind:ident, $op:literal) => {{
         let e = &$e;

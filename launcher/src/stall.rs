@@ -409,13 +409,7 @@ mod tests {
         // A short wait names nobody; nor does a group whose members are all in the call.
         assert!(find_behind(&beats, Duration::from_secs(6)).is_empty());
         let level: Vec<_> = (0..3)
-            .map(|r| {
-                Some(beat(
-                    r,
-                    10_000,
-                    &[(ALL, 5, "all_reduce", None, FlightState::Started, 5_000)],
-                ))
-            })
+            .map(|r| all_reduce_at(r, 5, FlightState::Started, 5_000))
             .collect();
         assert!(find_behind(&level, Duration::from_secs(1)).is_empty());
     }

@@ -307,6 +307,14 @@ fn assert_refused(what: &str, out: &Output, code: i32, want: &str) {
     );
 }
 
+/// `run(ARGS)` of each case `(ARGS, want)` fails with `code` and names `want` (see
+/// `assert_refused`; `what` names the program).
+fn refuses_each(what: &str, run: impl Fn(&[&str]) -> Output, cases: &[(&[&str], &str)], code: i32) {
+    for (args, want) in cases {
+        assert_refused(&format!("{what} {args:?}"), &run(args), code, want);
+    }
+}
+
 #[test]
 fn train_flags_are_checked() {
     let (_, train) = common::binaries();
@@ -328,10 +336,7 @@ fn train_flags_are_checked() {
         (&["--save-every", "5"], "--save"),
         (&["--steps", "-3"], "--steps"),
     ];
-    for (args, want) in usage {
-        let out = run_mlp(train, args, &[]);
-        assert_refused(&format!("train {args:?}"), &out, 2, want);
-    }
+    refuses_each("train", |args| run_mlp(train, args, &[]), usage, 2);
     let runtime: &[(&[&str], &str)] = &[
         (&["--tp", "3"], "--tp 3 does not divide the world size 1"),
         (&["--dp", "2"], "must equal the world size 1"),
@@ -341,10 +346,7 @@ fn train_flags_are_checked() {
         ),
         (&["--resume", "/nonexistent/ckpt"], "no complete checkpoint"),
     ];
-    for (args, want) in runtime {
-        let out = run_mlp(train, args, &[]);
-        assert_refused(&format!("train {args:?}"), &out, 1, want);
-    }
+    refuses_each("train", |args| run_mlp(train, args, &[]), runtime, 1);
 }
 
 #[test]
@@ -397,10 +399,7 @@ fn train_save_and_resume_refuse_what_does_not_fit() {
         ),
         (&["--steps", "3", "--resume", cs], "not below --steps 3"),
     ];
-    for (args, want) in cases {
-        let out = run_mlp(train, args, &[]);
-        assert_refused(&format!("train {args:?}"), &out, 1, want);
-    }
+    refuses_each("train", |args| run_mlp(train, args, &[]), cases, 1);
     // The override resumes a different seed.
     let out = run_mlp(
         train,
@@ -434,10 +433,7 @@ fn oflaunch_flags_are_checked() {
             "/nonexistent/prog",
         ),
     ];
-    for (args, want) in cases {
-        let out = run_clean(oflaunch, args, &[]);
-        assert_refused(&format!("oflaunch {args:?}"), &out, 2, want);
-    }
+    refuses_each("oflaunch", |args| run_clean(oflaunch, args, &[]), cases, 2);
 }
 
 #[test]

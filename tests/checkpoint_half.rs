@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use oxiflow::checkpoint::{self, Metadata};
-use oxiflow::{bf16, f16, run_ranks, DType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow::{bf16, f16, run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorElement};
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxiflow-half-ckpt-{}-{name}", std::process::id()));
@@ -20,20 +20,14 @@ fn value(dtype: DType) -> Tensor {
     Tensor::randn([7, 6], 17, dtype)
 }
 
+/// The bits of a tensor's 16-bit values.
 fn bits(t: &Tensor) -> Vec<u16> {
+    fn of<H: TensorElement>(t: &Tensor, to_bits: fn(H) -> u16) -> Vec<u16> {
+        t.to_vec::<H>().unwrap().into_iter().map(to_bits).collect()
+    }
     match t.dtype() {
-        DType::BF16 => t
-            .to_vec::<bf16>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect(),
-        _ => t
-            .to_vec::<f16>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect(),
+        DType::BF16 => of(t, bf16::to_bits),
+        _ => of(t, f16::to_bits),
     }
 }
 

@@ -152,12 +152,7 @@ fn save_tp4_sharded_resume_dp2_tp2_and_gathered_resume_local_adamw() {
 static CRASH_AT: AtomicU8 = AtomicU8::new(0);
 
 fn crash_hook(s: SaveStage) {
-    let code = match s {
-        SaveStage::MidFile => 1,
-        SaveStage::BeforePublish => 2,
-        SaveStage::BetweenRenames => 3,
-    };
-    if CRASH_AT.load(Ordering::SeqCst) == code {
+    if CRASH_AT.load(Ordering::SeqCst) == common::save_stage_code(s) {
         panic!("simulated crash at {s:?}");
     }
 }

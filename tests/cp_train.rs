@@ -57,21 +57,27 @@ const RING_LAYOUTS: [(usize, &[&str]); 4] = [
     (4, &["--cp", "2", "--dp", "2", "--cp-attention", "ring"]),
 ];
 
-#[test]
-fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
-    agree(&argv(GPT), "16", &RING_LAYOUTS);
+/// `model` agrees with one rank on 16 tokens in `RING_LAYOUTS`, then under all-to-all attention
+/// on 2 ranks and in `alltoall_4` (4 ranks), then on 18 tokens in `at_18`.
+fn agree_under_cp(model: &'static str, alltoall_4: &[&str], at_18: &[(usize, &[&str])]) {
+    agree(&argv(model), "16", &RING_LAYOUTS);
     agree(
-        &argv(GPT),
+        &argv(model),
         "16",
         &[
             (2, &["--cp", "2", "--cp-attention", "alltoall"]),
-            (4, &["--cp", "2", "--tp", "2", "--cp-attention", "alltoall"]),
+            (4, alltoall_4),
         ],
     );
+    agree(&argv(model), "18", at_18);
+}
+
+#[test]
+fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
     // 18 tokens over 4 ranks: shares of 5, 5, 4, 4 in chunks of 3 + 2 and 2 + 2.
-    agree(
-        &argv(GPT),
-        "18",
+    agree_under_cp(
+        GPT,
+        &["--cp", "2", "--tp", "2", "--cp-attention", "alltoall"],
         &[
             (4, &["--cp", "4"]),
             (4, &["--cp", "4", "--cp-attention", "alltoall"]),
@@ -81,16 +87,11 @@ fn gpt_under_cp_gives_the_one_rank_curve_in_f64() {
 
 #[test]
 fn llama_under_cp_gives_the_one_rank_curve_in_f64() {
-    agree(&argv(LLAMA), "16", &RING_LAYOUTS);
-    agree(
-        &argv(LLAMA),
-        "16",
-        &[
-            (2, &["--cp", "2", "--cp-attention", "alltoall"]),
-            (4, &["--cp", "2", "--dp", "2", "--cp-attention", "alltoall"]),
-        ],
+    agree_under_cp(
+        LLAMA,
+        &["--cp", "2", "--dp", "2", "--cp-attention", "alltoall"],
+        &[(4, &["--cp", "4"])],
     );
-    agree(&argv(LLAMA), "18", &[(4, &["--cp", "4"])]);
 }
 
 #[test]

@@ -178,8 +178,7 @@ fn a_checkpoint_resumes_across_pipeline_and_zero_layouts() {
         ("pp2dp2zero2-to-dp2tp2", pp2_zero, dp2tp2),
         ("dp2tp2-to-pp2dp2zero2", dp2tp2, pp2_zero),
     ] {
-        let dir = std::env::temp_dir().join(format!("oxiflow-pp-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = common::scratch_dir("pp", name);
         let p = dir.join("ckpt");
         let ps: &'static str = Box::leak(p.to_str().unwrap().to_string().into_boxed_str());
         let first = tiny(

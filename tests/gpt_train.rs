@@ -184,8 +184,7 @@ fn a_gpt_checkpoint_resumes_under_another_layout_and_generates_alone() {
         ("dp4-to-dp2tp2", dp4, dp2tp2),
         ("dp2tp2-to-dp4", dp2tp2, dp4),
     ] {
-        let dir = std::env::temp_dir().join(format!("oxiflow-gpt-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = common::scratch_dir("gpt", name);
         let p = dir.join("ckpt");
         let ps = p.to_str().unwrap();
         let first = tiny(

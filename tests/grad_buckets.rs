@@ -94,13 +94,14 @@ fn buckets(out: &str) -> Vec<(usize, usize, String, usize, bool)> {
     rows
 }
 
+/// The buckets of an explained step on two ranks with `flags` then `extra`.
+fn dp2_buckets(flags: &[&str], extra: &[&str]) -> Vec<(usize, usize, String, usize, bool)> {
+    buckets(&explained(2, &[flags, extra].concat()))
+}
+
 #[test]
 fn explain_names_buckets_launched_during_the_last_backward_pass() {
-    let explain = |extra: &[&str]| {
-        let mut args = vec!["--dp", "2", "--grad-accum", "2"];
-        args.extend_from_slice(extra);
-        buckets(&explained(2, &args))
-    };
+    let explain = |extra: &[&str]| dp2_buckets(&["--dp", "2", "--grad-accum", "2"], extra);
     let small = explain(&["--bucket-mb", "0.01"]);
     eprintln!("--bucket-mb 0.01: {small:?}");
     assert!(small.len() >= 3, "{small:?}");
@@ -135,11 +136,7 @@ fn explain_names_buckets_launched_during_the_last_backward_pass() {
 
 #[test]
 fn mixed_precision_gradients_fill_the_buckets_and_may_move_as_bf16() {
-    let explain = |extra: &[&str]| {
-        let mut args = vec!["--dp", "2", "--bucket-mb", "0.01"];
-        args.extend_from_slice(extra);
-        buckets(&explained(2, &args))
-    };
+    let explain = |extra: &[&str]| dp2_buckets(&["--dp", "2", "--bucket-mb", "0.01"], extra);
     let total = |b: &[(usize, usize, String, usize, bool)]| {
         b.iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     };

@@ -210,31 +210,6 @@ fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
         common::set_hf_config(&d, key, v);
         d
     };
-    let topk = case(
-        "topk",
-        "qwen2_moe",
-        "num_experts_per_tok",
-        serde_json::json!(7),
-    );
-    let dense = case(
-        "dense",
-        "qwen2_moe",
-        "mlp_only_layers",
-        serde_json::json!([1]),
-    );
-    let step = case(
-        "step",
-        "qwen2_moe",
-        "decoder_sparse_step",
-        serde_json::json!(2),
-    );
-    let jitter = case(
-        "jitter",
-        "mixtral",
-        "router_jitter_noise",
-        serde_json::json!(0.1),
-    );
-    let mixtral = hf_fixtures().join("mixtral");
     let train = |dir: &Path, extra: &[&str]| {
         let mut a = vec![
             "--from-hf".to_string(),
@@ -253,17 +228,46 @@ fn what_is_not_supported_is_refused_by_name_on_every_rank_before_any_step() {
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
-    let cases: Vec<(usize, Vec<String>, &str)> = vec![
-        (2, train(&topk, &[]), "num_experts_per_tok"),
-        (1, train(&dense, &[]), "mlp_only_layers"),
-        (1, train(&step, &[]), "decoder_sparse_step"),
-        (1, train(&jitter, &[]), "router_jitter_noise"),
+    // Each config key set to a value the model does not support, refused by the key's name.
+    let mut cases: Vec<(usize, Vec<String>, &str)> = [
+        (
+            2,
+            "topk",
+            "qwen2_moe",
+            "num_experts_per_tok",
+            serde_json::json!(7),
+        ),
         (
             1,
-            train(&mixtral, &["--recompute", "full"]),
-            "--recompute full",
+            "dense",
+            "qwen2_moe",
+            "mlp_only_layers",
+            serde_json::json!([1]),
         ),
-    ];
+        (
+            1,
+            "step",
+            "qwen2_moe",
+            "decoder_sparse_step",
+            serde_json::json!(2),
+        ),
+        (
+            1,
+            "jitter",
+            "mixtral",
+            "router_jitter_noise",
+            serde_json::json!(0.1),
+        ),
+    ]
+    .into_iter()
+    .map(|(n, name, fixture, key, v)| (n, train(&case(name, fixture, key, v), &[]), key))
+    .collect();
+    let mixtral = hf_fixtures().join("mixtral");
+    cases.push((
+        1,
+        train(&mixtral, &["--recompute", "full"]),
+        "--recompute full",
+    ));
     for (n, args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         common::assert_refused(n, &args, want);

@@ -55,11 +55,7 @@ static STEP: AtomicU64 = AtomicU64::new(0);
 
 /// Aborts (like a kill) at the chosen stage of the saves after step 10.
 fn crash_hook(stage: SaveStage) {
-    let code = match stage {
-        SaveStage::MidFile => 1,
-        SaveStage::BeforePublish => 2,
-        SaveStage::BetweenRenames => 3,
-    };
+    let code = usize::from(common::save_stage_code(stage));
     if STEP.load(Ordering::SeqCst) > 10 && CRASH_AT.load(Ordering::SeqCst) == code {
         std::process::abort();
     }

@@ -13,10 +13,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]
     fn every_pair_1d(n in 1usize..=8, d0 in 0usize..=10, d1 in 1usize..=9, seed in any::<u64>()) {
-        let mut rng = SplitMix(seed);
-        let shape = Shape::from([d0, d1]);
-        let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
-        let global = random_global(&shape, &mut rng);
+        let (_, shape, pl, global) = random_on_line(n, (d0, d1), seed);
         let mut cases = Vec::new();
         for (i, a) in sbps_2d().into_iter().enumerate() {
             for (j, b) in sbps_2d().into_iter().enumerate() {
@@ -39,10 +36,7 @@ proptest! {
 
     #[test]
     fn max_min_partials_1d(n in 2usize..=5, d0 in 1usize..=7, d1 in 1usize..=5, seed in any::<u64>()) {
-        let mut rng = SplitMix(seed);
-        let shape = Shape::from([d0, d1]);
-        let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
-        let global = random_global(&shape, &mut rng);
+        let (mut rng, shape, pl, global) = random_on_line(n, (d0, d1), seed);
         let pmax = Sbp::Partial(ReduceOp::Max);
         let pmin = Sbp::Partial(ReduceOp::Min);
         let all = [Sbp::S(0), Sbp::S(1), Sbp::B, Sbp::P, pmax, pmin];

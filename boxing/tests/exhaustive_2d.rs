@@ -28,12 +28,17 @@ fn all_pairs(mesh: [usize; 2], d0: usize, d1: usize, seed: u64) -> Result<(), St
         }
     }
     let mut cases = Vec::new();
+    let forces = [None, Some(Strategy::PerAxis), Some(Strategy::PointToPoint)];
     for x in &nds {
         for y in &nds {
-            for force in [None, Some(Strategy::PerAxis), Some(Strategy::PointToPoint)] {
-                let sbps = (x.clone(), y.clone());
-                cases.push(Case::on(&pl, &shape, sbps, &global, &mut rng, force));
-            }
+            cases.extend(Case::each_force(
+                &pl,
+                &shape,
+                (x, y),
+                &global,
+                &mut rng,
+                &forces,
+            ));
         }
     }
     run_cases(n, cases)
@@ -76,10 +81,15 @@ fn random_3d(mesh: [usize; 3], dims: [usize; 3], seed: u64) -> Result<(), String
     let mut cases = Vec::new();
     for _ in 0..10 {
         let (x, y) = (pick(&mut rng), pick(&mut rng));
-        for force in [None, Some(Strategy::PerAxis)] {
-            let sbps = (x.clone(), y.clone());
-            cases.push(Case::on(&pl, &shape, sbps, &global, &mut rng, force));
-        }
+        let forces = [None, Some(Strategy::PerAxis)];
+        cases.extend(Case::each_force(
+            &pl,
+            &shape,
+            (&x, &y),
+            &global,
+            &mut rng,
+            &forces,
+        ));
     }
     run_cases(n, cases)
 }

@@ -12,9 +12,30 @@
 //! ```
 
 use std::fmt;
-use std::str::FromStr;
 
 pub use half::{bf16, f16};
+
+/// `Display` as the enum's `as_str()`, and `FromStr` finding in its `ALL` the value of that
+/// name in any case (any other name: `$err { name }`).
+macro_rules! named_by_as_str {
+    ($t:ident, $err:ident) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $t {
+            type Err = $err;
+            fn from_str(s: &str) -> Result<$t, $err> {
+                $t::ALL
+                    .into_iter()
+                    .find(|v| v.as_str().eq_ignore_ascii_case(s))
+                    .ok_or_else(|| $err { name: s.into() })
+            }
+        }
+    };
+}
 
 mod precision;
 pub use precision::{MatmulPrecision, MixedPrecision, PrecisionError, UnknownMatmulPrecision};
@@ -133,22 +154,8 @@ impl DType {
     }
 }
 
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DType {
-    type Err = UnknownDType;
-    /// Parses [`DType::as_str`]'s names in any case (so the safetensors names parse too).
-    fn from_str(s: &str) -> Result<DType, UnknownDType> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownDType { name: s.into() })
-    }
-}
+// Parsed in any case, so the safetensors names parse too.
+named_by_as_str!(DType, UnknownDType);
 
 impl Half {
     pub const fn dtype(self) -> DType {

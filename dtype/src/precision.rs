@@ -12,7 +12,6 @@
 //! ```
 
 use std::fmt;
-use std::str::FromStr;
 
 use crate::DType;
 
@@ -46,27 +45,13 @@ impl MatmulPrecision {
     }
 }
 
-impl fmt::Display for MatmulPrecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+named_by_as_str!(MatmulPrecision, UnknownMatmulPrecision);
 
 /// A matmul precision name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown matmul precision {name:?} (known: f32, tf32, bf16)")]
 pub struct UnknownMatmulPrecision {
     pub name: String,
-}
-
-impl FromStr for MatmulPrecision {
-    type Err = UnknownMatmulPrecision;
-    fn from_str(s: &str) -> Result<MatmulPrecision, UnknownMatmulPrecision> {
-        MatmulPrecision::ALL
-            .into_iter()
-            .find(|m| m.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownMatmulPrecision { name: s.into() })
-    }
 }
 
 /// A combination of dtypes [`MixedPrecision::new`] refuses, and why.

@@ -409,13 +409,7 @@ mod tests {
         // A short wait names nobody; nor does a group whose members are all in the call.
         assert!(find_behind(&beats, Duration::from_secs(6)).is_empty());
         let level: Vec<_> = (0..3)
-            .map(|r| {
-                Some(beat(
-                    r,
-                    10_000,
-                    &[(ALL, 5, "all_reduce", None, FlightState::Started, 5_000)],
-                ))
-            })
+            .map(|r| all_reduce_at(r, 5, FlightState::Started, 5_000))
             .collect();
         assert!(find_behind(&level, Duration::from_secs(1)).is_empty());
     }
@@ -445,22 +439,15 @@ mod tests {
     #[test]
     fn point_to_point_waits_blame_the_peer_and_mark_neighbours() {
         let w: &[usize] = &[0, 1, 2];
+        // Rank `rank`'s heartbeat at `now` ms, in one point-to-point call with `peer` on `w`.
+        let p2p =
+            |rank, now, (seq, op, peer, state, started): (u64, &str, usize, FlightState, u64)| {
+                Some(beat(rank, now, &[(w, seq, op, Some(peer), state, started)]))
+            };
         let beats = vec![
-            Some(beat(
-                0,
-                20_000,
-                &[(w, 40, "recv", Some(1), FlightState::Started, 10_000)],
-            )),
-            Some(beat(
-                1,
-                9_000,
-                &[(w, 12, "send", Some(2), FlightState::Finished, 8_000)],
-            )),
-            Some(beat(
-                2,
-                20_000,
-                &[(w, 90, "recv", Some(0), FlightState::Started, 11_000)],
-            )),
+            p2p(0, 20_000, (40, "recv", 1, FlightState::Started, 10_000)),
+            p2p(1, 9_000, (12, "send", 2, FlightState::Finished, 8_000)),
+            p2p(2, 20_000, (90, "recv", 0, FlightState::Started, 11_000)),
         ];
         let found = find_behind(&beats, Duration::from_secs(3));
         let by_rank: BTreeMap<usize, &Behind> = found.iter().map(|b| (b.rank, b)).collect();
@@ -475,16 +462,8 @@ mod tests {
             .ends_with("it waits itself for another rank named here"));
         // A receive whose peer is serving it (its send in flight) names nobody.
         let serving = vec![
-            Some(beat(
-                0,
-                20_000,
-                &[(w, 40, "recv", Some(1), FlightState::Started, 10_000)],
-            )),
-            Some(beat(
-                1,
-                20_000,
-                &[(w, 12, "send", Some(0), FlightState::Started, 19_000)],
-            )),
+            p2p(0, 20_000, (40, "recv", 1, FlightState::Started, 10_000)),
+            p2p(1, 20_000, (12, "send", 0, FlightState::Started, 19_000)),
             None,
         ];
         assert!(find_behind(&serving, Duration::from_secs(3)).is_empty());

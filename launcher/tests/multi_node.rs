@@ -172,41 +172,45 @@ fn both_nodes_restart_together() {
     assert_eq!(ranks, ["0", "1", "2", "3"]);
 }
 
-#[test]
-fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
-    let dir = scratch("wrongnproc");
+/// A node's `--nproc-per-node` and its (token, timeout).
+type NodeArgs<'a> = (&'a str, (&'a str, &'a str));
+
+/// Nodes 0 and 1 on loopback started with `node0` and `node1`, their workers to write their
+/// environment into a fresh folder `name`: both must exit 2 and no worker be started anywhere.
+/// Their ends (node 0's, node 1's).
+fn refused_nodes(name: &str, node0: NodeArgs, node1: NodeArgs) -> (Finished, Finished) {
+    let dir = scratch(name);
     let d = dir.to_str().unwrap();
     let port = free_port().to_string();
     let tail = [WORKER, "env", d];
-    let node0 = loopback_node("0", "2", &port, (TOKEN, "20"), &tail);
-    let node1 = loopback_node("1", "3", &port, (TOKEN, "20"), &tail);
-    let r1 = node1.finish(T);
-    let r0 = node0.finish(T);
+    let n0 = loopback_node("0", node0.0, &port, node0.1, &tail);
+    let n1 = loopback_node("1", node1.0, &port, node1.1, &tail);
+    let r1 = n1.finish(T);
+    let r0 = n0.finish(T);
     assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
+    assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    (r0, r1)
+}
+
+#[test]
+fn a_node_with_the_wrong_nproc_is_refused_on_both_sides() {
+    let (r0, r1) = refused_nodes("wrongnproc", ("2", (TOKEN, "20")), ("3", (TOKEN, "20")));
     says(&r1, "refused");
     says(&r1, "--nproc-per-node 3");
-    assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
     says(&r0, "node 1");
     says(&r0, "--nproc-per-node 3, expected");
-    // No worker was started anywhere.
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
 
 #[test]
 fn a_node_with_the_wrong_token_is_refused() {
-    let dir = scratch("wrongtoken");
-    let d = dir.to_str().unwrap();
-    let port = free_port().to_string();
-    let tail = [WORKER, "env", d];
-    let node0 = loopback_node("0", "2", &port, (TOKEN, "4"), &tail);
-    let node1 = loopback_node("1", "2", &port, ("not-the-job-token", "20"), &tail);
-    let r1 = node1.finish(T);
-    let r0 = node0.finish(T);
-    assert_eq!(r1.code(), 2, "node 1:\n{}", r1.stderr);
+    let (r0, r1) = refused_nodes(
+        "wrongtoken",
+        ("2", (TOKEN, "4")),
+        ("2", ("not-the-job-token", "20")),
+    );
     says(&r1, "rejected this node's token");
-    assert_eq!(r0.code(), 2, "node 0:\n{}", r0.stderr);
     says(&r0, "waiting for node(s) [1] to join");
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
 
 /// oflaunch's own bound on a frozen node, as it measures it: 10 s and a margin for load.

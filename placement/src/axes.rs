@@ -46,6 +46,20 @@ pub struct AxisKind {
 }
 
 impl AxisKind {
+    /// The kind named `name` (its flag `--<name>`) splitting `roles`, kept in a stage's
+    /// placement at size 1 when `kept_at_one`.
+    pub const fn new(
+        name: &'static str,
+        roles: &'static [AxisRole],
+        kept_at_one: bool,
+    ) -> AxisKind {
+        AxisKind {
+            name,
+            roles,
+            kept_at_one,
+        }
+    }
+
     /// Whether this kind of axis splits `role`.
     pub fn splits(&self, role: AxisRole) -> bool {
         self.roles.contains(&role)
@@ -53,35 +67,15 @@ impl AxisKind {
 }
 
 /// Pipeline stages.
-pub const PP: AxisKind = AxisKind {
-    name: "pp",
-    roles: &[AxisRole::Stages],
-    kept_at_one: false,
-};
+pub const PP: AxisKind = AxisKind::new("pp", &[AxisRole::Stages], false);
 /// Data parallelism: the batch, and what ZeRO shards.
-pub const DP: AxisKind = AxisKind {
-    name: "dp",
-    roles: &[AxisRole::Batch, AxisRole::Params],
-    kept_at_one: true,
-};
+pub const DP: AxisKind = AxisKind::new("dp", &[AxisRole::Batch, AxisRole::Params], true);
 /// Expert parallelism: the experts of a mixture of experts.
-pub const EP: AxisKind = AxisKind {
-    name: "ep",
-    roles: &[AxisRole::Experts],
-    kept_at_one: false,
-};
+pub const EP: AxisKind = AxisKind::new("ep", &[AxisRole::Experts], false);
 /// Context parallelism: the sequence.
-pub const CP: AxisKind = AxisKind {
-    name: "cp",
-    roles: &[AxisRole::Sequence],
-    kept_at_one: false,
-};
+pub const CP: AxisKind = AxisKind::new("cp", &[AxisRole::Sequence], false);
 /// Tensor parallelism: heads and MLP columns.
-pub const TP: AxisKind = AxisKind {
-    name: "tp",
-    roles: &[AxisRole::Heads],
-    kept_at_one: true,
-};
+pub const TP: AxisKind = AxisKind::new("tp", &[AxisRole::Heads], true);
 
 /// The kinds of axis a job's layout is made of, in mesh order (the first varies slowest over
 /// the ranks: a stage's ranks are contiguous, a tensor-parallel group's neighbours).

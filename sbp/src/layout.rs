@@ -180,6 +180,8 @@ mod tests {
         let l = GlobalLayout::new([6], &p2, [Sbp::S(0), Sbp::S(0)]).unwrap();
         let rows: Vec<usize> = (0..4).map(|r| l.local_shape(r).unwrap().dim(0)).collect();
         assert_eq!(rows, vec![2, 1, 2, 1]);
+        let starts: Vec<usize> = (0..4).map(|r| l.region_of(r).unwrap()[0].start).collect();
+        assert_eq!(starts, vec![0, 2, 3, 5]);
         let p1 = Placement::range(DeviceType::Cpu, 4).unwrap();
         let l = GlobalLayout::new([6], &p1, Sbp::S(0)).unwrap();
         let rows: Vec<usize> = (0..4).map(|r| l.local_shape(r).unwrap().dim(0)).collect();

@@ -99,13 +99,3 @@ proptest! {
         prop_assert!(reference::close(&back, &whole), "{:?} vs {:?}", back, whole);
     }
 }
-
-#[test]
-fn design_examples_of_nested_splits() {
-    let p = Placement::new(DeviceType::Cpu, [2, 2], [0, 1, 2, 3]).unwrap();
-    let l = GlobalLayout::new([6], &p, [Sbp::S(0), Sbp::S(0)]).unwrap();
-    let rows: Vec<usize> = (0..4).map(|r| l.local_shape(r).unwrap().dim(0)).collect();
-    assert_eq!(rows, vec![2, 1, 2, 1]);
-    let starts: Vec<usize> = (0..4).map(|r| l.region_of(r).unwrap()[0].start).collect();
-    assert_eq!(starts, vec![0, 2, 3, 5]);
-}

@@ -7,10 +7,9 @@
 # (env: BENCH_ARGS for attention_bench, REPS for both, BENCH_TIMEOUT, ANCHOR_TIMEOUT)
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/attention}
-mkdir -p "$OUT"
+. ./device_env.sh
+device_cuda_env
+device_out attention
 REPS=${REPS:-20}
 BENCH=./attention_bench
 [ -x "$BENCH" ] || BENCH=bin/attention_bench

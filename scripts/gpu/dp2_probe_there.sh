@@ -11,10 +11,9 @@
 # median ms, each run, scaling (one GPU / it); torch's rows after.
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/dp2}
-mkdir -p "$OUT"
+. ./device_env.sh
+device_cuda_env
+device_out dp2
 STEPS=${STEPS:-20}
 REPEATS=${REPEATS:-2}
 ONLY=${ONLY:-.}

@@ -6,10 +6,9 @@
 # (env: VARIANTS="bin:precision[:driver] ...", PROFILE_BIN (variants to profile), STEPS, COMPILE=1, SUITE=1)
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/gpt-bench}
-mkdir -p "$OUT"
+. ./device_env.sh
+device_cuda_env
+device_out gpt-bench
 B=${1:-16}
 STEPS=${STEPS:-8}
 VARIANTS=${VARIANTS:-"gpt_bench:tf32 gpt_bench:bf16-mixed"}

@@ -4,10 +4,9 @@
 # Logs under $OUT; the tables last.
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/kernels}
-mkdir -p "$OUT"
+. ./device_env.sh
+device_cuda_env
+device_out kernels
 nvidia-smi -L | tee "$OUT/gpu.txt"
 find / -xdev \( -name 'libcudnn.so*' -o -name 'libcudnn_graph.so*' \) 2>/dev/null | head -20 | tee "$OUT/cudnn.txt"
 timeout ${CHECK_TIMEOUT:-200} ./gpu_kernels_check ${CHECK_ARGS:-} > "$OUT/check.log" 2>&1

@@ -12,14 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-OUT=${OUT:-/tmp/llama}
-MB=${MB:-4}
-STEPS=${STEPS:-10}
-ROUNDS=${ROUNDS:-1}
-TORCH_MODES=${TORCH_MODES:-eager compile}
-mkdir -p "$OUT"
-nvidia-smi -L
-. ./sampled.sh
+. ./device_env.sh
+device_bench llama
 DIMS=(--layers 16 --width 2048 --heads 32)
 for r in $(seq "$ROUNDS"); do
   for mode in eager compile; do

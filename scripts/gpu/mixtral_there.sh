@@ -17,14 +17,8 @@ cd "$(dirname "$0")"
 GPUS=${GPUS:-1}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((GPUS - 1)))}
-OUT=${OUT:-/tmp/mixtral}
-MB=${MB:-4}
-STEPS=${STEPS:-10}
-ROUNDS=${ROUNDS:-1}
-TORCH_MODES=${TORCH_MODES:-eager compile}
-mkdir -p "$OUT"
-nvidia-smi -L
-. ./sampled.sh
+. ./device_env.sh
+device_bench mixtral
 SHAPE=(--arch llama --layers 16 --width 1024 --heads 16 --kv-heads 8 --ffn-width 3584
   --experts 8 --top-k 2 --vocab 32000 --seq 2048 --micro-batch "$MB" --precision bf16-mixed)
 if [ "${PROFILE:-0}" = 1 ]; then

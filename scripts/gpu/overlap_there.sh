@@ -9,10 +9,9 @@
 #   default "dp2-buckets=--bucket-mb,25 dp2-nobuckets=--bucket-mb,0")
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/overlap}
-mkdir -p "$OUT"
+. ./device_env.sh
+device_cuda_env
+device_out overlap
 B=${1:-8}
 STEPS=${STEPS:-10}
 BUCKET_MB=${BUCKET_MB:-25}

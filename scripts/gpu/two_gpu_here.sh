@@ -12,6 +12,6 @@ DEST=.carry/two
 stage_launcher "$DEST" train gpt_bench
 cp "$(scripts/gpu/test_executable.sh oxiflow-cuda gpu_tensor)" "$DEST/bin/gpu_tensor"
 strip "$DEST"/bin/*
-cp scripts/gpu/two_gpu_there.sh scripts/gpu/overlap_there.sh scripts/gpu/trace_overlap.py scripts/gpu/trace_breakdown.py \
+cp scripts/gpu/two_gpu_there.sh scripts/gpu/overlap_there.sh scripts/gpu/device_env.sh scripts/gpu/trace_overlap.py scripts/gpu/trace_breakdown.py \
   scripts/gpu/pipes_there.sh scripts/gpu/twin_gpt.py "$DEST/"
 du -sh "$DEST"

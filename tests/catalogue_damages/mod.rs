@@ -116,6 +116,18 @@ pub fn damages() -> Vec<Damage> {
     let set = |ptr: &'static str, v: Value| -> Box<dyn Fn(&Path)> {
         Box::new(move |d: &Path| edit(d, |m| *m.pointer_mut(ptr).unwrap() = v.clone()))
     };
+    let manifest = |bytes: &'static [u8]| -> Box<dyn Fn(&Path)> {
+        Box::new(move |d: &Path| std::fs::write(d.join("manifest.json"), bytes).unwrap())
+    };
+    // The piece of `w` and its entry in the file list renamed `name`.
+    let piece_named = |name: &'static str| -> Box<dyn Fn(&Path)> {
+        Box::new(move |d: &Path| {
+            edit(d, |m| {
+                m["files"][0]["name"] = json!(name);
+                m["tensors"]["w"]["pieces"][0]["file"] = json!(name);
+            })
+        })
+    };
     vec![
         (
             "no manifest",
@@ -125,24 +137,12 @@ pub fn damages() -> Vec<Damage> {
         (
             "manifest not JSON",
             "bad manifest",
-            Box::new(|d: &Path| {
-                std::fs::write(
-                    d.join("manifest.json"),
-                    b"{\"format\": \"oxiflow-checkpoint\", ",
-                )
-                .unwrap()
-            }),
+            manifest(b"{\"format\": \"oxiflow-checkpoint\", "),
         ),
         (
             "manifest fields missing",
             "bad manifest",
-            Box::new(|d: &Path| {
-                std::fs::write(
-                    d.join("manifest.json"),
-                    b"{\"format\": \"oxiflow-checkpoint\"}",
-                )
-                .unwrap()
-            }),
+            manifest(b"{\"format\": \"oxiflow-checkpoint\"}"),
         ),
         (
             "another format",
@@ -213,22 +213,12 @@ pub fn damages() -> Vec<Damage> {
         (
             "absolute piece path",
             "not a plain file name",
-            Box::new(|d: &Path| {
-                edit(d, |m| {
-                    m["files"][0]["name"] = json!("/etc/passwd");
-                    m["tensors"]["w"]["pieces"][0]["file"] = json!("/etc/passwd");
-                })
-            }),
+            piece_named("/etc/passwd"),
         ),
         (
             "piece path with ..",
             "not a plain file name",
-            Box::new(|d: &Path| {
-                edit(d, |m| {
-                    m["files"][0]["name"] = json!("../x");
-                    m["tensors"]["w"]["pieces"][0]["file"] = json!("../x");
-                })
-            }),
+            piece_named("../x"),
         ),
         (
             "piece file not listed",

@@ -210,6 +210,17 @@ pub fn stdout_or_tail(out: std::io::Result<Output>, what: &str) -> Result<String
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The number the crash tests give a save stage: 1 mid-file, 2 before publish, 3 between
+/// renames.
+pub fn save_stage_code(stage: oxiflow::checkpoint::SaveStage) -> u8 {
+    use oxiflow::checkpoint::SaveStage;
+    match stage {
+        SaveStage::MidFile => 1,
+        SaveStage::BeforePublish => 2,
+        SaveStage::BetweenRenames => 3,
+    }
+}
+
 /// The values of the MLP classifier's parameters, in order.
 pub fn classifier_values(c: &oxiflow::trainer::tasks::mlp::Classifier) -> Vec<Vec<f32>> {
     use oxiflow::nn::Module;

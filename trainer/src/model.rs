@@ -48,10 +48,17 @@ pub trait BatchSource {
     fn heldout_batch(&mut self, i: u64) -> Result<Batch, TrainError>;
     /// How many held-out batches an evaluation averages.
     fn heldout_batches(&self) -> u64;
-    /// Metadata a checkpoint at step `step` records to continue the stream (`data.*` keys).
-    fn position(&self, step: u64) -> Metadata;
-    /// Continues the stream as a checkpoint at step `step` with metadata `meta` recorded it.
-    fn resume(&mut self, step: u64, meta: &Metadata) -> Result<(), TrainError>;
+    /// Metadata a checkpoint at step `step` records to continue the stream (`data.*` keys);
+    /// by default the step alone (`data.step`), for a stream that is a function of the step.
+    fn position(&self, step: u64) -> Metadata {
+        Metadata::from([("data.step".to_string(), step.to_string())])
+    }
+    /// Continues the stream as a checkpoint at step `step` with metadata `meta` recorded it; by
+    /// default nothing (a stream that is a function of the step continues by itself).
+    fn resume(&mut self, step: u64, meta: &Metadata) -> Result<(), TrainError> {
+        let _ = (step, meta);
+        Ok(())
+    }
     /// Where the data comes from, for the log.
     fn describe(&self) -> String;
 }

@@ -84,12 +84,6 @@ impl BatchSource for Ramp {
     fn heldout_batches(&self) -> u64 {
         1
     }
-    fn position(&self, step: u64) -> Metadata {
-        Metadata::from([("data.step".to_string(), step.to_string())])
-    }
-    fn resume(&mut self, _: u64, _: &Metadata) -> Result<(), TrainError> {
-        Ok(())
-    }
     fn describe(&self) -> String {
         "a ramp".into()
     }

@@ -42,18 +42,15 @@ pub(crate) fn plan_p2p(from: &GlobalLayout, to: &GlobalLayout, dtype: DType) -> 
     let mut tiles: BTreeMap<(Vec<usize>, Vec<usize>), Vec<usize>> = BTreeMap::new();
     for idx in 0..fp.num_ranks() {
         let coord = fp.coord_of_index(idx);
-        let pk: Vec<usize> = fnd
-            .iter()
-            .zip(&coord)
-            .filter(|(s, _)| s.is_partial())
-            .map(|(_, &c)| c)
-            .collect();
-        let sk: Vec<usize> = fnd
-            .iter()
-            .zip(&coord)
-            .filter(|(s, _)| s.is_split())
-            .map(|(_, &c)| c)
-            .collect();
+        // The coordinates on the axes whose SBP is `kind`.
+        let coords_where = |kind: fn(Sbp) -> bool| -> Vec<usize> {
+            fnd.iter()
+                .zip(&coord)
+                .filter(|(s, _)| kind(*s))
+                .map(|(_, &c)| c)
+                .collect()
+        };
+        let (pk, sk) = (coords_where(Sbp::is_partial), coords_where(Sbp::is_split));
         tiles.entry((pk, sk)).or_default().push(fp.ranks()[idx]);
     }
     let first_pk = tiles.keys().next().map(|k| k.0.clone()).unwrap_or_default();

@@ -301,6 +301,24 @@ impl Case {
             force,
         }
     }
+
+    /// [`Case::on`] of `sbps` under each of `forces`, in that order.
+    pub fn each_force(
+        pl: &Placement,
+        shape: &Shape,
+        sbps: (&NdSbp, &NdSbp),
+        global: &[f64],
+        rng: &mut SplitMix,
+        forces: &[Option<Strategy>],
+    ) -> Vec<Case> {
+        forces
+            .iter()
+            .map(|&force| {
+                let pair = (sbps.0.clone(), sbps.1.clone());
+                Case::on(pl, shape, pair, global, rng, force)
+            })
+            .collect()
+    }
 }
 
 /// Runs every case in sequence on an in-process world of `world` ranks (one thread per rank,
@@ -429,6 +447,20 @@ pub fn box_pieces(
 
 pub fn random_global(shape: &Shape, rng: &mut SplitMix) -> Vec<f64> {
     (0..shape.numel()).map(|_| rng.val()).collect()
+}
+
+/// A random `[d0, d1]` tensor over ranks 0..n of a 1-d mesh: the generator seeded `seed` (past
+/// the values), the shape, the placement and the global values.
+pub fn random_on_line(
+    n: usize,
+    (d0, d1): (usize, usize),
+    seed: u64,
+) -> (SplitMix, Shape, Placement, Vec<f64>) {
+    let mut rng = SplitMix(seed);
+    let shape = Shape::from([d0, d1]);
+    let pl = cpu(&[n], &(0..n).collect::<Vec<_>>());
+    let global = random_global(&shape, &mut rng);
+    (rng, shape, pl, global)
 }
 
 pub fn sbps_2d() -> Vec<Sbp> {

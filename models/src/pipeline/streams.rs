@@ -380,6 +380,17 @@ mod tests {
 
     /// Stage 0 sends `a` then receives `g`; stage 1 sends `g` and receives `a`, the send first
     /// where `stage1_sends_first`.
+    /// The error `check` (the hosts' or the devices' walk) gives `programs` under `t`, which it
+    /// must refuse (`what`: the refusal expected).
+    fn refusal(
+        check: fn(&PipelineSpec, Transport, &[Vec<HostOp>]) -> Result<usize>,
+        t: Transport,
+        programs: &[Vec<HostOp>],
+        what: &str,
+    ) -> String {
+        check(&spec(), t, programs).expect_err(what).to_string()
+    }
+
     fn exchange(a: Message, g: Message, stage1_sends_first: bool) -> Vec<Vec<HostOp>> {
         let mut stage1 = vec![
             HostOp::Send { to: 0, msg: g },
@@ -402,9 +413,12 @@ mod tests {
     #[test]
     fn hosts_that_open_channels_crosswise_deadlock() {
         let (a, g, programs) = both_send_first();
-        let e = hosts(&spec(), Transport::OneWayChannels, &programs)
-            .expect_err("crosswise opening")
-            .to_string();
+        let e = refusal(
+            hosts,
+            Transport::OneWayChannels,
+            &programs,
+            "crosswise opening",
+        );
         assert!(e.contains("the hosts deadlock"), "{e}");
         // Received in the other order, both open.
         let programs = exchange(a, g, false);
@@ -420,9 +434,7 @@ mod tests {
     #[test]
     fn opposite_sends_on_one_stream_deadlock_on_devices() {
         let (_, _, programs) = both_send_first();
-        let e = devices(&spec(), Transport::SharedPairs, &programs)
-            .expect_err("deadlock")
-            .to_string();
+        let e = refusal(devices, Transport::SharedPairs, &programs, "deadlock");
         assert!(e.contains("the devices deadlock"), "{e}");
         assert!(devices(&spec(), Transport::OneWayChannels, &programs).is_ok());
     }

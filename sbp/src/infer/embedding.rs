@@ -1,6 +1,7 @@
 //! Candidate tables of embedding lookup and its backward (scatter-add into the weight).
 
-use super::{RuleMode, Rules, PARTIALS};
+use super::gather::push_partial_reads;
+use super::{RuleMode, Rules};
 use crate::{Sbp, Shape};
 
 const B: Sbp = Sbp::Broadcast;
@@ -21,11 +22,7 @@ pub fn forward(ids: &Shape, weight: &Shape, mode: RuleMode) -> Result<Rules, Str
         r.push(&[Sbp::S(i), B], &[Sbp::S(i)]);
     }
     r.push(&[B, Sbp::S(1)], &[Sbp::S(rk)]);
-    r.push(&[B, Sbp::S(0)], &[P]);
-    for m in PARTIALS {
-        r.push(&[B, m], &[m]);
-    }
-    r.push(&[B, B], &[B]);
+    push_partial_reads(&mut r, 0, |w| [B, w]);
     Ok(r)
 }
 

@@ -40,6 +40,21 @@ fn with_dim(x: &Shape, dim: usize, n: usize) -> Shape {
     )
 }
 
+/// The last candidates of an indexed read, `operands(x)` placing the data's SBP `x` beside
+/// whole indices: the data split on the addressed dim `addressed`->P (each rank reads the
+/// indices inside its region); P(op)->P(op); then (B, B)->B.
+pub(super) fn push_partial_reads(
+    r: &mut Rules,
+    addressed: usize,
+    operands: impl Fn(Sbp) -> [Sbp; 2],
+) {
+    r.push(&operands(Sbp::S(addressed)), &[P]);
+    for m in PARTIALS {
+        r.push(&operands(m), &[m]);
+    }
+    r.push(&[B, B], &[B]);
+}
+
 /// torch.gather (x [..], index [..] of x's shape except on `dim`) -> index's shape:
 /// (S(d), S(d))->S(d) for d != dim; (B, S(dim))->S(dim); (S(dim), B)->P (vocabulary split);
 /// (P(op), B)->P(op); (B, B)->B.
@@ -50,11 +65,7 @@ pub fn gather(dim: usize, x: &Shape, index: &Shape, mode: RuleMode) -> Result<Ru
         r.push(&[Sbp::S(d), Sbp::S(d)], &[Sbp::S(d)]);
     }
     r.push(&[B, Sbp::S(dim)], &[Sbp::S(dim)]);
-    r.push(&[Sbp::S(dim), B], &[P]);
-    for m in PARTIALS {
-        r.push(&[m, B], &[m]);
-    }
-    r.push(&[B, B], &[B]);
+    push_partial_reads(&mut r, dim, |x| [x, B]);
     Ok(r)
 }
 
@@ -122,11 +133,7 @@ pub fn index_select(dim: usize, x: &Shape, ids: &Shape, mode: RuleMode) -> Resul
         r.push(&[Sbp::S(d), B], &[Sbp::S(d)]);
     }
     r.push(&[B, Sbp::S(0)], &[Sbp::S(dim)]);
-    r.push(&[Sbp::S(dim), B], &[P]);
-    for m in PARTIALS {
-        r.push(&[m, B], &[m]);
-    }
-    r.push(&[B, B], &[B]);
+    push_partial_reads(&mut r, dim, |x| [x, B]);
     Ok(r)
 }
 

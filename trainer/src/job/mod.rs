@@ -34,7 +34,7 @@ mod resume;
 mod save_target;
 
 pub use crate::config::{config_path, RESUME_AUTO};
-use drive::{drive, report, Saver};
+use drive::{drive, report, Saver, Summary};
 use outputs::{OutputPlan, RUN_ID_KEY};
 use preflight::{check_inputs, Checked};
 use resume::{load_options, Recorded};
@@ -565,29 +565,51 @@ struct Job {
     recorded: Vec<Recorded>,
 }
 
-fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainError> {
-    let Job {
-        mesh,
-        device,
-        world,
-        lead,
-        hooks,
-        outputs,
-        recorded,
-    } = run;
+impl Job {
+    /// Resumes `t` from `--resume` (when given) and gives it the health guard and the job's
+    /// step hooks.
+    fn attach<M: TrainModel>(
+        &mut self,
+        cfg: &TrainConfig,
+        t: &mut Trainer<M>,
+    ) -> Result<(), TrainError> {
+        if let Some(p) = &cfg.run.resume {
+            t.resume_with(p, &load_options(cfg))?;
+        }
+        t.add_hook(health_guard(cfg, self.lead));
+        for h in std::mem::take(&mut self.hooks.step_hooks) {
+            t.add_hook(h);
+        }
+        Ok(())
+    }
+
+    /// `--explain`: one explained step (None); else the run driven to its end, saving with the
+    /// job's saver, and its summary.
+    fn train<M: TrainModel>(
+        &self,
+        cfg: &TrainConfig,
+        t: &mut Trainer<M>,
+    ) -> Result<Option<Summary>, TrainError> {
+        if cfg.run.explain {
+            return explain_step(t, self.lead).map(|()| None);
+        }
+        let meshes = self.mesh.stages(self.device)?;
+        let hook = self.hooks.save_stage;
+        let saver = saver(cfg, &self.recorded, &self.outputs, hook, meshes, self.lead);
+        drive(t, cfg, &saver, &self.outputs, self.world, launcher_bar()).map(Some)
+    }
+}
+
+fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, mut run: Job) -> Result<(), TrainError> {
+    let (device, world, lead) = (run.device, run.world, run.lead);
     if cfg.run.eval_only || cfg.generates_only() {
-        return infer_job(cfg, mesh, device, inputs, lead);
+        return infer_job(cfg, run.mesh, device, inputs, lead);
     }
     let spec = inputs.spec.clone();
     let (tokenizer, vocab) = (inputs.tokenizer.clone(), inputs.vocab);
-    let mut job = gpt_trainer(cfg, mesh.clone(), device, inputs)?;
-    if let Some(p) = &cfg.run.resume {
-        job.trainer.resume_with(p, &load_options(cfg))?;
-    }
-    job.trainer.add_hook(health_guard(cfg, lead));
-    for h in hooks.step_hooks {
-        job.trainer.add_hook(h);
-    }
+    let mut job = gpt_trainer(cfg, run.mesh.clone(), device, inputs)?;
+    run.attach(cfg, &mut job.trainer)?;
+    let mesh = &run.mesh;
     let m = &job.trainer.model.cfg;
     let p = &cfg.parallel;
     let cp_text = if mesh.size(AxisRole::Sequence) > 1 {
@@ -638,33 +660,21 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
             );
         }
     }
-    if cfg.run.explain {
-        return explain_step(&mut job.trainer, lead);
-    }
-    {
-        let meshes = mesh.stages(device)?;
-        let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, meshes, lead);
-        let summary = drive(
-            &mut job.trainer,
-            cfg,
-            &saver,
-            &outputs,
-            world,
-            launcher_bar(),
-        )?;
-        if lead {
-            let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
-                let s = run.spec;
-                (
-                    s.bubble_theory(),
-                    format!(
-                        "schedule {}, pp {}, micro-batches {}, virtual-stages {}",
-                        s.schedule, s.stages, s.micro_batches, s.virtual_stages
-                    ),
-                )
-            });
-            report(cfg, &summary, job.entropy, theory);
-        }
+    let Some(summary) = run.train(cfg, &mut job.trainer)? else {
+        return Ok(());
+    };
+    if lead {
+        let theory = job.trainer.opts.pipeline.as_ref().map(|run| {
+            let s = run.spec;
+            (
+                s.bubble_theory(),
+                format!(
+                    "schedule {}, pp {}, micro-batches {}, virtual-stages {}",
+                    s.schedule, s.stages, s.micro_batches, s.virtual_stages
+                ),
+            )
+        });
+        report(cfg, &summary, job.entropy, theory);
     }
     if let Some(dir) = &cfg.run.save_hf {
         save_hf(dir, cfg, &spec, &job.trainer.model, lead)?;
@@ -680,19 +690,14 @@ fn gpt_job(cfg: &TrainConfig, inputs: GptInputs, run: Job) -> Result<(), TrainEr
     )
 }
 
-fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
-    let Job {
-        mesh,
-        device,
-        world,
-        lead,
-        hooks,
-        outputs,
-        recorded,
-    } = run;
+fn mlp_job(cfg: &TrainConfig, mut run: Job) -> Result<(), TrainError> {
+    let (device, lead) = (run.device, run.lead);
     let m = &cfg.model;
     let ccfg = ClassifierConfig {
-        mesh: Some((mesh.size(AxisRole::Batch), mesh.size(AxisRole::Heads))),
+        mesh: Some((
+            run.mesh.size(AxisRole::Batch),
+            run.mesh.size(AxisRole::Heads),
+        )),
         batch_size: cfg.data.batch_size,
         features: m.features,
         classes: m.classes,
@@ -725,31 +730,21 @@ fn mlp_job(cfg: &TrainConfig, run: Job) -> Result<(), TrainError> {
             ),
         });
     }
-    if let Some(p) = &cfg.run.resume {
-        t.resume_with(p, &load_options(cfg))?;
-    }
-    t.add_hook(health_guard(cfg, lead));
-    for h in hooks.step_hooks {
-        t.add_hook(h);
-    }
+    run.attach(cfg, &mut t)?;
     if lead {
         println!(
-            "train: mlp features {} hidden {} classes {} | mesh {mesh} world {world} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
-            m.features, m.hidden, m.classes, cfg.data.batch_size, cfg.optim.lr,
+            "train: mlp features {} hidden {} classes {} | mesh {} world {} | batch {} lr {} schedule {} warmup {} clip {} grad-accum {} seed {} from step {}",
+            m.features, m.hidden, m.classes, run.mesh, run.world, cfg.data.batch_size, cfg.optim.lr,
             format!("{:?}", cfg.optim.lr_schedule).to_lowercase(), cfg.optim.warmup_steps,
             cfg.optim.clip_grad.map_or("off".to_string(), |c| c.to_string()),
             cfg.optim.grad_accum, m.seed, t.step
         );
         println!("data: {}", t.data.describe());
     }
-    if cfg.run.explain {
-        return explain_step(&mut t, lead);
-    }
-    let meshes = mesh.stages(device)?;
-    let saver = saver(cfg, &recorded, &outputs, hooks.save_stage, meshes, lead);
-    let summary = drive(&mut t, cfg, &saver, &outputs, world, launcher_bar())?;
-    if lead {
-        report(cfg, &summary, None, None);
+    if let Some(summary) = run.train(cfg, &mut t)? {
+        if lead {
+            report(cfg, &summary, None, None);
+        }
     }
     Ok(())
 }

@@ -6,7 +6,6 @@
 
 use oxiflow_collectives::DType;
 use oxiflow_dtype::MixedPrecision;
-use oxiflow_models::checkpoint::Metadata;
 use oxiflow_models::nn::{
     param_seed, Activation, Init, Mlp, Module, ParamPlacement, Parameter, Pass,
 };
@@ -214,12 +213,6 @@ impl BatchSource for ClusterData {
     }
     fn heldout_batches(&self) -> u64 {
         4
-    }
-    fn position(&self, step: u64) -> Metadata {
-        Metadata::from([("data.step".to_string(), step.to_string())])
-    }
-    fn resume(&mut self, _step: u64, _meta: &Metadata) -> Result<(), TrainError> {
-        Ok(())
     }
     fn describe(&self) -> String {
         let c = &self.cfg;

@@ -73,6 +73,9 @@ fn close_to(a: &[f64], b: &[f64], tol: f64) -> std::result::Result<(), String> {
 /// What a check returns: the number of cases it checked, or why it failed.
 type Checked = std::result::Result<usize, String>;
 
+/// A check on a world of the given size on a device type that counts its cases.
+type CaseCounter = dyn Fn(usize, DeviceType) -> Checked;
+
 fn first_failures(failures: &[String], n: usize) -> String {
     failures[..failures.len().min(n)].join("\n  ")
 }
@@ -400,11 +403,11 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
         format!("{n} creation cases made on the device equal the host's (randn within 1 f32 / 4 f64 ulp)")
     });
     // The checks that count their cases: (exit code, name, check, what the cases showed).
-    let counted: [(i32, &str, &dyn Fn(usize, DeviceType) -> Checked, &str); 10] = [
+    let counted: [(i32, &str, &CaseCounter, &str); 10] = [
         (10, "16-bit kernels", &child_half, "bf16/f16 kernel cases within their rounding of the f64 reference"),
         (12, "large sums", &child_large_reductions, "large sums (several passes) within 2e-4 of the f64 sums"),
         (14, "AdamW copies", &child_adamw_copies, "AdamW compute copies bit for bit the casts of the new values"),
-        (15, "gradient and parameter buckets", &|w: usize, d: DeviceType| child_buckets(w, rank, d), "bucket pieces (gradients all-reduced and reduce-scattered: f32, f64, bf16 wire; shards all-gathered: f32, bf16, bit for bit) equal each tensor boxed alone, read and used after the other pieces were dropped"),
+        (15, "gradient and parameter buckets", &move |w: usize, d: DeviceType| child_buckets(w, rank, d), "bucket pieces (gradients all-reduced and reduce-scattered: f32, f64, bf16 wire; shards all-gathered: f32, bf16, bit for bit) equal each tensor boxed alone, read and used after the other pieces were dropped"),
         (16, "vocabulary-parallel cross-entropy", &child_vocab_parallel, "vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0"),
         (17, "fused element-wise kernels", &child_fused_elementwise, "generated fused element-wise kernel cases (f32, bf16, f16; bias rows, strided and scalar broadcasts, backward steps, casts) within their roundings of the f64 unfused ops, bit-equal on a second launch"),
         (18, "fused linear cross-entropy", &child_linear_classifier, "fused linear cross-entropy cases (f32, bf16, f16, f64; loss, dx, dw; padding; several chunks) within their rounding of the f64 reference"),

@@ -165,12 +165,7 @@ pub(crate) fn child_pipelined(
             chain_2d(*i, &local, &same)
         }
         .map_err(|x| e("cpu chain", x))?;
-        same_len(
-            &format!("iteration {i} mesh {mesh}"),
-            "results",
-            &got,
-            &want,
-        )?;
+        same_len(&format!("iteration {i} mesh {mesh}"), "results", got, &want)?;
         for (j, (g, w)) in got.iter().zip(&want).enumerate() {
             let what = format!("iteration {i} {mesh}-d mesh result {j} ({})", g.describe());
             if g.shape() != w.shape() {

@@ -84,7 +84,7 @@ pub(crate) fn child_large_reductions(world: usize, device: DeviceType) -> Checke
             let got = got
                 .and_then(|g| g.to_vec::<f32>())
                 .map_err(|x| e(format!("{name} {what}"), x))?;
-            same_len(&format!("{name} {what}"), "values", &got, &want)?;
+            same_len(&format!("{name} {what}"), "values", &got, want)?;
             for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
                 if ((g as f64) - w).abs() > 1e-5 * w.abs().max(1.0) {
                     return Err(format!("{name} {what}: output {k} is {g}, the host's {w}"));

@@ -51,9 +51,11 @@ use crate::rendezvous::validate_token;
 use crate::CommError;
 
 mod folders;
+mod one_host;
 mod process;
 
 pub use folders::unfit_folder;
+pub use one_host::one_host_launch_vars;
 pub use process::{device_graphs_allowed, kernel_cache_dir};
 
 /// Rendezvous and collective timeout when `OXIFLOW_TIMEOUT` is unset.

@@ -4,6 +4,9 @@
 //! counts say, roots and peers are members, sub-group members are distinct members including
 //! this one, and buffers are in the backend's memory (`Read`/`Write`).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use crate::flight::CommLog;
 use crate::strided::pack;
 use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock};
@@ -234,6 +237,24 @@ macro_rules! host_hooks {
     };
 }
 pub(crate) use host_hooks;
+
+/// The sub-communicator of `members` (indices into `world`, the communicator's world ranks):
+/// from `subs` (the sub-communicators made so far, by member list) when made before, else made by `make` from the members' world ranks and kept
+/// there (`subs` stays locked meanwhile).
+pub(crate) fn cached_sub_group(
+    subs: &Mutex<HashMap<Vec<usize>, SharedComm>>,
+    members: &[usize],
+    world: &[usize],
+    make: impl FnOnce(Vec<usize>) -> Result<SharedComm, CommError>,
+) -> Result<SharedComm, CommError> {
+    let mut subs = subs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = subs.get(members) {
+        return Ok(c.clone());
+    }
+    let comm = make(members.iter().map(|&m| world[m]).collect())?;
+    subs.insert(members.to_vec(), comm.clone());
+    Ok(comm)
+}
 
 /// Host memory of a read buffer (`Unsupported` for device memory).
 pub(crate) fn host_read<'a>(

@@ -60,6 +60,21 @@ fn f32_bytes(v: &mut [f32]) -> &mut [u8] {
     bytemuck::cast_slice_mut(v)
 }
 
+/// `contribution` widened to f32 and reduced in place by `reduce` (an f32 hook on the widened
+/// buffer, as buffer `what` of `op`): the f32 result.
+fn reduce_widened<T: BackendHooks>(
+    c: &T,
+    h: Half,
+    (op, what): (&str, &str),
+    contribution: &[u8],
+    reduce: impl FnOnce(T::Write<'_>) -> Result<(), CommError>,
+) -> Result<Vec<f32>, CommError> {
+    let mut wide = h.widened(contribution);
+    let w = c.write(op, what, BufMut::Host(f32_bytes(&mut wide)))?;
+    reduce(w)?;
+    Ok(wide)
+}
+
 pub(crate) fn all_reduce<T: BackendHooks>(
     c: &T,
     h: Half,
@@ -73,9 +88,9 @@ pub(crate) fn all_reduce<T: BackendHooks>(
         Ok((host_mut(c, name, "buffer", buf)?, count))
     };
     let run = |(buf, count): (&mut [u8], usize)| {
-        let mut wide = h.widened(buf);
-        let w = c.write(name, "buffer", BufMut::Host(f32_bytes(&mut wide)))?;
-        BackendHooks::all_reduce(c, DType::F32, w, count, op)?;
+        let wide = reduce_widened(c, h, (name, "buffer"), buf, |w| {
+            BackendHooks::all_reduce(c, DType::F32, w, count, op)
+        })?;
         h.narrow(&wide, buf);
         Ok(())
     };
@@ -97,9 +112,9 @@ pub(crate) fn all_reduce_into<T: BackendHooks>(
         Ok((s, host_mut(c, name, "recv", recv)?, count))
     };
     let run = |(send, recv, count): (&[u8], &mut [u8], usize)| {
-        let mut wide = h.widened(send);
-        let w = c.write(name, "recv", BufMut::Host(f32_bytes(&mut wide)))?;
-        BackendHooks::all_reduce(c, DType::F32, w, count, op)?;
+        let wide = reduce_widened(c, h, (name, "recv"), send, |w| {
+            BackendHooks::all_reduce(c, DType::F32, w, count, op)
+        })?;
         h.narrow(&wide, recv);
         Ok(())
     };
@@ -143,9 +158,9 @@ pub(crate) fn reduce<T: BackendHooks>(
     let (name, bytes) = ("reduce", buf.len_bytes());
     let buffer = || host_mut(c, name, "buffer", buf);
     let run = |buf: &mut [u8], count| {
-        let mut wide = h.widened(buf);
-        let w = c.write(name, "buffer", BufMut::Host(f32_bytes(&mut wide)))?;
-        BackendHooks::reduce(c, DType::F32, w, count, root, op)?;
+        let wide = reduce_widened(c, h, (name, "buffer"), buf, |w| {
+            BackendHooks::reduce(c, DType::F32, w, count, root, op)
+        })?;
         if c.rank() == root {
             h.narrow(&wide, buf);
         }

@@ -16,6 +16,9 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
+mod rank_processes;
+use rank_processes::{gpu_cases, ranks_failed};
+
 const KINDS: usize = 8;
 
 #[derive(Clone, Debug)]
@@ -378,33 +381,6 @@ fn spawn_all(scenario: &str, world: usize, addr: &str, token: &str, cases: u32) 
         .collect()
 }
 
-fn wait_all(mut kids: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
-    let t = Instant::now();
-    let mut codes = vec![None; kids.len()];
-    let mut done = vec![false; kids.len()];
-    while done.iter().any(|d| !d) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(s)) = k.try_wait() {
-                    codes[i] = s.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if t.elapsed() > limit {
-            for (i, k) in kids.iter_mut().enumerate() {
-                if !done[i] {
-                    let _ = k.kill();
-                    let _ = k.wait();
-                    done[i] = true;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    codes
-}
-
 /// NCCL installed only as `libnccl.so.2` (a name cudarc never tries) still loads: a folder
 /// holding just that name is searched alone.
 fn so2_only(found: &std::path::Path) -> Result<String, String> {
@@ -493,10 +469,7 @@ fn main() {
         println!("gpu_nccl: skipped: no CUDA (needs 2 GPUs, {ndev} visible)");
         return;
     }
-    let cases: u32 = std::env::var("OXIFLOW_GPU_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
+    let cases = gpu_cases(48);
     let token = generate_token().expect("token");
     let server =
         StoreServer::bind("127.0.0.1:0".parse().expect("addr"), token.clone()).expect("store");
@@ -511,30 +484,16 @@ fn main() {
         // The same cases on plain driver memory, then (half as many) on memory from NCCL's
         // allocator, which each comm registers on first use (zero-copy transfers).
         for (scenario, n) in [("cases", cases), ("registered", cases.div_ceil(2))] {
-            let t = Instant::now();
-            let codes = wait_all(
-                spawn_all(scenario, world, &addr, &token, n),
-                Duration::from_secs(240),
-            );
-            println!(
-                "gpu_nccl: world {world} {scenario}: exit codes {codes:?} in {:.1?}",
-                t.elapsed()
-            );
-            if codes.iter().any(|c| *c != Some(0)) {
+            let what = format!("gpu_nccl: world {world} {scenario}");
+            let spawn = || spawn_all(scenario, world, &addr, &token, n);
+            if let Some(codes) = ranks_failed(&what, spawn, Duration::from_secs(240)) {
                 failed.push(format!("{scenario} world {world}: {codes:?}"));
             }
         }
     }
-    let t = Instant::now();
-    let codes = wait_all(
-        spawn_all("dead", 2, &addr, &token, 0),
-        Duration::from_secs(90),
-    );
-    println!(
-        "gpu_nccl: dead-peer watchdog: exit codes {codes:?} in {:.1?}",
-        t.elapsed()
-    );
-    if codes.iter().any(|c| *c != Some(0)) {
+    let what = "gpu_nccl: dead-peer watchdog";
+    let spawn = || spawn_all("dead", 2, &addr, &token, 0);
+    if let Some(codes) = ranks_failed(what, spawn, Duration::from_secs(90)) {
         failed.push(format!("dead peer: {codes:?}"));
     }
     drop(server);

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::env::{one_host_launch_vars, LaunchEnv};
 use oxiflow_collectives::rendezvous::{generate_token, StoreClient, StoreServer};
 use oxiflow_collectives::CommError;
 
@@ -47,13 +47,12 @@ fn spawn(server: &StoreServer, token: &str, rank: usize, world: usize, timeout_s
     Command::new(exe)
         .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
         .env_clear()
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("LOCAL_WORLD_SIZE", world.to_string())
-        .env("MASTER_ADDR", server.local_addr().ip().to_string())
-        .env("MASTER_PORT", server.local_addr().port().to_string())
-        .env("OXIFLOW_TOKEN", token)
+        .envs(one_host_launch_vars(
+            rank,
+            world,
+            server.local_addr(),
+            token,
+        ))
         .env("OXIFLOW_TIMEOUT", timeout_s)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -262,33 +262,27 @@ fn bad_layouts_are_typed_errors() {
     let c = &comms[0];
     let send = vec![0u8; 40];
     let mut recv = vec![0u8; 40];
+    // A strided all-to-all of f32 on the one-member communicator.
+    let strided = |send: &[u8], layout: &[StridedBlock], recv: &mut [u8], counts: &[usize]| {
+        c.all_to_all_v_strided(
+            DType::F32,
+            Buf::Host(send),
+            layout,
+            BufMut::Host(recv),
+            counts,
+        )
+    };
     let past = [StridedBlock {
         offset: 1,
         run_len: 3,
         stride: 5,
         runs: 2,
     }];
-    let e = c
-        .all_to_all_v_strided(
-            DType::F32,
-            Buf::Host(&send[..32]),
-            &past,
-            BufMut::Host(&mut recv[..24]),
-            &[6],
-        )
-        .unwrap_err();
+    let e = strided(&send[..32], &past, &mut recv[..24], &[6]).unwrap_err();
     assert!(matches!(e, CommError::BufferSize { .. }), "{e}");
     assert!(e.to_string().contains("member 0"), "{e}");
     let two = [StridedBlock::contiguous(0, 1); 2];
-    let e = c
-        .all_to_all_v_strided(
-            DType::F32,
-            Buf::Host(&send),
-            &two,
-            BufMut::Host(&mut recv[..4]),
-            &[1],
-        )
-        .unwrap_err();
+    let e = strided(&send, &two, &mut recv[..4], &[1]).unwrap_err();
     assert!(matches!(e, CommError::InvalidArgument { .. }), "{e}");
     let huge = [StridedBlock {
         offset: 0,
@@ -296,15 +290,7 @@ fn bad_layouts_are_typed_errors() {
         stride: 1,
         runs: 4,
     }];
-    let e = c
-        .all_to_all_v_strided(
-            DType::F32,
-            Buf::Host(&send),
-            &huge,
-            BufMut::Host(&mut recv),
-            &[10],
-        )
-        .unwrap_err();
+    let e = strided(&send, &huge, &mut recv, &[10]).unwrap_err();
     assert!(matches!(e, CommError::InvalidArgument { .. }), "{e}");
     // A valid strided send to itself.
     let vals: Vec<u8> = (0..10u32).flat_map(|v| (v as f32).to_ne_bytes()).collect();
@@ -314,14 +300,7 @@ fn bad_layouts_are_typed_errors() {
         stride: 4,
         runs: 2,
     }];
-    c.all_to_all_v_strided(
-        DType::F32,
-        Buf::Host(&vals),
-        &ok,
-        BufMut::Host(&mut recv[..16]),
-        &[4],
-    )
-    .unwrap();
+    strided(&vals, &ok, &mut recv[..16], &[4]).unwrap();
     let got: Vec<f32> = recv[..16]
         .chunks_exact(4)
         .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))

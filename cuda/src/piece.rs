@@ -32,6 +32,11 @@ fn lerr(op: &str, e: impl std::fmt::Display) -> BoxingError {
     }
 }
 
+/// `op` between a host piece and a device piece.
+fn mixed_devices(op: &str) -> BoxingError {
+    lerr(op, "source and destination are on different devices")
+}
+
 fn rt(op: &'static str) -> Result<Arc<CudaRuntime>, BoxingError> {
     runtime(op).map_err(|e| lerr(op, e))
 }
@@ -117,7 +122,8 @@ impl CudaPiece {
         Ok(())
     }
 
-    /// Strided copies between each box of this piece and consecutive elements of `flat`.
+    /// Strided copies between each box of this piece and consecutive elements of `flat`,
+    /// after `check`ing that they fit.
     fn boxes(
         &self,
         regions: &[&[Range<usize>]],
@@ -127,6 +133,7 @@ impl CudaPiece {
         op: Option<ReduceOp>,
         name: &'static str,
     ) -> Result<(), BoxingError> {
+        self.check(flat, regions, flat_off, name)?;
         let r = rt(name)?;
         let dt = self.dtype();
         let st = strides(self.shape().dims());
@@ -312,13 +319,9 @@ impl LocalPiece for CudaPiece {
         match (self, &mut *dst) {
             (CudaPiece::Host(s), CudaPiece::Host(d)) => s.pack(regions, d, dst_offset),
             (CudaPiece::Device(_), CudaPiece::Device(_)) => {
-                self.check(dst, regions, dst_offset, "pack")?;
                 self.boxes(regions, dst, dst_offset, true, None, "pack")
             }
-            _ => Err(lerr(
-                "pack",
-                "source and destination are on different devices",
-            )),
+            _ => Err(mixed_devices("pack")),
         }
     }
     fn unpack(
@@ -331,13 +334,9 @@ impl LocalPiece for CudaPiece {
         match (&mut *self, src) {
             (CudaPiece::Host(d), CudaPiece::Host(s)) => d.unpack(regions, s, src_offset, op),
             (CudaPiece::Device(_), CudaPiece::Device(_)) => {
-                self.check(src, regions, src_offset, "unpack")?;
                 self.boxes(regions, src, src_offset, false, op, "unpack")
             }
-            _ => Err(lerr(
-                "unpack",
-                "source and destination are on different devices",
-            )),
+            _ => Err(mixed_devices("unpack")),
         }
     }
     fn to_dtype(&self, to: DType) -> Result<Self, BoxingError> {

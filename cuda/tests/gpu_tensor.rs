@@ -13,10 +13,11 @@
 //!
 //! A custom harness (`harness = false`): the parent re-runs this binary once per rank.
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
+use oxiflow_collectives::env::one_host_launch_vars;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_cuda::{self as cuda, init_from_env};
 use oxiflow_ops::adamw::{
@@ -34,6 +35,10 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 #[path = "../../tensor/tests/common/mod.rs"]
 mod common;
 mod gpu_tensor_checks;
+// Waiting for the rank processes, shared with the NCCL suite.
+#[path = "../../collectives/tests/rank_processes/mod.rs"]
+mod rank_processes;
+use rank_processes::{gpu_cases, ranks_failed};
 #[path = "../../tensor/tests/half_cases/mod.rs"]
 mod half_cases;
 use gpu_tensor_checks::{
@@ -65,15 +70,51 @@ fn close_to(a: &[f64], b: &[f64], tol: f64) -> std::result::Result<(), String> {
 }
 
 /// The first `n` of `failures`, each on an indented line of its own.
+/// What a check returns: the number of cases it checked, or why it failed.
+type Checked = std::result::Result<usize, String>;
+
+/// A check on a world of the given size on a device type that counts its cases.
+type CaseCounter = dyn Fn(usize, DeviceType) -> Checked;
+
 fn first_failures(failures: &[String], n: usize) -> String {
     failures[..failures.len().min(n)].join("\n  ")
+}
+
+/// An error unless `got` and `want` (of `what`, holding `items`) are equally long.
+fn same_len<T, U>(
+    what: &str,
+    items: &str,
+    got: &[T],
+    want: &[U],
+) -> std::result::Result<(), String> {
+    if got.len() == want.len() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: {} {items}, want {}",
+        got.len(),
+        want.len()
+    ))
+}
+
+/// `checked` when `failures` is empty; else an error saying which cases failed (`summary`)
+/// with the first `n` failures.
+fn passed_or_first(checked: usize, failures: &[String], summary: String, n: usize) -> Checked {
+    if failures.is_empty() {
+        Ok(checked)
+    } else {
+        Err(format!(
+            "{summary} failed; first:\n  {}",
+            first_failures(failures, n)
+        ))
+    }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
     t.cast(DType::F64)?.to_vec::<f64>()
 }
 
-fn child_ops(world: usize, cases: u32, dev: DeviceType) -> std::result::Result<usize, String> {
+fn child_ops(world: usize, cases: u32, dev: DeviceType) -> Checked {
     let placement =
         Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
     let local = |shape: &[usize], seed: u64, _s: usize| -> Result<Tensor> {
@@ -141,15 +182,12 @@ fn child_ops(world: usize, cases: u32, dev: DeviceType) -> std::result::Result<u
         }
         done += ok as usize;
     }
-    if failures.is_empty() {
-        Ok(done)
-    } else {
-        Err(format!(
-            "{} of {cases} op cases failed; first:\n  {}",
-            cases as usize - done,
-            first_failures(&failures, 6)
-        ))
-    }
+    passed_or_first(
+        done,
+        &failures,
+        format!("{} of {cases} op cases", cases as usize - done),
+        6,
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -214,12 +252,7 @@ fn nd(codes: &[usize], p: &Placement, ndim: usize, dtype: DType) -> NdSbp {
     }))
 }
 
-fn child_boxing(
-    world: usize,
-    rank: usize,
-    cases: u32,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+fn child_boxing(world: usize, rank: usize, cases: u32, dev: DeviceType) -> Checked {
     let pls = placements(world, dev);
     let mut failures: Vec<String> = Vec::new();
     let mut runner = TestRunner::new_with_rng(
@@ -274,15 +307,12 @@ fn child_boxing(
             Ok(_) => done += 1,
         }
     }
-    if failures.is_empty() {
-        Ok(done)
-    } else {
-        Err(format!(
-            "{} of {cases} boxing cases failed; first:\n  {}",
-            failures.len(),
-            first_failures(&failures, 6)
-        ))
-    }
+    passed_or_first(
+        done,
+        &failures,
+        format!("{} of {cases} boxing cases", failures.len()),
+        6,
+    )
 }
 
 /// One rank's checks: rank 0 prints a line per check that passed; a failing check prints the
@@ -372,36 +402,22 @@ fn child(world: usize, rank: usize, cases: u32) -> i32 {
     checks.report(8, "device creation", child_creation(world), |n| {
         format!("{n} creation cases made on the device equal the host's (randn within 1 f32 / 4 f64 ulp)")
     });
-    checks.report(10, "16-bit kernels", child_half(world, cuda), |n| {
-        format!("{n} bf16/f16 kernel cases within their rounding of the f64 reference")
-    });
-    checks.report(12, "large sums", child_large_reductions(world, cuda), |n| {
-        format!("{n} large sums (several passes) within 2e-4 of the f64 sums")
-    });
-    checks.report(14, "AdamW copies", child_adamw_copies(world, cuda), |n| {
-        format!("{n} AdamW compute copies bit for bit the casts of the new values")
-    });
-    checks.report(15, "gradient and parameter buckets", child_buckets(world, rank, cuda), |n| {
-        format!("{n} bucket pieces (gradients all-reduced and reduce-scattered: f32, f64, bf16 wire; shards all-gathered: f32, bf16, bit for bit) equal each tensor boxed alone, read and used after the other pieces were dropped")
-    });
-    checks.report(16, "vocabulary-parallel cross-entropy", child_vocab_parallel(world, cuda), |n| {
-        format!("{n} vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0")
-    });
-    checks.report(17, "fused element-wise kernels", child_fused_elementwise(world, cuda), |n| {
-        format!("{n} generated fused element-wise kernel cases (f32, bf16, f16; bias rows, strided and scalar broadcasts, backward steps, casts) within their roundings of the f64 unfused ops, bit-equal on a second launch")
-    });
-    checks.report(18, "fused linear cross-entropy", child_linear_classifier(world, cuda), |n| {
-        format!("{n} fused linear cross-entropy cases (f32, bf16, f16, f64; loss, dx, dw; padding; several chunks) within their rounding of the f64 reference")
-    });
-    checks.report(19, "fused MLP", child_residual_mlp(world, cuda), |n| {
-        format!("{n} fused MLP cases (f32, bf16, f16, f64; y and six gradients; GPT-2 widths; GELU's output kept or computed again) within their rounding of the unfused f64 layers")
-    });
-    checks.report(20, "shared inputs", child_shared_input(world, cuda), |n| {
-        format!("{n} shared-input cases (f32, bf16, f16, f64; three linears' and a LayerNorm's input gradients summed in their kernels) within their rounding of the f64 graph")
-    });
-    checks.report(21, "AdamW over its own memory", child_adamw_reuse(world, cuda), |n| {
-        format!("{n} AdamW results written over their slots' own memory bit for bit the update into new memory (f32 with bf16/f16 copies, f64; clipped by a device ratio and a host factor); holders of a device piece counted")
-    });
+    // The checks that count their cases: (exit code, name, check, what the cases showed).
+    let counted: [(i32, &str, &CaseCounter, &str); 10] = [
+        (10, "16-bit kernels", &child_half, "bf16/f16 kernel cases within their rounding of the f64 reference"),
+        (12, "large sums", &child_large_reductions, "large sums (several passes) within 2e-4 of the f64 sums"),
+        (14, "AdamW copies", &child_adamw_copies, "AdamW compute copies bit for bit the casts of the new values"),
+        (15, "gradient and parameter buckets", &move |w: usize, d: DeviceType| child_buckets(w, rank, d), "bucket pieces (gradients all-reduced and reduce-scattered: f32, f64, bf16 wire; shards all-gathered: f32, bf16, bit for bit) equal each tensor boxed alone, read and used after the other pieces were dropped"),
+        (16, "vocabulary-parallel cross-entropy", &child_vocab_parallel, "vocabulary-parallel cross-entropy cases (f32, bf16, f16, f64; lse, loss, dlogits, padded classifier) equal to the CPU kernels, padding gradient 0"),
+        (17, "fused element-wise kernels", &child_fused_elementwise, "generated fused element-wise kernel cases (f32, bf16, f16; bias rows, strided and scalar broadcasts, backward steps, casts) within their roundings of the f64 unfused ops, bit-equal on a second launch"),
+        (18, "fused linear cross-entropy", &child_linear_classifier, "fused linear cross-entropy cases (f32, bf16, f16, f64; loss, dx, dw; padding; several chunks) within their rounding of the f64 reference"),
+        (19, "fused MLP", &child_residual_mlp, "fused MLP cases (f32, bf16, f16, f64; y and six gradients; GPT-2 widths; GELU's output kept or computed again) within their rounding of the unfused f64 layers"),
+        (20, "shared inputs", &child_shared_input, "shared-input cases (f32, bf16, f16, f64; three linears' and a LayerNorm's input gradients summed in their kernels) within their rounding of the f64 graph"),
+        (21, "AdamW over its own memory", &child_adamw_reuse, "AdamW results written over their slots' own memory bit for bit the update into new memory (f32 with bf16/f16 copies, f64; clipped by a device ratio and a host factor); holders of a device piece counted"),
+    ];
+    for (code, what, check, showed) in counted {
+        checks.report(code, what, check(world, cuda), |n| format!("{n} {showed}"));
+    }
     let t = Instant::now();
     checks.report(11, "fused attention", child_flash(world, cuda), |n| {
         format!("{n} fused attention runs (bf16, f16, f32; o, lse, dq, dk, dv) within tolerance of the f64 reference ({:.1?})", t.elapsed())
@@ -457,33 +473,6 @@ fn cpu_self_check() {
     );
 }
 
-fn wait_all(mut kids: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
-    let t = Instant::now();
-    let mut codes = vec![None; kids.len()];
-    let mut done = vec![false; kids.len()];
-    while done.iter().any(|d| !d) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(s)) = k.try_wait() {
-                    codes[i] = s.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if t.elapsed() > limit {
-            for (i, k) in kids.iter_mut().enumerate() {
-                if !done[i] {
-                    let _ = k.kill();
-                    let _ = k.wait();
-                    done[i] = true;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    codes
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() >= 5 && args[1] == "child" {
@@ -506,10 +495,7 @@ fn main() {
         println!("gpu_tensor: skipped: no CUDA (no GPU visible)");
         return;
     }
-    let cases: u32 = std::env::var("OXIFLOW_GPU_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+    let cases = gpu_cases(40);
     let exe = std::env::current_exe().expect("current_exe");
     let mut failed = Vec::new();
     for world in [1usize, 2, 4] {
@@ -525,36 +511,27 @@ fn main() {
         let server =
             StoreServer::bind("127.0.0.1:0".parse().expect("addr"), token.clone()).expect("store");
         let addr = server.local_addr();
-        let t = Instant::now();
-        let kids = (0..world)
-            .map(|r| {
-                Command::new(&exe)
-                    .args([
-                        "child",
-                        &r.to_string(),
-                        &world.to_string(),
-                        &cases.to_string(),
-                    ])
-                    .env("RANK", r.to_string())
-                    .env("WORLD_SIZE", world.to_string())
-                    .env("LOCAL_RANK", r.to_string())
-                    .env("LOCAL_WORLD_SIZE", world.to_string())
-                    .env("MASTER_ADDR", addr.ip().to_string())
-                    .env("MASTER_PORT", addr.port().to_string())
-                    .env("OXIFLOW_TOKEN", &token)
-                    .env("OXIFLOW_BACKEND", "nccl")
-                    .env("OXIFLOW_TIMEOUT", "30")
-                    .env("NCCL_NVLS_ENABLE", "0")
-                    .spawn()
-                    .expect("spawn rank")
-            })
-            .collect();
-        let codes = wait_all(kids, Duration::from_secs(300));
-        println!(
-            "gpu_tensor: world {world}: exit codes {codes:?} in {:.1?}",
-            t.elapsed()
-        );
-        if codes.iter().any(|c| *c != Some(0)) {
+        let spawn = || {
+            (0..world)
+                .map(|r| {
+                    Command::new(&exe)
+                        .args([
+                            "child",
+                            &r.to_string(),
+                            &world.to_string(),
+                            &cases.to_string(),
+                        ])
+                        .envs(one_host_launch_vars(r, world, addr, &token))
+                        .env("OXIFLOW_BACKEND", "nccl")
+                        .env("OXIFLOW_TIMEOUT", "30")
+                        .env("NCCL_NVLS_ENABLE", "0")
+                        .spawn()
+                        .expect("spawn rank")
+                })
+                .collect()
+        };
+        let what = format!("gpu_tensor: world {world}");
+        if ranks_failed(&what, spawn, Duration::from_secs(300)).is_some() {
             failed.push(world);
         }
     }

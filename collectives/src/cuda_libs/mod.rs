@@ -338,18 +338,25 @@ pub fn dir_has(dir: &Path, lib: CudaLib) -> bool {
     lib.file_names().iter().any(|n| dir.join(n).exists())
 }
 
+/// A new folder `oxiflow-{name}-{pid}` under the temporary directory and the search of it alone.
+#[cfg(test)]
+fn only_folder(name: &str) -> (std::path::PathBuf, LibSearch) {
+    let dir = std::env::temp_dir().join(format!("oxiflow-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let search = LibSearch {
+        extra_dirs: vec![dir.clone()],
+        only_extra: true,
+    };
+    (dir, search)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn missing_library_is_a_typed_error_naming_what_and_where() {
-        let dir = std::env::temp_dir().join(format!("oxiflow-nolibs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let search = LibSearch {
-            extra_dirs: vec![dir.clone()],
-            only_extra: true,
-        };
+        let (dir, search) = only_folder("nolibs");
         let e = load_uncached(CudaLib::Nccl, &search).unwrap_err();
         let msg = e.to_string();
         assert_eq!(e.lib, CudaLib::Nccl);
@@ -363,13 +370,8 @@ mod tests {
 
     #[test]
     fn a_file_that_is_not_a_library_is_reported_with_its_path() {
-        let dir = std::env::temp_dir().join(format!("oxiflow-badlib-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let (dir, search) = only_folder("badlib");
         std::fs::write(dir.join("libnccl.so.2"), b"not an ELF file").unwrap();
-        let search = LibSearch {
-            extra_dirs: vec![dir.clone()],
-            only_extra: true,
-        };
         let e = load_uncached(CudaLib::Nccl, &search).unwrap_err();
         assert!(e.last_error.contains("libnccl.so.2"), "{}", e.last_error);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -86,12 +86,7 @@ mod tests {
 
     #[test]
     fn a_missing_cudnn_is_a_typed_error() {
-        let dir = std::env::temp_dir().join(format!("oxiflow-nocudnn-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let search = LibSearch {
-            extra_dirs: vec![dir.clone()],
-            only_extra: true,
-        };
+        let (dir, search) = super::super::only_folder("nocudnn");
         let e = super::super::load_uncached(CudaLib::Cudnn, &search).unwrap_err();
         assert_eq!(e.lib, CudaLib::Cudnn);
         assert!(e.to_string().contains("libcudnn.so.9"), "{e}");

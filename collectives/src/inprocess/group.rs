@@ -258,12 +258,14 @@ impl Group {
             }
             Err(e)
         };
+        // The timeout of a poisoned group: `why` says how this member met the poison.
+        let poisoned = |why: &str, pop: &str, missing: &[usize]| CommError::Timeout {
+            op: format!("{} ({why} in {pop})", self.op_name(op)),
+            timeout: self.timeout,
+            missing: missing.to_vec(),
+        };
         if let Some((pop, missing)) = &st.poison {
-            let e = CommError::Timeout {
-                op: format!("{} (group broken earlier in {pop})", self.op_name(op)),
-                timeout: self.timeout,
-                missing: missing.clone(),
-            };
+            let e = poisoned("group broken earlier", pop, missing);
             return fail(st, e);
         }
         st.arrived[me] = true;
@@ -308,11 +310,7 @@ impl Group {
                 return Ok(());
             }
             if let Some((pop, missing)) = &st.poison {
-                let e = CommError::Timeout {
-                    op: format!("{} (member timed out in {pop})", self.op_name(op)),
-                    timeout: self.timeout,
-                    missing: missing.clone(),
-                };
+                let e = poisoned("member timed out", pop, missing);
                 return fail(st, e);
             }
         }

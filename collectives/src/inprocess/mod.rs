@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::algorithms::args;
 use crate::flight::CommLog;
-use crate::hooks::{host_hooks, BackendHooks};
+use crate::hooks::{cached_sub_group, host_hooks, BackendHooks};
 use crate::{
     reduce_into, Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock,
 };
@@ -392,21 +392,20 @@ impl BackendHooks for InProcessComm {
     }
 
     fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
-        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = subs.get(members) {
-            return Ok(c.clone());
-        }
-        let ranks: Vec<usize> = members.iter().map(|&m| self.group.world_ranks[m]).collect();
-        let group = {
-            let mut groups = self.world.groups.lock().unwrap_or_else(|e| e.into_inner());
-            groups
-                .entry(ranks.clone())
-                .or_insert_with(|| Arc::new(Group::new(ranks, self.world.timeout)))
-                .clone()
-        };
-        let comm: SharedComm = Arc::new(InProcessComm::member(self.world.clone(), group, me));
-        subs.insert(members.to_vec(), comm.clone());
-        Ok(comm)
+        cached_sub_group(&self.subs, members, &self.group.world_ranks, |ranks| {
+            let group = {
+                let mut groups = self.world.groups.lock().unwrap_or_else(|e| e.into_inner());
+                groups
+                    .entry(ranks.clone())
+                    .or_insert_with(|| Arc::new(Group::new(ranks, self.world.timeout)))
+                    .clone()
+            };
+            Ok(Arc::new(InProcessComm::member(
+                self.world.clone(),
+                group,
+                me,
+            )))
+        })
     }
 }
 

@@ -22,7 +22,7 @@ use ::mpi::Count;
 
 use crate::env::LaunchEnv;
 use crate::flight::CommLog;
-use crate::hooks::{host_hooks, BackendHooks};
+use crate::hooks::{cached_sub_group, host_hooks, BackendHooks};
 use crate::{Backend, Buf, BufMut, CommError, DType, ReduceOp, SharedComm, StridedBlock};
 pub(crate) use runtime::bootstrap_rendezvous;
 use runtime::{ensure_initialized, Watchdog};
@@ -197,6 +197,21 @@ impl MpiComm {
         format!("{op} on ranks {:?}", self.ranks)
     }
 
+    /// Runs `f`, call `name` of this communicator under its watchdog, on `s` and `r` as
+    /// `placed` and `placed_mut` give them.
+    fn placed_call<T>(
+        &self,
+        name: &str,
+        s: &[u8],
+        r: &mut [u8],
+        f: impl FnOnce(&[u8], &mut [u8]) -> T,
+    ) -> T {
+        let (spare, mut spare_mut) = ([0u8], [0u8]);
+        let (s, r) = (placed(s, &spare), placed_mut(r, &mut spare_mut));
+        let _call = self.watchdog.enter(|| self.name(name));
+        f(s, r)
+    }
+
     fn check(&self, op: &str, call: &str, code: i32) -> Result<(), CommError> {
         if code == 0 {
             return Ok(());
@@ -342,12 +357,11 @@ impl BackendHooks for MpiComm {
     ) -> Result<(), CommError> {
         let name = "all_gather_v";
         let (c, d) = byte_layout(name, counts, dtype)?;
-        let (spare, mut spare_mut) = ([0u8], [0u8]);
-        let (s, r) = (placed(s, &spare), placed_mut(r, &mut spare_mut));
-        let _call = self.watchdog.enter(|| self.name(name));
-        let mut part = PartitionMut::new(r, c, d);
-        self.comm.0.all_gather_varcount_into(s, &mut part);
-        Ok(())
+        self.placed_call(name, s, r, |s, r| {
+            let mut part = PartitionMut::new(r, c, d);
+            self.comm.0.all_gather_varcount_into(s, &mut part);
+            Ok(())
+        })
     }
 
     fn reduce_scatter_v(
@@ -365,36 +379,35 @@ impl BackendHooks for MpiComm {
             .iter()
             .map(|&c| count(name, "count", c))
             .collect::<Result<_, _>>()?;
-        let (spare, mut spare_mut) = ([0u8], [0u8]);
-        let (s, r) = (placed(s, &spare), placed_mut(r, &mut spare_mut));
-        let _call = self.watchdog.enter(|| self.name(name));
-        if equal {
-            // SAFETY: as below, with every member's chunk `counts[0]` elements long.
-            return unsafe {
+        self.placed_call(name, s, r, |s, r| {
+            if equal {
+                // SAFETY: as below, with every member's chunk `counts[0]` elements long.
+                return unsafe {
+                    self.reduction(
+                        name,
+                        "MPI_Reduce_scatter_block",
+                        ffi::MPI_Reduce_scatter_block,
+                        s,
+                        r,
+                        counts[0],
+                        (dtype, op),
+                    )
+                };
+            }
+            // SAFETY: `s` holds sum(counts) and `r` counts[me] elements of `dtype` (checked at
+            // the boundary); `counts` has one entry per member; nothing overlaps.
+            unsafe {
                 self.reduction(
                     name,
-                    "MPI_Reduce_scatter_block",
-                    ffi::MPI_Reduce_scatter_block,
+                    "MPI_Reduce_scatter",
+                    ffi::MPI_Reduce_scatter,
                     s,
                     r,
-                    counts[0],
+                    counts.as_ptr(),
                     (dtype, op),
                 )
-            };
-        }
-        // SAFETY: `s` holds sum(counts) and `r` counts[me] elements of `dtype` (checked at the
-        // boundary); `counts` has one entry per member; nothing overlaps.
-        unsafe {
-            self.reduction(
-                name,
-                "MPI_Reduce_scatter",
-                ffi::MPI_Reduce_scatter,
-                s,
-                r,
-                counts.as_ptr(),
-                (dtype, op),
-            )
-        }
+            }
+        })
     }
 
     fn all_to_all_v(
@@ -408,13 +421,12 @@ impl BackendHooks for MpiComm {
         let name = "all_to_all_v";
         let (sc, sd) = byte_layout(name, send_counts, dtype)?;
         let (rc, rd) = byte_layout(name, recv_counts, dtype)?;
-        let (spare, mut spare_mut) = ([0u8], [0u8]);
-        let (s, r) = (placed(s, &spare), placed_mut(r, &mut spare_mut));
-        let _call = self.watchdog.enter(|| self.name(name));
-        let send = Partition::new(s, sc, sd);
-        let mut recv = PartitionMut::new(r, rc, rd);
-        self.comm.0.all_to_all_varcount_into(&send, &mut recv);
-        Ok(())
+        self.placed_call(name, s, r, |s, r| {
+            let send = Partition::new(s, sc, sd);
+            let mut recv = PartitionMut::new(r, rc, rd);
+            self.comm.0.all_to_all_varcount_into(&send, &mut recv);
+            Ok(())
+        })
     }
 
     fn broadcast(&self, _dtype: DType, b: &mut [u8], root: usize) -> Result<(), CommError> {
@@ -527,28 +539,30 @@ impl BackendHooks for MpiComm {
 
     fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
         let name = "sub_group";
-        let mut subs = lock(&self.subs);
-        if let Some(c) = subs.get(members) {
-            return Ok(c.clone());
-        }
-        let ranks: Vec<usize> = members.iter().map(|&m| self.ranks[m]).collect();
-        let indices: Vec<i32> = members.iter().map(|&m| m as i32).collect();
-        // Groups made at the same time by overlapping members are told apart by their ranks.
-        let tag = (ranks
-            .iter()
-            .fold(17u32, |h, &r| h.wrapping_mul(31).wrapping_add(r as u32))
-            & 0x7fff) as i32;
-        let comm = {
-            let _call = self.watchdog.enter(|| self.name(name));
-            let group = self.comm.0.group().include(&indices);
-            self.comm.0.split_by_subgroup_with_tag(&group, tag)
-        };
-        let comm = comm.ok_or_else(|| CommError::InvalidArgument {
-            op: self.name(name),
-            detail: format!("MPI_Comm_create_group gave no communicator for members {members:?}"),
-        })?;
-        let sub: SharedComm = Arc::new(MpiComm::new(self.watchdog.clone(), comm, ranks, me));
-        subs.insert(members.to_vec(), sub.clone());
-        Ok(sub)
+        cached_sub_group(&self.subs, members, &self.ranks, |ranks| {
+            let indices: Vec<i32> = members.iter().map(|&m| m as i32).collect();
+            // Groups made at the same time by overlapping members are told apart by their ranks.
+            let tag = (ranks
+                .iter()
+                .fold(17u32, |h, &r| h.wrapping_mul(31).wrapping_add(r as u32))
+                & 0x7fff) as i32;
+            let comm = {
+                let _call = self.watchdog.enter(|| self.name(name));
+                let group = self.comm.0.group().include(&indices);
+                self.comm.0.split_by_subgroup_with_tag(&group, tag)
+            };
+            let comm = comm.ok_or_else(|| CommError::InvalidArgument {
+                op: self.name(name),
+                detail: format!(
+                    "MPI_Comm_create_group gave no communicator for members {members:?}"
+                ),
+            })?;
+            Ok(Arc::new(MpiComm::new(
+                self.watchdog.clone(),
+                comm,
+                ranks,
+                me,
+            )))
+        })
     }
 }

@@ -63,32 +63,59 @@ type FnRegister =
     unsafe extern "C" fn(NcclComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
 type FnDeregister = unsafe extern "C" fn(NcclComm, *mut c_void) -> NcclResult;
 
-/// The bound NCCL entry points.
-pub struct Nccl {
-    pub path: String,
-    pub get_unique_id: FnGetUniqueId,
-    pub comm_init_rank: FnCommInitRank,
-    pub comm_destroy: FnComm,
-    pub comm_abort: FnComm,
-    pub comm_get_async_error: FnAsyncErr,
-    pub group_start: FnVoid,
-    pub group_end: FnVoid,
-    pub get_error_string: FnErrStr,
-    pub get_last_error: Option<FnLastErr>,
-    pub get_version: FnVersion,
-    pub all_reduce: FnCollective,
-    pub all_gather: FnAllGather,
-    pub reduce_scatter: FnCollective,
-    pub broadcast: FnCollective,
-    pub reduce: FnReduce,
-    pub send: FnSend,
-    pub recv: FnRecv,
+/// `Nccl`, the bound NCCL entry points (with the library's path), and `bind`, which loads
+/// the library and resolves them, from one table: `field: Type = required("symbol")` for the
+/// entry points every NCCL 2 has (a missing one fails the binding),
+/// `field: Option<Type> = optional("symbol")` for those of later versions.
+macro_rules! entry_points {
+    (@required $lib:ident, $symbol:literal) => {
+        sym($lib, $symbol)?
+    };
+    (@optional $lib:ident, $symbol:literal) => {
+        sym($lib, $symbol).ok()
+    };
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $how:ident($symbol:literal),)*) => {
+        /// The bound NCCL entry points.
+        pub struct Nccl {
+            pub path: String,
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        fn bind(search: &LibSearch) -> Result<Nccl, CommError> {
+            let lib = cuda_libs::load(CudaLib::Nccl, search)
+                .map_err(|e| CommError::Device(e.to_string()))?;
+            Ok(Nccl {
+                path: lib.path.display().to_string(),
+                $($field: entry_points!(@$how lib, $symbol),)*
+            })
+        }
+    };
+}
+
+entry_points! {
+    get_unique_id: FnGetUniqueId = required("ncclGetUniqueId"),
+    comm_init_rank: FnCommInitRank = required("ncclCommInitRank"),
+    comm_destroy: FnComm = required("ncclCommDestroy"),
+    comm_abort: FnComm = required("ncclCommAbort"),
+    comm_get_async_error: FnAsyncErr = required("ncclCommGetAsyncError"),
+    group_start: FnVoid = required("ncclGroupStart"),
+    group_end: FnVoid = required("ncclGroupEnd"),
+    get_error_string: FnErrStr = required("ncclGetErrorString"),
+    get_last_error: Option<FnLastErr> = optional("ncclGetLastError"),
+    get_version: FnVersion = required("ncclGetVersion"),
+    all_reduce: FnCollective = required("ncclAllReduce"),
+    all_gather: FnAllGather = required("ncclAllGather"),
+    reduce_scatter: FnCollective = required("ncclReduceScatter"),
+    broadcast: FnCollective = required("ncclBroadcast"),
+    reduce: FnReduce = required("ncclReduce"),
+    send: FnSend = required("ncclSend"),
+    recv: FnRecv = required("ncclRecv"),
     /// Buffer registration (NCCL >= 2.19): `ncclMemAlloc`, `ncclMemFree`, `ncclCommRegister`,
     /// `ncclCommDeregister`.
-    pub mem_alloc: Option<FnMemAlloc>,
-    pub mem_free: Option<FnMemFree>,
-    pub comm_register: Option<FnRegister>,
-    pub comm_deregister: Option<FnDeregister>,
+    mem_alloc: Option<FnMemAlloc> = optional("ncclMemAlloc"),
+    mem_free: Option<FnMemFree> = optional("ncclMemFree"),
+    comm_register: Option<FnRegister> = optional("ncclCommRegister"),
+    comm_deregister: Option<FnDeregister> = optional("ncclCommDeregister"),
 }
 
 fn sym<T: Copy>(lib: &LoadedLib, name: &str) -> Result<T, CommError> {
@@ -109,35 +136,6 @@ pub fn nccl(search: &LibSearch) -> Result<&'static Nccl, CommError> {
     NCCL.get_or_init(|| bind(search).map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| CommError::Device(e.clone()))
-}
-
-fn bind(search: &LibSearch) -> Result<Nccl, CommError> {
-    let lib =
-        cuda_libs::load(CudaLib::Nccl, search).map_err(|e| CommError::Device(e.to_string()))?;
-    Ok(Nccl {
-        path: lib.path.display().to_string(),
-        get_unique_id: sym(lib, "ncclGetUniqueId")?,
-        comm_init_rank: sym(lib, "ncclCommInitRank")?,
-        comm_destroy: sym(lib, "ncclCommDestroy")?,
-        comm_abort: sym(lib, "ncclCommAbort")?,
-        comm_get_async_error: sym(lib, "ncclCommGetAsyncError")?,
-        group_start: sym(lib, "ncclGroupStart")?,
-        group_end: sym(lib, "ncclGroupEnd")?,
-        get_error_string: sym(lib, "ncclGetErrorString")?,
-        get_last_error: sym(lib, "ncclGetLastError").ok(),
-        get_version: sym(lib, "ncclGetVersion")?,
-        all_reduce: sym(lib, "ncclAllReduce")?,
-        all_gather: sym(lib, "ncclAllGather")?,
-        reduce_scatter: sym(lib, "ncclReduceScatter")?,
-        broadcast: sym(lib, "ncclBroadcast")?,
-        reduce: sym(lib, "ncclReduce")?,
-        send: sym(lib, "ncclSend")?,
-        recv: sym(lib, "ncclRecv")?,
-        mem_alloc: sym(lib, "ncclMemAlloc").ok(),
-        mem_free: sym(lib, "ncclMemFree").ok(),
-        comm_register: sym(lib, "ncclCommRegister").ok(),
-        comm_deregister: sym(lib, "ncclCommDeregister").ok(),
-    })
 }
 
 impl Nccl {

@@ -25,6 +25,12 @@ pub(super) fn rounds(len: usize, b: usize) -> usize {
     len.div_ceil(b)
 }
 
+/// The window of `n` members (`sub(n)` bytes) and the rounds the longest of `lens` takes in it.
+fn round_plan(n: usize, lens: &[usize]) -> (usize, usize) {
+    let b = sub(n);
+    (b, lens.iter().map(|&l| rounds(l, b)).max().unwrap_or(0))
+}
+
 /// `out = srcs[0] op srcs[1] op ...` in order, block by block.
 fn reduce_members(dtype: DType, op: ReduceOp, out: &mut [u8], srcs: &[&[u8]]) {
     let mut o = 0;
@@ -137,9 +143,8 @@ impl Call<'_> {
         out: &mut [u8],
     ) -> Result<(), CommError> {
         let n = self.n();
-        let b = sub(n);
         let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
-        let r_all = lens.iter().map(|&l| rounds(l, b)).max().unwrap_or(0);
+        let (b, r_all) = round_plan(n, &lens);
         let peers = self.peers();
         for r in 0..r_all {
             let s = r % 2;
@@ -190,9 +195,8 @@ impl Call<'_> {
     ) -> Result<(), CommError> {
         let n = self.n();
         let me = self.me;
-        let b = sub(n);
         let lens: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
-        let r_all = lens.iter().map(|&l| rounds(l, b)).max().unwrap_or(0);
+        let (b, r_all) = round_plan(n, &lens);
         let peers = self.peers();
         for r in 0..r_all {
             let s = r % 2;

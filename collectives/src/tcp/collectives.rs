@@ -10,7 +10,7 @@ use super::{
     SHM_SMALL_ALL_REDUCE, SMALL_ALL_REDUCE,
 };
 use crate::flight::CommLog;
-use crate::hooks::{host_hooks, BackendHooks};
+use crate::hooks::{cached_sub_group, host_hooks, BackendHooks};
 use crate::shm::OpCode;
 use crate::strided::Runs;
 use crate::{
@@ -265,24 +265,19 @@ impl BackendHooks for TcpComm {
     }
 
     fn sub_group(&self, members: &[usize], me: usize) -> Result<SharedComm, CommError> {
-        let mut subs = lock(&self.subs);
-        if let Some(c) = subs.get(members) {
-            return Ok(c.clone());
-        }
-        let ranks: Vec<usize> = members.iter().map(|&m| self.ranks[m]).collect();
-        let group = lock(&self.world.groups)
-            .entry(ranks.clone())
-            .or_insert_with(|| group_state(&ranks))
-            .clone();
-        let comm: SharedComm = Arc::new(TcpComm {
-            world: self.world.clone(),
-            group,
-            log: CommLog::new(&ranks),
-            ranks,
-            me,
-            subs: Mutex::new(HashMap::new()),
-        });
-        subs.insert(members.to_vec(), comm.clone());
-        Ok(comm)
+        cached_sub_group(&self.subs, members, &self.ranks, |ranks| {
+            let group = lock(&self.world.groups)
+                .entry(ranks.clone())
+                .or_insert_with(|| group_state(&ranks))
+                .clone();
+            Ok(Arc::new(TcpComm {
+                world: self.world.clone(),
+                group,
+                log: CommLog::new(&ranks),
+                ranks,
+                me,
+                subs: Mutex::new(HashMap::new()),
+            }))
+        })
     }
 }

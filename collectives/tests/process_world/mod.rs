@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
+use oxiflow_collectives::env::one_host_launch_vars;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 
 /// The variable `name`, empty when unset.
@@ -50,16 +51,10 @@ impl World {
     /// This binary running only the test `entry` as rank `rank` of the CPU backend, with
     /// `OXIFLOW_TIMEOUT` `timeout_s`; stdout discarded, stderr kept.
     pub fn rank(&self, entry: &str, rank: usize, timeout_s: &str) -> Command {
-        let (r, n) = (rank.to_string(), self.size.to_string());
+        let store = self.server.local_addr();
         let mut c = Command::new(&self.exe);
         c.args([entry, "--exact", "--nocapture", "--test-threads=1"])
-            .env("RANK", &r)
-            .env("WORLD_SIZE", &n)
-            .env("LOCAL_RANK", &r)
-            .env("LOCAL_WORLD_SIZE", &n)
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", self.server.local_addr().port().to_string())
-            .env("OXIFLOW_TOKEN", &self.token)
+            .envs(one_host_launch_vars(rank, self.size, store, &self.token))
             .env("OXIFLOW_TIMEOUT", timeout_s)
             .env("OXIFLOW_BACKEND", "cpu")
             .stdout(Stdio::null())

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use oxiflow_boxing::{Fill, HostData, HostPiece, LocalPiece};
 use oxiflow_collectives::cuda_libs::{self, LibSearch};
+use oxiflow_collectives::env::one_host_launch_vars;
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{ReduceOp, SharedComm};
 use oxiflow_cuda::init_from_env;
@@ -543,13 +544,7 @@ fn main() {
             cmd.args(["child", &r.to_string(), &world.to_string()])
                 .args(["--sizes-mib", &sizes_arg])
                 .args(Opts::args(&args))
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", addr.ip().to_string())
-                .env("MASTER_PORT", addr.port().to_string())
-                .env("OXIFLOW_TOKEN", &token)
+                .envs(one_host_launch_vars(r, world, addr, &token))
                 .env("OXIFLOW_BACKEND", if cpu { "cpu" } else { "nccl" })
                 .env("OXIFLOW_TIMEOUT", "120")
                 .env("NCCL_NVLS_ENABLE", "0")

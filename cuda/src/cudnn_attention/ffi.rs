@@ -257,21 +257,9 @@ impl Desc {
     /// Reads descriptors into the already created `out` descriptors; returns how many were
     /// filled.
     pub(super) fn get_descs(&self, op: &'static str, attr: Attr, out: &[Desc]) -> FResult<usize> {
+        // The handles of out.len() live descriptors of the kind the attribute returns, which
+        // cuDNN fills in place.
         let mut raws: Vec<Raw> = out.iter().map(|d| d.raw).collect();
-        let mut n = 0i64;
-        // SAFETY: raws holds out.len() live descriptors of the kind the attribute returns.
-        let s = unsafe {
-            (self.api.backend_get)(
-                self.raw,
-                attr as u32,
-                Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR as u32,
-                raws.len() as i64,
-                &mut n,
-                raws.as_mut_ptr().cast(),
-            )
-        };
-        self.api
-            .check(op, &format!("reading {} attribute {attr:?}", self.name), s)?;
-        Ok(n.max(0) as usize)
+        self.get(op, attr, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raws)
     }
 }

@@ -59,7 +59,7 @@ impl Graph {
         by_value: bool,
     ) -> FResult<T> {
         let op = self.op;
-        let d = Desc::new(self.api, op, K::CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor")?;
+        let d = self.desc(K::CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor")?;
         d.enum_(
             op,
             A::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -98,6 +98,32 @@ impl Graph {
         self.tensor(uid, [1; 4], [1; 4], dt, false, true)
     }
 
+    /// A new descriptor of `kind` (`name`) for this graph.
+    fn desc(&self, kind: K, name: &'static str) -> FResult<Desc> {
+        Desc::new(self.api, self.op, kind, name)
+    }
+    /// Points attribute `attr` of operation `o` at tensor `t`.
+    fn tensor_attr(&self, o: &Desc, attr: A, t: T) -> FResult<()> {
+        o.descs(self.op, attr, &[&self.tensors[t.idx]])
+    }
+    /// Sets attribute `attr` of `d` to f32, the type its computation runs in.
+    fn compute_in_f32(&self, d: &Desc, attr: A) -> FResult<()> {
+        d.enum_(
+            self.op,
+            attr,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            Dt::CUDNN_DATA_FLOAT as u32,
+        )
+    }
+    /// Finalizes operation `o` and adds it to the graph, with the finalized `settings`
+    /// descriptor it points to (kept alive as long as the graph).
+    fn add_op(&mut self, o: Desc, settings: Option<Desc>) -> FResult<()> {
+        o.finalize(self.op)?;
+        self.keep.extend(settings);
+        self.ops.push(o);
+        Ok(())
+    }
+
     /// `y = mode(x [, b] [, t])` (`inputs` = x, b, t) computed in `prec` (`axis` for GEN_INDEX).
     pub(super) fn pointwise(
         &mut self,
@@ -109,12 +135,7 @@ impl Graph {
     ) -> FResult<()> {
         let (x, b, t) = (inputs[0], inputs.get(1).copied(), inputs.get(2).copied());
         let op = self.op;
-        let pw = Desc::new(
-            self.api,
-            op,
-            K::CUDNN_BACKEND_POINTWISE_DESCRIPTOR,
-            "pointwise",
-        )?;
+        let pw = self.desc(K::CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise")?;
         pw.enum_(
             op,
             A::CUDNN_ATTR_POINTWISE_MODE,
@@ -131,97 +152,41 @@ impl Graph {
             pw.i64s(op, A::CUDNN_ATTR_POINTWISE_AXIS, &[a])?;
         }
         pw.finalize(op)?;
-        let o = Desc::new(
-            self.api,
-            op,
+        let o = self.desc(
             K::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
             "pointwise op",
         )?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
-            &[&self.tensors[x.idx]],
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-            &[&self.tensors[y.idx]],
-        )?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y)?;
         o.f32(op, A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, 1.0)?;
         o.f32(op, A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, 1.0)?;
         if let Some(b) = b {
-            o.descs(
-                op,
-                A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                &[&self.tensors[b.idx]],
-            )?;
+            self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b)?;
         }
         if let Some(t) = t {
-            o.descs(
-                op,
-                A::CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
-                &[&self.tensors[t.idx]],
-            )?;
+            self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t)?;
         }
-        o.finalize(op)?;
-        self.keep.push(pw);
-        self.ops.push(o);
-        Ok(())
+        self.add_op(o, Some(pw))
     }
     /// `c = a b` (batched over the two leading dims), f32 accumulation.
     pub(super) fn matmul(&mut self, a: T, b: T, c: T) -> FResult<()> {
         let op = self.op;
-        let mm = Desc::new(self.api, op, K::CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul")?;
-        mm.enum_(
-            op,
-            A::CUDNN_ATTR_MATMUL_COMP_TYPE,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            Dt::CUDNN_DATA_FLOAT as u32,
-        )?;
+        let mm = self.desc(K::CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul")?;
+        self.compute_in_f32(&mm, A::CUDNN_ATTR_MATMUL_COMP_TYPE)?;
         mm.finalize(op)?;
-        let o = Desc::new(
-            self.api,
-            op,
-            K::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
-            "matmul op",
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_MATMUL_ADESC,
-            &[&self.tensors[a.idx]],
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_MATMUL_BDESC,
-            &[&self.tensors[b.idx]],
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_MATMUL_CDESC,
-            &[&self.tensors[c.idx]],
-        )?;
+        let o = self.desc(K::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op")?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&mm])?;
-        o.finalize(op)?;
-        self.keep.push(mm);
-        self.ops.push(o);
-        Ok(())
+        self.add_op(o, Some(mm))
     }
     /// `y = reduce(x)` over the dims where `y` has size 1, in f32.
     pub(super) fn reduction(&mut self, mode: Red, x: T, y: T) -> FResult<()> {
         let op = self.op;
-        let r = Desc::new(
-            self.api,
-            op,
-            K::CUDNN_BACKEND_REDUCTION_DESCRIPTOR,
-            "reduction",
-        )?;
-        r.enum_(
-            op,
-            A::CUDNN_ATTR_REDUCTION_COMP_TYPE,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            Dt::CUDNN_DATA_FLOAT as u32,
-        )?;
+        let r = self.desc(K::CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction")?;
+        self.compute_in_f32(&r, A::CUDNN_ATTR_REDUCTION_COMP_TYPE)?;
         r.enum_(
             op,
             A::CUDNN_ATTR_REDUCTION_OPERATOR,
@@ -229,50 +194,21 @@ impl Graph {
             mode as u32,
         )?;
         r.finalize(op)?;
-        let o = Desc::new(
-            self.api,
-            op,
+        let o = self.desc(
             K::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
             "reduction op",
         )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
-            &[&self.tensors[x.idx]],
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
-            &[&self.tensors[y.idx]],
-        )?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)?;
         o.descs(op, A::CUDNN_ATTR_OPERATION_REDUCTION_DESC, &[&r])?;
-        o.finalize(op)?;
-        self.keep.push(r);
-        self.ops.push(o);
-        Ok(())
+        self.add_op(o, Some(r))
     }
     /// `y` is `x` under other dims and strides (a transpose view).
     pub(super) fn reshape(&mut self, x: T, y: T) -> FResult<()> {
-        let op = self.op;
-        let o = Desc::new(
-            self.api,
-            op,
-            K::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
-            "reshape op",
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
-            &[&self.tensors[x.idx]],
-        )?;
-        o.descs(
-            op,
-            A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC,
-            &[&self.tensors[y.idx]],
-        )?;
-        o.finalize(op)?;
-        self.ops.push(o);
-        Ok(())
+        let o = self.desc(K::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape op")?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x)?;
+        self.tensor_attr(&o, A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)?;
+        self.add_op(o, None)
     }
 
     /// The operation graph on `handle` and its execution plan: the engine configurations of

@@ -79,26 +79,8 @@ fn matmul(
     Ok(())
 }
 
-/// The product of `a` (`[.., m, k]`, or `[.., k, m]` with `ta`) and `b` (`[.., k, n]`, or
-/// `[.., n, k]` with `tb`): batched over equal leading dims when `batched`, else `b` 2-d and
-/// every leading dim of `a` folded into m; f32 operands at `precision`.
-#[allow(clippy::too_many_arguments)]
-fn product(
-    k: &CudaKernels,
-    name: &'static str,
-    a: &CudaStorage,
-    b: &CudaStorage,
-    t: (bool, bool),
-    batched: bool,
-    precision: MatmulPrecision,
-    out: &CudaStorage,
-) -> Result<()> {
-    let g = product_shape(name, a, b, t, batched, out)?;
-    matmul(&k.rt, name, a, b, out, Gemm { precision, ..g })
-}
-
-/// The gemm of [`product`]'s operands (sizes and strides, f32 products in f32; errors where
-/// they do not multiply).
+/// The gemm of [`CudaKernels::product_t`]'s operands (sizes and strides, f32 products in f32;
+/// errors where they do not multiply).
 fn product_shape(
     name: &'static str,
     a: &CudaStorage,
@@ -168,7 +150,10 @@ fn product_shape(
 
 impl CudaKernels {
     /// `op(a) @ op(b)` on device pieces into `out` (see `MatmulKernels::matmul_t`), for the
-    /// other kernels.
+    /// other kernels: the product of `a` (`[.., m, k]`, or `[.., k, m]` with `ta`) and `b`
+    /// (`[.., k, n]`, or `[.., n, k]` with `tb`), batched over equal leading dims when
+    /// `batched`, else `b` 2-d and every leading dim of `a` folded into m; f32 operands at
+    /// `precision`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn product_t(
         &self,
@@ -180,7 +165,8 @@ impl CudaKernels {
         precision: MatmulPrecision,
         out: &CudaStorage,
     ) -> Result<()> {
-        product(self, name, a, b, t, batched, precision, out)
+        let g = product_shape(name, a, b, t, batched, out)?;
+        matmul(&self.rt, name, a, b, out, Gemm { precision, ..g })
     }
 }
 
@@ -192,7 +178,7 @@ impl MatmulKernels for CudaKernels {
         precision: MatmulPrecision,
         out: &mut CudaStorage,
     ) -> Result<()> {
-        product(self, "matmul", a, b, (false, false), false, precision, out)
+        self.product_t("matmul", a, b, (false, false), false, precision, out)
     }
 
     fn batch_matmul(
@@ -203,7 +189,7 @@ impl MatmulKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let t = (false, false);
-        product(self, "batch_matmul", a, b, t, true, precision, out)
+        self.product_t("batch_matmul", a, b, t, true, precision, out)
     }
 
     fn matmul_t(
@@ -220,7 +206,7 @@ impl MatmulKernels for CudaKernels {
         } else {
             "matmul_t"
         };
-        product(self, name, a, b, t, batched, precision, out)
+        self.product_t(name, a, b, t, batched, precision, out)
     }
 
     fn matmul_t_acc(

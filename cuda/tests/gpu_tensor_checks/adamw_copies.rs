@@ -16,10 +16,7 @@ pub(super) fn bits(t: &Tensor) -> Result<Vec<u64>> {
 /// The multi-tensor AdamW's compute copies on `device`: each bit for bit the cast of its new
 /// value (bf16 written by the fused launch, f16 by a cast after it); and a clip ratio read
 /// on the device gives the bits of its factor folded on the host; returns how many checked.
-pub(crate) fn child_adamw_copies(
-    world: usize,
-    device: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_adamw_copies(world: usize, device: DeviceType) -> Checked {
     let e = |err: oxiflow_tensor::TensorError| format!("adamw copies: {err}");
     let pl =
         Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;

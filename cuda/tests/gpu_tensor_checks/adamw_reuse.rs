@@ -93,10 +93,7 @@ fn slots_of<'a>(
 }
 
 /// Returns how many results were checked.
-pub(crate) fn child_adamw_reuse(
-    world: usize,
-    device: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_adamw_reuse(world: usize, device: DeviceType) -> Checked {
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("adamw reuse: {what}: {err}");
     let pl = world_placement(world, device)?;
     let on_device = device != DeviceType::Cpu;
@@ -108,16 +105,16 @@ pub(crate) fn child_adamw_reuse(
     for (clipped, first) in [(false, false), (true, false), (false, true), (true, true)] {
         let (tensors, copies) = case_tensors(0, &pl).map_err(|x| e("inputs", x))?;
         let slots = |reuse: bool| slots_of(&tensors, &copies, reuse, first);
+        // The bits of every operand of every slot.
+        let all_bits = |when: &str| -> std::result::Result<Vec<Vec<u64>>, String> {
+            let b = tensors.iter().flatten().map(bits).collect::<Result<_>>();
+            b.map_err(|x| e(when, x))
+        };
         let run = |reuse: bool| match clipped {
             true => adamw_multi_clipped(&slots(reuse), &hyper, &ratio),
             false => adamw_multi(&slots(reuse), &adamw_hyper(0.7)),
         };
-        let before: Vec<Vec<u64>> = tensors
-            .iter()
-            .flatten()
-            .map(bits)
-            .collect::<Result<_>>()
-            .map_err(|x| e("before", x))?;
+        let before = all_bits("before")?;
         let want = run(false).map_err(|x| e("into new memory", x))?;
         let got = run(true).map_err(|x| e("over the old memory", x))?;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -151,12 +148,7 @@ pub(crate) fn child_adamw_reuse(
                 checked += 1;
             }
         }
-        let after: Vec<Vec<u64>> = tensors
-            .iter()
-            .flatten()
-            .map(bits)
-            .collect::<Result<_>>()
-            .map_err(|x| e("after", x))?;
+        let after = all_bits("after")?;
         // On a device the params and moments (slots' 0, 2 and 3) hold the new values now (the
         // first step's moments are not the slots' tensors); the gradients never change.
         for (j, (b, a)) in before.iter().zip(&after).enumerate() {

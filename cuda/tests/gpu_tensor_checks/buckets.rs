@@ -30,11 +30,7 @@ fn partials(pl: &Placement, rank: usize, dtype: DType, round: u64) -> Result<Vec
 }
 
 /// Each case's bucket against the tensors boxed alone; returns how many tensors were checked.
-pub(crate) fn child_buckets(
-    world: usize,
-    rank: usize,
-    device: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_buckets(world: usize, rank: usize, device: DeviceType) -> Checked {
     let pl =
         Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
     let cases = [

@@ -68,7 +68,7 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 
 /// Runs every case, dtype and layout on a 1-d placement of `world` ranks of `dev`; the number
 /// of (case, dtype, layout) runs within tolerance of the f64 reference.
-pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
+pub(crate) fn child_flash(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
     let on_cuda = cuda::bound_runtime().is_some() && dev == DeviceType::Cuda;
     let mut runs = vec![
@@ -148,13 +148,10 @@ pub(crate) fn child_flash(world: usize, dev: DeviceType) -> std::result::Result<
             }
         }
     }
-    if failures.is_empty() {
-        Ok(checked)
-    } else {
-        Err(format!(
-            "{} fused attention runs failed; first:\n  {}",
-            failures.len(),
-            first_failures(&failures, 8)
-        ))
-    }
+    passed_or_first(
+        checked,
+        &failures,
+        format!("{} fused attention runs", failures.len()),
+        8,
+    )
 }

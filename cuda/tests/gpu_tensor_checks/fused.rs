@@ -136,10 +136,7 @@ fn reference(p: &FusedProgram, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 
 /// Runs every (program, shape, dtype) case on broadcast tensors of a 1-d placement of `world`
 /// ranks of `dev` against the f64 reference; the number of cases checked.
-pub(crate) fn child_fused_elementwise(
-    world: usize,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_fused_elementwise(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
     // (name, steps, inputs, output steps besides the last).
     type Case<'a> = (&'a str, Steps, &'a [Input], &'a [usize]);
@@ -208,13 +205,7 @@ pub(crate) fn child_fused_elementwise(
                 let got = run().map_err(e)?;
                 let again = run().map_err(e)?;
                 let ulps = 4.0 * program.op_count() as f64;
-                if got.len() != want.len() {
-                    return Err(format!(
-                        "{what}: {} outputs, want {}",
-                        got.len(),
-                        want.len()
-                    ));
-                }
+                same_len(&what, "outputs", &got, &want)?;
                 for (m, (g, w)) in got.iter().zip(&want).enumerate() {
                     within(g, w, dtype, ulps).map_err(|x| format!("{what}: output {m}: {x}"))?;
                 }

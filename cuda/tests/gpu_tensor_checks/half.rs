@@ -48,7 +48,7 @@ fn padding_gradient_is_zero(pl: &Placement, dtype: DType) -> std::result::Result
 /// Runs every case in bf16 and f16 on a 1-d placement of `world` ranks of `dev`; the number
 /// of (case, dtype) pairs within their rounding of the f64 reference (and of dtypes whose
 /// padded classifier gradient is exactly 0 in the padding).
-pub(crate) fn child_half(world: usize, dev: DeviceType) -> std::result::Result<usize, String> {
+pub(crate) fn child_half(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
     let values = |t: &Tensor| t.cast(DType::F64)?.to_vec::<f64>();
     let mut checked = 0;
@@ -97,13 +97,10 @@ pub(crate) fn child_half(world: usize, dev: DeviceType) -> std::result::Result<u
             }
         }
     }
-    if failures.is_empty() {
-        Ok(checked)
-    } else {
-        Err(format!(
-            "{} 16-bit cases failed; first:\n  {}",
-            failures.len(),
-            first_failures(&failures, 8)
-        ))
-    }
+    passed_or_first(
+        checked,
+        &failures,
+        format!("{} 16-bit cases", failures.len()),
+        8,
+    )
 }

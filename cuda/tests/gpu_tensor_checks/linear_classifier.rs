@@ -10,10 +10,7 @@ use oxiflow_ops::linear_classifier::linear_classifier_loss_sum;
 
 /// Checks every (shape, dtype) case on a 1-d placement of `world` ranks of `dev`; the number
 /// of cases checked.
-pub(crate) fn child_linear_classifier(
-    world: usize,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_linear_classifier(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
     let b = vec![Sbp::B];
     let mut checked = 0;
@@ -60,7 +57,7 @@ pub(crate) fn child_linear_classifier(
             let loss = linear_classifier_loss_sum(&xg, &wg, &tg, classes).map_err(e)?;
             let scaled = loss.mul_scalar(c).map_err(e)?;
             scaled.backward().map_err(e)?;
-            let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
+            let whole = |t: &Tensor| whole_values(&pl, t);
             let no_grad = |what: &str| format!("{what}: no gradient");
             let gx = xg.grad().ok_or_else(|| no_grad(&what))?;
             let gw = wg.grad().ok_or_else(|| no_grad(&what))?;
@@ -70,11 +67,7 @@ pub(crate) fn child_linear_classifier(
                 whole(&gw).map_err(e)?,
             );
             // 16-bit data: logits and gradients rounded once each, sums in f32.
-            let tol = match dtype {
-                DType::F64 => 1e-10,
-                DType::F32 => 2e-4,
-                _ => 2f64.powi(-5),
-            };
+            let tol = fused_tolerance(dtype, 2e-4);
             if (l[0] - want_l).abs() > tol * (1.0 + want_l.abs()) {
                 return Err(format!("{what}: loss {} vs {want_l}", l[0]));
             }

@@ -35,7 +35,8 @@ pub(crate) use indexed::run_indexed_case;
 pub(crate) use linear_classifier::child_linear_classifier;
 pub(crate) use op_cases::{op_strategy, run_case, sbp_of};
 use operands::{
-    device_leaves, f64_leaves, grad_of, random_operands, within_scale, world_placement,
+    device_leaves, f64_leaves, fused_tolerance, grad_of, random_operands, whole_values,
+    within_scale, world_placement,
 };
 pub(crate) use reductions::child_large_reductions;
 pub(crate) use residual_mlp::child_residual_mlp;
@@ -164,13 +165,7 @@ pub(crate) fn child_pipelined(
             chain_2d(*i, &local, &same)
         }
         .map_err(|x| e("cpu chain", x))?;
-        if got.len() != want.len() {
-            return Err(format!(
-                "iteration {i} mesh {mesh}: {} results vs {}",
-                got.len(),
-                want.len()
-            ));
-        }
+        same_len(&format!("iteration {i} mesh {mesh}"), "results", got, &want)?;
         for (j, (g, w)) in got.iter().zip(&want).enumerate() {
             let what = format!("iteration {i} {mesh}-d mesh result {j} ({})", g.describe());
             if g.shape() != w.shape() {
@@ -241,7 +236,7 @@ pub(crate) fn child_inputs_unchanged(
 /// Creation ops on cuda placements run on the device (the pieces are device storage) and give
 /// the host's values: full, arange and rand bit for bit, randn within 4 ulp (the device's
 /// `log`/`cos` may round differently), for every dtype, on 1-d and 2-d meshes incl. P.
-pub(crate) fn child_creation(world: usize) -> std::result::Result<usize, String> {
+pub(crate) fn child_creation(world: usize) -> Checked {
     let e = |what: &str, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
     let pl1 = Placement::new_1d(DeviceType::Cuda, (0..world).collect::<Vec<_>>())
         .map_err(|x| x.to_string())?;

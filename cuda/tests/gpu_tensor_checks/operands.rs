@@ -12,6 +12,21 @@ pub(crate) fn world_placement(
     Placement::new_1d(dev, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())
 }
 
+/// The values of global tensor `t`, gathered whole (broadcast on `pl`), in f64.
+pub(crate) fn whole_values(pl: &Placement, t: &Tensor) -> Result<Vec<f64>> {
+    t.to_global(pl, vec![Sbp::B]).and_then(|t| values(&t))
+}
+
+/// The tolerance of a fused check in `dtype` against its f64 reference (relative to the
+/// reference's largest value): `f32` for f32, the 16-bit types' 2^-5, 1e-10 for f64.
+pub(crate) fn fused_tolerance(dtype: DType, f32: f64) -> f64 {
+    match dtype {
+        DType::F64 => 1e-10,
+        DType::F32 => f32,
+        _ => 2f64.powi(-5),
+    }
+}
+
 /// Random tensors of `shapes` in `dtype`, the `i`-th from seed `seed + i`; those where
 /// `weight(i)` holds scaled by `1 / sqrt(rows)`.
 pub(crate) fn random_operands(

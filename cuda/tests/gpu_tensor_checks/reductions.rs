@@ -7,10 +7,7 @@ use super::*;
 
 /// Sums of random (never zero) data, broadcast over `world` ranks of `device`, over the shapes whose reductions take several
 /// passes, each within 2e-4 of the f64 sum (the host sums a million f32 values in order); returns how many were checked.
-pub(crate) fn child_large_reductions(
-    world: usize,
-    device: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_large_reductions(world: usize, device: DeviceType) -> Checked {
     let e = |what: String, err: oxiflow_tensor::TensorError| format!("{what}: {err}");
     let pl =
         Placement::new_1d(device, (0..world).collect::<Vec<_>>()).map_err(|x| x.to_string())?;
@@ -87,13 +84,7 @@ pub(crate) fn child_large_reductions(
             let got = got
                 .and_then(|g| g.to_vec::<f32>())
                 .map_err(|x| e(format!("{name} {what}"), x))?;
-            if got.len() != want.len() {
-                return Err(format!(
-                    "{name} {what}: {} values, want {}",
-                    got.len(),
-                    want.len()
-                ));
-            }
+            same_len(&format!("{name} {what}"), "values", &got, want)?;
             for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
                 if ((g as f64) - w).abs() > 1e-5 * w.abs().max(1.0) {
                     return Err(format!("{name} {what}: output {k} is {g}, the host's {w}"));

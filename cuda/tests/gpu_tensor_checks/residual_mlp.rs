@@ -48,12 +48,8 @@ fn outputs(
 
 /// Checks every (shape, dtype) case on a 1-d placement of `world` ranks of `dev`; the number
 /// of cases checked.
-pub(crate) fn child_residual_mlp(
-    world: usize,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_residual_mlp(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
-    let b = vec![Sbp::B];
     let mut checked = 0;
     for (k, &(rows, c, f)) in [(37usize, 64usize, 256usize), (256, 768, 3072)]
         .iter()
@@ -78,13 +74,9 @@ pub(crate) fn child_residual_mlp(
             for recompute in [false, true] {
                 let rows_split = |i: usize| matches!(i, 0 | 5 | 6);
                 let device = device_leaves(&made, &pl, rows_split, |i| i < 6).map_err(e)?;
-                let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
+                let whole = |t: &Tensor| whole_values(&pl, t);
                 let got = outputs(&device, Some(recompute), &whole).map_err(e)?;
-                let tol = match dtype {
-                    DType::F64 => 1e-10,
-                    DType::F32 => 2e-3,
-                    _ => 2f64.powi(-5),
-                };
+                let tol = fused_tolerance(dtype, 2e-3);
                 let names = [
                     "y",
                     "dx",

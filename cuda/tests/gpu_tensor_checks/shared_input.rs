@@ -30,12 +30,8 @@ fn x_grad(ins: &[Tensor], whole: &dyn Fn(&Tensor) -> Result<Vec<f64>>) -> Result
 
 /// Checks every (shape, dtype) case on a 1-d placement of `world` ranks of `dev`; the number
 /// of cases checked.
-pub(crate) fn child_shared_input(
-    world: usize,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_shared_input(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
-    let b = vec![Sbp::B];
     let mut checked = 0;
     for (k, &(rows, c)) in [(37usize, 64usize), (256, 768)].iter().enumerate() {
         for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
@@ -54,13 +50,9 @@ pub(crate) fn child_shared_input(
             let want = x_grad(&reference, &|t| values(t)).map_err(e)?;
             let rows_split = |i: usize| shapes[i].first() == Some(&rows) && shapes[i].len() == 2;
             let device = device_leaves(&made, &pl, rows_split, grads).map_err(e)?;
-            let whole = |t: &Tensor| t.to_global(&pl, b.clone()).and_then(|t| values(&t));
+            let whole = |t: &Tensor| whole_values(&pl, t);
             let got = x_grad(&device, &whole).map_err(e)?;
-            let tol = match dtype {
-                DType::F64 => 1e-10,
-                DType::F32 => 2e-3,
-                _ => 2f64.powi(-5),
-            };
+            let tol = fused_tolerance(dtype, 2e-3);
             within_scale("dx", &got, &want, tol).map_err(|x| format!("{what}: {x}"))?;
             checked += 1;
         }

@@ -55,10 +55,7 @@ fn vocab_outputs(
 
 /// Checks every (dtype, shape) case on a 1-d placement of `world` ranks of `dev` (logits S(1))
 /// against local CPU tensors; the number of cases checked.
-pub(crate) fn child_vocab_parallel(
-    world: usize,
-    dev: DeviceType,
-) -> std::result::Result<usize, String> {
+pub(crate) fn child_vocab_parallel(world: usize, dev: DeviceType) -> Checked {
     let pl = world_placement(world, dev)?;
     let mut checked = 0;
     // Uneven splits, shards of padding only ([4, 7] over 2 classes on 2 or more ranks),

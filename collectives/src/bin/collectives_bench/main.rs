@@ -12,11 +12,12 @@
 mod mpi_runs;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use oxiflow_collectives::env::LaunchEnv;
+use oxiflow_collectives::env::{one_host_launch_vars, LaunchEnv};
 use oxiflow_collectives::rendezvous::{generate_token, StoreServer};
 use oxiflow_collectives::{init_world, DType, ReduceOp, SharedComm};
 
@@ -117,17 +118,12 @@ fn free_port() -> Result<u16, String> {
 
 /// Starts `n` processes of `cmd` with the launch contract set; returns rank 0's stdout.
 fn spawn_ranks(n: usize, cmd: &[String], port: u16, token: &str) -> Result<String, String> {
+    let store = SocketAddr::from(([127, 0, 0, 1], port));
     let children: Vec<_> = (0..n)
         .map(|r| {
             Command::new(&cmd[0])
                 .args(&cmd[1..])
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXIFLOW_TOKEN", token)
+                .envs(one_host_launch_vars(r, n, store, token))
                 .env("OXIFLOW_TIMEOUT", "600")
                 .env("OXIFLOW_BACKEND", "cpu")
                 .stdout(Stdio::piped())

@@ -126,6 +126,64 @@ fn open(i: &Inner, key: String, me: usize, world: Vec<usize>) -> Result<SharedCo
     Ok(Arc::new(comm))
 }
 
+/// Which way a point-to-point NCCL call moves its buffer.
+#[derive(Clone, Copy)]
+enum Way {
+    Send,
+    Recv,
+}
+
+impl Way {
+    /// The call's name and what its end means to the buffer's owner.
+    fn op_end(self) -> (&'static str, End) {
+        match self {
+            Way::Send => ("send", End::Send),
+            Way::Recv => ("recv", End::Collective),
+        }
+    }
+
+    /// `ncclSend` of, or `ncclRecv` into, `n` elements of `dtype` at `p` with member `peer`.
+    ///
+    /// # Safety
+    /// `p` must be device memory of `n` elements of `dtype` that stays alive (and, for a
+    /// receive, unread by others) until the call ends on stream `s`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn call(
+        self,
+        nc: &Nccl,
+        p: P,
+        n: usize,
+        dtype: DType,
+        peer: usize,
+        c: ffi::NcclComm,
+        s: Stream,
+    ) -> ffi::NcclResult {
+        // SAFETY: the caller guarantees the buffer; `c` and `s` come from `Inner::run`.
+        unsafe {
+            match self {
+                Way::Send => (nc.send)(p, n, nccl_dtype(dtype), peer as i32, c, s),
+                Way::Recv => (nc.recv)(p, n, nccl_dtype(dtype), peer as i32, c, s),
+            }
+        }
+    }
+}
+
+/// A single send or receive of a whole checked buffer with member `peer`.
+fn point_to_point(
+    inner: &Arc<Inner>,
+    way: Way,
+    dtype: DType,
+    buf: DevicePtr<'_>,
+    peer: usize,
+) -> Result<(), CommError> {
+    let (p, n) = (buf.ptr, buf.bytes / dtype.size());
+    let (op, end) = way.op_end();
+    launch(inner, op, &[buf], end, |nc, c, s| {
+        // SAFETY: a send from or a recv into a checked buffer.
+        unsafe { way.call(nc, p as P, n, dtype, peer, c, s) }
+    })
+}
+
 /// All-to-all as one NCCL group of sends and receives. With `own`, the member's own part is
 /// in `send` and goes through the group; without, `send` holds only the other members' parts
 /// and the own region of `recv` is left as it was (`all_to_all_v_others`).
@@ -157,31 +215,15 @@ fn grouped_all_to_all(
     i.run(op, fs.as_deref(), End::Collective, |nc, c, s| {
         i.group(op, || {
             for peer in 0..i.size {
-                if sent[peer] > 0 {
-                    // SAFETY: send of a checked sub-range.
-                    nc.check(op, c, unsafe {
-                        (nc.send)(
-                            (sp + so[peer] as u64) as P,
-                            sent[peer],
-                            nccl_dtype(dtype),
-                            peer as i32,
-                            c,
-                            s,
-                        )
-                    })?;
-                }
-                if received[peer] > 0 {
-                    // SAFETY: recv into a checked sub-range.
-                    nc.check(op, c, unsafe {
-                        (nc.recv)(
-                            (rp + ro[peer] as u64) as P,
-                            received[peer],
-                            nccl_dtype(dtype),
-                            peer as i32,
-                            c,
-                            s,
-                        )
-                    })?;
+                let ways = [(Way::Send, sp, &so, &sent), (Way::Recv, rp, &ro, &received)];
+                for (way, base, offs, counts) in ways {
+                    if counts[peer] > 0 {
+                        let p = (base + offs[peer] as u64) as P;
+                        // SAFETY: a send from or a recv into a checked sub-range.
+                        nc.check(op, c, unsafe {
+                            way.call(nc, p, counts[peer], dtype, peer, c, s)
+                        })?;
+                    }
                 }
             }
             Ok(())
@@ -395,19 +437,11 @@ impl BackendHooks for NcclComm {
     }
 
     fn send(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
-        let (p, n) = (buf.ptr, buf.bytes / dtype.size());
-        launch(&self.inner, "send", &[buf], End::Send, |nc, c, s| {
-            // SAFETY: send of a checked buffer.
-            unsafe { (nc.send)(p as P, n, nccl_dtype(dtype), peer as i32, c, s) }
-        })
+        point_to_point(&self.inner, Way::Send, dtype, buf, peer)
     }
 
     fn recv(&self, dtype: DType, buf: DevicePtr<'_>, peer: usize) -> Result<(), CommError> {
-        let (p, n) = (buf.ptr, buf.bytes / dtype.size());
-        launch(&self.inner, "recv", &[buf], End::Collective, |nc, c, s| {
-            // SAFETY: recv into a checked buffer.
-            unsafe { (nc.recv)(p as P, n, nccl_dtype(dtype), peer as i32, c, s) }
-        })
+        point_to_point(&self.inner, Way::Recv, dtype, buf, peer)
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -385,59 +385,37 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         dtype,
     };
     let (sep, fused) = (Layout::Separate, Layout::Fused);
-    // (case, path, layout, seed) of every correctness run, in order.
+    // (case, path, layout, seed) of every correctness run, in order: per path, its sweep of
+    // dtypes and causality (separate layout, [2, 3, t, 64]), then its single runs
+    // `(b, h, t, d, causal, dtype, layout, seed)`.
+    use FloatType::{Bf16, F16, F32};
+    let cudnn_singles = [
+        (2, 3, 256, 64, true, Bf16, fused, 39),
+        (1, 2, 200, 128, true, Bf16, sep, 40),
+    ];
+    let flash_singles = [
+        (2, 3, 160, 64, true, Bf16, fused, 49),
+        (1, 2, 100, 128, true, F32, sep, 50),
+        (1, 1, 70, 40, true, Bf16, sep, 51),
+        (1, 2, 33, 256, false, F16, sep, 52),
+    ];
+    let paths = [
+        (Path::Cudnn, 256, &[Bf16, F16][..], &cudnn_singles[..]),
+        (Path::Flash, 160, &FloatType::ALL[..], &flash_singles[..]),
+    ];
     let mut runs = Vec::new();
     let mut seed = 1;
-    for dtype in [FloatType::Bf16, FloatType::F16] {
-        for causal in [true, false] {
-            seed += 1;
-            runs.push((case(2, 3, 256, 64, causal, dtype), Path::Cudnn, sep, seed));
+    for (path, t, dtypes, singles) in paths {
+        for &dtype in dtypes {
+            for causal in [true, false] {
+                seed += 1;
+                runs.push((case(2, 3, t, 64, causal, dtype), path, sep, seed));
+            }
+        }
+        for &(b, h, t, d, causal, dtype, layout, s) in singles {
+            runs.push((case(b, h, t, d, causal, dtype), path, layout, s));
         }
     }
-    runs.push((
-        case(2, 3, 256, 64, true, FloatType::Bf16),
-        Path::Cudnn,
-        fused,
-        39,
-    ));
-    runs.push((
-        case(1, 2, 200, 128, true, FloatType::Bf16),
-        Path::Cudnn,
-        sep,
-        40,
-    ));
-    for dtype in FloatType::ALL {
-        for causal in [true, false] {
-            seed += 1;
-            runs.push((case(2, 3, 160, 64, causal, dtype), Path::Flash, sep, seed));
-        }
-    }
-    runs.extend([
-        (
-            case(2, 3, 160, 64, true, FloatType::Bf16),
-            Path::Flash,
-            fused,
-            49,
-        ),
-        (
-            case(1, 2, 100, 128, true, FloatType::F32),
-            Path::Flash,
-            sep,
-            50,
-        ),
-        (
-            case(1, 1, 70, 40, true, FloatType::Bf16),
-            Path::Flash,
-            sep,
-            51,
-        ),
-        (
-            case(1, 2, 33, 256, false, FloatType::F16),
-            Path::Flash,
-            sep,
-            52,
-        ),
-    ]);
     for (c, path, layout, seed) in &runs {
         check_case(rt, rep, c, *path, *layout, *seed)?;
     }

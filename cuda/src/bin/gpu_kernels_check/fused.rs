@@ -100,19 +100,17 @@ fn ln_case(
     let got_s = rstd.read(rt, FloatType::F32)?;
     let want_m: Vec<f64> = st.iter().map(|s| s.0).collect();
     let want_s: Vec<f64> = st.iter().map(|s| s.1).collect();
-    rep.check(
+    rep.check_f32_from(
         "layernorm fwd mean",
-        FloatType::F32,
+        t,
         shape.clone(),
         rel_err(&got_m, &want_m),
-        format!("{} in", t.suffix()),
     );
-    rep.check(
+    rep.check_f32_from(
         "layernorm fwd rstd",
-        FloatType::F32,
+        t,
         shape.clone(),
         rel_err(&got_s, &want_s),
-        format!("{} in", t.suffix()),
     );
 
     // Backward from the rounded r and f32 statistics.
@@ -167,19 +165,17 @@ fn ln_case(
         rel_err(&dr.read(rt, t)?, &want_dr),
         "",
     );
-    rep.check(
+    rep.check_f32_from(
         "layernorm bwd dweight (+=)",
-        FloatType::F32,
+        t,
         shape.clone(),
         rel_err(&dw.read(rt, FloatType::F32)?, &want_dw),
-        format!("{} in", t.suffix()),
     );
-    rep.check(
+    rep.check_f32_from(
         "layernorm bwd dbias (+=)",
-        FloatType::F32,
+        t,
         shape,
         rel_err(&db.read(rt, FloatType::F32)?, &want_db),
-        format!("{} in", t.suffix()),
     );
     Ok(())
 }
@@ -282,17 +278,16 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
         mean: mean.ptr(),
         rstd: rstd.ptr(),
     };
-    let ms = crate::harness::time_ms(rt, run.repeats, |_| {
+    // A timing of the LayerNorm shape: four bf16 passes over the rows.
+    let mut time_rows = |name: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
+        let ms = crate::harness::time_ms(rt, run.repeats, |_| f())?;
+        let work = ((4 * n * 2) as f64, "GB/s");
+        rep.time(name, "bf16", format!("{rows}x{c}"), ms, work, bw.clone());
+        Ok(())
+    };
+    time_rows("layernorm fwd +res", &|| {
         layer_norm_forward(rt, &fwd).map_err(Into::into)
     })?;
-    rep.time(
-        "layernorm fwd +res",
-        "bf16",
-        format!("{rows}x{c}"),
-        ms,
-        ((4 * n * 2) as f64, "GB/s"),
-        bw.clone(),
-    );
     let (dw, db) = (Buf::new(rt, c * 4)?, Buf::new(rt, c * 4)?);
     let dr = Buf::new(rt, n * 2)?;
     let bwd = LayerNormBackward {
@@ -311,17 +306,9 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
         grad_type: FloatType::F32,
         accumulate: false,
     };
-    let ms = crate::harness::time_ms(rt, run.repeats, |_| {
+    time_rows("layernorm bwd +res", &|| {
         layer_norm_backward(rt, &bwd).map_err(Into::into)
     })?;
-    rep.time(
-        "layernorm bwd +res",
-        "bf16",
-        format!("{rows}x{c}"),
-        ms,
-        ((4 * n * 2) as f64, "GB/s"),
-        bw.clone(),
-    );
 
     // AdamW over 124M parameters in 50 tensors, bf16 gradients, bf16 copies written.
     let (count, per) = (50, 2_480_000);

@@ -56,6 +56,11 @@ impl Report {
     ) {
         self.check_tol(name, dtype.suffix(), shape, (err, tolerance(dtype)), note);
     }
+    /// A check of f32 results computed from inputs of type `input` (noted as such).
+    pub(crate) fn check_f32_from(&mut self, name: &str, input: FloatType, shape: String, err: f64) {
+        let note = format!("{} in", input.suffix());
+        self.check(name, FloatType::F32, shape, err, note);
+    }
     /// A check with its own tolerance (exact comparisons use 0): `(error, tolerance)`.
     pub(crate) fn check_tol(
         &mut self,

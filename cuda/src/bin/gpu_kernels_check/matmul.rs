@@ -42,6 +42,13 @@ struct Case {
     tol: Option<f64>,
 }
 
+impl Case {
+    /// Case `name` of `g` at its input type's tolerance.
+    fn new(name: &'static str, g: LtMatmul) -> Case {
+        Case { name, g, tol: None }
+    }
+}
+
 fn base(m: usize, n: usize, k: usize, t: FloatType) -> LtMatmul {
     LtMatmul {
         batch: 1,
@@ -207,32 +214,22 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
         ..base(m, n, k, Bf16)
     };
     let cases = [
-        Case {
-            name: "lt plain",
-            g: e(Epilogue::None, Bf16),
-            tol: None,
-        },
-        Case {
-            name: "lt bias",
-            g: e(Epilogue::Bias { bias: z }, Bf16),
-            tol: None,
-        },
-        Case {
-            name: "lt gelu aux bias",
-            g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, Bf16),
-            tol: None,
-        },
-        Case {
-            name: "lt dgelu",
-            g: LtMatmul {
+        Case::new("lt plain", e(Epilogue::None, Bf16)),
+        Case::new("lt bias", e(Epilogue::Bias { bias: z }, Bf16)),
+        Case::new(
+            "lt gelu aux bias",
+            e(Epilogue::GeluAuxBias { bias: z, pre: z }, Bf16),
+        ),
+        Case::new(
+            "lt dgelu",
+            LtMatmul {
                 tb: false,
                 ..e(Epilogue::DGelu { pre: z }, Bf16)
             },
-            tol: None,
-        },
-        Case {
-            name: "lt dgelu bgrad",
-            g: LtMatmul {
+        ),
+        Case::new(
+            "lt dgelu bgrad",
+            LtMatmul {
                 tb: false,
                 ..e(
                     Epilogue::DGeluBiasGrad {
@@ -242,46 +239,33 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
                     Bf16,
                 )
             },
-            tol: None,
-        },
-        Case {
-            name: "lt wgrad beta1 + bgrad rows",
-            g: wgrad(Epilogue::BiasGradRows { bias_grad: z }),
-            tol: None,
-        },
-        Case {
-            name: "lt beta1 + bgrad cols",
-            g: LtMatmul {
+        ),
+        Case::new(
+            "lt wgrad beta1 + bgrad rows",
+            wgrad(Epilogue::BiasGradRows { bias_grad: z }),
+        ),
+        Case::new(
+            "lt beta1 + bgrad cols",
+            LtMatmul {
                 ta: false,
                 tb: false,
                 ..wgrad(Epilogue::BiasGradCols { bias_grad: z })
             },
-            tol: None,
-        },
-        Case {
-            name: "lt batched",
-            g: LtMatmul {
+        ),
+        Case::new(
+            "lt batched",
+            LtMatmul {
                 batch: 3,
                 strides: ((m * k) as i64, (k * n) as i64, (m * n) as i64),
                 ..e(Epilogue::None, Bf16)
             },
-            tol: None,
-        },
-        Case {
-            name: "lt bias",
-            g: e(Epilogue::Bias { bias: z }, F16),
-            tol: None,
-        },
-        Case {
-            name: "lt gelu aux bias",
-            g: e(Epilogue::GeluAuxBias { bias: z, pre: z }, F16),
-            tol: None,
-        },
-        Case {
-            name: "lt bias",
-            g: e(Epilogue::Bias { bias: z }, F32),
-            tol: None,
-        },
+        ),
+        Case::new("lt bias", e(Epilogue::Bias { bias: z }, F16)),
+        Case::new(
+            "lt gelu aux bias",
+            e(Epilogue::GeluAuxBias { bias: z, pre: z }, F16),
+        ),
+        Case::new("lt bias", e(Epilogue::Bias { bias: z }, F32)),
         Case {
             name: "lt tf32 plain",
             g: LtMatmul {

@@ -22,7 +22,7 @@ for t in swiglu_cuda sum_squares_cuda rms_norm_cuda argmax_cuda moe_cuda decode_
   cp "$(scripts/gpu/test_executable.sh oxiflow-ops "$t")" "$DEST/bin/ops_$t"
 done
 strip "$DEST"/bin/*
-cp scripts/gpu/*_there.sh scripts/gpu/sampled.sh scripts/gpu/device_env.sh scripts/gpu/*.py "$ANCHORS/gpt2_bench.py" "$ANCHORS/llama_bench.py" "$DEST/"
+cp scripts/gpu/*_there.sh scripts/gpu/sampled.sh scripts/gpu/device_env.sh scripts/gpu/*.py scripts/gpu/*.c "$ANCHORS/gpt2_bench.py" "$ANCHORS/llama_bench.py" "$DEST/"
 cp scripts/hf_fixtures.py scripts/hf_check_save.py "$DEST/"
 cp -r tests/fixtures/hf "$DEST/hf_fixtures"
 du -sh "$DEST"

@@ -8,12 +8,11 @@
 # (timelines.tgz) under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-OUT=${OUT:-/tmp/timeline}
+. ./device_env.sh
+device_cuda_env
+device_out timeline
 STEPS=${STEPS:-12}
 VARIANTS=${VARIANTS:-one dp2 one-compiled dp2-compiled}
-mkdir -p "$OUT"
 hdr=$(find /usr/local/cuda* /usr/lib /opt -name cupti.h -path '*include*' 2>/dev/null | head -1)
 lib=$(find /usr/local/cuda* /usr/lib /opt -name 'libcupti.so*' 2>/dev/null | head -1)
 if [ -z "$hdr" ] || [ -z "$lib" ]; then

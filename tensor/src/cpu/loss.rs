@@ -24,8 +24,15 @@ fn lse<F: FloatElement>(r: ArrayView1<F>) -> F {
     s.ln() + m
 }
 
-fn check_labels(op: &'static str, labels: &ArrayD<i64>, c: usize) -> Result<()> {
-    check_ids(op, labels, c)
+/// The logits as rows, once every label is one of their columns.
+fn labelled_rows<'a, F: FloatElement>(
+    op: &'static str,
+    logits: &'a ArrayD<F>,
+    labels: &ArrayD<i64>,
+) -> Result<ArrayView2<'a, F>> {
+    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
+    check_ids(op, labels, l.ncols())?;
+    Ok(l)
 }
 
 fn cross_entropy_t<F: FloatElement>(
@@ -34,8 +41,7 @@ fn cross_entropy_t<F: FloatElement>(
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "cross_entropy";
-    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
-    check_labels(op, labels, l.ncols())?;
+    let l = labelled_rows(op, logits, labels)?;
     if labels.len() != l.nrows() || out.len() != l.nrows() {
         return Err(kernel_err(
             op,
@@ -60,8 +66,7 @@ fn cross_entropy_backward_t<F: FloatElement>(
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "cross_entropy_backward";
-    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
-    check_labels(op, labels, l.ncols())?;
+    let l = labelled_rows(op, logits, labels)?;
     if labels.len() != l.nrows() || dy.len() != l.nrows() || out.shape() != logits.shape() {
         return Err(kernel_err(
             op,

@@ -64,27 +64,43 @@ fn build(ops: &[OpSpec], inputs: &[Tensor], extra: &[u8]) -> oxiflow_compile::Re
     Ok(out)
 }
 
-fn inputs(rows: usize, cols: usize, dtype: DType, seed: u64) -> Vec<Tensor> {
-    let shapes: [Vec<usize>; 4] = [vec![rows, cols], vec![cols], vec![rows, 1], vec![1]];
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| Tensor::randn(s.clone(), seed * 7 + i as u64, dtype))
-        .collect()
+/// The step's inputs: [R, C], a bias row [C], a column [R, 1] and a [1] scalar, of one dtype.
+#[derive(Clone, Copy, Debug)]
+struct Inputs {
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+}
+
+/// Inputs of 1 to 4 rows, 1 to 5 columns and each of [`DTYPES`].
+fn inputs() -> impl Strategy<Value = Inputs> {
+    (1usize..5, 1usize..6, prop::sample::select(DTYPES.to_vec()))
+        .prop_map(|(rows, cols, dtype)| Inputs { rows, cols, dtype })
+}
+
+impl Inputs {
+    /// Random values of the inputs, drawn from `seed`.
+    fn values(&self, seed: u64) -> Vec<Tensor> {
+        let Inputs { rows, cols, dtype } = *self;
+        let shapes: [Vec<usize>; 4] = [vec![rows, cols], vec![cols], vec![rows, 1], vec![1]];
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Tensor::randn(s.clone(), seed * 7 + i as u64, dtype))
+            .collect()
+    }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
     #[test]
     fn fused_chains_equal_the_unfused_ops(
-        rows in 1usize..5,
-        cols in 1usize..6,
-        dtype in prop::sample::select(DTYPES.to_vec()),
+        spec in inputs(),
         ops in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 1..14),
         seed in 1u64..1000,
         extra in prop::collection::vec(any::<u8>(), 0..3),
     ) {
-        let first = inputs(rows, cols, dtype, seed);
+        let first = spec.values(seed);
         let mut compiled = CompiledStep::new();
         let (_, run) = compiled.run(&first, || build(&ops, &first, &extra)).unwrap();
         let StepRun::Compiled(c) = run else { panic!("compiles") };
@@ -97,7 +113,7 @@ proptest! {
         } else if live < 2 {
             prop_assert_eq!(r.fusion.groups, 0);
         }
-        let fresh = inputs(rows, cols, dtype, seed + 1);
+        let fresh = spec.values(seed + 1);
         let eager = build(&ops, &fresh, &extra).unwrap();
         let (got, run) = compiled
             .run::<CompileError, _>(&fresh, || panic!("a replay does not run the step"))

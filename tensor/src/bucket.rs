@@ -85,11 +85,43 @@ pub(crate) fn member_layout<'t>(
     Ok(layout)
 }
 
-/// Whether `holds` at every coordinate of `layout`'s placement, so every rank of it reaches
-/// one verdict.
-pub(crate) fn at_every_coord(layout: &GlobalLayout, holds: impl Fn(&[usize]) -> bool) -> bool {
+/// Ends the trace span `traced` (if any) of the bucket collective `name` over `tensors`, with
+/// how many they are and the bytes of this rank's pieces.
+pub(crate) fn trace_bucket(traced: Option<u64>, name: &'static str, tensors: &[Tensor]) {
+    trace_end(
+        traced,
+        Lane::Boxing,
+        || Cow::Borrowed(name),
+        || {
+            let bytes: usize = tensors
+                .iter()
+                .map(|t| t.to_local().numel() * t.dtype().size())
+                .sum();
+            vec![
+                ("tensors", tensors.len().into()),
+                ("local_bytes", bytes.into()),
+            ]
+        },
+    );
+}
+
+/// `Ok` when `holds` at every coordinate of `layout`'s placement, so every rank of it reaches
+/// one verdict; otherwise the error `err` makes of why: the shards of `t` on mesh axis `axis`
+/// are not row ranges of `whole` (the pieces they cut).
+pub(crate) fn row_ranges_at_every_coord(
+    layout: &GlobalLayout,
+    holds: impl Fn(&[usize]) -> bool,
+    err: fn(String) -> TensorError,
+    (t, axis, whole): (&Tensor, usize, &str),
+) -> Result<()> {
     let mesh = layout.placement();
-    (0..mesh.num_ranks()).all(|idx| holds(&mesh.coord_of_index(idx)))
+    if (0..mesh.num_ranks()).all(|idx| holds(&mesh.coord_of_index(idx))) {
+        return Ok(());
+    }
+    Err(err(format!(
+        "the shards of {} on mesh axis {axis} are not row ranges of {whole}",
+        t.describe()
+    )))
 }
 
 /// The layout of each tensor after the reduction, checked before any communication: every
@@ -119,19 +151,18 @@ fn targets(grads: &[Tensor], axis: usize, target: BucketTarget) -> Result<Vec<Gl
             .map_err(|e| bucket_err(format!("{}: {e}", g.describe())))?;
         if target == BucketTarget::Shard {
             let members = layout.placement().shape()[axis];
-            let rows = at_every_coord(layout, |coord| {
-                (0..members).all(|m| {
-                    let mut at = coord.to_vec();
-                    at[axis] = m;
-                    shard_rows(layout, &to, coord, &at).is_some()
-                })
-            });
-            if !rows {
-                return Err(bucket_err(format!(
-                    "the shards of {} on mesh axis {axis} are not row ranges of its pieces",
-                    g.describe()
-                )));
-            }
+            row_ranges_at_every_coord(
+                layout,
+                |coord| {
+                    (0..members).all(|m| {
+                        let mut at = coord.to_vec();
+                        at[axis] = m;
+                        shard_rows(layout, &to, coord, &at).is_some()
+                    })
+                },
+                bucket_err,
+                (g, axis, "its pieces"),
+            )?;
         }
         out.push(to);
     }
@@ -241,26 +272,11 @@ pub fn start_bucket(
     }
     let traced = trace_start();
     let out = start_checked(grads, axis, target, tos, wire)?;
-    trace_end(
-        traced,
-        Lane::Boxing,
-        || {
-            Cow::Borrowed(match target {
-                BucketTarget::Broadcast => "gradient bucket all-reduce",
-                BucketTarget::Shard => "gradient bucket reduce-scatter",
-            })
-        },
-        || {
-            let bytes: usize = grads
-                .iter()
-                .map(|g| g.to_local().numel() * g.dtype().size())
-                .sum();
-            vec![
-                ("tensors", grads.len().into()),
-                ("local_bytes", bytes.into()),
-            ]
-        },
-    );
+    let name = match target {
+        BucketTarget::Broadcast => "gradient bucket all-reduce",
+        BucketTarget::Shard => "gradient bucket reduce-scatter",
+    };
+    trace_bucket(traced, name, grads);
     Ok(PendingBucket(out))
 }
 

@@ -67,35 +67,23 @@ macro_rules! tensor_elements {
 }
 tensor_elements!(f32 => F32, f64 => F64, i64 => I64, bf16 => BF16, f16 => F16);
 
+/// `FloatElement` for each float type, every method its inherent namesake.
 macro_rules! float_elem {
-    ($t:ty) => {
+    ($($t:ty),*) => {
+        $(float_elem!(@one $t; exp, ln, tanh, sqrt, recip, abs);)*
+    };
+    (@one $t:ty; $($unary:ident),*) => {
         impl FloatElement for $t {
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            fn recip(self) -> Self {
-                <$t>::recip(self)
-            }
-            fn abs(self) -> Self {
-                <$t>::abs(self)
-            }
+            $(fn $unary(self) -> Self {
+                <$t>::$unary(self)
+            })*
             fn powf(self, e: Self) -> Self {
                 <$t>::powf(self, e)
             }
         }
     };
 }
-float_elem!(f32);
-float_elem!(f64);
+float_elem!(f32, f64);
 
 /// A host array of one of the dtypes. Always standard (row-major contiguous) layout.
 #[derive(Clone, Debug)]

@@ -7,13 +7,13 @@
 //! memory). The values move as they are: the gathered tensors equal boxing each one alone,
 //! bit for bit.
 
-use std::borrow::Cow;
-
-use oxiflow_collectives::trace::{trace_end, trace_start, Lane};
+use oxiflow_collectives::trace::trace_start;
 use oxiflow_placement::Placement;
 use oxiflow_sbp::{GlobalLayout, NdSbp, Sbp};
 
-use crate::bucket::{at_every_coord, concat, cut_pieces, member_layout, padding, shard_rows};
+use crate::bucket::{
+    concat, cut_pieces, member_layout, padding, row_ranges_at_every_coord, shard_rows, trace_bucket,
+};
 use crate::{Result, Tensor, TensorError};
 
 fn bucket_err(detail: String) -> TensorError {
@@ -75,15 +75,12 @@ fn gathered_layouts(shards: &[Tensor], axis: usize) -> Result<Vec<GlobalLayout>>
             .with_nd_sbp(layout.nd_sbp().with_axis(axis, Sbp::B))
             .map_err(|e| bucket_err(format!("{}: {e}", s.describe())))?;
         let members = layout.placement().shape()[axis];
-        let rows = at_every_coord(layout, |coord| {
-            member_rows(layout, &to, coord, axis, members).is_some()
-        });
-        if !rows {
-            return Err(bucket_err(format!(
-                "the shards of {} on mesh axis {axis} are not row ranges of the gathered pieces",
-                s.describe()
-            )));
-        }
+        row_ranges_at_every_coord(
+            layout,
+            |coord| member_rows(layout, &to, coord, axis, members).is_some(),
+            bucket_err,
+            (s, axis, "the gathered pieces"),
+        )?;
         out.push(to);
     }
     Ok(out)
@@ -99,21 +96,7 @@ pub fn gather_bucket(shards: &[Tensor], axis: usize) -> Result<Vec<Tensor>> {
     let tos = gathered_layouts(shards, axis)?;
     let traced = trace_start();
     let out = gather_checked(shards, axis, tos)?;
-    trace_end(
-        traced,
-        Lane::Boxing,
-        || Cow::Borrowed("parameter bucket all-gather"),
-        || {
-            let bytes: usize = shards
-                .iter()
-                .map(|s| s.to_local().numel() * s.dtype().size())
-                .sum();
-            vec![
-                ("tensors", shards.len().into()),
-                ("local_bytes", bytes.into()),
-            ]
-        },
-    );
+    trace_bucket(traced, "parameter bucket all-gather", shards);
     Ok(out)
 }
 

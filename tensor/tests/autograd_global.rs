@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, placement, ranks_match, saved_count, small_meshes, vals};
+use common::{nd_sbp, placement, randn_leaf, ranks_match, saved_count, small_meshes, vals};
 use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 use proptest::prelude::*;
 
@@ -79,15 +79,9 @@ fn data_parallel_weight_gradient_is_partial_and_correct() {
     let got = oxiflow_tensor::run_ranks(4, Duration::from_secs(30), |_| {
         let p = Placement::new_1d(DeviceType::Cpu, [0, 1, 2, 3]).unwrap();
         let x = Tensor::randn_global([8, 6], 1, F, &p, Sbp::S(0)).unwrap();
-        let w1 = Tensor::randn_global([6, 4], 2, F, &p, Sbp::B)
-            .unwrap()
-            .requires_grad_(true);
-        let b = Tensor::randn_global([4], 3, F, &p, Sbp::B)
-            .unwrap()
-            .requires_grad_(true);
-        let w2 = Tensor::randn_global([4, 3], 4, F, &p, Sbp::B)
-            .unwrap()
-            .requires_grad_(true);
+        let w1 = randn_leaf([6, 4], 2, &p, Sbp::B);
+        let b = randn_leaf([4], 3, &p, Sbp::B);
+        let w2 = randn_leaf([4, 3], 4, &p, Sbp::B);
         let labels = labels_local()
             .to_global(&p, Sbp::B)
             .unwrap()
@@ -132,9 +126,9 @@ proptest! {
                 NdSbp::new((0..axes).map(|a| opts[picks[(k * 2 + a) % picks.len()] % opts.len()]))
             };
             let x = Tensor::randn_global([8, 6], 1, F, &p, nd(0, 2)).unwrap();
-            let w1 = Tensor::randn_global([6, 4], 2, F, &p, nd(1, 2)).unwrap().requires_grad_(true);
-            let b = Tensor::randn_global([4], 3, F, &p, nd(2, 1)).unwrap().requires_grad_(true);
-            let w2 = Tensor::randn_global([4, 3], 4, F, &p, nd(3, 2)).unwrap().requires_grad_(true);
+            let w1 = randn_leaf([6, 4], 2, &p, nd(1, 2));
+            let b = randn_leaf([4], 3, &p, nd(2, 1));
+            let w2 = randn_leaf([4, 3], 4, &p, nd(3, 2));
             let labels = labels_local().to_global(&p, NdSbp::broadcast(axes)).unwrap();
             let mid = nd(4, 2);
             graph(&x, &w1, &b, &w2, &labels, Some((&p, mid))).backward().unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::vals;
+use common::{vals, weighted_sum};
 use oxiflow_tensor::{no_grad, DType, Tensor};
 use proptest::prelude::*;
 
@@ -69,7 +69,7 @@ fn program(ops: &[u8], a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Tensor
                 .unwrap(),
         };
     }
-    h.mul(&r).unwrap().sum_all().unwrap()
+    weighted_sum(&h, &r)
 }
 
 /// Central finite differences of `f` at `x` (the leaf index `which`).
@@ -212,12 +212,7 @@ fn layer_norm_parameter_gradients() {
     let r = Tensor::randn([2, 4], 5, F);
     let shapes: [&[usize]; 3] = [&[2, 4], &[4], &[4]];
     check_grads(&[x, w, b], &shapes, &|v| {
-        v[0].layer_norm(&v[1], &v[2], 1e-5)
-            .unwrap()
-            .mul(&r)
-            .unwrap()
-            .sum_all()
-            .unwrap()
+        weighted_sum(&v[0].layer_norm(&v[1], &v[2], 1e-5).unwrap(), &r)
     });
 }
 

@@ -14,54 +14,63 @@ fn on_all_ranks(f: impl Fn() -> TensorError + Sync) -> String {
     errs[0].clone()
 }
 
+/// The error of the binary `op` on the pair `make` gives, made on every rank (the same text on
+/// all); `kind` must hold of it.
+fn binary_err(
+    op: fn(&Tensor, &Tensor) -> oxiflow_tensor::Result<Tensor>,
+    make: impl Fn() -> (Tensor, Tensor) + Sync,
+    kind: fn(&TensorError) -> bool,
+) -> String {
+    on_all_ranks(|| {
+        let (a, b) = make();
+        let err = op(&a, &b).unwrap_err();
+        assert!(kind(&err), "{err}");
+        err
+    })
+}
+
+/// Asserts that the error text `e` names each of `names`.
+fn assert_names(e: &str, names: &[&str]) {
+    assert!(names.iter().all(|n| e.contains(n)), "{e}");
+}
+
 fn p4() -> Placement {
     Placement::range(DeviceType::Cpu, 4).unwrap()
 }
 
 #[test]
 fn mismatched_shapes() {
-    let e = on_all_ranks(|| {
-        let a = Tensor::randn_global([8, 3], 1, DType::F32, &p4(), Sbp::S(0)).unwrap();
-        let b = Tensor::randn_global([8, 5], 2, DType::F32, &p4(), Sbp::B).unwrap();
-        let err = a.add(&b).unwrap_err();
-        assert!(matches!(err, TensorError::Shape { op: "add", .. }), "{err}");
-        err
-    });
-    assert!(
-        e.contains("add") && e.contains("[8, 3]") && e.contains("[8, 5]") && e.contains("S(0), B"),
-        "{e}"
+    let e = binary_err(
+        Tensor::add,
+        || {
+            let a = Tensor::randn_global([8, 3], 1, DType::F32, &p4(), Sbp::S(0)).unwrap();
+            let b = Tensor::randn_global([8, 5], 2, DType::F32, &p4(), Sbp::B).unwrap();
+            (a, b)
+        },
+        |err| matches!(err, TensorError::Shape { op: "add", .. }),
     );
+    assert_names(&e, &["add", "[8, 3]", "[8, 5]", "S(0), B"]);
     let e = on_all_ranks(|| {
         let a = Tensor::randn_global([8, 3], 1, DType::F32, &p4(), Sbp::S(0)).unwrap();
         a.matmul(&a).unwrap_err()
     });
-    assert!(
-        e.contains("matmul") && e.contains("[8, 3]") && e.contains("S(0)"),
-        "{e}"
-    );
+    assert_names(&e, &["matmul", "[8, 3]", "S(0)"]);
 }
 
 #[test]
 fn mismatched_placements() {
-    let e = on_all_ranks(|| {
-        let pa = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
-        let pb = Placement::new_1d(DeviceType::Cpu, vec![2, 3]).unwrap();
-        let a = Tensor::ones_global([4, 4], DType::F32, &pa, Sbp::S(0)).unwrap();
-        let b = Tensor::ones_global([4, 4], DType::F32, &pb, Sbp::B).unwrap();
-        let err = a.mul(&b).unwrap_err();
-        assert!(
-            matches!(err, TensorError::Placement { op: "mul", .. }),
-            "{err}"
-        );
-        err
-    });
-    assert!(
-        e.contains("cpu:[0, 1]")
-            && e.contains("cpu:[2, 3]")
-            && e.contains("[4, 4]")
-            && e.contains("S(0), B"),
-        "{e}"
+    let e = binary_err(
+        Tensor::mul,
+        || {
+            let pa = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+            let pb = Placement::new_1d(DeviceType::Cpu, vec![2, 3]).unwrap();
+            let a = Tensor::ones_global([4, 4], DType::F32, &pa, Sbp::S(0)).unwrap();
+            let b = Tensor::ones_global([4, 4], DType::F32, &pb, Sbp::B).unwrap();
+            (a, b)
+        },
+        |err| matches!(err, TensorError::Placement { op: "mul", .. }),
     );
+    assert_names(&e, &["cpu:[0, 1]", "cpu:[2, 3]", "[4, 4]", "S(0), B"]);
 }
 
 #[test]
@@ -76,22 +85,21 @@ fn mismatched_device_types() {
             Err(e) => e,
         }
     });
-    assert!(e.contains("cuda"), "{e}");
+    assert_names(&e, &["cuda"]);
 }
 
 #[test]
 fn mismatched_dtypes() {
-    let e = on_all_ranks(|| {
-        let a = Tensor::ones_global([4, 4], DType::F32, &p4(), Sbp::S(0)).unwrap();
-        let b = Tensor::ones_global([4, 4], DType::F64, &p4(), Sbp::S(0)).unwrap();
-        let err = a.sub(&b).unwrap_err();
-        assert!(matches!(err, TensorError::DType { op: "sub", .. }), "{err}");
-        err
-    });
-    assert!(
-        e.contains("f32") && e.contains("f64") && e.contains("[4, 4]") && e.contains("S(0)"),
-        "{e}"
+    let e = binary_err(
+        Tensor::sub,
+        || {
+            let a = Tensor::ones_global([4, 4], DType::F32, &p4(), Sbp::S(0)).unwrap();
+            let b = Tensor::ones_global([4, 4], DType::F64, &p4(), Sbp::S(0)).unwrap();
+            (a, b)
+        },
+        |err| matches!(err, TensorError::DType { op: "sub", .. }),
     );
+    assert_names(&e, &["f32", "f64", "[4, 4]", "S(0)"]);
 }
 
 #[test]
@@ -102,37 +110,32 @@ fn wrong_sbp_length() {
         assert!(matches!(err, TensorError::Sbp { op: "ones", .. }), "{err}");
         err
     });
-    assert!(
-        e.contains("(S(0), B)") && e.contains("[4, 4]") && e.contains("cpu:[0, 1, 2, 3]"),
-        "{e}"
-    );
+    assert_names(&e, &["(S(0), B)", "[4, 4]", "cpu:[0, 1, 2, 3]"]);
     let e = on_all_ranks(|| {
         let local = Tensor::ones([1, 4], DType::F32);
         local
             .to_global(&p4(), NdSbp::new([Sbp::S(0), Sbp::S(1)]))
             .unwrap_err()
     });
-    assert!(
-        e.contains("to_global") && e.contains("(S(0), S(1))") && e.contains("[1, 4]"),
-        "{e}"
-    );
+    assert_names(&e, &["to_global", "(S(0), S(1))", "[1, 4]"]);
     let e = on_all_ranks(|| {
         let local = Tensor::ones([1, 4], DType::F32);
         local.to_global(&p4(), Sbp::S(2)).unwrap_err()
     });
-    assert!(e.contains("S(2)") && e.contains("[1, 4]"), "{e}");
+    assert_names(&e, &["S(2)", "[1, 4]"]);
 }
 
 #[test]
 fn mixed_local_global() {
-    let e = on_all_ranks(|| {
-        let a = Tensor::ones_global([4, 4], DType::F32, &p4(), Sbp::S(0)).unwrap();
-        let b = Tensor::ones([4, 4], DType::F32);
-        let err = a.add(&b).unwrap_err();
-        assert!(matches!(err, TensorError::Mixed { op: "add", .. }), "{err}");
-        err
-    });
-    assert!(e.contains("global, local") && e.contains("[4, 4]"), "{e}");
+    let e = binary_err(
+        Tensor::add,
+        || {
+            let a = Tensor::ones_global([4, 4], DType::F32, &p4(), Sbp::S(0)).unwrap();
+            (a, Tensor::ones([4, 4], DType::F32))
+        },
+        |err| matches!(err, TensorError::Mixed { op: "add", .. }),
+    );
+    assert_names(&e, &["global, local", "[4, 4]"]);
 }
 
 #[test]

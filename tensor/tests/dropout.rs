@@ -5,7 +5,10 @@
 
 mod common;
 
-use common::{assert_grad_matches_fd, nd_sbp, on_ranks, placement, vals, weighted_sum, whole, Tol};
+use common::{
+    assert_grad_matches_fd, nd_sbp, on_ranks, one_mesh_of, placed, placement, randn_leaf, vals,
+    weighted_sum, whole, Tol,
+};
 use oxiflow_tensor::{rng, DType, NdSbp, Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -138,15 +141,11 @@ proptest! {
     #[test]
     fn the_mask_is_the_same_in_every_layout(
         dims in prop::collection::vec(1usize..6, 1..4),
-        mesh in prop::sample::select(vec![
-            vec![2usize], vec![3], vec![4], vec![2, 2], vec![1, 3], vec![3, 1],
-        ]),
+        p in placed(one_mesh_of(&[&[2], &[3], &[4], &[2, 2], &[1, 3], &[3, 1]])),
         sbp_seed: u64,
-        perm_seed: u64,
         seed: u64,
     ) {
-        let p = placement(&mesh, perm_seed);
-        let sbp = nd_sbp(mesh.len(), dims.len(), sbp_seed, true);
+        let sbp = nd_sbp(p.ndim(), dims.len(), sbp_seed, true);
         let x = Tensor::randn(dims.clone(), 11, F).requires_grad_(true);
         let r = Tensor::randn(dims.clone(), 12, F);
         let want_y = vals(&x.dropout(0.35, seed).unwrap());
@@ -154,9 +153,7 @@ proptest! {
         let want_g = vals(&x.grad().unwrap());
         let got = on_ranks(&p, |_| {
             let bc = NdSbp::broadcast(p.ndim());
-            let x = Tensor::randn_global(dims.clone(), 11, F, &p, sbp.clone())
-                .unwrap()
-                .requires_grad_(true);
+            let x = randn_leaf(dims.clone(), 11, &p, sbp.clone());
             let r = Tensor::randn_global(dims.clone(), 12, F, &p, bc.clone()).unwrap();
             let y = x.dropout(0.35, seed).unwrap();
             let out_sbp = y.nd_sbp().cloned();

@@ -9,10 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    assert_bucket_layouts, bucket_close, bucket_mesh, bucket_piece, bucket_placement,
-    other_axis_sbp,
-};
+use common::{assert_bucket_layouts, bucket_close, bucket_layout, refused_buckets, BucketLayout};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     gather_bucket, gather_fits, run_ranks, DType, NdSbp, Placement, ReduceOp, Sbp, Tensor,
@@ -23,57 +20,39 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 struct Case {
-    world: usize,
-    shape: Vec<usize>,
-    axis: usize,
-    /// (rows, cols, SBP on the other mesh axis) per tensor; rows may be fewer than members.
-    tensors: Vec<(usize, usize, Sbp)>,
+    /// Rows may be fewer than members.
+    layout: BucketLayout,
     dtype: DType,
 }
 
 fn case() -> impl Strategy<Value = Case> {
     (
-        bucket_mesh(),
-        0usize..2,
-        prop::collection::vec((0usize..9, 1usize..4, other_axis_sbp()), 1..6),
+        bucket_layout(0..9, 1..6),
         prop_oneof![Just(DType::F64), Just(DType::BF16)],
     )
-        .prop_map(|((world, shape), axis, tensors, dtype)| Case {
-            axis: axis % shape.len(),
-            world,
-            shape,
-            tensors,
-            dtype,
-        })
+        .prop_map(|(layout, dtype)| Case { layout, dtype })
 }
 
 /// Runs `case` on in-process ranks: (per rank) the pieces the bucket gave with their layouts,
 /// and the pieces each tensor boxed alone gives, or the bucket's error text.
 #[allow(clippy::type_complexity)]
 fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
-    let placement = bucket_placement(case.world, &case.shape);
-    run_ranks(case.world, TIMEOUT, |rank| {
-        let shards: Vec<Tensor> = case
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                let (nd, local, seed) =
-                    bucket_piece(&placement, rank, (case.axis, Sbp::S(0)), t, i);
-                // Never zero, so a piece copied from the wrong place shows.
-                Tensor::rand(local, seed, DType::F64)
-                    .add_scalar(0.5)
-                    .unwrap()
-                    .to_dtype(case.dtype)
-                    .unwrap()
-                    .to_global_checked(&placement, nd)
-                    .unwrap()
-            })
-            .collect();
-        let fits = shards.iter().all(|s| gather_fits(s, case.axis));
+    let l = &case.layout;
+    l.on_ranks(|placement, rank| {
+        let shards: Vec<Tensor> = l.pieces(placement, rank, Sbp::S(0), |nd, local, seed| {
+            // Never zero, so a piece copied from the wrong place shows.
+            Tensor::rand(local, seed, DType::F64)
+                .add_scalar(0.5)
+                .unwrap()
+                .to_dtype(case.dtype)
+                .unwrap()
+                .to_global_checked(placement, nd)
+                .unwrap()
+        });
+        let fits = shards.iter().all(|s| gather_fits(s, l.axis));
         // The whole value on every rank (a P axis may split it into other parts).
         let whole = |t: &Tensor| {
-            t.to_global(&placement, NdSbp::broadcast(case.shape.len()))
+            t.to_global(placement, NdSbp::broadcast(l.shape.len()))
                 .unwrap()
                 .to_dtype(DType::F64)
                 .unwrap()
@@ -83,14 +62,14 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
         let alone: Vec<Vec<f64>> = shards
             .iter()
             .map(|s| {
-                let nd = s.nd_sbp().unwrap().with_axis(case.axis, Sbp::B);
-                whole(&s.to_global(&placement, nd).unwrap())
+                let nd = s.nd_sbp().unwrap().with_axis(l.axis, Sbp::B);
+                whole(&s.to_global(placement, nd).unwrap())
             })
             .collect();
-        match gather_bucket(&shards, case.axis) {
+        match gather_bucket(&shards, l.axis) {
             Ok(out) => {
                 assert!(fits, "a bucket that does not fit was gathered");
-                assert_bucket_layouts(&out, &shards, case.axis, Sbp::B);
+                assert_bucket_layouts(&out, &shards, l.axis, Sbp::B);
                 let pieces = out.iter().map(whole).collect();
                 Ok((pieces, alone))
             }
@@ -110,14 +89,14 @@ proptest! {
         if got.iter().any(|r| r.is_err()) {
             // Every rank agrees, and only a nested dim-0 split is no row range.
             prop_assert!(got.iter().all(|r| r.is_err()), "{:?}", got);
-            prop_assert!(case.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
+            prop_assert!(case.layout.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
             for e in got.iter().filter_map(|r| r.as_ref().err()) {
                 prop_assert!(e.contains("not row ranges"), "{}", e);
             }
         }
         // The values move as they are: bit for bit, unless a P axis sums parts (whose order
         // may differ between the two boxings when it has more than two members).
-        let summed = case.tensors.iter().any(|t| t.2 == Sbp::Partial(ReduceOp::Sum));
+        let summed = case.layout.tensors.iter().any(|t| t.2 == Sbp::Partial(ReduceOp::Sum));
         let tol = if case.dtype == DType::BF16 { 1e-2 } else { 1e-12 };
         for (bucket, alone) in got.into_iter().flatten() {
             if !summed {
@@ -131,23 +110,7 @@ proptest! {
 
 #[test]
 fn a_bucket_the_gather_cannot_take_is_refused_before_communication() {
-    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
-    let errs = run_ranks(2, TIMEOUT, |rank| {
-        let s0 = NdSbp::new([Sbp::S(0)]);
-        let a = Tensor::randn([3], rank as u64, DType::F64)
-            .to_global(&placement, s0.clone())
-            .unwrap();
-        let b = Tensor::randn([3], rank as u64, DType::F32)
-            .to_global(&placement, s0)
-            .unwrap();
-        let c = Tensor::randn([2, 3], rank as u64, DType::F64)
-            .to_global(&placement, Sbp::S(1))
-            .unwrap();
-        (
-            gather_bucket(&[a.clone(), b], 0).unwrap_err().to_string(),
-            gather_bucket(&[a, c], 0).unwrap_err().to_string(),
-        )
-    });
+    let errs = refused_buckets(Sbp::S(0), (&[2, 3], Sbp::S(1)), |t| gather_bucket(t, 0));
     for (dtype, split) in errs {
         assert!(
             dtype.contains("gather_bucket") && dtype.contains("dtype"),

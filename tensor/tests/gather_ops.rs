@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_backward_matches_fd, nd_sbp, on_ranks, placement, ranks_match, small_meshes_either_way,
-    vals, weighted_sum, whole, Tol,
+    assert_each_op_matches_fd, boxed_from_b, nd_sbp, on_ranks, placed, randn_leaf, ranks_match,
+    small_meshes_either_way, vals, weighted_sum, whole,
 };
 use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
@@ -121,16 +121,16 @@ fn gradients_match_finite_differences() {
         (vec![2, 3], index(ints(5, 6, 5), vec![2, 3]), vec![2, 5]),
         (vec![3, 2], index(vec![1, 3, 1], vec![3]), vec![4, 2]),
     ];
-    for (which, (xs, idx, ys)) in cases.into_iter().enumerate() {
-        let x = Tensor::randn(xs.clone(), 6, F);
-        let r = Tensor::randn(ys, 7, F);
-        assert_backward_matches_fd(
-            &x,
-            Tol::Abs(1e-6),
-            |x| loss(which, x, &idx, &r),
-            &format!("op {which}"),
-        );
-    }
+    let rs: Vec<Tensor> = cases
+        .iter()
+        .map(|(_, _, ys)| Tensor::randn(ys.clone(), 7, F))
+        .collect();
+    assert_each_op_matches_fd(
+        cases
+            .iter()
+            .map(|(xs, _, _)| Tensor::randn(xs.clone(), 6, F)),
+        |which, x| loss(which, x, &cases[which].1, &rs[which]),
+    );
 }
 
 proptest! {
@@ -142,15 +142,13 @@ proptest! {
         cols in 1usize..7,
         k in 1usize..5,
         dim in 0usize..2,
-        mesh in small_meshes_either_way(),
+        p in placed(small_meshes_either_way()),
         x_seed: u64,
         i_seed: u64,
-        perm_seed: u64,
     ) {
-        let p = placement(&mesh, perm_seed);
-        let xs = nd_sbp(mesh.len(), 2, x_seed, true);
-        let is = nd_sbp(mesh.len(), 2, i_seed, false);
-        let ids_sbp = nd_sbp(mesh.len(), 1, i_seed >> 7, false);
+        let xs = nd_sbp(p.ndim(), 2, x_seed, true);
+        let is = nd_sbp(p.ndim(), 2, i_seed, false);
+        let ids_sbp = nd_sbp(p.ndim(), 1, i_seed >> 7, false);
         let (extent, ishape) = if dim == 0 { (rows, vec![k, cols]) } else { (cols, vec![rows, k]) };
         let gidx = ints(i_seed, k * ishape[1 - dim], extent);
         let sel = ints(i_seed ^ 1, k, extent);
@@ -176,14 +174,9 @@ proptest! {
             vec![vals(&y_g), vals(&y_s), vals(&y_m), vals(&x.grad().unwrap())];
         let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
-            let x = Tensor::randn_global([rows, cols], 11, F, &p, xs.clone())
-                .unwrap()
-                .requires_grad_(true);
-            let global = |t: Tensor, s: &NdSbp| {
-                t.to_global(&p, b.clone()).unwrap().to_global(&p, s.clone()).unwrap()
-            };
-            let gi = global(index(gidx.clone(), ishape.clone()), &is);
-            let si = global(index(sel.clone(), vec![k]), &ids_sbp);
+            let x = randn_leaf([rows, cols], 11, &p, xs.clone());
+            let gi = boxed_from_b(&index(gidx.clone(), ishape.clone()), &p, &is);
+            let si = boxed_from_b(&index(sel.clone(), vec![k]), &p, &ids_sbp);
             let rg = Tensor::randn_global(ishape.clone(), 13, F, &p, b.clone()).unwrap();
             let rs = Tensor::randn_global(sel_shape.clone(), 14, F, &p, b.clone()).unwrap();
             let rm = Tensor::randn_global([cols], 15, F, &p, b.clone()).unwrap();

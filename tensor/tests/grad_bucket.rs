@@ -10,10 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    assert_bucket_layouts, bucket_close, bucket_mesh, bucket_piece, bucket_placement,
-    other_axis_sbp,
-};
+use common::{assert_bucket_layouts, bucket_close, bucket_layout, refused_buckets, BucketLayout};
 use oxiflow_placement::DeviceType;
 use oxiflow_tensor::{
     bucket_fits, reduce_bucket, run_ranks, BucketTarget, DType, NdSbp, Placement, ReduceOp, Sbp,
@@ -25,11 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 struct Case {
-    world: usize,
-    shape: Vec<usize>,
-    axis: usize,
-    /// (rows, cols, SBP on the other mesh axis) per tensor.
-    tensors: Vec<(usize, usize, Sbp)>,
+    layout: BucketLayout,
     target: BucketTarget,
     /// The dtype the buffer moves as (None: the gradients' own).
     wire: Option<DType>,
@@ -37,19 +30,14 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     (
-        bucket_mesh(),
-        0usize..2,
-        prop::collection::vec((0usize..7, 1usize..4, other_axis_sbp()), 1..5),
+        bucket_layout(0..7, 1..5),
         prop_oneof![Just(BucketTarget::Broadcast), Just(BucketTarget::Shard)],
         prop_oneof![Just(None), Just(Some(DType::F32)), Just(Some(DType::BF16))],
     )
-        .prop_map(|((world, shape), axis, tensors, target, wire)| Case {
-            wire,
-            axis: axis % shape.len(),
-            world,
-            shape,
-            tensors,
+        .prop_map(|(layout, target, wire)| Case {
+            layout,
             target,
+            wire,
         })
 }
 
@@ -58,28 +46,25 @@ fn case() -> impl Strategy<Value = Case> {
 /// text.
 #[allow(clippy::type_complexity)]
 fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
-    let placement = bucket_placement(case.world, &case.shape);
-    run_ranks(case.world, TIMEOUT, |rank| {
+    let l = &case.layout;
+    l.on_ranks(|placement, rank| {
         // Each gradient, and it as the ranks' parts converted to the wire dtype.
-        let (grads, moved): (Vec<Tensor>, Vec<Tensor>) = case
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                let on_axis = (case.axis, Sbp::Partial(ReduceOp::Sum));
-                let (nd, local, seed) = bucket_piece(&placement, rank, on_axis, t, i);
+        let on_axis = Sbp::Partial(ReduceOp::Sum);
+        let (grads, moved): (Vec<Tensor>, Vec<Tensor>) = l
+            .pieces(placement, rank, on_axis, |nd, local, seed| {
                 let part = Tensor::randn(local, seed, DType::F64);
                 let wired = match case.wire {
                     Some(w) => part.to_dtype(w).unwrap(),
                     None => part.clone(),
                 };
                 (
-                    part.to_global_checked(&placement, nd.clone()).unwrap(),
-                    wired.to_global_checked(&placement, nd).unwrap(),
+                    part.to_global_checked(placement, nd.clone()).unwrap(),
+                    wired.to_global_checked(placement, nd).unwrap(),
                 )
             })
+            .into_iter()
             .unzip();
-        let fits = grads.iter().all(|g| bucket_fits(g, case.axis, case.target));
+        let fits = grads.iter().all(|g| bucket_fits(g, l.axis, case.target));
         let sbp = match case.target {
             BucketTarget::Broadcast => Sbp::B,
             BucketTarget::Shard => Sbp::S(0),
@@ -87,8 +72,8 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
         let alone: Vec<Vec<f64>> = moved
             .iter()
             .map(|g| {
-                let nd = g.nd_sbp().unwrap().with_axis(case.axis, sbp);
-                g.to_global(&placement, nd)
+                let nd = g.nd_sbp().unwrap().with_axis(l.axis, sbp);
+                g.to_global(placement, nd)
                     .unwrap()
                     .to_dtype(DType::F64)
                     .unwrap()
@@ -96,10 +81,10 @@ fn run(case: &Case) -> Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), String>> {
                     .unwrap()
             })
             .collect();
-        match reduce_bucket(&grads, case.axis, case.target, case.wire) {
+        match reduce_bucket(&grads, l.axis, case.target, case.wire) {
             Ok(out) => {
                 assert!(fits, "a bucket that does not fit was reduced");
-                assert_bucket_layouts(&out, &grads, case.axis, sbp);
+                assert_bucket_layouts(&out, &grads, l.axis, sbp);
                 let pieces = out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect();
                 Ok((pieces, alone))
             }
@@ -117,7 +102,7 @@ proptest! {
         if fails > 0 {
             // Every rank of a group agrees; the shard layout must really be no row range.
             prop_assert_eq!(case.target, BucketTarget::Shard);
-            prop_assert!(case.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
+            prop_assert!(case.layout.tensors.iter().any(|t| t.2 == Sbp::S(0)), "{:?}", got);
             for r in &got {
                 if let Err(e) = r {
                     prop_assert!(e.contains("not row ranges"), "{}", e);
@@ -139,26 +124,9 @@ proptest! {
 
 #[test]
 fn a_bucket_of_mixed_dtypes_is_refused_before_communication() {
-    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
-    let errs = run_ranks(2, TIMEOUT, |rank| {
-        let p = NdSbp::new([Sbp::Partial(ReduceOp::Sum)]);
-        let a = Tensor::randn([3], rank as u64, DType::F64)
-            .to_global(&placement, p.clone())
-            .unwrap();
-        let b = Tensor::randn([3], rank as u64, DType::F32)
-            .to_global(&placement, p)
-            .unwrap();
-        let c = Tensor::randn([3], rank as u64, DType::F64)
-            .to_global(&placement, Sbp::B)
-            .unwrap();
-        (
-            reduce_bucket(&[a.clone(), b], 0, BucketTarget::Broadcast, None)
-                .unwrap_err()
-                .to_string(),
-            reduce_bucket(&[a, c], 0, BucketTarget::Broadcast, None)
-                .unwrap_err()
-                .to_string(),
-        )
+    let partial = Sbp::Partial(ReduceOp::Sum);
+    let errs = refused_buckets(partial, (&[3], Sbp::B), |t| {
+        reduce_bucket(t, 0, BucketTarget::Broadcast, None)
     });
     for (dtype, sbp) in errs {
         assert!(

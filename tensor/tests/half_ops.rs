@@ -13,7 +13,7 @@ use common::{nd_sbp, placement};
 use half_cases::{
     global_inputs, half_cases, local_inputs, out_dtype, round_to, within, HalfCase, Input,
 };
-use oxiflow_tensor::{bf16, f16, run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
+use oxiflow_tensor::{bf16, f16, run_ranks, DType, NdSbp, Sbp, Tensor, TensorElement, TensorError};
 use proptest::prelude::*;
 
 const HALVES: [DType; 2] = [DType::BF16, DType::F16];
@@ -231,19 +231,12 @@ fn to_dtype_rounds_once_between_every_pair() {
 
 /// The bits of a tensor's 16-bit values.
 fn bits(t: &Tensor) -> Vec<u16> {
+    fn of<T: TensorElement>(t: &Tensor, to_bits: fn(T) -> u16) -> Vec<u16> {
+        t.to_vec::<T>().unwrap().into_iter().map(to_bits).collect()
+    }
     match t.dtype() {
-        DType::BF16 => t
-            .to_vec::<bf16>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect(),
-        _ => t
-            .to_vec::<f16>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect(),
+        DType::BF16 => of(t, bf16::to_bits),
+        _ => of(t, f16::to_bits),
     }
 }
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_backward_matches_fd, nd_sbp, on_ranks, placement, ranks_match, small_meshes_either_way,
-    vals, weighted_sum, whole, Tol,
+    assert_each_op_matches_fd, boxed_from_b, nd_sbp, on_ranks, placed, randn_leaf, ranks_match,
+    small_meshes_either_way, vals, weighted_sum, whole,
 };
 use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
@@ -168,15 +168,9 @@ fn gradients_match_finite_differences() {
     let other = Tensor::randn([3, 4], 8, F);
     let mask = Tensor::from_vec(vec![1i64, 0, 0, 1], [4]).unwrap();
     let r = Tensor::randn([3, 4], 9, F);
-    for which in 0..6 {
-        let x = Tensor::randn([3, 4], 7, F);
-        assert_backward_matches_fd(
-            &x,
-            Tol::Abs(1e-6),
-            |x| loss(which, x, &other, &mask, &r),
-            &format!("op {which}"),
-        );
-    }
+    assert_each_op_matches_fd((0..6).map(|_| Tensor::randn([3, 4], 7, F)), |which, x| {
+        loss(which, x, &other, &mask, &r)
+    });
 }
 
 proptest! {
@@ -190,16 +184,14 @@ proptest! {
         k in -3i64..4,
         start in 0usize..5,
         fill_zero: bool,
-        mesh in small_meshes_either_way(),
+        p in placed(small_meshes_either_way()),
         x_seed: u64,
         m_seed: u64,
-        perm_seed: u64,
     ) {
-        let p = placement(&mesh, perm_seed);
         let d = 2 * half;
         let shape = vec![rows, cols, d];
-        let xs = nd_sbp(mesh.len(), 3, x_seed, true);
-        let ms = nd_sbp(mesh.len(), 2, m_seed, false);
+        let xs = nd_sbp(p.ndim(), 3, x_seed, true);
+        let ms = nd_sbp(p.ndim(), 2, m_seed, false);
         let fill = if fill_zero { 0.0 } else { 1.5 };
         let mask_v: Vec<i64> = (0..cols * d).map(|i| (i as u64 * 5 + m_seed).is_multiple_of(3) as i64).collect();
         let seq = (x_seed % 2) as isize;
@@ -232,16 +224,10 @@ proptest! {
         want.push(vals(&x.grad().unwrap()));
         let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
-            let x = Tensor::randn_global(shape.clone(), 11, F, &p, xs.clone())
-                .unwrap()
-                .requires_grad_(true);
+            let x = randn_leaf(shape.clone(), 11, &p, xs.clone());
             let other = Tensor::randn_global(shape.clone(), 12, F, &p, xs.clone()).unwrap();
-            let mask = Tensor::from_vec(mask_v.clone(), [cols, d])
-                .unwrap()
-                .to_global(&p, b.clone())
-                .unwrap()
-                .to_global(&p, ms.clone())
-                .unwrap();
+            let mask = Tensor::from_vec(mask_v.clone(), [cols, d]).unwrap();
+            let mask = boxed_from_b(&mask, &p, &ms);
             let r: Vec<Tensor> = (0..5)
                 .map(|i| Tensor::randn_global(shape.clone(), 20 + i, F, &p, b.clone()).unwrap())
                 .collect();

@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{nd_sbp, on_ranks, placement, small_meshes, vals, whole};
+use common::{nd_sbp, on_ranks, placed, randn_leaf, small_meshes, vals, weighted_sum, whole};
 use oxiflow_tensor::{no_grad, recompute, DType, NdSbp, Result, Tensor};
 use proptest::prelude::*;
 
@@ -35,13 +35,7 @@ fn local_block_equals_the_plain_block() {
     let g = Tensor::randn([4], 4, F).requires_grad_(true);
     let r = Tensor::randn([3, 4], 5, F);
     let plain = block(&x, &w1, &w2, &g).unwrap();
-    plain
-        .mul(&r)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
+    weighted_sum(&plain, &r).backward().unwrap();
     let want: Vec<Vec<f64>> = [&x, &w1, &w2, &g]
         .iter()
         .map(|t| vals(&t.grad().unwrap()))
@@ -59,7 +53,7 @@ fn local_block_equals_the_plain_block() {
     close(&vals(&y), &vals(&plain));
     assert_eq!(y.grad_fn_name().as_deref(), Some("recompute"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    weighted_sum(&y, &r).backward().unwrap();
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
@@ -140,14 +134,12 @@ proptest! {
     #[test]
     fn global_layouts_equal_one_rank(
         rows in 1usize..6,
-        mesh in small_meshes(),
+        p in placed(small_meshes()),
         x_seed: u64,
         w_seed: u64,
-        perm_seed: u64,
     ) {
-        let p = placement(&mesh, perm_seed);
-        let xs = nd_sbp(mesh.len(), 2, x_seed, false);
-        let ws = nd_sbp(mesh.len(), 2, w_seed, false);
+        let xs = nd_sbp(p.ndim(), 2, x_seed, false);
+        let ws = nd_sbp(p.ndim(), 2, w_seed, false);
         let x = Tensor::randn([rows, 4], 1, F).requires_grad_(true);
         let w1 = Tensor::randn([4, 5], 2, F).requires_grad_(true);
         let w2 = Tensor::randn([5, 4], 3, F).requires_grad_(true);
@@ -158,7 +150,7 @@ proptest! {
         let got = on_ranks(&p, |_| {
             let b = NdSbp::broadcast(p.ndim());
             let make = |shape: Vec<usize>, seed, s: &NdSbp| {
-                Tensor::randn_global(shape, seed, F, &p, s.clone()).unwrap().requires_grad_(true)
+                randn_leaf(shape, seed, &p, s.clone())
             };
             let x = make(vec![rows, 4], 1, &xs);
             let w1 = make(vec![4, 5], 2, &ws);

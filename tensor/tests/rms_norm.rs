@@ -5,8 +5,7 @@
 mod common;
 
 use common::{
-    assert_grad_matches_fd, nd_sbp, on_ranks, placement, small_meshes, vals, weighted_sum, whole,
-    Tol,
+    assert_grad_matches_fd, nd_sbp, on_ranks, placed, small_meshes, vals, weighted_sum, whole, Tol,
 };
 use oxiflow_tensor::{DType, NdSbp, Tensor};
 use proptest::prelude::*;
@@ -65,14 +64,12 @@ proptest! {
     fn global_layouts_equal_one_rank(
         rows in 1usize..7,
         cols in 1usize..6,
-        mesh in small_meshes(),
+        p in placed(small_meshes()),
         sbp_seed: u64,
         w_seed: u64,
-        perm_seed: u64,
     ) {
-        let p = placement(&mesh, perm_seed);
-        let xs = nd_sbp(mesh.len(), 2, sbp_seed, true);
-        let ws = nd_sbp(mesh.len(), 1, w_seed, true);
+        let xs = nd_sbp(p.ndim(), 2, sbp_seed, true);
+        let ws = nd_sbp(p.ndim(), 1, w_seed, true);
         let x = Tensor::randn([rows, cols], 11, F).requires_grad_(true);
         let w = Tensor::randn([cols], 12, F).requires_grad_(true);
         let r = Tensor::randn([rows, cols], 13, F);

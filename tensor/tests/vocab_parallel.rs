@@ -9,7 +9,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{placement, vals};
+use common::{placement, vals, weighted_sum};
 use oxiflow_collectives::flight_recorder;
 use oxiflow_tensor::{run_ranks, Context, DType, NdSbp, Placement, Sbp, Tensor};
 
@@ -39,7 +39,7 @@ fn check_embedding(p: &Placement, w_sbp: NdSbp, vocab: usize, hidden: usize) {
     let w = Tensor::randn([vocab, hidden], 21, F).requires_grad_(true);
     let ids = Tensor::from_vec(ids_v.clone(), [6]).unwrap();
     let y = Tensor::embedding(&ids, &w).unwrap();
-    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    weighted_sum(&y, &r).backward().unwrap();
     let (want_y, want_g) = (vals(&y), vals(&w.grad().unwrap()));
     let n = p.num_ranks();
     let got = run_ranks(n, Duration::from_secs(30), |_| {
@@ -61,7 +61,7 @@ fn check_embedding(p: &Placement, w_sbp: NdSbp, vocab: usize, hidden: usize) {
         assert!(err.contains("out of range"), "{err}");
         let y = Tensor::embedding(&ids, &w).unwrap();
         let y_sbp = y.nd_sbp().unwrap().clone();
-        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        weighted_sum(&y, &r).backward().unwrap();
         let g = w.grad().unwrap();
         let g_sbp = g.nd_sbp().unwrap().clone();
         let all = |t: &Tensor| vals(&t.to_global(p, b.clone()).unwrap());

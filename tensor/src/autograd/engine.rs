@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 
-use oxiflow_sbp::NdSbp;
+use oxiflow_sbp::{NdSbp, Shape};
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
@@ -23,6 +23,24 @@ use crate::tensor::GradFn;
 
 fn key(f: &Arc<Node>) -> usize {
     Arc::as_ptr(f) as usize
+}
+
+/// `Ok` when the shapes `got` and `want` are equal, else an autograd error of `op` saying
+/// `detail()`.
+pub(super) fn same_shape(
+    op: &'static str,
+    got: &Shape,
+    want: &Shape,
+    detail: impl FnOnce() -> String,
+) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(TensorError::Autograd {
+            op,
+            detail: detail(),
+        })
+    }
 }
 
 /// Ones with `t`'s shape, dtype and placement (the default seed gradient).
@@ -87,16 +105,13 @@ fn slots<'a>(
 pub(crate) fn backward(root: &Tensor, seed: Option<Tensor>, retain: bool) -> Result<()> {
     let seed = match seed {
         Some(s) => {
-            if s.shape() != root.shape() {
-                return Err(TensorError::Autograd {
-                    op: "backward",
-                    detail: format!(
-                        "seed gradient {} does not match the tensor {}",
-                        s.describe(),
-                        root.describe()
-                    ),
-                });
-            }
+            same_shape("backward", s.shape(), root.shape(), || {
+                format!(
+                    "seed gradient {} does not match the tensor {}",
+                    s.describe(),
+                    root.describe()
+                )
+            })?;
             s.detach()
         }
         None => ones_like(root)?,
@@ -283,17 +298,14 @@ fn walk_node(
             }
             continue;
         };
-        if dx.shape() != input.shape() {
-            return Err(TensorError::Autograd {
-                op: "backward",
-                detail: format!(
-                    "the backward of {} gave a gradient {} for input {}",
-                    f.name(),
-                    dx.describe(),
-                    input.describe()
-                ),
-            });
-        }
+        same_shape("backward", dx.shape(), input.shape(), || {
+            format!(
+                "the backward of {} gave a gradient {} for input {}",
+                f.name(),
+                dx.describe(),
+                input.describe()
+            )
+        })?;
         accumulate(slot, dx)?;
     }
     Ok(())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::op::Grad;
 use crate::tensor::Tensor;
-use crate::{Result, TensorError};
+use crate::Result;
 
 use super::node::{attach, NodeKind, Rerun};
 use super::{engine, is_grad_enabled, set_grad_enabled};
@@ -78,16 +78,13 @@ fn rerun(block: &Block, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         leaves.push(g.input(i)?.detach().requires_grad_(g.need(i)));
     }
     let out = (block.0)(&leaves)?;
-    if out.shape() != dy.shape() {
-        return Err(TensorError::Autograd {
-            op: "recompute",
-            detail: format!(
-                "the recomputed block gave {} but its first run gave a gradient of {}",
-                out.describe(),
-                dy.describe()
-            ),
-        });
-    }
+    engine::same_shape("recompute", out.shape(), dy.shape(), || {
+        format!(
+            "the recomputed block gave {} but its first run gave a gradient of {}",
+            out.describe(),
+            dy.describe()
+        )
+    })?;
     if out.requires_grad() {
         engine::backward(&out, Some(dy.clone()), false)?;
     }

@@ -6,10 +6,9 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
 use oxiflow_dtype::MatmulPrecision;
-use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
-use super::{out_as, CpuBackend};
+use super::{out_as, try_for_each_indexed, view_mut_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, AttentionKernels};
 use crate::storage::CpuArray;
@@ -108,10 +107,7 @@ fn probs_t<F: FloatElement>(
     }
     let (q, k) = (q.as_standard_layout(), k.as_standard_layout());
     let (q3, k3) = (pairs_view(q.view(), op)?, pairs_view(k.view(), op)?);
-    let mut o3 = out
-        .view_mut()
-        .into_shape_with_order((b * h, t, s))
-        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut o3 = view_mut_as(op, out, (b * h, t, s))?;
     let scale = F::from_f64(scale);
     let run = |(i, o): (usize, ArrayViewMut2<'_, F>)| {
         pair(
@@ -126,14 +122,8 @@ fn probs_t<F: FloatElement>(
         .len_of(Axis(0))
         .saturating_mul(t)
         .saturating_mul(s.max(1));
-    if work.saturating_mul(d.max(1)) >= PAR_THRESHOLD {
-        o3.outer_iter_mut()
-            .into_par_iter()
-            .enumerate()
-            .try_for_each(run)
-    } else {
-        o3.outer_iter_mut().enumerate().try_for_each(run)
-    }
+    let big = work.saturating_mul(d.max(1)) >= PAR_THRESHOLD;
+    try_for_each_indexed(o3.outer_iter_mut(), big, run)
 }
 
 impl AttentionKernels for CpuBackend {
@@ -147,10 +137,8 @@ impl AttentionKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let (op, attrs) = ("attention_probs", (causal, scale));
-        match (q, k) {
-            (CpuArray::F32(q), CpuArray::F32(k)) => probs_t(q, k, attrs, out_as(op, out)?),
-            (CpuArray::F64(q), CpuArray::F64(k)) => probs_t(q, k, attrs, out_as(op, out)?),
-            _ => Err(kernel_err(op, "needs float q and k of one dtype".into())),
-        }
+        with_floats!(op, "needs float q and k of one dtype"; (q, k) as (q, k) => {
+            probs_t(q, k, attrs, out_as(op, out)?)
+        })
     }
 }

@@ -90,6 +90,33 @@ impl<'a> Walk<'a> {
     }
 }
 
+/// Runs `f` on the values of `x` and of `out` (both row-major) and the [`Walk`] of `ids`
+/// `along` a dim: from `out` (a read's output) into `x`, or with `scatter` from `x` (a
+/// scatter's source) into `out`.
+fn walked<T: TensorElement>(
+    op: &'static str,
+    x: &ArrayD<T>,
+    ids: &ArrayD<i64>,
+    along: Along,
+    out: &mut ArrayD<T>,
+    scatter: bool,
+    f: impl FnOnce(&[T], &Walk<'_>, &mut [T]) -> Result<()>,
+) -> Result<()> {
+    let (x, ids) = (x.as_standard_layout(), ids.as_standard_layout());
+    let (Some(xs), Some(is)) = (x.as_slice(), ids.as_slice()) else {
+        return Err(kernel_err(op, "non-contiguous input".into()));
+    };
+    let walk = if scatter {
+        Walk::new(op, is, along, xs.len(), out.shape())?
+    } else {
+        Walk::new(op, is, along, out.len(), x.shape())?
+    };
+    let os = out
+        .as_slice_mut()
+        .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
+    f(xs, &walk, os)
+}
+
 fn take_t<T: TensorElement>(
     op: &'static str,
     x: &ArrayD<T>,
@@ -97,21 +124,15 @@ fn take_t<T: TensorElement>(
     along: Along,
     out: &mut ArrayD<T>,
 ) -> Result<()> {
-    let (x, ids) = (x.as_standard_layout(), ids.as_standard_layout());
-    let (Some(xs), Some(is)) = (x.as_slice(), ids.as_slice()) else {
-        return Err(kernel_err(op, "non-contiguous input".into()));
-    };
-    let walk = Walk::new(op, is, along, out.len(), x.shape())?;
-    let os = out
-        .as_slice_mut()
-        .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
-    for (l, o) in os.iter_mut().enumerate() {
-        *o = match walk.dense_at(l)? {
-            Some(at) => xs[at],
-            None => T::from_f64(0.0),
-        };
-    }
-    Ok(())
+    walked(op, x, ids, along, out, false, |xs, walk, os| {
+        for (l, o) in os.iter_mut().enumerate() {
+            *o = match walk.dense_at(l)? {
+                Some(at) => xs[at],
+                None => T::from_f64(0.0),
+            };
+        }
+        Ok(())
+    })
 }
 
 fn put_t<F: FloatElement>(
@@ -121,22 +142,15 @@ fn put_t<F: FloatElement>(
     along: Along,
     out: &mut ArrayD<F>,
 ) -> Result<()> {
-    let (src, ids) = (src.as_standard_layout(), ids.as_standard_layout());
-    let (Some(ss), Some(is)) = (src.as_slice(), ids.as_slice()) else {
-        return Err(kernel_err(op, "non-contiguous input".into()));
-    };
-    let dense = out.shape().to_vec();
-    let walk = Walk::new(op, is, along, ss.len(), &dense)?;
-    let os = out
-        .as_slice_mut()
-        .ok_or_else(|| kernel_err(op, "non-contiguous output".into()))?;
-    os.fill(F::from_f64(0.0));
-    for (l, &v) in ss.iter().enumerate() {
-        if let Some(at) = walk.dense_at(l)? {
-            os[at] += v;
+    walked(op, src, ids, along, out, true, |ss, walk, os| {
+        os.fill(F::from_f64(0.0));
+        for (l, &v) in ss.iter().enumerate() {
+            if let Some(at) = walk.dense_at(l)? {
+                os[at] += v;
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 impl GatherKernels for CpuBackend {
@@ -161,10 +175,8 @@ impl GatherKernels for CpuBackend {
         along: Along,
         out: &mut CpuArray,
     ) -> Result<()> {
-        match (ids, src) {
-            (CpuArray::I64(i), CpuArray::F32(s)) => put_t(op, i, s, along, out_as(op, out)?),
-            (CpuArray::I64(i), CpuArray::F64(s)) => put_t(op, i, s, along, out_as(op, out)?),
-            _ => Err(kernel_err(op, "needs i64 indices and a float src".into())),
-        }
+        with_floats!(op, "needs i64 indices and a float src"; (src) as (s), ids => I64(i) => {
+            put_t(op, i, s, along, out_as(op, out)?)
+        })
     }
 }

@@ -5,7 +5,7 @@
 use ndarray::{ArrayD, ArrayView1, ArrayView2, Axis, Zip};
 use rayon::prelude::*;
 
-use super::{check_ids, out_as, rows, CpuBackend, PAR_THRESHOLD};
+use super::{check_ids, out_as, rows, view_mut_as, CpuBackend, PAR_THRESHOLD};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, ClassShard, LossKernels};
 use crate::storage::CpuArray;
@@ -24,8 +24,15 @@ fn lse<F: FloatElement>(r: ArrayView1<F>) -> F {
     s.ln() + m
 }
 
-fn check_labels(op: &'static str, labels: &ArrayD<i64>, c: usize) -> Result<()> {
-    check_ids(op, labels, c)
+/// The logits as rows, once every label is one of their columns.
+fn labelled_rows<'a, F: FloatElement>(
+    op: &'static str,
+    logits: &'a ArrayD<F>,
+    labels: &ArrayD<i64>,
+) -> Result<ArrayView2<'a, F>> {
+    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
+    check_ids(op, labels, l.ncols())?;
+    Ok(l)
 }
 
 fn cross_entropy_t<F: FloatElement>(
@@ -34,8 +41,7 @@ fn cross_entropy_t<F: FloatElement>(
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "cross_entropy";
-    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
-    check_labels(op, labels, l.ncols())?;
+    let l = labelled_rows(op, logits, labels)?;
     if labels.len() != l.nrows() || out.len() != l.nrows() {
         return Err(kernel_err(
             op,
@@ -60,8 +66,7 @@ fn cross_entropy_backward_t<F: FloatElement>(
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "cross_entropy_backward";
-    let l = rows(logits).ok_or_else(|| kernel_err(op, "logits must be 2-d".into()))?;
-    check_labels(op, labels, l.ncols())?;
+    let l = labelled_rows(op, logits, labels)?;
     if labels.len() != l.nrows() || dy.len() != l.nrows() || out.shape() != logits.shape() {
         return Err(kernel_err(
             op,
@@ -74,10 +79,7 @@ fn cross_entropy_backward_t<F: FloatElement>(
             ),
         ));
     }
-    let mut o2 = out
-        .view_mut()
-        .into_shape_with_order(l.raw_dim())
-        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut o2 = view_mut_as(op, out, l.raw_dim())?;
     for (((mut o, r), &y), &g) in o2
         .outer_iter_mut()
         .zip(l.outer_iter())
@@ -172,16 +174,31 @@ fn label_column(label: i64, start: usize, width: usize) -> Option<usize> {
     (label as usize).checked_sub(start).filter(|&j| j < width)
 }
 
+/// What the vocab-parallel loss kernels read: the logits piece, the labels (global class
+/// ids) and each row's log-sum-exp over all classes.
+type VocabInputs<'a, F> = (&'a ArrayD<F>, &'a ArrayD<i64>, &'a ArrayD<F>);
+
+/// The logits piece of `inputs` as rows ([`shard_rows`], with `per_row` more values per row),
+/// once every label is a class of `at`.
+fn vocab_rows<'a, F: FloatElement>(
+    op: &'static str,
+    (logits, labels, lse): VocabInputs<'a, F>,
+    at: ClassShard,
+    per_row: usize,
+) -> Result<ArrayView2<'a, F>> {
+    let l = shard_rows(op, logits, &[labels.len(), lse.len(), per_row])?;
+    check_ids(op, labels, at.classes)?;
+    Ok(l)
+}
+
 fn vocab_parallel_loss_t<F: FloatElement>(
-    logits: &ArrayD<F>,
-    labels: &ArrayD<i64>,
-    lse: &ArrayD<F>,
+    inputs: VocabInputs<'_, F>,
     at: ClassShard,
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "vocab_parallel_cross_entropy";
-    let l = shard_rows(op, logits, &[labels.len(), lse.len(), out.len()])?;
-    check_ids(op, labels, at.classes)?;
+    let l = vocab_rows(op, inputs, at, out.len())?;
+    let (_, labels, lse) = inputs;
     let zero = F::from_f64(0.0);
     for (((o, r), &t), &s) in out
         .iter_mut()
@@ -196,16 +213,14 @@ fn vocab_parallel_loss_t<F: FloatElement>(
 }
 
 fn vocab_parallel_backward_t<F: FloatElement>(
-    logits: &ArrayD<F>,
-    labels: &ArrayD<i64>,
-    lse: &ArrayD<F>,
+    inputs: VocabInputs<'_, F>,
     dy: &ArrayD<F>,
     at: ClassShard,
     out: &mut ArrayD<F>,
 ) -> Result<()> {
     let op = "vocab_parallel_cross_entropy_backward";
-    let l = shard_rows(op, logits, &[labels.len(), lse.len(), dy.len()])?;
-    check_ids(op, labels, at.classes)?;
+    let l = vocab_rows(op, inputs, at, dy.len())?;
+    let (logits, labels, lse) = inputs;
     if out.shape() != logits.shape() {
         return Err(kernel_err(
             op,
@@ -257,11 +272,9 @@ impl LossKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "cross_entropy";
-        match (logits, labels) {
-            (CpuArray::F32(l), CpuArray::I64(y)) => cross_entropy_t(l, y, out_as(op, out)?),
-            (CpuArray::F64(l), CpuArray::I64(y)) => cross_entropy_t(l, y, out_as(op, out)?),
-            _ => Err(kernel_err(op, "needs float logits and i64 labels".into())),
-        }
+        with_floats!(op, "needs float logits and i64 labels";
+            (logits) as (l), labels => I64(y) => cross_entropy_t(l, y, out_as(op, out)?)
+        )
     }
     fn cross_entropy_backward(
         &self,
@@ -271,18 +284,11 @@ impl LossKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "cross_entropy_backward";
-        match (dy, logits, labels) {
-            (CpuArray::F32(g), CpuArray::F32(l), CpuArray::I64(y)) => {
+        with_floats!(op, "needs float dy/logits and i64 labels";
+            (dy, logits) as (g, l), labels => I64(y) => {
                 cross_entropy_backward_t(g, l, y, out_as(op, out)?)
             }
-            (CpuArray::F64(g), CpuArray::F64(l), CpuArray::I64(y)) => {
-                cross_entropy_backward_t(g, l, y, out_as(op, out)?)
-            }
-            _ => Err(kernel_err(
-                op,
-                "needs float dy/logits and i64 labels".into(),
-            )),
-        }
+        )
     }
 
     fn vocab_parallel_lse(
@@ -292,11 +298,9 @@ impl LossKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "vocab_parallel_log_sum_exp";
-        match logits {
-            CpuArray::F32(l) => vocab_parallel_lse_t(l, at, out_as(op, out)?),
-            CpuArray::F64(l) => vocab_parallel_lse_t(l, at, out_as(op, out)?),
-            _ => Err(kernel_err(op, "needs float logits".into())),
-        }
+        with_floats!(op, "needs float logits"; (logits) as (l) => {
+            vocab_parallel_lse_t(l, at, out_as(op, out)?)
+        })
     }
     fn vocab_parallel_loss(
         &self,
@@ -307,18 +311,11 @@ impl LossKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "vocab_parallel_cross_entropy";
-        match (logits, labels, lse) {
-            (CpuArray::F32(l), CpuArray::I64(y), CpuArray::F32(s)) => {
-                vocab_parallel_loss_t(l, y, s, at, out_as(op, out)?)
+        with_floats!(op, "needs float logits and lse of one dtype and i64 labels";
+            (logits, lse) as (l, s), labels => I64(y) => {
+                vocab_parallel_loss_t((l, y, s), at, out_as(op, out)?)
             }
-            (CpuArray::F64(l), CpuArray::I64(y), CpuArray::F64(s)) => {
-                vocab_parallel_loss_t(l, y, s, at, out_as(op, out)?)
-            }
-            _ => Err(kernel_err(
-                op,
-                "needs float logits and lse of one dtype and i64 labels".into(),
-            )),
-        }
+        )
     }
     fn vocab_parallel_backward(
         &self,
@@ -330,17 +327,10 @@ impl LossKernels for CpuBackend {
         out: &mut CpuArray,
     ) -> Result<()> {
         let op = "vocab_parallel_cross_entropy_backward";
-        match (logits, labels, lse, dy) {
-            (CpuArray::F32(l), CpuArray::I64(y), CpuArray::F32(s), CpuArray::F32(g)) => {
-                vocab_parallel_backward_t(l, y, s, g, at, out_as(op, out)?)
+        with_floats!(op, "needs float logits, lse and dy of one dtype and i64 labels";
+            (logits, lse, dy) as (l, s, g), labels => I64(y) => {
+                vocab_parallel_backward_t((l, y, s), g, at, out_as(op, out)?)
             }
-            (CpuArray::F64(l), CpuArray::I64(y), CpuArray::F64(s), CpuArray::F64(g)) => {
-                vocab_parallel_backward_t(l, y, s, g, at, out_as(op, out)?)
-            }
-            _ => Err(kernel_err(
-                op,
-                "needs float logits, lse and dy of one dtype and i64 labels".into(),
-            )),
-        }
+        )
     }
 }

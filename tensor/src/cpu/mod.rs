@@ -5,6 +5,33 @@
 //! kernels, so each kernel is written for f32, f64 and i64 only (an extern op's kernels get
 //! the dtypes their table declares, 16-bit ones included).
 
+/// Runs `$f` on each tuple of the zipped row producers (`Zip::from($first).and(..)`), on rayon
+/// when the `$work` (elements) reaches [`PAR_THRESHOLD`], else on this thread.
+macro_rules! for_each_row {
+    ($work:expr, $f:expr; $first:expr $(, $more:expr)* $(,)?) => {{
+        let z = ndarray::Zip::from($first)$(.and($more))*;
+        if $work >= $crate::cpu::PAR_THRESHOLD {
+            z.par_for_each($f);
+        } else {
+            z.for_each($f);
+        }
+    }};
+}
+
+/// `$body` with the arrays inside the `CpuArray`s `$x` bound as `$a` when all are f32 or all
+/// f64 (generic over the float type), and each `$fx` is of variant `$fv` (bound as `$fa`);
+/// else the kernel error of `$op` saying what it `$needs`.
+macro_rules! with_floats {
+    ($op:expr, $needs:expr; ($($x:expr),+) as ($($a:ident),+) $(, $fx:expr => $fv:ident($fa:ident))*
+        => $body:expr) => {
+        match ($($x,)+ $($fx,)*) {
+            ($($crate::CpuArray::F32($a),)+ $($crate::CpuArray::$fv($fa),)*) => $body,
+            ($($crate::CpuArray::F64($a),)+ $($crate::CpuArray::$fv($fa),)*) => $body,
+            _ => Err($crate::op::kernel_err($op, String::from($needs))),
+        }
+    };
+}
+
 mod attention;
 mod custom;
 mod dropout;
@@ -22,12 +49,13 @@ mod rms_norm;
 mod rotary;
 mod softmax;
 
-use ndarray::{ArrayD, ArrayView2, IxDyn};
+use ndarray::{ArrayD, ArrayView2, ArrayViewMut, IxDyn, ShapeArg};
 use oxiflow_sbp::Shape;
 
 use std::borrow::Cow;
 
 use oxiflow_dtype::{with_element, DType};
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use smallvec::SmallVec;
 
 use crate::element::{FloatElement, TensorElement};
@@ -265,6 +293,33 @@ fn rows<F: FloatElement>(a: &ArrayD<F>) -> Option<ArrayView2<'_, F>> {
     a.view()
         .into_shape_with_order((lead.iter().product::<usize>(), h))
         .ok()
+}
+
+/// `out` viewed as `shape` (row-major), or a kernel error of `op`.
+fn view_mut_as<'a, T, E: ShapeArg>(
+    op: &'static str,
+    out: &'a mut ArrayD<T>,
+    shape: E,
+) -> Result<ArrayViewMut<'a, T, E::Dim>> {
+    out.view_mut()
+        .into_shape_with_order(shape)
+        .map_err(|e| kernel_err(op, e.to_string()))
+}
+
+/// `f` on each `(index, item)` of `items`, on rayon when `big`, stopping at the first error.
+fn try_for_each_indexed<I, T, E, F>(items: I, big: bool, f: F) -> std::result::Result<(), E>
+where
+    I: IntoIterator<Item = T> + IntoParallelIterator<Item = T>,
+    <I as IntoParallelIterator>::Iter: IndexedParallelIterator,
+    T: Send,
+    E: Send,
+    F: Fn((usize, T)) -> std::result::Result<(), E> + Sync + Send,
+{
+    if big {
+        items.into_par_iter().enumerate().try_for_each(f)
+    } else {
+        items.into_iter().enumerate().try_for_each(f)
+    }
 }
 
 /// Every index lies in `0..num`.

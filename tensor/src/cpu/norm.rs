@@ -4,8 +4,7 @@
 
 use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Ix1, Zip};
 
-use super::elementwise::PAR_THRESHOLD;
-use super::{out_as, rows, CpuBackend};
+use super::{out_as, rows, view_mut_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{composed_layer_norm_grads, kernel_err, NormKernels};
 use crate::storage::CpuArray;
@@ -59,10 +58,7 @@ fn layer_norm_t<F: FloatElement>(
     }
     let (w, b) = (vector(op, w)?, vector(op, b)?);
     let (ms, rs) = (column(op, mean, n)?, column(op, rstd, n)?);
-    let mut y2 = y
-        .view_mut()
-        .into_shape_with_order((n, h))
-        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut y2 = view_mut_as(op, y, (n, h))?;
     let f = |mut y: ArrayViewMut1<F>, x: ArrayView1<F>, m: &mut F, r: &mut F| {
         let (mean, rstd) = moments(x, eps);
         (*m, *r) = (mean, rstd);
@@ -72,15 +68,12 @@ fn layer_norm_t<F: FloatElement>(
             .and(&b)
             .for_each(|y, &x, &w, &b| *y = (x - mean) * rstd * w + b);
     };
-    let z = Zip::from(y2.axis_iter_mut(Axis(0)))
-        .and(xr.axis_iter(Axis(0)))
-        .and(ArrayViewMut1::from(ms))
-        .and(ArrayViewMut1::from(rs));
-    if n * h >= PAR_THRESHOLD {
-        z.par_for_each(f);
-    } else {
-        z.for_each(f);
-    }
+    for_each_row!(n * h, f;
+        y2.axis_iter_mut(Axis(0)),
+        xr.axis_iter(Axis(0)),
+        ArrayViewMut1::from(ms),
+        ArrayViewMut1::from(rs),
+    );
     Ok(())
 }
 
@@ -118,10 +111,7 @@ fn layer_norm_backward_t<F: FloatElement>(
     };
     let hf = F::from_f64(h.max(1) as f64);
     let w = vector(op, w)?;
-    let mut o2 = out
-        .view_mut()
-        .into_shape_with_order((n, h))
-        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut o2 = view_mut_as(op, out, (n, h))?;
     let f = |mut d: ArrayViewMut1<F>, g: ArrayView1<F>, x: ArrayView1<F>, &mean: &F, &rstd: &F| {
         let (mut sg, mut sgx) = (F::from_f64(0.0), F::from_f64(0.0));
         Zip::from(&g).and(&x).and(&w).for_each(|&g, &x, &w| {
@@ -139,16 +129,13 @@ fn layer_norm_backward_t<F: FloatElement>(
                 *d = rstd * (g * w - mg - xh * mgx);
             });
     };
-    let z = Zip::from(o2.axis_iter_mut(Axis(0)))
-        .and(gr.axis_iter(Axis(0)))
-        .and(xr.axis_iter(Axis(0)))
-        .and(ArrayView1::from(ms))
-        .and(ArrayView1::from(rs));
-    if n * h >= PAR_THRESHOLD {
-        z.par_for_each(f);
-    } else {
-        z.for_each(f);
-    }
+    for_each_row!(n * h, f;
+        o2.axis_iter_mut(Axis(0)),
+        gr.axis_iter(Axis(0)),
+        xr.axis_iter(Axis(0)),
+        ArrayView1::from(ms),
+        ArrayView1::from(rs),
+    );
     Ok(())
 }
 
@@ -172,26 +159,15 @@ impl NormKernels for CpuBackend {
         rstd: &mut CpuArray,
     ) -> Result<()> {
         let op = "layer_norm";
-        match (x, weight, bias) {
-            (CpuArray::F32(x), CpuArray::F32(w), CpuArray::F32(b)) => layer_norm_t(
+        with_floats!(op, "needs float x, weight and bias of one dtype";
+            (x, weight, bias) as (x, w, b) => layer_norm_t(
                 (x, w, b),
                 eps,
                 out_as(op, y)?,
                 out_as(op, mean)?,
                 out_as(op, rstd)?,
-            ),
-            (CpuArray::F64(x), CpuArray::F64(w), CpuArray::F64(b)) => layer_norm_t(
-                (x, w, b),
-                eps,
-                out_as(op, y)?,
-                out_as(op, mean)?,
-                out_as(op, rstd)?,
-            ),
-            _ => Err(kernel_err(
-                op,
-                "needs float x, weight and bias of one dtype".into(),
-            )),
-        }
+            )
+        )
     }
     fn layer_norm_backward(
         &self,
@@ -203,25 +179,10 @@ impl NormKernels for CpuBackend {
         dx: &mut CpuArray,
     ) -> Result<()> {
         let op = "layer_norm_backward";
-        match (x, weight, dy, mean, rstd) {
-            (
-                CpuArray::F32(x),
-                CpuArray::F32(w),
-                CpuArray::F32(g),
-                CpuArray::F32(m),
-                CpuArray::F32(r),
-            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
-            (
-                CpuArray::F64(x),
-                CpuArray::F64(w),
-                CpuArray::F64(g),
-                CpuArray::F64(m),
-                CpuArray::F64(r),
-            ) => layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?),
-            _ => Err(kernel_err(
-                op,
-                "needs float x, weight, dy, mean and rstd of one dtype".into(),
-            )),
-        }
+        with_floats!(op, "needs float x, weight, dy, mean and rstd of one dtype";
+            (x, weight, dy, mean, rstd) as (x, w, g, m, r) => {
+                layer_norm_backward_t((x, w, g), (m, r), out_as(op, dx)?)
+            }
+        )
     }
 }

@@ -1,10 +1,9 @@
 //! RMS-norm CPU kernel, written into the executor's output buffer: one pass per row (rayon over
 //! rows when large).
 
-use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Zip};
+use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis};
 
-use super::elementwise::PAR_THRESHOLD;
-use super::{out_as, rows, CpuBackend};
+use super::{out_as, rows, view_mut_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, RmsNormKernels};
 use crate::storage::CpuArray;
@@ -30,10 +29,7 @@ fn rms_norm_t<F: FloatElement>(
         ));
     }
     let (eps, hf) = (F::from_f64(eps), F::from_f64(h.max(1) as f64));
-    let mut o2 = out
-        .view_mut()
-        .into_shape_with_order((n, h))
-        .map_err(|e| kernel_err(op, e.to_string()))?;
+    let mut o2 = view_mut_as(op, out, (n, h))?;
     let f = |y: ArrayViewMut1<F>, x: ArrayView1<F>| {
         let mut ss = F::from_f64(0.0);
         x.iter().for_each(|&v| ss += v * v);
@@ -42,25 +38,15 @@ fn rms_norm_t<F: FloatElement>(
             *y = v * r * wj;
         }
     };
-    let z = Zip::from(o2.axis_iter_mut(Axis(0))).and(xr.axis_iter(Axis(0)));
-    if n * h >= PAR_THRESHOLD {
-        z.par_for_each(f);
-    } else {
-        z.for_each(f);
-    }
+    for_each_row!(n * h, f; o2.axis_iter_mut(Axis(0)), xr.axis_iter(Axis(0)));
     Ok(())
 }
 
 impl RmsNormKernels for CpuBackend {
     fn rms_norm(&self, x: &CpuArray, w: &CpuArray, eps: f64, out: &mut CpuArray) -> Result<()> {
         let op = "rms_norm";
-        match (x, w) {
-            (CpuArray::F32(x), CpuArray::F32(w)) => rms_norm_t(x, w, eps, out_as(op, out)?),
-            (CpuArray::F64(x), CpuArray::F64(w)) => rms_norm_t(x, w, eps, out_as(op, out)?),
-            _ => Err(kernel_err(
-                op,
-                "needs float x and weight of one dtype".into(),
-            )),
-        }
+        with_floats!(op, "needs float x and weight of one dtype"; (x, w) as (x, w) => {
+            rms_norm_t(x, w, eps, out_as(op, out)?)
+        })
     }
 }

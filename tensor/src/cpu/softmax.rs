@@ -111,16 +111,10 @@ fn softmax_backward(
     if dim >= y.shape().len() {
         return Err(kernel_err(op, format!("dim {dim} out of range")));
     }
-    match (dy, y) {
-        (CpuArray::F32(g), CpuArray::F32(y)) => {
-            softmax_backward_t(g, y, dim, log, out_as(op, out)?)
-        }
-        (CpuArray::F64(g), CpuArray::F64(y)) => {
-            softmax_backward_t(g, y, dim, log, out_as(op, out)?)
-        }
-        _ => return Err(kernel_err(op, "needs float dy and y of one dtype".into())),
-    }
-    Ok(())
+    with_floats!(op, "needs float dy and y of one dtype"; (dy, y) as (g, y) => {
+        softmax_backward_t(g, y, dim, log, out_as(op, out)?);
+        Ok(())
+    })
 }
 
 impl SoftmaxKernels for CpuBackend {

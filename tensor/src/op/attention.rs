@@ -9,8 +9,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    kernel_trait, same_float_dtype, shape_rule, single, F64Bits, Inferred, MetaError, MetaResult,
-    OpFamily, RunKernels, Saves,
+    kernel_trait, name_and_arity, same_float_dtype, shape_rule, single, F64Bits, Inferred,
+    MetaError, MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -38,13 +38,7 @@ kernel_trait! {
 }
 
 impl OpFamily for AttentionOp {
-    fn name(&self) -> &'static str {
-        "attention_probs"
-    }
-
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
-    }
+    name_and_arity!("attention_probs", 2);
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_float_dtype(d, "q and k")?;

@@ -10,8 +10,8 @@ use oxiflow_sbp::{rules, RuleMode, Shape};
 
 use super::grad::Grad;
 use super::{
-    kernel_err, kernel_trait, need_float, single, Dims, F64Bits, Inferred, LocalAt, MetaError,
-    MetaResult, OpFamily, RunKernels, Saves,
+    kernel_err, kernel_trait, name_and_arity, need_float, single, Dims, F64Bits, Inferred, LocalAt,
+    MetaError, MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -70,13 +70,7 @@ impl DropoutOp {
 }
 
 impl OpFamily for DropoutOp {
-    fn name(&self) -> &'static str {
-        "dropout"
-    }
-
-    fn arity(&self) -> (usize, usize) {
-        (1, 1)
-    }
+    name_and_arity!("dropout", 1);
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         need_float(d[0], "input")?;

@@ -297,10 +297,7 @@ impl OpFamily for ElementwiseOp {
             }
             ElementwiseOp::Cast(_) => Grad::one(dy.cast(g.input_meta(0).dtype())?),
             ElementwiseOp::CastParts(_) => Grad::one(dy.to_dtype_parts(g.input_meta(0).dtype())?),
-            ElementwiseOp::UnaryBackward(_) => Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            )),
+            ElementwiseOp::UnaryBackward(_) => Err(Grad::higher_order(self.name())),
         }
     }
 }

@@ -113,10 +113,7 @@ impl OpFamily for EmbeddingOp {
                     })?,
                 ])
             }
-            EmbeddingOp::Backward { .. } => Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            )),
+            EmbeddingOp::Backward { .. } => Err(Grad::higher_order(self.name())),
         }
     }
 }

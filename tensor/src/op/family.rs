@@ -201,6 +201,21 @@ macro_rules! no_gradient {
 }
 pub(crate) use no_gradient;
 
+/// The `name` and `arity` of an op family with one name and exactly `$inputs` inputs, inside
+/// its `impl OpFamily`.
+macro_rules! name_and_arity {
+    ($name:literal, $inputs:literal) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn arity(&self) -> (usize, usize) {
+            ($inputs, $inputs)
+        }
+    };
+}
+pub(crate) use name_and_arity;
+
 /// Declares an op family's kernel trait over [`KernelBackend`]: each `fn name(args..);` in it is
 /// a kernel method `fn name(&self, args.., out: &mut Self::Out) -> Result<()>` that writes the
 /// op's one output into `out`.

@@ -232,6 +232,10 @@ impl<'a> Grad<'a> {
             detail: format!("{name} is not differentiable: {why}"),
         }
     }
+    /// The error of a backward op asked for its own gradient (a higher-order gradient).
+    pub fn higher_order(name: &str) -> TensorError {
+        Grad::unsupported(name, "higher-order gradients are not supported")
+    }
 }
 
 /// Zeros of `shape` with `like`'s dtype, on `like`'s placement (all-B) or local.

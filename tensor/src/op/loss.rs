@@ -208,9 +208,9 @@ impl OpFamily for LossOp {
                 self.name(),
                 "the log-sum-exp partials carry no gradient",
             )),
-            LossOp::CrossEntropyBackward | LossOp::VocabParallelBackward { .. } => Err(
-                Grad::unsupported(self.name(), "higher-order gradients are not supported"),
-            ),
+            LossOp::CrossEntropyBackward | LossOp::VocabParallelBackward { .. } => {
+                Err(Grad::higher_order(self.name()))
+            }
         }
     }
 }

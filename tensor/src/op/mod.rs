@@ -53,8 +53,8 @@ pub use elementwise::{
 pub use embedding::EmbeddingOp;
 pub use extern_op::{BackendId, Extern, ExternOp, KernelFn, KernelIo, Kernels, ScratchFn};
 pub(crate) use family::{
-    dim_ok, full_region, kernel_trait, no_gradient, norm_dim, norm_dims, same_dtype,
-    same_float_dtype, shape_rule, single, CallSite,
+    dim_ok, full_region, kernel_trait, name_and_arity, no_gradient, norm_dim, norm_dims,
+    same_dtype, same_float_dtype, shape_rule, single, CallSite,
 };
 pub use family::{
     kernel_err, need_float, need_i64, scratch, Dims, F64Bits, Inferred, KernelBackend, LocalAt,

@@ -130,10 +130,7 @@ impl OpFamily for NormOp {
 
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         if !matches!(self, NormOp::LayerNorm { .. }) {
-            return Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            ));
+            return Err(Grad::higher_order(self.name()));
         }
         let (x, w, dy) = (g.input(0)?, g.input(1)?, g.dy()?);
         let (mean, rstd) = (g.output(1)?, g.output(2)?);

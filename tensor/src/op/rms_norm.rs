@@ -6,8 +6,8 @@ use oxiflow_sbp::{RuleMode, Shape};
 
 use super::grad::{sum_to, Grad};
 use super::{
-    kernel_trait, same_float_dtype, single, F64Bits, Inferred, MetaError, MetaResult, OpFamily,
-    RunKernels, Saves,
+    kernel_trait, name_and_arity, same_float_dtype, single, F64Bits, Inferred, MetaError,
+    MetaResult, OpFamily, RunKernels, Saves,
 };
 use crate::tensor::Tensor;
 use crate::Result;
@@ -26,13 +26,7 @@ kernel_trait! {
 }
 
 impl OpFamily for RmsNormOp {
-    fn name(&self) -> &'static str {
-        "rms_norm"
-    }
-
-    fn arity(&self) -> (usize, usize) {
-        (2, 2)
-    }
+    name_and_arity!("rms_norm", 2);
 
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         let dt = same_float_dtype(d, "input")?;

@@ -101,10 +101,7 @@ impl OpFamily for SoftmaxOp {
                 },
                 &[g.output(0)?, g.dy()?],
             )?),
-            SoftmaxOp::Backward { .. } => Err(Grad::unsupported(
-                self.name(),
-                "higher-order gradients are not supported",
-            )),
+            SoftmaxOp::Backward { .. } => Err(Grad::higher_order(self.name())),
         }
     }
 }

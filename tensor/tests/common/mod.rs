@@ -68,6 +68,18 @@ pub fn on_ranks<R: Send>(p: &Placement, f: impl Fn(usize) -> R + Sync) -> Vec<R>
     run_ranks(p.num_ranks(), Duration::from_secs(30), f)
 }
 
+/// [`Tensor::randn_global`]'s f64 values laid out `sbp` on `p`, a leaf that requires a gradient.
+pub fn randn_leaf(
+    shape: impl Into<Shape>,
+    seed: u64,
+    p: &Placement,
+    sbp: impl Into<NdSbp>,
+) -> Tensor {
+    Tensor::randn_global(shape, seed, oxiflow_tensor::DType::F64, p, sbp)
+        .unwrap()
+        .requires_grad_(true)
+}
+
 /// The values of a float tensor as f64, row-major.
 pub fn vals(x: &Tensor) -> Vec<f64> {
     x.to_dtype(oxiflow_tensor::DType::F64)
@@ -80,13 +92,7 @@ pub fn vals(x: &Tensor) -> Vec<f64> {
 
 /// The bits of a local tensor's values, each widened to f64 (exact for every float dtype).
 pub fn bits(x: &Tensor) -> Vec<u64> {
-    x.cast(oxiflow_tensor::DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
+    vals(x).into_iter().map(f64::to_bits).collect()
 }
 
 /// The whole value of the global f64 tensor `t` on `p` (broadcast to every rank), row-major.
@@ -158,6 +164,22 @@ pub fn assert_backward_matches_fd(
     let x = x.clone().requires_grad_(true);
     loss(&x).backward().unwrap();
     assert_grad_matches_fd(&x, &x.grad().unwrap(), tol, loss, what);
+}
+
+/// [`assert_backward_matches_fd`] within an absolute 1e-6 for each op `which` of a test: the
+/// loss `loss(which, x)` at the `which`-th of `xs`.
+pub fn assert_each_op_matches_fd(
+    xs: impl IntoIterator<Item = Tensor>,
+    loss: impl Fn(usize, &Tensor) -> Tensor,
+) {
+    for (which, x) in xs.into_iter().enumerate() {
+        assert_backward_matches_fd(
+            &x,
+            Tol::Abs(1e-6),
+            |x| loss(which, x),
+            &format!("op {which}"),
+        );
+    }
 }
 
 /// Element-wise closeness with an f32 tolerance (equal infinities and NaN against NaN pass).
@@ -288,6 +310,12 @@ pub fn small_meshes_either_way() -> impl Strategy<Value = Vec<usize>> {
     one_mesh_of(&[&[2], &[4], &[2, 2], &[1, 3], &[3, 1]])
 }
 
+/// A placement on a mesh drawn from `meshes`, its ranks permuted by a drawn seed
+/// ([`placement`]).
+pub fn placed(meshes: impl Strategy<Value = Vec<usize>>) -> impl Strategy<Value = Placement> {
+    (meshes, any::<u64>()).prop_map(|(mesh, perm_seed)| placement(&mesh, perm_seed))
+}
+
 /// (world size, mesh shape) of the bucket tests: 1-d and 2-d meshes of up to six ranks.
 pub fn bucket_mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
     prop_oneof![
@@ -299,6 +327,92 @@ pub fn bucket_mesh() -> impl Strategy<Value = (usize, Vec<usize>)> {
         Just((6, vec![2, 3])),
         Just((6, vec![3, 2])),
     ]
+}
+
+/// The layout of a bucket case: the world size and mesh shape, the mesh axis the bucket uses,
+/// and (rows, cols, SBP on the other mesh axis) per tensor.
+#[derive(Clone, Debug)]
+pub struct BucketLayout {
+    pub world: usize,
+    pub shape: Vec<usize>,
+    pub axis: usize,
+    pub tensors: Vec<(usize, usize, Sbp)>,
+}
+
+/// A bucket case's layout: a [`bucket_mesh`], either mesh axis (wrapped to the mesh's axes),
+/// and `count` tensors of `rows` rows and 1 to 3 columns, [`other_axis_sbp`] on the other axis.
+pub fn bucket_layout(
+    rows: std::ops::Range<usize>,
+    count: std::ops::Range<usize>,
+) -> impl Strategy<Value = BucketLayout> {
+    (
+        bucket_mesh(),
+        0usize..2,
+        prop::collection::vec((rows, 1usize..4, other_axis_sbp()), count),
+    )
+        .prop_map(|((world, shape), axis, tensors)| BucketLayout {
+            axis: axis % shape.len(),
+            world,
+            shape,
+            tensors,
+        })
+}
+
+impl BucketLayout {
+    /// `f(placement, rank)` on every rank of the case's world ([`bucket_placement`]; threads of
+    /// this process, 30 s to finish), one result per rank.
+    pub fn on_ranks<R: Send>(&self, f: impl Fn(&Placement, usize) -> R + Sync) -> Vec<R> {
+        let placement = bucket_placement(self.world, &self.shape);
+        run_ranks(self.world, Duration::from_secs(30), |rank| {
+            f(&placement, rank)
+        })
+    }
+
+    /// Each tensor of the case on `rank`, made by `make(nd-SBP, piece shape, seed)` from its
+    /// [`bucket_piece`] with `on_axis` on the bucket's axis.
+    pub fn pieces<T>(
+        &self,
+        placement: &Placement,
+        rank: usize,
+        on_axis: Sbp,
+        make: impl Fn(NdSbp, Shape, u64) -> T,
+    ) -> Vec<T> {
+        self.tensors
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let (nd, local, seed) = bucket_piece(placement, rank, (self.axis, on_axis), t, i);
+                make(nd, local, seed)
+            })
+            .collect()
+    }
+}
+
+/// The errors of `bucket` on ranks 0 and 1 (a 1-d placement) for two pairs of tensors: an f64
+/// `[3]` laid out `sbp` with the same in f32 (mixed dtypes), and with an f64 of `other`'s shape
+/// and SBP; each rank's values its own.
+pub fn refused_buckets(
+    sbp: Sbp,
+    other: (&[usize], Sbp),
+    bucket: impl Fn(&[Tensor]) -> oxiflow_tensor::Result<Vec<Tensor>> + Sync,
+) -> Vec<(String, String)> {
+    let placement = Placement::new_1d(DeviceType::Cpu, vec![0, 1]).unwrap();
+    run_ranks(2, Duration::from_secs(30), |rank| {
+        let nd = NdSbp::new([sbp]);
+        let a = Tensor::randn([3], rank as u64, oxiflow_tensor::DType::F64)
+            .to_global(&placement, nd.clone())
+            .unwrap();
+        let b = Tensor::randn([3], rank as u64, oxiflow_tensor::DType::F32)
+            .to_global(&placement, nd)
+            .unwrap();
+        let c = Tensor::randn(other.0.to_vec(), rank as u64, oxiflow_tensor::DType::F64)
+            .to_global(&placement, other.1)
+            .unwrap();
+        (
+            bucket(&[a.clone(), b]).unwrap_err().to_string(),
+            bucket(&[a, c]).unwrap_err().to_string(),
+        )
+    })
 }
 
 /// The SBP of a bucket test's tensor on the mesh axis the bucket does not use.

@@ -9,12 +9,11 @@ use std::borrow::Cow;
 
 use ndarray::ArrayD;
 use oxiflow_dtype::{bf16, f16, DType, Element};
-use rayon::prelude::*;
 
 use crate::cpu::elementwise_fns::{
     with_binary_fn, with_scalar_fn, with_unary_backward_fn, with_unary_fn,
 };
-use crate::cpu::{CpuBackend, PAR_THRESHOLD};
+use crate::cpu::{try_for_each_indexed, CpuBackend, PAR_THRESHOLD};
 use crate::element::TensorElement;
 use crate::op::custom::{
     Broadcast, FusedElementwise, FusedElementwiseKernels, FusedProgram, FusedStep,
@@ -314,11 +313,7 @@ fn run_into(
         }
         Ok(())
     };
-    if n >= PAR_THRESHOLD {
-        chunks.into_par_iter().enumerate().try_for_each(write)
-    } else {
-        chunks.into_iter().enumerate().try_for_each(write)
-    }
+    try_for_each_indexed(chunks, n >= PAR_THRESHOLD, write)
 }
 
 impl FusedElementwiseKernels for CpuBackend {

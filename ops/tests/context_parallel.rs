@@ -196,14 +196,12 @@ fn cp2_ring_and_alltoall_equal_one_rank() {
 #[test]
 fn cp4_with_an_uneven_split_equals_one_rank() {
     // 11 tokens over 4 ranks (3, 3, 3, 2), chunks of 2 and 1 tokens.
-    check_balanced(gqa(1, 11, 6, 2), &[4], &[Sbp::S(1)], 4, CpAlgorithm::Ring);
-    check_balanced(
-        gqa(1, 11, 8, 4),
-        &[4],
-        &[Sbp::S(1)],
-        4,
-        CpAlgorithm::AllToAll,
-    );
+    for (c, algorithm) in [
+        (gqa(1, 11, 6, 2), CpAlgorithm::Ring),
+        (gqa(1, 11, 8, 4), CpAlgorithm::AllToAll),
+    ] {
+        check_balanced(c, &[4], &[Sbp::S(1)], 4, algorithm);
+    }
 }
 
 #[test]
@@ -223,39 +221,20 @@ fn cp2_beside_a_data_parallel_axis_equals_one_rank() {
 fn a_sequence_split_on_two_mesh_axes_rings_over_both() {
     // Inference may also split the sequence on an axis of one rank, or on a data-parallel axis
     // a batch of one row leaves free: the ring then runs over the ranks of both axes.
-    check_balanced(
-        gqa(1, 9, 4, 2),
-        &[2, 2],
-        &[Sbp::S(1), Sbp::S(1)],
-        2,
-        CpAlgorithm::Ring,
-    );
-    check_balanced(
-        gqa(2, 7, 4, 2),
-        &[1, 2],
-        &[Sbp::S(1), Sbp::S(1)],
-        2,
-        CpAlgorithm::Ring,
-    );
+    for (c, mesh) in [(gqa(1, 9, 4, 2), [2, 2]), (gqa(2, 7, 4, 2), [1, 2])] {
+        check_balanced(c, &mesh, &[Sbp::S(1), Sbp::S(1)], 2, CpAlgorithm::Ring);
+    }
 }
 
 #[test]
 fn cp2_beside_a_tensor_parallel_axis_equals_one_rank() {
     // tp (axis 0) splits heads, cp (axis 1) the sequence; the all-to-all then splits heads 4 ways.
-    check_balanced(
-        gqa(1, 9, 4, 2),
-        &[2, 2],
-        &[Sbp::S(2), Sbp::S(1)],
-        2,
-        CpAlgorithm::Ring,
-    );
-    check_balanced(
-        gqa(1, 9, 8, 4),
-        &[2, 2],
-        &[Sbp::S(2), Sbp::S(1)],
-        2,
-        CpAlgorithm::AllToAll,
-    );
+    for (c, algorithm) in [
+        (gqa(1, 9, 4, 2), CpAlgorithm::Ring),
+        (gqa(1, 9, 8, 4), CpAlgorithm::AllToAll),
+    ] {
+        check_balanced(c, &[2, 2], &[Sbp::S(2), Sbp::S(1)], 2, algorithm);
+    }
 }
 
 #[test]

@@ -14,6 +14,8 @@ use oxiflow_tensor::{
     CpuArray, CpuBackend, KernelFn, KernelIo, Result, TensorElement, TensorError,
 };
 
+use crate::kernel_io::io_arrays;
+
 /// Elements per parallel chunk of an element-wise kernel.
 pub(crate) const CHUNK: usize = 1 << 14;
 
@@ -39,35 +41,27 @@ pub(crate) trait Wide:
     }
 }
 
-impl Wide for f32 {
-    fn constant(v: f64) -> f32 {
-        v as f32
-    }
-    fn exp(self) -> f32 {
-        f32::exp(self)
-    }
-    fn ln(self) -> f32 {
-        f32::ln(self)
-    }
-    fn sqrt(self) -> f32 {
-        f32::sqrt(self)
-    }
+/// `Wide` for a primitive float type: its own arithmetic.
+macro_rules! wide_float {
+    ($($t:ident),*) => {$(
+        impl Wide for $t {
+            fn constant(v: f64) -> $t {
+                v as $t
+            }
+            fn exp(self) -> $t {
+                $t::exp(self)
+            }
+            fn ln(self) -> $t {
+                $t::ln(self)
+            }
+            fn sqrt(self) -> $t {
+                $t::sqrt(self)
+            }
+        }
+    )*};
 }
 
-impl Wide for f64 {
-    fn constant(v: f64) -> f64 {
-        v
-    }
-    fn exp(self) -> f64 {
-        f64::exp(self)
-    }
-    fn ln(self) -> f64 {
-        f64::ln(self)
-    }
-    fn sqrt(self) -> f64 {
-        f64::sqrt(self)
-    }
-}
+wide_float!(f32, f64);
 
 /// An element type and the arithmetic its kernels compute in.
 pub(crate) trait Elem: TensorElement + Copy + Send + Sync {
@@ -76,45 +70,38 @@ pub(crate) trait Elem: TensorElement + Copy + Send + Sync {
     fn narrow(w: Self::W) -> Self;
 }
 
-impl Elem for f32 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(w: f32) -> f32 {
-        w
-    }
+/// `Elem` for a primitive float type: computed in itself.
+macro_rules! elem_as_wide {
+    ($($t:ident),*) => {$(
+        impl Elem for $t {
+            type W = $t;
+            fn widen(self) -> $t {
+                self
+            }
+            fn narrow(w: $t) -> $t {
+                w
+            }
+        }
+    )*};
 }
 
-impl Elem for f64 {
-    type W = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(w: f64) -> f64 {
-        w
-    }
+/// `Elem` for a 16-bit float type: computed in f32.
+macro_rules! elem_through_f32 {
+    ($($t:ident),*) => {$(
+        impl Elem for $t {
+            type W = f32;
+            fn widen(self) -> f32 {
+                self.to_f32()
+            }
+            fn narrow(w: f32) -> $t {
+                $t::from_f32(w)
+            }
+        }
+    )*};
 }
 
-impl Elem for bf16 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(w: f32) -> bf16 {
-        bf16::from_f32(w)
-    }
-}
-
-impl Elem for f16 {
-    type W = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(w: f32) -> f16 {
-        f16::from_f32(w)
-    }
-}
+elem_as_wide!(f32, f64);
+elem_through_f32!(bf16, f16);
 
 /// Runs `kernel` on `x` into `out` as the core's CPU backend runs its own kernels on 16-bit
 /// data: 16-bit inputs widened to f32, each 16-bit output computed in f32 (f64 where an input
@@ -174,6 +161,19 @@ pub(crate) fn wide_kernel<O>(
                 scratch,
             },
         )
+    })
+}
+
+/// `kernel` of op `op` on its `I` inputs and `N` output buffers (see [`io_arrays`]) on the
+/// CPU, with 16-bit data through f32 ([`through_wide`]).
+pub(crate) fn wide_arrays<const I: usize, const N: usize>(
+    op: &'static str,
+    io: KernelIo<'_, CpuBackend>,
+    kernel: impl FnOnce([&CpuArray; I], &mut [CpuArray; N]) -> Result<()>,
+) -> Result<()> {
+    through_wide(io.inputs, io.outputs, |x, out| {
+        let (x, out) = io_arrays(op, x, out)?;
+        kernel(x, out)
     })
 }
 

@@ -35,6 +35,24 @@ fn three_passes(
     [p2, m2, v2]
 }
 
+/// The slot of `t` (param, gradient, m, v) with both moments: a step after the first.
+fn full_slot<'a>(
+    t: &'a [Tensor],
+    weight_decay: f64,
+    compute_copy: Option<DType>,
+    reuse: Option<AdamWReuse<'a>>,
+) -> AdamWSlot<'a> {
+    AdamWSlot {
+        param: &t[0],
+        grad: &t[1],
+        m: Some(&t[2]),
+        v: Some(&t[3]),
+        weight_decay,
+        compute_copy,
+        reuse,
+    }
+}
+
 const HYPER: AdamWHyper = AdamWHyper {
     lr: 1e-2,
     beta1: 0.9,
@@ -116,15 +134,8 @@ fn adamw_multi_guarded_keeps_everything_on_a_nan_ratio() {
         .collect();
     let copy = t[0].to_dtype(DType::BF16).unwrap();
     for reuse in [false, true] {
-        let slot = AdamWSlot {
-            param: &t[0],
-            grad: &t[1],
-            m: Some(&t[2]),
-            v: Some(&t[3]),
-            weight_decay: 0.1,
-            compute_copy: Some(DType::BF16),
-            reuse: reuse.then_some(AdamWReuse { copy: Some(&copy) }),
-        };
+        let reused = reuse.then_some(AdamWReuse { copy: Some(&copy) });
+        let slot = full_slot(&t, 0.1, Some(DType::BF16), reused);
         let ratio = |r: f64| Tensor::from_vec(vec![r], Vec::<usize>::new()).unwrap();
         let finite = adamw_multi_guarded(&[slot], &HYPER, &ratio(0.4)).unwrap();
         let clipped = adamw_multi_clipped(&[slot], &HYPER, &ratio(0.4)).unwrap();
@@ -231,14 +242,9 @@ proptest! {
             let slots: Vec<AdamWSlot> = globals
                 .iter()
                 .enumerate()
-                .map(|(i, t)| AdamWSlot {
-                    param: &t[0],
-                    grad: &t[1],
-                    m: Some(&t[2]),
-                    v: Some(&t[3]),
-                    weight_decay: 0.1 * i as f64,
-                    compute_copy: [None, Some(DType::BF16), Some(DType::F16), Some(DType::F32)][i % 4],
-                    reuse: None,
+                .map(|(i, t)| {
+                    let copy = [None, Some(DType::BF16), Some(DType::F16), Some(DType::F32)][i % 4];
+                    full_slot(t, 0.1 * i as f64, copy, None)
                 })
                 .collect();
             let out = adamw_multi(&slots, &HYPER).unwrap();
@@ -316,24 +322,13 @@ fn adamw_reuse_on_the_host_writes_new_memory() {
     };
     let slots = |reuse: bool| {
         vec![
-            AdamWSlot {
-                param: &a[0],
-                grad: &a[1],
-                m: Some(&a[2]),
-                v: Some(&a[3]),
-                weight_decay: 0.1,
-                compute_copy: Some(DType::BF16),
-                reuse: reuse.then_some(AdamWReuse { copy: Some(&copy) }),
-            },
-            AdamWSlot {
-                param: &b[0],
-                grad: &b[1],
-                m: Some(&b[2]),
-                v: Some(&b[3]),
-                weight_decay: 0.0,
-                compute_copy: None,
-                reuse: reuse.then_some(AdamWReuse::default()),
-            },
+            full_slot(
+                &a,
+                0.1,
+                Some(DType::BF16),
+                reuse.then_some(AdamWReuse { copy: Some(&copy) }),
+            ),
+            full_slot(&b, 0.0, None, reuse.then_some(AdamWReuse::default())),
         ]
     };
     let want = adamw_multi(&slots(false), &hyper).unwrap();

@@ -7,14 +7,13 @@ mod common;
 use common::first_largest;
 
 use oxiflow_ops::argmax::argmax;
-use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{DType, NdSbp, Sbp, Tensor};
 
 #[test]
 fn argmax_on_cuda_matches_the_host_scan() {
-    let Some(_world) = common::cuda_world_or_skip("argmax_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("argmax_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (rows, n, seed) in [
             (5usize, 7usize, 1u64),

@@ -165,6 +165,12 @@ fn check(c: Case, mesh: &[usize], nd: NdSbp, order: SeqOrder, algorithm: CpAlgor
     }
 }
 
+/// [`check`] in the load-balanced order of `ranks` ranks, laid out `sbps` on `mesh`.
+fn check_balanced(c: Case, mesh: &[usize], sbps: &[Sbp], ranks: usize, algorithm: CpAlgorithm) {
+    let nd = NdSbp::new(sbps.iter().copied());
+    check(c, mesh, nd, SeqOrder::Balanced { ranks }, algorithm);
+}
+
 fn gqa(b: usize, t: usize, h: usize, hkv: usize) -> Case {
     Case {
         b,
@@ -183,43 +189,29 @@ const ALGORITHMS: [CpAlgorithm; 2] = [CpAlgorithm::Ring, CpAlgorithm::AllToAll];
 fn cp2_ring_and_alltoall_equal_one_rank() {
     for algorithm in ALGORITHMS {
         let c = gqa(2, 8, 4, 2);
-        check(
-            c,
-            &[2],
-            NdSbp::new([Sbp::S(1)]),
-            SeqOrder::Balanced { ranks: 2 },
-            algorithm,
-        );
+        check_balanced(c, &[2], &[Sbp::S(1)], 2, algorithm);
     }
 }
 
 #[test]
 fn cp4_with_an_uneven_split_equals_one_rank() {
     // 11 tokens over 4 ranks (3, 3, 3, 2), chunks of 2 and 1 tokens.
-    check(
-        gqa(1, 11, 6, 2),
-        &[4],
-        NdSbp::new([Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 4 },
-        CpAlgorithm::Ring,
-    );
-    check(
-        gqa(1, 11, 8, 4),
-        &[4],
-        NdSbp::new([Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 4 },
-        CpAlgorithm::AllToAll,
-    );
+    for (c, algorithm) in [
+        (gqa(1, 11, 6, 2), CpAlgorithm::Ring),
+        (gqa(1, 11, 8, 4), CpAlgorithm::AllToAll),
+    ] {
+        check_balanced(c, &[4], &[Sbp::S(1)], 4, algorithm);
+    }
 }
 
 #[test]
 fn cp2_beside_a_data_parallel_axis_equals_one_rank() {
     for algorithm in ALGORITHMS {
-        check(
+        check_balanced(
             gqa(2, 7, 4, 2),
             &[2, 2],
-            NdSbp::new([Sbp::S(0), Sbp::S(1)]),
-            SeqOrder::Balanced { ranks: 2 },
+            &[Sbp::S(0), Sbp::S(1)],
+            2,
             algorithm,
         );
     }
@@ -229,39 +221,20 @@ fn cp2_beside_a_data_parallel_axis_equals_one_rank() {
 fn a_sequence_split_on_two_mesh_axes_rings_over_both() {
     // Inference may also split the sequence on an axis of one rank, or on a data-parallel axis
     // a batch of one row leaves free: the ring then runs over the ranks of both axes.
-    check(
-        gqa(1, 9, 4, 2),
-        &[2, 2],
-        NdSbp::new([Sbp::S(1), Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 2 },
-        CpAlgorithm::Ring,
-    );
-    check(
-        gqa(2, 7, 4, 2),
-        &[1, 2],
-        NdSbp::new([Sbp::S(1), Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 2 },
-        CpAlgorithm::Ring,
-    );
+    for (c, mesh) in [(gqa(1, 9, 4, 2), [2, 2]), (gqa(2, 7, 4, 2), [1, 2])] {
+        check_balanced(c, &mesh, &[Sbp::S(1), Sbp::S(1)], 2, CpAlgorithm::Ring);
+    }
 }
 
 #[test]
 fn cp2_beside_a_tensor_parallel_axis_equals_one_rank() {
     // tp (axis 0) splits heads, cp (axis 1) the sequence; the all-to-all then splits heads 4 ways.
-    check(
-        gqa(1, 9, 4, 2),
-        &[2, 2],
-        NdSbp::new([Sbp::S(2), Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 2 },
-        CpAlgorithm::Ring,
-    );
-    check(
-        gqa(1, 9, 8, 4),
-        &[2, 2],
-        NdSbp::new([Sbp::S(2), Sbp::S(1)]),
-        SeqOrder::Balanced { ranks: 2 },
-        CpAlgorithm::AllToAll,
-    );
+    for (c, algorithm) in [
+        (gqa(1, 9, 4, 2), CpAlgorithm::Ring),
+        (gqa(1, 9, 8, 4), CpAlgorithm::AllToAll),
+    ] {
+        check_balanced(c, &[2, 2], &[Sbp::S(2), Sbp::S(1)], 2, algorithm);
+    }
 }
 
 #[test]

@@ -9,7 +9,7 @@
 mod common;
 
 use oxiflow_ops::context_parallel::{context_attention_lse, CpAlgorithm, CpAttrs, SeqOrder};
-use oxiflow_tensor::{DType, DeviceType, F64Bits, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{DType, F64Bits, NdSbp, Placement, Sbp, Tensor};
 
 /// q `[b, t, h, d]`, k and v `[b, t, hkv, d]`.
 #[derive(Clone, Copy, Debug)]
@@ -93,10 +93,9 @@ fn check(c: Case, dt: DType, p: &Placement) {
 
 #[test]
 fn context_attention_on_cuda_matches_the_cpu_kernels_in_f64() {
-    let Some(_world) = common::cuda_world_or_skip("context_parallel_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("context_parallel_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let case = |b, t, h, hkv, causal, order| Case {
         b,
         t,
@@ -123,10 +122,9 @@ fn context_attention_on_cuda_matches_the_cpu_kernels_in_f64() {
 
 #[test]
 fn unequal_runs_are_a_typed_error_on_cuda() {
-    let Some(_world) = common::cuda_world_or_skip("context_parallel_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("context_parallel_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     // 130 tokens in the order of 2 ranks: runs of 33, 32 and 65 tokens, equal only as 130
     // pieces of one token.
     let x = Tensor::randn_global(vec![1, 130, 2, 64], 1, DType::BF16, &p, Sbp::B).unwrap();

@@ -13,7 +13,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_op_error, close, meshes, nd_sbp_of, never_zero, placement, vals};
+use common::{
+    assert_op_error, close, meshes, nd_sbp_of, never_zero, placement, position, rotary_frequencies,
+    vals,
+};
 
 use oxiflow_ops::decode::{
     decode_attention, decode_attention_blocks, decode_attention_parts, rotary_at, write_rows,
@@ -100,10 +103,6 @@ fn tensors(d: Dims, ops: &[Vec<f64>; 5], dt: DType) -> [Tensor; 5] {
     })
 }
 
-fn position(pos: usize) -> Tensor {
-    Tensor::from_vec(vec![pos as i64], [1]).unwrap()
-}
-
 fn dims() -> impl Strategy<Value = Dims> {
     (
         1usize..4,
@@ -158,9 +157,8 @@ proptest! {
     ) {
         let d = 2 * half;
         let theta = 10_000.0f64;
-        let freq: Vec<f64> = (0..half).map(|i| theta.powf(-2.0 * i as f64 / d as f64)).collect();
         let x = Tensor::from_vec(never_zero(b * t * h * d, seed), [b, t, h, d]).unwrap().cast(dt).unwrap();
-        let f = Tensor::from_vec(freq, [half]).unwrap();
+        let f = rotary_frequencies(d, theta);
         let got = rotary_at(&x, &f, &position(pos)).unwrap();
         let want = x.rotary_from(1, theta, pos).unwrap();
         prop_assert_eq!(got.dtype(), dt);

@@ -10,16 +10,14 @@
 
 mod common;
 
-use common::{close, vals};
+use common::{close, position, rotary_frequencies, vals};
 
 use oxiflow_ops::decode::{
     decode_attention, decode_attention_blocks, rotary_at, rotary_qkv_at, write_rows_in_place,
     WriteRows,
 };
 use oxiflow_tensor::capture::piece_of;
-use oxiflow_tensor::{
-    dispatch_into, dispatch_multi, DType, DeviceType, Extern, NdSbp, Placement, Sbp, Tensor,
-};
+use oxiflow_tensor::{dispatch_into, dispatch_multi, DType, Extern, NdSbp, Placement, Sbp, Tensor};
 
 fn on(t: &Tensor, p: &Placement, nd: &NdSbp) -> Tensor {
     t.to_global(p, NdSbp::broadcast(1))
@@ -37,6 +35,36 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// A host tensor of `shape` holding [`values`] from `seed`, rounded to `dt`.
+fn host_values(shape: Vec<usize>, seed: u64, dt: DType) -> Tensor {
+    Tensor::from_vec(values(shape.iter().product(), seed), shape)
+        .unwrap()
+        .cast(dt)
+        .unwrap()
+}
+
+/// The values of a cache `[b, plen, row]` with `rows` `[b, 1, row]` written at position `at`.
+fn with_rows_at(
+    mut cache: Vec<f64>,
+    rows: &[f64],
+    (b, plen, row): (usize, usize, usize),
+    at: usize,
+) -> Vec<f64> {
+    for bi in 0..b {
+        let o = (bi * plen + at) * row;
+        cache[o..o + row].copy_from_slice(&rows[bi * row..(bi + 1) * row]);
+    }
+    cache
+}
+
+/// The rotary base of Llama 3.
+const LLAMA3_BASE: f64 = 500_000.0;
+
+/// Asserts the values of `t` are `want`, exactly.
+fn assert_values(t: &Tensor, want: &[f64], what: &str) {
+    close(&vals(t), want, 0.0, what);
+}
+
 fn tolerance(dt: DType) -> f64 {
     match dt {
         DType::F64 => 1e-12,
@@ -47,10 +75,9 @@ fn tolerance(dt: DType) -> f64 {
 
 #[test]
 fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
-    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("decode_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let b1 = NdSbp::new([Sbp::B]);
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (b, h, g, d, plen, pos, seed) in [
@@ -73,36 +100,19 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             let host: Vec<Tensor> = shapes
                 .iter()
                 .enumerate()
-                .map(|(i, s)| {
-                    let n = s.iter().product();
-                    Tensor::from_vec(values(n, seed * 10 + i as u64), s.clone())
-                        .unwrap()
-                        .cast(dt)
-                        .unwrap()
-                })
+                .map(|(i, s)| host_values(s.clone(), seed * 10 + i as u64, dt))
                 .collect();
             let wide: Vec<Tensor> = host.iter().map(|t| t.cast(DType::F64).unwrap()).collect();
             let scale = 1.0 / (d as f64).sqrt();
-            let pos_host = Tensor::from_vec(vec![pos as i64], [1]).unwrap();
-            let want = decode_attention(
-                &wide[0],
-                (&wide[1], &wide[2]),
-                (&wide[3], &wide[4]),
-                &pos_host,
-                scale,
-            )
-            .unwrap();
+            let pos_host = position(pos);
+            let attend = |x: &[Tensor], pos: &Tensor| {
+                decode_attention(&x[0], (&x[1], &x[2]), (&x[3], &x[4]), pos, scale).unwrap()
+            };
+            let want = attend(&wide, &pos_host);
             let batch = NdSbp::new([Sbp::S(0)]);
             let dev: Vec<Tensor> = host.iter().map(|t| on(t, &p, &batch)).collect();
             let pos_dev = on(&pos_host, &p, &b1);
-            let got = decode_attention(
-                &dev[0],
-                (&dev[1], &dev[2]),
-                (&dev[3], &dev[4]),
-                &pos_dev,
-                scale,
-            )
-            .unwrap();
+            let got = attend(&dev, &pos_dev);
             let what = format!("decode_attention {dt} b{b} h{h} g{g} d{d} P{plen} pos{pos}");
             close(&vals(&got), &vals(&want), tolerance(dt), &what);
             // The same by blocks of the cache: empty blocks after the position, the one
@@ -129,11 +139,7 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             );
 
             // Rotary at the device position, frequencies of a Llama-3 base.
-            let half = d / 2;
-            let freq: Vec<f64> = (0..half)
-                .map(|i| 500_000f64.powf(-2.0 * i as f64 / d as f64))
-                .collect();
-            let f = Tensor::from_vec(freq, [half]).unwrap();
+            let f = rotary_frequencies(d, LLAMA3_BASE);
             let want = rotary_at(&wide[0], &f, &pos_host).unwrap();
             let got = rotary_at(&dev[0], &on(&f, &p, &b1), &pos_dev).unwrap();
             close(
@@ -148,12 +154,12 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
             let mut caches = vec![dev[1].clone(), dev[2].clone()];
             drop(dev);
             let before = caches[0].clone();
-            let mut want = wide[1].to_vec::<f64>().unwrap();
-            let rows = wide[3].to_vec::<f64>().unwrap();
-            for bi in 0..b {
-                let o = ((bi * plen + at) * g) * d;
-                want[o..o + g * d].copy_from_slice(&rows[bi * g * d..(bi + 1) * g * d]);
-            }
+            let want = with_rows_at(
+                wide[1].to_vec::<f64>().unwrap(),
+                &wide[3].to_vec::<f64>().unwrap(),
+                (b, plen, g * d),
+                at,
+            );
             let rk = on(&host[3], &p, &batch);
             let rv = on(&host[4], &p, &batch);
             // Another handle holds the key cache: a new tensor, the held one unchanged.
@@ -162,25 +168,15 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
                 !caches[0].shares_piece(&before),
                 "{what}: a held cache was written"
             );
-            close(
-                &vals(&before),
-                &vals(&wide[1]),
-                0.0,
-                &format!("held cache {what}"),
-            );
-            close(&vals(&caches[0]), &want, 0.0, &format!("new cache {what}"));
+            assert_values(&before, &vals(&wide[1]), &format!("held cache {what}"));
+            assert_values(&caches[0], &want, &format!("new cache {what}"));
             drop(before);
             // Held by the caller alone now: written in its own memory (the same piece).
             let address = |t: &Tensor| piece_of(t).map(|p| std::sync::Arc::as_ptr(p) as usize);
             let was = address(&caches[0]);
             assert!(write_rows_in_place(&mut caches, &[&rk, &rv], 1, at).unwrap());
             assert_eq!(address(&caches[0]), was, "{what}: not written in place");
-            close(
-                &vals(&caches[0]),
-                &want,
-                0.0,
-                &format!("cache in place {what}"),
-            );
+            assert_values(&caches[0], &want, &format!("cache in place {what}"));
         }
     }
 }
@@ -189,46 +185,30 @@ fn decoding_ops_on_cuda_match_the_cpu_kernels_in_f64() {
 /// caches): every cache gets its own rows at the position, and nothing else changes.
 #[test]
 fn many_caches_are_written_in_place_each_with_its_own_rows() {
-    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("decode_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let batch = NdSbp::new([Sbp::S(0)]);
     let (b, plen, g, d, at, n) = (2usize, 5usize, 3usize, 4usize, 3usize, 70usize);
     for dt in [DType::F32, DType::F64, DType::BF16] {
         let host_caches: Vec<Tensor> = (0..n)
-            .map(|i| {
-                Tensor::from_vec(values(b * plen * g * d, 100 + i as u64), [b, plen, g, d])
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap()
-            })
+            .map(|i| host_values(vec![b, plen, g, d], 100 + i as u64, dt))
             .collect();
         let host_rows: Vec<Tensor> = (0..n)
-            .map(|i| {
-                Tensor::from_vec(values(b * g * d, 900 + i as u64), [b, 1, g, d])
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap()
-            })
+            .map(|i| host_values(vec![b, 1, g, d], 900 + i as u64, dt))
             .collect();
         let mut caches: Vec<Tensor> = host_caches.iter().map(|t| on(t, &p, &batch)).collect();
         let rows: Vec<Tensor> = host_rows.iter().map(|t| on(t, &p, &batch)).collect();
         let row_refs: Vec<&Tensor> = rows.iter().collect();
         assert!(write_rows_in_place(&mut caches, &row_refs, 1, at).unwrap());
         for i in 0..n {
-            let mut want = vals(&host_caches[i]);
-            let r = vals(&host_rows[i]);
-            for bi in 0..b {
-                let o = ((bi * plen + at) * g) * d;
-                want[o..o + g * d].copy_from_slice(&r[bi * g * d..(bi + 1) * g * d]);
-            }
-            close(
-                &vals(&caches[i]),
-                &want,
-                0.0,
-                &format!("{dt} cache {i} of {n}"),
+            let want = with_rows_at(
+                vals(&host_caches[i]),
+                &vals(&host_rows[i]),
+                (b, plen, g * d),
+                at,
             );
+            assert_values(&caches[i], &want, &format!("{dt} cache {i} of {n}"));
         }
     }
 }
@@ -237,10 +217,9 @@ fn many_caches_are_written_in_place_each_with_its_own_rows() {
 /// a cache split on its positions writes): into a new cache, then in the cache's own memory.
 #[test]
 fn a_window_of_rows_lands_at_its_positions() {
-    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("decode_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let batch = NdSbp::new([Sbp::S(0)]);
     let (b, plen, t, inner) = (2usize, 6usize, 3usize, 5usize);
     let op = WriteRows {
@@ -249,14 +228,8 @@ fn a_window_of_rows_lands_at_its_positions() {
         window: Some((1, 2)),
     };
     for dt in [DType::F32, DType::F64, DType::BF16] {
-        let cache = Tensor::from_vec(values(b * plen * inner, 41), [b, plen, inner])
-            .unwrap()
-            .cast(dt)
-            .unwrap();
-        let rows = Tensor::from_vec(values(b * t * inner, 42), [b, t, inner])
-            .unwrap()
-            .cast(dt)
-            .unwrap();
+        let cache = host_values(vec![b, plen, inner], 41, dt);
+        let rows = host_values(vec![b, t, inner], 42, dt);
         let mut want = vals(&cache);
         let r = vals(&rows);
         for bi in 0..b {
@@ -267,15 +240,10 @@ fn a_window_of_rows_lands_at_its_positions() {
         }
         let (c, r) = (on(&cache, &p, &batch), on(&rows, &p, &batch));
         let new = dispatch_multi(Extern::new(op).into(), &[&c, &r]).unwrap();
-        close(
-            &vals(&new[0]),
-            &want,
-            0.0,
-            &format!("{dt} window, new cache"),
-        );
+        assert_values(&new[0], &want, &format!("{dt} window, new cache"));
         drop(new);
         assert!(dispatch_into(Extern::new(op).into(), &[&c, &r], &[&c]).unwrap());
-        close(&vals(&c), &want, 0.0, &format!("{dt} window, in place"));
+        assert_values(&c, &want, &format!("{dt} window, in place"));
     }
 }
 
@@ -284,10 +252,9 @@ fn a_window_of_rows_lands_at_its_positions() {
 /// 64) at batch 1 and 16, and small odd shapes, every float dtype.
 #[test]
 fn rotary_qkv_on_cuda_matches_the_cpu_kernel_in_f64() {
-    let Some(_world) = common::cuda_world_or_skip("decode_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("decode_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let (b1, batch) = (NdSbp::new([Sbp::B]), NdSbp::new([Sbp::S(0)]));
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (b, t, g, r, d, pos, seed) in [
@@ -297,16 +264,9 @@ fn rotary_qkv_on_cuda_matches_the_cpu_kernel_in_f64() {
             (3, 2, 1, 5, 128, 77, 4),
         ] {
             let shape = vec![b, t, g, r + 2, d];
-            let x = Tensor::from_vec(values(shape.iter().product(), seed), shape)
-                .unwrap()
-                .cast(dt)
-                .unwrap();
-            let half = d / 2;
-            let freq: Vec<f64> = (0..half)
-                .map(|i| 500_000f64.powf(-2.0 * i as f64 / d as f64))
-                .collect();
-            let f = Tensor::from_vec(freq, [half]).unwrap();
-            let pos_host = Tensor::from_vec(vec![pos as i64], [1]).unwrap();
+            let x = host_values(shape, seed, dt);
+            let f = rotary_frequencies(d, LLAMA3_BASE);
+            let pos_host = position(pos);
             let (wq, wk, wv) = rotary_qkv_at(&x.cast(DType::F64).unwrap(), &f, &pos_host).unwrap();
             let (q, k, v) = rotary_qkv_at(
                 &on(&x, &p, &batch),
@@ -318,7 +278,7 @@ fn rotary_qkv_on_cuda_matches_the_cpu_kernel_in_f64() {
             let tol = tolerance(dt).max(1e-6);
             close(&vals(&q), &vals(&wq), tol, &format!("q {what}"));
             close(&vals(&k), &vals(&wk), tol, &format!("k {what}"));
-            close(&vals(&v), &vals(&wv), 0.0, &format!("v {what}"));
+            assert_values(&v, &vals(&wv), &format!("v {what}"));
         }
     }
 }

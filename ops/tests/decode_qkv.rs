@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{close, nd_sbp_of, never_zero, vals};
+use common::{close, nd_sbp_of, never_zero, position, rotary_frequencies, vals};
 
 use oxiflow_ops::decode::{rotary_at, rotary_qkv_at};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Placement, Sbp, Tensor, TensorError};
@@ -44,16 +44,9 @@ fn dims() -> impl Strategy<Value = Dims> {
         })
 }
 
+/// The frequencies of rotary's usual base for heads of `d`.
 fn frequencies(d: usize) -> Tensor {
-    let half = d / 2;
-    let f: Vec<f64> = (0..half)
-        .map(|i| 10_000f64.powf(-2.0 * i as f64 / d as f64))
-        .collect();
-    Tensor::from_vec(f, [half]).unwrap()
-}
-
-fn position(pos: usize) -> Tensor {
-    Tensor::from_vec(vec![pos as i64], [1]).unwrap()
+    rotary_frequencies(d, 10_000.0)
 }
 
 fn qkv(d: Dims, seed: u64) -> Tensor {

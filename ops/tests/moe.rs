@@ -9,7 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_op_error, close, layouts, meshes, nd_sbp, placement, vals};
+use common::{
+    assert_op_error, close, expert_matmul_reference, expert_wgrad_reference, layouts, meshes,
+    nd_sbp, placement, vals,
+};
 
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
@@ -18,49 +21,6 @@ use proptest::prelude::*;
 /// Expert ids of `m` rows over `experts` experts from `seed`.
 fn ids_of(m: usize, experts: usize, seed: u64) -> Vec<i64> {
     common::expert_ids(m, experts, seed)
-}
-
-/// `y[r] = x[r] @ w[ids[r]]` (`t`: with w transposed) on the host: x `[m, a]`, each w
-/// `[k, n]` row-major.
-fn reference_matmul(
-    x: &[f64],
-    ids: &[i64],
-    ws: &[Vec<f64>],
-    k: usize,
-    n: usize,
-    t: bool,
-) -> Vec<f64> {
-    let (a, b) = if t { (n, k) } else { (k, n) };
-    let mut y = vec![0.0; ids.len() * b];
-    for (r, &e) in ids.iter().enumerate() {
-        let w = &ws[e as usize];
-        for j in 0..b {
-            y[r * b + j] = (0..a)
-                .map(|i| x[r * a + i] * if t { w[j * n + i] } else { w[i * n + j] })
-                .sum();
-        }
-    }
-    y
-}
-
-/// Each expert's `sum a[r]^T b[r]` on the host (a `[m, k]`, b `[m, n]`).
-fn reference_wgrad(
-    a: &[f64],
-    ids: &[i64],
-    b: &[f64],
-    e: usize,
-    k: usize,
-    n: usize,
-) -> Vec<Vec<f64>> {
-    let mut g = vec![vec![0.0; k * n]; e];
-    for (r, &x) in ids.iter().enumerate() {
-        for i in 0..k {
-            for j in 0..n {
-                g[x as usize][i * n + j] += a[r * k + i] * b[r * n + j];
-            }
-        }
-    }
-    g
 }
 
 fn tolerance(dt: DType) -> f64 {
@@ -88,24 +48,15 @@ fn check_local(m: usize, k: usize, n: usize, e: usize, seed: u64, dt: DType) {
     let wv: Vec<Vec<f64>> = ws.iter().map(vals).collect();
     let tol = tolerance(dt);
     let what = format!("{dt} m {m} k {k} n {n} experts {e}");
-    let y = expert_matmul(&x, &idt, &ws, false).unwrap();
-    assert_eq!((y.shape().dims(), y.dtype()), (&[m, n][..], dt));
-    close(
-        &vals(&y),
-        &reference_matmul(&vals(&x), &ids, &wv, k, n, false),
-        tol,
-        &what,
-    );
-    let dx = expert_matmul(&dy, &idt, &ws, true).unwrap();
-    assert_eq!(dx.shape().dims(), &[m, k]);
-    close(
-        &vals(&dx),
-        &reference_matmul(&vals(&dy), &ids, &wv, k, n, true),
-        tol,
-        &what,
-    );
+    // y = x w[id], then dx = dy w[id]^T.
+    for (rows, t, width) in [(&x, false, n), (&dy, true, k)] {
+        let got = expert_matmul(rows, &idt, &ws, t).unwrap();
+        assert_eq!((got.shape().dims(), got.dtype()), (&[m, width][..], dt));
+        let want = expert_matmul_reference(&vals(rows), &ids, &wv, k, n, t);
+        close(&vals(&got), &want, tol, &what);
+    }
     let g = expert_matmul_wgrad(&x, &idt, &dy, e).unwrap();
-    let want = reference_wgrad(&vals(&x), &ids, &vals(&dy), e, k, n);
+    let want = expert_wgrad_reference(&vals(&x), &ids, &vals(&dy), e, k, n);
     for (i, (g, w)) in g.iter().zip(&want).enumerate() {
         close(
             &vals(g),

@@ -7,11 +7,11 @@
 
 mod common;
 
-use common::{close, vals};
+use common::{close, expert_matmul_reference, expert_wgrad_reference, vals};
 
 use oxiflow_ops::moe::routed::routed_experts;
 use oxiflow_ops::moe::{expert_matmul, expert_matmul_wgrad, router_topk};
-use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Tensor};
+use oxiflow_tensor::{DType, NdSbp, Placement, Tensor};
 
 /// Expert ids of `m` rows over `experts` experts from `seed`, never the last expert (so one
 /// expert gets no row).
@@ -63,10 +63,9 @@ fn tolerance(dt: DType, inner: usize) -> f64 {
 
 #[test]
 fn expert_products_on_cuda_match_the_f64_reference() {
-    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("moe_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let experts = 5;
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for (m, k, n, seed) in [
@@ -86,43 +85,20 @@ fn expert_products_on_cuda_match_the_f64_reference() {
             let tol = tolerance(dt, k.max(n).max(m / experts));
             // y = x @ w[id]
             let y = vals(&expert_matmul(&x, &id_t, &ws, false).unwrap());
-            let mut want = vec![0.0; m * n];
-            for (r, &e) in ids.iter().enumerate() {
-                for j in 0..n {
-                    want[r * n + j] = (0..k)
-                        .map(|i| xv[r * k + i] * wv[e as usize][i * n + j])
-                        .sum();
-                }
-            }
+            let want = expert_matmul_reference(&xv, &ids, &wv, k, n, false);
             close(&y, &want, tol, &format!("{dt} [{m}, {k}] x [{k}, {n}]"));
             // dx = dy @ w[id]^T
             let dx = vals(&expert_matmul(&dy, &id_t, &ws, true).unwrap());
-            let mut want = vec![0.0; m * k];
-            for (r, &e) in ids.iter().enumerate() {
-                for i in 0..k {
-                    want[r * k + i] = (0..n)
-                        .map(|j| dyv[r * n + j] * wv[e as usize][i * n + j])
-                        .sum();
-                }
-            }
+            let want = expert_matmul_reference(&dyv, &ids, &wv, k, n, true);
             close(&dx, &want, tol, &format!("{dt} transposed [{m}, {n}]"));
             // g[e] = sum x^T dy over e's rows (the last expert none: zeros)
             let g = expert_matmul_wgrad(&x, &id_t, &dy, experts).unwrap();
-            for (e, ge) in g.iter().enumerate() {
-                let mut want = vec![0.0; k * n];
-                for (r, &id) in ids.iter().enumerate() {
-                    if id as usize == e {
-                        for i in 0..k {
-                            for j in 0..n {
-                                want[i * n + j] += xv[r * k + i] * dyv[r * n + j];
-                            }
-                        }
-                    }
-                }
+            let wants = expert_wgrad_reference(&xv, &ids, &dyv, experts, k, n);
+            for (e, (ge, want)) in g.iter().zip(&wants).enumerate() {
                 let tol = tolerance(dt, m.max(1));
                 close(
                     &vals(ge),
-                    &want,
+                    want,
                     tol,
                     &format!("{dt} wgrad expert {e} of {m} rows"),
                 );
@@ -133,10 +109,9 @@ fn expert_products_on_cuda_match_the_f64_reference() {
 
 #[test]
 fn autograd_through_the_product_on_cuda_equals_the_cpu() {
-    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("moe_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let (m, k, n, experts) = (64, 16, 12, 4);
     let ids = Tensor::from_vec(ids_of(m, experts, 9), [m]).unwrap();
     let (x, _) = values([m, k], 11, DType::F32);
@@ -165,10 +140,9 @@ fn autograd_through_the_product_on_cuda_equals_the_cpu() {
 
 #[test]
 fn router_topk_on_cuda_equals_the_cpu_kernel() {
-    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("moe_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     for dt in [DType::F32, DType::F64] {
         for (m, e, k) in [
             (0usize, 4usize, 2usize),
@@ -201,10 +175,9 @@ fn router_topk_on_cuda_equals_the_cpu_kernel() {
 
 #[test]
 fn an_out_of_range_id_is_a_typed_error_on_cuda() {
-    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("moe_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let x = on_device(&values([3, 2], 1, DType::F32).0, &p);
     let ws = vec![on_device(&values([2, 4], 2, DType::F32).0, &p); 2];
     let ids = on_device(&Tensor::from_vec(vec![0i64, 2, 1], [3]).unwrap(), &p);
@@ -217,10 +190,9 @@ fn an_out_of_range_id_is_a_typed_error_on_cuda() {
 
 #[test]
 fn routed_experts_on_cuda_match_the_f64_cpu_kernel() {
-    let Some(_world) = common::cuda_world_or_skip("moe_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("moe_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let experts = 5;
     for dt in [DType::F32, DType::BF16] {
         for (m, c, f, seed) in [(0usize, 8usize, 12usize, 40u64), (300, 32, 48, 41)] {

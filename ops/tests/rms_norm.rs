@@ -7,7 +7,7 @@
 mod common;
 
 use common::{
-    assert_layouts_equal_one_rank, close, layouts, mesh_strategy, nd_sbp, placement, vals,
+    assert_layouts_equal_one_rank, close, nd_sbp, placement, pointwise_layouts_equal_one_rank, vals,
 };
 
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
@@ -175,18 +175,11 @@ fn global_case(mesh: &[usize], perm: u64, extra: bool, rows: usize, h: usize, se
     );
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
-    #[test]
-    fn any_layout_equals_one_rank(
-        (mesh, perm, extra) in layouts(mesh_strategy()),
-        rows in 1usize..8,
-        h in 1usize..7,
-        seeds in (any::<u64>(), any::<u64>()),
-    ) {
-        global_case(&mesh, perm, extra, rows, h, seeds);
-    }
-}
+pointwise_layouts_equal_one_rank!(
+    rows in 1usize..8,
+    h in 1usize..7,
+    seeds in (any::<u64>(), any::<u64>()),
+);
 
 #[test]
 fn uneven_splits_and_partial_inputs_on_a_2d_mesh() {

@@ -8,7 +8,7 @@ mod common;
 use common::vals;
 
 use oxiflow_ops::rms_norm::{rms_norm, rms_norm_backward, wide};
-use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
+use oxiflow_tensor::{DType, NdSbp, Sbp, Tensor};
 
 const EPS: f64 = 1e-6;
 
@@ -24,10 +24,9 @@ fn nonzero(n: usize, seed: u64, dt: DType) -> Vec<f64> {
 
 #[test]
 fn rms_norm_on_cuda_matches_the_f64_reference() {
-    let Some(_world) = common::cuda_world_or_skip("rms_norm_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("rms_norm_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     let on_device = |v: &[f64], shape: Vec<usize>, dt: DType, sbp: Sbp| {
         Tensor::from_vec(v.to_vec(), shape)
             .unwrap()

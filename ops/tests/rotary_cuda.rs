@@ -8,7 +8,7 @@ mod common;
 use common::{close, never_zero, vals};
 
 use oxiflow_ops::rotary::rotary_tables;
-use oxiflow_tensor::{DType, DeviceType, NdSbp, Placement, Tensor};
+use oxiflow_tensor::{DType, NdSbp, Tensor};
 
 /// y and x's gradient of `sum(rotary(x) * w)`.
 fn outcome(x: &Tensor, c: &Tensor, s: &Tensor, w: &Tensor) -> [Vec<f64>; 2] {
@@ -20,10 +20,9 @@ fn outcome(x: &Tensor, c: &Tensor, s: &Tensor, w: &Tensor) -> [Vec<f64>; 2] {
 
 #[test]
 fn rotary_tables_on_cuda_match_the_cpu_in_f64() {
-    let Some(_world) = common::cuda_world_or_skip("rotary_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("rotary_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (b, t, h, d) in [
             (2usize, 9usize, 4usize, 64usize),

@@ -9,8 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_layouts_equal_one_rank, assert_op_error, close, layouts, mesh_strategy, nd_sbp,
-    placement, vals,
+    assert_layouts_equal_one_rank, assert_op_error, close, mesh_strategy, nd_sbp, placement,
+    pointwise_layouts_equal_one_rank, vals,
 };
 
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward, swiglu_pairs};
@@ -179,7 +179,7 @@ fn a_dtype_without_a_kernel_fails_alike_on_every_rank_before_communicating() {
 
 /// gate, up and the loss weight of `shape` on `mesh` as the seeds draw them (a partial `up`
 /// among them): the value and gradients equal one rank's.
-fn global_case(mesh: &[usize], perm: u64, extra: bool, shape: &[usize], seeds: (u64, u64)) {
+fn global_case(mesh: &[usize], perm: u64, extra: bool, shape: Vec<usize>, seeds: (u64, u64)) {
     let p = placement(mesh, perm);
     let n = shape.len();
     let nds = [
@@ -200,23 +200,16 @@ fn global_case(mesh: &[usize], perm: u64, extra: bool, shape: &[usize], seeds: (
     );
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
-    #[test]
-    fn any_layout_equals_one_rank(
-        (mesh, perm, extra) in layouts(mesh_strategy()),
-        shape in prop::collection::vec(1usize..8, 1..=3),
-        seeds in (any::<u64>(), any::<u64>()),
-    ) {
-        global_case(&mesh, perm, extra, &shape, seeds);
-    }
-}
+pointwise_layouts_equal_one_rank!(
+    shape in prop::collection::vec(1usize..8, 1..=3),
+    seeds in (any::<u64>(), any::<u64>()),
+);
 
 #[test]
 fn uneven_splits_and_a_partial_up_on_a_2d_mesh() {
     // 5 rows over 2 ranks and 7 columns over 3: uneven on both axes.
-    global_case(&[2, 3], 0, true, &[5, 7], (11, 12));
-    global_case(&[3], 5, false, &[7, 2], (3, 4));
+    global_case(&[2, 3], 0, true, vec![5, 7], (11, 12));
+    global_case(&[3], 5, false, vec![7, 2], (3, 4));
 }
 
 /// The packed input's gates and ups as two tensors `[.., F]`.

@@ -7,7 +7,7 @@ mod common;
 use common::vals;
 
 use oxiflow_ops::swiglu::{swiglu, swiglu_backward, swiglu_pairs};
-use oxiflow_tensor::{DType, DeviceType, Placement, Sbp, Tensor};
+use oxiflow_tensor::{DType, Sbp, Tensor};
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -15,10 +15,9 @@ fn sigmoid(x: f64) -> f64 {
 
 #[test]
 fn swiglu_on_cuda_matches_the_f64_reference() {
-    let Some(_world) = common::cuda_world_or_skip("swiglu_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("swiglu_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     {
         for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
             for shape in [vec![0usize, 3], vec![7, 5], vec![1 << 20]] {
@@ -52,10 +51,9 @@ fn swiglu_on_cuda_matches_the_f64_reference() {
 /// The packed form on the device against the CPU's f64 value of the same (rounded) inputs.
 #[test]
 fn swiglu_pairs_on_cuda_matches_the_f64_reference() {
-    let Some(_world) = common::cuda_world_or_skip("swiglu_cuda") else {
+    let Some((_world, p)) = common::cuda_device_or_skip("swiglu_cuda") else {
         return;
     };
-    let p = Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap();
     for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for shape in [
             vec![1usize, 1, 8192, 2],

@@ -141,17 +141,26 @@ fn check_partials(
     }
 }
 
-#[test]
-fn per_shard_log_sum_exp_on_uneven_class_splits() {
-    let layouts: [(&[usize], NdSbp); 7] = [
+/// Class-split layouts: the classes over 2, 3 and 4 ranks and over the second axis of a 2x2
+/// mesh whose first splits the rows, then `more`.
+fn class_splits(more: Vec<(&'static [usize], NdSbp)>) -> Vec<(&'static [usize], NdSbp)> {
+    let mut layouts: Vec<(&'static [usize], NdSbp)> = vec![
         (&[2], NdSbp::new([S(1)])),
         (&[3], NdSbp::new([S(1)])),
         (&[4], NdSbp::new([S(1)])),
         (&[2, 2], NdSbp::new([S(0), S(1)])),
+    ];
+    layouts.extend(more);
+    layouts
+}
+
+#[test]
+fn per_shard_log_sum_exp_on_uneven_class_splits() {
+    let layouts = class_splits(vec![
         (&[2, 2], NdSbp::new([B, S(1)])),
         (&[2, 2], NdSbp::new([S(1), S(1)])),
         (&[3, 2], NdSbp::new([S(1), S(0)])),
-    ];
+    ]);
     for (i, (mesh, sbp)) in layouts.into_iter().enumerate() {
         // 10 columns over 3 or 4 shards leave shards of padding only; 3 over 4 an empty one.
         for (width, classes) in [(10, 7), (10, 10), (7, 2), (3, 3), (3, 1)] {
@@ -292,15 +301,11 @@ fn check_losses(
 
 #[test]
 fn padded_losses_of_class_split_logits_equal_the_reference_in_every_dtype() {
-    let layouts: [(&[usize], NdSbp); 6] = [
-        (&[2], NdSbp::new([S(1)])),
-        (&[3], NdSbp::new([S(1)])),
-        (&[4], NdSbp::new([S(1)])),
-        (&[2, 2], NdSbp::new([S(0), S(1)])),
+    let layouts = class_splits(vec![
         (&[2, 2], NdSbp::new([S(1), S(1)])),
         // Partial logits are reduced onto class shards first.
         (&[2, 2], NdSbp::new([Sbp::P, S(1)])),
-    ];
+    ]);
     for (mesh, sbp) in layouts {
         for (width, classes) in [(10, 7), (10, 10), (9, 2), (3, 3)] {
             for dtype in [F, DType::F32, DType::BF16] {

@@ -5,13 +5,11 @@
 use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 
 use super::{Classifier, ClassifierGrad, Composed};
-use crate::host_slices::through_wide;
-use crate::kernel_io::io_arrays;
+use crate::host_slices::wide_arrays;
 
 /// [loss, dlogits] of logits and targets.
 pub(super) fn forward(op: &Classifier, b: &CpuBackend, io: KernelIo<'_, CpuBackend>) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| {
-        let ([logits, targets], [loss, dlogits]) = io_arrays("classifier", x, out)?;
+    wide_arrays("classifier", io, |[logits, targets], [loss, dlogits]| {
         Composed::forward(b, logits, targets, op.classes, [loss, dlogits])
     })
 }
@@ -22,8 +20,7 @@ pub(super) fn backward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| {
-        let ([dlogits, dloss], [y]) = io_arrays("classifier_backward", x, out)?;
+    wide_arrays("classifier_backward", io, |[dlogits, dloss], [y]| {
         Composed::backward(b, dlogits, dloss, y)
     })
 }

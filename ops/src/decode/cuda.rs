@@ -81,25 +81,42 @@ pub(super) fn rotary_at(
         ));
     }
     let pairs = x.numel() / 2;
+    let ptrs = [x.ptr(), freq.ptr(), pos.ptr(), y.ptr()];
+    let dims = [pairs, t, h, d].map(|v| v as i64);
+    let kernel = DecodeKernel::Rotary(x.dtype());
+    // SAFETY: rotary_at_<dtype> takes (const T*, const double*, const i64*, T*, i64 pairs,
+    // i64 t, i64 h, i64 d); x and y hold 2 * pairs elements of T, freq d / 2 f64 (the op's
+    // inference checked its dtype), pos one i64; the pieces outlive the launch.
+    unsafe { launch_pairs(b, name, kernel, (&ptrs, &dims), pairs) }
+}
+
+/// Launches `kernel` over `pairs` element pairs (nothing where there are none), its
+/// arguments the pointers `args.0`, then the i64 `args.1`.
+///
+/// # Safety
+/// The pointers and then the integers must be the kernel's parameters, in order, and every
+/// pointer a live allocation covering what the kernel indexes for `pairs` pairs.
+unsafe fn launch_pairs(
+    b: &CudaKernels,
+    name: &'static str,
+    kernel: DecodeKernel,
+    (ptrs, dims): (&[u64], &[i64]),
+    pairs: usize,
+) -> Result<()> {
     if pairs == 0 {
         return Ok(());
     }
     let rt = b.runtime();
-    let f = SOURCE.function(rt, name, DecodeKernel::Rotary(x.dtype()))?;
-    let (xp, fp, pp, yp) = (x.ptr(), freq.ptr(), pos.ptr(), y.ptr());
-    let (n, tl, hh, dd) = (pairs as i64, t as i64, h as i64, d as i64);
+    let f = SOURCE.function(rt, name, kernel)?;
     let mut l = rt.launcher(name, f)?;
-    l.arg(&xp)
-        .arg(&fp)
-        .arg(&pp)
-        .arg(&yp)
-        .arg(&n)
-        .arg(&tl)
-        .arg(&hh)
-        .arg(&dd);
-    // SAFETY: rotary_at_<dtype> takes (const T*, const double*, const i64*, T*, i64 pairs,
-    // i64 t, i64 h, i64 d); x and y hold 2 * pairs elements of T, freq d / 2 f64 (the op's
-    // inference checked its dtype), pos one i64; the pieces outlive the launch.
+    for p in ptrs {
+        l.arg(p);
+    }
+    for n in dims {
+        l.arg(n);
+    }
+    // SAFETY: the caller's contract: these are the kernel's arguments, and the pointers cover
+    // what it indexes for `pairs` pairs.
     launched(name, unsafe { l.launch(grid(pairs)) })
 }
 
@@ -146,26 +163,15 @@ pub(super) fn rotary_qkv_at(
         ));
     }
     let pairs = x.numel() / 2;
-    if pairs == 0 {
-        return Ok(());
-    }
-    let rt = b.runtime();
-    let f = SOURCE.function(rt, name, DecodeKernel::RotaryQkv(dt))?;
     let ptrs = [x.ptr(), freq.ptr(), pos.ptr(), q.ptr(), k.ptr(), v.ptr()];
-    let dims = [pairs as i64, t as i64, g as i64, r as i64, d as i64];
-    let mut l = rt.launcher(name, f)?;
-    for p in &ptrs {
-        l.arg(p);
-    }
-    for n in &dims {
-        l.arg(n);
-    }
+    let dims = [pairs, t, g, r, d].map(|v| v as i64);
+    let kernel = DecodeKernel::RotaryQkv(dt);
     // SAFETY: rotary_qkv_at_<dtype> takes (const T* x, const double* freq, const i64* pos,
     // T* q, T* k, T* v, i64 pairs, i64 t, i64 g, i64 r, i64 d); x holds 2 * pairs elements of
     // T in rows of G (R + 2) heads of D, q R heads of D and k and v one per group and row
     // (checked above), freq D / 2 f64 (the op's inference checked its dtype), pos one i64;
     // the pieces outlive the launch.
-    launched(name, unsafe { l.launch(grid(pairs)) })
+    unsafe { launch_pairs(b, name, kernel, (&ptrs, &dims), pairs) }
 }
 
 pub(super) fn decode_attention(
@@ -188,34 +194,69 @@ pub(super) fn decode_attention(
     if q.numel() == 0 {
         return Ok(());
     }
-    let rt = b.runtime();
-    let f = SOURCE.function(rt, name, DecodeKernel::Attention(dtype))?;
+    let kernel = DecodeKernel::Attention(dtype);
     let cfg = heads_launch(dtype, (h, bs, 1), d);
-    let ptrs = [
-        q.ptr(),
-        kc.ptr(),
-        vc.ptr(),
-        kn.ptr(),
-        vn.ptr(),
-        pos.ptr(),
-        y.ptr(),
+    let ints = [
+        Int::Long(p_len as i64),
+        Int::Int(h as i32),
+        Int::Int(g as i32),
+        Int::Int(d as i32),
     ];
-    let (pl, hh, gg, dd) = (p_len as i64, h as i32, g as i32, d as i32);
-    let mut l = rt.launcher(name, f)?;
-    for p in &ptrs {
-        l.arg(p);
-    }
-    l.arg(&pl).arg(&hh).arg(&gg).arg(&dd);
-    let (s64, s32) = (op.scale, op.scale as f32);
-    if dtype == DType::F64 {
-        l.arg(&s64);
-    } else {
-        l.arg(&s32);
-    }
+    let pieces: HeadsPieces = ([q, kc, vc, kn, vn, pos], &[y]);
     // SAFETY: decode_attention_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const i64*,
     // y: T*, i64 p_len, int h, int g, int d, W scale) with W f64 for f64 and f32 otherwise;
     // the pieces hold the element counts checked above, the block's dynamic shared memory is
     // d + WARPS * (d + 2) W's for the kernel's WARPS, and the pieces outlive the launch.
+    unsafe { launch_heads(b, name, (kernel, cfg), pieces, &ints, op.scale) }
+}
+
+/// A decoding attention kernel's input pieces (q, the caches, the new key and value, the
+/// position) and output pieces.
+type HeadsPieces<'a> = ([&'a CudaStorage; 6], &'a [&'a CudaStorage]);
+
+/// An integer argument of a decoding attention kernel: an i64 or an int.
+#[derive(Clone, Copy)]
+enum Int {
+    Long(i64),
+    Int(i32),
+}
+
+/// Launches decoding attention kernel `kernel` over `cfg`, its arguments the pointers of the
+/// input and output `pieces`, the integers `ints`, then `scale` in the kernel's arithmetic (f64
+/// where q, the first input, is f64, else f32).
+///
+/// # Safety
+/// These must be the kernel's parameters in order, every piece covering what the kernel
+/// indexes, and `cfg` a launch the kernel runs in (its dynamic shared memory included).
+unsafe fn launch_heads(
+    b: &CudaKernels,
+    name: &'static str,
+    (kernel, cfg): (DecodeKernel, LaunchConfig),
+    (ins, outs): HeadsPieces<'_>,
+    ints: &[Int],
+    scale: f64,
+) -> Result<()> {
+    let rt = b.runtime();
+    let f = SOURCE.function(rt, name, kernel)?;
+    let ptrs: Vec<u64> = ins.iter().chain(outs).map(|p| p.ptr()).collect();
+    let mut l = rt.launcher(name, f)?;
+    for p in &ptrs {
+        l.arg(p);
+    }
+    for a in ints {
+        match a {
+            Int::Long(v) => l.arg(v),
+            Int::Int(v) => l.arg(v),
+        };
+    }
+    let (s64, s32) = (scale, scale as f32);
+    if ins[0].dtype() == DType::F64 {
+        l.arg(&s64);
+    } else {
+        l.arg(&s32);
+    }
+    // SAFETY: the caller's contract: these are the kernel's arguments and launch, and the
+    // pieces cover what it indexes.
     launched(name, unsafe { l.launch(cfg) })
 }
 
@@ -304,50 +345,25 @@ pub(super) fn decode_attention_parts(
     if o.numel() == 0 {
         return Ok(());
     }
-    let rt = b.runtime();
-    let f = SOURCE.function(rt, name, DecodeKernel::Parts(dtype))?;
+    let kernel = DecodeKernel::Parts(dtype);
     let cfg = heads_launch(dtype, (h, bs, nl), d);
-    let ptrs = [
-        q.ptr(),
-        kc.ptr(),
-        vc.ptr(),
-        kn.ptr(),
-        vn.ptr(),
-        pos.ptr(),
-        o.ptr(),
-        lse.ptr(),
+    let ints = [
+        Int::Long(per as i64),
+        Int::Int(nl as i32),
+        Int::Long(op.first_block as i64),
+        Int::Long(op.blocks as i64),
+        Int::Int(h as i32),
+        Int::Int(g as i32),
+        Int::Int(d as i32),
     ];
-    let (per, nl, first, blocks) = (
-        per as i64,
-        nl as i32,
-        op.first_block as i64,
-        op.blocks as i64,
-    );
-    let (hh, gg, dd) = (h as i32, g as i32, d as i32);
-    let mut l = rt.launcher(name, f)?;
-    for p in &ptrs {
-        l.arg(p);
-    }
-    l.arg(&per)
-        .arg(&nl)
-        .arg(&first)
-        .arg(&blocks)
-        .arg(&hh)
-        .arg(&gg)
-        .arg(&dd);
-    let (s64, s32) = (op.scale, op.scale as f32);
-    if dtype == DType::F64 {
-        l.arg(&s64);
-    } else {
-        l.arg(&s32);
-    }
+    let pieces: HeadsPieces = ([q, kc, vc, kn, vn, pos], &[o, lse]);
     // SAFETY: decode_attention_parts_<dtype> takes (q, kc, vc, kn, vn: const T*, pos: const
     // i64*, o, lse: W*, i64 per, int nl, i64 first_block, i64 blocks, int h, int g, int d,
     // W scale) with W f64 for f64 and f32 otherwise (the outputs' dtype, checked); the pieces
     // hold the element counts checked above (caches of nl blocks of per positions), the
     // block's dynamic shared memory is d + WARPS * (d + 2) W's for the kernel's WARPS, and the
     // pieces outlive the launch.
-    launched(name, unsafe { l.launch(cfg) })
+    unsafe { launch_heads(b, name, (kernel, cfg), pieces, &ints, op.scale) }
 }
 
 /// One cache write's pieces and geometry, checked: rows `from..from + count` of `rows` go into

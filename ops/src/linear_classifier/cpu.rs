@@ -6,8 +6,7 @@ use oxiflow_tensor::{CpuBackend, KernelIo, Result};
 
 use super::{Composed, LinearClassifier, LinearClassifierGrad};
 use crate::classifier::Composed as ComposedClassifier;
-use crate::host_slices::through_wide;
-use crate::kernel_io::io_arrays;
+use crate::host_slices::wide_arrays;
 
 /// [loss, dx, dw] of x, the table and targets.
 pub(super) fn forward(
@@ -16,11 +15,14 @@ pub(super) fn forward(
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
     let attrs = (op.classes, op.precision);
-    through_wide(io.inputs, io.outputs, |x, out| {
-        let ([x, w, targets], [loss, dx, dw]) = io_arrays("linear_classifier", x, out)?;
-        let classify = ComposedClassifier::forward;
-        Composed::forward(b, x, w, targets, attrs, [loss, dx, dw], classify)
-    })
+    wide_arrays(
+        "linear_classifier",
+        io,
+        |[x, w, targets], [loss, dx, dw]| {
+            let classify = ComposedClassifier::forward;
+            Composed::forward(b, x, w, targets, attrs, [loss, dx, dw], classify)
+        },
+    )
 }
 
 /// dx and dw times dloss.
@@ -29,8 +31,9 @@ pub(super) fn backward(
     b: &CpuBackend,
     io: KernelIo<'_, CpuBackend>,
 ) -> Result<()> {
-    through_wide(io.inputs, io.outputs, |x, out| {
-        let ([dx, dw, dloss], [ox, ow]) = io_arrays("linear_classifier_backward", x, out)?;
-        Composed::backward(b, [dx, dw], dloss, [ox, ow])
-    })
+    wide_arrays(
+        "linear_classifier_backward",
+        io,
+        |[dx, dw, dloss], [ox, ow]| Composed::backward(b, [dx, dw], dloss, [ox, ow]),
+    )
 }

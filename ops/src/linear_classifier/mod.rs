@@ -279,49 +279,24 @@ mod tests {
 
     #[test]
     fn infer_checks_shapes_classes_and_dtypes() {
+        use DType::{BF16, F32, I64};
         let op = LinearClassifier {
             classes: 5,
             precision: MatmulPrecision::F32,
         };
         let (x, w, t) = (Shape::new([4, 3]), Shape::new([6, 3]), Shape::new([4]));
-        let ok = op.infer(
-            &[&x, &w, &t],
-            &[DType::F32, DType::F32, DType::I64],
-            RuleMode::ShapesOnly,
-        );
-        assert!(ok.is_ok());
+        let infers = |op: &LinearClassifier, s: [&Shape; 3], d: [DType; 3]| {
+            op.infer(&s, &d, RuleMode::ShapesOnly).is_ok()
+        };
+        assert!(infers(&op, [&x, &w, &t], [F32, F32, I64]));
         let bad_c = Shape::new([6, 2]);
-        assert!(op
-            .infer(
-                &[&x, &bad_c, &t],
-                &[DType::F32, DType::F32, DType::I64],
-                RuleMode::ShapesOnly
-            )
-            .is_err());
+        assert!(!infers(&op, [&x, &bad_c, &t], [F32, F32, I64]));
         let wide = LinearClassifier {
             classes: 7,
             precision: MatmulPrecision::F32,
         };
-        assert!(wide
-            .infer(
-                &[&x, &w, &t],
-                &[DType::F32, DType::F32, DType::I64],
-                RuleMode::ShapesOnly
-            )
-            .is_err());
-        assert!(op
-            .infer(
-                &[&x, &w, &t],
-                &[DType::F32, DType::F32, DType::F32],
-                RuleMode::ShapesOnly
-            )
-            .is_err());
-        assert!(op
-            .infer(
-                &[&x, &w, &t],
-                &[DType::F32, DType::BF16, DType::I64],
-                RuleMode::ShapesOnly
-            )
-            .is_err());
+        assert!(!infers(&wide, [&x, &w, &t], [F32, F32, I64]));
+        assert!(!infers(&op, [&x, &w, &t], [F32, F32, F32]));
+        assert!(!infers(&op, [&x, &w, &t], [F32, BF16, I64]));
     }
 }

@@ -228,6 +228,16 @@ pub(super) fn spec(dims: &[usize], dtype: DType) -> OutSpec {
     }
 }
 
+/// Buffers `[m, w]` of `dtype` for each width `w` of `widths`, then the row list of `m` rows
+/// (i32 as i64 words).
+pub(super) fn rows_and_list(m: usize, dtype: DType, widths: &[usize]) -> Vec<OutSpec> {
+    widths
+        .iter()
+        .map(|&w| spec(&[m, w], dtype))
+        .chain([spec(&[m.div_ceil(2)], DType::I64)])
+        .collect()
+}
+
 /// The scratch of a product over `m` rows: the rows in expert order `[m, inner]`, their
 /// results `[m, outer]` and the row list (i32 as i64 words).
 pub(super) fn matmul_scratch(
@@ -238,11 +248,7 @@ pub(super) fn matmul_scratch(
     let (x, w) = (&ins[0], ins.get(2));
     let (m, inner) = (x.shape.dim(0), x.shape.dim(1));
     let outer = w.map_or(0, |w| w.shape.dim(if op.transposed { 0 } else { 1 }));
-    vec![
-        spec(&[m, inner], x.dtype),
-        spec(&[m, outer], x.dtype),
-        spec(&[m.div_ceil(2)], DType::I64),
-    ]
+    rows_and_list(m, x.dtype, &[inner, outer])
 }
 
 pub(super) fn expert_matmul(

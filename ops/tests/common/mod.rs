@@ -43,15 +43,18 @@ pub fn cuda_world_or_skip(name: &str) -> Option<(Context, StoreServer)> {
     Some(cuda_world().expect("a one-rank NCCL world on cuda:0"))
 }
 
+/// The world of [`cuda_world`] and the one-rank placement on its device, cuda:0, or None
+/// (having printed that test `name` was skipped) where there is no CUDA device.
+pub fn cuda_device_or_skip(name: &str) -> Option<((Context, StoreServer), Placement)> {
+    let world = cuda_world_or_skip(name)?;
+    Some((world, Placement::new_1d(DeviceType::Cuda, vec![0]).unwrap()))
+}
+
 /// A placement over mesh `mesh` with its ranks permuted by `perm`.
 pub fn placement(mesh: &[usize], perm: u64) -> Placement {
     let n: usize = mesh.iter().product();
     let mut ranks: Vec<usize> = (0..n).collect();
-    let mut s = perm;
-    for i in (1..n).rev() {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+    for (i, s) in (1..n).rev().zip(lcg(perm)) {
         ranks.swap(i, (s >> 33) as usize % (i + 1));
     }
     Placement::new(DeviceType::Cpu, mesh.to_vec(), ranks).unwrap()
@@ -59,11 +62,7 @@ pub fn placement(mesh: &[usize], perm: u64) -> Placement {
 
 /// One SBP per mesh axis from `seed`: S(0..ndim), B, or (with `allow_p`) P.
 pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
-    let mut s = seed;
-    NdSbp::new((0..naxes).map(|_| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+    NdSbp::new(lcg(seed).take(naxes).map(|s| {
         match (s >> 33) as usize % (ndim + 1 + usize::from(allow_p)) {
             d if d < ndim => Sbp::S(d),
             d if d == ndim => Sbp::B,
@@ -74,13 +73,11 @@ pub fn nd_sbp(naxes: usize, ndim: usize, seed: u64, allow_p: bool) -> NdSbp {
 
 /// One SBP per mesh axis from `seed`, each one of `choices`.
 pub fn nd_sbp_of(naxes: usize, seed: u64, choices: &[Sbp]) -> NdSbp {
-    let mut s = seed;
-    NdSbp::new((0..naxes).map(|_| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        choices[(s >> 33) as usize % choices.len()]
-    }))
+    NdSbp::new(
+        lcg(seed)
+            .take(naxes)
+            .map(|s| choices[(s >> 33) as usize % choices.len()]),
+    )
 }
 
 /// 1-d meshes of 1 to 5 ranks and a few 2-d ones.
@@ -128,6 +125,27 @@ macro_rules! decode_layouts_equal_one_rank {
 }
 #[allow(unused_imports)]
 pub(crate) use decode_layouts_equal_one_rank;
+
+/// The global property test of an element-wise op's file, `any_layout_equals_one_rank`: in 48
+/// cases on the meshes of `mesh_strategy` (see `layouts`) and the arguments drawn from the
+/// given strategies, the file's `global_case(mesh, perm, extra, arguments..)` holds.
+#[allow(unused_macros)]
+macro_rules! pointwise_layouts_equal_one_rank {
+    ($($arg:ident in $strategy:expr),* $(,)?) => {
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 32, ..ProptestConfig::default() })]
+            #[test]
+            fn any_layout_equals_one_rank(
+                (mesh, perm, extra) in crate::common::layouts(crate::common::mesh_strategy()),
+                $($arg in $strategy,)*
+            ) {
+                global_case(&mesh, perm, extra, $($arg),*);
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use pointwise_layouts_equal_one_rank;
 
 /// Asserts that the error `e` is a `TensorError::$kind` raised by op `$op`, with the error's
 /// message as the failure's.
@@ -244,6 +262,63 @@ pub fn expert_ids(m: usize, experts: usize, seed: u64) -> Vec<i64> {
         .take(m)
         .map(|s| ((s >> 33) as usize % experts) as i64)
         .collect()
+}
+
+/// `y[r] = x[r] @ w[ids[r]]` (`t`: with w transposed) on the host: x `[m, a]`, each w
+/// `[k, n]` row-major.
+pub fn expert_matmul_reference(
+    x: &[f64],
+    ids: &[i64],
+    ws: &[Vec<f64>],
+    k: usize,
+    n: usize,
+    t: bool,
+) -> Vec<f64> {
+    let (a, b) = if t { (n, k) } else { (k, n) };
+    let mut y = vec![0.0; ids.len() * b];
+    for (r, &e) in ids.iter().enumerate() {
+        let w = &ws[e as usize];
+        for j in 0..b {
+            y[r * b + j] = (0..a)
+                .map(|i| x[r * a + i] * if t { w[j * n + i] } else { w[i * n + j] })
+                .sum();
+        }
+    }
+    y
+}
+
+/// Each expert's `sum a[r]^T b[r]` on the host (a `[m, k]`, b `[m, n]`).
+pub fn expert_wgrad_reference(
+    a: &[f64],
+    ids: &[i64],
+    b: &[f64],
+    e: usize,
+    k: usize,
+    n: usize,
+) -> Vec<Vec<f64>> {
+    let mut g = vec![vec![0.0; k * n]; e];
+    for (r, &x) in ids.iter().enumerate() {
+        for i in 0..k {
+            for j in 0..n {
+                g[x as usize][i * n + j] += a[r * k + i] * b[r * n + j];
+            }
+        }
+    }
+    g
+}
+
+/// Rotary inverse frequencies `base^(-2 i / d)` for heads of `d`: f64 `[d / 2]`.
+pub fn rotary_frequencies(d: usize, base: f64) -> Tensor {
+    let half = d / 2;
+    let f: Vec<f64> = (0..half)
+        .map(|i| base.powf(-2.0 * i as f64 / d as f64))
+        .collect();
+    Tensor::from_vec(f, [half]).unwrap()
+}
+
+/// A decoding position: one i64 `[1]`.
+pub fn position(pos: usize) -> Tensor {
+    Tensor::from_vec(vec![pos as i64], [1]).unwrap()
 }
 
 /// The states of a 64-bit linear congruential generator after `seed` (Knuth's constants).

@@ -9,7 +9,7 @@ use oxiflow_cuda::{device_error, CudaKernels, CudaRuntime, CudaStorage};
 use oxiflow_dtype::DType;
 use oxiflow_tensor::{ExternOp, KernelIo, OutSpec, Peers, Result};
 
-use super::super::cuda::{grouped, spec, zero};
+use super::super::cuda::{grouped, rows_and_list, zero};
 use super::cuda_exchange::{backward_exchanged, forward_exchanged};
 use super::cuda_rows::{backward_rows, forward_rows, sizes, Sizes};
 use super::RoutedExperts;
@@ -23,53 +23,28 @@ fn exchanging(op: &RoutedExperts) -> Result<Option<&Peers>> {
     }
 }
 
-/// The forward's scratch: rows in expert order `[m, c]`, the gate's and up's products
-/// `[m, f]` each, the results in expert order `[m, c]`, the row list; where the rows travel,
-/// the rows in send order and the results come back `[m, c]` each, and the send list (what
-/// the experts' ranks receive is sized by the routing and allocated when it is known).
-pub(super) fn forward_scratch(
+/// The scratch of the forward (`BACKWARD` false) or the backward, with the row list last.
+/// The forward's: rows in expert order `[m, c]`, the gate's and up's products `[m, f]` each,
+/// the results in expert order `[m, c]`; where the rows travel, the rows in send order and
+/// the results come back `[m, c]` each (what the experts' ranks receive is sized by the
+/// routing and allocated when it is known). The backward's: rows and output gradients in
+/// expert order `[m, c]` each, the gate's and up's products `[m, f]` (then their gradients),
+/// the activation `[m, f]` (then its gradient), the rows' gradients in expert order `[m, c]`;
+/// where the rows travel, rows, output gradients and the rows' gradients come back `[m, c]`
+/// each in send order.
+pub(super) fn scratch<const BACKWARD: bool>(
     op: &RoutedExperts,
     ins: &[OutSpec],
     _outs: &[OutSpec],
 ) -> Vec<OutSpec> {
     let (m, c, f, d) = dims_of(ins);
-    let list = spec(&[m.div_ceil(2)], DType::I64);
-    if matches!(exchanging(op), Ok(Some(_))) {
-        return vec![spec(&[m, c], d), spec(&[m, c], d), list];
-    }
-    vec![
-        spec(&[m, c], d),
-        spec(&[m, f], d),
-        spec(&[m, f], d),
-        spec(&[m, c], d),
-        list,
-    ]
-}
-
-/// The backward's scratch: rows and output gradients in expert order `[m, c]` each, the
-/// gate's and up's products `[m, f]` (then their gradients), the activation `[m, f]` (then
-/// its gradient), the rows' gradients in expert order `[m, c]`, the row list; where the rows
-/// travel, rows, output gradients and the rows' gradients come back `[m, c]` each in send
-/// order, and the send list.
-pub(super) fn backward_scratch(
-    op: &RoutedExperts,
-    ins: &[OutSpec],
-    _outs: &[OutSpec],
-) -> Vec<OutSpec> {
-    let (m, c, f, d) = dims_of(ins);
-    let list = spec(&[m.div_ceil(2)], DType::I64);
-    if matches!(exchanging(op), Ok(Some(_))) {
-        return vec![spec(&[m, c], d), spec(&[m, c], d), spec(&[m, c], d), list];
-    }
-    vec![
-        spec(&[m, c], d),
-        spec(&[m, c], d),
-        spec(&[m, f], d),
-        spec(&[m, f], d),
-        spec(&[m, f], d),
-        spec(&[m, c], d),
-        list,
-    ]
+    let widths: &[usize] = match (matches!(exchanging(op), Ok(Some(_))), BACKWARD) {
+        (true, false) => &[c, c],
+        (true, true) => &[c, c, c],
+        (false, false) => &[c, f, f, c],
+        (false, true) => &[c, c, f, f, f, c],
+    };
+    rows_and_list(m, d, widths)
 }
 
 /// (rows, width, hidden width, dtype) from the input specs.

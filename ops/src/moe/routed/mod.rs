@@ -69,13 +69,13 @@ const CUDA_FLOATS_AND_IDS: &[DType] = &[DType::F32, DType::BF16, DType::F16, DTy
 static FORWARD: LazyLock<Kernels> = LazyLock::new(|| {
     cpu_and_cuda_scratch::<RoutedExperts>(
         (FLOATS_AND_IDS, cpu::forward),
-        (CUDA_FLOATS_AND_IDS, cuda::forward, cuda::forward_scratch),
+        (CUDA_FLOATS_AND_IDS, cuda::forward, cuda::scratch::<false>),
     )
 });
 static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| {
     cpu_and_cuda_scratch::<RoutedExperts>(
         (FLOATS_AND_IDS, cpu::backward),
-        (CUDA_FLOATS_AND_IDS, cuda::backward, cuda::backward_scratch),
+        (CUDA_FLOATS_AND_IDS, cuda::backward, cuda::scratch::<true>),
     )
 });
 

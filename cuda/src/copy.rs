@@ -121,28 +121,30 @@ pub fn fill(
     }
     let nn = n as i64;
     let name = Template::Fill.at(dtype);
+    // The kernel writes 16 bytes a thread.
+    let cfg = grid(n.div_ceil(16 / dtype.size()));
     match dtype {
         DType::F32 => {
             let x = v as f32;
-            launch!(rt, op, name, grid(n); nn, x, ptr)
+            launch!(rt, op, name, cfg; nn, x, ptr)
         }
-        DType::F64 => launch!(rt, op, name, grid(n); nn, v, ptr),
-        DType::I64 => launch!(rt, op, name, grid(n); nn, vi, ptr),
+        DType::F64 => launch!(rt, op, name, cfg; nn, v, ptr),
+        DType::I64 => launch!(rt, op, name, cfg; nn, vi, ptr),
         // 16-bit values pass as their bits (the kernels' storage structs hold just those).
         DType::BF16 => {
             let x = <bf16 as Element>::from_f64(v).to_bits();
-            launch!(rt, op, name, grid(n); nn, x, ptr)
+            launch!(rt, op, name, cfg; nn, x, ptr)
         }
         DType::F16 => {
             let x = <f16 as Element>::from_f64(v).to_bits();
-            launch!(rt, op, name, grid(n); nn, x, ptr)
+            launch!(rt, op, name, cfg; nn, x, ptr)
         }
     }
 }
 
 /// Converts the `n` elements of dtype `from` at `src` to dtype `to` at `dst` (each value
 /// rounded once; the same dtype copies).
-pub(crate) fn cast(
+pub fn cast(
     rt: &CudaRuntime,
     op: &'static str,
     (from, src): (DType, u64),
@@ -165,5 +167,7 @@ pub(crate) fn cast(
             0,
         );
     }
-    launch!(rt, op, Kernel::Cast(from, to), grid(n); nn, src, dst)
+    // The kernel converts a pack a thread, the wider side of which is 16 bytes.
+    let cfg = grid(n.div_ceil(16 / from.size().max(to.size())));
+    launch!(rt, op, Kernel::Cast(from, to), cfg; nn, src, dst)
 }

@@ -84,7 +84,7 @@ pub mod kernel_layer {
     };
     pub use crate::blaslt::{lt_matmul, Epilogue, LtMatmul};
     pub use crate::block::Block;
-    pub use crate::copy::{copy_nd, fill};
+    pub use crate::copy::{cast, copy_nd, fill};
     pub use crate::fused::{
         adamw_multi, classifier, classifier_plan, classifier_using, elementwise,
         layer_norm_backward, layer_norm_forward, row_plan_occupancy, row_scale, AdamCoef,

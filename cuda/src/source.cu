@@ -86,7 +86,26 @@ extern "C" __global__ void copy_rows_v16(i64 batch, i64 rows, i64 run, const uin
     ROWS_LOOP(b, r, c) d[dof + b * bd + r * ds + c] = s[so + b * bs + r * ss + c];
 }
 
-template <typename T> __device__ void fill_t(i64 n, T v, T* y) { GRID_LOOP(i, n) y[i] = v; }
+// V values of T moved by one aligned load or store (V * sizeof(T) a power of two, at most 16).
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T e[V]; };
+// Whether `p` may be read or written as `Pack`s.
+template <typename P> __device__ __forceinline__ bool packs(const void* p) { return (size_t)p % sizeof(P) == 0; }
+
+// 16 bytes a thread where `y` is 16-byte aligned (the launch's grid counts 16-byte vectors),
+// the tail and an unaligned `y` value by value.
+template <typename T> __device__ void fill_t(i64 n, T v, T* y) {
+    constexpr int V = 16 / sizeof(T);
+    typedef Pack<T, V> P;
+    i64 nv = 0;
+    if (packs<P>(y)) {
+        nv = n / V;
+        P pv;
+#pragma unroll
+        for (int j = 0; j < V; ++j) pv.e[j] = v;
+        GRID_LOOP(i, nv) ((P*)y)[i] = pv;
+    }
+    GRID_LOOP(i, n - nv * V) y[nv * V + i] = v;
+}
 
 // Row reduction of a contiguous [rows, len] array: one block per row (grid-stride over rows);
 // mode 0 sums, 1 takes the max, 2 the min.
@@ -386,7 +405,26 @@ __device__ void matmul_i(i64 batch, i64 m, i64 k, i64 n, i64 sb, const i64* a, c
     }
 }
 
-template <typename S, typename D> __device__ void cast_t(i64 n, const S* x, D* y) { GRID_LOOP(i, n) y[i] = (D)x[i]; }
+// V values a thread, V the count whose wider side is 16 bytes, where both pointers are aligned
+// to their packs (the launch's grid counts packs); the tail and unaligned pointers value by
+// value. Each value converts as `(D)x[i]` either way.
+template <typename S, typename D> __device__ void cast_t(i64 n, const S* x, D* y) {
+    constexpr int V = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+    typedef Pack<S, V> PS;
+    typedef Pack<D, V> PD;
+    i64 nv = 0;
+    if (packs<PS>(x) && packs<PD>(y)) {
+        nv = n / V;
+        GRID_LOOP(i, nv) {
+            PS a = ((const PS*)x)[i];
+            PD b;
+#pragma unroll
+            for (int j = 0; j < V; ++j) b.e[j] = (D)a.e[j];
+            ((PD*)y)[i] = b;
+        }
+    }
+    GRID_LOOP(i, n - nv * V) y[nv * V + i] = (D)x[nv * V + i];
+}
 
 // Philox4x32-10 counter-based RNG, bit for bit as tensor/src/rng.rs: counter x under key
 // (k0, k1), in place.

@@ -1,6 +1,6 @@
 //! Layer-norm CUDA kernels, written into the executor's output pieces: forward (with each row's
-//! mean and 1/std) and the input gradient from those statistics over the last dim, one block
-//! per row.
+//! mean and 1/std; on the fused one-pass kernel where it serves, else one block per row) and
+//! the input gradient from those statistics over the last dim, one block per row.
 
 use super::super::derr;
 use super::super::kernels::{launch, per_row, Template};
@@ -62,6 +62,14 @@ impl NormKernels for CudaKernels {
                 name,
                 format!("weight {} and bias {} for rows of {h}", w.shape, b.shape),
             ));
+        }
+        if super::residual_layer_norm::layer_norm_forward_fused(
+            self,
+            [a, w, b],
+            eps,
+            [&mut *y, &mut *mean, &mut *rstd],
+        )? {
+            return Ok(());
         }
         let (r, hh, e, xp, wp, bp, yp) = (
             rows as i64,

@@ -1,5 +1,6 @@
 //! Fused residual LayerNorm CUDA kernels: the raw layer's one-pass forward (sum, norm and
-//! statistics; public, for the ops crate's residual LayerNorm) and the layer norm's whole
+//! statistics; public, for the ops crate's residual LayerNorm; without the residual, the plain
+//! LayerNorm's forward where it serves) and the layer norm's whole
 //! backward (the residual gradient added, weight and bias gradients reduced in a fixed order;
 //! `NormKernels::layer_norm_grads`); f64 data, rows too wide for the fused kernels and empty
 //! pieces take the composed kernels.
@@ -81,6 +82,38 @@ pub fn residual_layer_norm_forward(
         &[w, bias],
         &[mean, rstd],
     )?;
+    fused_forward(k, (rows, cols), [xs, w, bias], Some((a, r)), eps, [y, mean, rstd])
+}
+
+/// The plain LayerNorm forward on the fused kernel, x = [x, weight, bias] (one dtype) into
+/// out = [LayerNorm(x), mean, rstd]: `Ok(true)` when it ran (or there are no rows), `Ok(false)`
+/// when it does not serve the call (f64 data, rows too wide, no columns, parameters of
+/// another dtype), and the caller runs the one-block-a-row kernel.
+pub(super) fn layer_norm_forward_fused(
+    k: &CudaKernels,
+    x: [&CudaStorage; 3],
+    eps: f64,
+    out: [&mut CudaStorage; 3],
+) -> Result<bool> {
+    let [xs, w, bias] = x;
+    if w.dtype != xs.dtype || bias.dtype != xs.dtype {
+        return Ok(false);
+    }
+    let [y, mean, rstd] = out;
+    let (rows, cols) = check("layer_norm", &[xs, y], &[w, bias], &[mean, rstd])?;
+    fused_forward(k, (rows, cols), [xs, w, bias], None, eps, [y, mean, rstd])
+}
+
+/// The fused forward of checked pieces: `[x, weight, bias]`, with `(a, x + a)` when a residual
+/// is added, into `[y, mean, rstd]`.
+fn fused_forward(
+    k: &CudaKernels,
+    (rows, cols): (usize, usize),
+    [xs, w, bias]: [&CudaStorage; 3],
+    residual: Option<(&CudaStorage, &mut CudaStorage)>,
+    eps: f64,
+    [y, mean, rstd]: [&mut CudaStorage; 3],
+) -> Result<bool> {
     if rows == 0 {
         return Ok(true);
     }
@@ -93,10 +126,10 @@ pub fn residual_layer_norm_forward(
         eps: eps as f32,
         dtype,
         x: xs.ptr(),
-        residual: Some(a.ptr()),
+        residual: residual.as_ref().map(|(a, _)| a.ptr()),
         weight: w.ptr(),
         bias: bias.ptr(),
-        sum_out: Some(r.ptr()),
+        sum_out: residual.as_ref().map(|(_, r)| r.ptr()),
         y: y.ptr(),
         mean: mean.ptr(),
         rstd: rstd.ptr(),

@@ -1,6 +1,6 @@
 //! Checks every raw device kernel (fused attention through cuDNN and its NVRTC fallback,
 //! cuBLASLt epilogues, fused LayerNorm, multi-tensor AdamW, fused classifier, vectorised
-//! element-wise) against f64 on CUDA device 0, then times them; prints a table.
+//! element-wise, conversions and fills) against f64 on CUDA device 0, then times them; prints a table.
 //! Usage: `gpu_kernels_check [--no-timing] [--repeats N]`. Exits 0 when every check passes or
 //! no CUDA device exists (it says it was skipped), 1 when a check fails, 2 on an error.
 
@@ -12,6 +12,7 @@
 
 mod adamw;
 mod attention;
+mod casts;
 mod classifier;
 mod fused;
 mod harness;
@@ -101,6 +102,7 @@ fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
     matmul::checks(&rt, &mut rep)?;
     fused::checks(&rt, &mut rep)?;
     classifier::checks(&rt, &mut rep)?;
+    casts::checks(&rt, &mut rep)?;
     if !opts.no_timing {
         let bw = copy_ceiling(&rt, repeats)?;
         let mm = matmul::ceiling(&rt, repeats)?;
@@ -110,6 +112,7 @@ fn run_kernel_checks(opts: &CheckOptions) -> Result<Option<bool>> {
         matmul::timings(&rt, &mut rep, &run)?;
         fused::timings(&rt, &mut rep, &run)?;
         classifier::timings(&rt, &mut rep, &run)?;
+        casts::timings(&rt, &mut rep, &run)?;
     }
     print_table(&rep);
     Ok(Some(rep.checks.iter().all(Check::pass)))

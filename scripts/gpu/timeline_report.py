@@ -20,6 +20,8 @@ import os
 import re
 import statistics
 
+from trace_overlap import merge
+
 
 def load(folder):
     """{device: [(start, end, kind, name, stream)]} over every timeline file in the folder."""
@@ -40,17 +42,6 @@ def load(folder):
     for recs in per_dev.values():
         recs.sort()
     return per_dev, dropped
-
-
-def union(intervals):
-    """The merged intervals of a list of (start, end)."""
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
 
 
 def length(merged):
@@ -94,8 +85,8 @@ def step_stats(recs, window):
     lo, hi = window
     inside = [r for r in recs if r[1] > lo and r[0] < hi]
     clip = [(max(s, lo), min(e, hi), k, n, st) for s, e, k, n, st in inside]
-    nccl = union([(s, e) for s, e, _, n, _ in clip if is_nccl(n)])
-    comp = union([(s, e) for s, e, _, n, _ in clip if not is_nccl(n)])
+    nccl = merge([(s, e) for s, e, _, n, _ in clip if is_nccl(n)])
+    comp = merge([(s, e) for s, e, _, n, _ in clip if not is_nccl(n)])
     both = intersect(nccl, comp)
     busy = length(comp) + length(nccl) - both
     return {
@@ -152,7 +143,7 @@ def report(folder, step_re, skip, against, top=0):
                 print(f"    nccl at {(s - lo) / 1e6:7.3f} ms for {(e - s) / 1e6:6.3f} ms, "
                       f"{under / max(e - s, 1):4.0%} under compute: {short(n)[:40]}")
         gaps = []
-        busy = union([(s, e) for s, e, *_ in mid["records"]])
+        busy = merge([(s, e) for s, e, *_ in mid["records"]])
         for (s0, e0), (s1, e1) in zip(busy, busy[1:]):
             gaps.append((s1 - e0, e0, s1))
         gaps.sort(reverse=True)

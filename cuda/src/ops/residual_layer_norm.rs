@@ -82,7 +82,14 @@ pub fn residual_layer_norm_forward(
         &[w, bias],
         &[mean, rstd],
     )?;
-    fused_forward(k, (rows, cols), [xs, w, bias], Some((a, r)), eps, [y, mean, rstd])
+    fused_forward(
+        k,
+        (rows, cols),
+        [xs, w, bias],
+        Some((a, r)),
+        eps,
+        [y, mean, rstd],
+    )
 }
 
 /// The plain LayerNorm forward on the fused kernel, x = [x, weight, bias] (one dtype) into

@@ -7,7 +7,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayD, ArrayView2, ArrayView3, ArrayViewD, ArrayViewMut2, Axis};
 use oxiflow_dtype::MatmulPrecision;
 
-use super::elementwise::PAR_THRESHOLD;
+use super::PAR_THRESHOLD;
 use super::{out_as, try_for_each_indexed, view_mut_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, AttentionKernels};

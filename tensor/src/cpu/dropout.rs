@@ -5,7 +5,7 @@
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
-use super::elementwise::PAR_THRESHOLD;
+use super::PAR_THRESHOLD;
 use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, DropoutKernels, DropoutOp};

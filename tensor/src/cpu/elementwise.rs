@@ -8,14 +8,11 @@ use rayon::prelude::*;
 use super::elementwise_fns::{
     with_binary_fn, with_scalar_fn, with_unary_backward_fn, with_unary_fn,
 };
-use super::{fits, float_input, out_as, CpuBackend};
+use super::{fits, float_input, out_as, CpuBackend, PAR_THRESHOLD};
 use crate::element::{FloatElement, TensorElement};
 use crate::op::{kernel_err, BinaryOp, ElementwiseKernels, ScalarOp, UnaryOp};
 use crate::storage::CpuArray;
 use crate::{with_array, Result};
-
-/// Arrays with at least this many elements run on rayon.
-pub const PAR_THRESHOLD: usize = 1 << 15;
 
 /// `out[i] = f(a[i])` for arrays of one shape.
 fn map_into<T: TensorElement, U: TensorElement>(

@@ -63,7 +63,8 @@ use crate::op::{kernel_err, KernelBackend, Op, OutSpec};
 use crate::storage::CpuArray;
 use crate::{with_array, Result, TensorError};
 
-pub use elementwise::PAR_THRESHOLD;
+/// Arrays with at least this many elements run on rayon.
+pub const PAR_THRESHOLD: usize = 1 << 15;
 pub(crate) use piece::CpuPiece;
 pub use piece::{array_of_host_piece, host_piece_of};
 

@@ -4,7 +4,7 @@
 use ndarray::{ArrayD, ArrayView1, ArrayViewMut1, Axis, Zip};
 use oxiflow_dtype::MatmulPrecision;
 
-use super::elementwise::PAR_THRESHOLD;
+use super::PAR_THRESHOLD;
 use super::{fits, float_input, out_as, CpuBackend};
 use crate::element::FloatElement;
 use crate::op::{kernel_err, SoftmaxKernels};

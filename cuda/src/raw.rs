@@ -32,6 +32,14 @@ impl FloatType {
         }
     }
     pub const ALL: [FloatType; 3] = [FloatType::F32, FloatType::Bf16, FloatType::F16];
+    /// The tensor dtype of this float type.
+    pub fn dtype(self) -> DType {
+        match self {
+            FloatType::F32 => DType::F32,
+            FloatType::Bf16 => DType::BF16,
+            FloatType::F16 => DType::F16,
+        }
+    }
     /// The float type of tensor dtype `d` (None: f64 and i64, which the raw kernels do not
     /// take).
     pub fn of(d: DType) -> Option<FloatType> {

@@ -20,7 +20,7 @@ import os
 import re
 import statistics
 
-from trace_overlap import merge
+from trace_overlap import covered, merge
 
 
 def load(folder):
@@ -48,21 +48,6 @@ def length(merged):
     return sum(e - s for s, e in merged)
 
 
-def intersect(a, b):
-    """Total length of the intersection of two merged interval lists."""
-    i = j = 0
-    total = 0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if s < e:
-            total += e - s
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def is_nccl(name):
     return "ncclDevKernel" in name or name.startswith("nccl")
 
@@ -87,7 +72,7 @@ def step_stats(recs, window):
     clip = [(max(s, lo), min(e, hi), k, n, st) for s, e, k, n, st in inside]
     nccl = merge([(s, e) for s, e, _, n, _ in clip if is_nccl(n)])
     comp = merge([(s, e) for s, e, _, n, _ in clip if not is_nccl(n)])
-    both = intersect(nccl, comp)
+    both = sum(covered(span, comp) for span in nccl)
     busy = length(comp) + length(nccl) - both
     return {
         "step": hi - lo,
@@ -139,7 +124,7 @@ def report(folder, step_re, skip, against, top=0):
         lo = min(r[0] for r in mid["records"])
         for s, e, _, n, _ in mid["records"]:
             if is_nccl(n):
-                under = intersect([[s, e]], mid["comp_union"])
+                under = covered((s, e), mid["comp_union"])
                 print(f"    nccl at {(s - lo) / 1e6:7.3f} ms for {(e - s) / 1e6:6.3f} ms, "
                       f"{under / max(e - s, 1):4.0%} under compute: {short(n)[:40]}")
         gaps = []

@@ -63,12 +63,18 @@ impl NormKernels for CudaKernels {
                 format!("weight {} and bias {} for rows of {h}", w.shape, b.shape),
             ));
         }
-        if super::residual_layer_norm::layer_norm_forward_fused(
-            self,
-            [a, w, b],
-            eps,
-            [&mut *y, &mut *mean, &mut *rstd],
-        )? {
+        // The pieces are checked above; the fused kernel takes parameters of the data's dtype.
+        let one_dtype = w.dtype == a.dtype && b.dtype == a.dtype;
+        if one_dtype
+            && super::residual_layer_norm::fused_forward(
+                self,
+                (rows, h),
+                [a, w, b],
+                None,
+                eps,
+                [&mut *y, &mut *mean, &mut *rstd],
+            )?
+        {
             return Ok(());
         }
         let (r, hh, e, xp, wp, bp, yp) = (

@@ -92,28 +92,11 @@ pub fn residual_layer_norm_forward(
     )
 }
 
-/// The plain LayerNorm forward on the fused kernel, x = [x, weight, bias] (one dtype) into
-/// out = [LayerNorm(x), mean, rstd]: `Ok(true)` when it ran (or there are no rows), `Ok(false)`
-/// when it does not serve the call (f64 data, rows too wide, no columns, parameters of
-/// another dtype), and the caller runs the one-block-a-row kernel.
-pub(super) fn layer_norm_forward_fused(
-    k: &CudaKernels,
-    x: [&CudaStorage; 3],
-    eps: f64,
-    out: [&mut CudaStorage; 3],
-) -> Result<bool> {
-    let [xs, w, bias] = x;
-    if w.dtype != xs.dtype || bias.dtype != xs.dtype {
-        return Ok(false);
-    }
-    let [y, mean, rstd] = out;
-    let (rows, cols) = check("layer_norm", &[xs, y], &[w, bias], &[mean, rstd])?;
-    fused_forward(k, (rows, cols), [xs, w, bias], None, eps, [y, mean, rstd])
-}
-
-/// The fused forward of checked pieces: `[x, weight, bias]`, with `(a, x + a)` when a residual
-/// is added, into `[y, mean, rstd]`.
-fn fused_forward(
+/// The fused forward of checked pieces (`rows` x `cols` of one dtype): `[x, weight, bias]`,
+/// with `(a, x + a)` when a residual is added, into `[y, mean, rstd]`; `Ok(true)` when it ran
+/// (or there are no rows), `Ok(false)` when it does not serve the call (f64 data, rows too
+/// wide, no columns) and the caller runs other kernels.
+pub(super) fn fused_forward(
     k: &CudaKernels,
     (rows, cols): (usize, usize),
     [xs, w, bias]: [&CudaStorage; 3],

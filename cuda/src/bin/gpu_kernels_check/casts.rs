@@ -16,14 +16,6 @@ const LENGTHS: [usize; 11] = [1, 3, 4, 5, 7, 8, 9, 16, 17, 1000, 65_541];
 /// Element offsets of the input and of the output (both aligned, either misaligned).
 const OFFSETS: [(usize, usize); 4] = [(0, 0), (1, 0), (0, 3), (5, 1)];
 
-fn dtype(t: FloatType) -> oxiflow_dtype::DType {
-    match t {
-        FloatType::F32 => oxiflow_dtype::DType::F32,
-        FloatType::Bf16 => oxiflow_dtype::DType::BF16,
-        FloatType::F16 => oxiflow_dtype::DType::F16,
-    }
-}
-
 /// Bytes of the output buffer that differ from what is expected: the `n` converted values at
 /// element `at` and the poison (0xFF) everywhere else.
 fn mismatches(got: &[u8], want: &[u8], at: usize) -> usize {
@@ -51,8 +43,8 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
                     cast(
                         rt,
                         "cast check",
-                        (dtype(from), x.ptr() + (xo * from.size()) as u64),
-                        (dtype(to), y.ptr() + (yo * to.size()) as u64),
+                        (from.dtype(), x.ptr() + (xo * from.size()) as u64),
+                        (to.dtype(), y.ptr() + (yo * to.size()) as u64),
                         n,
                     )?;
                     // The host's rounding of the exact values (each within f32), once to
@@ -81,7 +73,7 @@ pub(super) fn checks(rt: &Arc<CudaRuntime>, rep: &mut Report) -> Result<()> {
                 fill(
                     rt,
                     "fill check",
-                    dtype(t),
+                    t.dtype(),
                     y.ptr() + (yo * t.size()) as u64,
                     n,
                     v,
@@ -121,8 +113,8 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
             cast(
                 rt,
                 "cast timing",
-                (dtype(from), x.ptr()),
-                (dtype(to), y.ptr()),
+                (from.dtype(), x.ptr()),
+                (to.dtype(), y.ptr()),
                 n,
             )
         })?;
@@ -140,7 +132,7 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
         fill(
             rt,
             "fill timing",
-            oxiflow_dtype::DType::F32,
+            FloatType::F32.dtype(),
             y.ptr(),
             n,
             0.0,

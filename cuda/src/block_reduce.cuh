@@ -5,24 +5,17 @@ template <typename T> union Vec16 {
     T e[16 / sizeof(T)];
 };
 
-// Sum of x over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float x) {
+// Sum (MAX false) or maximum (MAX true) of x over the block (blockDim.x a multiple of 32, at
+// most 1024); every thread gets it.
+template <bool MAX> __device__ float block_reduce(float x) {
     __shared__ float part[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_sum(x);
+    x = MAX ? warp_max(x) : warp_sum(x);
     __syncthreads();
     if (lane == 0) part[warp] = x;
     __syncthreads();
-    x = lane < nw ? part[lane] : 0.f;
-    return warp_sum(x);
+    x = lane < nw ? part[lane] : (MAX ? NEG_INF : 0.f);
+    return MAX ? warp_max(x) : warp_sum(x);
 }
-__device__ float block_max(float x) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    x = lane < nw ? part[lane] : NEG_INF;
-    return warp_max(x);
-}
+__device__ float block_sum(float x) { return block_reduce<false>(x); }
+__device__ float block_max(float x) { return block_reduce<true>(x); }

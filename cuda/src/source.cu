@@ -123,24 +123,18 @@ template <typename T> __device__ T warp_max(T v) {
     for (int o = 16; o > 0; o >>= 1) { T u = __shfl_xor_sync(0xffffffffu, v, o); v = u > v ? u : v; }
     return v;
 }
-template <typename T> __device__ T block_sum(T v, T* sh) {
-    v = warp_sum(v);
+// Sum (MAX false) or maximum (MAX true) of v over the block.
+template <bool MAX, typename T> __device__ T block_reduce(T v, T* sh) {
+    v = MAX ? warp_max(v) : warp_sum(v);
     int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sh[w] = v;
     __syncthreads();
-    v = (int)(threadIdx.x & 31) < nw ? sh[threadIdx.x & 31] : (T)0;
-    return warp_sum(v);
+    v = (int)(threadIdx.x & 31) < nw ? sh[threadIdx.x & 31] : (MAX ? m_lowest((T)0) : (T)0);
+    return MAX ? warp_max(v) : warp_sum(v);
 }
-template <typename T> __device__ T block_max(T v, T* sh) {
-    v = warp_max(v);
-    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sh[w] = v;
-    __syncthreads();
-    v = (int)(threadIdx.x & 31) < nw ? sh[threadIdx.x & 31] : m_lowest((T)0);
-    return warp_max(v);
-}
+template <typename T> __device__ T block_sum(T v, T* sh) { return block_reduce<false>(v, sh); }
+template <typename T> __device__ T block_max(T v, T* sh) { return block_reduce<true>(v, sh); }
 #define ROW_SHARED(T) __shared__ double sh_raw[32]; T* sh = (T*)sh_raw;
 #define BLOCK_ROWS(r, rows) for (i64 r = blockIdx.x; r < (rows); r += gridDim.x)
 #define THREAD_COLS(j, n) for (i64 j = threadIdx.x; j < (n); j += blockDim.x)

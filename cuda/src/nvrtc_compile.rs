@@ -69,23 +69,25 @@ impl Nvrtc {
         symbol: impl Fn(&str) -> Option<*mut c_void>,
     ) -> Result<Nvrtc, String> {
         let get = |name: &str| symbol(name).ok_or_else(|| format!("NVRTC has no symbol {name}"));
+        // The entry point `$name` as the function pointer type `$t`.
+        macro_rules! entry {
+            ($t:ty, $name:literal) => {
+                std::mem::transmute::<*mut c_void, $t>(get($name)?)
+            };
+        }
         // SAFETY: each symbol is NVRTC's function of that name, whose C signature is the field's
         // type (nvrtc.h).
         unsafe {
             Ok(Nvrtc {
-                version: std::mem::transmute::<*mut c_void, VersionFn>(get("nvrtcVersion")?),
-                create: std::mem::transmute::<*mut c_void, CreateFn>(get("nvrtcCreateProgram")?),
-                compile: std::mem::transmute::<*mut c_void, CompileFn>(get("nvrtcCompileProgram")?),
-                log_size: std::mem::transmute::<*mut c_void, SizeFn>(get(
-                    "nvrtcGetProgramLogSize",
-                )?),
-                log: std::mem::transmute::<*mut c_void, BytesFn>(get("nvrtcGetProgramLog")?),
-                cubin_size: std::mem::transmute::<*mut c_void, SizeFn>(get("nvrtcGetCUBINSize")?),
-                cubin: std::mem::transmute::<*mut c_void, BytesFn>(get("nvrtcGetCUBIN")?),
-                destroy: std::mem::transmute::<*mut c_void, DestroyFn>(get("nvrtcDestroyProgram")?),
-                error_string: std::mem::transmute::<*mut c_void, ErrorStringFn>(get(
-                    "nvrtcGetErrorString",
-                )?),
+                version: entry!(VersionFn, "nvrtcVersion"),
+                create: entry!(CreateFn, "nvrtcCreateProgram"),
+                compile: entry!(CompileFn, "nvrtcCompileProgram"),
+                log_size: entry!(SizeFn, "nvrtcGetProgramLogSize"),
+                log: entry!(BytesFn, "nvrtcGetProgramLog"),
+                cubin_size: entry!(SizeFn, "nvrtcGetCUBINSize"),
+                cubin: entry!(BytesFn, "nvrtcGetCUBIN"),
+                destroy: entry!(DestroyFn, "nvrtcDestroyProgram"),
+                error_string: entry!(ErrorStringFn, "nvrtcGetErrorString"),
             })
         }
     }

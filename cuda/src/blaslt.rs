@@ -370,13 +370,7 @@ pub(crate) fn start_up(rt: &CudaRuntime) {
     let start = std::time::Instant::now();
     let mut st = STATE.lock().unwrap_or_else(|p| p.into_inner());
     if plan_in(op, &mut st, Key::of(&g, true), &g).is_ok() {
-        let now = std::time::Instant::now();
-        super::build_times::record(
-            "cuBLASLt handle and first plan",
-            super::build_times::KernelOrigin::Compiled,
-            start,
-            now,
-        );
+        super::build_times::record_compiled("cuBLASLt handle and first plan", start);
     }
 }
 

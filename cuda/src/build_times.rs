@@ -76,6 +76,11 @@ pub(crate) fn record(
     BUILDS.lock().unwrap_or_else(|p| p.into_inner()).push(b);
 }
 
+/// Records a build that this process compiled from `start` until now ([`KernelOrigin::Compiled`]).
+pub(crate) fn record_compiled(what: impl Into<String>, start: Instant) {
+    record(what, KernelOrigin::Compiled, start, Instant::now());
+}
+
 /// Every kernel build of this process so far.
 pub fn kernel_builds() -> Vec<KernelBuild> {
     BUILDS.lock().unwrap_or_else(|p| p.into_inner()).clone()

@@ -129,7 +129,13 @@ pub(crate) fn prepare_backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) {
             sdpa::backward(g, &z, &x, a.deterministic, var)
         })?;
         let cached = Cached { plan, handle };
-        match timed_warm_up(api, rt, &cached, &a) {
+        let start = std::time::Instant::now();
+        let warmed = warm_up(api, rt, &cached, &a);
+        if warmed.is_ok() {
+            let what = "cuDNN attention backward first run (on scratch)";
+            crate::build_times::record_compiled(what, start);
+        }
+        match warmed {
             Ok(()) => Ok(cached),
             Err(w) if w.handle_usable => {
                 tracing::debug!(
@@ -235,26 +241,6 @@ impl From<FusedError> for WarmUpFailed {
             handle_usable: true,
         }
     }
-}
-
-/// [`warm_up`], recorded with the kernel builds when it ran.
-fn timed_warm_up(
-    api: &'static Api,
-    rt: &Arc<CudaRuntime>,
-    cached: &Cached,
-    a: &AttentionBackward,
-) -> Result<(), WarmUpFailed> {
-    let start = std::time::Instant::now();
-    warm_up(api, rt, cached, a)?;
-    let now = std::time::Instant::now();
-    let origin = crate::build_times::KernelOrigin::Compiled;
-    crate::build_times::record(
-        "cuDNN attention backward first run (on scratch)",
-        origin,
-        start,
-        now,
-    );
-    Ok(())
 }
 
 /// Runs the freshly built plan `cached` once, for the shapes and strides of `a`, on scratch

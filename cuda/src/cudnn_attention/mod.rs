@@ -175,9 +175,7 @@ pub(crate) fn start_up(rt: &CudaRuntime) {
     };
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
     if state_in(&mut g, api, rt, op).is_ok() {
-        let now = std::time::Instant::now();
-        let origin = super::build_times::KernelOrigin::Compiled;
-        super::build_times::record("cuDNN library and handle", origin, start, now);
+        super::build_times::record_compiled("cuDNN library and handle", start);
     }
 }
 
@@ -238,9 +236,7 @@ fn build_plan(
         let mut g = Graph::new(api, op);
         match build(&mut g, var).and_then(|_| g.plan(handle, deterministic)) {
             Ok(plan) => {
-                let now = std::time::Instant::now();
-                let origin = super::build_times::KernelOrigin::Compiled;
-                super::build_times::record(format!("cuDNN {op} plan {var:?}"), origin, start, now);
+                super::build_times::record_compiled(format!("cuDNN {op} plan {var:?}"), start);
                 return Ok(plan);
             }
             Err(e) if e.is_fallback() => errors.push(format!("{var:?}: {e}")),

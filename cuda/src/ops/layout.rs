@@ -76,15 +76,7 @@ pub(super) fn copy_into(
     x: &CudaStorage,
     out: &CudaStorage,
 ) -> Result<()> {
-    if x.numel() != out.numel() || x.dtype != out.dtype {
-        return Err(derr(
-            op,
-            format!(
-                "cannot copy {} {} into {} {}",
-                x.dtype, x.shape, out.dtype, out.shape
-            ),
-        ));
-    }
+    super::fits_as(op, x, out, true, ("cannot copy", "into"))?;
     let n = x.numel();
     copy_nd(
         rt,

@@ -220,15 +220,13 @@ impl MatmulKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let name = "matmul_t_acc";
-        if c.numel() != out.numel() || c.dtype != out.dtype {
-            return Err(derr(
-                name,
-                format!(
-                    "the accumulator {} {} is not the product's {} {}",
-                    c.dtype, c.shape, out.dtype, out.shape
-                ),
-            ));
-        }
+        super::fits_as(
+            name,
+            c,
+            out,
+            true,
+            ("the accumulator", "is not the product's"),
+        )?;
         let g = Gemm {
             precision,
             ..product_shape(name, a, b, t, batched, out)?

@@ -162,11 +162,22 @@ pub fn last_dim_rows(x: &CudaStorage) -> (usize, usize) {
 /// A typed error unless `out` holds as many elements as `x` (and, with `same_dtype`, its
 /// dtype): the kernels index both with one count.
 fn fits(op: &'static str, x: &CudaStorage, out: &CudaStorage, same_dtype: bool) -> Result<()> {
+    fits_as(op, x, out, same_dtype, ("piece", "does not fit the output"))
+}
+
+/// As [`fits`], the error saying `{lead} x {link} out` (each as its dtype and shape).
+fn fits_as(
+    op: &'static str,
+    x: &CudaStorage,
+    out: &CudaStorage,
+    same_dtype: bool,
+    (lead, link): (&str, &str),
+) -> Result<()> {
     if x.numel() != out.numel() || (same_dtype && x.dtype != out.dtype) {
         return Err(derr(
             op,
             format!(
-                "piece {} {} does not fit the output {} {}",
+                "{lead} {} {} {link} {} {}",
                 x.dtype, x.shape, out.dtype, out.shape
             ),
         ));

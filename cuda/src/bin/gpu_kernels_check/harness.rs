@@ -9,11 +9,34 @@ use oxiflow_cuda::kernel_layer::{download, upload, Block, FloatType};
 use oxiflow_cuda::{device_error as derr, CudaRuntime};
 use oxiflow_tensor::Result;
 
-/// A check's outcome.
-pub(crate) struct Check {
+/// What a check or a timing measured: its name, dtype and shape.
+pub(crate) struct Subject {
     pub(crate) name: String,
     pub(crate) dtype: String,
     pub(crate) shape: String,
+}
+
+impl Subject {
+    fn new(name: &str, dtype: &str, shape: String) -> Subject {
+        Subject {
+            name: name.to_string(),
+            dtype: dtype.to_string(),
+            shape,
+        }
+    }
+    /// The three in the console's columns.
+    fn padded(&self) -> String {
+        format!("{:<34} {:<5} {:<28}", self.name, self.dtype, self.shape)
+    }
+    /// The three as cells of a Markdown table row (without the outer bars).
+    pub(crate) fn cells(&self) -> String {
+        format!("{} | {} | {}", self.name, self.dtype, self.shape)
+    }
+}
+
+/// A check's outcome.
+pub(crate) struct Check {
+    pub(crate) subject: Subject,
     pub(crate) err: f64,
     pub(crate) tol: f64,
     pub(crate) note: String,
@@ -27,9 +50,7 @@ impl Check {
 
 /// A timing's outcome.
 pub(crate) struct Timing {
-    pub(crate) name: String,
-    pub(crate) dtype: String,
-    pub(crate) shape: String,
+    pub(crate) subject: Subject,
     pub(crate) ms: f64,
     pub(crate) rate: f64,
     pub(crate) unit: &'static str,
@@ -71,18 +92,14 @@ impl Report {
         note: impl Into<String>,
     ) {
         let c = Check {
-            name: name.to_string(),
-            dtype: dtype.to_string(),
-            shape,
+            subject: Subject::new(name, dtype, shape),
             err,
             tol,
             note: note.into(),
         };
         println!(
-            "check {:<34} {:<5} {:<28} err {:.3e} tol {:.0e} {} {}",
-            c.name,
-            c.dtype,
-            c.shape,
+            "check {} err {:.3e} tol {:.0e} {} {}",
+            c.subject.padded(),
             c.err,
             c.tol,
             if c.pass() { "PASS" } else { "FAIL" },
@@ -104,11 +121,11 @@ impl Report {
     ) {
         let div = if unit == "GB/s" { 1e9 } else { 1e12 };
         let rate = work / (ms * 1e-3) / div;
-        println!("time  {name:<34} {dtype:<5} {shape:<28} {ms:.4} ms {rate:.1} {unit} (ceiling {ceiling})");
+        let subject = Subject::new(name, dtype, shape);
+        let columns = subject.padded();
+        println!("time  {columns} {ms:.4} ms {rate:.1} {unit} (ceiling {ceiling})");
         self.timings.push(Timing {
-            name: name.to_string(),
-            dtype: dtype.to_string(),
-            shape,
+            subject,
             ms,
             rate,
             unit,

@@ -125,8 +125,12 @@ fn print_table(rep: &Report) {
     for c in &rep.checks {
         let res = if c.pass() { "pass" } else { "FAIL" };
         println!(
-            "| {} | {} | {} | {:.2e} | {:.0e} | {} | {} |",
-            c.name, c.dtype, c.shape, c.err, c.tol, res, c.note
+            "| {} | {:.2e} | {:.0e} | {} | {} |",
+            c.subject.cells(),
+            c.err,
+            c.tol,
+            res,
+            c.note
         );
     }
     if !rep.timings.is_empty() {
@@ -135,8 +139,12 @@ fn print_table(rep: &Report) {
         println!("|---|---|---|---|---|---|");
         for t in &rep.timings {
             println!(
-                "| {} | {} | {} | {:.4} | {:.1} {} | {} |",
-                t.name, t.dtype, t.shape, t.ms, t.rate, t.unit, t.ceiling
+                "| {} | {:.4} | {:.1} {} | {} |",
+                t.subject.cells(),
+                t.ms,
+                t.rate,
+                t.unit,
+                t.ceiling
             );
         }
     }

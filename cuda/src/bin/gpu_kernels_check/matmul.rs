@@ -292,10 +292,36 @@ pub(super) fn ceiling(rt: &Arc<CudaRuntime>, repeats: usize) -> Result<f64> {
     let (a, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(s * s, 1.0))?;
     let (b, _) = Buf::vals(rt, FloatType::Bf16, &rng.vals(s * s, 1.0))?;
     let o = Buf::new(rt, s * s * 2)?;
-    let ms = crate::harness::time_ms(rt, repeats, |_| {
-        lt_matmul(rt, &g, a.ptr(), b.ptr(), o.ptr()).map_err(Into::into)
-    })?;
+    let ms = lt_ms(rt, repeats, &g, [a.ptr(), b.ptr(), o.ptr()])?;
     Ok(2.0 * (s * s * s) as f64 / (ms * 1e-3) / 1e12)
+}
+
+/// Milliseconds a call of the product `g` of the buffers at `[a, b, out]` takes.
+fn lt_ms(
+    rt: &Arc<CudaRuntime>,
+    repeats: usize,
+    g: &LtMatmul,
+    [a, b, out]: [u64; 3],
+) -> Result<f64> {
+    crate::harness::time_ms(rt, repeats, |_| {
+        lt_matmul(rt, g, a, b, out).map_err(Into::into)
+    })
+}
+
+/// Times the bf16 product `g` of the buffers at `ptrs` (a, b, out) and reports it under `what`
+/// (name and shape), `flops` a call, against `ceiling`.
+fn time_product(
+    rt: &Arc<CudaRuntime>,
+    rep: &mut Report,
+    run: &TimingRun,
+    (name, shape): (&str, String),
+    g: &LtMatmul,
+    ptrs: [u64; 3],
+    (flops, ceiling): (f64, String),
+) -> Result<()> {
+    let ms = lt_ms(rt, run.repeats, g, ptrs)?;
+    rep.time(name, "bf16", shape, ms, (flops, "TFLOP/s"), ceiling);
+    Ok(())
 }
 
 pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) -> Result<()> {
@@ -315,17 +341,9 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
     };
     let ceiling = format!("{:.0} TFLOP/s", run.mm);
     let flops = 2.0 * (tokens * h * c) as f64;
-    let ms = crate::harness::time_ms(rt, run.repeats, |_| {
-        lt_matmul(rt, &g, x.ptr(), w.ptr(), out.ptr()).map_err(Into::into)
-    })?;
-    rep.time(
-        "lt fc gelu aux bias",
-        "bf16",
-        format!("{tokens}x{c} @ {c}x{h}"),
-        ms,
-        (flops, "TFLOP/s"),
-        ceiling.clone(),
-    );
+    let what = ("lt fc gelu aux bias", format!("{tokens}x{c} @ {c}x{h}"));
+    let ptrs = [x.ptr(), w.ptr(), out.ptr()];
+    time_product(rt, rep, run, what, &g, ptrs, (flops, ceiling.clone()))?;
     // Weight gradient dW[h, c] += dY^T X with the bias gradient, f32 out.
     let (dw, _) = Buf::vals(rt, FloatType::F32, &rng.vals(h * c, 1.0))?;
     let db = Buf::new(rt, h * 4)?;
@@ -340,16 +358,11 @@ pub(super) fn timings(rt: &Arc<CudaRuntime>, rep: &mut Report, run: &TimingRun) 
         },
         ..base(h, c, tokens, FloatType::Bf16)
     };
-    let ms = crate::harness::time_ms(rt, run.repeats, |_| {
-        lt_matmul(rt, &g, dy.ptr(), x.ptr(), dw.ptr()).map_err(Into::into)
-    })?;
-    rep.time(
+    let what = (
         "lt wgrad beta1 bgrad",
-        "bf16",
         format!("{h}x{tokens} @ {tokens}x{c}"),
-        ms,
-        (flops, "TFLOP/s"),
-        ceiling,
     );
+    let ptrs = [dy.ptr(), x.ptr(), dw.ptr()];
+    time_product(rt, rep, run, what, &g, ptrs, (flops, ceiling))?;
     Ok(())
 }

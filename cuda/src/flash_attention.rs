@@ -118,7 +118,15 @@ fn grid(s: &AttentionShape, smem_floats: usize) -> LaunchConfig {
     }
 }
 
-fn check_grid(op: &'static str, s: &AttentionShape) -> FResult<()> {
+/// The shape of a call that passed its own check (`checked`) and fits the launch grid, and the
+/// kernels of its element type.
+fn prepare(
+    rt: &CudaRuntime,
+    op: &'static str,
+    checked: FResult<()>,
+    s: AttentionShape,
+) -> FResult<(AttentionShape, &'static Module)> {
+    checked?;
     if s.batch * s.heads > i32::MAX as usize || s.seq.div_ceil(BR) > 65535 {
         return Err(super::raw::invalid(
             op,
@@ -128,19 +136,16 @@ fn check_grid(op: &'static str, s: &AttentionShape) -> FResult<()> {
             ),
         ));
     }
-    Ok(())
+    Ok((s, kernels(rt, op, s.dtype)?))
 }
 
 /// The fused attention forward (O and the log-sum-exp) without cuDNN.
 pub fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()> {
     let op = "flash attention forward";
-    a.check(op)?;
-    let s = a.shape;
-    check_grid(op, &s)?;
+    let (s, m) = prepare(rt, op, a.check(op), a.shape)?;
     let d = s.head_dim;
     let bc = tile(BR * d, 2 * d + 1);
     let smem = BR * d + bc * (2 * d + 1);
-    let m = kernels(rt, op, s.dtype)?;
     let f = m.get(
         op,
         &format!("flash_fwd_{}_{}", s.dtype.suffix(), per_lane(d)),
@@ -159,12 +164,9 @@ pub fn forward(rt: &Arc<CudaRuntime>, a: &AttentionForward) -> FResult<()> {
 /// The fused attention backward (dQ, dK, dV) without cuDNN; always deterministic.
 pub fn backward(rt: &Arc<CudaRuntime>, a: &AttentionBackward) -> FResult<()> {
     let op = "flash attention backward";
-    a.check(op)?;
-    let s = a.shape;
-    check_grid(op, &s)?;
+    let (s, m) = prepare(rt, op, a.check(op), a.shape)?;
     let d = s.head_dim;
     let n = s.dtype.suffix();
-    let m = kernels(rt, op, s.dtype)?;
     let rows = s.batch * s.heads * s.seq;
     let dsum_block = Block::alloc(rt, rows * 4)?;
     let dsum = dsum_block.ptr();

@@ -60,12 +60,7 @@ impl Graph {
     ) -> FResult<T> {
         let op = self.op;
         let d = self.desc(K::CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor")?;
-        d.enum_(
-            op,
-            A::CUDNN_ATTR_TENSOR_DATA_TYPE,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            dt as u32,
-        )?;
+        self.data_type(&d, A::CUDNN_ATTR_TENSOR_DATA_TYPE, dt)?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
         d.i64s(op, A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
@@ -106,14 +101,13 @@ impl Graph {
     fn tensor_attr(&self, o: &Desc, attr: A, t: T) -> FResult<()> {
         o.descs(self.op, attr, &[&self.tensors[t.idx]])
     }
+    /// Sets attribute `attr` of `d` to the data type `dt`.
+    fn data_type(&self, d: &Desc, attr: A, dt: Dt) -> FResult<()> {
+        d.enum_(self.op, attr, Ty::CUDNN_TYPE_DATA_TYPE, dt as u32)
+    }
     /// Sets attribute `attr` of `d` to f32, the type its computation runs in.
     fn compute_in_f32(&self, d: &Desc, attr: A) -> FResult<()> {
-        d.enum_(
-            self.op,
-            attr,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            Dt::CUDNN_DATA_FLOAT as u32,
-        )
+        self.data_type(d, attr, Dt::CUDNN_DATA_FLOAT)
     }
     /// Finalizes operation `o` and adds it to the graph, with the finalized `settings`
     /// descriptor it points to (kept alive as long as the graph).
@@ -142,12 +136,7 @@ impl Graph {
             Ty::CUDNN_TYPE_POINTWISE_MODE,
             mode as u32,
         )?;
-        pw.enum_(
-            op,
-            A::CUDNN_ATTR_POINTWISE_MATH_PREC,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            prec as u32,
-        )?;
+        self.data_type(&pw, A::CUDNN_ATTR_POINTWISE_MATH_PREC, prec)?;
         if let Some(a) = axis {
             pw.i64s(op, A::CUDNN_ATTR_POINTWISE_AXIS, &[a])?;
         }

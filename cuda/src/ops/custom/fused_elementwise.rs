@@ -10,6 +10,24 @@ use oxiflow_tensor::custom::{
 };
 use oxiflow_tensor::Result;
 
+/// A typed error unless `got` pieces are the `wanted` ones the program `verb`s (`noun`: inputs
+/// or outputs; `unit`: what the count of pieces got is said in) and at most `max`.
+fn check_arity(
+    name: &'static str,
+    (verb, noun, unit): (&str, &str, &str),
+    wanted: usize,
+    got: usize,
+    max: usize,
+) -> Result<()> {
+    if got != wanted || got > max {
+        return Err(kernel_err(
+            name,
+            format!("the program {verb} {wanted} {noun}, got {got}{unit}"),
+        ));
+    }
+    Ok(())
+}
+
 impl FusedElementwiseKernels for CudaKernels {
     fn fused_elementwise(
         &self,
@@ -24,16 +42,8 @@ impl FusedElementwiseKernels for CudaKernels {
         };
         let out_dims = first.shape.dims().to_vec();
         let dtypes = program.output_dtypes();
-        if out.len() != dtypes.len() || out.len() > MAX_FUSED_OUTPUTS {
-            return Err(kernel_err(
-                name,
-                format!(
-                    "the program writes {} outputs, got {} buffers",
-                    dtypes.len(),
-                    out.len()
-                ),
-            ));
-        }
+        let outputs = ("writes", "outputs", " buffers");
+        check_arity(name, outputs, dtypes.len(), out.len(), MAX_FUSED_OUTPUTS)?;
         let mut outs = [0u64; MAX_FUSED_OUTPUTS];
         for (m, (o, &dt)) in out.iter().zip(&dtypes).enumerate() {
             if o.dtype != dt || o.shape != first.shape {
@@ -47,16 +57,8 @@ impl FusedElementwiseKernels for CudaKernels {
             }
             outs[m] = o.ptr();
         }
-        if x.len() != program.inputs() || x.len() > MAX_FUSED_INPUTS {
-            return Err(kernel_err(
-                name,
-                format!(
-                    "the program reads {} inputs, got {}",
-                    program.inputs(),
-                    x.len()
-                ),
-            ));
-        }
+        let inputs = ("reads", "inputs", "");
+        check_arity(name, inputs, program.inputs(), x.len(), MAX_FUSED_INPUTS)?;
         let mut args = FusedArgs {
             n: first.numel() as i64,
             ndim: out_dims.len().min(FUSED_MAXD) as i32,

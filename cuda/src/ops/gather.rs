@@ -5,7 +5,7 @@ use oxiflow_dtype::DType;
 
 use super::super::copy::fill;
 use super::super::derr;
-use super::super::kernels::{grid, launch, Template};
+use super::super::kernels::{grid, launch, Kernel, Template};
 use super::super::storage::CudaStorage;
 use super::{float_only, lanes, CudaKernels};
 use oxiflow_tensor::backend::{Addressing, Along, GatherKernels};
@@ -21,7 +21,7 @@ fn index_args(
     along: Along,
     numel: usize,
     (dense, data, out): (&CudaStorage, &CudaStorage, &CudaStorage),
-) -> Result<(i64, i64, i64, i64, i64, i32)> {
+) -> Result<Walk> {
     let Along {
         dim,
         addressing,
@@ -63,6 +63,28 @@ fn index_args(
     ))
 }
 
+/// The arguments of an index walk (see [`index_args`]).
+type Walk = (i64, i64, i64, i64, i64, i32);
+
+impl CudaKernels {
+    /// Launches `kernel` over `n` elements (none when `n` is 0) with the walk's arguments and
+    /// the kernel's three pointers.
+    fn walk(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        n: usize,
+        (ni, inn, nd, st, tot, pe): Walk,
+        [p0, p1, p2]: [u64; 3],
+    ) -> Result<()> {
+        if n > 0 {
+            let nn = n as i64;
+            launch!(self.rt, op, kernel, grid(n); nn, ni, inn, nd, st, tot, pe, p0, p1, p2)?;
+        }
+        Ok(())
+    }
+}
+
 impl GatherKernels for CudaKernels {
     fn take(
         &self,
@@ -73,14 +95,9 @@ impl GatherKernels for CudaKernels {
         out: &mut CudaStorage,
     ) -> Result<()> {
         let n = out.numel();
-        let (ni, inn, nxx, st, tot, pe) = index_args(op, ids, along, n, (x, x, out))?;
-        if n > 0 {
-            let nn = n as i64;
-            let (xp, ip, yp) = (x.ptr(), ids.ptr(), out.ptr());
-            let name = Template::Take.at(x.dtype);
-            launch!(self.rt, op, name, grid(n); nn, ni, inn, nxx, st, tot, pe, xp, ip, yp)?;
-        }
-        Ok(())
+        let walk = index_args(op, ids, along, n, (x, x, out))?;
+        let ptrs = [x.ptr(), ids.ptr(), out.ptr()];
+        self.walk(op, Template::Take.at(x.dtype), n, walk, ptrs)
     }
 
     fn put(
@@ -100,14 +117,9 @@ impl GatherKernels for CudaKernels {
             return self.narrow(op, &y32, out);
         }
         let n = src.numel();
-        let (ni, inn, nyy, st, tot, pe) = index_args(op, ids, along, n, (out, src, out))?;
+        let walk = index_args(op, ids, along, n, (out, src, out))?;
         fill(&self.rt, op, src.dtype, out.ptr(), out.numel(), 0.0, 0)?;
-        if n > 0 {
-            let nn = n as i64;
-            let (ip, sp, yp) = (ids.ptr(), src.ptr(), out.ptr());
-            let name = Template::Put.at(src.dtype);
-            launch!(self.rt, op, name, grid(n); nn, ni, inn, nyy, st, tot, pe, ip, sp, yp)?;
-        }
-        Ok(())
+        let ptrs = [ids.ptr(), src.ptr(), out.ptr()];
+        self.walk(op, Template::Put.at(src.dtype), n, walk, ptrs)
     }
 }

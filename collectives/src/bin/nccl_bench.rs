@@ -241,14 +241,7 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
             let counts = vec![nl / p; p];
             let t = time(&cs, iters, trials, &sync, &mut || {
                 pack(&k, &cs, &local, &packed, rp as u64, cols as u64, p as u64);
-                comm.all_to_all_v(
-                    DType::F32,
-                    packed.as_buf(),
-                    &counts,
-                    recv.as_buf_mut(),
-                    &counts,
-                )
-                .expect("all_to_all_v")
+                all_to_all_even(&comm, packed.as_buf(), recv.as_buf_mut(), &counts)
             });
             out("S(0)->S(1) all-to-all", "oxiflow", nl * 4, t, pf);
             let c = nl / p;
@@ -286,14 +279,7 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
                 if let Some(f) = f {
                     (sb, rb) = (sb.with_fence(f), rb.with_fence(f));
                 }
-                comm.all_to_all_v(
-                    DType::F32,
-                    Buf::Device(sb),
-                    &counts,
-                    BufMut::Device(rb),
-                    &counts,
-                )
-                .expect("all_to_all_v")
+                all_to_all_even(&comm, Buf::Device(sb), BufMut::Device(rb), &counts)
             };
             a2a(reg[0].ptr(), reg[1].ptr(), None);
             a2a(reg[2].ptr(), reg[3].ptr(), None);
@@ -325,6 +311,12 @@ fn child(rank: usize, world: usize, addr: &str, token: &str, sizes: &[usize]) {
     comm.barrier().expect("barrier");
 }
 
+/// An f32 all-to-all that sends and receives `counts` (the same list on both sides).
+fn all_to_all_even(comm: &NcclComm, send: Buf<'_>, recv: BufMut<'_>, counts: &[usize]) {
+    comm.all_to_all_v(DType::F32, send, counts, recv, counts)
+        .expect("all_to_all_v")
+}
+
 /// Checks the S(0)->S(1) result once against the host rearrangement of the same data.
 fn check_s0_s1(
     comm: &NcclComm,
@@ -344,14 +336,7 @@ fn check_s0_s1(
     let mut recv = DeviceBytes::from_host(cs, &vec![0xffu8; nl * 4]).expect("alloc");
     pack(k, cs, &local, &packed, rp as u64, cols as u64, p as u64);
     let counts = vec![nl / p; p];
-    comm.all_to_all_v(
-        DType::F32,
-        packed.as_buf(),
-        &counts,
-        recv.as_buf_mut(),
-        &counts,
-    )
-    .expect("a2a");
+    all_to_all_even(comm, packed.as_buf(), recv.as_buf_mut(), &counts);
     comm.synchronize().expect("sync");
     let got = recv.to_host().expect("download");
     let mut expect = Vec::with_capacity(nl);

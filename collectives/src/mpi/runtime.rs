@@ -203,14 +203,11 @@ fn serve(env: &LaunchEnv) -> Result<(StoreServer, String), CommError> {
     } else {
         this_host_address()?
     };
-    let addr = (host.as_str(), env.master_port)
-        .to_socket_addrs()
-        .map_err(|source| CommError::Io {
-            context: format!("mpi bootstrap: resolve {host}"),
-            source,
-        })?
-        .next()
-        .ok_or_else(|| CommError::Env(format!("mpi bootstrap: {host} resolves to no address")))?;
+    let addr = crate::tcp::mesh::resolve(
+        (host.as_str(), env.master_port),
+        format!("mpi bootstrap: resolve {host}"),
+        || CommError::Env(format!("mpi bootstrap: {host} resolves to no address")),
+    )?;
     Ok((StoreServer::bind(addr, token.clone())?, token))
 }
 

@@ -4,7 +4,7 @@
 //! can and tells the others through MPI (feature `mpi`). `OXIFLOW_BACKEND=mpi` builds the MPI
 //! world instead.
 
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use super::TcpComm;
@@ -55,18 +55,15 @@ pub fn init_world(env: &LaunchEnv) -> Result<SharedComm, CommError> {
         ))
     })?;
     let addr = env.store_addr();
-    let master: SocketAddr = addr
-        .to_socket_addrs()
-        .map_err(|source| CommError::Io {
-            context: format!("init_world: resolve MASTER_ADDR:MASTER_PORT {addr}"),
-            source,
-        })?
-        .next()
-        .ok_or_else(|| {
+    let master = super::mesh::resolve(
+        addr.as_str(),
+        format!("init_world: resolve MASTER_ADDR:MASTER_PORT {addr}"),
+        || {
             CommError::Env(format!(
                 "MASTER_ADDR:MASTER_PORT {addr} resolves to no address"
             ))
-        })?;
+        },
+    )?;
     let mut server = None;
     if env.rank == 0 {
         match StoreServer::bind(master, token.to_string()) {

@@ -22,6 +22,19 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> CommError {
     move |source| CommError::Io { context, source }
 }
 
+/// The first address `addr` resolves to; an I/O error under `context` where resolving fails,
+/// `none()` where it gives no address.
+pub(crate) fn resolve(
+    addr: impl ToSocketAddrs,
+    context: String,
+    none: impl FnOnce() -> CommError,
+) -> Result<SocketAddr, CommError> {
+    addr.to_socket_addrs()
+        .map_err(io(context))?
+        .next()
+        .ok_or_else(none)
+}
+
 pub(super) fn hello(nonce: &[u8; NONCE], rank: usize, world: usize) -> [u8; HELLO] {
     let mut h = [0u8; HELLO];
     h[..8].copy_from_slice(HELLO_MAGIC);
@@ -82,14 +95,14 @@ pub(crate) fn build(
 ) -> Result<(Vec<Option<TcpStream>>, [u8; NONCE]), CommError> {
     let op = "tcp bootstrap";
     let deadline = Instant::now() + timeout;
-    let bind: SocketAddr = (bind_host, 0)
-        .to_socket_addrs()
-        .map_err(io(format!("{op}: resolve bind host {bind_host:?}")))?
-        .next()
-        .ok_or_else(|| CommError::InvalidArgument {
+    let bind = resolve(
+        (bind_host, 0),
+        format!("{op}: resolve bind host {bind_host:?}"),
+        || CommError::InvalidArgument {
             op: op.into(),
             detail: format!("bind host {bind_host:?} resolves to no address"),
-        })?;
+        },
+    )?;
     let listener = TcpListener::bind(bind).map_err(io(format!("{op}: listen on {bind}")))?;
     let local = listener
         .local_addr()

@@ -263,31 +263,30 @@ impl Links {
         flush_pending(l, op, peer).map(|_| ())
     }
 
-    /// Runs `sends` and `recvs` to completion (messages to/from one peer go in slice order),
-    /// calling `progress` whenever bytes arrived. Fails after `timeout` naming the peers whose
-    /// messages are incomplete.
-    pub fn run(
+    /// `f` on the connections, unless an earlier failure left them unusable (a `Mismatch` of
+    /// `op` then); a failure of `f` leaves them unusable.
+    pub fn guarded<R>(
         &mut self,
         op: &str,
-        sends: &mut [SendOp<'_>],
-        recvs: &mut [RecvOp<'_>],
-        timeout: Duration,
-        progress: &mut dyn FnMut(&[RecvOp<'_>]) -> Result<(), CommError>,
-    ) -> Result<(), CommError> {
+        f: impl FnOnce(&mut Links) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
         if let Some(b) = &self.broken {
             return Err(CommError::Mismatch {
                 op: op.to_string(),
                 detail: format!("the connections are unusable after an earlier failure: {b}"),
             });
         }
-        let res = self.run_inner(op, sends, recvs, timeout, progress);
+        let res = f(self);
         if let Err(e) = &res {
             self.broken = Some(e.to_string());
         }
         res
     }
 
-    fn run_inner(
+    /// Runs `sends` and `recvs` to completion (messages to/from one peer go in slice order),
+    /// calling `progress` whenever bytes arrived. Fails after `timeout` naming the peers whose
+    /// messages are incomplete. Run it `guarded`: a failure may leave messages half written.
+    pub fn run(
         &mut self,
         op: &str,
         sends: &mut [SendOp<'_>],

@@ -329,36 +329,28 @@ impl TcpComm {
             return None;
         }
         let mut links = lock(&self.world.links);
-        if let Some(b) = &links.broken {
-            return Some(Err(CommError::Mismatch {
-                op: self.name(name),
-                detail: format!("the connections are unusable after an earlier failure: {b}"),
-            }));
-        }
-        let fds = links
-            .links
-            .iter()
-            .map(|l| l.as_ref().map(|l| l.stream.as_raw_fd()))
-            .collect();
-        let mut st = plane.state();
-        let mut call = Call::new(
-            plane,
-            &mut st,
-            &self.ranks,
-            self.me,
-            self.group.id,
-            seq,
-            op,
-            group_id(check),
-            self.name(name),
-            self.world.timeout,
-            fds,
-        );
-        let r = f(&mut call);
-        if let Err(e) = &r {
-            links.broken = Some(e.to_string());
-        }
-        Some(r)
+        Some(links.guarded(&self.name(name), |links| {
+            let fds = links
+                .links
+                .iter()
+                .map(|l| l.as_ref().map(|l| l.stream.as_raw_fd()))
+                .collect();
+            let mut st = plane.state();
+            let mut call = Call::new(
+                plane,
+                &mut st,
+                &self.ranks,
+                self.me,
+                self.group.id,
+                seq,
+                op,
+                group_id(check),
+                self.name(name),
+                self.world.timeout,
+                fds,
+            );
+            f(&mut call)
+        }))
     }
 
     fn run(
@@ -369,7 +361,10 @@ impl TcpComm {
         recvs: &mut [RecvOp<'_>],
         progress: &mut dyn FnMut(&[RecvOp<'_>]) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        links.run(&self.name(name), sends, recvs, self.world.timeout, progress)
+        let op = self.name(name);
+        links.guarded(&op, |l| {
+            l.run(&op, sends, recvs, self.world.timeout, progress)
+        })
     }
 
     /// The other members' parts, each with its member's world rank: `lo` holds the parts of

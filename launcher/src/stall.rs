@@ -366,26 +366,37 @@ mod tests {
 
     const ALL: &[usize] = &[0, 1, 2];
 
-    /// Rank `rank`'s heartbeat at 10 s: its last call is all-reduce `seq` of all three ranks,
-    /// in `state` since `started`.
-    fn all_reduce_at(rank: usize, seq: u64, state: FlightState, started: u64) -> Option<Heartbeat> {
-        Some(beat(
-            rank,
-            10_000,
-            &[(ALL, seq, "all_reduce", None, state, started)],
-        ))
+    /// The three ranks' heartbeats at 10 s, rank `r` from `calls[r]` = (seq, state, started):
+    /// its last call is all-reduce `seq` of all three ranks, in `state` since `started`.
+    fn all_reduce_beats(calls: [(u64, FlightState, u64); 3]) -> Vec<Option<Heartbeat>> {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (seq, state, started))| {
+                Some(beat(
+                    rank,
+                    10_000,
+                    &[(ALL, seq, "all_reduce", None, state, started)],
+                ))
+            })
+            .collect()
+    }
+
+    /// `find_behind` after 3 s, checked to name exactly one rank.
+    fn one_behind(beats: &[Option<Heartbeat>]) -> Vec<Behind> {
+        let found = find_behind(beats, Duration::from_secs(3));
+        assert_eq!(found.len(), 1, "{found:?}");
+        found
     }
 
     #[test]
     fn a_frozen_ranks_own_wait_names_nobody() {
         // Rank 2 froze inside call 5; rank 1 never entered it. Only rank 2 "waits" there.
-        let beats = vec![
-            all_reduce_at(0, 5, FlightState::Finished, 5_000),
-            all_reduce_at(1, 4, FlightState::Finished, 4_000),
-            all_reduce_at(2, 5, FlightState::Started, 5_000),
-        ];
-        let found = find_behind(&beats, Duration::from_secs(3));
-        assert_eq!(found.len(), 1, "{found:?}");
+        let found = one_behind(&all_reduce_beats([
+            (5, FlightState::Finished, 5_000),
+            (4, FlightState::Finished, 4_000),
+            (5, FlightState::Started, 5_000),
+        ]));
         assert_eq!(found[0].waiters, vec![2]);
         assert!(without_frozen_waiters(found.clone(), |r| r == 2).is_empty());
         assert_eq!(without_frozen_waiters(found, |r| r == 0).len(), 1);
@@ -393,13 +404,12 @@ mod tests {
 
     #[test]
     fn names_the_rank_that_has_not_entered_the_call() {
-        let beats = vec![
-            all_reduce_at(0, 5, FlightState::Started, 5_000),
-            all_reduce_at(1, 4, FlightState::Finished, 4_000),
-            all_reduce_at(2, 5, FlightState::Started, 6_000),
-        ];
-        let found = find_behind(&beats, Duration::from_secs(3));
-        assert_eq!(found.len(), 1, "{found:?}");
+        let beats = all_reduce_beats([
+            (5, FlightState::Started, 5_000),
+            (4, FlightState::Finished, 4_000),
+            (5, FlightState::Started, 6_000),
+        ]);
+        let found = one_behind(&beats);
         let b = &found[0];
         assert_eq!((b.rank, b.seq, b.waiters.clone()), (1, 5, vec![0, 2]));
         assert_eq!(b.waited, Duration::from_secs(5));
@@ -408,9 +418,7 @@ mod tests {
         ));
         // A short wait names nobody; nor does a group whose members are all in the call.
         assert!(find_behind(&beats, Duration::from_secs(6)).is_empty());
-        let level: Vec<_> = (0..3)
-            .map(|r| all_reduce_at(r, 5, FlightState::Started, 5_000))
-            .collect();
+        let level = all_reduce_beats([0, 1, 2].map(|_| (5, FlightState::Started, 5_000)));
         assert!(find_behind(&level, Duration::from_secs(1)).is_empty());
     }
 
@@ -425,8 +433,7 @@ mod tests {
             )),
             None,
         ];
-        let found = find_behind(&beats, Duration::from_secs(3));
-        assert_eq!(found.len(), 1);
+        let found = one_behind(&beats);
         assert_eq!(found[0].last_entered, None);
         assert!(found[0]
             .line()

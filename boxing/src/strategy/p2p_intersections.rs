@@ -278,41 +278,44 @@ fn exchange_one_way<P: LocalPiece>(
     (send_counts, recv_counts): (&[usize], &[usize]),
 ) -> Result<(), CommError> {
     let es = dtype.size();
-    let outside = |what: &str, at: usize, n: usize, len: usize| CommError::InvalidArgument {
+    let outside = |what: &str, r: &Range<usize>, len: usize| CommError::InvalidArgument {
         op: "one-way exchange".into(),
         detail: format!(
-            "{what} bytes {at}..{} outside a buffer of {len}",
-            at + n * es
+            "{what} bytes {}..{} outside a buffer of {len}",
+            r.start, r.end
         ),
     };
     let buf = send.as_buf();
-    let mut at = 0;
-    for (peer, &n) in send_counts.iter().enumerate() {
-        if n > 0 {
-            let part = buf
-                .slice(at..at + n * es)
-                .ok_or_else(|| outside("send", at, n, buf.len_bytes()))?;
-            world
-                .one_way(members[me], members[peer])?
-                .send(dtype, part, 1)?;
-        }
-        at += n * es;
+    for (peer, r) in peer_ranges(send_counts, es) {
+        let part = buf
+            .slice(r.clone())
+            .ok_or_else(|| outside("send", &r, buf.len_bytes()))?;
+        world
+            .one_way(members[me], members[peer])?
+            .send(dtype, part, 1)?;
     }
     let mut buf = recv.as_buf_mut();
     let len = buf.len_bytes();
-    let mut at = 0;
-    for (peer, &n) in recv_counts.iter().enumerate() {
-        if n > 0 {
-            let part = buf
-                .slice_mut(at..at + n * es)
-                .ok_or_else(|| outside("receive", at, n, len))?;
-            world
-                .one_way(members[peer], members[me])?
-                .recv(dtype, part, 0)?;
-        }
-        at += n * es;
+    for (peer, r) in peer_ranges(recv_counts, es) {
+        let part = buf
+            .slice_mut(r.clone())
+            .ok_or_else(|| outside("receive", &r, len))?;
+        world
+            .one_way(members[peer], members[me])?
+            .recv(dtype, part, 0)?;
     }
     Ok(())
+}
+
+/// The peers with data in a buffer holding `counts[peer]` elements of `es` bytes for each peer
+/// in order, with the byte range of each one's part.
+fn peer_ranges(counts: &[usize], es: usize) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+    let mut at = 0;
+    counts.iter().enumerate().filter_map(move |(peer, &n)| {
+        let range = at..at + n * es;
+        at = range.end;
+        (n > 0).then_some((peer, range))
+    })
 }
 
 fn missing(step: &Step, me: usize) -> BoxingError {

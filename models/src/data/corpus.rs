@@ -107,11 +107,8 @@ impl Corpus {
         source: CorpusSource,
         tokenizer: &Tokenizer,
     ) -> Result<Corpus, DataError> {
-        Ok(Corpus::new(
-            tokenizer.encode(text)?,
-            tokenizer.vocab(),
-            source,
-        ))
+        // UTF-8 text encodes as its bytes do (`Tokenizer::encode_bytes`).
+        Corpus::from_bytes(text.as_bytes(), source, tokenizer)
     }
 
     /// A file's bytes through `tokenizer` (`Tokenizer::encode_bytes`).

@@ -34,6 +34,11 @@ fn count(flag: &str, v: usize) -> Result<usize, TrainError> {
     checked(flag, v as u64, checks::positive).map(|_| v)
 }
 
+/// A finite value above 0, or an error naming `flag`.
+fn positive_float(flag: &str, v: f64) -> Result<f64, TrainError> {
+    checked(flag, v, checks::positive_finite)
+}
+
 /// `--bucket-mb` (0: no buckets); at most 1 TiB.
 fn bucket_mb(mb: Option<f64>) -> Result<f64, TrainError> {
     let mb = checked("--bucket-mb", mb.unwrap_or(25.0), checks::non_negative)?;
@@ -84,24 +89,12 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         seed: m.seed.unwrap_or(0),
         kv_heads: m.kv_heads.map(|k| count("--kv-heads", k)).transpose()?,
         ffn_width: m.ffn_width.map(|f| count("--ffn-width", f)).transpose()?,
-        rope_theta: checked(
-            "--rope-theta",
-            m.rope_theta.unwrap_or(10000.0),
-            checks::positive_finite,
-        )?,
-        norm_eps: checked(
-            "--norm-eps",
-            m.norm_eps.unwrap_or(1e-5),
-            checks::positive_finite,
-        )?,
+        rope_theta: positive_float("--rope-theta", m.rope_theta.unwrap_or(10000.0))?,
+        norm_eps: positive_float("--norm-eps", m.norm_eps.unwrap_or(1e-5))?,
         tie_embeddings: m.tie_embeddings,
         from_hf: path("--from-hf", &m.from_hf)?,
         lora_rank: m.lora_rank.map(|r| count("--lora-rank", r)).transpose()?,
-        lora_alpha: checked(
-            "--lora-alpha",
-            m.lora_alpha.unwrap_or(8.0),
-            checks::positive_finite,
-        )?,
+        lora_alpha: positive_float("--lora-alpha", m.lora_alpha.unwrap_or(8.0))?,
         lora_targets: m.lora_targets.clone(),
         lora_dropout: checked(
             "--lora-dropout",
@@ -148,11 +141,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
     let optimizer = o
         .optimizer
         .unwrap_or(if gpt { Opt::Adamw } else { Opt::Sgd });
-    let lr = checked(
-        "--lr",
-        o.lr.unwrap_or(if gpt { 5e-3 } else { 0.05 }),
-        checks::positive_finite,
-    )?;
+    let lr = positive_float("--lr", o.lr.unwrap_or(if gpt { 5e-3 } else { 0.05 }))?;
     let r = &f.run;
     let steps = checked(
         "--steps",
@@ -178,7 +167,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         )?,
         clip_grad: o
             .clip_grad
-            .map(|c| checked("--clip-grad", c, checks::positive_finite))
+            .map(|c| positive_float("--clip-grad", c))
             .transpose()?,
         grad_accum: count("--grad-accum", o.grad_accum.unwrap_or(1))?,
         bucket_mb: bucket_mb(o.bucket_mb)?,
@@ -203,7 +192,7 @@ pub(super) fn resolve(f: Flags, explicit: BTreeSet<String>) -> Result<TrainConfi
         overwrite: r.overwrite,
         peak_tflops: r
             .peak_tflops
-            .map(|v| checked("--peak-tflops", v, checks::positive_finite))
+            .map(|v| positive_float("--peak-tflops", v))
             .transpose()?,
         on_nonfinite: r.on_nonfinite.unwrap_or(NonFiniteArg::Stop),
         loss_spike_factor: checked(

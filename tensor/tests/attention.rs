@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::attention::{composed, nz, repeated};
+use common::attention::{composed, gqa_dims, nz, repeated, GqaDims};
 use common::{
     assert_grad_matches_fd, nd_sbp, on_ranks, placement, small_meshes_either_way, vals,
     weighted_sum, Tol,
@@ -25,6 +25,24 @@ const F: DType = DType::F64;
 
 fn arr(x: &Tensor) -> ArrayD<f64> {
     x.cast(F).unwrap().to_ndarray::<f64>().unwrap()
+}
+
+/// The softmax of query row `i` over the keys it sees (all `s`, the first `i + 1` when
+/// `causal`) of the scores `scale * sum_e qk(j, e)` (key `j`, head element `e`), and the row's
+/// log-sum-exp.
+fn softmax_row(
+    (i, s, causal): (usize, usize, bool),
+    d: usize,
+    scale: f64,
+    qk: impl Fn(usize, usize) -> f64,
+) -> (Vec<f64>, f64) {
+    let live = if causal { i + 1 } else { s };
+    let sc: Vec<f64> = (0..live)
+        .map(|j| scale * (0..d).map(|e| qk(j, e)).sum::<f64>())
+        .collect();
+    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+    (sc.iter().map(|x| (x - m).exp() / z).collect(), m + z.ln())
 }
 
 /// The naive formula on `[B, T, H, D]` operands: o `[B, T, H, Dv]`, lse `[B, H, T]` and, for
@@ -47,19 +65,11 @@ fn naive(q: &Tensor, k: &Tensor, v: &Tensor, d_o: &Tensor, causal: bool, scale: 
     for bi in 0..b {
         for hi in 0..h {
             for i in 0..t {
-                let live = if causal { i + 1 } else { s };
-                let sc: Vec<f64> = (0..live)
-                    .map(|j| {
-                        scale
-                            * (0..d)
-                                .map(|e| q[[bi, i, hi, e]] * k[[bi, j, hi, e]])
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
-                lse[[bi, hi, i]] = m + z.ln();
-                let p: Vec<f64> = sc.iter().map(|x| (x - m).exp() / z).collect();
+                let (p, row_lse) = softmax_row((i, s, causal), d, scale, |j, e| {
+                    q[[bi, i, hi, e]] * k[[bi, j, hi, e]]
+                });
+                lse[[bi, hi, i]] = row_lse;
+                let live = p.len();
                 for e in 0..dv {
                     o[[bi, i, hi, e]] = (0..live).map(|j| p[j] * v[[bi, j, hi, e]]).sum();
                 }
@@ -416,19 +426,14 @@ proptest! {
 
     #[test]
     fn global_layouts_equal_the_composed_reference(
-        b in 1usize..4,
-        g in 1usize..4,
-        group in 1usize..3,
-        t in 1usize..5,
-        s in 1usize..5,
-        d in 1usize..4,
-        causal: bool,
+        dims in gqa_dims(1..4, 1..5, 1..5, 1..4, 1..3, 1..4),
         mesh in small_meshes_either_way(),
         sbp_seeds: [u64; 3],
         perm_seed: u64,
     ) {
         // H = group x G query heads over G key/value heads (group 1: multi-head).
-        let (s, h) = (if causal { t } else { s }, g * group);
+        let GqaDims { b, t, s, g, group, d, causal } = dims;
+        let h = dims.h();
         let p = placement(&mesh, perm_seed);
         let sbps: Vec<NdSbp> = sbp_seeds.iter().map(|&z| nd_sbp(mesh.len(), 4, z, true)).collect();
         let shapes = [vec![b, t, h, d], vec![b, s, g, d], vec![b, s, g, d + 1]];
@@ -490,24 +495,10 @@ fn naive_probs(q: &Tensor, k: &Tensor, causal: bool, scale: f64) -> Vec<f64> {
     for bi in 0..b {
         for hi in 0..h {
             for i in 0..t {
-                let live = if causal { i + 1 } else { s };
-                let scores: Vec<f64> = (0..s)
-                    .map(|j| {
-                        scale
-                            * (0..d)
-                                .map(|e| q[[bi, hi, i, e]] * k[[bi, hi, j, e]])
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let m = scores[..live].iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = scores[..live].iter().map(|x| (x - m).exp()).sum();
-                probs.extend((0..s).map(|j| {
-                    if j < live {
-                        (scores[j] - m).exp() / z
-                    } else {
-                        0.0
-                    }
-                }));
+                let (p, _) = softmax_row((i, s, causal), d, scale, |j, e| {
+                    q[[bi, hi, i, e]] * k[[bi, hi, j, e]]
+                });
+                probs.extend((0..s).map(|j| p.get(j).copied().unwrap_or(0.0)));
             }
         }
     }

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::attention::{composed, nz, repeated};
+use common::attention::{composed, gqa_dims, nz, repeated, GqaDims};
 use common::{placement, vals, weighted_sum};
 use oxiflow_ops::attention::{flash_attention, flash_attention_lse};
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor, TensorError};
@@ -99,17 +99,11 @@ proptest! {
 
     #[test]
     fn grouped_heads_equal_repeated_heads_on_one_rank(
-        b in 1usize..3,
-        t in 1usize..80,
-        s in 1usize..80,
-        g in 1usize..4,
-        group in 1usize..5,
-        d in 1usize..6,
+        dims in gqa_dims(1..3, 1..80, 1..80, 1..4, 1..5, 1..6),
         dv in 1usize..6,
-        causal: bool,
         seed in 0u64..1000,
     ) {
-        let s = if causal { t } else { s };
+        let GqaDims { b, t, s, g, group, d, causal } = dims;
         let (x, r) = operands([b, t, s, g, group, d, dv], seed);
         let scale = 1.0 / (d as f64).sqrt();
         let want = reference(&x, &r, group, causal, scale);

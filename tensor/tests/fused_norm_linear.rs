@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nd_sbp, one_mesh_of, placement, ranks_match, saved_count, vals};
+use common::{assert_vals_close, nd_sbp, one_mesh_of, placement, ranks_match, saved_count, vals};
 use oxiflow_ops::linear::linear;
 use oxiflow_ops::linear::Activation;
 use oxiflow_ops::residual_layer_norm::{residual_layer_norm, residual_layer_norm_stats};
@@ -15,16 +15,6 @@ use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
 use proptest::prelude::*;
 
 const F: DType = DType::F64;
-
-fn close(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-10 * (1.0 + b.abs()),
-            "{what}[{i}]: {a} vs {b}"
-        );
-    }
-}
 
 /// `sum(r * cr) + sum(y * cy)` of the fused op (or the composed one), either term optional.
 fn residual_loss(
@@ -91,7 +81,7 @@ fn residual_layer_norm_equals_add_then_layer_norm() {
         let want = residual_case(&make, &[3, 4, 6], false, use_r, use_y, &vals);
         let got = residual_case(&make, &[3, 4, 6], true, use_r, use_y, &vals);
         for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-            close(
+            assert_vals_close(
                 g,
                 w,
                 &format!("output {k} (r used {use_r}, y used {use_y})"),
@@ -103,9 +93,9 @@ fn residual_layer_norm_equals_add_then_layer_norm() {
     let (r, y, mean, rstd) = residual_layer_norm_stats(&x, &x, &w, &w, 1e-5).unwrap();
     assert_eq!(mean.shape().dims(), &[2, 1]);
     let (y2, m2, s2) = r.layer_norm_stats(&w, &w, 1e-5).unwrap();
-    close(&vals(&y), &vals(&y2), "y");
-    close(&vals(&mean), &vals(&m2), "mean");
-    close(&vals(&rstd), &vals(&s2), "rstd");
+    assert_vals_close(&vals(&y), &vals(&y2), "y");
+    assert_vals_close(&vals(&mean), &vals(&m2), "mean");
+    assert_vals_close(&vals(&rstd), &vals(&s2), "rstd");
 }
 
 #[test]
@@ -194,7 +184,7 @@ fn linear_equals_matmul_add_gelu() {
             let want = linear_case(&make, (2, 5, 4), act, bias, false, &vals);
             let got = linear_case(&make, (2, 5, 4), act, bias, true, &vals);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                close(g, w, &format!("{act:?} bias {bias} output {i}"));
+                assert_vals_close(g, w, &format!("{act:?} bias {bias} output {i}"));
             }
         }
     }

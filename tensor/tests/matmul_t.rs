@@ -6,20 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{boxed_from_b, ordered_placement, vals};
+use common::{assert_outputs_close, assert_vals_close, boxed_from_b, ordered_placement, vals};
 use oxiflow_tensor::{run_ranks, DType, DeviceType, NdSbp, Placement, Sbp, Tensor};
 
 const F: DType = DType::F64;
-
-fn assert_close(a: &[f64], b: &[f64], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
-            "{what}: {x} vs {y}"
-        );
-    }
-}
 
 /// Stored shapes of (a, b) for op(a) [.., m, k] @ op(b) [.., k, n].
 fn stored(
@@ -76,7 +66,7 @@ fn local_matmul_t_equals_transposes() {
             let got = run(&a, &b, &w, ta, tb, true);
             let want = run(&a, &b, &w, ta, tb, false);
             for (j, what) in ["value", "grad a", "grad b"].iter().enumerate() {
-                assert_close(
+                assert_vals_close(
                     &got[j],
                     &want[j],
                     &format!("{batch:?} ta {ta} tb {tb}: {what}"),
@@ -90,9 +80,7 @@ fn local_matmul_t_equals_transposes() {
     let w = Tensor::randn([2, 3, 5], 3, F);
     let got = run(&a, &b, &w, false, true, true);
     let want = run(&a, &b, &w, false, true, false);
-    for j in 0..3 {
-        assert_close(&got[j], &want[j], "3-d a, transposed b");
-    }
+    assert_outputs_close(&got, &want, "3-d a, transposed b");
 }
 
 #[test]
@@ -133,13 +121,7 @@ fn global_matmul_t_equals_local() {
                     run(&g(&a, xa), &g(&b, xb), &g(&w, Sbp::B), ta, tb, true)
                 });
                 for r in got {
-                    for j in 0..3 {
-                        assert_close(
-                            &r[j],
-                            &want[j],
-                            &format!("ta {ta} tb {tb} a {xa:?} b {xb:?}"),
-                        );
-                    }
+                    assert_outputs_close(&r, &want, &format!("ta {ta} tb {tb} a {xa:?} b {xb:?}"));
                 }
             }
         }
@@ -189,9 +171,7 @@ fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
             );
             let got = run_acc(ops, (ta, tb), true);
             let want = run_acc(ops, (ta, tb), false);
-            for j in 0..4 {
-                assert_close(&got[j], &want[j], &format!("{batch:?} {ta} {tb}: {j}"));
-            }
+            assert_outputs_close(&got, &want, &format!("{batch:?} {ta} {tb}"));
         }
     }
     // Global, on 2 ranks and on a 2x2 mesh: x [m, k] @ w [n, k]^T + acc (a linear layer's
@@ -260,13 +240,7 @@ fn matmul_t_acc_equals_the_product_plus_the_accumulator() {
             run_acc(ops, (false, true), true)
         });
         for r in got {
-            for j in 0..4 {
-                assert_close(
-                    &r[j],
-                    &want[j],
-                    &format!("{mesh:?} {sa:?} {sb:?} {sc:?}: {j}"),
-                );
-            }
+            assert_outputs_close(&r, &want, &format!("{mesh:?} {sa:?} {sb:?} {sc:?}"));
         }
     }
     // An accumulator of another shape or dtype is an error.

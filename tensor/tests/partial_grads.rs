@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{boxed_from_b, ordered_placement, vals};
+use common::{assert_vals_close, boxed_from_b, ordered_placement, vals};
 use oxiflow_ops::linear::linear;
 use oxiflow_ops::linear::Activation;
 use oxiflow_tensor::{run_ranks, DType, NdSbp, Sbp, Tensor};
@@ -83,21 +83,11 @@ fn grads(x: &Tensor, p: &[Tensor]) -> (Vec<f64>, Vec<f64>) {
     (joint, sum)
 }
 
-fn assert_close(a: &[f64], b: &[f64], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}");
-    for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
-            "{what}: {x} vs {y}"
-        );
-    }
-}
-
 #[test]
 fn a_shared_input_s_gradient_equals_the_sum_of_its_consumers_gradients() {
     let x = Tensor::randn([4, 6, 8], 1, F);
     let (joint, sum) = grads(&x, &params());
-    assert_close(&joint, &sum, "local");
+    assert_vals_close(&joint, &sum, "local");
     // Meshes: x split on the batch (data parallel) or broadcast with the weights split on
     // their output features (tensor parallel: x's gradient partial), on 2 ranks and 2x2.
     let cases: [(&[usize], NdSbp, [NdSbp; 3]); 3] = [
@@ -142,8 +132,8 @@ fn a_shared_input_s_gradient_equals_the_sum_of_its_consumers_gradients() {
             grads(&g(&Tensor::randn([4, 6, 8], 1, F), &sx), &p)
         });
         for (j, s) in got {
-            assert_close(&j, &s, &format!("{mesh:?} x {sx:?} w {sw:?}"));
-            assert_close(
+            assert_vals_close(&j, &s, &format!("{mesh:?} x {sx:?} w {sw:?}"));
+            assert_vals_close(
                 &j,
                 &sum,
                 &format!("{mesh:?} x {sx:?} w {sw:?} against local"),

@@ -8,7 +8,10 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{nd_sbp, on_ranks, placed, randn_leaf, small_meshes, vals, weighted_sum, whole};
+use common::{
+    assert_vals_close, nd_sbp, on_ranks, placed, randn_leaf, small_meshes, vals, weighted_sum,
+    whole,
+};
 use oxiflow_tensor::{no_grad, recompute, DType, NdSbp, Result, Tensor};
 use proptest::prelude::*;
 
@@ -18,13 +21,6 @@ const F: DType = DType::F64;
 fn block(x: &Tensor, w1: &Tensor, w2: &Tensor, g: &Tensor) -> Result<Tensor> {
     let h = x.matmul(w1)?.gelu()?.matmul(w2)?;
     x.add(&h)?.rms_norm(g, 1e-5)
-}
-
-fn close(a: &[f64], b: &[f64]) {
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        assert!((x - y).abs() <= 1e-10 * (1.0 + y.abs()), "{x} vs {y}");
-    }
 }
 
 #[test]
@@ -50,7 +46,7 @@ fn local_block_equals_the_plain_block() {
         block(&xs[0], &c1, &c2, &cg)
     })
     .unwrap();
-    close(&vals(&y), &vals(&plain));
+    assert_vals_close(&vals(&y), &vals(&plain), "y");
     assert_eq!(y.grad_fn_name().as_deref(), Some("recompute"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     weighted_sum(&y, &r).backward().unwrap();
@@ -60,7 +56,7 @@ fn local_block_equals_the_plain_block() {
         "the backward reruns the block"
     );
     for (t, w) in [&x, &w1, &w2, &g].iter().zip(&want) {
-        close(&vals(&t.grad().unwrap()), w);
+        assert_vals_close(&vals(&t.grad().unwrap()), w, "grad");
     }
 }
 
@@ -82,7 +78,7 @@ fn parameters_only_and_no_grad_paths() {
         .unwrap()
         .backward()
         .unwrap();
-    close(&got, &vals(&w.grad().unwrap()));
+    assert_vals_close(&got, &vals(&w.grad().unwrap()), "w grad");
     // Under no_grad it is a plain call with no history.
     let _ng = no_grad();
     let cw = w.clone();
@@ -112,12 +108,12 @@ fn nested_blocks_and_two_backwards() {
     let _keep = wb;
     let loss = y.sum_all().unwrap();
     loss.backward_retaining().unwrap();
-    close(&vals(&x.grad().unwrap()), &gx);
-    close(&vals(&w.grad().unwrap()), &gw);
+    assert_vals_close(&vals(&x.grad().unwrap()), &gx, "x grad");
+    assert_vals_close(&vals(&w.grad().unwrap()), &gw, "w grad");
     // A second backward through the retained graph accumulates the same gradients again.
     loss.backward().unwrap();
     let twice: Vec<f64> = gw.iter().map(|v| 2.0 * v).collect();
-    close(&vals(&w.grad().unwrap()), &twice);
+    assert_vals_close(&vals(&w.grad().unwrap()), &twice, "w grad twice");
     // That one released the saved block inputs: a third is a typed error naming the node.
     let err = loss.backward().unwrap_err().to_string();
     assert!(

@@ -1,7 +1,11 @@
-//! Attention test operands and references: never-zero values, the composed attention on
-//! `[B, T, H, D]` operands and key/value heads repeated to the query heads.
+//! Attention test operands and references: the sizes the attention property tests draw,
+//! never-zero values, the composed attention on `[B, T, H, D]` operands and key/value heads
+//! repeated to the query heads.
+
+use std::ops::Range;
 
 use oxiflow_tensor::{DType, Tensor};
+use proptest::prelude::*;
 
 use super::vals;
 
@@ -42,4 +46,45 @@ pub fn repeated(x: &Tensor, group: usize) -> Tensor {
         .unwrap()
         .reshape([b, s, g * group, d])
         .unwrap()
+}
+
+/// The sizes of one grouped-query attention case: q `[b, t, group x g, d]` over k
+/// `[b, s, g, d]`; `s` equals `t` when `causal`.
+#[derive(Clone, Copy, Debug)]
+pub struct GqaDims {
+    pub b: usize,
+    pub t: usize,
+    pub s: usize,
+    pub g: usize,
+    pub group: usize,
+    pub d: usize,
+    pub causal: bool,
+}
+
+impl GqaDims {
+    /// The query heads: `group` per key/value head.
+    pub fn h(&self) -> usize {
+        self.g * self.group
+    }
+}
+
+/// [`GqaDims`] drawn from the ranges of each size and either `causal` (which then takes the
+/// drawn `t` for `s`).
+pub fn gqa_dims(
+    b: Range<usize>,
+    t: Range<usize>,
+    s: Range<usize>,
+    g: Range<usize>,
+    group: Range<usize>,
+    d: Range<usize>,
+) -> impl Strategy<Value = GqaDims> {
+    (b, t, s, g, group, d, any::<bool>()).prop_map(|(b, t, s, g, group, d, causal)| GqaDims {
+        b,
+        t,
+        s: if causal { t } else { s },
+        g,
+        group,
+        d,
+        causal,
+    })
 }

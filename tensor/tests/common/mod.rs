@@ -194,6 +194,27 @@ pub fn assert_close(got: &ArrayD<f32>, want: &ArrayD<f32>, what: &str) {
     }
 }
 
+/// Asserts `got` equals `want` element by element within a relative 1e-10 (`what` names the
+/// values in the message).
+pub fn assert_vals_close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-10 * (1.0 + b.abs()),
+            "{what}[{i}]: {a} vs {b}"
+        );
+    }
+}
+
+/// Asserts each of the outputs `got` equals the same one of `want` ([`assert_vals_close`]),
+/// as many of them.
+pub fn assert_outputs_close(got: &[Vec<f64>], want: &[Vec<f64>], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: outputs");
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_vals_close(g, w, &format!("{what}: output {j}"));
+    }
+}
+
 /// Whether every rank's outputs (`got[rank][output]`) equal the one-rank values `want[output]`
 /// within a relative 1e-9; the first difference otherwise.
 pub fn ranks_match(got: &[Vec<Vec<f64>>], want: &[Vec<f64>]) -> Result<(), String> {

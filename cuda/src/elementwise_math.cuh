@@ -98,12 +98,11 @@ __device__ __forceinline__ float  m_inf(float)  { return __int_as_float(0x7f8000
 __device__ __forceinline__ double m_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
 
 template <typename T> __device__ T un_f(int op, T x) {
-    const T zero = (T)0, one = (T)1, half = (T)0.5;
-    const T c = (T)0.7978845608028654, k = (T)0.044715;
+    const T zero = (T)0, one = (T)1;
     switch (op) {
         case 0: return -x;
         case 1: return x > zero ? x : zero;
-        case 2: return half * x * (one + m_tanh(c * (x + k * x * x * x)));
+        case 2: return gelu_of(x);
         case 3: return m_exp(x);
         case 4: return m_log(x);
         case 5: return m_tanh(x);
@@ -124,12 +123,10 @@ __device__ i64 un_i(int op, i64 x) {
 // dx from dy and what the forward saved: x, or for exp, tanh and sigmoid (3, 5, 6) y.
 template <typename T> __device__ T unb_f(int op, T g, T x) {
     const T zero = (T)0, one = (T)1, half = (T)0.5, two = (T)2;
-    const T c = (T)0.7978845608028654, k = (T)0.044715, k3 = (T)(3.0 * 0.044715);
     switch (op) {
         case 0: return -g;
         case 1: return x > zero ? g : zero;
-        case 2: { T t = m_tanh(c * (x + k * x * x * x));
-                  return g * (half * (one + t) + half * x * (one - t * t) * c * (one + k3 * x * x)); }
+        case 2: return gelu_grad(g, x);
         case 3: return g * x;
         case 4: return g / x;
         case 5: return g * (one - x * x);

@@ -434,18 +434,13 @@ __device__ void row_scale(i64 rows, int c, int vec, const T* x, const float* s, 
 
 // ---- vectorised element-wise --------------------------------------------------------------
 // op 0: y = a + b; 1: y = a b; 2: y = a c; 3: y = gelu(a); 4: y = a gelu'(b) (a = dy, b = x).
-// GELU is the tanh form of the tensor crate's `gelu`.
 __device__ __forceinline__ float ew_f(int op, float a, float b, float c) {
-    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
     switch (op) {
         case 0: return a + b;
         case 1: return a * b;
         case 2: return a * c;
-        case 3: return 0.5f * a * (1.f + tanhf(k0 * (a + k1 * a * a * a)));
-        default: {
-            const float t = tanhf(k0 * (b + k1 * b * b * b));
-            return a * (0.5f * (1.f + t) + 0.5f * b * (1.f - t * t) * k0 * (1.f + 3.f * k1 * b * b));
-        }
+        case 3: return gelu_of(a);
+        default: return gelu_grad(a, b);
     }
 }
 template <typename T>

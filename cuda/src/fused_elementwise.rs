@@ -119,7 +119,10 @@ fn literal(ty: &str, c: f64) -> String {
 /// The CUDA source of `program` with its inputs read as `reaches` say: one kernel
 /// `fused_elementwise(FusedArgs)`.
 pub(crate) fn source(program: &FusedProgram, reaches: &[Reach]) -> Result<String, String> {
-    let mut s = String::from(include_str!("elementwise_math.cuh"));
+    let mut s = String::from(concat!(
+        include_str!("gelu.cuh"),
+        include_str!("elementwise_math.cuh")
+    ));
     s.push_str(ARGS_DECL);
     s.push_str("extern \"C\" __global__ void fused_elementwise(FusedArgs a) {\n");
     s.push_str("    GRID_LOOP(i, a.n) {\n");

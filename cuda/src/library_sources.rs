@@ -31,6 +31,7 @@ macro_rules! elementwise_part {
                 "#define OXI_PART ",
                 $p,
                 "\n",
+                include_str!("gelu.cuh"),
                 include_str!("elementwise_math.cuh"),
                 include_str!("source.cu")
             ),
@@ -72,6 +73,7 @@ pub(crate) const FUSED: LibrarySource = LibrarySource {
     text: concat!(
         include_str!("device_types.cuh"),
         include_str!("block_reduce.cuh"),
+        include_str!("gelu.cuh"),
         include_str!("fused.cu")
     ),
 };

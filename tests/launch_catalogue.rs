@@ -11,7 +11,7 @@ mod gdb;
 use common::argv;
 
 use std::io::BufRead;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,10 +27,7 @@ struct Watched {
 
 impl Watched {
     fn start(mut cmd: Command) -> Watched {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start");
+        let mut child = common::spawn_piped(&mut cmd).expect("start");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
         let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());

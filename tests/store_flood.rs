@@ -8,12 +8,12 @@ mod common;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{argv, binaries, launch, ok};
+use common::{argv, binaries, launch, ok, spawn_piped};
 
 const TRAIN_ARGS: &[&str] = &["--model", "mlp", "--steps", "400", "--log-every", "100"];
 /// Connections held open by each of the `FLOODERS` threads: together more than the store's
@@ -83,18 +83,16 @@ fn a_job_finishes_with_the_right_loss_under_a_connection_flood() {
     let go = dir.join("go");
     // Each worker waits for the go file, so the flood is in place before any rank rendezvous.
     let gate = r#"go=$1; shift; while [ ! -e "$go" ]; do sleep 0.01; done; exec "$@""#;
-    let mut job = Command::new(oflaunch)
-        .args(argv("--nproc-per-node 4 --backend cpu --timeout 60"))
-        .args(["--master-port", &port.to_string()])
-        .args(["/bin/sh", "-c", gate, "gate"])
-        .arg(&go)
-        .arg(train)
-        .args(TRAIN_ARGS)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut job = spawn_piped(
+        Command::new(oflaunch)
+            .args(argv("--nproc-per-node 4 --backend cpu --timeout 60"))
+            .args(["--master-port", &port.to_string()])
+            .args(["/bin/sh", "-c", gate, "gate"])
+            .arg(&go)
+            .arg(train)
+            .args(TRAIN_ARGS),
+    )
+    .unwrap();
     let t0 = Instant::now();
     while TcpStream::connect(addr).is_err() {
         assert!(

@@ -16,7 +16,7 @@ use common::argv;
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The longest a case may take.
@@ -60,12 +60,7 @@ struct Ended {
 /// Runs `cmd` to its end, killing it after `limit` (then `code` is None and `took` >= limit).
 fn run_limited(mut cmd: Command, limit: Duration) -> Ended {
     let start = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the program");
+    let mut child = common::spawn_piped(&mut cmd).expect("start the program");
     let pipe = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut s = String::new();

@@ -68,12 +68,12 @@ fn finish(mut child: std::process::Child, limit: Duration) -> Output {
 
 #[test]
 fn two_nodes_in_namespaces_train_like_one_node() {
-    let ns = match NetPair::create("oxt", "10.78.0") {
-        Ok(ns) => ns,
-        Err(e) => {
-            eprintln!("SKIP two_nodes_in_namespaces_train_like_one_node: cannot create network namespaces: {e}");
-            return;
-        }
+    let Some(ns) = NetPair::create_or_skip(
+        "oxt",
+        "10.78.0",
+        "two_nodes_in_namespaces_train_like_one_node",
+    ) else {
+        return;
     };
     let args = argv("--model mlp --dp 2 --tp 2 --steps 50 --log-every 1 --seed 3");
     let single = curve(&ok(launch(4, &args)));

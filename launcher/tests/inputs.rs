@@ -188,18 +188,7 @@ fn a_log_dir_on_a_full_disk_is_reported_with_a_non_zero_exit() {
     // /dev/full as a rank's log file: every write fails with ENOSPC.
     let dir = scratch("full");
     std::os::unix::fs::symlink("/dev/full", dir.join("rank_1.stdout")).unwrap();
-    let r = oflaunch(
-        &[
-            "--nproc-per-node",
-            "2",
-            "--log-dir",
-            dir.to_str().unwrap(),
-            WORKER,
-            "print",
-            "5",
-        ],
-        T,
-    );
+    let r = two_printers_logged("--log-dir", &dir, T);
     assert_eq!(r.code(), 1, "{}", r.stderr);
     says(&r, "rank 1's stdout log");
     says(&r, "No space left on device");

@@ -154,9 +154,27 @@ fn a_stopped_rank_ends_the_job_within_a_second_of_naming_it() {
     assert_gone(pids);
 }
 
-/// A notice of a long wait: read between 10 s (less a little for the clocks) and 10 s plus a
-/// margin for load after `started`, and the process ended when its limit (12 s) came.
-fn assert_said_at_10_s(r: &Finished, started: Instant, notice: &str) {
+/// The flags of node `node_rank` of a two-node job with its store at `port` and a 12 s limit.
+fn two_node_flags<'a>(node_rank: &'a str, port: &'a str) -> [&'a str; 8] {
+    [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        node_rank,
+        "--master-port",
+        port,
+        "--timeout",
+        "12",
+    ]
+}
+
+/// Runs `run` and asserts it exited with `code` having said a notice of a long wait: read
+/// between 10 s (less a little for the clocks) and 10 s plus a margin for load after the
+/// start, and the process ended when its limit (12 s) came. The finished run.
+fn run_saying_at_10_s(code: i32, notice: &str, run: impl FnOnce() -> Finished) -> Finished {
+    let started = Instant::now();
+    let r = run();
+    assert_eq!(r.code(), code, "{}", r.stderr);
     let at = r
         .line_at(notice)
         .unwrap_or_else(|| panic!("no notice {notice:?}:\n{}", r.stderr))
@@ -178,6 +196,7 @@ fn assert_said_at_10_s(r: &Finished, started: Instant, notice: &str) {
     );
     let notices = r.stderr.lines().filter(|l| l.contains(notice)).count();
     assert_eq!(notices, 1, "one notice in 12 s:\n{}", r.stderr);
+    r
 }
 
 /// A test worker started by hand as `rank` of `world` with a 12 s `OXIFLOW_TIMEOUT`.
@@ -201,13 +220,10 @@ fn rank_by_hand(rank: usize, world: usize, port: u16, args: &[&str]) -> Finished
 #[test]
 fn a_rank_without_a_store_says_what_it_waits_for_every_10_s() {
     let port = free_port();
-    let started = Instant::now();
-    let r = rank_by_hand(1, 2, port, &["allreduce", "1"]);
-    assert_eq!(r.code(), 3, "{}", r.stderr);
-    assert_said_at_10_s(
-        &r,
-        started,
+    let r = run_saying_at_10_s(
+        3,
         &format!("rank 1 of 2: waiting for the rendezvous store at 127.0.0.1:{port}, which does not answer (transport error: tcp connect error: Connection refused"),
+        || rank_by_hand(1, 2, port, &["allreduce", "1"]),
     );
     says(&r, "of at most 12 s (OXIFLOW_TIMEOUT)");
     says(
@@ -219,13 +235,10 @@ fn a_rank_without_a_store_says_what_it_waits_for_every_10_s() {
 #[test]
 fn a_rank_waiting_for_the_others_to_join_says_so_every_10_s() {
     let port = free_port();
-    let started = Instant::now();
-    let r = rank_by_hand(0, 3, port, &["allreduce", "1"]);
-    assert_eq!(r.code(), 3, "{}", r.stderr);
-    assert_said_at_10_s(
-        &r,
-        started,
+    let r = run_saying_at_10_s(
+        3,
         "waiting for rank(s) [1, 2] of 3 to join the job at the store",
+        || rank_by_hand(0, 3, port, &["allreduce", "1"]),
     );
     says(
         &r,
@@ -237,28 +250,14 @@ fn a_rank_waiting_for_the_others_to_join_says_so_every_10_s() {
 fn node_0_waiting_for_a_missing_node_says_so_every_10_s() {
     let dir = scratch("missing_node");
     let port = free_port().to_string();
-    let started = Instant::now();
-    let r = oflaunch(
-        &[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "0",
-            "--master-port",
-            &port,
-            "--timeout",
-            "12",
-        ]
-        .into_iter()
-        .chain([WORKER, "env", dir.to_str().unwrap()])
-        .collect::<Vec<_>>(),
-        T,
-    );
-    assert_eq!(r.code(), 2, "{}", r.stderr);
-    assert_said_at_10_s(
-        &r,
-        started,
+    let args = two_node_flags("0", &port);
+    let r = run_saying_at_10_s(
+        2,
         &format!("oflaunch on node 0: waiting for node(s) [1] of 2 to join at 127.0.0.1:{port}"),
+        || {
+            let worker = [WORKER, "env", dir.to_str().unwrap()];
+            oflaunch(&args.into_iter().chain(worker).collect::<Vec<_>>(), T)
+        },
     );
     says(&r, "of at most 12 s (--timeout)");
     says(&r, "timed out after 12s waiting for node(s) [1] to join");
@@ -269,27 +268,17 @@ fn node_0_waiting_for_a_missing_node_says_so_every_10_s() {
 fn a_node_waiting_for_node_0_says_so_every_10_s() {
     let dir = scratch("missing_node_0");
     let port = free_port().to_string();
-    let started = Instant::now();
-    let args = [
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master-port",
-        &port,
-        "--timeout",
-        "12",
-    ];
-    let mut cmd = Command::new(OFLAUNCH);
-    cmd.args(args)
-        .args([WORKER, "env", dir.to_str().unwrap()])
-        .env("OXIFLOW_TOKEN", "catalogue-token");
-    let r = start(cmd).finish(T);
-    assert_eq!(r.code(), 2, "{}", r.stderr);
-    assert_said_at_10_s(
-        &r,
-        started,
+    let args = two_node_flags("1", &port);
+    let r = run_saying_at_10_s(
+        2,
         &format!("oflaunch on node 1: waiting for the rendezvous store at 127.0.0.1:{port}, which does not answer"),
+        || {
+            let mut cmd = Command::new(OFLAUNCH);
+            cmd.args(args)
+                .args([WORKER, "env", dir.to_str().unwrap()])
+                .env("OXIFLOW_TOKEN", "catalogue-token");
+            start(cmd).finish(T)
+        },
     );
     says(&r, "cannot reach the store at");
 }
@@ -320,23 +309,12 @@ fn oflaunch_waiting_for_workers_to_exit_says_which_every_10_s() {
         "{at:?}\n{}",
         r.stderr
     );
-    assert!(
-        r.stderr
-            .contains(") to exit after SIGTERM; waited 10 s of at most 22 s (--grace-period"),
-        "{}",
-        r.stderr
+    says(
+        &r,
+        ") to exit after SIGTERM; waited 10 s of at most 22 s (--grace-period",
     );
-    assert!(
-        r.stderr
-            .contains("still running 12s after SIGTERM; sending SIGKILL"),
-        "{}",
-        r.stderr
-    );
-    assert!(
-        r.ended - started < Duration::from_secs(16),
-        "{:?}",
-        r.ended - started
-    );
+    says(&r, "still running 12s after SIGTERM; sending SIGKILL");
+    ended_within(&r, started, Duration::from_secs(16));
 }
 
 /// A rank behind in a collective is named when the others have waited 3 s, then again every
@@ -396,11 +374,7 @@ fn an_error_every_rank_hit_alike_is_printed_once_with_the_ranks() {
             r.stderr
         );
     }
-    assert!(
-        r.ended - started < Duration::from_secs(5),
-        "{:?}",
-        r.ended - started
-    );
+    ended_within(&r, started, Duration::from_secs(5));
 }
 
 /// One rank fails while the others run on: its line is printed once as `[rank 2] ...`, the
@@ -469,7 +443,7 @@ fn a_mistyped_program_names_each_folder_once_and_the_close_name() {
         own.join("examples").display()
     );
     assert_eq!(r.stderr, want);
-    assert!(r.ended - started < Duration::from_secs(5));
+    ended_within(&r, started, Duration::from_secs(5));
 }
 
 /// oflaunch's environment is checked like its flags, before anything starts: each bad value is

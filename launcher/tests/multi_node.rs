@@ -59,12 +59,9 @@ fn loopback_node(
 
 #[test]
 fn two_nodes_in_network_namespaces_rendezvous_and_exchange() {
-    let pair = match NetPair::create("ofl", "10.77.0") {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("SKIP two_nodes_in_network_namespaces: cannot create namespaces: {e}");
-            return;
-        }
+    let Some(pair) = NetPair::create_or_skip("ofl", "10.77.0", "two_nodes_in_network_namespaces")
+    else {
+        return;
     };
     let dir = scratch("netns");
     let d = dir.to_str().unwrap();
@@ -307,15 +304,23 @@ fn until_node_0_is_done(node0: &Running, node1: &Running) {
     }
 }
 
+/// Two nodes whose workers all succeed (node 1's 3 s after node 0's), node 0's oflaunch
+/// stopped by SIGSTOP once its workers are done and node 1's run: (node 0, node 1, node 0's
+/// oflaunch pid).
+fn node_0_stopped_when_done() -> (Running, Running, i32) {
+    let (node0, node1) = two_script_nodes("if [ \"$NODE_RANK\" = 1 ]; then sleep 3; fi; exit 0");
+    until_node_0_is_done(&node0, &node1);
+    let node0_pid = node0.child.id() as i32;
+    signal(&[node0_pid], libc::SIGSTOP);
+    (node0, node1, node0_pid)
+}
+
 /// Node 0's oflaunch (and its store) freezes near the end while every worker of both nodes
 /// succeeds: node 1 keeps offering its news, saying so every 10 s, and once node 0 resumes both
 /// exit 0, each within a second of the resume.
 #[test]
 fn nodes_agree_when_node_0_freezes_near_the_end() {
-    let (node0, node1) = two_script_nodes("if [ \"$NODE_RANK\" = 1 ]; then sleep 3; fi; exit 0");
-    until_node_0_is_done(&node0, &node1);
-    let node0_pid = node0.child.id() as i32;
-    signal(&[node0_pid], libc::SIGSTOP);
+    let (node0, node1, node0_pid) = node_0_stopped_when_done();
     node1.wait_line("waiting for node 0's store at", T);
     signal(&[node0_pid], libc::SIGCONT);
     let resumed = std::time::Instant::now();
@@ -343,10 +348,7 @@ fn nodes_agree_when_node_0_freezes_near_the_end() {
 /// succeeds, saying it could not report, within seconds of node 0's end (not at --timeout).
 #[test]
 fn a_node_whose_workers_finished_survives_a_store_that_is_gone() {
-    let (node0, node1) = two_script_nodes("if [ \"$NODE_RANK\" = 1 ]; then sleep 3; fi; exit 0");
-    until_node_0_is_done(&node0, &node1);
-    let node0_pid = node0.child.id() as i32;
-    signal(&[node0_pid], libc::SIGSTOP);
+    let (node0, node1, node0_pid) = node_0_stopped_when_done();
     std::thread::sleep(Duration::from_secs(5));
     signal(&[node0_pid], libc::SIGKILL);
     let killed = std::time::Instant::now();

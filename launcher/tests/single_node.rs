@@ -160,18 +160,7 @@ fn workers_ignoring_sigterm_are_killed_after_the_grace_period() {
 fn log_dir_files_and_quiet_console() {
     let dir = scratch("logs");
     let logs = dir.join("logs");
-    let r = oflaunch(
-        &[
-            "--nproc-per-node",
-            "2",
-            "--log_dir",
-            logs.to_str().unwrap(),
-            WORKER,
-            "print",
-            "5",
-        ],
-        T,
-    );
+    let r = two_printers_logged("--log_dir", &logs, T);
     assert_eq!(r.code(), 0, "stderr:\n{}", r.stderr);
     assert!(
         !r.stdout.contains("[rank"),

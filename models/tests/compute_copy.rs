@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{batch, bits, on_mesh, tiny_gpt};
+use common::{bits, on_mesh, step_batch, tiny_gpt, window_tokens};
 use oxiflow_dtype::{DType, MixedPrecision};
 use oxiflow_models::nn::gpt::{Gpt, GptConfig, GptLayout, Pass};
 use oxiflow_models::nn::Module;
@@ -18,11 +18,8 @@ use oxiflow_tensor::{no_grad, Tensor};
 
 const STEPS: u64 = 3;
 
-fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
-    (0..b * (t + 1))
-        .map(|i| ((i as u64 * 5 + step * 11 + i as u64 / 3) % vocab as u64) as i64)
-        .collect()
-}
+/// The pattern of the token ids the steps train on ([`window_tokens`]).
+const TOKENS: (u64, u64, u64) = (5, 11, 3);
 
 /// Losses and final parameters (as bits) of `STEPS` steps on `mesh` (None: local) with ZeRO
 /// `stage` gathering updated shards in buckets of `gather` bytes (0: each alone); `cast_path`
@@ -42,10 +39,9 @@ fn train(
                 Zero::new(stage, 0).unwrap().with_gather_bytes(gather)
             })
             .unwrap();
-        let (b, t) = (4, cfg.seq_len);
         let mut losses = Vec::new();
         for s in 0..STEPS {
-            let (x, y) = batch(tokens(b, t, cfg.vocab, s), b, t, &placement);
+            let (x, y) = step_batch(&cfg, s, TOKENS, &placement);
             opt.zero_grad();
             let loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
             loss.backward().unwrap();
@@ -120,7 +116,7 @@ fn a_replaced_leaf_is_never_computed_with_a_stale_copy() {
         .set_precision(&MixedPrecision::bf16_mixed(DType::F32).unwrap())
         .unwrap();
     let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
-    let ids = Tensor::from_vec(tokens(2, 4, 16, 0), [2, 5]).unwrap();
+    let ids = Tensor::from_vec(window_tokens(2, 4, 16, 0, TOKENS), [2, 5]).unwrap();
     let (x, y) = (ids.narrow(1, 0, 4).unwrap(), ids.narrow(1, 1, 4).unwrap());
     model
         .loss(&x, &y, Pass::Train { step: 0 })

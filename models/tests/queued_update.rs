@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{batch, bits, on_mesh, tiny_gpt};
+use common::{bits, on_mesh, step_batch, tiny_gpt, window_tokens};
 use oxiflow_dtype::DType;
 use oxiflow_models::nn::gpt::Pass;
 use oxiflow_models::nn::Module;
@@ -18,11 +18,8 @@ use oxiflow_tensor::Tensor;
 
 const STEPS: u64 = 3;
 
-fn tokens(b: usize, t: usize, vocab: usize, step: u64) -> Vec<i64> {
-    (0..b * (t + 1))
-        .map(|i| ((i as u64 * 7 + step * 13 + i as u64 / 5) % vocab as u64) as i64)
-        .collect()
-}
+/// The pattern of the token ids the steps train on ([`window_tokens`]).
+const TOKENS: (u64, u64, u64) = (7, 13, 5);
 
 /// How a step's update is made.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,10 +54,9 @@ fn train(
         let mut opt = AdamW::new(model.parameters(), AdamWOptions::default())
             .with_zero(zero)
             .unwrap();
-        let (b, t) = (4, cfg.seq_len);
         let mut out = Vec::new();
         for s in 0..STEPS {
-            let (x, y) = batch(tokens(b, t, cfg.vocab, s), b, t, &placement);
+            let (x, y) = step_batch(&cfg, s, TOKENS, &placement);
             opt.zero_grad();
             let mut loss = model.loss(&x, &y, Pass::Train { step: s }).unwrap();
             if let (Some(f), true) = (poison, s == STEPS - 1) {
@@ -141,7 +137,8 @@ fn an_unread_step_with_a_non_finite_norm_gives_the_host_clip_factor_s_nan() {
 fn a_queued_update_is_dropped_by_discard_and_apply() {
     let (model, cfg) = tiny_gpt(&None, DType::F32, 5);
     let mut opt = AdamW::new(model.parameters(), AdamWOptions::default());
-    let ids = Tensor::from_vec(tokens(2, cfg.seq_len, cfg.vocab, 0), [2, 9]).unwrap();
+    let ids =
+        Tensor::from_vec(window_tokens(2, cfg.seq_len, cfg.vocab, 0, TOKENS), [2, 9]).unwrap();
     let (x, y) = (ids.narrow(1, 0, 8).unwrap(), ids.narrow(1, 1, 8).unwrap());
     let before: Vec<Vec<u64>> = model
         .parameters()

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
 /// Runs the cargo that runs the tests with `args` in the repository root.
@@ -371,20 +371,25 @@ pub struct Job {
     stderr: std::thread::JoinHandle<String>,
 }
 
-/// Starts `oflaunch --nproc-per-node N --backend cpu train ARGS`.
-pub fn start_job(nproc: usize, train_args: &[&str]) -> Job {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    let (oflaunch, train) = binaries();
-    let mut child = Command::new(oflaunch)
-        .args(["--nproc-per-node", &nproc.to_string(), "--backend", "cpu"])
-        .arg(train)
-        .args(train_args)
-        .stdin(Stdio::null())
+/// `cmd` started with no stdin, its stdout and stderr piped to this process.
+pub fn spawn_piped(cmd: &mut Command) -> std::io::Result<Child> {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start oflaunch");
+}
+
+/// Starts `oflaunch --nproc-per-node N --backend cpu train ARGS`.
+pub fn start_job(nproc: usize, train_args: &[&str]) -> Job {
+    use std::io::BufRead;
+    let (oflaunch, train) = binaries();
+    let mut child = spawn_piped(
+        Command::new(oflaunch)
+            .args(["--nproc-per-node", &nproc.to_string(), "--backend", "cpu"])
+            .arg(train)
+            .args(train_args),
+    )
+    .expect("start oflaunch");
     let out = child.stdout.take().expect("stdout");
     let mut err = child.stderr.take().expect("stderr");
     let (tx, lines) = std::sync::mpsc::channel();

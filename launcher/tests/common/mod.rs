@@ -306,6 +306,21 @@ pub fn assert_gone(pids: impl IntoIterator<Item = i32>) {
     }
 }
 
+/// Runs two test workers printing 5 lines each with their logs in `dir`, named by `log_flag`
+/// (`--log-dir` or its alias `--log_dir`); `timeout` bounds the run.
+pub fn two_printers_logged(log_flag: &str, dir: &Path, timeout: Duration) -> Finished {
+    let dir = dir.to_str().unwrap();
+    let args = ["--nproc-per-node", "2", log_flag, dir, WORKER, "print", "5"];
+    oflaunch(&args, timeout)
+}
+
+/// Fails unless the run ended within `limit` of `started`.
+#[track_caller]
+pub fn ended_within(r: &Finished, started: Instant, limit: Duration) {
+    let took = r.ended - started;
+    assert!(took < limit, "ended after {took:?}, want under {limit:?}");
+}
+
 /// Fails unless the run's stderr contains `text` (showing the stderr).
 #[track_caller]
 pub fn says(r: &Finished, text: &str) {

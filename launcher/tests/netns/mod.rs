@@ -57,6 +57,14 @@ impl NetPair {
         }
         Ok(pair)
     }
+
+    /// [`NetPair::create`], or None after a line saying the test `test` is skipped where the
+    /// namespaces cannot be created.
+    pub fn create_or_skip(prefix: &str, subnet: &str, test: &str) -> Option<NetPair> {
+        NetPair::create(prefix, subnet)
+            .map_err(|e| eprintln!("SKIP {test}: cannot create network namespaces: {e}"))
+            .ok()
+    }
 }
 
 impl Drop for NetPair {

@@ -56,6 +56,37 @@ pub fn tiny_gpt(placement: &Option<Placement>, dtype: DType, seed: u64) -> (Gpt,
     (model, cfg)
 }
 
+/// The ids of `b` windows of `t` + 1 tokens below `vocab` at step `step`: token `i` is
+/// `(i * mul + step * step_mul + i / div) % vocab`, `(mul, step_mul, div)` a suite's pattern.
+pub fn window_tokens(
+    b: usize,
+    t: usize,
+    vocab: usize,
+    step: u64,
+    (mul, step_mul, div): (u64, u64, u64),
+) -> Vec<i64> {
+    (0..b * (t + 1))
+        .map(|i| ((i as u64 * mul + step * step_mul + i as u64 / div) % vocab as u64) as i64)
+        .collect()
+}
+
+/// The inputs and targets of step `step` of the GPT `cfg`: 4 windows of its length, their
+/// tokens by `pattern` ([`window_tokens`]), split over the data axis of `placement`.
+pub fn step_batch(
+    cfg: &GptConfig,
+    step: u64,
+    pattern: (u64, u64, u64),
+    placement: &Option<Placement>,
+) -> (Tensor, Tensor) {
+    let (b, t) = (4, cfg.seq_len);
+    batch(
+        window_tokens(b, t, cfg.vocab, step, pattern),
+        b,
+        t,
+        placement,
+    )
+}
+
 /// The inputs and targets of `b` windows of `t` + 1 tokens `ids`, split over the data axis
 /// of `placement`.
 pub fn batch(ids: Vec<i64>, b: usize, t: usize, placement: &Option<Placement>) -> (Tensor, Tensor) {

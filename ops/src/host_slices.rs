@@ -10,9 +10,7 @@ use half::{bf16, f16};
 use ndarray::ArrayD;
 use oxiflow_dtype::DType;
 use oxiflow_tensor::backend::ElementwiseKernels;
-use oxiflow_tensor::{
-    CpuArray, CpuBackend, KernelFn, KernelIo, Result, TensorElement, TensorError,
-};
+use oxiflow_tensor::{CpuArray, CpuBackend, KernelFn, KernelIo, Result, TensorElement};
 
 use crate::kernel_io::io_arrays;
 
@@ -177,8 +175,28 @@ pub(crate) fn wide_arrays<const I: usize, const N: usize>(
     })
 }
 
-pub(crate) fn kernel_err(op: &'static str, detail: String) -> TensorError {
-    TensorError::Kernel { op, detail }
+pub(crate) use oxiflow_tensor::backend::kernel_err;
+
+/// Input `i` as an array of `T`.
+pub(crate) fn input_array<'a, T: TensorElement>(
+    op: &'static str,
+    x: &'a [&'a CpuArray],
+    i: usize,
+) -> Result<&'a ArrayD<T>> {
+    x.get(i)
+        .and_then(|a| T::view(a))
+        .ok_or_else(|| kernel_err(op, format!("input {i} is not {}", T::DTYPE)))
+}
+
+/// Output `i` as an array of `T`.
+pub(crate) fn output_array<'a, T: TensorElement>(
+    op: &'static str,
+    out: &'a mut [CpuArray],
+    i: usize,
+) -> Result<&'a mut ArrayD<T>> {
+    out.get_mut(i)
+        .and_then(|o| T::view_mut(o))
+        .ok_or_else(|| kernel_err(op, format!("output {i} is not {}", T::DTYPE)))
 }
 
 /// Input `i` as a row-major slice of `T`.
@@ -187,10 +205,7 @@ pub(crate) fn input<'a, T: TensorElement + Copy>(
     x: &'a [&'a CpuArray],
     i: usize,
 ) -> Result<Cow<'a, [T]>> {
-    let a = x
-        .get(i)
-        .and_then(|a| T::view(a))
-        .ok_or_else(|| kernel_err(op, format!("input {i} is not {}", T::DTYPE)))?;
+    let a = input_array::<T>(op, x, i)?;
     Ok(match a.as_slice() {
         Some(s) => Cow::Borrowed(s),
         None => Cow::Owned(a.iter().copied().collect()),
@@ -204,10 +219,7 @@ pub(crate) fn output<'a, T: TensorElement>(
     i: usize,
     n: usize,
 ) -> Result<&'a mut [T]> {
-    let a: &mut ArrayD<T> = out
-        .get_mut(i)
-        .and_then(|o| T::view_mut(o))
-        .ok_or_else(|| kernel_err(op, format!("output {i} is not {}", T::DTYPE)))?;
+    let a = output_array::<T>(op, out, i)?;
     let got = a.len();
     a.as_slice_mut()
         .filter(|s| s.len() == n)

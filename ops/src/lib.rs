@@ -9,6 +9,7 @@ pub mod adamw;
 pub mod argmax;
 pub mod attention;
 pub mod classifier;
+mod composing_backend;
 pub mod context_parallel;
 mod cpu_dispatch;
 pub mod decode;

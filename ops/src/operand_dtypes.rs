@@ -1,6 +1,7 @@
-//! What the element-wise fused ops share about dtypes: the check that every operand has one
-//! float dtype, and their kernel table (the CPU kernel for f32, f64 and bf16, the CUDA kernel
-//! for those and f16); and the element type cuBLASLt and the fused attention take for a dtype.
+//! What the fused ops share about dtypes: the check that every operand has one float dtype,
+//! and their kernel tables (for the element-wise ops the CPU kernel for f32, f64 and bf16, the
+//! CUDA kernel for those and f16); and the element type cuBLASLt and the fused attention take
+//! for a dtype.
 
 use oxiflow_cuda::kernel_layer::FloatType;
 use oxiflow_cuda::{device_error, CudaKernels};
@@ -39,6 +40,41 @@ pub(crate) fn kernels_for<O: ExternOp>(
 ) -> Kernels {
     cpu_and_cuda((dtypes, cpu), (dtypes, cuda))
 }
+
+/// The kernel table of a kernel `$run` generic over the backend, for inputs of `$dtypes`: on
+/// the CPU with 16-bit data through f32 ([`wide_kernel`](crate::host_slices::wide_kernel)),
+/// and on CUDA.
+macro_rules! generic_kernels {
+    ($dtypes:expr, $run:ident) => {
+        $crate::operand_dtypes::kernels_for(
+            $dtypes,
+            |op: &_,
+             b: &oxiflow_tensor::CpuBackend,
+             io: oxiflow_tensor::KernelIo<'_, oxiflow_tensor::CpuBackend>| {
+                $crate::host_slices::wide_kernel(op, b, io, $run)
+            },
+            $run::<oxiflow_cuda::CudaKernels>,
+        )
+    };
+}
+
+/// Declares the calling module's kernel tables `FORWARD` (its `cpu::forward` and
+/// `cuda::forward`) and `BACKWARD` (`cpu::backward` and `cuda::backward`), each built by the
+/// table function `$table` of this module with the arguments `$arg` before the two kernels.
+macro_rules! forward_backward_kernels {
+    ($table:ident($($arg:expr),*)) => {
+        static FORWARD: std::sync::LazyLock<oxiflow_tensor::Kernels> =
+            std::sync::LazyLock::new(|| {
+                $crate::operand_dtypes::$table($($arg,)* cpu::forward, cuda::forward)
+            });
+        static BACKWARD: std::sync::LazyLock<oxiflow_tensor::Kernels> =
+            std::sync::LazyLock::new(|| {
+                $crate::operand_dtypes::$table($($arg,)* cpu::backward, cuda::backward)
+            });
+    };
+}
+
+pub(crate) use {forward_backward_kernels, generic_kernels};
 
 /// The kernel table of op type `O`: `cpu` for inputs of `cpu_dtypes`, `cuda` with the scratch
 /// buffers `scratch` declares for inputs of `cuda_dtypes`.

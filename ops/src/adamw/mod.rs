@@ -19,6 +19,7 @@ mod step;
 
 use std::sync::LazyLock;
 
+use crate::op_signature::kernels_without_gradient;
 use crate::operand_dtypes::kernels_for;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{RuleMode, Shape};
@@ -81,12 +82,7 @@ impl ExternOp for AdamPart {
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         self.meta(s, d, mode)
     }
-    fn kernels(&self) -> &Kernels {
-        &PASS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some(NO_GRADIENT)
-    }
+    kernels_without_gradient!(PASS, NO_GRADIENT);
 }
 
 impl ExternOp for AdamWMulti {
@@ -103,10 +99,5 @@ impl ExternOp for AdamWMulti {
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         self.meta(s, d, mode)
     }
-    fn kernels(&self) -> &Kernels {
-        &MULTI
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some(NO_GRADIENT)
-    }
+    kernels_without_gradient!(MULTI, NO_GRADIENT);
 }

@@ -12,7 +12,7 @@ mod cuda;
 
 use std::sync::LazyLock;
 
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -53,10 +53,5 @@ impl ExternOp for ArgMax {
         let r = rules::arg_reduce(x.ndim() - 1, x, mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, DType::I64))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("an index has no gradient")
-    }
+    kernels_without_gradient!(KERNELS, "an index has no gradient");
 }

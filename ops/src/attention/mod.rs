@@ -22,18 +22,18 @@
 mod cpu;
 mod cuda;
 
-use std::sync::LazyLock;
-
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Sbp, Shape};
 use oxiflow_tensor::{
-    dispatch_multi, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result,
-    Saves, Tensor, TensorError,
+    dispatch_multi, Extern, ExternOp, Grad, Inferred, MetaError, MetaResult, Result, Saves, Tensor,
+    TensorError,
 };
 
 use crate::dispatch_outputs::dispatch_pair;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{kernels_for, one_float_dtype, FLOATS};
+use crate::op_signature::{
+    kernels_first_output_differentiable, kernels_without_gradient, op_signature,
+};
+use crate::operand_dtypes::{forward_backward_kernels, one_float_dtype, FLOATS};
 
 /// The attributes of one attention call: with `causal` (needs S == T) query `i` attends to keys
 /// `0..=i`; scores are `scale q . k`.
@@ -261,11 +261,7 @@ fn attention_rules(
     Ok((rules, (dims.g != dims.h).then_some(dims.g)))
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, cuda::forward));
-
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::backward, cuda::backward));
+forward_backward_kernels!(kernels_for(FLOATS));
 
 impl ExternOp for FlashAttention {
     op_signature!("flash_attention", 3);
@@ -276,13 +272,8 @@ impl ExternOp for FlashAttention {
         let (attention, groups) = attention_rules(s, d, self.0)?;
         Ok(attention.forward_grouped(mode, groups))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn differentiable(&self, output: usize) -> bool {
-        // The log-sum-exp is a statistic for the backward.
-        output == 0
-    }
+    // The log-sum-exp is a statistic for the backward.
+    kernels_first_output_differentiable!(FORWARD);
     fn saves(&self, _needs: &[bool]) -> Saves {
         // The backward recomputes each block of probabilities from q, k and lse; dO . o gives
         // each row's softmax correction.
@@ -318,12 +309,10 @@ impl ExternOp for FlashAttentionGrad {
         let (attention, groups) = attention_rules(s, d, self.0)?;
         attention.backward_grouped(s, d, mode, groups)
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("the attention backward has no gradient of its own (no double backward)")
-    }
+    kernels_without_gradient!(
+        BACKWARD,
+        "the attention backward has no gradient of its own (no double backward)"
+    );
 }
 
 /// Fused attention on heads-last operands: queries `q` `[B, T, H, D]`, keys `k` `[B, S, G,

@@ -60,22 +60,56 @@ pub(crate) fn cuda_classify(
     }
     match FloatType::of(logits.dtype()) {
         Some(dtype) if loss.dtype() == DType::F32 => {
-            let args = RawClassifier {
-                rows,
-                v: classes,
-                ld: v,
-                dloss: 1.0,
-                dtype,
-                logits: logits.ptr(),
-                targets: targets.ptr(),
-                loss: loss.ptr(),
-                dlogits: Some(dlogits.ptr()),
-                strict: true,
-            };
-            Ok(classifier(cu.runtime(), &args)?)
+            let at = [logits.ptr(), targets.ptr(), loss.ptr()];
+            launch_classifier(cu, dtype, (rows, classes, v), at, Some(dlogits.ptr()))
         }
         _ => Composed::forward(cu, logits, targets, classes, [loss, dlogits]),
     }
+}
+
+/// The raw layer's fused classifier of `rows` rows of `width` logits of `dtype` at device
+/// addresses [logits, targets, loss] over their first `classes` columns, for a unit incoming
+/// gradient (targets checked): each row's loss, and `softmax - onehot` written to `dlogits`
+/// (or over the logits when None).
+pub(crate) fn launch_classifier(
+    cu: &CudaKernels,
+    dtype: FloatType,
+    (rows, classes, width): (usize, usize, usize),
+    [logits, targets, loss]: [u64; 3],
+    dlogits: Option<u64>,
+) -> Result<()> {
+    let args = RawClassifier {
+        rows,
+        v: classes,
+        ld: width,
+        dloss: 1.0,
+        dtype,
+        logits,
+        targets,
+        loss,
+        dlogits,
+        strict: true,
+    };
+    Ok(classifier(cu.runtime(), &args)?)
+}
+
+/// The raw layer's row scaling of `rows` rows of `cols` elements of `dtype` at device
+/// addresses [x, scale, y]: `y` row i = `x` row i times `scale[i]`.
+pub(crate) fn launch_row_scale(
+    cu: &CudaKernels,
+    dtype: FloatType,
+    (rows, cols): (usize, usize),
+    [x, scale, y]: [u64; 3],
+) -> Result<()> {
+    let args = RowScale {
+        rows,
+        cols,
+        dtype,
+        x,
+        scale,
+        y,
+    };
+    Ok(row_scale(cu.runtime(), &args)?)
 }
 
 /// dlogits scaled by dloss row by row into the executor's buffer.
@@ -105,15 +139,8 @@ pub(super) fn backward(
     }
     match FloatType::of(dlogits.dtype()) {
         Some(dtype) if dloss.dtype() == DType::F32 => {
-            let args = RowScale {
-                rows,
-                cols,
-                dtype,
-                x: dlogits.ptr(),
-                scale: dloss.ptr(),
-                y: out.ptr(),
-            };
-            Ok(row_scale(cu.runtime(), &args)?)
+            let at = [dlogits.ptr(), dloss.ptr(), out.ptr()];
+            launch_row_scale(cu, dtype, (rows, cols), at)
         }
         _ => Composed::backward(cu, dlogits, dloss, out),
     }

@@ -15,24 +15,24 @@
 mod cpu;
 mod cuda;
 
-pub(crate) use cuda::cuda_classify;
-
-use std::sync::LazyLock;
+pub(crate) use cuda::{cuda_classify, launch_classifier, launch_row_scale};
 
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
+use crate::composing_backend::ComposingBackend;
 use crate::dispatch_outputs::dispatch_first;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{kernels_for, FLOATS_AND_IDS};
+use crate::op_signature::{
+    kernels_first_output_differentiable, kernels_without_gradient, op_signature,
+};
+use crate::operand_dtypes::{forward_backward_kernels, FLOATS_AND_IDS};
 use crate::operand_shapes::shapes_text;
 use oxiflow_tensor::backend::{
-    kernel_err, meta_err, need_float, need_i64, norm_stats_dtype, scratch, CoreKernels,
+    kernel_err, meta_err, need_float, need_i64, norm_stats_dtype, scratch,
 };
 use oxiflow_tensor::{
-    dispatch, vocab_parallel_cross_entropy, BinaryOp, Extern, ExternOp, Grad, Inferred,
-    KernelBackend, Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, ScalarOp, Tensor,
-    Triangle,
+    dispatch, vocab_parallel_cross_entropy, BinaryOp, Extern, ExternOp, Grad, Inferred, MetaError,
+    MetaResult, OutSpec, Result, Saves, Sbp, ScalarOp, Tensor, Triangle,
 };
 
 /// The fused classifier: (logits `[N, V]`, targets `[N]` i64) -> (loss `[N]`, dlogits `[N,
@@ -64,11 +64,7 @@ fn logits_width(s: &[&Shape], d: &[DType]) -> MetaResult<usize> {
     }
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::forward, cuda::forward));
-
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::backward, cuda::backward));
+forward_backward_kernels!(kernels_for(FLOATS_AND_IDS));
 
 impl ExternOp for Classifier {
     op_signature!("classifier", 2);
@@ -90,13 +86,8 @@ impl ExternOp for Classifier {
             &[loss, d[0]],
         ))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn differentiable(&self, output: usize) -> bool {
-        // The logits' gradient is saved for the backward.
-        output == 0
-    }
+    // The logits' gradient is saved for the backward.
+    kernels_first_output_differentiable!(FORWARD);
     fn saves(&self, _needs: &[bool]) -> Saves {
         Saves::outputs(&[1])
     }
@@ -121,12 +112,7 @@ impl ExternOp for ClassifierGrad {
         }
         Ok(Inferred::new(rules::classifier_backward(s[0], mode), d[0]))
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("higher-order gradients are not supported")
-    }
+    kernels_without_gradient!(BACKWARD);
 }
 
 /// The classifier's kernels composed of the cross-entropy kernels, on any backend.
@@ -138,16 +124,13 @@ impl Composed {
     /// (`classes` below the width) they run on the class columns (a narrowed copy), and the
     /// padding's gradient is a triangle no column reaches (exact zeros, whatever the padded
     /// logits hold), joined after them.
-    pub(crate) fn forward<B>(
+    pub(crate) fn forward<B: ComposingBackend>(
         b: &B,
         logits: &B::Piece,
         targets: &B::Piece,
         classes: usize,
         [loss, dlogits]: [&mut B::Out; 2],
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let spec = b.out_spec(dlogits);
         let (n, width) = match spec.shape.dims() {
             [n, w] => (*n, *w),
@@ -189,15 +172,12 @@ impl Composed {
     }
 
     /// The backward composed of a broadcasting product (dloss viewed as `[N, 1]`).
-    pub(crate) fn backward<B>(
+    pub(crate) fn backward<B: ComposingBackend>(
         b: &B,
         dlogits: &B::Piece,
         dloss: &B::Piece,
         out: &mut B::Out,
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let spec = b.out_spec(dloss);
         let column = OutSpec {
             shape: Shape::new([spec.shape.numel(), 1]),

@@ -9,13 +9,12 @@
 
 use ndarray::ArrayD;
 use oxiflow_dtype::{bf16, f16, Element};
-use oxiflow_tensor::{
-    CpuArray, CpuBackend, ExternOp, KernelIo, Peers, Result, TensorElement, TensorError,
-};
+use oxiflow_tensor::{CpuArray, CpuBackend, ExternOp, KernelIo, Peers, Result, TensorElement};
 use rayon::prelude::*;
 
 use super::{CpAttention, Dims, RankCall};
 use crate::cpu_dispatch::cpu_kernels_by_dtype;
+use crate::host_slices::{input_array, kernel_err};
 
 /// An element type the kernels read and write (computed in f64, rounded once on the way out),
 /// and the dtype of its softmax statistics: f32 for 16-bit data.
@@ -35,25 +34,13 @@ impl Elem for f16 {
     type Stats = f32;
 }
 
-fn kerr(op: &'static str, detail: String) -> TensorError {
-    TensorError::Kernel { op, detail }
-}
-
-/// Input `i` as an array of `T`.
-fn input<'a, T: TensorElement>(
-    op: &'static str,
-    x: &'a [&'a CpuArray],
-    i: usize,
-) -> Result<&'a ArrayD<T>> {
-    x.get(i)
-        .and_then(|a| T::view(a))
-        .ok_or_else(|| kerr(op, format!("input {i} is not {}", T::DTYPE)))
-}
-
 /// `x` `[b, t, h, d]` (row-major, as f64) to `[b, h, t, d]`.
 fn heads_first<T: Elem>(op: &'static str, x: &ArrayD<T>) -> Result<Vec<f64>> {
     if x.ndim() != 4 {
-        return Err(kerr(op, format!("an input is {:?}, not 4-d", x.shape())));
+        return Err(kernel_err(
+            op,
+            format!("an input is {:?}, not 4-d", x.shape()),
+        ));
     }
     let p = x.view().permuted_axes(vec![0, 2, 1, 3]);
     Ok(p.iter().map(|v| v.to_f64()).collect())
@@ -67,9 +54,10 @@ fn write_heads_last<T: Elem>(
     out: &mut CpuArray,
 ) -> Result<()> {
     let [b, h, t, d] = dims;
-    let a = T::view_mut(out).ok_or_else(|| kerr(op, format!("an output is not {}", T::DTYPE)))?;
+    let a =
+        T::view_mut(out).ok_or_else(|| kernel_err(op, format!("an output is not {}", T::DTYPE)))?;
     if a.shape() != [b, t, h, d] {
-        return Err(kerr(
+        return Err(kernel_err(
             op,
             format!("an output is {:?}, expected {:?}", a.shape(), [b, t, h, d]),
         ));
@@ -110,9 +98,9 @@ impl Call<'_> {
 fn setup<'a, T: Elem>(op: &'a CpAttention, x: &'a [&'a CpuArray]) -> Result<Call<'a>> {
     let name = op.name();
     let (q, k, v) = (
-        input::<T>(name, x, 0)?,
-        input::<T>(name, x, 1)?,
-        input::<T>(name, x, 2)?,
+        input_array::<T>(name, x, 0)?,
+        input_array::<T>(name, x, 1)?,
+        input_array::<T>(name, x, 2)?,
     );
     let RankCall {
         dims,
@@ -120,7 +108,7 @@ fn setup<'a, T: Elem>(op: &'a CpAttention, x: &'a [&'a CpuArray]) -> Result<Call
         block_pos,
     } = op
         .rank_call(q.shape(), k.shape(), v.shape())
-        .map_err(|e| kerr(name, e))?;
+        .map_err(|e| kernel_err(name, e))?;
     Ok(Call {
         name,
         dims,
@@ -154,7 +142,7 @@ fn shift_blocks<'s>(
 
 fn joined<T>(c: &Call<'_>, h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
     h.join()
-        .map_err(|_| kerr(c.name, "the ring's exchange thread panicked".into()))?
+        .map_err(|_| kernel_err(c.name, "the ring's exchange thread panicked".into()))?
 }
 
 /// Ring step `s`: runs `work` on the K/V block in hand (its index and `kv`) while the next
@@ -238,10 +226,10 @@ fn attend_block(c: &Call<'_>, qf: &[f64], kb: &[f64], vb: &[f64], blk: usize, st
 fn forward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Result<()> {
     let c = setup::<T>(op, io.inputs)?;
     let Dims { b, t, h, dv, .. } = c.dims;
-    let qf = heads_first(c.name, input::<T>(c.name, io.inputs, 0)?)?;
+    let qf = heads_first(c.name, input_array::<T>(c.name, io.inputs, 0)?)?;
     let mut kv = [
-        heads_first(c.name, input::<T>(c.name, io.inputs, 1)?)?,
-        heads_first(c.name, input::<T>(c.name, io.inputs, 2)?)?,
+        heads_first(c.name, input_array::<T>(c.name, io.inputs, 1)?)?,
+        heads_first(c.name, input_array::<T>(c.name, io.inputs, 2)?)?,
     ];
     let mut st = Online {
         m: vec![f64::NEG_INFINITY; b * h * t],
@@ -265,16 +253,16 @@ fn forward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Res
         st.acc[r * dv..][..dv].iter_mut().for_each(|a| *a *= inv);
     }
     let [o, lse_out] = io.outputs else {
-        return Err(kerr(
+        return Err(kernel_err(
             c.name,
             format!("expects 2 outputs, got {}", io.outputs.len()),
         ));
     };
     write_heads_last::<T>(c.name, &st.acc, [b, h, t, dv], o)?;
-    let a =
-        T::Stats::view_mut(lse_out).ok_or_else(|| kerr(c.name, "lse has another dtype".into()))?;
+    let a = T::Stats::view_mut(lse_out)
+        .ok_or_else(|| kernel_err(c.name, "lse has another dtype".into()))?;
     if a.len() != lse.len() {
-        return Err(kerr(
+        return Err(kernel_err(
             c.name,
             format!("lse holds {}, expected {}", a.len(), lse.len()),
         ));
@@ -360,24 +348,24 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
         dv,
     } = c.dims;
     let name = c.name;
-    let of = heads_first(name, input::<T>(name, io.inputs, 3)?)?;
-    let dof = heads_first(name, input::<T>(name, io.inputs, 4)?)?;
-    let lse_in = input::<T::Stats>(name, io.inputs, 5)?;
+    let of = heads_first(name, input_array::<T>(name, io.inputs, 3)?)?;
+    let dof = heads_first(name, input_array::<T>(name, io.inputs, 4)?)?;
+    let lse_in = input_array::<T::Stats>(name, io.inputs, 5)?;
     if of.len() != b * h * t * dv || dof.len() != of.len() || lse_in.len() != b * h * t {
-        return Err(kerr(name, "o, dO or lse do not fit q and v".into()));
+        return Err(kernel_err(name, "o, dO or lse do not fit q and v".into()));
     }
     let delta = (0..b * h * t)
         .map(|r| dot(&of[r * dv..][..dv], &dof[r * dv..][..dv]))
         .collect();
     let rows = Rows {
-        qf: heads_first(name, input::<T>(name, io.inputs, 0)?)?,
+        qf: heads_first(name, input_array::<T>(name, io.inputs, 0)?)?,
         dof,
         lse: lse_in.iter().map(|x| x.to_f64()).collect(),
         delta,
     };
     let mut kv = [
-        heads_first(name, input::<T>(name, io.inputs, 1)?)?,
-        heads_first(name, input::<T>(name, io.inputs, 2)?)?,
+        heads_first(name, input_array::<T>(name, io.inputs, 1)?)?,
+        heads_first(name, input_array::<T>(name, io.inputs, 2)?)?,
     ];
     let mut dkv = [vec![0.0; kv[0].len()], vec![0.0; kv[1].len()]];
     let mut dq = vec![0.0; b * h * t * d];
@@ -393,7 +381,7 @@ fn backward_typed<T: Elem>(op: &CpAttention, io: KernelIo<'_, CpuBackend>) -> Re
         dkv = back;
     }
     let [dq_out, dk_out, dv_out] = io.outputs else {
-        return Err(kerr(
+        return Err(kernel_err(
             name,
             format!("expects 3 outputs, got {}", io.outputs.len()),
         ));

@@ -14,7 +14,7 @@ use oxiflow_tensor::{
 
 use super::op_types::{DecodeAttention, MAX_HEAD_DIM};
 use super::{check_position, cpu, cuda, DTYPES};
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 
 /// The attention of q `[B, 1, H, D]` over the cached keys and values `kc`, `vc` `[B, P, G, D]`
@@ -93,10 +93,5 @@ impl ExternOp for DecodeAttention {
             dtypes[0],
         ))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("decoding runs without gradients")
-    }
+    kernels_without_gradient!(KERNELS, "decoding runs without gradients");
 }

@@ -25,7 +25,7 @@ use oxiflow_tensor::{
 use super::attend::check_operands;
 use super::op_types::DecodeAttentionParts;
 use super::{cpu, cuda, DTYPES};
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 
 /// Each of `blocks` blocks' attention of q `[B, 1, H, D]` over the cached keys and values
@@ -120,12 +120,7 @@ impl ExternOp for DecodeAttentionParts {
             ..*self
         }))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("decoding runs without gradients")
-    }
+    kernels_without_gradient!(KERNELS, "decoding runs without gradients");
 }
 
 impl DecodeAttentionParts {

@@ -14,8 +14,9 @@ use oxiflow_tensor::{
 };
 
 use super::op_types::RotaryQkvAt;
-use super::{check_position, cpu, cuda, DTYPES};
-use crate::op_signature::op_signature;
+use super::rotary::{float_rotated, frequencies_and_position};
+use super::{cpu, cuda, DTYPES};
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 
 /// qkv `[B, T, G, R + 2, D]` split into (q `[B, T, G R, D]`, k, v `[B, T, G, D]`), q and k
@@ -42,34 +43,17 @@ static KERNELS: LazyLock<Kernels> =
 impl ExternOp for RotaryQkvAt {
     op_signature!("rotary_qkv_at", 3);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (qkv, freq) = (shapes[0], shapes[1]);
-        if !dtypes[0].is_float() {
-            return Err(MetaError::DType(format!(
-                "qkv must be a float dtype, got {}",
-                dtypes[0]
-            )));
-        }
+        let qkv = shapes[0];
+        float_rotated("qkv", dtypes[0])?;
         let r = rules::rotary_qkv_at(qkv, mode).map_err(MetaError::Shape)?;
         let d = qkv.dims()[4];
-        if d % 2 != 0 {
+        if !d.is_multiple_of(2) {
             return Err(MetaError::Shape(format!(
                 "qkv {qkv} must have an even head width"
             )));
         }
-        if dtypes[1] != DType::F64 || freq.dims() != [d / 2] {
-            return Err(MetaError::Shape(format!(
-                "the frequencies must be f64 [{}] for qkv {qkv}, got {} {freq}",
-                d / 2,
-                dtypes[1]
-            )));
-        }
-        check_position(shapes[2], dtypes[2])?;
+        frequencies_and_position("qkv", d, shapes, dtypes)?;
         Ok(Inferred::outputs(r, &[dtypes[0]; 3]))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("decoding runs without gradients")
-    }
+    kernels_without_gradient!(KERNELS, "decoding runs without gradients");
 }

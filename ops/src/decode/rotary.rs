@@ -13,7 +13,7 @@ use oxiflow_tensor::{
 
 use super::op_types::RotaryAt;
 use super::{check_position, cpu, cuda, DTYPES};
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 
 /// x `[B, T, H, D]` rotated for positions `pos..pos + T` by the frequencies `inv_freq` (f64
@@ -28,13 +28,8 @@ static KERNELS: LazyLock<Kernels> =
 impl ExternOp for RotaryAt {
     op_signature!("rotary_at", 3);
     fn infer(&self, shapes: &[&Shape], dtypes: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
-        let (x, freq) = (shapes[0], shapes[1]);
-        if !dtypes[0].is_float() {
-            return Err(MetaError::DType(format!(
-                "x must be a float dtype, got {}",
-                dtypes[0]
-            )));
-        }
+        let x = shapes[0];
+        float_rotated("x", dtypes[0])?;
         let d = match x.dims() {
             &[_, _, _, d] if d % 2 == 0 => d,
             _ => {
@@ -43,20 +38,37 @@ impl ExternOp for RotaryAt {
                 )))
             }
         };
-        if dtypes[1] != DType::F64 || freq.dims() != [d / 2] {
-            return Err(MetaError::Shape(format!(
-                "the frequencies must be f64 [{}] for x {x}, got {} {freq}",
-                d / 2,
-                dtypes[1]
-            )));
-        }
-        check_position(shapes[2], dtypes[2])?;
+        frequencies_and_position("x", d, shapes, dtypes)?;
         Ok(Inferred::new(rules::rotary_at(x, mode), dtypes[0]))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
+    kernels_without_gradient!(KERNELS, "decoding runs without gradients");
+}
+
+/// Checks that the operand a rotation reads (`what`) has a float dtype.
+pub(super) fn float_rotated(what: &str, dtype: DType) -> MetaResult<()> {
+    if !dtype.is_float() {
+        return Err(MetaError::DType(format!(
+            "{what} must be a float dtype, got {dtype}"
+        )));
     }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("decoding runs without gradients")
+    Ok(())
+}
+
+/// Checks a rotation's frequencies (input 1: f64 `[d / 2]` for the operand `what` of head
+/// width `d`, input 0) and position (input 2).
+pub(super) fn frequencies_and_position(
+    what: &str,
+    d: usize,
+    shapes: &[&Shape],
+    dtypes: &[DType],
+) -> MetaResult<()> {
+    let (x, freq) = (shapes[0], shapes[1]);
+    if dtypes[1] != DType::F64 || freq.dims() != [d / 2] {
+        return Err(MetaError::Shape(format!(
+            "the frequencies must be f64 [{}] for {what} {x}, got {} {freq}",
+            d / 2,
+            dtypes[1]
+        )));
     }
+    check_position(shapes[2], dtypes[2])
 }

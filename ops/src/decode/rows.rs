@@ -16,7 +16,7 @@ use oxiflow_tensor::{
 
 use super::op_types::WriteRows;
 use super::{cpu, cuda, DTYPES};
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::kernels_for;
 
 /// The `caches` with `rows[i]` written at `at..` along `dim` of `caches[i]` (new tensors).
@@ -160,10 +160,5 @@ impl ExternOp for WriteRows {
             window: Some((if count > 0 { lo - self.at } else { 0 }, count)),
         }))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("a cache write has no gradient")
-    }
+    kernels_without_gradient!(KERNELS, "a cache write has no gradient");
 }

@@ -19,16 +19,18 @@ use std::sync::LazyLock;
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use oxiflow_cuda::CudaKernels;
-use oxiflow_tensor::backend::{kernel_err, scratch, CoreKernels};
+use oxiflow_tensor::backend::{kernel_err, scratch};
 use oxiflow_tensor::{
-    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelIo, Kernels,
-    MetaError, MetaResult, OutSpec, Result, Saves, Tensor, UnaryOp,
+    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelIo, Kernels, MetaError,
+    MetaResult, OutSpec, Result, Saves, Tensor, UnaryOp,
 };
 
+use crate::composing_backend::ComposingBackend;
 use crate::dispatch_outputs::dispatch_first;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{kernels_for, FLOATS};
+use crate::op_signature::{
+    kernels_first_output_differentiable, kernels_without_gradient, op_signature,
+};
+use crate::operand_dtypes::{generic_kernels, FLOATS};
 use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The function applied to a linear layer's biased product.
@@ -58,8 +60,9 @@ pub struct LinearWeightGrad {
 }
 
 /// Kernels of the fused linear layer (float pieces of one dtype), on the CPU and CUDA
-/// backends; the fused MLP composes them.
-pub(crate) trait LinearKernels: KernelBackend {
+/// backends; the fused MLP composes them. Each is the composed kernel unless the backend
+/// has a fused one.
+pub(crate) trait LinearKernels: ComposingBackend + Sized {
     /// `out` = [y] or, with GELU, [y, pre].
     fn linear(
         &self,
@@ -69,7 +72,9 @@ pub(crate) trait LinearKernels: KernelBackend {
         w: &Self::Piece,
         bias: Option<&Self::Piece>,
         out: &mut [Self::Out],
-    ) -> Result<()>;
+    ) -> Result<()> {
+        Composed::forward(self, (act, precision), x, w, bias, out)
+    }
     /// `out` = [dw] or, with a bias, [dw, db].
     fn linear_weight_grad(
         &self,
@@ -77,14 +82,14 @@ pub(crate) trait LinearKernels: KernelBackend {
         x: &Self::Piece,
         dpre: &Self::Piece,
         out: &mut [Self::Out],
-    ) -> Result<()>;
+    ) -> Result<()> {
+        Composed::weight_grad(self, precision, x, dpre, out)
+    }
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, run_forward::<CudaKernels>));
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| generic_kernels!(FLOATS, run_forward));
 
-static WEIGHT_GRAD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::weight_grad, run_weight_grad::<CudaKernels>));
+static WEIGHT_GRAD: LazyLock<Kernels> = LazyLock::new(|| generic_kernels!(FLOATS, run_weight_grad));
 
 /// The forward on backend `b`: every output buffer of the call, checked against the op.
 fn run_forward<B: LinearKernels>(op: &Linear, b: &B, io: KernelIo<'_, B>) -> Result<()> {
@@ -147,13 +152,8 @@ impl ExternOp for Linear {
         let r = rules::linear(x, s.len() == 3, with_last(x, n), outs, mode);
         Ok(Inferred::outputs(r, &vec![dt; outs]))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn differentiable(&self, output: usize) -> bool {
-        // The pre-activation is saved for the backward.
-        output == 0
-    }
+    // The pre-activation is saved for the backward.
+    kernels_first_output_differentiable!(FORWARD);
     fn saves(&self, needs: &[bool]) -> Saves {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
         // w for dx; x for dw; the pre-activation for dpre.
@@ -223,12 +223,7 @@ impl ExternOp for LinearWeightGrad {
         let r = rules::linear_weight_grad(x, outs, mode);
         Ok(Inferred::outputs(r, &vec![dt; m]))
     }
-    fn kernels(&self) -> &Kernels {
-        &WEIGHT_GRAD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("higher-order gradients are not supported")
-    }
+    kernels_without_gradient!(WEIGHT_GRAD);
 }
 
 /// The fused linear layer's kernels composed of core kernels, on any backend.
@@ -237,17 +232,14 @@ pub(crate) struct Composed;
 impl Composed {
     /// The forward composed of the matmul, add and GELU kernels (the CPU's kernel, and the
     /// device's where its fused product does not apply).
-    pub(crate) fn forward<B>(
+    pub(crate) fn forward<B: ComposingBackend>(
         b: &B,
         (act, precision): (Activation, MatmulPrecision),
         x: &B::Piece,
         w: &B::Piece,
         bias: Option<&B::Piece>,
         out: &mut [B::Out],
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let n = out.len();
         let (y, pre) = match out {
             [y] => (y, None),
@@ -276,16 +268,13 @@ impl Composed {
 
     /// The parameter gradients composed of kernels: `x^T dpre` over x's rows (x viewed as
     /// `[rows, K]`) and dpre's row sums.
-    pub(crate) fn weight_grad<B>(
+    pub(crate) fn weight_grad<B: ComposingBackend>(
         b: &B,
         precision: MatmulPrecision,
         x: &B::Piece,
         dpre: &B::Piece,
         out: &mut [B::Out],
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let (xs, ds) = (b.out_spec(x), b.out_spec(dpre));
         let rows = |s: &OutSpec| {
             let (k, lead) = s

@@ -10,15 +10,13 @@ use oxiflow_dtype::DType;
 use oxiflow_sbp::Shape;
 
 use crate::kernel_io::io_arrays;
-use oxiflow_cuda::kernel_layer::{
-    classifier, row_scale, Classifier, FloatType, LtMatmul, RowScale,
-};
+use oxiflow_cuda::kernel_layer::{FloatType, LtMatmul};
 use oxiflow_cuda::{device_error as derr, CudaKernels};
 use oxiflow_tensor::backend::{ElementwiseKernels, ReductionKernels};
 use oxiflow_tensor::{KernelBackend, KernelIo, OutSpec, Result};
 
 use super::{Composed, LinearClassifier, LinearClassifierGrad, CHUNK_BYTES};
-use crate::classifier::cuda_classify;
+use crate::classifier::{cuda_classify, launch_classifier, launch_row_scale};
 
 /// Rows per chunk for `n` rows of `v` logits of `size` bytes: as few chunks as
 /// [`CHUNK_BYTES`] allows, of equal size.
@@ -94,21 +92,12 @@ pub(super) fn forward(
         if !cu.lt_ran(&g, xc, w.ptr(), logits.ptr())? {
             return Composed::forward(cu, x, w, targets, attrs, [loss, dx, dw], cuda_classify);
         }
-        classifier(
-            cu.runtime(),
-            &Classifier {
-                rows,
-                v: classes,
-                ld: v,
-                dloss: 1.0,
-                dtype,
-                logits: logits.ptr(),
-                dlogits: None,
-                targets: targets.ptr() + (r0 * 8) as u64,
-                loss: row_loss.ptr() + (r0 * 4) as u64,
-                strict: true,
-            },
-        )?;
+        let at = [
+            logits.ptr(),
+            targets.ptr() + (r0 * 8) as u64,
+            row_loss.ptr() + (r0 * 4) as u64,
+        ];
+        launch_classifier(cu, dtype, (rows, classes, v), at, None)?;
         // dx rows [rows, c] = D_c w; dw [v, c] (+)= D_c^T x_c.
         let gx = LtMatmul::new((rows, c, v), (false, false), t);
         let dxc = dx.ptr() + (r0 * c * size) as u64;
@@ -167,15 +156,7 @@ pub(super) fn backward(
         Some(dtype) if dloss.dtype() == DType::F32 && one_row => {
             for (x, y) in saved.into_iter().zip(out) {
                 // The whole piece as one row scaled by dloss's value.
-                let args = RowScale {
-                    rows: 1,
-                    cols: x.numel(),
-                    dtype,
-                    x: x.ptr(),
-                    scale: dloss.ptr(),
-                    y: y.ptr(),
-                };
-                row_scale(cu.runtime(), &args)?;
+                launch_row_scale(cu, dtype, (1, x.numel()), [x.ptr(), dloss.ptr(), y.ptr()])?;
             }
             Ok(())
         }

@@ -25,21 +25,22 @@
 mod cpu;
 mod cuda;
 
-use std::sync::LazyLock;
-
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use oxiflow_tensor::backend::{meta_err, need_i64, norm_stats_dtype, scratch, CoreKernels};
+use oxiflow_tensor::backend::{meta_err, need_i64, norm_stats_dtype, scratch};
 use oxiflow_tensor::{
     dispatch_multi, is_grad_enabled, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend,
-    Kernels, MetaError, MetaResult, OutSpec, Result, Saves, Sbp, Tensor,
+    MetaError, MetaResult, OutSpec, Result, Saves, Sbp, Tensor,
 };
 
 use crate::classifier::classifier_loss_padded;
+use crate::composing_backend::ComposingBackend;
 use crate::dispatch_outputs::dispatch_first;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{kernels_for, one_float_dtype, FLOATS_AND_IDS};
+use crate::op_signature::{
+    kernels_first_output_differentiable, kernels_without_gradient, op_signature,
+};
+use crate::operand_dtypes::{forward_backward_kernels, one_float_dtype, FLOATS_AND_IDS};
 
 /// The fused linear cross-entropy over the first `classes` rows of the table (`classes` in
 /// `1..=V`): (x `[N, C]`, w `[V, C]`, targets `[N]` i64) -> (loss `[]`, dx `[N, C]`, dw `[V,
@@ -59,11 +60,7 @@ pub struct LinearClassifierGrad;
 /// At most this many bytes of logits live at once in a chunked kernel.
 pub const CHUNK_BYTES: usize = 512 << 20;
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::forward, cuda::forward));
-
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS_AND_IDS, cpu::backward, cuda::backward));
+forward_backward_kernels!(kernels_for(FLOATS_AND_IDS));
 
 impl ExternOp for LinearClassifier {
     op_signature!("linear_classifier", 3);
@@ -74,13 +71,8 @@ impl ExternOp for LinearClassifier {
     fn infer(&self, s: &[&Shape], d: &[DType], mode: RuleMode) -> MetaResult<Inferred> {
         forward_rules(self.classes, s, d, mode)
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn differentiable(&self, output: usize) -> bool {
-        // The forward's gradients are saved for the backward.
-        output == 0
-    }
+    // The forward's gradients are saved for the backward.
+    kernels_first_output_differentiable!(FORWARD);
     fn saves(&self, needs: &[bool]) -> Saves {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
         let either = need(0) || need(1);
@@ -118,12 +110,7 @@ impl ExternOp for LinearClassifierGrad {
         let r = rules::linear_classifier_backward(s[0], s[1], mode);
         Ok(Inferred::outputs(r, &[dt, dt]))
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("higher-order gradients are not supported")
-    }
+    kernels_without_gradient!(BACKWARD);
 }
 
 /// The forward's shape and dtype checks and its rules.
@@ -167,15 +154,12 @@ pub(crate) struct Composed;
 
 impl Composed {
     /// The backward composed of broadcasting products (dloss viewed as `[1, 1]`).
-    pub(crate) fn backward<B>(
+    pub(crate) fn backward<B: ComposingBackend>(
         b: &B,
         saved: [&B::Piece; 2],
         dloss: &B::Piece,
         out: [&mut B::Out; 2],
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let spec = b.out_spec(dloss);
         let d = b.reshaped(
             dloss,
@@ -192,7 +176,7 @@ impl Composed {
 
     /// The op composed of the product, classifier, product and sum kernels over all rows (the
     /// CPU's kernel, and the device's for f64 data and calls its libraries refuse).
-    pub(crate) fn forward<B>(
+    pub(crate) fn forward<B: ComposingBackend>(
         b: &B,
         x: &B::Piece,
         w: &B::Piece,
@@ -200,10 +184,7 @@ impl Composed {
         (classes, precision): (usize, MatmulPrecision),
         [loss, dx, dw]: [&mut B::Out; 3],
         classify: Classify<B>,
-    ) -> Result<()>
-    where
-        B: CoreKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let (xs, ws, ls) = (b.out_spec(dx), b.out_spec(dw), b.out_spec(loss));
         let (n, v) = (xs.shape.dim(0), ws.shape.dim(0));
         let logits = scratch(

@@ -5,18 +5,12 @@
 
 use half::bf16;
 use ndarray::{Array2, ArrayView2, Ix2, LinalgScalar};
-use oxiflow_tensor::{
-    CpuArray, CpuBackend, ExternOp, KernelIo, Result, TensorElement, TensorError,
-};
+use oxiflow_tensor::{CpuArray, CpuBackend, ExternOp, KernelIo, Result, TensorElement};
 use rayon::prelude::*;
 
 use super::{ExpertMatmul, ExpertMatmulWgrad, RouterTopk};
 use crate::cpu_dispatch::cpu_kernels_by_dtype;
-use crate::host_slices::{Elem, Wide};
-
-fn kernel_err(op: &'static str, detail: String) -> TensorError {
-    TensorError::Kernel { op, detail }
-}
+use crate::host_slices::{input_array, kernel_err, output_array, Elem, Wide};
 
 /// Input `i` as a 2-d array of `T`.
 fn matrix<'a, T: Elem>(
@@ -24,9 +18,7 @@ fn matrix<'a, T: Elem>(
     x: &'a [&'a CpuArray],
     i: usize,
 ) -> Result<ArrayView2<'a, T>> {
-    x.get(i)
-        .and_then(|a| T::view(a))
-        .ok_or_else(|| kernel_err(op, format!("input {i} is not {}", T::DTYPE)))?
+    input_array::<T>(op, x, i)?
         .view()
         .into_dimensionality::<Ix2>()
         .map_err(|e| kernel_err(op, format!("input {i} is not 2-d: {e}")))
@@ -75,10 +67,7 @@ fn output<'a, T: Elem>(
     i: usize,
     shape: (usize, usize),
 ) -> Result<ndarray::ArrayViewMut2<'a, T>> {
-    let a = out
-        .get_mut(i)
-        .and_then(|o| T::view_mut(o))
-        .ok_or_else(|| kernel_err(op, format!("output {i} is not {}", T::DTYPE)))?;
+    let a = output_array::<T>(op, out, i)?;
     let got = a.shape().to_vec();
     a.view_mut()
         .into_dimensionality::<Ix2>()

@@ -27,7 +27,7 @@ pub mod routed;
 
 use std::sync::LazyLock;
 
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::{cpu_and_cuda_scratch, kernels_for};
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -238,12 +238,7 @@ impl ExternOp for ExpertMatmulWgrad {
             .map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &vec![dt; self.experts]))
     }
-    fn kernels(&self) -> &Kernels {
-        &WGRAD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("the experts' weight gradients have no gradient here")
-    }
+    kernels_without_gradient!(WGRAD, "the experts' weight gradients have no gradient here");
 }
 
 impl ExternOp for RouterTopk {
@@ -261,10 +256,8 @@ impl ExternOp for RouterTopk {
         let r = rules::router_topk(shapes[0], self.k, mode).map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &[DType::I64, d]))
     }
-    fn kernels(&self) -> &Kernels {
-        &TOPK
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("a selection has no gradient (the probabilities gathered by its ids carry it)")
-    }
+    kernels_without_gradient!(
+        TOPK,
+        "a selection has no gradient (the probabilities gathered by its ids carry it)"
+    );
 }

@@ -27,18 +27,19 @@ use std::sync::LazyLock;
 use oxiflow_dtype::{DType, MatmulPrecision};
 use oxiflow_sbp::{rules, RuleMode, Shape};
 
-use oxiflow_cuda::CudaKernels;
-use oxiflow_tensor::backend::{kernel_err, scratch, CoreKernels};
+use oxiflow_tensor::backend::{kernel_err, scratch};
 use oxiflow_tensor::{
-    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelBackend, KernelIo, Kernels,
-    MetaError, MetaResult, Result, Saves, Tensor, UnaryOp,
+    dispatch_multi, BinaryOp, Extern, ExternOp, Grad, Inferred, KernelIo, Kernels, MetaError,
+    MetaResult, Result, Saves, Tensor, UnaryOp,
 };
 
 use crate::dispatch_outputs::dispatch_first;
 use crate::kernel_io::io_arrays;
 use crate::linear::{Activation, LinearKernels};
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{kernels_for, FLOATS};
+use crate::op_signature::{
+    kernels_first_output_differentiable, kernels_without_gradient, op_signature,
+};
+use crate::operand_dtypes::{generic_kernels, FLOATS};
 use crate::operand_shapes::{float_last_dim, shapes_text, with_last};
 
 /// The fused MLP with its residual add: (x, w_fc, b_fc, w_proj, b_proj, residual) -> (y, h,
@@ -55,33 +56,36 @@ pub struct ResidualMlpGrad {
     pub precision: MatmulPrecision,
 }
 
-/// Kernels of the fused MLP (float pieces of one dtype), on the CPU and CUDA backends.
-pub(crate) trait ResidualMlpKernels: KernelBackend {
+/// Kernels of the fused MLP (float pieces of one dtype), on the CPU and CUDA backends; each
+/// is the composed kernel unless the backend has a fused one.
+pub(crate) trait ResidualMlpKernels: LinearKernels {
     /// `x` = [x, w_fc, b_fc, w_proj, b_proj, residual]; `out` = [y, h, pre].
     fn residual_mlp(
         &self,
         x: [&Self::Piece; 6],
         precision: MatmulPrecision,
         out: &mut [Self::Out],
-    ) -> Result<()>;
+    ) -> Result<()> {
+        Composed::forward(self, x, precision, out)
+    }
     /// `x` = [x, h, pre, w_fc, w_proj, dy]; `out` = [dx, dw_fc, db_fc, dw_proj, db_proj].
     fn residual_mlp_backward(
         &self,
         x: [&Self::Piece; 6],
         precision: MatmulPrecision,
         out: &mut [Self::Out],
-    ) -> Result<()>;
+    ) -> Result<()> {
+        Composed::backward(self, x, precision, out)
+    }
 }
 
 fn bad(s: &[&Shape], want: &str) -> MetaError {
     MetaError::Shape(format!("needs {want}, got {}", shapes_text(s)))
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::forward, run_forward::<CudaKernels>));
+static FORWARD: LazyLock<Kernels> = LazyLock::new(|| generic_kernels!(FLOATS, run_forward));
 
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| kernels_for(FLOATS, cpu::backward, run_backward::<CudaKernels>));
+static BACKWARD: LazyLock<Kernels> = LazyLock::new(|| generic_kernels!(FLOATS, run_backward));
 
 /// The forward on backend `b`.
 fn run_forward<B: ResidualMlpKernels>(op: &ResidualMlp, b: &B, io: KernelIo<'_, B>) -> Result<()> {
@@ -118,13 +122,8 @@ impl ExternOp for ResidualMlp {
         let r = rules::residual_mlp(x, &with_last(x, f), mode);
         Ok(Inferred::outputs(r, &[dt; 3]))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn differentiable(&self, output: usize) -> bool {
-        // h and pre are saved for the backward.
-        output == 0
-    }
+    // h and pre are saved for the backward.
+    kernels_first_output_differentiable!(FORWARD);
     fn saves(&self, needs: &[bool]) -> Saves {
         if !needs.iter().take(5).any(|&n| n) {
             return Saves::NOTHING;
@@ -193,12 +192,7 @@ impl ExternOp for ResidualMlpGrad {
         let r = rules::residual_mlp_backward(x, outs, mode);
         Ok(Inferred::outputs(r, &[dt; 5]))
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("higher-order gradients are not supported")
-    }
+    kernels_without_gradient!(BACKWARD);
 }
 
 /// The fused MLP's kernels composed of the linear layer's kernels and core kernels.
@@ -207,15 +201,12 @@ pub(crate) struct Composed;
 impl Composed {
     /// The forward composed of the linear layer's kernels and an add (the CPU's kernel, and
     /// the device's where its libraries refuse); `out` = [y, h, pre].
-    pub(crate) fn forward<B>(
+    pub(crate) fn forward<B: LinearKernels>(
         b: &B,
         [x, w_fc, b_fc, w_proj, b_proj, residual]: [&B::Piece; 6],
         precision: MatmulPrecision,
         out: &mut [B::Out],
-    ) -> Result<()>
-    where
-        B: CoreKernels + LinearKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         let (y, hp) = match out {
             [y, rest @ ..] if rest.len() == 2 => (y, rest),
             _ => {
@@ -243,15 +234,12 @@ impl Composed {
     /// The backward composed of products, the GELU backward and the linear layer's weight
     /// gradients (the CPU's kernel, and the device's where its libraries refuse); `out` =
     /// [dx, dw_fc, db_fc, dw_proj, db_proj].
-    pub(crate) fn backward<B>(
+    pub(crate) fn backward<B: LinearKernels>(
         b: &B,
         [x, h, pre, w_fc, w_proj, dy]: [&B::Piece; 6],
         precision: MatmulPrecision,
         out: &mut [B::Out],
-    ) -> Result<()>
-    where
-        B: CoreKernels + LinearKernels + KernelBackend<Out = <B as KernelBackend>::Piece>,
-    {
+    ) -> Result<()> {
         if out.len() != 5 {
             return Err(kernel_err(
                 "residual_mlp_backward",

@@ -13,18 +13,15 @@
 mod cpu;
 mod cuda;
 
-use std::sync::LazyLock;
-
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Saves,
-    Tensor,
+    dispatch, Extern, ExternOp, Grad, Inferred, MetaError, MetaResult, Result, Tensor,
 };
 
 use crate::dispatch_outputs::dispatch_pair;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{float_kernels, one_float_dtype};
+use crate::op_signature::{kernels_saving_inputs, kernels_without_gradient, op_signature};
+use crate::operand_dtypes::{forward_backward_kernels, one_float_dtype};
 
 /// `x * (mean(x^2) + eps)^-1/2 * w` over the last dim (inputs: x `[.., H]`, w `[H]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,11 +54,7 @@ pub fn rms_norm_backward(
     dispatch_pair(RmsNormGrad { eps }, &[x, weight, dy])
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| float_kernels::<RmsNorm>(cpu::forward, cuda::forward));
-
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| float_kernels::<RmsNormGrad>(cpu::backward, cuda::backward));
+forward_backward_kernels!(float_kernels());
 
 /// The dtype the kernels compute (and write the weight-gradient terms) in.
 pub fn wide(dt: DType) -> DType {
@@ -94,12 +87,7 @@ impl ExternOp for RmsNorm {
         let r = rules::rms_norm(shapes[0], shapes[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::inputs(&[0, 1])
-    }
+    kernels_saving_inputs!(FORWARD, [0, 1]);
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let (x, w) = (g.input(0)?, g.input(1)?);
         let (dx, terms) = rms_norm_backward(x, w, g.dy()?, self.eps)?;
@@ -119,10 +107,8 @@ impl ExternOp for RmsNormGrad {
         let r = rules::rms_norm_backward(shapes, mode).map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &[dt, wide(dt)]))
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("the gradients of RMS normalisation have no gradient here")
-    }
+    kernels_without_gradient!(
+        BACKWARD,
+        "the gradients of RMS normalisation have no gradient here"
+    );
 }

@@ -19,10 +19,10 @@ use std::sync::LazyLock;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Saves,
-    Tensor,
+    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Tensor,
 };
 
+use crate::op_signature::kernels_saving_inputs;
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
 /// x rotated by cos and sin tables (inputs: x, cos, sin); `inverse`: the transposed rotation.
@@ -68,15 +68,10 @@ impl ExternOp for RotaryTables {
         let r = rules::rotary_tables(shapes[0], shapes[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
+    kernels_saving_inputs!(KERNELS, [1, 2]);
     fn no_gradient(&self) -> Option<&'static str> {
         self.inverse
             .then_some("the rotary embedding's backward has no gradient here")
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::inputs(&[1, 2])
     }
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         if g.need(1) || g.need(2) {

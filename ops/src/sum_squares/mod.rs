@@ -24,6 +24,7 @@ mod cuda;
 
 use std::sync::LazyLock;
 
+use crate::op_signature::kernels_without_gradient;
 use crate::operand_dtypes::cpu_and_cuda_scratch;
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
@@ -121,12 +122,7 @@ impl ExternOp for SumSquares {
         Ok(Inferred::outputs(r, &[DType::F64, DType::F64]))
     }
 
-    fn kernels(&self) -> &Kernels {
-        &KERNELS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("a norm statistic has no gradient here")
-    }
+    kernels_without_gradient!(KERNELS, "a norm statistic has no gradient here");
 }
 
 /// Each input's sum and their total (see [`SumSquares`]).

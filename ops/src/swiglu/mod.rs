@@ -15,18 +15,15 @@ mod pairs;
 
 pub use pairs::swiglu_pairs;
 
-use std::sync::LazyLock;
-
 use oxiflow_dtype::DType;
 use oxiflow_sbp::{rules, RuleMode, Shape};
 use oxiflow_tensor::{
-    dispatch, Extern, ExternOp, Grad, Inferred, Kernels, MetaError, MetaResult, Result, Saves,
-    Tensor,
+    dispatch, Extern, ExternOp, Grad, Inferred, MetaError, MetaResult, Result, Tensor,
 };
 
 use crate::dispatch_outputs::dispatch_pair;
-use crate::op_signature::op_signature;
-use crate::operand_dtypes::{float_kernels, one_float_dtype};
+use crate::op_signature::{kernels_saving_inputs, kernels_without_gradient, op_signature};
+use crate::operand_dtypes::{forward_backward_kernels, one_float_dtype};
 
 /// `silu(gate) * up` (inputs: gate, up).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,11 +47,7 @@ pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tenso
     dispatch_pair(SwiGluGrad, &[gate, up, dy])
 }
 
-static FORWARD: LazyLock<Kernels> =
-    LazyLock::new(|| float_kernels::<SwiGlu>(cpu::forward, cuda::forward));
-
-static BACKWARD: LazyLock<Kernels> =
-    LazyLock::new(|| float_kernels::<SwiGluGrad>(cpu::backward, cuda::backward));
+forward_backward_kernels!(float_kernels());
 
 impl ExternOp for SwiGlu {
     op_signature!("swiglu", 2);
@@ -63,12 +56,7 @@ impl ExternOp for SwiGlu {
         let r = rules::pointwise(shapes, 1, &[1], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
-    fn kernels(&self) -> &Kernels {
-        &FORWARD
-    }
-    fn saves(&self, _needs: &[bool]) -> Saves {
-        Saves::inputs(&[0, 1])
-    }
+    kernels_saving_inputs!(FORWARD, [0, 1]);
     fn backward(&self, g: &Grad<'_>) -> Result<Vec<Option<Tensor>>> {
         let (dgate, dup) = swiglu_backward(g.input(0)?, g.input(1)?, g.dy()?)?;
         Ok(vec![g.need(0).then_some(dgate), g.need(1).then_some(dup)])
@@ -82,10 +70,5 @@ impl ExternOp for SwiGluGrad {
         let r = rules::pointwise(shapes, 2, &[2], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::outputs(r, &[dt, dt]))
     }
-    fn kernels(&self) -> &Kernels {
-        &BACKWARD
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("the gradients of SwiGLU have no gradient here")
-    }
+    kernels_without_gradient!(BACKWARD, "the gradients of SwiGLU have no gradient here");
 }

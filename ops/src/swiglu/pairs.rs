@@ -12,7 +12,7 @@ use oxiflow_tensor::{
 };
 
 use super::{cpu, cuda, SwiGluPairs};
-use crate::op_signature::op_signature;
+use crate::op_signature::{kernels_without_gradient, op_signature};
 use crate::operand_dtypes::{float_kernels, one_float_dtype};
 
 static PAIRS: LazyLock<Kernels> =
@@ -31,10 +31,8 @@ impl ExternOp for SwiGluPairs {
         let r = rules::swiglu_pairs(shapes[0], mode).map_err(MetaError::Shape)?;
         Ok(Inferred::new(r, dt))
     }
-    fn kernels(&self) -> &Kernels {
-        &PAIRS
-    }
-    fn no_gradient(&self) -> Option<&'static str> {
-        Some("the packed SwiGLU serves decoding, which runs without gradients")
-    }
+    kernels_without_gradient!(
+        PAIRS,
+        "the packed SwiGLU serves decoding, which runs without gradients"
+    );
 }

@@ -49,7 +49,9 @@ use std::time::Duration;
 
 use crate::rendezvous::validate_token;
 use crate::CommError;
+use families::{env_err, read_family, Reading, Vars, FAMILIES, OPEN_MPI, PMI, TORCHRUN};
 
+mod families;
 mod folders;
 mod one_host;
 mod process;
@@ -150,189 +152,9 @@ pub struct LaunchEnv {
     pub mpi_launched: bool,
 }
 
-/// The variable names of one launcher family.
-struct Family {
-    name: &'static str,
-    rank: &'static str,
-    size: &'static str,
-    local_rank: &'static str,
-    local_size: Option<&'static str>,
-}
-
-const TORCHRUN: Family = Family {
-    name: "torchrun",
-    rank: "RANK",
-    size: "WORLD_SIZE",
-    local_rank: "LOCAL_RANK",
-    local_size: Some("LOCAL_WORLD_SIZE"),
-};
-const OPEN_MPI: Family = Family {
-    name: "Open MPI",
-    rank: "OMPI_COMM_WORLD_RANK",
-    size: "OMPI_COMM_WORLD_SIZE",
-    local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
-    local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
-};
-const PMI: Family = Family {
-    name: "MPICH/PMI",
-    rank: "PMI_RANK",
-    size: "PMI_SIZE",
-    local_rank: "MPI_LOCALRANKID",
-    local_size: Some("MPI_LOCALNRANKS"),
-};
-const SLURM: Family = Family {
-    name: "Slurm",
-    rank: "SLURM_PROCID",
-    size: "SLURM_NTASKS",
-    local_rank: "SLURM_LOCALID",
-    local_size: None,
-};
-const FAMILIES: [&Family; 4] = [&TORCHRUN, &OPEN_MPI, &PMI, &SLURM];
-
 /// Variables whose presence shows that a per-node launcher (oflaunch, torchrun) set the torchrun
 /// names, so an outer launcher's variables may legitimately differ.
 const PER_NODE_LAUNCHER_MARKERS: [&str; 3] = ["NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID"];
-
-fn env_err(msg: String) -> CommError {
-    CommError::Env(msg)
-}
-
-/// Reads variables through a lookup function, with parsing that names the variable.
-struct Vars<F: Fn(&str) -> Option<String>> {
-    get: F,
-}
-
-impl<F: Fn(&str) -> Option<String>> Vars<F> {
-    fn raw(&self, name: &str) -> Option<String> {
-        (self.get)(name)
-    }
-
-    fn usize(&self, name: &str) -> Result<Option<usize>, CommError> {
-        match self.raw(name) {
-            None => Ok(None),
-            Some(v) => v
-                .trim()
-                .parse::<usize>()
-                .map(Some)
-                .map_err(|_| env_err(format!("{name}={v:?} is not a non-negative integer"))),
-        }
-    }
-
-    fn required_usize(&self, name: &str, because: &str) -> Result<usize, CommError> {
-        self.usize(name)?
-            .ok_or_else(|| env_err(format!("{name} is missing ({because})")))
-    }
-}
-
-/// Rank, size and local layout as one family reports them.
-struct Reading {
-    family: &'static Family,
-    rank: usize,
-    size: usize,
-    local: Option<(usize, usize)>,
-    node_rank: Option<usize>,
-    local_size_var: String,
-}
-
-fn read_family<F: Fn(&str) -> Option<String>>(
-    vars: &Vars<F>,
-    fam: &'static Family,
-) -> Result<Option<Reading>, CommError> {
-    let has_rank = vars.raw(fam.rank).is_some();
-    let has_size = vars.raw(fam.size).is_some();
-    if !has_rank && !has_size {
-        return Ok(None);
-    }
-    let rank = vars.required_usize(
-        fam.rank,
-        &format!(
-            "{} is set, a {} launch",
-            if has_size { fam.size } else { fam.rank },
-            fam.name
-        ),
-    )?;
-    let size = vars.required_usize(
-        fam.size,
-        &format!("{} is set, a {} launch", fam.rank, fam.name),
-    )?;
-    let local_rank = vars.usize(fam.local_rank)?;
-    let (local_size, local_size_var, node_rank) = match fam.local_size {
-        Some(var) => (vars.usize(var)?, var.to_string(), None),
-        None => slurm_local_size(vars)?,
-    };
-    let local = match (local_rank, local_size) {
-        (Some(r), Some(s)) => Some((r, s)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(env_err(format!(
-                "{local_size_var} is missing ({} is set, a {} launch)",
-                fam.local_rank, fam.name
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(env_err(format!(
-                "{} is missing ({local_size_var} is set, a {} launch)",
-                fam.local_rank, fam.name
-            )))
-        }
-    };
-    Ok(Some(Reading {
-        family: fam,
-        rank,
-        size,
-        local,
-        node_rank,
-        local_size_var,
-    }))
-}
-
-/// Slurm's tasks on this node: `SLURM_STEP_TASKS_PER_NODE` (or `SLURM_TASKS_PER_NODE`), a
-/// list like `2(x3),1`, at index `SLURM_NODEID`. Returns (local size, the variable, node id).
-fn slurm_local_size<F: Fn(&str) -> Option<String>>(
-    vars: &Vars<F>,
-) -> Result<(Option<usize>, String, Option<usize>), CommError> {
-    let node_id = vars.usize("SLURM_NODEID")?;
-    let Some((var, list)) = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
-        .iter()
-        .find_map(|v| vars.raw(v).map(|l| (v.to_string(), l)))
-    else {
-        return Ok((None, "SLURM_STEP_TASKS_PER_NODE".into(), node_id));
-    };
-    let per_node = parse_tasks_per_node(&list).ok_or_else(|| {
-        env_err(format!(
-            "{var}={list:?} is not a Slurm task count list like \"2(x3),1\""
-        ))
-    })?;
-    let local = match node_id {
-        Some(id) => Some(*per_node.get(id).ok_or_else(|| {
-            env_err(format!(
-                "SLURM_NODEID={id} is outside the {} node(s) listed in {var}={list:?}",
-                per_node.len()
-            ))
-        })?),
-        // Without a node id only a uniform list tells the local size.
-        None if per_node.windows(2).all(|w| w[0] == w[1]) => per_node.first().copied(),
-        None => None,
-    };
-    Ok((local, var, node_id))
-}
-
-/// Parses `2(x3),1` into `[2, 2, 2, 1]` (at most 1 << 20 nodes).
-fn parse_tasks_per_node(list: &str) -> Option<Vec<usize>> {
-    let mut out = Vec::new();
-    for part in list.trim().split(',') {
-        let (count, repeat) = match part.split_once("(x") {
-            Some((c, r)) => (c, r.strip_suffix(')')?.parse::<usize>().ok()?),
-            None => (part, 1),
-        };
-        let count = count.parse::<usize>().ok()?;
-        if out.len() + repeat > 1 << 20 {
-            return None;
-        }
-        out.extend(std::iter::repeat_n(count, repeat));
-    }
-    (!out.is_empty()).then_some(out)
-}
 
 impl LaunchEnv {
     /// Reads the process environment; an `OXIFLOW_*` variable that OxiFlow does not read but
